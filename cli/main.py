@@ -1,0 +1,21 @@
+"""The `radixcache` click group. Commands live in their own modules and register here."""
+
+from __future__ import annotations
+
+import click
+
+from cli.demo import demo
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="radixcache")
+def main() -> None:
+    """radixcache: a radix-tree prefix KV cache, its simulator, and a runtime that uses it.
+
+    \b
+    Example:
+      radixcache demo --policy lru --capacity-blocks 20000
+    """
+
+
+main.add_command(demo)

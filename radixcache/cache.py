@@ -1,0 +1,418 @@
+"""RadixCache: a radix tree over token ids whose nodes own KV block ids, with pluggable eviction.
+
+The tree holds integers only. Whoever owns the KV memory (the runtime, or the simulator) indexes it by the
+block ids handed out here. The cache is not thread-safe: one scheduler thread drives it.
+"""
+
+from __future__ import annotations
+
+import operator
+from array import array
+from collections.abc import Hashable, Iterator, Sequence
+from typing import NamedTuple
+
+from sortedcontainers import SortedList
+
+from radixcache.blocks import HELD, STATE_NAMES, BlockPool
+from radixcache.errors import BlockCountError, BlockStateError, CacheFullError, LockError, RadixCacheError
+from radixcache.node import TreeNode, empty_key, new_node_ids
+from radixcache.policies import EvictionPolicy, make_policy
+from radixcache.stats import CacheStats, StatsCounter
+from radixcache.tokens import as_token_array, common_prefix_length
+
+
+class MatchResult(NamedTuple):
+    """The longest cached prefix of a query.
+
+    length: leading tokens cached (a multiple of page_size). blocks: one block id per page of those tokens.
+    node: the deepest matched node, to pass to lock/unlock (a namespace root when nothing matched; locking a
+    root is a no-op).
+    """
+
+    length: int
+    blocks: list[int]
+    node: TreeNode
+
+
+class _Descent(NamedTuple):
+    node: TreeNode  # deepest node matched in full
+    length: int  # tokens matched down to the end of `node`
+    blocks: list[int]  # block ids of those tokens
+    partial: TreeNode | None  # child matched only in part, if any
+    partial_len: int  # tokens of `partial` matched (page-aligned, > 0 when partial is set)
+
+
+class RadixCache:
+    """A prefix cache of KV blocks keyed by token ids.
+
+    Block accounting: every block id is free, evictable (in an unlocked tree node), or locked (in a locked
+    tree node, or held by a caller between `allocate` and `insert`/`free`), and
+    `free_blocks + evictable_blocks + locked_blocks == capacity_blocks` always.
+
+    A MatchResult's blocks stay valid only while its node is locked: lock before any call that may evict
+    (`allocate`, `evict`).
+    """
+
+    # ------------------------------------------------------------------ construction
+
+    def __init__(self, capacity_blocks: int, page_size: int = 1, policy: str | EvictionPolicy = "lru") -> None:
+        if type(capacity_blocks) is not int or capacity_blocks < 1:
+            raise RadixCacheError(f"capacity_blocks must be a positive int, got {capacity_blocks!r}")
+        if type(page_size) is not int or page_size < 1:
+            raise RadixCacheError(f"page_size must be a positive int, got {page_size!r}")
+        self.capacity_blocks = capacity_blocks
+        self.page_size = page_size
+        self.policy = make_policy(policy)
+        self._pool = BlockPool(capacity_blocks)
+        self._uids = new_node_ids()
+        self._clock = 0  # logical time: one tick per match or insert, so runs are deterministic
+        self._roots: dict[Hashable, TreeNode] = {}
+        self._evictable_leaves = SortedList()  # (priority, uid, node) of unlocked non-root leaves
+        self._evictable = 0  # blocks in unlocked tree nodes
+        self._tree_locked = 0  # blocks in locked tree nodes
+        self._stats = StatsCounter()
+
+    # ------------------------------------------------------------------ public API: queries
+
+    def match_prefix(self, tokens: Sequence[int], *, namespace: Hashable = None) -> MatchResult:
+        """Longest cached prefix of `tokens` in `namespace`, rounded down to whole pages.
+
+        Modifies the tree: refreshes access times and hit counts along the matched path (what the policies
+        sort by), and splits a node when the match ends inside it, so that the result ends at a node boundary.
+        """
+        arr = as_token_array(tokens)
+        self._clock += 1
+        stats = self._stats
+        stats.queries += 1
+        stats.query_tokens += len(arr)
+        root = self._root(namespace)
+        node, length, blocks, partial, partial_len = self._descend(root, arr)
+        if partial is not None:
+            node = self._split(partial, partial_len)
+            blocks.extend(node.blocks)
+            length += partial_len
+        self._touch(node, hit=True)
+        stats.hit_tokens += length
+        return MatchResult(length, blocks, node)
+
+    # ------------------------------------------------------------------ public API: blocks
+
+    def allocate(self, n: int) -> list[int]:
+        """n free block ids, now held by the caller, evicting unlocked leaves as needed.
+
+        Raises CacheFullError, with nothing changed, when n exceeds free plus evictable blocks.
+        """
+        n = self._count_arg(n, "allocate")
+        if n > self.capacity_blocks:
+            raise CacheFullError(f"allocate: {n} blocks requested, but the capacity is {self.capacity_blocks}")
+        short = n - self._pool.free_count
+        if short > 0:
+            if short > self._evictable:
+                raise CacheFullError(
+                    f"allocate: {n} blocks requested, but only {self._pool.free_count} are free and "
+                    f"{self._evictable} evictable ({self.locked_blocks} locked)"
+                )
+            self._evict(short)
+        return self._pool.take(n)
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """Give back blocks from `allocate` that were never inserted."""
+        ids = self._pool.normalize(blocks, "free")
+        self._pool.check_held(ids, "free")
+        self._pool.release(ids)
+
+    def insert(self, tokens: Sequence[int], blocks: Sequence[int], *, namespace: Hashable = None) -> int:
+        """Add `tokens` with their KV `blocks` (one per page, the last page possibly partial) to the tree.
+
+        The tree takes the blocks of the new full pages. For pages that were already cached, a block that is
+        the tree's own block at that position is left as it is, and any other (held) block is a duplicate and
+        goes back to the free pool. The block of an unaligned tail page stays with the caller.
+        Returns the number of tokens that were already cached.
+        """
+        arr = as_token_array(tokens)
+        p = self.page_size
+        ids = self._pool.normalize(blocks, "insert")
+        pages = -(-len(arr) // p)
+        if len(ids) != pages:
+            raise BlockCountError(f"insert: {len(arr)} tokens at page_size {p} need {pages} blocks, got {len(ids)}")
+        full_pages = len(arr) // p
+        root = self._root(namespace)
+        node, _, cached, partial, partial_len = self._descend(root, arr[: full_pages * p])
+        if partial is not None:
+            cached = cached + partial.blocks[: partial_len // p]
+        matched_pages = len(cached)
+        self._check_insert_blocks(ids, cached)
+
+        self._clock += 1
+        pool = self._pool
+        duplicates = [b for b, mine in zip(ids, cached, strict=False) if b != mine]
+        if duplicates:
+            pool.release(duplicates)
+        if full_pages > matched_pages:
+            if partial is not None:
+                node = self._split(partial, partial_len)
+            if node.evict_key is not None:  # about to gain a child: no longer a leaf
+                self._set_discard(node)
+            self._touch(node, hit=False)
+            new_blocks = ids[matched_pages:full_pages]
+            key = arr[matched_pages * p : full_pages * p]
+            leaf = TreeNode(next(self._uids), key, new_blocks, node, node.namespace, self._clock)
+            node.children[self._child_key(key, 0)] = leaf
+            pool.adopt(new_blocks)
+            self._evictable += len(new_blocks)
+            self._set_add(leaf)
+            self._stats.inserted_tokens += len(key)
+        else:
+            self._touch(partial if partial is not None else node, hit=False)
+        return matched_pages * p
+
+    def evict(self, n: int) -> int:
+        """Free up to n blocks now from unlocked leaves, in policy order. Returns how many were freed."""
+        return self._evict(self._count_arg(n, "evict"))
+
+    # ------------------------------------------------------------------ public API: locking
+
+    def lock(self, node: TreeNode) -> None:
+        """Protect `node` and every ancestor from eviction (a reference count on the whole path)."""
+        if self._is_root(node):
+            return
+        n = node
+        while n.parent is not None:
+            if n.lock_ref == 0:
+                size = len(n.blocks)
+                self._evictable -= size
+                self._tree_locked += size
+                if n.evict_key is not None:
+                    self._set_discard(n)
+            n.lock_ref += 1
+            n = n.parent
+
+    def unlock(self, node: TreeNode) -> None:
+        """Undo one `lock(node)`. Raises LockError, with nothing changed, if the node is not locked."""
+        if self._is_root(node):
+            return
+        if node.lock_ref <= 0:  # ancestors count at least as many locks, so checking the node suffices
+            raise LockError(f"unlock: {node!r} is not locked")
+        n = node
+        while n.parent is not None:
+            n.lock_ref -= 1
+            if n.lock_ref == 0:
+                size = len(n.blocks)
+                self._evictable += size
+                self._tree_locked -= size
+                if not n.children:
+                    self._set_add(n)
+            n = n.parent
+
+    # ------------------------------------------------------------------ public API: sizes and checks
+
+    @property
+    def free_blocks(self) -> int:
+        return self._pool.free_count
+
+    @property
+    def evictable_blocks(self) -> int:
+        """Blocks in unlocked tree nodes: reclaimable by eviction."""
+        return self._evictable
+
+    @property
+    def locked_blocks(self) -> int:
+        """Blocks in locked tree nodes plus blocks held by callers (allocated, not yet inserted or freed)."""
+        return self._tree_locked + self._pool.held
+
+    @property
+    def held_blocks(self) -> int:
+        """Blocks allocated to callers and not yet inserted or freed (a part of locked_blocks)."""
+        return self._pool.held
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens stored in the tree, over all namespaces."""
+        return (self._evictable + self._tree_locked) * self.page_size
+
+    @property
+    def stats(self) -> CacheStats:
+        return self._stats.snapshot()
+
+    def reset_stats(self) -> None:
+        self._stats = StatsCounter()
+
+    def namespaces(self) -> list[Hashable]:
+        return list(self._roots)
+
+    def iter_nodes(self) -> Iterator[TreeNode]:
+        """Every non-root node, depth first, over all namespaces."""
+        stack = [child for root in self._roots.values() for child in root.children.values()]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError, naming the violation, unless every structural invariant holds."""
+        from radixcache.invariants import check_invariants
+
+        check_invariants(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"RadixCache(capacity_blocks={self.capacity_blocks}, page_size={self.page_size}, "
+            f"policy={self.policy.name!r}, free={self.free_blocks}, evictable={self.evictable_blocks}, "
+            f"locked={self.locked_blocks})"
+        )
+
+    # ------------------------------------------------------------------ private: the walk
+
+    def _root(self, namespace: Hashable) -> TreeNode:
+        root = self._roots.get(namespace)
+        if root is None:
+            try:
+                hash(namespace)
+            except TypeError:
+                raise RadixCacheError(f"namespace must be hashable, got {type(namespace).__name__}") from None
+            root = TreeNode(0, empty_key(), [], None, namespace, self._clock)
+            self._roots[namespace] = root
+        return root
+
+    def _child_key(self, tokens: array, pos: int) -> object:
+        p = self.page_size
+        return tokens[pos] if p == 1 else tokens[pos : pos + p].tobytes()
+
+    def _descend(self, root: TreeNode, arr: array) -> _Descent:
+        """Walk down from `root` along `arr` without changing anything."""
+        p = self.page_size
+        n = len(arr)
+        node, pos, blocks = root, 0, []
+        while n - pos >= p:
+            child = node.children.get(arr[pos] if p == 1 else arr[pos : pos + p].tobytes())
+            if child is None:
+                break
+            k = common_prefix_length(child.key, arr, pos)
+            if p > 1:
+                k -= k % p
+            if k < len(child.key):
+                return _Descent(node, pos, blocks, child, k)
+            blocks.extend(child.blocks)
+            pos += k
+            node = child
+        return _Descent(node, pos, blocks, None, 0)
+
+    def _split(self, child: TreeNode, k: int) -> TreeNode:
+        """Split `child` after its first k tokens; return the new parent holding them.
+
+        The original object keeps the tail, so a handle to it still ends at the same position.
+        """
+        p = self.page_size
+        parent = child.parent
+        assert parent is not None and 0 < k < len(child.key) and k % p == 0
+        head = TreeNode(next(self._uids), child.key[:k], child.blocks[: k // p], parent, child.namespace, 0)
+        head.lock_ref = child.lock_ref
+        head.last_access = child.last_access
+        head.created = child.created
+        head.hit_count = child.hit_count
+        parent.children[self._child_key(child.key, 0)] = head
+        child.key = child.key[k:]
+        child.blocks = child.blocks[k // p :]
+        child.parent = head
+        child.prefix_len += k
+        head.children[self._child_key(child.key, 0)] = child
+        if child.evict_key is not None:  # its priority may depend on its depth
+            self._set_discard(child)
+            self._set_add(child)
+        return head
+
+    def _touch(self, node: TreeNode, *, hit: bool) -> None:
+        """Refresh access time (and hit count) from `node` up to its root, re-sorting `node` if evictable."""
+        in_set = node.evict_key is not None
+        if in_set:
+            self._set_discard(node)
+        clock = self._clock
+        n = node
+        while n.parent is not None:
+            n.last_access = clock
+            if hit:
+                n.hit_count += 1
+            n = n.parent
+        if in_set:
+            self._set_add(node)
+
+    # ------------------------------------------------------------------ private: eviction
+
+    def _evict(self, n: int) -> int:
+        p = self.page_size
+        leaves = self._evictable_leaves
+        policy = self.policy
+        stats = self._stats
+        freed = 0
+        while freed < n and leaves:
+            priority, _, leaf = leaves[0]
+            policy.on_evict(leaf, priority)
+            take = min(n - freed, len(leaf.blocks))
+            if take == len(leaf.blocks):
+                self._set_discard(leaf)
+                self._detach(leaf)
+            else:  # trim the leaf's tail: the deepest tokens go, the rest stays cached
+                keep = len(leaf.blocks) - take
+                gone = leaf.blocks[keep:]
+                leaf.blocks = leaf.blocks[:keep]
+                leaf.key = leaf.key[: keep * p]
+                self._pool.release(gone)
+                self._evictable -= take
+                self._set_discard(leaf)
+                self._set_add(leaf)
+            freed += take
+            stats.evictions += 1
+        stats.evicted_blocks += freed
+        stats.evicted_tokens += freed * p
+        return freed
+
+    def _detach(self, leaf: TreeNode) -> None:
+        parent = leaf.parent
+        assert parent is not None and not leaf.children and leaf.lock_ref == 0
+        del parent.children[self._child_key(leaf.key, 0)]
+        self._pool.release(leaf.blocks)
+        self._evictable -= len(leaf.blocks)
+        leaf.parent = None  # marks the node as evicted: lock() refuses it
+        leaf.blocks = []
+        if parent.parent is not None and parent.lock_ref == 0 and not parent.children:
+            self._set_add(parent)
+
+    def _set_add(self, node: TreeNode) -> None:
+        entry = (self.policy.priority(node), node.uid, node)
+        node.evict_key = entry
+        self._evictable_leaves.add(entry)
+
+    def _set_discard(self, node: TreeNode) -> None:
+        self._evictable_leaves.remove(node.evict_key)
+        node.evict_key = None
+
+    # ------------------------------------------------------------------ private: validation
+
+    def _is_root(self, node: TreeNode) -> bool:
+        if node.parent is not None:
+            return False
+        if self._roots.get(node.namespace) is node:
+            return True
+        raise LockError(f"{node!r} has been evicted (or belongs to another cache); match again")
+
+    def _check_insert_blocks(self, ids: list[int], cached: list[int]) -> None:
+        """Each block must be the tree's own block at its position, or held by the caller."""
+        state = self._pool.state
+        for index, block in enumerate(ids):
+            if state[block] == HELD or (index < len(cached) and block == cached[index]):
+                continue
+            where = "a cached page" if index < len(cached) else "a new page"
+            raise BlockStateError(
+                f"insert: block {block} for {where} (index {index}) is {STATE_NAMES[state[block]]}"
+                + (f"; the tree holds that page in block {cached[index]}" if index < len(cached) else "")
+            )
+
+    @staticmethod
+    def _count_arg(n: int, what: str) -> int:
+        try:
+            n = operator.index(n)
+        except TypeError:
+            raise RadixCacheError(f"{what}: block count must be an int, got {n!r}") from None
+        if n < 0:
+            raise RadixCacheError(f"{what}: block count must be >= 0, got {n}")
+        return n

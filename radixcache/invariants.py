@@ -1,0 +1,84 @@
+"""A full structural check of a RadixCache, for tests and debugging. O(tokens + blocks) per call."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from radixcache.blocks import FREE, HELD, IN_TREE
+
+if TYPE_CHECKING:
+    from radixcache.cache import RadixCache
+    from radixcache.node import TreeNode
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:  # explicit raise: `assert` vanishes under python -O
+        raise AssertionError(message)
+
+
+def check_invariants(cache: RadixCache) -> None:
+    """Raise AssertionError with a message on the first violated invariant."""
+    p = cache.page_size
+    pool = cache._pool
+    owner: dict[int, int] = {}  # block -> uid of the node that holds it
+    evictable = locked = 0
+    expected_leaves: set[int] = set()
+
+    for namespace, root in cache._roots.items():
+        _require(root.parent is None and len(root.key) == 0 and not root.blocks, f"root {namespace!r} malformed")
+        _require(root.lock_ref == 0 and root.evict_key is None, f"root {namespace!r} is locked or evictable")
+        stack: list[TreeNode] = [root]
+        while stack:
+            node = stack.pop()
+            child_lock_sum = 0
+            for child_key, child in node.children.items():
+                _require(child.parent is node, f"{child!r}: parent link broken")
+                _require(cache._child_key(child.key, 0) == child_key, f"{child!r}: filed under the wrong key")
+                _require(child.namespace == namespace, f"{child!r}: namespace differs from its root's")
+                child_lock_sum += child.lock_ref
+                stack.append(child)
+            if node is root:
+                continue
+            _check_node(node, p, child_lock_sum)
+            for block in node.blocks:
+                _require(block not in owner, f"block {block} is owned by nodes {owner.get(block)} and {node.uid}")
+                owner[block] = node.uid
+            if node.lock_ref > 0:
+                locked += len(node.blocks)
+            else:
+                evictable += len(node.blocks)
+                if not node.children:
+                    expected_leaves.add(node.uid)
+
+    state = pool.state
+    in_tree = sum(1 for s in state if s == IN_TREE)
+    held = sum(1 for s in state if s == HELD)
+    free_list = pool.free_list()
+    _require(in_tree == len(owner), f"{in_tree} blocks marked in-tree, but the tree holds {len(owner)}")
+    _require(all(state[b] == IN_TREE for b in owner), "a tree block is not marked in-tree")
+    _require(held == pool.held, f"held counter {pool.held} != {held} blocks marked held")
+    _require(len(set(free_list)) == len(free_list), "the free list repeats a block")
+    _require(all(state[b] == FREE for b in free_list), "the free list holds a block not marked free")
+    _require(len(free_list) == sum(1 for s in state if s == FREE), "a free block is missing from the free list")
+    _require(cache._evictable == evictable, f"evictable counter {cache._evictable} != {evictable} in the tree")
+    _require(cache._tree_locked == locked, f"locked counter {cache._tree_locked} != {locked} in the tree")
+    total = cache.free_blocks + cache.evictable_blocks + cache.locked_blocks
+    _require(total == cache.capacity_blocks, f"free+evictable+locked = {total} != {cache.capacity_blocks}")
+
+    entries = list(cache._evictable_leaves)
+    actual_leaves = {uid for _, uid, _ in entries}
+    _require(len(actual_leaves) == len(entries), "the evictable set lists a node twice")
+    _require(actual_leaves == expected_leaves, "the evictable set differs from the unlocked leaves")
+    for entry in entries:
+        _require(entry[2].evict_key is entry, f"{entry[2]!r}: evict_key does not match its set entry")
+
+
+def _check_node(node: TreeNode, p: int, child_lock_sum: int) -> None:
+    parent = node.parent
+    assert parent is not None
+    _require(len(node.key) > 0, f"{node!r}: empty key")
+    _require(len(node.key) == len(node.blocks) * p, f"{node!r}: {len(node.key)} tokens for {len(node.blocks)} pages")
+    _require(node.lock_ref >= child_lock_sum, f"{node!r}: lock_ref below its children's sum {child_lock_sum}")
+    _require(node.prefix_len == parent.prefix_len + len(parent.key), f"{node!r}: prefix_len out of date")
+    if node.lock_ref > 0 or node.children:
+        _require(node.evict_key is None, f"{node!r}: in the evictable set while locked or internal")

@@ -1,0 +1,22 @@
+"""The token-level request record shared by traces, synthetic workloads, the simulator and the benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRequest:
+    """One request of a token trace.
+
+    timestamp_ms: arrival time. tokens: the prompt's token ids. output_length: tokens the request generates.
+    session: the conversation it belongs to, if any. namespace: cache namespace (tenant), None for the shared
+    default. output_tokens: the recorded output, if known (its length equals output_length).
+    """
+
+    timestamp_ms: float
+    tokens: tuple[int, ...]
+    output_length: int
+    session: str | None = None
+    namespace: str | None = None
+    output_tokens: tuple[int, ...] | None = None

@@ -1,0 +1,49 @@
+"""Cache statistics: counters kept by the cache, and the frozen snapshot handed to callers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """Counters since the cache was created (or `reset_stats`). Token counts, as vLLM reports them.
+
+    queries: match_prefix calls. query_tokens: tokens looked up. hit_tokens: of those, tokens found cached.
+    inserted_tokens: tokens newly added to the tree by insert. evicted_blocks / evicted_tokens: removed by
+    eviction. evictions: leaves (or leaf tails) evicted.
+    """
+
+    queries: int = 0
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    inserted_tokens: int = 0
+    evicted_blocks: int = 0
+    evicted_tokens: int = 0
+    evictions: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """hit_tokens / query_tokens (0.0 before any query)."""
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+
+class StatsCounter:
+    """Mutable counters owned by one cache."""
+
+    __slots__ = (
+        "evicted_blocks",
+        "evicted_tokens",
+        "evictions",
+        "hit_tokens",
+        "inserted_tokens",
+        "queries",
+        "query_tokens",
+    )
+
+    def __init__(self) -> None:
+        self.queries = self.query_tokens = self.hit_tokens = 0
+        self.inserted_tokens = self.evicted_blocks = self.evicted_tokens = self.evictions = 0
+
+    def snapshot(self) -> CacheStats:
+        return CacheStats(**{name: getattr(self, name) for name in self.__slots__})

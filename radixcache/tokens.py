@@ -1,0 +1,65 @@
+"""Token sequences as compact int64 arrays, and the prefix comparison the tree walk relies on."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+
+from radixcache.errors import InvalidTokensError
+
+TOKEN_TYPECODE = "q"  # int64: token ids and 64-bit trace hash ids both fit
+
+
+def as_token_array(tokens: Sequence[int] | array) -> array:
+    """Validate `tokens` and return them as an int64 array (a fresh copy, never an alias of the input).
+
+    Raises InvalidTokensError for non-integers (floats, strings, None), negative ids or ids over 2**63-1.
+    The conversion and the range check run at C speed, so validation is cheap on the hot path.
+    """
+    if isinstance(tokens, (str, bytes, bytearray)):
+        raise InvalidTokensError(f"tokens must be a sequence of ints, got {type(tokens).__name__}")
+    try:
+        arr = array(TOKEN_TYPECODE, tokens)
+    except (TypeError, OverflowError) as exc:
+        bad = _first_bad_token(tokens)
+        raise InvalidTokensError(f"tokens must be non-negative ints below 2**63: {bad}") from exc
+    if arr and min(arr) < 0:
+        index = next(i for i, t in enumerate(arr) if t < 0)
+        raise InvalidTokensError(f"tokens must be non-negative: token {index} is {arr[index]}")
+    return arr
+
+
+def _first_bad_token(tokens: object) -> str:
+    try:
+        for index, token in enumerate(tokens):  # type: ignore[call-overload]
+            if not hasattr(token, "__index__") or isinstance(token, bool):
+                return f"token {index} is {token!r} ({type(token).__name__})"
+            if token.__index__() >= 2**63 or token.__index__() < 0:
+                return f"token {index} is {token!r} (out of range)"
+    except TypeError:
+        return f"{type(tokens).__name__} is not iterable"
+    return "unconvertible token"
+
+
+def common_prefix_length(key: array, tokens: array, start: int) -> int:
+    """Length of the common prefix of `key` and `tokens[start:]`.
+
+    The fast path is one C-level slice comparison (a full match, the common case along a path). A mismatch
+    is located by binary search over slice equality, so a long key costs O(log n) C-speed comparisons
+    instead of a Python loop per token.
+    """
+    limit = min(len(key), len(tokens) - start)
+    if limit <= 0:
+        return 0
+    if key[:limit] == tokens[start : start + limit]:
+        return limit
+    if key[0] != tokens[start]:
+        return 0
+    lo, hi = 1, limit - 1  # invariant: first lo tokens equal, first hi+1 tokens differ somewhere
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if key[lo:mid] == tokens[start + lo : start + mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
