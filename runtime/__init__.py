@@ -1,0 +1,1 @@
+"""runtime: a PyTorch inference runtime that prefills only what the radix cache lacks."""
