@@ -30,7 +30,6 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     name: str = "model"
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V per token over all layers, in float32."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4
+    def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
+        """Bytes of K and V per token over all layers, at `dtype_bytes` per element (4 for float32)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
