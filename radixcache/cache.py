@@ -191,7 +191,9 @@ class RadixCache:
         """Undo one `lock(node)`. Raises LockError, with nothing changed, if the node is not locked."""
         if self._is_root(node):
             return
-        if node.lock_ref <= 0:  # ancestors count at least as many locks, so checking the node suffices
+        # lock_ref also counts locks taken on descendants: only the node's own locks may be undone here.
+        # Ancestors count at least as many locks, so checking the node suffices.
+        if node.lock_ref <= sum(child.lock_ref for child in node.children.values()):
             raise LockError(f"unlock: {node!r} is not locked")
         n = node
         while n.parent is not None:
