@@ -1,0 +1,89 @@
+"""Traces as the simulator sees them: requests over cache tokens, with the real token count of each.
+
+A token trace is simulated token by token (a cache page holds `page_size` tokens). A hash-block trace is
+simulated hash id by hash id: each hash id is one cache token in a cache of page size 1, so each cache block is
+one trace block, and `unit` (block_size real tokens per cache token) turns matched blocks back into real tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from radixcache.errors import RadixCacheError
+from radixcache.records import TokenRequest
+from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE, HashRequest, check_block_size
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    """One request to replay.
+
+    prompt: cache tokens looked up (token ids, or hash ids). output: cache tokens inserted after the prompt
+    (the recorded output, if any). prompt_tokens: real prompt tokens. unit: real tokens per cache token, so a
+    match of k cache tokens hits `min(k * unit, prompt_tokens)` real tokens.
+    """
+
+    timestamp_ms: float
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    prompt_tokens: int
+    unit: int = 1
+    namespace: str | None = None
+    session: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Requests in arrival order, the cache page size (in cache tokens) and real tokens per cache block."""
+
+    requests: tuple[SimRequest, ...]
+    page_size: int
+    block_tokens: int
+    kind: str  # "token" or "hash"
+
+    def blocks_for_tokens(self, tokens: int) -> int:
+        """Cache blocks that hold `tokens` real tokens (rounded down)."""
+        return tokens // self.block_tokens
+
+    @property
+    def total_pages(self) -> int:
+        """Pages every request would insert: an upper bound on the blocks an infinite cache ever holds."""
+        p = self.page_size
+        return sum(-(-(len(r.prompt) + len(r.output)) // p) for r in self.requests)
+
+
+def _arrival_order(requests: Sequence[SimRequest]) -> tuple[SimRequest, ...]:
+    return tuple(sorted(requests, key=lambda r: r.timestamp_ms))  # stable: ties keep file order
+
+
+def token_workload(requests: Iterable[TokenRequest], page_size: int = 1) -> Workload:
+    """A token trace at a cache page size; each request inserts its prompt plus its recorded output."""
+    if type(page_size) is not int or page_size < 1:
+        raise RadixCacheError(f"page_size must be a positive int, got {page_size!r}")
+    sim = [
+        SimRequest(
+            r.timestamp_ms,
+            tuple(r.tokens),
+            tuple(r.output_tokens or ()),
+            len(r.tokens),
+            1,
+            r.namespace,
+            r.session,
+        )
+        for r in requests
+    ]
+    return Workload(_arrival_order(sim), page_size, page_size, "token")
+
+
+def hash_workload(requests: Iterable[HashRequest], block_size: int = DEFAULT_BLOCK_SIZE) -> Workload:
+    """A hash-block trace: one cache page per hash id, `block_size` real tokens per block."""
+    if type(block_size) is not int or block_size < 1:
+        raise RadixCacheError(f"block_size must be a positive int, got {block_size!r}")
+    sim = []
+    for index, r in enumerate(requests):
+        problem = check_block_size(r, block_size)
+        if problem:
+            raise RadixCacheError(f"request {index}: {problem}")
+        sim.append(SimRequest(r.timestamp_ms, tuple(r.hash_ids), (), r.input_length, block_size))
+    return Workload(_arrival_order(sim), 1, block_size, "hash")

@@ -1,0 +1,104 @@
+"""Trace formats: names, detection from a file's extension and first record, and one `read_trace` for all."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+from radixcache.trace.errors import TraceError
+from radixcache.trace.mooncake import iter_mooncake
+from radixcache.trace.text import iter_conversations, iter_openai, iter_sharegpt
+from radixcache.trace.token_trace import iter_token_jsonl, iter_token_msgpack
+
+TOKEN_JSONL = "token-jsonl"
+TOKEN_MSGPACK = "token-msgpack"
+MOONCAKE = "mooncake"
+SHAREGPT = "sharegpt"
+CONVERSATIONS = "conversations"
+OPENAI = "openai"
+
+#: format name -> kind of record it holds: "token" (TokenRequest), "hash" (HashRequest), "text" (Conversation)
+FORMAT_KINDS = {
+    TOKEN_JSONL: "token",
+    TOKEN_MSGPACK: "token",
+    MOONCAKE: "hash",
+    SHAREGPT: "text",
+    CONVERSATIONS: "text",
+    OPENAI: "text",
+}
+FORMATS = tuple(FORMAT_KINDS)
+_MSGPACK_SUFFIXES = (".msgpack", ".mpk", ".mp")
+_KEY_FORMATS = (("hash_ids", MOONCAKE), ("tokens", TOKEN_JSONL), ("conversations", SHAREGPT), ("turns", CONVERSATIONS))
+
+
+class Trace(NamedTuple):
+    """A whole trace in memory: its format, the kind of its records, and the records in file order."""
+
+    format: str
+    kind: str
+    records: list
+
+
+def detect_format(path: str | Path) -> str:
+    """The format of a trace file, from its extension (msgpack) or its first record's keys."""
+    name = str(path)
+    if name.lower().endswith(_MSGPACK_SUFFIXES):
+        return TOKEN_MSGPACK
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(1 << 16)
+    except OSError as exc:
+        raise TraceError(name, "open", exc.strerror or str(exc)) from None
+    if head[:1] in (b"\x80", b"\x81", b"\x82", b"\x83", b"\x84", b"\x85", b"\x86", b"\xde", b"\xdf"):
+        return TOKEN_MSGPACK  # a msgpack map header
+    text = head.decode("utf-8", errors="replace").lstrip()
+    if text.startswith("["):
+        return SHAREGPT
+    first_line = next((line for line in _lines(path) if line.strip()), None)
+    if first_line is None:
+        raise TraceError(name, "1", "empty file: cannot detect the trace format (pass --format)")
+    try:
+        record = json.loads(first_line)
+    except json.JSONDecodeError as exc:
+        raise TraceError(name, "1", f"cannot detect the format: invalid JSON ({exc.msg})") from None
+    if isinstance(record, dict):
+        if "messages" in record:
+            return OPENAI
+        for key, fmt in _KEY_FORMATS:
+            if key in record:
+                return fmt
+    raise TraceError(
+        name, "1", "cannot detect the format: expected a record with hash_ids, tokens, conversations, turns or messages"
+    )
+
+
+def iter_trace(path: str | Path, format: str | None = None, *, block_size: int | None = None) -> Iterator:
+    """Records of a trace, streamed. `format` None means detect; block_size checks Mooncake hash_ids lengths."""
+    fmt = format or detect_format(path)
+    if fmt == TOKEN_JSONL:
+        return iter_token_jsonl(path)
+    if fmt == TOKEN_MSGPACK:
+        return iter_token_msgpack(path)
+    if fmt == MOONCAKE:
+        return iter_mooncake(path, block_size)
+    if fmt == SHAREGPT:
+        return iter_sharegpt(path)
+    if fmt == CONVERSATIONS:
+        return iter_conversations(path)
+    if fmt == OPENAI:
+        return iter_openai(path)
+    raise TraceError(str(path), "format", f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def read_trace(path: str | Path, format: str | None = None, *, block_size: int | None = None) -> Trace:
+    """A whole trace in memory (see `iter_trace`)."""
+    fmt = format or detect_format(path)
+    records = list(iter_trace(path, fmt, block_size=block_size))
+    return Trace(fmt, FORMAT_KINDS[fmt], records)
+
+
+def _lines(path: str | Path) -> Iterator[str]:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        yield from handle

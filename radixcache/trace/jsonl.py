@@ -1,0 +1,88 @@
+"""Line-oriented JSON reading shared by the readers: each record comes with its 1-based line number."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from radixcache.trace.errors import TraceError
+
+
+def iter_json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded value) for every non-blank line of a JSONL file."""
+    name = str(path)
+    with open_trace(path, "r") as handle:
+        lineno = 0
+        try:
+            for lineno, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TraceError(name, str(lineno), f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+        except UnicodeDecodeError as exc:
+            raise TraceError(name, str(lineno + 1), f"not UTF-8 text ({exc.reason})") from None
+
+
+def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number where it starts, decoded value) for every element of a file holding one JSON array."""
+    name = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(name, "open", exc.strerror or str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(name, "1", f"not UTF-8 text ({exc.reason})") from None
+    decoder = json.JSONDecoder()
+    pos = _skip_space(text, 0)
+    if pos >= len(text) or text[pos] != "[":
+        raise TraceError(name, str(_line_of(text, pos)), "expected a JSON array")
+    pos = _skip_space(text, pos + 1)
+    if pos < len(text) and text[pos] == "]":
+        return
+    line, line_pos = 1, 0
+    while True:
+        line += text.count("\n", line_pos, pos)
+        line_pos = pos
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise TraceError(name, str(exc.lineno), f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+        yield line, value
+        pos = _skip_space(text, pos)
+        if pos < len(text) and text[pos] == ",":
+            pos = _skip_space(text, pos + 1)
+        elif pos < len(text) and text[pos] == "]":
+            if _skip_space(text, pos + 1) < len(text):
+                raise TraceError(name, str(_line_of(text, pos + 1)), "unexpected data after the JSON array")
+            return
+        else:
+            raise TraceError(name, str(_line_of(text, pos)), "expected ',' or ']' in the JSON array")
+
+
+def open_trace(path: str | Path, mode: str) -> IO[Any]:
+    """Open a trace file for reading ("r" text, "rb" bytes); a missing file raises TraceError."""
+    try:
+        if mode == "rb":
+            return open(path, "rb")
+        return open(path, encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(str(path), "open", exc.strerror or str(exc)) from None
+
+
+def dump_json_line(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": ")) + "\n"
+
+
+def _skip_space(text: str, pos: int) -> int:
+    n = len(text)
+    while pos < n and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def _line_of(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
