@@ -9,7 +9,7 @@ policy may only read node fields that change on access (`last_access`, `hit_coun
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -104,6 +104,25 @@ class CostAwarePolicy(EvictionPolicy):
 
     def on_evict(self, node: TreeNode, priority: tuple) -> None:
         self.inflation = max(self.inflation, priority[0])
+
+
+class BeladyPolicy(EvictionPolicy):
+    """Belady's offline optimum (MIN): evict the block whose next use is farthest; ties go to the deeper block.
+
+    An offline bound for simulation, not a policy a server can run: `next_use(node)` is an oracle that says
+    when the leaf's deepest block is next read (a request position, larger is later; a block read by no later
+    request gets a number beyond every position). In a prefix tree a block is never read later than its
+    descendants, so comparing leaves by their deepest block is comparing blocks. Not in `POLICIES`: it cannot
+    be built without its oracle (see `radixcache.simulate_oracle`).
+    """
+
+    name = "belady"
+
+    def __init__(self, next_use: Callable[[TreeNode], int]) -> None:
+        self.next_use = next_use
+
+    def priority(self, node: TreeNode) -> tuple:
+        return (-self.next_use(node), -(node.prefix_len + len(node.key)))
 
 
 POLICIES: Mapping[str, type[EvictionPolicy]] = MappingProxyType(
