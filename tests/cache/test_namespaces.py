@@ -1,0 +1,71 @@
+"""Namespaces (tenants) are isolated: identical tokens never share blocks across them."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import pytest
+
+from radixcache import BlockStateError, RadixCache
+
+
+def put(cache: RadixCache, tokens: Sequence[int], namespace: Hashable = None) -> list[int]:
+    blocks = cache.allocate(-(-len(tokens) // cache.page_size))
+    cache.insert(tokens, blocks, namespace=namespace)
+    return blocks
+
+
+def test_match_in_one_namespace_never_sees_another() -> None:
+    cache = RadixCache(16)
+    put(cache, [1, 2, 3], namespace="alice")
+
+    assert cache.match_prefix([1, 2, 3], namespace="bob").length == 0
+    assert cache.match_prefix([1, 2, 3]).length == 0  # the default namespace is a namespace too
+    assert cache.match_prefix([1, 2, 3], namespace="alice").length == 3
+
+
+def test_same_tokens_in_two_namespaces_keep_separate_blocks() -> None:
+    cache = RadixCache(16)
+    alice = put(cache, [1, 2, 3], namespace="alice")
+    bob_blocks = cache.allocate(3)
+
+    assert cache.insert([1, 2, 3], bob_blocks, namespace="bob") == 0  # nothing reused from alice
+
+    assert cache.match_prefix([1, 2, 3], namespace="alice").blocks == alice
+    assert cache.match_prefix([1, 2, 3], namespace="bob").blocks == bob_blocks
+    assert set(alice).isdisjoint(bob_blocks)
+    assert cache.evictable_blocks == 6
+    cache.check_invariants()
+
+
+def test_a_split_in_one_namespace_leaves_the_other_untouched() -> None:
+    cache = RadixCache(16)
+    put(cache, [1, 2, 3, 4], namespace=0)
+    put(cache, [1, 2, 3, 4], namespace=1)
+
+    cache.match_prefix([1, 2], namespace=0)
+
+    by_namespace = sorted((node.namespace, node.tokens()) for node in cache.iter_nodes())
+    assert by_namespace == [(0, [1, 2]), (0, [1, 2, 3, 4]), (1, [1, 2, 3, 4])]
+
+
+def test_a_lock_in_one_namespace_does_not_protect_the_same_tokens_in_another() -> None:
+    cache = RadixCache(16)
+    put(cache, [5, 6], namespace="a")
+    put(cache, [5, 6], namespace="b")
+    cache.lock(cache.match_prefix([5, 6], namespace="a").node)
+
+    assert cache.evict(16) == 2
+
+    assert cache.match_prefix([5, 6], namespace="a").length == 2
+    assert cache.match_prefix([5, 6], namespace="b").length == 0
+
+
+def test_tree_blocks_of_another_namespace_are_not_accepted_as_cached_pages() -> None:
+    cache = RadixCache(16)
+    alice = put(cache, [1, 2], namespace="alice")
+    put(cache, [1, 2], namespace="bob")
+
+    with pytest.raises(BlockStateError):
+        cache.insert([1, 2], alice, namespace="bob")
+    assert cache.match_prefix([1, 2], namespace="alice").blocks == alice
