@@ -1,0 +1,138 @@
+"""Attention over the paged KV pool: prefill (new tokens over cached prefix + themselves) and batched decode.
+
+Grouped-query attention is native: the `num_heads` query heads are viewed as `[kv_heads, group]` so that each
+KV head is read once for its whole group. Repeated KV heads are never materialised.
+
+Per-forward metadata (block tables, lengths, masks) travels in small frozen objects built once per forward
+and passed down explicitly: there is no global attention context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillMeta:
+    """One sequence's chunk of new tokens at positions `start .. start + num_new - 1`.
+
+    block_table: `[>= ceil((start + num_new) / page_size)]` int64 block ids of the sequence, on the device.
+    slots: `[num_new]` flat pool slots where the new tokens' K/V are written.
+    """
+
+    start: int
+    num_new: int
+    block_table: torch.Tensor
+    slots: torch.Tensor
+
+    @property
+    def total(self) -> int:
+        return self.start + self.num_new
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeMeta:
+    """One new token for each of B sequences of different lengths.
+
+    block_tables: `[B, max_blocks]` int64, rows padded with any valid block id (padding is masked out).
+    lengths: tokens per sequence including the new one (host ints; `lengths_t` is the same on the device).
+    slots: `[B]` flat pool slots of the new tokens. mask: `[B, 1, 1, S]` bool (True = attend), None when B == 1.
+    """
+
+    block_tables: torch.Tensor
+    lengths: tuple[int, ...]
+    lengths_t: torch.Tensor
+    slots: torch.Tensor
+    mask: torch.Tensor | None
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+
+def build_decode_meta(
+    block_tables: list[list[int]], lengths: list[int], page_size: int, device: torch.device
+) -> DecodeMeta:
+    """Metadata for one decode step. `lengths[i]` counts sequence i's tokens including the one being decoded."""
+    if len(block_tables) != len(lengths) or not lengths:
+        raise ValueError("decode needs one block table per sequence and at least one sequence")
+    max_blocks = max(-(-n // page_size) for n in lengths)
+    rows = []
+    for table, n in zip(block_tables, lengths, strict=True):
+        need = -(-n // page_size)
+        if len(table) < need:
+            raise ValueError(f"block table of {len(table)} pages cannot hold {n} tokens at page_size {page_size}")
+        row = list(table[:need])
+        rows.append(row + [row[0]] * (max_blocks - need))
+    tables = torch.tensor(rows, dtype=torch.int64, device=device)
+    lengths_t = torch.tensor(lengths, dtype=torch.int64, device=device)
+    pos = lengths_t - 1
+    slots = tables.gather(1, (pos // page_size).unsqueeze(1)).squeeze(1) * page_size + pos % page_size
+    mask = None
+    if len(lengths) > 1:
+        span = torch.arange(max_blocks * page_size, device=device)
+        mask = (span.unsqueeze(0) < lengths_t.unsqueeze(1)).view(len(lengths), 1, 1, -1)
+    return DecodeMeta(tables, tuple(lengths), lengths_t, slots, mask)
+
+
+def gather_pages(pages: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` positions of one sequence, `[length, kv_heads, head_dim]`, copying only its pages."""
+    page_size = pages.shape[1]
+    nb = -(-length // page_size)
+    seq = pages.index_select(0, block_table[:nb])
+    return seq.reshape(nb * page_size, *pages.shape[2:])[:length]
+
+
+def causal_mask(start: int, num_new: int, total: int, group: int, device: torch.device) -> torch.Tensor:
+    """`[group * num_new, total]` bool: query t (at position start + t) sees keys 0 .. start + t."""
+    q_pos = torch.arange(start, start + num_new, device=device).unsqueeze(1)
+    k_pos = torch.arange(total, device=device).unsqueeze(0)
+    return (k_pos <= q_pos).repeat(group, 1)
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """Causal GQA for one sequence. q `[T, H, D]`; k, v `[S, KV, D]` (cached prefix + new); mask from causal_mask.
+
+    Returns `[T, H, D]`. Query heads are grouped as `[KV, group * T, D]` so each KV head serves its group.
+    """
+    t, h, d = q.shape
+    kvh = k.shape[1]
+    g = h // kvh
+    qg = q.view(t, kvh, g, d).permute(1, 2, 0, 3).reshape(kvh, g * t, d)
+    out = F.scaled_dot_product_attention(qg, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+    return out.view(kvh, g, t, d).permute(2, 0, 1, 3).reshape(t, h, d)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    meta: DecodeMeta,
+) -> torch.Tensor:
+    """One query token per sequence over its pages. q `[B, H, D]`; pages `[N, P, KV, D]`. Returns `[B, H, D]`.
+
+    Each sequence's pages are gathered through its block table (a copy of that sequence's KV only, never of
+    the pool). The group of query heads sharing a KV head plays the role of the query-length axis.
+    """
+    b, h, d = q.shape
+    _, p, kvh, _ = k_pages.shape
+    g = h // kvh
+    if b == 1:
+        length = meta.lengths[0]
+        k = gather_pages(k_pages, meta.block_tables[0], length).transpose(0, 1).unsqueeze(0)
+        v = gather_pages(v_pages, meta.block_tables[0], length).transpose(0, 1).unsqueeze(0)
+    else:
+        m = meta.block_tables.shape[1]
+        k = k_pages[meta.block_tables].view(b, m * p, kvh, d).transpose(1, 2)
+        v = v_pages[meta.block_tables].view(b, m * p, kvh, d).transpose(1, 2)
+    qg = q.view(b, kvh, g, d)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.mask)
+    return out.reshape(b, h, d)

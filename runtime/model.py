@@ -1,0 +1,209 @@
+"""A Llama-family decoder (Llama, SmolLM2, Qwen2, Mistral) that reads and writes its KV in the paged pool.
+
+RMSNorm, rotary embeddings in rotate-half layout with positions offset by the cached prefix, grouped-query
+attention over the pool (runtime.attention), SwiGLU MLP, tied embeddings and Qwen2's q/k/v bias. Weights come
+in Hugging Face names and `[out, in]` layout; q/k/v and gate/up are fused into one matrix each at load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from runtime.attention import (
+    DecodeMeta,
+    PrefillMeta,
+    causal_mask,
+    decode_attention,
+    gather_pages,
+    prefill_attention,
+)
+from runtime.config import ModelConfig
+from runtime.kv_pool import KVPool
+
+DEFAULT_CHUNK = 512
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    ln_in: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    ln_post: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32 (as Hugging Face Llama does), returned in x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_tables(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, `[max_position, head_dim]`, for rotate-half RoPE (each frequency appears twice)."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d))
+    pos = torch.arange(config.max_position, dtype=torch.float64, device=device)
+    freqs = torch.outer(pos, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x `[T, heads, D]`; cos, sin `[T, D]`. Rotate-half form: x * cos + rotate_half(x) * sin."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
+
+
+class LlamaModel:
+    """The forward pass. Stateless between calls: all KV lives in the KVPool passed to each call."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if config.num_heads % config.num_kv_heads:
+            raise ValueError(f"num_heads {config.num_heads} is not a multiple of num_kv_heads {config.num_kv_heads}")
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+
+        def w(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise KeyError(f"weight {name!r} is missing")
+            return weights[name].to(device=self.device, dtype=dtype).contiguous()
+
+        self.embed = w("model.embed_tokens.weight")
+        tied = config.tie_embeddings or "lm_head.weight" not in weights
+        self.lm_head = self.embed if tied else w("lm_head.weight")
+        self.norm = w("model.norm.weight")
+        self.layers: list[_Layer] = []
+        for i in range(config.num_layers):
+            pre = f"model.layers.{i}."
+            att = pre + "self_attn."
+            bias = None
+            if config.attention_bias or att + "q_proj.bias" in weights:
+                bias = torch.cat([w(att + f"{p}_proj.bias") for p in "qkv"])
+            self.layers.append(
+                _Layer(
+                    ln_in=w(pre + "input_layernorm.weight"),
+                    qkv=torch.cat([w(att + f"{p}_proj.weight") for p in "qkv"]),
+                    qkv_bias=bias,
+                    o=w(att + "o_proj.weight"),
+                    ln_post=w(pre + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat([w(pre + "mlp.gate_proj.weight"), w(pre + "mlp.up_proj.weight")]),
+                    down=w(pre + "mlp.down_proj.weight"),
+                )
+            )
+        self.cos, self.sin = rope_tables(config, self.device, dtype)
+
+    # ------------------------------------------------------------------ public API
+
+    def new_pool(self, num_blocks: int, page_size: int) -> KVPool:
+        """An empty KV pool matching this model's shape, dtype and device."""
+        return KVPool(self.config, num_blocks, page_size, dtype=self.dtype, device=self.device)
+
+    def prefill(
+        self,
+        token_ids: Sequence[int] | torch.Tensor,
+        start: int,
+        block_table: Sequence[int] | torch.Tensor,
+        pool: KVPool,
+        *,
+        chunk_size: int = DEFAULT_CHUNK,
+        all_logits: bool = False,
+    ) -> torch.Tensor:
+        """Compute `token_ids` at positions `start ..` over the KV already in the pool for positions `< start`.
+
+        Writes their K/V into the pages of `block_table` (which must cover every position up to the end), in
+        chunks of `chunk_size` tokens so that long prompts do not spike memory. Returns the logits of the last
+        token `[vocab]` (float32), or of every token `[T, vocab]` with `all_logits`.
+        """
+        ids = torch.as_tensor(token_ids, dtype=torch.int64).to(self.device)
+        table = torch.as_tensor(block_table, dtype=torch.int64).to(self.device)
+        t = ids.numel()
+        if t == 0:
+            raise ValueError("prefill needs at least one token")
+        self._check_positions(start + t)
+        need = -(-(start + t) // pool.page_size)
+        if table.numel() < need:
+            raise ValueError(f"block table of {table.numel()} pages cannot hold {start + t} tokens")
+        outs = []
+        for lo in range(0, t, chunk_size):
+            hi = min(t, lo + chunk_size)
+            positions = torch.arange(start + lo, start + hi, device=self.device)
+            meta = PrefillMeta(start + lo, hi - lo, table, pool.slots(table, positions))
+            hidden = self._layers(ids[lo:hi], positions, pool, meta.slots, self._prefill_attend(meta, pool))
+            outs.append(hidden if all_logits else hidden[-1:])
+        return self._logits(torch.cat(outs) if all_logits else outs[-1][0])
+
+    def decode(self, token_ids: Sequence[int] | torch.Tensor, meta: DecodeMeta, pool: KVPool) -> torch.Tensor:
+        """One new token per sequence (token i at position `meta.lengths[i] - 1`). Returns logits `[B, vocab]`."""
+        ids = torch.as_tensor(token_ids, dtype=torch.int64).to(self.device)
+        self._check_positions(max(meta.lengths))
+        positions = meta.lengths_t - 1
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            k_pages, v_pages = pool.layer(layer)
+            return decode_attention(q, k_pages, v_pages, meta)
+
+        return self._logits(self._layers(ids, positions, pool, meta.slots, attend))
+
+    # ------------------------------------------------------------------ private
+
+    def _check_positions(self, end: int) -> None:
+        if end > self.config.max_position:
+            raise ValueError(f"sequence of {end} tokens exceeds the model's max_position {self.config.max_position}")
+
+    def _prefill_attend(self, meta: PrefillMeta, pool: KVPool) -> Callable[..., torch.Tensor]:
+        group = self.config.num_heads // self.config.num_kv_heads
+        mask = causal_mask(meta.start, meta.num_new, meta.total, group, self.device)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if meta.start > 0:  # the prefix comes from the pool (the new K/V were just written there)
+                k_pages, v_pages = pool.layer(layer)
+                k = gather_pages(k_pages, meta.block_table, meta.total)
+                v = gather_pages(v_pages, meta.block_table, meta.total)
+            return prefill_attention(q, k, v, mask)
+
+        return attend
+
+    def _layers(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        pool: KVPool,
+        slots: torch.Tensor,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        cfg = self.config
+        t = ids.numel()
+        h, kvh, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+        q_size, kv_size = h * d, kvh * d
+        cos, sin = self.cos[positions], self.sin[positions]
+        x = F.embedding(ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            qkv = F.linear(rms_norm(x, layer.ln_in, eps), layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            q = apply_rope(q.view(t, h, d), cos, sin)
+            k = apply_rope(k.view(t, kvh, d), cos, sin)
+            v = v.view(t, kvh, d)
+            pool.write(i, slots, k, v)
+            x = x + F.linear(attend(i, q, k, v).reshape(t, q_size), layer.o)
+            gate, up = F.linear(rms_norm(x, layer.ln_post, eps), layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        return x
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(hidden, self.norm, self.config.rms_norm_eps), self.lm_head).float()

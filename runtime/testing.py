@@ -1,0 +1,80 @@
+"""Tiny random Llama-family models for tests and benchmarks: a ModelConfig and HF-named weights, no files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from runtime.config import ModelConfig
+
+
+def tiny_config(**overrides: object) -> ModelConfig:
+    """A small GQA model (4 query heads over 2 KV heads) that runs in milliseconds on CPU."""
+    base = ModelConfig(
+        arch="llama",
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        max_position=512,
+        tie_embeddings=False,
+        name="tiny",
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def random_weights(config: ModelConfig, seed: int = 0, scale: float = 0.5) -> dict[str, torch.Tensor]:
+    """Random float32 weights in Hugging Face names and `[out, in]` shapes, scaled so logits are well spread."""
+    g = torch.Generator().manual_seed(seed)
+    c = config
+
+    def rand(*shape: int, s: float | None = None) -> torch.Tensor:
+        fan_in = shape[-1]
+        return torch.randn(*shape, generator=g) * (s if s is not None else scale / fan_in**0.5) * 2
+
+    def norm(n: int) -> torch.Tensor:
+        return 1.0 + 0.1 * torch.randn(n, generator=g)
+
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    w = {
+        "model.embed_tokens.weight": rand(c.vocab_size, c.hidden_size, s=1.0),
+        "model.norm.weight": norm(c.hidden_size),
+    }
+    if not c.tie_embeddings:
+        w["lm_head.weight"] = rand(c.vocab_size, c.hidden_size)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm(c.hidden_size)
+        w[p + "post_attention_layernorm.weight"] = norm(c.hidden_size)
+        w[p + "self_attn.q_proj.weight"] = rand(q, c.hidden_size)
+        w[p + "self_attn.k_proj.weight"] = rand(kv, c.hidden_size)
+        w[p + "self_attn.v_proj.weight"] = rand(kv, c.hidden_size)
+        w[p + "self_attn.o_proj.weight"] = rand(c.hidden_size, q)
+        if c.attention_bias:
+            w[p + "self_attn.q_proj.bias"] = rand(q, s=0.2)
+            w[p + "self_attn.k_proj.bias"] = rand(kv, s=0.2)
+            w[p + "self_attn.v_proj.bias"] = rand(kv, s=0.2)
+        w[p + "mlp.gate_proj.weight"] = rand(c.intermediate_size, c.hidden_size)
+        w[p + "mlp.up_proj.weight"] = rand(c.intermediate_size, c.hidden_size)
+        w[p + "mlp.down_proj.weight"] = rand(c.hidden_size, c.intermediate_size)
+    return w
+
+
+@dataclass(frozen=True)
+class RandomModel:
+    """Stands in for a loaded model (config + weights, no tokenizer): what `Engine(model=...)` accepts."""
+
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: None = None
+
+
+def tiny_model(seed: int = 0, **overrides: object) -> RandomModel:
+    config = tiny_config(**overrides)
+    return RandomModel(config, random_weights(config, seed))
