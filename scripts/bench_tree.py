@@ -1,0 +1,384 @@
+"""Benchmark the radix tree against SGLang's RadixCache on a synthetic multi-turn chat workload.
+
+Both caches replay the same requests at the same capacity, in the same process, and do the same work per
+request: match the prompt, lock the match, allocate blocks for the rest of prompt + reply (evicting when
+short), insert prompt + reply, free what the tree did not take, unlock. The report is the median of several
+repeats, with the throughput ratio and the hit-rate difference measured in this run.
+
+SGLang is optional and never part of this project: install its wheel outside the repository, e.g.
+
+    .venv/bin/python -m pip install --no-deps --target .bench/sglang sglang==0.5.23
+
+Its radix_cache module is loaded from there with the GPU and server imports it does not need on this path
+replaced by inert placeholders (see `load_sglang`), and it is given a small CPU allocator of KV slots.
+
+Example:
+    .venv/bin/python scripts/bench_tree.py --conversations 200 --capacity-tokens 60000 --page-size 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.abc
+import importlib.machinery
+import json
+import platform
+import statistics
+import sys
+import time
+import types
+from array import array
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from radixcache import RadixCache  # noqa: E402
+from radixcache.synthetic import multi_turn_chat  # noqa: E402
+
+DEFAULT_SGLANG = REPO / ".bench" / "sglang"
+SGLANG_VERSION = "0.5.23"
+
+# ---------------------------------------------------------------------------------------------- workload
+
+
+def build_workload(conversations: int, seed: int) -> list[tuple[array, array]]:
+    """(prompt, prompt + reply) per request, as int64 arrays, in arrival order.
+
+    Both caches get the same arrays; converting them is outside the timed region.
+    """
+    requests = multi_turn_chat(conversations=conversations, seed=seed)
+    return [(array("q", r.tokens), array("q", r.tokens + r.output_tokens)) for r in requests]
+
+
+class RunResult:
+    __slots__ = ("evicted_tokens", "hit_tokens", "prompt_tokens", "requests", "seconds", "tokens")
+
+    def __init__(self, requests: int, tokens: int, prompt_tokens: int, hit_tokens: int, evicted: int, seconds: float):
+        self.requests = requests
+        self.tokens = tokens
+        self.prompt_tokens = prompt_tokens
+        self.hit_tokens = hit_tokens
+        self.evicted_tokens = evicted
+        self.seconds = seconds
+
+
+def _totals(workload: list[tuple[array, array]]) -> tuple[int, int]:
+    return sum(len(full) for _, full in workload), sum(len(prompt) for prompt, _ in workload)
+
+
+# ---------------------------------------------------------------------------------------------- ours
+
+
+def run_ours(workload: list[tuple[array, array]], capacity_tokens: int, page_size: int, policy: str) -> RunResult:
+    cache = RadixCache(capacity_tokens // page_size, page_size=page_size, policy=policy)
+    p = page_size
+    gc.collect()
+    started = time.perf_counter()
+    for prompt, full in workload:
+        match = cache.match_prefix(prompt)
+        cache.lock(match.node)
+        new = cache.allocate(-(-len(full) // p) - len(match.blocks))
+        cache.insert(full, match.blocks + new)
+        if len(full) % p:
+            cache.free(new[-1:])  # the unaligned tail page stays with the caller
+        cache.unlock(match.node)
+    seconds = time.perf_counter() - started
+    cache.check_invariants()
+    stats = cache.stats
+    tokens, prompt_tokens = _totals(workload)
+    assert stats.query_tokens == prompt_tokens
+    return RunResult(len(workload), tokens, prompt_tokens, stats.hit_tokens, stats.evicted_tokens, seconds)
+
+
+# ---------------------------------------------------------------------------------------------- SGLang
+
+
+class _Placeholder:
+    """Stands in for any name of a module the SGLang radix cache imports but never uses on this path."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __class_getitem__(cls, item: Any) -> type:
+        return cls
+
+
+class _PlaceholderModule(types.ModuleType):
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Placeholder
+
+
+class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves placeholder modules for every `sglang.*` module except the few the radix cache really runs."""
+
+    REAL = frozenset(
+        {
+            "sglang.srt.mem_cache.radix_cache",
+            "sglang.srt.mem_cache.base_prefix_cache",
+            "sglang.srt.mem_cache.cache_init_params",
+            "sglang.srt.mem_cache.events",
+            "sglang.srt.mem_cache.utils",
+            "sglang.srt.mem_cache.evict_policy",
+            "sglang.srt.mem_cache.unified_cache.component_type",
+        }
+    )
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname.startswith("sglang.") and fullname not in self.REAL:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _PlaceholderModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if module.__name__ == "sglang.srt.utils.common":
+            module.ceil_align = lambda x, align: -(-x // align) * align  # type: ignore[attr-defined]
+
+
+def load_sglang(location: Path) -> tuple[types.ModuleType | None, str]:
+    """Import SGLang's radix_cache from a pip --target directory on CPU. Returns (module, version or why not)."""
+    source = location / "sglang" / "srt" / "mem_cache" / "radix_cache.py"
+    if not source.is_file():
+        return None, f"SGLang not found at {location} (install: pip install --no-deps --target {location} " + (
+            f"sglang=={SGLANG_VERSION})"
+        )
+    version = "unknown"
+    for info in location.glob("sglang-*.dist-info"):
+        version = info.name.removeprefix("sglang-").removesuffix(".dist-info")
+    # The package __init__ files pull in the whole server; register bare packages so only the modules
+    # named in _PlaceholderFinder.REAL run, from their real files.
+    for name, sub in (
+        ("sglang", ""),
+        ("sglang.srt", "srt"),
+        ("sglang.srt.mem_cache", "srt/mem_cache"),
+        ("sglang.srt.mem_cache.unified_cache", "srt/mem_cache/unified_cache"),
+    ):
+        package = types.ModuleType(name)
+        package.__path__ = [str(location / "sglang" / sub)]
+        sys.modules[name] = package
+    sys.meta_path.insert(0, _PlaceholderFinder())
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        from sglang.srt.mem_cache import radix_cache
+    except Exception as exc:
+        return None, f"SGLang {version} at {location} failed to import: {type(exc).__name__}: {exc}"
+    return radix_cache, version
+
+
+class CpuSlotAllocator:
+    """A CPU allocator of KV token slots, in pages, with the methods SGLang's RadixCache calls.
+
+    Slots are handed out as int64 tensors of token indices, a whole page at a time; `free_segment` takes
+    page-aligned token indices back. Freed pages are batched and merged into the free list on demand.
+    """
+
+    def __init__(self, torch: Any, capacity_pages: int, page_size: int) -> None:
+        self.torch = torch
+        self.device = "cpu"
+        self.page_size = page_size
+        self.free_pages = torch.arange(capacity_pages, dtype=torch.int64)
+        self.released: list[Any] = []
+        self.free_count = capacity_pages
+        self.offsets = torch.arange(page_size, dtype=torch.int64)
+
+    def available_size(self) -> int:
+        return self.free_count * self.page_size
+
+    def alloc_pages(self, n: int) -> Any:
+        if len(self.free_pages) < n:
+            self.free_pages = self.torch.cat([self.free_pages, *self.released])
+            self.released.clear()
+        pages = self.free_pages[:n]
+        self.free_pages = self.free_pages[n:]
+        self.free_count -= n
+        if self.page_size == 1:
+            return pages
+        return (pages[:, None] * self.page_size + self.offsets).reshape(-1)
+
+    def free_segment(self, indices: Any, start_pos: int = 0) -> None:
+        if len(indices) == 0:
+            return
+        pages = indices if self.page_size == 1 else indices[:: self.page_size] // self.page_size
+        self.released.append(pages)
+        self.free_count += len(pages)
+
+
+def run_sglang(
+    radix_cache: types.ModuleType,
+    workload: list[tuple[array, array]],
+    capacity_tokens: int,
+    page_size: int,
+    policy: str,
+) -> RunResult:
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    RadixKey = radix_cache.RadixKey
+    p = page_size
+    allocator = CpuSlotAllocator(torch, capacity_tokens // p, p)
+    tree = radix_cache.RadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=allocator,
+            page_size=p,
+            eviction_policy=policy,
+        )
+    )
+    hit_tokens = evicted = 0
+    gc.collect()
+    started = time.perf_counter()
+    for prompt, full in workload:
+        match = tree.match_prefix(MatchPrefixParams(key=RadixKey(prompt)))
+        node = match.last_device_node
+        matched = match.device_prefix_len
+        hit_tokens += matched
+        tree.inc_lock_ref(node)
+        prefix = tree.path_device_indices(node)
+        pages = -(-(len(full) - matched) // p)
+        short = pages * p - allocator.available_size()
+        if short > 0:
+            evicted += tree.evict(EvictParams(num_tokens=short)).num_tokens_evicted
+            if pages * p > allocator.available_size():
+                raise RuntimeError("SGLang: out of KV slots (capacity too small for one request)")
+        new = allocator.alloc_pages(pages)
+        values = torch.cat([prefix, new[: len(full) - matched]])
+        result = tree.insert(InsertParams(key=RadixKey(full), value=values))
+        if result.prefix_len > matched:  # pages another request cached meanwhile: ours are duplicates
+            allocator.free_segment(values[matched : result.prefix_len])
+        aligned = len(full) // p * p
+        if aligned < len(full):  # the unaligned tail page stays with the caller
+            allocator.free_segment(new[aligned - matched :])
+        tree.dec_lock_ref(node)
+    seconds = time.perf_counter() - started
+    # every slot is free or in the tree, none locked: the harness leaked nothing
+    assert tree.protected_size() == 0
+    assert allocator.available_size() + tree.evictable_size() == capacity_tokens // p * p
+    tokens, prompt_tokens = _totals(workload)
+    return RunResult(len(workload), tokens, prompt_tokens, hit_tokens, evicted, seconds)
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def summarize(runs: list[RunResult]) -> dict[str, float]:
+    first = runs[0]
+    seconds = statistics.median(r.seconds for r in runs)
+    return {
+        "requests": first.requests,
+        "tokens": first.tokens,
+        "seconds_median": seconds,
+        "seconds_all": [round(r.seconds, 4) for r in runs],
+        "requests_per_s": first.requests / seconds,
+        "tokens_per_s": first.tokens / seconds,
+        "hit_rate": first.hit_tokens / first.prompt_tokens,
+        "evicted_tokens": first.evicted_tokens,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conversations", type=int, default=200)
+    parser.add_argument(
+        "--capacity-tokens",
+        type=int,
+        default=60_000,
+        help="KV capacity in tokens, the same for both caches (blocks = capacity // page size)",
+    )
+    parser.add_argument("--page-size", type=int, default=1)
+    parser.add_argument("--policy", choices=("lru", "lfu", "fifo"), default="lru")
+    parser.add_argument("--repeats", type=int, default=5, help="report the median of this many runs")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sglang", type=Path, default=DEFAULT_SGLANG, help="pip --target directory of sglang")
+    parser.add_argument("--no-sglang", action="store_true", help="bench ours only")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+
+    workload = build_workload(args.conversations, args.seed)
+    radix_cache, sglang_note = (None, "skipped (--no-sglang)") if args.no_sglang else load_sglang(args.sglang)
+    if radix_cache is None and not args.no_sglang:
+        print(f"WARNING: {sglang_note}; benchmarking ours only", file=sys.stderr)
+
+    ours_runs: list[RunResult] = []
+    sglang_runs: list[RunResult] = []
+    for _ in range(args.repeats):  # alternate, so both see the same machine conditions
+        ours_runs.append(run_ours(workload, args.capacity_tokens, args.page_size, args.policy))
+        if radix_cache is not None:
+            sglang_runs.append(run_sglang(radix_cache, workload, args.capacity_tokens, args.page_size, args.policy))
+
+    report: dict[str, Any] = {
+        "workload": {
+            "conversations": args.conversations,
+            "requests": len(workload),
+            "tokens": _totals(workload)[0],
+            "prompt_tokens": _totals(workload)[1],
+            "capacity_tokens": args.capacity_tokens,
+            "page_size": args.page_size,
+            "policy": args.policy,
+            "seed": args.seed,
+            "repeats": args.repeats,
+        },
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+        "ours": summarize(ours_runs),
+        "sglang": summarize(sglang_runs) if sglang_runs else None,
+        "sglang_version": sglang_note if radix_cache is not None else None,
+        "sglang_note": None if radix_cache is not None else sglang_note,
+    }
+    if sglang_runs:
+        report["throughput_ratio"] = report["ours"]["requests_per_s"] / report["sglang"]["requests_per_s"]
+        report["hit_rate_diff_pp"] = 100 * (report["ours"]["hit_rate"] - report["sglang"]["hit_rate"])
+
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    w = report["workload"]
+    table = Table(
+        title=(
+            f"{w['requests']} requests ({w['conversations']} chats, {w['tokens']:,} tokens), capacity "
+            f"{w['capacity_tokens']:,} tokens, page size {w['page_size']}, {w['policy']}, "
+            f"median of {w['repeats']}"
+        )
+    )
+    for column in ("cache", "req/s", "tokens/s", "hit rate", "median s"):
+        table.add_column(column, justify="right")
+    rows = [("radixcache", report["ours"])]
+    if report["sglang"]:
+        rows.append((f"SGLang {report['sglang_version']}", report["sglang"]))
+    for name, row in rows:
+        table.add_row(
+            name,
+            f"{row['requests_per_s']:,.0f}",
+            f"{row['tokens_per_s']:,.0f}",
+            f"{row['hit_rate']:.2%}",
+            f"{row['seconds_median']:.3f}",
+        )
+    console = Console()
+    console.print(table)
+    if report["sglang"]:
+        console.print(
+            f"throughput ratio (ours / SGLang): [bold]{report['throughput_ratio']:.2f}x[/bold]; "
+            f"hit rate difference: {report['hit_rate_diff_pp']:+.2f} pp"
+        )
+    else:
+        console.print(f"[yellow]SGLang baseline not run: {sglang_note}[/yellow]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
