@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 from radixcache.records import TokenRequest
 
@@ -55,3 +57,165 @@ def multi_turn_chat(
             t += rng.expovariate(1.0 / mean_think_ms) if mean_think_ms > 0 else 0.0
     timed.sort(key=lambda item: item[:3])
     return [item[3] for item in timed]
+
+
+def _timed_sorted(timed: list[tuple]) -> list[TokenRequest]:
+    timed.sort(key=lambda item: item[:-1])
+    return [item[-1] for item in timed]
+
+
+def _next_gap(rng: random.Random, mean_ms: float) -> float:
+    return rng.expovariate(1.0 / mean_ms) if mean_ms > 0 else 0.0
+
+
+def agent_loops(
+    agents: int = 100,
+    tool_prompts: int = 3,
+    tool_tokens: int = 3000,
+    task_tokens: int = 200,
+    steps: tuple[int, int] = (3, 8),
+    action_tokens: int = 120,
+    observation_tokens: int = 300,
+    fanout: tuple[int, int] = (2, 4),
+    fanout_prob: float = 0.3,
+    branch_tokens: int = 40,
+    mean_interarrival_ms: float = 1000.0,
+    mean_step_ms: float = 3000.0,
+    vocab: int = 32000,
+    seed: int = 0,
+) -> list[TokenRequest]:
+    """Tool-using agents: a long shared tool/system prompt, a scratchpad that grows each step, and fan-out.
+
+    Agents start as a Poisson process. Each uses one of `tool_prompts` shared tool prompts plus its own task.
+    Step i's prompt is tools + task + scratchpad; its recorded output is the next action, and the scratchpad
+    grows by that action and an observation. With probability `fanout_prob` a step instead fans out into
+    parallel branches (same arrival time, same prefix, a short distinct instruction each), and the scratchpad
+    grows by every branch's output. Requests come back in arrival order.
+    """
+    if agents < 0 or tool_prompts < 1 or steps[0] < 1 or steps[1] < steps[0] or fanout[0] < 1 or fanout[1] < fanout[0]:
+        raise ValueError("agent_loops: need agents >= 0, tool_prompts >= 1, 1 <= steps[0] <= steps[1], fanout likewise")
+    rng = random.Random(seed)
+    tools = [_tokens(rng, tool_tokens, vocab) for _ in range(tool_prompts)]
+    timed: list[tuple] = []
+    start = 0.0
+    for agent in range(agents):
+        start += _next_gap(rng, mean_interarrival_ms)
+        context = tools[rng.randrange(tool_prompts)] + _tokens(rng, _around(rng, task_tokens), vocab)
+        t = start
+        for step in range(rng.randint(*steps)):
+            if rng.random() < fanout_prob:
+                merged: tuple[int, ...] = ()
+                for branch in range(rng.randint(*fanout)):
+                    prompt = context + _tokens(rng, _around(rng, branch_tokens), vocab)
+                    out = _tokens(rng, _around(rng, action_tokens), vocab)
+                    request = TokenRequest(round(t, 3), prompt, len(out), f"agent-{agent}", output_tokens=out)
+                    timed.append((t, agent, step, branch, request))
+                    merged += out
+                context = context + merged
+            else:
+                out = _tokens(rng, _around(rng, action_tokens), vocab)
+                request = TokenRequest(round(t, 3), context, len(out), f"agent-{agent}", output_tokens=out)
+                timed.append((t, agent, step, 0, request))
+                context = context + out + _tokens(rng, _around(rng, observation_tokens), vocab)
+            t += _next_gap(rng, mean_step_ms)
+    return _timed_sorted(timed)
+
+
+def rag(
+    queries: int = 1000,
+    documents: int = 300,
+    docs_per_query: tuple[int, int] = (3, 6),
+    doc_tokens: int = 500,
+    system_tokens: int = 300,
+    question_tokens: int = 60,
+    answer_tokens: int = 120,
+    zipf: float = 1.1,
+    order_noise: float = 2.0,
+    mean_interarrival_ms: float = 100.0,
+    vocab: int = 32000,
+    seed: int = 0,
+) -> list[TokenRequest]:
+    """Retrieval-augmented queries: a shared system prompt, then shared documents in varying order, then a question.
+
+    Documents are retrieved with Zipf popularity (exponent `zipf`), several per query without repeats, and put
+    in the prompt ordered by a noisy relevance score (rank plus Gaussian noise of `order_noise` ranks), so the
+    same documents often appear in a different order and share only a part of the prefix. Poisson arrivals.
+    """
+    lo, hi = docs_per_query
+    if queries < 0 or documents < 1 or lo < 1 or hi < lo or hi > documents:
+        raise ValueError("rag: need queries >= 0, 1 <= docs_per_query[0] <= docs_per_query[1] <= documents")
+    rng = random.Random(seed)
+    system = _tokens(rng, system_tokens, vocab)
+    docs = [_tokens(rng, _around(rng, doc_tokens), vocab) for _ in range(documents)]
+    weights = [1.0 / (rank + 1) ** zipf for rank in range(documents)]
+    out_requests = []
+    t = 0.0
+    for query in range(queries):
+        t += _next_gap(rng, mean_interarrival_ms)
+        chosen: list[int] = []
+        want = rng.randint(lo, hi)
+        while len(chosen) < want:
+            doc = rng.choices(range(documents), weights)[0]
+            if doc not in chosen:
+                chosen.append(doc)
+        chosen.sort(key=lambda d: d + rng.gauss(0.0, order_noise))
+        prompt = system
+        for doc in chosen:
+            prompt += docs[doc]
+        prompt += _tokens(rng, _around(rng, question_tokens), vocab)
+        answer = _tokens(rng, _around(rng, answer_tokens), vocab)
+        out_requests.append(TokenRequest(round(t, 3), prompt, len(answer), f"rag-{query}", output_tokens=answer))
+    return out_requests
+
+
+def few_shot(
+    batches: int = 150,
+    tasks: int = 10,
+    pool: int = 16,
+    shots: tuple[int, int] = (4, 8),
+    fixed_shots_prob: float = 0.5,
+    instruction_tokens: int = 150,
+    example_tokens: int = 120,
+    batch_size: tuple[int, int] = (4, 16),
+    query_tokens: int = 50,
+    answer_tokens: int = 20,
+    mean_interarrival_ms: float = 1000.0,
+    vocab: int = 32000,
+    seed: int = 0,
+) -> list[TokenRequest]:
+    """Few-shot batches: a task instruction and k examples shared by a batch of queries sent together.
+
+    Each batch picks one of `tasks` tasks. With probability `fixed_shots_prob` it uses the task's canonical
+    first k examples in order (shared with other batches of the task), otherwise k examples sampled from the
+    task's pool of `pool`, in random order. Every query of the batch arrives within a few milliseconds.
+    """
+    if batches < 0 or tasks < 1 or shots[0] < 0 or shots[1] < shots[0] or shots[1] > pool:
+        raise ValueError("few_shot: need batches >= 0, tasks >= 1, 0 <= shots[0] <= shots[1] <= pool")
+    if batch_size[0] < 1 or batch_size[1] < batch_size[0]:
+        raise ValueError("few_shot: need 1 <= batch_size[0] <= batch_size[1]")
+    rng = random.Random(seed)
+    instructions = [_tokens(rng, instruction_tokens, vocab) for _ in range(tasks)]
+    examples = [[_tokens(rng, _around(rng, example_tokens), vocab) for _ in range(pool)] for _ in range(tasks)]
+    out_requests = []
+    t = 0.0
+    for batch in range(batches):
+        t += _next_gap(rng, mean_interarrival_ms)
+        task = rng.randrange(tasks)
+        k = rng.randint(*shots)
+        picked = list(range(k)) if rng.random() < fixed_shots_prob else rng.sample(range(pool), k)
+        prefix = instructions[task]
+        for example in picked:
+            prefix += examples[task][example]
+        for i in range(rng.randint(*batch_size)):
+            prompt = prefix + _tokens(rng, _around(rng, query_tokens), vocab)
+            answer = _tokens(rng, _around(rng, answer_tokens), vocab)
+            request = TokenRequest(round(t + i, 3), prompt, len(answer), f"fewshot-{batch}", output_tokens=answer)
+            out_requests.append(request)
+    out_requests.sort(key=lambda r: r.timestamp_ms)  # stable: batches stay in order on ties
+    return out_requests
+
+
+#: generator name -> function, for the CLI and the sweep
+GENERATORS: Mapping[str, Callable[..., list[TokenRequest]]] = MappingProxyType(
+    {"chat": multi_turn_chat, "agent": agent_loops, "rag": rag, "few-shot": few_shot}
+)
