@@ -81,11 +81,11 @@ class RadixCache:
         sort by), and splits a node when the match ends inside it, so that the result ends at a node boundary.
         """
         arr = as_token_array(tokens)
+        root = self._root(namespace)  # validates the namespace before anything changes
         self._clock += 1
         stats = self._stats
         stats.queries += 1
         stats.query_tokens += len(arr)
-        root = self._root(namespace)
         node, length, blocks, partial, partial_len = self._descend(root, arr)
         if partial is not None:
             node = self._split(partial, partial_len)
@@ -266,12 +266,11 @@ class RadixCache:
     # ------------------------------------------------------------------ private: the walk
 
     def _root(self, namespace: Hashable) -> TreeNode:
-        root = self._roots.get(namespace)
+        try:
+            root = self._roots.get(namespace)
+        except TypeError:  # dict lookup hashes the namespace first
+            raise RadixCacheError(f"namespace must be hashable, got {type(namespace).__name__}") from None
         if root is None:
-            try:
-                hash(namespace)
-            except TypeError:
-                raise RadixCacheError(f"namespace must be hashable, got {type(namespace).__name__}") from None
             root = TreeNode(0, empty_key(), [], None, namespace, self._clock)
             self._roots[namespace] = root
         return root
