@@ -1,0 +1,288 @@
+"""A small GGUF (v2/v3) reader: metadata, a tensor index, memory-mapped tensor data and numpy dequantisation.
+
+Layout (all little-endian):
+    magic "GGUF" | u32 version | u64 tensor_count | u64 kv_count
+    kv_count x (string key, u32 value_type, value)
+    tensor_count x (string name, u32 n_dims, u64 dims[n_dims], u32 ggml_type, u64 offset)
+    padding to `general.alignment` (default 32) | tensor data (each tensor at data_start + offset)
+
+A string is a u64 byte length followed by UTF-8 bytes. GGUF lists dims fastest-varying first (ggml's `ne`), so a
+tensor's numpy shape is the reverse: a matrix with dims [in, out] is an array of shape [out, in].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+# Metadata value types -> (struct format, size) for scalars.
+_SCALARS: dict[int, tuple[str, int]] = {
+    0: ("<B", 1),  # UINT8
+    1: ("<b", 1),  # INT8
+    2: ("<H", 2),  # UINT16
+    3: ("<h", 2),  # INT16
+    4: ("<I", 4),  # UINT32
+    5: ("<i", 4),  # INT32
+    6: ("<f", 4),  # FLOAT32
+    7: ("<?", 1),  # BOOL
+    10: ("<Q", 8),  # UINT64
+    11: ("<q", 8),  # INT64
+    12: ("<d", 8),  # FLOAT64
+}
+_NUMPY_OF_SCALAR = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "?",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
+_STRING, _ARRAY = 8, 9
+
+# ggml tensor types: id -> (name, elements per block, bytes per block). Only some can be dequantised (below);
+# the rest are listed so that any file can be indexed and its unsupported tensors named in errors.
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    30: ("BF16", 1, 2),
+}
+GGML_TYPE_IDS = {name: tid for tid, (name, _, _) in GGML_TYPES.items()}
+
+
+class GGUFError(ValueError):
+    """The file is not a GGUF file this reader understands."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One entry of the tensor index. `shape` is in numpy order (slowest-varying first)."""
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES.get(self.ggml_type, (f"type{self.ggml_type}", 0, 0))[0]
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+class GGUFFile:
+    """A GGUF file opened for reading. Use as a context manager, or call `close()`.
+
+    `metadata` maps keys to Python values (arrays of numbers as numpy arrays, arrays of strings as lists of str).
+    `tensors` maps names to `TensorInfo`. `raw(name)` is a zero-copy uint8 view of the mapped data;
+    `dequantize(name)` returns a fresh float32 array that outlives the file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        with open(self.path, "rb") as f:
+            try:
+                self._mm: mmap.mmap | None = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError as e:  # empty file
+                raise GGUFError(f"{self.path}: empty file, not GGUF") from e
+        try:
+            self._parse()
+        except (struct.error, IndexError, UnicodeDecodeError) as e:
+            self.close()
+            raise GGUFError(f"{self.path}: truncated or corrupt GGUF header ({e})") from e
+        except Exception:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ public API
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as a read-only uint8 view into the mapped file."""
+        info = self.tensors[name]
+        return np.frombuffer(self._buffer(), dtype=np.uint8, count=info.nbytes, offset=info.offset)
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor as a new float32 array of shape `tensors[name].shape`."""
+        info = self.tensors[name]
+        return dequantize(self.raw(name), info.ggml_type, info.shape)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            with contextlib.suppress(BufferError):  # a raw() view is still alive; it closes when collected
+                self._mm.close()
+            self._mm = None
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ parsing
+
+    def _buffer(self) -> mmap.mmap:
+        if self._mm is None:
+            raise ValueError(f"{self.path}: GGUF file is closed")
+        return self._mm
+
+    def _parse(self) -> None:
+        mm = self._buffer()
+        if mm[:4] != GGUF_MAGIC:
+            raise GGUFError(f"{self.path}: not a GGUF file (magic {bytes(mm[:4])!r})")
+        (self.version,) = struct.unpack_from("<I", mm, 4)
+        if self.version not in (2, 3):
+            hint = " (big-endian files are not supported)" if self.version > 0xFFFF else ""
+            raise GGUFError(f"{self.path}: GGUF version {self.version} is not supported, only 2 and 3{hint}")
+        n_tensors, n_kv = struct.unpack_from("<QQ", mm, 8)
+        self._pos = 24
+        self.metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = self._string()
+            (vtype,) = self._unpack("<I", 4)
+            self.metadata[key] = self._value(vtype)
+        index = []
+        for _ in range(n_tensors):
+            name = self._string()
+            (n_dims,) = self._unpack("<I", 4)
+            dims = self._unpack(f"<{n_dims}Q", 8 * n_dims)
+            (ggml_type,) = self._unpack("<I", 4)
+            (offset,) = self._unpack("<Q", 8)
+            index.append((name, tuple(reversed(dims)), ggml_type, offset))
+        self.alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        if self.alignment <= 0:
+            raise GGUFError(f"{self.path}: bad general.alignment {self.alignment}")
+        self.data_offset = -(-self._pos // self.alignment) * self.alignment
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, shape, ggml_type, offset in index:
+            nbytes = tensor_nbytes(shape, ggml_type) if ggml_type in GGML_TYPES else 0
+            start = self.data_offset + offset
+            if ggml_type in GGML_TYPES and start + nbytes > len(mm):
+                raise GGUFError(f"{self.path}: tensor {name} runs past the end of the file")
+            self.tensors[name] = TensorInfo(name, shape, ggml_type, start, nbytes)
+
+    def _unpack(self, fmt: str, size: int) -> tuple[Any, ...]:
+        out = struct.unpack_from(fmt, self._buffer(), self._pos)
+        self._pos += size
+        return out
+
+    def _string(self) -> str:
+        mm = self._buffer()
+        (n,) = struct.unpack_from("<Q", mm, self._pos)
+        start = self._pos + 8
+        self._pos = start + n
+        if self._pos > len(mm):
+            raise GGUFError(f"{self.path}: string runs past the end of the file")
+        return mm[start : self._pos].decode("utf-8", errors="replace")
+
+    def _value(self, vtype: int) -> Any:
+        if vtype in _SCALARS:
+            fmt, size = _SCALARS[vtype]
+            return self._unpack(fmt, size)[0]
+        if vtype == _STRING:
+            return self._string()
+        if vtype == _ARRAY:
+            (etype,) = self._unpack("<I", 4)
+            (count,) = self._unpack("<Q", 8)
+            if etype in _NUMPY_OF_SCALAR:
+                dtype = np.dtype(_NUMPY_OF_SCALAR[etype])
+                arr = np.frombuffer(self._buffer(), dtype=dtype, count=count, offset=self._pos).copy()
+                self._pos += count * dtype.itemsize
+                return arr
+            if etype == _STRING:
+                return self._strings(count)
+            return [self._value(etype) for _ in range(count)]  # arrays of arrays
+        raise GGUFError(f"{self.path}: unknown metadata value type {vtype} at byte {self._pos}")
+
+    def _strings(self, count: int) -> list[str]:
+        # The hot loop for tokenizer vocabularies (~100k strings): plain struct + bytes slicing, no numpy per item.
+        mm, pos, unpack = self._buffer(), self._pos, struct.Struct("<Q").unpack_from
+        out = []
+        append = out.append
+        for _ in range(count):
+            (n,) = unpack(mm, pos)
+            pos += 8
+            append(mm[pos : pos + n].decode("utf-8", errors="replace"))
+            pos += n
+        self._pos = pos
+        return out
+
+
+def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
+    """Bytes a tensor of `shape` (numpy order) and `ggml_type` takes. Rows must be whole blocks."""
+    name, block, block_bytes = GGML_TYPES[ggml_type]
+    n = int(np.prod(shape, dtype=np.int64))
+    if shape and shape[-1] % block:
+        raise GGUFError(f"row length {shape[-1]} is not a multiple of the {name} block size {block}")
+    return n // block * block_bytes
+
+
+# ---------------------------------------------------------------------- dequantisation
+
+_Q4_0 = np.dtype([("d", "<f2"), ("qs", "u1", (16,))])
+_Q4_1 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))])
+_Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """[n, 16] packed bytes -> [n, 32] values: element j is the low nibble of byte j, element 16+j the high one."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Decode `raw` (the tensor's bytes) of `ggml_type` into a new float32 array of `shape`."""
+    name = GGML_TYPES.get(ggml_type, (f"type {ggml_type}",))[0]
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    if name == "F32":
+        out = raw.view("<f4").astype(np.float32)  # copies, detaching from the map
+    elif name == "F16":
+        out = raw.view("<f2").astype(np.float32)
+    elif name == "BF16":
+        out = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    elif name == "Q8_0":
+        b = raw.view(_Q8_0)
+        out = b["qs"].astype(np.float32) * b["d"].astype(np.float32)[:, None]
+    elif name == "Q4_0":
+        b = raw.view(_Q4_0)
+        q = _nibbles(b["qs"]).astype(np.int8) - np.int8(8)
+        out = q.astype(np.float32) * b["d"].astype(np.float32)[:, None]
+    elif name == "Q4_1":
+        b = raw.view(_Q4_1)
+        out = _nibbles(b["qs"]).astype(np.float32)
+        out *= b["d"].astype(np.float32)[:, None]
+        out += b["m"].astype(np.float32)[:, None]
+    else:
+        raise NotImplementedError(f"dequantising GGML type {name} is not supported (Q4_0, Q4_1, Q8_0, F16, BF16, F32)")
+    return out.reshape(shape)

@@ -1,0 +1,154 @@
+"""The GGUF reader against files written from the spec by the test's own writer (and by the `gguf` package when it
+is installed), and each dequantiser against a naive per-element reference."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from runtime.loading.gguf import GGML_TYPE_IDS, GGUFError, GGUFFile, dequantize
+
+
+def naive_dequantize(raw: bytes, ttype: str, n: int) -> list[float]:
+    """Straight from ggml's block definitions, one element at a time."""
+    out: list[float] = []
+    if ttype == "F32":
+        return list(struct.unpack(f"<{n}f", raw))
+    if ttype == "F16":
+        return list(struct.unpack(f"<{n}e", raw))
+    if ttype == "BF16":
+        return [struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in struct.unpack(f"<{n}H", raw)]
+    size = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[ttype]
+    for b in range(n // 32):
+        block = raw[b * size : (b + 1) * size]
+        (d,) = struct.unpack_from("<e", block, 0)
+        if ttype == "Q8_0":
+            out += [d * q for q in struct.unpack_from("<32b", block, 2)]
+            continue
+        m = struct.unpack_from("<e", block, 2)[0] if ttype == "Q4_1" else 0.0
+        qs = block[-16:]
+        nibbles = [qs[j] & 0x0F for j in range(16)] + [qs[j] >> 4 for j in range(16)]
+        out += [d * (q - 8) for q in nibbles] if ttype == "Q4_0" else [d * q + m for q in nibbles]
+    return out
+
+
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
+
+
+@pytest.mark.parametrize("ttype", TYPES)
+@pytest.mark.parametrize("shape", [(3, 64), (2, 2, 32), (96,)])
+def test_dequantize_matches_naive_reference(kit, ttype, shape):
+    rng = np.random.default_rng(hash((ttype, shape)) % 2**32)
+    x = rng.normal(0, 0.5, size=shape).astype(np.float32)
+    raw = kit.quantize(x, ttype)
+    got = dequantize(np.frombuffer(raw, np.uint8), GGML_TYPE_IDS[ttype], shape)
+    assert got.dtype == np.float32 and got.shape == shape
+    ref = np.array(naive_dequantize(raw, ttype, x.size), dtype=np.float32).reshape(shape)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+    # And the round trip is within the format's precision.
+    tol = {"F32": 0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 0.02, "Q4_0": 0.25, "Q4_1": 0.15}[ttype]
+    assert np.abs(got - x).max() <= tol * max(1.0, float(np.abs(x).max()))
+
+
+def test_reader_reads_every_metadata_type_and_tensor_offsets(kit, tmp_path):
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(4, 32)).astype(np.float32)
+    b = rng.normal(size=(64,)).astype(np.float32)
+    meta = {
+        "general.architecture": "llama",
+        "u8": (kit.T_U8, 200),
+        "i8": (kit.T_I8, -5),
+        "u16": (kit.T_U16, 60000),
+        "i16": (kit.T_I16, -300),
+        "u32": (kit.T_U32, 4_000_000_000),
+        "i32": (kit.T_I32, -7),
+        "f32": (kit.T_F32, 0.5),
+        "bool": (kit.T_BOOL, True),
+        "u64": (kit.T_U64, 2**40),
+        "i64": (kit.T_I64, -(2**40)),
+        "f64": (kit.T_F64, 0.1),
+        "str": "héllo ✓",
+        "strs": (kit.T_ARR, kit.T_STR, ["", "a b", "日本", "x" * 300]),
+        "ints": (kit.T_ARR, kit.T_I32, [1, -2, 3]),
+        "nested": (kit.T_ARR, kit.T_ARR, [[1, 2], [3]]),
+    }
+    path = tmp_path / "m.gguf"
+    kit.write_gguf(
+        path,
+        meta,
+        [("a", a.shape, "F32", kit.quantize(a, "F32")), ("b", b.shape, "F16", kit.quantize(b, "F16"))],
+        alignment=64,
+    )
+    with GGUFFile(path) as f:
+        m = f.metadata
+        assert f.version == 3 and f.alignment == 64 and f.data_offset % 64 == 0
+        assert (m["u8"], m["i8"], m["u16"], m["i16"], m["u32"], m["i32"]) == (200, -5, 60000, -300, 4_000_000_000, -7)
+        assert (m["f32"], m["bool"], m["u64"], m["i64"], m["f64"]) == (0.5, True, 2**40, -(2**40), 0.1)
+        assert m["str"] == "héllo ✓" and m["strs"] == ["", "a b", "日本", "x" * 300]
+        assert m["ints"].tolist() == [1, -2, 3] and [x.tolist() for x in m["nested"]] == [[1, 2], [3]]
+        assert f.tensors["a"].shape == (4, 32) and f.tensors["a"].type_name == "F32"
+        np.testing.assert_array_equal(f.dequantize("a"), a)
+        np.testing.assert_array_equal(f.dequantize("b"), b.astype(np.float16).astype(np.float32))
+        out = f.dequantize("a")
+    out += 1  # dequantised arrays are writable copies that outlive the file
+
+
+def test_reader_accepts_version_2(kit, tmp_path):
+    x = np.arange(32, dtype=np.float32)
+    kit.write_gguf(tmp_path / "v2.gguf", {"k": "v"}, [("x", (32,), "F32", x.tobytes())], version=2)
+    with GGUFFile(tmp_path / "v2.gguf") as f:
+        assert f.version == 2 and f.metadata["k"] == "v"
+        np.testing.assert_array_equal(f.dequantize("x"), x)
+
+
+def test_reader_rejects_bad_files_clearly(kit, tmp_path):
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    (tmp_path / "magic.gguf").write_bytes(b"GGML" + b"\0" * 40)
+    (tmp_path / "v1.gguf").write_bytes(b"GGUF" + struct.pack("<III", 1, 0, 0))
+    kit.write_gguf(tmp_path / "full.gguf", {"k": "value"}, [("x", (32,), "F32", bytes(128))])
+    (tmp_path / "cut.gguf").write_bytes((tmp_path / "full.gguf").read_bytes()[:30])
+    for name, message in [("empty", "empty"), ("magic", "not a GGUF"), ("v1", "version 1"), ("cut", "truncated")]:
+        with pytest.raises(GGUFError, match=message):
+            GGUFFile(tmp_path / f"{name}.gguf")
+
+
+def test_unsupported_quant_type_is_named():
+    with pytest.raises(NotImplementedError, match="Q6_K"):
+        dequantize(np.zeros(210, np.uint8), GGML_TYPE_IDS["Q6_K"], (256,))
+
+
+@pytest.mark.parametrize("ttype", TYPES)
+def test_reader_agrees_with_the_gguf_package_writer(tmp_path, ttype):
+    gguf = pytest.importorskip("gguf", reason="the gguf package (an independent writer) is not installed")
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(8, 64)).astype(np.float32)
+    qtype = gguf.GGMLQuantizationType[ttype]
+    data = x if ttype == "F32" else x.astype(np.float16) if ttype == "F16" else gguf.quants.quantize(x, qtype)
+    w = gguf.GGUFWriter(tmp_path / "g.gguf", "llama")
+    w.add_uint32("llama.block_count", 2)
+    w.add_array("tokenizer.ggml.tokens", ["a", "bc", "✓"])
+    w.add_tensor("t", data, raw_dtype=qtype if ttype not in ("F32", "F16") else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with GGUFFile(tmp_path / "g.gguf") as f:
+        assert f.metadata["llama.block_count"] == 2 and f.metadata["tokenizer.ggml.tokens"] == ["a", "bc", "✓"]
+        ref = gguf.quants.dequantize(np.asarray(data), qtype).reshape(x.shape) if ttype != "F32" else x
+        np.testing.assert_array_equal(f.dequantize("t"), ref.astype(np.float32))
+
+
+def test_reader_agrees_with_the_gguf_package_on_smollm2(smollm2_path):
+    gguf = pytest.importorskip("gguf", reason="the gguf package (an independent reader) is not installed")
+    ref = gguf.GGUFReader(smollm2_path)
+    with GGUFFile(smollm2_path) as f:
+        assert len(f.tensors) == len(ref.tensors) == 272
+        for field in ref.fields.values():
+            if not field.name.startswith("GGUF."):
+                got = f.metadata[field.name]
+                assert (got.tolist() if isinstance(got, np.ndarray) else got) == field.contents(), field.name
+        for t in [ref.tensors[0], ref.tensors[1], ref.tensors[6], ref.tensors[-1]]:
+            want = gguf.quants.dequantize(t.data, t.tensor_type).reshape(f.tensors[t.name].shape)
+            np.testing.assert_array_equal(f.dequantize(t.name), want)
