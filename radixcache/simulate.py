@@ -117,10 +117,12 @@ def simulate(
     concurrency: int = 1,
     windows: int = 20,
     progress: Callable[[int], None] | None = None,
+    check: bool = False,
 ) -> SimResult:
     """Replay `workload` through a cache of `capacity_blocks` blocks. `policy` may be "belady" (the oracle).
 
-    `progress(n)` is called now and then with the number of requests replayed since its last call.
+    `progress(n)` is called now and then with the number of requests replayed since its last call. `check`
+    runs the cache's full invariant check after every request (slow: for tests).
     """
     if type(concurrency) is not int or concurrency < 1:
         raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
@@ -159,6 +161,13 @@ def simulate(
             oversized += 1
             need = room
             full = full[: (matched_pages + room) * p]
+        if oracle is not None:
+            # One block at a time, so the leaf is re-ranked by its new deepest block after each: the cache
+            # takes several blocks from one leaf in a single step, which is exact only when every block of a
+            # leaf shares the leaf's priority (LRU and the like), not for Belady's per-block next use.
+            short = need - cache.free_blocks
+            while short > 0:
+                short -= cache.evict(1)
         new = cache.allocate(need)
         if oracle is not None:
             oracle.assign(new, index, matched_pages)
@@ -172,10 +181,14 @@ def simulate(
         win_requests[w] += 1
         win_prompt[w] += request.prompt_tokens
         win_hit[w] += hit
+        if check:
+            cache.check_invariants()
         if progress is not None and index % 256 == 255:
             progress(256)
     while inflight:
         _finish(cache, inflight.popleft(), p)
+    if check:
+        cache.check_invariants()
     if progress is not None and len(requests) % 256:
         progress(len(requests) % 256)
 

@@ -1,0 +1,115 @@
+"""Hit counts on small hand-built traces, checked against values worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixcache.errors import RadixCacheError
+from radixcache.records import TokenRequest
+from radixcache.simulate import evaluate, simulate
+from radixcache.simulate_workload import hash_workload, token_workload
+from radixcache.trace import HashRequest
+
+
+def req(t: float, tokens: list[int], output: list[int] | None = None) -> TokenRequest:
+    out = tuple(output) if output is not None else None
+    return TokenRequest(t, tuple(tokens), len(output or ()), output_tokens=out)
+
+
+def test_unbounded_cache_hits_every_prefix_seen_before() -> None:
+    # A: nothing cached. B shares [1, 2, 3] with A. C shares [1, 2].
+    w = token_workload([req(0, [1, 2, 3, 4]), req(1, [1, 2, 3, 5, 6]), req(2, [1, 2, 7])])
+    r = simulate(w, 100, check=True)
+    assert (r.requests, r.prompt_tokens, r.hit_tokens, r.evicted_blocks) == (3, 12, 5, 0)
+    assert r.hit_rate == pytest.approx(5 / 12)
+    assert (r.prompt_blocks, r.hit_blocks) == (12, 5)
+
+
+def test_lru_at_capacity_evicts_the_oldest_tail_first() -> None:
+    # cap 5. A=[1,2,3,4] takes 4. B=[5,6,7] needs 3, 1 free: LRU trims A's deepest 2 -> A keeps [1,2].
+    # C=[1,2,3] hits 2, needs 1: cache is full ([1,2] + [5,6,7]); [1,2] is locked, so B's tail 7 goes.
+    # D=[5,6,7] hits [5,6] = 2.
+    w = token_workload([req(0, [1, 2, 3, 4]), req(1, [5, 6, 7]), req(2, [1, 2, 3]), req(3, [5, 6, 7])])
+    r = simulate(w, 5, "lru", check=True)
+    assert (r.hit_tokens, r.evicted_blocks) == (4, 3 + 1)  # D also evicts one block to re-add 7
+
+
+def test_recorded_output_is_cached_but_the_partial_tail_page_is_not() -> None:
+    # page 2. A prompt [1,2,3] + output [4,5] -> pages [1,2] [3,4] cached, tail [5] freed.
+    # B prompt [1,2,3,4,9] hits 4 tokens = 2 pages; prompt blocks are ceil(3/2) + ceil(5/2) = 5.
+    w = token_workload([req(0, [1, 2, 3], [4, 5]), req(1, [1, 2, 3, 4, 9])], page_size=2)
+    r = simulate(w, 10, check=True)
+    assert (r.prompt_tokens, r.hit_tokens, r.prompt_blocks, r.hit_blocks) == (8, 4, 5, 2)
+
+
+def test_hash_trace_counts_the_partial_last_block_exactly() -> None:
+    # block size 4. A: 10 tokens = 4+4+2. B shares 2 full blocks: 8. C repeats A: 10 (the last block counts 2).
+    # D holds 2 blocks of 7 tokens (4+3) that A cached: 7.
+    trace = [
+        HashRequest(0, 10, 1, (1, 2, 3)),
+        HashRequest(1, 9, 1, (1, 2, 7)),
+        HashRequest(2, 10, 1, (1, 2, 3)),
+        HashRequest(3, 7, 1, (1, 2)),
+    ]
+    r = simulate(hash_workload(trace, block_size=4), 100, check=True)
+    assert (r.prompt_tokens, r.hit_tokens) == (36, 0 + 8 + 10 + 7)
+    assert (r.prompt_blocks, r.hit_blocks) == (11, 0 + 2 + 3 + 2)
+
+
+def test_hash_trace_rejects_hash_ids_that_do_not_fit_input_length() -> None:
+    with pytest.raises(RadixCacheError, match="request 0: 2 hash ids, but input_length 10"):
+        hash_workload([HashRequest(0, 10, 1, (1, 2))], block_size=4)
+
+
+def test_in_flight_requests_do_not_see_each_others_blocks_until_they_finish() -> None:
+    trace = [req(0, [1, 2, 3]), req(0, [1, 2, 3]), req(1, [1, 2, 3])]
+    assert simulate(token_workload(trace), 100, concurrency=1).hit_tokens == 6
+    # With 2 in flight, B is admitted while A runs and misses; C is admitted after A finishes and hits.
+    assert simulate(token_workload(trace), 100, concurrency=2, check=True).hit_tokens == 3
+
+
+def test_in_flight_blocks_stay_locked_and_a_request_too_large_caches_what_fits() -> None:
+    # cap 6, two in flight: A holds 4 blocks, so B (3 blocks) finds only 2 it can use.
+    trace = [req(0, [1, 2, 3, 4]), req(1, [5, 6, 7]), req(2, [5, 6, 7])]
+    r = simulate(token_workload(trace), 6, concurrency=2, check=True)
+    assert r.oversized_requests == 1
+    assert r.hit_tokens == 0  # C is admitted when A finishes, B is still in flight
+    r1 = simulate(token_workload(trace), 6, concurrency=1, check=True)
+    assert (r1.oversized_requests, r1.hit_tokens) == (0, 3)
+
+
+def test_hit_rate_per_window_splits_the_trace_by_arrival_time() -> None:
+    trace = [req(0, [1, 2]), req(10, [1, 2]), req(20, [1, 2, 3, 4])]
+    r = simulate(token_workload(trace), 100, windows=2)
+    assert [(w.requests, w.prompt_tokens, w.hit_tokens) for w in r.windows] == [(1, 2, 0), (2, 6, 4)]
+    assert r.windows[1].hit_rate == pytest.approx(4 / 6)
+
+
+def test_requests_replay_in_arrival_order_not_file_order() -> None:
+    trace = [req(5, [1, 2, 3]), req(1, [1, 2])]
+    assert simulate(token_workload(trace), 100).hit_tokens == 2
+
+
+def test_namespaces_never_share() -> None:
+    a = TokenRequest(0, (1, 2, 3), 0, namespace="a")
+    b = TokenRequest(1, (1, 2, 3), 0, namespace="b")
+    assert simulate(token_workload([a, b]), 100).hit_tokens == 0
+
+
+def test_report_holds_the_infinite_and_belady_bounds() -> None:
+    trace = [req(i, [i % 3, 7, 8, 9]) for i in range(12)]
+    report = evaluate(token_workload(trace), 6, "lru", belady=True)
+    assert report.result.hit_rate <= report.belady.hit_rate <= report.infinite.hit_rate
+    keys = report.as_dict()
+    assert {"hit_rate", "hit_tokens", "prompt_tokens", "requests", "evicted_blocks"} <= keys.keys()
+    assert {"infinite_hit_rate", "belady_hit_rate"} <= keys.keys()
+
+
+def test_bad_arguments_raise() -> None:
+    w = token_workload([req(0, [1])])
+    with pytest.raises(RadixCacheError):
+        simulate(w, 0)
+    with pytest.raises(RadixCacheError):
+        simulate(w, 4, concurrency=0)
+    with pytest.raises(RadixCacheError):
+        simulate(w, 4, "nope")
