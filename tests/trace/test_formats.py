@@ -1,0 +1,49 @@
+"""Format detection from the extension and the first record; an explicit format wins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from radixcache.records import TokenRequest
+from radixcache.trace import TraceError, detect_format, read_trace, write_token_jsonl, write_token_msgpack
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt"),
+    [
+        ('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n', "mooncake"),
+        ('{"timestamp": 0, "tokens": [1], "output_length": 1}\n', "token-jsonl"),
+        ('{"id": "a", "conversations": []}\n', "sharegpt"),
+        ('[{"id": "a", "conversations": []}]', "sharegpt"),
+        ('{"id": "a", "turns": [{"user": "x"}]}\n', "conversations"),
+        ('\n{"messages": [{"role": "user", "content": "x"}]}\n', "openai"),
+    ],
+)
+def test_detects_each_format_from_its_first_record(tmp_path: Path, text: str, fmt: str) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(text)
+    assert detect_format(path) == fmt
+
+
+def test_detects_msgpack_by_extension_and_by_content(tmp_path: Path) -> None:
+    write_token_msgpack(tmp_path / "t.msgpack", [TokenRequest(0, (1,), 0)])
+    assert detect_format(tmp_path / "t.msgpack") == "token-msgpack"
+    (tmp_path / "t.msgpack").rename(tmp_path / "t.bin")
+    assert detect_format(tmp_path / "t.bin") == "token-msgpack"
+
+
+def test_explicit_format_overrides_detection(tmp_path: Path) -> None:
+    write_token_jsonl(tmp_path / "t.jsonl", [TokenRequest(0, (1,), 0)])
+    with pytest.raises(TraceError, match=r"t\.jsonl:1: field 'input_length': missing"):
+        read_trace(tmp_path / "t.jsonl", "mooncake")
+
+
+def test_undetectable_files_say_so(tmp_path: Path) -> None:
+    (tmp_path / "e.jsonl").write_text("\n")
+    with pytest.raises(TraceError, match="empty file"):
+        detect_format(tmp_path / "e.jsonl")
+    (tmp_path / "x.jsonl").write_text('{"foo": 1}\n')
+    with pytest.raises(TraceError, match=r"x\.jsonl:1: cannot detect the format"):
+        detect_format(tmp_path / "x.jsonl")

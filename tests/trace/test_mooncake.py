@@ -1,0 +1,48 @@
+"""Mooncake hash-block traces are read as they are, and hash_ids are checked against input_length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from radixcache.trace import HashRequest, TraceError, iter_mooncake, read_trace, write_mooncake
+
+
+def test_reads_hash_requests_and_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 1000, "output_length": 6, "hash_ids": [0, 1]}\n'
+        '{"timestamp": 5, "input_length": 512, "output_length": 2, "hash_ids": [0]}\n'
+    )
+    trace = read_trace(path)
+    assert (trace.format, trace.kind) == ("mooncake", "hash")
+    assert trace.records == [HashRequest(0, 1000, 6, (0, 1)), HashRequest(5, 512, 2, (0,))]
+    write_mooncake(tmp_path / "copy.jsonl", trace.records)
+    assert list(iter_mooncake(tmp_path / "copy.jsonl")) == trace.records
+
+
+def test_last_block_holds_what_input_length_leaves() -> None:
+    request = HashRequest(0, 1000, 1, (7, 8))
+    assert [request.block_tokens(i, 512) for i in range(2)] == [512, 488]
+
+
+def test_hash_ids_that_do_not_match_input_length_name_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n'
+        '{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [0]}\n'
+    )
+    with pytest.raises(TraceError, match=r"m\.jsonl:2: field 'hash_ids': 1 hash ids, but input_length 1000"):
+        list(iter_mooncake(path, block_size=512))
+    assert len(list(iter_mooncake(path))) == 2  # unchecked without a block size
+
+
+def test_missing_hash_ids_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n'
+        '{"timestamp": 0, "input_length": 10}\n'
+    )
+    with pytest.raises(TraceError, match=r"m\.jsonl:2: field 'hash_ids': missing"):
+        read_trace(path, "mooncake")

@@ -1,0 +1,96 @@
+"""Text traces (ShareGPT, conversation JSONL, OpenAI messages) parse into plain Conversation records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from radixcache.trace import Conversation, TraceError, Turn, iter_conversations, read_trace, write_conversations
+
+SAMPLE = Path(__file__).resolve().parents[2] / "radixcache" / "data" / "sample_chat.jsonl"
+
+
+def test_sharegpt_json_array_and_jsonl_give_the_same_conversations(tmp_path: Path) -> None:
+    records = [
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "system", "value": "S"},
+                {"from": "human", "value": "hi"},
+                {"from": "gpt", "value": "hello"},
+                {"from": "human", "value": "bye"},
+            ],
+        },
+        {"id": 7, "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
+    ]
+    (tmp_path / "s.json").write_text(json.dumps(records, indent=2))
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    expected = [
+        Conversation("a", (Turn("hi", "hello"), Turn("bye")), "S"),
+        Conversation("7", (Turn("q", "a"),)),
+    ]
+    for name in ("s.json", "s.jsonl"):
+        trace = read_trace(tmp_path / name)
+        assert (trace.format, trace.records) == ("sharegpt", expected)
+
+
+def test_sharegpt_array_errors_name_the_line_where_the_record_starts(tmp_path: Path) -> None:
+    good = {"id": "a", "conversations": [{"from": "human", "value": "hi"}]}
+    bad = {"id": "b", "conversations": [{"from": "robot", "value": "hi"}]}
+    (tmp_path / "s.json").write_text(json.dumps([good, bad], indent=2))
+    starts = [i + 1 for i, line in enumerate(json.dumps([good, bad], indent=2).splitlines()) if line == "  {"]
+    start = starts[1]
+    with pytest.raises(TraceError, match=rf"s\.json:{start}: field 'conversations\[0\]\.from': unknown speaker"):
+        read_trace(tmp_path / "s.json")
+
+
+def test_openai_messages_become_turns_with_the_last_awaiting_a_reply(tmp_path: Path) -> None:
+    line = {
+        "messages": [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": "c"},
+            {"role": "user", "content": "d"},
+        ],
+        "max_tokens": 9,
+    }
+    (tmp_path / "o.jsonl").write_text(json.dumps(line) + "\n")
+    trace = read_trace(tmp_path / "o.jsonl")
+    assert trace.format == "openai"
+    assert trace.records == [Conversation("line-1", (Turn("ab", "c"), Turn("d", None, 9)), "S")]
+
+
+def test_openai_out_of_order_roles_name_the_message(tmp_path: Path) -> None:
+    line = {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}
+    (tmp_path / "o.jsonl").write_text("\n" + json.dumps(line) + "\n")
+    with pytest.raises(TraceError, match=r"o\.jsonl:2: field 'messages\[1\]': user message where an assistant"):
+        read_trace(tmp_path / "o.jsonl")
+
+
+def test_the_shipped_sample_chat_trace_reads_as_conversations() -> None:
+    trace = read_trace(SAMPLE)
+    assert trace.format == "conversations"
+    assert len(trace.records) == 8
+    assert sum(len(c.turns) for c in trace.records) == 28
+
+
+def test_conversation_turn_errors_name_the_turn_field(tmp_path: Path) -> None:
+    (tmp_path / "c.jsonl").write_text('{"id": "x", "turns": [{"user": "a"}, {"user": "b", "max_tokens": 0}]}\n')
+    with pytest.raises(TraceError, match=r"c\.jsonl:1: field 'turns\[1\]\.max_tokens': expected a positive"):
+        list(iter_conversations(tmp_path / "c.jsonl"))
+
+
+texts = st.text(max_size=10)
+turns = st.builds(Turn, texts, st.none() | texts, st.none() | st.integers(1, 10**6))
+conversations = st.builds(Conversation, texts, st.lists(turns, min_size=1, max_size=4).map(tuple), st.none() | texts)
+
+
+@given(st.lists(conversations, max_size=5))
+def test_conversation_jsonl_round_trips(tmp_path_factory: pytest.TempPathFactory, convs: list) -> None:
+    path = tmp_path_factory.mktemp("c") / "c.jsonl"
+    write_conversations(path, convs)
+    assert list(iter_conversations(path)) == convs

@@ -1,0 +1,95 @@
+"""Token traces: JSONL and msgpack round-trip losslessly; bad records and truncated streams are reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from radixcache.records import TokenRequest
+from radixcache.trace import (
+    TraceError,
+    iter_token_jsonl,
+    iter_token_msgpack,
+    read_trace,
+    write_token_jsonl,
+    write_token_msgpack,
+)
+
+tokens = st.lists(st.integers(0, 2**63 - 1), max_size=20).map(tuple)
+names = st.none() | st.text(max_size=8)
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> TokenRequest:
+    output = draw(st.none() | tokens)
+    length = len(output) if output is not None else draw(st.integers(0, 1000))
+    stamp = draw(st.integers(0, 10**12) | st.floats(0, 1e12, allow_nan=False))
+    return TokenRequest(stamp, draw(tokens), length, draw(names), draw(names), output)
+
+
+@given(st.lists(requests(), max_size=8))
+def test_jsonl_and_msgpack_round_trip_losslessly(tmp_path_factory: pytest.TempPathFactory, trace: list) -> None:
+    d = tmp_path_factory.mktemp("rt")
+    write_token_jsonl(d / "a.jsonl", trace)
+    assert list(iter_token_jsonl(d / "a.jsonl")) == trace
+    write_token_msgpack(d / "a.msgpack", iter_token_jsonl(d / "a.jsonl"))
+    assert list(iter_token_msgpack(d / "a.msgpack")) == trace
+    write_token_jsonl(d / "b.jsonl", iter_token_msgpack(d / "a.msgpack"))
+    assert (d / "b.jsonl").read_bytes() == (d / "a.jsonl").read_bytes()
+
+
+def test_optional_fields_are_written_only_when_set(tmp_path: Path) -> None:
+    write_token_jsonl(tmp_path / "t.jsonl", [TokenRequest(5, (1, 2), 3)])
+    assert (tmp_path / "t.jsonl").read_text() == '{"timestamp": 5, "tokens": [1, 2], "output_length": 3}\n'
+
+
+def test_truncated_msgpack_is_reported_never_cut_short(tmp_path: Path) -> None:
+    path = tmp_path / "t.msgpack"
+    write_token_msgpack(path, [TokenRequest(i, (1, 2, 3), 1) for i in range(3)])
+    data = path.read_bytes()
+    path.write_bytes(data[:-2])
+    with pytest.raises(TraceError, match=r"t\.msgpack: record 2 \(byte \d+\): truncated msgpack stream"):
+        list(iter_token_msgpack(path))
+
+
+def test_msgpack_record_with_a_bad_field_names_the_record_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "t.msgpack"
+    good = {"timestamp": 0, "tokens": [1], "output_length": 0}
+    path.write_bytes(msgpack.packb(good) + msgpack.packb({**good, "tokens": [1, "x"]}))
+    with pytest.raises(TraceError, match=r"record 1 \(byte \d+\): field 'tokens': item 1 is 'x'"):
+        list(iter_token_msgpack(path))
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "message"),
+    [
+        ('{"tokens": [1], "output_length": 1}', "timestamp", "missing"),
+        ('{"timestamp": "x", "tokens": [1], "output_length": 1}', "timestamp", "expected a number"),
+        ('{"timestamp": 1, "tokens": [1, -2], "output_length": 1}', "tokens", "item 1 is -2"),
+        ('{"timestamp": 1, "tokens": [1], "output_length": true}', "output_length", "expected a non-negative integer"),
+        ('{"timestamp": 1, "tokens": [1], "output_length": 2, "output_tokens": [5]}', "output_tokens", "has 1"),
+        ('{"timestamp": 1, "tokens": [1], "output_length": 0, "session": 7}', "session", "expected a string"),
+    ],
+)
+def test_malformed_jsonl_names_file_line_and_field(tmp_path: Path, line: str, field: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "tokens": [1], "output_length": 0}\n\n' + line + "\n")
+    with pytest.raises(TraceError, match=rf"bad\.jsonl:3: field '{field}': {message}") as info:
+        list(iter_token_jsonl(path))
+    assert (info.value.where, info.value.field) == ("3", field)
+
+
+def test_invalid_json_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "tokens": [1], "output_length": 0}\n{"timestamp": \n')
+    with pytest.raises(TraceError, match=r"bad\.jsonl:2: invalid JSON"):
+        list(iter_token_jsonl(path))
+
+
+def test_missing_file_is_a_trace_error(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match=r"nope\.jsonl"):
+        read_trace(tmp_path / "nope.jsonl", "token-jsonl")
