@@ -26,7 +26,7 @@ class ModelConfig:
     max_position: int = 2048
     tie_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
-    bos_token_id: int | None = None
+    bos_token_id: int | None = None  # set only when the tokenizer prepends it (None for SmolLM2)
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     name: str = "model"
 

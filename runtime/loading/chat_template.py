@@ -1,0 +1,67 @@
+"""Render a model's own Jinja chat template, the way Hugging Face `transformers` does, in a sandbox."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class ChatTemplateError(ValueError):
+    """The model has no chat template, or its template rejected the messages."""
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def compile_template(source: str) -> Any:
+    """Compile a chat template once (templates are immutable strings, so caching by source is safe)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except TemplateError as e:
+        raise ChatTemplateError(f"the chat template does not compile: {e}") from e
+
+
+def render_chat_template(
+    source: str | None,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    model: str = "the model",
+    **variables: Any,
+) -> str:
+    """Render `messages` with the template `source`; `variables` (bos_token, eos_token, tools, ...) are passed in."""
+    if not source:
+        raise ChatTemplateError(
+            f"{model} has no chat template (tokenizer.chat_template in GGUF, chat_template in tokenizer_config.json "
+            "or chat_template.jinja); pass chat_template=... or encode plain text instead"
+        )
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m:
+            raise ChatTemplateError(f"each message must be a dict with a 'role', got {m!r}")
+    template = compile_template(source)
+    try:
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+    except ChatTemplateError:
+        raise
+    except TemplateError as e:
+        raise ChatTemplateError(f"the chat template of {model} failed: {e}") from e

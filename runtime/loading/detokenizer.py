@@ -1,0 +1,55 @@
+"""Incremental detokenisation for streaming: text deltas that never split a UTF-8 character.
+
+Decoding token by token is wrong twice over: byte-level tokens can end inside a multi-byte character, and some
+decoders (SentencePiece's) drop or add spaces depending on the neighbours. So each step decodes a short window,
+ids[prefix:], and compares it with the window up to the last emitted token, ids[prefix:read]. The difference is the
+new text, held back while it ends in U+FFFD (an incomplete character). `flush()` releases whatever is left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Feed token ids one at a time (or a few), get back the text they add.
+
+    The concatenation of every `add()` and the final `flush()` equals `decode(all_ids)` for tokenizers whose decode
+    is a concatenation of per-token bytes, which byte-level BPE is.
+    """
+
+    def __init__(
+        self, decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int] = (), context: int = 5
+    ) -> None:
+        # A few prompt tokens give the first output token its left context (leading-space rules).
+        self._decode = decode
+        self._ids: list[int] = list(prompt_ids[-context:]) if context else []
+        self._prefix = 0
+        self._read = len(self._ids)
+        self.text = ""  # everything emitted so far
+
+    def add(self, token_ids: int | Iterable[int]) -> str:
+        """Append ids and return the newly completed text ('' while a character is still incomplete)."""
+        if isinstance(token_ids, int):
+            self._ids.append(token_ids)
+        else:
+            self._ids.extend(token_ids)
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        new_text = self._decode(self._ids[self._prefix :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT):
+            delta = new_text[len(prefix_text) :]
+            self._prefix, self._read = self._read, len(self._ids)
+            self.text += delta
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """The text still held back (e.g. a truncated character at the end of generation), as decode gives it."""
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        new_text = self._decode(self._ids[self._prefix :])
+        delta = new_text[len(prefix_text) :] if new_text.startswith(prefix_text) else ""
+        self._prefix = self._read = len(self._ids)
+        self.text += delta
+        return delta

@@ -1,0 +1,151 @@
+"""GGUF metadata -> ModelConfig, and GGUF tensors -> Hugging Face-named float32 weights.
+
+llama.cpp's converter permutes the rows of Q and K (and their biases) of `llama` models, per head, so that its
+interleaved RoPE (rotating pairs 2i, 2i+1) computes what Hugging Face's rotate-half RoPE (pairs i, i + d/2) does:
+
+    permuted = w.reshape(heads, 2, head_dim // 2, ...).swapaxes(1, 2).reshape(w.shape)
+
+`unpermute_rope_rows` inverts it. `qwen2` files are not permuted (llama.cpp runs them with NEOX, rotate-half, RoPE).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from runtime.config import ModelConfig
+from runtime.loading.gguf import GGUFFile
+
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
+_PERMUTED_ARCHS = ("llama", "mistral")
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def hf_name(gguf_name: str) -> str:
+    """The Hugging Face name of a GGUF tensor name; ValueError for tensors a Llama-family model does not use."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if gguf_name == "rope_freqs.weight":
+        raise ValueError("GGUF tensor rope_freqs.weight (scaled RoPE, e.g. Llama 3.1) is not supported")
+    raise ValueError(f"unexpected GGUF tensor {gguf_name!r} for a Llama-family model")
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's per-head interleaving of Q/K rows (weight [heads*head_dim, in] or bias [heads*head_dim])."""
+    head_dim = w.shape[0] // n_heads
+    rest = w.shape[1:]
+    return np.ascontiguousarray(w.reshape(n_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape))
+
+
+def _f32(x: Any) -> float:
+    """A float32 metadata value as the short decimal it was written from (1e-05, not 9.99999974e-06)."""
+    return float(str(np.float32(x)))
+
+
+def gguf_adds_bos(meta: dict[str, Any]) -> bool:
+    """Whether the model's tokenizer prepends BOS (llama.cpp's default: only for SentencePiece `llama` vocabs)."""
+    return bool(meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama"))
+
+
+def gguf_eos_ids(meta: dict[str, Any]) -> tuple[int, ...]:
+    """End-of-sequence ids: EOS, then end-of-turn / end-of-message when the file names them."""
+    ids: list[int] = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        if key in meta and int(meta[key]) not in ids:
+            ids.append(int(meta[key]))
+    return tuple(ids)
+
+
+def config_from_gguf(gguf: GGUFFile, name: str | None = None) -> ModelConfig:
+    """The ModelConfig a GGUF file describes. ValueError for architectures or features that are not supported."""
+    meta = gguf.metadata
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"{gguf.path}: GGUF architecture {arch!r} is not supported ({', '.join(SUPPORTED_ARCHS)})")
+
+    def get(key: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ValueError(f"{gguf.path}: GGUF metadata lacks {arch}.{key}")
+        return value
+
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", "") and _f32(meta.get(f"{arch}.rope.scaling.factor", 1.0)) != 1.0:
+        raise ValueError(f"{gguf.path}: RoPE scaling {scaling!r} is not supported")
+    if "token_embd.weight" not in gguf.tensors:
+        raise ValueError(f"{gguf.path}: GGUF file has no token_embd.weight")
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    rope_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    if rope_dims != head_dim:
+        raise ValueError(f"{gguf.path}: partial RoPE ({rope_dims} of {head_dim} dims) is not supported")
+    adds_bos = gguf_adds_bos(meta) and "tokenizer.ggml.bos_token_id" in meta
+    return ModelConfig(
+        arch=arch,
+        vocab_size=int(gguf.tensors["token_embd.weight"].shape[0]),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rope_theta=_f32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=_f32(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position=int(meta.get(f"{arch}.context_length", 2048)),
+        tie_embeddings="output.weight" not in gguf.tensors,
+        attention_bias="blk.0.attn_q.bias" in gguf.tensors,
+        bos_token_id=int(meta["tokenizer.ggml.bos_token_id"]) if adds_bos else None,
+        eos_token_ids=gguf_eos_ids(meta),
+        name=name or os.path.splitext(os.path.basename(gguf.path))[0],
+    )
+
+
+def load_gguf_weights(gguf: GGUFFile, config: ModelConfig, threads: int | None = None) -> dict[str, np.ndarray]:
+    """Every tensor dequantised to float32, under its Hugging Face name, Q/K rows in rotate-half order.
+
+    Dequantisation runs on a thread pool (numpy releases the GIL), which roughly halves load time on 2+ cores.
+    """
+    names = {n: hf_name(n) for n in gguf.tensors}
+    permute = config.arch in _PERMUTED_ARCHS
+
+    def load(gguf_name: str) -> tuple[str, np.ndarray]:
+        name = names[gguf_name]
+        w = gguf.dequantize(gguf_name)
+        if permute and ".self_attn.q_proj." in name:
+            w = unpermute_rope_rows(w, config.num_heads)
+        elif permute and ".self_attn.k_proj." in name:
+            w = unpermute_rope_rows(w, config.num_kv_heads)
+        return name, w
+
+    workers = threads or min(8, os.cpu_count() or 1)
+    # Largest first, so the big embedding does not start last and hold up the pool.
+    order = sorted(gguf.tensors, key=lambda n: -gguf.tensors[n].nbytes)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(pool.map(load, order))

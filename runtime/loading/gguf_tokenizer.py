@@ -1,0 +1,84 @@
+"""A Hugging Face `tokenizers` backend built from GGUF tokenizer metadata (byte-level BPE vocabularies).
+
+llama.cpp stores a BPE vocabulary as `tokenizer.ggml.tokens` (byte-level strings, "Ġ" for a space), `merges`
+("a b", in rank order) and `token_type` (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte). How text
+is split before BPE is not stored as a regex but named by `tokenizer.ggml.pre`; the table below maps each
+supported name to the equivalent `tokenizers` pre-tokeniser.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as Backend
+
+TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4
+
+# GPT-2's split: contractions, letters, numbers, punctuation runs, whitespace (the regex of ByteLevel(use_regex=True)).
+_GPT2 = ("default", "gpt-2", "gpt2", "olmo", "jais")
+# GPT-2's split after isolating every digit: StarCoder's tokenizer, reused by SmolLM/SmolLM2.
+_DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact")
+# Llama 3 and Qwen2 split with one regex; they differ only in how many digits a number chunk may hold.
+_LLAMA3_LIKE = {
+    "llama-bpe": r"\p{N}{1,3}",
+    "llama3": r"\p{N}{1,3}",
+    "qwen2": r"\p{N}",
+    "deepseek-r1-qwen": r"\p{N}",
+}
+_LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|{digits}"
+    r"| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+SUPPORTED_PRE = (*_GPT2, *_DIGITS_THEN_GPT2, *_LLAMA3_LIKE)
+
+
+def pre_tokenizer_for(pre: str) -> pre_tokenizers.PreTokenizer:
+    """The `tokenizers` pre-tokeniser equivalent to llama.cpp's named pre-tokeniser `pre`."""
+    if pre in _GPT2:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _DIGITS_THEN_GPT2:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
+    if pre in _LLAMA3_LIKE:
+        regex = _LLAMA3_REGEX.format(digits=_LLAMA3_LIKE[pre])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    raise NotImplementedError(f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(SUPPORTED_PRE)})")
+
+
+def backend_from_gguf(meta: dict[str, Any]) -> Backend:
+    """A `tokenizers.Tokenizer` equivalent to the GGUF file's vocabulary (byte-level BPE only)."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise NotImplementedError(
+            f"GGUF tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') vocabularies are"
+        )
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    types = meta.get("tokenizer.ggml.token_type")
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    vocab: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        vocab.setdefault(tok, i)  # a duplicated string keeps its first id
+    backend = Backend(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    backend.pre_tokenizer = pre_tokenizer_for(meta.get("tokenizer.ggml.pre", "default"))
+    backend.decoder = decoders.ByteLevel()
+    if types is not None:
+        special, user = [], []
+        for i, t in enumerate(types.tolist() if hasattr(types, "tolist") else types):
+            if t == TOKEN_CONTROL:
+                special.append(AddedToken(tokens[i], special=True, normalized=False))
+            elif t == TOKEN_USER_DEFINED:
+                user.append(AddedToken(tokens[i], special=False, normalized=False))
+        backend.add_special_tokens(special)
+        backend.add_tokens(user)
+    return backend

@@ -1,0 +1,110 @@
+"""Hugging Face model directories: config.json -> ModelConfig, *.safetensors (sharded too) -> weights."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from runtime.config import ModelConfig
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def read_hf_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    path = os.path.join(os.fspath(directory), "config.json")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def config_from_hf(cfg: dict[str, Any], name: str = "model", eos_token_ids: tuple[int, ...] = ()) -> ModelConfig:
+    """The ModelConfig of a Llama, Mistral or Qwen2 config.json. ValueError for what the runtime cannot run exactly."""
+    model_type = cfg.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"{name}: model_type {model_type!r} is not supported ({', '.join(SUPPORTED_MODEL_TYPES)})")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{name}: hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
+    if cfg.get("mlp_bias"):
+        raise ValueError(f"{name}: mlp_bias is not supported")
+    if model_type != "qwen2" and cfg.get("attention_bias"):
+        raise ValueError(f"{name}: attention_bias on a {model_type} model (o_proj bias too) is not supported")
+    scaling = cfg.get("rope_scaling")
+    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
+        raise ValueError(f"{name}: rope_scaling {scaling!r} is not supported")
+    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    max_position = int(cfg.get("max_position_embeddings", 2048))
+    # Sliding-window attention is not implemented: the model is exact only up to the window, so cap the context.
+    window = cfg.get("sliding_window")
+    if window and (model_type == "mistral" or cfg.get("use_sliding_window")):
+        max_position = min(max_position, int(window))
+    bos = cfg.get("bos_token_id")
+    return ModelConfig(
+        arch=model_type,
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_layers=int(cfg["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),  # the transformers default for all three
+        max_position=max_position,
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        attention_bias=model_type == "qwen2",  # Qwen2 always has q/k/v biases
+        bos_token_id=bos if isinstance(bos, int) else None,
+        eos_token_ids=tuple(eos_token_ids),
+        name=name,
+    )
+
+
+def safetensors_files(directory: str | os.PathLike[str]) -> list[str]:
+    """The checkpoint's safetensors files: those the shard index names, else every *.safetensors file."""
+    directory = os.fspath(directory)
+    index_path = os.path.join(directory, INDEX_FILE)
+    if os.path.isfile(index_path):
+        with open(index_path, encoding="utf-8") as f:
+            weight_map: dict[str, str] = json.load(f)["weight_map"]
+        files = [os.path.join(directory, shard) for shard in sorted(set(weight_map.values()))]
+        missing = [p for p in files if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(f"{directory}: {INDEX_FILE} names missing shards {missing[:3]}")
+        return files
+    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+    if not files:
+        extra = (
+            " (pytorch_model.bin checkpoints are not supported)" if glob.glob(os.path.join(directory, "*.bin")) else ""
+        )
+        raise FileNotFoundError(f"{directory}: no *.safetensors files{extra}")
+    return files
+
+
+def load_hf_weights(
+    directory: str | os.PathLike[str],
+    config: ModelConfig,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> dict[str, torch.Tensor]:
+    """All tensors of the checkpoint under Hugging Face names, cast to `dtype` on `device`.
+
+    Dropped: rotary `inv_freq` buffers of old checkpoints, and `lm_head.weight` when embeddings are tied.
+    Checkpoints of the bare model (no "model." prefix) are renamed.
+    """
+    weights: dict[str, torch.Tensor] = {}
+    for path in safetensors_files(directory):
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                if key.endswith("rotary_emb.inv_freq"):
+                    continue
+                name = key if key.startswith(("model.", "lm_head.")) else "model." + key
+                if name in weights:
+                    raise ValueError(f"{directory}: tensor {name} appears in more than one shard")
+                weights[name] = f.get_tensor(key).to(dtype=dtype, device=device)
+    if config.tie_embeddings:
+        weights.pop("lm_head.weight", None)
+    return weights

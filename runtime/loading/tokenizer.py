@@ -1,0 +1,173 @@
+"""The model's tokenizer: HF `tokenizers` underneath, built from tokenizer.json or from GGUF metadata.
+
+BOS handling is explicit rather than left to tokenizer.json's post-processor, so that it is the same for both
+sources: `encode` prepends BOS only when the model asks for it, and never twice (chat templates that already start
+with the BOS text are common).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from tokenizers import Tokenizer as Backend
+
+from runtime.loading.chat_template import render_chat_template
+from runtime.loading.detokenizer import IncrementalDetokenizer
+from runtime.loading.gguf_model import gguf_adds_bos, gguf_eos_ids
+from runtime.loading.gguf_tokenizer import backend_from_gguf
+
+
+class Tokenizer:
+    """Text <-> token ids, EOS ids, and the model's chat template."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        eos_token_ids: Sequence[int] = (),
+        bos_token_id: int | None = None,
+        add_bos: bool = False,
+        chat_template: str | None = None,
+        name: str = "model",
+    ) -> None:
+        self.backend = backend
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos_token_ids))
+        self.bos_token_id = bos_token_id
+        self.add_bos = bool(add_bos and bos_token_id is not None)
+        self.chat_template = chat_template
+        self.name = name
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict[str, Any], name: str = "model") -> Tokenizer:
+        """From a GGUF file's `tokenizer.ggml.*` and `tokenizer.chat_template` metadata."""
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        return cls(
+            backend_from_gguf(meta),
+            eos_token_ids=gguf_eos_ids(meta),
+            bos_token_id=None if bos is None else int(bos),
+            add_bos=gguf_adds_bos(meta),
+            chat_template=meta.get("tokenizer.chat_template"),
+            name=name,
+        )
+
+    @classmethod
+    def from_hf_dir(cls, directory: str | os.PathLike[str], name: str | None = None) -> Tokenizer:
+        """From a Hugging Face model directory: tokenizer.json, plus tokenizer_config.json, chat_template.jinja,
+        config.json and generation_config.json for BOS/EOS and the chat template when present."""
+        directory = os.fspath(directory)
+        path = os.path.join(directory, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{directory}: no tokenizer.json (only fast-tokenizer directories are supported)")
+        backend = Backend.from_file(path)
+        tok_config = _read_json(os.path.join(directory, "tokenizer_config.json"))
+
+        def token_id(value: Any) -> int | None:
+            text = value.get("content") if isinstance(value, dict) else value
+            return backend.token_to_id(text) if isinstance(text, str) else None
+
+        # BOS: what tokenizer.json's post-processor prepends, unless tokenizer_config.json says otherwise.
+        with_special = backend.encode("a", add_special_tokens=True).ids
+        plain = backend.encode("a", add_special_tokens=False).ids
+        probed = with_special[0] if len(with_special) > len(plain) and with_special[:1] != plain[:1] else None
+        bos = token_id(tok_config.get("bos_token")) if tok_config.get("bos_token") else probed
+        add_bos = tok_config.get("add_bos_token", probed is not None)
+
+        eos: list[int] = []
+        for cfg_name in ("generation_config.json", "config.json"):
+            value = _read_json(os.path.join(directory, cfg_name)).get("eos_token_id")
+            eos.extend([value] if isinstance(value, int) else value or [])
+        if (tid := token_id(tok_config.get("eos_token"))) is not None:
+            eos.append(tid)
+
+        return cls(
+            backend,
+            eos_token_ids=eos,
+            bos_token_id=bos if bos is not None else probed,
+            add_bos=bool(add_bos),
+            chat_template=_hf_chat_template(directory, tok_config),
+            name=name or os.path.basename(os.path.normpath(directory)),
+        )
+
+    # ------------------------------------------------------------------ text <-> ids
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`. Special-token text (e.g. "<|im_start|>") maps to its id. BOS is prepended when
+        the model asks for it and `add_special_tokens`, unless the text already starts with it."""
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and ids[:1] != [self.bos_token_id]:
+            ids.insert(0, self.bos_token_id)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(token_id)
+
+    def detokenizer(self, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        """A streaming detokeniser: `add(id)` returns text deltas that never split a UTF-8 character."""
+        return IncrementalDetokenizer(lambda ids: self.decode(ids, skip_special_tokens), prompt_ids)
+
+    # ------------------------------------------------------------------ chat
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        **variables: Any,
+    ) -> str:
+        """The prompt text for `messages`, rendered with the model's own template (or `chat_template`)."""
+        special = {
+            "bos_token": self._token_text(self.bos_token_id),
+            "eos_token": self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
+        }
+        return render_chat_template(
+            chat_template or self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            model=self.name,
+            **{**special, **variables},
+        )
+
+    def _token_text(self, token_id: int | None) -> str:
+        return "" if token_id is None else self.backend.id_to_token(token_id) or ""
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eos={self.eos_token_ids}, add_bos={self.add_bos})"
+        )
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _hf_chat_template(directory: str, tok_config: dict[str, Any]) -> str | None:
+    """chat_template.jinja if present, else tokenizer_config.json's chat_template (a string, or a list of
+    {name, template} from which the one named "default" is taken)."""
+    jinja_path = os.path.join(directory, "chat_template.jinja")
+    if os.path.isfile(jinja_path):
+        with open(jinja_path, encoding="utf-8") as f:
+            return f.read()
+    template = tok_config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        return named.get("default")
+    return template
