@@ -25,7 +25,7 @@ from runtime.request import GenerationResult, Request
 from runtime.sampling import Sampler, SamplingParams, find_stop, stop_token_set
 
 DEFAULT_KV_MEMORY = "512MiB"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -83,7 +83,8 @@ class Engine:
         if isinstance(model, (str, os.PathLike)):
             from runtime.loading import load_model
 
-            model = load_model(str(model), dtype=torch_dtype, device=device)
+            load_dtype = torch.float32 if torch_dtype == torch.float64 else torch_dtype  # float64: tests only
+            model = load_model(str(model), dtype=load_dtype, device=device)
         if isinstance(model, LlamaModel):
             self.model = model
         else:

@@ -39,9 +39,9 @@ class _Layer:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in float32 (as Hugging Face Llama does), returned in x's dtype."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    """RMSNorm computed in at least float32 (as Hugging Face Llama does), returned in x's dtype."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    xf = xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
 
 

@@ -15,9 +15,9 @@ from runtime.config import ModelConfig
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.to(torch.float32)
-    var = (x32 * x32).mean(dim=-1, keepdim=True)
-    return w * (x32 / torch.sqrt(var + eps)).to(x.dtype)
+    acc = x.to(torch.promote_types(x.dtype, torch.float32))
+    var = (acc * acc).mean(dim=-1, keepdim=True)
+    return w * (acc / torch.sqrt(var + eps)).to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -38,7 +38,10 @@ def reference_logits(
     *,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Logits `[T, vocab]` (float32) of every position of `token_ids`, computed in one plain pass."""
+    """Logits `[T, vocab]` (float32) of every position of `token_ids`, computed in one plain pass.
+
+    `dtype=torch.float64` gives an expectation whose own rounding error is negligible next to a float32 run.
+    """
     c = config
 
     def w(name: str) -> torch.Tensor:
@@ -67,7 +70,8 @@ def reference_logits(
         v = v.repeat_interleave(rep, dim=0)
         scores = (q @ k.transpose(1, 2)) / math.sqrt(c.head_dim)
         scores = scores.masked_fill(future, float("-inf"))
-        attn = torch.softmax(scores.float(), dim=-1).to(dtype) @ v  # [heads, T, D]
+        probs = torch.softmax(scores.to(torch.promote_types(dtype, torch.float32)), dim=-1)
+        attn = probs.to(dtype) @ v  # [heads, T, D]
         attn = attn.transpose(0, 1).reshape(t, c.num_heads * c.head_dim)
         x = x + attn @ w(p + "self_attn.o_proj.weight").T
         h = _rms(x, w(p + "post_attention_layernorm.weight"), c.rms_norm_eps)

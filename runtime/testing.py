@@ -72,9 +72,41 @@ class RandomModel:
 
     config: ModelConfig
     weights: dict[str, torch.Tensor]
-    tokenizer: None = None
+    tokenizer: object = None
 
 
 def tiny_model(seed: int = 0, **overrides: object) -> RandomModel:
     config = tiny_config(**overrides)
     return RandomModel(config, random_weights(config, seed))
+
+
+class CharTokenizer:
+    """A reversible toy tokenizer: one id per character of a fixed alphabet; id 0 is a special EOS.
+
+    Enough for tests of text prompts, stop strings and multi-turn chat on tiny random models.
+    """
+
+    alphabet = " abcdefghijklmnopqrstuvwxyz.,?!:|<>/\n0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+    def __init__(self, vocab_size: int = 97, eos_token_id: int = 0) -> None:
+        if vocab_size < len(self.alphabet) + 1:
+            raise ValueError(f"vocab_size must be at least {len(self.alphabet) + 1}")
+        self.vocab_size = vocab_size
+        self.eos_token_ids = (eos_token_id,)
+        self._ids = {ch: i + 1 for i, ch in enumerate(self.alphabet)}
+
+    def encode(self, text: str) -> list[int]:
+        return [self._ids[ch] for ch in text if ch in self._ids]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        out = []
+        for i in ids:
+            if 1 <= i <= len(self.alphabet):
+                out.append(self.alphabet[i - 1])
+            elif not skip_special_tokens:
+                out.append(f"<{i}>")
+        return "".join(out)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        text = "".join(f"<{m['role']}>{m['content']}</>\n" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")

@@ -1,0 +1,26 @@
+"""Fixtures for the engine tests: tiny random Llama-family models (no files) and a toy tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.testing import CharTokenizer, RandomModel, tiny_model
+
+TINY_VARIANTS = {
+    "llama": {},
+    "qwen2-bias": {"arch": "qwen2", "attention_bias": True},
+    "tied-mha": {"tie_embeddings": True, "num_kv_heads": 4},
+    "gqa4": {"num_heads": 8, "num_kv_heads": 2, "head_dim": 4},
+}
+
+
+@pytest.fixture(scope="session")
+def tiny() -> RandomModel:
+    """A 2-layer GQA model with a toy character tokenizer."""
+    m = tiny_model(seed=7)
+    return RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+
+
+@pytest.fixture(scope="session", params=sorted(TINY_VARIANTS))
+def tiny_variant(request: pytest.FixtureRequest) -> RandomModel:
+    return tiny_model(seed=11, **TINY_VARIANTS[request.param])

@@ -1,0 +1,103 @@
+"""Paged attention equals plain attention: prefill with a position offset, and batched decode over block tables
+of sequences with different lengths. GQA is computed per KV head, never with repeated KV heads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from runtime.attention import build_decode_meta, causal_mask, decode_attention, gather_pages, prefill_attention
+
+
+def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
+    """q [T, H, D], k/v [S, KV, D]; query at position q_pos[t] sees keys 0..q_pos[t]. Float64."""
+    h, kvh = q.shape[1], k.shape[1]
+    k = k.double().repeat_interleave(h // kvh, dim=1)
+    v = v.double().repeat_interleave(h // kvh, dim=1)
+    scores = torch.einsum("thd,shd->hts", q.double(), k) / math.sqrt(q.shape[-1])
+    future = torch.arange(k.shape[0])[None, :] > q_pos[:, None]
+    scores = scores.masked_fill(future, float("-inf"))
+    return torch.einsum("hts,shd->thd", scores.softmax(-1), v).float()
+
+
+def paged(seq: torch.Tensor, table: list[int], num_blocks: int, page: int) -> torch.Tensor:
+    """Scatter a contiguous [S, KV, D] sequence into pages [num_blocks, page, KV, D] along `table`."""
+    pages = torch.randn(num_blocks, page, *seq.shape[1:])  # garbage elsewhere: must never be read
+    for i in range(seq.shape[0]):
+        pages[table[i // page], i % page] = seq[i]
+    return pages
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize(("start", "new"), [(0, 7), (5, 3), (16, 1), (13, 9)])
+def test_prefill_attends_causally_over_prefix_and_new_tokens(heads: int, kv_heads: int, start: int, new: int) -> None:
+    g = torch.Generator().manual_seed(start * 31 + new)
+    total, d = start + new, 8
+    q = torch.randn(new, heads, d, generator=g)
+    k = torch.randn(total, kv_heads, d, generator=g)
+    v = torch.randn(total, kv_heads, d, generator=g)
+    mask = causal_mask(start, new, total, heads // kv_heads, torch.device("cpu"))
+    out = prefill_attention(q, k, v, mask)
+    expected = naive(q, k, v, torch.arange(start, total))
+    assert out.shape == (new, heads, d)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("page", [1, 4, 16])
+def test_gather_pages_reads_one_sequence_in_order(page: int) -> None:
+    seq = torch.randn(11, 2, 8)
+    table = [7, 3, 9, 0, 5, 1, 2, 4, 6, 8, 10][: -(-11 // page)]
+    pages = paged(seq, table, 11, page)
+    assert torch.equal(gather_pages(pages, torch.tensor(table), 11), seq)
+
+
+@pytest.mark.parametrize("page", [1, 3, 16])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (3, 3)])
+def test_batched_decode_over_different_lengths_matches_each_sequence_alone(
+    page: int, heads: int, kv_heads: int
+) -> None:
+    g = torch.Generator().manual_seed(page)
+    d, lengths = 8, [1, 9, 17, 4]
+    num_blocks = sum(-(-n // page) for n in lengths) + 2
+    free = torch.randperm(num_blocks, generator=g).tolist()
+    k_pages = torch.randn(num_blocks, page, kv_heads, d, generator=g)
+    v_pages = torch.randn(num_blocks, page, kv_heads, d, generator=g)
+    tables, seqs = [], []
+    for n in lengths:
+        table = [free.pop() for _ in range(-(-n // page))]
+        tables.append(table)
+        seqs.append((gather_pages(k_pages, torch.tensor(table), n), gather_pages(v_pages, torch.tensor(table), n)))
+    q = torch.randn(len(lengths), heads, d, generator=g)
+    meta = build_decode_meta(tables, lengths, page, torch.device("cpu"))
+    out = decode_attention(q, k_pages, v_pages, meta)
+    for i, (n, (k, v)) in enumerate(zip(lengths, seqs, strict=True)):
+        expected = naive(q[i : i + 1], k, v, torch.tensor([n - 1]))
+        torch.testing.assert_close(out[i : i + 1], expected, atol=1e-5, rtol=1e-5)
+        single = decode_attention(q[i : i + 1], k_pages, v_pages, build_decode_meta([tables[i]], [n], page, q.device))
+        torch.testing.assert_close(single, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_meta_points_each_new_token_at_its_slot() -> None:
+    meta = build_decode_meta([[4, 2], [7]], [6, 1], 4, torch.device("cpu"))
+    assert meta.slots.tolist() == [2 * 4 + 1, 7 * 4 + 0]
+    assert meta.block_tables.shape == (2, 2)
+    assert meta.mask is not None and meta.mask.shape == (2, 1, 1, 8)
+    assert meta.mask[1, 0, 0].tolist() == [True] + [False] * 7
+    with pytest.raises(ValueError):
+        build_decode_meta([[4]], [6], 4, torch.device("cpu"))
+
+
+def test_gqa_never_repeats_kv_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("KV heads were repeated")
+
+    monkeypatch.setattr(torch, "repeat_interleave", forbidden)
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", forbidden)
+    monkeypatch.setattr(torch.Tensor, "expand", forbidden)
+    q = torch.randn(5, 6, 8)
+    k = torch.randn(5, 2, 8)
+    prefill_attention(q, k, k.clone(), causal_mask(0, 5, 5, 3, q.device))
+    pages = torch.randn(3, 4, 2, 8)
+    decode_attention(q[:2], pages, pages, build_decode_meta([[0, 1], [2]], [6, 3], 4, q.device))

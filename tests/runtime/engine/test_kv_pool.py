@@ -1,0 +1,58 @@
+"""The paged KV pool: sizing from a memory budget, layout, and slot addressing through a block table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.kv_pool import KVPool, blocks_for_budget, parse_memory
+from runtime.testing import tiny_config
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2GiB", 2 * 1024**3), ("512MiB", 512 * 1024**2), ("1.5GB", 1_500_000_000), ("4096", 4096), (123, 123)],
+)
+def test_parse_memory_understands_binary_and_decimal_units(text: str | int, expected: int) -> None:
+    assert parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "two GiB", "5XB", "0MiB", -1, 0])
+def test_parse_memory_rejects_nonsense(bad: str | int) -> None:
+    with pytest.raises(ValueError):
+        parse_memory(bad)
+
+
+def test_budget_gives_the_number_of_whole_pages_that_fit() -> None:
+    cfg = tiny_config()  # 2 layers * 2 (K,V) * 2 heads * 8 dims * 4 bytes = 256 bytes per token
+    assert cfg.kv_bytes_per_token(4) == 256
+    assert blocks_for_budget(cfg, "1MiB", 16, torch.float32) == 1024**2 // (256 * 16)
+    assert blocks_for_budget(cfg, "1MiB", 16, torch.bfloat16) == 1024**2 // (128 * 16)
+    with pytest.raises(ValueError):
+        blocks_for_budget(cfg, 100, 16, torch.float32)
+
+
+def test_pool_layout_is_layers_kv_blocks_page_heads_dim() -> None:
+    cfg = tiny_config()
+    pool = KVPool.from_budget(cfg, "64KiB", 4)
+    assert pool.kv.shape == (2, 2, pool.num_blocks, 4, 2, 8)
+    assert pool.nbytes <= 64 * 1024
+    assert pool.capacity_tokens == pool.num_blocks * 4
+    assert torch.count_nonzero(pool.kv) == 0  # zeroed: padded decode reads finite values
+
+
+def test_writes_land_in_the_pages_of_the_block_table() -> None:
+    cfg = tiny_config()
+    pool = KVPool(cfg, num_blocks=6, page_size=4)
+    table = torch.tensor([5, 2, 0])  # positions 0-3 -> block 5, 4-7 -> block 2, 8-11 -> block 0
+    positions = torch.arange(3, 10)
+    slots = pool.slots(table, positions)
+    assert slots.tolist() == [23, 8, 9, 10, 11, 0, 1]
+    k = torch.randn(7, 2, 8)
+    v = torch.randn(7, 2, 8)
+    pool.write(1, slots, k, v)
+    k_pages, v_pages = pool.layer(1)
+    assert torch.equal(k_pages[5, 3], k[0])
+    assert torch.equal(v_pages[2, 0], v[1])
+    assert torch.equal(k_pages[0, 1], k[6])
+    assert torch.count_nonzero(pool.kv[0]) == 0  # other layers untouched
