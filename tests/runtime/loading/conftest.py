@@ -170,8 +170,11 @@ def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, [f"{a} {b}" for a, b in TINY_MERGES]
 
 
-def tiny_tokenizer_metadata(pre: str = "smollm") -> dict[str, Any]:
+def tiny_tokenizer_metadata(pre: str = "smollm", typed: bool = True) -> dict[str, Any]:
+    """GGUF tokenizer metadata for the tiny vocabulary: typed for write_gguf, or plain values as a reader gives."""
     tokens, types, merges = tiny_vocab()
+    if not typed:
+        return {k: v[-1] if isinstance(v, tuple) else v for k, v in tiny_tokenizer_metadata(pre).items()}
     return {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": pre,

