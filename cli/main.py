@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from cli.demo import demo
+from cli.simulate import simulate
+from cli.trace import trace
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,3 +21,5 @@ def main() -> None:
 
 
 main.add_command(demo)
+main.add_command(simulate)
+main.add_command(trace)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from radixcache.errors import RadixCacheError
 from radixcache.records import TokenRequest
+from radixcache.trace.errors import TraceError
+from radixcache.trace.formats import read_trace
 from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE, HashRequest, check_block_size
 
 
@@ -87,3 +89,36 @@ def hash_workload(requests: Iterable[HashRequest], block_size: int = DEFAULT_BLO
             raise RadixCacheError(f"request {index}: {problem}")
         sim.append(SimRequest(r.timestamp_ms, tuple(r.hash_ids), (), r.input_length, block_size))
     return Workload(_arrival_order(sim), 1, block_size, "hash")
+
+
+def load_workload(
+    path: str,
+    format: str | None = None,
+    *,
+    page_size: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> Workload:
+    """Read a token or hash-block trace file as a Workload.
+
+    Token traces use `page_size` (default 1). A hash-block trace has one cache page per hash id, so its page
+    size is its block size: `page_size` may be omitted or equal `block_size`. Text traces need a tokenizer
+    first, so they raise TraceError.
+    """
+    trace = read_trace(path, format, block_size=block_size)
+    if trace.kind == "token":
+        return token_workload(trace.records, 1 if page_size is None else page_size)
+    if trace.kind == "hash":
+        if page_size is not None and page_size != block_size:
+            raise TraceError(
+                str(path),
+                "format",
+                f"a hash-block trace caches one page per hash id, so its page size is the block size "
+                f"({block_size}); use --block-size, not --page-size {page_size}",
+            )
+        return hash_workload(trace.records, block_size)
+    raise TraceError(
+        str(path),
+        "format",
+        f"{trace.format} is a text trace: tokenise it with the runtime first (radixcache replay), "
+        "or simulate a token or hash-block trace",
+    )

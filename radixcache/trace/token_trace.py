@@ -39,13 +39,15 @@ def request_to_dict(request: TokenRequest) -> dict[str, Any]:
 def request_from_dict(record: Any, path: str, where: str) -> TokenRequest:
     """Validate one decoded record; raise TraceError naming path, where and the field."""
     fields = FieldReader(path, where, record)
-    output_tokens = fields.int_list("output_tokens", None)
+    timestamp = fields.number("timestamp")
+    tokens = fields.int_list("tokens")
     output_length = fields.count("output_length")
+    output_tokens = fields.int_list("output_tokens", None)
     if output_tokens is not None and len(output_tokens) != output_length:
         fields.fail(f"has {len(output_tokens)} tokens but output_length is {output_length}", "output_tokens")
     return TokenRequest(
-        timestamp_ms=fields.number("timestamp"),
-        tokens=fields.int_list("tokens"),
+        timestamp_ms=timestamp,
+        tokens=tokens,
         output_length=output_length,
         session=fields.text("session", None),
         namespace=fields.text("namespace", None),
@@ -92,11 +94,11 @@ def iter_token_msgpack(path: str | Path) -> Iterator[TokenRequest]:
                 raise TraceError(name, f"record {index} (byte {offset})", f"invalid msgpack ({exc})") from None
             yield request_from_dict(record, name, f"record {index} (byte {offset})")
             index += 1
-        if unpacker.tell() != size:
+        if offset != size:  # the stream ended inside a record that starts at `offset`
             raise TraceError(
                 name,
-                f"record {index} (byte {unpacker.tell()})",
-                f"truncated msgpack stream: {size - unpacker.tell()} trailing bytes do not form a whole record",
+                f"record {index} (byte {offset})",
+                f"truncated msgpack stream: the last {size - offset} bytes do not form a whole record",
             )
 
 

@@ -1,0 +1,163 @@
+"""`radixcache trace`: statistics, format conversion, and the synthetic generators."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from radixcache.errors import RadixCacheError
+from radixcache.synthetic import GENERATORS
+from radixcache.trace import (
+    CONVERSATIONS,
+    DEFAULT_BLOCK_SIZE,
+    FORMAT_KINDS,
+    FORMATS,
+    MOONCAKE,
+    TOKEN_JSONL,
+    TOKEN_MSGPACK,
+    read_trace,
+    write_conversations,
+    write_mooncake,
+    write_token_jsonl,
+    write_token_msgpack,
+)
+from radixcache.trace.stats import trace_stats
+
+_WRITERS = {
+    TOKEN_JSONL: write_token_jsonl,
+    TOKEN_MSGPACK: write_token_msgpack,
+    MOONCAKE: write_mooncake,
+    CONVERSATIONS: write_conversations,
+}
+_COUNT_PARAM = {"chat": "conversations", "agent": "agents", "rag": "queries", "few-shot": "batches"}
+
+
+@click.group()
+def trace() -> None:
+    """Trace tools: statistics, format conversion, and synthetic workloads.
+
+    \b
+    Example:
+      radixcache trace stats ../shared/traces/mooncake_synthetic_trace.jsonl
+    """
+
+
+@trace.command()
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Trace format (default: detect).")
+@click.option("--page-size", default=16, show_default=True, type=click.IntRange(min=1), help="Page of a token trace.")
+@click.option("--block-size", default=DEFAULT_BLOCK_SIZE, show_default=True, type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def stats(path: str, fmt: str | None, page_size: int, block_size: int, as_json: bool) -> None:
+    """Requests, tokens, sessions and reuse structure of a trace.
+
+    Reuse counts prompt blocks (pages of --page-size tokens, or hash blocks) that an earlier request already
+    inserted: the hit rate of an infinite cache.
+
+    \b
+    Example:
+      radixcache trace stats chat.jsonl --page-size 16 --json
+    """
+    try:
+        result = trace_stats(read_trace(path, fmt, block_size=block_size), page_size=page_size, block_size=block_size)
+    except RadixCacheError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        json.dump(result.as_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    table = Table(title=f"{path} ({result.format})", show_header=False)
+    table.add_column("", justify="left")
+    table.add_column("", justify="right")
+    for key, value in result.as_dict().items():
+        if value in (0, 0.0) and key not in ("requests", "reused_refs"):
+            continue
+        if key.endswith("rate"):
+            shown = f"{value:.2%}"
+        elif isinstance(value, (int, float)):
+            shown = f"{value:,.0f}"
+        else:
+            shown = str(value)
+        table.add_row(key.replace("_", " "), shown)
+    Console().print(table)
+
+
+@trace.command()
+@click.argument("src", type=click.Path(dir_okay=False))
+@click.argument("dst", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Format of SRC (default: detect).")
+@click.option("--to", "to", type=click.Choice(sorted(_WRITERS)), help="Format of DST (default: from its extension).")
+def convert(src: str, dst: str, fmt: str | None, to: str | None) -> None:
+    """Convert SRC to DST: token JSONL <-> msgpack (lossless), text traces -> conversation JSONL.
+
+    \b
+    Example:
+      radixcache trace convert chat.jsonl chat.msgpack
+      radixcache trace convert sharegpt.json conversations.jsonl
+    """
+    try:
+        loaded = read_trace(src, fmt)
+        target = to or _default_target(dst, loaded.kind)
+        if FORMAT_KINDS[target] != loaded.kind:
+            raise click.ClickException(f"cannot convert {loaded.format} ({loaded.kind} records) to {target}")
+        n = _WRITERS[target](dst, loaded.records)
+    except RadixCacheError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {n:,} records to {dst} ({target})", err=True)
+
+
+@trace.command()
+@click.argument("kind", type=click.Choice(sorted(GENERATORS)))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--count", type=click.IntRange(min=0), help="Conversations / agents / queries / batches.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--set", "overrides", multiple=True, metavar="NAME=VALUE", help="Any generator parameter; repeat.")
+def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str, ...]) -> None:
+    """Write a seeded synthetic token trace (chat, agent, rag, few-shot) to OUT (.jsonl or .msgpack).
+
+    Parameters of the generator (see radixcache.synthetic) can be set with --set, e.g. --set turns=2,6.
+
+    \b
+    Example:
+      radixcache trace gen agent agents.jsonl --count 50 --set fanout_prob=0.5 --seed 1
+    """
+    generator = GENERATORS[kind]
+    kwargs: dict = {"seed": seed}
+    if count is not None:
+        kwargs[_COUNT_PARAM[kind]] = count
+    params = inspect.signature(generator).parameters
+    for item in overrides:
+        name, _, raw = item.partition("=")
+        if name not in params or not raw:
+            raise click.BadParameter(f"{item!r}: expected NAME=VALUE with NAME one of {', '.join(params)}")
+        kwargs[name] = _parse_value(raw, params[name].default, name)
+    try:
+        requests = generator(**kwargs)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    writer = write_token_msgpack if _default_target(out, "token") == TOKEN_MSGPACK else write_token_jsonl
+    n = writer(out, requests)
+    click.echo(f"wrote {n:,} requests to {out}", err=True)
+
+
+def _default_target(path: str, kind: str) -> str:
+    if kind == "token":
+        return TOKEN_MSGPACK if Path(path).suffix.lower() in (".msgpack", ".mpk", ".mp") else TOKEN_JSONL
+    return MOONCAKE if kind == "hash" else CONVERSATIONS
+
+
+def _parse_value(raw: str, default: object, name: str) -> object:
+    try:
+        if isinstance(default, tuple):
+            return tuple(type(default[0])(part) for part in raw.split(","))
+        if isinstance(default, bool):
+            return raw.lower() in ("1", "true", "yes")
+        return type(default)(raw)
+    except (TypeError, ValueError):
+        raise click.BadParameter(f"{name}={raw!r}: expected a value like {default!r}") from None

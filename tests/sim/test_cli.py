@@ -1,0 +1,121 @@
+"""The `simulate` and `trace` commands: results, JSON keys, and one clear error line with a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import main
+from radixcache.records import TokenRequest
+from radixcache.trace import iter_token_jsonl, write_token_jsonl
+
+
+@pytest.fixture
+def chat(tmp_path: Path) -> Path:
+    path = tmp_path / "chat.jsonl"
+    result = CliRunner().invoke(main, ["trace", "gen", "chat", str(path), "--count", "20", "--set", "turns=2,4"])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_simulate_json_has_the_documented_keys(chat: Path) -> None:
+    code, out, _ = run("simulate", str(chat), "--capacity-blocks", "300", "--page-size", "4", "--belady", "--json")
+    assert code == 0
+    report = json.loads(out)
+    for key in ("hit_rate", "hit_tokens", "prompt_tokens", "requests", "evicted_blocks", "infinite_hit_rate"):
+        assert key in report
+    assert report["hit_rate"] <= report["belady_hit_rate"] <= report["infinite_hit_rate"]
+
+
+def test_simulate_table_and_capacity_in_tokens(chat: Path) -> None:
+    code, out, _ = run("simulate", str(chat), "--capacity-tokens", "1200", "--page-size", "4", "--policy", "slru")
+    assert code == 0
+    assert "slru" in out and "infinite" in out and "300 blocks" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--capacity-blocks", "10", "--capacity-tokens", "10"],
+        [],
+        ["--capacity-blocks", "0"],
+        ["--capacity-blocks", "10", "--policy", "nope"],
+    ],
+)
+def test_simulate_rejects_bad_options(chat: Path, args: list[str]) -> None:
+    code, _, err = run("simulate", str(chat), *args)
+    assert code != 0 and err.strip()
+
+
+def test_malformed_trace_gives_one_line_naming_file_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "tokens": [1], "output_length": 0}\n{"timestamp": 1, "tokens": "abc"}\n')
+    code, out, err = run("simulate", str(path), "--capacity-blocks", "8")
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1
+    assert "bad.jsonl:2: field 'tokens'" in err
+
+
+def test_text_traces_cannot_be_simulated_without_a_tokenizer(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"id": "a", "turns": [{"user": "hi"}]}\n')
+    code, _, err = run("simulate", str(path), "--capacity-blocks", "8")
+    assert code == 1 and "text trace" in err
+
+
+def test_page_size_on_a_hash_trace_must_be_the_block_size(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n')
+    code, _, err = run("simulate", str(path), "--capacity-blocks", "8", "--page-size", "16")
+    assert code == 1 and "--block-size" in err
+    assert run("simulate", str(path), "--capacity-blocks", "8", "--block-size", "16")[0] == 0
+
+
+def test_trace_convert_round_trips_and_stats_reports_reuse(chat: Path, tmp_path: Path) -> None:
+    assert run("trace", "convert", str(chat), str(tmp_path / "c.msgpack"))[0] == 0
+    assert run("trace", "convert", str(tmp_path / "c.msgpack"), str(tmp_path / "back.jsonl"))[0] == 0
+    assert (tmp_path / "back.jsonl").read_bytes() == chat.read_bytes()
+    code, out, _ = run("trace", "stats", str(tmp_path / "c.msgpack"), "--json")
+    stats = json.loads(out)
+    assert code == 0 and stats["sessions"] == 20 and 0 < stats["infinite_hit_rate"] < 1
+
+
+def test_trace_convert_refuses_a_kind_change(chat: Path, tmp_path: Path) -> None:
+    code, _, err = run("trace", "convert", str(chat), str(tmp_path / "m.jsonl"), "--to", "mooncake")
+    assert code == 1 and "cannot convert" in err
+
+
+@pytest.mark.parametrize("kind", ["chat", "agent", "rag", "few-shot"])
+def test_trace_gen_is_seeded(tmp_path: Path, kind: str) -> None:
+    for name in ("a.jsonl", "b.jsonl"):
+        assert run("trace", "gen", kind, str(tmp_path / name), "--count", "3", "--seed", "7")[0] == 0
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+
+
+def test_trace_gen_rejects_unknown_parameters(tmp_path: Path) -> None:
+    code, _, err = run("trace", "gen", "rag", str(tmp_path / "r.jsonl"), "--set", "nope=1")
+    assert code != 0 and "nope" in err
+
+
+def test_every_command_help_has_an_example() -> None:
+    for args in (["simulate"], ["trace"], ["trace", "stats"], ["trace", "convert"], ["trace", "gen"]):
+        code, out, _ = run(*args, "--help")
+        assert code == 0 and "Example:" in out, args
+
+
+def test_truncated_msgpack_exits_non_zero(tmp_path: Path) -> None:
+    write_token_jsonl(tmp_path / "t.jsonl", [TokenRequest(0, (1, 2), 0), TokenRequest(1, (1, 2), 0)])
+    run("trace", "convert", str(tmp_path / "t.jsonl"), str(tmp_path / "t.msgpack"))
+    data = (tmp_path / "t.msgpack").read_bytes()
+    (tmp_path / "t.msgpack").write_bytes(data[:-1])
+    code, _, err = run("trace", "stats", str(tmp_path / "t.msgpack"))
+    assert code == 1 and "truncated" in err
+    assert len(list(iter_token_jsonl(tmp_path / "t.jsonl"))) == 2
