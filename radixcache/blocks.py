@@ -17,59 +17,149 @@ class BlockPool:
     A block is FREE (in the free list), HELD (allocated to a caller and not yet inserted) or IN_TREE (owned
     by a tree node). Ids are conserved: `free + held + in_tree == capacity` always. The free list is a stack,
     so recently freed (cache-warm) blocks are reused first and runs are deterministic.
+
+    No call on the hot path writes a per-block state, so a request's cost does not grow with a Python loop
+    over its blocks (at page size 1 a chat turn has thousands):
+    - IN_TREE is implicit: a block that is neither free nor held. Giving tree blocks back is a list extend.
+    - HELD blocks live in *leases*: each `take` records a private copy of the ids it hands out, keyed by the
+      first id. A run of ids that is a lease, or a lease's prefix, is proven held (and distinct, and in range)
+      by one C-speed list comparison, and adopting it consumes the lease (the rest stays leased).
+    - What no lease proves falls back to the exact path: `_loosen` moves every lease into the `_loose` set,
+      and each block is checked one by one, as before.
+    `state` builds the per-block view on demand, for checks and error messages.
     """
 
-    __slots__ = ("_free", "capacity", "held", "state")
+    __slots__ = ("_free", "_leases", "_loose", "capacity", "held")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.state = bytearray(capacity)  # block id -> FREE/HELD/IN_TREE; read-only outside this class
         self._free = list(range(capacity - 1, -1, -1))  # pop() hands out 0, 1, 2, ... first
+        self._leases: dict[int, list[int]] = {}  # first id -> held ids handed out together (a private copy)
+        self._loose: set[int] = set()  # held ids outside any lease; disjoint from the leases
         self.held = 0
 
     @property
     def free_count(self) -> int:
         return len(self._free)
 
+    @property
+    def state(self) -> bytearray:
+        """Block id -> FREE/HELD/IN_TREE, built now in O(capacity): for checks and messages, not hot paths."""
+        state = bytearray([IN_TREE]) * self.capacity
+        for block in self._free:
+            state[block] = FREE
+        for block in self._loose:
+            state[block] = HELD
+        for lease in self._leases.values():
+            for block in lease:
+                state[block] = HELD
+        return state
+
+    def state_of(self, block: int) -> int:
+        """The state of one (in-range) block, in O(held + free): for error messages."""
+        if block in self._loose or any(block in lease for lease in self._leases.values()):
+            return HELD
+        return FREE if block in self._free else IN_TREE
+
     def take(self, n: int) -> list[int]:
-        """Move n free blocks to HELD. The caller has checked that n <= free_count."""
+        """Move n free blocks to HELD, as one lease. The caller has checked that n <= free_count."""
         free = self._free
         taken = free[len(free) - n :]
         del free[len(free) - n :]
         taken.reverse()
-        state = self.state
-        for block in taken:
-            state[block] = HELD
+        if taken:
+            self._leases[taken[0]] = taken[:]  # a copy: the caller may change its list
         self.held += n
         return taken
 
-    def release(self, blocks: Iterable[int]) -> None:
-        """Move HELD or IN_TREE blocks back to FREE. The caller has validated them."""
-        state = self.state
-        free = self._free
-        for block in blocks:
-            if state[block] == HELD:
-                self.held -= 1
-            state[block] = FREE
-            free.append(block)
+    def release_tree(self, blocks: list[int]) -> None:
+        """Move IN_TREE blocks (just detached from the tree) back to FREE."""
+        self._free.extend(blocks)
 
-    def adopt(self, blocks: Iterable[int]) -> None:
-        """Move HELD blocks into the tree."""
-        state = self.state
-        n = 0
-        for block in blocks:
-            state[block] = IN_TREE
-            n += 1
-        self.held -= n
+    def release_held(self, blocks: list[int]) -> None:
+        """Move HELD blocks back to FREE. The caller has validated them (distinct and held)."""
+        self._unhold(blocks)
+        self._free.extend(blocks)
+
+    def adopt(self, blocks: list[int]) -> None:
+        """Move HELD blocks into the tree. The caller has validated them (distinct and held)."""
+        self._unhold(blocks)
 
     def check_held(self, blocks: list[int], what: str) -> None:
         """Raise BlockStateError unless every (already normalised) block is HELD."""
-        state = self.state
+        if self.lease_cover(blocks, 0, len(blocks)) is not None:
+            return
+        loose = self._loosen()
         for index, block in enumerate(blocks):
-            if state[block] != HELD:
+            if block not in loose:
                 raise BlockStateError(
-                    f"{what}: block {block} (index {index}) is {STATE_NAMES[state[block]]}, not held by the caller"
+                    f"{what}: block {block} (index {index}) is {STATE_NAMES[self.state_of(block)]}, "
+                    "not held by the caller"
                 )
+
+    def is_held(self, block: int) -> bool:
+        """Whether one (in-range) block is HELD: the exact per-block test of the slow paths."""
+        return block in self._loosen()
+
+    def lease_cover(self, ids: list[int], start: int, stop: int) -> list[tuple[list[int], int]] | None:
+        """Prove `ids[start:stop]` held from whole leases or lease prefixes, each used once, or return None.
+
+        Returns [(lease, k), ...]: ids[start:stop] is lease_1[:k_1] + lease_2[:k_2] + ... The ids must be ints
+        (the caller checks): list equality would also accept, say, 5.0 for 5.
+        """
+        leases = self._leases
+        cover: list[tuple[list[int], int]] = []
+        i = start
+        while i < stop:
+            lease = leases.get(ids[i])
+            if lease is None:
+                return None
+            k = min(len(lease), stop - i)
+            if (ids[i : i + k] != lease) if k == len(lease) else (ids[i : i + k] != lease[:k]):
+                return None
+            if any(lease is used for used, _ in cover):  # the same lease twice: repeated ids
+                return None
+            cover.append((lease, k))
+            i += k
+        return cover
+
+    def adopt_cover(self, cover: list[tuple[list[int], int]], n: int) -> list[int]:
+        """Move the first n blocks of a `lease_cover` from HELD into the tree; return them (the pool's ints)."""
+        leases = self._leases
+        out: list[int] = []
+        for lease, k in cover:
+            if n <= 0:
+                break
+            used = min(k, n)
+            del leases[lease[0]]
+            if used < len(lease):
+                rest = lease[used:]
+                leases[rest[0]] = rest
+                out.extend(lease[:used])
+            elif not out:
+                out = lease
+            else:
+                out.extend(lease)
+            n -= used
+        self.held -= len(out)
+        return out
+
+    def _unhold(self, blocks: list[int]) -> None:
+        cover = self.lease_cover(blocks, 0, len(blocks))
+        if cover is not None:
+            self.adopt_cover(cover, len(blocks))
+            return
+        self._loosen().difference_update(blocks)
+        self.held -= len(blocks)
+
+    def _loosen(self) -> set[int]:
+        """Dissolve every lease into the loose set (the exact per-block view of HELD); return that set."""
+        loose = self._loose
+        if self._leases:
+            for lease in self._leases.values():
+                loose.update(lease)
+            self._leases.clear()
+        return loose
 
     def normalize(self, blocks: Iterable[int], what: str) -> list[int]:
         """Return `blocks` as a list of distinct Python ints in [0, capacity), or raise BlockStateError."""

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from sortedcontainers import SortedList
 
-from radixcache.blocks import HELD, STATE_NAMES, BlockPool
+from radixcache.blocks import STATE_NAMES, BlockPool
 from radixcache.errors import BlockCountError, BlockStateError, CacheFullError, LockError, RadixCacheError
 from radixcache.node import TreeNode, empty_key, new_node_ids
 from radixcache.policies import EvictionPolicy, make_policy
@@ -119,7 +119,7 @@ class RadixCache:
         """Give back blocks from `allocate` that were never inserted."""
         ids = self._pool.normalize(blocks, "free")
         self._pool.check_held(ids, "free")
-        self._pool.release(ids)
+        self._pool.release_held(ids)
 
     def insert(self, tokens: Sequence[int], blocks: Sequence[int], *, namespace: Hashable = None) -> int:
         """Add `tokens` with their KV `blocks` (one per page, the last page possibly partial) to the tree.
@@ -131,34 +131,48 @@ class RadixCache:
         """
         arr = as_token_array(tokens)
         p = self.page_size
-        ids = self._pool.normalize(blocks, "insert")
-        pages = -(-len(arr) // p)
-        if len(ids) != pages:
-            raise BlockCountError(f"insert: {len(arr)} tokens at page_size {p} need {pages} blocks, got {len(ids)}")
-        full_pages = len(arr) // p
-        root = self._root(namespace)
-        node, _, cached, partial, partial_len = self._descend(root, arr[: full_pages * p])
-        if partial is not None:
-            cached = cached + partial.blocks[: partial_len // p]
-        matched_pages = len(cached)
-        self._check_insert_blocks(ids, cached)
-
-        self._clock += 1
         pool = self._pool
-        duplicates = [b for b, mine in zip(ids, cached, strict=False) if b != mine]
-        if duplicates:
-            pool.release(duplicates)
+        full_pages = len(arr) // p
+        fast = self._insert_fast_path(arr, blocks, namespace)
+        if fast is not None:  # proven valid by the leases, without a Python loop over the blocks
+            node, cached, partial, partial_len, start, cover = fast
+            matched_pages = len(cached)
+            self._clock += 1
+            taken = pool.adopt_cover(cover, full_pages - start) if full_pages > start else []
+            if matched_pages > start:  # held duplicates of cached pages (start == 0): straight back to free
+                pool.release_tree(taken[: matched_pages - start])
+                taken = taken[matched_pages - start :]
+            new_blocks = taken
+        else:  # the exact path: every block checked one by one, with a precise error
+            ids = pool.normalize(blocks, "insert")
+            pages = -(-len(arr) // p)
+            if len(ids) != pages:
+                raise BlockCountError(
+                    f"insert: {len(arr)} tokens at page_size {p} need {pages} blocks, got {len(ids)}"
+                )
+            root = self._root(namespace)
+            node, _, cached, partial, partial_len = self._descend(root, arr[: full_pages * p])
+            if partial is not None:
+                cached = cached + partial.blocks[: partial_len // p]
+            matched_pages = len(cached)
+            self._check_insert_blocks(ids, cached)
+
+            self._clock += 1
+            duplicates = [b for b, mine in zip(ids, cached, strict=False) if b != mine]
+            if duplicates:
+                pool.release_held(duplicates)
+            new_blocks = ids[matched_pages:full_pages]
+            if new_blocks:
+                pool.adopt(new_blocks)
         if full_pages > matched_pages:
             if partial is not None:
                 node = self._split(partial, partial_len)
             if node.evict_key is not None:  # about to gain a child: no longer a leaf
                 self._set_discard(node)
             self._touch(node, hit=False)
-            new_blocks = ids[matched_pages:full_pages]
             key = arr[matched_pages * p : full_pages * p]
             leaf = TreeNode(next(self._uids), key, new_blocks, node, node.namespace, self._clock)
             node.children[self._child_key(key, 0)] = leaf
-            pool.adopt(new_blocks)
             self._evictable += len(new_blocks)
             self._set_add(leaf)
             self._stats.inserted_tokens += len(key)
@@ -357,7 +371,7 @@ class RadixCache:
                 gone = leaf.blocks[keep:]
                 leaf.blocks = leaf.blocks[:keep]
                 leaf.key = leaf.key[: keep * p]
-                self._pool.release(gone)
+                self._pool.release_tree(gone)
                 self._evictable -= take
                 self._set_discard(leaf)
                 self._set_add(leaf)
@@ -371,7 +385,7 @@ class RadixCache:
         parent = leaf.parent
         assert parent is not None and not leaf.children and leaf.lock_ref == 0
         del parent.children[self._child_key(leaf.key, 0)]
-        self._pool.release(leaf.blocks)
+        self._pool.release_tree(leaf.blocks)
         self._evictable -= len(leaf.blocks)
         leaf.parent = None  # marks the node as evicted: lock() refuses it
         leaf.blocks = []
@@ -396,15 +410,47 @@ class RadixCache:
             return True
         raise LockError(f"{node!r} has been evicted (or belongs to another cache); match again")
 
+    def _insert_fast_path(
+        self, arr: array, blocks: Sequence[int], namespace: Hashable
+    ) -> tuple[TreeNode, list[int], TreeNode | None, int, int, list] | None:
+        """The walk of an insert whose blocks are proven valid at C speed, or None: take the exact path.
+
+        Proof: `blocks` is a list of ints (its sum is an int: a float 5.0 would compare equal to 5), as long
+        as the tokens need, and each page is either the tree's own block (the whole matched prefix compares
+        equal), or held: a run of leases from `allocate` (BlockPool.lease_cover). Held ids are distinct and
+        never in the tree, so nothing here can be a duplicate, out of range, or owned elsewhere. The walk
+        changes nothing, and neither does a failed proof.
+        Returns (node, cached, partial, partial_len, start, cover): blocks[start:] is covered by leases;
+        start is 0 when the cached pages come as held duplicates, else the number of cached pages.
+        """
+        p = self.page_size
+        if type(blocks) is not list or len(blocks) != -(-len(arr) // p):
+            return None
+        try:
+            root = self._roots.get(namespace)  # a new namespace takes the exact path, which creates it
+            if root is None or type(sum(blocks)) is not int:
+                return None
+        except TypeError:  # an unhashable namespace, or a non-number among the blocks
+            return None
+        full = len(arr) // p * p
+        node, _, cached, partial, partial_len = self._descend(root, arr if full == len(arr) else arr[:full])
+        if partial is not None:
+            cached = cached + partial.blocks[: partial_len // p]
+        start = len(cached) if blocks[: len(cached)] == cached else 0
+        cover = self._pool.lease_cover(blocks, start, len(blocks))
+        if cover is None:
+            return None
+        return node, cached, partial, partial_len, start, cover
+
     def _check_insert_blocks(self, ids: list[int], cached: list[int]) -> None:
         """Each block must be the tree's own block at its position, or held by the caller."""
-        state = self._pool.state
+        pool = self._pool
         for index, block in enumerate(ids):
-            if state[block] == HELD or (index < len(cached) and block == cached[index]):
+            if (index < len(cached) and block == cached[index]) or pool.is_held(block):
                 continue
             where = "a cached page" if index < len(cached) else "a new page"
             raise BlockStateError(
-                f"insert: block {block} for {where} (index {index}) is {STATE_NAMES[state[block]]}"
+                f"insert: block {block} for {where} (index {index}) is {STATE_NAMES[pool.state_of(block)]}"
                 + (f"; the tree holds that page in block {cached[index]}" if index < len(cached) else "")
             )
 
