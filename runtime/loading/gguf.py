@@ -13,6 +13,7 @@ tensor's numpy shape is the reverse: a matrix with dims [in, out] is an array of
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import struct
@@ -78,7 +79,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
 
 class GGUFFile:
@@ -98,18 +99,20 @@ class GGUFFile:
                 raise GGUFError(f"{self.path}: empty file, not GGUF") from e
         try:
             self._parse()
-        except (struct.error, IndexError, UnicodeDecodeError) as e:
-            self.close()
-            raise GGUFError(f"{self.path}: truncated or corrupt GGUF header ({e})") from e
-        except Exception:
+        except GGUFError:
             self.close()
             raise
+        except (struct.error, ValueError, IndexError, OverflowError, MemoryError) as e:
+            self.close()
+            raise GGUFError(f"{self.path}: truncated or corrupt GGUF header ({e})") from e
 
     # ------------------------------------------------------------------ public API
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 view into the mapped file."""
         info = self.tensors[name]
+        if info.ggml_type not in GGML_TYPES:
+            raise NotImplementedError(f"{self.path}: tensor {name} has unknown GGML type {info.ggml_type}")
         return np.frombuffer(self._buffer(), dtype=np.uint8, count=info.nbytes, offset=info.offset)
 
     def dequantize(self, name: str) -> np.ndarray:
@@ -221,7 +224,7 @@ class GGUFFile:
 def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
     """Bytes a tensor of `shape` (numpy order) and `ggml_type` takes. Rows must be whole blocks."""
     name, block, block_bytes = GGML_TYPES[ggml_type]
-    n = int(np.prod(shape, dtype=np.int64))
+    n = math.prod(shape)
     if shape and shape[-1] % block:
         raise GGUFError(f"row length {shape[-1]} is not a multiple of the {name} block size {block}")
     return n // block * block_bytes

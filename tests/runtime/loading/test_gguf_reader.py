@@ -152,3 +152,24 @@ def test_reader_agrees_with_the_gguf_package_on_smollm2(smollm2_path):
         for t in [ref.tensors[0], ref.tensors[1], ref.tensors[6], ref.tensors[-1]]:
             want = gguf.quants.dequantize(t.data, t.tensor_type).reshape(f.tensors[t.name].shape)
             np.testing.assert_array_equal(f.dequantize(t.name), want)
+
+
+def test_corrupted_files_fail_with_gguf_errors_only(kit, tmp_path):
+    import random
+
+    meta = {"a": "x", "arr": (kit.T_ARR, kit.T_STR, ["ab", "c"]), "n": (kit.T_ARR, kit.T_I32, [1, 2])}
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
+    kit.write_gguf(tmp_path / "ok.gguf", meta, [("t", (2, 32), "Q8_0", kit.quantize(x, "Q8_0"))])
+    data = (tmp_path / "ok.gguf").read_bytes()
+    rng = random.Random(0)
+    for i in range(400):
+        corrupt = bytearray(data[: rng.randrange(len(data))] if i % 2 else data)
+        for _ in range(0 if i % 2 else 3):
+            corrupt[rng.randrange(len(corrupt))] = rng.randrange(256)
+        (tmp_path / "bad.gguf").write_bytes(bytes(corrupt))
+        try:
+            with GGUFFile(tmp_path / "bad.gguf") as f:
+                for name in f.tensors:
+                    f.dequantize(name)
+        except (GGUFError, NotImplementedError):
+            pass
