@@ -3,6 +3,7 @@ is installed), and each dequantiser against a naive per-element reference."""
 
 from __future__ import annotations
 
+import random
 import struct
 
 import numpy as np
@@ -155,8 +156,6 @@ def test_reader_agrees_with_the_gguf_package_on_smollm2(smollm2_path):
 
 
 def test_corrupted_files_fail_with_gguf_errors_only(kit, tmp_path):
-    import random
-
     meta = {"a": "x", "arr": (kit.T_ARR, kit.T_STR, ["ab", "c"]), "n": (kit.T_ARR, kit.T_I32, [1, 2])}
     x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
     kit.write_gguf(tmp_path / "ok.gguf", meta, [("t", (2, 32), "Q8_0", kit.quantize(x, "Q8_0"))])
