@@ -12,6 +12,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from runtime.config import ModelConfig
@@ -127,8 +128,11 @@ def load_model(
         with GGUFFile(source) as gguf:
             config = config_from_gguf(gguf)
             tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, name=config.name)
-            arrays = load_gguf_weights(gguf, config)
-        weights = {k: torch.from_numpy(v).to(dtype=torch_dtype, device=device) for k, v in arrays.items()}
+
+            def to_torch(array: np.ndarray) -> torch.Tensor:
+                return torch.from_numpy(array).to(dtype=torch_dtype, device=device)
+
+            weights = load_gguf_weights(gguf, config, to_torch)
     # One source of truth for special ids: the tokenizer. bos_token_id is set only when encode() prepends it.
     config = dataclasses.replace(
         config,

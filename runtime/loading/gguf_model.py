@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -127,10 +128,16 @@ def config_from_gguf(gguf: GGUFFile, name: str | None = None) -> ModelConfig:
     )
 
 
-def load_gguf_weights(gguf: GGUFFile, config: ModelConfig, threads: int | None = None) -> dict[str, np.ndarray]:
-    """Every tensor dequantised to float32, under its Hugging Face name, Q/K rows in rotate-half order.
+def load_gguf_weights(
+    gguf: GGUFFile,
+    config: ModelConfig,
+    convert: Callable[[np.ndarray], Any] | None = None,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Every tensor dequantised to float32, under its Hugging Face name, Q/K rows in rotate-half order, then passed
+    through `convert` (e.g. to a torch tensor of another dtype) if given.
 
-    Dequantisation runs on a thread pool (numpy releases the GIL), which roughly halves load time on 2+ cores.
+    Work runs on a thread pool (numpy and torch release the GIL), which roughly halves load time on 2+ cores.
     """
     names = {n: hf_name(n) for n in gguf.tensors}
     permute = config.arch in _PERMUTED_ARCHS
@@ -142,7 +149,7 @@ def load_gguf_weights(gguf: GGUFFile, config: ModelConfig, threads: int | None =
             w = unpermute_rope_rows(w, config.num_heads)
         elif permute and ".self_attn.k_proj." in name:
             w = unpermute_rope_rows(w, config.num_kv_heads)
-        return name, w
+        return name, convert(w) if convert is not None else w
 
     workers = threads or min(8, os.cpu_count() or 1)
     # Largest first, so the big embedding does not start last and hold up the pool.
