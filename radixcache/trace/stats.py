@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from radixcache.simulate_workload import Workload, hash_workload, token_workload
 from radixcache.trace.formats import Trace
@@ -66,7 +67,7 @@ def trace_stats(trace: Trace, *, page_size: int = 16, block_size: int = DEFAULT_
     else:
         workload = token_workload(records, page_size)
         outputs = sum(r.output_length for r in records)
-    refs, unique, reused, hit_tokens, with_hit = _reuse(workload)
+    refs, unique, reused, hit_tokens, with_hit = reuse_summary(workload)
     requests = workload.requests
     stamps = [r.timestamp_ms for r in requests]
     return TraceStats(
@@ -88,8 +89,18 @@ def trace_stats(trace: Trace, *, page_size: int = 16, block_size: int = DEFAULT_
     )
 
 
-def _reuse(workload: Workload) -> tuple[int, int, int, int, int]:
-    """(prompt block refs, unique blocks, reused refs, infinite-cache hit tokens, requests with a hit)."""
+class Reuse(NamedTuple):
+    """Prefix reuse of a workload, as an infinite cache replaying it in order sees it."""
+
+    block_refs: int  # prompt blocks (pages) referenced
+    unique_blocks: int  # distinct prefix blocks inserted (prompts and recorded outputs)
+    reused_refs: int  # prompt block references some earlier request inserted
+    hit_tokens: int  # those references in real tokens
+    requests_with_hit: int
+
+
+def reuse_summary(workload: Workload) -> Reuse:
+    """Count prefix reuse with a trie over pages, without a cache: what an infinite cache would hit."""
     p = workload.page_size
     trie: dict[tuple, int] = {}
     roots: dict[object, int] = {}
@@ -113,4 +124,4 @@ def _reuse(workload: Workload) -> tuple[int, int, int, int, int]:
         reused += matched
         hit_tokens += min(matched * p * request.unit, request.prompt_tokens)
         with_hit += matched > 0
-    return refs, len(trie), reused, hit_tokens, with_hit
+    return Reuse(refs, len(trie), reused, hit_tokens, with_hit)

@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+"""Sweep traces x eviction policies x cache capacities; write CSV, a Markdown table and a plot.
+
+Each TRACE is a trace file (token JSONL/msgpack, or a Mooncake hash-block trace) or `synthetic:KIND` for a
+seeded synthetic workload (chat, agent, rag, few-shot). Capacities are fractions of each trace's unique blocks
+(what an infinite cache ends up holding), so traces of any size share one x axis. Belady's optimum and the
+infinite cache are the bounds.
+
+Example:
+  .venv/bin/python scripts/simulate_eviction.py ../shared/traces/mooncake_synthetic_trace.jsonl \\
+      synthetic:chat synthetic:rag --out results/eviction
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from radixcache.errors import RadixCacheError
+from radixcache.policies import POLICIES
+from radixcache.simulate import BELADY
+from radixcache.simulate_sweep import INFINITE, SweepRow, capacities_for, sweep, sweep_runs
+from radixcache.simulate_workload import Workload, load_workload, token_workload
+from radixcache.synthetic import GENERATORS
+from radixcache.trace import FORMAT_KINDS, detect_format
+
+DEFAULT_FRACTIONS = "0.01,0.02,0.05,0.1,0.2,0.4,0.7"
+
+
+def load(spec: str, page_size: int, block_size: int) -> tuple[str, Workload]:
+    if spec.startswith("synthetic:"):
+        kind = spec.split(":", 1)[1]
+        if kind not in GENERATORS:
+            raise click.BadParameter(f"{spec}: choose one of synthetic:{', synthetic:'.join(GENERATORS)}")
+        return kind, token_workload(GENERATORS[kind](), page_size)
+    try:
+        fmt = detect_format(spec)
+        page = None if FORMAT_KINDS[fmt] == "hash" else page_size
+        workload = load_workload(spec, fmt, page_size=page, block_size=block_size)
+    except RadixCacheError as exc:
+        raise click.ClickException(str(exc)) from None
+    return Path(spec).stem, workload
+
+
+def write_csv(rows: list[SweepRow], path: Path) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([f.name for f in dataclasses.fields(SweepRow)])
+        for row in rows:
+            writer.writerow(dataclasses.astuple(row))
+
+
+def markdown(rows: list[SweepRow], policies: list[str]) -> str:
+    """One table per trace: a row per capacity, a column per policy, then Belady and the infinite cache."""
+    out = []
+    by_trace: dict[str, list[SweepRow]] = defaultdict(list)
+    for row in rows:
+        by_trace[row.trace].append(row)
+    for trace, trace_rows in by_trace.items():
+        infinite = next(r for r in trace_rows if r.policy == INFINITE)
+        cells: dict[int, dict[str, SweepRow]] = defaultdict(dict)
+        for r in trace_rows:
+            if r.policy != INFINITE:
+                cells[r.capacity_blocks][r.policy] = r
+        columns = [*policies, BELADY]
+        out.append(f"**{trace}** (infinite cache: {infinite.hit_rate:.1%} of prompt tokens)\n")
+        out.append("| capacity (blocks) | % of unique | " + " | ".join(columns) + " | best online | gap LRU→Belady |")
+        out.append("|---:|---:|" + "---:|" * (len(columns) + 2))
+        for capacity in sorted(cells):
+            row = cells[capacity]
+            best = max(policies, key=lambda p: row[p].hit_rate)
+            values = []
+            for c in columns:
+                text = f"{row[c].hit_rate:.1%}"
+                values.append(f"**{text}**" if c == best else text)
+            gap = (row[BELADY].hit_rate - row["lru"].hit_rate) * 100 if "lru" in row else float("nan")
+            fraction = row[columns[0]].capacity_fraction
+            out.append(f"| {capacity:,} | {fraction:.0%} | " + " | ".join(values) + f" | {best} | {gap:.1f} pt |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(rows: list[SweepRow], policies: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traces = list(dict.fromkeys(r.trace for r in rows))
+    cols = min(3, len(traces))
+    nrows = -(-len(traces) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
+    for ax, trace in zip(axes.flat, traces, strict=False):
+        trace_rows = [r for r in rows if r.trace == trace]
+        for policy in [*policies, BELADY]:
+            pts = sorted((r.capacity_fraction * 100, r.hit_rate * 100) for r in trace_rows if r.policy == policy)
+            style = {"color": "black", "linestyle": "--", "linewidth": 2} if policy == BELADY else {"marker": "."}
+            ax.plot(*zip(*pts, strict=True), label=policy, **style)
+        infinite = next(r for r in trace_rows if r.policy == INFINITE)
+        ax.axhline(infinite.hit_rate * 100, color="gray", linestyle=":", label=INFINITE)
+        ax.set_xscale("log")
+        ax.set_title(trace, fontsize=10)
+        ax.set_xlabel("capacity, % of unique blocks")
+        ax.set_ylabel("hit rate, % of prompt tokens")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(traces) :]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+@click.command()
+@click.argument("traces", nargs=-1, required=True)
+@click.option("--policy", "policies", multiple=True, help="Repeat; default: every policy in POLICIES.")
+@click.option(
+    "--fractions", default=DEFAULT_FRACTIONS, show_default=True, help="Capacities, as unique-block fractions."
+)
+@click.option("--page-size", default=16, show_default=True, type=click.IntRange(min=1), help="Page of token traces.")
+@click.option("--block-size", default=512, show_default=True, type=click.IntRange(min=1), help="Mooncake block.")
+@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--out", default="results/eviction", show_default=True, type=click.Path(file_okay=False))
+@click.option("--no-plot", is_flag=True, help="Skip the matplotlib plot.")
+def main(
+    traces: tuple[str, ...],
+    policies: tuple[str, ...],
+    fractions: str,
+    page_size: int,
+    block_size: int,
+    concurrency: int,
+    out: str,
+    no_plot: bool,
+) -> None:
+    """Sweep TRACES x policies x capacities; write sweep.csv, sweep.md and sweep.png under --out.
+
+    \b
+    Example:
+      .venv/bin/python scripts/simulate_eviction.py ../shared/traces/mooncake_synthetic_trace.jsonl synthetic:chat
+    """
+    names = list(policies) or sorted(POLICIES)
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        raise click.BadParameter(f"unknown policy {unknown[0]!r}; choose from {', '.join(sorted(POLICIES))}")
+    try:
+        fracs = [float(f) for f in fractions.split(",") if f.strip()]
+    except ValueError:
+        raise click.BadParameter(f"--fractions {fractions!r}: expected numbers like 0.05,0.1") from None
+    loaded = [load(spec, page_size, block_size) for spec in traces]
+    plans = [(name, w, capacities_for(w, fracs)) for name, w in loaded]
+    total = sum(sweep_runs(w, names, caps) for _, w, caps in plans)
+    rows: list[SweepRow] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, transient=True) as progress:
+        task = progress.add_task("sweeping", total=total)
+        for name, workload, caps in plans:
+            progress.update(task, description=f"sweeping {name}")
+            rows.extend(
+                sweep(
+                    name, workload, names, caps, concurrency=concurrency, progress=lambda n: progress.advance(task, n)
+                )
+            )
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out_dir / "sweep.csv")
+    table = markdown(rows, names)
+    (out_dir / "sweep.md").write_text(table)
+    if not no_plot:
+        plot(rows, names, out_dir / "sweep.png")
+    sys.stdout.write(table + "\n")
+    click.echo(f"wrote {out_dir / 'sweep.csv'}, sweep.md" + ("" if no_plot else ", sweep.png"), err=True)
+
+
+if __name__ == "__main__":
+    main()
