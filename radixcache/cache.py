@@ -9,6 +9,7 @@ from __future__ import annotations
 import operator
 from array import array
 from collections.abc import Hashable, Iterator, Sequence
+from math import gcd
 from typing import NamedTuple
 
 from sortedcontainers import SortedList
@@ -135,8 +136,7 @@ class RadixCache:
         full_pages = len(arr) // p
         fast = self._insert_fast_path(arr, blocks, namespace)
         if fast is not None:  # proven valid by the leases, without a Python loop over the blocks
-            node, cached, partial, partial_len, start, cover = fast
-            matched_pages = len(cached)
+            node, matched_pages, partial, partial_len, start, cover = fast
             self._clock += 1
             taken = pool.adopt_cover(cover, full_pages - start) if full_pages > start else []
             if matched_pages > start:  # held duplicates of cached pages (start == 0): straight back to free
@@ -412,35 +412,54 @@ class RadixCache:
 
     def _insert_fast_path(
         self, arr: array, blocks: Sequence[int], namespace: Hashable
-    ) -> tuple[TreeNode, list[int], TreeNode | None, int, int, list] | None:
+    ) -> tuple[TreeNode, int, TreeNode | None, int, int, list] | None:
         """The walk of an insert whose blocks are proven valid at C speed, or None: take the exact path.
 
-        Proof: `blocks` is a list of ints (its sum is an int: a float 5.0 would compare equal to 5), as long
-        as the tokens need, and each page is either the tree's own block (the whole matched prefix compares
-        equal), or held: a run of leases from `allocate` (BlockPool.lease_cover). Held ids are distinct and
-        never in the tree, so nothing here can be a duplicate, out of range, or owned elsewhere. The walk
-        changes nothing, and neither does a failed proof.
-        Returns (node, cached, partial, partial_len, start, cover): blocks[start:] is covered by leases;
-        start is 0 when the cached pages come as held duplicates, else the number of cached pages.
+        Proof: `blocks` is a list of ints (`gcd` takes nothing else; list equality would take 5.0 for 5), as
+        long as the tokens need, and each page is either the tree's own block (every matched node's blocks
+        compare equal), or held: a run of leases from `allocate` (BlockPool.lease_cover). Held ids are
+        distinct and never in the tree, so nothing here can be a duplicate, out of range, or owned elsewhere.
+        The walk is `_descend`'s, comparing blocks instead of collecting them; it changes nothing, and neither
+        does a failed proof.
+        Returns (node, matched_pages, partial, partial_len, start, cover): blocks[start:] is covered by
+        leases; start is 0 when the cached pages come as held duplicates, else matched_pages.
         """
         p = self.page_size
         if type(blocks) is not list or len(blocks) != -(-len(arr) // p):
             return None
         try:
             root = self._roots.get(namespace)  # a new namespace takes the exact path, which creates it
-            if root is None or type(sum(blocks)) is not int:
+            if root is None:
                 return None
-        except TypeError:  # an unhashable namespace, or a non-number among the blocks
+            gcd(*blocks)  # raises TypeError unless every block is an int
+        except TypeError:  # an unhashable namespace, or a block that is not an int
             return None
-        full = len(arr) // p * p
-        node, _, cached, partial, partial_len = self._descend(root, arr if full == len(arr) else arr[:full])
-        if partial is not None:
-            cached = cached + partial.blocks[: partial_len // p]
-        start = len(cached) if blocks[: len(cached)] == cached else 0
+        n = len(arr) // p * p  # full pages only: the unaligned tail is never matched
+        node, pos, pages, own = root, 0, 0, True
+        partial, partial_len = None, 0
+        while n - pos >= p:
+            child = node.children.get(arr[pos] if p == 1 else arr[pos : pos + p].tobytes())
+            if child is None:
+                break
+            k = common_prefix_length(child.key, arr, pos)
+            if p > 1:
+                k -= k % p
+            if k < len(child.key):
+                partial, partial_len = child, k
+                if own and blocks[pages : pages + k // p] != child.blocks[: k // p]:
+                    own = False
+                pages += k // p
+                break
+            if own and blocks[pages : pages + len(child.blocks)] != child.blocks:
+                own = False
+            pages += len(child.blocks)
+            pos += k
+            node = child
+        start = pages if own else 0
         cover = self._pool.lease_cover(blocks, start, len(blocks))
         if cover is None:
             return None
-        return node, cached, partial, partial_len, start, cover
+        return node, pages, partial, partial_len, start, cover
 
     def _check_insert_blocks(self, ids: list[int], cached: list[int]) -> None:
         """Each block must be the tree's own block at its position, or held by the caller."""

@@ -60,7 +60,7 @@ def common_prefix_length(key: array, tokens: array, start: int) -> int:
     limit = min(len(key), len(tokens) - start)
     if limit <= 0:
         return 0
-    if key[:limit] == tokens[start : start + limit]:
+    if (key if limit == len(key) else key[:limit]) == tokens[start : start + limit]:
         return limit
     if key[0] != tokens[start]:
         return 0
