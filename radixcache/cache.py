@@ -362,19 +362,22 @@ class RadixCache:
         while freed < n and leaves:
             priority, _, leaf = leaves[0]
             policy.on_evict(leaf, priority)
-            take = min(n - freed, len(leaf.blocks))
-            if take == len(leaf.blocks):
-                self._set_discard(leaf)
+            size = len(leaf.blocks)
+            take = n - freed if n - freed < size else size
+            if take == size:
+                leaves.pop(0)  # the entry just read: cheaper than a remove by value
+                leaf.evict_key = None
                 self._detach(leaf)
             else:  # trim the leaf's tail: the deepest tokens go, the rest stays cached
-                keep = len(leaf.blocks) - take
+                keep = size - take
                 gone = leaf.blocks[keep:]
                 leaf.blocks = leaf.blocks[:keep]
                 leaf.key = leaf.key[: keep * p]
                 self._pool.release_tree(gone)
                 self._evictable -= take
-                self._set_discard(leaf)
-                self._set_add(leaf)
+                if policy.priority(leaf) != priority:  # re-sort only if the trim moved it (e.g. cost-aware)
+                    leaves.pop(0)
+                    self._set_add(leaf)
             freed += take
             stats.evictions += 1
         stats.evicted_blocks += freed
