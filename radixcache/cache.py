@@ -10,6 +10,7 @@ import operator
 from array import array
 from collections.abc import Hashable, Iterator, Sequence
 from math import gcd
+from operator import attrgetter
 from typing import NamedTuple
 
 from sortedcontainers import SortedList
@@ -35,12 +36,11 @@ class MatchResult(NamedTuple):
     node: TreeNode
 
 
-class _Descent(NamedTuple):
-    node: TreeNode  # deepest node matched in full
-    length: int  # tokens matched down to the end of `node`
-    blocks: list[int]  # block ids of those tokens
-    partial: TreeNode | None  # child matched only in part, if any
-    partial_len: int  # tokens of `partial` matched (page-aligned, > 0 when partial is set)
+# What _descend finds: (node, length, blocks, partial, partial_len), a plain tuple on the hot path.
+#   node: the deepest node matched in full; length: tokens matched down to its end; blocks: their block ids;
+#   partial: the child matched only in part, if any; partial_len: its tokens matched (page-aligned, > 0 when set).
+_Descent = tuple[TreeNode, int, list[int], "TreeNode | None", int]
+_LOCK_REF = attrgetter("lock_ref")
 
 
 class RadixCache:
@@ -207,7 +207,7 @@ class RadixCache:
             return
         # lock_ref also counts locks taken on descendants: only the node's own locks may be undone here.
         # Ancestors count at least as many locks, so checking the node suffices.
-        if node.lock_ref <= sum(child.lock_ref for child in node.children.values()):
+        if node.lock_ref <= sum(map(_LOCK_REF, node.children.values())):
             raise LockError(f"unlock: {node!r} is not locked")
         n = node
         while n.parent is not None:
@@ -302,15 +302,18 @@ class RadixCache:
             child = node.children.get(arr[pos] if p == 1 else arr[pos : pos + p].tobytes())
             if child is None:
                 break
-            k = common_prefix_length(child.key, arr, pos)
-            if p > 1:
-                k -= k % p
-            if k < len(child.key):
-                return _Descent(node, pos, blocks, child, k)
+            key = child.key
+            k = len(key)
+            if n - pos < k or key != arr[pos : pos + k]:  # the common case, a whole node, takes one compare
+                k = common_prefix_length(key, arr, pos)
+                if p > 1:
+                    k -= k % p
+                if k < len(key):
+                    return node, pos, blocks, child, k
             blocks.extend(child.blocks)
             pos += k
             node = child
-        return _Descent(node, pos, blocks, None, 0)
+        return node, pos, blocks, None, 0
 
     def _split(self, child: TreeNode, k: int) -> TreeNode:
         """Split `child` after its first k tokens; return the new parent holding them.
@@ -444,10 +447,13 @@ class RadixCache:
             child = node.children.get(arr[pos] if p == 1 else arr[pos : pos + p].tobytes())
             if child is None:
                 break
-            k = common_prefix_length(child.key, arr, pos)
-            if p > 1:
-                k -= k % p
-            if k < len(child.key):
+            key = child.key
+            k = len(key)
+            if n - pos < k or key != arr[pos : pos + k]:  # not a whole node: find how far it matches
+                k = common_prefix_length(key, arr, pos)
+                if p > 1:
+                    k -= k % p
+            if k < len(key):
                 partial, partial_len = child, k
                 if own and blocks[pages : pages + k // p] != child.blocks[: k // p]:
                     own = False
