@@ -114,10 +114,14 @@ class BlockPool:
             lease = leases.get(ids[i])
             if lease is None:
                 return None
-            k = min(len(lease), stop - i)
-            if (ids[i : i + k] != lease) if k == len(lease) else (ids[i : i + k] != lease[:k]):
+            k = len(lease)
+            if k > stop - i:  # a prefix of the lease
+                k = stop - i
+                if ids[i:stop] != lease[:k]:
+                    return None
+            elif ids[i : i + k] != lease:
                 return None
-            if any(lease is used for used, _ in cover):  # the same lease twice: repeated ids
+            if cover and any(lease is used for used, _ in cover):  # the same lease twice: repeated ids
                 return None
             cover.append((lease, k))
             i += k

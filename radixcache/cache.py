@@ -190,16 +190,16 @@ class RadixCache:
         """Protect `node` and every ancestor from eviction (a reference count on the whole path)."""
         if self._is_root(node):
             return
-        n = node
+        n, moved = node, 0
         while n.parent is not None:
             if n.lock_ref == 0:
-                size = len(n.blocks)
-                self._evictable -= size
-                self._tree_locked += size
+                moved += len(n.blocks)
                 if n.evict_key is not None:
                     self._set_discard(n)
             n.lock_ref += 1
             n = n.parent
+        self._evictable -= moved  # blocks of nodes that just became locked
+        self._tree_locked += moved
 
     def unlock(self, node: TreeNode) -> None:
         """Undo one `lock(node)`. Raises LockError, with nothing changed, if the node is not locked."""
@@ -209,16 +209,16 @@ class RadixCache:
         # Ancestors count at least as many locks, so checking the node suffices.
         if node.lock_ref <= sum(map(_LOCK_REF, node.children.values())):
             raise LockError(f"unlock: {node!r} is not locked")
-        n = node
+        n, moved = node, 0
         while n.parent is not None:
             n.lock_ref -= 1
             if n.lock_ref == 0:
-                size = len(n.blocks)
-                self._evictable += size
-                self._tree_locked -= size
+                moved += len(n.blocks)
                 if not n.children:
                     self._set_add(n)
             n = n.parent
+        self._evictable += moved  # blocks of nodes that just became unlocked
+        self._tree_locked -= moved
 
     # ------------------------------------------------------------------ public API: sizes and checks
 
@@ -341,9 +341,9 @@ class RadixCache:
 
     def _touch(self, node: TreeNode, *, hit: bool) -> None:
         """Refresh access time (and hit count) from `node` up to its root, re-sorting `node` if evictable."""
-        in_set = node.evict_key is not None
-        if in_set:
-            self._set_discard(node)
+        entry = node.evict_key
+        if entry is not None:  # out of the set while its priority changes (the inlined _set_discard)
+            self._evictable_leaves.remove(entry)
         clock = self._clock
         n = node
         while n.parent is not None:
@@ -351,7 +351,7 @@ class RadixCache:
             if hit:
                 n.hit_count += 1
             n = n.parent
-        if in_set:
+        if entry is not None:
             self._set_add(node)
 
     # ------------------------------------------------------------------ private: eviction
