@@ -106,8 +106,9 @@ def prefill_attention(
     t, h, d = q.shape
     kvh = k.shape[1]
     g = h // kvh
-    qg = q.view(t, kvh, g, d).permute(1, 2, 0, 3).reshape(kvh, g * t, d)
-    out = F.scaled_dot_product_attention(qg, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+    qg = q.view(t, kvh, g, d).permute(1, 2, 0, 3).reshape(1, kvh, g * t, d)
+    # 4-D inputs: PyTorch's fused (flash) kernels take only those; 3-D falls back to the slow math path.
+    out = F.scaled_dot_product_attention(qg, k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask)
     return out.view(kvh, g, t, d).permute(2, 0, 1, 3).reshape(t, h, d)
 
 
@@ -131,8 +132,9 @@ def decode_attention(
         v = gather_pages(v_pages, meta.block_tables[0], length).transpose(0, 1).unsqueeze(0)
     else:
         m = meta.block_tables.shape[1]
-        k = k_pages[meta.block_tables].view(b, m * p, kvh, d).transpose(1, 2)
-        v = v_pages[meta.block_tables].view(b, m * p, kvh, d).transpose(1, 2)
+        flat = meta.block_tables.flatten()  # index_select: several times faster than advanced indexing on CPU
+        k = k_pages.index_select(0, flat).view(b, m * p, kvh, d).transpose(1, 2)
+        v = v_pages.index_select(0, flat).view(b, m * p, kvh, d).transpose(1, 2)
     qg = q.view(b, kvh, g, d)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.mask)
     return out.reshape(b, h, d)
