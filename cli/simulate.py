@@ -11,7 +11,7 @@ from rich.table import Table
 
 from cli.progress import progress_bar
 from radixcache.errors import RadixCacheError
-from radixcache.policies import POLICIES
+from radixcache.policies import ALL_POLICIES
 from radixcache.simulate import SimReport, SimResult, evaluate
 from radixcache.simulate_workload import load_workload
 from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
@@ -20,7 +20,7 @@ from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
 @click.command()
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Trace format (default: detect).")
-@click.option("--policy", default="lru", show_default=True, type=click.Choice(sorted(POLICIES)))
+@click.option("--policy", default="lru", show_default=True, type=click.Choice(sorted(ALL_POLICIES)))
 @click.option("--capacity-blocks", type=click.IntRange(min=1), help="Cache size in blocks (pages).")
 @click.option("--capacity-tokens", type=click.IntRange(min=1), help="Cache size in tokens (rounded down to blocks).")
 @click.option("--page-size", type=click.IntRange(min=1), help="Tokens per page of a token trace [default: 1].")

@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
-from radixcache.simulate_oracle import NextUseOracle
+from radixcache.simulate_oracle import DeadBlockLRU, NextUseOracle
 from radixcache.simulate_workload import Workload
 
 BELADY = "belady"
+DEAD_LRU = "lru-dead"  # LRU that knows which blocks are never read again: a diagnostic bound
+ORACLE_POLICIES = (BELADY, DEAD_LRU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +121,10 @@ def simulate(
     progress: Callable[[int], None] | None = None,
     check: bool = False,
 ) -> SimResult:
-    """Replay `workload` through a cache of `capacity_blocks` blocks. `policy` may be "belady" (the oracle).
+    """Replay `workload` through a cache of `capacity_blocks` blocks at `policy`.
+
+    `policy` may also name an offline oracle: "belady" (the optimum) or "lru-dead" (LRU that knows which
+    blocks are never read again), both evicting block by block.
 
     `progress(n)` is called now and then with the number of requests replayed since its last call. `check`
     runs the cache's full invariant check after every request (slow: for tests).
@@ -129,9 +134,9 @@ def simulate(
     if type(windows) is not int or windows < 1:
         raise RadixCacheError(f"windows must be a positive int, got {windows!r}")
     oracle = None
-    if policy == BELADY:
+    if policy in ORACLE_POLICIES:
         oracle = NextUseOracle(workload, capacity_blocks)
-        policy = BeladyPolicy(oracle.next_use)
+        policy = BeladyPolicy(oracle.next_use) if policy == BELADY else DeadBlockLRU(oracle)
     cache = RadixCache(capacity_blocks, page_size=workload.page_size, policy=make_policy(policy))
     started = time.perf_counter()
     p = workload.page_size
@@ -164,7 +169,7 @@ def simulate(
         if oracle is not None:
             # One block at a time, so the leaf is re-ranked by its new deepest block after each: the cache
             # takes several blocks from one leaf in a single step, which is exact only when every block of a
-            # leaf shares the leaf's priority (LRU and the like), not for Belady's per-block next use.
+            # leaf shares the leaf's priority (LRU and the like), not for an oracle's per-block next use.
             short = need - cache.free_blocks
             while short > 0:
                 short -= cache.evict(1)

@@ -13,6 +13,7 @@ from array import array
 from bisect import bisect_right
 from typing import TYPE_CHECKING
 
+from radixcache.policies import EvictionPolicy
 from radixcache.simulate_workload import Workload
 
 if TYPE_CHECKING:
@@ -69,3 +70,19 @@ class NextUseOracle:
         reads = self.reads[lid] if lid >= 0 else ()
         i = bisect_right(reads, self.now)
         return reads[i] if i < len(reads) else self.never
+
+
+class DeadBlockLRU(EvictionPolicy):
+    """LRU told which blocks no later request reads: those go first. A diagnostic bound, not a policy to run.
+
+    It separates what an online policy could gain by predicting dead blocks (the best it can do with a
+    perfect predictor) from what Belady gains by knowing when each live block returns.
+    """
+
+    name = "lru-dead"
+
+    def __init__(self, oracle: NextUseOracle) -> None:
+        self.oracle = oracle
+
+    def priority(self, node: TreeNode) -> tuple:
+        return (self.oracle.next_use(node) < self.oracle.never, node.last_access)

@@ -34,9 +34,9 @@ def capacities_for(workload: Workload, fractions: Sequence[float]) -> list[int]:
     return sorted({max(1, round(unique * f)) for f in fractions})
 
 
-def sweep_runs(workload: Workload, policies: Sequence[str], capacities: Sequence[int], belady: bool = True) -> int:
+def sweep_runs(policies: Sequence[str], capacities: Sequence[int], bounds: Sequence[str] = (BELADY,)) -> int:
     """How many replays `sweep` makes (for a progress bar)."""
-    return 1 + len(capacities) * (len(policies) + (1 if belady else 0))
+    return 1 + len(capacities) * (len(policies) + len(bounds))
 
 
 def sweep(
@@ -45,11 +45,12 @@ def sweep(
     policies: Sequence[str],
     capacities: Sequence[int],
     *,
-    belady: bool = True,
+    bounds: Sequence[str] = (BELADY,),
     concurrency: int = 1,
     progress: Callable[[int], None] | None = None,
 ) -> Iterator[SweepRow]:
-    """Replay `workload` once per policy and capacity (plus Belady per capacity, and one infinite cache)."""
+    """Replay `workload` once per policy and capacity, once per oracle bound ("belady", "lru-dead") and
+    capacity, and once through an infinite cache (policy "infinite")."""
     unique = max(1, reuse_summary(workload).unique_blocks)
 
     def row(policy: str, capacity: int, fraction: float) -> SweepRow:
@@ -72,7 +73,7 @@ def sweep(
     yield replace(row("lru", infinite_capacity(workload), float("inf")), policy=INFINITE)
     for capacity in capacities:
         fraction = capacity / unique
-        if belady:
-            yield row(BELADY, capacity, fraction)
+        for bound in bounds:
+            yield row(bound, capacity, fraction)
         for policy in policies:
             yield row(policy, capacity, fraction)

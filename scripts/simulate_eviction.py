@@ -23,14 +23,18 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from radixcache.errors import RadixCacheError
-from radixcache.policies import POLICIES
-from radixcache.simulate import BELADY
+from radixcache.policies import ALL_POLICIES
+from radixcache.simulate import BELADY, DEAD_LRU
 from radixcache.simulate_sweep import INFINITE, SweepRow, capacities_for, sweep, sweep_runs
 from radixcache.simulate_workload import Workload, load_workload, token_workload
 from radixcache.synthetic import GENERATORS
 from radixcache.trace import FORMAT_KINDS, detect_format
 
 DEFAULT_FRACTIONS = "0.01,0.02,0.05,0.1,0.2,0.4,0.7"
+BOUND_STYLES = {
+    BELADY: {"color": "black", "linestyle": "--", "linewidth": 2},
+    DEAD_LRU: {"color": "gray", "linestyle": "-.", "linewidth": 1.5},
+}
 
 
 def load(spec: str, page_size: int, block_size: int) -> tuple[str, Workload]:
@@ -56,8 +60,8 @@ def write_csv(rows: list[SweepRow], path: Path) -> None:
             writer.writerow(dataclasses.astuple(row))
 
 
-def markdown(rows: list[SweepRow], policies: list[str]) -> str:
-    """One table per trace: a row per capacity, a column per policy, then Belady and the infinite cache."""
+def markdown(rows: list[SweepRow], policies: list[str], bounds: list[str]) -> str:
+    """One table per trace: a row per capacity, a column per policy, then the oracle bounds."""
     out = []
     by_trace: dict[str, list[SweepRow]] = defaultdict(list)
     for row in rows:
@@ -68,10 +72,14 @@ def markdown(rows: list[SweepRow], policies: list[str]) -> str:
         for r in trace_rows:
             if r.policy != INFINITE:
                 cells[r.capacity_blocks][r.policy] = r
-        columns = [*policies, BELADY]
+        columns = [*policies, *bounds]
         out.append(f"**{trace}** (infinite cache: {infinite.hit_rate:.1%} of prompt tokens)\n")
-        out.append("| capacity (blocks) | % of unique | " + " | ".join(columns) + " | best online | gap LRU→Belady |")
-        out.append("|---:|---:|" + "---:|" * (len(columns) + 2))
+        out.append(
+            "| capacity (blocks) | % of unique | "
+            + " | ".join(columns)
+            + " | best online | gap LRU→Belady | share of gap the best closes |"
+        )
+        out.append("|---:|---:|" + "---:|" * (len(columns) + 3))
         for capacity in sorted(cells):
             row = cells[capacity]
             best = max(policies, key=lambda p: row[p].hit_rate)
@@ -80,13 +88,20 @@ def markdown(rows: list[SweepRow], policies: list[str]) -> str:
                 text = f"{row[c].hit_rate:.1%}"
                 values.append(f"**{text}**" if c == best else text)
             gap = (row[BELADY].hit_rate - row["lru"].hit_rate) * 100 if "lru" in row else float("nan")
+            closed = (row[best].hit_rate - row["lru"].hit_rate) * 100 / gap if gap > 0.05 else float("nan")
             fraction = row[columns[0]].capacity_fraction
-            out.append(f"| {capacity:,} | {fraction:.0%} | " + " | ".join(values) + f" | {best} | {gap:.1f} pt |")
+            out.append(
+                f"| {capacity:,} | {fraction:.0%} | "
+                + " | ".join(values)
+                + f" | {best} | {gap:.1f} pt | "
+                + ("-" if closed != closed else f"{closed:.0%}")
+                + " |"
+            )
         out.append("")
     return "\n".join(out)
 
 
-def plot(rows: list[SweepRow], policies: list[str], path: Path) -> None:
+def plot(rows: list[SweepRow], policies: list[str], bounds: list[str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,9 +113,9 @@ def plot(rows: list[SweepRow], policies: list[str], path: Path) -> None:
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
     for ax, trace in zip(axes.flat, traces, strict=False):
         trace_rows = [r for r in rows if r.trace == trace]
-        for policy in [*policies, BELADY]:
+        for policy in [*policies, *bounds]:
             pts = sorted((r.capacity_fraction * 100, r.hit_rate * 100) for r in trace_rows if r.policy == policy)
-            style = {"color": "black", "linestyle": "--", "linewidth": 2} if policy == BELADY else {"marker": "."}
+            style = BOUND_STYLES.get(policy, {"marker": "."})
             ax.plot(*zip(*pts, strict=True), label=policy, **style)
         infinite = next(r for r in trace_rows if r.policy == INFINITE)
         ax.axhline(infinite.hit_rate * 100, color="gray", linestyle=":", label=INFINITE)
@@ -120,7 +135,7 @@ def plot(rows: list[SweepRow], policies: list[str], path: Path) -> None:
 
 @click.command()
 @click.argument("traces", nargs=-1, required=True)
-@click.option("--policy", "policies", multiple=True, help="Repeat; default: every policy in POLICIES.")
+@click.option("--policy", "policies", multiple=True, help="Repeat; default: every named policy.")
 @click.option(
     "--fractions", default=DEFAULT_FRACTIONS, show_default=True, help="Capacities, as unique-block fractions."
 )
@@ -128,6 +143,7 @@ def plot(rows: list[SweepRow], policies: list[str], path: Path) -> None:
 @click.option("--block-size", default=512, show_default=True, type=click.IntRange(min=1), help="Mooncake block.")
 @click.option("--concurrency", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--out", default="results/eviction", show_default=True, type=click.Path(file_okay=False))
+@click.option("--dead-bound", is_flag=True, help="Also replay lru-dead: LRU told which blocks are never reused.")
 @click.option("--no-plot", is_flag=True, help="Skip the matplotlib plot.")
 def main(
     traces: tuple[str, ...],
@@ -137,6 +153,7 @@ def main(
     block_size: int,
     concurrency: int,
     out: str,
+    dead_bound: bool,
     no_plot: bool,
 ) -> None:
     """Sweep TRACES x policies x capacities; write sweep.csv, sweep.md and sweep.png under --out.
@@ -145,17 +162,18 @@ def main(
     Example:
       .venv/bin/python scripts/simulate_eviction.py ../shared/traces/mooncake_synthetic_trace.jsonl synthetic:chat
     """
-    names = list(policies) or sorted(POLICIES)
-    unknown = [p for p in names if p not in POLICIES]
+    names = list(policies) or sorted(ALL_POLICIES)
+    unknown = [p for p in names if p not in ALL_POLICIES]
     if unknown:
-        raise click.BadParameter(f"unknown policy {unknown[0]!r}; choose from {', '.join(sorted(POLICIES))}")
+        raise click.BadParameter(f"unknown policy {unknown[0]!r}; choose from {', '.join(sorted(ALL_POLICIES))}")
     try:
         fracs = [float(f) for f in fractions.split(",") if f.strip()]
     except ValueError:
         raise click.BadParameter(f"--fractions {fractions!r}: expected numbers like 0.05,0.1") from None
     loaded = [load(spec, page_size, block_size) for spec in traces]
     plans = [(name, w, capacities_for(w, fracs)) for name, w in loaded]
-    total = sum(sweep_runs(w, names, caps) for _, w, caps in plans)
+    bounds = [BELADY, DEAD_LRU] if dead_bound else [BELADY]
+    total = sum(sweep_runs(names, caps, bounds) for _, _, caps in plans)
     rows: list[SweepRow] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=True) as progress:
@@ -164,16 +182,22 @@ def main(
             progress.update(task, description=f"sweeping {name}")
             rows.extend(
                 sweep(
-                    name, workload, names, caps, concurrency=concurrency, progress=lambda n: progress.advance(task, n)
+                    name,
+                    workload,
+                    names,
+                    caps,
+                    bounds=bounds,
+                    concurrency=concurrency,
+                    progress=lambda n: progress.advance(task, n),
                 )
             )
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out_dir / "sweep.csv")
-    table = markdown(rows, names)
+    table = markdown(rows, names, bounds)
     (out_dir / "sweep.md").write_text(table)
     if not no_plot:
-        plot(rows, names, out_dir / "sweep.png")
+        plot(rows, names, bounds, out_dir / "sweep.png")
     sys.stdout.write(table + "\n")
     click.echo(f"wrote {out_dir / 'sweep.csv'}, sweep.md" + ("" if no_plot else ", sweep.png"), err=True)
 
