@@ -106,3 +106,10 @@ def test_half_precision_runs_and_mostly_agrees_with_float32(tiny: RandomModel, d
 def test_unknown_dtype_is_refused(tiny: RandomModel) -> None:
     with pytest.raises(ValueError, match="dtype"):
         Engine(tiny, capacity_blocks=8, dtype="int8")
+
+
+def test_a_missing_model_says_so() -> None:
+    from runtime.loading import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError):
+        Engine("/nonexistent/model.gguf")
