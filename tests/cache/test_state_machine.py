@@ -64,8 +64,11 @@ class CacheModel(RuleBasedStateMachine):
     PAGE_SIZE = 1
     PATTERNS: tuple[tuple[int, ...], ...] = ((0,), (1,), (2,), (3,))
     TAIL_ALPHABET = 4
-    MAX_PAGES = 6
-    CAPACITY = 10
+    MAX_PAGES = 5
+    CAPACITY = 16
+
+    # counts for allocate and evict: mostly a few blocks, so the tree grows deep before it is cut back
+    SMALL_MOSTLY = st.one_of(st.integers(0, 3), st.integers(0, CAPACITY + 1))
 
     def __init__(self) -> None:
         super().__init__()
@@ -80,18 +83,21 @@ class CacheModel(RuleBasedStateMachine):
     # ------------------------------------------------------------------ strategies
 
     @classmethod
-    def token_lists(cls) -> st.SearchStrategy[list[int]]:
-        pages = st.lists(st.sampled_from(cls.PATTERNS), max_size=cls.MAX_PAGES)
+    def token_lists(cls, max_pages: int) -> st.SearchStrategy[list[int]]:
+        pages = st.lists(st.sampled_from(cls.PATTERNS), max_size=max_pages)
         tail = st.lists(st.integers(0, cls.TAIL_ALPHABET - 1), max_size=cls.PAGE_SIZE - 1)
         return st.builds(lambda ps, t: [tok for page in ps for tok in page] + t, pages, tail)
 
     def draw_tokens(self, data: st.DataObject, namespace: Hashable) -> list[int]:
-        """Fresh tokens, or (half the time) a cached prefix cut at any token and extended, to force splits."""
-        tokens = data.draw(self.token_lists())
+        """Mostly a cached prefix cut at any token and extended a little (to force splits and deep nodes),
+        else fresh tokens."""
         known = sorted(t for ns, t in self.pages if ns == namespace)
-        if known and data.draw(st.booleans()):
+        if known and data.draw(st.integers(0, 3)):
             base = data.draw(st.sampled_from(known))
-            tokens = [*base[: data.draw(st.integers(0, len(base)))], *tokens]
+            cut = data.draw(st.one_of(st.just(len(base)), st.integers(0, len(base))))
+            tokens = [*base[:cut], *data.draw(self.token_lists(2))]
+        else:
+            tokens = data.draw(self.token_lists(self.MAX_PAGES))
         return tokens[: (self.MAX_PAGES + 1) * self.PAGE_SIZE]
 
     # ------------------------------------------------------------------ the reference model
@@ -182,7 +188,7 @@ class CacheModel(RuleBasedStateMachine):
             return
         self.check_refused(LockError, self.cache.unlock, node)
 
-    @rule(n=st.integers(0, CAPACITY + 1))
+    @rule(n=SMALL_MOSTLY)
     def allocate(self, n: int) -> None:
         if n > self.CAPACITY or n > len(self.free) + self.evictable_count():
             self.check_refused(CacheFullError, self.cache.allocate, n)
@@ -195,7 +201,7 @@ class CacheModel(RuleBasedStateMachine):
         self.free = available - set(got)
         self.held |= set(got)
 
-    @rule(n=st.integers(0, CAPACITY + 1))
+    @rule(n=SMALL_MOSTLY)
     def evict(self, n: int) -> None:
         expected = min(n, self.evictable_count())
         assert self.cache.evict(n) == expected
@@ -211,8 +217,14 @@ class CacheModel(RuleBasedStateMachine):
 
     @rule(data=st.data(), namespace=st.sampled_from(NAMESPACES))
     def insert(self, data: st.DataObject, namespace: Hashable) -> None:
+        self.checked_insert(data, namespace, self.draw_tokens(data, namespace))
+
+    @rule(data=st.data(), namespace=st.sampled_from(NAMESPACES))
+    def insert_fresh(self, data: st.DataObject, namespace: Hashable) -> None:
+        self.checked_insert(data, namespace, data.draw(self.token_lists(self.MAX_PAGES)))
+
+    def checked_insert(self, data: st.DataObject, namespace: Hashable, tokens: list[int]) -> None:
         p = self.PAGE_SIZE
-        tokens = self.draw_tokens(data, namespace)
         short = -(-len(tokens) // p) - len(self.held)  # enough held blocks even if every page is new
         if 0 < short <= len(self.free) + self.evictable_count():
             self.allocate(short)  # the checked allocate rule; it may evict, so the reference is read afterwards
