@@ -2,10 +2,10 @@
 
 Each request, in arrival order: match its prompt, lock the match, allocate blocks for the rest of prompt plus
 recorded output (evicting as the policy says), and, when it finishes, insert and unlock. With `concurrency` N,
-up to N requests are in flight: a request finishes when the N+1-th after it... precisely, when admitting a
-request would make N+1 in flight, the oldest finishes first. In-flight requests keep their matched path locked
-and their new blocks held, so they press on the cache exactly as running requests do; their new prompt blocks
-become shareable when they finish. Concurrency 1 is plain sequential replay.
+up to N requests are in flight: when admitting a request would make N+1, the oldest in flight finishes
+first (requests finish in arrival order; the trace has no durations). In-flight requests keep their matched
+path locked and their new blocks held, so they press on the cache exactly as running requests do; their new
+prompt blocks become shareable when they finish. Concurrency 1 is plain sequential replay.
 
 A prompt is matched in full (no token is held back for logits), so the infinite-cache hit rate equals the
 count of prefix blocks seen before. A request larger than the whole cache caches what fits.
