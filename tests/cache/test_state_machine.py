@@ -76,6 +76,7 @@ class CacheModel(RuleBasedStateMachine):
         self.pages: dict[Key, int] = {}
         self.free: set[int] = set(range(self.CAPACITY))
         self.held: set[int] = set()
+        self.held_order: list[int] = []  # every block allocate handed out, in order (pruned lazily)
         self.locks: list[tuple[TreeNode, Hashable, tuple[int, ...]]] = []
         self.handles: list[TreeNode] = []  # nodes from earlier matches, possibly evicted or trimmed since
         self.counts = {"queries": 0, "query_tokens": 0, "hit_tokens": 0, "inserted_tokens": 0, "evicted_blocks": 0}
@@ -200,6 +201,7 @@ class CacheModel(RuleBasedStateMachine):
         assert set(got) <= available, "allocate handed out a block that was not free"
         self.free = available - set(got)
         self.held |= set(got)
+        self.held_order = [b for b in self.held_order if b in self.held and b not in got] + got
 
     @rule(n=SMALL_MOSTLY)
     def evict(self, n: int) -> None:
@@ -235,8 +237,16 @@ class CacheModel(RuleBasedStateMachine):
         # the tree's own blocks for cached pages come from a match; any of them may be swapped for a held duplicate
         cached = self.ref_match(namespace, tokens[: full * p])[1]
         self.checked_match(tokens[: full * p], namespace)
-        spare = iter(data.draw(st.permutations(sorted(self.held))))
-        blocks = [cached[i] if i < len(cached) and data.draw(st.booleans()) else next(spare) for i in range(pages)]
+        # held blocks in the order allocate gave them (the cheap path the cache may take), or shuffled
+        in_order = [b for b in self.held_order if b in self.held]
+        spare = iter(in_order if data.draw(st.booleans()) else data.draw(st.permutations(in_order)))
+        own = data.draw(st.sampled_from(["all", "none", "some"]))  # tree blocks for the cached pages?
+        blocks = [
+            cached[i]
+            if i < len(cached) and (own == "all" or (own == "some" and data.draw(st.booleans())))
+            else next(spare)
+            for i in range(pages)
+        ]
 
         assert self.cache.insert(tokens, blocks, namespace=namespace) == len(cached) * p
 
