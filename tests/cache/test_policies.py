@@ -115,6 +115,17 @@ def test_lru_counts_a_match_of_a_prefix_as_an_access_of_the_path_only() -> None:
     assert order[2] == (2, 2)  # [1, 1] was matched last
 
 
+def test_reinserting_a_cached_sequence_refreshes_it_for_lru_but_not_for_fifo() -> None:
+    orders = {}
+    for policy in ("lru", "fifo"):
+        cache = RadixCache(16, policy=policy)
+        put(cache, [1, 1])
+        put(cache, [2, 2])
+        cache.insert([1, 1], cache.allocate(2))  # all cached: the duplicates go back, [1, 1] counts as accessed
+        orders[policy] = eviction_order(cache)
+    assert orders == {"lru": [2, 1], "fifo": [1, 2]}
+
+
 def test_lfu_hit_count_increments_on_every_match() -> None:
     cache = RadixCache(16, policy="lfu")
     put(cache, [1, 1])

@@ -91,3 +91,21 @@ def replay(policy: str) -> list[tuple[int, list[int]]]:
 def test_the_same_calls_give_the_same_results_every_time() -> None:
     for policy in ("lru", "cost"):
         assert replay(policy) == replay(policy)
+
+
+def test_empty_calls_are_harmless() -> None:
+    cache = RadixCache(8)
+    cache.insert([1, 2], cache.allocate(2))
+
+    assert cache.allocate(0) == []
+    cache.free([])
+    assert cache.evict(0) == 0
+    assert cache.insert([], []) == 0
+    empty = cache.match_prefix([])
+    assert (empty.length, empty.blocks) == (0, [])
+    cache.lock(empty.node)
+    cache.unlock(empty.node)
+
+    assert (cache.free_blocks, cache.evictable_blocks, cache.locked_blocks) == (6, 2, 0)
+    assert cache.match_prefix([1, 2]).length == 2
+    cache.check_invariants()
