@@ -150,12 +150,18 @@ class RadixCache:
                 raise BlockCountError(
                     f"insert: {len(arr)} tokens at page_size {p} need {pages} blocks, got {len(ids)}"
                 )
+            roots_before = len(self._roots)
             root = self._root(namespace)
             node, _, cached, partial, partial_len = self._descend(root, arr[: full_pages * p])
             if partial is not None:
                 cached = cached + partial.blocks[: partial_len // p]
             matched_pages = len(cached)
-            self._check_insert_blocks(ids, cached)
+            try:
+                self._check_insert_blocks(ids, cached)
+            except BlockStateError:
+                if len(self._roots) > roots_before:  # the namespace was created just now: errors change nothing
+                    del self._roots[namespace]
+                raise
 
             self._clock += 1
             duplicates = [b for b, mine in zip(ids, cached, strict=False) if b != mine]

@@ -190,3 +190,10 @@ def test_unknown_policy_name_raises_policy_error() -> None:
 def test_bad_construction_arguments_raise(kwargs: dict[str, Any]) -> None:
     with pytest.raises(RadixCacheError):
         RadixCache(**{"capacity_blocks": 4, **kwargs})
+
+
+def test_an_insert_refused_in_a_new_namespace_does_not_create_it(busy: Busy, state_of: Callable) -> None:
+    page = [5] * busy.p
+    assert_refused(busy, state_of, BlockStateError, lambda c: c.insert(page, busy.free[:1], namespace="new"))
+    tree_block = busy.unlocked.blocks[:1]
+    assert_refused(busy, state_of, BlockStateError, lambda c: c.insert(page, tree_block, namespace=("tenant", 1)))

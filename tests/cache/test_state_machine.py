@@ -55,6 +55,7 @@ def observe(cache: RadixCache) -> tuple[Any, ...]:
         cache.stats,
         page_map(cache),
         nodes,
+        cache.namespaces(),
     )
 
 
