@@ -30,7 +30,7 @@ import time
 import types
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.console import Console
 from rich.table import Table
@@ -57,16 +57,15 @@ def build_workload(conversations: int, seed: int) -> list[tuple[array, array]]:
     return [(array("q", r.tokens), array("q", r.tokens + r.output_tokens)) for r in requests]
 
 
-class RunResult:
-    __slots__ = ("evicted_tokens", "hit_tokens", "prompt_tokens", "requests", "seconds", "tokens")
+class RunResult(NamedTuple):
+    """One replay through one cache."""
 
-    def __init__(self, requests: int, tokens: int, prompt_tokens: int, hit_tokens: int, evicted: int, seconds: float):
-        self.requests = requests
-        self.tokens = tokens
-        self.prompt_tokens = prompt_tokens
-        self.hit_tokens = hit_tokens
-        self.evicted_tokens = evicted
-        self.seconds = seconds
+    requests: int
+    tokens: int  # prompt + reply tokens of every request
+    prompt_tokens: int
+    hit_tokens: int  # prompt tokens found cached by match
+    evicted_tokens: int
+    seconds: float  # the replay loop only
 
 
 def _totals(workload: list[tuple[array, array]]) -> tuple[int, int]:
