@@ -138,8 +138,9 @@ class ReuseAwarePolicy(EvictionPolicy):
 
     The measure is partly self-reinforcing: a credited class lives longer, so more of its hits fall inside the
     window. At small capacities this acts like SLRU with aging (reused leaves outlive floods of one-off
-    suffixes); at large ones the credit is small next to the horizon and it stays close to LRU. The defaults
-    were tuned on the sweep in docs/eviction.md, which reports where it helps and where it does not.
+    suffixes); at large ones evictions are few, so the class rates stay shrunk towards the mean, the horizon
+    stays near its start, and it behaves close to LRU. The defaults were tuned on the sweep in
+    docs/eviction.md, which reports where it helps and where it does not.
     """
 
     name = "reuse"
