@@ -86,11 +86,17 @@ def gather_pages(pages: torch.Tensor, block_table: torch.Tensor, length: int) ->
     return seq.reshape(nb * page_size, *pages.shape[2:])[:length]
 
 
-def causal_mask(start: int, num_new: int, total: int, group: int, device: torch.device) -> torch.Tensor:
-    """`[group * num_new, total]` bool: query t (at position start + t) sees keys 0 .. start + t."""
+def causal_mask(
+    start: int, num_new: int, total: int, group: int, device: torch.device, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """`[group * num_new, total]` additive mask: query t (at position start + t) sees keys 0 .. start + t.
+
+    Built once per chunk in the model's dtype (0 or -inf), so that no layer converts a boolean mask again.
+    """
     q_pos = torch.arange(start, start + num_new, device=device).unsqueeze(1)
     k_pos = torch.arange(total, device=device).unsqueeze(0)
-    return (k_pos <= q_pos).repeat(group, 1)
+    mask = torch.zeros(num_new, total, dtype=dtype, device=device).masked_fill_(k_pos > q_pos, float("-inf"))
+    return mask.repeat(group, 1)
 
 
 def prefill_attention(

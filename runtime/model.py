@@ -168,7 +168,7 @@ class LlamaModel:
 
     def _prefill_attend(self, meta: PrefillMeta, pool: KVPool) -> Callable[..., torch.Tensor]:
         group = self.config.num_heads // self.config.num_kv_heads
-        mask = causal_mask(meta.start, meta.num_new, meta.total, group, self.device)
+        mask = causal_mask(meta.start, meta.num_new, meta.total, group, self.device, self.dtype)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if meta.start > 0:  # the prefix comes from the pool (the new K/V were just written there)
