@@ -334,6 +334,15 @@ class CacheModel(RuleBasedStateMachine):
         assert page_map(self.cache) == self.pages
 
     @invariant()
+    def eviction_keys_are_current(self) -> None:
+        # private read: the sorted set of evictable leaves must be re-keyed on every access, split and trim.
+        # Cost-aware keys keep the inflation of the moment they were set (GreedyDual), so only its order is free.
+        policy = self.cache.policy
+        if policy.name != "cost":
+            for priority, _, node in self.cache._evictable_leaves:
+                assert priority == policy.priority(node), f"{node!r} sits in the evictable set under a stale key"
+
+    @invariant()
     def stats_match_the_reference(self) -> None:
         stats = self.cache.stats
         assert {name: getattr(stats, name) for name in self.counts} == self.counts
