@@ -36,7 +36,8 @@ class Busy:
         cache.lock(self.locked.node)
         self.unlocked = cache.match_prefix(self.a)
         self.held = cache.allocate(3)
-        self.free = cache._pool.free_list()[:2]  # read only: two ids that are free right now
+        in_tree = {block for node in cache.iter_nodes() for block in node.blocks}
+        self.free = sorted(set(range(CAPACITY)) - in_tree - set(self.held))[:2]  # two ids free right now
         assert cache.free_blocks == CAPACITY - 4 - 3
         cache.check_invariants()
 
