@@ -82,7 +82,7 @@ class RadixCache:
         sort by), and splits a node when the match ends inside it, so that the result ends at a node boundary.
         """
         arr = as_token_array(tokens)
-        root = self._root(namespace)  # validates the namespace before anything changes
+        root = self._root(namespace, create=False)  # validates the namespace before anything changes
         self._clock += 1
         stats = self._stats
         stats.queries += 1
@@ -147,9 +147,7 @@ class RadixCache:
             ids = pool.normalize(blocks, "insert")
             pages = -(-len(arr) // p)
             if len(ids) != pages:
-                raise BlockCountError(
-                    f"insert: {len(arr)} tokens at page_size {p} need {pages} blocks, got {len(ids)}"
-                )
+                raise BlockCountError(f"insert: {len(arr)} tokens at page_size {p} need {pages} blocks, got {len(ids)}")
             roots_before = len(self._roots)
             root = self._root(namespace)
             node, _, cached, partial, partial_len = self._descend(root, arr[: full_pages * p])
@@ -260,6 +258,7 @@ class RadixCache:
         self._stats = StatsCounter()
 
     def namespaces(self) -> list[Hashable]:
+        """Namespaces that hold cached tokens now (a namespace's root goes when its last node is evicted)."""
         return list(self._roots)
 
     def iter_nodes(self) -> Iterator[TreeNode]:
@@ -285,14 +284,17 @@ class RadixCache:
 
     # ------------------------------------------------------------------ private: the walk
 
-    def _root(self, namespace: Hashable) -> TreeNode:
+    def _root(self, namespace: Hashable, *, create: bool = True) -> TreeNode:
+        """The namespace's root. Without `create`, an unseen namespace gets a transient empty root that is not
+        registered, so lookups under ever-new namespaces (per-user salts) leave nothing behind."""
         try:
             root = self._roots.get(namespace)
         except TypeError:  # dict lookup hashes the namespace first
             raise RadixCacheError(f"namespace must be hashable, got {type(namespace).__name__}") from None
         if root is None:
-            root = TreeNode(0, empty_key(), [], None, namespace, self._clock)
-            self._roots[namespace] = root
+            root = TreeNode(0, empty_key(), [], None, namespace, self._clock)  # uid 0 marks a root
+            if create:
+                self._roots[namespace] = root
         return root
 
     def _child_key(self, tokens: array, pos: int) -> object:
@@ -340,7 +342,9 @@ class RadixCache:
         child.parent = head
         child.prefix_len += k
         head.children[self._child_key(child.key, 0)] = child
-        if child.evict_key is not None:  # its priority may depend on its depth
+        # A split is not an access: an evictable child keeps its priority, unless the policy ranks a leaf
+        # by the blocks it holds.
+        if child.evict_key is not None and self.policy.ranks_by_extent:
             self._set_discard(child)
             self._set_add(child)
         return head
@@ -384,7 +388,9 @@ class RadixCache:
                 leaf.key = leaf.key[: keep * p]
                 self._pool.release_tree(gone)
                 self._evictable -= take
-                if policy.priority(leaf) != priority:  # re-sort only if the trim moved it (e.g. cost-aware)
+                # A trim is not an access: the leaf keeps its priority, unless the policy ranks a leaf by
+                # the blocks it holds (Belady), where the new deepest block may be needed sooner.
+                if policy.ranks_by_extent and policy.priority(leaf) != priority:
                     leaves.pop(0)
                     self._set_add(leaf)
             freed += take
@@ -401,8 +407,13 @@ class RadixCache:
         self._evictable -= len(leaf.blocks)
         leaf.parent = None  # marks the node as evicted: lock() refuses it
         leaf.blocks = []
-        if parent.parent is not None and parent.lock_ref == 0 and not parent.children:
-            self._set_add(parent)
+        if parent.children:
+            return
+        if parent.parent is not None:
+            if parent.lock_ref == 0:
+                self._set_add(parent)
+        elif self._roots.get(parent.namespace) is parent:  # an empty namespace keeps no root
+            del self._roots[parent.namespace]
 
     def _set_add(self, node: TreeNode) -> None:
         entry = (self.policy.priority(node), node.uid, node)
@@ -418,7 +429,7 @@ class RadixCache:
     def _is_root(self, node: TreeNode) -> bool:
         if node.parent is not None:
             return False
-        if self._roots.get(node.namespace) is node:
+        if node.uid == 0:  # a root (maybe transient or dropped): holds no blocks, so locking it is a no-op
             return True
         raise LockError(f"{node!r} has been evicted (or belongs to another cache); match again")
 

@@ -1,9 +1,9 @@
 """Eviction policies: each maps an evictable leaf to a sortable priority; the smallest is evicted first.
 
 The cache keeps its evictable leaves in a sorted set keyed by `(policy.priority(node), node.uid)`. A priority is
-computed when a leaf enters the set (it becomes a leaf, or is unlocked) and again whenever it is accessed, so a
-policy may only read node fields that change on access (`last_access`, `hit_count`) or never (`created`,
-`prefix_len`, the key and blocks), plus its own state. Each cache owns its policy instance.
+computed when a leaf enters the set (it becomes a leaf, or is unlocked) and again whenever it is accessed. A
+split or a partial eviction is not an access and keeps the priority, unless the policy sets `ranks_by_extent`.
+Each cache owns its policy instance.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ class EvictionPolicy(ABC):
     """Strategy object for choosing which unlocked leaf to evict next."""
 
     name: str = "abstract"
+    #: True when a leaf's priority depends on which blocks it holds (not only on its access history), so the
+    #: cache must re-rank a leaf after a split or a partial eviction changes them. Otherwise those keep the
+    #: priority of the last access: they are not accesses.
+    ranks_by_extent: bool = False
 
     @abstractmethod
     def priority(self, node: TreeNode) -> tuple:
@@ -117,6 +121,7 @@ class BeladyPolicy(EvictionPolicy):
     """
 
     name = "belady"
+    ranks_by_extent = True
 
     def __init__(self, next_use: Callable[[TreeNode], int]) -> None:
         self.next_use = next_use

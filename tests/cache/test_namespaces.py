@@ -69,3 +69,30 @@ def test_tree_blocks_of_another_namespace_are_not_accepted_as_cached_pages() -> 
     with pytest.raises(BlockStateError):
         cache.insert([1, 2], alice, namespace="bob")
     assert cache.match_prefix([1, 2], namespace="alice").blocks == alice
+
+
+def test_lookups_under_unseen_namespaces_leave_nothing_behind() -> None:
+    cache = RadixCache(16)
+    put(cache, [1, 2, 3], namespace="alice")
+    for salt in range(50):
+        m = cache.match_prefix([1, 2, 3], namespace=f"user-{salt}")
+        assert m.length == 0
+        cache.lock(m.node)  # the empty match's root: a no-op, like any root
+        cache.unlock(m.node)
+    assert cache.namespaces() == ["alice"]
+    cache.check_invariants()
+
+
+def test_a_namespace_whose_last_node_is_evicted_keeps_no_root() -> None:
+    cache = RadixCache(16)
+    put(cache, [1, 2, 3], namespace="alice")
+    put(cache, [4, 5], namespace="bob")
+    stale = cache.match_prefix([1], namespace="alice")  # an empty-ish handle taken before the eviction
+    assert cache.evict(cache.evictable_blocks) == 5
+    assert cache.namespaces() == []
+    with pytest.raises(Exception, match="evicted"):
+        cache.lock(stale.node)
+    put(cache, [1, 2, 3], namespace="alice")  # the namespace comes back on the next insert
+    assert cache.namespaces() == ["alice"]
+    assert cache.match_prefix([1, 2, 3], namespace="alice").length == 3
+    cache.check_invariants()

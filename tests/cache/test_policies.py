@@ -63,8 +63,8 @@ def four_branches(policy: str) -> RadixCache:
 # lfu  by (hits, last access):            3 (1, t8), 2 (1, t9), 4 (2, t11), 1 (3, t7)
 # fifo by insertion:                      1, 2, 3, 4
 # slru probation (hits < 2) first, LRU inside each segment: 3, 2 | 1, 4
-# cost (hits + 1) * (1 + mean depth / 4096): 3 = 2.0005, 4 = 3.0007, 2 = 2 * 2 = 4.0, 1 = 4.001; each trimmed leaf
-#      comes back with the raised inflation added, so it does not go again before the next-cheapest leaf.
+# cost (hits + 1) * (1 + mean depth / 4096): 3 = 2.0005, 4 = 3.0007, 2 = 2 * 2 = 4.0, 1 = 4.001; a trimmed leaf
+#      keeps its value (a trim is not an access), so each branch goes completely before the next.
 EXPECTED_ORDERS = {
     "lru": [1, 3, 2, 4],
     "lfu": [3, 2, 4, 1],
@@ -254,3 +254,17 @@ def test_policy_names_are_case_insensitive_and_unknown_names_raise() -> None:
     assert RadixCache(4, policy="LRU").policy.name == "lru"
     with pytest.raises(PolicyError):
         RadixCache(4, policy="mru")
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_partial_eviction_is_not_an_access_so_the_same_leaf_stays_first(policy: str) -> None:
+    # Under cost, re-ranking a trimmed leaf with the raised inflation would send it to the back of the line
+    # and rotate evict(1) calls across leaves; every policy must instead keep taking from the same leaf.
+    cache = four_branches(policy)
+    first = EXPECTED_ORDERS[policy][0]
+    start = branch_sizes(cache)
+    assert start[first] >= 2
+    for taken in range(1, start[first]):
+        assert cache.evict(1) == 1
+        assert branch_sizes(cache) == start - Counter({first: taken})
+    cache.check_invariants()
