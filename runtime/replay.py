@@ -1,0 +1,622 @@
+"""Replay a chat trace through an Engine and measure what the prefix cache saves.
+
+A trace is text conversations (ShareGPT, conversation JSONL, OpenAI messages) or token requests (token JSONL or
+msgpack). Text turns are rendered with the model's chat template, in one of two modes:
+
+- `live`: the model's own replies become the history of the next turn, as in a real chat;
+- `recorded`: the trace's recorded assistant replies are the history (the model's reply where none is
+  recorded); the model still generates up to the turn's token limit, for timing.
+
+Token requests go to the engine as they are (their prompts already hold the history), so both modes agree.
+Conversations interleave turn by turn (turn 1 of every conversation, then turn 2, ...), as users who think
+between turns do; token traces run in file (arrival) order. A turn whose prompt does not fit the model's
+context is skipped and counted, and so is one that needs more KV pages than the cache holds. Ctrl-C
+(KeyboardInterrupt) stops the run cleanly: the result holds what finished and says it was interrupted.
+
+    from runtime.engine import Engine
+    from runtime.replay import ReplayConfig, load_replay_trace, replay
+
+    result = replay(Engine("smollm2"), load_replay_trace(), ReplayConfig(limit=2, max_tokens=8))
+    print(result.summary.hit_rate, result.summary.ttft_p50_s)
+
+`--concurrency N > 1` needs an engine with `agenerate` (the continuous-batching scheduler); with one, every
+conversation runs as its own task and at most N requests are in flight. Without one, `replay` refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from radixcache.errors import CacheFullError
+from radixcache.records import TokenRequest
+from radixcache.trace import Conversation, Trace, TraceError, read_trace
+from radixcache.trace.replay_log import percentile
+
+MODES = ("live", "recorded")
+DEFAULT_MAX_TOKENS = 32
+SAMPLE_TRACE = "sample_chat.jsonl"
+SKIP_TOO_LONG = "too_long"
+SKIP_KV_FULL = "kv_full"
+_WARMUP_NAMESPACE = "radixcache-replay-warmup"
+
+
+class ReplayError(ValueError):
+    """The replay cannot start: an unusable trace, an option out of range, or a feature the engine lacks."""
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    """How to replay. max_tokens overrides every turn's own limit (trace `max_tokens` / `output_length`, else
+    `default_max_tokens`). limit: the first N conversations (sessions of a token trace). temperature 0 is
+    greedy; with sampling, request i uses seed `seed + i`, so runs with and without the cache see the same
+    random stream."""
+
+    mode: str = "live"
+    max_tokens: int | None = None
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    limit: int | None = None
+    temperature: float = 0.0
+    seed: int = 0
+    concurrency: int = 1
+    honor_timestamps: bool = False
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ReplayError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name in ("max_tokens", "limit"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ReplayError(f"{name} must be >= 1, got {value}")
+        if self.default_max_tokens < 1 or self.concurrency < 1:
+            raise ReplayError("default_max_tokens and concurrency must be >= 1")
+        if self.temperature < 0:
+            raise ReplayError(f"temperature must be >= 0, got {self.temperature}")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One finished request. Times in seconds; start_s is when it started, counted from the run's start."""
+
+    conversation: str
+    turn: int
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_tokens: int
+    output_tokens: int
+    ttft_s: float
+    latency_s: float
+    decode_tps: float
+    finish_reason: str
+    text: str
+    start_s: float
+
+    @property
+    def cached_fraction(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "cached_fraction": self.cached_fraction}
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedTurn:
+    """A turn that was not run: `too_long` (prompt >= the model's context) or `kv_full` (larger than the cache)."""
+
+    conversation: str
+    turn: int
+    prompt_tokens: int
+    reason: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySummary:
+    """Totals of one run. hit_rate: cached / prompt tokens. decode_tps: tokens after the first of each request
+    over the time spent after its first token. wall_s: the whole run, warm-up excluded."""
+
+    label: str
+    cache: bool
+    mode: str
+    requests: int
+    conversations: int
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_tokens: int
+    output_tokens: int
+    hit_rate: float
+    ttft_mean_s: float
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    decode_tps: float
+    wall_s: float
+    skipped_too_long: int
+    skipped_kv_full: int
+    interrupted: bool
+    model: str = ""
+    policy: str = ""
+    page_size: int = 0
+    capacity_blocks: int = 0
+    concurrency: int = 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    summary: ReplaySummary
+    requests: tuple[RequestRecord, ...]
+    skipped: tuple[SkippedTurn, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON shape: {"summary": {...}, "requests": [...], "skipped": [...]}."""
+        return {
+            "summary": self.summary.as_dict(),
+            "requests": [r.as_dict() for r in self.requests],
+            "skipped": [s.as_dict() for s in self.skipped],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """The same replay with and without the cache. Ratios are no-cache / cache: above 1 means the cache helps."""
+
+    cached: ReplayResult
+    uncached: ReplayResult
+
+    @property
+    def ttft_p50_speedup(self) -> float:
+        return _ratio(self.uncached.summary.ttft_p50_s, self.cached.summary.ttft_p50_s)
+
+    @property
+    def ttft_mean_speedup(self) -> float:
+        return _ratio(self.uncached.summary.ttft_mean_s, self.cached.summary.ttft_mean_s)
+
+    @property
+    def wall_speedup(self) -> float:
+        return _ratio(self.uncached.summary.wall_s, self.cached.summary.wall_s)
+
+    @property
+    def prefill_reduction(self) -> float:
+        return _ratio(self.uncached.summary.prefill_tokens, self.cached.summary.prefill_tokens)
+
+    @property
+    def text_mismatches(self) -> int:
+        """Requests (matched by conversation and turn) whose generated text differs between the two runs."""
+        other = {(r.conversation, r.turn): r.text for r in self.uncached.requests}
+        keys = [((r.conversation, r.turn), r.text) for r in self.cached.requests]
+        return sum(1 for key, text in keys if key in other and other[key] != text)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The cached run's shape, plus "no_cache" (the other run) and "comparison" (the ratios)."""
+        return {
+            **self.cached.as_dict(),
+            "no_cache": self.uncached.as_dict(),
+            "comparison": {
+                "ttft_p50_speedup": self.ttft_p50_speedup,
+                "ttft_mean_speedup": self.ttft_mean_speedup,
+                "wall_speedup": self.wall_speedup,
+                "prefill_reduction": self.prefill_reduction,
+                "text_mismatches": self.text_mismatches,
+            },
+        }
+
+
+# ---------------------------------------------------------------------------------------------- traces
+
+
+def sample_trace_path() -> Path:
+    """The sample trace shipped in the package: 8 conversations over 2 shared system prompts, 28 turns."""
+    return Path(str(resources.files("radixcache.data").joinpath(SAMPLE_TRACE)))
+
+
+def load_replay_trace(path: str | Path | None = None, format: str | None = None) -> Trace:
+    """A text or token trace to replay (the sample trace when `path` is None). Hash-block traces are refused."""
+    trace = read_trace(sample_trace_path() if path is None else path, format)
+    if trace.kind == "hash":
+        raise TraceError(
+            str(path), "format", f"{trace.format} traces hold hash ids, not tokens or text: simulate them instead"
+        )
+    if not trace.records:
+        raise TraceError(str(path), "1", "the trace holds no requests")
+    return trace
+
+
+# ---------------------------------------------------------------------------------------------- the replay
+
+
+@dataclass(slots=True)
+class _Session:
+    """One conversation's progress: its pending turns and the chat history so far."""
+
+    id: str
+    index: int
+    conversation: Conversation | None = None
+    requests: list[TokenRequest] = field(default_factory=list)
+    history: list[dict[str, str]] = field(default_factory=list)
+    done: bool = False
+
+    @property
+    def turns(self) -> int:
+        return len(self.conversation.turns) if self.conversation is not None else len(self.requests)
+
+
+class _Run:
+    """State shared by the sequential and the concurrent drivers."""
+
+    def __init__(
+        self,
+        engine: Any,
+        config: ReplayConfig,
+        on_result: Callable[[RequestRecord | SkippedTurn], None] | None,
+        on_warning: Callable[[str], None] | None,
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.on_result = on_result
+        self.on_warning = on_warning or (lambda message: None)
+        self.records: list[RequestRecord] = []
+        self.skipped: list[SkippedTurn] = []
+        self.issued = 0
+        self.t0 = time.perf_counter()
+
+    def prepare(self, session: _Session, k: int) -> tuple[list[int], int, int, Any] | SkippedTurn | None:
+        """The prompt ids, token limit, sampling seed and namespace of turn k, or why it is skipped."""
+        config = self.config
+        if session.conversation is not None:
+            turn = session.conversation.turns[k]
+            if k == 0 and session.conversation.system is not None:
+                session.history.append({"role": "system", "content": session.conversation.system})
+            session.history.append({"role": "user", "content": turn.user})
+            text = self.engine.tokenizer.apply_chat_template(session.history, add_generation_prompt=True)
+            ids = list(self.engine.tokenizer.encode(text))
+            limit, namespace = turn.max_tokens, None
+        else:
+            request = session.requests[k]
+            ids, limit, namespace = list(request.tokens), request.output_length or None, request.namespace
+        max_new = config.max_tokens or limit or config.default_max_tokens
+        max_position = self.engine.config.max_position
+        if len(ids) >= max_position:
+            message = (
+                f"conversation {session.id} turn {k + 1}: {len(ids):,} prompt tokens do not fit the model's "
+                f"context of {max_position:,}; skipped"
+            )
+            return self._skip(session, k, len(ids), SKIP_TOO_LONG, message)
+        seed = config.seed + self.issued
+        self.issued += 1
+        return ids, max_new, seed, namespace
+
+    def finish(self, session: _Session, k: int, result: Any, started: float) -> RequestRecord:
+        conversation = session.conversation
+        if conversation is not None:
+            recorded = conversation.turns[k].assistant
+            reply = recorded if self.config.mode == "recorded" and recorded is not None else result.text
+            session.history.append({"role": "assistant", "content": reply})
+        record = RequestRecord(
+            conversation=session.id,
+            turn=k + 1,
+            prompt_tokens=result.prompt_tokens,
+            cached_tokens=result.cached_tokens,
+            prefill_tokens=result.prefill_tokens,
+            output_tokens=len(result.token_ids),
+            ttft_s=result.ttft_s,
+            latency_s=result.latency_s,
+            decode_tps=result.decode_tps,
+            finish_reason=result.finish_reason,
+            text=result.text,
+            start_s=started - self.t0,
+        )
+        self.records.append(record)
+        if self.on_result is not None:
+            self.on_result(record)
+        return record
+
+    def kv_full(self, session: _Session, k: int, prompt_tokens: int, exc: CacheFullError) -> SkippedTurn:
+        message = f"conversation {session.id} turn {k + 1}: needs more KV than the cache can free ({exc}); skipped"
+        return self._skip(session, k, prompt_tokens, SKIP_KV_FULL, message)
+
+    def _skip(self, session: _Session, k: int, prompt_tokens: int, reason: str, message: str) -> SkippedTurn:
+        # The history cannot go on without this turn's reply, and would only grow: the rest of a text
+        # conversation is skipped with it. Token requests carry their own history, so only this one goes.
+        skipped = [SkippedTurn(session.id, k + 1, prompt_tokens, reason, message)]
+        if session.conversation is not None:
+            session.done = True
+            rest = range(k + 1, session.turns)
+            skipped += [SkippedTurn(session.id, j + 1, 0, reason, f"{message} (turn {j + 1} follows it)") for j in rest]
+        self.skipped.extend(skipped)
+        self.on_warning(message)
+        if self.on_result is not None:
+            for s in skipped:
+                self.on_result(s)
+        return skipped[0]
+
+    def sleep_until(self, offset_s: float | None) -> None:
+        if offset_s is not None:
+            delay = self.t0 + offset_s - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+
+
+def plan_sessions(trace: Trace | Sequence[Conversation] | Sequence[TokenRequest], limit: int | None = None) -> list:
+    """Conversations (or token requests grouped by session, in first-appearance order), the first `limit`."""
+    records = list(trace.records if isinstance(trace, Trace) else trace)
+    sessions: list[_Session] = []
+    by_key: dict[Any, _Session] = {}
+    for i, record in enumerate(records):
+        if isinstance(record, Conversation):
+            sessions.append(_Session(record.id, len(sessions), conversation=record))
+        elif isinstance(record, TokenRequest):
+            key = record.session if record.session is not None else ("request", i)
+            session = by_key.get(key)
+            if session is None:
+                name = record.session if record.session is not None else f"request-{i + 1}"
+                session = by_key[key] = _Session(str(name), len(sessions))
+                sessions.append(session)
+            session.requests.append(record)
+        else:
+            raise ReplayError(f"cannot replay a {type(record).__name__}: give text conversations or token requests")
+    return sessions[:limit] if limit is not None else sessions
+
+
+def _order(sessions: list[_Session]) -> list[tuple[_Session, int]]:
+    """Turns in replay order: token requests by arrival time (file order on ties), conversations turn by turn."""
+    steps = [(s, k) for s in sessions for k in range(s.turns)]
+    if sessions and sessions[0].conversation is None:
+        position = {id(r): n for n, r in enumerate(r for s in sessions for r in s.requests)}
+        return sorted(steps, key=lambda sk: (sk[0].requests[sk[1]].timestamp_ms, position[id(sk[0].requests[sk[1]])]))
+    return sorted(steps, key=lambda sk: (sk[1], sk[0].index))
+
+
+def _timestamps(sessions: list[_Session], honor: bool, warn: Callable[[str], None]) -> dict[tuple[int, int], float]:
+    """Start offsets in seconds of each (session, turn), when asked for and the trace has them."""
+    if not honor:
+        return {}
+    if not sessions or sessions[0].conversation is not None:
+        warn("the trace has no timestamps (text traces carry none); --honor-timestamps has no effect")
+        return {}
+    first = min(r.timestamp_ms for s in sessions for r in s.requests)
+    return {(s.index, k): (r.timestamp_ms - first) / 1000.0 for s in sessions for k, r in enumerate(s.requests)}
+
+
+def _check_tokens(sessions: list[_Session], engine: Any) -> None:
+    vocab = engine.config.vocab_size
+    needs_tokenizer = any(s.conversation is not None for s in sessions)
+    if needs_tokenizer and getattr(engine, "tokenizer", None) is None:
+        raise ReplayError("a text trace needs the model's tokenizer, and this engine has none")
+    for s in sessions:
+        for k, r in enumerate(s.requests):
+            bad = next((t for t in r.tokens if t >= vocab), None)
+            if bad is not None:
+                raise ReplayError(
+                    f"session {s.id} request {k + 1}: token id {bad} is outside the model's vocabulary of {vocab}"
+                )
+            if not r.tokens:
+                raise ReplayError(f"session {s.id} request {k + 1}: the prompt is empty")
+
+
+def replay(
+    engine: Any,
+    trace: Trace | Sequence[Conversation] | Sequence[TokenRequest],
+    config: ReplayConfig | None = None,
+    *,
+    label: str | None = None,
+    on_result: Callable[[RequestRecord | SkippedTurn], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> ReplayResult:
+    """Replay `trace` through `engine` (an `Engine`) and return per-request records and a summary.
+
+    on_result is called after every finished (RequestRecord) or skipped (SkippedTurn) turn, on_warning with
+    one-line messages (skipped turns, timestamps that cannot be honoured). KeyboardInterrupt ends the run
+    early and the result says `interrupted`; the engine's cache stays consistent (it aborts the request).
+    """
+    config = config or ReplayConfig()
+    sessions = plan_sessions(trace, config.limit)
+    _check_tokens(sessions, engine)
+    if config.concurrency > 1 and not hasattr(engine, "agenerate"):
+        raise ReplayError(
+            f"--concurrency {config.concurrency} needs the continuous-batching scheduler (Engine.agenerate), "
+            "which this runtime does not have yet; use --concurrency 1"
+        )
+    if config.warmup:
+        _warm_up(engine)
+    run = _Run(engine, config, on_result, on_warning)
+    offsets = _timestamps(sessions, config.honor_timestamps, run.on_warning)
+    interrupted = False
+    try:
+        if config.concurrency > 1:
+            asyncio.run(_drive_concurrent(run, sessions, offsets))
+        else:
+            _drive_sequential(run, sessions, offsets)
+    except KeyboardInterrupt:
+        interrupted = True
+    wall = time.perf_counter() - run.t0
+    enabled = bool(getattr(engine, "enable_cache", True))
+    summary = summarize(
+        run.records,
+        run.skipped,
+        label=label or ("cache" if enabled else "no cache"),
+        cache=enabled,
+        mode=config.mode,
+        wall_s=wall,
+        interrupted=interrupted,
+        **_engine_info(engine, config),
+    )
+    return ReplayResult(summary, tuple(run.records), tuple(run.skipped))
+
+
+def _drive_sequential(run: _Run, sessions: list[_Session], offsets: dict[tuple[int, int], float]) -> None:
+    sampling = {"temperature": run.config.temperature}
+    for session, k in _order(sessions):
+        if session.done:
+            continue
+        prepared = run.prepare(session, k)
+        if isinstance(prepared, SkippedTurn):
+            continue
+        ids, max_new, seed, namespace = prepared
+        run.sleep_until(offsets.get((session.index, k)))
+        started = time.perf_counter()
+        try:
+            result = run.engine.generate(ids, max_new, seed=seed, namespace=namespace, **sampling)
+        except CacheFullError as exc:
+            run.kv_full(session, k, len(ids), exc)
+            continue
+        run.finish(session, k, result, started)
+
+
+async def _drive_concurrent(run: _Run, sessions: list[_Session], offsets: dict[tuple[int, int], float]) -> None:
+    """Each conversation is a task running its turns in order; a semaphore keeps at most N requests in flight.
+    The engine's `agenerate` (the scheduler) batches whatever is in flight."""
+    gate = asyncio.Semaphore(run.config.concurrency)
+
+    async def conversation(session: _Session) -> None:
+        for k in range(session.turns):
+            if session.done:
+                return
+            offset = offsets.get((session.index, k))
+            if offset is not None:
+                await asyncio.sleep(max(0.0, run.t0 + offset - time.perf_counter()))
+            async with gate:
+                prepared = run.prepare(session, k)
+                if isinstance(prepared, SkippedTurn):
+                    return
+                ids, max_new, seed, namespace = prepared
+                started = time.perf_counter()
+                try:
+                    result = await run.engine.agenerate(
+                        ids, max_new, seed=seed, namespace=namespace, temperature=run.config.temperature
+                    )
+                except CacheFullError as exc:
+                    run.kv_full(session, k, len(ids), exc)
+                    continue
+            run.finish(session, k, result, started)
+
+    await asyncio.gather(*(conversation(s) for s in sessions))
+
+
+def _warm_up(engine: Any) -> None:
+    """One tiny request in its own namespace, so one-off start-up costs do not land on the first measured TTFT."""
+    vocab = engine.config.vocab_size
+    engine.generate([(7 * i + 1) % vocab for i in range(8)], 2, namespace=_WARMUP_NAMESPACE)
+
+
+def _engine_info(engine: Any, config: ReplayConfig) -> dict[str, Any]:
+    cache = getattr(engine, "cache", None)
+    return {
+        "model": str(getattr(engine.config, "name", "")),
+        "policy": str(getattr(getattr(cache, "policy", None), "name", "")),
+        "page_size": int(getattr(cache, "page_size", 0) or 0),
+        "capacity_blocks": int(getattr(cache, "capacity_blocks", 0) or 0),
+        "concurrency": config.concurrency,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- summary
+
+
+def summarize(
+    records: Iterable[RequestRecord],
+    skipped: Iterable[SkippedTurn] = (),
+    *,
+    label: str = "cache",
+    cache: bool = True,
+    mode: str = "live",
+    wall_s: float = 0.0,
+    interrupted: bool = False,
+    **info: Any,
+) -> ReplaySummary:
+    """The summary of finished requests (and skipped turns)."""
+    records, skipped = list(records), list(skipped)
+    prompt = sum(r.prompt_tokens for r in records)
+    cached = sum(r.cached_tokens for r in records)
+    ttfts = [r.ttft_s for r in records]
+    decode_tokens = sum(max(0, r.output_tokens - 1) for r in records)
+    decode_time = sum(max(0.0, r.latency_s - r.ttft_s) for r in records)
+    return ReplaySummary(
+        label=label,
+        cache=cache,
+        mode=mode,
+        requests=len(records),
+        conversations=len({r.conversation for r in records}),
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        prefill_tokens=sum(r.prefill_tokens for r in records),
+        output_tokens=sum(r.output_tokens for r in records),
+        hit_rate=cached / prompt if prompt else 0.0,
+        ttft_mean_s=sum(ttfts) / len(ttfts) if ttfts else 0.0,
+        ttft_p50_s=percentile(ttfts, 50),
+        ttft_p90_s=percentile(ttfts, 90),
+        ttft_p99_s=percentile(ttfts, 99),
+        decode_tps=decode_tokens / decode_time if decode_time > 0 else 0.0,
+        wall_s=wall_s,
+        skipped_too_long=sum(s.reason == SKIP_TOO_LONG for s in skipped),
+        skipped_kv_full=sum(s.reason == SKIP_KV_FULL for s in skipped),
+        interrupted=interrupted,
+        **info,
+    )
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else 0.0
+
+
+# ---------------------------------------------------------------------------------------------- both runs
+
+
+def compare(
+    make_engine: Callable[[bool], Any],
+    trace: Trace | Sequence[Conversation] | Sequence[TokenRequest],
+    config: ReplayConfig | None = None,
+    *,
+    on_start: Callable[[str], None] | None = None,
+    on_result: Callable[[RequestRecord | SkippedTurn], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> Comparison:
+    """Replay with the cache (`make_engine(True)`), then without it (`make_engine(False)`), and compare.
+
+    The first engine is dropped before the second is built, so their KV pools are never both alive. When the
+    first run is interrupted, the second is not started and its result is empty (and marked interrupted).
+    """
+    results = []
+    for enabled in (True, False):
+        label = "cache" if enabled else "no cache"
+        if results and results[0].summary.interrupted:
+            empty = summarize([], label=label, cache=False, mode=(config or ReplayConfig()).mode, interrupted=True)
+            results.append(ReplayResult(empty, ()))
+            break
+        if on_start is not None:
+            on_start(label)
+        engine = make_engine(enabled)
+        results.append(replay(engine, trace, config, label=label, on_result=on_result, on_warning=on_warning))
+        del engine
+    return Comparison(results[0], replace(results[1], summary=replace(results[1].summary, cache=False)))
+
+
+def engine_factory(model: Any = "smollm2", **engine_kwargs: Any) -> Callable[[bool], Any]:
+    """`make_engine(enable_cache)` for `compare`. The first call builds the model from `model` (a name, a path,
+    a loaded model); later calls reuse its weights and tokenizer, so they are loaded and converted once."""
+    from runtime.engine import Engine
+
+    built: dict[str, Any] = {}
+
+    def make(enable_cache: bool) -> Any:
+        if built:
+            return Engine(built["model"], tokenizer=built["tokenizer"], enable_cache=enable_cache, **engine_kwargs)
+        engine = Engine(model, enable_cache=enable_cache, **engine_kwargs)
+        built.update(model=engine.model, tokenizer=engine.tokenizer)
+        return engine
+
+    return make
