@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import click
 
+from cli.chat import chat
 from cli.demo import demo
+from cli.model import model
+from cli.replay import replay
 from cli.simulate import simulate
 from cli.trace import trace
 
@@ -20,6 +23,9 @@ def main() -> None:
     """
 
 
+main.add_command(chat)
 main.add_command(demo)
+main.add_command(model)
+main.add_command(replay)
 main.add_command(simulate)
 main.add_command(trace)

@@ -27,6 +27,7 @@ from radixcache.trace import (
     write_token_jsonl,
     write_token_msgpack,
 )
+from radixcache.trace.replay_log import is_replay_json, read_replay_json, replay_stats
 from radixcache.trace.stats import trace_stats
 
 _WRITERS = {
@@ -65,21 +66,38 @@ def stats(path: str, fmt: str | None, page_size: int, block_size: int, as_json: 
       radixcache trace stats chat.jsonl --page-size 16 --json
     """
     try:
+        if fmt is None and is_replay_json(path):  # the output of `radixcache replay --json`
+            log = read_replay_json(path)
+            runs = [replay_stats(run) for run in (log, log.no_cache) if run is not None]
+            _print_stats(path, runs if len(runs) > 1 else runs[0], as_json)
+            return
         result = trace_stats(read_trace(path, fmt, block_size=block_size), page_size=page_size, block_size=block_size)
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
+    _print_stats(path, result.as_dict(), as_json)
+
+
+def _print_stats(path: str, result: dict | list[dict], as_json: bool) -> None:
     if as_json:
-        json.dump(result.as_dict(), sys.stdout, indent=2)
+        json.dump(result, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    table = Table(title=f"{path} ({result.format})", show_header=False)
+    for one in result if isinstance(result, list) else [result]:
+        _stats_table(path, one)
+
+
+def _stats_table(path: str, result: dict) -> None:
+    title = f"{path} ({result['format']}{', ' + result['run'] if result.get('run') else ''})"
+    table = Table(title=title, show_header=False)
     table.add_column("", justify="left")
     table.add_column("", justify="right")
-    for key, value in result.as_dict().items():
-        if value in (0, 0.0) and key not in ("requests", "reused_refs"):
+    for key, value in result.items():
+        if key in ("format", "run") or (value in (0, 0.0) and key not in ("requests", "reused_refs")):
             continue
         if key.endswith("rate"):
             shown = f"{value:.2%}"
+        elif key.endswith("_s"):
+            shown = f"{value:,.3f}"
         elif isinstance(value, (int, float)):
             shown = f"{value:,.0f}"
         else:

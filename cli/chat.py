@@ -1,0 +1,78 @@
+"""`radixcache chat`: an interactive multi-turn chat that shows, after each reply, what the cache saved."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from cli.errors import FriendlyCommand, debug_option
+from cli.replay import engine_kwargs, kv_options, load_engine_model, model_option
+
+COMMANDS = "/exit to leave, /reset to start over"
+
+
+@click.command(cls=FriendlyCommand)
+@model_option
+@click.option("--system", default=None, help="A system prompt for the conversation.")
+@click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(min=1), help="Tokens per reply.")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="0 is greedy.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed (turn i uses seed + i).")
+@click.option("--no-cache", is_flag=True, help="Disable the prefix cache (every turn prefills its whole history).")
+@kv_options
+@debug_option
+def chat(
+    model: str,
+    system: str | None,
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    no_cache: bool,
+    policy: str,
+    capacity_blocks: int | None,
+    kv_memory: str | None,
+    page_size: int,
+    debug: bool,
+) -> None:
+    """Chat with the model, turn by turn. After each reply: tokens served from the cache, tokens prefilled,
+    the time to first token and the decode speed. Type /exit (or end the input) to leave, /reset to start over.
+
+    \b
+    Example:
+      radixcache chat --system "You are a terse assistant." --max-tokens 64
+      printf 'Hi!\\nWhat can you do?\\n' | radixcache chat --max-tokens 16
+    """
+    from runtime.engine import Engine
+
+    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size)
+    engine = Engine(load_engine_model(model), enable_cache=not no_cache, **kwargs)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        click.echo(f"chatting with {engine.config.name} ({COMMANDS})", err=True)
+    history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    turn = 0
+    while True:
+        if interactive:
+            click.echo(click.style("you> ", bold=True), nl=False)
+        line = sys.stdin.readline()
+        if not line:
+            break
+        text = line.strip()
+        if text in ("/exit", "/quit"):
+            break
+        if text == "/reset":
+            history = history[:1] if system else []
+            click.echo("(history cleared; the cache keeps what it holds)", err=True)
+            continue
+        if not text:
+            continue
+        history.append({"role": "user", "content": text})
+        result = engine.chat(history, max_tokens, temperature=temperature, seed=seed + turn)
+        history.append({"role": "assistant", "content": result.text})
+        turn += 1
+        click.echo(click.style("model> ", bold=True) + result.text)
+        stats = (
+            f"[{result.cached_tokens} cached · {result.prefill_tokens} prefilled · "
+            f"TTFT {result.ttft_s * 1000:.0f} ms · {result.decode_tps:.1f} tok/s]"
+        )
+        click.echo(click.style(stats, dim=True))

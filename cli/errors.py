@@ -1,0 +1,100 @@
+"""One-line errors for the commands a user runs: a clear message on stderr, a non-zero exit, no traceback.
+
+Use `cls=FriendlyCommand` (or `FriendlyGroup`) on a click command. Bad option values (click's usage errors)
+and expected failures (a missing file, a malformed trace, an unknown format, a missing model, a value the
+runtime refuses) print `error: <message>` on one line and exit 2 (usage) or 1 (the rest). Anything else is
+a bug: it prints one line too and points at `--debug`, which (like RADIXCACHE_DEBUG=1) re-raises with the
+traceback. Ctrl-C exits 130 quietly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, NoReturn
+
+import click
+
+from radixcache.errors import RadixCacheError
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+#: exceptions whose message is meant for the user; anything else is reported as an internal error
+EXPECTED: tuple[type[BaseException], ...] = (RadixCacheError, OSError, ValueError, LookupError)
+
+debug_option = click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
+
+
+def _debugging(ctx: click.Context | None) -> bool:
+    if os.environ.get("RADIXCACHE_DEBUG", "") not in ("", "0"):
+        return True
+    while ctx is not None:
+        if ctx.params.get("debug"):
+            return True
+        ctx = ctx.parent
+    return "--debug" in sys.argv[1:]
+
+
+def one_line(message: str) -> str:
+    """Collapse a multi-line message (install hints indented on the next line) into one line."""
+    return " ".join(message.split())
+
+
+def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
+    """Print `error: message` on stderr and exit with `code`."""
+    click.echo(f"error: {one_line(message)}", err=True)
+    raise click.exceptions.Exit(code)
+
+
+def describe(exc: BaseException) -> str:
+    """The user-facing text of an expected exception."""
+    if isinstance(exc, OSError) and exc.filename and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    if isinstance(exc, KeyError):
+        return f"missing {exc.args[0]!r}" if exc.args else "missing key"
+    return str(exc) or type(exc).__name__
+
+
+class _Friendly:
+    """The shared behaviour of FriendlyCommand and FriendlyGroup (a mixin over click.Command)."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)  # type: ignore[misc]
+        except click.UsageError as exc:
+            if "--debug" in args or _debugging(parent):
+                raise
+            name = f"{parent.command_path} {info_name}" if parent is not None else info_name
+            fail(f"{exc.format_message()} (see: {name} --help)", EXIT_USAGE)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)  # type: ignore[misc]
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except click.ClickException as exc:
+            if _debugging(ctx):
+                raise
+            fail(exc.format_message(), exc.exit_code)
+        except KeyboardInterrupt:
+            if _debugging(ctx):
+                raise
+            fail("interrupted", EXIT_INTERRUPTED)
+        except EXPECTED as exc:
+            if _debugging(ctx):
+                raise
+            fail(describe(exc))
+        except Exception as exc:
+            if _debugging(ctx):
+                raise
+            fail(f"internal error: {type(exc).__name__}: {exc} (run again with --debug for the traceback)")
+
+
+class FriendlyCommand(_Friendly, click.Command):
+    """A click command whose errors are one line (see the module docstring)."""
+
+
+class FriendlyGroup(_Friendly, click.Group):
+    """A click group whose own and subcommands' errors are one line."""

@@ -1,0 +1,83 @@
+"""`radixcache model info`: a model's architecture, parameter count and KV bytes per token."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from cli.errors import FriendlyCommand, FriendlyGroup, debug_option
+from cli.replay import load_engine_model, model_option
+
+
+@click.group(cls=FriendlyGroup)
+def model() -> None:
+    """Inspect the model the runtime loads.
+
+    \b
+    Example:
+      radixcache model info --model smollm2
+    """
+
+
+@model.command(cls=FriendlyCommand)
+@model_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@debug_option
+def info(model: str, as_json: bool, debug: bool) -> None:
+    """Architecture, parameters, context, tokenizer and KV bytes per token of a model.
+
+    \b
+    Example:
+      radixcache model info
+      radixcache model info --model path/to/hf_dir --json
+    """
+    facts = model_facts(load_engine_model(model))
+    if as_json:
+        json.dump(facts, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    table = Table(title=f"{facts['name']} ({facts['source']})", title_justify="left", show_header=False)
+    table.add_column("")
+    table.add_column("", justify="right")
+    for key, value in facts.items():
+        if key in ("name", "source"):
+            continue
+        shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+        table.add_row(key.replace("_", " "), shown)
+    Console().print(table)
+
+
+def model_facts(loaded: Any) -> dict[str, Any]:
+    """Plain facts about a loaded model (runtime.loading.LoadedModel)."""
+    from runtime.engine import DEFAULT_KV_MEMORY
+    from runtime.kv_pool import parse_memory
+
+    c, tok = loaded.config, loaded.tokenizer
+    parameters = sum(w.numel() for w in loaded.weights.values())
+    kv_fp32 = c.kv_bytes_per_token(4)
+    return {
+        "name": c.name,
+        "source": loaded.source,
+        "architecture": c.arch,
+        "parameters": parameters,
+        "layers": c.num_layers,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "attention_heads": c.num_heads,
+        "kv_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "vocab_size": c.vocab_size,
+        "context_tokens": c.max_position,
+        "rope_theta": c.rope_theta,
+        "tied_embeddings": c.tie_embeddings,
+        "kv_bytes_per_token_fp32": kv_fp32,
+        "kv_bytes_per_token_bf16": c.kv_bytes_per_token(2),
+        "kv_tokens_in_default_budget": parse_memory(DEFAULT_KV_MEMORY) // kv_fp32,
+        "eos_token_ids": list(c.eos_token_ids),
+        "chat_template": bool(getattr(tok, "chat_template", None)),
+    }

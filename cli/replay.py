@@ -1,0 +1,287 @@
+"""`radixcache replay`: a chat trace through the real model, measuring what the prefix cache saves.
+
+The work is `runtime.replay`; this module parses options, loads the model, shows progress and prints.
+Exit status: 0, 1 on an error, 2 on a bad option, 3 when turns were skipped (too long for the model or the
+cache; the table and JSON still come out), 130 when interrupted (what finished is still printed and saved).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli.errors import EXIT_INTERRUPTED, FriendlyCommand, debug_option, fail
+from radixcache.policies import ALL_POLICIES
+from radixcache.trace import FORMATS
+
+EXIT_SKIPPED = 3
+MODEL_ENVVAR = "RADIXCACHE_MODEL"
+
+model_option = click.option(
+    "--model",
+    default="smollm2",
+    show_default=True,
+    envvar=MODEL_ENVVAR,
+    help=f"'smollm2', a GGUF file or a Hugging Face directory (env {MODEL_ENVVAR}).",
+)
+
+
+def kv_options(func: Callable) -> Callable:
+    """--policy, --capacity-blocks, --kv-memory, --page-size: the engine's cache, shared with `chat`."""
+    options = [
+        click.option("--policy", default="lru", show_default=True, type=click.Choice(sorted(ALL_POLICIES))),
+        click.option("--capacity-blocks", type=click.IntRange(min=1), help="KV cache size in pages."),
+        click.option("--kv-memory", help="KV cache size in bytes, e.g. 256MiB [default: 512MiB]."),
+        click.option("--page-size", default=16, show_default=True, type=click.IntRange(min=1), help="Tokens per page."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def engine_kwargs(policy: str, capacity_blocks: int | None, kv_memory: str | None, page_size: int) -> dict[str, Any]:
+    """Engine arguments from the kv options; a bad --kv-memory is refused before the model loads."""
+    if capacity_blocks is not None and kv_memory is not None:
+        raise click.UsageError("give at most one of --capacity-blocks and --kv-memory")
+    if kv_memory is not None:
+        from runtime.kv_pool import parse_memory
+
+        try:
+            parse_memory(kv_memory)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--kv-memory'") from None
+    return {"policy": policy, "capacity_blocks": capacity_blocks, "kv_memory": kv_memory, "page_size": page_size}
+
+
+def load_engine_model(spec: str) -> Any:
+    """The loaded model (config, weights, tokenizer); a missing model raises ModelNotFoundError with the fix."""
+    from runtime.loading import load_model
+
+    with Console(stderr=True).status(f"loading {spec}", spinner="dots"):
+        return load_model(spec)
+
+
+@click.command(cls=FriendlyCommand)
+@click.argument("trace", required=False, type=click.Path(exists=True, dir_okay=False))
+@model_option
+@click.option("--no-cache", is_flag=True, help="Run with the prefix cache disabled (the baseline).")
+@click.option("--compare", is_flag=True, help="Run with and without the cache; print both and their ratios.")
+@kv_options
+@click.option(
+    "--concurrency",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Requests in flight (above 1 needs the continuous-batching scheduler).",
+)
+@click.option("--max-tokens", type=click.IntRange(min=1), help="Tokens per reply [default: each turn's own, else 32].")
+@click.option("--limit", type=click.IntRange(min=1), help="Replay only the first N conversations.")
+@click.option("--mode", default="live", show_default=True, type=click.Choice(["live", "recorded"]))
+@click.option("--honor-timestamps", is_flag=True, help="Start each request at its trace time (token traces).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary and every request here.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed (request i uses seed + i).")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="0 is greedy.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Trace format [default: detect].")
+@click.option("-v", "--verbose", is_flag=True, help="Print every request as it finishes.")
+@debug_option
+def replay(
+    trace: str | None,
+    model: str,
+    no_cache: bool,
+    compare: bool,
+    policy: str,
+    capacity_blocks: int | None,
+    kv_memory: str | None,
+    page_size: int,
+    concurrency: int,
+    max_tokens: int | None,
+    limit: int | None,
+    mode: str,
+    honor_timestamps: bool,
+    json_path: str | None,
+    seed: int,
+    temperature: float,
+    fmt: str | None,
+    verbose: bool,
+    debug: bool,
+) -> None:
+    """Replay a multi-turn chat TRACE through the model and report what the prefix cache saves.
+
+    With no TRACE, replays the sample trace shipped with radixcache (8 conversations over 2 shared system
+    prompts, 28 turns). TRACE may be ShareGPT JSON/JSONL, conversation JSONL, OpenAI messages JSONL, or a
+    token trace (JSONL or msgpack). In --mode live the model's replies become the next turn's history; in
+    --mode recorded the trace's assistant turns do, and the model still generates for timing.
+
+    \b
+    Examples:
+      radixcache replay
+      radixcache replay --compare --limit 2
+      radixcache replay chat.jsonl --mode recorded --max-tokens 16 --json replay.json
+    """
+    from runtime.replay import ReplayConfig, ReplayError, engine_factory, load_replay_trace, plan_sessions
+    from runtime.replay import compare as compare_runs
+    from runtime.replay import replay as replay_run
+
+    if compare and no_cache:
+        raise click.UsageError("--compare already runs without the cache; drop --no-cache")
+    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size)
+    config = ReplayConfig(
+        mode=mode,
+        max_tokens=max_tokens,
+        limit=limit,
+        temperature=temperature,
+        seed=seed,
+        concurrency=concurrency,
+        honor_timestamps=honor_timestamps,
+    )
+    if concurrency > 1:
+        from runtime.engine import Engine
+
+        if not hasattr(Engine, "agenerate"):
+            raise ReplayError(
+                f"--concurrency {concurrency} needs the continuous-batching scheduler (Engine.agenerate), "
+                "which this runtime does not have yet; use --concurrency 1"
+            )
+    loaded_trace = load_replay_trace(trace, fmt)
+    turns = sum(s.turns for s in plan_sessions(loaded_trace, limit))
+    make_engine = engine_factory(load_engine_model(model), **kwargs)
+    name = Path(trace).name if trace else "sample_chat.jsonl (built in)"
+
+    with _progress(turns, verbose) as (start, on_result, warn):
+        if compare:
+            outcome: Any = compare_runs(
+                make_engine, loaded_trace, config, on_start=start, on_result=on_result, on_warning=warn
+            )
+            results = [outcome.cached, outcome.uncached]
+        else:
+            start("no cache" if no_cache else "cache")
+            outcome = replay_run(make_engine(not no_cache), loaded_trace, config, on_result=on_result, on_warning=warn)
+            results = [outcome]
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump(outcome.as_dict(), handle, indent=2)
+            handle.write("\n")
+    console = Console()
+    console.print(summary_table(name, [r.summary for r in results], outcome if compare else None))
+    if compare:
+        mismatches = outcome.text_mismatches
+        same = "identical" if mismatches == 0 else f"{mismatches} requests differ"
+        console.print(f"generated text with and without the cache: {same}")
+    if json_path:
+        click.echo(f"wrote {json_path}", err=True)
+    interrupted = any(r.summary.interrupted for r in results)
+    skipped = results[0].summary.skipped_too_long + results[0].summary.skipped_kv_full
+    if interrupted:
+        fail("interrupted: the table and JSON hold the requests that finished", EXIT_INTERRUPTED)
+    if skipped:
+        fail(f"{skipped} turns were skipped (too long for the model's context or the KV cache)", EXIT_SKIPPED)
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+@contextmanager
+def _progress(total: int, verbose: bool) -> Iterator[tuple[Callable, Callable, Callable]]:
+    """(start(label), on_result(record), warn(message)): a rich bar on a terminal's stderr, plain lines otherwise."""
+    console = Console(stderr=True)
+    state: dict[str, Any] = {}
+
+    def describe(record: Any) -> str:
+        if not hasattr(record, "ttft_s"):
+            return f"{record.conversation} turn {record.turn}: skipped ({record.reason})"
+        return (
+            f"{record.conversation} turn {record.turn}: {record.cached_tokens}/{record.prompt_tokens} cached, "
+            f"TTFT {record.ttft_s * 1000:.0f} ms, {record.decode_tps:.1f} tok/s: {record.text!r}"
+        )
+
+    if not console.is_terminal:
+
+        def start(label: str) -> None:
+            if verbose:
+                console.print(f"replaying ({label})", highlight=False)
+
+        def on_result(record: Any) -> None:
+            if verbose:
+                console.print(describe(record), highlight=False, markup=False, soft_wrap=True)
+
+        yield start, on_result, lambda message: click.echo(f"warning: {message}", err=True)
+        return
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+
+        def start(label: str) -> None:
+            state["task"] = progress.add_task(f"replaying ({label})", total=total)
+            state["cached"] = state["prompt"] = 0
+
+        def on_result(record: Any) -> None:
+            if hasattr(record, "cached_tokens"):
+                state["cached"] += record.cached_tokens
+                state["prompt"] += record.prompt_tokens
+            hit = state["cached"] / state["prompt"] if state["prompt"] else 0.0
+            progress.update(state["task"], advance=1)
+            label = progress.tasks[-1].description.split(" ·")[0]
+            progress.update(state["task"], description=f"{label} · hit rate {hit:.0%}")
+            if verbose:
+                progress.console.print(describe(record), highlight=False, markup=False)
+
+        def warn(message: str) -> None:
+            progress.console.print(f"warning: {message}", highlight=False, markup=False)
+
+        yield start, on_result, warn
+
+
+def summary_table(name: str, summaries: list[Any], comparison: Any = None) -> Table:
+    """One column per run; with a comparison, a last column of no-cache / cache ratios."""
+    first = summaries[0]
+    table = Table(
+        title=f"replay of {name}: {first.model}, {first.mode} mode, {first.page_size}-token pages, "
+        f"{first.capacity_blocks:,} blocks, {first.policy}",
+        title_justify="left",
+        min_width=72,
+    )
+    table.add_column("")
+    for s in summaries:
+        table.add_column(f"{s.label}{' (interrupted)' if s.interrupted else ''}", justify="right")
+    if comparison is not None:
+        table.add_column("no cache / cache", justify="right")
+
+    def row(label: str, field: str, fmt: Callable[[Any], str], ratio: float | None = None) -> None:
+        cells = [fmt(getattr(s, field)) for s in summaries]
+        if comparison is not None:
+            cells.append(f"{ratio:.2f}x" if ratio else "")
+        table.add_row(label, *cells)
+
+    ratio = comparison is not None
+    ms = lambda v: f"{v * 1000:,.0f} ms"  # noqa: E731
+    num = lambda v: f"{v:,}"  # noqa: E731
+    uncached = summaries[1] if ratio else None
+
+    def over(field: str) -> float | None:
+        if uncached is None:
+            return None
+        mine = getattr(first, field)
+        return getattr(uncached, field) / mine if mine else None
+
+    row("requests", "requests", num)
+    row("prompt tokens", "prompt_tokens", num)
+    row("cached tokens", "cached_tokens", num)
+    row("hit rate", "hit_rate", lambda v: f"{v:.1%}")
+    row("prefilled tokens", "prefill_tokens", num, over("prefill_tokens"))
+    row("TTFT p50", "ttft_p50_s", ms, over("ttft_p50_s"))
+    row("TTFT p90", "ttft_p90_s", ms, over("ttft_p90_s"))
+    row("TTFT p99", "ttft_p99_s", ms, over("ttft_p99_s"))
+    row("decode tokens/s", "decode_tps", lambda v: f"{v:.1f}", over("decode_tps"))
+    row("wall time", "wall_s", lambda v: f"{v:.1f} s", over("wall_s"))
+    if any(s.skipped_too_long or s.skipped_kv_full for s in summaries):
+        row("skipped: too long", "skipped_too_long", num)
+        row("skipped: KV full", "skipped_kv_full", num)
+    return table
