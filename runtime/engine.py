@@ -1,18 +1,21 @@
-"""The Engine: a model, a paged KV pool and a radix cache, serving one request at a time.
+"""The Engine: a model, a paged KV pool and a radix cache, serving many requests at once.
 
 The request life: tokenise; match the prompt less its last token; lock; allocate the remaining pages
 (evicting if needed); prefill the suffix in chunks; decode, allocating a page whenever the tail page fills;
-insert prompt + output; unlock; free the unaligned tail page. `_prefill` and `_decode` work on requests and
-a list of requests, so that a scheduler can drive them step by step (continuous batching, next).
+insert prompt + output; unlock; free the unaligned tail page. The scheduler (runtime.scheduler) interleaves
+these steps for every request in flight (continuous batching); one engine loop thread (runtime.loop) owns the
+scheduler, the cache and the pool, and callers on any thread or event loop submit to it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from numbers import Integral
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,9 +23,17 @@ from radixcache import CacheStats, RadixCache
 from runtime.attention import build_decode_meta
 from runtime.kv_manager import KVManager
 from runtime.kv_pool import blocks_for_budget
+from runtime.loop import EngineLoop, RequestHandle
 from runtime.model import DEFAULT_CHUNK, LlamaModel
-from runtime.request import GenerationResult, Request
+from runtime.request import GenerationResult, Request, Status
 from runtime.sampling import Sampler, SamplingParams, find_stop, stop_token_set
+from runtime.scheduler import Scheduler, SchedulerConfig
+
+if TYPE_CHECKING:
+    from runtime.session import Session
+
+Prompt = str | Sequence[int]
+Messages = Sequence[dict[str, str]]
 
 DEFAULT_KV_MEMORY = "512MiB"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -50,10 +61,16 @@ class EngineStats:
     evictable_blocks: int
     locked_blocks: int
     cache: CacheStats
+    running: int = 0
+    waiting: int = 0
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    pinned_blocks: int = 0
+    steps: int = 0
 
     @property
     def hit_rate(self) -> float:
-        """Prompt tokens served from the cache / prompt tokens."""
+        """Prompt tokens served from the cache / prompt tokens (recomputation after preemption is not a hit)."""
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
@@ -63,6 +80,10 @@ class Engine:
     model: "smollm2", a GGUF path or an HF directory (loaded with runtime.loading), an already-loaded object
     with `.config`, `.weights` (and `.tokenizer`), or a LlamaModel. KV size: `capacity_blocks` pages, else
     `kv_memory` bytes (e.g. "2GiB"), else 512 MiB. `enable_cache=False` runs the same engine with no reuse.
+    Scheduling: `schedule` (lpm | fcfs | dfs-weight), `max_prefill_tokens` per step, `max_running` requests
+    at once, or a whole `scheduler_config`. `max_pinned_fraction`: the most of the pool that pins may lock.
+
+    Thread-safe: every call submits to one engine loop thread that owns the cache and the pool.
     """
 
     def __init__(
@@ -78,6 +99,11 @@ class Engine:
         enable_cache: bool = True,
         prefill_chunk: int = DEFAULT_CHUNK,
         tokenizer: Any = None,
+        schedule: str = "lpm",
+        max_prefill_tokens: int = 1024,
+        max_running: int = 64,
+        scheduler_config: SchedulerConfig | None = None,
+        max_pinned_fraction: float = 0.25,
     ) -> None:
         torch_dtype = resolve_dtype(dtype)
         if isinstance(model, (str, os.PathLike)):
@@ -102,13 +128,23 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         tok_eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
         self.eos_token_ids = tuple(dict.fromkeys((*self.config.eos_token_ids, *tok_eos)))
-        self._totals = {"requests": 0, "prompt": 0, "cached": 0, "prefill": 0, "generated": 0}
+        self._totals = {"requests": 0, "prompt": 0, "cached": 0, "prefill": 0, "generated": 0, "recomputed": 0}
+        if scheduler_config is None:
+            scheduler_config = SchedulerConfig(
+                schedule=schedule, max_prefill_tokens=max_prefill_tokens, max_running=max_running
+            )
+        self.scheduler = Scheduler(self, scheduler_config)
+        self._loop = EngineLoop(self.scheduler, self._result)
+        if not 0.0 <= max_pinned_fraction <= 1.0:
+            raise ValueError(f"max_pinned_fraction must be in [0, 1], got {max_pinned_fraction}")
+        self.max_pinned_blocks = int(capacity_blocks * max_pinned_fraction)
+        self._pins: dict[tuple[Hashable, tuple[int, ...]], Any] = {}  # (namespace, tokens) -> locked node
 
-    # ------------------------------------------------------------------ public API
+    # ------------------------------------------------------------------ public API: sync
 
     def generate(
         self,
-        prompt: str | Sequence[int],
+        prompt: Prompt | Sequence[Prompt],
         max_new_tokens: int = 64,
         *,
         temperature: float = 0.0,
@@ -121,58 +157,91 @@ class Engine:
         namespace: Hashable = None,
         params: SamplingParams | None = None,
         return_logits: bool = False,
-    ) -> GenerationResult:
-        """Continue `prompt` (text, or token ids). `params` replaces the individual sampling arguments."""
-        t0 = time.perf_counter()
-        if params is None:
-            params = SamplingParams(
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                seed=seed,
-                stop=(stop,) if isinstance(stop, str) else tuple(stop),
-                stop_token_ids=tuple(stop_token_ids),
-                ignore_eos=ignore_eos,
-            )
-        ids = self._encode(prompt)
-        req = Request(
-            ids,
-            params,
-            Sampler(params, self.model.device),
-            namespace=namespace,
-            keep_logits=return_logits,
-            t_arrival=t0,
-        )
-        return self.run(req)
+        priority: int = 0,
+        timeout: float | None = None,
+        pin: bool | int = False,
+    ) -> Any:
+        """Continue `prompt` (text, or token ids); a list of prompts runs them concurrently and returns a list.
 
-    def chat(self, messages: Sequence[dict[str, str]], max_new_tokens: int = 64, **kwargs: Any) -> GenerationResult:
-        """Render `messages` with the model's chat template (adding the assistant turn) and generate."""
-        if self.tokenizer is None:
-            raise ValueError("chat needs a tokenizer; this engine has none")
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
-        return self.generate(text, max_new_tokens, **kwargs)
+        `params` replaces the individual sampling arguments. `priority`: higher is admitted first and preempted
+        last. `timeout`: seconds, after which the request ends with finish_reason "timeout". `pin`: keep the
+        prompt's KV (True) or its first n tokens in the cache until `unpin`, within `max_pinned_fraction`.
+        """
+        kw = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
+        handles = self.submit(prompt, **kw)
+        if isinstance(handles, RequestHandle):
+            return self._wait([handles])[0]
+        return self._wait(handles)
+
+    def chat(self, messages: Messages | Sequence[Messages], max_new_tokens: int = 64, **kwargs: Any) -> Any:
+        """Render `messages` with the model's chat template (adding the assistant turn) and generate.
+        A list of conversations runs them concurrently and returns a list of results."""
+        return self.generate(self._render(messages), max_new_tokens, **kwargs)
 
     def run(self, req: Request) -> GenerationResult:
-        """Take one request through its whole life. On any error its blocks are freed and its lock dropped."""
+        """Take one prepared request through its whole life. On any error its blocks are freed and its lock
+        dropped."""
         if req.sampler.params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
-        with torch.inference_mode():
-            try:
-                self.kv.admit(req)
-                self._emit(req, self._prefill(req))
-                while not req.finished:
-                    self._emit(req, self._decode([req])[0])
-                self.kv.release(req)
-            except BaseException:
-                self.kv.abort(req)
-                raise
-        req.t_finish = time.perf_counter()
-        return self._result(req)
+        return self._wait([self._loop.submit(req)])[0]
+
+    def submit(self, prompt: Prompt | Sequence[Prompt], max_new_tokens: int = 64, **kwargs: Any) -> Any:
+        """Queue `prompt` (or a list of prompts) without waiting: a RequestHandle (or a list of them) with
+        `.result(timeout)`, `.future` and `.cancel()`. Takes generate's keyword arguments."""
+        prompts, single = self._split_batch(prompt)
+        reqs = [self._request(p, max_new_tokens, **kwargs) for p in prompts]  # all validated before any runs
+        handles = [self._loop.submit(r) for r in reqs]
+        return handles[0] if single else handles
+
+    def fork(
+        self,
+        prefix: Prompt | Messages,
+        n: int = 4,
+        max_new_tokens: int = 64,
+        *,
+        continuations: Sequence[Prompt] | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> list[GenerationResult]:
+        """Run `n` branches from one prefix (text, ids or chat messages) that share its KV: the prefix is
+        computed once, then every branch locks its pages. Branches differ by `continuations` (text or ids
+        appended to the prefix) and/or by seed (`seed + i`; set a temperature for sampling)."""
+        ids = self._encode(self._render(prefix) if _is_messages(prefix) else prefix)  # type: ignore[arg-type]
+        if continuations is not None:
+            n = len(continuations)
+        if n < 1:
+            raise ValueError(f"fork needs n >= 1, got {n}")
+        branches = [ids + (self._encode(c) if continuations is not None else []) for c in (continuations or [None] * n)]
+        ns = kwargs.get("namespace")
+        if self.enable_cache and len(ids) >= self.cache.page_size:  # the shared prefix once, into the tree
+            self.generate(ids, 1, namespace=ns, ignore_eos=True)
+        reqs = [
+            self._request(b, max_new_tokens, seed=None if seed is None else seed + i, **kwargs)
+            for i, b in enumerate(branches)
+        ]
+        return self._wait([self._loop.submit(r) for r in reqs])
+
+    def session(self, system: str | None = None, **defaults: Any) -> Session:
+        """A multi-turn chat whose history (and so its KV) grows turn by turn: `s.send("hi")`."""
+        from runtime.session import Session
+
+        return Session(self, system=system, **defaults)
+
+    def unpin(self, prompt: Prompt | None = None, *, namespace: Hashable = None) -> int:
+        """Release pins: those of `prompt` (in `namespace`), or every pin. Returns how many were released."""
+        key = None if prompt is None else tuple(self._encode(prompt))
+
+        def drop(_: Scheduler) -> int:
+            gone = [k for k in self._pins if key is None or (k[0] == namespace and key[: len(k[1])] == k[1])]
+            for k in gone:
+                self.cache.unlock(self._pins.pop(k))
+            return len(gone)
+
+        return self._loop.call(drop).result()
 
     @property
     def stats(self) -> EngineStats:
-        c, t = self.cache, self._totals
+        c, t, s = self.cache, self._totals, self.scheduler
         return EngineStats(
             requests=t["requests"],
             prompt_tokens=t["prompt"],
@@ -184,20 +253,90 @@ class Engine:
             evictable_blocks=c.evictable_blocks,
             locked_blocks=c.locked_blocks,
             cache=c.stats,
+            running=len(s.prefilling) + len(s.decoding),
+            waiting=len(s.waiting),
+            preemptions=s.preemptions,
+            recomputed_tokens=t["recomputed"],
+            pinned_blocks=self._pinned_blocks(),
+            steps=s.steps,
         )
 
     def __repr__(self) -> str:
         return f"Engine(model={self.config.name!r}, cache={self.cache!r}, enable_cache={self.enable_cache})"
 
-    # ------------------------------------------------------------------ steps (a scheduler drives these)
+    # ------------------------------------------------------------------ public API: asyncio
+
+    async def agenerate(self, prompt: Prompt | Sequence[Prompt], max_new_tokens: int = 64, **kwargs: Any) -> Any:
+        """`generate` for asyncio: awaits the engine loop without blocking the event loop. Cancelling the
+        awaiting task cancels the request."""
+        handles = self.submit(prompt, max_new_tokens, **kwargs)
+        single = isinstance(handles, RequestHandle)
+        handles = [handles] if single else handles
+        try:
+            results = await asyncio.gather(*(asyncio.wrap_future(h.future) for h in handles))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        return results[0] if single else list(results)
+
+    async def achat(self, messages: Messages | Sequence[Messages], max_new_tokens: int = 64, **kwargs: Any) -> Any:
+        return await self.agenerate(self._render(messages), max_new_tokens, **kwargs)
+
+    async def stream(self, prompt: Prompt | Messages, max_new_tokens: int = 64, **kwargs: Any) -> AsyncIterator[str]:
+        """Text deltas as tokens are generated (`prompt` may be chat messages). Their concatenation is the
+        result's text: stop tokens are not shown, and text that could begin a stop string is held back."""
+        if _is_messages(prompt):
+            prompt = self._render(prompt)  # type: ignore[arg-type]
+        req = self._request(prompt, max_new_tokens, **kwargs)  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[int, ...] | None] = asyncio.Queue()
+        sent = 0
+
+        def listener(r: Request) -> None:  # on the engine loop thread
+            nonlocal sent
+            new = tuple(r.output_ids[sent:])
+            sent = len(r.output_ids)
+            if new:
+                loop.call_soon_threadsafe(queue.put_nowait, new)
+            if r.status in (Status.FINISHED, Status.ABORTED):
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        req.listener = listener
+        params = req.sampler.params
+        hidden = stop_token_set(params, self.eos_token_ids)
+        holdback = max((len(s) for s in params.stop), default=1) - 1
+        detok = self._detokenizer(req.prompt_ids)
+        handle = self._loop.submit(req)
+        emitted = ""
+        try:
+            while (tokens := await queue.get()) is not None:
+                for t in tokens:
+                    if t not in hidden:
+                        detok.add(t)
+                visible = detok.text[: len(detok.text) - holdback] if holdback else detok.text
+                if len(visible) > len(emitted):
+                    yield visible[len(emitted) :]
+                    emitted = visible
+            result = await asyncio.wrap_future(handle.future)
+            if result.text.startswith(emitted) and len(result.text) > len(emitted):
+                yield result.text[len(emitted) :]
+        finally:
+            if not handle.done():
+                handle.cancel()
+
+    # ------------------------------------------------------------------ steps (the scheduler drives these)
 
     def _prefill(self, req: Request) -> torch.Tensor:
-        """Compute the prompt positions the cache lacked. Returns the last position's logits."""
+        """Compute every position the request still lacks. Returns the last position's logits."""
+        return self._prefill_chunk(req, req.prefill_end - req.num_kv)
+
+    def _prefill_chunk(self, req: Request, n: int) -> torch.Tensor:
+        """Compute the next `n` positions the cache lacked. Returns the last one's logits."""
         start = req.num_kv
-        logits = self.model.prefill(
-            req.prompt_ids[start:], start, req.block_table, self.pool, chunk_size=self.prefill_chunk
-        )
-        req.num_kv = len(req.prompt_ids)
+        ids = req.all_ids[start : start + n]
+        logits = self.model.prefill(ids, start, req.block_table, self.pool, chunk_size=self.prefill_chunk)
+        req.num_kv = start + n
         return logits
 
     def _decode(self, reqs: Sequence[Request]) -> torch.Tensor:
@@ -228,7 +367,107 @@ class Engine:
         elif len(req.output_ids) >= params.max_new_tokens or len(req.all_ids) >= self.config.max_position:
             req.finish_reason = "length"
 
+    def _pin(self, req: Request) -> None:
+        """On the loop thread, once the request's prompt is in the tree: lock its first `req.pin` tokens."""
+        p = self.cache.page_size
+        n = min(req.pin, req.num_kv) // p * p
+        key = (req.namespace, tuple(req.all_ids[:n]))
+        if n == 0 or key in self._pins or self._pinned_blocks() + n // p > self.max_pinned_blocks:
+            return
+        node = self.kv.lock_prefix(req, n)
+        if node is not None:
+            self._pins[key] = node
+
     # ------------------------------------------------------------------ private
+
+    def _request(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int = 64,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
+        ignore_eos: bool = False,
+        namespace: Hashable = None,
+        params: SamplingParams | None = None,
+        return_logits: bool = False,
+        priority: int = 0,
+        timeout: float | None = None,
+        pin: bool | int = False,
+    ) -> Request:
+        t0 = time.perf_counter()
+        if params is None:
+            params = SamplingParams(
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=seed,
+                stop=(stop,) if isinstance(stop, str) else tuple(stop),
+                stop_token_ids=tuple(stop_token_ids),
+                ignore_eos=ignore_eos,
+            )
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        ids = self._encode(prompt)
+        pin_tokens = len(ids) if pin is True else int(pin)
+        if pin_tokens and pin_tokens // self.cache.page_size > self.max_pinned_blocks:
+            raise ValueError(
+                f"pinning {pin_tokens} tokens exceeds the pinned share of the pool ({self.max_pinned_blocks} pages)"
+            )
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        return Request(
+            ids,
+            params,
+            Sampler(params, self.model.device),
+            namespace=namespace,
+            keep_logits=return_logits,
+            t_arrival=t0,
+            priority=priority,
+            deadline=None if timeout is None else t0 + timeout,
+            pin=pin_tokens,
+        )
+
+    def _wait(self, handles: list[RequestHandle]) -> list[GenerationResult]:
+        try:
+            return [h.result() for h in handles]
+        except BaseException:
+            for h in handles:
+                if not h.done():
+                    h.cancel()
+            raise
+
+    @staticmethod
+    def _split_batch(prompt: Any) -> tuple[list[Any], bool]:
+        """(prompts, single): a str or a sequence of ints is one prompt; a list of those is a batch."""
+        if isinstance(prompt, (str, torch.Tensor)):
+            return [prompt], True
+        items = list(prompt)
+        if not items or all(isinstance(t, Integral) for t in items):
+            return [items], True
+        return items, False
+
+    def _render(self, messages: Messages | Sequence[Messages]) -> Any:
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer; this engine has none")
+        if _is_messages(messages):
+            return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
+        return [self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True) for m in messages]
+
+    def _detokenizer(self, prompt_ids: Sequence[int]) -> Any:
+        if hasattr(self.tokenizer, "detokenizer"):
+            return self.tokenizer.detokenizer(prompt_ids)
+        from runtime.loading.detokenizer import IncrementalDetokenizer
+
+        return IncrementalDetokenizer(self._text, prompt_ids)
+
+    def _pinned_blocks(self) -> int:
+        return sum(node.end_len // self.cache.page_size for node in self._pins.values())
 
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -254,6 +493,7 @@ class Engine:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def _result(self, req: Request) -> GenerationResult:
+        """The caller's view of a request that left (on the loop thread; also adds it to the engine totals)."""
         out = req.output_ids
         shown = out[:-1] if req.finish_reason == "stop" and req.stop_at is None else out
         text = self._text(shown)
@@ -261,19 +501,32 @@ class Engine:
             text = text[: req.stop_at]
         t = self._totals
         t["requests"] += 1
-        t["prompt"] += len(req.prompt_ids)
-        t["cached"] += req.cached_tokens
-        t["prefill"] += req.prefill_tokens
+        if req.t_admitted is not None:
+            t["prompt"] += len(req.prompt_ids)
+            t["cached"] += req.cached_tokens
+            t["prefill"] += req.prefill_tokens
         t["generated"] += len(out)
-        assert req.t_first_token is not None and req.t_finish is not None
+        t["recomputed"] += req.recomputed_tokens
+        t_finish = req.t_finish if req.t_finish is not None else time.perf_counter()
+        t_first = req.t_first_token if req.t_first_token is not None else t_finish
+        tpot = (t_finish - t_first) / (len(out) - 1) if len(out) > 1 else 0.0
         return GenerationResult(
             text=text,
             token_ids=tuple(out),
             prompt_tokens=len(req.prompt_ids),
             cached_tokens=req.cached_tokens,
-            prefill_tokens=req.prefill_tokens,
-            ttft_s=req.t_first_token - req.t_arrival,
-            latency_s=req.t_finish - req.t_arrival,
+            prefill_tokens=req.prefill_tokens if req.t_admitted is not None else 0,
+            ttft_s=t_first - req.t_arrival,
+            latency_s=t_finish - req.t_arrival,
             finish_reason=req.finish_reason or "length",
-            logits=torch.stack(req.logits) if req.keep_logits else None,
+            logits=torch.stack(req.logits) if req.keep_logits and req.logits else None,
+            queue_s=(req.t_admitted if req.t_admitted is not None else t_finish) - req.t_arrival,
+            tpot_s=tpot,
+            preemptions=req.preemptions,
+            recomputed_tokens=req.recomputed_tokens,
         )
+
+
+def _is_messages(x: Any) -> bool:
+    """A chat conversation: a non-empty sequence of dicts."""
+    return not isinstance(x, str) and isinstance(x, Sequence) and bool(x) and isinstance(x[0], dict)

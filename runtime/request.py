@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -15,7 +15,7 @@ from runtime.sampling import Sampler, SamplingParams
 
 
 class Status(Enum):
-    WAITING = "waiting"  # not yet admitted: holds no blocks
+    WAITING = "waiting"  # not yet admitted (or preempted): holds no blocks
     RUNNING = "running"  # admitted: holds a lock and blocks
     FINISHED = "finished"  # released: its KV went to the tree (or was freed)
     ABORTED = "aborted"  # released after an error
@@ -29,8 +29,12 @@ class GenerationResult:
     token, cut before a stop string, special tokens skipped ("" without a tokenizer).
     cached_tokens: prompt tokens whose KV came from the cache. prefill_tokens: prompt tokens computed.
     ttft_s: request start to first token. latency_s: request start to the end.
-    finish_reason: "stop" (EOS, stop token or stop string) or "length" (max_new_tokens or max_position).
+    finish_reason: "stop" (EOS, stop token or stop string), "length" (max_new_tokens or max_position),
+    "timeout" (its `timeout` passed) or "cancelled" (aborted by the caller); the last two keep what was generated.
     logits: `[len(token_ids), vocab]` float32 logits each token was chosen from, when asked for (tests).
+    queue_s: arrival to first admission. tpot_s: mean time per output token after the first.
+    preemptions: times the request was preempted under memory pressure. recomputed_tokens: positions computed
+    again after a preemption (counted apart from cached_tokens and prefill_tokens).
     """
 
     text: str
@@ -42,6 +46,10 @@ class GenerationResult:
     latency_s: float
     finish_reason: str
     logits: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    queue_s: float = 0.0
+    tpot_s: float = 0.0
+    preemptions: int = 0
+    recomputed_tokens: int = 0
 
     @property
     def decode_tps(self) -> float:
@@ -61,6 +69,8 @@ class Request:
     belong to the radix tree (the locked match); the rest are held by this request until release.
     `num_kv` counts the leading positions of `prompt_ids + output_ids` whose K/V are in those pages; the
     last generated token's K/V is never computed, so `num_kv <= len(all_ids) - 1` once decoding starts.
+    A preempted request goes back to WAITING holding nothing; it resumes by prefilling `all_ids[:-1]` (mostly
+    from the cache, where its own KV was inserted) and decoding on from its last token.
     """
 
     prompt_ids: list[int]
@@ -82,6 +92,17 @@ class Request:
     t_arrival: float = field(default_factory=time.perf_counter)
     t_first_token: float | None = None
     t_finish: float | None = None
+    # scheduling
+    priority: int = 0  # higher runs first and is preempted last
+    deadline: float | None = None  # perf_counter time after which the request times out
+    pin: int = 0  # tokens of the prompt to pin in the cache once computed
+    t_admitted: float | None = None
+    wait_steps: int = 0
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    computed_max: int = 0  # the most positions whose K/V were ever computed (recomputation accounting)
+    error: BaseException | None = None
+    listener: Callable[[Request], None] | None = field(default=None, repr=False)
 
     @property
     def all_ids(self) -> list[int]:
@@ -99,3 +120,12 @@ class Request:
     @property
     def prefill_tokens(self) -> int:
         return len(self.prompt_ids) - self.cached_tokens
+
+    @property
+    def prefill_end(self) -> int:
+        """Positions whose K/V must exist before decoding: the prompt, or (resumed) every token but the last."""
+        return len(self.prompt_ids) + len(self.output_ids) - 1 if self.output_ids else len(self.prompt_ids)
+
+    @property
+    def prefilled(self) -> bool:
+        return self.status is Status.RUNNING and self.num_kv >= self.prefill_end and bool(self.output_ids)

@@ -1,0 +1,138 @@
+"""The engine loop: one thread owns the scheduler (and so the cache and the KV pool); callers on any thread
+submit requests and wait on futures.
+
+The thread starts when work arrives and ends when there is none left, so an idle engine holds no thread.
+Results and errors travel back through `concurrent.futures.Future` (wrap it with `asyncio.wrap_future` to
+await it); streaming callers get each new token through the request's listener, called on the loop thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from runtime.request import GenerationResult, Request
+from runtime.scheduler import Scheduler
+
+
+class RequestHandle:
+    """A submitted request: wait for its result, or cancel it at any moment."""
+
+    def __init__(self, loop: EngineLoop, req: Request) -> None:
+        self.request = req
+        self.future: Future[GenerationResult] = Future()
+        self._loop = loop
+
+    @property
+    def rid(self) -> int:
+        return self.request.rid
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        return self.future.result(timeout)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def cancel(self) -> None:
+        """Abort the request (its blocks are freed at the next step); its result has finish_reason "cancelled"."""
+        self._loop.call(lambda s: s.abort(self.request, "cancelled"))
+
+
+class EngineLoop:
+    """Runs `scheduler.step()` on its own thread while there is work; applies commands between steps."""
+
+    def __init__(self, scheduler: Scheduler, finish: Callable[[Request], GenerationResult]) -> None:
+        self.scheduler = scheduler
+        self._finish = finish
+        self._cv = threading.Condition()
+        self._inbox: list[Callable[[Scheduler], Any]] = []
+        self._handles: dict[int, RequestHandle] = {}
+        self._thread: threading.Thread | None = None
+
+    def submit(self, req: Request) -> RequestHandle:
+        handle = RequestHandle(self, req)
+
+        def add(s: Scheduler) -> None:
+            try:
+                s.add(req)
+            except BaseException as exc:
+                handle.future.set_exception(exc)
+                return
+            self._handles[req.rid] = handle
+
+        self.call(add)
+        return handle
+
+    def call(self, fn: Callable[[Scheduler], Any]) -> Future[Any]:
+        """Run `fn(scheduler)` on the loop thread between steps; its return value comes back in the future."""
+        fut: Future[Any] = Future()
+
+        def run(s: Scheduler) -> None:
+            try:
+                fut.set_result(fn(s))
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+        with self._cv:
+            self._inbox.append(run)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="radixcache-engine", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+        return fut
+
+    def idle(self) -> bool:
+        with self._cv:
+            return self._thread is None
+
+    # ------------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        s = self.scheduler
+        try:
+            with torch.inference_mode():
+                while True:
+                    with self._cv:
+                        commands, self._inbox = self._inbox, []
+                        if not commands and not s.has_work():
+                            self._thread = None
+                            return
+                    for command in commands:
+                        command(s)
+                    try:
+                        if s.has_work():
+                            s.step()
+                    except BaseException as exc:  # a scheduler bug: fail everything, keep the cache sane
+                        for r in [*s.waiting, *s.prefilling, *s.decoding]:
+                            try:
+                                s._fail(r, exc)
+                            except BaseException:
+                                s._remove(r)
+                                r.error = exc
+                                s.finished.append(r)
+                    self._deliver(s.drain())
+        except BaseException as exc:  # the loop itself broke: nobody may wait forever
+            with self._cv:
+                self._thread = None
+            for handle in list(self._handles.values()):
+                if not handle.future.done():
+                    handle.future.set_exception(exc)
+            self._handles.clear()
+            raise
+
+    def _deliver(self, done: list[Request]) -> None:
+        for req in done:
+            handle = self._handles.pop(req.rid, None)
+            if handle is None:
+                continue
+            if req.error is not None:
+                handle.future.set_exception(req.error)
+                continue
+            try:
+                handle.future.set_result(self._finish(req))
+            except BaseException as exc:
+                handle.future.set_exception(exc)
