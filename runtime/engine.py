@@ -290,17 +290,14 @@ class Engine:
             prompt = self._render(prompt)  # type: ignore[arg-type]
         req = self._request(prompt, max_new_tokens, **kwargs)  # type: ignore[arg-type]
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[int, ...] | None] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[tuple[int, ...], bool]] = asyncio.Queue()
         sent = 0
 
         def listener(r: Request) -> None:  # on the engine loop thread
             nonlocal sent
             new = tuple(r.output_ids[sent:])
             sent = len(r.output_ids)
-            if new:
-                loop.call_soon_threadsafe(queue.put_nowait, new)
-            if r.status in (Status.FINISHED, Status.ABORTED):
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+            loop.call_soon_threadsafe(queue.put_nowait, (new, r.status in (Status.FINISHED, Status.ABORTED)))
 
         req.listener = listener
         params = req.sampler.params
@@ -310,7 +307,10 @@ class Engine:
         handle = self._loop.submit(req)
         emitted = ""
         try:
-            while (tokens := await queue.get()) is not None:
+            while True:
+                tokens, done = await queue.get()
+                if done:  # the rest comes from the result's text (cut at a stop string)
+                    break
                 for t in tokens:
                     if t not in hidden:
                         detok.add(t)

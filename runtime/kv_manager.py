@@ -128,12 +128,15 @@ class KVManager:
 
     def peek(self, tokens: Sequence[int], namespace: Hashable) -> tuple[int, TreeNode | None]:
         """Cached tokens of `tokens` (whole pages) and the deepest node reached, without touching the tree."""
-        root = self._roots.get(namespace) if self.enable_cache else None
-        if root is not None and not root.children:  # an emptied namespace's root may have been dropped
-            del self._roots[namespace]
-            root = None
-        if root is None:
+        if not self.enable_cache:
             return 0, None
+        root = self._roots.get(namespace)
+        if root is None or not root.children:  # unknown, or emptied (its root may have been dropped): ask
+            root = self.cache.match_prefix([], namespace=namespace).node  # an empty lookup: no tokens counted
+            if not root.children:
+                self._roots.pop(namespace, None)
+                return 0, None
+            self._roots[namespace] = root
         node, blocks = walk(root, as_token_array(tokens), 0, self.page_size)
         return len(blocks) * self.page_size, node
 

@@ -217,13 +217,13 @@ class Scheduler:
             return n
         self.prefilling.remove(req)
         self.decoding.append(req)
-        if not req.output_ids:  # fresh: its first token; a resumed request already has its next input token
-            assert logits is not None
-            self._emit(req, logits)
-        if req.status is Status.RUNNING and (req.pin or self._anyone_waiting(req)):
+        if req.pin or self._anyone_waiting(req):
             self.kv.commit_prefix(req)  # in-batch sharing: the others hit this prompt from now on
             if req.pin:
                 self.engine._pin(req)
+        if not req.output_ids:  # fresh: its first token; a resumed request already has its next input token
+            assert logits is not None
+            self._emit(req, logits)
         return n
 
     def _emit(self, req: Request, logits: object) -> None:
@@ -236,6 +236,10 @@ class Scheduler:
             req.listener(req)
 
     def _anyone_waiting(self, req: Request) -> bool:
+        """Whether committing the prompt early can serve a waiting request (cache-aware schedules only)."""
+        cfg = self.config
+        if not cfg.in_batch_sharing or cfg.schedule == "fcfs":
+            return False
         return any(w.namespace == req.namespace for w in self.waiting)
 
     # ------------------------------------------------------------------ order

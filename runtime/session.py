@@ -1,0 +1,87 @@
+"""Session: a multi-turn chat that appends each reply to its history, so every turn hits the cache for the
+conversation so far. Saved to and loaded from JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from runtime.request import GenerationResult
+
+if TYPE_CHECKING:
+    from runtime.engine import Engine
+
+
+class Session:
+    """`s = engine.session(system="You are terse."); s.send("hi").text`.
+
+    `defaults` are generate's keyword arguments for every turn (max_new_tokens, temperature, namespace, ...);
+    a turn's own keywords override them. Not for concurrent use of one session: its turns are sequential by
+    nature (many sessions may run at once on one engine).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        system: str | None = None,
+        messages: list[dict[str, str]] | None = None,
+        **defaults: Any,
+    ) -> None:
+        self.engine = engine
+        self.messages: list[dict[str, str]] = [dict(m) for m in messages] if messages else []
+        if system is not None:
+            if self.messages and self.messages[0].get("role") == "system":
+                raise ValueError("the messages already start with a system prompt")
+            self.messages.insert(0, {"role": "system", "content": system})
+        self.defaults = defaults
+        self.results: list[GenerationResult] = []
+
+    def send(self, content: str, **kwargs: Any) -> GenerationResult:
+        """Add a user turn, generate the reply, and append it to the history."""
+        result = self.engine.chat([*self.messages, {"role": "user", "content": content}], **self._kw(kwargs))
+        return self._append(content, result)
+
+    async def asend(self, content: str, **kwargs: Any) -> GenerationResult:
+        result = await self.engine.achat([*self.messages, {"role": "user", "content": content}], **self._kw(kwargs))
+        return self._append(content, result)
+
+    def fork(self, n: int = 4, **kwargs: Any) -> list[GenerationResult]:
+        """n replies to the history so far (sharing its KV); the history is unchanged."""
+        return self.engine.fork(list(self.messages), n, **self._kw(kwargs))
+
+    def copy(self) -> Session:
+        return Session(self.engine, messages=self.messages, **self.defaults)
+
+    # ------------------------------------------------------------------ JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"messages": self.messages, "defaults": self.defaults}
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
+
+    @classmethod
+    def from_dict(cls, engine: Engine, data: dict[str, Any]) -> Session:
+        return cls(engine, messages=list(data.get("messages", [])), **dict(data.get("defaults", {})))
+
+    @classmethod
+    def load(cls, engine: Engine, path: str | os.PathLike[str]) -> Session:
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(engine, json.load(f))
+
+    def __repr__(self) -> str:
+        return f"Session(turns={sum(m['role'] == 'user' for m in self.messages)}, defaults={self.defaults})"
+
+    # ------------------------------------------------------------------ private
+
+    def _kw(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {**self.defaults, **kwargs}
+
+    def _append(self, content: str, result: GenerationResult) -> GenerationResult:
+        self.messages.append({"role": "user", "content": content})
+        self.messages.append({"role": "assistant", "content": result.text})
+        self.results.append(result)
+        return result

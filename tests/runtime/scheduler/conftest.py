@@ -1,0 +1,29 @@
+"""Fixtures for the scheduler tests: a tiny random model with a toy tokenizer, and helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime import Engine
+from runtime.testing import CharTokenizer, RandomModel, tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny() -> RandomModel:
+    m = tiny_model(seed=7)
+    return RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return torch.randint(1, 97, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def assert_clean(engine: Engine) -> None:
+    """No request holds anything: invariants true, no block locked or held, every block free or evictable."""
+    c = engine.cache
+    c.check_invariants()
+    assert c.held_blocks == 0
+    assert c.locked_blocks == engine.stats.pinned_blocks
+    assert c.free_blocks + c.evictable_blocks + c.locked_blocks == c.capacity_blocks
+    assert not engine.scheduler.has_work()

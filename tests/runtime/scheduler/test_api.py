@@ -1,0 +1,133 @@
+"""The Python API over the scheduler: batches, asyncio, streaming, threads, sessions, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from runtime import Engine
+from runtime.session import Session
+from runtime.testing import RandomModel
+
+from .conftest import assert_clean, ids
+
+
+def test_generate_and_chat_take_lists_and_keep_single_signatures(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=128, page_size=4)
+    one = engine.generate("hello there", 5, ignore_eos=True)
+    many = engine.generate(["hello there", "general kenobi"], 5, ignore_eos=True)
+    assert isinstance(many, list) and many[0].token_ids == one.token_ids
+    convs = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]]
+    chats = engine.chat(convs, 4, ignore_eos=True)
+    assert [c.token_ids for c in chats] == [engine.chat(c, 4, ignore_eos=True).token_ids for c in convs]
+    r = many[1]
+    assert r.queue_s >= 0 and r.ttft_s >= r.queue_s and r.latency_s >= r.ttft_s
+    assert r.tpot_s > 0 and r.preemptions == 0 and r.recomputed_tokens == 0
+    assert_clean(engine)
+
+
+def test_agenerate_runs_requests_concurrently_in_one_event_loop(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=256, page_size=4)
+    prompts = [ids(8 + i, 70 + i) for i in range(6)]
+    want = [engine.generate(p, 8, ignore_eos=True).token_ids for p in prompts]
+
+    async def main() -> list:
+        return await asyncio.gather(*(engine.agenerate(p, 8, ignore_eos=True) for p in prompts))
+
+    steps = engine.stats.steps
+    got = asyncio.run(main())
+    assert [g.token_ids for g in got] == want
+    assert engine.stats.steps - steps < 6 * 8, "the six requests shared decode steps"
+    assert_clean(engine)
+
+
+def test_stream_yields_deltas_that_add_up_to_the_text(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=128, page_size=4)
+    full = engine.generate("stream me", 12, ignore_eos=True)
+    stopped = engine.generate("stream me", 12, ignore_eos=True, stop=full.text[5:7])
+
+    async def collect(**kw: object) -> list[str]:
+        return [d async for d in engine.stream("stream me", 12, ignore_eos=True, **kw)]
+
+    deltas = asyncio.run(collect())
+    assert "".join(deltas) == full.text and len(deltas) > 3
+    assert "".join(asyncio.run(collect(stop=full.text[5:7]))) == stopped.text
+    msgs = [{"role": "user", "content": "hi"}]
+
+    async def chat() -> str:
+        return "".join([d async for d in engine.stream(msgs, 6, ignore_eos=True)])
+
+    assert asyncio.run(chat()) == engine.chat(msgs, 6, ignore_eos=True).text
+    assert_clean(engine)
+
+
+def test_leaving_a_stream_early_cancels_the_request(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=256, page_size=4)
+
+    async def first_two() -> None:
+        n = 0
+        async for _ in engine.stream("go on and on", 400, ignore_eos=True):
+            n += 1
+            if n == 2:
+                break
+
+    asyncio.run(first_two())
+    engine.generate("x", 1)  # a request after the cancel: the loop has applied it
+    assert_clean(engine)
+
+
+def test_callers_on_many_threads_get_their_own_answers(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=256, page_size=4)
+    prompts = [ids(6 + i, 80 + i) for i in range(8)]
+    want = [Engine(tiny, capacity_blocks=64, page_size=4).generate(p, 10, ignore_eos=True).token_ids for p in prompts]
+    got: dict[int, tuple[int, ...]] = {}
+
+    def worker(i: int) -> None:
+        got[i] = engine.generate(prompts[i], 10, ignore_eos=True).token_ids
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert [got[i] for i in range(8)] == want
+    assert_clean(engine)
+
+
+def test_session_appends_replies_hits_the_cache_and_round_trips_json(tiny: RandomModel, tmp_path) -> None:
+    engine = Engine(tiny, capacity_blocks=256, page_size=4)
+    s = engine.session(system="be brief.", max_new_tokens=6, ignore_eos=True)
+    a = s.send("hello")
+    b = s.send("and then?")
+    assert [m["role"] for m in s.messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert s.messages[2]["content"] == a.text
+    assert b.cached_tokens >= 16, "the second turn reuses the first"
+    path = tmp_path / "s.json"
+    s.save(path)
+    t = Session.load(engine, path)
+    assert t.messages == s.messages and t.defaults == s.defaults
+    c1, c2 = s.send("more"), t.send("more")
+    assert c1.token_ids == c2.token_ids and c2.cached_tokens > 0
+    assert asyncio.run(t.asend("async")).finish_reason == "length"
+    assert len(s.fork(3, temperature=1.0, seed=1)) == 3 and len(s.messages) == 7
+    with pytest.raises(ValueError, match="system"):
+        Session(engine, system="x", messages=s.messages)
+    assert_clean(engine)
+
+
+def test_engine_metrics_report_queues_hits_and_blocks(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    handles = [engine.submit(ids(12, 90 + i), 200, ignore_eos=True) for i in range(3)]
+    while engine.stats.running + engine.stats.waiting < 3 and not handles[0].done():
+        pass
+    s = engine.stats
+    assert s.running + s.waiting <= 3
+    for h in handles:
+        h.cancel()
+    [h.result() for h in handles]
+    s = engine.stats
+    assert s.running == s.waiting == 0
+    assert s.free_blocks + s.evictable_blocks + s.locked_blocks == s.capacity_blocks
+    assert s.requests == 3 and s.steps > 0

@@ -1,0 +1,205 @@
+"""Abort, cancel and timeouts at any moment; refusal of requests that can never fit; fork shares the prefix's
+blocks; namespaces never hit across; the schedules' orders and the starvation guard. Every path leaves the
+cache's invariants true and no block held."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from radixcache import CacheFullError
+from runtime import Engine
+from runtime.scheduler import RequestTooLargeError, SchedulerConfig
+from runtime.testing import RandomModel
+
+from .conftest import assert_clean, ids
+
+
+def step(engine: Engine, times: int = 1) -> None:
+    with torch.inference_mode():
+        for _ in range(times):
+            engine.scheduler.step()
+
+
+def test_abort_in_the_middle_of_prefill_frees_everything(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=64, page_size=4, max_prefill_tokens=8)
+    engine.generate(ids(20, 1), 2, ignore_eos=True)  # something cached, which the request hits and locks
+    cached_before = engine.cache.cached_tokens
+    req = engine._request(ids(20, 1) + ids(40, 2), 5, ignore_eos=True)
+    engine.scheduler.add(req)
+    step(engine, 2)
+    assert req.status.value == "running" and 20 <= req.num_kv < 60 and req.match_node is not None
+    assert engine.cache.locked_blocks > 0
+    assert engine.scheduler.abort(req)
+    assert req.finish_reason == "cancelled" and not req.output_ids
+    assert_clean(engine)
+    assert engine.cache.cached_tokens == cached_before
+    assert not engine.scheduler.abort(req), "aborting twice is harmless"
+
+
+def test_abort_in_the_middle_of_decode_frees_everything(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    reqs = [engine._request(ids(10, 3 + i), 50, ignore_eos=True) for i in range(3)]
+    for r in reqs:
+        engine.scheduler.add(r)
+    step(engine, 6)
+    assert all(len(r.output_ids) >= 3 for r in reqs)
+    engine.scheduler.abort(reqs[1])
+    while engine.scheduler.has_work():
+        step(engine)
+    assert reqs[1].finish_reason == "cancelled" and len(reqs[1].output_ids) < 50
+    assert [len(r.output_ids) for r in (reqs[0], reqs[2])] == [50, 50]
+    assert_clean(engine)
+
+
+def test_cancel_through_a_handle_returns_the_partial_output(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=256, page_size=4)
+    handle = engine.submit(ids(10, 5), 400, ignore_eos=True)
+    while len(handle.request.output_ids) < 3:
+        time.sleep(0.001)
+    handle.cancel()
+    out = handle.result(timeout=10)
+    assert out.finish_reason == "cancelled" and 3 <= len(out.token_ids) < 400
+    assert_clean(engine)
+
+
+def test_a_timeout_ends_the_request_and_frees_it(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=256, page_size=4)
+    out, other = engine.generate([ids(10, 6), ids(12, 7)], 400, ignore_eos=True, timeout=0.05)
+    assert out.finish_reason == other.finish_reason == "timeout"
+    assert 0 < len(out.token_ids) < 400
+    assert_clean(engine)
+
+
+def test_a_request_larger_than_the_pool_is_refused_at_once(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=4, page_size=16)
+    t0 = time.perf_counter()
+    with pytest.raises(RequestTooLargeError, match="whole KV pool"):
+        engine.generate([ids(10, 8), ids(100, 9)], 3)
+    assert time.perf_counter() - t0 < 5
+    assert isinstance(RequestTooLargeError("x"), CacheFullError)  # what callers already catch
+    assert_clean(engine)
+
+
+def test_a_request_that_alone_outgrows_the_pool_fails_cleanly_beside_others(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=6, page_size=8)
+    big = engine.submit(ids(40, 10), 100, ignore_eos=True)  # needs 18 pages at its end
+    small = engine.submit(ids(5, 11), 3, ignore_eos=True)
+    with pytest.raises(CacheFullError):
+        big.result(timeout=30)
+    assert len(small.result(timeout=30).token_ids) == 3
+    assert_clean(engine)
+
+
+def test_fork_computes_the_prefix_once_and_every_branch_locks_its_blocks(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=128, page_size=4)
+    prefix = ids(30, 12)
+    engine.generate(prefix, 1)
+    branches = [engine._request([*prefix, 5 + i], 4, ignore_eos=True) for i in range(4)]
+    for r in branches:
+        engine.scheduler.add(r)
+    step(engine)
+    shared = {tuple(r.block_table[:7]) for r in branches}
+    assert len(shared) == 1, "the branches read the same 7 pages"
+    node = branches[0].match_node
+    assert node is not None and node.end_len == 28 and all(r.match_node is node for r in branches)
+    assert node.lock_ref == 4
+    while engine.scheduler.has_work():
+        step(engine)
+    assert node.lock_ref == 0
+    assert_clean(engine)
+
+
+def test_fork_runs_n_branches_from_one_prefix(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=128, page_size=4)
+    outs = engine.fork("the same long prefix for all branches:", n=4, max_new_tokens=6, temperature=1.0, seed=3)
+    assert len(outs) == 4 and len({o.token_ids for o in outs}) > 1, "different seeds, different branches"
+    assert all(o.cached_tokens == 36 for o in outs)
+    again = engine.fork("the same long prefix for all branches:", n=4, max_new_tokens=6, temperature=1.0, seed=3)
+    assert [o.token_ids for o in again] == [o.token_ids for o in outs]
+    cont = engine.fork(ids(20, 13), continuations=[[1], [2, 3]], max_new_tokens=2)
+    assert [o.prompt_tokens for o in cont] == [21, 22]
+    assert_clean(engine)
+
+
+def test_namespaces_never_hit_across(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=128, page_size=4)
+    p = ids(30, 14)
+    a1 = engine.generate(p, 2, namespace="a")
+    b1, c1 = engine.generate([p, p], 2, namespace="b")
+    a2 = engine.generate(p, 2, namespace="a")
+    assert a1.cached_tokens == 0 and a2.cached_tokens == 28
+    assert b1.cached_tokens + c1.cached_tokens == 28, "within b, the second hits the first (in-batch sharing)"
+    outs = engine.generate([p] * 3, 2, namespace="z")
+    assert sum(o.cached_tokens for o in outs) == 2 * 28
+    assert engine.generate(p, 2, namespace="fresh").cached_tokens == 0
+    assert_clean(engine)
+
+
+def test_in_batch_sharing_computes_a_common_uncached_prefix_once(tiny: RandomModel) -> None:
+    shared = ids(40, 15)
+    prompts = [shared + ids(6, 16 + i) for i in range(4)]
+    lpm = Engine(tiny, capacity_blocks=128, page_size=4, schedule="lpm", max_prefill_tokens=512)
+    fcfs = Engine(tiny, capacity_blocks=128, page_size=4, schedule="fcfs", max_prefill_tokens=512)
+    with torch.inference_mode():
+        for e in (lpm, fcfs):
+            for p in prompts:
+                e.scheduler.add(e._request(p, 2))
+            e.scheduler.step()  # all four admitted in one step
+    got = [r.cached_tokens for r in lpm.scheduler.running + lpm.scheduler.waiting]
+    assert sorted(got) == [0, 40, 40, 40]
+    assert [r.cached_tokens for r in fcfs.scheduler.running] == [0, 0, 0, 0], "fcfs is the plain baseline"
+
+
+def test_lpm_admits_the_longest_cached_prefix_first_and_starvation_is_bounded(tiny: RandomModel) -> None:
+    hot = ids(40, 20)
+    for guard in (1000, 0):
+        engine = Engine(
+            tiny,
+            capacity_blocks=256,
+            page_size=4,
+            scheduler_config=SchedulerConfig(schedule="lpm", max_prefill_tokens=10, max_wait_steps=guard),
+        )
+        engine.generate(hot, 1)
+        cold = engine._request(ids(30, 21), 2)
+        warm = engine._request([*hot, 1, 2], 2)
+        engine.scheduler.add(cold)
+        engine.scheduler.add(warm)
+        _, order = engine.scheduler._order(time.perf_counter())
+        assert order == ([warm, cold] if guard else [cold, warm])
+        while engine.scheduler.has_work():
+            step(engine)
+        assert_clean(engine)
+
+
+def test_dfs_weight_groups_requests_by_shared_subtree(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=256, page_size=4, schedule="dfs-weight")
+    a, b = ids(20, 30), ids(20, 31)
+    engine.generate([a, b], 1)
+    arrivals = [[*b, 1], [*a, 2], [*a, 3], [*b, 4], [*a, 5]]
+    reqs = [engine._request(p, 1) for p in arrivals]
+    for r in reqs:
+        engine.scheduler.add(r)
+    _, order = engine.scheduler._order(time.perf_counter())
+    assert [reqs.index(r) for r in order] == [1, 2, 4, 0, 3], "the heavier subtree (a: 3 requests) first"
+    fcfs = Engine(tiny, capacity_blocks=256, page_size=4, schedule="fcfs")
+    for r in [fcfs._request(p, 1) for p in arrivals]:
+        fcfs.scheduler.add(r)
+    assert [r.prompt_ids for r in fcfs.scheduler._order(time.perf_counter())[1]] == arrivals
+
+
+def test_pinned_prefix_survives_eviction_within_its_share(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=32, page_size=4, max_pinned_fraction=0.25)
+    system = ids(32, 40)  # 8 pages: exactly the pinned share
+    engine.generate([*system, 1], 1, pin=32)
+    assert engine.stats.pinned_blocks == 8
+    for i in range(6):
+        engine.generate(ids(60, 41 + i), 2)  # floods the cache
+    assert engine.generate([*system, 2], 1).cached_tokens == 32
+    with pytest.raises(ValueError, match="pinned share"):
+        engine.generate(ids(40, 50), 1, pin=True)
+    assert_clean(engine)
+    assert engine.unpin() == 1 and engine.stats.pinned_blocks == 0
+    assert_clean(engine)
