@@ -77,7 +77,8 @@ class _Friendly:
         except click.ClickException as exc:
             if _debugging(ctx):
                 raise
-            fail(exc.format_message(), exc.exit_code)
+            hint = f" (see: {ctx.command_path} --help)" if isinstance(exc, click.UsageError) else ""
+            fail(exc.format_message() + hint, exc.exit_code)
         except KeyboardInterrupt:
             if _debugging(ctx):
                 raise

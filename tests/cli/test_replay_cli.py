@@ -1,0 +1,187 @@
+"""End-to-end: `radixcache replay`, `chat`, `model info`, `trace stats` on replay JSON and the plot script,
+through click's CliRunner and as real subprocesses, on the tiny checkpoint and (marked slow) on SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+
+REAL_MODEL_TIMEOUT = 300
+
+
+def test_replay_prints_the_summary_table_and_writes_json(runner, tiny_model_dir: Path, small_trace: Path, tmp_path):
+    out = tmp_path / "r.json"
+    result = runner.invoke(
+        main, ["replay", str(small_trace), "--model", str(tiny_model_dir), "--max-tokens", "3", "--json", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    for label in ("requests", "prompt tokens", "cached tokens", "hit rate", "TTFT p50", "TTFT p90", "TTFT p99"):
+        assert label in result.stdout
+    assert "decode tokens/s" in result.stdout and "wall time" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["summary"]["requests"] == 4 and 0 < data["summary"]["hit_rate"] < 1
+    record = data["requests"][0]
+    for field in ("conversation", "turn", "prompt_tokens", "cached_tokens", "prefill_tokens", "ttft_s", "latency_s"):
+        assert field in record
+    assert {"decode_tps", "text"} <= set(record)
+
+
+def test_replay_without_a_trace_runs_the_sample(runner, tiny_model_dir: Path) -> None:
+    result = runner.invoke(main, ["replay", "--model", str(tiny_model_dir), "--limit", "2", "--max-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert "sample_chat.jsonl" in result.stdout
+    assert re.search(r"requests\s+│\s+7\s+│", result.stdout)  # support-01 (3 turns) + support-02 (4)
+
+
+def test_model_envvar_picks_the_model(runner, tiny_model_dir: Path, small_trace: Path) -> None:
+    result = runner.invoke(
+        main, ["replay", str(small_trace), "--max-tokens", "1"], env={"RADIXCACHE_MODEL": str(tiny_model_dir)}
+    )
+    assert result.exit_code == 0, result.output
+    assert "tiny" in result.stdout
+
+
+def test_compare_prints_both_runs_ratios_and_identical_text(runner, tiny_model_dir: Path, small_trace: Path) -> None:
+    args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--compare", "--max-tokens", "4"]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "no cache / cache" in result.stdout
+    assert "generated text with and without the cache: identical" in result.stdout
+
+
+def test_no_cache_reports_no_hits(runner, tiny_model_dir: Path, small_trace: Path, tmp_path: Path) -> None:
+    out = tmp_path / "n.json"
+    args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--no-cache", "--max-tokens", "2"]
+    result = runner.invoke(main, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["summary"]["cached_tokens"] == 0
+
+
+def test_recorded_mode_token_traces_and_policy_options(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "tokens.jsonl"
+    rows = [{"timestamp": i * 10, "tokens": [*range(1, 30), 40 + i], "output_length": 2} for i in range(3)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["replay", str(trace), "--model", str(tiny_model_dir), "--mode", "recorded", "--policy", "lfu"]
+    result = runner.invoke(main, [*args, "--capacity-blocks", "64", "--page-size", "4", "--honor-timestamps"])
+    assert result.exit_code == 0, result.output
+    assert "4-token pages, 64 blocks, lfu" in " ".join(result.stdout.split())
+
+
+def test_over_long_turns_are_skipped_counted_and_exit_3(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "long.jsonl"
+    rows = [{"id": "long", "turns": [{"user": "z" * 5000}]}, {"id": "ok", "turns": [{"user": "hi"}]}]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "o.json"
+    result = runner.invoke(main, ["replay", str(trace), "--model", str(tiny_model_dir), "--json", str(out)])
+    assert result.exit_code == 3
+    assert "warning: conversation long turn 1: 5,0" in result.stderr
+    assert "skipped: too long" in result.stdout
+    assert json.loads(out.read_text())["summary"]["skipped_too_long"] == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: 1 turns were skipped")
+
+
+def test_ctrl_c_prints_and_saves_what_finished(runner, tiny_model_dir: Path, small_trace: Path, tmp_path, monkeypatch):
+    from runtime.engine import Engine
+
+    real, calls = Engine.generate, []
+
+    def generate(self, prompt, *args, **kwargs):
+        if kwargs.get("namespace") is None:
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+        return real(self, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    out = tmp_path / "i.json"
+    result = runner.invoke(main, ["replay", str(small_trace), "--model", str(tiny_model_dir), "--json", str(out)])
+    assert result.exit_code == 130
+    assert "cache (interrupted)" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["summary"]["interrupted"] is True and len(data["requests"]) == 2
+
+
+def test_trace_stats_and_the_plot_script_read_replay_json(
+    runner, run_script, tiny_model_dir: Path, small_trace: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "c.json"
+    args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--compare", "--max-tokens", "2"]
+    assert runner.invoke(main, [*args, "--json", str(out)]).exit_code == 0
+    stats = runner.invoke(main, ["trace", "stats", str(out), "--json"])
+    assert stats.exit_code == 0, stats.output
+    runs = json.loads(stats.stdout)
+    assert [r["run"] for r in runs] == ["cache", "no cache"]
+    assert runs[0]["hit_rate"] == pytest.approx(json.loads(out.read_text())["summary"]["hit_rate"])
+    table = runner.invoke(main, ["trace", "stats", str(out)])
+    assert table.exit_code == 0 and "replay-json" in table.stdout
+    png = tmp_path / "p.png"
+    script = run_script("scripts/plot_replay.py", str(out), "--out", str(png))
+    assert script.returncode == 0, script.stderr
+    assert png.stat().st_size > 10_000
+
+
+def test_chat_shows_cached_prefilled_and_ttft_and_exits_on_eof_or_exit(runner, tiny_model_dir: Path) -> None:
+    args = ["chat", "--model", str(tiny_model_dir), "--max-tokens", "3", "--system", "Be brief."]
+    result = runner.invoke(main, args, input="hello\nhow are you\n/exit\nnever read\n")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if "prefilled" in line]
+    assert len(lines) == 2
+    assert "0 cached" in lines[0] and "TTFT" in lines[0]
+    assert int(lines[1].split("[")[1].split(" cached")[0]) > 0  # the second turn reuses the first
+    assert runner.invoke(main, args, input="hi\n").exit_code == 0  # EOF ends the chat
+
+
+def test_model_info_reports_architecture_parameters_and_kv_bytes(runner, tiny_model_dir: Path) -> None:
+    result = runner.invoke(main, ["model", "info", "--model", str(tiny_model_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    facts = json.loads(result.stdout)
+    assert facts["architecture"] == "llama" and facts["layers"] == 2
+    assert facts["kv_bytes_per_token_fp32"] == 2 * 2 * 2 * 8 * 4  # K and V, 2 layers, 2 KV heads, head_dim 8
+    assert facts["parameters"] > 30_000
+
+
+def test_every_command_has_help_with_an_example(runner) -> None:
+    for args in (["replay"], ["chat"], ["model"], ["model", "info"], ["trace", "stats"], ["simulate"]):
+        result = runner.invoke(main, [*args, "--help"])
+        assert result.exit_code == 0 and "Example" in result.stdout, args
+
+
+def test_replay_as_a_subprocess_with_the_tiny_model(run_cli, tiny_model_dir: Path, small_trace: Path, tmp_path) -> None:
+    out = tmp_path / "s.json"
+    args = [str(small_trace), "--model", str(tiny_model_dir), "--max-tokens", "2", "--json", str(out)]
+    done = run_cli("replay", *args)
+    assert done.returncode == 0, done.stderr
+    assert "hit rate" in done.stdout and json.loads(out.read_text())["summary"]["requests"] == 4
+
+
+@pytest.mark.slow
+def test_real_model_in_process_replays_and_reuses_the_shared_system_prompt(runner, small_trace: Path, tmp_path) -> None:
+    out = tmp_path / "real.json"
+    result = runner.invoke(main, ["replay", str(small_trace), "--limit", "1", "--max-tokens", "8", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["summary"]["model"].startswith("SmolLM2")
+    first, second = data["requests"]
+    assert "Paris" in first["text"]
+    assert second["cached_tokens"] >= first["prompt_tokens"] - 16
+
+
+@pytest.mark.slow
+def test_real_model_compare_in_live_greedy_mode_generates_the_same_text(run_cli, small_trace: Path, tmp_path) -> None:
+    """A subprocess of the installed command: with and without the cache, greedy live replies are identical."""
+    out = tmp_path / "cmp.json"
+    args = ["replay", str(small_trace), "--compare", "--mode", "live", "--max-tokens", "6", "--json", str(out)]
+    done = run_cli(*args, timeout=REAL_MODEL_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert "generated text with and without the cache: identical" in done.stdout
+    data = json.loads(out.read_text())
+    cached = [(r["conversation"], r["turn"], r["text"]) for r in data["requests"]]
+    uncached = [(r["conversation"], r["turn"], r["text"]) for r in data["no_cache"]["requests"]]
+    assert cached == uncached and len(cached) == 4
+    assert data["comparison"]["text_mismatches"] == 0
+    assert data["summary"]["cached_tokens"] > 0 and data["no_cache"]["summary"]["cached_tokens"] == 0

@@ -1,0 +1,233 @@
+"""runtime.replay on the tiny checkpoint: modes, ordering, skipped turns, Ctrl-C, token traces, concurrency."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from radixcache.invariants import check_invariants
+from radixcache.records import TokenRequest
+from radixcache.trace import Conversation, Turn
+from radixcache.trace.replay_log import percentile, read_replay_json, replay_stats
+from runtime.engine import Engine
+from runtime.replay import (
+    Comparison,
+    ReplayConfig,
+    ReplayError,
+    compare,
+    engine_factory,
+    load_replay_trace,
+    replay,
+    sample_trace_path,
+)
+
+SYSTEM = "You answer briefly."
+CONVERSATIONS = [
+    Conversation("a", (Turn("hello there", "RECORDED-A1"), Turn("and then?")), SYSTEM),
+    Conversation("b", (Turn("good day", "RECORDED-B1"), Turn("what next?")), SYSTEM),
+]
+
+
+@pytest.fixture
+def engine(tiny_model_dir: Path) -> Engine:
+    return Engine(str(tiny_model_dir))
+
+
+def test_the_sample_trace_ships_with_the_package_and_has_28_turns() -> None:
+    trace = load_replay_trace()
+    assert sample_trace_path().name == "sample_chat.jsonl"
+    assert len(trace.records) == 8
+    assert sum(len(c.turns) for c in trace.records) == 28
+    assert len({c.system for c in trace.records}) == 2
+
+
+def test_conversations_interleave_turn_by_turn_and_later_turns_hit_the_cache(engine: Engine) -> None:
+    result = replay(engine, CONVERSATIONS, ReplayConfig(max_tokens=3))
+    assert [(r.conversation, r.turn) for r in result.requests] == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    first, second = result.requests[0], result.requests[1]
+    assert first.cached_tokens == 0
+    assert second.cached_tokens > 0  # the shared system prompt
+    for r in result.requests[2:]:  # the whole earlier turn (prompt + reply) minus the unaligned tail
+        assert r.cached_tokens >= r.prompt_tokens - 2 * 16 - len("and then?") - 40
+    s = result.summary
+    assert s.requests == 4 and s.conversations == 2 and not s.interrupted
+    assert s.hit_rate == pytest.approx(s.cached_tokens / s.prompt_tokens)
+    assert s.prompt_tokens == s.cached_tokens + s.prefill_tokens
+    assert s.ttft_p50_s <= s.ttft_p90_s <= s.ttft_p99_s
+    check_invariants(engine.cache)
+    assert engine.cache.locked_blocks == 0
+
+
+def test_live_mode_feeds_the_models_reply_and_recorded_mode_the_traces(engine: Engine, monkeypatch) -> None:
+    prompts: list[str] = []
+    real = engine.generate
+
+    def spy(prompt, *args, **kwargs):
+        if kwargs.get("namespace") is None:
+            prompts.append(engine.tokenizer.decode(list(prompt), skip_special_tokens=False))
+        return real(prompt, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", spy)
+    live = replay(engine, CONVERSATIONS[:1], ReplayConfig(mode="live", max_tokens=3))
+    assert live.requests[0].text in prompts[1] and "RECORDED-A1" not in prompts[1]
+    prompts.clear()
+    recorded = replay(engine, CONVERSATIONS[:1], ReplayConfig(mode="recorded", max_tokens=3))
+    assert "RECORDED-A1" in prompts[1]
+    assert recorded.summary.mode == "recorded"
+
+
+def test_max_tokens_overrides_the_turns_own_limit(engine: Engine) -> None:
+    convs = [Conversation("a", (Turn("hi", None, 5),))]
+    assert replay(engine, convs, ReplayConfig()).requests[0].output_tokens <= 5
+    assert replay(engine, convs, ReplayConfig(max_tokens=2)).requests[0].output_tokens <= 2
+
+
+def test_a_turn_longer_than_the_context_is_skipped_with_the_rest_of_its_conversation(engine: Engine) -> None:
+    convs = [
+        Conversation("long", (Turn("x" * 5000), Turn("after"))),
+        Conversation("ok", (Turn("fine"),)),
+    ]
+    warnings: list[str] = []
+    result = replay(engine, convs, ReplayConfig(max_tokens=2), on_warning=warnings.append)
+    assert [r.conversation for r in result.requests] == ["ok"]
+    assert result.summary.skipped_too_long == 2
+    skipped = [(s.conversation, s.turn, s.reason) for s in result.skipped]
+    assert skipped == [("long", 1, "too_long"), ("long", 2, "too_long")]
+    assert len(warnings) == 1 and "do not fit the model's context of 4,096" in warnings[0]
+
+
+def test_a_turn_larger_than_the_kv_cache_is_skipped_and_counted(tiny_model_dir: Path) -> None:
+    engine = Engine(str(tiny_model_dir), capacity_blocks=4, page_size=16)
+    convs = [Conversation("big", (Turn("y" * 200),)), Conversation("small", (Turn("hi"),))]
+    result = replay(engine, convs, ReplayConfig(max_tokens=2))
+    assert result.summary.skipped_kv_full == 1
+    assert [r.conversation for r in result.requests] == ["small"]
+    check_invariants(engine.cache)
+
+
+def test_ctrl_c_returns_what_finished_and_leaves_the_cache_consistent(engine: Engine, monkeypatch) -> None:
+    real, calls = engine.generate, []
+
+    def interrupted_third(prompt, *args, **kwargs):
+        if kwargs.get("namespace") is None:
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+        return real(prompt, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", interrupted_third)
+    result = replay(engine, CONVERSATIONS, ReplayConfig(max_tokens=2))
+    assert result.summary.interrupted
+    assert result.summary.requests == 2
+    assert engine.cache.locked_blocks == 0
+    check_invariants(engine.cache)
+
+
+def test_token_traces_go_to_the_engine_as_ids_grouped_by_session(engine: Engine) -> None:
+    shared = tuple(range(1, 40))
+    requests = [
+        TokenRequest(0.0, (*shared, 50, 51), 3, session="s1"),
+        TokenRequest(1.0, (*shared, 60), 2, session="s2"),
+        TokenRequest(2.0, (*shared, 50, 51, 70, 71), 3, session="s1"),
+    ]
+    result = replay(engine, requests, ReplayConfig())
+    assert [(r.conversation, r.turn) for r in result.requests] == [("s1", 1), ("s2", 1), ("s1", 2)]
+    assert [r.prompt_tokens for r in result.requests] == [41, 40, 43]
+    assert result.requests[1].cached_tokens == 32
+    assert [r.output_tokens <= n for r, n in zip(result.requests, (3, 2, 3), strict=True)] == [True] * 3
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_running(engine: Engine) -> None:
+    with pytest.raises(ReplayError, match="outside the model's vocabulary of 260"):
+        replay(engine, [TokenRequest(0.0, (1, 2, 999), 2)], ReplayConfig())
+
+
+def test_limit_keeps_the_first_conversations(engine: Engine) -> None:
+    result = replay(engine, CONVERSATIONS, ReplayConfig(limit=1, max_tokens=2))
+    assert {r.conversation for r in result.requests} == {"a"}
+
+
+def test_concurrency_above_one_is_refused_for_an_engine_without_agenerate(engine: Engine) -> None:
+    class SyncOnly:
+        def __init__(self, inner: Engine) -> None:
+            self.config, self.tokenizer, self.generate = inner.config, inner.tokenizer, inner.generate
+
+    with pytest.raises(ReplayError, match="needs the continuous-batching scheduler"):
+        replay(SyncOnly(engine), CONVERSATIONS, ReplayConfig(concurrency=2))
+
+
+def test_concurrency_runs_conversations_side_by_side_in_turn_order(engine: Engine) -> None:
+    """Through the scheduler's agenerate: each conversation's turns stay in order, and greedy replies are the
+    same as one at a time."""
+    alone = replay(engine, CONVERSATIONS, ReplayConfig(max_tokens=3))
+    fresh = Engine(engine.model, tokenizer=engine.tokenizer)
+    together = replay(fresh, CONVERSATIONS, ReplayConfig(concurrency=2, max_tokens=3))
+    assert sorted((r.conversation, r.turn) for r in together.requests) == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    for conv in ("a", "b"):
+        assert [r.turn for r in together.requests if r.conversation == conv] == [1, 2]
+    texts = lambda res: sorted((r.conversation, r.turn, r.text) for r in res.requests)  # noqa: E731
+    assert texts(together) == texts(alone)
+    assert together.summary.concurrency == 2
+
+
+def test_concurrency_keeps_at_most_n_requests_in_flight(engine: Engine) -> None:
+    class Counting:
+        def __init__(self, inner: Engine) -> None:
+            self.inner = inner
+            self.in_flight = self.most = 0
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+        async def agenerate(self, prompt, max_new_tokens, **kwargs):
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            try:
+                return await self.inner.agenerate(prompt, max_new_tokens, **kwargs)
+            finally:
+                self.in_flight -= 1
+
+    convs = [Conversation(str(i), (Turn("hi"), Turn("more")), SYSTEM) for i in range(5)]
+    wrapped = Counting(engine)
+    result = replay(wrapped, convs, ReplayConfig(concurrency=3, max_tokens=2))
+    assert wrapped.most == 3
+    assert result.summary.requests == 10
+
+
+def test_honor_timestamps_waits_for_each_requests_time(engine: Engine) -> None:
+    requests = [TokenRequest(0.0, (1, 2, 3), 1), TokenRequest(300.0, (4, 5, 6), 1)]
+    result = replay(engine, requests, ReplayConfig(honor_timestamps=True))
+    assert result.requests[1].start_s >= 0.3
+    warnings: list[str] = []
+    replay(engine, CONVERSATIONS[:1], ReplayConfig(honor_timestamps=True, max_tokens=1), on_warning=warnings.append)
+    assert any("no timestamps" in w for w in warnings)
+
+
+def test_compare_runs_both_and_reports_ratios(tiny_model_dir: Path, tmp_path: Path) -> None:
+    result = compare(engine_factory(str(tiny_model_dir)), CONVERSATIONS, ReplayConfig(max_tokens=3))
+    assert isinstance(result, Comparison)
+    assert result.cached.summary.cache and not result.uncached.summary.cache
+    assert result.uncached.summary.cached_tokens == 0
+    assert result.text_mismatches == 0
+    assert result.prefill_reduction > 1
+    data = result.as_dict()
+    assert set(data) >= {"summary", "requests", "no_cache", "comparison"}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data, indent=2))
+    log = read_replay_json(path)
+    assert log.no_cache is not None and replay_stats(log)["hit_rate"] == pytest.approx(result.cached.summary.hit_rate)
+
+
+def test_percentile_interpolates_between_order_statistics() -> None:
+    assert percentile([], 50) == 0.0
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([4.0, 1.0, 3.0, 2.0], 100) == 4.0
+
+
+def test_bad_config_values_are_refused() -> None:
+    for kwargs in ({"mode": "dream"}, {"max_tokens": 0}, {"limit": 0}, {"temperature": -1.0}, {"concurrency": 0}):
+        with pytest.raises(ReplayError):
+            ReplayConfig(**kwargs)
