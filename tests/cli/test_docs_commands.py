@@ -1,0 +1,178 @@
+"""Every fenced command in README.md and docs/*.md runs as shown.
+
+What runs: ```bash, ```sh and ```shell fences with bash (`set -euo pipefail`), ```python fences with this
+interpreter; other fences (json, text) are not run. Each document gets one scratch directory that mirrors the
+repository (symlinks to its top-level entries, and `../shared` when the repository has a sibling `shared/`),
+and its blocks run there in order, with `.venv/bin` first on PATH so a bare `radixcache` is the installed
+command. So a block may use files an earlier block of the same document wrote.
+
+Markers: an HTML comment on the line just above a fence, `<!-- doc-test: KEY[=VALUE]; KEY[=VALUE] -->`:
+
+- `skip=REASON`: not run (it installs packages, is the test run itself, or is interactive).
+- `cheap=ARGS`: ARGS is appended to every `radixcache replay` command of the block: the cheap variant of a
+  command that would take minutes (e.g. `--limit 1 --max-tokens 4`). Options given twice take the last value.
+- `tiny`: the block runs with RADIXCACHE_MODEL set to a tiny random checkpoint (bash; `--model` defaults to
+  it), or with the literal "smollm2" replaced by its path (python). The command's wiring is tested in a
+  second instead of loading SmolLM2 again; test_replay_cli.py runs the real model.
+- `file=NAME`: not run; the fence's content is written to NAME in the scratch directory, so the format
+  examples of docs/traces.md are the inputs of the commands that follow them.
+
+`bash scripts/setup.sh && ` before a command is dropped: .ci/run has just run it, and running it again would
+reinstall the virtual environment under the running tests. Documents other engineers own carry no markers;
+their commands run one by one, except those EXTERNAL_SKIPS names (installs, benchmarks and sweeps that take
+minutes, and inputs the document never creates).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MY_DOCS = ("README.md", "docs/traces.md", "docs/cli.md", "docs/api.md")
+EXTERNAL_SKIPS = {
+    "pip install": "installs packages",
+    "bench_tree.py": "a benchmark of minutes",
+    "bench_runtime.py": "a benchmark of minutes",
+    "simulate_eviction.py": "a sweep of minutes",
+    " chat.jsonl": "reads an input file the document does not create",
+    "sharegpt.json": "reads an input file the document does not create",
+}
+SETUP_PREFIX = "bash scripts/setup.sh && "
+_FENCE = re.compile(r"^```(\w*)\s*$")
+_MARKER = re.compile(r"^<!--\s*doc-test:\s*(.*?)\s*-->\s*$")
+
+
+@dataclass
+class Block:
+    doc: str
+    line: int
+    lang: str
+    text: str
+    markers: dict[str, str] = field(default_factory=dict)
+
+
+def blocks(doc: str) -> list[Block]:
+    """The fenced blocks of a document, with the markers just above each."""
+    lines = (REPO / doc).read_text(encoding="utf-8").splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if m is None:
+            i += 1
+            continue
+        start, lang = i, m.group(1)
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        markers: dict[str, str] = {}
+        above = lines[start - 1] if start > 0 else ""
+        if (mm := _MARKER.match(above)) is not None:
+            for item in filter(None, (p.strip() for p in mm.group(1).split(";"))):
+                key, _, value = item.partition("=")
+                markers[key.strip()] = value.strip()
+        found.append(Block(doc, start + 1, lang, "\n".join(lines[start + 1 : end]) + "\n", markers))
+        i = end + 1
+    return found
+
+
+def cheapen(script: str, args: str) -> str:
+    """Append `args` to every `radixcache replay` command (before a comment, pipe or `&&`)."""
+    joined = script.replace("\\\n", " ")
+    out = []
+    for line in joined.splitlines():
+        at = line.find("radixcache replay")
+        if at >= 0:
+            ends = [k for k in (line.find(t, at) for t in (" #", " |", " &&", ";")) if k >= 0]
+            cut = min(ends) if ends else len(line.rstrip())
+            line = f"{line[:cut].rstrip()} {args}{line[cut:]}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def scratch(tmp: Path) -> Path:
+    """A directory that looks like the repository root (and has ../shared), where written files stay."""
+    root = tmp / "main"
+    root.mkdir(parents=True)
+    for entry in REPO.iterdir():
+        if entry.name not in (".git",):
+            (root / entry.name).symlink_to(entry)
+    shared = REPO.parent / "shared"
+    if shared.is_dir():
+        (tmp / "shared").symlink_to(shared)
+    return root
+
+
+def env(tiny: Path | None) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if k not in ("RADIXCACHE_MODEL", "RADIXCACHE_DEBUG")}
+    out["PATH"] = f"{REPO / '.venv' / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{out.get('PATH', '')}"
+    out["PYTHONPATH"] = str(REPO)
+    if tiny is not None:
+        out["RADIXCACHE_MODEL"] = str(tiny)
+    return out
+
+
+def run_block(block: Block, cwd: Path, tiny_dir: Path) -> None:
+    where = f"{block.doc}:{block.line}"
+    tiny = tiny_dir if "tiny" in block.markers else None
+    if block.lang == "python":
+        code = block.text.replace('"smollm2"', repr(str(tiny_dir))) if tiny else block.text
+        cmd = [sys.executable, "-c", code]
+    else:
+        script = block.text.replace(SETUP_PREFIX, "")
+        if "cheap" in block.markers:
+            script = cheapen(script, block.markers["cheap"])
+        cmd = ["bash", "-c", "set -euo pipefail\n" + script]
+    done = subprocess.run(
+        cmd, cwd=cwd, env=env(tiny), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+    )
+    output = f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{where} failed ({done.returncode}):\n{cmd[-1]}\n{output}"
+
+
+def _docs() -> list[str]:
+    return sorted({*MY_DOCS, *(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", _docs())
+def test_fenced_commands_run_as_shown(doc: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    cwd = scratch(tmp_path)
+    ran = 0
+    for block in blocks(doc):
+        if "file" in block.markers:
+            (cwd / block.markers["file"]).write_text(block.text, encoding="utf-8")
+            continue
+        if block.lang not in ("bash", "sh", "shell", "python") or "skip" in block.markers:
+            continue
+        if doc in MY_DOCS or block.lang == "python":
+            if doc not in MY_DOCS:
+                continue  # other engineers' Python snippets assume their own setup
+            run_block(block, cwd, tiny_model_dir)
+            ran += 1
+            continue
+        for command in block.text.replace("\\\n", " ").splitlines():
+            if not command.strip() or command.lstrip().startswith("#"):
+                continue
+            if any(needle in command for needle in EXTERNAL_SKIPS):
+                continue
+            run_block(Block(doc, block.line, "bash", command + "\n"), cwd, tiny_model_dir)
+            ran += 1
+    if doc in MY_DOCS:
+        assert ran > 0, f"{doc}: no runnable block"
+
+
+def test_the_marker_helpers() -> None:
+    script = "radixcache replay --compare   # both\nradixcache replay x.jsonl | tee out\n"
+    assert cheapen(script, "--limit 1") == (
+        "radixcache replay --compare --limit 1 # both\nradixcache replay x.jsonl --limit 1 | tee out\n"
+    )
+    readme = blocks("README.md")
+    assert any("radixcache replay" in b.text and "cheap" in b.markers for b in readme)
+    ci = (REPO / ".ci" / "run").read_text()
+    test_command = "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
+    assert test_command in ci and any(test_command in b.text for b in readme), "README's test command is .ci/run's"
