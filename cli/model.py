@@ -41,11 +41,11 @@ def info(model: str, as_json: bool, debug: bool) -> None:
         json.dump(facts, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    table = Table(title=f"{facts['name']} ({facts['source']})", title_justify="left", show_header=False)
+    table = Table(title=facts["name"], title_justify="left", show_header=False)
     table.add_column("")
     table.add_column("", justify="right")
     for key, value in facts.items():
-        if key in ("name", "source"):
+        if key == "name":
             continue
         shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
         table.add_row(key.replace("_", " "), shown)

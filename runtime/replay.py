@@ -443,7 +443,10 @@ def replay(
             _drive_sequential(run, sessions, offsets)
     except KeyboardInterrupt:
         interrupted = True
-    wall = time.perf_counter() - run.t0
+        wall = time.perf_counter() - run.t0
+        _settle(engine)
+    else:
+        wall = time.perf_counter() - run.t0
     enabled = bool(getattr(engine, "enable_cache", True))
     summary = summarize(
         run.records,
@@ -505,6 +508,26 @@ async def _drive_concurrent(run: _Run, sessions: list[_Session], offsets: dict[t
             run.finish(session, k, result, started)
 
     await asyncio.gather(*(conversation(s) for s in sessions))
+
+
+def _settle(engine: Any, timeout: float = 30.0) -> None:
+    """After Ctrl-C, wait until the engine's loop thread has aborted the cancelled requests and stopped, so
+    the process can exit cleanly (a thread still inside torch at interpreter exit aborts the process).
+    The Engine has no public drain call yet: this polls its loop's `idle()`, else its stats' running/waiting."""
+    loop = getattr(engine, "_loop", None)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if loop is not None and hasattr(loop, "idle"):
+                if loop.idle():
+                    return
+            else:
+                stats = getattr(engine, "stats", None)
+                if not (getattr(stats, "running", 0) or getattr(stats, "waiting", 0)):
+                    return
+            time.sleep(0.02)
+    except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
+        return
 
 
 def _warm_up(engine: Any) -> None:
