@@ -467,7 +467,7 @@ class Engine:
         return IncrementalDetokenizer(self._text, prompt_ids)
 
     def _pinned_blocks(self) -> int:
-        return sum(node.end_len // self.cache.page_size for node in self._pins.values())
+        return sum(node.end_len // self.cache.page_size for node in list(self._pins.values()))
 
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

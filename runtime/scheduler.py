@@ -53,8 +53,8 @@ class SchedulerConfig:
     schedule: str = "lpm"
     max_prefill_tokens: int = 512
     max_running: int = 64
-    max_wait_steps: int = 256
-    max_wait_s: float = 30.0
+    max_wait_steps: int = 64
+    max_wait_s: float = 10.0
     in_batch_sharing: bool = True
 
     def __post_init__(self) -> None:
