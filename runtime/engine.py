@@ -26,6 +26,7 @@ from runtime.kv_pool import blocks_for_budget
 from runtime.loop import EngineLoop, RequestHandle
 from runtime.model import DEFAULT_CHUNK, LlamaModel
 from runtime.request import GenerationResult, Request, Status
+from runtime.retention import RetentionPolicy
 from runtime.sampling import Sampler, SamplingParams, find_stop, stop_token_set
 from runtime.scheduler import Scheduler, SchedulerConfig
 
@@ -121,7 +122,8 @@ class Engine:
         if capacity_blocks is None:
             budget = kv_memory if kv_memory is not None else DEFAULT_KV_MEMORY
             capacity_blocks = blocks_for_budget(self.config, budget, page_size, self.model.dtype)
-        self.cache = RadixCache(capacity_blocks, page_size, policy)
+        self.retention = RetentionPolicy(policy)
+        self.cache = RadixCache(capacity_blocks, page_size, self.retention)
         self.pool = self.model.new_pool(capacity_blocks, page_size)
         self.kv = KVManager(self.cache, enable_cache=enable_cache)
         self.enable_cache = enable_cache
@@ -160,12 +162,14 @@ class Engine:
         priority: int = 0,
         timeout: float | None = None,
         pin: bool | int = False,
+        retention: int = 0,
     ) -> Any:
         """Continue `prompt` (text, or token ids); a list of prompts runs them concurrently and returns a list.
 
         `params` replaces the individual sampling arguments. `priority`: higher is admitted first and preempted
         last. `timeout`: seconds, after which the request ends with finish_reason "timeout". `pin`: keep the
         prompt's KV (True) or its first n tokens in the cache until `unpin`, within `max_pinned_fraction`.
+        `retention`: a soft priority for keeping the prompt's KV (higher is evicted later; see runtime.retention).
         """
         kw = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
         handles = self.submit(prompt, **kw)
@@ -238,6 +242,10 @@ class Engine:
             return len(gone)
 
         return self._loop.call(drop).result()
+
+    def clear_retention(self) -> int:
+        """Forget every retention mark (leaves re-rank as they are next touched). Returns how many there were."""
+        return self._loop.call(lambda _: self.retention.clear()).result()
 
     @property
     def stats(self) -> EngineStats:
@@ -398,6 +406,7 @@ class Engine:
         priority: int = 0,
         timeout: float | None = None,
         pin: bool | int = False,
+        retention: int = 0,
     ) -> Request:
         t0 = time.perf_counter()
         if params is None:
@@ -431,6 +440,7 @@ class Engine:
             priority=priority,
             deadline=None if timeout is None else t0 + timeout,
             pin=pin_tokens,
+            retention=retention,
         )
 
     def _wait(self, handles: list[RequestHandle]) -> list[GenerationResult]:

@@ -96,6 +96,7 @@ class Request:
     priority: int = 0  # higher runs first and is preempted last
     deadline: float | None = None  # perf_counter time after which the request times out
     pin: int = 0  # tokens of the prompt to pin in the cache once computed
+    retention: int = 0  # retention priority of the prompt's KV (runtime.retention)
     t_admitted: float | None = None
     wait_steps: int = 0
     preemptions: int = 0

@@ -96,6 +96,8 @@ class Scheduler:
                 f"a prompt of {len(req.prompt_ids)} tokens needs {need} pages of {self.kv.page_size} tokens, "
                 f"but the whole KV pool holds {cap} pages"
             )
+        if req.retention and self.kv.enable_cache:
+            self.engine.retention.mark(req.namespace, req.prompt_ids, req.retention)
         self.waiting.append(req)
 
     def abort(self, req: Request, reason: str = "cancelled") -> bool:

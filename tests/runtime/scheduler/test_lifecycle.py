@@ -203,3 +203,17 @@ def test_pinned_prefix_survives_eviction_within_its_share(tiny: RandomModel) -> 
     assert_clean(engine)
     assert engine.unpin() == 1 and engine.stats.pinned_blocks == 0
     assert_clean(engine)
+
+
+def test_retention_priority_keeps_a_prefix_through_eviction_that_lru_would_take(tiny: RandomModel) -> None:
+    outcomes = []
+    for retention in (0, 1):
+        engine = Engine(tiny, capacity_blocks=32, page_size=4)
+        system = ids(32, 60)
+        engine.generate([*system, 1], 1, retention=retention)
+        for i in range(6):
+            engine.generate(ids(40, 61 + i), 2)  # newer than the system prompt: LRU alone evicts it first
+        outcomes.append(engine.generate([*system, 2], 1).cached_tokens)
+        assert_clean(engine)
+        assert engine.cache.policy.name == "lru"
+    assert outcomes == [0, 32]
