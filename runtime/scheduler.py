@@ -234,8 +234,8 @@ class Scheduler:
             self._remove(req)
             self.kv.release(req)
             self._leave(req)
-        elif req.listener is not None:
-            req.listener(req)
+        else:
+            self._notify(req)
 
     def _anyone_waiting(self, req: Request) -> bool:
         """Whether committing the prompt early can serve a waiting request (cache-aware schedules only)."""
@@ -337,5 +337,13 @@ class Scheduler:
     def _leave(self, req: Request) -> None:
         req.t_finish = time.perf_counter()
         self.finished.append(req)
+        self._notify(req)
+
+    @staticmethod
+    def _notify(req: Request) -> None:
+        """Tell a streaming caller about new tokens; a caller that went away (closed event loop) is ignored."""
         if req.listener is not None:
-            req.listener(req)
+            try:
+                req.listener(req)
+            except Exception:
+                req.listener = None
