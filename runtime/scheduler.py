@@ -267,7 +267,8 @@ class Scheduler:
 
     @staticmethod
     def _dfs_weight(reqs: list[Request], nodes: dict[int, TreeNode | None]) -> list[Request]:
-        """Depth-first over the cached subtrees the requests hit, heaviest (most requests) child first."""
+        """Depth-first over the cached subtrees the requests hit, heaviest (most requests) child first; within a
+        subtree, requests that hit deeper go before those whose hit ends higher up (they need fewer new pages)."""
         weight: dict[int, int] = defaultdict(int)
         children: dict[int, dict[int, TreeNode]] = defaultdict(dict)
         at: dict[int, list[Request]] = defaultdict(list)
@@ -289,11 +290,11 @@ class Scheduler:
                 node = parent
         out: list[Request] = []
 
-        def visit(node: TreeNode) -> None:
-            out.extend(sorted(at[node.uid], key=lambda r: r.rid))
+        def visit(node: TreeNode) -> None:  # the subtree's deeper hits before the requests that end here
             kids = sorted(children[node.uid].values(), key=lambda n: (-weight[n.uid], n.uid))
             for kid in kids:
                 visit(kid)
+            out.extend(sorted(at[node.uid], key=lambda r: r.rid))
 
         for top in sorted(tops.values(), key=lambda n: (-weight[n.uid], n.uid)):
             visit(top)
