@@ -57,8 +57,8 @@ class ReplayError(ValueError):
 class ReplayConfig:
     """How to replay. max_tokens overrides every turn's own limit (trace `max_tokens` / `output_length`, else
     `default_max_tokens`). limit: the first N conversations (sessions of a token trace). temperature 0 is
-    greedy; with sampling, request i uses seed `seed + i`, so runs with and without the cache see the same
-    random stream."""
+    greedy; with sampling, the i-th request in replay order uses seed `seed + i` (whatever the concurrency), so
+    runs with and without the cache see the same random stream."""
 
     mode: str = "live"
     max_tokens: int | None = None
@@ -226,13 +226,14 @@ def sample_trace_path() -> Path:
 
 def load_replay_trace(path: str | Path | None = None, format: str | None = None) -> Trace:
     """A text or token trace to replay (the sample trace when `path` is None). Hash-block traces are refused."""
-    trace = read_trace(sample_trace_path() if path is None else path, format)
+    source = str(sample_trace_path() if path is None else path)
+    trace = read_trace(source, format)
     if trace.kind == "hash":
         raise TraceError(
-            str(path), "format", f"{trace.format} traces hold hash ids, not tokens or text: simulate them instead"
+            source, "format", f"{trace.format} traces hold hash ids, not tokens or text: simulate them instead"
         )
     if not trace.records:
-        raise TraceError(str(path), "1", "the trace holds no requests")
+        raise TraceError(source, "1", "the trace holds no requests")
     return trace
 
 
@@ -271,10 +272,10 @@ class _Run:
         self.on_warning = on_warning or (lambda message: None)
         self.records: list[RequestRecord] = []
         self.skipped: list[SkippedTurn] = []
-        self.issued = 0
+        self.positions: dict[tuple[int, int], int] = {}  # (session, turn) -> its place in replay order
         self.t0 = time.perf_counter()
 
-    def prepare(self, session: _Session, k: int) -> tuple[list[int], int, int, Any] | SkippedTurn | None:
+    def prepare(self, session: _Session, k: int) -> tuple[list[int], int, int, Any] | SkippedTurn:
         """The prompt ids, token limit, sampling seed and namespace of turn k, or why it is skipped."""
         config = self.config
         if session.conversation is not None:
@@ -296,9 +297,7 @@ class _Run:
                 f"context of {max_position:,}; skipped"
             )
             return self._skip(session, k, len(ids), SKIP_TOO_LONG, message)
-        seed = config.seed + self.issued
-        self.issued += 1
-        return ids, max_new, seed, namespace
+        return ids, max_new, config.seed + self.positions.get((session.index, k), 0), namespace
 
     def finish(self, session: _Session, k: int, result: Any, started: float) -> RequestRecord:
         conversation = session.conversation
@@ -351,7 +350,9 @@ class _Run:
                 time.sleep(delay)
 
 
-def plan_sessions(trace: Trace | Sequence[Conversation] | Sequence[TokenRequest], limit: int | None = None) -> list:
+def plan_sessions(
+    trace: Trace | Sequence[Conversation] | Sequence[TokenRequest], limit: int | None = None
+) -> list[_Session]:
     """Conversations (or token requests grouped by session, in first-appearance order), the first `limit`."""
     records = list(trace.records if isinstance(trace, Trace) else trace)
     sessions: list[_Session] = []
@@ -434,6 +435,7 @@ def replay(
     if config.warmup:
         _warm_up(engine)
     run = _Run(engine, config, on_result, on_warning)
+    run.positions = {(s.index, k): i for i, (s, k) in enumerate(_order(sessions))}
     offsets = _timestamps(sessions, config.honor_timestamps, run.on_warning)
     interrupted = False
     try:

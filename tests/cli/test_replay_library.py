@@ -231,3 +231,10 @@ def test_bad_config_values_are_refused() -> None:
     for kwargs in ({"mode": "dream"}, {"max_tokens": 0}, {"limit": 0}, {"temperature": -1.0}, {"concurrency": 0}):
         with pytest.raises(ReplayError):
             ReplayConfig(**kwargs)
+
+
+def test_sampling_is_reproducible_per_request_position(tiny_model_dir: Path) -> None:
+    config = ReplayConfig(temperature=1.0, seed=5, max_tokens=6)
+    first = replay(Engine(str(tiny_model_dir)), CONVERSATIONS, config)
+    second = replay(Engine(str(tiny_model_dir)), CONVERSATIONS, config)
+    assert [r.text for r in first.requests] == [r.text for r in second.requests]
