@@ -49,7 +49,7 @@ def chat(
     interactive = sys.stdin.isatty()
     if interactive:
         click.echo(f"chatting with {engine.config.name} ({COMMANDS})", err=True)
-    history: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    session = engine.session(system=system, max_new_tokens=max_tokens, temperature=temperature)
     turn = 0
     while True:
         if interactive:
@@ -61,14 +61,12 @@ def chat(
         if text in ("/exit", "/quit"):
             break
         if text == "/reset":
-            history = history[:1] if system else []
+            session = engine.session(system=system, max_new_tokens=max_tokens, temperature=temperature)
             click.echo("(history cleared; the cache keeps what it holds)", err=True)
             continue
         if not text:
             continue
-        history.append({"role": "user", "content": text})
-        result = engine.chat(history, max_tokens, temperature=temperature, seed=seed + turn)
-        history.append({"role": "assistant", "content": result.text})
+        result = session.send(text, seed=seed + turn)
         turn += 1
         click.echo(click.style("model> ", bold=True) + result.text)
         stats = (

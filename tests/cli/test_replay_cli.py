@@ -185,3 +185,12 @@ def test_real_model_compare_in_live_greedy_mode_generates_the_same_text(run_cli,
     assert cached == uncached and len(cached) == 4
     assert data["comparison"]["text_mismatches"] == 0
     assert data["summary"]["cached_tokens"] > 0 and data["no_cache"]["summary"]["cached_tokens"] == 0
+
+
+def test_chat_reset_starts_a_new_conversation_that_hits_the_cache(runner, tiny_model_dir: Path) -> None:
+    args = ["chat", "--model", str(tiny_model_dir), "--max-tokens", "2"]
+    result = runner.invoke(main, args, input="same question\n/reset\nsame question\n")
+    assert result.exit_code == 0, result.output
+    first, second = [line for line in result.stdout.splitlines() if "prefilled" in line]
+    assert first.startswith("[0 cached")
+    assert int(second.split("[")[1].split(" cached")[0]) >= 16  # the same prompt again: whole pages from the tree
