@@ -18,8 +18,10 @@ def main() -> None:
     """radixcache: a radix-tree prefix KV cache, its simulator, and a runtime that uses it.
 
     \b
-    Example:
-      radixcache demo --policy lru --capacity-blocks 20000
+    Examples:
+      radixcache replay                      # the built-in sample chat trace through SmolLM2
+      radixcache replay --compare            # the same with and without the cache
+      radixcache simulate TRACE --capacity-blocks 8000 --belady
     """
 
 
