@@ -243,6 +243,14 @@ class Engine:
 
         return self._loop.call(drop).result()
 
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no request is in flight and the engine's loop thread has exited (False on timeout).
+
+        Call it after cancelling requests (say on Ctrl-C) before the process exits: a loop thread still inside
+        torch at interpreter exit aborts the process.
+        """
+        return self._loop.wait_idle(timeout)
+
     def clear_retention(self) -> int:
         """Forget every retention mark (leaves re-rank as they are next touched). Returns how many there were."""
         return self._loop.call(lambda _: self.retention.clear()).result()

@@ -9,6 +9,7 @@ await it); streaming callers get each new token through the request's listener, 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -88,6 +89,18 @@ class EngineLoop:
     def idle(self) -> bool:
         with self._cv:
             return self._thread is None
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until nothing is in flight and the loop thread has exited. Returns False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._cv:
+                thread = self._thread
+            if thread is None:
+                return True
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                return False
 
     # ------------------------------------------------------------------ the thread
 

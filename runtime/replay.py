@@ -514,20 +514,9 @@ async def _drive_concurrent(run: _Run, sessions: list[_Session], offsets: dict[t
 
 def _settle(engine: Any, timeout: float = 30.0) -> None:
     """After Ctrl-C, wait until the engine's loop thread has aborted the cancelled requests and stopped, so
-    the process can exit cleanly (a thread still inside torch at interpreter exit aborts the process).
-    The Engine has no public drain call yet: this polls its loop's `idle()`, else its stats' running/waiting."""
-    loop = getattr(engine, "_loop", None)
-    deadline = time.monotonic() + timeout
+    the process can exit cleanly (a thread still inside torch at interpreter exit aborts the process)."""
     try:
-        while time.monotonic() < deadline:
-            if loop is not None and hasattr(loop, "idle"):
-                if loop.idle():
-                    return
-            else:
-                stats = getattr(engine, "stats", None)
-                if not (getattr(stats, "running", 0) or getattr(stats, "waiting", 0)):
-                    return
-            time.sleep(0.02)
+        engine.wait_idle(timeout)
     except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
         return
 

@@ -131,3 +131,15 @@ def test_engine_metrics_report_queues_hits_and_blocks(tiny: RandomModel) -> None
     assert s.running == s.waiting == 0
     assert s.free_blocks + s.evictable_blocks + s.locked_blocks == s.capacity_blocks
     assert s.requests == 3 and s.steps > 0
+
+
+def test_wait_idle_returns_once_cancelled_requests_are_dropped_and_the_loop_thread_is_gone(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    handles = [engine.submit(ids(24, seed), 200, ignore_eos=True) for seed in range(3)]
+    for handle in handles:
+        handle.cancel()
+    assert engine.wait_idle(timeout=60)
+    assert engine.stats.running == engine.stats.waiting == 0
+    assert all(h.result(timeout=5).finish_reason == "cancelled" for h in handles)
+    assert_clean(engine)
+    assert engine.wait_idle(timeout=0)  # already idle: returns at once
