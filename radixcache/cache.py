@@ -9,11 +9,11 @@ from __future__ import annotations
 import operator
 from array import array
 from collections.abc import Hashable, Iterator, Sequence
+from heapq import heapify, heappop, heappush
+from itertools import count
 from math import gcd
 from operator import attrgetter
 from typing import NamedTuple
-
-from sortedcontainers import SortedList
 
 from radixcache.blocks import STATE_NAMES, BlockPool
 from radixcache.errors import BlockCountError, BlockStateError, CacheFullError, LockError, RadixCacheError
@@ -68,7 +68,14 @@ class RadixCache:
         self._uids = new_node_ids()
         self._clock = 0  # logical time: one tick per match or insert, so runs are deterministic
         self._roots: dict[Hashable, TreeNode] = {}
-        self._evictable_leaves = SortedList()  # (priority, uid, node) of unlocked non-root leaves
+        # The evictable set: a binary heap of entries (priority, uid, seq, node) with lazy deletion. A node's
+        # live entry is `node.evict_key` (None while out of the set); any other entry is stale and is dropped
+        # when it reaches the top, or by `_compact` once stale entries outnumber live ones. Live entries are
+        # exactly the unlocked non-root leaves. `seq` is unique per entry, so a stale and a live entry of one
+        # node with equal priorities still compare without reaching the node.
+        self._evictable_leaves: list[tuple] = []
+        self._stale = 0  # stale entries in the heap
+        self._seq = count()
         self._evictable = 0  # blocks in unlocked tree nodes
         self._tree_locked = 0  # blocks in locked tree nodes
         self._stats = StatsCounter()
@@ -352,8 +359,6 @@ class RadixCache:
     def _touch(self, node: TreeNode, *, hit: bool) -> None:
         """Refresh access time (and hit count) from `node` up to its root, re-sorting `node` if evictable."""
         entry = node.evict_key
-        if entry is not None:  # out of the set while its priority changes (the inlined _set_discard)
-            self._evictable_leaves.remove(entry)
         clock = self._clock
         n = node
         while n.parent is not None:
@@ -361,24 +366,32 @@ class RadixCache:
             if hit:
                 n.hit_count += 1
             n = n.parent
-        if entry is not None:
+        if entry is not None:  # re-keyed: the old entry goes stale (the inlined _set_discard)
+            self._stale += 1
             self._set_add(node)
 
     # ------------------------------------------------------------------ private: eviction
 
     def _evict(self, n: int) -> int:
         p = self.page_size
-        leaves = self._evictable_leaves
+        heap = self._evictable_leaves
         policy = self.policy
         stats = self._stats
         freed = 0
-        while freed < n and leaves:
-            priority, _, leaf = leaves[0]
+        while freed < n:
+            while heap and heap[0][3].evict_key is not heap[0]:  # stale entries at the top: drop them
+                heappop(heap)
+                self._stale -= 1
+            if not heap:
+                break
+            entry = heap[0]
+            priority = entry[0]
+            leaf = entry[3]
             policy.on_evict(leaf, priority)
             size = len(leaf.blocks)
             take = n - freed if n - freed < size else size
             if take == size:
-                leaves.pop(0)  # the entry just read: cheaper than a remove by value
+                heappop(heap)  # the entry just read
                 leaf.evict_key = None
                 self._detach(leaf)
             else:  # trim the leaf's tail: the deepest tokens go, the rest stays cached
@@ -391,7 +404,7 @@ class RadixCache:
                 # A trim is not an access: the leaf keeps its priority, unless the policy ranks a leaf by
                 # the blocks it holds (Belady), where the new deepest block may be needed sooner.
                 if policy.ranks_by_extent and policy.priority(leaf) != priority:
-                    leaves.pop(0)
+                    heappop(heap)
                     self._set_add(leaf)
             freed += take
             stats.evictions += 1
@@ -416,13 +429,26 @@ class RadixCache:
             del self._roots[parent.namespace]
 
     def _set_add(self, node: TreeNode) -> None:
-        entry = (self.policy.priority(node), node.uid, node)
+        entry = (self.policy.priority(node), node.uid, next(self._seq), node)
         node.evict_key = entry
-        self._evictable_leaves.add(entry)
+        heappush(self._evictable_leaves, entry)
+        if self._stale * 2 > len(self._evictable_leaves):
+            self._compact()
 
     def _set_discard(self, node: TreeNode) -> None:
-        self._evictable_leaves.remove(node.evict_key)
-        node.evict_key = None
+        node.evict_key = None  # its entry goes stale
+        self._stale += 1
+
+    def _compact(self) -> None:
+        """Drop every stale entry: O(heap), run once stale entries outnumber live ones, so O(1) amortised."""
+        heap = self._evictable_leaves  # in place: `_evict` holds a reference to this list
+        heap[:] = [entry for entry in heap if entry[3].evict_key is entry]
+        heapify(heap)
+        self._stale = 0
+
+    def _evictable_entries(self) -> list[tuple]:
+        """The live entries of the evictable set, in no particular order: for checks, not hot paths."""
+        return [entry for entry in self._evictable_leaves if entry[3].evict_key is entry]
 
     # ------------------------------------------------------------------ private: validation
 

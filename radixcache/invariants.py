@@ -65,12 +65,17 @@ def check_invariants(cache: RadixCache) -> None:
     total = cache.free_blocks + cache.evictable_blocks + cache.locked_blocks
     _require(total == cache.capacity_blocks, f"free+evictable+locked = {total} != {cache.capacity_blocks}")
 
-    entries = list(cache._evictable_leaves)
-    actual_leaves = {uid for _, uid, _ in entries}
+    # The evictable set is a heap with lazy deletion: its live entries (those that are their node's evict_key)
+    # must be exactly the unlocked non-root leaves, each once; every other entry is counted as stale.
+    heap = cache._evictable_leaves
+    entries = cache._evictable_entries()
+    actual_leaves = {entry[1] for entry in entries}
     _require(len(actual_leaves) == len(entries), "the evictable set lists a node twice")
     _require(actual_leaves == expected_leaves, "the evictable set differs from the unlocked leaves")
     for entry in entries:
-        _require(entry[2].evict_key is entry, f"{entry[2]!r}: evict_key does not match its set entry")
+        _require(entry[1] == entry[3].uid, f"{entry[3]!r}: its evictable entry carries another uid")
+    _require(cache._stale == len(heap) - len(entries), f"stale counter {cache._stale} != {len(heap) - len(entries)}")
+    _require(all(heap[(i - 1) // 2] <= heap[i] for i in range(1, len(heap))), "the evictable heap is out of order")
 
 
 def _check_node(node: TreeNode, p: int, child_lock_sum: int) -> None:

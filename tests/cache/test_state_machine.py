@@ -335,11 +335,12 @@ class CacheModel(RuleBasedStateMachine):
 
     @invariant()
     def eviction_keys_are_current(self) -> None:
-        # private read: the sorted set of evictable leaves must be re-keyed on every access, split and trim.
-        # Cost-aware keys keep the inflation of the moment they were set (GreedyDual), so only its order is free.
+        # private read: the evictable leaves must be re-keyed on every access, split and trim (every live
+        # entry of the heap is current). Cost-aware keys keep the inflation of the moment they were set
+        # (GreedyDual), so only its order is free.
         policy = self.cache.policy
         if policy.name != "cost":
-            for priority, _, node in self.cache._evictable_leaves:
+            for priority, _, _, node in self.cache._evictable_entries():
                 assert priority == policy.priority(node), f"{node!r} sits in the evictable set under a stale key"
 
     @invariant()
