@@ -8,6 +8,7 @@ from cli.chat import chat
 from cli.demo import demo
 from cli.model import model
 from cli.replay import replay
+from cli.serve import serve
 from cli.simulate import simulate
 from cli.trace import trace
 
@@ -29,5 +30,6 @@ main.add_command(chat)
 main.add_command(demo)
 main.add_command(model)
 main.add_command(replay)
+main.add_command(serve)
 main.add_command(simulate)
 main.add_command(trace)

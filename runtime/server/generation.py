@@ -1,0 +1,148 @@
+"""Run OpenAI-style requests on the Engine from asyncio: whole results, or text deltas then the result.
+
+Every engine request is tracked in `Inflight`, so that a client that goes away, or the server shutting down,
+cancels it (the engine frees its blocks at its next step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.loop import RequestHandle
+from runtime.request import GenerationResult
+
+Event = tuple[int, str | None, GenerationResult | None]  # (choice index, text delta, final result)
+
+
+@dataclass(slots=True)
+class Inflight:
+    """The handles of every engine request the server has running."""
+
+    handles: set[RequestHandle] = field(default_factory=set)
+
+    def cancel_all(self) -> int:
+        live = [h for h in list(self.handles) if not h.done()]
+        for h in live:
+            h.cancel()
+        return len(live)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One HTTP request's generation: a tokenised prompt, n samples, the engine arguments."""
+
+    prompt_ids: list[int]
+    n: int
+    max_tokens: int
+    kwargs: dict[str, Any]  # temperature, top_p, seed, stop, namespace
+
+    def sample_kwargs(self, i: int) -> dict[str, Any]:
+        kw = dict(self.kwargs)
+        if kw.get("seed") is not None:
+            kw["seed"] = kw["seed"] + i
+        return kw
+
+
+def _submit(engine: Any, job: Job, i: int, inflight: Inflight) -> RequestHandle:
+    handle = engine.submit(job.prompt_ids, job.max_tokens, **job.sample_kwargs(i))
+    inflight.handles.add(handle)
+    handle.future.add_done_callback(lambda _: inflight.handles.discard(handle))
+    return handle
+
+
+async def share_prefix(engine: Any, job: Job, inflight: Inflight) -> None:
+    """For n > 1: put the prompt's KV in the tree once (one token, like Engine.fork) so the n samples lock it
+    instead of each prefilling it."""
+    if job.n < 2 or not engine.enable_cache or len(job.prompt_ids) < engine.cache.page_size:
+        return
+    handle = engine.submit(job.prompt_ids, 1, ignore_eos=True, namespace=job.kwargs.get("namespace"))
+    inflight.handles.add(handle)
+    try:
+        await asyncio.wrap_future(handle.future)
+    finally:
+        inflight.handles.discard(handle)
+        if not handle.done():
+            handle.cancel()
+
+
+async def complete(engine: Any, job: Job, inflight: Inflight) -> list[GenerationResult]:
+    """The n results of a job; cancelling the awaiting task cancels every engine request."""
+    await share_prefix(engine, job, inflight)
+    handles = [_submit(engine, job, i, inflight) for i in range(job.n)]
+    try:
+        return list(await asyncio.gather(*(asyncio.wrap_future(h.future) for h in handles)))
+    finally:
+        for h in handles:
+            if not h.done():
+                h.cancel()
+
+
+def _visible_text(engine: Any, ids: Sequence[int], hidden: set[int], holdback: int) -> str:
+    text = engine.tokenizer.decode([t for t in ids if t not in hidden], skip_special_tokens=True)
+    text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence waits for its next byte
+    return text[: len(text) - holdback] if holdback else text
+
+
+async def _stream_one(engine: Any, job: Job, i: int, inflight: Inflight, out: asyncio.Queue[Event]) -> None:
+    loop = asyncio.get_running_loop()
+    wake: asyncio.Queue[None] = asyncio.Queue()
+    handle = _submit(engine, job, i, inflight)
+    req = handle.request
+    req.listener = lambda _r: loop.call_soon_threadsafe(wake.put_nowait, None)  # on the engine loop thread
+    handle.future.add_done_callback(lambda _f: loop.call_soon_threadsafe(wake.put_nowait, None))
+    hidden = set(engine.eos_token_ids) | set(req.sampler.params.stop_token_ids)
+    holdback = max((len(s) for s in job.kwargs.get("stop", ())), default=1) - 1
+    emitted = ""
+    try:
+        while not handle.done():
+            await wake.get()
+            visible = _visible_text(engine, list(req.output_ids), hidden, holdback)
+            if len(visible) > len(emitted) and visible.startswith(emitted):
+                await out.put((i, visible[len(emitted) :], None))
+                emitted = visible
+        result = await asyncio.wrap_future(handle.future)
+        if result.text.startswith(emitted) and len(result.text) > len(emitted):
+            await out.put((i, result.text[len(emitted) :], None))
+        await out.put((i, None, result))
+    finally:
+        if not handle.done():
+            handle.cancel()
+
+
+async def stream(engine: Any, job: Job, inflight: Inflight) -> AsyncIterator[Event]:
+    """(index, delta, None) as text arrives, then (index, None, result) once per sample. Closing the iterator
+    (a client that disconnects) cancels every sample."""
+    await share_prefix(engine, job, inflight)
+    out: asyncio.Queue[Event] = asyncio.Queue()
+    tasks = [asyncio.create_task(_stream_one(engine, job, i, inflight, out)) for i in range(job.n)]
+    finished = 0
+    try:
+        while finished < job.n:
+            failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception()), None)
+            if failed is not None:
+                raise failed.exception()  # type: ignore[misc]
+            getter = asyncio.create_task(out.get())
+            running = {t for t in tasks if not t.done()}
+            done, _ = await asyncio.wait({getter, *running}, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                continue
+            event = getter.result()
+            finished += event[2] is not None
+            yield event
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def namespace_for(api_key: str | None) -> Hashable:
+    """The cache namespace of a tenant: derived from its key by the server, never chosen by the client."""
+    if api_key is None:
+        return None
+    import hashlib
+
+    return "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:16]

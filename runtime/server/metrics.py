@@ -1,0 +1,108 @@
+"""Prometheus text exposition of the engine's prefix-cache and scheduler state, and the server's latencies.
+
+Counters and gauges are read from `engine.stats` at scrape time; TTFT and TPOT histograms are observed by the
+server as each request finishes. No client library: the text format is a few lines.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from typing import Any
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class Histogram:
+    """A cumulative-bucket histogram (thread-safe)."""
+
+    def __init__(self, name: str, help: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.help, self.buckets = name, help, buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        with self._lock:
+            self.counts[bisect.bisect_left(self.buckets, value)] += 1
+            self.sum += value
+
+    def lines(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        with self._lock:
+            total = 0
+            for bound, c in zip((*self.buckets, float("inf")), self.counts, strict=True):
+                total += c
+                le = "+Inf" if bound == float("inf") else repr(bound)
+                out.append(f'{self.name}_bucket{{le="{le}"}} {total}')
+            out += [f"{self.name}_sum {self.sum}", f"{self.name}_count {total}"]
+        return out
+
+
+class ServerMetrics:
+    """What /metrics shows: engine state at scrape time plus request latencies and HTTP outcomes."""
+
+    def __init__(self) -> None:
+        self.ttft = Histogram("radixcache_time_to_first_token_seconds", "Request arrival to first token.", TTFT_BUCKETS)
+        self.tpot = Histogram(
+            "radixcache_time_per_output_token_seconds", "Mean time per token after the first.", TPOT_BUCKETS
+        )
+        self.requests_ok = 0
+        self.requests_failed = 0
+        self.requests_cancelled = 0
+
+    def observe(self, result: Any) -> None:
+        self.ttft.observe(result.ttft_s)
+        if len(result.token_ids) > 1:
+            self.tpot.observe(result.tpot_s)
+        if result.finish_reason == "cancelled":
+            self.requests_cancelled += 1
+
+    def render(self, engine: Any, model_name: str) -> str:
+        s = engine.stats
+        label = f'{{model="{model_name}"}}'
+        rows: list[tuple[str, str, str, float]] = [
+            (
+                "radixcache_prefix_cache_queries_tokens_total",
+                "counter",
+                "Prompt tokens looked up in the cache.",
+                s.prompt_tokens,
+            ),
+            (
+                "radixcache_prefix_cache_hits_tokens_total",
+                "counter",
+                "Prompt tokens served from the cache.",
+                s.cached_tokens,
+            ),
+            ("radixcache_prefix_cache_hit_rate", "gauge", "Hits / queries, in tokens, since start.", s.hit_rate),
+            ("radixcache_prefill_tokens_total", "counter", "Prompt tokens computed.", s.prefill_tokens),
+            (
+                "radixcache_recomputed_tokens_total",
+                "counter",
+                "Positions recomputed after preemption.",
+                s.recomputed_tokens,
+            ),
+            ("radixcache_generation_tokens_total", "counter", "Tokens generated.", s.generated_tokens),
+            ("radixcache_engine_requests_total", "counter", "Engine requests finished.", s.requests),
+            ("radixcache_preemptions_total", "counter", "Requests preempted under memory pressure.", s.preemptions),
+            ("radixcache_kv_blocks_capacity", "gauge", "KV pages in the pool.", s.capacity_blocks),
+            ("radixcache_kv_blocks_free", "gauge", "KV pages free.", s.free_blocks),
+            ("radixcache_kv_blocks_evictable", "gauge", "KV pages cached and evictable.", s.evictable_blocks),
+            ("radixcache_kv_blocks_locked", "gauge", "KV pages locked by running requests or pins.", s.locked_blocks),
+            ("radixcache_requests_running", "gauge", "Requests admitted (prefilling or decoding).", s.running),
+            ("radixcache_requests_waiting", "gauge", "Requests queued.", s.waiting),
+            ("radixcache_http_requests_ok_total", "counter", "HTTP generation requests answered.", self.requests_ok),
+            (
+                "radixcache_http_requests_failed_total",
+                "counter",
+                "HTTP requests refused or failed.",
+                self.requests_failed,
+            ),
+            ("radixcache_requests_cancelled_total", "counter", "Engine requests cancelled.", self.requests_cancelled),
+        ]
+        out: list[str] = []
+        for name, kind, help, value in rows:
+            out += [f"# HELP {name} {help}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
+        out += self.ttft.lines() + self.tpot.lines()
+        return "\n".join(out) + "\n"
