@@ -23,9 +23,9 @@ class EvictionPolicy(ABC):
     """Strategy object for choosing which unlocked leaf to evict next."""
 
     name: str = "abstract"
-    #: True when a leaf's priority depends on which blocks it holds (not only on its access history), so the
-    #: cache must re-rank a leaf after a split or a partial eviction changes them. Otherwise those keep the
-    #: priority of the last access: they are not accesses.
+    #: True when the cache must re-rank a leaf after a split or a partial eviction: its priority depends on
+    #: which blocks it holds (Belady, dead-block LRU), or is re-derived from learned state at every ranking
+    #: (reuse). Otherwise a leaf keeps the priority of its last access: a reshape is not an access.
     ranks_by_extent: bool = False
 
     @abstractmethod
@@ -149,6 +149,7 @@ class ReuseAwarePolicy(EvictionPolicy):
     """
 
     name = "reuse"
+    ranks_by_extent = True
 
     def __init__(
         self,

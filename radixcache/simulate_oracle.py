@@ -80,6 +80,7 @@ class DeadBlockLRU(EvictionPolicy):
     """
 
     name = "lru-dead"
+    ranks_by_extent = True  # whether a leaf is dead depends on the blocks it still holds
 
     def __init__(self, oracle: NextUseOracle) -> None:
         self.oracle = oracle
