@@ -64,9 +64,9 @@ class BlockPool:
     def take(self, n: int) -> list[int]:
         """Move n free blocks to HELD, as one lease. The caller has checked that n <= free_count."""
         free = self._free
-        taken = free[len(free) - n :]
-        del free[len(free) - n :]
-        taken.reverse()
+        cut = len(free) - n
+        taken = free[: cut - 1 : -1] if cut else free[::-1]  # the last n, top of the stack first
+        del free[cut:]
         if taken:
             self._leases[taken[0]] = taken[:]  # a copy: the caller may change its list
         self.held += n

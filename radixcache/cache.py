@@ -110,7 +110,8 @@ class RadixCache:
 
         Raises CacheFullError, with nothing changed, when n exceeds free plus evictable blocks.
         """
-        n = self._count_arg(n, "allocate")
+        if type(n) is not int or n < 0:
+            n = self._count_arg(n, "allocate")
         if n > self.capacity_blocks:
             raise CacheFullError(f"allocate: {n} blocks requested, but the capacity is {self.capacity_blocks}")
         short = n - self._pool.free_count
@@ -396,10 +397,12 @@ class RadixCache:
                 self._detach(leaf)
             else:  # trim the leaf's tail: the deepest tokens go, the rest stays cached
                 keep = size - take
-                gone = leaf.blocks[keep:]
-                leaf.blocks = leaf.blocks[:keep]
-                leaf.key = leaf.key[: keep * p]
-                self._pool.release_tree(gone)
+                blocks = leaf.blocks
+                self._pool.release_tree(blocks[keep:])
+                # In place: a node's block list and key are its own (every one is a fresh list or slice), and
+                # truncating costs only what goes, where a copy would cost what stays.
+                del blocks[keep:]
+                del leaf.key[keep * p :]
                 self._evictable -= take
                 # A trim is not an access: the leaf keeps its priority, unless the policy ranks a leaf by
                 # the blocks it holds (Belady), where the new deepest block may be needed sooner.
@@ -415,12 +418,15 @@ class RadixCache:
     def _detach(self, leaf: TreeNode) -> None:
         parent = leaf.parent
         assert parent is not None and not leaf.children and leaf.lock_ref == 0
-        del parent.children[self._child_key(leaf.key, 0)]
-        self._pool.release_tree(leaf.blocks)
-        self._evictable -= len(leaf.blocks)
+        key = leaf.key
+        del parent.children[key[0] if self.page_size == 1 else key[: self.page_size].tobytes()]
+        blocks = leaf.blocks
+        self._pool._free.extend(blocks)  # the inlined release_tree
+        self._evictable -= len(blocks)
         leaf.parent = None  # marks the node as evicted: lock() refuses it
         leaf.blocks = []
-        if parent.children:
+        children = parent.children
+        if children:
             return
         if parent.parent is not None:
             if parent.lock_ref == 0:
