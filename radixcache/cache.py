@@ -89,7 +89,10 @@ class RadixCache:
         sort by), and splits a node when the match ends inside it, so that the result ends at a node boundary.
         """
         arr = as_token_array(tokens)
-        root = self._root(namespace, create=False)  # validates the namespace before anything changes
+        try:
+            root = self._roots[namespace]
+        except (KeyError, TypeError):  # an unseen or unhashable namespace: _root validates, or makes a transient root
+            root = self._root(namespace, create=False)  # before anything changes
         self._clock += 1
         stats = self._stats
         stats.queries += 1
@@ -179,12 +182,17 @@ class RadixCache:
         if full_pages > matched_pages:
             if partial is not None:
                 node = self._split(partial, partial_len)
-            if node.evict_key is not None:  # about to gain a child: no longer a leaf
-                self._set_discard(node)
-            self._touch(node, hit=False)
+            if node.evict_key is not None:  # about to gain a child: no longer a leaf (the inlined _set_discard)
+                node.evict_key = None
+                self._stale += 1
+            clock = self._clock
+            n = node
+            while n.parent is not None:  # the inlined _touch(node, hit=False): node is out of the set now
+                n.last_access = clock
+                n = n.parent
             key = arr[matched_pages * p : full_pages * p]
-            leaf = TreeNode(next(self._uids), key, new_blocks, node, node.namespace, self._clock)
-            node.children[self._child_key(key, 0)] = leaf
+            leaf = TreeNode(next(self._uids), key, new_blocks, node, node.namespace, clock)
+            node.children[key[0] if p == 1 else key[:p].tobytes()] = leaf
             self._evictable += len(new_blocks)
             self._set_add(leaf)
             self._stats.inserted_tokens += len(key)

@@ -21,6 +21,12 @@ def as_token_array(tokens: Sequence[int] | array) -> array:
     Raises InvalidTokensError for non-integers (floats, strings, None), negative ids or ids over 2**63-1.
     The conversion and the range check run at C speed, so validation is cheap on the hot path.
     """
+    if type(tokens) is array and tokens.typecode == TOKEN_TYPECODE:  # already int64: a copy, then the sign check
+        arr = array(TOKEN_TYPECODE, tokens)
+        if arr.tobytes()[_SIGN_BYTE::8].isascii():
+            return arr
+        index = next(i for i, t in enumerate(arr) if t < 0)
+        raise InvalidTokensError(f"tokens must be non-negative: token {index} is {arr[index]}")
     if isinstance(tokens, (str, bytes, bytearray)):
         raise InvalidTokensError(f"tokens must be a sequence of ints, got {type(tokens).__name__}")
     try:
