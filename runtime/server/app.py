@@ -29,6 +29,7 @@ def create_app(engine: Any, model_name: str = "smollm2", api_keys: Sequence[str]
     keys = frozenset(api_keys)
     inflight = generation.Inflight()
     metrics = ServerMetrics()
+    metrics.cancelled = lambda: inflight.cancelled
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -88,12 +89,15 @@ def create_app(engine: Any, model_name: str = "smollm2", api_keys: Sequence[str]
             sse = responder.sse(events, body.include_usage(), metrics)
             return StreamingResponse(sse, media_type="text/event-stream")
         task = asyncio.create_task(generation.complete(engine, job, inflight))
-        while not task.done():  # a client that goes away cancels its engine requests
-            await asyncio.wait({task}, timeout=0.1)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                raise APIError(499, "client disconnected")
+        gone = asyncio.create_task(_disconnect(request))
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not task.done():  # the client went away: cancel its engine requests
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise APIError(499, "client disconnected")
         results = task.result()
         for r in results:
             metrics.observe(r)
@@ -148,6 +152,12 @@ def create_app(engine: Any, model_name: str = "smollm2", api_keys: Sequence[str]
 
 
 _STARTED = int(time.time())
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read; only the disconnect is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _tenant(request: Request) -> Any:

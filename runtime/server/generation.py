@@ -22,11 +22,17 @@ class Inflight:
     """The handles of every engine request the server has running."""
 
     handles: set[RequestHandle] = field(default_factory=set)
+    cancelled: int = 0  # engine requests this server aborted (client gone, shutdown)
+
+    def cancel(self, handle: RequestHandle) -> None:
+        if not handle.done():
+            self.cancelled += 1
+            handle.cancel()
 
     def cancel_all(self) -> int:
         live = [h for h in list(self.handles) if not h.done()]
         for h in live:
-            h.cancel()
+            self.cancel(h)
         return len(live)
 
 
@@ -46,6 +52,27 @@ class Job:
         return kw
 
 
+async def result_of(handle: RequestHandle) -> GenerationResult:
+    """Await a handle's result. Unlike `asyncio.wrap_future`, cancelling the awaiting task leaves the handle's
+    future alone: a cancelled concurrent future would make the engine loop fail when it delivers the result,
+    and would hide from `Inflight.cancel` that the engine request still runs."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[GenerationResult] = loop.create_future()
+
+    def copy(f: Any) -> None:
+        if waiter.done():
+            return
+        if f.cancelled():
+            waiter.cancel()
+        elif f.exception() is not None:
+            waiter.set_exception(f.exception())
+        else:
+            waiter.set_result(f.result())
+
+    handle.future.add_done_callback(lambda f: loop.call_soon_threadsafe(copy, f))
+    return await waiter
+
+
 def _submit(engine: Any, job: Job, i: int, inflight: Inflight) -> RequestHandle:
     handle = engine.submit(job.prompt_ids, job.max_tokens, **job.sample_kwargs(i))
     inflight.handles.add(handle)
@@ -61,11 +88,10 @@ async def share_prefix(engine: Any, job: Job, inflight: Inflight) -> None:
     handle = engine.submit(job.prompt_ids, 1, ignore_eos=True, namespace=job.kwargs.get("namespace"))
     inflight.handles.add(handle)
     try:
-        await asyncio.wrap_future(handle.future)
+        await result_of(handle)
     finally:
         inflight.handles.discard(handle)
-        if not handle.done():
-            handle.cancel()
+        inflight.cancel(handle)
 
 
 async def complete(engine: Any, job: Job, inflight: Inflight) -> list[GenerationResult]:
@@ -73,11 +99,10 @@ async def complete(engine: Any, job: Job, inflight: Inflight) -> list[Generation
     await share_prefix(engine, job, inflight)
     handles = [_submit(engine, job, i, inflight) for i in range(job.n)]
     try:
-        return list(await asyncio.gather(*(asyncio.wrap_future(h.future) for h in handles)))
+        return list(await asyncio.gather(*(result_of(h) for h in handles)))
     finally:
         for h in handles:
-            if not h.done():
-                h.cancel()
+            inflight.cancel(h)
 
 
 def _visible_text(engine: Any, ids: Sequence[int], hidden: set[int], holdback: int) -> str:
@@ -103,13 +128,12 @@ async def _stream_one(engine: Any, job: Job, i: int, inflight: Inflight, out: as
             if len(visible) > len(emitted) and visible.startswith(emitted):
                 await out.put((i, visible[len(emitted) :], None))
                 emitted = visible
-        result = await asyncio.wrap_future(handle.future)
+        result = await result_of(handle)
         if result.text.startswith(emitted) and len(result.text) > len(emitted):
             await out.put((i, result.text[len(emitted) :], None))
         await out.put((i, None, result))
     finally:
-        if not handle.done():
-            handle.cancel()
+        inflight.cancel(handle)
 
 
 async def stream(engine: Any, job: Job, inflight: Inflight) -> AsyncIterator[Event]:

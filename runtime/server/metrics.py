@@ -50,14 +50,12 @@ class ServerMetrics:
         )
         self.requests_ok = 0
         self.requests_failed = 0
-        self.requests_cancelled = 0
+        self.cancelled = lambda: 0  # the server wires this to its Inflight's count
 
     def observe(self, result: Any) -> None:
         self.ttft.observe(result.ttft_s)
         if len(result.token_ids) > 1:
             self.tpot.observe(result.tpot_s)
-        if result.finish_reason == "cancelled":
-            self.requests_cancelled += 1
 
     def render(self, engine: Any, model_name: str) -> str:
         s = engine.stats
@@ -99,7 +97,12 @@ class ServerMetrics:
                 "HTTP requests refused or failed.",
                 self.requests_failed,
             ),
-            ("radixcache_requests_cancelled_total", "counter", "Engine requests cancelled.", self.requests_cancelled),
+            (
+                "radixcache_requests_cancelled_total",
+                "counter",
+                "Engine requests aborted by the server (client gone, shutdown).",
+                self.cancelled(),
+            ),
         ]
         out: list[str] = []
         for name, kind, help, value in rows:

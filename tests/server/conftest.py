@@ -1,0 +1,116 @@
+"""Fixtures for the server tests: `radixcache serve` as a real subprocess on 127.0.0.1, on a free port, with
+the tiny random checkpoint the CLI tests write. Every server is terminated (then killed) when its fixture ends."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "tiny"
+START_TIMEOUT_S = 90.0
+
+
+def _cli_conftest():
+    spec = importlib.util.spec_from_file_location("_cli_conftest", REPO / "tests" / "cli" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A running server subprocess: its base URL and the process."""
+
+    def __init__(self, proc: subprocess.Popen, url: str) -> None:
+        self.proc, self.url = proc, url
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def metrics(self) -> dict[str, float]:
+        """/metrics parsed: `name` (labels dropped) -> value; histogram buckets keep their `le`."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, value = line.rsplit(" ", 1)
+            if 'le="' not in name:
+                name = name.split("{", 1)[0]
+            out[name] = float(value)
+        return out
+
+
+@contextlib.contextmanager
+def start_server(model_dir: Path | str, *args: str, served: str = MODEL) -> Iterator[Server]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RADIXCACHE_MODEL", "RADIXCACHE_DEBUG")}
+    env["PYTHONPATH"] = str(REPO)
+    cmd = [sys.executable, "-c", "from cli.main import main; main()", "serve", "--model", str(model_dir)]
+    cmd += ["--served-model-name", served, "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read()}")  # type: ignore[union-attr]
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError("the server did not become healthy")
+            time.sleep(0.2)
+        yield Server(proc, url)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _cli_conftest().write_tiny_checkpoint(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir: Path) -> Iterator[Server]:
+    """One shared server without keys (tests that need a fresh cache start their own)."""
+    with start_server(tiny_model_dir, "--capacity-blocks", "512") as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def client(server: Server):
+    import openai
+
+    with openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def launch():
+    """launch(model_dir, *args): a context manager running one more server (for tests that need their own)."""
+    return start_server

@@ -1,0 +1,65 @@
+"""Bad requests get OpenAI's error JSON with the right status, and the server keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+OK_MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def _post(server, path: str, **kw) -> httpx.Response:
+    return httpx.post(server.v1 + path, timeout=30, **kw)
+
+
+def _assert_error(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
+def test_malformed_json_is_400(server) -> None:
+    r = _post(
+        server,
+        "/chat/completions",
+        content=b'{"model": "tiny", "messages": [',
+        headers={"content-type": "application/json"},
+    )
+    _assert_error(r, 400)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "tiny", "messages": []}, "messages"),
+        ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "max_tokens": -1}, "max_tokens"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "temperature": 9}, "temperature"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "logprobs": True}, "logprobs"),
+        ({"model": "tiny"}, "messages"),
+    ],
+)
+def test_invalid_chat_requests_are_400(server, body: dict, param: str) -> None:
+    assert _assert_error(_post(server, "/chat/completions", json=body), 400)["param"] == param
+
+
+def test_prompt_over_the_context_length_is_400(server) -> None:
+    r = _post(server, "/completions", json={"model": "tiny", "prompt": "x" * 5000})
+    assert _assert_error(r, 400)["code"] == "context_length_exceeded"
+
+
+def test_wrong_model_is_404_through_the_sdk_too(server, client) -> None:
+    err = _assert_error(_post(server, "/chat/completions", json={"model": "gpt-4o", "messages": OK_MESSAGES}), 404)
+    assert err["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4o", prompt="x", max_tokens=1)
+
+
+def test_server_keeps_serving_after_errors(server, client) -> None:
+    for _ in range(3):
+        _post(server, "/chat/completions", content=b"not json", headers={"content-type": "application/json"})
+    assert httpx.get(server.url + "/health", timeout=10).json() == {"status": "ok"}
+    r = client.chat.completions.create(model="tiny", messages=OK_MESSAGES, max_tokens=2, temperature=0)
+    assert r.usage.completion_tokens >= 1

@@ -1,0 +1,98 @@
+"""The server through the official `openai` package: chat, completions, streaming, n > 1, usage from the cache,
+greedy outputs equal to Engine.chat's, and concurrent clients."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+SYSTEM = "You are a meticulous assistant who answers every question with care and precision. " * 4
+
+
+def _chat(client, user: str, **kw):
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+    return client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=8, **kw)
+
+
+def test_models_lists_the_served_name(client) -> None:
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+def test_chat_completion_has_openai_shape_and_usage(client) -> None:
+    r = _chat(client, "What is a radix tree?")
+    assert r.object == "chat.completion" and r.model == "tiny"
+    assert r.choices[0].message.role == "assistant" and r.choices[0].finish_reason in ("stop", "length")
+    u = r.usage
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens and 0 < u.completion_tokens <= 8
+
+
+def test_second_request_sharing_a_long_system_prompt_reports_cached_tokens(client) -> None:
+    _chat(client, "first question")
+    r = _chat(client, "second, different question")
+    assert r.usage.prompt_tokens_details.cached_tokens > len(SYSTEM) // 2
+
+
+def test_greedy_output_equals_engine_chat(client, tiny_model_dir) -> None:
+    from runtime.engine import Engine
+
+    engine = Engine(str(tiny_model_dir), capacity_blocks=256)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "greedy please"}]
+    expected = engine.chat(messages, 12, temperature=0.0)
+    r = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=12)
+    assert r.choices[0].message.content == expected.text
+    assert r.usage.completion_tokens == len(expected.token_ids)
+    c = client.completions.create(model="tiny", prompt="abc def", temperature=0, max_tokens=12)
+    assert c.choices[0].text == engine.generate("abc def", 12, temperature=0.0).text
+
+
+def test_completions_endpoint(client) -> None:
+    r = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5, temperature=0)
+    assert r.object == "text_completion" and r.usage.prompt_tokens == len("Once upon a time")
+    assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+
+
+def test_chat_stream_concatenates_to_the_whole_answer_and_ends_with_usage(client) -> None:
+    whole = _chat(client, "stream me")
+    chunks = list(_chat(client, "stream me", stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_completion_stream(client) -> None:
+    chunks = list(client.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0, stream=True))
+    whole = client.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0)
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert all(c.usage is None for c in chunks)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_samples_share_the_prompt(client, stream: bool) -> None:
+    kw = {"n": 3, "temperature": 1.0, "seed": 5, "max_tokens": 6}
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"three samples {stream}"}]
+    if not stream:
+        r = client.chat.completions.create(model="tiny", messages=messages, **kw)
+        assert sorted(c.index for c in r.choices) == [0, 1, 2]
+        assert r.usage.completion_tokens == sum(6 for _ in range(3)) or r.usage.completion_tokens <= 18
+        assert r.usage.prompt_tokens_details.cached_tokens > 0  # the samples lock the prompt's pages
+        return
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=messages, stream=True, stream_options={"include_usage": True}, **kw
+        )
+    )
+    finished = {c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason}
+    assert finished == {0, 1, 2} and chunks[-1].usage.completion_tokens <= 18
+
+
+def test_sixteen_concurrent_clients_all_complete(client) -> None:
+    def one(i: int):
+        return _chat(client, f"client {i} asks", max_completion_tokens=6)
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(16)))
+    assert len(results) == 16 and all(r.usage.completion_tokens >= 1 for r in results)
+    assert sum(r.usage.prompt_tokens_details.cached_tokens > 0 for r in results) >= 8

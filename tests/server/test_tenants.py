@@ -1,0 +1,39 @@
+"""Under --api-key: requests need a key, and each key is its own cache namespace."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+PROMPT = "A long shared preamble that both tenants send word for word, to tempt the cache. " * 3
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny_model_dir, launch):
+    with launch(tiny_model_dir, "--api-key", "sk-alice", "--api-key", "sk-bob", "--capacity-blocks", "256") as s:
+        yield s
+
+
+def _client(server, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.v1, api_key=key, max_retries=0, timeout=60)
+
+
+def test_missing_or_wrong_key_is_401(keyed) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(keyed.v1 + "/chat/completions", json=body, timeout=10).status_code == 401
+    r = httpx.post(keyed.v1 + "/chat/completions", json=body, headers={"Authorization": "Bearer sk-eve"}, timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        _client(keyed, "sk-eve").models.list()
+
+
+def test_one_tenant_never_hits_another_tenants_prefix(keyed) -> None:
+    def cached(key: str) -> int:
+        r = _client(keyed, key).completions.create(model="tiny", prompt=PROMPT, max_tokens=2, temperature=0)
+        return r.usage.prompt_tokens_details.cached_tokens
+
+    assert cached("sk-alice") == 0
+    assert cached("sk-alice") > 0  # alice's own prefix
+    assert cached("sk-bob") == 0  # the same prompt, another tenant
+    assert cached("sk-bob") > 0
