@@ -102,7 +102,16 @@ class RadixCache:
             node = self._split(partial, partial_len)
             blocks.extend(node.blocks)
             length += partial_len
-        self._touch(node, hit=True)
+        entry = node.evict_key
+        clock = self._clock
+        n = node
+        while n.parent is not None:  # the inlined _touch(node, hit=True)
+            n.last_access = clock
+            n.hit_count += 1
+            n = n.parent
+        if entry is not None:  # an evictable leaf, re-keyed: its old entry goes stale
+            self._stale += 1
+            self._set_add(node)
         stats.hit_tokens += length
         return MatchResult(length, blocks, node)
 
@@ -208,7 +217,7 @@ class RadixCache:
 
     def lock(self, node: TreeNode) -> None:
         """Protect `node` and every ancestor from eviction (a reference count on the whole path)."""
-        if self._is_root(node):
+        if node.parent is None and self._is_root(node):  # (raises for an evicted node)
             return
         n, moved = node, 0
         while n.parent is not None:
@@ -223,7 +232,7 @@ class RadixCache:
 
     def unlock(self, node: TreeNode) -> None:
         """Undo one `lock(node)`. Raises LockError, with nothing changed, if the node is not locked."""
-        if self._is_root(node):
+        if node.parent is None and self._is_root(node):  # (raises for an evicted node)
             return
         # lock_ref also counts locks taken on descendants: only the node's own locks may be undone here.
         # Ancestors count at least as many locks, so checking the node suffices.
@@ -385,8 +394,8 @@ class RadixCache:
         p = self.page_size
         heap = self._evictable_leaves
         policy = self.policy
-        stats = self._stats
-        freed = 0
+        free = self._pool._free  # blocks leave the tree straight onto the free list (BlockPool.release_tree)
+        freed = evictions = 0
         while freed < n:
             while heap and heap[0][3].evict_key is not heap[0]:  # stale entries at the top: drop them
                 heappop(heap)
@@ -397,50 +406,45 @@ class RadixCache:
             priority = entry[0]
             leaf = entry[3]
             policy.on_evict(leaf, priority)
-            size = len(leaf.blocks)
-            take = n - freed if n - freed < size else size
-            if take == size:
+            blocks = leaf.blocks
+            size = len(blocks)
+            evictions += 1
+            if n - freed >= size:  # the whole leaf goes (the inlined _detach)
                 heappop(heap)  # the entry just read
                 leaf.evict_key = None
-                self._detach(leaf)
+                freed += size
+                parent = leaf.parent
+                key = leaf.key
+                children = parent.children
+                del children[key[0] if p == 1 else key[:p].tobytes()]
+                free.extend(blocks)
+                leaf.parent = None  # marks the node as evicted: lock() refuses it
+                leaf.blocks = []
+                if not children:
+                    if parent.parent is not None:
+                        if parent.lock_ref == 0:  # an unlocked parent that just became a leaf
+                            self._set_add(parent)
+                    elif self._roots.get(parent.namespace) is parent:  # an empty namespace keeps no root
+                        del self._roots[parent.namespace]
             else:  # trim the leaf's tail: the deepest tokens go, the rest stays cached
-                keep = size - take
-                blocks = leaf.blocks
-                self._pool.release_tree(blocks[keep:])
+                keep = size - (n - freed)
+                free.extend(blocks[keep:])
                 # In place: a node's block list and key are its own (every one is a fresh list or slice), and
                 # truncating costs only what goes, where a copy would cost what stays.
                 del blocks[keep:]
                 del leaf.key[keep * p :]
-                self._evictable -= take
+                freed = n
                 # A trim is not an access: the leaf keeps its priority, unless the policy ranks a leaf by
                 # the blocks it holds (Belady), where the new deepest block may be needed sooner.
                 if policy.ranks_by_extent and policy.priority(leaf) != priority:
                     heappop(heap)
                     self._set_add(leaf)
-            freed += take
-            stats.evictions += 1
+        self._evictable -= freed
+        stats = self._stats
+        stats.evictions += evictions
         stats.evicted_blocks += freed
         stats.evicted_tokens += freed * p
         return freed
-
-    def _detach(self, leaf: TreeNode) -> None:
-        parent = leaf.parent
-        assert parent is not None and not leaf.children and leaf.lock_ref == 0
-        key = leaf.key
-        del parent.children[key[0] if self.page_size == 1 else key[: self.page_size].tobytes()]
-        blocks = leaf.blocks
-        self._pool._free.extend(blocks)  # the inlined release_tree
-        self._evictable -= len(blocks)
-        leaf.parent = None  # marks the node as evicted: lock() refuses it
-        leaf.blocks = []
-        children = parent.children
-        if children:
-            return
-        if parent.parent is not None:
-            if parent.lock_ref == 0:
-                self._set_add(parent)
-        elif self._roots.get(parent.namespace) is parent:  # an empty namespace keeps no root
-            del self._roots[parent.namespace]
 
     def _set_add(self, node: TreeNode) -> None:
         entry = (self.policy.priority(node), node.uid, next(self._seq), node)
