@@ -108,6 +108,10 @@ class BlockPool:
         (the caller checks): list equality would also accept, say, 5.0 for 5.
         """
         leases = self._leases
+        if start < stop:  # the common case first: one whole lease, as `allocate` handed it out
+            lease = leases.get(ids[start])
+            if lease is not None and len(lease) == stop - start and ids[start:stop] == lease:
+                return [(lease, stop - start)]
         cover: list[tuple[list[int], int]] = []
         i = start
         while i < stop:
@@ -130,6 +134,11 @@ class BlockPool:
     def adopt_cover(self, cover: list[tuple[list[int], int]], n: int) -> list[int]:
         """Move the first n blocks of a `lease_cover` from HELD into the tree; return them (the pool's ints)."""
         leases = self._leases
+        if len(cover) == 1 and cover[0][1] == n == len(cover[0][0]):  # one whole lease: it becomes the list
+            lease = cover[0][0]
+            del leases[lease[0]]
+            self.held -= n
+            return lease
         out: list[int] = []
         for lease, k in cover:
             if n <= 0:

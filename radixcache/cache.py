@@ -449,8 +449,9 @@ class RadixCache:
     def _set_add(self, node: TreeNode) -> None:
         entry = (self.policy.priority(node), node.uid, next(self._seq), node)
         node.evict_key = entry
-        heappush(self._evictable_leaves, entry)
-        if self._stale * 2 > len(self._evictable_leaves):
+        heap = self._evictable_leaves
+        heappush(heap, entry)
+        if self._stale * 2 > len(heap):
             self._compact()
 
     def _set_discard(self, node: TreeNode) -> None:
@@ -520,9 +521,10 @@ class RadixCache:
                     own = False
                 pages += k // p
                 break
-            if own and blocks[pages : pages + len(child.blocks)] != child.blocks:
+            child_blocks = child.blocks
+            if own and blocks[pages : pages + len(child_blocks)] != child_blocks:
                 own = False
-            pages += len(child.blocks)
+            pages += len(child_blocks)
             pos += k
             node = child
         start = pages if own else 0
