@@ -20,7 +20,7 @@ from radixcache.errors import BlockCountError, BlockStateError, CacheFullError, 
 from radixcache.node import TreeNode, empty_key, new_node_ids
 from radixcache.policies import EvictionPolicy, make_policy
 from radixcache.stats import CacheStats, StatsCounter
-from radixcache.tokens import as_token_array, common_prefix_length
+from radixcache.tokens import common_prefix_length, token_view
 
 
 class MatchResult(NamedTuple):
@@ -88,7 +88,7 @@ class RadixCache:
         Modifies the tree: refreshes access times and hit counts along the matched path (what the policies
         sort by), and splits a node when the match ends inside it, so that the result ends at a node boundary.
         """
-        arr = as_token_array(tokens)
+        arr = token_view(tokens)  # read during the call only: nodes keep slices
         try:
             root = self._roots[namespace]
         except (KeyError, TypeError):  # an unseen or unhashable namespace: _root validates, or makes a transient root
@@ -150,7 +150,7 @@ class RadixCache:
         goes back to the free pool. The block of an unaligned tail page stays with the caller.
         Returns the number of tokens that were already cached.
         """
-        arr = as_token_array(tokens)
+        arr = token_view(tokens)  # read during the call only: nodes keep slices
         p = self.page_size
         pool = self._pool
         full_pages = len(arr) // p

@@ -44,6 +44,17 @@ def as_token_array(tokens: Sequence[int] | array) -> array:
     return arr
 
 
+def token_view(tokens: Sequence[int] | array) -> array:
+    """`as_token_array`, except that a valid int64 array comes back as itself, uncopied.
+
+    For callers that only read the tokens during the call and keep slices (always copies), never the array:
+    the cache's match and insert. The same errors as `as_token_array`.
+    """
+    if type(tokens) is array and tokens.typecode == TOKEN_TYPECODE and tokens.tobytes()[_SIGN_BYTE::8].isascii():
+        return tokens
+    return as_token_array(tokens)
+
+
 def _first_bad_token(tokens: object) -> str:
     try:
         for index, token in enumerate(tokens):  # type: ignore[call-overload]
