@@ -51,6 +51,14 @@ def create_app(engine: Any, model_name: str = "smollm2", api_keys: Sequence[str]
         message, param = validation_message(list(exc.errors()))
         return await _api_error(_, APIError(400, message, param=param))
 
+    @app.exception_handler(ValueError)
+    async def _refused(_: Request, exc: ValueError) -> JSONResponse:  # a value the engine refuses
+        return await _api_error(_, APIError(400, str(exc)))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        return await _api_error(_, APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error"))
+
     def check_model(name: str) -> None:
         if name != model_name:
             raise APIError(
@@ -111,7 +119,10 @@ def create_app(engine: Any, model_name: str = "smollm2", api_keys: Sequence[str]
         if not body.messages:
             raise APIError(400, "messages must be a non-empty list", param="messages")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        try:
+            text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except Exception as exc:  # a template that rejects this conversation (say, roles out of order)
+            raise APIError(400, f"the chat template refused these messages: {exc}", param="messages") from None
         job = job_for(body, encode(text), namespace)
         return await run(request, body, job, Responder("chat.completion", model_name, len(job.prompt_ids)))
 
