@@ -105,9 +105,14 @@ async def complete(engine: Any, job: Job, inflight: Inflight) -> list[Generation
             inflight.cancel(h)
 
 
-def _visible_text(engine: Any, ids: Sequence[int], hidden: set[int], holdback: int) -> str:
+def _visible_text(engine: Any, ids: Sequence[int], hidden: set[int], stop: Sequence[str]) -> str:
+    """The text safe to send: cut before a stop string, and short of anything that may still begin one."""
     text = engine.tokenizer.decode([t for t in ids if t not in hidden], skip_special_tokens=True)
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    if cuts:  # the engine will end the request here; its result's text is cut at the same place
+        return text[: min(cuts)]
     text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence waits for its next byte
+    holdback = max((len(s) for s in stop), default=1) - 1
     return text[: len(text) - holdback] if holdback else text
 
 
@@ -119,12 +124,12 @@ async def _stream_one(engine: Any, job: Job, i: int, inflight: Inflight, out: as
     req.listener = lambda _r: loop.call_soon_threadsafe(wake.put_nowait, None)  # on the engine loop thread
     handle.future.add_done_callback(lambda _f: loop.call_soon_threadsafe(wake.put_nowait, None))
     hidden = set(engine.eos_token_ids) | set(req.sampler.params.stop_token_ids)
-    holdback = max((len(s) for s in job.kwargs.get("stop", ())), default=1) - 1
+    stop = tuple(job.kwargs.get("stop", ()))
     emitted = ""
     try:
         while not handle.done():
             await wake.get()
-            visible = _visible_text(engine, list(req.output_ids), hidden, holdback)
+            visible = _visible_text(engine, list(req.output_ids), hidden, stop)
             if len(visible) > len(emitted) and visible.startswith(emitted):
                 await out.put((i, visible[len(emitted) :], None))
                 emitted = visible

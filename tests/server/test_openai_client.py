@@ -96,3 +96,20 @@ def test_sixteen_concurrent_clients_all_complete(client) -> None:
         results = list(pool.map(one, range(16)))
     assert len(results) == 16 and all(r.usage.completion_tokens >= 1 for r in results)
     assert sum(r.usage.prompt_tokens_details.cached_tokens > 0 for r in results) >= 8
+
+
+def test_stop_strings_cut_the_text_like_the_engine(client, tiny_model_dir) -> None:
+    from runtime.engine import Engine
+
+    engine = Engine(str(tiny_model_dir), capacity_blocks=256)
+    free = client.completions.create(model="tiny", prompt="stop here", max_tokens=12, temperature=0).choices[0].text
+    stop = next((ch for ch in free[2:] if ch.isprintable() and ch != "\ufffd"), None)
+    if stop is None:
+        return
+    r = client.completions.create(model="tiny", prompt="stop here", max_tokens=12, temperature=0, stop=[stop])
+    assert r.choices[0].text == engine.generate("stop here", 12, temperature=0.0, stop=[stop]).text
+    assert stop not in r.choices[0].text and r.choices[0].finish_reason == "stop"
+    chunks = client.completions.create(
+        model="tiny", prompt="stop here", max_tokens=12, temperature=0, stop=[stop], stream=True
+    )
+    assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text
