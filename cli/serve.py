@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 
 import click
@@ -84,5 +85,21 @@ def serve(
     app = create_app(engine, name, api_keys=api_keys)
     click.echo(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
-    uvicorn.Server(config).run()
-    engine.wait_idle(30)
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to our handlers: both end here.
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        uvicorn.Server(config).run()
+    except (KeyboardInterrupt, _Stopped):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        engine.wait_idle(30)
+    click.echo("server stopped", err=True)
+
+
+class _Stopped(Exception):
+    """SIGTERM, re-raised by uvicorn once it has shut down."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped
