@@ -41,6 +41,16 @@ def create_app(engine: Any, model_name: str = "smollm2", api_keys: Sequence[str]
     app = FastAPI(title="radixcache", lifespan=lifespan)
     app.state.engine, app.state.inflight, app.state.metrics, app.state.api_keys = engine, inflight, metrics, keys
 
+    @app.middleware("http")
+    async def _auth_first(request: Request, call_next: Any) -> Any:
+        """With keys, /v1 refuses an unauthenticated request before even parsing its body (as OpenAI does)."""
+        if keys and request.url.path.startswith("/v1"):
+            try:
+                _tenant(request)
+            except APIError as exc:
+                return await _api_error(request, exc)
+        return await call_next(request)
+
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         metrics.requests_failed += 1

@@ -24,6 +24,8 @@ def test_missing_or_wrong_key_is_401(keyed) -> None:
     assert httpx.post(keyed.v1 + "/chat/completions", json=body, timeout=10).status_code == 401
     r = httpx.post(keyed.v1 + "/chat/completions", json=body, headers={"Authorization": "Bearer sk-eve"}, timeout=10)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    bad_json = {"content": b"{not json", "headers": {"content-type": "application/json"}, "timeout": 10}
+    assert httpx.post(keyed.v1 + "/chat/completions", **bad_json).status_code == 401  # auth before the body
     with pytest.raises(openai.AuthenticationError):
         _client(keyed, "sk-eve").models.list()
 
@@ -36,4 +38,10 @@ def test_one_tenant_never_hits_another_tenants_prefix(keyed) -> None:
     assert cached("sk-alice") == 0
     assert cached("sk-alice") > 0  # alice's own prefix
     assert cached("sk-bob") == 0  # the same prompt, another tenant
+    other = "Alice's private preamble, which Bob tries to reach by naming a namespace himself. " * 3
+    _client(keyed, "sk-alice").completions.create(model="tiny", prompt=other, max_tokens=1)
+    smuggled = _client(keyed, "sk-bob").completions.create(
+        model="tiny", prompt=other, max_tokens=1, extra_body={"namespace": None, "cache_salt": "", "user": "alice"}
+    )
+    assert smuggled.usage.prompt_tokens_details.cached_tokens == 0  # request fields cannot pick a namespace
     assert cached("sk-bob") > 0
