@@ -1,6 +1,6 @@
 """Eviction policies: each maps an evictable leaf to a sortable priority; the smallest is evicted first.
 
-The cache keeps its evictable leaves in a sorted set keyed by `(policy.priority(node), node.uid)`. A priority is
+The cache keeps its evictable leaves in a heap ordered by `(policy.priority(node), node.uid)`. A priority is
 computed when a leaf enters the set (it becomes a leaf, or is unlocked) and again whenever it is accessed. A
 split or a partial eviction is not an access and keeps the priority, unless the policy sets `ranks_by_extent`.
 Each cache owns its policy instance.
