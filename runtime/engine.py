@@ -338,7 +338,9 @@ class Engine:
             if result.text.startswith(emitted) and len(result.text) > len(emitted):
                 yield result.text[len(emitted) :]
         finally:
-            if not handle.done():
+            # Also when this generator's task was cancelled: that cancels the future (so it reads as done)
+            # but not the engine request. Cancelling a request that already left is a no-op.
+            if not handle.done() or handle.future.cancelled():
                 handle.cancel()
 
     # ------------------------------------------------------------------ steps (the scheduler drives these)

@@ -140,7 +140,10 @@ class EngineLoop:
     def _deliver(self, done: list[Request]) -> None:
         for req in done:
             handle = self._handles.pop(req.rid, None)
-            if handle is None:
+            # A future is already done when its waiter cancelled it (an asyncio task awaiting it through
+            # `wrap_future` was cancelled): nobody wants the result, and setting it would raise here and
+            # kill the loop thread.
+            if handle is None or handle.future.done():
                 continue
             if req.error is not None:
                 handle.future.set_exception(req.error)

@@ -143,3 +143,23 @@ def test_wait_idle_returns_once_cancelled_requests_are_dropped_and_the_loop_thre
     assert all(h.result(timeout=5).finish_reason == "cancelled" for h in handles)
     assert_clean(engine)
     assert engine.wait_idle(timeout=0)  # already idle: returns at once
+
+
+def test_cancelling_an_awaiting_task_aborts_its_request_and_spares_the_others(tiny: RandomModel) -> None:
+    # Cancelling the task cancels the future it awaits; the engine loop must then drop that request's result
+    # instead of failing on the cancelled future (which once killed the loop thread and every other request).
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+
+    async def main() -> None:
+        doomed = asyncio.create_task(engine.agenerate(ids(24, 1), 100, ignore_eos=True))
+        survivor = asyncio.create_task(engine.agenerate(ids(20, 2), 40, ignore_eos=True))
+        await asyncio.sleep(0.05)
+        doomed.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        result = await survivor
+        assert len(result.token_ids) == 40
+
+    asyncio.run(main())
+    assert engine.wait_idle(timeout=60)
+    assert_clean(engine)
