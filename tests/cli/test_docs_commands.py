@@ -41,6 +41,7 @@ EXTERNAL_SKIPS = {
     "bench_tree.py": "a benchmark of minutes",
     "bench_runtime.py": "a benchmark of minutes",
     "bench_engine.py": "a benchmark of minutes",
+    "bench_server.py": "a benchmark of minutes",
     "simulate_eviction.py": "a sweep of minutes",
     " chat.jsonl": "reads an input file the document does not create",
     "sharegpt.json": "reads an input file the document does not create",
