@@ -6,7 +6,17 @@ stays cheap for loaders and tools.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
+
+# libgomp (the OpenMP that torch and MKL run on) cuts its spin-wait to almost nothing once the process holds more
+# OpenMP threads than CPUs: as soon as the engine loop thread and the caller's thread each own a team. Every
+# parallel kernel then sleeps and wakes its workers, and a decode step on the loop thread ran 1.7-2.3x slower
+# than the same step on the main thread (docs/benchmarks.md). An explicit ACTIVE policy with libgomp's ordinary
+# spin count (300,000 iterations, then sleep) keeps the unthrottled behaviour. Defaults only: the user's
+# environment wins. They act only if torch is not loaded yet, which holds whenever runtime is imported first.
+os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "300000")
 
 if TYPE_CHECKING:
     from runtime.engine import Engine, EngineStats

@@ -2,7 +2,8 @@
 
 RMSNorm, rotary embeddings in rotate-half layout with positions offset by the cached prefix, grouped-query
 attention over the pool (runtime.attention), SwiGLU MLP, tied embeddings and Qwen2's q/k/v bias. Weights come
-in Hugging Face names and `[out, in]` layout; q/k/v and gate/up are fused into one matrix each at load.
+in Hugging Face names and `[out, in]` layout; q/k/v and gate/up are fused into one matrix each at load, and every
+matrix becomes a runtime.linear layer (dense, or fp16/int8 weights with `quant`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from runtime.attention import (
 )
 from runtime.config import ModelConfig
 from runtime.kv_pool import KVPool
+from runtime.linear import Linear, check_quant, make_linear
 
 DEFAULT_CHUNK = 512
 
@@ -30,12 +32,11 @@ DEFAULT_CHUNK = 512
 @dataclass(frozen=True, slots=True)
 class _Layer:
     ln_in: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    qkv: Linear
+    o: Linear
     ln_post: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: Linear
+    down: Linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -72,12 +73,15 @@ class LlamaModel:
         *,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        quant: str = "none",
     ) -> None:
         if config.num_heads % config.num_kv_heads:
             raise ValueError(f"num_heads {config.num_heads} is not a multiple of num_kv_heads {config.num_kv_heads}")
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
+        check_quant(quant, self.device, dtype)
+        self.quant = quant
 
         def w(name: str) -> torch.Tensor:
             if name not in weights:
@@ -86,7 +90,7 @@ class LlamaModel:
 
         self.embed = w("model.embed_tokens.weight")
         tied = config.tie_embeddings or "lm_head.weight" not in weights
-        self.lm_head = self.embed if tied else w("lm_head.weight")
+        self.lm_head = make_linear(self.embed if tied else w("lm_head.weight"), quant=quant)
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(config.num_layers):
@@ -98,12 +102,13 @@ class LlamaModel:
             self.layers.append(
                 _Layer(
                     ln_in=w(pre + "input_layernorm.weight"),
-                    qkv=torch.cat([w(att + f"{p}_proj.weight") for p in "qkv"]),
-                    qkv_bias=bias,
-                    o=w(att + "o_proj.weight"),
+                    qkv=make_linear(torch.cat([w(att + f"{p}_proj.weight") for p in "qkv"]), bias, quant),
+                    o=make_linear(w(att + "o_proj.weight"), quant=quant),
                     ln_post=w(pre + "post_attention_layernorm.weight"),
-                    gate_up=torch.cat([w(pre + "mlp.gate_proj.weight"), w(pre + "mlp.up_proj.weight")]),
-                    down=w(pre + "mlp.down_proj.weight"),
+                    gate_up=make_linear(
+                        torch.cat([w(pre + "mlp.gate_proj.weight"), w(pre + "mlp.up_proj.weight")]), quant=quant
+                    ),
+                    down=make_linear(w(pre + "mlp.down_proj.weight"), quant=quant),
                 )
             )
         self.cos, self.sin = rope_tables(config, self.device, dtype)
@@ -190,20 +195,19 @@ class LlamaModel:
         cfg = self.config
         t = ids.numel()
         h, kvh, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-        q_size, kv_size = h * d, kvh * d
+        qk_size = (h + kvh) * d
         cos, sin = self.cos[positions], self.sin[positions]
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
-            qkv = F.linear(rms_norm(x, layer.ln_in, eps), layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = apply_rope(q.view(t, h, d), cos, sin)
-            k = apply_rope(k.view(t, kvh, d), cos, sin)
-            v = v.view(t, kvh, d)
+            qkv = layer.qkv(rms_norm(x, layer.ln_in, eps))
+            qk = apply_rope(qkv[:, :qk_size].reshape(t, h + kvh, d), cos, sin)  # q and k rotated in one pass
+            q, k = qk[:, :h].contiguous(), qk[:, h:]  # SDPA's fused CPU kernel wants a dense q
+            v = qkv[:, qk_size:].reshape(t, kvh, d)
             pool.write(i, slots, k, v)
-            x = x + F.linear(attend(i, q, k, v).reshape(t, q_size), layer.o)
-            gate, up = F.linear(rms_norm(x, layer.ln_post, eps), layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            x = x + layer.o(attend(i, q, k, v).reshape(t, h * d))
+            gate, up = layer.gate_up(rms_norm(x, layer.ln_post, eps)).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         return x
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(hidden, self.norm, self.config.rms_norm_eps), self.lm_head).float()
+        return self.lm_head(rms_norm(hidden, self.norm, self.config.rms_norm_eps)).float()

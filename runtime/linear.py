@@ -1,0 +1,166 @@
+"""Linear layers for the forward pass: `y = x @ W.T + b` with W in `[out, in]` layout, in one of three forms.
+
+- `DenseLinear`: weights in the model's dtype. On the CPU it computes `(W @ x.T).T` instead of `F.linear(x, W)`:
+  the same product, but MKL then runs a GEMM whose small dimension is the batch, which streams W 1.3 to 3 times
+  faster for the few rows of a decode step (docs/benchmarks.md has the measurements). One row is padded to two,
+  because MKL's one-column path (GEMV) is the slow one. More than 16 rows (prefill chunks) keep `F.linear`: the
+  gain shrinks there, and F.linear's summation order is the one the float64-reference tests were tuned on.
+- `Float16Linear` (`quant="fp16"`): weights stored in float16 and packed for fbgemm; activations stay float32.
+  Half the bytes to read per token, results within float16 rounding of the weights.
+- `Int8Linear` (`quant="int8"`): weights quantised to int8 per output channel (symmetric); fbgemm quantises each
+  input row block to uint8 on the fly and accumulates in int32 (VNNI where the CPU has it). A quarter of the
+  bytes, and int8 prefill is several times faster than float32.
+
+The quantised forms run on the CPU only and use PyTorch's fbgemm operators (`torch.ops.quantized`).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+QUANT_MODES = ("none", "fp16", "int8")
+
+# Up to this many rows (a decode batch) the transposed product streams W faster than F.linear on the CPU.
+_TRANSPOSED_MAX_ROWS = 16
+
+
+class Linear(Protocol):
+    """What the model calls: `[T, in]` -> `[T, out]` in the model's dtype (any leading shape works)."""
+
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+class DenseLinear:
+    """Weights in the model's dtype; see the module docstring for the CPU layout trick."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight = weight.contiguous()
+        self.bias = bias
+        self.out_features = weight.shape[0]
+        self._transposed = weight.device.type == "cpu"
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2:
+            return _rows(self, x)
+        rows = x.shape[0]
+        if not self._transposed or rows > _TRANSPOSED_MAX_ROWS:
+            return F.linear(x, self.weight, self.bias)
+        if rows == 1:
+            y = torch.mm(self.weight, torch.cat((x, x)).t())[:, :1].t()
+        else:
+            y = torch.mm(self.weight, x.t()).t()
+        return y if self.bias is None else y + self.bias
+
+
+class Float16Linear:
+    """float16 weights packed for fbgemm, float32 activations and accumulation."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        _require_quantized_cpu(weight, "fp16")
+        self.out_features = weight.shape[0]
+        self._nbytes = weight.numel() * 2
+        self._packed = torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous(), _f32(bias))
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2:
+            return _rows(self, x)
+        return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
+
+
+class Int8Linear:
+    """int8 weights (one scale per output channel) with dynamically quantised uint8 activations."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        _require_quantized_cpu(weight, "int8")
+        w = weight.float().contiguous()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
+        zero = torch.zeros(w.shape[0], dtype=torch.int64)
+        with warnings.catch_warnings():  # quantized tensors are deprecated as a user API; the kernels are not
+            warnings.simplefilter("ignore")
+            q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+        self.out_features = w.shape[0]
+        self._nbytes = w.numel() + 4 * w.shape[0]
+        self._packed = torch.ops.quantized.linear_prepack(q, _f32(bias))
+        # Without VNNI, fbgemm multiplies u8 x s8 pairs into int16 and could saturate: 7-bit activations avoid it.
+        self._reduce_range = not _cpu_has_vnni()
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2:
+            return _rows(self, x)
+        return torch.ops.quantized.linear_dynamic(x, self._packed, self._reduce_range)
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quant: str = "none") -> Linear:
+    """The linear layer for `quant` ("none", "fp16" or "int8"); weight `[out, in]`."""
+    if quant == "none":
+        return DenseLinear(weight, bias)
+    if quant == "fp16":
+        return Float16Linear(weight, bias)
+    if quant == "int8":
+        return Int8Linear(weight, bias)
+    raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {quant!r}")
+
+
+def check_quant(quant: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse a quantised mode where its kernels cannot run (raises ValueError that says why)."""
+    if quant not in QUANT_MODES:
+        raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {quant!r}")
+    if quant == "none":
+        return
+    if device.type != "cpu":
+        raise ValueError(f"quant={quant!r} runs on the CPU only (fbgemm kernels); got device {device}")
+    if dtype != torch.float32:
+        raise ValueError(f"quant={quant!r} needs float32 activations; got dtype {dtype}")
+    if not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
+        raise ValueError(f"quant={quant!r} needs PyTorch's fbgemm kernels, which this torch build lacks")
+
+
+def _rows(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    """Apply `layer` to an input of any leading shape by flattening it to rows."""
+    y = layer(x.reshape(-1, x.shape[-1]))
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def _require_quantized_cpu(weight: torch.Tensor, quant: str) -> None:
+    if weight.device.type != "cpu":
+        raise ValueError(f"quant={quant!r} runs on the CPU only; the weight is on {weight.device}")
+
+
+def _f32(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if bias is None else bias.float().contiguous()
+
+
+@functools.cache
+def _cpu_has_vnni() -> bool:
+    """True when /proc/cpuinfo lists AVX512-VNNI or AVX-VNNI (False where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_vnni", "avx_vnni"})
+    except OSError:
+        pass
+    return False
