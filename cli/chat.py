@@ -7,7 +7,7 @@ import sys
 import click
 
 from cli.errors import FriendlyCommand, debug_option
-from cli.replay import engine_kwargs, kv_options, load_engine_model, model_option
+from cli.replay import engine_kwargs, kv_options, load_engine_model, model_option, speed_options
 
 COMMANDS = "/exit to leave, /reset to start over"
 
@@ -20,6 +20,7 @@ COMMANDS = "/exit to leave, /reset to start over"
 @click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed (turn i uses seed + i).")
 @click.option("--no-cache", is_flag=True, help="Disable the prefix cache (every turn prefills its whole history).")
 @kv_options
+@speed_options
 @debug_option
 def chat(
     model: str,
@@ -32,6 +33,8 @@ def chat(
     capacity_blocks: int | None,
     kv_memory: str | None,
     page_size: int,
+    quant: str,
+    threads: int | None,
     debug: bool,
 ) -> None:
     """Chat with the model, turn by turn. After each reply: tokens served from the cache, tokens prefilled,
@@ -44,7 +47,7 @@ def chat(
     """
     from runtime.engine import Engine
 
-    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size)
+    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads)
     engine = Engine(load_engine_model(model), enable_cache=not no_cache, **kwargs)
     interactive = sys.stdin.isatty()
     if interactive:

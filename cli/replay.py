@@ -47,8 +47,33 @@ def kv_options(func: Callable) -> Callable:
     return func
 
 
-def engine_kwargs(policy: str, capacity_blocks: int | None, kv_memory: str | None, page_size: int) -> dict[str, Any]:
-    """Engine arguments from the kv options; a bad --kv-memory is refused before the model loads."""
+def speed_options(func: Callable) -> Callable:
+    """--quant and --threads: how the model runs, shared by replay, chat and serve."""
+    options = [
+        click.option(
+            "--quant",
+            default="none",
+            show_default=True,
+            type=click.Choice(["none", "fp16", "int8"]),
+            help="Weight format: fp16 or int8 read 2x or 4x fewer bytes per token (CPU; int8 also quantises "
+            "activations on the fly).",
+        ),
+        click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: torch's, one per core]."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def engine_kwargs(
+    policy: str,
+    capacity_blocks: int | None,
+    kv_memory: str | None,
+    page_size: int,
+    quant: str = "none",
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Engine arguments from the kv and speed options; a bad --kv-memory is refused before the model loads."""
     if capacity_blocks is not None and kv_memory is not None:
         raise click.UsageError("give at most one of --capacity-blocks and --kv-memory")
     if kv_memory is not None:
@@ -58,7 +83,8 @@ def engine_kwargs(policy: str, capacity_blocks: int | None, kv_memory: str | Non
             parse_memory(kv_memory)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--kv-memory'") from None
-    return {"policy": policy, "capacity_blocks": capacity_blocks, "kv_memory": kv_memory, "page_size": page_size}
+    kwargs: dict[str, Any] = {"policy": policy, "capacity_blocks": capacity_blocks, "kv_memory": kv_memory}
+    return kwargs | {"page_size": page_size, "quant": quant, "threads": threads}
 
 
 def load_engine_model(spec: str) -> Any:
@@ -78,6 +104,7 @@ def load_engine_model(spec: str) -> Any:
 @click.option("--no-cache", is_flag=True, help="Run with the prefix cache disabled (the baseline).")
 @click.option("--compare", is_flag=True, help="Run with and without the cache; print both and their ratios.")
 @kv_options
+@speed_options
 @click.option(
     "--concurrency",
     default=1,
@@ -104,6 +131,8 @@ def replay(
     capacity_blocks: int | None,
     kv_memory: str | None,
     page_size: int,
+    quant: str,
+    threads: int | None,
     concurrency: int,
     max_tokens: int | None,
     limit: int | None,
@@ -135,7 +164,7 @@ def replay(
 
     if compare and no_cache:
         raise click.UsageError("--compare already runs without the cache; drop --no-cache")
-    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size)
+    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads)
     config = ReplayConfig(
         mode=mode,
         max_tokens=max_tokens,

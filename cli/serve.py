@@ -8,7 +8,7 @@ import socket
 import click
 
 from cli.errors import FriendlyCommand, debug_option
-from cli.replay import engine_kwargs, kv_options, load_engine_model, model_option
+from cli.replay import engine_kwargs, kv_options, load_engine_model, model_option, speed_options
 
 
 def _check_bind(host: str, port: int) -> None:
@@ -34,6 +34,7 @@ def _check_bind(host: str, port: int) -> None:
     help="Require `Authorization: Bearer KEY` (repeatable); each key gets its own cache namespace.",
 )
 @kv_options
+@speed_options
 @click.option("--schedule", default="lpm", show_default=True, type=click.Choice(["lpm", "fcfs", "dfs-weight"]))
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
@@ -50,6 +51,8 @@ def serve(
     capacity_blocks: int | None,
     kv_memory: str | None,
     page_size: int,
+    quant: str,
+    threads: int | None,
     schedule: str,
     dtype: str,
     device: str,
@@ -73,7 +76,7 @@ def serve(
     from runtime.engine import Engine
     from runtime.server import create_app
 
-    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size)
+    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads)
     if any(not k.strip() for k in api_keys):
         raise click.BadParameter("an API key cannot be empty", param_hint="'--api-key'")
     _check_bind(host, port)

@@ -83,6 +83,8 @@ class Engine:
     `kv_memory` bytes (e.g. "2GiB"), else 512 MiB. `enable_cache=False` runs the same engine with no reuse.
     Scheduling: `schedule` (lpm | fcfs | dfs-weight), `max_prefill_tokens` per step, `max_running` requests
     at once, or a whole `scheduler_config`. `max_pinned_fraction`: the most of the pool that pins may lock.
+    Speed: `quant` "fp16" or "int8" stores the weights in 16 or 8 bits (CPU, float32 only; runtime.linear);
+    `threads` sets the torch threads of the engine loop (default: the constructing thread's count).
 
     Thread-safe: every call submits to one engine loop thread that owns the cache and the pool.
     """
@@ -105,17 +107,23 @@ class Engine:
         max_running: int = 64,
         scheduler_config: SchedulerConfig | None = None,
         max_pinned_fraction: float = 0.25,
+        quant: str = "none",
+        threads: int | None = None,
     ) -> None:
         torch_dtype = resolve_dtype(dtype)
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive int, got {threads!r}")
         if isinstance(model, (str, os.PathLike)):
             from runtime.loading import load_model
 
             load_dtype = torch.float32 if torch_dtype == torch.float64 else torch_dtype  # float64: tests only
             model = load_model(str(model), dtype=load_dtype, device=device)
         if isinstance(model, LlamaModel):
+            if quant != "none" and quant != model.quant:
+                raise ValueError(f"quant={quant!r} applies when the engine builds the model; pass it to LlamaModel")
             self.model = model
         else:
-            self.model = LlamaModel(model.config, model.weights, dtype=torch_dtype, device=device)
+            self.model = LlamaModel(model.config, model.weights, dtype=torch_dtype, device=device, quant=quant)
             tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         self.tokenizer = tokenizer
         self.config = self.model.config
@@ -136,7 +144,9 @@ class Engine:
                 schedule=schedule, max_prefill_tokens=max_prefill_tokens, max_running=max_running
             )
         self.scheduler = Scheduler(self, scheduler_config)
-        self._loop = EngineLoop(self.scheduler, self._result)
+        # The loop thread sets its own OpenMP thread count: a thread does not inherit its creator's setting.
+        self.threads = threads if threads is not None else torch.get_num_threads()
+        self._loop = EngineLoop(self.scheduler, self._result, num_threads=self.threads)
         if not 0.0 <= max_pinned_fraction <= 1.0:
             raise ValueError(f"max_pinned_fraction must be in [0, 1], got {max_pinned_fraction}")
         self.max_pinned_blocks = int(capacity_blocks * max_pinned_fraction)

@@ -59,10 +59,8 @@ class DenseLinear:
         rows = x.shape[0]
         if not self._transposed or rows > _TRANSPOSED_MAX_ROWS:
             return F.linear(x, self.weight, self.bias)
-        if rows == 1:
-            y = torch.mm(self.weight, torch.cat((x, x)).t())[:, :1].t()
-        else:
-            y = torch.mm(self.weight, x.t()).t()
+        padded = torch.cat((x, x)) if rows == 1 else x
+        y = torch.mm(self.weight, padded.t())[:, :rows].t()
         return y if self.bias is None else y + self.bias
 
 

@@ -46,8 +46,11 @@ class RequestHandle:
 class EngineLoop:
     """Runs `scheduler.step()` on its own thread while there is work; applies commands between steps."""
 
-    def __init__(self, scheduler: Scheduler, finish: Callable[[Request], GenerationResult]) -> None:
+    def __init__(
+        self, scheduler: Scheduler, finish: Callable[[Request], GenerationResult], num_threads: int | None = None
+    ) -> None:
         self.scheduler = scheduler
+        self.num_threads = num_threads
         self._finish = finish
         self._cv = threading.Condition()
         self._inbox: list[Callable[[Scheduler], Any]] = []
@@ -106,6 +109,8 @@ class EngineLoop:
 
     def _run(self) -> None:
         s = self.scheduler
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)  # per thread in OpenMP: a new thread starts from the default
         try:
             with torch.inference_mode():
                 while True:
