@@ -1,0 +1,50 @@
+"""--quant and --threads on replay and serve: a quantised replay runs, and what cannot run is refused in one line
+(no traceback) before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+
+
+def _one_line_error(result) -> str:
+    assert result.exit_code != 0, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize(("quant", "threads"), [("int8", None), ("fp16", "1"), ("none", "2")])
+def test_replay_runs_quantised_and_with_threads(runner, tiny_model_dir: Path, quant: str, threads: str | None) -> None:
+    args = ["replay", "--model", str(tiny_model_dir), "--limit", "1", "--max-tokens", "4", "--quant", quant]
+    result = runner.invoke(main, [*args, *(["--threads", threads] if threads else [])])
+    assert result.exit_code == 0, result.output
+    assert "requests" in result.stdout and "hit rate" in result.stdout
+
+
+def test_serve_refuses_int8_with_bfloat16_in_one_line(runner, tiny_model_dir: Path) -> None:
+    args = ["serve", "--model", str(tiny_model_dir), "--port", "0", "--quant", "int8", "--dtype", "bfloat16"]
+    line = _one_line_error(runner.invoke(main, args))
+    assert "int8" in line and "float32" in line and "bfloat16" in line
+
+
+def test_serve_refusal_as_a_real_process(run_cli, tiny_model_dir: Path) -> None:
+    proc = run_cli("serve", "--model", str(tiny_model_dir), "--port", "0", "--quant", "fp16", "--dtype", "float16")
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "float32" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("command", ["replay", "serve", "chat"])
+@pytest.mark.parametrize(("option", "value"), [("--threads", "0"), ("--threads", "-2"), ("--quant", "int4")])
+def test_click_refuses_bad_speed_options(runner, tiny_model_dir: Path, command: str, option: str, value: str) -> None:
+    result = runner.invoke(main, [command, "--model", str(tiny_model_dir), option, value])
+    assert result.exit_code == 2, result.output
+    assert option in result.stderr and value in result.stderr
+    assert "Traceback" not in result.output
