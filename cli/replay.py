@@ -54,9 +54,8 @@ def speed_options(func: Callable) -> Callable:
             "--quant",
             default="none",
             show_default=True,
-            type=click.Choice(["none", "fp16", "int8"]),
-            help="Weight format: fp16 or int8 read 2x or 4x fewer bytes per token (CPU; int8 also quantises "
-            "activations on the fly).",
+            type=click.Choice(["none", "fp16"]),
+            help="Weight format: fp16 reads half the bytes per token (CPU, float32 activations).",
         ),
         click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: torch's, one per core]."),
     ]

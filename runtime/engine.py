@@ -83,7 +83,7 @@ class Engine:
     `kv_memory` bytes (e.g. "2GiB"), else 512 MiB. `enable_cache=False` runs the same engine with no reuse.
     Scheduling: `schedule` (lpm | fcfs | dfs-weight), `max_prefill_tokens` per step, `max_running` requests
     at once, or a whole `scheduler_config`. `max_pinned_fraction`: the most of the pool that pins may lock.
-    Speed: `quant` "fp16" or "int8" stores the weights in 16 or 8 bits (CPU, float32 only; runtime.linear);
+    Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.linear);
     `threads` sets the torch threads of the engine loop (default: the constructing thread's count).
 
     Thread-safe: every call submits to one engine loop thread that owns the cache and the pool.
@@ -379,10 +379,12 @@ class Engine:
             r.num_kv += 1
         return logits
 
-    def _emit(self, req: Request, logits: torch.Tensor) -> None:
-        """Sample the next token from `logits` and decide whether the request is done."""
+    def _emit(self, req: Request, logits: torch.Tensor, token: int | None = None) -> None:
+        """Sample the next token from `logits` (or take `token`, already chosen greedily for the whole batch)
+        and decide whether the request is done."""
         params = req.sampler.params
-        token = req.sampler.sample(logits)
+        if token is None:
+            token = req.sampler.sample(logits)
         if req.keep_logits:
             req.logits.append(logits.detach().float().cpu())
         req.output_ids.append(token)

@@ -1,4 +1,4 @@
-"""Linear layers for the forward pass: `y = x @ W.T + b` with W in `[out, in]` layout, in one of three forms.
+"""Linear layers for the forward pass: `y = x @ W.T + b` with W in `[out, in]` layout, in one of two forms.
 
 - `DenseLinear`: weights in the model's dtype. On the CPU it computes `(W @ x.T).T` instead of `F.linear(x, W)`:
   the same product, but MKL then runs a GEMM whose small dimension is the batch, which streams W 1.3 to 3 times
@@ -7,23 +7,20 @@
   gain shrinks there, and F.linear's summation order is the one the float64-reference tests were tuned on.
 - `Float16Linear` (`quant="fp16"`): weights stored in float16 and packed for fbgemm; activations stay float32.
   Half the bytes to read per token, results within float16 rounding of the weights.
-- `Int8Linear` (`quant="int8"`): weights quantised to int8 per output channel (symmetric); fbgemm quantises each
-  input row block to uint8 on the fly and accumulates in int32 (VNNI where the CPU has it). A quarter of the
-  bytes, and int8 prefill is several times faster than float32.
 
-The quantised forms run on the CPU only and use PyTorch's fbgemm operators (`torch.ops.quantized`).
+The fp16 form runs on the CPU only and uses PyTorch's fbgemm operators (`torch.ops.quantized`). An int8 form was
+built and measured, and dropped: fbgemm quantises a whole input batch with one scale, which raised perplexity by
+two thirds and changed greedy answers (docs/benchmarks.md, "Weight formats").
 """
 
 from __future__ import annotations
 
-import functools
-import warnings
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-QUANT_MODES = ("none", "fp16", "int8")
+QUANT_MODES = ("none", "fp16")
 
 # Up to this many rows (a decode batch) the transposed product streams W faster than F.linear on the CPU.
 _TRANSPOSED_MAX_ROWS = 16
@@ -83,41 +80,12 @@ class Float16Linear:
         return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
 
 
-class Int8Linear:
-    """int8 weights (one scale per output channel) with dynamically quantised uint8 activations."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        _require_quantized_cpu(weight, "int8")
-        w = weight.float().contiguous()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
-        zero = torch.zeros(w.shape[0], dtype=torch.int64)
-        with warnings.catch_warnings():  # quantized tensors are deprecated as a user API; the kernels are not
-            warnings.simplefilter("ignore")
-            q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
-        self.out_features = w.shape[0]
-        self._nbytes = w.numel() + 4 * w.shape[0]
-        self._packed = torch.ops.quantized.linear_prepack(q, _f32(bias))
-        # Without VNNI, fbgemm multiplies u8 x s8 pairs into int16 and could saturate: 7-bit activations avoid it.
-        self._reduce_range = not _cpu_has_vnni()
-
-    @property
-    def nbytes(self) -> int:
-        return self._nbytes
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2:
-            return _rows(self, x)
-        return torch.ops.quantized.linear_dynamic(x, self._packed, self._reduce_range)
-
-
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quant: str = "none") -> Linear:
-    """The linear layer for `quant` ("none", "fp16" or "int8"); weight `[out, in]`."""
+    """The linear layer for `quant` ("none" or "fp16"); weight `[out, in]`."""
     if quant == "none":
         return DenseLinear(weight, bias)
     if quant == "fp16":
         return Float16Linear(weight, bias)
-    if quant == "int8":
-        return Int8Linear(weight, bias)
     raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {quant!r}")
 
 
@@ -148,17 +116,3 @@ def _require_quantized_cpu(weight: torch.Tensor, quant: str) -> None:
 
 def _f32(bias: torch.Tensor | None) -> torch.Tensor | None:
     return None if bias is None else bias.float().contiguous()
-
-
-@functools.cache
-def _cpu_has_vnni() -> bool:
-    """True when /proc/cpuinfo lists AVX512-VNNI or AVX-VNNI (False where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_vnni", "avx_vnni"})
-    except OSError:
-        pass
-    return False

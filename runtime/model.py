@@ -3,7 +3,7 @@
 RMSNorm, rotary embeddings in rotate-half layout with positions offset by the cached prefix, grouped-query
 attention over the pool (runtime.attention), SwiGLU MLP, tied embeddings and Qwen2's q/k/v bias. Weights come
 in Hugging Face names and `[out, in]` layout; q/k/v and gate/up are fused into one matrix each at load, and every
-matrix becomes a runtime.linear layer (dense, or fp16/int8 weights with `quant`).
+matrix becomes a runtime.linear layer (dense, or fp16 weights with `quant`).
 """
 
 from __future__ import annotations

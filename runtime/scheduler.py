@@ -142,8 +142,11 @@ class Scheduler:
             for r in batch:
                 self._fail(r, exc)
             return
+        # Greedy rows are decided by one argmax over the batch: one host transfer per step, not one per request.
+        greedy = [r.sampler.params.greedy for r in batch]
+        tokens = logits.argmax(dim=-1).tolist() if any(greedy) else []
         for i, r in enumerate(batch):
-            self._emit(r, logits[i])
+            self._emit(r, logits[i], tokens[i] if greedy[i] else None)
 
     def _grow(self, req: Request) -> bool:
         """Make sure `req` has a page for its next token, preempting lower-priority requests if needed."""
@@ -228,8 +231,8 @@ class Scheduler:
             self._emit(req, logits)
         return n
 
-    def _emit(self, req: Request, logits: object) -> None:
-        self.engine._emit(req, logits)  # type: ignore[arg-type]
+    def _emit(self, req: Request, logits: object, token: int | None = None) -> None:
+        self.engine._emit(req, logits, token)  # type: ignore[arg-type]
         if req.finished:
             self._remove(req)
             self.kv.release(req)

@@ -1,8 +1,8 @@
 """What quantised weights cost SmolLM2 in quality: perplexity on a held-out text and greedy answers on the fixed
 prompt set (runtime.quant_eval.FIXED_PROMPTS, the set tests/runtime/engine/test_quant.py checks).
 
-    .venv/bin/python scripts/eval_quant.py                          # GPL-3 text, 4096 tokens, none,fp16,int8
-    .venv/bin/python scripts/eval_quant.py --text book.txt --max-tokens 2048 --quant none,int8
+    .venv/bin/python scripts/eval_quant.py                          # GPL-3 text, 4096 tokens, none and fp16
+    .venv/bin/python scripts/eval_quant.py --text book.txt --max-tokens 2048 --quant none,fp16
 
 Prints one markdown table: mode, perplexity (windows of 512 tokens every 256), its change against "none",
 how many greedy answers (16 new tokens) equal the "none" answers token for token, and the seconds each mode took.

@@ -1,7 +1,7 @@
 """Where a decode step's time goes: torch.profiler (CPU) over decode steps of the raw model, split by part.
 
     .venv/bin/python scripts/profile_decode.py                       # fp32, batch 1 and 8, 20 steps each
-    .venv/bin/python scripts/profile_decode.py --quant int8 --steps 50
+    .venv/bin/python scripts/profile_decode.py --quant fp16 --steps 50
     .venv/bin/python scripts/profile_decode.py --batch 1 --threads 2 --top 25
 
 Each batch size gets its own pool holding a 512-token prefill per sequence; the profiled steps then decode at
@@ -219,7 +219,7 @@ def print_result(batch: int, res: dict[str, Any]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--quant", default="none", choices=["none", "fp16", "int8"])
+    ap.add_argument("--quant", default="none", choices=["none", "fp16"])
     ap.add_argument("--batch", default="1,8", help="comma list of batch sizes")
     ap.add_argument("--context", type=int, default=513, help="tokens per sequence, the decoded one included")
     ap.add_argument("--steps", type=int, default=20, help="profiled decode steps per batch size")
