@@ -1,10 +1,12 @@
 """Linear layers for the forward pass: `y = x @ W.T + b` with W in `[out, in]` layout, in one of two forms.
 
-- `DenseLinear`: weights in the model's dtype. On the CPU it computes `(W @ x.T).T` instead of `F.linear(x, W)`:
-  the same product, but MKL then runs a GEMM whose small dimension is the batch, which streams W 1.3 to 3 times
-  faster for the few rows of a decode step (docs/benchmarks.md has the measurements). One row is padded to two,
-  because MKL's one-column path (GEMV) is the slow one. More than 16 rows (prefill chunks) keep `F.linear`: the
-  gain shrinks there, and F.linear's summation order is the one the float64-reference tests were tuned on.
+- `DenseLinear`: weights in the model's dtype. On the CPU the product is picked by the number of rows, from
+  measurements on this project's 2-core machine (docs/benchmarks.md): up to 4 rows (a small decode batch) it
+  computes `(W @ x.T).T` instead of `F.linear(x, W)`: the same product, but MKL then runs a GEMM whose narrow side
+  is the batch, which streams W 1.5 to 2.5 times faster. One row is padded to two, because MKL's one-column path
+  (GEMV) is the slow one. From 5 to 16 rows oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`, where this
+  torch has it) is the fastest. More than 16 rows (prefill chunks) keep `F.linear`: the float64-reference tests
+  were tuned on its summation order, and the other kernels' fp32 rounding sits closer to their tolerance.
 - `Float16Linear` (`quant="fp16"`): weights stored in float16 and packed for fbgemm; activations stay float32.
   Half the bytes to read per token, results within float16 rounding of the weights.
 
@@ -22,8 +24,9 @@ import torch.nn.functional as F
 
 QUANT_MODES = ("none", "fp16")
 
-# Up to this many rows (a decode batch) the transposed product streams W faster than F.linear on the CPU.
-_TRANSPOSED_MAX_ROWS = 16
+# CPU kernel choice by rows (see the module docstring): transposed MKL product, then oneDNN, then F.linear.
+_TRANSPOSED_MAX_ROWS = 4
+_ONEDNN_MAX_ROWS = 16
 
 
 class Linear(Protocol):
@@ -44,7 +47,8 @@ class DenseLinear:
         self.weight = weight.contiguous()
         self.bias = bias
         self.out_features = weight.shape[0]
-        self._transposed = weight.device.type == "cpu"
+        self._cpu = weight.device.type == "cpu"
+        self._onednn = self._cpu and weight.dtype == torch.float32 and _has_onednn_linear()
 
     @property
     def nbytes(self) -> int:
@@ -54,8 +58,10 @@ class DenseLinear:
         if x.dim() != 2:
             return _rows(self, x)
         rows = x.shape[0]
-        if not self._transposed or rows > _TRANSPOSED_MAX_ROWS:
+        if not self._cpu or rows > _ONEDNN_MAX_ROWS or (rows > _TRANSPOSED_MAX_ROWS and not self._onednn):
             return F.linear(x, self.weight, self.bias)
+        if rows > _TRANSPOSED_MAX_ROWS:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         padded = torch.cat((x, x)) if rows == 1 else x
         y = torch.mm(self.weight, padded.t())[:, :rows].t()
         return y if self.bias is None else y + self.bias
@@ -101,6 +107,11 @@ def check_quant(quant: str, device: torch.device, dtype: torch.dtype) -> None:
         raise ValueError(f"quant={quant!r} needs float32 activations; got dtype {dtype}")
     if not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
         raise ValueError(f"quant={quant!r} needs PyTorch's fbgemm kernels, which this torch build lacks")
+
+
+def _has_onednn_linear() -> bool:
+    """Whether this torch build has oneDNN and its fused linear op (an internal op that inductor uses)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def _rows(layer: Linear, x: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from runtime.linear import (
     make_linear,
 )
 
-ROWS = [1, 2, 3, 8, 16, 17, 64, 300]
+ROWS = [1, 2, 3, 4, 5, 8, 16, 17, 64, 300]  # every CPU kernel path: <= 4, 5..16, > 16 rows
 IN, OUT = 96, 80
 # Summation order only: float64 rounding is ~1e-16 per operation, float32 ~6e-8, over IN=96 products.
 DENSE_TOL = {torch.float64: {"rtol": 1e-12, "atol": 1e-12}, torch.float32: {"rtol": 1e-5, "atol": 1e-5}}
@@ -48,7 +48,7 @@ def test_dense_equals_f_linear(rows: int, bias: bool, dtype: torch.dtype) -> Non
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("rows", [1, 3, 16, 17])
+@pytest.mark.parametrize("rows", [1, 3, 8, 17])
 def test_dense_takes_1d_and_3d_inputs(rows: int, bias: bool, dtype: torch.dtype) -> None:
     w, b, _ = _data(1, dtype)
     bb = b if bias else None
@@ -64,7 +64,7 @@ def test_dense_takes_1d_and_3d_inputs(rows: int, bias: bool, dtype: torch.dtype)
 
 
 @pytest.mark.parametrize("quant", QUANT_MODES)
-@pytest.mark.parametrize("rows", [1, 2, 16, 17])
+@pytest.mark.parametrize("rows", [1, 2, 8, 17])
 def test_layers_do_not_change_their_input_or_weights(quant: str, rows: int) -> None:
     w, b, x = _data(rows)
     w0, b0, x0 = w.clone(), b.clone(), x.clone()
