@@ -5,14 +5,31 @@
     .venv/bin/python scripts/bench_runtime.py --quant none         # fp32 only (default: none,fp16)
     .venv/bin/python scripts/bench_runtime.py --no-hf --no-llama-cpp --threads 2 --json bench.json
 
-Measured, for each `--quant` mode of ours (fp32 weights, fp16 weights):
+Interleaved rounds, and why. This 2-core VM shares its host's memory bus: the read bandwidth swings between about
+28 and 55 GB/s within minutes, and every weight-streaming number moves with it. Measured one contender after the
+other (llama.cpp, then transformers, then ours), baselines and ours landed in different bandwidth windows and the
+ratios said nothing: one full run had ours at 0.72x transformers for a 128-token prefill, a profile of the same
+two minutes later 1.44x. So everything is loaded first (transformers, llama.cpp, ours in each `--quant` mode),
+and every comparison runs in rounds: in each round each contender runs once, one after the other (ours in each
+mode, then transformers, then llama.cpp); one warm-up round that is not counted, then `--reps` counted rounds;
+each contender's best round (least time, most tok/s) counts, and the ratios are computed from those. A slow window
+then slows every contender in its round alike, and the best rounds of all contenders come from comparable windows.
+The memory bandwidth is measured (a 512 MB sum) at the start of every round and printed; the JSON keeps every
+round with its bandwidth and each contender's numbers ("rounds"), and each row's note gives the range in its
+phase.
+
+Measured, for each `--quant` mode of ours (fp32 weights, fp16 weights), each against the baselines in the same
+rounds:
 - prefill tokens/s at 128, 512 and 2048 prompt tokens: ours is `model.prefill` (cache off, chunks of 512);
   transformers is one forward of the whole prompt (`use_cache=False`, `logits_to_keep=1`: like ours it computes
-  the last position's logits only); llama.cpp is `Llama.eval` of the prompt (n_batch 512).
+  the last position's logits only); llama.cpp is `Llama.eval` of the prompt (n_batch 512) after `reset()`.
   Target (fp32): ours >= transformers at every length.
 - decode at batch 1 after a 512-token prompt, through the Engine (its loop thread, the real serving path): one
   request, 64 new tokens with ignore_eos, `GenerationResult.decode_tps` (tokens after the first / time after
-  the first), best of `--reps` after a warm-up. Target (fp32): >= 25 tok/s.
+  the first), one run per round. Target (fp32): >= 25 tok/s.
+- the raw decode step (`model.decode` on this thread, no engine) at batch 1 and 8, context 513, timed in the
+  same rounds as the engine runs (5 steps per round at batch 1, 3 at batch 8, after one untimed step; the
+  fastest counts), so that "engine at N% of the raw step" compares numbers from the same windows.
 - decode at batch 8, aggregate, through the Engine with the cache on: the 8 distinct 512-token prompts first run
   with max_new_tokens=1 so that their KV is in the tree; then all 8 are submitted at once, so each prefill is
   only the page-unaligned tail of its prompt. The scheduler prefills all 8 in one step (8 short prefills fit
@@ -21,23 +38,24 @@ Measured, for each `--quant` mode of ours (fp32 weights, fp16 weights):
   latency_s) holds exactly the batch-8 decode steps, and aggregate tok/s = sum(generated - 1) / (max latency_s
   - max ttft_s): prefill is excluded as it is for batch 1. The engine's step counter checks the premise (the
   run takes exactly 64 steps); when the loop started before all 8 arrived and the prefills took k extra steps,
-  8 * k tokens are left out, which makes the figure a lower bound (the row says so). Best of `--reps`.
+  8 * k tokens are left out, which makes the figure a lower bound (the row says so). One run per mode per round.
   Target (fp32): >= 100 tok/s.
-- the raw decode step (`model.decode` on this thread, no engine) at batch 1 and 8, context 513, so that the
-  engine's overhead is visible (engine tok/s as a percentage of the raw step's).
 - transformers decode at batch 1 after a 512-token prompt: `generate` of n tokens minus `generate` of 1 token
-  (same prompt, greedy), so the prefill cancels out; with `--hf-batch8` also at batch 8.
+  (same prompt, greedy), so the prefill cancels out; both halves run in the same round, and the fastest
+  generate(n) minus the fastest generate(1) counts. With `--hf-batch8` also at batch 8 (in the batch-8 rounds).
 - llama.cpp (llama-cpp-python, optional): decode at batch 1 after a 512-token prompt, `Llama.eval([tok])` one
-  token at a time for 64 tokens (the exact count), `reset()` between runs. It runs the GGUF file as stored
-  (SmolLM2's file is Q4_1), so it reads fewer weight bytes than any of our modes.
+  token at a time for 64 tokens (the exact count), `reset()` and the prompt before each run. It runs the GGUF
+  file as stored (SmolLM2's file is Q4_1), so it reads fewer weight bytes than any of our modes.
   Stretch target: a compressed-weight mode (fp16 here) decodes at batch 1 at >= llama.cpp / 1.5.
 - TTFT of a 2,000-token prompt whose first 1,800 tokens are cached, against the same prompt with the cache
-  off (target: speedup >= 0.8 x prompt tokens / computed tokens), fp32.
-- one paged decode step against one contiguous-KV decode step with the same model (target: <= 1.2x), fp32.
+  off (target: speedup >= 0.8 x prompt tokens / computed tokens), fp32; cache on and off alternate per round.
+- one paged decode step against one contiguous-KV decode step with the same model (target: <= 1.2x), fp32,
+  alternating step by step.
 
-Every timing is the fastest of its repetitions after a warm-up: on a shared machine noise only adds time.
-Prints each result as it comes, then one markdown table; `--json PATH` writes every row with its numbers.
-transformers and llama-cpp-python are benchmark-only dependencies: each is skipped with a message if missing.
+On a shared machine noise only adds time, so the fastest round is the estimate of the cost itself.
+Prints each round and each result as it comes, then one markdown table whose header gives the bandwidth range
+seen; `--json PATH` writes every row with its numbers and every round. transformers and llama-cpp-python are
+benchmark-only dependencies: each is skipped with a message if missing.
 """
 
 from __future__ import annotations
@@ -113,17 +131,6 @@ class Settings:
     hf_batch8: bool
 
 
-@dataclass
-class Baselines:
-    """Baseline tok/s keyed by measurement; None where not measured."""
-
-    hf_prefill: dict[int, float] = field(default_factory=dict)
-    hf_decode1: float | None = None
-    hf_decode8: float | None = None
-    lc_prefill: dict[int, float] = field(default_factory=dict)
-    lc_decode1: float | None = None
-
-
 def timed(fn: Callable[[], object], reps: int) -> float:
     """Fastest of `reps` calls after one warm-up call: on a shared machine the minimum is the stable estimate of
     the cost itself (noise only ever adds time)."""
@@ -156,17 +163,119 @@ def fmt_ratio(ours: float, base: float | None, name: str) -> str:
     return f"{ours / base:.2f}x {name}" if base else f"{name} n/a"
 
 
-# ---------------------------------------------------------------------- baselines
+# ---------------------------------------------------------------------- rounds
+
+ROUNDS: list[dict[str, Any]] = []  # every round of every phase, warm-ups included (the JSON's "rounds")
+
+Measure = Callable[[], dict[str, float]]
 
 
-def bench_llama_cpp(path: str, s: Settings, base: Baselines) -> None:
+def fmt_num(v: float) -> str:
+    return f"{v:,.0f}" if float(v).is_integer() or abs(v) >= 100 else f"{v:,.1f}"
+
+
+def run_rounds(phase: str, s: Settings, contenders: dict[str, Measure]) -> dict[str, list[dict[str, float]]]:
+    """One warm-up round, then `s.reps` counted rounds. In each round every contender runs once, one after the
+    other, in the order given (ours in each mode, then transformers, then llama.cpp), so that all of them see
+    the same memory-bandwidth window. The memory bandwidth is measured at the start of each round. Returns each
+    contender's measurements in the counted rounds."""
+    counted: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
+    for r in range(s.reps + 1):
+        bw = memory_bandwidth_gbs()
+        label = "warm-up round" if r == 0 else f"round {r}/{s.reps}"
+        print(f"  [{phase}, {label}] memory bandwidth {bw:.1f} GB/s", flush=True)
+        values = {name: fn() for name, fn in contenders.items()}
+        ROUNDS.append({"phase": phase, "round": r, "warmup": r == 0, "bandwidth_gbs": bw, "values": values})
+        for name, vals in values.items():
+            print(f"    {name}: " + ", ".join(f"{fmt_num(v)} {k}" for k, v in vals.items()), flush=True)
+        if r:
+            for name, vals in values.items():
+                counted[name].append(vals)
+    return counted
+
+
+def phase_bandwidth(phase: str) -> list[float]:
+    return [r["bandwidth_gbs"] for r in ROUNDS if r["phase"] == phase and not r["warmup"]]
+
+
+def bw_note(phase: str) -> str:
+    bws = phase_bandwidth(phase)
+    if not bws:
+        return ""
+    if len(bws) == 1:
+        return f"bandwidth {bws[0]:.0f} GB/s (1 round)"
+    return f"bandwidth {min(bws):.0f}-{max(bws):.0f} GB/s over {len(bws)} rounds"
+
+
+# ---------------------------------------------------------------------- contenders
+
+
+@dataclass
+class Ours:
+    mode: str
+    model: LlamaModel
+
+    @property
+    def tag(self) -> str:
+        return "fp32" if self.mode == "none" else self.mode
+
+
+@dataclass
+class HF:
+    model: Any
+    label: str
+
+    def forward_ms(self, ids: torch.Tensor) -> dict[str, float]:
+        # The prompt's forward pass producing the last logits, as ours does: no KV cache kept, no sampling.
+        with torch.inference_mode():
+            sec = timed_once(lambda: self.model(input_ids=ids, use_cache=False, logits_to_keep=1))
+        return {"ms": sec * 1000}
+
+    def generate_ms(self, ids: torch.Tensor, n: int) -> dict[str, float]:
+        """generate(1) and generate(n) of the same prompt in the same round: their difference is the decode."""
+        mask = torch.ones_like(ids)
+
+        def gen(k: int) -> None:
+            with torch.inference_mode():
+                self.model.generate(
+                    ids, attention_mask=mask, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=0
+                )
+
+        return {
+            "ms generate(1)": timed_once(lambda: gen(1)) * 1000,
+            f"ms generate({n})": timed_once(lambda: gen(n)) * 1000,
+        }
+
+
+@dataclass
+class LlamaCpp:
+    llm: Any
+    label: str
+
+    def eval_ms(self, ids: list[int]) -> dict[str, float]:
+        def run() -> None:
+            self.llm.reset()  # n_tokens = 0: the next eval overwrites the KV from position 0
+            self.llm.eval(ids)
+
+        return {"ms": timed_once(run) * 1000}
+
+    def decode_tps(self, prompt: list[int], new: list[int]) -> dict[str, float]:
+        self.llm.reset()
+        self.llm.eval(prompt)
+        t = time.perf_counter()
+        for tok in new:
+            self.llm.eval([tok])
+        return {"tok/s": len(new) / (time.perf_counter() - t)}
+
+
+def load_llama_cpp(path: str, s: Settings) -> LlamaCpp | None:
     try:
         import llama_cpp
     except ImportError as exc:
         msg = f"llama-cpp-python is not importable ({exc}): .venv/bin/pip install llama-cpp-python"
         print(f"  SKIPPED llama.cpp: {msg}")
         row("llama.cpp", "not measured", "", msg)
-        return
+        return None
     llm = llama_cpp.Llama(
         model_path=path,
         n_ctx=4096,
@@ -176,43 +285,10 @@ def bench_llama_cpp(path: str, s: Settings, base: Baselines) -> None:
         verbose=False,
         logits_all=False,
     )
-    vocab = llm.n_vocab()
-    name = f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, {os.path.basename(path)})"
-    for n in s.prefill_lens:
-        ids = prompt_ids(n, vocab, n)
-
-        def prefill(ids: list[int] = ids) -> None:
-            llm.reset()  # n_tokens = 0: the next eval overwrites the KV from position 0
-            llm.eval(ids)
-
-        sec = timed(prefill, s.reps if n < 2048 else max(1, s.reps // 2))
-        base.lc_prefill[n] = n / sec
-        row(f"prefill {n} tokens: {name}", "", f"{n / sec:,.0f} tok/s", f"{sec * 1000:,.0f} ms", tps=n / sec)
-
-    prompt = prompt_ids(s.prompt, vocab, 1)
-    new = prompt_ids(s.decode_tokens, vocab, 7)  # fixed tokens: the count is exact, no sampling or EOS
-
-    def decode() -> float:
-        llm.reset()
-        llm.eval(prompt)
-        t = time.perf_counter()
-        for tok in new:
-            llm.eval([tok])
-        return time.perf_counter() - t
-
-    decode()  # warm-up
-    sec = min(decode() for _ in range(s.reps))
-    base.lc_decode1 = s.decode_tokens / sec
-    row(
-        f"decode, batch 1 ({s.prompt}-token prompt): {name}",
-        "",
-        f"{base.lc_decode1:.1f} tok/s",
-        f"{s.decode_tokens} tokens",
-        tps=base.lc_decode1,
-    )
+    return LlamaCpp(llm, f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, {os.path.basename(path)})")
 
 
-def bench_hf(path: str, s: Settings, base: Baselines) -> None:
+def load_hf(path: str) -> HF | None:
     try:
         import transformers
         from transformers import AutoModelForCausalLM
@@ -220,174 +296,285 @@ def bench_hf(path: str, s: Settings, base: Baselines) -> None:
         msg = "transformers is not installed: .venv/bin/pip install transformers gguf accelerate"
         print(f"  SKIPPED the transformers comparison: {msg}")
         row("transformers", "not measured", "", msg)
-        return
+        return None
     folder, name = os.path.split(path)
     with contextlib.redirect_stderr(io.StringIO()):  # its GGUF conversion progress bars would swamp the output
         hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     hf.eval()
-    vocab = hf.config.vocab_size
-    label = f"transformers {transformers.__version__} fp32"
-    with torch.inference_mode():
-        for n in s.prefill_lens:
-            ids = torch.tensor([prompt_ids(n, vocab, n)])
-            # The prompt's forward pass producing the last logits, as ours does: no KV cache kept, no sampling.
-            sec = timed(
-                lambda ids=ids: hf(input_ids=ids, use_cache=False, logits_to_keep=1),
-                s.reps if n < 2048 else max(1, s.reps // 2),
-            )
-            base.hf_prefill[n] = n / sec
-            row(f"prefill {n} tokens: {label}", "", f"{n / sec:,.0f} tok/s", f"{sec * 1000:,.0f} ms", tps=n / sec)
-
-        def gen_tps(batch: int, reps: int) -> float | None:
-            ids = torch.tensor([prompt_ids(s.prompt, vocab, 1 + i) for i in range(batch)])
-            mask = torch.ones_like(ids)
-
-            def gen(n: int) -> None:
-                hf.generate(
-                    ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
-                )
-
-            gen(2)  # warm-up
-            first = timed(lambda: gen(1), reps)
-            full = timed(lambda: gen(s.decode_tokens), reps)
-            # None: machine noise exceeded the decode time, so the difference says nothing (more --reps).
-            return batch * (s.decode_tokens - 1) / (full - first) if full > first else None
-
-        def show(tps: float | None) -> str:
-            return f"{tps:.1f} tok/s" if tps else "not measurable (noise > decode time)"
-
-        note = f"generate({s.decode_tokens}) - generate(1)"
-        base.hf_decode1 = gen_tps(1, s.reps)
-        row(f"decode, batch 1 ({s.prompt}-token prompt): {label}", "", show(base.hf_decode1), note)
-        if s.hf_batch8:
-            base.hf_decode8 = gen_tps(8, max(1, s.reps // 2))
-            row(f"decode, batch 8 aggregate: {label}", "", show(base.hf_decode8), note)
+    return HF(hf, f"transformers {transformers.__version__} fp32")
 
 
-# ---------------------------------------------------------------------- ours
+class RawStep:
+    """`model.decode` on this thread (no engine): `batch` sequences at context `ctx` (the new token included)."""
 
-
-def bench_prefill(model: LlamaModel, tag: str, s: Settings, base: Baselines) -> None:
-    pool = model.new_pool(max(s.prefill_lens) // PAGE + 1, PAGE)
-    table = list(range(pool.num_blocks))
-    for n in s.prefill_lens:
-        ids = prompt_ids(n, model.config.vocab_size, n)
+    def __init__(self, model: LlamaModel, batch: int, ctx: int) -> None:
+        n_pages = -(-ctx // PAGE)
+        self.model = model
+        self.pool = model.new_pool(batch * n_pages, PAGE)
+        tables = [list(range(b * n_pages, (b + 1) * n_pages)) for b in range(batch)]
+        vocab = model.config.vocab_size
         with torch.inference_mode():
-            sec = timed(lambda ids=ids: model.prefill(ids, 0, table, pool), s.reps if n < 2048 else max(1, s.reps // 2))
+            for b in range(batch):
+                model.prefill(prompt_ids(ctx - 1, vocab, 100 + b), 0, tables[b], self.pool)
+        self.meta = build_decode_meta(tables, [ctx] * batch, PAGE, model.device)
+        self.toks = prompt_ids(batch, vocab, 9)
+
+    def step_ms(self, steps: int) -> dict[str, float]:
+        """Fastest of `steps` steps after one untimed step (the previous contender left the caches cold)."""
+        with torch.inference_mode():
+            sec = timed(lambda: self.model.decode(self.toks, self.meta, self.pool), steps)  # rewrites one slot
+        return {"ms/step": sec * 1000}
+
+
+RAW_STEPS_B1 = 5  # raw decode steps timed per round at batch 1 (the fastest counts)
+RAW_STEPS_B8 = 3
+
+
+def engine_batch8(engine: Engine, prompts: list[list[int]], s: Settings) -> dict[str, float]:
+    """One batch-8 run through the engine whose tree holds the prompts (see the module docstring)."""
+    steps = engine.stats.steps
+    res = engine.generate(prompts, s.decode_tokens, ignore_eos=True)
+    steps = engine.stats.steps - steps
+    window = max(r.latency_s for r in res) - max(r.ttft_s for r in res)
+    # Exact when one step prefilled all 8: the run then took decode_tokens steps. The requests are submitted
+    # one by one, so the loop may start before the last arrives; with `extra` more steps, each request made at
+    # most `extra` of its tokens before the window: leaving those out gives a lower bound.
+    extra = max(0, steps - s.decode_tokens)
+    agg = (sum(len(r.token_ids) - 1 for r in res) - len(res) * extra) / window
+    return {
+        "tok/s": agg,
+        "steps": steps,
+        "prefill tokens each": sum(r.prefill_tokens for r in res) / len(res),
+        "ms first-token spread": (max(r.ttft_s for r in res) - min(r.ttft_s for r in res)) * 1000,
+    }
+
+
+def best(runs: list[dict[str, float]], key: str, fastest: Callable[..., Any] = min) -> float:
+    return fastest(r[key] for r in runs)
+
+
+# ---------------------------------------------------------------------- phases
+
+
+def bench_prefill(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Settings, vocab: int) -> None:
+    """Prefill at each length, interleaved: ours (cache off, chunks of 512), transformers, llama.cpp."""
+    for n in s.prefill_lens:
+        prefill_at(n, ours, hf, lc, s, vocab)
+
+
+def prefill_at(n: int, ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Settings, vocab: int) -> None:
+    """The rounds at one prompt length `n`, and their rows."""
+    ids = prompt_ids(n, vocab, n)
+    contenders: dict[str, Measure] = {}
+    for o in ours:
+        pool = o.model.new_pool(n // PAGE + 1, PAGE)
+        table = list(range(pool.num_blocks))
+
+        def run(model: LlamaModel = o.model, pool: KVPool = pool, table: list[int] = table) -> dict[str, float]:
+            with torch.inference_mode():
+                return {"ms": timed_once(lambda: model.prefill(ids, 0, table, pool)) * 1000}
+
+        contenders[f"ours {o.tag}"] = run
+    if hf:
+        hf_ids = torch.tensor([ids])
+        contenders["transformers"] = lambda: hf.forward_ms(hf_ids)
+    if lc:
+        contenders["llama.cpp"] = lambda: lc.eval_ms(ids)
+    phase = f"prefill {n}"
+    runs = run_rounds(phase, s, contenders)
+    bwn = bw_note(phase)
+    hf_tps = n / best(runs["transformers"], "ms") * 1000 if hf else None
+    lc_tps = n / best(runs["llama.cpp"], "ms") * 1000 if lc else None
+    for who, tps in ((hf, hf_tps), (lc, lc_tps)):
+        if who and tps:
+            row(
+                f"prefill {n} tokens: {who.label}",
+                "",
+                f"{tps:,.0f} tok/s",
+                f"{n / tps * 1000:,.0f} ms; {bwn}",
+                tps=tps,
+            )
+    for o in ours:
+        sec = best(runs[f"ours {o.tag}"], "ms") / 1000
         tps = n / sec
-        hf = base.hf_prefill.get(n)
-        lc = base.lc_prefill.get(n)
-        note = f"{sec * 1000:,.0f} ms; " + fmt_ratio(tps, hf, "transformers")
-        if hf and tag == "fp32":
-            note += f", target >= 1.0x: {verdict(tps >= hf)}"
-        note += "; " + fmt_ratio(tps, lc, "llama.cpp")
-        bases = "; ".join(f"{k} {v:,.0f} tok/s" for k, v in (("transformers", hf), ("llama.cpp", lc)) if v is not None)
-        row(f"prefill {n} tokens, ours {tag}", f"{tps:,.0f} tok/s", bases, note, tps=tps, hf_tps=hf, lc_tps=lc)
+        note = f"{sec * 1000:,.0f} ms; " + fmt_ratio(tps, hf_tps, "transformers")
+        if hf_tps and o.tag == "fp32":
+            note += f", target >= 1.0x: {verdict(tps >= hf_tps)}"
+        note += "; " + fmt_ratio(tps, lc_tps, "llama.cpp") + f"; {bwn}"
+        bases = "; ".join(
+            f"{k} {v:,.0f} tok/s" for k, v in (("transformers", hf_tps), ("llama.cpp", lc_tps)) if v is not None
+        )
+        row(
+            f"prefill {n} tokens, ours {o.tag}",
+            f"{tps:,.0f} tok/s",
+            bases,
+            note,
+            tps=tps,
+            hf_tps=hf_tps,
+            lc_tps=lc_tps,
+        )
+    gc.collect()
 
 
-def raw_decode_tps(model: LlamaModel, batch: int, ctx: int, reps: int) -> float:
-    """Tokens/s of `model.decode` on this thread: `batch` sequences at context `ctx` (the new token included)."""
-    n_pages = -(-ctx // PAGE)
-    pool = model.new_pool(batch * n_pages, PAGE)
-    tables = [list(range(b * n_pages, (b + 1) * n_pages)) for b in range(batch)]
-    vocab = model.config.vocab_size
-    with torch.inference_mode():
-        for b in range(batch):
-            model.prefill(prompt_ids(ctx - 1, vocab, 100 + b), 0, tables[b], pool)
-        meta = build_decode_meta(tables, [ctx] * batch, PAGE, model.device)
-        toks = prompt_ids(batch, vocab, 9)
-        sec = timed(lambda: model.decode(toks, meta, pool), reps)  # rewrites the same slot each time
-    return batch / sec
+def hf_decode_tps(runs: list[dict[str, float]], batch: int, n: int) -> float | None:
+    """transformers decode tok/s: fastest generate(n) minus fastest generate(1), both over the same rounds.
+    None: machine noise exceeded the decode time, so the difference says nothing (more --reps)."""
+    first = best(runs, "ms generate(1)") / 1000
+    full = best(runs, f"ms generate({n})") / 1000
+    return batch * (n - 1) / (full - first) if full > first else None
 
 
-def bench_decode(model: LlamaModel, tag: str, s: Settings, base: Baselines) -> dict[str, float]:
-    vocab = model.config.vocab_size
+def show_tps(tps: float | None) -> str:
+    return f"{tps:.1f} tok/s" if tps else "not measurable (noise > decode time)"
+
+
+def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Settings, vocab: int) -> None:
+    """Decode at batch 1 after the prompt, interleaved: per mode the raw step and the Engine, then transformers
+    and llama.cpp."""
     ctx = s.prompt + 1
-    raw1 = raw_decode_tps(model, 1, ctx, s.reps * 5)
-    raw8 = raw_decode_tps(model, 8, ctx, s.reps * 3)
-    row(f"raw decode step, batch 1, context {ctx}, ours {tag}", f"{raw1:.1f} tok/s", "", f"{1000 / raw1:.1f} ms/step")
-    row(
-        f"raw decode step, batch 8, context {ctx}, ours {tag}",
-        f"{raw8:.1f} tok/s",
-        "",
-        f"{8000 / raw8:.1f} ms/step",
-    )
-
-    # Batch 1 through the engine, cache off: every run prefills the whole prompt, then decodes.
     per_seq = -(-(s.prompt + s.decode_tokens) // PAGE)
-    engine = Engine(model, capacity_blocks=per_seq + 4, page_size=PAGE, enable_cache=False, threads=s.threads)
     ids = prompt_ids(s.prompt, vocab, 1)
-    engine.generate(ids, 4, ignore_eos=True)  # warm-up
-    outs = [engine.generate(ids, s.decode_tokens, ignore_eos=True) for _ in range(s.reps)]
-    tps1 = max(o.decode_tps for o in outs)
-    del engine
-    note = f"{s.decode_tokens} new tokens; engine at {100 * tps1 / raw1:.0f}% of the raw step"
-    if tag == "fp32":
-        note += f"; target >= {DECODE_B1_TARGET:.0f} tok/s: {verdict(tps1 >= DECODE_B1_TARGET)}"
-    note += "; " + fmt_ratio(tps1, base.hf_decode1, "transformers")
-    note += "; " + fmt_ratio(tps1, base.lc_decode1, "llama.cpp")
-    if tag == "fp16" and base.lc_decode1:
-        need = base.lc_decode1 / LLAMA_CPP_FACTOR
-        note += f", stretch target >= llama.cpp / {LLAMA_CPP_FACTOR} = {need:.1f} tok/s: {verdict(tps1 >= need)}"
-    bases = "; ".join(
-        f"{k} {v:.1f} tok/s" for k, v in (("transformers", base.hf_decode1), ("llama.cpp", base.lc_decode1)) if v
-    )
-    row(
-        f"decode, batch 1 ({s.prompt}-token prompt), Engine, ours {tag}",
-        f"{tps1:.1f} tok/s",
-        bases,
-        note,
-        tps=tps1,
-        raw_tps=raw1,
-        hf_tps=base.hf_decode1,
-        lc_tps=base.lc_decode1,
-    )
+    contenders: dict[str, Measure] = {}
+    for o in ours:
+        raw = RawStep(o.model, 1, ctx)
+        # Cache off: every run prefills the whole prompt, then decodes; decode_tps leaves the prefill out.
+        engine = Engine(o.model, capacity_blocks=per_seq + 4, page_size=PAGE, enable_cache=False, threads=s.threads)
+        contenders[f"ours {o.tag} raw step"] = lambda raw=raw: raw.step_ms(RAW_STEPS_B1)
+        contenders[f"ours {o.tag} Engine"] = lambda engine=engine: {
+            "tok/s": engine.generate(ids, s.decode_tokens, ignore_eos=True).decode_tps
+        }
+    if hf:
+        hf_ids = torch.tensor([ids])
+        contenders["transformers"] = lambda: hf.generate_ms(hf_ids, s.decode_tokens)
+    if lc:
+        new = prompt_ids(s.decode_tokens, vocab, 7)  # fixed tokens: the count is exact, no sampling or EOS
+        contenders["llama.cpp"] = lambda: lc.decode_tps(ids, new)
+    phase = f"decode batch 1, {s.prompt}-token prompt"
+    runs = run_rounds(phase, s, contenders)
+    contenders.clear()  # the engines go (their loop threads have exited: no request is in flight)
+    bwn = bw_note(phase)
+    hf1: float | None = None
+    lc1: float | None = None
+    if hf:
+        hf1 = hf_decode_tps(runs["transformers"], 1, s.decode_tokens)
+        row(
+            f"decode, batch 1 ({s.prompt}-token prompt): {hf.label}",
+            "",
+            show_tps(hf1),
+            f"generate({s.decode_tokens}) - generate(1), each the fastest of its rounds; {bwn}",
+            tps=hf1,
+        )
+    if lc:
+        lc1 = best(runs["llama.cpp"], "tok/s", max)
+        row(
+            f"decode, batch 1 ({s.prompt}-token prompt): {lc.label}",
+            "",
+            f"{lc1:.1f} tok/s",
+            f"{s.decode_tokens} tokens; {bwn}",
+            tps=lc1,
+        )
+    for o in ours:
+        raw1 = 1000 / best(runs[f"ours {o.tag} raw step"], "ms/step")
+        row(
+            f"raw decode step, batch 1, context {ctx}, ours {o.tag}",
+            f"{raw1:.1f} tok/s",
+            "",
+            f"{1000 / raw1:.1f} ms/step; {bwn}",
+            tps=raw1,
+        )
+    for o in ours:
+        raw1 = 1000 / best(runs[f"ours {o.tag} raw step"], "ms/step")
+        tps1 = best(runs[f"ours {o.tag} Engine"], "tok/s", max)
+        note = f"{s.decode_tokens} new tokens; engine at {100 * tps1 / raw1:.0f}% of the raw step"
+        if o.tag == "fp32":
+            note += f"; target >= {DECODE_B1_TARGET:.0f} tok/s: {verdict(tps1 >= DECODE_B1_TARGET)}"
+        note += "; " + fmt_ratio(tps1, hf1, "transformers")
+        note += "; " + fmt_ratio(tps1, lc1, "llama.cpp")
+        if o.tag == "fp16" and lc1:
+            need = lc1 / LLAMA_CPP_FACTOR
+            note += f", stretch target >= llama.cpp / {LLAMA_CPP_FACTOR} = {need:.1f} tok/s: {verdict(tps1 >= need)}"
+        note += f"; {bwn}"
+        bases = "; ".join(f"{k} {v:.1f} tok/s" for k, v in (("transformers", hf1), ("llama.cpp", lc1)) if v)
+        row(
+            f"decode, batch 1 ({s.prompt}-token prompt), Engine, ours {o.tag}",
+            f"{tps1:.1f} tok/s",
+            bases,
+            note,
+            tps=tps1,
+            raw_tps=raw1,
+            hf_tps=hf1,
+            lc_tps=lc1,
+        )
+    gc.collect()
 
-    # Batch 8 through the engine, cache on: prime the tree with the 8 prompts, then submit them together.
-    engine = Engine(model, capacity_blocks=2 * 8 * per_seq + 16, page_size=PAGE, threads=s.threads)
+
+def bench_decode8(ours: list[Ours], hf: HF | None, s: Settings, vocab: int) -> None:
+    """Decode at batch 8, aggregate, interleaved: per mode the raw step and the Engine (cache on, prompts in the
+    tree), then transformers with --hf-batch8."""
+    ctx = s.prompt + 1
+    per_seq = -(-(s.prompt + s.decode_tokens) // PAGE)
     prompts = [prompt_ids(s.prompt, vocab, 200 + i) for i in range(8)]
-    engine.generate(prompts, 1, ignore_eos=True)  # their KV goes into the tree
-    engine.generate(prompts, 4, ignore_eos=True)  # warm-up of the batch-8 path
-    best, best_res, best_steps = 0.0, None, 0
-    for _ in range(s.reps):
-        steps = engine.stats.steps
-        res = engine.generate(prompts, s.decode_tokens, ignore_eos=True)
-        steps = engine.stats.steps - steps
-        window = max(r.latency_s for r in res) - max(r.ttft_s for r in res)
-        # Exact when one step prefilled all 8: the run then took decode_tokens steps. The requests are submitted
-        # one by one, so the loop may start before the last arrives; with `extra` more steps, each request made
-        # at most `extra` of its tokens before the window: leaving those out gives a lower bound.
-        extra = max(0, steps - s.decode_tokens)
-        agg = (sum(len(r.token_ids) - 1 for r in res) - len(res) * extra) / window
-        if agg > best:
-            best, best_res, best_steps = agg, res, steps
-    del engine
-    assert best_res is not None
-    exact = best_steps == s.decode_tokens
-    computed = sum(r.prefill_tokens for r in best_res) / 8
-    spread = (max(r.ttft_s for r in best_res) - min(r.ttft_s for r in best_res)) * 1000
-    note = (
-        f"{s.decode_tokens} new tokens each; prefill {computed:.0f} of {s.prompt} tokens each (cached), first "
-        f"tokens within {spread:.0f} ms; {best_steps} engine steps"
-        + ("" if exact else f" (not {s.decode_tokens}: prefills spread over steps, a lower bound)")
-        + f"; engine at {100 * best / raw8:.0f}% of the raw step"
-    )
-    if tag == "fp32":
-        note += f"; target >= {DECODE_B8_TARGET:.0f} tok/s: {verdict(best >= DECODE_B8_TARGET)}"
-    if base.hf_decode8:
-        note += "; " + fmt_ratio(best, base.hf_decode8, "transformers")
-    row(
-        f"decode, batch 8 aggregate ({s.prompt}-token prompts), Engine, ours {tag}",
-        f"{best:.1f} tok/s",
-        f"transformers {base.hf_decode8:.1f} tok/s" if base.hf_decode8 else "",
-        note,
-        tps=best,
-        raw_tps=raw8,
-        hf_tps=base.hf_decode8,
-        engine_steps=best_steps,
-        exact_window=exact,
-    )
-    return {"decode1": tps1, "decode8": best}
+    contenders: dict[str, Measure] = {}
+    for o in ours:
+        raw = RawStep(o.model, 8, ctx)
+        engine = Engine(o.model, capacity_blocks=2 * 8 * per_seq + 16, page_size=PAGE, threads=s.threads)
+        engine.generate(prompts, 1, ignore_eos=True)  # their KV goes into the tree
+        contenders[f"ours {o.tag} raw step"] = lambda raw=raw: raw.step_ms(RAW_STEPS_B8)
+        contenders[f"ours {o.tag} Engine"] = lambda engine=engine: engine_batch8(engine, prompts, s)
+    if hf and s.hf_batch8:
+        hf_ids = torch.tensor([prompt_ids(s.prompt, vocab, 1 + i) for i in range(8)])
+        contenders["transformers"] = lambda: hf.generate_ms(hf_ids, s.decode_tokens)
+    phase = f"decode batch 8, {s.prompt}-token prompts"
+    runs = run_rounds(phase, s, contenders)
+    contenders.clear()
+    bwn = bw_note(phase)
+    hf8 = None
+    if hf and s.hf_batch8:
+        hf8 = hf_decode_tps(runs["transformers"], 8, s.decode_tokens)
+        row(
+            f"decode, batch 8 aggregate: {hf.label}",
+            "",
+            show_tps(hf8),
+            f"generate({s.decode_tokens}) - generate(1), each the fastest of its rounds; {bwn}",
+            tps=hf8,
+        )
+    for o in ours:
+        raw8 = 8000 / best(runs[f"ours {o.tag} raw step"], "ms/step")
+        row(
+            f"raw decode step, batch 8, context {ctx}, ours {o.tag}",
+            f"{raw8:.1f} tok/s",
+            "",
+            f"{8000 / raw8:.1f} ms/step; {bwn}",
+            tps=raw8,
+        )
+    for o in ours:
+        raw8 = 8000 / best(runs[f"ours {o.tag} raw step"], "ms/step")
+        top = max(runs[f"ours {o.tag} Engine"], key=lambda r: r["tok/s"])
+        agg, steps = top["tok/s"], int(top["steps"])
+        exact = steps == s.decode_tokens
+        note = (
+            f"{s.decode_tokens} new tokens each; prefill {top['prefill tokens each']:.0f} of {s.prompt} tokens each "
+            f"(cached), first tokens within {top['ms first-token spread']:.0f} ms; {steps} engine steps"
+            + ("" if exact else f" (not {s.decode_tokens}: prefills spread over steps, a lower bound)")
+            + f"; engine at {100 * agg / raw8:.0f}% of the raw step"
+        )
+        if o.tag == "fp32":
+            note += f"; target >= {DECODE_B8_TARGET:.0f} tok/s: {verdict(agg >= DECODE_B8_TARGET)}"
+        if hf8:
+            note += "; " + fmt_ratio(agg, hf8, "transformers")
+        note += f"; {bwn}"
+        row(
+            f"decode, batch 8 aggregate ({s.prompt}-token prompts), Engine, ours {o.tag}",
+            f"{agg:.1f} tok/s",
+            f"transformers {hf8:.1f} tok/s" if hf8 else "",
+            note,
+            tps=agg,
+            raw_tps=raw8,
+            hf_tps=hf8,
+            engine_steps=steps,
+            exact_window=exact,
+        )
+    gc.collect()
 
 
 def bench_ttft(model: LlamaModel, s: Settings) -> None:
@@ -482,11 +669,30 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     ap.add_argument("--hf-batch8", action="store_true", help="also measure transformers decode at batch 8 (slow)")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp comparison")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions (the fastest counts)")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=3,
+        help="counted rounds per comparison, after one warm-up round (each contender's best counts)",
+    )
     ap.add_argument("--decode-tokens", type=int, default=64, help="new tokens per decode measurement")
     ap.add_argument("--quick", action="store_true", help="smoke run: prefill 128 only, short prompts, 8 tokens")
     ap.add_argument("--json", metavar="PATH", help="write every row, with its numbers, to this JSON file")
     return ap.parse_args()
+
+
+def memory_bandwidth_gbs() -> float:
+    """Read bandwidth now, best of 3 sums over 512 MB. On a shared VM it halves when neighbours load the memory
+    bus (seen here: 55 and 28 GB/s an hour apart), and every weight-streaming number here moves with it."""
+    data = torch.ones(128 * 2**20)
+    best = min(timed_once(data.sum) for _ in range(3))
+    return data.numel() * 4 / best / 1e9
+
+
+def timed_once(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def main() -> None:
@@ -514,58 +720,78 @@ def main() -> None:
             args.hf_batch8,
         )
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    header = {
+    bandwidth = memory_bandwidth_gbs()
+    header: dict[str, Any] = {
         "cpu": cpu_name(),
         "cpus": os.cpu_count(),
         "threads": threads,
         "torch": torch.__version__,
         "load_average": load,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "bandwidth_gbs_start": bandwidth,
+        "reps": s.reps,
         "quick": args.quick,
     }
     print(
         f"# {header['cpu']}, {os.cpu_count()} CPUs, {threads} threads, torch {torch.__version__}, "
-        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, OMP_WAIT_POLICY={header['omp_wait_policy']}"
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, OMP_WAIT_POLICY={header['omp_wait_policy']}, "
+        f"memory bandwidth {bandwidth:.1f} GB/s"
         + (" (--quick: smoke-run sizes, not the issue's)" if args.quick else ""),
         flush=True,
     )
+
+    # Everything is loaded first, so that every comparison below can run in interleaved rounds.
     t = time.perf_counter()
     smol = load_model(args.model)
     print(f"  loaded {smol.config.name} from {smol.source} in {time.perf_counter() - t:.1f} s", flush=True)
-
-    base = Baselines()
-    if args.no_llama_cpp:
-        row("llama.cpp", "not measured", "", "--no-llama-cpp")
-    else:
-        bench_llama_cpp(smol.source, s, base)
+    hf = None
     if args.no_hf:
         row("transformers", "not measured", "", "--no-hf")
     else:
-        bench_hf(smol.source, s, base)
-        gc.collect()  # the transformers model goes before ours are built
-
-    fp32_done = False
+        t = time.perf_counter()
+        hf = load_hf(smol.source)
+        if hf:
+            print(f"  loaded {hf.label} in {time.perf_counter() - t:.1f} s", flush=True)
+    lc = None
+    if args.no_llama_cpp:
+        row("llama.cpp", "not measured", "", "--no-llama-cpp")
+    else:
+        lc = load_llama_cpp(smol.source, s)
+        if lc:
+            print(f"  loaded {lc.label}", flush=True)
+    ours: list[Ours] = []
     for mode in modes:
         tag = "fp32" if mode == "none" else mode
         try:
-            model = LlamaModel(smol.config, smol.weights, quant=mode)
+            ours.append(Ours(mode, LlamaModel(smol.config, smol.weights, quant=mode)))
         except ValueError as exc:
             print(f"  SKIPPED quant={mode}: {exc}")
             row(f"ours {tag}", "not measured", "", str(exc))
-            continue
-        print(f"## ours, {tag}", flush=True)
-        bench_prefill(model, tag, s, base)
-        bench_decode(model, tag, s, base)
-        if mode == "none":
-            bench_ttft(model, s)
-            bench_paged_vs_contiguous(model, s)
-            fp32_done = True
-        del model
-        gc.collect()
-    if not fp32_done:
-        print("  (TTFT and paged-vs-contiguous rows are measured with fp32 only: add none to --quant)")
+    gc.collect()
+    vocab = smol.config.vocab_size
 
-    print()
+    print("## prefill", flush=True)
+    bench_prefill(ours, hf, lc, s, vocab)
+    print("## decode, batch 1", flush=True)
+    bench_decode1(ours, hf, lc, s, vocab)
+    print("## decode, batch 8", flush=True)
+    bench_decode8(ours, hf, s, vocab)
+    fp32 = next((o for o in ours if o.mode == "none"), None)
+    if fp32 is None:
+        print("  (TTFT and paged-vs-contiguous rows are measured with fp32 only: add none to --quant)")
+    else:
+        print("## ours fp32: TTFT with the cache, paged against contiguous KV", flush=True)
+        bench_ttft(fp32.model, s)
+        bench_paged_vs_contiguous(fp32.model, s)
+
+    header["bandwidth_gbs_end"] = memory_bandwidth_gbs()
+    seen = [r["bandwidth_gbs"] for r in ROUNDS] + [bandwidth, header["bandwidth_gbs_end"]]
+    header["bandwidth_gbs_range"] = [min(seen), max(seen)]
+    print(
+        f"\nmemory bandwidth {min(seen):.1f}-{max(seen):.1f} GB/s over {len(ROUNDS)} rounds "
+        f"({bandwidth:.1f} GB/s at the start, {header['bandwidth_gbs_end']:.1f} GB/s at the end); every comparison "
+        f"ran interleaved: one warm-up and {s.reps} counted rounds, each contender's best round counts"
+    )
     print("| metric | ours | baseline | ratio / note |")
     print("| --- | --- | --- | --- |")
     for r in ROWS:
@@ -575,7 +801,7 @@ def main() -> None:
     print(f"\ntargets: {met} met, {len(missed)} missed" + "".join(f"\n  MISSED: {m}" for m in missed))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"header": header, "rows": [asdict(r) for r in ROWS]}, f, indent=2)
+            json.dump({"header": header, "rounds": ROUNDS, "rows": [asdict(r) for r in ROWS]}, f, indent=2)
         print(f"wrote {args.json}")
 
 
