@@ -5,6 +5,13 @@ KV head is read once for its whole group. Repeated KV heads are never materialis
 
 Per-forward metadata (block tables, lengths, masks) travels in small frozen objects built once per forward
 and passed down explicitly: there is no global attention context.
+
+Decode of one sequence on the CPU reads its pages in place: a decode query attends to every cached key, and
+softmax attention does not depend on the order of the keys, so the full pages are grouped into runs of
+consecutive block ids (in any order), each run is a view of the pool, and the partial last page is one more.
+SDPA runs on each view and the partial results are merged by their log-sum-exp (as flash-decoding does). A
+table that splits into more than `MAX_RUNS` runs, a batch, or a GPU take the gather path (one `index_select`
+per layer for K and for V: a copy of the sequence's KV, never of the pool).
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+MAX_RUNS = 4  # beyond this many views a step costs more in SDPA calls than one gather copy saves
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +49,8 @@ class DecodeMeta:
     block_tables: `[B, max_blocks]` int64, rows padded with any valid block id (padding is masked out).
     lengths: tokens per sequence including the new one (host ints; `lengths_t` is the same on the device).
     slots: `[B]` flat pool slots of the new tokens. mask: `[B, 1, 1, S]` bool (True = attend), None when B == 1.
+    runs: for one sequence on the CPU, its KV as `(first block id, blocks, tokens)` views of the pool (see the
+    module docstring); None where the gather path runs.
     """
 
     block_tables: torch.Tensor
@@ -47,6 +58,7 @@ class DecodeMeta:
     lengths_t: torch.Tensor
     slots: torch.Tensor
     mask: torch.Tensor | None
+    runs: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def batch(self) -> int:
@@ -75,7 +87,26 @@ def build_decode_meta(
     if len(lengths) > 1:
         span = torch.arange(max_blocks * page_size, device=device)
         mask = (span.unsqueeze(0) < lengths_t.unsqueeze(1)).view(len(lengths), 1, 1, -1)
-    return DecodeMeta(tables, tuple(lengths), lengths_t, slots, mask)
+    runs = page_runs(rows[0], lengths[0], page_size) if len(lengths) == 1 and device.type == "cpu" else None
+    return DecodeMeta(tables, tuple(lengths), lengths_t, slots, mask, runs)
+
+
+def page_runs(table: list[int], length: int, page_size: int) -> tuple[tuple[int, int, int], ...] | None:
+    """The first `length` positions of a sequence as `(first block id, blocks, tokens)` runs of the pool, or None
+    past `MAX_RUNS`. Full pages are sorted by id and grouped where ids are consecutive; the partial last page (if
+    any) is a run of its own, so that no run holds a position past the sequence's end."""
+    full, rest = divmod(length, page_size)
+    ids = sorted(table[:full])
+    runs: list[tuple[int, int, int]] = []
+    for block in ids:
+        if runs and runs[-1][0] + runs[-1][1] == block:
+            first, count, _ = runs[-1]
+            runs[-1] = (first, count + 1, (count + 1) * page_size)
+        else:
+            runs.append((block, 1, page_size))
+    if rest:
+        runs.append((table[full], 1, rest))
+    return tuple(runs) if len(runs) <= MAX_RUNS else None
 
 
 def gather_pages(pages: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -132,6 +163,8 @@ def decode_attention(
     b, h, d = q.shape
     _, p, kvh, _ = k_pages.shape
     g = h // kvh
+    if meta.runs is not None and b == 1:
+        return _attend_runs(q.view(1, kvh, g, d), k_pages, v_pages, meta.runs).reshape(1, h, d)
     if b == 1:
         length = meta.lengths[0]
         k = gather_pages(k_pages, meta.block_tables[0], length).transpose(0, 1).unsqueeze(0)
@@ -144,3 +177,24 @@ def decode_attention(
     qg = q.view(b, kvh, g, d)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.mask)
     return out.reshape(b, h, d)
+
+
+def _attend_runs(
+    qg: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, runs: tuple[tuple[int, int, int], ...]
+) -> torch.Tensor:
+    """Attention of qg `[1, KV, G, D]` over the pool views in `runs`, merged by log-sum-exp. No KV is copied."""
+    _, p, kvh, d = k_pages.shape
+    outs, lses = [], []
+    for first, count, tokens in runs:
+        k = k_pages[first : first + count].view(count * p, kvh, d)[:tokens].transpose(0, 1).unsqueeze(0)
+        v = v_pages[first : first + count].view(count * p, kvh, d)[:tokens].transpose(0, 1).unsqueeze(0)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, k, v)
+        outs.append(out)
+        lses.append(lse)
+    if len(outs) == 1:
+        return outs[0]
+    total = torch.stack(lses).logsumexp(dim=0)
+    merged = outs[0] * torch.exp(lses[0] - total).unsqueeze(-1)
+    for out, lse in zip(outs[1:], lses[1:], strict=True):
+        merged = merged + out * torch.exp(lse - total).unsqueeze(-1)
+    return merged.to(qg.dtype)  # the log-sum-exps are float32 whatever the model's dtype
