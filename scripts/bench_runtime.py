@@ -624,12 +624,17 @@ def contiguous_step(model: LlamaModel, pool: KVPool, token: int, length: int) ->
     return model._logits(hidden)
 
 
-def decode_step_costs(model: LlamaModel, ctx: int, reps: int) -> tuple[float, float]:
-    """Seconds of one decode step at context `ctx`: paged (shuffled block table) and contiguous."""
+def decode_step_costs(model: LlamaModel, ctx: int, reps: int, shuffled: bool = True) -> tuple[float, float]:
+    """Seconds of one decode step at context `ctx`: paged and contiguous. `shuffled`: the block table is a random
+    draw from twice as many blocks (the gather path); otherwise consecutive ids in descending order, as the free
+    stack hands them out (read in place, runtime.attention.page_runs)."""
     ids = prompt_ids(ctx, model.config.vocab_size, 5)
     n_pages = -(-ctx // PAGE)
     paged = model.new_pool(n_pages * 2, PAGE)
-    table = torch.randperm(n_pages * 2, generator=torch.Generator().manual_seed(0))[:n_pages].tolist()
+    if shuffled:
+        table = torch.randperm(n_pages * 2, generator=torch.Generator().manual_seed(0))[:n_pages].tolist()
+    else:
+        table = list(range(2 * n_pages - 1, n_pages - 1, -1))
     flat = KVPool(model.config, 1, ctx, dtype=model.dtype, device=model.device)
     with torch.inference_mode():
         model.prefill(ids[:-1], 0, table, paged)
@@ -646,16 +651,18 @@ def decode_step_costs(model: LlamaModel, ctx: int, reps: int) -> tuple[float, fl
 
 
 def bench_paged_vs_contiguous(model: LlamaModel, s: Settings) -> None:
-    for ctx in s.paged_ctx:
-        paged_s, flat_s = decode_step_costs(model, ctx, s.reps * 4)
-        ratio = paged_s / flat_s
-        row(
-            f"decode step at {ctx} tokens, paged (page {PAGE}), fp32",
-            f"{paged_s * 1000:.1f} ms",
-            f"contiguous {flat_s * 1000:.1f} ms",
-            f"{ratio:.2f}x; target <= 1.2x: {verdict(ratio <= 1.2)}",
-            ratio=ratio,
-        )
+    for shuffled in (True, False):
+        table = "shuffled table: gather path" if shuffled else "allocator-order table: read in place"
+        for ctx in s.paged_ctx:
+            paged_s, flat_s = decode_step_costs(model, ctx, s.reps * 4, shuffled)
+            ratio = paged_s / flat_s
+            row(
+                f"decode step at {ctx} tokens, paged (page {PAGE}, {table}), fp32",
+                f"{paged_s * 1000:.1f} ms",
+                f"contiguous {flat_s * 1000:.1f} ms",
+                f"{ratio:.2f}x; target <= 1.2x: {verdict(ratio <= 1.2)}",
+                ratio=ratio,
+            )
 
 
 # ---------------------------------------------------------------------- main
