@@ -1,12 +1,13 @@
 """Linear layers for the forward pass: `y = x @ W.T + b` with W in `[out, in]` layout, in one of two forms.
 
-- `DenseLinear`: weights in the model's dtype. On the CPU the product is picked by the number of rows, from
-  measurements on this project's 2-core machine (docs/benchmarks.md): up to 4 rows (a small decode batch) it
+- `DenseLinear`: weights in the model's dtype. On the CPU the kernel is picked by the number of rows, from
+  measurements on this project's 2-core machine (docs/benchmarks.md). Up to 4 rows (a small decode batch) it
   computes `(W @ x.T).T` instead of `F.linear(x, W)`: the same product, but MKL then runs a GEMM whose narrow side
-  is the batch, which streams W 1.5 to 2.5 times faster. One row is padded to two, because MKL's one-column path
-  (GEMV) is the slow one. From 5 to 16 rows oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`, where this
-  torch has it) is the fastest. More than 16 rows (prefill chunks) keep `F.linear`: the float64-reference tests
-  were tuned on its summation order, and the other kernels' fp32 rounding sits closer to their tolerance.
+  is the batch, which streams W 1.5 to 2.5 times faster; one row is padded to two, because MKL's one-column path
+  (GEMV) is the slow one. From 5 to 16 rows, and from 64 rows up (prefill chunks), oneDNN's linear
+  (`torch.ops.mkldnn._linear_pointwise`, where this torch has it) is the fastest: 1.1 to 1.3 times `F.linear`.
+  Between 17 and 63 rows `F.linear` stays: there the kernels are close, and F.linear's fp32 summation order is
+  the one the float64-reference tests (prompts of ~20 tokens, bound 1e-4) were tuned on.
 - `Float16Linear` (`quant="fp16"`): weights stored in float16 and packed for fbgemm; activations stay float32.
   Half the bytes to read per token, results within float16 rounding of the weights.
 
@@ -24,9 +25,10 @@ import torch.nn.functional as F
 
 QUANT_MODES = ("none", "fp16")
 
-# CPU kernel choice by rows (see the module docstring): transposed MKL product, then oneDNN, then F.linear.
+# CPU kernel choice by rows (see the module docstring): transposed MKL product, oneDNN, F.linear, oneDNN again.
 _TRANSPOSED_MAX_ROWS = 4
 _ONEDNN_MAX_ROWS = 16
+_ONEDNN_MIN_PREFILL_ROWS = 64
 
 
 class Linear(Protocol):
@@ -58,10 +60,11 @@ class DenseLinear:
         if x.dim() != 2:
             return _rows(self, x)
         rows = x.shape[0]
-        if not self._cpu or rows > _ONEDNN_MAX_ROWS or (rows > _TRANSPOSED_MAX_ROWS and not self._onednn):
-            return F.linear(x, self.weight, self.bias)
-        if rows > _TRANSPOSED_MAX_ROWS:
+        onednn = self._onednn and (_TRANSPOSED_MAX_ROWS < rows <= _ONEDNN_MAX_ROWS or rows >= _ONEDNN_MIN_PREFILL_ROWS)
+        if onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if not self._cpu or rows > _TRANSPOSED_MAX_ROWS:
+            return F.linear(x, self.weight, self.bias)
         padded = torch.cat((x, x)) if rows == 1 else x
         y = torch.mm(self.weight, padded.t())[:, :rows].t()
         return y if self.bias is None else y + self.bias
