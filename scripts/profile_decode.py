@@ -9,7 +9,9 @@ context 513 (`--context`), on this thread (no engine). The parts are labelled wi
 `torch.profiler.record_function` by wrapping the model's pieces from here, without touching runtime/:
 - `runtime.model`'s module-level `rms_norm`, `apply_rope` and `decode_attention`, and its `F` (a proxy whose
   `embedding` and `silu` are labelled; `F.silu(gate) * up` is timed as one part, the product included);
-- `runtime.attention`'s `F.scaled_dot_product_attention` (so attention splits into page gather and SDPA);
+- `runtime.attention`'s `F.scaled_dot_product_attention` (so attention splits into SDPA and the rest: the page
+  gather at batch > 1; at batch 1 the in-place path calls the SDPA kernel op directly, so all of its attention,
+  the per-run kernels and the log-sum-exp merge, shows under "attention: in place / gather");
 - every layer's linear objects (qkv, o, gate_up, down) and the LM head; the pool's `write` (KV write).
 "other" is the step's time outside every label: residual adds, RoPE table lookup, slicing, the float() of the
 logits. Each label costs a few microseconds, so the profiled step is somewhat slower than the plain one (both
@@ -52,7 +54,7 @@ from runtime.model import LlamaModel
 
 PAGE = 16
 STEP = "decode step"
-GATHER = "attention: page gather"  # derived: the attention label less its SDPA
+GATHER = "attention: in place / gather"  # derived: the attention label less F.scaled_dot_product_attention
 SDPA = "attention: sdpa"
 # Report order. Every label but SDPA is top level (none nests in another), so their sum is the labelled time.
 PARTS = [
