@@ -4,6 +4,8 @@ requests are preempted and recomputed, and every schedule give the tokens of the
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -20,8 +22,11 @@ def user_turn(session: int, turn: int) -> list[int]:
     return ids(5 + (session + turn) % 4, 1000 * session + turn)
 
 
-async def run_sessions(engine: Engine, turns: int, max_new: int) -> dict[tuple[int, int], object]:
-    """16 sessions as concurrent tasks; each sends its turns in order, appending the reply to its history."""
+async def run_sessions(
+    engine: Engine, turns: int, max_new: int, on_first_turns: Callable[[], object] | None = None
+) -> dict[tuple[int, int], object]:
+    """16 sessions as concurrent tasks; each sends its turns in order, appending the reply to its history.
+    `on_first_turns` is called once every session has submitted its first turn."""
     out: dict[tuple[int, int], object] = {}
 
     async def session(i: int) -> None:
@@ -33,8 +38,21 @@ async def run_sessions(engine: Engine, turns: int, max_new: int) -> dict[tuple[i
             history += list(res.token_ids)
             await asyncio.sleep(0)
 
-    await asyncio.gather(*(session(i) for i in range(16)))
+    tasks = [asyncio.ensure_future(session(i)) for i in range(16)]
+    await asyncio.sleep(0)  # each task runs to its first await: its first turn is submitted by then
+    if on_first_turns is not None:
+        on_first_turns()
+    await asyncio.gather(*tasks)
     return out
+
+
+def hold_loop(engine: Engine) -> Callable[[], object]:
+    """Hold the engine loop until the returned release is called. Tests call it once all 16 first turns are
+    queued, so that those compete for the pool and the batch together however fast the machine runs them (a fast
+    engine could otherwise finish early turns before the others arrive, and overlap would be luck)."""
+    gate = threading.Event()
+    engine._loop.call(lambda s: gate.wait(60))
+    return gate.set
 
 
 def run_alone(engine: Engine, turns: int, max_new: int) -> dict[tuple[int, int], object]:
@@ -66,7 +84,7 @@ def test_sixteen_interleaved_sessions_equal_the_requests_run_alone(
     tiny: RandomModel, alone: dict, schedule: str
 ) -> None:
     engine = Engine(tiny, capacity_blocks=512, page_size=4, schedule=schedule, max_prefill_tokens=64)
-    got = asyncio.run(run_sessions(engine, 3, 6))
+    got = asyncio.run(run_sessions(engine, 3, 6, on_first_turns=hold_loop(engine)))
     assert_same(got, alone)
     assert_clean(engine)
     s = engine.stats
@@ -76,7 +94,7 @@ def test_sixteen_interleaved_sessions_equal_the_requests_run_alone(
 
 def test_a_pool_too_small_forces_preemption_and_changes_nothing(tiny: RandomModel, alone: dict) -> None:
     engine = Engine(tiny, capacity_blocks=30, page_size=4, max_prefill_tokens=48)
-    got = asyncio.run(run_sessions(engine, 3, 6))
+    got = asyncio.run(run_sessions(engine, 3, 6, on_first_turns=hold_loop(engine)))
     assert_same(got, alone)
     assert engine.stats.preemptions > 0 and engine.cache.stats.evicted_blocks > 0
     assert_clean(engine)
