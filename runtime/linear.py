@@ -1,13 +1,16 @@
 """Linear layers for the forward pass: `y = x @ W.T + b` with W in `[out, in]` layout, in one of two forms.
 
-- `DenseLinear`: weights in the model's dtype. On the CPU the kernel is picked by the number of rows, from
-  measurements on this project's 2-core machine (docs/benchmarks.md). Up to 4 rows (a small decode batch) it
-  computes `(W @ x.T).T` instead of `F.linear(x, W)`: the same product, but MKL then runs a GEMM whose narrow side
-  is the batch, which streams W 1.5 to 2.5 times faster; one row is padded to two, because MKL's one-column path
-  (GEMV) is the slow one. From 5 to 16 rows, and from 64 rows up (prefill chunks), oneDNN's linear
-  (`torch.ops.mkldnn._linear_pointwise`, where this torch has it) is the fastest: 1.1 to 1.3 times `F.linear`.
-  Between 17 and 63 rows `F.linear` stays: there the kernels are close, and F.linear's fp32 summation order is
-  the one the float64-reference tests (prompts of ~20 tokens, bound 1e-4) were tuned on.
+- `DenseLinear`: weights in the model's dtype. On the CPU in float32 the kernel is picked by the number of rows,
+  from measurements on this project's 2-core machine (docs/benchmarks.md). From 3 rows up (decode batches and
+  prefill chunks) it runs oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`) on a copy of the weight that
+  oneDNN reordered once, at load, into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, the
+  internal ops inductor uses): 1.05 to 2.3 times F.linear, most at 8 to 32 rows. For 1 or 2 rows (batch-1
+  decode) it computes `(W @ x.T).T` on the plain weight instead: the same product, but MKL then runs a GEMM
+  whose narrow side is the batch, which streams W faster than both F.linear and the reordered oneDNN kernel; one
+  row is padded to two, because MKL's one-column path (GEMV) is the slow one. Prefill chunks of 17 to 63 rows
+  (`prefill=True`) keep F.linear: its float32 summation order is the one the float64-reference tests (prompts of
+  ~20 tokens, bound 1e-4) were tuned on, and the reordered kernel moved that test from 6.5e-5 to 9.9e-5. Cost:
+  the weights are held twice (plain and reordered). `prepack=False` keeps one copy and uses F.linear from 3 rows.
 - `Float16Linear` (`quant="fp16"`): weights stored in float16 and packed for fbgemm; activations stay float32.
   Half the bytes to read per token, results within float16 rounding of the weights.
 
@@ -25,46 +28,48 @@ import torch.nn.functional as F
 
 QUANT_MODES = ("none", "fp16")
 
-# CPU kernel choice by rows (see the module docstring): transposed MKL product, oneDNN, F.linear, oneDNN again.
-_TRANSPOSED_MAX_ROWS = 4
-_ONEDNN_MAX_ROWS = 16
-_ONEDNN_MIN_PREFILL_ROWS = 64
+_TRANSPOSED_MAX_ROWS = 2  # up to this many rows: the transposed MKL product; above: the reordered oneDNN weight
+_PREFILL_PLAIN_ROWS = range(17, 64)  # prefill chunks of these sizes keep F.linear (see the module docstring)
 
 
 class Linear(Protocol):
-    """What the model calls: `[T, in]` -> `[T, out]` in the model's dtype (any leading shape works)."""
+    """What the model calls: `[T, in]` -> `[T, out]` in the model's dtype (any leading shape works).
+    `prefill` says the rows are a prefill chunk (a kernel may pick its summation order by it)."""
 
     out_features: int
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, x: torch.Tensor, prefill: bool = False) -> torch.Tensor: ...
 
     @property
     def nbytes(self) -> int: ...
 
 
 class DenseLinear:
-    """Weights in the model's dtype; see the module docstring for the CPU layout trick."""
+    """Weights in the model's dtype; see the module docstring for the CPU kernels."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, prepack: bool = True) -> None:
         self.weight = weight.contiguous()
         self.bias = bias
         self.out_features = weight.shape[0]
         self._cpu = weight.device.type == "cpu"
-        self._onednn = self._cpu and weight.dtype == torch.float32 and _has_onednn_linear()
+        self._packed: torch.Tensor | None = None
+        if prepack and self._cpu and weight.dtype == torch.float32 and _has_onednn_linear():
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
 
     @property
     def nbytes(self) -> int:
+        """Bytes of one copy of the weight (what a product streams), not counting the reordered copy."""
         return self.weight.numel() * self.weight.element_size()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, prefill: bool = False) -> torch.Tensor:
         if x.dim() != 2:
-            return _rows(self, x)
+            return _rows(self, x, prefill)
         rows = x.shape[0]
-        onednn = self._onednn and (_TRANSPOSED_MAX_ROWS < rows <= _ONEDNN_MAX_ROWS or rows >= _ONEDNN_MIN_PREFILL_ROWS)
-        if onednn:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        if not self._cpu or rows > _TRANSPOSED_MAX_ROWS:
+        plain = self._packed is None or (prefill and rows in _PREFILL_PLAIN_ROWS)
+        if not self._cpu or (plain and rows > _TRANSPOSED_MAX_ROWS):
             return F.linear(x, self.weight, self.bias)
+        if rows > _TRANSPOSED_MAX_ROWS:
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         padded = torch.cat((x, x)) if rows == 1 else x
         y = torch.mm(self.weight, padded.t())[:, :rows].t()
         return y if self.bias is None else y + self.bias
@@ -83,9 +88,9 @@ class Float16Linear:
     def nbytes(self) -> int:
         return self._nbytes
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, prefill: bool = False) -> torch.Tensor:
         if x.dim() != 2:
-            return _rows(self, x)
+            return _rows(self, x, prefill)
         return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
 
 
@@ -113,13 +118,17 @@ def check_quant(quant: str, device: torch.device, dtype: torch.dtype) -> None:
 
 
 def _has_onednn_linear() -> bool:
-    """Whether this torch build has oneDNN and its fused linear op (an internal op that inductor uses)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """Whether this torch build has oneDNN, its fused linear op and its weight reorder (internal ops that inductor
+    uses)."""
+    ops = torch.ops.mkldnn
+    return torch.backends.mkldnn.is_available() and all(
+        hasattr(ops, name) for name in ("_linear_pointwise", "_reorder_linear_weight")
+    )
 
 
-def _rows(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+def _rows(layer: Linear, x: torch.Tensor, prefill: bool) -> torch.Tensor:
     """Apply `layer` to an input of any leading shape by flattening it to rows."""
-    y = layer(x.reshape(-1, x.shape[-1]))
+    y = layer(x.reshape(-1, x.shape[-1]), prefill)
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 

@@ -12,11 +12,12 @@ from runtime.linear import (
     QUANT_MODES,
     DenseLinear,
     Float16Linear,
+    _has_onednn_linear,
     check_quant,
     make_linear,
 )
 
-ROWS = [1, 2, 3, 4, 5, 8, 16, 17, 64, 300]  # every CPU kernel path: <= 4, 5..16, > 16 rows
+ROWS = [1, 2, 3, 4, 5, 8, 16, 17, 63, 64, 300]  # every CPU kernel path: <= 2 rows, 3+ (and 17..63 in prefill)
 IN, OUT = 96, 80
 # Summation order only: float64 rounding is ~1e-16 per operation, float32 ~6e-8, over IN=96 products.
 DENSE_TOL = {torch.float64: {"rtol": 1e-12, "atol": 1e-12}, torch.float32: {"rtol": 1e-5, "atol": 1e-5}}
@@ -34,16 +35,28 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.double() - want.double()).norm() / want.double().norm()).item()
 
 
+@pytest.mark.parametrize("prepack", [True, False], ids=["prepack", "plain"])
+@pytest.mark.parametrize("prefill", [False, True], ids=["decode", "prefill"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("rows", ROWS)
-def test_dense_equals_f_linear(rows: int, bias: bool, dtype: torch.dtype) -> None:
+def test_dense_equals_f_linear(rows: int, bias: bool, dtype: torch.dtype, prefill: bool, prepack: bool) -> None:
     w, b, x = _data(rows, dtype)
     bb = b if bias else None
-    layer = DenseLinear(w, bb)
-    got = layer(x)
+    layer = DenseLinear(w, bb, prepack=prepack)
+    got = layer(x, prefill)
     assert got.shape == (rows, OUT) and got.dtype == dtype
     torch.testing.assert_close(got, F.linear(x, w, bb), **DENSE_TOL[dtype])
+
+
+def test_float32_on_the_cpu_holds_a_reordered_copy_only_when_asked() -> None:
+    """The reordered oneDNN copy exists for float32 CPU weights (where this torch has the ops), never for other
+    dtypes, and not with prepack=False: the memory cost is opt-out."""
+    w, _, _ = _data(1)
+    has_ops = _has_onednn_linear()
+    assert (DenseLinear(w)._packed is not None) == has_ops
+    assert DenseLinear(w, prepack=False)._packed is None
+    assert DenseLinear(w.double())._packed is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
@@ -110,12 +123,13 @@ def test_a_row_does_not_depend_on_the_other_rows_of_its_batch(quant: str) -> Non
     """What a decode batch or a prefill chunk holds must not change a request's own numbers: the engine's
     cache-on/cache-off and batched/alone equivalences rest on it. A loud row (an activation outlier, common in
     real models) shares the batch with a quiet one; the quiet row must come out as when computed alone."""
-    w, b, x = _data(4, seed=3)
+    w, b, x = _data(8, seed=3)
     x[2] *= 50.0
     layer = make_linear(w, b, quant)
-    alone, batched = layer(x[:1]), layer(x)[:1]
     tol = DENSE_TOL[torch.float32]
-    torch.testing.assert_close(batched, alone, **tol, msg=lambda m: f"quant={quant}: {m}")
+    for rows in (4, 8):  # 4 and 8 rows take the reordered kernel; one row alone takes the transposed product
+        alone, batched = layer(x[:1]), layer(x[:rows])[:1]
+        torch.testing.assert_close(batched, alone, **tol, msg=lambda m, rows=rows: f"quant={quant}, {rows} rows: {m}")
 
 
 def test_make_linear_builds_the_form_asked_for() -> None:
