@@ -21,8 +21,9 @@ import torch
 
 from radixcache import CacheStats, RadixCache
 from runtime.attention import build_decode_meta
+from runtime.decode_mirror import DecodeMirror
 from runtime.kv_manager import KVManager
-from runtime.kv_pool import blocks_for_budget
+from runtime.kv_pool import blocks_for_budget, parse_memory
 from runtime.loop import EngineLoop, RequestHandle
 from runtime.model import DEFAULT_CHUNK, LlamaModel
 from runtime.request import GenerationResult, Request, Status
@@ -37,6 +38,7 @@ Prompt = str | Sequence[int]
 Messages = Sequence[dict[str, str]]
 
 DEFAULT_KV_MEMORY = "512MiB"
+DEFAULT_MIRROR_MEMORY = "512MiB"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
@@ -85,6 +87,9 @@ class Engine:
     at once, or a whole `scheduler_config`. `max_pinned_fraction`: the most of the pool that pins may lock.
     Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.linear);
     `threads` sets the torch threads of the engine loop (default: the constructing thread's count).
+    `mirror_memory`: the most memory the decode mirror (runtime.decode_mirror: the decode batch's KV kept
+    contiguous, so decode attention copies nothing per step) may take; default 512 MiB on the CPU and off on
+    other devices, 0 turns it off. A batch that does not fit decodes from the pages as before.
 
     Thread-safe: every call submits to one engine loop thread that owns the cache and the pool.
     """
@@ -109,6 +114,7 @@ class Engine:
         max_pinned_fraction: float = 0.25,
         quant: str = "none",
         threads: int | None = None,
+        mirror_memory: str | int | None = None,
     ) -> None:
         torch_dtype = resolve_dtype(dtype)
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -134,6 +140,7 @@ class Engine:
         self.cache = RadixCache(capacity_blocks, page_size, self.retention)
         self.pool = self.model.new_pool(capacity_blocks, page_size)
         self.kv = KVManager(self.cache, enable_cache=enable_cache)
+        self.mirror = self._make_mirror(mirror_memory)
         self.enable_cache = enable_cache
         self.prefill_chunk = prefill_chunk
         tok_eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
@@ -371,13 +378,24 @@ class Engine:
         """One decode step for each request: the K/V of its last token go in, logits `[B, vocab]` come out."""
         for r in reqs:
             self.kv.reserve(r, r.num_kv + 1)
-        meta = build_decode_meta(
-            [r.block_table for r in reqs], [r.num_kv + 1 for r in reqs], self.pool.page_size, self.model.device
-        )
-        logits = self.model.decode([r.output_ids[-1] for r in reqs], meta, self.pool)
+        tables, lengths = [r.block_table for r in reqs], [r.num_kv + 1 for r in reqs]
+        meta = build_decode_meta(tables, lengths, self.pool.page_size, self.model.device)
+        step = None
+        if self.mirror is not None:  # a request that was preempted comes back with new KV: a new key
+            step = self.mirror.prepare([(r.rid, r.preemptions) for r in reqs], tables, lengths, self.pool)
+        logits = self.model.decode([r.output_ids[-1] for r in reqs], meta, self.pool, step)
+        if step is not None:
+            self.mirror.commit(step)
         for r in reqs:
             r.num_kv += 1
         return logits
+
+    def _make_mirror(self, memory: str | int | None) -> DecodeMirror | None:
+        if memory is None:
+            memory = DEFAULT_MIRROR_MEMORY if self.model.device.type == "cpu" else 0
+        if memory == 0 or memory == "0":
+            return None
+        return DecodeMirror(self.config, self.model.dtype, self.model.device, parse_memory(memory))
 
     def _emit(self, req: Request, logits: torch.Tensor, token: int | None = None) -> None:
         """Sample the next token from `logits` (or take `token`, already chosen greedily for the whole batch)

@@ -23,6 +23,7 @@ from runtime.attention import (
     prefill_attention,
 )
 from runtime.config import ModelConfig
+from runtime.decode_mirror import MirrorStep
 from runtime.kv_pool import KVPool
 from runtime.linear import Linear, check_quant, make_linear
 
@@ -149,21 +150,36 @@ class LlamaModel:
             hi = min(t, lo + chunk_size)
             positions = torch.arange(start + lo, start + hi, device=self.device)
             meta = PrefillMeta(start + lo, hi - lo, table, pool.slots(table, positions))
-            hidden = self._layers(ids[lo:hi], positions, pool, meta.slots, self._prefill_attend(meta, pool))
+            hidden = self._layers(ids[lo:hi], positions, pool, meta.slots, self._prefill_attend(meta, pool), True)
             outs.append(hidden if all_logits else hidden[-1:])
-        return self._logits(torch.cat(outs) if all_logits else outs[-1][0])
+        return self._logits(torch.cat(outs) if all_logits else outs[-1][0], prefill=True)
 
-    def decode(self, token_ids: Sequence[int] | torch.Tensor, meta: DecodeMeta, pool: KVPool) -> torch.Tensor:
-        """One new token per sequence (token i at position `meta.lengths[i] - 1`). Returns logits `[B, vocab]`."""
+    def decode(
+        self,
+        token_ids: Sequence[int] | torch.Tensor,
+        meta: DecodeMeta,
+        pool: KVPool,
+        mirror: MirrorStep | None = None,
+    ) -> torch.Tensor:
+        """One new token per sequence (token i at position `meta.lengths[i] - 1`). Returns logits `[B, vocab]`.
+
+        With `mirror` (from runtime.decode_mirror, prepared for the same sequences and lengths) attention reads
+        the mirror's contiguous rows instead of the pages; the new K/V go to both. The caller commits the step.
+        """
         ids = torch.as_tensor(token_ids, dtype=torch.int64).to(self.device)
         self._check_positions(max(meta.lengths))
         positions = meta.lengths_t - 1
+        if mirror is not None and mirror.lengths != meta.lengths:
+            raise ValueError(f"mirror step lengths {mirror.lengths} do not match the decode's {meta.lengths}")
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if mirror is not None:
+                mirror.write(layer, k, v)
+                return mirror.attend(layer, q)
             k_pages, v_pages = pool.layer(layer)
             return decode_attention(q, k_pages, v_pages, meta)
 
-        return self._logits(self._layers(ids, positions, pool, meta.slots, attend))
+        return self._logits(self._layers(ids, positions, pool, meta.slots, attend, False), prefill=False)
 
     # ------------------------------------------------------------------ private
 
@@ -191,6 +207,7 @@ class LlamaModel:
         pool: KVPool,
         slots: torch.Tensor,
         attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        prefill: bool,
     ) -> torch.Tensor:
         cfg = self.config
         t = ids.numel()
@@ -199,15 +216,15 @@ class LlamaModel:
         cos, sin = self.cos[positions], self.sin[positions]
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(rms_norm(x, layer.ln_in, eps))
+            qkv = layer.qkv(rms_norm(x, layer.ln_in, eps), prefill)
             qk = apply_rope(qkv[:, :qk_size].reshape(t, h + kvh, d), cos, sin)  # q and k rotated in one pass
             q, k = qk[:, :h].contiguous(), qk[:, h:]  # SDPA's fused CPU kernel wants a dense q
             v = qkv[:, qk_size:].reshape(t, kvh, d)
             pool.write(i, slots, k, v)
-            x = x + layer.o(attend(i, q, k, v).reshape(t, h * d))
-            gate, up = layer.gate_up(rms_norm(x, layer.ln_post, eps)).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = x + layer.o(attend(i, q, k, v).reshape(t, h * d), prefill)
+            gate, up = layer.gate_up(rms_norm(x, layer.ln_post, eps), prefill).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up, prefill)
         return x
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(rms_norm(hidden, self.norm, self.config.rms_norm_eps)).float()
+    def _logits(self, hidden: torch.Tensor, prefill: bool) -> torch.Tensor:
+        return self.lm_head(rms_norm(hidden, self.norm, self.config.rms_norm_eps), prefill).float()

@@ -620,8 +620,8 @@ def contiguous_step(model: LlamaModel, pool: KVPool, token: int, length: int) ->
         vals = vp[0, :length].transpose(0, 1).unsqueeze(0)
         return F.scaled_dot_product_attention(q.view(1, kvh, g, d), keys, vals).reshape(1, -1, d)
 
-    hidden = model._layers(torch.tensor([token]), positions, pool, positions, attend)
-    return model._logits(hidden)
+    hidden = model._layers(torch.tensor([token]), positions, pool, positions, attend, False)
+    return model._logits(hidden, prefill=False)
 
 
 def decode_step_costs(model: LlamaModel, ctx: int, reps: int, shuffled: bool = True) -> tuple[float, float]:
