@@ -3,6 +3,11 @@
 Grouped-query attention is native: the `num_heads` query heads are viewed as `[kv_heads, group]` so that each
 KV head is read once for its whole group. Repeated KV heads are never materialised.
 
+Prefill on the CPU (`split_prefill_attention`) runs two flash-attention calls per chunk, merged by their
+log-sum-exp: the chunk's queries over the cached prefix (no mask: every query sees all of it) and over the
+chunk's own keys with `is_causal`, so no mask is built and the kernel skips the blocks above the diagonal. Other
+devices take `prefill_attention`, one SDPA call with an additive causal mask.
+
 Per-forward metadata (block tables, lengths, masks) travels in small frozen objects built once per forward
 and passed down explicitly: there is no global attention context.
 
@@ -11,7 +16,8 @@ softmax attention does not depend on the order of the keys, so the full pages ar
 consecutive block ids (in any order), each run is a view of the pool, and the partial last page is one more.
 SDPA runs on each view and the partial results are merged by their log-sum-exp (as flash-decoding does). A
 table that splits into more than `MAX_RUNS` runs, a batch, or a GPU take the gather path (one `index_select`
-per layer for K and for V: a copy of the sequence's KV, never of the pool).
+per layer for K and for V: a copy of the sequence's KV, never of the pool). The Engine on the CPU usually takes
+neither: runtime.decode_mirror keeps the decode batch's KV contiguous, and attention reads that.
 """
 
 from __future__ import annotations
@@ -138,7 +144,8 @@ def prefill_attention(
 ) -> torch.Tensor:
     """Causal GQA for one sequence. q `[T, H, D]`; k, v `[S, KV, D]` (cached prefix + new); mask from causal_mask.
 
-    Returns `[T, H, D]`. Query heads are grouped as `[KV, group * T, D]` so each KV head serves its group.
+    Returns `[T, H, D]`. Query heads are grouped as `[KV, group * T, D]` so each KV head serves its group. The
+    CPU uses `split_prefill_attention` instead; this masked form serves other devices.
     """
     t, h, d = q.shape
     kvh = k.shape[1]
@@ -147,6 +154,44 @@ def prefill_attention(
     # 4-D inputs: PyTorch's fused (flash) kernels take only those; 3-D falls back to the slow math path.
     out = F.scaled_dot_product_attention(qg, k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask)
     return out.view(kvh, g, t, d).permute(2, 0, 1, 3).reshape(t, h, d)
+
+
+def split_prefill_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_prefix: torch.Tensor | None,
+    v_prefix: torch.Tensor | None,
+) -> torch.Tensor:
+    """Causal attention of a chunk's queries q `[T, H, D]` over a cached prefix `[S, KV, D]` (None if empty) and
+    over the chunk's own keys `[T, KV, D]`, on the CPU. Returns `[T, H, D]`.
+
+    The two parts run as separate flash-attention calls and are merged by their log-sum-exp: the chunk's part
+    with `is_causal` (the kernel skips the blocks above the diagonal, so no mask is built or added), the prefix
+    part unmasked (every query sees all of it). The kernel reads grouped-query KV heads natively; nothing is
+    repeated.
+    """
+    qh = q.transpose(0, 1).unsqueeze(0)
+    out, lse = _flash(qh, k_new, v_new, causal=True)
+    if k_prefix is not None and v_prefix is not None and k_prefix.shape[0]:
+        out_p, lse_p = _flash(qh, k_prefix, v_prefix, causal=False)
+        total = torch.logaddexp(lse, lse_p)
+        out = out * torch.exp(lse - total).unsqueeze(-1) + out_p * torch.exp(lse_p - total).unsqueeze(-1)
+        out = out.to(q.dtype)  # the log-sum-exps are float32 whatever the model's dtype
+    return out[0].transpose(0, 1)
+
+
+def _flash(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's CPU flash attention on qh `[1, H, T, D]` and k, v `[S, KV, D]`: (out `[1, H, T, D]`, lse).
+
+    The op takes any strides but assumes the last axis dense (it does not check): a one-row chunk's v is a
+    slice of a transposed product, with a last-axis stride of 2, so such inputs are made dense first.
+    """
+    qh, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (qh, k, v))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        qh, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0), is_causal=causal
+    )
+    return out, lse
 
 
 def decode_attention(

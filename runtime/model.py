@@ -21,6 +21,7 @@ from runtime.attention import (
     decode_attention,
     gather_pages,
     prefill_attention,
+    split_prefill_attention,
 )
 from runtime.config import ModelConfig
 from runtime.decode_mirror import MirrorStep
@@ -188,6 +189,17 @@ class LlamaModel:
             raise ValueError(f"sequence of {end} tokens exceeds the model's max_position {self.config.max_position}")
 
     def _prefill_attend(self, meta: PrefillMeta, pool: KVPool) -> Callable[..., torch.Tensor]:
+        if self.device.type == "cpu":
+
+            def split(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                k_prefix = v_prefix = None
+                if meta.start > 0:  # only the cached prefix comes from the pool; the chunk's own K/V are at hand
+                    k_pages, v_pages = pool.layer(layer)
+                    k_prefix = gather_pages(k_pages, meta.block_table, meta.start)
+                    v_prefix = gather_pages(v_pages, meta.block_table, meta.start)
+                return split_prefill_attention(q, k, v, k_prefix, v_prefix)
+
+            return split
         group = self.config.num_heads // self.config.num_kv_heads
         mask = causal_mask(meta.start, meta.num_new, meta.total, group, self.device, self.dtype)
 

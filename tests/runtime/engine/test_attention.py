@@ -8,18 +8,27 @@ import math
 import pytest
 import torch
 
-from runtime.attention import build_decode_meta, causal_mask, decode_attention, gather_pages, prefill_attention
+from runtime.attention import (
+    build_decode_meta,
+    causal_mask,
+    decode_attention,
+    gather_pages,
+    prefill_attention,
+    split_prefill_attention,
+)
 
 
-def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
-    """q [T, H, D], k/v [S, KV, D]; query at position q_pos[t] sees keys 0..q_pos[t]. Float64."""
+def naive(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, out_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """q [T, H, D], k/v [S, KV, D]; query at position q_pos[t] sees keys 0..q_pos[t]. Computed in float64."""
     h, kvh = q.shape[1], k.shape[1]
     k = k.double().repeat_interleave(h // kvh, dim=1)
     v = v.double().repeat_interleave(h // kvh, dim=1)
     scores = torch.einsum("thd,shd->hts", q.double(), k) / math.sqrt(q.shape[-1])
     future = torch.arange(k.shape[0])[None, :] > q_pos[:, None]
     scores = scores.masked_fill(future, float("-inf"))
-    return torch.einsum("hts,shd->thd", scores.softmax(-1), v).float()
+    return torch.einsum("hts,shd->thd", scores.softmax(-1), v).to(out_dtype)
 
 
 def paged(seq: torch.Tensor, table: list[int], num_blocks: int, page: int) -> torch.Tensor:
@@ -43,6 +52,52 @@ def test_prefill_attends_causally_over_prefix_and_new_tokens(heads: int, kv_head
     expected = naive(q, k, v, torch.arange(start, total))
     assert out.shape == (new, heads, d)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def _last_axis_stride_two(x: torch.Tensor) -> torch.Tensor:
+    """The same values with a last-axis stride of 2, as a one-row chunk's V has (a slice of a transposed
+    product): the CPU flash kernel assumes a dense last axis and must not be handed this as is."""
+    wide = torch.zeros(*x.shape, 2, dtype=x.dtype)
+    wide[..., 0] = x
+    out = wide[..., 0]
+    assert out.stride(-1) == 2
+    return out
+
+
+@pytest.mark.parametrize("layout", ["dense", "strided"])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (4, 2), (6, 1), (9, 3)])
+@pytest.mark.parametrize(("start", "new"), [(0, 1), (0, 7), (5, 3), (16, 1), (13, 9), (40, 33)])
+def test_split_prefill_equals_causal_attention_over_prefix_and_chunk(
+    heads: int, kv_heads: int, start: int, new: int, layout: str
+) -> None:
+    """The CPU prefill path (prefix unmasked + chunk causal, merged by log-sum-exp) against float64 naive causal
+    attention, in float32 and float64, with dense inputs and with the last-axis stride of a one-row chunk."""
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+        g = torch.Generator().manual_seed(start * 31 + new + heads)
+        total, d = start + new, 8
+        q = torch.randn(new, heads, d, generator=g, dtype=dtype)
+        k = torch.randn(total, kv_heads, d, generator=g, dtype=dtype)
+        v = torch.randn(total, kv_heads, d, generator=g, dtype=dtype)
+        k_new, v_new = k[start:], v[start:]
+        if layout == "strided":
+            q, k_new, v_new = (_last_axis_stride_two(t) for t in (q, k_new, v_new))
+        prefix = (k[:start], v[:start]) if start else (None, None)
+        out = split_prefill_attention(q, k_new, v_new, *prefix)
+        expected = naive(q, k, v, torch.arange(start, total), dtype)
+        assert out.shape == (new, heads, d) and out.dtype == dtype
+        torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
+
+
+def test_split_prefill_never_repeats_kv_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("KV heads were repeated")
+
+    monkeypatch.setattr(torch, "repeat_interleave", forbidden)
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", forbidden)
+    monkeypatch.setattr(torch.Tensor, "expand", forbidden)
+    q = torch.randn(5, 6, 8)
+    k = torch.randn(9, 2, 8)
+    split_prefill_attention(q, k[4:], k[4:].clone(), k[:4], k[:4].clone())
 
 
 @pytest.mark.parametrize("page", [1, 4, 16])
