@@ -35,6 +35,7 @@ def chat(
     page_size: int,
     quant: str,
     threads: int | None,
+    mirror_memory: str | None,
     debug: bool,
 ) -> None:
     """Chat with the model, turn by turn. After each reply: tokens served from the cache, tokens prefilled,
@@ -47,7 +48,7 @@ def chat(
     """
     from runtime.engine import Engine
 
-    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads)
+    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
     engine = Engine(load_engine_model(model), enable_cache=not no_cache, **kwargs)
     interactive = sys.stdin.isatty()
     if interactive:

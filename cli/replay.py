@@ -48,7 +48,7 @@ def kv_options(func: Callable) -> Callable:
 
 
 def speed_options(func: Callable) -> Callable:
-    """--quant and --threads: how the model runs, shared by replay, chat and serve."""
+    """--quant, --threads and --mirror-memory: how the model runs, shared by replay, chat and serve."""
     options = [
         click.option(
             "--quant",
@@ -58,6 +58,11 @@ def speed_options(func: Callable) -> Callable:
             help="Weight format: fp16 reads half the bytes per token (CPU, float32 activations).",
         ),
         click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: torch's, one per core]."),
+        click.option(
+            "--mirror-memory",
+            help="Most memory for the decode mirror (the decode batch's KV kept contiguous so that decode "
+            "attention copies nothing per step), e.g. 256MiB; 0 turns it off [default: 512MiB on the CPU].",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -71,19 +76,25 @@ def engine_kwargs(
     page_size: int,
     quant: str = "none",
     threads: int | None = None,
+    mirror_memory: str | None = None,
 ) -> dict[str, Any]:
-    """Engine arguments from the kv and speed options; a bad --kv-memory is refused before the model loads."""
+    """Engine arguments from the kv and speed options; a bad --kv-memory or --mirror-memory is refused before the
+    model loads."""
     if capacity_blocks is not None and kv_memory is not None:
         raise click.UsageError("give at most one of --capacity-blocks and --kv-memory")
-    if kv_memory is not None:
-        from runtime.kv_pool import parse_memory
+    from runtime.kv_pool import parse_memory
 
+    for value, hint in ((kv_memory, "'--kv-memory'"), (mirror_memory, "'--mirror-memory'")):
+        if value is None or (hint == "'--mirror-memory'" and value.strip() == "0"):
+            continue
         try:
-            parse_memory(kv_memory)
+            parse_memory(value)
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="'--kv-memory'") from None
+            raise click.BadParameter(str(exc), param_hint=hint) from None
+    if mirror_memory is not None and mirror_memory.strip() == "0":
+        mirror_memory = "0"
     kwargs: dict[str, Any] = {"policy": policy, "capacity_blocks": capacity_blocks, "kv_memory": kv_memory}
-    return kwargs | {"page_size": page_size, "quant": quant, "threads": threads}
+    return kwargs | {"page_size": page_size, "quant": quant, "threads": threads, "mirror_memory": mirror_memory}
 
 
 def load_engine_model(spec: str) -> Any:
@@ -132,6 +143,7 @@ def replay(
     page_size: int,
     quant: str,
     threads: int | None,
+    mirror_memory: str | None,
     concurrency: int,
     max_tokens: int | None,
     limit: int | None,
@@ -163,7 +175,7 @@ def replay(
 
     if compare and no_cache:
         raise click.UsageError("--compare already runs without the cache; drop --no-cache")
-    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads)
+    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
     config = ReplayConfig(
         mode=mode,
         max_tokens=max_tokens,

@@ -53,6 +53,7 @@ def serve(
     page_size: int,
     quant: str,
     threads: int | None,
+    mirror_memory: str | None,
     schedule: str,
     dtype: str,
     device: str,
@@ -76,7 +77,7 @@ def serve(
     from runtime.engine import Engine
     from runtime.server import create_app
 
-    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads)
+    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
     if any(not k.strip() for k in api_keys):
         raise click.BadParameter("an API key cannot be empty", param_hint="'--api-key'")
     _check_bind(host, port)

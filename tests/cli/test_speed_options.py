@@ -1,5 +1,6 @@
-"""--quant and --threads on replay and serve: a quantised replay runs, and what cannot run is refused in one line
-(no traceback) before anything starts."""
+"""--quant, --threads and --mirror-memory on replay, chat and serve: a quantised replay runs, a replay runs with
+the decode mirror off, tiny or default, and what cannot run is refused in one line (no traceback) before anything
+starts."""
 
 from __future__ import annotations
 
@@ -47,4 +48,32 @@ def test_click_refuses_bad_speed_options(runner, tiny_model_dir: Path, command: 
     result = runner.invoke(main, [command, "--model", str(tiny_model_dir), option, value])
     assert result.exit_code == 2, result.output
     assert option in result.stderr and value in result.stderr
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("memory", ["0", "64MiB", "1"])
+def test_replay_runs_with_the_decode_mirror_off_small_or_default(runner, tiny_model_dir: Path, memory: str) -> None:
+    # "1" byte fits no batch: every step falls back to the paged paths, and the replay still completes.
+    args = ["replay", "--model", str(tiny_model_dir), "--limit", "2", "--max-tokens", "4", "--mirror-memory", memory]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "requests" in result.stdout and "hit rate" in result.stdout
+
+
+def test_engine_kwargs_pass_the_mirror_budget_through() -> None:
+    from cli.replay import engine_kwargs
+
+    assert engine_kwargs("lru", None, None, 16, mirror_memory="64MiB")["mirror_memory"] == "64MiB"
+    assert engine_kwargs("lru", None, None, 16, mirror_memory=" 0 ")["mirror_memory"] == "0"
+    assert engine_kwargs("lru", None, None, 16)["mirror_memory"] is None
+
+
+@pytest.mark.parametrize("command", ["replay", "serve", "chat"])
+@pytest.mark.parametrize("value", ["lots", "-5MiB", "12 parsecs"])
+def test_a_bad_mirror_budget_is_refused_before_the_model_loads(
+    runner, tiny_model_dir: Path, command: str, value: str
+) -> None:
+    result = runner.invoke(main, [command, "--model", str(tiny_model_dir), "--mirror-memory", value])
+    assert result.exit_code == 2, result.output
+    assert "--mirror-memory" in result.stderr and value in result.stderr
     assert "Traceback" not in result.output
