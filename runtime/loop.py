@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from runtime.openmp import release_idle_team
 from runtime.request import GenerationResult, Request
 from runtime.scheduler import Scheduler
 
@@ -87,6 +88,9 @@ class EngineLoop:
                 self._thread = threading.Thread(target=self._run, name="radixcache-engine", daemon=True)
                 self._thread.start()
             self._cv.notify()
+            on_loop = threading.current_thread() is self._thread
+        if not on_loop:  # the caller is about to wait: its idle OpenMP team would throttle the loop (runtime.openmp)
+            release_idle_team()
         return fut
 
     def idle(self) -> bool:
