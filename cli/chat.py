@@ -49,7 +49,7 @@ def chat(
     from runtime.engine import Engine
 
     kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
-    engine = Engine(load_engine_model(model), enable_cache=not no_cache, **kwargs)
+    engine = Engine(load_engine_model(model, quant), enable_cache=not no_cache, **kwargs)
     interactive = sys.stdin.isatty()
     if interactive:
         click.echo(f"chatting with {engine.config.name} ({COMMANDS})", err=True)

@@ -54,8 +54,9 @@ def speed_options(func: Callable) -> Callable:
             "--quant",
             default="none",
             show_default=True,
-            type=click.Choice(["none", "fp16"]),
-            help="Weight format: fp16 reads half the bytes per token (CPU, float32 activations).",
+            type=click.Choice(["none", "fp16", "gguf"]),
+            help="Weight format: fp16 reads half the bytes per token (CPU, float32 activations); gguf keeps a GGUF "
+            "file's Q4_1/Q8_0 blocks for decode batches of up to 4 (same weights; needs a C compiler once).",
         ),
         click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: torch's, one per core]."),
         click.option(
@@ -97,15 +98,17 @@ def engine_kwargs(
     return kwargs | {"page_size": page_size, "quant": quant, "threads": threads, "mirror_memory": mirror_memory}
 
 
-def load_engine_model(spec: str) -> Any:
-    """The loaded model (config, weights, tokenizer); a missing model raises ModelNotFoundError with the fix."""
+def load_engine_model(spec: str, quant: str = "none") -> Any:
+    """The loaded model (config, weights, tokenizer; GGUF blocks for --quant gguf); a missing model raises
+    ModelNotFoundError with the fix."""
     from runtime.loading import load_model
 
+    keep_blocks = quant == "gguf"
     console = Console(stderr=True)
     if not console.is_terminal:  # no spinner thread where nobody sees it (pipes, tests)
-        return load_model(spec)
+        return load_model(spec, keep_blocks=keep_blocks)
     with console.status(f"loading {spec}", spinner="dots"):
-        return load_model(spec)
+        return load_model(spec, keep_blocks=keep_blocks)
 
 
 @click.command(cls=FriendlyCommand)
@@ -195,7 +198,7 @@ def replay(
             )
     loaded_trace = load_replay_trace(trace, fmt)
     turns = sum(s.turns for s in plan_sessions(loaded_trace, limit))
-    make_engine = engine_factory(load_engine_model(model), **kwargs)
+    make_engine = engine_factory(load_engine_model(model, quant), **kwargs)
     name = Path(trace).name if trace else "sample_chat.jsonl (built in)"
 
     with _progress(turns, verbose) as (start, on_result, warn):

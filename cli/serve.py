@@ -81,7 +81,7 @@ def serve(
     if any(not k.strip() for k in api_keys):
         raise click.BadParameter("an API key cannot be empty", param_hint="'--api-key'")
     _check_bind(host, port)
-    loaded = load_engine_model(model)
+    loaded = load_engine_model(model, quant)
     engine = Engine(loaded, enable_cache=not no_cache, schedule=schedule, dtype=dtype, device=device, **kwargs)
     if engine.tokenizer is None:
         raise ValueError(f"{model}: the server needs a model with a tokenizer")

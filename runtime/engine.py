@@ -86,6 +86,8 @@ class Engine:
     Scheduling: `schedule` (lpm | fcfs | dfs-weight), `max_prefill_tokens` per step, `max_running` requests
     at once, or a whole `scheduler_config`. `max_pinned_fraction`: the most of the pool that pins may lock.
     Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.linear);
+    `quant="gguf"` keeps a GGUF file's Q4_1 / Q8_0 blocks for decode batches of up to 4 (the same weights, float32
+    arithmetic, a native kernel built on first use: runtime.block_linear; a loaded model needs `keep_blocks`);
     `threads` sets the torch threads of the engine loop (default: the constructing thread's count).
     `mirror_memory`: the most memory the decode mirror (runtime.decode_mirror: the decode batch's KV kept
     contiguous, so decode attention copies nothing per step) may take; default 512 MiB on the CPU and off on
@@ -123,13 +125,16 @@ class Engine:
             from runtime.loading import load_model
 
             load_dtype = torch.float32 if torch_dtype == torch.float64 else torch_dtype  # float64: tests only
-            model = load_model(str(model), dtype=load_dtype, device=device)
+            model = load_model(str(model), dtype=load_dtype, device=device, keep_blocks=quant == "gguf")
         if isinstance(model, LlamaModel):
             if quant != "none" and quant != model.quant:
                 raise ValueError(f"quant={quant!r} applies when the engine builds the model; pass it to LlamaModel")
             self.model = model
         else:
-            self.model = LlamaModel(model.config, model.weights, dtype=torch_dtype, device=device, quant=quant)
+            blocks = getattr(model, "blocks", None)
+            self.model = LlamaModel(
+                model.config, model.weights, dtype=torch_dtype, device=device, quant=quant, blocks=blocks
+            )
             tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         self.tokenizer = tokenizer
         self.config = self.model.config

@@ -14,6 +14,9 @@
 - `Float16Linear` (`quant="fp16"`): weights stored in float16 and packed for fbgemm; activations stay float32.
   Half the bytes to read per token, results within float16 rounding of the weights.
 
+- `BlockLinear` (`quant="gguf"`, runtime.block_linear): the GGUF file's own Q4_1 / Q8_0 blocks through a native
+  kernel for decode batches of up to 4 rows, the dense layer above.
+
 The fp16 form runs on the CPU only and uses PyTorch's fbgemm operators (`torch.ops.quantized`). An int8 form was
 built and measured, and dropped: fbgemm quantises a whole input batch with one scale, which raised perplexity by
 two thirds and changed greedy answers (docs/benchmarks.md, "Weight formats").
@@ -21,12 +24,16 @@ two thirds and changed greedy answers (docs/benchmarks.md, "Weight formats").
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 
-QUANT_MODES = ("none", "fp16")
+if TYPE_CHECKING:
+    from runtime.block_linear import BlockWeight
+
+QUANT_MODES = ("none", "fp16", "gguf")
 
 _TRANSPOSED_MAX_ROWS = 2  # up to this many rows: the transposed MKL product; above: the reordered oneDNN weight
 _PREFILL_PLAIN_ROWS = range(17, 64)  # prefill chunks of these sizes keep F.linear (see the module docstring)
@@ -94,12 +101,22 @@ class Float16Linear:
         return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quant: str = "none") -> Linear:
-    """The linear layer for `quant` ("none" or "fp16"); weight `[out, in]`."""
-    if quant == "none":
+def make_linear(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    quant: str = "none",
+    blocks: Sequence[BlockWeight] | None = None,
+) -> Linear:
+    """The linear layer for `quant` ("none", "fp16" or "gguf"); weight `[out, in]`. With "gguf", `blocks` are the
+    weight's GGUF blocks (one part per fused source tensor); a weight without them stays dense."""
+    if quant == "none" or (quant == "gguf" and not blocks):
         return DenseLinear(weight, bias)
     if quant == "fp16":
         return Float16Linear(weight, bias)
+    if quant == "gguf":
+        from runtime.block_linear import BlockLinear
+
+        return BlockLinear(weight, bias, blocks)  # type: ignore[arg-type]
     raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {quant!r}")
 
 
@@ -109,12 +126,17 @@ def check_quant(quant: str, device: torch.device, dtype: torch.dtype) -> None:
         raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {quant!r}")
     if quant == "none":
         return
+    kernels = "fbgemm kernels" if quant == "fp16" else "a native kernel"
     if device.type != "cpu":
-        raise ValueError(f"quant={quant!r} runs on the CPU only (fbgemm kernels); got device {device}")
+        raise ValueError(f"quant={quant!r} runs on the CPU only ({kernels}); got device {device}")
     if dtype != torch.float32:
         raise ValueError(f"quant={quant!r} needs float32 activations; got dtype {dtype}")
-    if not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
+    if quant == "fp16" and not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
         raise ValueError(f"quant={quant!r} needs PyTorch's fbgemm kernels, which this torch build lacks")
+    if quant == "gguf":
+        from runtime.native import blockdot
+
+        blockdot()  # builds it now, or raises NativeBuildError (a ValueError) that says what is missing
 
 
 def _has_onednn_linear() -> bool:

@@ -3,13 +3,15 @@
 RMSNorm, rotary embeddings in rotate-half layout with positions offset by the cached prefix, grouped-query
 attention over the pool (runtime.attention), SwiGLU MLP, tied embeddings and Qwen2's q/k/v bias. Weights come
 in Hugging Face names and `[out, in]` layout; q/k/v and gate/up are fused into one matrix each at load, and every
-matrix becomes a runtime.linear layer (dense, or fp16 weights with `quant`).
+matrix becomes a runtime.linear layer (dense; fp16 weights with `quant="fp16"`; the GGUF file's own blocks for small
+batches with `quant="gguf"` and `blocks`, from `load_model(..., keep_blocks=True)`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +29,9 @@ from runtime.config import ModelConfig
 from runtime.decode_mirror import MirrorStep
 from runtime.kv_pool import KVPool
 from runtime.linear import Linear, check_quant, make_linear
+
+if TYPE_CHECKING:
+    from runtime.block_linear import BlockWeight
 
 DEFAULT_CHUNK = 512
 
@@ -76,6 +81,7 @@ class LlamaModel:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         quant: str = "none",
+        blocks: Mapping[str, BlockWeight] | None = None,
     ) -> None:
         if config.num_heads % config.num_kv_heads:
             raise ValueError(f"num_heads {config.num_heads} is not a multiple of num_kv_heads {config.num_kv_heads}")
@@ -83,7 +89,17 @@ class LlamaModel:
         self.dtype = dtype
         self.device = torch.device(device)
         check_quant(quant, self.device, dtype)
+        if quant == "gguf" and not blocks:
+            raise ValueError(
+                "quant='gguf' needs the GGUF file's blocks: load a GGUF model with load_model(..., keep_blocks=True)"
+            )
         self.quant = quant
+
+        def parts(*names: str) -> list[BlockWeight] | None:
+            """The blocks of a (fused) matrix, or None (dense) unless every source tensor has them."""
+            if quant != "gguf" or blocks is None or any(n not in blocks for n in names):
+                return None
+            return [blocks[n] for n in names]
 
         def w(name: str) -> torch.Tensor:
             if name not in weights:
@@ -92,7 +108,8 @@ class LlamaModel:
 
         self.embed = w("model.embed_tokens.weight")
         tied = config.tie_embeddings or "lm_head.weight" not in weights
-        self.lm_head = make_linear(self.embed if tied else w("lm_head.weight"), quant=quant)
+        head = "model.embed_tokens.weight" if tied else "lm_head.weight"
+        self.lm_head = make_linear(self.embed if tied else w(head), quant=quant, blocks=parts(head))
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(config.num_layers):
@@ -104,13 +121,22 @@ class LlamaModel:
             self.layers.append(
                 _Layer(
                     ln_in=w(pre + "input_layernorm.weight"),
-                    qkv=make_linear(torch.cat([w(att + f"{p}_proj.weight") for p in "qkv"]), bias, quant),
-                    o=make_linear(w(att + "o_proj.weight"), quant=quant),
+                    qkv=make_linear(
+                        torch.cat([w(att + f"{p}_proj.weight") for p in "qkv"]),
+                        bias,
+                        quant,
+                        parts(*(att + f"{p}_proj.weight" for p in "qkv")),
+                    ),
+                    o=make_linear(w(att + "o_proj.weight"), quant=quant, blocks=parts(att + "o_proj.weight")),
                     ln_post=w(pre + "post_attention_layernorm.weight"),
                     gate_up=make_linear(
-                        torch.cat([w(pre + "mlp.gate_proj.weight"), w(pre + "mlp.up_proj.weight")]), quant=quant
+                        torch.cat([w(pre + "mlp.gate_proj.weight"), w(pre + "mlp.up_proj.weight")]),
+                        quant=quant,
+                        blocks=parts(pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight"),
                     ),
-                    down=make_linear(w(pre + "mlp.down_proj.weight"), quant=quant),
+                    down=make_linear(
+                        w(pre + "mlp.down_proj.weight"), quant=quant, blocks=parts(pre + "mlp.down_proj.weight")
+                    ),
                 )
             )
         self.cos, self.sin = rope_tables(config, self.device, dtype)

@@ -2,8 +2,9 @@
 
     .venv/bin/python scripts/bench_runtime.py                      # everything (several minutes on 2 cores)
     .venv/bin/python scripts/bench_runtime.py --quick              # smoke run: short prompts, few tokens
-    .venv/bin/python scripts/bench_runtime.py --quant none         # fp32 only (default: none,fp16)
+    .venv/bin/python scripts/bench_runtime.py --quant none         # fp32 only (default: none,fp16,gguf)
     .venv/bin/python scripts/bench_runtime.py --no-hf --no-llama-cpp --threads 2 --json bench.json
+    .venv/bin/python scripts/bench_runtime.py --only prefill,decode8  # some sections only
 
 Interleaved rounds, and why. This 2-core VM shares its host's memory bus: the read bandwidth swings between about
 28 and 55 GB/s within minutes, and every weight-streaming number moves with it. Measured one contender after the
@@ -27,7 +28,8 @@ rounds:
 - decode at batch 1 after a 512-token prompt, through the Engine (its loop thread, the real serving path): one
   request, 64 new tokens with ignore_eos, `GenerationResult.decode_tps` (tokens after the first / time after
   the first), one run per round. Target (fp32): >= 25 tok/s.
-- the raw decode step (`model.decode` on this thread, no engine) at batch 1 and 8, context 513, timed in the
+- the raw decode step (`model.decode` on this thread, no engine) at batch 1 and 8, context 513, once through the
+  decode mirror (runtime.decode_mirror, as the Engine decodes) and once from the pages, timed in the
   same rounds as the engine runs (5 steps per round at batch 1, 3 at batch 8, after one untimed step; the
   fastest counts), so that "engine at N% of the raw step" compares numbers from the same windows.
 - decode at batch 8, aggregate, through the Engine with the cache on: the 8 distinct 512-token prompts first run
@@ -86,6 +88,7 @@ import torch.nn.functional as F
 
 from runtime import Engine
 from runtime.attention import build_decode_meta
+from runtime.decode_mirror import DecodeMirror
 from runtime.kv_pool import KVPool
 from runtime.loading import load_model
 from runtime.model import LlamaModel
@@ -305,9 +308,10 @@ def load_hf(path: str) -> HF | None:
 
 
 class RawStep:
-    """`model.decode` on this thread (no engine): `batch` sequences at context `ctx` (the new token included)."""
+    """`model.decode` on this thread (no engine): `batch` sequences at context `ctx` (the new token included),
+    reading the decode mirror as the Engine does (`mirror=True`), or the pages (the gather / in-place paths)."""
 
-    def __init__(self, model: LlamaModel, batch: int, ctx: int) -> None:
+    def __init__(self, model: LlamaModel, batch: int, ctx: int, mirror: bool = True) -> None:
         n_pages = -(-ctx // PAGE)
         self.model = model
         self.pool = model.new_pool(batch * n_pages, PAGE)
@@ -318,16 +322,33 @@ class RawStep:
                 model.prefill(prompt_ids(ctx - 1, vocab, 100 + b), 0, tables[b], self.pool)
         self.meta = build_decode_meta(tables, [ctx] * batch, PAGE, model.device)
         self.toks = prompt_ids(batch, vocab, 9)
+        self.step = None
+        if mirror:  # filled once; every timed step then rewrites the same position, as a steady-state step writes one
+            rows = DecodeMirror(model.config, model.dtype, model.device, 1 << 40)
+            self.step = rows.prepare(list(range(batch)), tables, [ctx] * batch, self.pool)
 
     def step_ms(self, steps: int) -> dict[str, float]:
         """Fastest of `steps` steps after one untimed step (the previous contender left the caches cold)."""
         with torch.inference_mode():
-            sec = timed(lambda: self.model.decode(self.toks, self.meta, self.pool), steps)  # rewrites one slot
+            sec = timed(lambda: self.model.decode(self.toks, self.meta, self.pool, self.step), steps)
         return {"ms/step": sec * 1000}
 
 
 RAW_STEPS_B1 = 5  # raw decode steps timed per round at batch 1 (the fastest counts)
 RAW_STEPS_B8 = 3
+
+
+def raw_rows(runs: dict[str, list[dict[str, float]]], tag: str, batch: int, ctx: int, bwn: str) -> None:
+    """The raw-step rows of one mode: through the decode mirror (as the Engine runs) and from the pages."""
+    for suffix, how in (("", "decode mirror, as the Engine"), (", pages", "pages, no mirror")):
+        tps = batch * 1000 / best(runs[f"ours {tag} raw step{suffix}"], "ms/step")
+        row(
+            f"raw decode step, batch {batch}, context {ctx}, ours {tag}, {how}",
+            f"{tps:.1f} tok/s",
+            "",
+            f"{batch * 1000 / tps:.1f} ms/step; {bwn}",
+            tps=tps,
+        )
 
 
 def engine_batch8(engine: Engine, prompts: list[list[int]], s: Settings) -> dict[str, float]:
@@ -436,10 +457,11 @@ def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Setti
     ids = prompt_ids(s.prompt, vocab, 1)
     contenders: dict[str, Measure] = {}
     for o in ours:
-        raw = RawStep(o.model, 1, ctx)
+        raw, paged = RawStep(o.model, 1, ctx), RawStep(o.model, 1, ctx, mirror=False)
         # Cache off: every run prefills the whole prompt, then decodes; decode_tps leaves the prefill out.
         engine = Engine(o.model, capacity_blocks=per_seq + 4, page_size=PAGE, enable_cache=False, threads=s.threads)
         contenders[f"ours {o.tag} raw step"] = lambda raw=raw: raw.step_ms(RAW_STEPS_B1)
+        contenders[f"ours {o.tag} raw step, pages"] = lambda raw=paged: raw.step_ms(RAW_STEPS_B1)
         contenders[f"ours {o.tag} Engine"] = lambda engine=engine: {
             "tok/s": engine.generate(ids, s.decode_tokens, ignore_eos=True).decode_tps
         }
@@ -474,14 +496,7 @@ def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Setti
             tps=lc1,
         )
     for o in ours:
-        raw1 = 1000 / best(runs[f"ours {o.tag} raw step"], "ms/step")
-        row(
-            f"raw decode step, batch 1, context {ctx}, ours {o.tag}",
-            f"{raw1:.1f} tok/s",
-            "",
-            f"{1000 / raw1:.1f} ms/step; {bwn}",
-            tps=raw1,
-        )
+        raw_rows(runs, o.tag, 1, ctx, bwn)
     for o in ours:
         raw1 = 1000 / best(runs[f"ours {o.tag} raw step"], "ms/step")
         tps1 = best(runs[f"ours {o.tag} Engine"], "tok/s", max)
@@ -490,7 +505,7 @@ def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Setti
             note += f"; target >= {DECODE_B1_TARGET:.0f} tok/s: {verdict(tps1 >= DECODE_B1_TARGET)}"
         note += "; " + fmt_ratio(tps1, hf1, "transformers")
         note += "; " + fmt_ratio(tps1, lc1, "llama.cpp")
-        if o.tag == "fp16" and lc1:
+        if o.tag != "fp32" and lc1:
             need = lc1 / LLAMA_CPP_FACTOR
             note += f", stretch target >= llama.cpp / {LLAMA_CPP_FACTOR} = {need:.1f} tok/s: {verdict(tps1 >= need)}"
         note += f"; {bwn}"
@@ -516,10 +531,11 @@ def bench_decode8(ours: list[Ours], hf: HF | None, s: Settings, vocab: int) -> N
     prompts = [prompt_ids(s.prompt, vocab, 200 + i) for i in range(8)]
     contenders: dict[str, Measure] = {}
     for o in ours:
-        raw = RawStep(o.model, 8, ctx)
+        raw, paged = RawStep(o.model, 8, ctx), RawStep(o.model, 8, ctx, mirror=False)
         engine = Engine(o.model, capacity_blocks=2 * 8 * per_seq + 16, page_size=PAGE, threads=s.threads)
         engine.generate(prompts, 1, ignore_eos=True)  # their KV goes into the tree
         contenders[f"ours {o.tag} raw step"] = lambda raw=raw: raw.step_ms(RAW_STEPS_B8)
+        contenders[f"ours {o.tag} raw step, pages"] = lambda raw=paged: raw.step_ms(RAW_STEPS_B8)
         contenders[f"ours {o.tag} Engine"] = lambda engine=engine: engine_batch8(engine, prompts, s)
     if hf and s.hf_batch8:
         hf_ids = torch.tensor([prompt_ids(s.prompt, vocab, 1 + i) for i in range(8)])
@@ -539,14 +555,7 @@ def bench_decode8(ours: list[Ours], hf: HF | None, s: Settings, vocab: int) -> N
             tps=hf8,
         )
     for o in ours:
-        raw8 = 8000 / best(runs[f"ours {o.tag} raw step"], "ms/step")
-        row(
-            f"raw decode step, batch 8, context {ctx}, ours {o.tag}",
-            f"{raw8:.1f} tok/s",
-            "",
-            f"{8000 / raw8:.1f} ms/step; {bwn}",
-            tps=raw8,
-        )
+        raw_rows(runs, o.tag, 8, ctx, bwn)
     for o in ours:
         raw8 = 8000 / best(runs[f"ours {o.tag} raw step"], "ms/step")
         top = max(runs[f"ours {o.tag} Engine"], key=lambda r: r["tok/s"])
@@ -668,10 +677,13 @@ def bench_paged_vs_contiguous(model: LlamaModel, s: Settings) -> None:
 # ---------------------------------------------------------------------- main
 
 
+SECTIONS = ("prefill", "decode1", "decode8", "ttft", "paged")
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--quant", default="none,fp16", help="comma list of our modes: none, fp16")
+    ap.add_argument("--quant", default="none,fp16,gguf", help="comma list of our modes: none, fp16, gguf")
     ap.add_argument("--threads", type=int, default=0, help="threads for torch, the engine and llama.cpp (0: torch's)")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     ap.add_argument("--hf-batch8", action="store_true", help="also measure transformers decode at batch 8 (slow)")
@@ -685,7 +697,17 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--decode-tokens", type=int, default=64, help="new tokens per decode measurement")
     ap.add_argument("--quick", action="store_true", help="smoke run: prefill 128 only, short prompts, 8 tokens")
     ap.add_argument("--json", metavar="PATH", help="write every row, with its numbers, to this JSON file")
-    return ap.parse_args()
+    ap.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma list of the sections to run: {', '.join(SECTIONS)} (default: all)",
+    )
+    args = ap.parse_args()
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    if not only or only - set(SECTIONS):
+        ap.error(f"--only: unknown section(s) {sorted(only - set(SECTIONS))}; choose from {', '.join(SECTIONS)}")
+    args.only = only
+    return args
 
 
 def memory_bandwidth_gbs() -> float:
@@ -706,8 +728,8 @@ def main() -> None:
     args = parse_args()
     modes = [m.strip() for m in args.quant.split(",") if m.strip()]
     for m in modes:
-        if m not in ("none", "fp16"):
-            raise SystemExit(f"--quant: unknown mode {m!r} (none, fp16)")
+        if m not in ("none", "fp16", "gguf"):
+            raise SystemExit(f"--quant: unknown mode {m!r} (none, fp16, gguf)")
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
@@ -749,7 +771,7 @@ def main() -> None:
 
     # Everything is loaded first, so that every comparison below can run in interleaved rounds.
     t = time.perf_counter()
-    smol = load_model(args.model)
+    smol = load_model(args.model, keep_blocks="gguf" in modes)
     print(f"  loaded {smol.config.name} from {smol.source} in {time.perf_counter() - t:.1f} s", flush=True)
     hf = None
     if args.no_hf:
@@ -770,26 +792,32 @@ def main() -> None:
     for mode in modes:
         tag = "fp32" if mode == "none" else mode
         try:
-            ours.append(Ours(mode, LlamaModel(smol.config, smol.weights, quant=mode)))
+            blocks = smol.blocks if mode == "gguf" else None
+            ours.append(Ours(mode, LlamaModel(smol.config, smol.weights, quant=mode, blocks=blocks)))
         except ValueError as exc:
             print(f"  SKIPPED quant={mode}: {exc}")
             row(f"ours {tag}", "not measured", "", str(exc))
     gc.collect()
     vocab = smol.config.vocab_size
 
-    print("## prefill", flush=True)
-    bench_prefill(ours, hf, lc, s, vocab)
-    print("## decode, batch 1", flush=True)
-    bench_decode1(ours, hf, lc, s, vocab)
-    print("## decode, batch 8", flush=True)
-    bench_decode8(ours, hf, s, vocab)
+    if "prefill" in args.only:
+        print("## prefill", flush=True)
+        bench_prefill(ours, hf, lc, s, vocab)
+    if "decode1" in args.only:
+        print("## decode, batch 1", flush=True)
+        bench_decode1(ours, hf, lc, s, vocab)
+    if "decode8" in args.only:
+        print("## decode, batch 8", flush=True)
+        bench_decode8(ours, hf, s, vocab)
     fp32 = next((o for o in ours if o.mode == "none"), None)
-    if fp32 is None:
+    if {"ttft", "paged"} & args.only and fp32 is None:
         print("  (TTFT and paged-vs-contiguous rows are measured with fp32 only: add none to --quant)")
-    else:
+    elif {"ttft", "paged"} & args.only and fp32 is not None:
         print("## ours fp32: TTFT with the cache, paged against contiguous KV", flush=True)
-        bench_ttft(fp32.model, s)
-        bench_paged_vs_contiguous(fp32.model, s)
+        if "ttft" in args.only:
+            bench_ttft(fp32.model, s)
+        if "paged" in args.only:
+            bench_paged_vs_contiguous(fp32.model, s)
 
     header["bandwidth_gbs_end"] = memory_bandwidth_gbs()
     seen = [r["bandwidth_gbs"] for r in ROUNDS] + [bandwidth, header["bandwidth_gbs_end"]]

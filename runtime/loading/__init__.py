@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,10 +20,13 @@ from runtime.config import ModelConfig
 from runtime.loading.chat_template import ChatTemplateError
 from runtime.loading.detokenizer import IncrementalDetokenizer
 from runtime.loading.gguf import GGUFError, GGUFFile
-from runtime.loading.gguf_model import config_from_gguf, load_gguf_weights
+from runtime.loading.gguf_model import config_from_gguf, load_gguf_blocks, load_gguf_weights
 from runtime.loading.hf import config_from_hf, load_hf_weights, read_hf_config
 from runtime.loading.tokenizer import Tokenizer
 from runtime.loading.weights import check_weights, expected_shapes
+
+if TYPE_CHECKING:
+    from runtime.block_linear import BlockWeight
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -58,6 +62,7 @@ class LoadedModel:
     weights: dict[str, torch.Tensor]  # Hugging Face names, [out, in], rotate-half Q/K, in the requested dtype/device
     tokenizer: Tokenizer
     source: str  # the GGUF file or HF directory it came from
+    blocks: dict[str, BlockWeight] | None = None  # GGUF Q4_1 / Q8_0 blocks by HF name, with keep_blocks (quant="gguf")
 
 
 def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -115,11 +120,21 @@ def load_model(
     spec: str | os.PathLike[str] = DEFAULT_MODEL,
     dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
+    keep_blocks: bool = False,
 ) -> LoadedModel:
-    """Load config, weights (dequantised for GGUF) and tokenizer from a GGUF file, an HF directory or a name."""
+    """Load config, weights (dequantised for GGUF) and tokenizer from a GGUF file, an HF directory or a name.
+
+    keep_blocks: also keep a GGUF file's Q4_1 / Q8_0 tensors as their raw blocks (`blocks`, for quant="gguf");
+    an HF directory has none, and asking for them there is an error.
+    """
     source = resolve_model_path(spec)
     torch_dtype = parse_dtype(dtype)
+    blocks = None
     if os.path.isdir(source):
+        if keep_blocks:
+            raise ValueError(
+                f"{source}: keep_blocks (quant='gguf') needs a GGUF file; a Hugging Face directory has no blocks"
+            )
         name = os.path.basename(os.path.normpath(source))
         tokenizer = Tokenizer.from_hf_dir(source, name=name)
         config = config_from_hf(read_hf_config(source), name=name, eos_token_ids=tokenizer.eos_token_ids)
@@ -133,6 +148,8 @@ def load_model(
                 return torch.from_numpy(array).to(dtype=torch_dtype, device=device)
 
             weights = load_gguf_weights(gguf, config, to_torch)
+            if keep_blocks:
+                blocks = load_gguf_blocks(gguf, config)
     # One source of truth for special ids: the tokenizer. bos_token_id is set only when encode() prepends it.
     config = dataclasses.replace(
         config,
@@ -140,4 +157,4 @@ def load_model(
         eos_token_ids=tokenizer.eos_token_ids or config.eos_token_ids,
     )
     check_weights(config, weights, source)
-    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=source)
+    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, source=source, blocks=blocks)

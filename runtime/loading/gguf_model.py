@@ -14,12 +14,16 @@ import os
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from runtime.config import ModelConfig
 from runtime.loading.gguf import GGUFFile
+
+if TYPE_CHECKING:
+    from runtime.block_linear import BlockWeight
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 _PERMUTED_ARCHS = ("llama", "mistral")
@@ -156,3 +160,26 @@ def load_gguf_weights(
     order = sorted(gguf.tensors, key=lambda n: -gguf.tensors[n].nbytes)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return dict(pool.map(load, order))
+
+
+def load_gguf_blocks(gguf: GGUFFile, config: ModelConfig) -> dict[str, BlockWeight]:
+    """The 2-D Q4_1 / Q8_0 tensors as their raw blocks (copied out of the map), under Hugging Face names, with
+    Q/K rows in rotate-half order like `load_gguf_weights`: a row of blocks is one output row, so undoing the
+    per-head interleaving moves whole rows of blocks. Tensors of other types are left out (they stay dense)."""
+    from runtime.block_linear import BLOCK, BLOCK_BYTES, BlockWeight
+
+    permute = config.arch in _PERMUTED_ARCHS
+    out: dict[str, BlockWeight] = {}
+    for gguf_name, info in gguf.tensors.items():
+        kind = info.type_name
+        if kind not in BLOCK_BYTES or len(info.shape) != 2 or info.shape[1] % BLOCK:
+            continue
+        name = hf_name(gguf_name)
+        rows, cols = info.shape
+        raw = gguf.raw(gguf_name).reshape(rows, cols // BLOCK * BLOCK_BYTES[kind])
+        if permute and ".self_attn.q_proj." in name:
+            raw = unpermute_rope_rows(raw, config.num_heads)
+        elif permute and ".self_attn.k_proj." in name:
+            raw = unpermute_rope_rows(raw, config.num_kv_heads)
+        out[name] = BlockWeight(kind, torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True)), cols)
+    return out

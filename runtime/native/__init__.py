@@ -1,0 +1,94 @@
+"""Native kernels, built on first use with the machine's C compiler and loaded with ctypes.
+
+`blockdot.c` multiplies float32 activations by weights kept in GGUF's Q4_1 / Q8_0 blocks (runtime.block_linear).
+It is compiled once per source, compiler and CPU into a cache folder (`$RADIXCACHE_NATIVE_CACHE`, else
+`~/.cache/radixcache/native`) with `-O3 -march=native -fopenmp`, and reused from there. The compiler is `$CC`,
+else `cc`. OpenMP: torch is imported first, so the library binds to the libgomp torch loaded (one thread pool,
+sized by `torch.set_num_threads` on the calling thread), not to a second copy.
+
+Nothing here runs unless a caller asks for the kernels (`quant="gguf"`); a machine without a compiler only loses
+that mode, with an error that says what is missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch  # noqa: F401  (loaded first on purpose: its libgomp is the one the library binds to)
+
+SOURCE = Path(__file__).with_name("blockdot.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+
+
+class NativeBuildError(ValueError):
+    """The native kernels cannot be built or loaded on this machine (the message says why)."""
+
+
+@functools.lru_cache(maxsize=1)  # one library per process: memoised, never mutated
+def blockdot() -> ctypes.CDLL:
+    """The loaded block-matmul library, built first if this machine has no build of the current source."""
+    compiler = os.environ.get("CC", "cc")
+    if shutil.which(compiler) is None:
+        raise NativeBuildError(
+            f"quant='gguf' builds a C kernel on first use and needs a C compiler: {compiler!r} was not found (set CC)"
+        )
+    path = _cache_dir() / f"blockdot-{_build_key(compiler)}.so"
+    if not path.exists():
+        _build(compiler, path)
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise NativeBuildError(f"cannot load the native kernel {path}: {exc}") from exc
+    for fn in (lib.q4_1_matmul, lib.q8_0_matmul):
+        # (blocks, rows, cols, x, tokens, y, row stride of y)
+        ptr, num = ctypes.c_void_p, ctypes.c_int
+        fn.argtypes = [ptr, num, num, ptr, num, ptr, num]
+        fn.restype = None
+    lib.blockdot_max_tokens.restype = ctypes.c_int
+    lib.blockdot_vector_width.restype = ctypes.c_int
+    return lib
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("RADIXCACHE_NATIVE_CACHE") or os.path.join(Path.home(), ".cache", "radixcache", "native")
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _build_key(compiler: str) -> str:
+    """Source, flags, compiler version and CPU flags: a build for another CPU (-march=native) is never reused."""
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(" ".join(FLAGS).encode())
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    h.update(version.encode())
+    h.update(platform.machine().encode())
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+        h.update(flags.encode())
+    except (OSError, StopIteration):
+        h.update(platform.processor().encode())
+    return h.hexdigest()[:16]
+
+
+def _build(compiler: str, path: Path) -> None:
+    """Compile into a temporary file next to `path`, then rename it there (concurrent builds cannot clash)."""
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            raise NativeBuildError(f"building {SOURCE.name} with {compiler} failed (exit {proc.returncode}):\n{tail}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
