@@ -27,13 +27,20 @@ FIXED_PROMPTS: tuple[str, ...] = (
 
 
 def perplexity(
-    model: LlamaModel, token_ids: Sequence[int], window: int = 512, stride: int = 256, page_size: int = 16
+    model: LlamaModel,
+    token_ids: Sequence[int],
+    window: int = 512,
+    stride: int = 256,
+    page_size: int = 16,
+    chunk_size: int = 512,
 ) -> float:
     """exp(mean NLL) of every token of `token_ids` after the first, in sliding windows of `window` tokens.
 
     Windows start every `stride` tokens; each scores only the tokens that earlier windows did not, so every
     token is scored exactly once, with at least `window - stride` tokens of context once the text is longer
-    than one window. Each window is prefilled from position 0 into a pool of its own (no KV is reused).
+    than one window. Each window is prefilled from position 0 into a pool of its own (no KV is reused), in
+    chunks of `chunk_size` tokens: a weight format whose kernel serves only small batches (quant="gguf", up to 4
+    rows) is measured through that kernel with a chunk of 4.
     """
     ids = list(token_ids)
     if len(ids) < 2:
@@ -49,7 +56,7 @@ def perplexity(
         while scored_to < len(ids):
             end = min(begin + window, len(ids))
             pool = model.new_pool(pages, page_size)
-            logits = model.prefill(ids[begin:end], 0, list(range(pages)), pool, all_logits=True)
+            logits = model.prefill(ids[begin:end], 0, list(range(pages)), pool, chunk_size=chunk_size, all_logits=True)
             targets = torch.tensor(ids[scored_to:end], dtype=torch.int64)
             logp = torch.log_softmax(logits[scored_to - 1 - begin : end - 1 - begin].double(), dim=-1)
             total -= logp.gather(1, targets[:, None]).sum().item()
