@@ -13,6 +13,7 @@ writing its own columns of the output.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -71,14 +72,22 @@ class BlockLinear:
         if not parts or sum(p.rows for p in parts) != weight.shape[0] or any(p.cols != weight.shape[1] for p in parts):
             shapes = [(p.rows, p.cols) for p in parts]
             raise ValueError(f"block parts {shapes} do not stack to the weight's shape {tuple(weight.shape)}")
+        lib = blockdot()
+        if len(parts) > lib.blockdot_max_parts():
+            raise ValueError(f"at most {lib.blockdot_max_parts()} block parts per matrix, got {len(parts)}")
         self.out_features = weight.shape[0]
         self.in_features = weight.shape[1]
         self.parts = tuple(BlockWeight(p.kind, p.data.contiguous(), p.cols) for p in parts)
         self.bias = bias
         self.dense = DenseLinear(weight, bias)
-        self._lib = blockdot()
-        self.max_tokens = self._lib.blockdot_max_tokens()
-        self._kernels = {"Q4_1": self._lib.q4_1_matmul, "Q8_0": self._lib.q8_0_matmul}
+        self.max_tokens = lib.blockdot_max_tokens()
+        self._matmul = lib.blockdot_matmul
+        # The call's fixed arguments, built once: the part arrays live as long as the layer (so do the blocks).
+        n = len(self.parts)
+        self._n = n
+        self._data = (ctypes.c_void_p * n)(*(p.data.data_ptr() for p in self.parts))
+        self._kinds = (ctypes.c_int * n)(*(_KIND_IDS[p.kind] for p in self.parts))
+        self._rows = (ctypes.c_int * n)(*(p.rows for p in self.parts))
 
     @property
     def nbytes(self) -> int:
@@ -96,11 +105,20 @@ class BlockLinear:
             raise ValueError(f"input has {x.shape[1]} features, the layer takes {self.in_features}")
         x = x.contiguous()
         y = torch.empty(rows, self.out_features, dtype=torch.float32)
-        offset = 0
-        for part in self.parts:
-            out = y.data_ptr() + offset * y.element_size()  # this part's columns; rows are out_features apart
-            self._kernels[part.kind](
-                part.data.data_ptr(), part.rows, part.cols, x.data_ptr(), rows, out, self.out_features
-            )
-            offset += part.rows
+        status = self._matmul(
+            self._n,
+            self._data,
+            self._kinds,
+            self._rows,
+            self.in_features,
+            x.data_ptr(),
+            rows,
+            y.data_ptr(),
+            self.out_features,
+        )
+        if status != 0:  # the arguments are checked above; this would be a bug in this class
+            raise RuntimeError(f"blockdot_matmul refused its arguments (status {status})")
         return y if self.bias is None else y + self.bias
+
+
+_KIND_IDS = {"Q4_1": 0, "Q8_0": 1}  # blockdot.c's KIND_* values

@@ -47,13 +47,12 @@ def blockdot() -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
         raise NativeBuildError(f"cannot load the native kernel {path}: {exc}") from exc
-    for fn in (lib.q4_1_matmul, lib.q8_0_matmul):
-        # (blocks, rows, cols, x, tokens, y, row stride of y)
-        ptr, num = ctypes.c_void_p, ctypes.c_int
-        fn.argtypes = [ptr, num, num, ptr, num, ptr, num]
-        fn.restype = None
-    lib.blockdot_max_tokens.restype = ctypes.c_int
-    lib.blockdot_vector_width.restype = ctypes.c_int
+    ptr, num = ctypes.c_void_p, ctypes.c_int
+    # (parts, part data pointers, part kinds, part rows, cols, x, tokens, y, row stride of y) -> 0, or -1
+    lib.blockdot_matmul.argtypes = [num, ptr, ptr, ptr, num, ptr, num, ptr, num]
+    lib.blockdot_matmul.restype = ctypes.c_int
+    for name in ("blockdot_max_tokens", "blockdot_max_parts", "blockdot_vector_width"):
+        getattr(lib, name).restype = ctypes.c_int
     return lib
 
 
