@@ -7,7 +7,7 @@
 Each batch size gets its own pool holding a 512-token prefill per sequence; the profiled steps then decode at
 context 513 (`--context`), on this thread (no engine). The parts are labelled with
 `torch.profiler.record_function` by wrapping the model's pieces from here, without touching runtime/:
-- `runtime.model`'s module-level `rms_norm`, `apply_rope` and `decode_attention`, and its `F` (a proxy whose
+- `runtime.model`'s module-level `rms_norm`, `_rope_signed` and `decode_attention`, and its `F` (a proxy whose
   `embedding` and `silu` are labelled; `F.silu(gate) * up` is timed as one part, the product included);
 - `runtime.attention`'s `F.scaled_dot_product_attention` (so attention splits into SDPA and the rest: the page
   gather at batch > 1; at batch 1 the in-place path calls the SDPA kernel op directly, so all of its attention,
@@ -127,7 +127,7 @@ def instrument(model: LlamaModel) -> None:
     """Label the model's parts (module globals of runtime.model / runtime.attention and the model's layers)."""
     rmodel.F = FunctionalProxy(embedding=labelled("embedding", F.embedding), silu=SiluTimesUp)  # type: ignore[assignment]
     rmodel.rms_norm = labelled("rmsnorm", rmodel.rms_norm)
-    rmodel.apply_rope = labelled("rope", rmodel.apply_rope)
+    rmodel._rope_signed = labelled("rope", rmodel._rope_signed)
     rmodel.decode_attention = labelled(ATTENTION, rmodel.decode_attention)
     rattn.F = FunctionalProxy(scaled_dot_product_attention=labelled(SDPA, F.scaled_dot_product_attention))  # type: ignore[assignment]
     model.layers = [
