@@ -56,6 +56,11 @@ class MirrorStep:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the new tokens' K/V `[B, kv_heads, head_dim]` (batch order) in their rows."""
+        if self.order is None and self.mask is None:  # rows 0..B-1 in batch order, one position: a plain slice
+            pos = self.span - 1
+            self.k[layer][: len(self.rows), :, pos].copy_(k)
+            self.v[layer][: len(self.rows), :, pos].copy_(v)
+            return
         self.k[layer][self.rows_t, :, self.positions_t] = k
         self.v[layer][self.rows_t, :, self.positions_t] = v
 

@@ -113,8 +113,8 @@ class KVPool:
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store `k`, `v` (`[n, kv_heads, head_dim]`) at flat `slots` (`[n]`, int64) of one layer."""
         flat = self.kv[layer].view(2, self.num_blocks * self.page_size, self.kv_heads, self.head_dim)
-        flat[0].index_copy_(0, slots, k.to(self.dtype))
-        flat[1].index_copy_(0, slots, v.to(self.dtype))
+        flat[0].index_copy_(0, slots, k if k.dtype == self.dtype else k.to(self.dtype))
+        flat[1].index_copy_(0, slots, v if v.dtype == self.dtype else v.to(self.dtype))
 
     def slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Flat slot of each position of one sequence: `block_table[pos // P] * P + pos % P`."""
