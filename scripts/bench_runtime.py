@@ -48,11 +48,14 @@ rounds:
 - llama.cpp (llama-cpp-python, optional): decode at batch 1 after a 512-token prompt, `Llama.eval([tok])` one
   token at a time for 64 tokens (the exact count), `reset()` and the prompt before each run. It runs the GGUF
   file as stored (SmolLM2's file is Q4_1), so it reads fewer weight bytes than any of our modes.
-  Stretch target: a compressed-weight mode (fp16 here) decodes at batch 1 at >= llama.cpp / 1.5.
+  Stretch target: a compressed-weight mode (fp16 or gguf here; the fastest answers it) decodes at batch 1 at
+  >= llama.cpp / 1.5.
 - TTFT of a 2,000-token prompt whose first 1,800 tokens are cached, against the same prompt with the cache
   off (target: speedup >= 0.8 x prompt tokens / computed tokens), fp32; cache on and off alternate per round.
 - one paged decode step against one contiguous-KV decode step with the same model (target: <= 1.2x), fp32,
-  alternating step by step.
+  alternating step by step, by three paths: through the decode mirror (the Engine's path; the table shuffled, the
+  one-time fill reported apart), reading allocator-order pages in place, and the gather fallback on a shuffled
+  table (what runs past the mirror's memory budget).
 
 On a shared machine noise only adds time, so the fastest round is the estimate of the cost itself.
 Prints each round and each result as it comes, then one markdown table whose header gives the bandwidth range
@@ -96,7 +99,7 @@ from runtime.model import LlamaModel
 PAGE = 16
 DECODE_B1_TARGET = 25.0  # tok/s, fp32
 DECODE_B8_TARGET = 100.0  # tok/s aggregate, fp32
-LLAMA_CPP_FACTOR = 1.5  # fp16-weight decode within 1.5x of llama.cpp (the stretch target)
+LLAMA_CPP_FACTOR = 1.5  # a compressed-weight mode's batch-1 decode within 1.5x of llama.cpp (the stretch target)
 
 
 @dataclass
@@ -505,9 +508,6 @@ def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Setti
             note += f"; target >= {DECODE_B1_TARGET:.0f} tok/s: {verdict(tps1 >= DECODE_B1_TARGET)}"
         note += "; " + fmt_ratio(tps1, hf1, "transformers")
         note += "; " + fmt_ratio(tps1, lc1, "llama.cpp")
-        if o.tag != "fp32" and lc1:
-            need = lc1 / LLAMA_CPP_FACTOR
-            note += f", stretch target >= llama.cpp / {LLAMA_CPP_FACTOR} = {need:.1f} tok/s: {verdict(tps1 >= need)}"
         note += f"; {bwn}"
         bases = "; ".join(f"{k} {v:.1f} tok/s" for k, v in (("transformers", hf1), ("llama.cpp", lc1)) if v)
         row(
@@ -518,6 +518,21 @@ def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Setti
             tps=tps1,
             raw_tps=raw1,
             hf_tps=hf1,
+            lc_tps=lc1,
+        )
+    compressed = {o.tag: best(runs[f"ours {o.tag} Engine"], "tok/s", max) for o in ours if o.tag != "fp32"}
+    if lc1 and compressed:  # the stretch target asks for one compressed-weight mode: the fastest one answers it
+        tag, tps = max(compressed.items(), key=lambda kv: kv[1])
+        need = lc1 / LLAMA_CPP_FACTOR
+        others = "; ".join(f"{t} {v:.1f} tok/s" for t, v in compressed.items() if t != tag)
+        row(
+            f"stretch: decode, batch 1, best compressed-weight mode (of {', '.join(compressed)}) vs llama.cpp",
+            f"{tag} {tps:.1f} tok/s",
+            f"llama.cpp {lc1:.1f} tok/s",
+            f"{lc1 / tps:.2f}x slower than llama.cpp; target >= llama.cpp / {LLAMA_CPP_FACTOR} = {need:.1f} tok/s: "
+            f"{verdict(tps >= need)}" + (f"; {others}" if others else ""),
+            mode=tag,
+            tps=tps,
             lc_tps=lc1,
         )
     gc.collect()
@@ -633,44 +648,59 @@ def contiguous_step(model: LlamaModel, pool: KVPool, token: int, length: int) ->
     return model._logits(hidden, prefill=False)
 
 
-def decode_step_costs(model: LlamaModel, ctx: int, reps: int, shuffled: bool = True) -> tuple[float, float]:
-    """Seconds of one decode step at context `ctx`: paged and contiguous. `shuffled`: the block table is a random
-    draw from twice as many blocks (the gather path); otherwise consecutive ids in descending order, as the free
-    stack hands them out (read in place, runtime.attention.page_runs)."""
+PAGED_PATHS = {
+    "mirror": "shuffled table, decode mirror (the Engine's path)",
+    "in place": "allocator-order table: read in place (no mirror)",
+    "gather": "shuffled table: gather path (no mirror: the fallback past the mirror's budget)",
+}
+
+
+def decode_step_costs(model: LlamaModel, ctx: int, reps: int, path: str) -> tuple[float, float, float]:
+    """Seconds of one decode step at context `ctx`, paged and contiguous, and of filling the decode mirror once
+    (0 for the paths without it). "mirror" and "gather" draw the block table at random from twice as many blocks;
+    "in place" takes consecutive ids in descending order, as the free stack hands them out
+    (runtime.attention.page_runs)."""
     ids = prompt_ids(ctx, model.config.vocab_size, 5)
     n_pages = -(-ctx // PAGE)
     paged = model.new_pool(n_pages * 2, PAGE)
-    if shuffled:
-        table = torch.randperm(n_pages * 2, generator=torch.Generator().manual_seed(0))[:n_pages].tolist()
-    else:
+    if path == "in place":
         table = list(range(2 * n_pages - 1, n_pages - 1, -1))
+    else:
+        table = torch.randperm(n_pages * 2, generator=torch.Generator().manual_seed(0))[:n_pages].tolist()
     flat = KVPool(model.config, 1, ctx, dtype=model.dtype, device=model.device)
     with torch.inference_mode():
         model.prefill(ids[:-1], 0, table, paged)
         model.prefill(ids[:-1], 0, [0], flat)
         meta = build_decode_meta([table], [ctx], PAGE, model.device)
-        a = model.decode(ids[-1:], meta, paged)
+        fill = 0.0
+        step = None
+        if path == "mirror":
+            t = time.perf_counter()
+            step = DecodeMirror(model.config, model.dtype, model.device, 1 << 40).prepare([0], [table], [ctx], paged)
+            fill = time.perf_counter() - t
+        a = model.decode(ids[-1:], meta, paged, step)
         b = contiguous_step(model, flat, ids[-1], ctx)
         assert (a - b).abs().max().item() < 1e-3
         p = c = float("inf")
         for _ in range(reps):  # interleaved, so that machine noise hits both alike
-            p = min(p, timed(lambda: model.decode(ids[-1:], meta, paged), 1))
+            p = min(p, timed(lambda: model.decode(ids[-1:], meta, paged, step), 1))
             c = min(c, timed(lambda: contiguous_step(model, flat, ids[-1], ctx), 1))
-    return p, c
+    return p, c, fill
 
 
 def bench_paged_vs_contiguous(model: LlamaModel, s: Settings) -> None:
-    for shuffled in (True, False):
-        table = "shuffled table: gather path" if shuffled else "allocator-order table: read in place"
+    for path, label in PAGED_PATHS.items():
         for ctx in s.paged_ctx:
-            paged_s, flat_s = decode_step_costs(model, ctx, s.reps * 4, shuffled)
+            paged_s, flat_s, fill_s = decode_step_costs(model, ctx, s.reps * 4, path)
             ratio = paged_s / flat_s
+            fill = f"; the mirror filled once in {fill_s * 1000:.1f} ms" if path == "mirror" else ""
             row(
-                f"decode step at {ctx} tokens, paged (page {PAGE}, {table}), fp32",
+                f"decode step at {ctx} tokens, paged (page {PAGE}, {label}), fp32",
                 f"{paged_s * 1000:.1f} ms",
                 f"contiguous {flat_s * 1000:.1f} ms",
-                f"{ratio:.2f}x; target <= 1.2x: {verdict(ratio <= 1.2)}",
+                f"{ratio:.2f}x; target <= 1.2x: {verdict(ratio <= 1.2)}{fill}",
                 ratio=ratio,
+                fill_ms=fill_s * 1000,
             )
 
 

@@ -3,16 +3,19 @@
     .venv/bin/python scripts/profile_decode.py                       # fp32, batch 1 and 8, 20 steps each
     .venv/bin/python scripts/profile_decode.py --quant fp16 --steps 50
     .venv/bin/python scripts/profile_decode.py --batch 1 --threads 2 --top 25
+    .venv/bin/python scripts/profile_decode.py --no-mirror               # attention over the pages instead
 
 Each batch size gets its own pool holding a 512-token prefill per sequence; the profiled steps then decode at
-context 513 (`--context`), on this thread (no engine). The parts are labelled with
+context 513 (`--context`), on this thread (no engine), reading the decode mirror as the Engine does
+(runtime.decode_mirror; `--no-mirror`: the pages, by the gather or in-place paths). The parts are labelled with
 `torch.profiler.record_function` by wrapping the model's pieces from here, without touching runtime/:
 - `runtime.model`'s module-level `rms_norm`, `_rope_signed` and `decode_attention`, and its `F` (a proxy whose
   `embedding` and `silu` are labelled; `F.silu(gate) * up` is timed as one part, the product included);
 - `runtime.attention`'s `F.scaled_dot_product_attention` (so attention splits into SDPA and the rest: the page
   gather at batch > 1; at batch 1 the in-place path calls the SDPA kernel op directly, so all of its attention,
   the per-run kernels and the log-sum-exp merge, shows under "attention: in place / gather");
-- every layer's linear objects (qkv, o, gate_up, down) and the LM head; the pool's `write` (KV write).
+- every layer's linear objects (qkv, o, gate_up, down) and the LM head; the pool's `write` (KV write);
+- the mirror step's `write` and `attend` (`runtime.decode_mirror.MirrorStep`).
 "other" is the step's time outside every label: residual adds, RoPE table lookup, slicing, the float() of the
 logits. Each label costs a few microseconds, so the profiled step is somewhat slower than the plain one (both
 are printed); the per-part split is what this is for.
@@ -49,6 +52,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 import runtime.attention as rattn
 import runtime.model as rmodel
 from runtime.attention import build_decode_meta
+from runtime.decode_mirror import DecodeMirror, MirrorStep
 from runtime.loading import load_model
 from runtime.model import LlamaModel
 
@@ -63,6 +67,8 @@ PARTS = [
     "qkv proj",
     "rope",
     "kv write",
+    "kv write (mirror)",
+    "attention: mirror",
     GATHER,
     SDPA,
     "o proj",
@@ -95,9 +101,9 @@ class LabelledLinear:
     def nbytes(self) -> int:
         return self.inner.nbytes
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, prefill: bool = False) -> torch.Tensor:
         with record_function(self.name):
-            return self.inner(x)
+            return self.inner(x, prefill)
 
 
 class SiluTimesUp:
@@ -129,6 +135,8 @@ def instrument(model: LlamaModel) -> None:
     rmodel.rms_norm = labelled("rmsnorm", rmodel.rms_norm)
     rmodel._rope_signed = labelled("rope", rmodel._rope_signed)
     rmodel.decode_attention = labelled(ATTENTION, rmodel.decode_attention)
+    MirrorStep.write = labelled("kv write (mirror)", MirrorStep.write)  # type: ignore[method-assign]
+    MirrorStep.attend = labelled("attention: mirror", MirrorStep.attend)  # type: ignore[method-assign]
     rattn.F = FunctionalProxy(scaled_dot_product_attention=labelled(SDPA, F.scaled_dot_product_attention))  # type: ignore[assignment]
     model.layers = [
         dataclasses.replace(
@@ -147,8 +155,9 @@ def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(1000, min(vocab, 30000), (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def setup(model: LlamaModel, batch: int, ctx: int) -> Callable[[], torch.Tensor]:
-    """A pool with `batch` sequences of `ctx - 1` tokens prefilled; returns one decode step at context `ctx`."""
+def setup(model: LlamaModel, batch: int, ctx: int, mirror: bool) -> Callable[[], torch.Tensor]:
+    """A pool with `batch` sequences of `ctx - 1` tokens prefilled; returns one decode step at context `ctx`
+    (through a decode mirror filled once, with `mirror`)."""
     n_pages = -(-ctx // PAGE)
     pool = model.new_pool(batch * n_pages, PAGE)
     tables = [list(range(b * n_pages, (b + 1) * n_pages)) for b in range(batch)]
@@ -158,11 +167,16 @@ def setup(model: LlamaModel, batch: int, ctx: int) -> Callable[[], torch.Tensor]
             model.prefill(prompt_ids(ctx - 1, vocab, 100 + b), 0, tables[b], pool)
     meta = build_decode_meta(tables, [ctx] * batch, PAGE, model.device)
     toks = prompt_ids(batch, vocab, 9)
+    rows = None
+    if mirror:
+        rows = DecodeMirror(model.config, model.dtype, model.device, 1 << 40).prepare(
+            list(range(batch)), tables, [ctx] * batch, pool
+        )
     pool.write = labelled("kv write", pool.write)  # type: ignore[method-assign]
 
     def step() -> torch.Tensor:
         with torch.inference_mode(), record_function(STEP):
-            return model.decode(toks, meta, pool)  # rewrites the same slot each time
+            return model.decode(toks, meta, pool, rows)  # rewrites the same slot each time
 
     return step
 
@@ -221,7 +235,8 @@ def print_result(batch: int, res: dict[str, Any]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--quant", default="none", choices=["none", "fp16"])
+    ap.add_argument("--quant", default="none", choices=["none", "fp16", "gguf"])
+    ap.add_argument("--no-mirror", action="store_true", help="attend over the pages, not the decode mirror")
     ap.add_argument("--batch", default="1,8", help="comma list of batch sizes")
     ap.add_argument("--context", type=int, default=513, help="tokens per sequence, the decoded one included")
     ap.add_argument("--steps", type=int, default=20, help="profiled decode steps per batch size")
@@ -236,17 +251,18 @@ def main() -> None:
         f"# {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, torch {torch.__version__}, "
         f"load average {load:.2f}; quant={args.quant}, context {args.context}, {args.steps} steps"
     )
-    smol = load_model(args.model)
-    model = LlamaModel(smol.config, smol.weights, quant=args.quant)
+    smol = load_model(args.model, keep_blocks=args.quant == "gguf")
+    model = LlamaModel(smol.config, smol.weights, quant=args.quant, blocks=smol.blocks)
     instrument(model)
     results = {}
     for batch in batches:
-        step = setup(model, batch, args.context)
+        step = setup(model, batch, args.context, mirror=not args.no_mirror)
         results[batch] = profile_steps(step, args.steps, args.top)
         print_result(batch, results[batch])
 
     tag = "fp32" if args.quant == "none" else args.quant
-    print(f"\n### decode step by part, {tag}, context {args.context}\n")
+    kv = "pages" if args.no_mirror else "decode mirror"
+    print(f"\n### decode step by part, {tag}, {kv}, context {args.context}\n")
     print("| part | " + " | ".join(f"batch {b} ms | batch {b} %" for b in batches) + " |")
     print("| --- |" + " --- | --- |" * len(batches))
     for part in [*PARTS, "other"]:
