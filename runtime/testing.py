@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from runtime.config import ModelConfig
+
+if TYPE_CHECKING:
+    from runtime.block_linear import BlockWeight
 
 
 def tiny_config(**overrides: object) -> ModelConfig:
@@ -110,3 +114,25 @@ class CharTokenizer:
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         text = "".join(f"<{m['role']}>{m['content']}</>\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
+
+
+def random_block_weight(kind: str, rows: int, cols: int, seed: int) -> BlockWeight:
+    """A `[rows, cols]` GGUF block weight (Q4_1 or Q8_0) with random float16 scales (and Q4_1 minima) and random
+    nibbles or int8 values, for tests of runtime.block_linear and its kernel."""
+    import numpy as np
+
+    from runtime.block_linear import BLOCK, BLOCK_BYTES, BlockWeight
+
+    rng = np.random.default_rng(seed)
+    n = rows * cols // BLOCK
+    if kind == "Q4_1":
+        b = np.zeros(n, dtype=np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))]))
+        b["d"] = rng.uniform(0.001, 0.05, n).astype(np.float16)
+        b["m"] = rng.normal(0, 0.2, n).astype(np.float16)
+        b["qs"] = rng.integers(0, 256, (n, 16), dtype=np.uint8)
+    else:
+        b = np.zeros(n, dtype=np.dtype([("d", "<f2"), ("qs", "i1", (32,))]))
+        b["d"] = (rng.uniform(0.0005, 0.01, n) * rng.choice([-1, 1], n)).astype(np.float16)
+        b["qs"] = rng.integers(-128, 128, (n, 32), dtype=np.int8)
+    raw = np.frombuffer(b.tobytes(), dtype=np.uint8).reshape(rows, cols // BLOCK * BLOCK_BYTES[kind])
+    return BlockWeight(kind, torch.from_numpy(raw.copy()), cols)

@@ -20,33 +20,20 @@ import torch
 from runtime.block_linear import BLOCK, BLOCK_BYTES, BlockLinear, BlockWeight
 from runtime.linear import DenseLinear, make_linear
 from runtime.loading.dequant import GGML_TYPE_IDS, dequantize
+from runtime.testing import random_block_weight
 
 needs_cc = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None, reason="quant='gguf' builds a C kernel: no C compiler here"
 )
 
-_Q4_1 = np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))])
-_Q8_0 = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])
 # float32 products summed in another order than the float64 reference: the error of a dot product of n terms is
 # below n * eps32 * sum |x_k w_k| (worst case); measured up to 1.7e-7 of that sum here. Bound: 2e-6 of the sum.
 REL_TO_ABS_SUM = 2e-6
 
 
 def random_blocks(kind: str, rows: int, cols: int, seed: int) -> BlockWeight:
-    """A `[rows, cols]` weight as random blocks: float16 scales (and Q4_1 minima), random nibbles or int8."""
-    rng = np.random.default_rng(seed)
-    n = rows * cols // BLOCK
-    if kind == "Q4_1":
-        b = np.zeros(n, dtype=_Q4_1)
-        b["d"] = rng.uniform(0.001, 0.05, n).astype(np.float16)
-        b["m"] = rng.normal(0, 0.2, n).astype(np.float16)
-        b["qs"] = rng.integers(0, 256, (n, 16), dtype=np.uint8)
-    else:
-        b = np.zeros(n, dtype=_Q8_0)
-        b["d"] = (rng.uniform(0.0005, 0.01, n) * rng.choice([-1, 1], n)).astype(np.float16)
-        b["qs"] = rng.integers(-128, 128, (n, 32), dtype=np.int8)
-    raw = np.frombuffer(b.tobytes(), dtype=np.uint8).reshape(rows, cols // BLOCK * BLOCK_BYTES[kind])
-    return BlockWeight(kind, torch.from_numpy(raw.copy()), cols)
+    """A `[rows, cols]` weight as random blocks (runtime.testing.random_block_weight)."""
+    return random_block_weight(kind, rows, cols, seed)
 
 
 def dense_of(parts: list[BlockWeight]) -> torch.Tensor:

@@ -1,0 +1,113 @@
+"""Every vector path of runtime/native/blockdot.c against a float64 reference, not only the one `-march=native`
+picks here: the source is compiled three times with explicit flags (AVX-512, AVX2 + FMA, portable C) and each
+build's `blockdot_matmul` must compute `x @ W.T` for dequantised Q4_1 / Q8_0 weights (fused parts, 1 to 4 token
+rows) within float32 summation-order tolerance, and refuse arguments out of range without writing anything.
+A path whose instructions this CPU lacks is skipped."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.block_linear import BlockWeight
+from runtime.native import SOURCE
+from runtime.testing import random_block_weight
+
+CC = os.environ.get("CC", "cc")
+pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler here")
+
+# name -> (compiler flags, vector width the build reports, CPU flag it needs from /proc/cpuinfo or None)
+PATHS = {
+    "avx512": (["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"], 16, "avx512f"),
+    "avx2": (["-mavx2", "-mfma", "-mf16c", "-mno-avx512f"], 8, "avx2"),
+    "portable": (["-mno-avx", "-mno-avx2", "-mno-f16c", "-mno-fma"], 1, None),
+}
+KINDS = {"Q4_1": 0, "Q8_0": 1}
+REL_TO_ABS_SUM = 2e-6  # as tests/runtime/test_block_linear.py: float32 sums in another order than float64
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
+    except (OSError, StopIteration):
+        return set()
+    return set(line.split(":", 1)[1].split())
+
+
+@pytest.fixture(scope="module", params=list(PATHS))
+def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, int]:
+    flags, width, needs = PATHS[request.param]
+    if needs is not None and needs not in _cpu_flags():
+        pytest.skip(f"this CPU has no {needs}: the {request.param} path cannot run here")
+    out = tmp_path_factory.mktemp(request.param) / "blockdot.so"
+    cmd = [CC, "-O2", *flags, "-fopenmp", "-shared", "-fPIC", "-std=c11", str(SOURCE), "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    lib = ctypes.CDLL(str(out))
+    ptr, num = ctypes.c_void_p, ctypes.c_int
+    lib.blockdot_matmul.argtypes = [num, ptr, ptr, ptr, num, ptr, num, ptr, num]
+    lib.blockdot_matmul.restype = num
+    lib.blockdot_vector_width.restype = num
+    return lib, width
+
+
+def _matmul(lib: ctypes.CDLL, parts: list[BlockWeight], x: torch.Tensor, ldy: int) -> tuple[int, torch.Tensor]:
+    n = len(parts)
+    data = (ctypes.c_void_p * n)(*(p.data.data_ptr() for p in parts))
+    kind_ids = (ctypes.c_int * n)(*(KINDS[p.kind] for p in parts))
+    rows = (ctypes.c_int * n)(*(p.rows for p in parts))
+    y = torch.full((x.shape[0], ldy), 7.0)
+    status = lib.blockdot_matmul(n, data, kind_ids, rows, x.shape[1], x.data_ptr(), x.shape[0], y.data_ptr(), ldy)
+    return status, y
+
+
+def test_the_build_reports_its_vector_path(build: tuple[ctypes.CDLL, int]) -> None:
+    lib, width = build
+    assert lib.blockdot_vector_width() == width
+
+
+@pytest.mark.parametrize("ntok", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", [["Q4_1"], ["Q8_0"], ["Q4_1", "Q8_0", "Q4_1"]])
+def test_each_path_equals_the_float64_product(build: tuple[ctypes.CDLL, int], layout: list[str], ntok: int) -> None:
+    lib, _ = build
+    cols = 96
+    parts = [random_block_weight(kind, 5 + 3 * i, cols, seed=10 * i + ntok) for i, kind in enumerate(layout)]
+    w = torch.cat([p.dequantize() for p in parts]).double()
+    x = torch.randn(ntok, cols, generator=torch.Generator().manual_seed(ntok))
+    status, y = _matmul(lib, parts, x, w.shape[0])
+    assert status == 0
+    want = x.double() @ w.T
+    bound = REL_TO_ABS_SUM * (x.double().abs() @ w.abs().T)
+    assert ((y.double() - want).abs() <= bound).all(), (y.double() - want).abs().max()
+
+
+@pytest.mark.parametrize(
+    ("case", "ntok", "cols", "kinds", "ldy"),
+    [
+        ("no token rows", 0, 64, None, 8),
+        ("more token rows than the kernel takes", 5, 64, None, 8),
+        ("columns not whole blocks", 2, 48, None, 8),
+        ("an unknown block kind", 2, 64, [7], 8),
+        ("rows past the output's row stride", 2, 64, None, 3),
+    ],
+)
+def test_arguments_out_of_range_are_refused_and_nothing_is_written(
+    build: tuple[ctypes.CDLL, int], case: str, ntok: int, cols: int, kinds: list[int] | None, ldy: int
+) -> None:
+    lib, _ = build
+    part = random_block_weight("Q8_0", 4, 64, seed=1)  # `cols` goes to C on its own: refused before any read
+    x = torch.randn(max(ntok, 1), cols)
+    n = 1
+    data = (ctypes.c_void_p * n)(part.data.data_ptr())
+    kind_ids = (ctypes.c_int * n)(*(kinds or [KINDS["Q8_0"]]))
+    rows = (ctypes.c_int * n)(part.rows)
+    y = torch.full((max(ntok, 1), max(ldy, 4)), 7.0)
+    status = lib.blockdot_matmul(n, data, kind_ids, rows, cols, x.data_ptr(), ntok, y.data_ptr(), ldy)
+    assert status == -1, case
+    assert (y == 7.0).all(), case
