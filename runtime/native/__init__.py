@@ -2,9 +2,9 @@
 
 `blockdot.c` multiplies float32 activations by weights kept in GGUF's Q4_1 / Q8_0 blocks (runtime.block_linear).
 It is compiled once per source, compiler and CPU into a cache folder (`$RADIXCACHE_NATIVE_CACHE`, else
-`~/.cache/radixcache/native`) with `-O3 -march=native -fopenmp`, and reused from there. The compiler is `$CC`,
-else `cc`. OpenMP: torch is imported first, so the library binds to the libgomp torch loaded (one thread pool,
-sized by `torch.set_num_threads` on the calling thread), not to a second copy.
+`~/.cache/radixcache/native`, else a per-user temporary folder) with `-O3 -march=native -fopenmp`, and reused.
+The compiler is `$CC`, else `cc`. OpenMP: torch is imported first, so the library binds to the libgomp torch
+loaded (one thread pool, sized by `torch.set_num_threads` on the calling thread), not to a second copy.
 
 Nothing here runs unless a caller asks for the kernels (`quant="gguf"`); a machine without a compiler only loses
 that mode, with an error that says what is missing.
@@ -57,10 +57,20 @@ def blockdot() -> ctypes.CDLL:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("RADIXCACHE_NATIVE_CACHE") or os.path.join(Path.home(), ".cache", "radixcache", "native")
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """`$RADIXCACHE_NATIVE_CACHE`, else `~/.cache/radixcache/native`; where the home folder cannot be written
+    (a read-only or missing home), a per-user folder under the system's temporary directory."""
+    explicit = os.environ.get("RADIXCACHE_NATIVE_CACHE")
+    candidates = [Path(explicit)] if explicit else [Path.home() / ".cache" / "radixcache" / "native"]
+    if not explicit:
+        candidates.append(Path(tempfile.gettempdir()) / f"radixcache-native-{os.getuid()}")
+    for path in candidates:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(path, os.W_OK):
+            return path
+    raise NativeBuildError(f"no writable folder for the native kernel's build: tried {', '.join(map(str, candidates))}")
 
 
 def _build_key(compiler: str) -> str:
