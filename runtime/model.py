@@ -103,21 +103,28 @@ class LlamaModel:
             )
         self.quant = quant
 
-        def parts(*names: str) -> list[BlockWeight] | None:
-            """The blocks of a (fused) matrix, or None (dense) unless every source tensor has them."""
-            if quant != "gguf" or blocks is None or any(n not in blocks for n in names):
-                return None
-            return [blocks[n] for n in names]
-
         def w(name: str) -> torch.Tensor:
             if name not in weights:
                 raise KeyError(f"weight {name!r} is missing")
             return weights[name].to(device=self.device, dtype=dtype).contiguous()
 
+        def linear(
+            names: Sequence[str], bias: torch.Tensor | None = None, weight: torch.Tensor | None = None
+        ) -> Linear:
+            """One layer for the weights `names` fused by rows (or `weight`, already loaded), with their GGUF
+            blocks where every one of them has blocks."""
+            if weight is None:
+                weight = w(names[0]) if len(names) == 1 else torch.cat([w(n) for n in names])
+            parts = None
+            if quant == "gguf" and blocks is not None and all(n in blocks for n in names):
+                parts = [blocks[n] for n in names]
+            return make_linear(weight, bias, quant, parts)
+
         self.embed = w("model.embed_tokens.weight")
         tied = config.tie_embeddings or "lm_head.weight" not in weights
-        head = "model.embed_tokens.weight" if tied else "lm_head.weight"
-        self.lm_head = make_linear(self.embed if tied else w(head), quant=quant, blocks=parts(head))
+        self.lm_head = linear(
+            ["model.embed_tokens.weight" if tied else "lm_head.weight"], None, self.embed if tied else None
+        )
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(config.num_layers):
@@ -129,22 +136,11 @@ class LlamaModel:
             self.layers.append(
                 _Layer(
                     ln_in=w(pre + "input_layernorm.weight"),
-                    qkv=make_linear(
-                        torch.cat([w(att + f"{p}_proj.weight") for p in "qkv"]),
-                        bias,
-                        quant,
-                        parts(*(att + f"{p}_proj.weight" for p in "qkv")),
-                    ),
-                    o=make_linear(w(att + "o_proj.weight"), quant=quant, blocks=parts(att + "o_proj.weight")),
+                    qkv=linear([att + f"{p}_proj.weight" for p in "qkv"], bias),
+                    o=linear([att + "o_proj.weight"]),
                     ln_post=w(pre + "post_attention_layernorm.weight"),
-                    gate_up=make_linear(
-                        torch.cat([w(pre + "mlp.gate_proj.weight"), w(pre + "mlp.up_proj.weight")]),
-                        quant=quant,
-                        blocks=parts(pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight"),
-                    ),
-                    down=make_linear(
-                        w(pre + "mlp.down_proj.weight"), quant=quant, blocks=parts(pre + "mlp.down_proj.weight")
-                    ),
+                    gate_up=linear([pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight"]),
+                    down=linear([pre + "mlp.down_proj.weight"]),
                 )
             )
         self.cos, self.sin = rope_tables(config, self.device, dtype)
