@@ -88,13 +88,20 @@ def test_split_prefill_equals_causal_attention_over_prefix_and_chunk(
         torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
 
 
-def test_split_prefill_never_repeats_kv_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def no_repeated_kv_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every way of repeating KV heads (repeat_interleave, expand) fail the test."""
+
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("KV heads were repeated")
 
     monkeypatch.setattr(torch, "repeat_interleave", forbidden)
     monkeypatch.setattr(torch.Tensor, "repeat_interleave", forbidden)
     monkeypatch.setattr(torch.Tensor, "expand", forbidden)
+
+
+@pytest.mark.usefixtures("no_repeated_kv_heads")
+def test_split_prefill_never_repeats_kv_heads() -> None:
     q = torch.randn(5, 6, 8)
     k = torch.randn(9, 2, 8)
     split_prefill_attention(q, k[4:], k[4:].clone(), k[:4], k[:4].clone())
@@ -144,13 +151,8 @@ def test_decode_meta_points_each_new_token_at_its_slot() -> None:
         build_decode_meta([[4]], [6], 4, torch.device("cpu"))
 
 
-def test_gqa_never_repeats_kv_heads(monkeypatch: pytest.MonkeyPatch) -> None:
-    def forbidden(*args: object, **kwargs: object) -> None:
-        raise AssertionError("KV heads were repeated")
-
-    monkeypatch.setattr(torch, "repeat_interleave", forbidden)
-    monkeypatch.setattr(torch.Tensor, "repeat_interleave", forbidden)
-    monkeypatch.setattr(torch.Tensor, "expand", forbidden)
+@pytest.mark.usefixtures("no_repeated_kv_heads")
+def test_gqa_never_repeats_kv_heads() -> None:
     q = torch.randn(5, 6, 8)
     k = torch.randn(5, 2, 8)
     prefill_attention(q, k, k.clone(), causal_mask(0, 5, 5, 3, q.device))
