@@ -3,14 +3,15 @@
 The paged pool stays the store of record: every K/V is written there first, the radix tree shares its pages, and
 prefill reads it. Decode, though, reads a sequence's whole context at every step, and from pages that means
 either one gather copy per layer per step (the batched path in runtime.attention) or several small attention
-calls over runs of pages (one sequence). On this project's CPU the gather plus a masked SDPA cost about 40% of
+calls over runs of pages (one sequence). On this project's CPU the gather plus a masked SDPA cost about 30% of
 a batch-8 step (docs/benchmarks.md).
 
 The mirror keeps, per layer, `[rows, kv_heads, capacity, head_dim]` K and V tensors: one row per sequence of the
 decode batch, its positions contiguous per KV head. A step then writes the new token's K/V into both the pool and
-the row, and attention is two batched matrix products over the rows, with no copy of the context. A row is
-filled from the pool once, when its sequence joins the batch (or comes back after a preemption, or after a
-failed step), and then follows it one position per step. Memory: the batch's KV a second time, bounded by
+the row, and attention runs over the rows (two batched matrix products with a length mask, or PyTorch's CPU
+flash kernel when every length is equal), with no copy of the context. A row is filled from the pool once, when
+its sequence joins the batch (or comes back after a preemption, or after a failed step), and then follows it one
+position per step. Memory: the batch's KV a second time, bounded by
 `max_bytes`; past the bound `prepare` returns None and the caller takes the paged paths.
 
 Invariant, checked by `prepare`: a row whose `synced` count equals the sequence's length minus one holds exactly
@@ -72,22 +73,19 @@ class MirrorStep:
         length (always at batch 1) the CPU runs PyTorch's flash kernel on the rows instead: no mask, fewer calls.
         """
         b, h, d = q.shape
-        k_rows = self.k[layer]
-        kvh = k_rows.shape[1]
+        keys, values = self.k[layer][:b, :, : self.span], self.v[layer][:b, :, : self.span]  # [B, KV, span, D]
+        kvh = keys.shape[1]
         g = h // kvh
         if self.order is not None:
             q = q.index_select(0, self.order)
         if self.mask is None and q.device.type == "cpu":  # equal lengths: the CPU flash kernel, no mask to add
             out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q.contiguous().view(b, kvh, g, d),
-                self.k[layer][:b, :, : self.span],
-                self.v[layer][:b, :, : self.span],
+                q.contiguous().view(b, kvh, g, d), keys, values
             )[0].reshape(b, h, d)
             return out if self.inverse is None else out.index_select(0, self.inverse)
         qg = (q * (1.0 / math.sqrt(d))).view(b * kvh, g, d)
-        # [B, KV, span, D] slices of the rows merge their first two axes without a copy (rows are dense).
-        keys = k_rows[:b, :, : self.span].view(b * kvh, self.span, d)
-        values = self.v[layer][:b, :, : self.span].view(b * kvh, self.span, d)
+        # The row slices merge their first two axes without a copy (rows are dense).
+        keys, values = keys.view(b * kvh, self.span, d), values.view(b * kvh, self.span, d)
         scores = torch.bmm(qg, keys.transpose(1, 2))
         if self.mask is not None:
             scores.view(b, kvh, g, self.span).add_(self.mask)
