@@ -24,12 +24,16 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from runtime.attention import gather_pages
 from runtime.config import ModelConfig
 from runtime.kv_pool import KVPool
+
+if TYPE_CHECKING:
+    from runtime.native.ops import NativeDecodeOps
 
 _SPAN_STEP = 256  # capacity grows in steps of this many positions: one reallocation per 256 decode steps at most
 
@@ -41,7 +45,8 @@ class MirrorStep:
     k, v: per layer `[row capacity, kv_heads, span capacity, head_dim]`. rows_t / positions_t: `[B]` row and
     position of each batch element's new token. order / inverse: batch index of each row and its inverse, None
     when row r holds batch element r. span: positions attended (the longest sequence). mask: `[B, 1, 1, span]`
-    additive (0 / -inf) in row order, None when every sequence has the same length.
+    additive (0 / -inf) in row order, None when every sequence has the same length. row_lengths: the lengths
+    in row order. native: runtime.native.ops for the attention (quant="gguf"), else None.
     """
 
     k: tuple[torch.Tensor, ...]
@@ -54,6 +59,8 @@ class MirrorStep:
     inverse: torch.Tensor | None
     span: int
     mask: torch.Tensor | None
+    row_lengths: tuple[int, ...] = ()
+    native: NativeDecodeOps | None = None
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the new tokens' K/V `[B, kv_heads, head_dim]` (batch order) in their rows."""
@@ -78,6 +85,9 @@ class MirrorStep:
         g = h // kvh
         if self.order is not None:
             q = q.index_select(0, self.order)
+        if self.native is not None and self.native.supports(q, self.k[layer]):
+            out = self.native.attend(q, self.k[layer], self.v[layer], self.row_lengths)
+            return out if self.inverse is None else out.index_select(0, self.inverse)
         if self.mask is None and q.device.type == "cpu":  # equal lengths: the CPU flash kernel, no mask to add
             out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q.contiguous().view(b, kvh, g, d), keys, values
@@ -97,7 +107,14 @@ class MirrorStep:
 class DecodeMirror:
     """Mirror rows for the sequences of the current decode batch (see the module docstring)."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: str | torch.device, max_bytes: int) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        max_bytes: int,
+        native: NativeDecodeOps | None = None,
+    ) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.num_layers = config.num_layers
@@ -106,6 +123,7 @@ class DecodeMirror:
         self.dtype = dtype
         self.device = torch.device(device)
         self.max_bytes = max_bytes
+        self.native = native  # runtime.native.ops (quant="gguf"): attention in one native call per layer
         self.bytes_per_position = 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype.itemsize
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
@@ -175,11 +193,11 @@ class DecodeMirror:
             inverse = inv
             order = torch.empty_like(inv)
             order[inv] = torch.arange(b, device=dev)  # row -> batch index
+        by_row = [0] * b
+        for row, n in zip(rows, lengths, strict=True):
+            by_row[row] = n
         mask = None
-        if min(lengths) != span:
-            by_row = [0] * b
-            for row, n in zip(rows, lengths, strict=True):
-                by_row[row] = n
+        if min(lengths) != span:  # built even with a native kernel (which takes the lengths): the fallback needs it
             n_t = torch.tensor(by_row, device=dev)
             past = torch.arange(span, device=dev).unsqueeze(0) >= n_t.unsqueeze(1)
             mask = torch.zeros(b, span, dtype=torch.float32, device=dev).masked_fill_(past, float("-inf"))
@@ -195,6 +213,8 @@ class DecodeMirror:
             inverse=inverse,
             span=span,
             mask=mask,
+            row_lengths=tuple(by_row),
+            native=self.native,
         )
 
     def _drop_absent(self, present: set[Hashable]) -> None:

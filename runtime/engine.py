@@ -400,7 +400,8 @@ class Engine:
             memory = DEFAULT_MIRROR_MEMORY if self.model.device.type == "cpu" else 0
         if memory == 0 or memory == "0":
             return None
-        return DecodeMirror(self.config, self.model.dtype, self.model.device, parse_memory(memory))
+        budget = parse_memory(memory)
+        return DecodeMirror(self.config, self.model.dtype, self.model.device, budget, native=self.model.native)
 
     def _emit(self, req: Request, logits: torch.Tensor, token: int | None = None) -> None:
         """Sample the next token from `logits` (or take `token`, already chosen greedily for the whole batch)

@@ -32,6 +32,7 @@ from runtime.linear import Linear, check_quant, make_linear
 
 if TYPE_CHECKING:
     from runtime.block_linear import BlockWeight
+    from runtime.native.ops import NativeDecodeOps
 
 DEFAULT_CHUNK = 512
 
@@ -102,6 +103,12 @@ class LlamaModel:
                 "quant='gguf' needs the GGUF file's blocks: load a GGUF model with load_model(..., keep_blocks=True)"
             )
         self.quant = quant
+        # quant="gguf" also runs RMSNorm and the decode mirror's attention natively for small batches
+        self.native: NativeDecodeOps | None = None
+        if quant == "gguf":
+            from runtime.native.ops import NativeDecodeOps
+
+            self.native = NativeDecodeOps()
 
         def w(name: str) -> torch.Tensor:
             if name not in weights:
@@ -260,15 +267,21 @@ class LlamaModel:
         cos, sin = self.cos[positions].unsqueeze(1), self._signed_sin[positions].unsqueeze(1)  # once per forward
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(rms_norm(x, layer.ln_in, eps), prefill)
+            qkv = layer.qkv(self._norm(x, layer.ln_in, eps), prefill)
             qk = _rope_signed(qkv[:, :qk_size].reshape(t, h + kvh, d), cos, sin)  # q and k rotated in one pass
             q, k = qk[:, :h].contiguous(), qk[:, h:]  # SDPA's fused CPU kernel wants a dense q
             v = qkv[:, qk_size:].reshape(t, kvh, d)
             pool.write(i, slots, k, v)
             x = x + layer.o(attend(i, q, k, v).reshape(t, h * d), prefill)
-            gate, up = layer.gate_up(rms_norm(x, layer.ln_post, eps), prefill).chunk(2, dim=-1)
+            gate, up = layer.gate_up(self._norm(x, layer.ln_post, eps), prefill).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up, prefill)
         return x
 
     def _logits(self, hidden: torch.Tensor, prefill: bool) -> torch.Tensor:
-        return self.lm_head(rms_norm(hidden, self.norm, self.config.rms_norm_eps), prefill).float()
+        return self.lm_head(self._norm(hidden, self.norm, self.config.rms_norm_eps), prefill).float()
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm: the native one for the small batches of quant="gguf" (runtime.native.ops), else `rms_norm`."""
+        if self.native is None:
+            return rms_norm(x, weight, eps)
+        return self.native.rms_norm(x, weight, eps, rms_norm)

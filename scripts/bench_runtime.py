@@ -327,7 +327,7 @@ class RawStep:
         self.toks = prompt_ids(batch, vocab, 9)
         self.step = None
         if mirror:  # filled once; every timed step then rewrites the same position, as a steady-state step writes one
-            rows = DecodeMirror(model.config, model.dtype, model.device, 1 << 40)
+            rows = DecodeMirror(model.config, model.dtype, model.device, 1 << 40, native=model.native)
             self.step = rows.prepare(list(range(batch)), tables, [ctx] * batch, self.pool)
 
     def step_ms(self, steps: int) -> dict[str, float]:
@@ -676,7 +676,8 @@ def decode_step_costs(model: LlamaModel, ctx: int, reps: int, path: str) -> tupl
         step = None
         if path == "mirror":
             t = time.perf_counter()
-            step = DecodeMirror(model.config, model.dtype, model.device, 1 << 40).prepare([0], [table], [ctx], paged)
+            rows = DecodeMirror(model.config, model.dtype, model.device, 1 << 40, native=model.native)
+            step = rows.prepare([0], [table], [ctx], paged)
             fill = time.perf_counter() - t
         a = model.decode(ids[-1:], meta, paged, step)
         b = contiguous_step(model, flat, ids[-1], ctx)

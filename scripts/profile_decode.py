@@ -9,7 +9,7 @@ Each batch size gets its own pool holding a 512-token prefill per sequence; the 
 context 513 (`--context`), on this thread (no engine), reading the decode mirror as the Engine does
 (runtime.decode_mirror; `--no-mirror`: the pages, by the gather or in-place paths). The parts are labelled with
 `torch.profiler.record_function` by wrapping the model's pieces from here, without touching runtime/:
-- `runtime.model`'s module-level `rms_norm`, `_rope_signed` and `decode_attention`, and its `F` (a proxy whose
+- the model's `_norm` (RMSNorm), `runtime.model`'s `_rope_signed` and `decode_attention`, and its `F` (a proxy whose
   `embedding` and `silu` are labelled; `F.silu(gate) * up` is timed as one part, the product included);
 - `runtime.attention`'s `F.scaled_dot_product_attention` (so attention splits into SDPA and the rest: the page
   gather at batch > 1; at batch 1 the in-place path calls the SDPA kernel op directly, so all of its attention,
@@ -132,7 +132,7 @@ class FunctionalProxy:
 def instrument(model: LlamaModel) -> None:
     """Label the model's parts (module globals of runtime.model / runtime.attention and the model's layers)."""
     rmodel.F = FunctionalProxy(embedding=labelled("embedding", F.embedding), silu=SiluTimesUp)  # type: ignore[assignment]
-    rmodel.rms_norm = labelled("rmsnorm", rmodel.rms_norm)
+    model._norm = labelled("rmsnorm", model._norm)  # type: ignore[method-assign]
     rmodel._rope_signed = labelled("rope", rmodel._rope_signed)
     rmodel.decode_attention = labelled(ATTENTION, rmodel.decode_attention)
     MirrorStep.write = labelled("kv write (mirror)", MirrorStep.write)  # type: ignore[method-assign]
@@ -169,7 +169,7 @@ def setup(model: LlamaModel, batch: int, ctx: int, mirror: bool) -> Callable[[],
     toks = prompt_ids(batch, vocab, 9)
     rows = None
     if mirror:
-        rows = DecodeMirror(model.config, model.dtype, model.device, 1 << 40).prepare(
+        rows = DecodeMirror(model.config, model.dtype, model.device, 1 << 40, native=model.native).prepare(
             list(range(batch)), tables, [ctx] * batch, pool
         )
     pool.write = labelled("kv write", pool.write)  # type: ignore[method-assign]

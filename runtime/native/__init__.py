@@ -26,6 +26,7 @@ import torch  # noqa: F401  (loaded first on purpose: its libgomp is the one the
 
 SOURCE = Path(__file__).with_name("blockdot.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+LIBS = ("-lm",)  # after the source: linkers drop a library named before the objects that need it
 
 
 class NativeBuildError(ValueError):
@@ -53,6 +54,13 @@ def blockdot() -> ctypes.CDLL:
     lib.blockdot_matmul.restype = ctypes.c_int
     for name in ("blockdot_max_tokens", "blockdot_max_parts", "blockdot_vector_width"):
         getattr(lib, name).restype = ctypes.c_int
+    # (x, weight, rows, cols, eps, out) -> 0, or -1
+    lib.native_rms_norm.argtypes = [ptr, ptr, num, num, ctypes.c_float, ptr]
+    lib.native_rms_norm.restype = ctypes.c_int
+    # (q, batch, heads, kv heads, head dim, k, v, row stride, head stride, lengths, capacity, out) -> 0, or -1
+    lib.native_decode_attention.argtypes = [ptr, num, num, num, num, ptr, ptr, ctypes.c_long, ctypes.c_long, ptr]
+    lib.native_decode_attention.argtypes += [num, ptr]
+    lib.native_decode_attention.restype = ctypes.c_int
     return lib
 
 
@@ -76,7 +84,7 @@ def _cache_dir() -> Path:
 def _build_key(compiler: str) -> str:
     """Source, flags, compiler version and CPU flags: a build for another CPU (-march=native) is never reused."""
     h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(" ".join(FLAGS).encode())
+    h.update(" ".join(FLAGS + LIBS).encode())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     h.update(version.encode())
     h.update(platform.machine().encode())
@@ -93,7 +101,8 @@ def _build(compiler: str, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=False)
+        cmd = [compiler, *FLAGS, str(SOURCE), "-o", tmp, *LIBS]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
             raise NativeBuildError(f"building {SOURCE.name} with {compiler} failed (exit {proc.returncode}):\n{tail}")

@@ -1,7 +1,8 @@
 """Every vector path of runtime/native/blockdot.c against a float64 reference, not only the one `-march=native`
 picks here: the source is compiled three times with explicit flags (AVX-512, AVX2 + FMA, portable C) and each
 build's `blockdot_matmul` must compute `x @ W.T` for dequantised Q4_1 / Q8_0 weights (fused parts, 1 to 4 token
-rows) within float32 summation-order tolerance, and refuse arguments out of range without writing anything.
+rows) within float32 summation-order tolerance, and refuse arguments out of range without writing anything; the
+native RMSNorm and decode attention of the same library against float64 references.
 A path whose instructions this CPU lacks is skipped."""
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if needs is not None and needs not in _cpu_flags():
         pytest.skip(f"this CPU has no {needs}: the {request.param} path cannot run here")
     out = tmp_path_factory.mktemp(request.param) / "blockdot.so"
-    cmd = [CC, "-O2", *flags, "-fopenmp", "-shared", "-fPIC", "-std=c11", str(SOURCE), "-o", str(out)]
+    cmd = [CC, "-O2", *flags, "-fopenmp", "-shared", "-fPIC", "-std=c11", str(SOURCE), "-o", str(out), "-lm"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     lib = ctypes.CDLL(str(out))
@@ -111,3 +112,77 @@ def test_arguments_out_of_range_are_refused_and_nothing_is_written(
     status = lib.blockdot_matmul(n, data, kind_ids, rows, cols, x.data_ptr(), ntok, y.data_ptr(), ldy)
     assert status == -1, case
     assert (y == 7.0).all(), case
+
+
+def _load_ops(lib: ctypes.CDLL) -> None:
+    ptr, num = ctypes.c_void_p, ctypes.c_int
+    lib.native_rms_norm.argtypes = [ptr, ptr, num, num, ctypes.c_float, ptr]
+    lib.native_rms_norm.restype = num
+    lib.native_decode_attention.argtypes = [ptr, num, num, num, num, ptr, ptr, ctypes.c_long, ctypes.c_long, ptr]
+    lib.native_decode_attention.argtypes += [num, ptr]
+    lib.native_decode_attention.restype = num
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4])
+def test_each_path_computes_rms_norm(build: tuple[ctypes.CDLL, int], rows: int) -> None:
+    lib, _ = build
+    _load_ops(lib)
+    g = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(rows, 576, generator=g) * 3, torch.randn(576, generator=g)
+    out = torch.empty_like(x)
+    assert lib.native_rms_norm(x.data_ptr(), w.data_ptr(), rows, 576, 1e-5, out.data_ptr()) == 0
+    xd = x.double()
+    want = w.double() * xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)
+    torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4), (8, 1)])
+def test_each_path_computes_decode_attention_over_rows(
+    build: tuple[ctypes.CDLL, int], heads: int, kv_heads: int
+) -> None:
+    """Rows `[rows, KV, capacity, D]` as the decode mirror holds them, each sequence reading its own length;
+    against float64 softmax attention with KV heads repeated in the reference only."""
+    lib, _ = build
+    _load_ops(lib)
+    g = torch.Generator().manual_seed(heads)
+    lengths, cap, d = [5, 1, 40], 48, 16
+    k = torch.randn(4, kv_heads, cap, d, generator=g)
+    v = torch.randn(4, kv_heads, cap, d, generator=g)
+    q = torch.randn(3, heads, d, generator=g)
+    out = torch.empty_like(q)
+    lens = (ctypes.c_int * 3)(*lengths)
+    status = lib.native_decode_attention(
+        q.data_ptr(), 3, heads, kv_heads, d, k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), lens, cap,
+        out.data_ptr(),
+    )  # fmt: skip
+    assert status == 0
+    for b, n in enumerate(lengths):
+        kk = k[b, :, :n].double().repeat_interleave(heads // kv_heads, dim=0)  # [H, n, D]
+        vv = v[b, :, :n].double().repeat_interleave(heads // kv_heads, dim=0)
+        p = torch.softmax(torch.einsum("hd,hnd->hn", q[b].double(), kk) / d**0.5, dim=-1)
+        torch.testing.assert_close(out[b].double(), torch.einsum("hn,hnd->hd", p, vv), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("case", "heads", "kv_heads", "lengths"),
+    [
+        ("heads not a multiple of KV heads", 5, 2, [3]),
+        ("a sequence of no positions", 4, 2, [0]),
+        ("a length past the row capacity", 4, 2, [9]),
+    ],
+)
+def test_decode_attention_refuses_bad_arguments_and_writes_nothing(
+    build: tuple[ctypes.CDLL, int], case: str, heads: int, kv_heads: int, lengths: list[int]
+) -> None:
+    lib, _ = build
+    _load_ops(lib)
+    k = torch.randn(1, kv_heads, 8, 4)
+    q = torch.randn(1, heads, 4)
+    out = torch.full_like(q, 7.0)
+    lens = (ctypes.c_int * 1)(*lengths)
+    status = lib.native_decode_attention(
+        q.data_ptr(), 1, heads, kv_heads, 4, k.data_ptr(), k.data_ptr(), k.stride(0), k.stride(1), lens, 8,
+        out.data_ptr(),
+    )  # fmt: skip
+    assert status == -1, case
+    assert (out == 7.0).all(), case

@@ -1,0 +1,85 @@
+"""runtime.native.ops, the native RMSNorm and decode attention of quant="gguf": the norm against a float64
+RMSNorm and against PyTorch's `rms_norm` fallback (which must serve every input the native one does not take),
+and decode through a mirror whose attention is native against the same decode through a mirror in PyTorch, on the
+tiny model, over steps where sequences of different lengths join, leave and come in another order."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from runtime.attention import build_decode_meta
+from runtime.decode_mirror import DecodeMirror
+from runtime.model import LlamaModel, rms_norm
+from runtime.native.ops import NativeDecodeOps
+from runtime.testing import tiny_model
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(os.environ.get("CC", "cc")) is None, reason="the native kernels need a C compiler"
+)
+
+
+@pytest.fixture(scope="module")
+def ops() -> NativeDecodeOps:
+    return NativeDecodeOps()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_native_rms_norm_equals_a_float64_rms_norm(ops: NativeDecodeOps, rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(rows, 576, generator=g) * 2, torch.randn(576, generator=g)
+    got = ops.rms_norm(x, w, 1e-5, rms_norm)
+    xd = x.double()
+    want = w.double() * xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("what", "x"),
+    [
+        ("more rows than the native path takes", torch.randn(5, 64)),
+        ("float64", torch.randn(2, 64, dtype=torch.float64)),
+        ("a 3-D input", torch.randn(2, 2, 64)),
+    ],
+)
+def test_what_the_native_norm_does_not_take_goes_to_the_fallback(
+    ops: NativeDecodeOps, what: str, x: torch.Tensor
+) -> None:
+    w = torch.randn(64, dtype=x.dtype)
+    assert torch.equal(ops.rms_norm(x, w, 1e-5, rms_norm), rms_norm(x, w, 1e-5)), what
+
+
+def test_decode_through_a_native_mirror_equals_decode_through_a_pytorch_mirror(ops: NativeDecodeOps) -> None:
+    """Two pools with the same KV; mirror A attends natively, mirror B in PyTorch; steps with different lengths
+    (the native kernel takes them; PyTorch masks), a sequence leaving and the rest coming in another order."""
+    m = tiny_model(seed=3)
+    model = LlamaModel(m.config, m.weights)
+    page, lengths = 16, {"a": 37, "b": 5, "c": 70}
+    pools = (model.new_pool(64, page), model.new_pool(64, page))
+    tables = {"a": list(range(0, 8)), "b": list(range(8, 16)), "c": list(range(16, 24))}
+    g = torch.Generator().manual_seed(0)
+    for key, n in lengths.items():
+        prompt = torch.randint(1, 97, (n - 1,), generator=g).tolist()
+        for pool in pools:
+            model.prefill(prompt, 0, tables[key], pool)
+    native = DecodeMirror(model.config, model.dtype, "cpu", 1 << 30, native=ops)
+    plain = DecodeMirror(model.config, model.dtype, "cpu", 1 << 30)
+    for step, keys in enumerate([["a", "b", "c"], ["a", "b", "c"], ["c", "a"], ["c", "a", "b"]]):
+        lens = [lengths[k] for k in keys]
+        tbl = [tables[k] for k in keys]
+        meta = build_decode_meta(tbl, lens, page, model.device)
+        tokens = torch.randint(1, 97, (len(keys),), generator=g).tolist()
+        outs = []
+        for mirror, pool in ((native, pools[0]), (plain, pools[1])):
+            rows = mirror.prepare(keys, tbl, lens, pool)
+            assert rows is not None
+            outs.append(model.decode(tokens, meta, pool, rows))
+            mirror.commit(rows)
+        scale = max(1.0, outs[1].abs().max().item())
+        err = (outs[0] - outs[1]).abs().max().item()
+        assert err <= 1e-5 * scale, f"step {step} ({keys}): native vs PyTorch attention differ by {err}"
+        for k in keys:
+            lengths[k] += 1
