@@ -5,9 +5,8 @@ from __future__ import annotations
 import sys
 
 import click
-
-from cli.errors import FriendlyCommand, debug_option
-from cli.replay import engine_kwargs, kv_options, load_engine_model, model_option, speed_options
+from radixcache.cli.errors import FriendlyCommand, debug_option
+from radixcache.cli.replay import engine_kwargs, kv_options, load_engine_model, model_option, speed_options
 
 COMMANDS = "/exit to leave, /reset to start over"
 
@@ -46,7 +45,7 @@ def chat(
       radixcache chat --system "You are a terse assistant." --max-tokens 64
       printf 'Hi!\\nWhat can you do?\\n' | radixcache chat --max-tokens 16
     """
-    from runtime.engine import Engine
+    from radixcache.runtime.engine.engine import Engine
 
     kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
     engine = Engine(load_engine_model(model, quant), enable_cache=not no_cache, **kwargs)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import click
-
-from cli.chat import chat
-from cli.demo import demo
-from cli.model import model
-from cli.replay import replay
-from cli.serve import serve
-from cli.simulate import simulate
-from cli.trace import trace
+from radixcache.cli.chat import chat
+from radixcache.cli.demo import demo
+from radixcache.cli.model import model
+from radixcache.cli.replay import replay
+from radixcache.cli.serve import serve
+from radixcache.cli.simulate import simulate
+from radixcache.cli.trace import trace
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -7,11 +7,10 @@ import sys
 from typing import Any
 
 import click
+from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
+from radixcache.cli.replay import load_engine_model, model_option
 from rich.console import Console
 from rich.table import Table
-
-from cli.errors import FriendlyCommand, FriendlyGroup, debug_option
-from cli.replay import load_engine_model, model_option
 
 
 @click.group(cls=FriendlyGroup)
@@ -53,9 +52,9 @@ def info(model: str, as_json: bool, debug: bool) -> None:
 
 
 def model_facts(loaded: Any) -> dict[str, Any]:
-    """Plain facts about a loaded model (runtime.loading.LoadedModel)."""
-    from runtime.engine import DEFAULT_KV_MEMORY
-    from runtime.kv_pool import parse_memory
+    """Plain facts about a loaded model (radixcache.runtime.loading.LoadedModel)."""
+    from radixcache.runtime.engine.engine import DEFAULT_KV_MEMORY
+    from radixcache.runtime.kv.pool import parse_memory
 
     c, tok = loaded.config, loaded.tokenizer
     parameters = sum(w.numel() for w in loaded.weights.values())

@@ -1,6 +1,6 @@
 """`radixcache replay`: a chat trace through the real model, measuring what the prefix cache saves.
 
-The work is `runtime.replay`; this module parses options, loads the model, shows progress and prints.
+The work is `radixcache.runtime.replay.run`; this module parses options, loads the model, shows progress and prints.
 Exit status: 0, 1 on an error, 2 on a bad option, 3 when turns were skipped (too long for the model or the
 cache; the table and JSON still come out), 130 when interrupted (what finished is still printed and saved).
 """
@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import click
+from radixcache.cli.errors import EXIT_INTERRUPTED, FriendlyCommand, debug_option, fail
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.errors import EXIT_INTERRUPTED, FriendlyCommand, debug_option, fail
 from radixcache.policies import ALL_POLICIES
 from radixcache.trace import FORMATS
 
@@ -83,7 +83,7 @@ def engine_kwargs(
     model loads."""
     if capacity_blocks is not None and kv_memory is not None:
         raise click.UsageError("give at most one of --capacity-blocks and --kv-memory")
-    from runtime.kv_pool import parse_memory
+    from radixcache.runtime.kv.pool import parse_memory
 
     for value, hint in ((kv_memory, "'--kv-memory'"), (mirror_memory, "'--mirror-memory'")):
         if value is None or (hint == "'--mirror-memory'" and value.strip() == "0"):
@@ -101,7 +101,7 @@ def engine_kwargs(
 def load_engine_model(spec: str, quant: str = "none") -> Any:
     """The loaded model (config, weights, tokenizer; GGUF blocks for --quant gguf); a missing model raises
     ModelNotFoundError with the fix."""
-    from runtime.loading import load_model
+    from radixcache.runtime.loading import load_model
 
     keep_blocks = quant == "gguf"
     console = Console(stderr=True)
@@ -172,9 +172,15 @@ def replay(
       radixcache replay --compare --limit 2
       radixcache replay chat.jsonl --mode recorded --max-tokens 16 --json replay.json
     """
-    from runtime.replay import ReplayConfig, ReplayError, engine_factory, load_replay_trace, plan_sessions
-    from runtime.replay import compare as compare_runs
-    from runtime.replay import replay as replay_run
+    from radixcache.runtime.replay.run import (
+        ReplayConfig,
+        ReplayError,
+        engine_factory,
+        load_replay_trace,
+        plan_sessions,
+    )
+    from radixcache.runtime.replay.run import compare as compare_runs
+    from radixcache.runtime.replay.run import replay as replay_run
 
     if compare and no_cache:
         raise click.UsageError("--compare already runs without the cache; drop --no-cache")
@@ -189,7 +195,7 @@ def replay(
         honor_timestamps=honor_timestamps,
     )
     if concurrency > 1:
-        from runtime.engine import Engine
+        from radixcache.runtime.engine.engine import Engine
 
         if not hasattr(Engine, "agenerate"):
             raise ReplayError(

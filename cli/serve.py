@@ -6,9 +6,8 @@ import signal
 import socket
 
 import click
-
-from cli.errors import FriendlyCommand, debug_option
-from cli.replay import engine_kwargs, kv_options, load_engine_model, model_option, speed_options
+from radixcache.cli.errors import FriendlyCommand, debug_option
+from radixcache.cli.replay import engine_kwargs, kv_options, load_engine_model, model_option, speed_options
 
 
 def _check_bind(host: str, port: int) -> None:
@@ -73,9 +72,8 @@ def serve(
         -d '{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]}'
     """
     import uvicorn
-
-    from runtime.engine import Engine
-    from runtime.server import create_app
+    from radixcache.runtime.engine.engine import Engine
+    from radixcache.runtime.server import create_app
 
     kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
     if any(not k.strip() for k in api_keys):

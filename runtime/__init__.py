@@ -1,6 +1,6 @@
 """runtime: a PyTorch inference runtime that prefills only what the radix cache lacks.
 
-`from runtime import Engine` works; the heavy modules (torch) load on first use, so `import runtime.config`
+`from runtime import Engine` works; the heavy modules (torch) load on first use, so `import radixcache.runtime.config`
 stays cheap for loaders and tools.
 """
 
@@ -19,17 +19,17 @@ os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "300000")
 
 if TYPE_CHECKING:
-    from runtime.engine import Engine, EngineStats
-    from runtime.request import GenerationResult
-    from runtime.sampling import SamplingParams
+    from radixcache.runtime.engine.engine import Engine, EngineStats
+    from radixcache.runtime.engine.request import GenerationResult
+    from radixcache.runtime.engine.sampling import SamplingParams
 
 __all__ = ["Engine", "EngineStats", "GenerationResult", "SamplingParams"]
 
 _LAZY = {
-    "Engine": "runtime.engine",
-    "EngineStats": "runtime.engine",
-    "GenerationResult": "runtime.request",
-    "SamplingParams": "runtime.sampling",
+    "Engine": "radixcache.runtime.engine.engine",
+    "EngineStats": "radixcache.runtime.engine.engine",
+    "GenerationResult": "radixcache.runtime.engine.request",
+    "SamplingParams": "radixcache.runtime.engine.sampling",
 }
 
 

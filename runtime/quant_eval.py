@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from runtime.engine import Engine
-    from runtime.model import LlamaModel
+    from radixcache.runtime.engine.engine import Engine
+    from radixcache.runtime.model.llama import LlamaModel
 
 # Short chat questions with one clear answer each: a greedy answer that changes here is a visible regression.
 FIXED_PROMPTS: tuple[str, ...] = (

@@ -6,11 +6,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
-
-from runtime.config import ModelConfig
+from radixcache.runtime.config import ModelConfig
 
 if TYPE_CHECKING:
-    from runtime.block_linear import BlockWeight
+    from radixcache.runtime.model.block_linear import BlockWeight
 
 
 def tiny_config(**overrides: object) -> ModelConfig:
@@ -118,10 +117,9 @@ class CharTokenizer:
 
 def random_block_weight(kind: str, rows: int, cols: int, seed: int) -> BlockWeight:
     """A `[rows, cols]` GGUF block weight (Q4_1 or Q8_0) with random float16 scales (and Q4_1 minima) and random
-    nibbles or int8 values, for tests of runtime.block_linear and its kernel."""
+    nibbles or int8 values, for tests of radixcache.runtime.model.block_linear and its kernel."""
     import numpy as np
-
-    from runtime.block_linear import BLOCK, BLOCK_BYTES, BlockWeight
+    from radixcache.runtime.model.block_linear import BLOCK, BLOCK_BYTES, BlockWeight
 
     rng = np.random.default_rng(seed)
     n = rows * cols // BLOCK

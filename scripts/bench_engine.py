@@ -33,10 +33,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from runtime import Engine
-from runtime.attention import build_decode_meta
-from runtime.loading import load_model
-from runtime.model import LlamaModel
+from radixcache.runtime import Engine
+from radixcache.runtime.loading import load_model
+from radixcache.runtime.model.attention import build_decode_meta
+from radixcache.runtime.model.llama import LlamaModel
 
 TOOLS = [
     "search(query: str) -> list of web results; fetch(url: str) -> page text; calculator(expr: str) -> number",

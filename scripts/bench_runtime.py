@@ -29,7 +29,7 @@ rounds:
   request, 64 new tokens with ignore_eos, `GenerationResult.decode_tps` (tokens after the first / time after
   the first), one run per round. Target (fp32): >= 25 tok/s.
 - the raw decode step (`model.decode` on this thread, no engine) at batch 1 and 8, context 513, once through the
-  decode mirror (runtime.decode_mirror, as the Engine decodes) and once from the pages, timed in the
+  decode mirror (radixcache.runtime.kv.mirror, as the Engine decodes) and once from the pages, timed in the
   same rounds as the engine runs (5 steps per round at batch 1, 3 at batch 8, after one untimed step; the
   fastest counts), so that "engine at N% of the raw step" compares numbers from the same windows.
 - decode at batch 8, aggregate, through the Engine with the cache on: the 8 distinct 512-token prompts first run
@@ -71,7 +71,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # First: runtime sets libgomp's spin defaults, which only take effect if torch is not loaded yet.
-import runtime  # noqa: F401
+import radixcache.runtime  # noqa: F401
 
 # isort: split
 
@@ -88,13 +88,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from runtime import Engine
-from runtime.attention import build_decode_meta
-from runtime.decode_mirror import DecodeMirror
-from runtime.kv_pool import KVPool
-from runtime.loading import load_model
-from runtime.model import LlamaModel
+from radixcache.runtime import Engine
+from radixcache.runtime.kv.mirror import DecodeMirror
+from radixcache.runtime.kv.pool import KVPool
+from radixcache.runtime.loading import load_model
+from radixcache.runtime.model.attention import build_decode_meta
+from radixcache.runtime.model.llama import LlamaModel
 
 PAGE = 16
 DECODE_B1_TARGET = 25.0  # tok/s, fp32
@@ -659,7 +658,7 @@ def decode_step_costs(model: LlamaModel, ctx: int, reps: int, path: str) -> tupl
     """Seconds of one decode step at context `ctx`, paged and contiguous, and of filling the decode mirror once
     (0 for the paths without it). "mirror" and "gather" draw the block table at random from twice as many blocks;
     "in place" takes consecutive ids in descending order, as the free stack hands them out
-    (runtime.attention.page_runs)."""
+    (radixcache.runtime.model.attention.page_runs)."""
     ids = prompt_ids(ctx, model.config.vocab_size, 5)
     n_pages = -(-ctx // PAGE)
     paged = model.new_pool(n_pages * 2, PAGE)

@@ -72,7 +72,16 @@ def serving(model: str, extra: list[str], timeout: float = 300) -> Iterator[str]
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-c", "from cli.main import main; main()", "serve", "--model", model, "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from radixcache.cli.main import main; main()",
+        "serve",
+        "--model",
+        model,
+        "--port",
+        str(port),
+    ]
     proc = subprocess.Popen([*cmd, "--served-model-name", "bench", *extra], env=env, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

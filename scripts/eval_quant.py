@@ -1,5 +1,5 @@
 """What quantised weights cost SmolLM2 in quality: perplexity on a held-out text and greedy answers on the fixed
-prompt set (runtime.quant_eval.FIXED_PROMPTS, the set tests/runtime/engine/test_quant.py checks).
+prompt set (radixcache.runtime.quant_eval.FIXED_PROMPTS, the set tests/runtime/engine/test_quant.py checks).
 
     .venv/bin/python scripts/eval_quant.py                          # GPL-3 text, 4096 tokens, every mode
     .venv/bin/python scripts/eval_quant.py --text book.txt --max-tokens 2048 --quant none,fp16
@@ -19,11 +19,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from runtime import Engine
-from runtime.linear import QUANT_MODES
-from runtime.loading import load_model
-from runtime.model import LlamaModel
-from runtime.quant_eval import FIXED_PROMPTS, greedy_answers, perplexity
+from radixcache.runtime import Engine
+from radixcache.runtime.loading import load_model
+from radixcache.runtime.model.linear import QUANT_MODES
+from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.quant_eval import FIXED_PROMPTS, greedy_answers, perplexity
 
 DEFAULT_TEXT = "/usr/share/common-licenses/GPL-3"  # long English prose that no part of the project uses
 

@@ -7,15 +7,15 @@
 
 Each batch size gets its own pool holding a 512-token prefill per sequence; the profiled steps then decode at
 context 513 (`--context`), on this thread (no engine), reading the decode mirror as the Engine does
-(runtime.decode_mirror; `--no-mirror`: the pages, by the gather or in-place paths). The parts are labelled with
+(radixcache.runtime.kv.mirror; `--no-mirror`: the pages, by the gather or in-place paths). The parts are labelled with
 `torch.profiler.record_function` by wrapping the model's pieces from here, without touching runtime/:
-- the model's `_norm` (RMSNorm), `runtime.model`'s `_rope_signed` and `decode_attention`, and its `F` (a proxy whose
+- the model's `_norm` (RMSNorm), `model.llama`'s `_rope_signed` and `decode_attention`, and its `F` (a proxy whose
   `embedding` and `silu` are labelled; `F.silu(gate) * up` is timed as one part, the product included);
-- `runtime.attention`'s `F.scaled_dot_product_attention` (so attention splits into SDPA and the rest: the page
+- `runtime.model.attention`'s `F.scaled_dot_product_attention` (so attention splits into SDPA and the rest: the page
   gather at batch > 1; at batch 1 the in-place path calls the SDPA kernel op directly, so all of its attention,
   the per-run kernels and the log-sum-exp merge, shows under "attention: in place / gather");
 - every layer's linear objects (qkv, o, gate_up, down) and the LM head; the pool's `write` (KV write);
-- the mirror step's `write` and `attend` (`runtime.decode_mirror.MirrorStep`).
+- the mirror step's `write` and `attend` (`radixcache.runtime.kv.mirror.MirrorStep`).
 "other" is the step's time outside every label: residual adds, RoPE table lookup, slicing, the float() of the
 logits. Each label costs a few microseconds, so the profiled step is somewhat slower than the plain one (both
 are printed); the per-part split is what this is for.
@@ -34,7 +34,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # First: runtime sets libgomp's spin defaults, which only take effect if torch is not loaded yet.
-import runtime  # noqa: F401
+import radixcache.runtime  # noqa: F401
 
 # isort: split
 
@@ -45,16 +45,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import radixcache.runtime.model.attention as rattn
+import radixcache.runtime.model.llama as rmodel
 import torch
 import torch.nn.functional as F
+from radixcache.runtime.kv.mirror import DecodeMirror, MirrorStep
+from radixcache.runtime.loading import load_model
+from radixcache.runtime.model.attention import build_decode_meta
+from radixcache.runtime.model.llama import LlamaModel
 from torch.profiler import ProfilerActivity, profile, record_function
-
-import runtime.attention as rattn
-import runtime.model as rmodel
-from runtime.attention import build_decode_meta
-from runtime.decode_mirror import DecodeMirror, MirrorStep
-from runtime.loading import load_model
-from runtime.model import LlamaModel
 
 PAGE = 16
 STEP = "decode step"
@@ -90,7 +89,7 @@ def labelled(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class LabelledLinear:
-    """A runtime.linear layer whose calls are one labelled part."""
+    """A radixcache.runtime.model.linear layer whose calls are one labelled part."""
 
     def __init__(self, inner: Any, name: str) -> None:
         self.inner = inner
@@ -130,7 +129,7 @@ class FunctionalProxy:
 
 
 def instrument(model: LlamaModel) -> None:
-    """Label the model's parts (module globals of runtime.model / runtime.attention and the model's layers)."""
+    """Label the model's parts (module globals of model.llama / model.attention and the model's layers)."""
     rmodel.F = FunctionalProxy(embedding=labelled("embedding", F.embedding), silu=SiluTimesUp)  # type: ignore[assignment]
     model._norm = labelled("rmsnorm", model._norm)  # type: ignore[method-assign]
     rmodel._rope_signed = labelled("rope", rmodel._rope_signed)

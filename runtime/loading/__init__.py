@@ -1,6 +1,6 @@
 """Model loading: a GGUF file, a Hugging Face directory, or the default model by name -> config, weights, tokenizer.
 
-from runtime.loading import load_model
+from radixcache.runtime.loading import load_model
 m = load_model("smollm2")                 # or "path/to/model.gguf", or "path/to/hf_dir"
 m.config, m.weights["model.embed_tokens.weight"], m.tokenizer.encode("hi"), m.source
 """
@@ -15,18 +15,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-
-from runtime.config import ModelConfig
-from runtime.loading.chat_template import ChatTemplateError
-from runtime.loading.detokenizer import IncrementalDetokenizer
-from runtime.loading.gguf import GGUFError, GGUFFile
-from runtime.loading.gguf_model import config_from_gguf, load_gguf_blocks, load_gguf_weights
-from runtime.loading.hf import config_from_hf, load_hf_weights, read_hf_config
-from runtime.loading.tokenizer import Tokenizer
-from runtime.loading.weights import check_weights, expected_shapes
+from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.loading.chat_template import ChatTemplateError
+from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
+from radixcache.runtime.loading.gguf import GGUFError, GGUFFile
+from radixcache.runtime.loading.gguf_model import config_from_gguf, load_gguf_blocks, load_gguf_weights
+from radixcache.runtime.loading.hf import config_from_hf, load_hf_weights, read_hf_config
+from radixcache.runtime.loading.tokenizer import Tokenizer
+from radixcache.runtime.loading.weights import check_weights, expected_shapes
 
 if TYPE_CHECKING:
-    from runtime.block_linear import BlockWeight
+    from radixcache.runtime.model.block_linear import BlockWeight
 
 __all__ = [
     "DEFAULT_MODEL",

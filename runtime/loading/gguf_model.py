@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-
-from runtime.config import ModelConfig
-from runtime.loading.gguf import GGUFFile
+from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.loading.gguf import GGUFFile
 
 if TYPE_CHECKING:
-    from runtime.block_linear import BlockWeight
+    from radixcache.runtime.model.block_linear import BlockWeight
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 _PERMUTED_ARCHS = ("llama", "mistral")
@@ -166,7 +165,7 @@ def load_gguf_blocks(gguf: GGUFFile, config: ModelConfig) -> dict[str, BlockWeig
     """The 2-D Q4_1 / Q8_0 tensors as their raw blocks (copied out of the map), under Hugging Face names, with
     Q/K rows in rotate-half order like `load_gguf_weights`: a row of blocks is one output row, so undoing the
     per-head interleaving moves whole rows of blocks. Tensors of other types are left out (they stay dense)."""
-    from runtime.block_linear import BLOCK, BLOCK_BYTES, BlockWeight
+    from radixcache.runtime.model.block_linear import BLOCK, BLOCK_BYTES, BlockWeight
 
     permute = config.arch in _PERMUTED_ARCHS
     out: dict[str, BlockWeight] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runtime.config import ModelConfig
+from radixcache.runtime.config import ModelConfig
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -1,6 +1,6 @@
 """Native kernels, built on first use with the machine's C compiler and loaded with ctypes.
 
-`blockdot.c` multiplies float32 activations by weights kept in GGUF's Q4_1 / Q8_0 blocks (runtime.block_linear).
+`blockdot.c` multiplies float32 activations by weights kept in GGUF's Q4_1 / Q8_0 blocks (runtime.model.block_linear).
 It is compiled once per source, compiler and CPU into a cache folder (`$RADIXCACHE_NATIVE_CACHE`, else
 `~/.cache/radixcache/native`, else a per-user temporary folder) with `-O3 -march=native -fopenmp`, and reused.
 The compiler is `$CC`, else `cc`. OpenMP: torch is imported first, so the library binds to the libgomp torch

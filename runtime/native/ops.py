@@ -16,8 +16,7 @@ import ctypes
 from collections.abc import Callable, Sequence
 
 import torch
-
-from runtime.native import blockdot
+from radixcache.runtime.native import blockdot
 
 
 class NativeDecodeOps:

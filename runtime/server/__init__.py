@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from runtime.server.app import create_app
+from radixcache.runtime.server.app import create_app
 
 __all__ = ["create_app"]

@@ -13,11 +13,10 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-
-from runtime.server import generation
-from runtime.server.metrics import ServerMetrics
-from runtime.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, validation_message
-from runtime.server.responses import Responder
+from radixcache.runtime.server import generation
+from radixcache.runtime.server.metrics import ServerMetrics
+from radixcache.runtime.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, validation_message
+from radixcache.runtime.server.responses import Responder
 
 DEFAULT_MAX_TOKENS = 256
 SHUTDOWN_WAIT_S = 30.0

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.loop import RequestHandle
-from runtime.request import GenerationResult
+from radixcache.runtime.engine.loop import RequestHandle
+from radixcache.runtime.engine.request import GenerationResult
 
 Event = tuple[int, str | None, GenerationResult | None]  # (choice index, text delta, final result)
 

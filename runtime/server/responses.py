@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from runtime.request import GenerationResult
+from radixcache.runtime.engine.request import GenerationResult
 
 _FINISH = {"stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
 

@@ -21,10 +21,9 @@ CHATML = (
 def write_tiny_checkpoint(directory: Path, seed: int = 3) -> Path:
     """A Hugging Face directory the runtime loads like a real one: config.json, model.safetensors, a byte-level
     tokenizer.json (256 byte tokens, no merges, two ChatML specials) and tokenizer_config.json with a template."""
+    from radixcache.runtime.testing import random_weights, tiny_config
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    from runtime.testing import random_weights, tiny_config
 
     directory.mkdir(parents=True, exist_ok=True)
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -83,9 +82,9 @@ def runner() -> CliRunner:
 
 
 def _cli_command() -> list[str]:
-    """The installed console script when present, else the module (both run cli.main:main)."""
+    """The installed console script when present, else the module (both run radixcache.cli.main:main)."""
     script = Path(sys.executable).parent / "radixcache"
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from cli.main import main; main()"]
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from radixcache.cli.main import main; main()"]
 
 
 def _subprocess_env(**extra: str) -> dict[str, str]:

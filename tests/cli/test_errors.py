@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from cli.main import main
+from radixcache.cli.main import main
 
 
 def _one_line_error(result, code: int | None = None) -> str:

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-
-from cli.main import main
+from radixcache.cli.main import main
 
 
 def _one_line_error(stderr: str, output: str, code: int) -> str:

@@ -8,8 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-from cli.main import main
+from radixcache.cli.main import main
 
 REAL_MODEL_TIMEOUT = 300
 
@@ -86,7 +85,7 @@ def test_over_long_turns_are_skipped_counted_and_exit_3(runner, tiny_model_dir: 
 
 
 def test_ctrl_c_prints_and_saves_what_finished(runner, tiny_model_dir: Path, small_trace: Path, tmp_path, monkeypatch):
-    from runtime.engine import Engine
+    from radixcache.runtime.engine.engine import Engine
 
     real, calls = Engine.generate, []
 

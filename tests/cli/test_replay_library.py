@@ -1,4 +1,4 @@
-"""runtime.replay on the tiny checkpoint: modes, ordering, skipped turns, Ctrl-C, token traces, concurrency."""
+"""runtime.replay.run on the tiny checkpoint: modes, ordering, skipped turns, Ctrl-C, token traces, concurrency."""
 
 from __future__ import annotations
 
@@ -6,13 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from radixcache.invariants import check_invariants
-from radixcache.records import TokenRequest
-from radixcache.trace import Conversation, Turn
-from radixcache.trace.replay_log import percentile, read_replay_json, replay_stats
-from runtime.engine import Engine
-from runtime.replay import (
+from radixcache.runtime.engine.engine import Engine
+from radixcache.runtime.replay.run import (
     Comparison,
     ReplayConfig,
     ReplayError,
@@ -22,6 +17,11 @@ from runtime.replay import (
     replay,
     sample_trace_path,
 )
+
+from radixcache.invariants import check_invariants
+from radixcache.records import TokenRequest
+from radixcache.trace import Conversation, Turn
+from radixcache.trace.replay_log import percentile, read_replay_json, replay_stats
 
 SYSTEM = "You answer briefly."
 CONVERSATIONS = [

@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from cli.main import main
+from radixcache.cli.main import main
 
 
 def _one_line_error(result) -> str:
@@ -61,7 +60,7 @@ def test_replay_runs_with_the_decode_mirror_off_small_or_default(runner, tiny_mo
 
 
 def test_engine_kwargs_pass_the_mirror_budget_through() -> None:
-    from cli.replay import engine_kwargs
+    from radixcache.cli.replay import engine_kwargs
 
     assert engine_kwargs("lru", None, None, 16, mirror_memory="64MiB")["mirror_memory"] == "64MiB"
     assert engine_kwargs("lru", None, None, 16, mirror_memory=" 0 ")["mirror_memory"] == "0"

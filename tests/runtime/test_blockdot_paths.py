@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from runtime.block_linear import BlockWeight
-from runtime.native import SOURCE
-from runtime.testing import random_block_weight
+from radixcache.runtime.model.block_linear import BlockWeight
+from radixcache.runtime.native import SOURCE
+from radixcache.runtime.testing import random_block_weight
 
 CC = os.environ.get("CC", "cc")
 pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler here")

@@ -1,4 +1,4 @@
-"""runtime.linear: every layer form computes `F.linear(x, W, b)` (exactly up to summation order for the dense one,
+"""runtime.model.linear: every layer form computes `F.linear(x, W, b)` (exactly up to summation order for the dense one,
 within its weight rounding for fp16), leaves its input alone, and the constructors refuse what
 their kernels cannot run with a message that names the problem."""
 
@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
-from runtime.linear import (
+from radixcache.runtime.model.linear import (
     QUANT_MODES,
     DenseLinear,
     Float16Linear,

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from runtime.linear import check_quant
+from radixcache.runtime.model.linear import check_quant
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_CC = shutil.which(os.environ.get("CC", "cc")) is not None
@@ -27,7 +26,7 @@ needs_cc = pytest.mark.skipif(not HAS_CC, reason="quant='gguf' builds a C kernel
 # Loads the library (building it if needed) and prints what happened as one JSON line.
 PROBE = """
 import json
-from runtime.native import NativeBuildError, blockdot
+from radixcache.runtime.native import NativeBuildError, blockdot
 try:
     lib = blockdot()
     try:

@@ -34,7 +34,7 @@ def test_second_request_sharing_a_long_system_prompt_reports_cached_tokens(clien
 
 
 def test_greedy_output_equals_engine_chat(client, tiny_model_dir) -> None:
-    from runtime.engine import Engine
+    from radixcache.runtime.engine.engine import Engine
 
     engine = Engine(str(tiny_model_dir), capacity_blocks=256)
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "greedy please"}]
@@ -109,7 +109,7 @@ def test_sixteen_concurrent_clients_all_complete(client) -> None:
 
 
 def test_stop_strings_cut_the_text_like_the_engine(client, tiny_model_dir) -> None:
-    from runtime.engine import Engine
+    from radixcache.runtime.engine.engine import Engine
 
     engine = Engine(str(tiny_model_dir), capacity_blocks=256)
     free = client.completions.create(model="tiny", prompt="stop here", max_tokens=12, temperature=0).choices[0].text

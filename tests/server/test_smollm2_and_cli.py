@@ -8,8 +8,7 @@ import subprocess
 import sys
 
 import pytest
-
-from cli.main import main
+from radixcache.cli.main import main
 
 
 def test_help_shows_an_example(tmp_path) -> None:
@@ -24,7 +23,14 @@ def test_a_taken_port_is_a_one_line_error(tiny_model_dir) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        cmd = [sys.executable, "-c", "from cli.main import main; main()", "serve", "--model", str(tiny_model_dir)]
+        cmd = [
+            sys.executable,
+            "-c",
+            "from radixcache.cli.main import main; main()",
+            "serve",
+            "--model",
+            str(tiny_model_dir),
+        ]
         r = subprocess.run([*cmd, "--port", str(port)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.strip().startswith("error: cannot listen on 127.0.0.1")
     assert len(r.stderr.strip().splitlines()) == 1

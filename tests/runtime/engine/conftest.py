@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from runtime.testing import CharTokenizer, RandomModel, tiny_model
+from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 
 TINY_VARIANTS = {
     "llama": {},

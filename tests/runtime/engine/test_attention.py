@@ -7,8 +7,7 @@ import math
 
 import pytest
 import torch
-
-from runtime.attention import (
+from radixcache.runtime.model.attention import (
     build_decode_meta,
     causal_mask,
     decode_attention,

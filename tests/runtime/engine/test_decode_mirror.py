@@ -1,4 +1,4 @@
-"""The decode mirror (runtime.decode_mirror) changes nothing but where decode attention reads its KV.
+"""The decode mirror (radixcache.runtime.kv.mirror) changes nothing but where decode attention reads its KV.
 
 Checked against independent expectations:
 - `MirrorStep.attend` against a naive float64 softmax attention over the pool's K/V read slot by slot (KV heads
@@ -29,13 +29,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from runtime import Engine
-from runtime.attention import build_decode_meta
-from runtime.decode_mirror import DecodeMirror, MirrorStep
-from runtime.kv_pool import KVPool
-from runtime.model import LlamaModel
-from runtime.testing import RandomModel, tiny_config, tiny_model
+from radixcache.runtime import Engine
+from radixcache.runtime.kv.mirror import DecodeMirror, MirrorStep
+from radixcache.runtime.kv.pool import KVPool
+from radixcache.runtime.model.attention import build_decode_meta
+from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.testing import RandomModel, tiny_config, tiny_model
 
 CPU = torch.device("cpu")
 PAGE = 16

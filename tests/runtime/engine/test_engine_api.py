@@ -6,10 +6,9 @@ import dataclasses
 
 import pytest
 import torch
-
-from runtime import Engine, GenerationResult
-from runtime.model import LlamaModel
-from runtime.testing import CharTokenizer, RandomModel
+from radixcache.runtime import Engine, GenerationResult
+from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.testing import CharTokenizer, RandomModel
 
 
 def test_result_reports_tokens_cache_use_and_timing(tiny: RandomModel) -> None:
@@ -109,7 +108,7 @@ def test_unknown_dtype_is_refused(tiny: RandomModel) -> None:
 
 
 def test_a_missing_model_says_so() -> None:
-    from runtime.loading import ModelNotFoundError
+    from radixcache.runtime.loading import ModelNotFoundError
 
     with pytest.raises(ModelNotFoundError):
         Engine("/nonexistent/model.gguf")

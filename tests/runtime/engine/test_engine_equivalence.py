@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from runtime import Engine, GenerationResult
-from runtime.reference import reference_greedy
-from runtime.testing import RandomModel
+from radixcache.runtime import Engine, GenerationResult
+from radixcache.runtime.model.reference import reference_greedy
+from radixcache.runtime.testing import RandomModel
 
 TOL = 1e-4
 

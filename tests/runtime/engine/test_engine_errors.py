@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from radixcache.runtime import Engine
+from radixcache.runtime.testing import RandomModel
 
 from radixcache import CacheFullError
-from runtime import Engine
-from runtime.testing import RandomModel
 
 
 def ids(n: int, seed: int) -> list[int]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from runtime.kv_pool import KVPool, blocks_for_budget, parse_memory
-from runtime.testing import tiny_config
+from radixcache.runtime.kv.pool import KVPool, blocks_for_budget, parse_memory
+from radixcache.runtime.testing import tiny_config
 
 
 @pytest.mark.parametrize(

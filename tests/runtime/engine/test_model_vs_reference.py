@@ -1,15 +1,14 @@
-"""The paged forward pass equals the plain reference forward (runtime.reference) on tiny random models:
+"""The paged forward pass equals the plain reference forward (radixcache.runtime.model.reference) on tiny random models:
 Llama, Qwen2 with q/k/v bias, tied embeddings, wider GQA; any page size, chunking, block order and prefix split."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-from runtime.attention import build_decode_meta
-from runtime.model import LlamaModel
-from runtime.reference import reference_greedy, reference_logits
-from runtime.testing import RandomModel
+from radixcache.runtime.model.attention import build_decode_meta
+from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.model.reference import reference_greedy, reference_logits
+from radixcache.runtime.testing import RandomModel
 
 TOL = 1e-4
 

@@ -1,4 +1,4 @@
-"""runtime.native.ops, the native RMSNorm and decode attention of quant="gguf": the norm against a float64
+"""radixcache.runtime.native.ops, the native RMSNorm and decode attention of quant="gguf": the norm against a float64
 RMSNorm and against PyTorch's `rms_norm` fallback (which must serve every input the native one does not take),
 and decode through a mirror whose attention is native against the same decode through a mirror in PyTorch, on the
 tiny model, over steps where sequences of different lengths join, leave and come in another order."""
@@ -10,12 +10,11 @@ import shutil
 
 import pytest
 import torch
-
-from runtime.attention import build_decode_meta
-from runtime.decode_mirror import DecodeMirror
-from runtime.model import LlamaModel, rms_norm
-from runtime.native.ops import NativeDecodeOps
-from runtime.testing import tiny_model
+from radixcache.runtime.kv.mirror import DecodeMirror
+from radixcache.runtime.model.attention import build_decode_meta
+from radixcache.runtime.model.llama import LlamaModel, rms_norm
+from radixcache.runtime.native.ops import NativeDecodeOps
+from radixcache.runtime.testing import tiny_model
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None, reason="the native kernels need a C compiler"

@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 import torch
-
-from runtime import Engine
-from runtime.attention import build_decode_meta
-from runtime.model import LlamaModel
-from runtime.quant_eval import FIXED_PROMPTS, greedy_answers, perplexity
-from runtime.reference import reference_logits
-from runtime.testing import RandomModel
+from radixcache.runtime import Engine
+from radixcache.runtime.model.attention import build_decode_meta
+from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.model.reference import reference_logits
+from radixcache.runtime.quant_eval import FIXED_PROMPTS, greedy_answers, perplexity
+from radixcache.runtime.testing import RandomModel
 
 QUANTS = ["fp16"]
 # Relative error ||q - f|| / ||f|| of the logits. One fp16 layer is off by ~2e-4 (tests/runtime/test_linear.py);

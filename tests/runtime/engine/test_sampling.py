@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from runtime.sampling import Sampler, SamplingParams, filter_logits, find_stop, stop_token_set
+from radixcache.runtime.engine.sampling import Sampler, SamplingParams, filter_logits, find_stop, stop_token_set
 
 
 def test_greedy_is_argmax() -> None:

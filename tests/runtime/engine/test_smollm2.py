@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-
-from runtime import Engine
-from runtime.model import LlamaModel
-from runtime.reference import reference_logits
+from radixcache.runtime import Engine
+from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.model.reference import reference_logits
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4
@@ -52,7 +51,7 @@ def test_paged_logits_equal_the_reference_forward(model: LlamaModel, smol: Any) 
             model.prefill(ids[split:-1], split, table, pool, all_logits=True),
         ]
     )
-    from runtime.attention import build_decode_meta
+    from radixcache.runtime.model.attention import build_decode_meta
 
     last = model.decode(ids[-1:], build_decode_meta([table], [len(ids)], 16, model.device), pool)
     got = torch.cat([got, last])

@@ -1,5 +1,5 @@
 """Fixtures for the loader tests: a small GGUF writer and quantisers written from the format spec (independent of
-runtime.loading), tiny byte-level BPE vocabularies, and the real SmolLM2 file when it is installed."""
+radixcache.runtime.loading), tiny byte-level BPE vocabularies, and the real SmolLM2 file when it is installed."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def smollm2_path() -> str:
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_path: str) -> Any:
-    from runtime.loading.gguf import GGUFFile
-    from runtime.loading.tokenizer import Tokenizer
+    from radixcache.runtime.loading.gguf import GGUFFile
+    from radixcache.runtime.loading.tokenizer import Tokenizer
 
     with GGUFFile(smollm2_path) as f:
         return Tokenizer.from_gguf_metadata(f.metadata, name="SmolLM2")
@@ -45,7 +45,7 @@ def smollm2_tokenizer(smollm2_path: str) -> Any:
 
 @pytest.fixture(scope="session")
 def smollm2_model(smollm2_path: str) -> Any:
-    from runtime.loading import load_model
+    from radixcache.runtime.loading import load_model
 
     return load_model(smollm2_path)
 

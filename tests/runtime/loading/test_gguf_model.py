@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from runtime.config import ModelConfig
-from runtime.loading import load_model
-from runtime.loading.gguf_model import hf_name, unpermute_rope_rows
-from runtime.loading.weights import expected_shapes
+from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.loading import load_model
+from radixcache.runtime.loading.gguf_model import hf_name, unpermute_rope_rows
+from radixcache.runtime.loading.weights import expected_shapes
 
 
 def llamacpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:

@@ -8,8 +8,7 @@ import struct
 
 import numpy as np
 import pytest
-
-from runtime.loading.gguf import GGML_TYPE_IDS, GGUFError, GGUFFile, dequantize
+from radixcache.runtime.loading.gguf import GGML_TYPE_IDS, GGUFError, GGUFFile, dequantize
 
 
 def naive_dequantize(raw: bytes, ttype: str, n: int) -> list[float]:

@@ -8,8 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from runtime.loading import INSTALL_HINT, ModelNotFoundError, load_model, parse_dtype, resolve_model_path
+from radixcache.runtime.loading import INSTALL_HINT, ModelNotFoundError, load_model, parse_dtype, resolve_model_path
 
 
 def test_smollm2_name_resolves_to_the_installed_gguf(smollm2_path):

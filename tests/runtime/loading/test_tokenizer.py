@@ -5,10 +5,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
-from runtime.loading.chat_template import ChatTemplateError, render_chat_template
-from runtime.loading.gguf_tokenizer import backend_from_gguf, pre_tokenizer_for
-from runtime.loading.tokenizer import Tokenizer
+from radixcache.runtime.loading.chat_template import ChatTemplateError, render_chat_template
+from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf, pre_tokenizer_for
+from radixcache.runtime.loading.tokenizer import Tokenizer
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 FRANCE_PROMPT = (
@@ -54,7 +53,7 @@ def test_smollm2_special_tokens_eos_and_no_bos(smollm2_tokenizer):
 
 
 def test_smollm2_bpe_matches_a_naive_merge_loop(smollm2_path, smollm2_tokenizer):
-    from runtime.loading.gguf import GGUFFile
+    from radixcache.runtime.loading.gguf import GGUFFile
 
     with GGUFFile(smollm2_path) as f:
         ranks = {tuple(m.split(" ")): r for r, m in enumerate(f.metadata["tokenizer.ggml.merges"])}

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from runtime import Engine
-from runtime.testing import CharTokenizer, RandomModel, tiny_model
+from radixcache.runtime import Engine
+from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 
 
 @pytest.fixture(scope="session")

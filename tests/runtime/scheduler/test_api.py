@@ -6,10 +6,9 @@ import asyncio
 import threading
 
 import pytest
-
-from runtime import Engine
-from runtime.session import Session
-from runtime.testing import RandomModel
+from radixcache.runtime import Engine
+from radixcache.runtime.engine.session import Session
+from radixcache.runtime.testing import RandomModel
 
 from .conftest import assert_clean, ids
 

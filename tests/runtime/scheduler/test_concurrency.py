@@ -8,9 +8,8 @@ import threading
 from collections.abc import Callable
 
 import pytest
-
-from runtime import Engine
-from runtime.testing import RandomModel
+from radixcache.runtime import Engine
+from radixcache.runtime.testing import RandomModel
 
 from .conftest import assert_clean, ids
 

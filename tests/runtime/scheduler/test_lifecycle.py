@@ -8,11 +8,11 @@ import time
 
 import pytest
 import torch
+from radixcache.runtime import Engine
+from radixcache.runtime.engine.scheduler import RequestTooLargeError, SchedulerConfig
+from radixcache.runtime.testing import RandomModel
 
 from radixcache import CacheFullError
-from runtime import Engine
-from runtime.scheduler import RequestTooLargeError, SchedulerConfig
-from runtime.testing import RandomModel
 
 from .conftest import assert_clean, ids
 

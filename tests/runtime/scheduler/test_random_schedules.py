@@ -9,11 +9,10 @@ import random
 
 import pytest
 import torch
-
-from runtime import Engine
-from runtime.request import Status
-from runtime.scheduler import SCHEDULES, SchedulerConfig
-from runtime.testing import RandomModel
+from radixcache.runtime import Engine
+from radixcache.runtime.engine.request import Status
+from radixcache.runtime.engine.scheduler import SCHEDULES, SchedulerConfig
+from radixcache.runtime.testing import RandomModel
 
 from .conftest import assert_clean, ids
 

@@ -8,9 +8,8 @@ import asyncio
 from typing import Any
 
 import pytest
-
-from runtime import Engine
-from runtime.model import LlamaModel
+from radixcache.runtime import Engine
+from radixcache.runtime.model.llama import LlamaModel
 
 pytestmark = pytest.mark.slow
 TOL = 1e-3  # batched and single decode sum in different orders; the tokens must be identical

@@ -1,6 +1,6 @@
 """A plain reference forward pass: whole sequence, contiguous KV, no pages, no fusion, no cleverness.
 
-Written apart from runtime.model (it shares no code with it) so that tests can use it as an independent
+Written apart from radixcache.runtime.model.llama (it shares no code with it) so that tests can use it as an independent
 expectation. Slow by design: every call recomputes the whole sequence.
 """
 
@@ -10,8 +10,7 @@ import math
 from collections.abc import Sequence
 
 import torch
-
-from runtime.config import ModelConfig
+from radixcache.runtime.config import ModelConfig
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -8,10 +8,21 @@ KV to the tree (evictable, so that its resumption hits it if it survives) and pu
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from enum import Enum
+from typing import TYPE_CHECKING
 
 from radixcache import RadixCache, TreeNode
 from radixcache.tokens import as_token_array, common_prefix_length
-from runtime.request import Request, Status
+
+if TYPE_CHECKING:
+    from radixcache.runtime.engine.request import Request
+
+
+class Status(Enum):
+    WAITING = "waiting"  # not yet admitted (or preempted): holds no blocks
+    RUNNING = "running"  # admitted: holds a lock and blocks
+    FINISHED = "finished"  # released: its KV went to the tree (or was freed)
+    ABORTED = "aborted"  # released after an error
 
 
 class KVManager:

@@ -1,9 +1,9 @@
 """A Llama-family decoder (Llama, SmolLM2, Qwen2, Mistral) that reads and writes its KV in the paged pool.
 
 RMSNorm, rotary embeddings in rotate-half layout with positions offset by the cached prefix, grouped-query
-attention over the pool (runtime.attention), SwiGLU MLP, tied embeddings and Qwen2's q/k/v bias. Weights come
+attention over the pool (runtime.model.attention), SwiGLU MLP, tied embeddings and Qwen2's q/k/v bias. Weights come
 in Hugging Face names and `[out, in]` layout; q/k/v and gate/up are fused into one matrix each at load, and every
-matrix becomes a runtime.linear layer (dense; fp16 weights with `quant="fp16"`; the GGUF file's own blocks for small
+matrix becomes a model.linear layer (dense; fp16 weights with `quant="fp16"`; the GGUF file's own blocks for small
 batches with `quant="gguf"` and `blocks`, from `load_model(..., keep_blocks=True)`).
 """
 
@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-
-from runtime.attention import (
+from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.kv.mirror import MirrorStep
+from radixcache.runtime.kv.pool import KVPool
+from radixcache.runtime.model.attention import (
     DecodeMeta,
     PrefillMeta,
     causal_mask,
@@ -25,14 +27,11 @@ from runtime.attention import (
     prefill_attention,
     split_prefill_attention,
 )
-from runtime.config import ModelConfig
-from runtime.decode_mirror import MirrorStep
-from runtime.kv_pool import KVPool
-from runtime.linear import Linear, check_quant, make_linear
+from radixcache.runtime.model.linear import Linear, check_quant, make_linear
 
 if TYPE_CHECKING:
-    from runtime.block_linear import BlockWeight
-    from runtime.native.ops import NativeDecodeOps
+    from radixcache.runtime.model.block_linear import BlockWeight
+    from radixcache.runtime.native.ops import NativeDecodeOps
 
 DEFAULT_CHUNK = 512
 
@@ -106,7 +105,7 @@ class LlamaModel:
         # quant="gguf" also runs RMSNorm and the decode mirror's attention natively for small batches
         self.native: NativeDecodeOps | None = None
         if quant == "gguf":
-            from runtime.native.ops import NativeDecodeOps
+            from radixcache.runtime.native.ops import NativeDecodeOps
 
             self.native = NativeDecodeOps()
 
@@ -203,7 +202,7 @@ class LlamaModel:
     ) -> torch.Tensor:
         """One new token per sequence (token i at position `meta.lengths[i] - 1`). Returns logits `[B, vocab]`.
 
-        With `mirror` (from runtime.decode_mirror, prepared for the same sequences and lengths) attention reads
+        With `mirror` (from radixcache.runtime.kv.mirror, prepared for the same sequences and lengths) attention reads
         the mirror's contiguous rows instead of the pages; the new K/V go to both. The caller commits the step.
         """
         ids = torch.as_tensor(token_ids, dtype=torch.int64).to(self.device)

@@ -2,7 +2,7 @@
 
 The paged pool stays the store of record: every K/V is written there first, the radix tree shares its pages, and
 prefill reads it. Decode, though, reads a sequence's whole context at every step, and from pages that means
-either one gather copy per layer per step (the batched path in runtime.attention) or several small attention
+either one gather copy per layer per step (the batched path in runtime.model.attention) or several small attention
 calls over runs of pages (one sequence). On this project's CPU the gather plus a masked SDPA cost about 30% of
 a batch-8 step (docs/benchmarks.md).
 
@@ -27,13 +27,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-
-from runtime.attention import gather_pages
-from runtime.config import ModelConfig
-from runtime.kv_pool import KVPool
+from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.kv.pool import KVPool, gather_pages
 
 if TYPE_CHECKING:
-    from runtime.native.ops import NativeDecodeOps
+    from radixcache.runtime.native.ops import NativeDecodeOps
 
 _SPAN_STEP = 256  # capacity grows in steps of this many positions: one reallocation per 256 decode steps at most
 
@@ -46,7 +44,7 @@ class MirrorStep:
     position of each batch element's new token. order / inverse: batch index of each row and its inverse, None
     when row r holds batch element r. span: positions attended (the longest sequence). mask: `[B, 1, 1, span]`
     additive (0 / -inf) in row order, None when every sequence has the same length. row_lengths: the lengths
-    in row order. native: runtime.native.ops for the attention (quant="gguf"), else None.
+    in row order. native: radixcache.runtime.native.ops for the attention (quant="gguf"), else None.
     """
 
     k: tuple[torch.Tensor, ...]
@@ -123,7 +121,7 @@ class DecodeMirror:
         self.dtype = dtype
         self.device = torch.device(device)
         self.max_bytes = max_bytes
-        self.native = native  # runtime.native.ops (quant="gguf"): attention in one native call per layer
+        self.native = native  # radixcache.runtime.native.ops (quant="gguf"): attention in one native call per layer
         self.bytes_per_position = 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype.itemsize
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []

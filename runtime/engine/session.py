@@ -7,10 +7,10 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from runtime.request import GenerationResult
+from radixcache.runtime.engine.request import GenerationResult
 
 if TYPE_CHECKING:
-    from runtime.engine import Engine
+    from radixcache.runtime.engine.engine import Engine
 
 
 class Session:

@@ -2,8 +2,8 @@
 
 The request life: tokenise; match the prompt less its last token; lock; allocate the remaining pages
 (evicting if needed); prefill the suffix in chunks; decode, allocating a page whenever the tail page fills;
-insert prompt + output; unlock; free the unaligned tail page. The scheduler (runtime.scheduler) interleaves
-these steps for every request in flight (continuous batching); one engine loop thread (runtime.loop) owns the
+insert prompt + output; unlock; free the unaligned tail page. The scheduler (runtime.engine.scheduler) interleaves
+these steps for every request in flight (continuous batching); one engine loop thread (runtime.engine.loop) owns the
 scheduler, the cache and the pool, and callers on any thread or event loop submit to it.
 """
 
@@ -18,21 +18,21 @@ from numbers import Integral
 from typing import TYPE_CHECKING, Any
 
 import torch
+from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
+from radixcache.runtime.engine.request import GenerationResult, Request, Status
+from radixcache.runtime.engine.sampling import Sampler, SamplingParams, find_stop, stop_token_set
+from radixcache.runtime.engine.scheduler import Scheduler, SchedulerConfig
+from radixcache.runtime.kv.manager import KVManager
+from radixcache.runtime.kv.mirror import DecodeMirror
+from radixcache.runtime.kv.pool import blocks_for_budget, parse_memory
+from radixcache.runtime.kv.retention import RetentionPolicy
+from radixcache.runtime.model.attention import build_decode_meta
+from radixcache.runtime.model.llama import DEFAULT_CHUNK, LlamaModel
 
 from radixcache import CacheStats, RadixCache
-from runtime.attention import build_decode_meta
-from runtime.decode_mirror import DecodeMirror
-from runtime.kv_manager import KVManager
-from runtime.kv_pool import blocks_for_budget, parse_memory
-from runtime.loop import EngineLoop, RequestHandle
-from runtime.model import DEFAULT_CHUNK, LlamaModel
-from runtime.request import GenerationResult, Request, Status
-from runtime.retention import RetentionPolicy
-from runtime.sampling import Sampler, SamplingParams, find_stop, stop_token_set
-from runtime.scheduler import Scheduler, SchedulerConfig
 
 if TYPE_CHECKING:
-    from runtime.session import Session
+    from radixcache.runtime.engine.session import Session
 
 Prompt = str | Sequence[int]
 Messages = Sequence[dict[str, str]]
@@ -80,16 +80,16 @@ class EngineStats:
 class Engine:
     """Generate text with a Llama-family model whose KV prefixes are shared through a radix cache.
 
-    model: "smollm2", a GGUF path or an HF directory (loaded with runtime.loading), an already-loaded object
+    model: "smollm2", a GGUF path or an HF directory (loaded with radixcache.runtime.loading), an already-loaded object
     with `.config`, `.weights` (and `.tokenizer`), or a LlamaModel. KV size: `capacity_blocks` pages, else
     `kv_memory` bytes (e.g. "2GiB"), else 512 MiB. `enable_cache=False` runs the same engine with no reuse.
     Scheduling: `schedule` (lpm | fcfs | dfs-weight), `max_prefill_tokens` per step, `max_running` requests
     at once, or a whole `scheduler_config`. `max_pinned_fraction`: the most of the pool that pins may lock.
-    Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.linear);
+    Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.model.linear);
     `quant="gguf"` keeps a GGUF file's Q4_1 / Q8_0 blocks for decode batches of up to 4 (the same weights, float32
-    arithmetic, a native kernel built on first use: runtime.block_linear; a loaded model needs `keep_blocks`);
+    arithmetic, a native kernel built on first use: runtime.model.block_linear; a loaded model needs `keep_blocks`);
     `threads` sets the torch threads of the engine loop (default: the constructing thread's count).
-    `mirror_memory`: the most memory the decode mirror (runtime.decode_mirror: the decode batch's KV kept
+    `mirror_memory`: the most memory the decode mirror (radixcache.runtime.kv.mirror: the decode batch's KV kept
     contiguous, so decode attention copies nothing per step) may take; default 512 MiB on the CPU and off on
     other devices, 0 turns it off. A batch that does not fit decodes from the pages as before.
 
@@ -122,7 +122,7 @@ class Engine:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive int, got {threads!r}")
         if isinstance(model, (str, os.PathLike)):
-            from runtime.loading import load_model
+            from radixcache.runtime.loading import load_model
 
             load_dtype = torch.float32 if torch_dtype == torch.float64 else torch_dtype  # float64: tests only
             model = load_model(str(model), dtype=load_dtype, device=device, keep_blocks=quant == "gguf")
@@ -191,7 +191,7 @@ class Engine:
         `params` replaces the individual sampling arguments. `priority`: higher is admitted first and preempted
         last. `timeout`: seconds, after which the request ends with finish_reason "timeout". `pin`: keep the
         prompt's KV (True) or its first n tokens in the cache until `unpin`, within `max_pinned_fraction`.
-        `retention`: a soft priority for keeping the prompt's KV (higher is evicted later; see runtime.retention).
+        `retention`: a soft priority for keeping the prompt's KV (higher is evicted later; see runtime.kv.retention).
         """
         kw = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
         handles = self.submit(prompt, **kw)
@@ -249,7 +249,7 @@ class Engine:
 
     def session(self, system: str | None = None, **defaults: Any) -> Session:
         """A multi-turn chat whose history (and so its KV) grows turn by turn: `s.send("hi")`."""
-        from runtime.session import Session
+        from radixcache.runtime.engine.session import Session
 
         return Session(self, system=system, **defaults)
 
@@ -518,7 +518,7 @@ class Engine:
     def _detokenizer(self, prompt_ids: Sequence[int]) -> Any:
         if hasattr(self.tokenizer, "detokenizer"):
             return self.tokenizer.detokenizer(prompt_ids)
-        from runtime.loading.detokenizer import IncrementalDetokenizer
+        from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
 
         return IncrementalDetokenizer(self._text, prompt_ids)
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import re
 
 import torch
-
-from runtime.config import ModelConfig
+from radixcache.runtime.config import ModelConfig
 
 _UNITS = {
     "": 1,
@@ -55,6 +54,14 @@ def blocks_for_budget(config: ModelConfig, budget: str | int, page_size: int, dt
     if n < 1:
         raise ValueError(f"KV budget {budget!r} is smaller than one page ({per_block} bytes)")
     return n
+
+
+def gather_pages(pages: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` positions of one sequence, `[length, kv_heads, head_dim]`, copying only its pages."""
+    page_size = pages.shape[1]
+    nb = -(-length // page_size)
+    seq = pages.index_select(0, block_table[:nb])
+    return seq.reshape(nb * page_size, *pages.shape[2:])[:length]
 
 
 class KVPool:

@@ -13,8 +13,8 @@ between turns do; token traces run in file (arrival) order. A turn whose prompt 
 context is skipped and counted, and so is one that needs more KV pages than the cache holds. Ctrl-C
 (KeyboardInterrupt) stops the run cleanly: the result holds what finished and says it was interrupted.
 
-    from runtime.engine import Engine
-    from runtime.replay import ReplayConfig, load_replay_trace, replay
+    from radixcache.runtime.engine.engine import Engine
+    from radixcache.runtime.replay.run import ReplayConfig, load_replay_trace, replay
 
     result = replay(Engine("smollm2"), load_replay_trace(), ReplayConfig(limit=2, max_tokens=8))
     print(result.summary.hit_rate, result.summary.ttft_p50_s)
@@ -33,10 +33,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from radixcache.errors import CacheFullError
-from radixcache.records import TokenRequest
-from radixcache.trace import Conversation, Trace, TraceError, read_trace
-from runtime.replay_results import (  # noqa: F401 - re-exported: the replay API in one import
+from radixcache.runtime.replay.results import (  # noqa: F401 - re-exported: the replay API in one import
     DEFAULT_MAX_TOKENS,
     MODES,
     SKIP_KV_FULL,
@@ -50,6 +47,10 @@ from runtime.replay_results import (  # noqa: F401 - re-exported: the replay API
     SkippedTurn,
     summarize,
 )
+
+from radixcache.errors import CacheFullError
+from radixcache.records import TokenRequest
+from radixcache.trace import Conversation, Trace, TraceError, read_trace
 
 SAMPLE_TRACE = "sample_chat.jsonl"
 _WARMUP_NAMESPACE = "radixcache-replay-warmup"
@@ -411,7 +412,7 @@ def compare(
 def engine_factory(model: Any = "smollm2", **engine_kwargs: Any) -> Callable[[bool], Any]:
     """`make_engine(enable_cache)` for `compare`. The first call builds the model from `model` (a name, a path,
     a loaded model); later calls reuse its weights and tokenizer, so they are loaded and converted once."""
-    from runtime.engine import Engine
+    from radixcache.runtime.engine.engine import Engine
 
     built: dict[str, Any] = {}
 

@@ -1,6 +1,6 @@
 """Keep the engine loop thread's OpenMP team unthrottled by releasing the idle team of a thread that waits on it.
 
-libgomp (the OpenMP runtime torch, MKL and runtime.native run on) shortens every team's spin-wait to about a
+libgomp (the OpenMP runtime torch, MKL and radixcache.runtime.native run on) shortens every team's spin-wait to about a
 thousand iterations once the process manages more OpenMP threads than it has CPUs. Each thread that ever ran a
 parallel kernel owns a team, and keeps it: so as soon as the caller's thread (which loaded the model) and the
 engine loop thread both have one, on a 2-core machine, every parallel kernel of a decode step puts its workers to

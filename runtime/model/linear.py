@@ -14,7 +14,7 @@
 - `Float16Linear` (`quant="fp16"`): weights stored in float16 and packed for fbgemm; activations stay float32.
   Half the bytes to read per token, results within float16 rounding of the weights.
 
-- `BlockLinear` (`quant="gguf"`, runtime.block_linear): the GGUF file's own Q4_1 / Q8_0 blocks through a native
+- `BlockLinear` (`quant="gguf"`, runtime.model.block_linear): the GGUF file's own Q4_1 / Q8_0 blocks through a native
   kernel for decode batches of up to 4 rows, the dense layer above.
 
 The fp16 form runs on the CPU only and uses PyTorch's fbgemm operators (`torch.ops.quantized`). An int8 form was
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from runtime.block_linear import BlockWeight
+    from radixcache.runtime.model.block_linear import BlockWeight
 
 QUANT_MODES = ("none", "fp16", "gguf")
 
@@ -114,7 +114,7 @@ def make_linear(
     if quant == "fp16":
         return Float16Linear(weight, bias)
     if quant == "gguf":
-        from runtime.block_linear import BlockLinear
+        from radixcache.runtime.model.block_linear import BlockLinear
 
         return BlockLinear(weight, bias, blocks)  # type: ignore[arg-type]
     raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {quant!r}")
@@ -134,7 +134,7 @@ def check_quant(quant: str, device: torch.device, dtype: torch.dtype) -> None:
     if quant == "fp16" and not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
         raise ValueError(f"quant={quant!r} needs PyTorch's fbgemm kernels, which this torch build lacks")
     if quant == "gguf":
-        from runtime.native import blockdot
+        from radixcache.runtime.native import blockdot
 
         blockdot()  # builds it now, or raises NativeBuildError (a ValueError) that says what is missing
 

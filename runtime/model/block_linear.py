@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from runtime.linear import DenseLinear
+from radixcache.runtime.model.linear import DenseLinear
 
 BLOCK = 32  # weights per block in both formats
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
@@ -54,7 +53,7 @@ class BlockWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight `[rows, cols]` (for tests and for the dense path)."""
-        from runtime.loading.dequant import GGML_TYPE_IDS, dequantize
+        from radixcache.runtime.loading.dequant import GGML_TYPE_IDS, dequantize
 
         raw = self.data.contiguous().numpy()
         values = dequantize(raw, GGML_TYPE_IDS[self.kind], (self.rows, self.cols))
@@ -65,7 +64,7 @@ class BlockLinear:
     """Block kernel for up to `max_tokens` rows, the float32 dense layer above (see the module docstring)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, parts: Sequence[BlockWeight]) -> None:
-        from runtime.native import blockdot
+        from radixcache.runtime.native import blockdot
 
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             raise ValueError(f"quant='gguf' runs on the CPU in float32; got {weight.dtype} on {weight.device}")

@@ -6,19 +6,12 @@ import itertools
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from enum import Enum
 
 import torch
+from radixcache.runtime.engine.sampling import Sampler, SamplingParams
+from radixcache.runtime.kv.manager import Status
 
 from radixcache import TreeNode
-from runtime.sampling import Sampler, SamplingParams
-
-
-class Status(Enum):
-    WAITING = "waiting"  # not yet admitted (or preempted): holds no blocks
-    RUNNING = "running"  # admitted: holds a lock and blocks
-    FINISHED = "finished"  # released: its KV went to the tree (or was freed)
-    ABORTED = "aborted"  # released after an error
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +89,7 @@ class Request:
     priority: int = 0  # higher runs first and is preempted last
     deadline: float | None = None  # perf_counter time after which the request times out
     pin: int = 0  # tokens of the prompt to pin in the cache once computed
-    retention: int = 0  # retention priority of the prompt's KV (runtime.retention)
+    retention: int = 0  # retention priority of the prompt's KV (radixcache.runtime.kv.retention)
     t_admitted: float | None = None
     wait_steps: int = 0
     preemptions: int = 0

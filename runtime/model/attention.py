@@ -17,7 +17,7 @@ consecutive block ids (in any order), each run is a view of the pool, and the pa
 SDPA runs on each view and the partial results are merged by their log-sum-exp (as flash-decoding does). A
 table that splits into more than `MAX_RUNS` runs, a batch, or a GPU take the gather path (one `index_select`
 per layer for K and for V: a copy of the sequence's KV, never of the pool). The Engine on the CPU usually takes
-neither: runtime.decode_mirror keeps the decode batch's KV contiguous, and attention reads that.
+neither: radixcache.runtime.kv.mirror keeps the decode batch's KV contiguous, and attention reads that.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from radixcache.runtime.kv.pool import gather_pages
 
 MAX_RUNS = 4  # beyond this many views a step costs more in SDPA calls than one gather copy saves
 
@@ -113,14 +114,6 @@ def page_runs(table: list[int], length: int, page_size: int) -> tuple[tuple[int,
     if rest:
         runs.append((table[full], 1, rest))
     return tuple(runs) if len(runs) <= MAX_RUNS else None
-
-
-def gather_pages(pages: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` positions of one sequence, `[length, kv_heads, head_dim]`, copying only its pages."""
-    page_size = pages.shape[1]
-    nb = -(-length // page_size)
-    seq = pages.index_select(0, block_table[:nb])
-    return seq.reshape(nb * page_size, *pages.shape[2:])[:length]
 
 
 def causal_mask(

@@ -15,10 +15,9 @@ from concurrent.futures import Future
 from typing import Any
 
 import torch
-
-from runtime.openmp import release_idle_team
-from runtime.request import GenerationResult, Request
-from runtime.scheduler import Scheduler
+from radixcache.runtime.engine.request import GenerationResult, Request
+from radixcache.runtime.engine.scheduler import Scheduler
+from radixcache.runtime.native.openmp import release_idle_team
 
 
 class RequestHandle:
@@ -89,7 +88,7 @@ class EngineLoop:
                 self._thread.start()
             self._cv.notify()
             on_loop = threading.current_thread() is self._thread
-        if not on_loop:  # the caller is about to wait: its idle OpenMP team would throttle the loop (runtime.openmp)
+        if not on_loop:  # the caller is about to wait: its idle OpenMP team would throttle the loop (native.openmp)
             release_idle_team()
         return fut
 

@@ -29,12 +29,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from radixcache.runtime.engine.request import Request, Status
+
 from radixcache import CacheFullError, TreeNode
 from radixcache.tokens import as_token_array, common_prefix_length
-from runtime.request import Request, Status
 
 if TYPE_CHECKING:
-    from runtime.engine import Engine
+    from radixcache.runtime.engine.engine import Engine
 
 SCHEDULES = ("lpm", "fcfs", "dfs-weight")
 
