@@ -28,7 +28,7 @@ class MatchResult(NamedTuple):
 
     length: leading tokens cached (a multiple of page_size). blocks: one block id per page of those tokens.
     node: the deepest matched node, to pass to lock/unlock (a namespace root when nothing matched; locking a
-    root is a no-op).
+    root is a no-op). A `peek`'s node is for identity only, never to lock: see `RadixCache.peek`.
     """
 
     length: int
@@ -113,6 +113,31 @@ class RadixCache:
             self._stale += 1
             self._set_add(node)
         stats.hit_tokens += length
+        return MatchResult(length, blocks, node)
+
+    def peek(self, tokens: Sequence[int], *, namespace: Hashable = None) -> MatchResult:
+        """`match_prefix`'s length and blocks, without changing anything.
+
+        No split, no stats, no clock tick, no access time or hit count, no namespace root, and the evictable
+        set is untouched. `node` is the deepest node the match reaches: when the match ends inside a node, that
+        partially matched node (whose pages past `length` are not in `blocks`); when nothing matches, the
+        namespace root (a transient, unregistered one for an unseen namespace).
+
+        The node is for identity only (grouping requests by the subtree they would share), never to lock: a
+        partially matched node covers more than was matched, so locking it would pin tokens past `length`.
+        To lock a prefix, use `match_prefix` then `lock`, or `lock_prefix`.
+        Raises InvalidTokensError for bad tokens and RadixCacheError for an unhashable namespace.
+        """
+        arr = token_view(tokens)  # read during the call only
+        try:
+            root = self._roots[namespace]
+        except (KeyError, TypeError):  # an unseen or unhashable namespace: _root validates, or makes a transient root
+            root = self._root(namespace, create=False)
+        node, length, blocks, partial, partial_len = self._descend(root, arr)  # read-only; blocks is a fresh list
+        if partial is not None:  # ends inside `partial`: report it, with only its matched pages
+            blocks.extend(partial.blocks[: partial_len // self.page_size])
+            length += partial_len
+            node = partial
         return MatchResult(length, blocks, node)
 
     # ------------------------------------------------------------------ public API: blocks
@@ -229,6 +254,31 @@ class RadixCache:
             n = n.parent
         self._evictable -= moved  # blocks of nodes that just became locked
         self._tree_locked += moved
+
+    def lock_prefix(self, tokens: Sequence[int], num_tokens: int, *, namespace: Hashable = None) -> TreeNode | None:
+        """Lock exactly the first `num_tokens` of `tokens` (a pin); return the node to pass to `unlock`.
+
+        `num_tokens` must be an int, a positive multiple of page_size, and at most `len(tokens)`; else
+        RadixCacheError. When the tree holds all of those tokens, the node holding position `num_tokens` is
+        split so that a node ends exactly there (unless one already does), and that node is locked: its tail,
+        if any, stays evictable. When fewer tokens are cached (or the namespace is unseen), returns None and
+        changes nothing: no split, no root.
+        Not a query: no stats, no clock tick, no access time or hit count. Raises InvalidTokensError for bad
+        tokens and RadixCacheError for an unhashable namespace, with nothing changed.
+        """
+        arr = token_view(tokens)  # read during the call only
+        n = self._pin_length(num_tokens, len(arr))
+        root = self._root(namespace, create=False)  # an unseen namespace: a transient root with no children
+        node, length, _, partial, partial_len = self._descend(root, arr[:n])  # stops at n: n is page-aligned
+        if partial is not None:
+            if length + partial_len < n:  # the match ends inside `partial`, short of n
+                return None
+            node = self._split(partial, partial_len)  # a node now ends at n; the tail keeps its priority
+        elif length < n:
+            return None
+        # Invariant: node.end_len == n, and node is not a root (n > 0), so the lock is real.
+        self.lock(node)
+        return node
 
     def unlock(self, node: TreeNode) -> None:
         """Undo one `lock(node)`. Raises LockError, with nothing changed, if the node is not locked."""
@@ -544,6 +594,24 @@ class RadixCache:
                 f"insert: block {block} for {where} (index {index}) is {STATE_NAMES[pool.state_of(block)]}"
                 + (f"; the tree holds that page in block {cached[index]}" if index < len(cached) else "")
             )
+
+    def _pin_length(self, num_tokens: int, available: int) -> int:
+        """Validate lock_prefix's `num_tokens`: an int (not a bool), a positive multiple of page_size,
+        at most the tokens given."""
+        p = self.page_size
+        try:
+            if type(num_tokens) is bool:  # an int to operator.index, but never a token count
+                raise TypeError
+            n = operator.index(num_tokens)
+        except TypeError:
+            raise RadixCacheError(f"lock_prefix: num_tokens must be an int, got {num_tokens!r}") from None
+        if n <= 0 or n % p:
+            raise RadixCacheError(
+                f"lock_prefix: num_tokens must be a positive multiple of page_size {p}, got {num_tokens!r}"
+            )
+        if n > available:
+            raise RadixCacheError(f"lock_prefix: num_tokens {num_tokens!r} exceeds the {available} tokens given")
+        return n
 
     @staticmethod
     def _count_arg(n: int, what: str) -> int:

@@ -1,4 +1,5 @@
-"""Random match/insert/lock/unlock/allocate/free/evict sequences checked against a naive reference model.
+"""Random match/peek/insert/lock/lock_prefix/unlock/allocate/free/evict sequences checked against a naive reference
+model.
 
 The reference is a plain dict of cached prefixes, `(namespace, page-aligned tokens) -> block id of the last page`,
 plus sets of free and held block ids and a list of the locks taken. It never asks the cache what to expect. The
@@ -42,6 +43,18 @@ def page_map(cache: RadixCache) -> dict[Key, int]:
         for i, block in enumerate(node.blocks):
             pages[(node.namespace, path[: start + (i + 1) * p])] = block
     return pages
+
+
+def page_meta(cache: RadixCache) -> dict[Key, tuple[int, int]]:
+    """Per cached page: the last access and hit count of the node that holds it (a split keeps both)."""
+    p = cache.page_size
+    meta: dict[Key, tuple[int, int]] = {}
+    for node in cache.iter_nodes():
+        path = tuple(node.tokens())
+        start = len(path) - len(node.key)
+        for i in range(len(node.blocks)):
+            meta[(node.namespace, path[: start + (i + 1) * p])] = (node.last_access, node.hit_count)
+    return meta
 
 
 def observe(cache: RadixCache) -> tuple[Any, ...]:
@@ -190,6 +203,53 @@ class CacheModel(RuleBasedStateMachine):
             return
         self.check_refused(LockError, self.cache.unlock, node)
 
+    @rule(data=st.data(), namespace=st.sampled_from([*NAMESPACES, "unseen"]))
+    def peek(self, data: st.DataObject, namespace: Hashable) -> None:
+        tokens = self.draw_tokens(data, namespace)
+        expected_length, expected_blocks = self.ref_match(namespace, tokens)
+        before, clock = observe(self.cache), self.cache._clock  # observe holds the stats and every node
+
+        result = self.cache.peek(tokens, namespace=namespace)
+
+        assert result.length == expected_length, f"peeked {result.length} tokens, the reference has {expected_length}"
+        assert result.blocks == expected_blocks, (
+            f"peek returned blocks {result.blocks}, the reference has {expected_blocks}"
+        )
+        node = result.node
+        if expected_length == 0:
+            assert node.parent is None, "a peek that matched nothing returned a non-root node"
+        else:  # the deepest node reached, possibly matched only in part
+            assert node.prefix_len < expected_length <= node.end_len, f"{node!r} does not hold the match's end"
+            assert node.tokens()[:expected_length] == tokens[:expected_length]
+        assert observe(self.cache) == before, "peek changed the cache (stats, nodes or namespaces)"
+        assert self.cache._clock == clock, "peek ticked the clock"
+
+    @rule(data=st.data(), namespace=st.sampled_from(NAMESPACES))
+    def lock_prefix(self, data: st.DataObject, namespace: Hashable) -> None:
+        p = self.PAGE_SIZE
+        tokens = self.draw_tokens(data, namespace)
+        if len(tokens) < p:
+            return
+        cached, _ = self.ref_match(namespace, tokens)
+        if cached and data.draw(st.booleans()):  # mostly within the cached prefix, so the pin takes
+            n = data.draw(st.integers(1, cached // p)) * p
+        else:
+            n = data.draw(st.integers(1, len(tokens) // p)) * p
+        before, meta, clock = observe(self.cache), page_meta(self.cache), self.cache._clock
+
+        node = self.cache.lock_prefix(tokens, n, namespace=namespace)
+
+        assert self.cache._clock == clock, "lock_prefix ticked the clock"
+        if n > cached:
+            assert node is None, f"lock_prefix({n}) locked a prefix of which only {cached} tokens are cached"
+            assert observe(self.cache) == before, "a lock_prefix that took nothing changed the cache"
+            return
+        assert node is not None, f"lock_prefix({n}) took nothing, but {cached} tokens are cached"
+        assert node.end_len == n and node.tokens() == tokens[:n], f"{node!r} does not end at {n}"
+        assert page_meta(self.cache) == meta, "lock_prefix refreshed access times or hit counts"
+        # the counters invariant checks that exactly the pages of tokens[:n] not locked before are locked now
+        self.locks.append((node, namespace, tuple(tokens[:n])))
+
     @rule(n=SMALL_MOSTLY)
     def allocate(self, n: int) -> None:
         if n > self.CAPACITY or n > len(self.free) + self.evictable_count():
@@ -268,7 +328,7 @@ class CacheModel(RuleBasedStateMachine):
         p = self.PAGE_SIZE
         page = list(data.draw(st.sampled_from(self.PATTERNS)))
         namespace = data.draw(st.sampled_from(NAMESPACES))
-        kinds = ["free", "tree", "twice", "count", "tokens", "foreign", "swap", "full"]
+        kinds = ["free", "tree", "twice", "count", "tokens", "foreign", "swap", "full", "pin"]
         kind = data.draw(st.sampled_from(kinds))
         if kind == "free" and self.free:
             block = data.draw(st.sampled_from(sorted(self.free)))
@@ -304,12 +364,26 @@ class CacheModel(RuleBasedStateMachine):
             beyond = len(self.free) + self.evictable_count() + 1
             if beyond <= self.CAPACITY:
                 self.check_refused(CacheFullError, self.cache.allocate, beyond)
+        elif kind == "pin":
+            # a token count that is not a positive multiple of the page size within the tokens, or a bad namespace
+            tokens = self.draw_tokens(data, namespace)
+            bad_counts = [0, -p, len(tokens) // p * p + p, float(p), str(p), None, True] + ([p // 2] if p > 1 else [])
+            bad = data.draw(st.sampled_from(bad_counts))
+            self.check_refused(RadixCacheError, self.cache.lock_prefix, tokens, bad, namespace=namespace)
+            self.check_refused(RadixCacheError, self.cache.lock_prefix, [*page, *page], p, namespace=["unhashable"])
+            self.check_refused(RadixCacheError, self.cache.peek, tokens, namespace=["unhashable"])
 
     # ------------------------------------------------------------------ checks after every step
 
     @invariant()
     def structure_is_sound(self) -> None:
         self.cache.check_invariants()
+
+    @invariant()
+    def locked_prefixes_stay_cached(self) -> None:
+        for node, namespace, prefix in self.locks:
+            assert node.parent is not None and node.end_len == len(prefix), f"locked {node!r} was evicted or cut"
+            assert self.cache.peek(prefix, namespace=namespace).length == len(prefix), "a locked prefix was evicted"
 
     @invariant()
     def blocks_are_conserved(self) -> None:
