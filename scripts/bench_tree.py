@@ -12,6 +12,10 @@ SGLang is optional and never part of this project: install its wheel outside the
 Its radix_cache module is loaded from there with the GPU and server imports it does not need on this path
 replaced by inert placeholders (see `load_sglang`), and it is given a small CPU allocator of KV slots.
 
+It also measures what retention marks cost (radixcache.runtime.kv.retention): the same replay through our cache
+under RetentionPolicy(policy) with no marks, then with `--retention-marks` marks (the prompts of requests spread
+over the workload, as the engine marks them), and prints the time ratio of the two.
+
 Example:
     .venv/bin/python scripts/bench_tree.py --conversations 200 --capacity-tokens 60000 --page-size 1
 """
@@ -39,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from radixcache import RadixCache  # noqa: E402
+from radixcache import EvictionPolicy, RadixCache  # noqa: E402
 from radixcache.synthetic import multi_turn_chat  # noqa: E402
 
 DEFAULT_SGLANG = REPO / ".bench" / "sglang"
@@ -75,7 +79,9 @@ def _totals(workload: list[tuple[array, array]]) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------- ours
 
 
-def run_ours(workload: list[tuple[array, array]], capacity_tokens: int, page_size: int, policy: str) -> RunResult:
+def run_ours(
+    workload: list[tuple[array, array]], capacity_tokens: int, page_size: int, policy: str | EvictionPolicy
+) -> RunResult:
     cache = RadixCache(capacity_tokens // page_size, page_size=page_size, policy=policy)
     p = page_size
     gc.collect()
@@ -94,6 +100,26 @@ def run_ours(workload: list[tuple[array, array]], capacity_tokens: int, page_siz
     tokens, prompt_tokens = _totals(workload)
     assert stats.query_tokens == prompt_tokens
     return RunResult(len(workload), tokens, prompt_tokens, stats.hit_tokens, stats.evicted_tokens, seconds)
+
+
+# ---------------------------------------------------------------------------------------------- retention marks
+
+
+def retention_marks(workload: list[tuple[array, array]], n: int) -> list[tuple[array, int]]:
+    """(prompt, priority) for n requests spread evenly over the workload, priorities 1, 2, 3, 1, ..."""
+    n = min(n, len(workload))
+    return [(workload[i * len(workload) // n][0], 1 + i % 3) for i in range(n)]
+
+
+def retention_policy(policy: str, marks: list[tuple[array, int]]) -> EvictionPolicy:
+    """A fresh RetentionPolicy over `policy` holding `marks` (in namespace None, the cache's default)."""
+    from radixcache.runtime.kv.retention import MAX_MARKS, RetentionPolicy
+
+    retention = RetentionPolicy(policy)
+    for tokens, priority in marks:
+        retention.mark(None, tokens, priority)
+    assert retention.marks == min(len(marks), MAX_MARKS)
+    return retention
 
 
 # ---------------------------------------------------------------------------------------------- SGLang
@@ -305,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sglang", type=Path, default=DEFAULT_SGLANG, help="pip --target directory of sglang")
     parser.add_argument("--no-sglang", action="store_true", help="bench ours only")
+    parser.add_argument(
+        "--retention-marks",
+        type=int,
+        default=256,
+        help="also time our cache under RetentionPolicy with 0 marks and with this many (0: skip)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
 
@@ -313,12 +345,19 @@ def main(argv: list[str] | None = None) -> int:
     if radix_cache is None and not args.no_sglang:
         print(f"WARNING: {sglang_note}; benchmarking ours only", file=sys.stderr)
 
+    marks = retention_marks(workload, args.retention_marks) if args.retention_marks > 0 else []
     ours_runs: list[RunResult] = []
     sglang_runs: list[RunResult] = []
-    for _ in range(args.repeats):  # alternate, so both see the same machine conditions
+    unmarked_runs: list[RunResult] = []
+    marked_runs: list[RunResult] = []
+    for _ in range(args.repeats):  # alternate, so all see the same machine conditions
         ours_runs.append(run_ours(workload, args.capacity_tokens, args.page_size, args.policy))
         if radix_cache is not None:
             sglang_runs.append(run_sglang(radix_cache, workload, args.capacity_tokens, args.page_size, args.policy))
+        if marks:
+            for runs, given in ((unmarked_runs, []), (marked_runs, marks)):
+                policy = retention_policy(args.policy, given)
+                runs.append(run_ours(workload, args.capacity_tokens, args.page_size, policy))
 
     report: dict[str, Any] = {
         "workload": {
@@ -338,6 +377,16 @@ def main(argv: list[str] | None = None) -> int:
         "sglang_version": sglang_note if radix_cache is not None else None,
         "sglang_note": None if radix_cache is not None else sglang_note,
     }
+    if marks:
+        report["retention"] = {
+            "marks": len(marks),
+            "mark_tokens_mean": statistics.fmean(len(tokens) for tokens, _ in marks),
+            "no_marks": summarize(unmarked_runs),
+            "marked": summarize(marked_runs),
+        }
+        report["retention"]["time_ratio"] = (
+            report["retention"]["marked"]["seconds_median"] / report["retention"]["no_marks"]["seconds_median"]
+        )
     if sglang_runs:
         report["throughput_ratio"] = report["ours"]["requests_per_s"] / report["sglang"]["requests_per_s"]
         report["hit_rate_diff_pp"] = 100 * (report["ours"]["hit_rate"] - report["sglang"]["hit_rate"])
@@ -359,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("radixcache", report["ours"])]
     if report["sglang"]:
         rows.append((f"SGLang {report['sglang_version']}", report["sglang"]))
+    retention = report.get("retention")
+    if retention:
+        rows.append(("radixcache, retention, 0 marks", retention["no_marks"]))
+        rows.append((f"radixcache, retention, {retention['marks']} marks", retention["marked"]))
     for name, row in rows:
         table.add_row(
             name,
@@ -376,6 +429,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         console.print(f"[yellow]SGLang baseline not run: {sglang_note}[/yellow]")
+    if retention:
+        console.print(
+            f"retention marks cost ({retention['marks']} marks of {retention['mark_tokens_mean']:.0f} tokens on "
+            f"average / 0 marks, time): [bold]{retention['time_ratio']:.2f}x[/bold]"
+        )
     return 0
 
 
