@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from radixcache.runtime import Engine
 from radixcache.runtime.loading import load_model
-from radixcache.runtime.model.linear import QUANT_MODES
 from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.model.quant import QUANT_MODES
 from radixcache.runtime.quant_eval import FIXED_PROMPTS, greedy_answers, perplexity
 
 DEFAULT_TEXT = "/usr/share/common-licenses/GPL-3"  # long English prose that no part of the project uses

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from radixcache.runtime.loading.dequant import GGML_TYPE_IDS, GGML_TYPES, dequantize
+
+from radixcache.runtime.model.dequant import GGML_TYPE_IDS, GGML_TYPES, dequantize
 
 __all__ = ["GGML_TYPES", "GGML_TYPE_IDS", "GGUFError", "GGUFFile", "TensorInfo", "dequantize", "tensor_nbytes"]
 

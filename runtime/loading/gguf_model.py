@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.loading.gguf import GGUFFile
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from radixcache.runtime.model.linear import DenseLinear
 
 BLOCK = 32  # weights per block in both formats
@@ -53,7 +54,7 @@ class BlockWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight `[rows, cols]` (for tests and for the dense path)."""
-        from radixcache.runtime.loading.dequant import GGML_TYPE_IDS, dequantize
+        from radixcache.runtime.model.dequant import GGML_TYPE_IDS, dequantize
 
         raw = self.data.contiguous().numpy()
         values = dequantize(raw, GGML_TYPE_IDS[self.kind], (self.rows, self.cols))

@@ -24,16 +24,10 @@ two thirds and changed greedy answers (docs/benchmarks.md, "Weight formats").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from radixcache.runtime.model.block_linear import BlockWeight
-
-QUANT_MODES = ("none", "fp16", "gguf")
 
 _TRANSPOSED_MAX_ROWS = 2  # up to this many rows: the transposed MKL product; above: the reordered oneDNN weight
 _PREFILL_PLAIN_ROWS = range(17, 64)  # prefill chunks of these sizes keep F.linear (see the module docstring)
@@ -99,44 +93,6 @@ class Float16Linear:
         if x.dim() != 2:
             return _rows(self, x, prefill)
         return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
-
-
-def make_linear(
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    quant: str = "none",
-    blocks: Sequence[BlockWeight] | None = None,
-) -> Linear:
-    """The linear layer for `quant` ("none", "fp16" or "gguf"); weight `[out, in]`. With "gguf", `blocks` are the
-    weight's GGUF blocks (one part per fused source tensor); a weight without them stays dense."""
-    if quant == "none" or (quant == "gguf" and not blocks):
-        return DenseLinear(weight, bias)
-    if quant == "fp16":
-        return Float16Linear(weight, bias)
-    if quant == "gguf":
-        from radixcache.runtime.model.block_linear import BlockLinear
-
-        return BlockLinear(weight, bias, blocks)  # type: ignore[arg-type]
-    raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {quant!r}")
-
-
-def check_quant(quant: str, device: torch.device, dtype: torch.dtype) -> None:
-    """Refuse a quantised mode where its kernels cannot run (raises ValueError that says why)."""
-    if quant not in QUANT_MODES:
-        raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {quant!r}")
-    if quant == "none":
-        return
-    kernels = "fbgemm kernels" if quant == "fp16" else "a native kernel"
-    if device.type != "cpu":
-        raise ValueError(f"quant={quant!r} runs on the CPU only ({kernels}); got device {device}")
-    if dtype != torch.float32:
-        raise ValueError(f"quant={quant!r} needs float32 activations; got dtype {dtype}")
-    if quant == "fp16" and not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
-        raise ValueError(f"quant={quant!r} needs PyTorch's fbgemm kernels, which this torch build lacks")
-    if quant == "gguf":
-        from radixcache.runtime.native import blockdot
-
-        blockdot()  # builds it now, or raises NativeBuildError (a ValueError) that says what is missing
 
 
 def _has_onednn_linear() -> bool:

@@ -1,7 +1,7 @@
 """radixcache.runtime.model.block_linear on synthetic GGUF blocks (numpy-built Q4_1 / Q8_0 bytes, no model file).
 
 Checked against: `BlockWeight`'s refusals (kind, column count, dtype and shape, each message naming the problem);
-`.dequantize()` against radixcache.runtime.loading.dequant.dequantize on the same bytes; `BlockLinear` against a float64
+`.dequantize()` against radixcache.runtime.model.dequant.dequantize on the same bytes; `BlockLinear` against a float64
 `x @ W.T + b` of the dequantised weight, for the native kernel (1 to 4 rows) and the dense path (5 and more),
 single-kind and fused mixed-kind matrices, with and without bias, 1-D / 3-D / non-contiguous inputs; a row's
 result against the same row inside a batch; and the refusals of a wrong feature count and of parts that do not
@@ -16,9 +16,11 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from radixcache.runtime.loading.dequant import GGML_TYPE_IDS, dequantize
+
 from radixcache.runtime.model.block_linear import BLOCK, BLOCK_BYTES, BlockLinear, BlockWeight
-from radixcache.runtime.model.linear import DenseLinear, make_linear
+from radixcache.runtime.model.dequant import GGML_TYPE_IDS, dequantize
+from radixcache.runtime.model.linear import DenseLinear
+from radixcache.runtime.model.quant import make_linear
 from radixcache.runtime.testing import random_block_weight
 
 needs_cc = pytest.mark.skipif(

@@ -7,14 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from radixcache.runtime.model.linear import (
-    QUANT_MODES,
-    DenseLinear,
-    Float16Linear,
-    _has_onednn_linear,
-    check_quant,
-    make_linear,
-)
+
+from radixcache.runtime.model.linear import DenseLinear, Float16Linear, _has_onednn_linear
+from radixcache.runtime.model.quant import QUANT_MODES, check_quant, make_linear
 
 ROWS = [1, 2, 3, 4, 5, 8, 16, 17, 63, 64, 300]  # every CPU kernel path: <= 2 rows, 3+ (and 17..63 in prefill)
 IN, OUT = 96, 80

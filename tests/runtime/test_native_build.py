@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from radixcache.runtime.model.linear import check_quant
+
+from radixcache.runtime.model.quant import check_quant
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_CC = shutil.which(os.environ.get("CC", "cc")) is not None

@@ -1,0 +1,52 @@
+"""The weight formats (`quant`): which linear kind each builds, and where each can run.
+
+"none": DenseLinear in the model's dtype; "fp16": Float16Linear (CPU, fbgemm); "gguf": BlockLinear over the GGUF
+file's own Q4_1 / Q8_0 blocks (CPU, a native kernel built on first use). See model.linear and model.block_linear.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from radixcache.runtime.model.block_linear import BlockLinear, BlockWeight
+from radixcache.runtime.model.linear import DenseLinear, Float16Linear, Linear
+
+QUANT_MODES = ("none", "fp16", "gguf")
+
+
+def make_linear(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    quant: str = "none",
+    blocks: Sequence[BlockWeight] | None = None,
+) -> Linear:
+    """The linear layer for `quant` ("none", "fp16" or "gguf"); weight `[out, in]`. With "gguf", `blocks` are the
+    weight's GGUF blocks (one part per fused source tensor); a weight without them stays dense."""
+    if quant == "none" or (quant == "gguf" and not blocks):
+        return DenseLinear(weight, bias)
+    if quant == "fp16":
+        return Float16Linear(weight, bias)
+    if quant == "gguf":
+        return BlockLinear(weight, bias, blocks)  # type: ignore[arg-type]
+    raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {quant!r}")
+
+
+def check_quant(quant: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse a quantised mode where its kernels cannot run (raises ValueError that says why)."""
+    if quant not in QUANT_MODES:
+        raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {quant!r}")
+    if quant == "none":
+        return
+    kernels = "fbgemm kernels" if quant == "fp16" else "a native kernel"
+    if device.type != "cpu":
+        raise ValueError(f"quant={quant!r} runs on the CPU only ({kernels}); got device {device}")
+    if dtype != torch.float32:
+        raise ValueError(f"quant={quant!r} needs float32 activations; got dtype {dtype}")
+    if quant == "fp16" and not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
+        raise ValueError(f"quant={quant!r} needs PyTorch's fbgemm kernels, which this torch build lacks")
+    if quant == "gguf":
+        from radixcache.runtime.native import blockdot
+
+        blockdot()  # builds it now, or raises NativeBuildError (a ValueError) that says what is missing
