@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import click
+
 from radixcache.cli.errors import FriendlyCommand, debug_option
 from radixcache.cli.replay import engine_kwargs, kv_options, load_engine_model, model_option, speed_options
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+
 from radixcache.cli.chat import chat
 from radixcache.cli.demo import demo
 from radixcache.cli.model import model

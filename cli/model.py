@@ -7,10 +7,11 @@ import sys
 from typing import Any
 
 import click
-from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
-from radixcache.cli.replay import load_engine_model, model_option
 from rich.console import Console
 from rich.table import Table
+
+from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
+from radixcache.cli.replay import load_engine_model, model_option
 
 
 @click.group(cls=FriendlyGroup)

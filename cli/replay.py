@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import click
-from radixcache.cli.errors import EXIT_INTERRUPTED, FriendlyCommand, debug_option, fail
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from radixcache.cli.errors import EXIT_INTERRUPTED, FriendlyCommand, debug_option, fail
 from radixcache.policies import ALL_POLICIES
 from radixcache.trace import FORMATS
 
@@ -174,7 +174,6 @@ def replay(
     """
     from radixcache.runtime.replay.run import (
         ReplayConfig,
-        ReplayError,
         engine_factory,
         load_replay_trace,
         plan_sessions,
@@ -194,14 +193,6 @@ def replay(
         concurrency=concurrency,
         honor_timestamps=honor_timestamps,
     )
-    if concurrency > 1:
-        from radixcache.runtime.engine.engine import Engine
-
-        if not hasattr(Engine, "agenerate"):
-            raise ReplayError(
-                f"--concurrency {concurrency} needs the continuous-batching scheduler (Engine.agenerate), "
-                "which this runtime does not have yet; use --concurrency 1"
-            )
     loaded_trace = load_replay_trace(trace, fmt)
     turns = sum(s.turns for s in plan_sessions(loaded_trace, limit))
     make_engine = engine_factory(load_engine_model(model, quant), **kwargs)

@@ -6,6 +6,7 @@ import signal
 import socket
 
 import click
+
 from radixcache.cli.errors import FriendlyCommand, debug_option
 from radixcache.cli.replay import engine_kwargs, kv_options, load_engine_model, model_option, speed_options
 
@@ -72,6 +73,7 @@ def serve(
         -d '{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]}'
     """
     import uvicorn
+
     from radixcache.runtime.engine.engine import Engine
     from radixcache.runtime.server import create_app
 

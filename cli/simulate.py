@@ -6,10 +6,10 @@ import json
 import sys
 
 import click
-from radixcache.cli.progress import progress_bar
 from rich.console import Console
 from rich.table import Table
 
+from radixcache.cli.progress import progress_bar
 from radixcache.errors import RadixCacheError
 from radixcache.policies import ALL_POLICIES
 from radixcache.simulate import SimReport, SimResult, evaluate

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
+
 from radixcache.runtime.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ def random_block_weight(kind: str, rows: int, cols: int, seed: int) -> BlockWeig
     """A `[rows, cols]` GGUF block weight (Q4_1 or Q8_0) with random float16 scales (and Q4_1 minima) and random
     nibbles or int8 values, for tests of radixcache.runtime.model.block_linear and its kernel."""
     import numpy as np
+
     from radixcache.runtime.model.block_linear import BLOCK, BLOCK_BYTES, BlockWeight
 
     rng = np.random.default_rng(seed)

@@ -88,6 +88,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from radixcache.runtime import Engine
 from radixcache.runtime.kv.mirror import DecodeMirror
 from radixcache.runtime.kv.pool import KVPool

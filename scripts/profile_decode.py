@@ -45,15 +45,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import radixcache.runtime.model.attention as rattn
-import radixcache.runtime.model.llama as rmodel
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import radixcache.runtime.model.attention as rattn
+import radixcache.runtime.model.llama as rmodel
 from radixcache.runtime.kv.mirror import DecodeMirror, MirrorStep
 from radixcache.runtime.loading import load_model
 from radixcache.runtime.model.attention import build_decode_meta
 from radixcache.runtime.model.llama import LlamaModel
-from torch.profiler import ProfilerActivity, profile, record_function
 
 PAGE = 16
 STEP = "decode step"

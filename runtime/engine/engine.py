@@ -1,15 +1,20 @@
-"""The Engine: a model, a paged KV pool and a radix cache, serving many requests at once.
+"""The Engine: the public face of one model, its paged KV pool and its radix cache, serving many requests at once.
 
-The request life: tokenise; match the prompt less its last token; lock; allocate the remaining pages
-(evicting if needed); prefill the suffix in chunks; decode, allocating a page whenever the tail page fills;
-insert prompt + output; unlock; free the unaligned tail page. The scheduler (runtime.engine.scheduler) interleaves
-these steps for every request in flight (continuous batching); one engine loop thread (runtime.engine.loop) owns the
-scheduler, the cache and the pool, and callers on any thread or event loop submit to it.
+The request life: tokenise; match the prompt less its last token; lock; allocate the remaining pages (evicting
+if needed); prefill the rest in chunks, batched with other requests' chunks and the running decodes, committing
+each chunk's full pages to the tree as they are computed; decode, committing pages as they fill; unlock; free the
+unaligned tail page.
+
+The parts, each in its own module: engine.scheduler (what runs in each step), engine.runner (one forward pass per
+step), kv.manager (the only door to the tree), engine.output (sampling, stops, text, results) and engine.loop (the
+thread that owns them all). This class builds them, validates requests, and offers the sync, async and streaming
+APIs; callers on any thread or event loop submit to the loop thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Hashable, Sequence
@@ -18,18 +23,19 @@ from numbers import Integral
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from radixcache import CacheStats, RadixCache
 from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
-from radixcache.runtime.engine.request import GenerationResult, Request, Status
-from radixcache.runtime.engine.sampling import Sampler, SamplingParams, find_stop, stop_token_set
+from radixcache.runtime.engine.output import OutputProcessor
+from radixcache.runtime.engine.request import GenerationResult, Request
+from radixcache.runtime.engine.runner import ModelRunner
+from radixcache.runtime.engine.sampling import Sampler, SamplingParams, stop_token_set
 from radixcache.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.mirror import DecodeMirror
 from radixcache.runtime.kv.pool import blocks_for_budget, parse_memory
 from radixcache.runtime.kv.retention import RetentionPolicy
-from radixcache.runtime.model.attention import build_decode_meta
 from radixcache.runtime.model.llama import DEFAULT_CHUNK, LlamaModel
-
-from radixcache import CacheStats, RadixCache
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.session import Session
@@ -80,11 +86,13 @@ class EngineStats:
 class Engine:
     """Generate text with a Llama-family model whose KV prefixes are shared through a radix cache.
 
-    model: "smollm2", a GGUF path or an HF directory (loaded with radixcache.runtime.loading), an already-loaded object
+    model: "smollm2", a GGUF path or an HF directory (loaded with runtime.loading), an already-loaded object
     with `.config`, `.weights` (and `.tokenizer`), or a LlamaModel. KV size: `capacity_blocks` pages, else
     `kv_memory` bytes (e.g. "2GiB"), else 512 MiB. `enable_cache=False` runs the same engine with no reuse.
-    Scheduling: `schedule` (lpm | fcfs | dfs-weight), `max_prefill_tokens` per step, `max_running` requests
-    at once, or a whole `scheduler_config`. `max_pinned_fraction`: the most of the pool that pins may lock.
+    Scheduling (engine.scheduler): `schedule` (lpm | fcfs | dfs-weight), `max_prefill_tokens` per step while
+    nothing decodes, `mixed_prefill_tokens` per step while requests decode, `prefill_chunk` most tokens of one
+    request per pass, `max_running` requests at once, or a whole `scheduler_config`. `max_pinned_fraction`: the
+    most of the pool that pins may lock (a pin past it is refused: its result's `pinned_tokens` is 0).
     Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.model.linear);
     `quant="gguf"` keeps a GGUF file's Q4_1 / Q8_0 blocks for decode batches of up to 4 (the same weights, float32
     arithmetic, a native kernel built on first use: runtime.model.block_linear; a loaded model needs `keep_blocks`);
@@ -111,6 +119,7 @@ class Engine:
         tokenizer: Any = None,
         schedule: str = "lpm",
         max_prefill_tokens: int = 1024,
+        mixed_prefill_tokens: int = 64,
         max_running: int = 64,
         scheduler_config: SchedulerConfig | None = None,
         max_pinned_fraction: float = 0.25,
@@ -141,28 +150,33 @@ class Engine:
         if capacity_blocks is None:
             budget = kv_memory if kv_memory is not None else DEFAULT_KV_MEMORY
             capacity_blocks = blocks_for_budget(self.config, budget, page_size, self.model.dtype)
-        self.retention = RetentionPolicy(policy)
-        self.cache = RadixCache(capacity_blocks, page_size, self.retention)
-        self.pool = self.model.new_pool(capacity_blocks, page_size)
-        self.kv = KVManager(self.cache, enable_cache=enable_cache)
-        self.mirror = self._make_mirror(mirror_memory)
-        self.enable_cache = enable_cache
-        self.prefill_chunk = prefill_chunk
-        tok_eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
-        self.eos_token_ids = tuple(dict.fromkeys((*self.config.eos_token_ids, *tok_eos)))
-        self._totals = {"requests": 0, "prompt": 0, "cached": 0, "prefill": 0, "generated": 0, "recomputed": 0}
-        if scheduler_config is None:
-            scheduler_config = SchedulerConfig(
-                schedule=schedule, max_prefill_tokens=max_prefill_tokens, max_running=max_running
-            )
-        self.scheduler = Scheduler(self, scheduler_config)
-        # The loop thread sets its own OpenMP thread count: a thread does not inherit its creator's setting.
-        self.threads = threads if threads is not None else torch.get_num_threads()
-        self._loop = EngineLoop(self.scheduler, self._result, num_threads=self.threads)
         if not 0.0 <= max_pinned_fraction <= 1.0:
             raise ValueError(f"max_pinned_fraction must be in [0, 1], got {max_pinned_fraction}")
         self.max_pinned_blocks = int(capacity_blocks * max_pinned_fraction)
-        self._pins: dict[tuple[Hashable, tuple[int, ...]], Any] = {}  # (namespace, tokens) -> locked node
+        self.retention = RetentionPolicy(policy)
+        self.cache = RadixCache(capacity_blocks, page_size, self.retention)
+        self.pool = self.model.new_pool(capacity_blocks, page_size)
+        self.kv = KVManager(
+            self.cache, enable_cache=enable_cache, retention=self.retention, max_pinned_blocks=self.max_pinned_blocks
+        )
+        self.mirror = self._make_mirror(mirror_memory)
+        self.enable_cache = enable_cache
+        tok_eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
+        self.eos_token_ids = tuple(dict.fromkeys((*self.config.eos_token_ids, *tok_eos)))
+        self.output = OutputProcessor(tokenizer, self.eos_token_ids, self.config.max_position)
+        self.runner = ModelRunner(self.model, self.pool, self.mirror)
+        if scheduler_config is None:
+            scheduler_config = SchedulerConfig(
+                schedule=schedule,
+                max_prefill_tokens=max_prefill_tokens,
+                mixed_prefill_tokens=mixed_prefill_tokens,
+                prefill_chunk=prefill_chunk,
+                max_running=max_running,
+            )
+        self.scheduler = Scheduler(self.runner, self.kv, self.output, scheduler_config)
+        # The loop thread sets its own OpenMP thread count: a thread does not inherit its creator's setting.
+        self.threads = threads if threads is not None else torch.get_num_threads()
+        self._loop = EngineLoop(self.scheduler, self.output.result, num_threads=self.threads)
 
     # ------------------------------------------------------------------ public API: sync
 
@@ -219,6 +233,23 @@ class Engine:
         handles = [self._loop.submit(r) for r in reqs]
         return handles[0] if single else handles
 
+    def submit_group(
+        self, prompts: Sequence[Prompt], max_new_tokens: int = 64, *, each: Sequence[dict[str, Any]] = (), **kwargs: Any
+    ) -> list[RequestHandle]:
+        """Queue prompts that belong to one call (the n samples of one prompt, fork branches) without waiting.
+
+        They are queued together, so the first to run computes their common prefix and the others wait for its
+        pages (in-flight sharing) instead of computing it too. Each reports as `cached_tokens` at most what the tree
+        held of that common prefix when the call arrived: one sample's work for the others is not a cache hit.
+        `each[i]`: keyword arguments for prompt i only (say its seed), over the shared `kwargs`.
+        """
+        if each and len(each) != len(prompts):
+            raise ValueError(f"each has {len(each)} entries for {len(prompts)} prompts")
+        reqs = [
+            self._request(p, max_new_tokens, **{**kwargs, **(each[i] if each else {})}) for i, p in enumerate(prompts)
+        ]
+        return self._submit_group(reqs)
+
     def fork(
         self,
         prefix: Prompt | Messages,
@@ -229,23 +260,24 @@ class Engine:
         seed: int | None = None,
         **kwargs: Any,
     ) -> list[GenerationResult]:
-        """Run `n` branches from one prefix (text, ids or chat messages) that share its KV: the prefix is
-        computed once, then every branch locks its pages. Branches differ by `continuations` (text or ids
-        appended to the prefix) and/or by seed (`seed + i`; set a temperature for sampling)."""
+        """Run `n` branches from one prefix (text, ids or chat messages) that share its KV: the branches are
+        queued together, the first computes the prefix and the others wait for its pages (in-flight sharing),
+        then lock them. Branches differ by `continuations` (text or ids appended to the prefix, encoded without a
+        second BOS) and/or by seed (`seed + i`; set a temperature for sampling).
+
+        Each result's `cached_tokens` counts what was cached before the call: the prefix computed by one branch
+        for the others is the call's own work, not a cache hit."""
         ids = self._encode(self._render(prefix) if _is_messages(prefix) else prefix)  # type: ignore[arg-type]
         if continuations is not None:
             n = len(continuations)
         if n < 1:
             raise ValueError(f"fork needs n >= 1, got {n}")
-        branches = [ids + (self._encode(c) if continuations is not None else []) for c in (continuations or [None] * n)]
-        ns = kwargs.get("namespace")
-        if self.enable_cache and len(ids) >= self.cache.page_size:  # the shared prefix once, into the tree
-            self.generate(ids, 1, namespace=ns, ignore_eos=True)
+        tails = [self._encode_continuation(c) for c in continuations] if continuations is not None else [[]] * n
         reqs = [
-            self._request(b, max_new_tokens, seed=None if seed is None else seed + i, **kwargs)
-            for i, b in enumerate(branches)
+            self._request(ids + tail, max_new_tokens, seed=None if seed is None else seed + i, **kwargs)
+            for i, tail in enumerate(tails)
         ]
-        return self._wait([self._loop.submit(r) for r in reqs])
+        return self._wait(self._submit_group(reqs))
 
     def session(self, system: str | None = None, **defaults: Any) -> Session:
         """A multi-turn chat whose history (and so its KV) grows turn by turn: `s.send("hi")`."""
@@ -255,15 +287,9 @@ class Engine:
 
     def unpin(self, prompt: Prompt | None = None, *, namespace: Hashable = None) -> int:
         """Release pins: those of `prompt` (in `namespace`), or every pin. Returns how many were released."""
-        key = None if prompt is None else tuple(self._encode(prompt))
-
-        def drop(_: Scheduler) -> int:
-            gone = [k for k in self._pins if key is None or (k[0] == namespace and key[: len(k[1])] == k[1])]
-            for k in gone:
-                self.cache.unlock(self._pins.pop(k))
-            return len(gone)
-
-        return self._loop.call(drop).result()
+        tokens = None if prompt is None else self._encode(prompt)
+        _check_namespace(namespace)
+        return self._loop.call(lambda _: self.kv.pins.unpin(tokens, namespace)).result()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no request is in flight and the engine's loop thread has exited (False on timeout).
@@ -279,13 +305,13 @@ class Engine:
 
     @property
     def stats(self) -> EngineStats:
-        c, t, s = self.cache, self._totals, self.scheduler
+        c, t, s = self.cache, self.output.totals, self.scheduler
         return EngineStats(
-            requests=t["requests"],
-            prompt_tokens=t["prompt"],
-            cached_tokens=t["cached"],
-            prefill_tokens=t["prefill"],
-            generated_tokens=t["generated"],
+            requests=t.requests,
+            prompt_tokens=t.prompt,
+            cached_tokens=t.cached,
+            prefill_tokens=t.prefill,
+            generated_tokens=t.generated,
             capacity_blocks=c.capacity_blocks,
             free_blocks=c.free_blocks,
             evictable_blocks=c.evictable_blocks,
@@ -294,8 +320,8 @@ class Engine:
             running=len(s.prefilling) + len(s.decoding),
             waiting=len(s.waiting),
             preemptions=s.preemptions,
-            recomputed_tokens=t["recomputed"],
-            pinned_blocks=self._pinned_blocks(),
+            recomputed_tokens=t.recomputed,
+            pinned_blocks=self.kv.pins.blocks,
             steps=s.steps,
         )
 
@@ -323,7 +349,9 @@ class Engine:
 
     async def stream(self, prompt: Prompt | Messages, max_new_tokens: int = 64, **kwargs: Any) -> AsyncIterator[str]:
         """Text deltas as tokens are generated (`prompt` may be chat messages). Their concatenation is the
-        result's text: stop tokens are not shown, and text that could begin a stop string is held back."""
+        result's text: stop tokens are not shown, and text that could begin a stop string is held back. A request
+        that is refused (say a prompt larger than the pool) or fails raises its error here, as does a loop thread
+        that died."""
         if _is_messages(prompt):
             prompt = self._render(prompt)  # type: ignore[arg-type]
         req = self._request(prompt, max_new_tokens, **kwargs)  # type: ignore[arg-type]
@@ -335,19 +363,21 @@ class Engine:
             nonlocal sent
             new = tuple(r.output_ids[sent:])
             sent = len(r.output_ids)
-            loop.call_soon_threadsafe(queue.put_nowait, (new, r.status in (Status.FINISHED, Status.ABORTED)))
+            loop.call_soon_threadsafe(queue.put_nowait, (new, r.finished or r.error is not None))
 
         req.listener = listener
         params = req.sampler.params
         hidden = stop_token_set(params, self.eos_token_ids)
         holdback = max((len(s) for s in params.stop), default=1) - 1
-        detok = self._detokenizer(req.prompt_ids)
+        detok = self.output.detokenizer(req.prompt_ids)
         handle = self._loop.submit(req)
+        # The future also ends when no listener call ever comes (a refused request, a dead loop): wake the reader.
+        handle.future.add_done_callback(lambda _: _call_soon(loop, queue.put_nowait, ((), True)))
         emitted = ""
         try:
             while True:
                 tokens, done = await queue.get()
-                if done:  # the rest comes from the result's text (cut at a stop string)
+                if done:  # the rest comes from the result's text (cut at a stop string); an error raises here
                     break
                 for t in tokens:
                     if t not in hidden:
@@ -365,35 +395,7 @@ class Engine:
             if not handle.done() or handle.future.cancelled():
                 handle.cancel()
 
-    # ------------------------------------------------------------------ steps (the scheduler drives these)
-
-    def _prefill(self, req: Request) -> torch.Tensor:
-        """Compute every position the request still lacks. Returns the last position's logits."""
-        return self._prefill_chunk(req, req.prefill_end - req.num_kv)
-
-    def _prefill_chunk(self, req: Request, n: int) -> torch.Tensor:
-        """Compute the next `n` positions the cache lacked. Returns the last one's logits."""
-        start = req.num_kv
-        ids = req.all_ids[start : start + n]
-        logits = self.model.prefill(ids, start, req.block_table, self.pool, chunk_size=self.prefill_chunk)
-        req.num_kv = start + n
-        return logits
-
-    def _decode(self, reqs: Sequence[Request]) -> torch.Tensor:
-        """One decode step for each request: the K/V of its last token go in, logits `[B, vocab]` come out."""
-        for r in reqs:
-            self.kv.reserve(r, r.num_kv + 1)
-        tables, lengths = [r.block_table for r in reqs], [r.num_kv + 1 for r in reqs]
-        meta = build_decode_meta(tables, lengths, self.pool.page_size, self.model.device)
-        step = None
-        if self.mirror is not None:  # a request that was preempted comes back with new KV: a new key
-            step = self.mirror.prepare([(r.rid, r.preemptions) for r in reqs], tables, lengths, self.pool)
-        logits = self.model.decode([r.output_ids[-1] for r in reqs], meta, self.pool, step)
-        if step is not None:
-            self.mirror.commit(step)
-        for r in reqs:
-            r.num_kv += 1
-        return logits
+    # ------------------------------------------------------------------ private
 
     def _make_mirror(self, memory: str | int | None) -> DecodeMirror | None:
         if memory is None:
@@ -402,37 +404,6 @@ class Engine:
             return None
         budget = parse_memory(memory)
         return DecodeMirror(self.config, self.model.dtype, self.model.device, budget, native=self.model.native)
-
-    def _emit(self, req: Request, logits: torch.Tensor, token: int | None = None) -> None:
-        """Sample the next token from `logits` (or take `token`, already chosen greedily for the whole batch)
-        and decide whether the request is done."""
-        params = req.sampler.params
-        if token is None:
-            token = req.sampler.sample(logits)
-        if req.keep_logits:
-            req.logits.append(logits.detach().float().cpu())
-        req.output_ids.append(token)
-        if req.t_first_token is None:
-            req.t_first_token = time.perf_counter()
-        if token in stop_token_set(params, self.eos_token_ids):
-            req.finish_reason = "stop"
-        elif params.stop and (cut := find_stop(self._text(req.output_ids), params.stop)) is not None:
-            req.finish_reason, req.stop_at = "stop", cut
-        elif len(req.output_ids) >= params.max_new_tokens or len(req.all_ids) >= self.config.max_position:
-            req.finish_reason = "length"
-
-    def _pin(self, req: Request) -> None:
-        """On the loop thread, once the request's prompt is in the tree: lock its first `req.pin` tokens."""
-        p = self.cache.page_size
-        n = min(req.pin, req.num_kv) // p * p
-        key = (req.namespace, tuple(req.all_ids[:n]))
-        if n == 0 or key in self._pins or self._pinned_blocks() + n // p > self.max_pinned_blocks:
-            return
-        node = self.kv.lock_prefix(req, n)
-        if node is not None:
-            self._pins[key] = node
-
-    # ------------------------------------------------------------------ private
 
     def _request(
         self,
@@ -468,6 +439,7 @@ class Engine:
             )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
+        _check_namespace(namespace)
         ids = self._encode(prompt)
         pin_tokens = len(ids) if pin is True else int(pin)
         if pin_tokens and pin_tokens // self.cache.page_size > self.max_pinned_blocks:
@@ -488,6 +460,42 @@ class Engine:
             pin=pin_tokens,
             retention=retention,
         )
+
+    def _submit_group(self, reqs: list[Request]) -> list[RequestHandle]:
+        if not reqs:
+            return []
+        first = reqs[0].prompt_ids
+        common = min(len(r.prompt_ids) for r in reqs)
+        for r in reqs[1:]:
+            common = next((i for i in range(common) if r.prompt_ids[i] != first[i]), common)
+        one_namespace = len({r.namespace for r in reqs}) == 1
+
+        def queue(_: Scheduler) -> list[RequestHandle]:  # on the loop thread, before any of them can run
+            before = self.kv.peek(first[:common], reqs[0].namespace)[0] if one_namespace else 0
+            for r in reqs:
+                r.cached_cap = before  # admission reports min(its match, this)
+            return [self._loop.submit(r) for r in reqs]
+
+        return self._loop.call(queue).result()
+
+    def _encode_continuation(self, text_or_ids: Prompt) -> list[int]:
+        """A fork continuation's ids: text is encoded without special tokens, so no BOS lands mid-sequence."""
+        if isinstance(text_or_ids, str):
+            if self.tokenizer is None:
+                raise ValueError("a text continuation needs a tokenizer; pass token ids instead")
+            try:
+                ids = list(self.tokenizer.encode(text_or_ids, add_special_tokens=False))
+            except TypeError:  # a tokenizer without the keyword: drop a leading BOS it added
+                ids = list(self.tokenizer.encode(text_or_ids))
+                bos = getattr(self.tokenizer, "bos_token_id", None)
+                if ids[:1] == [bos]:
+                    ids = ids[1:]
+        else:
+            ids = [int(t) for t in text_or_ids]
+        bad = next((t for t in ids if not 0 <= t < self.config.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
+        return ids
 
     def _wait(self, handles: list[RequestHandle]) -> list[GenerationResult]:
         try:
@@ -515,16 +523,6 @@ class Engine:
             return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
         return [self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True) for m in messages]
 
-    def _detokenizer(self, prompt_ids: Sequence[int]) -> Any:
-        if hasattr(self.tokenizer, "detokenizer"):
-            return self.tokenizer.detokenizer(prompt_ids)
-        from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
-
-        return IncrementalDetokenizer(self._text, prompt_ids)
-
-    def _pinned_blocks(self) -> int:
-        return sum(node.end_len // self.cache.page_size for node in list(self._pins.values()))
-
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -543,46 +541,21 @@ class Engine:
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
         return ids
 
-    def _text(self, ids: Sequence[int]) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
-
-    def _result(self, req: Request) -> GenerationResult:
-        """The caller's view of a request that left (on the loop thread; also adds it to the engine totals)."""
-        out = req.output_ids
-        shown = out[:-1] if req.finish_reason == "stop" and req.stop_at is None else out
-        text = self._text(shown)
-        if req.stop_at is not None:
-            text = text[: req.stop_at]
-        t = self._totals
-        t["requests"] += 1
-        if req.t_admitted is not None:
-            t["prompt"] += len(req.prompt_ids)
-            t["cached"] += req.cached_tokens
-            t["prefill"] += req.prefill_tokens
-        t["generated"] += len(out)
-        t["recomputed"] += req.recomputed_tokens
-        t_finish = req.t_finish if req.t_finish is not None else time.perf_counter()
-        t_first = req.t_first_token if req.t_first_token is not None else t_finish
-        tpot = (t_finish - t_first) / (len(out) - 1) if len(out) > 1 else 0.0
-        return GenerationResult(
-            text=text,
-            token_ids=tuple(out),
-            prompt_tokens=len(req.prompt_ids),
-            cached_tokens=req.cached_tokens,
-            prefill_tokens=req.prefill_tokens if req.t_admitted is not None else 0,
-            ttft_s=t_first - req.t_arrival,
-            latency_s=t_finish - req.t_arrival,
-            finish_reason=req.finish_reason or "length",
-            logits=torch.stack(req.logits) if req.keep_logits and req.logits else None,
-            queue_s=(req.t_admitted if req.t_admitted is not None else t_finish) - req.t_arrival,
-            tpot_s=tpot,
-            preemptions=req.preemptions,
-            recomputed_tokens=req.recomputed_tokens,
-        )
-
 
 def _is_messages(x: Any) -> bool:
     """A chat conversation: a non-empty sequence of dicts."""
     return not isinstance(x, str) and isinstance(x, Sequence) and bool(x) and isinstance(x[0], dict)
+
+
+def _check_namespace(namespace: Hashable) -> None:
+    """A namespace keys the cache's roots: refuse an unhashable one before anything is queued."""
+    try:
+        hash(namespace)
+    except TypeError:
+        raise ValueError(f"namespace must be hashable, got {type(namespace).__name__}") from None
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+    """`loop.call_soon_threadsafe` that ignores a loop already closed (the reader went away)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)

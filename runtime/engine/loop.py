@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import torch
+
 from radixcache.runtime.engine.request import GenerationResult, Request
 from radixcache.runtime.engine.scheduler import Scheduler
 from radixcache.runtime.native.openmp import release_idle_team

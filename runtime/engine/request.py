@@ -8,10 +8,10 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
-from radixcache.runtime.engine.sampling import Sampler, SamplingParams
-from radixcache.runtime.kv.manager import Status
 
 from radixcache import TreeNode
+from radixcache.runtime.engine.sampling import Sampler, SamplingParams
+from radixcache.runtime.kv.manager import Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,8 @@ class GenerationResult:
     queue_s: arrival to first admission. tpot_s: mean time per output token after the first.
     preemptions: times the request was preempted under memory pressure. recomputed_tokens: positions computed
     again after a preemption (counted apart from cached_tokens and prefill_tokens).
+    pinned_tokens: prompt tokens this request pinned (`pin=`); 0 when no pin was asked or the pin was refused
+    (it would have exceeded the engine's pinned share of the pool).
     """
 
     text: str
@@ -43,6 +45,7 @@ class GenerationResult:
     tpot_s: float = 0.0
     preemptions: int = 0
     recomputed_tokens: int = 0
+    pinned_tokens: int = 0
 
     @property
     def decode_tps(self) -> float:
@@ -89,6 +92,8 @@ class Request:
     priority: int = 0  # higher runs first and is preempted last
     deadline: float | None = None  # perf_counter time after which the request times out
     pin: int = 0  # tokens of the prompt to pin in the cache once computed
+    pinned_tokens: int = 0  # tokens the pin actually locked (0: no pin, or refused)
+    cached_cap: int | None = None  # report at most this many cached tokens (fork: what was cached before the call)
     retention: int = 0  # retention priority of the prompt's KV (radixcache.runtime.kv.retention)
     t_admitted: float | None = None
     wait_steps: int = 0
@@ -101,6 +106,10 @@ class Request:
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
 
     @property
     def held_blocks(self) -> list[int]:
@@ -119,7 +128,3 @@ class Request:
     def prefill_end(self) -> int:
         """Positions whose K/V must exist before decoding: the prompt, or (resumed) every token but the last."""
         return len(self.prompt_ids) + len(self.output_ids) - 1 if self.output_ids else len(self.prompt_ids)
-
-    @property
-    def prefilled(self) -> bool:
-        return self.status is Status.RUNNING and self.num_kv >= self.prefill_end and bool(self.output_ids)

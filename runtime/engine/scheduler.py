@@ -1,25 +1,32 @@
-"""Continuous batching with a cache-aware order: the scheduler that drives the Engine's steps.
+"""Continuous batching with a cache-aware order: the scheduler that drives the engine's steps.
 
-Each `step()` runs one batched decode for every running request, then spends a budget of prefill tokens
-(chunked prefill) on admitted requests and on new admissions. Requests join and leave between steps.
+Each `step()` runs ONE forward pass (engine.runner) over every running decode and the prefill chunks of as many
+requests as the step's token budget allows (mixed batches, chunked prefill). Requests join and leave between steps.
 
+- Budget: `max_prefill_tokens` prompt tokens per step while nothing decodes; `mixed_prefill_tokens` while requests
+  decode, so that a long prompt arriving costs the running requests a bounded stall per token (chunking); at most
+  `max_prefill_seqs` requests' chunks per pass, each at most `prefill_chunk` tokens.
+- In-flight sharing (`share_in_flight`): after each pass, every chunk's computed full pages (and every page a decode
+  filled) go into the tree, still locked by their request (kv.manager.commit). A request that arrives while another
+  computes the same prefix matches whatever pages exist by then.
 - Order of admission (`schedule`): `fcfs` (arrival), `lpm` (longest cached prefix first) or `dfs-weight`
   (requests grouped by the cached subtree they hit, heaviest subtree first, so a shared prefix is computed once
   and then hit by the rest). Priority (`Request.priority`) comes before any of these. A starvation guard puts
   any request that has waited `max_wait_steps` steps or `max_wait_s` seconds first, in arrival order.
 - In-batch sharing (cache-aware schedules): a waiting request that shares at least one uncached page with a
-  request still being prefilled waits until that request's prompt is in the tree, then hits it.
+  request still being prefilled waits (a bounded time: the starvation guard) until those pages are committed,
+  then hits them.
 - Admission is bounded by free + evictable blocks, keeping one page of headroom per running decode. When a
   decode needs a page and none can be evicted, the lowest-priority running request (newest first) is
   preempted: its computed KV goes to the tree, its blocks are released, and it is resumed later from the cache.
   Positions computed again are counted as `recomputed_tokens`, never as hits.
-- A request whose prompt needs more pages than the whole pool is refused at `add` (CacheFullError). A request
-  that alone cannot grow (every other request preempted) fails with CacheFullError; nothing deadlocks.
-- `abort` (cancel or timeout) works in every state. Every path leaves `check_invariants()` true and no block
-  held by a request that left.
+- A request whose prompt needs more pages than the whole pool is refused at `add` (RequestTooLargeError). A
+  request that alone cannot grow (every other request preempted) fails with CacheFullError; nothing deadlocks.
+- `abort` (cancel or timeout) works in every state. A pass that raises fails every request in it. Every path
+  leaves `check_invariants()` true and no block held by a request that left.
 
-The scheduler is single-threaded and owns the engine's cache while it runs: the engine loop thread calls it.
-Tests may drive it directly, step by step.
+The scheduler is given what it drives (a ModelRunner, the KVManager, an OutputProcessor) and knows nothing else
+of the engine. It is single-threaded: the engine loop thread calls it. Tests may drive it directly, step by step.
 """
 
 from __future__ import annotations
@@ -27,15 +34,15 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from radixcache.runtime.engine.request import Request, Status
+import torch
 
 from radixcache import CacheFullError, TreeNode
+from radixcache.runtime.engine.output import OutputProcessor
+from radixcache.runtime.engine.request import Request
+from radixcache.runtime.engine.runner import ModelRunner
+from radixcache.runtime.kv.manager import KVManager, Status
 from radixcache.tokens import as_token_array, common_prefix_length
-
-if TYPE_CHECKING:
-    from radixcache.runtime.engine.engine import Engine
 
 SCHEDULES = ("lpm", "fcfs", "dfs-weight")
 
@@ -46,31 +53,47 @@ class RequestTooLargeError(CacheFullError):
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """schedule: lpm | fcfs | dfs-weight. max_prefill_tokens: prefill budget per step (chunked prefill).
+    """schedule: lpm | fcfs | dfs-weight. max_prefill_tokens: prompt tokens per step while nothing decodes.
+    mixed_prefill_tokens: prompt tokens per step while requests decode (bounds their stall). max_prefill_seqs:
+    requests whose chunks share one pass (1: one at a time). prefill_chunk: most tokens of one request per pass.
     max_running: most requests admitted at once (the decode batch). max_wait_steps / max_wait_s: starvation
     guard. in_batch_sharing: defer a request sharing an uncached prefix with one being prefilled (cache-aware
-    schedules only; fcfs is the plain baseline)."""
+    schedules only; fcfs is the plain baseline). share_in_flight: commit pages to the tree as they are computed
+    (False: only when a request leaves, the baseline before in-flight sharing)."""
 
     schedule: str = "lpm"
-    max_prefill_tokens: int = 512
+    max_prefill_tokens: int = 1024
+    mixed_prefill_tokens: int = 64
+    max_prefill_seqs: int = 16
+    prefill_chunk: int = 512
     max_running: int = 64
     max_wait_steps: int = 64
     max_wait_s: float = 10.0
     in_batch_sharing: bool = True
+    share_in_flight: bool = True
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.max_prefill_tokens < 1 or self.max_running < 1:
-            raise ValueError("max_prefill_tokens and max_running must be >= 1")
+        for name in ("max_prefill_tokens", "mixed_prefill_tokens", "max_prefill_seqs", "prefill_chunk", "max_running"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 class Scheduler:
-    """Waiting, prefilling and decoding requests of one engine; `step()` advances them all."""
+    """Waiting, prefilling and decoding requests of one engine; `step()` advances them all by one pass."""
 
-    def __init__(self, engine: Engine, config: SchedulerConfig | None = None) -> None:
-        self.engine = engine
-        self.kv = engine.kv
+    def __init__(
+        self,
+        runner: ModelRunner,
+        kv: KVManager,
+        output: OutputProcessor,
+        config: SchedulerConfig | None = None,
+    ) -> None:
+        self.runner = runner
+        self.kv = kv
+        self.output = output
         self.config = config or SchedulerConfig()
         self.waiting: list[Request] = []
         self.prefilling: list[Request] = []
@@ -97,8 +120,7 @@ class Scheduler:
                 f"a prompt of {len(req.prompt_ids)} tokens needs {need} pages of {self.kv.page_size} tokens, "
                 f"but the whole KV pool holds {cap} pages"
             )
-        if req.retention and self.kv.enable_cache:
-            self.engine.retention.mark(req.namespace, req.prompt_ids, req.retention)
+        self.kv.mark_retention(req)
         self.waiting.append(req)
 
     def abort(self, req: Request, reason: str = "cancelled") -> bool:
@@ -112,14 +134,17 @@ class Scheduler:
         return True
 
     def step(self) -> None:
-        """One engine step: time out, decode every running request once, then prefill within the budget."""
+        """One engine step: time out, pick the decodes and the prefill chunks, run them in one pass, emit."""
         self.steps += 1
         now = time.perf_counter()
         for r in [*self.waiting, *self.prefilling, *self.decoding]:
             if r.deadline is not None and now >= r.deadline:
                 self.abort(r, "timeout")
-        self._decode()
-        self._prefill()
+        decodes = self._schedule_decodes()
+        cfg = self.config
+        chunks = self._schedule_prefill(cfg.mixed_prefill_tokens if decodes else cfg.max_prefill_tokens, now)
+        if decodes or chunks:
+            self._run(decodes, chunks)
         for r in self.waiting:
             r.wait_steps += 1
 
@@ -127,27 +152,70 @@ class Scheduler:
         out, self.finished = self.finished, []
         return out
 
+    # ------------------------------------------------------------------ one pass
+
+    def _run(self, decodes: list[Request], chunks: list[tuple[Request, int]]) -> None:
+        try:
+            logits = self.runner.step(decodes, chunks)
+        except BaseException as exc:  # nothing was committed: every request of the pass fails, holding nothing
+            for r in [*decodes, *(r for r, _ in chunks)]:
+                self._fail(r, exc)
+            return
+        share = self.config.share_in_flight
+        p = self.kv.page_size
+        done: list[tuple[Request, torch.Tensor]] = []  # (request, logits row): each gets its next token now
+        for i, r in enumerate(decodes):
+            if share and r.num_kv % p == 0:  # the pass filled a page
+                self.kv.commit(r)
+            assert logits.decode is not None
+            done.append((r, logits.decode[i]))
+        for i, (r, _) in enumerate(chunks):
+            finished_prefill = r.num_kv >= r.prefill_end
+            if share or (finished_prefill and r.pin):
+                self.kv.commit(r)
+            if finished_prefill:
+                self._start_decoding(r)
+                if not r.output_ids:  # fresh: its first token; a resumed request already has its next input
+                    assert logits.chunks is not None
+                    done.append((r, logits.chunks[i]))
+        self._emit_all(done)
+
+    def _emit_all(self, done: list[tuple[Request, torch.Tensor]]) -> None:
+        """Sample every row; greedy rows are decided by one argmax (one host transfer per pass)."""
+        if not done:
+            return
+        greedy = [r.sampler.params.greedy for r, _ in done]
+        tokens = []
+        if any(greedy):
+            rows = [row for (_, row), g in zip(done, greedy, strict=True) if g]
+            tokens = iter(torch.stack(rows).argmax(dim=-1).tolist())
+        for (r, row), g in zip(done, greedy, strict=True):
+            self._emit(r, row, next(tokens) if g else None)
+
+    def _start_decoding(self, req: Request) -> None:
+        self.prefilling.remove(req)
+        self.decoding.append(req)
+        if req.pin and not req.pinned_tokens:
+            req.pinned_tokens = self.kv.pin(req)
+
+    def _emit(self, req: Request, logits: torch.Tensor, token: int | None = None) -> None:
+        self.output.emit(req, logits, token)
+        if req.finished:
+            self._remove(req)
+            self.kv.release(req)
+            self._leave(req)
+        else:
+            self._notify(req)
+
     # ------------------------------------------------------------------ decode
 
-    def _decode(self) -> None:
+    def _schedule_decodes(self) -> list[Request]:
+        """Every decoding request that has (or could get) a page for its next token."""
         batch = []
         for r in sorted(self.decoding, key=lambda r: (-r.priority, r.rid)):  # the important secure pages first
             if r.status is Status.RUNNING and self._grow(r):
                 batch.append(r)
-        batch = [r for r in batch if r.status is Status.RUNNING]
-        if not batch:
-            return
-        try:
-            logits = self.engine._decode(batch)
-        except BaseException as exc:
-            for r in batch:
-                self._fail(r, exc)
-            return
-        # Greedy rows are decided by one argmax over the batch: one host transfer per step, not one per request.
-        greedy = [r.sampler.params.greedy for r in batch]
-        tokens = logits.argmax(dim=-1).tolist() if any(greedy) else []
-        for i, r in enumerate(batch):
-            self._emit(r, logits[i], tokens[i] if greedy[i] else None)
+        return [r for r in batch if r.status is Status.RUNNING and r in self.decoding]
 
     def _grow(self, req: Request) -> bool:
         """Make sure `req` has a page for its next token, preempting lower-priority requests if needed."""
@@ -174,18 +242,23 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill and admission
 
-    def _prefill(self) -> None:
-        budget = self.config.max_prefill_tokens
-        for r in list(self.prefilling):
-            if budget <= 0:
-                return
-            budget -= self._prefill_chunk(r, budget)
+    def _schedule_prefill(self, budget: int, now: float) -> list[tuple[Request, int]]:
+        """The chunks of this pass: requests already prefilling first, then new admissions, within `budget`."""
+        cfg = self.config
+        chunks: list[tuple[Request, int]] = []
+        for r in self.prefilling:
+            if budget <= 0 or len(chunks) >= cfg.max_prefill_seqs:
+                return chunks
+            n = min(r.prefill_end - r.num_kv, budget, cfg.prefill_chunk)
+            chunks.append((r, n))
+            budget -= n
         if budget <= 0 or not self.waiting:
-            return
-        now = time.perf_counter()
+            return chunks
         cached, order = self._order(now)
         for r in order:
-            if budget <= 0 or len(self.prefilling) + len(self.decoding) >= self.config.max_running:
+            if budget <= 0 or len(chunks) >= cfg.max_prefill_seqs:
+                break
+            if len(self.prefilling) + len(self.decoding) >= cfg.max_running:
                 break
             if self._must_wait_for_sharer(r, cached.get(r.rid, 0), now):
                 continue
@@ -205,48 +278,13 @@ class Scheduler:
             if r.t_admitted is None:
                 r.t_admitted = now
             self.prefilling.append(r)
-            budget -= self._prefill_chunk(r, budget)
-
-    def _prefill_chunk(self, req: Request, budget: int) -> int:
-        """Compute up to `budget` more prompt positions of `req`; finish its prefill if that was the last."""
-        end = req.prefill_end
-        n = min(end - req.num_kv, budget)
-        logits = None
-        if n > 0:
-            try:
-                logits = self.engine._prefill_chunk(req, n)
-            except BaseException as exc:
-                self._remove(req)
-                self._fail(req, exc)
-                return n
-        if req.num_kv < end:
-            return n
-        self.prefilling.remove(req)
-        self.decoding.append(req)
-        if req.pin or self._anyone_waiting(req):
-            self.kv.commit_prefix(req)  # in-batch sharing: the others hit this prompt from now on
-            if req.pin:
-                self.engine._pin(req)
-        if not req.output_ids:  # fresh: its first token; a resumed request already has its next input token
-            assert logits is not None
-            self._emit(req, logits)
-        return n
-
-    def _emit(self, req: Request, logits: object, token: int | None = None) -> None:
-        self.engine._emit(req, logits, token)  # type: ignore[arg-type]
-        if req.finished:
-            self._remove(req)
-            self.kv.release(req)
-            self._leave(req)
-        else:
-            self._notify(req)
-
-    def _anyone_waiting(self, req: Request) -> bool:
-        """Whether committing the prompt early can serve a waiting request (cache-aware schedules only)."""
-        cfg = self.config
-        if not cfg.in_batch_sharing or cfg.schedule == "fcfs":
-            return False
-        return any(w.namespace == req.namespace for w in self.waiting)
+            n = min(r.prefill_end - r.num_kv, budget, cfg.prefill_chunk)
+            if n > 0:
+                chunks.append((r, n))
+                budget -= n
+            else:  # a resumed request whose every position is cached: it decodes from the next step
+                self._start_decoding(r)
+        return chunks
 
     # ------------------------------------------------------------------ order
 

@@ -1,8 +1,15 @@
-"""Moves a request's KV blocks through the radix cache: match, lock, allocate, grow, insert, unlock, free.
+"""The engine's only door to the radix cache: a request's KV pages from admission to release.
 
-Every method leaves the cache's invariants true, also when it raises: a request either holds its lock and
-blocks (RUNNING) or holds nothing (WAITING, FINISHED, ABORTED). Preemption gives a running request's computed
-KV to the tree (evictable, so that its resumption hits it if it survives) and puts it back to WAITING.
+match and lock -> allocate -> commit each computed chunk (in flight) -> grow while decoding -> release.
+
+Every method leaves the cache's invariants true, also when it raises: a request either holds its lock and blocks
+(RUNNING) or holds nothing (WAITING, FINISHED, ABORTED).
+
+In-flight sharing: `commit` gives the tree a running request's computed full pages as soon as a forward pass wrote
+them (each prefill chunk, each page a decode fills), still locked by the request. Another request that arrives
+meanwhile matches them like any cached prefix. A page that another request inserted first replaces our duplicate
+(the tree frees ours) and the request's block table follows the tree. Preemption gives a running request's
+computed KV to the tree (evictable, so that its resumption hits it if it survives) and puts it back to WAITING.
 """
 
 from __future__ import annotations
@@ -12,13 +19,16 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from radixcache import RadixCache, TreeNode
-from radixcache.tokens import as_token_array, common_prefix_length
+from radixcache.runtime.kv.pins import PinTable
+from radixcache.runtime.kv.retention import RetentionPolicy
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.request import Request
 
 
 class Status(Enum):
+    """Where a request's KV is: the state names what it holds."""
+
     WAITING = "waiting"  # not yet admitted (or preempted): holds no blocks
     RUNNING = "running"  # admitted: holds a lock and blocks
     FINISHED = "finished"  # released: its KV went to the tree (or was freed)
@@ -26,14 +36,25 @@ class Status(Enum):
 
 
 class KVManager:
-    """The engine's only door to the RadixCache. With `enable_cache=False` it allocates and frees blocks the
-    same way but never matches or inserts, so nothing is reused (the baseline)."""
+    """Admission, growth, in-flight commits, pins and release of requests' pages in one RadixCache.
 
-    def __init__(self, cache: RadixCache, *, enable_cache: bool = True) -> None:
+    With `enable_cache=False` it allocates and frees blocks the same way but never matches, commits or inserts,
+    so nothing is reused (the baseline). `max_pinned_blocks`: the most pages pins may lock (kv.pins).
+    """
+
+    def __init__(
+        self,
+        cache: RadixCache,
+        *,
+        enable_cache: bool = True,
+        retention: RetentionPolicy | None = None,
+        max_pinned_blocks: int = 0,
+    ) -> None:
         self.cache = cache
         self.enable_cache = enable_cache
         self.page_size = cache.page_size
-        self._roots: dict[Hashable, TreeNode] = {}  # namespace roots seen, for read-only peeks
+        self.retention = retention
+        self.pins = PinTable(cache, max_pinned_blocks)
 
     def pages(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -59,7 +80,6 @@ class KVManager:
             match = cache.match_prefix(req.all_ids[: end if resumed else end - 1], namespace=req.namespace)
             node, blocks = match.node, match.blocks
             cache.lock(node)
-            self._remember_root(node)
         try:
             need = self.pages(end) - len(blocks)
             if not strict and need + reserve > cache.free_blocks + cache.evictable_blocks:
@@ -77,7 +97,7 @@ class KVManager:
         req.block_table = blocks + new
         req.num_kv = matched
         if req.preemptions == 0 and not resumed and req.t_admitted is None:
-            req.cached_tokens = matched
+            req.cached_tokens = matched if req.cached_cap is None else min(matched, req.cached_cap)
         else:  # a resumption: what it computes again is recomputation, not a miss, and its hits are not hits
             req.recomputed_tokens += max(0, req.computed_max - matched)
         req.status = Status.RUNNING
@@ -89,67 +109,52 @@ class KVManager:
         if missing > 0:
             req.block_table.extend(self.cache.allocate(missing))
 
-    def pages_short(self, req: Request, num_tokens: int) -> int:
-        return max(0, self.pages(num_tokens) - len(req.block_table))
+    def mark_retention(self, req: Request) -> None:
+        """Give the request's prompt its retention priority (kv.retention), if it asked for one."""
+        if req.retention and self.enable_cache and self.retention is not None:
+            self.retention.mark(req.namespace, req.prompt_ids, req.retention)
 
     # ------------------------------------------------------------------ sharing while running
 
-    def commit_prefix(self, req: Request) -> None:
-        """Give the tree the request's computed full pages now (not at release), so that other requests hit them
-        while this one still runs: the request re-locks the node that ends its pages and reads the tree's blocks
-        (a page another request inserted first replaces our duplicate, which the tree freed)."""
+    def commit(self, req: Request) -> None:
+        """Give the tree the request's computed full pages now (in flight), so that other requests hit them while
+        this one still runs. The request's lock moves down to the node that ends its pages, and its block table
+        takes the tree's blocks (a page another request inserted first replaces our duplicate, which the tree
+        freed)."""
         if not self.enable_cache or req.status is not Status.RUNNING:
             return
         p = self.page_size
         full = req.num_kv // p
         if full <= req.tree_blocks:
             return
+        cache, ns = self.cache, req.namespace
         tokens = req.all_ids[: full * p]
-        self.cache.insert(tokens, req.block_table[:full], namespace=req.namespace)
-        old = req.match_node
-        if old is not None and old.parent is not None:  # walk down from our locked node: the tree is unchanged
-            node, blocks = walk(old, as_token_array(tokens), req.tree_blocks * p, p)
-        else:  # no hit before: the namespace's root is the cache's to give (a lookup, counted in cache.stats)
-            match = self.cache.match_prefix(tokens, namespace=req.namespace)
-            node, blocks = match.node, match.blocks
-        assert len(blocks) == full - req.tree_blocks, "the pages just inserted are in the tree"
-        self.cache.lock(node)
-        self._remember_root(node)
-        req.match_node = node
+        cache.insert(tokens, req.block_table[:full], namespace=ns)
+        node = cache.lock_prefix(tokens, full * p, namespace=ns)
+        assert node is not None, "the pages just inserted are in the tree, and locked"
+        tree_blocks = cache.peek(tokens, namespace=ns).blocks
+        old, req.match_node = req.match_node, node
         if old is not None:
-            self.cache.unlock(old)
-        req.block_table[req.tree_blocks : full] = blocks
+            cache.unlock(old)
+        req.block_table[:full] = tree_blocks
         req.tree_blocks = full
 
-    def lock_prefix(self, req: Request, num_tokens: int) -> TreeNode | None:
-        """Lock (for pinning) the tree node that ends the request's first `num_tokens` tokens, page-aligned.
-        The caller owns the extra lock. None when nothing is in the tree there."""
-        if not self.enable_cache or req.match_node is None:
-            return None
-        p = self.page_size
-        n = min(num_tokens, req.tree_blocks * p) // p * p
-        if n == 0:
-            return None
-        root = self._root_of(req.match_node)
-        node, blocks = walk(root, as_token_array(req.all_ids[:n]), 0, p)
-        if len(blocks) * p < n:
-            return None
-        self.cache.lock(node)
-        return node
-
     def peek(self, tokens: Sequence[int], namespace: Hashable) -> tuple[int, TreeNode | None]:
-        """Cached tokens of `tokens` (whole pages) and the deepest node reached, without touching the tree."""
+        """Cached tokens of `tokens` (whole pages) and the deepest node reached, changing nothing (for ordering)."""
         if not self.enable_cache:
             return 0, None
-        root = self._roots.get(namespace)
-        if root is None or not root.children:  # unknown, or emptied (its root may have been dropped): ask
-            root = self.cache.match_prefix([], namespace=namespace).node  # an empty lookup: no tokens counted
-            if not root.children:
-                self._roots.pop(namespace, None)
-                return 0, None
-            self._roots[namespace] = root
-        node, blocks = walk(root, as_token_array(tokens), 0, self.page_size)
-        return len(blocks) * self.page_size, node
+        match = self.cache.peek(tokens, namespace=namespace)
+        return match.length, (match.node if match.length else None)
+
+    # ------------------------------------------------------------------ pins
+
+    def pin(self, req: Request) -> int:
+        """Pin the first `req.pin` tokens of a request whose prompt is computed and committed: exactly the whole
+        pages they fill. Returns the tokens pinned (0: nothing asked, or refused past the pinned share)."""
+        if not self.enable_cache or not req.pin or req.status is not Status.RUNNING:
+            return 0
+        n = min(req.pin, req.tree_blocks * self.page_size) // self.page_size * self.page_size
+        return self.pins.pin(req.all_ids[:n], req.namespace) if n else 0
 
     # ------------------------------------------------------------------ leaving
 
@@ -173,7 +178,8 @@ class KVManager:
         req.status = Status.WAITING
 
     def abort(self, req: Request, *, status: Status = Status.ABORTED) -> None:
-        """Free every block the request holds and drop its lock. Safe to call in any state."""
+        """Free every block the request holds and drop its lock. Safe to call in any state. Pages it already
+        committed stay in the tree (their KV is complete: a pass that failed committed nothing)."""
         if req.status is Status.RUNNING:
             held = req.held_blocks
             del req.block_table[req.tree_blocks :]
@@ -211,37 +217,3 @@ class KVManager:
         node, req.match_node = req.match_node, None
         if node is not None:
             self.cache.unlock(node)
-
-    def _remember_root(self, node: TreeNode) -> None:
-        """The root above a node in the tree is the namespace's registered root (roots come and go)."""
-        if node.parent is not None:
-            root = self._root_of(node)
-            self._roots[root.namespace] = root
-
-    @staticmethod
-    def _root_of(node: TreeNode) -> TreeNode:
-        while node.parent is not None:
-            node = node.parent
-        return node
-
-
-def walk(node: TreeNode, tokens: object, pos: int, page_size: int) -> tuple[TreeNode, list[int]]:
-    """Follow `tokens[pos:]` down from `node` (read-only), whole pages only. Returns the deepest node reached
-    (one matched only in part included) and the blocks of the pages matched below `node`."""
-    arr = tokens
-    n = len(arr)  # type: ignore[arg-type]
-    p = page_size
-    blocks: list[int] = []
-    while n - pos >= p:
-        page = arr[pos : pos + p]  # type: ignore[index]
-        child = next((c for c in node.children.values() if c.key[:p] == page), None)
-        if child is None:
-            break
-        k = common_prefix_length(child.key, arr, pos)  # type: ignore[arg-type]
-        k -= k % p
-        blocks.extend(child.blocks[: k // p])
-        node = child
-        pos += k
-        if k < len(child.key):
-            break
-    return node, blocks

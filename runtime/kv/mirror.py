@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.kv.pool import KVPool, gather_pages
 

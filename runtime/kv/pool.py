@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 import torch
+
 from radixcache.runtime.config import ModelConfig
 
 _UNITS = {

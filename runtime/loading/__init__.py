@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.loading.chat_template import ChatTemplateError
 from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer

@@ -8,8 +8,9 @@ import os
 from typing import Any
 
 import torch
-from radixcache.runtime.config import ModelConfig
 from safetensors import safe_open
+
+from radixcache.runtime.config import ModelConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 INDEX_FILE = "model.safetensors.index.json"

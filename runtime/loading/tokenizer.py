@@ -12,11 +12,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from tokenizers import Tokenizer as Backend
+
 from radixcache.runtime.loading.chat_template import render_chat_template
 from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
 from radixcache.runtime.loading.gguf_model import gguf_adds_bos, gguf_eos_ids
 from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf
-from tokenizers import Tokenizer as Backend
 
 
 class Tokenizer:

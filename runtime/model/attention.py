@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from radixcache.runtime.kv.pool import gather_pages
 
 MAX_RUNS = 4  # beyond this many views a step costs more in SDPA calls than one gather copy saves

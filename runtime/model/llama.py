@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.kv.mirror import MirrorStep
 from radixcache.runtime.kv.pool import KVPool
@@ -27,7 +28,9 @@ from radixcache.runtime.model.attention import (
     prefill_attention,
     split_prefill_attention,
 )
-from radixcache.runtime.model.linear import Linear, check_quant, make_linear
+from radixcache.runtime.model.batch import DecodeBatch, ForwardLogits, PrefillChunk
+from radixcache.runtime.model.linear import Linear
+from radixcache.runtime.model.quant import check_quant, make_linear
 
 if TYPE_CHECKING:
     from radixcache.runtime.model.block_linear import BlockWeight
@@ -184,14 +187,25 @@ class LlamaModel:
         need = -(-(start + t) // pool.page_size)
         if table.numel() < need:
             raise ValueError(f"block table of {table.numel()} pages cannot hold {start + t} tokens")
+        if not all_logits:  # the engine's path: one chunk per pass
+            out = None
+            for lo in range(0, t, chunk_size):
+                chunk = PrefillChunk(ids[lo : lo + chunk_size], start + lo, table)
+                out = self.forward(pool, chunks=[chunk]).chunks
+            assert out is not None
+            return out[0]
         outs = []
         for lo in range(0, t, chunk_size):
             hi = min(t, lo + chunk_size)
             positions = torch.arange(start + lo, start + hi, device=self.device)
             meta = PrefillMeta(start + lo, hi - lo, table, pool.slots(table, positions))
-            hidden = self._layers(ids[lo:hi], positions, pool, meta.slots, self._prefill_attend(meta, pool), True)
-            outs.append(hidden if all_logits else hidden[-1:])
-        return self._logits(torch.cat(outs) if all_logits else outs[-1][0], prefill=True)
+            mask = self._chunk_mask(meta)
+
+            def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                return self._prefill_attend(layer, q, k, v, meta, mask, pool)  # noqa: B023 (called within the loop)
+
+            outs.append(self._layers(ids[lo:hi], positions, pool, meta.slots, attend, True))
+        return self._logits(torch.cat(outs), prefill=True)
 
     def decode(
         self,
@@ -202,23 +216,76 @@ class LlamaModel:
     ) -> torch.Tensor:
         """One new token per sequence (token i at position `meta.lengths[i] - 1`). Returns logits `[B, vocab]`.
 
-        With `mirror` (from radixcache.runtime.kv.mirror, prepared for the same sequences and lengths) attention reads
-        the mirror's contiguous rows instead of the pages; the new K/V go to both. The caller commits the step.
+        With `mirror` (from kv.mirror, prepared for the same sequences and lengths) attention reads the mirror's
+        contiguous rows instead of the pages; the new K/V go to both. The caller commits the step.
         """
-        ids = torch.as_tensor(token_ids, dtype=torch.int64).to(self.device)
-        self._check_positions(max(meta.lengths))
-        positions = meta.lengths_t - 1
-        if mirror is not None and mirror.lengths != meta.lengths:
-            raise ValueError(f"mirror step lengths {mirror.lengths} do not match the decode's {meta.lengths}")
+        out = self.forward(pool, decode=DecodeBatch(token_ids, meta, mirror)).decode
+        assert out is not None
+        return out
+
+    def forward(
+        self, pool: KVPool, *, decode: DecodeBatch | None = None, chunks: Sequence[PrefillChunk] = ()
+    ) -> ForwardLogits:
+        """One pass over the running decodes and the prefill chunks of any number of sequences (model.batch).
+
+        Rows are `[decodes | chunk 0 | chunk 1 | ...]`: the products run once over all of them, attention per part
+        (decodes over the mirror or their pages, each chunk over its sequence's cached prefix and itself). Every
+        new K/V is written to the pool. Returns the decodes' logits and each chunk's last-position logits.
+        """
+        if decode is None and not chunks:
+            raise ValueError("a forward pass needs decodes or prefill chunks")
+        dev = self.device
+        ids_parts: list[torch.Tensor] = []
+        pos_parts: list[torch.Tensor] = []
+        slot_parts: list[torch.Tensor] = []
+        b = 0
+        if decode is not None:
+            meta = decode.meta
+            b = meta.batch
+            if len(decode.token_ids) != b:
+                raise ValueError(f"{len(decode.token_ids)} decode tokens for {b} sequences")
+            if decode.mirror is not None and decode.mirror.lengths != meta.lengths:
+                raise ValueError(
+                    f"mirror step lengths {decode.mirror.lengths} do not match the decode's {meta.lengths}"
+                )
+            self._check_positions(max(meta.lengths))
+            ids_parts.append(torch.as_tensor(decode.token_ids, dtype=torch.int64).to(dev))
+            pos_parts.append(meta.lengths_t - 1)
+            slot_parts.append(meta.slots)
+        parts: list[tuple[int, int, PrefillMeta, torch.Tensor | None]] = []  # (first row, end row, meta, mask)
+        row = b
+        for chunk in chunks:
+            n = len(chunk.token_ids)
+            if n == 0:
+                raise ValueError("a prefill chunk needs at least one token")
+            self._check_positions(chunk.end)
+            table = torch.as_tensor(chunk.block_table, dtype=torch.int64).to(dev)
+            if table.numel() < -(-chunk.end // pool.page_size):
+                raise ValueError(f"block table of {table.numel()} pages cannot hold {chunk.end} tokens")
+            positions = torch.arange(chunk.start, chunk.end, device=dev)
+            meta_p = PrefillMeta(chunk.start, n, table, pool.slots(table, positions))
+            ids_parts.append(torch.as_tensor(chunk.token_ids, dtype=torch.int64).to(dev))
+            pos_parts.append(positions)
+            slot_parts.append(meta_p.slots)
+            parts.append((row, row + n, meta_p, self._chunk_mask(meta_p)))
+            row += n
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            if mirror is not None:
-                mirror.write(layer, k, v)
-                return mirror.attend(layer, q)
-            k_pages, v_pages = pool.layer(layer)
-            return decode_attention(q, k_pages, v_pages, meta)
+            outs = []
+            if decode is not None:
+                outs.append(self._decode_attend(layer, q[:b], k[:b], v[:b], decode, pool))
+            for lo, hi, meta_p, mask in parts:
+                outs.append(self._prefill_attend(layer, q[lo:hi], k[lo:hi], v[lo:hi], meta_p, mask, pool))
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-        return self._logits(self._layers(ids, positions, pool, meta.slots, attend, False), prefill=False)
+        cat = lambda xs: xs[0] if len(xs) == 1 else torch.cat(xs)  # noqa: E731
+        hidden = self._layers(cat(ids_parts), cat(pos_parts), pool, cat(slot_parts), attend, bool(chunks))
+        if parts:  # the decode rows and each chunk's last row: the only logits anyone reads
+            wanted = [*range(b), *(hi - 1 for _, hi, _, _ in parts)]
+            if len(wanted) < hidden.shape[0]:
+                hidden = hidden.index_select(0, torch.tensor(wanted, device=dev))
+        logits = self._logits(hidden, prefill=bool(chunks))
+        return ForwardLogits(logits[:b] if decode is not None else None, logits[b:] if parts else None)
 
     # ------------------------------------------------------------------ private
 
@@ -226,29 +293,46 @@ class LlamaModel:
         if end > self.config.max_position:
             raise ValueError(f"sequence of {end} tokens exceeds the model's max_position {self.config.max_position}")
 
-    def _prefill_attend(self, meta: PrefillMeta, pool: KVPool) -> Callable[..., torch.Tensor]:
+    def _chunk_mask(self, meta: PrefillMeta) -> torch.Tensor | None:
+        """The additive causal mask of a chunk off the CPU (built once per pass); the CPU needs none."""
         if self.device.type == "cpu":
-
-            def split(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                k_prefix = v_prefix = None
-                if meta.start > 0:  # only the cached prefix comes from the pool; the chunk's own K/V are at hand
-                    k_pages, v_pages = pool.layer(layer)
-                    k_prefix = gather_pages(k_pages, meta.block_table, meta.start)
-                    v_prefix = gather_pages(v_pages, meta.block_table, meta.start)
-                return split_prefill_attention(q, k, v, k_prefix, v_prefix)
-
-            return split
+            return None
         group = self.config.num_heads // self.config.num_kv_heads
-        mask = causal_mask(meta.start, meta.num_new, meta.total, group, self.device, self.dtype)
+        return causal_mask(meta.start, meta.num_new, meta.total, group, self.device, self.dtype)
 
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            if meta.start > 0:  # the prefix comes from the pool (the new K/V were just written there)
+    def _prefill_attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: PrefillMeta,
+        mask: torch.Tensor | None,
+        pool: KVPool,
+    ) -> torch.Tensor:
+        """A chunk's queries over its sequence's cached prefix and over the chunk itself (causal)."""
+        if mask is None:  # the CPU: the prefix from the pool, the chunk's own K/V at hand, merged by log-sum-exp
+            k_prefix = v_prefix = None
+            if meta.start > 0:
                 k_pages, v_pages = pool.layer(layer)
-                k = gather_pages(k_pages, meta.block_table, meta.total)
-                v = gather_pages(v_pages, meta.block_table, meta.total)
-            return prefill_attention(q, k, v, mask)
+                k_prefix = gather_pages(k_pages, meta.block_table, meta.start)
+                v_prefix = gather_pages(v_pages, meta.block_table, meta.start)
+            return split_prefill_attention(q, k, v, k_prefix, v_prefix)
+        if meta.start > 0:  # the prefix comes from the pool (the new K/V were just written there)
+            k_pages, v_pages = pool.layer(layer)
+            k = gather_pages(k_pages, meta.block_table, meta.total)
+            v = gather_pages(v_pages, meta.block_table, meta.total)
+        return prefill_attention(q, k, v, mask)
 
-        return attend
+    @staticmethod
+    def _decode_attend(
+        layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decode: DecodeBatch, pool: KVPool
+    ) -> torch.Tensor:
+        if decode.mirror is not None:
+            decode.mirror.write(layer, k, v)
+            return decode.mirror.attend(layer, q)
+        k_pages, v_pages = pool.layer(layer)
+        return decode_attention(q, k_pages, v_pages, decode.meta)
 
     def _layers(
         self,

@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+
 from radixcache.runtime.config import ModelConfig
 
 

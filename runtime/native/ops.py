@@ -16,6 +16,7 @@ import ctypes
 from collections.abc import Callable, Sequence
 
 import torch
+
 from radixcache.runtime.native import blockdot
 
 

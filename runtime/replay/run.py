@@ -14,13 +14,13 @@ context is skipped and counted, and so is one that needs more KV pages than the 
 (KeyboardInterrupt) stops the run cleanly: the result holds what finished and says it was interrupted.
 
     from radixcache.runtime.engine.engine import Engine
-    from radixcache.runtime.replay.run import ReplayConfig, load_replay_trace, replay
+    from radixcache.runtime.replay import ReplayConfig, load_replay_trace, replay
 
     result = replay(Engine("smollm2"), load_replay_trace(), ReplayConfig(limit=2, max_tokens=8))
     print(result.summary.hit_rate, result.summary.ttft_p50_s)
 
-`--concurrency N > 1` needs an engine with `agenerate` (the continuous-batching scheduler); with one, every
-conversation runs as its own task and at most N requests are in flight. Without one, `replay` refuses.
+With `--concurrency N > 1` every conversation runs as its own task through `Engine.agenerate` (the
+continuous-batching scheduler), with at most N requests in flight.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from radixcache.errors import CacheFullError
+from radixcache.records import TokenRequest
 from radixcache.runtime.replay.results import (  # noqa: F401 - re-exported: the replay API in one import
     DEFAULT_MAX_TOKENS,
     MODES,
@@ -47,9 +49,6 @@ from radixcache.runtime.replay.results import (  # noqa: F401 - re-exported: the
     SkippedTurn,
     summarize,
 )
-
-from radixcache.errors import CacheFullError
-from radixcache.records import TokenRequest
 from radixcache.trace import Conversation, Trace, TraceError, read_trace
 
 SAMPLE_TRACE = "sample_chat.jsonl"
@@ -266,11 +265,6 @@ def replay(
     config = config or ReplayConfig()
     sessions = plan_sessions(trace, config.limit)
     _check_tokens(sessions, engine)
-    if config.concurrency > 1 and not hasattr(engine, "agenerate"):
-        raise ReplayError(
-            f"--concurrency {config.concurrency} needs the continuous-batching scheduler (Engine.agenerate), "
-            "which this runtime does not have yet; use --concurrency 1"
-        )
     if config.warmup:
         _warm_up(engine)
     run = _Run(engine, config, on_result, on_warning)

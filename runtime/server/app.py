@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
 from radixcache.runtime.server import generation
 from radixcache.runtime.server.metrics import ServerMetrics
 from radixcache.runtime.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, validation_message

@@ -73,31 +73,23 @@ async def result_of(handle: RequestHandle) -> GenerationResult:
     return await waiter
 
 
-def _submit(engine: Any, job: Job, i: int, inflight: Inflight) -> RequestHandle:
-    handle = engine.submit(job.prompt_ids, job.max_tokens, **job.sample_kwargs(i))
-    inflight.handles.add(handle)
-    handle.future.add_done_callback(lambda _: inflight.handles.discard(handle))
-    return handle
-
-
-async def share_prefix(engine: Any, job: Job, inflight: Inflight) -> None:
-    """For n > 1: put the prompt's KV in the tree once (one token, like Engine.fork) so the n samples lock it
-    instead of each prefilling it."""
-    if job.n < 2 or not engine.enable_cache or len(job.prompt_ids) < engine.cache.page_size:
-        return
-    handle = engine.submit(job.prompt_ids, 1, ignore_eos=True, namespace=job.kwargs.get("namespace"))
-    inflight.handles.add(handle)
-    try:
-        await result_of(handle)
-    finally:
-        inflight.handles.discard(handle)
-        inflight.cancel(handle)
+def _submit_all(engine: Any, job: Job, inflight: Inflight) -> list[RequestHandle]:
+    """The job's n samples as one group (Engine.submit_group): they share the prompt's KV in flight, and none
+    counts another's prefill of it as cached."""
+    if job.n == 1:
+        handles = [engine.submit(job.prompt_ids, job.max_tokens, **job.sample_kwargs(0))]
+    else:
+        each = [job.sample_kwargs(i) for i in range(job.n)]
+        handles = engine.submit_group([job.prompt_ids] * job.n, job.max_tokens, each=each)
+    for handle in handles:
+        inflight.handles.add(handle)
+        handle.future.add_done_callback(lambda _, h=handle: inflight.handles.discard(h))
+    return handles
 
 
 async def complete(engine: Any, job: Job, inflight: Inflight) -> list[GenerationResult]:
     """The n results of a job; cancelling the awaiting task cancels every engine request."""
-    await share_prefix(engine, job, inflight)
-    handles = [_submit(engine, job, i, inflight) for i in range(job.n)]
+    handles = _submit_all(engine, job, inflight)
     try:
         return list(await asyncio.gather(*(result_of(h) for h in handles)))
     finally:
@@ -116,10 +108,11 @@ def _visible_text(engine: Any, ids: Sequence[int], hidden: set[int], stop: Seque
     return text[: len(text) - holdback] if holdback else text
 
 
-async def _stream_one(engine: Any, job: Job, i: int, inflight: Inflight, out: asyncio.Queue[Event]) -> None:
+async def _stream_one(
+    engine: Any, job: Job, i: int, handle: RequestHandle, inflight: Inflight, out: asyncio.Queue[Event]
+) -> None:
     loop = asyncio.get_running_loop()
     wake: asyncio.Queue[None] = asyncio.Queue()
-    handle = _submit(engine, job, i, inflight)
     req = handle.request
     req.listener = lambda _r: loop.call_soon_threadsafe(wake.put_nowait, None)  # on the engine loop thread
     handle.future.add_done_callback(lambda _f: loop.call_soon_threadsafe(wake.put_nowait, None))
@@ -144,9 +137,9 @@ async def _stream_one(engine: Any, job: Job, i: int, inflight: Inflight, out: as
 async def stream(engine: Any, job: Job, inflight: Inflight) -> AsyncIterator[Event]:
     """(index, delta, None) as text arrives, then (index, None, result) once per sample. Closing the iterator
     (a client that disconnects) cancels every sample."""
-    await share_prefix(engine, job, inflight)
     out: asyncio.Queue[Event] = asyncio.Queue()
-    tasks = [asyncio.create_task(_stream_one(engine, job, i, inflight, out)) for i in range(job.n)]
+    handles = _submit_all(engine, job, inflight)
+    tasks = [asyncio.create_task(_stream_one(engine, job, i, h, inflight, out)) for i, h in enumerate(handles)]
     finished = 0
     try:
         while finished < job.n:

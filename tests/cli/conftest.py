@@ -21,9 +21,10 @@ CHATML = (
 def write_tiny_checkpoint(directory: Path, seed: int = 3) -> Path:
     """A Hugging Face directory the runtime loads like a real one: config.json, model.safetensors, a byte-level
     tokenizer.json (256 byte tokens, no merges, two ChatML specials) and tokenizer_config.json with a template."""
-    from radixcache.runtime.testing import random_weights, tiny_config
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from radixcache.runtime.testing import random_weights, tiny_config
 
     directory.mkdir(parents=True, exist_ok=True)
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from radixcache.cli.main import main
 
 

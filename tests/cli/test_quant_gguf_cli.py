@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
+
 from radixcache.cli.main import main
 
 

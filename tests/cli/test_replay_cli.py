@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from radixcache.cli.main import main
 
 REAL_MODEL_TIMEOUT = 300

@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+
+from radixcache.invariants import check_invariants
+from radixcache.records import TokenRequest
 from radixcache.runtime.engine.engine import Engine
 from radixcache.runtime.replay.run import (
     Comparison,
@@ -17,9 +20,6 @@ from radixcache.runtime.replay.run import (
     replay,
     sample_trace_path,
 )
-
-from radixcache.invariants import check_invariants
-from radixcache.records import TokenRequest
 from radixcache.trace import Conversation, Turn
 from radixcache.trace.replay_log import percentile, read_replay_json, replay_stats
 
@@ -147,15 +147,6 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_running(engine: Eng
 def test_limit_keeps_the_first_conversations(engine: Engine) -> None:
     result = replay(engine, CONVERSATIONS, ReplayConfig(limit=1, max_tokens=2))
     assert {r.conversation for r in result.requests} == {"a"}
-
-
-def test_concurrency_above_one_is_refused_for_an_engine_without_agenerate(engine: Engine) -> None:
-    class SyncOnly:
-        def __init__(self, inner: Engine) -> None:
-            self.config, self.tokenizer, self.generate = inner.config, inner.tokenizer, inner.generate
-
-    with pytest.raises(ReplayError, match="needs the continuous-batching scheduler"):
-        replay(SyncOnly(engine), CONVERSATIONS, ReplayConfig(concurrency=2))
 
 
 def test_concurrency_runs_conversations_side_by_side_in_turn_order(engine: Engine) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from radixcache.runtime.model.block_linear import BlockWeight
 from radixcache.runtime.native import SOURCE
 from radixcache.runtime.testing import random_block_weight

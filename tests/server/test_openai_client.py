@@ -77,7 +77,9 @@ def test_n_samples_share_a_fresh_prompt(client, stream: bool) -> None:
     if not stream:
         r = client.chat.completions.create(model="tiny", messages=messages, **kw)
         assert sorted(c.index for c in r.choices) == [0, 1, 2] and r.usage.completion_tokens <= 18
-        assert r.usage.prompt_tokens_details.cached_tokens >= r.usage.prompt_tokens - 16  # computed once, shared
+        # One sample's prefill of the prompt is not a cache hit for the others (they share it in flight): cached
+        # is what earlier requests left, at most the few pages of opening text this test's other case sends.
+        assert r.usage.prompt_tokens_details.cached_tokens < 64 < r.usage.prompt_tokens
         return
     chunks = list(
         client.chat.completions.create(
@@ -87,7 +89,7 @@ def test_n_samples_share_a_fresh_prompt(client, stream: bool) -> None:
     finished = {c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason}
     usage = chunks[-1].usage
     assert finished == {0, 1, 2} and usage.completion_tokens <= 18
-    assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 16
+    assert usage.prompt_tokens_details.cached_tokens < 64 < usage.prompt_tokens
 
 
 def test_sixteen_concurrent_clients_all_complete(client) -> None:

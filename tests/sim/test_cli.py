@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from radixcache.cli.main import main
 
+from radixcache.cli.main import main
 from radixcache.records import TokenRequest
 from radixcache.trace import iter_token_jsonl, write_token_jsonl
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 
 TINY_VARIANTS = {

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from radixcache.runtime.model.attention import (
     build_decode_meta,
     causal_mask,

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+
 from radixcache.runtime.model.attention import MAX_RUNS, build_decode_meta, decode_attention, page_runs
 
 CPU = torch.device("cpu")

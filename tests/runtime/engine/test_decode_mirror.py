@@ -29,6 +29,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from radixcache.runtime import Engine
 from radixcache.runtime.kv.mirror import DecodeMirror, MirrorStep
 from radixcache.runtime.kv.pool import KVPool

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+
 from radixcache.runtime import Engine, GenerationResult
 from radixcache.runtime.model.llama import LlamaModel
 from radixcache.runtime.testing import CharTokenizer, RandomModel

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixcache.runtime import Engine, GenerationResult
 from radixcache.runtime.model.reference import reference_greedy
 from radixcache.runtime.testing import RandomModel

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from radixcache.runtime import Engine
-from radixcache.runtime.testing import RandomModel
 
 from radixcache import CacheFullError
+from radixcache.runtime import Engine
+from radixcache.runtime.testing import RandomModel
 
 
 def ids(n: int, seed: int) -> list[int]:
@@ -70,25 +70,30 @@ def test_a_failing_forward_unlocks_and_frees_and_keeps_the_tree(
     shared = ids(40, 6)
     engine.generate(shared + ids(5, 7), 4, ignore_eos=True)
     cached_before = engine.cache.cached_tokens
-    real = getattr(engine.model, where)
+    real = engine.model.forward
     calls = {"n": 0}
 
-    def failing(*args: object, **kwargs: object) -> torch.Tensor:
-        calls["n"] += 1
-        if calls["n"] == 3 or where == "prefill":
-            raise exc("injected")
-        return real(*args, **kwargs)
+    def failing(pool: object, *, decode: object = None, chunks: object = ()) -> object:
+        part = chunks if where == "prefill" else decode
+        if part:
+            calls["n"] += 1
+            if calls["n"] == 3 or where == "prefill":
+                raise exc("injected")
+        return real(pool, decode=decode, chunks=chunks)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine.model, where, failing)
+    monkeypatch.setattr(engine.model, "forward", failing)
     with pytest.raises(exc):
         engine.generate(shared + ids(30, 8), 8, ignore_eos=True)  # a hit: its match node is locked
     assert_clean(engine)
-    assert engine.cache.cached_tokens == cached_before  # the failed request inserted nothing
-    monkeypatch.setattr(engine.model, where, real)
+    if where == "prefill":
+        assert engine.cache.cached_tokens == cached_before  # the failed pass committed nothing
+    else:  # the passes that returned committed their full pages (in-flight sharing): the whole prompt's
+        assert engine.cache.peek(shared + ids(30, 8)).length == 70 // page * page
+    monkeypatch.setattr(engine.model, "forward", real)
     prompt = shared + ids(30, 8)
     a = engine.generate(prompt, 8, return_logits=True, ignore_eos=True)
     b = fresh.generate(prompt, 8, return_logits=True, ignore_eos=True)
-    assert a.cached_tokens == (40 // page) * page
+    assert a.cached_tokens == ((40 if where == "prefill" else 69) // page) * page  # 69: all but the last token
     assert a.token_ids == b.token_ids
     assert (a.logits - b.logits).abs().max().item() < 1e-4
     assert_clean(engine)

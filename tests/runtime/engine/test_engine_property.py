@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from radixcache.runtime import Engine
-from radixcache.runtime.testing import tiny_model
 
 from radixcache import CacheFullError
+from radixcache.runtime import Engine
+from radixcache.runtime.testing import tiny_model
 
 MODEL = tiny_model(seed=21)
 PIECES = [torch.randint(1, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (3, 7, 12, 20)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixcache.runtime.kv.pool import KVPool, blocks_for_budget, parse_memory
 from radixcache.runtime.testing import tiny_config
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixcache.runtime.model.attention import build_decode_meta
 from radixcache.runtime.model.llama import LlamaModel
 from radixcache.runtime.model.reference import reference_greedy, reference_logits

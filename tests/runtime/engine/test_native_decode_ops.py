@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+
 from radixcache.runtime.kv.mirror import DecodeMirror
 from radixcache.runtime.model.attention import build_decode_meta
 from radixcache.runtime.model.llama import LlamaModel, rms_norm

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from radixcache.runtime import Engine
 from radixcache.runtime.model.attention import build_decode_meta
 from radixcache.runtime.model.llama import LlamaModel

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixcache.runtime.engine.sampling import Sampler, SamplingParams, filter_logits, find_stop, stop_token_set
 
 

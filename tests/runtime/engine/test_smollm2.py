@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from radixcache.runtime import Engine
 from radixcache.runtime.model.llama import LlamaModel
 from radixcache.runtime.model.reference import reference_logits

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.loading import load_model
 from radixcache.runtime.loading.gguf_model import hf_name, unpermute_rope_rows

@@ -8,6 +8,7 @@ import struct
 
 import numpy as np
 import pytest
+
 from radixcache.runtime.loading.gguf import GGML_TYPE_IDS, GGUFError, GGUFFile, dequantize
 
 

@@ -6,12 +6,13 @@ import json
 
 import pytest
 import torch
-from radixcache.runtime.loading import load_model
-from radixcache.runtime.loading.hf import config_from_hf
-from radixcache.runtime.loading.weights import expected_shapes
 from safetensors.torch import save_file
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers, processors
+
+from radixcache.runtime.loading import load_model
+from radixcache.runtime.loading.hf import config_from_hf
+from radixcache.runtime.loading.weights import expected_shapes
 
 CHAT = "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{{ eos_token }}{% endfor %}"
 

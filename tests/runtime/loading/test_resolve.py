@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from radixcache.runtime.loading import INSTALL_HINT, ModelNotFoundError, load_model, parse_dtype, resolve_model_path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from radixcache.runtime.loading.chat_template import ChatTemplateError, render_chat_template
 from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf, pre_tokenizer_for
 from radixcache.runtime.loading.tokenizer import Tokenizer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from radixcache.runtime import Engine
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 

@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 import pytest
+
 from radixcache.runtime import Engine
 from radixcache.runtime.engine.session import Session
 from radixcache.runtime.testing import RandomModel

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
+
 from radixcache.runtime import Engine
 from radixcache.runtime.testing import RandomModel
 

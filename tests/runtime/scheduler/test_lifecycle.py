@@ -8,11 +8,11 @@ import time
 
 import pytest
 import torch
+
+from radixcache import CacheFullError
 from radixcache.runtime import Engine
 from radixcache.runtime.engine.scheduler import RequestTooLargeError, SchedulerConfig
 from radixcache.runtime.testing import RandomModel
-
-from radixcache import CacheFullError
 
 from .conftest import assert_clean, ids
 
@@ -32,10 +32,12 @@ def test_abort_in_the_middle_of_prefill_frees_everything(tiny: RandomModel) -> N
     step(engine, 2)
     assert req.status.value == "running" and 20 <= req.num_kv < 60 and req.match_node is not None
     assert engine.cache.locked_blocks > 0
+    computed = req.num_kv
     assert engine.scheduler.abort(req)
     assert req.finish_reason == "cancelled" and not req.output_ids
     assert_clean(engine)
-    assert engine.cache.cached_tokens == cached_before
+    # In-flight sharing: the pages its finished chunks committed stay cached (complete KV), nothing more.
+    assert engine.cache.cached_tokens == computed // 4 * 4 > cached_before
     assert not engine.scheduler.abort(req), "aborting twice is harmless"
 
 
@@ -114,11 +116,17 @@ def test_fork_computes_the_prefix_once_and_every_branch_locks_its_blocks(tiny: R
 
 def test_fork_runs_n_branches_from_one_prefix(tiny: RandomModel) -> None:
     engine = Engine(tiny, capacity_blocks=128, page_size=4)
-    outs = engine.fork("the same long prefix for all branches:", n=4, max_new_tokens=6, temperature=1.0, seed=3)
+    prefix = "the same long prefix for all branches:"  # 38 characters: 38 tokens of the toy tokenizer
+    outs = engine.fork(prefix, n=4, max_new_tokens=6, temperature=1.0, seed=3)
     assert len(outs) == 4 and len({o.token_ids for o in outs}) > 1, "different seeds, different branches"
-    assert all(o.cached_tokens == 36 for o in outs)
-    again = engine.fork("the same long prefix for all branches:", n=4, max_new_tokens=6, temperature=1.0, seed=3)
+    # Nothing was cached before the call: one branch's prefill of the prefix is not a hit for the others.
+    assert all(o.cached_tokens == 0 and o.prefill_tokens == 38 for o in outs)
+    # ... but it was computed once: 38 positions, then the last 2 (past the 9 shared pages) per other branch.
+    assert engine.runner.prefill_positions == 38 + 3 * 2
+    assert engine.stats.requests == 4, "no warm-up request"
+    again = engine.fork(prefix, n=4, max_new_tokens=6, temperature=1.0, seed=3)
     assert [o.token_ids for o in again] == [o.token_ids for o in outs]
+    assert all(o.cached_tokens == 36 for o in again), "the prefix was cached before this call"
     cont = engine.fork(ids(20, 13), continuations=[[1], [2, 3]], max_new_tokens=2)
     assert [o.prompt_tokens for o in cont] == [21, 22]
     assert_clean(engine)
@@ -143,14 +151,18 @@ def test_in_batch_sharing_computes_a_common_uncached_prefix_once(tiny: RandomMod
     prompts = [shared + ids(6, 16 + i) for i in range(4)]
     lpm = Engine(tiny, capacity_blocks=128, page_size=4, schedule="lpm", max_prefill_tokens=512)
     fcfs = Engine(tiny, capacity_blocks=128, page_size=4, schedule="fcfs", max_prefill_tokens=512)
+    reqs = {}
     with torch.inference_mode():
         for e in (lpm, fcfs):
-            for p in prompts:
-                e.scheduler.add(e._request(p, 2))
-            e.scheduler.step()  # all four admitted in one step
-    got = [r.cached_tokens for r in lpm.scheduler.running + lpm.scheduler.waiting]
-    assert sorted(got) == [0, 40, 40, 40]
-    assert [r.cached_tokens for r in fcfs.scheduler.running] == [0, 0, 0, 0], "fcfs is the plain baseline"
+            reqs[e] = [e._request(p, 2) for p in prompts]
+            for r in reqs[e]:
+                e.scheduler.add(r)
+            e.scheduler.step()  # lpm: the first computes the shared pages, the others wait; fcfs: all four run
+        assert len(fcfs.scheduler.running) == 4 and len(lpm.scheduler.running) == 1
+        lpm.scheduler.step()  # the others are admitted now, on the pages committed by the first one's pass
+    assert sorted(r.cached_tokens for r in reqs[lpm]) == [0, 40, 40, 40]
+    assert lpm.runner.prefill_positions == 46 + 3 * 6, "the shared 40 tokens were computed once"
+    assert [r.cached_tokens for r in reqs[fcfs]] == [0, 0, 0, 0], "fcfs is the plain baseline"
 
 
 def test_lpm_admits_the_longest_cached_prefix_first_and_starvation_is_bounded(tiny: RandomModel) -> None:

@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+
 from radixcache.runtime import Engine
 from radixcache.runtime.engine.request import Status
 from radixcache.runtime.engine.scheduler import SCHEDULES, SchedulerConfig

@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
+
 from radixcache.runtime import Engine
 from radixcache.runtime.model.llama import LlamaModel
 

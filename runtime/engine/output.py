@@ -1,0 +1,107 @@
+"""The output processor: turns logits into tokens, decides when a request is done, and builds its result.
+
+It owns everything between the model's logits and the caller: sampling, stop tokens and stop strings, the
+tokenizer's text, and the engine's running totals. The scheduler calls `emit` once per new token; the engine loop
+calls `result` once per request that left.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixcache.runtime.engine.request import GenerationResult, Request
+from radixcache.runtime.engine.sampling import find_stop, stop_token_set
+
+
+@dataclass(slots=True)
+class Totals:
+    """Engine totals since construction (mutated on the loop thread only)."""
+
+    requests: int = 0
+    prompt: int = 0
+    cached: int = 0
+    prefill: int = 0
+    generated: int = 0
+    recomputed: int = 0
+
+
+class OutputProcessor:
+    """Sampling, stop detection, detokenisation and results for one engine."""
+
+    def __init__(self, tokenizer: Any, eos_token_ids: Sequence[int], max_position: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.max_position = max_position
+        self.totals = Totals()
+
+    def emit(self, req: Request, logits: torch.Tensor, token: int | None = None) -> None:
+        """Sample the request's next token from `logits` (or take `token`, already chosen greedily for the whole
+        batch), append it, and set `finish_reason` when the request is done."""
+        params = req.sampler.params
+        if token is None:
+            token = req.sampler.sample(logits)
+        if req.keep_logits:
+            req.logits.append(logits.detach().float().cpu())
+        req.output_ids.append(token)
+        if req.t_first_token is None:
+            req.t_first_token = time.perf_counter()
+        if token in stop_token_set(params, self.eos_token_ids):
+            req.finish_reason = "stop"
+        elif params.stop and (cut := find_stop(self.text(req.output_ids), params.stop)) is not None:
+            req.finish_reason, req.stop_at = "stop", cut
+        elif len(req.output_ids) >= params.max_new_tokens or req.num_tokens >= self.max_position:
+            req.finish_reason = "length"
+
+    def text(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def detokenizer(self, prompt_ids: Sequence[int]) -> Any:
+        """An incremental detokenizer for a stream that continues `prompt_ids`."""
+        if hasattr(self.tokenizer, "detokenizer"):
+            return self.tokenizer.detokenizer(prompt_ids)
+        from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
+
+        return IncrementalDetokenizer(self.text, prompt_ids)
+
+    def result(self, req: Request) -> GenerationResult:
+        """The caller's view of a request that left; also adds it to the totals (on the loop thread)."""
+        out = req.output_ids
+        shown = out[:-1] if req.finish_reason == "stop" and req.stop_at is None else out
+        text = self.text(shown)
+        if req.stop_at is not None:
+            text = text[: req.stop_at]
+        t = self.totals
+        t.requests += 1
+        admitted = req.t_admitted is not None
+        if admitted:
+            t.prompt += len(req.prompt_ids)
+            t.cached += req.cached_tokens
+            t.prefill += req.prefill_tokens
+        t.generated += len(out)
+        t.recomputed += req.recomputed_tokens
+        t_finish = req.t_finish if req.t_finish is not None else time.perf_counter()
+        t_first = req.t_first_token if req.t_first_token is not None else t_finish
+        tpot = (t_finish - t_first) / (len(out) - 1) if len(out) > 1 else 0.0
+        return GenerationResult(
+            text=text,
+            token_ids=tuple(out),
+            prompt_tokens=len(req.prompt_ids),
+            cached_tokens=req.cached_tokens,
+            prefill_tokens=req.prefill_tokens if admitted else 0,
+            ttft_s=t_first - req.t_arrival,
+            latency_s=t_finish - req.t_arrival,
+            finish_reason=req.finish_reason or "length",
+            logits=torch.stack(req.logits) if req.keep_logits and req.logits else None,
+            queue_s=(req.t_admitted if admitted else t_finish) - req.t_arrival,
+            tpot_s=tpot,
+            preemptions=req.preemptions,
+            recomputed_tokens=req.recomputed_tokens,
+            pinned_tokens=req.pinned_tokens,
+        )

@@ -1,0 +1,56 @@
+"""The model runner: turns the scheduler's choice for a step into one forward pass over the paged pool.
+
+It owns the model, the KV pool and the decode mirror. `step` takes the running decodes and the prefill chunks the
+scheduler picked, runs them in one pass (model.batch: `[decodes | chunk 0 | chunk 1 | ...]`), and advances each
+request's `num_kv` only once the pass has returned, so a pass that raises leaves every request where it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from radixcache.runtime.engine.request import Request
+from radixcache.runtime.kv.mirror import DecodeMirror
+from radixcache.runtime.kv.pool import KVPool
+from radixcache.runtime.model.attention import build_decode_meta
+from radixcache.runtime.model.batch import DecodeBatch, ForwardLogits, PrefillChunk
+from radixcache.runtime.model.llama import LlamaModel
+
+
+class ModelRunner:
+    """One forward pass per engine step. `mirror`: the decode mirror (kv.mirror), or None for the paged paths."""
+
+    def __init__(self, model: LlamaModel, pool: KVPool, mirror: DecodeMirror | None = None) -> None:
+        self.model = model
+        self.pool = pool
+        self.mirror = mirror
+        self.passes = 0  # forward passes run (for tests and metrics)
+        self.prefill_positions = 0  # prompt positions computed (recomputation after preemption included)
+
+    def step(self, decodes: Sequence[Request], chunks: Sequence[tuple[Request, int]]) -> ForwardLogits:
+        """Decode one token for each of `decodes` (their pages must cover it) and compute the next `n` prompt
+        positions of each `(request, n)` in `chunks` (their pages were allocated at admission)."""
+        decode = None
+        mirror_step = None
+        if decodes:
+            tables = [r.block_table for r in decodes]
+            lengths = [r.num_kv + 1 for r in decodes]
+            meta = build_decode_meta(tables, lengths, self.pool.page_size, self.model.device)
+            if self.mirror is not None:  # a request that was preempted comes back with new KV: a new key
+                mirror_step = self.mirror.prepare([(r.rid, r.preemptions) for r in decodes], tables, lengths, self.pool)
+            decode = DecodeBatch([r.output_ids[-1] for r in decodes], meta, mirror_step)
+        parts = []
+        for r, n in chunks:
+            start = r.num_kv
+            parts.append(PrefillChunk(r.all_ids[start : start + n], start, r.block_table))
+        out = self.model.forward(self.pool, decode=decode, chunks=parts)
+        self.passes += 1
+        if mirror_step is not None:
+            assert self.mirror is not None
+            self.mirror.commit(mirror_step)
+        for r in decodes:
+            r.num_kv += 1
+        for r, n in chunks:
+            r.num_kv += n
+            self.prefill_positions += n
+        return out

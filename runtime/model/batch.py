@@ -1,0 +1,49 @@
+"""What one forward pass computes: the running decodes and the prefill chunks of several requests, side by side.
+
+The rows of a pass are laid out as `[decode rows | chunk 0 | chunk 1 | ...]`. Every matrix product, norm and MLP runs
+once over all rows (that is where batching pays: the weights are read once per pass, not once per request);
+attention runs per part, because each part attends over its own sequence's KV (`model.llama.LlamaModel.forward`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from radixcache.runtime.kv.mirror import MirrorStep
+from radixcache.runtime.model.attention import DecodeMeta
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """One sequence's next prompt positions: `token_ids` at positions `start ..`, attending over the KV of
+    positions `< start` already in the pages of `block_table` (which must cover the chunk's last position)."""
+
+    token_ids: Sequence[int]
+    start: int
+    block_table: Sequence[int]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBatch:
+    """One new token per running sequence (token i at position `meta.lengths[i] - 1`). With `mirror` (a step
+    prepared by kv.mirror for the same sequences and lengths) attention reads the mirror's rows, not the pages."""
+
+    token_ids: Sequence[int]
+    meta: DecodeMeta
+    mirror: MirrorStep | None = None
+
+
+class ForwardLogits(NamedTuple):
+    """decode: `[B, vocab]` float32, one row per decode (None without decodes). chunks: `[C, vocab]`, the logits
+    of each chunk's last position, in the order the chunks were given (None without chunks)."""
+
+    decode: torch.Tensor | None
+    chunks: torch.Tensor | None
