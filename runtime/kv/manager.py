@@ -132,11 +132,10 @@ class KVManager:
         cache.insert(tokens, req.block_table[:full], namespace=ns)
         node = cache.lock_prefix(tokens, full * p, namespace=ns)
         assert node is not None, "the pages just inserted are in the tree, and locked"
-        tree_blocks = cache.peek(tokens, namespace=ns).blocks
         old, req.match_node = req.match_node, node
         if old is not None:
             cache.unlock(old)
-        req.block_table[:full] = tree_blocks
+        req.block_table[req.tree_blocks : full] = _blocks_between(node, req.tree_blocks * p, p)
         req.tree_blocks = full
 
     def peek(self, tokens: Sequence[int], namespace: Hashable) -> tuple[int, TreeNode | None]:
@@ -217,3 +216,15 @@ class KVManager:
         node, req.match_node = req.match_node, None
         if node is not None:
             self.cache.unlock(node)
+
+
+def _blocks_between(node: TreeNode, start: int, page_size: int) -> list[int]:
+    """The tree's blocks for positions `start .. node.end_len` of the path ending at `node`, read upwards (only
+    the nodes of the newly committed span are visited, never the whole path from the root)."""
+    parts: list[list[int]] = []
+    n: TreeNode | None = node
+    while n is not None and n.parent is not None and n.end_len > start:
+        skip = max(0, start - n.prefix_len) // page_size
+        parts.append(n.blocks[skip:])
+        n = n.parent
+    return [b for part in reversed(parts) for b in part]
