@@ -172,14 +172,14 @@ def replay(
       radixcache replay --compare --limit 2
       radixcache replay chat.jsonl --mode recorded --max-tokens 16 --json replay.json
     """
-    from radixcache.runtime.replay.run import (
+    from radixcache.runtime.replay import (
         ReplayConfig,
         engine_factory,
         load_replay_trace,
         plan_sessions,
     )
-    from radixcache.runtime.replay.run import compare as compare_runs
-    from radixcache.runtime.replay.run import replay as replay_run
+    from radixcache.runtime.replay import compare as compare_runs
+    from radixcache.runtime.replay import replay as replay_run
 
     if compare and no_cache:
         raise click.UsageError("--compare already runs without the cache; drop --no-cache")

@@ -35,16 +35,13 @@ from typing import Any
 
 from radixcache.errors import CacheFullError
 from radixcache.records import TokenRequest
-from radixcache.runtime.replay.results import (  # noqa: F401 - re-exported: the replay API in one import
-    DEFAULT_MAX_TOKENS,
-    MODES,
+from radixcache.runtime.replay.results import (
     SKIP_KV_FULL,
     SKIP_TOO_LONG,
     Comparison,
     ReplayConfig,
     ReplayError,
     ReplayResult,
-    ReplaySummary,
     RequestRecord,
     SkippedTurn,
     summarize,

@@ -10,7 +10,7 @@ import pytest
 from radixcache.invariants import check_invariants
 from radixcache.records import TokenRequest
 from radixcache.runtime.engine.engine import Engine
-from radixcache.runtime.replay.run import (
+from radixcache.runtime.replay import (
     Comparison,
     ReplayConfig,
     ReplayError,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 
 import pytest
 
@@ -41,9 +42,10 @@ def test_a_stream_raises_when_its_request_is_refused(tiny: RandomModel) -> None:
     assert_clean(engine)
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_stream_raises_when_the_loop_thread_dies(tiny: RandomModel, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))  # the expected death
 
     def broken_drain() -> list:  # outside the step's own error handling: the loop thread itself breaks
         raise RuntimeError("the loop thread dies")
@@ -55,6 +57,10 @@ def test_a_stream_raises_when_the_loop_thread_dies(tiny: RandomModel, monkeypatc
 
     with pytest.raises(RuntimeError, match="loop thread dies"):
         asyncio.run(asyncio.wait_for(consume(), 30))
+    for thread in threading.enumerate():  # let it finish dying within this test
+        if thread.name == "radixcache-engine":
+            thread.join(30)
+    assert [str(e) for e in died] == ["the loop thread dies"]
 
 
 def test_a_pin_locks_exactly_the_pages_asked_for(tiny: RandomModel) -> None:
@@ -88,7 +94,7 @@ def test_an_emptied_namespace_keeps_nothing(tiny: RandomModel) -> None:
     engine.cache.evict(engine.cache.evictable_blocks)
     assert engine.cache.namespaces() == []
     gc.collect()
-    roots = [o for o in gc.get_objects() if isinstance(o, TreeNode) and o.parent is None and o.uid == 0]
+    roots = [o for o in gc.get_objects() if type(o) is TreeNode and o.parent is None and o.uid == 0]
     assert len(roots) < 10, f"{len(roots)} namespace roots are still alive"
     assert_clean(engine)
 
