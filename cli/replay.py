@@ -123,7 +123,7 @@ def load_engine_model(spec: str, quant: str = "none") -> Any:
     default=1,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Requests in flight (above 1 needs the continuous-batching scheduler).",
+    help="Conversations in flight at once (continuous batching; each conversation's turns stay in order).",
 )
 @click.option("--max-tokens", type=click.IntRange(min=1), help="Tokens per reply [default: each turn's own, else 32].")
 @click.option("--limit", type=click.IntRange(min=1), help="Replay only the first N conversations.")

@@ -36,6 +36,21 @@ def _check_bind(host: str, port: int) -> None:
 @kv_options
 @speed_options
 @click.option("--schedule", default="lpm", show_default=True, type=click.Choice(["lpm", "fcfs", "dfs-weight"]))
+@click.option(
+    "--max-prefill-tokens",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Prompt tokens per engine step while nothing decodes.",
+)
+@click.option(
+    "--mixed-prefill-tokens",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Prompt tokens per step while requests decode: lower keeps their token times steady under a long prompt, "
+    "higher gives that prompt its first token sooner.",
+)
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
 @click.option("--no-cache", is_flag=True, help="Disable prefix reuse (the baseline for benchmarks).")
@@ -55,6 +70,8 @@ def serve(
     threads: int | None,
     mirror_memory: str | None,
     schedule: str,
+    max_prefill_tokens: int,
+    mixed_prefill_tokens: int,
     dtype: str,
     device: str,
     no_cache: bool,
@@ -82,7 +99,16 @@ def serve(
         raise click.BadParameter("an API key cannot be empty", param_hint="'--api-key'")
     _check_bind(host, port)
     loaded = load_engine_model(model, quant)
-    engine = Engine(loaded, enable_cache=not no_cache, schedule=schedule, dtype=dtype, device=device, **kwargs)
+    engine = Engine(
+        loaded,
+        enable_cache=not no_cache,
+        schedule=schedule,
+        max_prefill_tokens=max_prefill_tokens,
+        mixed_prefill_tokens=mixed_prefill_tokens,
+        dtype=dtype,
+        device=device,
+        **kwargs,
+    )
     if engine.tokenizer is None:
         raise ValueError(f"{model}: the server needs a model with a tokenizer")
     name = served_model_name or model

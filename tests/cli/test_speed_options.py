@@ -77,3 +77,33 @@ def test_a_bad_mirror_budget_is_refused_before_the_model_loads(
     assert result.exit_code == 2, result.output
     assert "--mirror-memory" in result.stderr and value in result.stderr
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("option", ["--max-prefill-tokens", "--mixed-prefill-tokens"])
+def test_serve_refuses_a_prefill_budget_below_one(runner, tiny_model_dir: Path, option: str) -> None:
+    result = runner.invoke(main, ["serve", "--model", str(tiny_model_dir), "--port", "0", option, "0"])
+    assert result.exit_code == 2, result.output
+    assert option in result.stderr and "0" in result.stderr
+
+
+def test_serve_passes_the_prefill_budgets_to_the_engine(
+    runner, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import radixcache.runtime.engine.engine as engine_module
+
+    seen = {}
+
+    class Stop(Exception):
+        """Raised once the engine is built: the test ends before a server would start."""
+
+    class Spy(engine_module.Engine):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            seen["config"] = self.scheduler.config
+            raise Stop
+
+    monkeypatch.setattr(engine_module, "Engine", Spy)
+    args = ["serve", "--model", str(tiny_model_dir), "--port", "0", "--debug"]
+    result = runner.invoke(main, [*args, "--max-prefill-tokens", "300", "--mixed-prefill-tokens", "24"])
+    assert isinstance(result.exception, Stop), result.output
+    assert (seen["config"].max_prefill_tokens, seen["config"].mixed_prefill_tokens) == (300, 24)
