@@ -204,7 +204,8 @@ class Engine:
 
         `params` replaces the individual sampling arguments. `priority`: higher is admitted first and preempted
         last. `timeout`: seconds, after which the request ends with finish_reason "timeout". `pin`: keep the
-        prompt's KV (True) or its first n tokens in the cache until `unpin`, within `max_pinned_fraction`.
+        prompt's KV (True) or its first n tokens' whole pages in the cache until `unpin`, within
+        `max_pinned_fraction` (a pin past it is refused: the result's `pinned_tokens` is 0).
         `retention`: a soft priority for keeping the prompt's KV (higher is evicted later; see runtime.kv.retention).
         """
         kw = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
@@ -230,7 +231,7 @@ class Engine:
         `.result(timeout)`, `.future` and `.cancel()`. Takes generate's keyword arguments."""
         prompts, single = self._split_batch(prompt)
         reqs = [self._request(p, max_new_tokens, **kwargs) for p in prompts]  # all validated before any runs
-        handles = [self._loop.submit(r) for r in reqs]
+        handles = self._loop.submit_many(reqs)  # they reach the scheduler together, between two steps
         return handles[0] if single else handles
 
     def submit_group(
@@ -470,13 +471,12 @@ class Engine:
             common = next((i for i in range(common) if r.prompt_ids[i] != first[i]), common)
         one_namespace = len({r.namespace for r in reqs}) == 1
 
-        def queue(_: Scheduler) -> list[RequestHandle]:  # on the loop thread, before any of them can run
+        def cap_at_what_is_cached(_: Scheduler) -> None:  # on the loop thread, just before they are added
             before = self.kv.peek(first[:common], reqs[0].namespace)[0] if one_namespace else 0
             for r in reqs:
                 r.cached_cap = before  # admission reports min(its match, this)
-            return [self._loop.submit(r) for r in reqs]
 
-        return self._loop.call(queue).result()
+        return self._loop.submit_many(reqs, cap_at_what_is_cached)
 
     def _encode_continuation(self, text_or_ids: Prompt) -> list[int]:
         """A fork continuation's ids: text is encoded without special tokens, so no BOS lands mid-sequence."""

@@ -59,18 +59,33 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
 
     def submit(self, req: Request) -> RequestHandle:
-        handle = RequestHandle(self, req)
+        return self.submit_many([req])[0]
 
-        def add(s: Scheduler) -> None:
-            try:
-                s.add(req)
-            except BaseException as exc:
-                handle.future.set_exception(exc)
-                return
-            self._handles[req.rid] = handle
+    def submit_many(
+        self, reqs: list[Request], prepare: Callable[[Scheduler], None] | None = None
+    ) -> list[RequestHandle]:
+        """Queue requests without waiting: they reach the scheduler together, between two steps. `prepare` runs on
+        the loop thread just before they are added (to read the cache's state at that moment)."""
+        handles = [RequestHandle(self, r) for r in reqs]
 
-        self.call(add)
-        return handle
+        def add_all(s: Scheduler) -> None:
+            if prepare is not None:
+                try:
+                    prepare(s)
+                except BaseException as exc:
+                    for handle in handles:
+                        handle.future.set_exception(exc)
+                    return
+            for handle in handles:
+                try:
+                    s.add(handle.request)
+                except BaseException as exc:
+                    handle.future.set_exception(exc)
+                    continue
+                self._handles[handle.rid] = handle
+
+        self.call(add_all)
+        return handles
 
     def call(self, fn: Callable[[Scheduler], Any]) -> Future[Any]:
         """Run `fn(scheduler)` on the loop thread between steps; its return value comes back in the future."""
