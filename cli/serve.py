@@ -45,7 +45,7 @@ def _check_bind(host: str, port: int) -> None:
 )
 @click.option(
     "--mixed-prefill-tokens",
-    default=64,
+    default=24,
     show_default=True,
     type=click.IntRange(min=1),
     help="Prompt tokens per step while requests decode: lower keeps their token times steady under a long prompt, "

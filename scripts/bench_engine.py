@@ -33,7 +33,7 @@ comma-separated list of the measurements (default: all, in this order):
   produced 8 tokens. Every decode token's time is taken on the engine loop thread (the request listener). Prints
   p50/p99 of the 4 requests' inter-token times: run 1 overall, run 2 over the window while the long prompt is
   prefilled (its admission to its first token) and overall, the ratio of run 2's window p99 to run 1's p99 (target <=
-  3x), and the long request's TTFT; for mixed_prefill_tokens 64 (the default: the long prompt is chunked) and 512.
+  3x), and the long request's TTFT; for mixed_prefill_tokens 24 (the default: the long prompt is chunked), 64 and 512.
 - burst: 4 requests, a shared system prompt of 600 tokens plus 20 distinct tokens each, arriving 0.3 s apart
   (asyncio tasks), 16 new tokens each. Before: share_in_flight=False (pages reach the tree only when a request
   leaves); after: the default (pages are committed as they are computed, so a request arriving while another
@@ -89,7 +89,7 @@ SIZES: dict[str, tuple[Any, Any]] = {
     "stall_new": (64, 24),
     "stall_after": (8, 4),
     "stall_long": (2048, 256),
-    "stall_mixed": ("64,512", "64,512"),
+    "stall_mixed": ("24,64,512", "24,512"),
     "burst_requests": (4, 4),
     "burst_shared": (600, 96),
     "burst_tail": (20, 8),

@@ -119,7 +119,7 @@ class Engine:
         tokenizer: Any = None,
         schedule: str = "lpm",
         max_prefill_tokens: int = 1024,
-        mixed_prefill_tokens: int = 64,
+        mixed_prefill_tokens: int = 24,
         max_running: int = 64,
         scheduler_config: SchedulerConfig | None = None,
         max_pinned_fraction: float = 0.25,

@@ -63,7 +63,7 @@ class SchedulerConfig:
 
     schedule: str = "lpm"
     max_prefill_tokens: int = 1024
-    mixed_prefill_tokens: int = 64
+    mixed_prefill_tokens: int = 24
     max_prefill_seqs: int = 16
     prefill_chunk: int = 512
     max_running: int = 64

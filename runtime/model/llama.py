@@ -279,12 +279,15 @@ class LlamaModel:
             return outs[0] if len(outs) == 1 else torch.cat(outs)
 
         cat = lambda xs: xs[0] if len(xs) == 1 else torch.cat(xs)  # noqa: E731
-        hidden = self._layers(cat(ids_parts), cat(pos_parts), pool, cat(slot_parts), attend, bool(chunks))
+        # `prefill` lets a linear kind pick its summation order for a pure prefill (model.linear keeps F.linear for
+        # 17-63 rows there); a mixed pass takes the fastest kernel for its rows, as a decode batch does.
+        prefill = bool(chunks) and decode is None
+        hidden = self._layers(cat(ids_parts), cat(pos_parts), pool, cat(slot_parts), attend, prefill)
         if parts:  # the decode rows and each chunk's last row: the only logits anyone reads
             wanted = [*range(b), *(hi - 1 for _, hi, _, _ in parts)]
             if len(wanted) < hidden.shape[0]:
                 hidden = hidden.index_select(0, torch.tensor(wanted, device=dev))
-        logits = self._logits(hidden, prefill=bool(chunks))
+        logits = self._logits(hidden, prefill=prefill)
         return ForwardLogits(logits[:b] if decode is not None else None, logits[b:] if parts else None)
 
     # ------------------------------------------------------------------ private

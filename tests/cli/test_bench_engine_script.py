@@ -30,7 +30,7 @@ def test_quick_runs_every_measurement(tiny_model_dir: Path, tmp_path: Path) -> N
         assert (row["a_passes"], row["b_passes"]) == (row["requests"], 1) and row["ratio"] > 0
     for row in data["stall"]:
         assert row["window_gaps"] > 0 and row["p99_ratio"] > 0 and row["long_ttft"] > 0
-    assert [row["mixed_prefill_tokens"] for row in data["stall"]] == [64, 512]
+    assert [row["mixed_prefill_tokens"] for row in data["stall"]] == [24, 512]
     before, after = data["burst"]
     assert before["setup"].startswith("before") and after["setup"] == "after"
     assert after["cached_tokens"][0] == 0 and all(c > 0 for c in after["cached_tokens"][1:])
