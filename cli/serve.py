@@ -33,6 +33,11 @@ def _check_bind(host: str, port: int) -> None:
     multiple=True,
     help="Require `Authorization: Bearer KEY` (repeatable); each key gets its own cache namespace.",
 )
+@click.option(
+    "--public-metrics",
+    is_flag=True,
+    help="Serve /metrics without a key even under --api-key (by default it needs one, like /v1).",
+)
 @kv_options
 @speed_options
 @click.option("--schedule", default="lpm", show_default=True, type=click.Choice(["lpm", "fcfs", "dfs-weight"]))
@@ -62,6 +67,7 @@ def serve(
     host: str,
     port: int,
     api_keys: tuple[str, ...],
+    public_metrics: bool,
     policy: str,
     capacity_blocks: int | None,
     kv_memory: str | None,
@@ -112,7 +118,7 @@ def serve(
     if engine.tokenizer is None:
         raise ValueError(f"{model}: the server needs a model with a tokenizer")
     name = served_model_name or model
-    app = create_app(engine, name, api_keys=api_keys)
+    app = create_app(engine, name, api_keys=api_keys, public_metrics=public_metrics)
     click.echo(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to our handlers: both end here.

@@ -177,6 +177,7 @@ class Engine:
         # The loop thread sets its own OpenMP thread count: a thread does not inherit its creator's setting.
         self.threads = threads if threads is not None else torch.get_num_threads()
         self._loop = EngineLoop(self.scheduler, self.output.result, num_threads=self.threads)
+        self._closed = False
 
     # ------------------------------------------------------------------ public API: sync
 
@@ -222,6 +223,8 @@ class Engine:
     def run(self, req: Request) -> GenerationResult:
         """Take one prepared request through its whole life. On any error its blocks are freed and its lock
         dropped."""
+        if self._closed:
+            raise RuntimeError("this engine is closed")
         if req.sampler.params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         return self._wait([self._loop.submit(req)])[0]
@@ -291,6 +294,26 @@ class Engine:
         tokens = None if prompt is None else self._encode(prompt)
         _check_namespace(namespace)
         return self._loop.call(lambda _: self.kv.pins.unpin(tokens, namespace)).result()
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Refuse new requests (RuntimeError), cancel every request in flight (their results say "cancelled", with
+        what they generated), and wait for the loop thread to exit. The cache keeps what it holds. Returns False if
+        the thread was still busy after `timeout` seconds. Calling it again is harmless."""
+        self._closed = True
+
+        def cancel_all(s: Scheduler) -> None:
+            for r in [*s.waiting, *s.prefilling, *s.decoding]:
+                s.abort(r, "cancelled")
+
+        if not self._loop.idle():
+            self._loop.call(cancel_all)
+        return self._loop.wait_idle(timeout)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no request is in flight and the engine's loop thread has exited (False on timeout).
@@ -426,6 +449,8 @@ class Engine:
         pin: bool | int = False,
         retention: int = 0,
     ) -> Request:
+        if self._closed:
+            raise RuntimeError("this engine is closed")
         t0 = time.perf_counter()
         if params is None:
             params = SamplingParams(

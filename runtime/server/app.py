@@ -23,7 +23,9 @@ DEFAULT_MAX_TOKENS = 256
 SHUTDOWN_WAIT_S = 30.0
 
 
-def create_app(engine: Any, model_name: str = "smollm2", api_keys: Sequence[str] = ()) -> FastAPI:
+def create_app(
+    engine: Any, model_name: str = "smollm2", api_keys: Sequence[str] = (), public_metrics: bool = False
+) -> FastAPI:
     """An OpenAI-compatible app serving `engine` as model `model_name`. With `api_keys`, every /v1 request
     needs `Authorization: Bearer KEY`, and each key gets its own cache namespace."""
     keys = frozenset(api_keys)
@@ -91,6 +93,15 @@ def create_app(engine: Any, model_name: str = "smollm2", api_keys: Sequence[str]
                 400,
                 f"This model's maximum context length is {limit} tokens. However, your prompt has "
                 f"{len(prompt_ids)} tokens.",
+                code="context_length_exceeded",
+            )
+        pages, capacity, page = engine.kv.pages(len(prompt_ids)), engine.cache.capacity_blocks, engine.cache.page_size
+        if pages > capacity:  # it could never be admitted: say so now, with the numbers (not a 500 later)
+            raise APIError(
+                400,
+                f"This server's KV pool holds {capacity * page} tokens ({capacity} pages of {page}). However, your "
+                f"prompt has {len(prompt_ids)} tokens ({pages} pages). Shorten it, or start the server with a "
+                "larger --kv-memory.",
                 code="context_length_exceeded",
             )
         max_tokens = body.limit(DEFAULT_MAX_TOKENS)
@@ -166,7 +177,9 @@ def create_app(engine: Any, model_name: str = "smollm2", api_keys: Sequence[str]
         return {"status": "ok"}
 
     @app.get("/metrics")
-    async def prometheus() -> PlainTextResponse:
+    async def prometheus(request: Request) -> PlainTextResponse:
+        if not public_metrics:  # every tenant's traffic and timings: as private as the API itself
+            _tenant(request)
         return PlainTextResponse(metrics.render(engine, model_name), media_type="text/plain; version=0.0.4")
 
     return app

@@ -45,3 +45,16 @@ def test_one_tenant_never_hits_another_tenants_prefix(keyed) -> None:
     )
     assert smuggled.usage.prompt_tokens_details.cached_tokens == 0  # request fields cannot pick a namespace
     assert cached("sk-bob") > 0
+
+
+def test_metrics_need_a_key_under_api_keys(keyed) -> None:
+    assert httpx.get(keyed.url + "/metrics", timeout=10).status_code == 401
+    r = httpx.get(keyed.url + "/metrics", headers={"Authorization": "Bearer sk-bob"}, timeout=10)
+    assert r.status_code == 200 and "radixcache_" in r.text
+
+
+def test_public_metrics_opts_out(tiny_model_dir, launch) -> None:
+    with launch(tiny_model_dir, "--api-key", "sk-alice", "--public-metrics") as s:
+        assert httpx.get(s.url + "/metrics", timeout=10).status_code == 200
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(s.v1 + "/chat/completions", json=body, timeout=10).status_code == 401

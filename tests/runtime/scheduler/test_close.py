@@ -1,0 +1,43 @@
+"""Engine.close() and `with Engine(...) as engine:`: requests in flight are cancelled with what they generated, the
+loop thread exits, the cache stays consistent, and a closed engine refuses new requests."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from radixcache.runtime import Engine
+from radixcache.runtime.testing import RandomModel
+
+from .conftest import assert_clean, ids
+
+
+def test_close_cancels_what_is_in_flight_and_refuses_new_requests(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    started = threading.Event()
+    long = engine.submit(ids(10, 1), 400, ignore_eos=True)
+    long.request.listener = lambda r: started.set()
+    queued = engine.submit(ids(10, 2), 400, ignore_eos=True)
+    assert started.wait(30)
+    assert engine.close(30)
+    first, second = long.result(30), queued.result(30)
+    assert first.finish_reason == second.finish_reason == "cancelled"
+    assert 0 < len(first.token_ids) < 400
+    assert engine._loop.idle()
+    assert_clean(engine)
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate(ids(5, 3), 2)
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.fork(ids(5, 3), 2, max_new_tokens=2)
+    assert engine.close(1), "closing twice is harmless"
+
+
+def test_an_engine_is_a_context_manager(tiny: RandomModel) -> None:
+    with Engine(tiny, capacity_blocks=64, page_size=4) as engine:
+        r = engine.generate(ids(12, 4), 3, ignore_eos=True)
+        assert len(r.token_ids) == 3
+    assert engine._loop.idle()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit(ids(5, 5), 2)
+    assert_clean(engine)
