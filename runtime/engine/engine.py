@@ -503,6 +503,11 @@ class Engine:
 
         return self._loop.submit_many(reqs, cap_at_what_is_cached)
 
+    def _check_vocabulary(self, ids: Sequence[int]) -> None:
+        bad = next((t for t in ids if not 0 <= t < self.config.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
+
     def _encode_continuation(self, text_or_ids: Prompt) -> list[int]:
         """A fork continuation's ids: text is encoded without special tokens, so no BOS lands mid-sequence."""
         if isinstance(text_or_ids, str):
@@ -517,9 +522,7 @@ class Engine:
                     ids = ids[1:]
         else:
             ids = [int(t) for t in text_or_ids]
-        bad = next((t for t in ids if not 0 <= t < self.config.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
+        self._check_vocabulary(ids)
         return ids
 
     def _wait(self, handles: list[RequestHandle]) -> list[GenerationResult]:
@@ -561,9 +564,7 @@ class Engine:
             raise ValueError(
                 f"prompt of {len(ids)} tokens leaves no room under the model's max_position {self.config.max_position}"
             )
-        bad = next((t for t in ids if not 0 <= t < self.config.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
+        self._check_vocabulary(ids)
         return ids
 
 

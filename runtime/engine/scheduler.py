@@ -242,6 +242,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill and admission
 
+    def _chunk_size(self, req: Request, budget: int) -> int:
+        """Prompt positions `req` computes in this pass: what it lacks, within the budget left and `prefill_chunk`."""
+        return min(req.prefill_end - req.num_kv, budget, self.config.prefill_chunk)
+
     def _schedule_prefill(self, budget: int, now: float) -> list[tuple[Request, int]]:
         """The chunks of this pass: requests already prefilling first, then new admissions, within `budget`."""
         cfg = self.config
@@ -249,7 +253,7 @@ class Scheduler:
         for r in self.prefilling:
             if budget <= 0 or len(chunks) >= cfg.max_prefill_seqs:
                 return chunks
-            n = min(r.prefill_end - r.num_kv, budget, cfg.prefill_chunk)
+            n = self._chunk_size(r, budget)
             chunks.append((r, n))
             budget -= n
         if budget <= 0 or not self.waiting:
@@ -278,7 +282,7 @@ class Scheduler:
             if r.t_admitted is None:
                 r.t_admitted = now
             self.prefilling.append(r)
-            n = min(r.prefill_end - r.num_kv, budget, cfg.prefill_chunk)
+            n = self._chunk_size(r, budget)
             if n > 0:
                 chunks.append((r, n))
                 budget -= n

@@ -74,6 +74,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
 
 
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """One tensor from a pass's parts, without a copy when there is only one."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def _rope_signed(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """`apply_rope` with the tables already `[T, 1, D]` and rotate-half's minus folded into the first half of sin
     (`-x * s == x * -s` exactly): the same numbers in fewer operations, for the per-layer call."""
@@ -278,11 +283,10 @@ class LlamaModel:
                 outs.append(self._prefill_attend(layer, q[lo:hi], k[lo:hi], v[lo:hi], meta_p, mask, pool))
             return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-        cat = lambda xs: xs[0] if len(xs) == 1 else torch.cat(xs)  # noqa: E731
         # `prefill` lets a linear kind pick its summation order for a pure prefill (model.linear keeps F.linear for
         # 17-63 rows there); a mixed pass takes the fastest kernel for its rows, as a decode batch does.
         prefill = bool(chunks) and decode is None
-        hidden = self._layers(cat(ids_parts), cat(pos_parts), pool, cat(slot_parts), attend, prefill)
+        hidden = self._layers(_cat(ids_parts), _cat(pos_parts), pool, _cat(slot_parts), attend, prefill)
         if parts:  # the decode rows and each chunk's last row: the only logits anyone reads
             wanted = [*range(b), *(hi - 1 for _, hi, _, _ in parts)]
             if len(wanted) < hidden.shape[0]:
