@@ -56,6 +56,28 @@ def _check_bind(host: str, port: int) -> None:
     help="Prompt tokens per step while requests decode: lower keeps their token times steady under a long prompt, "
     "higher gives that prompt its first token sooner.",
 )
+@click.option(
+    "--max-queue",
+    type=click.IntRange(min=0),
+    help="Most requests waiting for admission; past it a request gets 429 with Retry-After [default: unbounded].",
+)
+@click.option(
+    "--queue-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a request may wait for admission; then it gets 503 with Retry-After [default: no limit].",
+)
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Most seconds a request may run; it then ends with what it generated (finish_reason length). A request's "
+    "own `timeout` field may only lower it [default: no limit].",
+)
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=2),
+    help="Most tokens (prompt + completion) per request; longer prompts get 400 context_length_exceeded "
+    "[default: the model's context].",
+)
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
 @click.option("--no-cache", is_flag=True, help="Disable prefix reuse (the baseline for benchmarks).")
@@ -78,6 +100,10 @@ def serve(
     schedule: str,
     max_prefill_tokens: int,
     mixed_prefill_tokens: int,
+    max_queue: int | None,
+    queue_timeout: float | None,
+    request_timeout: float | None,
+    max_model_len: int | None,
     dtype: str,
     device: str,
     no_cache: bool,
@@ -86,7 +112,8 @@ def serve(
 ) -> None:
     """Serve the model over OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models), with /health
     and Prometheus /metrics. Requests that share a prefix reuse its KV; usage.prompt_tokens_details.cached_tokens
-    says how much. Ctrl-C (or SIGTERM) lets in-flight requests finish, then stops.
+    says how much. Under load, --max-queue and --queue-timeout push back with 429 / 503 and Retry-After instead of
+    queueing without bound. Ctrl-C (or SIGTERM) lets in-flight requests finish, then stops.
 
     \b
     Example:
@@ -111,6 +138,8 @@ def serve(
         schedule=schedule,
         max_prefill_tokens=max_prefill_tokens,
         mixed_prefill_tokens=mixed_prefill_tokens,
+        max_queue=max_queue,
+        queue_timeout=queue_timeout,
         dtype=dtype,
         device=device,
         **kwargs,
@@ -118,7 +147,14 @@ def serve(
     if engine.tokenizer is None:
         raise ValueError(f"{model}: the server needs a model with a tokenizer")
     name = served_model_name or model
-    app = create_app(engine, name, api_keys=api_keys, public_metrics=public_metrics)
+    app = create_app(
+        engine,
+        name,
+        api_keys=api_keys,
+        public_metrics=public_metrics,
+        max_model_len=max_model_len,
+        request_timeout=request_timeout,
+    )
     click.echo(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to our handlers: both end here.

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixcache import CacheStats, RadixCache
+from radixcache.runtime.engine.admission import QueueGate
+from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
 from radixcache.runtime.engine.output import OutputProcessor
 from radixcache.runtime.engine.request import GenerationResult, Request
@@ -97,6 +99,10 @@ class Engine:
     `quant="gguf"` keeps a GGUF file's Q4_1 / Q8_0 blocks for decode batches of up to 4 (the same weights, float32
     arithmetic, a native kernel built on first use: runtime.model.block_linear; a loaded model needs `keep_blocks`);
     `threads` sets the torch threads of the engine loop (default: the constructing thread's count).
+    Overload: `max_queue` requests at most wait for admission (past it `submit` raises QueueFullError at once,
+    queueing nothing); `queue_timeout` seconds at most a request waits to be admitted (then its result raises
+    QueueTimeoutError). Both errors carry `retry_after` (runtime.engine.errors). A request that outgrows the pool
+    while decoding ends with finish_reason "length" and the tokens it made.
     `mirror_memory`: the most memory the decode mirror (radixcache.runtime.kv.mirror: the decode batch's KV kept
     contiguous, so decode attention copies nothing per step) may take; default 512 MiB on the CPU and off on
     other devices, 0 turns it off. A batch that does not fit decodes from the pages as before.
@@ -126,6 +132,8 @@ class Engine:
         quant: str = "none",
         threads: int | None = None,
         mirror_memory: str | int | None = None,
+        max_queue: int | None = None,
+        queue_timeout: float | None = None,
     ) -> None:
         torch_dtype = resolve_dtype(dtype)
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -177,6 +185,10 @@ class Engine:
         # The loop thread sets its own OpenMP thread count: a thread does not inherit its creator's setting.
         self.threads = threads if threads is not None else torch.get_num_threads()
         self._loop = EngineLoop(self.scheduler, self.output.result, num_threads=self.threads)
+        self.queue = QueueGate(max_queue)
+        if queue_timeout is not None and not queue_timeout > 0:
+            raise ValueError(f"queue_timeout must be > 0 seconds or None, got {queue_timeout!r}")
+        self.queue_timeout = queue_timeout
         self._closed = False
 
     # ------------------------------------------------------------------ public API: sync
@@ -200,6 +212,12 @@ class Engine:
         timeout: float | None = None,
         pin: bool | int = False,
         retention: int = 0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
+        min_p: float = 0.0,
+        logit_bias: dict[int, float] | Sequence[tuple[int, float]] | None = None,
+        logprobs: int | None = None,
     ) -> Any:
         """Continue `prompt` (text, or token ids); a list of prompts runs them concurrently and returns a list.
 
@@ -208,6 +226,10 @@ class Engine:
         prompt's KV (True) or its first n tokens' whole pages in the cache until `unpin`, within
         `max_pinned_fraction` (a pin past it is refused: the result's `pinned_tokens` is 0).
         `retention`: a soft priority for keeping the prompt's KV (higher is evicted later; see runtime.kv.retention).
+        OpenAI / vLLM sampling: `presence_penalty` and `frequency_penalty` (over the generated tokens, [-2, 2]),
+        `repetition_penalty` (over prompt and generated tokens, > 0), `min_p` ([0, 1]), `logit_bias` (`{token_id:
+        bias}`, bias in [-100, 100]; applied to greedy too); `logprobs=k` (0..20) fills the result's `logprobs` with
+        each token's raw log-probability and the top k (SamplingParams documents the order of processing).
         """
         kw = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
         handles = self.submit(prompt, **kw)
@@ -224,17 +246,17 @@ class Engine:
         """Take one prepared request through its whole life. On any error its blocks are freed and its lock
         dropped."""
         if self._closed:
-            raise RuntimeError("this engine is closed")
+            raise EngineClosedError("this engine is closed")
         if req.sampler.params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
-        return self._wait([self._loop.submit(req)])[0]
+        return self._wait(self._enqueue([req]))[0]
 
     def submit(self, prompt: Prompt | Sequence[Prompt], max_new_tokens: int = 64, **kwargs: Any) -> Any:
         """Queue `prompt` (or a list of prompts) without waiting: a RequestHandle (or a list of them) with
         `.result(timeout)`, `.future` and `.cancel()`. Takes generate's keyword arguments."""
         prompts, single = self._split_batch(prompt)
         reqs = [self._request(p, max_new_tokens, **kwargs) for p in prompts]  # all validated before any runs
-        handles = self._loop.submit_many(reqs)  # they reach the scheduler together, between two steps
+        handles = self._enqueue(reqs)  # they reach the scheduler together, between two steps
         return handles[0] if single else handles
 
     def submit_group(
@@ -296,8 +318,8 @@ class Engine:
         return self._loop.call(lambda _: self.kv.pins.unpin(tokens, namespace)).result()
 
     def close(self, timeout: float | None = 30.0) -> bool:
-        """Refuse new requests (RuntimeError), cancel every request in flight (their results say "cancelled", with
-        what they generated), and wait for the loop thread to exit. The cache keeps what it holds. Returns False if
+        """Refuse new requests (EngineClosedError), cancel every request in flight (their results say "cancelled",
+        with what they generated), and wait for the loop thread to exit. The cache keeps what it holds. Returns False if
         the thread was still busy after `timeout` seconds. Calling it again is harmless."""
         self._closed = True
 
@@ -322,6 +344,26 @@ class Engine:
         torch at interpreter exit aborts the process.
         """
         return self._loop.wait_idle(timeout)
+
+    def check(self, timeout: float | None = 30.0) -> dict[str, int]:
+        """Check the cache's invariants between two steps (on the loop thread) and return its block gauges and
+        queue lengths. Raises the cache's InvariantError if one is broken (a bug)."""
+
+        def run(s: Scheduler) -> dict[str, int]:
+            c = self.cache
+            c.check_invariants()
+            return {
+                "capacity_blocks": c.capacity_blocks,
+                "free_blocks": c.free_blocks,
+                "evictable_blocks": c.evictable_blocks,
+                "locked_blocks": c.locked_blocks,
+                "held_blocks": c.held_blocks,
+                "pinned_blocks": self.kv.pins.blocks,
+                "running": len(s.prefilling) + len(s.decoding),
+                "waiting": len(s.waiting),
+            }
+
+        return self._loop.call(run).result(timeout)
 
     def clear_retention(self) -> int:
         """Forget every retention mark (leaves re-rank as they are next touched). Returns how many there were."""
@@ -394,7 +436,7 @@ class Engine:
         hidden = stop_token_set(params, self.eos_token_ids)
         holdback = max((len(s) for s in params.stop), default=1) - 1
         detok = self.output.detokenizer(req.prompt_ids)
-        handle = self._loop.submit(req)
+        handle = self._enqueue([req])[0]
         # The future also ends when no listener call ever comes (a refused request, a dead loop): wake the reader.
         handle.future.add_done_callback(lambda _: _call_soon(loop, queue.put_nowait, ((), True)))
         emitted = ""
@@ -448,9 +490,16 @@ class Engine:
         timeout: float | None = None,
         pin: bool | int = False,
         retention: int = 0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
+        min_p: float = 0.0,
+        logit_bias: dict[int, float] | Sequence[tuple[int, float]] | None = None,
+        logprobs: int | None = None,
     ) -> Request:
+        """A validated Request (generate's arguments); raises ValueError before anything is queued."""
         if self._closed:
-            raise RuntimeError("this engine is closed")
+            raise EngineClosedError("this engine is closed")
         t0 = time.perf_counter()
         if params is None:
             params = SamplingParams(
@@ -462,9 +511,17 @@ class Engine:
                 stop=(stop,) if isinstance(stop, str) else tuple(stop),
                 stop_token_ids=tuple(stop_token_ids),
                 ignore_eos=ignore_eos,
+                presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty,
+                repetition_penalty=repetition_penalty,
+                min_p=min_p,
+                logit_bias=logit_bias or (),  # type: ignore[arg-type]  # normalised to sorted pairs
+                logprobs=logprobs,
             )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
+        if params.logit_bias and (top := params.logit_bias[-1][0]) >= self.config.vocab_size:  # sorted: largest last
+            raise ValueError(f"logit_bias token id {top} is outside the vocabulary [0, {self.config.vocab_size})")
         _check_namespace(namespace)
         ids = self._encode(prompt)
         pin_tokens = len(ids) if pin is True else int(pin)
@@ -501,7 +558,15 @@ class Engine:
             for r in reqs:
                 r.cached_cap = before  # admission reports min(its match, this)
 
-        return self._loop.submit_many(reqs, cap_at_what_is_cached)
+        return self._enqueue(reqs, cap_at_what_is_cached)
+
+    def _enqueue(self, reqs: list[Request], prepare: Any = None) -> list[RequestHandle]:
+        """Hand prepared requests to the loop, all or none: QueueFullError (nothing queued) past `max_queue`."""
+        if self.queue_timeout is not None:
+            for r in reqs:
+                r.queue_deadline = r.t_arrival + self.queue_timeout
+        self.queue.enter(reqs)
+        return self._loop.submit_many(reqs, prepare)
 
     def _check_vocabulary(self, ids: Sequence[int]) -> None:
         bad = next((t for t in ids if not 0 <= t < self.config.vocab_size), None)

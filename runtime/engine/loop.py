@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from radixcache.runtime.engine.request import GenerationResult, Request
+from radixcache.runtime.engine.request import GenerationResult, Request, dequeued
 from radixcache.runtime.engine.scheduler import Scheduler
 from radixcache.runtime.native.openmp import release_idle_team
 
@@ -74,12 +74,14 @@ class EngineLoop:
                     prepare(s)
                 except BaseException as exc:
                     for handle in handles:
+                        dequeued(handle.request)
                         handle.future.set_exception(exc)
                     return
             for handle in handles:
                 try:
                     s.add(handle.request)
                 except BaseException as exc:
+                    dequeued(handle.request)
                     handle.future.set_exception(exc)
                     continue
                 self._handles[handle.rid] = handle
@@ -156,6 +158,7 @@ class EngineLoop:
             with self._cv:
                 self._thread = None
             for handle in list(self._handles.values()):
+                dequeued(handle.request)
                 if not handle.future.done():
                     handle.future.set_exception(exc)
             self._handles.clear()

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from radixcache.runtime.engine.request import GenerationResult, Request
+from radixcache.runtime.engine.request import GenerationResult, Request, TokenLogprob
 from radixcache.runtime.engine.sampling import find_stop, stop_token_set
 
 
@@ -28,6 +28,23 @@ class Totals:
     prefill: int = 0
     generated: int = 0
     recomputed: int = 0
+
+
+def token_logprob(logits: torch.Tensor, token: int, k: int) -> TokenLogprob:
+    """`token`'s log-probability in the raw distribution of `[vocab]` logits, and the top k `(id, logprob)` pairs
+    (descending, ties by id ascending). One host transfer; nothing of the row is kept."""
+    lp = torch.log_softmax(logits.detach().float(), dim=-1)
+    if k <= 0:
+        return TokenLogprob(token, float(lp[token]), ())
+    k = min(k, lp.shape[-1])
+    kth = torch.topk(lp, k).values[-1]
+    cand = torch.nonzero(lp >= kth).squeeze(-1)  # every token tied with the k-th too, ascending ids
+    vals = lp[cand]
+    order = torch.sort(vals, descending=True, stable=True).indices[:k]  # stable: ties keep ascending ids
+    # one transfer: [chosen, ids..., logprobs...] (ids < 2**53 are exact in float64)
+    packed = torch.cat([lp[token].view(1).double(), cand[order].double(), vals[order].double()]).tolist()
+    ids, top_lp = packed[1 : k + 1], packed[k + 1 :]
+    return TokenLogprob(token, packed[0], tuple((int(i), v) for i, v in zip(ids, top_lp, strict=True)))
 
 
 class OutputProcessor:
@@ -44,9 +61,11 @@ class OutputProcessor:
         batch), append it, and set `finish_reason` when the request is done."""
         params = req.sampler.params
         if token is None:
-            token = req.sampler.sample(logits)
+            token = req.sampler.sample(logits, req.prompt_ids, req.output_ids)
         if req.keep_logits:
             req.logits.append(logits.detach().float().cpu())
+        if params.logprobs is not None:  # of the raw logits: before bias, penalties and temperature
+            req.logprobs.append(token_logprob(logits, token, params.logprobs))
         req.output_ids.append(token)
         if req.t_first_token is None:
             req.t_first_token = time.perf_counter()
@@ -104,4 +123,5 @@ class OutputProcessor:
             preemptions=req.preemptions,
             recomputed_tokens=req.recomputed_tokens,
             pinned_tokens=req.pinned_tokens,
+            logprobs=tuple(req.logprobs) if req.sampler.params.logprobs is not None else None,
         )

@@ -6,12 +6,23 @@ import itertools
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from radixcache import TreeNode
 from radixcache.runtime.engine.sampling import Sampler, SamplingParams
 from radixcache.runtime.kv.manager import Status
+
+
+class TokenLogprob(NamedTuple):
+    """One generated token's log-probability under the raw model distribution (log_softmax of the model's logits
+    at that position, before logit bias, penalties and temperature), and the `top` k alternatives as
+    `(token_id, logprob)`, by logprob descending, ties by token id ascending (k = SamplingParams.logprobs)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +41,8 @@ class GenerationResult:
     again after a preemption (counted apart from cached_tokens and prefill_tokens).
     pinned_tokens: prompt tokens this request pinned (`pin=`); 0 when no pin was asked or the pin was refused
     (it would have exceeded the engine's pinned share of the pool).
+    logprobs: one TokenLogprob per entry of token_ids (its raw log-probability and the top k alternatives) when
+    the request asked for them (`logprobs=k`), else None.
     """
 
     text: str
@@ -46,6 +59,7 @@ class GenerationResult:
     preemptions: int = 0
     recomputed_tokens: int = 0
     pinned_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def decode_tps(self) -> float:
@@ -85,12 +99,15 @@ class Request:
     finish_reason: str | None = None
     stop_at: int | None = None  # cut the text here (a stop string was found)
     logits: list[torch.Tensor] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output id when params.logprobs is set
     t_arrival: float = field(default_factory=time.perf_counter)
     t_first_token: float | None = None
     t_finish: float | None = None
     # scheduling
     priority: int = 0  # higher runs first and is preempted last
     deadline: float | None = None  # perf_counter time after which the request times out
+    queue_deadline: float | None = None  # perf_counter time by which it must be admitted (QueueTimeoutError)
+    on_dequeue: Callable[[], None] | None = field(default=None, repr=False)  # called once: admitted or gone
     pin: int = 0  # tokens of the prompt to pin in the cache once computed
     pinned_tokens: int = 0  # tokens the pin actually locked (0: no pin, or refused)
     cached_cap: int | None = None  # report at most this many cached tokens (fork: what was cached before the call)
@@ -128,3 +145,11 @@ class Request:
     def prefill_end(self) -> int:
         """Positions whose K/V must exist before decoding: the prompt, or (resumed) every token but the last."""
         return len(self.prompt_ids) + len(self.output_ids) - 1 if self.output_ids else len(self.prompt_ids)
+
+
+def dequeued(req: Request) -> None:
+    """The request left the admission queue for good (first admitted, or left without ever being admitted): tell
+    whoever counts the queue, exactly once."""
+    callback, req.on_dequeue = req.on_dequeue, None
+    if callback is not None:
+        callback()

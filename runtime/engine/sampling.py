@@ -1,21 +1,81 @@
-"""Sampling parameters and the per-request sampler: greedy, temperature, top-k, top-p, seed, stops."""
+"""Sampling parameters and the per-request sampler: greedy, temperature, top-k, top-p, min-p, seed, stops, logit
+bias, repetition / presence / frequency penalties."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import operator
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+MAX_LOGPROBS = 20  # the most alternatives `logprobs` may ask for per token (OpenAI's limit)
+MAX_LOGIT_BIAS = 100.0  # |bias| limit (OpenAI's)
+
+
+def _token_id(t: object) -> int:
+    """A logit_bias key as a token id: an int, or a decimal string (JSON object keys, as OpenAI clients send)."""
+    if isinstance(t, bool):
+        raise TypeError
+    if isinstance(t, str):
+        return int(t.strip())
+    return operator.index(t)  # type: ignore[arg-type]
+
+
+def _normalise_logit_bias(raw: object) -> tuple[tuple[int, float], ...]:
+    """`{token: bias}` or `[(token, bias), ...]` as a tuple of `(token, bias)` sorted by token id, validated."""
+    items: Iterable[object] = raw.items() if isinstance(raw, Mapping) else raw  # type: ignore[assignment]
+    out: dict[int, float] = {}
+    try:
+        pairs = [tuple(p) for p in items]  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"logit_bias must map token ids to biases, got {raw!r}") from None
+    for pair in pairs:
+        if len(pair) != 2:
+            raise ValueError(f"logit_bias entries must be (token_id, bias) pairs, got {pair!r}")
+        key, value = pair
+        try:
+            tid = _token_id(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+        if tid < 0:
+            raise ValueError(f"logit_bias token ids must be >= 0, got {tid}")
+        if tid in out:
+            raise ValueError(f"logit_bias names token id {tid} twice")
+        try:
+            bias = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias[{tid}] must be a number, got {value!r}") from None
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # also refuses NaN
+            raise ValueError(f"logit_bias[{tid}] must be in [-100, 100], got {value!r}")
+        out[tid] = bias
+    return tuple(sorted(out.items()))
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How one request chooses its tokens and when it stops.
 
-    temperature 0 means greedy (argmax). top_k 0 and top_p 1.0 disable those filters. seed makes sampling
-    reproducible per request (its own torch.Generator; no global RNG is touched). Generation stops at
+    temperature 0 means greedy (argmax). top_k 0, top_p 1.0 and min_p 0.0 disable those filters. seed makes
+    sampling reproducible per request (its own torch.Generator; no global RNG is touched). Generation stops at
     max_new_tokens, at one of stop_token_ids (plus the model's EOS ids unless ignore_eos), or when the
     decoded text contains one of `stop` (the text is cut before it).
+
+    The logits of each step are processed in this order (`Sampler.process`, then `Sampler.sample`):
+
+    1. logit_bias: `bias` added to the logit of each `(token_id, bias)` (a dict is accepted; bias in [-100, 100]).
+    2. repetition_penalty (vLLM / Hugging Face): for every token in the prompt or generated so far, a positive
+       logit is divided by it and a negative one multiplied (> 0; 1.0 is off).
+    3. presence_penalty and frequency_penalty (OpenAI): over the tokens generated so far (not the prompt),
+       `logit[j] -= frequency_penalty * count[j] + presence_penalty * (count[j] > 0)` (each in [-2, 2]).
+    4. temperature; greedy (0) takes the argmax of the logits processed so far, so bias and penalties apply to it.
+    5. top_k, then top_p, then min_p (in [0, 1]: drop tokens whose probability is below min_p times the most
+       likely token's; `filter_logits`).
+    6. sample from the softmax of what is left.
+
+    logprobs: None returns none; k in [0, 20] returns, per generated token, its log-probability and the top k
+    of the RAW model distribution (log_softmax of the model's logits, before any of the above; vLLM's default).
     """
 
     max_new_tokens: int = 64
@@ -26,6 +86,12 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -42,16 +108,46 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        # `not lo <= x <= hi` (rather than `x < lo or x > hi`) also refuses NaN.
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        object.__setattr__(self, "logit_bias", _normalise_logit_bias(self.logit_bias or ()))
+        if self.logprobs is not None:
+            k = self.logprobs
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {k!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def uses_history(self) -> bool:
+        """The penalties read the tokens seen so far (repetition: prompt and output; presence/frequency: output)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set to -inf every logit outside the top-k and outside the smallest set whose probability reaches top_p.
+    @property
+    def processes_logits(self) -> bool:
+        """Logit bias or a penalty changes the logits before temperature (else the sampler reads them as they are)."""
+        return bool(self.logit_bias) or self.uses_history
 
-    logits `[..., vocab]` (already divided by the temperature). The most likely token always survives.
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy over the raw logits: the token is their argmax, which the scheduler takes for a whole batch."""
+        return self.greedy and not self.processes_logits
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0) -> torch.Tensor:
+    """Set to -inf every logit outside the top-k, outside the smallest set whose probability reaches top_p, and
+    (then) every one whose probability is below `min_p` times the largest.
+
+    logits `[..., vocab]` (already divided by the temperature). The most likely token always survives. min_p
+    compares ratios to the most likely token, which the earlier filters leave unchanged.
     """
     out = logits
     if 0 < top_k < logits.shape[-1]:
@@ -65,11 +161,19 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         out = out.masked_fill(drop, float("-inf"))
+    if min_p > 0.0:
+        probs = torch.softmax(out, dim=-1)
+        out = out.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
     return out
 
 
 class Sampler:
-    """Chooses one request's tokens from its logits. Holds that request's RNG; nothing global."""
+    """Chooses one request's tokens from its logits. Holds that request's RNG and, when a penalty needs them,
+    counts of the tokens it has seen; nothing global.
+
+    The history is read from the request's `prompt_ids` and `output_ids` (append-only lists): the sampler counts
+    only what was appended since its last call, so a step costs O(new tokens), not O(sequence).
+    """
 
     def __init__(self, params: SamplingParams, device: str | torch.device = "cpu") -> None:
         self.params = params
@@ -80,15 +184,83 @@ class Sampler:
                 self.generator.manual_seed(params.seed)
             else:
                 self.generator.seed()
+        # Penalty state, built on the first `process` (it needs the vocabulary size and the logits' device).
+        # Invariant: `_counts[j]` = occurrences of j in output_ids[:_n_output]; `_seen[j]` = j occurs in
+        # prompt_ids[:_n_prompt] or in output_ids[:_n_output].
+        self._counts: torch.Tensor | None = None
+        self._seen: torch.Tensor | None = None
+        self._n_prompt = 0
+        self._n_output = 0
+        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def sample(self, logits: torch.Tensor) -> int:
-        """Next token id from `[vocab]` logits."""
+    def sample(self, logits: torch.Tensor, prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()) -> int:
+        """Next token id from `[vocab]` logits, given the request's prompt and the tokens generated so far (used by
+        the penalties only)."""
         p = self.params
+        if p.processes_logits:
+            logits = self.process(logits, prompt_ids, output_ids)
         if p.greedy:
             return int(torch.argmax(logits))
-        scaled = filter_logits(logits.float() / p.temperature, p.top_k, p.top_p)
+        scaled = filter_logits(logits.float() / p.temperature, p.top_k, p.top_p, p.min_p)
         probs = torch.softmax(scaled, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def process(
+        self, logits: torch.Tensor, prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()
+    ) -> torch.Tensor:
+        """`[vocab]` float32 logits after logit_bias, repetition penalty and presence/frequency penalties (steps 1-3
+        of SamplingParams; before temperature). Returns `logits` itself when the params change nothing."""
+        p = self.params
+        if not p.processes_logits:
+            return logits
+        out = logits.float().clone()
+        vocab = out.shape[-1]
+        if p.logit_bias:
+            if self._bias is None or self._bias[0].device != out.device:
+                ids = [t for t, _ in p.logit_bias]
+                if ids[-1] >= vocab:  # sorted: the last id is the largest
+                    raise ValueError(f"logit_bias token id {ids[-1]} is outside the vocabulary [0, {vocab})")
+                values = [b for _, b in p.logit_bias]
+                self._bias = (
+                    torch.tensor(ids, dtype=torch.long, device=out.device),
+                    torch.tensor(values, dtype=torch.float32, device=out.device),
+                )
+            out.index_add_(0, self._bias[0], self._bias[1])
+        if p.uses_history:
+            counts, seen = self._history(prompt_ids, output_ids, vocab, out.device)
+            if p.repetition_penalty != 1.0:
+                penalised = torch.where(out > 0, out / p.repetition_penalty, out * p.repetition_penalty)
+                out = torch.where(seen, penalised, out)
+            if p.frequency_penalty != 0.0:
+                out -= p.frequency_penalty * counts
+            if p.presence_penalty != 0.0:
+                out -= p.presence_penalty * (counts > 0).float()
+        return out
+
+    def _history(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], vocab: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output counts and the seen-mask, brought up to date with what was appended since the last call."""
+        if (
+            self._counts is None
+            or self._counts.shape[0] != vocab
+            or self._counts.device != device
+            or len(prompt_ids) != self._n_prompt  # another prompt (a reused sampler): count from scratch
+            or len(output_ids) < self._n_output
+        ):
+            self._counts = torch.zeros(vocab, dtype=torch.float32, device=device)
+            self._seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+            self._n_output = 0
+            self._n_prompt = len(prompt_ids)
+            if prompt_ids:
+                self._seen[torch.as_tensor(list(prompt_ids), dtype=torch.long, device=device)] = True
+        assert self._seen is not None
+        if len(output_ids) > self._n_output:
+            new = torch.as_tensor(list(output_ids[self._n_output :]), dtype=torch.long, device=device)
+            self._counts.index_add_(0, new, torch.ones(len(new), dtype=torch.float32, device=device))
+            self._seen[new] = True
+            self._n_output = len(output_ids)
+        return self._counts, self._seen
 
 
 def stop_token_set(params: SamplingParams, eos_token_ids: Sequence[int]) -> frozenset[int]:

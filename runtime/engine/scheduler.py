@@ -21,7 +21,9 @@ requests as the step's token budget allows (mixed batches, chunked prefill). Req
   preempted: its computed KV goes to the tree, its blocks are released, and it is resumed later from the cache.
   Positions computed again are counted as `recomputed_tokens`, never as hits.
 - A request whose prompt needs more pages than the whole pool is refused at `add` (RequestTooLargeError). A
-  request that alone cannot grow (every other request preempted) fails with CacheFullError; nothing deadlocks.
+  request that alone cannot grow (every other request preempted) ends with finish_reason "length" and every token
+  it generated; nothing deadlocks.
+- Queue timeout: a request not admitted by its `queue_deadline` fails with QueueTimeoutError, holding nothing.
 - `abort` (cancel or timeout) works in every state. A pass that raises fails every request in it. Every path
   leaves `check_invariants()` true and no block held by a request that left.
 
@@ -38,17 +40,14 @@ from dataclasses import dataclass
 import torch
 
 from radixcache import CacheFullError, TreeNode
+from radixcache.runtime.engine.errors import QueueTimeoutError, RequestTooLargeError
 from radixcache.runtime.engine.output import OutputProcessor
-from radixcache.runtime.engine.request import Request
+from radixcache.runtime.engine.request import Request, dequeued
 from radixcache.runtime.engine.runner import ModelRunner
 from radixcache.runtime.kv.manager import KVManager, Status
 from radixcache.tokens import as_token_array, common_prefix_length
 
 SCHEDULES = ("lpm", "fcfs", "dfs-weight")
-
-
-class RequestTooLargeError(CacheFullError):
-    """A request that can never fit: its prompt needs more pages than the whole KV pool."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +139,9 @@ class Scheduler:
         for r in [*self.waiting, *self.prefilling, *self.decoding]:
             if r.deadline is not None and now >= r.deadline:
                 self.abort(r, "timeout")
+            elif r.queue_deadline is not None and r.t_admitted is None and now >= r.queue_deadline:
+                waited = now - r.t_arrival
+                self._fail(r, QueueTimeoutError(f"request {r.rid} waited {waited:.1f} s without being admitted"))
         decodes = self._schedule_decodes()
         cfg = self.config
         chunks = self._schedule_prefill(cfg.mixed_prefill_tokens if decodes else cfg.max_prefill_tokens, now)
@@ -181,15 +183,16 @@ class Scheduler:
         self._emit_all(done)
 
     def _emit_all(self, done: list[tuple[Request, torch.Tensor]]) -> None:
-        """Sample every row; greedy rows are decided by one argmax (one host transfer per pass)."""
+        """Sample every row; plain-greedy rows (no logit bias, no penalty) are decided by one argmax (one host
+        transfer per pass). Every other row, greedy ones with a bias or penalty included, goes through its sampler."""
         if not done:
             return
-        greedy = [r.sampler.params.greedy for r, _ in done]
+        plain = [r.sampler.params.plain_greedy for r, _ in done]
         tokens = []
-        if any(greedy):
-            rows = [row for (_, row), g in zip(done, greedy, strict=True) if g]
+        if any(plain):
+            rows = [row for (_, row), g in zip(done, plain, strict=True) if g]
             tokens = iter(torch.stack(rows).argmax(dim=-1).tolist())
-        for (r, row), g in zip(done, greedy, strict=True):
+        for (r, row), g in zip(done, plain, strict=True):
             self._emit(r, row, next(tokens) if g else None)
 
     def _start_decoding(self, req: Request) -> None:
@@ -223,15 +226,24 @@ class Scheduler:
             try:
                 self.kv.reserve(req, req.num_kv + 1)
                 return True
-            except CacheFullError as exc:
+            except CacheFullError:
                 victim = min(self.running, key=lambda r: (r.priority, -r.rid))
                 if victim is req:
-                    if len(self.running) == 1:
-                        self._fail(req, CacheFullError(f"request {req.rid} alone outgrew the KV pool: {exc}"))
+                    if len(self.running) == 1:  # alone and still no page: the pool is full of it (and pins)
+                        self._end_outgrown(req)
                     else:
                         self._preempt(req)
                     return False
                 self._preempt(victim)
+
+    def _end_outgrown(self, req: Request) -> None:
+        """A request that outgrew the pool ends as if it reached its length limit, with every token it made; its
+        computed KV goes to the tree like any finished request's."""
+        self._remove(req)
+        if req.status is Status.RUNNING:
+            self.kv.release(req)
+        req.finish_reason = "length"
+        self._leave(req)
 
     def _preempt(self, req: Request) -> None:
         self._remove(req)
@@ -274,6 +286,9 @@ class Scheduler:
                 continue
             if not admitted:
                 if not self.prefilling and not self.decoding:  # nothing will ever free memory for it
+                    if r.output_ids:  # a preempted request whose own tokens outgrew the pool: keep what it made
+                        self._end_outgrown(r)
+                        continue
                     self.waiting.remove(r)
                     self._fail(r, CacheFullError(f"request {r.rid} does not fit the KV pool beside pinned blocks"))
                     continue
@@ -281,6 +296,7 @@ class Scheduler:
             self.waiting.remove(r)
             if r.t_admitted is None:
                 r.t_admitted = now
+                dequeued(r)
             self.prefilling.append(r)
             n = self._chunk_size(r, budget)
             if n > 0:
@@ -382,6 +398,7 @@ class Scheduler:
         self._leave(req)
 
     def _leave(self, req: Request) -> None:
+        dequeued(req)  # a no-op for a request that was admitted
         req.t_finish = time.perf_counter()
         self.finished.append(req)
         self._notify(req)

@@ -7,6 +7,8 @@ with the BOS text are common).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -117,6 +119,21 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, which may be part of a UTF-8 character (for logprobs): a byte-fallback
+        token `<0xHH>`, a byte-level (GPT-2 style) token read through the byte alphabet, else its decoded text."""
+        raw = self.backend.id_to_token(token_id) or ""
+        text = self.decode([token_id], skip_special_tokens=False)
+        if len(raw) == 6 and raw.startswith("<0x") and raw.endswith(">"):
+            with contextlib.suppress(ValueError):
+                return bytes([int(raw[3:5], 16)])
+        table = _unicode_to_byte()
+        if raw and all(ch in table for ch in raw):
+            candidate = bytes(table[ch] for ch in raw)
+            if candidate.decode("utf-8", errors="replace") == text:
+                return candidate
+        return text.encode("utf-8")
+
     def detokenizer(self, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         """A streaming detokeniser: `add(id)` returns text deltas that never split a UTF-8 character."""
         return IncrementalDetokenizer(lambda ids: self.decode(ids, skip_special_tokens), prompt_ids)
@@ -150,6 +167,18 @@ class Tokenizer:
         return (
             f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eos={self.eos_token_ids}, add_bos={self.add_bos})"
         )
+
+
+@functools.cache
+def _unicode_to_byte() -> dict[str, int]:
+    """The byte-level BPE alphabet, inverted: printable Latin-1 bytes stand for themselves, every other byte for
+    the character 256 + its rank among those others (the convention GPT-2 introduced and Llama 3, Qwen and SmolLM
+    tokenizers share)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table = {chr(b): b for b in printable}
+    others = [b for b in range(256) if b not in set(printable)]
+    table.update({chr(256 + i): b for i, b in enumerate(others)})
+    return table
 
 
 def _read_json(path: str) -> dict[str, Any]:

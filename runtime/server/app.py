@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -15,8 +15,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from radixcache.runtime.server import generation
+from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
 from radixcache.runtime.server.metrics import ServerMetrics
-from radixcache.runtime.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, validation_message
+from radixcache.runtime.server.protocol import (
+    MAX_CHOICES,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    validation_message,
+)
 from radixcache.runtime.server.responses import Responder
 
 DEFAULT_MAX_TOKENS = 256
@@ -24,14 +31,26 @@ SHUTDOWN_WAIT_S = 30.0
 
 
 def create_app(
-    engine: Any, model_name: str = "smollm2", api_keys: Sequence[str] = (), public_metrics: bool = False
+    engine: Any,
+    model_name: str = "smollm2",
+    api_keys: Sequence[str] = (),
+    public_metrics: bool = False,
+    max_model_len: int | None = None,
+    request_timeout: float | None = None,
 ) -> FastAPI:
-    """An OpenAI-compatible app serving `engine` as model `model_name`. With `api_keys`, every /v1 request
-    needs `Authorization: Bearer KEY`, and each key gets its own cache namespace."""
+    """An OpenAI-compatible app serving `engine` as model `model_name`.
+
+    With `api_keys`, every /v1 request (and /metrics, unless `public_metrics`) needs `Authorization: Bearer KEY`,
+    and each key gets its own cache namespace; a request's `cache_salt` splits it further (runtime.server.generation
+    .namespace_for). `max_model_len`: the most tokens (prompt + completion) a request may span, at most the model's
+    own. `request_timeout`: the most seconds any request may run (a request's `timeout` may only lower it); a
+    request that reaches it ends with what it generated. Queue limits live in the engine (`max_queue`,
+    `queue_timeout`); their errors become 429 and 503 with Retry-After (runtime.server.errors)."""
     keys = frozenset(api_keys)
     inflight = generation.Inflight()
     metrics = ServerMetrics()
     metrics.cancelled = lambda: inflight.cancelled
+    context = engine.config.max_position if max_model_len is None else min(max_model_len, engine.config.max_position)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -55,21 +74,20 @@ def create_app(
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        metrics.requests_failed += 1
-        return JSONResponse(exc.body(), status_code=exc.status)
+        metrics.failed(exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = validation_message(list(exc.errors()))
         return await _api_error(_, APIError(400, message, param=param))
 
-    @app.exception_handler(ValueError)
-    async def _refused(_: Request, exc: ValueError) -> JSONResponse:  # a value the engine refuses
-        return await _api_error(_, APIError(400, str(exc)))
+    async def _engine_error(_: Request, exc: Exception) -> JSONResponse:
+        return await _api_error(_, api_error_for(exc))
 
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        return await _api_error(_, APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error"))
+    for kind in ENGINE_ERRORS:  # errors a client or the load can cause: a status, no traceback in the log
+        app.add_exception_handler(kind, _engine_error)
+    app.add_exception_handler(Exception, _engine_error)  # anything else is a bug: a 500 (and a traceback)
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -84,14 +102,13 @@ def create_app(
     def encode(text: str) -> list[int]:
         return list(engine.tokenizer.encode(text))
 
-    def job_for(body: Any, prompt_ids: list[int], namespace: Any) -> generation.Job:
-        limit = engine.config.max_position
+    def check_prompt(body: Any, prompt_ids: list[int]) -> None:
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param="messages" if hasattr(body, "messages") else "prompt")
-        if len(prompt_ids) >= limit:
+        if len(prompt_ids) >= context:
             raise APIError(
                 400,
-                f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                f"This model's maximum context length is {context} tokens. However, your prompt has "
                 f"{len(prompt_ids)} tokens.",
                 code="context_length_exceeded",
             )
@@ -104,37 +121,55 @@ def create_app(
                 "larger --kv-memory.",
                 code="context_length_exceeded",
             )
-        max_tokens = body.limit(DEFAULT_MAX_TOKENS)
-        kwargs = {"temperature": body.temperature, "top_p": body.top_p, "seed": body.seed, "namespace": namespace}
-        if body.stop_list():
-            kwargs["stop"] = body.stop_list()
-        return generation.Job(prompt_ids, body.n, max(max_tokens, 0), kwargs)
+
+    def job_for(body: Any, prompts: list[list[int]], namespace: Any) -> generation.Job:
+        for ids in prompts:
+            check_prompt(body, ids)
+        longest = max(len(p) for p in prompts)
+        asked = body.requested_tokens()
+        if asked is not None and longest + asked > context:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {context} tokens. However, you requested "
+                f"{longest + asked} tokens ({longest} in the prompt, {asked} in the completion). Reduce the "
+                "prompt or the completion length.",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        max_tokens = min(body.limit(DEFAULT_MAX_TOKENS), context - longest)
+        timeout = body.timeout if request_timeout is None else min(body.timeout or request_timeout, request_timeout)
+        kwargs = {**body.sampling(), "namespace": namespace, "timeout": timeout}
+        return generation.Job(prompts, body.n, max(max_tokens, 0), kwargs)
+
+    def token_bytes(token_id: int) -> bytes:
+        exact = getattr(engine.tokenizer, "token_bytes", None)
+        if exact is not None:
+            return exact(token_id)
+        return engine.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    def responder(kind: str, job: generation.Job) -> Responder:
+        return Responder(kind, model_name, job.prompt_tokens, job.n, token_bytes)
 
     async def run(request: Request, body: Any, job: generation.Job, responder: Responder) -> Any:
+        namespace = job.kwargs["namespace"]
         if job.max_tokens == 0:  # OpenAI answers an empty completion; the engine needs at least one step
-            return JSONResponse(responder.empty(job))
+            return JSONResponse(responder.empty(job.choices))
         if body.stream:
             events = generation.stream(engine, job, inflight)
-            sse = responder.sse(events, body.include_usage(), metrics)
+            # Wait for the first event before answering 200: a refusal (full queue, queue timeout) is still an
+            # HTTP status then, not an error inside a stream.
+            first = await _until_disconnect(request, _first_event(events))
+            want = "logprobs" in job.kwargs
+            sse = responder.sse(_prepend(first, events), body.include_usage(), metrics, want, namespace)
             return StreamingResponse(sse, media_type="text/event-stream")
-        task = asyncio.create_task(generation.complete(engine, job, inflight))
-        gone = asyncio.create_task(_disconnect(request))
-        try:
-            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not task.done():  # the client went away: cancel its engine requests
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise APIError(499, "client disconnected")
-        results = task.result()
+        results = await _until_disconnect(request, generation.complete(engine, job, inflight))
         for r in results:
-            metrics.observe(r)
+            metrics.observe(r, namespace)
         metrics.requests_ok += 1
-        return JSONResponse(responder.whole(results))
+        return JSONResponse(responder.whole(results, lambda r: generation.shown_tokens(engine, r)))
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request, body: ChatCompletionRequest, namespace: Tenant) -> Any:
+    async def chat_completions(request: Request, body: ChatCompletionRequest, key: ApiKey) -> Any:
         check_model(body.model)
         body.refuse_unsupported()
         if not body.messages:
@@ -144,37 +179,46 @@ def create_app(
             text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except Exception as exc:  # a template that rejects this conversation (say, roles out of order)
             raise APIError(400, f"the chat template refused these messages: {exc}", param="messages") from None
-        job = job_for(body, encode(text), namespace)
-        return await run(request, body, job, Responder("chat.completion", model_name, len(job.prompt_ids)))
+        job = job_for(body, [encode(text)], generation.namespace_for(key, body.cache_salt))
+        return await run(request, body, job, responder("chat.completion", job))
 
     @app.post("/v1/completions")
-    async def completions(request: Request, body: CompletionRequest, namespace: Tenant) -> Any:
+    async def completions(request: Request, body: CompletionRequest, key: ApiKey) -> Any:
         check_model(body.model)
         body.refuse_unsupported()
-        prompt = body.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            if len(prompt) != 1:
-                raise APIError(400, "batched prompts are not supported; send one prompt per request", param="prompt")
-            prompt = prompt[0]
-        ids = encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         vocab = engine.config.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
-            raise APIError(400, f"token ids must be in [0, {vocab})", param="prompt")
-        job = job_for(body, ids, namespace)
-        return await run(request, body, job, Responder("text_completion", model_name, len(job.prompt_ids)))
+        prompts = []
+        for i, prompt in enumerate(body.prompts()):
+            ids = encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+            if any(not 0 <= t < vocab for t in ids):
+                raise APIError(400, f"prompt {i}: token ids must be in [0, {vocab})", param="prompt")
+            prompts.append(ids)
+        if len(prompts) * body.n > MAX_CHOICES:
+            raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request", param="prompt")
+        job = job_for(body, prompts, generation.namespace_for(key, body.cache_salt))
+        return await run(request, body, job, responder("text_completion", job))
 
     @app.get("/v1/models")
-    async def models(_: Tenant) -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(model_name)]}
+    async def models(_: ApiKey) -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(model_name, context)]}
 
     @app.get("/v1/models/{name:path}")
-    async def model(name: str, _: Tenant) -> dict[str, Any]:
+    async def model(name: str, _: ApiKey) -> dict[str, Any]:
         check_model(name)
-        return _model_card(model_name)
+        return _model_card(model_name, context)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/health/cache")
+    async def cache_health(request: Request) -> dict[str, Any]:
+        """The cache's invariants, checked between two engine steps, and its block gauges (private like /metrics).
+        A broken invariant is a bug: a 500."""
+        if not public_metrics:
+            _tenant(request)
+        gauges = await asyncio.to_thread(engine.check)
+        return {"invariants": "ok", **gauges, "queued": engine.queue.waiting}
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> PlainTextResponse:
@@ -183,6 +227,38 @@ def create_app(
         return PlainTextResponse(metrics.render(engine, model_name), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+async def _first_event(events: AsyncIterator[Any]) -> Any:
+    try:
+        return await events.__anext__()
+    except BaseException:
+        await events.aclose()  # type: ignore[attr-defined]
+        raise
+
+
+async def _prepend(first: Any, events: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    try:
+        yield first
+        async for event in events:
+            yield event
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    """Await `work` unless the client goes away first; then cancel it (its engine requests too) and answer 499."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.create_task(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise APIError(499, "client disconnected")
+    return task.result()
 
 
 _STARTED = int(time.time())
@@ -194,19 +270,19 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-def _tenant(request: Request) -> Any:
-    """The caller's cache namespace; 401 when keys are configured and the caller has none of them."""
+def _tenant(request: Request) -> str | None:
+    """The caller's API key (None without configured keys); 401 when keys are configured and it has none of them."""
     keys = request.app.state.api_keys
     if not keys:
         return None
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or token.strip() not in keys:
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
-    return generation.namespace_for(token.strip())
+    return token.strip()
 
 
-Tenant = Annotated[Any, Depends(_tenant)]
+ApiKey = Annotated[str | None, Depends(_tenant)]
 
 
-def _model_card(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": _STARTED, "owned_by": "radixcache"}
+def _model_card(name: str, context: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": _STARTED, "owned_by": "radixcache", "max_model_len": context}

@@ -7,14 +7,23 @@ cancels it (the engine frees its blocks at its next step).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from radixcache.runtime.engine.loop import RequestHandle
 from radixcache.runtime.engine.request import GenerationResult
 
-Event = tuple[int, str | None, GenerationResult | None]  # (choice index, text delta, final result)
+
+class Event(NamedTuple):
+    """One step of a streamed choice: new text (maybe ""), the logprobs of the tokens it covers, and the final
+    result on the choice's last event."""
+
+    index: int
+    text: str
+    logprobs: tuple[Any, ...] = ()
+    result: GenerationResult | None = None
 
 
 @dataclass(slots=True)
@@ -38,12 +47,21 @@ class Inflight:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One HTTP request's generation: a tokenised prompt, n samples, the engine arguments."""
+    """One HTTP request's generation: tokenised prompts (completions may send several), n samples of each, the
+    engine arguments. Choice `p * n + j` is sample j of prompt p, as OpenAI numbers them."""
 
-    prompt_ids: list[int]
+    prompts: list[list[int]]
     n: int
     max_tokens: int
-    kwargs: dict[str, Any]  # temperature, top_p, seed, stop, namespace
+    kwargs: dict[str, Any]  # sampling, namespace, timeout
+
+    @property
+    def choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
 
     def sample_kwargs(self, i: int) -> dict[str, Any]:
         kw = dict(self.kwargs)
@@ -74,13 +92,22 @@ async def result_of(handle: RequestHandle) -> GenerationResult:
 
 
 def _submit_all(engine: Any, job: Job, inflight: Inflight) -> list[RequestHandle]:
-    """The job's n samples as one group (Engine.submit_group): they share the prompt's KV in flight, and none
-    counts another's prefill of it as cached."""
-    if job.n == 1:
-        handles = [engine.submit(job.prompt_ids, job.max_tokens, **job.sample_kwargs(0))]
-    else:
-        each = [job.sample_kwargs(i) for i in range(job.n)]
-        handles = engine.submit_group([job.prompt_ids] * job.n, job.max_tokens, each=each)
+    """Every choice of the job, in choice order. The n samples of a prompt go as one group (Engine.submit_group):
+    they share the prompt's KV in flight, and none counts another's prefill of it as cached. All or none: when the
+    engine refuses a prompt (a full queue), the choices already queued are cancelled and the error raised."""
+    handles: list[RequestHandle] = []
+    try:
+        for p, prompt in enumerate(job.prompts):
+            first = p * job.n
+            if job.n == 1:
+                handles.append(engine.submit(prompt, job.max_tokens, **job.sample_kwargs(first)))
+            else:
+                each = [job.sample_kwargs(first + j) for j in range(job.n)]
+                handles += engine.submit_group([prompt] * job.n, job.max_tokens, each=each)
+    except BaseException:
+        for h in handles:
+            h.cancel()
+        raise
     for handle in handles:
         inflight.handles.add(handle)
         handle.future.add_done_callback(lambda _, h=handle: inflight.handles.discard(h))
@@ -111,6 +138,8 @@ def _visible_text(engine: Any, ids: Sequence[int], hidden: set[int], stop: Seque
 async def _stream_one(
     engine: Any, job: Job, i: int, handle: RequestHandle, inflight: Inflight, out: asyncio.Queue[Event]
 ) -> None:
+    """Events of one choice: an empty one at its first token (or its end), then one per growth of the visible
+    text with the logprobs of the tokens generated since the last, then the remainder with the result."""
     loop = asyncio.get_running_loop()
     wake: asyncio.Queue[None] = asyncio.Queue()
     req = handle.request
@@ -118,31 +147,45 @@ async def _stream_one(
     handle.future.add_done_callback(lambda _f: loop.call_soon_threadsafe(wake.put_nowait, None))
     hidden = set(engine.eos_token_ids) | set(req.sampler.params.stop_token_ids)
     stop = tuple(job.kwargs.get("stop", ()))
-    emitted = ""
+    emitted, sent_logprobs, started = "", 0, False
     try:
         while not handle.done():
             await wake.get()
-            visible = _visible_text(engine, list(req.output_ids), hidden, stop)
-            if len(visible) > len(emitted) and visible.startswith(emitted):
-                await out.put((i, visible[len(emitted) :], None))
-                emitted = visible
+            ids = list(req.output_ids)
+            visible = _visible_text(engine, ids, hidden, stop)
+            grew = len(visible) > len(emitted) and visible.startswith(emitted)
+            if grew or not started:
+                started = True
+                logprobs = tuple(req.logprobs[sent_logprobs : len(ids)])
+                sent_logprobs += len(logprobs)
+                await out.put(Event(i, visible[len(emitted) :] if grew else "", logprobs))
+                emitted = visible if grew else emitted
         result = await result_of(handle)
-        if result.text.startswith(emitted) and len(result.text) > len(emitted):
-            await out.put((i, result.text[len(emitted) :], None))
-        await out.put((i, None, result))
+        rest = result.text[len(emitted) :] if result.text.startswith(emitted) else ""
+        shown = tuple(result.logprobs or ())[: shown_tokens(engine, result)]
+        await out.put(Event(i, rest, shown[sent_logprobs:], result))
     finally:
         inflight.cancel(handle)
 
 
+def shown_tokens(engine: Any, result: GenerationResult) -> int:
+    """Generated tokens whose text the caller sees: all but a final stop token."""
+    n = len(result.token_ids)
+    if n and result.finish_reason == "stop" and result.token_ids[-1] in engine.eos_token_ids:
+        return n - 1
+    return n
+
+
 async def stream(engine: Any, job: Job, inflight: Inflight) -> AsyncIterator[Event]:
-    """(index, delta, None) as text arrives, then (index, None, result) once per sample. Closing the iterator
-    (a client that disconnects) cancels every sample."""
+    """Events of every choice, interleaved as they come; each choice ends with an event that has its result.
+    Closing the iterator (a client that disconnects) cancels every choice. Refusals (a full queue) raise before
+    the first event; a failure later raises where it happens."""
     out: asyncio.Queue[Event] = asyncio.Queue()
     handles = _submit_all(engine, job, inflight)
     tasks = [asyncio.create_task(_stream_one(engine, job, i, h, inflight, out)) for i, h in enumerate(handles)]
     finished = 0
     try:
-        while finished < job.n:
+        while finished < job.choices:
             failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception()), None)
             if failed is not None:
                 raise failed.exception()  # type: ignore[misc]
@@ -153,7 +196,7 @@ async def stream(engine: Any, job: Job, inflight: Inflight) -> AsyncIterator[Eve
                 getter.cancel()
                 continue
             event = getter.result()
-            finished += event[2] is not None
+            finished += event.result is not None
             yield event
     finally:
         for t in tasks:
@@ -161,10 +204,13 @@ async def stream(engine: Any, job: Job, inflight: Inflight) -> AsyncIterator[Eve
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def namespace_for(api_key: str | None) -> Hashable:
-    """The cache namespace of a tenant: derived from its key by the server, never chosen by the client."""
-    if api_key is None:
+def namespace_for(api_key: str | None, cache_salt: str | None = None) -> Hashable:
+    """The cache namespace of a caller, derived by the server, never named by the client: its key (a tenant), its
+    `cache_salt` (a keyless caller who wants a cache of its own, as vLLM's), both together, or None (the shared
+    namespace of keyless callers without a salt). Keys and salts are hashed, so the tree never holds them."""
+    if api_key is None and cache_salt is None:
         return None
-    import hashlib
-
-    return "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:16]
+    digest = hashlib.sha256()
+    for part in (api_key, cache_salt):
+        digest.update(b"\x00" if part is None else b"\x01" + part.encode() + b"\x00")
+    return "ns:" + digest.hexdigest()[:32]

@@ -7,11 +7,23 @@ server as each request finishes. No client library: the text format is a few lin
 from __future__ import annotations
 
 import bisect
+import hashlib
 import threading
+from collections import Counter
+from collections.abc import Hashable
 from typing import Any
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+MAX_NAMESPACE_LABELS = 256  # namespaces past this many share the label "other" (bounded cardinality)
+
+
+def namespace_label(namespace: Hashable) -> str:
+    """A namespace's metrics label: "default" for keyless callers without a salt, else 12 hex digits of a hash.
+    Never a key, a salt or a prompt (the namespace is itself a hash of key and salt: runtime.server.generation)."""
+    if namespace is None:
+        return "default"
+    return hashlib.sha256(repr(namespace).encode()).hexdigest()[:12]
 
 
 class Histogram:
@@ -50,12 +62,51 @@ class ServerMetrics:
         )
         self.requests_ok = 0
         self.requests_failed = 0
+        self.by_status: Counter[int] = Counter()  # HTTP errors by status (429, 503, ...)
         self.cancelled = lambda: 0  # the server wires this to its Inflight's count
+        self._lock = threading.Lock()
+        self._namespaces: dict[str, list[int]] = {}  # label -> [requests, prompt tokens, cached tokens]
 
-    def observe(self, result: Any) -> None:
+    def failed(self, status: int) -> None:
+        with self._lock:
+            self.requests_failed += 1
+            self.by_status[status] += 1
+
+    def observe(self, result: Any, namespace: Hashable = None) -> None:
+        """A finished engine request: its latencies, and its namespace's prompt and cached tokens."""
         self.ttft.observe(result.ttft_s)
         if len(result.token_ids) > 1:
             self.tpot.observe(result.tpot_s)
+        label = namespace_label(namespace)
+        with self._lock:
+            if label not in self._namespaces and len(self._namespaces) >= MAX_NAMESPACE_LABELS:
+                label = "other"
+            row = self._namespaces.setdefault(label, [0, 0, 0])
+            row[0] += 1
+            row[1] += result.prompt_tokens
+            row[2] += result.cached_tokens
+
+    def _namespace_lines(self) -> list[str]:
+        out = []
+        with self._lock:
+            rows = sorted(self._namespaces.items())
+            statuses = sorted(self.by_status.items())
+        for i, (name, help) in enumerate(
+            (
+                ("radixcache_namespace_requests_total", "Engine requests per cache namespace (hashed label)."),
+                ("radixcache_namespace_prompt_tokens_total", "Prompt tokens per cache namespace (hashed label)."),
+                (
+                    "radixcache_namespace_cached_tokens_total",
+                    "Cached prompt tokens per cache namespace (hashed label).",
+                ),
+            )
+        ):
+            out += [f"# HELP {name} {help}", f"# TYPE {name} counter"]
+            out += [f'{name}{{namespace="{label}"}} {row[i]}' for label, row in rows]
+        name = "radixcache_http_errors_total"
+        out += [f"# HELP {name} HTTP errors by status.", f"# TYPE {name} counter"]
+        out += [f'{name}{{status="{status}"}} {count}' for status, count in statuses]
+        return out
 
     def render(self, engine: Any, model_name: str) -> str:
         s = engine.stats
@@ -90,6 +141,12 @@ class ServerMetrics:
             ("radixcache_kv_blocks_locked", "gauge", "KV pages locked by running requests or pins.", s.locked_blocks),
             ("radixcache_requests_running", "gauge", "Requests admitted (prefilling or decoding).", s.running),
             ("radixcache_requests_waiting", "gauge", "Requests queued.", s.waiting),
+            (
+                "radixcache_queue_waiting",
+                "gauge",
+                "Requests submitted and not yet admitted (what --max-queue bounds).",
+                engine.queue.waiting,
+            ),
             ("radixcache_http_requests_ok_total", "counter", "HTTP generation requests answered.", self.requests_ok),
             (
                 "radixcache_http_requests_failed_total",
@@ -107,5 +164,5 @@ class ServerMetrics:
         out: list[str] = []
         for name, kind, help, value in rows:
             out += [f"# HELP {name} {help}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
-        out += self.ttft.lines() + self.tpot.lines()
+        out += self.ttft.lines() + self.tpot.lines() + self._namespace_lines()
         return "\n".join(out) + "\n"

@@ -1,22 +1,30 @@
 """The OpenAI request bodies the server accepts (pydantic), and OpenAI's error JSON.
 
-Unknown fields are ignored, as OpenAI's SDKs and agent frameworks send many (`user`, `presence_penalty`, ...).
-Fields that would change the answer in a way this server cannot honour (`logprobs`, `tools`, `echo`,
-`best_of` > 1, `suffix`) are refused with 400 rather than silently dropped.
+Every field is either honoured or refused: an unknown field is a 400 naming it ("Unrecognized request argument
+supplied: X", as OpenAI says), and a known field this server cannot honour (`tools`, `echo`, `best_of` > 1,
+`suffix`, a non-text `response_format`, ...) is a 400 naming it too, never dropped silently. `user` and `metadata`
+are accepted: they label a request and change no answer.
+
+Beyond OpenAI's fields, as vLLM accepts them: `cache_salt` (a keyless caller's own cache namespace), `timeout`
+(seconds; the request ends with what it generated), `top_k`, `min_p` and `repetition_penalty`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 16
+MAX_CHOICES = 64  # prompts x n in one completions request
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs, as OpenAI
 
 
 class APIError(Exception):
-    """An error the client sees as `{"error": {"message", "type", "param", "code"}}` with `status`."""
+    """An error the client sees as `{"error": {"message", "type", "param", "code"}}` with `status` (and
+    `headers`, say Retry-After)."""
 
     def __init__(
         self,
@@ -26,23 +34,35 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """One message: a role and text content. `name`, `tool_calls` and the like change what the model should see
+    and this server's chat template cannot render them: they are refused (a null value counts as absent)."""
+
+    model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k in ("role", "content")}
+        return data
 
     def text(self) -> str:
         """The content as plain text: text parts joined; other part types are refused."""
@@ -59,24 +79,47 @@ class ChatMessage(BaseModel):
 class _Common(BaseModel):
     """Fields shared by both endpoints."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     model: str
     max_tokens: int | None = Field(default=None, ge=0)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: bool | int | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    timeout: float | None = Field(default=None, gt=0.0)
     tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v: str | list[str] | None) -> str | list[str] | None:
         if isinstance(v, list) and len(v) > 4:
             raise ValueError("at most 4 stop sequences")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (v or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"keys must be token ids, got {token!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases must be in [-100, 100], got {bias} for token {token}")
         return v
 
     def stop_list(self) -> list[str]:
@@ -87,32 +130,101 @@ class _Common(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    def top_logprobs_count(self) -> int | None:
+        """None: no logprobs; k: the chosen token's logprob and the k most likely."""
+        raise NotImplementedError
+
+    def sampling(self) -> dict[str, Any]:
+        """The engine's sampling arguments for this body (runtime.engine.sampling.SamplingParams)."""
+        kw: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "seed": self.seed,
+        }
+        if self.logit_bias:
+            kw["logit_bias"] = {int(t): b for t, b in self.logit_bias.items()}
+        if self.stop_list():
+            kw["stop"] = self.stop_list()
+        k = self.top_logprobs_count()
+        if k is not None:
+            kw["logprobs"] = k
+        return kw
+
     def refuse_unsupported(self) -> None:
-        if self.logprobs:
-            raise APIError(400, "logprobs are not supported by this server", param="logprobs")
-        if self.tools:
-            raise APIError(400, "tools are not supported by this server", param="tools")
+        if self.tools or self.functions:
+            param = "tools" if self.tools else "functions"
+            raise APIError(400, f"{param} are not supported by this server", param=param)
+        if self.tool_choice not in (None, "none"):
+            raise APIError(400, "tool_choice is not supported by this server", param="tool_choice")
+        if self.function_call not in (None, "none"):
+            raise APIError(400, "function_call is not supported by this server", param="function_call")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise APIError(400, "only response_format {'type': 'text'} is supported", param="response_format")
 
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    parallel_tool_calls: bool | None = None
+
+    def requested_tokens(self) -> int | None:
+        """The completion length the caller asked for, if it did."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def limit(self, default: int) -> int:
-        for v in (self.max_completion_tokens, self.max_tokens):
-            if v is not None:
-                return v
-        return default
+        asked = self.requested_tokens()
+        return default if asked is None else asked
+
+    def top_logprobs_count(self) -> int | None:
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            return None
+        return self.top_logprobs or 0
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.parallel_tool_calls:
+            raise APIError(400, "parallel_tool_calls needs tools, which are not supported", param="parallel_tool_calls")
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
 
+    @model_validator(mode="after")
+    def _prompt_not_empty(self) -> CompletionRequest:
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt must not be an empty list")
+        return self
+
+    def requested_tokens(self) -> int | None:
+        return self.max_tokens
+
     def limit(self, default: int) -> int:
         return 16 if self.max_tokens is None else self.max_tokens  # OpenAI's legacy default
+
+    def top_logprobs_count(self) -> int | None:
+        return self.logprobs
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch of prompts: one text, one token list, or a list of either."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
@@ -133,5 +245,7 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     param = ".".join(loc) or None
     if err.get("type") == "json_invalid":
         return "We could not parse the JSON body of your request.", None
+    if err.get("type") == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {param}", param
     msg = err.get("msg", "invalid value")
     return (f"{param}: {msg}" if param else msg), param

@@ -1,23 +1,28 @@
-"""OpenAI response bodies: whole completions, SSE chunks ending with `data: [DONE]`, and usage from the cache."""
+"""OpenAI response bodies: whole completions, SSE chunks ending with `data: [DONE]`, usage from the cache, and
+logprobs in each endpoint's own shape."""
 
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from radixcache.runtime.engine.request import GenerationResult
+from radixcache.runtime.server.errors import api_error_for
 
 _FINISH = {"stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
 
 
-def usage(prompt_tokens: int, results: Sequence[GenerationResult]) -> dict[str, Any]:
-    """OpenAI's usage block. The prompt counts once, as OpenAI bills n samples; cached_tokens is the most any
-    sample read from the radix cache (with n > 1 they share the prompt's pages)."""
+def usage(prompt_tokens: int, results: Sequence[GenerationResult], n: int = 1) -> dict[str, Any]:
+    """OpenAI's usage block. Each prompt counts once, as OpenAI bills n samples; its cached_tokens are the most
+    any of its samples read from the radix cache (the n samples of a prompt share its pages). `results` are in
+    choice order: n per prompt."""
     completion = sum(len(r.token_ids) for r in results)
-    cached = max((r.cached_tokens for r in results), default=0)
+    cached = sum(
+        max(r.cached_tokens for r in results[i : i + n]) for i in range(0, len(results), n) if results[i : i + n]
+    )
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
@@ -27,10 +32,19 @@ def usage(prompt_tokens: int, results: Sequence[GenerationResult]) -> dict[str, 
 
 
 class Responder:
-    """Builds the bodies for one request: `chat.completion` or `text_completion`."""
+    """Builds the bodies for one request: `chat.completion` or `text_completion`. `token_bytes(id)`: the bytes one
+    token stands for (for logprobs; a token may hold part of a UTF-8 character)."""
 
-    def __init__(self, kind: str, model: str, prompt_tokens: int) -> None:
-        self.kind, self.model, self.prompt_tokens = kind, model, prompt_tokens
+    def __init__(
+        self,
+        kind: str,
+        model: str,
+        prompt_tokens: int,
+        n: int = 1,
+        token_bytes: Callable[[int], bytes] = lambda t: str(t).encode(),
+    ) -> None:
+        self.kind, self.model, self.prompt_tokens, self.n = kind, model, prompt_tokens, n
+        self.token_bytes = token_bytes
         prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -39,15 +53,51 @@ class Responder:
     def chat(self) -> bool:
         return self.kind == "chat.completion"
 
-    def _choice(self, i: int, text: str, finish: str | None) -> dict[str, Any]:
+    # ------------------------------------------------------------------ logprobs
+
+    def logprobs(self, entries: Sequence[Any] | None, text_offset: int = 0) -> dict[str, Any] | None:
+        """`entries` (runtime.engine.request.TokenLogprob) in this endpoint's shape; None when not asked for."""
+        if entries is None:
+            return None
+        if self.chat:
+            return {"content": [self._chat_logprob(e) for e in entries], "refusal": None}
+        tokens = [self.token_text(e.token_id) for e in entries]
+        offsets, at = [], text_offset
+        for t in tokens:
+            offsets.append(at)
+            at += len(t)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{self.token_text(t): lp for t, lp in e.top} for e in entries],
+            "text_offset": offsets,
+        }
+
+    def token_text(self, token_id: int) -> str:
+        """A token as OpenAI writes it: its text, or `bytes:\\xNN...` when it is not whole UTF-8 on its own."""
+        raw = self.token_bytes(token_id)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+    def _chat_logprob(self, entry: Any) -> dict[str, Any]:
+        def one(token_id: int, logprob: float) -> dict[str, Any]:
+            return {"token": self.token_text(token_id), "logprob": logprob, "bytes": list(self.token_bytes(token_id))}
+
+        return {**one(entry.token_id, entry.logprob), "top_logprobs": [one(t, lp) for t, lp in entry.top]}
+
+    # ------------------------------------------------------------------ whole responses
+
+    def _choice(self, i: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
         if self.chat:
             return {
                 "index": i,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }
-        return {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def _envelope(self, kind: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
@@ -60,45 +110,77 @@ class Responder:
             **extra,
         }
 
-    def whole(self, results: Sequence[GenerationResult]) -> dict[str, Any]:
-        choices = [self._choice(i, r.text, _FINISH.get(r.finish_reason, "stop")) for i, r in enumerate(results)]
-        return self._envelope(self.kind, choices, usage=usage(self.prompt_tokens, results))
+    def whole(self, results: Sequence[GenerationResult], shown: Callable[[GenerationResult], int]) -> dict[str, Any]:
+        """The whole response; `shown(result)`: how many of its tokens the text shows (their logprobs are given)."""
+        choices = []
+        for i, r in enumerate(results):
+            lp = None if r.logprobs is None else self.logprobs(r.logprobs[: shown(r)])
+            choices.append(self._choice(i, r.text, _FINISH.get(r.finish_reason, "stop"), lp))
+        return self._envelope(self.kind, choices, usage=usage(self.prompt_tokens, results, self.n))
 
-    def empty(self, job: Any) -> dict[str, Any]:
-        """max_tokens=0: no generation, an empty answer per sample."""
-        choices = [self._choice(i, "", "length") for i in range(job.n)]
-        return self._envelope(self.kind, choices, usage=usage(self.prompt_tokens, []))
+    def empty(self, choices: int) -> dict[str, Any]:
+        """max_tokens=0: no generation, an empty answer per choice."""
+        return self._envelope(
+            self.kind,
+            [self._choice(i, "", "length", None) for i in range(choices)],
+            usage=usage(self.prompt_tokens, []),
+        )
 
-    def _chunk(self, i: int, text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+    # ------------------------------------------------------------------ streams
+
+    def _chunk(
+        self,
+        i: int,
+        text: str | None,
+        finish: str | None,
+        first: bool = False,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             return self._envelope("chat.completion.chunk", [choice])
         return self._envelope(
-            "text_completion", [{"index": i, "text": text or "", "logprobs": None, "finish_reason": finish}]
+            "text_completion", [{"index": i, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
         )
 
-    async def sse(self, events: AsyncIterator[Any], include_usage: bool, metrics: Any) -> AsyncIterator[str]:
-        """The SSE stream: a role chunk per sample (chat), content deltas, a finish chunk per sample, the usage
-        chunk when asked for, then `data: [DONE]`. An error mid-stream is sent as an error event."""
+    async def sse(
+        self,
+        events: AsyncIterator[Any],
+        include_usage: bool,
+        metrics: Any,
+        want_logprobs: bool = False,
+        namespace: Any = None,
+    ) -> AsyncIterator[str]:
+        """The SSE stream: a role chunk per choice (chat) at its first token, content deltas (with the logprobs of
+        their tokens when asked for), a finish chunk per choice, the usage chunk when asked for, then
+        `data: [DONE]`. A failure mid-stream sends OpenAI's error object as an event, then `data: [DONE]`."""
         results: dict[int, GenerationResult] = {}
         started: set[int] = set()
+        offsets: dict[int, int] = {}
         try:
-            async for i, delta, result in events:
+            async for event in events:
+                i = event.index
                 if self.chat and i not in started:
                     started.add(i)
                     yield _sse(self._chunk(i, None, None, first=True))
-                if delta:
-                    yield _sse(self._chunk(i, delta, None))
-                if result is not None:
-                    results[i] = result
-                    metrics.observe(result)
-                    yield _sse(self._chunk(i, None if self.chat else "", _FINISH.get(result.finish_reason, "stop")))
-        except (ValueError, RuntimeError) as exc:
-            metrics.requests_failed += 1
-            yield _sse({"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}})
+                lp = None
+                if want_logprobs and event.logprobs:
+                    lp = self.logprobs(event.logprobs, offsets.get(i, 0))
+                if event.text or lp is not None:
+                    yield _sse(self._chunk(i, event.text, None, logprobs=lp))
+                offsets[i] = offsets.get(i, 0) + len(event.text)
+                if event.result is not None:
+                    results[i] = event.result
+                    metrics.observe(event.result, namespace)
+                    finish = _FINISH.get(event.result.finish_reason, "stop")
+                    yield _sse(self._chunk(i, None if self.chat else "", finish))
+        except Exception as exc:  # the headers are sent: the error travels in the stream, which still ends well
+            error = api_error_for(exc)
+            metrics.failed(error.status)
+            yield _sse(error.body())
             yield "data: [DONE]\n\n"
             return
         finally:
@@ -106,7 +188,9 @@ class Responder:
         if include_usage:
             ordered = [results[i] for i in sorted(results)]
             yield _sse(
-                self._envelope(self._chunk(0, None, None)["object"], [], usage=usage(self.prompt_tokens, ordered))
+                self._envelope(
+                    self._chunk(0, None, None)["object"], [], usage=usage(self.prompt_tokens, ordered, self.n)
+                )
             )
         metrics.requests_ok += 1
         yield "data: [DONE]\n\n"

@@ -37,7 +37,23 @@ def test_malformed_json_is_400(server) -> None:
         ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
         ({"model": "tiny", "messages": OK_MESSAGES, "max_tokens": -1}, "max_tokens"),
         ({"model": "tiny", "messages": OK_MESSAGES, "temperature": 9}, "temperature"),
-        ({"model": "tiny", "messages": OK_MESSAGES, "logprobs": True}, "logprobs"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "top_logprobs": 2}, "top_logprobs"),  # without logprobs
+        ({"model": "tiny", "messages": OK_MESSAGES, "top_logprobs": 21}, "top_logprobs"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "frobnicate": 1}, "frobnicate"),  # unknown: never ignored
+        ({"model": "tiny", "messages": OK_MESSAGES, "tools": [{"type": "function"}]}, "tools"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "tool_choice": "auto"}, "tool_choice"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages.0.name"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "logit_bias": {"5": 101}}, "logit_bias"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "presence_penalty": 3}, "presence_penalty"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "min_p": 1.5}, "min_p"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "cache_salt": ""}, "cache_salt"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "timeout": 0}, "timeout"),
+        (
+            {"model": "tiny", "messages": OK_MESSAGES, "stream_options": {"continuous": True}},
+            "stream_options.continuous",
+        ),
         ({"model": "tiny"}, "messages"),
     ],
 )

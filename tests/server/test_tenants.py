@@ -40,10 +40,15 @@ def test_one_tenant_never_hits_another_tenants_prefix(keyed) -> None:
     assert cached("sk-bob") == 0  # the same prompt, another tenant
     other = "Alice's private preamble, which Bob tries to reach by naming a namespace himself. " * 3
     _client(keyed, "sk-alice").completions.create(model="tiny", prompt=other, max_tokens=1)
-    smuggled = _client(keyed, "sk-bob").completions.create(
-        model="tiny", prompt=other, max_tokens=1, extra_body={"namespace": None, "cache_salt": "", "user": "alice"}
-    )
-    assert smuggled.usage.prompt_tokens_details.cached_tokens == 0  # request fields cannot pick a namespace
+    for salt in ("alice", "sk-alice"):
+        smuggled = _client(keyed, "sk-bob").completions.create(
+            model="tiny", prompt=other, max_tokens=1, extra_body={"cache_salt": salt, "user": "alice"}
+        )
+        assert smuggled.usage.prompt_tokens_details.cached_tokens == 0  # a salt only splits a tenant's namespace
+    with pytest.raises(openai.BadRequestError, match="namespace"):  # no field names a namespace
+        _client(keyed, "sk-bob").completions.create(
+            model="tiny", prompt=other, max_tokens=1, extra_body={"namespace": None}
+        )
     assert cached("sk-bob") > 0
 
 

@@ -36,10 +36,13 @@ def test_prompt_larger_than_the_cache_raises_cache_full_and_holds_nothing(tiny: 
     assert engine.cache.evictable_blocks == before
 
 
-def test_running_out_of_pages_during_decode_raises_and_frees_everything(tiny: RandomModel) -> None:
+def test_running_out_of_pages_during_decode_ends_with_length_and_keeps_the_tokens(tiny: RandomModel) -> None:
     engine = Engine(tiny, capacity_blocks=3, page_size=16)
-    with pytest.raises(CacheFullError):
-        engine.generate(ids(40, 3), 20, ignore_eos=True)  # needs a 4th page at token 48
+    out = engine.generate(ids(40, 3), 20, ignore_eos=True)  # a 4th page would be needed at token 48
+    assert out.finish_reason == "length"
+    assert len(out.token_ids) == 48 - 40 + 1  # positions 40..47 computed, plus the token sampled from the last
+    full = Engine(tiny, capacity_blocks=8, page_size=16).generate(ids(40, 3), 20, ignore_eos=True)
+    assert out.token_ids == full.token_ids[: len(out.token_ids)]  # the same tokens a larger pool gives
     assert_clean(engine)
     assert engine.generate(ids(40, 3), 5, ignore_eos=True).finish_reason == "length"
 

@@ -62,6 +62,8 @@ def test_random_workload_keeps_invariants_and_outputs(tiny: RandomModel, seed: i
     assert done, "some requests completed"
     for r in done:
         want = alone.generate(r.prompt_ids, r.params.max_new_tokens, ignore_eos=True)
-        assert tuple(r.output_ids) == want.token_ids
+        if len(r.output_ids) < len(want.token_ids):  # it outgrew the whole pool alone: "length", with what it made
+            assert r.finish_reason == "length" and r.num_tokens - 1 >= capacity * page
+        assert tuple(r.output_ids) == want.token_ids[: len(r.output_ids)]
     for r in reqs:
         assert r.status in (Status.FINISHED, Status.ABORTED)

@@ -1,0 +1,59 @@
+"""The admission queue's bound: how many requests may wait to be admitted, counted across threads.
+
+A request enters when it is submitted and leaves once: when the scheduler first admits it, or when it ends without
+ever being admitted (cancelled, timed out, refused). Past `max_queue` waiting requests, `enter` refuses new ones
+with QueueFullError at once, on the caller's thread, so that a server can answer 429 without queueing anything.
+The gate also keeps a moving average of how long admitted requests waited: the `retry_after` hint it gives.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Sequence
+
+from radixcache.runtime.engine.errors import QueueFullError
+from radixcache.runtime.engine.request import Request
+
+_SMOOTHING = 0.2  # weight of the newest wait in the moving average
+
+
+class QueueGate:
+    """Counts requests submitted but not yet admitted; `max_queue` None means unbounded."""
+
+    def __init__(self, max_queue: int | None = None) -> None:
+        if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0):
+            raise ValueError(f"max_queue must be an int >= 0 or None, got {max_queue!r}")
+        self.max_queue = max_queue
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._mean_wait_s = 0.0
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def retry_after(self) -> float:
+        """Seconds after which a refused caller may try again: the recent mean admission wait, at least 1 s."""
+        return float(max(1, math.ceil(self._mean_wait_s)))
+
+    def enter(self, reqs: Sequence[Request]) -> None:
+        """Count `reqs` as waiting, all or none: raises QueueFullError (nothing counted) past the bound."""
+        with self._lock:
+            if self.max_queue is not None and self._waiting + len(reqs) > self.max_queue:
+                raise QueueFullError(
+                    f"the engine's queue is full ({self._waiting} requests wait for admission, the limit is "
+                    f"{self.max_queue}); try again later",
+                    retry_after=self.retry_after(),
+                )
+            self._waiting += len(reqs)
+        for r in reqs:
+            r.on_dequeue = lambda r=r: self._leave(r)
+
+    def _leave(self, req: Request) -> None:
+        with self._lock:
+            self._waiting -= 1
+            if req.t_admitted is not None:
+                wait = max(0.0, time.perf_counter() - req.t_arrival)
+                self._mean_wait_s += _SMOOTHING * (wait - self._mean_wait_s)

@@ -1,0 +1,51 @@
+"""What each engine error means over HTTP. A 500 means a bug in this server; everything a client or the load can
+cause has its own status:
+
+| engine error | status | OpenAI type / code |
+|---|---|---|
+| RequestTooLargeError (a prompt the pool can never hold) | 400 | invalid_request_error / context_length_exceeded |
+| ValueError (a value the engine refuses) | 400 | invalid_request_error |
+| QueueFullError (`--max-queue` requests already wait) | 429 + Retry-After | rate_limit_error / queue_full |
+| QueueTimeoutError (not admitted within `--queue-timeout`) | 503 + Retry-After | server_error / queue_timeout |
+| CacheFullError (no room beside pinned pages, for now) | 503 + Retry-After | server_error / kv_cache_full |
+| EngineClosedError (the server is shutting down) | 503 | server_error / shutting_down |
+| anything else | 500 | server_error |
+"""
+
+from __future__ import annotations
+
+import math
+
+from radixcache.errors import CacheFullError
+from radixcache.runtime.engine.errors import (
+    EngineClosedError,
+    EngineOverloadedError,
+    QueueFullError,
+    RequestTooLargeError,
+)
+from radixcache.runtime.server.protocol import APIError
+
+ENGINE_ERRORS = (RequestTooLargeError, EngineOverloadedError, EngineClosedError, CacheFullError, ValueError)
+
+
+def _retry(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+def api_error_for(exc: BaseException) -> APIError:
+    """The HTTP error for an exception raised while serving a request."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, RequestTooLargeError):
+        return APIError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, QueueFullError):
+        return APIError(429, str(exc), type="rate_limit_error", code="queue_full", headers=_retry(exc.retry_after))
+    if isinstance(exc, EngineOverloadedError):
+        return APIError(503, str(exc), type="server_error", code="queue_timeout", headers=_retry(exc.retry_after))
+    if isinstance(exc, EngineClosedError):
+        return APIError(503, str(exc), type="server_error", code="shutting_down")
+    if isinstance(exc, CacheFullError):
+        return APIError(503, str(exc), type="server_error", code="kv_cache_full", headers=_retry(1.0))
+    if isinstance(exc, ValueError):
+        return APIError(400, str(exc))
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")

@@ -1,0 +1,112 @@
+"""Overload: the admission queue's bound (QueueFullError at once, all or none), the queue timeout
+(QueueTimeoutError, holding nothing), and a request that outgrows the pool after a preemption. Requests arrive while
+others prefill or decode, not only before the first step."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from radixcache.runtime import Engine
+from radixcache.runtime.engine.errors import (
+    EngineOverloadedError,
+    QueueFullError,
+    QueueTimeoutError,
+    RequestTooLargeError,
+)
+from radixcache.runtime.testing import RandomModel
+
+from .conftest import assert_clean, ids
+
+
+def wait_until(condition: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def test_past_max_queue_a_submission_is_refused_at_once_and_nothing_is_queued(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=64, page_size=8, max_queue=2, max_running=1)
+    holder = engine.submit(ids(20, 1), 400, ignore_eos=True)  # admitted, then decodes for hundreds of steps
+    wait_until(lambda: engine.queue.waiting == 0)
+    queued = engine.submit(ids(20, 2), 3, ignore_eos=True)  # arrives while the holder decodes: waits (1 of 2)
+    with pytest.raises(QueueFullError, match="limit is 2") as refused:
+        engine.submit([ids(20, 3), ids(20, 4)], 3)  # 1 + 2 > 2: neither is queued
+    assert refused.value.retry_after >= 1
+    assert engine.queue.waiting == 1
+    also = engine.submit(ids(20, 5), 3, ignore_eos=True)  # 1 + 1 fits
+    with pytest.raises(QueueFullError):
+        engine.submit(ids(20, 6), 3)
+    holder.cancel()
+    assert holder.result(timeout=30).finish_reason == "cancelled"
+    assert [len(h.result(timeout=30).token_ids) for h in (queued, also)] == [3, 3]
+    engine.wait_idle(30)
+    assert engine.queue.waiting == 0
+    assert_clean(engine)
+
+
+def test_max_queue_zero_refuses_everything_and_the_count_survives_every_exit(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=4, page_size=8, max_queue=3)
+    with pytest.raises(RequestTooLargeError, match="whole KV pool"):  # refused by the scheduler: leaves the queue too
+        engine.generate(ids(100, 1), 2)
+    cancelled = engine.submit(ids(20, 2), 300, ignore_eos=True)
+    cancelled.cancel()
+    cancelled.result(timeout=30)
+    engine.generate(ids(10, 3), 2)
+    engine.wait_idle(30)
+    assert engine.queue.waiting == 0
+    assert_clean(engine)
+    closed = Engine(tiny, capacity_blocks=4, page_size=8, max_queue=0)
+    with pytest.raises(QueueFullError):
+        closed.generate(ids(10, 3), 2)
+    assert closed.queue.waiting == 0 and closed.stats.requests == 0
+
+
+def test_a_request_not_admitted_within_queue_timeout_fails_holding_nothing(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=64, page_size=8, max_running=1, queue_timeout=0.02)
+    holder, late = engine.submit([ids(20, 1), ids(20, 2)], 400, ignore_eos=True)
+    with pytest.raises(QueueTimeoutError, match="without being admitted") as dropped:
+        late.result(timeout=30)
+    assert isinstance(dropped.value, EngineOverloadedError)
+    assert not holder.done(), "the holder still decodes: the timeout is about the queue, not the whole request"
+    holder.cancel()
+    holder.result(timeout=30)
+    engine.wait_idle(30)
+    assert engine.queue.waiting == 0
+    assert engine.stats.prompt_tokens == 20, "the dropped request was never admitted"
+    assert_clean(engine)
+
+
+def test_queue_timeout_spares_a_request_once_admitted_and_one_preempted_later(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=7, page_size=8, queue_timeout=0.001)
+    reqs = [engine._request(ids(12, 10 + i), 30, ignore_eos=True) for i in range(3)]
+    for r in reqs:
+        r.queue_deadline = time.perf_counter() + 60  # scheduler-level: admitted long before
+        engine.scheduler.add(r)
+    with torch.inference_mode():
+        while engine.scheduler.has_work():
+            engine.scheduler.step()
+            for r in reqs:  # once admitted, the queue deadline no longer applies, even when it has passed
+                if r.t_admitted is not None:
+                    r.queue_deadline = 0.0
+    assert engine.scheduler.preemptions > 0, "the pool is too small for three: someone was preempted"
+    assert all(r.error is None and len(r.output_ids) == 30 for r in reqs)
+    assert_clean(engine)
+
+
+def test_a_preempted_request_that_alone_outgrows_the_pool_keeps_its_tokens(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=6, page_size=8)
+    small = engine._request(ids(5, 20), 10, ignore_eos=True, priority=1)  # its 2nd page preempts big
+    big = engine._request(ids(30, 21), 100, ignore_eos=True)
+    for r in (big, small):
+        engine.scheduler.add(r)
+    with torch.inference_mode():
+        while engine.scheduler.has_work():
+            engine.scheduler.step()
+    assert small.finish_reason == "length" and len(small.output_ids) == 10
+    assert big.error is None and big.finish_reason == "length" and big.preemptions >= 1
+    assert len(big.output_ids) == 6 * 8 - 30 + 1
+    assert_clean(engine)
