@@ -138,8 +138,9 @@ def _visible_text(engine: Any, ids: Sequence[int], hidden: set[int], stop: Seque
 async def _stream_one(
     engine: Any, job: Job, i: int, handle: RequestHandle, inflight: Inflight, out: asyncio.Queue[Event]
 ) -> None:
-    """Events of one choice: an empty one at its first token (or its end), then one per growth of the visible
-    text with the logprobs of the tokens generated since the last, then the remainder with the result."""
+    """Events of one choice: an empty one at its first token, then one per growth of the visible text with the
+    logprobs of the tokens generated since the last, then the remainder with the result. A request that ends
+    before its first token (refused, timed out in the queue) sends no event before its error."""
     loop = asyncio.get_running_loop()
     wake: asyncio.Queue[None] = asyncio.Queue()
     req = handle.request
@@ -154,7 +155,7 @@ async def _stream_one(
             ids = list(req.output_ids)
             visible = _visible_text(engine, ids, hidden, stop)
             grew = len(visible) > len(emitted) and visible.startswith(emitted)
-            if grew or not started:
+            if grew or (ids and not started):  # never before a token: a refusal must still be an HTTP status
                 started = True
                 logprobs = tuple(req.logprobs[sent_logprobs : len(ids)])
                 sent_logprobs += len(logprobs)
