@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -214,6 +215,14 @@ async def soak(url: str, clients: int, duration: float, seed: int) -> Tally:
     return tally
 
 
+def sample_rss(pid: int, out: list[float], duration: float, every: float = 2.0) -> None:
+    """Read the server's RSS every `every` seconds for `duration` seconds (a thread beside the clients)."""
+    until = time.monotonic() + duration
+    while time.monotonic() < until:
+        out.append(rss_mib(pid))
+        time.sleep(every)
+
+
 def settle(url: str, timeout: float = 120.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
@@ -234,17 +243,24 @@ def main() -> None:
     ap.add_argument("--max-queue", type=int, default=16)
     ap.add_argument("--queue-timeout", type=float, default=20.0)
     ap.add_argument("--kv-memory", default="256MiB")
+    ap.add_argument("--mirror-memory", help="passed to the server (the decode mirror's bound; 0 turns it off)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     extra = ["--max-queue", str(args.max_queue), "--queue-timeout", str(args.queue_timeout)]
     extra += ["--kv-memory", args.kv_memory]
+    if args.mirror_memory is not None:
+        extra += ["--mirror-memory", args.mirror_memory]
     with serving(args.model, extra) as (url, proc):
         started = rss_mib(proc.pid)
         warm = asyncio.run(soak(url, args.clients, args.warmup, args.seed + 1))
         after_warmup = rss_mib(proc.pid)
+        samples: list[float] = []
+        sampler = threading.Thread(target=sample_rss, args=(proc.pid, samples, args.duration), daemon=True)
+        sampler.start()
         t0 = time.monotonic()
         tally = asyncio.run(soak(url, args.clients, args.duration, args.seed))
         seconds = time.monotonic() - t0
+        sampler.join()
         health = settle(url)
         at_end = rss_mib(proc.pid)
     tally.outcomes.update(warm.outcomes)
@@ -257,6 +273,10 @@ def main() -> None:
         f"\nserver RSS: {started:.0f} MiB at start, {after_warmup:.0f} MiB after warm-up, {at_end:.0f} MiB at the "
         f"end ({at_end - after_warmup:+.0f} MiB, {(at_end / after_warmup - 1) * 100:+.1f}% over the soak)"
     )
+    if samples:
+        quarters = [samples[i * len(samples) // 4 : (i + 1) * len(samples) // 4] for i in range(4)]
+        peaks = " / ".join(f"{max(q):.0f}" for q in quarters if q)
+        print(f"server RSS peak per quarter of the soak (MiB): {peaks}")
     print(f"cache afterwards: {json.dumps(health)}")
     problems = list(tally.failures)
     if health.get("invariants") != "ok":
