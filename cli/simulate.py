@@ -12,7 +12,8 @@ from rich.table import Table
 from radixcache.cli.progress import progress_bar
 from radixcache.errors import RadixCacheError
 from radixcache.policies import ALL_POLICIES
-from radixcache.simulate import SimReport, SimResult, evaluate
+from radixcache.simulate import Replayable, SimReport, SimResult, evaluate
+from radixcache.simulate_source import open_source
 from radixcache.simulate_workload import load_workload
 from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
 
@@ -35,6 +36,12 @@ from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
 @click.option("--windows", default=10, show_default=True, type=click.IntRange(min=1), help="Hit-rate windows.")
 @click.option("--belady", is_flag=True, help="Also replay Belady's offline optimum (the upper bound).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option(
+    "--in-memory",
+    is_flag=True,
+    help="Read the whole trace first and sort it by timestamp (the default streams it: requests must be in "
+    "arrival order, and memory does not grow with the trace).",
+)
 def simulate(
     trace: str,
     fmt: str | None,
@@ -47,12 +54,14 @@ def simulate(
     windows: int,
     belady: bool,
     as_json: bool,
+    in_memory: bool,
 ) -> None:
     """Replay TRACE through the radix tree at a capacity and eviction policy, without a model.
 
     Reports the hit rate (tokens and blocks), evicted blocks, the hit rate per time window, and the bounds:
     an infinite cache, and with --belady the offline optimum. Token traces (JSONL, msgpack) and Mooncake
-    hash-block traces are simulated; text traces need the runtime's tokenizer.
+    hash-block traces are simulated; text traces need the runtime's tokenizer. The trace is streamed: memory is
+    the cache's, not the trace's (Belady's oracle keeps the pages' next uses).
 
     \b
     Example:
@@ -62,12 +71,16 @@ def simulate(
     if (capacity_blocks is None) == (capacity_tokens is None):
         raise click.UsageError("give exactly one of --capacity-blocks and --capacity-tokens")
     try:
-        workload = load_workload(trace, fmt, page_size=page_size, block_size=block_size)
+        if in_memory:
+            workload: Replayable = load_workload(trace, fmt, page_size=page_size, block_size=block_size)
+        else:
+            workload = open_source(trace, fmt, page_size=page_size, block_size=block_size)
         blocks = capacity_blocks or workload.blocks_for_tokens(capacity_tokens or 0)
         if blocks < 1:
             raise click.UsageError(f"--capacity-tokens {capacity_tokens} is less than one block")
         runs = 3 if belady else 2
-        with progress_bar("simulating", runs * len(workload.requests)) as advance:
+        requests = len(workload.requests) if in_memory else workload.count()  # type: ignore[union-attr]
+        with progress_bar("simulating", runs * requests) as advance:
             report = evaluate(
                 workload, blocks, policy, concurrency=concurrency, belady=belady, windows=windows, progress=advance
             )

@@ -14,15 +14,23 @@ count of prefix blocks seen before. A request larger than the whole cache caches
 from __future__ import annotations
 
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
 from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
 from radixcache.simulate_oracle import DeadBlockLRU, NextUseOracle
 from radixcache.simulate_workload import Workload
+
+if TYPE_CHECKING:
+    from radixcache.simulate_source import TraceSource
+
+#: what `simulate` replays: requests in memory, or a trace file streamed (radixcache.simulate_source)
+Replayable = Union[Workload, "TraceSource"]
 
 BELADY = "belady"
 DEAD_LRU = "lru-dead"  # LRU that knows which blocks are never read again: a diagnostic bound
@@ -112,7 +120,7 @@ class SimReport:
 
 
 def simulate(
-    workload: Workload,
+    workload: Replayable,
     capacity_blocks: int,
     policy: str | EvictionPolicy = "lru",
     *,
@@ -121,10 +129,11 @@ def simulate(
     progress: Callable[[int], None] | None = None,
     check: bool = False,
 ) -> SimResult:
-    """Replay `workload` through a cache of `capacity_blocks` blocks at `policy`.
+    """Replay `workload` (an in-memory Workload, or a streamed TraceSource read once) through a cache of
+    `capacity_blocks` blocks at `policy`. Memory is the cache's plus 24 bytes per request for the time windows.
 
     `policy` may also name an offline oracle: "belady" (the optimum) or "lru-dead" (LRU that knows which
-    blocks are never read again), both evicting block by block.
+    blocks are never read again), both evicting block by block; they read the trace once more first.
 
     `progress(n)` is called now and then with the number of requests replayed since its last call. `check`
     runs the cache's full invariant check after every request (slow: for tests).
@@ -140,17 +149,11 @@ def simulate(
     cache = RadixCache(capacity_blocks, page_size=workload.page_size, policy=make_policy(policy))
     started = time.perf_counter()
     p = workload.page_size
-    requests = workload.requests
-    t0 = requests[0].timestamp_ms if requests else 0.0
-    span = (requests[-1].timestamp_ms - t0) if requests else 0.0
-    width = span / windows if span > 0 else 1.0
-    win_requests = [0] * windows
-    win_prompt = [0] * windows
-    win_hit = [0] * windows
+    timeline = _Timeline()
     inflight: deque = deque()
-    prompt_tokens = hit_tokens = prompt_blocks = hit_blocks = oversized = 0
+    prompt_blocks = hit_blocks = oversized = 0
 
-    for index, request in enumerate(requests):
+    for index, request in enumerate(workload):
         if oracle is not None:
             oracle.now = index
         while len(inflight) >= concurrency:
@@ -178,14 +181,9 @@ def simulate(
             oracle.assign(new, index, matched_pages)
         inflight.append((match.node, full, match.blocks + new, request.namespace))
 
-        prompt_tokens += request.prompt_tokens
-        hit_tokens += hit
         prompt_blocks += -(-len(request.prompt) // p)
         hit_blocks += matched_pages
-        w = min(int((request.timestamp_ms - t0) / width), windows - 1)
-        win_requests[w] += 1
-        win_prompt[w] += request.prompt_tokens
-        win_hit[w] += hit
+        timeline.add(request.timestamp_ms, request.prompt_tokens, hit)
         if check:
             cache.check_invariants()
         if progress is not None and index % 256 == 255:
@@ -194,8 +192,8 @@ def simulate(
         _finish(cache, inflight.popleft(), p)
     if check:
         cache.check_invariants()
-    if progress is not None and len(requests) % 256:
-        progress(len(requests) % 256)
+    if progress is not None and timeline.requests % 256:
+        progress(timeline.requests % 256)
 
     return SimResult(
         policy=cache.policy.name,
@@ -203,19 +201,131 @@ def simulate(
         page_size=p,
         block_tokens=workload.block_tokens,
         concurrency=concurrency,
-        requests=len(requests),
-        prompt_tokens=prompt_tokens,
-        hit_tokens=hit_tokens,
+        requests=timeline.requests,
+        prompt_tokens=timeline.prompt_tokens,
+        hit_tokens=timeline.hit_tokens,
         prompt_blocks=prompt_blocks,
         hit_blocks=hit_blocks,
         evicted_blocks=cache.stats.evicted_blocks,
         oversized_requests=oversized,
-        windows=tuple(
-            Window(t0 + i * width, t0 + (i + 1) * width, win_requests[i], win_prompt[i], win_hit[i])
-            for i in range(windows)
-        ),
+        windows=timeline.windows(windows),
         seconds=time.perf_counter() - started,
     )
+
+
+def simulate_infinite(
+    workload: Replayable,
+    *,
+    concurrency: int = 1,
+    windows: int = 20,
+    progress: Callable[[int], None] | None = None,
+) -> SimResult:
+    """The replay through a cache that never evicts, without building one: a set of every inserted page's chained
+    key (a hash of the page and its parent's key, so a page is its whole prefix). The same figures as `simulate`
+    at a capacity nothing fills, in the memory of one integer per distinct page. `capacity_blocks` of the result
+    is the number of distinct pages inserted: what an infinite cache ends up holding.
+
+    Chained keys are 64-bit hashes: two different prefixes share one with probability about n^2 / 2^64 for n
+    distinct pages (below 1e-6 for 5 million pages)."""
+    if type(concurrency) is not int or concurrency < 1:
+        raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
+    started = time.perf_counter()
+    p = workload.page_size
+    seen: set[int] = set()
+    timeline = _Timeline()
+    inflight: deque = deque()
+    prompt_blocks = hit_blocks = 0
+    for index, request in enumerate(workload):
+        while len(inflight) >= concurrency:
+            seen.update(inflight.popleft())
+        root = hash(("namespace", request.namespace))
+        full = request.prompt + request.output if request.output else request.prompt
+        keys = _chain_keys(root, full, p)
+        prompt_pages = len(request.prompt) // p
+        matched = 0
+        while matched < prompt_pages and keys[matched] in seen:
+            matched += 1
+        inflight.append(keys)
+        prompt_blocks += -(-len(request.prompt) // p)
+        hit_blocks += matched
+        timeline.add(
+            request.timestamp_ms, request.prompt_tokens, min(matched * p * request.unit, request.prompt_tokens)
+        )
+        if progress is not None and index % 256 == 255:
+            progress(256)
+    while inflight:
+        seen.update(inflight.popleft())
+    if progress is not None and timeline.requests % 256:
+        progress(timeline.requests % 256)
+    return SimResult(
+        policy="lru",
+        capacity_blocks=max(1, len(seen)),
+        page_size=p,
+        block_tokens=workload.block_tokens,
+        concurrency=concurrency,
+        requests=timeline.requests,
+        prompt_tokens=timeline.prompt_tokens,
+        hit_tokens=timeline.hit_tokens,
+        prompt_blocks=prompt_blocks,
+        hit_blocks=hit_blocks,
+        evicted_blocks=0,
+        oversized_requests=0,
+        windows=timeline.windows(windows),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _chain_keys(root: int, tokens: tuple[int, ...], p: int) -> list[int]:
+    """The chained key of each full page of `tokens`."""
+    keys = []
+    key = root
+    if p == 1:
+        for token in tokens:
+            key = hash((key, token))
+            keys.append(key)
+    else:
+        for k in range(len(tokens) // p):
+            key = hash((key, tokens[k * p : (k + 1) * p]))
+            keys.append(key)
+    return keys
+
+
+class _Timeline:
+    """Per-request arrival time, prompt tokens and hit tokens in flat arrays (24 bytes a request), so that time
+    windows can be cut once the whole trace has streamed by."""
+
+    def __init__(self) -> None:
+        self.times = array("d")
+        self.prompts = array("q")
+        self.hits = array("q")
+        self.prompt_tokens = self.hit_tokens = 0
+
+    @property
+    def requests(self) -> int:
+        return len(self.times)
+
+    def add(self, timestamp_ms: float, prompt_tokens: int, hit_tokens: int) -> None:
+        self.times.append(timestamp_ms)
+        self.prompts.append(prompt_tokens)
+        self.hits.append(hit_tokens)
+        self.prompt_tokens += prompt_tokens
+        self.hit_tokens += hit_tokens
+
+    def windows(self, count: int) -> tuple[Window, ...]:
+        """`count` windows of equal length from the first arrival to the last."""
+        times = self.times
+        t0 = times[0] if times else 0.0
+        span = (times[-1] - t0) if times else 0.0
+        width = span / count if span > 0 else 1.0
+        requests = [0] * count
+        prompt = [0] * count
+        hit = [0] * count
+        for t, n, h in zip(times, self.prompts, self.hits, strict=True):
+            w = min(int((t - t0) / width), count - 1)
+            requests[w] += 1
+            prompt[w] += n
+            hit[w] += h
+        return tuple(Window(t0 + i * width, t0 + (i + 1) * width, requests[i], prompt[i], hit[i]) for i in range(count))
 
 
 def _finish(cache: RadixCache, item: tuple, p: int) -> None:
@@ -227,12 +337,12 @@ def _finish(cache: RadixCache, item: tuple, p: int) -> None:
 
 
 def infinite_capacity(workload: Workload) -> int:
-    """A capacity no replay of `workload` can fill, so nothing is ever evicted."""
+    """A capacity no replay of an in-memory `workload` can fill, so nothing is ever evicted."""
     return max(1, workload.total_pages)
 
 
 def evaluate(
-    workload: Workload,
+    workload: Replayable,
     capacity_blocks: int,
     policy: str | EvictionPolicy = "lru",
     *,
@@ -241,9 +351,10 @@ def evaluate(
     windows: int = 20,
     progress: Callable[[int], None] | None = None,
 ) -> SimReport:
-    """`simulate` plus its bounds: the infinite-cache replay, and Belady's when asked for."""
+    """`simulate` plus its bounds: the infinite-cache replay, and Belady's when asked for. A streamed workload
+    is read once per replay (twice for Belady: its oracle reads the trace first)."""
     kwargs = {"concurrency": concurrency, "windows": windows, "progress": progress}
     result = simulate(workload, capacity_blocks, policy, **kwargs)
-    infinite = simulate(workload, infinite_capacity(workload), "lru", **kwargs)
+    infinite = simulate_infinite(workload, **kwargs)
     optimum = simulate(workload, capacity_blocks, BELADY, **kwargs) if belady else None
     return SimReport(result, infinite, optimum)

@@ -33,7 +33,9 @@ class NextUseOracle:
         roots: dict[object, int] = {}
         reads: list[list[int]] = []
         pages: list[array] = []
-        for index, request in enumerate(workload.requests):
+        count = 0
+        for index, request in enumerate(workload):
+            count += 1
             parent = roots.setdefault(request.namespace, -1 - len(roots))
             full = request.prompt + request.output
             prompt_pages = len(request.prompt) // p
@@ -51,7 +53,7 @@ class NextUseOracle:
             pages.append(ids)
         self.pages = pages
         self.reads = reads
-        self.never = len(workload.requests) + 1  # "next use" of a page no later request reads
+        self.never = count + 1  # "next use" of a page no later request reads
         self.block_page = array("q", [-1]) * capacity_blocks
         self.now = 0
 

@@ -7,7 +7,7 @@ one trace block, and `unit` (block_size real tokens per cache token) turns match
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from radixcache.errors import RadixCacheError
@@ -43,6 +43,9 @@ class Workload:
     page_size: int
     block_tokens: int
     kind: str  # "token" or "hash"
+
+    def __iter__(self) -> Iterator[SimRequest]:
+        return iter(self.requests)
 
     def blocks_for_tokens(self, tokens: int) -> int:
         """Cache blocks that hold `tokens` real tokens (rounded down)."""

@@ -65,6 +65,8 @@ class FieldReader:
             return value
         if not isinstance(value, (list, tuple)):
             self.fail(f"expected a list of integers, got {type(value).__name__}", field)
+        if not value or (set(map(type, value)) == {int} and min(value) >= 0 and max(value) < 2**63):
+            return tuple(value)  # the common case, checked at C speed; the loop below words the error
         for index, item in enumerate(value):
             if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < 2**63:
                 self.fail(f"item {index} is {item!r}, expected an integer in [0, 2**63)", field)

@@ -7,24 +7,35 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
 from radixcache.trace.errors import TraceError
 
 
 def iter_json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
-    """(line number, decoded value) for every non-blank line of a JSONL file."""
+    """(line number, decoded value) for every non-blank line of a JSONL file, streamed: one line in memory at a
+    time, parsed by orjson (the standard library's parser only to word an error the same way)."""
     name = str(path)
-    with open_trace(path, "r") as handle:
-        lineno = 0
-        try:
-            for lineno, line in enumerate(handle, 1):
+    with open_trace(path, "rb") as handle:
+        for lineno, line in enumerate(handle, 1):
+            try:
+                yield lineno, orjson.loads(line)
+            except orjson.JSONDecodeError:
                 if not line.strip():
                     continue
-                try:
-                    yield lineno, json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise TraceError(name, str(lineno), f"invalid JSON ({exc.msg} at column {exc.colno})") from None
-        except UnicodeDecodeError as exc:
-            raise TraceError(name, str(lineno + 1), f"not UTF-8 text ({exc.reason})") from None
+                raise _line_error(name, lineno, line) from None
+
+
+def _line_error(name: str, lineno: int, line: bytes) -> TraceError:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return TraceError(name, str(lineno), f"not UTF-8 text ({exc.reason})")
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        return TraceError(name, str(lineno), f"invalid JSON ({exc.msg} at column {exc.colno})")
+    return TraceError(name, str(lineno), "invalid JSON")  # orjson is stricter (say, a number out of range)
 
 
 def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:

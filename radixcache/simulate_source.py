@@ -1,0 +1,136 @@
+"""Trace files streamed as the simulator's requests: one request in memory at a time, read again for each replay.
+
+`TraceSource` is what `simulate` replays when a trace is too large to hold (the in-memory `Workload` is the other):
+iterating it reads the file from the start, yields `SimRequest`s in file order, and checks that timestamps never
+go back (a streamed replay cannot sort; an out-of-order trace is refused at its file:line, and the in-memory path,
+which sorts, still reads it). Every bad field is reported where it is found, without reading the rest of the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from radixcache.errors import RadixCacheError
+from radixcache.simulate_workload import SimRequest
+from radixcache.trace.errors import TraceError
+from radixcache.trace.fields import FieldReader
+from radixcache.trace.formats import FORMAT_KINDS, MOONCAKE, TOKEN_JSONL, TOKEN_MSGPACK, detect_format
+from radixcache.trace.jsonl import iter_json_lines, open_trace
+from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE, HashRequest, check_block_size
+from radixcache.trace.token_trace import iter_token_msgpack, request_from_dict
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSource:
+    """A token or hash-block trace file, streamed. `page_size`: cache tokens per page; `block_tokens`: real tokens
+    per cache block (the hash block size for a hash trace, the page size for a token trace)."""
+
+    path: str
+    format: str
+    kind: str  # "token" or "hash"
+    page_size: int
+    block_tokens: int
+
+    def __iter__(self) -> Iterator[SimRequest]:
+        last = None
+        for where, request in self._records():
+            if last is not None and request.timestamp_ms < last:
+                raise TraceError(
+                    self.path,
+                    where,
+                    f"timestamp {request.timestamp_ms} is earlier than the previous request's {last}: a streamed "
+                    "replay needs requests in arrival order (sort the trace, or replay it in memory)",
+                    "timestamp",
+                )
+            last = request.timestamp_ms
+            yield request
+
+    def blocks_for_tokens(self, tokens: int) -> int:
+        """Cache blocks that hold `tokens` real tokens (rounded down)."""
+        return tokens // self.block_tokens
+
+    def count(self) -> int:
+        """Requests in the file, counted without parsing (for a progress bar): lines, or msgpack records."""
+        if self.format == TOKEN_MSGPACK:
+            return sum(1 for _ in iter_token_msgpack(self.path))
+        n = 0
+        with open_trace(self.path, "rb") as handle:
+            for line in handle:
+                n += bool(line.strip())
+        return n
+
+    def _records(self) -> Iterator[tuple[str, SimRequest]]:
+        if self.format == MOONCAKE:
+            yield from self._hash_records()
+        elif self.format == TOKEN_JSONL:
+            for lineno, record in iter_json_lines(self.path):
+                yield str(lineno), _token_request(request_from_dict(record, self.path, str(lineno)))
+        else:
+            for index, request in enumerate(iter_token_msgpack(self.path)):
+                yield f"record {index}", _token_request(request)
+
+    def _hash_records(self) -> Iterator[tuple[str, SimRequest]]:
+        block = self.block_tokens
+        for lineno, record in iter_json_lines(self.path):
+            where = str(lineno)
+            fields = FieldReader(self.path, where, record)
+            timestamp = fields.number("timestamp")
+            input_length = fields.count("input_length")
+            fields.count("output_length", 0)
+            hash_ids = fields.int_list("hash_ids")
+            if len(hash_ids) != -(-input_length // block):  # worded by the reader's own check
+                problem = check_block_size(HashRequest(timestamp, input_length, 0, hash_ids), block)
+                fields.fail(problem or "inconsistent with input_length", "hash_ids")
+            yield where, SimRequest(timestamp, hash_ids, (), input_length, block)
+
+
+def _token_request(r: object) -> SimRequest:
+    return SimRequest(
+        r.timestamp_ms,  # type: ignore[attr-defined]
+        tuple(r.tokens),  # type: ignore[attr-defined]
+        tuple(r.output_tokens or ()),  # type: ignore[attr-defined]
+        len(r.tokens),  # type: ignore[attr-defined]
+        1,
+        r.namespace,  # type: ignore[attr-defined]
+        r.session,  # type: ignore[attr-defined]
+    )
+
+
+def open_source(
+    path: str | Path,
+    format: str | None = None,
+    *,
+    page_size: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> TraceSource:
+    """A token or hash-block trace file as a streamed source, with the same rules as `load_workload`: token
+    traces use `page_size` (default 1); a hash trace's page is one hash id of `block_size` tokens."""
+    name = str(path)
+    fmt = format or detect_format(path)
+    kind = FORMAT_KINDS.get(fmt)
+    if type(block_size) is not int or block_size < 1:
+        raise RadixCacheError(f"block_size must be a positive int, got {block_size!r}")
+    if kind == "token":
+        p = 1 if page_size is None else page_size
+        if type(p) is not int or p < 1:
+            raise RadixCacheError(f"page_size must be a positive int, got {p!r}")
+        return TraceSource(name, fmt, kind, p, p)
+    if kind == "hash":
+        if page_size is not None and page_size != block_size:
+            raise TraceError(
+                name,
+                "format",
+                f"a hash-block trace caches one page per hash id, so its page size is the block size "
+                f"({block_size}); use --block-size, not --page-size {page_size}",
+            )
+        return TraceSource(name, fmt, kind, 1, block_size)
+    if kind is None:
+        raise TraceError(name, "format", f"unknown trace format {fmt!r}")
+    raise TraceError(
+        name,
+        "format",
+        f"{fmt} is a text trace: tokenise it with the runtime first (radixcache replay), "
+        "or simulate a token or hash-block trace",
+    )

@@ -1,0 +1,89 @@
+"""The streamed replay (simulate_source.TraceSource, one request in memory at a time) gives exactly the figures of
+the in-memory replay, on the shared Mooncake trace and on a generated token trace; the compact infinite-cache
+replay equals a RadixCache that never evicts; bad input names file:line without reading the rest of the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from radixcache.simulate import evaluate, infinite_capacity, simulate, simulate_infinite
+from radixcache.simulate_source import open_source
+from radixcache.simulate_workload import load_workload
+from radixcache.synthetic import multi_turn_chat
+from radixcache.trace.errors import TraceError
+from radixcache.trace.token_trace import write_token_jsonl, write_token_msgpack
+
+from .conftest import MOONCAKE_TRACE
+
+FIELDS = ("requests", "prompt_tokens", "hit_tokens", "prompt_blocks", "hit_blocks", "evicted_blocks", "windows")
+
+
+def same(a, b) -> None:
+    assert [getattr(a, f) for f in FIELDS] == [getattr(b, f) for f in FIELDS]
+
+
+@pytest.mark.skipif(not MOONCAKE_TRACE.exists(), reason="shared Mooncake trace not found (../shared/traces)")
+@pytest.mark.parametrize(
+    ("policy", "capacity", "concurrency"), [("lru", 4000, 1), ("slru", 8000, 4), ("belady", 4000, 1)]
+)
+def test_streaming_equals_in_memory_on_the_shared_mooncake_trace(policy: str, capacity: int, concurrency: int) -> None:
+    memory = load_workload(str(MOONCAKE_TRACE))
+    stream = open_source(str(MOONCAKE_TRACE))
+    same(
+        simulate(stream, capacity, policy, concurrency=concurrency),
+        simulate(memory, capacity, policy, concurrency=concurrency),
+    )
+
+
+@pytest.mark.skipif(not MOONCAKE_TRACE.exists(), reason="shared Mooncake trace not found (../shared/traces)")
+def test_the_compact_infinite_replay_equals_a_cache_that_never_evicts() -> None:
+    memory = load_workload(str(MOONCAKE_TRACE))
+    tree = simulate(memory, infinite_capacity(memory))
+    for source in (memory, open_source(str(MOONCAKE_TRACE))):
+        compact = simulate_infinite(source)
+        same(compact, tree)
+    assert compact.capacity_blocks == 43_924  # the trace's distinct blocks
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".msgpack"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_streaming_equals_in_memory_on_a_generated_token_trace(tmp_path: Path, suffix: str, page_size: int) -> None:
+    path = tmp_path / f"chat{suffix}"
+    requests = sorted(multi_turn_chat(conversations=30, system_tokens=60, seed=5), key=lambda r: r.timestamp_ms)
+    (write_token_msgpack if suffix == ".msgpack" else write_token_jsonl)(path, requests)
+    memory = load_workload(str(path), page_size=page_size)
+    stream = open_source(str(path), page_size=page_size)
+    capacity = 200 // page_size
+    for policy in ("lru", "lfu", "belady"):
+        same(simulate(stream, capacity, policy, concurrency=2), simulate(memory, capacity, policy, concurrency=2))
+    same(simulate_infinite(stream, concurrency=3), simulate(memory, infinite_capacity(memory), concurrency=3))
+    a, b = evaluate(stream, capacity, belady=True), evaluate(memory, capacity, belady=True)
+    assert a.as_dict() | {"seconds": 0} == b.as_dict() | {"seconds": 0}
+
+
+def _hash_line(t: float, ids: list[int]) -> str:
+    return json.dumps({"timestamp": t, "input_length": len(ids) * 512, "output_length": 1, "hash_ids": ids}) + "\n"
+
+
+def test_an_out_of_order_trace_is_refused_at_its_line_when_streamed_and_sorted_in_memory(tmp_path: Path) -> None:
+    path = tmp_path / "late.jsonl"
+    path.write_text(_hash_line(10, [1, 2]) + _hash_line(30, [1, 3]) + _hash_line(20, [1, 2, 4]))
+    with pytest.raises(TraceError, match=r"late\.jsonl:3: field 'timestamp': timestamp 20 is earlier"):
+        simulate(open_source(str(path)), 10)
+    assert simulate(load_workload(str(path)), 10).requests == 3
+
+
+def test_a_bad_line_is_named_before_the_rest_of_the_file_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(_hash_line(1, [1]) + '{"timestamp": 2, "input_length": 512, "hash_ids": [1, -3]}\n' + "{oops\n")
+    with pytest.raises(TraceError, match=r"bad\.jsonl:2: field 'hash_ids': item 1 is -3"):
+        simulate(open_source(str(path)), 10)
+    path.write_text(_hash_line(1, [1]) + _hash_line(2, [1]).replace('"input_length": 512', '"input_length": 9999'))
+    with pytest.raises(TraceError, match=r"bad\.jsonl:2: field 'hash_ids': 1 hash ids, but input_length 9999"):
+        simulate(open_source(str(path)), 10)
+    path.write_bytes(_hash_line(1, [1]).encode() + b'{"timestamp": \xff}\n')
+    with pytest.raises(TraceError, match=r"bad\.jsonl:2: not UTF-8"):
+        simulate(open_source(str(path)), 10)
