@@ -63,7 +63,7 @@ def demo(
     Example:
       radixcache demo --capacity-blocks 30000 --policy lru --policy slru
     """
-    requests = multi_turn_chat(conversations=conversations, seed=seed)
+    requests = list(multi_turn_chat(conversations=conversations, seed=seed))  # replayed once per policy
     rows = []
     for name in policies or sorted(POLICIES):
         cache = RadixCache(capacity_blocks, page_size=page_size, policy=name)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
@@ -24,7 +24,7 @@ from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
 from radixcache.simulate_oracle import DeadBlockLRU, NextUseOracle
-from radixcache.simulate_workload import Workload
+from radixcache.simulate_workload import SimRequest, Workload
 
 if TYPE_CHECKING:
     from radixcache.simulate_source import TraceSource
@@ -138,26 +138,78 @@ def simulate(
     `progress(n)` is called now and then with the number of requests replayed since its last call. `check`
     runs the cache's full invariant check after every request (slow: for tests).
     """
-    if type(concurrency) is not int or concurrency < 1:
-        raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
-    if type(windows) is not int or windows < 1:
-        raise RadixCacheError(f"windows must be a positive int, got {windows!r}")
-    oracle = None
-    if policy in ORACLE_POLICIES:
-        oracle = NextUseOracle(workload, capacity_blocks)
-        policy = BeladyPolicy(oracle.next_use) if policy == BELADY else DeadBlockLRU(oracle)
-    cache = RadixCache(capacity_blocks, page_size=workload.page_size, policy=make_policy(policy))
-    started = time.perf_counter()
-    p = workload.page_size
-    timeline = _Timeline()
-    inflight: deque = deque()
-    prompt_blocks = hit_blocks = oversized = 0
+    replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency, check=check)
+    _drive(workload, [replay], progress)
+    return replay.result(windows)
 
+
+def simulate_infinite(
+    workload: Replayable,
+    *,
+    concurrency: int = 1,
+    windows: int = 20,
+    progress: Callable[[int], None] | None = None,
+) -> SimResult:
+    """The replay through a cache that never evicts, without building one (InfiniteReplay): the same figures as
+    `simulate` at a capacity nothing fills."""
+    replay = InfiniteReplay(workload.page_size, workload.block_tokens, concurrency=concurrency)
+    _drive(workload, [replay], progress)
+    if replay.broken:  # ids that are not chained hashes: again, with chained keys
+        replay = InfiniteReplay(workload.page_size, workload.block_tokens, concurrency=concurrency, chained=True)
+        _drive(workload, [replay], None)
+    return replay.result(windows)
+
+
+def _drive(workload: Replayable, replays: list, progress: Callable[[int], None] | None) -> None:
+    """One pass over the workload, each request fed to every replay in turn."""
+    count = 0
     for index, request in enumerate(workload):
+        for replay in replays:
+            replay.feed(index, request)
+        count = index + 1
+        if progress is not None and index % 256 == 255:
+            progress(256)
+    for replay in replays:
+        replay.close()
+    if progress is not None and count % 256:
+        progress(count % 256)
+
+
+class CacheReplay:
+    """One replay through a RadixCache, fed request by request (`feed`), then `close`d and read (`result`)."""
+
+    def __init__(
+        self,
+        workload: Replayable,
+        capacity_blocks: int,
+        policy: str | EvictionPolicy = "lru",
+        *,
+        concurrency: int = 1,
+        check: bool = False,
+    ) -> None:
+        if type(concurrency) is not int or concurrency < 1:
+            raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
+        self.oracle = None
+        if policy in ORACLE_POLICIES:
+            self.oracle = NextUseOracle(workload, capacity_blocks)
+            policy = BeladyPolicy(self.oracle.next_use) if policy == BELADY else DeadBlockLRU(self.oracle)
+        self.cache = RadixCache(capacity_blocks, page_size=workload.page_size, policy=make_policy(policy))
+        self.capacity_blocks = capacity_blocks
+        self.block_tokens = workload.block_tokens
+        self.concurrency = concurrency
+        self.check = check
+        self.timeline = _Timeline()
+        self.inflight: deque = deque()
+        self.prompt_blocks = self.hit_blocks = self.oversized = 0
+        self.seconds = 0.0
+
+    def feed(self, index: int, request: SimRequest) -> None:
+        started = time.perf_counter()
+        cache, oracle, p = self.cache, self.oracle, self.cache.page_size
         if oracle is not None:
             oracle.now = index
-        while len(inflight) >= concurrency:
-            _finish(cache, inflight.popleft(), p)
+        while len(self.inflight) >= self.concurrency:
+            _finish(cache, self.inflight.popleft(), p)
         match = cache.match_prefix(request.prompt, namespace=request.namespace)
         cache.lock(match.node)
         matched_pages = len(match.blocks)
@@ -166,7 +218,7 @@ def simulate(
         need = -(-len(full) // p) - matched_pages
         room = cache.free_blocks + cache.evictable_blocks
         if need > room:  # larger than what the cache can free: cache the whole pages that fit
-            oversized += 1
+            self.oversized += 1
             need = room
             full = full[: (matched_pages + room) * p]
         if oracle is not None:
@@ -179,103 +231,138 @@ def simulate(
         new = cache.allocate(need)
         if oracle is not None:
             oracle.assign(new, index, matched_pages)
-        inflight.append((match.node, full, match.blocks + new, request.namespace))
-
-        prompt_blocks += -(-len(request.prompt) // p)
-        hit_blocks += matched_pages
-        timeline.add(request.timestamp_ms, request.prompt_tokens, hit)
-        if check:
+        self.inflight.append((match.node, full, match.blocks + new, request.namespace))
+        self.prompt_blocks += -(-len(request.prompt) // p)
+        self.hit_blocks += matched_pages
+        self.timeline.add(request.timestamp_ms, request.prompt_tokens, hit)
+        if self.check:
             cache.check_invariants()
-        if progress is not None and index % 256 == 255:
-            progress(256)
-    while inflight:
-        _finish(cache, inflight.popleft(), p)
-    if check:
-        cache.check_invariants()
-    if progress is not None and timeline.requests % 256:
-        progress(timeline.requests % 256)
+        self.seconds += time.perf_counter() - started
 
-    return SimResult(
-        policy=cache.policy.name,
-        capacity_blocks=capacity_blocks,
-        page_size=p,
-        block_tokens=workload.block_tokens,
-        concurrency=concurrency,
-        requests=timeline.requests,
-        prompt_tokens=timeline.prompt_tokens,
-        hit_tokens=timeline.hit_tokens,
-        prompt_blocks=prompt_blocks,
-        hit_blocks=hit_blocks,
-        evicted_blocks=cache.stats.evicted_blocks,
-        oversized_requests=oversized,
-        windows=timeline.windows(windows),
-        seconds=time.perf_counter() - started,
-    )
+    def close(self) -> None:
+        while self.inflight:
+            _finish(self.cache, self.inflight.popleft(), self.cache.page_size)
+        if self.check:
+            self.cache.check_invariants()
+
+    def result(self, windows: int = 20) -> SimResult:
+        if type(windows) is not int or windows < 1:
+            raise RadixCacheError(f"windows must be a positive int, got {windows!r}")
+        t = self.timeline
+        return SimResult(
+            policy=self.cache.policy.name,
+            capacity_blocks=self.capacity_blocks,
+            page_size=self.cache.page_size,
+            block_tokens=self.block_tokens,
+            concurrency=self.concurrency,
+            requests=t.requests,
+            prompt_tokens=t.prompt_tokens,
+            hit_tokens=t.hit_tokens,
+            prompt_blocks=self.prompt_blocks,
+            hit_blocks=self.hit_blocks,
+            evicted_blocks=self.cache.stats.evicted_blocks,
+            oversized_requests=self.oversized,
+            windows=t.windows(windows),
+            seconds=self.seconds,
+        )
 
 
-def simulate_infinite(
-    workload: Replayable,
-    *,
-    concurrency: int = 1,
-    windows: int = 20,
-    progress: Callable[[int], None] | None = None,
-) -> SimResult:
-    """The replay through a cache that never evicts, without building one: a set of every inserted page's chained
-    key (a hash of the page and its parent's key, so a page is its whole prefix). The same figures as `simulate`
-    at a capacity nothing fills, in the memory of one integer per distinct page. `capacity_blocks` of the result
-    is the number of distinct pages inserted: what an infinite cache ends up holding.
+class InfiniteReplay:
+    """A cache that never evicts, kept as a dict instead of a tree: the same hits as a RadixCache that nothing
+    fills, in the memory of one entry per distinct page.
 
-    Chained keys are 64-bit hashes: two different prefixes share one with probability about n^2 / 2^64 for n
-    distinct pages (below 1e-6 for 5 million pages)."""
-    if type(concurrency) is not int or concurrency < 1:
-        raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
-    started = time.perf_counter()
-    p = workload.page_size
-    seen: set[int] = set()
-    timeline = _Timeline()
-    inflight: deque = deque()
-    prompt_blocks = hit_blocks = 0
-    for index, request in enumerate(workload):
-        while len(inflight) >= concurrency:
-            seen.update(inflight.popleft())
-        root = hash(("namespace", request.namespace))
+    Hash traces (page size 1): a page is its hash id, and `parent[id]` the id before it (or the namespace's root).
+    A prompt hits its leading ids whose recorded parent is the id before them. That is exact as long as every id
+    follows one parent throughout the trace, which chained block hashes guarantee; an id seen after two different
+    parents switches the replay to chained keys (below) for the rest of the trace, which is then exact up to hash
+    collisions. Token traces: a page is a chained key, a 64-bit hash of the page's tokens and its parent's key;
+    two prefixes share one with probability about n^2 / 2^64 for n distinct pages (below 1e-6 for 5 million).
+    """
+
+    def __init__(self, page_size: int, block_tokens: int, *, concurrency: int = 1, chained: bool = False) -> None:
+        if type(concurrency) is not int or concurrency < 1:
+            raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
+        self.page_size, self.block_tokens, self.concurrency = page_size, block_tokens, concurrency
+        self.by_id = page_size == 1 and not chained
+        self.broken = False  # by id, an id followed two parents: the figures are void, replay with chained keys
+        self.parent: dict[int, object] = {}  # by id: page id -> the id (or root) before it
+        self.seen: set[int] = set()  # chained keys
+        self.timeline = _Timeline()
+        self.inflight: deque = deque()
+        self.prompt_blocks = self.hit_blocks = 0
+        self.seconds = 0.0
+
+    def feed(self, index: int, request: SimRequest) -> None:
+        if self.broken:
+            return
+        started = time.perf_counter()
+        while len(self.inflight) >= self.concurrency:
+            self._insert(*self.inflight.popleft())
+        p = self.page_size
+        root = ("namespace", request.namespace)
         full = request.prompt + request.output if request.output else request.prompt
-        keys = _chain_keys(root, full, p)
         prompt_pages = len(request.prompt) // p
         matched = 0
-        while matched < prompt_pages and keys[matched] in seen:
-            matched += 1
-        inflight.append(keys)
-        prompt_blocks += -(-len(request.prompt) // p)
-        hit_blocks += matched
-        timeline.add(
+        if self.by_id:
+            parent, prev = self.parent, root
+            for page in request.prompt:
+                if parent.get(page, parent) != prev:
+                    break
+                prev = page
+                matched += 1
+            self.inflight.append((root, full, matched))
+        else:
+            keys = _chain_keys(hash(root), full, p)
+            while matched < prompt_pages and keys[matched] in self.seen:
+                matched += 1
+            self.inflight.append((root, keys, 0))
+        self.prompt_blocks += -(-len(request.prompt) // p)
+        self.hit_blocks += matched
+        self.timeline.add(
             request.timestamp_ms, request.prompt_tokens, min(matched * p * request.unit, request.prompt_tokens)
         )
-        if progress is not None and index % 256 == 255:
-            progress(256)
-    while inflight:
-        seen.update(inflight.popleft())
-    if progress is not None and timeline.requests % 256:
-        progress(timeline.requests % 256)
-    return SimResult(
-        policy="lru",
-        capacity_blocks=max(1, len(seen)),
-        page_size=p,
-        block_tokens=workload.block_tokens,
-        concurrency=concurrency,
-        requests=timeline.requests,
-        prompt_tokens=timeline.prompt_tokens,
-        hit_tokens=timeline.hit_tokens,
-        prompt_blocks=prompt_blocks,
-        hit_blocks=hit_blocks,
-        evicted_blocks=0,
-        oversized_requests=0,
-        windows=timeline.windows(windows),
-        seconds=time.perf_counter() - started,
-    )
+        self.seconds += time.perf_counter() - started
+
+    def _insert(self, root: object, pages: Sequence[int], known: int) -> None:
+        """Record a finished request's pages (`known` leading ones were matched, so they are there already)."""
+        if not self.by_id:
+            self.seen.update(pages)
+            return
+        parent = self.parent
+        prev = pages[known - 1] if known else root
+        for page in pages[known:]:
+            if parent.setdefault(page, prev) != prev:  # one id after two parents: not a chained-hash trace
+                self.broken = True
+                return
+            prev = page
+
+    def close(self) -> None:
+        while self.inflight and not self.broken:
+            self._insert(*self.inflight.popleft())
+
+    def result(self, windows: int = 20) -> SimResult:
+        if self.broken:
+            raise RadixCacheError("an id followed two parents: replay this trace with chained keys")
+        t = self.timeline
+        return SimResult(
+            policy="lru",
+            capacity_blocks=max(1, len(self.parent) + len(self.seen)),
+            page_size=self.page_size,
+            block_tokens=self.block_tokens,
+            concurrency=self.concurrency,
+            requests=t.requests,
+            prompt_tokens=t.prompt_tokens,
+            hit_tokens=t.hit_tokens,
+            prompt_blocks=self.prompt_blocks,
+            hit_blocks=self.hit_blocks,
+            evicted_blocks=0,
+            oversized_requests=0,
+            windows=t.windows(windows),
+            seconds=self.seconds,
+        )
 
 
-def _chain_keys(root: int, tokens: tuple[int, ...], p: int) -> list[int]:
+def _chain_keys(root: int, tokens: Sequence[int], p: int) -> list[int]:
     """The chained key of each full page of `tokens`."""
     keys = []
     key = root
@@ -285,7 +372,7 @@ def _chain_keys(root: int, tokens: tuple[int, ...], p: int) -> list[int]:
             keys.append(key)
     else:
         for k in range(len(tokens) // p):
-            key = hash((key, tokens[k * p : (k + 1) * p]))
+            key = hash((key, tuple(tokens[k * p : (k + 1) * p])))
             keys.append(key)
     return keys
 
@@ -351,10 +438,14 @@ def evaluate(
     windows: int = 20,
     progress: Callable[[int], None] | None = None,
 ) -> SimReport:
-    """`simulate` plus its bounds: the infinite-cache replay, and Belady's when asked for. A streamed workload
-    is read once per replay (twice for Belady: its oracle reads the trace first)."""
-    kwargs = {"concurrency": concurrency, "windows": windows, "progress": progress}
-    result = simulate(workload, capacity_blocks, policy, **kwargs)
-    infinite = simulate_infinite(workload, **kwargs)
-    optimum = simulate(workload, capacity_blocks, BELADY, **kwargs) if belady else None
-    return SimReport(result, infinite, optimum)
+    """`simulate` plus its bounds: the infinite-cache replay, and Belady's when asked for. The policy's replay and
+    the infinite one share one pass over the workload; Belady's oracle reads it once more, then its replay."""
+    replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency)
+    infinite = InfiniteReplay(workload.page_size, workload.block_tokens, concurrency=concurrency)
+    _drive(workload, [replay, infinite], progress)
+    if infinite.broken:
+        infinite_result = simulate_infinite(workload, concurrency=concurrency, windows=windows)
+    else:
+        infinite_result = infinite.result(windows)
+    optimum = simulate(workload, capacity_blocks, BELADY, concurrency=concurrency, windows=windows) if belady else None
+    return SimReport(replay.result(windows), infinite_result, optimum)

@@ -1,15 +1,27 @@
-"""Sweeps of traces x policies x capacities, with the Belady and infinite-cache bounds at each capacity."""
+"""Sweeps of traces x policies x capacities, with the Belady and infinite-cache bounds at each capacity.
+
+A sweep is a list of independent cells (one replay each). `sweep` runs one trace's cells in this process;
+`run_cells_in_processes` and `run_cells_on_ray` run the cells of several traces in parallel, each worker
+loading a trace from its spec (a path, or `synthetic:KIND`) once, so no workload is pickled per cell.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
-from radixcache.simulate import BELADY, infinite_capacity, simulate
-from radixcache.simulate_workload import Workload
+from radixcache.errors import RadixCacheError
+from radixcache.simulate import BELADY, infinite_capacity, simulate, simulate_infinite
+from radixcache.simulate_workload import Workload, load_workload, token_workload
+from radixcache.synthetic import GENERATORS
+from radixcache.trace import FORMAT_KINDS, detect_format
 from radixcache.trace.stats import reuse_summary
 
 INFINITE = "infinite"
+SYNTHETIC = "synthetic:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +40,29 @@ class SweepRow:
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class SweepCell:
+    """One replay to make: trace `index` of the sweep (named `name`) at one policy and capacity."""
+
+    index: int
+    name: str
+    policy: str  # a policy, an oracle bound, or INFINITE (LRU at a capacity nothing fills)
+    capacity_blocks: int
+    capacity_fraction: float
+
+
+def load_trace(spec: str, page_size: int, block_size: int) -> tuple[str, Workload]:
+    """(name, workload) of a trace file or of `synthetic:KIND` (the generator's defaults, at `page_size`)."""
+    if spec.startswith(SYNTHETIC):
+        kind = spec[len(SYNTHETIC) :]
+        if kind not in GENERATORS:
+            raise RadixCacheError(f"{spec}: choose one of {SYNTHETIC}{f', {SYNTHETIC}'.join(GENERATORS)}")
+        return kind, token_workload(GENERATORS[kind](), page_size)
+    fmt = detect_format(spec)
+    page = None if FORMAT_KINDS[fmt] == "hash" else page_size
+    return Path(spec).stem, load_workload(spec, fmt, page_size=page, block_size=block_size)
+
+
 def capacities_for(workload: Workload, fractions: Sequence[float]) -> list[int]:
     """Capacities in blocks at the given fractions of the workload's unique blocks (at least 1 each)."""
     unique = reuse_summary(workload).unique_blocks
@@ -37,6 +72,43 @@ def capacities_for(workload: Workload, fractions: Sequence[float]) -> list[int]:
 def sweep_runs(policies: Sequence[str], capacities: Sequence[int], bounds: Sequence[str] = (BELADY,)) -> int:
     """How many replays `sweep` makes (for a progress bar)."""
     return 1 + len(capacities) * (len(policies) + len(bounds))
+
+
+def sweep_cells(
+    index: int,
+    name: str,
+    workload: Workload,
+    policies: Sequence[str],
+    capacities: Sequence[int],
+    bounds: Sequence[str] = (BELADY,),
+) -> list[SweepCell]:
+    """The cells of one trace, in row order: the infinite cache, then per capacity the bounds and policies."""
+    unique = max(1, reuse_summary(workload).unique_blocks)
+    cells = [SweepCell(index, name, INFINITE, infinite_capacity(workload), float("inf"))]
+    for capacity in capacities:
+        for policy in [*bounds, *policies]:
+            cells.append(SweepCell(index, name, policy, capacity, capacity / unique))
+    return cells
+
+
+def run_cell(cell: SweepCell, workload: Workload, concurrency: int = 1) -> SweepRow:
+    """Replay one cell; the same cell on the same workload gives the same row, bar `seconds`."""
+    if cell.policy == INFINITE:  # the same figures as a tree nothing fills, in a dict (simulate_infinite)
+        r = simulate_infinite(workload, concurrency=concurrency, windows=1)
+    else:
+        r = simulate(workload, cell.capacity_blocks, cell.policy, concurrency=concurrency, windows=1)
+    return SweepRow(
+        cell.name,
+        INFINITE if cell.policy == INFINITE else r.policy,
+        cell.capacity_blocks,
+        cell.capacity_fraction,
+        r.hit_rate,
+        r.block_hit_rate,
+        r.hit_tokens,
+        r.prompt_tokens,
+        r.evicted_blocks,
+        r.seconds,
+    )
 
 
 def sweep(
@@ -50,30 +122,75 @@ def sweep(
     progress: Callable[[int], None] | None = None,
 ) -> Iterator[SweepRow]:
     """Replay `workload` once per policy and capacity, once per oracle bound ("belady", "lru-dead") and
-    capacity, and once through an infinite cache (policy "infinite")."""
-    unique = max(1, reuse_summary(workload).unique_blocks)
-
-    def row(policy: str, capacity: int, fraction: float) -> SweepRow:
-        r = simulate(workload, capacity, policy, concurrency=concurrency, windows=1)
+    capacity, and once through an infinite cache (policy "infinite"), in this process."""
+    for cell in sweep_cells(0, name, workload, policies, capacities, bounds):
+        row = run_cell(cell, workload, concurrency)
         if progress is not None:
             progress(1)
-        return SweepRow(
-            name,
-            r.policy,
-            capacity,
-            fraction,
-            r.hit_rate,
-            r.block_hit_rate,
-            r.hit_tokens,
-            r.prompt_tokens,
-            r.evicted_blocks,
-            r.seconds,
-        )
+        yield row
 
-    yield replace(row("lru", infinite_capacity(workload), float("inf")), policy=INFINITE)
-    for capacity in capacities:
-        fraction = capacity / unique
-        for bound in bounds:
-            yield row(bound, capacity, fraction)
-        for policy in policies:
-            yield row(policy, capacity, fraction)
+
+class CellRunner:
+    """Runs cells in a worker: loads a trace from its spec on its first cell and keeps only the current one
+    (cells come trace by trace, so each worker loads each trace at most once)."""
+
+    def __init__(self, specs: Sequence[str], page_size: int, block_size: int, concurrency: int = 1) -> None:
+        self.specs = list(specs)
+        self.page_size = page_size
+        self.block_size = block_size
+        self.concurrency = concurrency
+        self._index = -1
+        self._workload: Workload | None = None
+
+    def run(self, cell: SweepCell) -> SweepRow:
+        if cell.index != self._index or self._workload is None:
+            self._workload = None  # free the previous trace before loading the next
+            self._workload = load_trace(self.specs[cell.index], self.page_size, self.block_size)[1]
+            self._index = cell.index
+        return run_cell(cell, self._workload, self.concurrency)
+
+
+_runner: CellRunner | None = None  # the worker process's own
+
+
+def _init_worker(specs: Sequence[str], page_size: int, block_size: int, concurrency: int) -> None:
+    global _runner
+    _runner = CellRunner(specs, page_size, block_size, concurrency)
+
+
+def _run_in_worker(cell: SweepCell) -> SweepRow:
+    assert _runner is not None, "the pool's initializer sets the runner"
+    return _runner.run(cell)
+
+
+def run_cells_in_processes(cells: Sequence[SweepCell], runner: CellRunner, workers: int) -> Iterator[SweepRow]:
+    """Run `cells` on `workers` fresh processes, each loading traces as `runner` says; rows in cell order."""
+    context = multiprocessing.get_context("spawn")  # no fork of a threaded parent (the progress bar)
+    init = (runner.specs, runner.page_size, runner.block_size, runner.concurrency)
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=init) as pool:
+        yield from pool.map(_run_in_worker, cells)
+
+
+def ray_workers(address: str | None, workers: int | None) -> int:
+    """Connect to Ray (start a local instance when `address` is None); `workers`, or the cluster's CPUs."""
+    import ray
+
+    ray.init(address=address)
+    return workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def run_cells_on_ray(cells: Sequence[SweepCell], runner: CellRunner, workers: int) -> Iterator[SweepRow]:
+    """Run `cells` on `workers` Ray actors (one CPU each, each a CellRunner) after `ray_workers`; rows in order.
+
+    Every node needs radixcache installed and the trace files at the same paths.
+    """
+    import ray
+    from ray.util import ActorPool
+
+    actor = ray.remote(num_cpus=1)(CellRunner)
+    args = (runner.specs, runner.page_size, runner.block_size, runner.concurrency)
+    pool = ActorPool([actor.remote(*args) for _ in range(workers)])
+    try:
+        yield from pool.map(lambda a, cell: a.run.remote(cell), cells)
+    finally:
+        ray.shutdown()

@@ -1,9 +1,14 @@
-"""Seeded synthetic token workloads. The same arguments always give the same requests."""
+"""Seeded synthetic token workloads. The same arguments always give the same requests.
+
+Every generator validates its arguments when called and returns an iterator that makes requests as they are
+consumed, in arrival order: memory holds the conversations (agents, batches) still running, not the trace.
+"""
 
 from __future__ import annotations
 
+import heapq
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from radixcache.records import TokenRequest
@@ -18,6 +23,31 @@ def _around(rng: random.Random, mean: int) -> int:
     return max(1, rng.randint(mean // 2, mean + mean // 2))
 
 
+def _next_gap(rng: random.Random, mean_ms: float) -> float:
+    return rng.expovariate(1.0 / mean_ms) if mean_ms > 0 else 0.0
+
+
+#: a unit's requests keyed for arrival order: (key..., request), keys unique
+Keyed = tuple
+#: (floor, keyed requests): no request of this or any later unit has a key below floor
+Unit = tuple[tuple, list[Keyed]]
+
+
+def _in_key_order(units: Iterable[Unit]) -> Iterator[TokenRequest]:
+    """Merge units (a conversation's turns, a batch) into key order, as a full sort of every request would.
+
+    Requests keyed below the next unit's floor are final and leave; the heap holds only units still running.
+    """
+    heap: list[Keyed] = []
+    for floor, keyed in units:
+        while heap and heap[0][:-1] < floor:
+            yield heapq.heappop(heap)[-1]
+        for item in keyed:
+            heapq.heappush(heap, item)
+    while heap:
+        yield heapq.heappop(heap)[-1]
+
+
 def multi_turn_chat(
     conversations: int = 200,
     system_prompts: int = 5,
@@ -29,43 +59,37 @@ def multi_turn_chat(
     mean_think_ms: float = 5000.0,
     vocab: int = 32000,
     seed: int = 0,
-) -> list[TokenRequest]:
+) -> Iterator[TokenRequest]:
     """Multi-turn chats over shared system prompts, with interleaved arrivals.
 
     Conversations start as a Poisson process (`mean_interarrival_ms`). Each picks one of `system_prompts`
     shared prompts and runs a number of turns drawn from `turns` (inclusive). Turn i's prompt is the system
     prompt plus the whole history: every earlier user message and assistant reply, then the new user
-    message. The next turn arrives after an exponential think time. Requests come back in arrival order
+    message. The next turn arrives after an exponential think time. Requests are yielded in arrival order
     (ties by conversation and turn), each with its recorded reply as `output_tokens`.
     """
     if conversations < 0 or system_prompts < 1 or turns[0] < 1 or turns[1] < turns[0]:
         raise ValueError("multi_turn_chat: need conversations >= 0, system_prompts >= 1, 1 <= turns[0] <= turns[1]")
-    rng = random.Random(seed)
-    systems = [_tokens(rng, system_tokens, vocab) for _ in range(system_prompts)]
-    timed: list[tuple[float, int, int, TokenRequest]] = []
-    start = 0.0
-    for conv in range(conversations):
-        start += rng.expovariate(1.0 / mean_interarrival_ms) if mean_interarrival_ms > 0 else 0.0
-        history = systems[rng.randrange(system_prompts)]
-        t = start
-        for turn in range(rng.randint(*turns)):
-            prompt = history + _tokens(rng, _around(rng, user_tokens), vocab)
-            reply = _tokens(rng, _around(rng, assistant_tokens), vocab)
-            request = TokenRequest(round(t, 3), prompt, len(reply), session=f"chat-{conv}", output_tokens=reply)
-            timed.append((t, conv, turn, request))
-            history = prompt + reply
-            t += rng.expovariate(1.0 / mean_think_ms) if mean_think_ms > 0 else 0.0
-    timed.sort(key=lambda item: item[:3])
-    return [item[3] for item in timed]
 
+    def chats() -> Iterator[Unit]:
+        rng = random.Random(seed)
+        systems = [_tokens(rng, system_tokens, vocab) for _ in range(system_prompts)]
+        start = 0.0
+        for conv in range(conversations):
+            start += _next_gap(rng, mean_interarrival_ms)
+            history = systems[rng.randrange(system_prompts)]
+            t = start
+            keyed: list[Keyed] = []
+            for turn in range(rng.randint(*turns)):
+                prompt = history + _tokens(rng, _around(rng, user_tokens), vocab)
+                reply = _tokens(rng, _around(rng, assistant_tokens), vocab)
+                request = TokenRequest(round(t, 3), prompt, len(reply), session=f"chat-{conv}", output_tokens=reply)
+                keyed.append((t, conv, turn, request))
+                history = prompt + reply
+                t += _next_gap(rng, mean_think_ms)
+            yield (start, conv, 0), keyed
 
-def _timed_sorted(timed: list[tuple]) -> list[TokenRequest]:
-    timed.sort(key=lambda item: item[:-1])
-    return [item[-1] for item in timed]
-
-
-def _next_gap(rng: random.Random, mean_ms: float) -> float:
-    return rng.expovariate(1.0 / mean_ms) if mean_ms > 0 else 0.0
+    return _in_key_order(chats())
 
 
 def agent_loops(
@@ -83,42 +107,46 @@ def agent_loops(
     mean_step_ms: float = 3000.0,
     vocab: int = 32000,
     seed: int = 0,
-) -> list[TokenRequest]:
+) -> Iterator[TokenRequest]:
     """Tool-using agents: a long shared tool/system prompt, a scratchpad that grows each step, and fan-out.
 
     Agents start as a Poisson process. Each uses one of `tool_prompts` shared tool prompts plus its own task.
     Step i's prompt is tools + task + scratchpad; its recorded output is the next action, and the scratchpad
     grows by that action and an observation. With probability `fanout_prob` a step instead fans out into
     parallel branches (same arrival time, same prefix, a short distinct instruction each), and the scratchpad
-    grows by every branch's output. Requests come back in arrival order.
+    grows by every branch's output. Requests are yielded in arrival order.
     """
     if agents < 0 or tool_prompts < 1 or steps[0] < 1 or steps[1] < steps[0] or fanout[0] < 1 or fanout[1] < fanout[0]:
         raise ValueError("agent_loops: need agents >= 0, tool_prompts >= 1, 1 <= steps[0] <= steps[1], fanout likewise")
-    rng = random.Random(seed)
-    tools = [_tokens(rng, tool_tokens, vocab) for _ in range(tool_prompts)]
-    timed: list[tuple] = []
-    start = 0.0
-    for agent in range(agents):
-        start += _next_gap(rng, mean_interarrival_ms)
-        context = tools[rng.randrange(tool_prompts)] + _tokens(rng, _around(rng, task_tokens), vocab)
-        t = start
-        for step in range(rng.randint(*steps)):
-            if rng.random() < fanout_prob:
-                merged: tuple[int, ...] = ()
-                for branch in range(rng.randint(*fanout)):
-                    prompt = context + _tokens(rng, _around(rng, branch_tokens), vocab)
+
+    def loops() -> Iterator[Unit]:
+        rng = random.Random(seed)
+        tools = [_tokens(rng, tool_tokens, vocab) for _ in range(tool_prompts)]
+        start = 0.0
+        for agent in range(agents):
+            start += _next_gap(rng, mean_interarrival_ms)
+            context = tools[rng.randrange(tool_prompts)] + _tokens(rng, _around(rng, task_tokens), vocab)
+            t = start
+            keyed: list[Keyed] = []
+            for step in range(rng.randint(*steps)):
+                if rng.random() < fanout_prob:
+                    merged: tuple[int, ...] = ()
+                    for branch in range(rng.randint(*fanout)):
+                        prompt = context + _tokens(rng, _around(rng, branch_tokens), vocab)
+                        out = _tokens(rng, _around(rng, action_tokens), vocab)
+                        request = TokenRequest(round(t, 3), prompt, len(out), f"agent-{agent}", output_tokens=out)
+                        keyed.append((t, agent, step, branch, request))
+                        merged += out
+                    context = context + merged
+                else:
                     out = _tokens(rng, _around(rng, action_tokens), vocab)
-                    request = TokenRequest(round(t, 3), prompt, len(out), f"agent-{agent}", output_tokens=out)
-                    timed.append((t, agent, step, branch, request))
-                    merged += out
-                context = context + merged
-            else:
-                out = _tokens(rng, _around(rng, action_tokens), vocab)
-                request = TokenRequest(round(t, 3), context, len(out), f"agent-{agent}", output_tokens=out)
-                timed.append((t, agent, step, 0, request))
-                context = context + out + _tokens(rng, _around(rng, observation_tokens), vocab)
-            t += _next_gap(rng, mean_step_ms)
-    return _timed_sorted(timed)
+                    request = TokenRequest(round(t, 3), context, len(out), f"agent-{agent}", output_tokens=out)
+                    keyed.append((t, agent, step, 0, request))
+                    context = context + out + _tokens(rng, _around(rng, observation_tokens), vocab)
+                t += _next_gap(rng, mean_step_ms)
+            yield (start, agent, 0, 0), keyed
+
+    return _in_key_order(loops())
 
 
 def rag(
@@ -134,38 +162,41 @@ def rag(
     mean_interarrival_ms: float = 100.0,
     vocab: int = 32000,
     seed: int = 0,
-) -> list[TokenRequest]:
+) -> Iterator[TokenRequest]:
     """Retrieval-augmented queries: a shared system prompt, then shared documents in varying order, then a question.
 
     Documents are retrieved with Zipf popularity (exponent `zipf`), several per query without repeats, and put
     in the prompt ordered by a noisy relevance score (rank plus Gaussian noise of `order_noise` ranks), so the
-    same documents often appear in a different order and share only a part of the prefix. Poisson arrivals.
+    same documents often appear in a different order and share only a part of the prefix. Poisson arrivals,
+    so queries are yielded as they are made.
     """
     lo, hi = docs_per_query
     if queries < 0 or documents < 1 or lo < 1 or hi < lo or hi > documents:
         raise ValueError("rag: need queries >= 0, 1 <= docs_per_query[0] <= docs_per_query[1] <= documents")
-    rng = random.Random(seed)
-    system = _tokens(rng, system_tokens, vocab)
-    docs = [_tokens(rng, _around(rng, doc_tokens), vocab) for _ in range(documents)]
-    weights = [1.0 / (rank + 1) ** zipf for rank in range(documents)]
-    out_requests = []
-    t = 0.0
-    for query in range(queries):
-        t += _next_gap(rng, mean_interarrival_ms)
-        chosen: list[int] = []
-        want = rng.randint(lo, hi)
-        while len(chosen) < want:
-            doc = rng.choices(range(documents), weights)[0]
-            if doc not in chosen:
-                chosen.append(doc)
-        chosen.sort(key=lambda d: d + rng.gauss(0.0, order_noise))
-        prompt = system
-        for doc in chosen:
-            prompt += docs[doc]
-        prompt += _tokens(rng, _around(rng, question_tokens), vocab)
-        answer = _tokens(rng, _around(rng, answer_tokens), vocab)
-        out_requests.append(TokenRequest(round(t, 3), prompt, len(answer), f"rag-{query}", output_tokens=answer))
-    return out_requests
+
+    def queried() -> Iterator[TokenRequest]:
+        rng = random.Random(seed)
+        system = _tokens(rng, system_tokens, vocab)
+        docs = [_tokens(rng, _around(rng, doc_tokens), vocab) for _ in range(documents)]
+        weights = [1.0 / (rank + 1) ** zipf for rank in range(documents)]
+        t = 0.0
+        for query in range(queries):
+            t += _next_gap(rng, mean_interarrival_ms)
+            chosen: list[int] = []
+            want = rng.randint(lo, hi)
+            while len(chosen) < want:
+                doc = rng.choices(range(documents), weights)[0]
+                if doc not in chosen:
+                    chosen.append(doc)
+            chosen.sort(key=lambda d: d + rng.gauss(0.0, order_noise))
+            prompt = system
+            for doc in chosen:
+                prompt += docs[doc]
+            prompt += _tokens(rng, _around(rng, question_tokens), vocab)
+            answer = _tokens(rng, _around(rng, answer_tokens), vocab)
+            yield TokenRequest(round(t, 3), prompt, len(answer), f"rag-{query}", output_tokens=answer)
+
+    return queried()
 
 
 def few_shot(
@@ -182,40 +213,51 @@ def few_shot(
     mean_interarrival_ms: float = 1000.0,
     vocab: int = 32000,
     seed: int = 0,
-) -> list[TokenRequest]:
+) -> Iterator[TokenRequest]:
     """Few-shot batches: a task instruction and k examples shared by a batch of queries sent together.
 
     Each batch picks one of `tasks` tasks. With probability `fixed_shots_prob` it uses the task's canonical
     first k examples in order (shared with other batches of the task), otherwise k examples sampled from the
-    task's pool of `pool`, in random order. Every query of the batch arrives within a few milliseconds.
+    task's pool of `pool`, in random order. Query i of a batch arrives i ms after the batch, so close batches
+    interleave; requests are yielded by timestamp, ties in batch order.
     """
     if batches < 0 or tasks < 1 or shots[0] < 0 or shots[1] < shots[0] or shots[1] > pool:
         raise ValueError("few_shot: need batches >= 0, tasks >= 1, 0 <= shots[0] <= shots[1] <= pool")
     if batch_size[0] < 1 or batch_size[1] < batch_size[0]:
         raise ValueError("few_shot: need 1 <= batch_size[0] <= batch_size[1]")
-    rng = random.Random(seed)
-    instructions = [_tokens(rng, instruction_tokens, vocab) for _ in range(tasks)]
-    examples = [[_tokens(rng, _around(rng, example_tokens), vocab) for _ in range(pool)] for _ in range(tasks)]
-    out_requests = []
-    t = 0.0
-    for batch in range(batches):
-        t += _next_gap(rng, mean_interarrival_ms)
-        task = rng.randrange(tasks)
-        k = rng.randint(*shots)
-        picked = list(range(k)) if rng.random() < fixed_shots_prob else rng.sample(range(pool), k)
-        prefix = instructions[task]
-        for example in picked:
-            prefix += examples[task][example]
-        for i in range(rng.randint(*batch_size)):
-            prompt = prefix + _tokens(rng, _around(rng, query_tokens), vocab)
-            answer = _tokens(rng, _around(rng, answer_tokens), vocab)
-            request = TokenRequest(round(t + i, 3), prompt, len(answer), f"fewshot-{batch}", output_tokens=answer)
-            out_requests.append(request)
-    out_requests.sort(key=lambda r: r.timestamp_ms)  # stable: batches stay in order on ties
-    return out_requests
+
+    def batched() -> Iterator[Unit]:
+        rng = random.Random(seed)
+        instructions = [_tokens(rng, instruction_tokens, vocab) for _ in range(tasks)]
+        examples = [[_tokens(rng, _around(rng, example_tokens), vocab) for _ in range(pool)] for _ in range(tasks)]
+        t = 0.0
+        for batch in range(batches):
+            t += _next_gap(rng, mean_interarrival_ms)
+            task = rng.randrange(tasks)
+            k = rng.randint(*shots)
+            picked = list(range(k)) if rng.random() < fixed_shots_prob else rng.sample(range(pool), k)
+            prefix = instructions[task]
+            for example in picked:
+                prefix += examples[task][example]
+            keyed: list[Keyed] = []
+            for i in range(rng.randint(*batch_size)):
+                prompt = prefix + _tokens(rng, _around(rng, query_tokens), vocab)
+                answer = _tokens(rng, _around(rng, answer_tokens), vocab)
+                stamp = round(t + i, 3)
+                keyed.append(
+                    (
+                        stamp,
+                        batch,
+                        i,
+                        TokenRequest(stamp, prompt, len(answer), f"fewshot-{batch}", output_tokens=answer),
+                    )
+                )
+            yield (round(t, 3), batch, 0), keyed
+
+    return _in_key_order(batched())
 
 
 #: generator name -> function, for the CLI and the sweep
-GENERATORS: Mapping[str, Callable[..., list[TokenRequest]]] = MappingProxyType(
+GENERATORS: Mapping[str, Callable[..., Iterator[TokenRequest]]] = MappingProxyType(
     {"chat": multi_turn_chat, "agent": agent_loops, "rag": rag, "few-shot": few_shot}
 )

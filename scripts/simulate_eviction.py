@@ -4,7 +4,8 @@
 Each TRACE is a trace file (token JSONL/msgpack, or a Mooncake hash-block trace) or `synthetic:KIND` for a
 seeded synthetic workload (chat, agent, rag, few-shot). Capacities are fractions of each trace's unique blocks
 (what an infinite cache ends up holding), so traces of any size share one x axis. Belady's optimum and the
-infinite cache are the bounds.
+infinite cache are the bounds. The cells (one replay each) run in parallel: on --workers local processes
+(default: every core; 1 runs them here, one after another), or with --ray as Ray actors.
 
 Example:
   .venv/bin/python scripts/simulate_eviction.py ../shared/traces/mooncake_synthetic_trace.jsonl \\
@@ -15,8 +16,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
+import os
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -25,10 +29,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from radixcache.errors import RadixCacheError
 from radixcache.policies import ALL_POLICIES
 from radixcache.simulate import BELADY, DEAD_LRU
-from radixcache.simulate_sweep import INFINITE, SweepRow, capacities_for, sweep, sweep_runs
-from radixcache.simulate_workload import Workload, load_workload, token_workload
+from radixcache.simulate_sweep import (
+    INFINITE,
+    SYNTHETIC,
+    CellRunner,
+    SweepCell,
+    SweepRow,
+    capacities_for,
+    load_trace,
+    ray_workers,
+    run_cell,
+    run_cells_in_processes,
+    run_cells_on_ray,
+    sweep_cells,
+)
+from radixcache.simulate_workload import Workload
 from radixcache.synthetic import GENERATORS
-from radixcache.trace import FORMAT_KINDS, detect_format
 
 DEFAULT_FRACTIONS = "0.01,0.02,0.05,0.1,0.2,0.4,0.7"
 BOUND_STYLES = {
@@ -38,18 +54,23 @@ BOUND_STYLES = {
 
 
 def load(spec: str, page_size: int, block_size: int) -> tuple[str, Workload]:
-    if spec.startswith("synthetic:"):
-        kind = spec.split(":", 1)[1]
-        if kind not in GENERATORS:
-            raise click.BadParameter(f"{spec}: choose one of synthetic:{', synthetic:'.join(GENERATORS)}")
-        return kind, token_workload(GENERATORS[kind](), page_size)
+    if spec.startswith(SYNTHETIC) and spec[len(SYNTHETIC) :] not in GENERATORS:
+        raise click.BadParameter(f"{spec}: choose one of {SYNTHETIC}{f', {SYNTHETIC}'.join(GENERATORS)}")
     try:
-        fmt = detect_format(spec)
-        page = None if FORMAT_KINDS[fmt] == "hash" else page_size
-        workload = load_workload(spec, fmt, page_size=page, block_size=block_size)
+        return load_trace(spec, page_size, block_size)
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
-    return Path(spec).stem, workload
+
+
+def run(
+    cells: list[SweepCell], loaded: list[tuple[str, Workload]], runner: CellRunner, workers: int, ray: bool
+) -> Iterator[SweepRow]:
+    """The cells' rows in order: here (one worker), on local processes, or on Ray (already initialised)."""
+    if ray:
+        return run_cells_on_ray(cells, runner, workers)
+    if workers == 1:
+        return (run_cell(cell, loaded[cell.index][1], runner.concurrency) for cell in cells)
+    return run_cells_in_processes(cells, runner, workers)
 
 
 def write_csv(rows: list[SweepRow], path: Path) -> None:
@@ -141,7 +162,12 @@ def plot(rows: list[SweepRow], policies: list[str], bounds: list[str], path: Pat
 )
 @click.option("--page-size", default=16, show_default=True, type=click.IntRange(min=1), help="Page of token traces.")
 @click.option("--block-size", default=512, show_default=True, type=click.IntRange(min=1), help="Mooncake block.")
-@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(min=1), help="Requests in flight.")
+@click.option(
+    "--workers", type=click.IntRange(min=1), help="Cells at a time, one process each [default: every core]; 1: here."
+)
+@click.option("--ray", "use_ray", is_flag=True, help="Run the cells as Ray actors (pip install ray).")
+@click.option("--ray-address", help="With --ray: the cluster to join (e.g. auto) [default: start a local one].")
 @click.option("--out", default="results/eviction", show_default=True, type=click.Path(file_okay=False))
 @click.option("--dead-bound", is_flag=True, help="Also replay lru-dead: LRU told which blocks are never reused.")
 @click.option("--no-plot", is_flag=True, help="Skip the matplotlib plot.")
@@ -152,6 +178,9 @@ def main(
     page_size: int,
     block_size: int,
     concurrency: int,
+    workers: int | None,
+    use_ray: bool,
+    ray_address: str | None,
     out: str,
     dead_bound: bool,
     no_plot: bool,
@@ -170,27 +199,22 @@ def main(
         fracs = [float(f) for f in fractions.split(",") if f.strip()]
     except ValueError:
         raise click.BadParameter(f"--fractions {fractions!r}: expected numbers like 0.05,0.1") from None
-    loaded = [load(spec, page_size, block_size) for spec in traces]
-    plans = [(name, w, capacities_for(w, fracs)) for name, w in loaded]
+    if use_ray and importlib.util.find_spec("ray") is None:
+        raise click.ClickException("--ray needs Ray, which is not installed: pip install ray")
     bounds = [BELADY, DEAD_LRU] if dead_bound else [BELADY]
-    total = sum(sweep_runs(names, caps, bounds) for _, _, caps in plans)
-    rows: list[SweepRow] = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, transient=True) as progress:
-        task = progress.add_task("sweeping", total=total)
-        for name, workload, caps in plans:
-            progress.update(task, description=f"sweeping {name}")
-            rows.extend(
-                sweep(
-                    name,
-                    workload,
-                    names,
-                    caps,
-                    bounds=bounds,
-                    concurrency=concurrency,
-                    progress=lambda n: progress.advance(task, n),
-                )
-            )
+    loaded = [load(spec, page_size, block_size) for spec in traces]
+    cells = [
+        cell
+        for index, (name, w) in enumerate(loaded)
+        for cell in sweep_cells(index, name, w, names, capacities_for(w, fracs), bounds)
+    ]
+    workers = min(ray_workers(ray_address, workers) if use_ray else workers or os.cpu_count() or 1, len(cells))
+    if workers > 1 or use_ray:
+        loaded = []  # each worker loads its own copy
+    where = "Ray actors" if use_ray else "worker processes" if workers > 1 else "worker (this process)"
+    click.echo(f"{len(cells)} replays on {workers} {where}", err=True)
+    runner = CellRunner(traces, page_size, block_size, concurrency)
+    rows = collect(run(cells, loaded, runner, workers, use_ray), len(cells))
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out_dir / "sweep.csv")
@@ -200,6 +224,18 @@ def main(
         plot(rows, names, bounds, out_dir / "sweep.png")
     sys.stdout.write(table + "\n")
     click.echo(f"wrote {out_dir / 'sweep.csv'}, sweep.md" + ("" if no_plot else ", sweep.png"), err=True)
+
+
+def collect(rows: Iterator[SweepRow], total: int) -> list[SweepRow]:
+    """The rows, under a progress bar."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    out: list[SweepRow] = []
+    with Progress(*columns, transient=True) as progress:
+        task = progress.add_task("sweeping", total=total)
+        for row in rows:
+            out.append(row)
+            progress.update(task, advance=1, description=f"sweeping {row.trace}")
+    return out
 
 
 if __name__ == "__main__":

@@ -87,3 +87,19 @@ def test_a_bad_line_is_named_before_the_rest_of_the_file_is_read(tmp_path: Path)
     path.write_bytes(_hash_line(1, [1]).encode() + b'{"timestamp": \xff}\n')
     with pytest.raises(TraceError, match=r"bad\.jsonl:2: not UTF-8"):
         simulate(open_source(str(path)), 10)
+
+
+def test_ids_that_are_not_chained_hashes_fall_back_to_chained_keys(tmp_path: Path) -> None:
+    path = tmp_path / "reused.jsonl"
+    rows = [[1, 2], [3, 2], [3, 2, 5], [2], [2, 2], [2, 2, 7], [1, 2, 9]]  # id 2 after 1, after 3, after root...
+    path.write_text("".join(_hash_line(t, ids) for t, ids in enumerate(rows)))
+    memory = load_workload(str(path))
+    tree = simulate(memory, infinite_capacity(memory))
+    for concurrency in (1, 2):
+        same(
+            simulate_infinite(open_source(str(path)), concurrency=concurrency),
+            simulate(memory, infinite_capacity(memory), concurrency=concurrency),
+        )
+    assert tree.hit_blocks == 2 + 1 + 2 + 2  # [3,2,(5)] [2,(2)] [2,2,(7)] [1,2,(9)]
+    report = evaluate(open_source(str(path)), 3)
+    same(report.infinite, tree)

@@ -6,6 +6,7 @@ import csv
 import importlib.util
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from radixcache.records import TokenRequest
@@ -22,12 +23,20 @@ def load_script():
     return module
 
 
+def tiny_trace(tmp_path: Path, name: str = "tiny", shared: int = 3) -> Path:
+    trace = tmp_path / f"{name}.jsonl"
+    write_token_jsonl(trace, [TokenRequest(i, (i % shared, 1, 2, 3, 4, 5, 6, 7), 0) for i in range(40)])
+    return trace
+
+
 def test_sweep_writes_csv_markdown_and_plot(tmp_path: Path) -> None:
-    trace = tmp_path / "tiny.jsonl"
-    write_token_jsonl(trace, [TokenRequest(i, (i % 3, 1, 2, 3, 4, 5, 6, 7), 0) for i in range(40)])
+    trace = tiny_trace(tmp_path)
     args = [str(trace), "--policy", "lru", "--policy", "reuse", "--fractions", "0.2,0.5", "--page-size", "2"]
-    result = CliRunner().invoke(load_script().main, [*args, "--dead-bound", "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        load_script().main, [*args, "--dead-bound", "--workers", "1", "--out", str(tmp_path / "out")]
+    )
     assert result.exit_code == 0, result.output
+    assert "9 replays on 1 worker (this process)" in result.stderr
     rows = list(csv.DictReader((tmp_path / "out" / "sweep.csv").read_text().splitlines()))
     assert {r["policy"] for r in rows} == {"lru", "reuse", "belady", "lru-dead", "infinite"}
     assert len(rows) == 1 + 2 * 4
@@ -40,3 +49,28 @@ def test_sweep_refuses_unknown_policies_and_workloads(tmp_path: Path) -> None:
     main = load_script().main
     assert CliRunner().invoke(main, ["synthetic:nope", "--out", str(tmp_path)]).exit_code != 0
     assert CliRunner().invoke(main, ["synthetic:chat", "--policy", "nope", "--out", str(tmp_path)]).exit_code != 0
+
+
+def sweep_rows(tmp_path: Path, traces: list[str], workers: int) -> list[dict]:
+    out = tmp_path / f"out{workers}"
+    args = [*traces, "--policy", "lru", "--policy", "reuse", "--fractions", "0.2,0.5", "--page-size", "2"]
+    result = CliRunner().invoke(load_script().main, [*args, "--workers", str(workers), "--no-plot", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"on {workers} worker" in result.stderr
+    rows = list(csv.DictReader((out / "sweep.csv").read_text().splitlines()))
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+
+
+def test_parallel_sweep_gives_the_sequential_rows_in_order(tmp_path: Path) -> None:
+    traces = [str(tiny_trace(tmp_path)), str(tiny_trace(tmp_path, "other", shared=7))]
+    sequential = sweep_rows(tmp_path, traces, 1)
+    assert len(sequential) == 2 * (1 + 2 * 3)
+    assert sweep_rows(tmp_path, traces, 2) == sequential
+
+
+def test_ray_without_ray_installed_says_how_to_install_it(tmp_path: Path) -> None:
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("ray is installed")
+    result = CliRunner().invoke(load_script().main, ["synthetic:chat", "--ray", "--out", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "pip install ray" in result.output

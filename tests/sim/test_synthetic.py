@@ -1,17 +1,19 @@
-"""Synthetic workloads: seeded, deterministic, in arrival order, and shaped as their docstrings say."""
+"""Synthetic workloads: seeded, deterministic, in arrival order, streamed, and shaped as their docstrings say."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import tracemalloc
+from collections.abc import Callable, Iterable
 
 import pytest
 
 from radixcache.synthetic import GENERATORS, agent_loops, few_shot, multi_turn_chat, rag
 
 
-def digest(requests: list) -> str:
-    return hashlib.sha1(repr(requests).encode()).hexdigest()
+def digest(requests: Iterable) -> str:
+    return hashlib.sha1(repr(list(requests)).encode()).hexdigest()
 
 
 def test_multi_turn_chat_output_is_unchanged() -> None:
@@ -19,14 +21,68 @@ def test_multi_turn_chat_output_is_unchanged() -> None:
     assert digest(multi_turn_chat()) == "8aa1bef5f94f456e94dd4235c290a92ba91cd49e"
 
 
+# Pinned from the earlier list-then-sort generators: streaming them changed no request and no order, ties
+# (zero gaps, overlapping few-shot batches) included.
+PINNED = [
+    (
+        lambda: multi_turn_chat(conversations=30, mean_interarrival_ms=0, mean_think_ms=0, system_tokens=20, seed=1),
+        "f36c251f1649735d9fd0962591eb2c227ed9ea11",
+    ),
+    (lambda: agent_loops(agents=40, tool_tokens=200, seed=2), "1751d4334103c31a8c54609d12d53e37ac816d53"),
+    (
+        lambda: agent_loops(agents=20, tool_tokens=50, mean_interarrival_ms=0, mean_step_ms=0, fanout_prob=0.5, seed=3),
+        "c2dff97070e932cf4438f9ebac088bf643b59327",
+    ),
+    (lambda: rag(queries=300, seed=4), "70e47d6a88876b62d84856e0db1a723715993866"),
+    (lambda: few_shot(seed=5), "9b8c4842dc67260eaaf9cf0aadde72c58c02772f"),
+    (lambda: few_shot(batches=200, mean_interarrival_ms=5.0, seed=6), "8088097f0e38925d6fb480fae672ac292848c2f2"),
+]
+
+
+@pytest.mark.parametrize(("make", "expected"), PINNED)
+def test_streamed_output_equals_the_sorted_list_it_replaced(make: Callable[[], Iterable], expected: str) -> None:
+    assert digest(make()) == expected
+
+
 @pytest.mark.parametrize("name", sorted(GENERATORS))
 def test_generators_are_seeded_and_in_arrival_order(name: str) -> None:
     make = GENERATORS[name]
-    a, b, c = make(seed=5), make(seed=5), make(seed=6)
+    a, b, c = list(make(seed=5)), list(make(seed=5)), list(make(seed=6))
     assert digest(a) == digest(b) != digest(c)
     stamps = [r.timestamp_ms for r in a]
     assert stamps == sorted(stamps)
     assert all(r.output_tokens is not None and len(r.output_tokens) == r.output_length for r in a)
+
+
+def peak_bytes(requests: Iterable) -> int:
+    """Peak traced memory while consuming `requests` one at a time (checking arrival order)."""
+    tracemalloc.start()
+    try:
+        last = float("-inf")
+        for r in requests:
+            assert r.timestamp_ms >= last
+            last = r.timestamp_ms
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+SMALL_CHAT = {"system_tokens": 20, "user_tokens": 4, "assistant_tokens": 4, "turns": (2, 6)}
+SMALL_AGENT = {"tool_tokens": 20, "task_tokens": 4, "action_tokens": 4, "observation_tokens": 4, "branch_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda n: multi_turn_chat(conversations=n, **SMALL_CHAT),
+        lambda n: agent_loops(agents=n // 2, steps=(2, 5), mean_interarrival_ms=200, **SMALL_AGENT),
+    ],
+    ids=["chat", "agent"],
+)
+def test_generators_stream_in_constant_memory(make: Callable[[int], Iterable]) -> None:
+    peak_bytes(make(10))  # warm-up
+    small, large = peak_bytes(make(500)), peak_bytes(make(5_000))
+    assert large < 2 * small, (small, large)  # ten times the requests, about the same memory: the live ones
 
 
 def common_prefix(a: tuple, b: tuple) -> int:
@@ -37,7 +93,7 @@ def common_prefix(a: tuple, b: tuple) -> int:
 
 
 def test_agent_fan_out_branches_arrive_together_and_share_the_prefix() -> None:
-    requests = agent_loops(agents=20, fanout_prob=1.0, fanout=(3, 3), steps=(2, 2), tool_tokens=100, seed=1)
+    requests = list(agent_loops(agents=20, fanout_prob=1.0, fanout=(3, 3), steps=(2, 2), tool_tokens=100, seed=1))
     by_agent: dict[str, list] = {}
     for r in requests:
         by_agent.setdefault(r.session, []).append(r)
@@ -53,7 +109,7 @@ def test_agent_fan_out_branches_arrive_together_and_share_the_prefix() -> None:
 
 
 def test_agent_scratchpad_grows_each_step() -> None:
-    requests = agent_loops(agents=1, fanout_prob=0.0, steps=(5, 5), seed=2)
+    requests = list(agent_loops(agents=1, fanout_prob=0.0, steps=(5, 5), seed=2))
     lengths = [len(r.tokens) for r in requests]
     assert lengths == sorted(lengths) and len(set(lengths)) == 5
     for before, after in itertools.pairwise(requests):
@@ -61,14 +117,14 @@ def test_agent_scratchpad_grows_each_step() -> None:
 
 
 def test_rag_shares_documents_in_varying_order() -> None:
-    requests = rag(queries=200, documents=20, docs_per_query=(3, 3), doc_tokens=50, system_tokens=10, seed=3)
+    requests = list(rag(queries=200, documents=20, docs_per_query=(3, 3), doc_tokens=50, system_tokens=10, seed=3))
     firsts = {r.tokens[10:60] for r in requests}  # the first document after the system prompt
     assert 1 < len(firsts) < 20
     assert all(r.tokens[:10] == requests[0].tokens[:10] for r in requests)
 
 
 def test_few_shot_batches_share_instruction_and_shots() -> None:
-    requests = few_shot(batches=5, batch_size=(4, 4), shots=(2, 2), instruction_tokens=30, seed=4)
+    requests = list(few_shot(batches=5, batch_size=(4, 4), shots=(2, 2), instruction_tokens=30, seed=4))
     assert len(requests) == 20
     for start in range(0, 20, 4):
         batch = requests[start : start + 4]
@@ -77,6 +133,9 @@ def test_few_shot_batches_share_instruction_and_shots() -> None:
 
 
 def test_bad_arguments_are_refused() -> None:
+    # on the call, before any request is made (the CLI reports them before it opens the output file)
+    with pytest.raises(ValueError):
+        multi_turn_chat(turns=(0, 2))
     with pytest.raises(ValueError):
         agent_loops(steps=(3, 2))
     with pytest.raises(ValueError):
