@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 from array import array
 from collections.abc import Hashable, Iterator, Sequence
-from heapq import heapify, heappop, heappush
+from heapq import heapify, heappop, heappush, heapreplace
 from itertools import count
 from math import gcd
 from operator import attrgetter
@@ -459,6 +459,18 @@ class RadixCache:
             blocks = leaf.blocks
             size = len(blocks)
             evictions += 1
+            if size > 1 and policy.ranks_by_extent:
+                # A policy that ranks a leaf by the blocks it holds (Belady): its deepest block goes alone, since
+                # the new deepest one may be needed sooner than another leaf's; the leaf is re-ranked in place.
+                free.append(blocks.pop())
+                del leaf.key[(size - 1) * p :]
+                freed += 1
+                new_priority = policy.priority(leaf)
+                if new_priority != priority:
+                    entry = (new_priority, leaf.uid, next(self._seq), leaf)
+                    leaf.evict_key = entry
+                    heapreplace(heap, entry)  # the top entry out, the re-ranked one in: one sift
+                continue
             if n - freed >= size:  # the whole leaf goes (the inlined _detach)
                 heappop(heap)  # the entry just read
                 leaf.evict_key = None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Union
 from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
-from radixcache.simulate_oracle import DeadBlockLRU, NextUseOracle
+from radixcache.simulate_oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
 from radixcache.simulate_workload import SimRequest, Workload
 
 if TYPE_CHECKING:
@@ -191,7 +191,9 @@ class CacheReplay:
             raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
         self.oracle = None
         if policy in ORACLE_POLICIES:
-            self.oracle = NextUseOracle(workload, capacity_blocks)
+            self.oracle = ChainedNextUseOracle.build(workload, capacity_blocks) or NextUseOracle(
+                workload, capacity_blocks
+            )
             policy = BeladyPolicy(self.oracle.next_use) if policy == BELADY else DeadBlockLRU(self.oracle)
         self.cache = RadixCache(capacity_blocks, page_size=workload.page_size, policy=make_policy(policy))
         self.capacity_blocks = capacity_blocks
@@ -221,13 +223,10 @@ class CacheReplay:
             self.oversized += 1
             need = room
             full = full[: (matched_pages + room) * p]
-        if oracle is not None:
-            # One block at a time, so the leaf is re-ranked by its new deepest block after each: the cache
-            # takes several blocks from one leaf in a single step, which is exact only when every block of a
-            # leaf shares the leaf's priority (LRU and the like), not for an oracle's per-block next use.
-            short = need - cache.free_blocks
-            while short > 0:
-                short -= cache.evict(1)
+        if oracle is not None and need > cache.free_blocks:
+            # Evicted ahead of the allocation: the cache takes an oracle policy's blocks one at a time (it ranks
+            # leaves by extent), re-ranking the leaf by its new deepest block after each.
+            cache.evict(need - cache.free_blocks)
         new = cache.allocate(need)
         if oracle is not None:
             oracle.assign(new, index, matched_pages)

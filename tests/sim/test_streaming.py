@@ -103,3 +103,42 @@ def test_ids_that_are_not_chained_hashes_fall_back_to_chained_keys(tmp_path: Pat
     assert tree.hit_blocks == 2 + 1 + 2 + 2  # [3,2,(5)] [2,(2)] [2,2,(7)] [1,2,(9)]
     report = evaluate(open_source(str(path)), 3)
     same(report.infinite, tree)
+
+
+def _general_oracle_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixcache.simulate_oracle import ChainedNextUseOracle
+
+    monkeypatch.setattr(ChainedNextUseOracle, "build", classmethod(lambda cls, workload, capacity: None))
+
+
+@pytest.mark.skipif(not MOONCAKE_TRACE.exists(), reason="shared Mooncake trace not found (../shared/traces)")
+@pytest.mark.parametrize("policy", ["belady", "lru-dead"])
+def test_the_flat_array_oracle_equals_the_trie_oracle_on_the_mooncake_trace(monkeypatch, policy: str) -> None:
+    source = open_source(str(MOONCAKE_TRACE))
+    flat = simulate(source, 3000, policy, concurrency=2)
+    _general_oracle_only(monkeypatch)
+    same(flat, simulate(source, 3000, policy, concurrency=2))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_flat_array_oracle_equals_the_trie_oracle_on_random_chained_traces(monkeypatch, tmp_path, seed) -> None:
+    import random
+
+    rng = random.Random(seed)
+    paths: list[list[int]] = [[]]
+    next_id = 0
+    lines = []
+    for t in range(300):
+        base = list(rng.choice(paths))[: rng.randint(0, 12)]
+        extra = list(range(next_id, next_id + rng.randint(1, 5)))
+        next_id += len(extra)
+        paths.append(base + extra)
+        lines.append(_hash_line(t, base + extra))
+    path = tmp_path / "chained.jsonl"
+    path.write_text("".join(lines))
+    source = open_source(str(path))
+    capacity = rng.randint(5, 60)
+    flat = [simulate(source, capacity, p, concurrency=c) for p in ("belady", "lru-dead") for c in (1, 3)]
+    _general_oracle_only(monkeypatch)
+    for got, policy_concurrency in zip(flat, [(p, c) for p in ("belady", "lru-dead") for c in (1, 3)], strict=True):
+        same(got, simulate(source, capacity, policy_concurrency[0], concurrency=policy_concurrency[1]))

@@ -1,0 +1,187 @@
+"""Time and peak memory of `radixcache simulate` against trace size: streamed (the default) and in memory.
+
+Generates Mooncake-format hash traces of each size (scripts/gen_hash_trace.py: 16-token blocks, about 37 hash ids
+per request, constant memory) into `--workdir` (kept between runs), then runs the CLI on each as a subprocess,
+LRU at `--capacity-blocks` and the same with `--belady`, each once streamed and once `--in-memory`. Peak RSS is
+the subprocess's own (os.wait4). A token trace (`trace gen chat`) can be added with `--chat COUNT`.
+
+    .venv/bin/python scripts/bench_simulator.py --sizes 50000,500000,2000000 --chat 20000 \\
+        --markdown docs/simulator_bench.md --plot docs/simulator_scale.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from gen_hash_trace import write_hash_trace  # noqa: E402
+
+CLI = [sys.executable, "-c", "from radixcache.cli.main import main; main()"]
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    trace: str
+    requests: int
+    run: str  # "lru" or "lru + belady"
+    mode: str  # "streamed" or "in memory"
+    seconds: float
+    peak_rss_mib: float
+    hit_rate: float
+    belady_hit_rate: float | None
+
+
+def measure(cmd: list[str]) -> tuple[float, float, dict]:
+    """(wall seconds, peak RSS MiB, parsed --json output) of one subprocess."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+    out = proc.stdout.read()  # type: ignore[union-attr]
+    err = proc.stderr.read()  # type: ignore[union-attr]
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{err.decode()}")
+    return seconds, usage.ru_maxrss / 1024, json.loads(out)
+
+
+def simulate_cmd(trace: Path, capacity: int, block_size: int | None, belady: bool, in_memory: bool) -> list[str]:
+    cmd = [*CLI, "simulate", str(trace), "--capacity-blocks", str(capacity), "--json"]
+    if block_size is not None:
+        cmd += ["--block-size", str(block_size)]
+    if belady:
+        cmd.append("--belady")
+    if in_memory:
+        cmd.append("--in-memory")
+    return cmd
+
+
+def hash_trace(workdir: Path, requests: int) -> Path:
+    path = workdir / f"hash{requests}.jsonl"
+    if not path.exists():
+        t0 = time.perf_counter()
+        ids = write_hash_trace(path, requests, block_size=16, seed=0)
+        print(f"generated {path.name}: {requests:,} requests, {ids:,} hash ids in {time.perf_counter() - t0:.1f} s")
+    return path
+
+
+def chat_trace(workdir: Path, count: int) -> Path:
+    path = workdir / f"chat{count}.jsonl"
+    if not path.exists():
+        cmd = [*CLI, "trace", "gen", "chat", str(path), "--count", str(count)]
+        subprocess.run(cmd, check=True)
+    return path
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| trace | requests | run | mode | seconds | peak RSS (MiB) | hit rate | Belady hit rate |",
+        "|---|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        belady = f"{r.belady_hit_rate:.4f}" if r.belady_hit_rate is not None else "-"
+        lines.append(
+            f"| {r.trace} | {r.requests:,} | {r.run} | {r.mode} | {r.seconds:.1f} | {r.peak_rss_mib:.0f} | "
+            f"{r.hit_rate:.4f} | {belady} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for run in ("lru", "lru + belady"):
+        for mode, style in (("streamed", "-o"), ("in memory", "--x")):
+            pts = sorted((r.requests, r.seconds, r.peak_rss_mib) for r in rows if r.run == run and r.mode == mode)
+            pts = [p for p in pts if p[0]]
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            left.plot(xs, [p[1] for p in pts], style, label=f"{run}, {mode}")
+            right.plot(xs, [p[2] for p in pts], style, label=f"{run}, {mode}")
+    for ax, label in ((left, "seconds"), (right, "peak RSS (MiB)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("requests in the hash trace")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    left.legend(fontsize=8)
+    fig.suptitle("radixcache simulate: time and memory against trace size (2 CPU cores)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="50000,500000,2000000", help="hash-trace sizes in requests")
+    ap.add_argument("--capacity-blocks", type=int, default=5000)
+    ap.add_argument("--chat", type=int, default=0, help="also a `trace gen chat --count N` token trace")
+    ap.add_argument("--workdir", default="/tmp/radixcache-bench-sim")
+    ap.add_argument("--modes", default="streamed,in memory")
+    ap.add_argument("--belady-max", type=int, default=2_000_000, help="skip --belady on larger traces")
+    ap.add_argument("--in-memory-max", type=int, default=500_000, help="skip --in-memory on larger traces")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--markdown", help="write the table here")
+    ap.add_argument("--plot", help="write a PNG plot here")
+    args = ap.parse_args()
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    modes = [m.strip() for m in args.modes.split(",")]
+    jobs: list[tuple[str, Path, int, int | None]] = []
+    for size in (int(s) for s in args.sizes.split(",") if s):
+        jobs.append((f"hash {size // 1000}k", hash_trace(workdir, size), size, 16))
+    if args.chat:
+        jobs.append((f"chat --count {args.chat}", chat_trace(workdir, args.chat), 0, None))
+    rows: list[Row] = []
+    for name, path, size, block in jobs:
+        for belady in (False, True):
+            if belady and (size > args.belady_max or not size):
+                continue
+            for mode in modes:
+                in_memory = mode == "in memory"
+                if in_memory and size > args.in_memory_max:
+                    continue
+                seconds, rss, out = measure(simulate_cmd(path, args.capacity_blocks, block, belady, in_memory))
+                row = Row(
+                    name,
+                    out["requests"],
+                    "lru + belady" if belady else "lru",
+                    mode,
+                    seconds,
+                    rss,
+                    out["hit_rate"],
+                    out.get("belady_hit_rate"),
+                )
+                rows.append(row)
+                print(f"{name} {row.run} {mode}: {seconds:.1f} s, {rss:.0f} MiB, hit rate {row.hit_rate:.4f}")
+    print()
+    print(table(rows))
+    streamed = {(r.trace, r.run): r for r in rows if r.mode == "streamed"}
+    for r in rows:
+        s = streamed.get((r.trace, r.run))
+        if r.mode == "in memory" and s is not None:
+            print(
+                f"{r.trace} {r.run}: streamed / in memory = {s.seconds / r.seconds:.2f}x time, "
+                f"{s.peak_rss_mib / r.peak_rss_mib:.2f}x peak RSS; same hit rate: {s.hit_rate == r.hit_rate}"
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    if args.markdown:
+        Path(args.markdown).write_text(table(rows) + "\n")
+    if args.plot:
+        plot(rows, args.plot)
+
+
+if __name__ == "__main__":
+    main()
