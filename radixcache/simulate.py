@@ -25,6 +25,7 @@ from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
 from radixcache.simulate_oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
 from radixcache.simulate_workload import SimRequest, Workload
+from radixcache.tokens import as_token_array
 
 if TYPE_CHECKING:
     from radixcache.simulate_source import TraceSource
@@ -212,11 +213,13 @@ class CacheReplay:
             oracle.now = index
         while len(self.inflight) >= self.concurrency:
             _finish(cache, self.inflight.popleft(), p)
-        match = cache.match_prefix(request.prompt, namespace=request.namespace)
+        # Validated once as int64 arrays, which the cache's match and insert then take without another pass.
+        prompt = as_token_array(request.prompt)
+        full = as_token_array(request.prompt + request.output) if request.output else prompt
+        match = cache.match_prefix(prompt, namespace=request.namespace)
         cache.lock(match.node)
         matched_pages = len(match.blocks)
         hit = min(match.length * request.unit, request.prompt_tokens)
-        full = request.prompt + request.output if request.output else request.prompt
         need = -(-len(full) // p) - matched_pages
         room = cache.free_blocks + cache.evictable_blocks
         if need > room:  # larger than what the cache can free: cache the whole pages that fit
@@ -303,12 +306,19 @@ class InfiniteReplay:
         prompt_pages = len(request.prompt) // p
         matched = 0
         if self.by_id:
-            parent, prev = self.parent, root
-            for page in request.prompt:
-                if parent.get(page, parent) != prev:
-                    break
-                prev = page
-                matched += 1
+            prompt = request.prompt
+            # The hit is the longest run of leading ids whose recorded parent is the id before them. Prefix
+            # equality is monotone in the length, so a binary search over C-level list comparisons finds it.
+            got = list(map(self.parent.get, prompt))
+            want = [root, *prompt[:-1]]
+            low, high = 0, len(prompt)
+            while low < high:
+                mid = (low + high + 1) // 2
+                if got[:mid] == want[:mid]:
+                    low = mid
+                else:
+                    high = mid - 1
+            matched = low
             self.inflight.append((root, full, matched))
         else:
             keys = _chain_keys(hash(root), full, p)
