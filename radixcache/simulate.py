@@ -270,15 +270,16 @@ class CacheReplay:
 
 
 class InfiniteReplay:
-    """A cache that never evicts, kept as a dict instead of a tree: the same hits as a RadixCache that nothing
-    fills, in the memory of one entry per distinct page.
+    """A cache that never evicts, kept as a table instead of a tree: the same hits as a RadixCache that nothing
+    fills, in a few bytes per distinct page.
 
-    Hash traces (page size 1): a page is its hash id, and `parent[id]` the id before it (or the namespace's root).
-    A prompt hits its leading ids whose recorded parent is the id before them. That is exact as long as every id
-    follows one parent throughout the trace, which chained block hashes guarantee; an id seen after two different
-    parents switches the replay to chained keys (below) for the rest of the trace, which is then exact up to hash
-    collisions. Token traces: a page is a chained key, a 64-bit hash of the page's tokens and its parent's key;
-    two prefixes share one with probability about n^2 / 2^64 for n distinct pages (below 1e-6 for 5 million).
+    Hash traces (page size 1, ids below 2**27): a page is its hash id, and `parent[id]` the id before it (or the
+    root), kept in an int64 array indexed by id, 8 bytes per id up to the largest. A prompt hits its leading ids
+    whose recorded parent is the id before them. That is exact as long as every id follows one parent throughout
+    the trace, which chained block hashes guarantee; a trace where an id follows two parents (or an id is too
+    large for the array) marks the replay `broken`, and the caller replays it again with chained keys. Chained
+    keys (token traces, and that fallback): a page is a 64-bit hash of its tokens and its parent's key, kept in a
+    set; two prefixes share one with probability about n^2 / 2^64 for n distinct pages (below 1e-6 for 5 million).
     """
 
     def __init__(self, page_size: int, block_tokens: int, *, concurrency: int = 1, chained: bool = False) -> None:
@@ -287,7 +288,8 @@ class InfiniteReplay:
         self.page_size, self.block_tokens, self.concurrency = page_size, block_tokens, concurrency
         self.by_id = page_size == 1 and not chained
         self.broken = False  # by id, an id followed two parents: the figures are void, replay with chained keys
-        self.parent: dict[int, object] = {}  # by id: page id -> the id (or root) before it
+        self.parent = array("q")  # by id: 0 unseen, 1 the root, id + 2 the id before it
+        self.distinct = 0
         self.seen: set[int] = set()  # chained keys
         self.timeline = _Timeline()
         self.inflight: deque = deque()
@@ -307,10 +309,13 @@ class InfiniteReplay:
         matched = 0
         if self.by_id:
             prompt = request.prompt
+            if request.namespace is not None or not self._room_for(prompt):
+                self.broken = True
+                return
             # The hit is the longest run of leading ids whose recorded parent is the id before them. Prefix
             # equality is monotone in the length, so a binary search over C-level list comparisons finds it.
-            got = list(map(self.parent.get, prompt))
-            want = [root, *prompt[:-1]]
+            got = list(map(self.parent.__getitem__, prompt))
+            want = [_ROOT, *map(_ENCODE, prompt[:-1])]
             low, high = 0, len(prompt)
             while low < high:
                 mid = (low + high + 1) // 2
@@ -338,12 +343,29 @@ class InfiniteReplay:
             self.seen.update(pages)
             return
         parent = self.parent
-        prev = pages[known - 1] if known else root
+        prev = pages[known - 1] + 2 if known else _ROOT
         for page in pages[known:]:
-            if parent.setdefault(page, prev) != prev:  # one id after two parents: not a chained-hash trace
+            recorded = parent[page]
+            if not recorded:
+                parent[page] = prev
+                self.distinct += 1
+            elif recorded != prev:  # one id after two parents: not a chained-hash trace
                 self.broken = True
                 return
-            prev = page
+            prev = page + 2
+
+    def _room_for(self, prompt: Sequence[int]) -> bool:
+        """Grow the parent array to hold every id of `prompt` (doubling); False past the array's limit."""
+        if not prompt:
+            return True
+        top = max(prompt)
+        if top < len(self.parent):
+            return True
+        if top >= _MAX_IDS:
+            return False
+        grow = max(top + 1, 2 * len(self.parent), 1024) - len(self.parent)
+        self.parent.frombytes(bytes(8 * grow))
+        return True
 
     def close(self) -> None:
         while self.inflight and not self.broken:
@@ -355,7 +377,7 @@ class InfiniteReplay:
         t = self.timeline
         return SimResult(
             policy="lru",
-            capacity_blocks=max(1, len(self.parent) + len(self.seen)),
+            capacity_blocks=max(1, self.distinct + len(self.seen)),
             page_size=self.page_size,
             block_tokens=self.block_tokens,
             concurrency=self.concurrency,
@@ -369,6 +391,11 @@ class InfiniteReplay:
             windows=t.windows(windows),
             seconds=self.seconds,
         )
+
+
+_ROOT = 1  # the parent of a prompt's first id
+_ENCODE = (2).__add__  # an id as the parent of the next one
+_MAX_IDS = 1 << 27  # the parent array's limit: 1 GiB
 
 
 def _chain_keys(root: int, tokens: Sequence[int], p: int) -> list[int]:

@@ -142,3 +142,12 @@ def test_the_flat_array_oracle_equals_the_trie_oracle_on_random_chained_traces(m
     _general_oracle_only(monkeypatch)
     for got, policy_concurrency in zip(flat, [(p, c) for p in ("belady", "lru-dead") for c in (1, 3)], strict=True):
         same(got, simulate(source, capacity, policy_concurrency[0], concurrency=policy_concurrency[1]))
+
+
+def test_ids_too_large_for_the_parent_array_fall_back_to_chained_keys(tmp_path: Path) -> None:
+    path = tmp_path / "large.jsonl"
+    rows = [[1, 2**40], [1, 2**40, 7], [1, 2**40, 7, 2**62]]
+    path.write_text("".join(_hash_line(t, ids) for t, ids in enumerate(rows)))
+    memory = load_workload(str(path))
+    same(simulate_infinite(open_source(str(path))), simulate(memory, infinite_capacity(memory)))
+    assert simulate_infinite(open_source(str(path))).hit_blocks == 2 + 3
