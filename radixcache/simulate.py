@@ -85,10 +85,11 @@ class SimResult:
 
 @dataclass(frozen=True, slots=True)
 class SimReport:
-    """A replay with its bounds: the same trace through an infinite cache, and through Belady's optimum."""
+    """A replay with its bounds: the same trace through an infinite cache (None when not asked for), and through
+    Belady's optimum."""
 
     result: SimResult
-    infinite: SimResult
+    infinite: SimResult | None
     belady: SimResult | None = None
 
     def as_dict(self) -> dict:
@@ -106,14 +107,15 @@ class SimReport:
             "block_hit_rate": r.block_hit_rate,
             "evicted_blocks": r.evicted_blocks,
             "oversized_requests": r.oversized_requests,
-            "infinite_hit_rate": self.infinite.hit_rate,
-            "infinite_block_hit_rate": self.infinite.block_hit_rate,
             "windows": [
                 {"start_ms": w.start_ms, "end_ms": w.end_ms, "requests": w.requests, "hit_rate": w.hit_rate}
                 for w in r.windows
             ],
             "seconds": r.seconds,
         }
+        if self.infinite is not None:
+            out["infinite_hit_rate"] = self.infinite.hit_rate
+            out["infinite_block_hit_rate"] = self.infinite.block_hit_rate
         if self.belady is not None:
             out["belady_hit_rate"] = self.belady.hit_rate
             out["belady_block_hit_rate"] = self.belady.block_hit_rate
@@ -471,17 +473,24 @@ def evaluate(
     *,
     concurrency: int = 1,
     belady: bool = False,
+    infinite: bool = True,
     windows: int = 20,
     progress: Callable[[int], None] | None = None,
 ) -> SimReport:
-    """`simulate` plus its bounds: the infinite-cache replay, and Belady's when asked for. The policy's replay and
-    the infinite one share one pass over the workload; Belady's oracle reads it once more, then its replay."""
+    """`simulate` plus its bounds: the infinite-cache replay (unless `infinite=False`: its table grows with the
+    trace's distinct pages, where the policy's replay holds only the cache), and Belady's when asked for. The
+    policy's replay and the infinite one share one pass; Belady's oracle reads the trace once more, then replays."""
     replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency)
-    infinite = InfiniteReplay(workload.page_size, workload.block_tokens, concurrency=concurrency)
-    _drive(workload, [replay, infinite], progress)
-    if infinite.broken:
+    unbounded = InfiniteReplay(workload.page_size, workload.block_tokens, concurrency=concurrency)
+    _drive(workload, [replay, unbounded] if infinite else [replay], progress)
+    infinite_result = None
+    if infinite and unbounded.broken:
         infinite_result = simulate_infinite(workload, concurrency=concurrency, windows=windows)
-    else:
-        infinite_result = infinite.result(windows)
-    optimum = simulate(workload, capacity_blocks, BELADY, concurrency=concurrency, windows=windows) if belady else None
+    elif infinite:
+        infinite_result = unbounded.result(windows)
+    optimum = None
+    if belady:
+        optimum = simulate(
+            workload, capacity_blocks, BELADY, concurrency=concurrency, windows=windows, progress=progress
+        )
     return SimReport(replay.result(windows), infinite_result, optimum)

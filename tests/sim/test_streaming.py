@@ -151,3 +151,19 @@ def test_ids_too_large_for_the_parent_array_fall_back_to_chained_keys(tmp_path: 
     memory = load_workload(str(path))
     same(simulate_infinite(open_source(str(path))), simulate(memory, infinite_capacity(memory)))
     assert simulate_infinite(open_source(str(path))).hit_blocks == 2 + 3
+
+
+@pytest.mark.skipif(not MOONCAKE_TRACE.exists(), reason="shared Mooncake trace not found (../shared/traces)")
+def test_no_infinite_skips_only_the_bound(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from radixcache.cli.main import main
+
+    runner = CliRunner()
+    args = ["simulate", str(MOONCAKE_TRACE), "--capacity-blocks", "4000", "--json"]
+    full = json.loads(runner.invoke(main, args).output)
+    lean = json.loads(runner.invoke(main, [*args, "--no-infinite"]).output)
+    assert "infinite_hit_rate" in full and "infinite_hit_rate" not in lean
+    assert {k: v for k, v in full.items() if not k.startswith("infinite") and k != "seconds"} == {
+        k: v for k, v in lean.items() if k != "seconds"
+    }
