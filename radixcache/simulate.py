@@ -133,7 +133,8 @@ def simulate(
     check: bool = False,
 ) -> SimResult:
     """Replay `workload` (an in-memory Workload, or a streamed TraceSource read once) through a cache of
-    `capacity_blocks` blocks at `policy`. Memory is the cache's plus 24 bytes per request for the time windows.
+    `capacity_blocks` blocks at `policy`. Memory is the cache's (and, for a trace whose first and last timestamps
+    cannot be read up front, such as msgpack, 24 bytes per request for the time windows).
 
     `policy` may also name an offline oracle: "belady" (the optimum) or "lru-dead" (LRU that knows which
     blocks are never read again), both evicting block by block; they read the trace once more first.
@@ -141,9 +142,9 @@ def simulate(
     `progress(n)` is called now and then with the number of requests replayed since its last call. `check`
     runs the cache's full invariant check after every request (slow: for tests).
     """
-    replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency, check=check)
+    replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency, check=check, windows=windows)
     _drive(workload, [replay], progress)
-    return replay.result(windows)
+    return replay.result()
 
 
 def simulate_infinite(
@@ -155,12 +156,22 @@ def simulate_infinite(
 ) -> SimResult:
     """The replay through a cache that never evicts, without building one (InfiniteReplay): the same figures as
     `simulate` at a capacity nothing fills."""
-    replay = InfiniteReplay(workload.page_size, workload.block_tokens, concurrency=concurrency)
+    span = trace_span(workload)
+    replay = InfiniteReplay(workload, concurrency=concurrency, windows=windows, span=span)
     _drive(workload, [replay], progress)
     if replay.broken:  # ids that are not chained hashes: again, with chained keys
-        replay = InfiniteReplay(workload.page_size, workload.block_tokens, concurrency=concurrency, chained=True)
+        replay = InfiniteReplay(workload, concurrency=concurrency, chained=True, windows=windows, span=span)
         _drive(workload, [replay], None)
-    return replay.result(windows)
+    return replay.result()
+
+
+def trace_span(workload: Replayable) -> tuple[float, float] | None:
+    """The first and last timestamps, when they can be known before the replay (None: an empty trace, or a
+    stream whose end cannot be read first)."""
+    if isinstance(workload, Workload):
+        reqs = workload.requests
+        return (reqs[0].timestamp_ms, reqs[-1].timestamp_ms) if reqs else None
+    return workload.span()
 
 
 def _drive(workload: Replayable, replays: list, progress: Callable[[int], None] | None) -> None:
@@ -189,6 +200,7 @@ class CacheReplay:
         *,
         concurrency: int = 1,
         check: bool = False,
+        windows: int = 20,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
@@ -203,7 +215,7 @@ class CacheReplay:
         self.block_tokens = workload.block_tokens
         self.concurrency = concurrency
         self.check = check
-        self.timeline = _Timeline()
+        self.timeline = _Timeline(windows, trace_span(workload))
         self.inflight: deque = deque()
         self.prompt_blocks = self.hit_blocks = self.oversized = 0
         self.seconds = 0.0
@@ -249,9 +261,7 @@ class CacheReplay:
         if self.check:
             self.cache.check_invariants()
 
-    def result(self, windows: int = 20) -> SimResult:
-        if type(windows) is not int or windows < 1:
-            raise RadixCacheError(f"windows must be a positive int, got {windows!r}")
+    def result(self) -> SimResult:
         t = self.timeline
         return SimResult(
             policy=self.cache.policy.name,
@@ -266,7 +276,7 @@ class CacheReplay:
             hit_blocks=self.hit_blocks,
             evicted_blocks=self.cache.stats.evicted_blocks,
             oversized_requests=self.oversized,
-            windows=t.windows(windows),
+            windows=t.windows(),
             seconds=self.seconds,
         )
 
@@ -284,16 +294,24 @@ class InfiniteReplay:
     set; two prefixes share one with probability about n^2 / 2^64 for n distinct pages (below 1e-6 for 5 million).
     """
 
-    def __init__(self, page_size: int, block_tokens: int, *, concurrency: int = 1, chained: bool = False) -> None:
+    def __init__(
+        self,
+        workload: Replayable,
+        *,
+        concurrency: int = 1,
+        chained: bool = False,
+        windows: int = 20,
+        span: tuple[float, float] | None = None,
+    ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
-        self.page_size, self.block_tokens, self.concurrency = page_size, block_tokens, concurrency
-        self.by_id = page_size == 1 and not chained
+        self.page_size, self.block_tokens, self.concurrency = workload.page_size, workload.block_tokens, concurrency
+        self.by_id = self.page_size == 1 and not chained
         self.broken = False  # by id, an id followed two parents: the figures are void, replay with chained keys
         self.parent = array("q")  # by id: 0 unseen, 1 the root, id + 2 the id before it
         self.distinct = 0
         self.seen: set[int] = set()  # chained keys
-        self.timeline = _Timeline()
+        self.timeline = _Timeline(windows, span)
         self.inflight: deque = deque()
         self.prompt_blocks = self.hit_blocks = 0
         self.seconds = 0.0
@@ -373,7 +391,7 @@ class InfiniteReplay:
         while self.inflight and not self.broken:
             self._insert(*self.inflight.popleft())
 
-    def result(self, windows: int = 20) -> SimResult:
+    def result(self) -> SimResult:
         if self.broken:
             raise RadixCacheError("an id followed two parents: replay this trace with chained keys")
         t = self.timeline
@@ -390,7 +408,7 @@ class InfiniteReplay:
             hit_blocks=self.hit_blocks,
             evicted_blocks=0,
             oversized_requests=0,
-            windows=t.windows(windows),
+            windows=t.windows(),
             seconds=self.seconds,
         )
 
@@ -416,41 +434,52 @@ def _chain_keys(root: int, tokens: Sequence[int], p: int) -> list[int]:
 
 
 class _Timeline:
-    """Per-request arrival time, prompt tokens and hit tokens in flat arrays (24 bytes a request), so that time
-    windows can be cut once the whole trace has streamed by."""
+    """Each request's arrival time, prompt tokens and hit tokens, cut into `count` windows of equal length from the
+    first arrival to the last. With the trace's `span` (first and last timestamp) known up front, requests go
+    straight into their window (constant memory); without it they are kept in flat arrays (24 bytes a request)
+    and cut once the trace has gone by. Both give the same windows."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: int = 20, span: tuple[float, float] | None = None) -> None:
+        if type(count) is not int or count < 1:
+            raise RadixCacheError(f"windows must be a positive int, got {count!r}")
+        self.count, self.span = count, span
         self.times = array("d")
         self.prompts = array("q")
         self.hits = array("q")
-        self.prompt_tokens = self.hit_tokens = 0
-
-    @property
-    def requests(self) -> int:
-        return len(self.times)
+        self.bins = [[0, 0, 0] for _ in range(count)]  # requests, prompt tokens, hit tokens
+        self.requests = self.prompt_tokens = self.hit_tokens = 0
+        if span is not None:
+            t0, t1 = span
+            self.t0, self.width = t0, ((t1 - t0) / count if t1 > t0 else 1.0)
 
     def add(self, timestamp_ms: float, prompt_tokens: int, hit_tokens: int) -> None:
-        self.times.append(timestamp_ms)
-        self.prompts.append(prompt_tokens)
-        self.hits.append(hit_tokens)
+        self.requests += 1
         self.prompt_tokens += prompt_tokens
         self.hit_tokens += hit_tokens
+        if self.span is None:
+            self.times.append(timestamp_ms)
+            self.prompts.append(prompt_tokens)
+            self.hits.append(hit_tokens)
+            return
+        row = self.bins[min(max(int((timestamp_ms - self.t0) / self.width), 0), self.count - 1)]
+        row[0] += 1
+        row[1] += prompt_tokens
+        row[2] += hit_tokens
 
-    def windows(self, count: int) -> tuple[Window, ...]:
-        """`count` windows of equal length from the first arrival to the last."""
-        times = self.times
-        t0 = times[0] if times else 0.0
-        span = (times[-1] - t0) if times else 0.0
-        width = span / count if span > 0 else 1.0
-        requests = [0] * count
-        prompt = [0] * count
-        hit = [0] * count
-        for t, n, h in zip(times, self.prompts, self.hits, strict=True):
-            w = min(int((t - t0) / width), count - 1)
-            requests[w] += 1
-            prompt[w] += n
-            hit[w] += h
-        return tuple(Window(t0 + i * width, t0 + (i + 1) * width, requests[i], prompt[i], hit[i]) for i in range(count))
+    def windows(self) -> tuple[Window, ...]:
+        count = self.count
+        if self.span is None:
+            times = self.times
+            self.t0 = times[0] if times else 0.0
+            span = (times[-1] - self.t0) if times else 0.0
+            self.width = span / count if span > 0 else 1.0
+            for t, n, h in zip(times, self.prompts, self.hits, strict=True):
+                row = self.bins[min(int((t - self.t0) / self.width), count - 1)]
+                row[0] += 1
+                row[1] += n
+                row[2] += h
+        t0, width = self.t0, self.width
+        return tuple(Window(t0 + i * width, t0 + (i + 1) * width, *self.bins[i]) for i in range(count))
 
 
 def _finish(cache: RadixCache, item: tuple, p: int) -> None:
@@ -480,17 +509,17 @@ def evaluate(
     """`simulate` plus its bounds: the infinite-cache replay (unless `infinite=False`: its table grows with the
     trace's distinct pages, where the policy's replay holds only the cache), and Belady's when asked for. The
     policy's replay and the infinite one share one pass; Belady's oracle reads the trace once more, then replays."""
-    replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency)
-    unbounded = InfiniteReplay(workload.page_size, workload.block_tokens, concurrency=concurrency)
+    replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency, windows=windows)
+    unbounded = InfiniteReplay(workload, concurrency=concurrency, windows=windows, span=trace_span(workload))
     _drive(workload, [replay, unbounded] if infinite else [replay], progress)
     infinite_result = None
     if infinite and unbounded.broken:
         infinite_result = simulate_infinite(workload, concurrency=concurrency, windows=windows)
     elif infinite:
-        infinite_result = unbounded.result(windows)
+        infinite_result = unbounded.result()
     optimum = None
     if belady:
         optimum = simulate(
             workload, capacity_blocks, BELADY, concurrency=concurrency, windows=windows, progress=progress
         )
-    return SimReport(replay.result(windows), infinite_result, optimum)
+    return SimReport(replay.result(), infinite_result, optimum)

@@ -8,9 +8,12 @@ which sorts, still reads it). Every bad field is reported where it is found, wit
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import orjson
 
 from radixcache.errors import RadixCacheError
 from radixcache.simulate_workload import SimRequest
@@ -50,6 +53,27 @@ class TraceSource:
     def blocks_for_tokens(self, tokens: int) -> int:
         """Cache blocks that hold `tokens` real tokens (rounded down)."""
         return tokens // self.block_tokens
+
+    def span(self) -> tuple[float, float] | None:
+        """The first and last timestamps of a JSONL trace, read from its two ends (no pass over the file); None
+        for msgpack, for an empty file, or when an end does not parse (the replay then reports it where it is)."""
+        if self.format == TOKEN_MSGPACK:
+            return None
+        try:
+            with open(self.path, "rb") as handle:
+                first = next((line for line in handle if line.strip()), None)
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - (1 << 20)))
+                tail = handle.read().rstrip().rsplit(b"\n", 1)[-1]
+            if first is None:
+                return None
+            t0, t1 = orjson.loads(first)["timestamp"], orjson.loads(tail)["timestamp"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not all(type(t) in (int, float) for t in (t0, t1)) or t1 < t0:
+            return None
+        return (t0, t1)
 
     def count(self) -> int:
         """Requests in the file, counted without parsing (for a progress bar): lines, or msgpack records."""
