@@ -2,7 +2,8 @@
 
 Generates Mooncake-format hash traces of each size (scripts/gen_hash_trace.py: 16-token blocks, about 37 hash ids
 per request, constant memory) into `--workdir` (kept between runs), then runs the CLI on each as a subprocess,
-LRU at `--capacity-blocks` and the same with `--belady`, each once streamed and once `--in-memory`. Peak RSS is
+LRU at `--capacity-blocks` alone (`--no-infinite`), with the infinite-cache bound (the default), and with
+`--belady`, each once streamed and once `--in-memory`. Peak RSS is
 the subprocess's own (os.wait4). A token trace (`trace gen chat`) can be added with `--chat COUNT`.
 
     .venv/bin/python scripts/bench_simulator.py --sizes 50000,500000,2000000 --chat 20000 \\
@@ -32,7 +33,7 @@ CLI = [sys.executable, "-c", "from radixcache.cli.main import main; main()"]
 class Row:
     trace: str
     requests: int
-    run: str  # "lru" or "lru + belady"
+    run: str  # "lru alone" (--no-infinite), "lru" (with the infinite bound) or "lru + belady"
     mode: str  # "streamed" or "in memory"
     seconds: float
     peak_rss_mib: float
@@ -53,12 +54,13 @@ def measure(cmd: list[str]) -> tuple[float, float, dict]:
     return seconds, usage.ru_maxrss / 1024, json.loads(out)
 
 
-def simulate_cmd(trace: Path, capacity: int, block_size: int | None, belady: bool, in_memory: bool) -> list[str]:
-    cmd = [*CLI, "simulate", str(trace), "--capacity-blocks", str(capacity), "--json"]
+RUNS = {"lru alone": ["--no-infinite"], "lru": [], "lru + belady": ["--belady"]}  # run name -> simulate flags
+
+
+def simulate_cmd(trace: Path, capacity: int, block_size: int | None, run: str, in_memory: bool) -> list[str]:
+    cmd = [*CLI, "simulate", str(trace), "--capacity-blocks", str(capacity), "--json", *RUNS[run]]
     if block_size is not None:
         cmd += ["--block-size", str(block_size)]
-    if belady:
-        cmd.append("--belady")
     if in_memory:
         cmd.append("--in-memory")
     return cmd
@@ -102,7 +104,7 @@ def plot(rows: list[Row], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for run in ("lru", "lru + belady"):
+    for run in RUNS:
         for mode, style in (("streamed", "-o"), ("in memory", "--x")):
             pts = sorted((r.requests, r.seconds, r.peak_rss_mib) for r in rows if r.run == run and r.mode == mode)
             pts = [p for p in pts if p[0]]
@@ -145,18 +147,18 @@ def main() -> None:
         jobs.append((f"chat --count {args.chat}", chat_trace(workdir, args.chat), 0, None))
     rows: list[Row] = []
     for name, path, size, block in jobs:
-        for belady in (False, True):
-            if belady and (size > args.belady_max or not size):
+        for run in RUNS:
+            if run == "lru + belady" and (size > args.belady_max or not size):
                 continue
             for mode in modes:
                 in_memory = mode == "in memory"
                 if in_memory and size > args.in_memory_max:
                     continue
-                seconds, rss, out = measure(simulate_cmd(path, args.capacity_blocks, block, belady, in_memory))
+                seconds, rss, out = measure(simulate_cmd(path, args.capacity_blocks, block, run, in_memory))
                 row = Row(
                     name,
                     out["requests"],
-                    "lru + belady" if belady else "lru",
+                    run,
                     mode,
                     seconds,
                     rss,

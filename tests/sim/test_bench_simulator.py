@@ -1,0 +1,28 @@
+"""scripts/bench_simulator.py runs end to end on a small generated trace: every run, both modes, the same hit rate
+streamed and in memory, and a peak RSS for each."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_simulator_small(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_simulator.py"), "--sizes", "3000", "--capacity-blocks", "500"]
+    cmd += ["--workdir", str(tmp_path), "--json", str(out), "--markdown", str(tmp_path / "t.md")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())
+    assert {(row["run"], row["mode"]) for row in rows} == {
+        (run, mode) for run in ("lru alone", "lru", "lru + belady") for mode in ("streamed", "in memory")
+    }
+    assert len({row["hit_rate"] for row in rows}) == 1 and all(row["peak_rss_mib"] > 0 for row in rows)
+    assert all(row["requests"] == 3000 for row in rows)
+    belady = [row["belady_hit_rate"] for row in rows if row["run"] == "lru + belady"]
+    assert len(set(belady)) == 1 and belady[0] >= rows[0]["hit_rate"]
+    assert "same hit rate: True" in r.stdout
