@@ -68,21 +68,23 @@ def metrics(url: str) -> dict[str, float]:
 
 @contextlib.contextmanager
 def serving(model: str, extra: list[str], timeout: float = 300) -> Iterator[str]:
+    """A `radixcache serve` subprocess on a free loopback port, served as "bench": yields its base URL."""
+    with server_process(model, extra, timeout) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(
+    model: str, extra: list[str], timeout: float = 300, name: str = "bench"
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`serving`, also yielding the process (to read its memory); stopped with SIGTERM, then killed."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [
-        sys.executable,
-        "-c",
-        "from radixcache.cli.main import main; main()",
-        "serve",
-        "--model",
-        model,
-        "--port",
-        str(port),
-    ]
-    proc = subprocess.Popen([*cmd, "--served-model-name", "bench", *extra], env=env, stderr=subprocess.DEVNULL)
+    cmd = [sys.executable, "-c", "from radixcache.cli.main import main; main()", "serve", "--model", model]
+    cmd += ["--port", str(port), "--served-model-name", name, *extra]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -95,11 +97,11 @@ def serving(model: str, extra: list[str], timeout: float = 300) -> Iterator[str]
             if time.monotonic() > deadline:
                 raise SystemExit("error: the server did not start")
             time.sleep(0.25)
-        yield url
+        yield url, proc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

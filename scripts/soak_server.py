@@ -16,24 +16,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_server import server_process  # noqa: E402
+
 SYSTEM = "You are the help desk of a small public library. Answer briefly and kindly, and never invent titles. " * 3
 EXPECTED_ERRORS = {400, 404, 429, 503}
 
@@ -58,37 +56,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-@contextlib.contextmanager
-def serving(model: str, extra: list[str], timeout: float = 300) -> Iterator[tuple[str, subprocess.Popen]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-c", "from radixcache.cli.main import main; main()", "serve", "--model", model]
-    cmd += ["--port", str(port), "--served-model-name", "soak", *extra]
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"error: the server exited with {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit("error: the server did not start")
-            time.sleep(0.25)
-        yield url, proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # ---------------------------------------------------------------------------------------------- the actions
@@ -250,7 +217,7 @@ def main() -> None:
     extra += ["--kv-memory", args.kv_memory]
     if args.mirror_memory is not None:
         extra += ["--mirror-memory", args.mirror_memory]
-    with serving(args.model, extra) as (url, proc):
+    with server_process(args.model, extra, name="soak") as (url, proc):
         started = rss_mib(proc.pid)
         warm = asyncio.run(soak(url, args.clients, args.warmup, args.seed + 1))
         after_warmup = rss_mib(proc.pid)
