@@ -212,7 +212,7 @@ class CacheReplay:
             policy = BeladyPolicy(self.oracle.next_use) if policy == BELADY else DeadBlockLRU(self.oracle)
         self.cache = RadixCache(capacity_blocks, page_size=workload.page_size, policy=make_policy(policy))
         self.capacity_blocks = capacity_blocks
-        self.block_tokens = workload.block_tokens
+        self.page_size, self.block_tokens = workload.page_size, workload.block_tokens
         self.concurrency = concurrency
         self.check = check
         self.timeline = _Timeline(windows, trace_span(workload))
@@ -262,22 +262,8 @@ class CacheReplay:
             self.cache.check_invariants()
 
     def result(self) -> SimResult:
-        t = self.timeline
-        return SimResult(
-            policy=self.cache.policy.name,
-            capacity_blocks=self.capacity_blocks,
-            page_size=self.cache.page_size,
-            block_tokens=self.block_tokens,
-            concurrency=self.concurrency,
-            requests=t.requests,
-            prompt_tokens=t.prompt_tokens,
-            hit_tokens=t.hit_tokens,
-            prompt_blocks=self.prompt_blocks,
-            hit_blocks=self.hit_blocks,
-            evicted_blocks=self.cache.stats.evicted_blocks,
-            oversized_requests=self.oversized,
-            windows=t.windows(),
-            seconds=self.seconds,
+        return _result(
+            self, self.cache.policy.name, self.capacity_blocks, self.cache.stats.evicted_blocks, self.oversized
         )
 
 
@@ -394,23 +380,7 @@ class InfiniteReplay:
     def result(self) -> SimResult:
         if self.broken:
             raise RadixCacheError("an id followed two parents: replay this trace with chained keys")
-        t = self.timeline
-        return SimResult(
-            policy="lru",
-            capacity_blocks=max(1, self.distinct + len(self.seen)),
-            page_size=self.page_size,
-            block_tokens=self.block_tokens,
-            concurrency=self.concurrency,
-            requests=t.requests,
-            prompt_tokens=t.prompt_tokens,
-            hit_tokens=t.hit_tokens,
-            prompt_blocks=self.prompt_blocks,
-            hit_blocks=self.hit_blocks,
-            evicted_blocks=0,
-            oversized_requests=0,
-            windows=t.windows(),
-            seconds=self.seconds,
-        )
+        return _result(self, "lru", max(1, self.distinct + len(self.seen)), 0, 0)
 
 
 _ROOT = 1  # the parent of a prompt's first id
@@ -431,6 +401,29 @@ def _chain_keys(root: int, tokens: Sequence[int], p: int) -> list[int]:
             key = hash((key, tuple(tokens[k * p : (k + 1) * p])))
             keys.append(key)
     return keys
+
+
+def _result(
+    replay: CacheReplay | InfiniteReplay, policy: str, capacity: int, evicted: int, oversized: int
+) -> SimResult:
+    """A replay's figures: its counters and time windows, with what only its kind knows."""
+    t = replay.timeline
+    return SimResult(
+        policy=policy,
+        capacity_blocks=capacity,
+        page_size=replay.page_size,
+        block_tokens=replay.block_tokens,
+        concurrency=replay.concurrency,
+        requests=t.requests,
+        prompt_tokens=t.prompt_tokens,
+        hit_tokens=t.hit_tokens,
+        prompt_blocks=replay.prompt_blocks,
+        hit_blocks=replay.hit_blocks,
+        evicted_blocks=evicted,
+        oversized_requests=oversized,
+        windows=t.windows(),
+        seconds=replay.seconds,
+    )
 
 
 class _Timeline:
