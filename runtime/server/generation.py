@@ -157,7 +157,8 @@ async def _stream_one(
             grew = len(visible) > len(emitted) and visible.startswith(emitted)
             if grew or (ids and not started):  # never before a token: a refusal must still be an HTTP status
                 started = True
-                logprobs = tuple(req.logprobs[sent_logprobs : len(ids)])
+                shown = len(ids) - (ids[-1] in hidden)  # a final stop token is not shown, nor its logprob
+                logprobs = tuple(req.logprobs[sent_logprobs:shown])
                 sent_logprobs += len(logprobs)
                 await out.put(Event(i, visible[len(emitted) :] if grew else "", logprobs))
                 emitted = visible if grew else emitted

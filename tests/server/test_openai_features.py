@@ -193,3 +193,13 @@ def test_error_objects_are_json_with_no_500(server) -> None:
         assert r.status_code == 400, (body, r.text)
         assert json.loads(r.text)["error"]["message"]
     assert math.isfinite(float(httpx.get(server.url + "/health/cache", timeout=10).json()["locked_blocks"]))
+
+
+def test_a_final_stop_token_has_no_logprob_in_a_stream_either(client) -> None:
+    kw = {"model": "tiny", "max_tokens": 4, "temperature": 0, "logprobs": True, "logit_bias": {str(EOS): 100}}
+    messages = [{"role": "user", "content": f"stop at once {uuid.uuid4().hex}"}]
+    whole = client.chat.completions.create(messages=messages, **kw)
+    assert whole.choices[0].finish_reason == "stop" and whole.choices[0].logprobs.content == []
+    chunks = list(client.chat.completions.create(messages=messages, stream=True, **kw))
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert streamed == [] and [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
