@@ -86,7 +86,9 @@ def simulate(
         if blocks < 1:
             raise click.UsageError(f"--capacity-tokens {capacity_tokens} is less than one block")
         runs = 2 if belady else 1  # the policy and the infinite bound share one pass; Belady has its own
-        requests = len(workload.requests) if in_memory else workload.count()  # type: ignore[union-attr]
+        # Counting a streamed trace is one more read of it: only for a bar someone sees.
+        shown = Console(stderr=True).is_terminal
+        requests = len(workload.requests) if in_memory else (workload.count() if shown else 0)  # type: ignore[union-attr]
         with progress_bar("simulating", runs * requests) as advance:
             report = evaluate(
                 workload,

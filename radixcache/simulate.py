@@ -228,8 +228,8 @@ class CacheReplay:
         while len(self.inflight) >= self.concurrency:
             _finish(cache, self.inflight.popleft(), p)
         # Validated once as int64 arrays, which the cache's match and insert then take without another pass.
-        prompt = as_token_array(request.prompt)
-        full = as_token_array(request.prompt + request.output) if request.output else prompt
+        full = as_token_array(request.prompt + request.output if request.output else request.prompt)
+        prompt = full[: len(request.prompt)] if request.output else full
         match = cache.match_prefix(prompt, namespace=request.namespace)
         cache.lock(match.node)
         matched_pages = len(match.blocks)
