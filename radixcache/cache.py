@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 from array import array
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import count
 from math import gcd
@@ -79,6 +79,10 @@ class RadixCache:
         self._evictable = 0  # blocks in unlocked tree nodes
         self._tree_locked = 0  # blocks in locked tree nodes
         self._stats = StatsCounter()
+        # Called as on_evict(leaf, keep, blocks) just before `blocks` (the leaf's pages from index `keep` on) leave
+        # the tree, while the leaf still holds them and its full key: a lower tier copies them out here. It must
+        # not change the tree, and it must not raise.
+        self.on_evict: Callable[[TreeNode, int, list[int]], None] | None = None
 
     # ------------------------------------------------------------------ public API: queries
 
@@ -445,6 +449,7 @@ class RadixCache:
         heap = self._evictable_leaves
         policy = self.policy
         free = self._pool._free  # blocks leave the tree straight onto the free list (BlockPool.release_tree)
+        on_evict = self.on_evict
         freed = evictions = 0
         while freed < n:
             while heap and heap[0][3].evict_key is not heap[0]:  # stale entries at the top: drop them
@@ -462,6 +467,8 @@ class RadixCache:
             if size > 1 and policy.ranks_by_extent:
                 # A policy that ranks a leaf by the blocks it holds (Belady): its deepest block goes alone, since
                 # the new deepest one may be needed sooner than another leaf's; the leaf is re-ranked in place.
+                if on_evict is not None:
+                    on_evict(leaf, size - 1, blocks[-1:])
                 free.append(blocks.pop())
                 del leaf.key[(size - 1) * p :]
                 freed += 1
@@ -472,6 +479,8 @@ class RadixCache:
                     heapreplace(heap, entry)  # the top entry out, the re-ranked one in: one sift
                 continue
             if n - freed >= size:  # the whole leaf goes (the inlined _detach)
+                if on_evict is not None:
+                    on_evict(leaf, 0, blocks)
                 heappop(heap)  # the entry just read
                 leaf.evict_key = None
                 freed += size
@@ -490,6 +499,8 @@ class RadixCache:
                         del self._roots[parent.namespace]
             else:  # trim the leaf's tail: the deepest tokens go, the rest stays cached
                 keep = size - (n - freed)
+                if on_evict is not None:
+                    on_evict(leaf, keep, blocks[keep:])
                 free.extend(blocks[keep:])
                 # In place: a node's block list and key are its own (every one is a fresh list or slice), and
                 # truncating costs only what goes, where a copy would cost what stays.

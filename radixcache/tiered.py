@@ -1,0 +1,193 @@
+"""The device tree with the tiers under it: where each page of a prompt is, and when a page moves down.
+
+Tiers, top to bottom: the device tree (a RadixCache: what attention reads), a host tier (a PageTier of slots in host
+memory), and a lower tier (the disk store in the runtime, a PageTier in the simulator). Below the device, pages are
+addressed by chained hash (radixcache.page_hash), so a prompt's match is: the device's longest prefix, then the pages
+after it that the host holds consecutively, then the pages after those that the lower tier holds.
+
+Write policies decide when the host gets a copy of a device page:
+- write_through: every page the tree adopts is copied to the host at once; device eviction then only drops.
+- write_through_selective: a page is copied once its node has been hit twice (SGLang's rule); device eviction drops.
+- write_back: a page is copied to the host only when the device evicts it.
+The lower tier is written through: every adopted page goes down (asynchronously in the runtime), so that the cache
+survives a restart.
+
+Data moves through callbacks, so this module stays pure Python: `copy_to_host(blocks, slots)` copies device pages
+into host slots now (before the device blocks can be reused); `write_lower(hashes, blocks, tokens)` hands adopted
+pages to the lower tier. The simulator passes neither and counts pages only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from radixcache.cache import MatchResult, RadixCache
+from radixcache.errors import RadixCacheError
+from radixcache.node import TreeNode
+from radixcache.page_hash import PageChain, chain_hashes, root_hash
+from radixcache.tiers import PageTier
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+SELECTIVE_HITS = 2  # write_through_selective backs a page up once its node has been hit this often
+
+
+class LowerTier(Protocol):
+    """What the tiered cache asks of the tier under the host: how many pages from the first exist."""
+
+    def count_prefix(self, page_hashes: Sequence[bytes]) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TierMatch:
+    """Where the full pages of a query are. `device`: the tree's match (lock its node before anything may evict).
+    Then `host_pages` pages held by the host right after it, then `lower_pages` held by the lower tier.
+    `hashes`: the page hashes of the query's full pages up to the end of the lower-tier match."""
+
+    device: MatchResult
+    host_pages: int
+    lower_pages: int
+    hashes: list[bytes]
+
+    @property
+    def device_pages(self) -> int:
+        return len(self.device.blocks)
+
+
+class TieredCache:
+    """A RadixCache with a host tier and a lower tier under it (both optional), and a write policy.
+
+    It installs itself as the device tree's eviction listener. `fingerprint` goes into every page hash's root
+    (radixcache.page_hash.root_hash), with the namespace.
+    """
+
+    def __init__(
+        self,
+        device: RadixCache,
+        *,
+        host: PageTier | None = None,
+        lower: LowerTier | None = None,
+        write_policy: str = "write_through",
+        fingerprint: str = "",
+        copy_to_host: Callable[[list[int], list[int]], None] | None = None,
+        write_lower: Callable[[list[bytes], list[int], Sequence[int]], None] | None = None,
+    ) -> None:
+        if write_policy not in WRITE_POLICIES:
+            raise RadixCacheError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}; got {write_policy!r}")
+        self.device = device
+        self.host = host
+        self.lower = lower
+        self.write_policy = write_policy
+        self.fingerprint = fingerprint
+        self.page_size = device.page_size
+        self.copy_to_host = copy_to_host
+        self.write_lower = write_lower
+        self._roots: dict[Hashable, bytes] = {}
+        if host is not None:
+            device.on_evict = self._on_device_evict
+
+    # ------------------------------------------------------------------ lookups
+
+    def root(self, namespace: Hashable) -> bytes:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = root_hash(self.fingerprint, namespace)
+        return root
+
+    def chain(self, namespace: Hashable) -> PageChain:
+        """A fresh hash chain for one sequence of `namespace` (keep one per request: it grows with it)."""
+        return PageChain(self.root(namespace), self.page_size)
+
+    def match(self, tokens: Sequence[int], namespace: Hashable = None, chain: PageChain | None = None) -> TierMatch:
+        """The device match of `tokens` (RadixCache.match_prefix: it refreshes and may split), then the pages after
+        it in the host and the lower tier. Under write_through_selective, pages hit twice are backed up here."""
+        device = self.device.match_prefix(tokens, namespace=namespace)
+        d = len(device.blocks)
+        if self.write_policy == "write_through_selective" and self.host is not None and d:
+            self._back_up_hot(device.node, tokens, namespace, chain)
+        if self.host is None and self.lower is None:
+            return TierMatch(device, 0, 0, [])
+        full = len(tokens) // self.page_size
+        if full <= d:
+            return TierMatch(device, 0, 0, [])
+        hashes = (chain or self.chain(namespace)).upto(tokens, full)
+        host_pages = self.host.count_prefix(hashes, d) if self.host is not None else 0
+        start = d + host_pages
+        lower_pages = self.lower.count_prefix(hashes[start:]) if self.lower is not None and start < full else 0
+        return TierMatch(device, host_pages, lower_pages, hashes[: start + lower_pages])
+
+    # ------------------------------------------------------------------ pages going down
+
+    def adopted(self, hashes: Sequence[bytes], blocks: Sequence[int], tokens: Sequence[int]) -> None:
+        """The tree just adopted these pages (their hashes, device blocks and concatenated tokens): copy them to
+        the host under write_through, and hand them to the lower tier."""
+        if not hashes:
+            return
+        if self.host is not None and self.write_policy == "write_through":
+            self._to_host(list(hashes), list(blocks))
+        if self.write_lower is not None:
+            self.write_lower(list(hashes), list(blocks), tokens)
+
+    def _to_host(self, hashes: list[bytes], blocks: list[int]) -> int:
+        """Store pages in the host tier; copy those it did not hold. Returns how many were copied."""
+        assert self.host is not None
+        new_blocks, new_slots = [], []
+        for page_hash, block in zip(hashes, blocks, strict=True):
+            placed = self.host.store(page_hash)
+            if placed is not None and placed[1]:
+                new_blocks.append(block)
+                new_slots.append(placed[0])
+        if new_blocks and self.copy_to_host is not None:
+            self.copy_to_host(new_blocks, new_slots)
+        return len(new_blocks)
+
+    def _on_device_evict(self, leaf: TreeNode, keep: int, blocks: list[int]) -> None:
+        """Device eviction: write_back copies the leaf's departing pages to the host; the other policies have
+        copied what they keep already, so only the recency of those copies is refreshed."""
+        if self.host is None:
+            return
+        hashes = self._node_hashes(leaf)[keep:]
+        if self.write_policy == "write_back":
+            self._to_host(hashes, blocks)
+        else:
+            self.host.touch(hashes)  # its copies were on the device until now: recently used
+
+    def _back_up_hot(self, node: TreeNode, tokens: Sequence[int], namespace: Hashable, chain: PageChain | None) -> None:
+        """Back up the matched pages whose nodes were hit at least SELECTIVE_HITS times (a prefix of the match:
+        an ancestor is hit whenever a descendant is)."""
+        assert self.host is not None
+        hot = node
+        while hot.parent is not None and hot.hit_count < SELECTIVE_HITS:
+            hot = hot.parent
+        if hot.parent is None:
+            return
+        pages = hot.end_len // self.page_size
+        hashes = (chain or self.chain(namespace)).upto(tokens, pages)
+        missing = [i for i, h in enumerate(hashes) if h not in self.host]
+        if not missing:
+            return
+        blocks = _path_blocks(hot)
+        self._to_host([hashes[i] for i in missing], [blocks[i] for i in missing])
+
+    def _node_hashes(self, node: TreeNode) -> list[bytes]:
+        """The hashes of `node`'s own pages (from the root's chain: the whole path is hashed)."""
+        path = node.tokens()
+        all_hashes = chain_hashes(path, self.page_size, self.root(node.namespace))
+        return all_hashes[node.prefix_len // self.page_size :]
+
+    def check_invariants(self) -> None:
+        """Every tier's own conservation and structure."""
+        self.device.check_invariants()
+        if self.host is not None:
+            self.host.check_invariants()
+
+
+def _path_blocks(node: TreeNode) -> list[int]:
+    """The device blocks of every page from the root to the end of `node`."""
+    parts: list[list[int]] = []
+    n: TreeNode | None = node
+    while n is not None and n.parent is not None:
+        parts.append(n.blocks)
+        n = n.parent
+    return [b for part in reversed(parts) for b in part]

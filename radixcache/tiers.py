@@ -1,0 +1,176 @@
+"""A content-addressed tier of KV pages (the host pool, or the simulator's disk): slots keyed by chained page hash.
+
+Below the device tree, a page needs no tree position: its chained hash (radixcache.page_hash) names its whole
+prefix. So a lower tier is a map from hash to slot, LRU over the pages nobody is loading, with locks while a page is
+copied back up. Block conservation holds here as in the tree: `free + evictable + locked == capacity`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from radixcache.errors import LockError, RadixCacheError
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """Counters of one tier. stored: pages written into it. evicted: pages dropped to make room. hit_pages: pages
+    found by `count_prefix` (and so offered to a request)."""
+
+    name: str
+    capacity: int
+    pages: int
+    stored: int
+    evicted: int
+    hit_pages: int
+
+
+class PageTier:
+    """`capacity` slots of pages keyed by page hash, evicting the least recently used unlocked page.
+
+    `on_evict(hash, slot)` runs before an evicted page's slot is reused (the runtime hands the page down a tier
+    there). A page is locked while it is copied up (`lock`/`unlock`, counted): a locked page is never evicted.
+    """
+
+    def __init__(self, capacity: int, *, name: str = "host", on_evict: Callable[[bytes, int], None] | None = None):
+        if type(capacity) is not int or capacity < 1:
+            raise RadixCacheError(f"{name} tier: capacity must be a positive int, got {capacity!r}")
+        self.name = name
+        self.capacity = capacity
+        self.on_evict = on_evict
+        self._slot: dict[bytes, int] = {}  # every stored page -> its slot
+        self._lru: OrderedDict[bytes, None] = OrderedDict()  # the unlocked pages, least recently used first
+        self._locks: dict[bytes, int] = {}  # locked pages -> lock count (> 0); disjoint from _lru
+        self._free = list(range(capacity - 1, -1, -1))
+        self._stored = self._evicted = self._hit_pages = 0
+
+    # ------------------------------------------------------------------ queries
+
+    def __contains__(self, page_hash: bytes) -> bool:
+        return page_hash in self._slot
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def count_prefix(self, hashes: Sequence[bytes], start: int = 0) -> int:
+        """How many of `hashes[start:]`, from the first, are stored consecutively. Refreshes their recency."""
+        slot, lru = self._slot, self._lru
+        n = start
+        while n < len(hashes) and hashes[n] in slot:
+            if hashes[n] in lru:
+                lru.move_to_end(hashes[n])
+            n += 1
+        self._hit_pages += n - start
+        return n - start
+
+    def touch(self, hashes: Iterable[bytes]) -> None:
+        """Refresh the recency of the stored, unlocked pages among `hashes` (not a hit)."""
+        lru = self._lru
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+
+    def slots(self, hashes: Iterable[bytes]) -> list[int]:
+        """The slots of stored pages (KeyError for a missing one)."""
+        return [self._slot[h] for h in hashes]
+
+    # ------------------------------------------------------------------ changes
+
+    def store(self, page_hash: bytes) -> tuple[int, bool] | None:
+        """A slot for `page_hash`: (slot, True) for a new page, whose data the caller must write now; (slot, False)
+        when it is already stored (refreshed). None when every slot is locked (the page is not stored)."""
+        slot = self._slot.get(page_hash)
+        if slot is not None:
+            if page_hash in self._lru:
+                self._lru.move_to_end(page_hash)
+            return slot, False
+        if not self._free:
+            if not self._lru:
+                return None
+            victim, _ = self._lru.popitem(last=False)
+            victim_slot = self._slot.pop(victim)
+            self._evicted += 1
+            if self.on_evict is not None:
+                self.on_evict(victim, victim_slot)
+            self._free.append(victim_slot)
+        slot = self._free.pop()
+        self._slot[page_hash] = slot
+        self._lru[page_hash] = None
+        self._stored += 1
+        return slot, True
+
+    def discard(self, page_hash: bytes) -> bool:
+        """Drop an unlocked page (its data proved unusable). Returns whether it was stored."""
+        if page_hash in self._locks:
+            raise LockError(f"{self.name} tier: cannot discard a locked page")
+        slot = self._slot.pop(page_hash, None)
+        if slot is None:
+            return False
+        del self._lru[page_hash]
+        self._free.append(slot)
+        return True
+
+    def lock(self, hashes: Sequence[bytes]) -> None:
+        """Protect stored pages from eviction (counted). Raises LockError, changing nothing, if one is missing."""
+        missing = [h for h in hashes if h not in self._slot]
+        if missing:
+            raise LockError(f"{self.name} tier: lock of {len(missing)} page(s) that are not stored")
+        for h in hashes:
+            count = self._locks.get(h, 0)
+            if count == 0:
+                del self._lru[h]
+            self._locks[h] = count + 1
+
+    def unlock(self, hashes: Sequence[bytes]) -> None:
+        """Undo one `lock` of each page. Raises LockError, changing nothing, if one is not locked."""
+        if any(h not in self._locks for h in hashes) or len(set(hashes)) != len(hashes):
+            raise LockError(f"{self.name} tier: unlock of a page that is not locked")
+        for h in hashes:
+            count = self._locks[h] - 1
+            if count:
+                self._locks[h] = count
+            else:
+                del self._locks[h]
+                self._lru[h] = None  # most recently used: it was just read
+
+    # ------------------------------------------------------------------ sizes and checks
+
+    @property
+    def free_count(self) -> int:
+        return len(self._free)
+
+    @property
+    def evictable_count(self) -> int:
+        return len(self._lru)
+
+    @property
+    def locked_count(self) -> int:
+        return len(self._locks)
+
+    @property
+    def stats(self) -> TierStats:
+        return TierStats(self.name, self.capacity, len(self._slot), self._stored, self._evicted, self._hit_pages)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless slots are conserved and every page is either evictable or locked."""
+        slots = list(self._slot.values())
+        problems = []
+        if len(set(slots)) != len(slots):
+            problems.append("two pages share a slot")
+        if set(slots) & set(self._free) or len(set(self._free)) != len(self._free):
+            problems.append("the free list overlaps the stored pages or repeats a slot")
+        if any(not 0 <= s < self.capacity for s in slots + self._free):
+            problems.append("a slot is out of range")
+        if set(self._lru) & set(self._locks) or set(self._lru) | set(self._locks) != set(self._slot):
+            problems.append("the evictable and locked pages do not partition the stored pages")
+        if any(c < 1 for c in self._locks.values()):
+            problems.append("a lock count is below 1")
+        if self.free_count + self.evictable_count + self.locked_count != self.capacity:
+            problems.append(
+                f"free {self.free_count} + evictable {self.evictable_count} + locked {self.locked_count} "
+                f"!= capacity {self.capacity}"
+            )
+        if problems:
+            raise AssertionError(f"{self.name} tier: " + "; ".join(problems))
