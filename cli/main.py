@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from radixcache.cli.cache import cache
 from radixcache.cli.chat import chat
 from radixcache.cli.demo import demo
 from radixcache.cli.model import model
@@ -26,6 +27,7 @@ def main() -> None:
     """
 
 
+main.add_command(cache)
 main.add_command(chat)
 main.add_command(demo)
 main.add_command(model)
