@@ -7,7 +7,15 @@ import sys
 import click
 
 from radixcache.cli.errors import FriendlyCommand, debug_option
-from radixcache.cli.replay import engine_kwargs, kv_options, load_engine_model, model_option, speed_options
+from radixcache.cli.replay import (
+    engine_kwargs,
+    kv_options,
+    load_engine_model,
+    model_option,
+    speed_options,
+    tier_kwargs,
+    tier_options,
+)
 
 COMMANDS = "/exit to leave, /reset to start over"
 
@@ -20,6 +28,7 @@ COMMANDS = "/exit to leave, /reset to start over"
 @click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed (turn i uses seed + i).")
 @click.option("--no-cache", is_flag=True, help="Disable the prefix cache (every turn prefills its whole history).")
 @kv_options
+@tier_options
 @speed_options
 @debug_option
 def chat(
@@ -33,6 +42,10 @@ def chat(
     capacity_blocks: int | None,
     kv_memory: str | None,
     page_size: int,
+    host_kv_memory: str | None,
+    cache_dir: str | None,
+    cache_dir_size: str,
+    write_policy: str,
     quant: str,
     threads: int | None,
     mirror_memory: str | None,
@@ -49,6 +62,7 @@ def chat(
     from radixcache.runtime.engine.engine import Engine
 
     kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
+    kwargs |= tier_kwargs(host_kv_memory, cache_dir, cache_dir_size, write_policy)
     engine = Engine(load_engine_model(model, quant), enable_cache=not no_cache, **kwargs)
     interactive = sys.stdin.isatty()
     if interactive:

@@ -47,6 +47,58 @@ def kv_options(func: Callable) -> Callable:
     return func
 
 
+def tier_options(func: Callable) -> Callable:
+    """--host-kv-memory, --cache-dir, --cache-dir-size, --write-policy: the tiers under the KV pool."""
+    from radixcache.tiered import WRITE_POLICIES
+
+    options = [
+        click.option(
+            "--host-kv-memory",
+            help="A host tier of this size under the KV pool, e.g. 2GiB: pages the pool drops wait there and are "
+            "copied back when that is cheaper than recomputing them.",
+        ),
+        click.option(
+            "--cache-dir",
+            type=click.Path(file_okay=False),
+            help="Persist KV pages in this directory (a disk tier): a restarted process hits what it served before.",
+        ),
+        click.option(
+            "--cache-dir-size", default="8GiB", show_default=True, help="The disk tier's size limit (LRU beyond it)."
+        ),
+        click.option(
+            "--write-policy",
+            default="write_through",
+            show_default=True,
+            type=click.Choice(WRITE_POLICIES),
+            help="When the host tier gets a copy of a page: as the tree adopts it, once it is hit twice, or when the "
+            "pool evicts it.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def tier_kwargs(
+    host_kv_memory: str | None, cache_dir: str | None, cache_dir_size: str, write_policy: str
+) -> dict[str, Any]:
+    """Engine arguments from the tier options; a bad size is refused before the model loads."""
+    from radixcache.runtime.kv.pool import parse_memory
+
+    for value, hint in ((host_kv_memory, "'--host-kv-memory'"), (cache_dir_size, "'--cache-dir-size'")):
+        if value is not None:
+            try:
+                parse_memory(value)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint=hint) from None
+    return {
+        "host_kv_memory": host_kv_memory,
+        "cache_dir": cache_dir,
+        "cache_dir_size": cache_dir_size,
+        "write_policy": write_policy,
+    }
+
+
 def speed_options(func: Callable) -> Callable:
     """--quant, --threads and --mirror-memory: how the model runs, shared by replay, chat and serve."""
     options = [
@@ -117,6 +169,7 @@ def load_engine_model(spec: str, quant: str = "none") -> Any:
 @click.option("--no-cache", is_flag=True, help="Run with the prefix cache disabled (the baseline).")
 @click.option("--compare", is_flag=True, help="Run with and without the cache; print both and their ratios.")
 @kv_options
+@tier_options
 @speed_options
 @click.option(
     "--concurrency",
@@ -144,6 +197,10 @@ def replay(
     capacity_blocks: int | None,
     kv_memory: str | None,
     page_size: int,
+    host_kv_memory: str | None,
+    cache_dir: str | None,
+    cache_dir_size: str,
+    write_policy: str,
     quant: str,
     threads: int | None,
     mirror_memory: str | None,
@@ -184,6 +241,7 @@ def replay(
     if compare and no_cache:
         raise click.UsageError("--compare already runs without the cache; drop --no-cache")
     kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
+    kwargs |= tier_kwargs(host_kv_memory, cache_dir, cache_dir_size, write_policy)
     config = ReplayConfig(
         mode=mode,
         max_tokens=max_tokens,
@@ -320,6 +378,10 @@ def summary_table(summaries: list[Any], comparison: Any = None) -> Table:
     row("prompt tokens", "prompt_tokens", num)
     row("cached tokens", "cached_tokens", num)
     row("hit rate", "hit_rate", lambda v: f"{v:.1%}")
+    if any(s.tiers for s in summaries):
+        row("  from the device", "device_hit_tokens", num)
+        row("  from the host tier", "host_hit_tokens", num)
+        row("  from the disk tier", "disk_hit_tokens", num)
     row("prefilled tokens", "prefill_tokens", num, over("prefill_tokens"))
     row("TTFT p50", "ttft_p50_s", ms, over("ttft_p50_s"))
     row("TTFT p90", "ttft_p90_s", ms, over("ttft_p90_s"))

@@ -8,7 +8,15 @@ import socket
 import click
 
 from radixcache.cli.errors import FriendlyCommand, debug_option
-from radixcache.cli.replay import engine_kwargs, kv_options, load_engine_model, model_option, speed_options
+from radixcache.cli.replay import (
+    engine_kwargs,
+    kv_options,
+    load_engine_model,
+    model_option,
+    speed_options,
+    tier_kwargs,
+    tier_options,
+)
 
 
 def _check_bind(host: str, port: int) -> None:
@@ -39,6 +47,7 @@ def _check_bind(host: str, port: int) -> None:
     help="Serve /metrics without a key even under --api-key (by default it needs one, like /v1).",
 )
 @kv_options
+@tier_options
 @speed_options
 @click.option("--schedule", default="lpm", show_default=True, type=click.Choice(["lpm", "fcfs", "dfs-weight"]))
 @click.option(
@@ -94,6 +103,10 @@ def serve(
     capacity_blocks: int | None,
     kv_memory: str | None,
     page_size: int,
+    host_kv_memory: str | None,
+    cache_dir: str | None,
+    cache_dir_size: str,
+    write_policy: str,
     quant: str,
     threads: int | None,
     mirror_memory: str | None,
@@ -128,6 +141,7 @@ def serve(
     from radixcache.runtime.server import create_app
 
     kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
+    kwargs |= tier_kwargs(host_kv_memory, cache_dir, cache_dir_size, write_policy)
     if any(not k.strip() for k in api_keys):
         raise click.BadParameter("an API key cannot be empty", param_hint="'--api-key'")
     _check_bind(host, port)
@@ -165,7 +179,7 @@ def serve(
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        engine.wait_idle(30)
+        engine.close(30)  # nothing is in flight after uvicorn's drain; queued disk-tier writes finish here
     click.echo("server stopped", err=True)
 
 

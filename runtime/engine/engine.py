@@ -33,11 +33,14 @@ from radixcache.runtime.engine.request import GenerationResult, Request
 from radixcache.runtime.engine.runner import ModelRunner
 from radixcache.runtime.engine.sampling import Sampler, SamplingParams, stop_token_set
 from radixcache.runtime.engine.scheduler import Scheduler, SchedulerConfig
+from radixcache.runtime.kv.fingerprint import file_digest, kv_fingerprint, weights_digest
 from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.mirror import DecodeMirror
 from radixcache.runtime.kv.pool import blocks_for_budget, parse_memory
 from radixcache.runtime.kv.retention import RetentionPolicy
+from radixcache.runtime.kv.tiering import TierCounters, build_tiers
 from radixcache.runtime.model.llama import DEFAULT_CHUNK, LlamaModel
+from radixcache.tiered import WRITE_POLICIES
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.session import Session
@@ -47,6 +50,7 @@ Messages = Sequence[dict[str, str]]
 
 DEFAULT_KV_MEMORY = "512MiB"
 DEFAULT_MIRROR_MEMORY = "512MiB"
+DEFAULT_CACHE_DIR_SIZE = "8GiB"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
@@ -78,6 +82,7 @@ class EngineStats:
     recomputed_tokens: int = 0
     pinned_blocks: int = 0
     steps: int = 0
+    tiers: TierCounters | None = None  # per-tier hits and page moves, with a host tier or a cache directory
 
     @property
     def hit_rate(self) -> float:
@@ -134,8 +139,14 @@ class Engine:
         mirror_memory: str | int | None = None,
         max_queue: int | None = None,
         queue_timeout: float | None = None,
+        host_kv_memory: str | int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_dir_size: str | int = DEFAULT_CACHE_DIR_SIZE,
+        write_policy: str = "write_through",
     ) -> None:
         torch_dtype = resolve_dtype(dtype)
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}, got {write_policy!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive int, got {threads!r}")
         if isinstance(model, (str, os.PathLike)):
@@ -143,6 +154,7 @@ class Engine:
 
             load_dtype = torch.float32 if torch_dtype == torch.float64 else torch_dtype  # float64: tests only
             model = load_model(str(model), dtype=load_dtype, device=device, keep_blocks=quant == "gguf")
+        weights_id = _weights_identity(model) if cache_dir is not None and enable_cache else ""
         if isinstance(model, LlamaModel):
             if quant != "none" and quant != model.quant:
                 raise ValueError(f"quant={quant!r} applies when the engine builds the model; pass it to LlamaModel")
@@ -152,6 +164,8 @@ class Engine:
             self.model = LlamaModel(
                 model.config, model.weights, dtype=torch_dtype, device=device, quant=quant, blocks=blocks
             )
+            if weights_id:
+                self.model.weights_id = weights_id  # an engine built later on this model fingerprints the same
             tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         self.tokenizer = tokenizer
         self.config = self.model.config
@@ -164,8 +178,23 @@ class Engine:
         self.retention = RetentionPolicy(policy)
         self.cache = RadixCache(capacity_blocks, page_size, self.retention)
         self.pool = self.model.new_pool(capacity_blocks, page_size)
+        self.tiers = None
+        if enable_cache:
+            self.tiers = build_tiers(
+                self.cache,
+                self.pool,
+                host_kv_memory=host_kv_memory,
+                cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+                cache_dir_size=cache_dir_size,
+                write_policy=write_policy,
+                fingerprint=kv_fingerprint(self.config, self.pool, weights=weights_id, quant=self.model.quant),
+            )
         self.kv = KVManager(
-            self.cache, enable_cache=enable_cache, retention=self.retention, max_pinned_blocks=self.max_pinned_blocks
+            self.cache,
+            enable_cache=enable_cache,
+            retention=self.retention,
+            max_pinned_blocks=self.max_pinned_blocks,
+            tiers=self.tiers,
         )
         self.mirror = self._make_mirror(mirror_memory)
         self.enable_cache = enable_cache
@@ -329,7 +358,17 @@ class Engine:
 
         if not self._loop.idle():
             self._loop.call(cancel_all)
-        return self._loop.wait_idle(timeout)
+        idle = self._loop.wait_idle(timeout)
+        if idle and self.tiers is not None:  # the disk writes still queued finish (a restart then finds them)
+            self.tiers.close(timeout)
+        return idle
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until the disk tier has written every page queued so far (True; False on timeout or no disk
+        tier). Writes never delay requests; call this before a planned exit or to measure what is persisted."""
+        if self.tiers is None or self.tiers.disk is None:
+            return False
+        return self.tiers.disk.flush(timeout)
 
     def __enter__(self) -> Engine:
         return self
@@ -352,6 +391,8 @@ class Engine:
         def run(s: Scheduler) -> dict[str, int]:
             c = self.cache
             c.check_invariants()
+            if self.tiers is not None:
+                self.tiers.check()
             return {
                 "capacity_blocks": c.capacity_blocks,
                 "free_blocks": c.free_blocks,
@@ -389,6 +430,7 @@ class Engine:
             recomputed_tokens=t.recomputed,
             pinned_blocks=self.kv.pins.blocks,
             steps=s.steps,
+            tiers=None if self.tiers is None else self.tiers.counters,
         )
 
     def __repr__(self) -> str:
@@ -631,6 +673,27 @@ class Engine:
             )
         self._check_vocabulary(ids)
         return ids
+
+
+def _weights_identity(model: Any) -> str:
+    """What names the weights in the disk tier's fingerprint: a digest of the file or directory they come from, or
+    of the weights themselves when they were built in code."""
+    if isinstance(model, (str, os.PathLike)):
+        from radixcache.runtime.loading import resolve_model_path
+
+        return "file:" + file_digest(resolve_model_path(model))
+    if isinstance(model, LlamaModel) and model.weights_id:
+        return model.weights_id
+    source = getattr(model, "source", None)
+    if isinstance(source, str) and os.path.exists(source):
+        return "file:" + file_digest(source)
+    weights = getattr(model, "weights", None)
+    if isinstance(weights, dict) and weights:
+        return "tensors:" + weights_digest(weights)
+    raise ValueError(
+        "cache_dir needs to fingerprint the weights: pass a model path or a loaded model (with .source or .weights), "
+        "not a bare LlamaModel"
+    )
 
 
 def _is_messages(x: Any) -> bool:

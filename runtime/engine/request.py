@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 
 from radixcache import TreeNode
+from radixcache.page_hash import PageChain
 from radixcache.runtime.engine.sampling import Sampler, SamplingParams
 from radixcache.runtime.kv.manager import Status
 
@@ -117,6 +118,7 @@ class Request:
     preemptions: int = 0
     recomputed_tokens: int = 0
     computed_max: int = 0  # the most positions whose K/V were ever computed (recomputation accounting)
+    page_chain: PageChain | None = field(default=None, repr=False)  # page hashes for the tiers (kv.tiering)
     error: BaseException | None = None
     listener: Callable[[Request], None] | None = field(default=None, repr=False)
 

@@ -157,12 +157,15 @@ class Scheduler:
     # ------------------------------------------------------------------ one pass
 
     def _run(self, decodes: list[Request], chunks: list[tuple[Request, int]]) -> None:
+        t0 = time.perf_counter()
         try:
             logits = self.runner.step(decodes, chunks)
         except BaseException as exc:  # nothing was committed: every request of the pass fails, holding nothing
             for r in [*decodes, *(r for r, _ in chunks)]:
                 self._fail(r, exc)
             return
+        if chunks and self.kv.tiers is not None:  # what loading a page back competes with: the prefill per token
+            self.kv.tiers.note_prefill(sum(n for _, n in chunks) + len(decodes), time.perf_counter() - t0)
         share = self.config.share_in_flight
         p = self.kv.page_size
         done: list[tuple[Request, torch.Tensor]] = []  # (request, logits row): each gets its next token now

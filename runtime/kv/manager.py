@@ -24,6 +24,7 @@ from radixcache.runtime.kv.retention import RetentionPolicy
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.request import Request
+    from radixcache.runtime.kv.tiering import KVTiers
 
 
 class Status(Enum):
@@ -49,8 +50,10 @@ class KVManager:
         enable_cache: bool = True,
         retention: RetentionPolicy | None = None,
         max_pinned_blocks: int = 0,
+        tiers: KVTiers | None = None,
     ) -> None:
         self.cache = cache
+        self.tiers = tiers if enable_cache else None
         self.enable_cache = enable_cache
         self.page_size = cache.page_size
         self.retention = retention
@@ -76,28 +79,53 @@ class KVManager:
         resumed = bool(req.output_ids)
         blocks: list[int] = []
         node = None
+        tiers, tier_match = self.tiers, None
+        host_hashes: list[bytes] = []
+        disk_pages = 0
         if self.enable_cache:
-            match = cache.match_prefix(req.all_ids[: end if resumed else end - 1], namespace=req.namespace)
+            query = req.all_ids[: end if resumed else end - 1]
+            if tiers is not None:
+                if req.page_chain is None:
+                    req.page_chain = tiers.chain(req.namespace)
+                tier_match = tiers.match(query, req.namespace, req.page_chain)
+                match = tier_match.device
+            else:
+                match = cache.match_prefix(query, namespace=req.namespace)
             node, blocks = match.node, match.blocks
             cache.lock(node)
+            if tier_match is not None:
+                assert tiers is not None
+                host_pages, disk_pages = tiers.plan(tier_match)
+                host_hashes = tiers.lock_host(tier_match, host_pages)
         try:
             need = self.pages(end) - len(blocks)
             if not strict and need + reserve > cache.free_blocks + cache.evictable_blocks:
-                if node is not None:
-                    cache.unlock(node)
+                self._unlock_all(node, host_hashes)
                 return False
             new = cache.allocate(need)
         except BaseException:
-            if node is not None:
-                cache.unlock(node)
+            self._unlock_all(node, host_hashes)
             raise
-        matched = len(blocks) * self.page_size
+        loaded = 0
+        if tier_match is not None:
+            assert tiers is not None
+            try:  # unlocks the host pages whatever happens
+                loaded = tiers.load(tier_match, host_hashes, disk_pages, query, new)
+            except BaseException:
+                cache.free(new)
+                self._unlock_all(node, [])
+                raise
+        p = self.page_size
+        matched = (len(blocks) + loaded) * p
         req.match_node = node
         req.tree_blocks = len(blocks)
         req.block_table = blocks + new
         req.num_kv = matched
         if req.preemptions == 0 and not resumed and req.t_admitted is None:
             req.cached_tokens = matched if req.cached_cap is None else min(matched, req.cached_cap)
+            if tiers is not None:
+                host_loaded = min(loaded, len(host_hashes))
+                tiers.count_hits(len(blocks) * p, host_loaded * p, (loaded - host_loaded) * p)
         else:  # a resumption: what it computes again is recomputation, not a miss, and its hits are not hits
             req.recomputed_tokens += max(0, req.computed_max - matched)
         req.status = Status.RUNNING
@@ -129,7 +157,9 @@ class KVManager:
             return
         cache, ns = self.cache, req.namespace
         tokens = req.all_ids[: full * p]
-        cache.insert(tokens, req.block_table[:full], namespace=ns)
+        cached = cache.insert(tokens, req.block_table[:full], namespace=ns) // p
+        if self.tiers is not None and req.page_chain is not None:  # our pages the tree adopted go down the tiers
+            self.tiers.adopted(req.page_chain, tokens, cached, full, req.block_table[cached:full])
         node = cache.lock_prefix(tokens, full * p, namespace=ns)
         assert node is not None, "the pages just inserted are in the tree, and locked"
         old, req.match_node = req.match_node, node
@@ -202,7 +232,11 @@ class KVManager:
             cache.free(spare)
             del req.block_table[used:]
         if req.num_kv:
-            cache.insert(req.all_ids[: req.num_kv], req.block_table, namespace=req.namespace)
+            tokens = req.all_ids[: req.num_kv]
+            cached = cache.insert(tokens, req.block_table, namespace=req.namespace) // self.page_size
+            full = req.num_kv // self.page_size
+            if self.tiers is not None and req.page_chain is not None and full > cached:
+                self.tiers.adopted(req.page_chain, tokens, cached, full, req.block_table[cached:full])
         # The tree now owns every full page (duplicates of cached pages went back to the free pool); only an
         # unaligned tail page is still ours.
         tail = req.block_table[-1:] if req.num_kv % self.page_size else []
@@ -211,6 +245,12 @@ class KVManager:
         if tail:
             cache.free(tail)
         self._unlock(req)
+
+    def _unlock_all(self, node: TreeNode | None, host_hashes: list[bytes]) -> None:
+        if node is not None:
+            self.cache.unlock(node)
+        if host_hashes and self.tiers is not None:
+            self.tiers.unlock_host(host_hashes)
 
     def _unlock(self, req: Request) -> None:
         node, req.match_node = req.match_node, None

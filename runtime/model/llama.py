@@ -110,6 +110,7 @@ class LlamaModel:
                 "quant='gguf' needs the GGUF file's blocks: load a GGUF model with load_model(..., keep_blocks=True)"
             )
         self.quant = quant
+        self.weights_id: str | None = None  # what the disk tier's fingerprint names these weights by (engine)
         # quant="gguf" also runs RMSNorm and the decode mirror's attention natively for small batches
         self.native: NativeDecodeOps | None = None
         if quant == "gguf":

@@ -119,9 +119,16 @@ class ReplaySummary:
     page_size: int = 0
     capacity_blocks: int = 0
     concurrency: int = 1
+    tiers: bool = False  # the engine had a host tier or a cache directory
+    host_hit_tokens: int = 0  # of cached_tokens, those loaded back from the host tier
+    disk_hit_tokens: int = 0  # ... and from the disk tier; the rest were on the device
+
+    @property
+    def device_hit_tokens(self) -> int:
+        return self.cached_tokens - self.host_hit_tokens - self.disk_hit_tokens
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self) | {"device_hit_tokens": self.device_hit_tokens}
 
 
 @dataclass(frozen=True, slots=True)

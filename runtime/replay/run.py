@@ -266,6 +266,7 @@ def replay(
         _warm_up(engine)
     run = _Run(engine, config, on_result, on_warning)
     run.positions = {(s.index, k): i for i, (s, k) in enumerate(_order(sessions))}
+    tiers_before = _tier_counters(engine)
     offsets = _timestamps(sessions, config.honor_timestamps, run.on_warning)
     interrupted = False
     try:
@@ -280,6 +281,16 @@ def replay(
     else:
         wall = time.perf_counter() - run.t0
     enabled = bool(getattr(engine, "enable_cache", True))
+    tiers_after = _tier_counters(engine)
+    tier_info: dict[str, Any] = {}
+    if tiers_before is not None and tiers_after is not None:
+        if not interrupted:
+            engine.flush()  # what the run wrote to the disk tier is there when it returns
+        tier_info = {
+            "tiers": True,
+            "host_hit_tokens": tiers_after.host_hit_tokens - tiers_before.host_hit_tokens,
+            "disk_hit_tokens": tiers_after.disk_hit_tokens - tiers_before.disk_hit_tokens,
+        }
     summary = summarize(
         run.records,
         run.skipped,
@@ -289,6 +300,7 @@ def replay(
         wall_s=wall,
         interrupted=interrupted,
         **_engine_info(engine, config),
+        **tier_info,
     )
     return ReplayResult(summary, tuple(run.records), tuple(run.skipped))
 
@@ -355,6 +367,12 @@ def _warm_up(engine: Any) -> None:
     """One tiny request in its own namespace, so one-off start-up costs do not land on the first measured TTFT."""
     vocab = engine.config.vocab_size
     engine.generate([(7 * i + 1) % vocab for i in range(8)], 2, namespace=_WARMUP_NAMESPACE)
+
+
+def _tier_counters(engine: Any) -> Any:
+    """The engine's per-tier counters now, or None without tiers."""
+    stats = getattr(engine, "stats", None)
+    return getattr(stats, "tiers", None)
 
 
 def _engine_info(engine: Any, config: ReplayConfig) -> dict[str, Any]:

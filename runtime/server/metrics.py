@@ -108,6 +108,41 @@ class ServerMetrics:
         out += [f'{name}{{status="{status}"}} {count}' for status, count in statuses]
         return out
 
+    @staticmethod
+    def _tier_lines(tiers: Any, model_name: str) -> list[str]:
+        """Per-tier hits and page moves (engine.stats.tiers), labelled by tier; nothing without tiers."""
+        if tiers is None:
+            return []
+        hits = "radixcache_tier_hit_tokens_total"
+        loaded = "radixcache_tier_loaded_pages_total"
+        out = [f"# HELP {hits} Prompt tokens of fresh requests served from each tier.", f"# TYPE {hits} counter"]
+        for tier in ("device", "host", "disk"):
+            out.append(f'{hits}{{model="{model_name}",tier="{tier}"}} {getattr(tiers, f"{tier}_hit_tokens")}')
+        out += [f"# HELP {loaded} Pages copied back up into the KV pool.", f"# TYPE {loaded} counter"]
+        for tier in ("host", "disk"):
+            out.append(f'{loaded}{{model="{model_name}",tier="{tier}"}} {getattr(tiers, f"{tier}_loaded_pages")}')
+        for name, help, value in (
+            (
+                "radixcache_tier_declined_pages_total",
+                "Pages found below the pool but recomputed (cheaper).",
+                tiers.declined_pages,
+            ),
+            ("radixcache_tier_host_saved_pages_total", "Pages copied to the host tier.", tiers.host_saved_pages),
+            ("radixcache_tier_disk_queued_pages_total", "Pages queued for the disk tier.", tiers.disk_queued_pages),
+            (
+                "radixcache_tier_disk_dropped_pages_total",
+                "Disk writes dropped (queue full or tier off).",
+                tiers.disk_dropped_pages,
+            ),
+            (
+                "radixcache_tier_disk_failed_reads_total",
+                "Disk pages that failed their checks (deleted).",
+                tiers.disk_failed_reads,
+            ),
+        ):
+            out += [f"# HELP {name} {help}", f"# TYPE {name} counter", f'{name}{{model="{model_name}"}} {value}']
+        return out
+
     def render(self, engine: Any, model_name: str) -> str:
         s = engine.stats
         label = f'{{model="{model_name}"}}'
@@ -164,5 +199,6 @@ class ServerMetrics:
         out: list[str] = []
         for name, kind, help, value in rows:
             out += [f"# HELP {name} {help}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
+        out += self._tier_lines(s.tiers, model_name)
         out += self.ttft.lines() + self.tpot.lines() + self._namespace_lines()
         return "\n".join(out) + "\n"

@@ -1,0 +1,191 @@
+"""The engine with a host tier and a disk tier: greedy outputs equal outputs without any cache while pages are
+demoted, loaded back and restored from disk, with requests arriving while others run; a restarted engine hits what
+the last one served; corrupted page files are detected and recomputed; and a cache directory is never shared across
+weights, weight format, KV dtype, page size or namespace."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from radixcache.runtime import Engine
+from radixcache.runtime.kv.disk import DiskStore
+from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+from radixcache.tiered import WRITE_POLICIES
+
+MAX_NEW = 6
+
+
+def _prompts(vocab: int, seed: int = 0, n: int = 10) -> list[list[int]]:
+    """Conversations over two shared system prompts, each turn extending an earlier prompt (prefixes repeat)."""
+    rng = random.Random(seed)
+    systems = [[rng.randrange(vocab) for _ in range(24)] for _ in range(2)]
+    prompts: list[list[int]] = []
+    for i in range(n):
+        base = prompts[rng.randrange(len(prompts))] if prompts and rng.random() < 0.5 else systems[i % 2]
+        prompts.append(base + [rng.randrange(vocab) for _ in range(rng.randrange(3, 14))])
+    return prompts
+
+
+def _baseline(model: RandomModel, prompts: list[list[int]]) -> list[list[int]]:
+    engine = Engine(model, capacity_blocks=400, page_size=4, enable_cache=False)
+    with engine:
+        return [r.token_ids for r in engine.generate(prompts, max_new_tokens=MAX_NEW)]
+
+
+def _run_staggered(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
+    """Submit in waves while earlier requests still prefill or decode; return outputs in prompt order."""
+    handles = []
+    for i in range(0, len(prompts), 3):
+        handles += engine.submit(prompts[i : i + 3], max_new_tokens=MAX_NEW)
+        time.sleep(0.002)
+    return [h.result(timeout=120).token_ids for h in handles]
+
+
+@pytest.fixture(scope="module")
+def model() -> RandomModel:
+    m = tiny_model(seed=5)
+    return RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+
+
+def _host_bytes(model: RandomModel, pages: int, page_size: int) -> int:
+    return pages * page_size * model.config.kv_bytes_per_token(4)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("policy", WRITE_POLICIES)
+def test_tiered_outputs_equal_uncached_outputs_through_demotion_load_and_restart(
+    model: RandomModel, tmp_path: Path, page_size: int, policy: str
+) -> None:
+    prompts = _prompts(model.config.vocab_size)
+    want = _baseline(model, prompts)
+    small = 160 // page_size  # the device pool holds a few prompts: pages are demoted and loaded back all along
+    kwargs = {"page_size": page_size, "write_policy": policy, "cache_dir": tmp_path}
+    with Engine(model, capacity_blocks=small, host_kv_memory=_host_bytes(model, 400, 1), **kwargs) as engine:
+        assert _run_staggered(engine, prompts) == want
+        assert _run_staggered(engine, prompts[::-1]) == want[::-1]
+        engine.check()
+        tiers = engine.stats.tiers
+        assert tiers.host_saved_pages > 0
+        if policy == "write_through_selective":  # only pages hit twice reach the host: others come from disk
+            assert tiers.host_loaded_pages + tiers.disk_loaded_pages > 0
+        else:
+            assert tiers.host_loaded_pages > 0 and tiers.host_hit_tokens > 0  # pages came back from the host
+        assert engine.flush(30)
+    with Engine(model, capacity_blocks=small, **kwargs) as restarted:  # no host tier: disk only
+        assert _run_staggered(restarted, prompts) == want
+        restarted.check()
+        assert restarted.stats.tiers.disk_loaded_pages > 0 and restarted.stats.tiers.disk_failed_reads == 0
+
+
+def test_a_restarted_engine_hits_every_full_page_it_served(model: RandomModel, tmp_path: Path) -> None:
+    prompt = _prompts(model.config.vocab_size, seed=3, n=1)[0] * 3
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as first:
+        want = first.generate(prompt, max_new_tokens=MAX_NEW)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as second:
+        got = second.generate(prompt, max_new_tokens=MAX_NEW)
+    assert got.token_ids == want.token_ids
+    assert got.cached_tokens == (len(prompt) - 1) // 4 * 4  # every full page before the last token
+    assert second.stats.tiers.disk_hit_tokens == got.cached_tokens
+
+
+def test_corrupted_page_files_are_deleted_and_recomputed(model: RandomModel, tmp_path: Path) -> None:
+    prompts = _prompts(model.config.vocab_size, seed=4, n=6)
+    want = _baseline(model, prompts)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as engine:
+        engine.generate(prompts, max_new_tokens=MAX_NEW)
+    files = sorted(tmp_path.rglob("*.kvpage"))
+    assert len(files) > 10
+    flipped = files[::3]
+    for i, path in enumerate(flipped):  # one byte flipped: in the header, the tokens or the payload
+        data = bytearray(path.read_bytes())
+        data[(len(data) * (i % 5 + 1)) // 6] ^= 0x40
+        path.write_bytes(bytes(data))
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as engine:
+        assert _run_staggered(engine, prompts) == want
+        assert engine.stats.tiers.disk_failed_reads > 0
+    # A flipped page the run did not need to read (its prefix was on the device by then) is still on disk, and
+    # still caught: verify removes it. Then nothing fails any more.
+    with DiskStore(tmp_path, max_bytes=1 << 30) as store:
+        report = store.verify(delete=True)
+    assert report.ok == report.checked - len(report.corrupt)
+    assert set(map(Path, report.corrupt)) <= set(flipped)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as engine:
+        assert _run_staggered(engine, prompts) == want
+        assert engine.stats.tiers.disk_failed_reads == 0 and engine.stats.tiers.disk_hit_tokens > 0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"page_size": 2},
+        {"dtype": "float64"},
+        {"quant": "fp16"},
+        {"model_seed": 6},
+        {"namespace": "another-tenant"},
+    ],
+    ids=["page-size", "kv-dtype", "weight-format", "weights", "namespace"],
+)
+def test_a_cache_dir_is_never_shared_across_what_makes_kv_bytes_differ(
+    model: RandomModel, tmp_path: Path, change: dict
+) -> None:
+    prompt = _prompts(model.config.vocab_size, seed=8, n=1)[0]
+    with Engine(model, capacity_blocks=100, page_size=4, cache_dir=tmp_path) as first:
+        first.generate(prompt, max_new_tokens=2)
+    assert first.stats.tiers.disk_queued_pages > 0
+    other = model
+    if "model_seed" in change:
+        m = tiny_model(seed=change["model_seed"])
+        other = RandomModel(m.config, m.weights, model.tokenizer)
+    kwargs = {"page_size": change.get("page_size", 4), "dtype": change.get("dtype", "float32")}
+    kwargs["quant"] = change.get("quant", "none")
+    namespace = change.get("namespace")
+    with Engine(other, capacity_blocks=100, cache_dir=tmp_path, **kwargs) as second:
+        result = second.generate(prompt, max_new_tokens=2, namespace=namespace)
+        assert result.cached_tokens == 0
+        assert second.stats.tiers.disk_hit_tokens == 0
+    # and the unchanged engine still hits (the pages are there)
+    with Engine(model, capacity_blocks=100, page_size=4, cache_dir=tmp_path) as again:
+        assert again.generate(prompt, max_new_tokens=2).cached_tokens > 0
+
+
+def test_an_unusable_cache_dir_disables_the_tier_without_failing_requests(model: RandomModel, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with Engine(model, capacity_blocks=100, page_size=4, cache_dir=blocker / "cache") as engine:
+        prompt = _prompts(model.config.vocab_size, seed=9, n=1)[0]
+        want = engine.generate(prompt, max_new_tokens=2).token_ids
+        assert engine.generate(prompt, max_new_tokens=2).token_ids == want
+        assert not engine.tiers.disk.enabled
+        assert engine.stats.tiers.disk_queued_pages == 0
+
+
+def test_a_read_only_cache_dir_disables_writes_without_failing_requests(model: RandomModel, tmp_path: Path) -> None:
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root ignores directory permissions")
+    tmp_path.chmod(0o500)
+    try:
+        with Engine(model, capacity_blocks=100, page_size=4, cache_dir=tmp_path / "sub") as engine:
+            prompt = _prompts(model.config.vocab_size, seed=9, n=1)[0]
+            assert engine.generate(prompt, max_new_tokens=2).token_ids
+    finally:
+        tmp_path.chmod(0o700)
+
+
+def test_loads_are_declined_when_recomputing_is_measured_cheaper(model: RandomModel, tmp_path: Path) -> None:
+    prompts = _prompts(model.config.vocab_size, seed=10, n=6)
+    want = _baseline(model, prompts)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as first:
+        first.generate(prompts, max_new_tokens=MAX_NEW)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as second:
+        costs = second.tiers.costs
+        costs.note_prefill(1000, 1e-6)  # prefill measured at a nanosecond per token: loading a page never pays
+        costs.note_load("disk", 1, 1.0)
+        assert [r.token_ids for r in second.generate(prompts, max_new_tokens=MAX_NEW)] == want
+        tiers = second.stats.tiers
+        assert tiers.disk_loaded_pages == 0 and tiers.declined_pages > 0
