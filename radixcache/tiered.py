@@ -179,8 +179,10 @@ class TieredCache:
     def check_invariants(self) -> None:
         """Every tier's own conservation and structure."""
         self.device.check_invariants()
-        if self.host is not None:
-            self.host.check_invariants()
+        for tier in (self.host, self.lower):
+            check = getattr(tier, "check_invariants", None)
+            if check is not None:
+                check()
 
 
 def _path_blocks(node: TreeNode) -> list[int]:

@@ -7,7 +7,7 @@ copied back up. Block conservation holds here as in the tree: `free + evictable 
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -125,8 +125,8 @@ class PageTier:
 
     def unlock(self, hashes: Sequence[bytes]) -> None:
         """Undo one `lock` of each page. Raises LockError, changing nothing, if one is not locked."""
-        if any(h not in self._locks for h in hashes) or len(set(hashes)) != len(hashes):
-            raise LockError(f"{self.name} tier: unlock of a page that is not locked")
+        if any(self._locks.get(h, 0) < n for h, n in Counter(hashes).items()):
+            raise LockError(f"{self.name} tier: unlock of a page that is not locked (as often)")
         for h in hashes:
             count = self._locks[h] - 1
             if count:

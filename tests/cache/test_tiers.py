@@ -255,3 +255,14 @@ class TieredMachine(RuleBasedStateMachine):
 
 
 TestTieredMachine = TieredMachine.TestCase
+
+
+def test_page_tier_locks_count_repeats_and_unlock_undoes_them() -> None:
+    tier = PageTier(2)
+    tier.store(b"a")
+    tier.lock([b"a", b"a"])
+    tier.unlock([b"a"])
+    assert tier.locked_count == 1
+    tier.unlock([b"a"])
+    assert tier.locked_count == 0 and tier.evictable_count == 1
+    tier.check_invariants()
