@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import click
@@ -14,7 +15,9 @@ from radixcache.errors import RadixCacheError
 from radixcache.policies import ALL_POLICIES
 from radixcache.simulate import Replayable, SimReport, SimResult, evaluate
 from radixcache.simulate_source import open_source
+from radixcache.simulate_tiers import COST_PAGE_TOKENS, DEFAULT_TIER_COSTS, TierConfig, TierCosts
 from radixcache.simulate_workload import load_workload
+from radixcache.tiered import WRITE_POLICIES
 from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
 
 
@@ -34,7 +37,44 @@ from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
 )
 @click.option("--concurrency", default=1, show_default=True, type=click.IntRange(min=1), help="Requests in flight.")
 @click.option("--windows", default=10, show_default=True, type=click.IntRange(min=1), help="Hit-rate windows.")
-@click.option("--belady", is_flag=True, help="Also replay Belady's offline optimum (the upper bound).")
+@click.option(
+    "--belady",
+    is_flag=True,
+    help="Also replay Belady's offline optimum (the upper bound; device-only, as the infinite cache).",
+)
+@click.option(
+    "--host-capacity-blocks",
+    type=click.IntRange(min=1),
+    help="Add a host tier of N blocks under the device cache: report hits per tier and a modelled TTFT.",
+)
+@click.option(
+    "--disk-capacity-blocks",
+    type=click.IntRange(min=1),
+    help="Add a disk tier of M blocks (under the host, or right under the device without one); every page the "
+    "device adopts is written through to it.",
+)
+@click.option(
+    "--write-policy",
+    type=click.Choice(WRITE_POLICIES),
+    help="When the host tier gets a copy of a device page (needs --host-capacity-blocks) [default: write_through].",
+)
+@click.option(
+    "--prefill-ms-per-token",
+    type=click.FloatRange(min=0),
+    help=f"Modelled prefill cost per token missed in every tier [default: {DEFAULT_TIER_COSTS.prefill_ms_per_token}].",
+)
+@click.option(
+    "--host-load-ms-per-page",
+    type=click.FloatRange(min=0),
+    help=f"Modelled load of one page of {COST_PAGE_TOKENS} tokens from the host, scaled by the page's tokens "
+    f"[default: {DEFAULT_TIER_COSTS.host_load_ms_per_page}].",
+)
+@click.option(
+    "--disk-load-ms-per-page",
+    type=click.FloatRange(min=0),
+    help=f"Modelled load of one page of {COST_PAGE_TOKENS} tokens from the disk, scaled by the page's tokens "
+    f"[default: {DEFAULT_TIER_COSTS.disk_load_ms_per_page}].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option(
     "--no-infinite",
@@ -59,6 +99,12 @@ def simulate(
     concurrency: int,
     windows: int,
     belady: bool,
+    host_capacity_blocks: int | None,
+    disk_capacity_blocks: int | None,
+    write_policy: str | None,
+    prefill_ms_per_token: float | None,
+    host_load_ms_per_page: float | None,
+    disk_load_ms_per_page: float | None,
     as_json: bool,
     no_infinite: bool,
     in_memory: bool,
@@ -70,13 +116,27 @@ def simulate(
     hash-block traces are simulated; text traces need the runtime's tokenizer. The trace is streamed: memory is
     the cache's, not the trace's (Belady's oracle keeps the pages' next uses).
 
+    With --host-capacity-blocks and/or --disk-capacity-blocks the device cache has tiers under it: the hit rate
+    is over all tiers, with the share of each tier, and a modelled TTFT (prefill per token missed, plus a load
+    per page from the host or disk) is reported beside the device alone and no cache. The bounds stay device-only.
+
     \b
     Example:
       radixcache simulate ../shared/traces/mooncake_synthetic_trace.jsonl \\
           --capacity-blocks 8000 --policy lru --belady
+      radixcache simulate ../shared/traces/mooncake_synthetic_trace.jsonl \\
+          --capacity-blocks 8000 --host-capacity-blocks 20000 --disk-capacity-blocks 40000
     """
     if (capacity_blocks is None) == (capacity_tokens is None):
         raise click.UsageError("give exactly one of --capacity-blocks and --capacity-tokens")
+    tiers = _tier_config(
+        host_capacity_blocks,
+        disk_capacity_blocks,
+        write_policy,
+        prefill_ms_per_token,
+        host_load_ms_per_page,
+        disk_load_ms_per_page,
+    )
     try:
         if in_memory:
             workload: Replayable = load_workload(trace, fmt, page_size=page_size, block_size=block_size)
@@ -99,6 +159,7 @@ def simulate(
                 infinite=not no_infinite,
                 windows=windows,
                 progress=advance,
+                tiers=tiers,
             )
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
@@ -107,6 +168,46 @@ def simulate(
         sys.stdout.write("\n")
         return
     _print_report(trace, report)
+
+
+def _tier_config(
+    host: int | None,
+    disk: int | None,
+    write_policy: str | None,
+    prefill: float | None,
+    host_load: float | None,
+    disk_load: float | None,
+) -> TierConfig | None:
+    """The tiers the flags ask for (None: the device cache alone), or a usage error for flags that need a tier."""
+    costs = {
+        "--prefill-ms-per-token": prefill,
+        "--host-load-ms-per-page": host_load,
+        "--disk-load-ms-per-page": disk_load,
+    }
+    if host is None and disk is None:
+        given = [name for name, value in costs.items() if value is not None]
+        if write_policy is not None:
+            given.insert(0, "--write-policy")
+        if given:
+            raise click.UsageError(
+                f"{', '.join(given)}: only for tiers; add --host-capacity-blocks and/or --disk-capacity-blocks"
+            )
+        return None
+    for flag, value in costs.items():
+        if value is not None and not math.isfinite(value):
+            raise click.UsageError(f"{flag} must be a finite number of milliseconds, got {value}")
+    if write_policy is not None and host is None:
+        raise click.UsageError("--write-policy decides when the host tier gets a copy: add --host-capacity-blocks")
+    d = DEFAULT_TIER_COSTS
+    try:
+        model = TierCosts(
+            d.prefill_ms_per_token if prefill is None else prefill,
+            d.host_load_ms_per_page if host_load is None else host_load,
+            d.disk_load_ms_per_page if disk_load is None else disk_load,
+        )
+    except RadixCacheError as exc:
+        raise click.UsageError(str(exc)) from None
+    return TierConfig(host, disk, write_policy or "write_through", model)
 
 
 def _print_report(trace: str, report: SimReport) -> None:
@@ -118,11 +219,12 @@ def _print_report(trace: str, report: SimReport) -> None:
     )
     for column in ("run", "hit rate", "block hit rate", "hit tokens", "evicted blocks", "seconds"):
         table.add_column(column, justify="right")
-    rows: list[tuple[str, SimResult]] = [(r.policy, r)]
+    name = r.policy if r.tiers is None else " + ".join([r.policy, *list(r.tiers.hit_tokens)[1:]])
+    rows: list[tuple[str, SimResult]] = [(name, r)]
     if report.infinite is not None:
         rows.append(("infinite cache", report.infinite))
     if report.belady is not None:
-        rows.insert(1, ("belady (optimum)", report.belady))
+        rows.insert(1, ("belady (optimum)" if r.tiers is None else "belady (device optimum)", report.belady))
     for name, run in rows:
         table.add_row(
             name,
@@ -134,6 +236,46 @@ def _print_report(trace: str, report: SimReport) -> None:
         )
     console = Console()
     console.print(table)
+    if r.tiers is not None:
+        _print_tiers(console, r)
     console.print("hit rate per window: " + " ".join(f"{w.hit_rate:.0%}" for w in r.windows))
     if r.oversized_requests:
         console.print(f"{r.oversized_requests} requests were larger than the cache could free; cached in part")
+
+
+def _print_tiers(console: Console, r: SimResult) -> None:
+    """The tiered replay's hits per tier, and its modelled TTFT beside the device alone and no cache."""
+    t = r.tiers
+    assert t is not None
+    tiers = Table(title=f"hits per tier (host write policy {t.write_policy})")
+    for column in ("tier", "capacity blocks", "hit rate", "hit tokens", "loaded blocks", "stored", "evicted"):
+        tiers.add_column(column, justify="right")
+    rates = t.tier_hit_rate
+    for name, hits in t.hit_tokens.items():
+        stats = t.tier_stats.get(name)
+        tiers.add_row(
+            name,
+            f"{stats.capacity if stats else r.capacity_blocks:,}",
+            f"{rates[name]:.2%}",
+            f"{hits:,}",
+            f"{t.loaded_blocks[name]:,}" if name in t.loaded_blocks else "-",
+            f"{stats.stored:,}" if stats else "-",
+            f"{stats.evicted:,}" if stats else f"{r.evicted_blocks:,}",
+        )
+    tiers.add_row("all", "", f"{r.hit_rate:.2%}", f"{r.hit_tokens:,}", "", "", "")
+    console.print(tiers)
+    c = t.costs
+    ttft = Table(
+        title=f"modelled TTFT (prefill {c.prefill_ms_per_token:g} ms per token; a page of {t.page_tokens} tokens "
+        f"loads in {c.load_s_per_page('host', t.page_tokens) * 1000:g} ms from the host, "
+        f"{c.load_s_per_page('disk', t.page_tokens) * 1000:g} ms from the disk)"
+    )
+    for column in ("run", "hit rate", "mean (ms)", "p50 (ms)", "p99 (ms)"):
+        ttft.add_column(column, justify="right")
+    for name, rate, s in (
+        ("no cache", 0.0, t.ttft_no_cache),
+        ("device only", rates["device"], t.ttft_device_only),
+        (" + ".join(t.hit_tokens), r.hit_rate, t.ttft),
+    ):
+        ttft.add_row(name, f"{rate:.2%}", f"{s.mean_s * 1000:,.1f}", f"{s.p50_s * 1000:,.1f}", f"{s.p99_s * 1000:,.1f}")
+    console.print(ttft)

@@ -9,10 +9,14 @@ prompt blocks become shareable when they finish. Concurrency 1 is plain sequenti
 
 A prompt is matched in full (no token is held back for logits), so the infinite-cache hit rate equals the
 count of prefix blocks seen before. A request larger than the whole cache caches what fits.
+
+With host and disk tiers under the device cache (`tiers=TierConfig(...)`, radixcache.simulate_tiers) the replay is a
+TieredReplay: the same device accounting, plus the pages loaded from each tier and a modelled TTFT.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from array import array
 from collections import deque
@@ -24,6 +28,13 @@ from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
 from radixcache.simulate_oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
+from radixcache.simulate_tiers import (
+    TIERS,
+    LatencyDigest,
+    TierConfig,
+    TierResult,
+    build_tiers,
+)
 from radixcache.simulate_workload import SimRequest, Workload
 from radixcache.tokens import as_token_array
 
@@ -71,10 +82,11 @@ class SimResult:
     oversized_requests: int  # requests that needed more blocks than the cache could free; cached in part
     windows: tuple[Window, ...]
     seconds: float
+    tiers: TierResult | None = None  # a tiered replay's (TieredReplay): per-tier hits and modelled TTFT
 
     @property
     def hit_rate(self) -> float:
-        """Hit tokens over prompt tokens."""
+        """Hit tokens over prompt tokens (over every tier, for a tiered replay)."""
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
@@ -119,6 +131,8 @@ class SimReport:
         if self.belady is not None:
             out["belady_hit_rate"] = self.belady.hit_rate
             out["belady_block_hit_rate"] = self.belady.block_hit_rate
+        if r.tiers is not None:
+            out.update(r.tiers.as_dict())
         return out
 
 
@@ -131,6 +145,7 @@ def simulate(
     windows: int = 20,
     progress: Callable[[int], None] | None = None,
     check: bool = False,
+    tiers: TierConfig | None = None,
 ) -> SimResult:
     """Replay `workload` (an in-memory Workload, or a streamed TraceSource read once) through a cache of
     `capacity_blocks` blocks at `policy`. Memory is the cache's (and, for a trace whose first and last timestamps
@@ -139,10 +154,19 @@ def simulate(
     `policy` may also name an offline oracle: "belady" (the optimum) or "lru-dead" (LRU that knows which
     blocks are never read again), both evicting block by block; they read the trace once more first.
 
+    `tiers`: replay through the device cache with host and disk tiers under it (TieredReplay); the result's
+    `tiers` then holds the per-tier hits and the modelled TTFT. Oracle policies are device-only.
+
     `progress(n)` is called now and then with the number of requests replayed since its last call. `check`
     runs the cache's full invariant check after every request (slow: for tests).
     """
-    replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency, check=check, windows=windows)
+    replay: CacheReplay | TieredReplay
+    if tiers is not None:
+        replay = TieredReplay(
+            workload, capacity_blocks, policy, tiers=tiers, concurrency=concurrency, check=check, windows=windows
+        )
+    else:
+        replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency, check=check, windows=windows)
     _drive(workload, [replay], progress)
     return replay.result()
 
@@ -264,6 +288,174 @@ class CacheReplay:
     def result(self) -> SimResult:
         return _result(
             self, self.cache.policy.name, self.capacity_blocks, self.cache.stats.evicted_blocks, self.oversized
+        )
+
+
+class TieredReplay:
+    """One replay through a TieredCache (radixcache.tiered): the device RadixCache of `capacity_blocks`, with the
+    host and disk tiers of `tiers` under it, fed like CacheReplay.
+
+    Each request: the device match, then the pages after it that the host holds, then those after them that the
+    disk holds (TieredCache.match). The device match is locked and counted as CacheReplay counts it; the host and
+    disk pages are loaded (hits of their tier) when loading is cheaper than recomputing them (TierCosts.loads), and
+    otherwise recomputed (misses). The request then takes device blocks for all its pages past the device match,
+    exactly as CacheReplay does (the loaded pages land in some of them), with the host pages it loads locked while
+    the allocation evicts (a write-back may store into the host). When it finishes its pages are inserted into the
+    tree, and the pages the tree adopts are handed to `TieredCache.adopted`: copied to the host under write_through,
+    and stored in the disk (every adopted page is written through to the disk). Device evictions reach the host
+    through the tree's eviction listener (write_back copies them there; the other policies refresh their copies).
+
+    The device's contents do not depend on the tiers (a request's pages go to the device whether they were loaded
+    or recomputed, and the tiers never change the tree), so the device hits are those of the same cache without
+    tiers, and with neither a host nor a disk every figure is CacheReplay's, to the block. Each request's modelled
+    TTFT (radixcache.simulate_tiers) goes into a LatencyDigest, beside the same model with the device alone (its
+    device hits only) and with no cache at all.
+
+    Tier keys (`key`): by default a hash trace's pages are keyed by their hash ids ("hash-id": chained ids name their
+    whole prefix), and a token trace's by radixcache.page_hash's chained blake2b hashes ("blake2b").
+    """
+
+    def __init__(
+        self,
+        workload: Replayable,
+        capacity_blocks: int,
+        policy: str | EvictionPolicy = "lru",
+        *,
+        tiers: TierConfig | None = None,
+        concurrency: int = 1,
+        check: bool = False,
+        windows: int = 20,
+        key: str | None = None,
+    ) -> None:
+        if type(concurrency) is not int or concurrency < 1:
+            raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
+        if isinstance(policy, str) and policy in ORACLE_POLICIES:
+            raise RadixCacheError(f"the offline policy {policy!r} replays the device cache alone, without tiers")
+        config = tiers if tiers is not None else TierConfig()
+        self.cache = RadixCache(capacity_blocks, page_size=workload.page_size, policy=make_policy(policy))
+        if key is None:
+            key = "hash-id" if workload.kind == "hash" and workload.page_size == 1 else "blake2b"
+        self.config, self.key = config, key
+        self.tiered, self.host, self.disk = build_tiers(self.cache, config, key)
+        self.any_tier = self.host is not None or self.disk is not None
+        self.capacity_blocks = capacity_blocks
+        self.page_size, self.block_tokens = workload.page_size, workload.block_tokens
+        self.concurrency = concurrency
+        self.check = check
+        self.timeline = _Timeline(windows, trace_span(workload))
+        self.inflight: deque = deque()
+        self.prompt_blocks = self.hit_blocks = self.oversized = 0
+        self.seconds = 0.0
+        costs, page_tokens = config.costs, workload.block_tokens
+        self.prefill_s = costs.prefill_s_per_token
+        self.host_s = costs.load_s_per_page("host", page_tokens)
+        self.disk_s = costs.load_s_per_page("disk", page_tokens)
+        self.load_host = self.host is not None and costs.loads("host", page_tokens)
+        self.load_disk = self.disk is not None and costs.loads("disk", page_tokens)
+        self.hits = [0, 0, 0]  # prompt tokens served by the device, the host, the disk
+        self.loaded = [0, 0]  # pages loaded from the host, the disk
+        self.ttft = LatencyDigest()
+        self.ttft_device_only = LatencyDigest()
+        self.ttft_no_cache = LatencyDigest()
+
+    def feed(self, index: int, request: SimRequest) -> None:
+        started = time.perf_counter()
+        cache, p = self.cache, self.page_size
+        while len(self.inflight) >= self.concurrency:
+            self._finish(self.inflight.popleft())
+        full = as_token_array(request.prompt + request.output if request.output else request.prompt)
+        prompt = full[: len(request.prompt)] if request.output else full
+        chain = self.tiered.chain(request.namespace) if self.any_tier else None
+        found = self.tiered.match(prompt, request.namespace, chain)
+        match = found.device
+        cache.lock(match.node)
+        matched_pages = len(match.blocks)
+        need = -(-len(full) // p) - matched_pages
+        room = cache.free_blocks + cache.evictable_blocks
+        if need > room:  # larger than what the cache can free: cache the whole pages that fit
+            self.oversized += 1
+            need = room
+            full = full[: (matched_pages + room) * p]
+        # Pages loaded land in the request's new blocks, so no more of them than it gets.
+        host_found = found.host_pages
+        host_pages = min(host_found, need) if self.load_host else 0
+        disk_pages = max(0, min(found.lower_pages, need - host_found)) if self.load_disk else 0
+        if host_pages:  # being copied up: a write-back into the host during the allocation must not evict them
+            reading = list(dict.fromkeys(found.hashes[matched_pages : matched_pages + host_pages]))
+            self.host.lock(reading)  # type: ignore[union-attr]
+            new = cache.allocate(need)
+            self.host.unlock(reading)  # type: ignore[union-attr]
+        else:
+            new = cache.allocate(need)
+        self.inflight.append((match.node, full, match.blocks + new, request.namespace, chain))
+        tokens = request.prompt_tokens
+        page_tokens = p * request.unit
+        device_hit = min(matched_pages * page_tokens, tokens)
+        host_hit = min((matched_pages + host_pages) * page_tokens, tokens) - device_hit
+        disk_start = min((matched_pages + host_found) * page_tokens, tokens)
+        disk_hit = min((matched_pages + host_found + disk_pages) * page_tokens, tokens) - disk_start
+        hit = device_hit + host_hit + disk_hit
+        hits = self.hits
+        hits[0] += device_hit
+        hits[1] += host_hit
+        hits[2] += disk_hit
+        self.loaded[0] += host_pages
+        self.loaded[1] += disk_pages
+        prefill_s = self.prefill_s
+        self.ttft.add(prefill_s * (tokens - hit) + self.host_s * host_pages + self.disk_s * disk_pages)
+        self.ttft_device_only.add(prefill_s * (tokens - device_hit))
+        self.ttft_no_cache.add(prefill_s * tokens)
+        self.prompt_blocks += -(-len(request.prompt) // p)
+        self.hit_blocks += matched_pages + host_pages + disk_pages
+        self.timeline.add(request.timestamp_ms, tokens, hit)
+        if self.check:
+            self.check_invariants()
+        self.seconds += time.perf_counter() - started
+
+    def _finish(self, item: tuple) -> None:
+        """Insert a finished request, hand the pages the tree adopted to the tiers, and unlock its match."""
+        node, full, blocks, namespace, chain = item
+        cache, p = self.cache, self.page_size
+        cached = cache.insert(full, blocks, namespace=namespace) // p
+        pages = len(full) // p
+        if chain is not None and pages > cached:
+            self.tiered.adopted(chain.upto(full, pages)[cached:], blocks[cached:pages], full[cached * p : pages * p])
+        if len(full) % p:
+            cache.free(blocks[-1:])  # the unaligned tail page never enters the tree
+        cache.unlock(node)
+
+    def check_invariants(self) -> None:
+        self.tiered.check_invariants()
+        if self.disk is not None:
+            self.disk.check_invariants()
+
+    def close(self) -> None:
+        while self.inflight:
+            self._finish(self.inflight.popleft())
+        if self.check:
+            self.check_invariants()
+
+    def result(self) -> SimResult:
+        config = self.config
+        present = config.tiers
+        stats = {t.name: t.stats for t in (self.host, self.disk) if t is not None}
+        tiers = TierResult(
+            write_policy=config.write_policy,
+            host_capacity_blocks=config.host_capacity_blocks,
+            disk_capacity_blocks=config.disk_capacity_blocks,
+            costs=config.costs,
+            page_tokens=self.block_tokens,
+            prompt_tokens=self.timeline.prompt_tokens,
+            hit_tokens={tier: n for tier, n in zip(TIERS, self.hits, strict=True) if tier in present},
+            loaded_blocks={tier: n for tier, n in zip(TIERS[1:], self.loaded, strict=True) if tier in present},
+            tier_stats=stats,
+            ttft=self.ttft.summary(),
+            ttft_device_only=self.ttft_device_only.summary(),
+            ttft_no_cache=self.ttft_no_cache.summary(),
+            key=self.key,
+        )
+        return _result(
+            self, self.cache.policy.name, self.capacity_blocks, self.cache.stats.evicted_blocks, self.oversized, tiers
         )
 
 
@@ -404,7 +596,12 @@ def _chain_keys(root: int, tokens: Sequence[int], p: int) -> list[int]:
 
 
 def _result(
-    replay: CacheReplay | InfiniteReplay, policy: str, capacity: int, evicted: int, oversized: int
+    replay: CacheReplay | InfiniteReplay | TieredReplay,
+    policy: str,
+    capacity: int,
+    evicted: int,
+    oversized: int,
+    tiers: TierResult | None = None,
 ) -> SimResult:
     """A replay's figures: its counters and time windows, with what only its kind knows."""
     t = replay.timeline
@@ -423,6 +620,7 @@ def _result(
         oversized_requests=oversized,
         windows=t.windows(),
         seconds=replay.seconds,
+        tiers=tiers,
     )
 
 
@@ -498,13 +696,29 @@ def evaluate(
     infinite: bool = True,
     windows: int = 20,
     progress: Callable[[int], None] | None = None,
+    tiers: TierConfig | None = None,
 ) -> SimReport:
     """`simulate` plus its bounds: the infinite-cache replay (unless `infinite=False`: its table grows with the
     trace's distinct pages, where the policy's replay holds only the cache), and Belady's when asked for. The
-    policy's replay and the infinite one share one pass; Belady's oracle reads the trace once more, then replays."""
-    replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency, windows=windows)
+    policy's replay and the infinite one share one pass; Belady's oracle reads the trace once more, then replays.
+
+    With `tiers` the policy's replay is a TieredReplay (its result's `tiers` holds the per-tier hits and the
+    modelled TTFT, with the device alone and with no cache for comparison); the bounds stay device-only. A hash
+    trace's tiers are keyed by its ids; should the infinite replay find an id after two parents (ids that are not
+    chained), the tiered replay runs again keyed by blake2b hashes of the id chain."""
+    replay: CacheReplay | TieredReplay
+    spare = copy.deepcopy(policy) if tiers is not None and isinstance(policy, EvictionPolicy) else policy
+    if tiers is not None:
+        replay = TieredReplay(workload, capacity_blocks, policy, tiers=tiers, concurrency=concurrency, windows=windows)
+    else:
+        replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency, windows=windows)
     unbounded = InfiniteReplay(workload, concurrency=concurrency, windows=windows, span=trace_span(workload))
     _drive(workload, [replay, unbounded] if infinite else [replay], progress)
+    if isinstance(replay, TieredReplay) and replay.key == "hash-id" and replay.any_tier and unbounded.broken:
+        replay = TieredReplay(
+            workload, capacity_blocks, spare, tiers=tiers, concurrency=concurrency, windows=windows, key="blake2b"
+        )
+        _drive(workload, [replay], None)
     infinite_result = None
     if infinite and unbounded.broken:
         infinite_result = simulate_infinite(workload, concurrency=concurrency, windows=windows)
