@@ -111,6 +111,10 @@ class Engine:
     `mirror_memory`: the most memory the decode mirror (radixcache.runtime.kv.mirror: the decode batch's KV kept
     contiguous, so decode attention copies nothing per step) may take; default 512 MiB on the CPU and off on
     other devices, 0 turns it off. A batch that does not fit decodes from the pages as before.
+    Tiers (docs/tiers.md): `host_kv_memory` bytes of pages in host memory under the pool, `cache_dir` a directory of
+    pages that survives restarts (at most `cache_dir_size` bytes), `write_policy` when the host gets a copy
+    (write_through, write_through_selective, write_back), `load_back` "auto" (load a page found below the pool when
+    that is measured cheaper than recomputing it), "always" or "never". `flush()` waits for queued disk writes.
 
     Thread-safe: every call submits to one engine loop thread that owns the cache and the pool.
     """
@@ -143,6 +147,7 @@ class Engine:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_dir_size: str | int = DEFAULT_CACHE_DIR_SIZE,
         write_policy: str = "write_through",
+        load_back: str = "auto",
     ) -> None:
         torch_dtype = resolve_dtype(dtype)
         if write_policy not in WRITE_POLICIES:
@@ -187,6 +192,7 @@ class Engine:
                 cache_dir=None if cache_dir is None else os.fspath(cache_dir),
                 cache_dir_size=cache_dir_size,
                 write_policy=write_policy,
+                load_back=load_back,
                 fingerprint=kv_fingerprint(self.config, self.pool, weights=weights_id, quant=self.model.quant),
             )
         self.kv = KVManager(

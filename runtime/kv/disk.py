@@ -15,20 +15,7 @@ Directory layout::
 `<tag>` is blake2b(fingerprint, digest_size=8) in hex: a directory shared by several models keeps each
 fingerprint's pages apart, so that counting pages per fingerprint needs only the file names.
 
-Page file format (version 1; integers little-endian)::
-
-    offset  size  field
-    0       8     magic b"RCKVPAGE"
-    8       32    checksum: blake2b (digest_size 32) of every byte from offset 40 to the end of the file
-    40      4     u32 format version (1)
-    44      4     u32 H, the header's length
-    48      H     header, UTF-8 JSON: {"hash": hex, "fingerprint": str, "tokens": n, "token_width": 4 | 8,
-                  "payload": payload length, "meta": {...}}
-    48+H    n*w   the page's token ids, signed int32 (w = 4) or int64 (w = 8) when some id does not fit int32
-    ...     P     the payload; the file ends exactly there
-
-Any single flipped byte is detected: in the magic by the magic, in the checksum or after it by the checksum;
-a truncated or extended file by the checksum and the exact length.
+Each page file is self-describing and checksummed; its format is in radixcache.runtime.kv.disk_format.
 
 Invariants:
 
@@ -59,13 +46,26 @@ import json
 import logging
 import os
 import secrets
-import struct
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from radixcache.runtime.kv.disk_format import (
+    FORMAT_VERSION,
+    MAGIC,
+    MAX_HASH_BYTES,
+    PAGE_SUFFIX,
+    TMP_SUFFIX,
+    CorruptPage,
+    PageWrite,
+    encode_page,
+    pack_tokens,
+    page_checksum,
+    parse_page,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -78,23 +78,10 @@ __all__ = [
 
 log = logging.getLogger("radixcache.disk")
 
-FORMAT_VERSION = 1
 MARKER_NAME = "radixcache-cache.json"
 MARKER_FORMAT = "radixcache-kv-pages"
-PAGE_SUFFIX = ".kvpage"
-TMP_SUFFIX = ".tmp"
 FINGERPRINT_FILE = "fingerprint.json"
-
-MAGIC = b"RCKVPAGE"
-_DIGEST_SIZE = 32
-_PREFIX = struct.Struct("<II")  # version, header length
-_BODY_START = len(MAGIC) + _DIGEST_SIZE  # 40: the checksum covers everything from here on
-_HEADER_START = _BODY_START + _PREFIX.size  # 48
-MAX_HASH_BYTES = 64  # the file name is the hash in hex
-_MAX_HEADER = 1 << 20
 _STALE_TMP_SECONDS = 3600.0  # a temporary file this old is left over, whoever wrote it
-_INT32 = (-(2**31), 2**31 - 1)
-_INT64 = (-(2**63), 2**63 - 1)
 
 
 def fingerprint_tag(fingerprint: str) -> str:
@@ -158,104 +145,6 @@ class _Entry(NamedTuple):
     path: str
     size: int
     tag: str
-
-
-class _Write(NamedTuple):
-    """A queued write: everything the file needs, already validated and serialized by `put`."""
-
-    page_hash: bytes
-    prefix: bytes  # version + header length + header, the start of the checksummed body
-    tokens: bytes
-    payload: bytes
-    size: int  # of the whole file
-
-
-class _Page(NamedTuple):
-    hash_hex: str
-    fingerprint: str
-    token_width: int
-    tokens: bytes  # packed, as in the file
-    meta: dict
-    payload: bytes
-
-
-class _Corrupt(Exception):
-    """A page file failed a check; the message says which."""
-
-
-def _pack_tokens(tokens: Sequence[int], width: int | None = None) -> tuple[bytes, int]:
-    """Token ids as little-endian int32, or int64 when one does not fit (or `width` bytes when given).
-    Raises ValueError for an id outside int64 (or outside `width`)."""
-    ids = [int(t) for t in tokens]
-    if width is None:
-        width = 4 if all(_INT32[0] <= t <= _INT32[1] for t in ids) else 8
-    try:
-        return struct.pack(f"<{len(ids)}{'i' if width == 4 else 'q'}", *ids), width
-    except struct.error:
-        raise ValueError(f"token ids must fit in signed {width * 8}-bit integers") from None
-
-
-def _encode(page_hash: bytes, fingerprint: str, tokens: Sequence[int], payload: bytes, meta: dict) -> _Write:
-    """Validate a page and serialize everything but the checksum. Raises TypeError / ValueError for bad input."""
-    if not isinstance(page_hash, bytes) or not 1 <= len(page_hash) <= MAX_HASH_BYTES:
-        raise ValueError(f"a page hash is 1 to {MAX_HASH_BYTES} bytes, got {page_hash!r:.80}")
-    if not isinstance(payload, bytes):
-        payload = bytes(payload)  # a copy: a bytearray the caller reuses must not change the queued write
-    packed, width = _pack_tokens(tokens)
-    header = {
-        "hash": page_hash.hex(),
-        "fingerprint": fingerprint,
-        "tokens": len(packed) // width,
-        "token_width": width,
-        "payload": len(payload),
-        "meta": meta,
-    }
-    text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")  # TypeError if not JSON-able
-    prefix = _PREFIX.pack(FORMAT_VERSION, len(text)) + text
-    size = _HEADER_START - _PREFIX.size + len(prefix) + len(packed) + len(payload)
-    return _Write(page_hash, prefix, packed, payload, size)
-
-
-def _checksum(*parts: bytes | memoryview) -> bytes:
-    digest = hashlib.blake2b(digest_size=_DIGEST_SIZE)
-    for part in parts:
-        digest.update(part)
-    return digest.digest()
-
-
-def _parse(data: bytes) -> _Page:
-    """Check a whole page file and split it. Raises _Corrupt naming the first check that failed."""
-    if len(data) < _HEADER_START:
-        raise _Corrupt(f"truncated ({len(data)} bytes)")
-    if data[: len(MAGIC)] != MAGIC:
-        raise _Corrupt("bad magic")
-    view = memoryview(data)
-    if _checksum(view[_BODY_START:]) != data[len(MAGIC) : _BODY_START]:
-        raise _Corrupt("checksum mismatch")
-    version, header_len = _PREFIX.unpack_from(data, _BODY_START)
-    if version != FORMAT_VERSION:
-        raise _Corrupt(f"format version {version}, expected {FORMAT_VERSION}")
-    if header_len > min(_MAX_HEADER, len(data) - _HEADER_START):
-        raise _Corrupt("header length out of range")
-    try:
-        header = json.loads(bytes(view[_HEADER_START : _HEADER_START + header_len]).decode("utf-8"))
-        hash_hex, fingerprint = header["hash"], header["fingerprint"]
-        n, width, payload_len, meta = header["tokens"], header["token_width"], header["payload"], header["meta"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise _Corrupt(f"bad header ({exc})") from None
-    if not (
-        isinstance(hash_hex, str)
-        and isinstance(fingerprint, str)
-        and isinstance(meta, dict)
-        and width in (4, 8)
-        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (n, payload_len))
-    ):
-        raise _Corrupt("bad header fields")
-    tokens_at = _HEADER_START + header_len
-    payload_at = tokens_at + n * width
-    if payload_at + payload_len != len(data):
-        raise _Corrupt(f"length {len(data)} does not match the header ({payload_at + payload_len})")
-    return _Page(hash_hex, fingerprint, width, data[tokens_at:payload_at], meta, data[payload_at:])
 
 
 def _read_json(path: str) -> Any:
@@ -330,7 +219,7 @@ class DiskStore:
         self._tag_pages: dict[str, int] = {}
         self._tag_bytes: dict[str, int] = {}
         self._names: dict[str, str] = {self.tag: self.fingerprint}  # tag -> fingerprint string
-        self._pending: dict[bytes, _Write] = {}  # queued or being written
+        self._pending: dict[bytes, PageWrite] = {}  # queued or being written
         self._queue: deque[bytes] = deque()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -572,16 +461,16 @@ class DiskStore:
                 log.debug("cannot read %s: %s", entry.path, exc)
             return None
         try:
-            page = _parse(data)
+            page = parse_page(data)
             if page.hash_hex != page_hash.hex():
-                raise _Corrupt(f"the file records hash {page.hash_hex:.64}")
+                raise CorruptPage(f"the file records hash {page.hash_hex:.64}")
             try:
-                asked, _ = _pack_tokens(tokens, page.token_width)
+                asked, _ = pack_tokens(tokens, page.token_width)
             except ValueError:
                 asked = b""
             if asked != page.tokens:
-                raise _Corrupt("its tokens differ from the page's")
-        except _Corrupt as exc:
+                raise CorruptPage("its tokens differ from the page's")
+        except CorruptPage as exc:
             self._corrupt_found(page_hash, entry, str(exc))
             return None
         with self._lock:
@@ -611,7 +500,7 @@ class DiskStore:
         Serializes the header here, so a hash that is not 1-64 bytes, token ids outside int64 or a meta that is
         not JSON-able raise ValueError / TypeError at once. A write that later fails disables the store.
         """
-        write = _encode(page_hash, self.fingerprint, tokens, payload, meta)
+        write = encode_page(page_hash, self.fingerprint, tokens, payload, meta)
         key = write.page_hash
         with self._lock:
             if (
@@ -677,10 +566,10 @@ class DiskStore:
                 del self._pending[key]  # only now: flush() also waits for the evictions a write caused
                 self._changed.notify_all()
 
-    def _write_page(self, write: _Write) -> _Entry:
+    def _write_page(self, write: PageWrite) -> _Entry:
         """Write one page file: a temporary file, then an atomic rename into place. Raises OSError."""
         path = self._page_path(write.page_hash)
-        digest = _checksum(write.prefix, write.tokens, write.payload)
+        digest = page_checksum(write.prefix, write.tokens, write.payload)
         for attempt in (0, 1):
             tmp = os.path.join(self.tmp_dir, f"{os.getpid()}-{secrets.token_hex(8)}{TMP_SUFFIX}")
             try:
@@ -778,13 +667,13 @@ class DiskStore:
             checked += 1
             if not error:
                 try:
-                    page = _parse(data)
+                    page = parse_page(data)
                     if page.hash_hex != hash_hex or os.path.basename(os.path.dirname(path)) != hash_hex[:2]:
-                        raise _Corrupt(f"the file records hash {page.hash_hex:.64}, its name says {hash_hex:.64}")
+                        raise CorruptPage(f"the file records hash {page.hash_hex:.64}, its name says {hash_hex:.64}")
                     if fingerprint_tag(page.fingerprint) != tag:
-                        raise _Corrupt("the file's fingerprint is not its folder's")
+                        raise CorruptPage("the file's fingerprint is not its folder's")
                     bytes.fromhex(hash_hex)
-                except (_Corrupt, ValueError) as exc:
+                except (CorruptPage, ValueError) as exc:
                     error = str(exc)
             if not error:
                 ok += 1

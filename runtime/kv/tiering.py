@@ -52,9 +52,15 @@ class LoadCosts:
     """Measured costs, as moving averages: seconds of prefill per token, seconds to load a page from each tier.
 
     A tier's pages are loaded when `pages * load_per_page < pages * page_size * prefill_per_token`. Until both sides
-    are measured, loading is assumed cheaper (the first load measures it)."""
+    are measured, loading is assumed cheaper (the first load measures it). `mode` "always" or "never" overrides the
+    comparison (benchmarks and tests that need a fixed choice; "never" leaves the tiers to fill but not serve)."""
 
-    def __init__(self) -> None:
+    MODES = ("auto", "always", "never")
+
+    def __init__(self, mode: str = "auto") -> None:
+        if mode not in self.MODES:
+            raise ValueError(f"load_back must be one of {', '.join(self.MODES)}, got {mode!r}")
+        self.mode = mode
         self.prefill_s_per_token: float | None = None
         self.load_s_per_page: dict[str, float] = {}
 
@@ -67,6 +73,8 @@ class LoadCosts:
             self.load_s_per_page[tier] = _ema(self.load_s_per_page.get(tier), seconds / pages)
 
     def worth_loading(self, tier: str, page_size: int) -> bool:
+        if self.mode != "auto":
+            return self.mode == "always"
         load, prefill = self.load_s_per_page.get(tier), self.prefill_s_per_token
         return load is None or prefill is None or load < page_size * prefill
 
@@ -83,6 +91,7 @@ class KVTiers:
         disk: DiskStore | None = None,
         write_policy: str = "write_through",
         fingerprint: str = "",
+        load_back: str = "auto",
     ) -> None:
         self.pool = pool
         self.page_size = pool.page_size
@@ -98,7 +107,7 @@ class KVTiers:
             copy_to_host=self._copy_to_host if host is not None else None,
             write_lower=self._write_disk if disk is not None else None,
         )
-        self.costs = LoadCosts()
+        self.costs = LoadCosts(load_back)
         self._counts = dict.fromkeys(TierCounters.__slots__, 0)
         self._pending: list[tuple[torch.cuda.Event, list[bytes]]] = []  # CUDA loads still reading host slots
 
@@ -274,6 +283,7 @@ def build_tiers(
     cache_dir_size: str | int,
     write_policy: str,
     fingerprint: str,
+    load_back: str = "auto",
 ) -> KVTiers | None:
     """The engine's tiers from its options, or None when neither a host budget nor a cache directory is given."""
     from radixcache.runtime.kv.pool import parse_memory
@@ -289,4 +299,12 @@ def build_tiers(
     disk = None
     if cache_dir is not None:
         disk = DiskStore(cache_dir, max_bytes=parse_memory(cache_dir_size), fingerprint=fingerprint)
-    return KVTiers(cache, pool, host_slots=host_slots, disk=disk, write_policy=write_policy, fingerprint=fingerprint)
+    return KVTiers(
+        cache,
+        pool,
+        host_slots=host_slots,
+        disk=disk,
+        write_policy=write_policy,
+        fingerprint=fingerprint,
+        load_back=load_back,
+    )

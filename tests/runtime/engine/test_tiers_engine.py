@@ -17,6 +17,9 @@ from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from radixcache.tiered import WRITE_POLICIES
 
 MAX_NEW = 6
+# float64: requests arriving in waves are batched differently from run to run, and in float32 a different batch can
+# flip a near-tie of the tiny random model's logits; tiers copy pages bit for bit, so in float64 any mismatch is a bug.
+DTYPE = "float64"
 
 
 def _prompts(vocab: int, seed: int = 0, n: int = 10) -> list[list[int]]:
@@ -31,7 +34,7 @@ def _prompts(vocab: int, seed: int = 0, n: int = 10) -> list[list[int]]:
 
 
 def _baseline(model: RandomModel, prompts: list[list[int]]) -> list[list[int]]:
-    engine = Engine(model, capacity_blocks=400, page_size=4, enable_cache=False)
+    engine = Engine(model, capacity_blocks=400, page_size=4, enable_cache=False, dtype=DTYPE)
     with engine:
         return [r.token_ids for r in engine.generate(prompts, max_new_tokens=MAX_NEW)]
 
@@ -63,7 +66,9 @@ def test_tiered_outputs_equal_uncached_outputs_through_demotion_load_and_restart
     prompts = _prompts(model.config.vocab_size)
     want = _baseline(model, prompts)
     small = 160 // page_size  # the device pool holds a few prompts: pages are demoted and loaded back all along
-    kwargs = {"page_size": page_size, "write_policy": policy, "cache_dir": tmp_path}
+    # load_back="always": the measured comparison may decline loads of a tiny model's cheap pages (it is tested below)
+    kwargs = {"page_size": page_size, "write_policy": policy, "cache_dir": tmp_path, "load_back": "always"}
+    kwargs["dtype"] = DTYPE
     with Engine(model, capacity_blocks=small, host_kv_memory=_host_bytes(model, 400, 1), **kwargs) as engine:
         assert _run_staggered(engine, prompts) == want
         assert _run_staggered(engine, prompts[::-1]) == want[::-1]
@@ -95,7 +100,7 @@ def test_a_restarted_engine_hits_every_full_page_it_served(model: RandomModel, t
 def test_corrupted_page_files_are_deleted_and_recomputed(model: RandomModel, tmp_path: Path) -> None:
     prompts = _prompts(model.config.vocab_size, seed=4, n=6)
     want = _baseline(model, prompts)
-    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as engine:
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, load_back="always", dtype=DTYPE) as engine:
         engine.generate(prompts, max_new_tokens=MAX_NEW)
     files = sorted(tmp_path.rglob("*.kvpage"))
     assert len(files) > 10
@@ -104,7 +109,7 @@ def test_corrupted_page_files_are_deleted_and_recomputed(model: RandomModel, tmp
         data = bytearray(path.read_bytes())
         data[(len(data) * (i % 5 + 1)) // 6] ^= 0x40
         path.write_bytes(bytes(data))
-    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as engine:
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, load_back="always", dtype=DTYPE) as engine:
         assert _run_staggered(engine, prompts) == want
         assert engine.stats.tiers.disk_failed_reads > 0
     # A flipped page the run did not need to read (its prefix was on the device by then) is still on disk, and
@@ -113,7 +118,7 @@ def test_corrupted_page_files_are_deleted_and_recomputed(model: RandomModel, tmp
         report = store.verify(delete=True)
     assert report.ok == report.checked - len(report.corrupt)
     assert set(map(Path, report.corrupt)) <= set(flipped)
-    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as engine:
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, load_back="always", dtype=DTYPE) as engine:
         assert _run_staggered(engine, prompts) == want
         assert engine.stats.tiers.disk_failed_reads == 0 and engine.stats.tiers.disk_hit_tokens > 0
 
@@ -177,12 +182,23 @@ def test_a_read_only_cache_dir_disables_writes_without_failing_requests(model: R
         tmp_path.chmod(0o700)
 
 
+def test_load_back_never_fills_the_tiers_but_serves_nothing_from_them(model: RandomModel, tmp_path: Path) -> None:
+    prompts = _prompts(model.config.vocab_size, seed=11, n=4)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as first:
+        first.generate(prompts, max_new_tokens=2)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, load_back="never") as second:
+        second.generate(prompts, max_new_tokens=2)
+        assert second.stats.tiers.disk_loaded_pages == 0 and second.stats.tiers.declined_pages > 0
+    with pytest.raises(ValueError, match="load_back"):
+        Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, load_back="sometimes")
+
+
 def test_loads_are_declined_when_recomputing_is_measured_cheaper(model: RandomModel, tmp_path: Path) -> None:
     prompts = _prompts(model.config.vocab_size, seed=10, n=6)
     want = _baseline(model, prompts)
-    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as first:
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as first:
         first.generate(prompts, max_new_tokens=MAX_NEW)
-    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path) as second:
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as second:
         costs = second.tiers.costs
         costs.note_prefill(1000, 1e-6)  # prefill measured at a nanosecond per token: loading a page never pays
         costs.note_load("disk", 1, 1.0)

@@ -49,7 +49,7 @@ def test_smollm2_outputs_with_tiers_equal_outputs_without_cache(smollm2: Any, tm
     longest = max(len(p) for p in prompts) + MAX_NEW
     small = -(-(longest + 16) // page_size) + 1  # room for one request: the others are demoted (or preempted)
     host = 64 << 20
-    tiers = {"page_size": page_size, "cache_dir": tmp_path, "host_kv_memory": host}
+    tiers = {"page_size": page_size, "cache_dir": tmp_path, "host_kv_memory": host, "load_back": "always"}
     with Engine(smollm2, capacity_blocks=small, write_policy="write_back", **tiers) as engine:
         assert _staggered(engine, prompts) == want
         assert _staggered(engine, prompts[::-1]) == want[::-1]

@@ -1,0 +1,168 @@
+"""The disk tier's page file format: one KV page per file, self-describing and checksummed.
+
+This module only encodes and checks bytes; where files live, how they are written and when they are deleted is
+the store's business (radixcache.runtime.kv.disk). A page hash is opaque `bytes`, the payload plain `bytes`, and
+`meta` a small JSON-able dict that only the runtime interprets.
+
+Page file format (version 1; integers little-endian)::
+
+    offset  size  field
+    0       8     magic b"RCKVPAGE"
+    8       32    checksum: blake2b (digest_size 32) of every byte from offset 40 to the end of the file
+    40      4     u32 format version (1)
+    44      4     u32 H, the header's length
+    48      H     header, UTF-8 JSON: {"hash": hex, "fingerprint": str, "tokens": n, "token_width": 4 | 8,
+                  "payload": payload length, "meta": {...}}
+    48+H    n*w   the page's token ids, signed int32 (w = 4) or int64 (w = 8) when some id does not fit int32
+    ...     P     the payload; the file ends exactly there
+
+Any single flipped byte is detected: in the magic by the magic, in the checksum or after it by the checksum;
+a truncated or extended file by the checksum and the exact length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Sequence
+from typing import NamedTuple
+
+__all__ = [
+    "BODY_START",
+    "DIGEST_SIZE",
+    "FORMAT_VERSION",
+    "HEADER_START",
+    "INT32",
+    "INT64",
+    "MAGIC",
+    "MAX_HASH_BYTES",
+    "MAX_HEADER",
+    "PAGE_SUFFIX",
+    "PREFIX",
+    "TMP_SUFFIX",
+    "CorruptPage",
+    "PageFile",
+    "PageWrite",
+    "encode_page",
+    "pack_tokens",
+    "page_checksum",
+    "parse_page",
+]
+
+FORMAT_VERSION = 1
+PAGE_SUFFIX = ".kvpage"  # a page file's name: <hash hex>.kvpage
+TMP_SUFFIX = ".tmp"  # a file being written, renamed into place when complete
+
+MAGIC = b"RCKVPAGE"
+DIGEST_SIZE = 32
+PREFIX = struct.Struct("<II")  # version, header length
+BODY_START = len(MAGIC) + DIGEST_SIZE  # 40: the checksum covers everything from here on
+HEADER_START = BODY_START + PREFIX.size  # 48
+MAX_HASH_BYTES = 64  # the file name is the hash in hex
+MAX_HEADER = 1 << 20
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+
+
+class PageWrite(NamedTuple):
+    """A page ready to write: everything the file needs, already validated and serialized by `encode_page`.
+    The file is MAGIC, `page_checksum(prefix, tokens, payload)`, prefix, tokens, payload."""
+
+    page_hash: bytes
+    prefix: bytes  # version + header length + header, the start of the checksummed body
+    tokens: bytes
+    payload: bytes
+    size: int  # of the whole file
+
+
+class PageFile(NamedTuple):
+    """A page file that passed every check of `parse_page`, split into its parts."""
+
+    hash_hex: str
+    fingerprint: str
+    token_width: int
+    tokens: bytes  # packed, as in the file
+    meta: dict
+    payload: bytes
+
+
+class CorruptPage(Exception):
+    """A page file failed a check; the message says which."""
+
+
+def pack_tokens(tokens: Sequence[int], width: int | None = None) -> tuple[bytes, int]:
+    """Token ids as little-endian int32, or int64 when one does not fit (or `width` bytes when given).
+    Raises ValueError for an id outside int64 (or outside `width`)."""
+    ids = [int(t) for t in tokens]
+    if width is None:
+        width = 4 if all(INT32[0] <= t <= INT32[1] for t in ids) else 8
+    try:
+        return struct.pack(f"<{len(ids)}{'i' if width == 4 else 'q'}", *ids), width
+    except struct.error:
+        raise ValueError(f"token ids must fit in signed {width * 8}-bit integers") from None
+
+
+def encode_page(page_hash: bytes, fingerprint: str, tokens: Sequence[int], payload: bytes, meta: dict) -> PageWrite:
+    """Validate a page and serialize everything but the checksum. Raises TypeError / ValueError for bad input."""
+    if not isinstance(page_hash, bytes) or not 1 <= len(page_hash) <= MAX_HASH_BYTES:
+        raise ValueError(f"a page hash is 1 to {MAX_HASH_BYTES} bytes, got {page_hash!r:.80}")
+    if not isinstance(payload, bytes):
+        payload = bytes(payload)  # a copy: a bytearray the caller reuses must not change the queued write
+    packed, width = pack_tokens(tokens)
+    header = {
+        "hash": page_hash.hex(),
+        "fingerprint": fingerprint,
+        "tokens": len(packed) // width,
+        "token_width": width,
+        "payload": len(payload),
+        "meta": meta,
+    }
+    text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")  # TypeError if not JSON-able
+    prefix = PREFIX.pack(FORMAT_VERSION, len(text)) + text
+    size = HEADER_START - PREFIX.size + len(prefix) + len(packed) + len(payload)
+    return PageWrite(page_hash, prefix, packed, payload, size)
+
+
+def page_checksum(*parts: bytes | memoryview) -> bytes:
+    """The checksum of a page file: blake2b (digest_size DIGEST_SIZE) of `parts`, concatenated, which are every
+    byte from BODY_START to the end of the file."""
+    digest = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    for part in parts:
+        digest.update(part)
+    return digest.digest()
+
+
+def parse_page(data: bytes) -> PageFile:
+    """Check a whole page file and split it. Raises CorruptPage naming the first check that failed."""
+    if len(data) < HEADER_START:
+        raise CorruptPage(f"truncated ({len(data)} bytes)")
+    if data[: len(MAGIC)] != MAGIC:
+        raise CorruptPage("bad magic")
+    view = memoryview(data)
+    if page_checksum(view[BODY_START:]) != data[len(MAGIC) : BODY_START]:
+        raise CorruptPage("checksum mismatch")
+    version, header_len = PREFIX.unpack_from(data, BODY_START)
+    if version != FORMAT_VERSION:
+        raise CorruptPage(f"format version {version}, expected {FORMAT_VERSION}")
+    if header_len > min(MAX_HEADER, len(data) - HEADER_START):
+        raise CorruptPage("header length out of range")
+    try:
+        header = json.loads(bytes(view[HEADER_START : HEADER_START + header_len]).decode("utf-8"))
+        hash_hex, fingerprint = header["hash"], header["fingerprint"]
+        n, width, payload_len, meta = header["tokens"], header["token_width"], header["payload"], header["meta"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptPage(f"bad header ({exc})") from None
+    if not (
+        isinstance(hash_hex, str)
+        and isinstance(fingerprint, str)
+        and isinstance(meta, dict)
+        and width in (4, 8)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (n, payload_len))
+    ):
+        raise CorruptPage("bad header fields")
+    tokens_at = HEADER_START + header_len
+    payload_at = tokens_at + n * width
+    if payload_at + payload_len != len(data):
+        raise CorruptPage(f"length {len(data)} does not match the header ({payload_at + payload_len})")
+    return PageFile(hash_hex, fingerprint, width, data[tokens_at:payload_at], meta, data[payload_at:])
