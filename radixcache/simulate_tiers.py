@@ -35,13 +35,14 @@ TIERS = ("device", "host", "disk")
 class TierCosts:
     """The cost model's constants: prefill per token, and a page load from each tier per page of COST_PAGE_TOKENS.
 
-    The defaults are THE defaults (of the CLI flags too): measured on this machine by scripts/bench_tiers.py and
-    listed in docs/simulator.md. Provisional until that measurement lands.
+    The defaults are THE defaults (of the CLI flags too): SmolLM2-135M on this project's 2-core CPU, measured by
+    scripts/bench_tiers.py (a 600-token prefill; 64-page copies; warm disk reads, checksum included) and listed in
+    docs/simulator.md and docs/tiers.md.
     """
 
-    prefill_ms_per_token: float = 0.25
-    host_load_ms_per_page: float = 0.05
-    disk_load_ms_per_page: float = 0.5
+    prefill_ms_per_token: float = 2.74
+    host_load_ms_per_page: float = 0.56
+    disk_load_ms_per_page: float = 1.87
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -43,6 +43,7 @@ EXTERNAL_SKIPS = {
     "bench_engine.py": "a benchmark of minutes",
     "bench_server.py": "a benchmark of minutes",
     "bench_goodput.py": "a benchmark of minutes",
+    "bench_tiers.py": "a benchmark of minutes",
     "soak_server.py": "a soak of minutes",
     "profile_decode.py": "a profile of minutes",
     "eval_quant.py": "an evaluation of minutes",

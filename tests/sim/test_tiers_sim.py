@@ -115,9 +115,9 @@ def test_a_tier_dearer_than_recomputing_is_not_loaded() -> None:
 
 def test_per_page_costs_scale_with_the_page_tokens() -> None:
     d = DEFAULT_TIER_COSTS
-    assert (d.prefill_ms_per_token, d.host_load_ms_per_page, d.disk_load_ms_per_page) == (0.25, 0.05, 0.5)
-    assert d.load_s_per_page("host", 512) == pytest.approx(0.05e-3 * 32)
-    assert d.load_s_per_page("disk", 4) == pytest.approx(0.5e-3 / 4)
+    assert (d.prefill_ms_per_token, d.host_load_ms_per_page, d.disk_load_ms_per_page) == (2.74, 0.56, 1.87)
+    assert d.load_s_per_page("host", 512) == pytest.approx(0.56e-3 * 32)
+    assert d.load_s_per_page("disk", 4) == pytest.approx(1.87e-3 / 4)
     assert d.loads("host", 512) and d.loads("disk", 16)
     with pytest.raises(RadixCacheError, match="prefill_ms_per_token"):
         TierCosts(prefill_ms_per_token=-1)

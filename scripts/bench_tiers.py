@@ -1,0 +1,193 @@
+"""Benchmark the host and disk tiers on SmolLM2: what a page costs to load from each tier against recomputing it, and
+the time to first token of a long prompt served cold, from the device, from the host and from disk after a restart.
+
+    .venv/bin/python scripts/bench_tiers.py                       # SmolLM2 on the CPU, a minute or two on 2 cores
+    .venv/bin/python scripts/bench_tiers.py --quick               # smaller sizes (a smoke run)
+    .venv/bin/python scripts/bench_tiers.py --device cuda --markdown out.md --json out.json
+
+Measured, each baseline in the same run:
+- costs: the prefill cost per token (a cold prompt of `--prompt-tokens`, max_new_tokens=1, best of `--reps`), and
+  per page of `--page-size` tokens: a device -> host copy (HostKVPool.save), a host -> device copy (HostKVPool.load),
+  and a disk read into the pool (DiskStore.read, checksum and token check included, then the copy; the files were
+  just written, so the OS page cache holds them: a warm read). Prints each load cost against recomputing the page's
+  tokens. These are the defaults of `radixcache simulate`'s cost flags (radixcache.simulate_tiers.TierCosts).
+- ttft: one prompt of `--prompt-tokens` (its last page partial), max_new_tokens=1: cold (no cache), all on the
+  device, loaded from the host (the device pool evicted it: write_through kept a host copy), and loaded from disk by
+  a new engine on the same cache directory. Prints each TTFT (best of `--reps`) and cold / that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from radixcache.runtime import Engine  # noqa: E402
+from radixcache.runtime.kv.disk import DiskStore  # noqa: E402
+from radixcache.runtime.kv.host_pool import HostKVPool  # noqa: E402
+from radixcache.runtime.loading import load_model  # noqa: E402
+
+
+def _prompt(vocab: int, n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, vocab) for _ in range(n)]
+
+
+def _best(fn: Any, reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_costs(model: Any, args: argparse.Namespace) -> dict[str, float]:
+    """Seconds: prefill per token; per page: host save, host load, disk read + load."""
+    p, n = args.page_size, args.prompt_tokens
+    vocab = model.config.vocab_size
+    cold = Engine(model, enable_cache=False, kv_memory="256MiB", page_size=p, device=args.device)
+    with cold:
+        cold.generate(_prompt(vocab, 32, 0), max_new_tokens=1)  # warm-up
+        seeds = iter(range(1, 10_000))
+        prefill = _best(lambda: cold.generate(_prompt(vocab, n, next(seeds)), max_new_tokens=1), args.reps) / n
+        pool = cold.pool
+        pages = min(args.pages, pool.num_blocks)
+        blocks = list(range(pages))
+        host = HostKVPool(pool, pages)
+        slots = list(range(pages))
+        save = _best(lambda: host.save(pool, blocks, slots), args.reps) / pages
+        sync = torch.cuda.synchronize if pool.device.type == "cuda" else (lambda: None)
+
+        def load() -> None:
+            host.load(pool, slots, blocks)
+            sync()
+
+        host_load = _best(load, args.reps) / pages
+        with tempfile.TemporaryDirectory() as tmp:
+            store = DiskStore(tmp, max_bytes=1 << 40)
+            meta = {"dtype": str(pool.dtype), "shape": list(pool.kv[:, :, 0].shape)}
+            keys = [i.to_bytes(16, "little") for i in range(pages)]
+            tokens = [list(range(i * p, (i + 1) * p)) for i in range(pages)]
+            for i in range(pages):
+                payload = pool.kv[:, :, i].contiguous().cpu().view(torch.uint8).numpy().tobytes()
+                store.put(keys[i], tokens[i], payload, meta)
+            store.flush()
+            shape = tuple(meta["shape"])
+
+            def read_all() -> None:
+                for i in range(pages):
+                    got = store.read(keys[i], tokens[i])
+                    assert got is not None
+                    page = torch.frombuffer(bytearray(got[0]), dtype=torch.uint8).view(pool.dtype).view(shape)
+                    pool.kv[:, :, i].copy_(page.to(pool.device))
+                sync()
+
+            disk_load = _best(read_all, args.reps) / pages
+            store.close()
+    return {"prefill_s_per_token": prefill, "host_save_s": save, "host_load_s": host_load, "disk_load_s": disk_load}
+
+
+def measure_ttft(model: Any, args: argparse.Namespace) -> dict[str, float]:
+    """Seconds to the first token of one long prompt: cold, device hit, host hit, disk hit after a restart."""
+    p, n = args.page_size, args.prompt_tokens
+    vocab = model.config.vocab_size
+    prompt = _prompt(vocab, n, 123)
+    filler = [_prompt(vocab, n, 1000 + i) for i in range(3)]
+    pages = -(-(n + 8) // p)
+    host = 4 * pages * p * model.config.kv_bytes_per_token(4)
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as cache_dir:
+        common = {"page_size": p, "device": args.device, "capacity_blocks": pages + 2}
+        with Engine(model, enable_cache=False, **common) as cold:
+            cold.generate(filler[0][:32], max_new_tokens=1)
+            out["cold"] = min(cold.generate(prompt, max_new_tokens=1).ttft_s for _ in range(args.reps))
+        with Engine(model, host_kv_memory=host, cache_dir=cache_dir, **common) as engine:
+            engine.generate(prompt, max_new_tokens=1)
+            out["device"] = min(engine.generate(prompt, max_new_tokens=1).ttft_s for _ in range(args.reps))
+            host_runs = []
+            for i in range(args.reps):
+                engine.generate(filler[i % len(filler)], max_new_tokens=1)  # evicts the prompt from the device
+                result = engine.generate(prompt, max_new_tokens=1)
+                assert engine.stats.tiers.host_loaded_pages > 0
+                host_runs.append(result.ttft_s)
+            out["host"] = min(host_runs)
+            engine.flush()
+        disk_runs = []
+        for _ in range(args.reps):
+            with Engine(model, cache_dir=cache_dir, **common) as restarted:
+                restarted.generate(filler[1][:32], max_new_tokens=1)  # one-off start-up costs, as the cold run had
+                disk_runs.append(restarted.generate(prompt, max_new_tokens=1).ttft_s)
+                assert restarted.stats.tiers.disk_loaded_pages > 0
+        out["disk"] = min(disk_runs)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=600)
+    parser.add_argument("--pages", type=int, default=64, help="pages per load measurement")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, help="torch threads")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--markdown")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    if args.quick:
+        args.prompt_tokens, args.pages, args.reps = 128, 16, 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    costs = measure_costs(model, args)
+    ttft = measure_ttft(model, args)
+    p = args.page_size
+    recompute = costs["prefill_s_per_token"] * p
+    lines = [
+        f"SmolLM2 ({args.model}), {args.device}, {torch.get_num_threads()} threads, pages of {p} tokens, "
+        f"prompt {args.prompt_tokens} tokens",
+        "",
+        "| cost per page | ms | recompute / this |",
+        "|---|---:|---:|",
+        f"| recompute (prefill, {costs['prefill_s_per_token'] * 1e3:.3f} ms per token) "
+        f"| {recompute * 1e3:.3f} | 1.00x |",
+    ]
+    for label, key in (
+        ("device -> host copy", "host_save_s"),
+        ("host -> device load", "host_load_s"),
+        ("disk read + load (warm)", "disk_load_s"),
+    ):
+        lines.append(f"| {label} | {costs[key] * 1e3:.3f} | {recompute / costs[key]:.1f}x |")
+    lines += ["", "| TTFT of the prompt | ms | cold / this |", "|---|---:|---:|"]
+    for label in ("cold", "device", "host", "disk"):
+        lines.append(f"| {label} | {ttft[label] * 1e3:.1f} | {ttft['cold'] / ttft[label]:.2f}x |")
+    text = "\n".join(lines)
+    print(text)
+    scale = 16 / p  # the simulator's per-page costs are per page of 16 tokens
+    print(
+        "\nsimulate defaults (per 16-token page): "
+        f"--prefill-ms-per-token {costs['prefill_s_per_token'] * 1e3:.3f} "
+        f"--host-load-ms-per-page {costs['host_load_s'] * 1e3 * scale:.3f} "
+        f"--disk-load-ms-per-page {costs['disk_load_s'] * 1e3 * scale:.3f}"
+    )
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"costs": costs, "ttft": ttft, "args": vars(args)}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
