@@ -68,27 +68,30 @@ def chat(
     if interactive:
         click.echo(f"chatting with {engine.config.name} ({COMMANDS})", err=True)
     session = engine.session(system=system, max_new_tokens=max_tokens, temperature=temperature)
-    turn = 0
-    while True:
-        if interactive:
-            click.echo(click.style("you> ", bold=True), nl=False)
-        line = sys.stdin.readline()
-        if not line:
-            break
-        text = line.strip()
-        if text in ("/exit", "/quit"):
-            break
-        if text == "/reset":
-            session = engine.session(system=system, max_new_tokens=max_tokens, temperature=temperature)
-            click.echo("(history cleared; the cache keeps what it holds)", err=True)
-            continue
-        if not text:
-            continue
-        result = session.send(text, seed=seed + turn)
-        turn += 1
-        click.echo(click.style("model> ", bold=True) + result.text)
-        stats = (
-            f"[{result.cached_tokens} cached · {result.prefill_tokens} prefilled · "
-            f"TTFT {result.ttft_s * 1000:.0f} ms · {result.decode_tps:.1f} tok/s]"
-        )
-        click.echo(click.style(stats, dim=True))
+    try:
+        turn = 0
+        while True:
+            if interactive:
+                click.echo(click.style("you> ", bold=True), nl=False)
+            line = sys.stdin.readline()
+            if not line:
+                break
+            text = line.strip()
+            if text in ("/exit", "/quit"):
+                break
+            if text == "/reset":
+                session = engine.session(system=system, max_new_tokens=max_tokens, temperature=temperature)
+                click.echo("(history cleared; the cache keeps what it holds)", err=True)
+                continue
+            if not text:
+                continue
+            result = session.send(text, seed=seed + turn)
+            turn += 1
+            click.echo(click.style("model> ", bold=True) + result.text)
+            stats = (
+                f"[{result.cached_tokens} cached · {result.prefill_tokens} prefilled · "
+                f"TTFT {result.ttft_s * 1000:.0f} ms · {result.decode_tps:.1f} tok/s]"
+            )
+            click.echo(click.style(stats, dim=True))
+    finally:
+        engine.close()  # the disk tier's queued writes finish before the process exits

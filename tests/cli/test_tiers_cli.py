@@ -1,0 +1,59 @@
+"""The tier flags on `radixcache replay` and `radixcache chat`: a second process on the same --cache-dir is served
+from disk (the replay table and JSON say so per tier), and bad sizes are usage errors that name the flag."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from radixcache.cli.main import main
+
+
+def _replay(runner, model: Path, trace: Path, out: Path, *extra: str):
+    args = ["replay", str(trace), "--model", str(model), "--max-tokens", "3", "--json", str(out), *extra]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    return result, json.loads(out.read_text())["summary"]
+
+
+def test_a_second_replay_on_the_same_cache_dir_is_served_from_disk(
+    runner, tiny_model_dir: Path, small_trace: Path, tmp_path: Path
+) -> None:
+    tiers = ("--cache-dir", str(tmp_path / "kv"), "--capacity-blocks", "64", "--page-size", "4")
+    first, s1 = _replay(runner, tiny_model_dir, small_trace, tmp_path / "1.json", *tiers, "--host-kv-memory", "8MiB")
+    assert "from the disk tier" in first.stdout and "from the host tier" in first.stdout
+    assert s1["tiers"] and s1["disk_hit_tokens"] == 0
+    assert s1["device_hit_tokens"] + s1["host_hit_tokens"] == s1["cached_tokens"]
+    second, s2 = _replay(runner, tiny_model_dir, small_trace, tmp_path / "2.json", *tiers)
+    assert s2["disk_hit_tokens"] > 0  # the first turn of each conversation now hits its pages on disk
+    assert s2["cached_tokens"] > s1["cached_tokens"]
+    assert s2["device_hit_tokens"] + s2["host_hit_tokens"] + s2["disk_hit_tokens"] == s2["cached_tokens"]
+    row = re.search(r"from the disk tier\s*│\s*([\d,]+)", second.stdout)
+    assert row is not None and int(row.group(1).replace(",", "")) == s2["disk_hit_tokens"]
+
+
+def test_a_replay_without_tiers_reports_no_tier_rows(runner, tiny_model_dir: Path, small_trace: Path, tmp_path: Path):
+    result, summary = _replay(runner, tiny_model_dir, small_trace, tmp_path / "r.json")
+    assert "from the disk tier" not in result.stdout
+    assert not summary["tiers"] and summary["device_hit_tokens"] == summary["cached_tokens"]
+
+
+def test_chat_persists_its_pages_for_the_next_chat(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    args = ["chat", "--model", str(tiny_model_dir), "--max-tokens", "2", "--cache-dir", str(tmp_path / "kv")]
+    args += ["--page-size", "4", "--system", "You are a terse assistant who answers in one word. " * 3]
+    first = runner.invoke(main, args, input="hello there\n")
+    assert first.exit_code == 0, first.output
+    assert re.search(r"\[0 cached", first.output)
+    second = runner.invoke(main, args, input="hello there\n")  # a new engine: only the disk has the pages
+    assert second.exit_code == 0, second.output
+    cached = int(re.search(r"\[(\d+) cached", second.output).group(1))
+    assert cached > 100
+
+
+def test_bad_tier_sizes_are_usage_errors_naming_the_flag(runner, tiny_model_dir: Path, small_trace: Path) -> None:
+    for flag in ("--host-kv-memory", "--cache-dir-size"):
+        result = runner.invoke(main, ["replay", str(small_trace), "--model", str(tiny_model_dir), flag, "lots"])
+        assert result.exit_code == 2 and flag in result.output, result.output
+    result = runner.invoke(main, ["replay", "--model", str(tiny_model_dir), "--write-policy", "sometimes"])
+    assert result.exit_code == 2 and "--write-policy" in result.output
