@@ -13,8 +13,18 @@ from rich.table import Table
 from radixcache.cli.progress import progress_bar
 from radixcache.errors import RadixCacheError
 from radixcache.policies import ALL_POLICIES
+from radixcache.router import ROUTERS
 from radixcache.simulate import Replayable, SimReport, SimResult, evaluate
-from radixcache.simulate_source import open_source
+from radixcache.simulate_routing import (
+    ARRIVALS,
+    DEFAULT_ROUTING_COSTS,
+    RoutedWorkload,
+    RoutingCosts,
+    RoutingResult,
+    routed_in_memory,
+    simulate_routing,
+)
+from radixcache.simulate_source import TraceSource, open_source
 from radixcache.simulate_tiers import COST_PAGE_TOKENS, DEFAULT_TIER_COSTS, TierConfig, TierCosts
 from radixcache.simulate_workload import load_workload
 from radixcache.tiered import WRITE_POLICIES
@@ -61,7 +71,8 @@ from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
 @click.option(
     "--prefill-ms-per-token",
     type=click.FloatRange(min=0),
-    help=f"Modelled prefill cost per token missed in every tier [default: {DEFAULT_TIER_COSTS.prefill_ms_per_token}].",
+    help=f"Modelled prefill cost per token missed in every tier, or with --replicas not hit in the replica "
+    f"[default: {DEFAULT_TIER_COSTS.prefill_ms_per_token}].",
 )
 @click.option(
     "--host-load-ms-per-page",
@@ -75,6 +86,34 @@ from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
     help=f"Modelled load of one page of {COST_PAGE_TOKENS} tokens from the disk, scaled by the page's tokens "
     f"[default: {DEFAULT_TIER_COSTS.disk_load_ms_per_page}].",
 )
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=1),
+    help="Simulate N engine replicas of --capacity-blocks each behind --router, each a FIFO server: report the "
+    "cluster hit rate, imbalance and a modelled TTFT with queueing (docs/routing.md).",
+)
+@click.option(
+    "--router",
+    type=click.Choice(ROUTERS),
+    help="With --replicas: the routing policy [default: cache_aware].",
+)
+@click.option(
+    "--decode-ms-per-token",
+    type=click.FloatRange(min=0),
+    help=f"With --replicas: modelled decode cost per output token "
+    f"[default: {DEFAULT_ROUTING_COSTS.decode_ms_per_token:g}].",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    help="With --replicas: arrivals at R requests/s in the trace's order [default: the trace's timestamps].",
+)
+@click.option(
+    "--arrivals",
+    type=click.Choice(ARRIVALS),
+    help="With --rate: a seeded Poisson process or evenly spaced arrivals [default: poisson].",
+)
+@click.option("--seed", default=0, show_default=True, type=int, help="With --replicas: seeds --rate and power_of_two.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option(
     "--no-infinite",
@@ -105,6 +144,12 @@ def simulate(
     prefill_ms_per_token: float | None,
     host_load_ms_per_page: float | None,
     disk_load_ms_per_page: float | None,
+    replicas: int | None,
+    router: str | None,
+    decode_ms_per_token: float | None,
+    rate: float | None,
+    arrivals: str | None,
+    seed: int,
     as_json: bool,
     no_infinite: bool,
     in_memory: bool,
@@ -120,15 +165,48 @@ def simulate(
     is over all tiers, with the share of each tier, and a modelled TTFT (prefill per token missed, plus a load
     per page from the host or disk) is reported beside the device alone and no cache. The bounds stay device-only.
 
+    With --replicas N the trace goes through N replicas of --capacity-blocks each (per replica), each a FIFO
+    server, behind --router: the cluster hit rate, the imbalance of busy time, a modelled TTFT with queueing and
+    one row per replica are reported (docs/routing.md).
+
     \b
     Example:
       radixcache simulate ../shared/traces/mooncake_synthetic_trace.jsonl \\
           --capacity-blocks 8000 --policy lru --belady
       radixcache simulate ../shared/traces/mooncake_synthetic_trace.jsonl \\
           --capacity-blocks 8000 --host-capacity-blocks 20000 --disk-capacity-blocks 40000
+      radixcache simulate ../shared/traces/mooncake_synthetic_trace.jsonl \\
+          --capacity-blocks 1000 --replicas 16 --router cache_aware --rate 0.3
     """
     if (capacity_blocks is None) == (capacity_tokens is None):
         raise click.UsageError("give exactly one of --capacity-blocks and --capacity-tokens")
+    ctx = click.get_current_context()
+    routing = {"--router": router, "--decode-ms-per-token": decode_ms_per_token, "--rate": rate, "--arrivals": arrivals}
+    if replicas is None:
+        given = [name for name, value in routing.items() if value is not None]
+        if given:
+            raise click.UsageError(f"{', '.join(given)}: only for a routed replay; add --replicas N")
+    else:
+        _check_routing_flags(ctx, belady, host_capacity_blocks, disk_capacity_blocks, write_policy, rate, arrivals)
+        _simulate_routed(
+            trace,
+            fmt,
+            page_size,
+            block_size,
+            capacity_blocks,
+            capacity_tokens,
+            in_memory,
+            replicas,
+            router or "cache_aware",
+            policy,
+            prefill_ms_per_token,
+            decode_ms_per_token,
+            rate,
+            arrivals or "poisson",
+            seed,
+            as_json,
+        )
+        return
     tiers = _tier_config(
         host_capacity_blocks,
         disk_capacity_blocks,
@@ -190,7 +268,8 @@ def _tier_config(
             given.insert(0, "--write-policy")
         if given:
             raise click.UsageError(
-                f"{', '.join(given)}: only for tiers; add --host-capacity-blocks and/or --disk-capacity-blocks"
+                f"{', '.join(given)}: only for tiers or replicas; add --host-capacity-blocks and/or "
+                "--disk-capacity-blocks, or --replicas"
             )
         return None
     for flag, value in costs.items():
@@ -279,3 +358,144 @@ def _print_tiers(console: Console, r: SimResult) -> None:
     ):
         ttft.add_row(name, f"{rate:.2%}", f"{s.mean_s * 1000:,.1f}", f"{s.p50_s * 1000:,.1f}", f"{s.p99_s * 1000:,.1f}")
     console.print(ttft)
+
+
+def _check_routing_flags(
+    ctx: click.Context,
+    belady: bool,
+    host: int | None,
+    disk: int | None,
+    write_policy: str | None,
+    rate: float | None,
+    arrivals: str | None,
+) -> None:
+    """Usage errors for flags a routed replay does not take."""
+    refused = [
+        flag
+        for flag, given in (
+            ("--belady", belady),
+            ("--host-capacity-blocks", host is not None),
+            ("--disk-capacity-blocks", disk is not None),
+            ("--write-policy", write_policy is not None),
+            ("--host-load-ms-per-page", ctx.params.get("host_load_ms_per_page") is not None),
+            ("--disk-load-ms-per-page", ctx.params.get("disk_load_ms_per_page") is not None),
+        )
+        if given
+    ]
+    if refused:
+        raise click.UsageError(
+            f"{', '.join(refused)}: not with --replicas (a routed replay has no oracle bound and no tiers)"
+        )
+    if (
+        ctx.get_parameter_source("concurrency") is not click.core.ParameterSource.DEFAULT
+        and ctx.params["concurrency"] != 1
+    ):
+        raise click.UsageError("--concurrency: not with --replicas (each replica serves one request at a time, FIFO)")
+    if arrivals is not None and rate is None:
+        raise click.UsageError("--arrivals: only with --rate (without it, requests arrive at the trace's timestamps)")
+
+
+def _print_routing(trace: str, r: RoutingResult) -> None:
+    """A routed replay: the cluster's figures, then one row per replica."""
+    c = r.costs
+    arrivals = "the trace's timestamps" if r.rate is None else f"{r.rate:g} requests/s"
+    console = Console()
+    console.print(
+        f"{trace}: {r.requests:,} requests, router {r.router}, {r.num_replicas} replicas of {r.capacity_blocks:,} "
+        f"blocks ({r.block_tokens} tokens each), arrivals at {arrivals}; prefill {c.prefill_ms_per_token:g} ms and "
+        f"decode {c.decode_ms_per_token:g} ms per token"
+    )
+    summary = Table()
+    for column in ("router", "hit rate", "imbalance", "utilisation", "TTFT p50 (s)", "TTFT p99 (s)", "TTFT mean (s)"):
+        summary.add_column(column, justify="right")
+    summary.add_row(
+        r.router,
+        f"{r.hit_rate:.2%}",
+        f"{r.imbalance:.2f}",
+        f"{r.utilisation:.0%}",
+        f"{r.ttft.p50_s:,.2f}",
+        f"{r.ttft.p99_s:,.2f}",
+        f"{r.ttft.mean_s:,.2f}",
+    )
+    console.print(summary)
+    rows = Table(title="per replica")
+    for column in ("replica", "requests", "prompt tokens", "hit rate", "busy (s)", "TTFT mean (s)", "evicted blocks"):
+        rows.add_column(column, justify="right")
+    for rep in r.replicas:
+        rows.add_row(
+            str(rep.replica),
+            f"{rep.requests:,}",
+            f"{rep.prompt_tokens:,}",
+            f"{rep.hit_rate:.2%}",
+            f"{rep.busy_s:,.1f}",
+            f"{rep.ttft_mean_s:,.2f}",
+            f"{rep.evicted_blocks:,}",
+        )
+    console.print(rows)
+    e = r.events
+    console.print(
+        f"index: {e.events:,} page events in {e.batches:,} batches ({e.events_per_s:,.0f} events/s of simulated "
+        f"time), at most {e.peak_index_pages:,} pages, {e.index_memory_bytes / 2**20:,.1f} MiB at the end"
+    )
+
+
+def _simulate_routed(
+    trace: str,
+    fmt: str | None,
+    page_size: int | None,
+    block_size: int,
+    capacity_blocks: int | None,
+    capacity_tokens: int | None,
+    in_memory: bool,
+    replicas: int,
+    router: str,
+    policy: str,
+    prefill_ms_per_token: float | None,
+    decode_ms_per_token: float | None,
+    rate: float | None,
+    arrivals: str,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """`simulate --replicas N`: the trace through N replicas behind `router` (radixcache.simulate_routing)."""
+    for flag, value in (
+        ("--prefill-ms-per-token", prefill_ms_per_token),
+        ("--decode-ms-per-token", decode_ms_per_token),
+    ):
+        if value is not None and not math.isfinite(value):
+            raise click.UsageError(f"{flag} must be a finite number of milliseconds, got {value}")
+    if rate is not None and not math.isfinite(rate):
+        raise click.UsageError(f"--rate must be a finite number of requests/s, got {rate}")
+    d = DEFAULT_ROUTING_COSTS
+    costs = RoutingCosts(
+        d.prefill_ms_per_token if prefill_ms_per_token is None else prefill_ms_per_token,
+        d.decode_ms_per_token if decode_ms_per_token is None else decode_ms_per_token,
+    )
+    try:
+        source = open_source(trace, fmt, page_size=page_size, block_size=block_size)
+        workload: TraceSource | RoutedWorkload = routed_in_memory(source) if in_memory else source
+        blocks = capacity_blocks or source.blocks_for_tokens(capacity_tokens or 0)
+        if blocks < 1:
+            raise click.UsageError(f"--capacity-tokens {capacity_tokens} is less than one block")
+        shown = Console(stderr=True).is_terminal
+        requests = len(workload.requests) if isinstance(workload, RoutedWorkload) else (source.count() if shown else 0)
+        with progress_bar("routing", requests) as advance:
+            result = simulate_routing(
+                workload,
+                replicas,
+                blocks,
+                router,
+                policy=policy,
+                costs=costs,
+                rate=rate,
+                arrivals=arrivals,
+                seed=seed,
+                progress=advance,
+            )
+    except RadixCacheError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        json.dump(result.as_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_routing(trace, result)

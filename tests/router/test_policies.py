@@ -1,0 +1,212 @@
+"""Each routing policy's behaviour, pinned on hand-built clusters."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixcache.router import (
+    ROUTERS,
+    CacheAwareRouter,
+    EventBatch,
+    LoadTracker,
+    Router,
+    RouteRequest,
+    RouterError,
+    RouterIndex,
+    SGLangRouter,
+    make_router,
+)
+
+
+def cluster(n: int, cached: dict[int, list] | None = None) -> RouterIndex:
+    index = RouterIndex()
+    for r in range(n):
+        index.add_replica(r)
+    for r, keys in (cached or {}).items():
+        assert index.apply(EventBatch(r, 1, tuple(keys)))
+    return index
+
+
+def request(pages: int, prompt_tokens: int | None = None, session: str | None = None, first: int = 0) -> RouteRequest:
+    """A request over page keys first .. first+pages-1, 16 tokens a page."""
+    keys = list(range(first, first + pages))
+    return RouteRequest(keys, prompt_tokens if prompt_tokens is not None else 16 * pages, 8, 16, session)
+
+
+def busy(loads: LoadTracker, replica: int, prefill_tokens: float, requests: int = 1, tag: str = "") -> None:
+    for i in range(requests):
+        loads.dispatched(replica, f"{tag}{replica}-{i}-{prefill_tokens}", prefill_tokens / requests, 0)
+
+
+def test_make_router_names_every_policy() -> None:
+    assert ROUTERS == ("round_robin", "least_loaded", "power_of_two", "consistent_hash", "sglang", "cache_aware")
+    for name in ROUTERS:
+        router = make_router(name)
+        assert isinstance(router, Router) and router.name == name
+        with pytest.raises(RouterError):
+            router.choose(request(1), [], cluster(0), LoadTracker())
+    with pytest.raises(RouterError):
+        make_router("nope")
+    with pytest.raises(RouterError):
+        make_router("round_robin", seed=1)
+    with pytest.raises(RouterError):
+        make_router("cache_aware", miss_weight=0.5)
+
+
+def test_round_robin_cycles() -> None:
+    router, index, loads = make_router("round_robin"), cluster(3, {0: [0, 1]}), LoadTracker()
+    assert [router.choose(request(2), [0, 1, 2], index, loads) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_least_loaded_picks_the_least_work_in_tokens_not_requests() -> None:
+    router, index, loads = make_router("least_loaded"), cluster(3), LoadTracker(prefill_cost=1.0, decode_cost=0.0)
+    busy(loads, 0, 10_000)  # one long prefill
+    busy(loads, 1, 50, requests=5)  # five short ones
+    busy(loads, 2, 20_000)
+    assert router.choose(request(1), [0, 1, 2], index, loads) == 1
+    assert router.choose(request(1), [0, 2], index, loads) == 0
+
+
+def test_power_of_two_is_seeded_and_takes_the_lighter_of_its_two() -> None:
+    index, loads = cluster(8), LoadTracker(1.0, 0.0)
+    for r in range(8):
+        busy(loads, r, 100 * (8 - r))
+    one, two = make_router("power_of_two", seed=3), make_router("power_of_two", seed=3)
+    picks = [one.choose(request(1), list(range(8)), index, loads) for _ in range(50)]
+    assert picks == [two.choose(request(1), list(range(8)), index, loads) for _ in range(50)]
+    assert len(set(picks)) > 2  # it samples
+    assert 0 not in picks  # the heaviest never wins: whichever replica it is drawn with is lighter
+    two_replicas = make_router("power_of_two", seed=0)
+    assert {two_replicas.choose(request(1), [3, 5], index, loads) for _ in range(20)} == {5}  # 5 is the lighter
+
+
+def test_consistent_hash_is_stable_for_a_session_and_moves_few_keys_when_a_replica_goes() -> None:
+    router, index, loads = make_router("consistent_hash"), cluster(8), LoadTracker()
+    sessions = [f"user-{i}" for i in range(2000)]
+    before = {
+        s: router.choose(request(3, session=s, first=hash(s) % 1000), list(range(8)), index, loads) for s in sessions
+    }
+    again = {s: router.choose(request(5, session=s), list(range(8)), index, loads) for s in sessions}
+    assert again == before  # the session decides, not the prompt
+    assert len(set(before.values())) == 8
+    after = {s: router.choose(request(3, session=s), [0, 1, 2, 4, 5, 6, 7], index, loads) for s in sessions}
+    moved = [s for s in sessions if after[s] != before[s]]
+    assert all(before[s] == 3 for s in moved)  # only the removed replica's sessions move
+    assert len(moved) / len(sessions) < 0.2  # about 1/8 of them
+    # without a session, the first pages decide: same prefix, same replica, whatever follows
+    prefix = [
+        router.choose(RouteRequest([1, 2, 3, 4, tail], 80, 8, 16), list(range(8)), index, loads) for tail in range(20)
+    ]
+    assert len(set(prefix)) == 1
+
+
+def test_sglang_shortest_queue_when_imbalanced_in_requests() -> None:
+    router, loads = SGLangRouter(), LoadTracker(1.0, 0.0)
+    index = cluster(3, {0: list(range(10))})
+    busy(loads, 0, 100, requests=100)
+    busy(loads, 1, 10, requests=30)
+    busy(loads, 2, 10, requests=20)
+    # 100 - 20 > 64 and 100 > 1.5 * 20: imbalanced, so the shortest queue, though replica 0 holds the whole prompt
+    assert router.branch(request(10), [0, 1, 2], index, loads) == "imbalanced"
+    assert router.choose(request(10), [0, 1, 2], index, loads) == 2
+
+
+def test_sglang_follows_the_cache_past_the_threshold_however_many_tokens_wait() -> None:
+    router, loads = SGLangRouter(), LoadTracker(1.0, 0.0)
+    index = cluster(2, {0: list(range(4))})
+    busy(loads, 0, 1_000_000, requests=300)  # a huge backlog in tokens...
+    busy(loads, 1, 10, requests=210)  # ...but 300 - 210 > 64 and 300 <= 1.5 * 210: balanced, in requests
+    assert router.branch(request(10), [0, 1], index, loads) == "cache"  # 4 of 10 pages: 40% > 30%
+    assert router.choose(request(10), [0, 1], index, loads) == 0
+
+
+def test_sglang_sends_a_miss_to_the_smallest_tree_even_when_it_is_the_busiest() -> None:
+    router, loads = SGLangRouter(in_flight=False), LoadTracker(1.0, 0.0)
+    index = cluster(3, {0: list(range(2)), 1: list(range(100, 150)), 2: list(range(200, 260))})
+    busy(loads, 0, 50_000, requests=3)  # the smallest tree, and by far the most work in tokens
+    assert router.branch(request(10), [0, 1, 2], index, loads) == "smallest_tree"  # 2 of 10 pages: 20%
+    assert router.choose(request(10), [0, 1, 2], index, loads) == 0
+
+
+def test_cache_aware_picks_the_matching_replica_when_idle() -> None:
+    router = CacheAwareRouter()
+    index = cluster(4, {2: list(range(8)), 3: list(range(3))})
+    assert router.choose(request(10), [0, 1, 2, 3], index, LoadTracker()) == 2
+    scores = router.scores(request(10), [0, 1, 2, 3], index, LoadTracker(1.0, 0.0))
+    assert [s.matched_pages for s in scores] == [0, 0, 8, 3]
+    assert [s.expected_ttft_s for s in scores] == [160, 160, 32, 112]
+
+
+def test_cache_aware_leaves_the_match_when_its_queue_makes_the_ttft_worse() -> None:
+    index = cluster(2, {0: list(range(10))})  # replica 0 holds 160 of the prompt's 200 tokens
+    request_ = request(10, prompt_tokens=200)
+    loads = LoadTracker(1.0, 0.0)
+    busy(loads, 0, 100)
+    pure = CacheAwareRouter(miss_weight=1.0, balance=0.0)
+    assert pure.choose(request_, [0, 1], index, loads) == 0  # 100 + 40 < 0 + 200
+    busy(loads, 0, 200, tag="more")
+    assert pure.choose(request_, [0, 1], index, loads) == 1  # 300 + 40 > 200
+    # the default charges a recomputed prefill three times (it also delays the requests behind it): it stays
+    assert CacheAwareRouter(balance=0.0).choose(request_, [0, 1], index, loads) == 0  # 300 + 3 * 40 < 3 * 200
+    busy(loads, 0, 400, tag="even more")
+    assert CacheAwareRouter(balance=0.0).choose(request_, [0, 1], index, loads) == 1  # 700 + 120 > 600
+
+
+def test_cache_aware_sends_a_miss_to_the_least_loaded_not_the_smallest_tree() -> None:
+    index = cluster(3, {0: [], 1: list(range(100, 200)), 2: list(range(300, 350))})
+    loads = LoadTracker(1.0, 0.0)
+    busy(loads, 0, 5_000)  # the smallest tree, but busy
+    busy(loads, 2, 100)
+    assert CacheAwareRouter().choose(request(10), [0, 1, 2], index, loads) == 1
+
+
+def test_cache_aware_sessions_stick_within_the_slack() -> None:
+    router = CacheAwareRouter(miss_weight=1.0, balance=0.0, session_slack=0.25, session_slack_s=0.0, in_flight=False)
+    index, loads = cluster(2), LoadTracker(1.0, 0.0)
+    assert router.choose(request(1, session="s"), [0, 1], index, loads) == 0  # idle: the lower id
+    busy(loads, 0, 3)  # replica 0: 3 + 16 = 19 against 16: within 25% of the best, so the session stays
+    assert router.choose(request(1, session="s"), [0, 1], index, loads) == 0
+    assert router.choose(request(1, session="other"), [0, 1], index, loads) == 1  # no history: the best
+    busy(loads, 0, 10, tag="x")  # 29 > 16 * 1.25: too slow, it moves
+    assert router.choose(request(1, session="s"), [0, 1], index, loads) == 1
+    assert router.choose(request(1, session="s"), [0, 1], index, loads) == 1  # and sticks to the new replica
+
+
+def test_cache_aware_counts_prefixes_in_flight_until_they_finish() -> None:
+    router, index, loads = CacheAwareRouter(balance=0.0), cluster(3), LoadTracker(1.0, 0.0)
+    first = request(10, first=500)
+    r = router.route(first, [0, 1, 2], index, loads)
+    assert r == (0, 0)
+    loads.dispatched(0, "first", 160, 0)
+    second = request(12, first=500)  # the same 10 pages and 2 more
+    r = router.route(second, [0, 1, 2], index, loads)
+    assert r == (0, 10)  # behind the first, which will have cached its 10 pages
+    loads.dispatched(0, "second", 32, 0)
+    loads.finished(0, "first")
+    loads.finished(0, "second")  # never published (say, evicted at once): the router forgets them
+    assert router.route(request(10, first=500), [0, 1, 2], index, loads).matched_pages == 0
+    blind = CacheAwareRouter(balance=0.0, in_flight=False)
+    loads.dispatched(0, "third", 160, 0)
+    assert blind.route(request(10, first=900), [0, 1, 2], index, loads).replica == 1
+
+
+def test_cache_aware_rotates_among_exact_ties() -> None:
+    router, index, loads = CacheAwareRouter(balance=0.0), cluster(3), LoadTracker()
+    assert [router.choose(request(1), [0, 1, 2], index, loads) for _ in range(5)] == [0, 1, 2, 0, 1]
+
+
+def test_cache_aware_balance_places_new_work_on_replicas_that_took_less() -> None:
+    router, index, loads = CacheAwareRouter(balance=1.0, balance_horizon=64), cluster(2), LoadTracker(1.0, 0.0)
+    for i in range(3):  # replica 0 alone took the last requests (replica 1 has just joined)
+        router.route(request(10, first=100 * i), [0], index, loads)
+    busy(loads, 1, 50)  # replica 1 is a little busy now, replica 0 idle
+    # by TTFT alone replica 0 wins (160 against 50 + 160); it took 3 * 160 of work lately and replica 1 none
+    assert router.choose(request(10), [0, 1], index, loads) == 1
+    assert CacheAwareRouter(balance=0.0).choose(request(10), [0, 1], index, loads) == 0
+
+
+def test_cache_aware_forget_drops_a_dead_replicas_state() -> None:
+    router, index, loads = CacheAwareRouter(), cluster(2), LoadTracker()
+    router.choose(request(2, session="s"), [0, 1], index, loads)
+    router.forget(0)
+    assert router.choose(request(2, session="s"), [1], index, loads) == 1

@@ -1,0 +1,111 @@
+"""scripts/simulate_routing.py (the sweep, here, on processes and on Ray), scripts/bench_router_index.py, and
+scripts/simulate_eviction.py's --ray on a real local Ray."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from radixcache.records import TokenRequest
+from radixcache.trace import write_token_jsonl
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name.replace(".py", "_script"), SCRIPTS / name)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_chat(tmp_path: Path, name: str = "tiny", shared: int = 3) -> Path:
+    """Sessions that grow their prompt turn by turn over a few shared prefixes."""
+    trace = tmp_path / f"{name}.jsonl"
+    requests = []
+    for i in range(48):
+        conv, turn = i % 12, i // 12
+        prompt = tuple([conv % shared] * 8 + [100 + conv] * (8 * (turn + 1)))
+        requests.append(TokenRequest(i * 100, prompt, 4, f"s{conv}", output_tokens=(7, 7, 7, 7)))
+    write_token_jsonl(trace, requests)
+    return trace
+
+
+def sweep(tmp_path: Path, traces: list[str], *extra: str) -> tuple[list[dict], str]:
+    out = tmp_path / f"out{len(extra)}{'-'.join(extra)}"
+    args = [*traces, "--replicas", "2,4", "--router", "round_robin", "--router", "cache_aware", "--page-size", "4"]
+    args += ["--capacity-blocks", "40", "--rate-per-replica", "2", "--out", str(out), *extra]
+    result = CliRunner().invoke(load_script("simulate_routing.py").main, args)
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((out / "routing.csv").read_text().splitlines()))
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows], result.stderr
+
+
+def test_the_sweep_writes_csv_markdown_and_plot(tmp_path: Path) -> None:
+    rows, err = sweep(tmp_path, [str(tiny_chat(tmp_path))], "--workers", "1")
+    assert "4 routed replays on 1 worker (this process)" in err
+    assert [(r["router"], r["replicas"]) for r in rows] == [
+        ("round_robin", "2"),
+        ("cache_aware", "2"),
+        ("round_robin", "4"),
+        ("cache_aware", "4"),
+    ]
+    assert rows[-1]["rate"] == "8.0"  # 2 per replica, 4 replicas
+    out = next(tmp_path.glob("out*"))
+    assert "| replicas |" in (out / "routing.md").read_text()
+    assert (out / "routing.png").stat().st_size > 1000
+
+
+def test_a_parallel_sweep_gives_the_sequential_rows(tmp_path: Path) -> None:
+    traces = [str(tiny_chat(tmp_path)), str(tiny_chat(tmp_path, "other", shared=5))]
+    sequential, _ = sweep(tmp_path, traces, "--workers", "1", "--no-plot")
+    parallel, err = sweep(tmp_path, traces, "--workers", "2", "--no-plot")
+    assert "on 2 worker processes" in err
+    assert parallel == sequential and len(sequential) == 8
+
+
+def test_the_sweep_refuses_bad_input(tmp_path: Path) -> None:
+    main = load_script("simulate_routing.py").main
+    base = ["--capacity-blocks", "10", "--out", str(tmp_path)]
+    assert CliRunner().invoke(main, ["synthetic:nope", *base]).exit_code != 0
+    assert CliRunner().invoke(main, [str(tmp_path / "missing.jsonl"), *base]).exit_code != 0
+    two = ["synthetic:chat", "synthetic:agent", "--out", str(tmp_path)]
+    assert CliRunner().invoke(main, [*two, "--capacity-blocks", "1,2,3"]).exit_code != 0
+    assert CliRunner().invoke(main, [*two, "--capacity-blocks", "10", "--rate-per-replica", "0"]).exit_code != 0
+
+
+def test_the_index_benchmark_measures_memory_throughput_and_routes() -> None:
+    out = load_script("bench_router_index.py").bench(replicas=4, pages=200, batch=8, rate=10_000, seconds=0.1)
+    assert out["index_pages"] == 800 and out["stream_events"] == (1000 // 16) * 16  # whole batches of 8 + 8
+    assert out["apply_events_per_s"] > 0 and out["index_bytes_per_page"] > 16 and out["route_us"] > 0
+
+
+@pytest.mark.slow
+@needs_ray
+def test_the_sweep_on_a_local_ray_gives_the_sequential_rows(tmp_path: Path) -> None:
+    traces = [str(tiny_chat(tmp_path))]
+    sequential, _ = sweep(tmp_path, traces, "--workers", "1", "--no-plot")
+    on_ray, err = sweep(tmp_path, traces, "--ray", "--ray-cpus", "1", "--workers", "1", "--no-plot")
+    assert "on 1 Ray actors" in err
+    assert on_ray == sequential
+
+
+@pytest.mark.slow
+@needs_ray
+def test_the_eviction_sweep_on_a_local_ray(tmp_path: Path) -> None:
+    trace = tmp_path / "tiny.jsonl"
+    write_token_jsonl(trace, [TokenRequest(i, (i % 3, 1, 2, 3, 4, 5, 6, 7), 0) for i in range(40)])
+    args = [str(trace), "--policy", "lru", "--fractions", "0.5", "--page-size", "2", "--no-plot"]
+    result = CliRunner().invoke(
+        load_script("simulate_eviction.py").main, [*args, "--ray", "--workers", "1", "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 0, result.output
+    assert "on 1 Ray actors" in result.stderr
+    rows = list(csv.DictReader((tmp_path / "o" / "sweep.csv").read_text().splitlines()))
+    assert {r["policy"] for r in rows} == {"lru", "belady", "infinite"}

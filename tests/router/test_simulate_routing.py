@@ -1,0 +1,221 @@
+"""The routing simulator: a hand-worked two-replica replay, the index kept equal to every replica's tree by its
+events, the cache-aware router against round robin on a small chat trace, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from radixcache.cli.main import main
+from radixcache.router import make_router
+from radixcache.simulate_routing import (
+    RoutingCosts,
+    RoutingReplay,
+    arrival_times,
+    routed_in_memory,
+    routed_requests,
+    simulate_routing,
+)
+from radixcache.simulate_source import open_source
+from radixcache.simulate_workload import SimRequest, Workload, token_workload
+from radixcache.synthetic import multi_turn_chat
+from radixcache.trace import HashRequest, write_mooncake
+
+MOONCAKE_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+
+
+def hand_workload() -> Workload:
+    """Four requests at page size 2 (in tokens): A and B at once, C at 10 s (A's prompt, its output and more), D at
+    10.5 s while C runs (A's first two pages and one new)."""
+    requests = (
+        SimRequest(0.0, (1, 2, 3, 4), (5, 6), 4),
+        SimRequest(0.0, (7, 8, 9, 10), (), 4),
+        SimRequest(10_000.0, (1, 2, 3, 4, 5, 6, 11, 12), (), 8),
+        SimRequest(10_500.0, (1, 2, 3, 4, 13, 14), (), 6),
+    )
+    return Workload(requests, 2, 2, "token")
+
+
+def hand_replay(router: object) -> RoutingReplay:
+    # one second per prompt token, half a second per output token: every figure below is worked by hand
+    replay = RoutingReplay(
+        2, 100, router, page_size=2, block_tokens=2, costs=RoutingCosts(1000.0, 500.0), record=True, check=True
+    )
+    replay.run(arrival_times(routed_requests(hand_workload())))
+    return replay
+
+
+def test_a_hand_worked_two_replica_replay_with_the_cache_aware_router() -> None:
+    replay = hand_replay(make_router("cache_aware", miss_weight=1.0, balance=0.0))
+    # A -> 0 (idle tie: the lower id), prefill 4 s, decode 1 s, done at 5 s. B -> 1 (0 has 5 s of work queued).
+    # C at 10 s -> 0, which holds A's prompt and output (3 pages): 2 tokens to prefill. D at 10.5 s -> 0: it holds 2
+    # of D's pages, so 2 s of C's prefill + 2 s of D's beat 6 s on idle 1; D waits until 12 s, then 2 s of prefill.
+    assert replay.records == [(0, 0, 0, 4.0), (1, 1, 0, 4.0), (2, 0, 6, 2.0), (3, 0, 4, 3.5)]
+    r = replay.result()
+    assert (r.prompt_tokens, r.hit_tokens) == (22, 10)
+    assert [(x.requests, x.hit_tokens, x.busy_s) for x in r.replicas] == [(3, 10, 9.0), (1, 0, 4.0)]
+    assert r.imbalance == pytest.approx(9.0 / 6.5)
+    assert r.ttft.p50_s == 3.5 and r.ttft.max_s == 4.0
+    assert r.events.simulated_s == 14.0  # from the first arrival to D's finish
+
+
+def test_the_same_replay_through_round_robin() -> None:
+    replay = hand_replay(make_router("round_robin"))
+    # D goes to replica 1, which holds only B's pages: all 6 tokens to prefill, at once
+    assert replay.records == [(0, 0, 0, 4.0), (1, 1, 0, 4.0), (2, 0, 6, 2.0), (3, 1, 0, 6.0)]
+    assert replay.result().hit_tokens == 6
+
+
+def test_events_keep_the_index_equal_to_every_replicas_tree() -> None:
+    """`check=True` recomputes each replica's page keys from its tree after every event and compares them with
+    the index; a tiny capacity makes every request evict (whole leaves and trimmed tails)."""
+    chat = list(
+        multi_turn_chat(
+            conversations=12,
+            system_prompts=2,
+            system_tokens=40,
+            turns=(2, 4),
+            user_tokens=12,
+            assistant_tokens=10,
+            mean_interarrival_ms=50,
+            mean_think_ms=300,
+            vocab=50,
+            seed=3,
+        )
+    )
+    namespaced = [
+        SimRequest(
+            r.timestamp_ms,
+            tuple(r.tokens),
+            tuple(r.output_tokens or ()),
+            len(r.tokens),
+            1,
+            f"tenant-{i % 2}",
+            r.session,
+        )
+        for i, r in enumerate(chat)
+    ]
+    workloads = [token_workload(chat, 4), Workload(tuple(namespaced), 4, 4, "token")]
+    for router in ("cache_aware", "sglang", "round_robin"):
+        for workload in workloads:
+            result = simulate_routing(workload, 3, 24, router, rate=20.0, check=True)
+            assert result.requests == len(chat)
+            assert sum(r.evicted_blocks for r in result.replicas) > 0
+
+
+def test_events_keep_the_index_equal_on_a_hash_trace(tmp_path: Path) -> None:
+    path = tmp_path / "hash.jsonl"
+    records = []
+    for i in range(60):  # conversations of growing chained ids, some sharing a first block
+        conv, turn = i % 7, i // 7
+        ids = [1000 * conv + k for k in range(2 + turn)]
+        records.append(HashRequest(float(i * 100), 512 * len(ids) - 100, 10 + i, tuple(ids)))
+    write_mooncake(path, records)
+    source = open_source(path)
+    result = simulate_routing(source, 4, 6, "cache_aware", rate=5.0, check=True)
+    assert result.requests == 60 and result.hit_tokens > 0
+    assert sum(r.evicted_blocks for r in result.replicas) > 0
+    # output lengths come from the file: decode time is in the busy time
+    outs = [out for _, out in routed_requests(source)]
+    assert outs == [10 + i for i in range(60)]
+    in_memory = routed_in_memory(source)
+    assert [out for _, out in in_memory] == outs
+    again = simulate_routing(in_memory, 4, 6, "cache_aware", rate=5.0)
+    assert again.as_dict()["hit_tokens"] == result.hit_tokens
+
+
+def test_the_replay_keeps_nothing_per_request() -> None:
+    workload = token_workload(list(multi_turn_chat(conversations=30, vocab=100)), 16)
+    replay = RoutingReplay(4, 200, "cache_aware", page_size=16, block_tokens=16)
+    replay.run(arrival_times(routed_requests(workload), rate=3.0))
+    assert replay.records == [] and not replay._heap and replay.loads.in_flight() == 0
+    assert all(not r.queue and not r.busy for r in replay.replicas)
+
+
+def test_arrivals_at_a_rate_are_seeded_or_even() -> None:
+    pairs = [(SimRequest(0.0, (1,), (), 1), 0)] * 5
+    poisson = [t for t, _, _ in arrival_times(pairs, rate=2.0, seed=1)]
+    assert poisson == [t for t, _, _ in arrival_times(pairs, rate=2.0, seed=1)]
+    assert poisson != [t for t, _, _ in arrival_times(pairs, rate=2.0, seed=2)]
+    assert [t for t, _, _ in arrival_times(pairs, rate=2.0, arrivals="even")] == [0.0, 0.5, 1.0, 1.5, 2.0]
+
+
+def test_cache_aware_beats_round_robin_on_a_small_chat_trace() -> None:
+    started = time.perf_counter()
+    workload = token_workload(list(multi_turn_chat(conversations=80, seed=1)), 16)
+    results = {
+        r: simulate_routing(workload, 8, 512, r, rate=2.5) for r in ("round_robin", "least_loaded", "cache_aware")
+    }
+    rr, ll, ours = results["round_robin"], results["least_loaded"], results["cache_aware"]
+    assert ours.hit_rate >= 1.5 * rr.hit_rate
+    assert ours.imbalance <= 1.3
+    assert ours.ttft.p99_s <= ll.ttft.p99_s
+    assert time.perf_counter() - started < 20
+
+
+@pytest.mark.skipif(not MOONCAKE_TRACE.is_file(), reason="the shared Mooncake trace is not beside this clone")
+def test_the_acceptance_on_the_mooncake_trace() -> None:
+    """docs/routing.md's setting: 16 replicas of 1,000 blocks, 0.3 requests/s."""
+    source = open_source(MOONCAKE_TRACE)
+    results = {
+        r: simulate_routing(source, 16, 1000, r, rate=0.3)
+        for r in ("round_robin", "least_loaded", "sglang", "cache_aware")
+    }
+    ours = results["cache_aware"]
+    assert ours.hit_rate >= 1.5 * results["round_robin"].hit_rate
+    assert ours.hit_rate >= results["sglang"].hit_rate
+    assert ours.imbalance <= 1.3
+    assert ours.ttft.p99_s <= results["least_loaded"].ttft.p99_s
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+
+
+@pytest.fixture
+def chat(tmp_path: Path) -> Path:
+    path = tmp_path / "chat.jsonl"
+    result = CliRunner().invoke(main, ["trace", "gen", "chat", str(path), "--count", "20", "--set", "turns=2,4"])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_simulate_replicas_json_has_the_documented_keys(chat: Path) -> None:
+    args = ["simulate", str(chat), "--capacity-blocks", "200", "--page-size", "16", "--replicas", "4"]
+    result = CliRunner().invoke(main, [*args, "--router", "sglang", "--rate", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    for key in ("hit_rate", "imbalance", "ttft_p50_s", "ttft_p99_s", "replicas", "router", "num_replicas"):
+        assert key in report
+    assert report["router"] == "sglang" and report["num_replicas"] == 4 and len(report["replicas"]) == 4
+    assert {"requests", "prompt_tokens", "hit_rate", "busy_s"} <= set(report["replicas"][0])
+    assert sum(r["requests"] for r in report["replicas"]) == report["requests"]
+
+
+def test_simulate_replicas_prints_a_table(chat: Path) -> None:
+    args = ["simulate", str(chat), "--capacity-blocks", "200", "--page-size", "16", "--replicas", "3", "--rate", "2"]
+    result = CliRunner().invoke(main, [*args, "--decode-ms-per-token", "1", "--arrivals", "even"])
+    assert result.exit_code == 0, result.output
+    assert "cache_aware" in result.stdout and "per replica" in result.stdout and "events/s" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--replicas", "2", "--belady"], "--belady: not with --replicas"),
+        (["--replicas", "2", "--host-capacity-blocks", "10"], "not with --replicas"),
+        (["--replicas", "2", "--concurrency", "4"], "--concurrency: not with --replicas"),
+        (["--router", "sglang"], "--router: only for a routed replay"),
+        (["--rate", "3"], "--rate: only for a routed replay"),
+        (["--replicas", "2", "--arrivals", "even"], "--arrivals: only with --rate"),
+        (["--replicas", "2", "--router", "nope"], "'nope' is not one of"),
+        (["--replicas", "0"], "--replicas"),
+    ],
+)
+def test_simulate_replicas_refuses_bad_flags(chat: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["simulate", str(chat), "--capacity-blocks", "200", *args])
+    assert result.exit_code != 0
+    assert message in result.stderr
