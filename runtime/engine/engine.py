@@ -33,6 +33,7 @@ from radixcache.runtime.engine.request import GenerationResult, Request
 from radixcache.runtime.engine.runner import ModelRunner
 from radixcache.runtime.engine.sampling import Sampler, SamplingParams, stop_token_set
 from radixcache.runtime.engine.scheduler import Scheduler, SchedulerConfig
+from radixcache.runtime.kv.events import KVEventLog
 from radixcache.runtime.kv.fingerprint import file_digest, kv_fingerprint, weights_digest
 from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.mirror import DecodeMirror
@@ -115,6 +116,8 @@ class Engine:
     pages that survives restarts (at most `cache_dir_size` bytes), `write_policy` when the host gets a copy
     (write_through, write_through_selective, write_back), `load_back` "auto" (load a page found below the pool when
     that is measured cheaper than recomputing it), "always" or "never". `flush()` waits for queued disk writes.
+    `kv_events=True` keeps `events` (runtime.kv.events.KVEventLog): the keys of the pages the tree adopts and evicts,
+    in numbered batches, for a router's index.
 
     Thread-safe: every call submits to one engine loop thread that owns the cache and the pool.
     """
@@ -148,6 +151,7 @@ class Engine:
         cache_dir_size: str | int = DEFAULT_CACHE_DIR_SIZE,
         write_policy: str = "write_through",
         load_back: str = "auto",
+        kv_events: bool = False,
     ) -> None:
         torch_dtype = resolve_dtype(dtype)
         if write_policy not in WRITE_POLICIES:
@@ -184,6 +188,8 @@ class Engine:
         self.cache = RadixCache(capacity_blocks, page_size, self.retention)
         self.pool = self.model.new_pool(capacity_blocks, page_size)
         self.tiers = None
+        self.events: KVEventLog | None = None
+        self.fingerprint = kv_fingerprint(self.config, self.pool, weights=weights_id, quant=self.model.quant)
         if enable_cache:
             self.tiers = build_tiers(
                 self.cache,
@@ -193,14 +199,17 @@ class Engine:
                 cache_dir_size=cache_dir_size,
                 write_policy=write_policy,
                 load_back=load_back,
-                fingerprint=kv_fingerprint(self.config, self.pool, weights=weights_id, quant=self.model.quant),
+                fingerprint=self.fingerprint,
             )
+            if kv_events:  # after the tiers: the log chains their eviction listener
+                self.events = KVEventLog(self.cache, self.fingerprint)
         self.kv = KVManager(
             self.cache,
             enable_cache=enable_cache,
             retention=self.retention,
             max_pinned_blocks=self.max_pinned_blocks,
             tiers=self.tiers,
+            events=self.events,
         )
         self.mirror = self._make_mirror(mirror_memory)
         self.enable_cache = enable_cache

@@ -24,6 +24,7 @@ from radixcache.runtime.kv.retention import RetentionPolicy
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.request import Request
+    from radixcache.runtime.kv.events import KVEventLog
     from radixcache.runtime.kv.tiering import KVTiers
 
 
@@ -51,9 +52,11 @@ class KVManager:
         retention: RetentionPolicy | None = None,
         max_pinned_blocks: int = 0,
         tiers: KVTiers | None = None,
+        events: KVEventLog | None = None,
     ) -> None:
         self.cache = cache
         self.tiers = tiers if enable_cache else None
+        self.events = events if enable_cache else None  # stored/removed page keys for a router (kv.events)
         self.enable_cache = enable_cache
         self.page_size = cache.page_size
         self.retention = retention
@@ -84,9 +87,9 @@ class KVManager:
         disk_pages = 0
         if self.enable_cache:
             query = req.all_ids[: end if resumed else end - 1]
+            if req.page_chain is None and (tiers is not None or self.events is not None):
+                req.page_chain = (tiers or self.events).chain(req.namespace)  # type: ignore[union-attr]
             if tiers is not None:
-                if req.page_chain is None:
-                    req.page_chain = tiers.chain(req.namespace)
                 tier_match = tiers.match(query, req.namespace, req.page_chain)
                 match = tier_match.device
             else:
@@ -158,8 +161,7 @@ class KVManager:
         cache, ns = self.cache, req.namespace
         tokens = req.all_ids[: full * p]
         cached = cache.insert(tokens, req.block_table[:full], namespace=ns) // p
-        if self.tiers is not None and req.page_chain is not None:  # our pages the tree adopted go down the tiers
-            self.tiers.adopted(req.page_chain, tokens, cached, full, req.block_table[cached:full])
+        self._adopted(req, tokens, cached, full)
         node = cache.lock_prefix(tokens, full * p, namespace=ns)
         assert node is not None, "the pages just inserted are in the tree, and locked"
         old, req.match_node = req.match_node, node
@@ -235,8 +237,7 @@ class KVManager:
             tokens = req.all_ids[: req.num_kv]
             cached = cache.insert(tokens, req.block_table, namespace=req.namespace) // self.page_size
             full = req.num_kv // self.page_size
-            if self.tiers is not None and req.page_chain is not None and full > cached:
-                self.tiers.adopted(req.page_chain, tokens, cached, full, req.block_table[cached:full])
+            self._adopted(req, tokens, cached, full)
         # The tree now owns every full page (duplicates of cached pages went back to the free pool); only an
         # unaligned tail page is still ours.
         tail = req.block_table[-1:] if req.num_kv % self.page_size else []
@@ -245,6 +246,17 @@ class KVManager:
         if tail:
             cache.free(tail)
         self._unlock(req)
+
+    def _adopted(self, req: Request, tokens: list[int], first: int, last: int) -> None:
+        """The tree just adopted the request's pages `first .. last` (its own blocks): they go down the tiers, and
+        their keys to the event log."""
+        chain = req.page_chain
+        if last <= first or chain is None:
+            return
+        if self.tiers is not None:
+            self.tiers.adopted(chain, tokens, first, last, req.block_table[first:last])
+        if self.events is not None:
+            self.events.stored(chain.upto(tokens, last)[first:last])
 
     def _unlock_all(self, node: TreeNode | None, host_hashes: list[bytes]) -> None:
         if node is not None:
