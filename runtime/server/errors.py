@@ -9,6 +9,7 @@ cause has its own status:
 | QueueTimeoutError (not admitted within `--queue-timeout`) | 503 + Retry-After | server_error / queue_timeout |
 | CacheFullError (no room beside pinned pages, for now) | 503 + Retry-After | server_error / kv_cache_full |
 | EngineClosedError (the server is shutting down) | 503 | server_error / shutting_down |
+| ReplicaUnavailableError (`--replicas`: none alive, or died mid-stream) | 503 + Retry-After | replica_unavailable |
 | anything else | 500 | server_error |
 """
 
@@ -21,6 +22,7 @@ from radixcache.runtime.engine.errors import (
     EngineClosedError,
     EngineOverloadedError,
     QueueFullError,
+    ReplicaUnavailableError,
     RequestTooLargeError,
 )
 from radixcache.runtime.server.protocol import APIError
@@ -40,6 +42,8 @@ def api_error_for(exc: BaseException) -> APIError:
         return APIError(400, str(exc), code="context_length_exceeded")
     if isinstance(exc, QueueFullError):
         return APIError(429, str(exc), type="rate_limit_error", code="queue_full", headers=_retry(exc.retry_after))
+    if isinstance(exc, ReplicaUnavailableError):
+        return APIError(503, str(exc), type="server_error", code="replica_unavailable", headers=_retry(exc.retry_after))
     if isinstance(exc, EngineOverloadedError):
         return APIError(503, str(exc), type="server_error", code="queue_timeout", headers=_retry(exc.retry_after))
     if isinstance(exc, EngineClosedError):

@@ -1,0 +1,76 @@
+"""`--replicas`, `--router` and `--ray-address` for `serve` and `replay`: engine replicas on Ray behind a router."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.table import Table
+
+from radixcache.router import ROUTERS
+
+
+def replica_options(func: Callable) -> Callable:
+    """--replicas N, --router P, --ray-address ADDR."""
+    options = [
+        click.option(
+            "--replicas",
+            type=click.IntRange(min=1),
+            help="Run N engine replicas as Ray actors (a local Ray cluster unless --ray-address) behind one router; "
+            "each gets its own CPU share and torch threads (--threads, default: cores / N).",
+        ),
+        click.option(
+            "--router",
+            default="cache_aware",
+            show_default=True,
+            type=click.Choice(ROUTERS),
+            help="How requests are spread over --replicas (docs/routing.md).",
+        ),
+        click.option("--ray-address", help="Join this Ray cluster instead of starting a local one (with --replicas)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def cluster_engine(model: str, replicas: int, router: str, address: str | None, options: dict[str, Any]) -> Any:
+    """N replicas of `model` on Ray behind `router`, as an Engine-shaped front door (runtime.cluster.front)."""
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+    from radixcache.runtime.loading import resolve_model_path
+
+    path = resolve_model_path(model)
+    options = dict(options)
+    cores = os.cpu_count() or 1
+    threads = options.pop("threads", None) or max(1, cores // replicas)
+    local = address is None
+    cluster = ReplicaCluster(
+        path,
+        replicas,
+        router=router,
+        engine_kwargs=options,
+        threads=threads,
+        cpus=cores / replicas if local else float(threads),
+        address=address,
+        num_cpus=max(replicas, cores) if local else None,
+    )
+    return ClusterEngine(cluster, path)
+
+
+def replica_table(engine: Any) -> Table:
+    """One row per replica: requests routed there, prompt and cached tokens, hit rate, pages in the index."""
+    table = Table(title=f"{engine.cluster.router.name} over {engine.cluster.stats().replicas} replicas")
+    for column in ("replica", "routed", "prompt tokens", "cached tokens", "hit rate", "indexed pages"):
+        table.add_column(column, justify="right")
+    for row in engine.per_replica():
+        table.add_row(
+            str(row["replica"]),
+            f"{row['routed']:,}",
+            f"{row['prompt_tokens']:,}",
+            f"{row['cached_tokens']:,}",
+            f"{row['hit_rate']:.1%}",
+            f"{row['indexed_pages']:,}",
+        )
+    return table

@@ -1,0 +1,306 @@
+"""The front door of N engine replicas on Ray: route each request by radixcache.router, keep the router's index by
+the replicas' cache events, and survive replicas that die.
+
+- Replicas are Ray actors (runtime.cluster.replica), each with its own CPU share and torch thread count, restarted
+  by Ray when they die (`max_restarts=-1`).
+- A poller thread pulls each replica's event batches every `poll_interval` seconds (`events_since(last seq)`); a gap
+  (batches no longer kept) or a new incarnation (a restarted replica) resyncs that replica from a snapshot.
+- A replica whose call fails with a Ray actor error leaves the routing set at once (its index and load are dropped);
+  the poller adds it back, with an empty index, once Ray has restarted it. A request that failed on a dead replica
+  is retried on another (no token was sent: results are whole), and fails with ReplicaUnavailableError when no
+  replica is left. No request waits on a dead actor: Ray fails its pending calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from radixcache.page_hash import chain_hashes, root_hash
+from radixcache.router import LoadTracker, RouteRequest, RouterIndex, make_router
+from radixcache.runtime.cluster.replica import EngineReplica
+from radixcache.runtime.engine.errors import ReplicaUnavailableError
+
+log = logging.getLogger("radixcache.cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStats:
+    """The routing set and the index now. `deaths`: replicas seen dying; `retries`: requests re-sent after a death."""
+
+    replicas: int
+    alive: tuple[int, ...]
+    index_pages: dict[int, int]
+    resyncs: int
+    gaps: int
+    deaths: int
+    retries: int
+    routed: dict[int, int]
+
+
+class ReplicaCluster:
+    """`replicas` engine replicas of `model` behind the router `router` (radixcache.router.ROUTERS).
+
+    `engine_kwargs` go to every replica's Engine; `threads` is each replica's torch thread count and `cpus` its
+    Ray CPU share. Starts a local Ray cluster (`num_cpus`) unless Ray is initialised already or `address` is given.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        replicas: int,
+        *,
+        router: str = "cache_aware",
+        engine_kwargs: dict[str, Any] | None = None,
+        threads: int = 1,
+        cpus: float = 1.0,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        poll_interval: float | None = 0.05,
+        call_timeout: float = 600.0,
+    ) -> None:
+        import ray
+
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        if not ray.is_initialized():
+            ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        actor = ray.remote(EngineReplica).options(
+            num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=64
+        )
+        self.ray = ray
+        self.actor_errors = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+        self._actors = {r: actor.remote(r, model, engine_kwargs, threads) for r in range(replicas)}
+        infos = ray.get([a.info.remote() for a in self._actors.values()])
+        self.info = infos[0]
+        self.fingerprint, self.page_size = infos[0]["fingerprint"], infos[0]["page_size"]
+        self.model_name = infos[0]["model"]
+        self.router = make_router(router)
+        self.index = RouterIndex()
+        self.loads = LoadTracker()
+        self._incarnation = {r: info["incarnation"] for r, info in enumerate(infos)}
+        self._alive = set(self._actors)
+        for r in self._actors:
+            self.index.add_replica(r)
+        self._lock = threading.Lock()  # guards index, loads, router and the routing set
+        self._sync_locks = {r: threading.Lock() for r in self._actors}  # one event reader per replica
+        self._rids = itertools.count()
+        self._roots: dict[Hashable, bytes] = {}
+        self.call_timeout = call_timeout
+        self._deaths = self._retries = 0
+        self._routed = dict.fromkeys(self._actors, 0)
+        self._stop = threading.Event()
+        self.poll_interval = poll_interval
+        self._poller: threading.Thread | None = None
+        if poll_interval is not None:  # None: the caller polls (tests that need to control when events arrive)
+            self._poller = threading.Thread(target=self._poll_forever, name="radixcache-events", daemon=True)
+            self._poller.start()
+
+    # ------------------------------------------------------------------ requests
+
+    def page_keys(self, prompt_ids: Sequence[int], namespace: Hashable = None) -> list[bytes]:
+        """The prompt's page keys, hashed as every replica hashes its pages (same fingerprint and namespace)."""
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = root_hash(self.fingerprint, namespace)
+        return chain_hashes(prompt_ids, self.page_size, root)
+
+    def route_request(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, namespace: Hashable = None, session: str | None = None
+    ) -> RouteRequest:
+        """What the router sees of a request: its page keys, sizes and session."""
+        keys = self.page_keys(prompt_ids, namespace)
+        return RouteRequest(keys, len(prompt_ids), max_new_tokens, self.page_size, session)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int = 64,
+        *,
+        namespace: Hashable = None,
+        session: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Route one request (token ids) and return its GenerationResult. A replica that dies under it is dropped
+        and the request re-sent to another; ReplicaUnavailableError when none is left."""
+        request = self.route_request(prompt_ids, max_new_tokens, namespace, session)
+        tried: set[int] = set()
+        while True:
+            replica, rid = self.dispatch(request, tried)
+            try:
+                call = {**kwargs, "namespace": namespace}
+                ref = self._actors[replica].generate.remote(list(prompt_ids), max_new_tokens, call)
+                return self.ray.get(ref, timeout=self.call_timeout)
+            except self.actor_errors as exc:
+                self.mark_dead(replica, exc)
+                tried.add(replica)
+                self.count_retry()
+            finally:
+                self.done(replica, rid)
+
+    def dispatch(self, request: RouteRequest, tried: set[int]) -> tuple[int, int]:
+        """Choose a live replica not in `tried` and count the request's load on it: (replica, load id)."""
+        with self._lock:
+            candidates = sorted(self._alive - tried)
+            if not candidates:
+                raise ReplicaUnavailableError("no live engine replica can take the request")
+            replica = self.router.choose(request, candidates, self.index, self.loads)
+            matched = self.index.matched_pages(replica, request.page_keys)
+            rid = next(self._rids)
+            self.loads.dispatched(replica, rid, request.uncached_tokens(matched), request.max_tokens)
+            self._routed[replica] += 1
+        return replica, rid
+
+    def done(self, replica: int, rid: int) -> None:
+        """The request `rid` left `replica` (finished, failed or cancelled). The replica's events are pulled first,
+        so the pages it just computed are in the index before its in-flight record goes: the conversation's next
+        turn, sent the moment this one returns, finds them (the poller alone would leave a gap of up to one
+        interval)."""
+        if replica in self._alive:
+            self.sync(replica)
+        with self._lock:
+            self.loads.finished(replica, rid)
+
+    def count_retry(self) -> None:
+        with self._lock:
+            self._retries += 1
+
+    # ------------------------------------------------------------------ membership and events
+
+    def mark_dead(self, replica: int, exc: BaseException) -> None:
+        """`replica` failed a call: it leaves the routing set now (index, load and router memory dropped)."""
+        with self._lock:
+            if replica not in self._alive:
+                return
+            self._alive.discard(replica)
+            self._deaths += 1
+            self.index.remove_replica(replica)
+            self.loads.remove_replica(replica)
+            forget = getattr(self.router, "forget", None)
+            if forget is not None:
+                forget(replica)
+        log.warning("engine replica %d left the routing set: %s", replica, exc)
+
+    def _poll_forever(self) -> None:
+        assert self.poll_interval is not None
+        while not self._stop.wait(self.poll_interval):
+            self.poll()
+
+    def poll(self) -> None:
+        """One round: pull every live replica's new event batches; look for dead ones that Ray has restarted."""
+        for replica in self._actors:
+            self.sync(replica)
+
+    def sync(self, replica: int) -> None:
+        """Bring `replica`'s index up to date now (its new batches, or a resync), or see whether a dead replica is
+        back. One caller per replica at a time (a per-replica lock), so batches are applied once, in order."""
+        ray = self.ray
+        actor = self._actors[replica]
+        with self._sync_locks[replica]:
+            with self._lock:
+                alive = replica in self._alive
+                last = self.index.last_seq(replica) if alive else 0
+            try:
+                if not alive:
+                    info = ray.get(actor.info.remote(), timeout=1.0)
+                    self._rejoin(replica, info["incarnation"])
+                    return
+                incarnation, batches = ray.get(actor.events_since.remote(last), timeout=self.call_timeout)
+            except self.actor_errors as exc:
+                self.mark_dead(replica, exc)
+                return
+            except ray.exceptions.GetTimeoutError:
+                return
+            if incarnation == self._incarnation.get(replica) and batches is not None:
+                with self._lock:
+                    if replica not in self._alive or all(self.index.apply(b) for b in batches):
+                        return
+            self._resync(replica)
+
+    def _rejoin(self, replica: int, incarnation: str) -> None:
+        """A restarted replica joins again with an empty index (its cache is empty; its events start from 1)."""
+        with self._lock:
+            self._incarnation[replica] = incarnation
+            if replica in self.index:
+                self.index.remove_replica(replica)
+            self.index.add_replica(replica)
+            self._alive.add(replica)
+        log.warning("engine replica %d is back (restarted by Ray)", replica)
+
+    def _resync(self, replica: int) -> None:
+        ray = self.ray
+        try:
+            incarnation, seq, keys = ray.get(self._actors[replica].snapshot.remote(), timeout=self.call_timeout)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            self.mark_dead(replica, exc)
+            return
+        with self._lock:
+            if replica not in self._alive:
+                return
+            self._incarnation[replica] = incarnation
+            self.index.resync(replica, seq, keys)
+
+    # ------------------------------------------------------------------ inspection and shutdown
+
+    @property
+    def alive(self) -> tuple[int, ...]:
+        with self._lock:
+            return tuple(sorted(self._alive))
+
+    def actor(self, replica: int) -> Any:
+        return self._actors[replica]
+
+    def replica_stats(self) -> list[Any]:
+        """Every live replica's EngineStats (a replica that fails the call is dropped)."""
+        return self._each("stats")
+
+    def replica_checks(self) -> list[dict[str, int]]:
+        """Every live replica's `Engine.check()` (its cache's invariants, and its gauges)."""
+        return self._each("check")
+
+    def replica_call(self, method: str, *args: Any) -> list[Any]:
+        """`method(*args)` on every live replica (EngineReplica), in replica order; a replica that fails it is
+        dropped."""
+        return self._each(method, *args)
+
+    def _each(self, method: str, *args: Any) -> list[Any]:
+        out = []
+        for replica in self.alive:
+            try:
+                ref = getattr(self._actors[replica], method).remote(*args)
+                out.append(self.ray.get(ref, timeout=self.call_timeout))
+            except self.actor_errors as exc:
+                self.mark_dead(replica, exc)
+        return out
+
+    def stats(self) -> ClusterStats:
+        with self._lock:
+            s = self.index.stats
+            return ClusterStats(
+                replicas=len(self._actors),
+                alive=tuple(sorted(self._alive)),
+                index_pages={r: self.index.pages(r) for r in sorted(self._alive)},
+                resyncs=s.resyncs,
+                gaps=s.gaps,
+                deaths=self._deaths,
+                retries=self._retries,
+                routed=dict(self._routed),
+            )
+
+    def close(self) -> None:
+        """Stop polling and end the replicas (the Ray cluster itself is left as it was)."""
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join(timeout=10)
+        for actor in self._actors.values():
+            self.ray.kill(actor, no_restart=True)
+
+    def __enter__(self) -> ReplicaCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

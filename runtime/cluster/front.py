@@ -1,0 +1,230 @@
+"""What the OpenAI server needs of an Engine, served by replicas: `ClusterEngine` routes each request through a
+ReplicaCluster and streams its tokens back from the replica (a Ray streaming generator), so `radixcache serve
+--replicas N` is the existing server in front of N engines.
+
+A request is retried on another replica when its replica dies before sending a token; after its first token it
+fails with ReplicaUnavailableError (HTTP 503, or an error event in a stream): tokens already sent cannot be taken
+back. A request never waits on a dead replica: Ray fails the stream's next item at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+from typing import Any
+
+from radixcache import CacheStats
+from radixcache.runtime.cluster.cluster import ReplicaCluster
+from radixcache.runtime.engine.errors import EngineClosedError, ReplicaUnavailableError
+
+
+@dataclass(slots=True)
+class RemoteRequest:
+    """A request in flight on a replica, as the server's streaming code reads an engine Request: the tokens so far,
+    their logprobs, a listener called as they grow, and the stop ids of its sampling parameters."""
+
+    rid: str
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+    listener: Any = None
+    sampler: Any = None
+    replica: int | None = None
+
+
+class RemoteHandle:
+    """`RequestHandle`'s shape: `future`, `result`, `done`, `cancel`, `request`, `rid`."""
+
+    def __init__(self, request: RemoteRequest, cancel: Any) -> None:
+        self.request = request
+        self.future: Future[Any] = Future()
+        self._cancel = cancel
+
+    @property
+    def rid(self) -> str:
+        return self.request.rid
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.future.result(timeout)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def cancel(self) -> None:
+        self._cancel(self)
+
+
+class ClusterEngine:
+    """An Engine-shaped front door over `cluster` (runtime.cluster.cluster.ReplicaCluster) for the server.
+
+    `model` names the model the replicas run; only its config and tokenizer are loaded here (no weights).
+    """
+
+    def __init__(self, cluster: ReplicaCluster, model: str) -> None:
+        from radixcache.runtime.loading import load_config_and_tokenizer
+
+        self.cluster = cluster
+        self.config, self.tokenizer = load_config_and_tokenizer(model)
+        tok_eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or ())
+        self.eos_token_ids = tuple(dict.fromkeys((*self.config.eos_token_ids, *tok_eos)))
+        info = cluster.info
+        self.cache = SimpleNamespace(
+            capacity_blocks=info["capacity_blocks"],
+            page_size=info["page_size"],
+            policy=SimpleNamespace(name=info["policy"]),
+        )
+        page = info["page_size"]
+        self.kv = SimpleNamespace(pages=lambda n: -(-n // page))
+        self.queue = SimpleNamespace(waiting=0)
+        self.enable_cache = True
+        self._ids = itertools.count()
+        self._closed = False
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, prompt: Sequence[int], max_new_tokens: int = 64, **kwargs: Any) -> RemoteHandle:
+        """Route `prompt` (token ids) and stream it on a replica; a handle at once."""
+        if self._closed:
+            raise EngineClosedError("this server is shutting down")
+        if isinstance(prompt, str):
+            prompt = list(self.tokenizer.encode(prompt))
+        params = SimpleNamespace(stop_token_ids=tuple(kwargs.get("stop_token_ids") or ()))
+        request = RemoteRequest(f"r{next(self._ids)}", sampler=SimpleNamespace(params=params))
+        handle = RemoteHandle(request, self._cancel)
+        thread = threading.Thread(target=self._run, args=(handle, list(prompt), max_new_tokens, kwargs), daemon=True)
+        thread.start()
+        return handle
+
+    def submit_group(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, *, each: Sequence[dict] = (), **kwargs: Any
+    ) -> list[RemoteHandle]:
+        """The n samples of one prompt: routed one by one (the first's pages reach the index as it computes them)."""
+        return [
+            self.submit(p, max_new_tokens, **{**kwargs, **(each[i] if i < len(each) else {})})
+            for i, p in enumerate(prompts)
+        ]
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int = 64, **kwargs: Any) -> Any:
+        return self.submit(prompt, max_new_tokens, **kwargs).result()
+
+    async def agenerate(self, prompt: Sequence[int], max_new_tokens: int = 64, **kwargs: Any) -> Any:
+        """`generate` for asyncio (the replay's concurrent driver); cancelling the task cancels the request."""
+        import asyncio
+
+        handle = self.submit(prompt, max_new_tokens, **kwargs)
+        try:
+            return await asyncio.wrap_future(handle.future)
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Each replica's queued disk writes (with --cache-dir) finish."""
+        return all(self.cluster.replica_call("flush", timeout))
+
+    def _run(self, handle: RemoteHandle, prompt: list[int], max_new_tokens: int, kwargs: dict[str, Any]) -> None:
+        cluster, req = self.cluster, handle.request
+        ray = cluster.ray
+        namespace = kwargs.get("namespace")
+        request = cluster.route_request(prompt, max_new_tokens, namespace, kwargs.pop("session", None))
+        tried: set[int] = set()
+        try:
+            while not handle.future.done():
+                replica, rid = cluster.dispatch(request, tried)
+                req.replica = replica
+                try:
+                    stream = (
+                        cluster.actor(replica)
+                        .stream.options(num_returns="streaming")
+                        .remote(req.rid, prompt, max_new_tokens, kwargs)
+                    )
+                    for ref in stream:
+                        kind, value, logprobs = ray.get(ref)
+                        if kind == "tokens":
+                            req.output_ids.extend(value)
+                            req.logprobs.extend(logprobs)
+                            if req.listener is not None:
+                                req.listener(req)
+                        else:
+                            handle.future.set_result(value)
+                except cluster.actor_errors as exc:
+                    cluster.mark_dead(replica, exc)
+                    if req.output_ids:
+                        raise ReplicaUnavailableError(f"the replica serving this request died: {exc}") from None
+                    tried.add(replica)
+                    cluster.count_retry()
+                except ray.exceptions.RayTaskError as exc:  # the engine refused or failed it: its own exception
+                    raise exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc from None
+                finally:
+                    cluster.done(replica, rid)
+        except BaseException as exc:
+            if not handle.future.done():
+                cause = getattr(exc, "cause", None)
+                handle.future.set_exception(cause if isinstance(cause, BaseException) else exc)
+
+    def _cancel(self, handle: RemoteHandle) -> None:
+        replica = handle.request.replica
+        if replica is not None and not handle.done():
+            self.cluster.actor(replica).cancel.remote(handle.rid)
+
+    # ------------------------------------------------------------------ server upkeep
+
+    @property
+    def stats(self) -> Any:
+        """The replicas' EngineStats summed (gauges too: the cluster's pages, running and waiting)."""
+        parts = self.cluster.replica_stats()
+        if not parts:
+            raise ReplicaUnavailableError("no live engine replica")
+        total = parts[0]
+        for s in parts[1:]:
+            total = _add(total, s)
+        return total
+
+    def per_replica(self) -> list[dict[str, Any]]:
+        """Each live replica's share: requests routed to it, its prompt and cached tokens, its indexed pages."""
+        stats = self.cluster.stats()
+        rows = []
+        for replica, s in zip(stats.alive, self.cluster.replica_stats(), strict=False):
+            rows.append(
+                {
+                    "replica": replica,
+                    "routed": stats.routed.get(replica, 0),
+                    "prompt_tokens": s.prompt_tokens,
+                    "cached_tokens": s.cached_tokens,
+                    "hit_rate": s.hit_rate,
+                    "indexed_pages": stats.index_pages.get(replica, 0),
+                }
+            )
+        return rows
+
+    def check(self, timeout: float | None = 30.0) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for part in self.cluster.replica_checks():
+            for k, v in part.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        return True
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        self._closed = True
+        self.cluster.close()
+        return True
+
+
+def _add(a: Any, b: Any) -> Any:
+    """Two EngineStats (or CacheStats) summed field by field; None stays None."""
+    values = {}
+    for name in a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            values[name] = x + y
+        elif isinstance(x, CacheStats) or hasattr(x, "__dataclass_fields__"):
+            values[name] = _add(x, y) if y is not None else x
+        else:
+            values[name] = x
+    return replace(a, **values)

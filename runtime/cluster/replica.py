@@ -1,0 +1,120 @@
+"""One engine replica: an Engine in its own process (a Ray actor), with its own torch thread count, publishing its
+cache events (runtime.kv.events) for the front door's router index.
+
+The class is plain Python; `runtime.cluster.cluster` wraps it with `ray.remote` (a threaded actor, so requests run
+concurrently through the engine's own scheduler, and Ray restarts it when it dies).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from radixcache.router import EventBatch
+
+
+class EngineReplica:
+    """Replica number `replica`: an Engine built from `model` (a path or "smollm2") with `engine_kwargs`, at
+    `threads` torch threads.
+
+    `incarnation` is new each time the process starts, so the front door can tell a restarted replica (whose
+    events start again from 1, over an empty cache) from a live one.
+    """
+
+    def __init__(self, replica: int, model: str, engine_kwargs: dict[str, Any] | None = None, threads: int = 1) -> None:
+        import torch
+
+        from radixcache.runtime.engine.engine import Engine
+
+        torch.set_num_threads(threads)
+        kwargs = dict(engine_kwargs or {})
+        kwargs["kv_events"] = True
+        self.engine = Engine(model, threads=threads, **kwargs)
+        assert self.engine.events is not None, "a replica needs its cache on (enable_cache)"
+        self.engine.events.replica = replica  # its batches name it
+        self.incarnation = uuid.uuid4().hex
+        self._handles: dict[str, Any] = {}  # the front door's request id -> the engine's handle, while streaming
+
+    def info(self) -> dict[str, Any]:
+        """What the front door needs to hash prompts as this replica does, and to recognise this process."""
+        engine = self.engine
+        return {
+            "incarnation": self.incarnation,
+            "fingerprint": engine.fingerprint,
+            "page_size": engine.cache.page_size,
+            "capacity_blocks": engine.cache.capacity_blocks,
+            "policy": engine.cache.policy.name,
+            "pid": os.getpid(),
+            "model": engine.config.name,
+        }
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, kwargs: dict[str, Any]) -> Any:
+        """One request through the engine (blocking this actor thread, not the others); a GenerationResult."""
+        return self.engine.generate(list(prompt_ids), max_new_tokens, **kwargs)
+
+    def stream(
+        self, rid: str, prompt_ids: Sequence[int], max_new_tokens: int, kwargs: dict[str, Any]
+    ) -> Iterator[tuple[str, Any, Any]]:
+        """One request, streamed (a Ray streaming generator): ("tokens", new token ids, their logprobs) as the engine
+        makes them, then ("done", GenerationResult, None). An engine error (a full queue, say) is raised to the
+        caller. `cancel(rid)` aborts it."""
+        wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        handle = self.engine.submit(list(prompt_ids), max_new_tokens, **kwargs)
+        self._handles[rid] = handle
+        req = handle.request
+        req.listener = lambda _r: wake.put(None)  # on the engine loop thread
+        handle.future.add_done_callback(lambda _f: wake.put(None))
+        sent = 0
+        try:
+            while True:
+                done = handle.done()
+                ids = list(req.output_ids)
+                if len(ids) > sent:
+                    yield "tokens", ids[sent:], list(req.logprobs[sent : len(ids)])
+                    sent = len(ids)
+                if done:
+                    break
+                wake.get()
+            yield "done", handle.result(), None
+        finally:
+            self._handles.pop(rid, None)
+
+    def cancel(self, rid: str) -> bool:
+        """Abort a streamed request (its result says "cancelled"); False if it is not running here."""
+        handle = self._handles.get(rid)
+        if handle is None:
+            return False
+        handle.cancel()
+        return True
+
+    def check(self) -> dict[str, int]:
+        return self.engine.check()
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait for the disk tier's queued writes (True when there is no disk tier)."""
+        return self.engine.tiers is None or self.engine.tiers.disk is None or self.engine.flush(timeout)
+
+    def events_since(self, seq: int) -> tuple[str, list[EventBatch] | None]:
+        """(incarnation, the batches after `seq`), or (incarnation, None) when some are no longer kept: resync."""
+        events = self.engine.events
+        assert events is not None
+        return self.incarnation, events.since(seq)
+
+    def snapshot(self) -> tuple[str, int, frozenset[bytes]]:
+        """(incarnation, seq, every page key the tree holds as of batch seq)."""
+        events = self.engine.events
+        assert events is not None
+        seq, keys = events.snapshot()
+        return self.incarnation, seq, keys
+
+    def stats(self) -> Any:
+        return self.engine.stats
+
+    def set_events_history(self, batches: int) -> None:
+        """Keep only the last `batches` event batches (tests: make a receiver fall behind the history)."""
+        events = self.engine.events
+        assert events is not None
+        events.set_history(batches)

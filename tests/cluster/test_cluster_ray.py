@@ -1,0 +1,123 @@
+"""Engine replicas on a real local Ray cluster (no mocks), with the tiny checkpoint: routing follows the index that
+the replicas' events keep; a receiver that missed batches resyncs; and a replica killed while requests run is
+dropped at once, its requests finish on the other replica, and it comes back (restarted by Ray) with an empty
+index."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from radixcache.runtime.cluster.cluster import ReplicaCluster  # noqa: E402
+
+pytestmark = pytest.mark.slow
+PAGE = 4
+ENGINE = {"capacity_blocks": 96, "page_size": PAGE}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = Path(__file__).resolve().parents[1] / "cli" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_cli_conftest", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.write_tiny_checkpoint(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _wait(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _prompts(seed: int) -> tuple[list[int], list[int]]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, 250) for _ in range(40)], [rng.randrange(1, 250) for _ in range(40)]
+
+
+def test_routing_follows_the_index_that_events_keep(local_ray: None, tiny_dir: Path) -> None:
+    system_a, system_b = _prompts(1)
+    with ReplicaCluster(str(tiny_dir), 2, engine_kwargs=ENGINE, poll_interval=None) as cluster:
+        first_a = cluster.generate([*system_a, 7, 8, 9], 3)
+        first_b = cluster.generate([*system_b, 7, 8, 9], 3)
+        assert first_a.cached_tokens == first_b.cached_tokens == 0
+        cluster.poll()  # the events arrive: each system prompt's pages are in one replica's index
+        keys_a, keys_b = cluster.page_keys(system_a), cluster.page_keys(system_b)
+        holders_a = [r for r in cluster.alive if cluster.index.matched_pages(r, keys_a) == len(keys_a)]
+        holders_b = [r for r in cluster.alive if cluster.index.matched_pages(r, keys_b) == len(keys_b)]
+        assert len(holders_a) == len(holders_b) == 1 and holders_a != holders_b  # spread, then indexed
+        for turn in range(3):  # later turns go where their prefix is, and hit it
+            for system in (system_a, system_b):
+                result = cluster.generate([*system, 11, 12, turn], 3)
+                assert result.cached_tokens >= len(system) // PAGE * PAGE
+            cluster.poll()
+        routed = cluster.stats().routed
+        assert sorted(routed.values()) == [4, 4]
+
+
+def test_a_missed_event_sequence_triggers_a_resync(local_ray: None, tiny_dir: Path) -> None:
+    system_a, _ = _prompts(2)
+    with ReplicaCluster(str(tiny_dir), 1, engine_kwargs=ENGINE, poll_interval=None) as cluster:
+        actor = cluster.actor(0)
+        ray.get(actor.set_events_history.remote(1))
+        cluster.generate(system_a, 2)
+        cluster.poll()
+        assert cluster.stats().resyncs == 0
+        for i in range(3):  # requests and batches the front door never sees: another caller, another reader
+            ray.get(actor.generate.remote([*system_a, *[50 + i] * 8], 2, {}))  # two new pages each
+            ray.get(actor.events_since.remote(10**9))
+        cluster.poll()  # its last batch is older than the replica's history: a gap
+        stats = cluster.stats()
+        assert stats.resyncs == 1
+        _, seq, keys = ray.get(actor.snapshot.remote())
+        assert cluster.index.keys(0) == keys and cluster.index.last_seq(0) == seq
+
+
+def test_a_killed_replica_is_dropped_and_restarted_with_no_hung_request(local_ray: None, tiny_dir: Path) -> None:
+    system_a, system_b = _prompts(3)
+    with ReplicaCluster(str(tiny_dir), 2, engine_kwargs=ENGINE, poll_interval=0.05) as cluster:
+        cluster.generate(system_a, 2)
+        cluster.generate(system_b, 2)
+        results: list[object] = []
+        errors: list[BaseException] = []
+
+        def client(i: int) -> None:
+            try:
+                prompt = (system_a if i % 2 else system_b) + [i, i + 1]
+                results.append(cluster.generate(prompt, 400, ignore_eos=True))  # long enough to be cut off
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        victim = 0
+        _wait(lambda: cluster.loads.running(victim) >= 2)  # requests are in flight on the victim
+        ray.kill(cluster.actor(victim), no_restart=False)  # Ray restarts it
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a request hung"
+        assert not errors and len(results) == 8  # the dead replica's requests ran again on the other one
+        _wait(lambda: cluster.stats().deaths == 1)
+        _wait(lambda: cluster.alive == (0, 1))  # back, with an index that starts empty
+        assert cluster.index.pages(victim) == 0 and cluster.stats().retries >= 1
+        again = cluster.generate([*system_a, 99], 2)
+        assert again.token_ids
