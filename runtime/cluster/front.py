@@ -80,6 +80,7 @@ class ClusterEngine:
         self.kv = SimpleNamespace(pages=lambda n: -(-n // page))
         self.queue = SimpleNamespace(waiting=0)
         self.enable_cache = True
+        self.routes_sessions = True  # the server passes `session` (the `user` field or X-Session-Id)
         self._ids = itertools.count()
         self._closed = False
 

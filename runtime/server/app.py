@@ -28,6 +28,7 @@ from radixcache.runtime.server.responses import Responder
 
 DEFAULT_MAX_TOKENS = 256
 SHUTDOWN_WAIT_S = 30.0
+SESSION_HEADER = "x-session-id"  # behind replicas, a request's session (else its `user` field) sticks to one replica
 
 
 def create_app(
@@ -122,7 +123,7 @@ def create_app(
                 code="context_length_exceeded",
             )
 
-    def job_for(body: Any, prompts: list[list[int]], namespace: Any) -> generation.Job:
+    def job_for(body: Any, prompts: list[list[int]], namespace: Any, request: Request | None = None) -> generation.Job:
         for ids in prompts:
             check_prompt(body, ids)
         longest = max(len(p) for p in prompts)
@@ -139,6 +140,9 @@ def create_app(
         max_tokens = min(body.limit(DEFAULT_MAX_TOKENS), context - longest)
         timeout = body.timeout if request_timeout is None else min(body.timeout or request_timeout, request_timeout)
         kwargs = {**body.sampling(), "namespace": namespace, "timeout": timeout}
+        session = body.user or (request.headers.get(SESSION_HEADER) if request is not None else None)
+        if session and getattr(engine, "routes_sessions", False):  # replicas: a session sticks to one (per tenant)
+            kwargs["session"] = f"{namespace}|{session}"
         return generation.Job(prompts, body.n, max(max_tokens, 0), kwargs)
 
     def token_bytes(token_id: int) -> bytes:
@@ -179,7 +183,7 @@ def create_app(
             text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except Exception as exc:  # a template that rejects this conversation (say, roles out of order)
             raise APIError(400, f"the chat template refused these messages: {exc}", param="messages") from None
-        job = job_for(body, [encode(text)], generation.namespace_for(key, body.cache_salt))
+        job = job_for(body, [encode(text)], generation.namespace_for(key, body.cache_salt), request)
         return await run(request, body, job, responder("chat.completion", job))
 
     @app.post("/v1/completions")
@@ -195,7 +199,7 @@ def create_app(
             prompts.append(ids)
         if len(prompts) * body.n > MAX_CHOICES:
             raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request", param="prompt")
-        job = job_for(body, prompts, generation.namespace_for(key, body.cache_salt))
+        job = job_for(body, prompts, generation.namespace_for(key, body.cache_salt), request)
         return await run(request, body, job, responder("text_completion", job))
 
     @app.get("/v1/models")
