@@ -121,3 +121,38 @@ def test_a_killed_replica_is_dropped_and_restarted_with_no_hung_request(local_ra
         assert cluster.index.pages(victim) == 0 and cluster.stats().retries >= 1
         again = cluster.generate([*system_a, 99], 2)
         assert again.token_ids
+
+
+def test_streams_through_the_front_door_survive_a_killed_replica(local_ray: None, tiny_dir: Path) -> None:
+    """The server's path (ClusterEngine: streamed tokens over Ray): a request cut off before its first token is
+    re-sent to the other replica; one cut off after it fails with ReplicaUnavailableError; none hangs."""
+    from radixcache.runtime.cluster.front import ClusterEngine
+    from radixcache.runtime.engine.errors import ReplicaUnavailableError
+
+    system_a, system_b = _prompts(4)
+    cluster = ReplicaCluster(str(tiny_dir), 2, engine_kwargs=ENGINE, poll_interval=0.05)
+    engine = ClusterEngine(cluster, str(tiny_dir))
+    try:
+        seen: list[int] = []
+        handles = []
+        for i in range(8):
+            handle = engine.submit((system_a if i % 2 else system_b) + [i], 300, ignore_eos=True)
+            handle.request.listener = lambda r: seen.append(len(r.output_ids))
+            handles.append(handle)
+        _wait(lambda: len(seen) > 0)  # tokens are streaming
+        ray.kill(cluster.actor(0), no_restart=False)
+        outcomes = []
+        for handle in handles:
+            try:
+                result = handle.result(timeout=120)
+                outcomes.append("done")
+                assert len(result.token_ids) == 300
+                assert list(result.token_ids[: len(handle.request.output_ids)]) == handle.request.output_ids
+            except ReplicaUnavailableError:
+                outcomes.append("503")
+                assert handle.request.replica == 0 and handle.request.output_ids  # it had sent tokens
+        assert "503" in outcomes and outcomes.count("done") >= 4, outcomes
+        _wait(lambda: cluster.stats().deaths == 1)
+        assert engine.generate([*system_a, 5], 3).token_ids  # the survivor (and soon the restarted one) serve on
+    finally:
+        engine.close()
