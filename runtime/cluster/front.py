@@ -133,7 +133,8 @@ class ClusterEngine:
         request = cluster.route_request(prompt, max_new_tokens, namespace, kwargs.pop("session", None))
         tried: set[int] = set()
         try:
-            while not handle.future.done():
+            result = None
+            while result is None:
                 replica, rid = cluster.dispatch(request, tried)
                 req.replica = replica
                 try:
@@ -150,7 +151,7 @@ class ClusterEngine:
                             if req.listener is not None:
                                 req.listener(req)
                         else:
-                            handle.future.set_result(value)
+                            result = value
                 except cluster.actor_errors as exc:
                     cluster.mark_dead(replica, exc)
                     if req.output_ids:
@@ -159,8 +160,9 @@ class ClusterEngine:
                     cluster.count_retry()
                 except ray.exceptions.RayTaskError as exc:  # the engine refused or failed it: its own exception
                     raise exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc from None
-                finally:
+                finally:  # before the caller sees the result: the next turn it sends must find this one's pages
                     cluster.done(replica, rid)
+            handle.future.set_result(result)
         except BaseException as exc:
             if not handle.future.done():
                 cause = getattr(exc, "cause", None)

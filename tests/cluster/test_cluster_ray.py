@@ -156,3 +156,25 @@ def test_streams_through_the_front_door_survive_a_killed_replica(local_ray: None
         assert engine.generate([*system_a, 5], 3).token_ids  # the survivor (and soon the restarted one) serve on
     finally:
         engine.close()
+
+
+def test_a_session_sticks_to_its_replica_through_the_front_door(local_ray: None, tiny_dir: Path) -> None:
+    """Two unrelated prompts of one session go to one replica; without the session the idle replicas alternate."""
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    system_a, system_b = _prompts(5)
+    cluster = ReplicaCluster(str(tiny_dir), 2, engine_kwargs=ENGINE, poll_interval=None)
+    engine = ClusterEngine(cluster, str(tiny_dir))
+    try:
+        first = engine.submit(system_a, 2, session="tenant|user-1")
+        first.result(timeout=60)
+        second = engine.submit(system_b, 2, session="tenant|user-1")
+        second.result(timeout=60)
+        assert first.request.replica == second.request.replica  # sticky: nothing cached of B anywhere
+        third = engine.submit([*system_b, 1, 2, 3, 4], 2)  # no session: follows B's pages, on the same replica
+        third.result(timeout=60)
+        fourth = engine.submit([9, 9, 9, 9, *system_a[:8]], 2)  # no session, nothing cached: the other replica
+        fourth.result(timeout=60)
+        assert fourth.request.replica != first.request.replica
+    finally:
+        engine.close()
