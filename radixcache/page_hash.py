@@ -12,6 +12,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Hashable, Sequence
 from hashlib import blake2b
+from typing import Any
 
 from radixcache.tokens import TOKEN_TYPECODE
 
@@ -69,3 +70,45 @@ def page_hashes(
 ) -> list[bytes]:
     """The hashes of every full page of `tokens` from the start of a sequence."""
     return chain_hashes(tokens, page_size, root_hash(fingerprint, namespace))
+
+
+class PageHasher:
+    """The page hashes of one fingerprint at one page size: roots per namespace (kept), fresh chains, a prompt's keys,
+    and a tree node's own pages.
+
+    One instance serves every consumer of an engine's keys (the tiers, the event log, a front door), so a leaf that
+    two eviction listeners both hash is hashed once: `node_hashes` keeps its last answer, which stays right while the
+    node's span is unchanged (a listener runs before the tree trims or detaches the leaf).
+    """
+
+    __slots__ = ("_last", "_roots", "fingerprint", "page_size")
+
+    def __init__(self, fingerprint: str, page_size: int) -> None:
+        self.fingerprint = fingerprint
+        self.page_size = page_size
+        self._roots: dict[Hashable, bytes] = {}
+        self._last: tuple[object, int, int, list[bytes]] | None = None
+
+    def root(self, namespace: Hashable) -> bytes:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = root_hash(self.fingerprint, namespace)
+        return root
+
+    def chain(self, namespace: Hashable) -> PageChain:
+        """A fresh chain for one growing sequence of `namespace` (keep one per request)."""
+        return PageChain(self.root(namespace), self.page_size)
+
+    def hashes(self, tokens: Sequence[int], namespace: Hashable = None) -> list[bytes]:
+        """The keys of every full page of `tokens`."""
+        return chain_hashes(tokens, self.page_size, self.root(namespace))
+
+    def node_hashes(self, node: Any) -> list[bytes]:
+        """The keys of a tree node's own pages (its whole path is hashed: a key names its prefix)."""
+        last = self._last
+        if last is not None and last[0] is node and last[1] == node.prefix_len and last[2] == len(node.key):
+            return last[3]
+        p = self.page_size
+        out = chain_hashes(node.tokens(), p, self.root(node.namespace))[node.prefix_len // p :]
+        self._last = (node, node.prefix_len, len(node.key), out)
+        return out

@@ -26,7 +26,7 @@ from typing import Protocol
 from radixcache.cache import MatchResult, RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.node import TreeNode
-from radixcache.page_hash import PageChain, chain_hashes, root_hash
+from radixcache.page_hash import PageChain, PageHasher
 from radixcache.tiers import PageTier
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -59,7 +59,7 @@ class TieredCache:
     """A RadixCache with a host tier and a lower tier under it (both optional), and a write policy.
 
     It installs itself as the device tree's eviction listener. `fingerprint` goes into every page hash's root
-    (radixcache.page_hash.root_hash), with the namespace.
+    (radixcache.page_hash.root_hash), with the namespace; `hasher` shares one PageHasher with other consumers.
     """
 
     def __init__(
@@ -72,6 +72,7 @@ class TieredCache:
         fingerprint: str = "",
         copy_to_host: Callable[[list[int], list[int]], None] | None = None,
         write_lower: Callable[[list[bytes], list[int], Sequence[int]], None] | None = None,
+        hasher: PageHasher | None = None,
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise RadixCacheError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}; got {write_policy!r}")
@@ -83,21 +84,15 @@ class TieredCache:
         self.page_size = device.page_size
         self.copy_to_host = copy_to_host
         self.write_lower = write_lower
-        self._roots: dict[Hashable, bytes] = {}
+        self.hasher = hasher if hasher is not None else PageHasher(fingerprint, device.page_size)
         if host is not None:
             device.on_evict = self._on_device_evict
 
     # ------------------------------------------------------------------ lookups
 
-    def root(self, namespace: Hashable) -> bytes:
-        root = self._roots.get(namespace)
-        if root is None:
-            root = self._roots[namespace] = root_hash(self.fingerprint, namespace)
-        return root
-
     def chain(self, namespace: Hashable) -> PageChain:
         """A fresh hash chain for one sequence of `namespace` (keep one per request: it grows with it)."""
-        return PageChain(self.root(namespace), self.page_size)
+        return self.hasher.chain(namespace)
 
     def match(self, tokens: Sequence[int], namespace: Hashable = None, chain: PageChain | None = None) -> TierMatch:
         """The device match of `tokens` (RadixCache.match_prefix: it refreshes and may split), then the pages after
@@ -172,9 +167,7 @@ class TieredCache:
 
     def _node_hashes(self, node: TreeNode) -> list[bytes]:
         """The hashes of `node`'s own pages (from the root's chain: the whole path is hashed)."""
-        path = node.tokens()
-        all_hashes = chain_hashes(path, self.page_size, self.root(node.namespace))
-        return all_hashes[node.prefix_len // self.page_size :]
+        return self.hasher.node_hashes(node)
 
     def check_invariants(self) -> None:
         """Every tier's own conservation and structure."""

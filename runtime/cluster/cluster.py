@@ -20,7 +20,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from radixcache.page_hash import chain_hashes, root_hash
+from radixcache.page_hash import PageHasher
 from radixcache.router import LoadTracker, RouteRequest, RouterIndex, make_router
 from radixcache.runtime.cluster.replica import EngineReplica
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
@@ -89,7 +89,7 @@ class ReplicaCluster:
         self._lock = threading.Lock()  # guards index, loads, router and the routing set
         self._sync_locks = {r: threading.Lock() for r in self._actors}  # one event reader per replica
         self._rids = itertools.count()
-        self._roots: dict[Hashable, bytes] = {}
+        self.hasher = PageHasher(self.fingerprint, self.page_size)
         self.call_timeout = call_timeout
         self._deaths = self._retries = 0
         self._routed = dict.fromkeys(self._actors, 0)
@@ -104,10 +104,7 @@ class ReplicaCluster:
 
     def page_keys(self, prompt_ids: Sequence[int], namespace: Hashable = None) -> list[bytes]:
         """The prompt's page keys, hashed as every replica hashes its pages (same fingerprint and namespace)."""
-        root = self._roots.get(namespace)
-        if root is None:
-            root = self._roots[namespace] = root_hash(self.fingerprint, namespace)
-        return chain_hashes(prompt_ids, self.page_size, root)
+        return self.hasher.hashes(prompt_ids, namespace)
 
     def route_request(
         self, prompt_ids: Sequence[int], max_new_tokens: int, namespace: Hashable = None, session: str | None = None

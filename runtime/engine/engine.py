@@ -202,7 +202,8 @@ class Engine:
                 fingerprint=self.fingerprint,
             )
             if kv_events:  # after the tiers: the log chains their eviction listener
-                self.events = KVEventLog(self.cache, self.fingerprint)
+                hasher = self.tiers.tiered.hasher if self.tiers is not None else None  # one hash per evicted leaf
+                self.events = KVEventLog(self.cache, self.fingerprint, hasher=hasher)
         self.kv = KVManager(
             self.cache,
             enable_cache=enable_cache,

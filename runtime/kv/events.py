@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 
 from radixcache import RadixCache, TreeNode
-from radixcache.page_hash import PageChain, chain_hashes, root_hash
+from radixcache.page_hash import PageChain, PageHasher
 from radixcache.router import EventBatch
 
 
@@ -26,7 +26,15 @@ class KVEventLog:
     `history` batches are kept for `since`; a receiver further behind resyncs from `snapshot`.
     """
 
-    def __init__(self, cache: RadixCache, fingerprint: str, *, replica: int = 0, history: int = 256) -> None:
+    def __init__(
+        self,
+        cache: RadixCache,
+        fingerprint: str,
+        *,
+        replica: int = 0,
+        history: int = 256,
+        hasher: PageHasher | None = None,
+    ) -> None:
         self.replica = replica
         self.page_size = cache.page_size
         self.fingerprint = fingerprint
@@ -38,7 +46,8 @@ class KVEventLog:
         self._removed: list[bytes] = []
         self._seq = 0
         self._history: deque[EventBatch] = deque(maxlen=history)
-        self._roots: dict[Hashable, bytes] = {}
+        # Shared with the tiers when they run too, so a leaf both listeners hash is hashed once.
+        self.hasher = hasher if hasher is not None else PageHasher(fingerprint, cache.page_size)
         previous = cache.on_evict  # the tiers' listener, if any, keeps running first
 
         def on_evict(leaf: TreeNode, keep: int, blocks: list[int]) -> None:
@@ -48,14 +57,8 @@ class KVEventLog:
 
         cache.on_evict = on_evict
 
-    def root(self, namespace: Hashable) -> bytes:
-        root = self._roots.get(namespace)
-        if root is None:
-            root = self._roots[namespace] = root_hash(self.fingerprint, namespace)
-        return root
-
     def chain(self, namespace: Hashable) -> PageChain:
-        return PageChain(self.root(namespace), self.page_size)
+        return self.hasher.chain(namespace)
 
     # ------------------------------------------------------------------ recording (engine loop thread)
 
@@ -68,8 +71,7 @@ class KVEventLog:
                     self._stored[h] = None
 
     def _evicted(self, leaf: TreeNode, keep: int) -> None:
-        p = self.page_size
-        hashes = chain_hashes(leaf.tokens(), p, self.root(leaf.namespace))[leaf.prefix_len // p + keep :]
+        hashes = self.hasher.node_hashes(leaf)[keep:]
         with self._lock:
             for h in hashes:
                 if h in self._keys:

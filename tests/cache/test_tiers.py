@@ -266,3 +266,19 @@ def test_page_tier_locks_count_repeats_and_unlock_undoes_them() -> None:
     tier.unlock([b"a"])
     assert tier.locked_count == 0 and tier.evictable_count == 1
     tier.check_invariants()
+
+
+def test_page_hasher_node_hashes_follow_the_node_through_splits_and_trims() -> None:
+    from radixcache.page_hash import PageHasher
+
+    cache = RadixCache(16, 2)
+    hasher = PageHasher("fp", 2)
+    tokens = [1, 2, 3, 4, 5, 6]
+    cache.insert(tokens, cache.allocate(3))
+    (node,) = cache.iter_nodes()
+    assert hasher.node_hashes(node) == page_hashes(tokens, 2, "fp") == hasher.hashes(tokens)
+    assert hasher.node_hashes(node) is hasher.node_hashes(node)  # asked twice (two listeners): hashed once
+    cache.match_prefix([1, 2, 9, 9])  # splits: the node keeps its tail, whose pages are the last two
+    assert hasher.node_hashes(node) == page_hashes(tokens, 2, "fp")[1:]
+    cache.evict(1)  # trims the deepest page off the leaf
+    assert hasher.node_hashes(node) == page_hashes(tokens, 2, "fp")[1:2]
