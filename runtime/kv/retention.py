@@ -110,6 +110,7 @@ class RetentionPolicy(EvictionPolicy):
         self.base = make_policy(base)
         self.name = self.base.name
         self.ranks_by_extent = self.base.ranks_by_extent
+        self.observes_hits = self.base.observes_hits
         self._marks: dict[tuple[Hashable, tuple], _Mark] = {}  # in insertion order: the oldest goes first
         self._tries: dict[Hashable, _MarkNode] = {}  # namespace -> the root of its mark trie
 
@@ -144,6 +145,9 @@ class RetentionPolicy(EvictionPolicy):
 
     def on_evict(self, node: TreeNode, priority: tuple) -> None:
         self.base.on_evict(node, priority[1:])
+
+    def on_hit(self, node: TreeNode) -> None:
+        self.base.on_hit(node)
 
     # ------------------------------------------------------------------ the lookup
 

@@ -5,37 +5,80 @@ from __future__ import annotations
 import pytest
 
 from radixcache import RadixCache
+from radixcache.admission import AdmissionRequest, ReuseAdmission, make_admission
 from radixcache.errors import PolicyError
-from radixcache.policies import ALL_POLICIES, POLICIES, ReuseAwarePolicy, make_policy
+from radixcache.policies import ALL_POLICIES, POLICIES, make_policy
+from radixcache.reuse_policy import ReusePolicy
 from radixcache.simulate import BELADY, DEAD_LRU, simulate
 from radixcache.simulate_workload import token_workload
 from radixcache.synthetic import multi_turn_chat, rag
 
 
 def test_reuse_is_usable_by_name_but_kept_out_of_the_core_registry() -> None:
-    assert isinstance(make_policy("reuse"), ReuseAwarePolicy)
+    assert isinstance(make_policy("reuse"), ReusePolicy)
     assert "reuse" in ALL_POLICIES and "reuse" not in POLICIES
     with pytest.raises(PolicyError):
-        ReuseAwarePolicy(k=-1)
+        ReusePolicy(credit=-1)
+    with pytest.raises(PolicyError):
+        ReusePolicy(decay=0)
 
 
 def test_reuse_without_outcomes_orders_like_lru() -> None:
     cache = RadixCache(16, policy="reuse")
     for tokens in ([1, 1], [2, 2], [3, 3]):
         cache.insert(tokens, cache.allocate(2))
-    cache.match_prefix([1, 1])  # one hit, but no outcome has been scored yet: every credit is zero
+    cache.match_prefix([1, 1])  # one reuse, but no eviction yet: every class's rate is the mean, every credit 0
     cache.evict(2)
     assert cache.match_prefix([2, 2]).length == 0
     assert cache.match_prefix([1, 1]).length == 2 and cache.match_prefix([3, 3]).length == 2
 
 
-def test_reuse_credits_a_class_that_is_hit_again_and_penalises_one_that_is_not() -> None:
-    policy = ReuseAwarePolicy(prior=1.0)
-    for _ in range(50):
-        policy._record(1, True)
-        policy._record(0, False)
-    assert policy._relative_rate(1) == policy.max_credit
-    assert policy._relative_rate(0) == -policy.max_penalty
+def test_reuse_learns_that_one_kind_of_insert_returns_and_another_does_not() -> None:
+    """Long inserts (8 pages) are read again soon; single pages never are. Once it has seen that, the policy keeps
+    a long insert that LRU would have evicted first, and gives up a single page that LRU would have kept."""
+    policy = ReusePolicy(prior=1.0, initial_horizon=4.0)
+    cache = RadixCache(40, policy=policy)
+    for round_ in range(60):  # each round: one long prefix, read back once, and two one-page leftovers
+        long = [1000 + round_] + [7] * 7
+        cache.insert(long, cache.allocate(8))
+        for k in range(2):
+            cache.insert([5000 + 2 * round_ + k], cache.allocate(1))
+        cache.match_prefix(long)
+        if cache.free_blocks < 11:
+            cache.evict(11 - cache.free_blocks)
+    long_class = policy._class_of(8, root=True, hits=0)
+    single_class = policy._class_of(1, root=True, hits=0)
+    assert policy.rate(long_class) > 2 * policy.mean_rate() > 2 * policy.rate(single_class)
+    cache.evict(cache.evictable_blocks)
+    cache.insert([1, 2, 3, 4, 5, 6, 7, 8], cache.allocate(8))  # a long insert, then a single page, newer
+    cache.insert([9], cache.allocate(1))
+    assert cache.evict(1) == 1  # LRU would take the long one's deepest page; reuse takes the single page
+    assert cache.peek([9]).length == 0 and cache.peek([1, 2, 3, 4, 5, 6, 7, 8]).length == 8
+
+
+def test_reuse_admission_declines_a_dead_class_and_keeps_exploring() -> None:
+    policy = ReusePolicy(prior=1.0, initial_horizon=4.0)
+    admission = make_admission("reuse", eviction=policy)
+    assert isinstance(admission, ReuseAdmission) and admission.model is policy
+    dead = policy._class_of(1, root=True, hits=0)
+    live = policy._class_of(8, root=True, hits=0)
+    dead_returning = policy._class_of(1, root=True, hits=0, returning=True)
+    for _ in range(200):
+        policy._record(dead, 0.0, 50.0)
+        policy._record(dead_returning, 0.0, 50.0)
+        policy._record(live, 1.0, 5.0)
+    ask = AdmissionRequest(namespace=None, cached_pages=0, prompt_pages=1, total_pages=1, output_tokens=None)
+    answers = [admission.admit(ask) for _ in range(16)]
+    assert answers.count(0) == 14 and answers.count(1) == 2  # one in `explore` (8) is admitted anyway
+    assert admission.admit(AdmissionRequest(None, 0, 8, 8)) == 8
+    assert admission.admit(AdmissionRequest(None, 0, 1, 1, retain="conversation")) == 1
+
+
+def test_reuse_admission_needs_the_reuse_policy() -> None:
+    with pytest.raises(PolicyError, match=r"learns from the .reuse. eviction policy"):
+        make_admission("reuse", eviction=make_policy("lru"))
+    with pytest.raises(PolicyError, match="unknown admission"):
+        make_admission("nope")
 
 
 @pytest.mark.parametrize("policy", ["reuse", DEAD_LRU])
@@ -54,3 +97,16 @@ def test_dead_block_oracle_lies_between_lru_and_belady_on_chat() -> None:
     w = token_workload(multi_turn_chat(conversations=60, seed=2), page_size=16)
     lru, dead, best = (simulate(w, 600, p).hit_rate for p in ("lru", DEAD_LRU, BELADY))
     assert lru <= dead <= best
+
+
+def test_the_engines_retention_wrapper_passes_hits_to_reuse() -> None:
+    """The engine wraps its policy in RetentionPolicy: `reuse` must still hear of every hit through it."""
+    from radixcache.runtime.kv.retention import RetentionPolicy
+
+    wrapped = RetentionPolicy(ReusePolicy())
+    assert wrapped.observes_hits and not RetentionPolicy("lru").observes_hits
+    cache = RadixCache(8, policy=wrapped)
+    cache.insert([1, 2, 3], cache.allocate(3))
+    cache.match_prefix([1, 2, 3])
+    assert wrapped.base.mean_rate() > 0  # one reuse, heard through the wrapper
+    assert make_admission("reuse", eviction=wrapped).model is wrapped.base

@@ -1,0 +1,39 @@
+"""The eviction policy protocol: a strategy mapping an evictable leaf to a sortable priority (smallest first).
+
+See radixcache.policies for the cache's contract and the named policies.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixcache.node import TreeNode
+
+
+class EvictionPolicy(ABC):
+    """Strategy object for choosing which unlocked leaf to evict next."""
+
+    name: str = "abstract"
+    #: True when the cache must re-rank a leaf after a split or a partial eviction: its priority depends on
+    #: which blocks it holds (Belady, dead-block LRU). Otherwise a leaf keeps the priority of its last access: a
+    #: reshape is not an access.
+    ranks_by_extent: bool = False
+    #: True when a leaf's priority, recomputed later with nothing about the leaf changed, may differ from the key
+    #: it was given: the policy learns (reuse). The key from the leaf's last access stands until the next one.
+    keys_drift: bool = False
+    #: True when the cache must call `on_hit` after each prefix match that reads cached pages (reuse learns from
+    #: it); off by default, so the other policies cost nothing for it.
+    observes_hits: bool = False
+
+    @abstractmethod
+    def priority(self, node: TreeNode) -> tuple:
+        """Sort key of an evictable leaf: smaller is evicted sooner."""
+
+    def on_evict(self, node: TreeNode, priority: tuple) -> None:  # noqa: B027 - optional hook
+        """Called once per leaf as eviction takes blocks from it; stateful policies age themselves here."""
+
+    def on_hit(self, node: TreeNode) -> None:  # noqa: B027 - optional hook
+        """Called after a prefix match that ends in `node` (with its access time and hit count already updated),
+        when `observes_hits` is set."""
