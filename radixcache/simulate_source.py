@@ -16,12 +16,18 @@ from pathlib import Path
 import orjson
 
 from radixcache.errors import RadixCacheError
-from radixcache.simulate_workload import SimRequest
+from radixcache.simulate_workload import SimRequest, hash_sim_request
 from radixcache.trace.errors import TraceError
 from radixcache.trace.fields import FieldReader
 from radixcache.trace.formats import FORMAT_KINDS, MOONCAKE, TOKEN_JSONL, TOKEN_MSGPACK, detect_format
 from radixcache.trace.jsonl import iter_json_lines, open_trace
-from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE, HashRequest, check_block_size
+from radixcache.trace.mooncake import (
+    DEFAULT_BLOCK_SIZE,
+    BlockSizes,
+    HashRequest,
+    check_block_size,
+    resolve_block_size,
+)
 from radixcache.trace.token_trace import iter_token_msgpack, request_from_dict
 
 
@@ -97,17 +103,21 @@ class TraceSource:
 
     def _hash_records(self) -> Iterator[tuple[str, SimRequest]]:
         block = self.block_tokens
+        sizes = BlockSizes(block)  # the lines' block_size, when they give one, is `block` (open_source read it)
         for lineno, record in iter_json_lines(self.path):
             where = str(lineno)
             fields = FieldReader(self.path, where, record)
+            sizes.read(fields)
             timestamp = fields.number("timestamp")
             input_length = fields.count("input_length")
-            fields.count("output_length", 0)
+            output_length = fields.count("output_length", 0)
             hash_ids = fields.int_list("hash_ids")
             if len(hash_ids) != -(-input_length // block):  # worded by the reader's own check
                 problem = check_block_size(HashRequest(timestamp, input_length, 0, hash_ids), block)
                 fields.fail(problem or "inconsistent with input_length", "hash_ids")
-            yield where, SimRequest(timestamp, hash_ids, (), input_length, block)
+            output = fields.int_list("output_hash_ids", None)
+            session = fields.text("session_id", None)
+            yield where, hash_sim_request(timestamp, hash_ids, input_length, block, output, session, output_length)
 
 
 def _token_request(r: object) -> SimRequest:
@@ -142,6 +152,7 @@ def open_source(
             raise RadixCacheError(f"page_size must be a positive int, got {p!r}")
         return TraceSource(name, fmt, kind, p, p)
     if kind == "hash":
+        block_size = resolve_block_size(name, block_size)  # the lines' own, when they give one
         if page_size is not None and page_size != block_size:
             raise TraceError(
                 name,

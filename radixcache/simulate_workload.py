@@ -14,7 +14,7 @@ from radixcache.errors import RadixCacheError
 from radixcache.records import TokenRequest
 from radixcache.trace.errors import TraceError
 from radixcache.trace.formats import read_trace
-from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE, HashRequest, check_block_size
+from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE, HashRequest, check_block_size, resolve_block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,8 @@ class SimRequest:
     unit: int = 1
     namespace: str | None = None
     session: str | None = None
+    output_tokens: int | None = None  # real tokens the request generated, when known (a hash trace's output_length)
+    holds_tail: bool = False  # an engine ran it: while running it also held a page it was still writing
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,17 +83,65 @@ def token_workload(requests: Iterable[TokenRequest], page_size: int = 1) -> Work
     return Workload(_arrival_order(sim), page_size, page_size, "token")
 
 
+def hash_sim_request(
+    timestamp_ms: float,
+    hash_ids: tuple[int, ...],
+    input_length: int,
+    block_size: int,
+    output_hash_ids: tuple[int, ...] | None = None,
+    session: str | None = None,
+    output_tokens: int | None = None,
+) -> SimRequest:
+    """One hash-trace request as the simulator replays it (`output_tokens`: its output_length, a feature the
+    `reuse` policy learns from).
+
+    Without `output_hash_ids` (a Mooncake trace): the prompt's ids are looked up in full and inserted. With them (a
+    trace an engine recorded), the request runs as the engine ran it: the lookup covers the whole pages of the
+    prompt less its last token (the engine always computes that token, for its logits), and the pages inserted are
+    the prompt's whole pages, then `output_hash_ids` (the engine's tree never holds a partial page); while it runs
+    it also holds one block for the page the engine was still writing, which it frees at the end.
+    """
+    if output_hash_ids is None:
+        return SimRequest(timestamp_ms, hash_ids, (), input_length, block_size, None, session, output_tokens)
+    whole = input_length // block_size
+    looked_up = max(0, input_length - 1) // block_size
+    output = hash_ids[looked_up:whole] + output_hash_ids
+    # While it ran, the engine also held the page it was still writing (its partial last page): holds_tail.
+    return SimRequest(
+        timestamp_ms, hash_ids[:looked_up], output, input_length, block_size, None, session, output_tokens, True
+    )
+
+
 def hash_workload(requests: Iterable[HashRequest], block_size: int = DEFAULT_BLOCK_SIZE) -> Workload:
-    """A hash-block trace: one cache page per hash id, `block_size` real tokens per block."""
+    """A hash-block trace: one cache page per hash id, `block_size` real tokens per block (the requests' own
+    `block_size` when they give one: all must agree, and `block_size` must agree or be DEFAULT_BLOCK_SIZE)."""
     if type(block_size) is not int or block_size < 1:
         raise RadixCacheError(f"block_size must be a positive int, got {block_size!r}")
     sim = []
+    declared: int | None = None
     for index, r in enumerate(requests):
-        problem = check_block_size(r, block_size)
+        if index == 0:
+            declared = r.block_size
+            if declared is not None and block_size not in (declared, DEFAULT_BLOCK_SIZE):
+                raise RadixCacheError(f"request 0: block_size {declared}, not the {block_size} asked for")
+        elif r.block_size != declared:
+            raise RadixCacheError(f"request {index}: block_size {r.block_size} differs from request 0's {declared}")
+        size = block_size if declared is None else declared
+        problem = check_block_size(r, size)
         if problem:
             raise RadixCacheError(f"request {index}: {problem}")
-        sim.append(SimRequest(r.timestamp_ms, tuple(r.hash_ids), (), r.input_length, block_size))
-    return Workload(_arrival_order(sim), 1, block_size, "hash")
+        sim.append(
+            hash_sim_request(
+                r.timestamp_ms,
+                tuple(r.hash_ids),
+                r.input_length,
+                size,
+                r.output_hash_ids,
+                r.session_id,
+                r.output_length,
+            )
+        )
+    return Workload(_arrival_order(sim), 1, block_size if declared is None else declared, "hash")
 
 
 def load_workload(
@@ -108,6 +158,8 @@ def load_workload(
     first, so they raise TraceError.
     """
     trace = read_trace(path, format, block_size=block_size)
+    if trace.kind == "hash":
+        block_size = resolve_block_size(path, block_size)  # the lines' own, when they give one
     if trace.kind == "token":
         return token_workload(trace.records, 1 if page_size is None else page_size)
     if trace.kind == "hash":

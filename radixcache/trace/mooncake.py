@@ -4,6 +4,11 @@ Each line: `{"timestamp": ms, "input_length": tokens, "output_length": tokens, "
 id stands for one block of `block_size` tokens (512 in the Mooncake release): a request's hash ids are the chain
 of its prefix blocks, and the last block holds only what input_length leaves. The simulator maps each hash id
 to one cache page, so that hit tokens are counted exactly.
+
+Optional fields, written by `radixcache replay --record-trace` and `serve --record-trace` (docs/traces.md):
+`block_size` (tokens per hash id; when one line gives it, every line must, the same value), `output_hash_ids`
+(the chained hashes of the pages the engine's tree got after the prompt's whole pages: the generated ones, which a
+next turn reads) and `session_id` (the conversation the request belongs to).
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
+from radixcache.trace.errors import TraceError
 from radixcache.trace.fields import FieldReader
 from radixcache.trace.jsonl import dump_json_line, iter_json_lines
 
@@ -21,12 +29,19 @@ DEFAULT_BLOCK_SIZE = 512
 
 @dataclass(frozen=True, slots=True)
 class HashRequest:
-    """One request of a hash-block trace. hash_ids[i] names the block of prompt tokens [i*bs, (i+1)*bs)."""
+    """One request of a hash-block trace. hash_ids[i] names the block of prompt tokens [i*bs, (i+1)*bs).
+
+    The optional fields come from a recorded trace: `block_size` as the line gives it, `output_hash_ids` the pages
+    the engine's tree got past the prompt's whole pages (None when the line has none), `session_id` its session.
+    """
 
     timestamp_ms: float
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    block_size: int | None = None
+    output_hash_ids: tuple[int, ...] | None = None
+    session_id: str | None = None
 
     def block_tokens(self, index: int, block_size: int) -> int:
         """Tokens of block `index`: block_size, except the last, which holds what input_length leaves."""
@@ -44,31 +59,101 @@ def check_block_size(request: HashRequest, block_size: int) -> str | None:
     return None
 
 
+class BlockSizes:
+    """The `block_size` field of one trace, checked line by line: when the first line gives it, every line must give
+    the same; when the first line does not, no line may. A block size the caller asked for (`given`) that differs
+    from the lines' is an error, except DEFAULT_BLOCK_SIZE, which stands for "not asked" (the lines' then wins)."""
+
+    __slots__ = ("declared", "given", "seen")
+
+    def __init__(self, given: int | None = None) -> None:
+        self.given = given
+        self.declared: int | None = None
+        self.seen = False
+
+    def read(self, fields: FieldReader) -> int | None:
+        """This line's block size (its own, or the caller's when the trace gives none): fails at the line when it
+        breaks the rule."""
+        value = fields.record.get("block_size")
+        if value is not None:
+            value = fields.count("block_size")
+            if value < 1:
+                fields.fail(f"must be >= 1, got {value}", "block_size")
+        if not self.seen:
+            self.seen, self.declared = True, value
+            given = self.given
+            if value is not None and given is not None and given not in (value, DEFAULT_BLOCK_SIZE):
+                fields.fail(f"the trace's lines give block_size {value}, not the {given} asked for", "block_size")
+        elif value != self.declared:
+            if value is None:
+                fields.fail(f"missing: the first line gives {self.declared}, so every line must", "block_size")
+            if self.declared is None:
+                fields.fail(f"given as {value}, but the first line gives none: every line must agree", "block_size")
+            fields.fail(f"{value} differs from the first line's {self.declared}: every line must agree", "block_size")
+        return value if value is not None else self.given
+
+
+def declared_block_size(path: str | Path) -> int | None:
+    """The `block_size` the first line of a JSONL hash trace gives, when it gives a valid one (read without a pass
+    over the file; anything wrong with the line is reported where the trace is read)."""
+    try:
+        with open(path, "rb") as handle:
+            first = next((line for line in handle if line.strip()), None)
+        value = orjson.loads(first)["block_size"] if first is not None else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if type(value) is int and value >= 1 else None
+
+
+def resolve_block_size(path: str | Path, given: int) -> int:
+    """The block size to replay a hash trace at: the lines' own when they give one, else `given` (which must then
+    agree, or be DEFAULT_BLOCK_SIZE: see BlockSizes)."""
+    declared = declared_block_size(path)
+    if declared is None:
+        return given
+    if given not in (declared, DEFAULT_BLOCK_SIZE):
+        raise TraceError(str(path), "1", f"the trace's lines give block_size {declared}, not the {given} asked for")
+    return declared
+
+
 def iter_mooncake(path: str | Path, block_size: int | None = None) -> Iterator[HashRequest]:
-    """Read a Mooncake JSONL trace. With `block_size`, also check each hash_ids length against input_length."""
+    """Read a Mooncake JSONL trace. With `block_size`, or when the lines give `block_size`, also check each
+    hash_ids length against input_length (see BlockSizes for which block size wins)."""
     name = str(path)
+    sizes = BlockSizes(block_size)
     for lineno, record in iter_json_lines(path):
         fields = FieldReader(name, str(lineno), record)
+        size = sizes.read(fields)
         request = HashRequest(
             timestamp_ms=fields.number("timestamp"),
             input_length=fields.count("input_length"),
             output_length=fields.count("output_length", 0),
             hash_ids=fields.int_list("hash_ids"),
+            block_size=sizes.declared,
+            output_hash_ids=fields.int_list("output_hash_ids", None),
+            session_id=fields.text("session_id", None),
         )
-        if block_size is not None:
-            problem = check_block_size(request, block_size)
+        if size is not None:
+            problem = check_block_size(request, size)
             if problem:
                 fields.fail(problem, "hash_ids")
         yield request
 
 
 def hash_request_to_dict(request: HashRequest) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "timestamp": request.timestamp_ms,
         "input_length": request.input_length,
         "output_length": request.output_length,
         "hash_ids": list(request.hash_ids),
     }
+    if request.block_size is not None:
+        out["block_size"] = request.block_size
+    if request.output_hash_ids is not None:
+        out["output_hash_ids"] = list(request.output_hash_ids)
+    if request.session_id is not None:
+        out["session_id"] = request.session_id
+    return out
 
 
 def write_mooncake(path: str | Path, requests: Iterable[HashRequest]) -> int:

@@ -18,6 +18,7 @@ import torch
 
 from radixcache.runtime.engine.request import GenerationResult, Request, dequeued
 from radixcache.runtime.engine.scheduler import Scheduler
+from radixcache.runtime.engine.trace_recorder import TraceRecorder, earliest_arrival
 from radixcache.runtime.native.openmp import release_idle_team
 
 
@@ -57,6 +58,7 @@ class EngineLoop:
         self._inbox: list[Callable[[Scheduler], Any]] = []
         self._handles: dict[int, RequestHandle] = {}
         self._thread: threading.Thread | None = None
+        self.recorder: TraceRecorder | None = None  # sees every request that leaves (Engine.record_trace)
 
     def submit(self, req: Request) -> RequestHandle:
         return self.submit_many([req])[0]
@@ -165,6 +167,10 @@ class EngineLoop:
             raise
 
     def _deliver(self, done: list[Request]) -> None:
+        recorder = self.recorder
+        if recorder is not None and done:  # before the results: a caller that saw its result finds its line handed over
+            s = self.scheduler
+            recorder.left(done, earliest_arrival((s.waiting, s.prefilling, s.decoding)))
         for req in done:
             handle = self._handles.pop(req.rid, None)
             # A future is already done when its waiter cancelled it (an asyncio task awaiting it through

@@ -26,6 +26,7 @@ continuous-batching scheduler), with at most N requests in flight.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -108,7 +109,16 @@ class _Run:
         self.records: list[RequestRecord] = []
         self.skipped: list[SkippedTurn] = []
         self.positions: dict[tuple[int, int], int] = {}  # (session, turn) -> its place in replay order
+        self.recording = False  # a trace recorder is attached: requests carry their conversation's id
         self.t0 = time.perf_counter()
+
+    def session_kwargs(self, session: _Session) -> dict[str, Any]:
+        """`session=` for the engine while recording: the conversation's id, or a token request's own session."""
+        if not self.recording:
+            return {}
+        if session.conversation is not None:
+            return {"session": session.id}
+        return {"session": session.requests[0].session} if session.requests[0].session is not None else {}
 
     def prepare(self, session: _Session, k: int) -> tuple[list[int], int, int, Any] | SkippedTurn:
         """The prompt ids, token limit, sampling seed and namespace of turn k, or why it is skipped."""
@@ -252,19 +262,42 @@ def replay(
     label: str | None = None,
     on_result: Callable[[RequestRecord | SkippedTurn], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
+    record_trace: str | os.PathLike[str] | None = None,
 ) -> ReplayResult:
     """Replay `trace` through `engine` (an `Engine`) and return per-request records and a summary.
 
     on_result is called after every finished (RequestRecord) or skipped (SkippedTurn) turn, on_warning with
     one-line messages (skipped turns, timestamps that cannot be honoured). KeyboardInterrupt ends the run
     early and the result says `interrupted`; the engine's cache stays consistent (it aborts the request).
+    `record_trace`: write what the engine served (after the warm-up) to this file as a Mooncake-format hash trace
+    (`Engine.record_trace`), each request tagged with its conversation's id; the file is closed when the run ends.
     """
     config = config or ReplayConfig()
     sessions = plan_sessions(trace, config.limit)
     _check_tokens(sessions, engine)
     if config.warmup:
         _warm_up(engine)
+    if record_trace is None:
+        return _replay(engine, sessions, config, label, on_result, on_warning, recording=False)
+    engine.record_trace(record_trace)
+    try:
+        return _replay(engine, sessions, config, label, on_result, on_warning, recording=True)
+    finally:
+        engine.record_trace(None)
+
+
+def _replay(
+    engine: Any,
+    sessions: list[_Session],
+    config: ReplayConfig,
+    label: str | None,
+    on_result: Callable[[RequestRecord | SkippedTurn], None] | None,
+    on_warning: Callable[[str], None] | None,
+    *,
+    recording: bool,
+) -> ReplayResult:
     run = _Run(engine, config, on_result, on_warning)
+    run.recording = recording
     run.positions = {(s.index, k): i for i, (s, k) in enumerate(_order(sessions))}
     tiers_before = _tier_counters(engine)
     offsets = _timestamps(sessions, config.honor_timestamps, run.on_warning)
@@ -317,7 +350,9 @@ def _drive_sequential(run: _Run, sessions: list[_Session], offsets: dict[tuple[i
         run.sleep_until(offsets.get((session.index, k)))
         started = time.perf_counter()
         try:
-            result = run.engine.generate(ids, max_new, seed=seed, namespace=namespace, **sampling)
+            result = run.engine.generate(
+                ids, max_new, seed=seed, namespace=namespace, **sampling, **run.session_kwargs(session)
+            )
         except CacheFullError as exc:
             run.kv_full(session, k, len(ids), exc)
             continue
@@ -344,7 +379,12 @@ async def _drive_concurrent(run: _Run, sessions: list[_Session], offsets: dict[t
                 started = time.perf_counter()
                 try:
                     result = await run.engine.agenerate(
-                        ids, max_new, seed=seed, namespace=namespace, temperature=run.config.temperature
+                        ids,
+                        max_new,
+                        seed=seed,
+                        namespace=namespace,
+                        temperature=run.config.temperature,
+                        **run.session_kwargs(session),
                     )
                 except CacheFullError as exc:
                     run.kv_full(session, k, len(ids), exc)

@@ -1,0 +1,139 @@
+"""The optional fields of a recorded Mooncake trace (`--record-trace`): `block_size` on every line (all agreeing),
+`output_hash_ids` replayed as the engine ran the request, `session_id` carried along; old traces are unchanged."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from radixcache.errors import RadixCacheError
+from radixcache.simulate import evaluate, simulate
+from radixcache.simulate_source import open_source
+from radixcache.simulate_workload import SimRequest, hash_workload, load_workload
+from radixcache.trace import DEFAULT_BLOCK_SIZE, HashRequest, TraceError, iter_mooncake, read_trace, write_mooncake
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _line(ts: float, length: int, ids: list[int], out: list[int] | None = None, **extra: object) -> dict:
+    row: dict = {"timestamp": ts, "input_length": length, "output_length": 3, "hash_ids": ids, **extra}
+    if out is not None:
+        row["output_hash_ids"] = out
+    return row
+
+
+def _replayed(r: SimRequest) -> tuple:
+    """What the replay reads of a request's pages and tokens."""
+    return (r.timestamp_ms, r.prompt, r.output, r.prompt_tokens, r.unit, r.namespace, r.session)
+
+
+def test_the_optional_fields_are_read_and_written_back(tmp_path: Path) -> None:
+    path = _write(tmp_path / "r.jsonl", [_line(0, 6, [11, 12], [13], block_size=4, session_id="u1")])
+    (request,) = read_trace(path).records
+    assert request == HashRequest(0, 6, 3, (11, 12), block_size=4, output_hash_ids=(13,), session_id="u1")
+    write_mooncake(tmp_path / "copy.jsonl", [request])
+    assert json.loads((tmp_path / "copy.jsonl").read_text()) == json.loads(path.read_text())
+
+
+def test_an_old_trace_is_replayed_exactly_as_before(tmp_path: Path) -> None:
+    rows = [_line(0, 1000, [0, 1]), _line(5, 1100, [0, 1, 2]), _line(9, 512, [0])]
+    path = _write(tmp_path / "old.jsonl", rows)
+    old_style = [(r["timestamp"], tuple(r["hash_ids"]), (), r["input_length"], 512, None, None) for r in rows]
+    assert [_replayed(r) for r in load_workload(str(path))] == old_style
+    assert [_replayed(r) for r in open_source(path)] == old_style
+    assert open_source(path).block_tokens == DEFAULT_BLOCK_SIZE
+    assert simulate(load_workload(str(path)), 8).hit_tokens == 1024 + 512  # the leading blocks seen before
+
+
+def test_output_pages_follow_the_prompts_whole_pages_and_the_lookup_skips_the_last_token(tmp_path: Path) -> None:
+    # 10 tokens at 4 per page: pages [a b c'] (c' partial); the engine looks up 9 tokens (2 whole pages) and its tree
+    # gets a, b, then the output pages. 8 tokens: the lookup covers 7 tokens (1 page); the tree still gets a, b.
+    rows = [
+        _line(0, 10, [1, 2, 3], [4], block_size=4, session_id="s"),
+        _line(1, 8, [1, 2], [5, 6], block_size=4),
+    ]
+    path = _write(tmp_path / "r.jsonl", rows)
+    first, second = load_workload(str(path))
+    assert (first.prompt, first.output, first.unit, first.session) == ((1, 2), (4,), 4, "s")
+    assert (second.prompt, second.output) == ((1,), (2, 5, 6))
+    assert list(open_source(path)) == [first, second]
+
+
+def test_a_recorded_conversation_hits_what_the_engine_would_have(tmp_path: Path) -> None:
+    """Turn 2's prompt holds turn 1's prompt and reply: it hits turn 1's whole prompt pages and its output page, up
+    to the whole pages of its prompt less the last token (counted by hand)."""
+    rows = [
+        _line(0, 10, [1, 2, 3], [4], block_size=4),  # the tree gets 1 2 4 (12 tokens)
+        _line(7, 17, [1, 2, 4, 5, 6], [7], block_size=4),  # looks up 16 tokens: 1 2 4 5 -> hits 1 2 4 = 12
+        _line(9, 13, [1, 2, 4, 8], [], block_size=4),  # looks up 12 tokens: 1 2 4 -> hits 12
+    ]
+    path = _write(tmp_path / "r.jsonl", rows)
+    result = simulate(open_source(path), 64)
+    assert (result.hit_tokens, result.prompt_tokens) == (24, 40)
+    assert simulate(load_workload(str(path)), 64).hit_tokens == 24
+
+
+def test_the_lines_block_size_wins_over_the_default_and_must_agree_with_another_asked_for(tmp_path: Path) -> None:
+    path = _write(tmp_path / "r.jsonl", [_line(0, 6, [1, 2], [], block_size=4)])
+    assert open_source(path).block_tokens == 4
+    assert load_workload(str(path)).block_tokens == 4
+    assert open_source(path, block_size=4).block_tokens == 4
+    with pytest.raises(TraceError, match=r"r\.jsonl:1: the trace's lines give block_size 4, not the 16 asked for"):
+        open_source(path, block_size=16)
+    with pytest.raises(TraceError, match=r"r\.jsonl:1: field 'block_size': the trace's lines give block_size 4"):
+        list(iter_mooncake(path, block_size=16))
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (
+            [_line(0, 6, [1, 2], [], block_size=4), _line(1, 6, [1, 3], [], block_size=8)],
+            r"r\.jsonl:2: field 'block_size': 8 differs from the first line's 4",
+        ),
+        (
+            [_line(0, 6, [1, 2], [], block_size=4), _line(1, 6, [1, 3], [])],
+            r"r\.jsonl:2: field 'block_size': missing: the first line gives 4, so every line must",
+        ),
+        (
+            [_line(0, 600, [1, 2]), _line(1, 6, [1, 3], [], block_size=4)],
+            r"r\.jsonl:2: field 'block_size': given as 4, but the first line gives none",
+        ),
+        ([_line(0, 6, [1, 2], [], block_size=0)], r"r\.jsonl:1: field 'block_size': must be >= 1"),
+        ([_line(0, 6, [1, 2], [], block_size="4")], r"r\.jsonl:1: field 'block_size': expected a non-negative"),
+        ([_line(0, 6, [1, 2, 3], [], block_size=4)], r"r\.jsonl:1: field 'hash_ids': 3 hash ids, but input_length 6"),
+        ([_line(0, 6, [1, 2], [-1], block_size=4)], r"r\.jsonl:1: field 'output_hash_ids': item 0 is -1"),
+        ([_line(0, 6, [1, 2], [], block_size=4, session_id=7)], r"r\.jsonl:1: field 'session_id': expected a string"),
+    ],
+)
+def test_bad_optional_fields_name_the_line_in_every_reader(tmp_path: Path, rows: list[dict], message: str) -> None:
+    path = _write(tmp_path / "r.jsonl", rows)
+    with pytest.raises(TraceError, match=message):
+        list(open_source(path))
+    with pytest.raises(TraceError, match=message):
+        read_trace(path)
+
+
+def test_hash_workload_checks_that_requests_agree_on_their_block_size() -> None:
+    a = HashRequest(0, 6, 1, (1, 2), block_size=4, output_hash_ids=())
+    b = HashRequest(1, 6, 1, (1, 3), block_size=2, output_hash_ids=())
+    with pytest.raises(RadixCacheError, match="request 1: block_size 2 differs from request 0's 4"):
+        hash_workload([a, b])
+    assert hash_workload([a]).block_tokens == 4
+
+
+def test_streamed_and_in_memory_replays_agree_on_a_recorded_trace_with_the_infinite_bound(tmp_path: Path) -> None:
+    rows = [
+        _line(t, 9 + 4 * t, [100 + i for i in range(-(-(9 + 4 * t) // 4))], [7 + t], block_size=4) for t in range(6)
+    ]
+    path = _write(tmp_path / "r.jsonl", rows)
+    streamed = evaluate(open_source(path), 3, "lru")
+    in_memory = evaluate(load_workload(str(path)), 3, "lru")
+    assert replace(streamed.result, seconds=0) == replace(in_memory.result, seconds=0)
+    assert streamed.infinite is not None and streamed.infinite.hit_tokens == in_memory.infinite.hit_tokens
