@@ -10,11 +10,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from radixcache.admission import ADMISSION_POLICIES
 from radixcache.cli.progress import progress_bar
 from radixcache.errors import RadixCacheError
 from radixcache.policies import ALL_POLICIES
 from radixcache.router import ROUTERS
 from radixcache.simulate import Replayable, SimReport, SimResult, evaluate
+from radixcache.simulate_compare import compare, policy_names
 from radixcache.simulate_routing import (
     ARRIVALS,
     DEFAULT_ROUTING_COSTS,
@@ -50,7 +52,27 @@ from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
 @click.option(
     "--belady",
     is_flag=True,
-    help="Also replay Belady's offline optimum (the upper bound; device-only, as the infinite cache).",
+    help="Also replay Belady's offline optimum with every page of a running request cached (the resident bound: "
+    "compare policies without admission with it; device-only, as the infinite cache).",
+)
+@click.option(
+    "--belady-admission",
+    is_flag=True,
+    help="Also replay Belady's offline optimum when a request's pages may skip the cache (the admission bound: "
+    "compare a policy with --admission with it).",
+)
+@click.option(
+    "--admission",
+    type=click.Choice(sorted(ADMISSION_POLICIES)),
+    help="Admission policy: how many of a finished request's pages the tree adopts ('reuse' needs --policy reuse) "
+    "[default: adopt all].",
+)
+@click.option(
+    "--policies",
+    "policies_spec",
+    metavar="all|P1,P2,..",
+    help="Compare these eviction policies ('all': every one) and both Belady bounds in one table; with "
+    "--admission, each policy also runs with it.",
 )
 @click.option(
     "--host-capacity-blocks",
@@ -138,6 +160,9 @@ def simulate(
     concurrency: int,
     windows: int,
     belady: bool,
+    belady_admission: bool,
+    admission: str | None,
+    policies_spec: str | None,
     host_capacity_blocks: int | None,
     disk_capacity_blocks: int | None,
     write_policy: str | None,
@@ -187,6 +212,8 @@ def simulate(
         if given:
             raise click.UsageError(f"{', '.join(given)}: only for a routed replay; add --replicas N")
     else:
+        if admission or belady_admission or policies_spec:
+            raise click.UsageError("--admission, --belady-admission and --policies are for one cache, not --replicas")
         _check_routing_flags(ctx, belady, host_capacity_blocks, disk_capacity_blocks, write_policy, rate, arrivals)
         _simulate_routed(
             trace,
@@ -215,6 +242,12 @@ def simulate(
         host_load_ms_per_page,
         disk_load_ms_per_page,
     )
+    if tiers is not None and (admission or belady_admission or policies_spec):
+        raise click.UsageError("--admission, --belady-admission and --policies simulate the device cache alone")
+    if admission == "reuse" and policy != "reuse" and not policies_spec:
+        raise click.UsageError("--admission reuse learns from the reuse eviction policy: add --policy reuse")
+    if policies_spec and (belady or belady_admission):
+        raise click.UsageError("--policies already includes both Belady bounds: drop --belady/--belady-admission")
     try:
         if in_memory:
             workload: Replayable = load_workload(trace, fmt, page_size=page_size, block_size=block_size)
@@ -223,7 +256,12 @@ def simulate(
         blocks = capacity_blocks or workload.blocks_for_tokens(capacity_tokens or 0)
         if blocks < 1:
             raise click.UsageError(f"--capacity-tokens {capacity_tokens} is less than one block")
-        runs = 2 if belady else 1  # the policy and the infinite bound share one pass; Belady has its own
+        if policies_spec:
+            _compare_policies(trace, workload, blocks, policies_spec, admission, concurrency, not no_infinite, as_json)
+            return
+        runs = (
+            1 + belady + belady_admission
+        )  # the policy and the infinite bound share one pass; each Belady has its own
         # Counting a streamed trace is one more read of it: only for a bar someone sees.
         shown = Console(stderr=True).is_terminal
         requests = len(workload.requests) if in_memory else (workload.count() if shown else 0)  # type: ignore[union-attr]
@@ -238,6 +276,8 @@ def simulate(
                 windows=windows,
                 progress=advance,
                 tiers=tiers,
+                admission=admission,
+                belady_admission=belady_admission,
             )
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
@@ -302,8 +342,10 @@ def _print_report(trace: str, report: SimReport) -> None:
     rows: list[tuple[str, SimResult]] = [(name, r)]
     if report.infinite is not None:
         rows.append(("infinite cache", report.infinite))
+    if report.belady_admission is not None:
+        rows.insert(1, ("belady with admission (bound)", report.belady_admission))
     if report.belady is not None:
-        rows.insert(1, ("belady (optimum)" if r.tiers is None else "belady (device optimum)", report.belady))
+        rows.insert(1, ("belady, resident (bound)" if r.tiers is None else "belady (device optimum)", report.belady))
     for name, run in rows:
         table.add_row(
             name,
@@ -318,8 +360,49 @@ def _print_report(trace: str, report: SimReport) -> None:
     if r.tiers is not None:
         _print_tiers(console, r)
     console.print("hit rate per window: " + " ".join(f"{w.hit_rate:.0%}" for w in r.windows))
+    if r.admission is not None:
+        console.print(f"admission {r.admission}: {r.declined_pages:,} pages declined")
     if r.oversized_requests:
         console.print(f"{r.oversized_requests} requests were larger than the cache could free; cached in part")
+
+
+def _compare_policies(
+    trace: str,
+    workload: Replayable,
+    blocks: int,
+    spec: str,
+    admission: str | None,
+    concurrency: int,
+    infinite: bool,
+    as_json: bool,
+) -> None:
+    """`--policies`: every named policy, both Belady bounds and the infinite cache, in one table or JSON."""
+    names = policy_names(spec)
+    if admission == "reuse" and "reuse" not in names:
+        raise click.UsageError("--admission reuse learns from the reuse eviction policy: include reuse in --policies")
+    rows = compare(workload, blocks, names, concurrency=concurrency, admission=admission, infinite=infinite)
+    if as_json:
+        out = {"capacity_blocks": blocks, "concurrency": concurrency, "runs": [row.as_dict() for row in rows]}
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    first = rows[0].result
+    table = Table(title=f"{trace}: {first.requests:,} requests, {blocks:,} blocks, concurrency {concurrency}")
+    table.add_column("run", no_wrap=True)
+    for column in ("hit rate", "evicted", "declined", "seconds"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("what it is")
+    for row in rows:
+        r = row.result
+        table.add_row(
+            row.name,
+            f"{r.hit_rate:.2%}",
+            f"{r.evicted_blocks:,}" if row.kind != "infinite" else "-",
+            f"{r.declined_pages:,}" if r.admission is not None else "-",
+            f"{r.seconds:.2f}",
+            row.label if row.kind != "policy" else "online policy",
+        )
+    Console().print(table)
 
 
 def _print_tiers(console: Console, r: SimResult) -> None:

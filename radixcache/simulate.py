@@ -21,9 +21,10 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Union
 
+from radixcache.admission import AdmissionPolicy, AdmissionRequest, make_admission
 from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
@@ -44,9 +45,17 @@ if TYPE_CHECKING:
 #: what `simulate` replays: requests in memory, or a trace file streamed (radixcache.simulate_source)
 Replayable = Union[Workload, "TraceSource"]
 
-BELADY = "belady"
+BELADY = "belady"  # Belady's optimum when every page of a running request must be cached (resident)
+BELADY_ADMISSION = "belady-admission"  # Belady's optimum when a request's pages may skip the cache (admission)
 DEAD_LRU = "lru-dead"  # LRU that knows which blocks are never read again: a diagnostic bound
-ORACLE_POLICIES = (BELADY, DEAD_LRU)
+ORACLE_POLICIES = (BELADY, BELADY_ADMISSION, DEAD_LRU)
+#: what each offline run bounds, as the CLI, the JSON and the docs name it: compare a policy without admission
+#: with the resident bound, and one with admission with the admission bound
+BOUND_LABELS = {
+    BELADY: "bound: Belady, resident",
+    BELADY_ADMISSION: "bound: Belady with admission",
+    DEAD_LRU: "diagnostic: LRU told the dead blocks",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +92,8 @@ class SimResult:
     windows: tuple[Window, ...]
     seconds: float
     tiers: TierResult | None = None  # a tiered replay's (TieredReplay): per-tier hits and modelled TTFT
+    admission: str | None = None  # the admission policy's name, when one decided what the tree adopts
+    declined_pages: int = 0  # pages the admission policy kept out of the tree
 
     @property
     def hit_rate(self) -> float:
@@ -102,7 +113,8 @@ class SimReport:
 
     result: SimResult
     infinite: SimResult | None
-    belady: SimResult | None = None
+    belady: SimResult | None = None  # the resident bound (BELADY)
+    belady_admission: SimResult | None = None  # the admission bound (BELADY_ADMISSION)
 
     def as_dict(self) -> dict:
         """The machine-readable summary (the keys of `radixcache simulate --json`)."""
@@ -128,9 +140,20 @@ class SimReport:
         if self.infinite is not None:
             out["infinite_hit_rate"] = self.infinite.hit_rate
             out["infinite_block_hit_rate"] = self.infinite.block_hit_rate
-        if self.belady is not None:
+        if r.admission is not None:
+            out["admission"] = r.admission
+            out["declined_pages"] = r.declined_pages
+        bounds = {}
+        if self.belady is not None:  # the resident bound keeps its old keys
             out["belady_hit_rate"] = self.belady.hit_rate
             out["belady_block_hit_rate"] = self.belady.block_hit_rate
+            bounds[BELADY] = BOUND_LABELS[BELADY]
+        if self.belady_admission is not None:
+            out["belady_admission_hit_rate"] = self.belady_admission.hit_rate
+            out["belady_admission_block_hit_rate"] = self.belady_admission.block_hit_rate
+            bounds[BELADY_ADMISSION] = BOUND_LABELS[BELADY_ADMISSION]
+        if bounds:
+            out["bounds"] = bounds
         if r.tiers is not None:
             out.update(r.tiers.as_dict())
         return out
@@ -146,13 +169,19 @@ def simulate(
     progress: Callable[[int], None] | None = None,
     check: bool = False,
     tiers: TierConfig | None = None,
+    admission: str | AdmissionPolicy | None = None,
 ) -> SimResult:
     """Replay `workload` (an in-memory Workload, or a streamed TraceSource read once) through a cache of
     `capacity_blocks` blocks at `policy`. Memory is the cache's (and, for a trace whose first and last timestamps
     cannot be read up front, such as msgpack, 24 bytes per request for the time windows).
 
-    `policy` may also name an offline oracle: "belady" (the optimum) or "lru-dead" (LRU that knows which
-    blocks are never read again), both evicting block by block; they read the trace once more first.
+    `policy` may also name an offline oracle, evicting block by block after reading the trace once more:
+    "belady" (the optimum when every page of a running request must be cached), "belady-admission" (the optimum
+    when a request's pages may skip the cache: only what stays between requests is bounded) or "lru-dead" (LRU
+    that knows which blocks are never read again).
+
+    `admission`: a policy (radixcache.admission) deciding how many of each finished request's pages the tree
+    adopts; the rest are freed. None adopts everything, as "all" does, but reports no admission.
 
     `tiers`: replay through the device cache with host and disk tiers under it (TieredReplay); the result's
     `tiers` then holds the per-tier hits and the modelled TTFT. Oracle policies are device-only.
@@ -162,11 +191,21 @@ def simulate(
     """
     replay: CacheReplay | TieredReplay
     if tiers is not None:
+        if admission is not None:
+            raise RadixCacheError("admission control is simulated on the device cache alone, not with tiers")
         replay = TieredReplay(
             workload, capacity_blocks, policy, tiers=tiers, concurrency=concurrency, check=check, windows=windows
         )
     else:
-        replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency, check=check, windows=windows)
+        replay = CacheReplay(
+            workload,
+            capacity_blocks,
+            policy,
+            concurrency=concurrency,
+            check=check,
+            windows=windows,
+            admission=admission,
+        )
     _drive(workload, [replay], progress)
     return replay.result()
 
@@ -214,7 +253,12 @@ def _drive(workload: Replayable, replays: list, progress: Callable[[int], None] 
 
 
 class CacheReplay:
-    """One replay through a RadixCache, fed request by request (`feed`), then `close`d and read (`result`)."""
+    """One replay through a RadixCache, fed request by request (`feed`), then `close`d and read (`result`).
+
+    The admission bound (BELADY_ADMISSION) runs a cache with room for the requests in flight on top of
+    `capacity_blocks`, and after each request finishes evicts, in Belady's order, whatever the tree holds beyond
+    `capacity_blocks`: a request's own pages are then cached only if they beat what is there.
+    """
 
     def __init__(
         self,
@@ -225,16 +269,28 @@ class CacheReplay:
         concurrency: int = 1,
         check: bool = False,
         windows: int = 20,
+        admission: str | AdmissionPolicy | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
         self.oracle = None
+        self.bound: int | None = None  # the admission bound's limit on what stays cached between requests
+        room = capacity_blocks
         if policy in ORACLE_POLICIES:
+            if admission is not None:
+                raise RadixCacheError(f"{policy} is an offline bound: it takes no admission policy")
             self.oracle = ChainedNextUseOracle.build(workload, capacity_blocks) or NextUseOracle(
                 workload, capacity_blocks
             )
-            policy = BeladyPolicy(self.oracle.next_use) if policy == BELADY else DeadBlockLRU(self.oracle)
-        self.cache = RadixCache(capacity_blocks, page_size=workload.page_size, policy=make_policy(policy))
+            if policy == BELADY_ADMISSION:
+                self.bound = capacity_blocks
+                room = capacity_blocks + concurrency * _largest_request_pages(workload)
+                self.oracle.block_page = array("q", [-1]) * room
+            policy = BeladyPolicy(self.oracle.next_use) if policy != DEAD_LRU else DeadBlockLRU(self.oracle)
+        self.cache = RadixCache(room, page_size=workload.page_size, policy=make_policy(policy))
+        self.admission = None if admission is None else make_admission(admission, eviction=self.cache.policy)
+        self.expect = getattr(self.cache.policy, "expect", None)  # a policy that learns from output lengths
+        self.declined_pages = 0
         self.capacity_blocks = capacity_blocks
         self.page_size, self.block_tokens = workload.page_size, workload.block_tokens
         self.concurrency = concurrency
@@ -247,10 +303,15 @@ class CacheReplay:
     def feed(self, index: int, request: SimRequest) -> None:
         started = time.perf_counter()
         cache, oracle, p = self.cache, self.oracle, self.cache.page_size
+        if self.bound is not None:
+            # The admission bound trims the tree to `bound` as a request finishes, before the oracle's clock moves
+            # on to this request: this request's own reads must count as next uses.
+            while len(self.inflight) >= self.concurrency:
+                self._complete(self.inflight.popleft())
         if oracle is not None:
             oracle.now = index
         while len(self.inflight) >= self.concurrency:
-            _finish(cache, self.inflight.popleft(), p)
+            self._complete(self.inflight.popleft())
         # Validated once as int64 arrays, which the cache's match and insert then take without another pass.
         full = as_token_array(request.prompt + request.output if request.output else request.prompt)
         prompt = full[: len(request.prompt)] if request.output else full
@@ -264,6 +325,10 @@ class CacheReplay:
             self.oversized += 1
             need = room
             full = full[: (matched_pages + room) * p]
+        # A request an engine recorded also held, while it ran, the page it was still writing: one block more,
+        # which never enters the tree (SimRequest.holds_tail).
+        tail = request.holds_tail and len(full) % p == 0 and need < room
+        need += tail
         if oracle is not None and need > cache.free_blocks:
             # Evicted ahead of the allocation: the cache takes an oracle policy's blocks one at a time (it ranks
             # leaves by extent), re-ranking the leaf by its new deepest block after each.
@@ -271,7 +336,22 @@ class CacheReplay:
         new = cache.allocate(need)
         if oracle is not None:
             oracle.assign(new, index, matched_pages)
-        self.inflight.append((match.node, full, match.blocks + new, request.namespace))
+        output_tokens = request.output_tokens if request.output_tokens is not None else len(request.output)
+        held = new[-1:] if tail else []  # the engine's partial page: held while in flight, never adopted
+        if tail:
+            new = new[:-1]
+        self.inflight.append(
+            (
+                match.node,
+                full,
+                match.blocks + new,
+                request.namespace,
+                matched_pages,
+                len(prompt) // p,
+                output_tokens,
+                held,
+            )
+        )
         self.prompt_blocks += -(-len(request.prompt) // p)
         self.hit_blocks += matched_pages
         self.timeline.add(request.timestamp_ms, request.prompt_tokens, hit)
@@ -279,16 +359,51 @@ class CacheReplay:
             cache.check_invariants()
         self.seconds += time.perf_counter() - started
 
+    def _complete(self, item: tuple) -> None:
+        """A request finishes: the tree adopts its pages (as many as admission allows) and it unlocks its match."""
+        node, full, blocks, namespace, matched, prompt_pages, output_tokens, held = item
+        cache, p = self.cache, self.cache.page_size
+        if held:
+            cache.free(held)
+        if self.expect is not None:  # every request says it before its insert, so none is left for another's
+            self.expect(output_tokens)
+        pages = len(full) // p
+        keep = pages
+        if self.admission is not None:
+            keep = self.admission.admit(
+                AdmissionRequest(namespace, matched, prompt_pages, pages, None, None, output_tokens)
+            )
+        if keep < pages:
+            self.declined_pages += pages - keep
+            if keep:
+                cache.insert(full[: keep * p], blocks[:keep], namespace=namespace)
+            cache.free(blocks[keep:])
+            cache.unlock(node)
+        else:
+            _finish(cache, (node, full, blocks, namespace), p)
+        if self.bound is not None:  # the admission bound: only `bound` blocks stay between requests
+            excess = cache.cached_tokens // p - self.bound
+            if excess > 0:
+                cache.evict(excess)
+
     def close(self) -> None:
         while self.inflight:
-            _finish(self.cache, self.inflight.popleft(), self.cache.page_size)
+            self._complete(self.inflight.popleft())
         if self.check:
             self.cache.check_invariants()
 
     def result(self) -> SimResult:
-        return _result(
-            self, self.cache.policy.name, self.capacity_blocks, self.cache.stats.evicted_blocks, self.oversized
-        )
+        name = BELADY_ADMISSION if self.bound is not None else self.cache.policy.name
+        evicted = self.cache.stats.evicted_blocks
+        base = _result(self, name, self.capacity_blocks, evicted, self.oversized)
+        admission = self.admission.name if self.admission is not None else None
+        return replace(base, admission=admission, declined_pages=self.declined_pages)
+
+
+def _largest_request_pages(workload: Replayable) -> int:
+    """The most pages one request of `workload` inserts (prompt and output): the room one in flight needs."""
+    p = workload.page_size
+    return max((-(-(len(r.prompt) + len(r.output)) // p) for r in workload), default=1)
 
 
 class TieredReplay:
@@ -697,6 +812,8 @@ def evaluate(
     windows: int = 20,
     progress: Callable[[int], None] | None = None,
     tiers: TierConfig | None = None,
+    admission: str | AdmissionPolicy | None = None,
+    belady_admission: bool = False,
 ) -> SimReport:
     """`simulate` plus its bounds: the infinite-cache replay (unless `infinite=False`: its table grows with the
     trace's distinct pages, where the policy's replay holds only the cache), and Belady's when asked for. The
@@ -705,13 +822,20 @@ def evaluate(
     With `tiers` the policy's replay is a TieredReplay (its result's `tiers` holds the per-tier hits and the
     modelled TTFT, with the device alone and with no cache for comparison); the bounds stay device-only. A hash
     trace's tiers are keyed by its ids; should the infinite replay find an id after two parents (ids that are not
-    chained), the tiered replay runs again keyed by blake2b hashes of the id chain."""
+    chained), the tiered replay runs again keyed by blake2b hashes of the id chain.
+
+    `admission` decides what the tree adopts (device-only); `belady_admission` adds the admission bound (Belady
+    when a request's pages may skip the cache), the one to compare a policy with admission against."""
     replay: CacheReplay | TieredReplay
     spare = copy.deepcopy(policy) if tiers is not None and isinstance(policy, EvictionPolicy) else policy
     if tiers is not None:
+        if admission is not None:
+            raise RadixCacheError("admission control is simulated on the device cache alone, not with tiers")
         replay = TieredReplay(workload, capacity_blocks, policy, tiers=tiers, concurrency=concurrency, windows=windows)
     else:
-        replay = CacheReplay(workload, capacity_blocks, policy, concurrency=concurrency, windows=windows)
+        replay = CacheReplay(
+            workload, capacity_blocks, policy, concurrency=concurrency, windows=windows, admission=admission
+        )
     unbounded = InfiniteReplay(workload, concurrency=concurrency, windows=windows, span=trace_span(workload))
     _drive(workload, [replay, unbounded] if infinite else [replay], progress)
     if isinstance(replay, TieredReplay) and replay.key == "hash-id" and replay.any_tier and unbounded.broken:
@@ -729,4 +853,9 @@ def evaluate(
         optimum = simulate(
             workload, capacity_blocks, BELADY, concurrency=concurrency, windows=windows, progress=progress
         )
-    return SimReport(replay.result(), infinite_result, optimum)
+    with_admission = None
+    if belady_admission:
+        with_admission = simulate(
+            workload, capacity_blocks, BELADY_ADMISSION, concurrency=concurrency, windows=windows, progress=progress
+        )
+    return SimReport(replay.result(), infinite_result, optimum, with_admission)

@@ -52,12 +52,17 @@ class SweepCell:
 
 
 def load_trace(spec: str, page_size: int, block_size: int) -> tuple[str, Workload]:
-    """(name, workload) of a trace file or of `synthetic:KIND` (the generator's defaults, at `page_size`)."""
+    """(name, workload) of a trace file or of `synthetic:KIND[@SEED]` (the generator's defaults, at `page_size`;
+    with @SEED, another seed than the default 0, e.g. a held-out one)."""
     if spec.startswith(SYNTHETIC):
-        kind = spec[len(SYNTHETIC) :]
+        kind, _, seed = spec[len(SYNTHETIC) :].partition("@")
         if kind not in GENERATORS:
             raise RadixCacheError(f"{spec}: choose one of {SYNTHETIC}{f', {SYNTHETIC}'.join(GENERATORS)}")
-        return kind, token_workload(GENERATORS[kind](), page_size)
+        if seed and not seed.isdigit():
+            raise RadixCacheError(f"{spec}: the seed after @ must be a non-negative integer, got {seed!r}")
+        if not seed:
+            return kind, token_workload(GENERATORS[kind](), page_size)
+        return f"{kind}@{seed}", token_workload(GENERATORS[kind](seed=int(seed)), page_size)
     fmt = detect_format(spec)
     page = None if FORMAT_KINDS[fmt] == "hash" else page_size
     return Path(spec).stem, load_workload(spec, fmt, page_size=page, block_size=block_size)

@@ -28,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from radixcache.errors import RadixCacheError
 from radixcache.policies import ALL_POLICIES
-from radixcache.simulate import BELADY, DEAD_LRU
+from radixcache.simulate import BELADY, BELADY_ADMISSION, DEAD_LRU
 from radixcache.simulate_sweep import (
     INFINITE,
     SYNTHETIC,
@@ -50,12 +50,14 @@ DEFAULT_FRACTIONS = "0.01,0.02,0.05,0.1,0.2,0.4,0.7"
 BOUND_STYLES = {
     BELADY: {"color": "black", "linestyle": "--", "linewidth": 2},
     DEAD_LRU: {"color": "gray", "linestyle": "-.", "linewidth": 1.5},
+    BELADY_ADMISSION: {"color": "black", "linestyle": ":", "linewidth": 2},
 }
 
 
 def load(spec: str, page_size: int, block_size: int) -> tuple[str, Workload]:
-    if spec.startswith(SYNTHETIC) and spec[len(SYNTHETIC) :] not in GENERATORS:
-        raise click.BadParameter(f"{spec}: choose one of {SYNTHETIC}{f', {SYNTHETIC}'.join(GENERATORS)}")
+    if spec.startswith(SYNTHETIC) and spec[len(SYNTHETIC) :].partition("@")[0] not in GENERATORS:
+        kinds = f", {SYNTHETIC}".join(GENERATORS)
+        raise click.BadParameter(f"{spec}: choose one of {SYNTHETIC}{kinds}, each with an optional @SEED")
     try:
         return load_trace(spec, page_size, block_size)
     except RadixCacheError as exc:
@@ -201,7 +203,7 @@ def main(
         raise click.BadParameter(f"--fractions {fractions!r}: expected numbers like 0.05,0.1") from None
     if use_ray and importlib.util.find_spec("ray") is None:
         raise click.ClickException("--ray needs Ray, which is not installed: pip install ray")
-    bounds = [BELADY, DEAD_LRU] if dead_bound else [BELADY]
+    bounds = [BELADY, BELADY_ADMISSION, DEAD_LRU] if dead_bound else [BELADY, BELADY_ADMISSION]
     loaded = [load(spec, page_size, block_size) for spec in traces]
     cells = [
         cell

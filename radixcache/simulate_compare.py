@@ -1,0 +1,105 @@
+"""Every policy and both Belady bounds on one trace at one capacity, in one table (`simulate --policies all`).
+
+The online policies (and, with `admission`, each of them under that admission policy) and the infinite cache are
+fed in one pass over the trace; each offline bound reads it once more for its oracle, then replays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from radixcache.admission import AdmissionPolicy
+from radixcache.errors import RadixCacheError
+from radixcache.policies import ALL_POLICIES
+from radixcache.simulate import (
+    BELADY,
+    BELADY_ADMISSION,
+    BOUND_LABELS,
+    CacheReplay,
+    InfiniteReplay,
+    Replayable,
+    SimResult,
+    _drive,
+    simulate,
+    simulate_infinite,
+    trace_span,
+)
+
+#: the offline runs `--policies all` adds, in table order
+BOUNDS = (BELADY, BELADY_ADMISSION)
+
+
+@dataclass(frozen=True, slots=True)
+class ComparedRun:
+    """One row: a policy (`kind` "policy"), an offline bound ("bound") or the infinite cache ("infinite")."""
+
+    name: str
+    kind: str
+    label: str
+    result: SimResult
+
+    def as_dict(self) -> dict:
+        r = self.result
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "label": self.label,
+            "hit_rate": r.hit_rate,
+            "block_hit_rate": r.block_hit_rate,
+            "hit_tokens": r.hit_tokens,
+            "evicted_blocks": r.evicted_blocks,
+            "declined_pages": r.declined_pages,
+            "seconds": r.seconds,
+        }
+
+
+def policy_names(spec: str) -> list[str]:
+    """The policies a `--policies` value names: "all", or names separated by commas."""
+    if spec.strip().lower() == "all":
+        return sorted(ALL_POLICIES)
+    names = [name.strip().lower() for name in spec.split(",") if name.strip()]
+    unknown = [name for name in names if name not in ALL_POLICIES]
+    if unknown or not names:
+        raise RadixCacheError(
+            f"--policies: unknown policy {unknown[0] if unknown else spec!r}; give 'all' or names from "
+            f"{', '.join(sorted(ALL_POLICIES))} separated by commas"
+        )
+    return list(dict.fromkeys(names))
+
+
+def compare(
+    workload: Replayable,
+    capacity_blocks: int,
+    policies: Sequence[str],
+    *,
+    concurrency: int = 1,
+    admission: str | AdmissionPolicy | None = None,
+    bounds: Sequence[str] = BOUNDS,
+    infinite: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> list[ComparedRun]:
+    """Replay `workload` under each of `policies` (each with `admission` too, when given), the offline `bounds`
+    and the infinite cache; rows in that order. A `reuse` admission needs the `reuse` policy: it is run only
+    beside that one."""
+    replays: list[tuple[str, CacheReplay]] = []
+    for name in policies:
+        replays.append((name, CacheReplay(workload, capacity_blocks, name, concurrency=concurrency, windows=1)))
+        if admission is not None and (admission != "reuse" or name == "reuse"):
+            replay = CacheReplay(
+                workload, capacity_blocks, name, concurrency=concurrency, windows=1, admission=admission
+            )
+            replays.append((f"{name} + admission {replay.admission.name}", replay))  # type: ignore[union-attr]
+    unbounded = InfiniteReplay(workload, concurrency=concurrency, windows=1, span=trace_span(workload))
+    feeds: list = [replay for _, replay in replays]
+    _drive(workload, [*feeds, unbounded] if infinite else feeds, progress)
+    rows = [ComparedRun(name, "policy", name, replay.result()) for name, replay in replays]
+    for bound in bounds:
+        result = simulate(workload, capacity_blocks, bound, concurrency=concurrency, windows=1)
+        rows.append(ComparedRun(bound, "bound", BOUND_LABELS[bound], result))
+    if infinite:
+        result = (
+            simulate_infinite(workload, concurrency=concurrency, windows=1) if unbounded.broken else unbounded.result()
+        )
+        rows.append(ComparedRun("infinite", "infinite", "bound: infinite cache", result))
+    return rows

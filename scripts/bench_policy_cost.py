@@ -1,0 +1,70 @@
+"""What each eviction policy costs per request in the simulator, against LRU on the same replay.
+
+Each trace is loaded once; then, per capacity, every policy replays it `--repeats` times in turn (interleaved, so
+a noisy minute hits all of them alike) and the median replay time is divided by LRU's. The replay time is what
+`SimResult.seconds` measures: matching, locking, allocating (with the evictions it triggers) and inserting,
+without reading the trace. Run it alone: two busy processes on two cores distort every ratio.
+
+Example:
+    .venv/bin/python scripts/bench_policy_cost.py ../shared/traces/mooncake_synthetic_trace.jsonl synthetic:chat
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from radixcache.policies import ALL_POLICIES
+from radixcache.simulate import simulate
+from radixcache.simulate_sweep import capacities_for, load_trace
+
+
+@click.command()
+@click.argument("traces", nargs=-1, required=True)
+@click.option(
+    "--fractions", default="0.02,0.05,0.1,0.2", show_default=True, help="Capacities, as shares of unique blocks."
+)
+@click.option("--policies", default="lru,reuse,cost,lfu", show_default=True, help="Policies to time (lru is the base).")
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1))
+@click.option("--page-size", default=16, show_default=True, type=click.IntRange(min=1), help="For token traces.")
+@click.option("--block-size", default=512, show_default=True, type=click.IntRange(min=1), help="For hash traces.")
+def main(traces: tuple[str, ...], fractions: str, policies: str, repeats: int, page_size: int, block_size: int) -> None:
+    names = ["lru", *[p for p in policies.split(",") if p and p != "lru"]]
+    unknown = [p for p in names if p not in ALL_POLICIES]
+    if unknown:
+        raise click.BadParameter(f"unknown policy {unknown[0]!r}; choose from {', '.join(sorted(ALL_POLICIES))}")
+    fracs = [float(f) for f in fractions.split(",") if f]
+    table = Table(title=f"replay time per policy, median of {repeats}, against LRU")
+    for column in ("trace", "capacity", "% of unique", *[f"{n} ms/request" for n in names], *names[1:]):
+        table.add_column(column, justify="right")
+    worst: dict[str, float] = {}
+    for spec in traces:
+        name, workload = load_trace(spec, page_size, block_size)
+        requests = len(workload.requests)
+        for fraction, capacity in zip(fracs, capacities_for(workload, fracs), strict=False):
+            seconds: dict[str, list[float]] = {n: [] for n in names}
+            for _ in range(repeats):
+                for policy in names:
+                    seconds[policy].append(simulate(workload, capacity, policy, windows=1).seconds)
+            median = {n: statistics.median(s) for n, s in seconds.items()}
+            ratios = {n: median[n] / median["lru"] for n in names[1:]}
+            for n, ratio in ratios.items():
+                worst[n] = max(worst.get(n, 0.0), ratio)
+            table.add_row(
+                name,
+                f"{capacity:,}",
+                f"{fraction:.0%}",
+                *[f"{median[n] / requests * 1e3:.3f}" for n in names],
+                *[f"{ratios[n]:.2f}x" for n in names[1:]],
+            )
+    console = Console()
+    console.print(table)
+    for n, ratio in worst.items():
+        console.print(f"{n}: at most {ratio:.2f}x LRU's time per request")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Admission in the simulator: the two Belady bounds, admission policies in a replay, and `simulate --policies`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from radixcache.admission import AdmissionPolicy, AdmissionRequest
+from radixcache.cli.main import main
+from radixcache.errors import RadixCacheError
+from radixcache.simulate import BELADY, BELADY_ADMISSION, evaluate, simulate, simulate_infinite
+from radixcache.simulate_compare import compare
+from radixcache.simulate_workload import SimRequest, Workload, token_workload
+from radixcache.synthetic import multi_turn_chat, rag
+
+
+def _workload(*prompts: list[int]) -> Workload:
+    requests = tuple(SimRequest(float(i), tuple(p), (), len(p)) for i, p in enumerate(prompts))
+    return Workload(requests, 1, 1, "token")
+
+
+def test_the_admission_bound_lets_a_dead_request_skip_the_cache() -> None:
+    """Capacity 3. [1, 2], then [3, 4, 5] (never read again), then [1, 2]. Resident, the middle request must hold
+    all three blocks, so [1, 2] is gone by the third request: 0 of 7 tokens hit. With admission, its pages are
+    computed and dropped, and [1, 2] stays: 2 of 7."""
+    w = _workload([1, 2], [3, 4, 5], [1, 2])
+    resident = simulate(w, 3, BELADY, check=True)
+    admitted = simulate(w, 3, BELADY_ADMISSION, check=True)
+    assert (resident.hit_tokens, admitted.hit_tokens) == (0, 2)
+    assert admitted.policy == BELADY_ADMISSION and resident.policy == BELADY
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("capacity", [40, 150])
+def test_bounds_are_ordered_lru_resident_admission_infinite(seed: int, capacity: int) -> None:
+    w = token_workload(multi_turn_chat(conversations=15, seed=seed), page_size=4)
+    lru = simulate(w, capacity, "lru").hit_rate
+    resident = simulate(w, capacity, BELADY, check=True).hit_rate
+    admitted = simulate(w, capacity, BELADY_ADMISSION, check=True).hit_rate
+    infinite = simulate_infinite(w).hit_rate
+    assert lru <= resident + 1e-12 <= admitted + 2e-12 <= infinite + 3e-12
+
+
+def test_the_admission_bound_holds_with_requests_in_flight() -> None:
+    w = token_workload(rag(queries=60, documents=12, seed=4), page_size=8)
+    for concurrency in (1, 3):
+        resident = simulate(w, 120, BELADY, concurrency=concurrency, check=True).hit_rate
+        admitted = simulate(w, 120, BELADY_ADMISSION, concurrency=concurrency, check=True).hit_rate
+        assert resident <= admitted + 1e-12
+
+
+class _DeclineAll(AdmissionPolicy):
+    name = "decline-all"
+
+    def decide(self, request: AdmissionRequest) -> int:
+        return 0
+
+
+def test_an_admission_policy_that_declines_everything_caches_nothing_and_keeps_the_invariants() -> None:
+    w = token_workload(multi_turn_chat(conversations=8, seed=5), page_size=4)
+    result = simulate(w, 200, "lru", admission=_DeclineAll(), concurrency=2, check=True)
+    assert result.hit_tokens == 0 and result.evicted_blocks == 0
+    assert result.admission == "decline-all" and result.declined_pages > 0
+    everything = simulate(w, 200, "lru", admission="all", check=True)
+    assert everything.hit_tokens == simulate(w, 200, "lru").hit_tokens and everything.declined_pages == 0
+
+
+def test_reuse_admission_in_a_replay_keeps_the_invariants_and_reports_its_bound() -> None:
+    w = token_workload(rag(queries=200, documents=40, seed=6), page_size=16)
+    report = evaluate(w, 150, "reuse", admission="reuse", belady=True, belady_admission=True)
+    out = report.as_dict()
+    assert out["admission"] == "reuse" and out["belady_admission_hit_rate"] >= out["belady_hit_rate"] - 1e-12
+    assert set(out["bounds"]) == {BELADY, BELADY_ADMISSION}
+    assert simulate(w, 150, "reuse", admission="reuse", check=True).hit_rate == out["hit_rate"]
+    with pytest.raises(RadixCacheError, match="offline bound"):
+        simulate(w, 150, BELADY, admission="all")
+
+
+def test_compare_gives_every_policy_and_both_bounds() -> None:
+    w = token_workload(multi_turn_chat(conversations=10, seed=7), page_size=4)
+    rows = compare(w, 100, ["lru", "reuse"], admission="reuse")
+    names = [row.name for row in rows]
+    assert names == ["lru", "reuse", "reuse + admission reuse", BELADY, BELADY_ADMISSION, "infinite"]
+    by_name = {row.name: row.result.hit_rate for row in rows}
+    assert by_name["lru"] == simulate(w, 100, "lru").hit_rate
+    assert by_name[BELADY] == simulate(w, 100, BELADY).hit_rate
+    assert by_name[BELADY] <= by_name[BELADY_ADMISSION] + 1e-12 <= by_name["infinite"] + 2e-12
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture
+def chat(tmp_path: Path) -> Path:
+    path = tmp_path / "chat.jsonl"
+    code, out, err = _run("trace", "gen", "chat", str(path), "--count", "15", "--set", "turns=2,4")
+    assert code == 0, out + err
+    return path
+
+
+def test_simulate_policies_all_prints_every_policy_and_both_bounds_labelled(chat: Path) -> None:
+    code, out, _ = _run("simulate", str(chat), "--capacity-blocks", "200", "--page-size", "4", "--policies", "all")
+    assert code == 0, out
+    for name in ("lru", "lfu", "fifo", "slru", "cost", "reuse", "belady", "belady-admission", "infinite"):
+        assert name in out
+    assert "resident" in out and "admission" in out
+    code, out, _ = _run(
+        "simulate", str(chat), "--capacity-blocks", "200", "--page-size", "4", "--policies", "lru,reuse", "--json"
+    )
+    assert code == 0, out
+    runs = json.loads(out)["runs"]
+    assert [r["name"] for r in runs] == ["lru", "reuse", "belady", "belady-admission", "infinite"]
+    assert [r["kind"] for r in runs] == ["policy", "policy", "bound", "bound", "infinite"]
+
+
+def test_simulate_admission_flags_and_their_errors(chat: Path) -> None:
+    base = ("simulate", str(chat), "--capacity-blocks", "200", "--page-size", "4")
+    code, out, _ = _run(*base, "--policy", "reuse", "--admission", "reuse", "--belady", "--belady-admission", "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["admission"] == "reuse" and "belady_admission_hit_rate" in report and "belady_hit_rate" in report
+    code, _, err = _run(*base, "--admission", "reuse")
+    assert code == 2 and "--policy reuse" in err
+    code, _, err = _run(*base, "--policies", "lru,nope")
+    assert code == 1 and "nope" in err
+    code, _, err = _run(*base, "--policies", "all", "--belady")
+    assert code == 2 and "already includes" in err
+
+
+def test_a_synthetic_trace_can_be_swept_at_a_held_out_seed() -> None:
+    from radixcache.simulate_sweep import load_trace
+
+    name, held_out = load_trace("synthetic:chat@1", 16, 512)
+    _, default = load_trace("synthetic:chat", 16, 512)
+    assert name == "chat@1" and held_out.requests != default.requests
+    assert load_trace("synthetic:chat@0", 16, 512)[1].requests == default.requests
+    with pytest.raises(RadixCacheError, match="seed"):
+        load_trace("synthetic:chat@x", 16, 512)
+
+
+def test_a_recorded_request_holds_the_page_it_was_writing_while_it_runs(tmp_path: Path) -> None:
+    """Pages of 4 tokens, a pool of 4. A: 8 prompt tokens (ids 1, 2) and one output page (3): it looks up page 1,
+    inserts 1, 2, 3, and holds a fourth block for its partial page while it runs. B: 12 tokens (1, 2, 5) hits 1, 2
+    and needs page 5 plus its own partial page: two blocks, one free, so page 3 is evicted. An engine does the same."""
+    from radixcache.simulate_workload import load_workload
+
+    lines = [
+        {"timestamp": 0, "input_length": 8, "output_length": 4, "hash_ids": [1, 2], "output_hash_ids": [3]},
+        {"timestamp": 1, "input_length": 12, "output_length": 1, "hash_ids": [1, 2, 5], "output_hash_ids": []},
+    ]
+    path = tmp_path / "recorded.jsonl"
+    path.write_text("".join(json.dumps({**line, "block_size": 4}) + "\n" for line in lines))
+    workload = load_workload(str(path))
+    assert all(r.holds_tail for r in workload.requests)
+    result = simulate(workload, 4, "lru", check=True)
+    assert (result.hit_tokens, result.evicted_blocks) == (8, 1)
+    assert simulate(workload, 5, "lru", check=True).evicted_blocks == 0
