@@ -8,6 +8,8 @@ import click
 
 from radixcache.cli.errors import FriendlyCommand, debug_option
 from radixcache.cli.replay import (
+    admission_option,
+    check_admission,
     engine_kwargs,
     kv_options,
     load_engine_model,
@@ -28,6 +30,7 @@ COMMANDS = "/exit to leave, /reset to start over"
 @click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed (turn i uses seed + i).")
 @click.option("--no-cache", is_flag=True, help="Disable the prefix cache (every turn prefills its whole history).")
 @kv_options
+@admission_option
 @tier_options
 @speed_options
 @debug_option
@@ -42,6 +45,7 @@ def chat(
     capacity_blocks: int | None,
     kv_memory: str | None,
     page_size: int,
+    admission: str,
     host_kv_memory: str | None,
     cache_dir: str | None,
     cache_dir_size: str,
@@ -63,11 +67,14 @@ def chat(
 
     kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
     kwargs |= tier_kwargs(host_kv_memory, cache_dir, cache_dir_size, write_policy)
+    kwargs["admission"] = check_admission(admission, policy)
     engine = Engine(load_engine_model(model, quant), enable_cache=not no_cache, **kwargs)
     interactive = sys.stdin.isatty()
     if interactive:
         click.echo(f"chatting with {engine.config.name} ({COMMANDS})", err=True)
-    session = engine.session(system=system, max_new_tokens=max_tokens, temperature=temperature)
+    # A live conversation: every turn's pages are read by the next one, whatever the admission policy predicts.
+    turn_kwargs = {"max_new_tokens": max_tokens, "temperature": temperature, "retain": "conversation"}
+    session = engine.session(system=system, **turn_kwargs)
     try:
         turn = 0
         while True:
@@ -80,7 +87,7 @@ def chat(
             if text in ("/exit", "/quit"):
                 break
             if text == "/reset":
-                session = engine.session(system=system, max_new_tokens=max_tokens, temperature=temperature)
+                session = engine.session(system=system, **turn_kwargs)
                 click.echo("(history cleared; the cache keeps what it holds)", err=True)
                 continue
             if not text:

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from radixcache.cli.errors import EXIT_INTERRUPTED, FriendlyCommand, debug_option, fail
+from radixcache.cli.record import CONCURRENT_NOTE, check_record_path, record_option, simulate_command
 from radixcache.cli.replicas import cluster_engine, replica_options, replica_table
 from radixcache.policies import ALL_POLICIES
 from radixcache.trace import FORMATS
@@ -46,6 +47,34 @@ def kv_options(func: Callable) -> Callable:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def admission_option(func: Callable) -> Callable:
+    """--admission: how many of each request's pages the tree adopts (radixcache.admission), for replay, chat and
+    serve."""
+    from radixcache.admission import ADMISSION_POLICIES
+
+    return click.option(
+        "--admission",
+        default="all",
+        show_default=True,
+        type=click.Choice(sorted(ADMISSION_POLICIES)),
+        help="Admission policy: how many of each request's pages the cache adopts (all: every one); the pages it "
+        "declines are freed when the request ends instead of waiting for eviction.",
+    )(func)
+
+
+def check_admission(admission: str, policy: str) -> str:
+    """`admission` itself when it works with the eviction `policy` (a learned admission may need its own eviction
+    policy); otherwise a bad-option error, before the model loads."""
+    from radixcache.admission import make_admission
+    from radixcache.policies import make_policy
+
+    try:
+        make_admission(admission, eviction=make_policy(policy))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--admission'") from None
+    return admission
 
 
 def tier_options(func: Callable) -> Callable:
@@ -170,6 +199,7 @@ def load_engine_model(spec: str, quant: str = "none") -> Any:
 @click.option("--no-cache", is_flag=True, help="Run with the prefix cache disabled (the baseline).")
 @click.option("--compare", is_flag=True, help="Run with and without the cache; print both and their ratios.")
 @kv_options
+@admission_option
 @tier_options
 @speed_options
 @replica_options
@@ -185,6 +215,7 @@ def load_engine_model(spec: str, quant: str = "none") -> Any:
 @click.option("--mode", default="live", show_default=True, type=click.Choice(["live", "recorded"]))
 @click.option("--honor-timestamps", is_flag=True, help="Start each request at its trace time (token traces).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary and every request here.")
+@record_option
 @click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed (request i uses seed + i).")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="0 is greedy.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Trace format [default: detect].")
@@ -199,6 +230,7 @@ def replay(
     capacity_blocks: int | None,
     kv_memory: str | None,
     page_size: int,
+    admission: str,
     host_kv_memory: str | None,
     cache_dir: str | None,
     cache_dir_size: str,
@@ -215,6 +247,7 @@ def replay(
     mode: str,
     honor_timestamps: bool,
     json_path: str | None,
+    record_trace: str | None,
     seed: int,
     temperature: float,
     fmt: str | None,
@@ -245,8 +278,12 @@ def replay(
 
     if compare and no_cache:
         raise click.UsageError("--compare already runs without the cache; drop --no-cache")
+    if record_trace is not None and (compare or replicas is not None):
+        raise click.UsageError("--record-trace records one engine's run: drop --compare and --replicas")
+    check_record_path(record_trace)
     kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
     kwargs |= tier_kwargs(host_kv_memory, cache_dir, cache_dir_size, write_policy)
+    kwargs["admission"] = check_admission(admission, policy)
     config = ReplayConfig(
         mode=mode,
         max_tokens=max_tokens,
@@ -276,7 +313,10 @@ def replay(
             results = [outcome.cached, outcome.uncached]
         else:
             start("no cache" if no_cache else "cache")
-            outcome = replay_run(make_engine(not no_cache), loaded_trace, config, on_result=on_result, on_warning=warn)
+            engine = make_engine(not no_cache)
+            outcome = replay_run(
+                engine, loaded_trace, config, on_result=on_result, on_warning=warn, record_trace=record_trace
+            )
             results = [outcome]
     if json_path:
         with open(json_path, "w", encoding="utf-8") as handle:
@@ -300,6 +340,13 @@ def replay(
         console.print(f"generated text with and without the cache: {same}")
     if json_path:
         click.echo(f"wrote {json_path}", err=True)
+    if record_trace is not None:
+        click.echo(f"recorded {record_trace}", err=True)
+        if not no_cache:
+            command = simulate_command(record_trace, first, kwargs.get("admission"))
+            click.echo(f"its hit rate through the tree alone: {command}", err=True)
+            if first.concurrency > 1:
+                click.echo(CONCURRENT_NOTE, err=True)
     interrupted = any(r.summary.interrupted for r in results)
     skipped = results[0].summary.skipped_too_long + results[0].summary.skipped_kv_full
     if interrupted:

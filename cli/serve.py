@@ -9,7 +9,10 @@ from typing import Any
 import click
 
 from radixcache.cli.errors import FriendlyCommand, debug_option
+from radixcache.cli.record import check_record_path, record_option
 from radixcache.cli.replay import (
+    admission_option,
+    check_admission,
     engine_kwargs,
     kv_options,
     load_engine_model,
@@ -49,6 +52,7 @@ def _check_bind(host: str, port: int) -> None:
     help="Serve /metrics without a key even under --api-key (by default it needs one, like /v1).",
 )
 @kv_options
+@admission_option
 @tier_options
 @speed_options
 @click.option("--schedule", default="lpm", show_default=True, type=click.Choice(["lpm", "fcfs", "dfs-weight"]))
@@ -94,6 +98,7 @@ def _check_bind(host: str, port: int) -> None:
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
 @click.option("--no-cache", is_flag=True, help="Disable prefix reuse (the baseline for benchmarks).")
 @click.option("--log-level", default="warning", show_default=True, type=click.Choice(["debug", "info", "warning"]))
+@record_option
 @debug_option
 def serve(
     model: str,
@@ -106,6 +111,7 @@ def serve(
     capacity_blocks: int | None,
     kv_memory: str | None,
     page_size: int,
+    admission: str,
     host_kv_memory: str | None,
     cache_dir: str | None,
     cache_dir_size: str,
@@ -127,6 +133,7 @@ def serve(
     device: str,
     no_cache: bool,
     log_level: str,
+    record_trace: str | None,
     debug: bool,
 ) -> None:
     """Serve the model over OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models), with /health
@@ -151,6 +158,9 @@ def serve(
     if any(not k.strip() for k in api_keys):
         raise click.BadParameter("an API key cannot be empty", param_hint="'--api-key'")
     _check_bind(host, port)
+    if record_trace is not None and replicas is not None:
+        raise click.UsageError("--record-trace records one engine: drop --replicas")
+    check_record_path(record_trace)
     options = {
         "schedule": schedule,
         "max_prefill_tokens": max_prefill_tokens,
@@ -159,6 +169,7 @@ def serve(
         "queue_timeout": queue_timeout,
         "dtype": dtype,
         "device": device,
+        "admission": check_admission(admission, policy),
         **kwargs,
     }
     engine: Any
@@ -170,6 +181,8 @@ def serve(
         engine = Engine(load_engine_model(model, quant), enable_cache=not no_cache, **options)
     if engine.tokenizer is None:
         raise ValueError(f"{model}: the server needs a model with a tokenizer")
+    if record_trace is not None:
+        engine.record_trace(record_trace)  # closed by engine.close below, after the last request left
     name = served_model_name or model
     app = create_app(
         engine,
@@ -190,6 +203,8 @@ def serve(
     finally:
         signal.signal(signal.SIGTERM, previous)
         engine.close(30)  # nothing is in flight after uvicorn's drain; queued disk-tier writes finish here
+    if record_trace is not None:
+        click.echo(f"recorded {record_trace}", err=True)
     click.echo("server stopped", err=True)
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixcache import CacheStats, RadixCache
+from radixcache.admission import AdmissionPolicy, check_retain, make_admission
 from radixcache.runtime.engine.admission import QueueGate
 from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
@@ -33,6 +34,7 @@ from radixcache.runtime.engine.request import GenerationResult, Request
 from radixcache.runtime.engine.runner import ModelRunner
 from radixcache.runtime.engine.sampling import Sampler, SamplingParams, stop_token_set
 from radixcache.runtime.engine.scheduler import Scheduler, SchedulerConfig
+from radixcache.runtime.engine.trace_recorder import TraceRecorder
 from radixcache.runtime.kv.events import KVEventLog
 from radixcache.runtime.kv.fingerprint import file_digest, kv_fingerprint, weights_digest
 from radixcache.runtime.kv.manager import KVManager
@@ -84,6 +86,7 @@ class EngineStats:
     pinned_blocks: int = 0
     steps: int = 0
     tiers: TierCounters | None = None  # per-tier hits and page moves, with a host tier or a cache directory
+    admission_declined_pages: int = 0  # computed full pages the admission policy kept out of the tree (freed)
 
     @property
     def hit_rate(self) -> float:
@@ -118,6 +121,10 @@ class Engine:
     that is measured cheaper than recomputing it), "always" or "never". `flush()` waits for queued disk writes.
     `kv_events=True` keeps `events` (runtime.kv.events.KVEventLog): the keys of the pages the tree adopts and evicts,
     in numbered batches, for a router's index.
+    Admission (radixcache.admission): `admission` ("all", the default: adopt every page; another name in
+    ADMISSION_POLICIES, or an AdmissionPolicy) decides how many of each request's pages the tree adopts; the rest
+    are freed when the request leaves (`stats.admission_declined_pages`). A request's `retain="conversation"` makes
+    the tree adopt all of its pages whatever the policy predicts.
 
     Thread-safe: every call submits to one engine loop thread that owns the cache and the pool.
     """
@@ -152,8 +159,11 @@ class Engine:
         write_policy: str = "write_through",
         load_back: str = "auto",
         kv_events: bool = False,
+        admission: str | AdmissionPolicy | None = "all",
     ) -> None:
         torch_dtype = resolve_dtype(dtype)
+        retention = RetentionPolicy(policy)  # the cache's eviction order, which a "reuse" admission learns from
+        admission_policy = make_admission(admission, eviction=retention)  # a bad name fails before the model loads
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}, got {write_policy!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -184,7 +194,7 @@ class Engine:
         if not 0.0 <= max_pinned_fraction <= 1.0:
             raise ValueError(f"max_pinned_fraction must be in [0, 1], got {max_pinned_fraction}")
         self.max_pinned_blocks = int(capacity_blocks * max_pinned_fraction)
-        self.retention = RetentionPolicy(policy)
+        self.retention = retention
         self.cache = RadixCache(capacity_blocks, page_size, self.retention)
         self.pool = self.model.new_pool(capacity_blocks, page_size)
         self.tiers = None
@@ -211,7 +221,9 @@ class Engine:
             max_pinned_blocks=self.max_pinned_blocks,
             tiers=self.tiers,
             events=self.events,
+            admission=admission_policy,
         )
+        self.admission = admission_policy
         self.mirror = self._make_mirror(mirror_memory)
         self.enable_cache = enable_cache
         tok_eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
@@ -263,6 +275,8 @@ class Engine:
         min_p: float = 0.0,
         logit_bias: dict[int, float] | Sequence[tuple[int, float]] | None = None,
         logprobs: int | None = None,
+        retain: str | None = None,
+        session: str | None = None,
     ) -> Any:
         """Continue `prompt` (text, or token ids); a list of prompts runs them concurrently and returns a list.
 
@@ -275,6 +289,9 @@ class Engine:
         `repetition_penalty` (over prompt and generated tokens, > 0), `min_p` ([0, 1]), `logit_bias` (`{token_id:
         bias}`, bias in [-100, 100]; applied to greedy too); `logprobs=k` (0..20) fills the result's `logprobs` with
         each token's raw log-probability and the top k (SamplingParams documents the order of processing).
+        `retain="conversation"`: the next turn of this live conversation will read its pages (prompt and reply), so
+        the tree adopts every one of them whatever the engine's admission policy predicts (None: no hint).
+        `session`: the conversation the request belongs to, written as its `session_id` by `record_trace`.
         """
         kw = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
         handles = self.submit(prompt, **kw)
@@ -377,6 +394,7 @@ class Engine:
         idle = self._loop.wait_idle(timeout)
         if idle and self.tiers is not None:  # the disk writes still queued finish (a restart then finds them)
             self.tiers.close(timeout)
+        self.record_trace(None)  # a recording writes what it still holds and closes its file
         return idle
 
     def flush(self, timeout: float | None = 30.0) -> bool:
@@ -385,6 +403,18 @@ class Engine:
         if self.tiers is None or self.tiers.disk is None:
             return False
         return self.tiers.disk.flush(timeout)
+
+    def record_trace(self, path: str | os.PathLike[str] | None) -> TraceRecorder | None:
+        """Write every request that leaves from now on to `path`, one Mooncake-format JSONL line each: arrival time,
+        lengths, chained page hashes at this engine's page size, the `session` given to `generate` (no text, no token
+        id; runtime.engine.trace_recorder). `None` stops the recording and closes its file, as `close()` does.
+        Returns the new recorder (its `written` counts lines), or None. A path that cannot be opened raises OSError;
+        a write that fails later stops the recording with one warning, never a request."""
+        recorder = TraceRecorder(path, self.cache.page_size, self.fingerprint) if path is not None else None
+        previous, self._loop.recorder = self._loop.recorder, recorder
+        if previous is not None:
+            previous.close()
+        return recorder
 
     def __enter__(self) -> Engine:
         return self
@@ -447,6 +477,7 @@ class Engine:
             pinned_blocks=self.kv.pins.blocks,
             steps=s.steps,
             tiers=None if self.tiers is None else self.tiers.counters,
+            admission_declined_pages=self.kv.declined_pages,
         )
 
     def __repr__(self) -> str:
@@ -554,6 +585,8 @@ class Engine:
         min_p: float = 0.0,
         logit_bias: dict[int, float] | Sequence[tuple[int, float]] | None = None,
         logprobs: int | None = None,
+        retain: str | None = None,
+        session: str | None = None,
     ) -> Request:
         """A validated Request (generate's arguments); raises ValueError before anything is queued."""
         if self._closed:
@@ -581,6 +614,7 @@ class Engine:
         if params.logit_bias and (top := params.logit_bias[-1][0]) >= self.config.vocab_size:  # sorted: largest last
             raise ValueError(f"logit_bias token id {top} is outside the vocabulary [0, {self.config.vocab_size})")
         _check_namespace(namespace)
+        check_retain(retain)
         ids = self._encode(prompt)
         pin_tokens = len(ids) if pin is True else int(pin)
         if pin_tokens and pin_tokens // self.cache.page_size > self.max_pinned_blocks:
@@ -600,6 +634,8 @@ class Engine:
             deadline=None if timeout is None else t0 + timeout,
             pin=pin_tokens,
             retention=retention,
+            retain=retain,
+            session=session,
         )
 
     def _submit_group(self, reqs: list[Request]) -> list[RequestHandle]:

@@ -77,7 +77,8 @@ class Request:
     """One sequence's state from admission to release.
 
     Block table: `block_table[j]` holds positions `[j * P, (j + 1) * P)`. Its first `tree_blocks` entries
-    belong to the radix tree (the locked match); the rest are held by this request until release.
+    belong to the radix tree (the locked match); the rest are held by this request until release. Pages past
+    `admit_limit` (the admission policy's answer) never go to the tree: they stay held and are freed when it leaves.
     `num_kv` counts the leading positions of `prompt_ids + output_ids` whose K/V are in those pages; the
     last generated token's K/V is never computed, so `num_kv <= len(all_ids) - 1` once decoding starts.
     A preempted request goes back to WAITING holding nothing; it resumes by prefilling `all_ids[:-1]` (mostly
@@ -113,12 +114,16 @@ class Request:
     pinned_tokens: int = 0  # tokens the pin actually locked (0: no pin, or refused)
     cached_cap: int | None = None  # report at most this many cached tokens (fork: what was cached before the call)
     retention: int = 0  # retention priority of the prompt's KV (radixcache.runtime.kv.retention)
+    retain: str | None = None  # admission hint: "conversation" (the next turn reads every page) or None
+    found_pages: int = 0  # pages found cached at the first admission (what admission may never decline)
+    admit_limit: int | None = None  # pages (from the root) the tree may adopt; decided once (kv.manager)
     t_admitted: float | None = None
     wait_steps: int = 0
     preemptions: int = 0
     recomputed_tokens: int = 0
     computed_max: int = 0  # the most positions whose K/V were ever computed (recomputation accounting)
     page_chain: PageChain | None = field(default=None, repr=False)  # page hashes for the tiers (kv.tiering)
+    session: str | None = None  # the caller's conversation id (the `session_id` of a recorded trace line)
     error: BaseException | None = None
     listener: Callable[[Request], None] | None = field(default=None, repr=False)
 

@@ -15,7 +15,7 @@ requests as the step's token budget allows (mixed batches, chunked prefill). Req
   any request that has waited `max_wait_steps` steps or `max_wait_s` seconds first, in arrival order.
 - In-batch sharing (cache-aware schedules): a waiting request that shares at least one uncached page with a
   request still being prefilled waits (a bounded time: the starvation guard) until those pages are committed,
-  then hits them.
+  then hits them; never for pages past that request's admission limit (kv.manager), which are not committed.
 - Admission is bounded by free + evictable blocks, keeping one page of headroom per running decode. When a
   decode needs a page and none can be evicted, the lowest-priority running request (newest first) is
   preempted: its computed KV goes to the tree, its blocks are released, and it is resumed later from the cache.
@@ -381,7 +381,9 @@ class Scheduler:
                 continue
             theirs = as_token_array(other.all_ids[: other.prefill_end])
             shared = common_prefix_length(theirs, mine, 0)
-            if shared - shared % p > max(cached, other.tree_blocks * p):
+            floor = max(cached, other.tree_blocks * p)
+            # Pages past the other's admission limit never reach the tree: waiting for them would be in vain.
+            if shared - shared % p > floor and self.kv.admission_limit(other) * p > floor:
                 return True
         return False
 

@@ -10,15 +10,24 @@ them (each prefill chunk, each page a decode fills), still locked by the request
 meanwhile matches them like any cached prefix. A page that another request inserted first replaces our duplicate
 (the tree frees ours) and the request's block table follows the tree. Preemption gives a running request's
 computed KV to the tree (evictable, so that its resumption hits it if it survives) and puts it back to WAITING.
+
+Admission (radixcache.admission): the tree adopts a request's pages only up to its `admit_limit`, the policy's
+answer, asked once per request, the first time its pages would go to the tree (its first commit, or its give-back,
+with the known total when it finished) and kept across preemptions. Pages past the limit stay the request's own
+blocks: it reads them while it runs, and they are freed when it leaves (a preempted request recomputes them). Pages
+already in the tree are never taken back, and only adopted pages go down the tiers and to the event log.
+`AdmitAll` (the default) adopts every page: the behaviour without admission control.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Hashable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
 
 from radixcache import RadixCache, TreeNode
+from radixcache.admission import AdmissionPolicy, AdmissionRequest, make_admission
 from radixcache.runtime.kv.pins import PinTable
 from radixcache.runtime.kv.retention import RetentionPolicy
 
@@ -42,6 +51,8 @@ class KVManager:
 
     With `enable_cache=False` it allocates and frees blocks the same way but never matches, commits or inserts,
     so nothing is reused (the baseline). `max_pinned_blocks`: the most pages pins may lock (kv.pins).
+    `admission`: how much of each request the tree adopts (a name in radixcache.admission.ADMISSION_POLICIES, a
+    policy, or None for "all"); `declined_pages` counts the computed full pages it declined (freed instead).
     """
 
     def __init__(
@@ -53,6 +64,7 @@ class KVManager:
         max_pinned_blocks: int = 0,
         tiers: KVTiers | None = None,
         events: KVEventLog | None = None,
+        admission: str | AdmissionPolicy | None = None,
     ) -> None:
         self.cache = cache
         self.tiers = tiers if enable_cache else None
@@ -61,6 +73,9 @@ class KVManager:
         self.page_size = cache.page_size
         self.retention = retention
         self.pins = PinTable(cache, max_pinned_blocks)
+        self.admission = make_admission(admission, eviction=cache.policy)
+        self.declined_pages = 0  # computed full pages the admission policy kept out of the tree (freed)
+        self._policy_failed = False  # warned once already
 
     def pages(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -126,6 +141,7 @@ class KVManager:
         req.num_kv = matched
         if req.preemptions == 0 and not resumed and req.t_admitted is None:
             req.cached_tokens = matched if req.cached_cap is None else min(matched, req.cached_cap)
+            req.found_pages = len(blocks) + loaded
             if tiers is not None:
                 host_loaded = min(loaded, len(host_hashes))
                 tiers.count_hits(len(blocks) * p, host_loaded * p, (loaded - host_loaded) * p)
@@ -158,6 +174,9 @@ class KVManager:
         full = req.num_kv // p
         if full <= req.tree_blocks:
             return
+        full = min(full, self.admission_limit(req))  # pages past the limit stay ours
+        if full <= req.tree_blocks:
+            return
         cache, ns = self.cache, req.namespace
         tokens = req.all_ids[: full * p]
         cached = cache.insert(tokens, req.block_table[:full], namespace=ns) // p
@@ -169,6 +188,36 @@ class KVManager:
             cache.unlock(old)
         req.block_table[req.tree_blocks : full] = _blocks_between(node, req.tree_blocks * p, p)
         req.tree_blocks = full
+
+    def admission_limit(self, req: Request, *, final: bool = False) -> int:
+        """Pages of a running request, counted from the root, that the tree may adopt. The admission policy is
+        asked once per request and its answer kept (preemptions included); `final`: the request has finished, so
+        its total (and its output length) is what it computed, not its most possible. A pin's pages are always
+        adopted (a pin needs them in the tree)."""
+        if req.admit_limit is None:
+            p = self.page_size
+            computed = req.num_kv // p
+            most = (len(req.prompt_ids) + req.params.max_new_tokens - 1) // p  # the last token's K/V never exists
+            total = computed if final else max(computed, most)
+            ask = AdmissionRequest(
+                namespace=req.namespace,
+                cached_pages=req.found_pages,
+                prompt_pages=len(req.prompt_ids) // p,
+                total_pages=total,
+                retain=req.retain,
+                timestamp=req.t_arrival * 1000.0,  # ms, on the engine's perf_counter clock
+                output_tokens=len(req.output_ids) if final else None,  # known only once it finished
+            )
+            try:
+                pages = int(self.admission.admit(ask))
+            except Exception as exc:  # a prediction must never fail a request or leak its pages: adopt them all
+                if not self._policy_failed:
+                    message = f"admission policy {self.admission.name!r} failed ({exc!r}); adopting every page"
+                    warnings.warn(message, RuntimeWarning, stacklevel=2)
+                    self._policy_failed = True
+                pages = total
+            req.admit_limit = max(pages, req.found_pages, req.pin // p)
+        return req.admit_limit
 
     def peek(self, tokens: Sequence[int], namespace: Hashable) -> tuple[int, TreeNode | None]:
         """Cached tokens of `tokens` (whole pages) and the deepest node reached, changing nothing (for ordering)."""
@@ -194,7 +243,7 @@ class KVManager:
         free what the tree did not take (the unaligned tail page and any unused page)."""
         if req.status is not Status.RUNNING:
             raise RuntimeError(f"request {req.rid} is {req.status.value}, not running")
-        self._give_back(req)
+        self._give_back(req, final=True)
         req.status = Status.FINISHED
 
     def preempt(self, req: Request) -> None:
@@ -203,7 +252,7 @@ class KVManager:
         if req.status is not Status.RUNNING:
             raise RuntimeError(f"request {req.rid} is {req.status.value}, not running")
         req.computed_max = max(req.computed_max, req.num_kv)
-        self._give_back(req)
+        self._give_back(req, final=False)
         req.num_kv = 0
         req.preemptions += 1
         req.status = Status.WAITING
@@ -223,28 +272,37 @@ class KVManager:
 
     # ------------------------------------------------------------------ private
 
-    def _give_back(self, req: Request) -> None:
+    def _give_back(self, req: Request, *, final: bool) -> None:
+        """Insert the request's computed KV up to its admission limit, free everything else, unlock."""
         if not self.enable_cache:
             self.abort(req, status=Status.RUNNING)
             return
-        cache = self.cache
+        cache, p = self.cache, self.page_size
         used = self.pages(req.num_kv)
         spare = req.block_table[used:]
         if spare:
             cache.free(spare)
             del req.block_table[used:]
-        if req.num_kv:
-            tokens = req.all_ids[: req.num_kv]
-            cached = cache.insert(tokens, req.block_table, namespace=req.namespace) // self.page_size
-            full = req.num_kv // self.page_size
-            self._adopted(req, tokens, cached, full)
-        # The tree now owns every full page (duplicates of cached pages went back to the free pool); only an
-        # unaligned tail page is still ours.
-        tail = req.block_table[-1:] if req.num_kv % self.page_size else []
+        full = req.num_kv // p
+        keep = full  # pages the tree adopts (or has): never fewer than it already has of ours
+        if full > req.tree_blocks:
+            keep = max(req.tree_blocks, min(full, self.admission_limit(req, final=final)))
+        # Every page is offered (the tail page too, which the tree leaves to us) unless some are declined.
+        n = req.num_kv if keep == full else keep * p
+        if n:
+            tokens = req.all_ids[:n]
+            _expect_output(cache.policy, len(req.output_ids) if final else None)
+            cached = cache.insert(tokens, req.block_table[: self.pages(n)], namespace=req.namespace) // p
+            _expect_output(cache.policy, None)  # spent, or unused when every page was in the tree already
+            self._adopted(req, tokens, cached, keep)
+        # The tree now owns the first `keep` pages (duplicates of cached pages went back to the free pool); the
+        # declined pages and an unaligned tail page are still ours.
+        mine = req.block_table[keep:]
+        self.declined_pages += full - keep
         req.block_table = []
         req.tree_blocks = 0
-        if tail:
-            cache.free(tail)
+        if mine:
+            cache.free(mine)
         self._unlock(req)
 
     def _adopted(self, req: Request, tokens: list[int], first: int, last: int) -> None:
@@ -280,3 +338,12 @@ def _blocks_between(node: TreeNode, start: int, page_size: int) -> list[int]:
         parts.append(n.blocks[skip:])
         n = n.parent
     return [b for part in reversed(parts) for b in part]
+
+
+def _expect_output(policy: object, output_tokens: int | None) -> None:
+    """Tell a policy that learns from output lengths (radixcache.reuse_policy, possibly behind the retention
+    wrapper's `base`) what the request about to insert generated; the simulator does the same for a trace."""
+    while policy is not None and not hasattr(policy, "expect"):
+        policy = getattr(policy, "base", None)
+    if policy is not None:
+        policy.expect(output_tokens)  # type: ignore[attr-defined]

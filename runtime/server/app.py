@@ -140,9 +140,13 @@ def create_app(
         max_tokens = min(body.limit(DEFAULT_MAX_TOKENS), context - longest)
         timeout = body.timeout if request_timeout is None else min(body.timeout or request_timeout, request_timeout)
         kwargs = {**body.sampling(), "namespace": namespace, "timeout": timeout}
+        if body.retain is not None:
+            kwargs["retain"] = body.retain
         session = body.user or (request.headers.get(SESSION_HEADER) if request is not None else None)
         if session and getattr(engine, "routes_sessions", False):  # replicas: a session sticks to one (per tenant)
             kwargs["session"] = f"{namespace}|{session}"
+        elif session:  # one engine: the `session_id` of its recorded trace (--record-trace)
+            kwargs["session"] = session
         return generation.Job(prompts, body.n, max(max_tokens, 0), kwargs)
 
     def token_bytes(token_id: int) -> bytes:

@@ -170,6 +170,12 @@ class ServerMetrics:
             ("radixcache_generation_tokens_total", "counter", "Tokens generated.", s.generated_tokens),
             ("radixcache_engine_requests_total", "counter", "Engine requests finished.", s.requests),
             ("radixcache_preemptions_total", "counter", "Requests preempted under memory pressure.", s.preemptions),
+            (
+                "radixcache_admission_declined_pages_total",
+                "counter",
+                "Computed KV pages the admission policy kept out of the cache (freed instead).",
+                s.admission_declined_pages,
+            ),
             ("radixcache_kv_blocks_capacity", "gauge", "KV pages in the pool.", s.capacity_blocks),
             ("radixcache_kv_blocks_free", "gauge", "KV pages free.", s.free_blocks),
             ("radixcache_kv_blocks_evictable", "gauge", "KV pages cached and evictable.", s.evictable_blocks),

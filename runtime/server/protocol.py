@@ -6,7 +6,9 @@ supplied: X", as OpenAI says), and a known field this server cannot honour (`too
 are accepted: they label a request and change no answer.
 
 Beyond OpenAI's fields, as vLLM accepts them: `cache_salt` (a keyless caller's own cache namespace), `timeout`
-(seconds; the request ends with what it generated), `top_k`, `min_p` and `repetition_penalty`.
+(seconds; the request ends with what it generated), `top_k`, `min_p` and `repetition_penalty`. And this server's
+own `retain`: "conversation" says the next turn of a live conversation will read this request's pages, so the
+cache adopts all of them whatever its admission policy predicts (radixcache.admission).
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class _Common(BaseModel):
     metadata: dict[str, str] | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     timeout: float | None = Field(default=None, gt=0.0)
+    retain: Literal["conversation"] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None

