@@ -108,4 +108,4 @@ def test_the_eviction_sweep_on_a_local_ray(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "on 1 Ray actors" in result.stderr
     rows = list(csv.DictReader((tmp_path / "o" / "sweep.csv").read_text().splitlines()))
-    assert {r["policy"] for r in rows} == {"lru", "belady", "infinite"}
+    assert {r["policy"] for r in rows} == {"lru", "belady", "belady-admission", "infinite"}

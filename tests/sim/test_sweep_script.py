@@ -36,10 +36,10 @@ def test_sweep_writes_csv_markdown_and_plot(tmp_path: Path) -> None:
         load_script().main, [*args, "--dead-bound", "--workers", "1", "--out", str(tmp_path / "out")]
     )
     assert result.exit_code == 0, result.output
-    assert "9 replays on 1 worker (this process)" in result.stderr
+    assert "11 replays on 1 worker (this process)" in result.stderr  # infinite, then 2 x (2 policies + 3 bounds)
     rows = list(csv.DictReader((tmp_path / "out" / "sweep.csv").read_text().splitlines()))
-    assert {r["policy"] for r in rows} == {"lru", "reuse", "belady", "lru-dead", "infinite"}
-    assert len(rows) == 1 + 2 * 4
+    assert {r["policy"] for r in rows} == {"lru", "reuse", "belady", "belady-admission", "lru-dead", "infinite"}
+    assert len(rows) == 1 + 2 * 5
     table = (tmp_path / "out" / "sweep.md").read_text()
     assert "| capacity (blocks) |" in table and "belady" in table
     assert (tmp_path / "out" / "sweep.png").stat().st_size > 1000
@@ -64,7 +64,7 @@ def sweep_rows(tmp_path: Path, traces: list[str], workers: int) -> list[dict]:
 def test_parallel_sweep_gives_the_sequential_rows_in_order(tmp_path: Path) -> None:
     traces = [str(tiny_trace(tmp_path)), str(tiny_trace(tmp_path, "other", shared=7))]
     sequential = sweep_rows(tmp_path, traces, 1)
-    assert len(sequential) == 2 * (1 + 2 * 3)
+    assert len(sequential) == 2 * (1 + 2 * 4)  # per trace: infinite, then 2 capacities x (2 policies + 2 bounds)
     assert sweep_rows(tmp_path, traces, 2) == sequential
 
 
