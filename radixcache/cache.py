@@ -16,11 +16,25 @@ from operator import attrgetter
 from typing import NamedTuple
 
 from radixcache.blocks import STATE_NAMES, BlockPool
-from radixcache.errors import BlockCountError, BlockStateError, CacheFullError, LockError, RadixCacheError
+from radixcache.errors import (
+    BlockCountError,
+    BlockStateError,
+    CacheFullError,
+    InvalidTokensError,
+    LockError,
+    RadixCacheError,
+)
 from radixcache.node import TreeNode, empty_key, new_node_ids
 from radixcache.policies import EvictionPolicy, make_policy
 from radixcache.stats import CacheStats, StatsCounter
-from radixcache.tokens import common_prefix_length, token_view
+from radixcache.tokens import (
+    TOKEN_TYPECODE,
+    as_token_array,
+    check_signs,
+    common_prefix_length,
+    negative_token,
+    token_view,
+)
 
 
 class MatchResult(NamedTuple):
@@ -41,6 +55,7 @@ class MatchResult(NamedTuple):
 #   partial: the child matched only in part, if any; partial_len: its tokens matched (page-aligned, > 0 when set).
 _Descent = tuple[TreeNode, int, list[int], "TreeNode | None", int]
 _LOCK_REF = attrgetter("lock_ref")
+_new_match = tuple.__new__
 
 
 class RadixCache:
@@ -92,32 +107,65 @@ class RadixCache:
         Modifies the tree: refreshes access times and hit counts along the matched path (what the policies
         sort by), and splits a node when the match ends inside it, so that the result ends at a node boundary.
         """
-        arr = token_view(tokens)  # read during the call only: nodes keep slices
+        if type(tokens) is array and tokens.typecode == TOKEN_TYPECODE:
+            # Read during the call only (nodes keep slices). The signs are checked below, past the tokens the walk
+            # finds in the tree: those are non-negative, as every token the tree holds was checked on the way in.
+            arr, signs_checked = tokens, False
+        else:
+            arr, signs_checked = as_token_array(tokens), True
         try:
             root = self._roots[namespace]
-        except (KeyError, TypeError):  # an unseen or unhashable namespace: _root validates, or makes a transient root
+        except BaseException as exc:  # an unseen or unhashable namespace: _root validates, or makes a transient root
+            if not signs_checked:
+                self._raise_bad_token(arr)  # a bad token is reported first, as it always was
+                signs_checked = True
+            if not isinstance(exc, (KeyError, TypeError)):  # the namespace's own __hash__ or __eq__ raised
+                raise
             root = self._root(namespace, create=False)  # before anything changes
+        p = self.page_size
+        n = len(arr)
+        buf = arr.tobytes()  # one copy: node keys are compared against it in place, and the signs read from it
+        node, length, blocks, partial = root, 0, [], None
+        while n - length >= p:  # the inlined _descend: it reads only, so a bad token below still changes nothing
+            child = node.children.get(arr[length] if p == 1 else buf[length * 8 : (length + p) * 8])
+            if child is None:
+                break
+            key = child.key
+            k = len(key)
+            if not buf.startswith(key, length * 8):  # the common case, a whole node, takes one compare
+                k = common_prefix_length(key, arr, length)
+                if p > 1:
+                    k -= k % p
+                if k < len(key):  # the match ends inside `child`, after k > 0 tokens
+                    partial = child
+                    break
+            blocks.extend(child.blocks)
+            length += k
+            node = child
+        if not signs_checked:
+            check_signs(arr, length if partial is None else length + k, buf)
+        if partial is not None:
+            node = self._split(partial, k)
+            blocks.extend(node.blocks)
+            length += k
         self._clock += 1
         stats = self._stats
         stats.queries += 1
-        stats.query_tokens += len(arr)
-        node, length, blocks, partial, partial_len = self._descend(root, arr)
-        if partial is not None:
-            node = self._split(partial, partial_len)
-            blocks.extend(node.blocks)
-            length += partial_len
+        stats.query_tokens += n
         entry = node.evict_key
         clock = self._clock
-        n = node
-        while n.parent is not None:  # the inlined _touch(node, hit=True)
-            n.last_access = clock
-            n.hit_count += 1
-            n = n.parent
+        up = node
+        while up.parent is not None:  # the inlined _touch(node, hit=True)
+            up.last_access = clock
+            up.hit_count += 1
+            up = up.parent
+        if length and self.policy.observes_hits:  # before the re-key, so the new key sees what was learned
+            self.policy.on_hit(node)
         if entry is not None:  # an evictable leaf, re-keyed: its old entry goes stale
             self._stale += 1
             self._set_add(node)
         stats.hit_tokens += length
-        return MatchResult(length, blocks, node)
+        return _new_match(MatchResult, (length, blocks, node))  # MatchResult(length, blocks, node), one call less
 
     def peek(self, tokens: Sequence[int], *, namespace: Hashable = None) -> MatchResult:
         """`match_prefix`'s length and blocks, without changing anything.
@@ -179,11 +227,21 @@ class RadixCache:
         goes back to the free pool. The block of an unaligned tail page stays with the caller.
         Returns the number of tokens that were already cached.
         """
-        arr = token_view(tokens)  # read during the call only: nodes keep slices
+        if type(tokens) is array and tokens.typecode == TOKEN_TYPECODE:
+            # Read during the call only (nodes keep slices). The signs are checked by the fast path past the
+            # tokens its walk finds in the tree (those are non-negative), or in full by the exact path.
+            arr, signs_checked = tokens, False
+        else:
+            arr, signs_checked = as_token_array(tokens), True
         p = self.page_size
         pool = self._pool
         full_pages = len(arr) // p
-        fast = self._insert_fast_path(arr, blocks, namespace)
+        try:
+            fast = self._insert_fast_path(arr, blocks, namespace, signs_checked)
+        except BaseException as exc:  # raised by the caller's objects (a block's __eq__, a namespace's __hash__)
+            if not signs_checked and not isinstance(exc, InvalidTokensError):
+                self._raise_bad_token(arr)  # a bad token is reported first, as it always was
+            raise
         if fast is not None:  # proven valid by the leases, without a Python loop over the blocks
             node, matched_pages, partial, partial_len, start, cover = fast
             self._clock += 1
@@ -193,6 +251,8 @@ class RadixCache:
                 taken = taken[matched_pages - start :]
             new_blocks = taken
         else:  # the exact path: every block checked one by one, with a precise error
+            if not signs_checked:
+                check_signs(arr)
             ids = pool.normalize(blocks, "insert")
             pages = -(-len(arr) // p)
             if len(ids) != pages:
@@ -252,8 +312,9 @@ class RadixCache:
         while n.parent is not None:
             if n.lock_ref == 0:
                 moved += len(n.blocks)
-                if n.evict_key is not None:
-                    self._set_discard(n)
+                if n.evict_key is not None:  # out of the evictable set: its entry goes stale (the inlined _set_discard)
+                    n.evict_key = None
+                    self._stale += 1
             n.lock_ref += 1
             n = n.parent
         self._evictable -= moved  # blocks of nodes that just became locked
@@ -384,14 +445,15 @@ class RadixCache:
         """Walk down from `root` along `arr` without changing anything."""
         p = self.page_size
         n = len(arr)
+        buf = arr.tobytes()  # node keys are compared against it in place
         node, pos, blocks = root, 0, []
         while n - pos >= p:
-            child = node.children.get(arr[pos] if p == 1 else arr[pos : pos + p].tobytes())
+            child = node.children.get(arr[pos] if p == 1 else buf[pos * 8 : (pos + p) * 8])
             if child is None:
                 break
             key = child.key
             k = len(key)
-            if n - pos < k or key != arr[pos : pos + k]:  # the common case, a whole node, takes one compare
+            if not buf.startswith(key, pos * 8):  # the common case, a whole node, takes one compare
                 k = common_prefix_length(key, arr, pos)
                 if p > 1:
                     k -= k % p
@@ -448,6 +510,8 @@ class RadixCache:
         p = self.page_size
         heap = self._evictable_leaves
         policy = self.policy
+        policy_on_evict = policy.on_evict
+        by_extent = policy.ranks_by_extent
         free = self._pool._free  # blocks leave the tree straight onto the free list (BlockPool.release_tree)
         on_evict = self.on_evict
         freed = evictions = 0
@@ -460,11 +524,11 @@ class RadixCache:
             entry = heap[0]
             priority = entry[0]
             leaf = entry[3]
-            policy.on_evict(leaf, priority)
+            policy_on_evict(leaf, priority)
             blocks = leaf.blocks
             size = len(blocks)
             evictions += 1
-            if size > 1 and policy.ranks_by_extent:
+            if size > 1 and by_extent:
                 # A policy that ranks a leaf by the blocks it holds (Belady): its deepest block goes alone, since
                 # the new deepest one may be needed sooner than another leaf's; the leaf is re-ranked in place.
                 if on_evict is not None:
@@ -509,7 +573,7 @@ class RadixCache:
                 freed = n
                 # A trim is not an access: the leaf keeps its priority, unless the policy ranks a leaf by
                 # the blocks it holds (Belady), where the new deepest block may be needed sooner.
-                if policy.ranks_by_extent and policy.priority(leaf) != priority:
+                if by_extent and policy.priority(leaf) != priority:
                     heappop(heap)
                     self._set_add(leaf)
         self._evictable -= freed
@@ -552,7 +616,7 @@ class RadixCache:
         raise LockError(f"{node!r} has been evicted (or belongs to another cache); match again")
 
     def _insert_fast_path(
-        self, arr: array, blocks: Sequence[int], namespace: Hashable
+        self, arr: array, blocks: Sequence[int], namespace: Hashable, signs_checked: bool
     ) -> tuple[TreeNode, int, TreeNode | None, int, int, list] | None:
         """The walk of an insert whose blocks are proven valid at C speed, or None: take the exact path.
 
@@ -561,7 +625,8 @@ class RadixCache:
         compare equal), or held: a run of leases from `allocate` (BlockPool.lease_cover). Held ids are
         distinct and never in the tree, so nothing here can be a duplicate, out of range, or owned elsewhere.
         The walk is `_descend`'s, comparing blocks instead of collecting them; it changes nothing, and neither
-        does a failed proof.
+        does a failed proof. Unless `signs_checked`, it raises InvalidTokensError for a negative token: only the
+        tokens past those the walk found in the tree need the check (the tree holds no negative token).
         Returns (node, matched_pages, partial, partial_len, start, cover): blocks[start:] is covered by
         leases; start is 0 when the cached pages come as held duplicates, else matched_pages.
         """
@@ -576,15 +641,16 @@ class RadixCache:
         except TypeError:  # an unhashable namespace, or a block that is not an int
             return None
         n = len(arr) // p * p  # full pages only: the unaligned tail is never matched
+        buf = arr.tobytes()  # node keys are compared against it in place, and the signs read from it
         node, pos, pages, own = root, 0, 0, True
         partial, partial_len = None, 0
         while n - pos >= p:
-            child = node.children.get(arr[pos] if p == 1 else arr[pos : pos + p].tobytes())
+            child = node.children.get(arr[pos] if p == 1 else buf[pos * 8 : (pos + p) * 8])
             if child is None:
                 break
             key = child.key
             k = len(key)
-            if n - pos < k or key != arr[pos : pos + k]:  # not a whole node: find how far it matches
+            if pos + k > n or not buf.startswith(key, pos * 8):  # not a whole node: find how far it matches
                 k = common_prefix_length(key, arr, pos)
                 if p > 1:
                     k -= k % p
@@ -600,6 +666,8 @@ class RadixCache:
             pages += len(child_blocks)
             pos += k
             node = child
+        if not signs_checked:
+            check_signs(arr, pos + partial_len, buf)
         start = pages if own else 0
         cover = self._pool.lease_cover(blocks, start, len(blocks))
         if cover is None:
@@ -635,6 +703,13 @@ class RadixCache:
         if n > available:
             raise RadixCacheError(f"lock_prefix: num_tokens {num_tokens!r} exceeds the {available} tokens given")
         return n
+
+    @staticmethod
+    def _raise_bad_token(arr: array) -> None:
+        """Raise InvalidTokensError if the int64 array `arr` holds a negative token (outside any other error)."""
+        bad = negative_token(arr)
+        if bad is not None:
+            raise InvalidTokensError(bad) from None
 
     @staticmethod
     def _count_arg(n: int, what: str) -> int:

@@ -55,6 +55,29 @@ def token_view(tokens: Sequence[int] | array) -> array:
     return as_token_array(tokens)
 
 
+def check_signs(arr: array, start: int = 0, raw: bytes | None = None) -> None:
+    """Raise InvalidTokensError, as `token_view` would, if a token of the int64 array `arr` from `start` on is negative.
+
+    For a caller that has already proven `arr[:start]` non-negative, e.g. by finding it equal to tokens the tree
+    holds (every one of them was checked on the way in), so that only the rest needs the check. `raw` is
+    `arr.tobytes()` if the caller has it.
+    """
+    if raw is None:
+        ok = (arr[start:] if start else arr).tobytes()[_SIGN_BYTE::8].isascii()
+    else:
+        ok = raw[start * 8 + _SIGN_BYTE :: 8].isascii()
+    if not ok:
+        raise InvalidTokensError(negative_token(arr, start))
+
+
+def negative_token(arr: array, start: int = 0) -> str | None:
+    """The error message for the first negative token of the int64 array `arr` from `start` on, or None."""
+    if (arr[start:] if start else arr).tobytes()[_SIGN_BYTE::8].isascii():
+        return None
+    index = next(i for i in range(start, len(arr)) if arr[i] < 0)
+    return f"tokens must be non-negative: token {index} is {arr[index]}"
+
+
 def _first_bad_token(tokens: object) -> str:
     try:
         for index, token in enumerate(tokens):  # type: ignore[call-overload]
