@@ -84,14 +84,15 @@ class ReuseAdmission(AdmissionPolicy):
 
     The class is the one the new pages' leaf would take (radixcache.reuse_policy: the insert's size in log2 pages,
     whether it hung from the root, the output length's bucket, no hits yet). The request does not say whether its
-    content returns (the policy's ghost keys), so both variants must qualify. Once a class has been watched for four
-    times the waiting its prior stands for, pages whose class's reuse rate is under `threshold` times the mean are
-    declined. One declined request in `explore` is admitted anyway, so that a class can show it has changed.
+    content returns (the policy's ghost keys, when it keeps them), so then both variants must qualify. Once a class
+    has been watched for four times the waiting its prior stands for, pages whose class's reuse rate is under
+    `threshold` times the mean are declined. One declined request in `explore` is admitted anyway, so that a class
+    can show it has changed.
     """
 
     name = "reuse"
 
-    def __init__(self, model: ReusePolicy, threshold: float = 0.03, explore: int = 8) -> None:
+    def __init__(self, model: ReusePolicy, threshold: float = 0.003, explore: int = 8) -> None:
         if threshold < 0 or type(explore) is not int or explore < 1:
             raise PolicyError(f"reuse admission: need threshold >= 0 and explore >= 1, got {threshold}, {explore}")
         self.model, self.threshold, self.explore = model, threshold, explore
@@ -104,7 +105,7 @@ class ReuseAdmission(AdmissionPolicy):
         out = -1 if request.output_tokens is None else min(request.output_tokens.bit_length(), 12)
         if mean <= 0.0:
             return request.total_pages
-        for returning in (False, True):
+        for returning in (False, True) if model.ghosts > 0 else (False,):
             klass = (new.bit_length(), request.cached_pages == 0, out, returning, 0)
             if model.observed(klass) < 4 * model.prior_weight() or model.rate(klass) >= self.threshold * mean:
                 return request.total_pages

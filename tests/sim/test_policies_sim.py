@@ -63,10 +63,11 @@ def test_reuse_admission_declines_a_dead_class_and_keeps_exploring() -> None:
     dead = policy._class_of(1, root=True, hits=0)
     live = policy._class_of(8, root=True, hits=0)
     dead_returning = policy._class_of(1, root=True, hits=0, returning=True)
-    for _ in range(200):
+    for _ in range(2000):  # one class never read in all that waiting, one read every 5 ticks
         policy._record(dead, 0.0, 50.0)
         policy._record(dead_returning, 0.0, 50.0)
         policy._record(live, 1.0, 5.0)
+    assert policy.rate(dead) < admission.threshold * policy.mean_rate() < policy.rate(live)
     ask = AdmissionRequest(namespace=None, cached_pages=0, prompt_pages=1, total_pages=1, output_tokens=None)
     answers = [admission.admit(ask) for _ in range(16)]
     assert answers.count(0) == 14 and answers.count(1) == 2  # one in `explore` (8) is admitted anyway
