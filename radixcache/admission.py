@@ -102,11 +102,12 @@ class ReuseAdmission(AdmissionPolicy):
         model = self.model
         mean = model.mean_rate()
         new = request.total_pages - request.cached_pages
-        out = -1 if request.output_tokens is None else min(request.output_tokens.bit_length(), 12)
         if mean <= 0.0:
             return request.total_pages
         for returning in (False, True) if model.ghosts > 0 else (False,):
-            klass = (new.bit_length(), request.cached_pages == 0, out, returning, 0)
+            klass = model.class_of(
+                new, root=request.cached_pages == 0, hits=0, output_tokens=request.output_tokens, returning=returning
+            )
             if model.observed(klass) < 4 * model.prior_weight() or model.rate(klass) >= self.threshold * mean:
                 return request.total_pages
         self.declined += 1

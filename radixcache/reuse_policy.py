@@ -81,9 +81,8 @@ class ReusePolicy(EvictionPolicy):
         # path (once per leaf access), and one outcome barely moves a rate.
         self._credits: dict[tuple, float] = {}
         self.ghosts = ghosts
-        self._ghosts: dict[
-            int, None
-        ] = {}  # evicted leaves' first pages (hashed with namespace and depth), oldest first
+        # evicted leaves' first pages (hashed with namespace and depth), oldest first; only with `ghosts` > 0
+        self._ghosts: dict[int, None] = {}
         self._outcomes = 0
 
     # ------------------------------------------------------------------ what callers tell it
@@ -212,10 +211,11 @@ class ReusePolicy(EvictionPolicy):
         self._all_outcomes = self._all_outcomes * d + 1.0
 
     @staticmethod
-    def _class_of(
+    def class_of(
         pages: int, *, root: bool, hits: int, output_tokens: int | None = None, returning: bool = False
     ) -> tuple:
-        """The class of a leaf made by inserting `pages` pages (hanging from the root or not), hit `hits` times."""
+        """The class of a leaf made by inserting `pages` pages (hanging from the root or not) for a request that
+        generated `output_tokens`, hit `hits` times (the admission policy asks about the class to come)."""
         out = -1 if output_tokens is None else min(output_tokens.bit_length(), 12)
         return (pages.bit_length(), root, out, returning, min(hits, 3))
 

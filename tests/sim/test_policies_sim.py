@@ -46,8 +46,8 @@ def test_reuse_learns_that_one_kind_of_insert_returns_and_another_does_not() -> 
         cache.match_prefix(long)
         if cache.free_blocks < 11:
             cache.evict(11 - cache.free_blocks)
-    long_class = policy._class_of(8, root=True, hits=0)
-    single_class = policy._class_of(1, root=True, hits=0)
+    long_class = policy.class_of(8, root=True, hits=0)
+    single_class = policy.class_of(1, root=True, hits=0)
     assert policy.rate(long_class) > 2 * policy.mean_rate() > 2 * policy.rate(single_class)
     cache.evict(cache.evictable_blocks)
     cache.insert([1, 2, 3, 4, 5, 6, 7, 8], cache.allocate(8))  # a long insert, then a single page, newer
@@ -60,9 +60,9 @@ def test_reuse_admission_declines_a_dead_class_and_keeps_exploring() -> None:
     policy = ReusePolicy(prior=1.0, initial_horizon=4.0)
     admission = make_admission("reuse", eviction=policy)
     assert isinstance(admission, ReuseAdmission) and admission.model is policy
-    dead = policy._class_of(1, root=True, hits=0)
-    live = policy._class_of(8, root=True, hits=0)
-    dead_returning = policy._class_of(1, root=True, hits=0, returning=True)
+    dead = policy.class_of(1, root=True, hits=0)
+    live = policy.class_of(8, root=True, hits=0)
+    dead_returning = policy.class_of(1, root=True, hits=0, returning=True)
     for _ in range(2000):  # one class never read in all that waiting, one read every 5 ticks
         policy._record(dead, 0.0, 50.0)
         policy._record(dead_returning, 0.0, 50.0)
