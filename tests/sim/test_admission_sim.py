@@ -160,3 +160,12 @@ def test_a_recorded_request_holds_the_page_it_was_writing_while_it_runs(tmp_path
     result = simulate(workload, 4, "lru", check=True)
     assert (result.hit_tokens, result.evicted_blocks) == (8, 1)
     assert simulate(workload, 5, "lru", check=True).evicted_blocks == 0
+
+
+def test_the_admission_bound_counts_the_next_requests_own_reads() -> None:
+    """Capacity 3: [5, 6], [1, 2, 3], [1, 2, 3]. When the second request finishes, five pages are cached and the
+    bound keeps the three read soonest: [1, 2, 3], which the third request reads. Trimmed after the oracle's clock
+    had moved on to the third request, its reads would not count: every page would look dead, and the deepest (3)
+    would go first, leaving the third request a hit of 2."""
+    w = _workload([5, 6], [1, 2, 3], [1, 2, 3])
+    assert simulate(w, 3, BELADY_ADMISSION, check=True).hit_tokens == 3
