@@ -122,28 +122,11 @@ class RadixCache:
             if not isinstance(exc, (KeyError, TypeError)):  # the namespace's own __hash__ or __eq__ raised
                 raise
             root = self._root(namespace, create=False)  # before anything changes
-        p = self.page_size
-        n = len(arr)
         buf = arr.tobytes()  # one copy: node keys are compared against it in place, and the signs read from it
-        node, length, blocks, partial = root, 0, [], None
-        while n - length >= p:  # the inlined _descend: it reads only, so a bad token below still changes nothing
-            child = node.children.get(arr[length] if p == 1 else buf[length * 8 : (length + p) * 8])
-            if child is None:
-                break
-            key = child.key
-            k = len(key)
-            if not buf.startswith(key, length * 8):  # the common case, a whole node, takes one compare
-                k = common_prefix_length(key, arr, length)
-                if p > 1:
-                    k -= k % p
-                if k < len(key):  # the match ends inside `child`, after k > 0 tokens
-                    partial = child
-                    break
-            blocks.extend(child.blocks)
-            length += k
-            node = child
+        # The walk reads only, so a bad token below it still changes nothing.
+        node, length, blocks, partial, k = self._descend(root, arr, buf)
         if not signs_checked:
-            check_signs(arr, length if partial is None else length + k, buf)
+            check_signs(arr, length + k, buf)
         if partial is not None:
             node = self._split(partial, k)
             blocks.extend(node.blocks)
@@ -151,7 +134,7 @@ class RadixCache:
         self._clock += 1
         stats = self._stats
         stats.queries += 1
-        stats.query_tokens += n
+        stats.query_tokens += len(arr)
         entry = node.evict_key
         clock = self._clock
         up = node
@@ -441,11 +424,12 @@ class RadixCache:
         p = self.page_size
         return tokens[pos] if p == 1 else tokens[pos : pos + p].tobytes()
 
-    def _descend(self, root: TreeNode, arr: array) -> _Descent:
-        """Walk down from `root` along `arr` without changing anything."""
+    def _descend(self, root: TreeNode, arr: array, buf: bytes | None = None) -> _Descent:
+        """Walk down from `root` along `arr` without changing anything. `buf`: `arr.tobytes()`, if the caller has it."""
         p = self.page_size
         n = len(arr)
-        buf = arr.tobytes()  # node keys are compared against it in place
+        if buf is None:
+            buf = arr.tobytes()  # node keys are compared against it in place
         node, pos, blocks = root, 0, []
         while n - pos >= p:
             child = node.children.get(arr[pos] if p == 1 else buf[pos * 8 : (pos + p) * 8])
