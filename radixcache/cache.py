@@ -12,7 +12,6 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import count
 from math import gcd
-from operator import attrgetter
 from typing import NamedTuple
 
 from radixcache.blocks import STATE_NAMES, BlockPool
@@ -54,7 +53,6 @@ class MatchResult(NamedTuple):
 #   node: the deepest node matched in full; length: tokens matched down to its end; blocks: their block ids;
 #   partial: the child matched only in part, if any; partial_len: its tokens matched (page-aligned, > 0 when set).
 _Descent = tuple[TreeNode, int, list[int], "TreeNode | None", int]
-_LOCK_REF = attrgetter("lock_ref")
 _new_match = tuple.__new__
 
 
@@ -291,6 +289,7 @@ class RadixCache:
         """Protect `node` and every ancestor from eviction (a reference count on the whole path)."""
         if node.parent is None and self._is_root(node):  # (raises for an evicted node)
             return
+        node.own_locks += 1
         n, moved = node, 0
         while n.parent is not None:
             if n.lock_ref == 0:
@@ -334,8 +333,9 @@ class RadixCache:
             return
         # lock_ref also counts locks taken on descendants: only the node's own locks may be undone here.
         # Ancestors count at least as many locks, so checking the node suffices.
-        if node.lock_ref <= sum(map(_LOCK_REF, node.children.values())):
+        if node.own_locks <= 0:
             raise LockError(f"unlock: {node!r} is not locked")
+        node.own_locks -= 1
         n, moved = node, 0
         while n.parent is not None:
             n.lock_ref -= 1
@@ -514,15 +514,28 @@ class RadixCache:
             evictions += 1
             if size > 1 and by_extent:
                 # A policy that ranks a leaf by the blocks it holds (Belady): its deepest block goes alone, since
-                # the new deepest one may be needed sooner than another leaf's; the leaf is re-ranked in place.
-                if on_evict is not None:
-                    on_evict(leaf, size - 1, blocks[-1:])
-                free.append(blocks.pop())
-                del leaf.key[(size - 1) * p :]
-                freed += 1
-                new_priority = policy.priority(leaf)
+                # the new deepest one may be needed sooner than another leaf's; the leaf is re-ranked after each.
+                # While its new rank still beats the best other entry (the smaller of the top's two children, live
+                # or stale), it would be back on top at once: trim on, and update its entry once at the end.
+                uid = leaf.uid
+                rest = heap[1] if len(heap) > 1 else None
+                if len(heap) > 2 and heap[2] < rest:
+                    rest = heap[2]
+                new_priority = priority
+                while True:
+                    if on_evict is not None:
+                        on_evict(leaf, size - 1, blocks[-1:])
+                    free.append(blocks.pop())
+                    size -= 1
+                    del leaf.key[size * p :]
+                    freed += 1
+                    new_priority = policy.priority(leaf)
+                    if size == 1 or freed >= n or (rest is not None and (new_priority, uid) >= rest[:2]):
+                        break
+                    evictions += 1
+                    policy_on_evict(leaf, new_priority)
                 if new_priority != priority:
-                    entry = (new_priority, leaf.uid, next(self._seq), leaf)
+                    entry = (new_priority, uid, next(self._seq), leaf)
                     leaf.evict_key = entry
                     heapreplace(heap, entry)  # the top entry out, the re-ranked one in: one sift
                 continue

@@ -26,7 +26,10 @@ def check_invariants(cache: RadixCache) -> None:
 
     for namespace, root in cache._roots.items():
         _require(root.parent is None and len(root.key) == 0 and not root.blocks, f"root {namespace!r} malformed")
-        _require(root.lock_ref == 0 and root.evict_key is None, f"root {namespace!r} is locked or evictable")
+        _require(
+            root.lock_ref == root.own_locks == 0 and root.evict_key is None,
+            f"root {namespace!r} is locked or evictable",
+        )
         stack: list[TreeNode] = [root]
         while stack:
             node = stack.pop()
@@ -83,7 +86,10 @@ def _check_node(node: TreeNode, p: int, child_lock_sum: int) -> None:
     assert parent is not None
     _require(len(node.key) > 0, f"{node!r}: empty key")
     _require(len(node.key) == len(node.blocks) * p, f"{node!r}: {len(node.key)} tokens for {len(node.blocks)} pages")
-    _require(node.lock_ref >= child_lock_sum, f"{node!r}: lock_ref below its children's sum {child_lock_sum}")
+    _require(
+        node.own_locks >= 0 and node.lock_ref == node.own_locks + child_lock_sum,
+        f"{node!r}: lock_ref is not its {node.own_locks} own locks plus its children's {child_lock_sum}",
+    )
     _require(node.prefix_len == parent.prefix_len + len(parent.key), f"{node!r}: prefix_len out of date")
     if node.lock_ref > 0 or node.children:
         _require(node.evict_key is None, f"{node!r}: in the evictable set while locked or internal")

@@ -18,8 +18,9 @@ class TreeNode:
     Invariants (checked by `RadixCache.check_invariants`):
     - `len(key) == len(blocks) * page_size`; a non-root node's key is never empty.
     - `children` maps the child's first page (`child_key(...)`) to the child, and `child.parent is self`.
-    - `lock_ref` counts the locks held on this node or any descendant, so a parent's count is at least the sum
-      of its children's. A node with `lock_ref > 0` is never evicted.
+    - `lock_ref` counts the locks held on this node or any descendant: it equals `own_locks` (the `lock` calls
+      made on this node itself and not yet undone) plus the sum of its children's. A node with `lock_ref > 0` is
+      never evicted.
     - `prefix_len` is the number of tokens on the path above this node.
     A namespace root has `parent is None`, an empty key, and is never locked, evicted or counted.
     """
@@ -34,6 +35,7 @@ class TreeNode:
         "last_access",
         "lock_ref",
         "namespace",
+        "own_locks",
         "parent",
         "prefix_len",
         "uid",
@@ -56,6 +58,7 @@ class TreeNode:
         self.namespace = namespace
         self.prefix_len = 0 if parent is None else parent.prefix_len + len(parent.key)
         self.lock_ref = 0
+        self.own_locks = 0  # `unlock` may undo only these (a split leaves them with the tail, the handle)
         self.last_access = clock
         self.created = clock
         self.hit_count = 0

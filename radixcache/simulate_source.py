@@ -18,17 +18,10 @@ import orjson
 from radixcache.errors import RadixCacheError
 from radixcache.simulate_workload import SimRequest, hash_sim_request
 from radixcache.trace.errors import TraceError
-from radixcache.trace.fields import FieldReader
 from radixcache.trace.formats import FORMAT_KINDS, MOONCAKE, TOKEN_JSONL, TOKEN_MSGPACK, detect_format
-from radixcache.trace.jsonl import iter_json_lines, open_trace
-from radixcache.trace.mooncake import (
-    DEFAULT_BLOCK_SIZE,
-    BlockSizes,
-    HashRequest,
-    check_block_size,
-    resolve_block_size,
-)
-from radixcache.trace.token_trace import iter_token_msgpack, request_from_dict
+from radixcache.trace.jsonl import open_trace
+from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE, iter_mooncake_lines, resolve_block_size
+from radixcache.trace.token_trace import iter_token_lines, iter_token_msgpack
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,31 +86,24 @@ class TraceSource:
 
     def _records(self) -> Iterator[tuple[str, SimRequest]]:
         if self.format == MOONCAKE:
-            yield from self._hash_records()
+            block = self.block_tokens  # the lines' block_size, when they give one (open_source read it)
+            for lineno, line, _ in iter_mooncake_lines(self.path, block):
+                request = hash_sim_request(
+                    line.timestamp,
+                    line.hash_ids,
+                    line.input_length,
+                    block,
+                    line.output_hash_ids,
+                    line.session_id,
+                    line.output_length or 0,
+                )
+                yield str(lineno), request
         elif self.format == TOKEN_JSONL:
-            for lineno, record in iter_json_lines(self.path):
-                yield str(lineno), _token_request(request_from_dict(record, self.path, str(lineno)))
+            for lineno, request in iter_token_lines(self.path):
+                yield str(lineno), _token_request(request)
         else:
             for index, request in enumerate(iter_token_msgpack(self.path)):
                 yield f"record {index}", _token_request(request)
-
-    def _hash_records(self) -> Iterator[tuple[str, SimRequest]]:
-        block = self.block_tokens
-        sizes = BlockSizes(block)  # the lines' block_size, when they give one, is `block` (open_source read it)
-        for lineno, record in iter_json_lines(self.path):
-            where = str(lineno)
-            fields = FieldReader(self.path, where, record)
-            sizes.read(fields)
-            timestamp = fields.number("timestamp")
-            input_length = fields.count("input_length")
-            output_length = fields.count("output_length", 0)
-            hash_ids = fields.int_list("hash_ids")
-            if len(hash_ids) != -(-input_length // block):  # worded by the reader's own check
-                problem = check_block_size(HashRequest(timestamp, input_length, 0, hash_ids), block)
-                fields.fail(problem or "inconsistent with input_length", "hash_ids")
-            output = fields.int_list("output_hash_ids", None)
-            session = fields.text("session_id", None)
-            yield where, hash_sim_request(timestamp, hash_ids, input_length, block, output, session, output_length)
 
 
 def _token_request(r: object) -> SimRequest:

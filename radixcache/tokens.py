@@ -5,7 +5,8 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 from radixcache.errors import InvalidTokensError
 
@@ -31,8 +32,7 @@ def as_token_array(tokens: Sequence[int] | array) -> array:
         raise InvalidTokensError(f"tokens must be a sequence of ints, got {type(tokens).__name__}")
     try:
         if type(tokens) is list or type(tokens) is tuple:  # struct packs ints about twice as fast as array()
-            arr = array(TOKEN_TYPECODE)
-            arr.frombytes(struct.pack(f"{len(tokens)}{TOKEN_TYPECODE}", *tokens))
+            arr = array(TOKEN_TYPECODE, _packer(len(tokens))(*tokens))
         else:
             arr = array(TOKEN_TYPECODE, tokens)
     except (TypeError, OverflowError, struct.error) as exc:
@@ -42,6 +42,12 @@ def as_token_array(tokens: Sequence[int] | array) -> array:
         index = next(i for i, t in enumerate(arr) if t < 0)
         raise InvalidTokensError(f"tokens must be non-negative: token {index} is {arr[index]}")
     return arr
+
+
+@lru_cache(maxsize=4096)
+def _packer(n: int) -> Callable[..., bytes]:
+    """The packer of n int64s, compiled once per length (struct's own format cache costs a format and a lookup)."""
+    return struct.Struct(f"{n}{TOKEN_TYPECODE}").pack
 
 
 def token_view(tokens: Sequence[int] | array) -> array:

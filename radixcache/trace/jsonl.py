@@ -26,6 +26,14 @@ def iter_json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
                 raise _line_error(name, lineno, line) from None
 
 
+def json_line(name: str, lineno: int, line: bytes) -> Any:
+    """One non-blank JSONL line decoded, or TraceError at name:lineno worded as `iter_json_lines` words it."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise _line_error(name, lineno, line) from None
+
+
 def _line_error(name: str, lineno: int, line: bytes) -> TraceError:
     try:
         text = line.decode("utf-8")

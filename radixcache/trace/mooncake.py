@@ -22,7 +22,8 @@ import orjson
 
 from radixcache.trace.errors import TraceError
 from radixcache.trace.fields import FieldReader
-from radixcache.trace.jsonl import dump_json_line, iter_json_lines
+from radixcache.trace.jsonl import dump_json_line, json_line
+from radixcache.trace.typed_lines import MooncakeLine, iter_typed_lines
 
 DEFAULT_BLOCK_SIZE = 512
 
@@ -79,18 +80,26 @@ class BlockSizes:
             value = fields.count("block_size")
             if value < 1:
                 fields.fail(f"must be >= 1, got {value}", "block_size")
+        return self.accept(value, fields.path, fields.where)
+
+    def accept(self, value: int | None, path: str, where: str) -> int | None:
+        """`read` for a line's valid `block_size` value (None when the line has none)."""
+        if self.seen and value == self.declared:  # every line but the first, in a sound trace
+            return value if value is not None else self.given
         if not self.seen:
             self.seen, self.declared = True, value
             given = self.given
             if value is not None and given is not None and given not in (value, DEFAULT_BLOCK_SIZE):
-                fields.fail(f"the trace's lines give block_size {value}, not the {given} asked for", "block_size")
-        elif value != self.declared:
-            if value is None:
-                fields.fail(f"missing: the first line gives {self.declared}, so every line must", "block_size")
-            if self.declared is None:
-                fields.fail(f"given as {value}, but the first line gives none: every line must agree", "block_size")
-            fields.fail(f"{value} differs from the first line's {self.declared}: every line must agree", "block_size")
-        return value if value is not None else self.given
+                problem = f"the trace's lines give block_size {value}, not the {given} asked for"
+                raise TraceError(path, where, problem, "block_size")
+            return value if value is not None else given
+        if value is None:
+            problem = f"missing: the first line gives {self.declared}, so every line must"
+        elif self.declared is None:
+            problem = f"given as {value}, but the first line gives none: every line must agree"
+        else:
+            problem = f"{value} differs from the first line's {self.declared}: every line must agree"
+        raise TraceError(path, where, problem, "block_size")
 
 
 def declared_block_size(path: str | Path) -> int | None:
@@ -119,25 +128,52 @@ def resolve_block_size(path: str | Path, given: int) -> int:
 def iter_mooncake(path: str | Path, block_size: int | None = None) -> Iterator[HashRequest]:
     """Read a Mooncake JSONL trace. With `block_size`, or when the lines give `block_size`, also check each
     hash_ids length against input_length (see BlockSizes for which block size wins)."""
+    for _, line, declared in iter_mooncake_lines(path, block_size):
+        yield HashRequest(
+            timestamp_ms=line.timestamp,
+            input_length=line.input_length,
+            output_length=line.output_length or 0,
+            hash_ids=line.hash_ids,
+            block_size=declared,
+            output_hash_ids=line.output_hash_ids,
+            session_id=line.session_id,
+        )
+
+
+def iter_mooncake_lines(
+    path: str | Path, block_size: int | None = None
+) -> Iterator[tuple[int, MooncakeLine, int | None]]:
+    """(line number, line, the trace's declared block_size) for every line of a Mooncake JSONL trace, streamed and
+    checked as `iter_mooncake` checks it: decoded in C (radixcache.trace.typed_lines), and read by `_read_line`
+    to word any error."""
     name = str(path)
     sizes = BlockSizes(block_size)
-    for lineno, record in iter_json_lines(path):
-        fields = FieldReader(name, str(lineno), record)
-        size = sizes.read(fields)
-        request = HashRequest(
-            timestamp_ms=fields.number("timestamp"),
-            input_length=fields.count("input_length"),
-            output_length=fields.count("output_length", 0),
-            hash_ids=fields.int_list("hash_ids"),
-            block_size=sizes.declared,
-            output_hash_ids=fields.int_list("output_hash_ids", None),
-            session_id=fields.text("session_id", None),
-        )
-        if size is not None:
-            problem = check_block_size(request, size)
-            if problem:
-                fields.fail(problem, "hash_ids")
-        yield request
+
+    def fallback(name: str, lineno: int, raw: bytes) -> MooncakeLine:
+        return _read_line(name, lineno, raw, sizes)
+
+    for lineno, line in iter_typed_lines(path, MooncakeLine, fallback):
+        size = sizes.accept(line.block_size, name, str(lineno))  # a second time after the fallback: no change
+        if size is not None and len(line.hash_ids) != -(-line.input_length // size):
+            problem = check_block_size(HashRequest(line.timestamp, line.input_length, 0, line.hash_ids), size)
+            raise TraceError(name, str(lineno), problem or "inconsistent with input_length", "hash_ids")
+        yield lineno, line, sizes.declared
+
+
+def _read_line(name: str, lineno: int, raw: bytes, sizes: BlockSizes) -> MooncakeLine:
+    """A line msgspec refused, read field by field in the reader's order: raises TraceError at the first bad field,
+    or returns the line (one msgspec is stricter about than the reader)."""
+    fields = FieldReader(name, str(lineno), json_line(name, lineno, raw))
+    block = sizes.read(fields)
+    return MooncakeLine(
+        timestamp=fields.number("timestamp"),
+        input_length=fields.count("input_length"),
+        output_length=fields.count("output_length", 0),
+        hash_ids=fields.int_list("hash_ids"),
+        output_hash_ids=fields.int_list("output_hash_ids", None),
+        session_id=fields.text("session_id", None),
+        block_size=block if fields.record.get("block_size") is not None else None,  # checked by sizes.read
+    )
 
 
 def hash_request_to_dict(request: HashRequest) -> dict[str, Any]:

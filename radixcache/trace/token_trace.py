@@ -17,7 +17,8 @@ import msgpack
 from radixcache.records import TokenRequest
 from radixcache.trace.errors import TraceError
 from radixcache.trace.fields import FieldReader
-from radixcache.trace.jsonl import dump_json_line, iter_json_lines, open_trace
+from radixcache.trace.jsonl import dump_json_line, json_line, open_trace
+from radixcache.trace.typed_lines import TokenLine, iter_typed_lines
 
 
 def request_to_dict(request: TokenRequest) -> dict[str, Any]:
@@ -59,9 +60,29 @@ def request_from_dict(record: Any, path: str, where: str) -> TokenRequest:
 
 
 def iter_token_jsonl(path: str | Path) -> Iterator[TokenRequest]:
+    for _, request in iter_token_lines(path):
+        yield request
+
+
+def iter_token_lines(path: str | Path) -> Iterator[tuple[int, TokenRequest]]:
+    """(line number, request) for every line of a token JSONL trace, streamed: decoded in C
+    (radixcache.trace.typed_lines), with `request_from_dict` wording any error."""
     name = str(path)
-    for lineno, record in iter_json_lines(path):
-        yield request_from_dict(record, name, str(lineno))
+    for lineno, line in iter_typed_lines(path, TokenLine, _read_token_line):
+        output = line.output_tokens
+        if output is not None and len(output) != line.output_length:
+            problem = f"has {len(output)} tokens but output_length is {line.output_length}"
+            raise TraceError(name, str(lineno), problem, "output_tokens")
+        yield (
+            lineno,
+            TokenRequest(line.timestamp, line.tokens, line.output_length, line.session, line.namespace, output),
+        )
+
+
+def _read_token_line(name: str, lineno: int, raw: bytes) -> TokenLine:
+    """A line msgspec refused, read by `request_from_dict`: raises its TraceError, or returns the line."""
+    r = request_from_dict(json_line(name, lineno, raw), name, str(lineno))
+    return TokenLine(r.timestamp_ms, r.tokens, r.output_length, r.session, r.namespace, r.output_tokens)
 
 
 def write_token_jsonl(path: str | Path, requests: Iterable[TokenRequest]) -> int:
