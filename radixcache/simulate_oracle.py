@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from radixcache.policies import EvictionPolicy
@@ -165,9 +166,7 @@ class ChainedNextUseOracle:
         """Request `index` is being replayed: each of its pages is next read by the next request that reads it."""
         self._now = index
         a, b = self.offsets[index], self.offsets[index + 1]
-        page_next = self.page_next
-        for page, nxt in zip(self.pages[a:b], self.next_read[a:b], strict=True):
-            page_next[page] = nxt
+        deque(map(self.page_next.__setitem__, self.pages[a:b], self.next_read[a:b]), maxlen=0)  # a C-level loop
 
     def assign(self, blocks: list[int], request: int, first_page: int) -> None:
         """Blocks allocated for request `request`, holding its pages first_page, first_page+1, ..."""
@@ -175,9 +174,7 @@ class ChainedNextUseOracle:
             return
         a = self.offsets[request] + first_page
         b = min(a + len(blocks), self.offsets[request + 1])
-        block_page = self.block_page
-        for block, page in zip(blocks, self.pages[a:b], strict=False):
-            block_page[block] = page
+        deque(map(self.block_page.__setitem__, blocks, self.pages[a:b]), maxlen=0)  # to the shorter of the two
 
     def next_use(self, node: TreeNode) -> int:
         """Index of the next request (after `now`) whose prompt reads the node's deepest block."""
