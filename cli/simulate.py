@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import replace
 
 import click
 from rich.console import Console
@@ -26,7 +27,7 @@ from radixcache.simulate_routing import (
     routed_in_memory,
     simulate_routing,
 )
-from radixcache.simulate_source import TraceSource, open_source
+from radixcache.simulate_source import TraceSource, open_source, worth_reading_ahead
 from radixcache.simulate_tiers import COST_PAGE_TOKENS, DEFAULT_TIER_COSTS, TierConfig, TierCosts
 from radixcache.simulate_workload import load_workload
 from radixcache.tiered import WRITE_POLICIES
@@ -149,6 +150,12 @@ from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
     help="Read the whole trace first and sort it by timestamp (the default streams it: requests must be in "
     "arrival order, and memory does not grow with the trace).",
 )
+@click.option(
+    "--read-ahead/--no-read-ahead",
+    default=None,
+    help="Read a streamed trace in a second process while this one replays [default: on for hash traces of "
+    "8 MiB or more on a machine with two cores or more].",
+)
 def simulate(
     trace: str,
     fmt: str | None,
@@ -178,6 +185,7 @@ def simulate(
     as_json: bool,
     no_infinite: bool,
     in_memory: bool,
+    read_ahead: bool | None,
 ) -> None:
     """Replay TRACE through the radix tree at a capacity and eviction policy, without a model.
 
@@ -252,7 +260,9 @@ def simulate(
         if in_memory:
             workload: Replayable = load_workload(trace, fmt, page_size=page_size, block_size=block_size)
         else:
-            workload = open_source(trace, fmt, page_size=page_size, block_size=block_size)
+            source = open_source(trace, fmt, page_size=page_size, block_size=block_size)
+            ahead = worth_reading_ahead(source) if read_ahead is None else read_ahead
+            workload = replace(source, read_ahead=ahead)
         blocks = capacity_blocks or workload.blocks_for_tokens(capacity_tokens or 0)
         if blocks < 1:
             raise click.UsageError(f"--capacity-tokens {capacity_tokens} is less than one block")

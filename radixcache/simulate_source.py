@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import orjson
 
 from radixcache.errors import RadixCacheError
+from radixcache.simulate_read_ahead import read_ahead
 from radixcache.simulate_workload import SimRequest, hash_sim_request
 from radixcache.trace.errors import TraceError
 from radixcache.trace.formats import FORMAT_KINDS, MOONCAKE, TOKEN_JSONL, TOKEN_MSGPACK, detect_format
@@ -34,8 +35,12 @@ class TraceSource:
     kind: str  # "token" or "hash"
     page_size: int
     block_tokens: int
+    read_ahead: bool = False  # read by a second process while this one replays (radixcache.simulate_read_ahead)
 
     def __iter__(self) -> Iterator[SimRequest]:
+        if self.read_ahead:
+            yield from read_ahead(replace(self, read_ahead=False))
+            return
         last = None
         for where, request in self._records():
             if last is not None and request.timestamp_ms < last:
@@ -124,9 +129,12 @@ def open_source(
     *,
     page_size: int | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
+    read_ahead: bool = False,
 ) -> TraceSource:
     """A token or hash-block trace file as a streamed source, with the same rules as `load_workload`: token
-    traces use `page_size` (default 1); a hash trace's page is one hash id of `block_size` tokens."""
+    traces use `page_size` (default 1); a hash trace's page is one hash id of `block_size` tokens. With
+    `read_ahead`, every pass over it is read by a second process while this one replays (see
+    `worth_reading_ahead`)."""
     name = str(path)
     fmt = format or detect_format(path)
     kind = FORMAT_KINDS.get(fmt)
@@ -136,7 +144,7 @@ def open_source(
         p = 1 if page_size is None else page_size
         if type(p) is not int or p < 1:
             raise RadixCacheError(f"page_size must be a positive int, got {p!r}")
-        return TraceSource(name, fmt, kind, p, p)
+        return TraceSource(name, fmt, kind, p, p, read_ahead)
     if kind == "hash":
         block_size = resolve_block_size(name, block_size)  # the lines' own, when they give one
         if page_size is not None and page_size != block_size:
@@ -146,7 +154,7 @@ def open_source(
                 f"a hash-block trace caches one page per hash id, so its page size is the block size "
                 f"({block_size}); use --block-size, not --page-size {page_size}",
             )
-        return TraceSource(name, fmt, kind, 1, block_size)
+        return TraceSource(name, fmt, kind, 1, block_size, read_ahead)
     if kind is None:
         raise TraceError(name, "format", f"unknown trace format {fmt!r}")
     raise TraceError(
@@ -155,3 +163,19 @@ def open_source(
         f"{fmt} is a text trace: tokenise it with the runtime first (radixcache replay), "
         "or simulate a token or hash-block trace",
     )
+
+
+#: files from this size on are worth a reader process (it costs a fraction of a second to start, once per pass)
+READ_AHEAD_MIN_BYTES = 8 << 20
+
+
+def worth_reading_ahead(source: TraceSource) -> bool:
+    """Whether a reader process should read `source` beside the replay: a hash trace of READ_AHEAD_MIN_BYTES or
+    more, on a machine with a second core for it (a sweep that already runs a replay per core should not ask).
+    Not a token trace: handing a request of a thousand tokens to the replay's process costs about what reading it
+    does (unpickling makes every token a Python int again), so reading ahead slows it down."""
+    try:
+        size = os.path.getsize(source.path)
+    except OSError:
+        return False  # opening it reports the problem
+    return source.kind == "hash" and size >= READ_AHEAD_MIN_BYTES and (os.cpu_count() or 1) >= 2

@@ -16,6 +16,11 @@ class TraceError(RadixCacheError, ValueError):
         self.path = path
         self.where = where
         self.field = field
+        self.message = message
         prefix = f"{path}:{where}" if where.isdigit() else f"{path}: {where}"
         detail = f"field {field!r}: {message}" if field else message
         super().__init__(f"{prefix}: {detail}")
+
+    def __reduce__(self) -> tuple:
+        # Rebuilt from its parts, so that it crosses a process boundary (radixcache.simulate_read_ahead) whole.
+        return (type(self), (self.path, self.where, self.message, self.field))

@@ -1,0 +1,132 @@
+"""A streamed trace read by a second process (radixcache.simulate_read_ahead) gives the same requests, the same
+figures and the same errors at the same file:line as reading it in the replay's own process; a replay that stops
+early leaves no reader behind."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from radixcache.cli.main import main as cli
+from radixcache.simulate import evaluate, simulate
+from radixcache.simulate_read_ahead import read_ahead
+from radixcache.simulate_source import open_source
+from radixcache.synthetic import multi_turn_chat
+from radixcache.trace.errors import TraceError
+from radixcache.trace.token_trace import write_token_jsonl
+
+from .conftest import MOONCAKE_TRACE
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a reader process is forked on Linux")
+FIELDS = ("requests", "prompt_tokens", "hit_tokens", "prompt_blocks", "hit_blocks", "evicted_blocks", "windows")
+
+
+def figures(result) -> list:
+    return [getattr(result, f) for f in FIELDS]
+
+
+def chat_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "chat.jsonl"
+    requests = sorted(multi_turn_chat(conversations=30, system_tokens=60, seed=5), key=lambda r: r.timestamp_ms)
+    write_token_jsonl(path, requests)
+    return path
+
+
+@pytest.mark.skipif(not MOONCAKE_TRACE.exists(), reason="shared Mooncake trace not found (../shared/traces)")
+def test_read_ahead_gives_the_figures_of_reading_here_on_the_shared_mooncake_trace() -> None:
+    here = open_source(str(MOONCAKE_TRACE))
+    ahead = open_source(str(MOONCAKE_TRACE), read_ahead=True)
+    assert list(read_ahead(here, batch=7)) == list(here)
+    for policy in ("lru", "belady"):
+        assert figures(simulate(ahead, 4000, policy)) == figures(simulate(here, 4000, policy))
+    a, b = evaluate(ahead, 3000, "slru", concurrency=3), evaluate(here, 3000, "slru", concurrency=3)
+    assert figures(a.result) == figures(b.result) and figures(a.infinite) == figures(b.infinite)
+
+
+def test_read_ahead_gives_the_figures_of_reading_here_on_a_generated_token_trace(tmp_path: Path) -> None:
+    path = chat_trace(tmp_path)
+    here, ahead = open_source(str(path), page_size=4), open_source(str(path), page_size=4, read_ahead=True)
+    assert list(read_ahead(here, batch=5)) == list(here)
+    for policy in ("lru", "lfu", "belady"):
+        assert figures(simulate(ahead, 50, policy)) == figures(simulate(here, 50, policy))
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "message"),
+    [
+        (b'{"timestamp": 1, "tokens": [1, -2], "output_length": 0}', r"t\.jsonl:41: field 'tokens': item 1 is -2"),
+        (b'{"timestamp": 0, "tokens": [1], "output_length": 0}', r"t\.jsonl:41: .*earlier than the previous"),
+        (b"{not json", r"t\.jsonl:41: invalid JSON"),
+    ],
+)
+def test_an_error_arrives_after_every_request_before_it(tmp_path: Path, bad_line: bytes, message: str) -> None:
+    path = tmp_path / "t.jsonl"
+    good = [b'{"timestamp": %d, "tokens": [1, 2, %d], "output_length": 1}' % (i + 1, i) for i in range(40)]
+    path.write_bytes(b"\n".join([*good, bad_line, *good]) + b"\n")
+    source = open_source(str(path))
+    got = []
+    with pytest.raises(TraceError, match=message) as ahead:
+        for request in read_ahead(source, batch=6):  # the error falls inside a batch
+            got.append(request)
+    with pytest.raises(TraceError) as here:
+        list(source)
+    assert str(ahead.value) == str(here.value)
+    assert (ahead.value.path, ahead.value.where, ahead.value.field) == (here.value.path, "41", here.value.field)
+    assert len(got) == 40 and got == list(source_prefix(source, 40))
+    assert not multiprocessing.active_children()
+
+
+def source_prefix(source, n: int) -> list:
+    out = []
+    for request in source:
+        out.append(request)
+        if len(out) == n:
+            return out
+    return out
+
+
+def test_a_replay_that_stops_early_leaves_no_reader(tmp_path: Path) -> None:
+    path = chat_trace(tmp_path)
+    requests = read_ahead(open_source(str(path)), batch=2)
+    first = [next(requests) for _ in range(3)]
+    assert len(first) == 3 and multiprocessing.active_children()
+    requests.close()
+    assert not multiprocessing.active_children()
+
+
+def test_the_cli_reads_ahead_on_request_with_the_same_report(tmp_path: Path) -> None:
+    path = chat_trace(tmp_path)
+    reports = []
+    for flag in ("--read-ahead", "--no-read-ahead"):
+        result = CliRunner().invoke(cli, ["simulate", str(path), "--capacity-blocks", "80", "--belady", "--json", flag])
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.output)
+        report.pop("seconds")
+        reports.append(report)
+    assert reports[0] == reports[1]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(path.read_text().replace('"output_length": ', '"output_length": -', 1))
+    result = CliRunner().invoke(cli, ["simulate", str(bad), "--capacity-blocks", "80", "--read-ahead"])
+    assert result.exit_code == 1 and "bad.jsonl:1: field 'output_length'" in result.output
+
+
+def test_reading_ahead_is_worth_it_for_large_hash_traces_only(tmp_path: Path, monkeypatch) -> None:
+    import radixcache.simulate_source as simulate_source
+
+    hashes = tmp_path / "h.jsonl"
+    hashes.write_text('{"timestamp": 0, "input_length": 16, "hash_ids": [1]}\n' * 200)
+    tokens = chat_trace(tmp_path)
+    monkeypatch.setattr(simulate_source, "READ_AHEAD_MIN_BYTES", 1000)
+    monkeypatch.setattr(simulate_source.os, "cpu_count", lambda: 2)
+    assert simulate_source.worth_reading_ahead(open_source(str(hashes), block_size=16))
+    assert not simulate_source.worth_reading_ahead(open_source(str(tokens)))  # a token trace: slower ahead
+    monkeypatch.setattr(simulate_source, "READ_AHEAD_MIN_BYTES", hashes.stat().st_size + 1)
+    assert not simulate_source.worth_reading_ahead(open_source(str(hashes), block_size=16))  # too small
+    monkeypatch.setattr(simulate_source, "READ_AHEAD_MIN_BYTES", 1000)
+    monkeypatch.setattr(simulate_source.os, "cpu_count", lambda: 1)
+    assert not simulate_source.worth_reading_ahead(open_source(str(hashes), block_size=16))  # no second core
