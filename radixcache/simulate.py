@@ -22,6 +22,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Union
 
 from radixcache.admission import AdmissionPolicy, AdmissionRequest, make_admission
@@ -29,6 +30,7 @@ from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
 from radixcache.simulate_oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
+from radixcache.simulate_read_ahead import ReadAhead
 from radixcache.simulate_tiers import (
     TIERS,
     LatencyDigest,
@@ -684,6 +686,10 @@ class InfiniteReplay:
         while self.inflight and not self.broken:
             self._insert(*self.inflight.popleft())
 
+    def summary(self) -> tuple[bool, SimResult | None]:
+        """(broken, the result unless broken): what a replay beside the reading (ReadAhead) sends back."""
+        return self.broken, (None if self.broken else self.result())
+
     def result(self) -> SimResult:
         if self.broken:
             raise RadixCacheError("an id followed two parents: replay this trace with chained keys")
@@ -836,18 +842,25 @@ def evaluate(
         replay = CacheReplay(
             workload, capacity_blocks, policy, concurrency=concurrency, windows=windows, admission=admission
         )
-    unbounded = InfiniteReplay(workload, concurrency=concurrency, windows=windows, span=trace_span(workload))
-    _drive(workload, [replay, unbounded] if infinite else [replay], progress)
-    if isinstance(replay, TieredReplay) and replay.key == "hash-id" and replay.any_tier and unbounded.broken:
+    unbounded = partial(InfiniteReplay, workload, concurrency=concurrency, windows=windows, span=trace_span(workload))
+    if infinite and getattr(workload, "read_ahead", False):  # the bound replays in the reader process, for free
+        stream = ReadAhead(replace(workload, read_ahead=False), beside=unbounded)  # type: ignore[type-var]
+        _drive(stream, [replay], progress)
+        broken, bound = stream.beside_summary
+    else:
+        beside = unbounded()
+        _drive(workload, [replay, beside] if infinite else [replay], progress)
+        broken, bound = beside.summary()
+    if isinstance(replay, TieredReplay) and replay.key == "hash-id" and replay.any_tier and broken:
         replay = TieredReplay(
             workload, capacity_blocks, spare, tiers=tiers, concurrency=concurrency, windows=windows, key="blake2b"
         )
         _drive(workload, [replay], None)
     infinite_result = None
-    if infinite and unbounded.broken:
+    if infinite and broken:
         infinite_result = simulate_infinite(workload, concurrency=concurrency, windows=windows)
     elif infinite:
-        infinite_result = unbounded.result()
+        infinite_result = bound
     optimum = None
     if belady:
         optimum = simulate(

@@ -3,16 +3,19 @@
 Decoding and checking a line (radixcache.trace.typed_lines) and replaying it through the tree are both Python-bound,
 and a replay cannot be split: each request depends on the cache the ones before it left. What can run beside the
 replay is the reading. `read_ahead(source)` iterates `source` in a child process and hands its requests over in
-batches through a pipe (pickled: a few µs for a request that took 6 to 110 µs to read), so the replay's process only
-unpickles and replays. The requests, their order, and every error are the same as iterating `source` here: a
-TraceError at file:line arrives after every request before it, and is raised when the replay reaches it.
+batches through a pipe (pickled: a few µs for a hash-trace request), so the replay's process only unpickles and
+replays. The requests, their order, and every error are the same as iterating `source` here: a TraceError at
+file:line arrives after every request before it, and is raised when the replay reaches it.
+
+The reader has time to spare (reading a hash trace's line costs a seventh of replaying it), so a cheap replay can
+run there too (`ReadAhead(beside=...)`): `evaluate` runs the infinite-cache bound so.
 
 Memory stays bounded: the pipe holds little, so the reader blocks once it is a batch or two ahead. When the replay
 stops early (an error of its own, or a consumer that closes the iterator), the reader's next send fails and it ends;
-it is killed if it does not. The child is forked (on Linux; elsewhere `read_ahead` iterates `source` in this
-process): a spawned child would import the caller's main module again, which a script without a `__main__` guard
-does not survive. The forked child only reads the file and writes the pipe, so the locks a thread of the parent may
-hold at the fork (a progress bar's) are never its concern.
+it is killed if it does not. The child is forked (on Linux; elsewhere the same pass runs in this process): a
+spawned child would import the caller's main module again, which a script without a `__main__` guard does not
+survive. The forked child only reads the file, replays what runs beside, and writes the pipe, so the locks a thread
+of the parent may hold at the fork (a progress bar's) are never its concern.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
-from typing import TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from radixcache.errors import RadixCacheError
 
@@ -31,50 +34,98 @@ T = TypeVar("T")
 BATCH = 256  # requests per message: large enough that a send costs little per request, small enough to stay close
 
 
+class Beside(Protocol):
+    """A replay that runs in the reader process, fed every item as it is read (InfiniteReplay is one)."""
+
+    def feed(self, index: int, item: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+    def summary(self) -> Any:
+        """What the caller gets back (`ReadAhead.beside_summary`): it must pickle."""
+        ...
+
+
+class ReadAhead(Generic[T]):
+    """The items of `source`, in order, read by a child process; iterating it once is one pass over `source`.
+
+    `beside`: a factory of a replay that the child also feeds every item (a bound whose replay costs far less than
+    the caller's, such as the infinite cache, then costs the caller nothing). After a whole pass, its
+    `summary()` is in `beside_summary`.
+    """
+
+    def __init__(self, source: Iterable[T], beside: Callable[[], Beside] | None = None, batch: int = BATCH) -> None:
+        self.source, self.beside, self.batch = source, beside, batch
+        self.beside_summary: Any = None
+
+    def __iter__(self) -> Iterator[T]:
+        if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+            yield from self._here()
+            return
+        context = multiprocessing.get_context("fork")
+        receiver, sender = context.Pipe(duplex=False)
+        args = (self.source, sender, self.batch, self.beside)
+        reader = context.Process(target=_read, args=args, daemon=True, name="radixcache-trace-reader")
+        with warnings.catch_warnings():  # Python 3.12+ warns of any fork beside threads; see the module's note
+            warnings.simplefilter("ignore", DeprecationWarning)
+            reader.start()
+        sender.close()  # the child's copy is the only one left: its end closes the pipe
+        try:
+            while True:
+                try:
+                    kind, items, extra = receiver.recv()
+                except EOFError:
+                    raise RadixCacheError(
+                        f"the trace reader process ended without a word (exit code {reader.exitcode})"
+                    ) from None
+                yield from items
+                if kind == "end":
+                    self.beside_summary = extra
+                    return
+                if kind == "error":
+                    raise extra
+        finally:
+            receiver.close()
+            reader.join(timeout=5)
+            if reader.is_alive():
+                reader.kill()
+                reader.join()
+
+    def _here(self) -> Iterator[T]:
+        """The same pass without a child (where none can be forked)."""
+        side = self.beside() if self.beside is not None else None
+        for index, item in enumerate(self.source):
+            if side is not None:
+                side.feed(index, item)
+            yield item
+        if side is not None:
+            side.close()
+            self.beside_summary = side.summary()
+
+
 def read_ahead(source: Iterable[T], batch: int = BATCH) -> Iterator[T]:
     """The items of `source`, in order, read by a child process."""
-    if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
-        yield from source
-        return
-    context = multiprocessing.get_context("fork")
-    receiver, sender = context.Pipe(duplex=False)
-    reader = context.Process(target=_read, args=(source, sender, batch), daemon=True, name="radixcache-trace-reader")
-    with warnings.catch_warnings():  # Python 3.12+ warns of any fork beside threads; see the module's note
-        warnings.simplefilter("ignore", DeprecationWarning)
-        reader.start()
-    sender.close()  # the child's copy is the only one left: its end closes the pipe
-    try:
-        while True:
-            try:
-                kind, items, error = receiver.recv()
-            except EOFError:
-                raise RadixCacheError(
-                    f"the trace reader process ended without a word (exit code {reader.exitcode})"
-                ) from None
-            yield from items
-            if kind == "end":
-                return
-            if kind == "error":
-                raise error
-    finally:
-        receiver.close()
-        reader.join(timeout=5)
-        if reader.is_alive():
-            reader.kill()
-            reader.join()
+    return iter(ReadAhead(source, batch=batch))
 
 
-def _read(source: Iterable[T], sender: Connection, batch: int) -> None:
-    """The child: iterate `source`, send ("more", items, None) batches, then ("end", items, None) or
-    ("error", items, exception)."""
+def _read(source: Iterable[T], sender: Connection, batch: int, beside: Callable[[], Beside] | None) -> None:
+    """The child: iterate `source` (feeding `beside`'s replay), send ("more", items, None) batches, then
+    ("end", items, the replay's summary) or ("error", items, exception)."""
     items: list[T] = []
     try:
-        for item in source:
+        side = beside() if beside is not None else None
+        for index, item in enumerate(source):
             items.append(item)
+            if side is not None:
+                side.feed(index, item)
             if len(items) >= batch:
                 sender.send(("more", items, None))
                 items = []
-        sender.send(("end", items, None))
+        summary = None
+        if side is not None:
+            side.close()
+            summary = side.summary()
+        sender.send(("end", items, summary))
     except (BrokenPipeError, ConnectionResetError):  # the replay stopped reading: nothing left to do
         pass
     except BaseException as exc:  # every failure goes to the replay, which raises it where it was

@@ -13,9 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from radixcache.cli.main import main as cli
-from radixcache.simulate import evaluate, simulate
+from radixcache.simulate import evaluate, infinite_capacity, simulate
 from radixcache.simulate_read_ahead import read_ahead
 from radixcache.simulate_source import open_source
+from radixcache.simulate_workload import load_workload
 from radixcache.synthetic import multi_turn_chat
 from radixcache.trace.errors import TraceError
 from radixcache.trace.token_trace import write_token_jsonl
@@ -130,3 +131,25 @@ def test_reading_ahead_is_worth_it_for_large_hash_traces_only(tmp_path: Path, mo
     monkeypatch.setattr(simulate_source, "READ_AHEAD_MIN_BYTES", 1000)
     monkeypatch.setattr(simulate_source.os, "cpu_count", lambda: 1)
     assert not simulate_source.worth_reading_ahead(open_source(str(hashes), block_size=16))  # no second core
+
+
+def test_the_infinite_bound_replayed_by_the_reader_equals_a_cache_that_never_evicts(tmp_path: Path) -> None:
+    """evaluate() runs the infinite-cache bound in the reader process: chained ids, and ids that follow two
+    parents (the bound is replayed again with chained keys), give a tree that never evicts its figures."""
+    chained = tmp_path / "chained.jsonl"
+    reused = tmp_path / "reused.jsonl"
+    line = '{{"timestamp": {}, "input_length": {}, "output_length": 1, "hash_ids": {}}}\n'
+    chained.write_text("".join(line.format(t, 16 * len(ids), ids) for t, ids in enumerate([[1, 2], [1, 2, 3], [4]])))
+    rows = [[1, 2], [3, 2], [3, 2, 5], [2], [2, 2], [2, 2, 7], [1, 2, 9]]  # id 2 after 1, after 3, after root...
+    reused.write_text("".join(line.format(t, 16 * len(ids), ids) for t, ids in enumerate(rows)))
+    for path in (chained, reused):
+        memory = load_workload(str(path), block_size=16)
+        tree = simulate(memory, infinite_capacity(memory))
+        for concurrency in (1, 2):
+            ahead = evaluate(open_source(str(path), block_size=16, read_ahead=True), 2, concurrency=concurrency)
+            here = evaluate(open_source(str(path), block_size=16), 2, concurrency=concurrency)
+            assert figures(ahead.infinite) == figures(here.infinite)
+            assert figures(ahead.result) == figures(here.result)
+            if concurrency == 1:
+                assert figures(ahead.infinite) == figures(tree)
+        assert not multiprocessing.active_children()
