@@ -4,7 +4,9 @@ Generates Mooncake-format hash traces of each size (scripts/gen_hash_trace.py: 1
 per request, constant memory) into `--workdir` (kept between runs), then runs the CLI on each as a subprocess,
 LRU at `--capacity-blocks` alone (`--no-infinite`), with the infinite-cache bound (the default), and with
 `--belady`, each once streamed and once `--in-memory`. Peak RSS is
-the subprocess's own (os.wait4). A token trace (`trace gen chat`) can be added with `--chat COUNT`.
+the subprocess's own (os.wait4). The CLI reads a streamed hash trace of 8 MiB or more in a second process (its
+default `--read-ahead` on two cores or more), so those rows time both processes together; add `--no-read-ahead`
+to `RUNS` to compare. A token trace (`trace gen chat`) can be added with `--chat COUNT`.
 
     .venv/bin/python scripts/bench_simulator.py --sizes 50000,500000,2000000 --chat 20000 \\
         --markdown docs/simulator_bench.md --plot docs/simulator_scale.png
