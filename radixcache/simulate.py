@@ -823,7 +823,8 @@ def evaluate(
 ) -> SimReport:
     """`simulate` plus its bounds: the infinite-cache replay (unless `infinite=False`: its table grows with the
     trace's distinct pages, where the policy's replay holds only the cache), and Belady's when asked for. The
-    policy's replay and the infinite one share one pass; Belady's oracle reads the trace once more, then replays.
+    policy's replay and the infinite one share one pass (the infinite one in the reader process, when `workload` is
+    a TraceSource that reads ahead); Belady's oracle reads the trace once more, then replays.
 
     With `tiers` the policy's replay is a TieredReplay (its result's `tiers` holds the per-tier hits and the
     modelled TTFT, with the device alone and with no cache for comparison); the bounds stay device-only. A hash
