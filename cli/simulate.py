@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from dataclasses import replace
 
@@ -288,6 +289,8 @@ def simulate(
                 tiers=tiers,
                 admission=admission,
                 belady_admission=belady_admission,
+                # The Belady replays in their own processes beside the policy's, each reading the file itself.
+                parallel=not in_memory and (os.cpu_count() or 1) >= 2,
             )
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None

@@ -29,6 +29,7 @@ from radixcache.admission import AdmissionPolicy, AdmissionRequest, make_admissi
 from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
+from radixcache.simulate_fork import ForkedCall
 from radixcache.simulate_oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
 from radixcache.simulate_read_ahead import ReadAhead
 from radixcache.simulate_tiers import (
@@ -820,6 +821,7 @@ def evaluate(
     tiers: TierConfig | None = None,
     admission: str | AdmissionPolicy | None = None,
     belady_admission: bool = False,
+    parallel: bool = False,
 ) -> SimReport:
     """`simulate` plus its bounds: the infinite-cache replay (unless `infinite=False`: its table grows with the
     trace's distinct pages, where the policy's replay holds only the cache), and Belady's when asked for. The
@@ -832,7 +834,54 @@ def evaluate(
     chained), the tiered replay runs again keyed by blake2b hashes of the id chain.
 
     `admission` decides what the tree adopts (device-only); `belady_admission` adds the admission bound (Belady
-    when a request's pages may skip the cache), the one to compare a policy with admission against."""
+    when a request's pages may skip the cache), the one to compare a policy with admission against.
+
+    `parallel`: the Belady replays run in forked processes beside the policy's (radixcache.simulate_fork), each
+    reading the trace itself; the figures are the same. For a streamed trace on a machine with cores to spare (a
+    forked child copies, page by page, whatever an in-memory workload it touches shares with this process)."""
+    bounds = [(BELADY, belady), (BELADY_ADMISSION, belady_admission)]
+    forked = {}
+    if parallel:  # started before the policy's replay, so that the children copy nothing of it
+        # Each reads the trace itself (a daemonic child starts no reader of its own).
+        alone = replace(workload, read_ahead=False) if getattr(workload, "read_ahead", False) else workload
+        for name, wanted in bounds:
+            if wanted:
+                forked[name] = ForkedCall(
+                    partial(simulate, alone, capacity_blocks, name, concurrency=concurrency, windows=windows)
+                )
+    try:
+        report = _evaluate(
+            workload, capacity_blocks, policy, concurrency, infinite, windows, progress, tiers, admission
+        )
+    except BaseException:
+        for call in forked.values():
+            call.cancel()
+        raise
+    done = {}
+    for name, wanted in bounds:
+        if name in forked:
+            done[name] = forked[name].result()
+            if progress is not None:
+                progress(done[name].requests)
+        elif wanted:
+            done[name] = simulate(
+                workload, capacity_blocks, name, concurrency=concurrency, windows=windows, progress=progress
+            )
+    return replace(report, belady=done.get(BELADY), belady_admission=done.get(BELADY_ADMISSION))
+
+
+def _evaluate(
+    workload: Replayable,
+    capacity_blocks: int,
+    policy: str | EvictionPolicy,
+    concurrency: int,
+    infinite: bool,
+    windows: int,
+    progress: Callable[[int], None] | None,
+    tiers: TierConfig | None,
+    admission: str | AdmissionPolicy | None,
+) -> SimReport:
+    """The policy's replay and the infinite bound's (see `evaluate`)."""
     replay: CacheReplay | TieredReplay
     spare = copy.deepcopy(policy) if tiers is not None and isinstance(policy, EvictionPolicy) else policy
     if tiers is not None:
@@ -862,14 +911,4 @@ def evaluate(
         infinite_result = simulate_infinite(workload, concurrency=concurrency, windows=windows)
     elif infinite:
         infinite_result = bound
-    optimum = None
-    if belady:
-        optimum = simulate(
-            workload, capacity_blocks, BELADY, concurrency=concurrency, windows=windows, progress=progress
-        )
-    with_admission = None
-    if belady_admission:
-        with_admission = simulate(
-            workload, capacity_blocks, BELADY_ADMISSION, concurrency=concurrency, windows=windows, progress=progress
-        )
-    return SimReport(replay.result(), infinite_result, optimum, with_admission)
+    return SimReport(replay.result(), infinite_result)

@@ -153,3 +153,27 @@ def test_the_infinite_bound_replayed_by_the_reader_equals_a_cache_that_never_evi
             if concurrency == 1:
                 assert figures(ahead.infinite) == figures(tree)
         assert not multiprocessing.active_children()
+
+
+def test_bounds_replayed_in_parallel_give_the_figures_of_replaying_them_here(tmp_path: Path) -> None:
+    path = chat_trace(tmp_path)
+    source = open_source(str(path), page_size=4)
+    seen: list[int] = []
+    for concurrency in (1, 2):
+        kwargs = {"concurrency": concurrency, "belady": True, "belady_admission": True}
+        parallel = evaluate(source, 50, "lru", parallel=True, progress=seen.append, **kwargs)
+        here = evaluate(source, 50, "lru", **kwargs)
+        for a, b in ((parallel.result, here.result), (parallel.belady, here.belady)):
+            assert figures(a) == figures(b)
+        assert figures(parallel.belady_admission) == figures(here.belady_admission)
+        assert figures(parallel.infinite) == figures(here.infinite)
+    assert sum(seen) == 2 * 3 * here.result.requests  # every replay's requests reach the progress bar
+    assert not multiprocessing.active_children()
+
+
+def test_a_bound_that_fails_in_its_process_fails_the_evaluation(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 1, "tokens": [1, 2], "output_length": 0}\n{"timestamp": 2, "tokens": [-1]}\n')
+    with pytest.raises(TraceError, match=r"t\.jsonl:2: field 'tokens'"):
+        evaluate(open_source(str(path)), 4, belady=True, parallel=True)
+    assert not multiprocessing.active_children()

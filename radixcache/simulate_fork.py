@@ -1,0 +1,80 @@
+"""A replay run in a forked process beside this one, for replays that need no look at each other (the bounds).
+
+`evaluate` with `parallel=True` starts Belady's replays this way, then runs the policy's replay itself: on two
+cores the whole report costs about what its slowest replay does, instead of their sum. The child returns its result
+(a SimResult) or its exception through a pipe; the parent gets it from `result()`. Forked, as in
+radixcache.simulate_read_ahead, on Linux only; elsewhere `result()` runs the call in this process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import warnings
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any, Generic, TypeVar
+
+from radixcache.errors import RadixCacheError
+
+T = TypeVar("T")
+
+
+def can_fork() -> bool:
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+
+
+class ForkedCall(Generic[T]):
+    """`call()` started now in a forked child (where one can be forked); `result()` waits for its value."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self.call = call
+        self.process: Any = None
+        self.receiver: Connection | None = None
+        if not can_fork():
+            return
+        context = multiprocessing.get_context("fork")
+        self.receiver, sender = context.Pipe(duplex=False)
+        self.process = context.Process(target=_run, args=(call, sender), daemon=True, name="radixcache-replay")
+        with warnings.catch_warnings():  # Python 3.12+ warns of any fork beside threads: the child never meets them
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.process.start()
+        sender.close()
+
+    def result(self) -> T:
+        """The call's value, or its exception raised here."""
+        if self.process is None:
+            return self.call()
+        assert self.receiver is not None
+        try:
+            kind, value = self.receiver.recv()
+        except EOFError:
+            self.process.join()
+            code = self.process.exitcode
+            raise RadixCacheError(f"a replay's process ended without a result (exit code {code})") from None
+        finally:
+            self.receiver.close()
+        self.process.join()
+        if kind == "error":
+            raise value
+        return value
+
+    def cancel(self) -> None:
+        """Stop the child (the caller failed and will not ask for the result)."""
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+def _run(call: Callable[[], Any], sender: Connection) -> None:
+    try:
+        value = call()
+        message = ("value", value)
+    except BaseException as exc:  # sent to the parent, which raises it
+        message = ("error", exc)
+    try:
+        sender.send(message)
+    except Exception:  # an exception (or a value) that does not pickle: its type and message do
+        sender.send(("error", RadixCacheError(f"{type(message[1]).__name__}: {message[1]}")))
+    finally:
+        sender.close()
