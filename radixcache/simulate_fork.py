@@ -21,7 +21,13 @@ T = TypeVar("T")
 
 
 def can_fork() -> bool:
-    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+    """Whether this process may fork a helper: on Linux, and not from a daemonic process (a pool's worker), which
+    multiprocessing forbids to have children (the work then runs in this process)."""
+    return (
+        sys.platform.startswith("linux")
+        and "fork" in multiprocessing.get_all_start_methods()
+        and not multiprocessing.current_process().daemon
+    )
 
 
 class ForkedCall(Generic[T]):

@@ -21,13 +21,13 @@ of the parent may hold at the fork (a progress bar's) are never its concern.
 from __future__ import annotations
 
 import multiprocessing
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any, Generic, Protocol, TypeVar
 
 from radixcache.errors import RadixCacheError
+from radixcache.simulate_fork import can_fork
 
 T = TypeVar("T")
 
@@ -59,7 +59,7 @@ class ReadAhead(Generic[T]):
         self.beside_summary: Any = None
 
     def __iter__(self) -> Iterator[T]:
-        if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+        if not can_fork():
             yield from self._here()
             return
         context = multiprocessing.get_context("fork")

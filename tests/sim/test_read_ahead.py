@@ -177,3 +177,17 @@ def test_a_bound_that_fails_in_its_process_fails_the_evaluation(tmp_path: Path) 
     with pytest.raises(TraceError, match=r"t\.jsonl:2: field 'tokens'"):
         evaluate(open_source(str(path)), 4, belady=True, parallel=True)
     assert not multiprocessing.active_children()
+
+
+def _evaluate_in_a_worker(path: str) -> list:
+    report = evaluate(open_source(path, page_size=4, read_ahead=True), 50, belady=True, parallel=True)
+    return [figures(report.result), figures(report.infinite), figures(report.belady)]
+
+
+def test_a_pool_worker_which_may_not_fork_reads_and_replays_in_place(tmp_path: Path) -> None:
+    """A daemonic process (a pool's worker) may not have children: the same figures, with no child."""
+    path = chat_trace(tmp_path)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got = pool.apply(_evaluate_in_a_worker, (str(path),))
+    report = evaluate(open_source(str(path), page_size=4), 50, belady=True)
+    assert got == [figures(report.result), figures(report.infinite), figures(report.belady)]
