@@ -131,20 +131,7 @@ class ReusePolicy(EvictionPolicy):
         hits = node.hit_count - 1
         waited = clock - group[1] if clock > group[1] else 0
         group[1] = clock
-        # _record(class, 1.0, waited), inlined: this runs for every match that hits
-        self._outcomes += 1
-        if self._outcomes % _REFRESH == 0:
-            self._credits.clear()
-        d = self.decay
-        klass = group[0][hits if hits < 3 else 3]
-        stats = self._stats.get(klass)
-        if stats is None:
-            stats = self._stats[klass] = [0.0, 0.0]
-        stats[0] = stats[0] * d + 1.0
-        stats[1] = stats[1] * d + waited
-        self._all_reuses = self._all_reuses * d + 1.0
-        self._all_waits = self._all_waits * d + waited
-        self._all_outcomes = self._all_outcomes * d + 1.0
+        self._record(group[0][hits if hits < 3 else 3], 1.0, waited)
 
     def on_evict(self, node: TreeNode, priority: tuple) -> None:
         now = self.now
@@ -152,20 +139,7 @@ class ReusePolicy(EvictionPolicy):
         if group is not None:
             hits = node.hit_count
             waited = now - group[1] if now > group[1] else 0
-            # _record(class, 0.0, waited), inlined: this runs for every leaf eviction takes blocks from
-            self._outcomes += 1
-            if self._outcomes % _REFRESH == 0:
-                self._credits.clear()
-            d = self.decay
-            klass = group[0][hits if hits < 3 else 3]
-            stats = self._stats.get(klass)
-            if stats is None:
-                stats = self._stats[klass] = [0.0, 0.0]
-            stats[0] *= d
-            stats[1] = stats[1] * d + waited
-            self._all_reuses *= d
-            self._all_waits = self._all_waits * d + waited
-            self._all_outcomes = self._all_outcomes * d + 1.0
+            self._record(group[0][hits if hits < 3 else 3], 0.0, waited)
             group[1] = now  # the rest of the group waits afresh: its time is not counted twice
             if group[2] is not None:  # the group's content is (partly) gone: remembered once, as a ghost
                 ghosts = self._ghosts
