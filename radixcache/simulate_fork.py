@@ -30,6 +30,19 @@ def can_fork() -> bool:
     )
 
 
+def start_child(target: Callable[..., None], args: tuple, name: str) -> tuple[Any, Connection]:
+    """Fork a daemonic child running `target(*args, sender)`, where `sender` is the write end of a pipe; return the
+    process and the read end. The parent keeps no copy of the write end, so the pipe closes when the child does."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=target, args=(*args, sender), daemon=True, name=name)
+    with warnings.catch_warnings():  # Python 3.12+ warns of any fork beside threads: the child never meets them
+        warnings.simplefilter("ignore", DeprecationWarning)
+        process.start()
+    sender.close()
+    return process, receiver
+
+
 class ForkedCall(Generic[T]):
     """`call()` started now in a forked child (where one can be forked); `result()` waits for its value."""
 
@@ -39,13 +52,7 @@ class ForkedCall(Generic[T]):
         self.receiver: Connection | None = None
         if not can_fork():
             return
-        context = multiprocessing.get_context("fork")
-        self.receiver, sender = context.Pipe(duplex=False)
-        self.process = context.Process(target=_run, args=(call, sender), daemon=True, name="radixcache-replay")
-        with warnings.catch_warnings():  # Python 3.12+ warns of any fork beside threads: the child never meets them
-            warnings.simplefilter("ignore", DeprecationWarning)
-            self.process.start()
-        sender.close()
+        self.process, self.receiver = start_child(_run, (call,), "radixcache-replay")
 
     def result(self) -> T:
         """The call's value, or its exception raised here."""

@@ -20,14 +20,12 @@ of the parent may hold at the fork (a progress bar's) are never its concern.
 
 from __future__ import annotations
 
-import multiprocessing
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any, Generic, Protocol, TypeVar
 
 from radixcache.errors import RadixCacheError
-from radixcache.simulate_fork import can_fork
+from radixcache.simulate_fork import can_fork, start_child
 
 T = TypeVar("T")
 
@@ -62,14 +60,7 @@ class ReadAhead(Generic[T]):
         if not can_fork():
             yield from self._here()
             return
-        context = multiprocessing.get_context("fork")
-        receiver, sender = context.Pipe(duplex=False)
-        args = (self.source, sender, self.batch, self.beside)
-        reader = context.Process(target=_read, args=args, daemon=True, name="radixcache-trace-reader")
-        with warnings.catch_warnings():  # Python 3.12+ warns of any fork beside threads; see the module's note
-            warnings.simplefilter("ignore", DeprecationWarning)
-            reader.start()
-        sender.close()  # the child's copy is the only one left: its end closes the pipe
+        reader, receiver = start_child(_read, (self.source, self.batch, self.beside), "radixcache-trace-reader")
         try:
             while True:
                 try:
@@ -108,7 +99,7 @@ def read_ahead(source: Iterable[T], batch: int = BATCH) -> Iterator[T]:
     return iter(ReadAhead(source, batch=batch))
 
 
-def _read(source: Iterable[T], sender: Connection, batch: int, beside: Callable[[], Beside] | None) -> None:
+def _read(source: Iterable[T], batch: int, beside: Callable[[], Beside] | None, sender: Connection) -> None:
     """The child: iterate `source` (feeding `beside`'s replay), send ("more", items, None) batches, then
     ("end", items, the replay's summary) or ("error", items, exception)."""
     items: list[T] = []
