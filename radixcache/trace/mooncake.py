@@ -82,8 +82,9 @@ class BlockSizes:
                 fields.fail(f"must be >= 1, got {value}", "block_size")
         return self.accept(value, fields.path, fields.where)
 
-    def accept(self, value: int | None, path: str, where: str) -> int | None:
-        """`read` for a line's valid `block_size` value (None when the line has none)."""
+    def accept(self, value: int | None, path: str, where: str | int) -> int | None:
+        """`read` for a line's valid `block_size` value (None when the line has none); `where` is the line (worded
+        only on a failure)."""
         if self.seen and value == self.declared:  # every line but the first, in a sound trace
             return value if value is not None else self.given
         if not self.seen:
@@ -91,7 +92,7 @@ class BlockSizes:
             given = self.given
             if value is not None and given is not None and given not in (value, DEFAULT_BLOCK_SIZE):
                 problem = f"the trace's lines give block_size {value}, not the {given} asked for"
-                raise TraceError(path, where, problem, "block_size")
+                raise TraceError(path, str(where), problem, "block_size")
             return value if value is not None else given
         if value is None:
             problem = f"missing: the first line gives {self.declared}, so every line must"
@@ -99,7 +100,7 @@ class BlockSizes:
             problem = f"given as {value}, but the first line gives none: every line must agree"
         else:
             problem = f"{value} differs from the first line's {self.declared}: every line must agree"
-        raise TraceError(path, where, problem, "block_size")
+        raise TraceError(path, str(where), problem, "block_size")
 
 
 def declared_block_size(path: str | Path) -> int | None:
@@ -153,7 +154,7 @@ def iter_mooncake_lines(
         return _read_line(name, lineno, raw, sizes)
 
     for lineno, line in iter_typed_lines(path, MooncakeLine, fallback):
-        size = sizes.accept(line.block_size, name, str(lineno))  # a second time after the fallback: no change
+        size = sizes.accept(line.block_size, name, lineno)  # a second time after the fallback: no change
         if size is not None and len(line.hash_ids) != -(-line.input_length // size):
             problem = check_block_size(HashRequest(line.timestamp, line.input_length, 0, line.hash_ids), size)
             raise TraceError(name, str(lineno), problem or "inconsistent with input_length", "hash_ids")
