@@ -152,6 +152,12 @@ from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
     "arrival order, and memory does not grow with the trace).",
 )
 @click.option(
+    "--honor-timestamps",
+    is_flag=True,
+    help="Tie the cache's clock to the trace's timestamps instead of counting accesses: a policy that measures "
+    "intervals (reuse) then measures trace time. Every other policy's order, and so its figures, stay the same.",
+)
+@click.option(
     "--read-ahead/--no-read-ahead",
     default=None,
     help="Read a streamed trace in a second process while this one replays [default: on for hash traces of "
@@ -186,6 +192,7 @@ def simulate(
     as_json: bool,
     no_infinite: bool,
     in_memory: bool,
+    honor_timestamps: bool,
     read_ahead: bool | None,
 ) -> None:
     """Replay TRACE through the radix tree at a capacity and eviction policy, without a model.
@@ -221,8 +228,10 @@ def simulate(
         if given:
             raise click.UsageError(f"{', '.join(given)}: only for a routed replay; add --replicas N")
     else:
-        if admission or belady_admission or policies_spec:
-            raise click.UsageError("--admission, --belady-admission and --policies are for one cache, not --replicas")
+        if admission or belady_admission or policies_spec or honor_timestamps:
+            raise click.UsageError(
+                "--admission, --belady-admission, --policies and --honor-timestamps are for one cache, not --replicas"
+            )
         _check_routing_flags(ctx, belady, host_capacity_blocks, disk_capacity_blocks, write_policy, rate, arrivals)
         _simulate_routed(
             trace,
@@ -268,7 +277,17 @@ def simulate(
         if blocks < 1:
             raise click.UsageError(f"--capacity-tokens {capacity_tokens} is less than one block")
         if policies_spec:
-            _compare_policies(trace, workload, blocks, policies_spec, admission, concurrency, not no_infinite, as_json)
+            _compare_policies(
+                trace,
+                workload,
+                blocks,
+                policies_spec,
+                admission,
+                concurrency,
+                not no_infinite,
+                as_json,
+                honor_timestamps,
+            )
             return
         runs = (
             1 + belady + belady_admission
@@ -291,6 +310,7 @@ def simulate(
                 belady_admission=belady_admission,
                 # The Belady replays in their own processes beside the policy's, each reading the file itself.
                 parallel=not in_memory and (os.cpu_count() or 1) >= 2,
+                honor_timestamps=honor_timestamps,
             )
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
@@ -388,12 +408,21 @@ def _compare_policies(
     concurrency: int,
     infinite: bool,
     as_json: bool,
+    honor_timestamps: bool = False,
 ) -> None:
     """`--policies`: every named policy, both Belady bounds and the infinite cache, in one table or JSON."""
     names = policy_names(spec)
     if admission == "reuse" and "reuse" not in names:
         raise click.UsageError("--admission reuse learns from the reuse eviction policy: include reuse in --policies")
-    rows = compare(workload, blocks, names, concurrency=concurrency, admission=admission, infinite=infinite)
+    rows = compare(
+        workload,
+        blocks,
+        names,
+        concurrency=concurrency,
+        admission=admission,
+        infinite=infinite,
+        honor_timestamps=honor_timestamps,
+    )
     if as_json:
         out = {"capacity_blocks": blocks, "concurrency": concurrency, "runs": [row.as_dict() for row in rows]}
         json.dump(out, sys.stdout, indent=2)

@@ -347,6 +347,26 @@ class RadixCache:
         self._evictable += moved  # blocks of nodes that just became unlocked
         self._tree_locked -= moved
 
+    # ------------------------------------------------------------------ public API: the clock
+
+    @property
+    def clock(self) -> int:
+        """The cache's logical time: it ticks once per match or insert, and stamps `last_access` and `created`."""
+        return self._clock
+
+    def advance_clock(self, to: int) -> None:
+        """Move the clock forward to `to` (no change if it is already there or past it).
+
+        For a replay that ties the clock to real time, e.g. a trace's timestamps in microseconds: the clock stays
+        an int that grows by at least one per match or insert, so every policy's order is the same as with ticks
+        alone, while the intervals a policy measures between accesses (`reuse`) become intervals of time.
+        Raises RadixCacheError, with nothing changed, unless `to` is a non-negative int.
+        """
+        if type(to) is not int or to < 0:
+            raise RadixCacheError(f"advance_clock: the time must be a non-negative int, got {to!r}")
+        if to > self._clock:
+            self._clock = to
+
     # ------------------------------------------------------------------ public API: sizes and checks
 
     @property

@@ -97,6 +97,9 @@ class SimResult:
     tiers: TierResult | None = None  # a tiered replay's (TieredReplay): per-tier hits and modelled TTFT
     admission: str | None = None  # the admission policy's name, when one decided what the tree adopts
     declined_pages: int = 0  # pages the admission policy kept out of the tree
+    # The cache's clock: "requests" ticks once per match or insert; "timestamps" follows the trace's arrival times
+    # (microseconds; `honor_timestamps`), so a policy that measures intervals (`reuse`) measures time.
+    clock: str = "requests"
 
     @property
     def hit_rate(self) -> float:
@@ -139,6 +142,7 @@ class SimReport:
                 for w in r.windows
             ],
             "seconds": r.seconds,
+            "clock": r.clock,
         }
         if self.infinite is not None:
             out["infinite_hit_rate"] = self.infinite.hit_rate
@@ -173,6 +177,7 @@ def simulate(
     check: bool = False,
     tiers: TierConfig | None = None,
     admission: str | AdmissionPolicy | None = None,
+    honor_timestamps: bool = False,
 ) -> SimResult:
     """Replay `workload` (an in-memory Workload, or a streamed TraceSource read once) through a cache of
     `capacity_blocks` blocks at `policy`. Memory is the cache's (and, for a trace whose first and last timestamps
@@ -189,6 +194,10 @@ def simulate(
     `tiers`: replay through the device cache with host and disk tiers under it (TieredReplay); the result's
     `tiers` then holds the per-tier hits and the modelled TTFT. Oracle policies are device-only.
 
+    `honor_timestamps`: the cache's clock follows the requests' timestamps (in microseconds, moving on by at least
+    one tick per match or insert) instead of counting accesses. Every policy's order is unchanged; a policy that
+    measures intervals (`reuse`) then measures trace time, so a burst of requests is not mistaken for a long wait.
+
     `progress(n)` is called now and then with the number of requests replayed since its last call. `check`
     runs the cache's full invariant check after every request (slow: for tests).
     """
@@ -197,7 +206,14 @@ def simulate(
         if admission is not None:
             raise RadixCacheError("admission control is simulated on the device cache alone, not with tiers")
         replay = TieredReplay(
-            workload, capacity_blocks, policy, tiers=tiers, concurrency=concurrency, check=check, windows=windows
+            workload,
+            capacity_blocks,
+            policy,
+            tiers=tiers,
+            concurrency=concurrency,
+            check=check,
+            windows=windows,
+            honor_timestamps=honor_timestamps,
         )
     else:
         replay = CacheReplay(
@@ -208,6 +224,7 @@ def simulate(
             check=check,
             windows=windows,
             admission=admission,
+            honor_timestamps=honor_timestamps,
         )
     _drive(workload, [replay], progress)
     return replay.result()
@@ -273,6 +290,7 @@ class CacheReplay:
         check: bool = False,
         windows: int = 20,
         admission: str | AdmissionPolicy | None = None,
+        honor_timestamps: bool = False,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
@@ -298,6 +316,7 @@ class CacheReplay:
         self.page_size, self.block_tokens = workload.page_size, workload.block_tokens
         self.concurrency = concurrency
         self.check = check
+        self.honor_timestamps = honor_timestamps
         self.timeline = _Timeline(windows, trace_span(workload))
         self.inflight: deque = deque()
         self.prompt_blocks = self.hit_blocks = self.oversized = 0
@@ -315,6 +334,8 @@ class CacheReplay:
             oracle.now = index
         while len(self.inflight) >= self.concurrency:
             self._complete(self.inflight.popleft())
+        if self.honor_timestamps:
+            advance_to_arrival(cache, request)
         # Validated once as int64 arrays, which the cache's match and insert then take without another pass.
         full = as_token_array(request.prompt + request.output if request.output else request.prompt)
         prompt = full[: len(request.prompt)] if request.output else full
@@ -444,6 +465,7 @@ class TieredReplay:
         check: bool = False,
         windows: int = 20,
         key: str | None = None,
+        honor_timestamps: bool = False,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
@@ -460,6 +482,7 @@ class TieredReplay:
         self.page_size, self.block_tokens = workload.page_size, workload.block_tokens
         self.concurrency = concurrency
         self.check = check
+        self.honor_timestamps = honor_timestamps
         self.timeline = _Timeline(windows, trace_span(workload))
         self.inflight: deque = deque()
         self.prompt_blocks = self.hit_blocks = self.oversized = 0
@@ -481,6 +504,8 @@ class TieredReplay:
         cache, p = self.cache, self.page_size
         while len(self.inflight) >= self.concurrency:
             self._finish(self.inflight.popleft())
+        if self.honor_timestamps:
+            advance_to_arrival(cache, request)
         full = as_token_array(request.prompt + request.output if request.output else request.prompt)
         prompt = full[: len(request.prompt)] if request.output else full
         chain = self.tiered.chain(request.namespace) if self.any_tier else None
@@ -743,6 +768,7 @@ def _result(
         windows=t.windows(),
         seconds=replay.seconds,
         tiers=tiers,
+        clock="timestamps" if getattr(replay, "honor_timestamps", False) else "requests",
     )
 
 
@@ -795,6 +821,13 @@ class _Timeline:
         return tuple(Window(t0 + i * width, t0 + (i + 1) * width, *self.bins[i]) for i in range(count))
 
 
+def advance_to_arrival(cache: RadixCache, request: SimRequest) -> None:
+    """Move the cache's clock to the request's arrival time, in microseconds (`honor_timestamps`)."""
+    at = int(request.timestamp_ms * 1000)
+    if at > 0:
+        cache.advance_clock(at)
+
+
 def _finish(cache: RadixCache, item: tuple, p: int) -> None:
     node, full, blocks, namespace = item
     cache.insert(full, blocks, namespace=namespace)
@@ -822,6 +855,7 @@ def evaluate(
     admission: str | AdmissionPolicy | None = None,
     belady_admission: bool = False,
     parallel: bool = False,
+    honor_timestamps: bool = False,
 ) -> SimReport:
     """`simulate` plus its bounds: the infinite-cache replay (unless `infinite=False`: its table grows with the
     trace's distinct pages, where the policy's replay holds only the cache), and Belady's when asked for. The
@@ -836,10 +870,13 @@ def evaluate(
     `admission` decides what the tree adopts (device-only); `belady_admission` adds the admission bound (Belady
     when a request's pages may skip the cache), the one to compare a policy with admission against.
 
+    `honor_timestamps`: the caches' clocks follow the trace's timestamps (see `simulate`).
+
     `parallel`: the Belady replays run in forked processes beside the policy's (radixcache.simulate_fork), each
     reading the trace itself; the figures are the same. For a streamed trace on a machine with cores to spare (a
     forked child copies, page by page, whatever an in-memory workload it touches shares with this process)."""
     bounds = [(BELADY, belady), (BELADY_ADMISSION, belady_admission)]
+    clock = {"honor_timestamps": honor_timestamps}
     forked = {}
     if parallel:  # started before the policy's replay, so that the children copy nothing of it
         # Each reads the trace itself (a daemonic child starts no reader of its own).
@@ -847,11 +884,11 @@ def evaluate(
         for name, wanted in bounds:
             if wanted:
                 forked[name] = ForkedCall(
-                    partial(simulate, alone, capacity_blocks, name, concurrency=concurrency, windows=windows)
+                    partial(simulate, alone, capacity_blocks, name, concurrency=concurrency, windows=windows, **clock)
                 )
     try:
         report = _evaluate(
-            workload, capacity_blocks, policy, concurrency, infinite, windows, progress, tiers, admission
+            workload, capacity_blocks, policy, concurrency, infinite, windows, progress, tiers, admission, clock
         )
     except BaseException:
         for call in forked.values():
@@ -865,7 +902,7 @@ def evaluate(
                 progress(done[name].requests)
         elif wanted:
             done[name] = simulate(
-                workload, capacity_blocks, name, concurrency=concurrency, windows=windows, progress=progress
+                workload, capacity_blocks, name, concurrency=concurrency, windows=windows, progress=progress, **clock
             )
     return replace(report, belady=done.get(BELADY), belady_admission=done.get(BELADY_ADMISSION))
 
@@ -880,6 +917,7 @@ def _evaluate(
     progress: Callable[[int], None] | None,
     tiers: TierConfig | None,
     admission: str | AdmissionPolicy | None,
+    clock: dict,
 ) -> SimReport:
     """The policy's replay and the infinite bound's (see `evaluate`)."""
     replay: CacheReplay | TieredReplay
@@ -887,10 +925,12 @@ def _evaluate(
     if tiers is not None:
         if admission is not None:
             raise RadixCacheError("admission control is simulated on the device cache alone, not with tiers")
-        replay = TieredReplay(workload, capacity_blocks, policy, tiers=tiers, concurrency=concurrency, windows=windows)
+        replay = TieredReplay(
+            workload, capacity_blocks, policy, tiers=tiers, concurrency=concurrency, windows=windows, **clock
+        )
     else:
         replay = CacheReplay(
-            workload, capacity_blocks, policy, concurrency=concurrency, windows=windows, admission=admission
+            workload, capacity_blocks, policy, concurrency=concurrency, windows=windows, admission=admission, **clock
         )
     unbounded = partial(InfiniteReplay, workload, concurrency=concurrency, windows=windows, span=trace_span(workload))
     if infinite and getattr(workload, "read_ahead", False):  # the bound replays in the reader process, for free
@@ -903,7 +943,14 @@ def _evaluate(
         broken, bound = beside.summary()
     if isinstance(replay, TieredReplay) and replay.key == "hash-id" and replay.any_tier and broken:
         replay = TieredReplay(
-            workload, capacity_blocks, spare, tiers=tiers, concurrency=concurrency, windows=windows, key="blake2b"
+            workload,
+            capacity_blocks,
+            spare,
+            tiers=tiers,
+            concurrency=concurrency,
+            windows=windows,
+            key="blake2b",
+            **clock,
         )
         _drive(workload, [replay], None)
     infinite_result = None

@@ -51,6 +51,7 @@ class ComparedRun:
             "evicted_blocks": r.evicted_blocks,
             "declined_pages": r.declined_pages,
             "seconds": r.seconds,
+            "clock": r.clock,
         }
 
 
@@ -78,16 +79,20 @@ def compare(
     bounds: Sequence[str] = BOUNDS,
     infinite: bool = True,
     progress: Callable[[int], None] | None = None,
+    honor_timestamps: bool = False,
 ) -> list[ComparedRun]:
     """Replay `workload` under each of `policies` (each with `admission` too, when given), the offline `bounds`
     and the infinite cache; rows in that order. A `reuse` admission needs the `reuse` policy: it is run only
-    beside that one."""
+    beside that one. `honor_timestamps`: the caches' clocks follow the trace's timestamps (see `simulate`)."""
+    clock = {"honor_timestamps": honor_timestamps}
     replays: list[tuple[str, CacheReplay]] = []
     for name in policies:
-        replays.append((name, CacheReplay(workload, capacity_blocks, name, concurrency=concurrency, windows=1)))
+        replays.append(
+            (name, CacheReplay(workload, capacity_blocks, name, concurrency=concurrency, windows=1, **clock))
+        )
         if admission is not None and (admission != "reuse" or name == "reuse"):
             replay = CacheReplay(
-                workload, capacity_blocks, name, concurrency=concurrency, windows=1, admission=admission
+                workload, capacity_blocks, name, concurrency=concurrency, windows=1, admission=admission, **clock
             )
             replays.append((f"{name} + admission {replay.admission.name}", replay))  # type: ignore[union-attr]
     unbounded = InfiniteReplay(workload, concurrency=concurrency, windows=1, span=trace_span(workload))
@@ -95,7 +100,7 @@ def compare(
     _drive(workload, [*feeds, unbounded] if infinite else feeds, progress)
     rows = [ComparedRun(name, "policy", name, replay.result()) for name, replay in replays]
     for bound in bounds:
-        result = simulate(workload, capacity_blocks, bound, concurrency=concurrency, windows=1)
+        result = simulate(workload, capacity_blocks, bound, concurrency=concurrency, windows=1, **clock)
         rows.append(ComparedRun(bound, "bound", BOUND_LABELS[bound], result))
     if infinite:
         result = (
