@@ -7,7 +7,7 @@ import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 
@@ -19,6 +19,11 @@ RECORD_HELP = (
 CONCURRENT_NOTE = (
     "(approximate with --concurrency > 1: the simulator shares a request's new pages when it finishes, the engine "
     "as soon as they are computed)"
+)
+
+SERVED_NOTE = (
+    "(approximate for a server: it ran its clients' requests side by side, the simulator runs them one at a time; "
+    "add --concurrency N for N in flight)"
 )
 
 
@@ -40,10 +45,20 @@ def check_record_path(path: str | None) -> None:
         raise click.BadParameter(f"the folder {str(folder)!r} is not writable", param_hint="'--record-trace'")
 
 
+class EngineShape(NamedTuple):
+    """What `simulate_command` needs of an engine that is not a replay's summary (a server's)."""
+
+    capacity_blocks: int
+    policy: str
+    page_size: int
+    concurrency: int = 1
+
+
 def simulate_command(path: str, summary: Any, admission: str | None = None) -> str:
     """The `radixcache simulate` command that replays a recorded run through the tree alone: the engine's pool size,
-    policy, page size and concurrency, and its admission policy unless it adopted every page. (A recorded request
-    holds, while it runs in the simulator, one block for the partial page the engine was writing.)"""
+    policy, page size and concurrency (`summary`: a replay's, or anything with those four attributes), and its
+    admission policy unless it adopted every page. (A recorded request holds, while it runs in the simulator, one
+    block for the partial page the engine was writing.)"""
     args = ["radixcache", "simulate", shlex.quote(path), "--capacity-blocks", str(summary.capacity_blocks)]
     args += ["--policy", summary.policy, "--block-size", str(summary.page_size)]
     if summary.concurrency > 1:

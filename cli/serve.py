@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from radixcache.cli.errors import FriendlyCommand, debug_option
-from radixcache.cli.record import check_record_path, record_option
+from radixcache.cli.record import SERVED_NOTE, EngineShape, check_record_path, record_option, simulate_command
 from radixcache.cli.replay import (
     admission_option,
     check_admission,
@@ -204,8 +204,20 @@ def serve(
         signal.signal(signal.SIGTERM, previous)
         engine.close(30)  # nothing is in flight after uvicorn's drain; queued disk-tier writes finish here
     if record_trace is not None:
-        click.echo(f"recorded {record_trace}", err=True)
+        _report_recording(engine, record_trace, no_cache, options["admission"])
     click.echo("server stopped", err=True)
+
+
+def _report_recording(engine: Any, path: str, no_cache: bool, admission: str | None) -> None:
+    """Where the trace went, the server's own hit rate, and the command that replays it through the tree alone."""
+    stats = engine.stats
+    click.echo(f"recorded {path}: {stats.requests} requests, hit rate {stats.hit_rate:.2%} as served", err=True)
+    if no_cache:
+        return
+    cache = engine.cache
+    shape = EngineShape(cache.capacity_blocks, cache.policy.name, cache.page_size)
+    click.echo(f"its hit rate through the tree alone: {simulate_command(path, shape, admission)}", err=True)
+    click.echo(SERVED_NOTE, err=True)
 
 
 class _Stopped(Exception):

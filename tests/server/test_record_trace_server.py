@@ -1,13 +1,19 @@
 """`radixcache serve --record-trace`: every request becomes a line as it is served (before any shutdown), with the
-`user` field or the X-Session-Id header as its session, hash ids only (no text), and SIGTERM closes the file."""
+`user` field or the X-Session-Id header as its session, hash ids only (no text), and SIGTERM closes the file and
+prints the `radixcache simulate` command that replays it."""
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import signal
 from pathlib import Path
 
 import httpx
+from click.testing import CliRunner
+
+from radixcache.cli.main import main
 
 ALLOWED = {"timestamp", "input_length", "output_length", "hash_ids", "block_size", "output_hash_ids", "session_id"}
 SECRET = "pineapple-zebra-47"
@@ -35,7 +41,15 @@ def test_serve_records_each_request_with_its_session_and_never_its_text(launch, 
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=30) == 0
         log = server.proc.stdout.read()  # type: ignore[union-attr]
-    assert f"recorded {path}" in log
+    assert f"recorded {path}: 3 requests, hit rate " in log
+    # The printed command replays the recording through the tree alone; these requests ran one at a time, so it
+    # gives the hit rate the server reported.
+    served_rate = re.search(r"hit rate ([0-9.]+)% as served", log).group(1)  # type: ignore[union-attr]
+    command = re.search(r"through the tree alone: radixcache (simulate .*)", log).group(1)  # type: ignore[union-attr]
+    assert float(served_rate) > 0 and "--capacity-blocks 256 --policy lru --block-size 4" in command
+    result = CliRunner().invoke(main, [*shlex.split(command), "--json"])
+    assert result.exit_code == 0, result.output
+    assert f"{json.loads(result.stdout)['hit_rate']:.2%}" == f"{served_rate}%"
     assert path.read_text() == served and served.endswith("\n")
     rows = [json.loads(line) for line in served.splitlines()]
     assert [r["session_id"] for r in rows] == ["alice", "alice", "bob-7"]

@@ -50,7 +50,7 @@ def test_advance_clock_moves_forward_only_and_refuses_a_bad_time() -> None:
     seed=st.integers(min_value=0, max_value=3),
     capacity=st.sampled_from([30, 80]),
 )
-def test_every_fixed_policy_gives_the_same_figures_with_the_trace_clock(gaps: list[int], seed: int, capacity: int) -> None:
+def test_fixed_policies_give_the_same_figures_with_the_trace_clock(gaps: list[int], seed: int, capacity: int) -> None:
     """The trace's times only stretch the clock (bursts and long pauses alike): the order of accesses, and so
     every policy's evictions and hits, stay those of the tick clock."""
     base = token_workload(multi_turn_chat(conversations=6, seed=seed), page_size=2)
