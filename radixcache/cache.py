@@ -516,6 +516,7 @@ class RadixCache:
         policy = self.policy
         policy_on_evict = policy.on_evict
         by_extent = policy.ranks_by_extent
+        bulk = by_extent and policy.trims_in_bulk
         free = self._pool._free  # blocks leave the tree straight onto the free list (BlockPool.release_tree)
         on_evict = self.on_evict
         freed = evictions = 0
@@ -542,6 +543,22 @@ class RadixCache:
                 if len(heap) > 2 and heap[2] < rest:
                     rest = heap[2]
                 new_priority = priority
+                if bulk:  # the same run of blocks, found by a binary search over the cut leaf's rank
+                    take = self._bulk_trim(leaf, min(size - 1, n - freed), rest)
+                    keep = size - take
+                    if on_evict is not None:
+                        on_evict(leaf, keep, blocks[keep:])
+                    free.extend(blocks[: keep - 1 : -1])  # deepest first, as one block at a time would go
+                    del blocks[keep:]
+                    del leaf.key[keep * p :]
+                    freed += take
+                    evictions += take - 1
+                    new_priority = policy.priority(leaf)
+                    if new_priority != priority:
+                        entry = (new_priority, uid, next(self._seq), leaf)
+                        leaf.evict_key = entry
+                        heapreplace(heap, entry)
+                    continue
                 while True:
                     if on_evict is not None:
                         on_evict(leaf, size - 1, blocks[-1:])
@@ -599,6 +616,22 @@ class RadixCache:
         stats.evicted_blocks += freed
         stats.evicted_tokens += freed * p
         return freed
+
+    def _bulk_trim(self, leaf: TreeNode, limit: int, rest: tuple | None) -> int:
+        """How many of `leaf`'s deepest blocks (1 to `limit`) go before it no longer ranks first: the fewest whose
+        loss ranks it at or after `rest` (the best other entry), else `limit`. The policy's `priority_at` never
+        decreases as the leaf is cut shorter, so the answer is a binary search."""
+        if rest is None:
+            return limit
+        priority_at, uid, size, best = self.policy.priority_at, leaf.uid, len(leaf.blocks), rest[:2]
+        lo, hi = 1, limit  # invariant: the answer is in [lo, hi]; hi == limit may mean "none reaches rest"
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if (priority_at(leaf, size - mid), uid) >= best:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def _set_add(self, node: TreeNode) -> None:
         entry = (self.policy.priority(node), node.uid, next(self._seq), node)

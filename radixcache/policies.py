@@ -104,16 +104,30 @@ class BeladyPolicy(EvictionPolicy):
     request gets a number beyond every position). In a prefix tree a block is never read later than its
     descendants, so comparing leaves by their deepest block is comparing blocks. Not in `POLICIES`: it cannot
     be built without its oracle (see `radixcache.simulate_oracle`).
+
+    `next_use_of_block(block)`, when given, says the same of one block: the cache can then rank a leaf cut to its
+    first k blocks (`priority_at`) and trim it in one step as far as it still ranks first. Cutting a leaf never
+    makes it rank sooner (its new deepest block is read no later, and it ends shallower), which that search needs.
     """
 
     name = "belady"
     ranks_by_extent = True
 
-    def __init__(self, next_use: Callable[[TreeNode], int]) -> None:
+    def __init__(
+        self, next_use: Callable[[TreeNode], int], next_use_of_block: Callable[[int], int] | None = None
+    ) -> None:
         self.next_use = next_use
+        self.next_use_of_block = next_use_of_block
+        self.trims_in_bulk = next_use_of_block is not None
 
     def priority(self, node: TreeNode) -> tuple:
         return (-self.next_use(node), -(node.prefix_len + len(node.key)))
+
+    def priority_at(self, node: TreeNode, blocks: int) -> tuple:
+        if self.next_use_of_block is None:
+            return super().priority_at(node, blocks)
+        page = len(node.key) // len(node.blocks)
+        return (-self.next_use_of_block(node.blocks[blocks - 1]), -(node.prefix_len + blocks * page))
 
 
 POLICIES: Mapping[str, type[EvictionPolicy]] = MappingProxyType(

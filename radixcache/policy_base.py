@@ -23,6 +23,10 @@ class EvictionPolicy(ABC):
     #: True when a leaf's priority, recomputed later with nothing about the leaf changed, may differ from the key
     #: it was given: the policy learns (reuse). The key from the leaf's last access stands until the next one.
     keys_drift: bool = False
+    #: True when `priority_at` answers for this policy (one that `ranks_by_extent`): the cache then finds how far to
+    #: trim a leaf before another one ranks first by a binary search over `priority_at`, and calls `on_evict` once
+    #: per such run of blocks instead of once per block.
+    trims_in_bulk: bool = False
     #: True when the cache must call `on_hit` after each prefix match that reads cached pages (reuse learns from
     #: it); off by default, so the other policies cost nothing for it.
     observes_hits: bool = False
@@ -30,6 +34,11 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def priority(self, node: TreeNode) -> tuple:
         """Sort key of an evictable leaf: smaller is evicted sooner."""
+
+    def priority_at(self, node: TreeNode, blocks: int) -> tuple:
+        """With `trims_in_bulk`: the leaf's priority were it cut to its first `blocks` blocks (1 <= blocks <= all of
+        them; all of them gives `priority(node)`). It must never decrease as `blocks` shrinks."""
+        raise NotImplementedError(f"{self.name} does not rank a leaf by a prefix of its blocks")
 
     def on_evict(self, node: TreeNode, priority: tuple) -> None:  # noqa: B027 - optional hook
         """Called once per leaf as eviction takes blocks from it; stateful policies age themselves here."""

@@ -307,7 +307,10 @@ class CacheReplay:
                 self.bound = capacity_blocks
                 room = capacity_blocks + concurrency * _largest_request_pages(workload)
                 self.oracle.block_page = array("q", [-1]) * room
-            policy = BeladyPolicy(self.oracle.next_use) if policy != DEAD_LRU else DeadBlockLRU(self.oracle)
+            oracle = self.oracle
+            policy = (
+                BeladyPolicy(oracle.next_use, oracle.next_use_of_block) if policy != DEAD_LRU else DeadBlockLRU(oracle)
+            )
         self.cache = RadixCache(room, page_size=workload.page_size, policy=make_policy(policy))
         self.admission = None if admission is None else make_admission(admission, eviction=self.cache.policy)
         self.expect = getattr(self.cache.policy, "expect", None)  # a policy that learns from output lengths

@@ -69,7 +69,11 @@ class NextUseOracle:
 
     def next_use(self, node: TreeNode) -> int:
         """Index of the next request (after `now`) whose prompt reads the node's deepest block."""
-        lid = self.block_page[node.blocks[-1]]
+        return self.next_use_of_block(node.blocks[-1])
+
+    def next_use_of_block(self, block: int) -> int:
+        """Index of the next request (after `now`) whose prompt reads the page `block` holds."""
+        lid = self.block_page[block]
         reads = self.reads[lid] if lid >= 0 else ()
         i = bisect_right(reads, self.now)
         return reads[i] if i < len(reads) else self.never
@@ -84,12 +88,16 @@ class DeadBlockLRU(EvictionPolicy):
 
     name = "lru-dead"
     ranks_by_extent = True  # whether a leaf is dead depends on the blocks it still holds
+    trims_in_bulk = True  # a leaf cut shorter is never more dead: its new deepest block is read no later
 
     def __init__(self, oracle: NextUseOracle | ChainedNextUseOracle) -> None:
         self.oracle = oracle
 
     def priority(self, node: TreeNode) -> tuple:
         return (self.oracle.next_use(node) < self.oracle.never, node.last_access)
+
+    def priority_at(self, node: TreeNode, blocks: int) -> tuple:
+        return (self.oracle.next_use_of_block(node.blocks[blocks - 1]) < self.oracle.never, node.last_access)
 
 
 class ChainedNextUseOracle:
@@ -179,4 +187,9 @@ class ChainedNextUseOracle:
     def next_use(self, node: TreeNode) -> int:
         """Index of the next request (after `now`) whose prompt reads the node's deepest block."""
         page = self.block_page[node.blocks[-1]]
+        return self.page_next[page] if page >= 0 else self.never
+
+    def next_use_of_block(self, block: int) -> int:
+        """Index of the next request (after `now`) whose prompt reads the page `block` holds."""
+        page = self.block_page[block]
         return self.page_next[page] if page >= 0 else self.never

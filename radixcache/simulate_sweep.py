@@ -96,12 +96,20 @@ def sweep_cells(
     return cells
 
 
-def run_cell(cell: SweepCell, workload: Workload, concurrency: int = 1) -> SweepRow:
-    """Replay one cell; the same cell on the same workload gives the same row, bar `seconds`."""
+def run_cell(cell: SweepCell, workload: Workload, concurrency: int = 1, honor_timestamps: bool = False) -> SweepRow:
+    """Replay one cell; the same cell on the same workload gives the same row, bar `seconds`. `honor_timestamps`:
+    the cache's clock follows the trace's timestamps (radixcache.simulate.simulate)."""
     if cell.policy == INFINITE:  # the same figures as a tree nothing fills, in a dict (simulate_infinite)
         r = simulate_infinite(workload, concurrency=concurrency, windows=1)
     else:
-        r = simulate(workload, cell.capacity_blocks, cell.policy, concurrency=concurrency, windows=1)
+        r = simulate(
+            workload,
+            cell.capacity_blocks,
+            cell.policy,
+            concurrency=concurrency,
+            windows=1,
+            honor_timestamps=honor_timestamps,
+        )
     return SweepRow(
         cell.name,
         INFINITE if cell.policy == INFINITE else r.policy,
@@ -125,11 +133,12 @@ def sweep(
     bounds: Sequence[str] = (BELADY,),
     concurrency: int = 1,
     progress: Callable[[int], None] | None = None,
+    honor_timestamps: bool = False,
 ) -> Iterator[SweepRow]:
     """Replay `workload` once per policy and capacity, once per oracle bound ("belady", "lru-dead") and
     capacity, and once through an infinite cache (policy "infinite"), in this process."""
     for cell in sweep_cells(0, name, workload, policies, capacities, bounds):
-        row = run_cell(cell, workload, concurrency)
+        row = run_cell(cell, workload, concurrency, honor_timestamps)
         if progress is not None:
             progress(1)
         yield row
@@ -139,11 +148,19 @@ class CellRunner:
     """Runs cells in a worker: loads a trace from its spec on its first cell and keeps only the current one
     (cells come trace by trace, so each worker loads each trace at most once)."""
 
-    def __init__(self, specs: Sequence[str], page_size: int, block_size: int, concurrency: int = 1) -> None:
+    def __init__(
+        self,
+        specs: Sequence[str],
+        page_size: int,
+        block_size: int,
+        concurrency: int = 1,
+        honor_timestamps: bool = False,
+    ) -> None:
         self.specs = list(specs)
         self.page_size = page_size
         self.block_size = block_size
         self.concurrency = concurrency
+        self.honor_timestamps = honor_timestamps
         self._index = -1
         self._workload: Workload | None = None
 
@@ -152,15 +169,15 @@ class CellRunner:
             self._workload = None  # free the previous trace before loading the next
             self._workload = load_trace(self.specs[cell.index], self.page_size, self.block_size)[1]
             self._index = cell.index
-        return run_cell(cell, self._workload, self.concurrency)
+        return run_cell(cell, self._workload, self.concurrency, self.honor_timestamps)
 
 
 _runner: CellRunner | None = None  # the worker process's own
 
 
-def _init_worker(specs: Sequence[str], page_size: int, block_size: int, concurrency: int) -> None:
+def _init_worker(specs: Sequence[str], page_size: int, block_size: int, concurrency: int, honor: bool) -> None:
     global _runner
-    _runner = CellRunner(specs, page_size, block_size, concurrency)
+    _runner = CellRunner(specs, page_size, block_size, concurrency, honor)
 
 
 def _run_in_worker(cell: SweepCell) -> SweepRow:
@@ -171,7 +188,7 @@ def _run_in_worker(cell: SweepCell) -> SweepRow:
 def run_cells_in_processes(cells: Sequence[SweepCell], runner: CellRunner, workers: int) -> Iterator[SweepRow]:
     """Run `cells` on `workers` fresh processes, each loading traces as `runner` says; rows in cell order."""
     context = multiprocessing.get_context("spawn")  # no fork of a threaded parent (the progress bar)
-    init = (runner.specs, runner.page_size, runner.block_size, runner.concurrency)
+    init = (runner.specs, runner.page_size, runner.block_size, runner.concurrency, runner.honor_timestamps)
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=init) as pool:
         yield from pool.map(_run_in_worker, cells)
 
@@ -193,7 +210,7 @@ def run_cells_on_ray(cells: Sequence[SweepCell], runner: CellRunner, workers: in
     from ray.util import ActorPool
 
     actor = ray.remote(num_cpus=1)(CellRunner)
-    args = (runner.specs, runner.page_size, runner.block_size, runner.concurrency)
+    args = (runner.specs, runner.page_size, runner.block_size, runner.concurrency, runner.honor_timestamps)
     pool = ActorPool([actor.remote(*args) for _ in range(workers)])
     try:
         yield from pool.map(lambda a, cell: a.run.remote(cell), cells)

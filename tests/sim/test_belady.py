@@ -10,9 +10,12 @@ import pytest
 
 from radixcache.policies import POLICIES
 from radixcache.records import TokenRequest
-from radixcache.simulate import simulate
+from radixcache.simulate import BELADY, BELADY_ADMISSION, DEAD_LRU, CacheReplay, simulate
+from radixcache.simulate_source import open_source
 from radixcache.simulate_workload import hash_workload, token_workload
+from radixcache.synthetic import multi_turn_chat, rag
 from radixcache.trace import HashRequest
+from tests.sim.conftest import MOONCAKE_TRACE
 
 # A binary tree of blocks: block b's children are 2b and 2b+1. A request reads a root-to-node path.
 PARENT = {b: b // 2 for b in range(2, 16)}
@@ -81,3 +84,43 @@ def test_no_policy_beats_belady(seed: int) -> None:
     optimum = simulate(w, 6, "belady").hit_blocks
     for name in POLICIES:
         assert simulate(w, 6, name).hit_blocks <= optimum, name
+
+
+def _replay(workload: object, capacity: int, policy: str, bulk: bool, concurrency: int = 1) -> tuple:
+    """A replay whose oracle policy trims leaves by its binary search (`bulk`) or one block at a time, with the
+    invariants checked after every request; its figures and the tree it leaves."""
+    replay = CacheReplay(workload, capacity, policy, concurrency=concurrency, check=True)
+    if not bulk:
+        replay.cache.policy.trims_in_bulk = False  # the one-block-at-a-time loop
+    for index, request in enumerate(workload):
+        replay.feed(index, request)
+    replay.close()
+    r = replay.result()
+    tree = sorted((node.prefix_len, tuple(node.key), node.namespace) for node in replay.cache.iter_nodes())
+    return r.hit_tokens, r.hit_blocks, r.evicted_blocks, replay.cache.stats.evictions, tree
+
+
+WORKLOADS = {
+    "chat, 4-token pages": lambda: token_workload(multi_turn_chat(conversations=15, seed=5), page_size=4),
+    "rag, 8-token pages": lambda: token_workload(rag(queries=60, documents=12, seed=5), page_size=8),
+    "rag, 1-token pages": lambda: token_workload(rag(queries=40, documents=10, seed=5), page_size=1),
+}
+CAPACITIES = {"chat, 4-token pages": 60, "rag, 8-token pages": 90, "rag, 1-token pages": 1500}
+
+
+@pytest.mark.parametrize("policy", [BELADY, BELADY_ADMISSION, DEAD_LRU])
+@pytest.mark.parametrize("name", list(WORKLOADS))
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_bulk_trimming_is_block_by_block_trimming(policy: str, name: str, concurrency: int) -> None:
+    """Cutting a leaf as far as it still ranks first in one binary search gives, to the block, what cutting it one
+    block at a time and re-ranking after each does: the same hits, evictions and final tree."""
+    workload = WORKLOADS[name]()
+    bulk = _replay(workload, CAPACITIES[name], policy, True, concurrency)
+    assert bulk[2] > 0  # the capacity makes it evict
+    assert bulk == _replay(workload, CAPACITIES[name], policy, False, concurrency)
+
+
+@pytest.mark.skipif(not MOONCAKE_TRACE.exists(), reason="needs ../shared/traces")
+def test_bulk_trimming_is_block_by_block_trimming_on_the_shared_trace() -> None:
+    source = open_source(str(MOONCAKE_TRACE))
+    assert _replay(source, 878, BELADY, True) == _replay(source, 878, BELADY, False)
