@@ -71,7 +71,7 @@ def run(
     if ray:
         return run_cells_on_ray(cells, runner, workers)
     if workers == 1:
-        return (run_cell(cell, loaded[cell.index][1], runner.concurrency) for cell in cells)
+        return (run_cell(cell, loaded[cell.index][1], runner.concurrency, runner.honor_timestamps) for cell in cells)
     return run_cells_in_processes(cells, runner, workers)
 
 
@@ -173,6 +173,12 @@ def plot(rows: list[SweepRow], policies: list[str], bounds: list[str], path: Pat
 @click.option("--out", default="results/eviction", show_default=True, type=click.Path(file_okay=False))
 @click.option("--dead-bound", is_flag=True, help="Also replay lru-dead: LRU told which blocks are never reused.")
 @click.option("--no-plot", is_flag=True, help="Skip the matplotlib plot.")
+@click.option(
+    "--honor-timestamps",
+    is_flag=True,
+    help="Tie each cache's clock to the trace's timestamps (reuse measures waits in trace time; the other "
+    "policies' figures do not change).",
+)
 def main(
     traces: tuple[str, ...],
     policies: tuple[str, ...],
@@ -186,6 +192,7 @@ def main(
     out: str,
     dead_bound: bool,
     no_plot: bool,
+    honor_timestamps: bool,
 ) -> None:
     """Sweep TRACES x policies x capacities; write sweep.csv, sweep.md and sweep.png under --out.
 
@@ -215,7 +222,7 @@ def main(
         loaded = []  # each worker loads its own copy
     where = "Ray actors" if use_ray else "worker processes" if workers > 1 else "worker (this process)"
     click.echo(f"{len(cells)} replays on {workers} {where}", err=True)
-    runner = CellRunner(traces, page_size, block_size, concurrency)
+    runner = CellRunner(traces, page_size, block_size, concurrency, honor_timestamps)
     rows = collect(run(cells, loaded, runner, workers, use_ray), len(cells))
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)

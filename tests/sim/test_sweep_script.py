@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import random
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from radixcache.records import TokenRequest
+from radixcache.simulate_sweep import CellRunner, SweepCell, SweepRow, load_trace, run_cell, run_cells_in_processes
 from radixcache.trace import write_token_jsonl
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "simulate_eviction.py"
@@ -74,3 +77,34 @@ def test_ray_without_ray_installed_says_how_to_install_it(tmp_path: Path) -> Non
     result = CliRunner().invoke(load_script().main, ["synthetic:chat", "--ray", "--out", str(tmp_path)])
     assert result.exit_code != 0
     assert "pip install ray" in result.output
+
+
+def bursty_trace(tmp_path: Path) -> Path:
+    """Bursts of 20 requests a millisecond apart, 100 s between bursts: request counts and time disagree."""
+    rng = random.Random(0)
+    requests = []
+    for i in range(400):
+        tail = tuple(rng.randrange(50) for _ in range(rng.randrange(2, 12)))
+        requests.append(TokenRequest((i // 20) * 100_000 + i % 20, (i % 7,) * 3 + tail, 0))
+    trace = tmp_path / "bursty.jsonl"
+    write_token_jsonl(trace, requests)
+    return trace
+
+
+def test_honor_timestamps_reaches_every_worker_and_changes_only_reuse(tmp_path: Path) -> None:
+    trace = bursty_trace(tmp_path)
+    workload = load_trace(str(trace), 1, 512)[1]
+    cells = [SweepCell(0, "bursty", policy, 40, 0.1) for policy in ("reuse", "lru")]
+
+    def figures(rows: Iterable[SweepRow]) -> list[tuple]:
+        return [(r.policy, r.hit_tokens, r.evicted_blocks) for r in rows]
+
+    ticks = figures(run_cell(cell, workload) for cell in cells)
+    timed = figures(run_cell(cell, workload, honor_timestamps=True) for cell in cells)
+    runner = CellRunner([str(trace)], 1, 512, honor_timestamps=True)
+    assert figures(run_cells_in_processes(cells, runner, 2)) == timed  # the workers ran on the trace's clock
+    assert timed[0] != ticks[0]  # reuse measures its waits in time: the bursts no longer read as long waits
+    assert timed[1] == ticks[1]  # LRU's order is the same under either clock
+    args = [str(trace), "--policy", "reuse", "--fractions", "0.2", "--page-size", "1", "--workers", "1"]
+    result = CliRunner().invoke(load_script().main, [*args, "--honor-timestamps", "--no-plot", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
