@@ -306,7 +306,7 @@ class CacheReplay:
             if policy == BELADY_ADMISSION:
                 self.bound = capacity_blocks
                 room = capacity_blocks + concurrency * _largest_request_pages(workload)
-                self.oracle.block_page = array("q", [-1]) * room
+                self.oracle.hold_blocks(room)
             oracle = self.oracle
             policy = (
                 BeladyPolicy(oracle.next_use, oracle.next_use_of_block) if policy != DEAD_LRU else DeadBlockLRU(oracle)

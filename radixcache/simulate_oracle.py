@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from radixcache.policies import EvictionPolicy
@@ -57,6 +56,11 @@ class NextUseOracle:
         self.never = count + 1  # "next use" of a page no later request reads
         self.block_page = array("q", [-1]) * capacity_blocks
         self.now = 0
+
+    def hold_blocks(self, count: int) -> None:
+        """Track block ids up to `count` (a cache that holds more blocks than the capacity the oracle was built for:
+        the admission bound's room for requests in flight). Forgets every assignment."""
+        self.block_page = array("q", [-1]) * count
 
     def assign(self, blocks: list[int], request: int, first_page: int) -> None:
         """Blocks allocated for request `request`, holding its pages first_page, first_page+1, ..."""
@@ -114,15 +118,25 @@ class ChainedNextUseOracle:
     """
 
     def __init__(self, offsets: Any, pages: Any, next_read: Any, capacity_blocks: int, never: int) -> None:
-        # Python arrays, not numpy: the policy asks next_use a million times per 50,000 requests, and indexing
-        # an array.array returns a plain int several times faster than a numpy scalar.
-        self.offsets = array("q", offsets.tobytes())
-        self.pages = array("q", pages.tobytes())
-        self.next_read = array("q", next_read.tobytes())
+        import numpy as np
+
+        # Written a request at a time by numpy's scatter (`now`, `assign`: one C call each), read one entry at a
+        # time through memoryviews (`next_use`): the policy asks a million times per 50,000 requests, and indexing
+        # a memoryview returns a plain int several times faster than indexing numpy does.
+        self._np = np
+        self.offsets = memoryview(offsets)
+        self.pages = pages
+        self.next_read = next_read
         self.never = never
-        self.page_next = array("q", [never]) * (int(pages.max()) + 1 if len(pages) else 1)
-        self.block_page = array("q", [-1]) * capacity_blocks
+        self._page_next = np.full(int(pages.max()) + 1 if len(pages) else 1, never, dtype=np.int64)
+        self.page_next = memoryview(self._page_next)
+        self.hold_blocks(capacity_blocks)
         self._now = 0
+
+    def hold_blocks(self, count: int) -> None:
+        """Track block ids up to `count` (see NextUseOracle.hold_blocks). Forgets every assignment."""
+        self._block_page = self._np.full(count, -1, dtype=self._np.int64)
+        self.block_page = memoryview(self._block_page)
 
     @classmethod
     def build(cls, workload: Any, capacity_blocks: int) -> ChainedNextUseOracle | None:
@@ -174,7 +188,7 @@ class ChainedNextUseOracle:
         """Request `index` is being replayed: each of its pages is next read by the next request that reads it."""
         self._now = index
         a, b = self.offsets[index], self.offsets[index + 1]
-        deque(map(self.page_next.__setitem__, self.pages[a:b], self.next_read[a:b]), maxlen=0)  # a C-level loop
+        self._page_next[self.pages[a:b]] = self.next_read[a:b]
 
     def assign(self, blocks: list[int], request: int, first_page: int) -> None:
         """Blocks allocated for request `request`, holding its pages first_page, first_page+1, ..."""
@@ -182,7 +196,7 @@ class ChainedNextUseOracle:
             return
         a = self.offsets[request] + first_page
         b = min(a + len(blocks), self.offsets[request + 1])
-        deque(map(self.block_page.__setitem__, blocks, self.pages[a:b]), maxlen=0)  # to the shorter of the two
+        self._block_page[blocks[: b - a]] = self.pages[a:b]  # to the shorter of the two
 
     def next_use(self, node: TreeNode) -> int:
         """Index of the next request (after `now`) whose prompt reads the node's deepest block."""
