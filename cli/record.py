@@ -12,18 +12,14 @@ from typing import Any, NamedTuple
 import click
 
 RECORD_HELP = (
-    "Write what the engine served to FILE as a Mooncake-format hash trace (one JSONL line per request: arrival, "
-    "lengths, chained page hashes, session; never text or token ids), for `radixcache simulate`."
+    "Write what the engine served to FILE as a Mooncake-format hash trace (one JSONL line per request: arrival and "
+    "finish, lengths, chained page hashes, session; never text or token ids), for `radixcache simulate`."
 )
 
 CONCURRENT_NOTE = (
-    "(approximate with --concurrency > 1: the simulator shares a request's new pages when it finishes, the engine "
-    "as soon as they are computed)"
-)
-
-SERVED_NOTE = (
-    "(approximate for a server: it ran its clients' requests side by side, the simulator runs them one at a time; "
-    "add --concurrency N for N in flight)"
+    "(close, not exact, with requests side by side: the simulator runs each between its recorded arrival and finish "
+    "and shares its prompt's pages from its start, as the engine does, but the engine's own timing can move an "
+    "eviction)"
 )
 
 
@@ -51,18 +47,16 @@ class EngineShape(NamedTuple):
     capacity_blocks: int
     policy: str
     page_size: int
-    concurrency: int = 1
 
 
 def simulate_command(path: str, summary: Any, admission: str | None = None) -> str:
     """The `radixcache simulate` command that replays a recorded run through the tree alone: the engine's pool size,
-    policy, page size and concurrency (`summary`: a replay's, or anything with those four attributes), and its
-    admission policy unless it adopted every page. (A recorded request holds, while it runs in the simulator, one
-    block for the partial page the engine was writing.)"""
+    policy and page size (`summary`: a replay's, or anything with those attributes), and its admission policy unless
+    it adopted every page. No `--concurrency`: each recorded line says when its request arrived and when it finished,
+    which the simulator follows. (A recorded request holds, while it runs in the simulator, one block for the partial
+    page the engine was writing.)"""
     args = ["radixcache", "simulate", shlex.quote(path), "--capacity-blocks", str(summary.capacity_blocks)]
     args += ["--policy", summary.policy, "--block-size", str(summary.page_size)]
-    if summary.concurrency > 1:
-        args += ["--concurrency", str(summary.concurrency)]
     if admission not in (None, "all"):
         args += ["--admission", str(admission)]
     return " ".join(args)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from radixcache.cli.errors import FriendlyCommand, debug_option
-from radixcache.cli.record import SERVED_NOTE, EngineShape, check_record_path, record_option, simulate_command
+from radixcache.cli.record import CONCURRENT_NOTE, EngineShape, check_record_path, record_option, simulate_command
 from radixcache.cli.replay import (
     admission_option,
     check_admission,
@@ -217,7 +217,7 @@ def _report_recording(engine: Any, path: str, no_cache: bool, admission: str | N
     cache = engine.cache
     shape = EngineShape(cache.capacity_blocks, cache.policy.name, cache.page_size)
     click.echo(f"its hit rate through the tree alone: {simulate_command(path, shape, admission)}", err=True)
-    click.echo(SERVED_NOTE, err=True)
+    click.echo(CONCURRENT_NOTE, err=True)
 
 
 class _Stopped(Exception):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import time
 from array import array
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -30,6 +29,7 @@ from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
 from radixcache.simulate_fork import ForkedCall
+from radixcache.simulate_inflight import InFlight
 from radixcache.simulate_oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
 from radixcache.simulate_read_ahead import ReadAhead
 from radixcache.simulate_tiers import (
@@ -321,7 +321,7 @@ class CacheReplay:
         self.check = check
         self.honor_timestamps = honor_timestamps
         self.timeline = _Timeline(windows, trace_span(workload))
-        self.inflight: deque = deque()
+        self.inflight = InFlight(concurrency)
         self.prompt_blocks = self.hit_blocks = self.oversized = 0
         self.seconds = 0.0
 
@@ -331,12 +331,12 @@ class CacheReplay:
         if self.bound is not None:
             # The admission bound trims the tree to `bound` as a request finishes, before the oracle's clock moves
             # on to this request: this request's own reads must count as next uses.
-            while len(self.inflight) >= self.concurrency:
-                self._complete(self.inflight.popleft())
+            for item in self.inflight.due(request.timestamp_ms):
+                self._complete(item)
         if oracle is not None:
             oracle.now = index
-        while len(self.inflight) >= self.concurrency:
-            self._complete(self.inflight.popleft())
+        for item in self.inflight.due(request.timestamp_ms):
+            self._complete(item)
         if self.honor_timestamps:
             advance_to_arrival(cache, request)
         # Validated once as int64 arrays, which the cache's match and insert then take without another pass.
@@ -367,17 +367,16 @@ class CacheReplay:
         held = new[-1:] if tail else []  # the engine's partial page: held while in flight, never adopted
         if tail:
             new = new[:-1]
-        self.inflight.append(
-            (
-                match.node,
-                full,
-                match.blocks + new,
-                request.namespace,
-                matched_pages,
-                len(prompt) // p,
-                output_tokens,
-                held,
-            )
+        blocks = match.blocks + new
+        node = match.node
+        early = shared_early(request, len(full) // p, p) if self.admission is None else 0
+        if early > matched_pages:  # its prompt's pages go into the tree now, pinned until it finishes
+            cache.insert(full[: early * p], blocks[:early], namespace=request.namespace)
+            node = cache.lock_prefix(full, early * p, namespace=request.namespace)
+            cache.unlock(match.node)
+        self.inflight.add(
+            (node, full, blocks, request.namespace, matched_pages, len(prompt) // p, output_tokens, held),
+            request.finish_ms,
         )
         self.prompt_blocks += -(-len(request.prompt) // p)
         self.hit_blocks += matched_pages
@@ -414,8 +413,8 @@ class CacheReplay:
                 cache.evict(excess)
 
     def close(self) -> None:
-        while self.inflight:
-            self._complete(self.inflight.popleft())
+        for item in self.inflight.drain():
+            self._complete(item)
         if self.check:
             self.cache.check_invariants()
 
@@ -487,7 +486,7 @@ class TieredReplay:
         self.check = check
         self.honor_timestamps = honor_timestamps
         self.timeline = _Timeline(windows, trace_span(workload))
-        self.inflight: deque = deque()
+        self.inflight = InFlight(concurrency)
         self.prompt_blocks = self.hit_blocks = self.oversized = 0
         self.seconds = 0.0
         costs, page_tokens = config.costs, workload.block_tokens
@@ -505,8 +504,8 @@ class TieredReplay:
     def feed(self, index: int, request: SimRequest) -> None:
         started = time.perf_counter()
         cache, p = self.cache, self.page_size
-        while len(self.inflight) >= self.concurrency:
-            self._finish(self.inflight.popleft())
+        for item in self.inflight.due(request.timestamp_ms):
+            self._finish(item)
         if self.honor_timestamps:
             advance_to_arrival(cache, request)
         full = as_token_array(request.prompt + request.output if request.output else request.prompt)
@@ -533,7 +532,7 @@ class TieredReplay:
             self.host.unlock(reading)  # type: ignore[union-attr]
         else:
             new = cache.allocate(need)
-        self.inflight.append((match.node, full, match.blocks + new, request.namespace, chain))
+        self.inflight.add((match.node, full, match.blocks + new, request.namespace, chain), request.finish_ms)
         tokens = request.prompt_tokens
         page_tokens = p * request.unit
         device_hit = min(matched_pages * page_tokens, tokens)
@@ -576,8 +575,8 @@ class TieredReplay:
             self.disk.check_invariants()
 
     def close(self) -> None:
-        while self.inflight:
-            self._finish(self.inflight.popleft())
+        for item in self.inflight.drain():
+            self._finish(item)
         if self.check:
             self.check_invariants()
 
@@ -636,7 +635,7 @@ class InfiniteReplay:
         self.distinct = 0
         self.seen: set[int] = set()  # chained keys
         self.timeline = _Timeline(windows, span)
-        self.inflight: deque = deque()
+        self.inflight = InFlight(concurrency)
         self.prompt_blocks = self.hit_blocks = 0
         self.seconds = 0.0
 
@@ -644,8 +643,8 @@ class InfiniteReplay:
         if self.broken:
             return
         started = time.perf_counter()
-        while len(self.inflight) >= self.concurrency:
-            self._insert(*self.inflight.popleft())
+        for item in self.inflight.due(request.timestamp_ms):
+            self._insert(*item)
         p = self.page_size
         root = ("namespace", request.namespace)
         full = request.prompt + request.output if request.output else request.prompt
@@ -653,7 +652,7 @@ class InfiniteReplay:
         matched = 0
         if self.by_id:
             prompt = request.prompt
-            if request.namespace is not None or not self._room_for(prompt):
+            if request.namespace is not None or not self._room_for(full):  # the pages it will insert too
                 self.broken = True
                 return
             # The hit is the longest run of leading ids whose recorded parent is the id before them. Prefix
@@ -668,12 +667,16 @@ class InfiniteReplay:
                 else:
                     high = mid - 1
             matched = low
-            self.inflight.append((root, full, matched))
+            early = shared_early(request, len(full), 1)
+            if early > matched:  # shared while it runs (see `shared_early`)
+                self._insert(root, full[:early], matched)
+            self.inflight.add((root, full, max(matched, early)), request.finish_ms)
         else:
             keys = _chain_keys(hash(root), full, p)
             while matched < prompt_pages and keys[matched] in self.seen:
                 matched += 1
-            self.inflight.append((root, keys, 0))
+            self.seen.update(keys[: shared_early(request, len(keys), p)])
+            self.inflight.add((root, keys, 0), request.finish_ms)
         self.prompt_blocks += -(-len(request.prompt) // p)
         self.hit_blocks += matched
         self.timeline.add(
@@ -712,8 +715,10 @@ class InfiniteReplay:
         return True
 
     def close(self) -> None:
-        while self.inflight and not self.broken:
-            self._insert(*self.inflight.popleft())
+        for item in self.inflight.drain():
+            if self.broken:
+                break
+            self._insert(*item)
 
     def summary(self) -> tuple[bool, SimResult | None]:
         """(broken, the result unless broken): what a replay beside the reading (ReadAhead) sends back."""
@@ -822,6 +827,19 @@ class _Timeline:
                 row[2] += h
         t0, width = self.t0, self.width
         return tuple(Window(t0 + i * width, t0 + (i + 1) * width, *self.bins[i]) for i in range(count))
+
+
+def shared_early(request: SimRequest, pages: int, p: int) -> int:
+    """How many of a request's `pages` (of p cache tokens) the tree holds from the moment it starts.
+
+    An engine shares a prompt's pages as soon as it computes them, and one that arrives meanwhile with the same prefix
+    reuses them (the engine's in-flight sharing). A request an engine recorded (it says when it finished:
+    `finish_ms`) therefore gives the tree its prompt's whole pages when it starts, and the rest when it finishes.
+    Any other request gives them all when it finishes (0 here).
+    """
+    if request.finish_ms is None:
+        return 0
+    return min(request.prompt_tokens // request.unit // p, pages)
 
 
 def advance_to_arrival(cache: RadixCache, request: SimRequest) -> None:

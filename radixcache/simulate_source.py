@@ -101,6 +101,7 @@ class TraceSource:
                     line.output_hash_ids,
                     line.session_id,
                     line.output_length or 0,
+                    line.finish_timestamp,
                 )
                 yield str(lineno), request
         elif self.format == TOKEN_JSONL:

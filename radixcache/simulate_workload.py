@@ -36,6 +36,9 @@ class SimRequest(NamedTuple):
     session: str | None = None
     output_tokens: int | None = None  # real tokens the request generated, when known (a hash trace's output_length)
     holds_tail: bool = False  # an engine ran it: while running it also held a page it was still writing
+    # When it left the engine that ran it (a recorded trace's finish_timestamp): the replay then finishes it at that
+    # time, whatever its `concurrency` (radixcache.simulate_inflight); None: after `concurrency` later arrivals.
+    finish_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,7 @@ def hash_sim_request(
     output_hash_ids: tuple[int, ...] | None = None,
     session: str | None = None,
     output_tokens: int | None = None,
+    finish_ms: float | None = None,
 ) -> SimRequest:
     """One hash-trace request as the simulator replays it (`output_tokens`: its output_length, a feature the
     `reuse` policy learns from).
@@ -103,13 +107,16 @@ def hash_sim_request(
     it also holds one block for the page the engine was still writing, which it frees at the end.
     """
     if output_hash_ids is None:
-        return SimRequest(timestamp_ms, hash_ids, (), input_length, block_size, None, session, output_tokens)
+        return SimRequest(
+            timestamp_ms, hash_ids, (), input_length, block_size, None, session, output_tokens, False, finish_ms
+        )
     whole = input_length // block_size
     looked_up = max(0, input_length - 1) // block_size
     output = hash_ids[looked_up:whole] + output_hash_ids
     # While it ran, the engine also held the page it was still writing (its partial last page): holds_tail.
+    looked = hash_ids[:looked_up]
     return SimRequest(
-        timestamp_ms, hash_ids[:looked_up], output, input_length, block_size, None, session, output_tokens, True
+        timestamp_ms, looked, output, input_length, block_size, None, session, output_tokens, True, finish_ms
     )
 
 
@@ -140,6 +147,7 @@ def hash_workload(requests: Iterable[HashRequest], block_size: int = DEFAULT_BLO
                 r.output_hash_ids,
                 r.session_id,
                 r.output_length,
+                r.finish_timestamp_ms,
             )
         )
     return Workload(_arrival_order(sim), 1, block_size if declared is None else declared, "hash")

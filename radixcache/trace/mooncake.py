@@ -8,7 +8,8 @@ to one cache page, so that hit tokens are counted exactly.
 Optional fields, written by `radixcache replay --record-trace` and `serve --record-trace` (docs/traces.md):
 `block_size` (tokens per hash id; when one line gives it, every line must, the same value), `output_hash_ids`
 (the chained hashes of the pages the engine's tree got after the prompt's whole pages: the generated ones, which a
-next turn reads) and `session_id` (the conversation the request belongs to).
+next turn reads), `session_id` (the conversation the request belongs to) and `finish_timestamp` (when the request
+left the engine, in the timestamps' milliseconds: never before its timestamp).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class HashRequest:
     """One request of a hash-block trace. hash_ids[i] names the block of prompt tokens [i*bs, (i+1)*bs).
 
     The optional fields come from a recorded trace: `block_size` as the line gives it, `output_hash_ids` the pages
-    the engine's tree got past the prompt's whole pages (None when the line has none), `session_id` its session.
+    the engine's tree got past the prompt's whole pages (None when the line has none), `session_id` its session,
+    `finish_timestamp_ms` when it left the engine.
     """
 
     timestamp_ms: float
@@ -43,6 +45,7 @@ class HashRequest:
     block_size: int | None = None
     output_hash_ids: tuple[int, ...] | None = None
     session_id: str | None = None
+    finish_timestamp_ms: float | None = None
 
     def block_tokens(self, index: int, block_size: int) -> int:
         """Tokens of block `index`: block_size, except the last, which holds what input_length leaves."""
@@ -138,6 +141,7 @@ def iter_mooncake(path: str | Path, block_size: int | None = None) -> Iterator[H
             block_size=declared,
             output_hash_ids=line.output_hash_ids,
             session_id=line.session_id,
+            finish_timestamp_ms=line.finish_timestamp,
         )
 
 
@@ -158,6 +162,9 @@ def iter_mooncake_lines(
         if size is not None and len(line.hash_ids) != -(-line.input_length // size):
             problem = check_block_size(HashRequest(line.timestamp, line.input_length, 0, line.hash_ids), size)
             raise TraceError(name, str(lineno), problem or "inconsistent with input_length", "hash_ids")
+        if line.finish_timestamp is not None and line.finish_timestamp < line.timestamp:
+            problem = f"{line.finish_timestamp} is earlier than the request's timestamp {line.timestamp}"
+            raise TraceError(name, str(lineno), problem, "finish_timestamp")
         yield lineno, line, sizes.declared
 
 
@@ -174,6 +181,7 @@ def _read_line(name: str, lineno: int, raw: bytes, sizes: BlockSizes) -> Mooncak
         output_hash_ids=fields.int_list("output_hash_ids", None),
         session_id=fields.text("session_id", None),
         block_size=block if fields.record.get("block_size") is not None else None,  # checked by sizes.read
+        finish_timestamp=fields.number("finish_timestamp", None),
     )
 
 
@@ -190,6 +198,8 @@ def hash_request_to_dict(request: HashRequest) -> dict[str, Any]:
         out["output_hash_ids"] = list(request.output_hash_ids)
     if request.session_id is not None:
         out["session_id"] = request.session_id
+    if request.finish_timestamp_ms is not None:
+        out["finish_timestamp"] = request.finish_timestamp_ms
     return out
 
 

@@ -38,6 +38,7 @@ class MooncakeLine(msgspec.Struct, frozen=True):
     output_hash_ids: tuple[Id, ...] | None = None
     session_id: str | None = None
     block_size: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)] | None = None
+    finish_timestamp: Timestamp | None = None
 
 
 class TokenLine(msgspec.Struct, frozen=True):

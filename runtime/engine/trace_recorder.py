@@ -3,9 +3,11 @@
 One JSONL line per request the engine admitted and that left without an error:
 
     {"timestamp": ms, "input_length": L, "output_length": O, "hash_ids": [...], "block_size": P,
-     "output_hash_ids": [...], "session_id": "..."}
+     "output_hash_ids": [...], "session_id": "...", "finish_timestamp": ms}
 
-`timestamp` is the request's arrival, in milliseconds since the recorder was made. `hash_ids` holds one id per page
+`timestamp` is the request's arrival, in milliseconds since the recorder was made, and `finish_timestamp` when it
+left the engine (never before its `timestamp`): the simulator finishes a recorded request at that time, so requests
+that ran side by side here run side by side there. `hash_ids` holds one id per page
 of the prompt (pages of the engine's page size P, the last partial page included, as Mooncake does), and
 `output_hash_ids` one per whole page the engine computed past the prompt's whole pages (the prompt's tail and the
 generated tokens, up to the last token whose KV exists): the pages its tree then holds, which a next turn reads. Each
@@ -88,6 +90,7 @@ class TraceRecorder:
         self.path = os.fspath(path)
         self.page_size = page_size
         self.hasher = PageHasher(fingerprint, page_size)
+        self._clock = clock
         self.t0 = clock()
         self.written = 0  # lines written
         self.dropped = 0  # requests not written because the recording stopped
@@ -107,13 +110,16 @@ class TraceRecorder:
         requests still in the engine (None: none), before which every line can be written."""
         with self._lock:
             try:
+                left_ms = int((self._clock() - self.t0) * 1000)
                 for req in requests:
                     if req.t_admitted is None or req.error is not None:
                         continue  # never admitted (cancelled or timed out in the queue), or failed: nothing served
                     if self._file is None:
                         self.dropped += 1
                         continue
-                    heapq.heappush(self._held, (req.t_arrival, next(self._order), self._line(req)))
+                    line = self._line(req)
+                    line["finish_timestamp"] = left_ms
+                    heapq.heappush(self._held, (req.t_arrival, next(self._order), line))
                 self._release(pending_since)
             except Exception as exc:  # a bug here must never reach the engine loop
                 self._stop(f"{type(exc).__name__}: {exc}")
@@ -153,6 +159,7 @@ class TraceRecorder:
                 self.dropped += 1
                 continue
             ms = max(self._last_ms, int((arrival - self.t0) * 1000))
+            line["finish_timestamp"] = max(ms, line["finish_timestamp"])  # a timestamp moved up for order stays first
             self._write(orjson.dumps({"timestamp": ms, **line}) + b"\n")
             self._last_ms = ms
 

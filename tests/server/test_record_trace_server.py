@@ -15,7 +15,16 @@ from click.testing import CliRunner
 
 from radixcache.cli.main import main
 
-ALLOWED = {"timestamp", "input_length", "output_length", "hash_ids", "block_size", "output_hash_ids", "session_id"}
+ALLOWED = {
+    "timestamp",
+    "input_length",
+    "output_length",
+    "hash_ids",
+    "block_size",
+    "output_hash_ids",
+    "session_id",
+    "finish_timestamp",
+}
 SECRET = "pineapple-zebra-47"
 
 

@@ -34,9 +34,13 @@ def _replayed(r: SimRequest) -> tuple:
 
 
 def test_the_optional_fields_are_read_and_written_back(tmp_path: Path) -> None:
-    path = _write(tmp_path / "r.jsonl", [_line(0, 6, [11, 12], [13], block_size=4, session_id="u1")])
+    row = _line(0, 6, [11, 12], [13], block_size=4, session_id="u1", finish_timestamp=7.5)
+    path = _write(tmp_path / "r.jsonl", [row])
     (request,) = read_trace(path).records
-    assert request == HashRequest(0, 6, 3, (11, 12), block_size=4, output_hash_ids=(13,), session_id="u1")
+    assert request == HashRequest(
+        0, 6, 3, (11, 12), block_size=4, output_hash_ids=(13,), session_id="u1", finish_timestamp_ms=7.5
+    )
+    assert [r.finish_ms for r in open_source(path)] == [7.5]
     write_mooncake(tmp_path / "copy.jsonl", [request])
     assert json.loads((tmp_path / "copy.jsonl").read_text()) == json.loads(path.read_text())
 
@@ -110,6 +114,14 @@ def test_the_lines_block_size_wins_over_the_default_and_must_agree_with_another_
         ([_line(0, 6, [1, 2, 3], [], block_size=4)], r"r\.jsonl:1: field 'hash_ids': 3 hash ids, but input_length 6"),
         ([_line(0, 6, [1, 2], [-1], block_size=4)], r"r\.jsonl:1: field 'output_hash_ids': item 0 is -1"),
         ([_line(0, 6, [1, 2], [], block_size=4, session_id=7)], r"r\.jsonl:1: field 'session_id': expected a string"),
+        (
+            [_line(0, 6, [1, 2], [], block_size=4), _line(9, 6, [1, 2], [], block_size=4, finish_timestamp=8)],
+            r"r\.jsonl:2: field 'finish_timestamp': 8 is earlier than the request's timestamp 9",
+        ),
+        (
+            [_line(0, 6, [1, 2], [], block_size=4, finish_timestamp="soon")],
+            r"r\.jsonl:1: field 'finish_timestamp': expected a number",
+        ),
     ],
 )
 def test_bad_optional_fields_name_the_line_in_every_reader(tmp_path: Path, rows: list[dict], message: str) -> None:

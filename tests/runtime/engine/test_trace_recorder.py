@@ -15,7 +15,7 @@ import pytest
 from radixcache.runtime.engine.engine import Engine
 from radixcache.runtime.engine.trace_recorder import TraceRecorder
 
-KEYS = {"timestamp", "input_length", "output_length", "hash_ids", "block_size", "output_hash_ids"}
+KEYS = {"timestamp", "input_length", "output_length", "hash_ids", "block_size", "output_hash_ids", "finish_timestamp"}
 
 
 def chained_ids(tokens: list[int], page: int, fingerprint: str, namespace: object = None) -> list[int]:
@@ -64,7 +64,7 @@ def test_a_line_holds_the_chained_hashes_of_the_prompt_and_of_the_computed_outpu
     assert second["hash_ids"] == chained_ids(prompt, 4, fingerprint, "tenant-b")
     assert set(second["hash_ids"]).isdisjoint(first["hash_ids"])  # tenants never share a page
     assert all(0 <= i < 2**63 for line in (first, second) for i in line["hash_ids"] + line["output_hash_ids"])
-    assert 0 <= first["timestamp"] <= second["timestamp"]
+    assert 0 <= first["timestamp"] <= first["finish_timestamp"] <= second["timestamp"] <= second["finish_timestamp"]
     assert len(other.token_ids) == 2
 
 
@@ -79,19 +79,23 @@ def test_a_request_that_finishes_first_is_written_after_one_that_arrived_before_
         written = lines(path)
     assert [line["session_id"] for line in written] == ["long", "short"]
     assert written[0]["timestamp"] <= written[1]["timestamp"]
+    # The short one arrived second and left first: its finish time says so, for the simulator to replay.
+    assert written[1]["timestamp"] <= written[1]["finish_timestamp"] <= written[0]["finish_timestamp"]
 
 
 def test_lines_wait_for_earlier_arrivals_and_a_late_comer_keeps_the_order(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    recorder = TraceRecorder(path, 4, "fp", clock=lambda: 100.0)
+    times = iter([100.0, 100.75, 101.5, 100.2])  # the recorder's start, then each call of `left`
+    recorder = TraceRecorder(path, 4, "fp", clock=lambda: next(times))
     early, late = fake_request(100.25, [1, 2, 3, 4, 5], [6, 7]), fake_request(100.5, [9, 9, 9], [1])
     recorder.left([late], pending_since=100.25)  # the early one still runs: the late one's line waits
     assert path.read_text() == ""
     recorder.left([early], pending_since=None)
     assert [line["timestamp"] for line in lines(path)] == [250, 500]
+    assert [line["finish_timestamp"] for line in lines(path)] == [1500, 750]  # as each left, in any order
     straggler = fake_request(100.1, [3, 3], [3])  # reached the engine after `late` was written
-    recorder.left([straggler], pending_since=None)
-    assert lines(path)[-1]["timestamp"] == 500  # raised to the line before it: the file stays sorted
+    recorder.left([straggler], pending_since=None)  # and "left" at 200 ms: never before its raised timestamp
+    assert (lines(path)[-1]["timestamp"], lines(path)[-1]["finish_timestamp"]) == (500, 500)
     recorder.close()
     recorder.close()  # harmless
 
