@@ -372,8 +372,10 @@ class CacheReplay:
         early = shared_early(request, len(full) // p, p) if self.admission is None else 0
         if early > matched_pages:  # its prompt's pages go into the tree now, pinned until it finishes
             cache.insert(full[: early * p], blocks[:early], namespace=request.namespace)
-            node = cache.lock_prefix(full, early * p, namespace=request.namespace)
-            cache.unlock(match.node)
+            pinned = cache.lock_prefix(full, early * p, namespace=request.namespace)  # all cached: never None
+            if pinned is not None:
+                cache.unlock(match.node)
+                node = pinned
         self.inflight.add(
             (node, full, blocks, request.namespace, matched_pages, len(prompt) // p, output_tokens, held),
             request.finish_ms,
