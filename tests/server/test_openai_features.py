@@ -53,7 +53,7 @@ def test_logprobs_match_a_softmax_of_the_reference_forward(client, loaded) -> No
         got_top = sorted(lp.top_logprobs[t].values(), reverse=True)
         assert len(got_top) <= 5 and got_top == pytest.approx(want_top[: len(got_top)], abs=1e-4)
         ids.append(chosen)
-    assert len(lp.text_offset) == len(lp.tokens) and lp.text_offset[0] == 0
+    assert len(lp.text_offset) == len(lp.tokens) and lp.text_offset[:1] in ([], [0])  # empty if EOS came first
 
 
 def test_chat_logprobs_have_openais_shape_and_a_stream_carries_the_same(client) -> None:
