@@ -537,12 +537,12 @@ class RadixCache:
                 # A policy that ranks a leaf by the blocks it holds (Belady): its deepest block goes alone, since
                 # the new deepest one may be needed sooner than another leaf's; the leaf is re-ranked after each.
                 # While its new rank still beats the best other entry (the smaller of the top's two children, live
-                # or stale), it would be back on top at once: trim on, and update its entry once at the end.
+                # or stale), it would be back on top at once: trim on, and update its entry once at the end. A
+                # policy that `trims_in_bulk` finds that run in one binary search instead of block by block.
                 uid = leaf.uid
                 rest = heap[1] if len(heap) > 1 else None
                 if len(heap) > 2 and heap[2] < rest:
                     rest = heap[2]
-                new_priority = priority
                 if bulk:  # the same run of blocks, found by a binary search over the cut leaf's rank
                     take = self._bulk_trim(leaf, min(size - 1, n - freed), rest)
                     keep = size - take
@@ -554,23 +554,19 @@ class RadixCache:
                     freed += take
                     evictions += take - 1
                     new_priority = policy.priority(leaf)
-                    if new_priority != priority:
-                        entry = (new_priority, uid, next(self._seq), leaf)
-                        leaf.evict_key = entry
-                        heapreplace(heap, entry)
-                    continue
-                while True:
-                    if on_evict is not None:
-                        on_evict(leaf, size - 1, blocks[-1:])
-                    free.append(blocks.pop())
-                    size -= 1
-                    del leaf.key[size * p :]
-                    freed += 1
-                    new_priority = policy.priority(leaf)
-                    if size == 1 or freed >= n or (rest is not None and (new_priority, uid) >= rest[:2]):
-                        break
-                    evictions += 1
-                    policy_on_evict(leaf, new_priority)
+                else:
+                    while True:
+                        if on_evict is not None:
+                            on_evict(leaf, size - 1, blocks[-1:])
+                        free.append(blocks.pop())
+                        size -= 1
+                        del leaf.key[size * p :]
+                        freed += 1
+                        new_priority = policy.priority(leaf)
+                        if size == 1 or freed >= n or (rest is not None and (new_priority, uid) >= rest[:2]):
+                            break
+                        evictions += 1
+                        policy_on_evict(leaf, new_priority)
                 if new_priority != priority:
                     entry = (new_priority, uid, next(self._seq), leaf)
                     leaf.evict_key = entry
