@@ -28,9 +28,11 @@ from radixcache.admission import AdmissionPolicy, AdmissionRequest, make_admissi
 from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
+from radixcache.simulate_flat import FlatBeladyReplay, NeedsTree, flat_replay
 from radixcache.simulate_fork import ForkedCall
 from radixcache.simulate_inflight import InFlight
 from radixcache.simulate_oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
+from radixcache.simulate_packing import RequestPacker, unpack_requests
 from radixcache.simulate_read_ahead import ReadAhead
 from radixcache.simulate_tiers import (
     TIERS,
@@ -178,6 +180,7 @@ def simulate(
     tiers: TierConfig | None = None,
     admission: str | AdmissionPolicy | None = None,
     honor_timestamps: bool = False,
+    flat: bool = True,
 ) -> SimResult:
     """Replay `workload` (an in-memory Workload, or a streamed TraceSource read once) through a cache of
     `capacity_blocks` blocks at `policy`. Memory is the cache's (and, for a trace whose first and last timestamps
@@ -198,10 +201,13 @@ def simulate(
     one tick per match or insert) instead of counting accesses. Every policy's order is unchanged; a policy that
     measures intervals (`reuse`) then measures trace time, so a burst of requests is not mistaken for a long wait.
 
+    `flat`: Belady on a hash trace at concurrency 1 runs over single blocks instead of the tree, with the same
+    figures in half the time (radixcache.simulate_flat); False runs the tree (to time it, or to compare the two).
+
     `progress(n)` is called now and then with the number of requests replayed since its last call. `check`
     runs the cache's full invariant check after every request (slow: for tests).
     """
-    replay: CacheReplay | TieredReplay
+    replay: CacheReplay | TieredReplay | FlatBeladyReplay
     if tiers is not None:
         if admission is not None:
             raise RadixCacheError("admission control is simulated on the device cache alone, not with tiers")
@@ -216,7 +222,7 @@ def simulate(
             honor_timestamps=honor_timestamps,
         )
     else:
-        replay = CacheReplay(
+        replay = device_replay(
             workload,
             capacity_blocks,
             policy,
@@ -225,9 +231,60 @@ def simulate(
             windows=windows,
             admission=admission,
             honor_timestamps=honor_timestamps,
+            flat=flat,
         )
-    _drive(workload, [replay], progress)
+    try:
+        _drive(workload, [replay], progress)
+    except NeedsTree:  # a request an engine recorded: the tree runs it
+        return simulate(
+            workload,
+            capacity_blocks,
+            policy,
+            concurrency=concurrency,
+            windows=windows,
+            progress=progress,
+            check=check,
+            honor_timestamps=honor_timestamps,
+            flat=False,
+        )
     return replay.result()
+
+
+def device_replay(
+    workload: Replayable,
+    capacity_blocks: int,
+    policy: str | EvictionPolicy,
+    *,
+    concurrency: int = 1,
+    check: bool = False,
+    windows: int = 20,
+    admission: str | AdmissionPolicy | None = None,
+    honor_timestamps: bool = False,
+    flat: bool = True,
+) -> CacheReplay | FlatBeladyReplay:
+    """The replay of one device cache: a flat one where it gives the tree's figures (`flat`, see `simulate`),
+    else a CacheReplay."""
+    if flat and admission is None and not check:
+        replay = flat_replay(
+            workload,
+            capacity_blocks,
+            policy,
+            concurrency=concurrency,
+            windows=windows,
+            honor_timestamps=honor_timestamps,
+        )
+        if replay is not None:
+            return replay
+    return CacheReplay(
+        workload,
+        capacity_blocks,
+        policy,
+        concurrency=concurrency,
+        check=check,
+        windows=windows,
+        admission=admission,
+        honor_timestamps=honor_timestamps,
+    )
 
 
 def simulate_infinite(
@@ -879,6 +936,7 @@ def evaluate(
     belady_admission: bool = False,
     parallel: bool = False,
     honor_timestamps: bool = False,
+    flat: bool = True,
 ) -> SimReport:
     """`simulate` plus its bounds: the infinite-cache replay (unless `infinite=False`: its table grows with the
     trace's distinct pages, where the policy's replay holds only the cache), and Belady's when asked for. The
@@ -893,7 +951,7 @@ def evaluate(
     `admission` decides what the tree adopts (device-only); `belady_admission` adds the admission bound (Belady
     when a request's pages may skip the cache), the one to compare a policy with admission against.
 
-    `honor_timestamps`: the caches' clocks follow the trace's timestamps (see `simulate`).
+    `honor_timestamps`: the caches' clocks follow the trace's timestamps (see `simulate`). `flat`: see `simulate`.
 
     `parallel`: the Belady replays run in forked processes beside the policy's (radixcache.simulate_fork), each
     reading the trace itself; the figures are the same. For a streamed trace on a machine with cores to spare (a
@@ -907,11 +965,20 @@ def evaluate(
         for name, wanted in bounds:
             if wanted:
                 forked[name] = ForkedCall(
-                    partial(simulate, alone, capacity_blocks, name, concurrency=concurrency, windows=windows, **clock)
+                    partial(
+                        simulate,
+                        alone,
+                        capacity_blocks,
+                        name,
+                        concurrency=concurrency,
+                        windows=windows,
+                        flat=flat,
+                        **clock,
+                    )
                 )
     try:
         report = _evaluate(
-            workload, capacity_blocks, policy, concurrency, infinite, windows, progress, tiers, admission, clock
+            workload, capacity_blocks, policy, concurrency, infinite, windows, progress, tiers, admission, clock, flat
         )
     except BaseException:
         for call in forked.values():
@@ -925,7 +992,14 @@ def evaluate(
                 progress(done[name].requests)
         elif wanted:
             done[name] = simulate(
-                workload, capacity_blocks, name, concurrency=concurrency, windows=windows, progress=progress, **clock
+                workload,
+                capacity_blocks,
+                name,
+                concurrency=concurrency,
+                windows=windows,
+                progress=progress,
+                flat=flat,
+                **clock,
             )
     return replace(report, belady=done.get(BELADY), belady_admission=done.get(BELADY_ADMISSION))
 
@@ -941,9 +1015,10 @@ def _evaluate(
     tiers: TierConfig | None,
     admission: str | AdmissionPolicy | None,
     clock: dict,
+    flat: bool = True,
 ) -> SimReport:
     """The policy's replay and the infinite bound's (see `evaluate`)."""
-    replay: CacheReplay | TieredReplay
+    replay: CacheReplay | TieredReplay | FlatBeladyReplay
     spare = copy.deepcopy(policy) if tiers is not None and isinstance(policy, EvictionPolicy) else policy
     if tiers is not None:
         if admission is not None:
@@ -952,18 +1027,32 @@ def _evaluate(
             workload, capacity_blocks, policy, tiers=tiers, concurrency=concurrency, windows=windows, **clock
         )
     else:
-        replay = CacheReplay(
-            workload, capacity_blocks, policy, concurrency=concurrency, windows=windows, admission=admission, **clock
+        replay = device_replay(
+            workload,
+            capacity_blocks,
+            policy,
+            concurrency=concurrency,
+            windows=windows,
+            admission=admission,
+            flat=flat,
+            **clock,
         )
     unbounded = partial(InfiniteReplay, workload, concurrency=concurrency, windows=windows, span=trace_span(workload))
-    if infinite and getattr(workload, "read_ahead", False):  # the bound replays in the reader process, for free
-        stream = ReadAhead(replace(workload, read_ahead=False), beside=unbounded)  # type: ignore[type-var]
-        _drive(stream, [replay], progress)
-        broken, bound = stream.beside_summary
-    else:
-        beside = unbounded()
-        _drive(workload, [replay, beside] if infinite else [replay], progress)
-        broken, bound = beside.summary()
+    try:
+        if infinite and getattr(workload, "read_ahead", False):  # the bound replays in the reader process, for free
+            stream = ReadAhead(  # type: ignore[type-var]
+                replace(workload, read_ahead=False), beside=unbounded, pack=RequestPacker, unpack=unpack_requests
+            )
+            _drive(stream, [replay], progress)
+            broken, bound = stream.beside_summary
+        else:
+            beside = unbounded()
+            _drive(workload, [replay, beside] if infinite else [replay], progress)
+            broken, bound = beside.summary()
+    except NeedsTree:  # a request an engine recorded: the tree runs it
+        return _evaluate(
+            workload, capacity_blocks, policy, concurrency, infinite, windows, progress, tiers, admission, clock, False
+        )
     if isinstance(replay, TieredReplay) and replay.key == "hash-id" and replay.any_tier and broken:
         replay = TieredReplay(
             workload,

@@ -37,11 +37,11 @@ class NextUseOracle:
         for index, request in enumerate(workload):
             count += 1
             parent = roots.setdefault(request.namespace, -1 - len(roots))
-            full = request.prompt + request.output
+            full = request.prompt + request.output if request.output else request.prompt
             prompt_pages = len(request.prompt) // p
             ids = array("q")
             for k in range(len(full) // p):
-                key = (parent, full[k]) if p == 1 else (parent, full[k * p : (k + 1) * p])
+                key = (parent, full[k]) if p == 1 else (parent, tuple(full[k * p : (k + 1) * p]))
                 lid = trie.get(key)
                 if lid is None:
                     lid = trie[key] = len(reads)

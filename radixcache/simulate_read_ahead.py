@@ -44,23 +44,67 @@ class Beside(Protocol):
         ...
 
 
+class Packer(Protocol[T]):
+    """Takes items one by one (`add`) and gives those added since the last `take` as one message."""
+
+    def add(self, item: T) -> None: ...
+
+    def take(self) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+
+class _Unpacked(Generic[T]):
+    """The default Packer: the items themselves, in a list."""
+
+    def __init__(self) -> None:
+        self.items: list[T] = []
+
+    def add(self, item: T) -> None:
+        self.items.append(item)
+
+    def take(self) -> list[T]:
+        items, self.items = self.items, []
+        return items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
 class ReadAhead(Generic[T]):
     """The items of `source`, in order, read by a child process; iterating it once is one pass over `source`.
 
     `beside`: a factory of a replay that the child also feeds every item (a bound whose replay costs far less than
     the caller's, such as the infinite cache, then costs the caller nothing). After a whole pass, its
     `summary()` is in `beside_summary`.
+
+    `pack` makes, in the child, a Packer that takes the items one by one as they are read and gives a batch of them
+    as what crosses the pipe; `unpack` turns that back into the items, here (the simulator's requests:
+    radixcache.simulate_packing). Both or neither; without them the items are pickled as they are.
     """
 
-    def __init__(self, source: Iterable[T], beside: Callable[[], Beside] | None = None, batch: int = BATCH) -> None:
+    def __init__(
+        self,
+        source: Iterable[T],
+        beside: Callable[[], Beside] | None = None,
+        batch: int = BATCH,
+        pack: Callable[[], Packer[T]] | None = None,
+        unpack: Callable[[Any], list[T]] | None = None,
+    ) -> None:
+        if (pack is None) != (unpack is None):
+            raise ValueError("ReadAhead: give both pack and unpack, or neither")
         self.source, self.beside, self.batch = source, beside, batch
+        self.pack, self.unpack = pack, unpack
         self.beside_summary: Any = None
 
     def __iter__(self) -> Iterator[T]:
         if not can_fork():
             yield from self._here()
             return
-        reader, receiver = start_child(_read, (self.source, self.batch, self.beside), "radixcache-trace-reader")
+        reader, receiver = start_child(
+            _read, (self.source, self.batch, self.beside, self.pack), "radixcache-trace-reader"
+        )
+        unpack = self.unpack
         try:
             while True:
                 try:
@@ -69,7 +113,7 @@ class ReadAhead(Generic[T]):
                     raise RadixCacheError(
                         f"the trace reader process ended without a word (exit code {reader.exitcode})"
                     ) from None
-                yield from items
+                yield from (items if unpack is None else unpack(items))
                 if kind == "end":
                     self.beside_summary = extra
                     return
@@ -94,37 +138,47 @@ class ReadAhead(Generic[T]):
             self.beside_summary = side.summary()
 
 
-def read_ahead(source: Iterable[T], batch: int = BATCH) -> Iterator[T]:
-    """The items of `source`, in order, read by a child process."""
-    return iter(ReadAhead(source, batch=batch))
+def read_ahead(
+    source: Iterable[T],
+    batch: int = BATCH,
+    pack: Callable[[], Packer[T]] | None = None,
+    unpack: Callable[[Any], list[T]] | None = None,
+) -> Iterator[T]:
+    """The items of `source`, in order, read by a child process (`pack`, `unpack`: see ReadAhead)."""
+    return iter(ReadAhead(source, batch=batch, pack=pack, unpack=unpack))
 
 
-def _read(source: Iterable[T], batch: int, beside: Callable[[], Beside] | None, sender: Connection) -> None:
+def _read(
+    source: Iterable[T],
+    batch: int,
+    beside: Callable[[], Beside] | None,
+    pack: Callable[[], Packer[T]] | None,
+    sender: Connection,
+) -> None:
     """The child: iterate `source` (feeding `beside`'s replay), send ("more", items, None) batches, then
-    ("end", items, the replay's summary) or ("error", items, exception)."""
-    items: list[T] = []
+    ("end", items, the replay's summary) or ("error", items, exception); items as `pack`'s packer gives them."""
+    packer: Packer[T] = _Unpacked() if pack is None else pack()
     try:
         side = beside() if beside is not None else None
         for index, item in enumerate(source):
-            items.append(item)
+            packer.add(item)
             if side is not None:
                 side.feed(index, item)
-            if len(items) >= batch:
-                sender.send(("more", items, None))
-                items = []
+            if len(packer) >= batch:
+                sender.send(("more", packer.take(), None))
         summary = None
         if side is not None:
             side.close()
             summary = side.summary()
-        sender.send(("end", items, summary))
+        sender.send(("end", packer.take(), summary))
     except (BrokenPipeError, ConnectionResetError):  # the replay stopped reading: nothing left to do
         pass
     except BaseException as exc:  # every failure goes to the replay, which raises it where it was
         try:
-            sender.send(("error", items, exc))
+            sender.send(("error", packer.take(), exc))
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception:  # an exception that does not pickle: its type and message do
-            sender.send(("error", items, RadixCacheError(f"{type(exc).__name__}: {exc}")))
+            sender.send(("error", packer.take(), RadixCacheError(f"{type(exc).__name__}: {exc}")))
     finally:
         sender.close()

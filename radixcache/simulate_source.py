@@ -16,13 +16,14 @@ from pathlib import Path
 import orjson
 
 from radixcache.errors import RadixCacheError
+from radixcache.simulate_packing import RequestPacker, unpack_requests
 from radixcache.simulate_read_ahead import read_ahead
 from radixcache.simulate_workload import SimRequest, hash_sim_request
 from radixcache.trace.errors import TraceError
 from radixcache.trace.formats import FORMAT_KINDS, MOONCAKE, TOKEN_JSONL, TOKEN_MSGPACK, detect_format
 from radixcache.trace.jsonl import open_trace
 from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE, iter_mooncake_lines, resolve_block_size
-from radixcache.trace.token_trace import iter_token_lines, iter_token_msgpack
+from radixcache.trace.token_trace import iter_token_arrays, iter_token_msgpack
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +40,7 @@ class TraceSource:
 
     def __iter__(self) -> Iterator[SimRequest]:
         if self.read_ahead:
-            yield from read_ahead(replace(self, read_ahead=False))
+            yield from read_ahead(replace(self, read_ahead=False), pack=RequestPacker, unpack=unpack_requests)
             return
         last = None
         for where, request in self._records():
@@ -105,8 +106,20 @@ class TraceSource:
                 )
                 yield str(lineno), request
         elif self.format == TOKEN_JSONL:
-            for lineno, request in iter_token_lines(self.path):
-                yield str(lineno), _token_request(request)
+            for lineno, line in iter_token_arrays(self.path):  # ids as int64 arrays, which pack as bytes
+                output = line.output_tokens
+                yield (
+                    str(lineno),
+                    SimRequest(
+                        line.timestamp_ms,
+                        line.tokens,
+                        output if output else (),
+                        len(line.tokens),
+                        1,
+                        line.namespace,
+                        line.session,
+                    ),
+                )
         else:
             for index, request in enumerate(iter_token_msgpack(self.path)):
                 yield f"record {index}", _token_request(request)
@@ -171,12 +184,11 @@ READ_AHEAD_MIN_BYTES = 8 << 20
 
 
 def worth_reading_ahead(source: TraceSource) -> bool:
-    """Whether a reader process should read `source` beside the replay: a hash trace of READ_AHEAD_MIN_BYTES or
-    more, on a machine with a second core for it (a sweep that already runs a replay per core should not ask).
-    Not a token trace: handing a request of a thousand tokens to the replay's process costs about what reading it
-    does (unpickling makes every token a Python int again), so reading ahead slows it down."""
+    """Whether a reader process should read `source` beside the replay: a trace of READ_AHEAD_MIN_BYTES or more, on
+    a machine with a second core for it (a sweep that already runs a replay per core should not ask). Token traces
+    too: their ids cross packed (radixcache.simulate_packing), so the replay's process never makes them Python ints."""
     try:
         size = os.path.getsize(source.path)
     except OSError:
         return False  # opening it reports the problem
-    return source.kind == "hash" and size >= READ_AHEAD_MIN_BYTES and (os.cpu_count() or 1) >= 2
+    return size >= READ_AHEAD_MIN_BYTES and (os.cpu_count() or 1) >= 2

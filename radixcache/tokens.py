@@ -13,7 +13,7 @@ from radixcache.errors import InvalidTokensError
 TOKEN_TYPECODE = "q"  # int64: token ids and 64-bit trace hash ids both fit
 # The byte of each int64 that holds its sign bit. `isascii` over those bytes (one per token) finds a negative
 # token at C speed, where `min(arr) < 0` would box every token into a Python int.
-_SIGN_BYTE = 7 if sys.byteorder == "little" else 0
+SIGN_BYTE = 7 if sys.byteorder == "little" else 0
 
 
 def as_token_array(tokens: Sequence[int] | array) -> array:
@@ -24,7 +24,7 @@ def as_token_array(tokens: Sequence[int] | array) -> array:
     """
     if type(tokens) is array and tokens.typecode == TOKEN_TYPECODE:  # already int64: a copy, then the sign check
         arr = array(TOKEN_TYPECODE, tokens)
-        if arr.tobytes()[_SIGN_BYTE::8].isascii():
+        if arr.tobytes()[SIGN_BYTE::8].isascii():
             return arr
         index = next(i for i, t in enumerate(arr) if t < 0)
         raise InvalidTokensError(f"tokens must be non-negative: token {index} is {arr[index]}")
@@ -32,20 +32,20 @@ def as_token_array(tokens: Sequence[int] | array) -> array:
         raise InvalidTokensError(f"tokens must be a sequence of ints, got {type(tokens).__name__}")
     try:
         if type(tokens) is list or type(tokens) is tuple:  # struct packs ints about twice as fast as array()
-            arr = array(TOKEN_TYPECODE, _packer(len(tokens))(*tokens))
+            arr = array(TOKEN_TYPECODE, int64_packer(len(tokens))(*tokens))
         else:
             arr = array(TOKEN_TYPECODE, tokens)
     except (TypeError, OverflowError, struct.error) as exc:
         bad = _first_bad_token(tokens)
         raise InvalidTokensError(f"tokens must be non-negative ints below 2**63: {bad}") from exc
-    if arr and not arr.tobytes()[_SIGN_BYTE::8].isascii():  # a sign bit set: some token is negative
+    if arr and not arr.tobytes()[SIGN_BYTE::8].isascii():  # a sign bit set: some token is negative
         index = next(i for i, t in enumerate(arr) if t < 0)
         raise InvalidTokensError(f"tokens must be non-negative: token {index} is {arr[index]}")
     return arr
 
 
 @lru_cache(maxsize=4096)
-def _packer(n: int) -> Callable[..., bytes]:
+def int64_packer(n: int) -> Callable[..., bytes]:
     """The packer of n int64s, compiled once per length (struct's own format cache costs a format and a lookup)."""
     return struct.Struct(f"{n}{TOKEN_TYPECODE}").pack
 
@@ -56,7 +56,7 @@ def token_view(tokens: Sequence[int] | array) -> array:
     For callers that only read the tokens during the call and keep slices (always copies), never the array:
     the cache's match and insert. The same errors as `as_token_array`.
     """
-    if type(tokens) is array and tokens.typecode == TOKEN_TYPECODE and tokens.tobytes()[_SIGN_BYTE::8].isascii():
+    if type(tokens) is array and tokens.typecode == TOKEN_TYPECODE and tokens.tobytes()[SIGN_BYTE::8].isascii():
         return tokens
     return as_token_array(tokens)
 
@@ -69,16 +69,16 @@ def check_signs(arr: array, start: int = 0, raw: bytes | None = None) -> None:
     `arr.tobytes()` if the caller has it.
     """
     if raw is None:
-        ok = (arr[start:] if start else arr).tobytes()[_SIGN_BYTE::8].isascii()
+        ok = (arr[start:] if start else arr).tobytes()[SIGN_BYTE::8].isascii()
     else:
-        ok = raw[start * 8 + _SIGN_BYTE :: 8].isascii()
+        ok = raw[start * 8 + SIGN_BYTE :: 8].isascii()
     if not ok:
         raise InvalidTokensError(negative_token(arr, start))
 
 
 def negative_token(arr: array, start: int = 0) -> str | None:
     """The error message for the first negative token of the int64 array `arr` from `start` on, or None."""
-    if (arr[start:] if start else arr).tobytes()[_SIGN_BYTE::8].isascii():
+    if (arr[start:] if start else arr).tobytes()[SIGN_BYTE::8].isascii():
         return None
     index = next(i for i in range(start, len(arr)) if arr[i] < 0)
     return f"tokens must be non-negative: token {index} is {arr[index]}"

@@ -116,7 +116,7 @@ def test_the_cli_reads_ahead_on_request_with_the_same_report(tmp_path: Path) -> 
     assert result.exit_code == 1 and "bad.jsonl:1: field 'output_length'" in result.output
 
 
-def test_reading_ahead_is_worth_it_for_large_hash_traces_only(tmp_path: Path, monkeypatch) -> None:
+def test_reading_ahead_is_worth_it_for_large_traces_on_two_cores(tmp_path: Path, monkeypatch) -> None:
     import radixcache.simulate_source as simulate_source
 
     hashes = tmp_path / "h.jsonl"
@@ -125,7 +125,7 @@ def test_reading_ahead_is_worth_it_for_large_hash_traces_only(tmp_path: Path, mo
     monkeypatch.setattr(simulate_source, "READ_AHEAD_MIN_BYTES", 1000)
     monkeypatch.setattr(simulate_source.os, "cpu_count", lambda: 2)
     assert simulate_source.worth_reading_ahead(open_source(str(hashes), block_size=16))
-    assert not simulate_source.worth_reading_ahead(open_source(str(tokens)))  # a token trace: slower ahead
+    assert simulate_source.worth_reading_ahead(open_source(str(tokens)))  # token ids cross packed
     monkeypatch.setattr(simulate_source, "READ_AHEAD_MIN_BYTES", hashes.stat().st_size + 1)
     assert not simulate_source.worth_reading_ahead(open_source(str(hashes), block_size=16))  # too small
     monkeypatch.setattr(simulate_source, "READ_AHEAD_MIN_BYTES", 1000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from radixcache.trace import TraceError
 from radixcache.trace.jsonl import json_line
 from radixcache.trace.mooncake import BlockSizes, HashRequest, _read_line, check_block_size, iter_mooncake_lines
-from radixcache.trace.token_trace import iter_token_lines, request_from_dict
+from radixcache.trace.token_trace import iter_token_arrays, iter_token_lines, request_from_dict
 
 BIG = [2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**70]
 scalars = st.one_of(
@@ -162,3 +163,71 @@ def near_sound_mooncake(draw: st.DrawFn) -> tuple[bytes, int | None]:
 @given(near_sound_mooncake())
 def test_near_sound_mooncake_lines_match_the_field_by_field_reader(case: tuple[bytes, int | None]) -> None:
     test_mooncake_lines_match_the_field_by_field_reader.hypothesis.inner_test(*case)
+
+
+def arrays_outcome(path: Path) -> tuple:
+    """iter_token_arrays' lines, ids as tuples, in `outcome`'s form."""
+
+    def read() -> Iterator:
+        for lineno, r in iter_token_arrays(path):
+            assert type(r.tokens) is array and r.tokens.typecode == "q"
+            output = None if r.output_tokens is None else tuple(r.output_tokens)
+            yield (lineno, r.timestamp_ms, tuple(r.tokens), r.output_length, r.session, r.namespace, output)
+
+    return outcome(read)
+
+
+def lines_outcome(path: Path) -> tuple:
+    def read() -> Iterator:
+        for lineno, r in iter_token_lines(path):
+            yield (lineno, r.timestamp_ms, r.tokens, r.output_length, r.session, r.namespace, r.output_tokens)
+
+    return outcome(read)
+
+
+@settings(max_examples=400, deadline=None)
+@given(records(TOKEN_FIELDS, {}))
+def test_token_arrays_match_the_token_reader(line: bytes) -> None:
+    """simdjson's int64 buffers take a line only when it is plainly sound; every value and error is the reader's."""
+    path = write(line)
+    assert arrays_outcome(path) == lines_outcome(path)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"timestamp": 1, "tokens": [[1], [2]], "output_length": 0}',  # simdjson would flatten a nested list
+        b'{"timestamp": 1, "tokens": [1, [2]], "output_length": 0}',
+        b'{"timestamp": 1, "tokens": [1, 2], "output_length": 1, "output_tokens": [[3]]}',
+        b'{"timestamp": 1, "tokens": [1, [2]], "output_length": 0, "session": "\\u005b"}',  # a bracket hidden
+        b'{"timestamp": 1, "tokens": [1, 2], "output_length": 0, "session": "a[b"}',
+        b'{"timestamp": 1, "tokens": [1, 2], "tokens": [3], "output_length": 0}',  # a key twice
+        b'{"timestamp": 1, "tokens": [1, -2], "output_length": 0}',
+        b'{"timestamp": 1, "tokens": [1, 9223372036854775808], "output_length": 0}',
+        b'{"timestamp": 1, "tokens": [1, 2.0], "output_length": 0}',
+        b'{"timestamp": 1, "tokens": [1, true], "output_length": 0}',
+        b'{"timestamp": true, "tokens": [1], "output_length": 0}',
+        b'{"timestamp": -1, "tokens": [1], "output_length": 0}',
+        b'{"timestamp": 1, "tokens": [1], "output_length": 1.0}',
+        b'{"timestamp": 1, "tokens": [1], "output_length": 2, "output_tokens": [5]}',
+        b'{"timestamp": 1, "tokens": [1], "output_length": 0, "output_tokens": null, "extra": {"a": 1}}',
+        b'{"timestamp": 1, "tokens": [1], "output_length": 0, "extra": [1]}',
+        b'{"timestamp": 1, "tokens": [], "output_length": 0} trailing',
+        b'{"timestamp": 1.5, "tokens": [], "output_length": 0, "namespace": null}',
+        b"[1, 2]",
+        b"",
+    ],
+)
+def test_token_arrays_on_lines_that_trip_a_fast_parser(line: bytes) -> None:
+    path = write(line)
+    assert arrays_outcome(path) == lines_outcome(path)
+
+
+def test_token_arrays_read_a_whole_file_with_blank_lines(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    good = b'{"timestamp": 1, "tokens": [5, 6, 70000], "output_length": 1, "output_tokens": [3]}\n'
+    path.write_bytes(good + b"\n  \n" + good + b'{"timestamp": 2, "tokens": [1, "x"], "output_length": 0}\n' + good)
+    rows = iter_token_arrays(path)
+    assert [(n, tuple(r.tokens)) for n, r in (next(rows), next(rows))] == [(1, (5, 6, 70000)), (4, (5, 6, 70000))]
+    with pytest.raises(TraceError, match=r"t\.jsonl:5: field 'tokens'"):
+        next(rows)
