@@ -28,7 +28,7 @@ from radixcache.admission import AdmissionPolicy, AdmissionRequest, make_admissi
 from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
-from radixcache.simulate_flat import FlatBeladyReplay, NeedsTree, flat_replay
+from radixcache.simulate_flat import FlatBeladyReplay, flat_replay
 from radixcache.simulate_fork import ForkedCall
 from radixcache.simulate_inflight import InFlight
 from radixcache.simulate_oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
@@ -233,20 +233,17 @@ def simulate(
             honor_timestamps=honor_timestamps,
             flat=flat,
         )
-    try:
+    if isinstance(replay, FlatBeladyReplay):
+        replay.run(progress)  # from what it read of the trace: no second pass
+    else:
         _drive(workload, [replay], progress)
-    except NeedsTree:  # a request an engine recorded: the tree runs it
-        return simulate(
-            workload,
-            capacity_blocks,
-            policy,
-            concurrency=concurrency,
-            windows=windows,
-            progress=progress,
-            check=check,
-            honor_timestamps=honor_timestamps,
-            flat=False,
-        )
+    return replay_result(replay)
+
+
+def replay_result(replay: CacheReplay | TieredReplay | FlatBeladyReplay) -> SimResult:
+    """What a replay measured (a flat one keeps CacheReplay's counters)."""
+    if isinstance(replay, FlatBeladyReplay):
+        return _result(replay, BELADY, replay.capacity_blocks, replay.evicted, replay.oversized)
     return replay.result()
 
 
@@ -270,7 +267,7 @@ def device_replay(
             capacity_blocks,
             policy,
             concurrency=concurrency,
-            windows=windows,
+            timeline=_Timeline(windows, trace_span(workload)),
             honor_timestamps=honor_timestamps,
         )
         if replay is not None:
@@ -810,7 +807,7 @@ def _chain_keys(root: int, tokens: Sequence[int], p: int) -> list[int]:
 
 
 def _result(
-    replay: CacheReplay | InfiniteReplay | TieredReplay,
+    replay: CacheReplay | InfiniteReplay | TieredReplay | FlatBeladyReplay,
     policy: str,
     capacity: int,
     evicted: int,
@@ -1038,21 +1035,16 @@ def _evaluate(
             **clock,
         )
     unbounded = partial(InfiniteReplay, workload, concurrency=concurrency, windows=windows, span=trace_span(workload))
-    try:
-        if infinite and getattr(workload, "read_ahead", False):  # the bound replays in the reader process, for free
-            stream = ReadAhead(  # type: ignore[type-var]
-                replace(workload, read_ahead=False), beside=unbounded, pack=RequestPacker, unpack=unpack_requests
-            )
-            _drive(stream, [replay], progress)
-            broken, bound = stream.beside_summary
-        else:
-            beside = unbounded()
-            _drive(workload, [replay, beside] if infinite else [replay], progress)
-            broken, bound = beside.summary()
-    except NeedsTree:  # a request an engine recorded: the tree runs it
-        return _evaluate(
-            workload, capacity_blocks, policy, concurrency, infinite, windows, progress, tiers, admission, clock, False
+    if infinite and getattr(workload, "read_ahead", False):  # the bound replays in the reader process, for free
+        stream = ReadAhead(  # type: ignore[type-var]
+            replace(workload, read_ahead=False), beside=unbounded, pack=RequestPacker, unpack=unpack_requests
         )
+        _drive(stream, [replay], progress)
+        broken, bound = stream.beside_summary
+    else:
+        beside = unbounded()
+        _drive(workload, [replay, beside] if infinite else [replay], progress)
+        broken, bound = beside.summary()
     if isinstance(replay, TieredReplay) and replay.key == "hash-id" and replay.any_tier and broken:
         replay = TieredReplay(
             workload,
@@ -1070,4 +1062,4 @@ def _evaluate(
         infinite_result = simulate_infinite(workload, concurrency=concurrency, windows=windows)
     elif infinite:
         infinite_result = bound
-    return SimReport(replay.result(), infinite_result)
+    return SimReport(replay_result(replay), infinite_result)

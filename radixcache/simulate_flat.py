@@ -12,8 +12,9 @@ oracle's flat arrays; a matched block's entry is replaced when its request finis
 It gives the tree's hits, evictions and windows exactly (tests/sim/test_flat_replay.py checks them against the tree
 on generated and real traces), and skips what the tree keeps for policies in general (nodes, locks, splits, a heap
 of leaves re-ranked by extent): about 38 µs a request on the 500,000-request hash trace, against 92. `flat_replay`
-says when it applies. A request it cannot run (one an engine recorded: it has a finish time, output pages or a page
-it held while it ran) raises `NeedsTree`, and the simulator replays the trace through the tree instead.
+says when it applies: a trace an engine recorded (finish times, output pages) keeps the tree. The flat replay reads
+the trace once, into the oracle's arrays and a few per-request columns, and replays from them without a second
+pass (`run`).
 
 LRU stays on the tree: over single blocks it costs as much (every access moves each block of the path, where the
 tree compares and touches whole nodes), measured at 23.6 s against 22.0 s on the same trace.
@@ -22,18 +23,14 @@ tree compares and touches whole nodes), measured at 23.6 s against 22.0 s on the
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING, Any
 
-from radixcache.simulate_oracle import ChainedNextUseOracle
+from radixcache.simulate_oracle import ChainedArrays, chained_arrays
 
 if TYPE_CHECKING:
-    from radixcache.simulate import SimResult
     from radixcache.simulate_workload import SimRequest
-
-
-class NeedsTree(Exception):
-    """The flat replay met a request it cannot run exactly: replay the trace through the tree."""
 
 
 def flat_replay(
@@ -42,104 +39,99 @@ def flat_replay(
     policy: object,
     *,
     concurrency: int,
-    windows: int,
+    timeline: Any,
     honor_timestamps: bool,
 ) -> FlatBeladyReplay | None:
     """A flat replay of `workload` at `policy`, when one gives the tree's figures: policy "belady" on a hash trace
-    (one page per id) of chained ids without namespaces or recorded outputs, one request at a time. None
-    otherwise. The caller handles admission, tiers and checks (none of which run flat)."""
+    (one page per id) of chained ids, without namespaces or requests an engine recorded, one request at a time.
+    None otherwise. The caller handles admission, tiers and checks (none of which run flat). It reads the trace
+    once, here; `run` then replays from what it read. `timeline`: the simulator's time windows, which it fills."""
     if policy != "belady" or concurrency != 1 or getattr(workload, "kind", None) != "hash" or workload.page_size != 1:
         return None
-    oracle = ChainedNextUseOracle.build(workload, capacity_blocks)
-    if oracle is None:
+    arrays = chained_arrays(workload, columns=True)
+    if arrays is None or arrays.recorded:
         return None
-    return FlatBeladyReplay(workload, capacity_blocks, oracle, windows=windows, honor_timestamps=honor_timestamps)
+    return FlatBeladyReplay(workload, capacity_blocks, arrays, timeline=timeline, honor_timestamps=honor_timestamps)
 
 
-class _FlatReplay:
-    """What a flat replay counts, as CacheReplay counts it."""
+class FlatBeladyReplay:
+    """Belady over single blocks (see the module docstring), from the trace's ChainedArrays: `run` replays every
+    request; `feed` replays one (CacheReplay's interface: the request itself adds nothing to what was read). It
+    keeps CacheReplay's counters, which radixcache.simulate reads into a SimResult."""
 
-    policy_name = ""
+    policy_name = "belady"
 
-    def __init__(self, workload: Any, capacity_blocks: int, *, windows: int, honor_timestamps: bool) -> None:
-        from radixcache.simulate import _Timeline, trace_span
+    def __init__(
+        self, workload: Any, capacity_blocks: int, arrays: ChainedArrays, *, timeline: Any, honor_timestamps: bool
+    ) -> None:
+        import numpy as np
 
         self.capacity_blocks = capacity_blocks
         self.page_size, self.block_tokens = workload.page_size, workload.block_tokens
         self.concurrency = 1
         self.honor_timestamps = honor_timestamps  # Belady's order ignores the clock: only the result's label
-        self.timeline = _Timeline(windows, trace_span(workload))
+        self.timeline = timeline
         self.prompt_blocks = self.hit_blocks = self.oversized = self.evicted = 0
         self.cached = 0  # blocks held, the running request's included
         self.seconds = 0.0
-
-    def _account(self, request: SimRequest, matched: int) -> None:
-        self.prompt_blocks += len(request.prompt)
-        self.hit_blocks += matched
-        hit = matched * request.unit
-        self.timeline.add(request.timestamp_ms, request.prompt_tokens, min(hit, request.prompt_tokens))
-
-    def _room(self, request: SimRequest, matched: int) -> int:
-        """Blocks the request inserts: all it does not match, or as many as the cache can free for it (its matched
-        path is in use, so cannot be freed)."""
-        if request.finish_ms is not None or request.holds_tail or request.output:
-            raise NeedsTree("a recorded request (finish time, output pages or a held page) runs through the tree")
-        need = len(request.prompt) - matched
-        room = self.capacity_blocks - matched
-        if need > room:
-            self.oversized += 1
-            return room
-        return need
-
-    def result(self) -> SimResult:
-        from radixcache.simulate import _result
-
-        return _result(self, self.policy_name, self.capacity_blocks, self.evicted, self.oversized)  # type: ignore[arg-type]
-
-
-class FlatBeladyReplay(_FlatReplay):
-    """Belady over single blocks (see the module docstring), fed like CacheReplay; `oracle` holds each prompt
-    id's page number and next read."""
-
-    policy_name = "belady"
-
-    def __init__(
-        self,
-        workload: Any,
-        capacity_blocks: int,
-        oracle: ChainedNextUseOracle,
-        *,
-        windows: int,
-        honor_timestamps: bool,
-    ) -> None:
-        super().__init__(workload, capacity_blocks, windows=windows, honor_timestamps=honor_timestamps)
-        self.offsets = oracle.offsets
-        self.pages = oracle.pages
-        self.next_read = oracle.next_read
-        # One int per entry: (next read, depth, page), so that the heap compares ints. Negated: heapq pops the
-        # smallest, and the block to evict has the largest next read, then the largest depth.
-        self.page_span = int(oracle.pages.max()) + 1 if len(oracle.pages) else 1
-        starts = oracle.offsets.obj  # the numpy array behind the memoryview
-        self.depth_span = int((starts[1:] - starts[:-1]).max()) + 1 if len(starts) > 1 else 1
-        self.entry: dict[int, int] = {}  # cached page -> its live heap entry (negated)
+        self.requests = len(arrays.offsets) - 1
+        self.offsets = memoryview(arrays.offsets)
+        self.pages = arrays.pages
+        self.timestamps, self.prompt_tokens, self.units = arrays.timestamps, arrays.prompt_tokens, arrays.units
+        # Each occurrence's heap entry, (next read, depth, page) as one int so that the heap compares ints, negated
+        # because heapq pops the smallest and the block to evict has the largest next read, then the largest depth.
+        # Computed for the whole trace at once; Python ints where int64 would overflow (traces of billions of ids).
+        pages, offsets = arrays.pages, arrays.offsets
+        self.page_span = span = int(pages.max()) + 1 if len(pages) else 1
+        lengths = offsets[1:] - offsets[:-1]
+        depths = int(lengths.max()) + 1 if len(lengths) else 1
+        depth = np.arange(len(pages), dtype=np.int64) - np.repeat(offsets[:-1], lengths)
+        if (arrays.never + 1) * depths * span < 1 << 62:
+            self.tops = -((arrays.next_read * depths + depth) * span + pages)
+        else:
+            self.tops = np.array(
+                [
+                    -((n * depths + d) * span + g)
+                    for n, d, g in zip(arrays.next_read.tolist(), depth.tolist(), pages.tolist(), strict=True)
+                ],
+                dtype=object,
+            )
+        self.entry: dict[int, int] = {}  # cached page -> its live heap entry
         self.heap: list[int] = []
         self.pending: tuple | None = None
 
+    def run(self, progress: Callable[[int], None] | None = None) -> None:
+        """Replay every request; `progress(n)` now and then with the requests replayed since its last call."""
+        step = self._step
+        for index in range(self.requests):
+            step(index)
+            if progress is not None and index % 256 == 255:
+                progress(256)
+        self.close()
+        if progress is not None and self.requests % 256:
+            progress(self.requests % 256)
+
     def feed(self, index: int, request: SimRequest) -> None:
+        self._step(index)
+
+    def _step(self, index: int) -> None:
         started = time.perf_counter()
         if self.pending is not None:
             self._complete()
         a, b = self.offsets[index], self.offsets[index + 1]
-        if b - a != len(request.prompt):
-            raise NeedsTree("the oracle and the trace disagree")  # not reached: both read the same trace
         pages = self.pages[a:b].tolist()
         entry = self.entry
-        matched = 0
-        for page in pages:
-            if page not in entry:
-                break
-            matched += 1
-        need = self._room(request, matched)
+        cached = list(map(entry.__contains__, pages))
+        try:
+            matched = cached.index(False)
+        except ValueError:
+            matched = b - a
+        # Blocks it inserts: all it does not match, or as many as the cache can free (its matched path is in use).
+        need = b - a - matched
+        room = self.capacity_blocks - matched
+        if need > room:
+            self.oversized += 1
+            need = room
         evict = self.cached + need - self.capacity_blocks
         if evict > 0:
             # The matched pages are read now, so their entries hold the smallest next reads in the heap (every other
@@ -154,22 +146,24 @@ class FlatBeladyReplay(_FlatReplay):
                     del entry[page]
                     evict -= 1
         self.cached += need
-        self.pending = (pages[: matched + need], self.next_read[a : a + matched + need].tolist())
-        self._account(request, matched)
+        self.pending = (pages[: matched + need], self.tops[a : a + matched + need].tolist())
+        self.prompt_blocks += b - a
+        self.hit_blocks += matched
+        tokens = self.prompt_tokens[index]  # type: ignore[index]
+        hit = matched * self.units[index]  # type: ignore[index]
+        self.timeline.add(self.timestamps[index], tokens, hit if hit < tokens else tokens)  # type: ignore[index]
         self.seconds += time.perf_counter() - started
 
     def _complete(self) -> None:
         """The running request finishes: each page of its path is ranked by its next read after this request."""
-        pages, nexts = self.pending  # type: ignore[misc]
+        pages, tops = self.pending  # type: ignore[misc]
         self.pending = None
-        entry, heap = self.entry, self.heap
-        span, depths = self.page_span, self.depth_span
-        for depth, page in enumerate(pages):
-            top = -((nexts[depth] * depths + depth) * span + page)
-            entry[page] = top
+        self.entry.update(zip(pages, tops, strict=True))
+        heap = self.heap
+        for top in tops:
             heappush(heap, top)
-        if len(heap) > 4 * len(entry) + 4096:  # stale entries (pages read again or evicted) outnumber live ones
-            heap[:] = entry.values()
+        if len(heap) > 4 * len(self.entry) + 4096:  # stale entries (pages read again or evicted) outnumber live ones
+            heap[:] = self.entry.values()
             heapify(heap)
 
     def close(self) -> None:

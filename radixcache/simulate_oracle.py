@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixcache.policies import EvictionPolicy
 from radixcache.simulate_workload import Workload
@@ -140,44 +140,10 @@ class ChainedNextUseOracle:
 
     @classmethod
     def build(cls, workload: Any, capacity_blocks: int) -> ChainedNextUseOracle | None:
-        import numpy as np
-
-        if workload.page_size != 1:
+        arrays = chained_arrays(workload)
+        if arrays is None:
             return None
-        ids = array("q")
-        lengths = array("q")
-        for request in workload:
-            if request.namespace is not None or request.output:
-                return None  # namespaces and recorded outputs: the general oracle
-            ids.extend(request.prompt)
-            lengths.append(len(request.prompt))
-        flat = np.frombuffer(ids, dtype=np.int64) if len(ids) else np.zeros(0, dtype=np.int64)
-        counts = np.frombuffer(lengths, dtype=np.int64) if len(lengths) else np.zeros(0, dtype=np.int64)
-        offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        order = np.argsort(flat, kind="stable")
-        sorted_ids = flat[order]
-        parents = np.empty_like(flat)  # the id before each occurrence; -1 at a request's start (the root)
-        parents[1:] = flat[:-1]
-        parents[offsets[:-1][counts > 0]] = -1
-        same = sorted_ids[1:] == sorted_ids[:-1]
-        sorted_parents = parents[order]
-        del parents
-        if bool(np.any(same & (sorted_parents[1:] != sorted_parents[:-1]))):
-            return None  # an id after two parents: not a chained-hash trace
-        del sorted_parents
-        never = len(counts) + 1
-        requests = np.repeat(np.arange(len(counts), dtype=np.int64), counts)[order]
-        following = np.full(len(flat), never, dtype=np.int64)
-        following[:-1][same] = requests[1:][same]
-        del requests
-        next_read = np.empty_like(following)
-        next_read[order] = following
-        del following
-        dense = np.empty(len(flat), dtype=np.int64)
-        dense[order] = np.concatenate(([0], np.cumsum(~same))) if len(flat) else dense
-        del order, sorted_ids, same
-        return cls(offsets, dense, next_read, capacity_blocks, never)
+        return cls(arrays.offsets, arrays.pages, arrays.next_read, capacity_blocks, arrays.never)
 
     @property
     def now(self) -> int:
@@ -207,3 +173,72 @@ class ChainedNextUseOracle:
         """Index of the next request (after `now`) whose prompt reads the page `block` holds."""
         page = self.block_page[block]
         return self.page_next[page] if page >= 0 else self.never
+
+
+class ChainedArrays(NamedTuple):
+    """A chained-hash trace read once into flat arrays (`chained_arrays`). Request i's prompt ids are occurrences
+    offsets[i] to offsets[i + 1]; each occurrence has its id's dense page number and the next request whose prompt
+    reads that id (`never` if none). With `columns`, also what each request's replay counts: its arrival time, its
+    real prompt tokens and tokens per block, and whether any request was recorded by an engine (`recorded`: a
+    finish time or a held page)."""
+
+    offsets: Any
+    pages: Any
+    next_read: Any
+    never: int
+    timestamps: array | None = None
+    prompt_tokens: array | None = None
+    units: array | None = None
+    recorded: bool = False
+
+
+def chained_arrays(workload: Any, *, columns: bool = False) -> ChainedArrays | None:
+    """Read `workload` once into ChainedArrays; None unless its page size is 1, it has no namespaces and no
+    recorded outputs, and every id follows one parent throughout (about 40 bytes per prompt id while sorting)."""
+    import numpy as np
+
+    if workload.page_size != 1:
+        return None
+    ids = array("q")
+    lengths = array("q")
+    timestamps, prompt_tokens, units = array("d"), array("q"), array("q")
+    recorded = False
+    for request in workload:
+        if request.namespace is not None or request.output:
+            return None  # namespaces and recorded outputs: the general oracle
+        ids.extend(request.prompt)
+        lengths.append(len(request.prompt))
+        if columns:
+            timestamps.append(request.timestamp_ms)
+            prompt_tokens.append(request.prompt_tokens)
+            units.append(request.unit)
+            recorded = recorded or request.finish_ms is not None or request.holds_tail
+    flat = np.frombuffer(ids, dtype=np.int64) if len(ids) else np.zeros(0, dtype=np.int64)
+    counts = np.frombuffer(lengths, dtype=np.int64) if len(lengths) else np.zeros(0, dtype=np.int64)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    order = np.argsort(flat, kind="stable")
+    sorted_ids = flat[order]
+    parents = np.empty_like(flat)  # the id before each occurrence; -1 at a request's start (the root)
+    parents[1:] = flat[:-1]
+    parents[offsets[:-1][counts > 0]] = -1
+    same = sorted_ids[1:] == sorted_ids[:-1]
+    sorted_parents = parents[order]
+    del parents
+    if bool(np.any(same & (sorted_parents[1:] != sorted_parents[:-1]))):
+        return None  # an id after two parents: not a chained-hash trace
+    del sorted_parents
+    never = len(counts) + 1
+    requests = np.repeat(np.arange(len(counts), dtype=np.int64), counts)[order]
+    following = np.full(len(flat), never, dtype=np.int64)
+    following[:-1][same] = requests[1:][same]
+    del requests
+    next_read = np.empty_like(following)
+    next_read[order] = following
+    del following
+    dense = np.empty(len(flat), dtype=np.int64)
+    dense[order] = np.concatenate(([0], np.cumsum(~same))) if len(flat) else dense
+    del order, sorted_ids, same
+    if not columns:
+        return ChainedArrays(offsets, dense, next_read, never)
+    return ChainedArrays(offsets, dense, next_read, never, timestamps, prompt_tokens, units, recorded)

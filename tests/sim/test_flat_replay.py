@@ -99,9 +99,8 @@ def test_the_tree_runs_what_the_flat_replay_cannot() -> None:
     assert flat == tree
 
 
-def test_a_recorded_request_sends_the_whole_replay_to_the_tree(tmp_path: Path) -> None:
-    """A request with a finish time (one an engine recorded) appears mid-trace: the flat replay stops and the
-    tree replays the trace from its start, with the figures the tree alone gives."""
+def test_a_trace_with_a_recorded_request_keeps_the_tree(tmp_path: Path) -> None:
+    """A request with a finish time (one an engine recorded) mid-trace: the tree replays the trace, flat or not."""
     path = tmp_path / "mixed.jsonl"
     lines = [
         {"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [1, 2]},
@@ -111,7 +110,17 @@ def test_a_recorded_request_sends_the_whole_replay_to_the_tree(tmp_path: Path) -
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     source = open_source(path, block_size=4)
+    assert isinstance(device_replay(source, 3, "belady"), CacheReplay)
     flat, tree = flat_and_tree(source, 3)
     assert flat == tree
     report = evaluate(source, 3, "lru", belady=True)
     assert figures(report.belady) == tree  # type: ignore[arg-type]
+
+
+def test_belady_as_the_policy_of_evaluate_replays_flat_beside_the_infinite_bound() -> None:
+    trace = [HashRequest(i, 8 + 4 * (i % 3), 1, (1, 2, *range(10 + i, 10 + i + i % 3))) for i in range(30)]
+    workload = hash_workload(trace, block_size=4)
+    flat = evaluate(workload, 5, "belady")
+    tree = evaluate(workload, 5, "belady", flat=False)
+    assert figures(flat.result) == figures(tree.result)
+    assert figures(flat.infinite) == figures(tree.infinite)  # type: ignore[arg-type]
