@@ -25,6 +25,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
+from itertools import compress
+from operator import not_
 from typing import TYPE_CHECKING, Any
 
 from radixcache.simulate_oracle import ChainedArrays, chained_arrays
@@ -96,8 +98,12 @@ class FlatBeladyReplay:
                 ],
                 dtype=object,
             )
-        self.entry: dict[int, int] = {}  # cached page -> its live heap entry
+        # A page no later request reads goes to `dead`, not the heap: every dead page is evicted before any live one
+        # (its next read is "never"), and which dead page goes first changes no hit, so they leave in bulk.
+        self.live = arrays.next_read != arrays.never
+        self.entry: dict[int, int | None] = {}  # cached page -> its live heap entry (None: dead)
         self.heap: list[int] = []
+        self.dead: list[int] = []
         self.pending: tuple | None = None
 
     def run(self, progress: Callable[[int], None] | None = None) -> None:
@@ -136,9 +142,15 @@ class FlatBeladyReplay:
         if evict > 0:
             # The matched pages are read now, so their entries hold the smallest next reads in the heap (every other
             # cached page is read later): `need` is at most what the rest holds, so eviction never reaches them.
-            heap, span = self.heap, self.page_span
+            heap, span, dead = self.heap, self.page_span, self.dead
             self.evicted += evict
             self.cached -= evict
+            if dead:
+                gone = dead[-evict:]
+                del dead[-evict:]
+                for _ in map(entry.__delitem__, gone):
+                    pass
+                evict -= len(gone)
             while evict:
                 top = heappop(heap)
                 page = -top % span
@@ -146,7 +158,8 @@ class FlatBeladyReplay:
                     del entry[page]
                     evict -= 1
         self.cached += need
-        self.pending = (pages[: matched + need], self.tops[a : a + matched + need].tolist())
+        end = a + matched + need
+        self.pending = (pages[: matched + need], self.tops[a:end].tolist(), self.live[a:end].tolist())
         self.prompt_blocks += b - a
         self.hit_blocks += matched
         tokens = self.prompt_tokens[index]  # type: ignore[index]
@@ -156,14 +169,21 @@ class FlatBeladyReplay:
 
     def _complete(self) -> None:
         """The running request finishes: each page of its path is ranked by its next read after this request."""
-        pages, tops = self.pending  # type: ignore[misc]
+        pages, tops, live = self.pending  # type: ignore[misc]
         self.pending = None
-        self.entry.update(zip(pages, tops, strict=True))
-        heap = self.heap
+        entry, heap = self.entry, self.heap
+        if all(live):
+            entry.update(zip(pages, tops, strict=True))
+        else:
+            tops = list(compress(tops, live))
+            entry.update(zip(compress(pages, live), tops, strict=True))
+            gone = list(compress(pages, map(not_, live)))
+            entry.update(dict.fromkeys(gone))
+            self.dead += gone
         for top in tops:
             heappush(heap, top)
-        if len(heap) > 4 * len(self.entry) + 4096:  # stale entries (pages read again or evicted) outnumber live ones
-            heap[:] = self.entry.values()
+        if len(heap) > 4 * len(entry) + 4096:  # stale entries (pages read again, evicted or dead) outnumber live ones
+            heap[:] = [top for top in entry.values() if top is not None]
             heapify(heap)
 
     def close(self) -> None:
