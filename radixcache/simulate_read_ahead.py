@@ -3,9 +3,10 @@
 Decoding and checking a line (radixcache.trace.typed_lines) and replaying it through the tree are both Python-bound,
 and a replay cannot be split: each request depends on the cache the ones before it left. What can run beside the
 replay is the reading. `read_ahead(source)` iterates `source` in a child process and hands its requests over in
-batches through a pipe (pickled: a few µs for a hash-trace request), so the replay's process only unpickles and
-replays. The requests, their order, and every error are the same as iterating `source` here: a TraceError at
-file:line arrives after every request before it, and is raised when the replay reaches it.
+batches through a pipe, so the replay's process only unpickles and replays. The simulator's requests cross packed
+(radixcache.simulate_packing: a batch's ids as one buffer), so that unpickling never makes a Python int of an id.
+The requests, their order, and every error are the same as iterating `source` here: a TraceError at file:line
+arrives after every request before it, and is raised when the replay reaches it.
 
 The reader has time to spare (reading a hash trace's line costs a seventh of replaying it), so a cheap replay can
 run there too (`ReadAhead(beside=...)`): `evaluate` runs the infinite-cache bound so.
