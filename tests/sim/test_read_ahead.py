@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from radixcache.cli.main import main as cli
 from radixcache.simulate import evaluate, infinite_capacity, simulate
+from radixcache.simulate_packing import RequestPacker, unpack_requests
 from radixcache.simulate_read_ahead import read_ahead
 from radixcache.simulate_source import open_source
 from radixcache.simulate_workload import load_workload
@@ -65,14 +66,18 @@ def test_read_ahead_gives_the_figures_of_reading_here_on_a_generated_token_trace
         (b"{not json", r"t\.jsonl:41: invalid JSON"),
     ],
 )
-def test_an_error_arrives_after_every_request_before_it(tmp_path: Path, bad_line: bytes, message: str) -> None:
+@pytest.mark.parametrize("packed", [False, True])
+def test_an_error_arrives_after_every_request_before_it(
+    tmp_path: Path, bad_line: bytes, message: str, packed: bool
+) -> None:
     path = tmp_path / "t.jsonl"
     good = [b'{"timestamp": %d, "tokens": [1, 2, %d], "output_length": 1}' % (i + 1, i) for i in range(40)]
     path.write_bytes(b"\n".join([*good, bad_line, *good]) + b"\n")
     source = open_source(str(path))
+    hooks = {"pack": RequestPacker, "unpack": unpack_requests} if packed else {}
     got = []
     with pytest.raises(TraceError, match=message) as ahead:
-        for request in read_ahead(source, batch=6):  # the error falls inside a batch
+        for request in read_ahead(source, batch=6, **hooks):  # the error falls inside a batch
             got.append(request)
     with pytest.raises(TraceError) as here:
         list(source)
