@@ -267,7 +267,7 @@ def device_replay(
             capacity_blocks,
             policy,
             concurrency=concurrency,
-            timeline=_Timeline(windows, trace_span(workload)),
+            timeline=lambda: _Timeline(windows, trace_span(workload)),
             honor_timestamps=honor_timestamps,
         )
         if replay is not None:

@@ -23,13 +23,15 @@ class SimRequest(NamedTuple):
     dataclass's cost).
 
     prompt: cache tokens looked up (token ids, or hash ids). output: cache tokens inserted after the prompt
-    (the recorded output, if any). prompt_tokens: real prompt tokens. unit: real tokens per cache token, so a
-    match of k cache tokens hits `min(k * unit, prompt_tokens)` real tokens.
+    (the recorded output, if any). Both are tuples, or int64 arrays where they were read as such (a streamed token
+    trace) or crossed the read-ahead pipe (radixcache.simulate_packing); an empty output is always ().
+    prompt_tokens: real prompt tokens. unit: real tokens per cache token, so a match of k cache tokens hits
+    `min(k * unit, prompt_tokens)` real tokens.
     """
 
     timestamp_ms: float
-    prompt: tuple[int, ...]
-    output: tuple[int, ...]
+    prompt: Sequence[int]
+    output: Sequence[int]
     prompt_tokens: int
     unit: int = 1
     namespace: str | None = None
