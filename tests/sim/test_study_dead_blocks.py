@@ -1,0 +1,43 @@
+"""scripts/study_dead_blocks.py: every run sits between LRU and what its knowledge allows, on a generated trace."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "study_dead_blocks.py"
+
+
+def test_the_study_prints_a_row_per_capacity_with_ordered_bounds(tmp_path: Path) -> None:
+    """Documents reread a few times (short answers) among one-off requests (long answers): the ordering the study
+    relies on holds (lru <= fresh-dead <= lru-dead <= belady), and knowing the output class helps here."""
+    rng = random.Random(0)
+    path = tmp_path / "m.jsonl"
+    docs = [list(range(1000 * d, 1000 * d + 6)) for d in range(30)]
+    fresh = iter(range(10**6, 10**7))
+    with path.open("w") as out:
+        for t in range(400):
+            if rng.random() < 0.5:
+                ids, output = [*rng.choice(docs), next(fresh)], 8
+            else:
+                ids, output = [next(fresh) for _ in range(6)], 700
+            out.write(
+                json.dumps({"timestamp": t, "input_length": 16 * len(ids), "output_length": output, "hash_ids": ids})
+            )
+            out.write("\n")
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), str(path), "--block-size", "16", "--fractions", "0.05,0.1"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        lru, belady, dead, fresh_dead, by_class = (float(c.split("%")[0]) for c in cells[1:6])
+        assert lru <= fresh_dead <= dead <= belady
+        assert by_class > lru
