@@ -99,7 +99,7 @@ def iter_token_arrays(path: str | Path) -> Iterator[tuple[int, TokenArrays]]:
     as they are.
 
     simdjson parses a line and writes its id lists straight into int64 buffers, never making a Python int of an
-    id: a third of the time msgspec takes for a line of a thousand ids. It takes only a line that is plainly
+    id (reading the 120,000-request chat trace: 10.5 s, against 13.9 with msgspec). It takes only a line that is plainly
     well-formed (`_plain_line`); any other line, bad or merely unusual, is read by `request_from_dict`, which
     raises the reader's TraceError or returns the line as the reader reads it.
     """
