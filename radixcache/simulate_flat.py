@@ -52,7 +52,7 @@ def flat_replay(
     if policy != "belady" or concurrency != 1 or getattr(workload, "kind", None) != "hash" or workload.page_size != 1:
         return None
     arrays = chained_arrays(workload, columns=True)
-    if arrays is None or arrays.recorded:
+    if arrays is None or arrays.recorded or not _entries_fit(arrays):
         return None
     return FlatBeladyReplay(workload, capacity_blocks, arrays, timeline=timeline(), honor_timestamps=honor_timestamps)
 
@@ -61,8 +61,6 @@ class FlatBeladyReplay:
     """Belady over single blocks (see the module docstring), from the trace's ChainedArrays: `run` replays every
     request; `feed` replays one (CacheReplay's interface: the request itself adds nothing to what was read). It
     keeps CacheReplay's counters, which radixcache.simulate reads into a SimResult."""
-
-    policy_name = "belady"
 
     def __init__(
         self, workload: Any, capacity_blocks: int, arrays: ChainedArrays, *, timeline: Any, honor_timestamps: bool
@@ -83,22 +81,12 @@ class FlatBeladyReplay:
         self.timestamps, self.prompt_tokens, self.units = arrays.timestamps, arrays.prompt_tokens, arrays.units
         # Each occurrence's heap entry, (next read, depth, page) as one int so that the heap compares ints, negated
         # because heapq pops the smallest and the block to evict has the largest next read, then the largest depth.
-        # Computed for the whole trace at once; Python ints where int64 would overflow (traces of billions of ids).
+        # Computed for the whole trace at once, in int64 (`_entries_fit`).
         pages, offsets = arrays.pages, arrays.offsets
-        self.page_span = span = int(pages.max()) + 1 if len(pages) else 1
+        self.page_span, depths = _spans(arrays)
         lengths = offsets[1:] - offsets[:-1]
-        depths = int(lengths.max()) + 1 if len(lengths) else 1
         depth = np.arange(len(pages), dtype=np.int64) - np.repeat(offsets[:-1], lengths)
-        if (arrays.never + 1) * depths * span < 1 << 62:
-            self.tops = -((arrays.next_read * depths + depth) * span + pages)
-        else:
-            self.tops = np.array(
-                [
-                    -((n * depths + d) * span + g)
-                    for n, d, g in zip(arrays.next_read.tolist(), depth.tolist(), pages.tolist(), strict=True)
-                ],
-                dtype=object,
-            )
+        self.tops = -((arrays.next_read * depths + depth) * self.page_span + pages)
         # A page no later request reads goes to `dead`, not the heap: every dead page is evicted before any live one
         # (its next read is "never"), and which dead page goes first changes no hit, so they leave in bulk.
         self.live = arrays.next_read != arrays.never
@@ -190,3 +178,16 @@ class FlatBeladyReplay:
     def close(self) -> None:
         if self.pending is not None:
             self._complete()
+
+
+def _spans(arrays: ChainedArrays) -> tuple[int, int]:
+    """(pages, depths): one more than the largest page number and than the longest prompt."""
+    pages, offsets = arrays.pages, arrays.offsets
+    lengths = offsets[1:] - offsets[:-1]
+    return (int(pages.max()) + 1 if len(pages) else 1, int(lengths.max()) + 1 if len(lengths) else 1)
+
+
+def _entries_fit(arrays: ChainedArrays) -> bool:
+    """Whether every heap entry fits an int64; a trace too large for that (billions of ids) keeps the tree."""
+    span, depths = _spans(arrays)
+    return (arrays.never + 1) * depths * span < 1 << 62

@@ -124,3 +124,17 @@ def test_belady_as_the_policy_of_evaluate_replays_flat_beside_the_infinite_bound
     tree = evaluate(workload, 5, "belady", flat=False)
     assert figures(flat.result) == figures(tree.result)
     assert figures(flat.infinite) == figures(tree.infinite)  # type: ignore[arg-type]
+
+
+def test_a_trace_whose_heap_entries_would_overflow_int64_keeps_the_tree() -> None:
+    import numpy as np
+
+    from radixcache.simulate_flat import _entries_fit
+    from radixcache.simulate_oracle import ChainedArrays
+
+    def arrays(page: int, never: int) -> ChainedArrays:
+        one = np.array([page], dtype=np.int64)
+        return ChainedArrays(np.array([0, 1], dtype=np.int64), one, np.array([never], dtype=np.int64), never)
+
+    assert _entries_fit(arrays(10**6, 10**6))
+    assert not _entries_fit(arrays(2**40, 2**30))
