@@ -29,7 +29,9 @@ from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
 from radixcache.simulate_flat import FlatBeladyReplay, flat_replay
+from radixcache.simulate_flat_lru import FlatLRUReplay
 from radixcache.simulate_fork import ForkedCall
+from radixcache.simulate_infinite_ids import id_range, match_chunk
 from radixcache.simulate_inflight import InFlight
 from radixcache.simulate_oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
 from radixcache.simulate_packing import RequestPacker, unpack_requests
@@ -201,13 +203,14 @@ def simulate(
     one tick per match or insert) instead of counting accesses. Every policy's order is unchanged; a policy that
     measures intervals (`reuse`) then measures trace time, so a burst of requests is not mistaken for a long wait.
 
-    `flat`: Belady on a hash trace at concurrency 1 runs over single blocks instead of the tree, with the same
-    figures in half the time (radixcache.simulate_flat); False runs the tree (to time it, or to compare the two).
+    `flat`: Belady and LRU on a hash trace at concurrency 1 run over single blocks instead of the tree, with the
+    same figures in a fraction of the time (radixcache.simulate_flat, radixcache.simulate_flat_lru); False runs the
+    tree (to time it, or to compare the two).
 
     `progress(n)` is called now and then with the number of requests replayed since its last call. `check`
     runs the cache's full invariant check after every request (slow: for tests).
     """
-    replay: CacheReplay | TieredReplay | FlatBeladyReplay
+    replay: CacheReplay | TieredReplay | FlatBeladyReplay | FlatLRUReplay
     if tiers is not None:
         if admission is not None:
             raise RadixCacheError("admission control is simulated on the device cache alone, not with tiers")
@@ -237,13 +240,37 @@ def simulate(
         replay.run(progress)  # from what it read of the trace: no second pass
     else:
         _drive(workload, [replay], progress)
+    if isinstance(replay, FlatLRUReplay) and replay.broken:  # the trace needs the tree after all
+        replay = _tree_replay(workload, capacity_blocks, policy, concurrency, windows, honor_timestamps)
+        _drive(workload, [replay], None)
     return replay_result(replay)
 
 
-def replay_result(replay: CacheReplay | TieredReplay | FlatBeladyReplay) -> SimResult:
+def _tree_replay(
+    workload: Replayable,
+    capacity_blocks: int,
+    policy: str | EvictionPolicy,
+    concurrency: int,
+    windows: int,
+    honor_timestamps: bool,
+) -> CacheReplay:
+    """The tree's replay, for a trace a flat LRU replay found it could not replay (FlatLRUReplay.broken)."""
+    return CacheReplay(
+        workload,
+        capacity_blocks,
+        policy,
+        concurrency=concurrency,
+        windows=windows,
+        honor_timestamps=honor_timestamps,
+    )
+
+
+def replay_result(replay: CacheReplay | TieredReplay | FlatBeladyReplay | FlatLRUReplay) -> SimResult:
     """What a replay measured (a flat one keeps CacheReplay's counters)."""
     if isinstance(replay, FlatBeladyReplay):
         return _result(replay, BELADY, replay.capacity_blocks, replay.evicted, replay.oversized)
+    if isinstance(replay, FlatLRUReplay):
+        return _result(replay, "lru", replay.capacity_blocks, replay.evicted, replay.oversized)
     return replay.result()
 
 
@@ -258,7 +285,7 @@ def device_replay(
     admission: str | AdmissionPolicy | None = None,
     honor_timestamps: bool = False,
     flat: bool = True,
-) -> CacheReplay | FlatBeladyReplay:
+) -> CacheReplay | FlatBeladyReplay | FlatLRUReplay:
     """The replay of one device cache: a flat one where it gives the tree's figures (`flat`, see `simulate`),
     else a CacheReplay."""
     if flat and admission is None and not check:
@@ -671,6 +698,8 @@ class InfiniteReplay:
     large for the array) marks the replay `broken`, and the caller replays it again with chained keys. Chained
     keys (token traces, and that fallback): a page is a 64-bit hash of its tokens and its parent's key, kept in a
     set; two prefixes share one with probability about n^2 / 2^64 for n distinct pages (below 1e-6 for 5 million).
+    By id at concurrency 1, requests are matched in chunks, in numpy (radixcache.simulate_infinite_ids), with the
+    same figures.
     """
 
     def __init__(
@@ -681,6 +710,7 @@ class InfiniteReplay:
         chained: bool = False,
         windows: int = 20,
         span: tuple[float, float] | None = None,
+        chunk_ids: int | None = 1 << 15,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
@@ -694,11 +724,34 @@ class InfiniteReplay:
         self.inflight = InFlight(concurrency)
         self.prompt_blocks = self.hit_blocks = 0
         self.seconds = 0.0
+        # By id at concurrency 1, requests are matched a chunk of `chunk_ids` ids at a time (None: one at a time;
+        # radixcache.simulate_infinite_ids) until one arrives that an engine recorded (it finishes at its own time):
+        # from then on, one at a time.
+        self.chunked = self.by_id and concurrency == 1 and chunk_ids is not None
+        self.chunk_size = chunk_ids or 0
+        self.gathered_ids = array("q")
+        self.chunk: list[SimRequest] = []
 
     def feed(self, index: int, request: SimRequest) -> None:
         if self.broken:
             return
         started = time.perf_counter()
+        if self.chunked:
+            if request.namespace is None and request.finish_ms is None and not request.output:
+                try:
+                    self.gathered_ids.extend(request.prompt)
+                except (OverflowError, TypeError):  # an id past int64: past the parent array's limit too
+                    self.broken = True
+                    return
+                self.chunk.append(request)
+                if len(self.gathered_ids) >= self.chunk_size:
+                    self._match_chunk()
+                self.seconds += time.perf_counter() - started
+                return
+            self._match_chunk()
+            self.chunked = False
+            if self.broken:
+                return
         for item in self.inflight.due(request.timestamp_ms):
             self._insert(*item)
         p = self.page_size
@@ -740,6 +793,29 @@ class InfiniteReplay:
         )
         self.seconds += time.perf_counter() - started
 
+    def _match_chunk(self) -> None:
+        """Match and record the chunk of requests gathered so far, one after the other."""
+        chunk, ids = self.chunk, self.gathered_ids
+        self.chunk, self.gathered_ids = [], array("q")
+        if not chunk:
+            return
+        if ids:
+            low, top = id_range(ids)
+            if low < 0 or not self._room_for_id(top):
+                self.broken = True
+                return
+        matched = match_chunk(self.parent, ids, [len(request.prompt) for request in chunk])
+        if matched is None:  # an id after two parents
+            self.broken = True
+            return
+        hits, self.distinct = matched[0], self.distinct + matched[1]
+        add = self.timeline.add
+        for request, hit in zip(chunk, hits, strict=True):
+            self.prompt_blocks += len(request.prompt)
+            self.hit_blocks += hit
+            tokens = request.prompt_tokens
+            add(request.timestamp_ms, tokens, min(hit * request.unit, tokens))
+
     def _insert(self, root: object, pages: Sequence[int], known: int) -> None:
         """Record a finished request's pages (`known` leading ones were matched, so they are there already)."""
         if not self.by_id:
@@ -759,9 +835,10 @@ class InfiniteReplay:
 
     def _room_for(self, prompt: Sequence[int]) -> bool:
         """Grow the parent array to hold every id of `prompt` (doubling); False past the array's limit."""
-        if not prompt:
-            return True
-        top = max(prompt)
+        return not prompt or self._room_for_id(max(prompt))
+
+    def _room_for_id(self, top: int) -> bool:
+        """Grow the parent array to hold id `top` (doubling); False past the array's limit."""
         if top < len(self.parent):
             return True
         if top >= _MAX_IDS:
@@ -771,6 +848,10 @@ class InfiniteReplay:
         return True
 
     def close(self) -> None:
+        if self.chunked and not self.broken:
+            started = time.perf_counter()
+            self._match_chunk()
+            self.seconds += time.perf_counter() - started
         for item in self.inflight.drain():
             if self.broken:
                 break
@@ -807,7 +888,7 @@ def _chain_keys(root: int, tokens: Sequence[int], p: int) -> list[int]:
 
 
 def _result(
-    replay: CacheReplay | InfiniteReplay | TieredReplay | FlatBeladyReplay,
+    replay: CacheReplay | InfiniteReplay | TieredReplay | FlatBeladyReplay | FlatLRUReplay,
     policy: str,
     capacity: int,
     evicted: int,
@@ -868,6 +949,30 @@ class _Timeline:
         row[0] += 1
         row[1] += prompt_tokens
         row[2] += hit_tokens
+
+    def add_many(self, timestamps_ms: list[float], prompt_tokens: list[int], hit_tokens: list[int]) -> None:
+        """`add` for each request in turn (a hit past its prompt counts as the prompt), with the same windows."""
+        hits = [hit if hit < tokens else tokens for hit, tokens in zip(hit_tokens, prompt_tokens, strict=True)]
+        self.requests += len(hits)
+        self.prompt_tokens += sum(prompt_tokens)
+        self.hit_tokens += sum(hits)
+        if self.span is None:
+            self.times.extend(timestamps_ms)
+            self.prompts.extend(prompt_tokens)
+            self.hits.extend(hits)
+            return
+        import numpy as np  # imported here: only the flat replays, which use numpy anyway, add in bulk
+
+        # `add`'s window, computed the same way: the float quotient truncated toward zero, then clamped.
+        at = ((np.array(timestamps_ms, dtype=np.float64) - self.t0) / self.width).astype(np.int64)
+        at = np.clip(at, 0, self.count - 1)
+        counts = np.bincount(at, minlength=self.count).tolist()
+        prompts = np.bincount(at, np.array(prompt_tokens, dtype=np.int64), self.count)
+        hit_sums = np.bincount(at, np.array(hits, dtype=np.int64), self.count)
+        for row, n, tokens, hit in zip(self.bins, counts, prompts.tolist(), hit_sums.tolist(), strict=True):
+            row[0] += n
+            row[1] += round(tokens)  # float64 sums of ints: exact below 2**53 tokens per window and call
+            row[2] += round(hit)
 
     def windows(self) -> tuple[Window, ...]:
         count = self.count
@@ -1015,7 +1120,7 @@ def _evaluate(
     flat: bool = True,
 ) -> SimReport:
     """The policy's replay and the infinite bound's (see `evaluate`)."""
-    replay: CacheReplay | TieredReplay | FlatBeladyReplay
+    replay: CacheReplay | TieredReplay | FlatBeladyReplay | FlatLRUReplay
     spare = copy.deepcopy(policy) if tiers is not None and isinstance(policy, EvictionPolicy) else policy
     if tiers is not None:
         if admission is not None:
@@ -1045,6 +1150,9 @@ def _evaluate(
         beside = unbounded()
         _drive(workload, [replay, beside] if infinite else [replay], progress)
         broken, bound = beside.summary()
+    if isinstance(replay, FlatLRUReplay) and replay.broken:  # the trace needs the tree after all
+        replay = _tree_replay(workload, capacity_blocks, policy, concurrency, windows, clock["honor_timestamps"])
+        _drive(workload, [replay], None)
     if isinstance(replay, TieredReplay) and replay.key == "hash-id" and replay.any_tier and broken:
         replay = TieredReplay(
             workload,

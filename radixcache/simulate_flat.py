@@ -17,8 +17,7 @@ says when it applies: a trace an engine recorded (finish times, output pages) ke
 the trace once, into the oracle's arrays and a few per-request columns, and replays from them without a second
 pass (`run`).
 
-LRU stays on the tree: over single blocks it costs as much (every access moves each block of the path, where the
-tree compares and touches whole nodes), measured at 23.6 s against 22.0 s on the same trace.
+LRU over single blocks is radixcache.simulate_flat_lru: it needs no look-ahead and streams.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from itertools import compress
 from operator import not_
 from typing import TYPE_CHECKING, Any
 
+from radixcache.simulate_flat_lru import FlatLRUReplay
 from radixcache.simulate_oracle import ChainedArrays, chained_arrays
 
 if TYPE_CHECKING:
@@ -44,12 +44,20 @@ def flat_replay(
     concurrency: int,
     timeline: Callable[[], Any],
     honor_timestamps: bool,
-) -> FlatBeladyReplay | None:
-    """A flat replay of `workload` at `policy`, when one gives the tree's figures: policy "belady" on a hash trace
-    (one page per id) of chained ids, without namespaces or requests an engine recorded, one request at a time.
-    None otherwise. The caller handles admission, tiers and checks (none of which run flat). It reads the trace
-    once, here; `run` then replays from what it read. `timeline()` makes the time windows it fills."""
-    if policy != "belady" or concurrency != 1 or getattr(workload, "kind", None) != "hash" or workload.page_size != 1:
+) -> FlatBeladyReplay | FlatLRUReplay | None:
+    """A flat replay of `workload` at `policy`, when one gives the tree's figures: policy "belady" or "lru" on a hash
+    trace (one page per id) of chained ids, without namespaces or requests an engine recorded, one request at a time.
+    None otherwise. The caller handles admission, tiers and checks (none of which run flat). `timeline()` makes the
+    time windows it fills.
+
+    Belady reads the trace once, here; `run` then replays from what it read. LRU streams (radixcache.simulate_flat_lru):
+    it is fed like CacheReplay, and says `broken` when the trace turns out to need the tree after all (ids that are
+    not chained, a recorded request), for the caller to replay it through the tree instead."""
+    if concurrency != 1 or getattr(workload, "kind", None) != "hash" or workload.page_size != 1:
+        return None
+    if policy == "lru" and capacity_blocks >= 1:
+        return FlatLRUReplay(workload, capacity_blocks, timeline=timeline(), honor_timestamps=honor_timestamps)
+    if policy != "belady":
         return None
     arrays = chained_arrays(workload, columns=True)
     if arrays is None or arrays.recorded or not _entries_fit(arrays):

@@ -9,7 +9,9 @@ which sorts, still reads it). Every bad field is reported where it is found, wit
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from radixcache.errors import RadixCacheError
 from radixcache.simulate_packing import RequestPacker, unpack_requests
 from radixcache.simulate_read_ahead import read_ahead
 from radixcache.simulate_workload import SimRequest, hash_sim_request
+from radixcache.tokens import TOKEN_TYPECODE
 from radixcache.trace.errors import TraceError
 from radixcache.trace.formats import FORMAT_KINDS, MOONCAKE, TOKEN_JSONL, TOKEN_MSGPACK, detect_format
 from radixcache.trace.jsonl import open_trace
@@ -94,9 +97,14 @@ class TraceSource:
         if self.format == MOONCAKE:
             block = self.block_tokens  # the lines' block_size, when they give one (open_source read it)
             for lineno, line, _ in iter_mooncake_lines(self.path, block):
+                hash_ids = line.hash_ids
+                if line.output_hash_ids is None:
+                    # As an int64 array: the read-ahead packs it and the replays copy it as bytes, not int by int.
+                    with suppress(OverflowError):  # an id int64 cannot hold stays as read: the replays say why
+                        hash_ids = array(TOKEN_TYPECODE, hash_ids)
                 request = hash_sim_request(
                     line.timestamp,
-                    line.hash_ids,
+                    hash_ids,
                     line.input_length,
                     block,
                     line.output_hash_ids,

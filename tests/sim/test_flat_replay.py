@@ -86,7 +86,7 @@ def test_flat_belady_on_the_shared_trace_streamed_and_in_memory(capacity: int) -
 
 def test_the_tree_runs_what_the_flat_replay_cannot() -> None:
     """Ids after two parents, requests in flight, admission and checks keep the tree; so does any policy but
-    Belady named by its string."""
+    Belady and LRU named by their strings (LRU's flat replay: tests/sim/test_flat_lru.py)."""
     chained = hash_workload([HashRequest(0, 8, 1, (1, 2)), HashRequest(1, 8, 1, (1, 3))], block_size=4)
     unchained = hash_workload([HashRequest(0, 8, 1, (1, 2)), HashRequest(1, 8, 1, (5, 2))], block_size=4)
     assert isinstance(device_replay(chained, 4, "belady"), FlatBeladyReplay)
@@ -94,7 +94,7 @@ def test_the_tree_runs_what_the_flat_replay_cannot() -> None:
     assert isinstance(device_replay(chained, 4, "belady", concurrency=2), CacheReplay)
     assert isinstance(device_replay(chained, 4, "belady", check=True), CacheReplay)
     assert isinstance(device_replay(chained, 4, "belady", flat=False), CacheReplay)
-    assert isinstance(device_replay(chained, 4, "lru"), CacheReplay)
+    assert isinstance(device_replay(chained, 4, "fifo"), CacheReplay)
     flat, tree = flat_and_tree(unchained, 3)
     assert flat == tree
 

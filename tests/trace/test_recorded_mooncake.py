@@ -29,8 +29,8 @@ def _line(ts: float, length: int, ids: list[int], out: list[int] | None = None, 
 
 
 def _replayed(r: SimRequest) -> tuple:
-    """What the replay reads of a request's pages and tokens."""
-    return (r.timestamp_ms, r.prompt, r.output, r.prompt_tokens, r.unit, r.namespace, r.session)
+    """What the replay reads of a request's pages and tokens (as tuples: a streamed trace reads int64 arrays)."""
+    return (r.timestamp_ms, tuple(r.prompt), tuple(r.output), r.prompt_tokens, r.unit, r.namespace, r.session)
 
 
 def test_the_optional_fields_are_read_and_written_back(tmp_path: Path) -> None:

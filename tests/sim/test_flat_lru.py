@@ -1,0 +1,195 @@
+"""LRU over single blocks (radixcache.simulate_flat_lru) gives the tree's figures, field for field, chunk by chunk
+or all at once; a trace it cannot replay goes to the tree. The infinite bound matched in chunks
+(radixcache.simulate_infinite_ids) gives the per-request figures and a naive reference's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixcache.simulate import (
+    CacheReplay,
+    InfiniteReplay,
+    _drive,
+    _Timeline,
+    device_replay,
+    evaluate,
+    replay_result,
+    simulate,
+    trace_span,
+)
+from radixcache.simulate_flat_lru import FlatLRUReplay
+from radixcache.simulate_source import open_source
+from radixcache.simulate_workload import hash_workload, load_workload
+from radixcache.trace import HashRequest
+from tests.sim.conftest import MOONCAKE_TRACE
+from tests.sim.test_flat_replay import chained_traces, figures
+
+
+def flat_lru(workload: object, capacity: int, chunk_ids: int, *, windows: int = 20) -> FlatLRUReplay:
+    """A flat LRU replay of `workload` in chunks of at least `chunk_ids` ids, driven to the end."""
+    replay = FlatLRUReplay(
+        workload,
+        capacity,
+        timeline=_Timeline(windows, trace_span(workload)),  # type: ignore[arg-type]
+        honor_timestamps=False,
+        chunk_ids=chunk_ids,
+    )
+    _drive(workload, [replay], None)  # type: ignore[arg-type]
+    return replay
+
+
+def tree_lru(workload: object, capacity: int, **kw: object) -> dict:
+    return figures(simulate(workload, capacity, "lru", flat=False, **kw))  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(chained_traces(), st.integers(1, 24), st.sampled_from([1, 3, 16, 1 << 14]))
+def test_flat_lru_gives_the_trees_figures(trace: list[HashRequest], capacity: int, chunk_ids: int) -> None:
+    """Chunks of one request each, of a few, and the whole trace in one: every figure is the tree's, oversized
+    requests (longer than the cache) and partial last blocks included."""
+    workload = hash_workload(trace, block_size=4)
+    replay = flat_lru(workload, capacity, chunk_ids, windows=3)
+    assert not replay.broken
+    assert figures(replay_result(replay)) == tree_lru(workload, capacity, windows=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(chained_traces(), st.integers(1, 24), st.booleans())
+def test_simulate_and_evaluate_replay_lru_flat_with_the_trees_figures(
+    trace: list[HashRequest], capacity: int, honor: bool
+) -> None:
+    workload = hash_workload(trace, block_size=4)
+    assert isinstance(device_replay(workload, capacity, "lru"), FlatLRUReplay)
+    flat = simulate(workload, capacity, "lru", honor_timestamps=honor, windows=3)
+    assert figures(flat) == tree_lru(workload, capacity, honor_timestamps=honor, windows=3)
+    report, tree = (evaluate(workload, capacity, "lru", windows=3, flat=f) for f in (True, False))
+    assert figures(report.result) == figures(tree.result)
+    assert figures(report.infinite) == figures(tree.infinite)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not MOONCAKE_TRACE.exists(), reason="needs ../shared/traces")
+@pytest.mark.parametrize("capacity", [439, 4392, 30747])
+def test_flat_lru_on_the_shared_trace_streamed_and_in_memory(capacity: int) -> None:
+    workload = load_workload(str(MOONCAKE_TRACE))
+    tree = tree_lru(workload, capacity)
+    assert figures(simulate(workload, capacity, "lru")) == tree
+    assert figures(simulate(open_source(MOONCAKE_TRACE), capacity, "lru")) == tree
+    small_chunks = flat_lru(open_source(MOONCAKE_TRACE), capacity, 1000)
+    assert figures(replay_result(small_chunks)) == tree
+
+
+def unchained_late() -> list[HashRequest]:
+    """Chained for 30 requests (several chunks of 8 ids), then id 2 after parent 7 while it is cached after 1."""
+    trace = [HashRequest(i, 12, 1, (1, 2, 100 + i)) for i in range(30)]
+    return [*trace, HashRequest(30, 8, 1, (7, 2)), HashRequest(31, 12, 1, (1, 2, 100))]
+
+
+@pytest.mark.parametrize(
+    ("trace", "why"),
+    [
+        ([HashRequest(0, 8, 1, (1, 2)), HashRequest(1, 8, 1, (5, 2))], "two different parents"),
+        ([HashRequest(0, 8, 1, (1, 2)), HashRequest(1, 12, 1, (1, 2, 1))], "twice in one request"),
+        ([HashRequest(0, 8, 1, (3, 4)), HashRequest(1, 12, 1, (1, 2, 1))], "twice in one request"),
+        (unchained_late(), "two different parents"),
+    ],
+)
+def test_ids_that_are_not_chained_break_the_flat_replay_and_the_tree_replays_them(
+    trace: list[HashRequest], why: str
+) -> None:
+    workload = hash_workload(trace, block_size=4)
+    for chunk_ids in (1, 8, 1 << 14):
+        replay = flat_lru(workload, 3, chunk_ids)
+        assert replay.broken and why in replay.reason
+    tree = tree_lru(workload, 3)
+    assert figures(simulate(workload, 3, "lru")) == tree
+    assert figures(evaluate(workload, 3, "lru").result) == tree
+
+
+def test_a_recorded_request_mid_trace_sends_lru_to_the_tree(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.jsonl"
+    lines = [
+        {"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [1, 2]},
+        {"timestamp": 1, "input_length": 12, "output_length": 1, "hash_ids": [1, 2, 3]},
+        {"timestamp": 2, "input_length": 8, "output_length": 1, "hash_ids": [1, 4], "finish_timestamp": 9},
+        {"timestamp": 3, "input_length": 12, "output_length": 1, "hash_ids": [1, 2, 3]},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    source = open_source(path, block_size=4)
+    replay = flat_lru(source, 3, 1)
+    assert replay.broken and "recorded" in replay.reason
+    tree = tree_lru(source, 3)
+    assert figures(simulate(source, 3, "lru")) == tree
+    assert figures(evaluate(source, 3, "lru").result) == tree
+
+
+def test_what_keeps_the_tree_for_lru() -> None:
+    chained = hash_workload([HashRequest(0, 8, 1, (1, 2)), HashRequest(1, 8, 1, (1, 3))], block_size=4)
+    assert isinstance(device_replay(chained, 4, "lru", concurrency=2), CacheReplay)
+    assert isinstance(device_replay(chained, 4, "lru", check=True), CacheReplay)
+    assert isinstance(device_replay(chained, 4, "lru", admission="all"), CacheReplay)
+    assert isinstance(device_replay(chained, 4, "lru", flat=False), CacheReplay)
+    assert isinstance(device_replay(chained, 4, "fifo"), CacheReplay)
+    tokens = load_workload_from_tokens()
+    assert isinstance(device_replay(tokens, 4, "lru"), CacheReplay)
+
+
+def load_workload_from_tokens() -> object:
+    from radixcache.simulate_workload import SimRequest, Workload
+
+    request = SimRequest(0.0, (1, 2, 3), (), 3)
+    return Workload((request,), page_size=1, block_tokens=1, kind="token")
+
+
+# ---------------------------------------------------------------------------------------------- the infinite bound
+
+
+def naive_infinite_hits(trace: list[HashRequest]) -> list[int]:
+    """Each request's hit (in ids): its longest prefix some earlier request read, by tuples of ids."""
+    seen: set[tuple[int, ...]] = set()
+    hits = []
+    for request in trace:
+        ids = tuple(request.hash_ids)
+        hit = 0
+        while hit < len(ids) and ids[: hit + 1] in seen:
+            hit += 1
+        hits.append(hit)
+        seen.update(ids[:k] for k in range(1, len(ids) + 1))
+    return hits
+
+
+def infinite(workload: object, chunk_ids: int | None) -> InfiniteReplay:
+    replay = InfiniteReplay(workload, windows=3, chunk_ids=chunk_ids)  # type: ignore[arg-type]
+    _drive(workload, [replay], None)  # type: ignore[arg-type]
+    return replay
+
+
+@settings(max_examples=200, deadline=None)
+@given(chained_traces(), st.sampled_from([1, 3, 16, 1 << 15]))
+def test_the_chunked_infinite_bound_gives_the_per_request_figures(trace: list[HashRequest], chunk_ids: int) -> None:
+    workload = hash_workload(trace, block_size=4)
+    chunked, one_by_one = infinite(workload, chunk_ids), infinite(workload, None)
+    assert not chunked.broken and not one_by_one.broken
+    assert figures(chunked.result()) == figures(one_by_one.result())
+    assert chunked.hit_blocks == sum(naive_infinite_hits(trace))
+
+
+@pytest.mark.parametrize(
+    "trace",
+    [
+        [HashRequest(0, 8, 1, (1, 2)), HashRequest(1, 8, 1, (5, 2))],
+        [HashRequest(0, 12, 1, (1, 2, 1))],
+        unchained_late(),
+    ],
+)
+def test_the_chunked_infinite_bound_breaks_where_the_per_request_one_does(trace: list[HashRequest]) -> None:
+    workload = hash_workload(trace, block_size=4)
+    for chunk_ids in (1, 8, 1 << 15):
+        assert infinite(workload, chunk_ids).broken
+    assert infinite(workload, None).broken
+    # evaluate then replays the bound with chained keys: the naive reference's hits
+    assert evaluate(workload, 3, "lru").infinite.hit_blocks == sum(naive_infinite_hits(trace))  # type: ignore[union-attr]
