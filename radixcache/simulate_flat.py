@@ -1,4 +1,4 @@
-"""Belady over a hash trace's blocks without the tree, with the tree's figures, in half the time.
+"""Belady over a hash trace's blocks without the tree, with the tree's figures, in a fraction of the time.
 
 A replay of a hash trace at concurrency 1 (the default) runs one request at a time, and every request touches one
 path from the root: the blocks it matches, then the blocks it inserts. The tree's Belady evicts the leaf whose
@@ -6,16 +6,18 @@ deepest block is read again farthest ahead, trimming it from that block. In a ch
 follows the same parent, so an id names its whole prefix) a block is read whenever any of its descendants is, so it
 is never read later than they are. The block read farthest ahead, deeper first on a tie (blocks read by the same
 request lie on one path), is therefore always one without cached children, and evicting blocks in that order over
-all cached blocks is what the tree does leaf by leaf. A heap holds every cached block's next read, from the chained
-oracle's flat arrays; a matched block's entry is replaced when its request finishes (the old one goes stale). A block
-no later request reads skips the heap for a plain list: all of those go before any live block, in any order.
+all cached blocks is what the tree does leaf by leaf. A heap holds the next reads of the cached blocks that may be
+evicted first (the leaves: see `FlatBeladyReplay._complete`), from the chained oracle's flat arrays; a block's entry
+is replaced when a request reads it (the old one goes stale), and when a leaf goes, its parent follows at once while
+it ranks before the whole heap, else joins it. A block no later request reads skips the heap for a plain list: all of
+those go before any live block, in any order.
 
 It gives the tree's hits, evictions and windows exactly (tests/sim/test_flat_replay.py checks them against the tree
 on generated and real traces), and skips what the tree keeps for policies in general (nodes, locks, splits, a heap
-of leaves re-ranked by extent): 17.2 s of replay on the 500,000-request hash trace, against 45.8. `flat_replay`
-says when it applies: a trace an engine recorded (finish times, output pages) keeps the tree. The flat replay reads
-the trace once, into the oracle's arrays and a few per-request columns, and replays from them without a second
-pass (`run`).
+of leaves re-ranked by extent): 12.5 s of replay on the 500,000-request hash trace, against 45.8 for the tree.
+`flat_replay` says when it applies: a trace an engine recorded (finish times, output pages) keeps the tree. The flat
+replay reads the trace once, into the oracle's arrays and a few per-request columns, and replays from them without a
+second pass (`run`).
 
 LRU over single blocks is radixcache.simulate_flat_lru: it needs no look-ahead and streams.
 """
@@ -23,10 +25,9 @@ LRU over single blocks is radixcache.simulate_flat_lru: it needs no look-ahead a
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
-from itertools import compress
-from operator import not_
 from typing import TYPE_CHECKING, Any
 
 from radixcache.simulate_flat_lru import FlatLRUReplay
@@ -98,6 +99,13 @@ class FlatBeladyReplay:
         # A page no later request reads goes to `dead`, not the heap: every dead page is evicted before any live one
         # (its next read is "never"), and which dead page goes first changes no hit, so they leave in bulk.
         self.live = arrays.next_read != arrays.never
+        # Each page's parent page (-1: the root), for the heap's leaves (see `_complete`).
+        parents = np.empty(len(pages), dtype=np.int64)
+        parents[1:] = pages[:-1]
+        parents[offsets[:-1][lengths > 0]] = -1
+        parent_page = np.full(self.page_span, -1, dtype=np.int64)
+        parent_page[pages] = parents  # one parent per page: the trace is chained (chained_arrays checked it)
+        self.parent_page = array("q", parent_page.tobytes())
         self.entry: dict[int, int | None] = {}  # cached page -> its live heap entry (None: dead)
         self.heap: list[int] = []
         self.dead: list[int] = []
@@ -148,12 +156,27 @@ class FlatBeladyReplay:
                 for _ in map(entry.__delitem__, gone):
                     pass
                 evict -= len(gone)
+            parent_page = self.parent_page
             while evict:
                 top = heappop(heap)
                 page = -top % span
-                if entry.get(page) == top:
-                    del entry[page]
-                    evict -= 1
+                if entry.get(page) != top:  # stale: the page was read again, or evicted, since
+                    continue
+                del entry[page]
+                evict -= 1
+                # Its parent may have become a leaf (see `_complete`). While the parent ranks before every heap entry
+                # it has no live cached descendant (that one's entry would rank first), so it goes now, without the
+                # heap; the first one that does not rank first joins the heap.
+                parent = parent_page[page]
+                while parent >= 0:
+                    above = entry[parent]  # cached and live: its live child was
+                    if evict and (not heap or above < heap[0]):
+                        del entry[parent]
+                        evict -= 1
+                        parent = parent_page[parent]
+                    else:
+                        heappush(heap, above)
+                        break
         self.cached += need
         end = a + matched + need
         self.pending = (pages[: matched + need], self.tops[a:end].tolist(), self.live[a:end].tolist())
@@ -165,20 +188,27 @@ class FlatBeladyReplay:
         self.seconds += time.perf_counter() - started
 
     def _complete(self) -> None:
-        """The running request finishes: each page of its path is ranked by its next read after this request."""
+        """The running request finishes: each page of its path is ranked by its next read after this request.
+
+        Only leaves (live pages without live cached children) need be in the heap: a page is read whenever any of
+        its descendants is, so a descendant's entry pops first, and entries of pages that are not leaves are
+        harmless. The path's live pages are a prefix of it (a dead page's descendants are dead), and every one but
+        the deepest has a live child on the path, so the deepest is the one this request adds; a page whose last
+        live child is evicted joins when it is (`_step`)."""
         pages, tops, live = self.pending  # type: ignore[misc]
         self.pending = None
         entry, heap = self.entry, self.heap
         if all(live):
             entry.update(zip(pages, tops, strict=True))
         else:
-            tops = list(compress(tops, live))
-            entry.update(zip(compress(pages, live), tops, strict=True))
-            gone = list(compress(pages, map(not_, live)))
+            keep = live.index(False)
+            entry.update(zip(pages[:keep], tops[:keep], strict=True))
+            gone = pages[keep:]
             entry.update(dict.fromkeys(gone))
             self.dead += gone
-        for top in tops:
-            heappush(heap, top)
+            tops = tops[:keep]
+        if tops:
+            heappush(heap, tops[-1])
         if len(heap) > 4 * len(entry) + 4096:  # stale entries (pages read again, evicted or dead) outnumber live ones
             heap[:] = [top for top in entry.values() if top is not None]
             heapify(heap)
