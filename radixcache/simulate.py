@@ -35,6 +35,7 @@ from radixcache.simulate_infinite_ids import id_range, match_chunk
 from radixcache.simulate_inflight import InFlight
 from radixcache.simulate_oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
 from radixcache.simulate_packing import RequestPacker, unpack_requests
+from radixcache.simulate_prefixes import PrefixSet
 from radixcache.simulate_read_ahead import ReadAhead
 from radixcache.simulate_tiers import (
     TIERS,
@@ -323,7 +324,7 @@ def simulate_infinite(
     span = trace_span(workload)
     replay = InfiniteReplay(workload, concurrency=concurrency, windows=windows, span=span)
     _drive(workload, [replay], progress)
-    if replay.broken:  # ids that are not chained hashes: again, with chained keys
+    if replay.broken:  # ids that are not chained hashes: again, by sequence
         replay = InfiniteReplay(workload, concurrency=concurrency, chained=True, windows=windows, span=span)
         _drive(workload, [replay], None)
     return replay.result()
@@ -695,9 +696,10 @@ class InfiniteReplay:
     root), kept in an int64 array indexed by id, 8 bytes per id up to the largest. A prompt hits its leading ids
     whose recorded parent is the id before them. That is exact as long as every id follows one parent throughout
     the trace, which chained block hashes guarantee; a trace where an id follows two parents (or an id is too
-    large for the array) marks the replay `broken`, and the caller replays it again with chained keys. Chained
-    keys (token traces, and that fallback): a page is a 64-bit hash of its tokens and its parent's key, kept in a
-    set; two prefixes share one with probability about n^2 / 2^64 for n distinct pages (below 1e-6 for 5 million).
+    large for the array) marks the replay `broken`, and the caller replays it again with `chained=True`, by
+    sequence. By sequence (token traces, and that fallback): each inserted sequence is kept (a sorted list of int64
+    bytes, radixcache.simulate_prefixes), a prompt hits the whole pages it shares with the closest one, and a
+    sequence that a later one extends is dropped; exact, with no hashing.
     By id at concurrency 1, requests are matched in chunks, in numpy (radixcache.simulate_infinite_ids), with the
     same figures.
     """
@@ -715,11 +717,12 @@ class InfiniteReplay:
         if type(concurrency) is not int or concurrency < 1:
             raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
         self.page_size, self.block_tokens, self.concurrency = workload.page_size, workload.block_tokens, concurrency
-        self.by_id = self.page_size == 1 and not chained
-        self.broken = False  # by id, an id followed two parents: the figures are void, replay with chained keys
+        # By id for hash traces (a token trace's ids follow many parents: it goes by sequence from the start).
+        self.by_id = self.page_size == 1 and not chained and getattr(workload, "kind", None) == "hash"
+        self.broken = False  # by id, an id followed two parents: the figures are void, replay by sequence
         self.parent = array("q")  # by id: 0 unseen, 1 the root, id + 2 the id before it
         self.distinct = 0
-        self.seen: set[int] = set()  # chained keys
+        self.prefixes = PrefixSet()  # not by id: the sequences inserted, as int64 bytes
         self.timeline = _Timeline(windows, span)
         self.inflight = InFlight(concurrency)
         self.prompt_blocks = self.hit_blocks = 0
@@ -781,11 +784,14 @@ class InfiniteReplay:
                 self._insert(root, full[:early], matched)
             self.inflight.add((root, full, max(matched, early)), request.finish_ms)
         else:
-            keys = _chain_keys(hash(root), full, p)
-            while matched < prompt_pages and keys[matched] in self.seen:
-                matched += 1
-            self.seen.update(keys[: shared_early(request, len(keys), p)])
-            self.inflight.add((root, keys, 0), request.finish_ms)
+            # The whole pages, as int64 bytes (radixcache.simulate_prefixes); a bad token raises as the tree would.
+            data = as_token_array(full)[: len(full) // p * p].tobytes()
+            namespace = request.namespace
+            matched = self.prefixes.longest(namespace, data[: prompt_pages * p * _TOKEN_BYTES]) // p
+            early = shared_early(request, len(full) // p, p)
+            if early:  # shared while it runs (see `shared_early`)
+                self._insert(namespace, data[: early * p * _TOKEN_BYTES], 0)
+            self.inflight.add((namespace, data, 0), request.finish_ms)
         self.prompt_blocks += -(-len(request.prompt) // p)
         self.hit_blocks += matched
         self.timeline.add(
@@ -818,8 +824,9 @@ class InfiniteReplay:
 
     def _insert(self, root: object, pages: Sequence[int], known: int) -> None:
         """Record a finished request's pages (`known` leading ones were matched, so they are there already)."""
-        if not self.by_id:
-            self.seen.update(pages)
+        if not self.by_id:  # `root` is the namespace, `pages` the int64 bytes of whole pages
+            known_tokens = self.prefixes.add(root, pages)  # type: ignore[arg-type]
+            self.distinct += len(pages) // _TOKEN_BYTES // self.page_size - known_tokens // self.page_size
             return
         parent = self.parent
         prev = pages[known - 1] + 2 if known else _ROOT
@@ -863,28 +870,14 @@ class InfiniteReplay:
 
     def result(self) -> SimResult:
         if self.broken:
-            raise RadixCacheError("an id followed two parents: replay this trace with chained keys")
-        return _result(self, "lru", max(1, self.distinct + len(self.seen)), 0, 0)
+            raise RadixCacheError("an id followed two parents: replay this trace by sequence (chained=True)")
+        return _result(self, "lru", max(1, self.distinct), 0, 0)
 
 
 _ROOT = 1  # the parent of a prompt's first id
+_TOKEN_BYTES = 8  # an int64 token's bytes
 _ENCODE = (2).__add__  # an id as the parent of the next one
 _MAX_IDS = 1 << 27  # the parent array's limit: 1 GiB
-
-
-def _chain_keys(root: int, tokens: Sequence[int], p: int) -> list[int]:
-    """The chained key of each full page of `tokens`."""
-    keys = []
-    key = root
-    if p == 1:
-        for token in tokens:
-            key = hash((key, token))
-            keys.append(key)
-    else:
-        for k in range(len(tokens) // p):
-            key = hash((key, tuple(tokens[k * p : (k + 1) * p])))
-            keys.append(key)
-    return keys
 
 
 def _result(

@@ -191,5 +191,5 @@ def test_the_chunked_infinite_bound_breaks_where_the_per_request_one_does(trace:
     for chunk_ids in (1, 8, 1 << 15):
         assert infinite(workload, chunk_ids).broken
     assert infinite(workload, None).broken
-    # evaluate then replays the bound with chained keys: the naive reference's hits
+    # evaluate then replays the bound by sequence: the naive reference's hits
     assert evaluate(workload, 3, "lru").infinite.hit_blocks == sum(naive_infinite_hits(trace))  # type: ignore[union-attr]

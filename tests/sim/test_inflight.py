@@ -81,7 +81,7 @@ def test_the_infinite_bound_follows_the_same_timing_as_a_tree_that_never_evicts(
     w = _overlapping(seed)
     tree = simulate(w, 10_000, check=True)
     assert tree.evicted_blocks == 0
-    for chained in (False, True):  # by hash id, and by chained keys
+    for chained in (False, True):  # by hash id, and by sequence
         replay = InfiniteReplay(w, chained=chained)
         for index, request in enumerate(w):
             replay.feed(index, request)

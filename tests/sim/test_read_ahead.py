@@ -140,7 +140,7 @@ def test_reading_ahead_is_worth_it_for_large_traces_on_two_cores(tmp_path: Path,
 
 def test_the_infinite_bound_replayed_by_the_reader_equals_a_cache_that_never_evicts(tmp_path: Path) -> None:
     """evaluate() runs the infinite-cache bound in the reader process: chained ids, and ids that follow two
-    parents (the bound is replayed again with chained keys), give a tree that never evicts its figures."""
+    parents (the bound is replayed again by sequence), give a tree that never evicts its figures."""
     chained = tmp_path / "chained.jsonl"
     reused = tmp_path / "reused.jsonl"
     line = '{{"timestamp": {}, "input_length": {}, "output_length": 1, "hash_ids": {}}}\n'
