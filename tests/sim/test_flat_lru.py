@@ -168,7 +168,7 @@ def infinite(workload: object, chunk_ids: int | None) -> InfiniteReplay:
     return replay
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(chained_traces(), st.sampled_from([1, 3, 16, 1 << 15]))
 def test_the_chunked_infinite_bound_gives_the_per_request_figures(trace: list[HashRequest], chunk_ids: int) -> None:
     workload = hash_workload(trace, block_size=4)
