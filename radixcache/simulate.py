@@ -242,28 +242,17 @@ def simulate(
     else:
         _drive(workload, [replay], progress)
     if isinstance(replay, FlatLRUReplay) and replay.broken:  # the trace needs the tree after all
-        replay = _tree_replay(workload, capacity_blocks, policy, concurrency, windows, honor_timestamps)
+        replay = device_replay(
+            workload,
+            capacity_blocks,
+            policy,
+            concurrency=concurrency,
+            windows=windows,
+            honor_timestamps=honor_timestamps,
+            flat=False,
+        )
         _drive(workload, [replay], None)
     return replay_result(replay)
-
-
-def _tree_replay(
-    workload: Replayable,
-    capacity_blocks: int,
-    policy: str | EvictionPolicy,
-    concurrency: int,
-    windows: int,
-    honor_timestamps: bool,
-) -> CacheReplay:
-    """The tree's replay, for a trace a flat LRU replay found it could not replay (FlatLRUReplay.broken)."""
-    return CacheReplay(
-        workload,
-        capacity_blocks,
-        policy,
-        concurrency=concurrency,
-        windows=windows,
-        honor_timestamps=honor_timestamps,
-    )
 
 
 def replay_result(replay: CacheReplay | TieredReplay | FlatBeladyReplay | FlatLRUReplay) -> SimResult:
@@ -1144,7 +1133,9 @@ def _evaluate(
         _drive(workload, [replay, beside] if infinite else [replay], progress)
         broken, bound = beside.summary()
     if isinstance(replay, FlatLRUReplay) and replay.broken:  # the trace needs the tree after all
-        replay = _tree_replay(workload, capacity_blocks, policy, concurrency, windows, clock["honor_timestamps"])
+        replay = device_replay(
+            workload, capacity_blocks, policy, concurrency=concurrency, windows=windows, flat=False, **clock
+        )
         _drive(workload, [replay], None)
     if isinstance(replay, TieredReplay) and replay.key == "hash-id" and replay.any_tier and broken:
         replay = TieredReplay(

@@ -4,7 +4,6 @@ or all at once; a trace it cannot replay goes to the tree. The infinite bound ma
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from radixcache.simulate_source import open_source
 from radixcache.simulate_workload import hash_workload, load_workload
 from radixcache.trace import HashRequest
 from tests.sim.conftest import MOONCAKE_TRACE
-from tests.sim.test_flat_replay import chained_traces, figures
+from tests.sim.test_flat_replay import chained_traces, figures, recorded_mid_trace
 
 
 def flat_lru(workload: object, capacity: int, chunk_ids: int, *, windows: int = 20) -> FlatLRUReplay:
@@ -111,15 +110,7 @@ def test_ids_that_are_not_chained_break_the_flat_replay_and_the_tree_replays_the
 
 
 def test_a_recorded_request_mid_trace_sends_lru_to_the_tree(tmp_path: Path) -> None:
-    path = tmp_path / "mixed.jsonl"
-    lines = [
-        {"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [1, 2]},
-        {"timestamp": 1, "input_length": 12, "output_length": 1, "hash_ids": [1, 2, 3]},
-        {"timestamp": 2, "input_length": 8, "output_length": 1, "hash_ids": [1, 4], "finish_timestamp": 9},
-        {"timestamp": 3, "input_length": 12, "output_length": 1, "hash_ids": [1, 2, 3]},
-    ]
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    source = open_source(path, block_size=4)
+    source = recorded_mid_trace(tmp_path)
     replay = flat_lru(source, 3, 1)
     assert replay.broken and "recorded" in replay.reason
     tree = tree_lru(source, 3)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from radixcache.simulate import CacheReplay, SimResult, device_replay, evaluate, simulate
 from radixcache.simulate_flat import FlatBeladyReplay
-from radixcache.simulate_source import open_source
+from radixcache.simulate_source import TraceSource, open_source
 from radixcache.simulate_workload import hash_workload, load_workload
 from radixcache.trace import HashRequest
 from tests.sim.conftest import MOONCAKE_TRACE
@@ -99,8 +99,8 @@ def test_the_tree_runs_what_the_flat_replay_cannot() -> None:
     assert flat == tree
 
 
-def test_a_trace_with_a_recorded_request_keeps_the_tree(tmp_path: Path) -> None:
-    """A request with a finish time (one an engine recorded) mid-trace: the tree replays the trace, flat or not."""
+def recorded_mid_trace(tmp_path: Path) -> TraceSource:
+    """A hash trace (block size 4) whose third request an engine recorded (it has a finish time)."""
     path = tmp_path / "mixed.jsonl"
     lines = [
         {"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [1, 2]},
@@ -109,7 +109,12 @@ def test_a_trace_with_a_recorded_request_keeps_the_tree(tmp_path: Path) -> None:
         {"timestamp": 3, "input_length": 12, "output_length": 1, "hash_ids": [1, 2, 3]},
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    source = open_source(path, block_size=4)
+    return open_source(path, block_size=4)
+
+
+def test_a_trace_with_a_recorded_request_keeps_the_tree(tmp_path: Path) -> None:
+    """A request with a finish time (one an engine recorded) mid-trace: the tree replays the trace, flat or not."""
+    source = recorded_mid_trace(tmp_path)
     assert isinstance(device_replay(source, 3, "belady"), CacheReplay)
     flat, tree = flat_and_tree(source, 3)
     assert flat == tree
