@@ -452,9 +452,18 @@ def test_prepare_past_max_bytes_returns_none_and_frees_the_mirror(models: dict) 
 
 
 def hold_loop(engine: Engine) -> Callable[[], None]:
-    """Hold the engine loop until the returned release is called, so the requests queued meanwhile start together."""
-    gate = threading.Event()
-    engine._loop.call(lambda s: gate.wait(60))
+    """Hold the engine loop until the returned release is called, so the requests queued meanwhile start together.
+
+    Returns once the loop thread is inside the hold: a request queued before it got there would reach the loop
+    with the hold, be added as the hold ends, and run a step alone before the others arrive."""
+    gate, held = threading.Event(), threading.Event()
+
+    def hold(_: object) -> None:
+        held.set()
+        gate.wait(60)
+
+    engine._loop.call(hold)
+    assert held.wait(60), "the engine loop never reached the hold"
     return gate.set
 
 

@@ -49,9 +49,16 @@ async def run_sessions(
 def hold_loop(engine: Engine) -> Callable[[], object]:
     """Hold the engine loop until the returned release is called. Tests call it once all 16 first turns are
     queued, so that those compete for the pool and the batch together however fast the machine runs them (a fast
-    engine could otherwise finish early turns before the others arrive, and overlap would be luck)."""
-    gate = threading.Event()
-    engine._loop.call(lambda s: gate.wait(60))
+    engine could otherwise finish early turns before the others arrive, and overlap would be luck). Returns once
+    the loop thread is inside the hold, so that nothing queued after this call reaches the loop with the hold."""
+    gate, held = threading.Event(), threading.Event()
+
+    def hold(_: object) -> None:
+        held.set()
+        gate.wait(60)
+
+    engine._loop.call(hold)
+    assert held.wait(60), "the engine loop never reached the hold"
     return gate.set
 
 
