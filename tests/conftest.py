@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# Under pytest-xdist (`-n 2`, as .ci/run runs), each worker's torch gets one thread, and so do the servers and
+# CLIs its tests start: two processes that each spin an OpenMP pool over every core run several times slower
+# each. Set before any test module imports torch; a value the caller exported wins.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 settings.register_profile(
     "default", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True

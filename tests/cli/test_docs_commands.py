@@ -184,5 +184,5 @@ def test_the_marker_helpers() -> None:
     readme = blocks("README.md")
     assert any("radixcache replay" in b.text and "cheap" in b.markers for b in readme)
     ci = (REPO / ".ci" / "run").read_text()
-    test_command = "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
+    test_command = "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2 --dist loadgroup"
     assert test_command in ci and any(test_command in b.text for b in readme), "README's test command is .ci/run's"

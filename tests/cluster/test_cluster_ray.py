@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 
 from radixcache.runtime.cluster.cluster import ReplicaCluster  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one Ray cluster at a time
 PAGE = 4
 ENGINE = {"capacity_blocks": 96, "page_size": PAGE}
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one Ray cluster at a time
 REPO = Path(__file__).resolve().parents[1]
 
 

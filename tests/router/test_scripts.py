@@ -15,6 +15,7 @@ from radixcache.trace import write_token_jsonl
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
+one_ray_at_a_time = pytest.mark.xdist_group("ray")  # under pytest-xdist, every Ray test runs on one worker
 
 
 def load_script(name: str):
@@ -88,6 +89,7 @@ def test_the_index_benchmark_measures_memory_throughput_and_routes() -> None:
 
 @pytest.mark.slow
 @needs_ray
+@one_ray_at_a_time
 def test_the_sweep_on_a_local_ray_gives_the_sequential_rows(tmp_path: Path) -> None:
     traces = [str(tiny_chat(tmp_path))]
     sequential, _ = sweep(tmp_path, traces, "--workers", "1", "--no-plot")
@@ -98,6 +100,7 @@ def test_the_sweep_on_a_local_ray_gives_the_sequential_rows(tmp_path: Path) -> N
 
 @pytest.mark.slow
 @needs_ray
+@one_ray_at_a_time
 def test_the_eviction_sweep_on_a_local_ray(tmp_path: Path) -> None:
     trace = tmp_path / "tiny.jsonl"
     write_token_jsonl(trace, [TokenRequest(i, (i % 3, 1, 2, 3, 4, 5, 6, 7), 0) for i in range(40)])
