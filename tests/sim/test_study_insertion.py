@@ -1,0 +1,85 @@
+"""scripts/study_insertion.py: each rule with its neutral setting is LRU, and the study prints a row per capacity."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from radixcache.simulate import simulate
+from radixcache.simulate_workload import load_workload
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "study_insertion.py"
+
+
+def load_study() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("study_insertion", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_trace(path: Path, seed: int = 0) -> Path:
+    """Documents reread a few times among one-off requests, some of them follow-ups that extend a document."""
+    rng = random.Random(seed)
+    docs = [list(range(1000 * d, 1000 * d + 6)) for d in range(30)]
+    fresh = iter(range(10**6, 10**7))
+    with path.open("w") as out:
+        for t in range(400):
+            ids = [*rng.choice(docs), next(fresh)] if rng.random() < 0.5 else [next(fresh) for _ in range(6)]
+            out.write(json.dumps({"timestamp": t, "input_length": 16 * len(ids), "output_length": 8, "hash_ids": ids}))
+            out.write("\n")
+    return path
+
+
+def figures(result: object) -> dict:
+    """Every field of a SimResult but its time and its policy's name."""
+    return {k: v for k, v in dataclasses.asdict(result).items() if k not in ("seconds", "policy")}  # type: ignore[call-overload]
+
+
+def test_keeping_every_insert_and_no_offset_are_lru(tmp_path: Path) -> None:
+    study = load_study()
+    workload = load_workload(write_trace(tmp_path / "m.jsonl"), block_size=16)
+    for capacity in (20, 60, 150):
+        lru = figures(simulate(workload, capacity, "lru", flat=False))
+        for neutral in (study.BimodalInsertion(1), study.NewRootLater(0.0)):
+            assert figures(simulate(workload, capacity, neutral, flat=False)) == lru, (capacity, neutral.name)
+
+
+def test_the_study_prints_a_row_per_capacity_within_the_bounds(tmp_path: Path) -> None:
+    path = write_trace(tmp_path / "m.jsonl")
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), str(path), "--block-size", "16", "--fractions", "0.05,0.1", "--keep", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    header = next(line for line in run.stdout.splitlines() if line.startswith("| capacity"))
+    columns = [c.strip() for c in header.strip("|").split("|")][3:]
+    assert columns == ["bip-2", "new-root-300", "new-root-1000", "new-root-inf"]
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        rates = [float(c.split("%")[0]) for c in cells[1:]]
+        belady = rates[1]
+        assert all(0 <= rate <= belady + 1e-9 for rate in rates)  # nothing beats the resident bound
+
+
+def test_reread_distances_count_the_distinct_blocks_read_in_between() -> None:
+    study = load_study()
+    rng = random.Random(1)
+    paths = [[rng.randrange(12) for _ in range(rng.randint(1, 5))] for _ in range(60)]
+    reads = [block for path in paths for block in reversed(path)]  # the order the study reads them
+    naive = []
+    for i, block in enumerate(reads):
+        if block in reads[:i]:
+            previous = max(j for j in range(i) if reads[j] == block)
+            naive.append(len(set(reads[previous + 1 : i])))
+    assert study.reread_distances(paths).tolist() == naive
