@@ -7,6 +7,8 @@ Both give new leaves a lower rank than LRU would, and leave every leaf that has 
 - new-root-H: a never-hit leaf of an insert that hung from the root (its request hit nothing: a new document or
   the first turn of a conversation) ranks as if accessed H ticks earlier (H="inf": before every other leaf).
   On Mooncake most such requests are never followed up.
+- new-root-H-ghosts: the same, except for a request whose first page the cache has seen before (a set of every
+  first page key, a ghost list without a bound): its content comes back, so its pages rank as LRU ranks them.
 
 First it prints the trace's shape that decides how these rules fare: the distances of its re-reads (distinct blocks
 read between two reads of a block, each request's path read deepest block first, as LRU stamps it) and how many
@@ -50,15 +52,23 @@ class NewRootLater(EvictionPolicy):
 
     name = "new-root"
 
-    def __init__(self, offset: float) -> None:
-        self.offset = offset
-        self.from_root: dict[int, bool] = {}  # an insert's clock -> whether its leaf hung from the root
+    def __init__(self, offset: float, ghosts: bool = False) -> None:
+        self.offset, self.ghosts = offset, ghosts
+        self.new_root: dict[int, bool] = {}  # an insert's clock -> whether its leaf hung from the root (and is new)
+        self.first_pages: set[object] = set()  # with ghosts: the first page of every insert that hung from the root
 
     def priority(self, node: TreeNode) -> tuple:
         # First seen when the insert makes its leaf (whole, at its own depth); the nodes later split from it keep
         # its clock, and so its answer.
-        from_root = self.from_root.setdefault(node.created, node.prefix_len == 0)
-        if from_root and node.hit_count == 0:
+        new_root = self.new_root.get(node.created)
+        if new_root is None:
+            new_root = node.prefix_len == 0
+            if new_root and self.ghosts:
+                first = node.key[: len(node.key) // len(node.blocks)].tobytes()  # its first page
+                new_root = first not in self.first_pages
+                self.first_pages.add(first)
+            self.new_root[node.created] = new_root
+        if new_root and node.hit_count == 0:
             if math.isinf(self.offset):
                 return (0, node.last_access)
             return (1, node.last_access - self.offset)
@@ -118,6 +128,7 @@ def rules(keeps: list[int], offsets: list[float]) -> dict[str, EvictionPolicy]:
     """Fresh policies by column name."""
     out: dict[str, EvictionPolicy] = {f"bip-{k}": BimodalInsertion(k) for k in keeps}
     out.update({f"new-root-{offset:g}": NewRootLater(offset) for offset in offsets})
+    out.update({f"new-root-{offset:g}-ghosts": NewRootLater(offset, ghosts=True) for offset in offsets})
     return out
 
 

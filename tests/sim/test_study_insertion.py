@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import random
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
+from radixcache import RadixCache
 from radixcache.simulate import simulate
 from radixcache.simulate_workload import load_workload
 
@@ -48,7 +50,7 @@ def test_keeping_every_insert_and_no_offset_are_lru(tmp_path: Path) -> None:
     workload = load_workload(write_trace(tmp_path / "m.jsonl"), block_size=16)
     for capacity in (20, 60, 150):
         lru = figures(simulate(workload, capacity, "lru", flat=False))
-        for neutral in (study.BimodalInsertion(1), study.NewRootLater(0.0)):
+        for neutral in (study.BimodalInsertion(1), study.NewRootLater(0.0), study.NewRootLater(0.0, ghosts=True)):
             assert figures(simulate(workload, capacity, neutral, flat=False)) == lru, (capacity, neutral.name)
 
 
@@ -62,7 +64,8 @@ def test_the_study_prints_a_row_per_capacity_within_the_bounds(tmp_path: Path) -
     )
     header = next(line for line in run.stdout.splitlines() if line.startswith("| capacity"))
     columns = [c.strip() for c in header.strip("|").split("|")][3:]
-    assert columns == ["bip-2", "new-root-300", "new-root-1000", "new-root-inf"]
+    offsets = ["300", "1000", "inf"]
+    assert columns == ["bip-2", *(f"new-root-{o}" for o in offsets), *(f"new-root-{o}-ghosts" for o in offsets)]
     rows = [line for line in run.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == 2
     for row in rows:
@@ -83,3 +86,17 @@ def test_reread_distances_count_the_distinct_blocks_read_in_between() -> None:
             previous = max(j for j in range(i) if reads[j] == block)
             naive.append(len(set(reads[previous + 1 : i])))
     assert study.reread_distances(paths).tolist() == naive
+
+
+def test_with_ghosts_a_returning_root_outlives_a_newer_fresh_one() -> None:
+    """A was evicted and comes back: with ghosts it is no longer a new root, so the newer one-off E goes first."""
+    study = load_study()
+
+    def final_tree(policy: object) -> list[list[int]]:
+        cache = RadixCache(4, page_size=1, policy=policy)  # two leaves of two pages
+        for tokens in ([1, 2], [3, 4], [5, 6], [1, 2], [7, 8], [9, 10]):  # A, B, C, A again, E, F
+            cache.insert(tokens, cache.allocate(2))
+        return [[t, t + 1] for t in (1, 3, 5, 7, 9) if cache.peek([t, t + 1]).length == 2]
+
+    assert final_tree(study.NewRootLater(math.inf)) == [[7, 8], [9, 10]]  # LRU order: A, the oldest, went
+    assert final_tree(study.NewRootLater(math.inf, ghosts=True)) == [[1, 2], [9, 10]]
