@@ -1,6 +1,6 @@
-"""Two insertion rules that help LRU on some traces, measured on a hash trace (issue 17's study, continued).
+"""Insertion rules that help LRU on some traces, measured on a hash trace (issue 17's study, continued).
 
-Both give new leaves a lower rank than LRU would, and leave every leaf that has been hit to LRU:
+Each gives some new leaves a lower rank than LRU would, and leaves every leaf that has been hit to LRU:
 - bip-K (bimodal insertion): a leaf never hit goes before every other leaf, except the leaves of one insert in
   K (picked by a hash of the insert's clock, so an insert keeps its pick as it is split). Against a loop larger
   than the cache, this keeps a fixed share of it long enough to be read again. K=1 is LRU.
