@@ -1,7 +1,10 @@
-"""Tiny random Llama-family models for tests and benchmarks: a ModelConfig and HF-named weights, no files."""
+"""Tiny random Llama-family models for tests and benchmarks (a ModelConfig and HF-named weights, no files), and a
+hold on an engine's loop for tests that must queue requests together."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -10,6 +13,7 @@ import torch
 from radixcache.runtime.config import ModelConfig
 
 if TYPE_CHECKING:
+    from radixcache.runtime.engine.engine import Engine
     from radixcache.runtime.model.block_linear import BlockWeight
 
 
@@ -136,3 +140,21 @@ def random_block_weight(kind: str, rows: int, cols: int, seed: int) -> BlockWeig
         b["qs"] = rng.integers(-128, 128, (n, 32), dtype=np.int8)
     raw = np.frombuffer(b.tobytes(), dtype=np.uint8).reshape(rows, cols // BLOCK * BLOCK_BYTES[kind])
     return BlockWeight(kind, torch.from_numpy(raw.copy()), cols)
+
+
+def hold_engine_loop(engine: Engine) -> Callable[[], None]:
+    """Hold `engine`'s loop until the returned release is called, so that the requests queued meanwhile reach the
+    scheduler together, however fast the machine runs them.
+
+    Returns once the loop thread is inside the hold: a request queued before it got there would reach the loop
+    with the hold, be added as the hold ends, and run a step alone before the others arrive."""
+    gate, held = threading.Event(), threading.Event()
+
+    def hold(_: object) -> None:
+        held.set()
+        gate.wait(60)
+
+    engine._loop.call(hold)
+    if not held.wait(60):
+        raise TimeoutError("the engine loop never reached the hold")
+    return gate.set

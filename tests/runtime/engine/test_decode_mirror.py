@@ -21,8 +21,7 @@ import contextlib
 import dataclasses
 import math
 import random
-import threading
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from unittest import mock
 
 import pytest
@@ -35,7 +34,7 @@ from radixcache.runtime.kv.mirror import DecodeMirror, MirrorStep
 from radixcache.runtime.kv.pool import KVPool
 from radixcache.runtime.model.attention import build_decode_meta
 from radixcache.runtime.model.llama import LlamaModel
-from radixcache.runtime.testing import RandomModel, tiny_config, tiny_model
+from radixcache.runtime.testing import RandomModel, hold_engine_loop, tiny_config, tiny_model
 
 CPU = torch.device("cpu")
 PAGE = 16
@@ -451,24 +450,8 @@ def test_prepare_past_max_bytes_returns_none_and_frees_the_mirror(models: dict) 
     assert tight.step(["x"]) is None and tight.mirror.nbytes == 0
 
 
-def hold_loop(engine: Engine) -> Callable[[], None]:
-    """Hold the engine loop until the returned release is called, so the requests queued meanwhile start together.
-
-    Returns once the loop thread is inside the hold: a request queued before it got there would reach the loop
-    with the hold, be added as the hold ends, and run a step alone before the others arrive."""
-    gate, held = threading.Event(), threading.Event()
-
-    def hold(_: object) -> None:
-        held.set()
-        gate.wait(60)
-
-    engine._loop.call(hold)
-    assert held.wait(60), "the engine loop never reached the hold"
-    return gate.set
-
-
 def run_together(engine: Engine, prompts: list[list[int]], max_new: list[int]) -> list:
-    release = hold_loop(engine)
+    release = hold_engine_loop(engine)
     handles = [engine.submit(p, n, ignore_eos=True, return_logits=True) for p, n in zip(prompts, max_new, strict=True)]
     release()
     return [h.result(60) for h in handles]
@@ -525,7 +508,7 @@ def test_sessions_in_a_tiny_pool_with_preemption_match_the_mirror_off(tiny: Rand
     histories = [ids(24, 100 + i % 3) + ids(5 + i, 1000 + i) for i in range(8)]
 
     async def run(engine: Engine) -> list:
-        release = hold_loop(engine)
+        release = hold_engine_loop(engine)
         tasks = [engine.agenerate(h, 6 + i % 3, ignore_eos=True, return_logits=True) for i, h in enumerate(histories)]
         futures = [asyncio.ensure_future(t) for t in tasks]
         await asyncio.sleep(0)

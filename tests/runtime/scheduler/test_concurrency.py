@@ -4,13 +4,12 @@ requests are preempted and recomputed, and every schedule give the tokens of the
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 
 import pytest
 
 from radixcache.runtime import Engine
-from radixcache.runtime.testing import RandomModel
+from radixcache.runtime.testing import RandomModel, hold_engine_loop
 
 from .conftest import assert_clean, ids
 
@@ -46,22 +45,6 @@ async def run_sessions(
     return out
 
 
-def hold_loop(engine: Engine) -> Callable[[], object]:
-    """Hold the engine loop until the returned release is called. Tests call it once all 16 first turns are
-    queued, so that those compete for the pool and the batch together however fast the machine runs them (a fast
-    engine could otherwise finish early turns before the others arrive, and overlap would be luck). Returns once
-    the loop thread is inside the hold, so that nothing queued after this call reaches the loop with the hold."""
-    gate, held = threading.Event(), threading.Event()
-
-    def hold(_: object) -> None:
-        held.set()
-        gate.wait(60)
-
-    engine._loop.call(hold)
-    assert held.wait(60), "the engine loop never reached the hold"
-    return gate.set
-
-
 def run_alone(engine: Engine, turns: int, max_new: int) -> dict[tuple[int, int], object]:
     out: dict[tuple[int, int], object] = {}
     for i in range(16):
@@ -91,7 +74,7 @@ def test_sixteen_interleaved_sessions_equal_the_requests_run_alone(
     tiny: RandomModel, alone: dict, schedule: str
 ) -> None:
     engine = Engine(tiny, capacity_blocks=512, page_size=4, schedule=schedule, max_prefill_tokens=64)
-    got = asyncio.run(run_sessions(engine, 3, 6, on_first_turns=hold_loop(engine)))
+    got = asyncio.run(run_sessions(engine, 3, 6, on_first_turns=hold_engine_loop(engine)))
     assert_same(got, alone)
     assert_clean(engine)
     s = engine.stats
@@ -101,7 +84,7 @@ def test_sixteen_interleaved_sessions_equal_the_requests_run_alone(
 
 def test_a_pool_too_small_forces_preemption_and_changes_nothing(tiny: RandomModel, alone: dict) -> None:
     engine = Engine(tiny, capacity_blocks=30, page_size=4, max_prefill_tokens=48)
-    got = asyncio.run(run_sessions(engine, 3, 6, on_first_turns=hold_loop(engine)))
+    got = asyncio.run(run_sessions(engine, 3, 6, on_first_turns=hold_engine_loop(engine)))
     assert_same(got, alone)
     assert engine.stats.preemptions > 0 and engine.cache.stats.evicted_blocks > 0
     assert_clean(engine)
