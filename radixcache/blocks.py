@@ -3,12 +3,38 @@
 from __future__ import annotations
 
 import operator
+from array import array
 from collections.abc import Iterable
 
 from radixcache.errors import BlockStateError
 
 FREE, HELD, IN_TREE = 0, 1, 2
 STATE_NAMES = {FREE: "free", HELD: "held by a caller", IN_TREE: "owned by the tree"}
+
+# Block ids travel as int64 arrays (array('q')): node.blocks, MatchResult.blocks, allocate's result and the
+# free list. Copying, slicing, concatenating and comparing them is then memcpy/memcmp, not a pass over Python
+# ints (at page size 1 a chat turn has over a thousand), and an array holds ints by construction.
+BLOCK_TYPECODE = "q"
+
+
+def block_ids(ids: Iterable[int] = ()) -> array:
+    """A new int64 block-id array (BLOCK_TYPECODE) holding `ids`."""
+    return array(BLOCK_TYPECODE, ids)
+
+
+def as_block_ids(blocks: Iterable[int]) -> array | None:
+    """`blocks` itself if it is already a block-id array, else a converted copy; None if not every id is an int
+    in int64 range (the caller then validates one by one, for a precise error)."""
+    kind = type(blocks)
+    if kind is array:
+        if blocks.typecode == BLOCK_TYPECODE:  # type: ignore[attr-defined]
+            return blocks  # type: ignore[return-value]
+    elif kind is not list and kind is not tuple:  # e.g. bytes, which array() would read as raw int64s
+        return None
+    try:
+        return array(BLOCK_TYPECODE, blocks)  # ints and objects with __index__, as operator.index takes
+    except (TypeError, OverflowError, ValueError):
+        return None
 
 
 class BlockPool:
@@ -18,6 +44,7 @@ class BlockPool:
     by a tree node). Ids are conserved: `free + held + in_tree == capacity` always. The free list is a stack,
     so recently freed (cache-warm) blocks are reused first and runs are deterministic.
 
+    Every list of ids here is a block-id array (`block_ids`).
     No call on the hot path writes a per-block state, so a request's cost does not grow with a Python loop
     over its blocks (at page size 1 a chat turn has thousands):
     - IN_TREE is implicit: a block that is neither free nor held. Giving tree blocks back is a list extend.
@@ -33,8 +60,8 @@ class BlockPool:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._free = list(range(capacity - 1, -1, -1))  # pop() hands out 0, 1, 2, ... first
-        self._leases: dict[int, list[int]] = {}  # first id -> held ids handed out together (a private copy)
+        self._free = block_ids(range(capacity - 1, -1, -1))  # pop() hands out 0, 1, 2, ... first
+        self._leases: dict[int, array] = {}  # first id -> held ids handed out together (a private copy)
         self._loose: set[int] = set()  # held ids outside any lease; disjoint from the leases
         self.held = 0
 
@@ -61,31 +88,31 @@ class BlockPool:
             return HELD
         return FREE if block in self._free else IN_TREE
 
-    def take(self, n: int) -> list[int]:
+    def take(self, n: int) -> array:
         """Move n free blocks to HELD, as one lease. The caller has checked that n <= free_count."""
         free = self._free
         cut = len(free) - n
         taken = free[: cut - 1 : -1] if cut else free[::-1]  # the last n, top of the stack first
         del free[cut:]
         if taken:
-            self._leases[taken[0]] = taken[:]  # a copy: the caller may change its list
+            self._leases[taken[0]] = taken[:]  # a copy: the caller may change its array
         self.held += n
         return taken
 
-    def release_tree(self, blocks: list[int]) -> None:
+    def release_tree(self, blocks: array) -> None:
         """Move IN_TREE blocks (just detached from the tree) back to FREE."""
         self._free.extend(blocks)
 
-    def release_held(self, blocks: list[int]) -> None:
+    def release_held(self, blocks: array) -> None:
         """Move HELD blocks back to FREE. The caller has validated them (distinct and held)."""
         self._unhold(blocks)
         self._free.extend(blocks)
 
-    def adopt(self, blocks: list[int]) -> None:
+    def adopt(self, blocks: array) -> None:
         """Move HELD blocks into the tree. The caller has validated them (distinct and held)."""
         self._unhold(blocks)
 
-    def check_held(self, blocks: list[int], what: str) -> None:
+    def check_held(self, blocks: array, what: str) -> None:
         """Raise BlockStateError unless every (already normalised) block is HELD."""
         if self.lease_cover(blocks, 0, len(blocks)) is not None:
             return
@@ -101,18 +128,18 @@ class BlockPool:
         """Whether one (in-range) block is HELD: the exact per-block test of the slow paths."""
         return block in self._loosen()
 
-    def lease_cover(self, ids: list[int], start: int, stop: int) -> list[tuple[list[int], int]] | None:
+    def lease_cover(self, ids: array, start: int, stop: int) -> list[tuple[array, int]] | None:
         """Prove `ids[start:stop]` held from whole leases or lease prefixes, each used once, or return None.
 
-        Returns [(lease, k), ...]: ids[start:stop] is lease_1[:k_1] + lease_2[:k_2] + ... The ids must be ints
-        (the caller checks): list equality would also accept, say, 5.0 for 5.
+        Returns [(lease, k), ...]: ids[start:stop] is lease_1[:k_1] + lease_2[:k_2] + ... `ids` must be a block-id
+        array: an array never equals a list, so anything else is simply not covered.
         """
         leases = self._leases
         if start < stop:  # the common case first: one whole lease, as `allocate` handed it out
             lease = leases.get(ids[start])
             if lease is not None and len(lease) == stop - start and ids[start:stop] == lease:
                 return [(lease, stop - start)]
-        cover: list[tuple[list[int], int]] = []
+        cover: list[tuple[array, int]] = []
         i = start
         while i < stop:
             lease = leases.get(ids[i])
@@ -131,15 +158,15 @@ class BlockPool:
             i += k
         return cover
 
-    def adopt_cover(self, cover: list[tuple[list[int], int]], n: int) -> list[int]:
-        """Move the first n blocks of a `lease_cover` from HELD into the tree; return them (the pool's ints)."""
+    def adopt_cover(self, cover: list[tuple[array, int]], n: int) -> array:
+        """Move the first n blocks of a `lease_cover` from HELD into the tree; return them (the pool's copy)."""
         leases = self._leases
         if len(cover) == 1 and cover[0][1] == n == len(cover[0][0]):  # one whole lease: it becomes the list
             lease = cover[0][0]
             del leases[lease[0]]
             self.held -= n
             return lease
-        out: list[int] = []
+        out = block_ids()
         for lease, k in cover:
             if n <= 0:
                 break
@@ -150,14 +177,14 @@ class BlockPool:
                 leases[rest[0]] = rest
                 out.extend(lease[:used])
             elif not out:
-                out = lease
+                out = lease  # the lease itself: it leaves `leases` above, so nothing else refers to it
             else:
                 out.extend(lease)
             n -= used
         self.held -= len(out)
         return out
 
-    def _unhold(self, blocks: list[int]) -> None:
+    def _unhold(self, blocks: array) -> None:
         cover = self.lease_cover(blocks, 0, len(blocks))
         if cover is not None:
             self.adopt_cover(cover, len(blocks))
@@ -174,8 +201,8 @@ class BlockPool:
             self._leases.clear()
         return loose
 
-    def normalize(self, blocks: Iterable[int], what: str) -> list[int]:
-        """Return `blocks` as a list of distinct Python ints in [0, capacity), or raise BlockStateError."""
+    def normalize(self, blocks: Iterable[int], what: str) -> array:
+        """Return `blocks` as a block-id array of distinct ids in [0, capacity), or raise BlockStateError."""
         try:
             ids = list(map(operator.index, blocks))
         except TypeError as exc:
@@ -187,7 +214,7 @@ class BlockPool:
             seen: set[int] = set()
             dup = next(b for b in ids if b in seen or seen.add(b))  # type: ignore[func-returns-value]
             raise BlockStateError(f"{what}: block {dup} appears more than once")
-        return ids
+        return block_ids(ids)
 
     def free_list(self) -> list[int]:
         return list(self._free)

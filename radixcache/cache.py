@@ -11,10 +11,9 @@ from array import array
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import count
-from math import gcd
 from typing import NamedTuple
 
-from radixcache.blocks import STATE_NAMES, BlockPool
+from radixcache.blocks import STATE_NAMES, BlockPool, as_block_ids, block_ids
 from radixcache.errors import (
     BlockCountError,
     BlockStateError,
@@ -39,20 +38,21 @@ from radixcache.tokens import (
 class MatchResult(NamedTuple):
     """The longest cached prefix of a query.
 
-    length: leading tokens cached (a multiple of page_size). blocks: one block id per page of those tokens.
+    length: leading tokens cached (a multiple of page_size). blocks: one block id per page of those tokens, as
+    an int64 array (array('q'): `list(blocks)` for a list; `blocks + allocate(n)` is the insert's block array).
     node: the deepest matched node, to pass to lock/unlock (a namespace root when nothing matched; locking a
     root is a no-op). A `peek`'s node is for identity only, never to lock: see `RadixCache.peek`.
     """
 
     length: int
-    blocks: list[int]
+    blocks: array
     node: TreeNode
 
 
 # What _descend finds: (node, length, blocks, partial, partial_len), a plain tuple on the hot path.
 #   node: the deepest node matched in full; length: tokens matched down to its end; blocks: their block ids;
 #   partial: the child matched only in part, if any; partial_len: its tokens matched (page-aligned, > 0 when set).
-_Descent = tuple[TreeNode, int, list[int], "TreeNode | None", int]
+_Descent = tuple[TreeNode, int, array, "TreeNode | None", int]
 _new_match = tuple.__new__
 
 
@@ -95,7 +95,7 @@ class RadixCache:
         # Called as on_evict(leaf, keep, blocks) just before `blocks` (the leaf's pages from index `keep` on) leave
         # the tree, while the leaf still holds them and its full key: a lower tier copies them out here. It must
         # not change the tree, and it must not raise.
-        self.on_evict: Callable[[TreeNode, int, list[int]], None] | None = None
+        self.on_evict: Callable[[TreeNode, int, array], None] | None = None
 
     # ------------------------------------------------------------------ public API: queries
 
@@ -166,7 +166,7 @@ class RadixCache:
             root = self._roots[namespace]
         except (KeyError, TypeError):  # an unseen or unhashable namespace: _root validates, or makes a transient root
             root = self._root(namespace, create=False)
-        node, length, blocks, partial, partial_len = self._descend(root, arr)  # read-only; blocks is a fresh list
+        node, length, blocks, partial, partial_len = self._descend(root, arr)  # read-only; blocks is a fresh array
         if partial is not None:  # ends inside `partial`: report it, with only its matched pages
             blocks.extend(partial.blocks[: partial_len // self.page_size])
             length += partial_len
@@ -175,8 +175,8 @@ class RadixCache:
 
     # ------------------------------------------------------------------ public API: blocks
 
-    def allocate(self, n: int) -> list[int]:
-        """n free block ids, now held by the caller, evicting unlocked leaves as needed.
+    def allocate(self, n: int) -> array:
+        """n free block ids (an int64 array), now held by the caller, evicting unlocked leaves as needed.
 
         Raises CacheFullError, with nothing changed, when n exceeds free plus evictable blocks.
         """
@@ -206,6 +206,8 @@ class RadixCache:
         The tree takes the blocks of the new full pages. For pages that were already cached, a block that is
         the tree's own block at that position is left as it is, and any other (held) block is a duplicate and
         goes back to the free pool. The block of an unaligned tail page stays with the caller.
+        `blocks` may be any sequence of ints; a block-id array (what `match_prefix` and `allocate` return, e.g.
+        `match.blocks + new`) is proven valid without a Python loop over it.
         Returns the number of tokens that were already cached.
         """
         if type(tokens) is array and tokens.typecode == TOKEN_TYPECODE:
@@ -218,7 +220,8 @@ class RadixCache:
         pool = self._pool
         full_pages = len(arr) // p
         try:
-            fast = self._insert_fast_path(arr, blocks, namespace, signs_checked)
+            ids = as_block_ids(blocks)  # None: not all ints; the exact path below says which is wrong
+            fast = None if ids is None else self._insert_fast_path(arr, ids, namespace, signs_checked)
         except BaseException as exc:  # raised by the caller's objects (a block's __eq__, a namespace's __hash__)
             if not signs_checked and not isinstance(exc, InvalidTokensError):
                 self._raise_bad_token(arr)  # a bad token is reported first, as it always was
@@ -226,7 +229,7 @@ class RadixCache:
         if fast is not None:  # proven valid by the leases, without a Python loop over the blocks
             node, matched_pages, partial, partial_len, start, cover = fast
             self._clock += 1
-            taken = pool.adopt_cover(cover, full_pages - start) if full_pages > start else []
+            taken = pool.adopt_cover(cover, full_pages - start) if full_pages > start else block_ids()
             if matched_pages > start:  # held duplicates of cached pages (start == 0): straight back to free
                 pool.release_tree(taken[: matched_pages - start])
                 taken = taken[matched_pages - start :]
@@ -252,7 +255,7 @@ class RadixCache:
                 raise
 
             self._clock += 1
-            duplicates = [b for b, mine in zip(ids, cached, strict=False) if b != mine]
+            duplicates = block_ids(b for b, mine in zip(ids, cached, strict=False) if b != mine)
             if duplicates:
                 pool.release_held(duplicates)
             new_blocks = ids[matched_pages:full_pages]
@@ -435,7 +438,7 @@ class RadixCache:
         except TypeError:  # dict lookup hashes the namespace first
             raise RadixCacheError(f"namespace must be hashable, got {type(namespace).__name__}") from None
         if root is None:
-            root = TreeNode(0, empty_key(), [], None, namespace, self._clock)  # uid 0 marks a root
+            root = TreeNode(0, empty_key(), block_ids(), None, namespace, self._clock)  # uid 0 marks a root
             if create:
                 self._roots[namespace] = root
         return root
@@ -450,7 +453,7 @@ class RadixCache:
         n = len(arr)
         if buf is None:
             buf = arr.tobytes()  # node keys are compared against it in place
-        node, pos, blocks = root, 0, []
+        node, pos, blocks = root, 0, block_ids()
         while n - pos >= p:
             child = node.children.get(arr[pos] if p == 1 else buf[pos * 8 : (pos + p) * 8])
             if child is None:
@@ -584,7 +587,7 @@ class RadixCache:
                 del children[key[0] if p == 1 else key[:p].tobytes()]
                 free.extend(blocks)
                 leaf.parent = None  # marks the node as evicted: lock() refuses it
-                leaf.blocks = []
+                leaf.blocks = block_ids()
                 if not children:
                     if parent.parent is not None:
                         if parent.lock_ref == 0:  # an unlocked parent that just became a leaf
@@ -662,13 +665,13 @@ class RadixCache:
         raise LockError(f"{node!r} has been evicted (or belongs to another cache); match again")
 
     def _insert_fast_path(
-        self, arr: array, blocks: Sequence[int], namespace: Hashable, signs_checked: bool
+        self, arr: array, blocks: array, namespace: Hashable, signs_checked: bool
     ) -> tuple[TreeNode, int, TreeNode | None, int, int, list] | None:
         """The walk of an insert whose blocks are proven valid at C speed, or None: take the exact path.
 
-        Proof: `blocks` is a list of ints (`gcd` takes nothing else; list equality would take 5.0 for 5), as
-        long as the tokens need, and each page is either the tree's own block (every matched node's blocks
-        compare equal), or held: a run of leases from `allocate` (BlockPool.lease_cover). Held ids are
+        Proof: `blocks` is a block-id array (so every id is an int), as long as the tokens need, and each page
+        is either the tree's own block (every matched node's blocks compare equal, by memcmp), or held: a run
+        of leases from `allocate` (BlockPool.lease_cover). Held ids are
         distinct and never in the tree, so nothing here can be a duplicate, out of range, or owned elsewhere.
         The walk is `_descend`'s, comparing blocks instead of collecting them; it changes nothing, and neither
         does a failed proof. Unless `signs_checked`, it raises InvalidTokensError for a negative token: only the
@@ -677,14 +680,13 @@ class RadixCache:
         leases; start is 0 when the cached pages come as held duplicates, else matched_pages.
         """
         p = self.page_size
-        if type(blocks) is not list or len(blocks) != -(-len(arr) // p):
+        if len(blocks) != -(-len(arr) // p):
             return None
         try:
             root = self._roots.get(namespace)  # a new namespace takes the exact path, which creates it
-            if root is None:
-                return None
-            gcd(*blocks)  # raises TypeError unless every block is an int
-        except TypeError:  # an unhashable namespace, or a block that is not an int
+        except TypeError:  # an unhashable namespace
+            return None
+        if root is None:
             return None
         n = len(arr) // p * p  # full pages only: the unaligned tail is never matched
         buf = arr.tobytes()  # node keys are compared against it in place, and the signs read from it
@@ -720,7 +722,7 @@ class RadixCache:
             return None
         return node, pages, partial, partial_len, start, cover
 
-    def _check_insert_blocks(self, ids: list[int], cached: list[int]) -> None:
+    def _check_insert_blocks(self, ids: array, cached: array) -> None:
         """Each block must be the tree's own block at its position, or held by the caller."""
         pool = self._pool
         for index, block in enumerate(ids):

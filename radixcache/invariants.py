@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING
 
-from radixcache.blocks import FREE, HELD, IN_TREE
+from radixcache.blocks import BLOCK_TYPECODE, FREE, HELD, IN_TREE
 
 if TYPE_CHECKING:
     from radixcache.cache import RadixCache
@@ -43,6 +44,10 @@ def check_invariants(cache: RadixCache) -> None:
             if node is root:
                 continue
             _check_node(node, p, child_lock_sum)
+            _require(
+                type(node.blocks) is array and node.blocks.typecode == BLOCK_TYPECODE,
+                f"{node!r}: blocks are not a block-id array",
+            )
             for block in node.blocks:
                 _require(block not in owner, f"block {block} is owned by nodes {owner.get(block)} and {node.uid}")
                 owner[block] = node.uid

@@ -45,7 +45,7 @@ class TreeNode:
         self,
         uid: int,
         key: array,
-        blocks: list[int],
+        blocks: array,
         parent: TreeNode | None,
         namespace: Hashable,
         clock: int,

@@ -30,6 +30,7 @@ import math
 import multiprocessing
 import random
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -37,6 +38,7 @@ from dataclasses import dataclass, fields
 from itertools import count
 from pathlib import Path
 
+from radixcache.blocks import block_ids
 from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.page_hash import PageChain, chain_hashes, root_hash
@@ -296,7 +298,7 @@ class _Job:
         self.chain = chain  # the page-key chain of a token request (PageChain), None for a hash request
         self.node = None
         self.full = None
-        self.blocks: list[int] = []
+        self.blocks: array = block_ids()
         self.prompt_pages = 0
 
 

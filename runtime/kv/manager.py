@@ -95,7 +95,7 @@ class KVManager:
         cache = self.cache
         end = req.prefill_end
         resumed = bool(req.output_ids)
-        blocks: list[int] = []
+        blocks: Sequence[int] = ()
         node = None
         tiers, tier_match = self.tiers, None
         host_hashes: list[bytes] = []
@@ -137,7 +137,7 @@ class KVManager:
         matched = (len(blocks) + loaded) * p
         req.match_node = node
         req.tree_blocks = len(blocks)
-        req.block_table = blocks + new
+        req.block_table = [*blocks, *new]  # a list: the table grows and its tree part is rewritten in place
         req.num_kv = matched
         if req.preemptions == 0 and not resumed and req.t_admitted is None:
             req.cached_tokens = matched if req.cached_cap is None else min(matched, req.cached_cap)

@@ -146,6 +146,37 @@ def test_floats_and_other_non_ints_are_refused_after_a_cached_prefix(setup: Toke
         assert state_of(setup.cache) == before
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_block_ids_are_int64_arrays_and_insert_takes_any_sequence_of_ints(page_size: int, pages_of: Callable) -> None:
+    p = page_size
+    kinds: list[Callable[[array], Any]] = [lambda b: b, list, tuple, lambda b: array("i", b)]
+    caches = [Tokens(p) for _ in kinds]
+    a, b = caches[0].a, caches[0].b
+    for tokens in ([*a, 7, 7], [*b, 9], [8] * (2 * p)):
+        results = []
+        for convert, setup in zip(kinds, caches, strict=True):
+            cache = setup.cache
+            match = cache.match_prefix(tokens)
+            new = cache.allocate(-(-len(tokens) // p) - len(match.blocks))
+            for ids in (match.blocks, new, cache.peek(tokens).blocks):
+                assert type(ids) is array and ids.typecode == "q"
+            results.append((match.length, match.blocks, cache.insert(tokens, convert(match.blocks + new)), new))
+            setup.cache.check_invariants()  # every node's blocks are an int64 array too
+        assert all(r == results[0] for r in results)
+    assert all(pages_of(setup.cache) == pages_of(caches[0].cache) for setup in caches)
+
+
+def test_block_ids_outside_int64_are_refused_with_the_range_error(setup: Tokens, state_of: Callable) -> None:
+    cached = setup.cache.peek(setup.a).blocks
+    for bad in (2**64, -(2**70), -1):
+        before = state_of(setup.cache)
+        with pytest.raises(BlockStateError, match=f"block {bad} is outside"):
+            setup.cache.insert(setup.a, [*cached[:-1], bad])
+        with pytest.raises(BlockStateError, match=f"block {bad} is outside"):
+            setup.cache.free([bad])
+        assert state_of(setup.cache) == before
+
+
 # ---------------------------------------------------------------------------------------------- the free stack
 
 
@@ -165,7 +196,7 @@ def test_the_free_stack_of_runs_behaves_as_one_stack() -> None:
                 taken = pool.take(n)
                 expected = reference[len(reference) - n :][::-1]
                 del reference[len(reference) - n :]
-                assert taken == expected
+                assert taken.tolist() == expected
                 if rng.random() < 0.5:  # the tree adopts them (the pool only forgets the lease)
                     pool.adopt(taken[:])
                     tree += taken

@@ -140,7 +140,7 @@ def test_peek_under_an_unknown_namespace_creates_no_root(paged: RadixCache) -> N
 
     result = paged.peek(LONG, namespace="nobody")
 
-    assert result.length == 0 and result.blocks == []
+    assert result.length == 0 and len(result.blocks) == 0
     assert result.node.parent is None and result.node.namespace == "nobody"
     assert paged.namespaces() == before
     paged.check_invariants()

@@ -21,7 +21,7 @@ def test_mutating_the_callers_lists_after_insert_does_not_change_the_tree() -> N
 
     m = cache.match_prefix([1, 2, 3, 4])
     assert m.length == 4
-    assert m.blocks == kept
+    assert m.blocks.tolist() == kept
     assert cache.match_prefix([1, 9]).length == 1
 
 
@@ -34,7 +34,7 @@ def test_mutating_a_match_result_does_not_change_the_tree() -> None:
     first.blocks.append(7)
     first.blocks[0] = 99
 
-    assert cache.match_prefix([1, 2, 3]).blocks == expected
+    assert cache.match_prefix([1, 2, 3]).blocks.tolist() == expected
     cache.check_invariants()
 
 
@@ -97,12 +97,12 @@ def test_empty_calls_are_harmless() -> None:
     cache = RadixCache(8)
     cache.insert([1, 2], cache.allocate(2))
 
-    assert cache.allocate(0) == []
+    assert len(cache.allocate(0)) == 0
     cache.free([])
     assert cache.evict(0) == 0
     assert cache.insert([], []) == 0
     empty = cache.match_prefix([])
-    assert (empty.length, empty.blocks) == (0, [])
+    assert (empty.length, empty.blocks.tolist()) == (0, [])
     cache.lock(empty.node)
     cache.unlock(empty.node)
 

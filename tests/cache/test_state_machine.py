@@ -10,6 +10,7 @@ first (what remains is still closed under prefixes), and changed no block of any
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable
 from typing import Any
 
@@ -30,6 +31,12 @@ from radixcache.node import TreeNode
 from radixcache.policies import ALL_POLICIES
 
 Key = tuple[Hashable, tuple[int, ...]]
+
+
+def is_block_array(blocks: object) -> bool:
+    return type(blocks) is array and blocks.typecode == "q"
+
+
 NAMESPACES = [None, "tenant"]
 
 
@@ -170,7 +177,8 @@ class CacheModel(RuleBasedStateMachine):
         self.counts["query_tokens"] += len(tokens)
         self.counts["hit_tokens"] += expected_length
         assert m.length == expected_length, f"matched {m.length} tokens, the reference has {expected_length}"
-        assert m.blocks == expected_blocks, f"match returned blocks {m.blocks}, the reference has {expected_blocks}"
+        assert is_block_array(m.blocks), f"match returned {type(m.blocks).__name__}, not an int64 array"
+        assert m.blocks.tolist() == expected_blocks, f"match returned {m.blocks}, the reference has {expected_blocks}"
         return m.node
 
     @rule(data=st.data(), namespace=st.sampled_from(NAMESPACES))
@@ -212,7 +220,8 @@ class CacheModel(RuleBasedStateMachine):
         result = self.cache.peek(tokens, namespace=namespace)
 
         assert result.length == expected_length, f"peeked {result.length} tokens, the reference has {expected_length}"
-        assert result.blocks == expected_blocks, (
+        assert is_block_array(result.blocks), f"peek returned {type(result.blocks).__name__}, not an int64 array"
+        assert result.blocks.tolist() == expected_blocks, (
             f"peek returned blocks {result.blocks}, the reference has {expected_blocks}"
         )
         node = result.node
@@ -257,6 +266,8 @@ class CacheModel(RuleBasedStateMachine):
             return
         shortfall = max(0, n - len(self.free))
         got = self.cache.allocate(n)
+        assert is_block_array(got), f"allocate returned {type(got).__name__}, not an int64 array"
+        got = got.tolist()
         available = self.free | self.absorb_eviction(shortfall)
         assert len(got) == n and len(set(got)) == n, f"allocate({n}) returned {got}"
         assert set(got) <= available, "allocate handed out a block that was not free"
@@ -309,7 +320,9 @@ class CacheModel(RuleBasedStateMachine):
             for i in range(pages)
         ]
 
-        assert self.cache.insert(tokens, blocks, namespace=namespace) == len(cached) * p
+        # as a list (converted, then proven like an array) or as the block-id array match and allocate give
+        given = array("q", blocks) if data.draw(st.booleans()) else blocks
+        assert self.cache.insert(tokens, given, namespace=namespace) == len(cached) * p
 
         for i, block in enumerate(blocks):
             if i < len(cached):
