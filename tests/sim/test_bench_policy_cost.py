@@ -1,0 +1,62 @@
+"""scripts/bench_policy_cost.py: every policy, LRU included, is timed through the radix tree, on a hash trace too."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from radixcache.simulate import simulate
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_policy_cost.py"
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_policy_cost", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_hash_trace(path: Path) -> Path:
+    """A Mooncake-format trace of 60 requests over 10 shared documents: a hash trace, where the simulator's
+    default would replay LRU flat."""
+    with path.open("w") as out:
+        for t in range(60):
+            ids = [100 * (t % 10) + i for i in range(4)] + [10_000 + t]
+            out.write(json.dumps({"timestamp": t, "input_length": 512 * 5, "output_length": 8, "hash_ids": ids}) + "\n")
+    return path
+
+
+def test_every_policy_is_timed_through_the_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = load_script()
+    calls: list[tuple[str, Any]] = []
+
+    def recording_simulate(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args[2], kwargs.get("flat", True)))
+        return simulate(*args, **kwargs)
+
+    monkeypatch.setattr(script, "simulate", recording_simulate)
+    trace = write_hash_trace(tmp_path / "docs.jsonl")
+
+    result = CliRunner().invoke(
+        script.main, [str(trace), "--repeats", "2", "--policies", "reuse", "--fractions", "0.2,0.5"]
+    )
+
+    assert result.exit_code == 0, result.output
+    assert sorted({policy for policy, _ in calls}) == ["lru", "reuse"]
+    assert len(calls) == 2 * 2 * 2  # capacities x repeats x policies
+    assert all(flat is False for _, flat in calls), calls
+    assert "reuse: at most" in result.output
+
+
+def test_an_unknown_policy_is_refused(tmp_path: Path) -> None:
+    result = CliRunner().invoke(load_script().main, [str(write_hash_trace(tmp_path / "t.jsonl")), "--policies", "nope"])
+    assert result.exit_code != 0
+    assert "unknown policy 'nope'" in result.output
