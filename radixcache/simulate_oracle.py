@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixcache.policies import EvictionPolicy
@@ -62,7 +63,7 @@ class NextUseOracle:
         the admission bound's room for requests in flight). Forgets every assignment."""
         self.block_page = array("q", [-1]) * count
 
-    def assign(self, blocks: list[int], request: int, first_page: int) -> None:
+    def assign(self, blocks: Sequence[int], request: int, first_page: int) -> None:
         """Blocks allocated for request `request`, holding its pages first_page, first_page+1, ..."""
         ids = self.pages[request]
         block_page = self.block_page
@@ -156,7 +157,7 @@ class ChainedNextUseOracle:
         a, b = self.offsets[index], self.offsets[index + 1]
         self._page_next[self.pages[a:b]] = self.next_read[a:b]
 
-    def assign(self, blocks: list[int], request: int, first_page: int) -> None:
+    def assign(self, blocks: Sequence[int], request: int, first_page: int) -> None:
         """Blocks allocated for request `request`, holding its pages first_page, first_page+1, ..."""
         if not blocks:
             return

@@ -32,7 +32,7 @@ import random
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields
 from itertools import count
@@ -334,7 +334,7 @@ class _Replica:
         self.requests = self.prompt_tokens = self.hit_tokens = 0
         self.cache.on_evict = self._evicted
 
-    def _evicted(self, leaf: object, keep: int, blocks: list[int]) -> None:
+    def _evicted(self, leaf: object, keep: int, blocks: Sequence[int]) -> None:
         held, key_of = self.held, self.key_of_block
         for b in blocks:
             key = key_of[b]
@@ -345,7 +345,7 @@ class _Replica:
                 del held[key]
                 self.removed.append(key)
 
-    def adopted(self, keys: list, blocks: list[int]) -> list:
+    def adopted(self, keys: list, blocks: Sequence[int]) -> list:
         """Record that the tree adopted `blocks` holding `keys`; the keys it did not hold before."""
         held, key_of = self.held, self.key_of_block
         stored = []

@@ -124,7 +124,7 @@ class TieredCache:
         if self.write_lower is not None:
             self.write_lower(list(hashes), list(blocks), tokens)
 
-    def _to_host(self, hashes: list[bytes], blocks: list[int]) -> int:
+    def _to_host(self, hashes: list[bytes], blocks: Sequence[int]) -> int:
         """Store pages in the host tier; copy those it did not hold. Returns how many were copied."""
         assert self.host is not None
         new_blocks, new_slots = [], []
@@ -137,7 +137,7 @@ class TieredCache:
             self.copy_to_host(new_blocks, new_slots)
         return len(new_blocks)
 
-    def _on_device_evict(self, leaf: TreeNode, keep: int, blocks: list[int]) -> None:
+    def _on_device_evict(self, leaf: TreeNode, keep: int, blocks: Sequence[int]) -> None:
         """Device eviction: write_back copies the leaf's departing pages to the host; the other policies have
         copied what they keep already, so only the recency of those copies is refreshed."""
         if self.host is None:

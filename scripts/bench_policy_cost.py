@@ -3,7 +3,8 @@
 Each trace is loaded once; then, per capacity, every policy replays it `--repeats` times in turn (interleaved, so
 a noisy minute hits all of them alike) and the median replay time is divided by LRU's. The replay time is what
 `SimResult.seconds` measures: matching, locking, allocating (with the evictions it triggers) and inserting,
-without reading the trace. Every policy runs through the radix tree (`flat=False`), LRU included. Run it alone: two busy processes on two cores distort every ratio.
+without reading the trace. Every policy runs through the radix tree (`flat=False`), LRU included. Run it alone:
+two busy processes on two cores distort every ratio.
 
 Example:
     .venv/bin/python scripts/bench_policy_cost.py ../shared/traces/mooncake_synthetic_trace.jsonl synthetic:chat

@@ -50,7 +50,7 @@ class KVEventLog:
         self.hasher = hasher if hasher is not None else PageHasher(fingerprint, cache.page_size)
         previous = cache.on_evict  # the tiers' listener, if any, keeps running first
 
-        def on_evict(leaf: TreeNode, keep: int, blocks: list[int]) -> None:
+        def on_evict(leaf: TreeNode, keep: int, blocks: Sequence[int]) -> None:
             if previous is not None:
                 previous(leaf, keep, blocks)
             self._evicted(leaf, keep)

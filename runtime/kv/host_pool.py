@@ -8,6 +8,7 @@ loads run on a side stream (`load` returns an event to wait on before the pages 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -37,7 +38,7 @@ class HostKVPool:
     def nbytes(self) -> int:
         return self.kv.numel() * self.kv.element_size()
 
-    def save(self, pool: KVPool, blocks: list[int], slots: list[int]) -> None:
+    def save(self, pool: KVPool, blocks: Sequence[int], slots: list[int]) -> None:
         """Copy device `blocks` into host `slots` now: the blocks may be reused as soon as this returns."""
         t0 = time.perf_counter()
         src = pool.kv.index_select(2, torch.tensor(blocks, device=pool.device))
@@ -45,7 +46,7 @@ class HostKVPool:
         self.save_seconds += time.perf_counter() - t0
         self.saved_pages += len(blocks)
 
-    def load(self, pool: KVPool, slots: list[int], blocks: list[int]) -> torch.cuda.Event | None:
+    def load(self, pool: KVPool, slots: list[int], blocks: Sequence[int]) -> torch.cuda.Event | None:
         """Copy host `slots` into device `blocks`. On the CPU the copy is done on return (None). On CUDA it runs on
         a side stream, the compute stream is made to wait for it, and the returned event marks when the host slots
         may be overwritten."""

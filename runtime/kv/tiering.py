@@ -150,7 +150,7 @@ class KVTiers:
             self._pending.append((event, hashes))
 
     def load(
-        self, match: TierMatch, host_hashes: list[bytes], disk_pages: int, tokens: Sequence[int], blocks: list[int]
+        self, match: TierMatch, host_hashes: list[bytes], disk_pages: int, tokens: Sequence[int], blocks: Sequence[int]
     ) -> int:
         """Copy the locked host pages, then up to `disk_pages` disk pages, into `blocks` (the request's new blocks
         after its device match, in order). Returns the pages loaded: all the host pages, then the disk pages up to
@@ -205,7 +205,7 @@ class KVTiers:
     # ------------------------------------------------------------------ pages going down
 
     def adopted(
-        self, chain: PageChain, tokens: Sequence[int], first_page: int, last_page: int, blocks: list[int]
+        self, chain: PageChain, tokens: Sequence[int], first_page: int, last_page: int, blocks: Sequence[int]
     ) -> None:
         """The tree adopted the pages `first_page .. last_page` of a request (`blocks`: their device blocks)."""
         if last_page <= first_page:
@@ -214,12 +214,12 @@ class KVTiers:
         hashes = chain.upto(tokens, last_page)[first_page:last_page]
         self.tiered.adopted(hashes, blocks, tokens[first_page * p : last_page * p])
 
-    def _copy_to_host(self, blocks: list[int], slots: list[int]) -> None:
+    def _copy_to_host(self, blocks: Sequence[int], slots: list[int]) -> None:
         assert self.host_pool is not None
         self.host_pool.save(self.pool, blocks, slots)
         self._counts["host_saved_pages"] += len(blocks)
 
-    def _write_disk(self, hashes: list[bytes], blocks: list[int], tokens: Sequence[int]) -> None:
+    def _write_disk(self, hashes: list[bytes], blocks: Sequence[int], tokens: Sequence[int]) -> None:
         disk = self.disk
         assert disk is not None
         if not disk.enabled:
