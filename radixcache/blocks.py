@@ -23,8 +23,9 @@ def block_ids(ids: Iterable[int] = ()) -> array:
 
 
 def as_block_ids(blocks: Iterable[int]) -> array | None:
-    """`blocks` itself if it is already a block-id array, else a converted copy; None if not every id is an int
-    in int64 range (the caller then validates one by one, for a precise error)."""
+    """`blocks` itself if it is already a block-id array, a converted copy of a list, tuple or other array, or
+    None: when an id is not an int in int64 range, or for any other type (the caller then takes its exact path,
+    which validates one id at a time and names what is wrong)."""
     kind = type(blocks)
     if kind is array:
         if blocks.typecode == BLOCK_TYPECODE:  # type: ignore[attr-defined]
@@ -47,7 +48,7 @@ class BlockPool:
     Every list of ids here is a block-id array (`block_ids`).
     No call on the hot path writes a per-block state, so a request's cost does not grow with a Python loop
     over its blocks (at page size 1 a chat turn has thousands):
-    - IN_TREE is implicit: a block that is neither free nor held. Giving tree blocks back is a list extend.
+    - IN_TREE is implicit: a block that is neither free nor held. Giving tree blocks back is an array extend.
     - HELD blocks live in *leases*: each `take` records a private copy of the ids it hands out, keyed by the
       first id. A run of ids that is a lease, or a lease's prefix, is proven held (and distinct, and in range)
       by one C-speed list comparison, and adopting it consumes the lease (the rest stays leased).
@@ -161,7 +162,7 @@ class BlockPool:
     def adopt_cover(self, cover: list[tuple[array, int]], n: int) -> array:
         """Move the first n blocks of a `lease_cover` from HELD into the tree; return them (the pool's copy)."""
         leases = self._leases
-        if len(cover) == 1 and cover[0][1] == n == len(cover[0][0]):  # one whole lease: it becomes the list
+        if len(cover) == 1 and cover[0][1] == n == len(cover[0][0]):  # one whole lease: it becomes the result
             lease = cover[0][0]
             del leases[lease[0]]
             self.held -= n

@@ -222,7 +222,7 @@ class RadixCache:
         try:
             ids = as_block_ids(blocks)  # None: not all ints; the exact path below says which is wrong
             fast = None if ids is None else self._insert_fast_path(arr, ids, namespace, signs_checked)
-        except BaseException as exc:  # raised by the caller's objects (a block's __eq__, a namespace's __hash__)
+        except BaseException as exc:  # raised by the caller's objects (a block's __index__, a namespace's __hash__)
             if not signs_checked and not isinstance(exc, InvalidTokensError):
                 self._raise_bad_token(arr)  # a bad token is reported first, as it always was
             raise
