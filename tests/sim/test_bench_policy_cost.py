@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from radixcache.simulate import simulate
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_policy_cost.py"
-
-
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_policy_cost", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.sim.conftest import load_script
 
 
 def write_hash_trace(path: Path) -> Path:
@@ -35,7 +24,7 @@ def write_hash_trace(path: Path) -> Path:
 
 
 def test_every_policy_is_timed_through_the_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    script = load_script()
+    script = load_script("bench_policy_cost")
     calls: list[tuple[str, Any]] = []
 
     def recording_simulate(*args: Any, **kwargs: Any) -> Any:
@@ -57,6 +46,8 @@ def test_every_policy_is_timed_through_the_tree(tmp_path: Path, monkeypatch: pyt
 
 
 def test_an_unknown_policy_is_refused(tmp_path: Path) -> None:
-    result = CliRunner().invoke(load_script().main, [str(write_hash_trace(tmp_path / "t.jsonl")), "--policies", "nope"])
+    result = CliRunner().invoke(
+        load_script("bench_policy_cost").main, [str(write_hash_trace(tmp_path / "t.jsonl")), "--policies", "nope"]
+    )
     assert result.exit_code != 0
     assert "unknown policy 'nope'" in result.output

@@ -3,28 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
 import random
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 from radixcache import RadixCache
 from radixcache.simulate import simulate
 from radixcache.simulate_workload import load_workload
+from tests.sim.conftest import SCRIPTS, load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "study_insertion.py"
-
-
-def load_study() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("study_insertion", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+SCRIPT = SCRIPTS / "study_insertion.py"
 
 
 def write_trace(path: Path, seed: int = 0) -> Path:
@@ -46,7 +37,7 @@ def figures(result: object) -> dict:
 
 
 def test_keeping_every_insert_and_no_offset_are_lru(tmp_path: Path) -> None:
-    study = load_study()
+    study = load_script("study_insertion")
     workload = load_workload(write_trace(tmp_path / "m.jsonl"), block_size=16)
     for capacity in (20, 60, 150):
         lru = figures(simulate(workload, capacity, "lru", flat=False))
@@ -76,7 +67,7 @@ def test_the_study_prints_a_row_per_capacity_within_the_bounds(tmp_path: Path) -
 
 
 def test_reread_distances_count_the_distinct_blocks_read_in_between() -> None:
-    study = load_study()
+    study = load_script("study_insertion")
     rng = random.Random(1)
     paths = [[rng.randrange(12) for _ in range(rng.randint(1, 5))] for _ in range(60)]
     reads = [block for path in paths for block in reversed(path)]  # the order the study reads them
@@ -90,7 +81,7 @@ def test_reread_distances_count_the_distinct_blocks_read_in_between() -> None:
 
 def test_with_ghosts_a_returning_root_outlives_a_newer_fresh_one() -> None:
     """A was evicted and comes back: with ghosts it is no longer a new root, so the newer one-off E goes first."""
-    study = load_study()
+    study = load_script("study_insertion")
 
     def final_tree(policy: object) -> list[list[int]]:
         cache = RadixCache(4, page_size=1, policy=policy)  # two leaves of two pages

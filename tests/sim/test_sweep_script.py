@@ -14,16 +14,7 @@ from click.testing import CliRunner
 from radixcache.records import TokenRequest
 from radixcache.simulate_sweep import CellRunner, SweepCell, SweepRow, load_trace, run_cell, run_cells_in_processes
 from radixcache.trace import write_token_jsonl
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "simulate_eviction.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("simulate_eviction", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+from tests.sim.conftest import load_script
 
 
 def tiny_trace(tmp_path: Path, name: str = "tiny", shared: int = 3) -> Path:
@@ -36,7 +27,7 @@ def test_sweep_writes_csv_markdown_and_plot(tmp_path: Path) -> None:
     trace = tiny_trace(tmp_path)
     args = [str(trace), "--policy", "lru", "--policy", "reuse", "--fractions", "0.2,0.5", "--page-size", "2"]
     result = CliRunner().invoke(
-        load_script().main, [*args, "--dead-bound", "--workers", "1", "--out", str(tmp_path / "out")]
+        load_script("simulate_eviction").main, [*args, "--dead-bound", "--workers", "1", "--out", str(tmp_path / "out")]
     )
     assert result.exit_code == 0, result.output
     assert "11 replays on 1 worker (this process)" in result.stderr  # infinite, then 2 x (2 policies + 3 bounds)
@@ -49,7 +40,7 @@ def test_sweep_writes_csv_markdown_and_plot(tmp_path: Path) -> None:
 
 
 def test_sweep_refuses_unknown_policies_and_workloads(tmp_path: Path) -> None:
-    main = load_script().main
+    main = load_script("simulate_eviction").main
     assert CliRunner().invoke(main, ["synthetic:nope", "--out", str(tmp_path)]).exit_code != 0
     assert CliRunner().invoke(main, ["synthetic:chat", "--policy", "nope", "--out", str(tmp_path)]).exit_code != 0
 
@@ -57,7 +48,9 @@ def test_sweep_refuses_unknown_policies_and_workloads(tmp_path: Path) -> None:
 def sweep_rows(tmp_path: Path, traces: list[str], workers: int) -> list[dict]:
     out = tmp_path / f"out{workers}"
     args = [*traces, "--policy", "lru", "--policy", "reuse", "--fractions", "0.2,0.5", "--page-size", "2"]
-    result = CliRunner().invoke(load_script().main, [*args, "--workers", str(workers), "--no-plot", "--out", str(out)])
+    result = CliRunner().invoke(
+        load_script("simulate_eviction").main, [*args, "--workers", str(workers), "--no-plot", "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert f"on {workers} worker" in result.stderr
     rows = list(csv.DictReader((out / "sweep.csv").read_text().splitlines()))
@@ -74,7 +67,9 @@ def test_parallel_sweep_gives_the_sequential_rows_in_order(tmp_path: Path) -> No
 def test_ray_without_ray_installed_says_how_to_install_it(tmp_path: Path) -> None:
     if importlib.util.find_spec("ray") is not None:
         pytest.skip("ray is installed")
-    result = CliRunner().invoke(load_script().main, ["synthetic:chat", "--ray", "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        load_script("simulate_eviction").main, ["synthetic:chat", "--ray", "--out", str(tmp_path)]
+    )
     assert result.exit_code != 0
     assert "pip install ray" in result.output
 
@@ -106,5 +101,7 @@ def test_honor_timestamps_reaches_every_worker_and_changes_only_reuse(tmp_path: 
     assert timed[0] != ticks[0]  # reuse measures its waits in time: the bursts no longer read as long waits
     assert timed[1] == ticks[1]  # LRU's order is the same under either clock
     args = [str(trace), "--policy", "reuse", "--fractions", "0.2", "--page-size", "1", "--workers", "1"]
-    result = CliRunner().invoke(load_script().main, [*args, "--honor-timestamps", "--no-plot", "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        load_script("simulate_eviction").main, [*args, "--honor-timestamps", "--no-plot", "--out", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
