@@ -14,7 +14,10 @@ never) per class, read at the block's age (requests since its last access).
 - Calibration: the curves are Kaplan-Meier estimates from the intervals that start before a cut-off request,
   censored there. `in-sample` cuts at the end of the trace: an oracle, since it is scored on the requests it was
   fitted to. `first-half` cuts at the middle, and hits are then counted on the second half only (LRU and Belady
-  too), which is what a policy that learned from the past and then stopped learning would see.
+  too), which is what a policy that learned from the past and then stopped learning would see. `online` refits
+  at the first eviction of every `--refit` requests on everything before it (LRU until request `--refit`): a
+  learner with unbounded bookkeeping that sees only the past. (Every `eva` column takes `g` from LRU's replay of
+  the same requests, a figure an online policy would have to estimate.)
 
 The replay is the simulator's at concurrency 1 on a hash trace (radixcache.simulate: match the prompt's cached
 prefix, lock it, evict unlocked childless blocks one at a time, insert the rest), over single blocks with numpy;
@@ -233,6 +236,37 @@ def age_ranker(model: SurvivalModel, trace: TraceArrays, horizon: int, kind: str
     return rank
 
 
+def online_ranker(
+    trace: TraceArrays, features: tuple[str, ...], min_events: int, g: float, refit: int, horizon: int, kind: str
+) -> Ranker:
+    """Rank as `age_ranker` does with a model refitted on all reads before the current request, at the first
+    eviction in each new span of `refit` requests; LRU before the first refit."""
+    state: dict[str, object] = {"span": 0, "rank": lru}
+
+    def rank(blocks: np.ndarray, last_read: np.ndarray, next_read: np.ndarray, now: int) -> np.ndarray:
+        span = now // refit
+        if span != state["span"]:
+            model = SurvivalModel(trace, features, now, min_events)
+            model.g = g
+            state["span"], state["rank"] = span, age_ranker(model, trace, horizon, kind)
+        return state["rank"](blocks, last_read, next_read, now)  # type: ignore[operator]
+
+    return rank
+
+
+def drift(trace: TraceArrays, within: int = 200) -> str:
+    """Per quarter of the trace: the share of reads read again within `within` requests, for all reads, for first
+    reads of a block, and for the rest (a model fitted on the past assumes these stay put)."""
+    soon = (trace.next - trace.req) <= within
+    firsts = trace.reads_before == 0
+    cells = []
+    for q in range(4):
+        part = (trace.req >= q * trace.n // 4) & (trace.req < (q + 1) * trace.n // 4)
+        shares = [soon[part & mask].mean() if (part & mask).any() else 0.0 for mask in (True, firsts, ~firsts)]
+        cells.append("/".join(f"{x * 100:.0f}%" for x in shares))
+    return f"# read again within {within} requests (all/first reads/later reads), by quarter: " + ", ".join(cells)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", help="a Mooncake-format hash trace")
@@ -241,6 +275,7 @@ def main() -> None:
     ap.add_argument("--scores", default="p:200,eva:600", help="KIND:H pairs; KIND is p or eva, H in requests")
     ap.add_argument("--features", default=",".join(FEATURES), help=f"class features, from {', '.join(FEATURES)}")
     ap.add_argument("--min-events", type=int, default=30, help="intervals at risk a class needs, else it backs off")
+    ap.add_argument("--refit", type=int, default=100, help="online: refit every this many requests")
     args = ap.parse_args()
     features = tuple(f for f in args.features.split(",") if f)
     unknown = [f for f in features if f not in FEATURES]
@@ -254,8 +289,9 @@ def main() -> None:
     half = trace.n // 2
     models = {"in-sample": SurvivalModel(trace, features, trace.n, args.min_events)}
     models["first-half"] = SurvivalModel(trace, features, half, args.min_events)
-    columns = [f"{kind} H={h} {name}" for kind, h in scores for name in models]
+    columns = [f"{kind} H={h} {name}" for kind, h in scores for name in (*models, "online")]
     print(f"# {trace.n} requests, {trace.unique} unique blocks; classes: {', '.join(features)}")
+    print(drift(trace))
     print(
         "# first-half: fitted on requests before the middle; it, and the LRU and Belady beside it, count hits after it"
     )
@@ -274,6 +310,8 @@ def main() -> None:
                 model.g = g_half if start else g
                 rate = replay(trace, capacity, age_ranker(model, trace, h, kind), measure_from=start)[0]
                 row.append(_cell(rate, base_half, bound_half) if start else _cell(rate, base, bound))
+            ranker = online_ranker(trace, features, args.min_events, g, args.refit, h, kind)
+            row.append(_cell(replay(trace, capacity, ranker)[0], base, bound))
         row += [f"{base_half * 100:.2f}%", f"{bound_half * 100:.2f}%"]
         print("| " + " | ".join(row) + " |", flush=True)
 

@@ -60,6 +60,28 @@ def test_the_in_sample_oracle_uses_when_documents_return(trace_file: Path) -> No
     assert lru < oracle <= belady  # one-offs are never read again: the oracle evicts them first
 
 
+def test_the_online_ranker_is_lru_until_its_first_refit_and_sees_only_the_past(trace_file: Path) -> None:
+    trace = study.TraceArrays(load_workload(trace_file, block_size=16))
+    never = study.online_ranker(trace, study.FEATURES, 5, 0.0, trace.n + 1, 60, "p")
+    assert study.replay(trace, 40, never)[0] == study.replay(trace, 40)[0]
+
+    fitted: list[int] = []
+    original = study.SurvivalModel
+
+    class Recording(original):  # type: ignore[misc, valid-type]
+        def __init__(self, trace: object, features: tuple[str, ...], cut: int, min_events: int = 30) -> None:
+            fitted.append(cut)
+            super().__init__(trace, features, cut, min_events)
+
+    study.SurvivalModel = Recording
+    try:
+        study.replay(trace, 40, study.online_ranker(trace, study.FEATURES, 5, 0.0, 100, 60, "p"))
+    finally:
+        study.SurvivalModel = original
+    assert fitted and fitted == sorted(fitted) and fitted[0] >= 100  # in order, none before request 100
+    assert len({cut // 100 for cut in fitted}) == len(fitted)  # at most once per span of 100 requests
+
+
 def test_survival_is_fitted_only_on_reads_before_the_cut(trace_file: Path) -> None:
     trace = study.TraceArrays(load_workload(trace_file, block_size=16))
     whole = study.SurvivalModel(trace, study.FEATURES, trace.n)
@@ -89,7 +111,8 @@ def test_the_study_prints_a_row_per_capacity(trace_file: Path) -> None:
     ).stdout
     rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == 2
-    assert "p H=50 in-sample" in out and "p H=50 first-half" in out
+    assert all(f"p H=50 {fit}" in out for fit in ("in-sample", "first-half", "online"))
+    assert "by quarter" in out
 
 
 def test_an_unknown_feature_is_refused(trace_file: Path) -> None:
