@@ -164,7 +164,7 @@ def replay(
 ) -> tuple[float, float]:
     """(token hit rate, LRU-comparable block hits per request per cached block) of one replay; `ranker`'s score
     orders eviction (lowest first, then least recently read, then deepest). Hits count from `measure_from` on."""
-    rank = ranker or lru
+    keys = ranker or lru
     u = trace.unique
     cached = np.zeros(u + 1, dtype=bool)
     children = np.zeros(u + 1, dtype=np.int64)
@@ -174,9 +174,6 @@ def replay(
     locked = np.zeros(u + 1, dtype=bool)
     parent, depth = trace.parent, trace.depth
     held = hit_tokens = prompt_tokens = hit_blocks = 0
-
-    def keys(blocks: np.ndarray, now: int) -> np.ndarray:
-        return rank(blocks, last_read, next_read, now) if ranker is not None else np.zeros(len(blocks))
 
     for i, path in enumerate(trace.paths):
         on = cached[path]
@@ -194,7 +191,7 @@ def replay(
         short = need - (capacity - held)
         if short > 0:  # evict one childless unlocked block at a time; a parent left childless joins the candidates
             blocks = np.flatnonzero(cached[:u] & (children[:u] == 0) & ~locked[:u])
-            score = keys(blocks, i)
+            score = keys(blocks, last_read, next_read, i)
             order = np.lexsort((-depth[blocks], last_request[blocks], score))
             queue = list(
                 zip(
@@ -212,7 +209,8 @@ def replay(
                 up = parent[block]
                 children[up] -= 1
                 if up != u and children[up] == 0 and not locked[up]:
-                    entry = (float(keys(np.array([up]), i)[0]), int(last_request[up]), -int(depth[up]), int(up))
+                    score_up = float(keys(np.array([up]), last_read, next_read, i)[0])
+                    entry = (score_up, int(last_request[up]), -int(depth[up]), int(up))
                     heapq.heappush(queue, entry)
             held -= short
         if need > 0:
