@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from radixcache import POLICIES, RadixCache
-from radixcache.synthetic import multi_turn_chat
+from radixcache.trace.synthetic import multi_turn_chat
 
 
 def replay_through_tree(cache: RadixCache, requests: list) -> dict:

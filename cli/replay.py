@@ -21,7 +21,7 @@ from rich.table import Table
 from radixcache.cli.errors import EXIT_INTERRUPTED, FriendlyCommand, debug_option, fail
 from radixcache.cli.record import CONCURRENT_NOTE, check_record_path, record_option, simulate_command
 from radixcache.cli.replicas import cluster_engine, replica_options, replica_table
-from radixcache.policies import ALL_POLICIES
+from radixcache.policy.registry import ALL_POLICIES
 from radixcache.trace import FORMATS
 
 EXIT_SKIPPED = 3
@@ -50,9 +50,9 @@ def kv_options(func: Callable) -> Callable:
 
 
 def admission_option(func: Callable) -> Callable:
-    """--admission: how many of each request's pages the tree adopts (radixcache.admission), for replay, chat and
+    """--admission: how many of each request's pages the tree adopts (radixcache.policy.admission), for replay, chat and
     serve."""
-    from radixcache.admission import ADMISSION_POLICIES
+    from radixcache.policy.admission import ADMISSION_POLICIES
 
     return click.option(
         "--admission",
@@ -67,8 +67,8 @@ def admission_option(func: Callable) -> Callable:
 def check_admission(admission: str, policy: str) -> str:
     """`admission` itself when it works with the eviction `policy` (a learned admission may need its own eviction
     policy); otherwise a bad-option error, before the model loads."""
-    from radixcache.admission import make_admission
-    from radixcache.policies import make_policy
+    from radixcache.policy.admission import make_admission
+    from radixcache.policy.registry import make_policy
 
     try:
         make_admission(admission, eviction=make_policy(policy))
@@ -79,7 +79,7 @@ def check_admission(admission: str, policy: str) -> str:
 
 def tier_options(func: Callable) -> Callable:
     """--host-kv-memory, --cache-dir, --cache-dir-size, --write-policy: the tiers under the KV pool."""
-    from radixcache.tiered import WRITE_POLICIES
+    from radixcache.tier.tiered_cache import WRITE_POLICIES
 
     options = [
         click.option(

@@ -12,14 +12,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from radixcache.admission import ADMISSION_POLICIES
 from radixcache.cli.progress import progress_bar
 from radixcache.errors import RadixCacheError
-from radixcache.policies import ALL_POLICIES
+from radixcache.policy.admission import ADMISSION_POLICIES
+from radixcache.policy.registry import ALL_POLICIES
 from radixcache.router import ROUTERS
-from radixcache.simulate import Replayable, SimReport, SimResult, evaluate
-from radixcache.simulate_compare import compare, policy_names
-from radixcache.simulate_routing import (
+from radixcache.sim.compare import compare, policy_names
+from radixcache.sim.routing import (
     ARRIVALS,
     DEFAULT_ROUTING_COSTS,
     RoutedWorkload,
@@ -28,11 +27,12 @@ from radixcache.simulate_routing import (
     routed_in_memory,
     simulate_routing,
 )
-from radixcache.simulate_source import TraceSource, open_source, worth_reading_ahead
-from radixcache.simulate_tiers import COST_PAGE_TOKENS, DEFAULT_TIER_COSTS, TierConfig, TierCosts
-from radixcache.simulate_workload import load_workload
-from radixcache.tiered import WRITE_POLICIES
+from radixcache.sim.simulate import Replayable, SimReport, SimResult, evaluate
+from radixcache.sim.source import TraceSource, open_source, worth_reading_ahead
+from radixcache.sim.tiers import COST_PAGE_TOKENS, DEFAULT_TIER_COSTS, TierConfig, TierCosts
+from radixcache.tier.tiered_cache import WRITE_POLICIES
 from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
+from radixcache.trace.workload import load_workload
 
 
 @click.command()
@@ -582,7 +582,7 @@ def _simulate_routed(
     seed: int,
     as_json: bool,
 ) -> None:
-    """`simulate --replicas N`: the trace through N replicas behind `router` (radixcache.simulate_routing)."""
+    """`simulate --replicas N`: the trace through N replicas behind `router` (radixcache.sim.routing)."""
     for flag, value in (
         ("--prefill-ms-per-token", prefill_ms_per_token),
         ("--decode-ms-per-token", decode_ms_per_token),

@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.table import Table
 
 from radixcache.errors import RadixCacheError
-from radixcache.synthetic import GENERATORS
 from radixcache.trace import (
     CONVERSATIONS,
     DEFAULT_BLOCK_SIZE,
@@ -27,8 +26,9 @@ from radixcache.trace import (
     write_token_jsonl,
     write_token_msgpack,
 )
-from radixcache.trace.replay_log import is_replay_json, read_replay_json, replay_stats
+from radixcache.trace.replay_output import is_replay_json, read_replay_json, replay_stats
 from radixcache.trace.stats import trace_stats
+from radixcache.trace.synthetic import GENERATORS
 
 _WRITERS = {
     TOKEN_JSONL: write_token_jsonl,
@@ -139,7 +139,7 @@ def convert(src: str, dst: str, fmt: str | None, to: str | None) -> None:
 def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str, ...]) -> None:
     """Write a seeded synthetic token trace (chat, agent, rag, few-shot) to OUT (.jsonl or .msgpack).
 
-    Parameters of the generator (see radixcache.synthetic) can be set with --set, e.g. --set turns=2,6.
+    Parameters of the generator (see radixcache.trace.synthetic) can be set with --set, e.g. --set turns=2,6.
 
     \b
     Example:

@@ -12,18 +12,14 @@ from radixcache.errors import (
     PolicyError,
     RadixCacheError,
 )
+from radixcache.moved import install as _install_moved_paths
 from radixcache.node import TreeNode
-from radixcache.policies import (
-    POLICIES,
-    CostAwarePolicy,
-    EvictionPolicy,
-    FIFOPolicy,
-    LFUPolicy,
-    LRUPolicy,
-    SLRUPolicy,
-    make_policy,
-)
+from radixcache.policy.base import EvictionPolicy
+from radixcache.policy.classic import CostAwarePolicy, FIFOPolicy, LFUPolicy, LRUPolicy, SLRUPolicy
+from radixcache.policy.registry import POLICIES, make_policy
 from radixcache.stats import CacheStats
+
+_install_moved_paths()  # the old import paths (radixcache.simulate, ...): radixcache.moved
 
 __all__ = [
     "POLICIES",

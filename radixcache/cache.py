@@ -23,7 +23,8 @@ from radixcache.errors import (
     RadixCacheError,
 )
 from radixcache.node import TreeNode, empty_key, new_node_ids
-from radixcache.policies import EvictionPolicy, make_policy
+from radixcache.policy.base import EvictionPolicy
+from radixcache.policy.registry import make_policy
 from radixcache.stats import CacheStats, StatsCounter
 from radixcache.tokens import (
     TOKEN_TYPECODE,

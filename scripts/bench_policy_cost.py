@@ -18,9 +18,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from radixcache.policies import ALL_POLICIES
-from radixcache.simulate import simulate
-from radixcache.simulate_sweep import capacities_for, load_trace
+from radixcache.policy.registry import ALL_POLICIES
+from radixcache.sim.simulate import simulate
+from radixcache.sim.sweep import capacities_for, load_trace
 
 
 @click.command()

@@ -10,7 +10,7 @@ Measured, each baseline in the same run:
   per page of `--page-size` tokens: a device -> host copy (HostKVPool.save), a host -> device copy (HostKVPool.load),
   and a disk read into the pool (DiskStore.read, checksum and token check included, then the copy; the files were
   just written, so the OS page cache holds them: a warm read). Prints each load cost against recomputing the page's
-  tokens. These are the defaults of `radixcache simulate`'s cost flags (radixcache.simulate_tiers.TierCosts).
+  tokens. These are the defaults of `radixcache simulate`'s cost flags (radixcache.sim.tiers.TierCosts).
 - ttft: one prompt of `--prompt-tokens` (its last page partial), max_new_tokens=1: cold (no cache), all on the
   device, loaded from the host (the device pool evicted it: write_through kept a host copy), and loaded from disk by
   a new engine on the same cache directory. Prints each TTFT (best of `--reps`) and cold / that.

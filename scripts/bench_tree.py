@@ -44,7 +44,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from radixcache import EvictionPolicy, RadixCache  # noqa: E402
-from radixcache.synthetic import multi_turn_chat  # noqa: E402
+from radixcache.trace.synthetic import multi_turn_chat  # noqa: E402
 
 DEFAULT_SGLANG = REPO / ".bench" / "sglang"
 SGLANG_VERSION = "0.5.23"

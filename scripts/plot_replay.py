@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from radixcache.errors import RadixCacheError
-from radixcache.trace.replay_log import ReplayLog, read_replay_json
+from radixcache.trace.replay_output import ReplayLog, read_replay_json
 
 
 def plot(log: ReplayLog, out: str | Path) -> Path:

@@ -27,9 +27,9 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from radixcache.errors import RadixCacheError
-from radixcache.policies import ALL_POLICIES
-from radixcache.simulate import BELADY, BELADY_ADMISSION, DEAD_LRU
-from radixcache.simulate_sweep import (
+from radixcache.policy.registry import ALL_POLICIES
+from radixcache.sim.simulate import BELADY, BELADY_ADMISSION, DEAD_LRU
+from radixcache.sim.sweep import (
     INFINITE,
     SYNTHETIC,
     CellRunner,
@@ -43,8 +43,8 @@ from radixcache.simulate_sweep import (
     run_cells_on_ray,
     sweep_cells,
 )
-from radixcache.simulate_workload import Workload
-from radixcache.synthetic import GENERATORS
+from radixcache.trace.synthetic import GENERATORS
+from radixcache.trace.workload import Workload
 
 DEFAULT_FRACTIONS = "0.01,0.02,0.05,0.1,0.2,0.4,0.7"
 BOUND_STYLES = {

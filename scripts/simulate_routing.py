@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from radixcache.errors import RadixCacheError
 from radixcache.router import ROUTERS
-from radixcache.simulate_routing import (
+from radixcache.sim.routing import (
     DEFAULT_ROUTING_COSTS,
     SYNTHETIC,
     RoutingCell,
@@ -40,7 +40,7 @@ from radixcache.simulate_routing import (
     run_routing_cells_on_ray,
     start_ray,
 )
-from radixcache.synthetic import GENERATORS
+from radixcache.trace.synthetic import GENERATORS
 
 DEFAULT_REPLICAS = "8,16,32,64"
 STYLES = {"cache_aware": {"color": "black", "linewidth": 2.2, "marker": "o"}, "sglang": {"marker": "s"}}

@@ -20,11 +20,11 @@ import json
 from pathlib import Path
 
 from radixcache.node import TreeNode
-from radixcache.policy_base import EvictionPolicy
-from radixcache.simulate import CacheReplay, simulate
-from radixcache.simulate_oracle import ChainedNextUseOracle, DeadBlockLRU
-from radixcache.simulate_sweep import capacities_for
-from radixcache.simulate_workload import Workload, load_workload
+from radixcache.policy.base import EvictionPolicy
+from radixcache.sim.oracle import ChainedNextUseOracle, DeadBlockLRU
+from radixcache.sim.simulate import CacheReplay, simulate
+from radixcache.sim.sweep import capacities_for
+from radixcache.trace.workload import Workload, load_workload
 
 
 class FreshDeadLRU(DeadBlockLRU):

@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from radixcache.node import TreeNode
-from radixcache.policy_base import EvictionPolicy
-from radixcache.simulate import simulate
-from radixcache.simulate_sweep import capacities_for
-from radixcache.simulate_workload import load_workload
+from radixcache.policy.base import EvictionPolicy
+from radixcache.sim.simulate import simulate
+from radixcache.sim.sweep import capacities_for
+from radixcache.trace.workload import load_workload
 
 
 class BimodalInsertion(EvictionPolicy):

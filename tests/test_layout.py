@@ -230,9 +230,9 @@ def test_the_parser_finds_every_folder_and_the_imports_it_should() -> None:
     names = modules()
     assert {LIBRARY, RUNTIME, CLI, f"{LIBRARY}.cache", f"{RUNTIME}.kv.retention"} <= set(names)
     assert f"{LIBRARY}.cache" in edges()[LIBRARY]  # from radixcache.cache import ... in radixcache/__init__.py
-    # radixcache/policies.py imports TreeNode only under TYPE_CHECKING
-    assert f"{LIBRARY}.node" not in edges()[f"{LIBRARY}.policies"]
-    assert f"{LIBRARY}.node" in edges(type_checking=True)[f"{LIBRARY}.policies"]
+    # radixcache/policy/classic.py imports TreeNode only under TYPE_CHECKING
+    assert f"{LIBRARY}.node" not in edges()[f"{LIBRARY}.policy.classic"]
+    assert f"{LIBRARY}.node" in edges(type_checking=True)[f"{LIBRARY}.policy.classic"]
 
 
 def test_the_cycle_finder_reports_each_cycle_as_a_path_back_to_its_start() -> None:

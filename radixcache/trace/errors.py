@@ -22,5 +22,5 @@ class TraceError(RadixCacheError, ValueError):
         super().__init__(f"{prefix}: {detail}")
 
     def __reduce__(self) -> tuple:
-        # Rebuilt from its parts, so that it crosses a process boundary (radixcache.simulate_read_ahead) whole.
+        # Rebuilt from its parts, so that it crosses a process boundary (radixcache.sim.read_ahead) whole.
         return (type(self), (self.path, self.where, self.message, self.field))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from radixcache.simulate_workload import Workload, hash_workload, token_workload
 from radixcache.trace.formats import Trace
 from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE
+from radixcache.trace.workload import Workload, hash_workload, token_workload
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,11 +15,11 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from radixcache.records import TokenRequest
 from radixcache.tokens import SIGN_BYTE, TOKEN_TYPECODE, as_token_array
 from radixcache.trace.errors import TraceError
 from radixcache.trace.fields import FieldReader
 from radixcache.trace.jsonl import dump_json_line, json_line, open_trace
+from radixcache.trace.records import TokenRequest
 from radixcache.trace.typed_lines import TokenLine, iter_typed_lines
 
 
@@ -95,7 +95,7 @@ class TokenArrays(NamedTuple):
 def iter_token_arrays(path: str | Path) -> Iterator[tuple[int, TokenArrays]]:
     """(line number, line) for every line of a token JSONL trace, as `iter_token_lines` reads it (the same values,
     the same errors at the same lines), with the ids as int64 arrays. The simulator's streamed reader uses it: the
-    ids then cross to the replay's process as bytes (radixcache.simulate_packing), and the tree takes the arrays
+    ids then cross to the replay's process as bytes (radixcache.sim.packing), and the tree takes the arrays
     as they are.
 
     simdjson parses a line and writes its id lists straight into int64 buffers, never making a Python int of an

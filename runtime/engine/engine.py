@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixcache import CacheStats, RadixCache
-from radixcache.admission import AdmissionPolicy, check_retain, make_admission
+from radixcache.policy.admission import AdmissionPolicy, check_retain, make_admission
 from radixcache.runtime.engine.admission import QueueGate
 from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
@@ -43,7 +43,7 @@ from radixcache.runtime.kv.pool import blocks_for_budget, parse_memory
 from radixcache.runtime.kv.retention import RetentionPolicy
 from radixcache.runtime.kv.tiering import TierCounters, build_tiers
 from radixcache.runtime.model.llama import DEFAULT_CHUNK, LlamaModel
-from radixcache.tiered import WRITE_POLICIES
+from radixcache.tier.tiered_cache import WRITE_POLICIES
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.session import Session
@@ -121,7 +121,7 @@ class Engine:
     that is measured cheaper than recomputing it), "always" or "never". `flush()` waits for queued disk writes.
     `kv_events=True` keeps `events` (runtime.kv.events.KVEventLog): the keys of the pages the tree adopts and evicts,
     in numbered batches, for a router's index.
-    Admission (radixcache.admission): `admission` ("all", the default: adopt every page; another name in
+    Admission (radixcache.policy.admission): `admission` ("all", the default: adopt every page; another name in
     ADMISSION_POLICIES, or an AdmissionPolicy) decides how many of each request's pages the tree adopts; the rest
     are freed when the request leaves (`stats.admission_declined_pages`). A request's `retain="conversation"` makes
     the tree adopt all of its pages whatever the policy predicts.

@@ -11,7 +11,7 @@ meanwhile matches them like any cached prefix. A page that another request inser
 (the tree frees ours) and the request's block table follows the tree. Preemption gives a running request's
 computed KV to the tree (evictable, so that its resumption hits it if it survives) and puts it back to WAITING.
 
-Admission (radixcache.admission): the tree adopts a request's pages only up to its `admit_limit`, the policy's
+Admission (radixcache.policy.admission): the tree adopts a request's pages only up to its `admit_limit`, the policy's
 answer, asked once per request, the first time its pages would go to the tree (its first commit, or its give-back,
 with the known total when it finished) and kept across preemptions. Pages past the limit stay the request's own
 blocks: it reads them while it runs, and they are freed when it leaves (a preempted request recomputes them). Pages
@@ -27,7 +27,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from radixcache import RadixCache, TreeNode
-from radixcache.admission import AdmissionPolicy, AdmissionRequest, make_admission
+from radixcache.policy.admission import AdmissionPolicy, AdmissionRequest, make_admission
 from radixcache.runtime.kv.pins import PinTable
 from radixcache.runtime.kv.retention import RetentionPolicy
 
@@ -51,7 +51,7 @@ class KVManager:
 
     With `enable_cache=False` it allocates and frees blocks the same way but never matches, commits or inserts,
     so nothing is reused (the baseline). `max_pinned_blocks`: the most pages pins may lock (kv.pins).
-    `admission`: how much of each request the tree adopts (a name in radixcache.admission.ADMISSION_POLICIES, a
+    `admission`: how much of each request the tree adopts (a name in radixcache.policy.admission.ADMISSION_POLICIES, a
     policy, or None for "all"); `declined_pages` counts the computed full pages it declined (freed instead).
     """
 
@@ -341,7 +341,7 @@ def _blocks_between(node: TreeNode, start: int, page_size: int) -> list[int]:
 
 
 def _expect_output(policy: object, output_tokens: int | None) -> None:
-    """Tell a policy that learns from output lengths (radixcache.reuse_policy, possibly behind the retention
+    """Tell a policy that learns from output lengths (radixcache.policy.reuse, possibly behind the retention
     wrapper's `base`) what the request about to insert generated; the simulator does the same for a trace."""
     while policy is not None and not hasattr(policy, "expect"):
         policy = getattr(policy, "base", None)

@@ -1,7 +1,7 @@
 """The tiers under the device pool, for the KV manager: find a prompt's pages in the host and on disk, load back the
 ones cheaper to load than to recompute, and send adopted pages down.
 
-The policy (where pages are, when they move) is radixcache.tiered.TieredCache; this module moves the bytes: host
+The policy (where pages are, when they move) is radixcache.tier.TieredCache; this module moves the bytes: host
 pages in a HostKVPool, disk pages in a DiskStore, device pages in the KVPool. Everything runs on the engine loop
 thread except the disk store's writer.
 """
@@ -20,10 +20,10 @@ from radixcache.page_hash import PageChain
 from radixcache.runtime.kv.disk import DiskStore
 from radixcache.runtime.kv.host_pool import HostKVPool
 from radixcache.runtime.kv.pool import KVPool
-from radixcache.tiered import TieredCache, TierMatch
-from radixcache.tiers import PageTier
+from radixcache.tier.page_tier import PageTier
+from radixcache.tier.tiered_cache import TieredCache, TierMatch
 
-log = logging.getLogger("radixcache.tiers")
+log = logging.getLogger("radixcache.tier.page_tier")
 _EMA = 0.2  # weight of the newest measurement in the cost averages
 
 

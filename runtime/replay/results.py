@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from radixcache.trace.replay_log import percentile
+from radixcache.stats import percentile
 
 MODES = ("live", "recorded")
 DEFAULT_MAX_TOKENS = 32

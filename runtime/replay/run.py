@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from radixcache.errors import CacheFullError
-from radixcache.records import TokenRequest
 from radixcache.runtime.replay.results import (
     SKIP_KV_FULL,
     SKIP_TOO_LONG,
@@ -48,6 +47,7 @@ from radixcache.runtime.replay.results import (
     summarize,
 )
 from radixcache.trace import Conversation, Trace, TraceError, read_trace
+from radixcache.trace.records import TokenRequest
 
 SAMPLE_TRACE = "sample_chat.jsonl"
 _WARMUP_NAMESPACE = "radixcache-replay-warmup"

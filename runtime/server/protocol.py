@@ -8,7 +8,7 @@ are accepted: they label a request and change no answer.
 Beyond OpenAI's fields, as vLLM accepts them: `cache_salt` (a keyless caller's own cache namespace), `timeout`
 (seconds; the request ends with what it generated), `top_k`, `min_p` and `repetition_penalty`. And this server's
 own `retain`: "conversation" says the next turn of a live conversation will read this request's pages, so the
-cache adopts all of them whatever its admission policy predicts (radixcache.admission).
+cache adopts all of them whatever its admission policy predicts (radixcache.policy.admission).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 
 from radixcache import RadixCache
-from radixcache.synthetic import multi_turn_chat
+from radixcache.trace.synthetic import multi_turn_chat
 
 
 def test_mutating_the_callers_lists_after_insert_does_not_change_the_tree() -> None:

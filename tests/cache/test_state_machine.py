@@ -28,7 +28,7 @@ from radixcache import (
     RadixCacheError,
 )
 from radixcache.node import TreeNode
-from radixcache.policies import ALL_POLICIES
+from radixcache.policy.registry import ALL_POLICIES
 
 Key = tuple[Hashable, tuple[int, ...]]
 

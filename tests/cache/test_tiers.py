@@ -11,8 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from radixcache import RadixCache
 from radixcache.errors import LockError, RadixCacheError
 from radixcache.page_hash import PageChain, page_hashes, root_hash
-from radixcache.tiered import WRITE_POLICIES, TieredCache
-from radixcache.tiers import PageTier
+from radixcache.tier.page_tier import PageTier
+from radixcache.tier.tiered_cache import WRITE_POLICIES, TieredCache
 
 # ---------------------------------------------------------------------------------------------- page hashes
 

@@ -1,4 +1,4 @@
-"""--admission on replay, chat and serve: the choices are radixcache.admission's policies, the name reaches the
+"""--admission on replay, chat and serve: the choices are radixcache.policy.admission's policies, the name reaches the
 Engine, a bad one is refused before the model loads, and `radixcache chat` sends every turn with
 retain="conversation"."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from radixcache.admission import ADMISSION_POLICIES, AdmitAll
 from radixcache.cli.main import main
+from radixcache.policy.admission import ADMISSION_POLICIES, AdmitAll
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from radixcache.invariants import check_invariants
-from radixcache.records import TokenRequest
 from radixcache.runtime.engine.engine import Engine
 from radixcache.runtime.replay import (
     Comparison,
@@ -20,8 +19,10 @@ from radixcache.runtime.replay import (
     replay,
     sample_trace_path,
 )
+from radixcache.stats import percentile
 from radixcache.trace import Conversation, Turn
-from radixcache.trace.replay_log import percentile, read_replay_json, replay_stats
+from radixcache.trace.records import TokenRequest
+from radixcache.trace.replay_output import read_replay_json, replay_stats
 
 SYSTEM = "You answer briefly."
 CONVERSATIONS = [

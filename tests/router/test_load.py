@@ -12,8 +12,8 @@ from radixcache.router import (
     RouteRequest,
     RouterError,
 )
-from radixcache.simulate_routing import DEFAULT_ROUTING_COSTS
-from radixcache.simulate_tiers import DEFAULT_TIER_COSTS
+from radixcache.sim.routing import DEFAULT_ROUTING_COSTS
+from radixcache.sim.tiers import DEFAULT_TIER_COSTS
 
 
 def test_work_is_pending_tokens_weighed_by_their_costs() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from radixcache.records import TokenRequest
 from radixcache.trace import write_token_jsonl
+from radixcache.trace.records import TokenRequest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from radixcache.cli.main import main
 from radixcache.router import make_router
-from radixcache.simulate_routing import (
+from radixcache.sim.routing import (
     RoutingCosts,
     RoutingReplay,
     arrival_times,
@@ -20,10 +20,10 @@ from radixcache.simulate_routing import (
     routed_requests,
     simulate_routing,
 )
-from radixcache.simulate_source import open_source
-from radixcache.simulate_workload import SimRequest, Workload, token_workload
-from radixcache.synthetic import multi_turn_chat
+from radixcache.sim.source import open_source
 from radixcache.trace import HashRequest, write_mooncake
+from radixcache.trace.synthetic import multi_turn_chat
+from radixcache.trace.workload import SimRequest, Workload, token_workload
 
 MOONCAKE_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from radixcache.admission import AdmissionPolicy, AdmissionRequest
+from radixcache.policy.admission import AdmissionPolicy, AdmissionRequest
 from radixcache.runtime import Engine
 from radixcache.runtime.server import create_app
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model

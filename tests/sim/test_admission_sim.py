@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from radixcache.admission import AdmissionPolicy, AdmissionRequest
 from radixcache.cli.main import main
 from radixcache.errors import RadixCacheError
-from radixcache.simulate import BELADY, BELADY_ADMISSION, evaluate, simulate, simulate_infinite
-from radixcache.simulate_compare import compare
-from radixcache.simulate_workload import SimRequest, Workload, token_workload
-from radixcache.synthetic import multi_turn_chat, rag
+from radixcache.policy.admission import AdmissionPolicy, AdmissionRequest
+from radixcache.sim.compare import compare
+from radixcache.sim.simulate import BELADY, BELADY_ADMISSION, evaluate, simulate, simulate_infinite
+from radixcache.trace.synthetic import multi_turn_chat, rag
+from radixcache.trace.workload import SimRequest, Workload, token_workload
 
 
 def _workload(*prompts: list[int]) -> Workload:
@@ -133,7 +133,7 @@ def test_simulate_admission_flags_and_their_errors(chat: Path) -> None:
 
 
 def test_a_synthetic_trace_can_be_swept_at_a_held_out_seed() -> None:
-    from radixcache.simulate_sweep import load_trace
+    from radixcache.sim.sweep import load_trace
 
     name, held_out = load_trace("synthetic:chat@1", 16, 512)
     _, default = load_trace("synthetic:chat", 16, 512)
@@ -147,7 +147,7 @@ def test_a_recorded_request_holds_the_page_it_was_writing_while_it_runs(tmp_path
     """Pages of 4 tokens, a pool of 4. A: 8 prompt tokens (ids 1, 2) and one output page (3): it looks up page 1,
     inserts 1, 2, 3, and holds a fourth block for its partial page while it runs. B: 12 tokens (1, 2, 5) hits 1, 2
     and needs page 5 plus its own partial page: two blocks, one free, so page 3 is evicted. An engine does the same."""
-    from radixcache.simulate_workload import load_workload
+    from radixcache.trace.workload import load_workload
 
     lines = [
         {"timestamp": 0, "input_length": 8, "output_length": 4, "hash_ids": [1, 2], "output_hash_ids": [3]},

@@ -8,13 +8,13 @@ from itertools import combinations
 
 import pytest
 
-from radixcache.policies import POLICIES
-from radixcache.records import TokenRequest
-from radixcache.simulate import BELADY, BELADY_ADMISSION, DEAD_LRU, CacheReplay, simulate
-from radixcache.simulate_source import open_source
-from radixcache.simulate_workload import hash_workload, token_workload
-from radixcache.synthetic import multi_turn_chat, rag
+from radixcache.policy.registry import POLICIES
+from radixcache.sim.simulate import BELADY, BELADY_ADMISSION, DEAD_LRU, CacheReplay, simulate
+from radixcache.sim.source import open_source
 from radixcache.trace import HashRequest
+from radixcache.trace.records import TokenRequest
+from radixcache.trace.synthetic import multi_turn_chat, rag
+from radixcache.trace.workload import hash_workload, token_workload
 from tests.sim.conftest import MOONCAKE_TRACE
 
 # A binary tree of blocks: block b's children are 2b and 2b+1. A request reads a root-to-node path.

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from radixcache.cli.main import main
-from radixcache.records import TokenRequest
 from radixcache.trace import iter_token_jsonl, write_token_jsonl
+from radixcache.trace.records import TokenRequest
 
 
 @pytest.fixture

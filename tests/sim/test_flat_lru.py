@@ -1,6 +1,6 @@
-"""LRU over single blocks (radixcache.simulate_flat_lru) gives the tree's figures, field for field, chunk by chunk
+"""LRU over single blocks (radixcache.sim.flat_lru) gives the tree's figures, field for field, chunk by chunk
 or all at once; a trace it cannot replay goes to the tree. The infinite bound matched in chunks
-(radixcache.simulate_infinite_ids) gives the per-request figures and a naive reference's."""
+(radixcache.sim.infinite_ids) gives the per-request figures and a naive reference's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixcache.simulate import (
+from radixcache.sim.flat_lru import FlatLRUReplay
+from radixcache.sim.simulate import (
     CacheReplay,
     InfiniteReplay,
     _drive,
@@ -21,10 +22,9 @@ from radixcache.simulate import (
     simulate,
     trace_span,
 )
-from radixcache.simulate_flat_lru import FlatLRUReplay
-from radixcache.simulate_source import open_source
-from radixcache.simulate_workload import hash_workload, load_workload
+from radixcache.sim.source import open_source
 from radixcache.trace import HashRequest
+from radixcache.trace.workload import hash_workload, load_workload
 from tests.sim.conftest import MOONCAKE_TRACE
 from tests.sim.test_flat_replay import chained_traces, figures, recorded_mid_trace
 
@@ -130,7 +130,7 @@ def test_what_keeps_the_tree_for_lru() -> None:
 
 
 def load_workload_from_tokens() -> object:
-    from radixcache.simulate_workload import SimRequest, Workload
+    from radixcache.trace.workload import SimRequest, Workload
 
     request = SimRequest(0.0, (1, 2, 3), (), 3)
     return Workload((request,), page_size=1, block_tokens=1, kind="token")

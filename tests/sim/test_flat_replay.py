@@ -1,4 +1,4 @@
-"""Belady over single blocks (radixcache.simulate_flat) gives the tree's figures, field for field, and the
+"""Belady over single blocks (radixcache.sim.flat) gives the tree's figures, field for field, and the
 simulator uses it only where it does."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixcache.simulate import CacheReplay, SimResult, device_replay, evaluate, simulate
-from radixcache.simulate_flat import FlatBeladyReplay
-from radixcache.simulate_source import TraceSource, open_source
-from radixcache.simulate_workload import hash_workload, load_workload
+from radixcache.sim.flat import FlatBeladyReplay
+from radixcache.sim.simulate import CacheReplay, SimResult, device_replay, evaluate, simulate
+from radixcache.sim.source import TraceSource, open_source
 from radixcache.trace import HashRequest
+from radixcache.trace.workload import hash_workload, load_workload
 from tests.sim.conftest import MOONCAKE_TRACE
 from tests.sim.test_belady import brute_force_hits, random_paths
 
@@ -134,8 +134,8 @@ def test_belady_as_the_policy_of_evaluate_replays_flat_beside_the_infinite_bound
 def test_a_trace_whose_heap_entries_would_overflow_int64_keeps_the_tree() -> None:
     import numpy as np
 
-    from radixcache.simulate_flat import _entries_fit
-    from radixcache.simulate_oracle import ChainedArrays
+    from radixcache.sim.flat import _entries_fit
+    from radixcache.sim.oracle import ChainedArrays
 
     def arrays(page: int, never: int) -> ChainedArrays:
         one = np.array([page], dtype=np.int64)

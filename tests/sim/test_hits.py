@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from radixcache.errors import RadixCacheError
-from radixcache.records import TokenRequest
-from radixcache.simulate import evaluate, simulate
-from radixcache.simulate_workload import hash_workload, token_workload
+from radixcache.sim.simulate import evaluate, simulate
 from radixcache.trace import HashRequest
+from radixcache.trace.records import TokenRequest
+from radixcache.trace.workload import hash_workload, token_workload
 
 
 def req(t: float, tokens: list[int], output: list[int] | None = None) -> TokenRequest:

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from radixcache import RadixCache
 from radixcache.cli.main import main
 from radixcache.errors import RadixCacheError
-from radixcache.policies import POLICIES
-from radixcache.reuse_policy import ReusePolicy
-from radixcache.simulate import CacheReplay, simulate
-from radixcache.simulate_compare import compare
-from radixcache.simulate_source import open_source
-from radixcache.simulate_workload import SimRequest, Workload, token_workload
-from radixcache.synthetic import agent_loops, multi_turn_chat
+from radixcache.policy.registry import POLICIES
+from radixcache.policy.reuse import ReusePolicy
+from radixcache.sim.compare import compare
+from radixcache.sim.simulate import CacheReplay, simulate
+from radixcache.sim.source import open_source
+from radixcache.trace.synthetic import agent_loops, multi_turn_chat
+from radixcache.trace.workload import SimRequest, Workload, token_workload
 from tests.sim.conftest import MOONCAKE_TRACE
 
 

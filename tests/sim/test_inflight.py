@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from radixcache.simulate import BELADY, CacheReplay, InfiniteReplay, simulate, simulate_infinite
-from radixcache.simulate_inflight import InFlight
-from radixcache.simulate_workload import SimRequest, Workload, hash_sim_request
+from radixcache.sim.inflight import InFlight
+from radixcache.sim.simulate import BELADY, CacheReplay, InfiniteReplay, simulate, simulate_infinite
+from radixcache.trace.workload import SimRequest, Workload, hash_sim_request
 
 
 def test_items_finish_by_their_times_and_the_rest_first_in_first_out() -> None:

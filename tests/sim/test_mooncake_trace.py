@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from radixcache.simulate import infinite_capacity, simulate
-from radixcache.simulate_workload import load_workload
+from radixcache.sim.simulate import infinite_capacity, simulate
 from radixcache.trace import read_trace
 from radixcache.trace.stats import trace_stats
+from radixcache.trace.workload import load_workload
 
 from .conftest import MOONCAKE_TRACE
 

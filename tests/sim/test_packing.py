@@ -1,4 +1,4 @@
-"""Requests cross the read-ahead pipe packed (radixcache.simulate_packing) and come out as they went in, with
+"""Requests cross the read-ahead pipe packed (radixcache.sim.packing) and come out as they went in, with
 int64 arrays for their ids; a token trace read ahead gives the figures of one read in this process."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixcache.simulate import evaluate, simulate
-from radixcache.simulate_packing import RequestPacker, unpack_requests
-from radixcache.simulate_source import open_source
-from radixcache.simulate_workload import SimRequest
+from radixcache.sim.packing import RequestPacker, unpack_requests
+from radixcache.sim.simulate import evaluate, simulate
+from radixcache.sim.source import open_source
+from radixcache.trace.workload import SimRequest
 
 ids = st.lists(
     st.one_of(st.integers(0, 70_000), st.integers(0, 2**40), st.integers(-(2**63), 2**63 - 1), st.just(2**63)),

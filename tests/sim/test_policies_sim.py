@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from radixcache import RadixCache
-from radixcache.admission import AdmissionRequest, ReuseAdmission, make_admission
 from radixcache.errors import PolicyError
-from radixcache.policies import ALL_POLICIES, POLICIES, make_policy
-from radixcache.reuse_policy import ReusePolicy
-from radixcache.simulate import BELADY, DEAD_LRU, simulate
-from radixcache.simulate_workload import token_workload
-from radixcache.synthetic import multi_turn_chat, rag
+from radixcache.policy.admission import AdmissionRequest, ReuseAdmission, make_admission
+from radixcache.policy.registry import ALL_POLICIES, POLICIES, make_policy
+from radixcache.policy.reuse import ReusePolicy
+from radixcache.sim.simulate import BELADY, DEAD_LRU, simulate
+from radixcache.trace.synthetic import multi_turn_chat, rag
+from radixcache.trace.workload import token_workload
 
 
 def test_reuse_is_usable_by_name_but_kept_out_of_the_core_registry() -> None:

@@ -1,4 +1,4 @@
-"""The infinite bound by sequence (radixcache.simulate_prefixes.PrefixSet): against a naive set of every prefix, and
+"""The infinite bound by sequence (radixcache.sim.prefixes.PrefixSet): against a naive set of every prefix, and
 through InfiniteReplay against a tree that never evicts."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from array import array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixcache.simulate import InfiniteReplay, _drive, infinite_capacity, simulate
-from radixcache.simulate_prefixes import PrefixSet
-from radixcache.simulate_workload import SimRequest, Workload
+from radixcache.sim.prefixes import PrefixSet
+from radixcache.sim.simulate import InfiniteReplay, _drive, infinite_capacity, simulate
+from radixcache.trace.workload import SimRequest, Workload
 
 # Sequences over a small alphabet, so that they share prefixes, extend each other and repeat; some tokens need all
 # eight bytes (a shared prefix of bytes may end inside a token).

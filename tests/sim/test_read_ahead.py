@@ -1,4 +1,4 @@
-"""A streamed trace read by a second process (radixcache.simulate_read_ahead) gives the same requests, the same
+"""A streamed trace read by a second process (radixcache.sim.read_ahead) gives the same requests, the same
 figures and the same errors at the same file:line as reading it in the replay's own process; a replay that stops
 early leaves no reader behind."""
 
@@ -13,14 +13,14 @@ import pytest
 from click.testing import CliRunner
 
 from radixcache.cli.main import main as cli
-from radixcache.simulate import evaluate, infinite_capacity, simulate
-from radixcache.simulate_packing import RequestPacker, unpack_requests
-from radixcache.simulate_read_ahead import read_ahead
-from radixcache.simulate_source import open_source
-from radixcache.simulate_workload import load_workload
-from radixcache.synthetic import multi_turn_chat
+from radixcache.sim.packing import RequestPacker, unpack_requests
+from radixcache.sim.read_ahead import read_ahead
+from radixcache.sim.simulate import evaluate, infinite_capacity, simulate
+from radixcache.sim.source import open_source
 from radixcache.trace.errors import TraceError
+from radixcache.trace.synthetic import multi_turn_chat
 from radixcache.trace.token_trace import write_token_jsonl
+from radixcache.trace.workload import load_workload
 
 from .conftest import MOONCAKE_TRACE
 
@@ -122,7 +122,7 @@ def test_the_cli_reads_ahead_on_request_with_the_same_report(tmp_path: Path) -> 
 
 
 def test_reading_ahead_is_worth_it_for_large_traces_on_two_cores(tmp_path: Path, monkeypatch) -> None:
-    import radixcache.simulate_source as simulate_source
+    import radixcache.sim.source as simulate_source
 
     hashes = tmp_path / "h.jsonl"
     hashes.write_text('{"timestamp": 0, "input_length": 16, "hash_ids": [1]}\n' * 200)

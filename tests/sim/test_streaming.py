@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from radixcache.simulate import evaluate, infinite_capacity, simulate, simulate_infinite
-from radixcache.simulate_source import open_source
-from radixcache.simulate_workload import load_workload
-from radixcache.synthetic import multi_turn_chat
+from radixcache.sim.simulate import evaluate, infinite_capacity, simulate, simulate_infinite
+from radixcache.sim.source import open_source
 from radixcache.trace.errors import TraceError
+from radixcache.trace.synthetic import multi_turn_chat
 from radixcache.trace.token_trace import write_token_jsonl, write_token_msgpack
+from radixcache.trace.workload import load_workload
 
 from .conftest import MOONCAKE_TRACE
 
@@ -106,7 +106,7 @@ def test_ids_that_are_not_chained_hashes_fall_back_to_chained_keys(tmp_path: Pat
 
 
 def _general_oracle_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from radixcache.simulate_oracle import ChainedNextUseOracle
+    from radixcache.sim.oracle import ChainedNextUseOracle
 
     monkeypatch.setattr(ChainedNextUseOracle, "build", classmethod(lambda cls, workload, capacity: None))
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from radixcache.simulate import simulate
-from radixcache.simulate_workload import load_workload
+from radixcache.sim.simulate import simulate
+from radixcache.trace.workload import load_workload
 from tests.sim.conftest import SCRIPTS, load_script
 
 study = load_script("study_age_oracle")

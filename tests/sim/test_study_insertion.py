@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from radixcache import RadixCache
-from radixcache.simulate import simulate
-from radixcache.simulate_workload import load_workload
+from radixcache.sim.simulate import simulate
+from radixcache.trace.workload import load_workload
 from tests.sim.conftest import SCRIPTS, load_script
 
 SCRIPT = SCRIPTS / "study_insertion.py"

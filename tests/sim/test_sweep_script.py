@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from radixcache.records import TokenRequest
-from radixcache.simulate_sweep import CellRunner, SweepCell, SweepRow, load_trace, run_cell, run_cells_in_processes
+from radixcache.sim.sweep import CellRunner, SweepCell, SweepRow, load_trace, run_cell, run_cells_in_processes
 from radixcache.trace import write_token_jsonl
+from radixcache.trace.records import TokenRequest
 from tests.sim.conftest import load_script
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from radixcache.synthetic import GENERATORS, agent_loops, few_shot, multi_turn_chat, rag
+from radixcache.trace.synthetic import GENERATORS, agent_loops, few_shot, multi_turn_chat, rag
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ def test_generators_are_seeded_and_in_arrival_order(name: str) -> None:
 # tests left on the interpreter's free lists would change the figures.
 PEAK_PROBE = """
 import sys, tracemalloc
-from radixcache.synthetic import agent_loops, multi_turn_chat
+from radixcache.trace.synthetic import agent_loops, multi_turn_chat
 
 def make(n):
     if sys.argv[1] == "chat":

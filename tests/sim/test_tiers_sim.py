@@ -13,11 +13,11 @@ from click.testing import CliRunner
 
 from radixcache.cli.main import main
 from radixcache.errors import RadixCacheError
-from radixcache.simulate import TieredReplay, evaluate, simulate
-from radixcache.simulate_tiers import DEFAULT_TIER_COSTS, LatencyDigest, TierConfig, TierCosts
-from radixcache.simulate_workload import Workload, hash_workload, token_workload
-from radixcache.synthetic import multi_turn_chat
+from radixcache.sim.simulate import TieredReplay, evaluate, simulate
+from radixcache.sim.tiers import DEFAULT_TIER_COSTS, LatencyDigest, TierConfig, TierCosts
 from radixcache.trace import HashRequest
+from radixcache.trace.synthetic import multi_turn_chat
+from radixcache.trace.workload import Workload, hash_workload, token_workload
 
 BLOCK = 16  # tokens per hash id in the hand-worked traces: one page of 16 tokens, the cost model's own page
 COSTS = TierCosts(prefill_ms_per_token=1.0, host_load_ms_per_page=2.0, disk_load_ms_per_page=8.0)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from radixcache.records import TokenRequest
 from radixcache.trace import TraceError, detect_format, read_trace, write_token_jsonl, write_token_msgpack
+from radixcache.trace.records import TokenRequest
 
 
 @pytest.mark.parametrize(

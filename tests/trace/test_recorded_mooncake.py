@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from radixcache.errors import RadixCacheError
-from radixcache.simulate import evaluate, simulate
-from radixcache.simulate_source import open_source
-from radixcache.simulate_workload import SimRequest, hash_workload, load_workload
+from radixcache.sim.simulate import evaluate, simulate
+from radixcache.sim.source import open_source
 from radixcache.trace import DEFAULT_BLOCK_SIZE, HashRequest, TraceError, iter_mooncake, read_trace, write_mooncake
+from radixcache.trace.workload import SimRequest, hash_workload, load_workload
 
 
 def _write(path: Path, rows: list[dict]) -> Path:

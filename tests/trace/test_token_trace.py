@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixcache.records import TokenRequest
 from radixcache.trace import (
     TraceError,
     iter_token_jsonl,
@@ -18,6 +17,7 @@ from radixcache.trace import (
     write_token_jsonl,
     write_token_msgpack,
 )
+from radixcache.trace.records import TokenRequest
 
 tokens = st.lists(st.integers(0, 2**63 - 1), max_size=20).map(tuple)
 names = st.none() | st.text(max_size=8)

@@ -1,4 +1,4 @@
-"""Admission control in the engine (radixcache.admission through kv.manager): pages past a request's admission limit
+"""Admission control in the engine (radixcache.policy.admission via kv.manager): pages past a request's admission limit
 never reach the tree, are freed when it leaves, and change no output; `retain="conversation"` keeps every page of
 a turn for the next one; requests arriving mid-prefill or mid-decode, preemption and aborts keep the pool whole."""
 
@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-from radixcache.admission import AdmissionPolicy, AdmissionRequest, AdmitAll
 from radixcache.page_hash import chain_hashes, root_hash
+from radixcache.policy.admission import AdmissionPolicy, AdmissionRequest, AdmitAll
 from radixcache.router import RouterIndex
 from radixcache.runtime import Engine
 from radixcache.runtime.engine.scheduler import SchedulerConfig

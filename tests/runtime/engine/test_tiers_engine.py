@@ -14,7 +14,7 @@ import pytest
 from radixcache.runtime import Engine
 from radixcache.runtime.kv.disk import DiskStore
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
-from radixcache.tiered import WRITE_POLICIES
+from radixcache.tier.tiered_cache import WRITE_POLICIES
 
 MAX_NEW = 6
 # float64: requests arriving in waves are batched differently from run to run, and in float32 a different batch can

@@ -27,7 +27,7 @@ from radixcache.cache import MatchResult, RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.node import TreeNode
 from radixcache.page_hash import PageChain, PageHasher
-from radixcache.tiers import PageTier
+from radixcache.tier.page_tier import PageTier
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 SELECTIVE_HITS = 2  # write_through_selective backs a page up once its node has been hit this often

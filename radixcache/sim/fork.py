@@ -3,7 +3,7 @@
 `evaluate` with `parallel=True` starts Belady's replays this way, then runs the policy's replay itself: on two
 cores the whole report costs about what its slowest replay does, instead of their sum. The child returns its result
 (a SimResult) or its exception through a pipe; the parent gets it from `result()`. Forked, as in
-radixcache.simulate_read_ahead, on Linux only; elsewhere `result()` runs the call in this process.
+radixcache.sim.read_ahead, on Linux only; elsewhere `result()` runs the call in this process.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from radixcache.policies import EvictionPolicy
-from radixcache.simulate_workload import Workload
+from radixcache.policy.base import EvictionPolicy
+from radixcache.trace.workload import Workload
 
 if TYPE_CHECKING:
     from radixcache.node import TreeNode

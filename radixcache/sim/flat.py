@@ -19,7 +19,7 @@ of leaves re-ranked by extent): 12.5 s of replay on the 500,000-request hash tra
 replay reads the trace once, into the oracle's arrays and a few per-request columns, and replays from them without a
 second pass (`run`).
 
-LRU over single blocks is radixcache.simulate_flat_lru: it needs no look-ahead and streams.
+LRU over single blocks is radixcache.sim.flat_lru: it needs no look-ahead and streams.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING, Any
 
-from radixcache.simulate_flat_lru import FlatLRUReplay
-from radixcache.simulate_oracle import ChainedArrays, chained_arrays
+from radixcache.sim.flat_lru import FlatLRUReplay
+from radixcache.sim.oracle import ChainedArrays, chained_arrays
 
 if TYPE_CHECKING:
-    from radixcache.simulate_workload import SimRequest
+    from radixcache.trace.workload import SimRequest
 
 
 def flat_replay(
@@ -51,7 +51,7 @@ def flat_replay(
     None otherwise. The caller handles admission, tiers and checks (none of which run flat). `timeline()` makes the
     time windows it fills.
 
-    Belady reads the trace once, here; `run` then replays from what it read. LRU streams (radixcache.simulate_flat_lru):
+    Belady reads the trace once, here; `run` then replays from what it read. LRU streams (radixcache.sim.flat_lru):
     it is fed like CacheReplay, and says `broken` when the trace turns out to need the tree after all (ids that are
     not chained, a recorded request), for the caller to replay it through the tree instead."""
     if concurrency != 1 or getattr(workload, "kind", None) != "hash" or workload.page_size != 1:
@@ -69,7 +69,7 @@ def flat_replay(
 class FlatBeladyReplay:
     """Belady over single blocks (see the module docstring), from the trace's ChainedArrays: `run` replays every
     request; `feed` replays one (CacheReplay's interface: the request itself adds nothing to what was read). It
-    keeps CacheReplay's counters, which radixcache.simulate reads into a SimResult."""
+    keeps CacheReplay's counters, which radixcache.sim.simulate reads into a SimResult."""
 
     def __init__(
         self, workload: Any, capacity_blocks: int, arrays: ChainedArrays, *, timeline: Any, honor_timestamps: bool

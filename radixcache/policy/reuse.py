@@ -33,7 +33,7 @@ import math
 from typing import TYPE_CHECKING
 
 from radixcache.errors import PolicyError
-from radixcache.policy_base import EvictionPolicy
+from radixcache.policy.base import EvictionPolicy
 
 if TYPE_CHECKING:
     from radixcache.node import TreeNode

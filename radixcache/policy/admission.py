@@ -4,7 +4,7 @@ Eviction decides which cached pages go when room is needed; admission decides wh
 predicted dead (no later request will read it) costs the cache a slot until eviction finds it, and pushes out a
 live page meanwhile: declining it at the door keeps that slot for pages that will be read. The two bounds in the
 simulator show the difference: Belady where every page of a running request must be resident, and Belady with
-admission, where a request's pages may skip the cache (radixcache.simulate_oracle).
+admission, where a request's pages may skip the cache (radixcache.sim.oracle).
 
 A policy sees an `AdmissionRequest` and returns how many pages, counted from the namespace root, to adopt. Pages
 are only ever declined from the deep end (the tree is prefix-closed: a page is useless without those before it),
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from radixcache.errors import PolicyError
-from radixcache.policy_base import EvictionPolicy
-from radixcache.reuse_policy import ReusePolicy
+from radixcache.policy.base import EvictionPolicy
+from radixcache.policy.reuse import ReusePolicy
 
 #: the values `retain` may take: None (no hint) or "conversation" (the next turn reads every page)
 RETAIN_HINTS = (None, "conversation")
@@ -82,7 +82,7 @@ class AdmitAll(AdmissionPolicy):
 class ReuseAdmission(AdmissionPolicy):
     """Decline a request's new pages when the `reuse` eviction policy has learned that their class is rarely read.
 
-    The class is the one the new pages' leaf would take (radixcache.reuse_policy: the insert's size in log2 pages,
+    The class is the one the new pages' leaf would take (radixcache.policy.reuse: the insert's size in log2 pages,
     whether it hung from the root, the output length's bucket, no hits yet). The request does not say whether its
     content returns (the policy's ghost keys, when it keeps them), so then both variants must qualify. Once a class
     has been watched for four times the waiting its prior stands for, pages whose class's reuse rate is under

@@ -20,8 +20,8 @@ from array import array
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from radixcache.simulate_workload import SimRequest
 from radixcache.tokens import TOKEN_TYPECODE, int64_packer
+from radixcache.trace.workload import SimRequest
 
 _WIDTH = 8  # bytes per int64
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from radixcache.errors import RadixCacheError
-from radixcache.records import TokenRequest
 from radixcache.trace.errors import TraceError
 from radixcache.trace.formats import read_trace
 from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE, HashRequest, check_block_size, resolve_block_size
+from radixcache.trace.records import TokenRequest
 
 
 class SimRequest(NamedTuple):
@@ -24,7 +24,7 @@ class SimRequest(NamedTuple):
 
     prompt: cache tokens looked up (token ids, or hash ids). output: cache tokens inserted after the prompt
     (the recorded output, if any). Both are tuples, or int64 arrays where they were read as such (a streamed token
-    trace) or crossed the read-ahead pipe (radixcache.simulate_packing); an empty output is always ().
+    trace) or crossed the read-ahead pipe (radixcache.sim.packing); an empty output is always ().
     prompt_tokens: real prompt tokens. unit: real tokens per cache token, so a match of k cache tokens hits
     `min(k * unit, prompt_tokens)` real tokens.
     """
@@ -39,7 +39,7 @@ class SimRequest(NamedTuple):
     output_tokens: int | None = None  # real tokens the request generated, when known (a hash trace's output_length)
     holds_tail: bool = False  # an engine ran it: while running it also held a page it was still writing
     # When it left the engine that ran it (a recorded trace's finish_timestamp): the replay then finishes it at that
-    # time, whatever its `concurrency` (radixcache.simulate_inflight); None: after `concurrency` later arrivals.
+    # time, whatever its `concurrency` (radixcache.sim.inflight); None: after `concurrency` later arrivals.
     finish_ms: float | None = None
 
 

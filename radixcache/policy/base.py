@@ -1,6 +1,6 @@
 """The eviction policy protocol: a strategy mapping an evictable leaf to a sortable priority (smallest first).
 
-See radixcache.policies for the cache's contract and the named policies.
+See radixcache.policy.classic for the cache's contract and the named policies.
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from radixcache.errors import RadixCacheError
-from radixcache.simulate import BELADY, infinite_capacity, simulate, simulate_infinite
-from radixcache.simulate_workload import Workload, load_workload, token_workload
-from radixcache.synthetic import GENERATORS
+from radixcache.sim.simulate import BELADY, infinite_capacity, simulate, simulate_infinite
 from radixcache.trace import FORMAT_KINDS, detect_format
 from radixcache.trace.stats import reuse_summary
+from radixcache.trace.synthetic import GENERATORS
+from radixcache.trace.workload import Workload, load_workload, token_workload
 
 INFINITE = "infinite"
 SYNTHETIC = "synthetic:"
@@ -98,7 +98,7 @@ def sweep_cells(
 
 def run_cell(cell: SweepCell, workload: Workload, concurrency: int = 1, honor_timestamps: bool = False) -> SweepRow:
     """Replay one cell; the same cell on the same workload gives the same row, bar `seconds`. `honor_timestamps`:
-    the cache's clock follows the trace's timestamps (radixcache.simulate.simulate)."""
+    the cache's clock follows the trace's timestamps (radixcache.sim.simulate.simulate)."""
     if cell.policy == INFINITE:  # the same figures as a tree nothing fills, in a dict (simulate_infinite)
         r = simulate_infinite(workload, concurrency=concurrency, windows=1)
     else:

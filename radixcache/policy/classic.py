@@ -8,18 +8,13 @@ Each cache owns its policy instance.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from radixcache.errors import PolicyError
-from radixcache.policy_base import EvictionPolicy
-from radixcache.reuse_policy import ReusePolicy
+from radixcache.policy.base import EvictionPolicy
 
 if TYPE_CHECKING:
     from radixcache.node import TreeNode
-
-__all__ = ["EvictionPolicy"]  # defined in radixcache.policy_base, kept importable from here
 
 
 class LRUPolicy(EvictionPolicy):
@@ -94,55 +89,3 @@ class CostAwarePolicy(EvictionPolicy):
 
     def on_evict(self, node: TreeNode, priority: tuple) -> None:
         self.inflation = max(self.inflation, priority[0])
-
-
-class BeladyPolicy(EvictionPolicy):
-    """Belady's offline optimum (MIN): evict the block whose next use is farthest; ties go to the deeper block.
-
-    An offline bound for simulation, not a policy a server can run: `next_use(node)` is an oracle that says
-    when the leaf's deepest block is next read (a request position, larger is later; a block read by no later
-    request gets a number beyond every position). In a prefix tree a block is never read later than its
-    descendants, so comparing leaves by their deepest block is comparing blocks. Not in `POLICIES`: it cannot
-    be built without its oracle (see `radixcache.simulate_oracle`).
-
-    `next_use_of_block(block)`, when given, says the same of one block: the cache can then rank a leaf cut to its
-    first k blocks (`priority_at`) and trim it in one step as far as it still ranks first. Cutting a leaf never
-    makes it rank sooner (its new deepest block is read no later, and it ends shallower), which that search needs.
-    """
-
-    name = "belady"
-    ranks_by_extent = True
-
-    def __init__(
-        self, next_use: Callable[[TreeNode], int], next_use_of_block: Callable[[int], int] | None = None
-    ) -> None:
-        self.next_use = next_use
-        self.next_use_of_block = next_use_of_block
-        self.trims_in_bulk = next_use_of_block is not None
-
-    def priority(self, node: TreeNode) -> tuple:
-        return (-self.next_use(node), -(node.prefix_len + len(node.key)))
-
-    def priority_at(self, node: TreeNode, blocks: int) -> tuple:
-        if self.next_use_of_block is None:
-            return super().priority_at(node, blocks)
-        page = len(node.key) // len(node.blocks)
-        return (-self.next_use_of_block(node.blocks[blocks - 1]), -(node.prefix_len + blocks * page))
-
-
-POLICIES: Mapping[str, type[EvictionPolicy]] = MappingProxyType(
-    {cls.name: cls for cls in (LRUPolicy, LFUPolicy, FIFOPolicy, SLRUPolicy, CostAwarePolicy)}
-)
-#: this project's learned policies (radixcache.reuse_policy), usable by name everywhere; out of POLICIES because
-#: their keys drift with what they learn, which the fixed-order tests of tests/cache do not allow
-EXPERIMENTAL_POLICIES: Mapping[str, type[EvictionPolicy]] = MappingProxyType({ReusePolicy.name: ReusePolicy})
-ALL_POLICIES: Mapping[str, type[EvictionPolicy]] = MappingProxyType({**POLICIES, **EXPERIMENTAL_POLICIES})
-
-
-def make_policy(policy: str | EvictionPolicy) -> EvictionPolicy:
-    """A fresh policy instance for a name in `ALL_POLICIES`, or the given instance itself."""
-    if isinstance(policy, EvictionPolicy):
-        return policy
-    if isinstance(policy, str) and policy.lower() in ALL_POLICIES:
-        return ALL_POLICIES[policy.lower()]()
-    raise PolicyError(f"unknown eviction policy {policy!r}; choose one of {', '.join(sorted(ALL_POLICIES))}")

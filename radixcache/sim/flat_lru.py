@@ -19,7 +19,7 @@ cached), and the chain check. Memory is the cache's window (the ids and events s
 
 A request the tree must replay (a namespace, a recorded finish or tail page), an id found after two different
 parents or twice in one path, or an id that is not a non-negative int64 marks the replay `broken`: it stops
-counting, and the caller replays the trace through the tree instead (radixcache.simulate). It gives the tree's hits,
+counting, and the caller replays the trace through the tree instead (radixcache.sim.simulate). It gives the tree's hits,
 evictions and windows exactly (tests/sim/test_flat_lru.py).
 """
 
@@ -32,14 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from radixcache.simulate_workload import SimRequest
+from radixcache.trace.workload import SimRequest
 
 _ROOT = -1  # the parent of a path's first id
 
 
 class FlatLRUReplay:
     """LRU over single blocks (see the module docstring), fed request by request like CacheReplay; it keeps
-    CacheReplay's counters, which radixcache.simulate reads into a SimResult. `broken` says the tree must replay the
+    CacheReplay's counters, which radixcache.sim.simulate reads into a SimResult. `broken` says the tree must replay the
     trace instead (`reason` says why)."""
 
     def __init__(

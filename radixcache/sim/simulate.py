@@ -10,7 +10,7 @@ prompt blocks become shareable when they finish. Concurrency 1 is plain sequenti
 A prompt is matched in full (no token is held back for logits), so the infinite-cache hit rate equals the
 count of prefix blocks seen before. A request larger than the whole cache caches what fits.
 
-With host and disk tiers under the device cache (`tiers=TierConfig(...)`, radixcache.simulate_tiers) the replay is a
+With host and disk tiers under the device cache (`tiers=TierConfig(...)`, radixcache.sim.tiers) the replay is a
 TieredReplay: the same device accounting, plus the pages loaded from each tier and a modelled TTFT.
 """
 
@@ -24,33 +24,29 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Union
 
-from radixcache.admission import AdmissionPolicy, AdmissionRequest, make_admission
 from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
-from radixcache.policies import BeladyPolicy, EvictionPolicy, make_policy
-from radixcache.simulate_flat import FlatBeladyReplay, flat_replay
-from radixcache.simulate_flat_lru import FlatLRUReplay
-from radixcache.simulate_fork import ForkedCall
-from radixcache.simulate_infinite_ids import id_range, match_chunk
-from radixcache.simulate_inflight import InFlight
-from radixcache.simulate_oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
-from radixcache.simulate_packing import RequestPacker, unpack_requests
-from radixcache.simulate_prefixes import PrefixSet
-from radixcache.simulate_read_ahead import ReadAhead
-from radixcache.simulate_tiers import (
-    TIERS,
-    LatencyDigest,
-    TierConfig,
-    TierResult,
-    build_tiers,
-)
-from radixcache.simulate_workload import SimRequest, Workload
+from radixcache.policy.admission import AdmissionPolicy, AdmissionRequest, make_admission
+from radixcache.policy.base import EvictionPolicy
+from radixcache.policy.registry import make_policy
+from radixcache.sim.belady import BeladyPolicy
+from radixcache.sim.flat import FlatBeladyReplay, flat_replay
+from radixcache.sim.flat_lru import FlatLRUReplay
+from radixcache.sim.fork import ForkedCall
+from radixcache.sim.infinite_ids import id_range, match_chunk
+from radixcache.sim.inflight import InFlight
+from radixcache.sim.oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
+from radixcache.sim.packing import RequestPacker, unpack_requests
+from radixcache.sim.prefixes import PrefixSet
+from radixcache.sim.read_ahead import ReadAhead
+from radixcache.sim.tiers import TIERS, LatencyDigest, TierConfig, TierResult, build_tiers
 from radixcache.tokens import as_token_array
+from radixcache.trace.workload import SimRequest, Workload
 
 if TYPE_CHECKING:
-    from radixcache.simulate_source import TraceSource
+    from radixcache.sim.source import TraceSource
 
-#: what `simulate` replays: requests in memory, or a trace file streamed (radixcache.simulate_source)
+#: what `simulate` replays: requests in memory, or a trace file streamed (radixcache.sim.source)
 Replayable = Union[Workload, "TraceSource"]
 
 BELADY = "belady"  # Belady's optimum when every page of a running request must be cached (resident)
@@ -194,7 +190,7 @@ def simulate(
     when a request's pages may skip the cache: only what stays between requests is bounded) or "lru-dead" (LRU
     that knows which blocks are never read again).
 
-    `admission`: a policy (radixcache.admission) deciding how many of each finished request's pages the tree
+    `admission`: a policy (radixcache.policy.admission) deciding how many of each finished request's pages the tree
     adopts; the rest are freed. None adopts everything, as "all" does, but reports no admission.
 
     `tiers`: replay through the device cache with host and disk tiers under it (TieredReplay); the result's
@@ -205,7 +201,7 @@ def simulate(
     measures intervals (`reuse`) then measures trace time, so a burst of requests is not mistaken for a long wait.
 
     `flat`: Belady and LRU on a hash trace at concurrency 1 run over single blocks instead of the tree, with the
-    same figures in a fraction of the time (radixcache.simulate_flat, radixcache.simulate_flat_lru); False runs the
+    same figures in a fraction of the time (radixcache.sim.flat, radixcache.sim.flat_lru); False runs the
     tree (to time it, or to compare the two).
 
     `progress(n)` is called now and then with the number of requests replayed since its last call. `check`
@@ -506,7 +502,7 @@ def _largest_request_pages(workload: Replayable) -> int:
 
 
 class TieredReplay:
-    """One replay through a TieredCache (radixcache.tiered): the device RadixCache of `capacity_blocks`, with the
+    """One replay through a TieredCache (radixcache.tier): the device RadixCache of `capacity_blocks`, with the
     host and disk tiers of `tiers` under it, fed like CacheReplay.
 
     Each request: the device match, then the pages after it that the host holds, then those after them that the
@@ -522,7 +518,7 @@ class TieredReplay:
     The device's contents do not depend on the tiers (a request's pages go to the device whether they were loaded
     or recomputed, and the tiers never change the tree), so the device hits are those of the same cache without
     tiers, and with neither a host nor a disk every figure is CacheReplay's, to the block. Each request's modelled
-    TTFT (radixcache.simulate_tiers) goes into a LatencyDigest, beside the same model with the device alone (its
+    TTFT (radixcache.sim.tiers) goes into a LatencyDigest, beside the same model with the device alone (its
     device hits only) and with no cache at all.
 
     Tier keys (`key`): by default a hash trace's pages are keyed by their hash ids ("hash-id": chained ids name their
@@ -687,9 +683,9 @@ class InfiniteReplay:
     the trace, which chained block hashes guarantee; a trace where an id follows two parents (or an id is too
     large for the array) marks the replay `broken`, and the caller replays it again with `chained=True`, by
     sequence. By sequence (token traces, and that fallback): each inserted sequence is kept (a sorted list of int64
-    bytes, radixcache.simulate_prefixes), a prompt hits the whole pages it shares with the closest one, and a
+    bytes, radixcache.sim.prefixes), a prompt hits the whole pages it shares with the closest one, and a
     sequence that a later one extends is dropped; exact, with no hashing.
-    By id at concurrency 1, requests are matched in chunks, in numpy (radixcache.simulate_infinite_ids), with the
+    By id at concurrency 1, requests are matched in chunks, in numpy (radixcache.sim.infinite_ids), with the
     same figures.
     """
 
@@ -717,7 +713,7 @@ class InfiniteReplay:
         self.prompt_blocks = self.hit_blocks = 0
         self.seconds = 0.0
         # By id at concurrency 1, requests are matched a chunk of `chunk_ids` ids at a time (None: one at a time;
-        # radixcache.simulate_infinite_ids) until one arrives that an engine recorded (it finishes at its own time):
+        # radixcache.sim.infinite_ids) until one arrives that an engine recorded (it finishes at its own time):
         # from then on, one at a time.
         self.chunked = self.by_id and concurrency == 1 and chunk_ids is not None
         self.chunk_size = chunk_ids or 0
@@ -773,7 +769,7 @@ class InfiniteReplay:
                 self._insert(root, full[:early], matched)
             self.inflight.add((root, full, max(matched, early)), request.finish_ms)
         else:
-            # The whole pages, as int64 bytes (radixcache.simulate_prefixes); a bad token raises as the tree would.
+            # The whole pages, as int64 bytes (radixcache.sim.prefixes); a bad token raises as the tree would.
             data = as_token_array(full)[: len(full) // p * p].tobytes()
             namespace = request.namespace
             matched = self.prefixes.longest(namespace, data[: prompt_pages * p * _TOKEN_BYTES]) // p
@@ -1037,7 +1033,7 @@ def evaluate(
 
     `honor_timestamps`: the caches' clocks follow the trace's timestamps (see `simulate`). `flat`: see `simulate`.
 
-    `parallel`: the Belady replays run in forked processes beside the policy's (radixcache.simulate_fork), each
+    `parallel`: the Belady replays run in forked processes beside the policy's (radixcache.sim.fork), each
     reading the trace itself; the figures are the same. For a streamed trace on a machine with cores to spare (a
     forked child copies, page by page, whatever an in-memory workload it touches shares with this process)."""
     bounds = [(BELADY, belady), (BELADY_ADMISSION, belady_admission)]

@@ -7,11 +7,10 @@ holds the cached run at the top level and the other run under "no_cache".
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from radixcache.stats import percentile
 from radixcache.trace.errors import TraceError
 
 #: fields every request record must carry, and their types
@@ -88,16 +87,6 @@ def _log(name: str, data: Any, prefix: str) -> ReplayLog:
 
 def _kind(kind: type | tuple[type, ...]) -> str:
     return "a number" if isinstance(kind, tuple) else {str: "a string", int: "an integer"}[kind]
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), interpolating linearly between order statistics; 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(rank), math.ceil(rank)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
 def replay_stats(log: ReplayLog) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from radixcache.blocks import block_ids
 from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.page_hash import PageChain, chain_hashes, root_hash
-from radixcache.policies import make_policy
+from radixcache.policy.registry import make_policy
 from radixcache.router import (
     EventBatch,
     LoadTracker,
@@ -51,13 +51,13 @@ from radixcache.router import (
     RouterIndex,
     make_router,
 )
-from radixcache.simulate_source import TraceSource, open_source
-from radixcache.simulate_tiers import DEFAULT_TIER_COSTS, LatencyDigest, TtftSummary
-from radixcache.simulate_workload import SimRequest, Workload, load_workload, token_workload
-from radixcache.synthetic import GENERATORS
+from radixcache.sim.source import TraceSource, open_source
+from radixcache.sim.tiers import DEFAULT_TIER_COSTS, LatencyDigest, TtftSummary
 from radixcache.tokens import as_token_array
 from radixcache.trace import FORMAT_KINDS, detect_format
 from radixcache.trace.formats import iter_trace
+from radixcache.trace.synthetic import GENERATORS
+from radixcache.trace.workload import SimRequest, Workload, load_workload, token_workload
 
 ARRIVALS = ("poisson", "even")
 #: one request's share of a batched decode step on this project's CPU (the Engine's batch-8 aggregate, about 162

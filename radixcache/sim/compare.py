@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from radixcache.admission import AdmissionPolicy
 from radixcache.errors import RadixCacheError
-from radixcache.policies import ALL_POLICIES
-from radixcache.simulate import (
+from radixcache.policy.admission import AdmissionPolicy
+from radixcache.policy.registry import ALL_POLICIES
+from radixcache.sim.simulate import (
     BELADY,
     BELADY_ADMISSION,
     BOUND_LABELS,

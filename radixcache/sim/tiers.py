@@ -1,6 +1,6 @@
 """Host and disk tiers in the simulator: the cost model, the tiers' page keys, the modelled TTFT and the results.
 
-The replay itself is `radixcache.simulate.TieredReplay`; this module holds what it is configured with
+The replay itself is `radixcache.sim.simulate.TieredReplay`; this module holds what it is configured with
 (`TierConfig`, `TierCosts`) and what it reports (`TierResult`, `TtftSummary`).
 
 Cost model (no queueing): a request's modelled TTFT is
@@ -24,8 +24,8 @@ from dataclasses import dataclass, fields
 from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
 from radixcache.node import TreeNode
-from radixcache.tiered import WRITE_POLICIES, TieredCache
-from radixcache.tiers import PageTier, TierStats
+from radixcache.tier.page_tier import PageTier, TierStats
+from radixcache.tier.tiered_cache import WRITE_POLICIES, TieredCache
 
 COST_PAGE_TOKENS = 16  # the page size the per-page load costs are given for
 TIERS = ("device", "host", "disk")
@@ -70,7 +70,7 @@ DEFAULT_TIER_COSTS = TierCosts()
 @dataclass(frozen=True, slots=True)
 class TierConfig:
     """The tiers under the device cache: a host tier and a disk tier (each optional, in blocks of the device's
-    size), the host's write policy (radixcache.tiered), and the cost model. Every page the device tree adopts is
+    size), the host's write policy (radixcache.tier), and the cost model. Every page the device tree adopts is
     written through to the disk; the disk is the tier under the host, or directly under the device without one."""
 
     host_capacity_blocks: int | None = None

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
-from radixcache.records import TokenRequest
+from radixcache.trace.records import TokenRequest
 
 
 def _tokens(rng: random.Random, n: int, vocab: int) -> tuple[int, ...]:

@@ -18,15 +18,15 @@ from pathlib import Path
 import orjson
 
 from radixcache.errors import RadixCacheError
-from radixcache.simulate_packing import RequestPacker, unpack_requests
-from radixcache.simulate_read_ahead import read_ahead
-from radixcache.simulate_workload import SimRequest, hash_sim_request
+from radixcache.sim.packing import RequestPacker, unpack_requests
+from radixcache.sim.read_ahead import read_ahead
 from radixcache.tokens import TOKEN_TYPECODE
 from radixcache.trace.errors import TraceError
 from radixcache.trace.formats import FORMAT_KINDS, MOONCAKE, TOKEN_JSONL, TOKEN_MSGPACK, detect_format
 from radixcache.trace.jsonl import open_trace
 from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE, iter_mooncake_lines, resolve_block_size
 from radixcache.trace.token_trace import iter_token_arrays, iter_token_msgpack
+from radixcache.trace.workload import SimRequest, hash_sim_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ class TraceSource:
     kind: str  # "token" or "hash"
     page_size: int
     block_tokens: int
-    read_ahead: bool = False  # read by a second process while this one replays (radixcache.simulate_read_ahead)
+    read_ahead: bool = False  # read by a second process while this one replays (radixcache.sim.read_ahead)
 
     def __iter__(self) -> Iterator[SimRequest]:
         if self.read_ahead:
@@ -194,7 +194,7 @@ READ_AHEAD_MIN_BYTES = 8 << 20
 def worth_reading_ahead(source: TraceSource) -> bool:
     """Whether a reader process should read `source` beside the replay: a trace of READ_AHEAD_MIN_BYTES or more, on
     a machine with a second core for it (a sweep that already runs a replay per core should not ask). Token traces
-    too: their ids cross packed (radixcache.simulate_packing), so the replay's process never makes them Python ints."""
+    too: their ids cross packed (radixcache.sim.packing), so the replay's process never makes them Python ints."""
     try:
         size = os.path.getsize(source.path)
     except OSError:

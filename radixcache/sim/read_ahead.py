@@ -4,7 +4,7 @@ Decoding and checking a line (radixcache.trace.typed_lines) and replaying it thr
 and a replay cannot be split: each request depends on the cache the ones before it left. What can run beside the
 replay is the reading. `read_ahead(source)` iterates `source` in a child process and hands its requests over in
 batches through a pipe, so the replay's process only unpickles and replays. The simulator's requests cross packed
-(radixcache.simulate_packing: a batch's ids as one buffer), so that unpickling never makes a Python int of an id.
+(radixcache.sim.packing: a batch's ids as one buffer), so that unpickling never makes a Python int of an id.
 The requests, their order, and every error are the same as iterating `source` here: a TraceError at file:line
 arrives after every request before it, and is raised when the replay reaches it.
 
@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Generic, Protocol, TypeVar
 
 from radixcache.errors import RadixCacheError
-from radixcache.simulate_fork import can_fork, start_child
+from radixcache.sim.fork import can_fork, start_child
 
 T = TypeVar("T")
 
@@ -81,7 +81,7 @@ class ReadAhead(Generic[T]):
 
     `pack` makes, in the child, a Packer that takes the items one by one as they are read and gives a batch of them
     as what crosses the pipe; `unpack` turns that back into the items, here (the simulator's requests:
-    radixcache.simulate_packing). Both or neither; without them the items are pickled as they are.
+    radixcache.sim.packing). Both or neither; without them the items are pickled as they are.
     """
 
     def __init__(
