@@ -1,19 +1,17 @@
-"""The import graph and the packaging of the three source folders.
+"""The import graph of the three source folders (radixcache/, runtime/ as radixcache.runtime, cli/ as radixcache.cli).
 
-radixcache/, runtime/ and cli/ stay at the repository root but install under one name (pyproject.toml's
-[tool.setuptools.package-dir]): runtime/ as radixcache.runtime, cli/ as radixcache.cli. These tests read every
-module with `ast` (nothing is imported) and check that the modules form no import cycle, that the layers depend
-only downwards (the pure library on neither the runtime, the CLI nor torch), and that the packaging names every
-package folder and installs no top-level `runtime` or `cli`.
+These tests read every module with `ast` (nothing is imported) and check that the modules form no import cycle,
+TYPE_CHECKING imports included (one deferred import of the invariant checker excepted, below), that the library's
+packages and the runtime's sub-packages form none either, and that every layer depends only downwards: the library
+on neither the runtime, the CLI nor torch; inside the library, each package only on the floors it names in
+`LIBRARY_MAY_IMPORT`; the simulator (radixcache.sim) imported by nobody but the CLI and itself. The packaging is
+checked in tests/test_packaging.py, module sizes in tests/test_module_sizes.py.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import itertools
-import json
-import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -208,8 +206,11 @@ def _cycle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
     raise AssertionError(f"no cycle in the component {sorted(component)}")
 
 
-def _format(found: list[list[str]], part: Callable[[str], str | None] = lambda name: name) -> str:
-    """Each cycle as a path, then the imports that make each of its steps (`part` maps a module to its node)."""
+def _format(
+    found: list[list[str]], part: Callable[[str], str | None] = lambda name: name, *, type_checking: bool = False
+) -> str:
+    """Each cycle as a path, then the imports that make each of its steps (`part` maps a module to its node;
+    `type_checking`: TYPE_CHECKING imports count as steps too)."""
     lines = []
     for cycle in found:
         lines.append(" -> ".join(cycle))
@@ -217,7 +218,10 @@ def _format(found: list[list[str]], part: Callable[[str], str | None] = lambda n
             steps = (
                 f"    {imp}"
                 for imp in imports()
-                if not imp.type_checking and imp.target in modules() and (part(imp.source), part(imp.target)) == (a, b)
+                if (type_checking or not imp.type_checking)
+                and imp.target in modules()
+                and not _excepted(imp)
+                and (part(imp.source), part(imp.target)) == (a, b)
             )
             lines.extend(dict.fromkeys(steps))  # one line per statement, however many names it imports
     return "\n".join(lines)
@@ -336,72 +340,129 @@ def test_the_scheduler_does_not_import_the_engine_even_for_type_checking() -> No
     assert not bad, "the scheduler must not depend on the Engine that drives it:\n" + "\n".join(bad)
 
 
-# ---------------------------------------------------------------------------------------------- packaging
+# ---------------------------------------------------------------------------------------------- type-checking imports
+
+INVARIANTS = f"{LIBRARY}.invariants"
 
 
-def _pyproject() -> dict:
-    with (REPO / "pyproject.toml").open("rb") as f:
-        return tomllib.load(f)
+def _excepted(imp: Import) -> bool:
+    """The one loop the layout allows: the tree calls its invariant checker through an import inside the method
+    (`check_invariants`), and the checker names the tree's types under TYPE_CHECKING. The checker is a debugging
+    aid that reads the whole tree; importing it at module level would load it on every `import radixcache`."""
+    return imp.deferred and imp.target == INVARIANTS and _within(imp.source, LIBRARY) and not imp.type_checking
 
 
-def test_the_packages_listed_in_pyproject_are_the_folders_with_an_init() -> None:
-    setuptools = _pyproject()["tool"]["setuptools"]
-    folders = {
-        _folder_package(folder, name, init.parent)
-        for name, folder in FOLDERS.items()
-        for init in folder.rglob("__init__.py")
-        if "__pycache__" not in init.parts
-    }
-    listed = set(setuptools["packages"])
-    assert listed == folders, (
-        f"listed but no such package folder: {sorted(listed - folders)}; "
-        f"package folders not listed: {sorted(folders - listed)}"
+def _full_edges() -> dict[str, set[str]]:
+    """The graph with TYPE_CHECKING imports, less the excepted deferred import of the invariant checker."""
+    known = modules()
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    for imp in imports():
+        if imp.target in known and imp.target != imp.source and not _excepted(imp):
+            graph[imp.source].add(imp.target)
+    return graph
+
+
+def test_no_cycle_among_modules_even_counting_type_checking_imports() -> None:
+    found = cycles(_full_edges())
+    assert not found, "import cycles among modules (TYPE_CHECKING imports counted):\n" + _format(
+        found, type_checking=True
     )
-    assert len(setuptools["packages"]) == len(listed), "a package is listed twice"
-    # A folder of modules without an __init__.py would not be installed at all.
-    loose = sorted(
-        str(path.parent.relative_to(REPO))
-        for folder in FOLDERS.values()
-        for path in folder.rglob("*.py")
-        if "__pycache__" not in path.parts and not (path.parent / "__init__.py").is_file()
+
+
+def test_the_excepted_invariant_import_is_deferred_and_the_only_one() -> None:
+    excepted = [imp for imp in imports() if _excepted(imp)]
+    assert excepted, "the invariant checker is no longer imported lazily: drop the exception"
+    assert not [
+        str(imp) for imp in imports() if imp.target == INVARIANTS and not imp.deferred and not imp.type_checking
+    ], "the invariant checker must be imported inside the function that runs it"
+
+
+def _library_part(name: str) -> str | None:
+    """The library package a module belongs to ("policy", "sim", ...), "ground" for a top-level module of
+    radixcache/ (cache, node, blocks, ...), None for the package's own __init__ (the facade) and outside it."""
+    if name == LIBRARY or not _within(name, LIBRARY) or _within(name, RUNTIME) or _within(name, CLI):
+        return None
+    rest = name[len(LIBRARY) + 1 :]
+    head, dot, _ = rest.partition(".")
+    return head if dot or modules()[name].is_package else "ground"
+
+
+#: what each floor of the library may import besides itself. The ground floor (the tree and its contract) uses the
+#: eviction policies it is given (policy/ knows TreeNode only to type it); tiers extend the tree; trace readers and
+#: the router's index stand on the ground floor alone; the simulator uses all of them and nothing uses it.
+LIBRARY_MAY_IMPORT: dict[str, set[str]] = {
+    "ground": {"policy"},
+    "policy": {"ground"},
+    "tier": {"ground", "policy"},
+    "trace": {"ground"},
+    "router": {"ground"},
+    "data": set(),
+    "sim": {"ground", "policy", "tier", "trace", "router"},
+}
+
+
+def test_each_library_package_imports_only_the_floors_below_it() -> None:
+    parts = {_library_part(name) for name in modules()} - {None}
+    assert parts == set(LIBRARY_MAY_IMPORT), f"a library package without a rule, or a rule without a package: {parts}"
+    bad = []
+    for imp in imports():
+        a, b = _library_part(imp.source), _library_part(imp.target)
+        if a is None or b is None or a == b or _excepted(imp):
+            continue
+        if b not in LIBRARY_MAY_IMPORT[a]:
+            bad.append(f"{imp} ({a} may import only {sorted(LIBRARY_MAY_IMPORT[a])})")
+    assert not bad, "upward imports inside the library:\n" + "\n".join(bad)
+
+
+def _library_unit(name: str) -> str | None:
+    """A library package, or a top-level module of radixcache/ on its own: the units that may not form a loop
+    (the ground floor's modules are separate units, so the tree using policy/ and policy/ typing TreeNode is no
+    loop, while policy/ importing the tree back would be)."""
+    part = _library_part(name)
+    return name if part == "ground" else part
+
+
+def test_the_library_packages_and_ground_modules_form_no_cycle_even_counting_type_checking_imports() -> None:
+    graph: dict[str, set[str]] = {}
+    for source, targets in _full_edges().items():
+        a = _library_unit(source)
+        if a is None:
+            continue
+        graph.setdefault(a, set())
+        graph[a] |= {b for b in map(_library_unit, targets) if b is not None and b != a}
+    found = cycles(graph)
+    assert not found, "cycles among the library's packages and ground modules:\n" + _format(
+        found, _library_unit, type_checking=True
     )
-    assert not loose, f"folders with modules but no __init__.py: {sorted(set(loose))}"
 
 
-def test_pyproject_maps_the_runtime_and_cli_folders_under_radixcache() -> None:
-    package_dir = _pyproject()["tool"]["setuptools"]["package-dir"]
-    assert package_dir.get(RUNTIME) == "runtime"
-    assert package_dir.get(CLI) == "cli"
-
-
-def test_the_installed_names_resolve_into_the_repository_and_claim_no_top_level_runtime_or_cli(tmp_path: Path) -> None:
-    spec = importlib.util.find_spec(RUNTIME)
-    assert spec is not None and spec.origin is not None
-    assert Path(spec.origin).resolve() == REPO / "runtime" / "__init__.py"
-    # What the installed distribution provides, seen from a fresh interpreter outside the repository: -I leaves
-    # the current directory and PYTHONPATH off sys.path, either of which could show this checkout's runtime/
-    # folder as a top-level package that no install provides.
-    probe = (
-        "import importlib.util, json\n"
-        "out = {}\n"
-        "for name in ('radixcache', 'radixcache.runtime', 'radixcache.cli', 'runtime', 'cli'):\n"
-        "    spec = importlib.util.find_spec(name)\n"
-        "    out[name] = None if spec is None else (spec.origin, list(spec.submodule_search_locations or []))\n"
-        "print(json.dumps(out))\n"
+def test_the_runtime_subpackages_form_no_cycle_even_counting_type_checking_imports() -> None:
+    graph: dict[str, set[str]] = {}
+    for source, targets in _full_edges().items():
+        a = _runtime_part(source)
+        if a is None:
+            continue
+        graph.setdefault(a, set())
+        graph[a] |= {b for b in map(_runtime_part, targets) if b is not None and b != a}
+    found = cycles(graph)
+    assert not found, "cycles among the runtime's sub-packages (TYPE_CHECKING imports counted):\n" + _format(
+        found, _runtime_part, type_checking=True
     )
-    result = subprocess.run(
-        [sys.executable, "-I", "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True, timeout=60
+
+
+def test_the_simulator_is_imported_by_nobody_but_itself_and_the_cli() -> None:
+    sim = f"{LIBRARY}.sim"
+    bad = [
+        str(imp)
+        for imp in imports()
+        if _within(imp.target, sim) and not _within(imp.source, sim) and not _within(imp.source, CLI)
+    ]
+    assert not bad, "radixcache.sim is a user of the core, like the runtime; nothing below it may import it:\n" + (
+        "\n".join(bad)
     )
-    found = json.loads(result.stdout)
-    for name, folder in FOLDERS.items():
-        assert found[name] is not None, f"{name} is not importable from the installed distribution"
-        origin, locations = found[name]
-        assert Path(origin).resolve() == folder / "__init__.py", f"{name} resolves to {origin}, not {folder}"
-    for name in ("runtime", "cli"):
-        spec_found = found[name]
-        if spec_found is not None:
-            origin, locations = spec_found
-            paths = [Path(p).resolve() for p in [*(locations or []), *([origin] if origin else [])]]
-            assert not any(p == REPO or REPO in p.parents for p in paths), (
-                f"a top-level {name!r} package resolves into this repository: {spec_found}"
-            )
+
+
+def test_nobody_imports_the_old_paths_or_the_finder_that_serves_them() -> None:
+    moved = f"{LIBRARY}.moved"
+    bad = [str(imp) for imp in imports() if imp.target == moved and imp.source != LIBRARY]
+    assert not bad, "only radixcache/__init__.py installs radixcache.moved:\n" + "\n".join(bad)
