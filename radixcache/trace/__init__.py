@@ -1,7 +1,13 @@
-"""Trace readers and writers: token traces (JSONL, msgpack), Mooncake hash-block traces, and text traces.
+"""Traces: readers, writers and generators of request streams. Never imports the simulator.
 
-`read_trace(path)` detects the format (or takes `format=`) and returns the records; every reader raises
-`TraceError` naming file:line and the field on bad input.
+- Readers and writers: token traces (JSONL, msgpack: `token_trace`), Mooncake hash-block traces (`mooncake`), text
+  traces (ShareGPT, conversations, OpenAI: `text`), format detection (`formats`); `read_trace(path)` detects the
+  format (or takes `format=`) and returns the records; every reader raises `TraceError` naming file:line and the
+  field on bad input (`errors`, `fields`, `jsonl`, `typed_lines`).
+- `records`: `TokenRequest`, the token-level request record. `synthetic`: seeded generators (chat, agents, RAG,
+  few-shot). `workload`: a trace as page-level requests in arrival order (`Workload`, `load_workload`), the form
+  the simulator and the statistics read. `stats`: reuse statistics of a trace.
+- `replay_output`: reading back what `radixcache replay --json` wrote (a run's log, not a trace to replay).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Traces as the simulator sees them: requests over cache tokens, with the real token count of each.
+"""Traces as page-level workloads: requests over cache tokens, with the real token count of each.
+
+The simulator replays these, and trace statistics read them; they hold no simulator state.
 
 A token trace is simulated token by token (a cache page holds `page_size` tokens). A hash-block trace is
 simulated hash id by hash id: each hash id is one cache token in a cache of page size 1, so each cache block is
