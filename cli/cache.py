@@ -1,6 +1,6 @@
 """`radixcache cache`: inspect and maintain a disk KV cache directory (the runtime's disk tier).
 
-Loads no model and never imports torch: the store (radixcache.runtime.kv.disk) is plain files.
+Loads no model and never imports torch: the store (radixcache.runtime.kv.tier.disk_store) is plain files.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from rich.table import Table
 from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
 
 if TYPE_CHECKING:
-    from radixcache.runtime.kv.disk import DiskStore
+    from radixcache.runtime.kv.tier.disk_store import DiskStore
 
 _DIR = click.argument("directory", metavar="DIR", type=click.Path(exists=True, file_okay=False))
 
 
 def _open(directory: str) -> DiskStore:
     """An inspecting handle: ValueError (one line: error, exit 1) unless DIR is a radixcache cache."""
-    from radixcache.runtime.kv.disk import DiskStore  # loaded by the cache commands only (it never imports torch)
+    from radixcache.runtime.kv.tier.disk_store import DiskStore  # by the cache commands only (no torch)
 
     return DiskStore(directory, max_bytes=0, create=False)
 

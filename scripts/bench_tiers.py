@@ -34,8 +34,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from radixcache.runtime import Engine  # noqa: E402
-from radixcache.runtime.kv.disk import DiskStore  # noqa: E402
-from radixcache.runtime.kv.host_pool import HostKVPool  # noqa: E402
+from radixcache.runtime.kv.tier.disk_store import DiskStore  # noqa: E402
+from radixcache.runtime.kv.tier.host_pool import HostKVPool  # noqa: E402
 from radixcache.runtime.loading import load_model  # noqa: E402
 
 

@@ -36,12 +36,12 @@ from radixcache.runtime.engine.sampling import Sampler, SamplingParams, stop_tok
 from radixcache.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from radixcache.runtime.engine.trace_recorder import TraceRecorder
 from radixcache.runtime.kv.events import KVEventLog
-from radixcache.runtime.kv.fingerprint import file_digest, kv_fingerprint, weights_digest
 from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.mirror import DecodeMirror
 from radixcache.runtime.kv.pool import blocks_for_budget, parse_memory
 from radixcache.runtime.kv.retention import RetentionPolicy
-from radixcache.runtime.kv.tiering import TierCounters, build_tiers
+from radixcache.runtime.kv.tier.coordinator import TierCounters, build_tiers
+from radixcache.runtime.kv.tier.fingerprint import file_digest, kv_fingerprint, weights_digest
 from radixcache.runtime.model.llama import DEFAULT_CHUNK, LlamaModel
 from radixcache.tier.tiered_cache import WRITE_POLICIES
 

@@ -122,7 +122,7 @@ class Request:
     preemptions: int = 0
     recomputed_tokens: int = 0
     computed_max: int = 0  # the most positions whose K/V were ever computed (recomputation accounting)
-    page_chain: PageChain | None = field(default=None, repr=False)  # page hashes for the tiers (kv.tiering)
+    page_chain: PageChain | None = field(default=None, repr=False)  # page hashes for the tiers (kv.tier)
     session: str | None = None  # the caller's conversation id (the `session_id` of a recorded trace line)
     error: BaseException | None = None
     listener: Callable[[Request], None] | None = field(default=None, repr=False)

@@ -34,7 +34,7 @@ from radixcache.runtime.kv.retention import RetentionPolicy
 if TYPE_CHECKING:
     from radixcache.runtime.engine.request import Request
     from radixcache.runtime.kv.events import KVEventLog
-    from radixcache.runtime.kv.tiering import KVTiers
+    from radixcache.runtime.kv.tier.coordinator import KVTiers
 
 
 class Status(Enum):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from radixcache.cli.main import main
-from radixcache.runtime.kv.disk import MARKER_NAME, DiskStore
+from radixcache.runtime.kv.tier.disk_store import MARKER_NAME, DiskStore
 
 FP = "tiny/float32/page4"
 META = {"dtype": "float32", "shape": [1, 2, 4, 1, 8]}
@@ -141,7 +141,7 @@ def test_the_cache_commands_do_not_load_torch(cache_dir: Path) -> None:
         "    main(['cache', 'verify', sys.argv[1]])\n"
         "except SystemExit as exc:\n"
         "    assert exc.code == 0, exc.code\n"
-        "assert 'radixcache.runtime.kv.disk' in sys.modules\n"
+        "assert 'radixcache.runtime.kv.tier.disk_store' in sys.modules\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code, str(cache_dir)], capture_output=True, text=True, timeout=60)

@@ -1,4 +1,4 @@
-"""The disk tier's page store (radixcache.runtime.kv.disk): real files under tmp_path, no filesystem mocks.
+"""The disk tier's page store (radixcache.runtime.kv.tier.disk_store): real files under tmp_path, no filesystem mocks.
 
 Covers the round trip, prefix counts, every check a read makes (a byte flipped anywhere, a truncated file, a valid
 file under another hash's name, the page's own tokens), leftovers of a killed writer, the index rebuilt on reopen,
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from radixcache.runtime.kv.disk import MAGIC, MARKER_NAME, DiskStore, fingerprint_tag
+from radixcache.runtime.kv.tier.disk_store import MAGIC, MARKER_NAME, DiskStore, fingerprint_tag
 
 FP = "tiny/float32/page4"
 META = {"dtype": "float32", "shape": [1, 2, 4, 1, 8]}

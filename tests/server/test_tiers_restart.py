@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from radixcache.runtime.kv.disk import DiskStore
+from radixcache.runtime.kv.tier.disk_store import DiskStore
 
 pytestmark = pytest.mark.slow
 PAGE = 16

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from radixcache.runtime import Engine
-from radixcache.runtime.kv.disk import DiskStore
+from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from radixcache.tier.tiered_cache import WRITE_POLICIES
 

@@ -1,8 +1,8 @@
 """The disk tier's page file format: one KV page per file, self-describing and checksummed.
 
 This module only encodes and checks bytes; where files live, how they are written and when they are deleted is
-the store's business (radixcache.runtime.kv.disk). A page hash is opaque `bytes`, the payload plain `bytes`, and
-`meta` a small JSON-able dict that only the runtime interprets.
+the store's business (radixcache.runtime.kv.tier.disk_store). A page hash is opaque `bytes`, the payload plain
+`bytes`, and `meta` a small JSON-able dict that only the runtime interprets.
 
 Page file format (version 1; integers little-endian)::
 

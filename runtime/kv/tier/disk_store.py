@@ -15,7 +15,7 @@ Directory layout::
 `<tag>` is blake2b(fingerprint, digest_size=8) in hex: a directory shared by several models keeps each
 fingerprint's pages apart, so that counting pages per fingerprint needs only the file names.
 
-Each page file is self-describing and checksummed; its format is in radixcache.runtime.kv.disk_format.
+Each page file is self-describing and checksummed; its format is in radixcache.runtime.kv.tier.disk_format.
 
 Invariants:
 
@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from radixcache.runtime.kv.disk_format import (
+from radixcache.runtime.kv.tier.disk_format import (
     FORMAT_VERSION,
     MAGIC,
     MAX_HASH_BYTES,

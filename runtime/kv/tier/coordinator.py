@@ -17,9 +17,9 @@ import torch
 
 from radixcache import RadixCache
 from radixcache.page_hash import PageChain
-from radixcache.runtime.kv.disk import DiskStore
-from radixcache.runtime.kv.host_pool import HostKVPool
 from radixcache.runtime.kv.pool import KVPool
+from radixcache.runtime.kv.tier.disk_store import DiskStore
+from radixcache.runtime.kv.tier.host_pool import HostKVPool
 from radixcache.tier.page_tier import PageTier
 from radixcache.tier.tiered_cache import TieredCache, TierMatch
 
