@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from radixcache.runtime.kv.tier.disk_store import MAGIC, MARKER_NAME, DiskStore, fingerprint_tag
+from radixcache.runtime.kv.tier.disk_format import MAGIC
+from radixcache.runtime.kv.tier.disk_store import MARKER_NAME, DiskStore, fingerprint_tag
 
 FP = "tiny/float32/page4"
 META = {"dtype": "float32", "shape": [1, 2, 4, 1, 8]}

@@ -48,6 +48,7 @@ __all__ = [
     "pack_tokens",
     "page_checksum",
     "parse_page",
+    "parse_page_for",
 ]
 
 FORMAT_VERSION = 1
@@ -166,3 +167,18 @@ def parse_page(data: bytes) -> PageFile:
     if payload_at + payload_len != len(data):
         raise CorruptPage(f"length {len(data)} does not match the header ({payload_at + payload_len})")
     return PageFile(hash_hex, fingerprint, width, data[tokens_at:payload_at], meta, data[payload_at:])
+
+
+def parse_page_for(data: bytes, page_hash: bytes, tokens: Sequence[int]) -> PageFile:
+    """`parse_page`, and that the file holds the page asked for: the hash it records is `page_hash` and its token
+    ids are `tokens` (a hash alone is never trusted). Raises CorruptPage naming the first check that failed."""
+    page = parse_page(data)
+    if page.hash_hex != page_hash.hex():
+        raise CorruptPage(f"the file records hash {page.hash_hex:.64}")
+    try:
+        asked, _ = pack_tokens(tokens, page.token_width)
+    except ValueError:
+        asked = b""
+    if asked != page.tokens:
+        raise CorruptPage("its tokens differ from the page's")
+    return page

@@ -1,0 +1,274 @@
+"""The disk tier's directory: where each file lives, the marker that makes a directory a radixcache cache, and the
+cleanup of what a killed process left behind. Plain files and `os` only (no torch, no threads).
+
+Directory layout::
+
+    DIR/radixcache-cache.json                     the marker: {"format": "radixcache-kv-pages", "version": 1}
+    DIR/pages/<tag>/fingerprint.json              {"fingerprint": "<the fingerprint string>"}
+    DIR/pages/<tag>/<2 hex>/<hash hex>.kvpage     one page; <2 hex> is the hash's first byte
+    DIR/tmp/<pid>-<random>.tmp                    a file being written (renamed into place when complete)
+
+`<tag>` is blake2b(fingerprint, digest_size=8) in hex: a directory shared by several models keeps each
+fingerprint's pages apart, so that counting pages per fingerprint needs only the file names.
+
+Invariants:
+
+- Ownership: a directory is adopted only when it carries the marker, or is empty (then the marker is written
+  first). A non-empty directory without the marker, or with another format's, is never written to or read.
+- Every file this module writes goes to `tmp/` first and is `os.replace`d into place, so no reader sees a partial
+  one. A temporary file is removed at the next open once its process is dead or it is an hour old.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, PAGE_SUFFIX, TMP_SUFFIX, CorruptPage, parse_page
+
+log = logging.getLogger("radixcache.disk")
+
+MARKER_NAME = "radixcache-cache.json"
+MARKER_FORMAT = "radixcache-kv-pages"
+FINGERPRINT_FILE = "fingerprint.json"
+_STALE_TMP_SECONDS = 3600.0  # a temporary file this old is left over, whoever wrote it
+
+
+def fingerprint_tag(fingerprint: str) -> str:
+    """The directory name of a fingerprint's pages: blake2b(fingerprint, digest_size=8) in hex."""
+    return hashlib.blake2b(fingerprint.encode("utf-8"), digest_size=8).hexdigest()
+
+
+def read_json(path: str) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def temp_path(tmp_dir: str) -> str:
+    """A fresh temporary file name under `tmp_dir`, led by this process's id (so cleanup can tell if it lives)."""
+    return os.path.join(tmp_dir, f"{os.getpid()}-{secrets.token_hex(8)}{TMP_SUFFIX}")
+
+
+def write_json_atomic(path: str, value: Any, tmp_dir: str) -> None:
+    tmp = temp_path(tmp_dir)
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            json.dump(value, f)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError, ValueError):
+        return False  # no such process (or no such pid at all)
+    except (PermissionError, OSError):
+        return True  # exists under another user (or cannot tell: keep the file)
+    return True
+
+
+class Adoption(NamedTuple):
+    """What opening a directory for writing found. refused: why the store may not write (None when it may).
+    readable: whether its pages may still be listed and read (False for a directory that is not ours)."""
+
+    refused: str | None
+    readable: bool
+
+
+@dataclass(frozen=True)
+class CacheDir:
+    """The paths of one cache directory, seen by one fingerprint (`tag`), and the file operations on them."""
+
+    directory: str
+    tag: str
+
+    @property
+    def marker_path(self) -> str:
+        return os.path.join(self.directory, MARKER_NAME)
+
+    @property
+    def pages_root(self) -> str:
+        return os.path.join(self.directory, "pages")
+
+    @property
+    def pages_dir(self) -> str:
+        """This fingerprint's pages."""
+        return os.path.join(self.pages_root, self.tag)
+
+    @property
+    def tmp_dir(self) -> str:
+        return os.path.join(self.directory, "tmp")
+
+    def page_path(self, page_hash: bytes) -> str:
+        hex_ = page_hash.hex()
+        return os.path.join(self.pages_dir, hex_[:2], hex_ + PAGE_SUFFIX)
+
+    # ------------------------------------------------------------------------------------------- ownership
+
+    def check_marker(self, *, strict: bool) -> bool:
+        """True when the marker is there and names this format. ValueError when it names another one (or, when
+        `strict`, when it is missing)."""
+        try:
+            marker = read_json(self.marker_path)
+        except FileNotFoundError:
+            if strict:
+                raise ValueError(
+                    f"{self.directory} is not a radixcache cache directory (it has no {MARKER_NAME})"
+                ) from None
+            return False
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{self.marker_path}: unreadable marker ({exc})") from None
+        if not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT:
+            raise ValueError(f"{self.marker_path} is not a radixcache cache marker")
+        if marker.get("version") != FORMAT_VERSION:
+            raise ValueError(
+                f"{self.directory} holds cache format version {marker.get('version')!r}; "
+                f"this radixcache reads version {FORMAT_VERSION}"
+            )
+        return True
+
+    def adopt(self, fingerprint: str) -> Adoption:
+        """Make the directory ready for this fingerprint's writes: create it, check or write the marker, record the
+        fingerprint, clear leftovers, and probe that a file can be created. Never raises for I/O reasons."""
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as exc:
+            return Adoption(f"cannot create {self.directory}: {exc}", readable=False)
+        try:
+            has_marker = self.check_marker(strict=False)
+        except ValueError as exc:
+            return Adoption(str(exc), readable=False)  # another format's directory: touch nothing, read nothing
+        if not has_marker:
+            try:
+                others = [n for n in os.listdir(self.directory) if n not in ("pages", "tmp")]
+            except OSError as exc:
+                return Adoption(f"cannot list {self.directory}: {exc}", readable=False)
+            if others:
+                reason = f"{self.directory} is not empty and is not a radixcache cache (no {MARKER_NAME})"
+                return Adoption(f"{reason}: not using it", readable=False)
+        try:
+            os.makedirs(self.tmp_dir, exist_ok=True)
+            os.makedirs(self.pages_dir, exist_ok=True)
+            if not has_marker:
+                write_json_atomic(self.marker_path, {"format": MARKER_FORMAT, "version": FORMAT_VERSION}, self.tmp_dir)
+            self.ensure_page_dirs(fingerprint)
+            self.remove_leftovers()
+            probe = temp_path(self.tmp_dir)
+            with open(probe, "xb"):
+                pass
+            os.unlink(probe)
+        except OSError as exc:
+            return Adoption(f"cannot write to {self.directory}: {exc}", readable=True)  # still serves its pages
+        return Adoption(None, readable=True)
+
+    def ensure_page_dirs(self, fingerprint: str) -> None:
+        """Create tmp/ and this fingerprint's folder, with its fingerprint.json, where missing. Raises OSError."""
+        os.makedirs(self.tmp_dir, exist_ok=True)
+        os.makedirs(self.pages_dir, exist_ok=True)
+        name_file = os.path.join(self.pages_dir, FINGERPRINT_FILE)
+        if not os.path.exists(name_file):
+            write_json_atomic(name_file, {"fingerprint": fingerprint}, self.tmp_dir)
+
+    def remove_leftovers(self) -> None:
+        """Delete temporary files a killed process left: those of dead processes, and any older than an hour."""
+        now = time.time()
+        try:
+            entries = list(os.scandir(self.tmp_dir))
+        except OSError:
+            return
+        for entry in entries:
+            pid_text = entry.name.split("-", 1)[0]
+            try:
+                alive = pid_text.isdigit() and pid_alive(int(pid_text))
+                if alive and now - entry.stat().st_mtime < _STALE_TMP_SECONDS:
+                    continue
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.debug("cannot remove the temporary file %s: %s", entry.path, exc)
+
+    def remove_temp_files(self) -> None:
+        """Delete every temporary file, whoever writes it (`clear`)."""
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.tmp_dir):
+                if entry.name.endswith(TMP_SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+
+    # ------------------------------------------------------------------------------------------- listing
+
+    def _tag_folders(self) -> list[os.DirEntry[str]]:
+        try:
+            return [e for e in os.scandir(self.pages_root) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return []
+
+    def hash_folders(self) -> list[str]:
+        """The <2 hex> folders under every fingerprint folder."""
+        out: list[str] = []
+        for tag in self._tag_folders():
+            with contextlib.suppress(OSError):
+                out.extend(e.path for e in os.scandir(tag.path) if e.is_dir(follow_symlinks=False))
+        return out
+
+    def page_files(self) -> list[tuple[str, str, str]]:
+        """(tag, hash hex, path) of every page file on disk, from directory listings alone."""
+        found: list[tuple[str, str, str]] = []
+        for tag in self._tag_folders():
+            try:
+                subdirs = [e for e in os.scandir(tag.path) if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            for sub in subdirs:
+                try:
+                    files = list(os.scandir(sub.path))
+                except OSError:
+                    continue
+                found.extend(
+                    (tag.name, f.name[: -len(PAGE_SUFFIX)], f.path) for f in files if f.name.endswith(PAGE_SUFFIX)
+                )
+        return found
+
+    def fingerprint_of(self, tag: str) -> str:
+        """The fingerprint string a tag's fingerprint.json records ("?<tag>" when unreadable or not the tag's)."""
+        try:
+            name = read_json(os.path.join(self.pages_root, tag, FINGERPRINT_FILE))["fingerprint"]
+            if not isinstance(name, str) or fingerprint_tag(name) != tag:
+                raise ValueError(name)
+        except (OSError, ValueError, KeyError, TypeError):
+            name = f"?{tag}"
+        return name
+
+
+def in_own_folder(hash_hex: str, path: str) -> bool:
+    """Whether a page file sits in the folder its name's first byte says (`<2 hex>/<hash hex>.kvpage`)."""
+    return os.path.basename(os.path.dirname(path)) == hash_hex[:2]
+
+
+def page_file_error(data: bytes, tag: str, hash_hex: str, path: str) -> str:
+    """Why a whole page file found at `path` (under fingerprint folder `tag`) is not sound, or "" when it is: the
+    format's checks, that the recorded hash is its name (in its first byte's folder), that its fingerprint is its
+    folder's, and that the name is hex."""
+    try:
+        page = parse_page(data)
+        if page.hash_hex != hash_hex or not in_own_folder(hash_hex, path):
+            raise CorruptPage(f"the file records hash {page.hash_hex:.64}, its name says {hash_hex:.64}")
+        if fingerprint_tag(page.fingerprint) != tag:
+            raise CorruptPage("the file's fingerprint is not its folder's")
+        bytes.fromhex(hash_hex)
+    except (CorruptPage, ValueError) as exc:
+        return str(exc)
+    return ""

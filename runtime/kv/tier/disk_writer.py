@@ -1,0 +1,132 @@
+"""The disk store's writing side: one page file written atomically, and the background thread that writes the
+queued pages one at a time, so that no request ever waits for the disk.
+
+Invariants:
+
+- A page file is only ever created complete: it is written under `tmp/` and `os.replace`d into place. A failed
+  write removes its temporary file.
+- The queue holds at most `max_pending` writes, each page at most once. A write stays counted as pending until
+  the thread has finished everything it causes (the file, its index entry, the evictions it forces), so that
+  `flush` returning means the store is settled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from radixcache.runtime.kv.tier.disk_format import MAGIC, PageWrite, page_checksum
+from radixcache.runtime.kv.tier.disk_index import PageEntry
+from radixcache.runtime.kv.tier.disk_layout import CacheDir, temp_path
+
+
+def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> PageEntry:
+    """Write one page file: a temporary file, then an atomic rename into place. When a folder vanished meanwhile
+    (a `cache clear`, an `rm -r`), recreate the folders once and retry. Raises OSError."""
+    path = cache_dir.page_path(write.page_hash)
+    digest = page_checksum(write.prefix, write.tokens, write.payload)
+    for attempt in (0, 1):
+        tmp = temp_path(cache_dir.tmp_dir)
+        try:
+            with open(tmp, "xb") as f:
+                f.write(MAGIC)
+                f.write(digest)
+                f.write(write.prefix)
+                f.write(write.tokens)
+                f.write(write.payload)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.replace(tmp, path)
+            return PageEntry(path, write.size, cache_dir.tag)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if attempt or exc.errno != errno.ENOENT:
+                raise
+            cache_dir.ensure_page_dirs(fingerprint)
+    raise AssertionError("unreachable")
+
+
+class WriteQueue:
+    """The writes waiting for the disk, and the one thread that performs them in order of arrival.
+
+    `changed` is the store's condition, whose lock also guards the store's index: `offer`, `discard_queued`,
+    `__len__` and `__contains__` are called with it held; `flush` and `close` take it. The thread pops a write
+    under the lock, runs `perform(page_hash, write)` without it (the file I/O), then forgets the write and
+    notifies. The thread starts at the first offer and ends at `close`.
+    """
+
+    def __init__(
+        self, changed: threading.Condition, perform: Callable[[bytes, PageWrite], None], max_pending: int
+    ) -> None:
+        self._changed = changed
+        self._perform = perform
+        self.max_pending = max_pending
+        self._pending: dict[bytes, PageWrite] = {}  # queued or being written
+        self._queue: deque[bytes] = deque()
+        self._thread: threading.Thread | None = None
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def __contains__(self, page_hash: object) -> bool:
+        return page_hash in self._pending
+
+    @property
+    def full(self) -> bool:
+        return len(self._pending) >= self.max_pending
+
+    def offer(self, write: PageWrite) -> None:
+        """Queue a write (the caller checked `closed`, `full` and duplicates, holding the lock)."""
+        self._pending[write.page_hash] = write
+        self._queue.append(write.page_hash)
+        self._changed.notify_all()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="radixcache-disk-writer", daemon=True)
+            self._thread.start()
+
+    def discard_queued(self) -> int:
+        """Forget the writes not yet started (one in progress still lands); return how many."""
+        for page_hash in self._queue:
+            self._pending.pop(page_hash, None)
+        discarded = len(self._queue)
+        self._queue.clear()
+        self._changed.notify_all()
+        return discarded
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued write is done (True), or `timeout` seconds passed (False)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._pending, timeout)
+
+    def close(self, timeout: float | None = None) -> tuple[bool, int]:
+        """Flush (up to `timeout`), discard what is still queued and stop the thread (waiting for it within the
+        same `timeout`). Returns whether the flush completed and how many writes were discarded."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        flushed = self.flush(timeout)
+        with self._changed:
+            self.closed = True
+            discarded = self.discard_queued()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return flushed, discarded
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._queue and not self.closed:
+                    self._changed.wait()
+                if self.closed:
+                    return
+                page_hash = self._queue.popleft()
+                write = self._pending[page_hash]
+            self._perform(page_hash, write)
+            with self._changed:
+                del self._pending[page_hash]  # only now: flush() also waits for what the write caused
+                self._changed.notify_all()
