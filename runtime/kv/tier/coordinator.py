@@ -18,6 +18,7 @@ import torch
 from radixcache import RadixCache
 from radixcache.page_hash import PageChain
 from radixcache.runtime.kv.pool import KVPool
+from radixcache.runtime.kv.tier.copy_sync import CopyEvent, PendingUnlocks
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.host_pool import HostKVPool
 from radixcache.tier.page_tier import PageTier
@@ -109,7 +110,7 @@ class KVTiers:
         )
         self.costs = LoadCosts(load_back)
         self._counts = dict.fromkeys(TierCounters.__slots__, 0)
-        self._pending: list[tuple[torch.cuda.Event, list[bytes]]] = []  # CUDA loads still reading host slots
+        self._pending = PendingUnlocks()  # host pages that CUDA loads still read
 
     @property
     def host(self) -> PageTier | None:
@@ -140,14 +141,14 @@ class KVTiers:
             self.host.lock(hashes)
         return hashes
 
-    def unlock_host(self, hashes: list[bytes], event: torch.cuda.Event | None = None) -> None:
+    def unlock_host(self, hashes: list[bytes], event: CopyEvent | None = None) -> None:
         if not hashes:
             return
         assert self.host is not None
         if event is None:
             self.host.unlock(hashes)
         else:  # the copy still reads the host slots: unlock once it is done (poll)
-            self._pending.append((event, hashes))
+            self._pending.add(event, hashes)
 
     def load(
         self, match: TierMatch, host_hashes: list[bytes], disk_pages: int, tokens: Sequence[int], blocks: Sequence[int]
@@ -243,14 +244,9 @@ class KVTiers:
     def poll(self) -> None:
         """Unlock host pages whose CUDA copies have finished."""
         if self._pending:
-            still = []
-            for event, hashes in self._pending:
-                if event.query():
-                    assert self.host is not None
-                    self.host.unlock(hashes)
-                else:
-                    still.append((event, hashes))
-            self._pending = still
+            assert self.host is not None
+            for hashes in self._pending.finished():
+                self.host.unlock(hashes)
 
     @property
     def counters(self) -> TierCounters:
@@ -258,11 +254,9 @@ class KVTiers:
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Finish the pending disk writes (up to `timeout`) and stop the writer."""
-        for event, hashes in self._pending:
-            event.synchronize()
+        for hashes in self._pending.drain():
             assert self.host is not None
             self.host.unlock(hashes)
-        self._pending = []
         if self.disk is not None:
             self.disk.close(timeout=timeout)
 

@@ -2,7 +2,8 @@
 
 Layout `[layers, 2, num_slots, page_size, kv_heads, head_dim]`, the device pool's with slots for blocks, so a page
 moves between the tiers as one `index_select` and one `index_copy_` per direction. On CUDA the memory is pinned and
-loads run on a side stream (`load` returns an event to wait on before the pages are read, or None when done).
+loads run on a side stream (`load` returns an event to wait on before the pages are read, or None when done); what
+is pinned and how the streams are ordered are decided by radixcache.runtime.kv.tier.copy_sync, tested on the CPU.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from radixcache.runtime.kv.pool import KVPool
+from radixcache.runtime.kv.tier.copy_sync import pins_host_memory, side_stream_copy
 
 
 class HostKVPool:
@@ -24,7 +26,7 @@ class HostKVPool:
         self.num_slots = num_slots
         self.device = pool.device
         shape = (pool.num_layers, 2, num_slots, pool.page_size, pool.kv_heads, pool.head_dim)
-        pin = pool.device.type == "cuda"
+        pin = pins_host_memory(pool.device.type)
         self.kv = torch.zeros(shape, dtype=pool.dtype, pin_memory=pin)
         self._stream = torch.cuda.Stream(device=pool.device) if pin else None
         self.save_seconds = 0.0  # wall time spent copying device -> host (the loop thread's cost)
@@ -55,14 +57,12 @@ class HostKVPool:
         if self._stream is None:
             pool.kv.index_copy_(2, index, src)
             return None
-        main = torch.cuda.current_stream(pool.device)
-        self._stream.wait_stream(main)  # the blocks were just allocated: earlier kernels may still read them
-        with torch.cuda.stream(self._stream):
+
+        def copy() -> None:
             pool.kv.index_copy_(2, index, src.pin_memory().to(pool.device, non_blocking=True))
-            done = torch.cuda.Event()
-            done.record(self._stream)
-        main.wait_stream(self._stream)  # the prefill that reads these pages runs after the copy
-        return done
+
+        main = torch.cuda.current_stream(pool.device)
+        return side_stream_copy(main, self._stream, copy, on_stream=torch.cuda.stream, new_event=torch.cuda.Event)
 
     def page(self, slot: int) -> torch.Tensor:
         """One page, `[layers, 2, page_size, kv_heads, head_dim]` (a view)."""
