@@ -8,7 +8,6 @@ thread except the disk store's writer.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ from radixcache.runtime.kv.tier.host_pool import HostKVPool
 from radixcache.tier.page_tier import PageTier
 from radixcache.tier.tiered_cache import TieredCache, TierMatch
 
-log = logging.getLogger("radixcache.tier.page_tier")
 _EMA = 0.2  # weight of the newest measurement in the cost averages
 
 
