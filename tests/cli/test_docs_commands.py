@@ -16,6 +16,10 @@ Markers: an HTML comment on the line just above a fence, `<!-- doc-test: KEY[=VA
   second instead of loading SmolLM2 again; test_replay_cli.py runs the real model.
 - `file=NAME`: not run; the fence's content is written to NAME in the scratch directory, so the format
   examples of docs/traces.md are the inputs of the commands that follow them.
+- `none=REASON`, on a line of its own anywhere in a document: the document runs no command, and REASON says why
+  (a map with no commands, benchmarks of minutes only, ...). A document that runs no command without this marker
+  fails (so a document whose commands all fall to EXTERNAL_SKIPS or skip markers cannot pass by running nothing),
+  and so does one that carries it but runs a command (a stale reason).
 
 `bash scripts/setup.sh && ` before a command is dropped: .ci/run has just run it, and running it again would
 reinstall the virtual environment under the running tests. Documents other engineers own carry no markers;
@@ -66,9 +70,9 @@ class Block:
     markers: dict[str, str] = field(default_factory=dict)
 
 
-def blocks(doc: str) -> list[Block]:
+def blocks(doc: str, root: Path = REPO) -> list[Block]:
     """The fenced blocks of a document, with the markers just above each."""
-    lines = (REPO / doc).read_text(encoding="utf-8").splitlines()
+    lines = (root / doc).read_text(encoding="utf-8").splitlines()
     found, i = [], 0
     while i < len(lines):
         m = _FENCE.match(lines[i])
@@ -86,6 +90,59 @@ def blocks(doc: str) -> list[Block]:
         found.append(Block(doc, start + 1, lang, "\n".join(lines[start + 1 : end]) + "\n", markers))
         i = end + 1
     return found
+
+
+def no_command_reason(doc: str, root: Path = REPO) -> str | None:
+    """The REASON of a document's `<!-- doc-test: none=REASON -->` line, if it has one."""
+    for line in (root / doc).read_text(encoding="utf-8").splitlines():
+        if (m := _MARKER.match(line.strip())) is not None:
+            for item in filter(None, (p.strip() for p in m.group(1).split(";"))):
+                key, _, value = item.partition("=")
+                if key.strip() == "none":
+                    return value.strip()
+    return None
+
+
+def plan(doc: str, root: Path = REPO, with_shared: bool = True) -> list[Block]:
+    """What the test does with `doc`, in order: `file` blocks to write and the commands to run (as Blocks).
+
+    Documents this test's author keeps (MY_DOCS) run fence by fence; the others command by command, less
+    EXTERNAL_SKIPS and, when `with_shared` is false, the commands that read `../shared/`.
+    """
+    steps: list[Block] = []
+    for block in blocks(doc, root):
+        if "file" in block.markers:
+            steps.append(block)
+            continue
+        if block.lang not in ("bash", "sh", "shell", "python") or "skip" in block.markers:
+            continue
+        if doc in MY_DOCS:
+            steps.append(block)
+            continue
+        if block.lang == "python":
+            continue  # other engineers' Python snippets assume their own setup
+        for command in block.text.replace("\\\n", " ").splitlines():
+            if not command.strip() or command.lstrip().startswith("#"):
+                continue
+            if any(needle in command for needle in EXTERNAL_SKIPS):
+                continue
+            if "../shared/" in command and not with_shared:
+                continue  # a clone without the shared traces beside it: nothing to read
+            steps.append(Block(doc, block.line, "bash", command + "\n"))
+    return steps
+
+
+def commands(doc: str, root: Path = REPO, with_shared: bool = True) -> list[Block]:
+    return [step for step in plan(doc, root, with_shared) if "file" not in step.markers]
+
+
+def check_runs_or_says_why(doc: str, root: Path = REPO) -> None:
+    """A document runs at least one command, or says in a `none=` marker why it runs none (and not both)."""
+    count, reason = len(commands(doc, root)), no_command_reason(doc, root)
+    if count == 0:
+        assert reason, f"{doc}: no command runs, and no `<!-- doc-test: none=REASON -->` line says why"
+    else:
+        assert reason is None, f"{doc}: runs {count} command(s), but its marker says it runs none ({reason})"
 
 
 def cheapen(script: str, args: str) -> str:
@@ -149,31 +206,43 @@ def _docs() -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", _docs())
 def test_fenced_commands_run_as_shown(doc: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    check_runs_or_says_why(doc)
     cwd = scratch(tmp_path)
+    steps = plan(doc, with_shared=(REPO.parent / "shared").is_dir())
     ran = 0
-    for block in blocks(doc):
-        if "file" in block.markers:
-            (cwd / block.markers["file"]).write_text(block.text, encoding="utf-8")
+    for step in steps:
+        if "file" in step.markers:
+            (cwd / step.markers["file"]).write_text(step.text, encoding="utf-8")
             continue
-        if block.lang not in ("bash", "sh", "shell", "python") or "skip" in block.markers:
-            continue
-        if doc in MY_DOCS or block.lang == "python":
-            if doc not in MY_DOCS:
-                continue  # other engineers' Python snippets assume their own setup
-            run_block(block, cwd, tiny_model_dir)
-            ran += 1
-            continue
-        for command in block.text.replace("\\\n", " ").splitlines():
-            if not command.strip() or command.lstrip().startswith("#"):
-                continue
-            if any(needle in command for needle in EXTERNAL_SKIPS):
-                continue
-            if "../shared/" in command and not (REPO.parent / "shared").is_dir():
-                continue  # a clone without the shared traces beside it: nothing to read
-            run_block(Block(doc, block.line, "bash", command + "\n"), cwd, tiny_model_dir)
-            ran += 1
-    if doc in MY_DOCS:
-        assert ran > 0, f"{doc}: no runnable block"
+        run_block(step, cwd, tiny_model_dir)
+        ran += 1
+    if ran == 0 and commands(doc):
+        pytest.skip(f"{doc}: every command reads ../shared/, which this clone does not have beside it")
+
+
+@pytest.mark.parametrize("doc", _docs())
+def test_each_document_runs_a_command_or_says_why_not(doc: str) -> None:
+    check_runs_or_says_why(doc)
+
+
+def test_a_document_that_silently_runs_nothing_fails(tmp_path: Path) -> None:
+    bench = "```bash\n.venv/bin/python scripts/bench_engine.py\n```\n"  # an EXTERNAL_SKIPS command only
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "silent.md").write_text(f"# Silent\n\n{bench}", encoding="utf-8")
+    with pytest.raises(AssertionError, match="no command runs"):
+        check_runs_or_says_why("docs/silent.md", tmp_path)
+    skipped = "<!-- doc-test: skip=needs a server -->\n```bash\nradixcache serve\n```\n"
+    (tmp_path / "docs" / "skipped.md").write_text(f"# Skipped\n\n{skipped}", encoding="utf-8")
+    with pytest.raises(AssertionError, match="no command runs"):
+        check_runs_or_says_why("docs/skipped.md", tmp_path)
+    said = "# Said\n\n<!-- doc-test: none=benchmarks of minutes only -->\n\n" + bench
+    (tmp_path / "docs" / "said.md").write_text(said, encoding="utf-8")
+    check_runs_or_says_why("docs/said.md", tmp_path)
+    stale = "# Stale\n\n<!-- doc-test: none=nothing runs -->\n\n```bash\nradixcache --help\n```\n"
+    (tmp_path / "docs" / "stale.md").write_text(stale, encoding="utf-8")
+    with pytest.raises(AssertionError, match="its marker says it runs none"):
+        check_runs_or_says_why("docs/stale.md", tmp_path)
+    assert [b.text for b in commands("docs/stale.md", tmp_path)] == ["radixcache --help\n"]
 
 
 def test_the_marker_helpers() -> None:
