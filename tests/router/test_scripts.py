@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from radixcache.trace import write_token_jsonl
 from radixcache.trace.records import TokenRequest
+from tests.refusals import assert_refused
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
@@ -74,11 +75,13 @@ def test_a_parallel_sweep_gives_the_sequential_rows(tmp_path: Path) -> None:
 def test_the_sweep_refuses_bad_input(tmp_path: Path) -> None:
     main = load_script("simulate_routing.py").main
     base = ["--capacity-blocks", "10", "--out", str(tmp_path)]
-    assert CliRunner().invoke(main, ["synthetic:nope", *base]).exit_code != 0
-    assert CliRunner().invoke(main, [str(tmp_path / "missing.jsonl"), *base]).exit_code != 0
+    assert_refused(CliRunner().invoke(main, ["synthetic:nope", *base]), "synthetic:nope: choose one of")
+    assert_refused(CliRunner().invoke(main, [str(tmp_path / "missing.jsonl"), *base]), "no such trace file")
     two = ["synthetic:chat", "synthetic:agent", "--out", str(tmp_path)]
-    assert CliRunner().invoke(main, [*two, "--capacity-blocks", "1,2,3"]).exit_code != 0
-    assert CliRunner().invoke(main, [*two, "--capacity-blocks", "10", "--rate-per-replica", "0"]).exit_code != 0
+    three = CliRunner().invoke(main, [*two, "--capacity-blocks", "1,2,3"])
+    assert_refused(three, "--capacity-blocks: give one value, or one per trace (2), not 3")
+    zero = CliRunner().invoke(main, [*two, "--capacity-blocks", "10", "--rate-per-replica", "0"])
+    assert_refused(zero, "--rate-per-replica: every value must be > 0")
 
 
 def test_the_index_benchmark_measures_memory_throughput_and_routes() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import random
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 from radixcache.sim.sweep import CellRunner, SweepCell, SweepRow, load_trace, run_cell, run_cells_in_processes
 from radixcache.trace import write_token_jsonl
 from radixcache.trace.records import TokenRequest
+from tests.refusals import assert_refused
 from tests.sim.conftest import load_script
 
 
@@ -41,8 +43,11 @@ def test_sweep_writes_csv_markdown_and_plot(tmp_path: Path) -> None:
 
 def test_sweep_refuses_unknown_policies_and_workloads(tmp_path: Path) -> None:
     main = load_script("simulate_eviction").main
-    assert CliRunner().invoke(main, ["synthetic:nope", "--out", str(tmp_path)]).exit_code != 0
-    assert CliRunner().invoke(main, ["synthetic:chat", "--policy", "nope", "--out", str(tmp_path)]).exit_code != 0
+    nope = CliRunner().invoke(main, ["synthetic:nope", "--out", str(tmp_path)])
+    assert_refused(nope, "synthetic:nope: choose one of")
+    unknown = CliRunner().invoke(main, ["synthetic:chat", "--policy", "nope", "--out", str(tmp_path)])
+    assert_refused(unknown, "unknown policy 'nope'; choose from", "lru")
+    assert not any(tmp_path.iterdir()), "a refused sweep writes nothing"
 
 
 def sweep_rows(tmp_path: Path, traces: list[str], workers: int) -> list[dict]:
@@ -64,14 +69,16 @@ def test_parallel_sweep_gives_the_sequential_rows_in_order(tmp_path: Path) -> No
     assert sweep_rows(tmp_path, traces, 2) == sequential
 
 
-def test_ray_without_ray_installed_says_how_to_install_it(tmp_path: Path) -> None:
-    if importlib.util.find_spec("ray") is not None:
-        pytest.skip("ray is installed")
+def test_ray_without_ray_installed_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ray is a dev dependency, so it is installed here: hide it the way Python sees an absent package (a None entry
+    # in sys.modules makes find_spec answer None and `import ray` fail), for this test only.
+    monkeypatch.setitem(sys.modules, "ray", None)
+    assert importlib.util.find_spec("ray") is None
     result = CliRunner().invoke(
-        load_script("simulate_eviction").main, ["synthetic:chat", "--ray", "--out", str(tmp_path)]
+        load_script("simulate_eviction").main, ["synthetic:chat", "--ray", "--out", str(tmp_path / "out")]
     )
-    assert result.exit_code != 0
-    assert "pip install ray" in result.output
+    assert_refused(result, "--ray needs Ray, which is not installed: pip install ray")
+    assert not (tmp_path / "out").exists()
 
 
 def bursty_trace(tmp_path: Path) -> Path:
