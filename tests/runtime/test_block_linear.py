@@ -1,7 +1,7 @@
 """radixcache.runtime.model.block_linear on synthetic GGUF blocks (numpy-built Q4_1 / Q8_0 bytes, no model file).
 
 Checked against: `BlockWeight`'s refusals (kind, column count, dtype and shape, each message naming the problem);
-`.dequantize()` against radixcache.runtime.model.dequant.dequantize on the same bytes; `BlockLinear` against a float64
+`.dequantize()` against the `gguf` package's dequantiser on the same bytes; `BlockLinear` against a float64
 `x @ W.T + b` of the dequantised weight, for the native kernel (1 to 4 rows) and the dense path (5 and more),
 single-kind and fused mixed-kind matrices, with and without bias, 1-D / 3-D / non-contiguous inputs; a row's
 result against the same row inside a batch; and the refusals of a wrong feature count and of parts that do not
@@ -16,9 +16,11 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
 
 from radixcache.runtime.model.block_linear import BLOCK, BLOCK_BYTES, BlockLinear, BlockWeight
-from radixcache.runtime.model.dequant import GGML_TYPE_IDS, dequantize
+from radixcache.runtime.model.dequant import GGML_TYPE_IDS
 from radixcache.runtime.model.linear import DenseLinear
 from radixcache.runtime.model.quant import make_linear
 from radixcache.runtime.testing import random_block_weight
@@ -91,9 +93,12 @@ def test_block_weight_refuses_wrong_dtype_or_shape(kind: str, data: torch.Tensor
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize(("rows", "cols"), [(1, 32), (7, 96), (16, 256)])
-def test_dequantize_equals_the_loader_dequantiser(kind: str, rows: int, cols: int) -> None:
+def test_dequantize_equals_the_gguf_package(kind: str, rows: int, cols: int) -> None:
+    # BlockWeight.dequantize calls the loader's dequantiser, so the reference is the independent one of the `gguf`
+    # package (a dev dependency): ggml's own block layout, decoded by other code from the same bytes.
     bw = random_blocks(kind, rows, cols, seed=rows + cols)
-    want = dequantize(bw.data.numpy(), GGML_TYPE_IDS[kind], (rows, cols))
+    want = gguf_dequantize(bw.data.numpy(), GGMLQuantizationType[kind]).reshape(rows, cols).astype(np.float32)
+    assert GGML_TYPE_IDS[kind] == int(GGMLQuantizationType[kind])
     got = bw.dequantize()
     assert got.dtype == torch.float32 and got.shape == (rows, cols)
     assert torch.equal(got, torch.from_numpy(np.ascontiguousarray(want)))
