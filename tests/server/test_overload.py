@@ -178,5 +178,7 @@ def test_a_request_timeout_ends_the_request_with_what_it_generated(tiny_model_di
             model="tiny", prompt="abc", max_tokens=3000, temperature=0, logit_bias=NO_EOS, extra_body={"timeout": 60}
         )
         assert r.choices[0].finish_reason == "length" and 0 < r.usage.completion_tokens < 3000
-        assert time.monotonic() - t0 < 30, "the server's limit wins over a longer request timeout"
+        # The request asked for 60 s; the server's 0.3 s ends it, so it returns well before the request's own
+        # limit would (a bound that only a request running to 60 s fails, however busy the machine).
+        assert time.monotonic() - t0 < 50, "the server's limit wins over a longer request timeout"
         assert_clean(s)
