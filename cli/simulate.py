@@ -2,33 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import sys
 from dataclasses import replace
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from radixcache.cli.progress import progress_bar
+from radixcache.cli.simulate_routed import check_routing_flags, simulate_routed
+from radixcache.cli.simulate_tables import print_comparison, print_json, print_report
 from radixcache.errors import RadixCacheError
 from radixcache.policy.admission import ADMISSION_POLICIES
 from radixcache.policy.registry import ALL_POLICIES
 from radixcache.router import ROUTERS
 from radixcache.sim.compare import compare, policy_names
-from radixcache.sim.routing import (
-    ARRIVALS,
-    DEFAULT_ROUTING_COSTS,
-    RoutedWorkload,
-    RoutingCosts,
-    RoutingResult,
-    routed_in_memory,
-    simulate_routing,
-)
-from radixcache.sim.simulate import Replayable, SimReport, SimResult, evaluate
-from radixcache.sim.source import TraceSource, open_source, worth_reading_ahead
+from radixcache.sim.evaluation import evaluate
+from radixcache.sim.replay_common import Replayable
+from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS
+from radixcache.sim.routing_workload import ARRIVALS
+from radixcache.sim.source import open_source, worth_reading_ahead
 from radixcache.sim.tiers import COST_PAGE_TOKENS, DEFAULT_TIER_COSTS, TierConfig, TierCosts
 from radixcache.tier.tiered_cache import WRITE_POLICIES
 from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
@@ -232,8 +225,8 @@ def simulate(
             raise click.UsageError(
                 "--admission, --belady-admission, --policies and --honor-timestamps are for one cache, not --replicas"
             )
-        _check_routing_flags(ctx, belady, host_capacity_blocks, disk_capacity_blocks, write_policy, rate, arrivals)
-        _simulate_routed(
+        check_routing_flags(ctx, belady, host_capacity_blocks, disk_capacity_blocks, write_policy, rate, arrivals)
+        simulate_routed(
             trace,
             fmt,
             page_size,
@@ -315,10 +308,9 @@ def simulate(
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
-        json.dump(report.as_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(report.as_dict())
         return
-    _print_report(trace, report)
+    print_report(trace, report)
 
 
 def _tier_config(
@@ -362,43 +354,6 @@ def _tier_config(
     return TierConfig(host, disk, write_policy or "write_through", model)
 
 
-def _print_report(trace: str, report: SimReport) -> None:
-    r = report.result
-    unit = f"{r.block_tokens} tokens" if r.block_tokens > 1 else "1 token"
-    table = Table(
-        title=f"{trace}: {r.requests:,} requests, {r.prompt_tokens:,} prompt tokens, "
-        f"{r.capacity_blocks:,} blocks of {unit}, concurrency {r.concurrency}"
-    )
-    for column in ("run", "hit rate", "block hit rate", "hit tokens", "evicted blocks", "seconds"):
-        table.add_column(column, justify="right")
-    name = r.policy if r.tiers is None else " + ".join([r.policy, *list(r.tiers.hit_tokens)[1:]])
-    rows: list[tuple[str, SimResult]] = [(name, r)]
-    if report.infinite is not None:
-        rows.append(("infinite cache", report.infinite))
-    if report.belady_admission is not None:
-        rows.insert(1, ("belady with admission (bound)", report.belady_admission))
-    if report.belady is not None:
-        rows.insert(1, ("belady, resident (bound)" if r.tiers is None else "belady (device optimum)", report.belady))
-    for name, run in rows:
-        table.add_row(
-            name,
-            f"{run.hit_rate:.2%}",
-            f"{run.block_hit_rate:.2%}",
-            f"{run.hit_tokens:,}",
-            f"{run.evicted_blocks:,}" if run is not report.infinite else "-",
-            f"{run.seconds:.2f}",
-        )
-    console = Console()
-    console.print(table)
-    if r.tiers is not None:
-        _print_tiers(console, r)
-    console.print("hit rate per window: " + " ".join(f"{w.hit_rate:.0%}" for w in r.windows))
-    if r.admission is not None:
-        console.print(f"admission {r.admission}: {r.declined_pages:,} pages declined")
-    if r.oversized_requests:
-        console.print(f"{r.oversized_requests} requests were larger than the cache could free; cached in part")
-
-
 def _compare_policies(
     trace: str,
     workload: Replayable,
@@ -425,202 +380,6 @@ def _compare_policies(
     )
     if as_json:
         out = {"capacity_blocks": blocks, "concurrency": concurrency, "runs": [row.as_dict() for row in rows]}
-        json.dump(out, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(out)
         return
-    first = rows[0].result
-    table = Table(title=f"{trace}: {first.requests:,} requests, {blocks:,} blocks, concurrency {concurrency}")
-    table.add_column("run", no_wrap=True)
-    for column in ("hit rate", "evicted", "declined", "seconds"):
-        table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("what it is")
-    for row in rows:
-        r = row.result
-        table.add_row(
-            row.name,
-            f"{r.hit_rate:.2%}",
-            f"{r.evicted_blocks:,}" if row.kind != "infinite" else "-",
-            f"{r.declined_pages:,}" if r.admission is not None else "-",
-            f"{r.seconds:.2f}",
-            row.label if row.kind != "policy" else "online policy",
-        )
-    Console().print(table)
-
-
-def _print_tiers(console: Console, r: SimResult) -> None:
-    """The tiered replay's hits per tier, and its modelled TTFT beside the device alone and no cache."""
-    t = r.tiers
-    assert t is not None
-    tiers = Table(title=f"hits per tier (host write policy {t.write_policy})")
-    for column in ("tier", "capacity blocks", "hit rate", "hit tokens", "loaded blocks", "stored", "evicted"):
-        tiers.add_column(column, justify="right")
-    rates = t.tier_hit_rate
-    for name, hits in t.hit_tokens.items():
-        stats = t.tier_stats.get(name)
-        tiers.add_row(
-            name,
-            f"{stats.capacity if stats else r.capacity_blocks:,}",
-            f"{rates[name]:.2%}",
-            f"{hits:,}",
-            f"{t.loaded_blocks[name]:,}" if name in t.loaded_blocks else "-",
-            f"{stats.stored:,}" if stats else "-",
-            f"{stats.evicted:,}" if stats else f"{r.evicted_blocks:,}",
-        )
-    tiers.add_row("all", "", f"{r.hit_rate:.2%}", f"{r.hit_tokens:,}", "", "", "")
-    console.print(tiers)
-    c = t.costs
-    ttft = Table(
-        title=f"modelled TTFT (prefill {c.prefill_ms_per_token:g} ms per token; a page of {t.page_tokens} tokens "
-        f"loads in {c.load_s_per_page('host', t.page_tokens) * 1000:g} ms from the host, "
-        f"{c.load_s_per_page('disk', t.page_tokens) * 1000:g} ms from the disk)"
-    )
-    for column in ("run", "hit rate", "mean (ms)", "p50 (ms)", "p99 (ms)"):
-        ttft.add_column(column, justify="right")
-    for name, rate, s in (
-        ("no cache", 0.0, t.ttft_no_cache),
-        ("device only", rates["device"], t.ttft_device_only),
-        (" + ".join(t.hit_tokens), r.hit_rate, t.ttft),
-    ):
-        ttft.add_row(name, f"{rate:.2%}", f"{s.mean_s * 1000:,.1f}", f"{s.p50_s * 1000:,.1f}", f"{s.p99_s * 1000:,.1f}")
-    console.print(ttft)
-
-
-def _check_routing_flags(
-    ctx: click.Context,
-    belady: bool,
-    host: int | None,
-    disk: int | None,
-    write_policy: str | None,
-    rate: float | None,
-    arrivals: str | None,
-) -> None:
-    """Usage errors for flags a routed replay does not take."""
-    refused = [
-        flag
-        for flag, given in (
-            ("--belady", belady),
-            ("--host-capacity-blocks", host is not None),
-            ("--disk-capacity-blocks", disk is not None),
-            ("--write-policy", write_policy is not None),
-            ("--host-load-ms-per-page", ctx.params.get("host_load_ms_per_page") is not None),
-            ("--disk-load-ms-per-page", ctx.params.get("disk_load_ms_per_page") is not None),
-        )
-        if given
-    ]
-    if refused:
-        raise click.UsageError(
-            f"{', '.join(refused)}: not with --replicas (a routed replay has no oracle bound and no tiers)"
-        )
-    if (
-        ctx.get_parameter_source("concurrency") is not click.core.ParameterSource.DEFAULT
-        and ctx.params["concurrency"] != 1
-    ):
-        raise click.UsageError("--concurrency: not with --replicas (each replica serves one request at a time, FIFO)")
-    if arrivals is not None and rate is None:
-        raise click.UsageError("--arrivals: only with --rate (without it, requests arrive at the trace's timestamps)")
-
-
-def _print_routing(trace: str, r: RoutingResult) -> None:
-    """A routed replay: the cluster's figures, then one row per replica."""
-    c = r.costs
-    arrivals = "the trace's timestamps" if r.rate is None else f"{r.rate:g} requests/s"
-    console = Console()
-    console.print(
-        f"{trace}: {r.requests:,} requests, router {r.router}, {r.num_replicas} replicas of {r.capacity_blocks:,} "
-        f"blocks ({r.block_tokens} tokens each), arrivals at {arrivals}; prefill {c.prefill_ms_per_token:g} ms and "
-        f"decode {c.decode_ms_per_token:g} ms per token"
-    )
-    summary = Table()
-    for column in ("router", "hit rate", "imbalance", "utilisation", "TTFT p50 (s)", "TTFT p99 (s)", "TTFT mean (s)"):
-        summary.add_column(column, justify="right")
-    summary.add_row(
-        r.router,
-        f"{r.hit_rate:.2%}",
-        f"{r.imbalance:.2f}",
-        f"{r.utilisation:.0%}",
-        f"{r.ttft.p50_s:,.2f}",
-        f"{r.ttft.p99_s:,.2f}",
-        f"{r.ttft.mean_s:,.2f}",
-    )
-    console.print(summary)
-    rows = Table(title="per replica")
-    for column in ("replica", "requests", "prompt tokens", "hit rate", "busy (s)", "TTFT mean (s)", "evicted blocks"):
-        rows.add_column(column, justify="right")
-    for rep in r.replicas:
-        rows.add_row(
-            str(rep.replica),
-            f"{rep.requests:,}",
-            f"{rep.prompt_tokens:,}",
-            f"{rep.hit_rate:.2%}",
-            f"{rep.busy_s:,.1f}",
-            f"{rep.ttft_mean_s:,.2f}",
-            f"{rep.evicted_blocks:,}",
-        )
-    console.print(rows)
-    e = r.events
-    console.print(
-        f"index: {e.events:,} page events in {e.batches:,} batches ({e.events_per_s:,.0f} events/s of simulated "
-        f"time), at most {e.peak_index_pages:,} pages, {e.index_memory_bytes / 2**20:,.1f} MiB at the end"
-    )
-
-
-def _simulate_routed(
-    trace: str,
-    fmt: str | None,
-    page_size: int | None,
-    block_size: int,
-    capacity_blocks: int | None,
-    capacity_tokens: int | None,
-    in_memory: bool,
-    replicas: int,
-    router: str,
-    policy: str,
-    prefill_ms_per_token: float | None,
-    decode_ms_per_token: float | None,
-    rate: float | None,
-    arrivals: str,
-    seed: int,
-    as_json: bool,
-) -> None:
-    """`simulate --replicas N`: the trace through N replicas behind `router` (radixcache.sim.routing)."""
-    for flag, value in (
-        ("--prefill-ms-per-token", prefill_ms_per_token),
-        ("--decode-ms-per-token", decode_ms_per_token),
-    ):
-        if value is not None and not math.isfinite(value):
-            raise click.UsageError(f"{flag} must be a finite number of milliseconds, got {value}")
-    if rate is not None and not math.isfinite(rate):
-        raise click.UsageError(f"--rate must be a finite number of requests/s, got {rate}")
-    d = DEFAULT_ROUTING_COSTS
-    costs = RoutingCosts(
-        d.prefill_ms_per_token if prefill_ms_per_token is None else prefill_ms_per_token,
-        d.decode_ms_per_token if decode_ms_per_token is None else decode_ms_per_token,
-    )
-    try:
-        source = open_source(trace, fmt, page_size=page_size, block_size=block_size)
-        workload: TraceSource | RoutedWorkload = routed_in_memory(source) if in_memory else source
-        blocks = capacity_blocks or source.blocks_for_tokens(capacity_tokens or 0)
-        if blocks < 1:
-            raise click.UsageError(f"--capacity-tokens {capacity_tokens} is less than one block")
-        shown = Console(stderr=True).is_terminal
-        requests = len(workload.requests) if isinstance(workload, RoutedWorkload) else (source.count() if shown else 0)
-        with progress_bar("routing", requests) as advance:
-            result = simulate_routing(
-                workload,
-                replicas,
-                blocks,
-                router,
-                policy=policy,
-                costs=costs,
-                rate=rate,
-                arrivals=arrivals,
-                seed=seed,
-                progress=advance,
-            )
-    except RadixCacheError as exc:
-        raise click.ClickException(str(exc)) from None
-    if as_json:
-        json.dump(result.as_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print_routing(trace, result)
+    print_comparison(trace, rows, blocks, concurrency)

@@ -33,7 +33,21 @@ MOVED: dict[str, tuple[str, ...]] = {
     "radixcache.synthetic": ("radixcache.trace.synthetic",),
     "radixcache.simulate_workload": ("radixcache.trace.workload",),
     "radixcache.trace.replay_log": ("radixcache.trace.replay_output", "radixcache.stats"),
-    "radixcache.simulate": ("radixcache.sim.simulate",),
+    "radixcache.simulate": (
+        "radixcache.sim.simulation",
+        "radixcache.sim.evaluation",
+        "radixcache.sim.results",
+        "radixcache.sim.cache_replay",
+        "radixcache.sim.tiered_replay",
+        "radixcache.sim.infinite_replay",
+        "radixcache.sim.replay_common",
+    ),
+    "radixcache.simulate_routing": (
+        "radixcache.sim.routing_replay",
+        "radixcache.sim.routing_results",
+        "radixcache.sim.routing_workload",
+        "radixcache.sim.routing_cells",
+    ),
     **{
         f"radixcache.simulate_{name}": (f"radixcache.sim.{name}",)
         for name in (
@@ -50,7 +64,6 @@ MOVED: dict[str, tuple[str, ...]] = {
             "source",
             "sweep",
             "tiers",
-            "routing",
         )
     },
 }

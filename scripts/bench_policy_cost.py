@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from radixcache.policy.registry import ALL_POLICIES
-from radixcache.sim.simulate import simulate
+from radixcache.sim.simulation import simulate
 from radixcache.sim.sweep import capacities_for, load_trace
 
 

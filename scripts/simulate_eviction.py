@@ -28,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from radixcache.errors import RadixCacheError
 from radixcache.policy.registry import ALL_POLICIES
-from radixcache.sim.simulate import BELADY, BELADY_ADMISSION, DEAD_LRU
+from radixcache.sim.results import BELADY, BELADY_ADMISSION, DEAD_LRU
 from radixcache.sim.sweep import (
     INFINITE,
     SYNTHETIC,

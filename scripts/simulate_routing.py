@@ -29,17 +29,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from radixcache.errors import RadixCacheError
 from radixcache.router import ROUTERS
-from radixcache.sim.routing import (
-    DEFAULT_ROUTING_COSTS,
+from radixcache.sim.routing_cells import (
     SYNTHETIC,
     RoutingCell,
     RoutingCellRunner,
-    RoutingCosts,
     RoutingRow,
     run_routing_cells_in_processes,
     run_routing_cells_on_ray,
     start_ray,
 )
+from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS, RoutingCosts
 from radixcache.trace.synthetic import GENERATORS
 
 DEFAULT_REPLICAS = "8,16,32,64"

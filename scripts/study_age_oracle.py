@@ -19,7 +19,7 @@ never) per class, read at the block's age (requests since its last access).
   learner with unbounded bookkeeping that sees only the past. (Every `eva` column takes `g` from LRU's replay of
   the same requests, a figure an online policy would have to estimate.)
 
-The replay is the simulator's at concurrency 1 on a hash trace (radixcache.sim.simulate: match the prompt's cached
+The replay is the simulator's at concurrency 1 on a hash trace (radixcache.sim.cache_replay: match the prompt's cached
 prefix, lock it, evict unlocked childless blocks one at a time, insert the rest), over single blocks with numpy;
 its LRU, Belady and lru-dead figures are the simulator's (tests/sim/test_study_age_oracle.py checks that). Usage:
     .venv/bin/python scripts/study_age_oracle.py ../shared/traces/mooncake_synthetic_trace.jsonl

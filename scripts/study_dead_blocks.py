@@ -21,8 +21,9 @@ from pathlib import Path
 
 from radixcache.node import TreeNode
 from radixcache.policy.base import EvictionPolicy
+from radixcache.sim.cache_replay import CacheReplay
 from radixcache.sim.oracle import ChainedNextUseOracle, DeadBlockLRU
-from radixcache.sim.simulate import CacheReplay, simulate
+from radixcache.sim.simulation import simulate
 from radixcache.sim.sweep import capacities_for
 from radixcache.trace.workload import Workload, load_workload
 

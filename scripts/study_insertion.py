@@ -29,7 +29,7 @@ import numpy as np
 
 from radixcache.node import TreeNode
 from radixcache.policy.base import EvictionPolicy
-from radixcache.sim.simulate import simulate
+from radixcache.sim.simulation import simulate
 from radixcache.sim.sweep import capacities_for
 from radixcache.trace.workload import load_workload
 

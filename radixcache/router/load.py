@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from radixcache.router.errors import RouterError
 from radixcache.router.events import PageKey
 
-# The defaults are the simulator's (radixcache.sim.routing): seconds per token on this project's 2-core CPU
+# The defaults are the simulator's (radixcache.sim.routing_results): seconds per token on this project's 2-core CPU
 # with SmolLM2-135M. Prefill: radixcache.sim.tiers.DEFAULT_TIER_COSTS (scripts/bench_tiers.py, 2.74 ms a
 # token). Decode: the Engine's batch-8 aggregate decode, about 162 tokens/s (docs/benchmarks.md), so 6.2 ms a token
 # of one request's share of a batched step. Only their ratio matters to the routers.

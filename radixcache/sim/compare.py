@@ -12,19 +12,11 @@ from dataclasses import dataclass
 from radixcache.errors import RadixCacheError
 from radixcache.policy.admission import AdmissionPolicy
 from radixcache.policy.registry import ALL_POLICIES
-from radixcache.sim.simulate import (
-    BELADY,
-    BELADY_ADMISSION,
-    BOUND_LABELS,
-    CacheReplay,
-    InfiniteReplay,
-    Replayable,
-    SimResult,
-    _drive,
-    simulate,
-    simulate_infinite,
-    trace_span,
-)
+from radixcache.sim.cache_replay import CacheReplay
+from radixcache.sim.infinite_replay import InfiniteReplay
+from radixcache.sim.replay_common import Replayable, drive, trace_span
+from radixcache.sim.results import BELADY, BELADY_ADMISSION, BOUND_LABELS, SimResult
+from radixcache.sim.simulation import simulate, simulate_infinite
 
 #: the offline runs `--policies all` adds, in table order
 BOUNDS = (BELADY, BELADY_ADMISSION)
@@ -97,7 +89,7 @@ def compare(
             replays.append((f"{name} + admission {replay.admission.name}", replay))  # type: ignore[union-attr]
     unbounded = InfiniteReplay(workload, concurrency=concurrency, windows=1, span=trace_span(workload))
     feeds: list = [replay for _, replay in replays]
-    _drive(workload, [*feeds, unbounded] if infinite else feeds, progress)
+    drive(workload, [*feeds, unbounded] if infinite else feeds, progress)
     rows = [ComparedRun(name, "policy", name, replay.result()) for name, replay in replays]
     for bound in bounds:
         result = simulate(workload, capacity_blocks, bound, concurrency=concurrency, windows=1, **clock)

@@ -69,7 +69,7 @@ def flat_replay(
 class FlatBeladyReplay:
     """Belady over single blocks (see the module docstring), from the trace's ChainedArrays: `run` replays every
     request; `feed` replays one (CacheReplay's interface: the request itself adds nothing to what was read). It
-    keeps CacheReplay's counters, which radixcache.sim.simulate reads into a SimResult."""
+    keeps CacheReplay's counters, which radixcache.sim.simulation reads into a SimResult."""
 
     def __init__(
         self, workload: Any, capacity_blocks: int, arrays: ChainedArrays, *, timeline: Any, honor_timestamps: bool

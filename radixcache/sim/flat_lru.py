@@ -19,8 +19,8 @@ cached), and the chain check. Memory is the cache's window (the ids and events s
 
 A request the tree must replay (a namespace, a recorded finish or tail page), an id found after two different
 parents or twice in one path, or an id that is not a non-negative int64 marks the replay `broken`: it stops
-counting, and the caller replays the trace through the tree instead (radixcache.sim.simulate). It gives the tree's hits,
-evictions and windows exactly (tests/sim/test_flat_lru.py).
+counting, and the caller replays the trace through the tree instead (radixcache.sim.simulation). It gives the
+tree's hits, evictions and windows exactly (tests/sim/test_flat_lru.py).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ _ROOT = -1  # the parent of a path's first id
 
 class FlatLRUReplay:
     """LRU over single blocks (see the module docstring), fed request by request like CacheReplay; it keeps
-    CacheReplay's counters, which radixcache.sim.simulate reads into a SimResult. `broken` says the tree must replay the
-    trace instead (`reason` says why)."""
+    CacheReplay's counters, which radixcache.sim.simulation reads into a SimResult. `broken` says the tree must replay
+    the trace instead (`reason` says why)."""
 
     def __init__(
         self, workload: Any, capacity_blocks: int, *, timeline: Any, honor_timestamps: bool, chunk_ids: int = 1 << 14

@@ -1,6 +1,6 @@
 """The infinite-cache bound over hash ids, a chunk of requests at a time, in numpy.
 
-The infinite replay (radixcache.sim.simulate.InfiniteReplay) keeps, per hash id, the id recorded before it (`parent`,
+The infinite replay (radixcache.sim.infinite_replay) keeps, per hash id, the id recorded before it (`parent`,
 an int64 array indexed by id: 0 unseen, 1 the root, id + 2 the id before it). A prompt hits its leading ids whose
 recorded parent is the id before them. At concurrency 1 each request's ids are recorded before the next request
 arrives, so for a chunk of requests an id hits iff it was recorded before the chunk or first read by an earlier

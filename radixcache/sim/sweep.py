@@ -7,14 +7,14 @@ loading a trace from its spec (a path, or `synthetic:KIND`) once, so no workload
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from radixcache.errors import RadixCacheError
-from radixcache.sim.simulate import BELADY, infinite_capacity, simulate, simulate_infinite
+from radixcache.sim.cell_pool import run_in_processes, run_on_ray
+from radixcache.sim.results import BELADY
+from radixcache.sim.simulation import infinite_capacity, simulate, simulate_infinite
 from radixcache.trace import FORMAT_KINDS, detect_format
 from radixcache.trace.stats import reuse_summary
 from radixcache.trace.synthetic import GENERATORS
@@ -98,7 +98,7 @@ def sweep_cells(
 
 def run_cell(cell: SweepCell, workload: Workload, concurrency: int = 1, honor_timestamps: bool = False) -> SweepRow:
     """Replay one cell; the same cell on the same workload gives the same row, bar `seconds`. `honor_timestamps`:
-    the cache's clock follows the trace's timestamps (radixcache.sim.simulate.simulate)."""
+    the cache's clock follows the trace's timestamps (radixcache.sim.simulation.simulate)."""
     if cell.policy == INFINITE:  # the same figures as a tree nothing fills, in a dict (simulate_infinite)
         r = simulate_infinite(workload, concurrency=concurrency, windows=1)
     else:
@@ -164,6 +164,11 @@ class CellRunner:
         self._index = -1
         self._workload: Workload | None = None
 
+    @property
+    def init_args(self) -> tuple:
+        """The arguments that build this runner in a worker (radixcache.sim.cell_pool)."""
+        return (self.specs, self.page_size, self.block_size, self.concurrency, self.honor_timestamps)
+
     def run(self, cell: SweepCell) -> SweepRow:
         if cell.index != self._index or self._workload is None:
             self._workload = None  # free the previous trace before loading the next
@@ -172,25 +177,9 @@ class CellRunner:
         return run_cell(cell, self._workload, self.concurrency, self.honor_timestamps)
 
 
-_runner: CellRunner | None = None  # the worker process's own
-
-
-def _init_worker(specs: Sequence[str], page_size: int, block_size: int, concurrency: int, honor: bool) -> None:
-    global _runner
-    _runner = CellRunner(specs, page_size, block_size, concurrency, honor)
-
-
-def _run_in_worker(cell: SweepCell) -> SweepRow:
-    assert _runner is not None, "the pool's initializer sets the runner"
-    return _runner.run(cell)
-
-
 def run_cells_in_processes(cells: Sequence[SweepCell], runner: CellRunner, workers: int) -> Iterator[SweepRow]:
     """Run `cells` on `workers` fresh processes, each loading traces as `runner` says; rows in cell order."""
-    context = multiprocessing.get_context("spawn")  # no fork of a threaded parent (the progress bar)
-    init = (runner.specs, runner.page_size, runner.block_size, runner.concurrency, runner.honor_timestamps)
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=init) as pool:
-        yield from pool.map(_run_in_worker, cells)
+    return run_in_processes(cells, runner, workers)
 
 
 def ray_workers(address: str | None, workers: int | None) -> int:
@@ -206,13 +195,4 @@ def run_cells_on_ray(cells: Sequence[SweepCell], runner: CellRunner, workers: in
 
     Every node needs radixcache installed and the trace files at the same paths.
     """
-    import ray
-    from ray.util import ActorPool
-
-    actor = ray.remote(num_cpus=1)(CellRunner)
-    args = (runner.specs, runner.page_size, runner.block_size, runner.concurrency, runner.honor_timestamps)
-    pool = ActorPool([actor.remote(*args) for _ in range(workers)])
-    try:
-        yield from pool.map(lambda a, cell: a.run.remote(cell), cells)
-    finally:
-        ray.shutdown()
+    return run_on_ray(cells, runner, workers)

@@ -1,6 +1,6 @@
 """Host and disk tiers in the simulator: the cost model, the tiers' page keys, the modelled TTFT and the results.
 
-The replay itself is `radixcache.sim.simulate.TieredReplay`; this module holds what it is configured with
+The replay itself is `radixcache.sim.tiered_replay.TieredReplay`; this module holds what it is configured with
 (`TierConfig`, `TierCosts`) and what it reports (`TierResult`, `TtftSummary`).
 
 Cost model (no queueing): a request's modelled TTFT is

@@ -12,7 +12,7 @@ from radixcache.router import (
     RouteRequest,
     RouterError,
 )
-from radixcache.sim.routing import DEFAULT_ROUTING_COSTS
+from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS
 from radixcache.sim.tiers import DEFAULT_TIER_COSTS
 
 

@@ -12,14 +12,9 @@ from click.testing import CliRunner
 
 from radixcache.cli.main import main
 from radixcache.router import make_router
-from radixcache.sim.routing import (
-    RoutingCosts,
-    RoutingReplay,
-    arrival_times,
-    routed_in_memory,
-    routed_requests,
-    simulate_routing,
-)
+from radixcache.sim.routing_replay import RoutingReplay, simulate_routing
+from radixcache.sim.routing_results import RoutingCosts
+from radixcache.sim.routing_workload import arrival_times, routed_in_memory, routed_requests
 from radixcache.sim.source import open_source
 from radixcache.trace import HashRequest, write_mooncake
 from radixcache.trace.synthetic import multi_turn_chat

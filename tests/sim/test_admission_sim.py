@@ -12,7 +12,9 @@ from radixcache.cli.main import main
 from radixcache.errors import RadixCacheError
 from radixcache.policy.admission import AdmissionPolicy, AdmissionRequest
 from radixcache.sim.compare import compare
-from radixcache.sim.simulate import BELADY, BELADY_ADMISSION, evaluate, simulate, simulate_infinite
+from radixcache.sim.evaluation import evaluate
+from radixcache.sim.results import BELADY, BELADY_ADMISSION
+from radixcache.sim.simulation import simulate, simulate_infinite
 from radixcache.trace.synthetic import multi_turn_chat, rag
 from radixcache.trace.workload import SimRequest, Workload, token_workload
 

@@ -9,7 +9,9 @@ from itertools import combinations
 import pytest
 
 from radixcache.policy.registry import POLICIES
-from radixcache.sim.simulate import BELADY, BELADY_ADMISSION, DEAD_LRU, CacheReplay, simulate
+from radixcache.sim.cache_replay import CacheReplay
+from radixcache.sim.results import BELADY, BELADY_ADMISSION, DEAD_LRU
+from radixcache.sim.simulation import simulate
 from radixcache.sim.source import open_source
 from radixcache.trace import HashRequest
 from radixcache.trace.records import TokenRequest

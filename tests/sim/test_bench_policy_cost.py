@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from radixcache.sim.simulate import simulate
+from radixcache.sim.simulation import simulate
 from tests.sim.conftest import load_script
 
 

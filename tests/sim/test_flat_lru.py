@@ -10,19 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixcache.sim.cache_replay import CacheReplay
+from radixcache.sim.evaluation import evaluate
 from radixcache.sim.flat_lru import FlatLRUReplay
-from radixcache.sim.simulate import (
-    CacheReplay,
-    InfiniteReplay,
-    _drive,
-    _Timeline,
-    device_replay,
-    evaluate,
-    replay_result,
-    simulate,
-    trace_span,
-)
+from radixcache.sim.infinite_replay import InfiniteReplay
+from radixcache.sim.replay_common import drive, trace_span
+from radixcache.sim.simulation import device_replay, replay_result, simulate
 from radixcache.sim.source import open_source
+from radixcache.sim.timeline import Timeline
 from radixcache.trace import HashRequest
 from radixcache.trace.workload import hash_workload, load_workload
 from tests.sim.conftest import MOONCAKE_TRACE
@@ -34,11 +29,11 @@ def flat_lru(workload: object, capacity: int, chunk_ids: int, *, windows: int = 
     replay = FlatLRUReplay(
         workload,
         capacity,
-        timeline=_Timeline(windows, trace_span(workload)),  # type: ignore[arg-type]
+        timeline=Timeline(windows, trace_span(workload)),  # type: ignore[arg-type]
         honor_timestamps=False,
         chunk_ids=chunk_ids,
     )
-    _drive(workload, [replay], None)  # type: ignore[arg-type]
+    drive(workload, [replay], None)  # type: ignore[arg-type]
     return replay
 
 
@@ -155,7 +150,7 @@ def naive_infinite_hits(trace: list[HashRequest]) -> list[int]:
 
 def infinite(workload: object, chunk_ids: int | None) -> InfiniteReplay:
     replay = InfiniteReplay(workload, windows=3, chunk_ids=chunk_ids)  # type: ignore[arg-type]
-    _drive(workload, [replay], None)  # type: ignore[arg-type]
+    drive(workload, [replay], None)  # type: ignore[arg-type]
     return replay
 
 

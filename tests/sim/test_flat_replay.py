@@ -12,8 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixcache.sim.cache_replay import CacheReplay
+from radixcache.sim.evaluation import evaluate
 from radixcache.sim.flat import FlatBeladyReplay
-from radixcache.sim.simulate import CacheReplay, SimResult, device_replay, evaluate, simulate
+from radixcache.sim.results import SimResult
+from radixcache.sim.simulation import device_replay, simulate
 from radixcache.sim.source import TraceSource, open_source
 from radixcache.trace import HashRequest
 from radixcache.trace.workload import hash_workload, load_workload

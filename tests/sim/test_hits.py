@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from radixcache.errors import RadixCacheError
-from radixcache.sim.simulate import evaluate, simulate
+from radixcache.sim.evaluation import evaluate
+from radixcache.sim.simulation import simulate
 from radixcache.trace import HashRequest
 from radixcache.trace.records import TokenRequest
 from radixcache.trace.workload import hash_workload, token_workload

@@ -15,8 +15,9 @@ from radixcache.cli.main import main
 from radixcache.errors import RadixCacheError
 from radixcache.policy.registry import POLICIES
 from radixcache.policy.reuse import ReusePolicy
+from radixcache.sim.cache_replay import CacheReplay
 from radixcache.sim.compare import compare
-from radixcache.sim.simulate import CacheReplay, simulate
+from radixcache.sim.simulation import simulate
 from radixcache.sim.source import open_source
 from radixcache.trace.synthetic import agent_loops, multi_turn_chat
 from radixcache.trace.workload import SimRequest, Workload, token_workload

@@ -7,8 +7,11 @@ import random
 
 import pytest
 
+from radixcache.sim.cache_replay import CacheReplay
+from radixcache.sim.infinite_replay import InfiniteReplay
 from radixcache.sim.inflight import InFlight
-from radixcache.sim.simulate import BELADY, CacheReplay, InfiniteReplay, simulate, simulate_infinite
+from radixcache.sim.results import BELADY
+from radixcache.sim.simulation import simulate, simulate_infinite
 from radixcache.trace.workload import SimRequest, Workload, hash_sim_request
 
 

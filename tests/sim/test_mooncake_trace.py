@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixcache.sim.simulate import infinite_capacity, simulate
+from radixcache.sim.simulation import infinite_capacity, simulate
 from radixcache.trace import read_trace
 from radixcache.trace.stats import trace_stats
 from radixcache.trace.workload import load_workload

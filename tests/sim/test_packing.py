@@ -11,8 +11,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixcache.sim.evaluation import evaluate
 from radixcache.sim.packing import RequestPacker, unpack_requests
-from radixcache.sim.simulate import evaluate, simulate
+from radixcache.sim.simulation import simulate
 from radixcache.sim.source import open_source
 from radixcache.trace.workload import SimRequest
 

@@ -9,7 +9,8 @@ from radixcache.errors import PolicyError
 from radixcache.policy.admission import AdmissionRequest, ReuseAdmission, make_admission
 from radixcache.policy.registry import ALL_POLICIES, POLICIES, make_policy
 from radixcache.policy.reuse import ReusePolicy
-from radixcache.sim.simulate import BELADY, DEAD_LRU, simulate
+from radixcache.sim.results import BELADY, DEAD_LRU
+from radixcache.sim.simulation import simulate
 from radixcache.trace.synthetic import multi_turn_chat, rag
 from radixcache.trace.workload import token_workload
 

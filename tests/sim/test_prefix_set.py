@@ -8,8 +8,10 @@ from array import array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixcache.sim.infinite_replay import InfiniteReplay
 from radixcache.sim.prefixes import PrefixSet
-from radixcache.sim.simulate import InfiniteReplay, _drive, infinite_capacity, simulate
+from radixcache.sim.replay_common import drive
+from radixcache.sim.simulation import infinite_capacity, simulate
 from radixcache.trace.workload import SimRequest, Workload
 
 # Sequences over a small alphabet, so that they share prefixes, extend each other and repeat; some tokens need all
@@ -73,7 +75,7 @@ def test_the_bound_by_sequence_equals_a_tree_that_never_evicts(workload: Workloa
     tree = simulate(workload, infinite_capacity(workload), concurrency=concurrency, check=True)
     assert tree.evicted_blocks == 0
     replay = InfiniteReplay(workload, concurrency=concurrency, chained=True)
-    _drive(workload, [replay], None)
+    drive(workload, [replay], None)
     result = replay.result()
     assert (result.hit_tokens, result.hit_blocks, result.prompt_blocks) == (
         tree.hit_tokens,

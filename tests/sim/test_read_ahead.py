@@ -13,9 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from radixcache.cli.main import main as cli
+from radixcache.sim.evaluation import evaluate
 from radixcache.sim.packing import RequestPacker, unpack_requests
 from radixcache.sim.read_ahead import read_ahead
-from radixcache.sim.simulate import evaluate, infinite_capacity, simulate
+from radixcache.sim.simulation import infinite_capacity, simulate
 from radixcache.sim.source import open_source
 from radixcache.trace.errors import TraceError
 from radixcache.trace.synthetic import multi_turn_chat

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from radixcache.sim.simulate import evaluate, infinite_capacity, simulate, simulate_infinite
+from radixcache.sim.evaluation import evaluate
+from radixcache.sim.simulation import infinite_capacity, simulate, simulate_infinite
 from radixcache.sim.source import open_source
 from radixcache.trace.errors import TraceError
 from radixcache.trace.synthetic import multi_turn_chat

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from radixcache.sim.simulate import simulate
+from radixcache.sim.simulation import simulate
 from radixcache.trace.workload import load_workload
 from tests.sim.conftest import SCRIPTS, load_script
 

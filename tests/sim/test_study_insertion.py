@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from radixcache import RadixCache
-from radixcache.sim.simulate import simulate
+from radixcache.sim.simulation import simulate
 from radixcache.trace.workload import load_workload
 from tests.sim.conftest import SCRIPTS, load_script
 

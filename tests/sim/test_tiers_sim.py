@@ -13,7 +13,9 @@ from click.testing import CliRunner
 
 from radixcache.cli.main import main
 from radixcache.errors import RadixCacheError
-from radixcache.sim.simulate import TieredReplay, evaluate, simulate
+from radixcache.sim.evaluation import evaluate
+from radixcache.sim.simulation import simulate
+from radixcache.sim.tiered_replay import TieredReplay
 from radixcache.sim.tiers import DEFAULT_TIER_COSTS, LatencyDigest, TierConfig, TierCosts
 from radixcache.trace import HashRequest
 from radixcache.trace.synthetic import multi_turn_chat

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from radixcache.errors import RadixCacheError
-from radixcache.sim.simulate import evaluate, simulate
+from radixcache.sim.evaluation import evaluate
+from radixcache.sim.simulation import simulate
 from radixcache.sim.source import open_source
 from radixcache.trace import DEFAULT_BLOCK_SIZE, HashRequest, TraceError, iter_mooncake, read_trace, write_mooncake
 from radixcache.trace.workload import SimRequest, hash_workload, load_workload

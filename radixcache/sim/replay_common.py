@@ -1,0 +1,160 @@
+"""What every replay of one cache shares: the workload it takes, the pass that feeds it, how a request meets the
+tree (its clock at arrival, the pages it shares early, its finish), and the SimResult its counters make.
+
+A replay (CacheReplay, TieredReplay, InfiniteReplay, the flat ones) is fed request by request (`feed`), then
+`close`d and read; `drive` feeds one workload to several replays in one pass.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, Union
+
+from radixcache.cache import RadixCache
+from radixcache.sim.inflight import InFlight
+from radixcache.sim.results import SimResult
+from radixcache.sim.tiers import TierResult
+from radixcache.sim.timeline import Timeline
+from radixcache.tokens import as_token_array
+from radixcache.trace.workload import SimRequest, Workload
+
+if TYPE_CHECKING:
+    from radixcache.sim.source import TraceSource
+
+#: what `simulate` replays: requests in memory, or a trace file streamed (radixcache.sim.source)
+Replayable = Union[Workload, "TraceSource"]
+
+
+class ReplayCounters(Protocol):
+    """The counters every replay keeps, which `replay_figures` reads into a SimResult."""
+
+    timeline: Timeline
+    page_size: int
+    block_tokens: int
+    concurrency: int
+    prompt_blocks: int
+    hit_blocks: int
+    seconds: float
+
+
+class OneCacheReplay:
+    """What a replay through one device cache (CacheReplay, TieredReplay) counts and holds besides its cache: the
+    blocks and hits of its requests, their time windows, the requests in flight, and those larger than what the
+    cache could free (`oversized`)."""
+
+    def __init__(
+        self, workload: Replayable, capacity_blocks: int, concurrency: int, check: bool, windows: int, honor: bool
+    ) -> None:
+        self.capacity_blocks = capacity_blocks
+        self.page_size, self.block_tokens = workload.page_size, workload.block_tokens
+        self.concurrency = concurrency
+        self.check = check
+        self.honor_timestamps = honor
+        self.timeline = Timeline(windows, trace_span(workload))
+        self.inflight = InFlight(concurrency)
+        self.prompt_blocks = self.hit_blocks = self.oversized = 0
+        self.seconds = 0.0
+
+
+def request_tokens(request: SimRequest) -> tuple[array, array]:
+    """A request's prompt plus output, and its prompt, validated once as int64 arrays, which the cache's match and
+    insert then take without another pass."""
+    full = as_token_array(request.prompt + request.output if request.output else request.prompt)
+    return full, (full[: len(request.prompt)] if request.output else full)
+
+
+def fit_request(cache: RadixCache, full: array, matched_pages: int) -> tuple[array, int, int, bool]:
+    """(tokens, need, room, cut): the blocks a request of `full` tokens needs past its `matched_pages`, and the blocks
+    the cache can free. A request that needs more than that caches the whole pages that fit: its tokens are `cut`
+    to them."""
+    p = cache.page_size
+    need = -(-len(full) // p) - matched_pages
+    room = cache.free_blocks + cache.evictable_blocks
+    if need > room:
+        return full[: (matched_pages + room) * p], room, room, True
+    return full, need, room, False
+
+
+def trace_span(workload: Replayable) -> tuple[float, float] | None:
+    """The first and last timestamps, when they can be known before the replay (None: an empty trace, or a
+    stream whose end cannot be read first)."""
+    if isinstance(workload, Workload):
+        reqs = workload.requests
+        return (reqs[0].timestamp_ms, reqs[-1].timestamp_ms) if reqs else None
+    return workload.span()
+
+
+def drive(workload: Replayable, replays: list, progress: Callable[[int], None] | None) -> None:
+    """One pass over the workload, each request fed to every replay in turn."""
+    count = 0
+    for index, request in enumerate(workload):
+        for replay in replays:
+            replay.feed(index, request)
+        count = index + 1
+        if progress is not None and index % 256 == 255:
+            progress(256)
+    for replay in replays:
+        replay.close()
+    if progress is not None and count % 256:
+        progress(count % 256)
+
+
+def replay_figures(
+    replay: ReplayCounters,
+    policy: str,
+    capacity: int,
+    evicted: int,
+    oversized: int,
+    tiers: TierResult | None = None,
+) -> SimResult:
+    """A replay's figures: its counters and time windows, with what only its kind knows."""
+    t = replay.timeline
+    return SimResult(
+        policy=policy,
+        capacity_blocks=capacity,
+        page_size=replay.page_size,
+        block_tokens=replay.block_tokens,
+        concurrency=replay.concurrency,
+        requests=t.requests,
+        prompt_tokens=t.prompt_tokens,
+        hit_tokens=t.hit_tokens,
+        prompt_blocks=replay.prompt_blocks,
+        hit_blocks=replay.hit_blocks,
+        evicted_blocks=evicted,
+        oversized_requests=oversized,
+        windows=t.windows(),
+        seconds=replay.seconds,
+        tiers=tiers,
+        clock="timestamps" if getattr(replay, "honor_timestamps", False) else "requests",
+    )
+
+
+def shared_early(request: SimRequest, pages: int, p: int) -> int:
+    """How many of a request's `pages` (of p cache tokens) the tree holds from the moment it starts.
+
+    An engine shares a prompt's pages as soon as it computes them, and one that arrives meanwhile with the same prefix
+    reuses them (the engine's in-flight sharing). A request an engine recorded (it says when it finished:
+    `finish_ms`) therefore gives the tree its prompt's whole pages when it starts, and the rest when it finishes.
+    Any other request gives them all when it finishes (0 here).
+    """
+    if request.finish_ms is None:
+        return 0
+    return min(request.prompt_tokens // request.unit // p, pages)
+
+
+def advance_to_arrival(cache: RadixCache, request: SimRequest) -> None:
+    """Move the cache's clock to the request's arrival time, in microseconds (`honor_timestamps`)."""
+    at = int(request.timestamp_ms * 1000)
+    if at > 0:
+        cache.advance_clock(at)
+
+
+def finish_into_tree(cache: RadixCache, item: tuple, p: int) -> None:
+    """A finished request's pages enter the tree, its unaligned tail page is freed, and its match is unlocked.
+    `item`: (the locked node, its tokens, its blocks, its namespace)."""
+    node, full, blocks, namespace = item
+    cache.insert(full, blocks, namespace=namespace)
+    if len(full) % p:
+        cache.free(blocks[-1:])  # the unaligned tail page never enters the tree
+    cache.unlock(node)
