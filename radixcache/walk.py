@@ -120,12 +120,12 @@ class TreeWalk(EvictableSet):
         """The walk of an insert whose blocks are proven valid at C speed, or None: take the exact path.
 
         Proof: `blocks` is a block-id array (so every id is an int), as long as the tokens need, and each page
-        is either the tree's own block (every matched node's blocks compare equal, by memcmp), or held: a run
-        of leases from `allocate` (BlockPool.lease_cover). Held ids are
-        distinct and never in the tree, so nothing here can be a duplicate, out of range, or owned elsewhere.
-        The walk is `_descend`'s, comparing blocks instead of collecting them; it changes nothing, and neither
-        does a failed proof. Unless `signs_checked`, it raises InvalidTokensError for a negative token: only the
-        tokens past those the walk found in the tree need the check (the tree holds no negative token).
+        is either the tree's own block (the matched pages' blocks compare equal, one memcmp), or held: a run of
+        leases from `allocate` (BlockPool.lease_cover). Held ids are distinct and never in the tree, so nothing
+        here can be a duplicate, out of range, or owned elsewhere. The walk is `_descend`'s over the full pages;
+        it changes nothing, and neither does a failed proof. Unless `signs_checked`, it raises InvalidTokensError
+        for a negative token: only the tokens past those the walk found in the tree need the check (the tree
+        holds no negative token).
         Returns (node, matched_pages, partial, partial_len, start, cover): blocks[start:] is covered by
         leases; start is 0 when the cached pages come as held duplicates, else matched_pages.
         """
@@ -140,30 +140,14 @@ class TreeWalk(EvictableSet):
             return None
         n = len(arr) // p * p  # full pages only: the unaligned tail is never matched
         buf = arr.tobytes()  # node keys are compared against it in place, and the signs read from it
-        node, pos, pages, own = root, 0, 0, True
-        partial, partial_len = None, 0
-        while n - pos >= p:
-            child = node.children.get(arr[pos] if p == 1 else buf[pos * 8 : (pos + p) * 8])
-            if child is None:
-                break
-            key = child.key
-            k = len(key)
-            if pos + k > n or not buf.startswith(key, pos * 8):  # not a whole node: find how far it matches
-                k = common_prefix_length(key, arr, pos)
-                if p > 1:
-                    k -= k % p
-            if k < len(key):
-                partial, partial_len = child, k
-                if own and blocks[pages : pages + k // p] != child.blocks[: k // p]:
-                    own = False
-                pages += k // p
-                break
-            child_blocks = child.blocks
-            if own and blocks[pages : pages + len(child_blocks)] != child_blocks:
-                own = False
-            pages += len(child_blocks)
-            pos += k
-            node = child
+        if n == len(arr):
+            node, pos, cached, partial, partial_len = self._descend(root, arr, buf)
+        else:
+            node, pos, cached, partial, partial_len = self._descend(root, arr[:n], buf[: n * 8])
+        if partial is not None:
+            cached.extend(partial.blocks[: partial_len // p])
+        pages = len(cached)
+        own = blocks[:pages] == cached  # one memcmp: every cached page comes as the tree's own block
         if not signs_checked:
             check_signs(arr, pos + partial_len, buf)
         start = pages if own else 0
