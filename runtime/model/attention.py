@@ -95,8 +95,21 @@ def build_decode_meta(
     if len(lengths) > 1:
         span = torch.arange(max_blocks * page_size, device=device)
         mask = (span.unsqueeze(0) < lengths_t.unsqueeze(1)).view(len(lengths), 1, 1, -1)
-    runs = page_runs(rows[0], lengths[0], page_size) if len(lengths) == 1 and device.type == "cpu" else None
+    runs = page_runs(rows[0], lengths[0], page_size) if len(lengths) == 1 and reads_pages_in_place(device) else None
     return DecodeMeta(tables, tuple(lengths), lengths_t, slots, mask, runs)
+
+
+def reads_pages_in_place(device: torch.device) -> bool:
+    """Whether one sequence's decode on `device` reads its pages in place (`page_runs`, with the CPU's flash kernel
+    per run); elsewhere it takes the gather path. Only the device decides: tests of the gather path patch this."""
+    return device.type == "cpu"
+
+
+def uses_split_prefill(device: torch.device) -> bool:
+    """Whether a prefill chunk on `device` runs `split_prefill_attention` (the CPU's flash kernel: two calls merged
+    by log-sum-exp, no mask); elsewhere it runs `prefill_attention`, one SDPA call with `causal_mask`'s additive
+    mask over the whole gathered sequence. Only the device decides: tests of the masked path patch this."""
+    return device.type == "cpu"
 
 
 def page_runs(table: list[int], length: int, page_size: int) -> tuple[tuple[int, int, int], ...] | None:

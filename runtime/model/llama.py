@@ -27,6 +27,7 @@ from radixcache.runtime.model.attention import (
     gather_pages,
     prefill_attention,
     split_prefill_attention,
+    uses_split_prefill,
 )
 from radixcache.runtime.model.batch import DecodeBatch, ForwardLogits, PrefillChunk
 from radixcache.runtime.model.linear import Linear
@@ -303,7 +304,7 @@ class LlamaModel:
 
     def _chunk_mask(self, meta: PrefillMeta) -> torch.Tensor | None:
         """The additive causal mask of a chunk off the CPU (built once per pass); the CPU needs none."""
-        if self.device.type == "cpu":
+        if uses_split_prefill(self.device):
             return None
         group = self.config.num_heads // self.config.num_kv_heads
         return causal_mask(meta.start, meta.num_new, meta.total, group, self.device, self.dtype)
