@@ -40,7 +40,7 @@ def as_tuples(r: SimRequest) -> SimRequest:
     return r._replace(prompt=tuple(r.prompt), output=tuple(r.output))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)  # was 300 before the fast test path (issue 30)
 @given(st.lists(st.lists(requests, max_size=5), min_size=1, max_size=4))
 def test_packed_batches_unpack_to_the_same_requests(batches: list[list[SimRequest]]) -> None:
     packer = RequestPacker()
