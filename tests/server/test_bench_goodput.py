@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 RATE, DURATION = 4.0, 3.0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_sweep_both_modes_with_consistent_numbers(tiny_model_dir: Path, tmp_path: Path) -> None:
     out, md, png = tmp_path / "out.json", tmp_path / "out.md", tmp_path / "out.png"

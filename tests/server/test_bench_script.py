@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -16,6 +18,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
 
 
+@pytest.mark.slow
 def test_on_and_off_rows_with_the_hit_rate_from_metrics(tiny_model_dir) -> None:
     r = _bench("--model", str(tiny_model_dir), "--concurrency", "2")
     assert r.returncode == 0, r.stderr

@@ -59,6 +59,7 @@ def test_a_client_that_disconnects_aborts_its_request(server) -> None:
     assert m["radixcache_generation_tokens_total"] - before["radixcache_generation_tokens_total"] < 3000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_finishes_in_flight_requests_then_exits_cleanly(tiny_model_dir, launch, sig: int) -> None:
     with launch(tiny_model_dir, "--capacity-blocks", "128") as s:

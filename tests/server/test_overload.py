@@ -108,6 +108,7 @@ def test_a_refused_stream_is_an_http_status_not_a_broken_stream(small_pool) -> N
     assert_clean(small_pool)
 
 
+@pytest.mark.slow
 def test_queue_timeout_answers_503_with_retry_after(tiny_model_dir, launch) -> None:
     with launch(tiny_model_dir, "--capacity-blocks", "20", "--page-size", "16", "--queue-timeout", "0.05") as s:
         answers = burst(s, 12, prompt_len=100, max_tokens=60)
@@ -154,6 +155,7 @@ def test_a_stream_that_outgrows_the_pool_ends_with_length_then_done(tiny_pool, e
     assert_clean(tiny_pool)
 
 
+@pytest.mark.slow
 def test_max_model_len_bounds_prompt_and_completion(tiny_model_dir, launch) -> None:
     with launch(tiny_model_dir, "--capacity-blocks", "64", "--max-model-len", "64") as s:
         client = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)
@@ -170,6 +172,7 @@ def test_max_model_len_bounds_prompt_and_completion(tiny_model_dir, launch) -> N
         assert_clean(s)
 
 
+@pytest.mark.slow
 def test_a_request_timeout_ends_the_request_with_what_it_generated(tiny_model_dir, launch) -> None:
     with launch(tiny_model_dir, "--capacity-blocks", "512", "--request-timeout", "0.3") as s:
         client = openai.OpenAI(base_url=s.v1, api_key="x", max_retries=0)

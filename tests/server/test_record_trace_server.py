@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 
 import httpx
+import pytest
 from click.testing import CliRunner
 
 from radixcache.cli.main import main
@@ -35,6 +36,7 @@ def _chat(server, messages: list[dict], **extra: object) -> dict:
     return response.json()
 
 
+@pytest.mark.slow
 def test_serve_records_each_request_with_its_session_and_never_its_text(launch, tiny_model_dir, tmp_path: Path) -> None:
     path = tmp_path / "served.jsonl"
     args = ("--page-size", "4", "--capacity-blocks", "256", "--record-trace", str(path))

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_a_short_soak_has_no_500_no_leak_and_invariants_hold(tiny_model_dir) -> None:
     cmd = [sys.executable, str(REPO / "scripts" / "soak_server.py"), "--model", str(tiny_model_dir)]
     cmd += ["--clients", "12", "--duration", "8", "--warmup", "3", "--max-queue", "4", "--queue-timeout", "3"]

@@ -58,6 +58,7 @@ def test_metrics_need_a_key_under_api_keys(keyed) -> None:
     assert r.status_code == 200 and "radixcache_" in r.text
 
 
+@pytest.mark.slow
 def test_public_metrics_opts_out(tiny_model_dir, launch) -> None:
     with launch(tiny_model_dir, "--api-key", "sk-alice", "--public-metrics") as s:
         assert httpx.get(s.url + "/metrics", timeout=10).status_code == 200

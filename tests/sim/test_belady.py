@@ -122,6 +122,7 @@ def test_bulk_trimming_is_block_by_block_trimming(policy: str, name: str, concur
     assert bulk == _replay(workload, CAPACITIES[name], policy, False, concurrency)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MOONCAKE_TRACE.exists(), reason="needs ../shared/traces")
 def test_bulk_trimming_is_block_by_block_trimming_on_the_shared_trace() -> None:
     source = open_source(str(MOONCAKE_TRACE))

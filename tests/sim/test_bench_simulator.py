@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_bench_simulator_small(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     cmd = [sys.executable, str(REPO / "scripts" / "bench_simulator.py"), "--sizes", "3000", "--capacity-blocks", "500"]

@@ -343,6 +343,7 @@ def test_logprobs_are_of_the_raw_distribution(tiny: RandomModel) -> None:
     assert res.logprobs[0].logprob < res.logprobs[0].top[0][1] - 1e-3  # type: ignore[index]
 
 
+@pytest.mark.slow
 def test_smollm2_logprobs_equal_the_reference(smollm2: Any) -> None:
     tok = smollm2.tokenizer
     engine = Engine(smollm2, capacity_blocks=64, page_size=16)
