@@ -4,7 +4,6 @@ events, the cache-aware router against round robin on a small chat trace, and th
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from radixcache.sim.source import open_source
 from radixcache.trace import HashRequest, write_mooncake
 from radixcache.trace.synthetic import multi_turn_chat
 from radixcache.trace.workload import SimRequest, Workload, token_workload
+from tests.refusals import assert_refused
 
 MOONCAKE_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 
@@ -140,7 +140,7 @@ def test_arrivals_at_a_rate_are_seeded_or_even() -> None:
 
 
 def test_cache_aware_beats_round_robin_on_a_small_chat_trace() -> None:
-    started = time.perf_counter()
+    # No wall-clock bound: it flaked on a busy machine, and the run's 300 s timeout still ends a hang.
     workload = token_workload(list(multi_turn_chat(conversations=80, seed=1)), 16)
     results = {
         r: simulate_routing(workload, 8, 512, r, rate=2.5) for r in ("round_robin", "least_loaded", "cache_aware")
@@ -149,7 +149,6 @@ def test_cache_aware_beats_round_robin_on_a_small_chat_trace() -> None:
     assert ours.hit_rate >= 1.5 * rr.hit_rate
     assert ours.imbalance <= 1.3
     assert ours.ttft.p99_s <= ll.ttft.p99_s
-    assert time.perf_counter() - started < 20
 
 
 @pytest.mark.skipif(not MOONCAKE_TRACE.is_file(), reason="the shared Mooncake trace is not beside this clone")
@@ -212,5 +211,5 @@ def test_simulate_replicas_prints_a_table(chat: Path) -> None:
 )
 def test_simulate_replicas_refuses_bad_flags(chat: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(main, ["simulate", str(chat), "--capacity-blocks", "200", *args])
-    assert result.exit_code != 0
+    assert_refused(result, message)
     assert message in result.stderr

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from radixcache.sim.simulation import simulate
+from tests.refusals import assert_refused
 from tests.sim.conftest import load_script
 
 
@@ -49,5 +50,4 @@ def test_an_unknown_policy_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         load_script("bench_policy_cost").main, [str(write_hash_trace(tmp_path / "t.jsonl")), "--policies", "nope"]
     )
-    assert result.exit_code != 0
-    assert "unknown policy 'nope'" in result.output
+    assert_refused(result, "unknown policy 'nope'")

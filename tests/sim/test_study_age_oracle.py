@@ -12,6 +12,7 @@ import pytest
 
 from radixcache.sim.simulation import simulate
 from radixcache.trace.workload import load_workload
+from tests.refusals import assert_refused
 from tests.sim.conftest import SCRIPTS, load_script
 
 study = load_script("study_age_oracle")
@@ -121,5 +122,5 @@ def test_an_unknown_feature_is_refused(trace_file: Path) -> None:
         capture_output=True,
         text=True,
     )
-    assert result.returncode != 0
+    assert_refused(result, "unknown feature 'colour'")
     assert "unknown feature 'colour'" in result.stderr
