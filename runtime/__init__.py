@@ -19,16 +19,31 @@ os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "300000")
 
 if TYPE_CHECKING:
-    from radixcache.runtime.engine.engine import Engine, EngineStats
+    from radixcache.runtime.engine.engine import Engine
+    from radixcache.runtime.engine.engine_config import EngineConfig
+    from radixcache.runtime.engine.options import RequestOptions
+    from radixcache.runtime.engine.protocol import GenerationEngine
     from radixcache.runtime.engine.request import GenerationResult
     from radixcache.runtime.engine.sampling import SamplingParams
+    from radixcache.runtime.engine.stats import EngineStats
 
-__all__ = ["Engine", "EngineStats", "GenerationResult", "SamplingParams"]
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "EngineStats",
+    "GenerationEngine",
+    "GenerationResult",
+    "RequestOptions",
+    "SamplingParams",
+]
 
 _LAZY = {
     "Engine": "radixcache.runtime.engine.engine",
-    "EngineStats": "radixcache.runtime.engine.engine",
+    "EngineConfig": "radixcache.runtime.engine.engine_config",
+    "EngineStats": "radixcache.runtime.engine.stats",
+    "GenerationEngine": "radixcache.runtime.engine.protocol",
     "GenerationResult": "radixcache.runtime.engine.request",
+    "RequestOptions": "radixcache.runtime.engine.options",
     "SamplingParams": "radixcache.runtime.engine.sampling",
 }
 

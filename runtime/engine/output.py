@@ -101,10 +101,10 @@ class OutputProcessor:
         admitted = req.t_admitted is not None
         if admitted:
             t.prompt += len(req.prompt_ids)
-            t.cached += req.cached_tokens
+            t.cached += req.kv.cached_tokens
             t.prefill += req.prefill_tokens
         t.generated += len(out)
-        t.recomputed += req.recomputed_tokens
+        t.recomputed += req.kv.recomputed_tokens
         t_finish = req.t_finish if req.t_finish is not None else time.perf_counter()
         t_first = req.t_first_token if req.t_first_token is not None else t_finish
         tpot = (t_finish - t_first) / (len(out) - 1) if len(out) > 1 else 0.0
@@ -112,7 +112,7 @@ class OutputProcessor:
             text=text,
             token_ids=tuple(out),
             prompt_tokens=len(req.prompt_ids),
-            cached_tokens=req.cached_tokens,
+            cached_tokens=req.kv.cached_tokens,
             prefill_tokens=req.prefill_tokens if admitted else 0,
             ttft_s=t_first - req.t_arrival,
             latency_s=t_finish - req.t_arrival,
@@ -120,8 +120,8 @@ class OutputProcessor:
             logits=torch.stack(req.logits) if req.keep_logits and req.logits else None,
             queue_s=(req.t_admitted if admitted else t_finish) - req.t_arrival,
             tpot_s=tpot,
-            preemptions=req.preemptions,
-            recomputed_tokens=req.recomputed_tokens,
+            preemptions=req.kv.preemptions,
+            recomputed_tokens=req.kv.recomputed_tokens,
             pinned_tokens=req.pinned_tokens,
             logprobs=tuple(req.logprobs) if req.sampler.params.logprobs is not None else None,
         )

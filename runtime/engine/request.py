@@ -10,10 +10,8 @@ from typing import NamedTuple
 
 import torch
 
-from radixcache import TreeNode
-from radixcache.page_hash import PageChain
 from radixcache.runtime.engine.sampling import Sampler, SamplingParams
-from radixcache.runtime.kv.manager import Status
+from radixcache.runtime.kv.state import KVState
 
 
 class TokenLogprob(NamedTuple):
@@ -76,13 +74,11 @@ _request_ids = itertools.count()
 class Request:
     """One sequence's state from admission to release.
 
-    Block table: `block_table[j]` holds positions `[j * P, (j + 1) * P)`. Its first `tree_blocks` entries
-    belong to the radix tree (the locked match); the rest are held by this request until release. Pages past
-    `admit_limit` (the admission policy's answer) never go to the tree: they stay held and are freed when it leaves.
-    `num_kv` counts the leading positions of `prompt_ids + output_ids` whose K/V are in those pages; the
-    last generated token's K/V is never computed, so `num_kv <= len(all_ids) - 1` once decoding starts.
-    A preempted request goes back to WAITING holding nothing; it resumes by prefilling `all_ids[:-1]` (mostly
-    from the cache, where its own KV was inserted) and decoding on from its last token.
+    Its KV (block table, locked node, page chain, status, cache accounting) is `kv`, a KVState that the KV manager
+    owns and mutates (runtime.kv.state states its invariants); the request only holds it. A preempted request goes
+    back to WAITING holding nothing; it resumes by prefilling `all_ids[:-1]` (mostly from the cache, where its own
+    KV was inserted) and decoding on from its last token. `kv`'s fixed facts (namespace, sizes, pin, admission
+    hint, arrival) are copied from the request's own fields once, when it is built.
     """
 
     prompt_ids: list[int]
@@ -92,12 +88,7 @@ class Request:
     keep_logits: bool = False
     rid: int = field(default_factory=lambda: next(_request_ids))
     output_ids: list[int] = field(default_factory=list)
-    status: Status = Status.WAITING
-    block_table: list[int] = field(default_factory=list)
-    tree_blocks: int = 0
-    match_node: TreeNode | None = None
-    cached_tokens: int = 0
-    num_kv: int = 0
+    kv: KVState = field(init=False, repr=False)  # built from the fields above (__post_init__)
     finish_reason: str | None = None
     stop_at: int | None = None  # cut the text here (a stop string was found)
     logits: list[torch.Tensor] = field(default_factory=list)
@@ -112,20 +103,24 @@ class Request:
     on_dequeue: Callable[[], None] | None = field(default=None, repr=False)  # called once: admitted or gone
     pin: int = 0  # tokens of the prompt to pin in the cache once computed
     pinned_tokens: int = 0  # tokens the pin actually locked (0: no pin, or refused)
-    cached_cap: int | None = None  # report at most this many cached tokens (fork: what was cached before the call)
     retention: int = 0  # retention priority of the prompt's KV (radixcache.runtime.kv.retention)
     retain: str | None = None  # admission hint: "conversation" (the next turn reads every page) or None
-    found_pages: int = 0  # pages found cached at the first admission (what admission may never decline)
-    admit_limit: int | None = None  # pages (from the root) the tree may adopt; decided once (kv.manager)
     t_admitted: float | None = None
     wait_steps: int = 0
-    preemptions: int = 0
-    recomputed_tokens: int = 0
-    computed_max: int = 0  # the most positions whose K/V were ever computed (recomputation accounting)
-    page_chain: PageChain | None = field(default=None, repr=False)  # page hashes for the tiers (kv.tier)
     session: str | None = None  # the caller's conversation id (the `session_id` of a recorded trace line)
     error: BaseException | None = None
     listener: Callable[[Request], None] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.kv = KVState(
+            rid=self.rid,
+            namespace=self.namespace,
+            prompt_tokens=len(self.prompt_ids),
+            max_new_tokens=self.params.max_new_tokens,
+            pin=self.pin,
+            retain=self.retain,
+            arrival_ms=self.t_arrival * 1000.0,  # ms, on the engine's perf_counter clock
+        )
 
     @property
     def all_ids(self) -> list[int]:
@@ -136,17 +131,12 @@ class Request:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
-    def held_blocks(self) -> list[int]:
-        """Blocks this request holds (allocated, not yet inserted or freed)."""
-        return self.block_table[self.tree_blocks :]
-
-    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     @property
     def prefill_tokens(self) -> int:
-        return len(self.prompt_ids) - self.cached_tokens
+        return len(self.prompt_ids) - self.kv.cached_tokens
 
     @property
     def prefill_end(self) -> int:

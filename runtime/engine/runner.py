@@ -2,7 +2,7 @@
 
 It owns the model, the KV pool and the decode mirror. `step` takes the running decodes and the prefill chunks the
 scheduler picked, runs them in one pass (model.batch: `[decodes | chunk 0 | chunk 1 | ...]`), and advances each
-request's `num_kv` only once the pass has returned, so a pass that raises leaves every request where it was.
+request's `kv.num_kv` only once the pass has returned, so a pass that raises leaves every request where it was.
 """
 
 from __future__ import annotations
@@ -33,24 +33,25 @@ class ModelRunner:
         decode = None
         mirror_step = None
         if decodes:
-            tables = [r.block_table for r in decodes]
-            lengths = [r.num_kv + 1 for r in decodes]
+            tables = [r.kv.block_table for r in decodes]
+            lengths = [r.kv.num_kv + 1 for r in decodes]
             meta = build_decode_meta(tables, lengths, self.pool.page_size, self.model.device)
             if self.mirror is not None:  # a request that was preempted comes back with new KV: a new key
-                mirror_step = self.mirror.prepare([(r.rid, r.preemptions) for r in decodes], tables, lengths, self.pool)
+                keys = [(r.rid, r.kv.preemptions) for r in decodes]
+                mirror_step = self.mirror.prepare(keys, tables, lengths, self.pool)
             decode = DecodeBatch([r.output_ids[-1] for r in decodes], meta, mirror_step)
         parts = []
         for r, n in chunks:
-            start = r.num_kv
-            parts.append(PrefillChunk(r.all_ids[start : start + n], start, r.block_table))
+            start = r.kv.num_kv
+            parts.append(PrefillChunk(r.all_ids[start : start + n], start, r.kv.block_table))
         out = self.model.forward(self.pool, decode=decode, chunks=parts)
         self.passes += 1
         if mirror_step is not None:
             assert self.mirror is not None
             self.mirror.commit(mirror_step)
         for r in decodes:
-            r.num_kv += 1
+            r.kv.num_kv += 1
         for r, n in chunks:
-            r.num_kv += n
+            r.kv.num_kv += n
             self.prefill_positions += n
         return out

@@ -34,7 +34,6 @@ of the engine. It is single-threaded: the engine loop thread calls it. Tests may
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +43,9 @@ from radixcache.runtime.engine.errors import QueueTimeoutError, RequestTooLargeE
 from radixcache.runtime.engine.output import OutputProcessor
 from radixcache.runtime.engine.request import Request, dequeued
 from radixcache.runtime.engine.runner import ModelRunner
-from radixcache.runtime.kv.manager import KVManager, Status
+from radixcache.runtime.engine.schedule_order import dfs_weight_order
+from radixcache.runtime.kv.manager import KVManager
+from radixcache.runtime.kv.state import Status
 from radixcache.tokens import as_token_array, common_prefix_length
 
 SCHEDULES = ("lpm", "fcfs", "dfs-weight")
@@ -119,7 +120,7 @@ class Scheduler:
                 f"a prompt of {len(req.prompt_ids)} tokens needs {need} pages of {self.kv.page_size} tokens, "
                 f"but the whole KV pool holds {cap} pages"
             )
-        self.kv.mark_retention(req)
+        self.kv.mark_retention(req.namespace, req.prompt_ids, req.retention)
         self.waiting.append(req)
 
     def abort(self, req: Request, reason: str = "cancelled") -> bool:
@@ -127,7 +128,7 @@ class Scheduler:
         far. Returns False if it had already left."""
         if not self._remove(req):
             return False
-        self.kv.abort(req)
+        self.kv.abort(req.kv)
         req.finish_reason = reason
         self._leave(req)
         return True
@@ -170,14 +171,14 @@ class Scheduler:
         p = self.kv.page_size
         done: list[tuple[Request, torch.Tensor]] = []  # (request, logits row): each gets its next token now
         for i, r in enumerate(decodes):
-            if share and r.num_kv % p == 0:  # the pass filled a page
-                self.kv.commit(r)
+            if share and r.kv.num_kv % p == 0:  # the pass filled a page
+                self.kv.commit(r.kv, r.all_ids)
             assert logits.decode is not None
             done.append((r, logits.decode[i]))
         for i, (r, _) in enumerate(chunks):
-            finished_prefill = r.num_kv >= r.prefill_end
+            finished_prefill = r.kv.num_kv >= r.prefill_end
             if share or (finished_prefill and r.pin):
-                self.kv.commit(r)
+                self.kv.commit(r.kv, r.all_ids)
             if finished_prefill:
                 self._start_decoding(r)
                 if not r.output_ids:  # fresh: its first token; a resumed request already has its next input
@@ -202,13 +203,13 @@ class Scheduler:
         self.prefilling.remove(req)
         self.decoding.append(req)
         if req.pin and not req.pinned_tokens:
-            req.pinned_tokens = self.kv.pin(req)
+            req.pinned_tokens = self.kv.pin(req.kv, req.all_ids)
 
     def _emit(self, req: Request, logits: torch.Tensor, token: int | None = None) -> None:
         self.output.emit(req, logits, token)
         if req.finished:
             self._remove(req)
-            self.kv.release(req)
+            self.kv.release(req.kv, req.all_ids, len(req.output_ids))
             self._leave(req)
         else:
             self._notify(req)
@@ -219,15 +220,15 @@ class Scheduler:
         """Every decoding request that has (or could get) a page for its next token."""
         batch = []
         for r in sorted(self.decoding, key=lambda r: (-r.priority, r.rid)):  # the important secure pages first
-            if r.status is Status.RUNNING and self._grow(r):
+            if r.kv.status is Status.RUNNING and self._grow(r):
                 batch.append(r)
-        return [r for r in batch if r.status is Status.RUNNING and r in self.decoding]
+        return [r for r in batch if r.kv.status is Status.RUNNING and r in self.decoding]
 
     def _grow(self, req: Request) -> bool:
         """Make sure `req` has a page for its next token, preempting lower-priority requests if needed."""
         while True:
             try:
-                self.kv.reserve(req, req.num_kv + 1)
+                self.kv.reserve(req.kv, req.kv.num_kv + 1)
                 return True
             except CacheFullError:
                 victim = min(self.running, key=lambda r: (r.priority, -r.rid))
@@ -243,14 +244,14 @@ class Scheduler:
         """A request that outgrew the pool ends as if it reached its length limit, with every token it made; its
         computed KV goes to the tree like any finished request's."""
         self._remove(req)
-        if req.status is Status.RUNNING:
-            self.kv.release(req)
+        if req.kv.status is Status.RUNNING:
+            self.kv.release(req.kv, req.all_ids, len(req.output_ids))
         req.finish_reason = "length"
         self._leave(req)
 
     def _preempt(self, req: Request) -> None:
         self._remove(req)
-        self.kv.preempt(req)
+        self.kv.preempt(req.kv, req.all_ids)
         req.wait_steps = 0
         self.preemptions += 1
         self.waiting.append(req)
@@ -259,7 +260,7 @@ class Scheduler:
 
     def _chunk_size(self, req: Request, budget: int) -> int:
         """Prompt positions `req` computes in this pass: what it lacks, within the budget left and `prefill_chunk`."""
-        return min(req.prefill_end - req.num_kv, budget, self.config.prefill_chunk)
+        return min(req.prefill_end - req.kv.num_kv, budget, self.config.prefill_chunk)
 
     def _schedule_prefill(self, budget: int, now: float) -> list[tuple[Request, int]]:
         """The chunks of this pass: requests already prefilling first, then new admissions, within `budget`."""
@@ -282,7 +283,8 @@ class Scheduler:
             if self._must_wait_for_sharer(r, cached.get(r.rid, 0), now):
                 continue
             try:
-                admitted = self.kv.admit(r, reserve=len(self.decoding), strict=False)
+                # A fresh prompt less its last token, or a resumed request's tokens but the last: all_ids[:-1].
+                admitted = self.kv.admit(r.kv, r.all_ids[:-1], r.prefill_end, reserve=len(self.decoding), strict=False)
             except BaseException as exc:
                 self.waiting.remove(r)
                 self._fail(r, exc)
@@ -327,45 +329,8 @@ class Scheduler:
         if cfg.schedule == "lpm":
             rest.sort(key=lambda r: (-r.priority, -cached[r.rid], r.rid))
         else:
-            rest = self._dfs_weight(rest, nodes)
+            rest = dfs_weight_order(rest, nodes)
         return cached, starved + rest
-
-    @staticmethod
-    def _dfs_weight(reqs: list[Request], nodes: dict[int, TreeNode | None]) -> list[Request]:
-        """Depth-first over the cached subtrees the requests hit, heaviest (most requests) child first; within a
-        subtree, requests that hit deeper go before those whose hit ends higher up (they need fewer new pages)."""
-        weight: dict[int, int] = defaultdict(int)
-        children: dict[int, dict[int, TreeNode]] = defaultdict(dict)
-        at: dict[int, list[Request]] = defaultdict(list)
-        tops: dict[int, TreeNode] = {}
-        loose = []
-        for r in reqs:
-            node = nodes[r.rid]
-            if node is None:
-                loose.append(r)
-                continue
-            at[node.uid].append(r)
-            while node is not None:
-                weight[node.uid] += 1
-                parent = node.parent
-                if parent is None:
-                    tops[node.uid] = node
-                else:
-                    children[parent.uid][node.uid] = node
-                node = parent
-        out: list[Request] = []
-
-        def visit(node: TreeNode) -> None:  # the subtree's deeper hits before the requests that end here
-            kids = sorted(children[node.uid].values(), key=lambda n: (-weight[n.uid], n.uid))
-            for kid in kids:
-                visit(kid)
-            out.extend(sorted(at[node.uid], key=lambda r: r.rid))
-
-        for top in sorted(tops.values(), key=lambda n: (-weight[n.uid], n.uid)):
-            visit(top)
-        out.extend(sorted(loose, key=lambda r: r.rid))
-        out.sort(key=lambda r: -r.priority)  # stable: priority first, the DFS order within a priority
-        return out
 
     def _must_wait_for_sharer(self, req: Request, cached: int, now: float) -> bool:
         """In-batch sharing: wait while a request being prefilled computes a page this one would compute too."""
@@ -381,9 +346,9 @@ class Scheduler:
                 continue
             theirs = as_token_array(other.all_ids[: other.prefill_end])
             shared = common_prefix_length(theirs, mine, 0)
-            floor = max(cached, other.tree_blocks * p)
+            floor = max(cached, other.kv.tree_blocks * p)
             # Pages past the other's admission limit never reach the tree: waiting for them would be in vain.
-            if shared - shared % p > floor and self.kv.admission_limit(other) * p > floor:
+            if shared - shared % p > floor and self.kv.admission_limit(other.kv) * p > floor:
                 return True
         return False
 
@@ -398,7 +363,7 @@ class Scheduler:
 
     def _fail(self, req: Request, exc: BaseException) -> None:
         self._remove(req)
-        self.kv.abort(req)
+        self.kv.abort(req.kv)
         req.error = exc
         self._leave(req)
 

@@ -7,23 +7,25 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.request import GenerationResult
 
 if TYPE_CHECKING:
-    from radixcache.runtime.engine.engine import Engine
+    from radixcache.runtime.engine.protocol import ChatEngine
 
 
 class Session:
     """`s = engine.session(system="You are terse."); s.send("hi").text`.
 
-    `defaults` are generate's keyword arguments for every turn (max_new_tokens, temperature, namespace, ...);
-    a turn's own keywords override them. Not for concurrent use of one session: its turns are sequential by
-    nature (many sessions may run at once on one engine).
+    `defaults` are generate's keyword arguments for every turn (max_new_tokens, temperature, namespace, ...),
+    built once into `options` (a RequestOptions; a bad one is refused here); a turn's own keywords override them.
+    Not for concurrent use of one session: its turns are sequential by nature (many sessions may run at once on
+    one engine).
     """
 
     def __init__(
         self,
-        engine: Engine,
+        engine: ChatEngine,
         *,
         system: str | None = None,
         messages: list[dict[str, str]] | None = None,
@@ -35,21 +37,26 @@ class Session:
             if self.messages and self.messages[0].get("role") == "system":
                 raise ValueError("the messages already start with a system prompt")
             self.messages.insert(0, {"role": "system", "content": system})
-        self.defaults = defaults
+        self.defaults = defaults  # as given: what `to_dict` saves
+        self.options = RequestOptions.of(caller="Engine.session", **defaults)
         self.results: list[GenerationResult] = []
 
     def send(self, content: str, **kwargs: Any) -> GenerationResult:
         """Add a user turn, generate the reply, and append it to the history."""
-        result = self.engine.chat([*self.messages, {"role": "user", "content": content}], **self._kw(kwargs))
+        result = self.engine.chat([*self.messages, {"role": "user", "content": content}], options=self._kw(kwargs))
         return self._append(content, result)
 
     async def asend(self, content: str, **kwargs: Any) -> GenerationResult:
-        result = await self.engine.achat([*self.messages, {"role": "user", "content": content}], **self._kw(kwargs))
+        messages = [*self.messages, {"role": "user", "content": content}]
+        result = await self.engine.achat(messages, options=self._kw(kwargs))
         return self._append(content, result)
 
     def fork(self, n: int = 4, **kwargs: Any) -> list[GenerationResult]:
         """n replies to the history so far (sharing its KV); the history is unchanged."""
-        return self.engine.fork(list(self.messages), n, **self._kw(kwargs))
+        seed = kwargs.pop("seed", self.defaults.get("seed"))  # fork's own: branch i samples with seed + i
+        continuations = kwargs.pop("continuations", None)
+        options = self._kw(kwargs)
+        return self.engine.fork(list(self.messages), n, continuations=continuations, seed=seed, options=options)
 
     def copy(self) -> Session:
         return Session(self.engine, messages=self.messages, **self.defaults)
@@ -64,11 +71,11 @@ class Session:
             json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
 
     @classmethod
-    def from_dict(cls, engine: Engine, data: dict[str, Any]) -> Session:
+    def from_dict(cls, engine: ChatEngine, data: dict[str, Any]) -> Session:
         return cls(engine, messages=list(data.get("messages", [])), **dict(data.get("defaults", {})))
 
     @classmethod
-    def load(cls, engine: Engine, path: str | os.PathLike[str]) -> Session:
+    def load(cls, engine: ChatEngine, path: str | os.PathLike[str]) -> Session:
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(engine, json.load(f))
 
@@ -77,8 +84,9 @@ class Session:
 
     # ------------------------------------------------------------------ private
 
-    def _kw(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {**self.defaults, **kwargs}
+    def _kw(self, kwargs: dict[str, Any]) -> RequestOptions:
+        """A turn's options: the session's, with the turn's own keywords over them."""
+        return self.options.updated(caller="Session", **kwargs)
 
     def _append(self, content: str, result: GenerationResult) -> GenerationResult:
         self.messages.append({"role": "user", "content": content})

@@ -139,7 +139,7 @@ class TraceRecorder:
         prompt_len = len(req.prompt_ids)
         tokens = req.prompt_ids + req.output_ids
         root = self.hasher.root(req.namespace)
-        hash_ids, output_ids = page_ids(tokens, prompt_len, min(req.num_kv, len(tokens)), self.page_size, root)
+        hash_ids, output_ids = page_ids(tokens, prompt_len, min(req.kv.num_kv, len(tokens)), self.page_size, root)
         line: dict[str, Any] = {
             "input_length": prompt_len,
             "output_length": len(req.output_ids),

@@ -3,7 +3,9 @@
 match and lock -> allocate -> commit each computed chunk (in flight) -> grow while decoding -> release.
 
 Every method leaves the cache's invariants true, also when it raises: a request either holds its lock and blocks
-(RUNNING) or holds nothing (WAITING, FINISHED, ABORTED).
+(RUNNING) or holds nothing (WAITING, FINISHED, ABORTED). A request's pages, lock and accounting are one `KVState`
+(kv.state) that the engine creates and this manager mutates; each method takes that state and plain values (the
+request's token ids so far), never the engine's Request, so `kv/` imports nothing of `engine/`.
 
 In-flight sharing: `commit` gives the tree a running request's computed full pages as soon as a forward pass wrote
 them (each prefill chunk, each page a decode fills), still locked by the request. Another request that arrives
@@ -23,27 +25,17 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Hashable, Sequence
-from enum import Enum
 from typing import TYPE_CHECKING
 
 from radixcache import RadixCache, TreeNode
 from radixcache.policy.admission import AdmissionPolicy, AdmissionRequest, make_admission
 from radixcache.runtime.kv.pins import PinTable
 from radixcache.runtime.kv.retention import RetentionPolicy
+from radixcache.runtime.kv.state import KVState, Status
 
 if TYPE_CHECKING:
-    from radixcache.runtime.engine.request import Request
     from radixcache.runtime.kv.events import KVEventLog
     from radixcache.runtime.kv.tier.coordinator import KVTiers
-
-
-class Status(Enum):
-    """Where a request's KV is: the state names what it holds."""
-
-    WAITING = "waiting"  # not yet admitted (or preempted): holds no blocks
-    RUNNING = "running"  # admitted: holds a lock and blocks
-    FINISHED = "finished"  # released: its KV went to the tree (or was freed)
-    ABORTED = "aborted"  # released after an error
 
 
 class KVManager:
@@ -82,33 +74,31 @@ class KVManager:
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, req: Request, *, reserve: int = 0, strict: bool = True) -> bool:
-        """Match what the request needs (a fresh prompt less its last token; a resumed request's tokens but the
-        last), lock the match, and allocate pages up to `req.prefill_end`, evicting if needed.
+    def admit(self, kv: KVState, query: Sequence[int], end: int, *, reserve: int = 0, strict: bool = True) -> bool:
+        """Match `query` (what the request needs matched: a fresh prompt less its last token; a resumed request's
+        tokens but the last), lock the match, and allocate pages up to position `end`, evicting if needed.
 
         `reserve`: pages that must stay free or evictable afterwards (headroom for running decodes). When the
         pages are not there: with `strict`, raise CacheFullError; otherwise return False. Either way nothing
-        is held then.
+        is held then. The first admission (never preempted) sets `cached_tokens` and `found_pages`; a resumption
+        counts what it computes again as `recomputed_tokens`.
         """
-        if req.status is not Status.WAITING:
-            raise RuntimeError(f"request {req.rid} is {req.status.value}, not waiting")
+        if kv.status is not Status.WAITING:
+            raise RuntimeError(f"request {kv.rid} is {kv.status.value}, not waiting")
         cache = self.cache
-        end = req.prefill_end
-        resumed = bool(req.output_ids)
         blocks: Sequence[int] = ()
         node = None
         tiers, tier_match = self.tiers, None
         host_hashes: list[bytes] = []
         disk_pages = 0
         if self.enable_cache:
-            query = req.all_ids[: end if resumed else end - 1]
-            if req.page_chain is None and (tiers is not None or self.events is not None):
-                req.page_chain = (tiers or self.events).chain(req.namespace)  # type: ignore[union-attr]
+            if kv.page_chain is None and (tiers is not None or self.events is not None):
+                kv.page_chain = (tiers or self.events).chain(kv.namespace)  # type: ignore[union-attr]
             if tiers is not None:
-                tier_match = tiers.match(query, req.namespace, req.page_chain)
+                tier_match = tiers.match(query, kv.namespace, kv.page_chain)
                 match = tier_match.device
             else:
-                match = cache.match_prefix(query, namespace=req.namespace)
+                match = cache.match_prefix(query, namespace=kv.namespace)
             node, blocks = match.node, match.blocks
             cache.lock(node)
             if tier_match is not None:
@@ -135,78 +125,78 @@ class KVManager:
                 raise
         p = self.page_size
         matched = (len(blocks) + loaded) * p
-        req.match_node = node
-        req.tree_blocks = len(blocks)
-        req.block_table = [*blocks, *new]  # a list: the table grows and its tree part is rewritten in place
-        req.num_kv = matched
-        if req.preemptions == 0 and not resumed and req.t_admitted is None:
-            req.cached_tokens = matched if req.cached_cap is None else min(matched, req.cached_cap)
-            req.found_pages = len(blocks) + loaded
+        kv.match_node = node
+        kv.tree_blocks = len(blocks)
+        kv.block_table = [*blocks, *new]  # a list: the table grows and its tree part is rewritten in place
+        kv.num_kv = matched
+        if kv.preemptions == 0:
+            kv.cached_tokens = matched if kv.cached_cap is None else min(matched, kv.cached_cap)
+            kv.found_pages = len(blocks) + loaded
             if tiers is not None:
                 host_loaded = min(loaded, len(host_hashes))
                 tiers.count_hits(len(blocks) * p, host_loaded * p, (loaded - host_loaded) * p)
         else:  # a resumption: what it computes again is recomputation, not a miss, and its hits are not hits
-            req.recomputed_tokens += max(0, req.computed_max - matched)
-        req.status = Status.RUNNING
+            kv.recomputed_tokens += max(0, kv.computed_max - matched)
+        kv.status = Status.RUNNING
         return True
 
-    def reserve(self, req: Request, num_tokens: int) -> None:
+    def reserve(self, kv: KVState, num_tokens: int) -> None:
         """Make the block table cover `num_tokens` positions, allocating new pages (evicting if needed)."""
-        missing = self.pages(num_tokens) - len(req.block_table)
+        missing = self.pages(num_tokens) - len(kv.block_table)
         if missing > 0:
-            req.block_table.extend(self.cache.allocate(missing))
+            kv.block_table.extend(self.cache.allocate(missing))
 
-    def mark_retention(self, req: Request) -> None:
-        """Give the request's prompt its retention priority (kv.retention), if it asked for one."""
-        if req.retention and self.enable_cache and self.retention is not None:
-            self.retention.mark(req.namespace, req.prompt_ids, req.retention)
+    def mark_retention(self, namespace: Hashable, prompt_ids: Sequence[int], retention: int) -> None:
+        """Give a prompt its retention priority (kv.retention), if it asked for one."""
+        if retention and self.enable_cache and self.retention is not None:
+            self.retention.mark(namespace, prompt_ids, retention)
 
     # ------------------------------------------------------------------ sharing while running
 
-    def commit(self, req: Request) -> None:
+    def commit(self, kv: KVState, tokens: Sequence[int]) -> None:
         """Give the tree the request's computed full pages now (in flight), so that other requests hit them while
-        this one still runs. The request's lock moves down to the node that ends its pages, and its block table
-        takes the tree's blocks (a page another request inserted first replaces our duplicate, which the tree
-        freed)."""
-        if not self.enable_cache or req.status is not Status.RUNNING:
+        this one still runs. `tokens`: the request's ids so far (prompt and output). The request's lock moves down
+        to the node that ends its pages, and its block table takes the tree's blocks (a page another request
+        inserted first replaces our duplicate, which the tree freed)."""
+        if not self.enable_cache or kv.status is not Status.RUNNING:
             return
         p = self.page_size
-        full = req.num_kv // p
-        if full <= req.tree_blocks:
+        full = kv.num_kv // p
+        if full <= kv.tree_blocks:
             return
-        full = min(full, self.admission_limit(req))  # pages past the limit stay ours
-        if full <= req.tree_blocks:
+        full = min(full, self.admission_limit(kv))  # pages past the limit stay ours
+        if full <= kv.tree_blocks:
             return
-        cache, ns = self.cache, req.namespace
-        tokens = req.all_ids[: full * p]
-        cached = cache.insert(tokens, req.block_table[:full], namespace=ns) // p
-        self._adopted(req, tokens, cached, full)
+        cache, ns = self.cache, kv.namespace
+        tokens = tokens[: full * p]
+        cached = cache.insert(tokens, kv.block_table[:full], namespace=ns) // p
+        self._adopted(kv, tokens, cached, full)
         node = cache.lock_prefix(tokens, full * p, namespace=ns)
         assert node is not None, "the pages just inserted are in the tree, and locked"
-        old, req.match_node = req.match_node, node
+        old, kv.match_node = kv.match_node, node
         if old is not None:
             cache.unlock(old)
-        req.block_table[req.tree_blocks : full] = _blocks_between(node, req.tree_blocks * p, p)
-        req.tree_blocks = full
+        kv.block_table[kv.tree_blocks : full] = _blocks_between(node, kv.tree_blocks * p, p)
+        kv.tree_blocks = full
 
-    def admission_limit(self, req: Request, *, final: bool = False) -> int:
+    def admission_limit(self, kv: KVState, *, output_tokens: int | None = None) -> int:
         """Pages of a running request, counted from the root, that the tree may adopt. The admission policy is
-        asked once per request and its answer kept (preemptions included); `final`: the request has finished, so
-        its total (and its output length) is what it computed, not its most possible. A pin's pages are always
+        asked once per request and its answer kept (preemptions included); `output_tokens` given: the request has
+        finished with that many, so its total is what it computed, not its most possible. A pin's pages are always
         adopted (a pin needs them in the tree)."""
-        if req.admit_limit is None:
+        if kv.admit_limit is None:
             p = self.page_size
-            computed = req.num_kv // p
-            most = (len(req.prompt_ids) + req.params.max_new_tokens - 1) // p  # the last token's K/V never exists
-            total = computed if final else max(computed, most)
+            computed = kv.num_kv // p
+            most = (kv.prompt_tokens + kv.max_new_tokens - 1) // p  # the last token's K/V never exists
+            total = computed if output_tokens is not None else max(computed, most)
             ask = AdmissionRequest(
-                namespace=req.namespace,
-                cached_pages=req.found_pages,
-                prompt_pages=len(req.prompt_ids) // p,
+                namespace=kv.namespace,
+                cached_pages=kv.found_pages,
+                prompt_pages=kv.prompt_tokens // p,
                 total_pages=total,
-                retain=req.retain,
-                timestamp=req.t_arrival * 1000.0,  # ms, on the engine's perf_counter clock
-                output_tokens=len(req.output_ids) if final else None,  # known only once it finished
+                retain=kv.retain,
+                timestamp=kv.arrival_ms,
+                output_tokens=output_tokens,  # known only once it finished
             )
             try:
                 pages = int(self.admission.admit(ask))
@@ -216,8 +206,8 @@ class KVManager:
                     warnings.warn(message, RuntimeWarning, stacklevel=2)
                     self._policy_failed = True
                 pages = total
-            req.admit_limit = max(pages, req.found_pages, req.pin // p)
-        return req.admit_limit
+            kv.admit_limit = max(pages, kv.found_pages, kv.pin // p)
+        return kv.admit_limit
 
     def peek(self, tokens: Sequence[int], namespace: Hashable) -> tuple[int, TreeNode | None]:
         """Cached tokens of `tokens` (whole pages) and the deepest node reached, changing nothing (for ordering)."""
@@ -228,91 +218,93 @@ class KVManager:
 
     # ------------------------------------------------------------------ pins
 
-    def pin(self, req: Request) -> int:
-        """Pin the first `req.pin` tokens of a request whose prompt is computed and committed: exactly the whole
-        pages they fill. Returns the tokens pinned (0: nothing asked, or refused past the pinned share)."""
-        if not self.enable_cache or not req.pin or req.status is not Status.RUNNING:
+    def pin(self, kv: KVState, tokens: Sequence[int]) -> int:
+        """Pin the first `kv.pin` tokens of `tokens` once the request's prompt is computed and committed: exactly
+        the whole pages they fill. Returns the tokens pinned (0: nothing asked, or refused past the pinned share)."""
+        if not self.enable_cache or not kv.pin or kv.status is not Status.RUNNING:
             return 0
-        n = min(req.pin, req.tree_blocks * self.page_size) // self.page_size * self.page_size
-        return self.pins.pin(req.all_ids[:n], req.namespace) if n else 0
+        n = min(kv.pin, kv.tree_blocks * self.page_size) // self.page_size * self.page_size
+        return self.pins.pin(list(tokens[:n]), kv.namespace) if n else 0
 
     # ------------------------------------------------------------------ leaving
 
-    def release(self, req: Request) -> None:
-        """A finished request: give its computed KV to the tree (positions `< num_kv`), unlock its match and
-        free what the tree did not take (the unaligned tail page and any unused page)."""
-        if req.status is not Status.RUNNING:
-            raise RuntimeError(f"request {req.rid} is {req.status.value}, not running")
-        self._give_back(req, final=True)
-        req.status = Status.FINISHED
+    def release(self, kv: KVState, tokens: Sequence[int], output_tokens: int) -> None:
+        """A finished request (`tokens` its ids, `output_tokens` of them generated): give its computed KV to the
+        tree (positions `< num_kv`), unlock its match and free what the tree did not take (the unaligned tail page
+        and any unused page)."""
+        if kv.status is not Status.RUNNING:
+            raise RuntimeError(f"request {kv.rid} is {kv.status.value}, not running")
+        self._give_back(kv, tokens, output_tokens)
+        kv.status = Status.FINISHED
 
-    def preempt(self, req: Request) -> None:
+    def preempt(self, kv: KVState, tokens: Sequence[int]) -> None:
         """Take a running request's blocks back: its computed KV goes to the tree (evictable), everything else
         is freed, and it waits again to be resumed."""
-        if req.status is not Status.RUNNING:
-            raise RuntimeError(f"request {req.rid} is {req.status.value}, not running")
-        req.computed_max = max(req.computed_max, req.num_kv)
-        self._give_back(req, final=False)
-        req.num_kv = 0
-        req.preemptions += 1
-        req.status = Status.WAITING
+        if kv.status is not Status.RUNNING:
+            raise RuntimeError(f"request {kv.rid} is {kv.status.value}, not running")
+        kv.computed_max = max(kv.computed_max, kv.num_kv)
+        self._give_back(kv, tokens, None)
+        kv.num_kv = 0
+        kv.preemptions += 1
+        kv.status = Status.WAITING
 
-    def abort(self, req: Request, *, status: Status = Status.ABORTED) -> None:
+    def abort(self, kv: KVState, *, status: Status = Status.ABORTED) -> None:
         """Free every block the request holds and drop its lock. Safe to call in any state. Pages it already
         committed stay in the tree (their KV is complete: a pass that failed committed nothing)."""
-        if req.status is Status.RUNNING:
-            held = req.held_blocks
-            del req.block_table[req.tree_blocks :]
+        if kv.status is Status.RUNNING:
+            held = kv.held_blocks
+            del kv.block_table[kv.tree_blocks :]
             if held:
                 self.cache.free(held)
-            req.block_table = []
-            req.tree_blocks = 0
-            self._unlock(req)
-        req.status = status
+            kv.block_table = []
+            kv.tree_blocks = 0
+            self._unlock(kv)
+        kv.status = status
 
     # ------------------------------------------------------------------ private
 
-    def _give_back(self, req: Request, *, final: bool) -> None:
-        """Insert the request's computed KV up to its admission limit, free everything else, unlock."""
+    def _give_back(self, kv: KVState, tokens: Sequence[int], output_tokens: int | None) -> None:
+        """Insert the request's computed KV up to its admission limit, free everything else, unlock.
+        `output_tokens`: None while the request goes on (a preemption), else what it generated."""
         if not self.enable_cache:
-            self.abort(req, status=Status.RUNNING)
+            self.abort(kv, status=Status.RUNNING)
             return
         cache, p = self.cache, self.page_size
-        used = self.pages(req.num_kv)
-        spare = req.block_table[used:]
+        used = self.pages(kv.num_kv)
+        spare = kv.block_table[used:]
         if spare:
             cache.free(spare)
-            del req.block_table[used:]
-        full = req.num_kv // p
+            del kv.block_table[used:]
+        full = kv.num_kv // p
         keep = full  # pages the tree adopts (or has): never fewer than it already has of ours
-        if full > req.tree_blocks:
-            keep = max(req.tree_blocks, min(full, self.admission_limit(req, final=final)))
+        if full > kv.tree_blocks:
+            keep = max(kv.tree_blocks, min(full, self.admission_limit(kv, output_tokens=output_tokens)))
         # Every page is offered (the tail page too, which the tree leaves to us) unless some are declined.
-        n = req.num_kv if keep == full else keep * p
+        n = kv.num_kv if keep == full else keep * p
         if n:
-            tokens = req.all_ids[:n]
-            _expect_output(cache.policy, len(req.output_ids) if final else None)
-            cached = cache.insert(tokens, req.block_table[: self.pages(n)], namespace=req.namespace) // p
+            head = tokens[:n]
+            _expect_output(cache.policy, output_tokens)
+            cached = cache.insert(head, kv.block_table[: self.pages(n)], namespace=kv.namespace) // p
             _expect_output(cache.policy, None)  # spent, or unused when every page was in the tree already
-            self._adopted(req, tokens, cached, keep)
+            self._adopted(kv, head, cached, keep)
         # The tree now owns the first `keep` pages (duplicates of cached pages went back to the free pool); the
         # declined pages and an unaligned tail page are still ours.
-        mine = req.block_table[keep:]
+        mine = kv.block_table[keep:]
         self.declined_pages += full - keep
-        req.block_table = []
-        req.tree_blocks = 0
+        kv.block_table = []
+        kv.tree_blocks = 0
         if mine:
             cache.free(mine)
-        self._unlock(req)
+        self._unlock(kv)
 
-    def _adopted(self, req: Request, tokens: list[int], first: int, last: int) -> None:
+    def _adopted(self, kv: KVState, tokens: Sequence[int], first: int, last: int) -> None:
         """The tree just adopted the request's pages `first .. last` (its own blocks): they go down the tiers, and
         their keys to the event log."""
-        chain = req.page_chain
+        chain = kv.page_chain
         if last <= first or chain is None:
             return
         if self.tiers is not None:
-            self.tiers.adopted(chain, tokens, first, last, req.block_table[first:last])
+            self.tiers.adopted(chain, tokens, first, last, kv.block_table[first:last])
         if self.events is not None:
             self.events.stored(chain.upto(tokens, last)[first:last])
 
@@ -322,8 +314,8 @@ class KVManager:
         if host_hashes and self.tiers is not None:
             self.tiers.unlock_host(host_hashes)
 
-    def _unlock(self, req: Request) -> None:
-        node, req.match_node = req.match_node, None
+    def _unlock(self, kv: KVState) -> None:
+        node, kv.match_node = kv.match_node, None
         if node is not None:
             self.cache.unlock(node)
 

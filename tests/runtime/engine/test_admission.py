@@ -80,7 +80,7 @@ def check_pool(engine: Engine) -> None:
     """Invariants, and every held block is in some running request's block table past its tree pages."""
     c = engine.cache
     c.check_invariants()
-    assert c.held_blocks == sum(len(r.held_blocks) for r in engine.scheduler.running)
+    assert c.held_blocks == sum(len(r.kv.held_blocks) for r in engine.scheduler.running)
     assert c.free_blocks + c.evictable_blocks + c.locked_blocks == c.capacity_blocks
 
 
@@ -279,7 +279,7 @@ def test_requests_arriving_mid_prefill_and_mid_decode_share_only_admitted_pages(
     engine.scheduler.add(c)  # arrives while a decodes (b prefills or decodes)
     run_all(engine)
     assert_same([a, b, c], want)
-    assert b.cached_tokens == c.cached_tokens == 24, "the system prompt's pages, committed by a while it ran"
+    assert b.kv.cached_tokens == c.kv.cached_tokens == 24, "the system prompt's pages, committed by a while it ran"
     for r in (a, b, c):  # the prompt's pages stayed; no reply page did
         assert engine.cache.peek(r.all_ids).length == len(r.prompt_ids) // P * P
     assert engine.stats.admission_declined_pages == sum(
@@ -304,7 +304,7 @@ def test_a_request_does_not_wait_for_pages_its_sharer_declines(tiny: RandomModel
         else:
             assert b.t_admitted is not None, "a will never commit the shared pages: b computes them at once"
         run_all(engine)
-        assert b.cached_tokens == (24 if isinstance(policy, AdmitAll) else 0)
+        assert b.kv.cached_tokens == (24 if isinstance(policy, AdmitAll) else 0)
         assert_clean(engine)
 
 
@@ -326,7 +326,7 @@ def test_random_answers_with_arrivals_between_steps_match_the_requests_run_alone
     engine.scheduler.drain()
     assert_same(reqs, want)
     for r in reqs:
-        assert r.admit_limit is not None and r.admit_limit >= r.found_pages
+        assert r.kv.admit_limit is not None and r.kv.admit_limit >= r.kv.found_pages
     assert_clean(engine)
 
 
@@ -360,9 +360,9 @@ def test_preemption_step_by_step_keeps_every_block_accounted(tiny: RandomModel) 
         engine.scheduler.add(r)
         step(engine)
     run_all(engine)
-    assert sum(r.preemptions for r in reqs) > 0
+    assert sum(r.kv.preemptions for r in reqs) > 0
     assert_same(reqs, want)
-    assert all(r.admit_limit == 2 for r in reqs), "decided once, kept across preemptions"
+    assert all(r.kv.admit_limit == 2 for r in reqs), "decided once, kept across preemptions"
     assert_clean(engine)
 
 
@@ -373,7 +373,7 @@ def test_an_abort_mid_stream_keeps_committed_pages_and_frees_declined_ones(tiny:
     engine.scheduler.add(a)
     while len(a.output_ids) < 12:
         step(engine)
-    assert a.admit_limit == 5 and a.tree_blocks == 5 and len(a.held_blocks) > 1
+    assert a.kv.admit_limit == 5 and a.kv.tree_blocks == 5 and len(a.kv.held_blocks) > 1
     engine.scheduler.abort(a)
     check_pool(engine)
     assert a.finish_reason == "cancelled" and engine.cache.held_blocks == 0

@@ -39,7 +39,7 @@ def lines(path: Path) -> list[dict]:
 def fake_request(arrival: float, prompt: list[int], output: list[int], **extra: object) -> SimpleNamespace:
     fields = {"namespace": None, "session": None, "t_admitted": arrival, "error": None}
     fields |= {"t_arrival": arrival, "prompt_ids": prompt, "output_ids": output}
-    fields |= {"num_kv": len(prompt) + len(output) - 1, **extra}
+    fields |= {"kv": SimpleNamespace(num_kv=len(prompt) + len(output) - 1), **extra}
     return SimpleNamespace(**fields)
 
 

@@ -40,9 +40,9 @@ def test_each_prefill_chunk_is_in_the_tree_as_soon_as_its_pass_returns(tiny: Ran
     engine.scheduler.add(a)
     for done in (10, 20, 30):
         step(engine)
-        assert a.num_kv == done
+        assert a.kv.num_kv == done
         assert cached_pages(engine, a.prompt_ids) == done // P * P, "the chunk's full pages are committed"
-        assert a.tree_blocks == done // P and a.match_node is not None and a.match_node.lock_ref >= 1
+        assert a.kv.tree_blocks == done // P and a.kv.match_node is not None and a.kv.match_node.lock_ref >= 1
         engine.cache.check_invariants()
     run_all(engine)
     assert_clean(engine)
@@ -57,7 +57,7 @@ def test_a_request_arriving_mid_prefill_matches_the_pages_computed_so_far(tiny: 
     b = engine._request([*system, *ids(6, 4)], 4, ignore_eos=True)
     engine.scheduler.add(b)
     run_all(engine)
-    assert b.cached_tokens == 32, "b waited for a's remaining system pages, then matched all of them"
+    assert b.kv.cached_tokens == 32, "b waited for a's remaining system pages, then matched all of them"
     # The system prompt was computed once: a's 40 positions, then b's own 6.
     assert engine.runner.prefill_positions == 40 + 6
     assert_clean(engine)
@@ -75,7 +75,7 @@ def test_a_request_arriving_while_another_decodes_hits_its_prompt(tiny: RandomMo
         b = engine._request([*system, 11, 12], 3, ignore_eos=True)
         engine.scheduler.add(b)
         step(engine)
-        assert b.cached_tokens == (28 if share else 0), "before in-flight sharing, a decoding request shared nothing"
+        assert b.kv.cached_tokens == (28 if share else 0), "before in-flight sharing, a decoding request shared nothing"
         run_all(engine)
         assert_clean(engine)
 
@@ -86,8 +86,8 @@ def test_decoded_pages_reach_the_tree_as_they_fill(tiny: RandomModel) -> None:
     engine.scheduler.add(a)
     while a in engine.scheduler.running or a in engine.scheduler.waiting:
         step(engine)
-        if a.status.value == "running":
-            assert cached_pages(engine, a.all_ids) == a.num_kv // P * P
+        if a.kv.status.value == "running":
+            assert cached_pages(engine, a.all_ids) == a.kv.num_kv // P * P
             engine.cache.check_invariants()
     # A later request that continues a's whole text hits everything but the unaligned tail.
     b = engine.generate([*a.all_ids, 3], 1)
@@ -106,7 +106,7 @@ def test_prefill_chunks_of_several_requests_share_one_pass(tiny: RandomModel) ->
         for r in reqs:
             engine.scheduler.add(r)
         step(engine)
-        assert sum(r.num_kv > 0 for r in reqs) == seqs, "max_prefill_seqs requests prefilled in the first pass"
+        assert sum(r.kv.num_kv > 0 for r in reqs) == seqs, "max_prefill_seqs requests prefilled in the first pass"
         assert engine.runner.passes == 1
         run_all(engine)
         for r, w in zip(reqs, want, strict=True):
@@ -124,9 +124,9 @@ def test_a_long_prompt_beside_decodes_gets_the_mixed_budget_per_pass(tiny: Rando
     step(engine, 2)
     long = engine._request(ids(100, 50), 2, ignore_eos=True)
     engine.scheduler.add(long)
-    before = long.num_kv
+    before = long.kv.num_kv
     step(engine)
-    assert long.num_kv - before == 8, "while others decode, a pass computes at most mixed_prefill_tokens"
+    assert long.kv.num_kv - before == 8, "while others decode, a pass computes at most mixed_prefill_tokens"
     assert all(len(r.output_ids) == 3 for r in running), "and every running request still got its token"
     run_all(engine)
     assert_clean(engine)

@@ -30,9 +30,9 @@ def test_abort_in_the_middle_of_prefill_frees_everything(tiny: RandomModel) -> N
     req = engine._request(ids(20, 1) + ids(40, 2), 5, ignore_eos=True)
     engine.scheduler.add(req)
     step(engine, 2)
-    assert req.status.value == "running" and 20 <= req.num_kv < 60 and req.match_node is not None
+    assert req.kv.status.value == "running" and 20 <= req.kv.num_kv < 60 and req.kv.match_node is not None
     assert engine.cache.locked_blocks > 0
-    computed = req.num_kv
+    computed = req.kv.num_kv
     assert engine.scheduler.abort(req)
     assert req.finish_reason == "cancelled" and not req.output_ids
     assert_clean(engine)
@@ -105,10 +105,10 @@ def test_fork_computes_the_prefix_once_and_every_branch_locks_its_blocks(tiny: R
     for r in branches:
         engine.scheduler.add(r)
     step(engine)
-    shared = {tuple(r.block_table[:7]) for r in branches}
+    shared = {tuple(r.kv.block_table[:7]) for r in branches}
     assert len(shared) == 1, "the branches read the same 7 pages"
-    node = branches[0].match_node
-    assert node is not None and node.end_len == 28 and all(r.match_node is node for r in branches)
+    node = branches[0].kv.match_node
+    assert node is not None and node.end_len == 28 and all(r.kv.match_node is node for r in branches)
     assert node.lock_ref == 4
     while engine.scheduler.has_work():
         step(engine)
@@ -162,9 +162,9 @@ def test_in_batch_sharing_computes_a_common_uncached_prefix_once(tiny: RandomMod
             e.scheduler.step()  # lpm: the first computes the shared pages, the others wait; fcfs: all four run
         assert len(fcfs.scheduler.running) == 4 and len(lpm.scheduler.running) == 1
         lpm.scheduler.step()  # the others are admitted now, on the pages committed by the first one's pass
-    assert sorted(r.cached_tokens for r in reqs[lpm]) == [0, 40, 40, 40]
+    assert sorted(r.kv.cached_tokens for r in reqs[lpm]) == [0, 40, 40, 40]
     assert lpm.runner.prefill_positions == 46 + 3 * 6, "the shared 40 tokens were computed once"
-    assert [r.cached_tokens for r in reqs[fcfs]] == [0, 0, 0, 0], "fcfs is the plain baseline"
+    assert [r.kv.cached_tokens for r in reqs[fcfs]] == [0, 0, 0, 0], "fcfs is the plain baseline"
 
 
 def test_lpm_admits_the_longest_cached_prefix_first_and_starvation_is_bounded(tiny: RandomModel) -> None:

@@ -107,6 +107,6 @@ def test_a_preempted_request_that_alone_outgrows_the_pool_keeps_its_tokens(tiny:
         while engine.scheduler.has_work():
             engine.scheduler.step()
     assert small.finish_reason == "length" and len(small.output_ids) == 10
-    assert big.error is None and big.finish_reason == "length" and big.preemptions >= 1
+    assert big.error is None and big.finish_reason == "length" and big.kv.preemptions >= 1
     assert len(big.output_ids) == 6 * 8 - 30 + 1
     assert_clean(engine)

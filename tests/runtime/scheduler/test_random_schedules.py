@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radixcache.runtime import Engine
-from radixcache.runtime.engine.request import Status
+from radixcache.runtime.kv.state import Status
 from radixcache.runtime.engine.scheduler import SCHEDULES, SchedulerConfig
 from radixcache.runtime.testing import RandomModel
 
@@ -51,14 +51,14 @@ def test_random_workload_keeps_invariants_and_outputs(tiny: RandomModel, seed: i
             engine.scheduler.drain()
             c = engine.cache
             c.check_invariants()
-            held = sum(len(r.held_blocks) for r in engine.scheduler.running)
+            held = sum(len(r.kv.held_blocks) for r in engine.scheduler.running)
             assert c.held_blocks == held, "every held block belongs to a running request"
             for r in engine.scheduler.waiting:
-                assert r.status is Status.WAITING and not r.block_table and r.match_node is None
+                assert r.kv.status is Status.WAITING and not r.kv.block_table and r.kv.match_node is None
             if step > 400 and not engine.scheduler.has_work():
                 break
     assert_clean(engine)
-    done = [r for r in reqs if r.status is Status.FINISHED]
+    done = [r for r in reqs if r.kv.status is Status.FINISHED]
     assert done, "some requests completed"
     for r in done:
         want = alone.generate(r.prompt_ids, r.params.max_new_tokens, ignore_eos=True)
@@ -66,4 +66,4 @@ def test_random_workload_keeps_invariants_and_outputs(tiny: RandomModel, seed: i
             assert r.finish_reason == "length" and r.num_tokens - 1 >= capacity * page
         assert tuple(r.output_ids) == want.token_ids[: len(r.output_ids)]
     for r in reqs:
-        assert r.status in (Status.FINISHED, Status.ABORTED)
+        assert r.kv.status in (Status.FINISHED, Status.ABORTED)

@@ -1,4 +1,6 @@
-"""The admission queue's bound: how many requests may wait to be admitted, counted across threads.
+"""The queue limit: how many requests may wait to be admitted, counted across threads (`max_queue`).
+
+(Not page admission, which is radixcache.policy.admission: how many of a request's pages the tree adopts.)
 
 A request enters when it is submitted and leaves once: when the scheduler first admits it, or when it ends without
 ever being admitted (cancelled, timed out, refused). Past `max_queue` waiting requests, `enter` refuses new ones
@@ -19,13 +21,18 @@ from radixcache.runtime.engine.request import Request
 _SMOOTHING = 0.2  # weight of the newest wait in the moving average
 
 
+def check_max_queue(max_queue: int | None) -> int | None:
+    """`max_queue` itself when it is an int >= 0 or None (unbounded); otherwise a ValueError naming it."""
+    if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0):
+        raise ValueError(f"max_queue must be an int >= 0 or None, got {max_queue!r}")
+    return max_queue
+
+
 class QueueGate:
     """Counts requests submitted but not yet admitted; `max_queue` None means unbounded."""
 
     def __init__(self, max_queue: int | None = None) -> None:
-        if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0):
-            raise ValueError(f"max_queue must be an int >= 0 or None, got {max_queue!r}")
-        self.max_queue = max_queue
+        self.max_queue = check_max_queue(max_queue)
         self._lock = threading.Lock()
         self._waiting = 0
         self._mean_wait_s = 0.0

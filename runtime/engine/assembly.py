@@ -1,0 +1,78 @@
+"""What the Engine is built from, beyond its own parts: the model (loaded from a name or a path, or wrapped from a
+loaded object), the identity of its weights for the disk tier's fingerprint, the KV pool's size, and the decode
+mirror. Each takes a validated EngineConfig (runtime.engine.engine_config)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from radixcache.runtime.engine.engine_config import DEFAULT_KV_MEMORY, DEFAULT_MIRROR_MEMORY, EngineConfig
+from radixcache.runtime.kv.mirror import DecodeMirror
+from radixcache.runtime.kv.pool import blocks_for_budget, parse_memory
+from radixcache.runtime.kv.tier.fingerprint import file_digest, weights_digest
+from radixcache.runtime.model.llama import LlamaModel
+
+
+def build_model(config: EngineConfig) -> tuple[LlamaModel, Any, str]:
+    """(the model, its tokenizer or None, the weights' identity for a disk tier: "" without one)."""
+    model, tokenizer = config.model, config.tokenizer
+    torch_dtype = config.torch_dtype
+    if isinstance(model, (str, os.PathLike)):
+        from radixcache.runtime.loading import load_model
+
+        load_dtype = torch.float32 if torch_dtype == torch.float64 else torch_dtype  # float64: tests only
+        model = load_model(str(model), dtype=load_dtype, device=config.device, keep_blocks=config.quant == "gguf")
+    weights_id = weights_identity(model) if config.cache_dir is not None and config.enable_cache else ""
+    if isinstance(model, LlamaModel):
+        if config.quant != "none" and config.quant != model.quant:
+            raise ValueError(f"quant={config.quant!r} applies when the engine builds the model; pass it to LlamaModel")
+        return model, tokenizer, weights_id
+    blocks = getattr(model, "blocks", None)
+    built = LlamaModel(
+        model.config, model.weights, dtype=torch_dtype, device=config.device, quant=config.quant, blocks=blocks
+    )
+    if weights_id:
+        built.weights_id = weights_id  # an engine built later on this model fingerprints the same
+    return built, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None), weights_id
+
+
+def pool_blocks(config: EngineConfig, model: LlamaModel) -> int:
+    """The KV pool's pages: `capacity_blocks`, else as many as `kv_memory` (default 512 MiB) holds."""
+    if config.capacity_blocks is not None:
+        return config.capacity_blocks
+    budget = config.kv_memory if config.kv_memory is not None else DEFAULT_KV_MEMORY
+    return blocks_for_budget(model.config, budget, config.page_size, model.dtype)
+
+
+def build_mirror(memory: str | int | None, model: LlamaModel) -> DecodeMirror | None:
+    """The decode mirror within `memory` (default 512 MiB on the CPU, off elsewhere; 0: off)."""
+    if memory is None:
+        memory = DEFAULT_MIRROR_MEMORY if model.device.type == "cpu" else 0
+    if memory == 0 or memory == "0":
+        return None
+    budget = parse_memory(memory)
+    return DecodeMirror(model.config, model.dtype, model.device, budget, native=model.native)
+
+
+def weights_identity(model: Any) -> str:
+    """What names the weights in the disk tier's fingerprint: a digest of the file or directory they come from, or
+    of the weights themselves when they were built in code."""
+    if isinstance(model, (str, os.PathLike)):
+        from radixcache.runtime.loading import resolve_model_path
+
+        return "file:" + file_digest(resolve_model_path(model))
+    if isinstance(model, LlamaModel) and model.weights_id:
+        return model.weights_id
+    source = getattr(model, "source", None)
+    if isinstance(source, str) and os.path.exists(source):
+        return "file:" + file_digest(source)
+    weights = getattr(model, "weights", None)
+    if isinstance(weights, dict) and weights:
+        return "tensors:" + weights_digest(weights)
+    raise ValueError(
+        "cache_dir needs to fingerprint the weights: pass a model path or a loaded model (with .source or .weights), "
+        "not a bare LlamaModel"
+    )

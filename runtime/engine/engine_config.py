@@ -1,0 +1,160 @@
+"""EngineConfig: everything an Engine is built from, in one frozen object validated once.
+
+`Engine(model, **options)` builds one from its keyword arguments (the field names below, one to one) and
+`Engine(config=EngineConfig(...))` takes one whole; either way the checks below run exactly once, before any
+weights load, and the engine's parts are built from fields that are known good. The errors are the ones the
+engine has always raised (ValueError naming the option), and an unknown option is a TypeError naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixcache.policy.admission import AdmissionPolicy, make_admission
+from radixcache.policy.registry import make_policy
+from radixcache.runtime.engine.queue_limit import check_max_queue
+from radixcache.runtime.engine.scheduler import SchedulerConfig
+from radixcache.runtime.kv.pool import parse_memory
+from radixcache.runtime.kv.tier.coordinator import LoadCosts
+from radixcache.runtime.model.llama import DEFAULT_CHUNK
+from radixcache.runtime.model.quant import QUANT_MODES
+from radixcache.tier.tiered_cache import WRITE_POLICIES
+
+DEFAULT_KV_MEMORY = "512MiB"
+DEFAULT_MIRROR_MEMORY = "512MiB"
+DEFAULT_CACHE_DIR_SIZE = "8GiB"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How to build an Engine (runtime.engine.engine).
+
+    model: "smollm2", a GGUF path or an HF directory (loaded with runtime.loading), an already-loaded object
+    with `.config`, `.weights` (and `.tokenizer`), or a LlamaModel; `tokenizer` overrides the loaded one.
+    KV size: `capacity_blocks` pages, else `kv_memory` bytes (e.g. "2GiB"), else 512 MiB; `page_size` tokens per
+    page; `policy` the eviction order. `enable_cache=False` runs the same engine with no reuse.
+    Scheduling (engine.scheduler): `schedule` (lpm | fcfs | dfs-weight), `max_prefill_tokens` per step while
+    nothing decodes, `mixed_prefill_tokens` per step while requests decode, `prefill_chunk` most tokens of one
+    request per pass, `max_running` requests at once, or a whole `scheduler_config` (then those five are unused).
+    `max_pinned_fraction`: the most of the pool that pins may lock (a pin past it is refused: its result's
+    `pinned_tokens` is 0).
+    Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.model.linear);
+    `quant="gguf"` keeps a GGUF file's Q4_1 / Q8_0 blocks for decode batches of up to 4 (the same weights, float32
+    arithmetic, a native kernel built on first use: runtime.model.block_linear; a loaded model needs `keep_blocks`);
+    `threads` sets the torch threads of the engine loop (default: the constructing thread's count); `dtype` and
+    `device` where the model runs.
+    Overload: `max_queue` requests at most wait for admission (past it `submit` raises QueueFullError at once,
+    queueing nothing); `queue_timeout` seconds at most a request waits to be admitted (then its result raises
+    QueueTimeoutError). Both errors carry `retry_after` (runtime.engine.errors).
+    `mirror_memory`: the most memory the decode mirror (runtime.kv.mirror: the decode batch's KV kept contiguous, so
+    decode attention copies nothing per step) may take; default 512 MiB on the CPU and off on other devices, 0
+    turns it off.
+    Tiers (docs/tiers.md): `host_kv_memory` bytes of pages in host memory under the pool, `cache_dir` a directory of
+    pages that survives restarts (at most `cache_dir_size` bytes), `write_policy` when the host gets a copy
+    (write_through, write_through_selective, write_back), `load_back` "auto" (load a page found below the pool when
+    that is measured cheaper than recomputing it), "always" or "never".
+    `kv_events=True` keeps the engine's `events` (runtime.kv.events.KVEventLog): the keys of the pages the tree
+    adopts and evicts, in numbered batches, for a router's index.
+    Admission (radixcache.policy.admission): `admission` ("all", the default: adopt every page; another name in
+    ADMISSION_POLICIES, or an AdmissionPolicy) decides how many of each request's pages the tree adopts.
+    """
+
+    model: Any = "smollm2"
+    kv_memory: str | int | None = None
+    capacity_blocks: int | None = None
+    page_size: int = 16
+    policy: str = "lru"
+    dtype: str | torch.dtype = "float32"
+    device: str | torch.device = "cpu"
+    enable_cache: bool = True
+    prefill_chunk: int = DEFAULT_CHUNK
+    tokenizer: Any = None
+    schedule: str = "lpm"
+    max_prefill_tokens: int = 1024
+    mixed_prefill_tokens: int = 24
+    max_running: int = 64
+    scheduler_config: SchedulerConfig | None = None
+    max_pinned_fraction: float = 0.25
+    quant: str = "none"
+    threads: int | None = None
+    mirror_memory: str | int | None = None
+    max_queue: int | None = None
+    queue_timeout: float | None = None
+    host_kv_memory: str | int | None = None
+    cache_dir: str | os.PathLike[str] | None = None
+    cache_dir_size: str | int = DEFAULT_CACHE_DIR_SIZE
+    write_policy: str = "write_through"
+    load_back: str = "auto"
+    kv_events: bool = False
+    admission: str | AdmissionPolicy | None = "all"
+
+    def __post_init__(self) -> None:
+        """Every check that needs no weights, in the order the engine has always made them."""
+        resolve_dtype(self.dtype)
+        make_admission(self.admission, eviction=make_policy(self.policy))  # a bad name fails before the model loads
+        if self.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}, got {self.write_policy!r}")
+        threads = self.threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive int, got {threads!r}")
+        if self.quant not in QUANT_MODES:
+            raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {self.quant!r}")
+        if self.load_back not in LoadCosts.MODES:
+            raise ValueError(f"load_back must be one of {', '.join(LoadCosts.MODES)}, got {self.load_back!r}")
+        for budget in (self.kv_memory, self.host_kv_memory):
+            if budget is not None:
+                parse_memory(budget)
+        if self.mirror_memory not in (None, 0, "0"):
+            parse_memory(self.mirror_memory)  # type: ignore[arg-type]
+        if not 0.0 <= self.max_pinned_fraction <= 1.0:
+            raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
+        self.scheduler()
+        check_max_queue(self.max_queue)
+        if self.queue_timeout is not None and not self.queue_timeout > 0:
+            raise ValueError(f"queue_timeout must be > 0 seconds or None, got {self.queue_timeout!r}")
+
+    @classmethod
+    def of(cls, caller: str = "Engine", /, **options: Any) -> EngineConfig:
+        """A config from keyword options (the field names); an unknown one is a TypeError naming it, as a
+        function's signature would say."""
+        _check_names(caller, options)
+        return cls(**options)
+
+    def replace(self, caller: str = "EngineConfig.replace", /, **options: Any) -> EngineConfig:
+        """This config with `options` changed, validated again; an unknown option is a TypeError naming it."""
+        _check_names(caller, options)
+        return dataclasses.replace(self, **options)
+
+    def scheduler(self) -> SchedulerConfig:
+        """The scheduler's config: `scheduler_config` when given, else one built from the five scheduling fields."""
+        if self.scheduler_config is not None:
+            return self.scheduler_config
+        return SchedulerConfig(**{name: getattr(self, name) for name in _SCHEDULING})
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return resolve_dtype(self.dtype)
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
+_SCHEDULING = ("schedule", "max_prefill_tokens", "mixed_prefill_tokens", "prefill_chunk", "max_running")
+
+
+def _check_names(caller: str, options: dict[str, Any]) -> None:
+    unknown = next((name for name in options if name not in _FIELDS), None)
+    if unknown is not None:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown!r}")

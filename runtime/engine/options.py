@@ -1,0 +1,116 @@
+"""RequestOptions: one request's options in one frozen object, as vLLM's SamplingParams is for its entry points.
+
+Every entry point builds it, once per request (never per step): `generate`, `chat`, `submit`, `submit_group`,
+`agenerate`, `achat`, `stream`, `fork` and sessions from their keyword arguments (`RequestOptions.of`), the server
+from an OpenAI body, the replay from a trace's turn, the cluster's front door before it routes. How tokens are chosen
+and when a request stops is the `sampling` part, a SamplingParams (runtime.engine.sampling) unchanged; the rest is
+what the engine does with the request (cache namespace, priority, timeout, pins, retention, admission hint, the
+trace's session id).
+
+The keyword names are the fields of SamplingParams and of this class, written once, here and there; `params=` (a
+whole SamplingParams) replaces the sampling keywords. What can be checked without the engine is checked in
+`__post_init__`, with the messages the engine has always given; the engine adds what needs its model (stop strings
+need a tokenizer, logit_bias ids within the vocabulary, a pin within the pinned share).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixcache.policy.admission import check_retain
+from radixcache.runtime.engine.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOptions:
+    """One request's options.
+
+    sampling: how tokens are chosen and when generation stops (max_new_tokens, temperature, top_k, top_p, min_p,
+    seed, stop, stop_token_ids, ignore_eos, the penalties, logit_bias, logprobs: SamplingParams documents each).
+    namespace: the cache namespace (hashable; requests in different namespaces never share KV). return_logits: keep
+    each step's logits in the result (tests). priority: higher is admitted first and preempted last. timeout:
+    seconds, after which the request ends with finish_reason "timeout". pin: keep the prompt's KV (True) or its
+    first n tokens' whole pages in the cache until `unpin`. retention: a soft priority for keeping the prompt's KV
+    (runtime.kv.retention). retain: "conversation" makes the tree adopt every page whatever the admission policy
+    predicts (None: no hint). session: the conversation the request belongs to (a recorded trace's `session_id`;
+    behind replicas, what sticks it to one).
+    """
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    namespace: Hashable = None
+    return_logits: bool = False
+    priority: int = 0
+    timeout: float | None = None
+    pin: bool | int = False
+    retention: int = 0
+    retain: str | None = None
+    session: str | None = None
+
+    def __post_init__(self) -> None:
+        check_namespace(self.namespace)
+        check_retain(self.retain)
+        if self.timeout is not None and self.timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.sampling.max_new_tokens
+
+    @classmethod
+    def of(cls, max_new_tokens: int = 64, *, caller: str = "Engine.generate", **kwargs: Any) -> RequestOptions:
+        """Options from generate's keyword arguments: SamplingParams' fields and this class's (`params=`, a whole
+        SamplingParams, replaces the sampling ones, max_new_tokens included). An unknown keyword is a TypeError
+        naming it and `caller`, as the method's own signature would say."""
+        params, sampling, own = _split(caller, kwargs)
+        if params is None:
+            params = SamplingParams(max_new_tokens=max_new_tokens, **sampling)
+        return cls(params, **own)
+
+    def updated(self, *, caller: str = "RequestOptions.updated", **kwargs: Any) -> RequestOptions:
+        """These options with some keyword arguments changed (say one branch's seed), checked again."""
+        if not kwargs:
+            return self
+        params, sampling, own = _split(caller, kwargs)
+        if params is None:
+            params = dataclasses.replace(self.sampling, **sampling) if sampling else self.sampling
+        return dataclasses.replace(self, sampling=params, **own)
+
+
+def resolve_options(
+    max_new_tokens: int, options: RequestOptions | None, kwargs: dict[str, Any], caller: str
+) -> RequestOptions:
+    """A call's options, the way every entry point takes them: `options` (its own max_new_tokens) with `kwargs`
+    over it, or built from `max_new_tokens` and `kwargs`. An unknown keyword is a TypeError naming `caller`."""
+    if options is None:
+        return RequestOptions.of(max_new_tokens, caller=caller, **kwargs)
+    return options.updated(caller=caller, **kwargs)
+
+
+def check_namespace(namespace: Hashable) -> None:
+    """A namespace keys the cache's roots: refuse an unhashable one before anything is queued."""
+    try:
+        hash(namespace)
+    except TypeError:
+        raise ValueError(f"namespace must be hashable, got {type(namespace).__name__}") from None
+
+
+_SAMPLING = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+_OWN = frozenset(f.name for f in dataclasses.fields(RequestOptions)) - {"sampling"}
+
+
+def _split(caller: str, kwargs: dict[str, Any]) -> tuple[SamplingParams | None, dict[str, Any], dict[str, Any]]:
+    """(params=, the sampling keywords, this class's keywords); TypeError on any other name."""
+    params, sampling, own = None, {}, {}
+    for name, value in kwargs.items():
+        if name == "params":
+            params = value
+        elif name in _SAMPLING:
+            sampling[name] = value
+        elif name in _OWN:
+            own[name] = value
+        else:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    return params, sampling, own

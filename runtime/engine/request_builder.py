@@ -1,0 +1,135 @@
+"""From what a caller sends to a validated Request: prompts encoded, chat rendered, batches split, options checked
+against the model.
+
+`RequestBuilder.build(prompt, options)` raises ValueError before anything is queued: a text prompt without a
+tokenizer, an empty prompt, one that leaves no room under the model's `max_position`, a token id outside the
+vocabulary, stop strings without a tokenizer, a logit_bias id outside the vocabulary, a pin past the pinned
+share of the pool. What needs no model (sampling ranges, namespace, retain, timeout) RequestOptions checked already.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from numbers import Integral
+from typing import Any
+
+import torch
+
+from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.engine.options import RequestOptions
+from radixcache.runtime.engine.request import Request
+from radixcache.runtime.engine.sampling import Sampler
+
+Prompt = str | Sequence[int]
+Messages = Sequence[dict[str, str]]
+
+
+class RequestBuilder:
+    """Builds one engine's requests: its tokenizer (or None), model shape, page size, pinned share and device."""
+
+    def __init__(
+        self, tokenizer: Any, config: ModelConfig, page_size: int, max_pinned_blocks: int, device: torch.device
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.config = config
+        self.page_size = page_size
+        self.max_pinned_blocks = max_pinned_blocks
+        self.device = device
+
+    def build(self, prompt: Prompt, options: RequestOptions) -> Request:
+        """A validated Request for `prompt` (text or ids) under `options`; ValueError before anything is queued."""
+        t0 = time.perf_counter()
+        params = options.sampling
+        self.check_sampling(params.stop, params.logit_bias)
+        ids = self.encode(prompt)
+        pin_tokens = len(ids) if options.pin is True else int(options.pin)
+        if pin_tokens and pin_tokens // self.page_size > self.max_pinned_blocks:
+            raise ValueError(
+                f"pinning {pin_tokens} tokens exceeds the pinned share of the pool ({self.max_pinned_blocks} pages)"
+            )
+        timeout = options.timeout
+        return Request(
+            ids,
+            params,
+            Sampler(params, self.device),
+            namespace=options.namespace,
+            keep_logits=options.return_logits,
+            t_arrival=t0,
+            priority=options.priority,
+            deadline=None if timeout is None else t0 + timeout,
+            pin=pin_tokens,
+            retention=options.retention,
+            retain=options.retain,
+            session=options.session,
+        )
+
+    def check_sampling(self, stop: Sequence[str], logit_bias: Sequence[tuple[int, float]]) -> None:
+        """What of a request's sampling needs this model: stop strings need a tokenizer; logit_bias ids (sorted)
+        must be in the vocabulary."""
+        if stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        if logit_bias and (top := logit_bias[-1][0]) >= self.config.vocab_size:  # sorted: largest last
+            raise ValueError(f"logit_bias token id {top} is outside the vocabulary [0, {self.config.vocab_size})")
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """A prompt's ids: text through the tokenizer (special tokens as it adds them), ids checked."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
+            ids = list(self.tokenizer.encode(prompt))
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        limit = self.config.max_position
+        if len(ids) >= limit:
+            raise ValueError(f"prompt of {len(ids)} tokens leaves no room under the model's max_position {limit}")
+        self.check_vocabulary(ids)
+        return ids
+
+    def encode_continuation(self, text_or_ids: Prompt) -> list[int]:
+        """A fork continuation's ids: text is encoded without special tokens, so no BOS lands mid-sequence."""
+        if isinstance(text_or_ids, str):
+            if self.tokenizer is None:
+                raise ValueError("a text continuation needs a tokenizer; pass token ids instead")
+            try:
+                ids = list(self.tokenizer.encode(text_or_ids, add_special_tokens=False))
+            except TypeError:  # a tokenizer without the keyword: drop a leading BOS it added
+                ids = list(self.tokenizer.encode(text_or_ids))
+                bos = getattr(self.tokenizer, "bos_token_id", None)
+                if ids[:1] == [bos]:
+                    ids = ids[1:]
+        else:
+            ids = [int(t) for t in text_or_ids]
+        self.check_vocabulary(ids)
+        return ids
+
+    def check_vocabulary(self, ids: Sequence[int]) -> None:
+        vocab = self.config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+
+    def render(self, messages: Messages | Sequence[Messages]) -> Any:
+        """The chat template applied (with the assistant turn's start): one text, or a list for a list of chats."""
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer; this engine has none")
+        if is_messages(messages):
+            return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
+        return [self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True) for m in messages]
+
+
+def split_batch(prompt: Any) -> tuple[list[Any], bool]:
+    """(prompts, single): a str or a sequence of ints is one prompt; a list of those is a batch."""
+    if isinstance(prompt, (str, torch.Tensor)):
+        return [prompt], True
+    items = list(prompt)
+    if not items or all(isinstance(t, Integral) for t in items):
+        return [items], True
+    return items, False
+
+
+def is_messages(x: Any) -> bool:
+    """A chat conversation: a non-empty sequence of dicts."""
+    return not isinstance(x, str) and isinstance(x, Sequence) and bool(x) and isinstance(x[0], dict)

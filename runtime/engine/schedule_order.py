@@ -1,0 +1,51 @@
+"""The `dfs-weight` admission order (engine.scheduler): waiting requests grouped by the cached subtree they hit,
+heaviest subtree first, so that a shared prefix is computed once and then hit by the rest.
+
+Pure ordering over what `KVManager.peek` found for each request (the deepest tree node its prompt reaches); it
+changes nothing in the tree and reads only the nodes' parents and uids.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from radixcache import TreeNode
+from radixcache.runtime.engine.request import Request
+
+
+def dfs_weight_order(reqs: list[Request], nodes: dict[int, TreeNode | None]) -> list[Request]:
+    """Depth-first over the cached subtrees the requests hit (`nodes[rid]`: the deepest node reached, None for no
+    hit), heaviest (most requests) child first; within a subtree, requests that hit deeper go before those whose
+    hit ends higher up (they need fewer new pages). Priority comes first; requests that hit nothing come last."""
+    weight: dict[int, int] = defaultdict(int)
+    children: dict[int, dict[int, TreeNode]] = defaultdict(dict)
+    at: dict[int, list[Request]] = defaultdict(list)
+    tops: dict[int, TreeNode] = {}
+    loose = []
+    for r in reqs:
+        node = nodes[r.rid]
+        if node is None:
+            loose.append(r)
+            continue
+        at[node.uid].append(r)
+        while node is not None:
+            weight[node.uid] += 1
+            parent = node.parent
+            if parent is None:
+                tops[node.uid] = node
+            else:
+                children[parent.uid][node.uid] = node
+            node = parent
+    out: list[Request] = []
+
+    def visit(node: TreeNode) -> None:  # the subtree's deeper hits before the requests that end here
+        kids = sorted(children[node.uid].values(), key=lambda n: (-weight[n.uid], n.uid))
+        for kid in kids:
+            visit(kid)
+        out.extend(sorted(at[node.uid], key=lambda r: r.rid))
+
+    for top in sorted(tops.values(), key=lambda n: (-weight[n.uid], n.uid)):
+        visit(top)
+    out.extend(sorted(loose, key=lambda r: r.rid))
+    out.sort(key=lambda r: -r.priority)  # stable: priority first, the DFS order within a priority
+    return out
