@@ -6,33 +6,23 @@ import sys
 
 import click
 
+from radixcache.cli import engine_options
 from radixcache.cli.errors import FriendlyCommand, debug_option
-from radixcache.cli.replay import (
-    admission_option,
-    check_admission,
-    engine_kwargs,
-    kv_options,
-    load_engine_model,
-    model_option,
-    speed_options,
-    tier_kwargs,
-    tier_options,
-)
 
 COMMANDS = "/exit to leave, /reset to start over"
 
 
 @click.command(cls=FriendlyCommand)
-@model_option
+@engine_options.model_option
 @click.option("--system", default=None, help="A system prompt for the conversation.")
 @click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(min=1), help="Tokens per reply.")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="0 is greedy.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed (turn i uses seed + i).")
 @click.option("--no-cache", is_flag=True, help="Disable the prefix cache (every turn prefills its whole history).")
-@kv_options
-@admission_option
-@tier_options
-@speed_options
+@engine_options.kv_options
+@engine_options.admission_option
+@engine_options.tier_options
+@engine_options.speed_options
 @debug_option
 def chat(
     model: str,
@@ -65,10 +55,10 @@ def chat(
     """
     from radixcache.runtime.engine.engine import Engine
 
-    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
-    kwargs |= tier_kwargs(host_kv_memory, cache_dir, cache_dir_size, write_policy)
-    kwargs["admission"] = check_admission(admission, policy)
-    engine = Engine(load_engine_model(model, quant), enable_cache=not no_cache, **kwargs)
+    kwargs = engine_options.engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
+    kwargs |= engine_options.tier_kwargs(host_kv_memory, cache_dir, cache_dir_size, write_policy)
+    kwargs["admission"] = engine_options.check_admission(admission, policy)
+    engine = Engine(engine_options.load_engine_model(model, quant), enable_cache=not no_cache, **kwargs)
     interactive = sys.stdin.isatty()
     if interactive:
         click.echo(f"chatting with {engine.config.name} ({COMMANDS})", err=True)

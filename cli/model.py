@@ -10,8 +10,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from radixcache.cli.engine_options import load_engine_model, model_option
 from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
-from radixcache.cli.replay import load_engine_model, model_option
 
 
 @click.group(cls=FriendlyGroup)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
 
 from radixcache.router import ROUTERS
+
+if TYPE_CHECKING:
+    from radixcache.runtime.cluster.front import ClusterEngine
 
 
 def replica_options(func: Callable) -> Callable:
@@ -35,7 +38,9 @@ def replica_options(func: Callable) -> Callable:
     return func
 
 
-def cluster_engine(model: str, replicas: int, router: str, address: str | None, options: dict[str, Any]) -> Any:
+def cluster_engine(
+    model: str, replicas: int, router: str, address: str | None, options: dict[str, Any]
+) -> ClusterEngine:
     """N replicas of `model` on Ray behind `router`, as an Engine-shaped front door (runtime.cluster.front)."""
     from radixcache.runtime.cluster.cluster import ReplicaCluster
     from radixcache.runtime.cluster.front import ClusterEngine
@@ -59,7 +64,7 @@ def cluster_engine(model: str, replicas: int, router: str, address: str | None, 
     return ClusterEngine(cluster, path)
 
 
-def replica_table(engine: Any) -> Table:
+def replica_table(engine: ClusterEngine) -> Table:
     """One row per replica: requests routed there, prompt and cached tokens, hit rate, pages in the index."""
     table = Table(title=f"{engine.cluster.router.name} over {engine.cluster.stats().replicas} replicas")
     for column in ("replica", "routed", "prompt tokens", "cached tokens", "hit rate", "indexed pages"):

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import signal
 import socket
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
+from radixcache.cli import engine_options
 from radixcache.cli.errors import FriendlyCommand, debug_option
 from radixcache.cli.record import CONCURRENT_NOTE, EngineShape, check_record_path, record_option, simulate_command
-from radixcache.cli.replay import (
-    admission_option,
-    check_admission,
-    engine_kwargs,
-    kv_options,
-    load_engine_model,
-    model_option,
-    speed_options,
-    tier_kwargs,
-    tier_options,
-)
 from radixcache.cli.replicas import cluster_engine, replica_options
+
+if TYPE_CHECKING:
+    from radixcache.runtime.engine.protocol import GenerationEngine
 
 
 def _check_bind(host: str, port: int) -> None:
@@ -36,7 +29,7 @@ def _check_bind(host: str, port: int) -> None:
 
 
 @click.command(cls=FriendlyCommand)
-@model_option
+@engine_options.model_option
 @click.option("--served-model-name", help="The model id clients send and /v1/models lists [default: --model].")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
@@ -51,10 +44,10 @@ def _check_bind(host: str, port: int) -> None:
     is_flag=True,
     help="Serve /metrics without a key even under --api-key (by default it needs one, like /v1).",
 )
-@kv_options
-@admission_option
-@tier_options
-@speed_options
+@engine_options.kv_options
+@engine_options.admission_option
+@engine_options.tier_options
+@engine_options.speed_options
 @click.option("--schedule", default="lpm", show_default=True, type=click.Choice(["lpm", "fcfs", "dfs-weight"]))
 @click.option(
     "--max-prefill-tokens",
@@ -153,8 +146,8 @@ def serve(
     from radixcache.runtime.engine.engine import Engine
     from radixcache.runtime.server import create_app
 
-    kwargs = engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
-    kwargs |= tier_kwargs(host_kv_memory, cache_dir, cache_dir_size, write_policy)
+    kwargs = engine_options.engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
+    kwargs |= engine_options.tier_kwargs(host_kv_memory, cache_dir, cache_dir_size, write_policy)
     if any(not k.strip() for k in api_keys):
         raise click.BadParameter("an API key cannot be empty", param_hint="'--api-key'")
     _check_bind(host, port)
@@ -169,16 +162,16 @@ def serve(
         "queue_timeout": queue_timeout,
         "dtype": dtype,
         "device": device,
-        "admission": check_admission(admission, policy),
+        "admission": engine_options.check_admission(admission, policy),
         **kwargs,
     }
-    engine: Any
+    engine: GenerationEngine
     if replicas is not None:
         if no_cache:
             raise click.UsageError("--replicas routes by what each replica caches: drop --no-cache")
         engine = cluster_engine(model, replicas, router, ray_address, options)
     else:
-        engine = Engine(load_engine_model(model, quant), enable_cache=not no_cache, **options)
+        engine = Engine(engine_options.load_engine_model(model, quant), enable_cache=not no_cache, **options)
     if engine.tokenizer is None:
         raise ValueError(f"{model}: the server needs a model with a tokenizer")
     if record_trace is not None:
@@ -208,7 +201,7 @@ def serve(
     click.echo("server stopped", err=True)
 
 
-def _report_recording(engine: Any, path: str, no_cache: bool, admission: str | None) -> None:
+def _report_recording(engine: GenerationEngine, path: str, no_cache: bool, admission: str | None) -> None:
     """Where the trace went, the server's own hit rate, and the command that replays it through the tree alone."""
     stats = engine.stats
     click.echo(f"recorded {path}: {stats.requests} requests, hit rate {stats.hit_rate:.2%} as served", err=True)

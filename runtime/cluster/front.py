@@ -20,6 +20,7 @@ from typing import Any
 from radixcache import CacheStats
 from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.engine.errors import EngineClosedError, ReplicaUnavailableError
+from radixcache.runtime.engine.options import RequestOptions, resolve_options
 
 
 @dataclass(slots=True)
@@ -58,7 +59,9 @@ class RemoteHandle:
 
 
 class ClusterEngine:
-    """An Engine-shaped front door over `cluster` (runtime.cluster.cluster.ReplicaCluster) for the server.
+    """An Engine-shaped front door over `cluster` (runtime.cluster.cluster.ReplicaCluster) for the server and the
+    replay: it satisfies runtime.engine.protocol.GenerationEngine, and takes the same RequestOptions (or their
+    keywords); a request's `session` and `namespace` choose its replica, the rest goes to the replica's engine.
 
     `model` names the model the replicas run; only its config and tokenizer are loaded here (no weights).
     """
@@ -86,27 +89,34 @@ class ClusterEngine:
 
     # ------------------------------------------------------------------ requests
 
-    def submit(self, prompt: Sequence[int], max_new_tokens: int = 64, **kwargs: Any) -> RemoteHandle:
+    def submit(
+        self, prompt: Sequence[int], max_new_tokens: int = 64, *, options: RequestOptions | None = None, **kwargs: Any
+    ) -> RemoteHandle:
         """Route `prompt` (token ids) and stream it on a replica; a handle at once."""
         if self._closed:
             raise EngineClosedError("this server is shutting down")
+        opts = resolve_options(max_new_tokens, options, kwargs, "ClusterEngine.submit")
         if isinstance(prompt, str):
             prompt = list(self.tokenizer.encode(prompt))
-        params = SimpleNamespace(stop_token_ids=tuple(kwargs.get("stop_token_ids") or ()))
-        request = RemoteRequest(f"r{next(self._ids)}", sampler=SimpleNamespace(params=params))
+        request = RemoteRequest(f"r{next(self._ids)}", sampler=SimpleNamespace(params=opts.sampling))
         handle = RemoteHandle(request, self._cancel)
-        thread = threading.Thread(target=self._run, args=(handle, list(prompt), max_new_tokens, kwargs), daemon=True)
+        thread = threading.Thread(target=self._run, args=(handle, list(prompt), opts), daemon=True)
         thread.start()
         return handle
 
     def submit_group(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, *, each: Sequence[dict] = (), **kwargs: Any
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 64,
+        *,
+        each: Sequence[dict[str, Any]] = (),
+        options: RequestOptions | None = None,
+        **kwargs: Any,
     ) -> list[RemoteHandle]:
         """The n samples of one prompt: routed one by one (the first's pages reach the index as it computes them)."""
-        return [
-            self.submit(p, max_new_tokens, **{**kwargs, **(each[i] if i < len(each) else {})})
-            for i, p in enumerate(prompts)
-        ]
+        opts = resolve_options(max_new_tokens, options, kwargs, "ClusterEngine.submit_group")
+        mine = [opts.updated(**each[i]) if i < len(each) else opts for i in range(len(prompts))]
+        return [self.submit(p, options=o) for p, o in zip(prompts, mine, strict=True)]
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int = 64, **kwargs: Any) -> Any:
         return self.submit(prompt, max_new_tokens, **kwargs).result()
@@ -126,11 +136,16 @@ class ClusterEngine:
         """Each replica's queued disk writes (with --cache-dir) finish."""
         return all(self.cluster.replica_call("flush", timeout))
 
-    def _run(self, handle: RemoteHandle, prompt: list[int], max_new_tokens: int, kwargs: dict[str, Any]) -> None:
+    def record_trace(self, path: Any) -> None:
+        """Recording a trace needs one engine (each replica sees only its share): refused, unless stopping one."""
+        if path is not None:
+            raise ValueError("recording a trace needs one engine, not replicas")
+
+    def _run(self, handle: RemoteHandle, prompt: list[int], options: RequestOptions) -> None:
         cluster, req = self.cluster, handle.request
         ray = cluster.ray
-        namespace = kwargs.get("namespace")
-        request = cluster.route_request(prompt, max_new_tokens, namespace, kwargs.pop("session", None))
+        request = cluster.route_request(prompt, options.max_new_tokens, options.namespace, options.session)
+        options = options.updated(session=None)  # the session chose the replica; the replica's engine never sees it
         tried: set[int] = set()
         try:
             result = None
@@ -139,9 +154,7 @@ class ClusterEngine:
                 req.replica = replica
                 try:
                     stream = (
-                        cluster.actor(replica)
-                        .stream.options(num_returns="streaming")
-                        .remote(req.rid, prompt, max_new_tokens, kwargs)
+                        cluster.actor(replica).stream.options(num_returns="streaming").remote(req.rid, prompt, options)
                     )
                     for ref in stream:
                         kind, value, logprobs = ray.get(ref)

@@ -11,9 +11,13 @@ import os
 import queue
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixcache.router import EventBatch
+
+if TYPE_CHECKING:  # the driver process imports this module to wrap the class: it needs no torch
+    from radixcache.runtime.engine.loop import RequestHandle
+    from radixcache.runtime.engine.options import RequestOptions
 
 
 class EngineReplica:
@@ -36,7 +40,7 @@ class EngineReplica:
         assert self.engine.events is not None, "a replica needs its cache on (enable_cache)"
         self.engine.events.replica = replica  # its batches name it
         self.incarnation = uuid.uuid4().hex
-        self._handles: dict[str, Any] = {}  # the front door's request id -> the engine's handle, while streaming
+        self._handles: dict[str, RequestHandle] = {}  # the front door's request id -> the engine's handle (streams)
 
     def info(self) -> dict[str, Any]:
         """What the front door needs to hash prompts as this replica does, and to recognise this process."""
@@ -55,14 +59,12 @@ class EngineReplica:
         """One request through the engine (blocking this actor thread, not the others); a GenerationResult."""
         return self.engine.generate(list(prompt_ids), max_new_tokens, **kwargs)
 
-    def stream(
-        self, rid: str, prompt_ids: Sequence[int], max_new_tokens: int, kwargs: dict[str, Any]
-    ) -> Iterator[tuple[str, Any, Any]]:
+    def stream(self, rid: str, prompt_ids: Sequence[int], options: RequestOptions) -> Iterator[tuple[str, Any, Any]]:
         """One request, streamed (a Ray streaming generator): ("tokens", new token ids, their logprobs) as the engine
         makes them, then ("done", GenerationResult, None). An engine error (a full queue, say) is raised to the
         caller. `cancel(rid)` aborts it."""
         wake: queue.SimpleQueue[None] = queue.SimpleQueue()
-        handle = self.engine.submit(list(prompt_ids), max_new_tokens, **kwargs)
+        handle = self.engine.submit(list(prompt_ids), options=options)
         self._handles[rid] = handle
         req = handle.request
         req.listener = lambda _r: wake.put(None)  # on the engine loop thread

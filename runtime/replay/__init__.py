@@ -2,7 +2,9 @@
 
     from radixcache.runtime.replay import ReplayConfig, load_replay_trace, replay
 
-`run.py` drives the replay (live or recorded, one at a time or N in flight); `results.py` holds what it reports.
+`sessions.py` reads the trace and plans its sessions and turns; `run.py` drives the replay (live or recorded, one at
+a time or N in flight) through any GenerationEngine (an Engine, or the replicas' front door), building one
+RequestOptions per turn; `results.py` holds what it reports.
 """
 
 from __future__ import annotations
@@ -21,15 +23,8 @@ from radixcache.runtime.replay.results import (
     SkippedTurn,
     summarize,
 )
-from radixcache.runtime.replay.run import (
-    SAMPLE_TRACE,
-    compare,
-    engine_factory,
-    load_replay_trace,
-    plan_sessions,
-    replay,
-    sample_trace_path,
-)
+from radixcache.runtime.replay.run import compare, engine_factory, replay
+from radixcache.runtime.replay.sessions import SAMPLE_TRACE, load_replay_trace, plan_sessions, sample_trace_path
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",

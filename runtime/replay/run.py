@@ -29,67 +29,27 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from importlib import resources
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from radixcache.errors import CacheFullError
+from radixcache.runtime.engine.options import RequestOptions
+from radixcache.runtime.engine.protocol import GenerationEngine
 from radixcache.runtime.replay.results import (
     SKIP_KV_FULL,
     SKIP_TOO_LONG,
     Comparison,
     ReplayConfig,
-    ReplayError,
     ReplayResult,
     RequestRecord,
     SkippedTurn,
     summarize,
 )
-from radixcache.trace import Conversation, Trace, TraceError, read_trace
+from radixcache.runtime.replay.sessions import TraceSession, check_tokens, plan_sessions, replay_order, start_offsets
+from radixcache.trace import Conversation, Trace
 from radixcache.trace.records import TokenRequest
 
-SAMPLE_TRACE = "sample_chat.jsonl"
 _WARMUP_NAMESPACE = "radixcache-replay-warmup"
-
-# ---------------------------------------------------------------------------------------------- traces
-
-
-def sample_trace_path() -> Path:
-    """The sample trace shipped in the package: 8 conversations over 2 shared system prompts, 28 turns."""
-    return Path(str(resources.files("radixcache.data").joinpath(SAMPLE_TRACE)))
-
-
-def load_replay_trace(path: str | Path | None = None, format: str | None = None) -> Trace:
-    """A text or token trace to replay (the sample trace when `path` is None). Hash-block traces are refused."""
-    source = str(sample_trace_path() if path is None else path)
-    trace = read_trace(source, format)
-    if trace.kind == "hash":
-        raise TraceError(
-            source, "format", f"{trace.format} traces hold hash ids, not tokens or text: simulate them instead"
-        )
-    if not trace.records:
-        raise TraceError(source, "1", "the trace holds no requests")
-    return trace
-
-
-# ---------------------------------------------------------------------------------------------- the replay
-
-
-@dataclass(slots=True)
-class _Session:
-    """One conversation's progress: its pending turns and the chat history so far."""
-
-    id: str
-    index: int
-    conversation: Conversation | None = None
-    requests: list[TokenRequest] = field(default_factory=list)
-    history: list[dict[str, str]] = field(default_factory=list)
-    done: bool = False
-
-    @property
-    def turns(self) -> int:
-        return len(self.conversation.turns) if self.conversation is not None else len(self.requests)
 
 
 class _Run:
@@ -97,7 +57,7 @@ class _Run:
 
     def __init__(
         self,
-        engine: Any,
+        engine: GenerationEngine,
         config: ReplayConfig,
         on_result: Callable[[RequestRecord | SkippedTurn], None] | None,
         on_warning: Callable[[str], None] | None,
@@ -112,16 +72,15 @@ class _Run:
         self.recording = False  # a trace recorder is attached: requests carry their conversation's id
         self.t0 = time.perf_counter()
 
-    def session_kwargs(self, session: _Session) -> dict[str, Any]:
-        """`session=` for the engine while recording: the conversation's id, or a token request's own session."""
+    def session_id(self, session: TraceSession) -> str | None:
+        """The engine's `session` while recording: the conversation's id, or a token request's own session."""
         if not self.recording:
-            return {}
-        if session.conversation is not None:
-            return {"session": session.id}
-        return {"session": session.requests[0].session} if session.requests[0].session is not None else {}
+            return None
+        return session.id if session.conversation is not None else session.requests[0].session
 
-    def prepare(self, session: _Session, k: int) -> tuple[list[int], int, int, Any] | SkippedTurn:
-        """The prompt ids, token limit, sampling seed and namespace of turn k, or why it is skipped."""
+    def prepare(self, session: TraceSession, k: int) -> tuple[list[int], RequestOptions] | SkippedTurn:
+        """The prompt ids and the request's options (token limit, sampling seed, namespace, ...) of turn k, or why
+        it is skipped."""
         config = self.config
         if session.conversation is not None:
             turn = session.conversation.turns[k]
@@ -142,9 +101,17 @@ class _Run:
                 f"context of {max_position:,}; skipped"
             )
             return self._skip(session, k, len(ids), SKIP_TOO_LONG, message)
-        return ids, max_new, config.seed + self.positions.get((session.index, k), 0), namespace
+        options = RequestOptions.of(
+            max_new,
+            caller="replay",
+            seed=config.seed + self.positions.get((session.index, k), 0),
+            temperature=config.temperature,
+            namespace=namespace,
+            session=self.session_id(session),
+        )
+        return ids, options
 
-    def finish(self, session: _Session, k: int, result: Any, started: float) -> RequestRecord:
+    def finish(self, session: TraceSession, k: int, result: Any, started: float) -> RequestRecord:
         conversation = session.conversation
         if conversation is not None:
             recorded = conversation.turns[k].assistant
@@ -169,11 +136,11 @@ class _Run:
             self.on_result(record)
         return record
 
-    def kv_full(self, session: _Session, k: int, prompt_tokens: int, exc: CacheFullError) -> SkippedTurn:
+    def kv_full(self, session: TraceSession, k: int, prompt_tokens: int, exc: CacheFullError) -> SkippedTurn:
         message = f"conversation {session.id} turn {k + 1}: needs more KV than the cache can free ({exc}); skipped"
         return self._skip(session, k, prompt_tokens, SKIP_KV_FULL, message)
 
-    def _skip(self, session: _Session, k: int, prompt_tokens: int, reason: str, message: str) -> SkippedTurn:
+    def _skip(self, session: TraceSession, k: int, prompt_tokens: int, reason: str, message: str) -> SkippedTurn:
         # The history cannot go on without this turn's reply, and would only grow: the rest of a text
         # conversation is skipped with it. Token requests carry their own history, so only this one goes.
         skipped = [SkippedTurn(session.id, k + 1, prompt_tokens, reason, message)]
@@ -195,67 +162,8 @@ class _Run:
                 time.sleep(delay)
 
 
-def plan_sessions(
-    trace: Trace | Sequence[Conversation] | Sequence[TokenRequest], limit: int | None = None
-) -> list[_Session]:
-    """Conversations (or token requests grouped by session, in first-appearance order), the first `limit`."""
-    records = list(trace.records if isinstance(trace, Trace) else trace)
-    sessions: list[_Session] = []
-    by_key: dict[Any, _Session] = {}
-    for i, record in enumerate(records):
-        if isinstance(record, Conversation):
-            sessions.append(_Session(record.id, len(sessions), conversation=record))
-        elif isinstance(record, TokenRequest):
-            key = record.session if record.session is not None else ("request", i)
-            session = by_key.get(key)
-            if session is None:
-                name = record.session if record.session is not None else f"request-{i + 1}"
-                session = by_key[key] = _Session(str(name), len(sessions))
-                sessions.append(session)
-            session.requests.append(record)
-        else:
-            raise ReplayError(f"cannot replay a {type(record).__name__}: give text conversations or token requests")
-    return sessions[:limit] if limit is not None else sessions
-
-
-def _order(sessions: list[_Session]) -> list[tuple[_Session, int]]:
-    """Turns in replay order: token requests by arrival time (file order on ties), conversations turn by turn."""
-    steps = [(s, k) for s in sessions for k in range(s.turns)]
-    if sessions and sessions[0].conversation is None:
-        position = {id(r): n for n, r in enumerate(r for s in sessions for r in s.requests)}
-        return sorted(steps, key=lambda sk: (sk[0].requests[sk[1]].timestamp_ms, position[id(sk[0].requests[sk[1]])]))
-    return sorted(steps, key=lambda sk: (sk[1], sk[0].index))
-
-
-def _timestamps(sessions: list[_Session], honor: bool, warn: Callable[[str], None]) -> dict[tuple[int, int], float]:
-    """Start offsets in seconds of each (session, turn), when asked for and the trace has them."""
-    if not honor:
-        return {}
-    if not sessions or sessions[0].conversation is not None:
-        warn("the trace has no timestamps (text traces carry none); --honor-timestamps has no effect")
-        return {}
-    first = min(r.timestamp_ms for s in sessions for r in s.requests)
-    return {(s.index, k): (r.timestamp_ms - first) / 1000.0 for s in sessions for k, r in enumerate(s.requests)}
-
-
-def _check_tokens(sessions: list[_Session], engine: Any) -> None:
-    vocab = engine.config.vocab_size
-    needs_tokenizer = any(s.conversation is not None for s in sessions)
-    if needs_tokenizer and getattr(engine, "tokenizer", None) is None:
-        raise ReplayError("a text trace needs the model's tokenizer, and this engine has none")
-    for s in sessions:
-        for k, r in enumerate(s.requests):
-            bad = next((t for t in r.tokens if t >= vocab), None)
-            if bad is not None:
-                raise ReplayError(
-                    f"session {s.id} request {k + 1}: token id {bad} is outside the model's vocabulary of {vocab}"
-                )
-            if not r.tokens:
-                raise ReplayError(f"session {s.id} request {k + 1}: the prompt is empty")
-
-
 def replay(
-    engine: Any,
+    engine: GenerationEngine,
     trace: Trace | Sequence[Conversation] | Sequence[TokenRequest],
     config: ReplayConfig | None = None,
     *,
@@ -274,7 +182,7 @@ def replay(
     """
     config = config or ReplayConfig()
     sessions = plan_sessions(trace, config.limit)
-    _check_tokens(sessions, engine)
+    check_tokens(sessions, engine)
     if config.warmup:
         _warm_up(engine)
     if record_trace is None:
@@ -287,8 +195,8 @@ def replay(
 
 
 def _replay(
-    engine: Any,
-    sessions: list[_Session],
+    engine: GenerationEngine,
+    sessions: list[TraceSession],
     config: ReplayConfig,
     label: str | None,
     on_result: Callable[[RequestRecord | SkippedTurn], None] | None,
@@ -298,9 +206,9 @@ def _replay(
 ) -> ReplayResult:
     run = _Run(engine, config, on_result, on_warning)
     run.recording = recording
-    run.positions = {(s.index, k): i for i, (s, k) in enumerate(_order(sessions))}
+    run.positions = {(s.index, k): i for i, (s, k) in enumerate(replay_order(sessions))}
     tiers_before = _tier_counters(engine)
-    offsets = _timestamps(sessions, config.honor_timestamps, run.on_warning)
+    offsets = start_offsets(sessions, config.honor_timestamps, run.on_warning)
     interrupted = False
     try:
         if config.concurrency > 1:
@@ -338,33 +246,30 @@ def _replay(
     return ReplayResult(summary, tuple(run.records), tuple(run.skipped))
 
 
-def _drive_sequential(run: _Run, sessions: list[_Session], offsets: dict[tuple[int, int], float]) -> None:
-    sampling = {"temperature": run.config.temperature}
-    for session, k in _order(sessions):
+def _drive_sequential(run: _Run, sessions: list[TraceSession], offsets: dict[tuple[int, int], float]) -> None:
+    for session, k in replay_order(sessions):
         if session.done:
             continue
         prepared = run.prepare(session, k)
         if isinstance(prepared, SkippedTurn):
             continue
-        ids, max_new, seed, namespace = prepared
+        ids, options = prepared
         run.sleep_until(offsets.get((session.index, k)))
         started = time.perf_counter()
         try:
-            result = run.engine.generate(
-                ids, max_new, seed=seed, namespace=namespace, **sampling, **run.session_kwargs(session)
-            )
+            result = run.engine.generate(ids, options.max_new_tokens, options=options)
         except CacheFullError as exc:
             run.kv_full(session, k, len(ids), exc)
             continue
         run.finish(session, k, result, started)
 
 
-async def _drive_concurrent(run: _Run, sessions: list[_Session], offsets: dict[tuple[int, int], float]) -> None:
+async def _drive_concurrent(run: _Run, sessions: list[TraceSession], offsets: dict[tuple[int, int], float]) -> None:
     """Each conversation is a task running its turns in order; a semaphore keeps at most N requests in flight.
     The engine's `agenerate` (the scheduler) batches whatever is in flight."""
     gate = asyncio.Semaphore(run.config.concurrency)
 
-    async def conversation(session: _Session) -> None:
+    async def conversation(session: TraceSession) -> None:
         for k in range(session.turns):
             if session.done:
                 return
@@ -375,17 +280,10 @@ async def _drive_concurrent(run: _Run, sessions: list[_Session], offsets: dict[t
                 prepared = run.prepare(session, k)
                 if isinstance(prepared, SkippedTurn):
                     return
-                ids, max_new, seed, namespace = prepared
+                ids, options = prepared
                 started = time.perf_counter()
                 try:
-                    result = await run.engine.agenerate(
-                        ids,
-                        max_new,
-                        seed=seed,
-                        namespace=namespace,
-                        temperature=run.config.temperature,
-                        **run.session_kwargs(session),
-                    )
+                    result = await run.engine.agenerate(ids, options.max_new_tokens, options=options)
                 except CacheFullError as exc:
                     run.kv_full(session, k, len(ids), exc)
                     continue
@@ -394,7 +292,7 @@ async def _drive_concurrent(run: _Run, sessions: list[_Session], offsets: dict[t
     await asyncio.gather(*(conversation(s) for s in sessions))
 
 
-def _settle(engine: Any, timeout: float = 30.0) -> None:
+def _settle(engine: GenerationEngine, timeout: float = 30.0) -> None:
     """After Ctrl-C, wait until the engine's loop thread has aborted the cancelled requests and stopped, so
     the process can exit cleanly (a thread still inside torch at interpreter exit aborts the process)."""
     try:
@@ -403,19 +301,19 @@ def _settle(engine: Any, timeout: float = 30.0) -> None:
         return
 
 
-def _warm_up(engine: Any) -> None:
+def _warm_up(engine: GenerationEngine) -> None:
     """One tiny request in its own namespace, so one-off start-up costs do not land on the first measured TTFT."""
     vocab = engine.config.vocab_size
     engine.generate([(7 * i + 1) % vocab for i in range(8)], 2, namespace=_WARMUP_NAMESPACE)
 
 
-def _tier_counters(engine: Any) -> Any:
+def _tier_counters(engine: GenerationEngine) -> Any:
     """The engine's per-tier counters now, or None without tiers."""
     stats = getattr(engine, "stats", None)
     return getattr(stats, "tiers", None)
 
 
-def _engine_info(engine: Any, config: ReplayConfig) -> dict[str, Any]:
+def _engine_info(engine: GenerationEngine, config: ReplayConfig) -> dict[str, Any]:
     cache = getattr(engine, "cache", None)
     return {
         "model": str(getattr(engine.config, "name", "")),
@@ -430,7 +328,7 @@ def _engine_info(engine: Any, config: ReplayConfig) -> dict[str, Any]:
 
 
 def compare(
-    make_engine: Callable[[bool], Any],
+    make_engine: Callable[[bool], GenerationEngine],
     trace: Trace | Sequence[Conversation] | Sequence[TokenRequest],
     config: ReplayConfig | None = None,
     *,
@@ -458,14 +356,14 @@ def compare(
     return Comparison(results[0], replace(results[1], summary=replace(results[1].summary, cache=False)))
 
 
-def engine_factory(model: Any = "smollm2", **engine_kwargs: Any) -> Callable[[bool], Any]:
+def engine_factory(model: Any = "smollm2", **engine_kwargs: Any) -> Callable[[bool], GenerationEngine]:
     """`make_engine(enable_cache)` for `compare`. The first call builds the model from `model` (a name, a path,
     a loaded model); later calls reuse its weights and tokenizer, so they are loaded and converted once."""
     from radixcache.runtime.engine.engine import Engine
 
     built: dict[str, Any] = {}
 
-    def make(enable_cache: bool) -> Any:
+    def make(enable_cache: bool) -> GenerationEngine:
         if built:
             return Engine(built["model"], tokenizer=built["tokenizer"], enable_cache=enable_cache, **engine_kwargs)
         engine = Engine(model, enable_cache=enable_cache, **engine_kwargs)

@@ -14,6 +14,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from radixcache.runtime.engine.options import RequestOptions
+from radixcache.runtime.engine.protocol import GenerationEngine
 from radixcache.runtime.server import generation
 from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
 from radixcache.runtime.server.metrics import ServerMetrics
@@ -32,7 +34,7 @@ SESSION_HEADER = "x-session-id"  # behind replicas, a request's session (else it
 
 
 def create_app(
-    engine: Any,
+    engine: GenerationEngine,
     model_name: str = "smollm2",
     api_keys: Sequence[str] = (),
     public_metrics: bool = False,
@@ -137,17 +139,22 @@ def create_app(
                 param="max_tokens",
                 code="context_length_exceeded",
             )
-        max_tokens = min(body.limit(DEFAULT_MAX_TOKENS), context - longest)
+        max_tokens = max(min(body.limit(DEFAULT_MAX_TOKENS), context - longest), 0)
         timeout = body.timeout if request_timeout is None else min(body.timeout or request_timeout, request_timeout)
-        kwargs = {**body.sampling(), "namespace": namespace, "timeout": timeout}
-        if body.retain is not None:
-            kwargs["retain"] = body.retain
         session = body.user or (request.headers.get(SESSION_HEADER) if request is not None else None)
         if session and getattr(engine, "routes_sessions", False):  # replicas: a session sticks to one (per tenant)
-            kwargs["session"] = f"{namespace}|{session}"
-        elif session:  # one engine: the `session_id` of its recorded trace (--record-trace)
-            kwargs["session"] = session
-        return generation.Job(prompts, body.n, max(max_tokens, 0), kwargs)
+            session = f"{namespace}|{session}"
+        # One RequestOptions per HTTP request (0 tokens: an empty completion, which never reaches the engine).
+        options = RequestOptions.of(
+            max(max_tokens, 1),
+            caller="create_app",
+            **body.sampling(),
+            namespace=namespace,
+            timeout=timeout,
+            retain=body.retain,
+            session=session or None,
+        )
+        return generation.Job(prompts, body.n, max_tokens, options)
 
     def token_bytes(token_id: int) -> bytes:
         exact = getattr(engine.tokenizer, "token_bytes", None)
@@ -159,7 +166,7 @@ def create_app(
         return Responder(kind, model_name, job.prompt_tokens, job.n, token_bytes)
 
     async def run(request: Request, body: Any, job: generation.Job, responder: Responder) -> Any:
-        namespace = job.kwargs["namespace"]
+        namespace = job.options.namespace
         if job.max_tokens == 0:  # OpenAI answers an empty completion; the engine needs at least one step
             return JSONResponse(responder.empty(job.choices))
         if body.stream:
@@ -167,7 +174,7 @@ def create_app(
             # Wait for the first event before answering 200: a refusal (full queue, queue timeout) is still an
             # HTTP status then, not an error inside a stream.
             first = await _until_disconnect(request, _first_event(events))
-            want = "logprobs" in job.kwargs
+            want = job.options.sampling.logprobs is not None
             sse = responder.sse(_prepend(first, events), body.include_usage(), metrics, want, namespace)
             return StreamingResponse(sse, media_type="text/event-stream")
         results = await _until_disconnect(request, generation.complete(engine, job, inflight))

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from radixcache.runtime.engine.loop import RequestHandle
+from radixcache.runtime.engine.options import RequestOptions
+from radixcache.runtime.engine.protocol import GenerationEngine, GenerationHandle
 from radixcache.runtime.engine.request import GenerationResult
 
 
@@ -30,10 +31,10 @@ class Event(NamedTuple):
 class Inflight:
     """The handles of every engine request the server has running."""
 
-    handles: set[RequestHandle] = field(default_factory=set)
+    handles: set[GenerationHandle] = field(default_factory=set)
     cancelled: int = 0  # engine requests this server aborted (client gone, shutdown)
 
-    def cancel(self, handle: RequestHandle) -> None:
+    def cancel(self, handle: GenerationHandle) -> None:
         if not handle.done():
             self.cancelled += 1
             handle.cancel()
@@ -48,12 +49,13 @@ class Inflight:
 @dataclass(frozen=True, slots=True)
 class Job:
     """One HTTP request's generation: tokenised prompts (completions may send several), n samples of each, the
-    engine arguments. Choice `p * n + j` is sample j of prompt p, as OpenAI numbers them."""
+    request's options (sampling, namespace, timeout, ...; built once from the body). Choice `p * n + j` is sample
+    j of prompt p, as OpenAI numbers them. `max_tokens` may be 0 (an empty completion, never sent to the engine)."""
 
     prompts: list[list[int]]
     n: int
     max_tokens: int
-    kwargs: dict[str, Any]  # sampling, namespace, timeout
+    options: RequestOptions
 
     @property
     def choices(self) -> int:
@@ -63,14 +65,13 @@ class Job:
     def prompt_tokens(self) -> int:
         return sum(len(p) for p in self.prompts)
 
-    def sample_kwargs(self, i: int) -> dict[str, Any]:
-        kw = dict(self.kwargs)
-        if kw.get("seed") is not None:
-            kw["seed"] = kw["seed"] + i
-        return kw
+    def sample_seed(self, i: int) -> dict[str, Any]:
+        """Choice i's own options over the job's: a seeded request samples choice i with `seed + i`."""
+        seed = self.options.sampling.seed
+        return {} if seed is None else {"seed": seed + i}
 
 
-async def result_of(handle: RequestHandle) -> GenerationResult:
+async def result_of(handle: GenerationHandle) -> GenerationResult:
     """Await a handle's result. Unlike `asyncio.wrap_future`, cancelling the awaiting task leaves the handle's
     future alone: a cancelled concurrent future would make the engine loop fail when it delivers the result,
     and would hide from `Inflight.cancel` that the engine request still runs."""
@@ -91,19 +92,20 @@ async def result_of(handle: RequestHandle) -> GenerationResult:
     return await waiter
 
 
-def _submit_all(engine: Any, job: Job, inflight: Inflight) -> list[RequestHandle]:
+def _submit_all(engine: GenerationEngine, job: Job, inflight: Inflight) -> list[GenerationHandle]:
     """Every choice of the job, in choice order. The n samples of a prompt go as one group (Engine.submit_group):
     they share the prompt's KV in flight, and none counts another's prefill of it as cached. All or none: when the
     engine refuses a prompt (a full queue), the choices already queued are cancelled and the error raised."""
-    handles: list[RequestHandle] = []
+    handles: list[GenerationHandle] = []
     try:
         for p, prompt in enumerate(job.prompts):
             first = p * job.n
             if job.n == 1:
-                handles.append(engine.submit(prompt, job.max_tokens, **job.sample_kwargs(first)))
+                options = job.options.updated(**job.sample_seed(first))
+                handles.append(engine.submit(prompt, job.max_tokens, options=options))
             else:
-                each = [job.sample_kwargs(first + j) for j in range(job.n)]
-                handles += engine.submit_group([prompt] * job.n, job.max_tokens, each=each)
+                each = [job.sample_seed(first + j) for j in range(job.n)]
+                handles += engine.submit_group([prompt] * job.n, job.max_tokens, options=job.options, each=each)
     except BaseException:
         for h in handles:
             h.cancel()
@@ -114,7 +116,7 @@ def _submit_all(engine: Any, job: Job, inflight: Inflight) -> list[RequestHandle
     return handles
 
 
-async def complete(engine: Any, job: Job, inflight: Inflight) -> list[GenerationResult]:
+async def complete(engine: GenerationEngine, job: Job, inflight: Inflight) -> list[GenerationResult]:
     """The n results of a job; cancelling the awaiting task cancels every engine request."""
     handles = _submit_all(engine, job, inflight)
     try:
@@ -124,7 +126,7 @@ async def complete(engine: Any, job: Job, inflight: Inflight) -> list[Generation
             inflight.cancel(h)
 
 
-def _visible_text(engine: Any, ids: Sequence[int], hidden: set[int], stop: Sequence[str]) -> str:
+def _visible_text(engine: GenerationEngine, ids: Sequence[int], hidden: set[int], stop: Sequence[str]) -> str:
     """The text safe to send: cut before a stop string, and short of anything that may still begin one."""
     text = engine.tokenizer.decode([t for t in ids if t not in hidden], skip_special_tokens=True)
     cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
@@ -136,7 +138,12 @@ def _visible_text(engine: Any, ids: Sequence[int], hidden: set[int], stop: Seque
 
 
 async def _stream_one(
-    engine: Any, job: Job, i: int, handle: RequestHandle, inflight: Inflight, out: asyncio.Queue[Event]
+    engine: GenerationEngine,
+    job: Job,
+    i: int,
+    handle: GenerationHandle,
+    inflight: Inflight,
+    out: asyncio.Queue[Event],
 ) -> None:
     """Events of one choice: an empty one at its first token, then one per growth of the visible text with the
     logprobs of the tokens generated since the last, then the remainder with the result. A request that ends
@@ -147,7 +154,7 @@ async def _stream_one(
     req.listener = lambda _r: loop.call_soon_threadsafe(wake.put_nowait, None)  # on the engine loop thread
     handle.future.add_done_callback(lambda _f: loop.call_soon_threadsafe(wake.put_nowait, None))
     hidden = set(engine.eos_token_ids) | set(req.sampler.params.stop_token_ids)
-    stop = tuple(job.kwargs.get("stop", ()))
+    stop = job.options.sampling.stop
     emitted, sent_logprobs, started = "", 0, False
     try:
         while not handle.done():
@@ -170,7 +177,7 @@ async def _stream_one(
         inflight.cancel(handle)
 
 
-def shown_tokens(engine: Any, result: GenerationResult) -> int:
+def shown_tokens(engine: GenerationEngine, result: GenerationResult) -> int:
     """Generated tokens whose text the caller sees: all but a final stop token."""
     n = len(result.token_ids)
     if n and result.finish_reason == "stop" and result.token_ids[-1] in engine.eos_token_ids:
@@ -178,7 +185,7 @@ def shown_tokens(engine: Any, result: GenerationResult) -> int:
     return n
 
 
-async def stream(engine: Any, job: Job, inflight: Inflight) -> AsyncIterator[Event]:
+async def stream(engine: GenerationEngine, job: Job, inflight: Inflight) -> AsyncIterator[Event]:
     """Events of every choice, interleaved as they come; each choice ends with an event that has its result.
     Closing the iterator (a client that disconnects) cancels every choice. Refusals (a full queue) raise before
     the first event; a failure later raises where it happens."""

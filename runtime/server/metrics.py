@@ -11,7 +11,10 @@ import hashlib
 import threading
 from collections import Counter
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radixcache.runtime.engine.protocol import GenerationEngine
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -143,7 +146,7 @@ class ServerMetrics:
             out += [f"# HELP {name} {help}", f"# TYPE {name} counter", f'{name}{{model="{model_name}"}} {value}']
         return out
 
-    def render(self, engine: Any, model_name: str) -> str:
+    def render(self, engine: GenerationEngine, model_name: str) -> str:
         s = engine.stats
         label = f'{{model="{model_name}"}}'
         rows: list[tuple[str, str, str, float]] = [

@@ -61,7 +61,7 @@ def test_replay_runs_with_the_decode_mirror_off_small_or_default(runner, tiny_mo
 
 
 def test_engine_kwargs_pass_the_mirror_budget_through() -> None:
-    from radixcache.cli.replay import engine_kwargs
+    from radixcache.cli.engine_options import engine_kwargs
 
     assert engine_kwargs("lru", None, None, 16, mirror_memory="64MiB")["mirror_memory"] == "64MiB"
     assert engine_kwargs("lru", None, None, 16, mirror_memory=" 0 ")["mirror_memory"] == "0"

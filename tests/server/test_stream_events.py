@@ -12,6 +12,7 @@ import pytest
 from radixcache.runtime import Engine
 from radixcache.runtime.engine.errors import QueueTimeoutError
 from radixcache.runtime.engine.loop import RequestHandle
+from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.server import generation
 from radixcache.runtime.server.metrics import ServerMetrics
 from radixcache.runtime.server.responses import Responder
@@ -28,7 +29,7 @@ def test_a_request_dropped_before_its_first_token_sends_no_event_before_the_erro
     async def run() -> list:
         req = engine._request([5, 6, 7], 4)
         handle = RequestHandle(None, req)  # type: ignore[arg-type]
-        job = generation.Job([[5, 6, 7]], 1, 4, {})
+        job = generation.Job([[5, 6, 7]], 1, 4, RequestOptions.of(4))
         out: asyncio.Queue = asyncio.Queue()
         task = asyncio.create_task(generation._stream_one(engine, job, 0, handle, generation.Inflight(), out))
         await asyncio.sleep(0)

@@ -1,0 +1,182 @@
+"""The engine's command-line options, shared by `replay`, `chat` and `serve`: the model, the KV cache (policy,
+size, page size), admission, the tiers under the pool, and speed (quantisation, threads, the decode mirror).
+
+Each group is a decorator that adds its options, and a function that turns their values into EngineConfig's keyword
+arguments (runtime.engine.engine_config), refusing a bad size or combination before the model loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+
+from radixcache.policy.registry import ALL_POLICIES
+
+MODEL_ENVVAR = "RADIXCACHE_MODEL"
+
+model_option = click.option(
+    "--model",
+    default="smollm2",
+    show_default=True,
+    envvar=MODEL_ENVVAR,
+    help=f"'smollm2', a GGUF file or a Hugging Face directory (env {MODEL_ENVVAR}).",
+)
+
+
+def _stacked(func: Callable, options: list[Callable]) -> Callable:
+    """`func` with `options` applied so that they appear in --help in the order listed."""
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _check_sizes(sizes: dict[str, str | None]) -> None:
+    """Each given size (by its option's name) parses as a memory budget; else a bad-option error naming it."""
+    from radixcache.runtime.kv.pool import parse_memory
+
+    for option, value in sizes.items():
+        if value is None:
+            continue
+        try:
+            parse_memory(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=f"'{option}'") from None
+
+
+def kv_options(func: Callable) -> Callable:
+    """--policy, --capacity-blocks, --kv-memory, --page-size: the engine's cache, shared with `chat`."""
+    options = [
+        click.option("--policy", default="lru", show_default=True, type=click.Choice(sorted(ALL_POLICIES))),
+        click.option("--capacity-blocks", type=click.IntRange(min=1), help="KV cache size in pages."),
+        click.option("--kv-memory", help="KV cache size in bytes, e.g. 256MiB [default: 512MiB]."),
+        click.option("--page-size", default=16, show_default=True, type=click.IntRange(min=1), help="Tokens per page."),
+    ]
+    return _stacked(func, options)
+
+
+def admission_option(func: Callable) -> Callable:
+    """--admission: how many of each request's pages the tree adopts (radixcache.policy.admission), for replay, chat and
+    serve."""
+    from radixcache.policy.admission import ADMISSION_POLICIES
+
+    return click.option(
+        "--admission",
+        default="all",
+        show_default=True,
+        type=click.Choice(sorted(ADMISSION_POLICIES)),
+        help="Admission policy: how many of each request's pages the cache adopts (all: every one); the pages it "
+        "declines are freed when the request ends instead of waiting for eviction.",
+    )(func)
+
+
+def check_admission(admission: str, policy: str) -> str:
+    """`admission` itself when it works with the eviction `policy` (a learned admission may need its own eviction
+    policy); otherwise a bad-option error, before the model loads."""
+    from radixcache.policy.admission import make_admission
+    from radixcache.policy.registry import make_policy
+
+    try:
+        make_admission(admission, eviction=make_policy(policy))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--admission'") from None
+    return admission
+
+
+def tier_options(func: Callable) -> Callable:
+    """--host-kv-memory, --cache-dir, --cache-dir-size, --write-policy: the tiers under the KV pool."""
+    from radixcache.tier.tiered_cache import WRITE_POLICIES
+
+    options = [
+        click.option(
+            "--host-kv-memory",
+            help="A host tier of this size under the KV pool, e.g. 2GiB: pages the pool drops wait there and are "
+            "copied back when that is cheaper than recomputing them.",
+        ),
+        click.option(
+            "--cache-dir",
+            type=click.Path(file_okay=False),
+            help="Persist KV pages in this directory (a disk tier): a restarted process hits what it served before.",
+        ),
+        click.option(
+            "--cache-dir-size", default="8GiB", show_default=True, help="The disk tier's size limit (LRU beyond it)."
+        ),
+        click.option(
+            "--write-policy",
+            default="write_through",
+            show_default=True,
+            type=click.Choice(WRITE_POLICIES),
+            help="When the host tier gets a copy of a page: as the tree adopts it, once it is hit twice, or when the "
+            "pool evicts it.",
+        ),
+    ]
+    return _stacked(func, options)
+
+
+def tier_kwargs(
+    host_kv_memory: str | None, cache_dir: str | None, cache_dir_size: str, write_policy: str
+) -> dict[str, Any]:
+    """Engine arguments from the tier options; a bad size is refused before the model loads."""
+    _check_sizes({"--host-kv-memory": host_kv_memory, "--cache-dir-size": cache_dir_size})
+    return {
+        "host_kv_memory": host_kv_memory,
+        "cache_dir": cache_dir,
+        "cache_dir_size": cache_dir_size,
+        "write_policy": write_policy,
+    }
+
+
+def speed_options(func: Callable) -> Callable:
+    """--quant, --threads and --mirror-memory: how the model runs, shared by replay, chat and serve."""
+    options = [
+        click.option(
+            "--quant",
+            default="none",
+            show_default=True,
+            type=click.Choice(["none", "fp16", "gguf"]),
+            help="Weight format: fp16 reads half the bytes per token (CPU, float32 activations); gguf keeps a GGUF "
+            "file's Q4_1/Q8_0 blocks for decode batches of up to 4 (same weights; needs a C compiler once).",
+        ),
+        click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: torch's, one per core]."),
+        click.option(
+            "--mirror-memory",
+            help="Most memory for the decode mirror (the decode batch's KV kept contiguous so that decode "
+            "attention copies nothing per step), e.g. 256MiB; 0 turns it off [default: 512MiB on the CPU].",
+        ),
+    ]
+    return _stacked(func, options)
+
+
+def engine_kwargs(
+    policy: str,
+    capacity_blocks: int | None,
+    kv_memory: str | None,
+    page_size: int,
+    quant: str = "none",
+    threads: int | None = None,
+    mirror_memory: str | None = None,
+) -> dict[str, Any]:
+    """Engine arguments from the kv and speed options; a bad --kv-memory or --mirror-memory is refused before the
+    model loads."""
+    if capacity_blocks is not None and kv_memory is not None:
+        raise click.UsageError("give at most one of --capacity-blocks and --kv-memory")
+    if mirror_memory is not None and mirror_memory.strip() == "0":
+        mirror_memory = "0"  # off: not a budget
+    _check_sizes({"--kv-memory": kv_memory, "--mirror-memory": None if mirror_memory == "0" else mirror_memory})
+    kwargs: dict[str, Any] = {"policy": policy, "capacity_blocks": capacity_blocks, "kv_memory": kv_memory}
+    return kwargs | {"page_size": page_size, "quant": quant, "threads": threads, "mirror_memory": mirror_memory}
+
+
+def load_engine_model(spec: str, quant: str = "none") -> Any:
+    """The loaded model (config, weights, tokenizer; GGUF blocks for --quant gguf); a missing model raises
+    ModelNotFoundError with the fix."""
+    from radixcache.runtime.loading import load_model
+
+    keep_blocks = quant == "gguf"
+    console = Console(stderr=True)
+    if not console.is_terminal:  # no spinner thread where nobody sees it (pipes, tests)
+        return load_model(spec, keep_blocks=keep_blocks)
+    with console.status(f"loading {spec}", spinner="dots"):
+        return load_model(spec, keep_blocks=keep_blocks)

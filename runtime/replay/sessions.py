@@ -1,0 +1,124 @@
+"""What a replay runs: the trace (the sample one, or a file), its conversations or token requests planned as
+sessions, their turns in replay order, and each turn's start offset when timestamps are honoured.
+
+Conversations interleave turn by turn (turn 1 of every conversation, then turn 2, ...), as users who think between
+turns do; token requests run in arrival order, grouped by session (runtime.replay.run drives them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from radixcache.runtime.replay.results import ReplayError
+from radixcache.trace import Conversation, Trace, TraceError, read_trace
+from radixcache.trace.records import TokenRequest
+
+if TYPE_CHECKING:
+    from radixcache.runtime.engine.protocol import GenerationEngine
+
+SAMPLE_TRACE = "sample_chat.jsonl"
+
+# ---------------------------------------------------------------------------------------------- traces
+
+
+def sample_trace_path() -> Path:
+    """The sample trace shipped in the package: 8 conversations over 2 shared system prompts, 28 turns."""
+    return Path(str(resources.files("radixcache.data").joinpath(SAMPLE_TRACE)))
+
+
+def load_replay_trace(path: str | Path | None = None, format: str | None = None) -> Trace:
+    """A text or token trace to replay (the sample trace when `path` is None). Hash-block traces are refused."""
+    source = str(sample_trace_path() if path is None else path)
+    trace = read_trace(source, format)
+    if trace.kind == "hash":
+        raise TraceError(
+            source, "format", f"{trace.format} traces hold hash ids, not tokens or text: simulate them instead"
+        )
+    if not trace.records:
+        raise TraceError(source, "1", "the trace holds no requests")
+    return trace
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+
+
+@dataclass(slots=True)
+class TraceSession:
+    """One conversation's progress: its pending turns and the chat history so far."""
+
+    id: str
+    index: int
+    conversation: Conversation | None = None
+    requests: list[TokenRequest] = field(default_factory=list)
+    history: list[dict[str, str]] = field(default_factory=list)
+    done: bool = False
+
+    @property
+    def turns(self) -> int:
+        return len(self.conversation.turns) if self.conversation is not None else len(self.requests)
+
+
+def plan_sessions(
+    trace: Trace | Sequence[Conversation] | Sequence[TokenRequest], limit: int | None = None
+) -> list[TraceSession]:
+    """Conversations (or token requests grouped by session, in first-appearance order), the first `limit`."""
+    records = list(trace.records if isinstance(trace, Trace) else trace)
+    sessions: list[TraceSession] = []
+    by_key: dict[Any, TraceSession] = {}
+    for i, record in enumerate(records):
+        if isinstance(record, Conversation):
+            sessions.append(TraceSession(record.id, len(sessions), conversation=record))
+        elif isinstance(record, TokenRequest):
+            key = record.session if record.session is not None else ("request", i)
+            session = by_key.get(key)
+            if session is None:
+                name = record.session if record.session is not None else f"request-{i + 1}"
+                session = by_key[key] = TraceSession(str(name), len(sessions))
+                sessions.append(session)
+            session.requests.append(record)
+        else:
+            raise ReplayError(f"cannot replay a {type(record).__name__}: give text conversations or token requests")
+    return sessions[:limit] if limit is not None else sessions
+
+
+def replay_order(sessions: list[TraceSession]) -> list[tuple[TraceSession, int]]:
+    """Turns in replay order: token requests by arrival time (file order on ties), conversations turn by turn."""
+    steps = [(s, k) for s in sessions for k in range(s.turns)]
+    if sessions and sessions[0].conversation is None:
+        position = {id(r): n for n, r in enumerate(r for s in sessions for r in s.requests)}
+        return sorted(steps, key=lambda sk: (sk[0].requests[sk[1]].timestamp_ms, position[id(sk[0].requests[sk[1]])]))
+    return sorted(steps, key=lambda sk: (sk[1], sk[0].index))
+
+
+def start_offsets(
+    sessions: list[TraceSession], honor: bool, warn: Callable[[str], None]
+) -> dict[tuple[int, int], float]:
+    """Start offsets in seconds of each (session, turn), when asked for and the trace has them."""
+    if not honor:
+        return {}
+    if not sessions or sessions[0].conversation is not None:
+        warn("the trace has no timestamps (text traces carry none); --honor-timestamps has no effect")
+        return {}
+    first = min(r.timestamp_ms for s in sessions for r in s.requests)
+    return {(s.index, k): (r.timestamp_ms - first) / 1000.0 for s in sessions for k, r in enumerate(s.requests)}
+
+
+def check_tokens(sessions: list[TraceSession], engine: GenerationEngine) -> None:
+    """Refuse, before anything runs, a text trace without a tokenizer and token ids the model cannot read."""
+    vocab = engine.config.vocab_size
+    needs_tokenizer = any(s.conversation is not None for s in sessions)
+    if needs_tokenizer and getattr(engine, "tokenizer", None) is None:
+        raise ReplayError("a text trace needs the model's tokenizer, and this engine has none")
+    for s in sessions:
+        for k, r in enumerate(s.requests):
+            bad = next((t for t in r.tokens if t >= vocab), None)
+            if bad is not None:
+                raise ReplayError(
+                    f"session {s.id} request {k + 1}: token id {bad} is outside the model's vocabulary of {vocab}"
+                )
+            if not r.tokens:
+                raise ReplayError(f"session {s.id} request {k + 1}: the prompt is empty")
