@@ -147,12 +147,12 @@ def burst_run(b: Bench, prompts: list[list[int]], config: SchedulerConfig) -> tu
 def bench_burst(b: Bench) -> None:
     a = b.args
     n = a.burst_requests
+    shared = b.prompts(1, a.burst_shared)[0]
+    prompts = b.prompts(n, a.burst_tail, prefix=shared)
     print(
         f"burst: {n} requests, {a.burst_shared} shared + {a.burst_tail} own tokens, {a.burst_gap}s apart, "
         f"{a.burst_new} new tokens"
     )
-    shared = b.prompts(1, a.burst_shared)[0]
-    prompts = b.prompts(n, a.burst_tail, prefix=shared)
     configs = {"before (share_in_flight=False)": SchedulerConfig(share_in_flight=False), "after": SchedulerConfig()}
     burst_run(b, b.prompts(n, a.burst_tail, prefix=b.prompts(1, a.burst_shared)[0]), SchedulerConfig())  # warm-up
     rows, data = [], []

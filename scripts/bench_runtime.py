@@ -62,7 +62,7 @@ Prints each round and each result as it comes, then one markdown table whose hea
 seen; `--json PATH` writes every row with its numbers and every round. transformers and llama-cpp-python are
 benchmark-only dependencies: each is skipped with a message if missing.
 
-The parts, beside this file: bench_runtime_rounds.py (the rounds, timers, bandwidth and rows),
+The parts, beside this file: bench_runtime_rounds.py (the rounds, timers, bandwidth), bench_runtime_report.py (rows),
 bench_runtime_contenders.py (ours, transformers, llama.cpp, the raw decode step), bench_runtime_prefill.py
 (prefill, TTFT), bench_runtime_decode.py (batch 1 and 8), bench_runtime_paged.py (paged against contiguous KV).
 """
@@ -93,7 +93,8 @@ from bench_runtime_contenders import Ours, load_hf, load_llama_cpp
 from bench_runtime_decode import bench_decode1, bench_decode8
 from bench_runtime_paged import bench_paged_vs_contiguous
 from bench_runtime_prefill import bench_prefill, bench_ttft
-from bench_runtime_rounds import ROUNDS, ROWS, Settings, cpu_name, memory_bandwidth_gbs, row
+from bench_runtime_report import ROWS, row
+from bench_runtime_rounds import ROUNDS, Settings, cpu_name, memory_bandwidth_gbs
 
 from radixcache.runtime.loading import load_model
 from radixcache.runtime.model.llama import LlamaModel

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from bench_runtime_rounds import PAGE, Settings, prompt_ids, row, timed, timed_once
+from bench_runtime_report import row
+from bench_runtime_rounds import PAGE, Settings, prompt_ids, timed, timed_once
 
 from radixcache.runtime.kv.mirror import DecodeMirror
 from radixcache.runtime.model.attention import build_decode_meta

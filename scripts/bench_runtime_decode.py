@@ -7,21 +7,8 @@ import gc
 
 import torch
 from bench_runtime_contenders import HF, RAW_STEPS_B1, RAW_STEPS_B8, LlamaCpp, Ours, RawStep
-from bench_runtime_rounds import (
-    DECODE_B1_TARGET,
-    DECODE_B8_TARGET,
-    LLAMA_CPP_FACTOR,
-    PAGE,
-    Measure,
-    Settings,
-    best,
-    bw_note,
-    fmt_ratio,
-    prompt_ids,
-    row,
-    run_rounds,
-    verdict,
-)
+from bench_runtime_report import DECODE_B1_TARGET, DECODE_B8_TARGET, LLAMA_CPP_FACTOR, fmt_ratio, row, verdict
+from bench_runtime_rounds import PAGE, Measure, Settings, best, bw_note, prompt_ids, run_rounds
 
 from radixcache.runtime import Engine
 
@@ -58,16 +45,17 @@ def engine_batch8(engine: Engine, prompts: list[list[int]], s: Settings) -> dict
     }
 
 
-def hf_decode_tps(runs: list[dict[str, float]], batch: int, n: int) -> float | None:
-    """transformers decode tok/s: fastest generate(n) minus fastest generate(1), both over the same rounds.
-    None: machine noise exceeded the decode time, so the difference says nothing (more --reps)."""
+def hf_decode_row(runs: list[dict[str, float]], batch: int, metric: str, s: Settings, bwn: str) -> float | None:
+    """The row of transformers' decode tok/s at `batch`: fastest generate(n) minus fastest generate(1), both over
+    the same rounds. Returns the tok/s, or None (and says so in the row) where machine noise exceeded the decode
+    time, so the difference says nothing (more --reps)."""
+    n = s.decode_tokens
     first = best(runs, "ms generate(1)") / 1000
     full = best(runs, f"ms generate({n})") / 1000
-    return batch * (n - 1) / (full - first) if full > first else None
-
-
-def show_tps(tps: float | None) -> str:
-    return f"{tps:.1f} tok/s" if tps else "not measurable (noise > decode time)"
+    tps = batch * (n - 1) / (full - first) if full > first else None
+    shown = f"{tps:.1f} tok/s" if tps else "not measurable (noise > decode time)"
+    row(metric, "", shown, f"generate({n}) - generate(1), each the fastest of its rounds; {bwn}", tps=tps)
+    return tps
 
 
 def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Settings, vocab: int) -> None:
@@ -99,14 +87,7 @@ def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Setti
     hf1: float | None = None
     lc1: float | None = None
     if hf:
-        hf1 = hf_decode_tps(runs["transformers"], 1, s.decode_tokens)
-        row(
-            f"decode, batch 1 ({s.prompt}-token prompt): {hf.label}",
-            "",
-            show_tps(hf1),
-            f"generate({s.decode_tokens}) - generate(1), each the fastest of its rounds; {bwn}",
-            tps=hf1,
-        )
+        hf1 = hf_decode_row(runs["transformers"], 1, f"decode, batch 1 ({s.prompt}-token prompt): {hf.label}", s, bwn)
     if lc:
         lc1 = best(runs["llama.cpp"], "tok/s", max)
         row(
@@ -179,14 +160,7 @@ def bench_decode8(ours: list[Ours], hf: HF | None, s: Settings, vocab: int) -> N
     bwn = bw_note(phase)
     hf8 = None
     if hf and s.hf_batch8:
-        hf8 = hf_decode_tps(runs["transformers"], 8, s.decode_tokens)
-        row(
-            f"decode, batch 8 aggregate: {hf.label}",
-            "",
-            show_tps(hf8),
-            f"generate({s.decode_tokens}) - generate(1), each the fastest of its rounds; {bwn}",
-            tps=hf8,
-        )
+        hf8 = hf_decode_row(runs["transformers"], 8, f"decode, batch 8 aggregate: {hf.label}", s, bwn)
     for o in ours:
         raw_rows(runs, o.tag, 8, ctx, bwn)
     for o in ours:

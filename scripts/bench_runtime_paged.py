@@ -7,7 +7,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-from bench_runtime_rounds import PAGE, Settings, prompt_ids, row, timed, verdict
+from bench_runtime_report import row, verdict
+from bench_runtime_rounds import PAGE, Settings, prompt_ids, timed
 
 from radixcache.runtime.kv.mirror import DecodeMirror
 from radixcache.runtime.kv.pool import KVPool

@@ -7,19 +7,8 @@ import gc
 
 import torch
 from bench_runtime_contenders import HF, LlamaCpp, Ours
-from bench_runtime_rounds import (
-    PAGE,
-    Measure,
-    Settings,
-    best,
-    bw_note,
-    fmt_ratio,
-    prompt_ids,
-    row,
-    run_rounds,
-    timed_once,
-    verdict,
-)
+from bench_runtime_report import fmt_ratio, row, verdict
+from bench_runtime_rounds import PAGE, Measure, Settings, best, bw_note, prompt_ids, run_rounds, timed_once
 
 from radixcache.runtime import Engine
 from radixcache.runtime.kv.pool import KVPool

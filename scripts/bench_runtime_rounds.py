@@ -1,8 +1,7 @@
-"""bench_runtime.py's measuring kit: the interleaved rounds, the timers, the memory bandwidth and the result rows.
+"""bench_runtime.py's measuring kit: the interleaved rounds, the timers, the memory bandwidth and the settings.
 
-Every comparison of scripts/bench_runtime.py runs through `run_rounds` (its docstring says why rounds); every
-result goes through `row`, which prints it at once and keeps it for the closing table and the JSON. `ROWS` and
-`ROUNDS` are the run's record, module-level because one run of the script is one record.
+Every comparison of scripts/bench_runtime.py runs through `run_rounds` (its docstring says why rounds). `ROUNDS`
+is the run's record of every round (the JSON's "rounds"), module-level because one run of the script is one record.
 """
 
 from __future__ import annotations
@@ -10,36 +9,12 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 PAGE = 16
-DECODE_B1_TARGET = 25.0  # tok/s, fp32
-DECODE_B8_TARGET = 100.0  # tok/s aggregate, fp32
-LLAMA_CPP_FACTOR = 1.5  # a compressed-weight mode's batch-1 decode within 1.5x of llama.cpp (the stretch target)
-
-
-@dataclass
-class Row:
-    metric: str
-    ours: str
-    base: str
-    note: str
-    data: dict[str, Any] = field(default_factory=dict)
-
-
-ROWS: list[Row] = []
-
-
-def row(metric: str, ours: str, base: str = "", note: str = "", **data: Any) -> None:
-    ROWS.append(Row(metric, ours, base, note, data))
-    print(f"  {metric}: {ours}  {base}  {note}", flush=True)
-
-
-def verdict(ok: bool) -> str:
-    return "met" if ok else "MISSED"
 
 
 @dataclass(frozen=True)
@@ -60,12 +35,7 @@ def timed(fn: Callable[[], object], reps: int) -> float:
     """Fastest of `reps` calls after one warm-up call: on a shared machine the minimum is the stable estimate of
     the cost itself (noise only ever adds time)."""
     fn()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    return min((timed_once(fn) for _ in range(reps)), default=float("inf"))
 
 
 def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
@@ -82,10 +52,6 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def fmt_ratio(ours: float, base: float | None, name: str) -> str:
-    return f"{ours / base:.2f}x {name}" if base else f"{name} n/a"
 
 
 # ---------------------------------------------------------------------- rounds

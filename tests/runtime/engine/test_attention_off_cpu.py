@@ -19,10 +19,11 @@ from radixcache.runtime.model.attention import (
     reads_pages_in_place,
     uses_split_prefill,
 )
-from radixcache.runtime.model.batch import DecodeBatch, PrefillChunk
 from radixcache.runtime.model.llama import LlamaModel
 from radixcache.runtime.model.reference import reference_logits
 from radixcache.runtime.testing import RandomModel
+from tests.runtime.engine import test_forward_batch as forward_batch
+from tests.runtime.engine import test_model_vs_reference as model_vs_reference
 
 TOL = 1e-4
 OFF_CPU = ["cuda", "cuda:1", "mps", "meta"]  # constructing a torch.device touches no GPU
@@ -30,10 +31,6 @@ OFF_CPU = ["cuda", "cuda:1", "mps", "meta"]  # constructing a torch.device touch
 
 def tokens(n: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def shuffled(n_pages: int, num_blocks: int, seed: int) -> list[int]:
-    return torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))[:n_pages].tolist()
 
 
 @pytest.fixture
@@ -98,73 +95,32 @@ def test_causal_mask_is_the_naive_mask_in_the_models_dtype(
 # ---------------------------------------------------------------------------------------------- the masked prefill
 
 
+# The masked path must pass the very tests the CPU's split path passes: they are run here, not copied.
+
+
 @pytest.mark.parametrize("page", [1, 5, 16])
 @pytest.mark.parametrize(("split", "chunk"), [(0, 512), (0, 7), (19, 512), (32, 6)])
 def test_masked_prefill_over_a_cached_prefix_matches_reference(
     tiny_variant: RandomModel, masked: dict[str, int], page: int, split: int, chunk: int
 ) -> None:
-    cfg = tiny_variant.config
-    ids = tokens(45, cfg.vocab_size, seed=page)
-    expected = reference_logits(cfg, tiny_variant.weights, ids)
-    model = LlamaModel(cfg, tiny_variant.weights)
-    pool = model.new_pool(64, page)
-    table = shuffled(-(-45 // page), 64, seed=page + split)
-    parts = []
-    if split:
-        parts.append(model.prefill(ids[:split], 0, table, pool, chunk_size=chunk, all_logits=True))
-    parts.append(model.prefill(ids[split:], split, table, pool, chunk_size=chunk, all_logits=True))
-    got = torch.cat(parts)
-    assert got.shape == expected.shape
-    assert (got - expected).abs().max().item() < TOL
-    last = model.prefill(ids[split:], split, table, pool, chunk_size=chunk)  # the engine's path: forward(chunks)
-    assert (last - expected[-1]).abs().max().item() < TOL
+    model_vs_reference.test_prefill_over_a_cached_prefix_matches_reference(tiny_variant, page, split, chunk)
     assert masked["masked"] > 0
 
 
 def test_masked_prefill_in_float64_is_the_reference_function(tiny: RandomModel, masked: dict[str, int]) -> None:
     """The mask is built in the model's dtype: in float64 both sides agree far below the float32 tolerance."""
-    ids = tokens(40, tiny.config.vocab_size, seed=3)
-    expected = reference_logits(tiny.config, tiny.weights, ids, dtype=torch.float64)
-    model = LlamaModel(tiny.config, tiny.weights, dtype=torch.float64)
-    pool = model.new_pool(16, 4)
-    got = torch.cat(
-        [
-            model.prefill(ids[:21], 0, range(10), pool, all_logits=True),
-            model.prefill(ids[21:], 21, range(10), pool, all_logits=True),
-        ]
-    )
-    assert (got - expected).abs().max().item() < 1e-5
+    model_vs_reference.test_float64_paged_forward_is_the_reference_function(tiny)
     assert masked["masked"] > 0
 
 
-@pytest.mark.parametrize("page", [1, 4])
+@pytest.mark.parametrize("page", [1, 4, 16])
+@pytest.mark.parametrize("with_decodes", [False, True])
 def test_a_mixed_pass_with_masked_prefills_equals_each_sequence_alone(
-    tiny: RandomModel, masked: dict[str, int], page: int
+    tiny_variant: RandomModel, masked: dict[str, int], page: int, with_decodes: bool
 ) -> None:
-    """Decodes and three chunks in one pass (one fresh, one over a cached prefix, one of a single token): each
-    chunk gathers its own sequence and masks with its own offset, whatever shares the pass."""
-    cfg = tiny.config
-    model = LlamaModel(cfg, tiny.weights)
-    pool = model.new_pool(128, page)
-    free = shuffled(128, 128, seed=page)
-    dec_ids = [tokens(n, cfg.vocab_size, seed=10 + n) for n in (9, 17)]
-    pre_ids = [tokens(n, cfg.vocab_size, seed=20 + n) for n in (23, 30, 12)]
-    starts = [0, 19, 11]
-    dec_tables = [[free.pop() for _ in range(-(-len(x) // page))] for x in dec_ids]
-    pre_tables = [[free.pop() for _ in range(-(-len(x) // page))] for x in pre_ids]
-    for ids, table in zip(dec_ids, dec_tables, strict=True):
-        model.prefill(ids[:-1], 0, table, pool)
-    for ids, start, table in zip(pre_ids, starts, pre_tables, strict=True):
-        if start:
-            model.prefill(ids[:start], 0, table, pool)
-    meta = build_decode_meta(dec_tables, [len(x) for x in dec_ids], page, model.device)
-    chunks = [PrefillChunk(x[s:], s, t) for x, s, t in zip(pre_ids, starts, pre_tables, strict=True)]
-    out = model.forward(pool, decode=DecodeBatch([x[-1] for x in dec_ids], meta), chunks=chunks)
-    assert out.decode is not None and out.chunks is not None
-    for i, ids in enumerate(dec_ids):
-        assert (out.decode[i] - reference_logits(cfg, tiny.weights, ids)[-1]).abs().max().item() < TOL
-    for i, ids in enumerate(pre_ids):
-        assert (out.chunks[i] - reference_logits(cfg, tiny.weights, ids)[-1]).abs().max().item() < TOL
+    """Chunks (one fresh, one over a cached prefix, one of a single token) and decodes in one pass: each chunk
+    gathers its own sequence and masks with its own offset, whatever shares the pass."""
+    forward_batch.test_a_mixed_pass_equals_each_sequence_alone(tiny_variant, page, with_decodes)
     assert masked["masked"] > 0
 
 
