@@ -1,0 +1,151 @@
+"""The engine's typed front: EngineConfig (validated once), RequestOptions (one per request, every entry point),
+the GenerationEngine protocol, and the request's KV state owned by the KV manager (kv/ imports nothing of engine/)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from radixcache.runtime import Engine, EngineConfig, GenerationEngine, RequestOptions, SamplingParams
+from radixcache.runtime.kv.state import KVState, Status
+from radixcache.runtime.testing import RandomModel
+
+REPO = Path(__file__).resolve().parents[3]
+
+# The keyword arguments Engine took before EngineConfig: they are its fields, one to one, in this order.
+ENGINE_KEYWORDS = [
+    "model",
+    "kv_memory",
+    "capacity_blocks",
+    "page_size",
+    "policy",
+    "dtype",
+    "device",
+    "enable_cache",
+    "prefill_chunk",
+    "tokenizer",
+    "schedule",
+    "max_prefill_tokens",
+    "mixed_prefill_tokens",
+    "max_running",
+    "scheduler_config",
+    "max_pinned_fraction",
+    "quant",
+    "threads",
+    "mirror_memory",
+    "max_queue",
+    "queue_timeout",
+    "host_kv_memory",
+    "cache_dir",
+    "cache_dir_size",
+    "write_policy",
+    "load_back",
+    "kv_events",
+    "admission",
+]
+
+
+def test_engine_config_holds_exactly_the_engine_keywords() -> None:
+    assert [f.name for f in dataclasses.fields(EngineConfig)] == ENGINE_KEYWORDS
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        EngineConfig().page_size = 8  # type: ignore[misc]
+
+
+def test_keywords_and_a_config_build_the_same_engine(tiny: RandomModel) -> None:
+    by_keywords = Engine(tiny, capacity_blocks=32, page_size=4, schedule="fcfs")
+    config = EngineConfig(model=tiny, capacity_blocks=32, page_size=4, schedule="fcfs")
+    by_config = Engine(config=config)
+    assert by_keywords.engine_config == config == by_config.engine_config
+    assert Engine.from_config(config).scheduler.config == by_keywords.scheduler.config
+    overridden = Engine(config=config, page_size=8)  # a keyword beside a config overrides its field
+    assert overridden.cache.page_size == 8 and config.page_size == 4
+    prompt = list(range(1, 20))
+    assert by_keywords.generate(prompt, 4).token_ids == by_config.generate(prompt, 4).token_ids
+
+
+def test_a_bad_option_fails_once_before_any_weights_load() -> None:
+    with pytest.raises(TypeError, match=re.escape("Engine() got an unexpected keyword argument 'page_sise'")):
+        Engine("no-such-model", page_sise=8)
+    for bad, message in (
+        ({"dtype": "int3"}, "dtype must be one of"),
+        ({"write_policy": "sometimes"}, "write_policy must be one of"),
+        ({"threads": 0}, "threads must be a positive int"),
+        ({"max_pinned_fraction": 2.0}, "max_pinned_fraction must be in"),
+        ({"max_queue": -1}, "max_queue must be an int >= 0"),
+        ({"queue_timeout": 0}, "queue_timeout must be > 0"),
+        ({"schedule": "random"}, "schedule must be one of"),
+        ({"admission": "nope"}, "unknown admission policy"),
+        ({"kv_memory": "lots"}, "cannot parse memory budget"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            Engine("no-such-model", **bad)  # the model is never looked for: the config is refused first
+        with pytest.raises(ValueError, match=message):
+            EngineConfig(**bad)
+
+
+def test_request_options_take_generate_keywords_once() -> None:
+    opts = RequestOptions.of(8, temperature=0.5, stop="x", seed=3, namespace="ns", priority=2, retain="conversation")
+    assert opts.max_new_tokens == 8 and opts.sampling.stop == ("x",) and opts.priority == 2
+    assert opts.updated(seed=4).sampling.seed == 4 and opts.sampling.seed == 3  # frozen: a new object
+    params = SamplingParams(max_new_tokens=3)
+    assert (
+        RequestOptions.of(99, params=params, temperature=1.0).sampling is params
+    )  # params replaces the sampling keywords
+    with pytest.raises(TypeError, match=re.escape("Engine.generate() got an unexpected keyword argument 'temprature'")):
+        RequestOptions.of(8, temprature=0.5)
+    with pytest.raises(ValueError, match="namespace must be hashable"):
+        RequestOptions.of(8, namespace=["a"])
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        RequestOptions.of(8, timeout=0)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        opts.updated(top_p=0.0)
+
+
+def test_every_entry_point_takes_options_or_their_keywords(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    prompt = list(range(3, 30))
+    opts = RequestOptions.of(5, ignore_eos=True, temperature=0.8, seed=11)
+    by_keywords = engine.generate(prompt, 5, ignore_eos=True, temperature=0.8, seed=11)
+    assert engine.generate(prompt, options=opts).token_ids == by_keywords.token_ids
+    assert engine.submit(prompt, options=opts).result().token_ids == by_keywords.token_ids
+    assert (
+        engine.generate(prompt, options=opts, seed=12).token_ids
+        == engine.generate(prompt, options=opts.updated(seed=12)).token_ids
+    )
+    with pytest.raises(TypeError, match=re.escape("Engine.submit() got an unexpected keyword argument 'colour'")):
+        engine.submit(prompt, 4, colour="red")
+    session = engine.session(max_new_tokens=3, ignore_eos=True)
+    assert session.options.max_new_tokens == 3 and len(session.send("hi").token_ids) == 3
+
+
+def test_engine_satisfies_the_generation_engine_protocol(tiny: RandomModel) -> None:
+    assert isinstance(Engine(tiny, capacity_blocks=16), GenerationEngine)
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    methods = [name for name, value in vars(GenerationEngine).items() if callable(value) and not name.startswith("_")]
+    assert "submit" in methods and all(callable(getattr(ClusterEngine, name, None)) for name in methods)
+
+
+def test_a_request_holds_its_kv_state_and_the_kv_package_never_imports_the_engine(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    req = engine._request(list(range(1, 12)), 4, namespace="t", pin=8)
+    assert isinstance(req.kv, KVState) and req.kv.status is Status.WAITING
+    assert (req.kv.rid, req.kv.namespace, req.kv.prompt_tokens, req.kv.max_new_tokens, req.kv.pin) == (
+        req.rid,
+        "t",
+        11,
+        4,
+        8,
+    )
+    engine.run(req)
+    assert req.kv.status is Status.FINISHED and not req.kv.block_table and req.kv.match_node is None
+    bad = []
+    for path in sorted((REPO / "runtime" / "kv").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("radixcache.runtime.engine"):
+                bad.append(f"{path.relative_to(REPO)}:{node.lineno} imports {node.module}")
+    assert not bad, "kv/ must not import engine/ (type-checking imports included):\n" + "\n".join(bad)
