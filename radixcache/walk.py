@@ -138,12 +138,9 @@ class TreeWalk(EvictableSet):
             return None
         if root is None:
             return None
-        n = len(arr) // p * p  # full pages only: the unaligned tail is never matched
         buf = arr.tobytes()  # node keys are compared against it in place, and the signs read from it
-        if n == len(arr):
-            node, pos, cached, partial, partial_len = self._descend(root, arr, buf)
-        else:
-            node, pos, cached, partial, partial_len = self._descend(root, arr[:n], buf[: n * 8])
+        # Full pages only, as in match_prefix: the walk never matches the unaligned tail (it rounds down to pages).
+        node, pos, cached, partial, partial_len = self._descend(root, arr, buf)
         if partial is not None:
             cached.extend(partial.blocks[: partial_len // p])
         pages = len(cached)
