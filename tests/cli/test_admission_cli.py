@@ -26,7 +26,8 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
             seen["admission"].append(self.admission)
 
         def submit(self, prompt: Any, max_new_tokens: int = 64, **kwargs: Any) -> Any:
-            seen["retain"].append(kwargs.get("retain"))
+            options = kwargs.get("options")  # a session or the replay sends RequestOptions, others keywords
+            seen["retain"].append(options.retain if options is not None else kwargs.get("retain"))
             return super().submit(prompt, max_new_tokens, **kwargs)
 
     monkeypatch.setattr(engine_module, "Engine", Spy)
