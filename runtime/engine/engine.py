@@ -334,18 +334,13 @@ class Engine:
         return self._build(prompt, self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "generate"))
 
     def _options(
-        self,
-        max_new_tokens: int = 64,
-        options: RequestOptions | None = None,
-        kwargs: dict[str, Any] | None = None,
-        caller: str = "options",
+        self, max_new_tokens: int, options: RequestOptions | None, kwargs: dict[str, Any], caller: str
     ) -> RequestOptions:
-        """The RequestOptions of a call: `options` with `kwargs` over it, or built from `max_new_tokens` and
-        `kwargs` (an unknown keyword is a TypeError naming `caller`). Raises EngineClosedError once the engine is
-        closed, before any work."""
+        """The RequestOptions of a call (options.resolve_options; an unknown keyword is a TypeError naming
+        `Engine.<caller>`). Raises EngineClosedError once the engine is closed, before any work."""
         if self._closed:
             raise EngineClosedError("this engine is closed")
-        return resolve_options(max_new_tokens, options, kwargs or {}, f"Engine.{caller}")
+        return resolve_options(max_new_tokens, options, kwargs, f"Engine.{caller}")
 
     def _build(self, prompt: Prompt, options: RequestOptions) -> Request:
         if self._closed:

@@ -17,7 +17,7 @@ from radixcache.runtime.kv.tier.coordinator import KVTiers, TierCounters
 class EngineStats:
     """Engine totals since construction, plus the cache's block gauges now."""
 
-    requests: int  # that left the engine: finished, cancelled or failed
+    requests: int  # results delivered: finished, timed out or cancelled (a failed request raises instead)
     prompt_tokens: int  # of the requests admitted at least once
     cached_tokens: int  # prompt tokens found in the cache at their first admission
     prefill_tokens: int  # prompt tokens computed (prompt_tokens - cached_tokens)
