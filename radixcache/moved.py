@@ -14,6 +14,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import warnings
+from collections.abc import Mapping
 from types import ModuleType
 
 #: old module -> its new homes, searched in order for each name
@@ -70,10 +71,14 @@ MOVED: dict[str, tuple[str, ...]] = {
 
 
 class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds and loads the old paths in `MOVED` as modules that gather their new homes' names."""
+    """Finds and loads the old paths of one map (old module -> its new homes) as modules that gather their new
+    homes' names."""
+
+    def __init__(self, moved: Mapping[str, tuple[str, ...]] = MOVED) -> None:
+        self.moved = moved
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec:
-        if fullname not in MOVED:
+        if fullname not in self.moved:
             return None  # type: ignore[return-value]
         return importlib.machinery.ModuleSpec(fullname, self)
 
@@ -81,7 +86,7 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None  # the default module object
 
     def exec_module(self, module: ModuleType) -> None:
-        homes = MOVED[module.__name__]
+        homes = self.moved[module.__name__]
         warnings.warn(
             f"{module.__name__} moved to {' and '.join(homes)}; import from there", DeprecationWarning, stacklevel=2
         )
@@ -91,7 +96,10 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__doc__ = f"Deprecated alias of {', '.join(homes)}."
 
 
-def install() -> None:
-    """Put the finder on `sys.meta_path` once per interpreter (idempotent: importlib.reload is safe)."""
-    if not any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path):
-        sys.meta_path.append(MovedModuleFinder())
+def install(moved: Mapping[str, tuple[str, ...]] = MOVED) -> None:
+    """Put a finder for `moved` on `sys.meta_path`, once per interpreter and map (importlib.reload is safe).
+
+    The runtime installs its own map (radixcache.runtime.moved) the same way, so this module names no path above
+    the library."""
+    if not any(isinstance(finder, MovedModuleFinder) and finder.moved is moved for finder in sys.meta_path):
+        sys.meta_path.append(MovedModuleFinder(moved))

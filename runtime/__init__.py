@@ -18,6 +18,11 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "300000")
 
+from radixcache.moved import install as _install_moved_paths
+from radixcache.runtime.moved import RUNTIME_MOVED
+
+_install_moved_paths(RUNTIME_MOVED)  # the runtime's old import paths (radixcache.runtime.kv.disk, ...)
+
 if TYPE_CHECKING:
     from radixcache.runtime.engine.engine import Engine
     from radixcache.runtime.engine.engine_config import EngineConfig

@@ -1,7 +1,9 @@
-"""The import paths of the layout before the sub-packages still work (radixcache.moved), and warn.
+"""The import paths of the layout before the sub-packages still work (radixcache.moved, and the runtime's own map
+in radixcache.runtime.moved), and warn.
 
 tests/old_public_names.json lists every public top-level name each old module defined (or listed in `__all__`) at
-the last commit of the old layout, read from its source with `ast`: an independent record, not the code under test.
+the last commit of the old layout, read from its source with `ast` (module loggers left out): an independent
+record, not the code under test.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from types import ModuleType
 
 import pytest
 
-import radixcache
-from radixcache.moved import MOVED
+from radixcache.moved import MOVED, MovedModuleFinder
+from radixcache.runtime.moved import RUNTIME_MOVED
 
 OLD_NAMES: dict[str, list[str]] = json.loads((Path(__file__).parent / "old_public_names.json").read_text())
+ALL_MOVED = {**MOVED, **RUNTIME_MOVED}
 
 
 def _import_fresh(name: str) -> ModuleType:
@@ -28,12 +31,13 @@ def _import_fresh(name: str) -> ModuleType:
 
 
 def test_every_moved_path_is_recorded_and_every_record_is_moved() -> None:
-    assert set(OLD_NAMES) == set(MOVED)
+    assert set(OLD_NAMES) == set(ALL_MOVED)
+    import radixcache.runtime  # noqa: F401 - installs the runtime's map
 
 
 @pytest.mark.parametrize("old", sorted(OLD_NAMES))
 def test_an_old_path_imports_with_a_deprecation_warning_naming_its_new_home(old: str) -> None:
-    with pytest.warns(DeprecationWarning, match=rf"{old} moved to .*{MOVED[old][0]}"):
+    with pytest.warns(DeprecationWarning, match=rf"{old} moved to .*{ALL_MOVED[old][0]}"):
         _import_fresh(old)
 
 
@@ -45,7 +49,7 @@ def test_an_old_path_still_offers_every_public_name_it_had_as_the_same_object(ol
     missing = [name for name in OLD_NAMES[old] if not hasattr(module, name)]
     assert not missing, f"{old} lost {missing}"
     for name in OLD_NAMES[old]:
-        homes = [importlib.import_module(home) for home in MOVED[old]]
+        homes = [importlib.import_module(home) for home in ALL_MOVED[old]]
         owners = [home for home in homes if name in vars(home)]
         assert getattr(module, name) is getattr(owners[0], name), f"{old}.{name} is not {owners[0].__name__}.{name}"
 
@@ -63,7 +67,7 @@ def test_the_documented_old_imports_run() -> None:
 def test_a_name_that_was_never_moved_is_still_an_import_error() -> None:
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("radixcache.simulate_nothing_like_this")
-    assert radixcache.moved.MovedModuleFinder().find_spec("radixcache.cache") is None
+    assert MovedModuleFinder().find_spec("radixcache.cache") is None
 
 
 def test_importing_the_core_loads_neither_the_simulator_nor_torch_nor_any_old_path() -> None:
