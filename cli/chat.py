@@ -19,10 +19,7 @@ COMMANDS = "/exit to leave, /reset to start over"
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="0 is greedy.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed (turn i uses seed + i).")
 @click.option("--no-cache", is_flag=True, help="Disable the prefix cache (every turn prefills its whole history).")
-@engine_options.kv_options
-@engine_options.admission_option
-@engine_options.tier_options
-@engine_options.speed_options
+@engine_options.engine_choice_options
 @debug_option
 def chat(
     model: str,
@@ -31,18 +28,7 @@ def chat(
     temperature: float,
     seed: int,
     no_cache: bool,
-    policy: str,
-    capacity_blocks: int | None,
-    kv_memory: str | None,
-    page_size: int,
-    admission: str,
-    host_kv_memory: str | None,
-    cache_dir: str | None,
-    cache_dir_size: str,
-    write_policy: str,
-    quant: str,
-    threads: int | None,
-    mirror_memory: str | None,
+    engine_choices: engine_options.EngineChoices,
     debug: bool,
 ) -> None:
     """Chat with the model, turn by turn. After each reply: tokens served from the cache, tokens prefilled,
@@ -55,10 +41,8 @@ def chat(
     """
     from radixcache.runtime.engine.engine import Engine
 
-    kwargs = engine_options.engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
-    kwargs |= engine_options.tier_kwargs(host_kv_memory, cache_dir, cache_dir_size, write_policy)
-    kwargs["admission"] = engine_options.check_admission(admission, policy)
-    engine = Engine(engine_options.load_engine_model(model, quant), enable_cache=not no_cache, **kwargs)
+    kwargs = engine_choices.engine_kwargs()
+    engine = Engine(engine_choices.load_model(model), enable_cache=not no_cache, **kwargs)
     interactive = sys.stdin.isatty()
     if interactive:
         click.echo(f"chatting with {engine.config.name} ({COMMANDS})", err=True)

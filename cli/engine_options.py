@@ -3,11 +3,15 @@ size, page size), admission, the tiers under the pool, and speed (quantisation, 
 
 Each group is a decorator that adds its options, and a function that turns their values into EngineConfig's keyword
 arguments (runtime.engine.engine_config), refusing a bad size or combination before the model loads.
+`engine_choice_options` stacks the four groups and hands the command one `EngineChoices` instead of their twelve
+values, so each command's signature names them once.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import click
@@ -180,3 +184,55 @@ def load_engine_model(spec: str, quant: str = "none") -> Any:
         return load_model(spec, keep_blocks=keep_blocks)
     with console.status(f"loading {spec}", spinner="dots"):
         return load_model(spec, keep_blocks=keep_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineChoices:
+    """What the cache, admission, tier and speed options chose, as given on the command line."""
+
+    policy: str
+    capacity_blocks: int | None
+    kv_memory: str | None
+    page_size: int
+    admission: str
+    host_kv_memory: str | None
+    cache_dir: str | None
+    cache_dir_size: str
+    write_policy: str
+    quant: str
+    threads: int | None
+    mirror_memory: str | None
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The Engine's keyword arguments for these choices; a bad size, a size given twice or an admission policy
+        that does not work with the eviction policy is a bad-option error, before the model loads."""
+        kwargs = engine_kwargs(
+            self.policy,
+            self.capacity_blocks,
+            self.kv_memory,
+            self.page_size,
+            self.quant,
+            self.threads,
+            self.mirror_memory,
+        )
+        kwargs |= tier_kwargs(self.host_kv_memory, self.cache_dir, self.cache_dir_size, self.write_policy)
+        return kwargs | {"admission": check_admission(self.admission, self.policy)}
+
+    def load_model(self, spec: str) -> Any:
+        """The model for these choices (its GGUF blocks kept for --quant gguf)."""
+        return load_engine_model(spec, self.quant)
+
+
+_CHOICES = tuple(f.name for f in fields(EngineChoices))
+
+
+def engine_choice_options(func: Callable) -> Callable:
+    """The cache, admission, tier and speed options, in that order in --help, passed to `func` as one keyword
+    argument, `engine_choices` (an EngineChoices)."""
+
+    @functools.wraps(func)
+    def gathered(*args: Any, **kwargs: Any) -> Any:
+        choices = EngineChoices(**{name: kwargs.pop(name) for name in _CHOICES})
+        return func(*args, engine_choices=choices, **kwargs)
+
+    return kv_options(admission_option(tier_options(speed_options(gathered))))

@@ -35,10 +35,7 @@ EXIT_SKIPPED = 3
 @engine_options.model_option
 @click.option("--no-cache", is_flag=True, help="Run with the prefix cache disabled (the baseline).")
 @click.option("--compare", is_flag=True, help="Run with and without the cache; print both and their ratios.")
-@engine_options.kv_options
-@engine_options.admission_option
-@engine_options.tier_options
-@engine_options.speed_options
+@engine_options.engine_choice_options
 @replica_options
 @click.option(
     "--concurrency",
@@ -63,18 +60,7 @@ def replay(
     model: str,
     no_cache: bool,
     compare: bool,
-    policy: str,
-    capacity_blocks: int | None,
-    kv_memory: str | None,
-    page_size: int,
-    admission: str,
-    host_kv_memory: str | None,
-    cache_dir: str | None,
-    cache_dir_size: str,
-    write_policy: str,
-    quant: str,
-    threads: int | None,
-    mirror_memory: str | None,
+    engine_choices: engine_options.EngineChoices,
     replicas: int | None,
     router: str,
     ray_address: str | None,
@@ -118,9 +104,7 @@ def replay(
     if record_trace is not None and (compare or replicas is not None):
         raise click.UsageError("--record-trace records one engine's run: drop --compare and --replicas")
     check_record_path(record_trace)
-    kwargs = engine_options.engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
-    kwargs |= engine_options.tier_kwargs(host_kv_memory, cache_dir, cache_dir_size, write_policy)
-    kwargs["admission"] = engine_options.check_admission(admission, policy)
+    kwargs = engine_choices.engine_kwargs()
     config = ReplayConfig(
         mode=mode,
         max_tokens=max_tokens,
@@ -139,7 +123,7 @@ def replay(
         cluster = cluster_engine(model, replicas, router, ray_address, kwargs)
         make_engine: Callable[[bool], GenerationEngine] = lambda _enable_cache: cluster  # noqa: E731
     else:
-        make_engine = engine_factory(engine_options.load_engine_model(model, quant), **kwargs)
+        make_engine = engine_factory(engine_choices.load_model(model), **kwargs)
     name = Path(trace).name if trace else "sample_chat.jsonl (built in)"
 
     with _progress(turns, verbose) as (start, on_result, warn):

@@ -44,10 +44,7 @@ def _check_bind(host: str, port: int) -> None:
     is_flag=True,
     help="Serve /metrics without a key even under --api-key (by default it needs one, like /v1).",
 )
-@engine_options.kv_options
-@engine_options.admission_option
-@engine_options.tier_options
-@engine_options.speed_options
+@engine_options.engine_choice_options
 @click.option("--schedule", default="lpm", show_default=True, type=click.Choice(["lpm", "fcfs", "dfs-weight"]))
 @click.option(
     "--max-prefill-tokens",
@@ -100,18 +97,7 @@ def serve(
     port: int,
     api_keys: tuple[str, ...],
     public_metrics: bool,
-    policy: str,
-    capacity_blocks: int | None,
-    kv_memory: str | None,
-    page_size: int,
-    admission: str,
-    host_kv_memory: str | None,
-    cache_dir: str | None,
-    cache_dir_size: str,
-    write_policy: str,
-    quant: str,
-    threads: int | None,
-    mirror_memory: str | None,
+    engine_choices: engine_options.EngineChoices,
     schedule: str,
     max_prefill_tokens: int,
     mixed_prefill_tokens: int,
@@ -146,8 +132,7 @@ def serve(
     from radixcache.runtime.engine.engine import Engine
     from radixcache.runtime.server import create_app
 
-    kwargs = engine_options.engine_kwargs(policy, capacity_blocks, kv_memory, page_size, quant, threads, mirror_memory)
-    kwargs |= engine_options.tier_kwargs(host_kv_memory, cache_dir, cache_dir_size, write_policy)
+    kwargs = engine_choices.engine_kwargs()
     if any(not k.strip() for k in api_keys):
         raise click.BadParameter("an API key cannot be empty", param_hint="'--api-key'")
     _check_bind(host, port)
@@ -162,7 +147,6 @@ def serve(
         "queue_timeout": queue_timeout,
         "dtype": dtype,
         "device": device,
-        "admission": engine_options.check_admission(admission, policy),
         **kwargs,
     }
     engine: GenerationEngine
@@ -171,7 +155,7 @@ def serve(
             raise click.UsageError("--replicas routes by what each replica caches: drop --no-cache")
         engine = cluster_engine(model, replicas, router, ray_address, options)
     else:
-        engine = Engine(engine_options.load_engine_model(model, quant), enable_cache=not no_cache, **options)
+        engine = Engine(engine_choices.load_model(model), enable_cache=not no_cache, **options)
     if engine.tokenizer is None:
         raise ValueError(f"{model}: the server needs a model with a tokenizer")
     if record_trace is not None:
