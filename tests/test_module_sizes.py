@@ -1,4 +1,4 @@
-"""Every module of radixcache/, runtime/, cli/ and scripts/ is small enough to read in one sitting.
+"""Every module of radixcache/, runtime/, cli/, scripts/ and tests/ is small enough to read in one sitting.
 
 The rule of the house: under about 400 lines (`LIMIT` allows a little over, so a docstring's growth does not
 force a split). A module that is one idea and would be worse split may be longer only if docs/architecture.md
@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FOLDERS = ("radixcache", "runtime", "cli", "scripts")
+FOLDERS = ("radixcache", "runtime", "cli", "scripts", "tests")
 LIMIT = 420
 SECTION = "## Modules over 400 lines"
 
