@@ -266,6 +266,18 @@ def _runtime_part(name: str) -> str | None:
     return name[len(RUNTIME) + 1 :].partition(".")[0]
 
 
+def _part_graph(graph: dict[str, set[str]], part: Callable[[str], str | None]) -> dict[str, set[str]]:
+    """The module graph folded onto parts (`part` maps a module to its part, None to leave it out)."""
+    folded: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        a = part(source)
+        if a is None:
+            continue
+        folded.setdefault(a, set())
+        folded[a] |= {b for b in map(part, targets) if b is not None and b != a}
+    return folded
+
+
 def test_the_runtime_subpackages_depend_on_each_other_without_a_cycle() -> None:
     runtime = FOLDERS[RUNTIME]
     subpackages = {d.name for d in runtime.iterdir() if (d / "__init__.py").is_file()}
@@ -275,16 +287,7 @@ def test_the_runtime_subpackages_depend_on_each_other_without_a_cycle() -> None:
     # is an edge here, so `__init__` does not depend on engine: were those lazy exposures counted, every
     # sub-package that imports from `radixcache.runtime` would seem to sit in a cycle with engine (engine ->
     # config is fine; x -> __init__ -> engine -> x would be false), while nothing runs at import time.
-    graph: dict[str, set[str]] = {}
-    for source, targets in edges().items():
-        a = _runtime_part(source)
-        if a is None:
-            continue
-        graph.setdefault(a, set())
-        for target in targets:
-            b = _runtime_part(target)
-            if b is not None and b != a:
-                graph[a].add(b)
+    graph = _part_graph(edges(), _runtime_part)
     found = cycles(graph)
     assert not found, "cycles among the runtime's sub-packages (TYPE_CHECKING imports ignored):\n" + _format(
         found, _runtime_part
@@ -423,28 +426,14 @@ def _library_unit(name: str) -> str | None:
 
 
 def test_the_library_packages_and_ground_modules_form_no_cycle_even_counting_type_checking_imports() -> None:
-    graph: dict[str, set[str]] = {}
-    for source, targets in _full_edges().items():
-        a = _library_unit(source)
-        if a is None:
-            continue
-        graph.setdefault(a, set())
-        graph[a] |= {b for b in map(_library_unit, targets) if b is not None and b != a}
-    found = cycles(graph)
+    found = cycles(_part_graph(_full_edges(), _library_unit))
     assert not found, "cycles among the library's packages and ground modules:\n" + _format(
         found, _library_unit, type_checking=True
     )
 
 
 def test_the_runtime_subpackages_form_no_cycle_even_counting_type_checking_imports() -> None:
-    graph: dict[str, set[str]] = {}
-    for source, targets in _full_edges().items():
-        a = _runtime_part(source)
-        if a is None:
-            continue
-        graph.setdefault(a, set())
-        graph[a] |= {b for b in map(_runtime_part, targets) if b is not None and b != a}
-    found = cycles(graph)
+    found = cycles(_part_graph(_full_edges(), _runtime_part))
     assert not found, "cycles among the runtime's sub-packages (TYPE_CHECKING imports counted):\n" + _format(
         found, _runtime_part, type_checking=True
     )
