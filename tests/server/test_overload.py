@@ -13,6 +13,9 @@ import httpx
 import openai
 import pytest
 
+# Under xdist one worker runs this module, so its module-scoped servers start once, not once per worker.
+pytestmark = pytest.mark.xdist_group("overload_servers")
+
 EOS = 256  # the tiny checkpoint's <|im_end|>
 NO_EOS = {str(EOS): -100}  # generate to the length limit, whatever the random weights prefer
 

@@ -18,6 +18,9 @@ from radixcache.runtime.model.reference import reference_logits
 from radixcache.runtime.quant_eval import FIXED_PROMPTS, greedy_answers, perplexity
 from radixcache.runtime.testing import RandomModel
 
+# Under xdist one worker runs this module, so its module-scoped SmolLM2 answers are built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("quant")
+
 QUANTS = ["fp16"]
 # Relative error ||q - f|| / ||f|| of the logits. One fp16 layer is off by ~2e-4 (tests/runtime/test_linear.py);
 # seven in a row (two blocks of three, then the head), adding in quadrature with the norms in between: ~5e-4

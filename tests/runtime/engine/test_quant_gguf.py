@@ -26,6 +26,9 @@ from radixcache.runtime.model.llama import LlamaModel
 from radixcache.runtime.native.openmp import release_idle_team
 from radixcache.runtime.quant_eval import FIXED_PROMPTS, greedy_answers
 
+# Under xdist one worker runs this module, so its module-scoped SmolLM2 (blocks kept) loads once, not once per worker.
+pytestmark = pytest.mark.xdist_group("quant_gguf")
+
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 # The gguf weights are the float32 weights (the blocks dequantise to them exactly): only float32 summation order
 # differs, in 30 layers and the head. Measured max |logit difference|: 7.0e-5 over a prefill and 8 decode steps

@@ -12,7 +12,8 @@ import pytest
 from radixcache.runtime import Engine
 from radixcache.runtime.model.llama import LlamaModel
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2_concurrency")]
+# Under xdist one worker runs this module, so its module-scoped SmolLM2 runs are built once, not once per worker.
 TOL = 1e-3  # batched and single decode sum in different orders; the tokens must be identical
 SYSTEMS = ["You are a helpful assistant.", "You answer in French.", "You are a pirate.", "Be terse."]
 
