@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from radixcache.runtime.model.llama import LlamaModel
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+from tests.runtime.engine.mirror_twin import llama
 
 TINY_VARIANTS = {
     "llama": {},
@@ -24,3 +27,9 @@ def tiny() -> RandomModel:
 @pytest.fixture(scope="session", params=sorted(TINY_VARIANTS))
 def tiny_variant(request: pytest.FixtureRequest) -> RandomModel:
     return tiny_model(seed=11, **TINY_VARIANTS[request.param])
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[torch.dtype, LlamaModel]:
+    """The decode mirror tests' model (mirror_twin.MODEL) in float32 and float64 (test_quant_gguf.py has its own)."""
+    return {dt: llama(dt) for dt in (torch.float32, torch.float64)}

@@ -1,0 +1,133 @@
+"""The disk tier's cache directory (radixcache.runtime.kv.tier.disk_layout): what a store adopts and what it leaves.
+
+Covers leftovers of a killed writer removed at open, a folder without the marker or with another format version
+left alone, `create=False`, a directory that cannot be written (opened disabled, its pages still served), and
+`clear` (pages and temporary files go, the marker stays; never a folder without the marker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from radixcache.runtime.kv.tier.disk_store import MARKER_NAME, DiskStore
+from tests.runtime.conftest import META, disk_warnings, h, needs_permissions, page_path, payload, toks, write
+
+
+def test_leftover_temporary_files_are_removed_at_open(open_store, tmp_path: Path) -> None:
+    store = open_store()
+    write(store, 0)
+    store.close()
+    tmp = Path(store.tmp_dir)
+    dead = tmp / f"{2**22 + 1}-0123456789abcdef.tmp"  # above any Linux pid: its writer is gone (kill -9)
+    odd = tmp / "garbage.tmp"
+    huge = tmp / f"{10**30}-0123456789abcdef.tmp"  # no pid at all
+    ours = tmp / f"{os.getpid()}-fedcba9876543210.tmp"  # a live writer's (another store in this process)
+    stale = tmp / f"{os.getpid()}-00000000aaaaaaaa.tmp"  # alive, but no write takes an hour
+    for f in (dead, odd, huge, ours, stale):
+        f.write_bytes(b"half a page")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    reopened = open_store()
+    assert not dead.exists() and not odd.exists() and not huge.exists() and not stale.exists()
+    assert ours.exists()
+    assert reopened.read(h(0), toks(0)) == (payload(0), META)
+
+
+def test_a_non_empty_directory_without_the_marker_is_not_adopted(tmp_path: Path, caplog) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    store = DiskStore(home, max_bytes=1 << 20)
+    assert not store.enabled
+    assert not store.put(h(0), toks(0), b"x", META)
+    assert sorted(p.name for p in home.iterdir()) == ["notes.txt"]
+    assert len(disk_warnings(caplog)) == 1
+    with pytest.raises(ValueError, match=str(home)):
+        store.clear()
+    assert (home / "notes.txt").read_text() == "mine"
+
+
+def test_another_format_version_is_left_alone(open_store, caplog) -> None:
+    store = open_store()
+    write(store, 0)
+    store.close()
+    marker = Path(store.directory) / MARKER_NAME
+    marker.write_text(json.dumps({"format": "radixcache-kv-pages", "version": 99}))
+    newer = open_store()
+    assert not newer.enabled and newer.count_prefix([h(0)]) == 0
+    assert newer.read(h(0), toks(0)) is None
+    assert page_path(store, h(0)).exists()  # not taken for corrupt
+    assert len(disk_warnings(caplog)) == 1
+
+
+def test_create_false_only_opens_an_existing_cache(tmp_path: Path, open_store) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        DiskStore(tmp_path / "nope", max_bytes=0, create=False)
+    assert not (tmp_path / "nope").exists()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(ValueError, match="not a radixcache cache"):
+        DiskStore(plain, max_bytes=0, create=False)
+    assert list(plain.iterdir()) == []
+    write(open_store(), 0)
+    inspect = DiskStore(tmp_path / "cache", max_bytes=0, create=False)
+    assert inspect.stats().pages == 1 and not inspect.enabled
+    assert inspect.read(h(0), toks(0)) == (payload(0), META)
+
+
+@needs_permissions
+def test_an_unwritable_directory_opens_disabled(tmp_path: Path, caplog) -> None:
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o500)
+    try:
+        store = DiskStore(parent / "cache", max_bytes=1 << 20)
+        assert not store.enabled
+        assert not store.put(h(0), toks(0), payload(0), META)
+        assert store.count_prefix([h(0)]) == 0 and store.read(h(0), toks(0)) is None
+        assert len(disk_warnings(caplog)) == 1
+    finally:
+        parent.chmod(0o700)
+
+
+@needs_permissions
+def test_a_read_only_cache_still_serves_its_pages(open_store, caplog) -> None:
+    store = open_store()
+    write(store, 0)
+    store.close()
+    folders = [Path(store.directory), Path(store.tmp_dir)]
+    for folder in folders:
+        folder.chmod(0o500)
+    try:
+        ro = open_store()
+        assert not ro.enabled and len(disk_warnings(caplog)) == 1
+        assert ro.read(h(0), toks(0)) == (payload(0), META)
+    finally:
+        for folder in folders:
+            folder.chmod(0o700)
+
+
+def test_clear_deletes_pages_and_temporary_files(open_store) -> None:
+    store = open_store()
+    write(store, 0, 1, 2)
+    (Path(store.tmp_dir) / "garbage.tmp").write_bytes(b"x")
+    assert store.clear() == 3
+    assert store.stats().pages == 0 and store.count_prefix([h(0)]) == 0
+    assert list(Path(store.pages_dir).rglob("*.kvpage")) == [] and list(Path(store.tmp_dir).iterdir()) == []
+    assert (Path(store.directory) / MARKER_NAME).exists()
+    assert open_store().stats().pages == 0
+    write(store, 4)  # still usable
+    assert store.read(h(4), toks(4)) == (payload(4), META)
+
+
+def test_clear_refuses_a_directory_without_the_marker(open_store) -> None:
+    store = open_store()
+    write(store, 0)
+    (Path(store.directory) / MARKER_NAME).unlink()
+    with pytest.raises(ValueError, match=str(store.directory)):
+        store.clear()
+    assert page_path(store, h(0)).exists()

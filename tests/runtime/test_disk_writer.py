@@ -1,0 +1,110 @@
+"""The disk tier's background writer (radixcache.runtime.kv.tier.disk_writer): a bounded queue and a `put` that never
+blocks, `close` and the context manager, and write failures that disable the store without raising.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from radixcache.runtime.kv.tier.disk_store import DiskStore
+from tests.runtime.conftest import META, disk_warnings, h, needs_permissions, payload, toks, write
+
+
+def _stall(store: DiskStore) -> tuple[threading.Event, threading.Event]:
+    """Make the writer block before each write until `gate` is set; `started` is set when it first blocks."""
+    gate, started = threading.Event(), threading.Event()
+    real = store._write_page
+
+    def slow(write):
+        started.set()
+        assert gate.wait(30)
+        return real(write)
+
+    store._write_page = slow  # type: ignore[method-assign]
+    return gate, started
+
+
+def test_put_never_blocks_and_drops_beyond_max_pending(open_store) -> None:
+    store = open_store(max_pending=4)
+    gate, started = _stall(store)
+    assert store.put(h(0), toks(0), payload(0), META)
+    assert started.wait(10)  # the writer holds page 0
+    t0 = time.perf_counter()
+    accepted = [store.put(h(i), toks(i), payload(i), META) for i in range(1, 6)]
+    elapsed = time.perf_counter() - t0
+    assert accepted == [True, True, True, False, False]
+    # A put that waited for the stalled writer would take the stall's 30 s (the gate opens only below): a bound
+    # far under that and far over any busy machine's scheduling delay.
+    assert elapsed < 10, f"put blocked for {elapsed:.3f}s"
+    assert not store.put(h(1), toks(1), payload(1), META)  # already queued
+    assert store.flush(timeout=0.05) is False
+    assert store.stats().pending_writes == 4
+    gate.set()
+    assert store.flush(timeout=10)
+    s = store.stats()
+    assert (s.pages, s.writes, s.dropped_writes, s.pending_writes) == (4, 4, 3, 0)
+    assert not store.put(h(1), toks(1), payload(1), META)  # already stored
+
+
+def test_max_pending_zero_drops_every_write(open_store) -> None:
+    store = open_store(max_pending=0)
+    assert not store.put(h(0), toks(0), payload(0), META)
+    assert store.flush(timeout=1) and store.stats().dropped_writes == 1
+
+
+def test_close_discards_what_it_could_not_flush_and_later_puts_drop(open_store) -> None:
+    store = open_store()
+    gate, started = _stall(store)
+    for i in range(3):
+        assert store.put(h(i), toks(i), payload(i), META)
+    assert started.wait(10)
+    threading.Timer(0.3, gate.set).start()
+    assert store.close(timeout=0.05) is False
+    assert not store.put(h(9), toks(9), payload(9), META)
+    assert store.close(timeout=10)  # idempotent
+    assert store.stats().pending_writes == 0
+
+
+def test_the_context_manager_flushes_and_closes(tmp_path: Path) -> None:
+    with DiskStore(tmp_path / "c", max_bytes=1 << 20) as store:
+        write(store, 0)
+        assert store.put(h(1), toks(1), payload(1), META)
+    assert not store.put(h(2), toks(2), payload(2), META)
+    assert DiskStore(tmp_path / "c", max_bytes=1 << 20).count_prefix([h(0), h(1)]) == 2
+
+
+def test_a_failing_write_disables_the_store_without_raising(open_store, caplog) -> None:
+    """A real filesystem error: the page's folder name is taken by a file, so creating it fails (even as root)."""
+    store = open_store()
+    ok_hash, bad = b"\x01" * 16, [b"\xab" + bytes([i]) * 15 for i in range(3)]
+    assert store.put(ok_hash, toks(0), payload(0), META) and store.flush(10)
+    blocker = Path(store.pages_dir) / "ab"
+    blocker.write_text("not a folder")
+    assert store.put(bad[0], toks(1), payload(1), META)
+    assert store.put(bad[1], toks(2), payload(2), META)
+    assert store.flush(10)
+    assert not store.enabled
+    assert not store.put(bad[2], toks(3), payload(3), META)
+    s = store.stats()
+    assert (s.pages, s.writes, s.dropped_writes) == (1, 1, 3)
+    assert len(disk_warnings(caplog)) == 1 and "disabled" in disk_warnings(caplog)[0].getMessage()
+    assert list(Path(store.tmp_dir).iterdir()) == []  # the failed write's temporary file is gone
+    assert store.read(ok_hash, toks(0)) == (payload(0), META)  # what is on disk is still served
+
+
+@needs_permissions
+def test_a_read_only_pages_folder_disables_the_store_without_raising(open_store, caplog) -> None:
+    store = open_store()
+    pages = Path(store.pages_dir)
+    pages.chmod(0o500)
+    try:
+        assert store.put(h(0), toks(0), payload(0), META)
+        assert store.flush(10)
+        assert not store.enabled
+        assert not store.put(h(1), toks(1), payload(1), META)
+        assert len(disk_warnings(caplog)) == 1
+        assert list(Path(store.tmp_dir).iterdir()) == []
+    finally:
+        pages.chmod(0o700)
