@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from radixcache.runtime import Engine
-from radixcache.runtime.kv.state import Status
 from radixcache.runtime.engine.scheduler import SCHEDULES, SchedulerConfig
+from radixcache.runtime.kv.state import Status
 from radixcache.runtime.testing import RandomModel
 
 from .conftest import assert_clean, ids
