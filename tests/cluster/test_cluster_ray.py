@@ -139,7 +139,9 @@ def test_streams_through_the_front_door_survive_a_killed_replica(local_ray: None
             handle = engine.submit((system_a if i % 2 else system_b) + [i], 300, ignore_eos=True)
             handle.request.listener = lambda r: seen.append(len(r.output_ids))
             handles.append(handle)
-        _wait(lambda: len(seen) > 0)  # tokens are streaming
+        # A stream on the victim has sent tokens and is not done: its cut-off is the 503 case. (Waiting for any
+        # token at all raced: the tokens could be the other replica's, and the victim's streams then all retried.)
+        _wait(lambda: any(h.request.replica == 0 and h.request.output_ids and not h.done() for h in handles))
         ray.kill(cluster.actor(0), no_restart=False)
         outcomes = []
         for handle in handles:
