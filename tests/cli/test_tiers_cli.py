@@ -26,7 +26,10 @@ def test_a_second_replay_on_the_same_cache_dir_is_served_from_disk(
     assert s1["tiers"] and s1["disk_hit_tokens"] == 0
     assert s1["device_hit_tokens"] + s1["host_hit_tokens"] == s1["cached_tokens"]
     second, s2 = _replay(runner, tiny_model_dir, small_trace, tmp_path / "2.json", *tiers)
-    assert s2["disk_hit_tokens"] > 0  # the first turn of each conversation now hits its pages on disk
+    # the first turn of each conversation now hits its pages on disk (failed once in a full run on a busy machine,
+    # not reproduced since: the message keeps both runs' figures and tables)
+    why = f"first run: {s1}\n{first.stdout}\nsecond run: {s2}\n{second.stdout}"
+    assert s2["disk_hit_tokens"] > 0, why
     assert s2["cached_tokens"] > s1["cached_tokens"]
     assert s2["device_hit_tokens"] + s2["host_hit_tokens"] + s2["disk_hit_tokens"] == s2["cached_tokens"]
     row = re.search(r"from the disk tier\s*│\s*([\d,]+)", second.stdout)
