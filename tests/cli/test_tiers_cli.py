@@ -18,17 +18,19 @@ def _replay(runner, model: Path, trace: Path, out: Path, *extra: str):
 
 
 def test_a_second_replay_on_the_same_cache_dir_is_served_from_disk(
-    runner, tiny_model_dir: Path, small_trace: Path, tmp_path: Path
+    runner, tiny_model_dir: Path, small_trace: Path, tmp_path: Path, caplog
 ) -> None:
+    caplog.set_level("INFO")
     tiers = ("--cache-dir", str(tmp_path / "kv"), "--capacity-blocks", "64", "--page-size", "4")
     first, s1 = _replay(runner, tiny_model_dir, small_trace, tmp_path / "1.json", *tiers, "--host-kv-memory", "8MiB")
     assert "from the disk tier" in first.stdout and "from the host tier" in first.stdout
     assert s1["tiers"] and s1["disk_hit_tokens"] == 0
     assert s1["device_hit_tokens"] + s1["host_hit_tokens"] == s1["cached_tokens"]
+    files = sorted(str(f.relative_to(tmp_path)) for f in (tmp_path / "kv").rglob("*"))
     second, s2 = _replay(runner, tiny_model_dir, small_trace, tmp_path / "2.json", *tiers)
     # the first turn of each conversation now hits its pages on disk (failed once in a full run on a busy machine,
     # not reproduced since: the message keeps both runs' figures and tables)
-    why = f"first run: {s1}\n{first.stdout}\nsecond run: {s2}\n{second.stdout}"
+    why = f"first run: {s1}\n{first.stdout}\nsecond run: {s2}\n{second.stdout}\nfiles: {files}\nlog: {caplog.text}"
     assert s2["disk_hit_tokens"] > 0, why
     assert s2["cached_tokens"] > s1["cached_tokens"]
     assert s2["device_hit_tokens"] + s2["host_hit_tokens"] + s2["disk_hit_tokens"] == s2["cached_tokens"]

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_a_short_soak_has_no_500_no_leak_and_invariants_hold(tiny_model_dir) -> None:
     cmd = [sys.executable, str(REPO / "scripts" / "soak_server.py"), "--model", str(tiny_model_dir)]
-    cmd += ["--clients", "12", "--duration", "8", "--warmup", "3", "--max-queue", "4", "--queue-timeout", "3"]
+    cmd += ["--clients", "12", "--duration", "5", "--warmup", "1", "--max-queue", "4", "--queue-timeout", "3"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "OK: no 500" in r.stdout
