@@ -21,6 +21,13 @@ Markers: an HTML comment on the line just above a fence, `<!-- doc-test: KEY[=VA
   fails (so a document whose commands all fall to EXTERNAL_SKIPS or skip markers cannot pass by running nothing),
   and so does one that carries it but runs a command (a stale reason).
 
+Consecutive steps run in one interpreter when nothing of the shell is needed: a run of bash steps whose every
+line is a plain `radixcache ARGS` (no pipe, redirection, variable or `&&`) calls the same click entry point as the
+installed command once per line, in order, each line's exit code checked; a run of python steps executes each in a
+fresh namespace. The same commands, in the same order, in the same directory and environment; a process start
+(Python, torch) per run instead of per command. Blocks with shell syntax, and the README's main command, run in
+bash as written.
+
 `bash scripts/setup.sh && ` before a command is dropped: .ci/run has just run it, and running it again would
 reinstall the virtual environment under the running tests. Documents other engineers own carry no markers;
 their commands run one by one, except those EXTERNAL_SKIPS names (installs, benchmarks and sweeps that take
@@ -30,8 +37,10 @@ minutes, and inputs the document never creates), and those that read `../shared/
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -181,22 +190,91 @@ def env(tiny: Path | None) -> dict[str, str]:
     return out
 
 
-def run_block(block: Block, cwd: Path, tiny_dir: Path) -> None:
-    where = f"{block.doc}:{block.line}"
-    tiny = tiny_dir if "tiny" in block.markers else None
+_PLAIN = re.compile(r"^\s*(?:\.venv/bin/)?radixcache\s")
+_SHELL = re.compile(r"[|<>;&$`]")
+_BATCH_RUNNER = """
+import json, sys
+from radixcache.cli.main import main
+for kind, where, item in json.loads(sys.argv[1]):
+    print(f"--- {where}", flush=True)
+    if kind == "python":
+        exec(compile(item, where, "exec"), {"__name__": "__main__"})
+        continue
+    try:
+        main.main(item, prog_name="radixcache")
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            print(f"{where}: radixcache {' '.join(item)} exited with {stop.code}", file=sys.stderr)
+            raise
+"""
+
+
+def _script(block: Block) -> str:
+    script = block.text.replace(SETUP_PREFIX, "")
+    return cheapen(script, block.markers["cheap"]) if "cheap" in block.markers else script
+
+
+def in_process(block: Block) -> list[list[str]] | None:
+    """The argv of each line when `block` is only plain `radixcache` commands, else None (it needs a shell)."""
     if block.lang == "python":
-        code = block.text.replace('"smollm2"', repr(str(tiny_dir))) if tiny else block.text
-        cmd = [sys.executable, "-c", code]
+        return None
+    joined = _script(block).replace("\\\n", " ")  # continuation lines are one command
+    lines = [line for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    argvs = []
+    for line in lines:
+        command = line.split(" #", 1)[0]
+        if not _PLAIN.match(command) or _SHELL.search(command):
+            return None
+        argvs.append(shlex.split(command)[1:])
+    return argvs or None
+
+
+def batches(steps: list[Block]) -> list[tuple[str | None, list[Block]]]:
+    """Consecutive steps that one interpreter can run, as (kind, steps) in order: kind "python" or "cli" (same
+    `tiny` marker throughout), or None for a step that runs alone (needs a shell, or is the README's main command,
+    which runs exactly as a user types it)."""
+    out: list[tuple[str | None, list[Block]]] = []
+    for step in steps:
+        kind = "python" if step.lang == "python" else "cli" if in_process(step) is not None else None
+        if step.doc == "README.md" and "cheap" in step.markers and "tiny" not in step.markers:
+            kind = None
+        key = None if kind is None else f"{kind}{'+tiny' if 'tiny' in step.markers else ''}"
+        if key is not None and out and out[-1][0] == key:
+            out[-1][1].append(step)
+        else:
+            out.append((key, [step]))
+    return [(None if key is None else key.split("+")[0], group) for key, group in out]
+
+
+def run_batch(kind: str | None, group: list[Block], cwd: Path, tiny_dir: Path) -> None:
+    """Run one of `batches`: a lone step as written (bash, or its own interpreter), else all in one interpreter."""
+    first = group[0]
+    tiny = tiny_dir if "tiny" in first.markers else None
+    if kind is None:
+        if first.lang == "python":
+            cmd = [sys.executable, "-c", _python(first, tiny_dir)]
+        else:
+            cmd = ["bash", "-c", "set -euo pipefail\n" + _script(first)]
+        what = cmd[-1]
     else:
-        script = block.text.replace(SETUP_PREFIX, "")
-        if "cheap" in block.markers:
-            script = cheapen(script, block.markers["cheap"])
-        cmd = ["bash", "-c", "set -euo pipefail\n" + script]
+        items: list[tuple[str, str, object]] = []
+        for step in group:
+            where = f"{step.doc}:{step.line}"
+            if step.lang == "python":
+                items.append(("python", where, _python(step, tiny_dir)))
+            else:
+                items.extend(("cli", where, argv) for argv in in_process(step) or [])
+        cmd = [sys.executable, "-c", _BATCH_RUNNER, json.dumps(items)]
+        what = "\n".join(f"{w}: {i if k == 'python' else 'radixcache ' + shlex.join(i)}" for k, w, i in items)  # type: ignore[arg-type]
     done = subprocess.run(
         cmd, cwd=cwd, env=env(tiny), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
     )
     output = f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
-    assert done.returncode == 0, f"{where} failed ({done.returncode}):\n{cmd[-1]}\n{output}"
+    assert done.returncode == 0, f"{first.doc}:{first.line} failed ({done.returncode}):\n{what}\n{output}"
+
+
+def _python(block: Block, tiny_dir: Path) -> str:
+    return block.text.replace('"smollm2"', repr(str(tiny_dir))) if "tiny" in block.markers else block.text
 
 
 def _docs() -> list[str]:
@@ -209,13 +287,17 @@ def test_fenced_commands_run_as_shown(doc: str, tiny_model_dir: Path, tmp_path: 
     check_runs_or_says_why(doc)
     cwd = scratch(tmp_path)
     steps = plan(doc, with_shared=(REPO.parent / "shared").is_dir())
-    ran = 0
-    for step in steps:
-        if "file" in step.markers:
-            (cwd / step.markers["file"]).write_text(step.text, encoding="utf-8")
+    ran, pending = 0, []
+    for step in [*steps, None]:
+        if step is not None and "file" not in step.markers:
+            pending.append(step)
             continue
-        run_block(step, cwd, tiny_model_dir)
-        ran += 1
+        for kind, group in batches(pending):  # a file step, or the end: run what came before it, in order
+            run_batch(kind, group, cwd, tiny_model_dir)
+            ran += len(group)
+        pending = []
+        if step is not None:
+            (cwd / step.markers["file"]).write_text(step.text, encoding="utf-8")
     if ran == 0 and commands(doc):
         pytest.skip(f"{doc}: every command reads ../shared/, which this clone does not have beside it")
 
@@ -250,8 +332,25 @@ def test_the_marker_helpers() -> None:
     assert cheapen(script, "--limit 1") == (
         "radixcache replay --compare --limit 1 # both\nradixcache replay x.jsonl --limit 1 | tee out\n"
     )
+    plain = Block("docs/x.md", 1, "bash", "radixcache trace stats a.jsonl   # a comment\n.venv/bin/radixcache --help\n")
+    assert in_process(plain) == [["trace", "stats", "a.jsonl"], ["--help"]]
+    for shell in ("radixcache replay | tee out\n", "radixcache replay > out\n", "X=1 radixcache replay\n"):
+        assert in_process(Block("docs/x.md", 1, "bash", shell)) is None, shell
+    snippet = Block("docs/x.md", 5, "python", "print(1)\n")
+    main_command = Block("README.md", 9, "bash", "radixcache replay\n", {"cheap": "--limit 1"})
+    piped = Block("docs/x.md", 7, "bash", "printf 'hi' | radixcache chat\n")
+    kinds = [(kind, [b.line for b in group]) for kind, group in batches([plain, plain, snippet, piped, main_command])]
+    assert kinds == [("cli", [1, 1]), ("python", [5]), (None, [7]), (None, [9])]
     readme = blocks("README.md")
     assert any("radixcache replay" in b.text and "cheap" in b.markers for b in readme)
     ci = (REPO / ".ci" / "run").read_text()
     test_command = "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2 --dist loadgroup"
     assert test_command in ci and any(test_command in b.text for b in readme), "README's test command is .ci/run's"
+
+
+def test_a_failing_command_in_a_batch_fails_its_document(tmp_path: Path) -> None:
+    fine = Block("docs/x.md", 3, "bash", "radixcache --help\n")
+    broken = Block("docs/x.md", 8, "bash", "radixcache trace stats missing.jsonl\nradixcache --help\n")
+    [(kind, group)] = batches([fine, broken])
+    with pytest.raises(AssertionError, match=r"docs/x.md:8: radixcache trace stats missing.jsonl exited with 1"):
+        run_batch(kind, group, tmp_path, tmp_path)
