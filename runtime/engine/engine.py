@@ -365,6 +365,7 @@ class Engine:
 
     def _enqueue(self, reqs: list[Request], prepare: Any = None) -> list[RequestHandle]:
         """Hand prepared requests to the loop, all or none: QueueFullError (nothing queued) past `max_queue`."""
+        self._loop.check_alive()  # EngineDeadError, before the queue counts them
         if self.queue_timeout is not None:
             for r in reqs:
                 r.queue_deadline = r.t_arrival + self.queue_timeout

@@ -4,6 +4,8 @@
 - EngineOverloadedError: the engine is busy now; `retry_after` says when trying again may succeed.
   - QueueFullError: `max_queue` requests already wait for admission.
   - QueueTimeoutError: the request waited `queue_timeout` seconds without being admitted.
+- SamplingError (a ValueError): one request's logits or probabilities went non-finite; it fails alone.
+- EngineDeadError: the engine's loop thread died (a bug); every later call raises it, naming the original error.
 """
 
 from __future__ import annotations
@@ -41,3 +43,18 @@ class ReplicaUnavailableError(EngineOverloadedError):
 
 class EngineClosedError(RuntimeError):
     """The engine was closed (`Engine.close()`): it takes no new requests."""
+
+
+class SamplingError(ValueError):
+    """One request's logits or probabilities went non-finite (NaN, +inf, or nothing left to sample from): that
+    request fails with it, alone; the other requests of the same step go on."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine's loop thread died of an error it could not contain (a bug). Requests in flight fail with this
+    error, and so does every later call; `cause` is the original error (also `__cause__`)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"the engine loop thread died: {type(cause).__name__}: {cause}; this engine serves no more")
+        self.cause = cause
+        self.__cause__ = cause

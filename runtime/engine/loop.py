@@ -4,22 +4,46 @@ submit requests and wait on futures.
 The thread starts when work arrives and ends when there is none left, so an idle engine holds no thread.
 Results and errors travel back through `concurrent.futures.Future` (wrap it with `asyncio.wrap_future` to
 await it); streaming callers get each new token through the request's listener, called on the loop thread.
+
+Faults: every future is completed with `settle`, which ignores a future its caller cancelled meanwhile (a cancel
+can land between any check and the set); cancelling a handle's future aborts its request (its blocks are freed at
+the next step). A command that raises fails its own future; a step that raises outside the scheduler's per-request
+guards (a scheduler bug) fails every request in flight with that error and the loop goes on; delivering one result
+that raises fails that result alone. If the thread dies anyway (a bug in the loop itself), every request in flight
+and every later call gets EngineDeadError naming the original error, instead of waiting forever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 import torch
 
+from radixcache.runtime.engine.errors import EngineDeadError
 from radixcache.runtime.engine.request import GenerationResult, Request, dequeued
 from radixcache.runtime.engine.scheduler import Scheduler
 from radixcache.runtime.engine.trace_recorder import TraceRecorder, earliest_arrival
 from radixcache.runtime.native.openmp import release_idle_team
+
+_UNSET: Any = object()
+
+
+def settle(future: Future[Any], result: Any = _UNSET, error: BaseException | None = None) -> bool:
+    """Complete `future` with `result` or `error`, unless it is already done (a caller that cancelled it, even
+    between a check and this set): True if this call completed it."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        return False
+    return True
 
 
 class RequestHandle:
@@ -29,6 +53,14 @@ class RequestHandle:
         self.request = req
         self.future: Future[GenerationResult] = Future()
         self._loop = loop
+        self.future.add_done_callback(self._cancelled)
+
+    def _cancelled(self, future: Future[GenerationResult]) -> None:
+        """A caller cancelled the future (an asyncio waiter through `wrap_future`): nobody wants the result, so the
+        request is aborted and its blocks freed (a no-op if it already left)."""
+        if future.cancelled() and self._loop.dead is None:
+            with contextlib.suppress(EngineDeadError):  # the loop died meanwhile: nothing left to abort
+                self.cancel()
 
     @property
     def rid(self) -> int:
@@ -58,6 +90,7 @@ class EngineLoop:
         self._inbox: list[Callable[[Scheduler], Any]] = []
         self._handles: dict[int, RequestHandle] = {}
         self._thread: threading.Thread | None = None
+        self._dead: EngineDeadError | None = None
         self.recorder: TraceRecorder | None = None  # sees every request that leaves (Engine.record_trace)
 
     def submit(self, req: Request) -> RequestHandle:
@@ -68,6 +101,7 @@ class EngineLoop:
     ) -> list[RequestHandle]:
         """Queue requests without waiting: they reach the scheduler together, between two steps. `prepare` runs on
         the loop thread just before they are added (to read the cache's state at that moment)."""
+        self.check_alive()
         handles = [RequestHandle(self, r) for r in reqs]
 
         def add_all(s: Scheduler) -> None:
@@ -77,31 +111,48 @@ class EngineLoop:
                 except BaseException as exc:
                     for handle in handles:
                         dequeued(handle.request)
-                        handle.future.set_exception(exc)
+                        settle(handle.future, error=exc)
                     return
             for handle in handles:
+                if handle.future.cancelled():  # cancelled before it reached the loop: never queued
+                    dequeued(handle.request)
+                    continue
                 try:
                     s.add(handle.request)
                 except BaseException as exc:
                     dequeued(handle.request)
-                    handle.future.set_exception(exc)
+                    settle(handle.future, error=exc)
                     continue
                 self._handles[handle.rid] = handle
 
         self.call(add_all)
         return handles
 
+    @property
+    def dead(self) -> EngineDeadError | None:
+        """EngineDeadError once the loop thread has died (a bug), else None."""
+        return self._dead
+
+    def check_alive(self) -> None:
+        """Raise EngineDeadError (naming the original error) if the loop thread has died."""
+        if self._dead is not None:
+            raise EngineDeadError(self._dead.cause)
+
     def call(self, fn: Callable[[Scheduler], Any]) -> Future[Any]:
-        """Run `fn(scheduler)` on the loop thread between steps; its return value comes back in the future."""
+        """Run `fn(scheduler)` on the loop thread between steps; its return value comes back in the future.
+        Raises EngineDeadError once the loop thread has died."""
         fut: Future[Any] = Future()
 
         def run(s: Scheduler) -> None:
             try:
-                fut.set_result(fn(s))
+                result = fn(s)
             except BaseException as exc:
-                fut.set_exception(exc)
+                settle(fut, error=exc)
+            else:
+                settle(fut, result)
 
         with self._cv:
+            self.check_alive()
             self._inbox.append(run)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="radixcache-engine", daemon=True)
@@ -143,45 +194,79 @@ class EngineLoop:
                             self._thread = None
                             return
                     for command in commands:
-                        command(s)
+                        command(s)  # `call` wraps each: its error goes to its own future
                     try:
                         if s.has_work():
                             s.step()
-                    except BaseException as exc:  # a scheduler bug: fail everything, keep the cache sane
-                        for r in [*s.waiting, *s.prefilling, *s.decoding]:
-                            try:
-                                s._fail(r, exc)
-                            except BaseException:
-                                s._remove(r)
-                                r.error = exc
-                                s.finished.append(r)
+                    except BaseException as exc:  # a scheduler bug outside its per-request guards
+                        self._fail_in_flight(exc)
                     self._deliver(s.drain())
-        except BaseException as exc:  # the loop itself broke: nobody may wait forever
-            with self._cv:
-                self._thread = None
-            for handle in list(self._handles.values()):
-                dequeued(handle.request)
-                if not handle.future.done():
-                    handle.future.set_exception(exc)
-            self._handles.clear()
-            raise
+        except BaseException as exc:  # the loop itself broke (a bug): nobody may wait forever, nor call again
+            self._die(exc)
+            raise  # reported by threading.excepthook: a bug to see
+
+    def _fail_in_flight(self, exc: BaseException) -> None:
+        """Fail every request in flight with `exc`, freeing what each holds, so that the cache stays sane: those in
+        the scheduler's queues and any the loop knows of that left them without finishing (mid-step)."""
+        s = self.scheduler
+        queued = [*s.waiting, *s.prefilling, *s.decoding]
+        stray = [h.request for h in self._handles.values() if h.request.t_finish is None and h.request not in queued]
+        for r in [*queued, *stray]:
+            try:
+                s._fail(r, exc)
+            except BaseException:
+                s._remove(r)
+                r.error = exc
+                if r.t_finish is None:
+                    r.t_finish = time.perf_counter()
+                    s.finished.append(r)
+
+    def _die(self, exc: BaseException) -> None:
+        """The thread is dying: record why, free what the requests in flight hold if the scheduler still can, and
+        fail every waiting future with EngineDeadError."""
+        dead = EngineDeadError(exc)
+        with contextlib.suppress(BaseException):
+            self._fail_in_flight(dead)
+            self.scheduler.drain()
+        with self._cv:
+            self._dead = dead
+            self._thread = None
+            inbox, self._inbox = self._inbox, []
+            self._cv.notify_all()
+        for handle in list(self._handles.values()):
+            dequeued(handle.request)
+            settle(handle.future, error=dead)
+        self._handles.clear()
+        for command in inbox:  # each `call` future still waiting: fail it through its own wrapper
+            with contextlib.suppress(BaseException):
+                command(_DeadScheduler(dead))  # type: ignore[arg-type]
 
     def _deliver(self, done: list[Request]) -> None:
         recorder = self.recorder
         if recorder is not None and done:  # before the results: a caller that saw its result finds its line handed over
             s = self.scheduler
-            recorder.left(done, earliest_arrival((s.waiting, s.prefilling, s.decoding)))
+            with contextlib.suppress(Exception):  # a recording never fails a request (trace_recorder warns, stops)
+                recorder.left(done, earliest_arrival((s.waiting, s.prefilling, s.decoding)))
         for req in done:
             handle = self._handles.pop(req.rid, None)
-            # A future is already done when its waiter cancelled it (an asyncio task awaiting it through
-            # `wrap_future` was cancelled): nobody wants the result, and setting it would raise here and
-            # kill the loop thread.
-            if handle is None or handle.future.done():
+            if handle is None or handle.future.done():  # cancelled by its caller: nobody wants it (not counted)
                 continue
             if req.error is not None:
-                handle.future.set_exception(req.error)
+                settle(handle.future, error=req.error)
                 continue
             try:
-                handle.future.set_result(self._finish(req))
-            except BaseException as exc:
-                handle.future.set_exception(exc)
+                result = self._finish(req)
+            except BaseException as exc:  # building this result failed: this request alone
+                settle(handle.future, error=exc)
+            else:
+                settle(handle.future, result)  # a future its caller cancelled meanwhile is left as it is
+
+
+class _DeadScheduler:
+    """What a command queued on a dead loop runs against: any use raises the loop's EngineDeadError."""
+
+    def __init__(self, dead: EngineDeadError) -> None:
+        self._dead = dead
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._dead

@@ -16,6 +16,7 @@ need a tokenizer, logit_bias ids within the vocabulary, a pin within the pinned 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,8 +53,17 @@ class RequestOptions:
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
         check_retain(self.retain)
-        if self.timeout is not None and self.timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        if not isinstance(self.sampling, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(self.sampling).__name__}")
+        if self.timeout is not None:
+            t = self.timeout
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
+                raise ValueError(f"timeout must be > 0 seconds (a finite number), got {t!r}")
+        for name in ("priority", "retention"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
+                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        if not isinstance(self.pin, bool) and (not isinstance(self.pin, int) or self.pin < 0):
+            raise ValueError(f"pin must be True, False or a number of tokens >= 0, got {self.pin!r}")
 
     @property
     def max_new_tokens(self) -> int:

@@ -10,8 +10,38 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixcache.runtime.engine.errors import SamplingError
+
 MAX_LOGPROBS = 20  # the most alternatives `logprobs` may ask for per token (OpenAI's limit)
 MAX_LOGIT_BIAS = 100.0  # |bias| limit (OpenAI's)
+MAX_LOGIT_BIAS_ENTRIES = 1024  # token ids one logit_bias may name
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy (vLLM's and SGLang's threshold)
+MAX_TEMPERATURE = 100.0
+MIN_REPETITION_PENALTY = 0.01  # the repetition penalty multiplies or divides logits: bounded both ways
+MAX_REPETITION_PENALTY = 100.0
+MAX_STOP = 64  # stop strings per request
+MAX_STOP_CHARS = 1024  # characters per stop string
+MAX_STOP_TOKEN_IDS = 1024
+
+
+def _real(name: str, value: object, lo: float, hi: float) -> float:
+    """`value` as a finite float in [lo, hi], else a ValueError naming the field (a bool or a string is refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    x = float(value)
+    if not (math.isfinite(x) and lo <= x <= hi):
+        raise ValueError(f"{name} must be a finite number in [{lo:g}, {hi:g}], got {value!r}")
+    return x
+
+
+def _int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    """`value` as an int in [lo, hi], else a ValueError naming the field (a bool, a float or a string is refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+    return int(value)
 
 
 def _token_id(t: object) -> int:
@@ -43,9 +73,11 @@ def _normalise_logit_bias(raw: object) -> tuple[tuple[int, float], ...]:
             raise ValueError(f"logit_bias token ids must be >= 0, got {tid}")
         if tid in out:
             raise ValueError(f"logit_bias names token id {tid} twice")
+        if len(out) >= MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} token ids")
         try:
             bias = float(value)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ValueError(f"logit_bias[{tid}] must be a number, got {value!r}") from None
         if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # also refuses NaN
             raise ValueError(f"logit_bias[{tid}] must be in [-100, 100], got {value!r}")
@@ -57,10 +89,10 @@ def _normalise_logit_bias(raw: object) -> tuple[tuple[int, float], ...]:
 class SamplingParams:
     """How one request chooses its tokens and when it stops.
 
-    temperature 0 means greedy (argmax). top_k 0, top_p 1.0 and min_p 0.0 disable those filters. seed makes
-    sampling reproducible per request (its own torch.Generator; no global RNG is touched). Generation stops at
-    max_new_tokens, at one of stop_token_ids (plus the model's EOS ids unless ignore_eos), or when the
-    decoded text contains one of `stop` (the text is cut before it).
+    temperature 0 (or anything below GREEDY_BELOW, 1e-5) means greedy (argmax). top_k 0, top_p 1.0 and min_p 0.0
+    disable those filters. seed makes sampling reproducible per request (its own torch.Generator; no global RNG is
+    touched). Generation stops at max_new_tokens, at one of stop_token_ids (plus the model's EOS ids unless
+    ignore_eos), or when the decoded text contains one of `stop` (the text is cut before it).
 
     The logits of each step are processed in this order (`Sampler.process`, then `Sampler.sample`):
 
@@ -73,6 +105,12 @@ class SamplingParams:
     5. top_k, then top_p, then min_p (in [0, 1]: drop tokens whose probability is below min_p times the most
        likely token's; `filter_logits`).
     6. sample from the softmax of what is left.
+
+    Checked here, each with a ValueError naming the field: every number is finite and of its type (a bool is not a
+    number); temperature in [0, 100], repetition_penalty in [0.01, 100], top_p in (0, 1], min_p in [0, 1],
+    presence/frequency penalties in [-2, 2], max_new_tokens >= 1, top_k >= 0, token ids >= 0; at most 64 stop
+    strings of at most 1024 characters, 1024 stop_token_ids and 1024 logit_bias entries. If a request's logits go
+    non-finite anyway (a model fault), `Sampler.sample` raises SamplingError for that request alone.
 
     logprobs: None returns none; k in [0, 20] returns, per generated token, its log-probability and the top k
     of the RAW model distribution (log_softmax of the model's logits, before any of the above; vLLM's default).
@@ -94,28 +132,35 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
+        # Every value is checked for its type, finiteness and range here, at the door: a value that could make a
+        # request's logits non-finite never reaches a step (the sampler still fails such a request alone).
+        object.__setattr__(self, "max_new_tokens", _int("max_new_tokens", self.max_new_tokens, 1))
+        _real("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        object.__setattr__(self, "top_k", _int("top_k", self.top_k, 0))
+        _real("top_p", self.top_p, 0.0, 1.0)
+        if self.top_p <= 0.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
-        # `not lo <= x <= hi` (rather than `x < lo or x > hi`) also refuses NaN.
+        if self.seed is not None:
+            object.__setattr__(self, "seed", _int("seed", self.seed, -(2**63), 2**64 - 1))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        try:
+            stop = tuple(stop)
+        except TypeError:
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}") from None
+        if len(stop) > MAX_STOP or any(not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS for s in stop):
+            raise ValueError(f"stop must be at most {MAX_STOP} non-empty strings of at most {MAX_STOP_CHARS} chars")
+        object.__setattr__(self, "stop", stop)
+        try:
+            stop_ids = tuple(_int("stop_token_ids", t, 0) for t in self.stop_token_ids)
+        except TypeError:
+            raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}") from None
+        if len(stop_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(stop_ids)}")
+        object.__setattr__(self, "stop_token_ids", stop_ids)
         for name in ("presence_penalty", "frequency_penalty"):
-            if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
-            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            _real(name, getattr(self, name), -2.0, 2.0)
+        _real("repetition_penalty", self.repetition_penalty, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
+        _real("min_p", self.min_p, 0.0, 1.0)
         object.__setattr__(self, "logit_bias", _normalise_logit_bias(self.logit_bias or ()))
         if self.logprobs is not None:
             k = self.logprobs
@@ -124,7 +169,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature below GREEDY_BELOW (1e-5) is greedy, as vLLM and SGLang treat it: dividing logits by less
+        overflows float32."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def uses_history(self) -> bool:
@@ -200,9 +247,16 @@ class Sampler:
         if p.processes_logits:
             logits = self.process(logits, prompt_ids, output_ids)
         if p.greedy:
-            return int(torch.argmax(logits))
+            token = int(torch.argmax(logits))
+            best = float(logits[token])
+            if not math.isfinite(best):  # a NaN wins an argmax too: no token can be chosen from these
+                raise SamplingError(f"the logits went non-finite (largest {best})")
+            return token
         scaled = filter_logits(logits.float() / p.temperature, p.top_k, p.top_p, p.min_p)
         probs = torch.softmax(scaled, dim=-1)
+        total = float(probs.sum())
+        if not math.isfinite(total) or total <= 0.0:  # NaN or +inf anywhere makes the sum non-finite
+            raise SamplingError(f"the sampling probabilities went non-finite (sum {total})")
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
     def process(

@@ -1,5 +1,6 @@
 """The `dfs-weight` admission order (engine.scheduler): waiting requests grouped by the cached subtree they hit,
-heaviest subtree first, so that a shared prefix is computed once and then hit by the rest.
+heaviest subtree first, so that a shared prefix is computed once and then hit by the rest. And in-batch sharing's
+test (`shares_uncommitted_pages`).
 
 Pure ordering over what `KVManager.peek` found for each request (the deepest tree node its prompt reaches); it
 changes nothing in the tree and reads only the nodes' parents and uids.
@@ -11,6 +12,8 @@ from collections import defaultdict
 
 from radixcache import TreeNode
 from radixcache.runtime.engine.request import Request
+from radixcache.runtime.kv.manager import KVManager
+from radixcache.tokens import as_token_array, common_prefix_length
 
 
 def dfs_weight_order(reqs: list[Request], nodes: dict[int, TreeNode | None]) -> list[Request]:
@@ -49,3 +52,20 @@ def dfs_weight_order(reqs: list[Request], nodes: dict[int, TreeNode | None]) -> 
     out.extend(sorted(loose, key=lambda r: r.rid))
     out.sort(key=lambda r: -r.priority)  # stable: priority first, the DFS order within a priority
     return out
+
+
+def shares_uncommitted_pages(req: Request, cached: int, prefilling: list[Request], kv: KVManager) -> bool:
+    """In-batch sharing: a request being prefilled computes a page `req` would compute too (past `cached`, the
+    tokens `req` found in the tree) and will commit it, within its admission limit."""
+    p = kv.page_size
+    mine = as_token_array(req.all_ids[: req.prefill_end - 1])
+    for other in prefilling:
+        if other.namespace != req.namespace:
+            continue
+        theirs = as_token_array(other.all_ids[: other.prefill_end])
+        shared = common_prefix_length(theirs, mine, 0)
+        floor = max(cached, other.kv.tree_blocks * p)
+        # Pages past the other's admission limit never reach the tree: waiting for them would be in vain.
+        if shared - shared % p > floor and kv.admission_limit(other.kv) * p > floor:
+            return True
+    return False

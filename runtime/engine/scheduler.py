@@ -34,6 +34,7 @@ of the engine. It is single-threaded: the engine loop thread calls it. Tests may
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,10 +44,9 @@ from radixcache.runtime.engine.errors import QueueTimeoutError, RequestTooLargeE
 from radixcache.runtime.engine.output import OutputProcessor
 from radixcache.runtime.engine.request import Request, dequeued
 from radixcache.runtime.engine.runner import ModelRunner
-from radixcache.runtime.engine.schedule_order import dfs_weight_order
+from radixcache.runtime.engine.schedule_order import dfs_weight_order, shares_uncommitted_pages
 from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.state import Status
-from radixcache.tokens import as_token_array, common_prefix_length
 
 SCHEDULES = ("lpm", "fcfs", "dfs-weight")
 
@@ -171,33 +171,53 @@ class Scheduler:
         p = self.kv.page_size
         done: list[tuple[Request, torch.Tensor]] = []  # (request, logits row): each gets its next token now
         for i, r in enumerate(decodes):
-            if share and r.kv.num_kv % p == 0:  # the pass filled a page
-                self.kv.commit(r.kv, r.all_ids)
+            if share and r.kv.num_kv % p == 0 and not self._guard(r, self.kv.commit, r.kv, r.all_ids):
+                continue  # the pass filled a page, and committing it failed: that request alone
             assert logits.decode is not None
             done.append((r, logits.decode[i]))
         for i, (r, _) in enumerate(chunks):
-            finished_prefill = r.kv.num_kv >= r.prefill_end
-            if share or (finished_prefill and r.pin):
-                self.kv.commit(r.kv, r.all_ids)
-            if finished_prefill:
-                self._start_decoding(r)
-                if not r.output_ids:  # fresh: its first token; a resumed request already has its next input
-                    assert logits.chunks is not None
-                    done.append((r, logits.chunks[i]))
+            if self._guard(r, self._after_chunk, r) and not r.output_ids and r in self.decoding:
+                assert logits.chunks is not None  # fresh: its first token (a resumed one has its next input)
+                done.append((r, logits.chunks[i]))
         self._emit_all(done)
+
+    def _after_chunk(self, req: Request) -> None:
+        """Commit what a prefill chunk computed (in flight, or a pinned prompt's once whole); start decoding."""
+        finished_prefill = req.kv.num_kv >= req.prefill_end
+        if self.config.share_in_flight or (finished_prefill and req.pin):
+            self.kv.commit(req.kv, req.all_ids)
+        if finished_prefill:
+            self._start_decoding(req)
+
+    def _guard(self, req: Request, stage: Callable[..., object], *args: object) -> bool:
+        """Run one request's stage. An exception fails that request alone, with its error (its blocks freed, its
+        lock dropped; the KV manager leaves the tree whole when it raises), and returns False; the other requests
+        of the step go on."""
+        try:
+            stage(*args)
+        except BaseException as exc:
+            self._fail(req, exc)
+            return False
+        return True
 
     def _emit_all(self, done: list[tuple[Request, torch.Tensor]]) -> None:
         """Sample every row; plain-greedy rows (no logit bias, no penalty) are decided by one argmax (one host
         transfer per pass). Every other row, greedy ones with a bias or penalty included, goes through its sampler."""
         if not done:
             return
-        plain = [r.sampler.params.plain_greedy for r, _ in done]
-        tokens = []
-        if any(plain):
-            rows = [row for (_, row), g in zip(done, plain, strict=True) if g]
-            tokens = iter(torch.stack(rows).argmax(dim=-1).tolist())
-        for (r, row), g in zip(done, plain, strict=True):
-            self._emit(r, row, next(tokens) if g else None)
+        tokens: list[int | None] = [None] * len(done)  # None: the row's own sampler decides
+        plain = [i for i, (r, _) in enumerate(done) if r.sampler.params.plain_greedy]
+        if plain:
+            try:
+                rows = torch.stack([done[i][1] for i in plain])
+                best = rows.argmax(dim=-1)
+                finite = torch.isfinite(rows.gather(1, best[:, None]).squeeze(1))  # a NaN row's argmax is the NaN
+                for i, t in zip(plain, torch.where(finite, best, -1).tolist(), strict=True):
+                    tokens[i] = t if t >= 0 else None  # its sampler refuses the non-finite row (SamplingError)
+            except Exception:  # the batched argmax failed as a whole: every row goes through its own sampler
+                tokens = [None] * len(done)
+        for (r, row), token in zip(done, tokens, strict=True):
+            self._emit(r, row, token)
 
     def _start_decoding(self, req: Request) -> None:
         self.prefilling.remove(req)
@@ -206,13 +226,19 @@ class Scheduler:
             req.pinned_tokens = self.kv.pin(req.kv, req.all_ids)
 
     def _emit(self, req: Request, logits: torch.Tensor, token: int | None = None) -> None:
-        self.output.emit(req, logits, token)
-        if req.finished:
-            self._remove(req)
-            self.kv.release(req.kv, req.all_ids, len(req.output_ids))
-            self._leave(req)
-        else:
-            self._notify(req)
+        """Sample (penalties, logprobs, stop strings, detokenising), then release a finished request or tell its
+        listener; any of these raising fails `req` alone."""
+        try:
+            self.output.emit(req, logits, token)
+            if req.finished:
+                self._remove(req)
+                self.kv.release(req.kv, req.all_ids, len(req.output_ids))
+                self._leave(req)
+                return
+        except BaseException as exc:
+            self._fail(req, exc)
+            return
+        self._notify(req)
 
     # ------------------------------------------------------------------ decode
 
@@ -220,7 +246,7 @@ class Scheduler:
         """Every decoding request that has (or could get) a page for its next token."""
         batch = []
         for r in sorted(self.decoding, key=lambda r: (-r.priority, r.rid)):  # the important secure pages first
-            if r.kv.status is Status.RUNNING and self._grow(r):
+            if r.kv.status is Status.RUNNING and r in self.decoding and self._grow(r):
                 batch.append(r)
         return [r for r in batch if r.kv.status is Status.RUNNING and r in self.decoding]
 
@@ -231,27 +257,34 @@ class Scheduler:
                 self.kv.reserve(req.kv, req.kv.num_kv + 1)
                 return True
             except CacheFullError:
-                victim = min(self.running, key=lambda r: (r.priority, -r.rid))
-                if victim is req:
-                    if len(self.running) == 1:  # alone and still no page: the pool is full of it (and pins)
-                        self._end_outgrown(req)
-                    else:
-                        self._preempt(req)
-                    return False
-                self._preempt(victim)
+                pass
+            except BaseException as exc:  # the allocator failed otherwise: this request alone
+                self._fail(req, exc)
+                return False
+            victim = min(self.running, key=lambda r: (r.priority, -r.rid))
+            if victim is req:
+                if len(self.running) == 1:  # alone and still no page: the pool is full of it (and pins)
+                    self._end_outgrown(req)
+                else:
+                    self._preempt(req)
+                return False
+            self._preempt(victim)
 
     def _end_outgrown(self, req: Request) -> None:
         """A request that outgrew the pool ends as if it reached its length limit, with every token it made; its
         computed KV goes to the tree like any finished request's."""
         self._remove(req)
-        if req.kv.status is Status.RUNNING:
-            self.kv.release(req.kv, req.all_ids, len(req.output_ids))
+        if req.kv.status is Status.RUNNING and not self._guard(
+            req, self.kv.release, req.kv, req.all_ids, len(req.output_ids)
+        ):
+            return
         req.finish_reason = "length"
         self._leave(req)
 
     def _preempt(self, req: Request) -> None:
         self._remove(req)
-        self.kv.preempt(req.kv, req.all_ids)
+        if not self._guard(req, self.kv.preempt, req.kv, req.all_ids):  # it failed alone, holding nothing
+            return
         req.wait_steps = 0
         self.preemptions += 1
         self.waiting.append(req)
@@ -308,7 +341,7 @@ class Scheduler:
                 chunks.append((r, n))
                 budget -= n
             else:  # a resumed request whose every position is cached: it decodes from the next step
-                self._start_decoding(r)
+                self._guard(r, self._start_decoding, r)
         return chunks
 
     # ------------------------------------------------------------------ order
@@ -339,18 +372,7 @@ class Scheduler:
             return False
         if req.wait_steps >= cfg.max_wait_steps or now - req.t_arrival >= cfg.max_wait_s:
             return False
-        p = self.kv.page_size
-        mine = as_token_array(req.all_ids[: req.prefill_end - 1])
-        for other in self.prefilling:
-            if other.namespace != req.namespace:
-                continue
-            theirs = as_token_array(other.all_ids[: other.prefill_end])
-            shared = common_prefix_length(theirs, mine, 0)
-            floor = max(cached, other.kv.tree_blocks * p)
-            # Pages past the other's admission limit never reach the tree: waiting for them would be in vain.
-            if shared - shared % p > floor and self.kv.admission_limit(other.kv) * p > floor:
-                return True
-        return False
+        return shares_uncommitted_pages(req, cached, self.prefilling, self.kv)
 
     # ------------------------------------------------------------------ leaving
 
@@ -362,22 +384,31 @@ class Scheduler:
         return False
 
     def _fail(self, req: Request, exc: BaseException) -> None:
+        """End `req` with `exc`, in any state: free what it holds, drop its lock (kv.abort). A request that already
+        left keeps its place in `finished` and takes the error."""
         self._remove(req)
         self.kv.abort(req.kv)
         req.error = exc
         self._leave(req)
 
     def _leave(self, req: Request) -> None:
+        if req.t_finish is not None:  # it already left (a stage after its release failed): once only
+            return
         dequeued(req)  # a no-op for a request that was admitted
         req.t_finish = time.perf_counter()
         self.finished.append(req)
         self._notify(req)
 
-    @staticmethod
-    def _notify(req: Request) -> None:
-        """Tell a streaming caller about new tokens; a caller that went away (closed event loop) is ignored."""
-        if req.listener is not None:
-            try:
-                req.listener(req)
-            except Exception:
-                req.listener = None
+    def _notify(self, req: Request) -> None:
+        """Tell a streaming caller about new tokens. A listener that raises (a caller that went away: a closed event
+        loop) is dropped, and its request fails with that error, alone."""
+        if req.listener is None:
+            return
+        try:
+            req.listener(req)
+        except BaseException as exc:
+            req.listener = None
+            if req.t_finish is None:
+                self._fail(req, exc)
+            elif req.error is None:
+                req.error = exc

@@ -68,6 +68,7 @@ class KVManager:
         self.admission = make_admission(admission, eviction=cache.policy)
         self.declined_pages = 0  # computed full pages the admission policy kept out of the tree (freed)
         self._policy_failed = False  # warned once already
+        self._fault: BaseException | None = None  # a tier copy or event publish that failed mid-operation
 
     def pages(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -103,8 +104,12 @@ class KVManager:
             cache.lock(node)
             if tier_match is not None:
                 assert tiers is not None
-                host_pages, disk_pages = tiers.plan(tier_match)
-                host_hashes = tiers.lock_host(tier_match, host_pages)
+                try:
+                    host_pages, disk_pages = tiers.plan(tier_match)
+                    host_hashes = tiers.lock_host(tier_match, host_pages)
+                except BaseException:
+                    self._unlock_all(node, [])
+                    raise
         try:
             need = self.pages(end) - len(blocks)
             if not strict and need + reserve > cache.free_blocks + cache.evictable_blocks:
@@ -178,6 +183,7 @@ class KVManager:
             cache.unlock(old)
         kv.block_table[kv.tree_blocks : full] = _blocks_between(node, kv.tree_blocks * p, p)
         kv.tree_blocks = full
+        self._raise_fault()
 
     def admission_limit(self, kv: KVState, *, output_tokens: int | None = None) -> int:
         """Pages of a running request, counted from the root, that the tree may adopt. The admission policy is
@@ -236,6 +242,7 @@ class KVManager:
             raise RuntimeError(f"request {kv.rid} is {kv.status.value}, not running")
         self._give_back(kv, tokens, output_tokens)
         kv.status = Status.FINISHED
+        self._raise_fault()
 
     def preempt(self, kv: KVState, tokens: Sequence[int]) -> None:
         """Take a running request's blocks back: its computed KV goes to the tree (evictable), everything else
@@ -247,6 +254,7 @@ class KVManager:
         kv.num_kv = 0
         kv.preemptions += 1
         kv.status = Status.WAITING
+        self._raise_fault()
 
     def abort(self, kv: KVState, *, status: Status = Status.ABORTED) -> None:
         """Free every block the request holds and drop its lock. Safe to call in any state. Pages it already
@@ -303,10 +311,25 @@ class KVManager:
         chain = kv.page_chain
         if last <= first or chain is None:
             return
-        if self.tiers is not None:
-            self.tiers.adopted(chain, tokens, first, last, kv.block_table[first:last])
-        if self.events is not None:
-            self.events.stored(chain.upto(tokens, last)[first:last])
+        # Either may raise (a failed copy, a failed publish): the tree already holds these pages and the operation
+        # under way must finish first, so the error waits in `_fault` until `_raise_fault` (that request fails).
+        try:
+            if self.tiers is not None:
+                self.tiers.adopted(chain, tokens, first, last, kv.block_table[first:last])
+        except BaseException as exc:
+            self._fault = self._fault or exc
+        try:
+            if self.events is not None:
+                self.events.stored(chain.upto(tokens, last)[first:last])
+        except BaseException as exc:
+            self._fault = self._fault or exc
+
+    def _raise_fault(self) -> None:
+        """Raise the error a tier copy or an event publish deferred, now that the tree, the pool and the request's
+        KVState are consistent again."""
+        fault, self._fault = self._fault, None
+        if fault is not None:
+            raise fault
 
     def _unlock_all(self, node: TreeNode | None, host_hashes: list[bytes]) -> None:
         if node is not None:

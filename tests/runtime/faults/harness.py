@@ -1,0 +1,233 @@
+"""A fault-injection harness for the engine: eight requests of mixed kinds (greedy, sampled, penalised, logprobs,
+stop strings, a pin, a fork of two, prefix sharing, two arriving while the others prefill and decode) run on the tiny
+model, with a fault raised at one stage of one request (its `victim`) at its k-th run of that stage.
+
+`run_workload` returns each request's outcome (its token ids, or the error it failed with) and how many times each
+stage ran for each request; a clean run (no fault) gives the expected outputs and the counts a seeded random fault
+is drawn from (`draw_fault`).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixcache.runtime import Engine
+from radixcache.runtime.engine import output as output_module
+from radixcache.runtime.testing import RandomModel, hold_engine_loop
+
+MAX_NEW = 10
+WAVE_TWO_AT_STEP = 3  # the last two requests arrive at this step, while the first six prefill or decode
+
+
+class Injected(RuntimeError):
+    """The fault the harness raises."""
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1, 97) for _ in range(n)]
+
+
+def workload() -> list[tuple[list[int], dict[str, Any]]]:
+    """(prompt, options) of the eight requests, in submission order; 4 and 5 are one fork (submit_group), 6 and 7
+    arrive at step WAVE_TWO_AT_STEP; 0, 1, 3, 4, 5 and 6 share a 24-token system prompt (6 extends 0's prompt)."""
+    rng = random.Random(31)
+    system = _ids(rng, 24)
+    first = system + _ids(rng, 9)
+    fork = system + _ids(rng, 6)
+    return [
+        (first, {}),
+        (system + _ids(rng, 7), {"temperature": 0.9, "seed": 1, "repetition_penalty": 1.2}),
+        (_ids(rng, 30), {"logprobs": 3, "presence_penalty": 0.5}),
+        (system + _ids(rng, 11), {"stop": ["e", "t"], "frequency_penalty": 0.3}),
+        (fork, {"temperature": 0.7, "seed": 3}),
+        (fork, {"temperature": 0.7, "seed": 4}),
+        (first + _ids(rng, 5), {"logit_bias": {7: 3.0}}),
+        (_ids(rng, 16), {"pin": True, "frequency_penalty": 0.2}),
+    ]
+
+
+# stage -> the requests it runs for (None: every request)
+STAGES: dict[str, tuple[int, ...] | None] = {
+    "validation": (0, 1, 2, 3, 6, 7),  # the fork's two are validated as one call
+    "admission": None,
+    "commit": None,
+    "pin": (7,),
+    "decode_growth": None,
+    "emit": None,
+    "sampling": None,  # every request whose row is not plain greedy
+    "penalties": None,
+    "logprobs": (2,),
+    "stop_strings": (3,),
+    "detokenize": None,
+    "event_publish": None,
+    "tier_copy": None,
+    "result": None,
+    "listener": None,
+}
+
+
+@dataclass
+class Fault:
+    stage: str
+    victim: int  # index in workload()
+    at: int  # raise on the victim's at-th run of the stage (1-based)
+
+
+@dataclass
+class Outcome:
+    tokens: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    errors: dict[int, BaseException] = field(default_factory=dict)
+    counts: Counter[tuple[str, int]] = field(default_factory=Counter)
+    fired: bool = False
+
+
+def draw_fault(stage: str, clean: Outcome, rng: random.Random) -> Fault:
+    """A victim the stage runs for, and a random one of its runs of that stage in the clean run."""
+    allowed = STAGES[stage] if STAGES[stage] is not None else range(8)
+    candidates = [i for i in allowed if clean.counts[(stage, i)] > 0]
+    victim = rng.choice(candidates)
+    return Fault(stage, victim, rng.randint(1, clean.counts[(stage, victim)]))
+
+
+def run_workload(engine: Engine, fault: Fault | None) -> Outcome:
+    """Run the eight requests on `engine` with `fault` injected (None: a clean run); the engine is left as it is."""
+    out = Outcome()
+    index: dict[int, int] = {}  # rid -> workload index
+    current: list[int] = []  # the request whose KV operation or output step runs now (workload index)
+    specs = workload()
+
+    def hit(stage: str, i: int | None) -> None:
+        if i is None:
+            return
+        out.counts[(stage, i)] += 1
+        if fault is not None and fault.stage == stage and fault.victim == i and out.counts[(stage, i)] == fault.at:
+            out.fired = True
+            raise Injected(f"{stage} of request {i}")
+
+    def by_rid(rid: int) -> int | None:
+        return index.get(rid)
+
+    def wrap(owner: Any, name: str, stage: str | None, who: Callable[..., int | None]) -> None:
+        real = getattr(owner, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            i = who(*args, **kwargs)
+            current.append(i if i is not None else -1)
+            try:
+                if stage is not None:
+                    hit(stage, i)
+                return real(*args, **kwargs)
+            finally:
+                current.pop()
+
+        setattr(owner, name, wrapper)
+
+    def now() -> int | None:
+        return current[-1] if current and current[-1] >= 0 else None
+
+    kv, output = engine.kv, engine.output
+    wrap(kv, "admit", "admission", lambda kvs, *a, **k: by_rid(kvs.rid))
+    wrap(kv, "commit", "commit", lambda kvs, *a, **k: by_rid(kvs.rid))
+    wrap(kv, "pin", "pin", lambda kvs, *a, **k: by_rid(kvs.rid))
+    wrap(kv, "reserve", "decode_growth", lambda kvs, *a, **k: by_rid(kvs.rid))
+    wrap(kv, "release", None, lambda kvs, *a, **k: by_rid(kvs.rid))
+    wrap(kv, "preempt", None, lambda kvs, *a, **k: by_rid(kvs.rid))
+    wrap(output, "emit", "emit", lambda req, *a, **k: by_rid(req.rid))
+    wrap(engine._loop, "_finish", "result", lambda req, *a, **k: by_rid(req.rid))  # output.result, bound
+    wrap(output, "text", "detokenize", lambda *a, **k: now())
+    if engine.events is not None:
+        wrap(engine.events, "stored", "event_publish", lambda *a, **k: now())
+    if engine.tiers is not None:
+        wrap(engine.tiers, "adopted", "tier_copy", lambda *a, **k: now())
+    real_logprob, real_find_stop = output_module.token_logprob, output_module.find_stop
+
+    def token_logprob(*a: Any, **k: Any) -> Any:
+        hit("logprobs", now())
+        return real_logprob(*a, **k)
+
+    def find_stop(*a: Any, **k: Any) -> Any:
+        hit("stop_strings", now())
+        return real_find_stop(*a, **k)
+
+    def watch(handle: Any, i: int) -> None:
+        index[handle.rid] = i
+        sampler = handle.request.sampler
+        wrap(sampler, "sample", "sampling", lambda *a, **k: i)
+        wrap(sampler, "process", "penalties", lambda *a, **k: i)
+        handle.request.listener = lambda r: hit("listener", i)
+
+    def submit(i: int) -> Any:
+        prompt, options = specs[i]
+        if fault is not None and fault.stage == "validation" and fault.victim == i:
+            out.fired = True
+            raise Injected(f"validation of request {i}")
+        out.counts[("validation", i)] += 1
+        return engine.submit(prompt, MAX_NEW, ignore_eos=True, **options)
+
+    handles: dict[int, Any] = {}
+
+    def add(i: int, make: Callable[[], Any]) -> None:
+        try:
+            handles[i] = make()
+        except Injected as exc:  # refused at the door: only this request
+            out.errors[i] = exc
+            return
+        watch(handles[i], i)
+
+    real_step, steps, wave_two = engine.scheduler.step, [0], threading.Event()
+
+    def step() -> None:
+        steps[0] += 1
+        if steps[0] == WAVE_TWO_AT_STEP:
+            add(6, lambda: submit(6))
+            add(7, lambda: submit(7))
+            wave_two.set()
+        real_step()
+
+    engine.scheduler.step = step  # type: ignore[method-assign]
+    output_module.token_logprob, output_module.find_stop = token_logprob, find_stop  # type: ignore[assignment]
+    try:
+        release = hold_engine_loop(engine)
+        try:
+            for i in range(4):
+                add(i, lambda i=i: submit(i))
+            fork = engine.submit_group(
+                [specs[4][0]] * 2, MAX_NEW, ignore_eos=True, temperature=0.7, each=[{"seed": 3}, {"seed": 4}]
+            )
+            for n, h in enumerate(fork):
+                handles[4 + n] = h
+                watch(h, 4 + n)
+        finally:
+            release()
+        assert wave_two.wait(60)
+        for i, h in list(handles.items()):
+            try:
+                out.tokens[i] = h.result(60).token_ids
+            except Exception as exc:
+                out.errors[i] = exc
+        assert engine.wait_idle(60)
+    finally:
+        output_module.token_logprob, output_module.find_stop = real_logprob, real_find_stop  # type: ignore[assignment]
+    return out
+
+
+def fault_engine(model: RandomModel, **tiers: Any) -> Engine:
+    """The engine the harness runs on: float64 (a batch that changes with a failed request never flips a near-tie),
+    4-token pages, chunked prefill, KV events on; `tiers`: host_kv_memory / cache_dir."""
+    return Engine(
+        model,
+        capacity_blocks=96,
+        page_size=4,
+        dtype="float64",
+        max_prefill_tokens=24,
+        mixed_prefill_tokens=8,
+        prefill_chunk=12,
+        max_pinned_fraction=0.25,
+        kv_events=True,
+        **tiers,
+    )
