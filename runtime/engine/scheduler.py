@@ -24,8 +24,10 @@ requests as the step's token budget allows (mixed batches, chunked prefill). Req
   request that alone cannot grow (every other request preempted) ends with finish_reason "length" and every token
   it generated; nothing deadlocks.
 - Queue timeout: a request not admitted by its `queue_deadline` fails with QueueTimeoutError, holding nothing.
-- `abort` (cancel or timeout) works in every state. A pass that raises fails every request in it. Every path
-  leaves `check_invariants()` true and no block held by a request that left.
+- `abort` (cancel or timeout) works in every state. A pass that raises fails every request in it, and no other.
+  Every stage that runs for one request (a commit, its pin, its next page, a preemption or release, sampling and
+  the output stages, its listener) runs in a guard: an exception fails that request alone (`_guard`, `_emit`).
+  Every path leaves `check_invariants()` true and no block held by a request that left.
 
 The scheduler is given what it drives (a ModelRunner, the KVManager, an OutputProcessor) and knows nothing else
 of the engine. It is single-threaded: the engine loop thread calls it. Tests may drive it directly, step by step.

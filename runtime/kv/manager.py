@@ -3,9 +3,11 @@
 match and lock -> allocate -> commit each computed chunk (in flight) -> grow while decoding -> release.
 
 Every method leaves the cache's invariants true, also when it raises: a request either holds its lock and blocks
-(RUNNING) or holds nothing (WAITING, FINISHED, ABORTED). A request's pages, lock and accounting are one `KVState`
-(kv.state) that the engine creates and this manager mutates; each method takes that state and plain values (the
-request's token ids so far), never the engine's Request, so `kv/` imports nothing of `engine/`.
+(RUNNING) or holds nothing (WAITING, FINISHED, ABORTED). A tier copy or an event publish that raises while the tree
+adopts pages is held until the commit, release or preemption under way has finished, then raised. A request's
+pages, lock and accounting are one `KVState` (kv.state) that the engine creates and this manager mutates; each
+method takes that state and plain values (the request's token ids so far), never the engine's Request, so `kv/`
+imports nothing of `engine/`.
 
 In-flight sharing: `commit` gives the tree a running request's computed full pages as soon as a forward pass wrote
 them (each prefill chunk, each page a decode fills), still locked by the request. Another request that arrives
