@@ -24,7 +24,7 @@ def test_leftover_temporary_files_are_removed_at_open(open_store, tmp_path: Path
     store.close()
     tmp = Path(store.tmp_dir)
     dead = tmp / f"{2**22 + 1}-0123456789abcdef.tmp"  # above any Linux pid: its writer is gone (kill -9)
-    odd = tmp / "garbage.tmp"
+    odd = tmp / "garbage.tmp"  # not a name the store gives: not its file, kept
     huge = tmp / f"{10**30}-0123456789abcdef.tmp"  # no pid at all
     ours = tmp / f"{os.getpid()}-fedcba9876543210.tmp"  # a live writer's (another store in this process)
     stale = tmp / f"{os.getpid()}-00000000aaaaaaaa.tmp"  # alive, but no write takes an hour
@@ -32,8 +32,8 @@ def test_leftover_temporary_files_are_removed_at_open(open_store, tmp_path: Path
         f.write_bytes(b"half a page")
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
     reopened = open_store()
-    assert not dead.exists() and not odd.exists() and not huge.exists() and not stale.exists()
-    assert ours.exists()
+    assert not dead.exists() and not huge.exists() and not stale.exists()
+    assert ours.exists() and odd.exists()
     assert reopened.read(h(0), toks(0)) == (payload(0), META)
 
 
@@ -114,10 +114,12 @@ def test_a_read_only_cache_still_serves_its_pages(open_store, caplog) -> None:
 def test_clear_deletes_pages_and_temporary_files(open_store) -> None:
     store = open_store()
     write(store, 0, 1, 2)
-    (Path(store.tmp_dir) / "garbage.tmp").write_bytes(b"x")
+    (Path(store.tmp_dir) / f"{os.getpid()}-0123456789abcdef.tmp").write_bytes(b"x")  # a live writer's: cleared
+    (Path(store.tmp_dir) / "garbage.tmp").write_bytes(b"x")  # not the store's naming: kept
     assert store.clear() == 3
     assert store.stats().pages == 0 and store.count_prefix([h(0)]) == 0
-    assert list(Path(store.pages_dir).rglob("*.kvpage")) == [] and list(Path(store.tmp_dir).iterdir()) == []
+    assert list(Path(store.pages_dir).rglob("*.kvpage")) == []
+    assert [p.name for p in Path(store.tmp_dir).iterdir()] == ["garbage.tmp"]
     assert (Path(store.directory) / MARKER_NAME).exists()
     assert open_store().stats().pages == 0
     write(store, 4)  # still usable

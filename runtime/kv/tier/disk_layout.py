@@ -22,16 +22,24 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
-import json
 import logging
 import os
-import secrets
+import re
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, PAGE_SUFFIX, TMP_SUFFIX, CorruptPage, parse_page
+from radixcache.runtime.kv.tier.disk_files import (
+    is_real_dir,
+    own_temp_files,
+    read_json,
+    temp_name,
+    temp_writer_pid,
+    write_json_durable,
+)
+from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, PAGE_SUFFIX, CorruptPage, parse_page
 
 log = logging.getLogger("radixcache.disk")
 
@@ -39,6 +47,9 @@ MARKER_NAME = "radixcache-cache.json"
 MARKER_FORMAT = "radixcache-kv-pages"
 FINGERPRINT_FILE = "fingerprint.json"
 _STALE_TMP_SECONDS = 3600.0  # a temporary file this old is left over, whoever wrote it
+_TAG = re.compile(r"[0-9a-f]{16}")  # a fingerprint folder's name (fingerprint_tag)
+_HASH_FOLDER = re.compile(r"[0-9a-f]{2}")
+_PAGE_NAME = re.compile(r"[0-9a-f]{2,128}" + re.escape(PAGE_SUFFIX))
 
 
 def fingerprint_tag(fingerprint: str) -> str:
@@ -46,27 +57,31 @@ def fingerprint_tag(fingerprint: str) -> str:
     return hashlib.blake2b(fingerprint.encode("utf-8"), digest_size=8).hexdigest()
 
 
-def read_json(path: str) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def temp_path(tmp_dir: str) -> str:
     """A fresh temporary file name under `tmp_dir`, led by this process's id (so cleanup can tell if it lives)."""
-    return os.path.join(tmp_dir, f"{os.getpid()}-{secrets.token_hex(8)}{TMP_SUFFIX}")
+    return os.path.join(tmp_dir, temp_name())
 
 
-def write_json_atomic(path: str, value: Any, tmp_dir: str) -> None:
-    tmp = temp_path(tmp_dir)
+def delete_temp_files(folder: str, *, only_leftovers: bool) -> None:
+    """Delete the regular files of `folder` named as the store names its temporary files (all of them, or only
+    those whose writer is dead or that are over an hour old). Never follows a symlink; never raises."""
+    listed = own_temp_files(folder)
+    if listed is None:
+        return
+    fd, files = listed
+    now = time.time()
     try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            json.dump(value, f)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        for name, pid, mtime in files:
+            if only_leftovers and pid_alive(pid) and now - mtime < _STALE_TMP_SECONDS:
+                continue
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.debug("cannot remove the temporary file %s: %s", os.path.join(folder, name), exc)
+    finally:
+        os.close(fd)
 
 
 def pid_alive(pid: int) -> bool:
@@ -139,30 +154,40 @@ class CacheDir:
             )
         return True
 
+    def check_own_folders(self) -> None:
+        """ValueError unless `pages/` and `tmp/` are real folders (or absent): a symlink there is never followed."""
+        for sub in (self.pages_root, self.tmp_dir):
+            if os.path.lexists(sub) and not is_real_dir(sub):
+                raise ValueError(f"{sub} is a symlink or not a folder: not following it")
+
     def adopt(self, fingerprint: str) -> Adoption:
         """Make the directory ready for this fingerprint's writes: create it, check or write the marker, record the
-        fingerprint, clear leftovers, and probe that a file can be created. Never raises for I/O reasons."""
+        fingerprint, clear leftovers, and probe that a file can be created. Never raises for I/O reasons.
+
+        Without the marker, the directory is adopted only when it holds nothing but temporary files of the store's
+        own naming (a marker write that a kill cut short): the marker is then written first, durably."""
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as exc:
             return Adoption(f"cannot create {self.directory}: {exc}", readable=False)
         try:
             has_marker = self.check_marker(strict=False)
+            self.check_own_folders()
         except ValueError as exc:
-            return Adoption(str(exc), readable=False)  # another format's directory: touch nothing, read nothing
+            return Adoption(str(exc), readable=False)  # another format's directory, or a symlink: touch nothing
         if not has_marker:
             try:
-                others = [n for n in os.listdir(self.directory) if n not in ("pages", "tmp")]
+                others = [n for n in os.listdir(self.directory) if temp_writer_pid(n) is None]
             except OSError as exc:
                 return Adoption(f"cannot list {self.directory}: {exc}", readable=False)
             if others:
                 reason = f"{self.directory} is not empty and is not a radixcache cache (no {MARKER_NAME})"
                 return Adoption(f"{reason}: not using it", readable=False)
         try:
-            os.makedirs(self.tmp_dir, exist_ok=True)
-            os.makedirs(self.pages_dir, exist_ok=True)
             if not has_marker:
-                write_json_atomic(self.marker_path, {"format": MARKER_FORMAT, "version": FORMAT_VERSION}, self.tmp_dir)
+                delete_temp_files(self.directory, only_leftovers=True)
+                marker = {"format": MARKER_FORMAT, "version": FORMAT_VERSION}
+                write_json_durable(self.marker_path, marker, self.directory)
             self.ensure_page_dirs(fingerprint)
             self.remove_leftovers()
             probe = temp_path(self.tmp_dir)
@@ -174,71 +199,63 @@ class CacheDir:
         return Adoption(None, readable=True)
 
     def ensure_page_dirs(self, fingerprint: str) -> None:
-        """Create tmp/ and this fingerprint's folder, with its fingerprint.json, where missing. Raises OSError."""
-        os.makedirs(self.tmp_dir, exist_ok=True)
-        os.makedirs(self.pages_dir, exist_ok=True)
+        """Create tmp/ and this fingerprint's folder, with its fingerprint.json, where missing. Raises OSError (ELOOP
+        when one of them is a symlink)."""
+        for folder in (self.tmp_dir, self.pages_root, self.pages_dir):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder)
+            if not is_real_dir(folder):
+                raise OSError(errno.ELOOP, "a symlink or not a folder", folder)
         name_file = os.path.join(self.pages_dir, FINGERPRINT_FILE)
-        if not os.path.exists(name_file):
-            write_json_atomic(name_file, {"fingerprint": fingerprint}, self.tmp_dir)
+        if not os.path.lexists(name_file):
+            write_json_durable(name_file, {"fingerprint": fingerprint}, self.tmp_dir)
 
     def remove_leftovers(self) -> None:
-        """Delete temporary files a killed process left: those of dead processes, and any older than an hour."""
-        now = time.time()
-        try:
-            entries = list(os.scandir(self.tmp_dir))
-        except OSError:
-            return
-        for entry in entries:
-            pid_text = entry.name.split("-", 1)[0]
-            try:
-                alive = pid_text.isdigit() and pid_alive(int(pid_text))
-                if alive and now - entry.stat().st_mtime < _STALE_TMP_SECONDS:
-                    continue
-                os.unlink(entry.path)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                log.debug("cannot remove the temporary file %s: %s", entry.path, exc)
+        """Delete the temporary files a killed process left: files named as the store names them, whose writer is
+        dead or that are over an hour old. Nothing else in tmp/ is touched; a symlinked tmp/ is not entered."""
+        delete_temp_files(self.tmp_dir, only_leftovers=True)
 
     def remove_temp_files(self) -> None:
-        """Delete every temporary file, whoever writes it (`clear`)."""
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(self.tmp_dir):
-                if entry.name.endswith(TMP_SUFFIX):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
+        """Delete every temporary file of the store's naming, whoever writes it (`clear`)."""
+        delete_temp_files(self.tmp_dir, only_leftovers=False)
 
     # ------------------------------------------------------------------------------------------- listing
 
     def _tag_folders(self) -> list[os.DirEntry[str]]:
+        if not is_real_dir(self.pages_root):
+            return []
         try:
-            return [e for e in os.scandir(self.pages_root) if e.is_dir(follow_symlinks=False)]
+            return [
+                e for e in os.scandir(self.pages_root) if _TAG.fullmatch(e.name) and e.is_dir(follow_symlinks=False)
+            ]
+        except OSError:
+            return []
+
+    def _hash_folders(self, tag: os.DirEntry[str]) -> list[os.DirEntry[str]]:
+        try:
+            entries = os.scandir(tag.path)
+            return [e for e in entries if _HASH_FOLDER.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
         except OSError:
             return []
 
     def hash_folders(self) -> list[str]:
-        """The <2 hex> folders under every fingerprint folder."""
-        out: list[str] = []
-        for tag in self._tag_folders():
-            with contextlib.suppress(OSError):
-                out.extend(e.path for e in os.scandir(tag.path) if e.is_dir(follow_symlinks=False))
-        return out
+        """The <2 hex> folders under every fingerprint folder (real folders only)."""
+        return [sub.path for tag in self._tag_folders() for sub in self._hash_folders(tag)]
 
     def page_files(self) -> list[tuple[str, str, str]]:
-        """(tag, hash hex, path) of every page file on disk, from directory listings alone."""
+        """(tag, hash hex, path) of every page file on disk, from directory listings alone: regular files named
+        `<hex>.kvpage` in `<2 hex>` folders of `<16 hex>` fingerprint folders, no symlink followed or listed."""
         found: list[tuple[str, str, str]] = []
         for tag in self._tag_folders():
-            try:
-                subdirs = [e for e in os.scandir(tag.path) if e.is_dir(follow_symlinks=False)]
-            except OSError:
-                continue
-            for sub in subdirs:
+            for sub in self._hash_folders(tag):
                 try:
                     files = list(os.scandir(sub.path))
                 except OSError:
                     continue
                 found.extend(
-                    (tag.name, f.name[: -len(PAGE_SUFFIX)], f.path) for f in files if f.name.endswith(PAGE_SUFFIX)
+                    (tag.name, f.name[: -len(PAGE_SUFFIX)], f.path)
+                    for f in files
+                    if _PAGE_NAME.fullmatch(f.name) and f.is_file(follow_symlinks=False)
                 )
         return found
 

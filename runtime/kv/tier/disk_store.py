@@ -40,6 +40,7 @@ import os
 import threading
 from collections.abc import Sequence
 
+from radixcache.runtime.kv.tier.disk_files import read_nofollow
 from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, CorruptPage, PageWrite, encode_page, parse_page_for
 from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, scan_pages
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, fingerprint_tag, page_file_error
@@ -173,8 +174,7 @@ class DiskStore:
                 self._count["read_misses"] += 1
                 return None
         try:
-            with open(entry.path, "rb") as f:
-                data = f.read()
+            data = read_nofollow(entry.path)
         except OSError as exc:
             with self._lock:
                 if isinstance(exc, FileNotFoundError):  # deleted behind our back (a clear, another process)
@@ -301,8 +301,7 @@ class DiskStore:
         reasons: list[str] = []
         for tag, hash_hex, path in self.layout.page_files():
             try:
-                with open(path, "rb") as f:
-                    error = page_file_error(f.read(), tag, hash_hex, path)
+                error = page_file_error(read_nofollow(path), tag, hash_hex, path)
             except FileNotFoundError:
                 continue  # deleted meanwhile (an eviction)
             except OSError as exc:
@@ -344,6 +343,7 @@ class DiskStore:
         """
         try:
             self.layout.check_marker(strict=True)
+            self.layout.check_own_folders()
         except ValueError as exc:
             raise ValueError(f"refusing to clear {self.directory}: {exc}") from None
         with self._lock:

@@ -3,8 +3,8 @@ queued pages one at a time, so that no request ever waits for the disk.
 
 Invariants:
 
-- A page file is only ever created complete: it is written under `tmp/` and `os.replace`d into place. A failed
-  write removes its temporary file.
+- A page file is only ever created complete and durable: it is written under `tmp/`, fsynced, `os.replace`d into
+  place, and its folder is fsynced. A failed write removes its temporary file.
 - The queue holds at most `max_pending` writes, each page at most once. A write stays counted as pending until
   the thread has finished everything it causes (the file, its index entry, the evictions it forces), so that
   `flush` returning means the store is settled.
@@ -20,31 +20,29 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from radixcache.runtime.kv.tier.disk_files import write_durable
 from radixcache.runtime.kv.tier.disk_format import MAGIC, PageWrite, page_checksum
 from radixcache.runtime.kv.tier.disk_index import PageEntry
-from radixcache.runtime.kv.tier.disk_layout import CacheDir, temp_path
+from radixcache.runtime.kv.tier.disk_layout import CacheDir
 
 
 def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> PageEntry:
-    """Write one page file: a temporary file, then an atomic rename into place. When a folder vanished meanwhile
-    (a `cache clear`, an `rm -r`), recreate the folders once and retry. Raises OSError."""
+    """Write one page file durably: a temporary file, fsync, an atomic rename into place, fsync of its folder (and
+    of the fingerprint folder when the page's folder is new). When a folder vanished meanwhile (a `cache clear`, an
+    `rm -r`), recreate the folders once and retry. Raises OSError."""
     path = cache_dir.page_path(write.page_hash)
+    folder = os.path.dirname(path)
     digest = page_checksum(write.prefix, write.tokens, write.payload)
     for attempt in (0, 1):
-        tmp = temp_path(cache_dir.tmp_dir)
         try:
-            with open(tmp, "xb") as f:
-                f.write(MAGIC)
-                f.write(digest)
-                f.write(write.prefix)
-                f.write(write.tokens)
-                f.write(write.payload)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.replace(tmp, path)
+            new_folder = False
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder)
+                new_folder = True
+            chunks = [MAGIC, digest, write.prefix, write.tokens, write.payload]
+            write_durable(cache_dir.tmp_dir, path, chunks, sync_parent=new_folder)
             return PageEntry(path, write.size, cache_dir.tag)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             if attempt or exc.errno != errno.ENOENT:
                 raise
             cache_dir.ensure_page_dirs(fingerprint)

@@ -1,0 +1,125 @@
+"""The disk tier's file operations that keep a cache directory crash-safe and keep it to its own files: durable
+atomic writes (temporary file, fsync, rename, fsync of the folder), reads and listings that never follow a symlink,
+and the exact names the store gives its temporary files, the only ones it ever deletes from `tmp/`.
+
+Plain `os` only. Every function raises OSError for I/O reasons (ELOOP / ENOTDIR for a symlink where a file or a
+folder of ours should be); the callers decide what a failure means.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+from radixcache.runtime.kv.tier.disk_format import TMP_SUFFIX
+
+# <pid>-<16 hex>.tmp: what temp_name makes. Nothing else in tmp/ is the store's, whatever its name ends with.
+TMP_NAME = re.compile(r"([0-9]+)-[0-9a-f]{16}\.tmp")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+def temp_name() -> str:
+    """A fresh temporary file name, led by this process's id (so cleanup can tell whether its writer lives)."""
+    return f"{os.getpid()}-{secrets.token_hex(8)}{TMP_SUFFIX}"
+
+
+def temp_writer_pid(name: str) -> int | None:
+    """The pid a temporary file's name records, or None when the name is not one `temp_name` makes."""
+    m = TMP_NAME.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def is_real_dir(path: str) -> bool:
+    """Whether `path` is a folder itself, not a symlink to one (lstat). False when it does not exist."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def fsync_dir(path: str) -> None:
+    """Make a folder's entries (a rename, a new file) durable. Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | _DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_dir_nofollow(path: str) -> int:
+    """A descriptor of the folder `path`, refusing a symlink as its last component (ELOOP / ENOTDIR)."""
+    return os.open(path, os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
+
+
+def read_nofollow(path: str) -> bytes:
+    """A regular file's bytes, refusing a symlink as its last component. Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise IsADirectoryError(f"{path} is not a regular file")
+        return f.read()
+
+
+def read_json(path: str) -> Any:
+    """A JSON file's value (no symlink followed). OSError, or ValueError for bad JSON."""
+    return json.loads(read_nofollow(path).decode("utf-8"))
+
+
+def write_durable(tmp_dir: str, path: str, chunks: Iterator[bytes] | list[bytes], *, sync_parent: bool = False) -> None:
+    """Write `chunks` to a fresh temporary file in `tmp_dir`, fsync it, rename it to `path`, fsync `path`'s folder
+    (and that folder's parent when `sync_parent`: the folder is new). The temporary file is removed on failure.
+    `tmp_dir` and `path`'s folder must be on one filesystem. Raises OSError."""
+    tmp = os.path.join(tmp_dir, temp_name())
+    try:
+        with open(tmp, "xb") as f:  # O_EXCL: never opens an existing file or symlink
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    folder = os.path.dirname(path)
+    fsync_dir(folder)
+    if sync_parent:
+        fsync_dir(os.path.dirname(folder))
+
+
+def write_json_durable(path: str, value: Any, tmp_dir: str) -> None:
+    write_durable(tmp_dir, path, [json.dumps(value).encode("utf-8") + b"\n"])
+
+
+def own_temp_files(tmp_dir: str) -> tuple[int, list[tuple[str, int, float]]] | None:
+    """Open `tmp_dir` without following a symlink and list the regular files named as `temp_name` makes them:
+    (folder descriptor, [(name, pid, mtime)]). None when it is not a real folder or cannot be read. The caller
+    closes the descriptor and unlinks relative to it (`dir_fd`), so a folder swapped for a symlink meanwhile is
+    never entered."""
+    try:
+        fd = open_dir_nofollow(tmp_dir)
+    except OSError:
+        return None
+    found: list[tuple[str, int, float]] = []
+    try:
+        for name in os.listdir(fd):
+            pid = temp_writer_pid(name)
+            if pid is None:
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                found.append((name, pid, st.st_mtime))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd, found
