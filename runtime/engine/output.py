@@ -8,7 +8,7 @@ calls `result` once per request that left.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,22 @@ def token_logprob(logits: torch.Tensor, token: int, k: int) -> TokenLogprob:
     packed = torch.cat([lp[token].view(1).double(), cand[order].double(), vals[order].double()]).tolist()
     ids, top_lp = packed[1 : k + 1], packed[k + 1 :]
     return TokenLogprob(token, packed[0], tuple((int(i), v) for i, v in zip(ids, top_lp, strict=True)))
+
+
+def greedy_tokens(rows: list[torch.Tensor]) -> Iterator[int | None]:
+    """The argmax of each `[vocab]` row, by one batched argmax (one host transfer); None for a row whose maximum is
+    not finite (a NaN row's argmax is the NaN), or for every row if the batched argmax fails as a whole: that row's
+    own sampler decides then, and refuses non-finite logits (SamplingError) for its request alone."""
+    if not rows:
+        return iter(())
+    try:
+        batch = torch.stack(rows)
+        best = batch.argmax(dim=-1)
+        finite = torch.isfinite(batch.gather(1, best[:, None]).squeeze(1))
+        picked = torch.where(finite, best, -1).tolist()
+    except Exception:
+        picked = [-1] * len(rows)
+    return iter([t if t >= 0 else None for t in picked])
 
 
 class OutputProcessor:

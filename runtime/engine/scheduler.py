@@ -24,7 +24,9 @@ requests as the step's token budget allows (mixed batches, chunked prefill). Req
   request that alone cannot grow (every other request preempted) ends with finish_reason "length" and every token
   it generated; nothing deadlocks.
 - Queue timeout: a request not admitted by its `queue_deadline` fails with QueueTimeoutError, holding nothing.
-- `abort` (cancel or timeout) works in every state. A pass that raises fails every request in it, and no other.
+- `abort` (cancel or timeout) works in every state. A pass that raises an Exception is retried once for each of its
+  requests alone (a request whose own pass fails again fails with that error); KeyboardInterrupt and the like fail
+  every request of the pass at once. No other request is touched.
   Every stage that runs for one request (a commit, its pin, its next page, a preemption or release, sampling and
   the output stages, its listener) runs in a guard: an exception fails that request alone (`_guard`, `_emit`).
   Every path leaves `check_invariants()` true and no block held by a request that left.
@@ -43,7 +45,7 @@ import torch
 
 from radixcache import CacheFullError, TreeNode
 from radixcache.runtime.engine.errors import QueueTimeoutError, RequestTooLargeError
-from radixcache.runtime.engine.output import OutputProcessor
+from radixcache.runtime.engine.output import OutputProcessor, greedy_tokens
 from radixcache.runtime.engine.request import Request, dequeued
 from radixcache.runtime.engine.runner import ModelRunner
 from radixcache.runtime.engine.schedule_order import dfs_weight_order, shares_uncommitted_pages
@@ -159,14 +161,22 @@ class Scheduler:
 
     # ------------------------------------------------------------------ one pass
 
-    def _run(self, decodes: list[Request], chunks: list[tuple[Request, int]]) -> None:
+    def _run(self, decodes: list[Request], chunks: list[tuple[Request, int]], retry: bool = True) -> None:
         t0 = time.perf_counter()
         try:
             logits = self.runner.step(decodes, chunks)
-        except BaseException as exc:  # nothing was committed: every request of the pass fails, holding nothing
-            for r in [*decodes, *(r for r, _ in chunks)]:
-                self._fail(r, exc)
+        except Exception as exc:  # nothing was committed, no request moved: retry each once, alone
+            if not retry:
+                return self._fail_pass(decodes, chunks, exc)
+            for r in decodes:  # a fault of one request's pass fails only that request
+                if r in self.decoding:
+                    self._run([r], [], retry=False)
+            for r, n in chunks:
+                if r in self.prefilling:
+                    self._run([], [(r, n)], retry=False)
             return
+        except BaseException as exc:  # KeyboardInterrupt and the like: no retry
+            return self._fail_pass(decodes, chunks, exc)
         if chunks and self.kv.tiers is not None:  # what loading a page back competes with: the prefill per token
             self.kv.tiers.note_prefill(sum(n for _, n in chunks) + len(decodes), time.perf_counter() - t0)
         share = self.config.share_in_flight
@@ -192,9 +202,8 @@ class Scheduler:
             self._start_decoding(req)
 
     def _guard(self, req: Request, stage: Callable[..., object], *args: object) -> bool:
-        """Run one request's stage. An exception fails that request alone, with its error (its blocks freed, its
-        lock dropped; the KV manager leaves the tree whole when it raises), and returns False; the other requests
-        of the step go on."""
+        """Run one request's stage; an exception fails that request alone (its blocks freed, its lock dropped) and
+        returns False."""
         try:
             stage(*args)
         except BaseException as exc:
@@ -207,19 +216,10 @@ class Scheduler:
         transfer per pass). Every other row, greedy ones with a bias or penalty included, goes through its sampler."""
         if not done:
             return
-        tokens: list[int | None] = [None] * len(done)  # None: the row's own sampler decides
-        plain = [i for i, (r, _) in enumerate(done) if r.sampler.params.plain_greedy]
-        if plain:
-            try:
-                rows = torch.stack([done[i][1] for i in plain])
-                best = rows.argmax(dim=-1)
-                finite = torch.isfinite(rows.gather(1, best[:, None]).squeeze(1))  # a NaN row's argmax is the NaN
-                for i, t in zip(plain, torch.where(finite, best, -1).tolist(), strict=True):
-                    tokens[i] = t if t >= 0 else None  # its sampler refuses the non-finite row (SamplingError)
-            except Exception:  # the batched argmax failed as a whole: every row goes through its own sampler
-                tokens = [None] * len(done)
-        for (r, row), token in zip(done, tokens, strict=True):
-            self._emit(r, row, token)
+        plain = [r.sampler.params.plain_greedy for r, _ in done]
+        picked = greedy_tokens([row for (_, row), g in zip(done, plain, strict=True) if g])
+        for (r, row), g in zip(done, plain, strict=True):
+            self._emit(r, row, next(picked) if g else None)
 
     def _start_decoding(self, req: Request) -> None:
         self.prefilling.remove(req)
@@ -384,6 +384,10 @@ class Scheduler:
                 queue.remove(req)
                 return True
         return False
+
+    def _fail_pass(self, decodes: list[Request], chunks: list[tuple[Request, int]], exc: BaseException) -> None:
+        for r in [*decodes, *(r for r, _ in chunks)]:
+            self._fail(r, exc)
 
     def _fail(self, req: Request, exc: BaseException) -> None:
         """End `req` with `exc`, in any state: free what it holds, drop its lock (kv.abort). A request that already

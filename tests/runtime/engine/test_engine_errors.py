@@ -80,7 +80,7 @@ def test_a_failing_forward_unlocks_and_frees_and_keeps_the_tree(
         part = chunks if where == "prefill" else decode
         if part:
             calls["n"] += 1
-            if calls["n"] == 3 or where == "prefill":
+            if calls["n"] >= 3 or where == "prefill":  # from then on: the pass's retry alone fails too
                 raise exc("injected")
         return real(pool, decode=decode, chunks=chunks)  # type: ignore[arg-type]
 

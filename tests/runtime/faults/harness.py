@@ -56,6 +56,7 @@ STAGES: dict[str, tuple[int, ...] | None] = {
     "validation": (0, 1, 2, 3, 6, 7),  # the fork's two are validated as one call
     "admission": None,
     "commit": None,
+    "forward": None,  # a pass that fails for this request's sake: it keeps failing (the retry alone too)
     "pin": (7,),
     "decode_growth": None,
     "emit": None,
@@ -105,7 +106,13 @@ def run_workload(engine: Engine, fault: Fault | None) -> Outcome:
         if i is None:
             return
         out.counts[(stage, i)] += 1
-        if fault is not None and fault.stage == stage and fault.victim == i and out.counts[(stage, i)] == fault.at:
+        n = out.counts[(stage, i)]
+        if (
+            fault is not None
+            and fault.stage == stage
+            and fault.victim == i
+            and (n == fault.at or (n > fault.at > 0 and stage == "forward"))
+        ):
             out.fired = True
             raise Injected(f"{stage} of request {i}")
 
@@ -179,6 +186,14 @@ def run_workload(engine: Engine, fault: Fault | None) -> Outcome:
             return
         watch(handles[i], i)
 
+    real_forward = engine.runner.step
+
+    def forward(decodes: list[Any], chunks: list[Any]) -> Any:
+        for r in [*decodes, *(r for r, _ in chunks)]:
+            hit("forward", by_rid(r.rid))
+        return real_forward(decodes, chunks)
+
+    engine.runner.step = forward  # type: ignore[method-assign]
     real_step, steps, wave_two = engine.scheduler.step, [0], threading.Event()
 
     def step() -> None:

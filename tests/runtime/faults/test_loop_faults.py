@@ -197,3 +197,35 @@ def test_a_prompt_that_fits_the_pool_but_not_beside_pinned_blocks_is_cache_full(
     assert engine.cache.locked_blocks == 0
     assert len(engine.generate(ids(60, 17), 2, ignore_eos=True).token_ids) == 2
     assert_clean(engine)
+
+
+@pytest.mark.parametrize("where", ["prefill", "decode"])
+def test_a_pass_that_fails_because_of_one_request_is_retried_and_fails_only_it(
+    tiny: RandomModel, monkeypatch: Any, where: str
+) -> None:
+    """A forward pass that raises for one request's sake (say its input trips the model) is retried once for each
+    of its requests alone: the others of that pass go on with their outputs unchanged, only that one fails."""
+    prompts = [ids(20, 18), ids(26, 19)]
+    alone = _alone(tiny, prompts, 12)
+    engine = _engine(tiny)
+    real, victim_rid = engine.runner.step, []
+
+    def step(decodes: list[Any], chunks: list[Any]) -> Any:
+        mine = [r for r in decodes if r.rid in victim_rid] if where == "decode" else []
+        mine += [r for r, _ in chunks if r.rid in victim_rid] if where == "prefill" else []
+        if mine and (where == "prefill" or len(mine[0].output_ids) >= 3):
+            raise Boom("this request's pass")
+        return real(decodes, chunks)
+
+    monkeypatch.setattr(engine.runner, "step", step)
+    release = hold_engine_loop(engine)
+    try:
+        handles = engine.submit(prompts, 12, ignore_eos=True)
+        victim = engine.submit(ids(22, 20), 12, ignore_eos=True)
+        victim_rid.append(victim.rid)
+    finally:
+        release()
+    with pytest.raises(Boom):
+        victim.result(30)
+    assert [h.result(30).token_ids for h in handles] == alone
+    assert_clean(engine)
