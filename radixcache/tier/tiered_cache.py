@@ -15,10 +15,15 @@ survives a restart.
 Data moves through callbacks, so this module stays pure Python: `copy_to_host(blocks, slots)` copies device pages
 into host slots now (before the device blocks can be reused); `write_lower(hashes, blocks, tokens)` hands adopted
 pages to the lower tier. The simulator passes neither and counts pages only.
+
+A copy that raises fails nothing but itself: the host tier maps a page hash to its slot only once the copy of its
+bytes succeeded (the pages of a failed copy are discarded, their slots free again, counted in `failed_copies` and
+logged), and a device eviction always completes, so the tree's and the host tier's counters stay right.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -31,6 +36,7 @@ from radixcache.tier.page_tier import PageTier
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 SELECTIVE_HITS = 2  # write_through_selective backs a page up once its node has been hit this often
+log = logging.getLogger("radixcache.tier")
 
 
 class LowerTier(Protocol):
@@ -85,6 +91,7 @@ class TieredCache:
         self.copy_to_host = copy_to_host
         self.write_lower = write_lower
         self.hasher = hasher if hasher is not None else PageHasher(fingerprint, device.page_size)
+        self.failed_copies = 0  # copies to the host that raised (their pages were discarded)
         if host is not None:
             device.on_evict = self._on_device_evict
 
@@ -125,16 +132,30 @@ class TieredCache:
             self.write_lower(list(hashes), list(blocks), tokens)
 
     def _to_host(self, hashes: list[bytes], blocks: Sequence[int]) -> int:
-        """Store pages in the host tier; copy those it did not hold. Returns how many were copied."""
+        """Store pages in the host tier; copy those it did not hold. Returns how many were copied. A copy that
+        raises discards the pages it was for (their slots hold no page's bytes) and returns 0: never raises."""
         assert self.host is not None
-        new_blocks, new_slots = [], []
+        new_hashes, new_blocks, new_slots = [], [], []
         for page_hash, block in zip(hashes, blocks, strict=True):
             placed = self.host.store(page_hash)
             if placed is not None and placed[1]:
+                new_hashes.append(page_hash)
                 new_blocks.append(block)
                 new_slots.append(placed[0])
         if new_blocks and self.copy_to_host is not None:
-            self.copy_to_host(new_blocks, new_slots)
+            try:
+                self.copy_to_host(new_blocks, new_slots)
+            except Exception as exc:
+                for page_hash in new_hashes:
+                    self.host.discard(page_hash)  # new pages are unlocked; one evicted meanwhile is simply gone
+                self.failed_copies += 1
+                log.warning(
+                    "copy of %d page(s) to the %s tier failed; not cached there: %r",
+                    len(new_hashes),
+                    self.host.name,
+                    exc,
+                )
+                return 0
         return len(new_blocks)
 
     def _on_device_evict(self, leaf: TreeNode, keep: int, blocks: Sequence[int]) -> None:
@@ -142,11 +163,14 @@ class TieredCache:
         copied what they keep already, so only the recency of those copies is refreshed."""
         if self.host is None:
             return
-        hashes = self._node_hashes(leaf)[keep:]
-        if self.write_policy == "write_back":
-            self._to_host(hashes, blocks)
-        else:
-            self.host.touch(hashes)  # its copies were on the device until now: recently used
+        try:
+            hashes = self._node_hashes(leaf)[keep:]
+            if self.write_policy == "write_back":
+                self._to_host(hashes, blocks)
+            else:
+                self.host.touch(hashes)  # its copies were on the device until now: recently used
+        except Exception:  # the tree is mid-eviction: it must finish, or its counters go wrong for good
+            log.exception("the %s tier's eviction listener failed; the pages are dropped", self.host.name)
 
     def _back_up_hot(self, node: TreeNode, tokens: Sequence[int], namespace: Hashable, chain: PageChain | None) -> None:
         """Back up the matched pages whose nodes were hit at least SELECTIVE_HITS times (a prefix of the match:

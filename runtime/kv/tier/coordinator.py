@@ -32,6 +32,7 @@ class TierCounters:
     tier (device: matched in the tree; host, disk: loaded back). *_loaded_pages: pages copied up (resumptions too).
     declined_pages: pages found below the device but recomputed because that was cheaper. disk_failed_reads: pages
     listed on disk whose file failed its checks (deleted, recomputed). host_saved_pages: pages copied to the host.
+    host_failed_copies: copies to the host that raised (their pages were not cached there).
     disk_queued_pages / disk_dropped_pages: page writes handed to the disk writer, or dropped (queue full,
     tier disabled)."""
 
@@ -43,6 +44,7 @@ class TierCounters:
     declined_pages: int = 0
     disk_failed_reads: int = 0
     host_saved_pages: int = 0
+    host_failed_copies: int = 0
     disk_queued_pages: int = 0
     disk_dropped_pages: int = 0
 
@@ -215,7 +217,11 @@ class KVTiers:
 
     def _copy_to_host(self, blocks: Sequence[int], slots: list[int]) -> None:
         assert self.host_pool is not None
-        self.host_pool.save(self.pool, blocks, slots)
+        try:
+            self.host_pool.save(self.pool, blocks, slots)
+        except Exception:
+            self._counts["host_failed_copies"] += 1
+            raise  # TieredCache discards the pages: their slots map to no hash
         self._counts["host_saved_pages"] += len(blocks)
 
     def _write_disk(self, hashes: list[bytes], blocks: Sequence[int], tokens: Sequence[int]) -> None:
