@@ -17,6 +17,7 @@ from typing import Any
 from radixcache.tokens import TOKEN_TYPECODE
 
 HASH_BYTES = 16
+MAX_CACHED_ROOTS = 256  # a PageHasher keeps the roots of at most this many namespaces
 _ROOT_TAG = b"radixcache-page-v1\0"
 
 
@@ -73,8 +74,12 @@ def page_hashes(
 
 
 class PageHasher:
-    """The page hashes of one fingerprint at one page size: roots per namespace (kept), fresh chains, a prompt's keys,
-    and a tree node's own pages.
+    """The page hashes of one fingerprint at one page size: roots per namespace, fresh chains, a prompt's keys, and a
+    tree node's own pages.
+
+    Roots are cached for at most MAX_CACHED_ROOTS namespaces, the oldest cached dropped first, so per-tenant salts
+    that come and go leave a bounded cache. A hit costs one dict lookup, as before the bound; a dropped root is
+    recomputed (one blake2b) when its namespace comes back.
 
     One instance serves every consumer of an engine's keys (the tiers, the event log, a front door), so a leaf that
     two eviction listeners both hash is hashed once: `node_hashes` keeps its last answer, which stays right while the
@@ -86,13 +91,16 @@ class PageHasher:
     def __init__(self, fingerprint: str, page_size: int) -> None:
         self.fingerprint = fingerprint
         self.page_size = page_size
-        self._roots: dict[Hashable, bytes] = {}
+        self._roots: dict[Hashable, bytes] = {}  # insertion order: the oldest first
         self._last: tuple[object, int, int, list[bytes]] | None = None
 
     def root(self, namespace: Hashable) -> bytes:
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = root_hash(self.fingerprint, namespace)
+            roots = self._roots
+            if len(roots) >= MAX_CACHED_ROOTS:
+                del roots[next(iter(roots))]
+            root = roots[namespace] = root_hash(self.fingerprint, namespace)
         return root
 
     def chain(self, namespace: Hashable) -> PageChain:
