@@ -66,10 +66,17 @@ STAGES: dict[str, tuple[int, ...] | None] = {
     "stop_strings": (3,),
     "detokenize": None,
     "event_publish": None,
-    "tier_copy": None,
+    "tier_copy": None,  # the KV manager's hand-off of adopted pages to the tiers (tiers.adopted)
+    "host_copy": None,  # the device-to-host copy itself (HostKVPool.save): the tier contains it
+    "disk_read": None,  # a page read from the disk tier at admission (DiskStore.read): after a restart
     "result": None,
     "listener": None,
 }
+
+
+# Stages whose fault the tier code contains (the page is simply not cached there, or recomputed): the request that
+# owns it may fail or finish, but no other request may fail.
+CONTAINED = frozenset({"host_copy", "disk_read"})
 
 
 @dataclass
@@ -151,6 +158,10 @@ def run_workload(engine: Engine, fault: Fault | None) -> Outcome:
         wrap(engine.events, "stored", "event_publish", lambda *a, **k: now())
     if engine.tiers is not None:
         wrap(engine.tiers, "adopted", "tier_copy", lambda *a, **k: now())
+        if engine.tiers.host_pool is not None:
+            wrap(engine.tiers.host_pool, "save", "host_copy", lambda *a, **k: now())
+        if engine.tiers.disk is not None:
+            wrap(engine.tiers.disk, "read", "disk_read", lambda *a, **k: now())
     real_logprob, real_find_stop = output_module.token_logprob, output_module.find_stop
 
     def token_logprob(*a: Any, **k: Any) -> Any:
@@ -244,5 +255,6 @@ def fault_engine(model: RandomModel, **tiers: Any) -> Engine:
         prefill_chunk=12,
         max_pinned_fraction=0.25,
         kv_events=True,
+        load_back="always",  # a page found in a tier is always loaded (the tiny model recomputes faster)
         **tiers,
     )
