@@ -3,6 +3,8 @@
 Two engines may share stored pages only when they would compute the same bytes: the same weights, read in the same
 format (`quant`), stored in the same KV dtype, page size and layout, rotated by the same rope. Each of those goes into
 the fingerprint, so an engine that differs in any of them finds zero pages (the namespace joins at the hash root).
+Weights read from files are named by a digest of every byte of them (radixcache.runtime.kv.tier.digest_cache keeps
+each file's digest by its identity, so only a new or changed file is read).
 """
 
 from __future__ import annotations
@@ -15,18 +17,17 @@ import torch
 
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.kv.pool import KVPool
+from radixcache.runtime.kv.tier.digest_cache import DigestCache, digest_cache_dir
 
 FORMAT_VERSION = 1
-_SAMPLE = 1 << 20  # bytes read at each sampled offset of a weights file
-_SAMPLES = 16
 
 
-def file_digest(path: str) -> str:
-    """A digest of a weights file or directory: size plus 16 spread 1 MiB samples and the last MiB of each file.
+def file_digest(path: str, cache_dir: str | None = None) -> str:
+    """A digest of a weights file or directory: each file's name, size and the digest of every byte it holds.
 
-    Sampled, not whole: hashing a multi-GB checkpoint would delay every start by seconds. Two files of equal size
-    that differ only outside every sample would collide; a re-quantised or different checkpoint changes the bytes
-    everywhere (and usually the size).
+    A directory counts its `.safetensors`, `.gguf` and `.bin` files and `config.json`. Each file's content digest is
+    read from the digest cache (`digest_cache_dir()`, or `cache_dir`) when the file's identity (device, inode,
+    size, mtime_ns, ctime_ns) is the one it was hashed under, so a start after the first reads no weights here.
     """
     files = [path]
     if os.path.isdir(path):
@@ -35,15 +36,11 @@ def file_digest(path: str) -> str:
             for name in os.listdir(path)
             if name.endswith((".safetensors", ".gguf", ".bin")) or name == "config.json"
         )
+    cache = DigestCache(cache_dir if cache_dir is not None else digest_cache_dir())
     h = hashlib.blake2b(digest_size=16)
     for name in files:
-        size = os.path.getsize(name)
-        h.update(f"{os.path.basename(name)}:{size}".encode())
-        with open(name, "rb") as f:
-            offsets = {min(max(size - _SAMPLE, 0), i * size // _SAMPLES) for i in range(_SAMPLES)}
-            for offset in sorted(offsets | {max(size - _SAMPLE, 0)}):
-                f.seek(offset)
-                h.update(f.read(_SAMPLE))
+        size, digest = cache.content_digest(name)
+        h.update(f"{os.path.basename(name)}:{size}:{digest}\n".encode())
     return h.hexdigest()
 
 
