@@ -105,22 +105,23 @@ class EngineLoop:
         handles = [RequestHandle(self, r) for r in reqs]
 
         def add_all(s: Scheduler) -> None:
+            error = None
             if prepare is not None:
                 try:
                     prepare(s)
                 except BaseException as exc:
-                    for handle in handles:
-                        dequeued(handle.request)
-                        settle(handle.future, error=exc)
-                    return
-            for handle in handles:
-                if handle.future.cancelled():  # cancelled before it reached the loop: never queued
-                    dequeued(handle.request)
-                    continue
+                    error = exc
+            for handle in handles:  # each settled or queued, whatever raises
                 try:
+                    if error is not None:
+                        raise error
+                    if handle.future.cancelled():  # cancelled before it reached the loop: never queued
+                        dequeued(handle.request)
+                        continue
                     s.add(handle.request)
                 except BaseException as exc:
-                    dequeued(handle.request)
+                    with contextlib.suppress(BaseException):
+                        dequeued(handle.request)
                     settle(handle.future, error=exc)
                     continue
                 self._handles[handle.rid] = handle
