@@ -61,6 +61,7 @@ def setup(tiny: RandomModel) -> tuple[Engine, list[int], tuple[int, ...]]:
     return Engine(tiny, capacity_blocks=64, page_size=16), prompt, alone
 
 
+@pytest.mark.slow  # about 1.6 s: 60 examples
 @settings(max_examples=60)
 @given(kwargs=KWARGS, max_new=st.one_of(st.integers(-2, 6), ANY_VALUE))
 def test_hostile_sampling_values_never_touch_a_bystander(
