@@ -49,11 +49,16 @@ class PinTable:
         if node is None:
             return 0
         self._pins[key] = node
-        if self.blocks > self.max_blocks:  # measured after locking: pages shared with other pins count once
-            del self._pins[key]
-            self.cache.unlock(node)
-            return 0
-        return len(tokens)
+        try:
+            over = self.blocks > self.max_blocks  # measured after locking: pages shared with other pins count once
+        except BaseException:  # never keep a lock the table cannot account for
+            over = True
+            raise
+        finally:
+            if over:
+                del self._pins[key]
+                self.cache.unlock(node)
+        return 0 if over else len(tokens)
 
     def unpin(self, tokens: Sequence[int] | None, namespace: Hashable) -> int:
         """Release the pins whose tokens begin `tokens` in `namespace` (every pin when `tokens` is None). Returns
