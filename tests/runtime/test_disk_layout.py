@@ -1,7 +1,8 @@
 """The disk tier's cache directory (radixcache.runtime.kv.tier.disk_layout): what a store adopts and what it leaves.
 
 Covers leftovers of a killed writer removed at open, a folder without the marker or with another format version
-left alone, `create=False`, a directory that cannot be written (opened disabled, its pages still served), and
+left alone, `create=False`, a directory that cannot be written (opened disabled, its pages still served; the
+read-only folder is simulated, so the tests run as root too), and
 `clear` (pages and temporary files go, the marker stays; never a folder without the marker).
 """
 
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from radixcache.runtime.kv.tier.disk_store import MARKER_NAME, DiskStore
-from tests.runtime.conftest import META, disk_warnings, h, needs_permissions, page_path, payload, toks, write
+from tests.runtime.conftest import META, disk_warnings, h, page_path, payload, toks, write
+from tests.runtime.tier_faults.fs_faults import deny_writes
 
 
 def test_leftover_temporary_files_are_removed_at_open(open_store, tmp_path: Path) -> None:
@@ -79,36 +81,27 @@ def test_create_false_only_opens_an_existing_cache(tmp_path: Path, open_store) -
     assert inspect.read(h(0), toks(0)) == (payload(0), META)
 
 
-@needs_permissions
-def test_an_unwritable_directory_opens_disabled(tmp_path: Path, caplog) -> None:
+def test_an_unwritable_directory_opens_disabled(tmp_path: Path, caplog, monkeypatch) -> None:
     parent = tmp_path / "ro"
     parent.mkdir()
-    parent.chmod(0o500)
-    try:
-        store = DiskStore(parent / "cache", max_bytes=1 << 20)
-        assert not store.enabled
-        assert not store.put(h(0), toks(0), payload(0), META)
-        assert store.count_prefix([h(0)]) == 0 and store.read(h(0), toks(0)) is None
-        assert len(disk_warnings(caplog)) == 1
-    finally:
-        parent.chmod(0o700)
+    deny_writes(monkeypatch, parent)  # a read-only folder, simulated: file modes do not stop root
+    store = DiskStore(parent / "cache", max_bytes=1 << 20)
+    assert not store.enabled
+    assert not store.put(h(0), toks(0), payload(0), META)
+    assert store.count_prefix([h(0)]) == 0 and store.read(h(0), toks(0)) is None
+    assert len(disk_warnings(caplog)) == 1
+    assert list(parent.iterdir()) == []
 
 
-@needs_permissions
-def test_a_read_only_cache_still_serves_its_pages(open_store, caplog) -> None:
+def test_a_read_only_cache_still_serves_its_pages(open_store, caplog, monkeypatch) -> None:
     store = open_store()
     write(store, 0)
     store.close()
-    folders = [Path(store.directory), Path(store.tmp_dir)]
-    for folder in folders:
-        folder.chmod(0o500)
-    try:
-        ro = open_store()
-        assert not ro.enabled and len(disk_warnings(caplog)) == 1
-        assert ro.read(h(0), toks(0)) == (payload(0), META)
-    finally:
-        for folder in folders:
-            folder.chmod(0o700)
+    deny_writes(monkeypatch, store.directory)
+    ro = open_store()
+    assert not ro.enabled and len(disk_warnings(caplog)) == 1
+    assert ro.read(h(0), toks(0)) == (payload(0), META)
+    assert not ro.put(h(1), toks(1), payload(1), META)
 
 
 def test_clear_deletes_pages_and_temporary_files(open_store) -> None:
