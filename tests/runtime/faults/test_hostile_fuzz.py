@@ -56,9 +56,9 @@ BYSTANDER = 16
 @pytest.fixture(scope="module")
 def setup(tiny: RandomModel) -> tuple[Engine, list[int], tuple[int, ...]]:
     prompt = ids(20, 31)
-    with Engine(tiny, capacity_blocks=64, page_size=16) as ref:
+    with Engine(tiny, capacity_blocks=64, page_size=16, dtype="float64") as ref:
         alone = ref.generate(prompt, BYSTANDER, ignore_eos=True).token_ids
-    return Engine(tiny, capacity_blocks=64, page_size=16), prompt, alone
+    return Engine(tiny, capacity_blocks=64, page_size=16, dtype="float64"), prompt, alone
 
 
 @pytest.mark.slow  # about 1.6 s: 60 examples

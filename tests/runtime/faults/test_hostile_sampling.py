@@ -21,7 +21,7 @@ BYSTANDER = 300  # the issue's greedy 300-token completion
 
 
 def _engine(tiny: RandomModel) -> Engine:
-    return Engine(tiny, capacity_blocks=64, page_size=16)
+    return Engine(tiny, capacity_blocks=64, page_size=16, dtype="float64")
 
 
 def _alone(tiny: RandomModel, prompt: list[int]) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ class Boom(RuntimeError):
 
 
 def _engine(tiny: RandomModel, **kw: Any) -> Engine:
-    return Engine(tiny, **{"capacity_blocks": 64, "page_size": 16, **kw})
+    return Engine(tiny, **{"capacity_blocks": 64, "page_size": 16, "dtype": "float64", **kw})
 
 
 def _alone(tiny: RandomModel, prompts: list[list[int]], n: int) -> list[tuple[int, ...]]:
