@@ -1,0 +1,152 @@
+"""kill -9 at 50 random instants while a process writes pages through the real DiskStore, then a restart that reads
+back every page on disk: each one equals, byte for byte, the payload and tokens derived from its hash (what was
+written), nothing fails its checks, the directory is adopted again (even when the kill cut the first open, the
+marker's write, short), and the dead writers' temporary files are gone. Then a few real-engine restarts after
+kill -9 in the middle of serving (the tiny random model, float64): every output equals a no-cache engine's.
+
+The writers are forked from the test process (no interpreter start each time: 50 kills stay affordable); the
+engine runs in a fresh interpreter, as a server would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from radixcache.runtime.kv.tier.disk_store import MARKER_NAME, DiskStore
+
+FP = "kill9/float32/page4"
+META = {"dtype": "float32", "shape": [1, 2, 4, 1, 8]}
+KILLS = 50
+PAGES = 300  # distinct pages the writers draw from
+MAX_BYTES = 120 * 1500  # the store evicts too, while it is killed
+
+
+def _hash(i: int) -> bytes:
+    return hashlib.blake2b(f"page {i}".encode(), digest_size=16).digest()
+
+
+def _tokens(page_hash: bytes) -> list[int]:
+    return [int.from_bytes(page_hash[k : k + 4], "little") for k in range(0, 16, 4)]
+
+
+def _payload(page_hash: bytes) -> bytes:
+    return hashlib.shake_256(page_hash).digest(600 + page_hash[0] * 4)
+
+
+def _write_forever(directory: Path, seed: int) -> None:
+    """The child: open the store, then write batches of pages (some already there) until killed."""
+    store = DiskStore(directory, max_bytes=MAX_BYTES, fingerprint=FP, max_pending=32)
+    rng = random.Random(seed)
+    while True:
+        for _ in range(16):
+            h = _hash(rng.randrange(PAGES))
+            store.put(h, _tokens(h), _payload(h), META)
+        store.flush(1.0)
+
+
+def _fork_writer(directory: Path, seed: int) -> int:
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        try:
+            _write_forever(directory, seed)
+        finally:
+            os._exit(0)
+    return pid
+
+
+def _check_restart(directory: Path) -> int:
+    """Reopen and read back every page file on disk; return how many there are."""
+    with DiskStore(directory, max_bytes=MAX_BYTES, fingerprint=FP) as store:
+        assert store.enabled, f"restart after kill -9 did not adopt {directory}"
+        files = store.layout.page_files()
+        for _, hash_hex, path in files:
+            h = bytes.fromhex(hash_hex)
+            assert store.read(h, _tokens(h)) == (_payload(h), META), path
+        assert store.stats().corrupt_pages == 0
+        leftovers = [n for n in os.listdir(store.tmp_dir) if n.split("-", 1)[0] != str(os.getpid())]
+        assert leftovers == [], "temporary files of killed writers were left"
+        assert (directory / MARKER_NAME).is_file()
+    return len(files)
+
+
+def test_kill_9_at_50_random_points_never_leaves_a_wrong_page(tmp_path: Path) -> None:
+    rng = random.Random(31)
+    directory = tmp_path / "kv"
+    pages_seen = []
+    for k in range(KILLS):
+        if k % 10 == 0:  # a fresh directory, killed early: in the middle of adopting it (marker, folders)
+            directory = tmp_path / f"kv{k}"
+            delay = rng.uniform(0.0, 0.004)
+        else:
+            delay = rng.uniform(0.0, 0.06)
+        pid = _fork_writer(directory, seed=k)
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status), "the writer ended before the kill"
+        if directory.exists():
+            pages_seen.append(_check_restart(directory))
+    assert sum(pages_seen) > 0 and max(pages_seen) > 20  # the kills did land during heavy writing
+
+
+_ENGINE_CHILD = """
+import random, sys
+from radixcache.runtime import Engine
+from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+m = tiny_model(seed=5)
+model = RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+rng = random.Random(int(sys.argv[2]))
+system = [rng.randrange(m.config.vocab_size) for _ in range(64)]
+with Engine(model, capacity_blocks=120, page_size=4, dtype="float64", cache_dir=sys.argv[1]) as engine:
+    print("ready", flush=True)
+    while True:
+        engine.generate([system + [rng.randrange(m.config.vocab_size) for _ in range(60)] for _ in range(4)],
+                        max_new_tokens=2)
+"""
+
+
+@pytest.mark.slow
+def test_engine_restarts_after_kill_9_serve_outputs_equal_a_no_cache_engine(tmp_path: Path) -> None:
+    from radixcache.runtime import Engine
+    from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+
+    m = tiny_model(seed=5)
+    model = RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+    cache_dir = tmp_path / "kv"
+    rng = random.Random(4)
+    prompts = [[rng.randrange(m.config.vocab_size) for _ in range(48)] for _ in range(3)]
+    opts = {"capacity_blocks": 120, "page_size": 4, "dtype": "float64"}
+    with Engine(model, enable_cache=False, **opts) as plain:
+        want = [plain.generate(p, max_new_tokens=4).token_ids for p in prompts]
+    for round_ in range(3):
+        child = subprocess.Popen(
+            [sys.executable, "-c", _ENGINE_CHILD, str(cache_dir), str(round_)], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            deadline = time.monotonic() + 60
+            while len(list(cache_dir.rglob("*.kvpage"))) < 30 * (round_ + 1):
+                assert time.monotonic() < deadline and child.poll() is None, "the engine wrote no pages"
+                time.sleep(0.01)
+            time.sleep(random.Random(round_).uniform(0.0, 0.05))
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+        # the restarted engine serves the killed one's pages, and the prompts it writes now
+        with Engine(model, cache_dir=cache_dir, load_back="always", **opts) as engine:
+            assert [engine.generate(p, max_new_tokens=4).token_ids for p in prompts] == want
+            assert [engine.generate(p, max_new_tokens=4).token_ids for p in prompts] == want
+            assert engine.stats.tiers.disk_failed_reads == 0
+            engine.check()
+    with Engine(model, cache_dir=cache_dir, load_back="always", **opts) as engine:
+        assert [engine.generate(p, max_new_tokens=4).token_ids for p in prompts] == want
+        assert engine.stats.tiers.disk_hit_tokens > 0
