@@ -6,17 +6,23 @@ Directory layout::
     DIR/radixcache-cache.json                     the marker: {"format": "radixcache-kv-pages", "version": 1}
     DIR/pages/<tag>/fingerprint.json              {"fingerprint": "<the fingerprint string>"}
     DIR/pages/<tag>/<2 hex>/<hash hex>.kvpage     one page; <2 hex> is the hash's first byte
-    DIR/tmp/<pid>-<random>.tmp                    a file being written (renamed into place when complete)
+    DIR/tmp/<pid>-<16 hex>.tmp                    a file being written (renamed into place when complete)
 
 `<tag>` is blake2b(fingerprint, digest_size=8) in hex: a directory shared by several models keeps each
 fingerprint's pages apart, so that counting pages per fingerprint needs only the file names.
 
 Invariants:
 
-- Ownership: a directory is adopted only when it carries the marker, or is empty (then the marker is written
-  first). A non-empty directory without the marker, or with another format's, is never written to or read.
-- Every file this module writes goes to `tmp/` first and is `os.replace`d into place, so no reader sees a partial
-  one. A temporary file is removed at the next open once its process is dead or it is an hour old.
+- Ownership: a directory is adopted only when it carries the marker, or holds nothing but temporary files of the
+  store's naming (a marker write a kill cut short); then the marker is written first. Any other directory without
+  the marker, or one with another format's, is never written to, read or cleaned; neither is one whose `pages/` or
+  `tmp/` is a symlink or not a folder.
+- Deletion: only regular files of the store's exact naming are deleted: `<pid>-<16 hex>.tmp` in `tmp/` (or, before
+  the marker exists, in the directory itself) once its process is dead or it is an hour old (`clear`: all of
+  them), and `<hex>.kvpage` files in `pages/<16 hex>/<2 hex>/`. No symlink is followed: listings skip them, the
+  cleanup enters `tmp/` through an O_NOFOLLOW descriptor, and reads open with O_NOFOLLOW.
+- Every file this module writes goes to a temporary file first, is fsynced and `os.replace`d into place, and its
+  folder is fsynced (radixcache.runtime.kv.tier.disk_files), so no reader sees a partial one.
 """
 
 from __future__ import annotations

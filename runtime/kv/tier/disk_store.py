@@ -7,6 +7,7 @@ small JSON-able dict (e.g. `{"dtype": "float32", "shape": [30, 2, 16, 3, 64]}`) 
 
 This module is the front; the pieces behind it, one concern each:
 - `disk_layout`: the directory layout, the marker that makes a directory ours, the cleanup of leftovers;
+- `disk_files`: durable atomic writes, reads that follow no symlink, the store's temporary file names;
 - `disk_index`: which pages exist, their sizes and order of use, built at open from names and `stat`;
 - `disk_writer`: the atomic write of one page file and the background thread that drains the queue;
 - `disk_format`: the bytes of one page file (self-describing and checksummed);
@@ -14,9 +15,9 @@ This module is the front; the pieces behind it, one concern each:
 
 Invariants:
 
-- A page file is only ever created complete (written under `tmp/`, renamed into place), so a reader never sees a
-  partial page. A process killed mid-write leaves a temporary file, which the next open removes (unless the
-  process that wrote it is still alive and the file is less than an hour old).
+- A page file is only ever created complete (written under `tmp/`, fsynced, renamed into place, its folder fsynced),
+  so a reader never sees a partial page. A process killed mid-write leaves a temporary file, which the next open
+  removes (unless the process that wrote it is still alive and the file is less than an hour old).
 - `read` trusts nothing: magic, version, checksum, the hash recorded in the file, and the page's own tokens must
   all match, or the page is deleted, counted as corrupt, and the read is a miss.
 - The index follows this store's own writes, reads and deletions. Its byte total is kept at or under `max_bytes`
@@ -25,8 +26,9 @@ Invariants:
 - No call raises for I/O reasons. An open that cannot create or write the directory, and a write that fails
   (ENOSPC, EROFS, EACCES, ...), disable the store (`enabled = False`, one warning on the "radixcache.disk"
   logger): it accepts no more writes, but still serves the pages already on disk.
-- A non-empty directory without the marker is never adopted (the store opens disabled), and `clear` refuses one,
-  so nothing but a radixcache cache is ever deleted.
+- A directory without the marker that holds anything but the store's own temporary files is never adopted (the
+  store opens disabled), and `clear` refuses one. Only files of the store's exact naming, in a marked directory,
+  are ever deleted (radixcache.runtime.kv.tier.disk_layout), and no symlink is followed.
 
 Several processes may share a directory (files are immutable, written atomically, verified on read), but each
 enforces `max_bytes` over the pages it knows of: its own writes and what was there when it opened.
