@@ -78,6 +78,7 @@ def _check_restart(directory: Path) -> int:
     return len(files)
 
 
+@pytest.mark.slow  # 50 forked writers: about 3 s
 def test_kill_9_at_50_random_points_never_leaves_a_wrong_page(tmp_path: Path) -> None:
     rng = random.Random(31)
     directory = tmp_path / "kv"
