@@ -6,7 +6,8 @@ replacement changes the inode, and resetting the mtime (`touch -d`, `os.utime`) 
 modified less than two seconds before it is hashed is not cached (its mtime's granularity could hide a second
 edit: git's "racily clean" rule). Entries live as small JSON files, one per identity, in `$RADIXCACHE_DIGEST_CACHE`,
 else `~/.cache/radixcache/digests`; where neither can be written, digests are computed and not cached. A missing,
-unreadable or garbled entry is recomputed. Plain `os` and `hashlib` only.
+unreadable or garbled entry is recomputed. The folder keeps at most MAX_ENTRIES entries: a new one past that deletes
+the oldest (by mtime) down to half, and only files named as entries are. Plain `os` and `hashlib` only.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import time
 from pathlib import Path
@@ -22,6 +24,8 @@ from pathlib import Path
 _CHUNK = 8 << 20  # bytes hashed per read
 _RACY_SECONDS = 2.0
 _VERSION = 1
+MAX_ENTRIES = 512  # past this many entries, a new one prunes the folder to the newest half
+_ENTRY = re.compile(r"[0-9a-f]{32}\.json")
 
 
 def digest_cache_dir() -> str | None:
@@ -69,6 +73,7 @@ class DigestCache:
         settled = time.time() - st.st_mtime_ns / 1e9 >= _RACY_SECONDS
         if entry is not None and unchanged and settled:
             _write_entry(entry, {"version": _VERSION, "identity": identity, "digest": digest})
+            _prune(os.path.dirname(entry))
         return st.st_size, digest
 
 
@@ -87,6 +92,20 @@ def _read_entry(entry: str, identity: str) -> str | None:
         return None
     digest = value.get("digest")
     return digest if isinstance(digest, str) and len(digest) == 32 else None
+
+
+def _prune(folder: str) -> None:
+    """Keep the newest MAX_ENTRIES // 2 entries once there are more than MAX_ENTRIES; never raises."""
+    try:
+        entries = [e for e in os.scandir(folder) if _ENTRY.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
+        if len(entries) <= MAX_ENTRIES:
+            return
+        entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime_ns)
+    except OSError:
+        return
+    for e in entries[: len(entries) - MAX_ENTRIES // 2]:
+        with contextlib.suppress(OSError):
+            os.unlink(e.path)
 
 
 def _write_entry(entry: str, value: dict) -> None:

@@ -100,6 +100,17 @@ def test_a_pages_symlink_is_not_followed_by_clear(tmp_path: Path, open_store) ->
     assert len(list((victim / "pages").rglob("*.kvpage"))) == 1
 
 
+def test_a_directory_left_by_a_kill_during_the_marker_write_is_adopted(tmp_path: Path) -> None:
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    half = cut / f"{2**22 + 1}-0123456789abcdef.tmp"  # the marker's temporary file, its writer killed
+    half.write_text('{"format": "radixc')
+    with DiskStore(cut, max_bytes=1 << 20) as store:
+        assert store.enabled
+        write(store, 0)
+    assert not half.exists() and (cut / MARKER_NAME).is_file()
+
+
 def test_an_empty_directory_is_adopted_marker_first(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh"
     fresh.mkdir()

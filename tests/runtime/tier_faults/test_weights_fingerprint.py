@@ -82,6 +82,27 @@ def test_a_settled_file_is_read_once_then_named_from_the_cache(tmp_path: Path, d
     assert garbled.content_digest(str(path)) == one and garbled.hashed == 1
 
 
+def test_the_digest_cache_stays_bounded_and_keeps_other_files(tmp_path: Path, digest_cache: Path, monkeypatch) -> None:
+    import radixcache.runtime.kv.tier.digest_cache as dc
+
+    monkeypatch.setattr(dc, "MAX_ENTRIES", 8)
+    digest_cache.mkdir()
+    (digest_cache / "README.txt").write_text("not an entry")
+    files = []
+    for i in range(20):
+        path = tmp_path / f"shard-{i}.bin"
+        path.write_bytes(bytes([i]) * 100)
+        os.utime(path, (OLD, OLD))
+        files.append(path)
+        DigestCache(str(digest_cache)).content_digest(str(path))
+    entries = [p for p in digest_cache.iterdir() if p.suffix == ".json"]
+    assert 4 <= len(entries) <= 8
+    assert (digest_cache / "README.txt").read_text() == "not an entry"
+    newest = DigestCache(str(digest_cache))
+    newest.content_digest(str(files[-1]))
+    assert newest.hashed == 0  # the newest entries are the ones kept
+
+
 def _write_checkpoint(directory: Path, vocab: int) -> Path:
     """The tiny checkpoint of the CLI tests, with a vocabulary large enough that the file spans many samples."""
     import torch
