@@ -1,6 +1,7 @@
-"""The `dfs-weight` admission order (engine.scheduler): waiting requests grouped by the cached subtree they hit,
-heaviest subtree first, so that a shared prefix is computed once and then hit by the rest. And in-batch sharing's
-test (`shares_uncommitted_pages`).
+"""The scheduler's admission order (`admission_order`: the starvation guard, priority, then fcfs, lpm or
+dfs-weight), the `dfs-weight` order itself (waiting requests grouped by the cached subtree they hit, heaviest
+subtree first, so that a shared prefix is computed once and then hit by the rest), and in-batch sharing's test
+(`shares_uncommitted_pages`).
 
 Pure ordering over what `KVManager.peek` found for each request (the deepest tree node its prompt reaches); it
 changes nothing in the tree and reads only the nodes' parents and uids.
@@ -9,6 +10,7 @@ changes nothing in the tree and reads only the nodes' parents and uids.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from radixcache import TreeNode
 from radixcache.runtime.engine.request import Request
@@ -69,3 +71,26 @@ def shares_uncommitted_pages(req: Request, cached: int, prefilling: list[Request
         if shared - shared % p > floor and kv.admission_limit(other.kv) * p > floor:
             return True
     return False
+
+
+def admission_order(
+    waiting: list[Request], prefilling: list[Request], kv: KVManager, cfg: Any, now: float
+) -> tuple[dict[int, int], list[Request]]:
+    """Waiting requests in admission order (the starved first, by arrival; then priority and the schedule's order),
+    and the cached prefix length found for each (when probed). `cfg`: the SchedulerConfig (schedule, max_wait_steps,
+    max_wait_s)."""
+    starved = [r for r in waiting if r.wait_steps >= cfg.max_wait_steps or now - r.t_arrival >= cfg.max_wait_s]
+    rest = [r for r in waiting if r not in starved]
+    starved.sort(key=lambda r: r.rid)
+    cached: dict[int, int] = {}
+    if cfg.schedule == "fcfs" or (len(rest) <= 1 and not prefilling):
+        rest.sort(key=lambda r: (-r.priority, r.rid))
+        return cached, starved + rest
+    nodes: dict[int, TreeNode | None] = {}
+    for r in rest:
+        cached[r.rid], nodes[r.rid] = kv.peek(r.all_ids[: r.prefill_end - 1], r.namespace)
+    if cfg.schedule == "lpm":
+        rest.sort(key=lambda r: (-r.priority, -cached[r.rid], r.rid))
+    else:
+        rest = dfs_weight_order(rest, nodes)
+    return cached, starved + rest

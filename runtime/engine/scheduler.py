@@ -43,12 +43,12 @@ from dataclasses import dataclass
 
 import torch
 
-from radixcache import CacheFullError, TreeNode
+from radixcache import CacheFullError
 from radixcache.runtime.engine.errors import QueueTimeoutError, RequestTooLargeError
 from radixcache.runtime.engine.output import OutputProcessor, greedy_tokens
 from radixcache.runtime.engine.request import Request, dequeued
 from radixcache.runtime.engine.runner import ModelRunner
-from radixcache.runtime.engine.schedule_order import dfs_weight_order, shares_uncommitted_pages
+from radixcache.runtime.engine.schedule_order import admission_order, shares_uncommitted_pages
 from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.state import Status
 
@@ -350,22 +350,7 @@ class Scheduler:
 
     def _order(self, now: float) -> tuple[dict[int, int], list[Request]]:
         """Waiting requests in admission order, and the cached prefix length found for each (when probed)."""
-        cfg = self.config
-        starved = [r for r in self.waiting if r.wait_steps >= cfg.max_wait_steps or now - r.t_arrival >= cfg.max_wait_s]
-        rest = [r for r in self.waiting if r not in starved]
-        starved.sort(key=lambda r: r.rid)
-        cached: dict[int, int] = {}
-        if cfg.schedule == "fcfs" or (len(rest) <= 1 and not self.prefilling):
-            rest.sort(key=lambda r: (-r.priority, r.rid))
-            return cached, starved + rest
-        nodes: dict[int, TreeNode | None] = {}
-        for r in rest:
-            cached[r.rid], nodes[r.rid] = self.kv.peek(r.all_ids[: r.prefill_end - 1], r.namespace)
-        if cfg.schedule == "lpm":
-            rest.sort(key=lambda r: (-r.priority, -cached[r.rid], r.rid))
-        else:
-            rest = dfs_weight_order(rest, nodes)
-        return cached, starved + rest
+        return admission_order(self.waiting, self.prefilling, self.kv, self.config, now)
 
     def _must_wait_for_sharer(self, req: Request, cached: int, now: float) -> bool:
         """In-batch sharing: wait while a request being prefilled computes a page this one would compute too."""
