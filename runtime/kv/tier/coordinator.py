@@ -8,6 +8,7 @@ thread except the disk store's writer.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from radixcache.tier.page_tier import PageTier
 from radixcache.tier.tiered_cache import TieredCache, TierMatch
 
 _EMA = 0.2  # weight of the newest measurement in the cost averages
+log = logging.getLogger("radixcache.disk")
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +192,15 @@ class KVTiers:
         c["disk_hit_tokens"] += disk_tokens
 
     def _read_disk(self, page_hash: bytes, page_tokens: Sequence[int], block: int) -> bool:
+        """Copy one disk page into `block`; False when it is absent, fails a check, or anything raises (the page
+        and the rest of the prompt are then recomputed, over whatever this wrote into the block)."""
+        try:
+            return self._read_disk_page(page_hash, page_tokens, block)
+        except Exception:
+            log.exception("disk KV cache: loading a page failed; recomputing it")
+            return False
+
+    def _read_disk_page(self, page_hash: bytes, page_tokens: Sequence[int], block: int) -> bool:
         assert self.disk is not None
         got = self.disk.read(page_hash, page_tokens)
         if got is None:
@@ -225,6 +236,15 @@ class KVTiers:
         self._counts["host_saved_pages"] += len(blocks)
 
     def _write_disk(self, hashes: list[bytes], blocks: Sequence[int], tokens: Sequence[int]) -> None:
+        """Hand adopted pages to the disk writer. Never raises: a failure drops the pages (counted), the request
+        that adopted them goes on."""
+        try:
+            self._queue_disk_writes(hashes, blocks, tokens)
+        except Exception:
+            self._counts["disk_dropped_pages"] += len(hashes)
+            log.exception("disk KV cache: queueing %d page(s) failed; not written", len(hashes))
+
+    def _queue_disk_writes(self, hashes: list[bytes], blocks: Sequence[int], tokens: Sequence[int]) -> None:
         disk = self.disk
         assert disk is not None
         if not disk.enabled:

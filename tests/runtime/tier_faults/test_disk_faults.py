@@ -134,3 +134,40 @@ def test_engine_outputs_stay_right_when_disk_reads_fail_or_the_directory_is_read
         deny_writes(m, deny_root)  # cannot even create the directory: no disk tier, no failed request
         with Engine(model, cache_dir=deny_root / "kv", **opts) as unwritable:
             assert _generate(unwritable, prompts) == want
+
+
+def test_engine_requests_survive_disk_writes_and_page_loads_that_raise(
+    model: RandomModel, tmp_path: Path, monkeypatch
+) -> None:
+    """Not an OSError the store handles: the writer's queue or the copy of a read page into the pool raising."""
+    prompts = _prompts(model.config.vocab_size)
+    opts = {"page_size": 4, "capacity_blocks": 200, "dtype": "float64", "load_back": "always"}
+    with Engine(model, enable_cache=False, **opts) as plain:
+        want = _generate(plain, prompts)
+    with Engine(model, cache_dir=tmp_path / "kv", **opts) as engine:
+        real_put = engine.tiers.disk.put
+        calls = [0]
+
+        def put(*args, **kw):
+            calls[0] += 1
+            if calls[0] % 3 == 0:
+                raise RuntimeError("injected: queueing a disk write failed")
+            return real_put(*args, **kw)
+
+        monkeypatch.setattr(engine.tiers.disk, "put", put)
+        assert _generate(engine, prompts) == want
+        assert engine.stats.tiers.disk_dropped_pages > 0 and engine.flush(30)
+        engine.check()
+    with Engine(model, cache_dir=tmp_path / "kv", **opts) as engine:
+        real_read = engine.tiers.disk.read
+
+        def read(page_hash, tokens):
+            got = real_read(page_hash, tokens)
+            if got is not None and page_hash[0] % 2:
+                return got[0][:-8], got[1]  # a payload of the wrong length: the copy into the pool raises
+            return got
+
+        monkeypatch.setattr(engine.tiers.disk, "read", read)
+        assert _generate(engine, prompts) == want
+        assert engine.stats.tiers.disk_failed_reads > 0
+        engine.check()
