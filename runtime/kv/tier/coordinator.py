@@ -34,7 +34,7 @@ class TierCounters:
     tier (device: matched in the tree; host, disk: loaded back). *_loaded_pages: pages copied up (resumptions too).
     declined_pages: pages found below the device but recomputed because that was cheaper. disk_failed_reads: pages
     listed on disk whose file failed its checks (deleted, recomputed). host_saved_pages: pages copied to the host.
-    host_failed_copies: copies to the host that raised (their pages were not cached there).
+    host_failed_copies: copies to or from the host that raised (pages not cached there, or recomputed).
     disk_queued_pages / disk_dropped_pages: page writes handed to the disk writer, or dropped (queue full,
     tier disabled)."""
 
@@ -157,7 +157,8 @@ class KVTiers:
     ) -> int:
         """Copy the locked host pages, then up to `disk_pages` disk pages, into `blocks` (the request's new blocks
         after its device match, in order). Returns the pages loaded: all the host pages, then the disk pages up to
-        the first that fails its checks. Unlocks the host pages (once their copy is done)."""
+        the first that fails its checks; 0 when the host copy raises (the whole rest is then recomputed, over
+        whatever the copy wrote). Unlocks the host pages (once their copy is done)."""
         p = self.page_size
         loaded = len(host_hashes)
         event = None
@@ -168,6 +169,10 @@ class KVTiers:
                 event = self.host_pool.load(self.pool, self.host.slots(host_hashes), blocks[:loaded])
                 self.costs.note_load("host", loaded, time.perf_counter() - t0)
                 self._counts["host_loaded_pages"] += loaded
+        except Exception:
+            log.exception("loading %d page(s) from the host tier failed; recomputing them", loaded)
+            self._counts["host_failed_copies"] += 1
+            return 0
         finally:
             self.unlock_host(host_hashes, event)
         if disk_pages and self.disk is not None:

@@ -106,3 +106,26 @@ def test_copies_failing_during_eviction_keep_the_counters_right(model: RandomMod
         assert gauges == engine.check()
         _run_one_by_one(engine, prompts[::-1])
         engine.check()
+
+
+def test_a_failed_host_to_device_load_is_recomputed(model: RandomModel) -> None:
+    prompts = _prompts(model.config.vocab_size, 6)
+    with Engine(model, capacity_blocks=400, page_size=PAGE, enable_cache=False, dtype="float64") as plain:
+        want = [plain.generate(p, max_new_tokens=MAX_NEW).token_ids for p in prompts]
+    with _engine(model, "write_through") as engine:
+        pool = engine.tiers.host_pool
+        real = pool.load
+        calls = [0]
+
+        def load(device_pool, slots, blocks):
+            calls[0] += 1
+            if calls[0] % 2:
+                device_pool.kv[:, :, list(blocks)[:1]] = -7.0  # half-copied garbage, then the failure
+                raise RuntimeError("injected: host-to-device copy failed")
+            return real(device_pool, slots, blocks)
+
+        pool.load = load
+        assert _run_one_by_one(engine, prompts) == want
+        assert _run_one_by_one(engine, prompts) == want
+        assert calls[0] > 1 and engine.stats.tiers.host_failed_copies > 0
+        engine.check()
