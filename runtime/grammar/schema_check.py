@@ -1,0 +1,120 @@
+"""A structural check of a JSON schema that names the path of the first mistake.
+
+The grammar library reports an invalid schema without saying where it is; this walk finds the usual mistakes first
+(an unknown `type`, a `$ref` that points nowhere, a `required` that is not a list of names, a bad `pattern`, a
+negative length) and raises `GrammarError` with the path, e.g.
+`response_format.json_schema.schema.properties.age.type`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import llguidance
+
+from radixcache.runtime.grammar.errors import GrammarError
+
+TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+SUBSCHEMA = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames")
+SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+NUMBERS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+
+
+def check_schema(schema: Any, path: str) -> None:
+    """Raise `GrammarError(path=...)` at the first structural mistake in `schema`."""
+    _check(schema, path, schema)
+
+
+def _check(node: Any, path: str, root: Any) -> None:
+    if isinstance(node, bool):
+        return
+    if not isinstance(node, dict):
+        raise GrammarError(f"a schema must be an object or a boolean, not {type(node).__name__}", path)
+    if "type" in node:
+        kinds = node["type"] if isinstance(node["type"], list) else [node["type"]]
+        for kind in kinds:
+            if not isinstance(kind, str) or kind not in TYPES:
+                raise GrammarError(f"unknown type {kind!r} (one of {', '.join(sorted(TYPES))})", f"{path}.type")
+    for key in SUBSCHEMA:
+        if key in node and not (key == "items" and isinstance(node[key], list)):
+            _check(node[key], f"{path}.{key}", root)
+    if isinstance(node.get("items"), list):
+        for i, sub in enumerate(node["items"]):
+            _check(sub, f"{path}.items[{i}]", root)
+    for key in SCHEMA_MAPS:
+        if key in node:
+            if not isinstance(node[key], dict):
+                raise GrammarError("must be an object mapping names to schemas", f"{path}.{key}")
+            for name, sub in node[key].items():
+                _check(sub, f"{path}.{key}.{name}", root)
+    for key in SCHEMA_LISTS:
+        if key in node:
+            if not isinstance(node[key], list) or not node[key]:
+                raise GrammarError("must be a non-empty array of schemas", f"{path}.{key}")
+            for i, sub in enumerate(node[key]):
+                _check(sub, f"{path}.{key}[{i}]", root)
+    _check_keywords(node, path, root)
+
+
+def _check_keywords(node: dict[str, Any], path: str, root: Any) -> None:
+    required = node.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise GrammarError("must be an array of property names", f"{path}.required")
+    if "enum" in node and (not isinstance(node["enum"], list) or not node["enum"]):
+        raise GrammarError("must be a non-empty array", f"{path}.enum")
+    for key in COUNTS:
+        value = node.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise GrammarError("must be a non-negative integer", f"{path}.{key}")
+    for key in NUMBERS:
+        if key in node and (isinstance(node[key], bool) or not isinstance(node[key], (int, float))):
+            raise GrammarError("must be a number", f"{path}.{key}")
+    if "pattern" in node:
+        _check_regex(node["pattern"], f"{path}.pattern")
+    if "$ref" in node:
+        _check_ref(node["$ref"], f"{path}.$ref", root)
+
+
+def _check_regex(pattern: Any, path: str) -> None:
+    if not isinstance(pattern, str):
+        raise GrammarError("must be a string", path)
+    message = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_regex(pattern))
+    if message and not message.startswith("WARNING"):
+        raise GrammarError(f"invalid regex: {message.strip()}", path)
+
+
+def _check_ref(ref: Any, path: str, root: Any) -> None:
+    if not isinstance(ref, str):
+        raise GrammarError("must be a string", path)
+    if not ref.startswith("#"):
+        raise GrammarError(f"only local references ('#/...') are supported, not {ref!r}", path)
+    target = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and part in target:
+            target = target[part]
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            raise GrammarError(f"reference {ref!r} points nowhere in the schema", path)
+
+
+def find_key(node: Any, key: str, path: str) -> str | None:
+    """The path of the first schema keyword `key` in `node` (depth first), or None. Values of `enum`, `const`,
+    `default` and `examples` are data, not schemas, and are not searched."""
+    if isinstance(node, dict):
+        if key in node:
+            return f"{path}.{key}"
+        for name, value in node.items():
+            if name not in ("enum", "const", "default", "examples"):
+                found = find_key(value, key, f"{path}.{name}")
+                if found:
+                    return found
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found = find_key(value, key, f"{path}[{i}]")
+            if found:
+                return found
+    return None

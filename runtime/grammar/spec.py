@@ -1,0 +1,126 @@
+"""`GrammarSpec`: what a request constrains its output to, in a hashable canonical form.
+
+A spec is made from an OpenAI `response_format` (`from_response_format`) or directly (`json_object`, `json_schema`,
+`regex`, `ebnf`). A JSON schema is stored as canonical JSON text: object keys sorted at every level except inside
+`properties`, whose order is kept because it is the order in which the fields are generated. Two schemas that differ
+only in key order (other than `properties`) therefore give equal specs and one cache entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.schema_check import check_schema
+
+Kind = Literal["json_object", "json_schema", "regex", "ebnf"]
+KINDS: tuple[str, ...] = ("json_object", "json_schema", "regex", "ebnf")
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """`source` is the canonical schema JSON (json_schema), the pattern (regex), the grammar text (ebnf, in GBNF /
+    llama.cpp syntax or Lark), or "" (json_object). `strict` (json_schema only): a keyword the grammar cannot enforce
+    (`uniqueItems`, `not`, `if`, `contains`, ...) is an error, and an object with `properties` but no
+    `additionalProperties` admits no other keys; otherwise such keywords are ignored and extra keys are allowed.
+    Keywords nobody knows are ignored either way.
+    `any_whitespace`: JSON may put any whitespace between tokens (off by default: compact `, ` / `: ` separators,
+    which keeps a small model from looping on newlines). `path` is where the spec came from, for error messages."""
+
+    kind: Kind
+    source: str = ""
+    strict: bool = True
+    any_whitespace: bool = False
+    path: str = "response_format"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise GrammarError(f"unknown grammar kind {self.kind!r} (one of {', '.join(KINDS)})", self.path)
+        if not isinstance(self.source, str):
+            raise GrammarError("must be a string", self.path)
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def json_object(cls, *, any_whitespace: bool = False, path: str = "response_format") -> GrammarSpec:
+        return cls("json_object", "", True, any_whitespace, path)
+
+    @classmethod
+    def json_schema(
+        cls,
+        schema: dict[str, Any] | bool | str,
+        *,
+        strict: bool = True,
+        any_whitespace: bool = False,
+        path: str = "response_format.json_schema.schema",
+    ) -> GrammarSpec:
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:
+                raise GrammarError(f"not valid JSON ({e})", path) from None
+        check_schema(schema, path)
+        return cls("json_schema", canonical_json(schema), bool(strict), any_whitespace, path)
+
+    @classmethod
+    def regex(cls, pattern: str, *, path: str = "regex") -> GrammarSpec:
+        if not isinstance(pattern, str):
+            raise GrammarError("must be a string", path)
+        return cls("regex", pattern, True, False, path)
+
+    @classmethod
+    def ebnf(cls, grammar: str, *, path: str = "ebnf") -> GrammarSpec:
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise GrammarError("must be a non-empty string", path)
+        return cls("ebnf", grammar, True, False, path)
+
+    @classmethod
+    def from_response_format(cls, response_format: Any, path: str = "response_format") -> GrammarSpec | None:
+        """None for `{"type": "text"}` (no constraint); a spec for `json_object` and `json_schema`
+        (`{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`)."""
+        if not isinstance(response_format, dict):
+            raise GrammarError("must be an object", path)
+        kind = response_format.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return cls.json_object(path=path)
+        if kind != "json_schema":
+            raise GrammarError(f"unknown type {kind!r} (one of text, json_object, json_schema)", f"{path}.type")
+        body = response_format.get("json_schema")
+        if not isinstance(body, dict):
+            raise GrammarError("must be an object with a `schema`", f"{path}.json_schema")
+        strict = body.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise GrammarError("must be a boolean", f"{path}.json_schema.strict")
+        schema = body.get("schema", {"type": "object"})
+        return cls.json_schema(schema, strict=bool(strict), path=f"{path}.json_schema.schema")
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def key(self) -> str:
+        """The canonical hash the compiled-grammar cache is keyed by (the `path` is not part of it)."""
+        text = json.dumps([self.kind, self.source, self.strict, self.any_whitespace])
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def schema(self) -> Any:
+        """The JSON schema (json_schema specs only)."""
+        return json.loads(self.source)
+
+
+def canonical_json(value: Any) -> str:
+    """Compact JSON with object keys sorted at every level, except the keys of a `properties` object."""
+    return json.dumps(_canonical(value, keep_order=False), separators=(",", ":"), ensure_ascii=False)
+
+
+def _canonical(value: Any, keep_order: bool) -> Any:
+    if isinstance(value, dict):
+        keys = list(value) if keep_order else sorted(value)
+        return {k: _canonical(value[k], keep_order=(k == "properties" and not keep_order)) for k in keys}
+    if isinstance(value, list):
+        return [_canonical(v, keep_order=False) for v in value]
+    return value

