@@ -41,16 +41,31 @@ class GrammarState:
         """Fill `out` (one int32 row of `mask_words(vocab_size)` words) with the tokens allowed next."""
         if out.dtype != np.int32 or out.shape != (mask_words(self.vocab.vocab_size),):
             raise ValueError(f"mask row must be int32 of shape ({mask_words(self.vocab.vocab_size)},)")
+        if not self.fill_without_matcher(out):
+            self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+            self.finish_mask(out)
+        return out
+
+    # The two halves of `allowed_mask`, for `masks.fill_masks`, which computes the matchers' rows in parallel.
+
+    def fill_without_matcher(self, out: np.ndarray) -> bool:
+        """Fill `out` when the matcher has nothing to compute (ended: nothing; can only end: the stop tokens)."""
         if self._ended or self._matcher.is_error():
             out[:] = 0
-            return out
+            return True
         if self._matcher.is_stopped():
             out[:] = 0
             _set_bits(out, self._stops, True)
-            return out
-        self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+            return True
+        return False
+
+    def finish_mask(self, out: np.ndarray) -> None:
+        """After the matcher filled `out`: the stop tokens allowed exactly when the grammar may end here."""
         _set_bits(out, self._stops, self._matcher.is_accepting())
-        return out
+
+    @property
+    def matcher(self) -> llguidance.LLMatcher:
+        return self._matcher
 
     def accept(self, token_id: int) -> None:
         """Advance past `token_id`. Raises `GrammarError` for a token the mask did not allow."""

@@ -8,6 +8,7 @@ import importlib.util
 import os
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,7 +16,6 @@ from radixcache.runtime.grammar import GrammarCompiler, GrammarState, GrammarVoc
 from radixcache.runtime.grammar.masks import apply_masks
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CLOSERS = frozenset(b'"]}')
 
 
 @pytest.fixture(scope="session")
@@ -50,43 +50,51 @@ def smollm2_compiler(smollm2_tokenizer: Any) -> GrammarCompiler:
     return GrammarCompiler(build_vocab(smollm2_tokenizer))
 
 
-def token_table(tokenizer: Any, vocab: GrammarVocab) -> list[bytes]:
-    return [tokenizer.token_bytes(i) if i < tokenizer.vocab_size else b"" for i in range(vocab.vocab_size)]
+def token_table(tokenizer: Any, vocab: GrammarVocab) -> TokenTable:
+    table = [tokenizer.token_bytes(i) if i < tokenizer.vocab_size else b"" for i in range(vocab.vocab_size)]
+    return TokenTable(table)
+
+
+class TokenTable:
+    """Per token: its closing score (a quote highest, then brackets, then `,` and `.`; any other byte disqualifies)
+    and its length, for the walk's closing phase."""
+
+    def __init__(self, table: list[bytes]) -> None:
+        weight = {ord('"'): 8, ord("}"): 4, ord("]"): 4, ord(","): 1, ord("."): 1}
+        self.score = np.array(
+            [min(weight.get(c, -99) for c in b) + max(weight.get(c, -99) for c in b) if b else -999 for b in table]
+        )
+        self.length = np.array([len(b) or 99 for b in table])
 
 
 def walk(
-    state: GrammarState, table: list[bytes], seed: int, *, close_after: int = 24, max_steps: int = 400
+    state: GrammarState, table: TokenTable, seed: int, *, close_after: int = 24, max_steps: int = 600
 ) -> list[int]:
-    """Token ids (without the final stop token) decoded under the mask from random logits. After `close_after`
-    steps it takes a stop token when allowed, else the allowed token with the most closing characters."""
+    """Token ids (without the final stop token) decoded under the mask from random logits (argmax). After
+    `close_after` steps it takes a stop token when allowed, else the allowed token that closes most, else the
+    shortest allowed token."""
     vocab = state.vocab
     gen = torch.Generator().manual_seed(seed)
     row = allocate_masks(1, vocab.vocab_size)
+    stops = np.array(vocab.stop_ids)
     out: list[int] = []
     for step in range(max_steps):
         state.allowed_mask(row[0])
         logits = torch.randn(1, vocab.vocab_size, generator=gen)
         apply_masks(logits, row, [0])
-        allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
-        assert allowed, f"nothing allowed after {out}"
+        allowed = torch.isfinite(logits[0]).nonzero().flatten().numpy()
+        assert len(allowed), f"nothing allowed after {out}"
         token = int(logits[0].argmax())
         if step >= close_after:
-            token = _closing_choice(allowed, vocab.stop_ids, table, token)
+            ok_stops = np.intersect1d(allowed, stops)
+            if len(ok_stops):
+                token = int(ok_stops[0])
+            elif table.score[allowed].max() > 0:
+                token = int(allowed[np.argmax(table.score[allowed])])
+            else:
+                token = int(allowed[np.argmin(table.length[allowed])])
         state.accept(token)
         if state.is_terminated():
             return out
         out.append(token)
-    raise AssertionError(f"no end after {max_steps} steps: {b''.join(table[t] for t in out)[:300]!r}")
-
-
-def _closing_choice(allowed: list[int], stops: tuple[int, ...], table: list[bytes], default: int) -> int:
-    for stop in stops:
-        if stop in allowed:
-            return stop
-
-    def score(t: int) -> tuple[int, int]:
-        b = table[t]
-        return (sum(ch in CLOSERS for ch in b) - 2 * sum(ch not in CLOSERS for ch in b), -len(b))
-
-    best = max(allowed, key=score)
-    return best if score(best)[0] > 0 else min(allowed, key=lambda t: (len(table[t]) or 99, t != default))
+    raise AssertionError(f"no end after {max_steps} steps: {out[-50:]}")

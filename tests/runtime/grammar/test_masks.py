@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from radixcache.runtime.grammar import GrammarSpec, GrammarState
-from radixcache.runtime.grammar.masks import apply_masks, fill_masks
+from radixcache.runtime.grammar.masks import apply_masks, fill_masks, make_executor
 from tests.runtime.grammar.schemas import NESTED, PERSON
 
 
@@ -53,6 +53,18 @@ def test_batch_application_equals_per_row(tiny_tokenizer, tiny_compiler, device:
     assert torch.equal(got, expected)
     assert torch.equal(got[1], logits[1]) and torch.equal(got[4], logits[4])
     assert all(torch.isfinite(got[i]).any() for i in rows)
+
+
+def test_parallel_fill_equals_sequential_fill(tiny_tokenizer, tiny_compiler) -> None:
+    states = states_at_different_points(tiny_tokenizer, tiny_compiler)
+    ended = GrammarState(tiny_compiler.compile(GrammarSpec.regex("a")))
+    for t in [*tiny_tokenizer.encode("a", add_special_tokens=False), tiny_tokenizer.eos_token_ids[0]]:
+        ended.accept(t)
+    states.append(ended)
+    sequential, rows = fill_masks(states, 260)
+    parallel, rows_par = fill_masks(states, 260, make_executor(2))
+    assert rows == rows_par and (sequential == parallel).all()
+    assert not sequential[-1].any()  # a finished request allows nothing
 
 
 def test_logits_wider_than_the_mask_are_disallowed_past_it(tiny_tokenizer, tiny_compiler) -> None:
