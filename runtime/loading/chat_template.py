@@ -11,9 +11,15 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from radixcache.runtime.tools.errors import ToolInputError
+
 
 class ChatTemplateError(ValueError):
     """The model has no chat template, or its template rejected the messages."""
+
+
+class ChatMessageError(ChatTemplateError, ToolInputError):
+    """A message (or tool definition) the runtime cannot render; `path` names it (`messages[2].tool_call_id`)."""
 
 
 def _raise_exception(message: str) -> None:

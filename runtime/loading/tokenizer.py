@@ -16,10 +16,19 @@ from typing import Any
 
 from tokenizers import Tokenizer as Backend
 
-from radixcache.runtime.loading.chat_template import render_chat_template
+from radixcache.runtime.loading.chat_template import ChatMessageError, render_chat_template
 from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
 from radixcache.runtime.loading.gguf_model import gguf_adds_bos, gguf_eos_ids
 from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf
+from radixcache.runtime.tools import (
+    ToolCallMemory,
+    ToolInputError,
+    ToolSpec,
+    normalize_messages,
+    normalize_tools,
+    template_features,
+    template_messages,
+)
 
 
 class Tokenizer:
@@ -142,22 +151,38 @@ class Tokenizer:
 
     def apply_chat_template(
         self,
-        messages: list[dict[str, Any]],
+        messages: Sequence[Any],
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        *,
+        tools: Sequence[Any] | None = None,
+        tool_memory: ToolCallMemory | None = None,
         **variables: Any,
     ) -> str:
-        """The prompt text for `messages`, rendered with the model's own template (or `chat_template`)."""
+        """The prompt text for `messages`, rendered with the model's own template (or `chat_template`).
+
+        Messages may be agent histories (radixcache.runtime.tools.messages: tool calls, tool results, `name`, the
+        developer role as the system message). `tools` (OpenAI's function format, or `ToolSpec`s) are rendered by
+        the template when it reads a `tools` variable, else in the generic format (radixcache.runtime.tools.render);
+        `tool_memory` gives the exact text the model emitted for the calls it made. A bad message or tool raises
+        `ChatMessageError` naming the field."""
+        source = chat_template or self.chat_template
+        try:
+            history = normalize_messages(messages)
+            specs = tuple(tools) if tools and all(isinstance(t, ToolSpec) for t in tools) else normalize_tools(tools)
+        except ToolInputError as e:
+            raise ChatMessageError(e.path, e.problem) from None
+        rendered, extra = template_messages(history, template_features(source), tools=specs, memory=tool_memory)
         special = {
             "bos_token": self._token_text(self.bos_token_id),
             "eos_token": self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
         }
         return render_chat_template(
-            chat_template or self.chat_template,
-            messages,
+            source,
+            rendered,
             add_generation_prompt=add_generation_prompt,
             model=self.name,
-            **{**special, **variables},
+            **{**special, **extra, **variables},
         )
 
     def _token_text(self, token_id: int | None) -> str:

@@ -1,0 +1,50 @@
+"""Tools and tool turns: OpenAI's `tools`, `tool_choice` and agent histories, rendered into a model's prompt and
+parsed back out of its output.
+
+    tools = normalize_tools(body["tools"]); choice = normalize_tool_choice(body.get("tool_choice"), tools)
+    text = tokenizer.apply_chat_template(messages, tools=tools, tool_memory=memory)   # loading/tokenizer.py
+    schema = tool_call_schema(tools, choice, features=template_features(tokenizer.chat_template))
+    parser = ToolCallParser(tools, template_features(tokenizer.chat_template).format)
+    ... deltas = parser.feed(text_delta) ...; parser.finish(); result = parser.result()
+    memory.remember(result.tool_calls, result.raw)
+
+Modules: `errors` (ToolInputError, naming the field), `specs` (tools and tool_choice), `messages` (histories),
+`features` (what a template knows), `render` (messages and variables for the template; the generic format),
+`memory` (the text the model emitted, by call ids), `scan` and `parse` (calls out of output, streamed or whole),
+`schema` (the JSON schema a tool_choice allows). Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+from radixcache.runtime.tools.errors import ToolInputError
+from radixcache.runtime.tools.features import TemplateFeatures, template_features
+from radixcache.runtime.tools.memory import ToolCallMemory
+from radixcache.runtime.tools.messages import ChatMessage, ToolCall, normalize_messages
+from radixcache.runtime.tools.parse import ParsedOutput, ToolCallParser, assemble, new_call_id, parse_tool_calls
+from radixcache.runtime.tools.render import generic_calls_text, generic_tools_prompt, template_messages
+from radixcache.runtime.tools.schema import call_schema, tool_call_schema
+from radixcache.runtime.tools.specs import ToolChoice, ToolSpec, normalize_tool_choice, normalize_tools
+
+__all__ = [
+    "ChatMessage",
+    "ParsedOutput",
+    "TemplateFeatures",
+    "ToolCall",
+    "ToolCallMemory",
+    "ToolCallParser",
+    "ToolChoice",
+    "ToolInputError",
+    "ToolSpec",
+    "assemble",
+    "call_schema",
+    "generic_calls_text",
+    "generic_tools_prompt",
+    "new_call_id",
+    "normalize_messages",
+    "normalize_tool_choice",
+    "normalize_tools",
+    "parse_tool_calls",
+    "template_features",
+    "template_messages",
+    "tool_call_schema",
+]

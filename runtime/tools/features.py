@@ -1,0 +1,46 @@
+"""What a chat template knows about tools, read from its Jinja source (never by rendering it).
+
+- `uses_tools`: the template reads a `tools` variable (as Hugging Face's apply_chat_template passes tools in OpenAI's
+  function format), so it renders tools itself; otherwise the generic format (`render.py`) is used.
+- `tool_role`: the template compares a role with "tool" or "ipython", so it has a turn for tool results.
+- `hermes`: the template writes `<tool_call>` tags (Hermes / Qwen style), so calls are parsed from those tags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from jinja2 import Environment, TemplateSyntaxError, meta, nodes
+from jinja2.ext import loopcontrols
+
+
+@dataclass(frozen=True)
+class TemplateFeatures:
+    uses_tools: bool = False
+    tool_role: bool = False
+    hermes: bool = False
+
+    @property
+    def format(self) -> str:
+        """How calls are written: "hermes" (tags), "native" (the template's own, parsed as JSON) or "generic"."""
+        if not self.uses_tools:
+            return "generic"
+        return "hermes" if self.hermes else "native"
+
+
+@lru_cache(maxsize=16)
+def template_features(source: str | None) -> TemplateFeatures:
+    """The features of `source`; a template that does not parse has none (rendering it will say why)."""
+    if not source:
+        return TemplateFeatures()
+    try:
+        tree = Environment(extensions=[loopcontrols]).parse(source)
+    except TemplateSyntaxError:
+        return TemplateFeatures()
+    consts = {c.value for c in tree.find_all(nodes.Const) if isinstance(c.value, str)}
+    return TemplateFeatures(
+        uses_tools="tools" in meta.find_undeclared_variables(tree),
+        tool_role=bool({"tool", "ipython"} & consts),
+        hermes=any("<tool_call>" in c for c in consts) or "<tool_call>" in source,
+    )

@@ -1,0 +1,144 @@
+"""Chat histories as agent frameworks send them, validated into frozen `ChatMessage`s.
+
+Accepted: roles system, developer (treated as system), user, assistant, tool; `content` a string, a list of text
+parts (`{"type": "text", "text": ...}`, joined), or null on an assistant message (an assistant message with
+`tool_calls` usually has null content); `name` on any message; `tool_calls` on assistant messages
+(`{"id", "type": "function", "function": {"name", "arguments"}}`, arguments a JSON object or its text); a tool
+message needs `tool_call_id`. Anything else raises `ToolInputError` naming `messages[i].field`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from radixcache.runtime.tools.errors import ToolInputError
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call: `arguments` is the JSON text of an object, as OpenAI returns it."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    def same_call(self, other: ToolCall) -> bool:
+        """Same name and equal arguments (as JSON values, whatever their whitespace)."""
+        return self.name == other.name and json.loads(self.arguments) == json.loads(other.arguments)
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """role is one of system, user, assistant, tool (developer became system); content None only on an
+    assistant message."""
+
+    role: str
+    content: str | None
+    name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+def _as_dict(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    return dump(exclude_none=True) if callable(dump) else value
+
+
+def _content(value: Any, path: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        texts = []
+        for j, part in enumerate(value):
+            part = _as_dict(part)
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ToolInputError(f"{path}[{j}]", f"only text parts ({{'type': 'text', 'text': ...}}), got {kind!r}")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ToolInputError(path, f"must be a string or a list of text parts, got {type(value).__name__}")
+
+
+def _tool_call(raw: Any, path: str) -> ToolCall:
+    call = _as_dict(raw)
+    if not isinstance(call, dict):
+        raise ToolInputError(path, "must be an object")
+    call_id = call.get("id")
+    if not isinstance(call_id, str) or not call_id:
+        raise ToolInputError(f"{path}.id", "must be a non-empty string")
+    if call.get("type", "function") != "function":
+        raise ToolInputError(f"{path}.type", f"must be 'function', got {call.get('type')!r}")
+    fn = _as_dict(call.get("function"))
+    if not isinstance(fn, dict):
+        raise ToolInputError(f"{path}.function", "must be an object with 'name' and 'arguments'")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise ToolInputError(f"{path}.function.name", "must be a non-empty string")
+    arguments = fn.get("arguments", "{}")
+    if isinstance(arguments, dict):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    if not isinstance(arguments, str):
+        raise ToolInputError(f"{path}.function.arguments", "must be a JSON object or its text")
+    try:
+        value = json.loads(arguments)
+    except ValueError as e:
+        raise ToolInputError(f"{path}.function.arguments", f"is not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ToolInputError(f"{path}.function.arguments", "must be a JSON object")
+    return ToolCall(call_id, name, arguments)
+
+
+def normalize_message(raw: Any, index: int) -> ChatMessage:
+    """One message; errors name `messages[index].field`."""
+    msg, here = _as_dict(raw), f"messages[{index}]"
+    if not isinstance(msg, dict):
+        raise ToolInputError(here, f"must be a dict with a 'role', got {type(msg).__name__}")
+    role = msg.get("role")
+    if role not in ROLES:
+        raise ToolInputError(f"{here}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+    name = msg.get("name")
+    if name is not None and not isinstance(name, str):
+        raise ToolInputError(f"{here}.name", "must be a string")
+    calls: tuple[ToolCall, ...] = ()
+    raw_calls = msg.get("tool_calls")
+    if raw_calls is not None:
+        if role != "assistant":
+            raise ToolInputError(f"{here}.tool_calls", "only assistant messages carry tool_calls")
+        if not isinstance(raw_calls, (list, tuple)):
+            raise ToolInputError(f"{here}.tool_calls", "must be a list")
+        calls = tuple(_tool_call(c, f"{here}.tool_calls[{j}]") for j, c in enumerate(raw_calls))
+    content = msg.get("content")
+    if content is None:
+        if role != "assistant":
+            raise ToolInputError(f"{here}.content", f"is required on a {role} message")
+        text: str | None = None
+    else:
+        text = _content(content, f"{here}.content")
+    call_id = msg.get("tool_call_id")
+    if role == "tool":
+        if not isinstance(call_id, str) or not call_id:
+            raise ToolInputError(f"{here}.tool_call_id", "a tool message needs the id of the call it answers")
+    elif call_id is not None:
+        raise ToolInputError(f"{here}.tool_call_id", "only tool messages carry tool_call_id")
+    return ChatMessage("system" if role == "developer" else role, text, name, calls, call_id)
+
+
+def normalize_messages(messages: Sequence[Any]) -> tuple[ChatMessage, ...]:
+    """Every message validated; a tool message's name is filled in from the call it answers when missing."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise ToolInputError("messages", "must be a list of messages")
+    out = [normalize_message(m, i) for i, m in enumerate(messages)]
+    names: dict[str, str] = {}
+    for i, m in enumerate(out):
+        names.update((c.id, c.name) for c in m.tool_calls)
+        if m.role == "tool" and m.name is None and m.tool_call_id in names:
+            out[i] = ChatMessage("tool", m.content, names[m.tool_call_id], (), m.tool_call_id)
+    return tuple(out)

@@ -1,0 +1,290 @@
+"""Tool calls out of model output, streamed or whole, as OpenAI returns them.
+
+`ToolCallParser(tools, fmt)` is fed the output text as it is decoded and returns OpenAI's streamed deltas:
+`{"content": text}`, then per call `{"tool_calls": [{"index", "id", "type": "function", "function": {"name",
+"arguments": ""}}]}` once its name is known, then `{"tool_calls": [{"index", "function": {"arguments": piece}}]}`
+as the arguments arrive. `parse_tool_calls` is the same machine fed the whole text, so streamed deltas always
+assemble to the non-streamed result.
+
+Formats (`TemplateFeatures.format`):
+- "generic" and "native": the output is a call when it starts (after whitespace) with `{"tool_calls": [` and each
+  call is `{"name": ..., "arguments": {...}}` in that order; the arguments text is returned exactly as written.
+  Other JSON that still describes calls (keys in another order, a bare `{"name", "arguments" | "parameters"}`, the
+  arguments as a string) is accepted once the output ends, with the arguments re-serialised. Any other output is
+  content; an output that starts with `{` is held back until it ends, to decide.
+- "hermes": content, then calls each in `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; whitespace
+  between calls is dropped; a tag whose JSON is not a call stays content.
+A call naming no given tool is not a call. In the generic format, once a call is out, malformed text after it
+is ignored (it stays in `raw`). Output cut short inside the arguments leaves them cut short, as OpenAI does at finish_reason "length".
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from radixcache.runtime.tools import scan
+from radixcache.runtime.tools.messages import ToolCall
+from radixcache.runtime.tools.specs import ToolSpec
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+def new_call_id() -> str:
+    """`call_` and 24 random hex digits."""
+    return "call_" + secrets.token_hex(12)
+
+
+@dataclass(frozen=True)
+class ParsedOutput:
+    """content (None when empty), the calls, and the text exactly as the model wrote it."""
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...]
+    raw: str
+
+    def finish_reason(self, reason: str) -> str:
+        """ "tool_calls" when there are calls and generation ended by itself; else `reason` ("length" stays)."""
+        return "tool_calls" if self.tool_calls and reason == "stop" else reason
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message OpenAI returns."""
+        out: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_openai() for c in self.tool_calls]
+        return out
+
+
+class ToolCallParser:
+    def __init__(
+        self, tools: Iterable[ToolSpec], fmt: str = "generic", *, new_id: Callable[[], str] = new_call_id
+    ) -> None:
+        if fmt not in ("generic", "native", "hermes"):
+            raise ValueError(f"unknown tool call format {fmt!r}")
+        self.names = {t.name for t in tools}
+        self.hermes = fmt == "hermes"
+        self.new_id = new_id
+        self.text = ""
+        self.pos = 0  # everything before pos has been decided
+        self.held = 0  # start of the text held back (a call in the making)
+        self.state = "text" if self.hermes else "start"
+        self.calls: list[list[str]] = []  # [id, name, arguments]
+        self.content: list[str] = []
+        self.scanner = scan.ValueScanner()
+        self.finished = False
+
+    # ------------------------------------------------------------------ public
+
+    def feed(self, delta: str) -> list[dict[str, Any]]:
+        """The deltas `delta` completes."""
+        if self.finished:
+            raise RuntimeError("the output has finished")
+        self.text += delta
+        out: list[dict[str, Any]] = []
+        self._run(out, final=False)
+        return out
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The deltas the end of the output decides (held text, calls found only in the whole text)."""
+        out: list[dict[str, Any]] = []
+        self._run(out, final=True)
+        self.finished = True
+        return out
+
+    def result(self) -> ParsedOutput:
+        content = "".join(self.content)
+        calls = tuple(ToolCall(i, n, a) for i, n, a in self.calls)
+        return ParsedOutput(content or None, calls, self.text)
+
+    # ------------------------------------------------------------------ the machine
+
+    def _run(self, out: list[dict[str, Any]], final: bool) -> None:
+        while True:
+            before = (self.state, self.pos)
+            getattr(self, "_" + self.state)(out, final)
+            if (self.state, self.pos) == before:
+                return
+
+    def _emit_content(self, out: list[dict[str, Any]], text: str) -> None:
+        if text:
+            self.content.append(text)
+            out.append({"content": text})
+
+    def _start(self, out: list[dict[str, Any]], final: bool) -> None:
+        status, end = scan.literals(self.text, self.pos, ["{", '"tool_calls"', ":", "["])
+        if status == "ok":
+            self.pos, self.state = end, "call"
+        elif status == "no" or final:
+            self._give_up(out, final)
+
+    def _call(self, out: list[dict[str, Any]], final: bool) -> None:
+        status, p = scan.literals(self.text, self.pos, ["{", '"name"', ":"])
+        name = ""
+        if status == "ok":
+            status, p, name = scan.string(self.text, p)
+        if status == "ok":
+            status, p = scan.literals(self.text, p, [",", '"arguments"', ":"])
+        if status == "ok":
+            p = scan.skip_ws(self.text, p)
+            status = "more" if p >= len(self.text) else "ok" if self.text[p] == "{" else "no"
+        if status == "ok" and name not in self.names:
+            status = "no"
+        if status == "ok":
+            call_id = self.new_id()
+            self.calls.append([call_id, name, ""])
+            head = {"name": name, "arguments": ""}
+            out.append(
+                {"tool_calls": [{"index": len(self.calls) - 1, "id": call_id, "type": "function", "function": head}]}
+            )
+            self.pos, self.state, self.scanner = p, "args", scan.ValueScanner()
+        elif status == "no" or final:
+            self._give_up(out, final)
+
+    def _args(self, out: list[dict[str, Any]], final: bool) -> None:
+        end, closed = self.scanner.feed(self.text, self.pos)
+        piece = self.text[self.pos : end]
+        if piece:
+            self.calls[-1][2] += piece
+            out.append({"tool_calls": [{"index": len(self.calls) - 1, "function": {"arguments": piece}}]})
+        self.pos = end
+        if closed:
+            self.state = "close"
+
+    def _close(self, out: list[dict[str, Any]], final: bool) -> None:
+        if self.hermes:
+            status, end = scan.literals(self.text, self.pos, ["}", CLOSE])
+            if status == "ok":
+                self.pos, self.held, self.state = end, end, "between"
+            elif status == "no" or final:
+                self.state = "done"
+            return
+        tried = [
+            (scan.literals(self.text, self.pos, lits), state)
+            for lits, state in ((["}", ","], "call"), (["}", "]", "}"], "done"))
+        ]
+        for (status, end), state in tried:
+            if status == "ok":
+                self.pos, self.state = end, state
+                return
+        if final or all(status == "no" for (status, _), _ in tried):
+            self.state = "done"
+
+    def _done(self, out: list[dict[str, Any]], final: bool) -> None:
+        self.pos = len(self.text)
+
+    def _plain(self, out: list[dict[str, Any]], final: bool) -> None:
+        self._emit_content(out, self.text[self.pos :])
+        self.pos = len(self.text)
+
+    def _hold(self, out: list[dict[str, Any]], final: bool) -> None:
+        if final:
+            self._loose(out, self.text[self.held :], self.text[self.held :])
+            self.pos, self.state = len(self.text), "done"
+
+    def _give_up(self, out: list[dict[str, Any]], final: bool) -> None:
+        """The calls in the making are not in the expected shape: decide what the held text is."""
+        if self.hermes:  # each tag stands alone: this one is decided when it closes
+            self.state = "block"
+        elif self.calls:  # calls are out: the rest is ignored
+            self.state = "done"
+        elif self.text[self.held :].lstrip().startswith("{"):
+            self.state = "hold"  # JSON in another shape, perhaps calls: decided at the end
+            if final:
+                self._hold(out, final)
+        else:
+            self.pos, self.state = self.held, "plain"
+
+    # ------------------------------------------------------------------ hermes
+
+    def _text(self, out: list[dict[str, Any]], final: bool) -> None:
+        i = self.text.find(OPEN, self.pos)
+        if i >= 0:
+            self._emit_content(out, self.text[self.pos : i])
+            self.held, self.pos, self.state = i, i + len(OPEN), "call"
+            return
+        keep = 0 if final else next((k for k in range(len(OPEN) - 1, 0, -1) if self.text.endswith(OPEN[:k])), 0)
+        end = len(self.text) - keep
+        if end > self.pos:
+            self._emit_content(out, self.text[self.pos : end])
+            self.pos = end
+
+    def _between(self, out: list[dict[str, Any]], final: bool) -> None:
+        p = scan.skip_ws(self.text, self.pos)
+        if p < len(self.text) or final:
+            self.pos, self.state = p, "text"
+
+    def _block(self, out: list[dict[str, Any]], final: bool) -> None:
+        i = self.text.find(CLOSE, self.pos)
+        if i < 0 and not final:
+            return
+        end = len(self.text) if i < 0 else i + len(CLOSE)
+        self._loose(out, self.text[self.pos : i if i >= 0 else end], self.text[self.held : end])
+        self.pos, self.held, self.state = end, end, "between" if i >= 0 else "done"
+
+    def _loose(self, out: list[dict[str, Any]], body: str, whole: str) -> None:
+        """Calls from JSON in any accepted shape, emitted whole; else `whole` is content."""
+        calls = loose_calls(body, self.names)
+        if calls is None:
+            self._emit_content(out, whole)
+            return
+        for name, arguments in calls:
+            call_id = self.new_id()
+            self.calls.append([call_id, name, arguments])
+            fn = {"name": name, "arguments": arguments}
+            out.append(
+                {"tool_calls": [{"index": len(self.calls) - 1, "id": call_id, "type": "function", "function": fn}]}
+            )
+
+
+def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:
+    """(name, arguments JSON) for JSON text that describes calls of known tools: {"tool_calls": [...]}, a list of
+    calls or one call, each {"name", "arguments" | "parameters"} (arguments an object or its text); else None."""
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text.strip())
+    except ValueError:
+        return None
+    if isinstance(value, dict) and "tool_calls" in value:
+        value = value["tool_calls"]
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or item.get("name") not in names:
+            return None
+        args = item.get("arguments", item.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return None
+        if not isinstance(args, dict):
+            return None
+        out.append((item["name"], json.dumps(args, ensure_ascii=False)))
+    return out or None
+
+
+def parse_tool_calls(
+    text: str, tools: Iterable[ToolSpec], fmt: str = "generic", *, new_id: Callable[[], str] = new_call_id
+) -> ParsedOutput:
+    """The whole output at once: exactly what the streamed deltas of `ToolCallParser` assemble to."""
+    parser = ToolCallParser(tools, fmt, new_id=new_id)
+    parser.feed(text)
+    parser.finish()
+    return parser.result()
+
+
+def assemble(deltas: Iterable[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
+    """Content and calls from streamed deltas, the way an OpenAI client assembles them."""
+    content, calls = "", {}
+    for d in deltas:
+        content += d.get("content") or ""
+        for tc in d.get("tool_calls", ()):
+            call = calls.setdefault(
+                tc["index"], {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            )
+            call["id"] = tc.get("id") or call["id"]
+            call["function"]["name"] += tc.get("function", {}).get("name", "")
+            call["function"]["arguments"] += tc.get("function", {}).get("arguments", "")
+    return content or None, [calls[i] for i in sorted(calls)]

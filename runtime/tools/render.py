@@ -1,0 +1,103 @@
+"""Agent histories into the messages and variables a chat template renders, so that turn N+1's prompt extends
+turn N's prompt and output token for token.
+
+- Templates that read `tools` get them as `tools=[...]` (OpenAI's function format), assistant tool calls as
+  `tool_calls` with `arguments` as objects (Hugging Face's convention), and tool messages as `role: "tool"`.
+- Other templates get the generic format: `generic_tools_prompt(tools)` appended to the first system message (or
+  as a new first system message), assistant calls as the JSON text `{"tool_calls": [{"name": ..., "arguments":
+  {...}}]}` the model was asked to write, and tool results as `role: "tool"` when the template has a tool turn,
+  else as a user message starting "Tool result for NAME (ID):".
+- An assistant turn whose calls the `ToolCallMemory` knows (the runtime generated them) is rendered as the exact
+  text the model emitted, so its tokens are those the model generated and the radix cache holds.
+The developer role is the system message: it is rendered in the system message's place.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from radixcache.runtime.tools.features import TemplateFeatures
+from radixcache.runtime.tools.memory import ToolCallMemory
+from radixcache.runtime.tools.messages import ChatMessage, ToolCall
+from radixcache.runtime.tools.specs import ToolSpec
+
+TOOL_RESULT_PREFIX = "Tool result for"
+
+
+def generic_tools_prompt(tools: Sequence[ToolSpec]) -> str:
+    """The generic format's instructions: one JSON line per tool, then how to call them. It does not depend on
+    tool_choice, so changing tool_choice between turns keeps the cached prefix (the grammar enforces the choice)."""
+    lines = "\n".join(json.dumps(t.to_prompt(), ensure_ascii=False) for t in tools)
+    return (
+        "# Tools\n\nYou can call these tools (functions). Each line is one tool as JSON: its name, what it does, and "
+        f"its parameters as a JSON schema.\n{lines}\n\nTo call tools, reply with only this JSON object and nothing "
+        'else:\n{"tool_calls": [{"name": "<tool name>", "arguments": {<the arguments as JSON>}}]}\nThe list may '
+        "hold several calls. To answer without a tool, reply in plain text. Tool results come back in messages "
+        f'that start with "{TOOL_RESULT_PREFIX}".'
+    )
+
+
+def generic_calls_text(calls: Sequence[ToolCall]) -> str:
+    """Calls in the generic format, each call's arguments text kept exactly as given (compact separators elsewhere,
+    the whitespace the grammar engine's JSON allows)."""
+    items = ", ".join(
+        f'{{"name": {json.dumps(c.name, ensure_ascii=False)}, "arguments": {c.arguments}}}' for c in calls
+    )
+    return f'{{"tool_calls": [{items}]}}'
+
+
+def template_messages(
+    messages: Sequence[ChatMessage],
+    features: TemplateFeatures,
+    *,
+    tools: Sequence[ToolSpec] = (),
+    memory: ToolCallMemory | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The message dicts and extra variables (`tools` for templates that read it) to render `messages` with."""
+    native = features.uses_tools
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "assistant" and m.tool_calls:
+            out.append(_assistant_calls(m, native, memory))
+        elif m.role == "tool":
+            out.append(_tool_result(m, native or features.tool_role))
+        else:
+            d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+            if m.name is not None:
+                d["name"] = m.name
+            out.append(d)
+    variables: dict[str, Any] = {}
+    if tools and native:
+        variables["tools"] = [t.to_openai() for t in tools]
+    elif tools:
+        block = generic_tools_prompt(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{block}" if out[0]["content"] else block}
+        else:
+            out.insert(0, {"role": "system", "content": block})
+    return out, variables
+
+
+def _assistant_calls(m: ChatMessage, native: bool, memory: ToolCallMemory | None) -> dict[str, Any]:
+    raw = memory.lookup(m.tool_calls) if memory is not None else None
+    if raw is not None:
+        return {"role": "assistant", "content": raw}
+    if native:
+        calls = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+            for c in m.tool_calls
+        ]
+        return {"role": "assistant", "content": m.content or "", "tool_calls": calls}
+    text = generic_calls_text(m.tool_calls)
+    return {"role": "assistant", "content": f"{m.content}\n{text}" if m.content else text}
+
+
+def _tool_result(m: ChatMessage, tool_turn: bool) -> dict[str, Any]:
+    if tool_turn:
+        d: dict[str, Any] = {"role": "tool", "content": m.content or "", "tool_call_id": m.tool_call_id}
+        if m.name is not None:
+            d["name"] = m.name
+        return d
+    return {"role": "user", "content": f"{TOOL_RESULT_PREFIX} {m.name or 'a tool'} ({m.tool_call_id}):\n{m.content}"}

@@ -1,0 +1,86 @@
+"""Small incremental JSON scanning helpers for the tool-call parser: each looks at text that may still grow and
+answers "ok" (with the end), "more" (the text so far could still match) or "no"."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+WHITESPACE = " \t\n\r"
+
+
+def skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in WHITESPACE:
+        pos += 1
+    return pos
+
+
+def literals(text: str, pos: int, lits: Sequence[str]) -> tuple[str, int]:
+    """Match `lits` in order, whitespace allowed before each: ("ok", end), ("more", pos) or ("no", pos)."""
+    p = pos
+    for lit in lits:
+        p = skip_ws(text, p)
+        rest = text[p : p + len(lit)]
+        if rest == lit:
+            p += len(lit)
+        elif lit.startswith(rest):
+            return "more", pos
+        else:
+            return "no", pos
+    return "ok", p
+
+
+def string(text: str, pos: int) -> tuple[str, int, str]:
+    """A JSON string after optional whitespace: ("ok", end, value), ("more", pos, "") or ("no", pos, "")."""
+    p = skip_ws(text, pos)
+    if p >= len(text):
+        return "more", pos, ""
+    if text[p] != '"':
+        return "no", pos, ""
+    i, escaped = p + 1, False
+    while i < len(text):
+        ch = text[i]
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            try:
+                value = json.loads(text[p : i + 1])
+            except ValueError:
+                return "no", pos, ""
+            return "ok", i + 1, value
+        elif ch in "\n\r":
+            return "no", pos, ""
+        i += 1
+    return "more", pos, ""
+
+
+class ValueScanner:
+    """Follows one JSON object or array as it arrives: `feed(text, pos)` returns how far it got and whether the
+    value closed there (strings and escapes respected)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+
+    def feed(self, text: str, pos: int) -> tuple[int, bool]:
+        for i in range(pos, len(text)):
+            ch = text[i]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1, True
+        return len(text), False

@@ -1,0 +1,60 @@
+"""The JSON schema of what the model may answer under a tool_choice, in the generic format, for the grammar engine.
+
+- "required": `{"tool_calls": [call, ...]}` with at least one call, each `{"name": <a tool's name>, "arguments":
+  <that tool's parameters schema>}` (keys in that order, no others); one call at most when `parallel_tool_calls` is
+  false.
+- a named function: the same with that function only.
+- "auto": None. "Text or a call" is not a JSON schema (text is not JSON), so auto is not constrained: the model
+  chooses, and the parser reads a call when the output is one. "none": None, and the output is not parsed for calls.
+The schema is only for the generic format; templates that render tools themselves get None (their call syntax is
+the template's own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from radixcache.runtime.tools.features import TemplateFeatures
+from radixcache.runtime.tools.specs import ToolChoice, ToolSpec
+
+
+def call_schema(tool: ToolSpec) -> dict[str, Any]:
+    """One call of `tool`: its name as a constant, its parameters as the arguments."""
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def tool_call_schema(
+    tools: Sequence[ToolSpec],
+    choice: ToolChoice,
+    *,
+    parallel_tool_calls: bool = True,
+    features: TemplateFeatures | None = None,
+) -> dict[str, Any] | None:
+    """The schema the output must follow, or None when it is not constrained (see the module docstring)."""
+    if features is not None and features.format != "generic":
+        return None
+    if choice.mode == "required":
+        allowed = list(tools)
+    elif choice.mode == "function":
+        allowed = [t for t in tools if t.name == choice.name]
+    else:
+        return None
+    if not allowed:
+        return None
+    calls = [call_schema(t) for t in allowed]
+    items: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
+    if not parallel_tool_calls:
+        array["maxItems"] = 1
+    return {
+        "type": "object",
+        "properties": {"tool_calls": array},
+        "required": ["tool_calls"],
+        "additionalProperties": False,
+    }
