@@ -39,8 +39,10 @@ class GrammarState:
 
     def allowed_mask(self, out: np.ndarray) -> np.ndarray:
         """Fill `out` (one int32 row of `mask_words(vocab_size)` words) with the tokens allowed next."""
-        if out.dtype != np.int32 or out.shape != (mask_words(self.vocab.vocab_size),):
-            raise ValueError(f"mask row must be int32 of shape ({mask_words(self.vocab.vocab_size)},)")
+        if out.dtype != np.int32 or out.shape != (mask_words(self.vocab.vocab_size),) or not out.flags.c_contiguous:
+            raise ValueError(
+                f"mask row must be a contiguous int32 array of shape ({mask_words(self.vocab.vocab_size)},)"
+            )
         if not self.fill_without_matcher(out):
             self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
             self.finish_mask(out)

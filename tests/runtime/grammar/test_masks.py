@@ -4,6 +4,7 @@ disallowed past it; on CUDA too when a GPU is present."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -82,3 +83,11 @@ def test_no_grammar_rows_is_a_no_op() -> None:
     before = logits.clone()
     masks, rows = fill_masks([None, None, None], 50)
     assert rows == [] and torch.equal(apply_masks(logits, masks, rows), before)
+
+
+def test_a_mask_row_of_the_wrong_layout_is_refused(tiny_compiler) -> None:
+    state = GrammarState(tiny_compiler.compile(GrammarSpec.regex("a")))
+    with pytest.raises(ValueError):
+        state.allowed_mask(np.zeros((9, 2), dtype=np.int32)[:, 0])  # a strided column: not contiguous
+    with pytest.raises(ValueError):
+        state.allowed_mask(np.zeros(9, dtype=np.int64))
