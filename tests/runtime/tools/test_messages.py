@@ -1,0 +1,131 @@
+"""Agent histories through Tokenizer.apply_chat_template: assistant tool calls with null content, tool results,
+`name`, content as text parts, and the developer role rendered as the system message (in SmolLM2's template it
+replaces the default system prompt instead of following it); bad messages and tools raise ChatMessageError naming
+messages[i].field or tools[i].field."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixcache.runtime.loading.chat_template import ChatMessageError, ChatTemplateError
+from radixcache.runtime.tools import ToolInputError, normalize_messages, normalize_tool_choice, normalize_tools
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+HISTORY = [
+    {"role": "user", "content": [{"type": "text", "text": "Add "}, {"type": "text", "text": "1 and 2."}]},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+]
+SMOL_DEFAULT = "You are a helpful AI assistant named SmolLM"
+
+
+@pytest.mark.slow
+def test_a_tool_history_renders_on_smollm2(smollm2_tokenizer, specs) -> None:
+    text = smollm2_tokenizer.apply_chat_template(HISTORY, tools=specs)
+    assert "<|im_start|>user\nAdd 1 and 2.<|im_end|>" in text
+    assert '<|im_start|>assistant\n{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}<|im_end|>' in text
+    # SmolLM2's template has no tool turn: the result is a user message with a clear prefix
+    assert "<|im_start|>user\nTool result for add (call_1):\n3<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.slow
+def test_the_developer_role_is_the_system_message(smollm2_tokenizer) -> None:
+    dev = [{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "Hi"}]
+    text = smollm2_tokenizer.apply_chat_template(dev)
+    assert text.startswith("<|im_start|>system\nAnswer in French.<|im_end|>\n<|im_start|>user\nHi")
+    assert SMOL_DEFAULT not in text
+    sys = [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hi"}]
+    assert text == smollm2_tokenizer.apply_chat_template(sys)
+
+
+@pytest.mark.slow
+def test_tools_go_into_the_system_message(smollm2_tokenizer, specs) -> None:
+    dev = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    text = smollm2_tokenizer.apply_chat_template(dev, tools=specs)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+    assert text.count("<|im_start|>system") == 1
+    assert '{"name": "now", "description": "The time.", "parameters": {"type": "object", "properties": {}}}' in text
+
+
+def test_names_and_plain_histories_render_as_before(tiny_tokenizer) -> None:
+    msgs = [{"role": "user", "content": "hi", "name": "ann"}, {"role": "assistant", "content": "yo"}]
+    assert tiny_tokenizer.apply_chat_template(msgs) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("messages", "path"),
+    [
+        ([{"role": "robot", "content": "x"}], "messages[0].role"),
+        ([{"role": "user", "content": None}], "messages[0].content"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content[0]"),
+        ([{"role": "user", "content": 3}], "messages[0].content"),
+        ([{"role": "user", "content": "x"}, {"role": "tool", "content": "3"}], "messages[1].tool_call_id"),
+        ([{"role": "user", "content": "x", "tool_calls": [CALL]}], "messages[0].tool_calls"),
+        ([{"role": "assistant", "content": None, "tool_calls": [{**CALL, "id": ""}]}], "messages[0].tool_calls[0].id"),
+        (
+            [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "add", "arguments": "{1"}}]}],
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "add", "arguments": "[1]"}}]}],
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        ([{"role": "user", "content": "x", "name": 5}], "messages[0].name"),
+        ([{"role": "user", "content": "x", "tool_call_id": "c"}], "messages[0].tool_call_id"),
+        (["hello"], "messages[0]"),
+    ],
+)
+def test_bad_messages_name_the_field(tiny_tokenizer, messages, path: str) -> None:
+    with pytest.raises(ChatMessageError) as info:
+        tiny_tokenizer.apply_chat_template(messages)
+    assert info.value.path == path
+    assert str(info.value).startswith(path + ": ")
+    assert isinstance(info.value, ChatTemplateError) and isinstance(info.value, ToolInputError)
+
+
+@pytest.mark.parametrize(
+    ("tools", "path"),
+    [
+        ({"type": "function"}, "tools"),
+        ([{"type": "retrieval"}], "tools[0].type"),
+        ([{"type": "function"}], "tools[0].function"),
+        ([{"type": "function", "function": {"name": "has space"}}], "tools[0].function.name"),
+        ([{"type": "function", "function": {"name": "a" * 65}}], "tools[0].function.name"),
+        ([{"function": {"name": "a"}}, {"function": {"name": "a"}}], "tools[1].function.name"),
+        ([{"function": {"name": "a", "parameters": []}}], "tools[0].function.parameters"),
+        ([{"function": {"name": "a", "parameters": {"type": "string"}}}], "tools[0].function.parameters.type"),
+        ([{"function": {"name": "a", "description": 1}}], "tools[0].function.description"),
+        ([{"function": {"name": "a", "strict": "yes"}}], "tools[0].function.strict"),
+    ],
+)
+def test_bad_tools_name_the_field(tiny_tokenizer, tools, path: str) -> None:
+    with pytest.raises(ChatMessageError) as info:
+        tiny_tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=tools)
+    assert info.value.path == path
+
+
+def test_tool_choice(specs) -> None:
+    assert normalize_tool_choice(None, specs).mode == "auto"
+    assert normalize_tool_choice(None, ()).mode == "none"
+    assert normalize_tool_choice("required", specs).mode == "required"
+    named = normalize_tool_choice({"type": "function", "function": {"name": "add"}}, specs)
+    assert (named.mode, named.name) == ("function", "add")
+    for bad, path in [
+        ("sometimes", "tool_choice"),
+        ({"type": "function", "function": {"name": "nope"}}, "tool_choice.function.name"),
+        ({"type": "function"}, "tool_choice"),
+        (3, "tool_choice"),
+    ]:
+        with pytest.raises(ToolInputError) as info:
+            normalize_tool_choice(bad, specs)
+        assert info.value.path == path
+    with pytest.raises(ToolInputError, match="needs at least one tool"):
+        normalize_tool_choice("required", normalize_tools([]))
+
+
+def test_tool_messages_get_the_name_of_their_call() -> None:
+    msgs = normalize_messages(HISTORY)
+    assert msgs[2].name == "add" and msgs[1].content is None and msgs[0].content == "Add 1 and 2."

@@ -1,0 +1,110 @@
+"""Token-for-token prefix stability of an agent loop (SGLang bug #16521): over three tool steps and a final
+answer, encode(prompt_N) + the tokens the model emitted (its text and the end-of-turn token) is a prefix of
+encode(prompt_N+1), for the tiny checkpoint's tokenizer and SmolLM2's (generic format), and for a Hermes-style
+template that renders tools itself. The history is replayed as an OpenAI client does (ids, names, arguments, null
+content); the ToolCallMemory restores the exact text when the model's JSON was not in canonical form, and without
+it such a turn is (as expected) not a prefix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixcache.runtime.tools import ToolCallMemory, parse_tool_calls, template_features
+
+# Emitted outputs per step: canonical (what the grammar's compact JSON writes) and free-form (odd whitespace).
+CANONICAL = [
+    '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}',
+    '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "now", "arguments": {}}]}',
+    '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}}]}',
+]
+FREEFORM = [
+    '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}',
+    '{ "tool_calls": [ {"name": "add", "arguments": {"a":1,"b":2}},\n {"name": "now", "arguments": {}} ] }',
+    '{"tool_calls": [{"name": "get_weather",  "arguments": {"city": "Zürich", "unit": "celsius"}}]}',
+]
+HERMES_OUT = [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call>',
+    'Adding.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>',
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}}</tool_call>',
+]
+HERMES = (
+    "{% if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "Tools:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    'Answer calls as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>\n'
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'system' and loop.first %}"
+    "{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n{{ m.content }}"
+    "{% for c in m.tool_calls %}<tool_call>\n"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+RESULTS = ['{"temp": 21}', "3", "12:00", '{"temp": 5}']
+
+
+def agent_loop(tok, specs, outputs, *, memory, chat_template=None, system=True):
+    """Runs the loop; returns [(prompt ids, emitted ids)] per step and the final prompt ids."""
+    fmt = template_features(chat_template or tok.chat_template).format
+    history = [{"role": "system", "content": "You are terse."}] if system else []
+    history.append({"role": "user", "content": "Weather in Paris, then 1+2 and the time, then Zürich?"})
+    steps = []
+    for n, raw in enumerate([*outputs, "Done: 21, 3, 12:00, 5."]):
+        prompt = tok.encode(
+            tok.apply_chat_template(history, tools=specs, tool_memory=memory, chat_template=chat_template)
+        )
+        emitted = [*tok.encode(raw, add_special_tokens=False), tok.eos_token_ids[0]]
+        steps.append((prompt, emitted))
+        parsed = parse_tool_calls(raw, specs, fmt)
+        if n == len(outputs):
+            assert not parsed.tool_calls
+            break
+        assert parsed.tool_calls, raw
+        if memory is not None:
+            memory.remember(parsed.tool_calls, parsed.raw)
+        history.append(json.loads(json.dumps(parsed.message())))  # what a client sends back
+        history += [{"role": "tool", "tool_call_id": c.id, "content": RESULTS[n]} for c in parsed.tool_calls]
+    return steps
+
+
+def assert_each_step_extends_the_last(steps) -> None:
+    for n in range(1, len(steps)):
+        before = steps[n - 1][0] + steps[n - 1][1]
+        assert steps[n][0][: len(before)] == before, f"step {n} does not extend step {n - 1}"
+        assert len(steps[n][0]) > len(before)
+
+
+@pytest.mark.parametrize("outputs", [CANONICAL, FREEFORM], ids=["canonical", "freeform"])
+@pytest.mark.parametrize("system", [True, False])
+def test_tiny_agent_loop_prompts_extend_each_other(tiny_tokenizer, specs, outputs, system) -> None:
+    assert_each_step_extends_the_last(
+        agent_loop(tiny_tokenizer, specs, outputs, memory=ToolCallMemory(), system=system)
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("outputs", [CANONICAL, FREEFORM], ids=["canonical", "freeform"])
+def test_smollm2_agent_loop_prompts_extend_each_other(smollm2_tokenizer, specs, outputs) -> None:
+    assert_each_step_extends_the_last(agent_loop(smollm2_tokenizer, specs, outputs, memory=ToolCallMemory()))
+
+
+@pytest.mark.slow
+def test_smollm2_canonical_calls_need_no_memory(smollm2_tokenizer, specs) -> None:
+    assert_each_step_extends_the_last(agent_loop(smollm2_tokenizer, specs, CANONICAL, memory=None))
+
+
+def test_freeform_calls_without_memory_are_not_a_prefix(tiny_tokenizer, specs) -> None:
+    """The control: re-rendering from the parsed call alone changes a free-form turn's tokens."""
+    with pytest.raises(AssertionError, match="does not extend"):
+        assert_each_step_extends_the_last(agent_loop(tiny_tokenizer, specs, FREEFORM, memory=None))
+
+
+def test_hermes_template_agent_loop_prompts_extend_each_other(tiny_tokenizer, specs) -> None:
+    assert template_features(HERMES).format == "hermes"
+    steps = agent_loop(tiny_tokenizer, specs, HERMES_OUT, memory=ToolCallMemory(), chat_template=HERMES)
+    assert_each_step_extends_the_last(steps)
+    first = tiny_tokenizer.decode(steps[0][0], skip_special_tokens=False)
+    assert '"name": "get_weather"' in first and "# Tools" not in first  # the template rendered the tools itself
