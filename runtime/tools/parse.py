@@ -15,7 +15,8 @@ Formats (`TemplateFeatures.format`):
 - "hermes": content, then calls each in `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; whitespace
   between calls is dropped; a tag whose JSON is not a call stays content.
 A call naming no given tool is not a call. In the generic format, once a call is out, malformed text after it
-is ignored (it stays in `raw`). Output cut short inside the arguments leaves them cut short, as OpenAI does at finish_reason "length".
+is ignored (it stays in `raw`). Output cut short inside the arguments leaves them cut short, as OpenAI does at
+finish_reason "length".
 """
 
 from __future__ import annotations
@@ -221,15 +222,16 @@ class ToolCallParser:
         if i < 0 and not final:
             return
         end = len(self.text) if i < 0 else i + len(CLOSE)
-        self._loose(out, self.text[self.pos : i if i >= 0 else end], self.text[self.held : end])
-        self.pos, self.held, self.state = end, end, "between" if i >= 0 else "done"
+        called = self._loose(out, self.text[self.pos : i if i >= 0 else end], self.text[self.held : end])
+        self.pos, self.held = end, end
+        self.state = "done" if i < 0 else "between" if called else "text"
 
-    def _loose(self, out: list[dict[str, Any]], body: str, whole: str) -> None:
-        """Calls from JSON in any accepted shape, emitted whole; else `whole` is content."""
+    def _loose(self, out: list[dict[str, Any]], body: str, whole: str) -> bool:
+        """Calls from JSON in any accepted shape, emitted whole (True); else `whole` is content (False)."""
         calls = loose_calls(body, self.names)
         if calls is None:
             self._emit_content(out, whole)
-            return
+            return False
         for name, arguments in calls:
             call_id = self.new_id()
             self.calls.append([call_id, name, arguments])
@@ -237,6 +239,7 @@ class ToolCallParser:
             out.append(
                 {"tool_calls": [{"index": len(self.calls) - 1, "id": call_id, "type": "function", "function": fn}]}
             )
+        return True
 
 
 def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:
