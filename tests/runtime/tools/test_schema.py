@@ -1,0 +1,87 @@
+"""The JSON schema a tool_choice allows in the generic format: under "required" and a named function, calls in the
+generic format validate (jsonschema) and anything else (no call, an unknown or other name, extra keys, bad
+arguments, two calls without parallel_tool_calls) does not; "auto" and "none", and templates with their own tool
+syntax, are not constrained (None). The grammar engine accepts the schema, and text decoded under its mask from
+random logits with the tiny tokenizer always parses into calls whose arguments validate."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from radixcache.runtime.tools import (
+    TemplateFeatures,
+    ToolCall,
+    generic_calls_text,
+    normalize_tool_choice,
+    parse_tool_calls,
+    tool_call_schema,
+)
+
+
+def calls_json(*calls: tuple[str, dict]) -> dict:
+    return json.loads(generic_calls_text([ToolCall(f"c{i}", n, json.dumps(a)) for i, (n, a) in enumerate(calls)]))
+
+
+def valid(schema: dict, value: object) -> bool:
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def test_required_allows_calls_of_any_tool(specs) -> None:
+    schema = tool_call_schema(specs, normalize_tool_choice("required", specs))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert valid(schema, calls_json(("add", {"a": 1, "b": 2})))
+    assert valid(schema, calls_json(("get_weather", {"city": "Oslo"}), ("now", {})))
+    assert not valid(schema, {"tool_calls": []})
+    assert not valid(schema, "plain text")
+    assert not valid(schema, calls_json(("rm_rf", {})))
+    assert not valid(schema, calls_json(("add", {"a": "one", "b": 2})))
+    assert not valid(schema, calls_json(("get_weather", {"unit": "celsius"})))
+    assert not valid(schema, {**calls_json(("now", {})), "extra": 1})
+    assert not valid(schema, {"tool_calls": [{"name": "now", "arguments": {}, "id": "x"}]})
+
+
+def test_parallel_tool_calls_false_allows_one_call(specs) -> None:
+    schema = tool_call_schema(specs, normalize_tool_choice("required", specs), parallel_tool_calls=False)
+    assert valid(schema, calls_json(("now", {})))
+    assert not valid(schema, calls_json(("now", {}), ("now", {})))
+
+
+def test_a_named_function_allows_only_it(specs) -> None:
+    schema = tool_call_schema(specs, normalize_tool_choice({"type": "function", "function": {"name": "add"}}, specs))
+    assert valid(schema, calls_json(("add", {"a": 1, "b": 2})))
+    assert not valid(schema, calls_json(("now", {})))
+
+
+def test_auto_none_and_native_templates_are_not_constrained(specs) -> None:
+    assert tool_call_schema(specs, normalize_tool_choice("auto", specs)) is None
+    assert tool_call_schema(specs, normalize_tool_choice("none", specs)) is None
+    native = TemplateFeatures(uses_tools=True, tool_role=True, hermes=True)
+    assert tool_call_schema(specs, normalize_tool_choice("required", specs), features=native) is None
+    assert tool_call_schema(specs, normalize_tool_choice("required", specs), features=TemplateFeatures()) is not None
+
+
+@pytest.mark.slow
+def test_decoding_under_the_schema_gives_valid_calls(tiny_tokenizer, specs) -> None:
+    grammar = pytest.importorskip("radixcache.runtime.grammar")
+    from tests.runtime.grammar.conftest import token_table, walk
+
+    compiler = grammar.GrammarCompiler(grammar.build_vocab(tiny_tokenizer, vocab_size=260))
+    params = {t.name: t.parameters for t in specs}
+    choices = ["required", *({"type": "function", "function": {"name": t.name}} for t in specs)]
+    for choice, parallel in [(c, p) for c in choices for p in (True, False)]:
+        schema = tool_call_schema(specs, normalize_tool_choice(choice, specs), parallel_tool_calls=parallel)
+        compiled = compiler.compile(grammar.GrammarSpec.json_schema(schema, path="tools"))
+        table = token_table(tiny_tokenizer, compiled.vocab)
+        for seed in range(3):
+            ids = walk(grammar.GrammarState(compiled), table, seed, close_after=40 + 20 * seed)
+            text = tiny_tokenizer.decode(ids, skip_special_tokens=False)
+            jsonschema.validate(json.loads(text), schema)
+            parsed = parse_tool_calls(text, specs)
+            assert parsed.tool_calls and parsed.content is None, text
+            for call in parsed.tool_calls:
+                jsonschema.validate(json.loads(call.arguments), params[call.name])
+            # compact JSON as the grammar writes it re-renders to the same text without the memory
+            assert generic_calls_text(parsed.tool_calls) == text
