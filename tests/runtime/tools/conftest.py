@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,11 +49,17 @@ def specs() -> Any:
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from radixcache.runtime.loading.tokenizer import Tokenizer
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.cli.conftest import write_tiny_checkpoint
 
-    return Tokenizer.from_hf_dir(write_tiny_checkpoint(tmp_path_factory.mktemp("tools") / "tiny"))
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tools") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_dir: Path) -> Any:
+    from radixcache.runtime.loading.tokenizer import Tokenizer
+
+    return Tokenizer.from_hf_dir(tiny_dir)
 
 
 @pytest.fixture(scope="session")
