@@ -8,7 +8,14 @@ from __future__ import annotations
 import pytest
 
 from radixcache.runtime.loading.chat_template import ChatMessageError, ChatTemplateError
-from radixcache.runtime.tools import ToolInputError, normalize_messages, normalize_tool_choice, normalize_tools
+from radixcache.runtime.tools import (
+    TemplateFeatures,
+    ToolInputError,
+    normalize_messages,
+    normalize_tool_choice,
+    normalize_tools,
+    template_features,
+)
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
 HISTORY = [
@@ -129,3 +136,14 @@ def test_tool_choice(specs) -> None:
 def test_tool_messages_get_the_name_of_their_call() -> None:
     msgs = normalize_messages(HISTORY)
     assert msgs[2].name == "add" and msgs[1].content is None and msgs[0].content == "Add 1 and 2."
+
+
+@pytest.mark.slow
+def test_smollm2_gets_the_generic_format(smollm2_tokenizer, tiny_tokenizer) -> None:
+    for tok in (smollm2_tokenizer, tiny_tokenizer):
+        assert template_features(tok.chat_template) == TemplateFeatures()
+        assert template_features(tok.chat_template).format == "generic"
+    assert template_features("{% for t in tools %}{{ t | tojson }}{% endfor %}").format == "native"
+    assert template_features("{% if m.role == 'ipython' %}<tool_call>{% endif %}{{ tools }}").format == "hermes"
+    assert template_features("{% if m.role == 'tool' %}x{% endif %}").tool_role
+    assert template_features("{% broken") == TemplateFeatures()
