@@ -22,7 +22,7 @@ from radixcache.runtime.tools.memory import ToolCallMemory
 from radixcache.runtime.tools.messages import ChatMessage, ToolCall, normalize_messages
 from radixcache.runtime.tools.parse import ParsedOutput, ToolCallParser, assemble, new_call_id, parse_tool_calls
 from radixcache.runtime.tools.render import generic_calls_text, generic_tools_prompt, template_messages
-from radixcache.runtime.tools.schema import call_schema, tool_call_schema
+from radixcache.runtime.tools.schema import auto_tool_grammar, call_schema, tool_call_schema
 from radixcache.runtime.tools.specs import ToolChoice, ToolSpec, normalize_tool_choice, normalize_tools
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "ToolInputError",
     "ToolSpec",
     "assemble",
+    "auto_tool_grammar",
     "call_schema",
     "generic_calls_text",
     "generic_tools_prompt",

@@ -4,14 +4,17 @@
   <that tool's parameters schema>}` (keys in that order, no others); one call at most when `parallel_tool_calls` is
   false.
 - a named function: the same with that function only.
-- "auto": None. "Text or a call" is not a JSON schema (text is not JSON), so auto is not constrained: the model
-  chooses, and the parser reads a call when the output is one. "none": None, and the output is not parsed for calls.
+- "auto": None. "Text or a call" is not a JSON schema (text is not JSON); `auto_tool_grammar` gives it as a Lark
+  grammar instead (llguidance's `%json`), for a caller that wants auto constrained: either the calls object of
+  "required", or text that does not start with `{` or whitespace. "none": None, and the output is not parsed for
+  calls.
 The schema is only for the generic format; templates that render tools themselves get None (their call syntax is
 the template's own).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,3 +61,16 @@ def tool_call_schema(
         "required": ["tool_calls"],
         "additionalProperties": False,
     }
+
+
+def auto_tool_grammar(
+    tools: Sequence[ToolSpec], *, parallel_tool_calls: bool = True, features: TemplateFeatures | None = None
+) -> str | None:
+    """tool_choice "auto" as a Lark grammar (for `GrammarSpec.ebnf`): the calls of "required", or plain text whose
+    first character is neither `{` nor whitespace (so the parser never mistakes it for a call). None without tools
+    or for templates with their own call syntax."""
+    schema = tool_call_schema(tools, ToolChoice("required"), parallel_tool_calls=parallel_tool_calls, features=features)
+    if schema is None:
+        return None
+    calls = json.dumps(schema, ensure_ascii=False)
+    return f"start: calls | TEXT\ncalls: %json {calls}\nTEXT: /[^{{ \\t\\r\\n][\\s\\S]*/\n"

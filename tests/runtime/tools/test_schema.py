@@ -1,8 +1,9 @@
 """The JSON schema a tool_choice allows in the generic format: under "required" and a named function, calls in the
 generic format validate (jsonschema) and anything else (no call, an unknown or other name, extra keys, bad
 arguments, two calls without parallel_tool_calls) does not; "auto" and "none", and templates with their own tool
-syntax, are not constrained (None). The grammar engine accepts the schema, and text decoded under its mask from
-random logits with the tiny tokenizer always parses into calls whose arguments validate."""
+syntax, are not constrained (None); auto as a Lark grammar allows calls or text not starting with "{" or whitespace.
+The grammar engine accepts both, and text decoded under their masks from random logits with the tiny tokenizer
+always parses into calls whose arguments validate (or, under auto, into text)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from radixcache.runtime.tools import (
     TemplateFeatures,
     ToolCall,
+    auto_tool_grammar,
     generic_calls_text,
     normalize_tool_choice,
     parse_tool_calls,
@@ -85,3 +87,44 @@ def test_decoding_under_the_schema_gives_valid_calls(tiny_tokenizer, specs) -> N
                 jsonschema.validate(json.loads(call.arguments), params[call.name])
             # compact JSON as the grammar writes it re-renders to the same text without the memory
             assert generic_calls_text(parsed.tool_calls) == text
+
+
+@pytest.mark.slow
+def test_auto_as_a_grammar_gives_calls_or_text(tiny_tokenizer, specs) -> None:
+    grammar = pytest.importorskip("radixcache.runtime.grammar")
+    from tests.runtime.grammar.conftest import token_table, walk
+
+    assert auto_tool_grammar((), parallel_tool_calls=True) is None
+    assert auto_tool_grammar(specs, features=TemplateFeatures(uses_tools=True)) is None
+    compiler = grammar.GrammarCompiler(grammar.build_vocab(tiny_tokenizer, vocab_size=260))
+    compiled = compiler.compile(grammar.GrammarSpec.ebnf(auto_tool_grammar(specs), path="tools"))
+    schema = tool_call_schema(specs, normalize_tool_choice("required", specs))
+    for text, allowed in [("Sunny.", True), (CALL, True), ('{"a": 1}', False), (" hi", False), ("", False)]:
+        state = grammar.GrammarState(compiled)
+        try:
+            for token in tiny_tokenizer.encode(text, add_special_tokens=False):
+                state.accept(token)
+            ok = state.is_complete()
+        except grammar.GrammarError:
+            ok = False
+        assert ok is allowed, text
+    table = token_table(tiny_tokenizer, compiled.vocab)
+    kinds = set()
+    brace = tiny_tokenizer.encode("{", add_special_tokens=False)
+    for seed in range(6):
+        state = grammar.GrammarState(compiled)
+        for token in brace if seed % 2 else []:  # random logits rarely pick "{": start half the walks with it
+            state.accept(token)
+        ids = (brace if seed % 2 else []) + walk(state, table, seed, close_after=30)
+        text = tiny_tokenizer.decode(ids, skip_special_tokens=False)
+        parsed = parse_tool_calls(text, specs)
+        if text.startswith("{"):
+            jsonschema.validate(json.loads(text), schema)
+            assert parsed.tool_calls, text
+        else:
+            assert not parsed.tool_calls and parsed.content == text
+        kinds.add(bool(parsed.tool_calls))
+    assert kinds == {True, False}
+
+
+CALL = '{"tool_calls": [{"name": "now", "arguments": {}}]}'
