@@ -45,8 +45,13 @@ def make_executor(threads: int | None = None) -> llguidance.LLExecutor:
 
 
 def unpack_masks(masks: np.ndarray | torch.Tensor, vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """(n, words) int32 bit rows -> (n, vocab_size) bool, True where the token is allowed."""
+    """(n, words) int32 bit rows -> (n, vocab_size) bool, True where the token is allowed. On the CPU numpy unpacks
+    the bits; on a GPU the packed rows (1/32 of the size) are copied and unpacked there."""
     device = torch.device(device)
+    if device.type == "cpu" and isinstance(masks, np.ndarray):
+        rows = np.ascontiguousarray(masks, dtype=np.int32)
+        bits = np.unpackbits(rows.view(np.uint8), axis=1, count=vocab_size, bitorder="little")
+        return torch.from_numpy(bits.view(np.bool_))
     words = torch.as_tensor(masks, dtype=torch.int32).to(device, non_blocking=True)
     shifts = _SHIFTS.get(device)
     if shifts is None:
@@ -61,9 +66,12 @@ def apply_masks(logits: torch.Tensor, masks: np.ndarray | torch.Tensor, rows: Se
     if not len(rows):
         return logits
     vocab = logits.shape[-1]
-    allowed = unpack_masks(masks, vocab, logits.device)
-    if allowed.shape[1] < vocab:
-        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    width = min(vocab, masks.shape[1] * 32)
+    allowed = unpack_masks(masks, width, logits.device)
+    if width < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - width), value=False)
+    if list(rows) == list(range(logits.shape[0])):  # every row constrained: in place, no gather
+        return logits.masked_fill_(~allowed, float("-inf"))
     index = torch.as_tensor(list(rows), dtype=torch.long, device=logits.device)
     sub = logits.index_select(0, index).masked_fill_(~allowed, float("-inf"))
     logits.index_copy_(0, index, sub)

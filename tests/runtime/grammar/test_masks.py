@@ -54,6 +54,11 @@ def test_batch_application_equals_per_row(tiny_tokenizer, tiny_compiler, device:
     assert torch.equal(got, expected)
     assert torch.equal(got[1], logits[1]) and torch.equal(got[4], logits[4])
     assert all(torch.isfinite(got[i]).any() for i in rows)
+    # every row constrained (applied in place, no gather)
+    full = [s for s in states if s is not None]
+    masks, rows = fill_masks(full, 260)
+    dense = logits[[0, 2, 3]].clone()
+    assert torch.equal(apply_masks(dense.to(device), masks, rows).cpu(), expected[[0, 2, 3]])
 
 
 def test_parallel_fill_equals_sequential_fill(tiny_tokenizer, tiny_compiler) -> None:
