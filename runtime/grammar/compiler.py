@@ -70,8 +70,8 @@ class GrammarCompiler:
 def _translate_and_validate(spec: GrammarSpec, vocab: GrammarVocab) -> str:
     try:
         grammar = _translate(spec)
-    except (ValueError, TypeError) as e:
-        raise GrammarError(str(e).strip(), spec.path) from None
+    except Exception as e:  # the converters (GBNF to Lark, JSON schema) raise assorted types for bad input
+        raise GrammarError(str(e).strip() or type(e).__name__, spec.path) from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, vocab.lib)
     if is_error:
         message = " ".join(messages).strip() or "invalid grammar"

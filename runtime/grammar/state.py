@@ -30,7 +30,10 @@ class GrammarState:
     def __init__(self, compiled: CompiledGrammar) -> None:
         self.compiled = compiled
         self.vocab = compiled.vocab
-        self._matcher = llguidance.LLMatcher(self.vocab.lib, compiled.grammar, log_level=0)
+        try:
+            self._matcher = llguidance.LLMatcher(self.vocab.lib, compiled.grammar, log_level=0)
+        except ValueError as e:
+            raise GrammarError(str(e).strip(), compiled.spec.path) from None
         if self._matcher.is_error():
             raise GrammarError(self._matcher.get_error(), compiled.spec.path)
         self._stops = np.asarray(self.vocab.stop_ids, dtype=np.int64)
