@@ -80,7 +80,8 @@ class GrammarSpec:
     @classmethod
     def from_response_format(cls, response_format: Any, path: str = "response_format") -> GrammarSpec | None:
         """None for `{"type": "text"}` (no constraint); a spec for `json_object` and `json_schema`
-        (`{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`)."""
+        (`{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`; `strict` absent or null means false,
+        as in OpenAI's API; `schema` absent means any object)."""
         if not isinstance(response_format, dict):
             raise GrammarError("must be an object", path)
         kind = response_format.get("type")
