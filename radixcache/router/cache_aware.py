@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import partial
 from typing import NamedTuple
 
 from radixcache.router.base import Route, Router, check_replicas
@@ -113,7 +114,7 @@ class CacheAwareRouter(Router):
         for r in replicas:
             matched = index.matched_pages(r, keys)
             if pending is not None:
-                pending.sync(r, loads.running(r))
+                pending.sync(r, loads.running(r), partial(loads.holds, r))
                 matched = max(matched, pending.matched_pages(r, keys))
             work = loads.work(r)
             prefill = request.uncached_tokens(matched) * cost
@@ -151,7 +152,7 @@ class CacheAwareRouter(Router):
         self._calls += 1
         self._chosen[chosen.replica] = self._calls
         if self.in_flight is not None:
-            self.in_flight.add(chosen.replica, request.page_keys)
+            self.in_flight.add(chosen.replica, request.page_keys, request.rid)
         if self.balance:
             recent = self._recent
             decay = 1 - 1 / (self.balance_horizon * replicas)

@@ -28,7 +28,9 @@ class RouteRequest:
 
     page_keys: the chained hashes of the prompt's pages, in order (only a prefix of them may be cached anywhere).
     prompt_tokens, max_tokens: real tokens in the prompt and to generate. page_size: real tokens per page, so
-    `matched_pages * page_size` is the prompt served from a cache. session: a conversation id, or None.
+    `matched_pages * page_size` is the prompt served from a cache. session: a conversation id, or None. rid: the id
+    the caller will dispatch it with (`LoadTracker.dispatched`), or None: routers that remember requests in flight
+    (radixcache.router.inflight) drop exactly this one's record once the tracker no longer holds it.
     """
 
     page_keys: Sequence[PageKey]
@@ -36,6 +38,7 @@ class RouteRequest:
     max_tokens: int
     page_size: int
     session: str | None = None
+    rid: Hashable = None
 
     def __post_init__(self) -> None:
         for name, low in (("prompt_tokens", 0), ("max_tokens", 0), ("page_size", 1)):
@@ -148,6 +151,11 @@ class LoadTracker:
         return ReplicaLoad(
             self._prefill.get(replica, 0.0), self._decode.get(replica, 0.0), self._running.get(replica, 0)
         )
+
+    def holds(self, replica: int, rid: Hashable) -> bool:
+        """Whether `rid` is in flight on `replica`."""
+        entry = self._requests.get(rid)
+        return entry is not None and entry[0] == replica
 
     def running(self, replica: int) -> int:
         """Requests dispatched to `replica` and not finished."""

@@ -11,6 +11,7 @@ finished (`LoadTracker.running`), as SGLang's router counts.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from radixcache.router.base import Route, Router, check_replicas
 from radixcache.router.errors import RouterError
@@ -56,7 +57,7 @@ class SGLangRouter(Router):
     def route(self, request: RouteRequest, replicas: Sequence[int], index: RouterIndex, loads: LoadTracker) -> Route:
         _, replica, matched = self._decide(request, replicas, index, loads)
         if self.in_flight is not None:
-            self.in_flight.add(replica, request.page_keys)
+            self.in_flight.add(replica, request.page_keys, request.rid)
         return Route(replica, matched[replica])
 
     def _decide(
@@ -69,7 +70,7 @@ class SGLangRouter(Router):
         for r in replicas:
             m = index.matched_pages(r, keys)
             if pending is not None:
-                pending.sync(r, loads.running(r))
+                pending.sync(r, loads.running(r), partial(loads.holds, r))
                 m = max(m, pending.matched_pages(r, keys))
             matched[r] = m
         running = [loads.running(r) for r in replicas]

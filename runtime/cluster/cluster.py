@@ -17,7 +17,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from radixcache.page_hash import PageHasher
@@ -145,9 +145,10 @@ class ReplicaCluster:
             candidates = sorted(self._alive - tried)
             if not candidates:
                 raise ReplicaUnavailableError("no live engine replica can take the request")
+            rid = next(self._rids)
+            request = replace(request, rid=rid)  # routers that remember it in flight drop it when `done(rid)`
             replica = self.router.choose(request, candidates, self.index, self.loads)
             matched = self.index.matched_pages(replica, request.page_keys)
-            rid = next(self._rids)
             self.loads.dispatched(replica, rid, request.uncached_tokens(matched), request.max_tokens)
             self._routed[replica] += 1
         return replica, rid

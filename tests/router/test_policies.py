@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from radixcache.router import (
@@ -210,3 +212,19 @@ def test_cache_aware_forget_drops_a_dead_replicas_state() -> None:
     router.choose(request(2, session="s"), [0, 1], index, loads)
     router.forget(0)
     assert router.choose(request(2, session="s"), [1], index, loads) == 1
+
+
+@pytest.mark.parametrize("make", [lambda: CacheAwareRouter(balance=0.0), lambda: SGLangRouter()])
+def test_in_flight_prefixes_leave_with_their_own_request_out_of_order(make) -> None:
+    """Regression: the in-flight record kept the last `running` routed prefixes, assuming FIFO completion. When a
+    later request finished while an earlier one still ran, the earlier one's prefix went and the later one's stayed."""
+    router, index, loads = make(), cluster(2), LoadTracker(1.0, 0.0)
+    long, short = request(10, first=500), request(10, first=900)
+    for rid, req in (("long", long), ("short", short)):
+        r = router.route(replace(req, rid=rid), [0], index, loads)
+        loads.dispatched(r.replica, rid, 160, 0)
+    loads.finished(0, "short")  # routed second, finished first
+    assert router.route(replace(short, rid="probe1"), [0], index, loads).matched_pages == 0
+    assert router.route(replace(long, rid="probe2"), [0], index, loads).matched_pages == 10
+    loads.finished(0, "long")  # failed or cancelled: its prefix goes too
+    assert router.route(replace(long, rid="probe3"), [0], index, loads).matched_pages == 0
