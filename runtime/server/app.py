@@ -239,7 +239,8 @@ def create_app(
     async def prometheus(request: Request) -> PlainTextResponse:
         if not public_metrics:  # every tenant's traffic and timings: as private as the API itself
             _tenant(request)
-        return PlainTextResponse(metrics.render(engine, model_name), media_type="text/plain; version=0.0.4")
+        text = await asyncio.to_thread(metrics.render, engine, model_name)  # replicas: Ray calls, off the loop
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return app
 
