@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,7 @@ class RemoteHandle:
     def __init__(self, request: RemoteRequest, cancel: Any) -> None:
         self.request = request
         self.future: Future[Any] = Future()
+        self.cancelled = False  # set before the cancel is sent: a dispatch after it cancels on the replica too
         self._cancel = cancel
 
     @property
@@ -85,6 +87,7 @@ class ClusterEngine:
         self.enable_cache = True
         self.routes_sessions = True  # the server passes `session` (the `user` field or X-Session-Id)
         self._ids = itertools.count()
+        self._rid_prefix = uuid.uuid4().hex[:12]  # replicas remember early cancels by id: ids unique across fronts
         self._closed = False
 
     # ------------------------------------------------------------------ requests
@@ -98,7 +101,7 @@ class ClusterEngine:
         opts = resolve_options(max_new_tokens, options, kwargs, "ClusterEngine.submit")
         if isinstance(prompt, str):
             prompt = list(self.tokenizer.encode(prompt))
-        request = RemoteRequest(f"r{next(self._ids)}", sampler=SimpleNamespace(params=opts.sampling))
+        request = RemoteRequest(f"{self._rid_prefix}-{next(self._ids)}", sampler=SimpleNamespace(params=opts.sampling))
         handle = RemoteHandle(request, self._cancel)
         thread = threading.Thread(target=self._run, args=(handle, list(prompt), opts), daemon=True)
         thread.start()
@@ -156,6 +159,8 @@ class ClusterEngine:
                     stream = (
                         cluster.actor(replica).stream.options(num_returns="streaming").remote(req.rid, prompt, options)
                     )
+                    if handle.cancelled:  # cancelled before `replica` was set: `_cancel` could not name it
+                        cluster.actor(replica).cancel.remote(req.rid)
                     for ref in stream:
                         kind, value, logprobs = ray.get(ref)
                         if kind == "tokens":
@@ -182,6 +187,9 @@ class ClusterEngine:
                 handle.future.set_exception(cause if isinstance(cause, BaseException) else exc)
 
     def _cancel(self, handle: RemoteHandle) -> None:
+        """Cancel on the replica it was sent to; one cancelled before its dispatch is cancelled there by `_run`
+        (the replica remembers a cancel that arrives before the stream starts)."""
+        handle.cancelled = True
         replica = handle.request.replica
         if replica is not None and not handle.done():
             self.cluster.actor(replica).cancel.remote(handle.rid)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import queue
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,8 @@ from radixcache.router import EventBatch
 if TYPE_CHECKING:  # the driver process imports this module to wrap the class: it needs no torch
     from radixcache.runtime.engine.loop import RequestHandle
     from radixcache.runtime.engine.options import RequestOptions
+
+EARLY_CANCELS = 4096
 
 
 class EngineReplica:
@@ -41,6 +45,10 @@ class EngineReplica:
         self.engine.events.replica = replica  # its batches name it
         self.incarnation = uuid.uuid4().hex
         self._handles: dict[str, RequestHandle] = {}  # the front door's request id -> the engine's handle (streams)
+        # ids cancelled before their stream registered here (Ray may run `cancel` before `stream` starts): the
+        # stream cancels itself on arrival. Bounded: the oldest are dropped past EARLY_CANCELS.
+        self._early_cancels: OrderedDict[str, None] = OrderedDict()
+        self._cancel_lock = threading.Lock()  # registering a stream and cancelling it are atomic to each other
 
     def info(self) -> dict[str, Any]:
         """What the front door needs to hash prompts as this replica does, and to recognise this process."""
@@ -65,7 +73,11 @@ class EngineReplica:
         caller. `cancel(rid)` aborts it."""
         wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         handle = self.engine.submit(list(prompt_ids), options=options)
-        self._handles[rid] = handle
+        with self._cancel_lock:
+            self._handles[rid] = handle
+            cancelled_early = self._early_cancels.pop(rid, 0) is None
+        if cancelled_early:
+            handle.cancel()
         req = handle.request
         req.listener = lambda _r: wake.put(None)  # on the engine loop thread
         handle.future.add_done_callback(lambda _f: wake.put(None))
@@ -85,10 +97,15 @@ class EngineReplica:
             self._handles.pop(rid, None)
 
     def cancel(self, rid: str) -> bool:
-        """Abort a streamed request (its result says "cancelled"); False if it is not running here."""
-        handle = self._handles.get(rid)
-        if handle is None:
-            return False
+        """Abort a streamed request (its result says "cancelled"). False if it is not running here yet: then its
+        stream, when it arrives, cancels itself (the id is remembered, up to EARLY_CANCELS of them)."""
+        with self._cancel_lock:
+            handle = self._handles.get(rid)
+            if handle is None:
+                self._early_cancels[rid] = None
+                while len(self._early_cancels) > EARLY_CANCELS:
+                    self._early_cancels.popitem(last=False)
+                return False
         handle.cancel()
         return True
 
