@@ -13,7 +13,8 @@ cache adopts all of them whatever its admission policy predicts (radixcache.poli
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -22,6 +23,24 @@ MAX_N = 16
 MAX_CHOICES = 64  # prompts x n in one completions request
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs, as OpenAI
+MAX_TOKENS = 1 << 20  # max_tokens and max_completion_tokens (the context length bounds them further)
+MAX_STOP = 4  # stop sequences, as OpenAI
+MAX_STOP_CHARS = 256  # each stop string
+MAX_MESSAGES = 4096  # messages of one chat request
+MAX_TEXT_CHARS = 1 << 21  # one message's content, one prompt string, one text part
+MAX_PROMPTS = 64  # prompts (or token ids lists) of one completions request
+MAX_PROMPT_IDS = 1 << 20  # token ids of one prompt
+MAX_LOGIT_BIAS = 300  # logit_bias entries, as OpenAI
+MAX_LABEL_CHARS = 256  # user, cache_salt, metadata keys; metadata values 512 (OpenAI's)
+MAX_TIMEOUT_S = 86_400.0
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # a 64-bit seed
+TOKEN_ID_MAX = (1 << 31) - 1
+
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
+TokenIds = Annotated[list[TokenId], Field(max_length=MAX_PROMPT_IDS)]
+Label = Annotated[str, Field(max_length=MAX_LABEL_CHARS)]
 
 
 class APIError(Exception):
@@ -47,7 +66,7 @@ class APIError(Exception):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     include_usage: bool = False
 
 
@@ -55,9 +74,9 @@ class ChatMessage(BaseModel):
     """One message: a role and text content. `name`, `tool_calls` and the like change what the model should see
     and this server's chat template cannot render them: they are refused (a null value counts as absent)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: Text | Annotated[list[dict[str, Any]], Field(max_length=MAX_MESSAGES)] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -74,6 +93,8 @@ class ChatMessage(BaseModel):
         for part in self.content:
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise APIError(400, f"unsupported content part type {part.get('type')!r}", param="messages")
+            if len(part["text"]) > MAX_TEXT_CHARS:
+                raise APIError(400, f"a text part has more than {MAX_TEXT_CHARS} characters", param="messages")
             parts.append(part["text"])
         return "".join(parts)
 
@@ -81,26 +102,26 @@ class ChatMessage(BaseModel):
 class _Common(BaseModel):
     """Fields shared by both endpoints."""
 
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    max_tokens: int | None = Field(default=None, ge=0)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN and Infinity are refused everywhere
+    model: Label
+    max_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, ge=0, le=TOKEN_ID_MAX)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    repetition_penalty: float = Field(default=1.0, ge=0.01, le=2.0)
+    logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS)] | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP)] | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
-    metadata: dict[str, str] | None = None
-    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
-    timeout: float | None = Field(default=None, gt=0.0)
+    user: Label | None = None
+    metadata: Annotated[dict[Label, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_LABEL_CHARS)
+    timeout: float | None = Field(default=None, gt=0.0, le=MAX_TIMEOUT_S)
     retain: Literal["conversation"] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
@@ -108,18 +129,11 @@ class _Common(BaseModel):
     function_call: Any = None
     response_format: dict[str, Any] | None = None
 
-    @field_validator("stop")
-    @classmethod
-    def _stop_list(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 4:
-            raise ValueError("at most 4 stop sequences")
-        return v
-
     @field_validator("logit_bias")
     @classmethod
     def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         for token, bias in (v or {}).items():
-            if not token.isdigit():
+            if not (token.isascii() and token.isdigit()) or int(token) > TOKEN_ID_MAX:
                 raise ValueError(f"keys must be token ids, got {token!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"biases must be in [-100, 100], got {bias} for token {token}")
@@ -171,8 +185,8 @@ class _Common(BaseModel):
 
 
 class ChatCompletionRequest(_Common):
-    messages: list[ChatMessage]
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)]
+    max_completion_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     parallel_tool_calls: bool | None = None
@@ -199,11 +213,16 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: (
+        Text
+        | TokenIds
+        | Annotated[list[Text], Field(max_length=MAX_PROMPTS)]
+        | Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)]
+    )
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=0, le=MAX_N)
+    suffix: Text | None = None
 
     @model_validator(mode="after")
     def _prompt_not_empty(self) -> CompletionRequest:
@@ -239,15 +258,29 @@ class CompletionRequest(_Common):
             raise APIError(400, "suffix is not supported by this server", param="suffix")
 
 
+def _path(loc: Any) -> str | None:
+    """A field's path from an error location: "body" and the union branch tags ("constrained-str",
+    "list[int]", ...) dropped, list indices kept ("messages.0.role")."""
+    keep = [str(p) for p in loc if p != "body" and not (isinstance(p, str) and _UNION_TAG.fullmatch(p))]
+    return ".".join(keep) or None
+
+
+_UNION_TAG = re.compile(r"(constrained-)?(str|int|float|bool|dict|list|function-\w+)(\[.*\])?")
+
+
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
-    """One readable line and the offending parameter from pydantic's (or FastAPI's) error list."""
+    """One readable line and the offending parameter (its path) from pydantic's (or FastAPI's) error list. Of a
+    union's errors for one field, one that is not only "wrong type" is preferred (it says what was out of range)."""
     if not errors:
         return "invalid request", None
-    err = errors[0]
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    if err.get("type") == "json_invalid":
+    first = errors[0]
+    if first.get("type") == "json_invalid":
         return "We could not parse the JSON body of your request.", None
+    top = _path(first.get("loc", ()))
+    field = (top or "").split(".")[0]
+    same = [e for e in errors if (_path(e.get("loc", ())) or "").split(".")[0] == field]
+    err = next((e for e in same if not str(e.get("type", "")).endswith(("_type", "_parsing"))), first)
+    param = _path(err.get("loc", ()))
     if err.get("type") == "extra_forbidden":
         return f"Unrecognized request argument supplied: {param}", param
     msg = err.get("msg", "invalid value")
