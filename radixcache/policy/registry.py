@@ -8,14 +8,18 @@ from types import MappingProxyType
 from radixcache.errors import PolicyError
 from radixcache.policy.base import EvictionPolicy
 from radixcache.policy.classic import CostAwarePolicy, FIFOPolicy, LFUPolicy, LRUPolicy, SLRUPolicy
+from radixcache.policy.lease import AgentPolicy, TLRUPolicy
 from radixcache.policy.reuse import ReusePolicy
 
 POLICIES: Mapping[str, type[EvictionPolicy]] = MappingProxyType(
     {cls.name: cls for cls in (LRUPolicy, LFUPolicy, FIFOPolicy, SLRUPolicy, CostAwarePolicy)}
 )
-#: this project's learned policies (radixcache.policy.reuse), usable by name everywhere; out of POLICIES because
-#: their keys drift with what they learn, which the fixed-order tests of tests/cache do not allow
-EXPERIMENTAL_POLICIES: Mapping[str, type[EvictionPolicy]] = MappingProxyType({ReusePolicy.name: ReusePolicy})
+#: this project's learned and lease-hinted policies (radixcache.policy.reuse, .lease), usable by name everywhere; out
+#: of POLICIES because their keys drift with what they learn or the hint given, which the fixed-order tests of
+#: tests/cache do not allow
+EXPERIMENTAL_POLICIES: Mapping[str, type[EvictionPolicy]] = MappingProxyType(
+    {cls.name: cls for cls in (ReusePolicy, TLRUPolicy, AgentPolicy)}
+)
 ALL_POLICIES: Mapping[str, type[EvictionPolicy]] = MappingProxyType({**POLICIES, **EXPERIMENTAL_POLICIES})
 
 

@@ -1,0 +1,124 @@
+"""Replay with leases (`LeaseReplay`): a request's pages are held for its lease hint after it ends.
+
+On the trace clock (`honor_timestamps` is forced on; times in ms). A request with a hint of `retain_for` seconds
+takes, when it finishes, a lease on its pages (prompt and reply, as the tree adopted them: a lock on that path)
+until `finish + retain_for`, where `finish` is the arrival time of the request whose admission made it finish
+(the replay's in-flight model, radixcache.sim.inflight). While the lease runs its pages cannot be evicted. A later
+request of the same session renews it: its own lease replaces the session's previous one. Leases expire on their
+own: before each arrival, every lease whose deadline has passed is released, so the pages are evictable at the
+next eviction. The leased pages (counted per lease) may not exceed `budget` times the capacity: past it, the
+oldest leases give way (are released) first. Without hints (a chat or Mooncake trace) it is a plain CacheReplay.
+
+A policy with `expect_reuse_in` (radixcache.policy.lease) is told each request's hint before its match and its
+insert, and None before a lease is released, so a released leaf is keyed as hint-less.
+
+TTFT model: `ttft_ms = prefill_ms_per_token * (prompt tokens not hit)` (no queueing), the per-token cost of the
+routing simulator's default costs; `ttft_p99_ms` is over all requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from radixcache.errors import RadixCacheError
+from radixcache.policy.base import EvictionPolicy
+from radixcache.sim.cache_replay import CacheReplay
+from radixcache.sim.replay_common import Replayable
+from radixcache.sim.routing_results import RoutingCosts
+from radixcache.trace.workload import SimRequest
+
+
+class LeaseReplay(CacheReplay):
+    """A CacheReplay that holds each request's pages for its lease hint (`hints[i]` seconds, None for none)."""
+
+    def __init__(
+        self,
+        workload: Replayable,
+        capacity_blocks: int,
+        policy: str | EvictionPolicy = "lru",
+        hints: Sequence[float | None] = (),
+        *,
+        budget: float = 0.5,
+        concurrency: int = 1,
+        check: bool = False,
+    ) -> None:
+        if not 0 <= budget <= 1:
+            raise RadixCacheError(f"lease budget must be a fraction of capacity in [0, 1], got {budget!r}")
+        super().__init__(workload, capacity_blocks, policy, concurrency=concurrency, check=check, honor_timestamps=True)
+        self.hints = hints
+        self.budget_pages = int(budget * capacity_blocks)
+        self.hint = getattr(self.cache.policy, "expect_reuse_in", None)
+        self.leases: dict[object, tuple[float, object, int]] = {}  # key -> (deadline ms, locked node, pages)
+        self.leased_pages = 0
+        self.granted = self.given_way = self.expired = 0
+        self.prefill_ms = RoutingCosts().prefill_ms_per_token
+        self.ttfts: list[float] = []
+        self._pending: dict[int, tuple[object, float | None]] = {}  # id(in-flight tokens) -> (lease key, hint)
+        self._now = 0.0
+        self._next: tuple[object, float | None] = (None, None)
+        add = self.inflight.add
+
+        def add_noting_lease(item: tuple, finish_ms: float | None) -> None:
+            self._pending[id(item[1])] = self._next
+            add(item, finish_ms)
+
+        self.inflight.add = add_noting_lease  # type: ignore[method-assign]
+
+    def feed(self, index: int, request: SimRequest) -> None:
+        self._now = request.timestamp_ms
+        self._release(lambda deadline: deadline <= request.timestamp_ms, expired=True)
+        hint = self.hints[index] if index < len(self.hints) else None
+        if self.hint is not None:
+            self.hint(hint)
+        before = self.hit_blocks
+        self._next = (request.session if request.session is not None else ("request", index), hint)
+        super().feed(index, request)
+        hit = min((self.hit_blocks - before) * self.cache.page_size * request.unit, request.prompt_tokens)
+        self.ttfts.append((request.prompt_tokens - hit) * self.prefill_ms)
+
+    def _complete(self, item: tuple) -> None:
+        key, hint = self._pending.pop(id(item[1]), (None, None))
+        if self.hint is not None:
+            self.hint(hint)
+        super()._complete(item)
+        if key is None or hint is None:
+            return
+        full, namespace, p = item[1], item[3], self.cache.page_size
+        if key in self.leases:  # renewal: the session's new lease replaces its previous one
+            self._drop(key)
+        pages = len(full) // p
+        if pages == 0 or pages > self.budget_pages:
+            return
+        held = self.cache.lock_prefix(full, pages * p, namespace=namespace)
+        if held is None:
+            return
+        self.leases[key] = (self._now + hint * 1000.0, held, pages)
+        self.leased_pages += pages
+        self.granted += 1
+        while self.leased_pages > self.budget_pages:  # past the budget the oldest lease gives way
+            oldest = min(self.leases, key=lambda k: self.leases[k][0])
+            self._drop(oldest)
+            self.given_way += 1
+
+    def _release(self, due: Callable[[float], bool], *, expired: bool) -> None:
+        for key in [k for k, (deadline, _, _) in self.leases.items() if due(deadline)]:
+            self._drop(key)
+            self.expired += expired
+
+    def _drop(self, key: object) -> None:
+        _, node, pages = self.leases.pop(key)
+        self.leased_pages -= pages
+        if self.hint is not None:
+            self.hint(None)
+        self.cache.unlock(node)
+
+    def close(self) -> None:
+        super().close()
+        self._release(lambda deadline: True, expired=False)
+
+    def ttft_p99_ms(self) -> float:
+        """The 99th percentile of the modelled TTFT (nearest rank), 0 with no requests."""
+        if not self.ttfts:
+            return 0.0
+        ordered = sorted(self.ttfts)
+        return ordered[min(len(ordered) - 1, max(0, -(-99 * len(ordered) // 100) - 1))]

@@ -1,0 +1,109 @@
+"""Leases in the simulator (radixcache.sim.lease_replay) and the lease-hinted policies `tlru` and `agent`
+(radixcache.policy.lease): locked nodes are never evicted, leases hold pages and expire on their own, the budget
+bounds them, and on chat traffic the policies stay within a point of LRU."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixcache import RadixCache
+from radixcache.policy.registry import ALL_POLICIES, make_policy
+from radixcache.sim.lease_replay import LeaseReplay
+from radixcache.trace.records import TokenRequest
+from radixcache.trace.synthetic import multi_turn_chat
+from radixcache.trace.workload import token_workload
+
+
+def test_policies_are_registered_by_name() -> None:
+    assert {"tlru", "agent"} <= set(ALL_POLICIES)
+    assert make_policy("agent").name == "agent" and make_policy("tlru").name == "tlru"
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.sampled_from(["agent", "tlru"]),
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=6), st.none() | st.floats(0, 30)),
+        min_size=1,
+        max_size=12,
+    ),
+    st.data(),
+)
+def test_a_locked_node_is_never_evicted(name: str, inserts: list, data: st.DataObject) -> None:
+    cache = RadixCache(64, policy=name)
+    locked = []
+    for tokens, hint in inserts:
+        cache.policy.expect_reuse_in(hint)
+        cache.match_prefix(tokens)
+        cache.insert(tokens, cache.allocate(len(tokens)))
+        if data.draw(st.booleans()):
+            node = cache.lock_prefix(tokens, len(tokens))
+            locked.append((tokens, node))
+    cache.evict(64)
+    for tokens, _ in locked:
+        assert cache.peek(tokens).length == len(tokens)
+    cache.check_invariants()
+
+
+def test_agent_without_hints_evicts_like_lru_and_with_hints_farthest_reuse_first() -> None:
+    cache = RadixCache(16, policy="agent")
+    for tokens, hint in (([1, 1], 5.0), ([2, 2], 30.0), ([3, 3], None)):
+        cache.advance_clock(cache.clock + 1000)
+        cache.policy.expect_reuse_in(hint)
+        cache.insert(tokens, cache.allocate(2))
+    order = []
+    for _ in range(3):
+        cache.evict(2)
+        order.append(next(t for t in (1, 2, 3) if t not in order and cache.peek([t, t]).length == 0))
+    assert order == [3, 2, 1]  # no hint (LRU) first, then the reuse 30 s away, then the one 5 s away
+
+
+def _replay(
+    requests: list[TokenRequest], hints: list, capacity: int, policy: str = "lru", budget: float = 1.0
+) -> LeaseReplay:
+    workload = token_workload(requests)
+    replay = LeaseReplay(workload, capacity, policy, hints, budget=budget, check=True)
+    for index, request in enumerate(workload.requests):
+        replay.feed(index, request)
+    return replay
+
+
+def test_a_lease_holds_pages_then_expires_within_one_eviction_after_its_deadline() -> None:
+    a = TokenRequest(0.0, (1,) * 6, 2, "a", output_tokens=(9, 9))
+    filler = [TokenRequest(1000.0 + i, (100 + i,) * 4, 0, f"f{i}", output_tokens=()) for i in range(3)]
+    late = TokenRequest(20000.0, (7,) * 8, 0, "late", output_tokens=())
+    replay = _replay([a, *filler], [5.0, None, None, None], capacity=12)
+    assert replay.granted == 1 and replay.cache.peek((*a.tokens, 9, 9)).length == 8  # held though fillers pressed
+    assert replay.cache.evictable_blocks < replay.cache.cached_tokens  # its 8 pages are locked
+    replay.feed(4, token_workload([late]).requests[0])  # 20 s later: the 5 s lease is past its deadline
+    assert replay.expired == 1 and not replay.leases
+    assert replay.cache.peek(a.tokens).length < 6  # released, and the late request's allocation evicted it
+    replay.close()
+
+
+def test_the_budget_makes_the_oldest_lease_give_way() -> None:
+    requests = [TokenRequest(float(i), (i + 1,) * 4, 0, f"s{i}", output_tokens=()) for i in range(3)]
+    replay = _replay(requests, [60.0] * 3, capacity=20, budget=0.45)  # room for two 4-page leases of 20 pages
+    replay.close()
+    assert replay.granted == 3 and replay.given_way == 1
+
+
+def test_a_hit_renews_the_session_lease() -> None:
+    first = TokenRequest(0.0, (1,) * 4, 0, "a", output_tokens=())
+    second = TokenRequest(3000.0, (1,) * 4 + (2,) * 4, 0, "a", output_tokens=())
+    replay = _replay([first, second, TokenRequest(6000.0, (5,), 0, "b", output_tokens=())], [4.0, 4.0, None], 40)
+    assert replay.expired == 0 and len(replay.leases) == 1  # at 6 s the first lease (to 4 s) was renewed to 7 s
+    replay.close()
+
+
+def test_on_chat_traffic_the_lease_policies_stay_within_a_point_of_lru() -> None:
+    workload = token_workload(multi_turn_chat(conversations=40, seed=2), page_size=16)
+    rates = {}
+    for policy in ("lru", "tlru", "agent"):
+        replay = LeaseReplay(workload, 150, policy)
+        for index, request in enumerate(workload.requests):
+            replay.feed(index, request)
+        replay.close()
+        rates[policy] = replay.result().hit_rate
+    assert rates["tlru"] >= rates["lru"] - 0.01 and rates["agent"] >= rates["lru"] - 0.01
