@@ -28,6 +28,20 @@ from radixcache.runtime.engine.errors import ReplicaUnavailableError
 log = logging.getLogger("radixcache.cluster")
 
 
+STREAMS_WITHOUT_QUEUE_LIMIT = 64  # streams a replica runs at once past max_running when max_queue is unbounded
+CONTROL_THREADS = 8  # actor threads beyond the streams: event pulls, cancels, stats, and refusals answered at once
+
+
+def actor_threads(engine_kwargs: dict[str, Any] | None) -> int:
+    """A replica actor's max_concurrency: every request its engine may hold (max_running admitted plus max_queue
+    waiting) gets a thread, so each reaches the engine's own admission (a full queue is refused there, 429, and
+    queue_timeout counts there) instead of waiting in Ray's queue; plus CONTROL_THREADS for everything else."""
+    kwargs = engine_kwargs or {}
+    running = kwargs.get("max_running") or 64
+    queue = kwargs.get("max_queue")
+    return int(running) + (STREAMS_WITHOUT_QUEUE_LIMIT if queue is None else int(queue)) + CONTROL_THREADS
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterStats:
     """The routing set and the index now. `deaths`: replicas seen dying; `retries`: requests re-sent after a death."""
@@ -70,7 +84,7 @@ class ReplicaCluster:
         if not ray.is_initialized():
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         actor = ray.remote(EngineReplica).options(
-            num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=64
+            num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=actor_threads(engine_kwargs)
         )
         self.ray = ray
         self.actor_errors = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)

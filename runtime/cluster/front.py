@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -43,6 +44,7 @@ class RemoteHandle:
     def __init__(self, request: RemoteRequest, cancel: Any) -> None:
         self.request = request
         self.future: Future[Any] = Future()
+        self.sent_at = time.time()  # the replica's queue timeout counts from here
         self.cancelled = False  # set before the cancel is sent: a dispatch after it cancels on the replica too
         self._cancel = cancel
 
@@ -150,15 +152,15 @@ class ClusterEngine:
         request = cluster.route_request(prompt, options.max_new_tokens, options.namespace, options.session)
         options = options.updated(session=None)  # the session chose the replica; the replica's engine never sees it
         tried: set[int] = set()
+        sent_at = handle.sent_at
         try:
             result = None
             while result is None:
                 replica, rid = cluster.dispatch(request, tried)
                 req.replica = replica
                 try:
-                    stream = (
-                        cluster.actor(replica).stream.options(num_returns="streaming").remote(req.rid, prompt, options)
-                    )
+                    streaming = cluster.actor(replica).stream.options(num_returns="streaming")
+                    stream = streaming.remote(req.rid, prompt, options, sent_at)
                     if handle.cancelled:  # cancelled before `replica` was set: `_cancel` could not name it
                         cluster.actor(replica).cancel.remote(req.rid)
                     for ref in stream:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -67,12 +68,24 @@ class EngineReplica:
         """One request through the engine (blocking this actor thread, not the others); a GenerationResult."""
         return self.engine.generate(list(prompt_ids), max_new_tokens, **kwargs)
 
-    def stream(self, rid: str, prompt_ids: Sequence[int], options: RequestOptions) -> Iterator[tuple[str, Any, Any]]:
+    def stream(
+        self, rid: str, prompt_ids: Sequence[int], options: RequestOptions, sent_at: float | None = None
+    ) -> Iterator[tuple[str, Any, Any]]:
         """One request, streamed (a Ray streaming generator): ("tokens", new token ids, their logprobs) as the engine
         makes them, then ("done", GenerationResult, None). An engine error (a full queue, say) is raised to the
-        caller. `cancel(rid)` aborts it."""
+        caller. `cancel(rid)` aborts it. `sent_at` (time.time() when the front door sent it): the engine's queue
+        timeout counts from then, so time spent reaching the replica is not granted twice."""
+        from radixcache.runtime.engine.errors import QueueTimeoutError
+
+        waited = max(0.0, time.time() - sent_at) if sent_at is not None else 0.0
+        timeout = self.engine.queue_timeout
+        if timeout is not None and waited >= timeout:
+            raise QueueTimeoutError(f"waited {waited:.2f} s to reach its replica, the queue timeout is {timeout} s")
         wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         handle = self.engine.submit(list(prompt_ids), options=options)
+        deadline = handle.request.queue_deadline
+        if deadline is not None and waited:
+            handle.request.queue_deadline = deadline - waited
         with self._cancel_lock:
             self._handles[rid] = handle
             cancelled_early = self._early_cancels.pop(rid, 0) is None

@@ -180,3 +180,41 @@ def test_a_session_sticks_to_its_replica_through_the_front_door(local_ray: None,
         assert fourth.request.replica != first.request.replica
     finally:
         engine.close()
+
+
+def test_a_saturated_replica_refuses_within_its_queue_limits(local_ray: None, tiny_dir: Path) -> None:
+    """Regression: replica actors took 64 calls, so a 65th waited in Ray's queue outside the engine's
+    queue_timeout and failed a second later. Now every request reaches the engine's admission, whose timeout counts
+    from the front door; errors relayed from the replica keep their type (the server's 503 / 429 / 400)."""
+    from radixcache.runtime.cluster.front import ClusterEngine
+    from radixcache.runtime.engine.errors import QueueFullError, QueueTimeoutError, RequestTooLargeError
+    from radixcache.runtime.server.errors import api_error_for
+
+    timeout = 1.0
+    kwargs = {**ENGINE, "max_running": 1, "queue_timeout": timeout}
+    engine = ClusterEngine(ReplicaCluster(str(tiny_dir), 1, engine_kwargs=kwargs), str(tiny_dir))
+    try:
+        handles = [engine.submit([1, 2, 3, i], 400, ignore_eos=True) for i in range(70)]
+        ended: dict[int, float] = {}
+        for i, handle in enumerate(handles):
+            handle.future.add_done_callback(lambda _f, i=i: ended.setdefault(i, time.time()))
+        late = []
+        for i, handle in enumerate(handles):
+            try:
+                handle.result(timeout=60)
+            except QueueTimeoutError:
+                late.append(ended[i] - handle.sent_at)
+        assert len(late) > 6 and max(late) < timeout + 0.6, sorted(late)[-5:]
+        assert api_error_for(QueueTimeoutError("x")).status == 503
+        with pytest.raises((RequestTooLargeError, ValueError)) as too_large:  # past the cache, or max_position
+            engine.generate([i % 250 + 1 for i in range(1000)], 2)
+        assert api_error_for(too_large.value).status == 400, too_large.value
+    finally:
+        engine.close()
+    full = ClusterEngine(ReplicaCluster(str(tiny_dir), 1, engine_kwargs={**ENGINE, "max_queue": 0}), str(tiny_dir))
+    try:
+        with pytest.raises(QueueFullError) as refused:
+            full.generate([1, 2, 3], 2)
+        assert api_error_for(refused.value).status == 429
+    finally:
+        full.close()
