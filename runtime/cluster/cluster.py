@@ -8,7 +8,8 @@ the replicas' cache events, and survive replicas that die.
 - A replica whose call fails with a Ray actor error leaves the routing set at once (its index and load are dropped);
   the poller adds it back, with an empty index, once Ray has restarted it. A request that failed on a dead replica
   is retried on another (no token was sent: results are whole), and fails with ReplicaUnavailableError when no
-  replica is left. No request waits on a dead actor: Ray fails its pending calls.
+  replica is left, or when its replica does not answer within `call_timeout` (HTTP 503 either way). No request
+  waits on a dead actor: Ray fails its pending calls.
 """
 
 from __future__ import annotations
@@ -150,6 +151,10 @@ class ReplicaCluster:
                 self.mark_dead(replica, exc)
                 tried.add(replica)
                 self.count_retry()
+            except self.ray.exceptions.GetTimeoutError:  # alive but not answering: the client may retry (503)
+                raise ReplicaUnavailableError(
+                    f"engine replica {replica} did not answer within {self.call_timeout} s"
+                ) from None
             finally:
                 self.done(replica, rid)
 
