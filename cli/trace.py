@@ -36,7 +36,13 @@ _WRITERS = {
     MOONCAKE: write_mooncake,
     CONVERSATIONS: write_conversations,
 }
-_COUNT_PARAM = {"chat": "conversations", "agent": "agents", "rag": "queries", "few-shot": "batches"}
+_COUNT_PARAM = {
+    "chat": "conversations",
+    "agent": "agents",
+    "agent-sessions": "agents",
+    "rag": "queries",
+    "few-shot": "batches",
+}
 
 
 @click.group()
@@ -137,7 +143,7 @@ def convert(src: str, dst: str, fmt: str | None, to: str | None) -> None:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--set", "overrides", multiple=True, metavar="NAME=VALUE", help="Any generator parameter; repeat.")
 def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str, ...]) -> None:
-    """Write a seeded synthetic token trace (chat, agent, rag, few-shot) to OUT (.jsonl or .msgpack).
+    """Write a seeded synthetic token trace (chat, agent, agent-sessions, rag, few-shot) to OUT (.jsonl or .msgpack).
 
     Parameters of the generator (see radixcache.trace.synthetic) can be set with --set, e.g. --set turns=2,6.
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from radixcache.sim.lease_replay import LeaseReplay
 from radixcache.sim.simulation import simulate
-from radixcache.trace.agent_sessions import agent_sessions, hinted
+from radixcache.trace.agent_sessions import agent_sessions
 from radixcache.trace.synthetic import multi_turn_chat
 from radixcache.trace.workload import Workload, load_workload, token_workload
 
@@ -38,9 +38,9 @@ def run(workload: Workload, capacity: int, policy: str, hints: Sequence[float | 
 def agent_table(seeds: Sequence[int], capacity: int, budget: float, page: int) -> list[tuple[str, float, float]]:
     rows: dict[str, list[tuple[float, float]]] = {}
     for seed in seeds:
-        requests = agent_sessions(seed=seed)
-        workload = token_workload(list(hinted(requests)), page_size=page)
-        hints = [hint for _, hint in requests]
+        requests = list(agent_sessions(seed=seed))
+        workload = token_workload(requests, page_size=page)
+        hints = [request.retain_for for request in requests]
         for policy in ONLINE:
             rows.setdefault(f"{policy}", []).append(run(workload, capacity, policy, (), 0.0))
             rows.setdefault(f"{policy}+lease", []).append(run(workload, capacity, policy, hints, budget))

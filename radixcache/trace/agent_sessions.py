@@ -7,8 +7,9 @@ log-uniformly from `pause_s` (seconds: `exp(U(ln lo, ln hi))`, so every octave i
 output whose length is drawn log-uniformly from `tool_output_tokens`; the next step arrives when the pause ends.
 Agents start `mean_interarrival_ms` apart on average (exponential gaps).
 
-Each request carries a lease hint, `retain_for` seconds: the pause that follows it, times a log-uniform error
-factor from `[1/hint_error, hint_error]` (1 gives the exact pause); a session's last request has none (None).
+Each request carries a lease hint, `TokenRequest.retain_for` seconds: the pause that follows it, times a
+log-uniform error factor from `[1/hint_error, hint_error]` (1 gives the exact pause); a session's last request
+has none (None).
 Arrival times are on the trace clock (milliseconds); the generator is deterministic per seed.
 """
 
@@ -20,9 +21,6 @@ import random
 from collections.abc import Iterator
 
 from radixcache.trace.records import TokenRequest
-
-#: a request and its lease hint in seconds (None: no lease)
-HintedRequest = tuple[TokenRequest, float | None]
 
 
 def log_uniform(rng: random.Random, lo: float, hi: float) -> float:
@@ -43,7 +41,7 @@ def agent_sessions(
     hint_error: float = 1.0,
     vocab: int = 32000,
     seed: int = 0,
-) -> list[HintedRequest]:
+) -> Iterator[TokenRequest]:
     """The requests of `agents` agent sessions in arrival order, each with its lease hint (see the module doc)."""
     if agents < 0 or not 1 <= steps[0] <= steps[1]:
         raise ValueError("agent_sessions: need agents >= 0 and 1 <= steps[0] <= steps[1]")
@@ -57,7 +55,7 @@ def agent_sessions(
         return tuple(rng.randrange(vocab) for _ in range(n))
 
     shared = tokens(system_tokens) + tokens(tools_tokens)
-    keyed: list[tuple[float, int, int, HintedRequest]] = []
+    keyed: list[tuple[float, int, int, TokenRequest]] = []
     start = 0.0
     for agent in range(agents):
         start += rng.expovariate(1.0 / mean_interarrival_ms) if mean_interarrival_ms > 0 else 0.0
@@ -69,14 +67,9 @@ def agent_sessions(
             pause = log_uniform(rng, *pause_s)
             size = round(log_uniform(rng, *tool_output_tokens))
             hint = None if step == count - 1 else pause * log_uniform(rng, 1 / hint_error, hint_error)
-            request = TokenRequest(round(t, 3), context, len(out), f"agent-{agent}", output_tokens=out)
-            keyed.append((round(t, 3), agent, step, (request, hint)))
+            request = TokenRequest(round(t, 3), context, len(out), f"agent-{agent}", output_tokens=out, retain_for=hint)
+            keyed.append((round(t, 3), agent, step, request))
             context = context + out + tokens(size)
             t += pause * 1000.0
     heapq.heapify(keyed)
-    return [heapq.heappop(keyed)[3] for _ in range(len(keyed))]
-
-
-def hinted(requests: list[HintedRequest]) -> Iterator[TokenRequest]:
-    """The requests alone, for the readers, writers and replays that take TokenRequests."""
-    return (request for request, _ in requests)
+    return iter([heapq.heappop(keyed)[3] for _ in range(len(keyed))])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -11,7 +11,9 @@ class TokenRequest:
 
     timestamp_ms: arrival time. tokens: the prompt's token ids. output_length: tokens the request generates.
     session: the conversation it belongs to, if any. namespace: cache namespace (tenant), None for the shared
-    default. output_tokens: the recorded output, if known (its length equals output_length).
+    default. output_tokens: the recorded output, if known (its length equals output_length). retain_for: the lease
+    hint, seconds its pages should be kept after it ends (the expected pause before its context returns), None for
+    none.
     """
 
     timestamp_ms: float
@@ -20,3 +22,5 @@ class TokenRequest:
     session: str | None = None
     namespace: str | None = None
     output_tokens: tuple[int, ...] | None = None
+    # out of repr, so a request without a hint prints as before (tests pin existing workloads by their repr)
+    retain_for: float | None = field(default=None, repr=False)

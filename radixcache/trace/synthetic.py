@@ -11,6 +11,7 @@ import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
+from radixcache.trace.agent_sessions import agent_sessions
 from radixcache.trace.records import TokenRequest
 
 
@@ -259,5 +260,11 @@ def few_shot(
 
 #: generator name -> function, for the CLI and the sweep
 GENERATORS: Mapping[str, Callable[..., Iterator[TokenRequest]]] = MappingProxyType(
-    {"chat": multi_turn_chat, "agent": agent_loops, "rag": rag, "few-shot": few_shot}
+    {
+        "chat": multi_turn_chat,
+        "agent": agent_loops,
+        "agent-sessions": agent_sessions,
+        "rag": rag,
+        "few-shot": few_shot,
+    }
 )

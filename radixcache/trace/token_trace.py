@@ -1,7 +1,8 @@
 """Token traces: one `TokenRequest` per record, as JSONL or as a msgpack stream. The two convert losslessly.
 
 Record fields: `timestamp` (ms), `tokens` (list of ints), `output_length`; optional `session`, `namespace`
-and `output_tokens` (the recorded output, whose length must equal output_length). Optional fields are written
+and `output_tokens` (the recorded output, whose length must equal output_length), and `retain_for` (the lease
+hint in seconds: a finite number >= 0; traces written before it have none). Optional fields are written
 only when set, and numbers keep their JSON type (int or float), so JSONL -> msgpack -> JSONL is byte-stable.
 """
 
@@ -36,6 +37,8 @@ def request_to_dict(request: TokenRequest) -> dict[str, Any]:
         out["namespace"] = request.namespace
     if request.output_tokens is not None:
         out["output_tokens"] = list(request.output_tokens)
+    if request.retain_for is not None:
+        out["retain_for"] = request.retain_for
     return out
 
 
@@ -48,6 +51,9 @@ def request_from_dict(record: Any, path: str, where: str) -> TokenRequest:
     output_tokens = fields.int_list("output_tokens", None)
     if output_tokens is not None and len(output_tokens) != output_length:
         fields.fail(f"has {len(output_tokens)} tokens but output_length is {output_length}", "output_tokens")
+    retain_for = fields.number("retain_for", None)
+    if retain_for is not None and not retain_for <= 1e9:
+        fields.fail(f"must be a finite number of seconds <= 1e9, got {retain_for!r}", "retain_for")
     return TokenRequest(
         timestamp_ms=timestamp,
         tokens=tokens,
@@ -55,6 +61,7 @@ def request_from_dict(record: Any, path: str, where: str) -> TokenRequest:
         session=fields.text("session", None),
         namespace=fields.text("namespace", None),
         output_tokens=output_tokens,
+        retain_for=retain_for,
     )
 
 
@@ -77,7 +84,9 @@ def iter_token_lines(path: str | Path) -> Iterator[tuple[int, TokenRequest]]:
             raise TraceError(name, str(lineno), problem, "output_tokens")
         yield (
             lineno,
-            TokenRequest(line.timestamp, line.tokens, line.output_length, line.session, line.namespace, output),
+            TokenRequest(
+                line.timestamp, line.tokens, line.output_length, line.session, line.namespace, output, line.retain_for
+            ),
         )
 
 
@@ -183,7 +192,7 @@ def _ids(doc: Any, key: str) -> array | None:
 def _read_token_line(name: str, lineno: int, raw: bytes) -> TokenLine:
     """A line msgspec refused, read by `request_from_dict`: raises its TraceError, or returns the line."""
     r = request_from_dict(json_line(name, lineno, raw), name, str(lineno))
-    return TokenLine(r.timestamp_ms, r.tokens, r.output_length, r.session, r.namespace, r.output_tokens)
+    return TokenLine(r.timestamp_ms, r.tokens, r.output_length, r.session, r.namespace, r.output_tokens, r.retain_for)
 
 
 def write_token_jsonl(path: str | Path, requests: Iterable[TokenRequest]) -> int:

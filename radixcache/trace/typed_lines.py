@@ -50,6 +50,9 @@ class TokenLine(msgspec.Struct, frozen=True):
     session: str | None = None
     namespace: str | None = None
     output_tokens: tuple[Id, ...] | None = None
+    retain_for: Annotated[int, msgspec.Meta(ge=0, le=10**9)] | Annotated[float, msgspec.Meta(ge=0, le=1e9)] | None = (
+        None
+    )
 
 
 Line = TypeVar("Line", MooncakeLine, TokenLine)

@@ -1,5 +1,7 @@
 """The agent-session generator (radixcache.trace.agent_sessions): deterministic per seed, pauses and tool outputs
-within their stated log-uniform bounds, shared system prompt and tools, lease hints equal to the next pause."""
+within their stated log-uniform bounds, shared system prompt and tools, lease hints equal to the next pause; the
+token trace formats carry the hint (`retain_for`) both ways, refuse bad values naming file, line and field, and
+still read traces without it; `radixcache trace gen agent-sessions` writes it."""
 
 from __future__ import annotations
 
@@ -7,19 +9,30 @@ import itertools
 import random
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixcache.cli.main import main as cli_main
 from radixcache.trace.agent_sessions import agent_sessions, log_uniform
+from radixcache.trace.errors import TraceError
+from radixcache.trace.token_trace import (
+    iter_token_jsonl,
+    iter_token_msgpack,
+    write_token_jsonl,
+    write_token_msgpack,
+)
 
 
 def test_same_seed_same_requests_other_seed_other_requests() -> None:
-    assert agent_sessions(agents=3, seed=5) == agent_sessions(agents=3, seed=5)
-    assert agent_sessions(agents=3, seed=5) != agent_sessions(agents=3, seed=6)
+    assert list(agent_sessions(agents=3, seed=5)) == list(agent_sessions(agents=3, seed=5))
+    assert list(agent_sessions(agents=3, seed=5)) != list(agent_sessions(agents=3, seed=6))
 
 
 def test_pauses_hints_and_tool_outputs_stay_in_bounds() -> None:
-    requests = agent_sessions(agents=6, pause_s=(2.0, 30.0), tool_output_tokens=(50, 800), seed=3)
+    requests = [
+        (r, r.retain_for) for r in agent_sessions(agents=6, pause_s=(2.0, 30.0), tool_output_tokens=(50, 800), seed=3)
+    ]
     times = [r.timestamp_ms for r, _ in requests]
     assert times == sorted(times)
     sessions: dict[str, list] = {}
@@ -53,3 +66,36 @@ def test_bad_arguments_are_refused() -> None:
         agent_sessions(pause_s=(0.0, 1.0))
     with pytest.raises(ValueError, match="hint_error"):
         agent_sessions(hint_error=0.5)
+
+
+def test_the_hint_round_trips_through_jsonl_and_msgpack(tmp_path) -> None:
+    requests = list(agent_sessions(agents=2, steps=(2, 3), seed=1))
+    assert any(r.retain_for is not None for r in requests) and any(r.retain_for is None for r in requests)
+    write_token_jsonl(tmp_path / "a.jsonl", requests)
+    write_token_msgpack(tmp_path / "a.msgpack", requests)
+    assert list(iter_token_jsonl(tmp_path / "a.jsonl")) == requests
+    assert list(iter_token_msgpack(tmp_path / "a.msgpack")) == requests
+
+
+def test_old_traces_read_and_bad_hints_are_refused_with_file_and_line(tmp_path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "tokens": [1, 2], "output_length": 0}\n')
+    assert next(iter_token_jsonl(path)).retain_for is None
+    for bad in ("-1", '"5"', "true", "1e12"):
+        path.write_text(
+            '{"timestamp": 0, "tokens": [1], "output_length": 0}\n'
+            f'{{"timestamp": 1, "tokens": [1], "output_length": 0, "retain_for": {bad}}}\n'
+        )
+        with pytest.raises(TraceError) as caught:
+            list(iter_token_jsonl(path))
+        assert f"{path}:2" in str(caught.value) and "retain_for" in str(caught.value)
+
+
+def test_trace_gen_writes_agent_sessions_with_hints(tmp_path) -> None:
+    out = tmp_path / "agents.jsonl"
+    result = CliRunner().invoke(
+        cli_main, ["trace", "gen", "agent-sessions", str(out), "--count", "2", "--set", "pause_s=3,4"]
+    )
+    assert result.exit_code == 0, result.output
+    hints = [r.retain_for for r in iter_token_jsonl(out)]
+    assert all(h is None or 3 <= h <= 4 for h in hints) and any(h is not None for h in hints)
