@@ -38,7 +38,8 @@ def actor_threads(engine_kwargs: dict[str, Any] | None) -> int:
     waiting) gets a thread, so each reaches the engine's own admission (a full queue is refused there, 429, and
     queue_timeout counts there) instead of waiting in Ray's queue; plus CONTROL_THREADS for everything else."""
     kwargs = engine_kwargs or {}
-    running = kwargs.get("max_running") or 64
+    scheduler = kwargs.get("scheduler_config")
+    running = getattr(scheduler, "max_running", None) or kwargs.get("max_running") or 64
     queue = kwargs.get("max_queue")
     return int(running) + (STREAMS_WITHOUT_QUEUE_LIMIT if queue is None else int(queue)) + CONTROL_THREADS
 

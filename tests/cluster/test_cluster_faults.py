@@ -134,3 +134,12 @@ def test_a_resync_onto_a_dead_actor_drops_the_replica(cluster) -> None:
     del cluster.actor(0).fail["snapshot"]  # back (restarted): the next poll sees it and it rejoins
     cluster.poll()
     assert cluster.alive == (0, 1)
+
+
+def test_a_replica_actor_has_a_thread_for_every_request_its_engine_may_hold() -> None:
+    from radixcache.runtime.cluster.cluster import CONTROL_THREADS, actor_threads
+    from radixcache.runtime.engine.scheduler import SchedulerConfig
+
+    assert actor_threads({"max_running": 2, "max_queue": 5}) == 2 + 5 + CONTROL_THREADS
+    assert actor_threads({"scheduler_config": SchedulerConfig(max_running=3), "max_queue": 0}) == 3 + CONTROL_THREADS
+    assert actor_threads(None) == 64 + 64 + CONTROL_THREADS  # max_queue unbounded: 64 streams past max_running
