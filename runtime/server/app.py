@@ -14,6 +14,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from radixcache.runtime.engine.errors import EngineOverloadedError
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine
 from radixcache.runtime.server import generation
@@ -86,6 +87,10 @@ def create_app(
         return await _api_error(_, APIError(400, message, param=param))
 
     async def _engine_error(_: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, EngineOverloadedError):  # the hint is at least the queue's recent admission wait
+            estimate = getattr(getattr(engine, "queue", None), "retry_after", None)
+            if callable(estimate):
+                exc.retry_after = max(exc.retry_after, estimate())
         return await _api_error(_, api_error_for(exc))
 
     for kind in ENGINE_ERRORS:  # errors a client or the load can cause: a status, no traceback in the log

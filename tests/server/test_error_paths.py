@@ -1,0 +1,155 @@
+"""The server's error paths, on an in-process app over a small random-weights engine: a closed engine is 503
+shutting_down; a CacheFullError is 503 kv_cache_full with Retry-After; a chat template that refuses the messages
+is a 400 naming `messages`; a job whose second prompt the engine refuses (a full queue) is a 429 and the choices
+already queued are cancelled; a choice that fails mid-stream ends the stream with OpenAI's error object and
+[DONE], its sibling is cancelled; a queue timeout's Retry-After comes from the queue's recent admission wait.
+After each, no block stays locked and the server still answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from radixcache.errors import CacheFullError
+from radixcache.runtime import Engine
+from radixcache.runtime.engine.errors import QueueFullError, QueueTimeoutError
+from radixcache.runtime.server import create_app, generation
+from radixcache.runtime.server.errors import api_error_for
+from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+
+PROMPT = list(range(1, 20))
+
+
+def _engine() -> Engine:
+    m = tiny_model(seed=7)
+    return Engine(RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size)), capacity_blocks=128)
+
+
+@pytest.fixture
+def app() -> Iterator[tuple[TestClient, Engine]]:
+    engine = _engine()
+    with TestClient(create_app(engine, "tiny")) as client:
+        yield client, engine
+    engine.close()
+
+
+def _settled(engine: Engine) -> dict:
+    deadline = time.monotonic() + 20
+    while True:
+        gauges = engine.check()
+        if (gauges["running"] == 0 and gauges["waiting"] == 0) or time.monotonic() > deadline:
+            return gauges
+
+
+def _still_serves(client: TestClient) -> None:
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200, r.text
+
+
+def test_a_closed_engine_is_503_shutting_down() -> None:
+    engine = _engine()
+    with TestClient(create_app(engine, "tiny")) as client:
+        engine.close()
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 2})
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "shutting_down" and r.json()["error"]["type"] == "server_error"
+
+
+def test_cache_full_is_503_kv_cache_full_with_retry_after(app, monkeypatch) -> None:
+    client, engine = app
+
+    def full(*_a, **_k):
+        raise CacheFullError("no room beside pinned pages")
+
+    monkeypatch.setattr(engine, "submit", full)
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 2})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "kv_cache_full", r.text
+    assert int(r.headers["retry-after"]) >= 1
+    monkeypatch.undo()
+    _still_serves(client)
+
+
+def test_a_chat_template_refusal_is_400_naming_messages(app, monkeypatch) -> None:
+    client, engine = app
+
+    def refuse(*_a, **_k):
+        raise ValueError("Conversation roles must alternate user/assistant")
+
+    monkeypatch.setattr(engine.tokenizer, "apply_chat_template", refuse)
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages" and "must alternate" in err["message"]
+    assert _settled(engine)["locked_blocks"] == 0
+
+
+def test_a_job_refused_part_way_cancels_the_choices_already_queued(app, monkeypatch) -> None:
+    client, engine = app
+    queued, real = [], engine.submit_group
+
+    def second_refused(prompts, *a, **k):
+        if queued:
+            raise QueueFullError("the engine's queue is full", retry_after=3.0)
+        handles = real(prompts, *a, **k)
+        queued.extend(handles)
+        return handles
+
+    monkeypatch.setattr(engine, "submit_group", second_refused)
+    body = {"model": "tiny", "prompt": [PROMPT, PROMPT[::-1]], "n": 2, "max_tokens": 40, "temperature": 1, "seed": 1}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full", r.text
+    assert r.headers["retry-after"] == "3"
+    assert len(queued) == 2
+    for h in queued:
+        assert h.future.result(timeout=20).finish_reason == "cancelled"
+    assert _settled(engine)["locked_blocks"] == 0
+    monkeypatch.undo()
+    _still_serves(client)
+
+
+def test_one_choice_failing_mid_stream_ends_the_stream_and_cancels_its_sibling(app, monkeypatch) -> None:
+    client, engine = app
+    original, handles = generation._stream_one, []
+
+    async def second_fails(engine_, job, i, handle, inflight, out):
+        handles.append(handle)
+        if i != 1:
+            return await original(engine_, job, i, handle, inflight, out)
+        while len(handle.request.output_ids) < 2 and not handle.done():
+            await asyncio.sleep(0.005)
+        raise RuntimeError("injected detokenizer failure")
+
+    monkeypatch.setattr(generation, "_stream_one", second_fails)
+    body = {"model": "tiny", "prompt": PROMPT, "n": 2, "max_tokens": 200, "temperature": 1, "stream": True}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "server_error" and "injected" in error["message"]
+    sibling = handles[0].future.result(timeout=20)
+    assert sibling.finish_reason == "cancelled" or len(sibling.token_ids) < 200
+    assert _settled(engine)["locked_blocks"] == 0
+    monkeypatch.undo()
+    _still_serves(client)
+
+
+def test_queue_timeout_retry_after_comes_from_the_queue_state(app, monkeypatch) -> None:
+    """The scheduler's QueueTimeoutError carries no estimate (1 s); the server asks the queue: its recent mean
+    admission wait, rounded up (a waited 4.3 s on average: come back in 5)."""
+    client, engine = app
+
+    def timed_out(*_a, **_k):
+        raise QueueTimeoutError("request 1 waited 2.0 s without being admitted")
+
+    monkeypatch.setattr(engine.queue, "_mean_wait_s", 4.3)
+    monkeypatch.setattr(engine, "submit", timed_out)
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 2})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "queue_timeout", r.text
+    assert r.headers["retry-after"] == "5"
+    assert api_error_for(QueueTimeoutError("x", retry_after=7.2)).headers["Retry-After"] == "8"
