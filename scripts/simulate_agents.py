@@ -3,7 +3,8 @@
     python scripts/simulate_agents.py --seeds 10 11 12 --capacity 400 [--budget 0.5] [--trace PATH ...]
 
 For each agent seed (radixcache.trace.agent_sessions, 8 agents, 2-30 s log-uniform pauses) it replays lru,
-reuse, tlru and agent, each with leases (radixcache.sim.lease_replay, `--budget` of capacity) and without, plus
+reuse, tlru and agent three ways: without hints, with the hints told to the policy only (budget 0: nothing is held),
+and with leases (radixcache.sim.lease_replay, `--budget` of capacity: pages held, hints told), plus
 the belady and belady-admission bounds (no leases); it prints the mean hit rate and the mean modelled TTFT p99
 over the seeds, and each one's ratio to LRU without leases. Each `--trace` (a JSONL/msgpack/Mooncake trace read
 by radixcache.trace.workload.load_workload) and `--chat-seeds` (radixcache's `trace gen chat`) is replayed by every
@@ -43,6 +44,7 @@ def agent_table(seeds: Sequence[int], capacity: int, budget: float, page: int) -
         hints = [request.retain_for for request in requests]
         for policy in ONLINE:
             rows.setdefault(f"{policy}", []).append(run(workload, capacity, policy, (), 0.0))
+            rows.setdefault(f"{policy}+hint", []).append(run(workload, capacity, policy, hints, 0.0))
             rows.setdefault(f"{policy}+lease", []).append(run(workload, capacity, policy, hints, budget))
         for bound in BOUNDS:
             rows.setdefault(bound, []).append((simulate(workload, capacity, bound, honor_timestamps=True).hit_rate, 0))
