@@ -158,8 +158,12 @@ def _plain_line(parser: Any, raw: bytes) -> TokenArrays | None:
         output_length = doc.get("output_length")
         session, namespace = doc.get("session"), doc.get("namespace")
         has_output = doc.get("output_tokens") is not None
+        retain_for = doc.get("retain_for")  # not carried by TokenArrays, but checked as the careful reader does
         if not (
-            ((type(timestamp) is int and 0 <= timestamp <= _MAX_ID) or (type(timestamp) is float and timestamp >= 0))
+            (retain_for is None or (type(retain_for) in (int, float) and 0 <= retain_for <= 1e9))
+            and (
+                (type(timestamp) is int and 0 <= timestamp <= _MAX_ID) or (type(timestamp) is float and timestamp >= 0)
+            )
             and type(output_length) is int
             and 0 <= output_length <= _MAX_ID
             and (session is None or (type(session) is str and "[" not in session))

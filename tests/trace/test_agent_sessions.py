@@ -17,6 +17,7 @@ from radixcache.cli.main import main as cli_main
 from radixcache.trace.agent_sessions import agent_sessions, log_uniform
 from radixcache.trace.errors import TraceError
 from radixcache.trace.token_trace import (
+    iter_token_arrays,
     iter_token_jsonl,
     iter_token_msgpack,
     write_token_jsonl,
@@ -99,3 +100,13 @@ def test_trace_gen_writes_agent_sessions_with_hints(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     hints = [r.retain_for for r in iter_token_jsonl(out)]
     assert all(h is None or 3 <= h <= 4 for h in hints) and any(h is not None for h in hints)
+
+
+def test_the_simulators_fast_reader_refuses_a_bad_hint_as_the_careful_reader_does(tmp_path) -> None:
+    """iter_token_arrays (the streamed simulator's reader) used to pass a bad retain_for silently."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "tokens": [1], "output_length": 0, "retain_for": 2.5}\n')
+    assert len(list(iter_token_arrays(path))) == 1
+    path.write_text('{"timestamp": 0, "tokens": [1], "output_length": 0, "retain_for": -2}\n')
+    with pytest.raises(TraceError, match="retain_for"):
+        list(iter_token_arrays(path))
