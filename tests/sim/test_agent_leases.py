@@ -107,3 +107,32 @@ def test_on_chat_traffic_the_lease_policies_stay_within_a_point_of_lru() -> None
         replay.close()
         rates[policy] = replay.result().hit_rate
     assert rates["tlru"] >= rates["lru"] - 0.01 and rates["agent"] >= rates["lru"] - 0.01
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.sampled_from(["agent", "tlru"]),
+    st.lists(st.tuples(st.integers(1, 5000), st.none() | st.integers(0, 30)), min_size=1, max_size=10),
+)
+def test_eviction_order_matches_a_naive_sort(name: str, leaves: list) -> None:
+    """Disjoint one-page leaves inserted at increasing times with random hints leave in the order a plain sort of
+    the documented keys gives (ties by insertion)."""
+    cache = RadixCache(64, policy=name)
+    expected = []
+    now = 0
+    for index, (step, hint) in enumerate(leaves):
+        now += step * 1000
+        cache.advance_clock(now)
+        cache.policy.expect_reuse_in(hint)
+        cache.insert([index], cache.allocate(1))
+        at = cache.peek([index]).node.last_access
+        if name == "tlru":
+            key = (at + (10_000_000 if hint is None else hint * 1_000_000),)
+        else:
+            key = (0, at) if hint is None else (1, -(at + hint * 1_000_000))
+        expected.append((key, index))
+    order = []
+    for _ in leaves:
+        cache.evict(1)
+        order.append(next(i for i in range(len(leaves)) if i not in order and cache.peek([i]).length == 0))
+    assert order == [index for _, index in sorted(expected)]
