@@ -4,6 +4,10 @@ bounds them, and on chat traffic the policies stay within a point of LRU."""
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +16,7 @@ from radixcache.policy.registry import ALL_POLICIES, make_policy
 from radixcache.sim.lease_replay import LeaseReplay
 from radixcache.trace.records import TokenRequest
 from radixcache.trace.synthetic import multi_turn_chat
-from radixcache.trace.workload import token_workload
+from radixcache.trace.workload import load_workload, token_workload
 
 
 def test_policies_are_registered_by_name() -> None:
@@ -136,3 +140,22 @@ def test_eviction_order_matches_a_naive_sort(name: str, leaves: list) -> None:
         cache.evict(1)
         order.append(next(i for i in range(len(leaves)) if i not in order and cache.peek([i]).length == 0))
     assert order == [index for _, index in sorted(expected)]
+
+
+MOONCAKE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason="the shared Mooncake trace is not beside this clone")
+def test_on_the_first_mooncake_requests_the_lease_policies_stay_within_a_point_of_lru(tmp_path) -> None:
+    head = tmp_path / "head.jsonl"
+    with MOONCAKE.open(encoding="utf-8") as source:
+        head.write_text("".join(itertools.islice(source, 600)), encoding="utf-8")
+    workload = load_workload(str(head))
+    rates = {}
+    for policy in ("lru", "tlru", "agent"):
+        replay = LeaseReplay(workload, 300, policy)
+        for index, request in enumerate(workload.requests):
+            replay.feed(index, request)
+        replay.close()
+        rates[policy] = replay.result().hit_rate
+    assert rates["lru"] > 0 and min(rates["tlru"], rates["agent"]) >= rates["lru"] - 0.01
