@@ -5,6 +5,10 @@ supplied: X", as OpenAI says), and a known field this server cannot honour (`too
 `suffix`, a non-text `response_format`, ...) is a 400 naming it too, never dropped silently. `user` and `metadata`
 are accepted: they label a request and change no answer.
 
+Input is bounded here, by pydantic constraints, before anything reaches the engine: numbers finite (NaN and
+Infinity refused everywhere) and in range, sizes and counts bounded (MAX_* below), strings and lists bounded in
+length. A violation is a 400 whose `param` is the field's path (`validation_message`).
+
 Beyond OpenAI's fields, as vLLM accepts them: `cache_salt` (a keyless caller's own cache namespace), `timeout`
 (seconds; the request ends with what it generated), `top_k`, `min_p` and `repetition_penalty`. And this server's
 own `retain`: "conversation" says the next turn of a live conversation will read this request's pages, so the
