@@ -9,8 +9,12 @@ cause has its own status:
 | QueueTimeoutError (not admitted within `--queue-timeout`) | 503 + Retry-After | server_error / queue_timeout |
 | CacheFullError (no room beside pinned pages, for now) | 503 + Retry-After | server_error / kv_cache_full |
 | EngineClosedError (the server is shutting down) | 503 | server_error / shutting_down |
-| ReplicaUnavailableError (`--replicas`: none alive, or died mid-stream) | 503 + Retry-After | replica_unavailable |
+| ReplicaUnavailableError (`--replicas`: none alive, died mid-stream, or silent past `call_timeout`) | 503 + Retry-After | server_error / replica_unavailable |
+| EngineDeadError (the engine's loop thread died of a bug; it serves no more) | 503 | server_error / engine_dead |
 | anything else | 500 | server_error |
+
+An EngineDeadError is a bug too, but not this request's: every later request (and /health/cache) gets the same 503,
+without Retry-After since retrying this process cannot help, until the server is restarted.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import math
 from radixcache.errors import CacheFullError
 from radixcache.runtime.engine.errors import (
     EngineClosedError,
+    EngineDeadError,
     EngineOverloadedError,
     QueueFullError,
     ReplicaUnavailableError,
@@ -27,7 +32,14 @@ from radixcache.runtime.engine.errors import (
 )
 from radixcache.runtime.server.protocol import APIError
 
-ENGINE_ERRORS = (RequestTooLargeError, EngineOverloadedError, EngineClosedError, CacheFullError, ValueError)
+ENGINE_ERRORS = (
+    RequestTooLargeError,
+    EngineOverloadedError,
+    EngineClosedError,
+    EngineDeadError,
+    CacheFullError,
+    ValueError,
+)
 
 
 def _retry(seconds: float) -> dict[str, str]:
@@ -48,6 +60,8 @@ def api_error_for(exc: BaseException) -> APIError:
         return APIError(503, str(exc), type="server_error", code="queue_timeout", headers=_retry(exc.retry_after))
     if isinstance(exc, EngineClosedError):
         return APIError(503, str(exc), type="server_error", code="shutting_down")
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, str(exc), type="server_error", code="engine_dead")
     if isinstance(exc, CacheFullError):
         return APIError(503, str(exc), type="server_error", code="kv_cache_full", headers=_retry(1.0))
     if isinstance(exc, ValueError):
