@@ -9,7 +9,7 @@ cause has its own status:
 | QueueTimeoutError (not admitted within `--queue-timeout`) | 503 + Retry-After | server_error / queue_timeout |
 | CacheFullError (no room beside pinned pages, for now) | 503 + Retry-After | server_error / kv_cache_full |
 | EngineClosedError (the server is shutting down) | 503 | server_error / shutting_down |
-| ReplicaUnavailableError (`--replicas`: none alive, died mid-stream, or silent past `call_timeout`) | 503 + Retry-After | server_error / replica_unavailable |
+| ReplicaUnavailableError (`--replicas`: none alive, died mid-stream, mute) | 503 + Retry-After | replica_unavailable |
 | EngineDeadError (the engine's loop thread died of a bug; it serves no more) | 503 | server_error / engine_dead |
 | anything else | 500 | server_error |
 
