@@ -131,6 +131,11 @@ class ServerMetrics:
                 tiers.declined_pages,
             ),
             ("radixcache_tier_host_saved_pages_total", "Pages copied to the host tier.", tiers.host_saved_pages),
+            (
+                "radixcache_tier_host_failed_copies_total",
+                "Copies to or from the host tier that raised (not cached there, or recomputed).",
+                tiers.host_failed_copies,
+            ),
             ("radixcache_tier_disk_queued_pages_total", "Pages queued for the disk tier.", tiers.disk_queued_pages),
             (
                 "radixcache_tier_disk_dropped_pages_total",
