@@ -3,8 +3,10 @@ every operation, with schema-valid (positive) and schema-violating (negative) ca
 while bystander requests run. Checks: no response is a 5xx; every bystander's greedy output equals its output
 alone (before the fuzzing); afterwards the cache's invariants hold (/health/cache) and no block is left locked.
 
-The run is stateless: FastAPI's schema declares no OpenAPI links, so a schemathesis state machine would have no
-transitions to follow (the test asserts there are none, so that a schema that gains links gets a stateful run).
+This run is stateless: FastAPI's schema declares no OpenAPI links, so a schemathesis state machine would have no
+transitions to follow (the test asserts there are none, so that a schema that gains links gets one). The stateful
+run is test_schemathesis_stateful.py: a hypothesis state machine that draws these same cases between conversation
+turns, abandoned streams and health and metrics scrapes.
 """
 
 from __future__ import annotations
