@@ -4,7 +4,10 @@ ReplicaCluster and streams its tokens back from the replica (a Ray streaming gen
 
 A request is retried on another replica when its replica dies before sending a token; after its first token it
 fails with ReplicaUnavailableError (HTTP 503, or an error event in a stream): tokens already sent cannot be taken
-back. A request never waits on a dead replica: Ray fails the stream's next item at once.
+back. A request never waits on a dead replica: Ray fails the stream's next item at once. Nor on a live one that
+stops sending: each item of the stream is awaited at most the cluster's `call_timeout` seconds; past it the request
+is cancelled on the replica, its load released, and it fails with ReplicaUnavailableError (the replica stays in the
+routing set: it is alive, only slow or stuck).
 """
 
 from __future__ import annotations
@@ -163,8 +166,8 @@ class ClusterEngine:
                     stream = streaming.remote(req.rid, prompt, options, sent_at)
                     if handle.cancelled:  # cancelled before `replica` was set: `_cancel` could not name it
                         cluster.actor(replica).cancel.remote(req.rid)
-                    for ref in stream:
-                        kind, value, logprobs = ray.get(ref)
+                    while result is None:  # the last item is ("done", result): never wait past it
+                        kind, value, logprobs = ray.get(self._next_item(stream, replica, req.rid))
                         if kind == "tokens":
                             req.output_ids.extend(value)
                             req.logprobs.extend(logprobs)
@@ -187,6 +190,22 @@ class ClusterEngine:
             if not handle.future.done():
                 cause = getattr(exc, "cause", None)
                 handle.future.set_exception(cause if isinstance(cause, BaseException) else exc)
+
+    def _next_item(self, stream: Any, replica: int, rid: str) -> Any:
+        """The stream's next item (an object ref), awaited at most `call_timeout` seconds. A replica that sends
+        nothing for that long has the request cancelled there and the caller gets ReplicaUnavailableError (503).
+        A dead replica's stream has its next item at once: the actor error, raised by `ray.get`."""
+        cluster = self.cluster
+        ready, _ = cluster.ray.wait([stream], timeout=cluster.call_timeout)
+        if not ready:
+            cluster.actor(replica).cancel.remote(rid)  # it stops computing; its stream then ends on its own
+            raise ReplicaUnavailableError(
+                f"engine replica {replica} sent nothing for {cluster.call_timeout} s; the request was cancelled"
+            )
+        try:
+            return next(stream)
+        except StopIteration:  # ended without its ("done", result) item (Ray reports a failure as an item)
+            raise ReplicaUnavailableError(f"the stream from engine replica {replica} ended early") from None
 
     def _cancel(self, handle: RemoteHandle) -> None:
         """Cancel on the replica it was sent to; one cancelled before its dispatch is cancelled there by `_run`
