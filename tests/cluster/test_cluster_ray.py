@@ -219,3 +219,30 @@ def test_a_saturated_replica_refuses_within_its_queue_limits(local_ray: None, ti
         assert error.status == 429 and int(error.headers["Retry-After"]) >= 1
     finally:
         full.close()
+
+
+def test_serve_over_replicas_answers_429_400_and_503_over_http(local_ray: None, tiny_dir: Path) -> None:
+    """The OpenAI app over the front door on a real Ray replica: a full queue relayed from the replica is 429 with
+    Retry-After, a prompt its pool can never hold 400, and once the replica is gone for good (killed, not
+    restarted) 503 `replica_unavailable`; never a 500."""
+    from fastapi.testclient import TestClient
+
+    from radixcache.runtime.cluster.front import ClusterEngine
+    from radixcache.runtime.server import create_app
+
+    cluster = ReplicaCluster(str(tiny_dir), 1, engine_kwargs={**ENGINE, "max_queue": 0}, poll_interval=None)
+    engine = ClusterEngine(cluster, str(tiny_dir))
+    body = {"model": "tiny", "prompt": [1, 2, 3, 4], "max_tokens": 2}
+    try:
+        with TestClient(create_app(engine, "tiny")) as client:
+            r = client.post("/v1/completions", json=body)
+            assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full", r.text
+            assert int(r.headers["retry-after"]) >= 1
+            r = client.post("/v1/completions", json={**body, "prompt": [i % 250 + 1 for i in range(1000)]})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+            ray.kill(cluster.actor(0), no_restart=True)
+            r = client.post("/v1/completions", json=body)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "replica_unavailable", r.text
+            assert int(r.headers["retry-after"]) >= 1
+    finally:
+        engine.close()
