@@ -94,6 +94,8 @@ class Engine:
                 cache_dir_size=config.cache_dir_size,
                 write_policy=config.write_policy,
                 load_back=config.load_back,
+                prefetch_policy=config.prefetch_policy,
+                prefetch_timeout_ms=config.prefetch_timeout_ms,
                 fingerprint=self.fingerprint,
             )
             if config.kv_events:  # after the tiers: the log chains their eviction listener

@@ -21,6 +21,7 @@ from radixcache.runtime.engine.queue_limit import check_max_queue
 from radixcache.runtime.engine.scheduler import SchedulerConfig
 from radixcache.runtime.kv.pool import parse_memory
 from radixcache.runtime.kv.tier.coordinator import LoadCosts
+from radixcache.runtime.kv.tier.prefetch import DEFAULT_PREFETCH_POLICY, DEFAULT_PREFETCH_TIMEOUT_MS, check_prefetch
 from radixcache.runtime.model.llama import DEFAULT_CHUNK
 from radixcache.runtime.model.quant import QUANT_MODES
 from radixcache.tier.tiered_cache import WRITE_POLICIES
@@ -66,7 +67,10 @@ class EngineConfig:
     Tiers (docs/tiers.md): `host_kv_memory` bytes of pages in host memory under the pool, `cache_dir` a directory of
     pages that survives restarts (at most `cache_dir_size` bytes), `write_policy` when the host gets a copy
     (write_through, write_through_selective, write_back), `load_back` "auto" (load a page found below the pool when
-    that is measured cheaper than recomputing it), "always" or "never".
+    that is measured cheaper than recomputing it), "always" or "never". A prompt that continues on disk has those
+    pages read off the loop before it is admitted (runtime.kv.tier.prefetch): `prefetch_policy` "timeout" (the
+    default: wait for them at most `prefetch_timeout_ms`, default 1000, then use what arrived), "wait_complete" or
+    "best_effort" (admit when it would be anyway, with what arrived); the rest is recomputed.
     `kv_events=True` keeps the engine's `events` (runtime.kv.events.KVEventLog): the keys of the pages the tree
     adopts and evicts, in numbered batches, for a router's index.
     Admission (radixcache.policy.admission): `admission` ("all", the default: adopt every page; another name in
@@ -99,6 +103,8 @@ class EngineConfig:
     cache_dir_size: str | int = DEFAULT_CACHE_DIR_SIZE
     write_policy: str = "write_through"
     load_back: str = "auto"
+    prefetch_policy: str = DEFAULT_PREFETCH_POLICY
+    prefetch_timeout_ms: float = DEFAULT_PREFETCH_TIMEOUT_MS
     kv_events: bool = False
     admission: str | AdmissionPolicy | None = "all"
 
@@ -115,6 +121,7 @@ class EngineConfig:
             raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {self.quant!r}")
         if self.load_back not in LoadCosts.MODES:
             raise ValueError(f"load_back must be one of {', '.join(LoadCosts.MODES)}, got {self.load_back!r}")
+        check_prefetch(self.prefetch_policy, self.prefetch_timeout_ms)
         for budget in (self.kv_memory, self.host_kv_memory):
             if budget is not None:
                 parse_memory(budget)

@@ -16,6 +16,8 @@ requests as the step's token budget allows (mixed batches, chunked prefill). Req
 - In-batch sharing (cache-aware schedules): a waiting request that shares at least one uncached page with a
   request still being prefilled waits (a bounded time: the starvation guard) until those pages are committed,
   then hits them; never for pages past that request's admission limit (kv.manager), which are not committed.
+- Prefetch (kv.tier.prefetch): a request whose prompt continues on disk has those pages read by reader threads from
+  its arrival; it is admitted when the engine's prefetch policy allows, and the others step meanwhile.
 - Admission is bounded by free + evictable blocks, keeping one page of headroom per running decode. When a
   decode needs a page and none can be evicted, the lowest-priority running request (newest first) is
   preempted: its computed KV goes to the tree, its blocks are released, and it is resumed later from the cache.
@@ -125,6 +127,7 @@ class Scheduler:
                 f"but the whole KV pool holds {cap} pages"
             )
         self.kv.mark_retention(req.namespace, req.prompt_ids, req.retention)
+        self.kv.prefetch(req.kv, req.all_ids[:-1])  # its disk pages start coming in now, off the loop
         self.waiting.append(req)
 
     def abort(self, req: Request, reason: str = "cancelled") -> bool:
@@ -152,6 +155,8 @@ class Scheduler:
         chunks = self._schedule_prefill(cfg.mixed_prefill_tokens if decodes else cfg.max_prefill_tokens, now)
         if decodes or chunks:
             self._run(decodes, chunks)
+        elif self.waiting and self.kv.tiers is not None:  # only prefetches to wait for: no busy loop
+            self.kv.tiers.wait_prefetch(0.01)
         for r in self.waiting:
             r.wait_steps += 1
 
@@ -315,8 +320,8 @@ class Scheduler:
                 break
             if len(self.prefilling) + len(self.decoding) >= cfg.max_running:
                 break
-            if self._must_wait_for_sharer(r, cached.get(r.rid, 0), now):
-                continue
+            if self._must_wait_for_sharer(r, cached.get(r.rid, 0), now) or not self.kv.prefetch(r.kv, r.all_ids[:-1]):
+                continue  # waits for a sharer's pages, or for its own from disk (the prefetch policy)
             try:
                 # A fresh prompt less its last token, or a resumed request's tokens but the last: all_ids[:-1].
                 admitted = self.kv.admit(r.kv, r.all_ids[:-1], r.prefill_end, reserve=len(self.decoding), strict=False)

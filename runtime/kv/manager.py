@@ -125,7 +125,7 @@ class KVManager:
         if tier_match is not None:
             assert tiers is not None
             try:  # unlocks the host pages whatever happens
-                loaded = tiers.load(tier_match, host_hashes, disk_pages, query, new)
+                loaded = tiers.load(tier_match, host_hashes, disk_pages, query, new, kv.rid)
             except BaseException:
                 cache.free(new)
                 self._unlock_all(node, [])
@@ -217,6 +217,17 @@ class KVManager:
             kv.admit_limit = max(pages, kv.found_pages, kv.pin // p)
         return kv.admit_limit
 
+    def prefetch(self, kv: KVState, query: Sequence[int]) -> bool:
+        """Start reading a waiting request's disk pages ahead of its admission, off the loop (kv.tier.prefetch; the
+        first call per wait), and say whether the prefetch policy lets `admit` take it now (always without a disk
+        tier). `query` as `admit`'s. Never raises."""
+        tiers = self.tiers
+        if tiers is None or tiers.reader is None or kv.status is not Status.WAITING:
+            return True
+        if kv.page_chain is None:
+            kv.page_chain = tiers.chain(kv.namespace)
+        return tiers.prefetch(kv.rid, query, kv.namespace, kv.page_chain)
+
     def peek(self, tokens: Sequence[int], namespace: Hashable) -> tuple[int, TreeNode | None]:
         """Cached tokens of `tokens` (whole pages) and the deepest node reached, changing nothing (for ordering)."""
         if not self.enable_cache:
@@ -261,6 +272,8 @@ class KVManager:
     def abort(self, kv: KVState, *, status: Status = Status.ABORTED) -> None:
         """Free every block the request holds and drop its lock. Safe to call in any state. Pages it already
         committed stay in the tree (their KV is complete: a pass that failed committed nothing)."""
+        if self.tiers is not None:  # a prefetch still reading: stop it, unlock the host pages it held
+            self.tiers.cancel_prefetch(kv.rid)
         if kv.status is Status.RUNNING:
             held = kv.held_blocks
             del kv.block_table[kv.tree_blocks :]

@@ -3,7 +3,10 @@ ones cheaper to load than to recompute, and send adopted pages down.
 
 The policy (where pages are, when they move) is radixcache.tier.TieredCache; this module moves the bytes: host
 pages in a HostKVPool, disk pages in a DiskStore, device pages in the KVPool. Everything runs on the engine loop
-thread except the disk store's writer.
+thread except the disk store's writer and the prefetch readers (kv.tier.prefetch): a request the scheduler will
+admit has its disk pages read ahead by `prefetch`, and its load takes them from there in one batched copy; its
+host pages are copied in one batched copy at admission (they are in memory already), and stay locked from the
+prefetch's start (so that the disk run after them stays usable) until that copy is done.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -21,65 +23,19 @@ from radixcache.runtime.kv.pool import KVPool
 from radixcache.runtime.kv.tier.copy_sync import CopyEvent, PendingUnlocks
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.host_pool import HostKVPool
+from radixcache.runtime.kv.tier.load_costs import LoadCosts, TierCounters
+from radixcache.runtime.kv.tier.prefetch import (
+    DEFAULT_PREFETCH_POLICY,
+    DEFAULT_PREFETCH_TIMEOUT_MS,
+    PrefetchJob,
+    PrefetchReader,
+    copy_staged,
+)
 from radixcache.tier.page_tier import PageTier
 from radixcache.tier.tiered_cache import TieredCache, TierMatch
 
-_EMA = 0.2  # weight of the newest measurement in the cost averages
+__all__ = ["KVTiers", "LoadCosts", "TierCounters", "build_tiers"]  # LoadCosts, TierCounters: from load_costs
 log = logging.getLogger("radixcache.disk")
-
-
-@dataclass(frozen=True, slots=True)
-class TierCounters:
-    """Per-tier counters since the engine started. *_hit_tokens: prompt tokens of fresh requests served from each
-    tier (device: matched in the tree; host, disk: loaded back). *_loaded_pages: pages copied up (resumptions too).
-    declined_pages: pages found below the device but recomputed because that was cheaper. disk_failed_reads: pages
-    listed on disk whose file failed its checks (deleted, recomputed). host_saved_pages: pages copied to the host.
-    host_failed_copies: copies to or from the host that raised (pages not cached there, or recomputed).
-    disk_queued_pages / disk_dropped_pages: page writes handed to the disk writer, or dropped (queue full,
-    tier disabled)."""
-
-    device_hit_tokens: int = 0
-    host_hit_tokens: int = 0
-    disk_hit_tokens: int = 0
-    host_loaded_pages: int = 0
-    disk_loaded_pages: int = 0
-    declined_pages: int = 0
-    disk_failed_reads: int = 0
-    host_saved_pages: int = 0
-    host_failed_copies: int = 0
-    disk_queued_pages: int = 0
-    disk_dropped_pages: int = 0
-
-
-class LoadCosts:
-    """Measured costs, as moving averages: seconds of prefill per token, seconds to load a page from each tier.
-
-    A tier's pages are loaded when `pages * load_per_page < pages * page_size * prefill_per_token`. Until both sides
-    are measured, loading is assumed cheaper (the first load measures it). `mode` "always" or "never" overrides the
-    comparison (benchmarks and tests that need a fixed choice; "never" leaves the tiers to fill but not serve)."""
-
-    MODES = ("auto", "always", "never")
-
-    def __init__(self, mode: str = "auto") -> None:
-        if mode not in self.MODES:
-            raise ValueError(f"load_back must be one of {', '.join(self.MODES)}, got {mode!r}")
-        self.mode = mode
-        self.prefill_s_per_token: float | None = None
-        self.load_s_per_page: dict[str, float] = {}
-
-    def note_prefill(self, tokens: int, seconds: float) -> None:
-        if tokens > 0:
-            self.prefill_s_per_token = _ema(self.prefill_s_per_token, seconds / tokens)
-
-    def note_load(self, tier: str, pages: int, seconds: float) -> None:
-        if pages > 0:
-            self.load_s_per_page[tier] = _ema(self.load_s_per_page.get(tier), seconds / pages)
-
-    def worth_loading(self, tier: str, page_size: int) -> bool:
-        if self.mode != "auto":
-            return self.mode == "always"
-        load, prefill = self.load_s_per_page.get(tier), self.prefill_s_per_token
-        return load is None or prefill is None or load < page_size * prefill
 
 
 class KVTiers:
@@ -95,6 +51,8 @@ class KVTiers:
         write_policy: str = "write_through",
         fingerprint: str = "",
         load_back: str = "auto",
+        prefetch_policy: str = DEFAULT_PREFETCH_POLICY,
+        prefetch_timeout_ms: float = DEFAULT_PREFETCH_TIMEOUT_MS,
     ) -> None:
         self.pool = pool
         self.page_size = pool.page_size
@@ -113,6 +71,13 @@ class KVTiers:
         self.costs = LoadCosts(load_back)
         self._counts = dict.fromkeys(TierCounters.__slots__, 0)
         self._pending = PendingUnlocks()  # host pages that CUDA loads still read
+        self.reader = (
+            PrefetchReader(disk, pool, policy=prefetch_policy, timeout_ms=prefetch_timeout_ms)
+            if disk is not None
+            else None
+        )
+        # rid -> its prefetch (None: nothing to read), from the first `prefetch` until its load or `cancel_prefetch`
+        self._prefetch: dict[int, PrefetchJob | None] = {}
 
     @property
     def host(self) -> PageTier | None:
@@ -153,13 +118,38 @@ class KVTiers:
             self._pending.add(event, hashes)
 
     def load(
-        self, match: TierMatch, host_hashes: list[bytes], disk_pages: int, tokens: Sequence[int], blocks: Sequence[int]
+        self,
+        match: TierMatch,
+        host_hashes: list[bytes],
+        disk_pages: int,
+        tokens: Sequence[int],
+        blocks: Sequence[int],
+        rid: int | None = None,
     ) -> int:
         """Copy the locked host pages, then up to `disk_pages` disk pages, into `blocks` (the request's new blocks
-        after its device match, in order). Returns the pages loaded: all the host pages, then the disk pages up to
-        the first that fails its checks; 0 when the host copy raises (the whole rest is then recomputed, over
-        whatever the copy wrote). Unlocks the host pages (once their copy is done)."""
-        p = self.page_size
+        after its device match, in order), each tier in one batched copy. Returns the pages loaded: all the host
+        pages, then the disk pages up to the first that failed its checks; 0 when the host copy raises (the whole
+        rest is then recomputed, over whatever the copy wrote). Unlocks the host pages (once their copy is done).
+        The disk pages come from request `rid`'s prefetch when it has one (a page not read by now is recomputed:
+        nothing is read here); a caller that never prefetched (`rid` unknown) reads them here."""
+        prefetched = rid is not None and rid in self._prefetch
+        job = self._prefetch.pop(rid, None) if prefetched else None  # type: ignore[arg-type]
+        try:
+            return self._load(match, host_hashes, disk_pages, tokens, blocks, prefetched, job)
+        finally:
+            if job is not None:
+                self._end_job(job)
+
+    def _load(
+        self,
+        match: TierMatch,
+        host_hashes: list[bytes],
+        disk_pages: int,
+        tokens: Sequence[int],
+        blocks: Sequence[int],
+        prefetched: bool,
+        job: PrefetchJob | None,
+    ) -> int:
         loaded = len(host_hashes)
         event = None
         try:
@@ -175,17 +165,23 @@ class KVTiers:
             return 0
         finally:
             self.unlock_host(host_hashes, event)
-        if disk_pages and self.disk is not None:
+        if disk_pages and self.reader is not None and (job is not None or not prefetched):
             start = match.device_pages + loaded
-            t0 = time.perf_counter()
-            got = 0
-            for i in range(disk_pages):
-                page = start + i
-                if not self._read_disk(match.hashes[page], tokens[page * p : (page + 1) * p], blocks[loaded + i]):
-                    self._counts["disk_failed_reads"] += 1
-                    break
-                got += 1
-            self.costs.note_load("disk", max(got, 1), time.perf_counter() - t0)
+            if job is None:  # never prefetched: read here, on the caller's thread
+                job = self._new_job(match.hashes, tokens, start, start + disk_pages, [])
+                got, staging = self.reader.read_now(job)
+            else:
+                got, staging = self.reader.take(job)
+            skip = start - job.first_page  # the prefetch began at its own first page; use it from `start` on
+            got = 0 if skip < 0 or job.hashes[skip : skip + 1] != match.hashes[start : start + 1] else got - skip
+            got = max(0, min(got, disk_pages))
+            if job.failed_at is not None:
+                self._counts["disk_failed_reads"] += 1
+            if got and staging is not None:
+                t0 = time.perf_counter()
+                copy_staged(self.pool, staging[:, :, skip:], got, blocks[loaded:])
+                seconds = time.perf_counter() - t0 + job.read_seconds * (got / max(1, job.arrived))
+                self.costs.note_load("disk", got, seconds)
             self._counts["disk_loaded_pages"] += got
             loaded += got
         return loaded
@@ -196,28 +192,82 @@ class KVTiers:
         c["host_hit_tokens"] += host_tokens
         c["disk_hit_tokens"] += disk_tokens
 
-    def _read_disk(self, page_hash: bytes, page_tokens: Sequence[int], block: int) -> bool:
-        """Copy one disk page into `block`; False when it is absent, fails a check, or anything raises (the page
-        and the rest of the prompt are then recomputed, over whatever this wrote into the block)."""
-        try:
-            return self._read_disk_page(page_hash, page_tokens, block)
-        except Exception:
-            log.exception("disk KV cache: loading a page failed; recomputing it")
-            return False
+    # ------------------------------------------------------------------ prefetch (kv.tier.prefetch)
 
-    def _read_disk_page(self, page_hash: bytes, page_tokens: Sequence[int], block: int) -> bool:
+    def prefetch(self, rid: int, tokens: Sequence[int], namespace: Hashable, chain: PageChain) -> bool:
+        """Have request `rid`'s disk pages (those after what the device and the host hold of `tokens` now) read by
+        the readers, then say whether the prefetch policy lets it be admitted now. Each call plans again (a peek,
+        no change to the tree): a prefetch that no longer starts where the prompt now leaves the device and the
+        host (pages evicted, or written to disk, meanwhile) is replaced. Never raises: a prefetch that cannot
+        start reads nothing (those pages are recomputed)."""
+        if self.reader is None:
+            return True
+        job = self._prefetch.get(rid)
+        try:
+            plan = self._plan(tokens, namespace, chain)
+            if plan is None or job is None or not job.covers(plan[0], plan[1][plan[0]]):
+                if job is not None:
+                    self._end_job(job)
+                job = self._prefetch[rid] = None if plan is None else self._start_job(tokens, *plan)
+        except Exception:
+            log.exception("disk KV cache: starting a prefetch failed; recomputing its pages")
+            self._prefetch.setdefault(rid, None)
+        job = self._prefetch.setdefault(rid, job)
+        return job is None or self.reader.ready(job)
+
+    def wait_prefetch(self, timeout: float) -> None:
+        """The loop has nothing to run: wait (at most `timeout` s) for a page to arrive or a policy's deadline."""
+        if self.reader is not None:
+            self.reader.wait(timeout)
+
+    def cancel_prefetch(self, rid: int) -> None:
+        """Request `rid` left, or will not be admitted: stop its reads, unlock the host pages it held."""
+        job = self._prefetch.pop(rid, None)
+        if job is not None:
+            self._end_job(job)
+
+    def _plan(
+        self, tokens: Sequence[int], namespace: Hashable, chain: PageChain
+    ) -> tuple[int, list[bytes], int, int] | None:
+        """(first disk page, the page hashes, pages on disk from there, pages on the host before it), or None when
+        nothing is worth reading from disk now."""
         assert self.disk is not None
-        got = self.disk.read(page_hash, page_tokens)
-        if got is None:
-            return False
-        payload, meta = got
-        pool = self.pool
-        shape = (pool.num_layers, 2, pool.page_size, pool.kv_heads, pool.head_dim)
-        if meta.get("dtype") != str(pool.dtype) or tuple(meta.get("shape", ())) != shape:
-            return False  # cannot happen under one fingerprint; never use bytes of another shape
-        page = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(pool.dtype).view(shape)
-        pool.kv[:, :, block].copy_(page.to(pool.device))
-        return True
+        p, host = self.page_size, self.host
+        full = len(tokens) // p
+        device = self.tiered.device.peek(tokens, namespace=namespace).length // p  # changes nothing
+        if full <= device:
+            return None
+        hashes = chain.upto(tokens, full)
+        on_host = host.count_prefix(hashes, device) if host is not None else 0
+        start = device + on_host
+        pages = self.disk.count_prefix(hashes[start:]) if start < full else 0
+        worth = self.costs.worth_loading("disk", p) and (not on_host or self.costs.worth_loading("host", p))
+        return (start, hashes, pages, on_host) if pages and worth else None
+
+    def _start_job(
+        self, tokens: Sequence[int], start: int, hashes: list[bytes], pages: int, on_host: int
+    ) -> PrefetchJob:
+        assert self.reader is not None
+        held = hashes[start - on_host : start]
+        if held:
+            assert self.host is not None
+            self.host.lock(held)  # the disk run chains on these: keep them until the request is admitted
+        return self.reader.submit(self._new_job(hashes, tokens, start, start + pages, held))
+
+    def _new_job(
+        self, hashes: Sequence[bytes], tokens: Sequence[int], start: int, end: int, held: list[bytes]
+    ) -> PrefetchJob:
+        p = self.page_size
+        page_tokens = [tokens[i * p : (i + 1) * p] for i in range(start, end)]
+        return PrefetchJob(start, list(hashes[start:end]), page_tokens, held)
+
+    def _end_job(self, job: PrefetchJob) -> None:
+        assert self.reader is not None
+        self.reader.release(job)
+        if job.host_hashes:
+            assert self.host is not None
+            self.host.unlock(job.host_hashes)
+            job.host_hashes = []
 
     # ------------------------------------------------------------------ pages going down
 
@@ -282,7 +332,11 @@ class KVTiers:
         return TierCounters(**self._counts)
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Finish the pending disk writes (up to `timeout`) and stop the writer."""
+        """Stop the prefetch readers, finish the pending disk writes (up to `timeout`) and stop the writer."""
+        for rid in list(self._prefetch):
+            self.cancel_prefetch(rid)
+        if self.reader is not None:
+            self.reader.close()
         for hashes in self._pending.drain():
             assert self.host is not None
             self.host.unlock(hashes)
@@ -291,10 +345,6 @@ class KVTiers:
 
     def check(self) -> None:
         self.tiered.check_invariants()
-
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - _EMA) * old + _EMA * new
 
 
 def build_tiers(
@@ -307,6 +357,8 @@ def build_tiers(
     write_policy: str,
     fingerprint: str,
     load_back: str = "auto",
+    prefetch_policy: str = DEFAULT_PREFETCH_POLICY,
+    prefetch_timeout_ms: float = DEFAULT_PREFETCH_TIMEOUT_MS,
 ) -> KVTiers | None:
     """The engine's tiers from its options, or None when neither a host budget nor a cache directory is given."""
     from radixcache.runtime.kv.pool import parse_memory
@@ -330,4 +382,6 @@ def build_tiers(
         write_policy=write_policy,
         fingerprint=fingerprint,
         load_back=load_back,
+        prefetch_policy=prefetch_policy,
+        prefetch_timeout_ms=prefetch_timeout_ms,
     )

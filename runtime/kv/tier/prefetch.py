@@ -1,0 +1,266 @@
+"""Disk pages read ahead of admission, off the engine loop: a waiting request's pages below the device are read from
+their files into staging host memory by reader threads while the loop keeps stepping the other requests; the request
+is admitted when the prefetch policy says so, and its pages then reach the pool in one batched copy.
+
+Policies (SGLang HiCache's prefetch stops are the anchor), asked each time the scheduler would admit the request:
+- `best_effort`: admit at once, with whatever pages have arrived; the rest is recomputed;
+- `wait_complete`: admit once every page has been read, or the read stopped at a page that failed;
+- `timeout`: as `wait_complete`, but at most `timeout_ms` after the prefetch started, then as `best_effort`.
+
+Invariants:
+- Only the pages read in order from the first count (`PrefetchJob.arrived`): a page that fails (a file deleted, a
+  read error, a checksum or token mismatch, any exception) ends the usable run there, and its request recomputes it
+  and everything after; nothing else is affected (the store deletes a corrupt file, as for any read).
+- A job's staging memory is written only by the readers, and read only by the loop after it `take`s the job: a page
+  is read once `ok[i]` is set under the lock, which the reader sets after its last write into the page's slice.
+- Cancelling (`release`) stops the readers' work on the job at the next page; its memory is dropped when the last
+  reader lets go. The host pages a job holds are locked and unlocked by the loop thread only (KVTiers).
+- At most `max_staged_pages` pages are staged at once over all jobs (one job always may start, whatever its size);
+  past it a job waits, queued, until earlier ones are taken or released.
+Imports torch; nothing of the KV manager.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from radixcache.runtime.kv.pool import KVPool
+from radixcache.runtime.kv.tier.copy_sync import pins_host_memory
+from radixcache.runtime.kv.tier.disk_store import DiskStore
+
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+DEFAULT_PREFETCH_POLICY = "timeout"
+DEFAULT_PREFETCH_TIMEOUT_MS = 1000.0
+log = logging.getLogger("radixcache.disk")
+
+
+def check_prefetch(policy: str, timeout_ms: float) -> None:
+    """Raise ValueError naming the option when a prefetch policy or its timeout is not valid."""
+    if policy not in PREFETCH_POLICIES:
+        raise ValueError(f"prefetch_policy must be one of {', '.join(PREFETCH_POLICIES)}, got {policy!r}")
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not 0 <= timeout_ms < float("inf"):
+        raise ValueError(f"prefetch_timeout_ms must be a finite number of milliseconds >= 0, got {timeout_ms!r}")
+
+
+class PrefetchJob:
+    """One request's run of disk pages, `first_page` onwards (page indices in its prompt), being read."""
+
+    def __init__(self, first_page: int, hashes: list[bytes], tokens: list[Sequence[int]], host: list[bytes]):
+        self.first_page = first_page
+        self.hashes = hashes
+        self.tokens = tokens  # each page's own token ids: a read checks them (a hash is never trusted alone)
+        self.host_hashes = host  # host pages before the run, locked for this request until it is taken or released
+        self.staging: torch.Tensor | None = None  # [layers, 2, pages, page_size, kv_heads, head_dim], once started
+        self.ok = [False] * len(hashes)
+        self.failed_at: int | None = None  # the first page that failed, if any
+        self.finished = 0  # pages the readers are done with (read, failed or skipped)
+        self.cancelled = False
+        self.started: float | None = None  # perf_counter when queued to the readers
+        self.read_seconds = 0.0  # summed over pages (the readers overlap)
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def covers(self, page: int, page_hash: bytes) -> bool:
+        """Whether this run holds prompt page `page`, with that hash (then it serves a load that starts there)."""
+        i = page - self.first_page
+        return 0 <= i < len(self.hashes) and self.hashes[i] == page_hash
+
+    @property
+    def arrived(self) -> int:
+        """Pages read, consecutively from the first (the only ones usable)."""
+        n = 0
+        while n < len(self.ok) and self.ok[n]:
+            n += 1
+        return n
+
+    @property
+    def complete(self) -> bool:
+        """Every page read, or every page before the first failure."""
+        end = len(self.ok) if self.failed_at is None else self.failed_at
+        return self.started is not None and self.arrived >= end
+
+
+class PrefetchReader:
+    """Reader threads (`workers`) that read queued jobs' disk pages into staging memory, page by page in order."""
+
+    def __init__(
+        self,
+        disk: DiskStore,
+        pool: KVPool,
+        *,
+        policy: str = DEFAULT_PREFETCH_POLICY,
+        timeout_ms: float = DEFAULT_PREFETCH_TIMEOUT_MS,
+        workers: int = 2,
+        max_staged_pages: int = 4096,
+    ) -> None:
+        check_prefetch(policy, timeout_ms)
+        self.disk = disk
+        self.policy = policy
+        self.timeout_s = float(timeout_ms) / 1000
+        self.workers = workers
+        self.max_staged_pages = max_staged_pages
+        self.shape = (pool.num_layers, 2, pool.page_size, pool.kv_heads, pool.head_dim)
+        self.dtype = pool.dtype
+        self.pin = pins_host_memory(pool.device.type)
+        self._cond = threading.Condition()  # guards every job's ok/failed_at/finished/cancelled; notified per page
+        self._executor: ThreadPoolExecutor | None = None
+        self._queued: deque[PrefetchJob] = deque()  # over the staging bound: not started yet
+        self._running: list[PrefetchJob] = []  # started, not yet taken or released
+        self._staged = 0  # pages of started jobs not yet taken or released
+        self._closed = False
+
+    # ------------------------------------------------------------------ the loop thread's side
+
+    def submit(self, job: PrefetchJob) -> PrefetchJob:
+        """Queue a job; it starts now unless staging is full (then once earlier jobs are taken or released)."""
+        self._queued.append(job)
+        self._start_queued()
+        return job
+
+    def ready(self, job: PrefetchJob, now: float | None = None) -> bool:
+        """Whether the policy lets the job's request be admitted now."""
+        if self.policy == "best_effort":
+            return True
+        with self._cond:
+            if job.complete:
+                return True
+        if self.policy == "wait_complete" or job.started is None:
+            return False
+        return (time.perf_counter() if now is None else now) - job.started >= self.timeout_s
+
+    def wait(self, timeout: float) -> None:
+        """Block the loop (which has nothing else to run) until a page arrives, or `timeout` seconds, or a timeout
+        policy's deadline passes; return at once when no job is being read."""
+        with self._cond:
+            pending = [j for j in self._started_jobs() if not j.complete]
+            if not pending:
+                return
+            if self.policy == "timeout":
+                first = min(j.started or 0.0 for j in pending) + self.timeout_s
+                timeout = max(0.0, min(timeout, first - time.perf_counter()))
+            self._cond.wait(timeout)
+
+    def take(self, job: PrefetchJob) -> tuple[int, torch.Tensor | None]:
+        """Stop the job and hand its usable pages to the caller: (how many, the staging tensor). The readers touch
+        the staging memory no more once this returns for the pages counted (they are done with them)."""
+        with self._cond:
+            job.cancelled = True
+            n = job.arrived
+        self._let_go(job)
+        return n, job.staging
+
+    def release(self, job: PrefetchJob) -> None:
+        """Cancel the job (the readers skip its remaining pages); its staging memory goes with its last reader."""
+        with self._cond:
+            job.cancelled = True
+        self._let_go(job)
+
+    def close(self) -> None:
+        """Cancel everything and wait for the readers to stop."""
+        self._closed = True
+        with self._cond:
+            for job in self._queued:
+                job.cancelled = True
+        self._queued.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def read_now(self, job: PrefetchJob) -> tuple[int, torch.Tensor | None]:
+        """Read a job on the calling thread, stopping at the first failed page (for a direct caller of the KV
+        manager, which has not prefetched); the same batched staging as the readers."""
+        job.staging = self._staging(len(job))
+        job.started = time.perf_counter()
+        for i in range(len(job)):
+            self._read_page(job, i)
+            if job.failed_at is not None:
+                break
+        return job.arrived, job.staging
+
+    # ------------------------------------------------------------------ private
+
+    def _started_jobs(self) -> list[PrefetchJob]:
+        return [j for j in self._running if not j.cancelled]
+
+    def _staging(self, pages: int) -> torch.Tensor:
+        layers, two, p, heads, dim = self.shape
+        return torch.empty((layers, two, pages, p, heads, dim), dtype=self.dtype, pin_memory=self.pin)
+
+    def _start_queued(self) -> None:
+        while self._queued and not self._closed:
+            job = self._queued[0]
+            if job.cancelled:
+                self._queued.popleft()
+                continue
+            if self._staged and self._staged + len(job) > self.max_staged_pages:
+                return  # waits for a take or release
+            self._queued.popleft()
+            job.staging = self._staging(len(job))
+            self._staged += len(job)
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="radixcache-prefetch")
+            self._running.append(job)
+            with self._cond:
+                job.started = time.perf_counter()
+            for i in range(len(job)):
+                self._executor.submit(self._read_page, job, i)
+
+    def _let_go(self, job: PrefetchJob) -> None:
+        """The loop is done with a job (taken or released): its pages leave the staging bound; queued jobs start."""
+        if job in self._running:
+            self._running.remove(job)
+            self._staged -= len(job)
+        elif job in self._queued:
+            self._queued.remove(job)
+        self._start_queued()
+
+    def _read_page(self, job: PrefetchJob, i: int) -> None:
+        """A reader's work for page `i` of `job`: read and check the file, copy its bytes into the staging slice."""
+        with self._cond:
+            skip = job.cancelled or (job.failed_at is not None and i > job.failed_at)
+        ok = False
+        t0 = time.perf_counter()
+        if not skip:
+            try:
+                with torch.inference_mode():  # the loop made the staging tensor under inference mode
+                    ok = self._read_into(job, i)
+            except Exception:
+                log.exception("disk KV cache: prefetching a page failed; recomputing it")
+        with self._cond:
+            if ok:
+                job.ok[i] = True
+            elif not skip:
+                job.failed_at = i if job.failed_at is None else min(job.failed_at, i)
+            job.finished += 1
+            job.read_seconds += time.perf_counter() - t0
+            self._cond.notify_all()
+
+    def _read_into(self, job: PrefetchJob, i: int) -> bool:
+        got = self.disk.read(job.hashes[i], job.tokens[i])
+        if got is None:
+            return False
+        payload, meta = got
+        if meta.get("dtype") != str(self.dtype) or tuple(meta.get("shape", ())) != self.shape:
+            return False  # cannot happen under one fingerprint; never use bytes of another shape
+        staging = job.staging
+        assert staging is not None
+        page = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.dtype).view(self.shape)
+        staging[:, :, i].copy_(page)
+        return True
+
+
+def copy_staged(pool: KVPool, staging: torch.Tensor, pages: int, blocks: Sequence[int]) -> None:
+    """Copy the first `pages` staged pages into the pool's `blocks`, in one batched copy (done on return)."""
+    if pages <= 0:
+        return
+    src = staging[:, :, :pages]
+    index = torch.tensor(list(blocks[:pages]), device=pool.device)
+    pool.kv.index_copy_(2, index, src.to(pool.device))
