@@ -1,16 +1,18 @@
 """From what a caller sends to a validated Request: prompts encoded, chat rendered, batches split, options checked
 against the model.
 
-`RequestBuilder.build(prompt, options)` raises ValueError before anything is queued: a text prompt without a
-tokenizer, an empty prompt, one that leaves no room under the model's `max_position`, a token id outside the
-vocabulary, stop strings without a tokenizer, a logit_bias id outside the vocabulary, a pin past the pinned
-share of the pool. What needs no model (sampling ranges, namespace, retain, timeout) RequestOptions checked already.
+`RequestBuilder.build(prompt, options)` raises ValueError before anything is queued: a prompt that is neither text
+nor a sequence of integer token ids (bools and floats are not ids), a text prompt without a tokenizer, an empty
+prompt, one that leaves no room under the model's `max_position`, a token id outside the vocabulary, stop strings
+without a tokenizer, a logit_bias id outside the vocabulary, a pin past the pinned share of the pool. What needs
+no model (sampling ranges, namespace, retain, timeout) RequestOptions checked already.
 """
 
 from __future__ import annotations
 
+import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from numbers import Integral
 from typing import Any
 
@@ -79,7 +81,7 @@ class RequestBuilder:
                 raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
             ids = list(self.tokenizer.encode(prompt))
         else:
-            ids = [int(t) for t in prompt]
+            ids = token_ids(prompt, "prompt")
         if not ids:
             raise ValueError("the prompt is empty")
         limit = self.config.max_position
@@ -101,7 +103,7 @@ class RequestBuilder:
                 if ids[:1] == [bos]:
                     ids = ids[1:]
         else:
-            ids = [int(t) for t in text_or_ids]
+            ids = token_ids(text_or_ids, "continuation")
         self.check_vocabulary(ids)
         return ids
 
@@ -117,17 +119,52 @@ class RequestBuilder:
             raise ValueError("chat needs a tokenizer; this engine has none")
         if is_messages(messages):
             return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
+        if not _is_sequence(messages) or not messages or not all(is_messages(m) for m in messages):
+            raise ValueError(
+                "chat takes messages (a non-empty list of dicts with role and content) or a list of conversations, "
+                f"got {_shown(messages)}"
+            )
         return [self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True) for m in messages]
 
 
 def split_batch(prompt: Any) -> tuple[list[Any], bool]:
-    """(prompts, single): a str or a sequence of ints is one prompt; a list of those is a batch."""
+    """(prompts, single): a str or a sequence of ints is one prompt; a list of those is a batch. Anything else (a
+    number, None, a dict) is a ValueError saying what a prompt is."""
     if isinstance(prompt, (str, torch.Tensor)):
         return [prompt], True
+    if not _is_sequence(prompt):
+        raise ValueError(f"a prompt must be text, token ids or a list of prompts, got {_shown(prompt)}")
     items = list(prompt)
-    if not items or all(isinstance(t, Integral) for t in items):
+    if not items or all(isinstance(t, Integral) and not isinstance(t, bool) for t in items):
         return [items], True
     return items, False
+
+
+def token_ids(prompt: Any, what: str) -> list[int]:
+    """`prompt` (a sequence of integer token ids, a 1-d tensor) as a list of ints; ValueError naming `what[i]` for an
+    element that is not an integer (a bool, a float, None, a nested list), or for a prompt that is not a sequence."""
+    if isinstance(prompt, torch.Tensor):
+        prompt = prompt.tolist()
+    if not _is_sequence(prompt):
+        raise ValueError(f"a {what} must be text or a sequence of token ids, got {_shown(prompt)}")
+    ids = []
+    for i, t in enumerate(prompt):
+        try:
+            if isinstance(t, bool):
+                raise TypeError
+            ids.append(operator.index(t))  # ints, numpy integers, one-element integer tensors
+        except TypeError:
+            raise ValueError(f"{what}[{i}] must be a token id (an integer), got {_shown(t)}") from None
+    return ids
+
+
+def _is_sequence(x: Any) -> bool:
+    return isinstance(x, Iterable) and not isinstance(x, (str, bytes, bytearray, Mapping))
+
+
+def _shown(x: Any) -> str:
+    text = repr(x)
+    return f"{type(x).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
 
 
 def is_messages(x: Any) -> bool:

@@ -1,0 +1,253 @@
+"""Disk pages read ahead of admission (runtime.kv.tier.prefetch): outputs with prefetch equal a no-cache engine's for
+disk hits after a restart and for host hits; a request arriving while another decodes is read by the readers while
+the other keeps stepping (an injected reader that blocks until the test lets it go: orderings, never wall time);
+each stop policy's behaviour; a page that vanishes or is garbled mid-prefetch is recomputed; a cancel during a
+prefetch releases everything. The cache's and the host tier's invariants are checked after every step."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixcache.runtime import Engine
+from radixcache.runtime.engine.engine_config import EngineConfig
+from radixcache.runtime.kv.state import Status
+from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+from tests.runtime.conftest import page_path
+
+P = 4  # tokens per page
+DTYPE = "float64"  # tiers copy bits: any mismatch with the no-cache engine is a bug, never a near-tie
+
+
+@pytest.fixture(scope="module")
+def model() -> RandomModel:
+    m = tiny_model(seed=11)
+    return RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return torch.randint(1, 97, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+PROMPT = ids(42, 1)  # 10 full pages before its last token
+OTHER = ids(9, 2)
+
+
+def baseline(model: RandomModel, prompt: list[int], n: int) -> list[int]:
+    with Engine(model, capacity_blocks=200, page_size=P, enable_cache=False, dtype=DTYPE) as engine:
+        return list(engine.generate(prompt, max_new_tokens=n, ignore_eos=True).token_ids)
+
+
+def written(model: RandomModel, cache_dir: Path, *prompts: list[int]) -> None:
+    """An engine that served `prompts` and wrote their pages to `cache_dir`, then stopped."""
+    with Engine(model, capacity_blocks=200, page_size=P, cache_dir=cache_dir, dtype=DTYPE) as engine:
+        for prompt in prompts:
+            engine.generate(prompt, max_new_tokens=1)
+        assert engine.flush(30)
+
+
+def restarted(model: RandomModel, cache_dir: Path, **kw) -> Engine:
+    kw = {"capacity_blocks": 200, "page_size": P, "cache_dir": cache_dir, "dtype": DTYPE, "load_back": "always", **kw}
+    return Engine(model, **kw)
+
+
+class Gate:
+    """Wraps the disk store's `read`: each read announces itself and waits until the test opens the gate."""
+
+    def __init__(self, engine: Engine) -> None:
+        store = engine.tiers.disk
+        self._read = store.read
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+        self.reads = 0
+        store.read = self.read  # the instance attribute shadows the method: the readers call this
+
+    def read(self, page_hash: bytes, tokens: list[int]):
+        self.reads += 1
+        self.entered.set()
+        assert self.opened.wait(30), "the test never opened the gate"
+        return self._read(page_hash, tokens)
+
+
+def step(engine: Engine, times: int = 1) -> None:
+    """Scheduler steps on this thread, each followed by the invariants of the tree and of the host tier."""
+    with torch.inference_mode():
+        for _ in range(times):
+            engine.scheduler.step()
+            engine.cache.check_invariants()
+            engine.tiers.check()
+
+
+def run_out(engine: Engine) -> None:
+    for _ in range(2000):
+        if not engine.scheduler.has_work():
+            return
+        step(engine)
+    raise AssertionError("the scheduler never finished")
+
+
+def assert_clean(engine: Engine) -> None:
+    c = engine.cache
+    c.check_invariants()
+    engine.tiers.check()
+    assert c.held_blocks == 0 and c.locked_blocks == 0 and not engine.scheduler.has_work()
+    assert engine.tiers.host is None or engine.tiers.host.locked_count == 0
+
+
+@pytest.mark.parametrize("policy", ["wait_complete", "timeout", "best_effort"])
+def test_disk_hits_after_a_restart_equal_the_no_cache_output(model, tmp_path: Path, policy: str) -> None:
+    want = baseline(model, PROMPT, 6)
+    written(model, tmp_path, PROMPT)
+    with restarted(model, tmp_path, prefetch_policy=policy) as engine:
+        assert list(engine.generate(PROMPT, max_new_tokens=6, ignore_eos=True).token_ids) == want
+        tiers = engine.stats.tiers
+        if policy != "best_effort":  # the others wait for the pages; best_effort may start before any arrived
+            assert tiers.disk_loaded_pages == len(PROMPT[:-1]) // P and tiers.disk_failed_reads == 0
+        engine.check()
+
+
+def test_host_hits_with_a_disk_tier_equal_the_no_cache_output(model, tmp_path: Path) -> None:
+    want = baseline(model, PROMPT, 6)
+    host = 64 * P * model.config.kv_bytes_per_token(8)
+    with restarted(model, tmp_path, host_kv_memory=host, prefetch_policy="wait_complete") as engine:
+        engine.generate(PROMPT, max_new_tokens=1)
+        assert engine._loop.wait_idle(30)
+        engine.cache.evict(engine.cache.evictable_blocks)  # off the device; write_through kept host copies
+        assert list(engine.generate(PROMPT, max_new_tokens=6, ignore_eos=True).token_ids) == want
+        assert engine.stats.tiers.host_loaded_pages == len(PROMPT[:-1]) // P
+        engine.check()
+
+
+def test_a_request_is_read_while_another_keeps_decoding(model, tmp_path: Path) -> None:
+    want_a, want_b = baseline(model, OTHER, 40), baseline(model, PROMPT, 5)
+    written(model, tmp_path, PROMPT)
+    engine = restarted(model, tmp_path, prefetch_policy="wait_complete")
+    a = engine._request(OTHER, 40, ignore_eos=True)
+    engine.scheduler.add(a)
+    step(engine, 3)
+    assert a in engine.scheduler.decoding
+    gate = Gate(engine)
+    b = engine._request(PROMPT, 5, ignore_eos=True)
+    engine.scheduler.add(b)
+    assert gate.entered.wait(30)  # a reader thread is inside B's first read
+    before = len(a.output_ids)
+    step(engine, 5)
+    assert len(a.output_ids) == before + 5  # A stepped five times while B's pages were being read
+    assert b in engine.scheduler.waiting and b.kv.status is Status.WAITING and not b.output_ids
+    gate.opened.set()
+    while b in engine.scheduler.waiting:
+        step(engine)
+    assert len(a.output_ids) < 40  # B was admitted while A still decoded
+    run_out(engine)
+    assert a.output_ids == want_a and b.output_ids == want_b
+    assert b.kv.cached_tokens == len(PROMPT[:-1]) // P * P and engine.stats.tiers.disk_loaded_pages == 10
+    assert_clean(engine)
+    engine.close()
+
+
+def test_best_effort_admits_at_once_with_what_arrived(model, tmp_path: Path) -> None:
+    want = baseline(model, PROMPT, 5)
+    written(model, tmp_path, PROMPT)
+    engine = restarted(model, tmp_path, prefetch_policy="best_effort")
+    gate = Gate(engine)
+    b = engine._request(PROMPT, 5, ignore_eos=True)
+    engine.scheduler.add(b)
+    step(engine)
+    assert b.kv.status is Status.RUNNING and b.kv.cached_tokens == 0  # nothing had arrived: all recomputed
+    gate.opened.set()
+    run_out(engine)
+    assert b.output_ids == want and engine.stats.tiers.disk_loaded_pages == 0
+    assert_clean(engine)
+    engine.close()
+
+
+def test_timeout_zero_admits_at_once_and_a_long_timeout_waits(model, tmp_path: Path) -> None:
+    want = baseline(model, PROMPT, 5)
+    written(model, tmp_path, PROMPT)
+    for timeout_ms, waits in ((0, False), (600_000, True)):
+        engine = restarted(model, tmp_path, prefetch_policy="timeout", prefetch_timeout_ms=timeout_ms)
+        gate = Gate(engine)
+        b = engine._request(PROMPT, 5, ignore_eos=True)
+        engine.scheduler.add(b)
+        assert gate.entered.wait(30)
+        step(engine, 3)
+        assert (b in engine.scheduler.waiting) is waits
+        gate.opened.set()
+        run_out(engine)
+        assert b.output_ids == want
+        assert b.kv.cached_tokens == (40 if waits else 0)
+        assert_clean(engine)
+        engine.close()
+
+
+@pytest.mark.parametrize("fault", ["vanished", "garbled", "raises"])
+def test_a_page_that_fails_mid_prefetch_is_recomputed(model, tmp_path: Path, fault: str) -> None:
+    want_a, want_b = baseline(model, OTHER, 12), baseline(model, PROMPT, 5)
+    written(model, tmp_path, PROMPT)
+    engine = restarted(model, tmp_path, prefetch_policy="wait_complete")
+    a = engine._request(OTHER, 12, ignore_eos=True)  # a bystander, decoding throughout
+    engine.scheduler.add(a)
+    step(engine, 2)
+    gate = Gate(engine)
+    b = engine._request(PROMPT, 5, ignore_eos=True)
+    engine.scheduler.add(b)
+    assert gate.entered.wait(30)
+    store = engine.tiers.disk
+    bad = b.kv.page_chain.upto(PROMPT[:-1], 10)[3]  # the fourth page fails
+    path = page_path(store, bad)
+    if fault == "vanished":
+        path.unlink()
+    elif fault == "garbled":
+        data = bytearray(path.read_bytes())
+        data[-5] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        read = gate._read
+
+        def failing(page_hash: bytes, tokens: list[int]):
+            if page_hash == bad:
+                raise OSError("injected read error")
+            return read(page_hash, tokens)
+
+        gate._read = failing
+    gate.opened.set()
+    run_out(engine)
+    assert a.output_ids == want_a and b.output_ids == want_b
+    assert b.kv.cached_tokens == 3 * P  # the pages before the failed one; the rest recomputed
+    assert engine.stats.tiers.disk_loaded_pages == 3 and engine.stats.tiers.disk_failed_reads == 1
+    assert_clean(engine)
+    engine.close()
+
+
+def test_a_cancel_during_a_prefetch_releases_everything(model, tmp_path: Path) -> None:
+    head = PROMPT[:20]  # 5 pages: on the host after the eviction below; the rest of PROMPT only on disk
+    written(model, tmp_path, PROMPT)
+    host = 64 * P * model.config.kv_bytes_per_token(8)
+    engine = restarted(model, tmp_path, host_kv_memory=host, prefetch_policy="wait_complete")
+    engine.generate([*head, 5], max_new_tokens=1)
+    assert engine._loop.wait_idle(30)
+    engine.cache.evict(engine.cache.evictable_blocks)
+    gate = Gate(engine)
+    b = engine._request(PROMPT, 5, ignore_eos=True)
+    engine.scheduler.add(b)
+    assert gate.entered.wait(30)
+    assert engine.tiers.host.locked_count == 5  # the host run before the disk pages, held for B
+    step(engine, 2)
+    assert engine.scheduler.abort(b) and b.finish_reason == "cancelled"
+    assert engine.tiers.host.locked_count == 0
+    gate.opened.set()
+    engine.tiers.reader.close()  # the readers finish the cancelled job's work
+    assert_clean(engine)
+    engine.close()
+
+
+def test_the_prefetch_options_are_validated() -> None:
+    assert EngineConfig().prefetch_policy == "timeout" and EngineConfig().prefetch_timeout_ms == 1000.0
+    with pytest.raises(ValueError, match="prefetch_policy"):
+        EngineConfig(prefetch_policy="eager")
+    for bad in (-1, float("nan"), float("inf"), True, "10"):
+        with pytest.raises(ValueError, match="prefetch_timeout_ms"):
+            EngineConfig(prefetch_timeout_ms=bad)
