@@ -60,7 +60,7 @@ class Engine:
 
     Requests: `generate`, `chat`, `submit`, `submit_group`, `fork`, `agenerate`, `achat`, `stream` and sessions
     take RequestOptions' keyword arguments (sampling, stop, logprobs, namespace, priority, timeout, pin,
-    retention, retain, session; runtime.engine.options), or `options=` a RequestOptions built once.
+    retention, retain, session, retain_for; runtime.engine.options), or `options=` a RequestOptions built once.
 
     Thread-safe: every call submits to one engine loop thread that owns the cache and the pool.
     """
@@ -109,6 +109,8 @@ class Engine:
             tiers=self.tiers,
             events=self.events,
             admission=self.admission,
+            max_lease_blocks=int(capacity_blocks * config.lease_fraction),
+            lease_clock=config.lease_clock,
         )
         self.mirror = build_mirror(config.mirror_memory, self.model)
         tok_eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or ())
@@ -140,7 +142,8 @@ class Engine:
         frequency_penalty, repetition_penalty, logit_bias, logprobs; or `params`, a whole SamplingParams),
         namespace, return_logits, priority, timeout, pin (refused past `max_pinned_fraction`: the result's
         `pinned_tokens` is 0), retention, retain ("conversation": the tree adopts every page of this request
-        whatever the admission policy predicts), session (the `session_id` `record_trace` writes). `options`: a
+        whatever the admission policy predicts), session (the `session_id` `record_trace` writes), retain_for
+        (seconds to lease the pages once it ends: runtime.kv.leases; the result's `lease`). `options`: a
         RequestOptions built beforehand (its own max_new_tokens); keyword arguments beside it override its fields.
         """
         handles = self.submit(prompt, max_new_tokens, **kwargs)
@@ -316,7 +319,12 @@ class Engine:
     def check(self, timeout: float | None = 30.0) -> dict[str, int]:
         """Check the cache's invariants between two steps (on the loop thread) and return its block gauges and
         queue lengths. Raises the cache's InvariantError if one is broken (a bug)."""
-        return self._loop.call(lambda s: checked_gauges(self.cache, s, self.kv, self.tiers)).result(timeout)
+
+        def gauges(s: Scheduler) -> dict[str, int]:
+            self.kv.leases.expire()  # a lease past its deadline holds nothing, even on an idle engine
+            return checked_gauges(self.cache, s, self.kv, self.tiers)
+
+        return self._loop.call(gauges).result(timeout)
 
     def clear_retention(self) -> int:
         """Forget every retention mark (leaves re-rank as they are next touched). Returns how many there were."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,9 @@ class EngineConfig:
     adopts and evicts, in numbered batches, for a router's index.
     Admission (radixcache.policy.admission): `admission` ("all", the default: adopt every page; another name in
     ADMISSION_POLICIES, or an AdmissionPolicy) decides how many of each request's pages the tree adopts.
+    Leases (runtime.kv.leases, a request's `retain_for`): together they lock at most `lease_fraction` of the pool
+    (past it the oldest gives way); `lease_clock` is the clock their deadlines are on (seconds; `time.monotonic`
+    by default; tests pass one they advance).
     """
 
     model: Any = "smollm2"
@@ -107,6 +111,8 @@ class EngineConfig:
     prefetch_timeout_ms: float = DEFAULT_PREFETCH_TIMEOUT_MS
     kv_events: bool = False
     admission: str | AdmissionPolicy | None = "all"
+    lease_fraction: float = 0.5
+    lease_clock: Callable[[], float] | None = None
 
     def __post_init__(self) -> None:
         """Every check that needs no weights, in the order the engine has always made them."""
@@ -129,6 +135,11 @@ class EngineConfig:
             parse_memory(self.mirror_memory)  # type: ignore[arg-type]
         if not 0.0 <= self.max_pinned_fraction <= 1.0:
             raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
+        lease = self.lease_fraction
+        if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0.0 <= lease <= 1.0:
+            raise ValueError(f"lease_fraction must be a number in [0, 1], got {lease!r}")
+        if self.lease_clock is not None and not callable(self.lease_clock):
+            raise ValueError(f"lease_clock must be a callable returning seconds, got {self.lease_clock!r}")
         self.scheduler()
         check_max_queue(self.max_queue)
         if self.queue_timeout is not None and not self.queue_timeout > 0:

@@ -23,6 +23,7 @@ from typing import Any
 
 from radixcache.policy.admission import check_retain
 from radixcache.runtime.engine.sampling import SamplingParams
+from radixcache.runtime.kv.leases import check_retain_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,9 @@ class RequestOptions:
     first n tokens' whole pages in the cache until `unpin`. retention: a soft priority for keeping the prompt's KV
     (runtime.kv.retention). retain: "conversation" makes the tree adopt every page whatever the admission policy
     predicts (None: no hint). session: the conversation the request belongs to (a recorded trace's `session_id`;
-    behind replicas, what sticks it to one).
+    behind replicas, what sticks it to one). retain_for: seconds to keep the request's pages (prompt and reply)
+    locked in the cache after it ends, renewed by each request that hits them, expiring on their own
+    (runtime.kv.leases; the result's `lease` says what was granted); None or 0: no lease.
     """
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -49,10 +52,12 @@ class RequestOptions:
     retention: int = 0
     retain: str | None = None
     session: str | None = None
+    retain_for: float | None = None
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
         check_retain(self.retain)
+        object.__setattr__(self, "retain_for", check_retain_for(self.retain_for))  # an int becomes seconds as float
         if not isinstance(self.sampling, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(self.sampling).__name__}")
         if self.timeout is not None:

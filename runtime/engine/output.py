@@ -16,6 +16,7 @@ import torch
 
 from radixcache.runtime.engine.request import GenerationResult, Request, TokenLogprob
 from radixcache.runtime.engine.sampling import find_stop, stop_token_set
+from radixcache.runtime.kv.leases import NO_LEASE
 
 
 @dataclass(slots=True)
@@ -140,4 +141,5 @@ class OutputProcessor:
             recomputed_tokens=req.kv.recomputed_tokens,
             pinned_tokens=req.pinned_tokens,
             logprobs=tuple(req.logprobs) if req.sampler.params.logprobs is not None else None,
+            lease=req.kv.lease or (NO_LEASE if req.kv.retain_for is not None else None),
         )

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 
 from radixcache.runtime.engine.sampling import Sampler, SamplingParams
+from radixcache.runtime.kv.leases import LeaseGrant
 from radixcache.runtime.kv.state import KVState
 
 
@@ -42,6 +43,8 @@ class GenerationResult:
     (it would have exceeded the engine's pinned share of the pool).
     logprobs: one TokenLogprob per entry of token_ids (its raw log-probability and the top k alternatives) when
     the request asked for them (`logprobs=k`), else None.
+    lease: what `retain_for=` got (runtime.kv.leases.LeaseGrant: seconds and tokens held; both 0 when nothing was
+    held: no cache, a cancel or failure, or nothing adopted), None when no lease was asked for.
     """
 
     text: str
@@ -59,6 +62,7 @@ class GenerationResult:
     recomputed_tokens: int = 0
     pinned_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None
+    lease: LeaseGrant | None = None
 
     @property
     def decode_tps(self) -> float:
@@ -108,6 +112,7 @@ class Request:
     t_admitted: float | None = None
     wait_steps: int = 0
     session: str | None = None  # the caller's conversation id (the `session_id` of a recorded trace line)
+    retain_for: float | None = None  # seconds to lease its pages once it ends (radixcache.runtime.kv.leases)
     error: BaseException | None = None
     listener: Callable[[Request], None] | None = field(default=None, repr=False)
 
@@ -120,6 +125,7 @@ class Request:
             pin=self.pin,
             retain=self.retain,
             arrival_ms=self.t_arrival * 1000.0,  # ms, on the engine's perf_counter clock
+            retain_for=self.retain_for,
         )
 
     @property

@@ -64,6 +64,7 @@ class RequestBuilder:
             retention=options.retention,
             retain=options.retain,
             session=options.session,
+            retain_for=options.retain_for,
         )
 
     def check_sampling(self, stop: Sequence[str], logit_bias: Sequence[tuple[int, float]]) -> None:

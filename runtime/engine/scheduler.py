@@ -143,6 +143,7 @@ class Scheduler:
     def step(self) -> None:
         """One engine step: time out, pick the decodes and the prefill chunks, run them in one pass, emit."""
         self.steps += 1
+        self.kv.leases.expire()  # leases past their deadline release their pages (runtime.kv.leases)
         now = time.perf_counter()
         for r in [*self.waiting, *self.prefilling, *self.decoding]:
             if r.deadline is not None and now >= r.deadline:

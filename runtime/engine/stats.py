@@ -35,6 +35,7 @@ class EngineStats:
     steps: int = 0  # scheduler steps (each runs at most one forward pass)
     tiers: TierCounters | None = None  # per-tier hits and page moves, with a host tier or a cache directory
     admission_declined_pages: int = 0  # computed full pages the admission policy kept out of the tree (freed)
+    leases: int = 0  # leases held now (runtime.kv.leases), those past their deadline until the next check
 
     @property
     def hit_rate(self) -> float:
@@ -64,6 +65,7 @@ def engine_stats(t: Totals, s: Scheduler, kv: KVManager, tiers: KVTiers | None) 
         steps=s.steps,
         tiers=None if tiers is None else tiers.counters,
         admission_declined_pages=kv.declined_pages,
+        leases=len(kv.leases),
     )
 
 
@@ -80,6 +82,8 @@ def checked_gauges(cache: RadixCache, s: Scheduler, kv: KVManager, tiers: KVTier
         "locked_blocks": cache.locked_blocks,
         "held_blocks": cache.held_blocks,
         "pinned_blocks": kv.pins.blocks,
+        "leases": len(kv.leases),
+        "leased_blocks": kv.leases.blocks,
         "running": len(s.prefilling) + len(s.decoding),
         "waiting": len(s.waiting),
     }

@@ -21,16 +21,22 @@ with the known total when it finished) and kept across preemptions. Pages past t
 blocks: it reads them while it runs, and they are freed when it leaves (a preempted request recomputes them). Pages
 already in the tree are never taken back, and only adopted pages go down the tiers and to the event log.
 `AdmitAll` (the default) adopts every page: the behaviour without admission control.
+
+Leases (kv.leases): a request that finishes with `retain_for` seconds takes a lease on the pages the tree holds of
+it; each admission renews the leases its match reaches, and leases past their deadline are released before
+anything here allocates (and so evicts). When an admission or a decode's next page cannot be found, the oldest
+leases give way first: a lease never fails a request.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from radixcache import RadixCache, TreeNode
 from radixcache.policy.admission import AdmissionPolicy, AdmissionRequest, make_admission
+from radixcache.runtime.kv.leases import NO_LEASE, LeaseTable
 from radixcache.runtime.kv.pins import PinTable
 from radixcache.runtime.kv.retention import RetentionPolicy
 from radixcache.runtime.kv.state import KVState, Status
@@ -59,6 +65,8 @@ class KVManager:
         tiers: KVTiers | None = None,
         events: KVEventLog | None = None,
         admission: str | AdmissionPolicy | None = None,
+        max_lease_blocks: int = 0,
+        lease_clock: Callable[[], float] | None = None,
     ) -> None:
         self.cache = cache
         self.tiers = tiers if enable_cache else None
@@ -67,6 +75,7 @@ class KVManager:
         self.page_size = cache.page_size
         self.retention = retention
         self.pins = PinTable(cache, max_pinned_blocks)
+        self.leases = LeaseTable(cache, max_lease_blocks, lease_clock)  # kv.leases: finished requests' pages, timed
         self.admission = make_admission(admission, eviction=cache.policy)
         self.declined_pages = 0  # computed full pages the admission policy kept out of the tree (freed)
         self._policy_failed = False  # warned once already
@@ -94,6 +103,7 @@ class KVManager:
         tiers, tier_match = self.tiers, None
         host_hashes: list[bytes] = []
         disk_pages = 0
+        self.leases.expire()  # before anything here can evict: a lease past its deadline holds nothing
         if self.enable_cache:
             if kv.page_chain is None and (tiers is not None or self.events is not None):
                 kv.page_chain = (tiers or self.events).chain(kv.namespace)  # type: ignore[union-attr]
@@ -104,6 +114,7 @@ class KVManager:
                 match = cache.match_prefix(query, namespace=kv.namespace)
             node, blocks = match.node, match.blocks
             cache.lock(node)
+            self.leases.renew(node)  # a hit on a leased context renews its lease
             if tier_match is not None:
                 assert tiers is not None
                 try:
@@ -114,6 +125,8 @@ class KVManager:
                     raise
         try:
             need = self.pages(end) - len(blocks)
+            while need + reserve > cache.free_blocks + cache.evictable_blocks and self.leases.give_way():
+                pass  # live work first: the oldest leases give way
             if not strict and need + reserve > cache.free_blocks + cache.evictable_blocks:
                 self._unlock_all(node, host_hashes)
                 return False
@@ -151,7 +164,11 @@ class KVManager:
         """Make the block table cover `num_tokens` positions, allocating new pages (evicting if needed)."""
         missing = self.pages(num_tokens) - len(kv.block_table)
         if missing > 0:
-            kv.block_table.extend(self.cache.allocate(missing))
+            self.leases.expire()
+            cache = self.cache
+            while missing > cache.free_blocks + cache.evictable_blocks and self.leases.give_way():
+                pass  # a decode's next page before any lease
+            kv.block_table.extend(cache.allocate(missing))
 
     def mark_retention(self, namespace: Hashable, prompt_ids: Sequence[int], retention: int) -> None:
         """Give a prompt its retention priority (kv.retention), if it asked for one."""
@@ -253,8 +270,11 @@ class KVManager:
         and any unused page)."""
         if kv.status is not Status.RUNNING:
             raise RuntimeError(f"request {kv.rid} is {kv.status.value}, not running")
-        self._give_back(kv, tokens, output_tokens)
+        kept = self._give_back(kv, tokens, output_tokens)
         kv.status = Status.FINISHED
+        if kv.retain_for is not None:  # asked for a lease: say what it got (kv.leases)
+            grant = self.leases.grant if self.enable_cache and kv.retain_for > 0 else None
+            kv.lease = grant(tokens[: kept * self.page_size], kv.namespace, kv.retain_for) if grant else NO_LEASE
         self._raise_fault()
 
     def preempt(self, kv: KVState, tokens: Sequence[int]) -> None:
@@ -286,12 +306,13 @@ class KVManager:
 
     # ------------------------------------------------------------------ private
 
-    def _give_back(self, kv: KVState, tokens: Sequence[int], output_tokens: int | None) -> None:
-        """Insert the request's computed KV up to its admission limit, free everything else, unlock.
-        `output_tokens`: None while the request goes on (a preemption), else what it generated."""
+    def _give_back(self, kv: KVState, tokens: Sequence[int], output_tokens: int | None) -> int:
+        """Insert the request's computed KV up to its admission limit, free everything else, unlock. Returns the
+        pages (from the root) the tree holds of it. `output_tokens`: None while the request goes on (a
+        preemption), else what it generated."""
         if not self.enable_cache:
             self.abort(kv, status=Status.RUNNING)
-            return
+            return 0
         cache, p = self.cache, self.page_size
         used = self.pages(kv.num_kv)
         spare = kv.block_table[used:]
@@ -319,6 +340,7 @@ class KVManager:
         if mine:
             cache.free(mine)
         self._unlock(kv)
+        return keep
 
     def _adopted(self, kv: KVState, tokens: Sequence[int], first: int, last: int) -> None:
         """The tree just adopted the request's pages `first .. last` (its own blocks): they go down the tiers, and

@@ -22,6 +22,7 @@ from enum import Enum
 
 from radixcache import TreeNode
 from radixcache.page_hash import PageChain
+from radixcache.runtime.kv.leases import LeaseGrant
 
 
 class Status(Enum):
@@ -38,7 +39,8 @@ class KVState:
     """One request's pages, lock and KV accounting (see the module's invariants).
 
     Fixed at creation: `rid` (named in errors), `namespace`, `prompt_tokens`, `max_new_tokens`, `pin` (prompt
-    tokens to pin once computed), `retain` (the admission hint), `arrival_ms` (what the admission policy sees).
+    tokens to pin once computed), `retain` (the admission hint), `arrival_ms` (what the admission policy sees),
+    `retain_for` (seconds of lease asked for; `lease`, what release granted).
     Accounting: `cached_tokens` (prompt tokens found cached at the first admission, at most `cached_cap`),
     `found_pages` (pages found then: what admission may never decline), `recomputed_tokens` (positions computed
     again after preemptions), `computed_max` (the most positions ever computed), `preemptions`.
@@ -51,6 +53,7 @@ class KVState:
     pin: int = 0
     retain: str | None = None
     arrival_ms: float = 0.0
+    retain_for: float | None = None  # seconds to lease the pages once finished (kv.leases); None: not asked
     # what it holds
     status: Status = Status.WAITING
     block_table: list[int] = field(default_factory=list)
@@ -66,6 +69,7 @@ class KVState:
     computed_max: int = 0
     recomputed_tokens: int = 0
     preemptions: int = 0
+    lease: LeaseGrant | None = None  # what release granted (kv.leases)
 
     @property
     def held_blocks(self) -> list[int]:

@@ -46,6 +46,8 @@ ENGINE_KEYWORDS = [
     "load_back",
     "kv_events",
     "admission",
+    "lease_fraction",
+    "lease_clock",
 ]
 
 
