@@ -44,6 +44,8 @@ ENGINE_KEYWORDS = [
     "cache_dir_size",
     "write_policy",
     "load_back",
+    "prefetch_policy",
+    "prefetch_timeout_ms",
     "kv_events",
     "admission",
     "lease_fraction",
