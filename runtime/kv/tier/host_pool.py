@@ -1,9 +1,10 @@
 """The host tier's memory: KV pages in host RAM, in the device pool's layout, indexed by host slot.
 
-Layout `[layers, 2, num_slots, page_size, kv_heads, head_dim]`, the device pool's with slots for blocks, so a page
-moves between the tiers as one `index_select` and one `index_copy_` per direction. On CUDA the memory is pinned and
-loads run on a side stream (`load` returns an event to wait on before the pages are read, or None when done); what
-is pinned and how the streams are ordered are decided by radixcache.runtime.kv.tier.copy_sync, tested on the CPU.
+Layout `[layers, 2, num_slots, page_size, kv_heads, head_dim]`, the device pool's with slots for blocks, so pages
+move to the host as one `index_select` and one `index_copy_`, and back in runs of slice copies (kv.tier.page_copy).
+On CUDA the memory is pinned and loads run on a side stream (`load` returns an event to wait on before the pages
+are read, or None when done); what is pinned and how the streams are ordered are decided by
+radixcache.runtime.kv.tier.copy_sync, tested on the CPU.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from radixcache.runtime.kv.pool import KVPool
 from radixcache.runtime.kv.tier.copy_sync import pins_host_memory, side_stream_copy
+from radixcache.runtime.kv.tier.page_copy import copy_pages
 
 
 class HostKVPool:
@@ -49,17 +51,16 @@ class HostKVPool:
         self.saved_pages += len(blocks)
 
     def load(self, pool: KVPool, slots: list[int], blocks: Sequence[int]) -> torch.cuda.Event | None:
-        """Copy host `slots` into device `blocks`. On the CPU the copy is done on return (None). On CUDA it runs on
-        a side stream, the compute stream is made to wait for it, and the returned event marks when the host slots
-        may be overwritten."""
-        src = self.kv.index_select(2, torch.tensor(slots))
-        index = torch.tensor(blocks, device=pool.device)
+        """Copy host `slots` into device `blocks`, in runs of consecutive pages (kv.tier.page_copy: one slice copy
+        per run, no gathered temporary). On the CPU the copy is done on return (None). On CUDA it runs on a side
+        stream from the pinned pages, the compute stream is made to wait for it, and the returned event marks when
+        the host slots may be overwritten."""
         if self._stream is None:
-            pool.kv.index_copy_(2, index, src)
+            copy_pages(pool.kv, blocks, self.kv, slots)
             return None
 
         def copy() -> None:
-            pool.kv.index_copy_(2, index, src.pin_memory().to(pool.device, non_blocking=True))
+            copy_pages(pool.kv, blocks, self.kv, slots, non_blocking=True)
 
         main = torch.cuda.current_stream(pool.device)
         return side_stream_copy(main, self._stream, copy, on_stream=torch.cuda.stream, new_event=torch.cuda.Event)

@@ -34,6 +34,7 @@ import torch
 from radixcache.runtime.kv.pool import KVPool
 from radixcache.runtime.kv.tier.copy_sync import pins_host_memory
 from radixcache.runtime.kv.tier.disk_store import DiskStore
+from radixcache.runtime.kv.tier.page_copy import copy_pages
 
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 DEFAULT_PREFETCH_POLICY = "timeout"
@@ -258,9 +259,7 @@ class PrefetchReader:
 
 
 def copy_staged(pool: KVPool, staging: torch.Tensor, pages: int, blocks: Sequence[int]) -> None:
-    """Copy the first `pages` staged pages into the pool's `blocks`, in one batched copy (done on return)."""
-    if pages <= 0:
-        return
-    src = staging[:, :, :pages]
-    index = torch.tensor(list(blocks[:pages]), device=pool.device)
-    pool.kv.index_copy_(2, index, src.to(pool.device))
+    """Copy the first `pages` staged pages into the pool's `blocks`, in runs of slice copies (page_copy; done on
+    return: the staging memory may go as soon as this returns)."""
+    if pages > 0:
+        copy_pages(pool.kv, blocks[:pages], staging, range(pages))
