@@ -172,7 +172,11 @@ class ClusterEngine:
                             req.output_ids.extend(value)
                             req.logprobs.extend(logprobs)
                             if req.listener is not None:
-                                req.listener(req)
+                                try:
+                                    req.listener(req)
+                                except BaseException:  # the caller's side failed: the replica stops it too
+                                    cluster.actor(replica).cancel.remote(req.rid)
+                                    raise
                         else:
                             result = value
                 except cluster.actor_errors as exc:

@@ -3,13 +3,15 @@ its replicas stand-ins (tests/cluster/stand_in.py) that relay engine errors as R
 mid-stream. A full queue on a replica is 429 with Retry-After, a prompt the replica's pool can never hold is 400,
 no live replica is 503 `replica_unavailable`, and a replica that stops sending mid-stream ends the request within
 the per-item timeout (a 503, or an error event then [DONE] in a stream) with the request cancelled on the replica
-and its load released; the server then serves on. The real-Ray version of the first three is in
+and its load released; the server then serves on. A relay that fails in the front door (the caller's listener)
+cancels the request on its replica. The real-Ray version of the first three is in
 test_cluster_ray.py."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ def served(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path) -> Iterator[tuple[Te
 
     cluster = ReplicaCluster("fake", 2, router="round_robin", poll_interval=None, call_timeout=ITEM_TIMEOUT)
     engine = ClusterEngine(cluster, str(tiny_dir))
+    cluster.front = engine  # type: ignore[attr-defined]  (tests reach the front door through the fixture)
     with TestClient(create_app(engine, "tiny")) as client:
         yield client, cluster
     engine.close()
@@ -115,3 +118,24 @@ def test_a_replica_that_stops_mid_stream_ends_the_request_and_releases_it(served
     assert sorted(cancelled) == sorted(streamed)  # each stalled request was cancelled on its replica
     assert cluster.alive == (0, 1) and cluster.stats().deaths == 0  # slow is not dead
     _serves_on(client, cluster)
+
+
+def test_a_relay_that_fails_in_the_front_door_cancels_the_request_on_its_replica(
+    served: tuple[TestClient, Any],
+) -> None:
+    """The caller's side of a stream raising (its listener) fails that request and stops its work on the replica."""
+    _, cluster = served
+    front = cluster.front
+    gate = threading.Event()
+    _every_replica(cluster, lambda p, o: (gate.wait(10), echo_script(p, o))[1])
+    handle = front.submit([5, 6, 7], 4)
+
+    def broken(_request: Any) -> None:
+        raise RuntimeError("the caller's relay broke")
+
+    handle.request.listener = broken
+    gate.set()
+    with pytest.raises(RuntimeError, match="relay broke"):
+        handle.result(10)
+    assert [handle.rid] == [rid for r in (0, 1) for rid in cluster.actor(r).cancels]
+    assert cluster.loads.in_flight() == 0

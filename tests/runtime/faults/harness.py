@@ -102,16 +102,22 @@ def draw_fault(stage: str, clean: Outcome, rng: random.Random) -> Fault:
     return Fault(stage, victim, rng.randint(1, clean.counts[(stage, victim)]))
 
 
-def run_workload(engine: Engine, fault: Fault | None) -> Outcome:
-    """Run the eight requests on `engine` with `fault` injected (None: a clean run); the engine is left as it is."""
-    out = Outcome()
-    index: dict[int, int] = {}  # rid -> workload index
-    current: list[int] = []  # the request whose KV operation or output step runs now (workload index)
-    specs = workload()
+class Injector:
+    """Counts each stage's runs per request (its workload index) and raises `fault` at its run. `instrument` wraps
+    one engine's stages (several engines may share an injector: replicas); `watch` a request's own (its sampler
+    and listener). Which request a stage runs for is read from its arguments, or, for stages called without one,
+    from the request whose KV operation or output step runs now on this thread (each engine's loop thread keeps
+    its own)."""
 
-    def hit(stage: str, i: int | None) -> None:
+    def __init__(self, fault: Fault | None, out: Outcome) -> None:
+        self.fault, self.out = fault, out
+        self._local = threading.local()
+        self.real_logprob, self.real_find_stop = output_module.token_logprob, output_module.find_stop
+
+    def hit(self, stage: str, i: int | None) -> None:
         if i is None:
             return
+        out, fault = self.out, self.fault
         out.counts[(stage, i)] += 1
         n = out.counts[(stage, i)]
         if (
@@ -123,61 +129,99 @@ def run_workload(engine: Engine, fault: Fault | None) -> Outcome:
             out.fired = True
             raise Injected(f"{stage} of request {i}")
 
-    def by_rid(rid: int) -> int | None:
-        return index.get(rid)
+    def _current(self) -> list[int]:
+        if not hasattr(self._local, "stack"):
+            self._local.stack = []
+        return self._local.stack
 
-    def wrap(owner: Any, name: str, stage: str | None, who: Callable[..., int | None]) -> None:
+    def now(self) -> int | None:
+        current = self._current()
+        return current[-1] if current and current[-1] >= 0 else None
+
+    def wrap(self, owner: Any, name: str, stage: str | None, who: Callable[..., int | None]) -> None:
         real = getattr(owner, name)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             i = who(*args, **kwargs)
+            current = self._current()
             current.append(i if i is not None else -1)
             try:
                 if stage is not None:
-                    hit(stage, i)
+                    self.hit(stage, i)
                 return real(*args, **kwargs)
             finally:
                 current.pop()
 
         setattr(owner, name, wrapper)
 
-    def now() -> int | None:
-        return current[-1] if current and current[-1] >= 0 else None
+    def instrument(self, engine: Engine, index: dict[int, int]) -> None:
+        """Wrap `engine`'s stages; `index` maps its request ids to workload indexes (filled by the caller)."""
+        by_rid, now, wrap = index.get, self.now, self.wrap
+        kv, output = engine.kv, engine.output
+        wrap(kv, "admit", "admission", lambda kvs, *a, **k: by_rid(kvs.rid))
+        wrap(kv, "commit", "commit", lambda kvs, *a, **k: by_rid(kvs.rid))
+        wrap(kv, "pin", "pin", lambda kvs, *a, **k: by_rid(kvs.rid))
+        wrap(kv, "reserve", "decode_growth", lambda kvs, *a, **k: by_rid(kvs.rid))
+        wrap(kv, "release", None, lambda kvs, *a, **k: by_rid(kvs.rid))
+        wrap(kv, "preempt", None, lambda kvs, *a, **k: by_rid(kvs.rid))
+        wrap(output, "emit", "emit", lambda req, *a, **k: by_rid(req.rid))
+        wrap(engine._loop, "_finish", "result", lambda req, *a, **k: by_rid(req.rid))  # output.result, bound
+        wrap(output, "text", "detokenize", lambda *a, **k: now())
+        if engine.events is not None:
+            wrap(engine.events, "stored", "event_publish", lambda *a, **k: now())
+        if engine.tiers is not None:
+            wrap(engine.tiers, "adopted", "tier_copy", lambda *a, **k: now())
+            if engine.tiers.host_pool is not None:
+                wrap(engine.tiers.host_pool, "save", "host_copy", lambda *a, **k: now())
+            if engine.tiers.disk is not None:
+                wrap(engine.tiers.disk, "read", "disk_read", lambda *a, **k: now())
+        real_forward = engine.runner.step
 
-    kv, output = engine.kv, engine.output
-    wrap(kv, "admit", "admission", lambda kvs, *a, **k: by_rid(kvs.rid))
-    wrap(kv, "commit", "commit", lambda kvs, *a, **k: by_rid(kvs.rid))
-    wrap(kv, "pin", "pin", lambda kvs, *a, **k: by_rid(kvs.rid))
-    wrap(kv, "reserve", "decode_growth", lambda kvs, *a, **k: by_rid(kvs.rid))
-    wrap(kv, "release", None, lambda kvs, *a, **k: by_rid(kvs.rid))
-    wrap(kv, "preempt", None, lambda kvs, *a, **k: by_rid(kvs.rid))
-    wrap(output, "emit", "emit", lambda req, *a, **k: by_rid(req.rid))
-    wrap(engine._loop, "_finish", "result", lambda req, *a, **k: by_rid(req.rid))  # output.result, bound
-    wrap(output, "text", "detokenize", lambda *a, **k: now())
-    if engine.events is not None:
-        wrap(engine.events, "stored", "event_publish", lambda *a, **k: now())
-    if engine.tiers is not None:
-        wrap(engine.tiers, "adopted", "tier_copy", lambda *a, **k: now())
-        if engine.tiers.host_pool is not None:
-            wrap(engine.tiers.host_pool, "save", "host_copy", lambda *a, **k: now())
-        if engine.tiers.disk is not None:
-            wrap(engine.tiers.disk, "read", "disk_read", lambda *a, **k: now())
-    real_logprob, real_find_stop = output_module.token_logprob, output_module.find_stop
+        def forward(decodes: list[Any], chunks: list[Any]) -> Any:
+            for r in [*decodes, *(r for r, _ in chunks)]:
+                self.hit("forward", by_rid(r.rid))
+            return real_forward(decodes, chunks)
 
-    def token_logprob(*a: Any, **k: Any) -> Any:
-        hit("logprobs", now())
-        return real_logprob(*a, **k)
+        engine.runner.step = forward  # type: ignore[method-assign]
 
-    def find_stop(*a: Any, **k: Any) -> Any:
-        hit("stop_strings", now())
-        return real_find_stop(*a, **k)
-
-    def watch(handle: Any, i: int) -> None:
+    def watch(self, handle: Any, i: int, index: dict[Any, int], listener: bool = True) -> None:
+        """Request `i`'s own stages: its sampler's sample and process, and (if `listener`) its listener."""
         index[handle.rid] = i
         sampler = handle.request.sampler
-        wrap(sampler, "sample", "sampling", lambda *a, **k: i)
-        wrap(sampler, "process", "penalties", lambda *a, **k: i)
-        handle.request.listener = lambda r: hit("listener", i)
+        self.wrap(sampler, "sample", "sampling", lambda *a, **k: i)
+        self.wrap(sampler, "process", "penalties", lambda *a, **k: i)
+        if listener:
+            handle.request.listener = lambda r: self.hit("listener", i)
+
+    def __enter__(self) -> Injector:
+        """The module-level output helpers (logprobs, stop strings) raise for the request that runs now."""
+
+        def token_logprob(*a: Any, **k: Any) -> Any:
+            self.hit("logprobs", self.now())
+            return self.real_logprob(*a, **k)
+
+        def find_stop(*a: Any, **k: Any) -> Any:
+            self.hit("stop_strings", self.now())
+            return self.real_find_stop(*a, **k)
+
+        output_module.token_logprob, output_module.find_stop = token_logprob, find_stop  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        output_module.token_logprob = self.real_logprob  # type: ignore[assignment]
+        output_module.find_stop = self.real_find_stop  # type: ignore[assignment]
+
+
+def run_workload(engine: Engine, fault: Fault | None) -> Outcome:
+    """Run the eight requests on `engine` with `fault` injected (None: a clean run); the engine is left as it is."""
+    out = Outcome()
+    index: dict[int, int] = {}  # rid -> workload index
+    specs = workload()
+    injector = Injector(fault, out)
+    injector.instrument(engine, index)
+
+    def watch(handle: Any, i: int) -> None:
+        injector.watch(handle, i, index)
 
     def submit(i: int) -> Any:
         prompt, options = specs[i]
@@ -197,14 +241,6 @@ def run_workload(engine: Engine, fault: Fault | None) -> Outcome:
             return
         watch(handles[i], i)
 
-    real_forward = engine.runner.step
-
-    def forward(decodes: list[Any], chunks: list[Any]) -> Any:
-        for r in [*decodes, *(r for r, _ in chunks)]:
-            hit("forward", by_rid(r.rid))
-        return real_forward(decodes, chunks)
-
-    engine.runner.step = forward  # type: ignore[method-assign]
     real_step, steps, wave_two = engine.scheduler.step, [0], threading.Event()
 
     def step() -> None:
@@ -216,8 +252,7 @@ def run_workload(engine: Engine, fault: Fault | None) -> Outcome:
         real_step()
 
     engine.scheduler.step = step  # type: ignore[method-assign]
-    output_module.token_logprob, output_module.find_stop = token_logprob, find_stop  # type: ignore[assignment]
-    try:
+    with injector:
         release = hold_engine_loop(engine)
         try:
             for i in range(4):
@@ -237,8 +272,6 @@ def run_workload(engine: Engine, fault: Fault | None) -> Outcome:
             except Exception as exc:
                 out.errors[i] = exc
         assert engine.wait_idle(60)
-    finally:
-        output_module.token_logprob, output_module.find_stop = real_logprob, real_find_stop  # type: ignore[assignment]
     return out
 
 

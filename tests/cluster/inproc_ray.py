@@ -1,0 +1,160 @@
+"""An in-process stand-in for the `ray` module that runs the real replica class (runtime.cluster.replica) as actors in
+this process: every method call runs on a thread pool, a streaming call runs its generator on a thread of its own,
+and errors reach the caller as Ray relays them (an actor's exception wrapped in RayTaskError, whose
+`as_instanceof_cause` gives it back; a killed actor's calls and streams fail with RayActorError). So the front door
+(runtime.cluster: ReplicaCluster and ClusterEngine) runs over real engines without Ray, fast enough for the fault
+harness. Not a model of Ray's scheduling: each actor takes any number of concurrent calls.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import types
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from tests.cluster.stand_in import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+_END = object()
+
+
+class _Failed:
+    """A call on a dead actor: `ray.get` raises its error."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Item:
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+
+
+class Stream:
+    """A streaming call: the generator runs on its own thread; `wait`/`next` as Ray's ObjectRefGenerator."""
+
+    def __init__(self, make: Any) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._peeked: list[Any] = []
+        threading.Thread(target=self._run, args=(make,), daemon=True).start()
+
+    def _run(self, make: Any) -> None:
+        try:
+            for item in make():
+                self._queue.put(_Item(item))
+        except BaseException as exc:  # the actor's error is the stream's next item
+            self._queue.put(_Item(error=RayTaskError(exc)))
+        self._queue.put(_END)
+
+    def fail(self, error: BaseException) -> None:
+        self._queue.put(_Item(error=error))
+
+    def wait(self, timeout: float | None) -> bool:
+        if self._peeked:
+            return True
+        try:
+            self._peeked.append(self._queue.get(timeout=timeout))
+        except queue.Empty:
+            return False
+        return True
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Any:
+        self.wait(None)
+        item = self._peeked.pop()
+        if item is _END:
+            raise StopIteration
+        return item
+
+
+class Actor:
+    def __init__(self, obj: Any, pool: ThreadPoolExecutor) -> None:
+        self.obj, self.pool = obj, pool
+        self.dead = False
+        self.streams: list[Stream] = []
+
+    def __getattr__(self, name: str) -> _Method:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _Method(self, name)
+
+
+class _Method:
+    def __init__(self, actor: Actor, name: str, streaming: bool = False) -> None:
+        self.actor, self.name, self.streaming = actor, name, streaming
+
+    def options(self, num_returns: Any = None, **_: Any) -> _Method:
+        return _Method(self.actor, self.name, num_returns == "streaming")
+
+    def remote(self, *args: Any) -> Any:
+        actor = self.actor
+        if actor.dead:
+            return _Failed(RayActorError(f"the actor is dead (calling {self.name})"))
+        method = getattr(actor.obj, self.name)
+        if self.streaming:
+            stream = Stream(lambda: method(*args))
+            actor.streams.append(stream)
+            return stream
+        return actor.pool.submit(method, *args)
+
+
+def make_ray(workers: int = 64) -> types.ModuleType:
+    ray = types.ModuleType("ray")
+    ray.exceptions = types.SimpleNamespace(  # type: ignore[attr-defined]
+        RayActorError=RayActorError,
+        ActorUnavailableError=ActorUnavailableError,
+        GetTimeoutError=GetTimeoutError,
+        RayTaskError=RayTaskError,
+    )
+    ray.is_initialized = lambda: True  # type: ignore[attr-defined]
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="inproc-ray")
+    ray.actors = []  # type: ignore[attr-defined]
+
+    def get(ref: Any, timeout: float | None = None) -> Any:
+        if isinstance(ref, list):
+            return [get(r, timeout) for r in ref]
+        if isinstance(ref, _Failed):
+            raise ref.error
+        if isinstance(ref, _Item):
+            if ref.error is not None:
+                raise ref.error
+            return ref.value
+        assert isinstance(ref, Future)
+        try:
+            return ref.result(timeout)
+        except FutureTimeout:
+            raise GetTimeoutError("timed out") from None
+        except Exception as exc:
+            raise RayTaskError(exc) from None
+
+    def wait(refs: list[Any], timeout: float | None = None, **_: Any) -> tuple[list[Any], list[Any]]:
+        ready = [r for r in refs if not isinstance(r, Stream) or r.wait(timeout)]
+        return ready, [r for r in refs if r not in ready]
+
+    def kill(actor: Actor, no_restart: bool = True) -> None:
+        actor.dead = True
+        for stream in actor.streams:
+            stream.fail(RayActorError("the actor was killed"))
+
+    def remote(cls: type) -> Any:
+        def create(*args: Any) -> Actor:
+            actor = Actor(cls(*args), pool)
+            ray.actors.append(actor)  # type: ignore[attr-defined]
+            return actor
+
+        return types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(remote=create))
+
+    ray.get, ray.wait, ray.kill, ray.remote = get, wait, kill, remote  # type: ignore[attr-defined]
+    return ray
+
+
+def install(monkeypatch: Any) -> types.ModuleType:
+    """Put the in-process stand-in in `sys.modules["ray"]` for one test."""
+    ray = make_ray()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    return ray
