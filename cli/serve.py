@@ -40,6 +40,14 @@ def _check_bind(host: str, port: int) -> None:
     help="Require `Authorization: Bearer KEY` (repeatable); each key gets its own cache namespace.",
 )
 @click.option(
+    "--retain-for",
+    "retain_for",
+    multiple=True,
+    metavar="[KEY=]SECONDS",
+    help="Default lease of a request that sends no retain_for: SECONDS for every caller, KEY=SECONDS for one API "
+    "key (repeatable; docs/agents.md).",
+)
+@click.option(
     "--public-metrics",
     is_flag=True,
     help="Serve /metrics without a key even under --api-key (by default it needs one, like /v1).",
@@ -96,6 +104,7 @@ def serve(
     host: str,
     port: int,
     api_keys: tuple[str, ...],
+    retain_for: tuple[str, ...],
     public_metrics: bool,
     engine_choices: engine_options.EngineChoices,
     schedule: str,
@@ -131,6 +140,7 @@ def serve(
 
     from radixcache.runtime.engine.engine import Engine
     from radixcache.runtime.server import create_app
+    from radixcache.runtime.server.leases import parse_lease_defaults
 
     kwargs = engine_choices.engine_kwargs()
     if any(not k.strip() for k in api_keys):
@@ -139,6 +149,10 @@ def serve(
     if record_trace is not None and replicas is not None:
         raise click.UsageError("--record-trace records one engine: drop --replicas")
     check_record_path(record_trace)
+    try:
+        lease_defaults = parse_lease_defaults(retain_for)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--retain-for'") from None
     options = {
         "schedule": schedule,
         "max_prefill_tokens": max_prefill_tokens,
@@ -168,6 +182,7 @@ def serve(
         public_metrics=public_metrics,
         max_model_len=max_model_len,
         request_timeout=request_timeout,
+        lease_defaults=lease_defaults,
     )
     click.echo(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)

@@ -125,9 +125,9 @@ class LeaseTable:
             return NO_LEASE
         deadline = self.clock() + seconds
         old = self._leases.pop(node.uid, None)
-        if old is not None:  # one lease per node: it keeps the later deadline and the longer time
+        if old is not None:  # one lease per node: the new one's time (renewals), never an earlier deadline
             self.cache.unlock(old.node)
-            deadline, seconds = max(deadline, old.deadline), max(seconds, old.seconds)
+            deadline = max(deadline, old.deadline)
         mine = _Lease(node, seconds, deadline, n)
         self._leases[node.uid] = mine
         self._drop_covered(mine)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -19,6 +19,7 @@ from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine
 from radixcache.runtime.server import generation
 from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
+from radixcache.runtime.server.leases import check_lease_defaults, retain_for
 from radixcache.runtime.server.metrics import ServerMetrics
 from radixcache.runtime.server.protocol import (
     MAX_CHOICES,
@@ -41,6 +42,7 @@ def create_app(
     public_metrics: bool = False,
     max_model_len: int | None = None,
     request_timeout: float | None = None,
+    lease_defaults: Mapping[str, float] | None = None,
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` as model `model_name`.
 
@@ -49,8 +51,11 @@ def create_app(
     .namespace_for). `max_model_len`: the most tokens (prompt + completion) a request may span, at most the model's
     own. `request_timeout`: the most seconds any request may run (a request's `timeout` may only lower it); a
     request that reaches it ends with what it generated. Queue limits live in the engine (`max_queue`,
-    `queue_timeout`); their errors become 429 and 503 with Retry-After (runtime.server.errors)."""
+    `queue_timeout`); their errors become 429 and 503 with Retry-After (runtime.server.errors). `lease_defaults`:
+    the `retain_for` seconds of a request that gives none, per API key ("*": every other caller;
+    runtime.server.leases)."""
     keys = frozenset(api_keys)
+    leases = check_lease_defaults(lease_defaults)
     inflight = generation.Inflight()
     metrics = ServerMetrics()
     metrics.cancelled = lambda: inflight.cancelled
@@ -130,7 +135,9 @@ def create_app(
                 code="context_length_exceeded",
             )
 
-    def job_for(body: Any, prompts: list[list[int]], namespace: Any, request: Request | None = None) -> generation.Job:
+    def job_for(
+        body: Any, prompts: list[list[int]], namespace: Any, request: Request | None = None, key: str | None = None
+    ) -> generation.Job:
         for ids in prompts:
             check_prompt(body, ids)
         longest = max(len(p) for p in prompts)
@@ -157,6 +164,7 @@ def create_app(
             namespace=namespace,
             timeout=timeout,
             retain=body.retain,
+            retain_for=retain_for(body.retain_for, key, leases),
             session=session or None,
         )
         return generation.Job(prompts, body.n, max_tokens, options)
@@ -199,7 +207,7 @@ def create_app(
             text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except Exception as exc:  # a template that rejects this conversation (say, roles out of order)
             raise APIError(400, f"the chat template refused these messages: {exc}", param="messages") from None
-        job = job_for(body, [encode(text)], generation.namespace_for(key, body.cache_salt), request)
+        job = job_for(body, [encode(text)], generation.namespace_for(key, body.cache_salt), request, key)
         return await run(request, body, job, responder("chat.completion", job))
 
     @app.post("/v1/completions")
@@ -215,7 +223,7 @@ def create_app(
             prompts.append(ids)
         if len(prompts) * body.n > MAX_CHOICES:
             raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request", param="prompt")
-        job = job_for(body, prompts, generation.namespace_for(key, body.cache_salt), request)
+        job = job_for(body, prompts, generation.namespace_for(key, body.cache_salt), request, key)
         return await run(request, body, job, responder("text_completion", job))
 
     @app.get("/v1/models")

@@ -12,7 +12,9 @@ length. A violation is a 400 whose `param` is the field's path (`validation_mess
 Beyond OpenAI's fields, as vLLM accepts them: `cache_salt` (a keyless caller's own cache namespace), `timeout`
 (seconds; the request ends with what it generated), `top_k`, `min_p` and `repetition_penalty`. And this server's
 own `retain`: "conversation" says the next turn of a live conversation will read this request's pages, so the
-cache adopts all of them whatever its admission policy predicts (radixcache.policy.admission).
+cache adopts all of them whatever its admission policy predicts (radixcache.policy.admission). And `retain_for`
+(seconds): keep the request's pages in the cache that long after it ends, renewed by each request that hits them
+(runtime.kv.leases; the per-tenant default and `usage.lease` are runtime.server.leases').
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from radixcache.runtime.kv.leases import MAX_RETAIN_FOR_S
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 16
@@ -127,6 +131,7 @@ class _Common(BaseModel):
     cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_LABEL_CHARS)
     timeout: float | None = Field(default=None, gt=0.0, le=MAX_TIMEOUT_S)
     retain: Literal["conversation"] | None = None
+    retain_for: float | None = Field(default=None, ge=0.0, le=MAX_RETAIN_FOR_S, strict=True)  # not a bool, nor "30"
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None

@@ -11,6 +11,7 @@ from typing import Any
 
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.server.errors import api_error_for
+from radixcache.runtime.server.leases import lease_usage
 
 _FINISH = {"stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
 
@@ -23,12 +24,16 @@ def usage(prompt_tokens: int, results: Sequence[GenerationResult], n: int = 1) -
     cached = sum(
         max(r.cached_tokens for r in results[i : i + n]) for i in range(0, len(results), n) if results[i : i + n]
     )
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    lease = lease_usage(results)
+    if lease is not None:  # what `retain_for` got (runtime.server.leases)
+        out["lease"] = lease
+    return out
 
 
 class Responder:
