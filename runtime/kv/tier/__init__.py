@@ -8,8 +8,10 @@ Where each part of the tiers lives:
 - the bytes are here: `host_pool` (the host tier's pages, pinned on CUDA), `copy_sync` (the device-free decisions
   behind the CUDA-only paths: what is pinned, which stream waits for which, when a host slot is free again),
   `disk_format` (one page file), `disk_*` (the disk store: its directory, index, writer and front, `disk_store`),
-  `fingerprint` (what a disk page's hash root covers), and `coordinator` (`KVTiers`, the one object the KV manager
-  calls: match, plan, load back, send adopted pages down, per-tier counters).
+  `fingerprint` (what a disk page's hash root covers), `prefetch` (reader threads that read a waiting request's
+  disk pages into staging memory, and the policies that say when it is admitted), `page_copy` (pages copied in
+  runs of slice copies), `load_costs` (the per-tier counters and measured load costs), and `coordinator`
+  (`KVTiers`, the one object the KV manager calls: match, plan, prefetch, load back, send adopted pages down).
 
 Nothing here imports the KV manager: the package imports only `kv.pool`, `runtime.config` and the library below
 it. The disk store's modules (`disk_*`) and `copy_sync` import no torch, and this file imports nothing, so
