@@ -3,7 +3,7 @@
 One JSONL line per request the engine admitted and that left without an error:
 
     {"timestamp": ms, "input_length": L, "output_length": O, "hash_ids": [...], "block_size": P,
-     "output_hash_ids": [...], "session_id": "...", "finish_timestamp": ms}
+     "output_hash_ids": [...], "session_id": "...", "finish_timestamp": ms, "retain_for": s}
 
 `timestamp` is the request's arrival, in milliseconds since the recorder was made, and `finish_timestamp` when it
 left the engine (never before its `timestamp`): the simulator finishes a recorded request at that time, so requests
@@ -13,6 +13,8 @@ of the prompt (pages of the engine's page size P, the last partial page included
 generated tokens, up to the last token whose KV exists): the pages its tree then holds, which a next turn reads. Each
 id is the request's chained page hash (radixcache.page_hash: a page's hash covers every page before it, the model's
 fingerprint and the namespace), its first 8 bytes masked to 63 bits. No text and no token id is ever written.
+`session_id` is the request's `session`, and `retain_for` its lease hint in seconds (runtime.kv.leases), each
+written only when the request gave one, so recorded agent traffic keeps its leases.
 
 A line is written when its request leaves, and lines come out in arrival order: a request that finishes while one
 that arrived before it still runs waits (in memory) until that one has left too, so the file is sorted by timestamp
@@ -149,6 +151,8 @@ class TraceRecorder:
         }
         if req.session is not None:
             line["session_id"] = str(req.session)
+        if req.retain_for is not None:
+            line["retain_for"] = req.retain_for
         return line
 
     def _release(self, pending_since: float | None) -> None:

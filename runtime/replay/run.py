@@ -7,7 +7,8 @@ msgpack). Text turns are rendered with the model's chat template, in one of two 
 - `recorded`: the trace's recorded assistant replies are the history (the model's reply where none is
   recorded); the model still generates up to the turn's token limit, for timing.
 
-Token requests go to the engine as they are (their prompts already hold the history), so both modes agree.
+Token requests go to the engine as they are (their prompts already hold the history), so both modes agree; a
+token request's lease hint (`retain_for`, runtime.kv.leases) goes with it, at most a day.
 Conversations interleave turn by turn (turn 1 of every conversation, then turn 2, ...), as users who think
 between turns do; token traces run in file (arrival) order. A turn whose prompt does not fit the model's
 context is skipped and counted, and so is one that needs more KV pages than the cache holds. Ctrl-C
@@ -35,6 +36,7 @@ from typing import Any
 from radixcache.errors import CacheFullError
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine
+from radixcache.runtime.kv.leases import MAX_RETAIN_FOR_S
 from radixcache.runtime.replay.results import (
     SKIP_KV_FULL,
     SKIP_TOO_LONG,
@@ -89,10 +91,11 @@ class _Run:
             session.history.append({"role": "user", "content": turn.user})
             text = self.engine.tokenizer.apply_chat_template(session.history, add_generation_prompt=True)
             ids = list(self.engine.tokenizer.encode(text))
-            limit, namespace = turn.max_tokens, None
+            limit, namespace, hint = turn.max_tokens, None, None
         else:
             request = session.requests[k]
             ids, limit, namespace = list(request.tokens), request.output_length or None, request.namespace
+            hint = None if request.retain_for is None else min(request.retain_for, MAX_RETAIN_FOR_S)  # a lease
         max_new = config.max_tokens or limit or config.default_max_tokens
         max_position = self.engine.config.max_position
         if len(ids) >= max_position:
@@ -108,6 +111,7 @@ class _Run:
             temperature=config.temperature,
             namespace=namespace,
             session=self.session_id(session),
+            retain_for=hint,
         )
         return ids, options
 
