@@ -68,7 +68,7 @@ STAGES: dict[str, tuple[int, ...] | None] = {
     "event_publish": None,
     "tier_copy": None,  # the KV manager's hand-off of adopted pages to the tiers (tiers.adopted)
     "host_copy": None,  # the device-to-host copy itself (HostKVPool.save): the tier contains it
-    "disk_read": None,  # a page read from the disk tier at admission (DiskStore.read): after a restart
+    "disk_read": None,  # a page read from the disk tier (a prefetch reader's, or at admission): after a restart
     "result": None,
     "listener": None,
 }
@@ -173,8 +173,8 @@ class Injector:
             wrap(engine.tiers, "adopted", "tier_copy", lambda *a, **k: now())
             if engine.tiers.host_pool is not None:
                 wrap(engine.tiers.host_pool, "save", "host_copy", lambda *a, **k: now())
-            if engine.tiers.disk is not None:
-                wrap(engine.tiers.disk, "read", "disk_read", lambda *a, **k: now())
+            if engine.tiers.disk is not None and engine.tiers.reader is not None:
+                self._instrument_disk_reads(engine.tiers, index)
         real_forward = engine.runner.step
 
         def forward(decodes: list[Any], chunks: list[Any]) -> Any:
@@ -183,6 +183,33 @@ class Injector:
             return real_forward(decodes, chunks)
 
         engine.runner.step = forward  # type: ignore[method-assign]
+
+    def _instrument_disk_reads(self, tiers: Any, index: dict[int, int]) -> None:
+        """Disk pages are read ahead by reader threads, per job (kv.tier.prefetch), or on the loop thread by a
+        request that was not prefetched: a job's owner is the request whose `prefetch` submitted it."""
+        owners: dict[int, int] = {}
+        local = threading.local()
+        real_prefetch, real_submit, real_read = tiers.prefetch, tiers.reader.submit, tiers.reader._read_into
+
+        def prefetch(rid: int, *a: Any, **k: Any) -> Any:
+            local.owner = index.get(rid)
+            try:
+                return real_prefetch(rid, *a, **k)
+            finally:
+                local.owner = None
+
+        def submit(job: Any) -> Any:
+            owner = getattr(local, "owner", None)
+            if owner is not None:
+                owners[id(job)] = owner
+            return real_submit(job)
+
+        def read_into(job: Any, i: int) -> Any:
+            owner = owners.get(id(job))
+            self.hit("disk_read", owner if owner is not None else self.now())
+            return real_read(job, i)
+
+        tiers.prefetch, tiers.reader.submit, tiers.reader._read_into = prefetch, submit, read_into
 
     def watch(self, handle: Any, i: int, index: dict[Any, int], listener: bool = True) -> None:
         """Request `i`'s own stages: its sampler's sample and process, and (if `listener`) its listener."""
