@@ -37,7 +37,7 @@ def lines(path: Path) -> list[dict]:
 
 
 def fake_request(arrival: float, prompt: list[int], output: list[int], **extra: object) -> SimpleNamespace:
-    fields = {"namespace": None, "session": None, "t_admitted": arrival, "error": None}
+    fields = {"namespace": None, "session": None, "retain_for": None, "t_admitted": arrival, "error": None}
     fields |= {"t_arrival": arrival, "prompt_ids": prompt, "output_ids": output}
     fields |= {"kv": SimpleNamespace(num_kv=len(prompt) + len(output) - 1), **extra}
     return SimpleNamespace(**fields)
