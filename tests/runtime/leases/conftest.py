@@ -56,6 +56,7 @@ def make_engine(tiny: RandomModel, clock: FakeClock) -> Iterator[Callable[..., E
         options.setdefault("capacity_blocks", 64)
         options.setdefault("page_size", PAGE)
         options.setdefault("lease_clock", clock)
+        options.setdefault("threads", 1)  # a tiny model: more threads only contend on a busy machine
         engine = Engine(tiny, **options)
         step = engine.scheduler.step
 
