@@ -23,6 +23,7 @@ from typing import Any
 
 from radixcache.policy.admission import check_retain
 from radixcache.runtime.engine.sampling import SamplingParams
+from radixcache.runtime.grammar.spec import GrammarSpec
 from radixcache.runtime.kv.leases import check_retain_for
 
 
@@ -41,6 +42,9 @@ class RequestOptions:
     behind replicas, what sticks it to one). retain_for: seconds to keep the request's pages (prompt and reply)
     locked in the cache after it ends, renewed by each request that hits them, expiring on their own
     (runtime.kv.leases; the result's `lease` says what was granted); None or 0: no lease.
+    grammar: what the output must match (runtime.grammar.GrammarSpec: a JSON schema, any JSON object, a regex or an
+    EBNF grammar; docs/structured_output.md), or None. The keyword `response_format=` (an OpenAI response_format
+    dict) sets it through `GrammarSpec.from_response_format`.
     """
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -53,6 +57,7 @@ class RequestOptions:
     retain: str | None = None
     session: str | None = None
     retain_for: float | None = None
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -69,6 +74,8 @@ class RequestOptions:
                 raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
         if not isinstance(self.pin, bool) and (not isinstance(self.pin, int) or self.pin < 0):
             raise ValueError(f"pin must be True, False or a number of tokens >= 0, got {self.pin!r}")
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise ValueError(f"grammar must be a GrammarSpec or None, got {type(self.grammar).__name__}")
 
     @property
     def max_new_tokens(self) -> int:
@@ -122,6 +129,8 @@ def _split(caller: str, kwargs: dict[str, Any]) -> tuple[SamplingParams | None, 
     for name, value in kwargs.items():
         if name == "params":
             params = value
+        elif name == "response_format":  # OpenAI's form of `grammar` (None or {"type": "text"}: no constraint)
+            own["grammar"] = None if value is None else GrammarSpec.from_response_format(value)
         elif name in _SAMPLING:
             sampling[name] = value
         elif name in _OWN:

@@ -13,6 +13,7 @@ import torch
 from radixcache.runtime.engine.sampling import Sampler, SamplingParams
 from radixcache.runtime.kv.leases import LeaseGrant
 from radixcache.runtime.kv.state import KVState
+from radixcache.runtime.tools.messages import ToolCall
 
 
 class TokenLogprob(NamedTuple):
@@ -45,6 +46,9 @@ class GenerationResult:
     the request asked for them (`logprobs=k`), else None.
     lease: what `retain_for=` got (runtime.kv.leases.LeaseGrant: seconds and tokens held; both 0 when nothing was
     held: no cache, a cancel or failure, or nothing adopted), None when no lease was asked for.
+    tool_calls: the calls parsed out of the output of a chat given `tools=` (runtime.tools.ToolCall: id, name,
+    arguments JSON text); then finish_reason is "tool_calls" and `text` is the output outside the calls. Empty
+    otherwise.
     """
 
     text: str
@@ -63,6 +67,7 @@ class GenerationResult:
     pinned_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None
     lease: LeaseGrant | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @property
     def decode_tps(self) -> float:
