@@ -5,6 +5,7 @@ which is not this request's fault (it was a 500 before). In-process app over the
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -43,11 +44,13 @@ def test_a_dead_engine_loop_is_503_engine_dead_for_every_request(monkeypatch: py
             in_flight: list[Any] = []
             sender = threading.Thread(target=lambda: in_flight.append(client.post("/v1/completions", json=BODY)))
             sender.start()
+            while not engine._loop._inbox:  # the request reached the engine and waits behind the hold
+                time.sleep(0.005)
 
-            def broken() -> bool:  # a bug in the loop itself, outside every per-request guard
+            def broken(_done: Any) -> None:  # a bug in the loop itself, outside every per-request guard
                 raise RuntimeError("the loop broke")
 
-            monkeypatch.setattr(engine.scheduler, "has_work", broken)
+            monkeypatch.setattr(engine._loop, "_deliver", broken)
             release()
             sender.join(30)
             assert not sender.is_alive()
@@ -55,7 +58,7 @@ def test_a_dead_engine_loop_is_503_engine_dead_for_every_request(monkeypatch: py
                 if thread.name == "radixcache-engine":
                     thread.join(30)
             assert [str(e) for e in died] == ["the loop broke"]
-            _assert_engine_dead(in_flight[0])  # queued before the death, or refused after it: the same answer
+            _assert_engine_dead(in_flight[0])  # queued before the death: failed with EngineDeadError by it
             _assert_engine_dead(client.post("/v1/completions", json=BODY))
             _assert_engine_dead(client.post("/v1/completions", json={**BODY, "stream": True}))
             chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
