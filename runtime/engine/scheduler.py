@@ -392,6 +392,8 @@ class Scheduler:
         if req.t_finish is not None:  # it already left (a stage after its release failed): once only
             return
         dequeued(req)  # a no-op for a request that was admitted
+        if self.kv.tiers is not None:  # one that leaves without admission (outgrown) holds no prefetch
+            self.kv.tiers.cancel_prefetch(req.kv.rid)
         req.t_finish = time.perf_counter()
         self.finished.append(req)
         self._notify(req)
