@@ -8,19 +8,24 @@ the time to first token of a long prompt served cold, from the device, from the 
 Measured, each baseline in the same run:
 - costs: the prefill cost per token (a cold prompt of `--prompt-tokens`, max_new_tokens=1, best of `--reps`), and
   per page of `--page-size` tokens: a device -> host copy (HostKVPool.save), a host -> device copy (HostKVPool.load),
-  and a disk read into the pool (DiskStore.read, checksum and token check included, then the copy; the files were
-  just written, so the OS page cache holds them: a warm read). Prints each load cost against recomputing the page's
+  and a disk read into the pool (the prefetch reader's path on one thread: DiskStore.read, checksum and token check
+  included, into staging memory, then one batched copy; the files were just written, so the OS page cache holds
+  them: a warm read). Prints each load cost against recomputing the page's
   tokens. These are the defaults of `radixcache simulate`'s cost flags (radixcache.sim.tiers.TierCosts).
 - ttft: one prompt of `--prompt-tokens` (its last page partial), max_new_tokens=1: cold (no cache), all on the
   device, loaded from the host (the device pool evicted it: write_through kept a host copy), and loaded from disk by
-  a new engine on the same cache directory. Prints each TTFT (best of `--reps`) and cold / that.
+  a new engine on the same cache directory (its reader threads prefetch the pages, the default `timeout` policy
+  admits it when they are in). The four are measured in turn in each of `--rounds` rounds; prints the medians,
+  each against the device hit and cold against each, and the load average (the machine is shared).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +41,7 @@ if str(REPO) not in sys.path:
 from radixcache.runtime import Engine  # noqa: E402
 from radixcache.runtime.kv.tier.disk_store import DiskStore  # noqa: E402
 from radixcache.runtime.kv.tier.host_pool import HostKVPool  # noqa: E402
+from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader, copy_staged  # noqa: E402
 from radixcache.runtime.loading import load_model  # noqa: E402
 
 
@@ -84,14 +90,14 @@ def measure_costs(model: Any, args: argparse.Namespace) -> dict[str, float]:
                 payload = pool.kv[:, :, i].contiguous().cpu().view(torch.uint8).numpy().tobytes()
                 store.put(keys[i], tokens[i], payload, meta)
             store.flush()
-            shape = tuple(meta["shape"])
 
-            def read_all() -> None:
-                for i in range(pages):
-                    got = store.read(keys[i], tokens[i])
-                    assert got is not None
-                    page = torch.frombuffer(bytearray(got[0]), dtype=torch.uint8).view(pool.dtype).view(shape)
-                    pool.kv[:, :, i].copy_(page.to(pool.device))
+            reader = PrefetchReader(store, pool)
+
+            def read_all() -> None:  # one thread reads every page into staging, then one batched copy
+                job = PrefetchJob(0, keys, tokens, [])
+                got, staging = reader.read_now(job)
+                assert got == pages and staging is not None
+                copy_staged(pool, staging, got, blocks)
                 sync()
 
             disk_load = _best(read_all, args.reps) / pages
@@ -99,38 +105,37 @@ def measure_costs(model: Any, args: argparse.Namespace) -> dict[str, float]:
     return {"prefill_s_per_token": prefill, "host_save_s": save, "host_load_s": host_load, "disk_load_s": disk_load}
 
 
-def measure_ttft(model: Any, args: argparse.Namespace) -> dict[str, float]:
-    """Seconds to the first token of one long prompt: cold, device hit, host hit, disk hit after a restart."""
+def measure_ttft(model: Any, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Seconds to the first token of one long prompt, per round: cold, device hit, host hit, disk hit after a
+    restart. The four are measured one after another in each of `--rounds` rounds (interleaved, so that a change
+    in the machine's load touches them alike); the report takes medians."""
     p, n = args.page_size, args.prompt_tokens
     vocab = model.config.vocab_size
     prompt = _prompt(vocab, n, 123)
     filler = [_prompt(vocab, n, 1000 + i) for i in range(3)]
     pages = -(-(n + 8) // p)
     host = 4 * pages * p * model.config.kv_bytes_per_token(4)
-    out: dict[str, float] = {}
+    out: dict[str, list[float]] = {"cold": [], "device": [], "host": [], "disk": []}
     with tempfile.TemporaryDirectory() as cache_dir:
         common = {"page_size": p, "device": args.device, "capacity_blocks": pages + 2}
-        with Engine(model, enable_cache=False, **common) as cold:
-            cold.generate(filler[0][:32], max_new_tokens=1)
-            out["cold"] = min(cold.generate(prompt, max_new_tokens=1).ttft_s for _ in range(args.reps))
-        with Engine(model, host_kv_memory=host, cache_dir=cache_dir, **common) as engine:
-            engine.generate(prompt, max_new_tokens=1)
-            out["device"] = min(engine.generate(prompt, max_new_tokens=1).ttft_s for _ in range(args.reps))
-            host_runs = []
-            for i in range(args.reps):
+        # One engine alive at a time: an idle engine's thread team would compete with the one measured.
+        for i in range(args.rounds):
+            with Engine(model, enable_cache=False, **common) as cold:
+                cold.generate(filler[0][:32], max_new_tokens=1)  # one-off start-up costs, as every engine below
+                out["cold"].append(cold.generate(prompt, max_new_tokens=1).ttft_s)
+            with Engine(model, host_kv_memory=host, cache_dir=cache_dir, **common) as engine:
+                engine.generate(filler[1][:32], max_new_tokens=1)
+                engine.generate(prompt, max_new_tokens=1)  # computed (round 0) or loaded from disk: now on the device
+                out["device"].append(engine.generate(prompt, max_new_tokens=1).ttft_s)
                 engine.generate(filler[i % len(filler)], max_new_tokens=1)  # evicts the prompt from the device
-                result = engine.generate(prompt, max_new_tokens=1)
-                assert engine.stats.tiers.host_loaded_pages > 0
-                host_runs.append(result.ttft_s)
-            out["host"] = min(host_runs)
-            engine.flush()
-        disk_runs = []
-        for _ in range(args.reps):
+                loaded = engine.stats.tiers.host_loaded_pages
+                out["host"].append(engine.generate(prompt, max_new_tokens=1).ttft_s)
+                assert engine.stats.tiers.host_loaded_pages > loaded, "the host hit loaded nothing"
+                assert engine.flush(120)
             with Engine(model, cache_dir=cache_dir, **common) as restarted:
-                restarted.generate(filler[1][:32], max_new_tokens=1)  # one-off start-up costs, as the cold run had
-                disk_runs.append(restarted.generate(prompt, max_new_tokens=1).ttft_s)
-                assert restarted.stats.tiers.disk_loaded_pages > 0
-        out["disk"] = min(disk_runs)
+                restarted.generate(filler[1][:32], max_new_tokens=1)
+                out["disk"].append(restarted.generate(prompt, max_new_tokens=1).ttft_s)
+                assert restarted.stats.tiers.disk_loaded_pages > 0, "the disk hit loaded nothing"
     return out
 
 
@@ -141,14 +146,15 @@ def main() -> None:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=600)
     parser.add_argument("--pages", type=int, default=64, help="pages per load measurement")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, help="best of this many, per cost")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved TTFT rounds (medians reported)")
     parser.add_argument("--threads", type=int, help="torch threads")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--markdown")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.quick:
-        args.prompt_tokens, args.pages, args.reps = 128, 16, 2
+        args.prompt_tokens, args.pages, args.reps, args.rounds = 128, 16, 2, 2
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model)
@@ -171,9 +177,17 @@ def main() -> None:
         ("disk read + load (warm)", "disk_load_s"),
     ):
         lines.append(f"| {label} | {costs[key] * 1e3:.3f} | {recompute / costs[key]:.1f}x |")
-    lines += ["", "| TTFT of the prompt | ms | cold / this |", "|---|---:|---:|"]
+    med = {label: statistics.median(runs) for label, runs in ttft.items()}
+    lines += [
+        "",
+        f"| TTFT of the prompt (median of {args.rounds} interleaved rounds) | ms | this / device hit | cold / this |",
+        "|---|---:|---:|---:|",
+    ]
     for label in ("cold", "device", "host", "disk"):
-        lines.append(f"| {label} | {ttft[label] * 1e3:.1f} | {ttft['cold'] / ttft[label]:.2f}x |")
+        ratio = med[label] / med["device"]
+        lines.append(f"| {label} | {med[label] * 1e3:.1f} | {ratio:.2f}x | {med['cold'] / med[label]:.2f}x |")
+    load = os.getloadavg()
+    lines.append(f"\nload average (1, 5, 15 min) at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
     text = "\n".join(lines)
     print(text)
     scale = 16 / p  # the simulator's per-page costs are per page of 16 tokens

@@ -1,0 +1,165 @@
+"""Benchmark what a disk load costs the requests already running: a decoding request's inter-token gaps while another
+request's long prefix (2,000 tokens by default) comes off the disk tier, against the same decode with nothing
+loading, on SmolLM2.
+
+    .venv/bin/python scripts/bench_tier_prefetch.py                  # SmolLM2 on the CPU, a few minutes on 2 cores
+    .venv/bin/python scripts/bench_tier_prefetch.py --quick          # smaller sizes (a smoke run)
+
+Each round opens an engine on a cache directory that holds the long prompt's pages (written by an earlier engine,
+so they are on disk only: a restart), then runs the decode (`--decode-tokens` tokens of a short prompt) three ways:
+- alone: nothing else arrives;
+- disk: once the decode has made `--at` tokens, the long prompt arrives (max_new_tokens=1); its pages are read by
+  the prefetch readers while the decode keeps stepping, then copied into the pool in one batched copy, then its
+  last partial page is prefilled beside the decode;
+- device: the same, with the long prompt now on the device (the disk run put it there): what admitting it costs
+  the decode without any disk read (its last page's prefill, chunked with the decode);
+- disk, read on the loop: as "disk" on a fresh engine whose scheduler does not prefetch (its KV manager's
+  `prefetch` answers "admit now" and starts nothing), so admission reads the pages itself, on the loop thread, as
+  every disk read did before the prefetch readers (batched into one copy, as now): the stall they removed.
+The gaps from the long prompt's arrival to the decode's end are pooled over `--rounds` rounds (interleaved, so a
+change in the machine's load touches the three alike); prints p50 and p99 of each, against "alone", and the load
+average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from radixcache.runtime import Engine  # noqa: E402
+from radixcache.runtime.loading import load_model  # noqa: E402
+
+
+def _prompt(vocab: int, n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, vocab) for _ in range(n)]
+
+
+def _decode(engine: Engine, prompt: list[int], args: argparse.Namespace, other: list[int] | None) -> list[float]:
+    """Run the decode; when it has made `args.at` tokens, submit `other` (if any). The gaps (seconds) between the
+    decode's tokens from then on."""
+    req = engine._request(prompt, args.decode_tokens, ignore_eos=True)
+    times: list[float] = []
+    reached = threading.Event()
+
+    def listener(r: Any) -> None:  # on the engine loop thread, at each new token
+        times.append(time.perf_counter())
+        if len(r.output_ids) >= args.at:
+            reached.set()
+
+    req.listener = listener
+    handle = engine._loop.submit(req)
+    assert reached.wait(120)
+    start = len(times)
+    late = engine.submit(other, max_new_tokens=1) if other is not None else None
+    handle.result(300)
+    if late is not None:
+        late.result(300)
+    return [b - a for a, b in zip(times[start - 1 :], times[start:], strict=False)]
+
+
+def measure(model: Any, args: argparse.Namespace) -> dict[str, list[float]]:
+    vocab = model.config.vocab_size
+    long_prompt = _prompt(vocab, args.prefix_tokens, 7)
+    short = _prompt(vocab, 48, 8)
+    p = args.page_size
+    blocks = -(-(args.prefix_tokens + args.decode_tokens + 64) // p) * 2
+    common = {"page_size": p, "device": args.device, "capacity_blocks": blocks}
+    gaps: dict[str, list[float]] = {"alone": [], "disk": [], "device": [], "sync": []}
+    disk_pages = []
+    with tempfile.TemporaryDirectory() as cache_dir:
+        with Engine(model, cache_dir=cache_dir, **common) as writer:
+            writer.generate(long_prompt, max_new_tokens=1)
+            assert writer.flush(120)
+        for _ in range(args.rounds):
+            with Engine(model, cache_dir=cache_dir, **common) as engine:
+                for _ in range(2):  # warm-up: the first passes of a new engine (and thread) are slow
+                    engine.generate(short, max_new_tokens=args.decode_tokens // 2, ignore_eos=True)
+                gaps["alone"] += _decode(engine, short, args, None)
+                gaps["disk"] += _decode(engine, short, args, long_prompt)
+                disk_pages.append(engine.stats.tiers.disk_loaded_pages)
+                gaps["device"] += _decode(engine, short, args, long_prompt)
+            with Engine(model, cache_dir=cache_dir, **common) as engine:
+                engine.kv.prefetch = lambda kv, query: True  # the old path: admission reads the disk on the loop
+                for _ in range(2):
+                    engine.generate(short, max_new_tokens=args.decode_tokens // 2, ignore_eos=True)
+                gaps["sync"] += _decode(engine, short, args, long_prompt)
+                disk_pages.append(engine.stats.tiers.disk_loaded_pages)
+    assert all(n >= args.prefix_tokens // p - 1 for n in disk_pages), f"the disk run loaded {disk_pages} pages"
+    return gaps
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--prefix-tokens", type=int, default=2000)
+    parser.add_argument("--decode-tokens", type=int, default=48)
+    parser.add_argument("--at", type=int, default=8, help="decode tokens made before the long prompt arrives")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, help="torch threads")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--markdown")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    if args.quick:
+        args.prefix_tokens, args.decode_tokens, args.rounds = 400, 24, 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    gaps = measure(model, args)
+    alone99 = _pct(gaps["alone"], 0.99)
+    lines = [
+        f"SmolLM2 ({args.model}), {args.device}, {torch.get_num_threads()} threads, pages of {args.page_size} "
+        f"tokens; a decode's inter-token gaps while a {args.prefix_tokens}-token prefix arrives "
+        f"({args.rounds} interleaved rounds, gaps pooled)",
+        "",
+        "| the decode, while | gaps | p50 ms | p90 ms | p99 ms | p99 / alone |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    labels = {
+        "alone": "nothing arrives",
+        "disk": "the prefix loads from disk (prefetch readers)",
+        "device": "the prefix hits the device",
+        "sync": "the prefix loads from disk, read on the loop (before)",
+    }
+    for key, label in labels.items():
+        g = gaps[key]
+        p99 = _pct(g, 0.99)
+        lines.append(
+            f"| {label} | {len(g)} | {statistics.median(g) * 1e3:.1f} | {_pct(g, 0.9) * 1e3:.1f} "
+            f"| {p99 * 1e3:.1f} | {p99 / alone99:.2f}x |"
+        )
+    load = os.getloadavg()
+    lines.append(f"\nload average (1, 5, 15 min) at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
+    text = "\n".join(lines)
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"gaps": gaps, "args": vars(args)}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
