@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("schemathesis")]
 
 BYSTANDERS = ["The cache keeps pages", "One caller cannot fail another", "Tenants share nothing"]
 EXAMPLES = {"POST": 150, "GET": 10}  # per operation and generation mode
+BYSTANDER_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +36,35 @@ def fuzzed(tiny_model_dir, launch):
         yield server
 
 
-def _bystander(server, prompt: str) -> str:
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0}
+def _bystander(server, prompt: str) -> tuple[tuple[str, ...], str]:
+    """A greedy bystander's tokens (as the completions API names them: one byte each here) and finish reason."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": BYSTANDER_TOKENS, "temperature": 0, "logprobs": 1}
     r = httpx.post(server.v1 + "/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["text"]
+    choice = r.json()["choices"][0]
+    return tuple(choice["logprobs"]["tokens"]), choice["finish_reason"]
+
+
+def alone_outputs(server) -> dict[str, tuple[tuple[str, ...], str]]:
+    """Each bystander's output alone, whole: on a busy machine the first requests (a cold server) can be cut short
+    by --request-timeout, so each is asked again until one finishes by itself (at most ten times)."""
+    out = {}
+    for prompt in BYSTANDERS:
+        for _ in range(10):
+            tokens, finish = out[prompt] = _bystander(server, prompt)
+            if len(tokens) == BYSTANDER_TOKENS or finish == "stop":
+                break
+        else:
+            raise AssertionError(f"the server cut every run of {prompt!r} short: {out[prompt]}")
+    return out
+
+
+def same_as_alone(got: tuple[tuple[str, ...], str], alone: tuple[tuple[str, ...], str]) -> bool:
+    """`got` equals the bystander's output alone; or the server's --request-timeout cut it short on a busy machine
+    (finish_reason "length" before max_tokens), and its tokens are the first ones of the output alone."""
+    tokens, finish = got
+    cut = finish == "length" and len(tokens) < BYSTANDER_TOKENS
+    return got == alone or (cut and tokens == alone[0][: len(tokens)])
 
 
 def _run_bystanders(server, stop: threading.Event, seen: list, failures: list) -> None:
@@ -65,7 +90,7 @@ def _idle_gauges(server) -> dict:
 
 
 def test_schema_fuzzing_gives_no_5xx_and_leaves_bystanders_and_the_cache_intact(fuzzed) -> None:
-    alone = {p: _bystander(fuzzed, p) for p in BYSTANDERS}
+    alone = alone_outputs(fuzzed)
     schema = schemathesis.openapi.from_url(fuzzed.url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions", "/health/cache"}
@@ -104,6 +129,7 @@ def test_schema_fuzzing_gives_no_5xx_and_leaves_bystanders_and_the_cache_intact(
     assert not server_errors, server_errors[:5]
     assert calls["n"] > 200
     assert not failures, failures[:5]
-    assert seen and all(text == alone[p] for p, text in seen), [x for x in seen if x[1] != alone[x[0]]][:3]
+    wrong = [(p, got, alone[p]) for p, got in seen if not same_as_alone(got, alone[p])]
+    assert seen and not wrong, wrong[:3]
     gauges = _idle_gauges(fuzzed)
     assert gauges["invariants"] == "ok" and gauges["locked_blocks"] == 0, gauges
