@@ -37,7 +37,8 @@ from radixcache.runtime.engine.runner import ModelRunner
 from radixcache.runtime.engine.scheduler import Scheduler
 from radixcache.runtime.engine.session import Session
 from radixcache.runtime.engine.stats import EngineStats, checked_gauges, engine_stats
-from radixcache.runtime.engine.streaming import gather_results, stream_text
+from radixcache.runtime.engine.streaming import gather_results, stream_text, tool_deltas
+from radixcache.runtime.engine.tool_calls import tool_parser
 from radixcache.runtime.engine.trace_recorder import TraceRecorder
 from radixcache.runtime.kv.events import KVEventLog
 from radixcache.runtime.kv.manager import KVManager
@@ -60,7 +61,8 @@ class Engine:
 
     Requests: `generate`, `chat`, `submit`, `submit_group`, `fork`, `agenerate`, `achat`, `stream` and sessions
     take RequestOptions' keyword arguments (sampling, stop, logprobs, namespace, priority, timeout, pin,
-    retention, retain, session, retain_for; runtime.engine.options), or `options=` a RequestOptions built once.
+    retention, retain, session, retain_for, response_format, tools; runtime.engine.options), or `options=` a
+    RequestOptions built once. Structured output and tool calls: docs/structured_output.md, docs/tool_calls.md.
 
     Thread-safe: every call submits to one engine loop thread that owns the cache and the pool.
     """
@@ -123,8 +125,15 @@ class Engine:
         self._loop = EngineLoop(self.scheduler, self.output.result, num_threads=self.threads)
         self.queue = QueueGate(config.max_queue)
         self.queue_timeout = config.queue_timeout
+        self.tool_memory = self.output.tool_memory  # the text the model wrote for its calls, by call ids
         self._builder = RequestBuilder(
-            self.tokenizer, self.config, config.page_size, self.max_pinned_blocks, self.model.device
+            self.tokenizer,
+            self.config,
+            config.page_size,
+            self.max_pinned_blocks,
+            self.model.device,
+            stop_token_ids=self.eos_token_ids,
+            tool_memory=self.tool_memory,
         )
         self._closed = False
 
@@ -143,8 +152,10 @@ class Engine:
         namespace, return_logits, priority, timeout, pin (refused past `max_pinned_fraction`: the result's
         `pinned_tokens` is 0), retention, retain ("conversation": the tree adopts every page of this request
         whatever the admission policy predicts), session (the `session_id` `record_trace` writes), retain_for
-        (seconds to lease the pages once it ends: runtime.kv.leases; the result's `lease`). `options`: a
-        RequestOptions built beforehand (its own max_new_tokens); keyword arguments beside it override its fields.
+        (seconds to lease the pages once it ends: runtime.kv.leases; the result's `lease`), response_format (an
+        OpenAI response_format dict) or grammar (a GrammarSpec): the output is constrained to it; tools,
+        tool_choice, parallel_tool_calls (OpenAI's; the result's `tool_calls`). `options`: a RequestOptions built
+        beforehand (its own max_new_tokens); keyword arguments beside it override its fields.
         """
         handles = self.submit(prompt, max_new_tokens, **kwargs)
         if isinstance(handles, RequestHandle):
@@ -152,9 +163,10 @@ class Engine:
         return self._wait(handles)
 
     def chat(self, messages: Messages | Sequence[Messages], max_new_tokens: int = 64, **kwargs: Any) -> Any:
-        """Render `messages` with the model's chat template (adding the assistant turn) and generate.
-        A list of conversations runs them concurrently and returns a list of results."""
-        return self.generate(self._builder.render(messages), max_new_tokens, **kwargs)
+        """Render `messages` (OpenAI's, agent histories included) with the model's chat template, the `tools=` in
+        it, and generate. A list of conversations runs them concurrently and returns a list of results."""
+        opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "chat")
+        return self.generate(self._builder.render(messages, opts.tool_use), options=opts)
 
     def run(self, req: Request) -> GenerationResult:
         """Take one prepared request through its whole life. On any error its blocks are freed and its lock
@@ -220,7 +232,8 @@ class Engine:
         Each result's `cached_tokens` counts what was cached before the call: the prefix computed by one branch
         for the others is the call's own work, not a cache hit."""
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "fork")
-        ids = self._builder.encode(self._builder.render(prefix) if is_messages(prefix) else prefix)  # type: ignore[arg-type]
+        text = self._builder.render(prefix, opts.tool_use) if is_messages(prefix) else prefix  # type: ignore[arg-type]
+        ids = self._builder.encode(text)
         if continuations is not None:
             n = len(continuations)
         if n < 1:
@@ -244,15 +257,21 @@ class Engine:
         return results[0] if single else results
 
     async def achat(self, messages: Messages | Sequence[Messages], max_new_tokens: int = 64, **kwargs: Any) -> Any:
-        return await self.agenerate(self._builder.render(messages), max_new_tokens, **kwargs)
+        opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "achat")
+        return await self.agenerate(self._builder.render(messages, opts.tool_use), options=opts)
 
-    async def stream(self, prompt: Prompt | Messages, max_new_tokens: int = 64, **kwargs: Any) -> AsyncIterator[str]:
+    async def stream(self, prompt: Prompt | Messages, max_new_tokens: int = 64, **kwargs: Any) -> AsyncIterator[Any]:
         """Text deltas as tokens are generated (`prompt` may be chat messages); engine.streaming.stream_text says
-        what is shown and when. A refused or failed request raises its error here."""
+        what is shown and when. With `tools=` (tool_choice not "none"), OpenAI's delta dicts instead:
+        `{"content": text}` and `{"tool_calls": [...]}` (engine.streaming.tool_deltas). A refused or failed request
+        raises its error here."""
+        opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "stream")
         if is_messages(prompt):
-            prompt = self._builder.render(prompt)  # type: ignore[arg-type]
-        req = self._request(prompt, max_new_tokens, **kwargs)  # type: ignore[arg-type]
-        deltas = stream_text(req, self._enqueue, self.output, self.eos_token_ids)
+            prompt = self._builder.render(prompt, opts.tool_use)  # type: ignore[arg-type]
+        req = self._build(prompt, opts)  # type: ignore[arg-type]
+        deltas: AsyncIterator[Any] = stream_text(req, self._enqueue, self.output, self.eos_token_ids)
+        if req.tool_use is not None and req.call_ids is not None:
+            deltas = tool_deltas(deltas, tool_parser(req.tool_use, self.output.tool_features, req.call_ids))
         async with contextlib.aclosing(deltas):
             async for delta in deltas:
                 yield delta

@@ -25,6 +25,8 @@ from radixcache.policy.admission import check_retain
 from radixcache.runtime.engine.sampling import SamplingParams
 from radixcache.runtime.grammar.spec import GrammarSpec
 from radixcache.runtime.kv.leases import check_retain_for
+from radixcache.runtime.tools.use import KEYWORDS as TOOL_KEYWORDS
+from radixcache.runtime.tools.use import ToolUse
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +46,9 @@ class RequestOptions:
     (runtime.kv.leases; the result's `lease` says what was granted); None or 0: no lease.
     grammar: what the output must match (runtime.grammar.GrammarSpec: a JSON schema, any JSON object, a regex or an
     EBNF grammar; docs/structured_output.md), or None. The keyword `response_format=` (an OpenAI response_format
-    dict) sets it through `GrammarSpec.from_response_format`.
+    dict) sets it through `GrammarSpec.from_response_format`. tool_use: the tools a chat may call
+    (runtime.tools.ToolUse), set by the keywords `tools=`, `tool_choice=` and `parallel_tool_calls=`
+    (docs/tool_calls.md), or None.
     """
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -58,6 +62,7 @@ class RequestOptions:
     session: str | None = None
     retain_for: float | None = None
     grammar: GrammarSpec | None = None
+    tool_use: ToolUse | None = None
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -76,6 +81,8 @@ class RequestOptions:
             raise ValueError(f"pin must be True, False or a number of tokens >= 0, got {self.pin!r}")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise ValueError(f"grammar must be a GrammarSpec or None, got {type(self.grammar).__name__}")
+        if self.tool_use is not None and not isinstance(self.tool_use, ToolUse):
+            raise ValueError(f"tool_use must be a ToolUse or None, got {type(self.tool_use).__name__}")
 
     @property
     def max_new_tokens(self) -> int:
@@ -89,6 +96,8 @@ class RequestOptions:
         params, sampling, own = _split(caller, kwargs)
         if params is None:
             params = SamplingParams(max_new_tokens=max_new_tokens, **sampling)
+        if "tools" in own:  # the tool keywords, gathered by _split
+            own["tool_use"] = ToolUse.of(**own.pop("tools"))
         return cls(params, **own)
 
     def updated(self, *, caller: str = "RequestOptions.updated", **kwargs: Any) -> RequestOptions:
@@ -98,6 +107,9 @@ class RequestOptions:
         params, sampling, own = _split(caller, kwargs)
         if params is None:
             params = dataclasses.replace(self.sampling, **sampling) if sampling else self.sampling
+        if "tools" in own:  # the tool keywords change the tools in use (the ones not given are kept)
+            tools = own.pop("tools")
+            own["tool_use"] = self.tool_use.updated(**tools) if self.tool_use else ToolUse.of(**tools)
         return dataclasses.replace(self, sampling=params, **own)
 
 
@@ -129,6 +141,8 @@ def _split(caller: str, kwargs: dict[str, Any]) -> tuple[SamplingParams | None, 
     for name, value in kwargs.items():
         if name == "params":
             params = value
+        elif name in TOOL_KEYWORDS:  # tools, tool_choice, parallel_tool_calls: one ToolUse (of / updated)
+            own.setdefault("tools", {})[name] = value
         elif name == "response_format":  # OpenAI's form of `grammar` (None or {"type": "text"}: no constraint)
             own["grammar"] = None if value is None else GrammarSpec.from_response_format(value)
         elif name in _SAMPLING:

@@ -8,7 +8,7 @@ calls `result` once per request that left.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,10 @@ import torch
 
 from radixcache.runtime.engine.request import GenerationResult, Request, TokenLogprob
 from radixcache.runtime.engine.sampling import find_stop, stop_token_set
+from radixcache.runtime.engine.structured import Masker, Rows
+from radixcache.runtime.engine.tool_calls import with_tool_calls
 from radixcache.runtime.kv.leases import NO_LEASE
+from radixcache.runtime.tools import ToolCallMemory, template_features
 
 
 @dataclass(slots=True)
@@ -72,6 +75,13 @@ class OutputProcessor:
         self.eos_token_ids = tuple(eos_token_ids)
         self.max_position = max_position
         self.totals = Totals()
+        self.masker = Masker()
+        self.tool_memory = ToolCallMemory()  # the text the model wrote for its calls (engine.tool_calls)
+        self.tool_features = template_features(getattr(tokenizer, "chat_template", None))
+
+    def constrain(self, done: Rows, fail: Callable[[Request, BaseException], None]) -> Rows:
+        """A pass's rows with the grammar masks of the requests that have one (engine.structured)."""
+        return self.masker.constrain(done, fail)
 
     def emit(self, req: Request, logits: torch.Tensor, token: int | None = None) -> None:
         """Sample the request's next token from `logits` (or take `token`, already chosen greedily for the whole
@@ -79,6 +89,8 @@ class OutputProcessor:
         params = req.sampler.params
         if token is None:
             token = req.sampler.sample(logits, req.prompt_ids, req.output_ids)
+        if req.grammar is not None:  # a token the mask did not allow raises GrammarError: this request fails
+            req.grammar.accept(token)
         if req.keep_logits:
             req.logits.append(logits.detach().float().cpu())
         if params.logprobs is not None:  # of the raw logits: before bias, penalties and temperature
@@ -90,6 +102,8 @@ class OutputProcessor:
             req.finish_reason = "stop"
         elif params.stop and (cut := find_stop(self.text(req.output_ids), params.stop)) is not None:
             req.finish_reason, req.stop_at = "stop", cut
+        elif req.grammar is not None and req.grammar.is_finished():  # only a stop token could follow
+            req.finish_reason = "stop"
         elif len(req.output_ids) >= params.max_new_tokens or req.num_tokens >= self.max_position:
             req.finish_reason = "length"
 
@@ -109,10 +123,7 @@ class OutputProcessor:
     def result(self, req: Request) -> GenerationResult:
         """The caller's view of a request that left; also adds it to the totals (on the loop thread)."""
         out = req.output_ids
-        shown = out[:-1] if req.finish_reason == "stop" and req.stop_at is None else out
-        text = self.text(shown)
-        if req.stop_at is not None:
-            text = text[: req.stop_at]
+        text = self.raw_text(req)
         t = self.totals
         t.requests += 1
         admitted = req.t_admitted is not None
@@ -125,7 +136,7 @@ class OutputProcessor:
         t_finish = req.t_finish if req.t_finish is not None else time.perf_counter()
         t_first = req.t_first_token if req.t_first_token is not None else t_finish
         tpot = (t_finish - t_first) / (len(out) - 1) if len(out) > 1 else 0.0
-        return GenerationResult(
+        result = GenerationResult(
             text=text,
             token_ids=tuple(out),
             prompt_tokens=len(req.prompt_ids),
@@ -143,3 +154,23 @@ class OutputProcessor:
             logprobs=tuple(req.logprobs) if req.sampler.params.logprobs is not None else None,
             lease=req.kv.lease or (NO_LEASE if req.kv.retain_for is not None else None),
         )
+        use = req.tool_use
+        if use is None or not use.parses_calls or req.call_ids is None or req.error is not None:
+            return result
+        return with_tool_calls(result, use, self.tool_features, req.call_ids, self.tool_memory)
+
+    def raw_text(self, req: Request) -> str:
+        """The text of a request's output: without the stop token that ended it, cut before a stop string (tool
+        calls not yet parsed out)."""
+        out = req.output_ids
+        text = self.text(out[:-1] if self._ends_with_stop_token(req) else out)
+        return text if req.stop_at is None else text[: req.stop_at]
+
+    def _ends_with_stop_token(self, req: Request) -> bool:
+        """The last output token is the stop token that ended the request (not shown in the text); a grammar
+        that finished stops on its last text token."""
+        if req.finish_reason != "stop" or req.stop_at is not None or not req.output_ids:
+            return False
+        if req.grammar is None or req.grammar.is_terminated():
+            return True
+        return req.output_ids[-1] in stop_token_set(req.sampler.params, self.eos_token_ids)

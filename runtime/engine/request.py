@@ -6,7 +6,7 @@ import itertools
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -14,12 +14,17 @@ from radixcache.runtime.engine.sampling import Sampler, SamplingParams
 from radixcache.runtime.kv.leases import LeaseGrant
 from radixcache.runtime.kv.state import KVState
 from radixcache.runtime.tools.messages import ToolCall
+from radixcache.runtime.tools.use import CallIds, ToolUse
+
+if TYPE_CHECKING:
+    from radixcache.runtime.grammar import GrammarState
 
 
 class TokenLogprob(NamedTuple):
     """One generated token's log-probability under the raw model distribution (log_softmax of the model's logits
     at that position, before logit bias, penalties and temperature), and the `top` k alternatives as
-    `(token_id, logprob)`, by logprob descending, ties by token id ascending (k = SamplingParams.logprobs)."""
+    `(token_id, logprob)`, by logprob descending, ties by token id ascending (k = SamplingParams.logprobs). Under a
+    grammar, the distribution is the masked one: disallowed tokens are -inf, the rest renormalised over the allowed."""
 
     token_id: int
     logprob: float
@@ -119,6 +124,10 @@ class Request:
     session: str | None = None  # the caller's conversation id (the `session_id` of a recorded trace line)
     retain_for: float | None = None  # seconds to lease its pages once it ends (radixcache.runtime.kv.leases)
     error: BaseException | None = None
+    # structured output and tools: the matcher its tokens advance (None: unconstrained), its tools, its call ids
+    grammar: GrammarState | None = field(default=None, repr=False)
+    tool_use: ToolUse | None = field(default=None, repr=False)
+    call_ids: CallIds | None = field(default=None, repr=False)
     listener: Callable[[Request], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

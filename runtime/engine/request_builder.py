@@ -4,12 +4,15 @@ against the model.
 `RequestBuilder.build(prompt, options)` raises ValueError before anything is queued: a prompt that is neither text
 nor a sequence of integer token ids (bools and floats are not ids), a text prompt without a tokenizer, an empty
 prompt, one that leaves no room under the model's `max_position`, a token id outside the vocabulary, stop strings
-without a tokenizer, a logit_bias id outside the vocabulary, a pin past the pinned share of the pool. What needs
-no model (sampling ranges, namespace, retain, timeout) RequestOptions checked already.
+without a tokenizer, a logit_bias id outside the vocabulary, a pin past the pinned share of the pool, a grammar
+that does not compile (GrammarError, naming the schema path). What needs no model (sampling ranges, namespace,
+retain, timeout, tools) RequestOptions checked already. A request's grammar is compiled here, in the caller's
+thread, never on the engine loop (engine.structured).
 """
 
 from __future__ import annotations
 
+import inspect
 import operator
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,22 +25,39 @@ from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.request import Request
 from radixcache.runtime.engine.sampling import Sampler
+from radixcache.runtime.engine.structured import EngineGrammars
+from radixcache.runtime.engine.tool_calls import request_grammar
+from radixcache.runtime.tools import ToolCallMemory, template_features
+from radixcache.runtime.tools.use import CallIds, ToolUse
 
 Prompt = str | Sequence[int]
-Messages = Sequence[dict[str, str]]
+Messages = Sequence[dict[str, Any]]
 
 
 class RequestBuilder:
     """Builds one engine's requests: its tokenizer (or None), model shape, page size, pinned share and device."""
 
     def __init__(
-        self, tokenizer: Any, config: ModelConfig, page_size: int, max_pinned_blocks: int, device: torch.device
+        self,
+        tokenizer: Any,
+        config: ModelConfig,
+        page_size: int,
+        max_pinned_blocks: int,
+        device: torch.device,
+        *,
+        stop_token_ids: Sequence[int] = (),
+        tool_memory: ToolCallMemory | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.config = config
         self.page_size = page_size
         self.max_pinned_blocks = max_pinned_blocks
         self.device = device
+        self.grammars = EngineGrammars(tokenizer, config.vocab_size, stop_token_ids)
+        self.tool_memory = tool_memory if tool_memory is not None else ToolCallMemory()
+        self.tool_features = template_features(getattr(tokenizer, "chat_template", None))
+        render = getattr(tokenizer, "apply_chat_template", None)
+        self.renders_tools = render is not None and "tool_memory" in inspect.signature(render).parameters
 
     def build(self, prompt: Prompt, options: RequestOptions) -> Request:
         """A validated Request for `prompt` (text or ids) under `options`; ValueError before anything is queued."""
@@ -50,6 +70,9 @@ class RequestBuilder:
             raise ValueError(
                 f"pinning {pin_tokens} tokens exceeds the pinned share of the pool ({self.max_pinned_blocks} pages)"
             )
+        spec = request_grammar(options, self.tool_features)
+        grammar = None if spec is None else self.grammars.state(spec)  # compiled here, off the loop
+        use = options.tool_use
         timeout = options.timeout
         return Request(
             ids,
@@ -65,6 +88,9 @@ class RequestBuilder:
             retain=options.retain,
             session=options.session,
             retain_for=options.retain_for,
+            grammar=grammar,
+            tool_use=use,
+            call_ids=CallIds() if use is not None and use.parses_calls else None,
         )
 
     def check_sampling(self, stop: Sequence[str], logit_bias: Sequence[tuple[int, float]]) -> None:
@@ -114,18 +140,25 @@ class RequestBuilder:
         if bad is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
 
-    def render(self, messages: Messages | Sequence[Messages]) -> Any:
-        """The chat template applied (with the assistant turn's start): one text, or a list for a list of chats."""
+    def render(self, messages: Messages | Sequence[Messages], tool_use: ToolUse | None = None) -> Any:
+        """The chat template applied (with the assistant turn's start): one text, or a list for a list of chats.
+        Agent histories (tool calls, tool results, names, the developer role) and `tool_use`'s tools are rendered by
+        the tokenizer (runtime.tools.render), with the engine's memory of the calls the model wrote."""
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer; this engine has none")
+        kw: dict[str, Any] = {}
+        if self.renders_tools:
+            kw = {"tools": tool_use.tools if tool_use else None, "tool_memory": self.tool_memory}
+        elif tool_use is not None:
+            raise ValueError("this engine's tokenizer cannot render tools")
         if is_messages(messages):
-            return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, **kw)
         if not _is_sequence(messages) or not messages or not all(is_messages(m) for m in messages):
             raise ValueError(
                 "chat takes messages (a non-empty list of dicts with role and content) or a list of conversations, "
                 f"got {_shown(messages)}"
             )
-        return [self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True) for m in messages]
+        return [self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True, **kw) for m in messages]
 
 
 def split_batch(prompt: Any) -> tuple[list[Any], bool]:

@@ -220,6 +220,7 @@ class Scheduler:
     def _emit_all(self, done: list[tuple[Request, torch.Tensor]]) -> None:
         """Sample every row; plain-greedy rows (no logit bias, no penalty) are decided by one argmax (one host
         transfer per pass). Every other row, greedy ones with a bias or penalty included, goes through its sampler."""
+        done = self.output.constrain(done, self._fail)  # grammar masks on constrained rows (engine.structured)
         if not done:
             return
         plain = [r.sampler.params.plain_greedy for r, _ in done]

@@ -3,7 +3,8 @@ as its tokens come (Engine.agenerate and Engine.stream are thin fronts over thes
 
 Tokens reach the stream through the request's listener, called on the engine loop thread, and cross to the event
 loop with `call_soon_threadsafe`. The deltas' concatenation is the result's text: stop tokens are not shown, and
-text that could begin a stop string is held back until it cannot.
+text that could begin a stop string is held back until it cannot. With tools, `tool_deltas` turns the text deltas
+into OpenAI's delta dicts (runtime.tools.ToolCallParser), which assemble to the result's content and calls.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from radixcache.runtime.engine.loop import RequestHandle
 from radixcache.runtime.engine.output import OutputProcessor
 from radixcache.runtime.engine.request import GenerationResult, Request
 from radixcache.runtime.engine.sampling import stop_token_set
+from radixcache.runtime.tools import ToolCallParser
 
 
 async def gather_results(handles: list[RequestHandle]) -> list[GenerationResult]:
@@ -69,14 +71,28 @@ async def stream_text(
             if len(visible) > len(emitted):
                 yield visible[len(emitted) :]
                 emitted = visible
-        result = await asyncio.wrap_future(handle.future)
-        if result.text.startswith(emitted) and len(result.text) > len(emitted):
-            yield result.text[len(emitted) :]
+        await asyncio.wrap_future(handle.future)  # an error raises here
+        text = output.raw_text(req)  # the result's text before any tool calls were parsed out of it
+        if text.startswith(emitted) and len(text) > len(emitted):
+            yield text[len(emitted) :]
     finally:
         # Also when this generator's task was cancelled: that cancels the future (so it reads as done)
         # but not the engine request. Cancelling a request that already left is a no-op.
         if not handle.done() or handle.future.cancelled():
             handle.cancel()
+
+
+async def tool_deltas(texts: AsyncIterator[str], parser: ToolCallParser) -> AsyncIterator[dict[str, Any]]:
+    """OpenAI's streamed deltas of a chat with tools: `{"content": text}`, then per call `{"tool_calls": [{"index",
+    "id", "type": "function", "function": {"name", "arguments": ""}}]}` and `{"tool_calls": [{"index", "function":
+    {"arguments": piece}}]}` as the arguments arrive (runtime.tools.parse). Closing it closes `texts` (and so
+    cancels the request)."""
+    async with contextlib.aclosing(texts):  # type: ignore[type-var]
+        async for text in texts:
+            for delta in parser.feed(text):
+                yield delta
+        for delta in parser.finish():
+            yield delta
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:

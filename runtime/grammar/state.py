@@ -89,6 +89,10 @@ class GrammarState:
         """True once a stop token was accepted (the grammar was complete)."""
         return self._ended
 
+    def is_finished(self) -> bool:
+        """True when nothing but a stop token can follow (or one was accepted): the output is done."""
+        return self._ended or self._matcher.is_stopped()
+
     def is_complete(self) -> bool:
         """True when the text so far satisfies the grammar (a stop token would be accepted)."""
         return self._ended or self._matcher.is_accepting()

@@ -11,7 +11,8 @@ parsed back out of its output.
 Modules: `errors` (ToolInputError, naming the field), `specs` (tools and tool_choice), `messages` (histories),
 `features` (what a template knows), `render` (messages and variables for the template; the generic format),
 `memory` (the text the model emitted, by call ids), `scan` and `parse` (calls out of output, streamed or whole),
-`schema` (the JSON schema a tool_choice allows). Pure Python: no torch.
+`schema` (the JSON schema a tool_choice allows), `use` (`ToolUse`: a request's tools, tool_choice and
+parallel_tool_calls, as `RequestOptions.tool_use` carries them). Pure Python: no torch.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from radixcache.runtime.tools.parse import ParsedOutput, ToolCallParser, assembl
 from radixcache.runtime.tools.render import generic_calls_text, generic_tools_prompt, template_messages
 from radixcache.runtime.tools.schema import auto_tool_grammar, call_schema, tool_call_schema
 from radixcache.runtime.tools.specs import ToolChoice, ToolSpec, normalize_tool_choice, normalize_tools
+from radixcache.runtime.tools.use import ToolUse
 
 __all__ = [
     "ChatMessage",
@@ -35,6 +37,7 @@ __all__ = [
     "ToolChoice",
     "ToolInputError",
     "ToolSpec",
+    "ToolUse",
     "assemble",
     "auto_tool_grammar",
     "call_schema",

@@ -1,0 +1,111 @@
+"""Structured output in the engine: one grammar compiler per engine, a `GrammarState` per request made in the
+caller's thread, and each pass's constrained rows masked before they are sampled.
+
+- Compiling is off the loop: `RequestBuilder.build` (the caller's thread) compiles the request's `GrammarSpec`
+  through the engine's one `GrammarCompiler` (an LRU keyed by the spec's hash) and makes the request's
+  `GrammarState`; an invalid spec raises `GrammarError` (a ValueError naming the schema path) before anything is
+  queued. The vocabulary (every token's bytes) is built on the first grammar, once (SmolLM2's takes ~0.4 s).
+- On the loop, `constrain` fills the mask rows of the requests of a pass that have a grammar and sets their
+  disallowed logits to -inf, on a copy of those rows; the other rows are passed on untouched, so a batch with no
+  grammar pays one scan of the list. The masked rows are what the sampler sees first: logit bias, penalties,
+  temperature and top-k/p/min-p come after (masking first or last gives the same distribution: -inf stays -inf),
+  and logprobs and `return_logits` report the masked rows.
+- A request whose mask cannot be computed (its matcher in error) fails alone; the others of the pass go on.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from radixcache.runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState, build_vocab
+from radixcache.runtime.grammar.masks import apply_masks, fill_masks, make_executor
+from radixcache.runtime.grammar.state import allocate_masks
+
+if TYPE_CHECKING:
+    from radixcache.runtime.engine.request import Request
+
+Rows = list[tuple["Request", torch.Tensor]]
+PARALLEL_MASKS_FROM_CPUS = 8  # llguidance's thread pool costs more than it saves on a few shared cores
+
+
+class EngineGrammars:
+    """The grammar compiler of one engine's tokenizer and logits width, built on first use (thread-safe)."""
+
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int] = (), max_entries: int = 256
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = tuple(stop_token_ids)
+        self.max_entries = max_entries
+        self._compiler: GrammarCompiler | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def compiler(self) -> GrammarCompiler:
+        with self._lock:
+            if self._compiler is None:
+                if not hasattr(self.tokenizer, "token_bytes"):
+                    raise ValueError(
+                        "structured output (response_format, a grammar, or a tool_choice that requires a call) needs "
+                        "the model's tokenizer; this engine has none"
+                    )
+                vocab = build_vocab(self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids)
+                self._compiler = GrammarCompiler(vocab, self.max_entries)
+            return self._compiler
+
+    def state(self, spec: GrammarSpec) -> GrammarState:
+        """A fresh matcher for one request (compiled once per distinct spec)."""
+        return GrammarState(self.compiler.compile(spec))
+
+
+class Masker:
+    """Applies the grammar masks of a pass's rows; owns the mask thread pool where the machine has the cores."""
+
+    def __init__(self) -> None:
+        self._executor: Any = None
+        self._parallel = (os.cpu_count() or 1) >= PARALLEL_MASKS_FROM_CPUS
+
+    def constrain(self, done: Rows, fail: Callable[[Request, BaseException], None]) -> Rows:
+        """`done` with every constrained row replaced by its masked copy. A request whose mask fails is passed to
+        `fail` and left out; unconstrained rows are the same tensors, in the same order."""
+        picked = [i for i, (r, _) in enumerate(done) if r.grammar is not None]
+        if not picked:
+            return done
+        states: list[GrammarState] = [done[i][0].grammar for i in picked]  # type: ignore[misc]
+        masks, bad = self._fill(states)
+        rows = torch.stack([done[i][1] for i in picked])
+        apply_masks(rows, masks, range(len(picked)))
+        out = list(done)
+        for j, i in enumerate(picked):
+            out[i] = (done[i][0], rows[j])
+        for j, exc in bad.items():
+            fail(done[picked[j]][0], exc)
+        gone = {picked[j] for j in bad}
+        return [row for i, row in enumerate(out) if i not in gone] if gone else out
+
+    def _fill(self, states: list[GrammarState]) -> tuple[Any, dict[int, BaseException]]:
+        width = states[0].vocab.vocab_size
+        executor = None
+        if self._parallel and len(states) > 1:
+            self._executor = self._executor or make_executor()
+            executor = self._executor
+        try:
+            masks, _ = fill_masks(states, width, executor)
+            bad: dict[int, BaseException] = {}
+        except Exception:  # one matcher broke the batch call: row by row, so only its request fails
+            masks, bad = allocate_masks(len(states), width), {}
+            for j, s in enumerate(states):
+                try:
+                    s.allowed_mask(masks[j])
+                except Exception as exc:
+                    bad[j] = exc
+        for j, s in enumerate(states):
+            if j not in bad and s.matcher.is_error():
+                bad[j] = GrammarError(s.matcher.get_error() or "the grammar matcher failed", s.compiled.spec.path)
+        return masks, bad

@@ -1,0 +1,65 @@
+"""Tools in the engine: the grammar a request's tool_choice implies, and its result's calls parsed out.
+
+- `request_grammar`: "required" and a named tool_choice run under the JSON schema of the calls
+  (runtime.tools.schema.tool_call_schema), in the generic format (templates with their own call syntax are not
+  constrained); "auto" and "none" run under the request's own grammar (`response_format`), if any.
+- `with_tool_calls`: the result of a request whose tool_choice is not "none", with its calls parsed from its text
+  (runtime.tools.parse, in the template's format), `text` the content outside the calls ("" when there is none:
+  OpenAI's `content: null`), finish_reason "tool_calls" when there are calls and generation ended by itself
+  ("length" stays). The exact text the model wrote is remembered by call ids (the engine's `ToolCallMemory`), so a
+  history that replays the calls renders those very tokens and the next turn hits the cache.
+- Call ids are `call_` and 24 hex digits, drawn per request from one random seed (runtime.tools.use.CallIds), so a
+  stream's deltas and the result name the same calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from radixcache.runtime.grammar import GrammarSpec
+from radixcache.runtime.grammar.schema_check import check_schema
+from radixcache.runtime.tools import ToolCallMemory, ToolCallParser, parse_tool_calls, tool_call_schema
+from radixcache.runtime.tools.features import TemplateFeatures
+from radixcache.runtime.tools.use import CallIds, ToolUse
+
+if TYPE_CHECKING:
+    from radixcache.runtime.engine.options import RequestOptions
+    from radixcache.runtime.engine.request import GenerationResult
+
+
+def request_grammar(options: RequestOptions, features: TemplateFeatures) -> GrammarSpec | None:
+    """The grammar a request runs under: its tool calls' schema when tool_choice requires a call (generic format),
+    else its own `grammar` (None: unconstrained). A tool's bad parameters schema raises GrammarError naming
+    `tools[i].function.parameters...`."""
+    use = options.tool_use
+    if use is None or use.choice.mode not in ("required", "function"):
+        return options.grammar
+    schema = tool_call_schema(use.tools, use.choice, parallel_tool_calls=use.parallel_tool_calls, features=features)
+    if schema is None:
+        return options.grammar
+    for i, tool in enumerate(use.tools):
+        if use.choice.mode == "required" or tool.name == use.choice.name:
+            check_schema(tool.parameters, f"tools[{i}].function.parameters")
+    strict = all(t.strict for t in use.tools)  # OpenAI's per-tool strict: without it, unusual keywords are ignored
+    return GrammarSpec.json_schema(schema, strict=strict, path="tools")
+
+
+def tool_parser(use: ToolUse, features: TemplateFeatures, ids: CallIds) -> ToolCallParser:
+    return ToolCallParser(use.tools, features.format, new_id=ids.sequence())
+
+
+def with_tool_calls(
+    result: GenerationResult, use: ToolUse, features: TemplateFeatures, ids: CallIds, memory: ToolCallMemory
+) -> GenerationResult:
+    """`result` with its calls parsed (see the module docstring); unchanged when there are none."""
+    parsed = parse_tool_calls(result.text, use.tools, features.format, new_id=ids.sequence())
+    if not parsed.tool_calls:
+        return result
+    memory.remember(parsed.tool_calls, parsed.raw)
+    return dataclasses.replace(
+        result,
+        text=parsed.content or "",
+        tool_calls=parsed.tool_calls,
+        finish_reason=parsed.finish_reason(result.finish_reason),
+    )

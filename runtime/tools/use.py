@@ -1,0 +1,84 @@
+"""`ToolUse`: a request's tools, tool_choice and parallel_tool_calls, validated once into one frozen object.
+
+It is what travels with a request (`RequestOptions.tool_use`, set by the keywords `tools=`, `tool_choice=` and
+`parallel_tool_calls=` of every Engine entry point), so the prompt is rendered with the tools, the grammar enforces
+`required` and named choices, and the result carries the parsed calls, whichever door the request came through.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from radixcache.runtime.tools.errors import ToolInputError
+from radixcache.runtime.tools.specs import ToolChoice, ToolSpec, normalize_tool_choice, normalize_tools
+
+KEYWORDS = ("tools", "tool_choice", "parallel_tool_calls")
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """tools: the functions, in the given order. choice: "none" (tools are shown, the output is not parsed for
+    calls), "auto" (the model chooses; calls are parsed), "required" or "function" (at least one call, of that
+    function: enforced by the grammar in the generic format). parallel_tool_calls: False allows one call at most."""
+
+    tools: tuple[ToolSpec, ...]
+    choice: ToolChoice
+    parallel_tool_calls: bool = True
+
+    @property
+    def parses_calls(self) -> bool:
+        return self.choice.mode != "none" and bool(self.tools)
+
+    @classmethod
+    def of(
+        cls,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool | None = None,
+    ) -> ToolUse | None:
+        """From OpenAI's fields (tools as dicts or `ToolSpec`s); None when no tool is given and tool_choice is absent
+        or "none". A bad field raises `ToolInputError` (a ValueError) naming it."""
+        if tools is not None and all(isinstance(t, ToolSpec) for t in tools):
+            specs = tuple(tools)
+        else:
+            specs = normalize_tools(tools)
+        if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+            raise ToolInputError("parallel_tool_calls", f"must be a boolean, got {parallel_tool_calls!r}")
+        choice = normalize_tool_choice(tool_choice, specs)
+        if not specs:
+            if parallel_tool_calls is not None:
+                raise ToolInputError("parallel_tool_calls", "needs tools")
+            return None  # normalize_tool_choice refused "required" and named choices without tools
+        return cls(specs, choice, True if parallel_tool_calls is None else parallel_tool_calls)
+
+    def updated(self, **changes: Any) -> ToolUse | None:
+        """These tools with some of the three keywords given again (the others kept)."""
+        fields = {"tools": self.tools, "tool_choice": _choice_value(self.choice), "parallel_tool_calls": None}
+        if "tool_choice" not in changes and "tools" in changes:
+            fields["tool_choice"] = None  # new tools: the default choice for them, not a name of the old ones
+        if "parallel_tool_calls" not in changes and changes.get("tools", self.tools):
+            fields["parallel_tool_calls"] = self.parallel_tool_calls
+        fields.update(changes)
+        return ToolUse.of(**fields)
+
+
+def _choice_value(choice: ToolChoice) -> Any:
+    if choice.mode == "function":
+        return {"type": "function", "function": {"name": choice.name}}
+    return choice.mode
+
+
+class CallIds:
+    """`call_` + 16 random hex digits + a counter of 8: the same sequence for every parser of one request."""
+
+    def __init__(self, seed: str | None = None) -> None:
+        self.seed = seed or secrets.token_hex(8)
+
+    def sequence(self) -> Callable[[], str]:
+        """A fresh id generator (one per parser): call 0, 1, ... of this request."""
+        count = itertools.count()
+        return lambda: f"call_{self.seed}{next(count):08x}"
