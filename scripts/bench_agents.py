@@ -210,7 +210,7 @@ def table(rows: list[dict]) -> str:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="smollm2", help="smollm2, a GGUF path or an HF directory")
+    p.add_argument("--model", default="smollm2", help="smollm2, a GGUF path, an HF directory, or tiny (random)")
     p.add_argument("--agents", type=int, default=8)
     p.add_argument("--tasks", type=int, default=2, help="tasks per agent, one after the other")
     p.add_argument("--steps", type=int, default=5, help="most calls per task (at least 3)")
@@ -233,9 +233,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    from radixcache.runtime.loading import load_model
+    if args.model == "tiny":  # the tests' random checkpoint: the same run in seconds (its outputs are noise)
+        from radixcache.runtime.testing import tiny_model
 
-    model = load_model(args.model)
+        model: Any = tiny_model(seed=3)
+    else:
+        from radixcache.runtime.loading import load_model
+
+        model = load_model(args.model)
     say = (lambda _: None) if args.markdown else print
     rows = run_bench(model, args, model.config.vocab_size, say)
     if not args.markdown:
