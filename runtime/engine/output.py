@@ -36,15 +36,18 @@ class Totals:
 
 def token_logprob(logits: torch.Tensor, token: int, k: int) -> TokenLogprob:
     """`token`'s log-probability in the raw distribution of `[vocab]` logits, and the top k `(id, logprob)` pairs
-    (descending, ties by id ascending). One host transfer; nothing of the row is kept."""
+    (descending, ties by id ascending; fewer when fewer than k are finite, as under a grammar's mask). One host
+    transfer; nothing of the row is kept."""
     lp = torch.log_softmax(logits.detach().float(), dim=-1)
     if k <= 0:
         return TokenLogprob(token, float(lp[token]), ())
     k = min(k, lp.shape[-1])
     kth = torch.topk(lp, k).values[-1]
-    cand = torch.nonzero(lp >= kth).squeeze(-1)  # every token tied with the k-th too, ascending ids
+    # every token tied with the k-th too, ascending ids; never a -inf one (a grammar's mask leaves fewer than k)
+    cand = torch.nonzero((lp >= kth) & torch.isfinite(lp)).squeeze(-1)
     vals = lp[cand]
     order = torch.sort(vals, descending=True, stable=True).indices[:k]  # stable: ties keep ascending ids
+    k = len(order)
     # one transfer: [chosen, ids..., logprobs...] (ids < 2**53 are exact in float64)
     packed = torch.cat([lp[token].view(1).double(), cand[order].double(), vals[order].double()]).tolist()
     ids, top_lp = packed[1 : k + 1], packed[k + 1 :]

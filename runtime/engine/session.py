@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from radixcache.runtime.engine.options import RequestOptions
@@ -21,6 +22,10 @@ class Session:
     built once into `options` (a RequestOptions; a bad one is refused here); a turn's own keywords override them.
     Not for concurrent use of one session: its turns are sequential by nature (many sessions may run at once on
     one engine).
+
+    With `tools=` (in the defaults or a turn's keywords), a reply that calls tools is kept in the history as
+    OpenAI's assistant message with `tool_calls` (content None when there is no text); `send_tool_results({call_id:
+    text})` adds the tool turns and generates the next reply.
     """
 
     def __init__(
@@ -28,11 +33,11 @@ class Session:
         engine: ChatEngine,
         *,
         system: str | None = None,
-        messages: list[dict[str, str]] | None = None,
+        messages: list[dict[str, Any]] | None = None,
         **defaults: Any,
     ) -> None:
         self.engine = engine
-        self.messages: list[dict[str, str]] = [dict(m) for m in messages] if messages else []
+        self.messages: list[dict[str, Any]] = [dict(m) for m in messages] if messages else []
         if system is not None:
             if self.messages and self.messages[0].get("role") == "system":
                 raise ValueError("the messages already start with a system prompt")
@@ -45,6 +50,13 @@ class Session:
         """Add a user turn, generate the reply, and append it to the history."""
         result = self.engine.chat([*self.messages, {"role": "user", "content": content}], options=self._kw(kwargs))
         return self._append(content, result)
+
+    def send_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
+        """Add one tool turn per `{call_id: result text}` (in that order), generate the reply, and append it."""
+        turns = [{"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text in results.items()]
+        result = self.engine.chat([*self.messages, *turns], options=self._kw(kwargs))
+        self.messages.extend(turns)
+        return self._append(None, result)
 
     async def asend(self, content: str, **kwargs: Any) -> GenerationResult:
         messages = [*self.messages, {"role": "user", "content": content}]
@@ -88,8 +100,13 @@ class Session:
         """A turn's options: the session's, with the turn's own keywords over them."""
         return self.options.updated(caller="Session", **kwargs)
 
-    def _append(self, content: str, result: GenerationResult) -> GenerationResult:
-        self.messages.append({"role": "user", "content": content})
-        self.messages.append({"role": "assistant", "content": result.text})
+    def _append(self, content: str | None, result: GenerationResult) -> GenerationResult:
+        if content is not None:
+            self.messages.append({"role": "user", "content": content})
+        if result.tool_calls:
+            calls = [c.to_openai() for c in result.tool_calls]
+            self.messages.append({"role": "assistant", "content": result.text or None, "tool_calls": calls})
+        else:
+            self.messages.append({"role": "assistant", "content": result.text})
         self.results.append(result)
         return result

@@ -1,0 +1,100 @@
+"""Constrained outputs of the engine (tiny checkpoint, random weights: the model alone never writes JSON):
+json_schema outputs validate (jsonschema) for many seeds and temperatures, with top-k/top-p/min-p; json_object
+gives an object; a regex output fullmatches; GBNF and Lark grammars give sentences; every request ends by itself
+(the grammar finishing), never by length; an unconstrained run of the same prompt is not JSON, so the grammar did
+the work."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from radixcache.runtime import Engine
+from radixcache.runtime.grammar import GrammarSpec
+from tests.runtime.structured.conftest import SCHEMAS, response_format
+
+TEMPERATURES = (0.0, 0.7, 1.0, 1.6)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_json_schema_outputs_validate_for_many_seeds_and_temperatures(engine: Engine, name: str) -> None:
+    rf = response_format(name)
+    handles = [
+        engine.submit(f"item {seed}:", 160, response_format=rf, temperature=t, seed=seed)
+        for t in TEMPERATURES
+        for seed in range(5)
+    ]
+    for h in handles:
+        r = h.result(120)
+        assert r.finish_reason == "stop", (r.finish_reason, r.text)
+        jsonschema.validate(json.loads(r.text), SCHEMAS[name])
+
+
+def test_sampling_filters_compose_with_the_mask(engine: Engine) -> None:
+    rf = response_format("nested")
+    for kw in ({"top_k": 3}, {"top_p": 0.5}, {"min_p": 0.2}, {"top_k": 50, "top_p": 0.9, "min_p": 0.05}):
+        for seed in range(3):
+            r = engine.generate("x", 160, response_format=rf, temperature=1.2, seed=seed, **kw)
+            jsonschema.validate(json.loads(r.text), SCHEMAS["nested"])
+
+
+def test_json_object_gives_an_object(engine: Engine) -> None:
+    # Any object: the random model may open strings it never closes, so this one is given a length and the outputs
+    # that ended are checked (most do; json_object has no bound on its sentences).
+    results = [
+        engine.generate("obj", 120, response_format={"type": "json_object"}, seed=s, temperature=0.8) for s in range(6)
+    ]
+    ended = [r for r in results if r.finish_reason == "stop"]
+    assert ended, [r.text for r in results]
+    for r in ended:
+        assert isinstance(json.loads(r.text), dict)
+
+
+def test_unconstrained_output_of_the_same_request_is_not_json(engine: Engine) -> None:
+    text = engine.generate("item 0:", 40, ignore_eos=True).text
+    with pytest.raises(ValueError):
+        json.loads(text)
+
+
+@pytest.mark.parametrize(
+    "pattern", [r"[0-9]{3}-[a-z]{2,4}", r"(yes|no|maybe)!?", r"[A-Z][a-z]{0,6}\.", r"\d{1,3}(\.\d\d)?"]
+)
+def test_regex_outputs_fullmatch(engine: Engine, pattern: str) -> None:
+    for seed in range(4):
+        r = engine.generate("say:", 40, grammar=GrammarSpec.regex(pattern), temperature=1.0, seed=seed)
+        assert r.finish_reason == "stop", r.text
+        assert re.fullmatch(pattern, r.text), r.text
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        'root ::= answer "."\nanswer ::= "yes" | "no" | "n=" [0-9] [0-9]?',  # GBNF (llama.cpp)
+        'start: answer "."\nanswer: "yes" | "no" | "n=" /[0-9]{1,2}/',  # Lark
+    ],
+)
+def test_ebnf_outputs_are_sentences(engine: Engine, grammar: str) -> None:
+    for seed in range(4):
+        r = engine.generate("q?", 20, grammar=GrammarSpec.ebnf(grammar), temperature=1.0, seed=seed)
+        assert r.finish_reason == "stop"
+        assert re.fullmatch(r"(yes|no|n=[0-9]{1,2})\.", r.text), r.text
+
+
+def test_a_grammar_that_may_go_on_ends_only_when_complete(engine: Engine) -> None:
+    # `[0-9]+` may always take another digit: the request ends by EOS once the grammar allows it (never before), or
+    # at its length with digits only.
+    for seed in range(4):
+        r = engine.generate("n:", 12, grammar=GrammarSpec.regex("[0-9]+"), temperature=1.0, seed=seed)
+        assert re.fullmatch("[0-9]+", r.text), r.text
+        if r.finish_reason == "stop":
+            assert r.token_ids[-1] in engine.eos_token_ids
+        else:
+            assert r.finish_reason == "length" and len(r.token_ids) == 12
+
+
+def test_ignore_eos_still_ends_when_the_grammar_does(engine: Engine) -> None:
+    r = engine.generate("a", 50, grammar=GrammarSpec.regex("(ab|cd)"), ignore_eos=True, temperature=1.0, seed=1)
+    assert r.text in ("ab", "cd") and r.finish_reason == "stop"

@@ -1,0 +1,165 @@
+"""Tools through the Python API (tiny checkpoint: ChatML without tools, so the generic format; random weights, so
+only the grammar makes calls): tool_choice "required" and named give calls that validate against their tools'
+schemas (jsonschema), one call at most without parallel_tool_calls; "none" parses nothing; the result's text is the
+content outside the calls and finish_reason "tool_calls"; a stream's deltas assemble to the same calls as the
+whole result; an agent loop replayed as OpenAI clients send it (assistant tool_calls with null content, tool turns,
+developer, names) extends each prompt token for token and hits the previous prompt and output's whole pages; a
+Session keeps tool calls in its history; bad tools and messages are clear errors naming the field."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+
+from radixcache.runtime import Engine
+from radixcache.runtime.grammar import GrammarError
+from radixcache.runtime.tools import assemble
+from tests.runtime.structured.conftest import PAGE, TOOL_SCHEMAS, TOOLS
+
+ONE_CALL: dict[str, Any] = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+ASK = [{"role": "developer", "content": "Use the tools."}, {"role": "user", "content": "What is 2 + 3?", "name": "ann"}]
+
+
+def check_calls(result: Any, names: set[str] | None = None) -> None:
+    assert result.finish_reason == "tool_calls" and result.tool_calls, result
+    for call in result.tool_calls:
+        assert re.fullmatch(r"call_[0-9a-f]{24}", call.id)
+        assert names is None or call.name in names
+        jsonschema.validate(json.loads(call.arguments), TOOL_SCHEMAS[call.name])
+
+
+def test_required_gives_calls_that_validate(engine: Engine) -> None:
+    for seed in range(6):
+        r = engine.chat(ASK, 200, **ONE_CALL, temperature=1.0, seed=seed)
+        check_calls(r)
+        assert r.text == ""  # the output is only calls: OpenAI's content null
+
+
+def test_parallel_calls_each_validate(engine: Engine) -> None:
+    # The random model rarely closes the list of calls: every call but a last one cut at the length validates.
+    for seed in range(3):
+        r = engine.chat(ASK, 300, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed)
+        assert r.tool_calls and r.finish_reason in ("tool_calls", "length")
+        done = r.tool_calls if r.finish_reason == "tool_calls" else r.tool_calls[:-1]
+        for call in done:
+            jsonschema.validate(json.loads(call.arguments), TOOL_SCHEMAS[call.name])
+
+
+def test_a_named_choice_calls_that_tool_and_parallel_false_one_call(engine: Engine) -> None:
+    named = {"type": "function", "function": {"name": "add"}}
+    for seed in range(4):
+        r = engine.chat(ASK, 200, tools=TOOLS, tool_choice=named, temperature=1.2, seed=seed, parallel_tool_calls=False)
+        check_calls(r, {"add"})
+        assert len(r.tool_calls) == 1
+
+
+def test_none_shows_the_tools_but_parses_nothing(engine: Engine) -> None:
+    auto = engine.chat(ASK, 1, tools=TOOLS)
+    none = engine.chat(ASK, 20, tools=TOOLS, tool_choice="none", ignore_eos=True)
+    assert none.tool_calls == () and none.finish_reason == "length"
+    assert none.prompt_tokens == auto.prompt_tokens  # the same prompt: switching tool_choice keeps the cache
+    assert none.prompt_tokens > engine.chat(ASK, 1).prompt_tokens
+
+
+def test_stream_deltas_assemble_to_the_calls_of_the_whole_result(engine: Engine) -> None:
+    kw = ONE_CALL
+
+    async def deltas() -> list[dict[str, Any]]:
+        return [d async for d in engine.stream(ASK, 200, **kw)]
+
+    streamed = asyncio.run(deltas())
+    assert all(set(d) <= {"content", "tool_calls"} for d in streamed)
+    content, calls = assemble(streamed)
+    whole = engine.chat(ASK, 200, **kw)
+    assert content is None and whole.text == ""
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        (c.name, c.arguments) for c in whole.tool_calls
+    ]
+    assert all(re.fullmatch(r"call_[0-9a-f]{24}", c["id"]) for c in calls)
+
+
+def test_an_agent_loop_extends_each_prompt_and_hits_its_whole_pages(engine: Engine) -> None:
+    messages: list[dict[str, Any]] = [*ASK]
+    previous: tuple[list[int], Any] | None = None
+    for step in range(3):
+        r = engine.chat(messages, 200, **ONE_CALL, temperature=0.9, seed=step)
+        check_calls(r)
+        prompt = engine.tokenizer.encode(engine._builder.render(messages, _tool_use()))
+        assert len(prompt) == r.prompt_tokens
+        if previous is not None:
+            before, out = previous
+            computed = before + list(out.token_ids)
+            assert prompt[: len(computed)] == computed  # token for token: prompt N+1 extends prompt N + output N
+            assert r.cached_tokens >= (len(computed) - 1) // PAGE * PAGE  # the KV of all but the last token
+        previous = (prompt, r)
+        calls = [c.to_openai() for c in r.tool_calls]
+        messages.append({"role": "assistant", "content": None, "tool_calls": calls})  # as OpenAI clients replay
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": f"result {step}"} for c in r.tool_calls]
+    final = engine.chat(messages, 8, tools=TOOLS, tool_choice="none")
+    assert final.tool_calls == () and final.cached_tokens >= (r.prompt_tokens + len(r.token_ids) - 1) // PAGE * PAGE
+
+
+def _tool_use() -> Any:
+    from radixcache.runtime.tools import ToolUse
+
+    return ToolUse.of(TOOLS, "required", False)
+
+
+def test_a_session_keeps_tool_calls_in_its_history(engine: Engine) -> None:
+    s = engine.session(system="Use the tools.", **ONE_CALL, max_new_tokens=200, seed=1)
+    r = s.send("What is 2 + 3?")
+    check_calls(r)
+    assert s.messages[-1] == {"role": "assistant", "content": None, "tool_calls": [c.to_openai() for c in r.tool_calls]}
+    r2 = s.send_tool_results({c.id: "5" for c in r.tool_calls}, tool_choice="auto", max_new_tokens=6)
+    assert [m["role"] for m in s.messages[-len(r.tool_calls) - 1 :]] == ["tool"] * len(r.tool_calls) + ["assistant"]
+    assert r2.cached_tokens >= (r.prompt_tokens + len(r.token_ids) - 1) // PAGE * PAGE
+
+
+def test_achat_takes_tools(engine: Engine) -> None:
+    r = asyncio.run(engine.achat(ASK, 200, **ONE_CALL, seed=2, temperature=1.0))
+    check_calls(r)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "where"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, ValueError, "tools[0].function.name"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            ValueError,
+            "tool_choice",
+        ),
+        ({"tool_choice": "required"}, ValueError, "tool_choice"),
+        ({"tools": TOOLS, "parallel_tool_calls": "yes"}, ValueError, "parallel_tool_calls"),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"properties": {"x": {"type": "integr"}}}},
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            GrammarError,
+            "tools[0].function.parameters.properties.x.type",
+        ),
+    ],
+)
+def test_bad_tools_are_clear_errors(engine: Engine, kwargs: dict[str, Any], error: type, where: str) -> None:
+    with pytest.raises(error, match=re.escape(where)):
+        engine.chat(ASK, 4, **kwargs)
+
+
+def test_bad_messages_name_the_field(engine: Engine) -> None:
+    with pytest.raises(ValueError, match=re.escape("messages[1].content")):
+        engine.chat([{"role": "system", "content": "s"}, {"role": "user", "content": None}], 4)
+    with pytest.raises(ValueError, match=re.escape("messages[0].tool_call_id")):
+        engine.chat([{"role": "tool", "content": "x"}], 4)
+    r = engine.chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}, *ASK[1:]], 4)
+    assert r.finish_reason in ("stop", "length")
