@@ -2,7 +2,8 @@
 
 - `request_grammar`: "required" and a named tool_choice run under the JSON schema of the calls
   (runtime.tools.schema.tool_call_schema), in the generic format (templates with their own call syntax are not
-  constrained); "auto" and "none" run under the request's own grammar (`response_format`), if any.
+  constrained), every object with `properties` closed to other keys unless it says `additionalProperties`; "auto"
+  and "none" run under the request's own grammar (`response_format`), if any.
 - `with_tool_calls`: the result of a request whose tool_choice is not "none", with its calls parsed from its text
   (runtime.tools.parse, in the template's format), `text` the content outside the calls ("" when there is none:
   OpenAI's `content: null`), finish_reason "tool_calls" when there are calls and generation ended by itself
@@ -18,6 +19,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from radixcache.runtime.grammar import GrammarSpec
+from radixcache.runtime.grammar.compiler import closed_objects
 from radixcache.runtime.grammar.schema_check import check_schema
 from radixcache.runtime.tools import ToolCallMemory, ToolCallParser, parse_tool_calls, tool_call_schema
 from radixcache.runtime.tools.features import TemplateFeatures
@@ -41,8 +43,10 @@ def request_grammar(options: RequestOptions, features: TemplateFeatures) -> Gram
     for i, tool in enumerate(use.tools):
         if use.choice.mode == "required" or tool.name == use.choice.name:
             check_schema(tool.parameters, f"tools[{i}].function.parameters")
-    strict = all(t.strict for t in use.tools)  # OpenAI's per-tool strict: without it, unusual keywords are ignored
-    return GrammarSpec.json_schema(schema, strict=strict, path="tools")
+    # Arguments admit only the declared properties, whatever a tool's `strict` (a small model left free to add keys
+    # writes them without end); `strict` decides whether a keyword the grammar cannot enforce is an error.
+    strict = all(t.strict for t in use.tools)
+    return GrammarSpec.json_schema(closed_objects(schema), strict=strict, path="tools")
 
 
 def tool_parser(use: ToolUse, features: TemplateFeatures, ids: CallIds) -> ToolCallParser:

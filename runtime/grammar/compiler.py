@@ -99,19 +99,19 @@ def _translate(spec: GrammarSpec) -> str:
         return matcher.grammar_from_json_schema(JSON_OBJECT_SCHEMA, overrides=options)
     schema = spec.schema()
     if spec.strict:
-        schema = _closed(schema)
+        schema = closed_objects(schema)
     else:
         options["lenient"] = True
     return matcher.grammar_from_json_schema(schema, defaults=options)
 
 
-def _closed(node: object) -> object:
+def closed_objects(node: object) -> object:
     """Strict mode: every object schema with `properties` and no `additionalProperties` admits no other key."""
     if isinstance(node, list):
-        return [_closed(v) for v in node]
+        return [closed_objects(v) for v in node]
     if not isinstance(node, dict):
         return node
-    out = {k: (v if k in ("enum", "const", "default", "examples") else _closed(v)) for k, v in node.items()}
+    out = {k: (v if k in ("enum", "const", "default", "examples") else closed_objects(v)) for k, v in node.items()}
     if "properties" in node and "additionalProperties" not in node:
         out["additionalProperties"] = False
     return out
