@@ -42,7 +42,7 @@ class ToolUse:
     ) -> ToolUse | None:
         """From OpenAI's fields (tools as dicts or `ToolSpec`s); None when no tool is given and tool_choice is absent
         or "none". A bad field raises `ToolInputError` (a ValueError) naming it."""
-        if tools is not None and all(isinstance(t, ToolSpec) for t in tools):
+        if isinstance(tools, (list, tuple)) and all(isinstance(t, ToolSpec) for t in tools):
             specs = tuple(tools)
         else:
             specs = normalize_tools(tools)
