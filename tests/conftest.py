@@ -36,3 +36,11 @@ def smollm2() -> Any:
     from radixcache.runtime.loading import load_model
 
     return load_model("smollm2")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse test ids that hold a memory address (a parameter's default repr): pytest-xdist's workers collect
+    separately and stop the whole run when their ids differ, which a single-process run never shows."""
+    unstable = [item.nodeid for item in items if " at 0x" in item.nodeid]
+    if unstable:
+        raise pytest.UsageError("test ids with a memory address (give the parametrize ids=): " + ", ".join(unstable))
