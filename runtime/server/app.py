@@ -29,6 +29,8 @@ from radixcache.runtime.server.protocol import (
     validation_message,
 )
 from radixcache.runtime.server.responses import Responder
+from radixcache.runtime.server.structured import grammar_of, render_chat, tool_use_of
+from radixcache.runtime.tools import template_features
 
 DEFAULT_MAX_TOKENS = 256
 SHUTDOWN_WAIT_S = 30.0
@@ -136,7 +138,12 @@ def create_app(
             )
 
     def job_for(
-        body: Any, prompts: list[list[int]], namespace: Any, request: Request | None = None, key: str | None = None
+        body: Any,
+        prompts: list[list[int]],
+        namespace: Any,
+        request: Request | None = None,
+        key: str | None = None,
+        **structured: Any,
     ) -> generation.Job:
         for ids in prompts:
             check_prompt(body, ids)
@@ -166,8 +173,10 @@ def create_app(
             retain=body.retain,
             retain_for=retain_for(body.retain_for, key, leases),
             session=session or None,
+            **structured,  # grammar= and tool_use= (runtime.server.structured)
         )
-        return generation.Job(prompts, body.n, max_tokens, options)
+        tool_format = template_features(getattr(engine.tokenizer, "chat_template", None)).format
+        return generation.Job(prompts, body.n, max_tokens, options, tool_format)
 
     def token_bytes(token_id: int) -> bytes:
         exact = getattr(engine.tokenizer, "token_bytes", None)
@@ -202,12 +211,10 @@ def create_app(
         body.refuse_unsupported()
         if not body.messages:
             raise APIError(400, "messages must be a non-empty list", param="messages")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except Exception as exc:  # a template that rejects this conversation (say, roles out of order)
-            raise APIError(400, f"the chat template refused these messages: {exc}", param="messages") from None
-        job = job_for(body, [encode(text)], generation.namespace_for(key, body.cache_salt), request, key)
+        grammar, use = grammar_of(body), tool_use_of(body)
+        text = render_chat(engine, [m.as_dict(i) for i, m in enumerate(body.messages)], use)
+        namespace = generation.namespace_for(key, body.cache_salt)
+        job = job_for(body, [encode(text)], namespace, request, key, grammar=grammar, tool_use=use)
         return await run(request, body, job, responder("chat.completion", job))
 
     @app.post("/v1/completions")
@@ -223,7 +230,8 @@ def create_app(
             prompts.append(ids)
         if len(prompts) * body.n > MAX_CHOICES:
             raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request", param="prompt")
-        job = job_for(body, prompts, generation.namespace_for(key, body.cache_salt), request, key)
+        namespace = generation.namespace_for(key, body.cache_salt)
+        job = job_for(body, prompts, namespace, request, key, grammar=grammar_of(body))
         return await run(request, body, job, responder("text_completion", job))
 
     @app.get("/v1/models")

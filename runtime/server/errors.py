@@ -4,6 +4,7 @@ cause has its own status:
 | engine error | status | OpenAI type / code |
 |---|---|---|
 | RequestTooLargeError (a prompt the pool can never hold) | 400 | invalid_request_error / context_length_exceeded |
+| GrammarError, ToolInputError (a bad schema, grammar, tool, message) | 400, `param` its path | invalid_request_error |
 | ValueError (a value the engine refuses) | 400 | invalid_request_error |
 | QueueFullError (`--max-queue` requests already wait) | 429 + Retry-After | rate_limit_error / queue_full |
 | QueueTimeoutError (not admitted within `--queue-timeout`) | 503 + Retry-After | server_error / queue_timeout |
@@ -30,7 +31,10 @@ from radixcache.runtime.engine.errors import (
     ReplicaUnavailableError,
     RequestTooLargeError,
 )
+from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.server.protocol import APIError
+from radixcache.runtime.server.structured import bad_request
+from radixcache.runtime.tools.errors import ToolInputError
 
 ENGINE_ERRORS = (
     RequestTooLargeError,
@@ -64,6 +68,8 @@ def api_error_for(exc: BaseException) -> APIError:
         return APIError(503, str(exc), type="server_error", code="engine_dead")
     if isinstance(exc, CacheFullError):
         return APIError(503, str(exc), type="server_error", code="kv_cache_full", headers=_retry(1.0))
+    if isinstance(exc, (GrammarError, ToolInputError)):
+        return bad_request(exc)
     if isinstance(exc, ValueError):
         return APIError(400, str(exc))
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")

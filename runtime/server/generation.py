@@ -1,5 +1,10 @@
 """Run OpenAI-style requests on the Engine from asyncio: whole results, or text deltas then the result.
 
+A chat with tools (tool_choice not "none") streams OpenAI's delta dicts instead of text: each choice's text goes
+through a `ToolCallParser` (runtime.tools.parse) whose call ids are the engine request's own (`Request.call_ids`), so
+the deltas assemble to the result's content and calls, ids included, and a history that replays them renders the
+tokens the cache holds.
+
 Every engine request is tracked in `Inflight`, so that a client that goes away, or the server shutting down,
 cancels it (the engine frees its blocks at its next step).
 """
@@ -15,6 +20,8 @@ from typing import Any, NamedTuple
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine, GenerationHandle
 from radixcache.runtime.engine.request import GenerationResult
+from radixcache.runtime.tools import ToolCallParser
+from radixcache.runtime.tools.use import CallIds
 
 
 class Event(NamedTuple):
@@ -25,6 +32,7 @@ class Event(NamedTuple):
     text: str
     logprobs: tuple[Any, ...] = ()
     result: GenerationResult | None = None
+    deltas: tuple[dict[str, Any], ...] | None = None  # with tools: OpenAI's delta dicts this text completes
 
 
 @dataclass(slots=True)
@@ -56,6 +64,7 @@ class Job:
     n: int
     max_tokens: int
     options: RequestOptions
+    tool_format: str = "generic"  # how the model writes calls (runtime.tools.features): "generic", "native", "hermes"
 
     @property
     def choices(self) -> int:
@@ -155,6 +164,7 @@ async def _stream_one(
     handle.future.add_done_callback(lambda _f: loop.call_soon_threadsafe(wake.put_nowait, None))
     hidden = set(engine.eos_token_ids) | set(req.sampler.params.stop_token_ids)
     stop = job.options.sampling.stop
+    parser = _tool_parser(job, req)
     emitted, sent_logprobs, started = "", 0, False
     try:
         while not handle.done():
@@ -167,14 +177,35 @@ async def _stream_one(
                 shown = len(ids) - (ids[-1] in hidden)  # a final stop token is not shown, nor its logprob
                 logprobs = tuple(req.logprobs[sent_logprobs:shown])
                 sent_logprobs += len(logprobs)
-                await out.put(Event(i, visible[len(emitted) :] if grew else "", logprobs))
+                text = visible[len(emitted) :] if grew else ""
+                deltas = None if parser is None else tuple(parser.feed(text))
+                await out.put(Event(i, text, logprobs, deltas=deltas))
                 emitted = visible if grew else emitted
         result = await result_of(handle)
-        rest = result.text[len(emitted) :] if result.text.startswith(emitted) else ""
+        whole = result.text if parser is None else _raw_text(engine, result, hidden, stop)
+        rest = whole[len(emitted) :] if whole.startswith(emitted) else ""
         shown = tuple(result.logprobs or ())[: shown_tokens(engine, result)]
-        await out.put(Event(i, rest, shown[sent_logprobs:], result))
+        deltas = None if parser is None else (*parser.feed(rest), *parser.finish())
+        await out.put(Event(i, rest, shown[sent_logprobs:], result, deltas))
     finally:
         inflight.cancel(handle)
+
+
+def _tool_parser(job: Job, req: Any) -> ToolCallParser | None:
+    """The parser of a choice whose calls are parsed: its ids are the engine request's (a replica's request has
+    none here: fresh ones)."""
+    use = job.options.tool_use
+    if use is None or not use.parses_calls:
+        return None
+    ids = getattr(req, "call_ids", None) or CallIds()
+    return ToolCallParser(use.tools, job.tool_format, new_id=ids.sequence())
+
+
+def _raw_text(engine: GenerationEngine, result: GenerationResult, hidden: set[int], stop: Sequence[str]) -> str:
+    """The whole text a result's tokens show, before tool calls were parsed out of it (cut at a stop string)."""
+    text = engine.tokenizer.decode([t for t in result.token_ids if t not in hidden], skip_special_tokens=True)
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return text[: min(cuts)] if cuts else text
 
 
 def shown_tokens(engine: GenerationEngine, result: GenerationResult) -> int:

@@ -1,9 +1,16 @@
 """The OpenAI request bodies the server accepts (pydantic), and OpenAI's error JSON.
 
 Every field is either honoured or refused: an unknown field is a 400 naming it ("Unrecognized request argument
-supplied: X", as OpenAI says), and a known field this server cannot honour (`tools`, `echo`, `best_of` > 1,
-`suffix`, a non-text `response_format`, ...) is a 400 naming it too, never dropped silently. `user` and `metadata`
+supplied: X", as OpenAI says), and a known field this server cannot honour (`echo`, `best_of` > 1, `suffix`, the
+deprecated `functions` / `function_call`, ...) is a 400 naming it too, never dropped silently. `user` and `metadata`
 are accepted: they label a request and change no answer.
+
+Tools and structured output (runtime.server.structured turns them into the engine's ToolUse and GrammarSpec):
+chat's `tools`, `tool_choice`, `parallel_tool_calls`; agent histories (`tool_calls` on assistant messages with
+`content` null, `role: "tool"` with `tool_call_id`, `name` on any message, `developer` as the system message);
+`response_format` (text, json_object, json_schema) on both endpoints, and this server's `regex` and `grammar`
+(EBNF: GBNF or Lark) beside it, at most one of the three. A bad tool, schema or message is a 400 whose `param` is
+its path (`tools.0.function.parameters.properties.x.type`).
 
 Input is bounded here, by pydantic constraints, before anything reaches the engine: numbers finite (NaN and
 Infinity refused everywhere) and in range, sizes and counts bounded (MAX_* below), strings and lists bounded in
@@ -41,6 +48,9 @@ MAX_PROMPT_IDS = 1 << 20  # token ids of one prompt
 MAX_LOGIT_BIAS = 300  # logit_bias entries, as OpenAI
 MAX_LABEL_CHARS = 256  # user, cache_salt, metadata keys; metadata values 512 (OpenAI's)
 MAX_TIMEOUT_S = 86_400.0
+MAX_TOOLS = 128  # tools of one request, as OpenAI
+MAX_TOOL_CALLS = 128  # tool calls of one assistant message
+MAX_GRAMMAR_CHARS = 1 << 17  # a regex or an EBNF grammar
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # a 64-bit seed
 TOKEN_ID_MAX = (1 << 31) - 1
 
@@ -79,12 +89,20 @@ class StreamOptions(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One message: a role and text content. `name`, `tool_calls` and the like change what the model should see
-    and this server's chat template cannot render them: they are refused (a null value counts as absent)."""
+    """One message as OpenAI (and agent frameworks) send it: a role, content (text, text parts, or null on an
+    assistant message that only calls tools), `name`, an assistant's `tool_calls`, a tool message's `tool_call_id`.
+    What the roles allow is checked when the history is rendered (runtime.tools.messages: a 400 naming
+    `messages.i.field`). A null value counts as absent; `refusal` null and `annotations` (citations of a reply,
+    nothing the model reads) are accepted and dropped."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | Annotated[list[dict[str, Any]], Field(max_length=MAX_MESSAGES)] | None = None
+    name: Label | None = None
+    tool_calls: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOL_CALLS)] | None = None
+    tool_call_id: Label | None = None
+    refusal: None = None
+    annotations: Annotated[list[Any], Field(max_length=MAX_MESSAGES)] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -93,18 +111,20 @@ class ChatMessage(BaseModel):
             return {k: v for k, v in data.items() if v is not None or k in ("role", "content")}
         return data
 
-    def text(self) -> str:
-        """The content as plain text: text parts joined; other part types are refused."""
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        parts = []
-        for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise APIError(400, f"unsupported content part type {part.get('type')!r}", param="messages")
-            if len(part["text"]) > MAX_TEXT_CHARS:
-                raise APIError(400, f"a text part has more than {MAX_TEXT_CHARS} characters", param="messages")
-            parts.append(part["text"])
-        return "".join(parts)
+    def as_dict(self, index: int) -> dict[str, Any]:
+        """The message for the chat template (runtime.tools.messages validates it): absent fields left out, text
+        parts bounded like text."""
+        if isinstance(self.content, list):
+            for j, part in enumerate(self.content):
+                if isinstance(part.get("text"), str) and len(part["text"]) > MAX_TEXT_CHARS:
+                    raise APIError(
+                        400,
+                        f"a text part has more than {MAX_TEXT_CHARS} characters",
+                        param=f"messages.{index}.content.{j}",
+                    )
+        out = self.model_dump(exclude_none=True, exclude={"refusal", "annotations"})
+        out["content"] = self.content
+        return out
 
 
 class _Common(BaseModel):
@@ -132,11 +152,9 @@ class _Common(BaseModel):
     timeout: float | None = Field(default=None, gt=0.0, le=MAX_TIMEOUT_S)
     retain: Literal["conversation"] | None = None
     retain_for: float | None = Field(default=None, ge=0.0, le=MAX_RETAIN_FOR_S, strict=True)  # not a bool, nor "30"
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
     response_format: dict[str, Any] | None = None
+    regex: str | None = Field(default=None, max_length=MAX_GRAMMAR_CHARS)  # this server's: output matches it
+    grammar: str | None = Field(default=None, max_length=MAX_GRAMMAR_CHARS)  # this server's: EBNF (GBNF or Lark)
 
     @field_validator("logit_bias")
     @classmethod
@@ -182,15 +200,9 @@ class _Common(BaseModel):
         return kw
 
     def refuse_unsupported(self) -> None:
-        if self.tools or self.functions:
-            param = "tools" if self.tools else "functions"
-            raise APIError(400, f"{param} are not supported by this server", param=param)
-        if self.tool_choice not in (None, "none"):
-            raise APIError(400, "tool_choice is not supported by this server", param="tool_choice")
-        if self.function_call not in (None, "none"):
-            raise APIError(400, "function_call is not supported by this server", param="function_call")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise APIError(400, "only response_format {'type': 'text'} is supported", param="response_format")
+        """Fields this server knows but cannot honour, or that make no sense together: a 400 naming each."""
+        if self.stream_options is not None and not self.stream:  # OpenAI refuses it too
+            raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
 
 
 class ChatCompletionRequest(_Common):
@@ -198,7 +210,11 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    parallel_tool_calls: bool | None = None
+    tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = Field(default=None, strict=True)
+    functions: list[Any] | None = None  # OpenAI's deprecated form of tools: refused, naming `tools` instead
+    function_call: Any = None
 
     def requested_tokens(self) -> int | None:
         """The completion length the caller asked for, if it did."""
@@ -217,8 +233,14 @@ class ChatCompletionRequest(_Common):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.parallel_tool_calls:
-            raise APIError(400, "parallel_tool_calls needs tools, which are not supported", param="parallel_tool_calls")
+        for legacy, now in (("functions", "tools"), ("function_call", "tool_choice")):
+            if getattr(self, legacy) is not None:
+                raise APIError(
+                    400,
+                    f"{legacy} is OpenAI's deprecated form of {now}, which this server does not take: send {now} "
+                    f"(its replies carry tool_calls, not function_call)",
+                    param=legacy,
+                )
 
 
 class CompletionRequest(_Common):
@@ -274,7 +296,7 @@ def _path(loc: Any) -> str | None:
     return ".".join(keep) or None
 
 
-_UNION_TAG = re.compile(r"(constrained-)?(str|int|float|bool|dict|list|function-\w+)(\[.*\])?")
+_UNION_TAG = re.compile(r"(constrained-)?(str|int|float|bool|dict|list|literal|function-\w+)(\[.*\])?")
 
 
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:

@@ -13,7 +13,7 @@ from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.server.errors import api_error_for
 from radixcache.runtime.server.leases import lease_usage
 
-_FINISH = {"stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop"}
+_FINISH = {"stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop", "tool_calls": "tool_calls"}
 
 
 def usage(prompt_tokens: int, results: Sequence[GenerationResult], n: int = 1) -> dict[str, Any]:
@@ -94,14 +94,14 @@ class Responder:
 
     # ------------------------------------------------------------------ whole responses
 
-    def _choice(self, i: int, text: str, finish: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    def _choice(
+        self, i: int, text: str, finish: str | None, logprobs: dict[str, Any] | None, calls: Sequence[Any] = ()
+    ) -> dict[str, Any]:
         if self.chat:
-            return {
-                "index": i,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish,
-            }
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:  # OpenAI's shape: content null when the reply is only calls
+                message = {"role": "assistant", "content": text or None, "tool_calls": [c.to_openai() for c in calls]}
+            return {"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish}
         return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def _envelope(self, kind: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -120,7 +120,7 @@ class Responder:
         choices = []
         for i, r in enumerate(results):
             lp = None if r.logprobs is None else self.logprobs(r.logprobs[: shown(r)])
-            choices.append(self._choice(i, r.text, _FINISH.get(r.finish_reason, "stop"), lp))
+            choices.append(self._choice(i, r.text, _FINISH.get(r.finish_reason, "stop"), lp, r.tool_calls))
         return self._envelope(self.kind, choices, usage=usage(self.prompt_tokens, results, self.n))
 
     def empty(self, choices: int) -> dict[str, Any]:
@@ -140,11 +140,13 @@ class Responder:
         finish: str | None,
         first: bool = False,
         logprobs: dict[str, Any] | None = None,
+        delta: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-            if text is not None:
-                delta["content"] = text
+            if delta is None:
+                delta = {"role": "assistant", "content": ""} if first else {}
+                if text is not None:
+                    delta["content"] = text
             choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             return self._envelope("chat.completion.chunk", [choice])
         return self._envelope(
@@ -161,7 +163,8 @@ class Responder:
     ) -> AsyncIterator[str]:
         """The SSE stream: a role chunk per choice (chat) at its first token, content deltas (with the logprobs of
         their tokens when asked for), a finish chunk per choice, the usage chunk when asked for, then
-        `data: [DONE]`. A failure mid-stream sends OpenAI's error object as an event, then `data: [DONE]`."""
+        `data: [DONE]`. With tools, the deltas are OpenAI's tool-call deltas (`_deltas`). A failure mid-stream sends
+        OpenAI's error object as an event, then `data: [DONE]`."""
         results: dict[int, GenerationResult] = {}
         started: set[int] = set()
         offsets: dict[int, int] = {}
@@ -174,7 +177,10 @@ class Responder:
                 lp = None
                 if want_logprobs and event.logprobs:
                     lp = self.logprobs(event.logprobs, offsets.get(i, 0))
-                if event.text or lp is not None:
+                if event.deltas is not None:
+                    for chunk in self._deltas(i, event.deltas, lp):
+                        yield _sse(chunk)
+                elif event.text or lp is not None:
                     yield _sse(self._chunk(i, event.text, None, logprobs=lp))
                 offsets[i] = offsets.get(i, 0) + len(event.text)
                 if event.result is not None:
@@ -199,6 +205,15 @@ class Responder:
             )
         metrics.requests_ok += 1
         yield "data: [DONE]\n\n"
+
+    def _deltas(self, i: int, deltas: Sequence[dict[str, Any]], lp: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """A chat with tools: one chunk per delta of the parser, as OpenAI streams calls: `{"content": text}`, then
+        per call `{"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments": ""}}]}` and
+        `{"tool_calls": [{"index", "function": {"arguments": piece}}]}`. The logprobs of the event's tokens ride on
+        its first chunk (an empty delta when the tokens completed none: a call's text held back to decide)."""
+        if not deltas:
+            return [] if lp is None else [self._chunk(i, None, None, logprobs=lp, delta={})]
+        return [self._chunk(i, None, None, logprobs=lp if j == 0 else None, delta=d) for j, d in enumerate(deltas)]
 
 
 def _sse(obj: dict[str, Any]) -> str:

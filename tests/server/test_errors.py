@@ -40,10 +40,12 @@ def test_malformed_json_is_400(server) -> None:
         ({"model": "tiny", "messages": OK_MESSAGES, "top_logprobs": 2}, "top_logprobs"),  # without logprobs
         ({"model": "tiny", "messages": OK_MESSAGES, "top_logprobs": 21}, "top_logprobs"),
         ({"model": "tiny", "messages": OK_MESSAGES, "frobnicate": 1}, "frobnicate"),  # unknown: never ignored
-        ({"model": "tiny", "messages": OK_MESSAGES, "tools": [{"type": "function"}]}, "tools"),
-        ({"model": "tiny", "messages": OK_MESSAGES, "tool_choice": "auto"}, "tool_choice"),
-        ({"model": "tiny", "messages": OK_MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
-        ({"model": "tiny", "messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages.0.name"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "tools": [{"type": "function"}]}, "tools.0.function"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "tool_choice": "auto"}, "tool_choice"),  # without tools
+        ({"model": "tiny", "messages": OK_MESSAGES, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "response_format": {"type": "xml"}}, "response_format.type"),
+        ({"model": "tiny", "messages": [{"role": "tool", "content": "x"}]}, "messages.0.tool_call_id"),
+        ({"model": "tiny", "messages": OK_MESSAGES, "stream_options": {"include_usage": True}}, "stream_options"),
         ({"model": "tiny", "messages": OK_MESSAGES, "logit_bias": {"abc": 1}}, "logit_bias"),
         ({"model": "tiny", "messages": OK_MESSAGES, "logit_bias": {"5": 101}}, "logit_bias"),
         ({"model": "tiny", "messages": OK_MESSAGES, "presence_penalty": 3}, "presence_penalty"),

@@ -1,0 +1,86 @@
+"""A body's tools and structured-output fields as the engine takes them, and its chat history rendered with them.
+
+- `grammar_of(body)`: the `GrammarSpec` of `response_format` (json_object, json_schema with `strict`), `regex` or
+  `grammar` (EBNF: GBNF or Lark), at most one of them; None for none or `{"type": "text"}`.
+- `tool_use_of(body)`: the `ToolUse` of `tools`, `tool_choice` and `parallel_tool_calls` (None without tools), every
+  tool's `parameters` checked as a schema whatever the choice, so a bad one is refused even under "auto".
+- `render_chat(engine, messages, use)`: the prompt text, by the model's chat template with the tools and the
+  engine's memory of the calls its model wrote (so a replayed call is the very tokens the cache holds).
+- `bad_request(exc)`: a `ToolInputError` or `GrammarError` (ValueErrors that name a path, from here or from the
+  engine when it compiles the grammar) as a 400 whose `param` is that path in this server's dotted form
+  (`tools[1].function.name` -> `tools.1.function.name`, as pydantic's paths are written).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.schema_check import check_schema
+from radixcache.runtime.grammar.spec import GrammarSpec
+from radixcache.runtime.server.protocol import APIError
+from radixcache.runtime.tools.errors import ToolInputError
+from radixcache.runtime.tools.use import ToolUse
+
+_INDEX = re.compile(r"\[(\d+)\]")
+CONSTRAINTS = ("response_format", "regex", "grammar")
+
+
+def param_path(path: str) -> str:
+    """`messages[2].tool_calls[0].id` -> `messages.2.tool_calls.0.id`."""
+    return _INDEX.sub(r".\1", path)
+
+
+def bad_request(exc: ToolInputError | GrammarError) -> APIError:
+    return APIError(400, str(exc), param=param_path(exc.path))
+
+
+def grammar_of(body: Any) -> GrammarSpec | None:
+    """The one output constraint a body asks for, or None; two of them are a 400 naming the second."""
+    given = [name for name in CONSTRAINTS if getattr(body, name, None) is not None]
+    if body.response_format is not None and body.response_format.get("type") == "text" and len(given) > 1:
+        given.remove("response_format")  # text is no constraint: a regex beside it is fine
+    if len(given) > 1:
+        raise APIError(400, f"give at most one of {', '.join(given)}: each constrains the whole output", param=given[1])
+    try:
+        if body.regex is not None:
+            return GrammarSpec.regex(body.regex, path="regex")
+        if body.grammar is not None:
+            return GrammarSpec.ebnf(body.grammar, path="grammar")
+        if body.response_format is not None:
+            return GrammarSpec.from_response_format(body.response_format)
+    except GrammarError as exc:
+        raise bad_request(exc) from None
+    return None
+
+
+def tool_use_of(body: Any) -> ToolUse | None:
+    """The request's tools (None when it gives none and tool_choice is absent or "none")."""
+    if not body.tools and body.tool_choice not in (None, "none"):  # OpenAI refuses it too: nothing to choose from
+        raise APIError(400, "tool_choice is only allowed when tools are given", param="tool_choice")
+    try:
+        use = ToolUse.of(body.tools, body.tool_choice, body.parallel_tool_calls)
+        for i, tool in enumerate(use.tools if use is not None else ()):
+            check_schema(tool.parameters, f"tools[{i}].function.parameters")
+    except (ToolInputError, GrammarError) as exc:
+        raise bad_request(exc) from None
+    return use
+
+
+def render_chat(engine: Any, messages: Sequence[dict[str, Any]], use: ToolUse | None) -> str:
+    """The prompt of a chat request: the template renders the history (tool turns included) and the tools."""
+    render = engine.tokenizer.apply_chat_template
+    kw: dict[str, Any] = {}
+    if "tool_memory" in inspect.signature(render).parameters:
+        kw = {"tools": use.tools if use is not None else None, "tool_memory": getattr(engine, "tool_memory", None)}
+    elif use is not None:
+        raise APIError(400, "this model's tokenizer cannot render tools", param="tools")
+    try:
+        return render(list(messages), add_generation_prompt=True, **kw)
+    except ToolInputError as exc:  # a message the runtime cannot render (ChatMessageError): its path
+        raise bad_request(exc) from None
+    except Exception as exc:  # a template that rejects this conversation (say, roles out of order)
+        raise APIError(400, f"the chat template refused these messages: {exc}", param="messages") from None
