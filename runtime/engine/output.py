@@ -160,7 +160,15 @@ class OutputProcessor:
         use = req.tool_use
         if use is None or not use.parses_calls or req.call_ids is None or req.error is not None:
             return result
-        return with_tool_calls(result, use, self.tool_features, req.call_ids, self.tool_memory)
+        return with_tool_calls(result, use, self.tool_features, req.call_ids, self.tool_memory, self._emitted_ids(req))
+
+    def _emitted_ids(self, req: Request) -> tuple[int, ...]:
+        """The ids the model emitted for its result's text: the output without the stop token that ended it; none
+        when a stop string cut the text (its ids would not decode to it)."""
+        if req.stop_at is not None:
+            return ()
+        out = req.output_ids
+        return tuple(out[:-1] if self._ends_with_stop_token(req) else out)
 
     def raw_text(self, req: Request) -> str:
         """The text of a request's output: without the stop token that ended it, cut before a stop string (tool

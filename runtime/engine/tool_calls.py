@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from radixcache.runtime.grammar import GrammarSpec
@@ -54,13 +55,19 @@ def tool_parser(use: ToolUse, features: TemplateFeatures, ids: CallIds) -> ToolC
 
 
 def with_tool_calls(
-    result: GenerationResult, use: ToolUse, features: TemplateFeatures, ids: CallIds, memory: ToolCallMemory
+    result: GenerationResult,
+    use: ToolUse,
+    features: TemplateFeatures,
+    ids: CallIds,
+    memory: ToolCallMemory,
+    emitted_ids: Sequence[int] = (),
 ) -> GenerationResult:
-    """`result` with its calls parsed (see the module docstring); unchanged when there are none."""
+    """`result` with its calls parsed (see the module docstring); unchanged when there are none. `emitted_ids`: the
+    token ids of `result.text` as the model emitted them, remembered with the text (empty when not known)."""
     parsed = parse_tool_calls(result.text, use.tools, features.format, new_id=ids.sequence())
     if not parsed.tool_calls:
         return result
-    memory.remember(parsed.tool_calls, parsed.raw)
+    memory.remember(parsed.tool_calls, parsed.raw, emitted_ids if parsed.raw == result.text else ())
     return dataclasses.replace(
         result,
         text=parsed.content or "",

@@ -29,6 +29,7 @@ from radixcache.runtime.tools import (
     template_features,
     template_messages,
 )
+from radixcache.runtime.tools.known_tokens import PromptText, encode_with_known, with_known_spans
 
 
 class Tokenizer:
@@ -113,7 +114,15 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`. Special-token text (e.g. "<|im_start|>") maps to its id. BOS is prepended when
-        the model asks for it and `add_special_tokens`, unless the text already starts with it."""
+        the model asks for it and `add_special_tokens`, unless the text already starts with it. A `PromptText`
+        (from `apply_chat_template`) keeps the ids the model emitted for its known spans (runtime.tools.known_tokens).
+        """
+        if isinstance(text, PromptText) and text.known:
+            return encode_with_known(
+                text,
+                lambda piece, first: self.encode(piece, add_special_tokens and first),
+                lambda ids: self.decode(ids, skip_special_tokens=False),
+            )
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos and ids[:1] != [self.bos_token_id]:
             ids.insert(0, self.bos_token_id)
@@ -164,8 +173,9 @@ class Tokenizer:
         Messages may be agent histories (radixcache.runtime.tools.messages: tool calls, tool results, `name`, the
         developer role as the system message). `tools` (OpenAI's function format, or `ToolSpec`s) are rendered by
         the template when it reads a `tools` variable, else in the generic format (radixcache.runtime.tools.render);
-        `tool_memory` gives the exact text the model emitted for the calls it made. A bad message or tool raises
-        `ChatMessageError` naming the field."""
+        `tool_memory` gives the exact text the model emitted for the calls it made, and the result is then a
+        `PromptText` carrying the ids it emitted them as, where known, so `encode` gives back those very tokens. A bad
+        message or tool raises `ChatMessageError` naming the field."""
         source = chat_template or self.chat_template
         try:
             history = normalize_messages(messages)
@@ -177,13 +187,17 @@ class Tokenizer:
             "bos_token": self._token_text(self.bos_token_id),
             "eos_token": self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
         }
-        return render_chat_template(
+        text = render_chat_template(
             source,
             rendered,
             add_generation_prompt=add_generation_prompt,
             model=self.name,
             **{**special, **extra, **variables},
         )
+        if tool_memory is None:
+            return text
+        emitted = [tool_memory.lookup_emitted(m.tool_calls) for m in history if m.role == "assistant" and m.tool_calls]
+        return with_known_spans(text, [e for e in emitted if e is not None])
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else self.backend.id_to_token(token_id) or ""

@@ -10,7 +10,8 @@ parsed back out of its output.
 
 Modules: `errors` (ToolInputError, naming the field), `specs` (tools and tool_choice), `messages` (histories),
 `features` (what a template knows), `render` (messages and variables for the template; the generic format),
-`memory` (the text the model emitted, by call ids), `scan` and `parse` (calls out of output, streamed or whole),
+`memory` (the text the model emitted, by call ids, and its token ids), `known_tokens` (prompt text that carries
+those ids), `scan` and `parse` (calls out of output, streamed or whole),
 `schema` (the JSON schema a tool_choice allows), `use` (`ToolUse`: a request's tools, tool_choice and
 parallel_tool_calls, as `RequestOptions.tool_use` carries them). Pure Python: no torch.
 """

@@ -1,5 +1,6 @@
 """The exact text the model emitted for its tool calls, by call ids, so a history that replays the calls (as
-OpenAI clients do: ids, names, arguments, no text) is rendered with the tokens the model generated.
+OpenAI clients do: ids, names, arguments, no text) is rendered with the tokens the model generated: the text, and
+where known the token ids it was emitted as (runtime.tools.known_tokens splices them into the next prompt).
 
 Bounded (least recently used dropped first) and thread-safe. A lookup returns the text only when every call
 matches one remembered by id, name and arguments (as JSON values), so a client cannot inject text by reusing ids.
@@ -19,34 +20,40 @@ class ToolCallMemory:
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, got {max_entries}")
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[str, ...], tuple[str, tuple[ToolCall, ...]]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, ...], tuple[str, tuple[ToolCall, ...], tuple[int, ...]]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def remember(self, calls: Sequence[ToolCall], raw_text: str) -> None:
-        """Remember that the model wrote `raw_text` (without the stop token) for `calls`."""
+    def remember(self, calls: Sequence[ToolCall], raw_text: str, token_ids: Sequence[int] = ()) -> None:
+        """Remember that the model wrote `raw_text` (without the stop token) for `calls`, as `token_ids` when given
+        (the ids that decode to exactly `raw_text`)."""
         if not calls:
             return
         key = tuple(c.id for c in calls)
         with self._lock:
-            self._entries[key] = (raw_text, tuple(calls))
+            self._entries[key] = (raw_text, tuple(calls), tuple(token_ids))
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
 
     def lookup(self, calls: Sequence[ToolCall]) -> str | None:
         """The remembered text for exactly these calls, or None."""
+        found = self.lookup_emitted(calls)
+        return None if found is None else found[0]
+
+    def lookup_emitted(self, calls: Sequence[ToolCall]) -> tuple[str, tuple[int, ...]] | None:
+        """(text, token ids; empty when not known) remembered for exactly these calls, or None."""
         key = tuple(c.id for c in calls)
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
                 return None
             self._entries.move_to_end(key)
-        raw, known = entry
+        raw, known, ids = entry
         try:
             same = len(known) == len(calls) and all(a.same_call(b) for a, b in zip(known, calls, strict=True))
         except ValueError:
             return None
-        return raw if same else None
+        return (raw, ids) if same else None
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -2,8 +2,9 @@
 answer, encode(prompt_N) + the tokens the model emitted (its text and the end-of-turn token) is a prefix of
 encode(prompt_N+1), for the tiny checkpoint's tokenizer and SmolLM2's (generic format), and for a Hermes-style
 template that renders tools itself. The history is replayed as an OpenAI client does (ids, names, arguments, null
-content); the ToolCallMemory restores the exact text when the model's JSON was not in canonical form, and without
-it such a turn is (as expected) not a prefix."""
+content); the ToolCallMemory restores the exact text when the model's JSON was not in canonical form, and the exact
+token ids when the model emitted its text in a split the tokenizer would not make; without it such a turn is (as
+expected) not a prefix."""
 
 from __future__ import annotations
 
@@ -46,8 +47,17 @@ HERMES = (
 RESULTS = ['{"temp": 21}', "3", "12:00", '{"temp": 5}']
 
 
-def agent_loop(tok, specs, outputs, *, memory, chat_template=None, system=True):
-    """Runs the loop; returns [(prompt ids, emitted ids)] per step and the final prompt ids."""
+def split_ids(tok, raw: str) -> list[int]:
+    """A tokenization of `raw` that is not the canonical one: each run of 3 characters encoded alone (as a model
+    under a grammar may emit `"` then `}}` where encoding the text gives `"}` then `}`)."""
+    ids = [t for i in range(0, len(raw), 3) for t in tok.encode(raw[i : i + 3], add_special_tokens=False)]
+    assert tok.decode(ids, skip_special_tokens=False) == raw
+    return ids
+
+
+def agent_loop(tok, specs, outputs, *, memory, chat_template=None, system=True, noncanonical=False, tell_ids=True):
+    """Runs the loop; returns [(prompt ids, emitted ids)] per step and the final prompt ids. `noncanonical`: the
+    model emits each call text as `split_ids` gives it, and the memory is told those ids if `tell_ids`."""
     fmt = template_features(chat_template or tok.chat_template).format
     history = [{"role": "system", "content": "You are terse."}] if system else []
     history.append({"role": "user", "content": "Weather in Paris, then 1+2 and the time, then Zürich?"})
@@ -56,7 +66,8 @@ def agent_loop(tok, specs, outputs, *, memory, chat_template=None, system=True):
         prompt = tok.encode(
             tok.apply_chat_template(history, tools=specs, tool_memory=memory, chat_template=chat_template)
         )
-        emitted = [*tok.encode(raw, add_special_tokens=False), tok.eos_token_ids[0]]
+        text_ids = split_ids(tok, raw) if noncanonical else tok.encode(raw, add_special_tokens=False)
+        emitted = [*text_ids, tok.eos_token_ids[0]]
         steps.append((prompt, emitted))
         parsed = parse_tool_calls(raw, specs, fmt)
         if n == len(outputs):
@@ -64,7 +75,7 @@ def agent_loop(tok, specs, outputs, *, memory, chat_template=None, system=True):
             break
         assert parsed.tool_calls, raw
         if memory is not None:
-            memory.remember(parsed.tool_calls, parsed.raw)
+            memory.remember(parsed.tool_calls, parsed.raw, text_ids if noncanonical and tell_ids else ())
         history.append(json.loads(json.dumps(parsed.message())))  # what a client sends back
         history += [{"role": "tool", "tool_call_id": c.id, "content": RESULTS[n]} for c in parsed.tool_calls]
     return steps
@@ -108,3 +119,37 @@ def test_hermes_template_agent_loop_prompts_extend_each_other(tiny_tokenizer, sp
     assert_each_step_extends_the_last(steps)
     first = tiny_tokenizer.decode(steps[0][0], skip_special_tokens=False)
     assert '"name": "get_weather"' in first and "# Tools" not in first  # the template rendered the tools itself
+
+
+@pytest.mark.parametrize("outputs", [CANONICAL, FREEFORM], ids=["canonical", "freeform"])
+def test_calls_emitted_as_a_noncanonical_split_are_replayed_as_those_tokens(tiny_tokenizer, specs, outputs) -> None:
+    steps = agent_loop(tiny_tokenizer, specs, outputs, memory=ToolCallMemory(), noncanonical=True)
+    assert_each_step_extends_the_last(steps)
+
+
+def test_smollm2_calls_emitted_as_a_noncanonical_split_are_replayed_as_those_tokens(smollm2_tokenizer, specs):
+    # SmolLM2's tokenizer loads in well under a second (no weights): this runs in the quick path too.
+    steps = agent_loop(smollm2_tokenizer, specs, CANONICAL, memory=ToolCallMemory(), noncanonical=True)
+    assert_each_step_extends_the_last(steps)
+
+
+def test_without_the_ids_a_noncanonical_split_is_not_a_prefix(smollm2_tokenizer, specs) -> None:
+    tok = smollm2_tokenizer
+    assert all(split_ids(tok, raw) != tok.encode(raw, add_special_tokens=False) for raw in CANONICAL)
+    steps = agent_loop(tok, specs, CANONICAL, memory=ToolCallMemory(), noncanonical=True, tell_ids=False)
+    with pytest.raises(AssertionError, match="does not extend"):
+        assert_each_step_extends_the_last(steps)
+
+
+def test_ids_that_do_not_decode_to_the_span_are_ignored(tiny_tokenizer) -> None:
+    from radixcache.runtime.tools.known_tokens import KnownSpan, PromptText
+
+    tok = tiny_tokenizer
+    text = "hello tool world"
+    wrong = PromptText(text, [KnownSpan(6, 10, tuple(tok.encode("nope", add_special_tokens=False)))])
+    assert tok.encode(wrong) == tok.encode(text)
+    right_ids = split_ids(tok, "tool")
+    right = PromptText(text, [KnownSpan(6, 10, tuple(right_ids))])
+    ids = tok.encode(right)
+    assert tok.decode(ids, skip_special_tokens=False).endswith(text)
+    assert right_ids == ids[len(tok.encode(text[:6])) :][: len(right_ids)]
