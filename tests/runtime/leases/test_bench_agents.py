@@ -48,6 +48,11 @@ def test_tiny_agents_keep_their_context_with_leases() -> None:
 @pytest.mark.xdist_group("smollm2_agents")
 def test_smollm2_agents_keep_their_context_with_leases(smollm2: Any) -> None:
     bench = _bench()
-    small = "--agents 8 --tasks 1 --steps 4 --shared 600 --background-tokens 128"
-    args = bench.parse([*small.split(), "--threads", "1"])
-    _check(bench.run_bench(smollm2, args, smollm2.config.vocab_size, out=lambda _: None))
+    # Smaller than the documented run (8 agents, 1,200 shared tokens: docs/agents.md) to keep the default test run
+    # short (about a minute here where that took four): 6 agents in a pool of 2 contexts, where LRU alone loses
+    # some resumed contexts (7 of 12 kept >= 95% when measured) and leases keep every one.
+    small = "--agents 6 --tasks 1 --steps 3 --shared 300 --task-tokens 30 --reply 8 --background-tokens 64"
+    args = bench.parse([*small.split(), "--background-every", "4", "--pool-contexts", "2", "--threads", "1"])
+    rows = bench.run_bench(smollm2, args, smollm2.config.vocab_size, out=lambda _: None)
+    _check(rows)
+    assert rows[1]["at_least_95"] < rows[1]["resumed"]
