@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 
 from radixcache.cli.progress import progress_bar
+from radixcache.cli.simulate_leases import run_leases
 from radixcache.cli.simulate_routed import check_routing_flags, simulate_routed
 from radixcache.cli.simulate_tables import print_comparison, print_json, print_report
 from radixcache.errors import RadixCacheError
@@ -151,6 +152,20 @@ from radixcache.trace.workload import load_workload
     "intervals (reuse) then measures trace time. Every other policy's order, and so its figures, stay the same.",
 )
 @click.option(
+    "--leases",
+    is_flag=True,
+    help="Replay the trace's lease hints (retain_for, as --record-trace writes them): each hinted request's pages "
+    "are held that long after it ends, on the trace clock; without and with leases, for --policy or each of "
+    "--policies. Reads the trace in memory.",
+)
+@click.option(
+    "--lease-budget",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="With --leases: the share of the capacity leases may hold; past it the oldest gives way.",
+)
+@click.option(
     "--read-ahead/--no-read-ahead",
     default=None,
     help="Read a streamed trace in a second process while this one replays [default: on for hash traces of "
@@ -187,6 +202,8 @@ def simulate(
     in_memory: bool,
     honor_timestamps: bool,
     read_ahead: bool | None,
+    leases: bool,
+    lease_budget: float,
 ) -> None:
     """Replay TRACE through the radix tree at a capacity and eviction policy, without a model.
 
@@ -214,6 +231,15 @@ def simulate(
     """
     if (capacity_blocks is None) == (capacity_tokens is None):
         raise click.UsageError("give exactly one of --capacity-blocks and --capacity-tokens")
+    if leases:
+        try:
+            names = policy_names(policies_spec) if policies_spec else [policy]
+        except RadixCacheError as exc:
+            raise click.UsageError(str(exc)) from None
+        run_leases(trace, fmt, page_size, block_size, capacity_blocks, capacity_tokens, names, lease_budget)
+        return
+    if lease_budget != 0.5:
+        raise click.UsageError("--lease-budget is for --leases")
     ctx = click.get_current_context()
     routing = {"--router": router, "--decode-ms-per-token": decode_ms_per_token, "--rate": rate, "--arrivals": arrivals}
     if replicas is None:

@@ -29,7 +29,8 @@ from radixcache.trace.workload import SimRequest
 
 
 class LeaseReplay(CacheReplay):
-    """A CacheReplay that holds each request's pages for its lease hint (`hints[i]` seconds, None for none)."""
+    """A CacheReplay that holds each request's pages for its lease hint (`hints[i]` seconds, None for none; past the
+    end of `hints`, the request's own `retain_for`, as a recorded trace gives it)."""
 
     def __init__(
         self,
@@ -67,7 +68,7 @@ class LeaseReplay(CacheReplay):
     def feed(self, index: int, request: SimRequest) -> None:
         self._now = request.timestamp_ms
         self._release(lambda deadline: deadline <= request.timestamp_ms, expired=True)
-        hint = self.hints[index] if index < len(self.hints) else None
+        hint = self.hints[index] if index < len(self.hints) else request.retain_for
         if self.hint is not None:
             self.hint(hint)
         before = self.hit_blocks

@@ -111,6 +111,7 @@ class TraceSource:
                     line.session_id,
                     line.output_length or 0,
                     line.finish_timestamp,
+                    line.retain_for,
                 )
                 yield str(lineno), request
         elif self.format == TOKEN_JSONL:
@@ -126,6 +127,7 @@ class TraceSource:
                         1,
                         line.namespace,
                         line.session,
+                        retain_for=line.retain_for,
                     ),
                 )
         else:
@@ -142,6 +144,7 @@ def _token_request(r: object) -> SimRequest:
         1,
         r.namespace,  # type: ignore[attr-defined]
         r.session,  # type: ignore[attr-defined]
+        retain_for=r.retain_for,  # type: ignore[attr-defined]
     )
 
 

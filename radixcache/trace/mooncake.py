@@ -35,7 +35,7 @@ class HashRequest:
 
     The optional fields come from a recorded trace: `block_size` as the line gives it, `output_hash_ids` the pages
     the engine's tree got past the prompt's whole pages (None when the line has none), `session_id` its session,
-    `finish_timestamp_ms` when it left the engine.
+    `finish_timestamp_ms` when it left the engine, `retain_for` its lease hint in seconds (runtime.kv.leases).
     """
 
     timestamp_ms: float
@@ -46,6 +46,7 @@ class HashRequest:
     output_hash_ids: tuple[int, ...] | None = None
     session_id: str | None = None
     finish_timestamp_ms: float | None = None
+    retain_for: float | None = None
 
     def block_tokens(self, index: int, block_size: int) -> int:
         """Tokens of block `index`: block_size, except the last, which holds what input_length leaves."""
@@ -142,6 +143,7 @@ def iter_mooncake(path: str | Path, block_size: int | None = None) -> Iterator[H
             output_hash_ids=line.output_hash_ids,
             session_id=line.session_id,
             finish_timestamp_ms=line.finish_timestamp,
+            retain_for=line.retain_for,
         )
 
 
@@ -182,7 +184,16 @@ def _read_line(name: str, lineno: int, raw: bytes, sizes: BlockSizes) -> Mooncak
         session_id=fields.text("session_id", None),
         block_size=block if fields.record.get("block_size") is not None else None,  # checked by sizes.read
         finish_timestamp=fields.number("finish_timestamp", None),
+        retain_for=_retain_for(fields),
     )
+
+
+def _retain_for(fields: FieldReader) -> float | None:
+    """The lease hint: seconds in [0, 1e9], or None (as token traces check it)."""
+    value = fields.number("retain_for", None)
+    if value is not None and not 0 <= value <= 1e9:
+        fields.fail(f"must be a finite number of seconds in [0, 1e9], got {value!r}", "retain_for")
+    return value
 
 
 def hash_request_to_dict(request: HashRequest) -> dict[str, Any]:
@@ -200,6 +211,8 @@ def hash_request_to_dict(request: HashRequest) -> dict[str, Any]:
         out["session_id"] = request.session_id
     if request.finish_timestamp_ms is not None:
         out["finish_timestamp"] = request.finish_timestamp_ms
+    if request.retain_for is not None:
+        out["retain_for"] = request.retain_for
     return out
 
 

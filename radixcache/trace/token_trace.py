@@ -99,6 +99,7 @@ class TokenArrays(NamedTuple):
     session: str | None
     namespace: str | None
     output_tokens: array | None
+    retain_for: float | None = None
 
 
 def iter_token_arrays(path: str | Path) -> Iterator[tuple[int, TokenArrays]]:
@@ -131,6 +132,7 @@ def iter_token_arrays(path: str | Path) -> Iterator[tuple[int, TokenArrays]]:
                     careful.session,
                     careful.namespace,
                     None if output is None else as_token_array(output),
+                    careful.retain_for,
                 )
             if line.output_tokens is not None and len(line.output_tokens) != line.output_length:
                 problem = f"has {len(line.output_tokens)} tokens but output_length is {line.output_length}"
@@ -158,7 +160,7 @@ def _plain_line(parser: Any, raw: bytes) -> TokenArrays | None:
         output_length = doc.get("output_length")
         session, namespace = doc.get("session"), doc.get("namespace")
         has_output = doc.get("output_tokens") is not None
-        retain_for = doc.get("retain_for")  # not carried by TokenArrays, but checked as the careful reader does
+        retain_for = doc.get("retain_for")  # checked as the careful reader does
         if not (
             (retain_for is None or (type(retain_for) in (int, float) and 0 <= retain_for <= 1e9))
             and (
@@ -176,7 +178,7 @@ def _plain_line(parser: Any, raw: bytes) -> TokenArrays | None:
         output = _ids(doc, "output_tokens") if has_output else None
         if tokens is None or (has_output and output is None):
             return None
-        return TokenArrays(timestamp, tokens, output_length, session, namespace, output)
+        return TokenArrays(timestamp, tokens, output_length, session, namespace, output, retain_for)
     finally:
         del doc  # the parser is reused for the next line only once nothing refers to this one
 

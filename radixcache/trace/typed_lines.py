@@ -39,6 +39,9 @@ class MooncakeLine(msgspec.Struct, frozen=True):
     session_id: str | None = None
     block_size: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)] | None = None
     finish_timestamp: Timestamp | None = None
+    retain_for: Annotated[int, msgspec.Meta(ge=0, le=10**9)] | Annotated[float, msgspec.Meta(ge=0, le=1e9)] | None = (
+        None
+    )
 
 
 class TokenLine(msgspec.Struct, frozen=True):

@@ -43,6 +43,7 @@ class SimRequest(NamedTuple):
     # When it left the engine that ran it (a recorded trace's finish_timestamp): the replay then finishes it at that
     # time, whatever its `concurrency` (radixcache.sim.inflight); None: after `concurrency` later arrivals.
     finish_ms: float | None = None
+    retain_for: float | None = None  # the request's lease hint in seconds (radixcache.sim.lease_replay), if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,7 @@ def token_workload(requests: Iterable[TokenRequest], page_size: int = 1) -> Work
             1,
             r.namespace,
             r.session,
+            retain_for=r.retain_for,
         )
         for r in requests
     ]
@@ -100,6 +102,7 @@ def hash_sim_request(
     session: str | None = None,
     output_tokens: int | None = None,
     finish_ms: float | None = None,
+    retain_for: float | None = None,
 ) -> SimRequest:
     """One hash-trace request as the simulator replays it (`output_tokens`: its output_length, a feature the
     `reuse` policy learns from).
@@ -112,7 +115,17 @@ def hash_sim_request(
     """
     if output_hash_ids is None:
         return SimRequest(
-            timestamp_ms, hash_ids, (), input_length, block_size, None, session, output_tokens, False, finish_ms
+            timestamp_ms,
+            hash_ids,
+            (),
+            input_length,
+            block_size,
+            None,
+            session,
+            output_tokens,
+            False,
+            finish_ms,
+            retain_for,
         )
     whole = input_length // block_size
     looked_up = max(0, input_length - 1) // block_size
@@ -120,7 +133,17 @@ def hash_sim_request(
     # While it ran, the engine also held the page it was still writing (its partial last page): holds_tail.
     looked = hash_ids[:looked_up]
     return SimRequest(
-        timestamp_ms, looked, output, input_length, block_size, None, session, output_tokens, True, finish_ms
+        timestamp_ms,
+        looked,
+        output,
+        input_length,
+        block_size,
+        None,
+        session,
+        output_tokens,
+        True,
+        finish_ms,
+        retain_for,
     )
 
 
@@ -152,6 +175,7 @@ def hash_workload(requests: Iterable[HashRequest], block_size: int = DEFAULT_BLO
                 r.session_id,
                 r.output_length,
                 r.finish_timestamp_ms,
+                r.retain_for,
             )
         )
     return Workload(_arrival_order(sim), 1, block_size if declared is None else declared, "hash")

@@ -33,6 +33,7 @@ requests = st.builds(
     st.one_of(st.none(), st.integers(0, 99)),
     st.booleans(),
     st.one_of(st.none(), st.floats(0, 1e6)),
+    st.one_of(st.none(), st.floats(0, 1e9)),  # retain_for
 )
 
 
