@@ -16,6 +16,8 @@ import pytest
 
 from tests.server.tool_defs import SCHEMAS, closed, response_format
 
+pytestmark = pytest.mark.xdist_group("structured_openai")  # its module-scoped server, started once
+
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir, launch):

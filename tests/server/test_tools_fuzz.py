@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from tests.server.tool_defs import TOOLS
 
+pytestmark = pytest.mark.xdist_group("tools_fuzz")  # its module-scoped server, started once
+
 NAMES = st.sampled_from(["add", "weather", "now", "f", "", "has space", "x" * 65, "ünï"])
 JUNK = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-1e3, 1e3, allow_nan=False) | st.text(max_size=6),

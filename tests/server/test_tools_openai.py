@@ -14,6 +14,8 @@ import pytest
 
 from tests.server.tool_defs import TOOLS, check_calls
 
+pytestmark = pytest.mark.xdist_group("tools_openai")  # its module-scoped server, started once
+
 PAGE = 16  # serve's default --page-size
 ASK = "Use a tool to answer: what is 2 + 3, and how warm is Oslo?"
 
