@@ -1,9 +1,10 @@
 """Tools in the engine: the grammar a request's tool_choice implies, and its result's calls parsed out.
 
 - `request_grammar`: "required" and a named tool_choice run under the JSON schema of the calls
-  (runtime.tools.schema.tool_call_schema), in the generic format (templates with their own call syntax are not
-  constrained), every object with `properties` closed to other keys unless it says `additionalProperties`; "auto"
-  and "none" run under the request's own grammar (`response_format`), if any.
+  (runtime.tools.schema.tool_call_schema) in the generic and native formats, or under a Lark grammar of
+  `<tool_call>` tags each around one call's JSON in the Hermes format (`hermes_tool_grammar`), every object with
+  `properties` closed to other keys unless it says `additionalProperties`; "auto" and "none" run under the
+  request's own grammar (`response_format`), if any.
 - `with_tool_calls`: the result of a request whose tool_choice is not "none", with its calls parsed from its text
   (runtime.tools.parse, in the template's format), `text` the content outside the calls ("" when there is none:
   OpenAI's `content: null`), finish_reason "tool_calls" when there are calls and generation ended by itself
@@ -24,6 +25,7 @@ from radixcache.runtime.grammar.compiler import closed_objects
 from radixcache.runtime.grammar.schema_check import check_schema
 from radixcache.runtime.tools import ToolCallMemory, ToolCallParser, parse_tool_calls, tool_call_schema
 from radixcache.runtime.tools.features import TemplateFeatures
+from radixcache.runtime.tools.schema import hermes_tool_grammar
 from radixcache.runtime.tools.use import CallIds, ToolUse
 
 if TYPE_CHECKING:
@@ -38,16 +40,28 @@ def request_grammar(options: RequestOptions, features: TemplateFeatures) -> Gram
     use = options.tool_use
     if use is None or use.choice.mode not in ("required", "function"):
         return options.grammar
-    schema = tool_call_schema(use.tools, use.choice, parallel_tool_calls=use.parallel_tool_calls, features=features)
+    parallel = use.parallel_tool_calls
+    if features.format == "hermes":
+        grammar = hermes_tool_grammar(use.tools, use.choice, parallel_tool_calls=parallel, close=closed_objects)
+        if grammar is None:
+            return options.grammar
+        _check_parameters(use)
+        return GrammarSpec.ebnf(grammar, path="tools")
+    schema = tool_call_schema(use.tools, use.choice, parallel_tool_calls=parallel, features=features)
     if schema is None:
         return options.grammar
-    for i, tool in enumerate(use.tools):
-        if use.choice.mode == "required" or tool.name == use.choice.name:
-            check_schema(tool.parameters, f"tools[{i}].function.parameters")
+    _check_parameters(use)
     # Arguments admit only the declared properties, whatever a tool's `strict` (a small model left free to add keys
     # writes them without end); `strict` decides whether a keyword the grammar cannot enforce is an error.
     strict = all(t.strict for t in use.tools)
     return GrammarSpec.json_schema(closed_objects(schema), strict=strict, path="tools")
+
+
+def _check_parameters(use: ToolUse) -> None:
+    """GrammarError naming `tools[i].function.parameters...` for a called tool's bad schema."""
+    for i, tool in enumerate(use.tools):
+        if use.choice.mode == "required" or tool.name == use.choice.name:
+            check_schema(tool.parameters, f"tools[{i}].function.parameters")
 
 
 def tool_parser(use: ToolUse, features: TemplateFeatures, ids: CallIds) -> ToolCallParser:

@@ -8,14 +8,15 @@
   grammar instead (llguidance's `%json`), for a caller that wants auto constrained: either the calls object of
   "required", or text that does not start with `{` or whitespace. "none": None, and the output is not parsed for
   calls.
-The schema is only for the generic format; templates that render tools themselves get None (their call syntax is
-the template's own).
+The schema is for the generic format and for templates that render tools themselves but write no call tags
+("native": the parser reads the same JSON). Templates whose calls are `<tool_call>` tags ("hermes") get None here:
+`hermes_tool_grammar` gives their calls as a Lark grammar, each tag around the JSON of one call.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixcache.runtime.tools.features import TemplateFeatures
@@ -40,18 +41,11 @@ def tool_call_schema(
     features: TemplateFeatures | None = None,
 ) -> dict[str, Any] | None:
     """The schema the output must follow, or None when it is not constrained (see the module docstring)."""
-    if features is not None and features.format != "generic":
+    if features is not None and features.format == "hermes":
         return None
-    if choice.mode == "required":
-        allowed = list(tools)
-    elif choice.mode == "function":
-        allowed = [t for t in tools if t.name == choice.name]
-    else:
+    items = one_call_schema(tools, choice)
+    if items is None:
         return None
-    if not allowed:
-        return None
-    calls = [call_schema(t) for t in allowed]
-    items: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
     array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
     if not parallel_tool_calls:
         array["maxItems"] = 1
@@ -61,6 +55,38 @@ def tool_call_schema(
         "required": ["tool_calls"],
         "additionalProperties": False,
     }
+
+
+def one_call_schema(tools: Sequence[ToolSpec], choice: ToolChoice) -> dict[str, Any] | None:
+    """The schema of one call the choice allows ("required": any tool; a named function: that one), else None."""
+    if choice.mode == "required":
+        allowed = list(tools)
+    elif choice.mode == "function":
+        allowed = [t for t in tools if t.name == choice.name]
+    else:
+        return None
+    if not allowed:
+        return None
+    calls = [call_schema(t) for t in allowed]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+def hermes_tool_grammar(
+    tools: Sequence[ToolSpec],
+    choice: ToolChoice,
+    *,
+    parallel_tool_calls: bool = True,
+    close: Callable[[dict[str, Any]], dict[str, Any]] = lambda schema: schema,
+) -> str | None:
+    """The calls a "required" or named tool_choice allows in the Hermes format, as a Lark grammar (llguidance's
+    `%json`): one `<tool_call>` tag (more, one per line, when `parallel_tool_calls`), each holding the JSON of one
+    call (`close` applied to its schema). None for "auto" and "none"."""
+    one = one_call_schema(tools, choice)
+    if one is None:
+        return None
+    call = json.dumps(close(one), ensure_ascii=False)
+    start = 'start: tagged ("\\n" tagged)*' if parallel_tool_calls else "start: tagged"
+    return f'{start}\ntagged: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {call}\n'
 
 
 def auto_tool_grammar(

@@ -21,6 +21,7 @@ from radixcache.runtime.tools import (
     parse_tool_calls,
     tool_call_schema,
 )
+from radixcache.runtime.tools.schema import call_schema, hermes_tool_grammar
 
 
 def calls_json(*calls: tuple[str, dict]) -> dict:
@@ -57,12 +58,27 @@ def test_a_named_function_allows_only_it(specs) -> None:
     assert not valid(schema, calls_json(("now", {})))
 
 
-def test_auto_none_and_native_templates_are_not_constrained(specs) -> None:
+def test_auto_none_and_hermes_templates_get_no_schema(specs) -> None:
     assert tool_call_schema(specs, normalize_tool_choice("auto", specs)) is None
     assert tool_call_schema(specs, normalize_tool_choice("none", specs)) is None
-    native = TemplateFeatures(uses_tools=True, tool_role=True, hermes=True)
-    assert tool_call_schema(specs, normalize_tool_choice("required", specs), features=native) is None
-    assert tool_call_schema(specs, normalize_tool_choice("required", specs), features=TemplateFeatures()) is not None
+    hermes = TemplateFeatures(uses_tools=True, tool_role=True, hermes=True)
+    required = normalize_tool_choice("required", specs)
+    assert tool_call_schema(specs, required, features=hermes) is None
+    generic = tool_call_schema(specs, required, features=TemplateFeatures())
+    assert generic is not None
+    # a template that renders tools but writes no tags: the parser reads the same JSON, so the same schema
+    assert tool_call_schema(specs, required, features=TemplateFeatures(uses_tools=True)) == generic
+
+
+def test_hermes_calls_are_a_grammar_of_tags(specs) -> None:
+    required = normalize_tool_choice("required", specs)
+    assert hermes_tool_grammar(specs, normalize_tool_choice("auto", specs)) is None
+    parallel = hermes_tool_grammar(specs, required)
+    single = hermes_tool_grammar(specs, required, parallel_tool_calls=False)
+    assert parallel is not None and single is not None
+    assert '"<tool_call>\\n" call "\\n</tool_call>"' in single and "*" in parallel and "*" not in single.split("\n")[0]
+    call = json.loads(single.split("%json ", 1)[1])
+    assert call == {"anyOf": [call_schema(t) for t in specs]}
 
 
 @pytest.mark.slow
@@ -95,7 +111,7 @@ def test_auto_as_a_grammar_gives_calls_or_text(tiny_tokenizer, specs) -> None:
     from tests.runtime.grammar.conftest import token_table, walk
 
     assert auto_tool_grammar((), parallel_tool_calls=True) is None
-    assert auto_tool_grammar(specs, features=TemplateFeatures(uses_tools=True)) is None
+    assert auto_tool_grammar(specs, features=TemplateFeatures(uses_tools=True, hermes=True)) is None
     compiler = grammar.GrammarCompiler(grammar.build_vocab(tiny_tokenizer, vocab_size=260))
     compiled = compiler.compile(grammar.GrammarSpec.ebnf(auto_tool_grammar(specs), path="tools"))
     schema = tool_call_schema(specs, normalize_tool_choice("required", specs))
