@@ -145,6 +145,39 @@ def test_the_sdk_stream_assembles_to_the_same_calls(client) -> None:
     assert all(i.startswith("call_") for i in ids.values())
 
 
+def test_n_streamed_choices_with_logprobs_each_assemble_to_their_whole_calls(client) -> None:
+    kw = {"tool_choice": "required", "parallel_tool_calls": False, "n": 2, "temperature": 1.0, "seed": 3}
+    whole = _ask(client, "n stream", **kw)
+    calls: dict[int, list[str]] = {}
+    logprobs, finish = 0, {}
+    stream = _ask(client, "n stream", stream=True, logprobs=True, stream_options={"include_usage": True}, **kw)
+    for chunk in stream:
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or ():
+                assert tc.index == 0
+                got = calls.setdefault(c.index, ["", "", ""])
+                got[0] += tc.id or ""
+                got[1] += tc.function.name or ""
+                got[2] += tc.function.arguments or ""
+            logprobs += len(c.logprobs.content) if c.logprobs else 0
+            finish[c.index] = c.finish_reason or finish.get(c.index)
+        usage = chunk.usage or None
+    assert finish == {0: "tool_calls", 1: "tool_calls"}
+    for c in whole.choices:
+        (call,) = c.message.tool_calls
+        assert calls[c.index][1:] == [call.function.name, call.function.arguments]
+        check_calls(
+            [
+                {
+                    "id": calls[c.index][0],
+                    "type": "function",
+                    "function": {"name": calls[c.index][1], "arguments": calls[c.index][2]},
+                }
+            ]
+        )
+    assert usage is not None and logprobs == usage.completion_tokens == whole.usage.completion_tokens
+
+
 def test_an_agent_loop_over_http_hits_the_previous_prompt_and_output_in_whole_pages(client) -> None:
     messages = _messages("agent loop")
     previous = None
