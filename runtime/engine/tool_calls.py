@@ -3,8 +3,9 @@
 - `request_grammar`: "required" and a named tool_choice run under the JSON schema of the calls
   (runtime.tools.schema.tool_call_schema) in the generic and native formats, or under a Lark grammar of
   `<tool_call>` tags each around one call's JSON in the Hermes format (`hermes_tool_grammar`), every object with
-  `properties` closed to other keys unless it says `additionalProperties`; "auto" and "none" run under the
-  request's own grammar (`response_format`), if any.
+  `properties` closed to other keys unless it says `additionalProperties`; "auto" with a JSON `response_format`
+  runs under one grammar of both (a call, or an answer in that format: `auto_answer_grammar`); otherwise "auto"
+  and "none" run under the request's own grammar (`response_format`), if any.
 - `with_tool_calls`: the result of a request whose tool_choice is not "none", with its calls parsed from its text
   (runtime.tools.parse, in the template's format), `text` the content outside the calls ("" when there is none:
   OpenAI's `content: null`), finish_reason "tool_calls" when there are calls and generation ended by itself
@@ -25,7 +26,7 @@ from radixcache.runtime.grammar.compiler import closed_objects
 from radixcache.runtime.grammar.schema_check import check_schema
 from radixcache.runtime.tools import ToolCallMemory, ToolCallParser, parse_tool_calls, tool_call_schema
 from radixcache.runtime.tools.features import TemplateFeatures
-from radixcache.runtime.tools.schema import hermes_tool_grammar
+from radixcache.runtime.tools.schema import auto_answer_grammar, hermes_tool_grammar
 from radixcache.runtime.tools.use import CallIds, ToolUse
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ def request_grammar(options: RequestOptions, features: TemplateFeatures) -> Gram
     else its own `grammar` (None: unconstrained). A tool's bad parameters schema raises GrammarError naming
     `tools[i].function.parameters...`."""
     use = options.tool_use
+    if use is not None and use.choice.mode == "auto" and options.grammar is not None:
+        return _auto_with_answer(use, options.grammar, features)
     if use is None or use.choice.mode not in ("required", "function"):
         return options.grammar
     parallel = use.parallel_tool_calls
@@ -57,10 +60,27 @@ def request_grammar(options: RequestOptions, features: TemplateFeatures) -> Gram
     return GrammarSpec.json_schema(closed_objects(schema), strict=strict, path="tools")
 
 
+def _auto_with_answer(use: ToolUse, answer: GrammarSpec, features: TemplateFeatures) -> GrammarSpec:
+    """tool_choice "auto" with a JSON `response_format`: a call, or an answer that follows the format (one grammar
+    with both). Another kind of answer grammar (regex, EBNF) cannot be combined: the answer's alone, as before."""
+    if answer.kind not in ("json_object", "json_schema"):
+        return answer
+    schema = {"type": "object"} if answer.kind == "json_object" else answer.schema()
+    if answer.kind == "json_schema":
+        schema = closed_objects(schema) if answer.strict else {"x-guidance": {"lenient": True}, **schema}
+    grammar = auto_answer_grammar(
+        use.tools, schema, parallel_tool_calls=use.parallel_tool_calls, features=features, close=closed_objects
+    )
+    if grammar is None:
+        return answer
+    _check_parameters(use)
+    return GrammarSpec.ebnf(grammar, path="tools")
+
+
 def _check_parameters(use: ToolUse) -> None:
-    """GrammarError naming `tools[i].function.parameters...` for a called tool's bad schema."""
+    """GrammarError naming `tools[i].function.parameters...` for a callable tool's bad schema."""
     for i, tool in enumerate(use.tools):
-        if use.choice.mode == "required" or tool.name == use.choice.name:
+        if use.choice.mode in ("required", "auto") or tool.name == use.choice.name:
             check_schema(tool.parameters, f"tools[{i}].function.parameters")
 
 

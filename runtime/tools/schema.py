@@ -84,9 +84,39 @@ def hermes_tool_grammar(
     one = one_call_schema(tools, choice)
     if one is None:
         return None
-    call = json.dumps(close(one), ensure_ascii=False)
     start = 'start: tagged ("\\n" tagged)*' if parallel_tool_calls else "start: tagged"
-    return f'{start}\ntagged: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {call}\n'
+    return f'{start}\ntagged: "<tool_call>\\n" call "\\n</tool_call>"\ncall: {json_rule(close(one))}\n'
+
+
+def auto_answer_grammar(
+    tools: Sequence[ToolSpec],
+    answer: dict[str, Any],
+    *,
+    parallel_tool_calls: bool = True,
+    features: TemplateFeatures | None = None,
+    close: Callable[[dict[str, Any]], dict[str, Any]] = lambda schema: schema,
+) -> str | None:
+    """tool_choice "auto" with a structured answer (`response_format`) as a Lark grammar: the calls "required"
+    allows (the calls object, or Hermes tags), or JSON that follows `answer` (`close` applied to the call schemas
+    only: the answer comes as the caller made it). None without tools."""
+    required = ToolChoice("required")
+    hermes = features is not None and features.format == "hermes"
+    if hermes:
+        tags = hermes_tool_grammar(tools, required, parallel_tool_calls=parallel_tool_calls, close=close)
+        if tags is None:
+            return None
+        return "start: answer | calls\n" + tags.replace("start:", "calls:", 1) + f"answer: {json_rule(answer)}\n"
+    schema = tool_call_schema(tools, required, parallel_tool_calls=parallel_tool_calls, features=features)
+    if schema is None:
+        return None
+    return f"start: calls | answer\ncalls: {json_rule(close(schema))}\nanswer: {json_rule(answer)}\n"
+
+
+def json_rule(schema: dict[str, Any]) -> str:
+    """llguidance's `%json` for `schema`, with the compact separators every other JSON grammar here uses (`, ` and
+    `: `, no other whitespace: a small model left free loops on newlines), unless the schema sets its own."""
+    compact = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    return "%json " + json.dumps({"x-guidance": compact, **schema}, ensure_ascii=False)
 
 
 def auto_tool_grammar(
@@ -98,5 +128,4 @@ def auto_tool_grammar(
     schema = tool_call_schema(tools, ToolChoice("required"), parallel_tool_calls=parallel_tool_calls, features=features)
     if schema is None:
         return None
-    calls = json.dumps(schema, ensure_ascii=False)
-    return f"start: calls | TEXT\ncalls: %json {calls}\nTEXT: /[^{{ \\t\\r\\n][\\s\\S]*/\n"
+    return f"start: calls | TEXT\ncalls: {json_rule(schema)}\nTEXT: /[^{{ \\t\\r\\n][\\s\\S]*/\n"

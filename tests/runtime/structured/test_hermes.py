@@ -94,3 +94,17 @@ def test_an_agent_loop_extends_each_prompt_token_for_token(engine: Engine) -> No
         previous = (prompt, r)
         messages.append({"role": "assistant", "content": None, "tool_calls": [c.to_openai() for c in r.tool_calls]})
         messages += [{"role": "tool", "tool_call_id": c.id, "content": f"result {step}"} for c in r.tool_calls]
+
+
+def test_auto_with_a_json_schema_answers_in_the_schema_or_calls_a_tool(engine: Engine) -> None:
+    from tests.runtime.structured.conftest import SCHEMAS, response_format
+
+    for seed in range(6):
+        r = engine.chat(ASK, 200, tools=TOOLS, tool_choice="auto", response_format=response_format("flags"),
+                        parallel_tool_calls=False, temperature=1.0, seed=seed)  # fmt: skip
+        if r.tool_calls:
+            assert r.finish_reason == "tool_calls" and len(r.tool_calls) == 1
+            _valid(r.tool_calls[0])
+        else:
+            assert r.finish_reason == "stop", r
+            jsonschema.validate(json.loads(r.text), SCHEMAS["flags"])

@@ -134,7 +134,7 @@ def test_an_agent_loop_hits_each_previous_prompt_and_output(engine: Engine) -> N
         {"role": "developer", "content": "You are an agent. Call tools."},
         *user("Weather in Paris, then add 2 and 3, then search for Paris museums."),
     ]
-    previous = None
+    previous, previous_prompt = None, []
     for step in range(3):
         r = engine.chat(messages, 160, **ONE)
         assert r.tool_calls, r.text

@@ -163,3 +163,20 @@ def test_bad_messages_name_the_field(engine: Engine) -> None:
         engine.chat([{"role": "tool", "content": "x"}], 4)
     r = engine.chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}, *ASK[1:]], 4)
     assert r.finish_reason in ("stop", "length")
+
+
+def test_auto_with_a_json_schema_answers_in_the_schema_or_calls_a_tool(engine: Engine) -> None:
+    from tests.runtime.structured.conftest import SCHEMAS, response_format
+
+    kinds = set()
+    for seed in range(8):
+        r = engine.chat(ASK, 200, tools=TOOLS, tool_choice="auto", response_format=response_format("flags"),
+                        parallel_tool_calls=False, temperature=1.0, seed=seed)  # fmt: skip
+        if r.tool_calls:
+            check_calls(r)
+            kinds.add("call")
+        else:
+            assert r.finish_reason == "stop", r
+            jsonschema.validate(json.loads(r.text), SCHEMAS["flags"])
+            kinds.add("answer")
+    assert kinds  # which of the two a random model picks is its own business; each is valid
