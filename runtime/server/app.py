@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from radixcache.runtime.engine.errors import EngineOverloadedError
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine
-from radixcache.runtime.server import generation
+from radixcache.runtime.server import generation, legacy
 from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
 from radixcache.runtime.server.leases import check_lease_defaults, retain_for
 from radixcache.runtime.server.metrics import ServerMetrics
@@ -59,6 +59,7 @@ def create_app(
     keys = frozenset(api_keys)
     leases = check_lease_defaults(lease_defaults)
     inflight = generation.Inflight()
+    legacy_calls = legacy.LegacyCalls()  # the ids of calls answered as `function_call` (runtime.server.legacy)
     metrics = ServerMetrics()
     metrics.cancelled = lambda: inflight.cancelled
     context = engine.config.max_position if max_model_len is None else min(max_model_len, engine.config.max_position)
@@ -184,8 +185,9 @@ def create_app(
             return exact(token_id)
         return engine.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
-    def responder(kind: str, job: generation.Job) -> Responder:
-        return Responder(kind, model_name, job.prompt_tokens, job.n, token_bytes)
+    def responder(kind: str, job: generation.Job, functions: bool = False) -> Responder:
+        calls = legacy_calls if functions else None  # replies in the deprecated function_call shape
+        return Responder(kind, model_name, job.prompt_tokens, job.n, token_bytes, legacy=calls)
 
     async def run(request: Request, body: Any, job: generation.Job, responder: Responder) -> Any:
         namespace = job.options.namespace
@@ -212,10 +214,13 @@ def create_app(
         if not body.messages:
             raise APIError(400, "messages must be a non-empty list", param="messages")
         grammar, use = grammar_of(body), tool_use_of(body)
-        text = render_chat(engine, [m.as_dict(i) for i, m in enumerate(body.messages)], use)
+        messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
+        if any(m["role"] == "function" or "function_call" in m for m in messages):
+            messages = legacy.legacy_messages(messages, legacy_calls)
+        text = render_chat(engine, messages, use)
         namespace = generation.namespace_for(key, body.cache_salt)
         job = job_for(body, [encode(text)], namespace, request, key, grammar=grammar, tool_use=use)
-        return await run(request, body, job, responder("chat.completion", job))
+        return await run(request, body, job, responder("chat.completion", job, legacy.is_legacy(body)))
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest, key: ApiKey) -> Any:

@@ -1,16 +1,17 @@
 """The OpenAI request bodies the server accepts (pydantic), and OpenAI's error JSON.
 
 Every field is either honoured or refused: an unknown field is a 400 naming it ("Unrecognized request argument
-supplied: X", as OpenAI says), and a known field this server cannot honour (`echo`, `best_of` > 1, `suffix`, the
-deprecated `functions` / `function_call`, ...) is a 400 naming it too, never dropped silently. `user` and `metadata`
+supplied: X", as OpenAI says), and a known field this server cannot honour (`echo`, `best_of` > 1, `suffix`, ...)
+is a 400 naming it too, never dropped silently. `user` and `metadata`
 are accepted: they label a request and change no answer.
 
 Tools and structured output (runtime.server.structured turns them into the engine's ToolUse and GrammarSpec):
 chat's `tools`, `tool_choice`, `parallel_tool_calls`; agent histories (`tool_calls` on assistant messages with
 `content` null, `role: "tool"` with `tool_call_id`, `name` on any message, `developer` as the system message);
 `response_format` (text, json_object, json_schema) on both endpoints, and this server's `regex` and `grammar`
-(EBNF: GBNF or Lark) beside it, at most one of the three. A bad tool, schema or message is a 400 whose `param` is
-its path (`tools.0.function.parameters.properties.x.type`).
+(EBNF: GBNF or Lark) beside it, at most one of the three. OpenAI's deprecated `functions` / `function_call` (and
+their history turns) are served as tools (runtime.server.legacy). A bad tool, schema or message is a 400 whose
+`param` is its path (`tools.0.function.parameters.properties.x.type`).
 
 Input is bounded here, by pydantic constraints, before anything reaches the engine: numbers finite (NaN and
 Infinity refused everywhere) and in range, sizes and counts bounded (MAX_* below), strings and lists bounded in
@@ -33,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from radixcache.runtime.kv.leases import MAX_RETAIN_FOR_S
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 MAX_N = 16
 MAX_CHOICES = 64  # prompts x n in one completions request
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI
@@ -96,9 +97,10 @@ class ChatMessage(BaseModel):
     nothing the model reads) are accepted and dropped."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Text | Annotated[list[dict[str, Any]], Field(max_length=MAX_MESSAGES)] | None = None
     name: Label | None = None
+    function_call: dict[str, Any] | None = None  # the deprecated form of one tool call (runtime.server.legacy)
     tool_calls: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOL_CALLS)] | None = None
     tool_call_id: Label | None = None
     refusal: None = None
@@ -213,8 +215,8 @@ class ChatCompletionRequest(_Common):
     tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = Field(default=None, strict=True)
-    functions: list[Any] | None = None  # OpenAI's deprecated form of tools: refused, naming `tools` instead
-    function_call: Any = None
+    functions: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None  # deprecated tools
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = None  # deprecated tool_choice
 
     def requested_tokens(self) -> int | None:
         """The completion length the caller asked for, if it did."""
@@ -230,17 +232,6 @@ class ChatCompletionRequest(_Common):
                 raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
             return None
         return self.top_logprobs or 0
-
-    def refuse_unsupported(self) -> None:
-        super().refuse_unsupported()
-        for legacy, now in (("functions", "tools"), ("function_call", "tool_choice")):
-            if getattr(self, legacy) is not None:
-                raise APIError(
-                    400,
-                    f"{legacy} is OpenAI's deprecated form of {now}, which this server does not take: send {now} "
-                    f"(its replies carry tool_calls, not function_call)",
-                    param=legacy,
-                )
 
 
 class CompletionRequest(_Common):

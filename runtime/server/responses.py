@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from radixcache.runtime.engine.request import GenerationResult
+from radixcache.runtime.server import legacy as legacy_shape
 from radixcache.runtime.server.errors import api_error_for
 from radixcache.runtime.server.leases import lease_usage
 
@@ -47,8 +48,10 @@ class Responder:
         prompt_tokens: int,
         n: int = 1,
         token_bytes: Callable[[int], bytes] = lambda t: str(t).encode(),
+        legacy: legacy_shape.LegacyCalls | None = None,
     ) -> None:
         self.kind, self.model, self.prompt_tokens, self.n = kind, model, prompt_tokens, n
+        self.legacy = legacy  # set: the request used `functions`; calls are answered as `function_call`
         self.token_bytes = token_bytes
         prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
@@ -94,12 +97,18 @@ class Responder:
 
     # ------------------------------------------------------------------ whole responses
 
+    def _finish(self, result: GenerationResult) -> str:
+        finish = _FINISH.get(result.finish_reason, "stop")
+        return legacy_shape.FINISH.get(finish, finish) if self.legacy is not None else finish
+
     def _choice(
         self, i: int, text: str, finish: str | None, logprobs: dict[str, Any] | None, calls: Sequence[Any] = ()
     ) -> dict[str, Any]:
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
-            if calls:  # OpenAI's shape: content null when the reply is only calls
+            if calls and self.legacy is not None:
+                message = legacy_shape.message(text, calls)
+            elif calls:  # OpenAI's shape: content null when the reply is only calls
                 message = {"role": "assistant", "content": text or None, "tool_calls": [c.to_openai() for c in calls]}
             return {"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish}
         return {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
@@ -120,7 +129,9 @@ class Responder:
         choices = []
         for i, r in enumerate(results):
             lp = None if r.logprobs is None else self.logprobs(r.logprobs[: shown(r)])
-            choices.append(self._choice(i, r.text, _FINISH.get(r.finish_reason, "stop"), lp, r.tool_calls))
+            choices.append(self._choice(i, r.text, self._finish(r), lp, r.tool_calls))
+            if self.legacy is not None:
+                self.legacy.remember(r.tool_calls)
         return self._envelope(self.kind, choices, usage=usage(self.prompt_tokens, results, self.n))
 
     def empty(self, choices: int) -> dict[str, Any]:
@@ -186,7 +197,9 @@ class Responder:
                 if event.result is not None:
                     results[i] = event.result
                     metrics.observe(event.result, namespace)
-                    finish = _FINISH.get(event.result.finish_reason, "stop")
+                    finish = self._finish(event.result)
+                    if self.legacy is not None:
+                        self.legacy.remember(event.result.tool_calls)
                     yield _sse(self._chunk(i, None if self.chat else "", finish))
         except Exception as exc:  # the headers are sent: the error travels in the stream, which still ends well
             error = api_error_for(exc)
@@ -211,6 +224,8 @@ class Responder:
         per call `{"tool_calls": [{"index", "id", "type": "function", "function": {"name", "arguments": ""}}]}` and
         `{"tool_calls": [{"index", "function": {"arguments": piece}}]}`. The logprobs of the event's tokens ride on
         its first chunk (an empty delta when the tokens completed none: a call's text held back to decide)."""
+        if self.legacy is not None:  # the deprecated shape: the first call as function_call deltas
+            deltas = [d for d in map(legacy_shape.delta, deltas) if d is not None]
         if not deltas:
             return [] if lp is None else [self._chunk(i, None, None, logprobs=lp, delta={})]
         return [self._chunk(i, None, None, logprobs=lp if j == 0 else None, delta=d) for j, d in enumerate(deltas)]

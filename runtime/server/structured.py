@@ -21,6 +21,7 @@ from typing import Any
 from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.grammar.schema_check import check_schema
 from radixcache.runtime.grammar.spec import GrammarSpec
+from radixcache.runtime.server import legacy
 from radixcache.runtime.server.protocol import APIError
 from radixcache.runtime.tools.errors import ToolInputError
 from radixcache.runtime.tools.use import ToolUse
@@ -58,15 +59,26 @@ def grammar_of(body: Any) -> GrammarSpec | None:
 
 
 def tool_use_of(body: Any) -> ToolUse | None:
-    """The request's tools (None when it gives none and tool_choice is absent or "none")."""
-    if not body.tools and body.tool_choice not in (None, "none"):  # OpenAI refuses it too: nothing to choose from
-        raise APIError(400, "tool_choice is only allowed when tools are given", param="tool_choice")
+    """The request's tools (None when it gives none and tool_choice is absent or "none"); the deprecated `functions`
+    and `function_call` as tools (runtime.server.legacy), their errors named by the legacy fields."""
+    old = legacy.is_legacy(body)
+    legacy.check_not_mixed(body)
+    tools, choice, parallel = (
+        legacy.tool_fields(body) if old else (body.tools, body.tool_choice, body.parallel_tool_calls)
+    )
+    if not tools and choice not in (None, "none"):  # OpenAI refuses it too: nothing to choose from
+        name = "function_call" if old else "tool_choice"
+        raise APIError(400, f"{name} is only allowed when {'functions' if old else 'tools'} are given", param=name)
     try:
-        use = ToolUse.of(body.tools, body.tool_choice, body.parallel_tool_calls)
+        use = ToolUse.of(tools, choice, parallel)
         for i, tool in enumerate(use.tools if use is not None else ()):
             check_schema(tool.parameters, f"tools[{i}].function.parameters")
     except (ToolInputError, GrammarError) as exc:
-        raise bad_request(exc) from None
+        error = bad_request(exc)
+        if old:
+            error.param = param_path(legacy.legacy_path(exc.path))
+            error.message = error.message.replace(exc.path, legacy.legacy_path(exc.path), 1)
+        raise error from None
     return use
 
 

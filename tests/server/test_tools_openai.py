@@ -259,7 +259,7 @@ HOSTILE = [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"parallel_tool_calls": True}, "parallel_tool_calls"),
     ({"tools": ONE_TOOL, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"functions": [{"name": "f"}], "tools": ONE_TOOL}, "functions"),
     ({"function_call": "auto"}, "function_call"),
     ({"messages": [{"role": "tool", "content": "42"}]}, "messages.0.tool_call_id"),
     ({"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
@@ -291,7 +291,7 @@ HOSTILE = [
         },
         "messages.1.tool_calls.0.function.arguments",
     ),
-    ({"messages": [{"role": "function", "name": "f", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
         "messages.0.content.0",

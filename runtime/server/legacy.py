@@ -1,0 +1,135 @@
+"""OpenAI's deprecated function calling, served as tools: `functions` and `function_call` in, `message.function_call`
+and finish_reason "function_call" out, and histories with assistant `function_call` and `role: "function"` turns.
+
+- Request: `functions` are tools of type function; `function_call` "none" / "auto" / `{"name": N}` is tool_choice
+  none / auto / named; parallel calls are off (one call at most, as the legacy API returns one). Mixing them with
+  `tools`, `tool_choice` or `parallel_tool_calls` is a 400 naming the legacy field. Errors name the legacy path
+  (`functions.0.parameters.properties.x.type`, `function_call.name`).
+- History: an assistant `function_call` becomes a tool call, a `function` message (which must carry `name`) the tool
+  turn answering the latest call of that name. A legacy call has no id: the server remembers the engine's id of each
+  call it answered by its name and arguments (`LegacyCalls`), so a replayed call renders as the exact text the model
+  wrote and the next turn hits the cache; a call it does not know gets an id from its message's position, the same
+  every turn, so the prompt's prefix stays stable.
+- Reply: the first call as `function_call` {name, arguments} (no `tool_calls`), finish_reason "function_call";
+  streamed as `{"function_call": {"name": N, "arguments": ""}}` then `{"function_call": {"arguments": piece}}`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from radixcache.runtime.server.protocol import APIError
+
+MAX_REMEMBERED = 4096  # legacy calls whose ids the server keeps (the oldest are forgotten first)
+FINISH = {"tool_calls": "function_call"}
+
+
+class LegacyCalls:
+    """The engine's ids of the calls answered as `function_call`, by (name, arguments), most recent last."""
+
+    def __init__(self, size: int = MAX_REMEMBERED) -> None:
+        self.size = size
+        self._ids: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    def remember(self, calls: Sequence[Any]) -> None:
+        for call in calls[:1]:  # the reply shows its first call only
+            key = (call.name, call.arguments)
+            self._ids[key] = call.id
+            self._ids.move_to_end(key)
+            while len(self._ids) > self.size:
+                self._ids.popitem(last=False)
+
+    def id_for(self, name: str, arguments: str) -> str | None:
+        return self._ids.get((name, arguments))
+
+
+def is_legacy(body: Any) -> bool:
+    return getattr(body, "functions", None) is not None or getattr(body, "function_call", None) is not None
+
+
+def check_not_mixed(body: Any) -> None:
+    """The legacy fields and the tool fields are two ways to say the same thing: one request uses one."""
+    if not is_legacy(body):
+        return
+    legacy = "functions" if body.functions is not None else "function_call"
+    mixed = [f for f in ("tools", "tool_choice", "parallel_tool_calls") if getattr(body, f) is not None]
+    if mixed:
+        raise APIError(
+            400, f"{legacy} (OpenAI's deprecated form) and {mixed[0]} cannot be given together: send one", param=legacy
+        )
+
+
+def tool_fields(body: Any) -> tuple[Any, Any, bool | None]:
+    """(tools, tool_choice, parallel_tool_calls) of a legacy body, in the tool fields' form."""
+    functions = body.functions
+    tools = None if functions is None else [{"type": "function", "function": f} for f in functions]
+    choice = body.function_call
+    if isinstance(choice, dict):
+        choice = {"type": "function", "function": choice}
+    return tools, choice, (False if tools else None)
+
+
+_TOOL = re.compile(r"^tools\[(\d+)\](\.function)?")
+
+
+def legacy_path(path: str) -> str:
+    """A tool field's path in the legacy names: `tools[2].function.name` -> `functions[2].name`."""
+    path = _TOOL.sub(r"functions[\1]", path)
+    if path.startswith("tool_choice"):
+        path = "function_call" + path[len("tool_choice") :].replace(".function", "", 1)
+    return path
+
+
+def legacy_messages(messages: list[dict[str, Any]], calls: LegacyCalls) -> list[dict[str, Any]]:
+    """A history with legacy turns as a history with tool turns (see the module docstring)."""
+    out: list[dict[str, Any]] = []
+    latest: dict[str, str] = {}  # name -> the id of its latest call
+    last_id: str | None = None
+    for i, m in enumerate(messages):
+        m = dict(m)
+        call = m.pop("function_call", None)
+        if call is not None:
+            if m.get("role") != "assistant":
+                raise APIError(400, "only assistant messages carry function_call", param=f"messages.{i}.function_call")
+            if m.get("tool_calls"):
+                raise APIError(400, "give function_call or tool_calls, not both", param=f"messages.{i}.function_call")
+            name, arguments = call.get("name"), call.get("arguments", "{}")
+            if not isinstance(name, str) or not isinstance(arguments, str):
+                raise APIError(
+                    400, "function_call is {'name': str, 'arguments': JSON text}", param=f"messages.{i}.function_call"
+                )
+            call_id = calls.id_for(name, arguments) or f"call_fn{i:06d}"
+            m["tool_calls"] = [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]
+            latest[name], last_id = call_id, call_id
+        if m.get("role") == "function":
+            name = m.get("name")
+            if not isinstance(name, str) or not name:
+                raise APIError(400, "a function message needs the name of the function", param=f"messages.{i}.name")
+            m["role"] = "tool"
+            m["tool_call_id"] = latest.get(name) or last_id or f"call_fn{i:06d}"
+        out.append(m)
+    return out
+
+
+def message(text: str, calls: Sequence[Any]) -> dict[str, Any]:
+    """The legacy assistant message: its first call as `function_call`."""
+    first = calls[0]
+    return {
+        "role": "assistant",
+        "content": text or None,
+        "function_call": {"name": first.name, "arguments": first.arguments},
+    }
+
+
+def delta(d: dict[str, Any]) -> dict[str, Any] | None:
+    """A tool-call delta in the legacy shape (None for a call after the first: the legacy reply has one)."""
+    if "tool_calls" not in d:
+        return d
+    (tc,) = d["tool_calls"]
+    if tc["index"] != 0:
+        return None
+    fn = tc["function"]
+    return {"function_call": {"name": fn["name"], "arguments": fn["arguments"]} if "name" in fn else fn}
