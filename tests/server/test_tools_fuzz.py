@@ -1,6 +1,6 @@
 """Hostile tool and structured-output bodies over HTTP (hypothesis), on the tiny checkpoint: schemas, tools,
-tool_choice, parallel_tool_calls, response_format, regex, grammar and agent histories drawn from near-valid shapes
-and junk, whole and streamed. Each is answered 200 (and then runs to its end: a stream ends with `[DONE]` and no
+tool_choice, parallel_tool_calls, the legacy functions / function_call, response_format, regex, grammar and agent
+histories drawn from near-valid shapes and junk, whole and streamed. Each is answered 200 (and then runs to its end: a stream ends with `[DONE]` and no
 error event) or 400 with OpenAI's error body, never a 5xx; afterwards a greedy bystander's reply equals its reply
 before, and no page is left locked."""
 
@@ -121,6 +121,8 @@ CALL = st.fixed_dictionaries(
 MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "developer", "user", "assistant", "tool", "function"])},
     optional={
+        "function_call": st.fixed_dictionaries({"name": NAMES}, optional={"arguments": st.sampled_from(["{}", "{x"])})
+        | JUNK,
         "content": st.none()
         | st.text(max_size=10)
         | st.lists(
@@ -138,6 +140,8 @@ BODY = st.fixed_dictionaries(
     optional={
         "tools": st.just(TOOLS) | st.lists(TOOL, max_size=3) | JUNK,
         "tool_choice": CHOICE | JUNK,
+        "functions": st.lists(TOOL.map(lambda t: t.get("function", t)), max_size=2) | JUNK,
+        "function_call": st.sampled_from(["none", "auto", "required"]) | st.fixed_dictionaries({"name": NAMES}) | JUNK,
         "parallel_tool_calls": st.booleans() | JUNK,
         "response_format": RESPONSE_FORMAT,
         "regex": st.sampled_from(["[a-c]{1,3}", "((", "a|b", "(?=a)b", "x*"]) | JUNK,
