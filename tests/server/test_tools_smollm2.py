@@ -2,7 +2,8 @@
 package (slow: the lead runs them): 50 varied prompts with tool_choice "required" over three tools, each reply's
 calls parse and validate against their schemas (jsonschema); json_schema replies validate; streamed and whole
 replies assemble to the same calls (and text) at temperature 0; an agent loop of three tool steps caches each
-previous prompt and output in whole pages.
+previous prompt and output in whole pages. The same 50 prompts under a json_schema (and 8 more under another)
+give replies that validate.
 
 parallel_tool_calls is false for the 50: with it true SmolLM2 at temperature 0 often repeats its call until the
 length limit (the grammar lets it, the list of calls is open), the last call then cut short."""
@@ -86,6 +87,26 @@ PERSON = {
     "required": ["name", "age", "skills"],
 }
 PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+PEOPLE = [
+    "Describe a famous chemist.",
+    "Invent a pirate.",
+    "A software engineer from Lagos.",
+    "Describe yourself.",
+    "A retired astronaut.",
+    "A chef who loves soup.",
+    "A ten-year-old chess champion.",
+    "A medieval blacksmith.",
+]
+INTENT = {
+    "type": "object",
+    "properties": {
+        "intent": {"enum": ["weather", "arithmetic", "web_search", "other"]},
+        "subject": {"type": "string", "maxLength": 60},
+        "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
+    },
+    "required": ["intent", "subject", "confidence"],
+}
+INTENT_FORMAT = {"type": "json_schema", "json_schema": {"name": "intent", "schema": INTENT, "strict": True}}
 ONE: dict[str, Any] = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
 
 
@@ -130,28 +151,25 @@ def test_fifty_varied_prompts_with_required_give_calls_that_validate(client) -> 
 
 
 def test_json_schema_replies_validate(client) -> None:
-    asks = [
-        "Describe a famous chemist.",
-        "Invent a pirate.",
-        "A software engineer from Lagos.",
-        "Describe yourself.",
-        "A retired astronaut.",
-        "A chef who loves soup.",
-        "A ten-year-old chess champion.",
-        "A medieval blacksmith.",
-    ]
+    """The same 50 prompts answered under a json_schema, and persons described under another: every reply
+    validates."""
 
     def ask(i: int) -> Any:
         sampling = {"temperature": 0.0} if i % 2 == 0 else {"temperature": 0.7, "seed": i}
+        if i < len(PROMPTS):
+            messages, rf = _user(PROMPTS[i]), INTENT_FORMAT
+        else:
+            messages, rf = _user(PEOPLE[i - len(PROMPTS)]), PERSON_FORMAT
         return client.chat.completions.create(
-            model="smollm2", messages=_user(asks[i]), max_tokens=160, response_format=PERSON_FORMAT, **sampling
+            model="smollm2", messages=messages, max_tokens=160, response_format=rf, **sampling
         )
 
-    with ThreadPoolExecutor(4) as pool:
-        replies = list(pool.map(ask, range(len(asks))))
-    for r in replies:
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(ask, range(len(PROMPTS) + len(PEOPLE))))
+    for i, r in enumerate(replies):
         assert r.choices[0].finish_reason == "stop", r.choices[0]
-        jsonschema.validate(json.loads(r.choices[0].message.content), closed(PERSON))
+        schema = INTENT if i < len(PROMPTS) else PERSON
+        jsonschema.validate(json.loads(r.choices[0].message.content), closed(schema))
 
 
 def _streamed(client, **kw: Any) -> tuple[str, list[tuple[str, str]], str | None]:
