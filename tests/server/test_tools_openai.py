@@ -209,6 +209,12 @@ def test_an_agent_loop_over_http_hits_the_previous_prompt_and_output_in_whole_pa
     assert final.usage.prompt_tokens_details.cached_tokens >= (previous - 1) // PAGE * PAGE
 
 
+def test_null_tool_fields_count_as_absent(client) -> None:
+    nulls = [{"type": "function", "function": {**t["function"], "description": None, "strict": None}} for t in TOOLS]
+    r = _ask(client, "nulls", tools=nulls, tool_choice="required", parallel_tool_calls=False, temperature=0)
+    check_calls(r.choices[0].message.tool_calls)
+
+
 def test_developer_is_the_system_message_and_names_are_accepted(client) -> None:
     def reply(role: str, **extra: Any) -> Any:
         messages = [{"role": role, "content": "Be brief."}, {"role": "user", "content": "hello", **extra}]
