@@ -23,14 +23,56 @@ from radixcache.runtime.tools.features import TemplateFeatures
 from radixcache.runtime.tools.specs import ToolChoice, ToolSpec
 
 
-def call_schema(tool: ToolSpec) -> dict[str, Any]:
-    """One call of `tool`: its name as a constant, its parameters as the arguments."""
+def call_schema(tool: ToolSpec, defs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One call of `tool`: its name as a constant, its parameters as the arguments. The parameters' local `$ref`s
+    are root-relative, so once nested here they would point nowhere: their `$defs` / `definitions` go into `defs`
+    (the root's `$defs`, under names prefixed by the tool's) and the refs are rewritten to them (`hoisted`)."""
+    arguments = tool.parameters if defs is None else hoisted(tool, defs)
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+        "properties": {"name": {"const": tool.name}, "arguments": arguments},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
+
+
+def hoisted(tool: ToolSpec, defs: dict[str, Any]) -> Any:
+    """`tool.parameters` without its `$defs` / `definitions`, which are added to `defs` as `<tool>__<name>`; every
+    local `$ref` rewritten to point there (`#/$defs/X` and `#/definitions/X` to `#/$defs/<tool>__X`; any other
+    pointer into the parameters, `#` itself included, to a copy of them kept as `<tool>__`)."""
+    params = tool.parameters
+    if not isinstance(params, dict):
+        return params
+    prefix = f"{tool.name}__"
+    local = {k: v for key in ("$defs", "definitions") for k, v in (params.get(key) or {}).items()}
+    body = {k: v for k, v in params.items() if k not in ("$defs", "definitions")}
+    uses_root = False
+
+    def ref(pointer: str) -> str:
+        nonlocal uses_root
+        for key in ("/$defs/", "/definitions/"):
+            if pointer.startswith("#" + key):
+                return "#/$defs/" + prefix + pointer[len(key) + 1 :]
+        uses_root = True
+        return "#/$defs/" + prefix + pointer[1:]
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, list):
+            return [rewrite(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: (v if k in ("enum", "const", "default", "examples") else rewrite(v)) for k, v in node.items()}
+        if isinstance(node.get("$ref"), str) and node["$ref"].startswith("#"):
+            out["$ref"] = ref(node["$ref"])
+        return out
+
+    if not local and "$ref" not in json.dumps(body):
+        return params
+    defs.update({prefix + name: rewrite(sub) for name, sub in local.items()})
+    arguments = rewrite(body)
+    if uses_root:
+        defs[prefix] = arguments
+    return arguments
 
 
 def tool_call_schema(
@@ -46,15 +88,17 @@ def tool_call_schema(
     items = one_call_schema(tools, choice)
     if items is None:
         return None
+    defs = items.pop("$defs", None)  # root-relative refs: their definitions go to this schema's root
     array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
     if not parallel_tool_calls:
         array["maxItems"] = 1
-    return {
+    schema = {
         "type": "object",
         "properties": {"tool_calls": array},
         "required": ["tool_calls"],
         "additionalProperties": False,
     }
+    return {**schema, "$defs": defs} if defs else schema
 
 
 def one_call_schema(tools: Sequence[ToolSpec], choice: ToolChoice) -> dict[str, Any] | None:
@@ -67,8 +111,10 @@ def one_call_schema(tools: Sequence[ToolSpec], choice: ToolChoice) -> dict[str, 
         return None
     if not allowed:
         return None
-    calls = [call_schema(t) for t in allowed]
-    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+    defs: dict[str, Any] = {}
+    calls = [call_schema(t, defs) for t in allowed]
+    one = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return {**one, "$defs": defs} if defs else one  # the tools' definitions, at the root of the call's schema
 
 
 def hermes_tool_grammar(

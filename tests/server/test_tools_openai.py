@@ -10,9 +10,10 @@ import json
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
-from tests.server.tool_defs import TOOLS, check_calls
+from tests.server.tool_defs import TOOLS, check_calls, closed
 
 pytestmark = pytest.mark.xdist_group("tools_openai")  # its module-scoped server, started once
 
@@ -235,24 +236,25 @@ PYDANTIC_PARAMETERS = {  # what pydantic's model_json_schema() writes for a mode
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine (runtime/tools/schema.py): call_schema nests a tool's parameters, so their '#/$defs/...' refs "
-    "point nowhere under required/named (a 400); /work/notes/server_findings.md",
-)
 def test_tool_parameters_with_defs_refs_are_enforced(client) -> None:
+    """pydantic's schemas (LangChain's bind_tools, with_structured_output function_calling) name their enums and
+    nested models in `$defs`: under a named and a required choice the calls validate against them."""
     tool = {"type": "function", "function": {"name": "pick", "parameters": PYDANTIC_PARAMETERS, "strict": True}}
-    r = client.chat.completions.create(
-        model="tiny",
-        messages=[{"role": "user", "content": "pick"}],
-        tools=[tool],
-        tool_choice={"type": "function", "function": {"name": "pick"}},
-        max_tokens=80,
-        temperature=1.0,
-        seed=1,
-    )
-    (call,) = r.choices[0].message.tool_calls
-    assert json.loads(call.function.arguments)["color"] in ("red", "blue")
+    for choice in ({"type": "function", "function": {"name": "pick"}}, "required"):
+        for seed in range(3):
+            r = client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "pick"}],
+                tools=[tool, TOOLS[1]],
+                tool_choice=choice,
+                parallel_tool_calls=False,
+                max_tokens=120,
+                temperature=1.0,
+                seed=seed,
+            )
+            (call,) = r.choices[0].message.tool_calls
+            schema = PYDANTIC_PARAMETERS if call.function.name == "pick" else TOOLS[1]["function"]["parameters"]
+            jsonschema.validate(json.loads(call.function.arguments), closed(schema))
 
 
 OK = [{"role": "user", "content": "hi"}]
