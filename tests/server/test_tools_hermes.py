@@ -1,0 +1,85 @@
+"""Tools over HTTP with a model whose chat template renders tools itself and writes calls as `<tool_call>` tags
+(Hermes, as Qwen2.5 and Hermes models do): the tiny checkpoint with that template, through the `openai` package.
+Required and named choices give calls that validate, the stream's deltas assemble to the whole reply's calls, and an
+agent loop caches each previous prompt and output in whole pages."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.runtime.tools.test_prefix import HERMES
+from tests.server.tool_defs import TOOLS, check_calls
+
+pytestmark = pytest.mark.xdist_group("tools_hermes")  # its module-scoped server, started once
+PAGE = 16
+ASK = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "What is 2 + 3?"}]
+
+
+@pytest.fixture(scope="module")
+def hermes(tiny_model_dir, launch, tmp_path_factory):
+    model = tmp_path_factory.mktemp("hermes") / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text(HERMES, encoding="utf-8")  # wins over tokenizer_config's
+    with launch(model, "--capacity-blocks", "512", "--threads", "1") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(hermes):
+    import openai
+
+    with openai.OpenAI(base_url=hermes.v1, api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+def _ask(client, messages: list[dict[str, Any]] = ASK, **kw: Any) -> Any:
+    kw = {"model": "tiny", "messages": messages, "tools": TOOLS, "max_tokens": 200, "parallel_tool_calls": False, **kw}
+    return client.chat.completions.create(**kw)
+
+
+def test_required_and_named_calls_validate(client) -> None:
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        for seed in range(3):
+            choice_ = _ask(client, tool_choice=choice, temperature=1.0, seed=seed).choices[0]
+            assert choice_.finish_reason == "tool_calls" and choice_.message.content is None, choice_
+            names = [name for name, _ in check_calls(choice_.message.tool_calls)]
+            assert len(names) == 1 and (choice == "required" or names == ["add"])
+
+
+def test_the_stream_assembles_to_the_whole_replys_calls(client, hermes) -> None:
+    whole = _ask(client, tool_choice="required", temperature=0).choices[0].message
+    body = {"model": "tiny", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0}
+    body |= {"max_tokens": 200, "parallel_tool_calls": False, "stream": True}
+    with httpx.stream("POST", hermes.v1 + "/chat/completions", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    deltas = [e["choices"][0]["delta"] for e in events]
+    calls = [tc for d in deltas for tc in d.get("tool_calls", ())]
+    assert set(calls[0]) == {"index", "id", "type", "function"} and calls[0]["function"]["arguments"] == ""
+    assert all(set(tc) == {"index", "function"} for tc in calls[1:])
+    arguments = "".join(tc["function"]["arguments"] for tc in calls)
+    assert [(calls[0]["function"]["name"], arguments)] == [
+        (c.function.name, c.function.arguments) for c in whole.tool_calls
+    ]
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert "".join(d.get("content") or "" for d in deltas) == ""
+
+
+def test_an_agent_loop_caches_each_previous_prompt_and_output(client) -> None:
+    messages = [{"role": "system", "content": "Use the tools (loop)."}, *ASK[1:]]
+    previous = None
+    for step in range(3):
+        r = _ask(client, messages, tool_choice="required", temperature=0.9, seed=step)
+        message = r.choices[0].message
+        check_calls(message.tool_calls)
+        if previous is not None:
+            assert r.usage.prompt_tokens_details.cached_tokens >= (previous - 1) // PAGE * PAGE, (step, r.usage)
+        previous = r.usage.prompt_tokens + r.usage.completion_tokens
+        messages.append(
+            {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in message.tool_calls]}
+        )
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": f"ok {step}"} for c in message.tool_calls]
