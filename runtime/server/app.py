@@ -187,7 +187,9 @@ def create_app(
 
     def responder(kind: str, job: generation.Job, functions: bool = False) -> Responder:
         calls = legacy_calls if functions else None  # replies in the deprecated function_call shape
-        return Responder(kind, model_name, job.prompt_tokens, job.n, token_bytes, legacy=calls)
+        use = job.options.tool_use
+        parsed = use is not None and use.parses_calls
+        return Responder(kind, model_name, job.prompt_tokens, job.n, token_bytes, legacy=calls, calls=parsed)
 
     async def run(request: Request, body: Any, job: generation.Job, responder: Responder) -> Any:
         namespace = job.options.namespace

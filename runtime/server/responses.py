@@ -49,9 +49,11 @@ class Responder:
         n: int = 1,
         token_bytes: Callable[[int], bytes] = lambda t: str(t).encode(),
         legacy: legacy_shape.LegacyCalls | None = None,
+        calls: bool = False,
     ) -> None:
         self.kind, self.model, self.prompt_tokens, self.n = kind, model, prompt_tokens, n
         self.legacy = legacy  # set: the request used `functions`; calls are answered as `function_call`
+        self.calls = calls  # the reply may be calls: a stream's first chunk says content null, as OpenAI's does
         self.token_bytes = token_bytes
         prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
@@ -155,7 +157,7 @@ class Responder:
     ) -> dict[str, Any]:
         if self.chat:
             if delta is None:
-                delta = {"role": "assistant", "content": ""} if first else {}
+                delta = {"role": "assistant", "content": None if self.calls else ""} if first else {}
                 if text is not None:
                     delta["content"] = text
             choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}

@@ -1,8 +1,8 @@
 """Hostile tool and structured-output bodies over HTTP (hypothesis), on the tiny checkpoint: schemas, tools,
 tool_choice, parallel_tool_calls, the legacy functions / function_call, response_format, regex, grammar and agent
-histories drawn from near-valid shapes and junk, whole and streamed. Each is answered 200 (and then runs to its end: a stream ends with `[DONE]` and no
-error event) or 400 with OpenAI's error body, never a 5xx; afterwards a greedy bystander's reply equals its reply
-before, and no page is left locked."""
+histories drawn from near-valid shapes and junk, whole and streamed. Each is answered 200 (and then runs to its
+end: a stream ends with `[DONE]` and no error event) or 400 with OpenAI's error body, never a 5xx; afterwards a
+greedy bystander's reply equals its reply before, and no page is left locked."""
 
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def test_a_stream_carries_function_call_deltas_that_assemble_to_the_whole_reply(
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     deltas = [json.loads(e)["choices"][0] for e in events[:-1]]
-    assert deltas[0]["delta"] == {"role": "assistant", "content": ""}
+    assert deltas[0]["delta"] == {"role": "assistant", "content": None}  # as OpenAI's when the reply may be calls
     assert deltas[1]["delta"] == {"function_call": {"name": "weather", "arguments": ""}}
     pieces = [d["delta"]["function_call"] for d in deltas[2:-1]]
     assert all(set(p) == {"arguments"} for p in pieces) and pieces

@@ -109,7 +109,7 @@ def test_a_stream_carries_openais_tool_call_deltas_and_assembles_to_the_whole_re
     body = {"model": "tiny", "messages": _messages("stream"), "tools": TOOLS, "max_tokens": 160, **kw}
     chunks = _sse(tiny, {**body, "stream": True, "stream_options": {"include_usage": True}})
     deltas = [c["choices"][0] for c in chunks if c["choices"]]
-    assert deltas[0]["delta"] == {"role": "assistant", "content": ""}
+    assert deltas[0]["delta"] == {"role": "assistant", "content": None}  # as OpenAI's when the reply may be calls
     calls: dict[int, dict[str, Any]] = {}
     for d in deltas[1:-1]:
         assert d["finish_reason"] is None and set(d["delta"]) == {"tool_calls"}, d  # no content around the calls
