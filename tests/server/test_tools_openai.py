@@ -7,6 +7,8 @@ results, each turn reporting the previous prompt and output cached in whole page
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -214,6 +216,34 @@ def test_null_tool_fields_count_as_absent(client) -> None:
     nulls = [{"type": "function", "function": {**t["function"], "description": None, "strict": None}} for t in TOOLS]
     r = _ask(client, "nulls", tools=nulls, tool_choice="required", parallel_tool_calls=False, temperature=0)
     check_calls(r.choices[0].message.tool_calls)
+
+
+def test_tool_streams_abandoned_mid_call_leave_nothing_locked(client, tiny) -> None:
+    body = {"model": "tiny", "messages": _messages("abandoned"), "tools": TOOLS, "tool_choice": "required"}
+    body |= {"max_tokens": 160, "temperature": 1.0, "stream": True}
+
+    def abandon(seed: int, after: int) -> int:
+        seen = 0
+        with httpx.stream("POST", tiny.v1 + "/chat/completions", json={**body, "seed": seed}, timeout=60) as r:
+            for line in r.iter_lines():
+                seen += line.startswith("data: ")
+                if seen >= after:
+                    break  # the client goes away mid-call
+        return seen
+
+    with ThreadPoolExecutor(6) as pool:
+        assert all(n >= 1 for n in pool.map(abandon, range(6), [2, 3, 5, 8, 13, 21]))
+    deadline = time.monotonic() + 10
+    while (
+        locked := httpx.get(tiny.url + "/health/cache", timeout=10).json()["locked_blocks"]
+    ) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert locked == 0
+    check_calls(
+        _ask(client, "after abandon", tool_choice="required", parallel_tool_calls=False, temperature=0)
+        .choices[0]
+        .message.tool_calls
+    )
 
 
 def test_developer_is_the_system_message_and_names_are_accepted(client) -> None:
