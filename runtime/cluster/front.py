@@ -24,8 +24,12 @@ from typing import Any
 
 from radixcache import CacheStats
 from radixcache.runtime.cluster.cluster import ReplicaCluster
-from radixcache.runtime.engine.errors import EngineClosedError, ReplicaUnavailableError
+from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, resolve_options
+
+# The front door fails a request its replica has not admitted within the queue timeout plus this (the replica's own
+# verdict, with its wording, gets the first chance; under a starved CPU it can come back over Ray seconds late).
+ADMISSION_GRACE_S = 0.25
 
 
 @dataclass(slots=True)
@@ -156,19 +160,24 @@ class ClusterEngine:
         options = options.updated(session=None)  # the session chose the replica; the replica's engine never sees it
         tried: set[int] = set()
         sent_at = handle.sent_at
+        queue_timeout = cluster.queue_timeout
         try:
             result = None
             while result is None:
                 replica, rid = cluster.dispatch(request, tried)
                 req.replica = replica
+                admitted = queue_timeout is None  # without a queue timeout the replica does not say; assume so
                 try:
                     streaming = cluster.actor(replica).stream.options(num_returns="streaming")
                     stream = streaming.remote(req.rid, prompt, options, sent_at)
                     if handle.cancelled:  # cancelled before `replica` was set: `_cancel` could not name it
                         cluster.actor(replica).cancel.remote(req.rid)
                     while result is None:  # the last item is ("done", result): never wait past it
-                        kind, value, logprobs = ray.get(self._next_item(stream, replica, req.rid))
-                        if kind == "tokens":
+                        by = None if admitted else sent_at + queue_timeout + ADMISSION_GRACE_S  # type: ignore[operator]
+                        kind, value, logprobs = ray.get(self._next_item(stream, replica, req.rid, by))
+                        if kind == "admitted":
+                            admitted = True
+                        elif kind == "tokens":
                             req.output_ids.extend(value)
                             req.logprobs.extend(logprobs)
                             if req.listener is not None:
@@ -188,24 +197,38 @@ class ClusterEngine:
                 except ray.exceptions.RayTaskError as exc:  # the engine refused or failed it: its own exception
                     raise exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc from None
                 finally:  # before the caller sees the result: the next turn it sends must find this one's pages
-                    cluster.done(replica, rid)
+                    cluster.done(replica, rid, computed=result is not None or bool(req.output_ids) or admitted)
             handle.future.set_result(result)
         except BaseException as exc:
             if not handle.future.done():
                 cause = getattr(exc, "cause", None)
                 handle.future.set_exception(cause if isinstance(cause, BaseException) else exc)
 
-    def _next_item(self, stream: Any, replica: int, rid: str) -> Any:
+    def _next_item(self, stream: Any, replica: int, rid: str, admit_by: float | None = None) -> Any:
         """The stream's next item (an object ref), awaited at most `call_timeout` seconds. A replica that sends
         nothing for that long has the request cancelled there and the caller gets ReplicaUnavailableError (503).
-        A dead replica's stream has its next item at once: the actor error, raised by `ray.get`."""
+        A dead replica's stream has its next item at once: the actor error, raised by `ray.get`. `admit_by`
+        (time.time()): a request not yet admitted by then is cancelled there and fails with QueueTimeoutError, as the
+        replica's engine would have failed it, without waiting for that verdict to come back."""
         cluster = self.cluster
-        ready, _ = cluster.ray.wait([stream], timeout=cluster.call_timeout)
-        if not ready:
-            cluster.actor(replica).cancel.remote(rid)  # it stops computing; its stream then ends on its own
-            raise ReplicaUnavailableError(
-                f"engine replica {replica} sent nothing for {cluster.call_timeout} s; the request was cancelled"
-            )
+        start = time.time()
+        while True:
+            now = time.time()
+            if admit_by is not None and now >= admit_by:
+                cluster.actor(replica).cancel.remote(rid)
+                timeout = cluster.queue_timeout
+                raise QueueTimeoutError(
+                    f"request {rid} was not admitted within the queue timeout of {timeout} s", retry_after=timeout
+                )
+            left = cluster.call_timeout - (now - start)
+            if left <= 0:
+                cluster.actor(replica).cancel.remote(rid)  # it stops computing; its stream then ends on its own
+                raise ReplicaUnavailableError(
+                    f"engine replica {replica} sent nothing for {cluster.call_timeout} s; the request was cancelled"
+                )
+            ready, _ = cluster.ray.wait([stream], timeout=left if admit_by is None else min(left, admit_by - now))
+            if ready:
+                break
         try:
             return next(stream)
         except StopIteration:  # ended without its ("done", result) item (Ray reports a failure as an item)

@@ -7,6 +7,7 @@ concurrently through the engine's own scheduler, and Ray restarts it when it die
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # the driver process imports this module to wrap the class: i
     from radixcache.runtime.engine.options import RequestOptions
 
 EARLY_CANCELS = 4096
+ADMISSION_POLL_S = 0.02  # how often a stream looks whether its request was admitted, while it waits
 
 
 class EngineReplica:
@@ -71,8 +73,9 @@ class EngineReplica:
     def stream(
         self, rid: str, prompt_ids: Sequence[int], options: RequestOptions, sent_at: float | None = None
     ) -> Iterator[tuple[str, Any, Any]]:
-        """One request, streamed (a Ray streaming generator): ("tokens", new token ids, their logprobs) as the engine
-        makes them, then ("done", GenerationResult, None). An engine error (a full queue, say) is raised to the
+        """One request, streamed (a Ray streaming generator): ("admitted", None, None) once the engine admits it (only
+        with a queue timeout), ("tokens", new token ids, their logprobs) as the engine makes them, then ("done",
+        GenerationResult, None). An engine error (a full queue, say) is raised to the
         caller. `cancel(rid)` aborts it. `sent_at` (time.time() when the front door sent it): the engine's queue
         timeout counts from then, so time spent reaching the replica is not granted twice."""
         from radixcache.runtime.engine.errors import QueueTimeoutError
@@ -95,16 +98,24 @@ class EngineReplica:
         req.listener = lambda _r: wake.put(None)  # on the engine loop thread
         handle.future.add_done_callback(lambda _f: wake.put(None))
         sent = 0
+        # With a queue timeout the front door holds it too, so it is told when the request is admitted: admission
+        # wakes nothing here, hence the short polls until then.
+        watching = timeout is not None
         try:
             while True:
                 done = handle.done()
+                if watching and (req.t_admitted is not None or done):
+                    watching = False
+                    if req.t_admitted is not None:
+                        yield "admitted", None, None
                 ids = list(req.output_ids)
                 if len(ids) > sent:
                     yield "tokens", ids[sent:], list(req.logprobs[sent : len(ids)])
                     sent = len(ids)
                 if done:
                     break
-                wake.get()
+                with contextlib.suppress(queue.Empty):
+                    wake.get(timeout=ADMISSION_POLL_S if watching else None)
             yield "done", handle.result(), None
         finally:
             self._handles.pop(rid, None)
