@@ -38,6 +38,7 @@ from radixcache.runtime.engine.scheduler import Scheduler
 from radixcache.runtime.engine.session import Session
 from radixcache.runtime.engine.stats import EngineStats, checked_gauges, engine_stats
 from radixcache.runtime.engine.streaming import gather_results, stream_text, tool_deltas
+from radixcache.runtime.engine.threads import ThreadController
 from radixcache.runtime.engine.tool_calls import tool_parser
 from radixcache.runtime.engine.trace_recorder import TraceRecorder
 from radixcache.runtime.kv.events import KVEventLog
@@ -120,9 +121,11 @@ class Engine:
         self.output = OutputProcessor(self.tokenizer, self.eos_token_ids, self.config.max_position)
         self.runner = ModelRunner(self.model, self.pool, self.mirror)
         self.scheduler = Scheduler(self.runner, self.kv, self.output, config.scheduler())
-        # The loop thread sets its own OpenMP thread count: a thread does not inherit its creator's setting.
+        # The loop thread sets its own OpenMP thread count: a thread does not inherit its creator's setting. The
+        # controller lowers it while the machine's other programs take the cores (runtime.engine.threads).
         self.threads = config.threads if config.threads is not None else torch.get_num_threads()
-        self._loop = EngineLoop(self.scheduler, self.output.result, num_threads=self.threads)
+        self.thread_control = ThreadController(self.threads, adaptive=config.thread_policy == "adaptive")
+        self._loop = EngineLoop(self.scheduler, self.output.result, threads=self.thread_control)
         self.queue = QueueGate(config.max_queue)
         self.queue_timeout = config.queue_timeout
         self.tool_memory = self.output.tool_memory  # the text the model wrote for its calls, by call ids
@@ -351,7 +354,7 @@ class Engine:
 
     @property
     def stats(self) -> EngineStats:
-        return engine_stats(self.output.totals, self.scheduler, self.kv, self.tiers)
+        return engine_stats(self.output.totals, self.scheduler, self.kv, self.tiers, self.thread_control)
 
     def __repr__(self) -> str:
         return f"Engine(model={self.config.name!r}, cache={self.cache!r}, enable_cache={self.enable_cache})"

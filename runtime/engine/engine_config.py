@@ -20,6 +20,7 @@ from radixcache.policy.admission import AdmissionPolicy, make_admission
 from radixcache.policy.registry import make_policy
 from radixcache.runtime.engine.queue_limit import check_max_queue
 from radixcache.runtime.engine.scheduler import SchedulerConfig
+from radixcache.runtime.engine.threads import check_thread_policy
 from radixcache.runtime.kv.pool import parse_memory
 from radixcache.runtime.kv.tier.coordinator import LoadCosts
 from radixcache.runtime.kv.tier.prefetch import DEFAULT_PREFETCH_POLICY, DEFAULT_PREFETCH_TIMEOUT_MS, check_prefetch
@@ -57,7 +58,9 @@ class EngineConfig:
     Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.model.linear);
     `quant="gguf"` keeps a GGUF file's Q4_1 / Q8_0 blocks for decode batches of up to 4 (the same weights, float32
     arithmetic, a native kernel built on first use: runtime.model.block_linear; a loaded model needs `keep_blocks`);
-    `threads` sets the torch threads of the engine loop (default: the constructing thread's count); `dtype` and
+    `threads` sets the torch threads of the engine loop (default: the constructing thread's count); with
+    `thread_policy="adaptive"` (the default) the loop runs fewer while other programs take the cores and returns
+    to `threads` when they are free (runtime.engine.threads), "fixed" always runs `threads`; `dtype` and
     `device` where the model runs.
     Overload: `max_queue` requests at most wait for admission (past it `submit` raises QueueFullError at once,
     queueing nothing); `queue_timeout` seconds at most a request waits to be admitted (then its result raises
@@ -113,6 +116,7 @@ class EngineConfig:
     admission: str | AdmissionPolicy | None = "all"
     lease_fraction: float = 0.5
     lease_clock: Callable[[], float] | None = None
+    thread_policy: str = "adaptive"
 
     def __post_init__(self) -> None:
         """Every check that needs no weights, in the order the engine has always made them."""
@@ -123,6 +127,7 @@ class EngineConfig:
         threads = self.threads
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive int, got {threads!r}")
+        check_thread_policy(self.thread_policy)
         if self.quant not in QUANT_MODES:
             raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {self.quant!r}")
         if self.load_back not in LoadCosts.MODES:

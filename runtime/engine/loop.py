@@ -27,6 +27,7 @@ import torch
 from radixcache.runtime.engine.errors import EngineDeadError
 from radixcache.runtime.engine.request import GenerationResult, Request, dequeued
 from radixcache.runtime.engine.scheduler import Scheduler
+from radixcache.runtime.engine.threads import ThreadController
 from radixcache.runtime.engine.trace_recorder import TraceRecorder, earliest_arrival
 from radixcache.runtime.native.openmp import release_idle_team
 
@@ -78,13 +79,18 @@ class RequestHandle:
 
 
 class EngineLoop:
-    """Runs `scheduler.step()` on its own thread while there is work; applies commands between steps."""
+    """Runs `scheduler.step()` on its own thread while there is work; applies commands between steps. `threads`
+    (runtime.engine.threads) sets the torch thread count of each step, changed only between steps; None leaves
+    the thread's default."""
 
     def __init__(
-        self, scheduler: Scheduler, finish: Callable[[Request], GenerationResult], num_threads: int | None = None
+        self,
+        scheduler: Scheduler,
+        finish: Callable[[Request], GenerationResult],
+        threads: ThreadController | None = None,
     ) -> None:
         self.scheduler = scheduler
-        self.num_threads = num_threads
+        self.threads = threads
         self._finish = finish
         self._cv = threading.Condition()
         self._inbox: list[Callable[[Scheduler], Any]] = []
@@ -183,9 +189,10 @@ class EngineLoop:
     # ------------------------------------------------------------------ the thread
 
     def _run(self) -> None:
-        s = self.scheduler
-        if self.num_threads is not None:
-            torch.set_num_threads(self.num_threads)  # per thread in OpenMP: a new thread starts from the default
+        s, ctl = self.scheduler, self.threads
+        applied = 0  # the count set on this thread: OpenMP's is per thread, and a new one has the default
+        if ctl is not None:
+            torch.set_num_threads(applied := ctl.threads)
         try:
             with torch.inference_mode():
                 while True:
@@ -193,12 +200,19 @@ class EngineLoop:
                         commands, self._inbox = self._inbox, []
                         if not commands and not s.has_work():
                             self._thread = None
+                            if ctl is not None:
+                                ctl.pause()
                             return
                     for command in commands:
                         command(s)  # `call` wraps each: its error goes to its own future
                     try:
                         if s.has_work():
+                            if ctl is not None and (n := ctl.begin_step()) != applied:
+                                torch.set_num_threads(n)  # between steps: never inside a forward pass
+                                applied = n
                             s.step()
+                            if ctl is not None:
+                                ctl.end_step()
                     except BaseException as exc:  # a scheduler bug outside its per-request guards
                         self._fail_in_flight(exc)
                     self._deliver(s.drain())

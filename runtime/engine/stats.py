@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from radixcache import CacheStats, RadixCache
 from radixcache.runtime.engine.output import Totals
 from radixcache.runtime.engine.scheduler import Scheduler
+from radixcache.runtime.engine.threads import ThreadController
 from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.tier.coordinator import KVTiers, TierCounters
 
@@ -36,6 +37,8 @@ class EngineStats:
     tiers: TierCounters | None = None  # per-tier hits and page moves, with a host tier or a cache directory
     admission_declined_pages: int = 0  # computed full pages the admission policy kept out of the tree (freed)
     leases: int = 0  # leases held now (runtime.kv.leases), those past their deadline until the next check
+    threads: int = 0  # torch threads the engine's steps run on now (runtime.engine.threads: fewer while busy)
+    thread_changes: int = 0  # times the thread controller changed that count
 
     @property
     def hit_rate(self) -> float:
@@ -43,8 +46,11 @@ class EngineStats:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def engine_stats(t: Totals, s: Scheduler, kv: KVManager, tiers: KVTiers | None) -> EngineStats:
-    """The figures now: the output processor's totals `t`, the scheduler's queues, the KV manager's cache."""
+def engine_stats(
+    t: Totals, s: Scheduler, kv: KVManager, tiers: KVTiers | None, threads: ThreadController | None = None
+) -> EngineStats:
+    """The figures now: the output processor's totals `t`, the scheduler's queues, the KV manager's cache, the
+    thread controller's count."""
     c = kv.cache
     return EngineStats(
         requests=t.requests,
@@ -66,6 +72,8 @@ def engine_stats(t: Totals, s: Scheduler, kv: KVManager, tiers: KVTiers | None) 
         tiers=None if tiers is None else tiers.counters,
         admission_declined_pages=kv.declined_pages,
         leases=len(kv.leases),
+        threads=0 if threads is None else threads.threads,
+        thread_changes=0 if threads is None else threads.changes,
     )
 
 

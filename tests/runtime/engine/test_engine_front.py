@@ -50,6 +50,7 @@ ENGINE_KEYWORDS = [
     "admission",
     "lease_fraction",
     "lease_clock",
+    "thread_policy",  # added with the thread controller (runtime.engine.threads)
 ]
 
 
@@ -78,6 +79,8 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
         ({"dtype": "int3"}, "dtype must be one of"),
         ({"write_policy": "sometimes"}, "write_policy must be one of"),
         ({"threads": 0}, "threads must be a positive int"),
+        ({"thread_policy": "spin"}, "thread_policy must be one of adaptive, fixed"),
+        ({"thread_policy": ["fixed"]}, "thread_policy must be one of"),
         ({"max_pinned_fraction": 2.0}, "max_pinned_fraction must be in"),
         ({"max_queue": -1}, "max_queue must be an int >= 0"),
         ({"queue_timeout": 0}, "queue_timeout must be > 0"),

@@ -1,0 +1,231 @@
+"""Threads that yield: the engine loop's torch thread count follows the cores the engine actually gets.
+
+Why: torch (and the native kernels, runtime.native) run each parallel kernel on an OpenMP team whose threads meet at
+a barrier after every kernel. On a machine where other programs want the cores too, the scheduler deschedules one
+of the team now and then, and every other member waits at the next barrier for it: with one busy single-thread
+process beside a 2-thread engine on 2 cores, decode ran at 38% of its idle speed where a 1-thread engine kept 97%
+(docs/benchmarks.md, "Threads that yield").
+
+What: `ThreadController` measures windows of back-to-back engine steps (`window_s` at least, between steps only):
+- waiting: how many of this process's threads were, on average, ready to run but waiting for a core (Linux's
+  per-thread run-queue delay, /proc/self/task/*/schedstat). A 2-thread engine beside one busy process on 2 cores
+  waits 0.75 threads; on an idle machine 0.01.
+- idle: how many of the cores this process may run on (its affinity) were, on average, idle (/proc/stat).
+It drops threads (as many as were waiting, rounded, at least one) once `drop_windows` windows in a row had at
+least `drop_waiting` threads waiting, and adds one back once the cores were `raise_idle` idle or more for
+`raise_after_s` seconds in a row, never above the configured count nor below 1. Hysteresis: a raise that is
+undone within `probation_s` (the load was still there) doubles the wait before the next raise, up to
+`max_raise_after_s`; a raise that holds for `probation_s` resets it. Where schedstat is missing (not Linux) the
+waiting threads are estimated as the threads asked for minus the CPU time the process got (`os.times`), and idle
+cores as the cores minus the 1-minute load average (slower).
+
+The controller only decides; the loop thread applies the count with `torch.set_num_threads` before a step
+(runtime.engine.loop), so no forward pass ever changes threads midway. It is torch-free: tests drive it with a
+fake probe and clock. `EngineConfig.thread_policy="fixed"` keeps the configured count (benchmarks).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+THREAD_POLICIES = ("adaptive", "fixed")
+
+
+def check_thread_policy(policy: object) -> None:
+    if policy not in THREAD_POLICIES:
+        raise ValueError(f"thread_policy must be one of {', '.join(THREAD_POLICIES)}, got {policy!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """Cumulative counters at one instant, in seconds (only differences between two readings mean anything)."""
+
+    run: float  # CPU time this process's threads ran
+    wait: float | None  # time its threads were ready to run but waited for a core; None where not measurable
+    idle: float  # idle time of the cores it may run on, summed over those cores
+
+
+class Probe(Protocol):
+    def read(self) -> Reading: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    """The controller's thresholds (module docstring); the defaults are what the engine runs with."""
+
+    window_s: float = 0.25
+    drop_waiting: float = 0.4
+    drop_windows: int = 2
+    raise_idle: float = 0.6
+    raise_after_s: float = 1.0
+    max_raise_after_s: float = 60.0
+    probation_s: float = 5.0
+
+
+class ThreadController:
+    """The engine loop's thread count (`threads`), between 1 and `max_threads`. Call `begin_step` before and
+    `end_step` after each step, `pause` when the loop goes idle; all on the loop thread."""
+
+    def __init__(
+        self,
+        max_threads: int,
+        adaptive: bool = True,
+        probe: Probe | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        settings: ControllerSettings | None = None,
+    ) -> None:
+        if max_threads < 1:
+            raise ValueError(f"max_threads must be >= 1, got {max_threads}")
+        self.max_threads = max_threads
+        self.threads = max_threads  # the count the next step runs on
+        self.adaptive = adaptive and max_threads > 1
+        self.changes = 0  # times the count changed
+        self.settings = settings or ControllerSettings()
+        self._probe = probe
+        self._clock = clock
+        self._start: tuple[float, Reading] | None = None  # the open window: when, and the counters then
+        self._starved = 0  # windows in a row with too many threads waiting
+        self._idle_since: float | None = None  # start of the run of windows with a spare core
+        self._raise_after = self.settings.raise_after_s
+        self._raised_at: float | None = None  # the last raise, while on probation
+
+    def begin_step(self) -> int:
+        """Open a window if none is open; the thread count this step must run on."""
+        if self.adaptive and self._start is None:
+            self._start = (self._clock(), self._read())
+        return self.threads
+
+    def end_step(self) -> None:
+        """Close the window once it is `window_s` long, and decide on it."""
+        if self._start is None:
+            return
+        now = self._clock()
+        t0, r0 = self._start
+        if now - t0 < self.settings.window_s:
+            return
+        r1 = self._read()
+        self._start = None
+        wall = now - t0
+        if wall > 0:
+            self._decide(now, wall, r0, r1)
+
+    def pause(self) -> None:
+        """The loop goes idle: the open window is dropped (its gap would read as idle cores)."""
+        self._start = None
+
+    # ------------------------------------------------------------------ private
+
+    def _read(self) -> Reading:
+        if self._probe is None:
+            self._probe = default_probe()
+        return self._probe.read()
+
+    def _decide(self, now: float, wall: float, r0: Reading, r1: Reading) -> None:
+        cfg, n = self.settings, self.threads
+        if r1.wait is not None and r0.wait is not None:
+            waiting = (r1.wait - r0.wait) / wall
+        else:  # threads asked for minus the cores got (spinning OpenMP threads count as got)
+            waiting = max(0.0, n - (r1.run - r0.run) / wall)
+        idle = (r1.idle - r0.idle) / wall
+        if self._raised_at is not None and now - self._raised_at >= cfg.probation_s:
+            self._raised_at = None  # the last raise held: the next may come as soon as the first
+            self._raise_after = cfg.raise_after_s
+        self._starved = self._starved + 1 if waiting >= cfg.drop_waiting else 0
+        if self._starved >= cfg.drop_windows and n > 1:
+            if self._raised_at is not None:  # undone on probation: wait longer before trying again
+                self._raise_after = min(2 * self._raise_after, cfg.max_raise_after_s)
+                self._raised_at = None
+            self._set(max(1, n - max(1, int(waiting + 0.5))))
+            return
+        if idle < cfg.raise_idle or waiting >= cfg.drop_waiting or n >= self.max_threads:
+            self._idle_since = None
+            return
+        if self._idle_since is None:
+            self._idle_since = now - wall
+        if now - self._idle_since >= self._raise_after:
+            self._set(n + 1)
+            self._raised_at = now
+
+    def _set(self, n: int) -> None:
+        self.threads = max(1, min(self.max_threads, n))
+        self.changes += 1
+        self._starved = 0
+        self._idle_since = None
+
+
+# ---------------------------------------------------------------------- probes
+
+
+def _affinity() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+class LinuxProbe:
+    """Run and run-queue wait of every thread of this process (/proc/self/task/*/schedstat, nanoseconds), and
+    idle plus iowait of the CPUs in its affinity (/proc/stat, clock ticks)."""
+
+    def __init__(self) -> None:
+        self._cpus = {f"cpu{i}" for i in _affinity()}
+        self._tick = 1.0 / os.sysconf("SC_CLK_TCK")
+        self._seen: dict[str, tuple[int, int]] = {}  # per thread: its counters at the last reading
+        self._run_ns = 0  # what every thread ran and waited since the first reading, ended threads included
+        self._wait_ns = 0
+
+    @staticmethod
+    def available() -> bool:
+        return os.path.exists("/proc/self/schedstat") and os.path.exists("/proc/stat")
+
+    def read(self) -> Reading:
+        seen: dict[str, tuple[int, int]] = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    run, wait = (int(v) for v in f.read().split()[:2])
+            except (OSError, ValueError):  # the thread ended meanwhile
+                continue
+            seen[tid] = (run, wait)
+            run0, wait0 = self._seen.get(tid, (0, 0))  # a thread new since the last reading counts from 0
+            self._run_ns += run - run0
+            self._wait_ns += wait - wait0
+        self._seen = seen
+        idle = 0
+        with open("/proc/stat") as f:
+            for line in f:
+                name, _, rest = line.partition(" ")
+                if name in self._cpus:
+                    fields = rest.split()
+                    idle += int(fields[3]) + int(fields[4])  # idle, iowait
+        return Reading(run=self._run_ns / 1e9, wait=self._wait_ns / 1e9, idle=idle * self._tick)
+
+
+class PortableProbe:
+    """Where schedstat is missing: the process's CPU time (`os.times`), no wait, and idle cores integrated from
+    the 1-minute load average (cores minus load, at least 0) between readings."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._cores = len(_affinity())
+        self._clock = clock
+        self._last = clock()
+        self._idle = 0.0
+
+    def read(self) -> Reading:
+        now = self._clock()
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            load = float(self._cores)  # unknown: never reads as idle, so never raises
+        self._idle += max(0.0, self._cores - load) * (now - self._last)
+        self._last = now
+        t = os.times()
+        return Reading(run=t.user + t.system, wait=None, idle=self._idle)
+
+
+def default_probe() -> Probe:
+    return LinuxProbe() if LinuxProbe.available() else PortableProbe()
