@@ -90,8 +90,14 @@ class ThreadController:
         self._start: tuple[float, Reading] | None = None  # the open window: when, and the counters then
         self._starved = 0  # windows in a row with too many threads waiting
         self._idle_since: float | None = None  # start of the run of windows with a spare core
-        self._raise_after = self.settings.raise_after_s
+        self._backoff = 1  # the raise wait's multiple of raise_after_s (doubled by each raise undone on probation)
         self._raised_at: float | None = None  # the last raise, while on probation
+
+    @property
+    def raise_after_s(self) -> float:
+        """Seconds of idle cores the next raise waits for (doubled by each raise undone on probation)."""
+        cfg = self.settings
+        return min(cfg.raise_after_s * self._backoff, max(cfg.raise_after_s, cfg.max_raise_after_s))
 
     def begin_step(self) -> int:
         """Open a window if none is open; the thread count this step must run on."""
@@ -133,11 +139,12 @@ class ThreadController:
         idle = (r1.idle - r0.idle) / wall
         if self._raised_at is not None and now - self._raised_at >= cfg.probation_s:
             self._raised_at = None  # the last raise held: the next may come as soon as the first
-            self._raise_after = cfg.raise_after_s
+            self._backoff = 1
         self._starved = self._starved + 1 if waiting >= cfg.drop_waiting else 0
         if self._starved >= cfg.drop_windows and n > 1:
             if self._raised_at is not None:  # undone on probation: wait longer before trying again
-                self._raise_after = min(2 * self._raise_after, cfg.max_raise_after_s)
+                if self.raise_after_s < cfg.max_raise_after_s:
+                    self._backoff *= 2
                 self._raised_at = None
             self._set(max(1, n - max(1, int(waiting + 0.5))))
             return
@@ -146,7 +153,7 @@ class ThreadController:
             return
         if self._idle_since is None:
             self._idle_since = now - wall
-        if now - self._idle_since >= self._raise_after:
+        if now - self._idle_since >= self.raise_after_s:
             self._set(n + 1)
             self._raised_at = now
 
