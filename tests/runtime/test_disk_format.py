@@ -9,6 +9,7 @@ import json
 import struct
 
 import pytest
+import xxhash
 
 from radixcache.runtime.kv.tier.disk_format import MAGIC
 from tests.runtime.conftest import FP, META, h, page_path, payload, toks, write
@@ -19,10 +20,10 @@ def test_the_file_format_is_the_documented_one(open_store) -> None:
     write(store, 5)
     data = page_path(store, h(5)).read_bytes()
     assert data[:8] == MAGIC
-    assert data[8:40] == hashlib.blake2b(data[40:], digest_size=32).digest()
+    assert data[8:40] == xxhash.xxh3_128(data[40:]).digest() + bytes(16)
     version, header_len = struct.unpack_from("<II", data, 40)
     header = json.loads(data[48 : 48 + header_len])
-    assert version == 1
+    assert version == 2
     assert header == {
         "hash": h(5).hex(),
         "fingerprint": FP,
@@ -34,6 +35,31 @@ def test_the_file_format_is_the_documented_one(open_store) -> None:
     tokens_at = 48 + header_len
     assert list(struct.unpack_from("<4i", data, tokens_at)) == toks(5)
     assert data[tokens_at + 16 :] == payload(5)
+
+
+def _as_version(data: bytes, version: int, checksum: bytes | None = None) -> bytes:
+    body = struct.pack("<I", version) + data[44:]
+    return data[:8] + (checksum if checksum is not None else hashlib.blake2b(body, digest_size=32).digest()) + body
+
+
+def test_version_1_files_checksummed_by_blake2b_are_still_read(open_store) -> None:
+    store = open_store()
+    write(store, 5)
+    path = page_path(store, h(5))
+    path.write_bytes(_as_version(path.read_bytes(), 1))
+    assert store.read(h(5), toks(5)) == (payload(5), META)
+    assert store.stats().corrupt_pages == 0
+
+
+@pytest.mark.parametrize("version", [1, 3], ids=["v1-with-a-v2-checksum", "unknown-version"])
+def test_a_version_that_does_not_match_its_checksum_is_corrupt(open_store, version: int) -> None:
+    store = open_store()
+    write(store, 5)
+    path = page_path(store, h(5))
+    data = path.read_bytes()
+    path.write_bytes(_as_version(data, version, checksum=data[8:40]))  # the version field flipped, nothing else
+    assert store.read(h(5), toks(5)) is None
+    assert store.stats().corrupt_pages == 1 and not path.exists()
 
 
 def test_token_ids_beyond_int32_are_stored_as_int64(open_store) -> None:

@@ -67,6 +67,26 @@ def read_nofollow(path: str) -> bytes:
         return f.read()
 
 
+def read_nofollow_writable(path: str) -> bytearray:
+    """`read_nofollow` into a bytearray (one copy, from the page cache: a tensor can then view the bytes without
+    copying them again). A file that changes size while read yields what was there. Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise IsADirectoryError(f"{path} is not a regular file")
+        data = bytearray(info.st_size + 1)  # one byte more: a file grown since fstat shows as longer, not cut
+        view, got = memoryview(data), 0
+        while got < len(data):
+            n = f.readinto(view[got:])
+            if not n:
+                break
+            got += n
+        del view
+        del data[got:]
+        return data
+
+
 def read_json(path: str) -> Any:
     """A JSON file's value (no symlink followed). OSError, or ValueError for bad JSON."""
     return json.loads(read_nofollow(path).decode("utf-8"))

@@ -253,7 +253,7 @@ class PrefetchReader:
             return False  # cannot happen under one fingerprint; never use bytes of another shape
         staging = job.staging
         assert staging is not None
-        page = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(self.dtype).view(self.shape)
+        page = torch.frombuffer(payload, dtype=torch.uint8).view(self.dtype).view(self.shape)  # no copy
         staging[:, :, i].copy_(page)
         return True
 
