@@ -3,10 +3,11 @@
 Grouped-query attention is native: the `num_heads` query heads are viewed as `[kv_heads, group]` so that each
 KV head is read once for its whole group. Repeated KV heads are never materialised.
 
-Prefill on the CPU (`split_prefill_attention`) runs two flash-attention calls per chunk, merged by their
-log-sum-exp: the chunk's queries over the cached prefix (no mask: every query sees all of it) and over the
-chunk's own keys with `is_causal`, so no mask is built and the kernel skips the blocks above the diagonal. Other
-devices take `prefill_attention`, one SDPA call with an additive causal mask.
+Prefill on the CPU (`split_prefill_attention`) runs flash-attention calls merged by their log-sum-exp: the
+chunk's queries over its own keys with `is_causal` (no mask is built and the kernel skips the blocks above the
+diagonal), and over the cached prefix read in place, one unmasked call per run of pages of the pool
+(model.prefix_pages: every query sees all of the prefix, in any order). Other devices take `prefill_attention`,
+one SDPA call with an additive causal mask over the sequence gathered from the pool.
 
 Per-forward metadata (block tables, lengths, masks) travels in small frozen objects built once per forward
 and passed down explicitly: there is no global attention context.
@@ -22,12 +23,14 @@ neither: radixcache.runtime.kv.mirror keeps the decode batch's KV contiguous, an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from radixcache.runtime.kv.pool import gather_pages
+from radixcache.runtime.model.prefix_pages import PrefixPlan
 
 MAX_RUNS = 4  # beyond this many views a step costs more in SDPA calls than one gather copy saves
 
@@ -38,12 +41,15 @@ class PrefillMeta:
 
     block_table: `[>= ceil((start + num_new) / page_size)]` int64 block ids of the sequence, on the device.
     slots: `[num_new]` flat pool slots where the new tokens' K/V are written.
+    prefix: on the CPU, where positions `< start` lie in the pool (model.prefix_pages: read in place); None where
+    the prefix is gathered (off the CPU) or empty.
     """
 
     start: int
     num_new: int
     block_table: torch.Tensor
     slots: torch.Tensor
+    prefix: PrefixPlan | None = None
 
     @property
     def total(self) -> int:
@@ -167,23 +173,38 @@ def split_prefill_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
     v_new: torch.Tensor,
-    k_prefix: torch.Tensor | None,
-    v_prefix: torch.Tensor | None,
+    k_prefix: torch.Tensor | None = None,
+    v_prefix: torch.Tensor | None = None,
+    *,
+    pieces: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
 ) -> torch.Tensor:
-    """Causal attention of a chunk's queries q `[T, H, D]` over a cached prefix `[S, KV, D]` (None if empty) and
-    over the chunk's own keys `[T, KV, D]`, on the CPU. Returns `[T, H, D]`.
+    """Causal attention of a chunk's queries q `[T, H, D]` over a cached prefix and over the chunk's own keys
+    `[T, KV, D]`, on the CPU. Returns `[T, H, D]`.
 
-    The two parts run as separate flash-attention calls and are merged by their log-sum-exp: the chunk's part
-    with `is_causal` (the kernel skips the blocks above the diagonal, so no mask is built or added), the prefix
-    part unmasked (every query sees all of it). The kernel reads grouped-query KV heads natively; nothing is
-    repeated.
+    The prefix is `k_prefix`/`v_prefix` `[S, KV, D]` (None if empty) and/or `pieces`, `(k, v)` pairs `[S_i, KV, D]`
+    holding its positions in any order (views of the pool read in place: model.prefix_pages). Each part runs as
+    its own flash-attention call and all are merged by their log-sum-exp: the chunk's part with `is_causal` (the
+    kernel skips the blocks above the diagonal, so no mask is built or added), the prefix's parts unmasked (every
+    query sees all of the prefix, and softmax does not depend on the order of the keys). The kernel reads
+    grouped-query KV heads natively; nothing is repeated.
     """
     qh = q.transpose(0, 1).unsqueeze(0)
-    out, lse = _flash(qh, k_new, v_new, causal=True)
-    if k_prefix is not None and v_prefix is not None and k_prefix.shape[0]:
-        out_p, lse_p = _flash(qh, k_prefix, v_prefix, causal=False)
+    parts = [_flash(qh, k_new, v_new, causal=True)]
+    prefix = [(k_prefix, v_prefix)] if k_prefix is not None and v_prefix is not None else []
+    for k, v in (*prefix, *pieces):
+        if k.shape[0]:
+            parts.append(_flash(qh, k, v, causal=False))
+    out, lse = parts[0]
+    if len(parts) == 2:
+        out_p, lse_p = parts[1]
         total = torch.logaddexp(lse, lse_p)
         out = out * torch.exp(lse - total).unsqueeze(-1) + out_p * torch.exp(lse_p - total).unsqueeze(-1)
+    elif len(parts) > 2:
+        total = torch.stack([lse_i for _, lse_i in parts]).logsumexp(dim=0)
+        out = out * torch.exp(lse - total).unsqueeze(-1)
+        for out_i, lse_i in parts[1:]:
+            out = out + out_i * torch.exp(lse_i - total).unsqueeze(-1)
+    if len(parts) > 1:
         out = out.to(q.dtype)  # the log-sum-exps are float32 whatever the model's dtype
     return out[0].transpose(0, 1)
 

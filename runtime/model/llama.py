@@ -31,6 +31,7 @@ from radixcache.runtime.model.attention import (
 )
 from radixcache.runtime.model.batch import DecodeBatch, ForwardLogits, PrefillChunk
 from radixcache.runtime.model.linear import Linear
+from radixcache.runtime.model.prefix_pages import plan_prefix, prefix_pieces
 from radixcache.runtime.model.quant import check_quant, make_linear
 
 if TYPE_CHECKING:
@@ -205,7 +206,7 @@ class LlamaModel:
         for lo in range(0, t, chunk_size):
             hi = min(t, lo + chunk_size)
             positions = torch.arange(start + lo, start + hi, device=self.device)
-            meta = PrefillMeta(start + lo, hi - lo, table, pool.slots(table, positions))
+            meta = self._prefill_meta(start + lo, hi - lo, table, table, pool)
             mask = self._chunk_mask(meta)
 
             def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -270,7 +271,7 @@ class LlamaModel:
             if table.numel() < -(-chunk.end // pool.page_size):
                 raise ValueError(f"block table of {table.numel()} pages cannot hold {chunk.end} tokens")
             positions = torch.arange(chunk.start, chunk.end, device=dev)
-            meta_p = PrefillMeta(chunk.start, n, table, pool.slots(table, positions))
+            meta_p = self._prefill_meta(chunk.start, n, table, chunk.block_table, pool)
             ids_parts.append(torch.as_tensor(chunk.token_ids, dtype=torch.int64).to(dev))
             pos_parts.append(positions)
             slot_parts.append(meta_p.slots)
@@ -302,6 +303,17 @@ class LlamaModel:
         if end > self.config.max_position:
             raise ValueError(f"sequence of {end} tokens exceeds the model's max_position {self.config.max_position}")
 
+    def _prefill_meta(
+        self, start: int, n: int, table: torch.Tensor, block_table: Sequence[int] | torch.Tensor, pool: KVPool
+    ) -> PrefillMeta:
+        """A chunk's metadata; on the CPU with where its cached prefix lies, planned once for every layer."""
+        positions = torch.arange(start, start + n, device=self.device)
+        plan = None
+        if start > 0 and uses_split_prefill(self.device):
+            ids = block_table.tolist() if isinstance(block_table, torch.Tensor) else block_table
+            plan = plan_prefix(ids, start, pool.page_size)
+        return PrefillMeta(start, n, table, pool.slots(table, positions), plan)
+
     def _chunk_mask(self, meta: PrefillMeta) -> torch.Tensor | None:
         """The additive causal mask of a chunk off the CPU (built once per pass); the CPU needs none."""
         if uses_split_prefill(self.device):
@@ -320,13 +332,9 @@ class LlamaModel:
         pool: KVPool,
     ) -> torch.Tensor:
         """A chunk's queries over its sequence's cached prefix and over the chunk itself (causal)."""
-        if mask is None:  # the CPU: the prefix from the pool, the chunk's own K/V at hand, merged by log-sum-exp
-            k_prefix = v_prefix = None
-            if meta.start > 0:
-                k_pages, v_pages = pool.layer(layer)
-                k_prefix = gather_pages(k_pages, meta.block_table, meta.start)
-                v_prefix = gather_pages(v_pages, meta.block_table, meta.start)
-            return split_prefill_attention(q, k, v, k_prefix, v_prefix)
+        if mask is None:  # the CPU: the prefix read in place from the pool, the chunk's own K/V at hand
+            pieces = prefix_pieces(meta.prefix, *pool.layer(layer)) if meta.prefix is not None else []
+            return split_prefill_attention(q, k, v, pieces=pieces)
         if meta.start > 0:  # the prefix comes from the pool (the new K/V were just written there)
             k_pages, v_pages = pool.layer(layer)
             k = gather_pages(k_pages, meta.block_table, meta.total)
