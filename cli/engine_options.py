@@ -1,9 +1,10 @@
 """The engine's command-line options, shared by `replay`, `chat` and `serve`: the model, the KV cache (policy,
-size, page size), admission, the tiers under the pool, and speed (quantisation, threads, the decode mirror).
+size, page size), admission, the tiers under the pool, and speed (quantisation, threads, the decode mirror, the
+kernels).
 
 Each group is a decorator that adds its options, and a function that turns their values into EngineConfig's keyword
 arguments (runtime.engine.engine_config), refusing a bad size or combination before the model loads.
-`engine_choice_options` stacks the four groups and hands the command one `EngineChoices` instead of their twelve
+`engine_choice_options` stacks the four groups and hands the command one `EngineChoices` instead of their fourteen
 values, so each command's signature names them once.
 """
 
@@ -133,7 +134,8 @@ def tier_kwargs(
 
 
 def speed_options(func: Callable) -> Callable:
-    """--quant, --threads and --mirror-memory: how the model runs, shared by replay, chat and serve."""
+    """--quant, --threads, --mirror-memory and the kernel options: how the model runs, shared by replay, chat and
+    serve."""
     options = [
         click.option(
             "--quant",
@@ -149,8 +151,37 @@ def speed_options(func: Callable) -> Callable:
             help="Most memory for the decode mirror (the decode batch's KV kept contiguous so that decode "
             "attention copies nothing per step), e.g. 256MiB; 0 turns it off [default: 512MiB on the CPU].",
         ),
+        *kernel_options(),
     ]
     return _stacked(func, options)
+
+
+def kernel_options() -> list[Callable]:
+    """--kernels and --retune-kernels: how the float32 products pick their kernel (runtime.model.kernel_tune)."""
+    return [
+        click.option(
+            "--kernels",
+            type=click.Choice(["auto", "fixed"]),
+            help="auto: the kernels measured fastest on this machine (measured at the first load, a few seconds, "
+            "then cached per CPU, torch, threads and model); fixed: the built-in rules "
+            "[default: $RADIXCACHE_KERNELS, else auto].",
+        ),
+        click.option(
+            "--retune-kernels",
+            is_flag=True,
+            help="Measure the kernels again and replace the cached choice (after a torch upgrade, or when the "
+            "first measurement ran on a busy machine).",
+        ),
+    ]
+
+
+def kernel_mode(kernels: str | None, retune_kernels: bool) -> str | None:
+    """EngineConfig.kernels from --kernels and --retune-kernels (None: the environment's or the default)."""
+    if retune_kernels:
+        if kernels == "fixed":
+            raise click.UsageError("--retune-kernels measures the kernels; --kernels fixed does not use them")
+        return "retune"
+    return kernels
 
 
 def engine_kwargs(
@@ -161,16 +192,18 @@ def engine_kwargs(
     quant: str = "none",
     threads: int | None = None,
     mirror_memory: str | None = None,
+    kernels: str | None = None,
 ) -> dict[str, Any]:
     """Engine arguments from the kv and speed options; a bad --kv-memory or --mirror-memory is refused before the
-    model loads."""
+    model loads. `kernels`: kernel_mode's value."""
     if capacity_blocks is not None and kv_memory is not None:
         raise click.UsageError("give at most one of --capacity-blocks and --kv-memory")
     if mirror_memory is not None and mirror_memory.strip() == "0":
         mirror_memory = "0"  # off: not a budget
     _check_sizes({"--kv-memory": kv_memory, "--mirror-memory": None if mirror_memory == "0" else mirror_memory})
     kwargs: dict[str, Any] = {"policy": policy, "capacity_blocks": capacity_blocks, "kv_memory": kv_memory}
-    return kwargs | {"page_size": page_size, "quant": quant, "threads": threads, "mirror_memory": mirror_memory}
+    kwargs |= {"page_size": page_size, "quant": quant, "threads": threads, "mirror_memory": mirror_memory}
+    return kwargs | {"kernels": kernels}
 
 
 def load_engine_model(spec: str, quant: str = "none") -> Any:
@@ -202,6 +235,8 @@ class EngineChoices:
     quant: str
     threads: int | None
     mirror_memory: str | None
+    kernels: str | None
+    retune_kernels: bool
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The Engine's keyword arguments for these choices; a bad size, a size given twice or an admission policy
@@ -214,6 +249,7 @@ class EngineChoices:
             self.quant,
             self.threads,
             self.mirror_memory,
+            kernel_mode(self.kernels, self.retune_kernels),
         )
         kwargs |= tier_kwargs(self.host_kv_memory, self.cache_dir, self.cache_dir_size, self.write_policy)
         return kwargs | {"admission": check_admission(self.admission, self.policy)}

@@ -7,6 +7,7 @@ import click
 from radixcache.cli.cache import cache
 from radixcache.cli.chat import chat
 from radixcache.cli.demo import demo
+from radixcache.cli.doctor import doctor
 from radixcache.cli.model import model
 from radixcache.cli.replay import replay
 from radixcache.cli.serve import serve
@@ -30,6 +31,7 @@ def main() -> None:
 main.add_command(cache)
 main.add_command(chat)
 main.add_command(demo)
+main.add_command(doctor)
 main.add_command(model)
 main.add_command(replay)
 main.add_command(serve)

@@ -16,6 +16,12 @@ from hypothesis import HealthCheck, settings
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Engines keep the fixed kernel rules in tests (runtime.model.kernel_tune): measuring them would take seconds per
+# model, write to the user's cache folder and change float32 summation orders that tolerance tests were set on.
+# The tests of the measurement itself ask for it explicitly, with XDG_CACHE_HOME under tmp_path. Servers and CLIs
+# the tests start inherit it.
+os.environ["RADIXCACHE_KERNELS"] = "fixed"
+
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set (as on this project's machines): the workers would
 # otherwise recompile every test module (pytest's assertion rewriting) and every project module on each run, and
 # the ~200 CLIs, servers and Ray workers the tests start would compile the project again each time (they read

@@ -1,6 +1,6 @@
 """What the Engine is built from, beyond its own parts: the model (loaded from a name or a path, or wrapped from a
 loaded object), the identity of its weights for the disk tier's fingerprint, the KV pool's size, and the decode
-mirror. Each takes a validated EngineConfig (runtime.engine.engine_config)."""
+mirror, and the kernels of its products. Each takes a validated EngineConfig (runtime.engine.engine_config)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from radixcache.runtime.engine.engine_config import DEFAULT_KV_MEMORY, DEFAULT_M
 from radixcache.runtime.kv.mirror import DecodeMirror
 from radixcache.runtime.kv.pool import blocks_for_budget, parse_memory
 from radixcache.runtime.kv.tier.fingerprint import file_digest, weights_digest
+from radixcache.runtime.model.kernel_plan import KernelPlan
 from radixcache.runtime.model.llama import LlamaModel
 
 
@@ -55,6 +56,19 @@ def build_mirror(memory: str | int | None, model: LlamaModel) -> DecodeMirror | 
         return None
     budget = parse_memory(memory)
     return DecodeMirror(model.config, model.dtype, model.device, budget, native=model.native)
+
+
+def build_kernels(config: EngineConfig, model: LlamaModel, threads: int) -> KernelPlan:
+    """Give the model's float32 products this machine's measured kernels for `threads` threads (or the fixed rules:
+    `config.kernel_mode()`; runtime.model.kernel_tune). The measurement runs on this thread; its OpenMP team is
+    released afterwards, as the engine does whenever the caller waits (runtime.native.openmp)."""
+    from radixcache.runtime.model.kernel_tune import choose_kernels
+    from radixcache.runtime.native.openmp import release_idle_team
+
+    plan = choose_kernels(model, config.kernel_mode(), threads)
+    if plan.source == "measured":
+        release_idle_team()
+    return plan
 
 
 def weights_identity(model: Any) -> str:

@@ -24,7 +24,7 @@ import torch
 
 from radixcache import RadixCache
 from radixcache.policy.admission import make_admission
-from radixcache.runtime.engine.assembly import build_mirror, build_model, pool_blocks
+from radixcache.runtime.engine.assembly import build_kernels, build_mirror, build_model, pool_blocks
 from radixcache.runtime.engine.engine_config import DEFAULT_KV_MEMORY, EngineConfig
 from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
@@ -124,6 +124,7 @@ class Engine:
         # The loop thread sets its own OpenMP thread count: a thread does not inherit its creator's setting. The
         # controller lowers it while the machine's other programs take the cores (runtime.engine.threads).
         self.threads = config.threads if config.threads is not None else torch.get_num_threads()
+        self.kernel_plan = build_kernels(config, self.model, self.threads)  # measured once per machine, then cached
         self.thread_control = ThreadController(self.threads, adaptive=config.thread_policy == "adaptive")
         self._loop = EngineLoop(self.scheduler, self.output.result, threads=self.thread_control)
         self.queue = QueueGate(config.max_queue)

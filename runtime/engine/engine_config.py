@@ -24,6 +24,7 @@ from radixcache.runtime.engine.threads import check_thread_policy
 from radixcache.runtime.kv.pool import parse_memory
 from radixcache.runtime.kv.tier.coordinator import LoadCosts
 from radixcache.runtime.kv.tier.prefetch import DEFAULT_PREFETCH_POLICY, DEFAULT_PREFETCH_TIMEOUT_MS, check_prefetch
+from radixcache.runtime.model.kernel_plan import KERNEL_MODES
 from radixcache.runtime.model.llama import DEFAULT_CHUNK
 from radixcache.runtime.model.quant import QUANT_MODES
 from radixcache.tier.tiered_cache import WRITE_POLICIES
@@ -61,7 +62,10 @@ class EngineConfig:
     `threads` sets the torch threads of the engine loop (default: the constructing thread's count); with
     `thread_policy="adaptive"` (the default) the loop runs fewer while other programs take the cores and returns
     to `threads` when they are free (runtime.engine.threads), "fixed" always runs `threads`; `dtype` and
-    `device` where the model runs.
+    `device` where the model runs. `kernels`: how the float32 products pick their kernel (runtime.model.kernel_tune):
+    "auto" (the default) uses this machine's measured choice, cached per CPU, torch, thread count and model, and
+    measures it at the first load (a few seconds); "retune" measures again; "fixed" keeps the built-in rules. None
+    reads `$RADIXCACHE_KERNELS`, else "auto".
     Overload: `max_queue` requests at most wait for admission (past it `submit` raises QueueFullError at once,
     queueing nothing); `queue_timeout` seconds at most a request waits to be admitted (then its result raises
     QueueTimeoutError). Both errors carry `retry_after` (runtime.engine.errors).
@@ -117,6 +121,7 @@ class EngineConfig:
     lease_fraction: float = 0.5
     lease_clock: Callable[[], float] | None = None
     thread_policy: str = "adaptive"
+    kernels: str | None = None
 
     def __post_init__(self) -> None:
         """Every check that needs no weights, in the order the engine has always made them."""
@@ -128,6 +133,7 @@ class EngineConfig:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive int, got {threads!r}")
         check_thread_policy(self.thread_policy)
+        self.kernel_mode()
         if self.quant not in QUANT_MODES:
             raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {self.quant!r}")
         if self.load_back not in LoadCosts.MODES:
@@ -167,6 +173,16 @@ class EngineConfig:
         if self.scheduler_config is not None:
             return self.scheduler_config
         return SchedulerConfig(**{name: getattr(self, name) for name in _SCHEDULING})
+
+    def kernel_mode(self) -> str:
+        """`kernels`, else `$RADIXCACHE_KERNELS`, else "auto"; a value outside KERNEL_MODES is a ValueError."""
+        mode = self.kernels
+        where = "kernels"
+        if mode is None:
+            mode, where = os.environ.get("RADIXCACHE_KERNELS") or "auto", "RADIXCACHE_KERNELS"
+        if mode not in KERNEL_MODES:
+            raise ValueError(f"{where} must be one of {', '.join(KERNEL_MODES)}, got {mode!r}")
+        return mode
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -11,6 +11,10 @@
   (`prefill=True`) keep F.linear: its float32 summation order is the one the float64-reference tests (prompts of
   ~20 tokens, bound 1e-4) were tuned on, and the reordered kernel moved that test from 6.5e-5 to 9.9e-5. Cost:
   the weights are held twice (plain and reordered). `prepack=False` keeps one copy and uses F.linear from 3 rows.
+  Those are the fixed rules (`kernels="fixed"`). The engine's default measures the three paths (`PATHS`:
+  "linear", "mm_t", "onednn") on this machine instead and gives each layer its fastest per row count
+  (`use_paths`, runtime.model.kernel_tune): the same product, in another summation order. A layer whose paths
+  never name "onednn" drops the reordered copy.
 - `Float16Linear` (`quant="fp16"`): weights stored in float16 and packed for fbgemm; activations stay float32.
   Half the bytes to read per token, results within float16 rounding of the weights.
 
@@ -31,6 +35,7 @@ import torch.nn.functional as F
 
 _TRANSPOSED_MAX_ROWS = 2  # up to this many rows: the transposed MKL product; above: the reordered oneDNN weight
 _PREFILL_PLAIN_ROWS = range(17, 64)  # prefill chunks of these sizes keep F.linear (see the module docstring)
+PATHS = ("linear", "mm_t", "onednn")  # F.linear; (W @ x.T).T, one row padded to two; oneDNN on the reordered copy
 
 
 class Linear(Protocol):
@@ -54,7 +59,9 @@ class DenseLinear:
         self.out_features = weight.shape[0]
         self._cpu = weight.device.type == "cpu"
         self._packed: torch.Tensor | None = None
-        if prepack and self._cpu and weight.dtype == torch.float32 and _has_onednn_linear():
+        self._by_rows: tuple[str, ...] | None = None  # measured paths: [rows] for rows < len, the last one above
+        self._prepack = prepack
+        if prepack and self.can_run("onednn"):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
 
     @property
@@ -62,10 +69,60 @@ class DenseLinear:
         """Bytes of one copy of the weight (what a product streams), not counting the reordered copy."""
         return self.weight.numel() * self.weight.element_size()
 
+    @property
+    def paths(self) -> tuple[str, ...] | None:
+        """The measured path per row count (index: rows; the last entry serves every larger count), or None for
+        the fixed rules."""
+        return self._by_rows
+
+    def can_run(self, path: str) -> bool:
+        """Whether `path` (one of PATHS) runs for this weight: "mm_t" and "onednn" on float32 CPU weights only,
+        "onednn" where this torch has the ops."""
+        if path == "linear":
+            return True
+        if path not in PATHS or not self._cpu or self.weight.dtype != torch.float32:
+            return False
+        return path == "mm_t" or _has_onednn_linear()
+
+    def use_paths(self, by_rows: tuple[str, ...] | None) -> None:
+        """Run `by_rows[rows]` for `rows` (the last entry for every larger count; index 0 serves an empty input),
+        or the fixed rules with None. The reordered copy is made if a path needs it and dropped if none does; the
+        fixed rules get it back unless the layer was built with prepack=False."""
+        if by_rows is not None:
+            if len(by_rows) < 2 or any(not self.can_run(p) for p in by_rows):
+                raise ValueError(f"paths {by_rows!r} do not all run for this {self.weight.dtype} weight")
+            if "onednn" in by_rows and self._packed is None:
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
+            elif "onednn" not in by_rows:
+                self._packed = None
+        elif not (self._prepack and self.can_run("onednn")):
+            self._packed = None  # the fixed rules as built: F.linear from 3 rows
+        elif self._packed is None:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
+        self._by_rows = by_rows
+
+    def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
+        """One named path (PATHS) on a 2-D input; the tuner times each, the tests check each."""
+        if path == "linear":
+            return F.linear(x, self.weight, self.bias)
+        if path == "onednn":
+            if self._packed is None:
+                raise ValueError("the onednn path needs the reordered weight (prepack, or use_paths naming it)")
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        if path != "mm_t":
+            raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
+        rows = x.shape[0]
+        padded = torch.cat((x, x)) if rows == 1 else x
+        y = torch.mm(self.weight, padded.t())[:, :rows].t()
+        return y if self.bias is None else y + self.bias
+
     def __call__(self, x: torch.Tensor, prefill: bool = False) -> torch.Tensor:
         if x.dim() != 2:
             return _rows(self, x, prefill)
         rows = x.shape[0]
+        measured = self._by_rows
+        if measured is not None:
+            return self.run(measured[rows] if rows < len(measured) else measured[-1], x)
         plain = self._packed is None or (prefill and rows in _PREFILL_PLAIN_ROWS)
         if not self._cpu or (plain and rows > _TRANSPOSED_MAX_ROWS):
             return F.linear(x, self.weight, self.bias)

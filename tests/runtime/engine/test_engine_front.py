@@ -51,6 +51,7 @@ ENGINE_KEYWORDS = [
     "lease_fraction",
     "lease_clock",
     "thread_policy",  # added with the thread controller (runtime.engine.threads)
+    "kernels",  # added with the kernels chosen by measurement (runtime.model.kernel_tune)
 ]
 
 

@@ -1,0 +1,165 @@
+"""`radixcache doctor`'s measurements: this machine (CPU, the flags that matter, load, memory read bandwidth), torch,
+the kernels the engine chose for each weight shape (runtime.model.kernel_tune), and a short batch-1 decode of a
+model against its bandwidth bound.
+
+The bound: batch-1 decode reads every weight once per token, so it cannot beat (read bandwidth) / (bytes of
+weights read per token), whatever the kernels. `decode_tps / bound_tps` says how much of the machine the engine
+uses; the kernels' own speed per shape is in the plan's timings.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from radixcache.runtime.machine import KERNEL_FLAGS, cpu_model, kernel_flags, load_average, read_bandwidth_gbs
+from radixcache.runtime.model.kernel_plan import BUCKETS, KernelPlan
+
+SHOWN_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx")  # amx: amx_tile (and amx_int8)
+
+
+@dataclass
+class DoctorReport:
+    """What `diagnose` measured; `to_json()` is the CLI's --json."""
+
+    cpu: str
+    cores: int
+    flags: dict[str, bool]
+    torch: str
+    threads: int
+    load_average: dict[str, float | None]
+    bandwidth_gbs: float
+    model: str
+    quant: str
+    weight_bytes_per_token: int
+    kernels: dict[str, Any]
+    decode: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cpu_flags() -> dict[str, bool]:
+    """Each of SHOWN_FLAGS: whether this CPU advertises it ("amx" for amx_tile)."""
+    have = set(kernel_flags())
+    return {flag: ("amx_tile" if flag == "amx" else flag) in have for flag in SHOWN_FLAGS}
+
+
+def weight_bytes_per_token(model: Any) -> int:
+    """Bytes of weights a batch-1 decode step reads: every layer's products and the output head (its `nbytes`:
+    the blocks for quant="gguf", two bytes a weight for fp16). Norms and the embedding row are negligible."""
+    total = model.lm_head.nbytes
+    for layer in model.layers:
+        total += layer.qkv.nbytes + layer.o.nbytes + layer.gate_up.nbytes + layer.down.nbytes
+    return total
+
+
+def describe_plan(plan: KernelPlan, counts: dict[str, int]) -> dict[str, Any]:
+    """The plan as doctor shows it: its source and file, and per shape the layers that have it, the path per row
+    range ("1-2": "mm_t", ...) and, at one row, each path's read speed in GB/s (all the layers of the shape)."""
+    shapes: dict[str, Any] = {}
+    for shape, chosen in plan.choices.items():
+        out_f, in_f = (int(v) for v in shape.split("x"))
+        layers = counts.get(shape, 0)
+        one_row = plan.timings_us.get(shape, {}).get(1, {})
+        gbs = {p: round(layers * out_f * in_f * 4 / (us * 1e3), 1) for p, us in one_row.items() if us > 0}
+        shapes[shape] = {"layers": layers, "paths": _ranges(chosen), "gbs_1_row": gbs}
+    return {
+        "source": plan.source,
+        "note": plan.note,
+        "file": plan.path,
+        "measure_seconds": round(plan.seconds, 2),
+        "measured_load_average": plan.load_average,
+        "shapes": shapes,
+    }
+
+
+def _ranges(chosen: dict[int, str]) -> dict[str, str]:
+    """{bucket: path} as row ranges with one path each: {"1-2": "mm_t", "3-256+": "onednn"}."""
+    out: dict[str, str] = {}
+    lo = prev = 1
+    path = chosen[BUCKETS[0]]
+    for bucket in BUCKETS[1:]:
+        if chosen[bucket] != path:
+            out[f"{lo}-{prev}" if lo != prev else str(lo)] = path
+            lo, path = prev + 1, chosen[bucket]
+        prev = bucket
+    out[f"{lo}-{prev}+" if lo != prev else f"{lo}+"] = path
+    return out
+
+
+def diagnose(
+    model: str = "smollm2",
+    *,
+    threads: int | None = None,
+    quant: str = "none",
+    kernels: str | None = None,
+    prompt_tokens: int = 128,
+    new_tokens: int = 32,
+    bandwidth_mb: int = 256,
+) -> DoctorReport:
+    """Measure this machine and a short decode of `model` (see the module docstring). `kernels` as EngineConfig's
+    ("retune" measures them again); the decode runs `new_tokens` after a `prompt_tokens` prompt, batch 1, with the
+    thread count fixed at `threads` (default: torch's), after one untimed short request."""
+    from radixcache.runtime.engine.engine import Engine
+    from radixcache.runtime.loading import load_model
+    from radixcache.runtime.model.kernel_tune import model_linears
+
+    if prompt_tokens < 1 or new_tokens < 2:
+        raise ValueError(f"prompt_tokens must be >= 1 and new_tokens >= 2, got {prompt_tokens} and {new_tokens}")
+    threads = threads if threads is not None else torch.get_num_threads()
+    loaded = load_model(model, keep_blocks=quant == "gguf")
+    engine = Engine(loaded, quant=quant, threads=threads, thread_policy="fixed", kernels=kernels, kv_memory="64MiB")
+    try:
+        counts: dict[str, int] = {}
+        for layer in model_linears(engine.model):
+            shape = f"{layer.weight.shape[0]}x{layer.weight.shape[1]}"
+            counts[shape] = counts.get(shape, 0) + 1
+        bandwidth = read_bandwidth_gbs(bandwidth_mb, threads=threads)
+        nbytes = weight_bytes_per_token(engine.model)
+        decode = _decode(engine, prompt_tokens, new_tokens)
+        bound = bandwidth * 1e9 / nbytes
+        decode |= {"bound_tps": round(bound, 1), "of_bound": round(decode["decode_tps"] / bound, 3)}
+        loads = os.getloadavg() if hasattr(os, "getloadavg") else (None, None, None)
+        return DoctorReport(
+            cpu=cpu_model(),
+            cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+            flags=cpu_flags(),
+            torch=torch.__version__,
+            threads=threads,
+            load_average={"1m": loads[0], "5m": loads[1], "15m": loads[2]},
+            bandwidth_gbs=round(bandwidth, 1),
+            model=engine.config.name or model,
+            quant=quant,
+            weight_bytes_per_token=nbytes,
+            kernels={"mode": engine.engine_config.kernel_mode()} | describe_plan(engine.kernel_plan, counts),
+            decode=decode,
+        )
+    finally:
+        engine.close()
+
+
+def _decode(engine: Any, prompt_tokens: int, new_tokens: int) -> dict[str, Any]:
+    """Batch-1 decode speed: one untimed short request, then `new_tokens` (ignore_eos) after a fresh prompt."""
+    vocab = engine.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(min(vocab - 1, 10), vocab, (prompt_tokens + 8,), generator=gen).tolist()
+    engine.generate(ids[-8:], max_new_tokens=2, ignore_eos=True, temperature=0.0)
+    load_before = load_average()
+    start = time.perf_counter()
+    result = engine.generate(ids[:prompt_tokens], max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": len(result.token_ids),
+        "decode_tps": round(result.decode_tps, 2),
+        "ttft_s": round(result.ttft_s, 3),
+        "seconds": round(time.perf_counter() - start, 3),
+        "load_average_1m": load_before,
+    }
+
+
+__all__ = ["KERNEL_FLAGS", "DoctorReport", "cpu_flags", "describe_plan", "diagnose", "weight_bytes_per_token"]

@@ -1,0 +1,111 @@
+"""`radixcache doctor` on the tiny checkpoint, with the kernel cache under tmp_path: its JSON holds this machine's CPU
+and flags (checked against /proc/cpuinfo read here), torch, a bandwidth, the measured kernel per shape (measured
+the first time, read from the cache the next), and a decode whose bound is bandwidth / the checkpoint's weight
+bytes (counted here from the safetensors file); the text form says the same; bad options are one-line errors with a
+non-zero exit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from radixcache.cli.main import main
+from radixcache.runtime.model import kernel_tune
+
+ARGS = ["--threads", "1", "--tokens", "6", "--prompt-tokens", "12", "--bandwidth-mb", "16"]
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.fixture
+def kernel_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("RADIXCACHE_KERNELS")  # the suite's "fixed": doctor's default is "auto"
+    monkeypatch.setattr(kernel_tune, "BUSY_WAITING", float("inf"))  # a shared test machine must not stop it
+    return tmp_path / "xdg" / "radixcache" / "kernels"
+
+
+def _cpu_flags() -> set[str]:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "flags:")
+    return set(line.split(":", 1)[1].split())
+
+
+def _weight_bytes(model_dir: Path) -> int:
+    weights = load_file(str(model_dir / "model.safetensors"))
+    return sum(
+        w.numel() * 4
+        for name, w in weights.items()
+        if name.endswith(".weight") and (any(p in name for p in LINEAR) or name == "lm_head.weight")
+    )
+
+
+def test_doctor_reports_the_machine_the_kernels_and_the_decode_against_its_bound(
+    runner: CliRunner, tiny_model_dir: Path, kernel_home: Path
+) -> None:
+    out = runner.invoke(main, ["doctor", "--model", str(tiny_model_dir), *ARGS, "--json"])
+    assert out.exit_code == 0, out.output
+    r = json.loads(out.output)
+    flags = _cpu_flags()
+    assert r["flags"] == {f: (f if f != "amx" else "amx_tile") in flags for f in r["flags"]}
+    assert set(r["flags"]) == {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx"}
+    assert r["torch"] == torch.__version__ and r["threads"] == 1 and r["cpu"]
+    assert r["bandwidth_gbs"] > 0 and r["model"] == "tiny" and r["quant"] == "none"
+    assert r["weight_bytes_per_token"] == _weight_bytes(tiny_model_dir)
+    k = r["kernels"]
+    assert k["mode"] == "auto" and k["source"] == "measured" and Path(k["file"]).parent == kernel_home
+    assert set(k["shapes"]) == {"64x32", "32x32", "128x32", "32x64", "260x32"}  # qkv (32+16+16), o, gate_up, down, head
+    for shape in k["shapes"].values():
+        assert set(shape["paths"].values()) <= {"linear", "mm_t", "onednn"} and shape["gbs_1_row"]
+        assert next(iter(shape["paths"])).startswith("1") and list(shape["paths"])[-1].endswith("+")
+    assert k["shapes"]["32x32"]["layers"] == 2 and k["shapes"]["260x32"]["layers"] == 1
+    d = r["decode"]
+    assert d["new_tokens"] == 6 and d["prompt_tokens"] == 12 and d["decode_tps"] > 0
+    bound = r["bandwidth_gbs"] * 1e9 / r["weight_bytes_per_token"]
+    assert d["bound_tps"] == pytest.approx(bound, rel=0.01)
+    assert d["of_bound"] == pytest.approx(d["decode_tps"] / d["bound_tps"], rel=0.01, abs=0.002)
+
+    again = runner.invoke(main, ["doctor", "--model", str(tiny_model_dir), *ARGS])
+    assert again.exit_code == 0, again.output
+    text = again.output
+    assert f"kernels: auto, cache ({k['file']})" in text
+    for needle in ("cpu: ", "flags: avx2=", "torch: ", "read bandwidth: ", "load average: ", "tok/s", "of the bound"):
+        assert needle in text, needle
+    assert "  32x32 x2: 1-" in text
+
+
+def test_doctor_with_fixed_kernels_names_them_and_caches_nothing(
+    runner: CliRunner, tiny_model_dir: Path, kernel_home: Path
+) -> None:
+    out = runner.invoke(main, ["doctor", "--model", str(tiny_model_dir), *ARGS, "--kernels", "fixed", "--json"])
+    assert out.exit_code == 0, out.output
+    k = json.loads(out.output)["kernels"]
+    assert k["mode"] == "fixed" and k["source"] == "fixed" and k["shapes"] == {} and k["file"] is None
+    assert not kernel_home.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "code"),
+    [
+        (["--tokens", "1"], "--tokens", 2),
+        (["--prompt-tokens", "0"], "--prompt-tokens", 2),
+        (["--bandwidth-mb", "4"], "--bandwidth-mb", 2),
+        (["--threads", "0"], "--threads", 2),
+        (["--kernels", "fastest"], "--kernels", 2),
+        (["--quant", "int3"], "--quant", 2),
+        (["--kernels", "fixed", "--retune-kernels"], "--retune-kernels", 2),
+        (["--model", "/nonexistent/model-dir"], "/nonexistent/model-dir", 1),
+    ],
+    ids=["tokens", "prompt", "bandwidth", "threads", "kernels", "quant", "fixed-retune", "model"],
+)
+def test_bad_options_are_one_line_errors(
+    runner: CliRunner, tiny_model_dir: Path, kernel_home: Path, args: list[str], message: str, code: int
+) -> None:
+    out = runner.invoke(main, ["doctor", "--model", str(tiny_model_dir), *ARGS, *args])
+    assert out.exit_code == code, out.output
+    assert message in out.output and "Traceback" not in out.output
+    assert not kernel_home.exists()  # refused before anything was measured

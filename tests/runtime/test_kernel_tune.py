@@ -1,0 +1,239 @@
+"""runtime.model.kernel_tune and kernel_plan: kernels chosen by measurement on a tiny model, with the cache folder under
+tmp_path. The choice is measured once and read back after; it is per thread count and model; "retune" measures
+again and "fixed" restores the fixed rules; a damaged or foreign cache file, or a folder that cannot be written,
+costs a warning and a new measurement, never a crash; a busy machine stops the measurement (fixed rules, nothing
+cached)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixcache.runtime.machine import cpu_model
+from radixcache.runtime.model import kernel_tune
+from radixcache.runtime.model.kernel_plan import BUCKETS, KernelPlan, cache_dir, plan_file, read_plan
+from radixcache.runtime.model.kernel_tune import BusyGuard, MachineBusy, choose_kernels, model_linears, tunable
+from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.testing import random_weights, tiny_config
+
+
+@pytest.fixture
+def kernel_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """XDG_CACHE_HOME under tmp_path (returns the kernels folder), and no busy check: the other programs of a
+    shared test machine must not stop the measurement (test_a_busy_machine_* restores it)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(kernel_tune, "BUSY_WAITING", float("inf"))
+    return tmp_path / "xdg" / "radixcache" / "kernels"
+
+
+def _model(**overrides: object) -> LlamaModel:
+    config = tiny_config(**overrides)
+    return LlamaModel(config, random_weights(config, seed=4))
+
+
+def _shape(layer) -> str:
+    return f"{layer.weight.shape[0]}x{layer.weight.shape[1]}"
+
+
+def _key(model: LlamaModel, threads: int = 1) -> dict:
+    return kernel_tune.model_key(tunable(model), threads)
+
+
+def test_auto_measures_once_caches_and_then_reads_the_cache(kernel_home: Path) -> None:
+    model = _model()
+    plan = choose_kernels(model, "auto", 1)
+    assert plan.source == "measured" and plan.seconds > 0
+    assert plan.path is not None and Path(plan.path).parent == kernel_home and Path(plan.path).is_file()
+    shapes = {_shape(layer) for layer in model_linears(model)}
+    assert set(plan.choices) == shapes and all(set(c) == set(BUCKETS) for c in plan.choices.values())
+    assert all(set(plan.timings_us[s][1]) == {"linear", "mm_t", "onednn"} for s in shapes)
+    for layer in model_linears(model):
+        assert layer.paths == plan.by_rows(_shape(layer))
+    saved = json.loads(Path(plan.path).read_text())
+    assert saved["key"]["cpu"] == cpu_model() and saved["key"]["torch"] == torch.__version__
+    assert saved["key"]["threads"] == 1 and {s for s, _ in saved["key"]["shapes"]} == shapes
+
+    again = _model()
+    cached = choose_kernels(again, "auto", 1)
+    assert cached.source == "cache" and cached.choices == plan.choices and cached.path == plan.path
+    assert all(layer.paths == cached.by_rows(_shape(layer)) for layer in model_linears(again))
+    assert choose_kernels(_model(), "retune", 1).source == "measured"
+    assert len(list(kernel_home.iterdir())) == 1  # retune replaced the file
+
+
+def test_a_plan_is_per_thread_count_and_per_model(kernel_home: Path) -> None:
+    model, wider = _model(), _model(hidden_size=48, num_heads=6, num_kv_heads=3)
+    paths = {choose_kernels(model, "auto", 1).path, choose_kernels(wider, "auto", 1).path}
+    assert len(paths) == 2 and all(Path(p).is_file() for p in paths)
+    assert str(plan_file(_key(model, threads=2))) not in paths  # measured again for another thread count
+    assert _key(model, threads=2)["threads"] == 2
+
+
+def test_fixed_keeps_the_fixed_rules_and_writes_nothing(kernel_home: Path) -> None:
+    model = _model()
+    choose_kernels(model, "auto", 1)
+    for path in list(kernel_home.iterdir()):
+        path.unlink()
+    plan = choose_kernels(model, "fixed", 1)
+    assert plan.source == "fixed" and plan.choices == {} and "fixed" in plan.note
+    assert all(layer.paths is None for layer in model_linears(model))
+    assert not list(kernel_home.iterdir())
+
+
+def test_a_model_with_nothing_to_choose_keeps_the_fixed_rules(kernel_home: Path) -> None:
+    config = tiny_config()
+    weights = random_weights(config, seed=1)
+    for model in (LlamaModel(config, weights, dtype=torch.float64), LlamaModel(config, weights, quant="fp16")):
+        plan = choose_kernels(model, "auto", 1)
+        assert plan.source == "fixed" and "no float32" in plan.note
+    assert not kernel_home.exists()
+
+
+def test_an_unknown_mode_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="kernels must be one of auto, fixed, retune") as exc:
+        choose_kernels(_model(), "fastest", 1)
+    assert "'fastest'" in str(exc.value)
+
+
+def _valid(model: LlamaModel) -> dict:
+    shapes = {_shape(layer) for layer in model_linears(model)}
+    choices = {s: dict.fromkeys(BUCKETS, "linear") for s in shapes}
+    return KernelPlan(_key(model), choices).to_json()
+
+
+def _damaged(model: LlamaModel, kind: str) -> bytes:
+    good = _valid(model)
+    if kind == "not json":
+        return b"{'format': 1,"
+    if kind == "binary":
+        return bytes(range(256))
+    if kind == "truncated":
+        return json.dumps(good).encode()[:-40]
+    if kind == "a list":
+        return b"[1, 2, 3]"
+    if kind == "another machine":
+        good["key"]["cpu"] = "Some Other CPU"
+    elif kind == "another torch":
+        good["key"]["torch"] = "1.0.0"
+    elif kind == "another format":
+        good["format"] = 99
+    elif kind == "other buckets":
+        good["buckets"] = [1, 2, 4]
+    elif kind == "an unknown path":
+        next(iter(good["choices"].values()))["1"] = "gemv_turbo"
+    elif kind == "a missing bucket":
+        next(iter(good["choices"].values())).pop("64")
+    elif kind == "a missing shape":
+        good["choices"].pop(next(iter(good["choices"])))
+    elif kind == "choices not a dict":
+        good["choices"] = "linear"
+    return json.dumps(good).encode()
+
+
+DAMAGE = [
+    "not json",
+    "binary",
+    "truncated",
+    "a list",
+    "another machine",
+    "another torch",
+    "another format",
+    "other buckets",
+    "an unknown path",
+    "a missing bucket",
+    "a missing shape",
+    "choices not a dict",
+]
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_a_damaged_or_foreign_cache_file_is_ignored_with_a_warning(
+    kernel_home: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = _model()
+    path = plan_file(_key(model))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(_damaged(model, kind))
+    with caplog.at_level(logging.WARNING, logger="radixcache.kernels"):
+        plan = choose_kernels(model, "auto", 1)
+    warned = [r.getMessage() for r in caplog.records if r.name == "radixcache.kernels"]
+    assert len(warned) == 1 and str(path) in warned[0], warned
+    assert plan.source == "measured" and plan.path == str(path)
+    assert read_plan(_key(model)) is not None  # replaced by a good one
+
+
+def test_a_valid_file_is_used_as_it_says(kernel_home: Path) -> None:
+    """What the file names is what runs (here every shape on F.linear), however the machine measures."""
+    model = _model()
+    path = plan_file(_key(model))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(_valid(model)))
+    plan = choose_kernels(model, "auto", 1)
+    assert plan.source == "cache"
+    assert all(set(layer.paths) == {"linear"} and layer._packed is None for layer in model_linears(model))
+
+
+def test_a_folder_that_cannot_be_written_costs_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.setattr(kernel_tune, "BUSY_WAITING", float("inf"))
+    model = _model()
+    with caplog.at_level(logging.WARNING, logger="radixcache.kernels"):
+        plan = choose_kernels(model, "auto", 1)
+    assert plan.source == "measured" and plan.path is None
+    assert any("not cached" in r.getMessage() for r in caplog.records)
+    assert all(layer.paths is not None for layer in model_linears(model))
+
+
+def test_the_folder_follows_xdg_cache_home_when_it_is_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert cache_dir() == tmp_path / "x" / "radixcache" / "kernels"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for ignored in ("relative/dir", ""):  # the XDG spec: a relative value is invalid and ignored
+        monkeypatch.setenv("XDG_CACHE_HOME", ignored)
+        assert cache_dir() == tmp_path / "home" / ".cache" / "radixcache" / "kernels"
+
+
+def test_a_busy_machine_stops_the_measurement(
+    kernel_home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """1.5 threads waiting for a core on average (a fake run-queue clock): the measurement stops at its first check,
+    the layers keep the fixed rules and nothing is cached."""
+    monkeypatch.setattr(kernel_tune, "BUSY_WAITING", 0.3)
+    monkeypatch.setattr(kernel_tune, "BUSY_AFTER_S", 0.0)
+    clock = kernel_tune.time.perf_counter
+    monkeypatch.setattr(kernel_tune, "run_queue_wait", lambda: 1.5 * clock())
+    model = _model()
+    with caplog.at_level(logging.WARNING, logger="radixcache.kernels"):
+        plan = choose_kernels(model, "auto", 2)
+    assert plan.source == "fixed" and plan.note.startswith("machine busy: 1.5")
+    assert any("busy" in r.getMessage() for r in caplog.records)
+    assert all(layer.paths is None for layer in model_linears(model))
+    assert not kernel_home.exists()
+
+
+def test_the_busy_guard_waits_its_time_then_judges() -> None:
+    now = [0.0]
+    waited = [0.0]
+    guard = BusyGuard(2, threshold=0.3, after_s=1.0, wait=lambda: waited[0], clock=lambda: now[0])
+    now[0], waited[0] = 0.5, 0.5  # 1 thread waiting, but too early to judge
+    guard.check()
+    now[0], waited[0] = 2.0, 0.2  # 0.1 threads waiting on average: not busy
+    guard.check()
+    now[0], waited[0] = 3.0, 1.5
+    with pytest.raises(MachineBusy, match=r"0\.50 of 2 threads"):
+        guard.check()
+    # Without a run-queue clock: the threads asked for minus the CPU time got (none, while the clock jumps 10 s)
+    now[0] = 0.0
+    fallback = BusyGuard(2, threshold=0.3, after_s=1.0, wait=lambda: None, clock=lambda: now[0])
+    now[0] = 10.0
+    assert fallback.waiting() > 1.9
+    with pytest.raises(MachineBusy):
+        fallback.check()
