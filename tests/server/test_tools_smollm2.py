@@ -19,48 +19,11 @@ import jsonschema
 import pytest
 
 from tests.server.tool_defs import closed
+from tests.smollm2_tools import TOOLS
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tools_smollm2")]
 PAGE = 16
 
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The current weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "search",
-            "description": "Search the web.",
-            "parameters": {
-                "type": "object",
-                "properties": {"query": {"type": "string"}, "max_results": {"type": "integer", "minimum": 1}},
-                "required": ["query"],
-            },
-        },
-    },
-]
 SCHEMAS = {t["function"]["name"]: closed(t["function"]["parameters"]) for t in TOOLS}
 CITIES = ["Paris", "Oslo", "Lagos", "Lima", "Tokyo", "Cairo", "Quito", "Perth", "Dakar", "Seoul", "Rome", "Hanoi"]
 TOPICS = ["electric cars", "the tallest mountain in Africa", "jazz history", "solar eclipses", "how bees see"]

@@ -15,48 +15,11 @@ import pytest
 from radixcache.runtime import Engine
 from radixcache.runtime.model.llama import LlamaModel
 from radixcache.runtime.tools import assemble
+from tests.smollm2_tools import TOOLS
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("structured_smollm2")]
 PAGE = 16
 
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The current weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "search",
-            "description": "Search the web.",
-            "parameters": {
-                "type": "object",
-                "properties": {"query": {"type": "string"}, "max_results": {"type": "integer", "minimum": 1}},
-                "required": ["query"],
-            },
-        },
-    },
-]
 # One call per reply: with parallel_tool_calls true SmolLM2 at temperature 0 often repeats its call until the length
 # limit (the grammar lets it: the list of calls is open), the last call then cut short.
 ONE: dict[str, Any] = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
