@@ -196,6 +196,18 @@ class ServerMetrics:
                 "Requests submitted and not yet admitted (what --max-queue bounds).",
                 engine.queue.waiting,
             ),
+            (
+                "radixcache_engine_threads",
+                "gauge",
+                "Torch threads the engine's steps run on now (fewer while other programs take the cores).",
+                s.threads,
+            ),
+            (
+                "radixcache_engine_thread_changes_total",
+                "counter",
+                "Times the engine changed its thread count to the cores it gets.",
+                s.thread_changes,
+            ),
             ("radixcache_http_requests_ok_total", "counter", "HTTP generation requests answered.", self.requests_ok),
             (
                 "radixcache_http_requests_failed_total",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 
@@ -26,6 +27,8 @@ def test_metrics_parse_and_move(server, client) -> None:
     for gauge in ("free", "evictable", "locked"):
         assert f"radixcache_kv_blocks_{gauge}" in after
     assert {"radixcache_requests_running", "radixcache_requests_waiting"} <= set(after)
+    assert 1 <= after["radixcache_engine_threads"] <= (os.cpu_count() or 1)  # the thread controller's count now
+    assert after["radixcache_engine_thread_changes_total"] >= 0
 
 
 def _wait_idle(server, timeout: float = 30.0) -> dict[str, float]:
