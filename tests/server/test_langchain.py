@@ -1,7 +1,8 @@
 """LangChain's `ChatOpenAI` against `radixcache serve` (the tiny checkpoint: random weights, so only the grammar makes
 its output valid): `bind_tools` with pydantic tools and tool_choice "any" or a name gives tool calls whose arguments
 the tools' models validate; `with_structured_output` works with every method (function_calling, json_schema: a
-validated model; json_mode: a JSON object); a plain ReAct-style loop runs three tool steps and a final answer, each
+validated model; json_mode: a JSON object); streamed calls (with stream usage) assemble to the whole reply's and
+report the cache; a plain ReAct-style loop runs three tool steps and a final answer, each
 step after the first reporting its previous prompt and output cached in whole pages."""
 
 from __future__ import annotations
@@ -77,6 +78,27 @@ def test_with_structured_output_json_mode_gives_a_json_object(llm) -> None:
     structured = llm.with_structured_output(schema, method="json_mode")
     out = structured.invoke([HumanMessage("Answer in JSON.")], seed=1, temperature=1.0)
     assert isinstance(out, dict)
+
+
+def test_streamed_calls_assemble_to_the_whole_reply_and_report_the_cache(llm) -> None:
+    """`.stream()` sends stream=True with stream_options.include_usage (stream_usage): the chunks' tool-call deltas add
+    up to the whole reply's call at temperature 0, and the usage chunk says what the cache held (`cache_read`)."""
+    bound = llm.model_copy(update={"stream_usage": True}).bind_tools(
+        [Add, GetWeather], tool_choice="any", parallel_tool_calls=False
+    )
+    ask = _ask("stream")
+    whole = bound.invoke(ask, temperature=0)
+    streamed = None
+    for chunk in bound.stream(ask, temperature=0):
+        streamed = chunk if streamed is None else streamed + chunk
+    assert streamed is not None and not streamed.invalid_tool_calls, streamed
+    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [(c["name"], c["args"]) for c in whole.tool_calls]
+    assert streamed.tool_calls[0]["id"].startswith("call_")
+    assert streamed.response_metadata["finish_reason"] == "tool_calls"
+    usage = streamed.usage_metadata
+    prompt = whole.usage_metadata["input_tokens"]
+    assert usage["input_tokens"] == prompt and usage["output_tokens"] == whole.usage_metadata["output_tokens"]
+    assert usage["input_token_details"]["cache_read"] >= (prompt - 1) // PAGE * PAGE, usage  # the same prompt again
 
 
 def test_a_react_loop_runs_three_tool_steps_and_each_hits_the_last(llm) -> None:
