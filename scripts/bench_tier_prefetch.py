@@ -45,6 +45,12 @@ from radixcache.runtime import Engine  # noqa: E402
 from radixcache.runtime.loading import load_model  # noqa: E402
 
 
+def _threads() -> dict[str, Any]:
+    """Every engine runs this process's torch threads (`--threads`), fixed: the adaptive policy would change the
+    count with the machine's load in the middle of a comparison."""
+    return {"threads": torch.get_num_threads(), "thread_policy": "fixed"}
+
+
 def _prompt(vocab: int, n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(1, vocab) for _ in range(n)]
@@ -79,7 +85,7 @@ def measure(model: Any, args: argparse.Namespace) -> dict[str, list[float]]:
     short = _prompt(vocab, 48, 8)
     p = args.page_size
     blocks = -(-(args.prefix_tokens + args.decode_tokens + 64) // p) * 2
-    common = {"page_size": p, "device": args.device, "capacity_blocks": blocks}
+    common = {"page_size": p, "device": args.device, "capacity_blocks": blocks, **_threads()}
     gaps: dict[str, list[float]] = {"alone": [], "disk": [], "device": [], "sync": []}
     disk_pages = []
     with tempfile.TemporaryDirectory() as cache_dir:

@@ -45,6 +45,12 @@ from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader, cop
 from radixcache.runtime.loading import load_model  # noqa: E402
 
 
+def _threads() -> dict[str, Any]:
+    """Every engine runs this process's torch threads (`--threads`), fixed: the adaptive policy would change the
+    count with the machine's load in the middle of a comparison."""
+    return {"threads": torch.get_num_threads(), "thread_policy": "fixed"}
+
+
 def _prompt(vocab: int, n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(1, vocab) for _ in range(n)]
@@ -63,7 +69,7 @@ def measure_costs(model: Any, args: argparse.Namespace) -> dict[str, float]:
     """Seconds: prefill per token; per page: host save, host load, disk read + load."""
     p, n = args.page_size, args.prompt_tokens
     vocab = model.config.vocab_size
-    cold = Engine(model, enable_cache=False, kv_memory="256MiB", page_size=p, device=args.device)
+    cold = Engine(model, enable_cache=False, kv_memory="256MiB", page_size=p, device=args.device, **_threads())
     with cold:
         cold.generate(_prompt(vocab, 32, 0), max_new_tokens=1)  # warm-up
         seeds = iter(range(1, 10_000))
@@ -117,7 +123,7 @@ def measure_ttft(model: Any, args: argparse.Namespace) -> dict[str, list[float]]
     host = 4 * pages * p * model.config.kv_bytes_per_token(4)
     out: dict[str, list[float]] = {"cold": [], "device": [], "host": [], "disk": []}
     with tempfile.TemporaryDirectory() as cache_dir:
-        common = {"page_size": p, "device": args.device, "capacity_blocks": pages + 2}
+        common = {"page_size": p, "device": args.device, "capacity_blocks": pages + 2, **_threads()}
         # One engine alive at a time: an idle engine's thread team would compete with the one measured.
         for i in range(args.rounds):
             with Engine(model, enable_cache=False, **common) as cold:
