@@ -1,4 +1,5 @@
-"""Tools, schemas and checks shared by the server's tool and structured-output tests on the tiny checkpoint.
+"""Tools, schemas and checks shared by the tool and structured-output tests on the tiny checkpoint, in the engine
+(tests/runtime/structured) and over HTTP (tests/server).
 
 The tiny model writes random tokens (about one character each), so every schema here is short to finish: bounded
 integers, enums, strings with maxLength; tools are `strict`, so an arguments object admits no other key. Whatever
@@ -15,7 +16,7 @@ TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {
-            "name": "weather",
+            "name": "get_weather",
             "description": "The weather in a city.",
             "strict": True,
             "parameters": {
@@ -68,11 +69,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 },
                 "required": ["name", "tags"],
             },
-            "on": {"type": "boolean"},
+            "active": {"type": "boolean"},
         },
-        "required": ["user", "on"],
+        "required": ["user", "active"],
     },
-    "either": {
+    "choice": {
         "anyOf": [
             {
                 "type": "object",

@@ -14,7 +14,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.server.tool_defs import SCHEMAS, closed, response_format
+from tests.tiny_tools import SCHEMAS, closed, response_format
 
 pytestmark = pytest.mark.xdist_group("structured_openai")  # its module-scoped server, started once
 
@@ -95,12 +95,12 @@ def test_completions_take_response_format_for_raw_prompts(client) -> None:
 
 
 def test_a_stream_concatenates_to_the_whole_reply_with_logprobs(client) -> None:
-    kw = {"response_format": response_format("either"), "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    kw = {"response_format": response_format("choice"), "temperature": 0, "logprobs": True, "top_logprobs": 2}
     whole = _chat(client, "stream it", **kw)
     chunks = list(_chat(client, "stream it", stream=True, stream_options={"include_usage": True}, **kw))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
-    jsonschema.validate(json.loads(text), closed(SCHEMAS["either"]))
+    jsonschema.validate(json.loads(text), closed(SCHEMAS["choice"]))
     streamed = [lp.token for c in chunks if c.choices and c.choices[0].logprobs for lp in c.choices[0].logprobs.content]
     assert streamed == [lp.token for lp in whole.choices[0].logprobs.content]
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens

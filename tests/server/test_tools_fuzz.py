@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.server.tool_defs import TOOLS
+from tests.tiny_tools import TOOLS
 
 pytestmark = pytest.mark.xdist_group("tools_fuzz")  # its module-scoped server, started once
 
-NAMES = st.sampled_from(["add", "weather", "now", "f", "", "has space", "x" * 65, "ünï"])
+NAMES = st.sampled_from(["add", "get_weather", "now", "f", "", "has space", "x" * 65, "ünï"])
 JUNK = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-1e3, 1e3, allow_nan=False) | st.text(max_size=6),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.runtime.tools.test_prefix import HERMES
-from tests.server.tool_defs import TOOLS, check_calls
+from tests.tiny_tools import TOOLS, check_calls
 
 pytestmark = pytest.mark.xdist_group("tools_hermes")  # its module-scoped server, started once
 PAGE = 16

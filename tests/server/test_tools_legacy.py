@@ -13,7 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.server.tool_defs import TOOL_SCHEMAS, TOOLS, closed
+from tests.tiny_tools import TOOL_SCHEMAS, TOOLS, closed
 
 pytestmark = pytest.mark.xdist_group("tools_legacy")  # its module-scoped server, started once
 FUNCTIONS = [t["function"] for t in TOOLS]
@@ -64,12 +64,12 @@ def test_none_calls_nothing_and_auto_answers_text_or_one_call(client) -> None:
 
 
 def test_a_stream_carries_function_call_deltas_that_assemble_to_the_whole_reply(client, tiny) -> None:
-    whole = _ask(client, function_call={"name": "weather"}, temperature=0).choices[0].message.function_call
+    whole = _ask(client, function_call={"name": "get_weather"}, temperature=0).choices[0].message.function_call
     body = {
         "model": "tiny",
         "messages": ASK,
         "functions": FUNCTIONS,
-        "function_call": {"name": "weather"},
+        "function_call": {"name": "get_weather"},
         "temperature": 0,
     }
     with httpx.stream("POST", tiny.v1 + "/chat/completions", json={**body, "max_tokens": 160, "stream": True}) as r:
@@ -77,12 +77,12 @@ def test_a_stream_carries_function_call_deltas_that_assemble_to_the_whole_reply(
     assert events[-1] == "[DONE]"
     deltas = [json.loads(e)["choices"][0] for e in events[:-1]]
     assert deltas[0]["delta"] == {"role": "assistant", "content": None}  # as OpenAI's when the reply may be calls
-    assert deltas[1]["delta"] == {"function_call": {"name": "weather", "arguments": ""}}
+    assert deltas[1]["delta"] == {"function_call": {"name": "get_weather", "arguments": ""}}
     pieces = [d["delta"]["function_call"] for d in deltas[2:-1]]
     assert all(set(p) == {"arguments"} for p in pieces) and pieces
     assert deltas[-1]["finish_reason"] == "function_call" and deltas[-1]["delta"] == {}
     assert "".join(p["arguments"] for p in pieces) == whole.arguments
-    _valid("weather", whole.arguments)
+    _valid("get_weather", whole.arguments)
 
 
 def test_a_legacy_history_renders_as_tool_turns_and_hits_the_previous_turn(client) -> None:

@@ -15,7 +15,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.server.tool_defs import TOOLS, check_calls, closed
+from tests.tiny_tools import TOOLS, check_calls, closed
 
 pytestmark = pytest.mark.xdist_group("tools_openai")  # its module-scoped server, started once
 
@@ -103,7 +103,7 @@ def _sse(tiny, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    "choice", ["required", {"type": "function", "function": {"name": "weather"}}], ids=["required", "named"]
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}], ids=["required", "named"]
 )
 def test_a_stream_carries_openais_tool_call_deltas_and_assembles_to_the_whole_reply(client, tiny, choice) -> None:
     kw = {"tool_choice": choice, "parallel_tool_calls": False, "temperature": 0}

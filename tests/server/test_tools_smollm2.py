@@ -18,8 +18,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tests.server.tool_defs import closed
 from tests.smollm2_tools import TOOLS
+from tests.tiny_tools import closed
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tools_smollm2")]
 PAGE = 16
