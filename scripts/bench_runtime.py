@@ -50,6 +50,11 @@ rounds:
   file as stored (SmolLM2's file is Q4_1), so it reads fewer weight bytes than any of our modes.
   Stretch target: a compressed-weight mode (fp16 or gguf here; the fastest answers it) decodes at batch 1 at
   >= llama.cpp / 1.5.
+- issue 33's idle batch-1 acceptance, from the same rounds: fp32 through the Engine >= 1.5x transformers, and >= 80%
+  of the bandwidth bound (each round's bound is its measured bandwidth over runtime.doctor's weight bytes a token;
+  the median of the rounds' shares decides); gguf >= llama.cpp on the same file at the same threads. The Engine runs
+  its default thread policy (adaptive); the row says which thread counts it ended on. Its busy-machine and
+  long-prefix acceptance are scripts/bench_busy.py and scripts/bench_long_prefix.py.
 - TTFT of a 2,000-token prompt whose first 1,800 tokens are cached, against the same prompt with the cache
   off (target: speedup >= 0.8 x prompt tokens / computed tokens), fp32; cache on and off alternate per round.
 - one paged decode step against one contiguous-KV decode step with the same model (target: <= 1.2x), fp32,

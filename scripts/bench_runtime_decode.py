@@ -7,10 +7,21 @@ import gc
 
 import torch
 from bench_runtime_contenders import HF, RAW_STEPS_B1, RAW_STEPS_B8, LlamaCpp, Ours, RawStep
-from bench_runtime_report import DECODE_B1_TARGET, DECODE_B8_TARGET, LLAMA_CPP_FACTOR, fmt_ratio, row, verdict
-from bench_runtime_rounds import PAGE, Measure, Settings, best, bw_note, prompt_ids, run_rounds
+from bench_runtime_report import (
+    BOUND_SHARE,
+    DECODE_B1_TARGET,
+    DECODE_B8_TARGET,
+    GGUF_VS_LLAMA_CPP,
+    HF_FACTOR,
+    LLAMA_CPP_FACTOR,
+    fmt_ratio,
+    row,
+    verdict,
+)
+from bench_runtime_rounds import PAGE, Measure, Settings, best, bw_note, phase_bandwidth, prompt_ids, run_rounds
 
 from radixcache.runtime import Engine
+from radixcache.runtime.doctor import weight_bytes_per_token
 
 
 def raw_rows(runs: dict[str, list[dict[str, float]]], tag: str, batch: int, ctx: int, bwn: str) -> None:
@@ -72,7 +83,8 @@ def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Setti
         contenders[f"ours {o.tag} raw step"] = lambda raw=raw: raw.step_ms(RAW_STEPS_B1)
         contenders[f"ours {o.tag} raw step, pages"] = lambda raw=paged: raw.step_ms(RAW_STEPS_B1)
         contenders[f"ours {o.tag} Engine"] = lambda engine=engine: {
-            "tok/s": engine.generate(ids, s.decode_tokens, ignore_eos=True).decode_tps
+            "tok/s": engine.generate(ids, s.decode_tokens, ignore_eos=True).decode_tps,
+            "threads": engine.stats.threads,  # the default thread policy (adaptive): what it ran on at the end
         }
     if hf:
         hf_ids = torch.tensor([ids])
@@ -119,6 +131,7 @@ def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Setti
             hf_tps=hf1,
             lc_tps=lc1,
         )
+    issue33_rows(runs, ours, hf1, lc1, phase, bwn)
     compressed = {o.tag: best(runs[f"ours {o.tag} Engine"], "tok/s", max) for o in ours if o.tag != "fp32"}
     if lc1 and compressed:  # the stretch target asks for one compressed-weight mode: the fastest one answers it
         tag, tps = max(compressed.items(), key=lambda kv: kv[1])
@@ -135,6 +148,58 @@ def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Setti
             lc_tps=lc1,
         )
     gc.collect()
+
+
+def issue33_rows(
+    runs: dict[str, list[dict[str, float]]],
+    ours: list[Ours],
+    hf1: float | None,
+    lc1: float | None,
+    phase: str,
+    bwn: str,
+) -> None:
+    """Issue 33's idle batch-1 acceptance rows: fp32 against transformers (best rounds) and against the bandwidth
+    bound (per round: that round's read bandwidth over the bytes of weights a step reads, runtime.doctor's
+    weight_bytes_per_token; the verdict on the median of the rounds' shares), gguf against llama.cpp."""
+    by_tag = {o.tag: o for o in ours}
+    if "fp32" in by_tag:
+        engine = runs["ours fp32 Engine"]
+        tps = best(engine, "tok/s", max)
+        if hf1:
+            ok = tps >= HF_FACTOR * hf1
+            row(
+                "issue 33: decode batch 1, idle, fp32 Engine vs transformers",
+                f"{tps:.1f} tok/s",
+                f"transformers {hf1:.1f} tok/s",
+                f"{tps / hf1:.2f}x; target >= {HF_FACTOR}x: {verdict(ok)}; {bwn}",
+                tps=tps,
+                hf_tps=hf1,
+            )
+        nbytes = weight_bytes_per_token(by_tag["fp32"].model)
+        shares = [r["tok/s"] * nbytes / (bw * 1e9) for r, bw in zip(engine, phase_bandwidth(phase), strict=True)]
+        share = sorted(shares)[len(shares) // 2]
+        bounds = [bw * 1e9 / nbytes for bw in phase_bandwidth(phase)]
+        row(
+            "issue 33: decode batch 1, idle, fp32 Engine vs the bandwidth bound",
+            f"{share:.0%} of the bound (median of rounds)",
+            f"bound {min(bounds):.1f}-{max(bounds):.1f} tok/s ({nbytes / 1e6:.0f} MB of weights a token)",
+            f"rounds {', '.join(f'{x:.0%}' for x in shares)}; target >= {BOUND_SHARE:.0%}: "
+            f"{verdict(share >= BOUND_SHARE)}; threads at the end {sorted({int(r['threads']) for r in engine})}; {bwn}",
+            share=share,
+            shares=shares,
+            bounds=bounds,
+            weight_bytes=nbytes,
+        )
+    if "gguf" in by_tag and lc1:
+        tps = best(runs["ours gguf Engine"], "tok/s", max)
+        row(
+            "issue 33: decode batch 1, idle, gguf Engine vs llama.cpp (same file, same threads)",
+            f"{tps:.1f} tok/s",
+            f"llama.cpp {lc1:.1f} tok/s",
+            f"{tps / lc1:.2f}x; target >= {GGUF_VS_LLAMA_CPP}x: {verdict(tps >= GGUF_VS_LLAMA_CPP * lc1)}; {bwn}",
+            tps=tps,
+            lc_tps=lc1,
+        )
 
 
 def bench_decode8(ours: list[Ours], hf: HF | None, s: Settings, vocab: int) -> None:

@@ -12,6 +12,10 @@ from typing import Any
 DECODE_B1_TARGET = 25.0  # tok/s, fp32
 DECODE_B8_TARGET = 100.0  # tok/s aggregate, fp32
 LLAMA_CPP_FACTOR = 1.5  # a compressed-weight mode's batch-1 decode within 1.5x of llama.cpp (the stretch target)
+# issue 33, idle machine, batch 1: fp32 >= 1.5x transformers and >= 80% of the bandwidth bound; gguf >= llama.cpp
+HF_FACTOR = 1.5
+BOUND_SHARE = 0.8
+GGUF_VS_LLAMA_CPP = 1.0
 
 
 @dataclass
