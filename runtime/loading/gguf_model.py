@@ -163,20 +163,21 @@ def load_gguf_weights(
 
 
 def load_gguf_blocks(gguf: GGUFFile, config: ModelConfig) -> dict[str, BlockWeight]:
-    """The 2-D Q4_1 / Q8_0 tensors as their raw blocks (copied out of the map), under Hugging Face names, with
-    Q/K rows in rotate-half order like `load_gguf_weights`: a row of blocks is one output row, so undoing the
-    per-head interleaving moves whole rows of blocks. Tensors of other types are left out (they stay dense)."""
-    from radixcache.runtime.model.block_linear import BLOCK, BLOCK_BYTES, BlockWeight
+    """The 2-D tensors of a kind the block kernels take (block_linear.KINDS: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+    Q5_K, Q6_K) as their raw blocks (copied out of the map), under Hugging Face names, with Q/K rows in rotate-half
+    order like `load_gguf_weights`: a row of blocks is one output row, so undoing the per-head interleaving moves
+    whole rows of blocks. Tensors of other types are left out (they stay dense)."""
+    from radixcache.runtime.model.block_linear import BLOCK_BYTES, BLOCK_ELEMS, BlockWeight
 
     permute = config.arch in _PERMUTED_ARCHS
     out: dict[str, BlockWeight] = {}
     for gguf_name, info in gguf.tensors.items():
         kind = info.type_name
-        if kind not in BLOCK_BYTES or len(info.shape) != 2 or info.shape[1] % BLOCK:
+        if kind not in BLOCK_BYTES or len(info.shape) != 2 or info.shape[1] % BLOCK_ELEMS[kind]:
             continue
         name = hf_name(gguf_name)
         rows, cols = info.shape
-        raw = gguf.raw(gguf_name).reshape(rows, cols // BLOCK * BLOCK_BYTES[kind])
+        raw = gguf.raw(gguf_name).reshape(rows, cols // BLOCK_ELEMS[kind] * BLOCK_BYTES[kind])
         if permute and ".self_attn.q_proj." in name:
             raw = unpermute_rope_rows(raw, config.num_heads)
         elif permute and ".self_attn.k_proj." in name:

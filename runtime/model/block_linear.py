@@ -1,34 +1,49 @@
-"""A linear layer that keeps a GGUF file's own Q4_1 / Q8_0 blocks for small batches (`quant="gguf"`).
+"""A linear layer that keeps a GGUF file's own blocks for small batches (`quant="gguf"`).
 
-The float32 weights the loader builds from a GGUF file are its blocks dequantised: `d * q + m` (Q4_1) or `d * q`
-(Q8_0). Multiplying by the blocks themselves is therefore the same product, float32 throughout, in another
-summation order; what changes is the bytes read per token: SmolLM2's Q4_1 and Q8_0 blocks are 0.625 and 1.06
-bytes per weight against 4 for float32, and batch-1 decode streams every weight once per token.
+The float32 weights the loader builds from a GGUF file are its blocks dequantised (runtime.model.dequant). The
+blocks take 0.56 to 1.06 bytes per weight (Q4_0 .. Q8_0; Q4_K 0.56, Q6_K 0.82) against 4 for float32, and batch-1
+decode streams every weight once per token, so small batches multiply by the blocks themselves.
 
-`BlockLinear` runs the native kernel (runtime.native, `blockdot.c`) for up to `max_tokens` rows (decode batches
-of 1 to 4) and the float32 `DenseLinear` above that (prefill chunks, larger batches), where the products are
-compute-bound and oneDNN is faster. A fused matrix (q/k/v, gate/up) keeps one block part per source tensor, each
-writing its own columns of the output.
+`BlockLinear` runs a native kernel (runtime.native) for up to `max_tokens` rows (decode batches of 1 to 8) and the
+float32 `DenseLinear` above that (prefill chunks, larger batches), where the products are compute-bound and oneDNN
+is faster. Two kernels take the same blocks:
+- "float" (`blockdot.c`): float32 activations; the same product as the dense weight's, in another summation order.
+- "int8" (`qdot.c`): each token's activations quantised to int8 per 32 values (one scale per block, as llama.cpp's
+  Q8_0 activations) and integer dot products (VNNI / AVX2); the error this adds is at most half a quantisation step
+  of each activation block, 1/254 of its largest magnitude, times the weights' magnitudes.
+The default is DEFAULT_ACTIVATIONS; `activations=` or `$RADIXCACHE_GGUF_ACTIVATIONS` picks another. "auto" times
+both kernels once per process for each weight signature (block kinds, rows, columns), at 1 and 8 token rows, at
+its first call, and keeps the faster for every token count (a row's result never depends on its batch).
+A fused matrix (q/k/v, gate/up) keeps one block part per source tensor, each writing its own columns of the output.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from radixcache.runtime.model.dequant import GGML_TYPE_IDS, GGML_TYPES
 from radixcache.runtime.model.linear import DenseLinear
 
-BLOCK = 32  # weights per block in both formats
-BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
+# The kinds the kernels take; the kernels' KIND_* values are ggml's type ids (runtime/native/ggml_blocks.h).
+KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+BLOCK = 32  # weights per block (a K-quant super-block holds 8 of them)
+BLOCK_ELEMS = {k: GGML_TYPES[GGML_TYPE_IDS[k]][1] for k in KINDS}
+BLOCK_BYTES = {k: GGML_TYPES[GGML_TYPE_IDS[k]][2] for k in KINDS}
+ACTIVATIONS = ("auto", "float", "int8")
+DEFAULT_ACTIVATIONS = "float"  # see the module docstring for what was measured
+TIMING_ROUNDS = 5  # per kernel, alternating; the fastest round of each is compared
 
 
 @dataclass(frozen=True)
 class BlockWeight:
-    """A `[rows, cols]` weight as GGUF blocks: `data` is uint8 `[rows, cols / 32 * block bytes]`, row-major."""
+    """A `[rows, cols]` weight as GGUF blocks: `data` is uint8 `[rows, cols / block elements * block bytes]`."""
 
     kind: str
     data: torch.Tensor
@@ -37,9 +52,10 @@ class BlockWeight:
     def __post_init__(self) -> None:
         if self.kind not in BLOCK_BYTES:
             raise ValueError(f"block kind must be one of {', '.join(BLOCK_BYTES)}, got {self.kind!r}")
-        if self.cols % BLOCK:
-            raise ValueError(f"{self.kind} rows hold whole blocks of {BLOCK}; {self.cols} columns is not a multiple")
-        want = self.cols // BLOCK * BLOCK_BYTES[self.kind]
+        n = BLOCK_ELEMS[self.kind]
+        if self.cols % n:
+            raise ValueError(f"{self.kind} rows hold whole blocks of {n}; {self.cols} columns is not a multiple")
+        want = self.cols // n * BLOCK_BYTES[self.kind]
         if self.data.dtype != torch.uint8 or self.data.dim() != 2 or self.data.shape[1] != want:
             got = f"{self.data.dtype} {tuple(self.data.shape)}"
             raise ValueError(f"{self.kind} data must be uint8 [rows, {want}], got {got}")
@@ -54,19 +70,37 @@ class BlockWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight `[rows, cols]` (for tests and for the dense path)."""
-        from radixcache.runtime.model.dequant import GGML_TYPE_IDS, dequantize
+        from radixcache.runtime.model.dequant import dequantize
 
         raw = self.data.contiguous().numpy()
         values = dequantize(raw, GGML_TYPE_IDS[self.kind], (self.rows, self.cols))
         return torch.from_numpy(np.ascontiguousarray(values))
 
 
+# (block kinds and rows of the parts, columns) -> "float" or "int8": what "auto" measured, per process.
+_CHOICES: dict[tuple[tuple[tuple[str, int], ...], int], str] = {}
+
+
+def activation_choices() -> dict[tuple[tuple[tuple[str, int], ...], int], str]:
+    """A copy of the kernels "auto" chose so far in this process (for reports and tests)."""
+    return dict(_CHOICES)
+
+
 class BlockLinear:
     """Block kernel for up to `max_tokens` rows, the float32 dense layer above (see the module docstring)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, parts: Sequence[BlockWeight]) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        parts: Sequence[BlockWeight],
+        activations: str | None = None,
+    ) -> None:
         from radixcache.runtime.native import blockdot
 
+        activations = activations or os.environ.get("RADIXCACHE_GGUF_ACTIVATIONS") or DEFAULT_ACTIVATIONS
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             raise ValueError(f"quant='gguf' runs on the CPU in float32; got {weight.dtype} on {weight.device}")
         if not parts or sum(p.rows for p in parts) != weight.shape[0] or any(p.cols != weight.shape[1] for p in parts):
@@ -81,18 +115,55 @@ class BlockLinear:
         self.bias = bias
         self.dense = DenseLinear(weight, bias)
         self.max_tokens = lib.blockdot_max_tokens()
-        self._matmul = lib.blockdot_matmul
+        self.activations = activations
+        self._kernels = {"float": lib.blockdot_matmul, "int8": lib.qdot_matmul}
+        self._signature = tuple((p.kind, p.rows) for p in self.parts)
         # The call's fixed arguments, built once: the part arrays live as long as the layer (so do the blocks).
         n = len(self.parts)
         self._n = n
         self._data = (ctypes.c_void_p * n)(*(p.data.data_ptr() for p in self.parts))
-        self._kinds = (ctypes.c_int * n)(*(_KIND_IDS[p.kind] for p in self.parts))
+        self._kinds = (ctypes.c_int * n)(*(GGML_TYPE_IDS[p.kind] for p in self.parts))
         self._rows = (ctypes.c_int * n)(*(p.rows for p in self.parts))
 
     @property
     def nbytes(self) -> int:
         """Bytes a small-batch product streams: the blocks."""
         return sum(p.nbytes for p in self.parts)
+
+    def kernel_for(self, rows: int) -> str:
+        """The kernel ("float" or "int8") a call with `rows` token rows (1..max_tokens) runs: one for every count,
+        so that a row's result does not depend on the batch it is in."""
+        if self.activations != "auto":
+            return self.activations
+        key = (self._signature, self.in_features)
+        if key not in _CHOICES:
+            _CHOICES[key] = self._measure()
+        return _CHOICES[key]
+
+    def _measure(self) -> str:
+        """Both kernels at 1 and at max_tokens rows, alternating, TIMING_ROUNDS each; the kernel whose best times
+        sum to the smaller share (time / the other kernel's time, added over both row counts) wins."""
+        share = {name: 0.0 for name in self._kernels}
+        for rows in (1, self.max_tokens):
+            x = torch.randn(rows, self.in_features, generator=torch.Generator().manual_seed(rows))
+            y = torch.empty(rows, self.out_features)
+            best = {name: float("inf") for name in self._kernels}
+            for _ in range(TIMING_ROUNDS):  # a cold first round only loses to the later ones
+                for name in best:
+                    start = time.perf_counter()
+                    self._run(name, x, y)
+                    best[name] = min(best[name], time.perf_counter() - start)
+            for name in best:
+                share[name] += best[name] / sum(best.values())
+        return min(share, key=lambda name: share[name])
+
+    def _run(self, kernel: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        rows = x.shape[0]
+        status = self._kernels[kernel](
+            self._n, self._data, self._kinds, self._rows, self.in_features, x.data_ptr(), rows, y.data_ptr(), y.shape[1]
+        )
+        if status != 0:  # the arguments are checked by the caller; -2 is a failed allocation in the kernel
+            raise RuntimeError(f"the {kernel} block kernel refused its arguments (status {status})")
 
     def __call__(self, x: torch.Tensor, prefill: bool = False) -> torch.Tensor:
         if x.dim() != 2:
@@ -105,20 +176,5 @@ class BlockLinear:
             raise ValueError(f"input has {x.shape[1]} features, the layer takes {self.in_features}")
         x = x.contiguous()
         y = torch.empty(rows, self.out_features, dtype=torch.float32)
-        status = self._matmul(
-            self._n,
-            self._data,
-            self._kinds,
-            self._rows,
-            self.in_features,
-            x.data_ptr(),
-            rows,
-            y.data_ptr(),
-            self.out_features,
-        )
-        if status != 0:  # the arguments are checked above; this would be a bug in this class
-            raise RuntimeError(f"blockdot_matmul refused its arguments (status {status})")
+        self._run(self.kernel_for(rows), x, y)
         return y if self.bias is None else y + self.bias
-
-
-_KIND_IDS = {"Q4_1": 0, "Q8_0": 1}  # blockdot.c's KIND_* values

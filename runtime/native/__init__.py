@@ -1,8 +1,11 @@
 """Native kernels, built on first use with the machine's C compiler and loaded with ctypes.
 
-`blockdot.c` multiplies float32 activations by weights kept in GGUF's Q4_1 / Q8_0 blocks (runtime.model.block_linear).
-It is compiled once per source, compiler and CPU into a cache folder (`$RADIXCACHE_NATIVE_CACHE`, else
-`~/.cache/radixcache/native`, else a per-user temporary folder) with `-O3 -march=native -fopenmp`, and reused.
+`blockdot.c` multiplies float32 activations by weights kept in GGUF's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
+Q5_K, Q6_K; runtime.model.block_linear); `qdot.c` does the same products with the activations quantised to int8
+per 32 values (integer dot products: AVX-512 VNNI, AVX-VNNI, AVX2 or portable C); `ggml_blocks.h` holds the block
+layouts both read. They are compiled together, once per source, compiler and CPU into a cache folder
+(`$RADIXCACHE_NATIVE_CACHE`, else `~/.cache/radixcache/native`, else a per-user temporary folder) with
+`-O3 -march=native -fopenmp`, and reused.
 The compiler is `$CC`, else `cc`. OpenMP: torch is imported first, so the library binds to the libgomp torch
 loaded (one thread pool, sized by `torch.set_num_threads` on the calling thread), not to a second copy.
 
@@ -25,6 +28,8 @@ from pathlib import Path
 import torch  # noqa: F401  (loaded first on purpose: its libgomp is the one the library binds to)
 
 SOURCE = Path(__file__).with_name("blockdot.c")
+SOURCES = (SOURCE, SOURCE.with_name("qdot.c"))  # compiled into one library
+HEADERS = (SOURCE.with_name("ggml_blocks.h"),)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 LIBS = ("-lm",)  # after the source: linkers drop a library named before the objects that need it
 
@@ -52,7 +57,9 @@ def blockdot() -> ctypes.CDLL:
     # (parts, part data pointers, part kinds, part rows, cols, x, tokens, y, row stride of y) -> 0, or -1
     lib.blockdot_matmul.argtypes = [num, ptr, ptr, ptr, num, ptr, num, ptr, num]
     lib.blockdot_matmul.restype = ctypes.c_int
-    for name in ("blockdot_max_tokens", "blockdot_max_parts", "blockdot_vector_width"):
+    lib.qdot_matmul.argtypes = lib.blockdot_matmul.argtypes  # the same call with int8 activations: 0, -1 or -2
+    lib.qdot_matmul.restype = ctypes.c_int
+    for name in ("blockdot_max_tokens", "blockdot_max_parts", "blockdot_vector_width", "qdot_path"):
         getattr(lib, name).restype = ctypes.c_int
     # (x, weight, rows, cols, eps, out) -> 0, or -1
     lib.native_rms_norm.argtypes = [ptr, ptr, num, num, ctypes.c_float, ptr]
@@ -83,7 +90,9 @@ def _cache_dir() -> Path:
 
 def _build_key(compiler: str) -> str:
     """Source, flags, compiler version and CPU flags: a build for another CPU (-march=native) is never reused."""
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for path in SOURCES + HEADERS:
+        h.update(path.read_bytes())
     h.update(" ".join(FLAGS + LIBS).encode())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     h.update(version.encode())
@@ -101,11 +110,12 @@ def _build(compiler: str, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        cmd = [compiler, *FLAGS, str(SOURCE), "-o", tmp, *LIBS]
+        cmd = [compiler, *FLAGS, *map(str, SOURCES), "-o", tmp, *LIBS]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-            raise NativeBuildError(f"building {SOURCE.name} with {compiler} failed (exit {proc.returncode}):\n{tail}")
+            names = " and ".join(p.name for p in SOURCES)
+            raise NativeBuildError(f"building {names} with {compiler} failed (exit {proc.returncode}):\n{tail}")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

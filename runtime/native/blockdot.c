@@ -1,12 +1,13 @@
 /* y[t, o] = sum_k W[o, k] * x[t, k] for a weight W stored as GGUF blocks, with float32 x and y.
  *
- * W is row-major: each row is `cols / 32` blocks of 32 weights, in llama.cpp's block layouts:
- *   Q8_0: f16 d, i8 q[32]         w = d * q
- *   Q4_1: f16 d, f16 m, u8 qs[16] w = d * q + m  (q[j] = low nibble of qs[j], q[16 + j] = its high nibble)
- * The weights are used exactly as stored (no activation quantisation): with Q4_1,
+ * W is row-major: each row is `cols / 32` blocks of 32 weights (or `cols / 256` super-blocks of the K-quants), in
+ * ggml's block layouts (ggml_blocks.h; the decoding rules are in runtime/model/dequant.py). The weights are used
+ * exactly as stored (no activation quantisation; the int8-activation kernels are in qdot.c). With Q4_1,
  *   sum_j w_j x_j = d * sum_j q_j x_j + m * sum_j x_j,
  * and the block sums of x are computed once per call. Products and sums are float32, as in a float32 GEMM of
- * the dequantised weights; only the summation order differs.
+ * the dequantised weights; only the summation order differs. Q4_1 and Q8_0 have hand-written vector paths
+ * (AVX-512, AVX2 + FMA); the other kinds decode a block into float32 and multiply it in portable C that the
+ * compiler vectorises.
  *
  * A weight may be several parts stacked by rows (a fused q/k/v or gate/up matrix whose source tensors have
  * their own block types): one call covers them all, in one OpenMP parallel loop over every output row.
@@ -26,21 +27,7 @@
 #include <immintrin.h>
 #endif
 
-#define BLOCKDOT_MAX_TOKENS 4
-#define BLOCKDOT_MAX_PARTS 8
-#define QK 32
-
-enum { KIND_Q4_1 = 0, KIND_Q8_0 = 1 };
-
-typedef struct {
-    uint16_t d, m;
-    uint8_t qs[16];
-} block_q4_1;
-
-typedef struct {
-    uint16_t d;
-    int8_t qs[32];
-} block_q8_0;
+#include "ggml_blocks.h"
 
 int blockdot_max_tokens(void) { return BLOCKDOT_MAX_TOKENS; }
 
@@ -53,34 +40,6 @@ int blockdot_vector_width(void) {
     return 8;
 #else
     return 1;
-#endif
-}
-
-/* IEEE half -> float, portable (F16C where the CPU has it). */
-static inline float half_to_float(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: normalise */
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) {
-                man <<= 1;
-                exp--;
-            }
-            bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7F800000 | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
 #endif
 }
 
@@ -209,23 +168,139 @@ static inline void q8_0_row(const block_q8_0 *row, int nb, const float *x, int c
 #endif
 }
 
+/* One block of any other kind decoded into float32 (`block_elems(kind)` values), in dequant.py's order. */
+static inline __attribute__((always_inline)) void decode_block(int kind, const uint8_t *blk, float *w) {
+    switch (kind) {
+    case KIND_Q4_0: {
+        const block_q4_0 *b = (const block_q4_0 *)blk;
+        const float d = half_to_float(b->d);
+        for (int j = 0; j < 16; j++) {
+            w[j] = (float)((b->qs[j] & 0x0F) - 8) * d;
+            w[j + 16] = (float)((b->qs[j] >> 4) - 8) * d;
+        }
+        break;
+    }
+    case KIND_Q5_0:
+    case KIND_Q5_1: {
+        const int one = kind == KIND_Q5_1;
+        const block_q5_0 *b0 = (const block_q5_0 *)blk;
+        const block_q5_1 *b1 = (const block_q5_1 *)blk;
+        const uint8_t *qs = one ? b1->qs : b0->qs;
+        uint32_t h;
+        memcpy(&h, one ? b1->qh : b0->qh, sizeof h);
+        const float d = half_to_float(one ? b1->d : b0->d), m = one ? half_to_float(b1->m) : 0.0f;
+        const int off = one ? 0 : 16;
+        for (int j = 0; j < 16; j++) {
+            const int lo = (qs[j] & 0x0F) | (int)(((h >> j) & 1u) << 4);
+            const int hi = (qs[j] >> 4) | (int)(((h >> (j + 16)) & 1u) << 4);
+            w[j] = (float)(lo - off) * d + m;
+            w[j + 16] = (float)(hi - off) * d + m;
+        }
+        break;
+    }
+    case KIND_Q4_K:
+    case KIND_Q5_K: {
+        const int five = kind == KIND_Q5_K;
+        const block_q4_K *b4 = (const block_q4_K *)blk;
+        const block_q5_K *b5 = (const block_q5_K *)blk;
+        const uint8_t *qs = five ? b5->qs : b4->qs;
+        uint8_t sc[8], m[8];
+        k_scales_mins(five ? b5->scales : b4->scales, sc, m);
+        const float d = half_to_float(five ? b5->d : b4->d), dmin = half_to_float(five ? b5->dmin : b4->dmin);
+        for (int s = 0; s < 8; s++) {
+            const float ds = d * (float)sc[s], dm = dmin * (float)m[s];
+            const uint8_t *q = qs + 32 * (s / 2);
+            const int shift = 4 * (s % 2);
+            for (int l = 0; l < 32; l++) {
+                int v = (q[l] >> shift) & 0x0F;
+                if (five) v |= ((b5->qh[l] >> s) & 1) << 4;
+                w[32 * s + l] = ds * (float)v - dm;
+            }
+        }
+        break;
+    }
+    case KIND_Q6_K: {
+        const block_q6_K *b = (const block_q6_K *)blk;
+        const float d = half_to_float(b->d);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *qh = b->qh + 32 * h;
+            for (int g = 0; g < 4; g++) {
+                const uint8_t *ql = b->ql + 64 * h + 32 * (g & 1);
+                const int shift = 4 * (g >> 1), hshift = 2 * g;
+                for (int half = 0; half < 2; half++) {
+                    const int e0 = 128 * h + 32 * g + 16 * half;
+                    const float ds = d * (float)b->scales[e0 / 16];
+                    for (int l = 16 * half; l < 16 * half + 16; l++) {
+                        const int v = (((ql[l] >> shift) & 0x0F) | (((qh[l] >> hshift) & 3) << 4)) - 32;
+                        w[e0 + l - 16 * half] = ds * (float)v;
+                    }
+                }
+            }
+        }
+        break;
+    }
+    default: /* never reached: blockdot_check_parts refuses other kinds */
+        memset(w, 0, QK_K * sizeof *w);
+        break;
+    }
+}
+
+/* One output row of any kind without a hand-written path: each block decoded once, then one dot per token. */
+static inline __attribute__((always_inline)) void generic_row_of(int kind, const uint8_t *row, int nblocks,
+                                                                 const float *x, int cols, int ntok, float *out) {
+    const int n = block_elems(kind);
+    const size_t bytes = block_bytes(kind);
+    float acc[BLOCKDOT_MAX_TOKENS] = {0};
+    float w[QK_K];
+    for (int b = 0; b < nblocks; b++) {
+        decode_block(kind, row + (size_t)b * bytes, w);
+        for (int t = 0; t < ntok; t++) {
+            const float *xb = x + (size_t)t * cols + (size_t)b * n;
+            float p = 0.0f;
+#pragma omp simd reduction(+ : p)
+            for (int j = 0; j < n; j++) p += w[j] * xb[j];
+            acc[t] += p;
+        }
+    }
+    for (int t = 0; t < ntok; t++) out[t] = acc[t];
+}
+
+/* generic_row_of compiled once per kind (a constant kind: the decoding switch and the block length fold away). */
+static void generic_row(int kind, const uint8_t *row, int nblocks, const float *x, int cols, int ntok, float *out) {
+    switch (kind) {
+    case KIND_Q4_0: generic_row_of(KIND_Q4_0, row, nblocks, x, cols, ntok, out); break;
+    case KIND_Q5_0: generic_row_of(KIND_Q5_0, row, nblocks, x, cols, ntok, out); break;
+    case KIND_Q5_1: generic_row_of(KIND_Q5_1, row, nblocks, x, cols, ntok, out); break;
+    case KIND_Q4_K: generic_row_of(KIND_Q4_K, row, nblocks, x, cols, ntok, out); break;
+    case KIND_Q5_K: generic_row_of(KIND_Q5_K, row, nblocks, x, cols, ntok, out); break;
+    case KIND_Q6_K: generic_row_of(KIND_Q6_K, row, nblocks, x, cols, ntok, out); break;
+    default: generic_row_of(kind, row, nblocks, x, cols, ntok, out);
+    }
+}
+
+/* Checks the parts of a call and fills `start` (first output row of each part): 0, or -1 for arguments out of
+ * range (a kind the kernels do not take, columns that are not whole blocks of every part, too many rows). */
+int blockdot_check_parts(int nparts, const int *kinds, const int *rows, int cols, int ntok, int ldy, int *start) {
+    if (nparts < 1 || nparts > BLOCKDOT_MAX_PARTS || ntok < 1 || ntok > BLOCKDOT_MAX_TOKENS || cols < QK)
+        return -1;
+    start[0] = 0;
+    for (int p = 0; p < nparts; p++) {
+        const int n = block_elems(kinds[p]);
+        if (n == 0 || cols % n || rows[p] < 0) return -1;
+        start[p + 1] = start[p] + rows[p];
+    }
+    return start[nparts] > ldy ? -1 : 0;
+}
+
 /* y[t * ldy + o] for the rows of `nparts` stacked parts (part p: `kinds[p]`, `rows[p]` rows at `data[p]`), all
  * with `cols` columns. Returns 0, or -1 for arguments out of range (nothing is written then). */
 int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
                     const float *x, int ntok, float *y, int ldy) {
-    if (nparts < 1 || nparts > BLOCKDOT_MAX_PARTS || ntok < 1 || ntok > BLOCKDOT_MAX_TOKENS || cols < QK ||
-        cols % QK)
-        return -1;
-    const int nb = cols / QK;
     int start[BLOCKDOT_MAX_PARTS + 1];
+    if (blockdot_check_parts(nparts, kinds, rows, cols, ntok, ldy, start) != 0) return -1;
+    const int nb = cols / QK;
     int any_q4_1 = 0;
-    start[0] = 0;
-    for (int p = 0; p < nparts; p++) {
-        if ((kinds[p] != KIND_Q4_1 && kinds[p] != KIND_Q8_0) || rows[p] < 0) return -1;
-        any_q4_1 |= kinds[p] == KIND_Q4_1;
-        start[p + 1] = start[p] + rows[p];
-    }
-    if (start[nparts] > ldy) return -1;
+    for (int p = 0; p < nparts; p++) any_q4_1 |= kinds[p] == KIND_Q4_1;
     float xsum[BLOCKDOT_MAX_TOKENS * (cols / QK)];
     if (any_q4_1) {
         for (int t = 0; t < ntok; t++) {
@@ -242,11 +317,16 @@ int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const
         int p = 0;
         while (o >= start[p + 1]) p++;
         const int r = o - start[p];
+        const int kind = kinds[p];
+        const int nblocks = cols / block_elems(kind);
+        const uint8_t *row = (const uint8_t *)data[p] + (size_t)r * nblocks * block_bytes(kind);
         float out[BLOCKDOT_MAX_TOKENS];
-        if (kinds[p] == KIND_Q4_1)
-            q4_1_row((const block_q4_1 *)data[p] + (size_t)r * nb, nb, x, cols, ntok, xsum, out);
+        if (kind == KIND_Q4_1)
+            q4_1_row((const block_q4_1 *)row, nb, x, cols, ntok, xsum, out);
+        else if (kind == KIND_Q8_0)
+            q8_0_row((const block_q8_0 *)row, nb, x, cols, ntok, out);
         else
-            q8_0_row((const block_q8_0 *)data[p] + (size_t)r * nb, nb, x, cols, ntok, out);
+            generic_row(kind, row, nblocks, x, cols, ntok, out);
         for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
     }
     return 0;

@@ -2,7 +2,7 @@
 
 Checked against: `BlockWeight`'s refusals (kind, column count, dtype and shape, each message naming the problem);
 `.dequantize()` against the `gguf` package's dequantiser on the same bytes; `BlockLinear` against a float64
-`x @ W.T + b` of the dequantised weight, for the native kernel (1 to 4 rows) and the dense path (5 and more),
+`x @ W.T + b` of the dequantised weight, for the float native kernel (1 to 8 rows) and the dense path (9 and more),
 single-kind and fused mixed-kind matrices, with and without bias, 1-D / 3-D / non-contiguous inputs; a row's
 result against the same row inside a batch; and the refusals of a wrong feature count and of parts that do not
 stack to the weight's shape. `make_linear(..., "gguf")` without blocks against DenseLinear.
@@ -63,9 +63,9 @@ def assert_matches(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch
 
 
 def test_block_weight_refuses_an_unknown_kind() -> None:
-    with pytest.raises(ValueError, match="Q4_0") as err:
-        BlockWeight("Q4_0", torch.zeros(2, 18, dtype=torch.uint8), 32)
-    assert "Q4_1" in str(err.value) and "Q8_0" in str(err.value)
+    with pytest.raises(ValueError, match="Q2_K") as err:
+        BlockWeight("Q2_K", torch.zeros(2, 84, dtype=torch.uint8), 256)
+    assert "Q4_1" in str(err.value) and "Q6_K" in str(err.value)
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
@@ -118,7 +118,7 @@ def build(name: str, bias: bool, seed: int = 0) -> tuple[BlockLinear, torch.Tens
     parts = [random_blocks(k, r, c, seed=seed + i) for i, (k, r, c) in enumerate(MATRICES[name])]
     w = dense_of(parts)
     b = torch.randn(w.shape[0], generator=torch.Generator().manual_seed(seed)) if bias else None
-    return BlockLinear(w, b, parts), w, b
+    return BlockLinear(w, b, parts, activations="float"), w, b  # int8 activations: tests/runtime/native
 
 
 def inputs(shape: tuple[int, ...], seed: int = 1) -> torch.Tensor:
@@ -126,7 +126,7 @@ def inputs(shape: tuple[int, ...], seed: int = 1) -> torch.Tensor:
 
 
 @needs_cc
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 17, 64])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 64])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("name", sorted(MATRICES))
 def test_block_linear_equals_the_dequantised_product(name: str, bias: bool, rows: int) -> None:

@@ -1,6 +1,6 @@
 """Every vector path of runtime/native/blockdot.c against a float64 reference, not only the one `-march=native`
 picks here: the source is compiled three times with explicit flags (AVX-512, AVX2 + FMA, portable C) and each
-build's `blockdot_matmul` must compute `x @ W.T` for dequantised Q4_1 / Q8_0 weights (fused parts, 1 to 4 token
+build's `blockdot_matmul` must compute `x @ W.T` for dequantised Q4_1 / Q8_0 weights (fused parts, 1 to 8 token
 rows) within float32 summation-order tolerance, and refuse arguments out of range without writing anything; the
 native RMSNorm and decode attention of the same library against float64 references.
 A path whose instructions this CPU lacks is skipped."""
@@ -29,7 +29,7 @@ PATHS = {
     "avx2": (["-mavx2", "-mfma", "-mf16c", "-mno-avx512f"], 8, "avx2"),
     "portable": (["-mno-avx", "-mno-avx2", "-mno-f16c", "-mno-fma"], 1, None),
 }
-KINDS = {"Q4_1": 0, "Q8_0": 1}
+KINDS = {"Q4_1": 3, "Q8_0": 8}  # ggml type ids (runtime/native/ggml_blocks.h)
 REL_TO_ABS_SUM = 2e-6  # as tests/runtime/test_block_linear.py: float32 sums in another order than float64
 
 
@@ -73,7 +73,7 @@ def test_the_build_reports_its_vector_path(build: tuple[ctypes.CDLL, int]) -> No
     assert lib.blockdot_vector_width() == width
 
 
-@pytest.mark.parametrize("ntok", [1, 2, 3, 4])
+@pytest.mark.parametrize("ntok", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("layout", [["Q4_1"], ["Q8_0"], ["Q4_1", "Q8_0", "Q4_1"]])
 def test_each_path_equals_the_float64_product(build: tuple[ctypes.CDLL, int], layout: list[str], ntok: int) -> None:
     lib, _ = build
@@ -92,9 +92,9 @@ def test_each_path_equals_the_float64_product(build: tuple[ctypes.CDLL, int], la
     ("case", "ntok", "cols", "kinds", "ldy"),
     [
         ("no token rows", 0, 64, None, 8),
-        ("more token rows than the kernel takes", 5, 64, None, 8),
+        ("more token rows than the kernel takes", 9, 64, None, 8),
         ("columns not whole blocks", 2, 48, None, 8),
-        ("an unknown block kind", 2, 64, [7], 8),
+        ("an unknown block kind", 2, 64, [9], 8),
         ("rows past the output's row stride", 2, 64, None, 3),
     ],
 )

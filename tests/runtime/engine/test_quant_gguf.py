@@ -1,4 +1,4 @@
-"""quant="gguf" on SmolLM2 (its Q4_1 / Q8_0 blocks through the native kernel), checked against float32.
+"""quant="gguf" on SmolLM2 (its Q4_1 / Q8_0 blocks through the float-activation kernel), checked against float32.
 
 - Every kept block tensor dequantises bit-exactly to the float32 weight of the same name (so the Q/K rows of the
   blocks are un-permuted like the float weights).
@@ -56,10 +56,10 @@ def smol() -> Any:
 def models(smol: Any) -> dict[str, LlamaModel]:
     if shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.skip("quant='gguf' builds a C kernel: no C compiler here")
-    return {
-        "none": LlamaModel(smol.config, smol.weights),
-        "gguf": LlamaModel(smol.config, smol.weights, quant="gguf", blocks=smol.blocks),
-    }
+    with pytest.MonkeyPatch.context() as mp:  # the float-activation kernel; int8: tests/runtime/native/
+        mp.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "float")
+        gguf = LlamaModel(smol.config, smol.weights, quant="gguf", blocks=smol.blocks)
+    return {"none": LlamaModel(smol.config, smol.weights), "gguf": gguf}
 
 
 # ---------------------------------------------------------------------- loading

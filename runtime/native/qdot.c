@@ -1,0 +1,380 @@
+/* y[t, o] = sum_k W[o, k] * x[t, k] with the activations x quantised to int8 on the fly: the products are integer.
+ *
+ * Each token row of x is cut into blocks of 32 values, and each block gets its own scale: xd = max|x| / 127,
+ * xq = round(x / xd) in [-127, 127], and xs = xd * sum(xq) (for the weights' minimum terms). One scale per
+ * 32 values per row, as llama.cpp's Q8_0 activations: the rounding error of a value is at most xd / 2, 1/254 of
+ * its block's largest magnitude. (An earlier int8 attempt through fbgemm used one scale per batch, and lost.)
+ *
+ * Per block of 32 weights (a K-quant sub-block of 32 included), with the weight's integers q, scale dw and min m:
+ *   sum_j w_j x_j ~ (dw * xd) * sum_j q_j xq_j  (+ m * xs)
+ * The inner sum is exact integer arithmetic: int8 x int8 (or uint8 x int8) products into int32 lanes, then one
+ * float multiply-add per block. Signed weights (Q4_0, Q5_0 after their offset, Q8_0, Q6_K) use |q| x sign(q) xq.
+ * Q6_K's two 16-element scales per 32 are applied to int16 pair sums before they widen (pmaddwd).
+ *
+ * Vector paths, chosen at build time (-march=native): AVX-512 VNNI with VL (vpdpbusd on 256-bit registers),
+ * AVX-VNNI (its VEX form), AVX2 (vpmaddubsw + vpmaddwd), else portable C with int32 sums that the compiler
+ * vectorises. `qdot_path()` names the one built. Kinds and the argument checks are blockdot.c's.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml_blocks.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define QDOT_PATH 3
+#elif defined(__AVXVNNI__)
+#define QDOT_PATH 2
+#elif defined(__AVX2__) && defined(__FMA__)
+#define QDOT_PATH 1
+#else
+#define QDOT_PATH 0
+#endif
+
+#if QDOT_PATH > 0
+#include <immintrin.h>
+#endif
+
+int blockdot_check_parts(int nparts, const int *kinds, const int *rows, int cols, int ntok, int ldy, int *start);
+
+/* 3: AVX-512 VNNI, 2: AVX-VNNI, 1: AVX2, 0: portable C. */
+int qdot_path(void) { return QDOT_PATH; }
+
+/* The quantised activations of one call: token t's values at q + t * cols, its block scales and scaled sums at
+ * d + t * nb and s + t * nb. */
+typedef struct {
+    const int8_t *q;
+    const float *d, *s;
+    int cols, nb;
+} acts;
+
+/* Quantise block i (token i / nb, block i % nb) of x. */
+static inline void quantise_block(const float *x, int cols, int nb, int i, int8_t *q, float *d, float *s) {
+    const int t = i / nb, b = i % nb;
+    const float *xb = x + (size_t)t * cols + (size_t)b * QK;
+    int8_t *qb = q + (size_t)t * cols + (size_t)b * QK;
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+    const float dx = amax / 127.0f, id = dx != 0.0f ? 1.0f / dx : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < QK; j++) {
+        const int v = (int)nearbyintf(xb[j] * id);
+        qb[j] = (int8_t)v;
+        sum += v;
+    }
+    d[i] = dx;
+    s[i] = dx * (float)sum;
+}
+
+#if QDOT_PATH > 0
+/* uint8 x int8 -> 8 int32 lanes, each the sum of 4 neighbouring products (exact: no lane can overflow here). */
+static inline __m256i dot_us(__m256i u, __m256i s) {
+#if QDOT_PATH == 3
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif QDOT_PATH == 2
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 16 packed bytes -> 32 values: low nibbles first, then the high ones. */
+static inline __m256i nibbles32(const uint8_t *qs) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+/* 16 in each byte j whose bit j of the 32-bit `bits` is set, else 0. */
+static inline __m256i bits_to_16(const uint8_t *bits) {
+    uint32_t v;
+    memcpy(&v, bits, sizeof v);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)v),
+        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+#define XQ(t, blk) _mm256_loadu_si256((const __m256i *)(a->q + (size_t)(t) * a->cols + (size_t)(blk) * QK))
+#define XD(t, blk) a->d[(size_t)(t) * a->nb + (blk)]
+#define XS(t, blk) a->s[(size_t)(t) * a->nb + (blk)]
+
+/* One block of unsigned weights u (0..31) with weight scale dw into each token's accumulator. */
+#define ACC_UNSIGNED(u, dw, blk)                                                                                   \
+    for (int t = 0; t < ntok; t++)                                                                                 \
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_us((u), XQ(t, blk))), _mm256_set1_ps((dw) * XD(t, blk)),    \
+                                 acc[t]);
+
+/* The same for signed weights w: |w| x sign(xq, w). */
+#define ACC_SIGNED(w, dw, blk)                                                                                     \
+    {                                                                                                              \
+        const __m256i aw_ = _mm256_sign_epi8((w), (w));                                                            \
+        for (int t = 0; t < ntok; t++)                                                                             \
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_us(aw_, _mm256_sign_epi8(XQ(t, blk), (w)))),           \
+                                     _mm256_set1_ps((dw) * XD(t, blk)), acc[t]);                                    \
+    }
+
+static inline __attribute__((always_inline)) void row_kind(int kind, const uint8_t *row, const acts *a, int ntok,
+                                                           float *out) {
+    __m256 acc[BLOCKDOT_MAX_TOKENS];
+    float extra[BLOCKDOT_MAX_TOKENS];
+    for (int t = 0; t < ntok; t++) {
+        acc[t] = _mm256_setzero_ps();
+        extra[t] = 0.0f;
+    }
+    const int nb = a->nb;
+    switch (kind) {
+    case KIND_Q4_0:
+        for (int b = 0; b < nb; b++) {
+            const block_q4_0 *w = (const block_q4_0 *)row + b;
+            const __m256i q = _mm256_sub_epi8(nibbles32(w->qs), _mm256_set1_epi8(8));
+            ACC_SIGNED(q, half_to_float(w->d), b)
+        }
+        break;
+    case KIND_Q4_1:
+        for (int b = 0; b < nb; b++) {
+            const block_q4_1 *w = (const block_q4_1 *)row + b;
+            const __m256i q = nibbles32(w->qs);
+            const float m = half_to_float(w->m);
+            ACC_UNSIGNED(q, half_to_float(w->d), b)
+            for (int t = 0; t < ntok; t++) extra[t] += m * XS(t, b);
+        }
+        break;
+    case KIND_Q5_0:
+        for (int b = 0; b < nb; b++) {
+            const block_q5_0 *w = (const block_q5_0 *)row + b;
+            const __m256i q =
+                _mm256_sub_epi8(_mm256_or_si256(nibbles32(w->qs), bits_to_16(w->qh)), _mm256_set1_epi8(16));
+            ACC_SIGNED(q, half_to_float(w->d), b)
+        }
+        break;
+    case KIND_Q5_1:
+        for (int b = 0; b < nb; b++) {
+            const block_q5_1 *w = (const block_q5_1 *)row + b;
+            const __m256i q = _mm256_or_si256(nibbles32(w->qs), bits_to_16(w->qh));
+            const float m = half_to_float(w->m);
+            ACC_UNSIGNED(q, half_to_float(w->d), b)
+            for (int t = 0; t < ntok; t++) extra[t] += m * XS(t, b);
+        }
+        break;
+    case KIND_Q8_0:
+        for (int b = 0; b < nb; b++) {
+            const block_q8_0 *w = (const block_q8_0 *)row + b;
+            const __m256i q = _mm256_loadu_si256((const __m256i *)w->qs);
+            ACC_SIGNED(q, half_to_float(w->d), b)
+        }
+        break;
+    case KIND_Q4_K:
+    case KIND_Q5_K: {
+        const int five = kind == KIND_Q5_K;
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        for (int sb = 0; sb < nb / 8; sb++) {
+            const block_q4_K *w4 = (const block_q4_K *)row + sb;
+            const block_q5_K *w5 = (const block_q5_K *)row + sb;
+            uint8_t sc[8], mn[8];
+            k_scales_mins(five ? w5->scales : w4->scales, sc, mn);
+            const float d = half_to_float(five ? w5->d : w4->d), dmin = half_to_float(five ? w5->dmin : w4->dmin);
+            const uint8_t *qs = five ? w5->qs : w4->qs;
+            const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)w5->qh) : _mm256_setzero_si256();
+            for (int i = 0; i < 4; i++) {
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
+                __m256i q[2] = {_mm256_and_si256(bytes, low), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low)};
+                for (int k = 0; k < 2; k++) {
+                    const int s = 2 * i + k, blk = 8 * sb + s;
+                    if (five) {
+                        const __m256i bit = _mm256_set1_epi8((char)(1 << s));
+                        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                        q[k] = _mm256_or_si256(q[k], _mm256_and_si256(set, _mm256_set1_epi8(16)));
+                    }
+                    const float ds = d * (float)sc[s], dm = dmin * (float)mn[s];
+                    ACC_UNSIGNED(q[k], ds, blk)
+                    for (int t = 0; t < ntok; t++) extra[t] -= dm * XS(t, blk);
+                }
+            }
+        }
+        break;
+    }
+    case KIND_Q6_K: {
+        const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+        for (int sb = 0; sb < nb / 8; sb++) {
+            const block_q6_K *w = (const block_q6_K *)row + sb;
+            const float d = half_to_float(w->d);
+            for (int h = 0; h < 2; h++) {
+                const __m256i la = _mm256_loadu_si256((const __m256i *)(w->ql + 64 * h));
+                const __m256i lb = _mm256_loadu_si256((const __m256i *)(w->ql + 64 * h + 32));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(w->qh + 32 * h));
+                const __m256i lo4[4] = {_mm256_and_si256(la, low), _mm256_and_si256(lb, low),
+                                        _mm256_and_si256(_mm256_srli_epi16(la, 4), low),
+                                        _mm256_and_si256(_mm256_srli_epi16(lb, 4), low)};
+                const __m256i hi2[4] = {_mm256_and_si256(qh, two), _mm256_and_si256(_mm256_srli_epi16(qh, 2), two),
+                                        _mm256_and_si256(_mm256_srli_epi16(qh, 4), two),
+                                        _mm256_and_si256(_mm256_srli_epi16(qh, 6), two)};
+                for (int g = 0; g < 4; g++) {
+                    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo4[g], _mm256_slli_epi16(hi2[g], 4)), off);
+                    const __m256i aq = _mm256_sign_epi8(q, q);
+                    const int s = 8 * h + 2 * g, blk = 8 * sb + 4 * h + g;
+                    const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(w->scales[s + 1]), _mm_set1_epi16(w->scales[s]));
+                    for (int t = 0; t < ntok; t++) {
+                        const __m256i pairs = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(XQ(t, blk), q));
+                        const __m256i p = _mm256_madd_epi16(pairs, scales);
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * XD(t, blk)), acc[t]);
+                    }
+                }
+            }
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    for (int t = 0; t < ntok; t++) out[t] = hsum(acc[t]) + extra[t];
+}
+
+#else /* portable C */
+
+/* Weight block `blk` of a row as int16 values (a Q6_K value times its 16-element scale), with the float scale
+ * that multiplies the integer sum and the min that multiplies xs. */
+static inline void unpack_block(int kind, const uint8_t *row, int blk, int16_t *v, float *dw, float *m) {
+    *m = 0.0f;
+    switch (kind) {
+    case KIND_Q4_0:
+    case KIND_Q4_1: {
+        const int one = kind == KIND_Q4_1;
+        const uint8_t *qs = one ? ((const block_q4_1 *)row)[blk].qs : ((const block_q4_0 *)row)[blk].qs;
+        for (int j = 0; j < 16; j++) {
+            v[j] = (int16_t)((qs[j] & 0x0F) - (one ? 0 : 8));
+            v[j + 16] = (int16_t)((qs[j] >> 4) - (one ? 0 : 8));
+        }
+        *dw = half_to_float(one ? ((const block_q4_1 *)row)[blk].d : ((const block_q4_0 *)row)[blk].d);
+        if (one) *m = half_to_float(((const block_q4_1 *)row)[blk].m);
+        break;
+    }
+    case KIND_Q5_0: {
+        const block_q5_0 *w = (const block_q5_0 *)row + blk;
+        for (int j = 0; j < QK; j++) v[j] = (int16_t)(q5_value(w->qs, w->qh, j) - 16);
+        *dw = half_to_float(w->d);
+        break;
+    }
+    case KIND_Q5_1: {
+        const block_q5_1 *w = (const block_q5_1 *)row + blk;
+        for (int j = 0; j < QK; j++) v[j] = (int16_t)q5_value(w->qs, w->qh, j);
+        *dw = half_to_float(w->d);
+        *m = half_to_float(w->m);
+        break;
+    }
+    case KIND_Q8_0: {
+        const block_q8_0 *w = (const block_q8_0 *)row + blk;
+        for (int j = 0; j < QK; j++) v[j] = w->qs[j];
+        *dw = half_to_float(w->d);
+        break;
+    }
+    case KIND_Q4_K:
+    case KIND_Q5_K: {
+        const int five = kind == KIND_Q5_K, s = blk % 8;
+        const block_q4_K *w4 = (const block_q4_K *)row + blk / 8;
+        const block_q5_K *w5 = (const block_q5_K *)row + blk / 8;
+        uint8_t sc[8], mn[8];
+        k_scales_mins(five ? w5->scales : w4->scales, sc, mn);
+        const uint8_t *q = (five ? w5->qs : w4->qs) + 32 * (s / 2);
+        for (int l = 0; l < QK; l++) {
+            int x = (q[l] >> (4 * (s % 2))) & 0x0F;
+            if (five) x |= ((w5->qh[l] >> s) & 1) << 4;
+            v[l] = (int16_t)x;
+        }
+        *dw = half_to_float(five ? w5->d : w4->d) * (float)sc[s];
+        *m = -(half_to_float(five ? w5->dmin : w4->dmin) * (float)mn[s]);
+        break;
+    }
+    case KIND_Q6_K: {
+        const block_q6_K *w = (const block_q6_K *)row + blk / 8;
+        const int h = (blk % 8) / 4, g = blk % 4;
+        const uint8_t *ql = w->ql + 64 * h, *qh = w->qh + 32 * h;
+        for (int l = 0; l < QK; l++) {
+            const int lo = g < 2 ? ql[l + 32 * g] & 0x0F : ql[l + 32 * (g - 2)] >> 4;
+            const int x = (lo | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
+            v[l] = (int16_t)(x * w->scales[8 * h + 2 * g + l / 16]);
+        }
+        *dw = half_to_float(w->d);
+        break;
+    }
+    default:
+        *dw = 0.0f;
+        memset(v, 0, QK * sizeof *v);
+    }
+}
+
+static inline void row_kind(int kind, const uint8_t *row, const acts *a, int ntok, float *out) {
+    float acc[BLOCKDOT_MAX_TOKENS] = {0};
+    int16_t v[QK];
+    for (int b = 0; b < a->nb; b++) {
+        float dw, m;
+        unpack_block(kind, row, b, v, &dw, &m);
+        for (int t = 0; t < ntok; t++) {
+            const int8_t *xq = a->q + (size_t)t * a->cols + (size_t)b * QK;
+            int32_t sum = 0;
+            for (int j = 0; j < QK; j++) sum += (int32_t)v[j] * xq[j];
+            const size_t i = (size_t)t * a->nb + b;
+            acc[t] += (dw * a->d[i]) * (float)sum + m * a->s[i];
+        }
+    }
+    for (int t = 0; t < ntok; t++) out[t] = acc[t];
+}
+#endif
+
+/* A copy of row_kind per token count, so that each count's loops are unrolled with the accumulators in registers. */
+#define ROW_N(n)                                                                                                   \
+    static void row_n##n(int kind, const uint8_t *row, const acts *a, float *out) { row_kind(kind, row, a, n, out); }
+ROW_N(1)
+ROW_N(2)
+ROW_N(3)
+ROW_N(4)
+ROW_N(5)
+ROW_N(6)
+ROW_N(7)
+ROW_N(8)
+typedef void (*row_fn)(int, const uint8_t *, const acts *, float *);
+static const row_fn ROWS[BLOCKDOT_MAX_TOKENS + 1] = {0, row_n1, row_n2, row_n3, row_n4, row_n5, row_n6, row_n7, row_n8};
+
+/* The product with int8 activations, for the same arguments as blockdot_matmul. Returns 0, -1 for arguments out
+ * of range (nothing is written then), or -2 when the activation buffer cannot be allocated. */
+int qdot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols, const float *x,
+                int ntok, float *y, int ldy) {
+    int start[BLOCKDOT_MAX_PARTS + 1];
+    if (blockdot_check_parts(nparts, kinds, rows, cols, ntok, ldy, start) != 0) return -1;
+    const int nb = cols / QK;
+    const size_t nq = (size_t)ntok * cols;
+    void *buf = malloc(nq + 2 * sizeof(float) * (size_t)ntok * nb + 64);
+    if (buf == NULL) return -2;
+    float *xd = (float *)buf, *xs = xd + (size_t)ntok * nb;
+    int8_t *xq = (int8_t *)(xs + (size_t)ntok * nb);
+    const acts a = {xq, xd, xs, cols, nb};
+    const int total = start[nparts];
+    const row_fn fn = ROWS[ntok];
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int i = 0; i < ntok * nb; i++) quantise_block(x, cols, nb, i, xq, xd, xs);
+#pragma omp for schedule(static)
+        for (int o = 0; o < total; o++) {
+            int p = 0;
+            while (o >= start[p + 1]) p++;
+            const int kind = kinds[p];
+            const size_t row_bytes = (size_t)(cols / block_elems(kind)) * block_bytes(kind);
+            float out[BLOCKDOT_MAX_TOKENS];
+            fn(kind, (const uint8_t *)data[p] + (size_t)(o - start[p]) * row_bytes, &a, out);
+            for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
+        }
+    }
+    free(buf);
+    return 0;
+}

@@ -1,0 +1,196 @@
+"""runtime/native/qdot.c (int8 activations) on every vector path this CPU can run, and BlockLinear's kernel choice.
+
+Each build of blockdot.c + qdot.c (AVX-512 VNNI from -march=native, AVX-VNNI, AVX2, portable C; a path whose
+instructions this CPU lacks is skipped) must give, for each block kind and 1 to 8 token rows:
+- the product of the dequantised weight with the activations as this test quantises them itself (numpy, float32:
+  per 32 values d = max|x| / 127, q = round-half-even(x / d)), within float32 summation slack: so the kernel really
+  uses one scale per 32 values per row, and integer sums;
+- the float64 product of the unquantised activations within the int8 rounding bound: sum over blocks of
+  d / 2 * sum |w| (half a step per activation), plus the same slack.
+Arguments out of range (token rows 0 or 9, columns not whole blocks of the kind, an unknown kind, rows past the
+output stride) are refused with -1 and nothing written. BlockLinear: "int8" and "float" each run their kernel,
+"auto" keeps one per signature and token count, the environment variable forces one, an unknown value is refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from radixcache.runtime.model.block_linear import BLOCK_BYTES, BLOCK_ELEMS, BlockLinear, BlockWeight, activation_choices
+from radixcache.runtime.model.dequant import GGML_TYPE_IDS
+from radixcache.runtime.native import HEADERS, SOURCES
+from tests.runtime.loading.kquants import int8_activations
+
+CC = os.environ.get("CC", "cc")
+pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler here")
+
+# name -> (compiler flags, qdot_path() the build reports, CPU flags it needs)
+PATHS = {
+    "vnni512": (["-march=native"], 3, ("avx512_vnni", "avx512vl")),
+    "avxvnni": (["-mavx2", "-mfma", "-mf16c", "-mavxvnni", "-mno-avx512f"], 2, ("avx_vnni",)),
+    "avx2": (["-mavx2", "-mfma", "-mf16c", "-mno-avx512f"], 1, ("avx2", "fma")),
+    "portable": (["-march=x86-64", "-mno-avx", "-mno-avx2", "-mno-f16c", "-mno-fma"], 0, ()),
+}
+KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+# Offsets of the float16 fields of each kind's block (d, and the minimum of Q4_1 / Q5_1 / the K-quants' dmin).
+HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2)}
+HALF_FIELDS.update({"Q5_K": (0, 2), "Q6_K": (208,)})
+SLACK = 1e-5  # float32 scale products and block sums in another order than float64, relative to sum |x w|
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
+    except (OSError, StopIteration):
+        return set()
+    return set(line.split(":", 1)[1].split())
+
+
+@pytest.fixture(scope="module", params=list(PATHS))
+def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    flags, path, needs = PATHS[request.param]
+    out = tmp_path_factory.mktemp(request.param) / "qdot.so"
+    include = f"-I{HEADERS[0].parent}"
+    cmd = [CC, "-O2", *flags, include, "-fopenmp", "-shared", "-fPIC", "-std=c11", *map(str, SOURCES), "-o", str(out)]
+    proc = subprocess.run([*cmd, "-lm"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr  # every path compiles here, whether or not this CPU can run it
+    missing = [f for f in needs if f not in _cpu_flags()]
+    if missing:
+        pytest.skip(f"this CPU has no {', '.join(missing)}: the {request.param} path cannot run here")
+    built = ctypes.CDLL(str(out))
+    built.qdot_matmul.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    built.qdot_matmul.argtypes += [ctypes.c_void_p, ctypes.c_int]
+    built.qdot_matmul.restype = built.qdot_path.restype = ctypes.c_int
+    assert built.qdot_path() == path
+    return built
+
+
+def random_blocks(kind: str, rows: int, cols: int, seed: int) -> BlockWeight:
+    """Random bytes with finite float16 scales (random signs for d; Q6_K's int8 scales are random bytes too)."""
+    rng = np.random.default_rng(seed)
+    nbytes = BLOCK_BYTES[kind]
+    raw = rng.integers(0, 256, (rows * cols // BLOCK_ELEMS[kind], nbytes), dtype=np.uint8)
+    for i, offset in enumerate(HALF_FIELDS[kind]):
+        low, high = (0.002, 0.03) if i == 0 else (0.01, 0.2)
+        half = (rng.uniform(low, high, len(raw)) * rng.choice([-1.0, 1.0], len(raw))).astype("<f2")
+        if kind.endswith("_K") and i == 1:
+            half = np.abs(half)
+        raw[:, offset : offset + 2] = half.view(np.uint8).reshape(-1, 2)
+    return BlockWeight(kind, torch.from_numpy(raw.reshape(rows, -1)), cols)
+
+
+def qdot(lib: ctypes.CDLL, parts: list[BlockWeight], x: torch.Tensor, ldy: int, cols: int | None = None) -> tuple:
+    n = len(parts)
+    data = (ctypes.c_void_p * n)(*(p.data.data_ptr() for p in parts))
+    kinds = (ctypes.c_int * n)(*(GGML_TYPE_IDS[p.kind] for p in parts))
+    rows = (ctypes.c_int * n)(*(p.rows for p in parts))
+    y = torch.full((max(x.shape[0], 1), ldy), 7.0)
+    cols = x.shape[1] if cols is None else cols
+    return lib.qdot_matmul(n, data, kinds, rows, cols, x.data_ptr(), x.shape[0], y.data_ptr(), ldy), y
+
+
+@pytest.mark.parametrize("ntok", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("layout", [[k] for k in KINDS] + [["Q4_K", "Q6_K", "Q8_0", "Q4_1"]], ids=lambda v: "+".join(v))
+def test_int8_products_match_both_references(lib: ctypes.CDLL, layout: list[str], ntok: int) -> None:
+    cols = 512
+    parts = [random_blocks(k, 3 + 2 * i, cols, seed=17 * i + ntok) for i, k in enumerate(layout)]
+    w = np.concatenate([p.dequantize().numpy() for p in parts]).astype(np.float64)
+    rng = np.random.default_rng(ntok)
+    scales = rng.uniform(0.01, 10, (ntok, cols // 32)).repeat(32, 1)  # blocks of very different magnitudes
+    x = (rng.normal(0, 1, (ntok, cols)) * scales).astype(np.float32)
+    x[0, 64:96] = 0.0  # an all-zero block: scale 0, no division by it
+    status, y = qdot(lib, parts, torch.from_numpy(x), w.shape[0])
+    assert status == 0
+    got = y.numpy().astype(np.float64)
+    seen, half_step = int8_activations(x)
+    slack = SLACK * (np.abs(seen) @ np.abs(w).T) + 1e-30
+    assert (np.abs(got - seen @ w.T) <= slack).all(), np.abs(got - seen @ w.T).max()
+    exact = x.astype(np.float64) @ w.T
+    bound = half_step @ np.abs(w).T + slack
+    assert (np.abs(got - exact) <= bound).all()
+    assert np.abs(got - exact).max() > 0  # the activations really were quantised
+
+
+@pytest.mark.parametrize(
+    ("case", "ntok", "cols", "kind", "ldy"),
+    [
+        ("no token rows", 0, 256, None, 8),
+        ("more token rows than the kernel takes", 9, 256, None, 8),
+        ("columns not whole super-blocks", 2, 288, "Q4_K", 8),
+        ("columns not whole blocks", 2, 48, None, 8),
+        ("an unknown block kind", 2, 256, 10, 8),
+        ("rows past the output's row stride", 2, 256, None, 3),
+    ],
+)
+def test_arguments_out_of_range_are_refused_and_nothing_is_written(
+    lib: ctypes.CDLL, case: str, ntok: int, cols: int, kind: str | int | None, ldy: int
+) -> None:
+    part = random_blocks("Q4_K" if kind == "Q4_K" else "Q8_0", 4, 512, seed=1)
+    if isinstance(kind, int):
+        part = BlockWeight.__new__(BlockWeight)  # a kind BlockWeight itself refuses: straight to C
+        object.__setattr__(part, "kind", "Q2_K")
+        object.__setattr__(part, "data", torch.zeros(4, 84 * 2, dtype=torch.uint8))
+        object.__setattr__(part, "cols", 512)
+    x = torch.randn(max(ntok, 1), 512)[:ntok] if ntok else torch.randn(0, 512)
+    n_kind = {"Q2_K": 10}.get(part.kind, GGML_TYPE_IDS[part.kind])
+    data = (ctypes.c_void_p * 1)(part.data.data_ptr())
+    y = torch.full((max(ntok, 1), max(ldy, 4)), 7.0)
+    status = lib.qdot_matmul(
+        1, data, (ctypes.c_int * 1)(n_kind), (ctypes.c_int * 1)(4), cols, x.data_ptr(), ntok, y.data_ptr(), ldy
+    )
+    assert status == -1, case
+    assert (y == 7.0).all(), case
+
+
+# ---------------------------------------------------------------------- BlockLinear's choice of kernel
+
+
+def _layer(activations: str | None) -> tuple[BlockLinear, torch.Tensor]:
+    part = random_blocks("Q4_K", 24, 512, seed=5)
+    w = part.dequantize()
+    return BlockLinear(w, None, [part], activations=activations), w
+
+
+def test_each_activation_mode_runs_its_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(3))
+    float_layer, w = _layer("float")
+    int8_layer, _ = _layer("int8")
+    exact = x.double() @ w.double().T
+    seen, _ = int8_activations(x.numpy())
+    float_err = (float_layer(x).double() - exact).abs().max().item()
+    int8_vs_seen = (int8_layer(x).double() - torch.from_numpy(seen @ w.double().numpy().T)).abs().max().item()
+    assert float_err < 1e-4 and int8_vs_seen < 1e-4
+    assert (int8_layer(x).double() - exact).abs().max().item() > 10 * float_err  # int8 is not the float product
+    monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "int8")
+    assert _layer(None)[0].kernel_for(3) == "int8"
+    monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "fp8")
+    with pytest.raises(ValueError, match="activations must be one of auto, float, int8, got 'fp8'"):
+        _layer(None)
+
+
+def test_auto_measures_once_per_signature_and_keeps_one_kernel_for_every_row_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    layer, w = _layer("auto")
+    x = torch.randn(8, 512, generator=torch.Generator().manual_seed(4))
+    y = layer(x[:2])
+    chosen = activation_choices()[((("Q4_K", 24),), 512)]
+    assert chosen in ("float", "int8") and {layer.kernel_for(n) for n in range(1, 9)} == {chosen}
+    assert torch.equal(y, BlockLinear(w, None, layer.parts, activations=chosen)(x[:2]))
+    together = layer(x)
+    for t in range(8):  # a row's result does not depend on its batch
+        torch.testing.assert_close(layer(x[t : t + 1])[0], together[t], rtol=1e-5, atol=1e-5)
+    measured = []
+    monkeypatch.setattr(BlockLinear, "_measure", lambda self: measured.append(self.out_features) or "float")
+    again, _ = _layer("auto")  # same signature: the earlier choice, nothing measured
+    assert again.kernel_for(2) == chosen and measured == []
+    other = BlockLinear(w[:8], None, [random_blocks("Q4_K", 8, 512, seed=6)], activations="auto")
+    assert other.kernel_for(3) == "float" and measured == [8]
