@@ -219,9 +219,10 @@ def create_app(
         messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
         if any(m["role"] == "function" or "function_call" in m for m in messages):
             messages = legacy.legacy_messages(messages, legacy_calls)
-        text = render_chat(engine, messages, use)
+        # Rendering and tokenising a long history take milliseconds: off the event loop, as submitting is.
+        ids = await asyncio.to_thread(lambda: encode(render_chat(engine, messages, use)))
         namespace = generation.namespace_for(key, body.cache_salt)
-        job = job_for(body, [encode(text)], namespace, request, key, grammar=grammar, tool_use=use)
+        job = job_for(body, [ids], namespace, request, key, grammar=grammar, tool_use=use)
         return await run(request, body, job, responder("chat.completion", job, legacy.is_legacy(body)))
 
     @app.post("/v1/completions")
