@@ -105,6 +105,7 @@ def measure_costs(model: Any, args: argparse.Namespace) -> dict[str, float]:
                 assert got == pages and staging is not None
                 copy_staged(pool, staging, got, blocks)
                 sync()
+                reader.release(job)  # its staging is kept for the next read, as an engine's is
 
             disk_load = _best(read_all, args.reps) / pages
             store.close()

@@ -169,22 +169,32 @@ class KVTiers:
             start = match.device_pages + loaded
             if job is None:  # never prefetched: read here, on the caller's thread
                 job = self._new_job(match.hashes, tokens, start, start + disk_pages, [])
-                got, staging = self.reader.read_now(job)
-            else:
-                got, staging = self.reader.take(job)
-            skip = start - job.first_page  # the prefetch began at its own first page; use it from `start` on
-            got = 0 if skip < 0 or job.hashes[skip : skip + 1] != match.hashes[start : start + 1] else got - skip
-            got = max(0, min(got, disk_pages))
-            if job.failed_at is not None:
-                self._counts["disk_failed_reads"] += 1
-            if got and staging is not None:
-                t0 = time.perf_counter()
-                copy_staged(self.pool, staging[:, :, skip:], got, blocks[loaded:])
-                seconds = time.perf_counter() - t0 + job.read_seconds * (got / max(1, job.arrived))
-                self.costs.note_load("disk", got, seconds)
-            self._counts["disk_loaded_pages"] += got
-            loaded += got
+                try:
+                    return loaded + self._copy_read(match, job, start, disk_pages, blocks[loaded:], read=True)
+                finally:
+                    self.reader.release(job)  # its staging goes back to the kept buffers
+            loaded += self._copy_read(match, job, start, disk_pages, blocks[loaded:])
         return loaded
+
+    def _copy_read(
+        self, match: TierMatch, job: PrefetchJob, start: int, disk_pages: int, blocks: Sequence[int], read: bool = False
+    ) -> int:
+        """Copy a job's usable pages from prompt page `start` on (at most `disk_pages`) into `blocks`; the pages
+        copied. `read`: the job never went to the readers; read it here first, on the caller's thread."""
+        assert self.reader is not None
+        got, staging = self.reader.read_now(job) if read else self.reader.take(job)
+        skip = start - job.first_page  # the prefetch began at its own first page; use it from `start` on
+        got = 0 if skip < 0 or job.hashes[skip : skip + 1] != match.hashes[start : start + 1] else got - skip
+        got = max(0, min(got, disk_pages))
+        if job.failed_at is not None:
+            self._counts["disk_failed_reads"] += 1
+        if got and staging is not None:
+            t0 = time.perf_counter()
+            copy_staged(self.pool, staging[:, :, skip:], got, blocks)
+            seconds = time.perf_counter() - t0 + job.read_seconds * (got / max(1, job.arrived))
+            self.costs.note_load("disk", got, seconds)
+        self._counts["disk_loaded_pages"] += got
+        return got
 
     def count_hits(self, device_tokens: int, host_tokens: int, disk_tokens: int) -> None:
         c = self._counts

@@ -13,8 +13,10 @@ Invariants:
   and everything after; nothing else is affected (the store deletes a corrupt file, as for any read).
 - A job's staging memory is written only by the readers, and read only by the loop after it `take`s the job: a page
   is read once `ok[i]` is set under the lock, which the reader sets after its last write into the page's slice.
-- Cancelling (`release`) stops the readers' work on the job at the next page; its memory is dropped when the last
-  reader lets go. The host pages a job holds are locked and unlocked by the loop thread only (KVTiers).
+- Cancelling (`release`) stops the readers' work on the job at the next page; its staging buffer goes back to the
+  kept ones (kv.tier.staging) once the loop has let go of the job (`release`, also after a `take`) and no reader
+  task of it is left, never before: the loop copies out of a taken job's staging until it releases the job. The
+  host pages a job holds are locked and unlocked by the loop thread only (KVTiers).
 - At most `max_staged_pages` pages are staged at once over all jobs (one job always may start, whatever its size);
   past it a job waits, queued, until earlier ones are taken or released.
 Imports torch; nothing of the KV manager.
@@ -35,6 +37,7 @@ from radixcache.runtime.kv.pool import KVPool
 from radixcache.runtime.kv.tier.copy_sync import pins_host_memory
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.page_copy import copy_pages
+from radixcache.runtime.kv.tier.staging import DEFAULT_KEEP_BYTES, StagingBuffers
 
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 DEFAULT_PREFETCH_POLICY = "timeout"
@@ -59,6 +62,9 @@ class PrefetchJob:
         self.tokens = tokens  # each page's own token ids: a read checks them (a hash is never trusted alone)
         self.host_hashes = host  # host pages before the run, locked for this request until it is taken or released
         self.staging: torch.Tensor | None = None  # [layers, 2, pages, page_size, kv_heads, head_dim], once started
+        self.buffer: torch.Tensor | None = None  # the kept buffer `staging` views (kv.tier.staging)
+        self.tasks = 0  # reader tasks queued or running for it
+        self.let_go = False  # the loop is done with it: the buffer goes back once `tasks` reaches 0
         self.ok = [False] * len(hashes)
         self.failed_at: int | None = None  # the first page that failed, if any
         self.finished = 0  # pages the readers are done with (read, failed or skipped)
@@ -101,6 +107,7 @@ class PrefetchReader:
         timeout_ms: float = DEFAULT_PREFETCH_TIMEOUT_MS,
         workers: int = 2,
         max_staged_pages: int = 4096,
+        keep_staging_bytes: int = DEFAULT_KEEP_BYTES,
     ) -> None:
         check_prefetch(policy, timeout_ms)
         self.disk = disk
@@ -111,6 +118,7 @@ class PrefetchReader:
         self.shape = (pool.num_layers, 2, pool.page_size, pool.kv_heads, pool.head_dim)
         self.dtype = pool.dtype
         self.pin = pins_host_memory(pool.device.type)
+        self.buffers = StagingBuffers(self.shape, self.dtype, pin=self.pin, keep_bytes=keep_staging_bytes)
         self._cond = threading.Condition()  # guards every job's ok/failed_at/finished/cancelled; notified per page
         self._executor: ThreadPoolExecutor | None = None
         self._queued: deque[PrefetchJob] = deque()  # over the staging bound: not started yet
@@ -151,12 +159,11 @@ class PrefetchReader:
 
     def take(self, job: PrefetchJob) -> tuple[int, torch.Tensor | None]:
         """Stop the job and hand its usable pages to the caller: (how many, the staging tensor). The readers touch
-        the staging memory no more once this returns for the pages counted (they are done with them)."""
+        the staging memory no more once this returns for the pages counted (they are done with them). The caller
+        copies them out, then `release`s the job (its staging may be reused from then on)."""
         with self._cond:
             job.cancelled = True
-            n = job.arrived
-        self._let_go(job)
-        return n, job.staging
+            return job.arrived, job.staging
 
     def release(self, job: PrefetchJob) -> None:
         """Cancel the job (the readers skip its remaining pages); its staging memory goes with its last reader."""
@@ -177,8 +184,8 @@ class PrefetchReader:
 
     def read_now(self, job: PrefetchJob) -> tuple[int, torch.Tensor | None]:
         """Read a job on the calling thread, stopping at the first failed page (for a direct caller of the KV
-        manager, which has not prefetched); the same batched staging as the readers."""
-        job.staging = self._staging(len(job))
+        manager, which has not prefetched); the same batched staging as the readers. `release` it after use."""
+        job.buffer, job.staging = self.buffers.get(len(job))
         job.started = time.perf_counter()
         for i in range(len(job)):
             self._read_page(job, i)
@@ -191,10 +198,6 @@ class PrefetchReader:
     def _started_jobs(self) -> list[PrefetchJob]:
         return [j for j in self._running if not j.cancelled]
 
-    def _staging(self, pages: int) -> torch.Tensor:
-        layers, two, p, heads, dim = self.shape
-        return torch.empty((layers, two, pages, p, heads, dim), dtype=self.dtype, pin_memory=self.pin)
-
     def _start_queued(self) -> None:
         while self._queued and not self._closed:
             job = self._queued[0]
@@ -204,18 +207,22 @@ class PrefetchReader:
             if self._staged and self._staged + len(job) > self.max_staged_pages:
                 return  # waits for a take or release
             self._queued.popleft()
-            job.staging = self._staging(len(job))
+            job.buffer, job.staging = self.buffers.get(len(job))
             self._staged += len(job)
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="radixcache-prefetch")
             self._running.append(job)
             with self._cond:
                 job.started = time.perf_counter()
+                job.tasks = len(job)
             for i in range(len(job)):
                 self._executor.submit(self._read_page, job, i)
 
     def _let_go(self, job: PrefetchJob) -> None:
         """The loop is done with a job (taken or released): its pages leave the staging bound; queued jobs start."""
+        with self._cond:
+            job.let_go = True
+            self._recycle(job)
         if job in self._running:
             self._running.remove(job)
             self._staged -= len(job)
@@ -242,7 +249,16 @@ class PrefetchReader:
                 job.failed_at = i if job.failed_at is None else min(job.failed_at, i)
             job.finished += 1
             job.read_seconds += time.perf_counter() - t0
+            job.tasks -= 1
+            self._recycle(job)
             self._cond.notify_all()
+
+    def _recycle(self, job: PrefetchJob) -> None:
+        """Give the job's staging buffer back once nobody uses it (the loop let go, no reader task left). Under
+        the lock."""
+        if job.let_go and job.tasks == 0 and job.buffer is not None:
+            self.buffers.put(job.buffer)
+            job.buffer = job.staging = None
 
     def _read_into(self, job: PrefetchJob, i: int) -> bool:
         got = self.disk.read(job.hashes[i], job.tokens[i])

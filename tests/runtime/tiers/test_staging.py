@@ -1,0 +1,113 @@
+"""Staging memory kept across prefetches (runtime.kv.tier.staging): a buffer is reused by a later job with room for
+it, never while a reader or the loop still uses it; kept bytes stay under the bound. Through engines: requests whose
+prefixes come off the disk one after another reuse one buffer and still give the no-cache engine's tokens; a job
+cancelled while a reader is mid-page keeps its buffer out of reuse until that reader is done."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixcache.runtime import Engine
+from radixcache.runtime.kv.tier.staging import StagingBuffers, huge_pages
+from tests.runtime.tiers.test_prefetch import DTYPE, Gate, P, assert_clean, baseline, ids, model, restarted, step
+
+__all__ = ["model"]  # the fixture, shared with test_prefetch
+SHAPE = (2, 2, 4, 1, 3)  # layers, 2, page_size, kv_heads, head_dim
+
+
+def test_a_returned_buffer_serves_a_later_job_with_room() -> None:
+    bufs = StagingBuffers(SHAPE, torch.float32)
+    buf, view = bufs.get(5)
+    assert view.shape == (2, 2, 5, 4, 1, 3) and buf.data_ptr() == view.data_ptr()
+    bufs.put(buf)
+    again, small = bufs.get(3)  # the kept one has room
+    assert again is buf and small.shape[2] == 3 and small.data_ptr() == buf.data_ptr()
+    other, _ = bufs.get(3)  # the kept one is taken: a new one
+    assert other is not buf and bufs.allocated == 2
+    bufs.put(again)
+    bigger, _ = bufs.get(6)  # none kept is large enough
+    assert bigger is not buf and bufs.allocated == 3
+
+
+def test_kept_bytes_stay_under_the_bound() -> None:
+    page = 2 * 2 * 4 * 1 * 3 * 4
+    bufs = StagingBuffers(SHAPE, torch.float32, keep_bytes=10 * page)
+    made = [bufs.get(n)[0] for n in (2, 3, 6, 11)]
+    for buf in made:
+        bufs.put(buf)
+        assert bufs.kept_bytes <= 10 * page
+    assert bufs.kept_bytes == 6 * page + 3 * page  # 11 pages is never kept; the smallest went to make room
+    assert bufs.get(4)[0] is made[2] and bufs.get(1)[0] is made[1]
+
+
+def written_each(model, cache_dir: Path, prompts: list[list[int]]) -> None:
+    with Engine(model, capacity_blocks=200, page_size=P, cache_dir=cache_dir, dtype=DTYPE) as engine:
+        for prompt in prompts:
+            engine.generate(prompt, max_new_tokens=1)
+        assert engine.flush(30)
+
+
+def test_prefetches_one_after_another_reuse_one_buffer_and_keep_the_outputs(model, tmp_path: Path) -> None:
+    prompts = [ids(42, 30 + i) for i in range(3)]
+    written_each(model, tmp_path, prompts)
+    with restarted(model, tmp_path) as engine:
+        reader = engine.tiers.reader
+        for prompt in prompts:
+            got = engine.generate(prompt, max_new_tokens=6, ignore_eos=True)
+            assert list(got.token_ids) == baseline(model, prompt, 6)
+            assert got.cached_tokens == 40  # every full page but the one holding the last token: from disk
+        assert engine.stats.tiers.disk_loaded_pages == 30
+        assert reader.buffers.allocated == 1 and reader.buffers.kept_bytes > 0
+
+
+def test_a_buffer_is_not_reused_while_a_reader_is_mid_page(model, tmp_path: Path) -> None:
+    first, second = ids(42, 40), ids(42, 41)
+    written_each(model, tmp_path, [first, second])
+    with restarted(model, tmp_path) as engine:
+        gate = Gate(engine)
+        reader = engine.tiers.reader
+        req = engine._request(first, 4, ignore_eos=True)
+        engine.scheduler.add(req)
+        assert gate.entered.wait(30)  # a reader is inside the first job's first page
+        assert engine.scheduler.abort(req)  # the loop lets go of the job now
+        engine.scheduler.drain()
+        assert reader.buffers.kept_bytes == 0  # a reader still writes into it: not kept yet
+        gate.opened.set()
+        for _ in range(3000):  # the readers finish (the cancelled job's other pages are skipped)
+            if reader.buffers.kept_bytes:
+                break
+            threading.Event().wait(0.01)
+        assert reader.buffers.kept_bytes > 0
+        tokens = engine.generate(second, max_new_tokens=5, ignore_eos=True).token_ids
+        assert list(tokens) == baseline(model, second, 5)
+        assert reader.buffers.allocated == 1  # the second request read into the first's buffer
+        assert engine._loop.wait_idle(30)
+        step(engine)
+        assert_clean(engine)
+
+
+@pytest.mark.parametrize("pages", [1, 7])
+def test_staging_views_hold_what_the_readers_wrote(pages: int) -> None:
+    bufs = StagingBuffers(SHAPE, torch.float64)
+    buf, _ = bufs.get(8)
+    buf.fill_(-1.0)
+    bufs.put(buf)
+    _, view = bufs.get(pages)
+    for i in range(pages):
+        view[:, :, i] = float(i)
+    assert all(bool((view[:, :, i] == i).all()) for i in range(pages))
+    assert bool((buf[:, :, pages:] == -1.0).all())  # nothing past the view was touched
+
+
+def test_the_huge_page_hint_never_raises_and_keeps_the_bytes() -> None:
+    assert not huge_pages(torch.empty(16))  # under 4 MiB: never asked
+    assert not huge_pages(torch.empty((2, 1 << 20), dtype=torch.float64)[:, :1])  # a view's bytes: too few
+    buf = torch.empty(3 << 20, dtype=torch.float32)  # 12 MiB
+    hinted = huge_pages(buf)
+    assert isinstance(hinted, bool)
+    buf.copy_(torch.arange(buf.numel(), dtype=torch.float32))
+    assert float(buf[-1]) == buf.numel() - 1 and float(buf[12345]) == 12345
