@@ -4,7 +4,9 @@ RMSNorm, rotary embeddings in rotate-half layout with positions offset by the ca
 attention over the pool (runtime.model.attention), SwiGLU MLP, tied embeddings and Qwen2's q/k/v bias. Weights come
 in Hugging Face names and `[out, in]` layout; q/k/v and gate/up are fused into one matrix each at load, and every
 matrix becomes a model.linear layer (dense; fp16 weights with `quant="fp16"`; the GGUF file's own blocks for small
-batches with `quant="gguf"` and `blocks`, from `load_model(..., keep_blocks=True)`).
+batches with `quant="gguf"` and `blocks`, from `load_model(..., keep_blocks=True)`). On the CPU in float32 (and
+always with `quant="gguf"`) RMSNorm of up to 4 rows and the decode mirror's attention are native calls
+(runtime.native.ops) where the native library builds.
 """
 
 from __future__ import annotations
@@ -76,6 +78,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
 
 
+def _native_ops(required: bool) -> NativeDecodeOps | None:
+    """The native RMSNorm and decode attention (runtime.native.ops). quant="gguf" needs the library anyway
+    (`required`: its NativeBuildError propagates); a float32 model takes them where they build and keeps PyTorch's
+    where they do not (no C compiler): the same functions in other rounding, one call each where PyTorch makes six
+    (the norm) or a flash kernel's setup (one query's attention), about 2 ms of SmolLM2's batch-1 step."""
+    from radixcache.runtime.native import NativeBuildError
+    from radixcache.runtime.native.ops import NativeDecodeOps
+
+    try:
+        return NativeDecodeOps()
+    except NativeBuildError:
+        if required:
+            raise
+        return None
+
+
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     """One tensor from a pass's parts, without a copy when there is only one."""
     return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -113,12 +131,11 @@ class LlamaModel:
             )
         self.quant = quant
         self.weights_id: str | None = None  # what the disk tier's fingerprint names these weights by (engine)
-        # quant="gguf" also runs RMSNorm and the decode mirror's attention natively for small batches
+        # RMSNorm and the decode mirror's attention run natively for small batches: always with quant="gguf", and
+        # for any float32 model on the CPU where the native library builds (else PyTorch's, as before)
         self.native: NativeDecodeOps | None = None
-        if quant == "gguf":
-            from radixcache.runtime.native.ops import NativeDecodeOps
-
-            self.native = NativeDecodeOps()
+        if quant == "gguf" or (self.device.type == "cpu" and dtype == torch.float32):
+            self.native = _native_ops(required=quant == "gguf")
 
         def w(name: str) -> torch.Tensor:
             if name not in weights:
