@@ -1,0 +1,123 @@
+"""fp32 batch-1 decode against transformers and the bandwidth bound, in interleaved rounds (issue 33's fp32 target).
+
+    .venv/bin/python scripts/bench_fp32_decode.py                       # 5 rounds, 2 threads, 64 after 512
+    .venv/bin/python scripts/bench_fp32_decode.py --rounds 7 --kernels fixed --no-hf
+    .venv/bin/python scripts/bench_fp32_decode.py --json fp32.json
+
+Each round, one after the other: the read bandwidth (runtime.machine.read_bandwidth_gbs, a 512 MB sum at the same
+thread count), ours (an Engine on SmolLM2 fp32, `thread_policy="fixed"`, cache off: one request of `--tokens`
+greedy tokens after a `--prompt`-token prompt, `decode_tps`), and transformers on the same GGUF weights (fp32,
+`generate(n) - generate(1)` of the same prompt: the prefill cancels). The bound of a round is its bandwidth over
+the bytes of weights a step reads (runtime.doctor.weight_bytes_per_token). Ratios are per round, from numbers of
+the same round; the table gives each round, then medians; the one-minute load average is read before each round.
+One warm-up round is not counted. transformers is optional (`--no-hf`, or skipped with a message if missing).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+# First: runtime sets libgomp's spin defaults, which only take effect if torch is not loaded yet.
+import radixcache.runtime  # noqa: F401
+
+# isort: split
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_runtime_contenders
+
+from radixcache.runtime import Engine
+from radixcache.runtime.doctor import weight_bytes_per_token
+from radixcache.runtime.loading import load_model
+from radixcache.runtime.machine import read_bandwidth_gbs
+from radixcache.runtime.model.llama import LlamaModel
+
+
+def hf_decode_tps(hf: Any, ids: list[int], n: int) -> float:
+    """transformers' greedy decode tok/s: generate(n) - generate(1) of the same prompt, in this round."""
+    prompt = torch.tensor([ids])
+    mask = torch.ones_like(prompt)
+
+    def gen(k: int) -> float:
+        t = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(
+                prompt, attention_mask=mask, max_new_tokens=k, min_new_tokens=k, do_sample=False, pad_token_id=0
+            )
+        return time.perf_counter() - t
+
+    first = gen(1)
+    full = gen(n)
+    return (n - 1) / (full - first) if full > first else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--kernels", default="auto", choices=["auto", "fixed", "retune"])
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers")
+    ap.add_argument("--json", help="write every round here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model("smollm2")
+    model = LlamaModel(loaded.config, loaded.weights)
+    engine = Engine(
+        model, threads=args.threads, thread_policy="fixed", kernels=args.kernels, enable_cache=False, kv_memory="64MiB"
+    )
+    nbytes = weight_bytes_per_token(model)
+    hf = None
+    if not args.no_hf:
+        from bench_runtime_contenders import load_hf
+
+        loaded_hf = load_hf(loaded.source)
+        hf = loaded_hf.model if loaded_hf else None
+    vocab = loaded.config.vocab_size
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1000, min(vocab, 30000), (args.prompt,), generator=gen).tolist()
+    print(
+        f"# SmolLM2 fp32, {args.threads} threads (fixed), {args.tokens} tokens after {args.prompt}, "
+        f"kernels {engine.kernel_plan.source}, {nbytes / 1e6:.0f} MB of weights a token"
+    )
+    rounds: list[dict[str, float]] = []
+    for r in range(args.rounds + 1):
+        load = os.getloadavg()[0]
+        bw = read_bandwidth_gbs(512, threads=args.threads)
+        ours = engine.generate(ids, args.tokens, ignore_eos=True, temperature=0.0).decode_tps
+        theirs = hf_decode_tps(hf, ids, args.tokens) if hf is not None else float("nan")
+        bound = bw * 1e9 / nbytes
+        row = {"load": load, "bw_gbs": bw, "bound": bound, "ours": ours, "hf": theirs}
+        row |= {"of_bound": ours / bound, "vs_hf": ours / theirs}
+        print(
+            ("warm-up " if r == 0 else f"round {r}: ") + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
+            flush=True,
+        )
+        if r:
+            rounds.append(row)
+    med = {k: statistics.median(row[k] for row in rounds) for k in rounds[0]}
+    print("\n| round | load 1m | bandwidth GB/s | bound tok/s | ours tok/s | HF tok/s | ours/bound | ours/HF |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for i, row in enumerate([*rounds, med], 1):
+        name = str(i) if i <= len(rounds) else "**median**"
+        print(
+            f"| {name} | {row['load']:.2f} | {row['bw_gbs']:.1f} | {row['bound']:.1f} | {row['ours']:.1f} | "
+            f"{row['hf']:.1f} | {row['of_bound']:.2f} | {row['vs_hf']:.2f} |"
+        )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"settings": vars(args), "weight_bytes": nbytes, "rounds": rounds, "median": med}, f, indent=1)
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()
