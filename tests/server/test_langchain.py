@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 langchain_openai = pytest.importorskip("langchain_openai")
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("langchain")  # its module-scoped server, started once
+pytestmark = pytest.mark.xdist_group("tiny_tools_server")  # the shared server (conftest.py)
 PAGE = 16  # serve's default --page-size
 
 
@@ -42,11 +42,10 @@ class Verdict(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_model_dir, launch):
-    with launch(tiny_model_dir, "--capacity-blocks", "512", "--threads", "1") as server:
-        yield langchain_openai.ChatOpenAI(
-            base_url=server.v1, api_key="unused", model="tiny", max_tokens=160, max_retries=0, timeout=60
-        )
+def llm(tiny_tools_server):
+    return langchain_openai.ChatOpenAI(
+        base_url=tiny_tools_server.v1, api_key="unused", model="tiny", max_tokens=160, max_retries=0, timeout=60
+    )
 
 
 def _ask(tag: str) -> list:

@@ -16,14 +16,13 @@ import pytest
 
 from tests.tiny_tools import SCHEMAS, closed, response_format
 
-pytestmark = pytest.mark.xdist_group("structured_openai")  # its module-scoped server, started once
+pytestmark = pytest.mark.xdist_group("tiny_tools_server")  # the shared server (conftest.py)
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir, launch):
-    """A server of its own on one thread (the tiny model's decode is ~50x slower on two threads of a busy machine)."""
-    with launch(tiny_model_dir, "--capacity-blocks", "512", "--threads", "1") as server:
-        yield server
+def tiny(tiny_tools_server):
+    """The shared one-thread tiny server (conftest.py)."""
+    return tiny_tools_server
 
 
 @pytest.fixture(scope="module")

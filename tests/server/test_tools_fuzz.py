@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tests.tiny_tools import TOOLS
 
-pytestmark = pytest.mark.xdist_group("tools_fuzz")  # its module-scoped server, started once
+pytestmark = pytest.mark.xdist_group("tiny_tools_server")  # the shared server (conftest.py)
 
 NAMES = st.sampled_from(["add", "get_weather", "now", "f", "", "has space", "x" * 65, "ünï"])
 JUNK = st.recursive(
@@ -154,9 +154,9 @@ BYSTANDER = {"model": "tiny", "messages": [{"role": "user", "content": "bystande
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir, launch):
-    with launch(tiny_model_dir, "--capacity-blocks", "512", "--threads", "1") as server:
-        yield server
+def tiny(tiny_tools_server):
+    """The shared one-thread tiny server (conftest.py)."""
+    return tiny_tools_server
 
 
 def _post(tiny, body: dict[str, Any]) -> tuple[int, str]:

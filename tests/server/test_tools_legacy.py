@@ -15,16 +15,16 @@ import pytest
 
 from tests.tiny_tools import TOOL_SCHEMAS, TOOLS, closed
 
-pytestmark = pytest.mark.xdist_group("tools_legacy")  # its module-scoped server, started once
+pytestmark = pytest.mark.xdist_group("tiny_tools_server")  # the shared server (conftest.py)
 FUNCTIONS = [t["function"] for t in TOOLS]
 PAGE = 16
 ASK = [{"role": "system", "content": "You call functions."}, {"role": "user", "content": "What is 2 + 3?"}]
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir, launch):
-    with launch(tiny_model_dir, "--capacity-blocks", "512", "--threads", "1") as server:
-        yield server
+def tiny(tiny_tools_server):
+    """The shared one-thread tiny server (conftest.py)."""
+    return tiny_tools_server
 
 
 @pytest.fixture(scope="module")

@@ -17,17 +17,16 @@ import pytest
 
 from tests.tiny_tools import TOOLS, check_calls, closed
 
-pytestmark = pytest.mark.xdist_group("tools_openai")  # its module-scoped server, started once
+pytestmark = pytest.mark.xdist_group("tiny_tools_server")  # the shared server (conftest.py)
 
 PAGE = 16  # serve's default --page-size
 ASK = "Use a tool to answer: what is 2 + 3, and how warm is Oslo?"
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir, launch):
-    """A server of its own on one thread (the tiny model's decode is ~50x slower on two threads of a busy machine)."""
-    with launch(tiny_model_dir, "--capacity-blocks", "512", "--threads", "1") as server:
-        yield server
+def tiny(tiny_tools_server):
+    """The shared one-thread tiny server (conftest.py)."""
+    return tiny_tools_server
 
 
 @pytest.fixture(scope="module")
