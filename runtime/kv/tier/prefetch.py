@@ -191,6 +191,8 @@ class PrefetchReader:
             self._read_page(job, i)
             if job.failed_at is not None:
                 break
+        with self._cond:
+            job.tasks = 0  # no reader task: `release` hands the buffer back
         return job.arrived, job.staging
 
     # ------------------------------------------------------------------ private

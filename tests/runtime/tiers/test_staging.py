@@ -111,3 +111,32 @@ def test_the_huge_page_hint_never_raises_and_keeps_the_bytes() -> None:
     assert isinstance(hinted, bool)
     buf.copy_(torch.arange(buf.numel(), dtype=torch.float32))
     assert float(buf[-1]) == buf.numel() - 1 and float(buf[12345]) == 12345
+
+
+def test_a_read_on_the_callers_thread_hands_its_buffer_back(tmp_path: Path) -> None:
+    from radixcache.runtime.kv.pool import KVPool
+    from radixcache.runtime.kv.tier.disk_store import DiskStore
+    from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader, copy_staged
+    from radixcache.runtime.testing import tiny_model
+
+    pool = KVPool(tiny_model(seed=3).config, 8, P, dtype=torch.float64)
+    pool.kv.copy_(torch.randn(pool.kv.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5)))
+    store = DiskStore(str(tmp_path / "cache"), max_bytes=1 << 30)
+    meta = {"dtype": str(pool.dtype), "shape": list(pool.kv[:, :, 0].shape)}
+    keys = [bytes([i]) * 16 for i in range(3)]
+    tokens = [list(range(i * P, (i + 1) * P)) for i in range(3)]
+    for i in range(3):
+        store.put(keys[i], tokens[i], pool.kv[:, :, i].contiguous().view(torch.uint8).numpy().tobytes(), meta)
+    assert store.flush(30)
+    reader = PrefetchReader(store, pool)
+    for _ in range(2):
+        job = PrefetchJob(0, keys, tokens, [])
+        got, staging = reader.read_now(job)
+        assert got == 3 and staging is not None
+        copy_staged(pool, staging, got, [5, 6, 7])
+        reader.release(job)
+        assert job.staging is None and reader.buffers.kept_bytes == 3 * reader.buffers.page_bytes
+    assert reader.buffers.allocated == 1
+    assert torch.equal(pool.kv[:, :, 5:8], pool.kv[:, :, 0:3])  # the pages, bit for bit, read twice through one buffer
+    reader.close()
+    store.close()
