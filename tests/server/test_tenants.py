@@ -6,6 +6,8 @@ import httpx
 import openai
 import pytest
 
+# Under xdist one worker runs this module, so its module-scoped server starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("tenants")
 PROMPT = "A long shared preamble that both tenants send word for word, to tempt the cache. " * 3
 
 
