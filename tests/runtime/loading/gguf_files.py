@@ -73,15 +73,18 @@ def write_model_gguf(
         w.add_uint32(f"{a}.{key}", value)
     w.add_float32(f"{a}.rope.freq_base", config.rope_theta)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
-    for key, value in tokenizer_meta.items():
+    for key, value in tokenizer_meta.items():  # plain Python values, or numpy ones as a reader gives them
+        value = value.item() if isinstance(value, np.generic) else value
         if isinstance(value, bool):
             w.add_bool(key, value)
         elif isinstance(value, int):
-            w.add_uint32(key, value)
+            w.add_uint32(key, value) if value >= 0 else w.add_int32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
         elif isinstance(value, str):
             w.add_string(key, value)
         else:
-            w.add_array(key, list(value))
+            w.add_array(key, [v.item() if isinstance(v, np.generic) else v for v in value])
     kinds = {}
     for name, x in weights.items():
         x = np.ascontiguousarray(x, dtype=np.float32)
