@@ -9,8 +9,9 @@ Measured (threads 2, load average 12 to 25): perplexity fp32 21.004, float 21.00
 equal to the float path's in 4 of 6 (this test) and 5 of 6 (an earlier run; the dense prefill kernels differ from
 run to run): int8 answers the France question "L'Étoile, la Marseillaise, la femme," or "L'Étoile, la Cité, la
 Nation" (float: "The capital of France is Paris."), and once lists the colors on separate lines. With the output
-head (the tied embedding) on float activations, int8 answered Paris. The Q4_K_M-like test has not been run to
-completion on the machine this was written on.
+head (the tied embedding) on float activations, int8 answered Paris. The Q4_K_M-like file (this simple encoder,
+re-quantising the Q4_1 values): perplexity float 22.844, int8 22.753 (fp32 21.004); 5 of 6 greedy answers equal
+between the two kernels, both answering France with "L'Étoile de la Cité, ..." (the file's weights, not the kernel).
 """
 
 from __future__ import annotations
