@@ -47,8 +47,9 @@ from radixcache.runtime.loading import load_model  # noqa: E402
 
 def _threads() -> dict[str, Any]:
     """Every engine runs this process's torch threads (`--threads`), fixed: the adaptive policy would change the
-    count with the machine's load in the middle of a comparison."""
-    return {"threads": torch.get_num_threads(), "thread_policy": "fixed"}
+    count with the machine's load in the middle of a comparison; and the fixed kernel rules: a kernel measurement at
+    each engine's start runs on some engines and not others (it stops on a busy machine)."""
+    return {"threads": torch.get_num_threads(), "thread_policy": "fixed", "kernels": "fixed"}
 
 
 def _prompt(vocab: int, n: int, seed: int) -> list[int]:
