@@ -114,11 +114,12 @@ def client(server: Server):
 def tiny_tools_server(tiny_model_dir: Path) -> Iterator[Server]:
     """One tiny-checkpoint server on one thread (`--capacity-blocks 512 --threads 1`; the tiny model's decode is
     ~50x slower on two threads of a busy machine) for the tools and structured-output modules over HTTP
-    (test_tools_openai, test_tools_legacy, test_tools_fuzz, test_structured_openai, test_langchain): started once
+    (test_tools_openai, test_tools_legacy, test_tools_fuzz, test_structured_openai): started once
     instead of once per module (a process start, torch's import and the model's load: about 3 s of CPU each). Their
     tests carry the xdist group "tiny_tools_server", so one worker runs them all, one request at a time; what they
     assert (validation, 400s naming the field, lower bounds on cached tokens, greedy bystanders equal to their
-    earlier runs, nothing locked once idle) holds on a server that other modules' requests went through."""
+    earlier runs, nothing locked once idle) holds on a server that other modules' requests went through. Leases
+    would not: test_langchain, which asks for one, keeps a server of its own."""
     with start_server(tiny_model_dir, "--capacity-blocks", "512", "--threads", "1") as s:
         yield s
 

@@ -15,7 +15,9 @@ from pydantic import BaseModel, Field
 langchain_openai = pytest.importorskip("langchain_openai")
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("tiny_tools_server")  # the shared server (conftest.py)
+# Its own server (its module-scoped one, started once under xdist): its lease test holds blocks for 30 s, which
+# the shared tiny_tools_server's modules would see as locked.
+pytestmark = pytest.mark.xdist_group("langchain")
 PAGE = 16  # serve's default --page-size
 
 
@@ -42,10 +44,11 @@ class Verdict(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_tools_server):
-    return langchain_openai.ChatOpenAI(
-        base_url=tiny_tools_server.v1, api_key="unused", model="tiny", max_tokens=160, max_retries=0, timeout=60
-    )
+def llm(tiny_model_dir, launch):
+    with launch(tiny_model_dir, "--capacity-blocks", "512", "--threads", "1") as server:
+        yield langchain_openai.ChatOpenAI(
+            base_url=server.v1, api_key="unused", model="tiny", max_tokens=160, max_retries=0, timeout=60
+        )
 
 
 def _ask(tag: str) -> list:
