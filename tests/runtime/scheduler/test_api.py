@@ -9,7 +9,7 @@ import pytest
 
 from radixcache.runtime import Engine
 from radixcache.runtime.engine.session import Session
-from radixcache.runtime.testing import RandomModel
+from radixcache.runtime.testing import RandomModel, hold_engine_loop
 
 from .conftest import assert_clean, ids
 
@@ -149,12 +149,16 @@ def test_cancelling_an_awaiting_task_aborts_its_request_and_spares_the_others(ti
     # Cancelling the task cancels the future it awaits; the engine loop must then drop that request's result
     # instead of failing on the cancelled future (which once killed the loop thread and every other request).
     engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    # The loop is held until the cancel: a fresh-clone CI run on a quiet machine finished the 100 tokens within the
+    # 0.05 s the test used to wait, so the task ended before its cancel and nothing was cancelled.
+    release = hold_engine_loop(engine)
 
     async def main() -> None:
         doomed = asyncio.create_task(engine.agenerate(ids(24, 1), 100, ignore_eos=True))
         survivor = asyncio.create_task(engine.agenerate(ids(20, 2), 40, ignore_eos=True))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # both tasks have submitted their requests and await them
         doomed.cancel()
+        release()
         with pytest.raises(asyncio.CancelledError):
             await doomed
         result = await survivor
