@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from radixcache.cli.main import main
+from radixcache.runtime.machine import cpu_fields
 from radixcache.runtime.model import kernel_tune
 
 ARGS = ["--threads", "1", "--tokens", "6", "--prompt-tokens", "12", "--bandwidth-mb", "16"]
@@ -27,12 +28,6 @@ def kernel_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("RADIXCACHE_KERNELS")  # the suite's "fixed": doctor's default is "auto"
     monkeypatch.setattr(kernel_tune, "BUSY_WAITING", float("inf"))  # a shared test machine must not stop it
     return tmp_path / "xdg" / "radixcache" / "kernels"
-
-
-def _cpu_flags() -> set[str]:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    line = next((x for x in text.splitlines() if x.startswith("flags")), "flags:")
-    return set(line.split(":", 1)[1].split())
 
 
 def _weight_bytes(model_dir: Path) -> int:
@@ -50,7 +45,7 @@ def test_doctor_reports_the_machine_the_kernels_and_the_decode_against_its_bound
     out = runner.invoke(main, ["doctor", "--model", str(tiny_model_dir), *ARGS, "--json"])
     assert out.exit_code == 0, out.output
     r = json.loads(out.output)
-    flags = _cpu_flags()
+    flags = set(cpu_fields().get("flags", "").split())
     assert r["flags"] == {f: (f if f != "amx" else "amx_tile") in flags for f in r["flags"]}
     assert set(r["flags"]) == {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx"}
     assert r["torch"] == torch.__version__ and r["threads"] == 1 and r["cpu"]

@@ -11,11 +11,11 @@ import ctypes
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
+from radixcache.runtime.machine import cpu_fields
 from radixcache.runtime.model.block_linear import BlockWeight
 from radixcache.runtime.native import SOURCE
 from radixcache.runtime.testing import random_block_weight
@@ -33,18 +33,10 @@ KINDS = {"Q4_1": 3, "Q8_0": 8}  # ggml type ids (runtime/native/ggml_blocks.h)
 REL_TO_ABS_SUM = 2e-6  # as tests/runtime/test_block_linear.py: float32 sums in another order than float64
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
-    except (OSError, StopIteration):
-        return set()
-    return set(line.split(":", 1)[1].split())
-
-
 @pytest.fixture(scope="module", params=list(PATHS))
 def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, int]:
     flags, width, needs = PATHS[request.param]
-    if needs is not None and needs not in _cpu_flags():
+    if needs is not None and needs not in set(cpu_fields().get("flags", "").split()):
         pytest.skip(f"this CPU has no {needs}: the {request.param} path cannot run here")
     out = tmp_path_factory.mktemp(request.param) / "blockdot.so"
     cmd = [CC, "-O2", *flags, "-fopenmp", "-shared", "-fPIC", "-std=c11", str(SOURCE), "-o", str(out), "-lm"]

@@ -18,12 +18,12 @@ import ctypes
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from radixcache.runtime.machine import cpu_fields
 from radixcache.runtime.model.block_linear import BLOCK_BYTES, BLOCK_ELEMS, BlockLinear, BlockWeight, activation_choices
 from radixcache.runtime.model.dequant import GGML_TYPE_IDS
 from radixcache.runtime.native import HEADERS, SOURCES
@@ -46,14 +46,6 @@ HALF_FIELDS.update({"Q5_K": (0, 2), "Q6_K": (208,)})
 SLACK = 1e-5  # float32 scale products and block sums in another order than float64, relative to sum |x w|
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
-    except (OSError, StopIteration):
-        return set()
-    return set(line.split(":", 1)[1].split())
-
-
 @pytest.fixture(scope="module", params=list(PATHS))
 def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     flags, path, needs = PATHS[request.param]
@@ -62,7 +54,7 @@ def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     cmd = [CC, "-O2", *flags, include, "-fopenmp", "-shared", "-fPIC", "-std=c11", *map(str, SOURCES), "-o", str(out)]
     proc = subprocess.run([*cmd, "-lm"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr  # every path compiles here, whether or not this CPU can run it
-    missing = [f for f in needs if f not in _cpu_flags()]
+    missing = [f for f in needs if f not in set(cpu_fields().get("flags", "").split())]
     if missing:
         pytest.skip(f"this CPU has no {', '.join(missing)}: the {request.param} path cannot run here")
     built = ctypes.CDLL(str(out))

@@ -11,36 +11,12 @@ from typing import Any
 import pytest
 
 from radixcache.runtime.tools import normalize_tools
+from tests.smollm2_tools import TOOLS as SMOLLM2_TOOLS
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The current weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    },
-    {"type": "function", "function": {"name": "now", "description": "The time."}},
-]
+# SmolLM2's first two tools (tests/smollm2_tools.py), and one without parameters.
+TOOLS = [*SMOLLM2_TOOLS[:2], {"type": "function", "function": {"name": "now", "description": "The time."}}]
 
 
 @pytest.fixture(scope="session")
