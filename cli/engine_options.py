@@ -91,7 +91,13 @@ def check_admission(admission: str, policy: str) -> str:
 
 
 def tier_options(func: Callable) -> Callable:
-    """--host-kv-memory, --cache-dir, --cache-dir-size, --write-policy: the tiers under the KV pool."""
+    """--host-kv-memory, --cache-dir, --cache-dir-size, --write-policy, --prefetch-policy, --prefetch-timeout-ms: the
+    tiers under the KV pool."""
+    from radixcache.runtime.kv.tier.prefetch import (
+        DEFAULT_PREFETCH_POLICY,
+        DEFAULT_PREFETCH_TIMEOUT_MS,
+        PREFETCH_POLICIES,
+    )
     from radixcache.tier.tiered_cache import WRITE_POLICIES
 
     options = [
@@ -116,12 +122,33 @@ def tier_options(func: Callable) -> Callable:
             help="When the host tier gets a copy of a page: as the tree adopts it, once it is hit twice, or when the "
             "pool evicts it.",
         ),
+        click.option(
+            "--prefetch-policy",
+            default=DEFAULT_PREFETCH_POLICY,
+            show_default=True,
+            type=click.Choice(PREFETCH_POLICIES),
+            help="When a request whose prefix is on disk is admitted while its pages are read off the loop: at once "
+            "with what has arrived, once every page is read, or once read or --prefetch-timeout-ms has passed.",
+        ),
+        click.option(
+            "--prefetch-timeout-ms",
+            default=DEFAULT_PREFETCH_TIMEOUT_MS,
+            show_default=True,
+            type=click.FloatRange(min=0, max=1e9),
+            help="With --prefetch-policy timeout: the longest a request waits for its disk pages before it is admitted "
+            "and recomputes the rest.",
+        ),
     ]
     return _stacked(func, options)
 
 
 def tier_kwargs(
-    host_kv_memory: str | None, cache_dir: str | None, cache_dir_size: str, write_policy: str
+    host_kv_memory: str | None,
+    cache_dir: str | None,
+    cache_dir_size: str,
+    write_policy: str,
+    prefetch_policy: str,
+    prefetch_timeout_ms: float,
 ) -> dict[str, Any]:
     """Engine arguments from the tier options; a bad size is refused before the model loads."""
     _check_sizes({"--host-kv-memory": host_kv_memory, "--cache-dir-size": cache_dir_size})
@@ -130,6 +157,8 @@ def tier_kwargs(
         "cache_dir": cache_dir,
         "cache_dir_size": cache_dir_size,
         "write_policy": write_policy,
+        "prefetch_policy": prefetch_policy,
+        "prefetch_timeout_ms": prefetch_timeout_ms,
     }
 
 
@@ -232,6 +261,8 @@ class EngineChoices:
     cache_dir: str | None
     cache_dir_size: str
     write_policy: str
+    prefetch_policy: str
+    prefetch_timeout_ms: float
     quant: str
     threads: int | None
     mirror_memory: str | None
@@ -251,7 +282,14 @@ class EngineChoices:
             self.mirror_memory,
             kernel_mode(self.kernels, self.retune_kernels),
         )
-        kwargs |= tier_kwargs(self.host_kv_memory, self.cache_dir, self.cache_dir_size, self.write_policy)
+        kwargs |= tier_kwargs(
+            self.host_kv_memory,
+            self.cache_dir,
+            self.cache_dir_size,
+            self.write_policy,
+            self.prefetch_policy,
+            self.prefetch_timeout_ms,
+        )
         return kwargs | {"admission": check_admission(self.admission, self.policy)}
 
     def load_model(self, spec: str) -> Any:

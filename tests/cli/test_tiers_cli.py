@@ -1,5 +1,6 @@
 """The tier flags on `radixcache replay` and `radixcache chat`: a second process on the same --cache-dir is served
-from disk (the replay table and JSON say so per tier), and bad sizes are usage errors that name the flag."""
+from disk (the replay table and JSON say so per tier), and bad sizes and prefetch settings are usage errors that
+name the flag."""
 
 from __future__ import annotations
 
@@ -27,9 +28,13 @@ def test_a_second_replay_on_the_same_cache_dir_is_served_from_disk(
     assert s1["tiers"] and s1["disk_hit_tokens"] == 0
     assert s1["device_hit_tokens"] + s1["host_hit_tokens"] == s1["cached_tokens"]
     files = sorted(str(f.relative_to(tmp_path)) for f in (tmp_path / "kv").rglob("*"))
-    second, s2 = _replay(runner, tiny_model_dir, small_trace, tmp_path / "2.json", *tiers)
-    # the first turn of each conversation now hits its pages on disk (failed once in a full run on a busy machine,
-    # not reproduced since: the message keeps both runs' figures and tables)
+    # wait_complete: each first turn is admitted once its disk pages are read. Under the default policy (timeout,
+    # 1 s) a loaded machine's readers can miss the deadline and the turn recomputes: a full run on a busy machine once
+    # served 0 tokens from disk that way, files present.
+    second, s2 = _replay(
+        runner, tiny_model_dir, small_trace, tmp_path / "2.json", *tiers, "--prefetch-policy", "wait_complete"
+    )
+    # the first turn of each conversation now hits its pages on disk (the message keeps both runs' figures and tables)
     why = f"first run: {s1}\n{first.stdout}\nsecond run: {s2}\n{second.stdout}\nfiles: {files}\nlog: {caplog.text}"
     assert s2["disk_hit_tokens"] > 0, why
     assert s2["cached_tokens"] > s1["cached_tokens"]
@@ -62,3 +67,19 @@ def test_bad_tier_sizes_are_usage_errors_naming_the_flag(runner, tiny_model_dir:
         assert result.exit_code == 2 and flag in result.output, result.output
     result = runner.invoke(main, ["replay", "--model", str(tiny_model_dir), "--write-policy", "sometimes"])
     assert result.exit_code == 2 and "--write-policy" in result.output
+    for flag, value in (("--prefetch-policy", "sometimes"), ("--prefetch-timeout-ms", "-1")):
+        result = runner.invoke(main, ["replay", str(small_trace), "--model", str(tiny_model_dir), flag, value])
+        assert result.exit_code == 2 and flag in result.output and value in result.output, result.output
+
+
+def test_the_prefetch_flags_reach_the_engine_configuration() -> None:
+    from radixcache.cli.engine_options import tier_kwargs
+    from radixcache.runtime.engine.engine_config import EngineConfig
+
+    kwargs = tier_kwargs(None, "kv", "1GiB", "write_back", "best_effort", 250.0)
+    config = EngineConfig(**kwargs)
+    assert (config.prefetch_policy, config.prefetch_timeout_ms, config.write_policy) == (
+        "best_effort",
+        250.0,
+        "write_back",
+    )
