@@ -93,7 +93,7 @@ def check_admission(admission: str, policy: str) -> str:
 def tier_options(func: Callable) -> Callable:
     """--host-kv-memory, --cache-dir, --cache-dir-size, --write-policy, --prefetch-policy, --prefetch-timeout-ms: the
     tiers under the KV pool."""
-    from radixcache.runtime.kv.tier.prefetch import (
+    from radixcache.runtime.kv.tier.prefetch_policy import (
         DEFAULT_PREFETCH_POLICY,
         DEFAULT_PREFETCH_TIMEOUT_MS,
         PREFETCH_POLICIES,

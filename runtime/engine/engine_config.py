@@ -23,7 +23,11 @@ from radixcache.runtime.engine.scheduler import SchedulerConfig
 from radixcache.runtime.engine.threads import check_thread_policy
 from radixcache.runtime.kv.pool import parse_memory
 from radixcache.runtime.kv.tier.coordinator import LoadCosts
-from radixcache.runtime.kv.tier.prefetch import DEFAULT_PREFETCH_POLICY, DEFAULT_PREFETCH_TIMEOUT_MS, check_prefetch
+from radixcache.runtime.kv.tier.prefetch_policy import (
+    DEFAULT_PREFETCH_POLICY,
+    DEFAULT_PREFETCH_TIMEOUT_MS,
+    check_prefetch,
+)
 from radixcache.runtime.model.kernel_plan import KERNEL_MODES
 from radixcache.runtime.model.llama import DEFAULT_CHUNK
 from radixcache.runtime.model.quant import QUANT_MODES

@@ -37,20 +37,14 @@ from radixcache.runtime.kv.pool import KVPool
 from radixcache.runtime.kv.tier.copy_sync import pins_host_memory
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.page_copy import copy_pages
+from radixcache.runtime.kv.tier.prefetch_policy import (
+    DEFAULT_PREFETCH_POLICY,
+    DEFAULT_PREFETCH_TIMEOUT_MS,
+    check_prefetch,
+)
 from radixcache.runtime.kv.tier.staging import DEFAULT_KEEP_BYTES, StagingBuffers
 
-PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
-DEFAULT_PREFETCH_POLICY = "timeout"
-DEFAULT_PREFETCH_TIMEOUT_MS = 1000.0
 log = logging.getLogger("radixcache.disk")
-
-
-def check_prefetch(policy: str, timeout_ms: float) -> None:
-    """Raise ValueError naming the option when a prefetch policy or its timeout is not valid."""
-    if policy not in PREFETCH_POLICIES:
-        raise ValueError(f"prefetch_policy must be one of {', '.join(PREFETCH_POLICIES)}, got {policy!r}")
-    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not 0 <= timeout_ms < float("inf"):
-        raise ValueError(f"prefetch_timeout_ms must be a finite number of milliseconds >= 0, got {timeout_ms!r}")
 
 
 class PrefetchJob:
