@@ -98,3 +98,18 @@ def test_paths_a_weight_cannot_run_are_refused() -> None:
     layer = DenseLinear(w.double())
     layer.use_paths(("linear", "linear"))
     assert layer.can_run("linear") and not layer.can_run("mm_t") and not layer.can_run("onednn")
+
+
+def test_the_transposed_product_does_not_depend_on_the_input_layout() -> None:
+    """mm_t's own output is a transposed (column-major) view, and the next layer takes it (or silu(gate) * up of
+    it) as input: a column-major input gives exactly the row-major input's result, through `run` and `__call__`
+    (the fixed rules take mm_t for 2 rows), and matches the float64 reference."""
+    w, b, x = _data(2, 576, 1536, seed=3)
+    column_major = x.t().contiguous().t()
+    assert not column_major.is_contiguous() and torch.equal(column_major, x)
+    layer = DenseLinear(w, b)
+    want = x.double() @ w.double().T + b.double()
+    for run in (lambda t: layer.run("mm_t", t), layer):
+        got = run(column_major)
+        assert torch.equal(got, run(x))
+        assert ((got.double() - want).norm() / want.norm()).item() < REL
