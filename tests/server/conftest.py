@@ -124,6 +124,15 @@ def tiny_tools_server(tiny_model_dir: Path) -> Iterator[Server]:
         yield s
 
 
+@pytest.fixture(scope="session")
+def tools_client(tiny_tools_server: Server):
+    """An `openai` client of `tiny_tools_server`, for the modules that share it."""
+    import openai
+
+    with openai.OpenAI(base_url=tiny_tools_server.v1, api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
 SMOLLM2_GROUP = "smollm2_server"  # the xdist group of every test that uses `smollm2_server`
 
 

@@ -19,43 +19,31 @@ from tests.tiny_tools import SCHEMAS, closed, response_format
 pytestmark = pytest.mark.xdist_group("tiny_tools_server")  # the shared server (conftest.py)
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_tools_server):
-    """The shared one-thread tiny server (conftest.py)."""
-    return tiny_tools_server
-
-
-@pytest.fixture(scope="module")
-def client(tiny):
-    import openai
-
-    with openai.OpenAI(base_url=tiny.v1, api_key="unused", max_retries=0, timeout=60) as c:
-        yield c
-
-
-def _chat(client, text: str, **kw: Any) -> Any:
+def _chat(tools_client, text: str, **kw: Any) -> Any:
     kw = {"model": "tiny", "messages": [{"role": "user", "content": text}], "max_tokens": 120, **kw}
-    return client.chat.completions.create(**kw)
+    return tools_client.chat.completions.create(**kw)
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
-def test_json_schema_replies_validate_over_temperatures_and_seeds(client, name: str) -> None:
+def test_json_schema_replies_validate_over_temperatures_and_seeds(tools_client, name: str) -> None:
     for temperature, seed in ((0.0, None), (0.7, 1), (1.0, 2), (1.5, 3)):
-        r = _chat(client, f"describe {name}", response_format=response_format(name), temperature=temperature, seed=seed)
+        r = _chat(
+            tools_client, f"describe {name}", response_format=response_format(name), temperature=temperature, seed=seed
+        )
         choice = r.choices[0]
         assert choice.finish_reason == "stop", choice
         jsonschema.validate(json.loads(choice.message.content), closed(SCHEMAS[name]))
 
 
-def test_json_object_replies_are_json_objects_and_n_samples_each_validate(client) -> None:
+def test_json_object_replies_are_json_objects_and_n_samples_each_validate(tools_client) -> None:
     r = _chat(
-        client, "any object", response_format={"type": "json_object"}, n=3, temperature=1.0, seed=5, max_tokens=60
+        tools_client, "any object", response_format={"type": "json_object"}, n=3, temperature=1.0, seed=5, max_tokens=60
     )
     assert len(r.choices) == 3
     for choice in r.choices:  # a random model writes keys without end: a sample cut at the length is not JSON yet
         if choice.finish_reason == "stop":
             assert isinstance(json.loads(choice.message.content), dict)
-    r = _chat(client, "n samples", response_format=response_format("flags"), n=4, temperature=1.0, seed=9)
+    r = _chat(tools_client, "n samples", response_format=response_format("flags"), n=4, temperature=1.0, seed=9)
     for choice in r.choices:
         jsonschema.validate(json.loads(choice.message.content), closed(SCHEMAS["flags"]))
 
@@ -69,18 +57,18 @@ def test_json_object_replies_are_json_objects_and_n_samples_each_validate(client
     ],
     ids=["regex", "gbnf", "lark"],
 )
-def test_regex_and_grammar_through_extra_body_on_both_endpoints(client, extra: dict, pattern: str) -> None:
+def test_regex_and_grammar_through_extra_body_on_both_endpoints(tools_client, extra: dict, pattern: str) -> None:
     for seed in range(3):
-        r = _chat(client, "answer", extra_body=extra, temperature=1.0, seed=seed)
+        r = _chat(tools_client, "answer", extra_body=extra, temperature=1.0, seed=seed)
         assert re.fullmatch(pattern, r.choices[0].message.content), r.choices[0].message.content
-        c = client.completions.create(
+        c = tools_client.completions.create(
             model="tiny", prompt="The answer:", max_tokens=40, temperature=1.0, seed=seed, extra_body=extra
         )
         assert re.fullmatch(pattern, c.choices[0].text) and c.choices[0].finish_reason == "stop", c.choices[0]
 
 
-def test_completions_take_response_format_for_raw_prompts(client) -> None:
-    c = client.completions.create(
+def test_completions_take_response_format_for_raw_prompts(tools_client) -> None:
+    c = tools_client.completions.create(
         model="tiny",
         prompt=["JSON please:", "Another:"],
         max_tokens=120,
@@ -93,10 +81,10 @@ def test_completions_take_response_format_for_raw_prompts(client) -> None:
         jsonschema.validate(json.loads(choice.text), closed(SCHEMAS["nested"]))
 
 
-def test_a_stream_concatenates_to_the_whole_reply_with_logprobs(client) -> None:
+def test_a_stream_concatenates_to_the_whole_reply_with_logprobs(tools_client) -> None:
     kw = {"response_format": response_format("choice"), "temperature": 0, "logprobs": True, "top_logprobs": 2}
-    whole = _chat(client, "stream it", **kw)
-    chunks = list(_chat(client, "stream it", stream=True, stream_options={"include_usage": True}, **kw))
+    whole = _chat(tools_client, "stream it", **kw)
+    chunks = list(_chat(tools_client, "stream it", stream=True, stream_options={"include_usage": True}, **kw))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     jsonschema.validate(json.loads(text), closed(SCHEMAS["choice"]))
@@ -106,16 +94,16 @@ def test_a_stream_concatenates_to_the_whole_reply_with_logprobs(client) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
 
 
-def test_a_stop_string_ends_a_constrained_reply_where_it_appears(client) -> None:
-    r = _chat(client, "stop", extra_body={"regex": "abc,def,ghi"}, stop=[",g"], temperature=0)
+def test_a_stop_string_ends_a_constrained_reply_where_it_appears(tools_client) -> None:
+    r = _chat(tools_client, "stop", extra_body={"regex": "abc,def,ghi"}, stop=[",g"], temperature=0)
     assert r.choices[0].message.content == "abc,def" and r.choices[0].finish_reason == "stop"
 
 
-def test_the_same_seed_gives_the_same_constrained_reply(client) -> None:
+def test_the_same_seed_gives_the_same_constrained_reply(tools_client) -> None:
     kw = {"response_format": response_format("nested"), "temperature": 1.0, "seed": 77}
     assert (
-        _chat(client, "seeded", **kw).choices[0].message.content
-        == _chat(client, "seeded", **kw).choices[0].message.content
+        _chat(tools_client, "seeded", **kw).choices[0].message.content
+        == _chat(tools_client, "seeded", **kw).choices[0].message.content
     )
 
 
@@ -165,17 +153,21 @@ BAD = [
 
 @pytest.mark.parametrize(("body", "param"), BAD, ids=[f"{i}-{p}" for i, (_, p) in enumerate(BAD)])
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
-def test_bad_constraints_are_400_naming_the_path_and_a_bystander_is_served(tiny, body, param, endpoint) -> None:
+def test_bad_constraints_are_400_naming_the_path_and_a_bystander_is_served(
+    tiny_tools_server, body, param, endpoint
+) -> None:
     if endpoint == "chat":
         path, base = "/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}
     else:
         path, base = "/completions", {"prompt": "hi"}
     for stream in (False, True):
         r = httpx.post(
-            tiny.v1 + path, json={"model": "tiny", "max_tokens": 2, "stream": stream, **base, **body}, timeout=60
+            tiny_tools_server.v1 + path,
+            json={"model": "tiny", "max_tokens": 2, "stream": stream, **base, **body},
+            timeout=60,
         )
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert error["param"] == param and error["message"], error
-    ok = httpx.post(tiny.v1 + path, json={"model": "tiny", "max_tokens": 2, **base}, timeout=60)
+    ok = httpx.post(tiny_tools_server.v1 + path, json={"model": "tiny", "max_tokens": 2, **base}, timeout=60)
     assert ok.status_code == 200, ok.text

@@ -153,20 +153,14 @@ BODY = st.fixed_dictionaries(
 BYSTANDER = {"model": "tiny", "messages": [{"role": "user", "content": "bystander"}], "max_tokens": 8, "temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_tools_server):
-    """The shared one-thread tiny server (conftest.py)."""
-    return tiny_tools_server
-
-
-def _post(tiny, body: dict[str, Any]) -> tuple[int, str]:
-    with httpx.stream("POST", tiny.v1 + "/chat/completions", json=body, timeout=60) as r:
+def _post(tiny_tools_server, body: dict[str, Any]) -> tuple[int, str]:
+    with httpx.stream("POST", tiny_tools_server.v1 + "/chat/completions", json=body, timeout=60) as r:
         return r.status_code, r.read().decode()
 
 
 @pytest.fixture(scope="module")
-def bystander(tiny) -> str:
-    status, text = _post(tiny, BYSTANDER)
+def bystander(tiny_tools_server) -> str:
+    status, text = _post(tiny_tools_server, BYSTANDER)
     assert status == 200, text
     return json.loads(text)["choices"][0]["message"]["content"]
 
@@ -175,9 +169,9 @@ def bystander(tiny) -> str:
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 @given(body=BODY)
-def test_hostile_tool_bodies_are_200_or_400_never_5xx(tiny, bystander, body: dict[str, Any]) -> None:
+def test_hostile_tool_bodies_are_200_or_400_never_5xx(tiny_tools_server, bystander, body: dict[str, Any]) -> None:
     full = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, **body}
-    status, text = _post(tiny, full)
+    status, text = _post(tiny_tools_server, full)
     assert status in (200, 400), (status, text, full)
     if status == 400:
         error = json.loads(text)["error"]
@@ -188,12 +182,12 @@ def test_hostile_tool_bodies_are_200_or_400_never_5xx(tiny, bystander, body: dic
         assert json.loads(text)["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
 
 
-def test_the_server_is_whole_after_the_fuzz(tiny, bystander) -> None:
-    status, text = _post(tiny, BYSTANDER)
+def test_the_server_is_whole_after_the_fuzz(tiny_tools_server, bystander) -> None:
+    status, text = _post(tiny_tools_server, BYSTANDER)
     assert status == 200 and json.loads(text)["choices"][0]["message"]["content"] == bystander
     deadline = time.monotonic() + 10
     while (
-        locked := httpx.get(tiny.url + "/health/cache", timeout=10).json()["locked_blocks"]
+        locked := httpx.get(tiny_tools_server.url + "/health/cache", timeout=10).json()["locked_blocks"]
     ) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert locked == 0

@@ -21,50 +21,38 @@ PAGE = 16
 ASK = [{"role": "system", "content": "You call functions."}, {"role": "user", "content": "What is 2 + 3?"}]
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_tools_server):
-    """The shared one-thread tiny server (conftest.py)."""
-    return tiny_tools_server
-
-
-@pytest.fixture(scope="module")
-def client(tiny):
-    import openai
-
-    with openai.OpenAI(base_url=tiny.v1, api_key="unused", max_retries=0, timeout=60) as c:
-        yield c
-
-
-def _ask(client, messages: list[dict[str, Any]] = ASK, **kw: Any) -> Any:
+def _ask(tools_client, messages: list[dict[str, Any]] = ASK, **kw: Any) -> Any:
     kw = {"model": "tiny", "messages": messages, "functions": FUNCTIONS, "max_tokens": 160, **kw}
-    return client.chat.completions.create(**kw)
+    return tools_client.chat.completions.create(**kw)
 
 
 def _valid(name: str, arguments: str) -> None:
     jsonschema.validate(json.loads(arguments), closed(TOOL_SCHEMAS[name]))
 
 
-def test_a_named_function_call_is_answered_in_the_legacy_shape(client) -> None:
+def test_a_named_function_call_is_answered_in_the_legacy_shape(tools_client) -> None:
     for seed in range(3):
-        r = _ask(client, function_call={"name": "add"}, temperature=1.0, seed=seed)
+        r = _ask(tools_client, function_call={"name": "add"}, temperature=1.0, seed=seed)
         choice = r.choices[0]
         assert choice.finish_reason == "function_call" and choice.message.tool_calls is None, choice
         assert choice.message.content is None and choice.message.function_call.name == "add"
         _valid("add", choice.message.function_call.arguments)
 
 
-def test_none_calls_nothing_and_auto_answers_text_or_one_call(client) -> None:
-    r = _ask(client, function_call="none", max_tokens=6, temperature=0)
+def test_none_calls_nothing_and_auto_answers_text_or_one_call(tools_client) -> None:
+    r = _ask(tools_client, function_call="none", max_tokens=6, temperature=0)
     assert r.choices[0].message.function_call is None and r.choices[0].finish_reason in ("stop", "length")
     for seed in range(2):
-        message = _ask(client, max_tokens=12, temperature=1.0, seed=seed).choices[0].message
+        message = _ask(tools_client, max_tokens=12, temperature=1.0, seed=seed).choices[0].message
         assert message.tool_calls is None
         if message.function_call is not None:
             _valid(message.function_call.name, message.function_call.arguments)
 
 
-def test_a_stream_carries_function_call_deltas_that_assemble_to_the_whole_reply(client, tiny) -> None:
-    whole = _ask(client, function_call={"name": "get_weather"}, temperature=0).choices[0].message.function_call
+def test_a_stream_carries_function_call_deltas_that_assemble_to_the_whole_reply(
+    tools_client, tiny_tools_server
+) -> None:
+    whole = _ask(tools_client, function_call={"name": "get_weather"}, temperature=0).choices[0].message.function_call
     body = {
         "model": "tiny",
         "messages": ASK,
@@ -72,7 +60,9 @@ def test_a_stream_carries_function_call_deltas_that_assemble_to_the_whole_reply(
         "function_call": {"name": "get_weather"},
         "temperature": 0,
     }
-    with httpx.stream("POST", tiny.v1 + "/chat/completions", json={**body, "max_tokens": 160, "stream": True}) as r:
+    with httpx.stream(
+        "POST", tiny_tools_server.v1 + "/chat/completions", json={**body, "max_tokens": 160, "stream": True}
+    ) as r:
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     deltas = [json.loads(e)["choices"][0] for e in events[:-1]]
@@ -85,11 +75,11 @@ def test_a_stream_carries_function_call_deltas_that_assemble_to_the_whole_reply(
     _valid("get_weather", whole.arguments)
 
 
-def test_a_legacy_history_renders_as_tool_turns_and_hits_the_previous_turn(client) -> None:
+def test_a_legacy_history_renders_as_tool_turns_and_hits_the_previous_turn(tools_client) -> None:
     messages = [{"role": "system", "content": "You call functions (history)."}, *ASK[1:]]
     previous = None
     for step in range(3):
-        r = _ask(client, messages, function_call={"name": "add"}, temperature=0.9, seed=step)
+        r = _ask(tools_client, messages, function_call={"name": "add"}, temperature=0.9, seed=step)
         call = r.choices[0].message.function_call
         _valid(call.name, call.arguments)
         if previous is not None:  # the replayed call is the model's very text: its pages are cached
@@ -99,12 +89,12 @@ def test_a_legacy_history_renders_as_tool_turns_and_hits_the_previous_turn(clien
         messages.append({"role": "function", "name": call.name, "content": f"{step + 5}"})
 
 
-def test_a_history_with_calls_the_server_never_made_keeps_a_stable_prefix(client) -> None:
+def test_a_history_with_calls_the_server_never_made_keeps_a_stable_prefix(tools_client) -> None:
     made_up = {"role": "assistant", "content": None, "function_call": {"name": "add", "arguments": '{"a": 1, "b": 1}'}}
     history = [*ASK, made_up, {"role": "function", "name": "add", "content": "2"}]
-    first = _ask(client, history, function_call="none", max_tokens=2, temperature=0)
+    first = _ask(tools_client, history, function_call="none", max_tokens=2, temperature=0)
     longer = [*history, {"role": "user", "content": "And 4 + 4?"}]
-    second = _ask(client, longer, function_call="none", max_tokens=2, temperature=0)
+    second = _ask(tools_client, longer, function_call="none", max_tokens=2, temperature=0)
     assert second.usage.prompt_tokens_details.cached_tokens >= (first.usage.prompt_tokens - PAGE) // PAGE * PAGE
 
 
@@ -159,11 +149,15 @@ BAD = [
 
 
 @pytest.mark.parametrize(("body", "param"), BAD, ids=[f"{i}-{p}" for i, (_, p) in enumerate(BAD)])
-def test_bad_legacy_bodies_are_400_naming_the_field_and_a_bystander_is_served(tiny, body, param) -> None:
+def test_bad_legacy_bodies_are_400_naming_the_field_and_a_bystander_is_served(tiny_tools_server, body, param) -> None:
     r = httpx.post(
-        tiny.v1 + "/chat/completions", json={"model": "tiny", "messages": OK, "max_tokens": 2, **body}, timeout=60
+        tiny_tools_server.v1 + "/chat/completions",
+        json={"model": "tiny", "messages": OK, "max_tokens": 2, **body},
+        timeout=60,
     )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
-    ok = httpx.post(tiny.v1 + "/chat/completions", json={"model": "tiny", "messages": OK, "max_tokens": 2}, timeout=60)
+    ok = httpx.post(
+        tiny_tools_server.v1 + "/chat/completions", json={"model": "tiny", "messages": OK, "max_tokens": 2}, timeout=60
+    )
     assert ok.status_code == 200

@@ -23,43 +23,34 @@ PAGE = 16  # serve's default --page-size
 ASK = "Use a tool to answer: what is 2 + 3, and how warm is Oslo?"
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_tools_server):
-    """The shared one-thread tiny server (conftest.py)."""
-    return tiny_tools_server
-
-
-@pytest.fixture(scope="module")
-def client(tiny):
-    import openai
-
-    with openai.OpenAI(base_url=tiny.v1, api_key="unused", max_retries=0, timeout=60) as c:
-        yield c
-
-
 def _messages(tag: str) -> list[dict[str, Any]]:
     return [{"role": "system", "content": f"You call tools. ({tag})"}, {"role": "user", "content": ASK}]
 
 
-def _ask(client, tag: str, **kw: Any) -> Any:
+def _ask(tools_client, tag: str, **kw: Any) -> Any:
     kw = {"model": "tiny", "messages": _messages(tag), "tools": TOOLS, "max_tokens": 160, **kw}
-    return client.chat.completions.create(**kw)
+    return tools_client.chat.completions.create(**kw)
 
 
-def test_required_gives_calls_that_validate_over_varied_seeds(client) -> None:
+def test_required_gives_calls_that_validate_over_varied_seeds(tools_client) -> None:
     for seed in range(6):
         r = _ask(
-            client, f"required {seed}", tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=seed
+            tools_client,
+            f"required {seed}",
+            tool_choice="required",
+            parallel_tool_calls=False,
+            temperature=1.0,
+            seed=seed,
         )
         choice = r.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
         assert len(check_calls(choice.message.tool_calls)) == 1
 
 
-def test_parallel_calls_each_validate_and_have_their_own_ids(client) -> None:
+def test_parallel_calls_each_validate_and_have_their_own_ids(tools_client) -> None:
     # The random model rarely closes the list of calls: every call but a last one cut at the length validates.
     for seed in range(2):
-        r = _ask(client, "parallel", tool_choice="required", temperature=1.0, seed=seed, max_tokens=240)
+        r = _ask(tools_client, "parallel", tool_choice="required", temperature=1.0, seed=seed, max_tokens=240)
         choice = r.choices[0]
         calls = choice.message.tool_calls
         assert calls and choice.finish_reason in ("tool_calls", "length") and choice.message.content is None
@@ -67,10 +58,10 @@ def test_parallel_calls_each_validate_and_have_their_own_ids(client) -> None:
         assert len({c.id for c in calls}) == len(calls)
 
 
-def test_a_named_choice_calls_that_tool_and_parallel_false_makes_one_call(client) -> None:
+def test_a_named_choice_calls_that_tool_and_parallel_false_makes_one_call(tools_client) -> None:
     for seed in range(3):
         r = _ask(
-            client,
+            tools_client,
             "named",
             tool_choice={"type": "function", "function": {"name": "add"}},
             parallel_tool_calls=False,
@@ -80,12 +71,12 @@ def test_a_named_choice_calls_that_tool_and_parallel_false_makes_one_call(client
         assert [name for name, _ in check_calls(r.choices[0].message.tool_calls)] == ["add"]
 
 
-def test_none_shows_the_tools_but_parses_no_call_and_auto_parses_what_is_there(client) -> None:
-    r = _ask(client, "none", tool_choice="none", temperature=0, max_tokens=6)
+def test_none_shows_the_tools_but_parses_no_call_and_auto_parses_what_is_there(tools_client) -> None:
+    r = _ask(tools_client, "none", tool_choice="none", temperature=0, max_tokens=6)
     assert r.choices[0].message.tool_calls is None and isinstance(r.choices[0].message.content, str)
     assert r.choices[0].finish_reason in ("stop", "length")
     for seed in range(3):  # the random model rarely writes a call by itself; whatever is parsed is a valid call
-        r = _ask(client, "auto", temperature=1.0, seed=seed, max_tokens=12)
+        r = _ask(tools_client, "auto", temperature=1.0, seed=seed, max_tokens=12)
         message = r.choices[0].message
         if message.tool_calls:
             check_calls(message.tool_calls)
@@ -93,8 +84,8 @@ def test_none_shows_the_tools_but_parses_no_call_and_auto_parses_what_is_there(c
             assert isinstance(message.content, str) and r.choices[0].finish_reason in ("stop", "length")
 
 
-def _sse(tiny, body: dict[str, Any]) -> list[dict[str, Any]]:
-    with httpx.stream("POST", tiny.v1 + "/chat/completions", json=body, timeout=60) as r:
+def _sse(tiny_tools_server, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with httpx.stream("POST", tiny_tools_server.v1 + "/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200, r.read()
         lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
@@ -104,11 +95,13 @@ def _sse(tiny, body: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}], ids=["required", "named"]
 )
-def test_a_stream_carries_openais_tool_call_deltas_and_assembles_to_the_whole_reply(client, tiny, choice) -> None:
+def test_a_stream_carries_openais_tool_call_deltas_and_assembles_to_the_whole_reply(
+    tools_client, tiny_tools_server, choice
+) -> None:
     kw = {"tool_choice": choice, "parallel_tool_calls": False, "temperature": 0}
-    whole = _ask(client, "stream", **kw)
+    whole = _ask(tools_client, "stream", **kw)
     body = {"model": "tiny", "messages": _messages("stream"), "tools": TOOLS, "max_tokens": 160, **kw}
-    chunks = _sse(tiny, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    chunks = _sse(tiny_tools_server, {**body, "stream": True, "stream_options": {"include_usage": True}})
     deltas = [c["choices"][0] for c in chunks if c["choices"]]
     assert deltas[0]["delta"] == {"role": "assistant", "content": None}  # as OpenAI's when the reply may be calls
     calls: dict[int, dict[str, Any]] = {}
@@ -132,11 +125,11 @@ def test_a_stream_carries_openais_tool_call_deltas_and_assembles_to_the_whole_re
     assert usage["prompt_tokens_details"]["cached_tokens"] >= whole.usage.prompt_tokens // PAGE * PAGE - PAGE
 
 
-def test_the_sdk_stream_assembles_to_the_same_calls(client) -> None:
+def test_the_sdk_stream_assembles_to_the_same_calls(tools_client) -> None:
     kw = {"tool_choice": "required", "temperature": 0, "parallel_tool_calls": False}
-    whole = _ask(client, "sdk stream", **kw).choices[0].message
+    whole = _ask(tools_client, "sdk stream", **kw).choices[0].message
     names, arguments, ids = {}, {}, {}
-    for chunk in _ask(client, "sdk stream", stream=True, **kw):
+    for chunk in _ask(tools_client, "sdk stream", stream=True, **kw):
         for tc in chunk.choices[0].delta.tool_calls or () if chunk.choices else ():
             ids.setdefault(tc.index, tc.id)
             names[tc.index] = names.get(tc.index, "") + (tc.function.name or "")
@@ -147,12 +140,12 @@ def test_the_sdk_stream_assembles_to_the_same_calls(client) -> None:
     assert all(i.startswith("call_") for i in ids.values())
 
 
-def test_n_streamed_choices_with_logprobs_each_assemble_to_their_whole_calls(client) -> None:
+def test_n_streamed_choices_with_logprobs_each_assemble_to_their_whole_calls(tools_client) -> None:
     kw = {"tool_choice": "required", "parallel_tool_calls": False, "n": 2, "temperature": 1.0, "seed": 3}
-    whole = _ask(client, "n stream", **kw)
+    whole = _ask(tools_client, "n stream", **kw)
     calls: dict[int, list[str]] = {}
     logprobs, finish = 0, {}
-    stream = _ask(client, "n stream", stream=True, logprobs=True, stream_options={"include_usage": True}, **kw)
+    stream = _ask(tools_client, "n stream", stream=True, logprobs=True, stream_options={"include_usage": True}, **kw)
     for chunk in stream:
         for c in chunk.choices:
             for tc in c.delta.tool_calls or ():
@@ -180,11 +173,11 @@ def test_n_streamed_choices_with_logprobs_each_assemble_to_their_whole_calls(cli
     assert usage is not None and logprobs == usage.completion_tokens == whole.usage.completion_tokens
 
 
-def test_an_agent_loop_over_http_hits_the_previous_prompt_and_output_in_whole_pages(client) -> None:
+def test_an_agent_loop_over_http_hits_the_previous_prompt_and_output_in_whole_pages(tools_client) -> None:
     messages = _messages("agent loop")
     previous = None
     for step in range(3):
-        r = client.chat.completions.create(
+        r = tools_client.chat.completions.create(
             model="tiny",
             messages=messages,
             tools=TOOLS,
@@ -204,26 +197,28 @@ def test_an_agent_loop_over_http_hits_the_previous_prompt_and_output_in_whole_pa
             {"role": "tool", "tool_call_id": c.id, "name": c.function.name, "content": f"result {step}"}
             for c in message.tool_calls
         ]
-    final = client.chat.completions.create(
+    final = tools_client.chat.completions.create(
         model="tiny", messages=messages, tools=TOOLS, tool_choice="none", max_tokens=4, temperature=0
     )
     assert final.choices[0].message.tool_calls is None
     assert final.usage.prompt_tokens_details.cached_tokens >= (previous - 1) // PAGE * PAGE
 
 
-def test_null_tool_fields_count_as_absent(client) -> None:
+def test_null_tool_fields_count_as_absent(tools_client) -> None:
     nulls = [{"type": "function", "function": {**t["function"], "description": None, "strict": None}} for t in TOOLS]
-    r = _ask(client, "nulls", tools=nulls, tool_choice="required", parallel_tool_calls=False, temperature=0)
+    r = _ask(tools_client, "nulls", tools=nulls, tool_choice="required", parallel_tool_calls=False, temperature=0)
     check_calls(r.choices[0].message.tool_calls)
 
 
-def test_tool_streams_abandoned_mid_call_leave_nothing_locked(client, tiny) -> None:
+def test_tool_streams_abandoned_mid_call_leave_nothing_locked(tools_client, tiny_tools_server) -> None:
     body = {"model": "tiny", "messages": _messages("abandoned"), "tools": TOOLS, "tool_choice": "required"}
     body |= {"max_tokens": 160, "temperature": 1.0, "stream": True}
 
     def abandon(seed: int, after: int) -> int:
         seen = 0
-        with httpx.stream("POST", tiny.v1 + "/chat/completions", json={**body, "seed": seed}, timeout=60) as r:
+        with httpx.stream(
+            "POST", tiny_tools_server.v1 + "/chat/completions", json={**body, "seed": seed}, timeout=60
+        ) as r:
             for line in r.iter_lines():
                 seen += line.startswith("data: ")
                 if seen >= after:
@@ -234,21 +229,21 @@ def test_tool_streams_abandoned_mid_call_leave_nothing_locked(client, tiny) -> N
         assert all(n >= 1 for n in pool.map(abandon, range(6), [2, 3, 5, 8, 13, 21]))
     deadline = time.monotonic() + 10
     while (
-        locked := httpx.get(tiny.url + "/health/cache", timeout=10).json()["locked_blocks"]
+        locked := httpx.get(tiny_tools_server.url + "/health/cache", timeout=10).json()["locked_blocks"]
     ) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert locked == 0
     check_calls(
-        _ask(client, "after abandon", tool_choice="required", parallel_tool_calls=False, temperature=0)
+        _ask(tools_client, "after abandon", tool_choice="required", parallel_tool_calls=False, temperature=0)
         .choices[0]
         .message.tool_calls
     )
 
 
-def test_developer_is_the_system_message_and_names_are_accepted(client) -> None:
+def test_developer_is_the_system_message_and_names_are_accepted(tools_client) -> None:
     def reply(role: str, **extra: Any) -> Any:
         messages = [{"role": role, "content": "Be brief."}, {"role": "user", "content": "hello", **extra}]
-        return client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
+        return tools_client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
 
     system, developer = reply("system"), reply("developer")
     assert developer.usage.prompt_tokens == system.usage.prompt_tokens
@@ -265,13 +260,13 @@ PYDANTIC_PARAMETERS = {  # what pydantic's model_json_schema() writes for a mode
 }
 
 
-def test_tool_parameters_with_defs_refs_are_enforced(client) -> None:
+def test_tool_parameters_with_defs_refs_are_enforced(tools_client) -> None:
     """pydantic's schemas (LangChain's bind_tools, with_structured_output function_calling) name their enums and
     nested models in `$defs`: under a named and a required choice the calls validate against them."""
     tool = {"type": "function", "function": {"name": "pick", "parameters": PYDANTIC_PARAMETERS, "strict": True}}
     for choice in ({"type": "function", "function": {"name": "pick"}}, "required"):
         for seed in range(3):
-            r = client.chat.completions.create(
+            r = tools_client.chat.completions.create(
                 model="tiny",
                 messages=[{"role": "user", "content": "pick"}],
                 tools=[tool, TOOLS[1]],
@@ -368,13 +363,17 @@ HOSTILE = [
 
 @pytest.mark.parametrize(("body", "param"), HOSTILE, ids=[p for _, p in HOSTILE])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_hostile_tool_bodies_are_400_naming_the_field_and_a_bystander_is_served(tiny, body, param, stream) -> None:
+def test_hostile_tool_bodies_are_400_naming_the_field_and_a_bystander_is_served(
+    tiny_tools_server, body, param, stream
+) -> None:
     full = {"model": "tiny", "messages": OK, "max_tokens": 2, **({"stream": True} if stream else {}), **body}
     if stream and param == "stream_options":
         full["stream"] = False  # stream_options with stream true is fine; false is the case under test
-    r = httpx.post(tiny.v1 + "/chat/completions", json=full, timeout=60)
+    r = httpx.post(tiny_tools_server.v1 + "/chat/completions", json=full, timeout=60)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"], error
-    ok = httpx.post(tiny.v1 + "/chat/completions", json={"model": "tiny", "messages": OK, "max_tokens": 2}, timeout=60)
+    ok = httpx.post(
+        tiny_tools_server.v1 + "/chat/completions", json={"model": "tiny", "messages": OK, "max_tokens": 2}, timeout=60
+    )
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
