@@ -8,6 +8,7 @@ prompt and output cached in whole pages."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import pytest
@@ -18,6 +19,7 @@ from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage  # 
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2_server")]  # the shared server (conftest.py)
 PAGE = 16  # serve's default --page-size
+CONCURRENT = {"max_concurrency": 8}  # batch(): every input in flight at once (decoded together)
 
 
 class GetWeather(BaseModel):
@@ -79,35 +81,38 @@ def llm(smollm2_server):
 
 
 def test_bind_tools_on_varied_prompts_gives_calls_the_tools_validate(llm) -> None:
-    bound = llm.bind_tools(list(TOOLS.values()), tool_choice="any", parallel_tool_calls=False)
+    def ask(choice: str, prompt: str) -> Any:
+        bound = llm.bind_tools(list(TOOLS.values()), tool_choice=choice, parallel_tool_calls=False)
+        return bound.invoke([HumanMessage(prompt)])
+
+    # A named tool is called even against the prompt. All eight are in flight at once, so the server decodes them
+    # together (one at a time, each decode step reads all the weights for one token); each reply is checked alone.
+    choices = ["any"] * len(PROMPTS) + ["Search", "Add"]
+    with ThreadPoolExecutor(len(choices)) as pool:
+        replies = list(pool.map(ask, choices, [*PROMPTS, PROMPTS[0], PROMPTS[2]]))
     names = set()
-    for prompt in PROMPTS:
-        msg = bound.invoke([HumanMessage(prompt)])
+    for prompt, msg in zip(PROMPTS, replies, strict=False):
         assert len(msg.tool_calls) == 1 and not msg.invalid_tool_calls, (prompt, msg)
         call = msg.tool_calls[0]
         TOOLS[call["name"]].model_validate(call["args"])
         names.add(call["name"])
     assert len(names) >= 2, names  # the model chooses among the tools, not one tool for everything
-    for name, prompt in (("Search", PROMPTS[0]), ("Add", PROMPTS[2])):  # named: even against the prompt
-        named = llm.bind_tools(list(TOOLS.values()), tool_choice=name, parallel_tool_calls=False)
-        call = named.invoke([HumanMessage(prompt)]).tool_calls
-        assert [c["name"] for c in call] == [name], call
-        TOOLS[name].model_validate(call[0]["args"])
+    for name, msg in zip(choices[len(PROMPTS) :], replies[len(PROMPTS) :], strict=True):
+        assert [c["name"] for c in msg.tool_calls] == [name], msg.tool_calls
+        TOOLS[name].model_validate(msg.tool_calls[0]["args"])
 
 
 @pytest.mark.parametrize("method", ["function_calling", "json_schema"])
 def test_with_structured_output_gives_a_validated_model(llm, method: str) -> None:
     structured = llm.with_structured_output(Person, method=method, include_raw=True)
-    for text in PEOPLE:
-        out = structured.invoke([SystemMessage("Extract the person."), HumanMessage(text)])
+    for out in structured.batch([[SystemMessage("Extract the person."), HumanMessage(t)] for t in PEOPLE], CONCURRENT):
         assert out["parsing_error"] is None and isinstance(out["parsed"], Person), out
 
 
 def test_with_structured_output_json_mode_gives_a_json_object(llm) -> None:
     structured = llm.with_structured_output(None, method="json_mode", include_raw=True)
-    for text in PEOPLE:
-        ask = [SystemMessage("Reply with a JSON object with the keys name, age and city."), HumanMessage(text)]
-        out = structured.invoke(ask)
+    system = SystemMessage("Reply with a JSON object with the keys name, age and city.")
+    for out in structured.batch([[system, HumanMessage(text)] for text in PEOPLE], CONCURRENT):
         assert out["parsing_error"] is None and isinstance(out["parsed"], dict), out
 
 
