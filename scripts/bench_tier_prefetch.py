@@ -16,9 +16,13 @@ so they are on disk only: a restart), then runs the decode (`--decode-tokens` to
 - disk, read on the loop: as "disk" on a fresh engine whose scheduler does not prefetch (its KV manager's
   `prefetch` answers "admit now" and starts nothing), so admission reads the pages itself, on the loop thread, as
   every disk read did before the prefetch readers (batched into one copy, as now): the stall they removed.
+- disk / device with an attention bound: as "disk" and "device" on an engine whose scheduler bounds the attention
+  work of a step's chunks beside decodes (`SchedulerConfig.mixed_prefill_attention`), once for each value of
+  `--attention-budget` (query tokens x positions attended; over 2,000 cached positions 2048 lets 1 token a step,
+  8192 4 and 16384 8): the long prompt's last chunk is cut over several steps.
 The gaps from the long prompt's arrival to the decode's end are pooled over `--rounds` rounds (interleaved, so a
-change in the machine's load touches the three alike); prints p50 and p99 of each, against "alone", and the load
-average.
+change in the machine's load touches every variant alike); prints p50 and p99 of each, against "alone", the long
+prompt's median time to first token, and the load average.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from radixcache.runtime import Engine  # noqa: E402
+from radixcache.runtime.engine.scheduler import SchedulerConfig  # noqa: E402
 from radixcache.runtime.loading import load_model  # noqa: E402
 
 
@@ -57,9 +62,11 @@ def _prompt(vocab: int, n: int, seed: int) -> list[int]:
     return [rng.randrange(1, vocab) for _ in range(n)]
 
 
-def _decode(engine: Engine, prompt: list[int], args: argparse.Namespace, other: list[int] | None) -> list[float]:
-    """Run the decode; when it has made `args.at` tokens, submit `other` (if any). The gaps (seconds) between the
-    decode's tokens from then on."""
+def _decode(
+    engine: Engine, prompt: list[int], args: argparse.Namespace, other: list[int] | None, ttft: list[float]
+) -> list[float]:
+    """Run the decode; when it has made `args.at` tokens, submit `other` (if any; its time to first token goes to
+    `ttft`). The gaps (seconds) between the decode's tokens from then on."""
     req = engine._request(prompt, args.decode_tokens, ignore_eos=True)
     times: list[float] = []
     reached = threading.Event()
@@ -76,18 +83,30 @@ def _decode(engine: Engine, prompt: list[int], args: argparse.Namespace, other: 
     late = engine.submit(other, max_new_tokens=1) if other is not None else None
     handle.result(300)
     if late is not None:
-        late.result(300)
+        ttft.append(late.result(300).ttft_s)
     return [b - a for a, b in zip(times[start - 1 :], times[start:], strict=False)]
 
 
-def measure(model: Any, args: argparse.Namespace) -> dict[str, list[float]]:
+def _warm_up(engine: Engine, prompt: list[int], args: argparse.Namespace) -> None:
+    """The first passes of a new engine (and thread) are slow; and the "alone" decode, measured first, took gaps of
+    seconds in some rounds of earlier runs (p99 824 and 1,994 ms against 68 in another run), so each engine also
+    rests `--settle` seconds before its first measured decode, to let what a new engine starts in the background
+    finish."""
+    for _ in range(2):
+        engine.generate(prompt, max_new_tokens=args.decode_tokens // 2, ignore_eos=True)
+    time.sleep(args.settle)
+
+
+def measure(model: Any, args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     vocab = model.config.vocab_size
     long_prompt = _prompt(vocab, args.prefix_tokens, 7)
     short = _prompt(vocab, 48, 8)
     p = args.page_size
     blocks = -(-(args.prefix_tokens + args.decode_tokens + 64) // p) * 2
     common = {"page_size": p, "device": args.device, "capacity_blocks": blocks, **_threads()}
-    gaps: dict[str, list[float]] = {"alone": [], "disk": [], "device": [], "sync": []}
+    bounded = [f"{kind}_bound{w}" for w in args.attention_budget for kind in ("disk", "device")]
+    gaps: dict[str, list[float]] = {k: [] for k in ("alone", "disk", "device", *bounded, "sync")}
+    ttft: dict[str, list[float]] = {k: [] for k in gaps}
     disk_pages = []
     with tempfile.TemporaryDirectory() as cache_dir:
         with Engine(model, cache_dir=cache_dir, **common) as writer:
@@ -95,25 +114,36 @@ def measure(model: Any, args: argparse.Namespace) -> dict[str, list[float]]:
             assert writer.flush(120)
         for _ in range(args.rounds):
             with Engine(model, cache_dir=cache_dir, **common) as engine:
-                for _ in range(2):  # warm-up: the first passes of a new engine (and thread) are slow
-                    engine.generate(short, max_new_tokens=args.decode_tokens // 2, ignore_eos=True)
-                gaps["alone"] += _decode(engine, short, args, None)
-                gaps["disk"] += _decode(engine, short, args, long_prompt)
+                _warm_up(engine, short, args)
+                gaps["alone"] += _decode(engine, short, args, None, ttft["alone"])
+                gaps["disk"] += _decode(engine, short, args, long_prompt, ttft["disk"])
                 disk_pages.append(engine.stats.tiers.disk_loaded_pages)
-                gaps["device"] += _decode(engine, short, args, long_prompt)
+                gaps["device"] += _decode(engine, short, args, long_prompt, ttft["device"])
+            for w in args.attention_budget:
+                bound = SchedulerConfig(mixed_prefill_attention=w)
+                with Engine(model, cache_dir=cache_dir, scheduler_config=bound, **common) as engine:
+                    _warm_up(engine, short, args)
+                    for kind in ("disk", "device"):  # the first run reads the disk and leaves the prefix on the device
+                        key = f"{kind}_bound{w}"
+                        gaps[key] += _decode(engine, short, args, long_prompt, ttft[key])
+                        if kind == "disk":
+                            disk_pages.append(engine.stats.tiers.disk_loaded_pages)
             with Engine(model, cache_dir=cache_dir, **common) as engine:
                 engine.kv.prefetch = lambda kv, query: True  # the old path: admission reads the disk on the loop
-                for _ in range(2):
-                    engine.generate(short, max_new_tokens=args.decode_tokens // 2, ignore_eos=True)
-                gaps["sync"] += _decode(engine, short, args, long_prompt)
+                _warm_up(engine, short, args)
+                gaps["sync"] += _decode(engine, short, args, long_prompt, ttft["sync"])
                 disk_pages.append(engine.stats.tiers.disk_loaded_pages)
     assert all(n >= args.prefix_tokens // p - 1 for n in disk_pages), f"the disk run loaded {disk_pages} pages"
-    return gaps
+    return gaps, ttft
 
 
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _median_ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1e3:.1f}" if values else "-"
 
 
 def main() -> None:
@@ -126,6 +156,15 @@ def main() -> None:
     parser.add_argument("--at", type=int, default=8, help="decode tokens made before the long prompt arrives")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch threads")
+    parser.add_argument(
+        "--attention-budget",
+        type=int,
+        nargs="*",
+        default=[2048, 8192, 16384],
+        help="mixed_prefill_attention of the bounded variants, one pair each (query tokens x positions attended per "
+        "step; none: no bounded variant)",
+    )
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds each engine rests after its warm-up")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--markdown")
     parser.add_argument("--json")
@@ -135,20 +174,25 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model)
-    gaps = measure(model, args)
+    gaps, ttft = measure(model, args)
     alone99 = _pct(gaps["alone"], 0.99)
     lines = [
         f"SmolLM2 ({args.model}), {args.device}, {torch.get_num_threads()} threads, pages of {args.page_size} "
         f"tokens; a decode's inter-token gaps while a {args.prefix_tokens}-token prefix arrives "
         f"({args.rounds} interleaved rounds, gaps pooled)",
         "",
-        "| the decode, while | gaps | p50 ms | p90 ms | p99 ms | p99 / alone |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| the decode, while | gaps | p50 ms | p90 ms | p99 ms | p99 / alone | the long prompt's TTFT, median ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     labels = {
         "alone": "nothing arrives",
         "disk": "the prefix loads from disk (prefetch readers)",
         "device": "the prefix hits the device",
+        **{
+            f"{kind}_bound{w}": f"the prefix {what}, attention bound {w}"
+            for w in args.attention_budget
+            for kind, what in (("disk", "loads from disk"), ("device", "hits the device"))
+        },
         "sync": "the prefix loads from disk, read on the loop (before)",
     }
     for key, label in labels.items():
@@ -156,7 +200,7 @@ def main() -> None:
         p99 = _pct(g, 0.99)
         lines.append(
             f"| {label} | {len(g)} | {statistics.median(g) * 1e3:.1f} | {_pct(g, 0.9) * 1e3:.1f} "
-            f"| {p99 * 1e3:.1f} | {p99 / alone99:.2f}x |"
+            f"| {p99 * 1e3:.1f} | {p99 / alone99:.2f}x | {_median_ms(ttft[key])} |"
         )
     load = os.getloadavg()
     lines.append(f"\nload average (1, 5, 15 min) at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
@@ -165,7 +209,7 @@ def main() -> None:
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
     if args.json:
-        Path(args.json).write_text(json.dumps({"gaps": gaps, "args": vars(args)}, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({"gaps": gaps, "ttft": ttft, "args": vars(args)}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ requests as the step's token budget allows (mixed batches, chunked prefill). Req
 
 - Budget: `max_prefill_tokens` prompt tokens per step while nothing decodes; `mixed_prefill_tokens` while requests
   decode, so that a long prompt arriving costs the running requests a bounded stall per token (chunking); at most
-  `max_prefill_seqs` requests' chunks per pass, each at most `prefill_chunk` tokens.
+  `max_prefill_seqs` requests' chunks per pass, each at most `prefill_chunk` tokens. `mixed_prefill_attention`
+  (off by default) also bounds the attention work of a step's chunks while requests decode (engine.prefill_budget).
 - In-flight sharing (`share_in_flight`): after each pass, every chunk's computed full pages (and every page a decode
   filled) go into the tree, still locked by their request (kv.manager.commit). A request that arrives while another
   computes the same prefix matches whatever pages exist by then.
@@ -48,6 +49,7 @@ import torch
 from radixcache import CacheFullError
 from radixcache.runtime.engine.errors import QueueTimeoutError, RequestTooLargeError
 from radixcache.runtime.engine.output import OutputProcessor, greedy_tokens
+from radixcache.runtime.engine.prefill_budget import StepBudget, check_attention_bound
 from radixcache.runtime.engine.request import Request, dequeued
 from radixcache.runtime.engine.runner import ModelRunner
 from radixcache.runtime.engine.schedule_order import admission_order, shares_uncommitted_pages
@@ -62,14 +64,16 @@ class SchedulerConfig:
     """schedule: lpm | fcfs | dfs-weight. max_prefill_tokens: prompt tokens per step while nothing decodes.
     mixed_prefill_tokens: prompt tokens per step while requests decode (bounds their stall). max_prefill_seqs:
     requests whose chunks share one pass (1: one at a time). prefill_chunk: most tokens of one request per pass.
-    max_running: most requests admitted at once (the decode batch). max_wait_steps / max_wait_s: starvation
-    guard. in_batch_sharing: defer a request sharing an uncached prefix with one being prefilled (cache-aware
-    schedules only; fcfs is the plain baseline). share_in_flight: commit pages to the tree as they are computed
-    (False: only when a request leaves, the baseline before in-flight sharing)."""
+    max_running: most requests admitted at once (the decode batch). mixed_prefill_attention: the most attention
+    work (query tokens x positions attended) of a step's chunks while requests decode (None: no bound; see
+    engine.prefill_budget). max_wait_steps / max_wait_s: starvation guard. in_batch_sharing: defer a request sharing
+    an uncached prefix with one being prefilled (cache-aware schedules only; fcfs is the plain baseline).
+    share_in_flight: commit pages to the tree as they are computed (False: only when a request leaves)."""
 
     schedule: str = "lpm"
     max_prefill_tokens: int = 1024
     mixed_prefill_tokens: int = 24
+    mixed_prefill_attention: int | None = None
     max_prefill_seqs: int = 16
     prefill_chunk: int = 512
     max_running: int = 64
@@ -85,6 +89,7 @@ class SchedulerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_attention_bound(self.mixed_prefill_attention)
 
 
 class Scheduler:
@@ -153,7 +158,9 @@ class Scheduler:
                 self._fail(r, QueueTimeoutError(f"request {r.rid} waited {waited:.1f} s without being admitted"))
         decodes = self._schedule_decodes()
         cfg = self.config
-        chunks = self._schedule_prefill(cfg.mixed_prefill_tokens if decodes else cfg.max_prefill_tokens, now)
+        work = cfg.mixed_prefill_attention if decodes else None  # a step without decodes stalls nobody
+        budget = StepBudget(cfg.mixed_prefill_tokens if decodes else cfg.max_prefill_tokens, cfg.prefill_chunk, work)
+        chunks = self._schedule_prefill(budget, now)
         if decodes or chunks:
             self._run(decodes, chunks)
         elif self.waiting and self.kv.tiers is not None:  # only prefetches to wait for: no busy loop
@@ -300,25 +307,26 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill and admission
 
-    def _chunk_size(self, req: Request, budget: int) -> int:
-        """Prompt positions `req` computes in this pass: what it lacks, within the budget left and `prefill_chunk`."""
-        return min(req.prefill_end - req.kv.num_kv, budget, self.config.prefill_chunk)
+    def _chunk(self, req: Request, budget: StepBudget, chunks: list[tuple[Request, int]]) -> int:
+        """Add `req`'s chunk of this pass (what it lacks, within `budget`) to `chunks`; its size (0: none)."""
+        n = budget.size(req.kv.num_kv, req.prefill_end - req.kv.num_kv, first=not chunks)
+        if n > 0:
+            chunks.append((req, n))
+            budget.take(req.kv.num_kv, n)
+        return n
 
-    def _schedule_prefill(self, budget: int, now: float) -> list[tuple[Request, int]]:
+    def _schedule_prefill(self, budget: StepBudget, now: float) -> list[tuple[Request, int]]:
         """The chunks of this pass: requests already prefilling first, then new admissions, within `budget`."""
         cfg = self.config
         chunks: list[tuple[Request, int]] = []
-        for r in self.prefilling:
-            if budget <= 0 or len(chunks) >= cfg.max_prefill_seqs:
+        for r in self.prefilling:  # one whose next token does not fit what is left goes first next step
+            if budget.spent or len(chunks) >= cfg.max_prefill_seqs or self._chunk(r, budget, chunks) <= 0:
                 return chunks
-            n = self._chunk_size(r, budget)
-            chunks.append((r, n))
-            budget -= n
-        if budget <= 0 or not self.waiting:
+        if budget.spent or not self.waiting:
             return chunks
         cached, order = self._order(now)
         for r in order:
-            if budget <= 0 or len(chunks) >= cfg.max_prefill_seqs:
+            if budget.spent or len(chunks) >= cfg.max_prefill_seqs:
                 break
             if len(self.prefilling) + len(self.decoding) >= cfg.max_running:
                 break
@@ -345,12 +353,10 @@ class Scheduler:
                 r.t_admitted = now
                 dequeued(r)
             self.prefilling.append(r)
-            n = self._chunk_size(r, budget)
-            if n > 0:
-                chunks.append((r, n))
-                budget -= n
-            else:  # a resumed request whose every position is cached: it decodes from the next step
+            if r.kv.num_kv >= r.prefill_end:  # a resumed request whose every position is cached: it decodes next
                 self._guard(r, self._start_decoding, r)
+                continue
+            self._chunk(r, budget, chunks)  # none: past this step's attention work, it runs among the prefilling next
         return chunks
 
     # ------------------------------------------------------------------ order
