@@ -61,8 +61,9 @@ class EngineConfig:
     `max_pinned_fraction`: the most of the pool that pins may lock (a pin past it is refused: its result's
     `pinned_tokens` is 0).
     Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.model.linear);
-    `quant="gguf"` keeps a GGUF file's Q4_1 / Q8_0 blocks for decode batches of up to 4 (the same weights, float32
-    arithmetic, a native kernel built on first use: runtime.model.block_linear; a loaded model needs `keep_blocks`);
+    `quant="gguf"` keeps a GGUF file's blocks for decode batches of up to 8 (the same weights; activations rounded
+    to int8 per 32 values in decode steps, float32 in prefill and the output head; native kernels built on first
+    use: runtime.model.block_linear; a loaded model needs `keep_blocks`);
     `threads` sets the torch threads of the engine loop (default: the constructing thread's count); with
     `thread_policy="adaptive"` (the default) the loop runs fewer while other programs take the cores and returns
     to `threads` when they are free (runtime.engine.threads), "fixed" always runs `threads`; `dtype` and

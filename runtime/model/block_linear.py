@@ -11,11 +11,15 @@ is faster. Two kernels take the same blocks:
 - "int8" (`qdot.c`): each token's activations quantised to int8 per 32 values (one scale per block, as llama.cpp's
   Q8_0 activations) and integer dot products (VNNI / AVX2); the error this adds is at most half a quantisation step
   of each activation block, 1/254 of its largest magnitude, times the weights' magnitudes.
-Measured on SmolLM2's Q4_1 file (docs/runtime.md, "int8 activations for GGUF blocks"): int8 decodes 1.53x (batch 1)
-and 1.35x (batch 8) as fast with one thread, but changes one of six greedy answers (through the output head), so
-the default is still DEFAULT_ACTIVATIONS; `activations=` or `$RADIXCACHE_GGUF_ACTIVATIONS` picks another. "auto" times
-both kernels once per process for each weight signature (block kinds, rows, columns), at 1 and 8 token rows, at
-its first call, and keeps the faster for every token count (a row's result never depends on its batch).
+Modes (`activations=`, else `$RADIXCACHE_GGUF_ACTIVATIONS`, else DEFAULT_ACTIVATIONS): "float", "int8" (that kernel
+in every pass), "int8-decode" (the default: int8 in decode and mixed passes, float in a pure prefill pass) and
+"auto" (times both kernels once per process for each weight signature (block kinds, rows, columns), at 1 and 8
+token rows, at its first call, and keeps the faster for every token count: a row's result never depends on its
+batch). model.llama builds the output head with "float" always. Why: on SmolLM2's Q4_1 file (docs/runtime.md,
+"int8 activations for GGUF blocks") the int8 products make a decode step about 1.3x as fast (the whole Engine
+gains less), and move perplexity by well under 1%, but int8 rounding of the final hidden state changed a greedy answer, and so did int8 at the prompt's last position:
+the France answer's first token is a near-tie (float32 logits 25.33 against 25.24) that a cached prompt's short
+tail (a prefill chunk of a few rows, here) would flip, while the same prompt uncached runs the dense float path.
 A fused matrix (q/k/v, gate/up) keeps one block part per source tensor, each writing its own columns of the output.
 """
 
@@ -38,8 +42,8 @@ KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 BLOCK = 32  # weights per block (a K-quant super-block holds 8 of them)
 BLOCK_ELEMS = {k: GGML_TYPES[GGML_TYPE_IDS[k]][1] for k in KINDS}
 BLOCK_BYTES = {k: GGML_TYPES[GGML_TYPE_IDS[k]][2] for k in KINDS}
-ACTIVATIONS = ("auto", "float", "int8")
-DEFAULT_ACTIVATIONS = "float"  # the module docstring says why
+ACTIVATIONS = ("auto", "float", "int8", "int8-decode")
+DEFAULT_ACTIVATIONS = "int8-decode"  # the module docstring says why; model.llama keeps the output head on "float"
 TIMING_ROUNDS = 5  # per kernel, alternating; the fastest round of each is compared
 
 
@@ -132,9 +136,12 @@ class BlockLinear:
         """Bytes a small-batch product streams: the blocks."""
         return sum(p.nbytes for p in self.parts)
 
-    def kernel_for(self, rows: int) -> str:
+    def kernel_for(self, rows: int, prefill: bool = False) -> str:
         """The kernel ("float" or "int8") a call with `rows` token rows (1..max_tokens) runs: one for every count,
-        so that a row's result does not depend on the batch it is in."""
+        so that a row's result does not depend on the batch it is in. "int8-decode" runs "float" for a pure
+        prefill pass (`prefill`) and "int8" otherwise."""
+        if self.activations == "int8-decode":
+            return "float" if prefill else "int8"
         if self.activations != "auto":
             return self.activations
         key = (self._signature, self.in_features)
@@ -178,5 +185,5 @@ class BlockLinear:
             raise ValueError(f"input has {x.shape[1]} features, the layer takes {self.in_features}")
         x = x.contiguous()
         y = torch.empty(rows, self.out_features, dtype=torch.float32)
-        self._run(self.kernel_for(rows), x, y)
+        self._run(self.kernel_for(rows, prefill), x, y)
         return y if self.bias is None else y + self.bias

@@ -143,21 +143,26 @@ class LlamaModel:
             return weights[name].to(device=self.device, dtype=dtype).contiguous()
 
         def linear(
-            names: Sequence[str], bias: torch.Tensor | None = None, weight: torch.Tensor | None = None
+            names: Sequence[str],
+            bias: torch.Tensor | None = None,
+            weight: torch.Tensor | None = None,
+            activations: str | None = None,
         ) -> Linear:
             """One layer for the weights `names` fused by rows (or `weight`, already loaded), with their GGUF
-            blocks where every one of them has blocks."""
+            blocks where every one of them has blocks (`activations`: their kernel's, None for the default)."""
             if weight is None:
                 weight = w(names[0]) if len(names) == 1 else torch.cat([w(n) for n in names])
             parts = None
             if quant == "gguf" and blocks is not None and all(n in blocks for n in names):
                 parts = [blocks[n] for n in names]
-            return make_linear(weight, bias, quant, parts)
+            return make_linear(weight, bias, quant, parts, activations)
 
         self.embed = w("model.embed_tokens.weight")
         tied = config.tie_embeddings or "lm_head.weight" not in weights
+        # The output head always takes float activations: int8 rounding of the final hidden state moved a greedy
+        # answer (docs/runtime.md, "int8 activations for GGUF blocks"); every other block matrix takes the default.
         self.lm_head = linear(
-            ["model.embed_tokens.weight" if tied else "lm_head.weight"], None, self.embed if tied else None
+            ["model.embed_tokens.weight" if tied else "lm_head.weight"], None, self.embed if tied else None, "float"
         )
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []

@@ -21,15 +21,17 @@ def make_linear(
     bias: torch.Tensor | None = None,
     quant: str = "none",
     blocks: Sequence[BlockWeight] | None = None,
+    activations: str | None = None,
 ) -> Linear:
     """The linear layer for `quant` ("none", "fp16" or "gguf"); weight `[out, in]`. With "gguf", `blocks` are the
-    weight's GGUF blocks (one part per fused source tensor); a weight without them stays dense."""
+    weight's GGUF blocks (one part per fused source tensor); a weight without them stays dense. `activations`: the
+    block kernel's (model.block_linear.ACTIVATIONS; None: `$RADIXCACHE_GGUF_ACTIVATIONS` or the default)."""
     if quant == "none" or (quant == "gguf" and not blocks):
         return DenseLinear(weight, bias)
     if quant == "fp16":
         return Float16Linear(weight, bias)
     if quant == "gguf":
-        return BlockLinear(weight, bias, blocks)  # type: ignore[arg-type]
+        return BlockLinear(weight, bias, blocks, activations)  # type: ignore[arg-type]
     raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {quant!r}")
 
 

@@ -14,6 +14,9 @@
  * Vector paths, chosen at build time (-march=native): AVX-512 VNNI with VL (vpdpbusd on 256-bit registers),
  * AVX-VNNI (its VEX form), AVX2 (vpmaddubsw + vpmaddwd), else portable C with int32 sums that the compiler
  * vectorises. `qdot_path()` names the one built. Kinds and the argument checks are blockdot.c's.
+ * At one token row a Q4_1 weight (SmolLM2's file) is read four rows at a time on the vector paths: the same
+ * numbers, bit for bit, 15-20% faster on cached blocks (measured at one thread); no faster when they stream from
+ * memory.
  */
 #include <math.h>
 #include <stdint.h>
@@ -240,6 +243,26 @@ static inline __attribute__((always_inline)) void row_kind(int kind, const uint8
     for (int t = 0; t < ntok; t++) out[t] = hsum(acc[t]) + extra[t];
 }
 
+/* Q4_1 at one token row, four weight rows at once: four independent accumulators (a row alone is one chain of
+ * dependent FMAs, one per block) and one load of each activation block for the four. Same arithmetic per row as
+ * row_kind. */
+static void q4_1_rows4(const uint8_t *row0, size_t row_bytes, const acts *a, float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float extra[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int b = 0; b < a->nb; b++) {
+        const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (size_t)b * QK));
+        const float xd = a->d[b], xs = a->s[b];
+        for (int r = 0; r < 4; r++) {
+            const block_q4_1 *w = (const block_q4_1 *)(row0 + (size_t)r * row_bytes) + b;
+            const __m256 p = _mm256_cvtepi32_ps(dot_us(nibbles32(w->qs), xq));
+            acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(half_to_float(w->d) * xd), acc[r]);
+            extra[r] += half_to_float(w->m) * xs;
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = hsum(acc[r]) + extra[r];
+}
+#define QDOT_ROWS4 1
+
 #else /* portable C */
 
 /* Weight block `blk` of a row as int16 values (a Q6_K value times its 16-element scale), with the float scale
@@ -365,14 +388,25 @@ int qdot_matmul(int nparts, const void *const *data, const int *kinds, const int
 #pragma omp for schedule(static)
         for (int i = 0; i < ntok * nb; i++) quantise_block(x, cols, nb, i, xq, xd, xs);
 #pragma omp for schedule(static)
-        for (int o = 0; o < total; o++) {
+        for (int g = 0; g < (total + 3) / 4; g++) { /* output rows in groups of four */
+            const int first = 4 * g, end = first + 4 < total ? first + 4 : total;
             int p = 0;
-            while (o >= start[p + 1]) p++;
-            const int kind = kinds[p];
-            const size_t row_bytes = (size_t)(cols / block_elems(kind)) * block_bytes(kind);
-            float out[BLOCKDOT_MAX_TOKENS];
-            fn(kind, (const uint8_t *)data[p] + (size_t)(o - start[p]) * row_bytes, &a, out);
-            for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
+            while (first >= start[p + 1]) p++;
+#ifdef QDOT_ROWS4
+            if (ntok == 1 && kinds[p] == KIND_Q4_1 && end - first == 4 && end <= start[p + 1]) {
+                const size_t row_bytes = (size_t)(cols / QK) * block_bytes(KIND_Q4_1);
+                q4_1_rows4((const uint8_t *)data[p] + (size_t)(first - start[p]) * row_bytes, row_bytes, &a, y + first);
+                continue;
+            }
+#endif
+            for (int o = first; o < end; o++) {
+                while (o >= start[p + 1]) p++;
+                const int kind = kinds[p];
+                const size_t row_bytes = (size_t)(cols / block_elems(kind)) * block_bytes(kind);
+                float out[BLOCKDOT_MAX_TOKENS];
+                fn(kind, (const uint8_t *)data[p] + (size_t)(o - start[p]) * row_bytes, &a, out);
+                for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
+            }
         }
     }
     free(buf);

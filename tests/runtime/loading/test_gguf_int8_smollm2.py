@@ -5,13 +5,14 @@ rows, as llama.cpp's own Q4_K_M of this model has).
 
 Perplexity (radixcache.runtime.quant_eval.perplexity, windows of 256 every 128 on 512 tokens of the GPL-3 text,
 chunks of 8 so that every product goes through the block kernel) and greedy answers on quant_eval.FIXED_PROMPTS.
-Measured (threads 2, load average 12 to 25): perplexity fp32 21.004, float 21.004, int8 20.979; greedy answers
-equal to the float path's in 4 of 6 (this test) and 5 of 6 (an earlier run; the dense prefill kernels differ from
-run to run): int8 answers the France question "L'Étoile, la Marseillaise, la femme," or "L'Étoile, la Cité, la
-Nation" (float: "The capital of France is Paris."), and once lists the colors on separate lines. With the output
-head (the tied embedding) on float activations, int8 answered Paris. The Q4_K_M-like file (this simple encoder,
-re-quantising the Q4_1 values): perplexity float 22.844, int8 22.753 (fp32 21.004); 5 of 6 greedy answers equal
-between the two kernels, both answering France with "L'Étoile de la Cité, ..." (the file's weights, not the kernel).
+"int8" here is qdot.c in every pass (prefill too, so that perplexity measures it); the output head takes float
+activations in every mode (model.llama). Measured 2026-12-04 (threads 2): perplexity fp32 21.004, float 21.004,
+int8 20.979; greedy answers equal to the float path's in 5 of 6, both answering "The capital of France is Paris.";
+int8 lists the primary colours on separate lines. (With the head on int8 too, an earlier run answered France
+"L'Étoile, la Cité, la Nation", llama.cpp's own answer on this file: the first token is a near-tie, float32 logits
+"The" 25.33 against "L" 25.24.) The Q4_K_M-like file (this simple encoder, re-quantising the Q4_1 values):
+perplexity float 22.844, int8 22.753 (fp32 21.004); 5 of 6 greedy answers equal between the two kernels, both
+answering France with "L'Étoile de la Cité, ..." (the file's weights, not the kernel).
 """
 
 from __future__ import annotations
@@ -84,9 +85,12 @@ def test_smollm2_q4_1_int8_perplexity_and_answers_match_the_float_path(
     answers = _answers({k: models[k] for k in ("float", "int8")}, loaded.tokenizer)
     print({k: [a.text for a in v] for k, v in answers.items()})
     same = [a.token_ids == b.token_ids for a, b in zip(answers["float"], answers["int8"], strict=True)]
-    # Measured 4 and 5 of 6 equal (the dense prefill kernels' choice varies from run to run): at least half.
+    # Measured 4 and 5 of 6 equal with the head on int8, 5 of 6 with it on float (the dense prefill kernels' choice
+    # varies from run to run): at least half.
     assert sum(same) >= 3, [(a.text, b.text) for a, b in zip(answers["float"], answers["int8"], strict=True)]
-    assert "Paris" in answers["float"][0].text and "4" in answers["int8"][4].text
+    # the output head on float activations keeps the France answer (on int8 it said "L'Étoile, ...")
+    assert "Paris" in answers["float"][0].text and "Paris" in answers["int8"][0].text, answers["int8"][0].text
+    assert "4" in answers["int8"][4].text
 
 
 def test_smollm2_as_a_q4_k_m_file_loads_answers_and_scores_near_fp32(

@@ -8,7 +8,8 @@ instructions this CPU lacks is skipped) must give, for each block kind and 1 to 
 - the float64 product of the unquantised activations within the int8 rounding bound: sum over blocks of
   d / 2 * sum |w| (half a step per activation), plus the same slack.
 Arguments out of range (token rows 0 or 9, columns not whole blocks of the kind, an unknown kind, rows past the
-output stride) are refused with -1 and nothing written. BlockLinear: "int8" and "float" each run their kernel,
+output stride) are refused with -1 and nothing written. BlockLinear: "int8" and "float" each run their kernel in
+every pass, the default "int8-decode" runs int8 in decode passes and float in a pure prefill pass,
 "auto" keeps one per signature and token count, the environment variable forces one, an unknown value is refused.
 """
 
@@ -89,8 +90,13 @@ def qdot(lib: ctypes.CDLL, parts: list[BlockWeight], x: torch.Tensor, ldy: int, 
     return lib.qdot_matmul(n, data, kinds, rows, cols, x.data_ptr(), x.shape[0], y.data_ptr(), ldy), y
 
 
+# ["Q4_1", "Q4_1"] (3 + 5 rows): output rows 0-3 straddle the parts (row by row), 4-7 lie in one (the four-row
+# Q4_1 path at one token)
+LAYOUTS = [[k] for k in KINDS] + [["Q4_K", "Q6_K", "Q8_0", "Q4_1"], ["Q4_1", "Q4_1"]]
+
+
 @pytest.mark.parametrize("ntok", [1, 2, 3, 5, 8])
-@pytest.mark.parametrize("layout", [[k] for k in KINDS] + [["Q4_K", "Q6_K", "Q8_0", "Q4_1"]], ids=lambda v: "+".join(v))
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda v: "+".join(v))
 def test_int8_products_match_both_references(lib: ctypes.CDLL, layout: list[str], ntok: int) -> None:
     cols = 512
     parts = [random_blocks(k, 3 + 2 * i, cols, seed=17 * i + ntok) for i, k in enumerate(layout)]
@@ -161,10 +167,15 @@ def test_each_activation_mode_runs_its_kernel(monkeypatch: pytest.MonkeyPatch) -
     int8_vs_seen = (int8_layer(x).double() - torch.from_numpy(seen @ w.double().numpy().T)).abs().max().item()
     assert float_err < 1e-4 and int8_vs_seen < 1e-4
     assert (int8_layer(x).double() - exact).abs().max().item() > 10 * float_err  # int8 is not the float product
+    assert torch.equal(int8_layer(x, prefill=True), int8_layer(x))  # "int8": every pass
+    monkeypatch.delenv("RADIXCACHE_GGUF_ACTIVATIONS", raising=False)
+    default, _ = _layer(None)  # "int8-decode": int8 in decode passes, float in a pure prefill pass
+    assert default.activations == "int8-decode"
+    assert torch.equal(default(x), int8_layer(x)) and torch.equal(default(x, prefill=True), float_layer(x))
     monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "int8")
     assert _layer(None)[0].kernel_for(3) == "int8"
     monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "fp8")
-    with pytest.raises(ValueError, match="activations must be one of auto, float, int8, got 'fp8'"):
+    with pytest.raises(ValueError, match="activations must be one of auto, float, int8, int8-decode, got 'fp8'"):
         _layer(None)
 
 
