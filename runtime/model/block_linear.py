@@ -13,13 +13,14 @@ is faster. Two kernels take the same blocks:
   of each activation block, 1/254 of its largest magnitude, times the weights' magnitudes.
 Modes (`activations=`, else `$RADIXCACHE_GGUF_ACTIVATIONS`, else DEFAULT_ACTIVATIONS): "float", "int8" (that kernel
 in every pass), "int8-decode" (the default: int8 in decode and mixed passes, float in a pure prefill pass) and
-"auto" (times both kernels once per process for each weight signature (block kinds, rows, columns), at 1 and 8
-token rows, at its first call, and keeps the faster for every token count: a row's result never depends on its
-batch). model.llama builds the output head with "float" always. Why: on SmolLM2's Q4_1 file (docs/runtime.md,
-"int8 activations for GGUF blocks") the int8 products make a decode step about 1.3x as fast (the whole Engine
-gains less), and move perplexity by well under 1%, but int8 rounding of the final hidden state changed a greedy answer, and so did int8 at the prompt's last position:
-the France answer's first token is a near-tie (float32 logits 25.33 against 25.24) that a cached prompt's short
-tail (a prefill chunk of a few rows, here) would flip, while the same prompt uncached runs the dense float path.
+"auto" (times both kernels once per process for each weight signature (block kinds, rows, columns), at 1 and 8 token
+rows, at its first call, and keeps the faster for every token count: a row's result never depends on its batch).
+model.llama builds the output head with "float" always. Why: on SmolLM2's Q4_1 file (docs/runtime.md, "int8
+activations for GGUF blocks") the int8 products make a decode step about 1.3x as fast (the whole Engine gains less),
+and move perplexity by well under 1%, but int8 rounding of the final hidden state changed a greedy answer, and so
+did int8 at the prompt's last position: the France answer's first token is a near-tie (float32 logits 25.33 against
+25.24) that a cached prompt's short tail (a prefill chunk of a few rows, here) would flip, while the same prompt
+uncached runs the dense float path.
 A fused matrix (q/k/v, gate/up) keeps one block part per source tensor, each writing its own columns of the output.
 """
 
