@@ -28,8 +28,8 @@ def contiguous_step(model: LlamaModel, pool: KVPool, token: int, length: int) ->
         vals = vp[0, :length].transpose(0, 1).unsqueeze(0)
         return F.scaled_dot_product_attention(q.view(1, kvh, g, d), keys, vals).reshape(1, -1, d)
 
-    hidden = model._layers(torch.tensor([token]), positions, pool, positions, attend, False)
-    return model._logits(hidden, prefill=False)
+    hidden = model._layers(torch.tensor([token]), positions, pool, positions, attend, False, 1)
+    return model._logits(hidden, prefill=False, decode_rows=1)
 
 
 PAGED_PATHS = {

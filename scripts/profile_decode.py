@@ -101,9 +101,9 @@ class LabelledLinear:
     def nbytes(self) -> int:
         return self.inner.nbytes
 
-    def __call__(self, x: torch.Tensor, prefill: bool = False) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, prefill: bool = False, *, decode_rows: int | None = None) -> torch.Tensor:
         with record_function(self.name):
-            return self.inner(x, prefill)
+            return self.inner(x, prefill, decode_rows=decode_rows)
 
 
 class SiluTimesUp:

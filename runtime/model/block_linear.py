@@ -11,16 +11,20 @@ is faster. Two kernels take the same blocks:
 - "int8" (`qdot.c`): each token's activations quantised to int8 per 32 values (one scale per block, as llama.cpp's
   Q8_0 activations) and integer dot products (VNNI / AVX2); the error this adds is at most half a quantisation step
   of each activation block, 1/254 of its largest magnitude, times the weights' magnitudes.
-Modes (`activations=`, else `$RADIXCACHE_GGUF_ACTIVATIONS`, else DEFAULT_ACTIVATIONS): "float", "int8" (that kernel
-in every pass), "int8-decode" (the default: int8 in decode and mixed passes, float in a pure prefill pass) and
-"auto" (times both kernels once per process for each weight signature (block kinds, rows, columns), at 1 and 8 token
-rows, at its first call, and keeps the faster for every token count: a row's result never depends on its batch).
-model.llama builds the output head with "float" always. Why: on SmolLM2's Q4_1 file (docs/runtime.md, "int8
-activations for GGUF blocks") the int8 products make a decode step about 1.3x as fast (the whole Engine gains less),
-and move perplexity by well under 1%, but int8 rounding of the final hidden state changed a greedy answer, and so
-did int8 at the prompt's last position: the France answer's first token is a near-tie (float32 logits 25.33 against
-25.24) that a cached prompt's short tail (a prefill chunk of a few rows, here) would flip, while the same prompt
-uncached runs the dense float path.
+Modes (`activations=`, else `$RADIXCACHE_GGUF_ACTIVATIONS`, else DEFAULT_ACTIVATIONS): "float" (the default),
+"int8" (that kernel in every pass), "int8-decode" (int8 for decode rows, in groups of up to `max_tokens`, float for
+prefill-chunk rows whatever else shares their pass, so a row's result depends on its kind, never on its batch; the
+model says which rows decode with `decode_rows`, and a caller that does not gets int8 unless `prefill`) and "auto"
+(times both kernels once per process for each weight signature (block kinds, rows, columns), at 1 and 8 token rows,
+at its first call, and keeps the faster for every token count). model.llama builds the output head with "float"
+always: int8 rounding of the final hidden state changed a greedy answer (docs/runtime.md).
+Why float stays the default although int8 makes a decode step about 1.3x as fast (perplexity moves well under 1%):
+int8 rounding is a step function, so it turns the float32 noise of everything before it into jumps. A prefill's
+float products differ by ~1e-5 between 1 and 2 threads (MKL's split) or between a cached and an uncached prompt
+(the attention's pieces); each int8 layer multiplies such a difference (a 1e-6 relative change of one layer's input
+moved its output 5e-5, against 0.26 between int8 and float), and after 30 layers a greedy decode's logits differ by
+0.3 to 0.5 (SmolLM2 Q4_1, 1 against 2 threads; 5e-5 with float activations). The engine's promise that the cache,
+the batch and the thread count change no output would then hold only up to near-ties; with float it holds to 1e-4.
 A fused matrix (q/k/v, gate/up) keeps one block part per source tensor, each writing its own columns of the output.
 """
 
@@ -44,7 +48,7 @@ BLOCK = 32  # weights per block (a K-quant super-block holds 8 of them)
 BLOCK_ELEMS = {k: GGML_TYPES[GGML_TYPE_IDS[k]][1] for k in KINDS}
 BLOCK_BYTES = {k: GGML_TYPES[GGML_TYPE_IDS[k]][2] for k in KINDS}
 ACTIVATIONS = ("auto", "float", "int8", "int8-decode")
-DEFAULT_ACTIVATIONS = "int8-decode"  # the module docstring says why; model.llama keeps the output head on "float"
+DEFAULT_ACTIVATIONS = "float"  # the module docstring says why; model.llama keeps the output head on "float" always
 TIMING_ROUNDS = 5  # per kernel, alternating; the fastest round of each is compared
 
 
@@ -167,6 +171,35 @@ class BlockLinear:
                 share[name] += best[name] / sum(best.values())
         return min(share, key=lambda name: share[name])
 
+    def _by_row_kind(self, x: torch.Tensor, decodes: int, prefill: bool) -> torch.Tensor:
+        """ "int8-decode" with the rows' kinds known: the first `decodes` rows on the int8 kernel, `max_tokens` at a
+        time, the prefill-chunk rows after them on the float kernel (or the dense layer past `max_tokens`). So a
+        decode row gets the same result alone, in a batch of 16 or beside a 500-token chunk, and a chunk's last row
+        the same as in a pure prefill pass (float: the block and dense products differ only in summation order)."""
+        if x.shape[1] != self.in_features:
+            raise ValueError(f"input has {x.shape[1]} features, the layer takes {self.in_features}")
+        x = x.contiguous()
+        rows = x.shape[0]
+        chunk_rows = rows - decodes
+        if chunk_rows > self.max_tokens:
+            dense = self.dense(x[decodes:], prefill)  # carries the bias
+            if not decodes:
+                return dense
+            y = torch.empty(rows, self.out_features, dtype=torch.float32)
+            y[decodes:] = dense
+        else:
+            y = torch.empty(rows, self.out_features, dtype=torch.float32)
+            if chunk_rows:
+                self._run("float", x[decodes:], y[decodes:])
+        for lo in range(0, decodes, self.max_tokens):
+            hi = min(decodes, lo + self.max_tokens)
+            self._run("int8", x[lo:hi], y[lo:hi])
+        if self.bias is None:
+            return y
+        kernel_rows = decodes if chunk_rows > self.max_tokens else rows
+        y[:kernel_rows] += self.bias
+        return y
+
     def _run(self, kernel: str, x: torch.Tensor, y: torch.Tensor) -> None:
         rows = x.shape[0]
         status = self._kernels[kernel](
@@ -175,11 +208,13 @@ class BlockLinear:
         if status != 0:  # the arguments are checked by the caller; -2 is a failed allocation in the kernel
             raise RuntimeError(f"the {kernel} block kernel refused its arguments (status {status})")
 
-    def __call__(self, x: torch.Tensor, prefill: bool = False) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, prefill: bool = False, *, decode_rows: int | None = None) -> torch.Tensor:
         if x.dim() != 2:
-            y = self(x.reshape(-1, x.shape[-1]), prefill)
+            y = self(x.reshape(-1, x.shape[-1]), prefill, decode_rows=decode_rows)
             return y.reshape(*x.shape[:-1], y.shape[-1])
         rows = x.shape[0]
+        if self.activations == "int8-decode" and decode_rows is not None and rows and x.dtype == torch.float32:
+            return self._by_row_kind(x, min(max(decode_rows, 0), rows), prefill)
         if rows == 0 or rows > self.max_tokens or x.dtype != torch.float32:
             return self.dense(x, prefill)
         if x.shape[1] != self.in_features:

@@ -40,11 +40,13 @@ PATHS = ("linear", "mm_t", "onednn")  # F.linear; (W @ x.T).T, one row padded to
 
 class Linear(Protocol):
     """What the model calls: `[T, in]` -> `[T, out]` in the model's dtype (any leading shape works).
-    `prefill` says the rows are a prefill chunk (a kernel may pick its summation order by it)."""
+    `prefill` says the rows are a prefill chunk (a kernel may pick its summation order by it); `decode_rows`, when
+    the caller knows it, says the first that many rows are decode rows and the rest prefill-chunk rows (a kernel
+    whose arithmetic differs by the kind of row uses it: model.block_linear's "int8-decode")."""
 
     out_features: int
 
-    def __call__(self, x: torch.Tensor, prefill: bool = False) -> torch.Tensor: ...
+    def __call__(self, x: torch.Tensor, prefill: bool = False, *, decode_rows: int | None = None) -> torch.Tensor: ...
 
     @property
     def nbytes(self) -> int: ...
@@ -116,7 +118,7 @@ class DenseLinear:
         y = torch.mm(self.weight, padded.t())[:, :rows].t()
         return y if self.bias is None else y + self.bias
 
-    def __call__(self, x: torch.Tensor, prefill: bool = False) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, prefill: bool = False, *, decode_rows: int | None = None) -> torch.Tensor:
         if x.dim() != 2:
             return _rows(self, x, prefill)
         rows = x.shape[0]
@@ -148,7 +150,7 @@ class Float16Linear:
     def nbytes(self) -> int:
         return self._nbytes
 
-    def __call__(self, x: torch.Tensor, prefill: bool = False) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, prefill: bool = False, *, decode_rows: int | None = None) -> torch.Tensor:
         if x.dim() != 2:
             return _rows(self, x, prefill)
         return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)

@@ -234,8 +234,8 @@ class LlamaModel:
             def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 return self._prefill_attend(layer, q, k, v, meta, mask, pool)  # noqa: B023 (called within the loop)
 
-            outs.append(self._layers(ids[lo:hi], positions, pool, meta.slots, attend, True))
-        return self._logits(torch.cat(outs), prefill=True)
+            outs.append(self._layers(ids[lo:hi], positions, pool, meta.slots, attend, True, 0))
+        return self._logits(torch.cat(outs), prefill=True, decode_rows=0)
 
     def decode(
         self,
@@ -311,12 +311,12 @@ class LlamaModel:
         # `prefill` lets a linear kind pick its summation order for a pure prefill (model.linear keeps F.linear for
         # 17-63 rows there); a mixed pass takes the fastest kernel for its rows, as a decode batch does.
         prefill = bool(chunks) and decode is None
-        hidden = self._layers(_cat(ids_parts), _cat(pos_parts), pool, _cat(slot_parts), attend, prefill)
+        hidden = self._layers(_cat(ids_parts), _cat(pos_parts), pool, _cat(slot_parts), attend, prefill, b)
         if parts:  # the decode rows and each chunk's last row: the only logits anyone reads
             wanted = [*range(b), *(hi - 1 for _, hi, _, _ in parts)]
             if len(wanted) < hidden.shape[0]:
                 hidden = hidden.index_select(0, torch.tensor(wanted, device=dev))
-        logits = self._logits(hidden, prefill=prefill)
+        logits = self._logits(hidden, prefill=prefill, decode_rows=b)
         return ForwardLogits(logits[:b] if decode is not None else None, logits[b:] if parts else None)
 
     # ------------------------------------------------------------------ private
@@ -381,7 +381,10 @@ class LlamaModel:
         slots: torch.Tensor,
         attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
         prefill: bool,
+        decode_rows: int,
     ) -> torch.Tensor:
+        """The decoder layers over rows `[decode_rows decode rows | prefill-chunk rows]` (model.linear: a kernel may
+        treat the two kinds differently, never by the batch they share)."""
         cfg = self.config
         t = ids.numel()
         h, kvh, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
@@ -389,18 +392,20 @@ class LlamaModel:
         cos, sin = self.cos[positions].unsqueeze(1), self._signed_sin[positions].unsqueeze(1)  # once per forward
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(self._norm(x, layer.ln_in, eps), prefill)
+            qkv = layer.qkv(self._norm(x, layer.ln_in, eps), prefill, decode_rows=decode_rows)
             qk = _rope_signed(qkv[:, :qk_size].reshape(t, h + kvh, d), cos, sin)  # q and k rotated in one pass
             q, k = qk[:, :h].contiguous(), qk[:, h:]  # SDPA's fused CPU kernel wants a dense q
             v = qkv[:, qk_size:].reshape(t, kvh, d)
             pool.write(i, slots, k, v)
-            x = x + layer.o(attend(i, q, k, v).reshape(t, h * d), prefill)
-            gate, up = layer.gate_up(self._norm(x, layer.ln_post, eps), prefill).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up, prefill)
+            x = x + layer.o(attend(i, q, k, v).reshape(t, h * d), prefill, decode_rows=decode_rows)
+            gated = layer.gate_up(self._norm(x, layer.ln_post, eps), prefill, decode_rows=decode_rows)
+            gate, up = gated.chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up, prefill, decode_rows=decode_rows)
         return x
 
-    def _logits(self, hidden: torch.Tensor, prefill: bool) -> torch.Tensor:
-        return self.lm_head(self._norm(hidden, self.norm, self.config.rms_norm_eps), prefill).float()
+    def _logits(self, hidden: torch.Tensor, prefill: bool, decode_rows: int) -> torch.Tensor:
+        norm = self._norm(hidden, self.norm, self.config.rms_norm_eps)
+        return self.lm_head(norm, prefill, decode_rows=decode_rows).float()
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm: the native one for the small batches of quant="gguf" (runtime.native.ops), else `rms_norm`."""

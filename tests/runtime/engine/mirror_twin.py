@@ -60,7 +60,7 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what
     assert err <= bound, f"{what}: mirror vs paged logits differ by {err} (bound {bound})"
 
 
-def _boom(x: torch.Tensor, prefill: bool = False) -> torch.Tensor:
+def _boom(x: torch.Tensor, prefill: bool = False, *, decode_rows: int | None = None) -> torch.Tensor:
     raise RuntimeError("injected failure")
 
 

@@ -9,7 +9,7 @@ instructions this CPU lacks is skipped) must give, for each block kind and 1 to 
   d / 2 * sum |w| (half a step per activation), plus the same slack.
 Arguments out of range (token rows 0 or 9, columns not whole blocks of the kind, an unknown kind, rows past the
 output stride) are refused with -1 and nothing written. BlockLinear: "int8" and "float" each run their kernel in
-every pass, the default "int8-decode" runs int8 in decode passes and float in a pure prefill pass,
+every pass (float is the default), "int8-decode" runs int8 in decode passes and float in a pure prefill pass,
 "auto" keeps one per signature and token count, the environment variable forces one, an unknown value is refused.
 """
 
@@ -169,9 +169,10 @@ def test_each_activation_mode_runs_its_kernel(monkeypatch: pytest.MonkeyPatch) -
     assert (int8_layer(x).double() - exact).abs().max().item() > 10 * float_err  # int8 is not the float product
     assert torch.equal(int8_layer(x, prefill=True), int8_layer(x))  # "int8": every pass
     monkeypatch.delenv("RADIXCACHE_GGUF_ACTIVATIONS", raising=False)
-    default, _ = _layer(None)  # "int8-decode": int8 in decode passes, float in a pure prefill pass
-    assert default.activations == "int8-decode"
-    assert torch.equal(default(x), int8_layer(x)) and torch.equal(default(x, prefill=True), float_layer(x))
+    default, _ = _layer(None)
+    assert default.activations == "float" and torch.equal(default(x), float_layer(x))
+    decode_mode, _ = _layer("int8-decode")  # int8 in decode passes, float in a pure prefill pass
+    assert torch.equal(decode_mode(x), int8_layer(x)) and torch.equal(decode_mode(x, prefill=True), float_layer(x))
     monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "int8")
     assert _layer(None)[0].kernel_for(3) == "int8"
     monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "fp8")
