@@ -20,11 +20,12 @@ at its first call, and keeps the faster for every token count). model.llama buil
 always: int8 rounding of the final hidden state changed a greedy answer (docs/runtime.md).
 Why float stays the default although int8 makes a decode step about 1.3x as fast (perplexity moves well under 1%):
 int8 rounding is a step function, so it turns the float32 noise of everything before it into jumps. A prefill's
-float products differ by ~1e-5 between 1 and 2 threads (MKL's split) or between a cached and an uncached prompt
-(the attention's pieces); each int8 layer multiplies such a difference (a 1e-6 relative change of one layer's input
-moved its output 5e-5, against 0.26 between int8 and float), and after 30 layers a greedy decode's logits differ by
-0.3 to 0.5 (SmolLM2 Q4_1, 1 against 2 threads; 5e-5 with float activations). The engine's promise that the cache,
-the batch and the thread count change no output would then hold only up to near-ties; with float it holds to 1e-4.
+float products differ by ~1e-5 between 1 and 2 threads (MKL's split), and likely between a cached and an uncached
+prompt (the attention's pieces; not measured apart); each int8 layer multiplies such a difference (a 1e-6 relative
+change of one layer's input moved its output 5e-5, against 0.26 between int8 and float), and after 30 layers a
+greedy decode's logits differ by 0.3 to 0.5 (SmolLM2 Q4_1, 1 against 2 threads; 5e-5 with float activations).
+The engine's promise that the cache, the batch and the thread count change no output would then hold only up to
+near-ties; with float it holds to 1e-4.
 A fused matrix (q/k/v, gate/up) keeps one block part per source tensor, each writing its own columns of the output.
 """
 
