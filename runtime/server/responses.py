@@ -79,9 +79,17 @@ class Responder:
         return {
             "tokens": tokens,
             "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{self.token_text(t): lp for t, lp in e.top} for e in entries],
+            "top_logprobs": [self._top_by_text(e.top) for e in entries],
             "text_offset": offsets,
         }
+
+    def _top_by_text(self, top: Sequence[tuple[int, float]]) -> dict[str, float]:
+        """The legacy shape keys alternatives by text, and distinct tokens can share one (an id past the tokenizer's
+        vocabulary decodes to ""): the most likely keeps the key (`top` runs from the most likely down)."""
+        out: dict[str, float] = {}
+        for token_id, logprob in top:
+            out.setdefault(self.token_text(token_id), logprob)
+        return out
 
     def token_text(self, token_id: int) -> str:
         """A token as OpenAI writes it: its text, or `bytes:\\xNN...` when it is not whole UTF-8 on its own."""

@@ -31,6 +31,14 @@ def fresh_ids(n: int) -> list[int]:
     return torch.randint(1, 250, (n,), generator=rng).tolist()
 
 
+def openai_text(raw: bytes) -> str:
+    """A token's text as OpenAI's legacy logprobs write it: `bytes:\\xNN...` when it is part of a character."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
 def test_logprobs_match_a_softmax_of_the_reference_forward(client, loaded) -> None:
     prompt = fresh_ids(30)
     r = client.completions.create(model="tiny", prompt=prompt, max_tokens=5, temperature=0, logprobs=5)
@@ -42,16 +50,14 @@ def test_logprobs_match_a_softmax_of_the_reference_forward(client, loaded) -> No
         if chosen == EOS:  # a final stop token has no logprob entry (nor text): the response ends before it
             assert len(lp.tokens) == t
             break
-        raw = loaded.tokenizer.token_bytes(chosen)
-        try:
-            text = raw.decode()
-        except UnicodeDecodeError:  # part of a character: OpenAI's "bytes:\xNN" form
-            text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-        assert lp.tokens[t] == text
+        assert lp.tokens[t] == openai_text(loaded.tokenizer.token_bytes(chosen))
         assert lp.token_logprobs[t] == pytest.approx(float(logprobs[chosen]), abs=1e-4)
-        want_top = torch.topk(logprobs, 5).values.tolist()
-        got_top = sorted(lp.top_logprobs[t].values(), reverse=True)
-        assert len(got_top) <= 5 and got_top == pytest.approx(want_top[: len(got_top)], abs=1e-4)
+        top = torch.topk(logprobs, 5)
+        want_top: dict[str, float] = {}  # keyed by text: tokens that share one (ids past the vocabulary all decode
+        for value, token_id in zip(top.values.tolist(), top.indices.tolist(), strict=True):  # to "") keep the
+            want_top.setdefault(openai_text(loaded.tokenizer.token_bytes(token_id)), value)  # most likely's
+        assert lp.top_logprobs[t].keys() == want_top.keys()
+        assert list(lp.top_logprobs[t].values()) == pytest.approx(list(want_top.values()), abs=1e-4)
         ids.append(chosen)
     assert len(lp.text_offset) == len(lp.tokens) and lp.text_offset[:1] in ([], [0])  # empty if EOS came first
 
