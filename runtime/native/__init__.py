@@ -28,7 +28,7 @@ from pathlib import Path
 import torch  # noqa: F401  (loaded first on purpose: its libgomp is the one the library binds to)
 
 SOURCE = Path(__file__).with_name("blockdot.c")
-SOURCES = (SOURCE, SOURCE.with_name("qdot.c"))  # compiled into one library
+SOURCES = (SOURCE, SOURCE.with_name("qdot.c"), SOURCE.with_name("decode_attention.c"))  # one library
 HEADERS = (SOURCE.with_name("ggml_blocks.h"),)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 LIBS = ("-lm",)  # after the source: linkers drop a library named before the objects that need it

@@ -15,8 +15,8 @@
  * The library is built against the libgomp that torch has loaded (runtime/native/__init__.py).
  * Vector paths: AVX-512, AVX2 + FMA, else portable C (chosen at build time by -march=native).
  *
- * The same mode's decode step also calls two small kernels from here, `native_rms_norm` and
- * `native_decode_attention` (runtime/native/ops.py): at batch 1 the eager step's per-call overhead, not
+ * The same mode's decode step also calls `native_rms_norm` from here and `native_decode_attention`
+ * (decode_attention.c) through runtime/native/ops.py: at batch 1 the eager step's per-call overhead, not
  * arithmetic, is what they remove.
  */
 #include <math.h>
@@ -346,61 +346,4 @@ int native_rms_norm(const float *x, const float *w, int rows, int cols, float ep
         for (int c = 0; c < cols; c++) o[c] = w[c] * (xr[c] / rms);
     }
     return 0;
-}
-
-/* Decode attention: one query token per sequence over contiguous head-major KV rows (runtime/decode_mirror.py),
- * k[b * row_stride + h * head_stride + j * head_dim + i] for sequence b, KV head h, position j < lengths[b] <=
- * capacity. q and out are [batch, heads, head_dim]; the heads / kv_heads query heads of a group share KV head h
- * (no KV head is repeated). Softmax in float32 with the maximum subtracted. Returns 0, or -1 for bad arguments
- * (nothing is written then) or a failed allocation. */
-int native_decode_attention(const float *q, int batch, int heads, int kv_heads, int head_dim, const float *k,
-                            const float *v, long row_stride, long head_stride, const int *lengths, int capacity,
-                            float *out) {
-    if (batch < 1 || kv_heads < 1 || heads < kv_heads || heads % kv_heads || head_dim < 1) return -1;
-    for (int b = 0; b < batch; b++)
-        if (lengths[b] < 1 || lengths[b] > capacity) return -1;
-    const int group = heads / kv_heads;
-    const float scale = 1.0f / sqrtf((float)head_dim);
-    int status = 0;
-#pragma omp parallel for collapse(2) schedule(static) reduction(min : status)
-    for (int b = 0; b < batch; b++) {
-        for (int h = 0; h < kv_heads; h++) {
-            const int n = lengths[b];
-            const float *kb = k + (size_t)b * row_stride + (size_t)h * head_stride;
-            const float *vb = v + (size_t)b * row_stride + (size_t)h * head_stride;
-            float *scores = malloc(sizeof(float) * (size_t)group * n);
-            if (scores == NULL) {
-                status = -1;
-                continue;
-            }
-            for (int g = 0; g < group; g++) {
-                const float *qg = q + ((size_t)b * heads + (size_t)h * group + g) * head_dim;
-                float *s = scores + (size_t)g * n;
-                float m = -INFINITY;
-                for (int j = 0; j < n; j++) {
-                    const float *kj = kb + (size_t)j * head_dim;
-                    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                    for (int i = 0; i < head_dim; i++) dot += qg[i] * kj[i];
-                    s[j] = dot * scale;
-                    if (s[j] > m) m = s[j];
-                }
-                float sum = 0.0f;
-                for (int j = 0; j < n; j++) {
-                    s[j] = expf(s[j] - m);
-                    sum += s[j];
-                }
-                float *o = out + ((size_t)b * heads + (size_t)h * group + g) * head_dim;
-                for (int i = 0; i < head_dim; i++) o[i] = 0.0f;
-                for (int j = 0; j < n; j++) {
-                    const float p = s[j] / sum;
-                    const float *vj = vb + (size_t)j * head_dim;
-#pragma omp simd
-                    for (int i = 0; i < head_dim; i++) o[i] += p * vj[i];
-                }
-            }
-            free(scores);
-        }
-    }
-    return status;
 }

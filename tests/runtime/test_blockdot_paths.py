@@ -1,8 +1,8 @@
-"""Every vector path of runtime/native/blockdot.c against a float64 reference, not only the one `-march=native`
-picks here: the source is compiled three times with explicit flags (AVX-512, AVX2 + FMA, portable C) and each
-build's `blockdot_matmul` must compute `x @ W.T` for dequantised Q4_1 / Q8_0 weights (fused parts, 1 to 8 token
-rows) within float32 summation-order tolerance, and refuse arguments out of range without writing anything; the
-native RMSNorm and decode attention of the same library against float64 references.
+"""Every vector path of runtime/native/blockdot.c and decode_attention.c against a float64 reference, not only the
+one `-march=native` picks here: the sources are compiled three times with explicit flags (AVX-512, AVX2 + FMA,
+portable C) and each build's `blockdot_matmul` must compute `x @ W.T` for dequantised Q4_1 / Q8_0 weights (fused
+parts, 1 to 8 token rows) within float32 summation-order tolerance, and refuse arguments out of range without
+writing anything; the native RMSNorm and decode attention of the same library against float64 references.
 A path whose instructions this CPU lacks is skipped."""
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if needs is not None and needs not in set(cpu_fields().get("flags", "").split()):
         pytest.skip(f"this CPU has no {needs}: the {request.param} path cannot run here")
     out = tmp_path_factory.mktemp(request.param) / "blockdot.so"
-    cmd = [CC, "-O2", *flags, "-fopenmp", "-shared", "-fPIC", "-std=c11", str(SOURCE), "-o", str(out), "-lm"]
+    sources = [str(SOURCE), str(SOURCE.with_name("decode_attention.c"))]
+    cmd = [CC, "-O2", *flags, "-fopenmp", "-shared", "-fPIC", "-std=c11", *sources, "-o", str(out), "-lm"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     lib = ctypes.CDLL(str(out))
@@ -128,23 +129,33 @@ def test_each_path_computes_rms_norm(build: tuple[ctypes.CDLL, int], rows: int) 
     torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4), (8, 1)])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "d", "lengths"),
+    [
+        (9, 3, 16, [5, 1, 40]),
+        (4, 4, 16, [5, 1, 40]),
+        (8, 1, 16, [5, 1, 40]),
+        (9, 3, 64, [300, 128, 129, 1]),  # SmolLM2's heads; spans of 128 positions: whole, one over, several
+        (9, 3, 12, [257, 3]),  # a head size no vector width divides
+        (34, 2, 16, [200]),  # a group of 17 query heads: more than one item takes at once (16)
+    ],
+)
 def test_each_path_computes_decode_attention_over_rows(
-    build: tuple[ctypes.CDLL, int], heads: int, kv_heads: int
+    build: tuple[ctypes.CDLL, int], heads: int, kv_heads: int, d: int, lengths: list[int]
 ) -> None:
     """Rows `[rows, KV, capacity, D]` as the decode mirror holds them, each sequence reading its own length;
     against float64 softmax attention with KV heads repeated in the reference only."""
     lib, _ = build
     _load_ops(lib)
-    g = torch.Generator().manual_seed(heads)
-    lengths, cap, d = [5, 1, 40], 48, 16
-    k = torch.randn(4, kv_heads, cap, d, generator=g)
-    v = torch.randn(4, kv_heads, cap, d, generator=g)
-    q = torch.randn(3, heads, d, generator=g)
+    g = torch.Generator().manual_seed(heads + d)
+    batch, cap = len(lengths), max(lengths) + 8
+    k = torch.randn(batch + 1, kv_heads, cap, d, generator=g)
+    v = torch.randn(batch + 1, kv_heads, cap, d, generator=g)
+    q = torch.randn(batch, heads, d, generator=g) * 2  # sharper softmaxes than unit queries give
     out = torch.empty_like(q)
-    lens = (ctypes.c_int * 3)(*lengths)
+    lens = (ctypes.c_int * batch)(*lengths)
     status = lib.native_decode_attention(
-        q.data_ptr(), 3, heads, kv_heads, d, k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), lens, cap,
+        q.data_ptr(), batch, heads, kv_heads, d, k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), lens, cap,
         out.data_ptr(),
     )  # fmt: skip
     assert status == 0

@@ -83,3 +83,24 @@ def test_decode_through_a_native_mirror_equals_decode_through_a_pytorch_mirror(o
         assert err <= 1e-5 * scale, f"step {step} ({keys}): native vs PyTorch attention differ by {err}"
         for k in keys:
             lengths[k] += 1
+
+
+@pytest.mark.parametrize("lengths", [[1], [600], [128, 129, 2000]])
+def test_native_decode_attention_gives_the_same_bits_on_one_and_on_two_threads(
+    ops: NativeDecodeOps, lengths: list[int]
+) -> None:
+    """Its work is split by position spans fixed by the lengths, never by the thread count, and merged in position
+    order: the engine changes its thread count with the machine's load, and a greedy answer must not change."""
+    g = torch.Generator().manual_seed(len(lengths))
+    cap = max(lengths)
+    keys, values = torch.randn(2, len(lengths), 3, cap, 64, generator=g).unbind(0)
+    q = torch.randn(len(lengths), 9, 64, generator=g) * 3
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 1):
+            torch.set_num_threads(threads)
+            outs.append(ops.attend(q, keys, values, lengths))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

@@ -1,0 +1,221 @@
+/* Decode attention: one query token per sequence over contiguous head-major KV rows (runtime/kv/mirror.py),
+ * k[b * row_stride + h * head_stride + j * head_dim + i] for sequence b, KV head h, position j < lengths[b] <=
+ * capacity. q and out are [batch, heads, head_dim]; the heads / kv_heads query heads of a group share KV head h
+ * (no KV head is repeated). Softmax in float32 with the maximum subtracted.
+ *
+ * Split-K ("flash decoding"): the work items are (sequence, KV head, span of ATTN_SPAN positions), so that batch 1
+ * with 3 KV heads still keeps every thread busy. An item reads each key and value row once for all the query
+ * heads of its group, and keeps (max, sum of exp, unnormalised output) per query head; a second pass merges the
+ * spans of each (sequence, head) in position order. Spans are fixed by position, never by the thread count, so
+ * the result is the same bits on any number of threads. exp runs 16 (AVX-512) or 8 (AVX2) lanes at a time: a
+ * Cephes-style polynomial: relative error at most 8.1e-8 against exp in double over [-87, 0] (checked).
+ *
+ * Measured 2026-12-04 (SmolLM2's 9 query / 3 KV heads of 64, one sequence, 30 layers' KV so that each call reads
+ * it cold, against the one-item-per-KV-head loop this replaced): 2 threads 80 -> 58 us a layer at 600 positions,
+ * 251 -> 146 at 2,000, 551 -> 298 at 4,000 (about 20 GB/s of KV, the machine's read bandwidth); 1 thread 1.3x to
+ * 1.4x. Outputs within 3e-7 of the old loop's. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define ATTN_SPAN 128     /* positions per work item */
+#define ATTN_MAX_GROUP 16 /* query heads an item handles at once; larger groups run in slices of this many */
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+/* exp's reduction and polynomial (Cephes expf): x = n ln2 + r, |r| <= ln2 / 2, exp(r) = 1 + r + r^2 p(r). */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+#define EXP_MIN -87.0f /* exp(-87) ~ 1.6e-38: still a normal float, so 2^n below never underflows the exponent */
+#endif
+
+#if defined(__AVX512F__)
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* s[j] = exp(s[j] - m) for j < n; returns their sum. */
+static float exp_shifted(float *s, int n, float m) {
+    int j = 0;
+    float sum = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; j + 16 <= n; j += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m)));
+        _mm512_storeu_ps(s + j, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    sum = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m)));
+        _mm256_storeu_ps(s + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int i = 0; i < 8; i++) sum += lanes[i];
+#endif
+    for (; j < n; j++) {
+        s[j] = expf(s[j] - m);
+        sum += s[j];
+    }
+    return sum;
+}
+
+static inline float dot(const float *a, const float *b, int d) {
+#if defined(__AVX512F__)
+    if (d % 16 == 0) {
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(b));
+        for (int i = 16; i < d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+        return _mm512_reduce_add_ps(acc);
+    }
+#endif
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < d; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* One work item: query heads q[0..g) (rows of head_dim) over positions [j0, j1) of one KV head. Writes per head
+ * its maximum score mx[h], its sum of exp(score - mx) l[h], and o[h * head_dim ..] = sum of exp(score - mx) v. */
+static void attend_span(const float *q, int g, int head_dim, const float *kb, const float *vb, int j0, int j1,
+                        float scale, float *mx, float *l, float *o) {
+    float scores[ATTN_MAX_GROUP * ATTN_SPAN];
+    const int n = j1 - j0;
+    for (int h = 0; h < g; h++) mx[h] = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float *kj = kb + (size_t)(j0 + j) * head_dim;
+        for (int h = 0; h < g; h++) {
+            const float s = dot(q + (size_t)h * head_dim, kj, head_dim) * scale;
+            scores[h * ATTN_SPAN + j] = s;
+            if (s > mx[h]) mx[h] = s;
+        }
+    }
+    for (int h = 0; h < g; h++) l[h] = exp_shifted(scores + h * ATTN_SPAN, n, mx[h]);
+    for (int i = 0; i < g * head_dim; i++) o[i] = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const float *vj = vb + (size_t)(j0 + j) * head_dim;
+        for (int h = 0; h < g; h++) {
+            const float p = scores[h * ATTN_SPAN + j];
+            float *oh = o + (size_t)h * head_dim;
+#pragma omp simd
+            for (int i = 0; i < head_dim; i++) oh[i] += p * vj[i];
+        }
+    }
+}
+
+/* Returns 0, or -1 for bad arguments (nothing is written then) or a failed allocation. */
+int native_decode_attention(const float *q, int batch, int heads, int kv_heads, int head_dim, const float *k,
+                            const float *v, long row_stride, long head_stride, const int *lengths, int capacity,
+                            float *out) {
+    if (batch < 1 || kv_heads < 1 || heads < kv_heads || heads % kv_heads || head_dim < 1) return -1;
+    for (int b = 0; b < batch; b++)
+        if (lengths[b] < 1 || lengths[b] > capacity) return -1;
+    const int group = heads / kv_heads;
+    const int slices = (group + ATTN_MAX_GROUP - 1) / ATTN_MAX_GROUP;
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    /* first[b]: sequence b's first span's index; its spans are first[b] .. first[b + 1] - 1 (per KV head slice) */
+    int *first = malloc(sizeof(int) * (size_t)(batch + 1));
+    if (first == NULL) return -1;
+    first[0] = 0;
+    for (int b = 0; b < batch; b++) first[b + 1] = first[b] + (lengths[b] + ATTN_SPAN - 1) / ATTN_SPAN;
+    const int spans = first[batch];
+    const long items = (long)spans * kv_heads * slices;
+    /* per item and query head: max, sum, then head_dim outputs */
+    const size_t per_head = (size_t)head_dim + 2;
+    float *part = malloc(sizeof(float) * (size_t)items * ATTN_MAX_GROUP * per_head);
+    int *span_seq = malloc(sizeof(int) * (size_t)(spans > 0 ? spans : 1));
+    if (part == NULL || span_seq == NULL) {
+        free(first);
+        free(part);
+        free(span_seq);
+        return -1;
+    }
+    for (int b = 0; b < batch; b++)
+        for (int s = first[b]; s < first[b + 1]; s++) span_seq[s] = b;
+#pragma omp parallel for schedule(static)
+    for (long it = 0; it < items; it++) {
+        const int s = (int)(it / ((long)kv_heads * slices));
+        const int h = (int)(it / slices % kv_heads);
+        const int slice = (int)(it % slices);
+        const int b = span_seq[s];
+        const int j0 = (s - first[b]) * ATTN_SPAN;
+        const int j1 = j0 + ATTN_SPAN < lengths[b] ? j0 + ATTN_SPAN : lengths[b];
+        const int g0 = slice * ATTN_MAX_GROUP;
+        const int g = group - g0 < ATTN_MAX_GROUP ? group - g0 : ATTN_MAX_GROUP;
+        const float *qh = q + ((size_t)b * heads + (size_t)h * group + g0) * head_dim;
+        const float *kb = k + (size_t)b * row_stride + (size_t)h * head_stride;
+        const float *vb = v + (size_t)b * row_stride + (size_t)h * head_stride;
+        float *p = part + (size_t)it * ATTN_MAX_GROUP * per_head;
+        attend_span(qh, g, head_dim, kb, vb, j0, j1, scale, p, p + ATTN_MAX_GROUP, p + 2 * ATTN_MAX_GROUP);
+    }
+    /* merge each (sequence, query head)'s spans in position order */
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < batch; b++) {
+        for (int hq = 0; hq < heads; hq++) {
+            const int h = hq / group, slice = (hq % group) / ATTN_MAX_GROUP, gi = (hq % group) % ATTN_MAX_GROUP;
+            float m = -INFINITY;
+            for (int s = first[b]; s < first[b + 1]; s++) {
+                const float *p = part + ((size_t)((long)s * kv_heads + h) * slices + slice) * ATTN_MAX_GROUP * per_head;
+                if (p[gi] > m) m = p[gi];
+            }
+            float *o = out + ((size_t)b * heads + hq) * head_dim;
+            for (int i = 0; i < head_dim; i++) o[i] = 0.0f;
+            float sum = 0.0f;
+            for (int s = first[b]; s < first[b + 1]; s++) {
+                const float *p = part + ((size_t)((long)s * kv_heads + h) * slices + slice) * ATTN_MAX_GROUP * per_head;
+                const float w = expf(p[gi] - m);
+                sum += w * p[ATTN_MAX_GROUP + gi];
+                const float *po = p + 2 * ATTN_MAX_GROUP + (size_t)gi * head_dim;
+#pragma omp simd
+                for (int i = 0; i < head_dim; i++) o[i] += w * po[i];
+            }
+            const float inv = 1.0f / sum;
+#pragma omp simd
+            for (int i = 0; i < head_dim; i++) o[i] *= inv;
+        }
+    }
+    free(first);
+    free(part);
+    free(span_seq);
+    return 0;
+}
