@@ -52,9 +52,12 @@ static inline float hsum256(__m256 v) {
 }
 #endif
 
-/* One output row of a Q4_1 weight for `ntok` tokens: out[t] = row . x[t]. xsum[t * nb + b]: block sums of x. */
-static inline void q4_1_row(const block_q4_1 *row, int nb, const float *x, int cols, int ntok, const float *xsum,
-                            float *out) {
+/* One output row of a Q4_1 weight for `ntok` tokens: out[t] = row . x[t]. xsum[t * nb + b]: block sums of x.
+ * Always inlined into q4_1_row_n's cases: with `ntok` a constant the per-token accumulators stay in registers.
+ * As a variable they lived on the stack and every block waited on a store and a load: all SmolLM2 Q4_1 products
+ * of a token took 6.7 ms against 5.1 now at 1 row, 12.3 against 10.4 at 4 (2 threads, measured 2026-12-04). */
+static inline __attribute__((always_inline)) void q4_1_row(const block_q4_1 *row, int nb, const float *x, int cols,
+                                                           int ntok, const float *xsum, float *out) {
     float mterm[BLOCKDOT_MAX_TOKENS] = {0};
 #if defined(__AVX512F__)
     __m512 acc[BLOCKDOT_MAX_TOKENS];
@@ -120,8 +123,9 @@ static inline void q4_1_row(const block_q4_1 *row, int nb, const float *x, int c
 #endif
 }
 
-/* One output row of a Q8_0 weight for `ntok` tokens. */
-static inline void q8_0_row(const block_q8_0 *row, int nb, const float *x, int cols, int ntok, float *out) {
+/* One output row of a Q8_0 weight for `ntok` tokens (inlined as q4_1_row is). */
+static inline __attribute__((always_inline)) void q8_0_row(const block_q8_0 *row, int nb, const float *x, int cols,
+                                                           int ntok, float *out) {
 #if defined(__AVX512F__)
     __m512 acc[BLOCKDOT_MAX_TOKENS];
     for (int t = 0; t < ntok; t++) acc[t] = _mm512_setzero_ps();
@@ -166,6 +170,37 @@ static inline void q8_0_row(const block_q8_0 *row, int nb, const float *x, int c
     }
     for (int t = 0; t < ntok; t++) out[t] = acc[t];
 #endif
+}
+
+/* q4_1_row and q8_0_row with `ntok` a compile-time constant in each case (the same operations in the same order:
+ * the same bits as with a variable count). BLOCKDOT_MAX_TOKENS is 8. */
+static void q4_1_row_n(const block_q4_1 *row, int nb, const float *x, int cols, int ntok, const float *xsum,
+                       float *out) {
+    switch (ntok) {
+    case 1: q4_1_row(row, nb, x, cols, 1, xsum, out); break;
+    case 2: q4_1_row(row, nb, x, cols, 2, xsum, out); break;
+    case 3: q4_1_row(row, nb, x, cols, 3, xsum, out); break;
+    case 4: q4_1_row(row, nb, x, cols, 4, xsum, out); break;
+    case 5: q4_1_row(row, nb, x, cols, 5, xsum, out); break;
+    case 6: q4_1_row(row, nb, x, cols, 6, xsum, out); break;
+    case 7: q4_1_row(row, nb, x, cols, 7, xsum, out); break;
+    case 8: q4_1_row(row, nb, x, cols, 8, xsum, out); break;
+    default: q4_1_row(row, nb, x, cols, ntok, xsum, out);
+    }
+}
+
+static void q8_0_row_n(const block_q8_0 *row, int nb, const float *x, int cols, int ntok, float *out) {
+    switch (ntok) {
+    case 1: q8_0_row(row, nb, x, cols, 1, out); break;
+    case 2: q8_0_row(row, nb, x, cols, 2, out); break;
+    case 3: q8_0_row(row, nb, x, cols, 3, out); break;
+    case 4: q8_0_row(row, nb, x, cols, 4, out); break;
+    case 5: q8_0_row(row, nb, x, cols, 5, out); break;
+    case 6: q8_0_row(row, nb, x, cols, 6, out); break;
+    case 7: q8_0_row(row, nb, x, cols, 7, out); break;
+    case 8: q8_0_row(row, nb, x, cols, 8, out); break;
+    default: q8_0_row(row, nb, x, cols, ntok, out);
+    }
 }
 
 /* One block of any other kind decoded into float32 (`block_elems(kind)` values), in dequant.py's order. */
@@ -322,9 +357,9 @@ int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const
         const uint8_t *row = (const uint8_t *)data[p] + (size_t)r * nblocks * block_bytes(kind);
         float out[BLOCKDOT_MAX_TOKENS];
         if (kind == KIND_Q4_1)
-            q4_1_row((const block_q4_1 *)row, nb, x, cols, ntok, xsum, out);
+            q4_1_row_n((const block_q4_1 *)row, nb, x, cols, ntok, xsum, out);
         else if (kind == KIND_Q8_0)
-            q8_0_row((const block_q8_0 *)row, nb, x, cols, ntok, out);
+            q8_0_row_n((const block_q8_0 *)row, nb, x, cols, ntok, out);
         else
             generic_row(kind, row, nblocks, x, cols, ntok, out);
         for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
