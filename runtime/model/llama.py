@@ -32,6 +32,7 @@ from radixcache.runtime.model.attention import (
     uses_split_prefill,
 )
 from radixcache.runtime.model.batch import DecodeBatch, ForwardLogits, PrefillChunk
+from radixcache.runtime.model.fused_decode import FusedDecode
 from radixcache.runtime.model.linear import Linear
 from radixcache.runtime.model.prefix_pages import plan_prefix, prefix_pieces
 from radixcache.runtime.model.quant import check_quant, make_linear
@@ -184,7 +185,7 @@ class LlamaModel:
             )
         self.cos, self.sin = rope_tables(config, self.device, dtype)
         half = config.head_dim // 2
-        self._signed_sin = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)  # see _rope_signed
+        self.signed_sin = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)  # see _rope_signed
 
     # ------------------------------------------------------------------ public API
 
@@ -311,7 +312,8 @@ class LlamaModel:
         # `prefill` lets a linear kind pick its summation order for a pure prefill (model.linear keeps F.linear for
         # 17-63 rows there); a mixed pass takes the fastest kernel for its rows, as a decode batch does.
         prefill = bool(chunks) and decode is None
-        hidden = self._layers(_cat(ids_parts), _cat(pos_parts), pool, _cat(slot_parts), attend, prefill, b)
+        fused = FusedDecode.build(self, pool, decode, len(chunks))
+        hidden = self._layers(_cat(ids_parts), _cat(pos_parts), pool, _cat(slot_parts), fused or attend, prefill, b)
         if parts:  # the decode rows and each chunk's last row: the only logits anyone reads
             wanted = [*range(b), *(hi - 1 for _, hi, _, _ in parts)]
             if len(wanted) < hidden.shape[0]:
@@ -379,25 +381,29 @@ class LlamaModel:
         positions: torch.Tensor,
         pool: KVPool,
         slots: torch.Tensor,
-        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | FusedDecode,
         prefill: bool,
         decode_rows: int,
     ) -> torch.Tensor:
         """The decoder layers over rows `[decode_rows decode rows | prefill-chunk rows]` (model.linear: a kernel may
-        treat the two kinds differently, never by the batch they share)."""
+        treat the two kinds differently, never by the batch they share); a FusedDecode replaces RoPE to attention."""
         cfg = self.config
         t = ids.numel()
         h, kvh, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
         qk_size = (h + kvh) * d
-        cos, sin = self.cos[positions].unsqueeze(1), self._signed_sin[positions].unsqueeze(1)  # once per forward
+        cos, sin = self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)  # once per forward
         x = F.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._norm(x, layer.ln_in, eps), prefill, decode_rows=decode_rows)
-            qk = _rope_signed(qkv[:, :qk_size].reshape(t, h + kvh, d), cos, sin)  # q and k rotated in one pass
-            q, k = qk[:, :h].contiguous(), qk[:, h:]  # SDPA's fused CPU kernel wants a dense q
-            v = qkv[:, qk_size:].reshape(t, kvh, d)
-            pool.write(i, slots, k, v)
-            x = x + layer.o(attend(i, q, k, v).reshape(t, h * d), prefill, decode_rows=decode_rows)
+            if isinstance(attend, FusedDecode):
+                att = attend(i, qkv)
+            else:
+                qk = _rope_signed(qkv[:, :qk_size].reshape(t, h + kvh, d), cos, sin)  # q and k rotated in one pass
+                q, k = qk[:, :h].contiguous(), qk[:, h:]  # SDPA's fused CPU kernel wants a dense q
+                v = qkv[:, qk_size:].reshape(t, kvh, d)
+                pool.write(i, slots, k, v)
+                att = attend(i, q, k, v)
+            x = x + layer.o(att.reshape(t, h * d), prefill, decode_rows=decode_rows)
             gated = layer.gate_up(self._norm(x, layer.ln_post, eps), prefill, decode_rows=decode_rows)
             gate, up = gated.chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up, prefill, decode_rows=decode_rows)

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch  # noqa: F401  (loaded first on purpose: its libgomp is the one the library binds to)
 
 SOURCE = Path(__file__).with_name("blockdot.c")
-SOURCES = (SOURCE, SOURCE.with_name("qdot.c"), SOURCE.with_name("decode_attention.c"))  # one library
+SOURCES = tuple(SOURCE.with_name(n) for n in ("blockdot.c", "qdot.c", "decode_attention.c", "decode_store.c"))
 HEADERS = (SOURCE.with_name("ggml_blocks.h"),)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 LIBS = ("-lm",)  # after the source: linkers drop a library named before the objects that need it
@@ -68,6 +68,13 @@ def blockdot() -> ctypes.CDLL:
     lib.native_decode_attention.argtypes = [ptr, num, num, num, num, ptr, ptr, ctypes.c_long, ctypes.c_long, ptr]
     lib.native_decode_attention.argtypes += [num, ptr]
     lib.native_decode_attention.restype = ctypes.c_int
+    # (qkv, rows, heads, kv heads, head dim, positions, cos, signed sin, max position, q out, pool k, pool v, slots,
+    #  slot count, mirror k, mirror v, mirror row stride, mirror head stride, mirror rows, mirror positions,
+    #  mirror row count, mirror capacity) -> 0, or -1 (decode_store.c)
+    long = ctypes.c_long
+    lib.native_rope_store.argtypes = [ptr, num, num, num, num, ptr, ptr, ptr, long, ptr, ptr, ptr, ptr, long]
+    lib.native_rope_store.argtypes += [ptr, ptr, long, long, ptr, ptr, long, long]
+    lib.native_rope_store.restype = ctypes.c_int
     return lib
 
 

@@ -6,8 +6,9 @@ about 40 us as six calls, and PyTorch's flash kernel about 70 us for one query o
 native functions do the same work in one call each (blockdot.c: `native_rms_norm`, `native_decode_attention`),
 in float32 with the sum of squares in double and a max-subtracted softmax: the same function, other rounding.
 
-`NativeDecodeOps` is what the model (its norms, for up to `max_rows` rows) and the decode mirror (its attention)
-call in that mode; anything else (more rows, another dtype or device) goes back to the PyTorch versions.
+`NativeDecodeOps` is what the model (its norms, for up to `max_rows` rows; a decode pass's RoPE and K/V stores,
+runtime.model.fused_decode) and the decode mirror (its attention) call in that mode; anything else (more rows,
+another dtype or device) goes back to the PyTorch versions.
 """
 
 from __future__ import annotations
@@ -64,6 +65,37 @@ class NativeDecodeOps:
         if status != 0:
             raise ValueError(f"native_decode_attention refused lengths {list(lengths)} for rows {tuple(keys.shape)}")
         return out
+
+    def rope_store(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        positions: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor],
+        pool_kv: tuple[torch.Tensor, torch.Tensor],
+        slots: torch.Tensor,
+        mirror_kv: tuple[torch.Tensor, torch.Tensor],
+        mirror_at: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """decode_store.c: RoPE of the q and k heads of qkv `[T, (H + 2 KV) * D]` at `positions` (`tables`: cos and
+        signed sin, `[max_position, D]`), k and v stored at the pool's flat `slots` (`pool_kv`: one layer's K and
+        V, `[blocks, page, KV, D]`) and in the mirror's rows (`mirror_kv`: `[rows, KV, capacity, D]`) at
+        `mirror_at` (row and position of each batch element). Returns q `[T, H, D]`. The int64 index tensors and
+        every float32 tensor must be contiguous on the CPU (the caller checks once per pass)."""
+        pool_k, pool_v = pool_kv
+        mirror_k, mirror_v = mirror_kv
+        rows, cos = qkv.shape[0], tables[0]
+        kv_heads, d = pool_k.shape[-2], pool_k.shape[-1]
+        q = torch.empty(rows, heads, d)
+        status = self._lib.native_rope_store(
+            qkv.data_ptr(), rows, heads, kv_heads, d, positions.data_ptr(), cos.data_ptr(), tables[1].data_ptr(),
+            cos.shape[0], q.data_ptr(), pool_k.data_ptr(), pool_v.data_ptr(), slots.data_ptr(),
+            pool_k.numel() // (kv_heads * d), mirror_k.data_ptr(), mirror_v.data_ptr(), mirror_k.stride(0),
+            mirror_k.stride(1), mirror_at[0].data_ptr(), mirror_at[1].data_ptr(), mirror_k.shape[0], mirror_k.shape[2],
+        )  # fmt: skip
+        if status != 0:
+            raise ValueError(f"native_rope_store refused positions, slots or mirror places for {rows} rows")
+        return q
 
 
 def _cpu_f32(*tensors: torch.Tensor) -> bool:
