@@ -35,12 +35,20 @@ def start_child(target: Callable[..., None], args: tuple, name: str) -> tuple[An
     process and the read end. The parent keeps no copy of the write end, so the pipe closes when the child does."""
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=target, args=(*args, sender), daemon=True, name=name)
+    process = context.Process(target=_child, args=(target, receiver, *args, sender), daemon=True, name=name)
     with warnings.catch_warnings():  # Python 3.12+ warns of any fork beside threads: the child never meets them
         warnings.simplefilter("ignore", DeprecationWarning)
         process.start()
     sender.close()
     return process, receiver
+
+
+def _child(target: Callable[..., None], receiver: Connection, *args: Any) -> None:
+    """The forked child: close its copy of the read end, then run `target(*args)`. While that copy is open, a send
+    to a parent that stopped reading (a replay that stops early) blocks for ever instead of raising BrokenPipeError,
+    and the parent waited 5 s for the child before killing it."""
+    receiver.close()
+    target(*args)
 
 
 class ForkedCall(Generic[T]):

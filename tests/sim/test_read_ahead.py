@@ -101,9 +101,11 @@ def test_a_replay_that_stops_early_leaves_no_reader(tmp_path: Path) -> None:
     path = chat_trace(tmp_path)
     requests = read_ahead(open_source(str(path)), batch=2)
     first = [next(requests) for _ in range(3)]
-    assert len(first) == 3 and multiprocessing.active_children()
+    [reader] = multiprocessing.active_children()
+    assert len(first) == 3
     requests.close()
     assert not multiprocessing.active_children()
+    assert reader.exitcode == 0  # it saw the closed pipe and ended, not killed after a wait (exit code -9)
 
 
 def test_the_cli_reads_ahead_on_request_with_the_same_report(tmp_path: Path) -> None:
