@@ -21,12 +21,12 @@ Markers: an HTML comment on the line just above a fence, `<!-- doc-test: KEY[=VA
   fails (so a document whose commands all fall to EXTERNAL_SKIPS or skip markers cannot pass by running nothing),
   and so does one that carries it but runs a command (a stale reason).
 
-Consecutive steps run in one interpreter when nothing of the shell is needed: a run of bash steps whose every
-line is a plain `radixcache ARGS` (no pipe, redirection, variable or `&&`) calls the same click entry point as the
-installed command once per line, in order, each line's exit code checked; a run of python steps executes each in a
-fresh namespace. The same commands, in the same order, in the same directory and environment; a process start
-(Python, torch) per run instead of per command. Blocks with shell syntax, and the README's main command, run in
-bash as written.
+Consecutive steps run in one interpreter when nothing of the shell is needed: in a run of bash steps whose every
+line is a plain `radixcache ARGS` (no pipe, redirection, variable or `&&`) and python steps, all with the same
+`tiny` marker, each bash line calls the same click entry point as the installed command, its exit code checked,
+and each python step executes in a fresh namespace, in order. The same commands, in the same order, in the same
+directory and environment; a process start (Python, torch) per run instead of per command. Blocks with shell
+syntax, and the README's main command, run in bash as written.
 
 `bash scripts/setup.sh && ` before a command is dropped: .ci/run has just run it, and running it again would
 reinstall the virtual environment under the running tests. Documents other engineers own carry no markers;
@@ -230,20 +230,25 @@ def in_process(block: Block) -> list[list[str]] | None:
 
 
 def batches(steps: list[Block]) -> list[tuple[str | None, list[Block]]]:
-    """Consecutive steps that one interpreter can run, as (kind, steps) in order: kind "python" or "cli" (same
-    `tiny` marker throughout), or None for a step that runs alone (needs a shell, or is the README's main command,
-    which runs exactly as a user types it)."""
+    """Consecutive steps that one interpreter can run, as (kind, steps) in order: kind "python", "cli" or "mixed"
+    (python and cli steps; the same `tiny` marker throughout), or None for a step that runs alone (needs a shell,
+    or is the README's main command, which runs exactly as a user types it)."""
     out: list[tuple[str | None, list[Block]]] = []
     for step in steps:
         kind = "python" if step.lang == "python" else "cli" if in_process(step) is not None else None
         if step.doc == "README.md" and "cheap" in step.markers and "tiny" not in step.markers:
             kind = None
-        key = None if kind is None else f"{kind}{'+tiny' if 'tiny' in step.markers else ''}"
+        key = None if kind is None else "tiny" if "tiny" in step.markers else "real"
         if key is not None and out and out[-1][0] == key:
             out[-1][1].append(step)
         else:
             out.append((key, [step]))
-    return [(None if key is None else key.split("+")[0], group) for key, group in out]
+    return [(None if key is None else _kind(group), group) for key, group in out]
+
+
+def _kind(group: list[Block]) -> str:
+    langs = {"python" if step.lang == "python" else "cli" for step in group}
+    return langs.pop() if len(langs) == 1 else "mixed"
 
 
 def run_batch(kind: str | None, group: list[Block], cwd: Path, tiny_dir: Path) -> None:
@@ -340,7 +345,10 @@ def test_the_marker_helpers() -> None:
     main_command = Block("README.md", 9, "bash", "radixcache replay\n", {"cheap": "--limit 1"})
     piped = Block("docs/x.md", 7, "bash", "printf 'hi' | radixcache chat\n")
     kinds = [(kind, [b.line for b in group]) for kind, group in batches([plain, plain, snippet, piped, main_command])]
-    assert kinds == [("cli", [1, 1]), ("python", [5]), (None, [7]), (None, [9])]
+    assert kinds == [("mixed", [1, 1, 5]), (None, [7]), (None, [9])]
+    tiny_snippet = Block("docs/x.md", 11, "python", "print(2)\n", {"tiny": ""})
+    kinds = [(kind, [b.line for b in group]) for kind, group in batches([plain, tiny_snippet, snippet, snippet])]
+    assert kinds == [("cli", [1]), ("python", [11]), ("python", [5, 5])]  # a tiny step runs apart from the others
     readme = blocks("README.md")
     assert any("radixcache replay" in b.text and "cheap" in b.markers for b in readme)
     ci = (REPO / ".ci" / "run").read_text()
