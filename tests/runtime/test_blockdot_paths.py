@@ -12,13 +12,16 @@ import os
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 
 from radixcache.runtime.machine import cpu_fields
 from radixcache.runtime.model.block_linear import BlockWeight
+from radixcache.runtime.model.dequant import GGML_TYPE_IDS
 from radixcache.runtime.native import SOURCE
 from radixcache.runtime.testing import random_block_weight
+from tests.runtime.loading.kquants import quantize
 
 CC = os.environ.get("CC", "cc")
 pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler here")
@@ -189,3 +192,27 @@ def test_decode_attention_refuses_bad_arguments_and_writes_nothing(
     )  # fmt: skip
     assert status == -1, case
     assert (out == 7.0).all(), case
+
+
+@pytest.mark.parametrize("ntok", [1, 3, 8])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_each_path_multiplies_every_other_kind_as_its_dequantised_weight(
+    build: tuple[ctypes.CDLL, int], kind: str, ntok: int
+) -> None:
+    """The kinds without a hand-written row (their blocks decoded, 16 values at a time with AVX-512), against the
+    float64 product with the weight the `gguf`-checked dequantiser reads from the same bytes."""
+    lib, _ = build
+    rows, cols = 11, 512
+    w = np.random.default_rng(ntok).normal(0, 1, (rows, cols)).astype(np.float32)
+    part = BlockWeight(kind, torch.from_numpy(quantize(w, kind).reshape(rows, -1).copy()), cols)
+    x = torch.randn(ntok, cols, generator=torch.Generator().manual_seed(ntok))
+    n = 1
+    data = (ctypes.c_void_p * n)(part.data.data_ptr())
+    kind_ids = (ctypes.c_int * n)(GGML_TYPE_IDS[kind])
+    count = (ctypes.c_int * n)(rows)
+    y = torch.full((ntok, rows), 7.0)
+    assert lib.blockdot_matmul(n, data, kind_ids, count, cols, x.data_ptr(), ntok, y.data_ptr(), rows) == 0
+    dense = part.dequantize().double()
+    want = x.double() @ dense.T
+    bound = REL_TO_ABS_SUM * (x.double().abs() @ dense.abs().T)
+    assert ((y.double() - want).abs() <= bound).all(), (y.double() - want).abs().max()
