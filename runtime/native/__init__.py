@@ -29,7 +29,7 @@ import torch  # noqa: F401  (loaded first on purpose: its libgomp is the one the
 
 SOURCE = Path(__file__).with_name("blockdot.c")
 SOURCES = tuple(SOURCE.with_name(n) for n in ("blockdot.c", "qdot.c", "decode_attention.c", "decode_store.c"))
-HEADERS = (SOURCE.with_name("ggml_blocks.h"),)
+HEADERS = (SOURCE.with_name("ggml_blocks.h"), SOURCE.with_name("block_decode.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 LIBS = ("-lm",)  # after the source: linkers drop a library named before the objects that need it
 

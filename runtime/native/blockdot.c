@@ -203,98 +203,12 @@ static void q8_0_row_n(const block_q8_0 *row, int nb, const float *x, int cols, 
     }
 }
 
-#if defined(__AVX512F__)
-/* 16 bytes as 16 int32 lanes. */
-static inline __m512i bytes16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
-
-/* decode_block's kinds 16 values at a time: the same operations on each value, in the same order, so the same bits
- * as the scalar loops below (this file is ISO C: no contraction into fused multiply-adds). The scalar loops ran
- * about 90 cycles a 32-value block; a SmolLM2 Q4_K_M-like file's products took 40 ms a token against 5.7 with the
- * int8 kernel (2 threads, measured 2026-12-04). Returns 0 for a kind it does not take. */
-static inline __attribute__((always_inline)) int decode_block16(int kind, const uint8_t *blk, float *w) {
-    const __m512i nibble = _mm512_set1_epi32(0x0F);
-    switch (kind) {
-    case KIND_Q4_0: {
-        const block_q4_0 *b = (const block_q4_0 *)blk;
-        const __m512 d = _mm512_set1_ps(half_to_float(b->d));
-        const __m512i q = bytes16(b->qs), eight = _mm512_set1_epi32(8);
-        const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(q, nibble), eight);
-        const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight);
-        _mm512_storeu_ps(w, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
-        _mm512_storeu_ps(w + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
-        return 1;
-    }
-    case KIND_Q5_0:
-    case KIND_Q5_1: {
-        const int one = kind == KIND_Q5_1;
-        const block_q5_0 *b0 = (const block_q5_0 *)blk;
-        const block_q5_1 *b1 = (const block_q5_1 *)blk;
-        uint32_t h;
-        memcpy(&h, one ? b1->qh : b0->qh, sizeof h);
-        const __m512 d = _mm512_set1_ps(half_to_float(one ? b1->d : b0->d));
-        const __m512 m = _mm512_set1_ps(one ? half_to_float(b1->m) : 0.0f);
-        const __m512i q = bytes16(one ? b1->qs : b0->qs), bit4 = _mm512_set1_epi32(16);
-        const __m512i off = _mm512_set1_epi32(one ? 0 : 16);
-        __m512i lo = _mm512_and_si512(q, nibble), hi = _mm512_srli_epi32(q, 4);
-        lo = _mm512_mask_or_epi32(lo, (__mmask16)(h & 0xFFFF), lo, bit4);
-        hi = _mm512_mask_or_epi32(hi, (__mmask16)(h >> 16), hi, bit4);
-        _mm512_storeu_ps(w, _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, off)), d), m));
-        _mm512_storeu_ps(w + 16, _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, off)), d), m));
-        return 1;
-    }
-    case KIND_Q4_K:
-    case KIND_Q5_K: {
-        const int five = kind == KIND_Q5_K;
-        const block_q4_K *b4 = (const block_q4_K *)blk;
-        const block_q5_K *b5 = (const block_q5_K *)blk;
-        const uint8_t *qs = five ? b5->qs : b4->qs;
-        uint8_t sc[8], mn[8];
-        k_scales_mins(five ? b5->scales : b4->scales, sc, mn);
-        const float d = half_to_float(five ? b5->d : b4->d), dmin = half_to_float(five ? b5->dmin : b4->dmin);
-        for (int s = 0; s < 8; s++) {
-            const __m512 ds = _mm512_set1_ps(d * (float)sc[s]), dm = _mm512_set1_ps(dmin * (float)mn[s]);
-            const uint8_t *q = qs + 32 * (s / 2);
-            for (int half = 0; half < 2; half++) {
-                __m512i v = _mm512_and_si512(_mm512_srli_epi32(bytes16(q + 16 * half), 4 * (s % 2)), nibble);
-                if (five) {
-                    const __m512i hb = _mm512_and_si512(_mm512_srli_epi32(bytes16(b5->qh + 16 * half), s),
-                                                        _mm512_set1_epi32(1));
-                    v = _mm512_or_si512(v, _mm512_slli_epi32(hb, 4));
-                }
-                _mm512_storeu_ps(w + 32 * s + 16 * half, _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(v)), dm));
-            }
-        }
-        return 1;
-    }
-    case KIND_Q6_K: {
-        const block_q6_K *b = (const block_q6_K *)blk;
-        const float d = half_to_float(b->d);
-        const __m512i two = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
-        for (int h = 0; h < 2; h++) {
-            for (int g = 0; g < 4; g++) {
-                const uint8_t *ql = b->ql + 64 * h + 32 * (g & 1), *qh = b->qh + 32 * h;
-                for (int half = 0; half < 2; half++) {
-                    const int e0 = 128 * h + 32 * g + 16 * half;
-                    const __m512 ds = _mm512_set1_ps(d * (float)b->scales[e0 / 16]);
-                    const __m512i l4 = _mm512_srli_epi32(bytes16(ql + 16 * half), 4 * (g >> 1));
-                    const __m512i lo = _mm512_and_si512(l4, nibble);
-                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(bytes16(qh + 16 * half), 2 * g), two);
-                    const __m512i v = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), bias);
-                    _mm512_storeu_ps(w + e0, _mm512_mul_ps(ds, _mm512_cvtepi32_ps(v)));
-                }
-            }
-        }
-        return 1;
-    }
-    default: return 0;
-    }
-}
-#endif
+#include "block_decode.h"
 
 /* One block of any other kind decoded into float32 (`block_elems(kind)` values), in dequant.py's order. */
 static inline __attribute__((always_inline)) void decode_block(int kind, const uint8_t *blk, float *w) {
-#if defined(__AVX512F__)
-    if (decode_block16(kind, blk, w)) return;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    if (decode_block_vec(kind, blk, w)) return;
 #endif
     switch (kind) {
     case KIND_Q4_0: {
@@ -379,7 +293,7 @@ static inline __attribute__((always_inline)) void generic_row_of(int kind, const
     const int n = block_elems(kind);
     const size_t bytes = block_bytes(kind);
 #if defined(__AVX512F__)
-    if (kind != KIND_Q4_1 && kind != KIND_Q8_0) { /* every kind decode_block16 takes: n is 32 or 256 */
+    if (kind != KIND_Q4_1 && kind != KIND_Q8_0) { /* every kind decode_block_vec takes: n is 32 or 256 */
         __m512 vacc[BLOCKDOT_MAX_TOKENS];
         for (int t = 0; t < ntok; t++) vacc[t] = _mm512_setzero_ps();
         float wv[QK_K];
@@ -392,6 +306,22 @@ static inline __attribute__((always_inline)) void generic_row_of(int kind, const
             }
         }
         for (int t = 0; t < ntok; t++) out[t] = _mm512_reduce_add_ps(vacc[t]);
+        return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (kind != KIND_Q4_1 && kind != KIND_Q8_0) {
+        __m256 vacc[BLOCKDOT_MAX_TOKENS];
+        for (int t = 0; t < ntok; t++) vacc[t] = _mm256_setzero_ps();
+        float wv[QK_K];
+        for (int b = 0; b < nblocks; b++) {
+            decode_block(kind, row + (size_t)b * bytes, wv);
+            for (int j = 0; j < n; j += 8) {
+                const __m256 wj = _mm256_loadu_ps(wv + j);
+                for (int t = 0; t < ntok; t++)
+                    vacc[t] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(x + (size_t)t * cols + (size_t)b * n + j), vacc[t]);
+            }
+        }
+        for (int t = 0; t < ntok; t++) out[t] = hsum256(vacc[t]);
         return;
     }
 #endif
