@@ -15,7 +15,9 @@ context 513 (`--context`), on this thread (no engine), reading the decode mirror
   gather at batch > 1; at batch 1 the in-place path calls the SDPA kernel op directly, so all of its attention,
   the per-run kernels and the log-sum-exp merge, shows under "attention: in place / gather");
 - every layer's linear objects (qkv, o, gate_up, down) and the LM head; the pool's `write` (KV write);
-- the mirror step's `write` and `attend` (`radixcache.runtime.kv.mirror.MirrorStep`).
+- the mirror step's `write` and `attend` (`radixcache.runtime.kv.mirror.MirrorStep`); where the model fuses a
+  decode pass (runtime.model.fused_decode: float32 on the CPU with the native library), RoPE and both K/V writes
+  are one native call, labelled "rope + kv writes (fused)", and the three separate labels stay empty.
 "other" is the step's time outside every label: residual adds, RoPE table lookup, slicing, the float() of the
 logits. Each label costs a few microseconds, so the profiled step is somewhat slower than the plain one (both
 are printed); the per-part split is what this is for.
@@ -55,9 +57,11 @@ from radixcache.runtime.kv.mirror import DecodeMirror, MirrorStep
 from radixcache.runtime.loading import load_model
 from radixcache.runtime.model.attention import build_decode_meta
 from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.native.ops import NativeDecodeOps
 
 PAGE = 16
 STEP = "decode step"
+FUSED = "rope + kv writes (fused)"  # model.fused_decode's native call: a decode pass over the mirror
 GATHER = "attention: in place / gather"  # derived: the attention label less F.scaled_dot_product_attention
 SDPA = "attention: sdpa"
 # Report order. Every label but SDPA is top level (none nests in another), so their sum is the labelled time.
@@ -68,6 +72,7 @@ PARTS = [
     "rope",
     "kv write",
     "kv write (mirror)",
+    FUSED,
     "attention: mirror",
     GATHER,
     SDPA,
@@ -137,6 +142,7 @@ def instrument(model: LlamaModel) -> None:
     rmodel.decode_attention = labelled(ATTENTION, rmodel.decode_attention)
     MirrorStep.write = labelled("kv write (mirror)", MirrorStep.write)  # type: ignore[method-assign]
     MirrorStep.attend = labelled("attention: mirror", MirrorStep.attend)  # type: ignore[method-assign]
+    NativeDecodeOps.rope_store = labelled(FUSED, NativeDecodeOps.rope_store)  # type: ignore[method-assign]
     rattn.F = FunctionalProxy(scaled_dot_product_attention=labelled(SDPA, F.scaled_dot_product_attention))  # type: ignore[assignment]
     model.layers = [
         dataclasses.replace(
