@@ -36,6 +36,7 @@ from radixcache.runtime.model.fused_decode import FusedDecode
 from radixcache.runtime.model.linear import Linear
 from radixcache.runtime.model.prefix_pages import plan_prefix, prefix_pieces
 from radixcache.runtime.model.quant import check_quant, make_linear
+from radixcache.runtime.model.rope import _rope_signed, rope_tables
 
 if TYPE_CHECKING:
     from radixcache.runtime.model.block_linear import BlockWeight
@@ -62,23 +63,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf if xf.dtype == x.dtype else xf.to(x.dtype))
 
 
-def rope_tables(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, `[max_position, head_dim]`, for rotate-half RoPE (each frequency appears twice)."""
-    d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d))
-    pos = torch.arange(config.max_position, dtype=torch.float64, device=device)
-    freqs = torch.outer(pos, inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x `[T, heads, D]`; cos, sin `[T, D]`. Rotate-half form: x * cos + rotate_half(x) * sin."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
-
-
 def _native_ops(required: bool) -> NativeDecodeOps | None:
     """The native RMSNorm and decode attention (runtime.native.ops). quant="gguf" needs the library anyway
     (`required`: its NativeBuildError propagates); a float32 model takes them where they build and keeps PyTorch's
@@ -98,13 +82,6 @@ def _native_ops(required: bool) -> NativeDecodeOps | None:
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     """One tensor from a pass's parts, without a copy when there is only one."""
     return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def _rope_signed(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """`apply_rope` with the tables already `[T, 1, D]` and rotate-half's minus folded into the first half of sin
-    (`-x * s == x * -s` exactly): the same numbers in fewer operations, for the per-layer call."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin
 
 
 class LlamaModel:

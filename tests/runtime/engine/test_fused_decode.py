@@ -15,7 +15,8 @@ import torch
 
 from radixcache.runtime import Engine
 from radixcache.runtime.model import fused_decode
-from radixcache.runtime.model.llama import LlamaModel, _rope_signed
+from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.model.rope import _rope_signed
 from radixcache.runtime.native.ops import NativeDecodeOps
 from radixcache.runtime.testing import RandomModel, tiny_model
 
