@@ -25,8 +25,11 @@ os.environ["RADIXCACHE_KERNELS"] = "fixed"
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set (as on this project's machines): the workers would
 # otherwise recompile every test module (pytest's assertion rewriting) and every project module on each run, and
 # the ~200 CLIs, servers and Ray workers the tests start would compile the project again each time (they read
-# what the workers write). __pycache__/ is in .gitignore.
+# what the workers write; they also write what only they import, as Ray's worker modules: scripts/setup.sh leaves
+# third-party packages uncompiled, and Python compiles each module once, on first import). __pycache__/ is in
+# .gitignore.
 sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 settings.register_profile(
     "default", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
