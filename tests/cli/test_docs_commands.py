@@ -22,11 +22,14 @@ Markers: an HTML comment on the line just above a fence, `<!-- doc-test: KEY[=VA
   and so does one that carries it but runs a command (a stale reason).
 
 Consecutive steps run in one interpreter when nothing of the shell is needed: in a run of bash steps whose every
-line is a plain `radixcache ARGS` (no pipe, redirection, variable or `&&`) and python steps, all with the same
-`tiny` marker, each bash line calls the same click entry point as the installed command, its exit code checked,
-and each python step executes in a fresh namespace, in order. The same commands, in the same order, in the same
-directory and environment; a process start (Python, torch) per run instead of per command. Blocks with shell
-syntax, and the README's main command, run in bash as written.
+line is a plain `radixcache ARGS` or `python scripts/NAME.py ARGS` (no pipe, redirection, variable or `&&`),
+possibly fed by `printf 'LITERAL' | `, and python steps, all with the same `tiny` marker, each radixcache line calls
+the same click entry point as the installed command, each script line runs the script as `__main__` (its argv, its
+folder first on sys.path), their exit codes checked, a printf's output (the shell's printf makes it) is the
+command's standard input (and a command must read it), and each python step executes in a fresh namespace, in
+order. The same commands, in the same
+order, in the same directory and environment; a process start (Python, torch) per run instead of per command.
+Blocks with shell syntax, and the README's main command, run in bash as written.
 
 `bash scripts/setup.sh && ` before a command is dropped: .ci/run has just run it, and running it again would
 reinstall the virtual environment under the running tests. Documents other engineers own carry no markers;
@@ -191,14 +194,32 @@ def env(tiny: Path | None) -> dict[str, str]:
 
 
 _PLAIN = re.compile(r"^\s*(?:\.venv/bin/)?radixcache\s")
+_SCRIPT = re.compile(r"^\s*(?:\.venv/bin/)?python\s+(scripts/[\w./-]+\.py)(?:\s|$)")  # a repository script
+_PRINTF = re.compile(r"^\s*(printf\s+'[^']*')\s*\|(.*)$")  # printf 'LITERAL' | COMMAND (no shell expansion)
 _SHELL = re.compile(r"[|<>;&$`]")
 _BATCH_RUNNER = """
-import json, sys
+import io, json, os, runpy, sys
 from radixcache.cli.main import main
 for kind, where, item in json.loads(sys.argv[1]):
     print(f"--- {where}", flush=True)
     if kind == "python":
         exec(compile(item, where, "exec"), {"__name__": "__main__"})
+        continue
+    if kind == "stdin":  # the next command reads these bytes as its standard input (what the pipe gives it)
+        piped = io.BytesIO(item.encode("latin-1"))
+        sys.stdin = io.TextIOWrapper(piped)
+        continue
+    if kind == "script":  # as `python SCRIPT ARGS` would: its argv, its folder first on sys.path, __main__
+        argv, path = sys.argv, sys.path[:]
+        sys.argv, sys.path[0:0] = list(item), [os.path.dirname(os.path.abspath(item[0]))]
+        try:
+            runpy.run_path(item[0], run_name="__main__")
+        except SystemExit as stop:
+            if stop.code not in (0, None):
+                print(f"{where}: python {' '.join(item)} exited with {stop.code}", file=sys.stderr)
+                raise
+        finally:
+            sys.argv, sys.path[:], sys.stdin = argv, path, sys.__stdin__
         continue
     try:
         main.main(item, prog_name="radixcache")
@@ -206,6 +227,9 @@ for kind, where, item in json.loads(sys.argv[1]):
         if stop.code not in (0, None):
             print(f"{where}: radixcache {' '.join(item)} exited with {stop.code}", file=sys.stderr)
             raise
+    if sys.stdin is not sys.__stdin__ and piped.getbuffer().nbytes and piped.tell() == 0:
+        sys.exit(f"{where}: radixcache {' '.join(item)} did not read the standard input piped into it")
+    sys.stdin = sys.__stdin__
 """
 
 
@@ -214,19 +238,39 @@ def _script(block: Block) -> str:
     return cheapen(script, block.markers["cheap"]) if "cheap" in block.markers else script
 
 
-def in_process(block: Block) -> list[list[str]] | None:
-    """The argv of each line when `block` is only plain `radixcache` commands, else None (it needs a shell)."""
+@dataclass
+class Call:
+    """One line of a bash block that the batch runner can run in its interpreter: `radixcache ARGS` ("cli") or
+    `python scripts/NAME.py ARGS` ("script"), its argv without the program, and `printf` (the literal
+    `printf '...'` piped into it, if any: its output is the command's standard input)."""
+
+    kind: str
+    argv: list[str]
+    printf: str | None = None
+
+
+def calls(block: Block) -> list[Call] | None:
+    """Each line of `block` as a Call when every line is a plain `radixcache` command, a `python scripts/NAME.py`
+    command or `printf 'LITERAL' | ` one of those, else None (it needs a shell)."""
     if block.lang == "python":
         return None
     joined = _script(block).replace("\\\n", " ")  # continuation lines are one command
     lines = [line for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    argvs = []
+    out = []
     for line in lines:
-        command = line.split(" #", 1)[0]
-        if not _PLAIN.match(command) or _SHELL.search(command):
+        command, printf = line.split(" #", 1)[0], None
+        if (piped := _PRINTF.match(command)) is not None:
+            printf, command = piped.group(1), piped.group(2)
+        if not (_PLAIN.match(command) or _SCRIPT.match(command)) or _SHELL.search(command):
             return None
-        argvs.append(shlex.split(command)[1:])
-    return argvs or None
+        out.append(Call("cli" if _PLAIN.match(command) else "script", shlex.split(command)[1:], printf))
+    return out or None
+
+
+def in_process(block: Block) -> list[list[str]] | None:
+    """The argv of each line when `block` is only lines that `calls` takes, else None (it needs a shell)."""
+    found = calls(block)
+    return None if found is None else [call.argv for call in found]
 
 
 def batches(steps: list[Block]) -> list[tuple[str | None, list[Block]]]:
@@ -268,9 +312,14 @@ def run_batch(kind: str | None, group: list[Block], cwd: Path, tiny_dir: Path) -
             if step.lang == "python":
                 items.append(("python", where, _python(step, tiny_dir)))
             else:
-                items.extend(("cli", where, argv) for argv in in_process(step) or [])
+                for call in calls(step) or []:
+                    if call.printf is not None:  # the shell's own printf makes the bytes
+                        printf = subprocess.run(["bash", "-c", call.printf], capture_output=True, check=True)
+                        items.append(("stdin", where, printf.stdout.decode("latin-1")))
+                    items.append((call.kind, where, call.argv))
         cmd = [sys.executable, "-c", _BATCH_RUNNER, json.dumps(items)]
-        what = "\n".join(f"{w}: {i if k == 'python' else 'radixcache ' + shlex.join(i)}" for k, w, i in items)  # type: ignore[arg-type]
+        program = {"cli": "radixcache ", "script": "python ", "stdin": "stdin: ", "python": ""}
+        what = "\n".join(f"{w}: {program[k]}{i if isinstance(i, str) else shlex.join(i)}" for k, w, i in items)
     done = subprocess.run(
         cmd, cwd=cwd, env=env(tiny), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
     )
@@ -341,9 +390,23 @@ def test_the_marker_helpers() -> None:
     assert in_process(plain) == [["trace", "stats", "a.jsonl"], ["--help"]]
     for shell in ("radixcache replay | tee out\n", "radixcache replay > out\n", "X=1 radixcache replay\n"):
         assert in_process(Block("docs/x.md", 1, "bash", shell)) is None, shell
+    fed = Block("docs/x.md", 2, "bash", "printf 'Hi!\\n/exit\\n' | radixcache chat --system \"Be terse.\"  # a chat\n")
+    assert [(c.kind, c.argv, c.printf) for c in calls(fed) or []] == [
+        ("cli", ["chat", "--system", "Be terse."], "printf 'Hi!\\n/exit\\n'")
+    ]
+    for shell in (
+        'printf "$X" | radixcache chat\n',
+        "printf 'a' | radixcache chat | tee out\n",
+        "echo a | radixcache chat\n",
+    ):
+        assert calls(Block("docs/x.md", 2, "bash", shell)) is None, shell
+    plot = Block("docs/x.md", 2, "bash", ".venv/bin/python scripts/plot_replay.py r.json --out r.png  # a plot\n")
+    assert in_process(plot) == [["scripts/plot_replay.py", "r.json", "--out", "r.png"]]
+    for shell in ("python scripts/plot_replay.py r.json > out\n", ".venv/bin/python -m pytest\n", "python x.py\n"):
+        assert in_process(Block("docs/x.md", 2, "bash", shell)) is None, shell
     snippet = Block("docs/x.md", 5, "python", "print(1)\n")
     main_command = Block("README.md", 9, "bash", "radixcache replay\n", {"cheap": "--limit 1"})
-    piped = Block("docs/x.md", 7, "bash", "printf 'hi' | radixcache chat\n")
+    piped = Block("docs/x.md", 7, "bash", "radixcache replay | tee out\n")
     kinds = [(kind, [b.line for b in group]) for kind, group in batches([plain, plain, snippet, piped, main_command])]
     assert kinds == [("mixed", [1, 1, 5]), (None, [7]), (None, [9])]
     tiny_snippet = Block("docs/x.md", 11, "python", "print(2)\n", {"tiny": ""})
@@ -361,4 +424,12 @@ def test_a_failing_command_in_a_batch_fails_its_document(tmp_path: Path) -> None
     broken = Block("docs/x.md", 8, "bash", "radixcache trace stats missing.jsonl\nradixcache --help\n")
     [(kind, group)] = batches([fine, broken])
     with pytest.raises(AssertionError, match=r"docs/x.md:8: radixcache trace stats missing.jsonl exited with 1"):
+        run_batch(kind, group, tmp_path, tmp_path)
+    plot = Block("docs/x.md", 12, "bash", ".venv/bin/python scripts/plot_replay.py missing.json\nradixcache --help\n")
+    [(kind, group)] = batches([fine, plot])
+    with pytest.raises(AssertionError, match=r"docs/x.md:12: python scripts/plot_replay.py missing.json exited with 1"):
+        run_batch(kind, group, scratch(tmp_path), tmp_path)
+    unread = Block("docs/x.md", 15, "bash", "printf 'a\\n' | radixcache --help\n")  # --help reads no input
+    [(kind, group)] = batches([fine, unread])
+    with pytest.raises(AssertionError, match=r"docs/x.md:15: radixcache --help did not read the standard input"):
         run_batch(kind, group, tmp_path, tmp_path)
