@@ -42,10 +42,18 @@ pytestmark = [
 TEXT = Path("/usr/share/common-licenses/GPL-3")
 
 
+@pytest.fixture(scope="module")
+def smollm2_q4_1(smollm2_path: str) -> Any:
+    """SmolLM2's own Q4_1 file, loaded once with its blocks: the first test's block-kernel models, and the fp32
+    weights of both tests (the second re-encodes them as a Q4_K_M-like file). The two tests share an xdist group."""
+    return load_model(smollm2_path, keep_blocks=True)
+
+
 def _models(loaded: Any, monkeypatch: pytest.MonkeyPatch, fp32: Any = None) -> dict[str, LlamaModel]:
-    """fp32 (from `fp32`'s weights, by default `loaded`'s) and the two block-kernel models of `loaded`."""
+    """fp32 (from `fp32`'s weights, by default `loaded`'s; not built once its perplexity is known: it is used for
+    nothing else) and the two block-kernel models of `loaded`."""
     source = loaded if fp32 is None else fp32
-    models = {"fp32": LlamaModel(source.config, source.weights)}
+    models = {} if "fp32" in _FP32_PERPLEXITY else {"fp32": LlamaModel(source.config, source.weights)}
     for kernel in ("float", "int8"):
         monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", kernel)
         models[kernel] = LlamaModel(loaded.config, loaded.weights, quant="gguf", blocks=loaded.blocks)
@@ -59,11 +67,8 @@ def _perplexities(models: dict[str, LlamaModel], tokenizer: Any) -> dict[str, fl
     if not TEXT.exists():
         pytest.skip(f"{TEXT} (the held-out text) is not on this machine")
     ids = tokenizer.encode(TEXT.read_text())[:512]
-    out = {}
+    out = {} if "fp32" in models else {"fp32": _FP32_PERPLEXITY["fp32"]}
     for k, m in models.items():
-        if k == "fp32" and "fp32" in _FP32_PERPLEXITY:
-            out[k] = _FP32_PERPLEXITY["fp32"]
-            continue
         out[k] = perplexity(m, ids, window=256, stride=128, chunk_size=256 if k == "fp32" else 8)
     _FP32_PERPLEXITY.setdefault("fp32", out["fp32"])
     print("perplexity", {k: round(v, 3) for k, v in out.items()})  # shown with -s
@@ -79,9 +84,9 @@ def _answers(models: dict[str, LlamaModel], tokenizer: Any) -> dict[str, list[An
 
 
 def test_smollm2_q4_1_int8_perplexity_and_answers_match_the_float_path(
-    smollm2_path: str, monkeypatch: pytest.MonkeyPatch
+    smollm2_q4_1: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loaded = load_model(smollm2_path, keep_blocks=True)
+    loaded = smollm2_q4_1
     models = _models(loaded, monkeypatch)
     ppl = _perplexities(models, loaded.tokenizer)
     assert abs(ppl["float"] / ppl["fp32"] - 1) < 1e-3, ppl  # the same weights, another summation order
@@ -98,9 +103,9 @@ def test_smollm2_q4_1_int8_perplexity_and_answers_match_the_float_path(
 
 
 def test_smollm2_as_a_q4_k_m_file_loads_answers_and_scores_near_fp32(
-    smollm2_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    smollm2_path: str, smollm2_q4_1: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = load_model(smollm2_path)
+    original = smollm2_q4_1  # its fp32 weights (dequantised from the Q4_1 blocks) are what gets re-encoded
     with GGUFFile(smollm2_path) as f:
         tokenizer_meta = {k: v for k, v in f.metadata.items() if k.startswith("tokenizer.")}
     weights = {k: v.numpy() for k, v in original.weights.items()}
