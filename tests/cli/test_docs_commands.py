@@ -23,12 +23,13 @@ Markers: an HTML comment on the line just above a fence, `<!-- doc-test: KEY[=VA
 
 Consecutive steps run in one interpreter when nothing of the shell is needed: in a run of bash steps whose every
 line is a plain `radixcache ARGS` or `python scripts/NAME.py ARGS` (no pipe, redirection, variable or `&&`),
-possibly fed by `printf 'LITERAL' | `, and python steps, all with the same `tiny` marker, each radixcache line calls
-the same click entry point as the installed command, each script line runs the script as `__main__` (its argv, its
-folder first on sys.path), their exit codes checked, a printf's output (the shell's printf makes it) is the
-command's standard input (and a command must read it), and each python step executes in a fresh namespace, in
-order. The same commands, in the same
-order, in the same directory and environment; a process start (Python, torch) per run instead of per command.
+possibly fed by `printf 'LITERAL' | `, and python steps, each radixcache line calls the same click entry point as
+the installed command, each script line runs the script as `__main__` (its argv, its folder first on sys.path),
+their exit codes checked, a printf's output (the shell's printf makes it) is the command's standard input (and a
+command must read it), and each python step executes in a fresh namespace, in order; RADIXCACHE_MODEL is set to
+the tiny checkpoint for the steps with the `tiny` marker and unset for the others, as their own processes would
+have it. The same commands, in the same order, in the same directory and environment; a process start (Python,
+torch) per run instead of per command.
 Blocks with shell syntax, and the README's main command, run in bash as written.
 
 `bash scripts/setup.sh && ` before a command is dropped: .ci/run has just run it, and running it again would
@@ -205,6 +206,10 @@ for kind, where, item in json.loads(sys.argv[1]):
     if kind == "python":
         exec(compile(item, where, "exec"), {"__name__": "__main__"})
         continue
+    if kind == "model":  # the step's RADIXCACHE_MODEL: the tiny checkpoint, or none
+        os.environ.pop("RADIXCACHE_MODEL", None)
+        os.environ.update({"RADIXCACHE_MODEL": item} if item else {})
+        continue
     if kind == "stdin":  # the next command reads these bytes as its standard input (what the pipe gives it)
         piped = io.BytesIO(item.encode("latin-1"))
         sys.stdin = io.TextIOWrapper(piped)
@@ -275,14 +280,14 @@ def in_process(block: Block) -> list[list[str]] | None:
 
 def batches(steps: list[Block]) -> list[tuple[str | None, list[Block]]]:
     """Consecutive steps that one interpreter can run, as (kind, steps) in order: kind "python", "cli" or "mixed"
-    (python and cli steps; the same `tiny` marker throughout), or None for a step that runs alone (needs a shell,
+    (python and cli steps, with or without the `tiny` marker), or None for a step that runs alone (needs a shell,
     or is the README's main command, which runs exactly as a user types it)."""
     out: list[tuple[str | None, list[Block]]] = []
     for step in steps:
         kind = "python" if step.lang == "python" else "cli" if in_process(step) is not None else None
         if step.doc == "README.md" and "cheap" in step.markers and "tiny" not in step.markers:
             kind = None
-        key = None if kind is None else "tiny" if "tiny" in step.markers else "real"
+        key = None if kind is None else "batch"
         if key is not None and out and out[-1][0] == key:
             out[-1][1].append(step)
         else:
@@ -309,6 +314,7 @@ def run_batch(kind: str | None, group: list[Block], cwd: Path, tiny_dir: Path) -
         items: list[tuple[str, str, object]] = []
         for step in group:
             where = f"{step.doc}:{step.line}"
+            items.append(("model", where, str(tiny_dir) if "tiny" in step.markers else ""))
             if step.lang == "python":
                 items.append(("python", where, _python(step, tiny_dir)))
             else:
@@ -318,8 +324,9 @@ def run_batch(kind: str | None, group: list[Block], cwd: Path, tiny_dir: Path) -
                         items.append(("stdin", where, printf.stdout.decode("latin-1")))
                     items.append((call.kind, where, call.argv))
         cmd = [sys.executable, "-c", _BATCH_RUNNER, json.dumps(items)]
-        program = {"cli": "radixcache ", "script": "python ", "stdin": "stdin: ", "python": ""}
+        program = {"cli": "radixcache ", "script": "python ", "stdin": "stdin: ", "python": "", "model": "model: "}
         what = "\n".join(f"{w}: {program[k]}{i if isinstance(i, str) else shlex.join(i)}" for k, w, i in items)
+        tiny = None  # each step sets its own (a "model" item)
     done = subprocess.run(
         cmd, cwd=cwd, env=env(tiny), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
     )
@@ -411,7 +418,7 @@ def test_the_marker_helpers() -> None:
     assert kinds == [("mixed", [1, 1, 5]), (None, [7]), (None, [9])]
     tiny_snippet = Block("docs/x.md", 11, "python", "print(2)\n", {"tiny": ""})
     kinds = [(kind, [b.line for b in group]) for kind, group in batches([plain, tiny_snippet, snippet, snippet])]
-    assert kinds == [("cli", [1]), ("python", [11]), ("python", [5, 5])]  # a tiny step runs apart from the others
+    assert kinds == [("mixed", [1, 11, 5, 5])]  # tiny and other steps share an interpreter (RADIXCACHE_MODEL per step)
     readme = blocks("README.md")
     assert any("radixcache replay" in b.text and "cheap" in b.markers for b in readme)
     ci = (REPO / ".ci" / "run").read_text()
@@ -429,6 +436,14 @@ def test_a_failing_command_in_a_batch_fails_its_document(tmp_path: Path) -> None
     [(kind, group)] = batches([fine, plot])
     with pytest.raises(AssertionError, match=r"docs/x.md:12: python scripts/plot_replay.py missing.json exited with 1"):
         run_batch(kind, group, scratch(tmp_path), tmp_path)
+    has_model = f"import os\nassert os.environ['RADIXCACHE_MODEL'] == {str(tmp_path)!r}\n"
+    no_model = "import os\nassert 'RADIXCACHE_MODEL' not in os.environ\n"
+    tiny, other = Block("docs/x.md", 9, "python", has_model, {"tiny": ""}), Block("docs/x.md", 9, "python", no_model)
+    [(kind, group)] = batches([other, tiny, other, fine, tiny])
+    run_batch(kind, group, tmp_path, tmp_path)  # each step sees its own RADIXCACHE_MODEL
+    [(kind, group)] = batches([tiny, Block("docs/x.md", 10, "python", has_model)])
+    with pytest.raises(AssertionError, match=r'File "docs/x.md:10", line 2'):  # the untiny step sees no model
+        run_batch(kind, group, tmp_path, tmp_path)
     unread = Block("docs/x.md", 15, "bash", "printf 'a\\n' | radixcache --help\n")  # --help reads no input
     [(kind, group)] = batches([fine, unread])
     with pytest.raises(AssertionError, match=r"docs/x.md:15: radixcache --help did not read the standard input"):
