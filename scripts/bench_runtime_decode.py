@@ -141,7 +141,8 @@ def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Setti
             f"stretch: decode, batch 1, best compressed-weight mode (of {', '.join(compressed)}) vs llama.cpp",
             f"{tag} {tps:.1f} tok/s",
             f"llama.cpp {lc1:.1f} tok/s",
-            f"{lc1 / tps:.2f}x slower than llama.cpp; target >= llama.cpp / {LLAMA_CPP_FACTOR} = {need:.1f} tok/s: "
+            (f"{lc1 / tps:.2f}x slower than llama.cpp" if tps < lc1 else f"{tps / lc1:.2f}x llama.cpp's speed")
+            + f"; target >= llama.cpp / {LLAMA_CPP_FACTOR} = {need:.1f} tok/s: "
             f"{verdict(tps >= need)}" + (f"; {others}" if others else ""),
             mode=tag,
             tps=tps,

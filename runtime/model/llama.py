@@ -34,6 +34,7 @@ from radixcache.runtime.model.attention import (
 from radixcache.runtime.model.batch import DecodeBatch, ForwardLogits, PrefillChunk
 from radixcache.runtime.model.fused_decode import FusedDecode
 from radixcache.runtime.model.linear import Linear
+from radixcache.runtime.model.native_layers import NativeLayers, silu_mul
 from radixcache.runtime.model.prefix_pages import plan_prefix, prefix_pieces
 from radixcache.runtime.model.quant import check_quant, make_linear
 from radixcache.runtime.model.rope import _rope_signed, rope_tables
@@ -64,10 +65,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _native_ops(required: bool) -> NativeDecodeOps | None:
-    """The native RMSNorm and decode attention (runtime.native.ops). quant="gguf" needs the library anyway
-    (`required`: its NativeBuildError propagates); a float32 model takes them where they build and keeps PyTorch's
-    where they do not (no C compiler): the same functions in other rounding, one call each where PyTorch makes six
-    (the norm) or a flash kernel's setup (one query's attention), about 2 ms of SmolLM2's batch-1 step."""
+    """The native RMSNorm and decode attention (runtime.native.ops). quant="gguf" needs the library (`required`);
+    a float32 model takes them where they build (about 2 ms of SmolLM2's batch-1 step), else PyTorch's."""
     from radixcache.runtime.native import NativeBuildError
     from radixcache.runtime.native.ops import NativeDecodeOps
 
@@ -163,6 +162,7 @@ class LlamaModel:
         self.cos, self.sin = rope_tables(config, self.device, dtype)
         half = config.head_dim // 2
         self.signed_sin = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)  # see _rope_signed
+        self.native_layers = NativeLayers.build(self) if quant == "gguf" else None  # None: eager layers only
 
     # ------------------------------------------------------------------ public API
 
@@ -368,8 +368,11 @@ class LlamaModel:
         t = ids.numel()
         h, kvh, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
         qk_size = (h + kvh) * d
-        cos, sin = self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)  # once per forward
         x = F.embedding(ids, self.embed)
+        native = self.native_layers.run(x, attend) if self.native_layers and isinstance(attend, FusedDecode) else None
+        if native is not None:
+            return native
+        cos, sin = self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)  # once per forward
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._norm(x, layer.ln_in, eps), prefill, decode_rows=decode_rows)
             if isinstance(attend, FusedDecode):
@@ -382,8 +385,8 @@ class LlamaModel:
                 att = attend(i, q, k, v)
             x = x + layer.o(att.reshape(t, h * d), prefill, decode_rows=decode_rows)
             gated = layer.gate_up(self._norm(x, layer.ln_post, eps), prefill, decode_rows=decode_rows)
-            gate, up = gated.chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up, prefill, decode_rows=decode_rows)
+            act = silu_mul(gated, self.native if self.quant == "gguf" else None)
+            x = x + layer.down(act, prefill, decode_rows=decode_rows)
         return x
 
     def _logits(self, hidden: torch.Tensor, prefill: bool, decode_rows: int) -> torch.Tensor:

@@ -28,8 +28,10 @@ from pathlib import Path
 import torch  # noqa: F401  (loaded first on purpose: its libgomp is the one the library binds to)
 
 SOURCE = Path(__file__).with_name("blockdot.c")
-SOURCES = tuple(SOURCE.with_name(n) for n in ("blockdot.c", "qdot.c", "decode_attention.c", "decode_store.c"))
-HEADERS = (SOURCE.with_name("ggml_blocks.h"), SOURCE.with_name("block_decode.h"))
+SOURCES = tuple(
+    SOURCE.with_name(n) for n in ("blockdot.c", "qdot.c", "decode_attention.c", "decode_store.c", "decode_layers.c")
+)
+HEADERS = tuple(SOURCE.with_name(n) for n in ("ggml_blocks.h", "block_decode.h", "vector_exp.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 LIBS = ("-lm",)  # after the source: linkers drop a library named before the objects that need it
 
@@ -75,6 +77,17 @@ def blockdot() -> ctypes.CDLL:
     lib.native_rope_store.argtypes = [ptr, num, num, num, num, ptr, ptr, ptr, long, ptr, ptr, ptr, ptr, long]
     lib.native_rope_store.argtypes += [ptr, ptr, long, long, ptr, ptr, long, long]
     lib.native_rope_store.restype = ctypes.c_int
+    # (gate and up rows, rows, inter, out) -> 0, or -1 (decode_layers.c)
+    lib.native_silu_mul.argtypes = [ptr, num, num, ptr]
+    lib.native_silu_mul.restype = ctypes.c_int
+    # (layers, layer count, x, rows, hidden, heads, kv heads, head dim, inter, eps, positions, cos, signed sin, max
+    #  position, pool, pool layer stride, pool v offset, slots, slot count, mirror k per layer, mirror v per layer,
+    #  mirror row stride, mirror head stride, mirror rows, mirror positions, mirror row count, mirror capacity,
+    #  lengths, mirror order, its inverse) -> 0, -1 or -2 (decode_layers.c)
+    lib.native_decode_layers.argtypes = [ptr, num, ptr, num, num, num, num, num, num, ctypes.c_float, ptr, ptr, ptr]
+    lib.native_decode_layers.argtypes += [long, ptr, long, long, ptr, long, ptr, ptr, long, long, ptr, ptr, long]
+    lib.native_decode_layers.argtypes += [long, ptr, ptr, ptr]
+    lib.native_decode_layers.restype = ctypes.c_int
     return lib
 
 

@@ -45,6 +45,17 @@ class NativeDecodeOps:
             raise RuntimeError(f"native_rms_norm refused a {tuple(x.shape)} input")
         return out
 
+    def silu_mul(self, gated: torch.Tensor) -> torch.Tensor | None:
+        """SiLU(gate) * up of rows `[T, 2 I]` (gate first) natively (decode_layers.c, the native layers' bits), or
+        None for an input it does not take (not float32 on the CPU, not 2-D)."""
+        if gated.dim() != 2 or gated.shape[1] % 2 or not _cpu_f32(gated):
+            return None
+        gated = gated.contiguous()
+        out = torch.empty(gated.shape[0], gated.shape[1] // 2)
+        if self._lib.native_silu_mul(gated.data_ptr(), gated.shape[0], gated.shape[1] // 2, out.data_ptr()) != 0:
+            raise RuntimeError(f"native_silu_mul refused a {tuple(gated.shape)} input")
+        return out
+
     def supports(self, q: torch.Tensor, keys: torch.Tensor) -> bool:
         """Whether `attend` runs natively for these tensors (float32 on the CPU, rows dense per head)."""
         return _cpu_f32(q, keys) and keys.stride(-1) == 1 and keys.stride(-2) == keys.shape[-1]

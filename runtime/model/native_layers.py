@@ -1,0 +1,175 @@
+"""A decode pass's decoder layers in one native call (runtime/native/decode_layers.c), for quant="gguf".
+
+At batch 1 the eager layer is about a dozen Python-level calls into native kernels and ATen, a few microseconds
+of interpreter and dispatch each: about 1.5 ms of a 10 ms SmolLM2 step on this project's 2-core machine, where
+llama.cpp runs its whole graph in C. `NativeLayers.run` hands the layers to C, which calls the same native
+functions in the same order on the same buffers: the same bits as the eager pass
+(tests/runtime/engine/test_native_layers.py), minus the interpreter.
+
+It serves what FusedDecode serves (decodes only, attention over the decode mirror) when, in addition, every
+product of every layer is a block kernel (runtime/model/block_linear.py) taking the pass's rows and the rows fit the
+native norm. `run` returns None for anything else: the eager layers run.
+The plan (pointer tables of the weights) is built once per model; the kernel of each product is looked up once
+per row count, as BlockLinear's own `kernel_for` decides it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from radixcache.runtime.model.block_linear import BlockLinear
+
+if TYPE_CHECKING:
+    from radixcache.runtime.model.fused_decode import FusedDecode
+    from radixcache.runtime.native.ops import NativeDecodeOps
+
+_PRODUCTS = ("qkv", "o", "gate_up", "down")
+
+
+def silu_mul(gated: torch.Tensor, native: NativeDecodeOps | None) -> torch.Tensor:
+    """SiLU(gate) * up of the gate_up rows `[T, 2 I]`: with `native` (quant="gguf") the native layers' own function,
+    so that a decode row gets the same bits in a mixed pass as in a native one; else ATen's."""
+    if native is not None and (out := native.silu_mul(gated)) is not None:
+        return out
+    gate, up = gated.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class NativeLinear(ctypes.Structure):
+    """One block product (decode_layers.c `native_linear`)."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("kinds", ctypes.c_void_p),
+        ("rows", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("nparts", ctypes.c_int),
+        ("cols", ctypes.c_int),
+        ("out", ctypes.c_int),
+        ("kernel", ctypes.c_int),
+    ]
+
+
+class NativeLayer(ctypes.Structure):
+    """One decoder layer (decode_layers.c `native_layer`)."""
+
+    _fields_ = [("ln_in", ctypes.c_void_p), ("ln_post", ctypes.c_void_p)] + [(n, NativeLinear) for n in _PRODUCTS]
+
+
+def _kernel_id(linear: BlockLinear, rows: int) -> int:
+    """The kernel BlockLinear runs for `rows` decode rows (its `__call__` with decode_rows=rows, no prefill)."""
+    name = "int8" if linear.activations == "int8-decode" else linear.kernel_for(rows, False)
+    return {"float": 0, "int8": 1}[name]
+
+
+class NativeLayers:
+    """The model's layers as one native call per decode pass (see the module docstring)."""
+
+    def __init__(self, model: Any, lib: ctypes.CDLL) -> None:
+        cfg = model.config
+        self._lib = lib
+        self._model = model
+        self._layers = model.layers
+        self._inter = model.layers[0].gate_up.out_features // 2  # gate_up's rows: gate, then up
+        self._hidden = cfg.hidden_size
+        self._eps = cfg.rms_norm_eps
+        self._by_rows: dict[int, ctypes.Array[NativeLayer]] = {}
+        self._mirror: tuple[Any, ctypes.Array[ctypes.c_void_p], ctypes.Array[ctypes.c_void_p]] | None = None
+
+    @classmethod
+    def build(cls, model: Any) -> NativeLayers | None:
+        """The plan for `model`, or None where its layers cannot all run natively (another kind of product, a norm
+        weight that is not float32 on the CPU, no native library)."""
+        native = getattr(model, "native", None)
+        if native is None or not model.layers:
+            return None
+        for layer in model.layers:
+            if not all(isinstance(getattr(layer, n), BlockLinear) for n in _PRODUCTS):
+                return None
+            for w in (layer.ln_in, layer.ln_post):
+                if w.device.type != "cpu" or w.dtype != torch.float32 or not w.is_contiguous():
+                    return None
+            if any(b is not None and not b.is_contiguous() for b in (getattr(layer, n).bias for n in _PRODUCTS)):
+                return None
+        inter = model.layers[0].gate_up.out_features
+        if inter % 2 or any(layer.gate_up.out_features != inter for layer in model.layers):
+            return None
+        return cls(model, native._lib)
+
+    def _table(self, rows: int) -> ctypes.Array[NativeLayer]:
+        """The layer table for `rows` decode rows (each product's kernel chosen as BlockLinear chooses it)."""
+        table = self._by_rows.get(rows)
+        if table is None:
+            table = (NativeLayer * len(self._layers))()
+            for entry, layer in zip(table, self._layers, strict=True):
+                entry.ln_in, entry.ln_post = layer.ln_in.data_ptr(), layer.ln_post.data_ptr()
+                for name in _PRODUCTS:
+                    linear: BlockLinear = getattr(layer, name)
+                    bias = linear.bias.data_ptr() if linear.bias is not None else None
+                    native = NativeLinear(
+                        ctypes.cast(linear._data, ctypes.c_void_p),
+                        ctypes.cast(linear._kinds, ctypes.c_void_p),
+                        ctypes.cast(linear._rows, ctypes.c_void_p),
+                        bias,
+                        linear._n,
+                        linear.in_features,
+                        linear.out_features,
+                        _kernel_id(linear, rows),
+                    )
+                    setattr(entry, name, native)
+            self._by_rows[rows] = table
+        return table
+
+    def _mirror_tables(self, k: tuple[torch.Tensor, ...], v: tuple[torch.Tensor, ...]) -> tuple[Any, Any] | None:
+        """Per-layer pointers of the mirror's K and V rows, rebuilt only when the mirror reallocates them; None
+        where the rows are not all float32 on the CPU, dense per head, with one shape and one set of strides."""
+        if self._mirror is None or self._mirror[0] is not k:
+            k0 = k[0]
+            same = all(t.shape == k0.shape and t.stride() == k0.stride() for t in (*k, *v))
+            dense = k0.stride(-1) == 1 and k0.stride(-2) == k0.shape[-1]
+            if len(k) != len(self._layers) or not same or not dense:
+                return None
+            if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (*k, *v)):
+                return None
+            n = len(self._layers)
+            ks = (ctypes.c_void_p * n)(*(t.data_ptr() for t in k))
+            vs = (ctypes.c_void_p * n)(*(t.data_ptr() for t in v))
+            self._mirror = (k, ks, vs)  # holds the tuple, so its identity cannot be reused while cached
+        return self._mirror[1], self._mirror[2]
+
+    def run(self, x: torch.Tensor, fused: FusedDecode) -> torch.Tensor | None:
+        """The hidden states after every layer for the decode rows x `[B, hidden]`, or None (nothing computed,
+        nothing written) where this pass must take the eager layers."""
+        mirror, native = fused.mirror, fused.native
+        rows = x.shape[0]
+        if (mirror.order is None) != (mirror.inverse is None) or mirror.native is None:
+            return None
+        if not 0 < rows <= min(native.max_rows, self._layers[0].qkv.max_tokens) or x.dtype != torch.float32:
+            return None
+        tables = self._mirror_tables(mirror.k, mirror.v)
+        if tables is None:
+            return None
+        ks, vs = tables
+        k0, kv, cfg = mirror.k[0], fused.pool.kv, self._model.config
+        out = x.contiguous()  # a fresh tensor (the embedding's rows): updated in place
+        lengths = (ctypes.c_int * rows)(*mirror.row_lengths)
+        cos, ssin = fused.tables
+        rows_t, pos_t = fused.mirror_at
+        order = inverse = None
+        if mirror.order is not None and mirror.inverse is not None:  # rows out of batch order (a request left)
+            order, inverse = mirror.order.to(torch.int64).contiguous(), mirror.inverse.to(torch.int64).contiguous()
+        status = self._lib.native_decode_layers(
+            self._table(rows), len(self._layers), out.data_ptr(), rows, self._hidden, cfg.num_heads,
+            cfg.num_kv_heads, cfg.head_dim, self._inter, self._eps, fused.positions.data_ptr(), cos.data_ptr(),
+            ssin.data_ptr(), cos.shape[0], kv.data_ptr(), kv.stride(0), kv.stride(1), fused.slots.data_ptr(),
+            kv.shape[2] * kv.shape[3], ks, vs, k0.stride(0), k0.stride(1), rows_t.data_ptr(), pos_t.data_ptr(),
+            k0.shape[0], k0.shape[2], lengths, None if order is None else order.data_ptr(),
+            None if inverse is None else inverse.data_ptr(),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"native_decode_layers failed with status {status} for {rows} rows")
+        return out

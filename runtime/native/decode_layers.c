@@ -1,0 +1,165 @@
+/* A decode pass's decoder layers in one native call (runtime/model/native_layers.py), and SiLU(gate) * up.
+ *
+ * The eager layer of a quant="gguf" decode step is about a dozen Python-level calls (two norms, four block
+ * products, the fused RoPE and K/V stores, the mirror's attention, SiLU, a product and two residual adds): a few
+ * microseconds of interpreter and dispatch each, about 1.5 ms of a 10 ms SmolLM2 step at batch 1 on this
+ * project's 2-core machine. `native_decode_layers` runs the same sequence of the same native functions over
+ * every layer from C, in the same order on the same buffers, so its result is the eager pass's bits
+ * (tests/runtime/engine/test_native_layers.py):
+ *
+ *   h = rms_norm(x, ln_in); qkv = Wqkv h (+ bias); q = rope_store(qkv) (pool and mirror K/V written);
+ *   a = decode_attention(q, mirror); x = x + (Wo a (+ bias));
+ *   h = rms_norm(x, ln_post); gu = Wgu h (+ bias); x = x + (Wdown silu_mul(gu) (+ bias)).
+ *
+ * A product runs blockdot_matmul (float activations) or qdot_matmul (int8), as the layer's `kernel` says. */
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vector_exp.h"
+
+int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
+                    const float *x, int ntok, float *y, int ldy);
+int qdot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols, const float *x,
+                int ntok, float *y, int ldy);
+int native_rms_norm(const float *x, const float *w, int rows, int cols, float eps, float *out);
+int native_rope_store(const float *qkv, int rows, int heads, int kv_heads, int head_dim, const long *positions,
+                      const float *cos, const float *ssin, long max_position, float *q_out, float *pool_k,
+                      float *pool_v, const long *slots, long num_slots, float *mirror_k, float *mirror_v,
+                      long mirror_row_stride, long mirror_head_stride, const long *mirror_rows,
+                      const long *mirror_pos, long mirror_rows_cap, long mirror_cap);
+int native_decode_attention(const float *q, int batch, int heads, int kv_heads, int head_dim, const float *k,
+                            const float *v, long row_stride, long head_stride, const int *lengths, int capacity,
+                            float *out);
+
+#define SILU_EXP_MAX 88.0f /* exp(88) ~ 1.7e38 is finite: g / (1 + e) stays a (tiny) number for very negative g */
+
+/* out[t, i] = silu(gu[t, i]) * gu[t, inter + i], silu(g) = g / (1 + exp(-g)), for t < rows, i < inter. Lanes
+ * and the scalar tail see the same positions whatever the thread count: the result never depends on it. */
+int native_silu_mul(const float *gu, int rows, int inter, float *out) {
+    if (rows < 0 || inter < 1) return -1;
+#pragma omp parallel for schedule(static) if ((long)rows * inter >= 65536)
+    for (int t = 0; t < rows; t++) {
+        const float *g = gu + (size_t)t * 2 * inter, *u = g + inter;
+        float *o = out + (size_t)t * inter;
+        int i = 0;
+#if defined(__AVX512F__)
+        for (; i + 16 <= inter; i += 16) {
+            const __m512 gv = _mm512_loadu_ps(g + i);
+            const __m512 e = exp16(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv), _mm512_set1_ps(SILU_EXP_MAX)));
+            const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+            _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
+        }
+#elif defined(__AVX2__) && defined(__FMA__)
+        for (; i + 8 <= inter; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i);
+            const __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(SILU_EXP_MAX)));
+            const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < inter; i++) {
+            const float e = expf(fminf(-g[i], SILU_EXP_MAX));
+            const float s = g[i] / (1.0f + e);
+            o[i] = s * u[i];
+        }
+    }
+    return 0;
+}
+
+/* One block product: weights as the parts of runtime/model/block_linear.py, `kernel` 0 (float activations) or 1
+ * (int8), an optional bias of `out` values. Layout must match NativeLinear in runtime/model/native_layers.py. */
+typedef struct {
+    const void *const *data;
+    const int *kinds;
+    const int *rows;
+    const float *bias;
+    int nparts;
+    int cols;
+    int out;
+    int kernel;
+} native_linear;
+
+/* One decoder layer's weights. Layout must match NativeLayer in runtime/model/native_layers.py. */
+typedef struct {
+    const float *ln_in;
+    const float *ln_post;
+    native_linear qkv, o, gate_up, down;
+} native_layer;
+
+static int product(const native_linear *w, const float *x, int rows, float *y) {
+    const int status = (w->kernel ? qdot_matmul : blockdot_matmul)(w->nparts, w->data, w->kinds, w->rows, w->cols,
+                                                                    x, rows, y, w->out);
+    if (status != 0 || w->bias == NULL) return status;
+    for (int t = 0; t < rows; t++)
+        for (int i = 0; i < w->out; i++) y[(size_t)t * w->out + i] += w->bias[i];
+    return 0;
+}
+
+static void add_into(float *x, const float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+}
+
+/* The decoder layers over `rows` decode rows x `[rows, hidden]` (updated in place). The pool is one tensor
+ * `[layers, 2, slots..]`: layer l's K at pool + l * pool_layer_stride, its V pool_v_offset further. mirror_k[l] /
+ * mirror_v[l]: layer l's mirror rows (`[rows cap, kv_heads, cap, head_dim]`, strides as given); lengths: the
+ * positions each row attends. Returns 0, or the first failing call's status (-1 bad arguments, -2 allocation):
+ * x and the layers before the failure are then partly written, as an eager pass that raises leaves them. */
+int native_decode_layers(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
+                         int kv_heads, int head_dim, int inter, float eps, const long *positions, const float *cos,
+                         const float *ssin, long max_position, float *pool, long pool_layer_stride,
+                         long pool_v_offset, const long *slots, long num_slots, float *const *mirror_k,
+                         float *const *mirror_v, long mirror_row_stride, long mirror_head_stride,
+                         const long *mirror_rows, const long *mirror_pos, long mirror_rows_cap, long mirror_cap,
+                         const int *lengths, const long *order, const long *inverse) {
+    if (num_layers < 1 || rows < 1 || hidden < 1 || inter < 1 || heads < 1 || head_dim < 1) return -1;
+    const size_t qkv_width = (size_t)(heads + 2 * kv_heads) * head_dim, att_width = (size_t)heads * head_dim;
+    if ((order == NULL) != (inverse == NULL)) return -1;
+    for (int t = 0; order != NULL && t < rows; t++)
+        if (order[t] < 0 || order[t] >= rows || inverse[t] < 0 || inverse[t] >= rows) return -1;
+    const size_t sizes[8] = {(size_t)rows * hidden,    (size_t)rows * qkv_width, (size_t)rows * att_width,
+                             (size_t)rows * att_width, (size_t)rows * 2 * inter, (size_t)rows * inter,
+                             (size_t)rows * att_width, (size_t)rows * att_width};
+    size_t total = 0;
+    for (int i = 0; i < 8; i++) total += (sizes[i] + 16) / 16 * 16; /* 64-byte aligned pieces */
+    float *scratch = aligned_alloc(64, total * sizeof(float));
+    if (scratch == NULL) return -2;
+    float *piece[8];
+    float *at = scratch;
+    for (int i = 0; i < 8; i++) {
+        piece[i] = at;
+        at += (sizes[i] + 16) / 16 * 16;
+    }
+    float *h = piece[0], *qkv = piece[1], *q = piece[2], *att = piece[3], *gu = piece[4], *act = piece[5];
+    /* mirror rows out of batch order: q is taken to row order for the attention and its output back, as the
+     * eager mirror does with index_select (copies: the same bits) */
+    float *q_rows = order != NULL ? piece[6] : q, *att_rows = order != NULL ? piece[7] : att;
+    int status = 0;
+    for (int l = 0; l < num_layers && status == 0; l++) {
+        const native_layer *L = layers + l;
+        float *pool_k = pool + (size_t)l * pool_layer_stride, *pool_v = pool_k + pool_v_offset;
+        if ((status = native_rms_norm(x, L->ln_in, rows, hidden, eps, h)) != 0) break;
+        if ((status = product(&L->qkv, h, rows, qkv)) != 0) break;
+        status = native_rope_store(qkv, rows, heads, kv_heads, head_dim, positions, cos, ssin, max_position, q, pool_k,
+                                   pool_v, slots, num_slots, mirror_k[l], mirror_v[l], mirror_row_stride,
+                                   mirror_head_stride, mirror_rows, mirror_pos, mirror_rows_cap, mirror_cap);
+        if (status != 0) break;
+        for (int r = 0; order != NULL && r < rows; r++)
+            memcpy(q_rows + (size_t)r * att_width, q + (size_t)order[r] * att_width, att_width * sizeof(float));
+        status = native_decode_attention(q_rows, rows, heads, kv_heads, head_dim, mirror_k[l], mirror_v[l],
+                                         mirror_row_stride, mirror_head_stride, lengths, (int)mirror_cap, att_rows);
+        if (status != 0) break;
+        for (int t = 0; order != NULL && t < rows; t++)
+            memcpy(att + (size_t)t * att_width, att_rows + (size_t)inverse[t] * att_width, att_width * sizeof(float));
+        if ((status = product(&L->o, att, rows, h)) != 0) break; /* h is free until the next norm */
+        add_into(x, h, (size_t)rows * hidden);
+        if ((status = native_rms_norm(x, L->ln_post, rows, hidden, eps, h)) != 0) break;
+        if ((status = product(&L->gate_up, h, rows, gu)) != 0) break;
+        native_silu_mul(gu, rows, inter, act);
+        if ((status = product(&L->down, act, rows, h)) != 0) break;
+        add_into(x, h, (size_t)rows * hidden);
+    }
+    free(scratch);
+    return status;
+}

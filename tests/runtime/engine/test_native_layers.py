@@ -1,0 +1,112 @@
+"""runtime.model.native_layers and runtime/native/decode_layers.c: a quant="gguf" decode pass's layers in one native
+call must give the eager layers' bits (the same native functions in the same order), on batches of 1 to 4 rows
+that shrink as requests finish, with and without q/k/v bias, on both activation kernels; passes it does not take
+(5 rows and more) run the eager layers; and the native SiLU(gate) * up is SiLU to float32 rounding."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import pytest
+import torch
+
+from radixcache.runtime import Engine
+from radixcache.runtime.model import native_layers
+from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.native.ops import NativeDecodeOps
+from radixcache.runtime.testing import hold_engine_loop, random_block_weight, random_weights, tiny_config
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(os.environ.get("CC", "cc")) is None, reason="the native kernels need a C compiler"
+)
+
+
+def _gguf_model(bias: bool, seed: int = 5) -> LlamaModel:
+    """A small GQA model whose every matrix is a GGUF block weight (Q4_1 and Q8_0 mixed), its float weights their
+    dequantisation."""
+    cfg = tiny_config(
+        hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16, attention_bias=bias
+    )
+    weights = random_weights(cfg, seed)
+    blocks = {}
+    for i, (name, w) in enumerate(sorted(weights.items())):
+        if w.dim() == 2 and name != "model.embed_tokens.weight":
+            blocks[name] = random_block_weight("Q4_1" if i % 3 else "Q8_0", *w.shape, seed=seed + i)
+            weights[name] = blocks[name].dequantize()
+    return LlamaModel(cfg, weights, quant="gguf", blocks=blocks)
+
+
+def _decode_together(model: LlamaModel, rows: int) -> list[tuple[list[int], torch.Tensor]]:
+    """`rows` requests queued at once: they prefill, then decode as one batch that shrinks as each finishes (its
+    own max_tokens), so every run of this has the same passes. Greedy, with logits."""
+    g = torch.Generator().manual_seed(rows)
+    prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (9, 30, 17, 41, 5, 22)[:rows]]
+    with Engine(model, capacity_blocks=64, page_size=8, threads=2, thread_policy="fixed") as engine:
+        release = hold_engine_loop(engine)
+        handles = [engine.submit(p, 6 + 3 * i, ignore_eos=True, return_logits=True) for i, p in enumerate(prompts)]
+        release()
+        results = [h.result(60) for h in handles]
+    return [(list(r.token_ids), torch.stack(list(r.logits))) for r in results]
+
+
+@pytest.mark.parametrize("activations", ["float", "int8"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_native_layers_give_the_eager_layers_bits(
+    monkeypatch: pytest.MonkeyPatch, activations: str, bias: bool, rows: int
+) -> None:
+    monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", activations)
+    model = _gguf_model(bias)
+    plan = model.native_layers
+    assert plan is not None
+    ran: list[int] = []
+    real = native_layers.NativeLayers.run
+
+    def counted(self: Any, x: torch.Tensor, fused: Any) -> torch.Tensor | None:
+        out = real(self, x, fused)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(native_layers.NativeLayers, "run", counted)
+    native = _decode_together(model, rows)
+    assert ran and all(ran), "the native layers never ran, or refused a pass"
+    model.native_layers = None
+    eager = _decode_together(model, rows)
+    for (tokens_a, a), (tokens_b, b) in zip(native, eager, strict=True):
+        assert tokens_a == tokens_b
+        assert torch.equal(a, b)
+
+
+def test_more_rows_than_the_native_norm_takes_run_the_eager_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _gguf_model(bias=False)
+    ran: list[bool] = []
+    real = native_layers.NativeLayers.run
+    monkeypatch.setattr(
+        native_layers.NativeLayers, "run", lambda self, x, f: ran.append(x.shape[0]) or real(self, x, f)
+    )
+    native = _decode_together(model, 6)  # 6 rows, then 5 (eager), then 4 and fewer (native)
+    assert {6, 5, 4, 1} <= set(ran)
+    model.native_layers = None
+    for (tokens_a, a), (tokens_b, b) in zip(native, _decode_together(model, 6), strict=True):
+        assert tokens_a == tokens_b and torch.equal(a, b)
+
+
+def test_a_model_with_a_dense_product_has_no_plan() -> None:
+    cfg = tiny_config()
+    assert LlamaModel(cfg, random_weights(cfg, 1)).native_layers is None  # float32: no block products at all
+
+
+def test_silu_mul_is_silu_times_up_to_float32_rounding() -> None:
+    ops = NativeDecodeOps()
+    g = torch.Generator().manual_seed(3)
+    gate = torch.cat([torch.randn(3, 100, generator=g) * 6, torch.tensor([[-1e4, -100.0, -88.0, -20.0, 0.0]] * 3)], 1)
+    gate = torch.cat([gate, torch.tensor([[20.0, 88.0, 100.0, 1e4, -0.0]] * 3)], 1)  # 110 wide: lanes and a tail
+    up = torch.randn(3, gate.shape[1], generator=g)
+    out = ops.silu_mul(torch.cat([gate, up], 1))
+    assert out is not None and out.shape == gate.shape
+    want = (gate.double() * torch.sigmoid(gate.double())) * up.double()
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), want, rtol=4e-7, atol=1e-30)
+    assert ops.silu_mul(torch.zeros(2, 3)) is None  # an odd width has no gate / up halves
