@@ -127,7 +127,8 @@ class NativeLayers:
     def _mirror_tables(self, k: tuple[torch.Tensor, ...], v: tuple[torch.Tensor, ...]) -> tuple[Any, Any] | None:
         """Per-layer pointers of the mirror's K and V rows, rebuilt only when the mirror reallocates them; None
         where the rows are not all float32 on the CPU, dense per head, with one shape and one set of strides."""
-        if self._mirror is None or self._mirror[0] is not k:
+        cached = self._mirror  # read once: engines on other threads may share this model (and so this plan)
+        if cached is None or cached[0] is not k:
             k0 = k[0]
             same = all(t.shape == k0.shape and t.stride() == k0.stride() for t in (*k, *v))
             dense = k0.stride(-1) == 1 and k0.stride(-2) == k0.shape[-1]
@@ -138,8 +139,8 @@ class NativeLayers:
             n = len(self._layers)
             ks = (ctypes.c_void_p * n)(*(t.data_ptr() for t in k))
             vs = (ctypes.c_void_p * n)(*(t.data_ptr() for t in v))
-            self._mirror = (k, ks, vs)  # holds the tuple, so its identity cannot be reused while cached
-        return self._mirror[1], self._mirror[2]
+            cached = self._mirror = (k, ks, vs)  # holds the tuple, so its identity cannot be reused while cached
+        return cached[1], cached[2]
 
     def run(self, x: torch.Tensor, fused: FusedDecode) -> torch.Tensor | None:
         """The hidden states after every layer for the decode rows x `[B, hidden]`, or None (nothing computed,

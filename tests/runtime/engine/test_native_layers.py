@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from typing import Any
 
 import pytest
@@ -111,3 +112,19 @@ def test_silu_mul_is_silu_times_up_to_float32_rounding() -> None:
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.double(), want, rtol=4e-7, atol=1e-30)
     assert ops.silu_mul(torch.zeros(2, 3)) is None  # an odd width has no gate / up halves
+
+
+def test_two_engines_sharing_one_model_on_two_threads_decode_as_each_alone() -> None:
+    """The plan belongs to the model, and engines on other threads may share a model: each pass must use its own
+    engine's mirror and pool (the plan's cache of mirror pointers is read once per pass)."""
+    model = _gguf_model(bias=False)
+    alone = {rows: _decode_together(model, rows) for rows in (2, 4)}
+    together: dict[int, list[tuple[list[int], torch.Tensor]]] = {}
+    threads = [threading.Thread(target=lambda r=r: together.__setitem__(r, _decode_together(model, r))) for r in (2, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for rows in (2, 4):
+        for (tokens_a, a), (tokens_b, b) in zip(alone[rows], together[rows], strict=True):
+            assert tokens_a == tokens_b and torch.equal(a, b)
