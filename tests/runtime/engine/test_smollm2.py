@@ -1,6 +1,7 @@
 """The real model (SmolLM2-135M-Instruct, GGUF Q4_1 dequantised to float32): it answers, its paged logits equal
-the plain reference forward, and the cache changes nothing in its outputs. Skipped only where the model package
-is not installed (CI installs it); the model is loaded once for this module."""
+the plain reference forward, and the cache changes nothing in its outputs (on quant="gguf": the same weights, the
+file's blocks for decode). Skipped only where the model package is not installed (CI installs it); the model is
+loaded once per run (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ def smol(smollm2: Any) -> Any:
 @pytest.fixture(scope="module")
 def model(smol: Any) -> LlamaModel:
     return LlamaModel(smol.config, smol.weights)  # built once: the engines below share it
+
+
+@pytest.fixture(scope="module")
+def gguf_model(smollm2_gguf: Any) -> LlamaModel:
+    """The same weights with quant="gguf" (tests/conftest.py), for the test of the cache: it holds on either path."""
+    return LlamaModel(smollm2_gguf.config, smollm2_gguf.weights, quant="gguf", blocks=smollm2_gguf.blocks)
 
 
 def engine(model: LlamaModel, smol: Any, **kw: Any) -> Engine:
@@ -61,10 +68,10 @@ def test_paged_logits_equal_the_reference_forward(model: LlamaModel, smol: Any) 
 
 
 @pytest.mark.parametrize("page", [1, 16])
-def test_cache_on_equals_cache_off_across_turns_with_eviction(model: LlamaModel, smol: Any, page: int) -> None:
+def test_cache_on_equals_cache_off_across_turns_with_eviction(gguf_model: LlamaModel, smol: Any, page: int) -> None:
     capacity = 128 // page  # under two conversations: the distractor evicts part of the first turn
-    on = engine(model, smol, capacity_blocks=capacity, page_size=page)
-    off = engine(model, smol, capacity_blocks=capacity, page_size=page, enable_cache=False)
+    on = engine(gguf_model, smol, capacity_blocks=capacity, page_size=page)
+    off = engine(gguf_model, smol, capacity_blocks=capacity, page_size=page, enable_cache=False)
     msgs = [{"role": "user", "content": "Name a colour."}]
     distractor = [{"role": "user", "content": "List three animals that live in the sea, and say where. " * 6}]
     hits = []

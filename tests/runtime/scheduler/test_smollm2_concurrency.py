@@ -1,6 +1,6 @@
 """SmolLM2 under continuous batching: 16 interleaved chat sessions (greedy, a few tokens each) give the tokens of
-the same requests run alone with the cache off, also in a pool small enough to evict and preempt. Skipped where
-the model package is not installed; loaded once for this module."""
+the same requests run alone with the cache off, also in a pool small enough to evict and preempt; quant="gguf".
+Skipped where the model package is not installed; loaded once for this module."""
 
 from __future__ import annotations
 
@@ -19,13 +19,15 @@ SYSTEMS = ["You are a helpful assistant.", "You answer in French.", "You are a p
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2: Any) -> Any:
-    return smollm2  # loaded once per run (tests/conftest.py)
+def smol(smollm2_gguf: Any) -> Any:
+    return smollm2_gguf  # loaded once per run, with its Q4_1 blocks (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
 def model(smol: Any) -> LlamaModel:
-    return LlamaModel(smol.config, smol.weights)
+    # quant="gguf": decode batches of up to 8 on the blocks, larger ones on the float32 weights, so a request run
+    # alone and the same request among 16 take different products (as float32's batched and single decodes do)
+    return LlamaModel(smol.config, smol.weights, quant="gguf", blocks=smol.blocks)
 
 
 def conv(i: int) -> list[dict[str, str]]:

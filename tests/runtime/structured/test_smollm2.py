@@ -1,7 +1,8 @@
-"""The real model (SmolLM2-135M-Instruct), where the point is that a small model under the grammar emits what the
-schema says: tool_choice "required" over three tools on varied prompts gives calls that validate (jsonschema);
-json_schema outputs validate; streamed and whole replies assemble to the same calls at temperature 0; an agent
-loop of three tool steps replayed as OpenAI clients do hits each previous prompt and output's whole pages."""
+"""The real model (SmolLM2-135M-Instruct, quant="gguf"), where the point is that a small model under the grammar
+emits what the schema says: tool_choice "required" over three tools on varied prompts gives calls that validate
+(jsonschema); json_schema outputs validate; streamed and whole replies assemble to the same calls at temperature 0;
+an agent loop of three tool steps replayed as OpenAI clients do hits each previous prompt and output's whole
+pages."""
 
 from __future__ import annotations
 
@@ -46,8 +47,10 @@ PERSON = {
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2: Any) -> Any:
-    with Engine(LlamaModel(smollm2.config, smollm2.weights), tokenizer=smollm2.tokenizer, page_size=PAGE) as e:
+def engine(smollm2_gguf: Any) -> Any:
+    # quant="gguf" (tests/conftest.py): what is asserted is the grammar's and the cache's doing, on either weight path
+    model = LlamaModel(smollm2_gguf.config, smollm2_gguf.weights, quant="gguf", blocks=smollm2_gguf.blocks)
+    with Engine(model, tokenizer=smollm2_gguf.tokenizer, page_size=PAGE) as e:
         yield e
 
 
