@@ -5,11 +5,9 @@ index."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,22 +21,7 @@ PAGE = 4
 ENGINE = {"capacity_blocks": 96, "page_size": PAGE}
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = Path(__file__).resolve().parents[1] / "cli" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_cli_conftest", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module.write_tiny_checkpoint(tmp_path_factory.mktemp("models") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+# local_ray and tiny_dir: tests/cluster/conftest.py (one Ray cluster and one checkpoint for the Ray tests here)
 
 
 def _wait(condition, timeout: float = 60.0) -> None:
@@ -53,7 +36,7 @@ def _prompts(seed: int) -> tuple[list[int], list[int]]:
     return [rng.randrange(1, 250) for _ in range(40)], [rng.randrange(1, 250) for _ in range(40)]
 
 
-def test_routing_follows_the_index_that_events_keep(local_ray: None, tiny_dir: Path) -> None:
+def test_routing_follows_the_index_that_events_keep(local_ray: str, tiny_dir: Path) -> None:
     system_a, system_b = _prompts(1)
     with ReplicaCluster(str(tiny_dir), 2, engine_kwargs=ENGINE, poll_interval=None) as cluster:
         first_a = cluster.generate([*system_a, 7, 8, 9], 3)
@@ -73,7 +56,7 @@ def test_routing_follows_the_index_that_events_keep(local_ray: None, tiny_dir: P
         assert sorted(routed.values()) == [4, 4]
 
 
-def test_a_missed_event_sequence_triggers_a_resync(local_ray: None, tiny_dir: Path) -> None:
+def test_a_missed_event_sequence_triggers_a_resync(local_ray: str, tiny_dir: Path) -> None:
     system_a, _ = _prompts(2)
     with ReplicaCluster(str(tiny_dir), 1, engine_kwargs=ENGINE, poll_interval=None) as cluster:
         actor = cluster.actor(0)
@@ -91,7 +74,7 @@ def test_a_missed_event_sequence_triggers_a_resync(local_ray: None, tiny_dir: Pa
         assert cluster.index.keys(0) == keys and cluster.index.last_seq(0) == seq
 
 
-def test_a_killed_replica_is_dropped_and_restarted_with_no_hung_request(local_ray: None, tiny_dir: Path) -> None:
+def test_a_killed_replica_is_dropped_and_restarted_with_no_hung_request(local_ray: str, tiny_dir: Path) -> None:
     system_a, system_b = _prompts(3)
     with ReplicaCluster(str(tiny_dir), 2, engine_kwargs=ENGINE, poll_interval=0.05) as cluster:
         cluster.generate(system_a, 2)
@@ -123,7 +106,7 @@ def test_a_killed_replica_is_dropped_and_restarted_with_no_hung_request(local_ra
         assert again.token_ids
 
 
-def test_streams_through_the_front_door_survive_a_killed_replica(local_ray: None, tiny_dir: Path) -> None:
+def test_streams_through_the_front_door_survive_a_killed_replica(local_ray: str, tiny_dir: Path) -> None:
     """The server's path (ClusterEngine: streamed tokens over Ray): a request cut off before its first token is
     re-sent to the other replica; one cut off after it fails with ReplicaUnavailableError; none hangs."""
     from radixcache.runtime.cluster.front import ClusterEngine
@@ -160,7 +143,7 @@ def test_streams_through_the_front_door_survive_a_killed_replica(local_ray: None
         engine.close()
 
 
-def test_a_session_sticks_to_its_replica_through_the_front_door(local_ray: None, tiny_dir: Path) -> None:
+def test_a_session_sticks_to_its_replica_through_the_front_door(local_ray: str, tiny_dir: Path) -> None:
     """Two unrelated prompts of one session go to one replica; without the session the idle replicas alternate."""
     from radixcache.runtime.cluster.front import ClusterEngine
 
@@ -182,7 +165,7 @@ def test_a_session_sticks_to_its_replica_through_the_front_door(local_ray: None,
         engine.close()
 
 
-def test_a_saturated_replica_refuses_within_its_queue_limits(local_ray: None, tiny_dir: Path) -> None:
+def test_a_saturated_replica_refuses_within_its_queue_limits(local_ray: str, tiny_dir: Path) -> None:
     """Regression: replica actors took 64 calls, so a 65th waited in Ray's queue outside the engine's
     queue_timeout and failed a second later. Now every request reaches the engine's admission, whose timeout counts
     from the front door; errors relayed from the replica keep their type (the server's 503 / 429 / 400)."""
@@ -221,7 +204,7 @@ def test_a_saturated_replica_refuses_within_its_queue_limits(local_ray: None, ti
         full.close()
 
 
-def test_serve_over_replicas_answers_429_400_and_503_over_http(local_ray: None, tiny_dir: Path) -> None:
+def test_serve_over_replicas_answers_429_400_and_503_over_http(local_ray: str, tiny_dir: Path) -> None:
     """The OpenAI app over the front door on a real Ray replica: a full queue relayed from the replica is 429 with
     Retry-After, a prompt its pool can never hold 400, and once the replica is gone for good (killed, not
     restarted) 503 `replica_unavailable`; never a 500."""

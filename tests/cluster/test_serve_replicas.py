@@ -24,13 +24,6 @@ def _server_conftest() -> Any:
     return module
 
 
-def _cli_conftest() -> Any:
-    spec = importlib.util.spec_from_file_location("_cli_conftest", REPO / "cli" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
 def _conversation(client: Any, model: str, turns: list[str], system: str) -> list[int]:
     """Cached tokens of each turn of one conversation (the history grows with the model's replies)."""
     history = [{"role": "system", "content": system}]
@@ -43,12 +36,12 @@ def _conversation(client: Any, model: str, turns: list[str], system: str) -> lis
     return cached
 
 
-def test_two_replicas_serve_conversations_that_hit_their_history(tmp_path: Path) -> None:
+def test_two_replicas_serve_conversations_that_hit_their_history(local_ray: str, tiny_dir: Path) -> None:
+    """The server joins the shared Ray cluster (--ray-address; conftest.py): its replicas are Ray actors there."""
     import openai
 
-    model_dir = _cli_conftest().write_tiny_checkpoint(tmp_path / "tiny")
-    args = ("--replicas", "2", "--router", "cache_aware", "--kv-memory", "64MiB")
-    with _server_conftest().start_server(model_dir, *args, served="tiny") as server:
+    args = ("--replicas", "2", "--router", "cache_aware", "--kv-memory", "64MiB", "--ray-address", local_ray)
+    with _server_conftest().start_server(tiny_dir, *args, served="tiny") as server:
         client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=300)
         for i in range(3):
             system = f"You are tutor number {i}, for geography. Answer in a few words, always politely. " * 2
@@ -66,16 +59,17 @@ def test_two_replicas_serve_conversations_that_hit_their_history(tmp_path: Path)
         assert metrics["radixcache_prefix_cache_hits_tokens_total"] > 0
 
 
-def test_replay_on_replicas_prints_each_replicas_share(tmp_path: Path) -> None:
+def test_replay_on_replicas_prints_each_replicas_share(tmp_path: Path, tiny_dir: Path) -> None:
+    """Without --ray-address: the CLI starts a local Ray cluster of its own (and shuts it down)."""
     import subprocess
     import sys
 
-    model_dir = _cli_conftest().write_tiny_checkpoint(tmp_path / "tiny")
-    cmd = [sys.executable, "-c", "from radixcache.cli.main import main; main()", "replay", "--model", str(model_dir)]
+    cmd = [sys.executable, "-c", "from radixcache.cli.main import main; main()", "replay", "--model", str(tiny_dir)]
     cmd += ["--replicas", "2", "--limit", "4", "--max-tokens", "3", "--capacity-blocks", "2048", "--page-size", "4"]
     cmd += ["--concurrency", "2", "--json", str(tmp_path / "r.json")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "Started a local Ray instance" in done.stderr  # its own, not the shared cluster (conftest.py)
     assert "cache_aware over 2 replicas" in done.stdout and "indexed pages" in done.stdout
     import json
 

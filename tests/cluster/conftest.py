@@ -1,0 +1,63 @@
+"""The real-Ray tests of this folder (xdist group "ray": one worker runs them, one after another) share one local
+Ray cluster and one tiny checkpoint: test_cluster_ray's in-process ReplicaClusters, and test_serve_replicas' `serve
+--replicas`, which joins it with --ray-address. Starting a cluster and shutting it down costs about 2 + 1.4 s of a
+2-core machine (its autoscaler monitor alone takes 1 s to stop); each test still starts its own replicas.
+
+The cluster is shut down before any test that does not use it, except this folder's tests outside the "ray"
+group (pytest_runtest_teardown below), and after the last test: `replay --replicas` (the CLI's local start) and
+tests/router's Ray sweeps, which start Ray in this process, never find it running. (A "package" fixture would not
+do: this folder is no package, so it would live to the session's end.) Under `-n 2 --dist loadgroup` one worker
+runs the group's tests in a row."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+_running: dict[str, str] = {}  # "address": the shared cluster's, while it runs
+
+
+@pytest.fixture
+def local_ray() -> str:
+    """A local Ray cluster of 2 CPUs, this process its driver (started by the first test of a run that asks for
+    it); its address (GCS), for processes to join."""
+    if "address" not in _running:
+        ray = pytest.importorskip("ray")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        _running["address"] = ray.get_runtime_context().gcs_address
+    return _running["address"]
+
+
+def _keeps_it(item: pytest.Item | None) -> bool:
+    """Whether the cluster may stay up for the next test `item`: one that uses it, or one of this folder outside the
+    "ray" group (those start no Ray; this folder's hook sees their teardown too). A test elsewhere might start Ray
+    in this process, and this hook would not see its teardown: the cluster stops before it, and after the last."""
+    if item is None:
+        return False
+    if "local_ray" in getattr(item, "fixturenames", ()):
+        return True
+    group = item.get_closest_marker("xdist_group")
+    return Path(item.path).parent == HERE and (group is None or group.args[:1] != ("ray",))
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Shut the shared cluster down unless the next test keeps it (`_keeps_it`)."""
+    if "address" in _running and not _keeps_it(nextitem):
+        import ray
+
+        del _running["address"]
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint (tests/cli/conftest.py), written once for this folder's Ray tests (they only read it)."""
+    path = Path(__file__).resolve().parents[1] / "cli" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_cli_conftest", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.write_tiny_checkpoint(tmp_path_factory.mktemp("models") / "tiny")
