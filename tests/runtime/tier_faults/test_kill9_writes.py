@@ -4,63 +4,67 @@ written), nothing fails its checks, the directory is adopted again (even when th
 marker's write, short), and the dead writers' temporary files are gone. Then a few real-engine restarts after
 kill -9 in the middle of serving (the tiny random model, float64): every output equals a no-cache engine's.
 
-The writers are forked from the test process (no interpreter start each time: 50 kills stay affordable); the
-engine runs in a fresh interpreter, as a server would.
+The writers are forked from a small fork server (tests/runtime/tier_faults/kill9_writer.py: no interpreter start
+each time, and no copy of the pytest worker's page tables: 50 kills stay affordable); the engine runs in a fresh
+interpreter, as a server would.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from radixcache.runtime.kv.tier.disk_store import MARKER_NAME, DiskStore
+from tests.runtime.tier_faults.kill9_writer import FP, MAX_BYTES, META, payload, tokens
 
-FP = "kill9/float32/page4"
-META = {"dtype": "float32", "shape": [1, 2, 4, 1, 8]}
 KILLS = 50
-PAGES = 300  # distinct pages the writers draw from
-MAX_BYTES = 120 * 1500  # the store evicts too, while it is killed
+REPO = Path(__file__).resolve().parents[3]
 
 
-def _hash(i: int) -> bytes:
-    return hashlib.blake2b(f"page {i}".encode(), digest_size=16).digest()
+class Writers:
+    """The fork server of kill9_writer, a process of its own (see its docstring)."""
+
+    def __init__(self) -> None:
+        cmd = [sys.executable, "-m", "tests.runtime.tier_faults.kill9_writer"]
+        self._proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def _ask(self, *request: object) -> Any:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        answer = self._proc.stdout.readline()
+        assert answer, f"the fork server ended ({self._proc.poll()})"
+        return json.loads(answer)
+
+    def start(self, directory: Path, seed: int) -> int:
+        """Fork a writer; its pid (it is writing, or about to, when this returns)."""
+        return int(self._ask("start", str(directory), seed))
+
+    def killed(self, pid: int) -> bool:
+        """Reap a writer: True if SIGKILL ended it."""
+        return bool(self._ask("wait", pid))
+
+    def close(self) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.close()
+        self._proc.wait(30)
 
 
-def _tokens(page_hash: bytes) -> list[int]:
-    return [int.from_bytes(page_hash[k : k + 4], "little") for k in range(0, 16, 4)]
-
-
-def _payload(page_hash: bytes) -> bytes:
-    return hashlib.shake_256(page_hash).digest(600 + page_hash[0] * 4)
-
-
-def _write_forever(directory: Path, seed: int) -> None:
-    """The child: open the store, then write batches of pages (some already there) until killed."""
-    store = DiskStore(directory, max_bytes=MAX_BYTES, fingerprint=FP, max_pending=32)
-    rng = random.Random(seed)
-    while True:
-        for _ in range(16):
-            h = _hash(rng.randrange(PAGES))
-            store.put(h, _tokens(h), _payload(h), META)
-        store.flush(1.0)
-
-
-def _fork_writer(directory: Path, seed: int) -> int:
-    pid = os.fork()
-    if pid == 0:  # the child never returns into pytest
-        try:
-            _write_forever(directory, seed)
-        finally:
-            os._exit(0)
-    return pid
+@pytest.fixture(scope="module")
+def writers() -> Iterator[Writers]:
+    server = Writers()
+    yield server
+    server.close()
 
 
 def _check_restart(directory: Path) -> int:
@@ -70,7 +74,7 @@ def _check_restart(directory: Path) -> int:
         files = store.layout.page_files()
         for _, hash_hex, path in files:
             h = bytes.fromhex(hash_hex)
-            assert store.read(h, _tokens(h)) == (_payload(h), META), path
+            assert store.read(h, tokens(h)) == (payload(h), META), path
         assert store.stats().corrupt_pages == 0
         leftovers = [n for n in os.listdir(store.tmp_dir) if n.split("-", 1)[0] != str(os.getpid())]
         assert leftovers == [], "temporary files of killed writers were left"
@@ -79,7 +83,7 @@ def _check_restart(directory: Path) -> int:
 
 
 @pytest.mark.slow  # 50 forked writers: about 3 s
-def test_kill_9_at_50_random_points_never_leaves_a_wrong_page(tmp_path: Path) -> None:
+def test_kill_9_at_50_random_points_never_leaves_a_wrong_page(tmp_path: Path, writers: Writers) -> None:
     rng = random.Random(31)
     directory = tmp_path / "kv"
     pages_seen = []
@@ -89,11 +93,10 @@ def test_kill_9_at_50_random_points_never_leaves_a_wrong_page(tmp_path: Path) ->
             delay = rng.uniform(0.0, 0.004)
         else:
             delay = rng.uniform(0.0, 0.06)
-        pid = _fork_writer(directory, seed=k)
+        pid = writers.start(directory, seed=k)
         time.sleep(delay)
         os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-        assert os.WIFSIGNALED(status), "the writer ended before the kill"
+        assert writers.killed(pid), "the writer ended before the kill"
         if directory.exists():
             pages_seen.append(_check_restart(directory))
     assert sum(pages_seen) > 0 and max(pages_seen) > 20  # the kills did land during heavy writing
