@@ -8,7 +8,9 @@ in float32 with the sum of squares in double and a max-subtracted softmax: the s
 
 `NativeDecodeOps` is what the model (its norms, for up to `max_rows` rows; a decode pass's RoPE and K/V stores,
 runtime.model.fused_decode) and the decode mirror (its attention) call in that mode; anything else (more rows,
-another dtype or device) goes back to the PyTorch versions.
+another dtype or device) goes back to the PyTorch versions. With quant="gguf" the model also takes its
+SiLU(gate) * up from here, for every row count (decode_layers.c `native_silu_mul`: the function the native decode
+layers of runtime.model.native_layers use, so a decode row gets the same bits in either path).
 """
 
 from __future__ import annotations
