@@ -55,7 +55,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny checkpoint (tests/cli/conftest.py), written once for this folder's Ray tests (they only read it)."""
+    """The tiny checkpoint (tests/cli/conftest.py), written once for this folder's tests (they only read it)."""
     path = Path(__file__).resolve().parents[1] / "cli" / "conftest.py"
     spec = importlib.util.spec_from_file_location("_cli_conftest", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]

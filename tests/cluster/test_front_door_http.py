@@ -9,7 +9,6 @@ test_cluster_ray.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 from collections.abc import Iterator
@@ -24,15 +23,6 @@ from tests.cluster.stand_in import RayActorError, RayTaskError, echo_script, ins
 
 ITEM_TIMEOUT = 0.3
 BODY = {"model": "tiny", "prompt": [5, 6, 7, 8, 9], "max_tokens": 4, "temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = Path(__file__).resolve().parents[1] / "cli" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_cli_conftest", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module.write_tiny_checkpoint(tmp_path_factory.mktemp("models") / "tiny")
 
 
 @pytest.fixture
