@@ -132,8 +132,10 @@ def _timings(raw: dict[str, Any]) -> dict[str, dict[int, dict[str, float]]]:
 def plan_key(
     shapes: dict[str, int], threads: int, dtype: str, cpu: str, flags: tuple[str, ...], torch_version: str
 ) -> dict[str, Any]:
-    """What a plan holds for: `shapes` maps each shape name to how many layers have it."""
+    """What a plan holds for: `shapes` maps each shape name to how many layers have it. The paths it chose from
+    are part of it: a plan measured before a path existed is measured again."""
     return {
+        "paths": list(PATHS),
         "cpu": cpu,
         "flags": list(flags),
         "torch": torch_version,

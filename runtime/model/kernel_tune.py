@@ -1,5 +1,6 @@
 """Kernels chosen by measurement: at load, time each float32 linear path (model.linear's PATHS: F.linear, the
-transposed MKL product, oneDNN on the reordered weight) for each of the model's weight shapes at each row bucket
+transposed MKL product, oneDNN on the reordered weight, the native densedot.c product at decode buckets) for each
+of the model's weight shapes at each row bucket
 (model.kernel_plan's BUCKETS), keep the fastest, and cache the choice per machine, torch, thread count and model.
 
 Why: the fixed rules were measured on one machine and are wrong on another (on one 2-core AVX-512 VM, batch-1 fp32
@@ -204,7 +205,9 @@ def _choose(by_bucket: dict[int, dict[str, float]]) -> dict[int, str]:
 def _time_bucket(
     layers: list[DenseLinear], paths: dict[str, tuple[str, ...]], rows: int, rounds: int, guard: BusyGuard
 ) -> dict[str, dict[str, float]]:
-    """{shape: {path: microseconds over the timed layers}} at `rows` rows."""
+    """{shape: {path: microseconds over the timed layers}} at `rows` rows. "native" is timed at decode buckets
+    only: past 8 rows it reads the weight once per 8 rows, which a compute-bound bucket's GEMM never does."""
+    paths = {s: tuple(p for p in ps if p != "native" or rows <= DECODE_ROWS) for s, ps in paths.items()}
     timed = _selection(layers, rows)
     gen = torch.Generator().manual_seed(rows)
     inputs = {n: torch.randn(rows, n, generator=gen) for n in {layer.weight.shape[1] for layer in timed}}

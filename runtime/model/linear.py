@@ -11,10 +11,13 @@
   (`prefill=True`) keep F.linear: its float32 summation order is the one the float64-reference tests (prompts of
   ~20 tokens, bound 1e-4) were tuned on, and the reordered kernel moved that test from 6.5e-5 to 9.9e-5. Cost:
   the weights are held twice (plain and reordered). `prepack=False` keeps one copy and uses F.linear from 3 rows.
-  Those are the fixed rules (`kernels="fixed"`). The engine's default measures the three paths (`PATHS`:
-  "linear", "mm_t", "onednn") on this machine instead and gives each layer its fastest per row count
+  Those are the fixed rules (`kernels="fixed"`). The engine's default measures the four paths (`PATHS`:
+  "linear", "mm_t", "onednn", "native") on this machine instead and gives each layer its fastest per row count
   (`use_paths`, runtime.model.kernel_tune): the same product, in another summation order. A layer whose paths
-  never name "onednn" drops the reordered copy.
+  never name "onednn" drops the reordered copy. "native" is runtime/native/densedot.c, a float32 product for 1 to
+  8 rows that streams W once for all of them on one sequential stream per thread (larger inputs run in chunks of 8
+  rows); where its paths name it, the native decode layers (model.native_layers) run the float32 model's decode
+  passes too.
 - `Float16Linear` (`quant="fp16"`): weights stored in float16 and packed for fbgemm; activations stay float32.
   Half the bytes to read per token, results within float16 rounding of the weights.
 
@@ -28,6 +31,7 @@ two thirds and changed greedy answers (docs/benchmarks.md, "Weight formats").
 
 from __future__ import annotations
 
+import ctypes
 from typing import Protocol
 
 import torch
@@ -35,7 +39,9 @@ import torch.nn.functional as F
 
 _TRANSPOSED_MAX_ROWS = 2  # up to this many rows: the transposed MKL product; above: the reordered oneDNN weight
 _PREFILL_PLAIN_ROWS = range(17, 64)  # prefill chunks of these sizes keep F.linear (see the module docstring)
-PATHS = ("linear", "mm_t", "onednn")  # F.linear; (W @ x.T).T, one row padded to two; oneDNN on the reordered copy
+# F.linear; (W @ x.T).T, one row padded to two; oneDNN on the reordered copy; densedot.c (runtime.native)
+PATHS = ("linear", "mm_t", "onednn", "native")
+NATIVE_ROWS = 8  # rows per densedot call (its BLOCKDOT_MAX_TOKENS); more run in chunks of this many
 
 
 class Linear(Protocol):
@@ -63,6 +69,7 @@ class DenseLinear:
         self._packed: torch.Tensor | None = None
         self._by_rows: tuple[str, ...] | None = None  # measured paths: [rows] for rows < len, the last one above
         self._prepack = prepack
+        self._native: _NativeWeight | bool | None = False  # False: not looked up yet; None: the path cannot run
         if prepack and self.can_run("onednn"):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
 
@@ -78,13 +85,31 @@ class DenseLinear:
         return self._by_rows
 
     def can_run(self, path: str) -> bool:
-        """Whether `path` (one of PATHS) runs for this weight: "mm_t" and "onednn" on float32 CPU weights only,
-        "onednn" where this torch has the ops."""
+        """Whether `path` (one of PATHS) runs for this weight: "mm_t", "onednn" and "native" on float32 CPU weights
+        only, "onednn" where this torch has the ops, "native" where the native library builds."""
         if path == "linear":
             return True
         if path not in PATHS or not self._cpu or self.weight.dtype != torch.float32:
             return False
+        if path == "native":
+            return self.native_weight() is not None
         return path == "mm_t" or _has_onednn_linear()
+
+    def native_weight(self) -> _NativeWeight | None:
+        """The weight as densedot.c takes it (pointer tables over this layer's own storage, no copy), or None where
+        the path cannot run (not float32 on the CPU, or no native library on this machine)."""
+        if self._native is False:
+            self._native = None
+            if self._cpu and self.weight.dtype == torch.float32:
+                self._native = _NativeWeight.of(self.weight)
+        return self._native  # type: ignore[return-value]
+
+    def path_for(self, rows: int) -> str | None:
+        """The measured path that `rows` rows run, or None under the fixed rules."""
+        measured = self._by_rows
+        if measured is None:
+            return None
+        return measured[rows] if rows < len(measured) else measured[-1]
 
     def use_paths(self, by_rows: tuple[str, ...] | None) -> None:
         """Run `by_rows[rows]` for `rows` (the last entry for every larger count; index 0 serves an empty input),
@@ -111,6 +136,12 @@ class DenseLinear:
             if self._packed is None:
                 raise ValueError("the onednn path needs the reordered weight (prepack, or use_paths naming it)")
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        if path == "native":
+            native = self.native_weight()
+            if native is None:
+                raise ValueError("the native path needs a float32 CPU weight and the native library (a C compiler)")
+            y = native.matmul(x)
+            return y if self.bias is None else y + self.bias
         if path != "mm_t":
             raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
         rows = x.shape[0]
@@ -135,6 +166,44 @@ class DenseLinear:
         padded = torch.cat((x, x)) if rows == 1 else x.contiguous()
         y = torch.mm(self.weight, padded.t())[:, :rows].t()
         return y if self.bias is None else y + self.bias
+
+
+class _NativeWeight:
+    """A float32 weight's pointer tables for densedot_matmul (one part, kind F32), kept with the library."""
+
+    def __init__(self, weight: torch.Tensor, lib: ctypes.CDLL) -> None:
+        self.weight = weight  # held: the tables point into its storage
+        self.lib = lib
+        self.data = (ctypes.c_void_p * 1)(weight.data_ptr())
+        self.kinds = (ctypes.c_int * 1)(0)  # KIND_F32 (runtime/native/ggml_blocks.h)
+        self.rows = (ctypes.c_int * 1)(weight.shape[0])
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> _NativeWeight | None:
+        from radixcache.runtime.native import NativeBuildError, blockdot
+
+        if weight.dim() != 2 or not weight.is_contiguous() or weight.shape[0] < 1:
+            return None
+        try:
+            return cls(weight, blockdot())
+        except NativeBuildError:
+            return None
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W.T for x `[T, in]` float32, in chunks of NATIVE_ROWS rows."""
+        out_f, in_f = self.weight.shape
+        if x.dim() != 2 or x.shape[1] != in_f or x.dtype != torch.float32 or x.device.type != "cpu":
+            raise ValueError(f"the native path takes float32 CPU rows [T, {in_f}], got {x.dtype} {tuple(x.shape)}")
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], out_f)
+        for lo in range(0, x.shape[0], NATIVE_ROWS):
+            rows = min(NATIVE_ROWS, x.shape[0] - lo)
+            status = self.lib.densedot_matmul(
+                1, self.data, self.kinds, self.rows, in_f, x[lo].data_ptr(), rows, y[lo].data_ptr(), out_f
+            )
+            if status != 0:
+                raise RuntimeError(f"densedot_matmul refused a [{rows}, {in_f}] input for a {out_f}x{in_f} weight")
+        return y
 
 
 class Float16Linear:

@@ -162,7 +162,7 @@ class LlamaModel:
         self.cos, self.sin = rope_tables(config, self.device, dtype)
         half = config.head_dim // 2
         self.signed_sin = torch.cat((-self.sin[:, :half], self.sin[:, half:]), dim=-1)  # see _rope_signed
-        self.native_layers = NativeLayers.build(self) if quant == "gguf" else None  # None: eager layers only
+        self.native_layers = NativeLayers.build(self) if self.native is not None else None  # None: eager layers only
 
     # ------------------------------------------------------------------ public API
 
@@ -373,6 +373,8 @@ class LlamaModel:
         if native is not None:
             return native
         cos, sin = self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)  # once per forward
+        # the native SiLU wherever the native layers may run these rows: a row gets their bits either way
+        native_silu = self.quant == "gguf" or (self.native_layers is not None and self.native_layers.takes(t))
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(self._norm(x, layer.ln_in, eps), prefill, decode_rows=decode_rows)
             if isinstance(attend, FusedDecode):
@@ -385,7 +387,7 @@ class LlamaModel:
                 att = attend(i, q, k, v)
             x = x + layer.o(att.reshape(t, h * d), prefill, decode_rows=decode_rows)
             gated = layer.gate_up(self._norm(x, layer.ln_post, eps), prefill, decode_rows=decode_rows)
-            act = silu_mul(gated, self.native if self.quant == "gguf" else None)
+            act = silu_mul(gated, self.native if native_silu else None)
             x = x + layer.down(act, prefill, decode_rows=decode_rows)
         return x
 

@@ -1,4 +1,5 @@
-"""A decode pass's decoder layers in one native call (runtime/native/decode_layers.c), for quant="gguf".
+"""A decode pass's decoder layers in one native call (runtime/native/decode_layers.c), for quant="gguf" and for
+float32 models whose measured kernels (model.kernel_tune) run every product natively.
 
 At batch 1 the eager layer is about a dozen Python-level calls into native kernels and ATen, a few microseconds
 of interpreter and dispatch each: about 1.5 ms of a 10 ms SmolLM2 step on this project's 2-core machine, where
@@ -7,10 +8,13 @@ functions in the same order on the same buffers: the same bits as the eager pass
 (tests/runtime/engine/test_native_layers.py), minus the interpreter.
 
 It serves what FusedDecode serves (decodes only, attention over the decode mirror) when, in addition, every
-product of every layer is a block kernel (runtime/model/block_linear.py) taking the pass's rows and the rows fit the
-native norm. `run` returns None for anything else: the eager layers run.
+product of every layer takes the pass's rows natively and the rows fit the native norm: with quant="gguf" every
+product is a block kernel (runtime/model/block_linear.py); in a float32 model every product is a DenseLinear whose
+measured path for that many rows is "native" (runtime/native/densedot.c; under the fixed rules it never is).
+`run` returns None for anything else: the eager layers run.
 The plan (pointer tables of the weights) is built once per model; the kernel of each product is looked up once
-per row count, as BlockLinear's own `kernel_for` decides it.
+per row count, as BlockLinear's own `kernel_for` decides it. A float32 pass has the eager pass's bits too: the
+eager layers take the native SiLU for any row count this plan `takes` (model.llama).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from radixcache.runtime.model.block_linear import BlockLinear
+from radixcache.runtime.model.linear import NATIVE_ROWS, DenseLinear
 
 if TYPE_CHECKING:
     from radixcache.runtime.model.fused_decode import FusedDecode
@@ -60,17 +65,26 @@ class NativeLayer(ctypes.Structure):
     _fields_ = [("ln_in", ctypes.c_void_p), ("ln_post", ctypes.c_void_p)] + [(n, NativeLinear) for n in _PRODUCTS]
 
 
+_DENSE_KERNEL = 2  # decode_layers.c's kernel id of densedot_matmul
+
+
 def _kernel_id(linear: BlockLinear, rows: int) -> int:
     """The kernel BlockLinear runs for `rows` decode rows (its `__call__` with decode_rows=rows, no prefill)."""
     name = "int8" if linear.activations == "int8-decode" else linear.kernel_for(rows, False)
     return {"float": 0, "int8": 1}[name]
 
 
+def _native_dense(linear: object) -> bool:
+    return isinstance(linear, DenseLinear) and linear.can_run("native")
+
+
 class NativeLayers:
     """The model's layers as one native call per decode pass (see the module docstring)."""
 
-    def __init__(self, model: Any, lib: ctypes.CDLL) -> None:
+    def __init__(self, model: Any, lib: ctypes.CDLL, dense: bool = False) -> None:
         cfg = model.config
+        self.dense = dense  # float32 DenseLinear products (densedot.c) rather than GGUF blocks
+        self._dense_takes: dict[int, tuple[Any, Any, bool]] = {}  # rows -> (paths seen, ..., all native); _takes
         self._lib = lib
         self._model = model
         self._layers = model.layers
@@ -87,8 +101,11 @@ class NativeLayers:
         native = getattr(model, "native", None)
         if native is None or not model.layers:
             return None
+        dense = _native_dense(model.layers[0].qkv)
         for layer in model.layers:
-            if not all(isinstance(getattr(layer, n), BlockLinear) for n in _PRODUCTS):
+            if dense and not all(_native_dense(getattr(layer, n)) for n in _PRODUCTS):
+                return None
+            if not dense and not all(isinstance(getattr(layer, n), BlockLinear) for n in _PRODUCTS):
                 return None
             for w in (layer.ln_in, layer.ln_post):
                 if w.device.type != "cpu" or w.dtype != torch.float32 or not w.is_contiguous():
@@ -98,7 +115,7 @@ class NativeLayers:
         inter = model.layers[0].gate_up.out_features
         if inter % 2 or any(layer.gate_up.out_features != inter for layer in model.layers):
             return None
-        return cls(model, native._lib)
+        return cls(model, native._lib, dense)
 
     def _table(self, rows: int) -> ctypes.Array[NativeLayer]:
         """The layer table for `rows` decode rows (each product's kernel chosen as BlockLinear chooses it)."""
@@ -108,6 +125,9 @@ class NativeLayers:
             for entry, layer in zip(table, self._layers, strict=True):
                 entry.ln_in, entry.ln_post = layer.ln_in.data_ptr(), layer.ln_post.data_ptr()
                 for name in _PRODUCTS:
+                    if self.dense:
+                        setattr(entry, name, self._dense_entry(getattr(layer, name)))
+                        continue
                     linear: BlockLinear = getattr(layer, name)
                     bias = linear.bias.data_ptr() if linear.bias is not None else None
                     native = NativeLinear(
@@ -123,6 +143,31 @@ class NativeLayers:
                     setattr(entry, name, native)
             self._by_rows[rows] = table
         return table
+
+    @staticmethod
+    def _dense_entry(linear: DenseLinear) -> NativeLinear:
+        weight = linear.native_weight()
+        assert weight is not None  # build() checked every product
+        bias = linear.bias.data_ptr() if linear.bias is not None else None
+        data, kinds, parts = (ctypes.cast(a, ctypes.c_void_p) for a in (weight.data, weight.kinds, weight.rows))
+        cols, out = linear.weight.shape[1], linear.weight.shape[0]
+        return NativeLinear(data, kinds, parts, bias, 1, cols, out, _DENSE_KERNEL)
+
+    def takes(self, rows: int) -> bool:
+        """Whether every product runs `rows` rows natively: always for blocks (up to their max_tokens); for float32
+        products, where every one's measured path for `rows` is "native"."""
+        if not self.dense:
+            return rows <= self._layers[0].qkv.max_tokens
+        # a plan is applied to every layer at once (kernel_tune.apply_plan): the first and last products' path
+        # tables (held here, so their identities cannot be reused) say whether the answer below still stands
+        first, last = self._layers[0].qkv.paths, self._layers[-1].down.paths
+        cached = self._dense_takes.get(rows)
+        if cached is None or cached[0] is not first or cached[1] is not last:
+            ok = rows <= NATIVE_ROWS and all(
+                getattr(layer, n).path_for(rows) == "native" for layer in self._layers for n in _PRODUCTS
+            )
+            cached = self._dense_takes[rows] = (first, last, ok)
+        return cached[2]
 
     def _mirror_tables(self, k: tuple[torch.Tensor, ...], v: tuple[torch.Tensor, ...]) -> tuple[Any, Any] | None:
         """Per-layer pointers of the mirror's K and V rows, rebuilt only when the mirror reallocates them; None
@@ -149,7 +194,7 @@ class NativeLayers:
         rows = x.shape[0]
         if (mirror.order is None) != (mirror.inverse is None) or mirror.native is None:
             return None
-        if not 0 < rows <= min(native.max_rows, self._layers[0].qkv.max_tokens) or x.dtype != torch.float32:
+        if not 0 < rows <= native.max_rows or x.dtype != torch.float32 or not self.takes(rows):
             return None
         tables = self._mirror_tables(mirror.k, mirror.v)
         if tables is None:

@@ -3,7 +3,8 @@
 `blockdot.c` multiplies float32 activations by weights kept in GGUF's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
 Q5_K, Q6_K; runtime.model.block_linear); `qdot.c` does the same products with the activations quantised to int8
 per 32 values (integer dot products: AVX-512 VNNI, AVX-VNNI, AVX2 or portable C); `ggml_blocks.h` holds the block
-layouts both read. They are compiled together, once per source, compiler and CPU into a cache folder
+layouts both read. `densedot.c` runs the same call on plain float32 rows (the float32 model's decode
+products). They are compiled together, once per source, compiler and CPU into a cache folder
 (`$RADIXCACHE_NATIVE_CACHE`, else `~/.cache/radixcache/native`, else a per-user temporary folder) with
 `-O3 -march=native -fopenmp`, and reused.
 The compiler is `$CC`, else `cc`. OpenMP: torch is imported first, so the library binds to the libgomp torch
@@ -29,7 +30,8 @@ import torch  # noqa: F401  (loaded first on purpose: its libgomp is the one the
 
 SOURCE = Path(__file__).with_name("blockdot.c")
 SOURCES = tuple(
-    SOURCE.with_name(n) for n in ("blockdot.c", "qdot.c", "decode_attention.c", "decode_store.c", "decode_layers.c")
+    SOURCE.with_name(n)
+    for n in ("blockdot.c", "qdot.c", "densedot.c", "decode_attention.c", "decode_store.c", "decode_layers.c")
 )
 HEADERS = tuple(SOURCE.with_name(n) for n in ("ggml_blocks.h", "block_decode.h", "vector_exp.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
@@ -61,6 +63,8 @@ def blockdot() -> ctypes.CDLL:
     lib.blockdot_matmul.restype = ctypes.c_int
     lib.qdot_matmul.argtypes = lib.blockdot_matmul.argtypes  # the same call with int8 activations: 0, -1 or -2
     lib.qdot_matmul.restype = ctypes.c_int
+    lib.densedot_matmul.argtypes = lib.blockdot_matmul.argtypes  # the same call on float32 rows: 0, or -1
+    lib.densedot_matmul.restype = ctypes.c_int
     for name in ("blockdot_max_tokens", "blockdot_max_parts", "blockdot_vector_width", "qdot_path"):
         getattr(lib, name).restype = ctypes.c_int
     # (x, weight, rows, cols, eps, out) -> 0, or -1

@@ -11,7 +11,8 @@
  *   a = decode_attention(q, mirror); x = x + (Wo a (+ bias));
  *   h = rms_norm(x, ln_post); gu = Wgu h (+ bias); x = x + (Wdown silu_mul(gu) (+ bias)).
  *
- * A product runs blockdot_matmul (float activations) or qdot_matmul (int8), as the layer's `kernel` says. */
+ * A product runs blockdot_matmul (float activations), qdot_matmul (int8) or densedot_matmul (a float32 model's
+ * plain weights), as the layer's `kernel` says. */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -23,6 +24,8 @@ int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const
                     const float *x, int ntok, float *y, int ldy);
 int qdot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols, const float *x,
                 int ntok, float *y, int ldy);
+int densedot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
+                    const float *x, int ntok, float *y, int ldy);
 int native_rms_norm(const float *x, const float *w, int rows, int cols, float eps, float *out);
 int native_rope_store(const float *qkv, int rows, int heads, int kv_heads, int head_dim, const long *positions,
                       const float *cos, const float *ssin, long max_position, float *q_out, float *pool_k,
@@ -68,8 +71,8 @@ int native_silu_mul(const float *gu, int rows, int inter, float *out) {
     return 0;
 }
 
-/* One block product: weights as the parts of runtime/model/block_linear.py, `kernel` 0 (float activations) or 1
- * (int8), an optional bias of `out` values. Layout must match NativeLinear in runtime/model/native_layers.py. */
+/* One product: weights as the parts of runtime/model/block_linear.py, `kernel` 0 (blocks, float activations), 1
+ * (blocks, int8 activations) or 2 (plain float32 rows: densedot.c), an optional bias of `out` values. Layout must match NativeLinear in runtime/model/native_layers.py. */
 typedef struct {
     const void *const *data;
     const int *kinds;
@@ -89,8 +92,10 @@ typedef struct {
 } native_layer;
 
 static int product(const native_linear *w, const float *x, int rows, float *y) {
-    const int status = (w->kernel ? qdot_matmul : blockdot_matmul)(w->nparts, w->data, w->kinds, w->rows, w->cols,
-                                                                    x, rows, y, w->out);
+    typedef int (*matmul_fn)(int, const void *const *, const int *, const int *, int, const float *, int, float *, int);
+    static const matmul_fn kernels[3] = {blockdot_matmul, qdot_matmul, densedot_matmul};
+    if (w->kernel < 0 || w->kernel > 2) return -1;
+    const int status = kernels[w->kernel](w->nparts, w->data, w->kinds, w->rows, w->cols, x, rows, y, w->out);
     if (status != 0 || w->bias == NULL) return status;
     for (int t = 0; t < rows; t++)
         for (int i = 0; i < w->out; i++) y[(size_t)t * w->out + i] += w->bias[i];

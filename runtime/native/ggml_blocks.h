@@ -19,6 +19,7 @@
 #define BLOCKDOT_MAX_PARTS 8
 
 enum {
+    KIND_F32 = 0, /* plain float32 rows: densedot.c only (block_elems and block_bytes give 0) */
     KIND_Q4_0 = 2,
     KIND_Q4_1 = 3,
     KIND_Q5_0 = 6,

@@ -1,11 +1,13 @@
 """runtime.model.native_layers and runtime/native/decode_layers.c: a quant="gguf" decode pass's layers in one native
 call must give the eager layers' bits (the same native functions in the same order), on a batch of 4 rows that
 shrinks to 1 as requests finish (its mirror rows then out of batch order), with and without q/k/v bias, on both
-activation kernels; passes it does not take (5 rows and more) run the eager layers; and the native SiLU(gate) * up
-is SiLU to float32 rounding."""
+activation kernels; passes it does not take (5 rows and more) run the eager layers; a float32 model whose plan
+puts its products on "native" gets the same (and stays within float32 error of its fixed rules), a model of mixed
+products gets no plan; and the native SiLU(gate) * up is SiLU to float32 rounding."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import threading
@@ -16,6 +18,9 @@ import torch
 
 from radixcache.runtime import Engine
 from radixcache.runtime.model import native_layers
+from radixcache.runtime.model.kernel_plan import BUCKETS, KernelPlan
+from radixcache.runtime.model.kernel_tune import apply_plan, model_linears
+from radixcache.runtime.model.linear import DenseLinear
 from radixcache.runtime.model.llama import LlamaModel
 from radixcache.runtime.native.ops import NativeDecodeOps
 from radixcache.runtime.testing import hold_engine_loop, random_block_weight, random_weights, tiny_config
@@ -40,12 +45,15 @@ def _gguf_model(bias: bool, seed: int = 5) -> LlamaModel:
     return LlamaModel(cfg, weights, quant="gguf", blocks=blocks)
 
 
-def _decode_together(model: LlamaModel, rows: int) -> list[tuple[list[int], torch.Tensor]]:
+def _decode_together(model: LlamaModel, rows: int, path: str | None = None) -> list[tuple[list[int], torch.Tensor]]:
     """`rows` requests queued at once: they prefill, then decode as one batch that shrinks as each finishes (its
-    own max_tokens), so every run of this has the same passes. Greedy, with logits."""
+    own max_tokens), so every run of this has the same passes. Greedy, with logits. `path`: a float32 model's
+    products on it for 1 to 8 rows (`_force`, after the engine applied the suite's fixed rules)."""
     g = torch.Generator().manual_seed(rows)
     prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (9, 30, 17, 41, 5, 22)[:rows]]
     with Engine(model, capacity_blocks=64, page_size=8, threads=1, thread_policy="fixed") as engine:
+        if path is not None:
+            _force(model, path)
         release = hold_engine_loop(engine)
         handles = [engine.submit(p, 6 + 3 * i, ignore_eos=True, return_logits=True) for i, p in enumerate(prompts)]
         release()
@@ -95,9 +103,49 @@ def test_more_rows_than_the_native_norm_takes_run_the_eager_layers(monkeypatch: 
         assert tokens_a == tokens_b and torch.equal(a, b)
 
 
-def test_a_model_with_a_dense_product_has_no_plan() -> None:
-    cfg = tiny_config()
-    assert LlamaModel(cfg, random_weights(cfg, 1)).native_layers is None  # float32: no block products at all
+def _force(model: LlamaModel, path_to_8: str) -> None:
+    """Every product of a float32 model on `path_to_8` for 1 to 8 rows and F.linear above (a measured plan)."""
+    layers = model_linears(model)
+    shapes = {f"{x.weight.shape[0]}x{x.weight.shape[1]}" for x in layers}
+    choices = {s: {b: path_to_8 if b <= 8 else "linear" for b in BUCKETS} for s in shapes}
+    apply_plan(layers, KernelPlan({}, choices))
+
+
+def test_float32_native_layers_give_the_eager_layers_bits_and_stay_near_float64(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A float32 model whose plan puts every product's 1 to 8 rows on "native" (densedot.c): its decode passes run
+    in the native layers with the eager layers' bits, and its logits stay within float32 error of the same model
+    under the fixed rules (another summation order: MKL's and oneDNN's)."""
+    cfg = tiny_config(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16)
+    model = LlamaModel(cfg, random_weights(cfg, 9))
+    plan = model.native_layers
+    assert plan is not None and plan.dense and not plan.takes(1)  # the fixed rules never run natively
+    fixed = _decode_together(model, 4)
+    _force(model, "native")
+    assert plan.takes(1) and plan.takes(4) and not plan.takes(9)
+    _force(model, "mm_t")  # a plan that is not native for these rows: the plan's own cache follows it
+    assert not plan.takes(1)
+    ran: list[bool] = []
+    real = native_layers.NativeLayers.run
+    monkeypatch.setattr(
+        native_layers.NativeLayers, "run", lambda self, x, f: ran.append((out := real(self, x, f)) is not None) or out
+    )
+    native = _decode_together(model, 4, "native")
+    assert ran and all(ran), "the native layers never ran, or refused a pass"
+    monkeypatch.setattr(native_layers.NativeLayers, "run", lambda self, x, f: None)  # the plan stays: its SiLU too
+    eager = _decode_together(model, 4, "native")
+    for (tokens_a, a), (tokens_b, b), (tokens_c, c) in zip(native, eager, fixed, strict=True):
+        assert tokens_a == tokens_b and torch.equal(a, b)
+        assert tokens_a == tokens_c
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_with_mixed_products_has_no_plan() -> None:
+    model = _gguf_model(bias=False)
+    last = model.layers[-1]  # one dense product among block ones
+    model.layers[-1] = dataclasses.replace(last, down=DenseLinear(torch.randn(64, 128)))
+    assert native_layers.NativeLayers.build(model) is None
 
 
 def test_silu_mul_is_silu_times_up_to_float32_rounding() -> None:

@@ -1,0 +1,93 @@
+/* y[t, o] = sum_k W[o, k] * x[t, k] for a float32 weight W (row-major `[rows, cols]`) and 1 to 8 rows of x:
+ * the float32 model's decode products (runtime/model/linear.py's "native" path, and the native decode layers).
+ *
+ * At a decode batch the product reads every weight once and does two flops per 4 bytes read: its speed is how
+ * fast the cores stream W. Each thread takes a contiguous share of W's rows (one sequential stream per thread)
+ * and reads each weight vector once for all `ntok` rows of x, whose per-row sums stay in registers (`ntok` a
+ * compile-time constant in each case of dense_rows_n). Sums are float32 in a fixed order per output (16 lanes, then
+ * a tree), whatever the thread count: the result never depends on it.
+ *
+ * Same arguments as blockdot_matmul (blockdot.c), so the decode layers call either through one pointer type: a
+ * weight may be up to BLOCKDOT_MAX_PARTS parts stacked by rows, every kind KIND_F32 (ggml's type id 0). */
+#include <stddef.h>
+#include <stdint.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "ggml_blocks.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+static inline float dense_hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* One output row for `ntok` rows of x: out[t] = w . x[t]. */
+static inline __attribute__((always_inline)) void dense_row(const float *w, const float *x, int cols, int ntok,
+                                                            float *out) {
+    int k = 0;
+#if defined(__AVX512F__)
+    __m512 acc[BLOCKDOT_MAX_TOKENS];
+    for (int t = 0; t < ntok; t++) acc[t] = _mm512_setzero_ps();
+    for (; k + 16 <= cols; k += 16) {
+        const __m512 wv = _mm512_loadu_ps(w + k);
+        for (int t = 0; t < ntok; t++) acc[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)t * cols + k), acc[t]);
+    }
+    for (int t = 0; t < ntok; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[BLOCKDOT_MAX_TOKENS];
+    for (int t = 0; t < ntok; t++) acc[t] = _mm256_setzero_ps();
+    for (; k + 8 <= cols; k += 8) {
+        const __m256 wv = _mm256_loadu_ps(w + k);
+        for (int t = 0; t < ntok; t++) acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)t * cols + k), acc[t]);
+    }
+    for (int t = 0; t < ntok; t++) out[t] = dense_hsum256(acc[t]);
+#else
+    for (int t = 0; t < ntok; t++) out[t] = 0.0f;
+#endif
+    for (; k < cols; k++) /* the tail past the last full vector (none for widths that are multiples of 16) */
+        for (int t = 0; t < ntok; t++) out[t] += w[k] * x[(size_t)t * cols + k];
+}
+
+static void dense_rows_n(const float *w, const float *x, int cols, int ntok, float *out) {
+    switch (ntok) {
+    case 1: dense_row(w, x, cols, 1, out); break;
+    case 2: dense_row(w, x, cols, 2, out); break;
+    case 3: dense_row(w, x, cols, 3, out); break;
+    case 4: dense_row(w, x, cols, 4, out); break;
+    case 5: dense_row(w, x, cols, 5, out); break;
+    case 6: dense_row(w, x, cols, 6, out); break;
+    case 7: dense_row(w, x, cols, 7, out); break;
+    case 8: dense_row(w, x, cols, 8, out); break;
+    default: break; /* never: densedot_matmul keeps ntok in 1..BLOCKDOT_MAX_TOKENS */
+    }
+}
+
+/* y[t * ldy + o] for the rows of `nparts` stacked float32 parts (part p: `rows[p]` rows at `data[p]`, kind
+ * KIND_F32), all with `cols` columns. Returns 0, or -1 for arguments out of range (nothing is written then). */
+int densedot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
+                    const float *x, int ntok, float *y, int ldy) {
+    if (nparts < 1 || nparts > BLOCKDOT_MAX_PARTS || ntok < 1 || ntok > BLOCKDOT_MAX_TOKENS || cols < 1) return -1;
+    int start[BLOCKDOT_MAX_PARTS + 1];
+    start[0] = 0;
+    for (int p = 0; p < nparts; p++) {
+        if (kinds[p] != KIND_F32 || rows[p] < 0) return -1;
+        start[p + 1] = start[p] + rows[p];
+    }
+    const int total = start[nparts];
+    if (total > ldy) return -1;
+#pragma omp parallel for schedule(static)
+    for (int o = 0; o < total; o++) {
+        int p = 0;
+        while (o >= start[p + 1]) p++;
+        const float *w = (const float *)data[p] + (size_t)(o - start[p]) * cols;
+        float out[BLOCKDOT_MAX_TOKENS];
+        dense_rows_n(w, x, cols, ntok, out);
+        for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
+    }
+    return 0;
+}
