@@ -90,6 +90,14 @@ def replay(
       radixcache replay --compare --limit 2
       radixcache replay chat.jsonl --mode recorded --max-tokens 16 --json replay.json
     """
+    # Bad combinations are refused before the runtime (torch) is imported: at once, not after a second or two.
+    if compare and no_cache:
+        raise click.UsageError("--compare already runs without the cache; drop --no-cache")
+    if record_trace is not None and (compare or replicas is not None):
+        raise click.UsageError("--record-trace records one engine's run: drop --compare and --replicas")
+    if replicas is not None and (compare or no_cache):
+        raise click.UsageError("--replicas routes by what each replica caches: drop --compare and --no-cache")
+    check_record_path(record_trace)
     from radixcache.runtime.replay import (
         ReplayConfig,
         engine_factory,
@@ -99,11 +107,6 @@ def replay(
     from radixcache.runtime.replay import compare as compare_runs
     from radixcache.runtime.replay import replay as replay_run
 
-    if compare and no_cache:
-        raise click.UsageError("--compare already runs without the cache; drop --no-cache")
-    if record_trace is not None and (compare or replicas is not None):
-        raise click.UsageError("--record-trace records one engine's run: drop --compare and --replicas")
-    check_record_path(record_trace)
     kwargs = engine_choices.engine_kwargs()
     config = ReplayConfig(
         mode=mode,
@@ -118,8 +121,6 @@ def replay(
     turns = sum(s.turns for s in plan_sessions(loaded_trace, limit))
     cluster = None
     if replicas is not None:
-        if compare or no_cache:
-            raise click.UsageError("--replicas routes by what each replica caches: drop --compare and --no-cache")
         cluster = cluster_engine(model, replicas, router, ray_address, kwargs)
         make_engine: Callable[[bool], GenerationEngine] = lambda _enable_cache: cluster  # noqa: E731
     else:
