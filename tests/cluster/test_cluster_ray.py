@@ -170,7 +170,7 @@ def test_a_saturated_replica_refuses_within_its_queue_limits(local_ray: str, tin
     queue_timeout and failed a second later. Now every request reaches the engine's admission, whose timeout counts
     from the front door; errors relayed from the replica keep their type (the server's 503 / 429 / 400)."""
     from radixcache.runtime.cluster.front import ClusterEngine
-    from radixcache.runtime.engine.errors import QueueFullError, QueueTimeoutError, RequestTooLargeError
+    from radixcache.runtime.engine.errors import QueueTimeoutError, RequestTooLargeError
     from radixcache.runtime.server.errors import api_error_for
 
     timeout = 1.0
@@ -194,29 +194,30 @@ def test_a_saturated_replica_refuses_within_its_queue_limits(local_ray: str, tin
         assert api_error_for(too_large.value).status == 400, too_large.value
     finally:
         engine.close()
-    full = ClusterEngine(ReplicaCluster(str(tiny_dir), 1, engine_kwargs={**ENGINE, "max_queue": 0}), str(tiny_dir))
-    try:
-        with pytest.raises(QueueFullError) as refused:
-            full.generate([1, 2, 3], 2)
-        error = api_error_for(refused.value)  # the exception relayed from the replica, with its retry estimate
-        assert error.status == 429 and int(error.headers["Retry-After"]) >= 1
-    finally:
-        full.close()
+    # A replica whose queue is full (max_queue 0) refuses with QueueFullError, status 429: in
+    # test_serve_over_replicas_answers_429_400_and_503_over_http, on the same replica that serves its HTTP checks.
 
 
 def test_serve_over_replicas_answers_429_400_and_503_over_http(local_ray: str, tiny_dir: Path) -> None:
-    """The OpenAI app over the front door on a real Ray replica: a full queue relayed from the replica is 429 with
-    Retry-After, a prompt its pool can never hold 400, and once the replica is gone for good (killed, not
+    """A replica whose queue is full (max_queue 0): the front door's call raises the QueueFullError relayed from
+    the replica, with its retry estimate (status 429). Then the OpenAI app over that front door: a full queue is
+    429 with Retry-After, a prompt its pool can never hold 400, and once the replica is gone for good (killed, not
     restarted) 503 `replica_unavailable`; never a 500."""
     from fastapi.testclient import TestClient
 
     from radixcache.runtime.cluster.front import ClusterEngine
+    from radixcache.runtime.engine.errors import QueueFullError
     from radixcache.runtime.server import create_app
+    from radixcache.runtime.server.errors import api_error_for
 
     cluster = ReplicaCluster(str(tiny_dir), 1, engine_kwargs={**ENGINE, "max_queue": 0}, poll_interval=None)
     engine = ClusterEngine(cluster, str(tiny_dir))
     body = {"model": "tiny", "prompt": [1, 2, 3, 4], "max_tokens": 2}
     try:
+        with pytest.raises(QueueFullError) as refused:
+            engine.generate([1, 2, 3], 2)
+        error = api_error_for(refused.value)  # the exception relayed from the replica, with its retry estimate
+        assert error.status == 429 and int(error.headers["Retry-After"]) >= 1
         with TestClient(create_app(engine, "tiny")) as client:
             r = client.post("/v1/completions", json=body)
             assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full", r.text
