@@ -9,12 +9,14 @@ functions in the same order on the same buffers: the same bits as the eager pass
 
 It serves what FusedDecode serves (decodes only, attention over the decode mirror) when, in addition, every
 product of every layer takes the pass's rows natively and the rows fit the native norm: with quant="gguf" every
-product is a block kernel (runtime/model/block_linear.py); in a float32 model every product is a DenseLinear whose
-measured path for that many rows is "native" (runtime/native/densedot.c; under the fixed rules it never is).
+product is a block kernel (runtime/model/block_linear.py); in a float32 model every product is a DenseLinear and
+the measured plan puts at least 3/4 of each layer's weights on "native" for that many rows
+(runtime/native/densedot.c, which then runs all of them; under the fixed rules none is).
 `run` returns None for anything else: the eager layers run.
 The plan (pointer tables of the weights) is built once per model; the kernel of each product is looked up once
-per row count, as BlockLinear's own `kernel_for` decides it. A float32 pass has the eager pass's bits too: the
-eager layers take the native SiLU for any row count this plan `takes` (model.llama).
+per row count, as BlockLinear's own `kernel_for` decides it. A float32 pass has the bits of an eager pass whose
+products all run "native": the eager layers take the native SiLU for any row count this plan `takes`
+(model.llama).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class NativeLayer(ctypes.Structure):
 
 
 _DENSE_KERNEL = 2  # decode_layers.c's kernel id of densedot_matmul
+NATIVE_SHARE = 0.75  # a float32 layer runs natively where its plan puts this much of its weights on "native"
 
 
 def _kernel_id(linear: BlockLinear, rows: int) -> int:
@@ -154,8 +157,8 @@ class NativeLayers:
         return NativeLinear(data, kinds, parts, bias, 1, cols, out, _DENSE_KERNEL)
 
     def takes(self, rows: int) -> bool:
-        """Whether every product runs `rows` rows natively: always for blocks (up to their max_tokens); for float32
-        products, where every one's measured path for `rows` is "native"."""
+        """Whether the native layers take `rows` rows: always for blocks (up to their max_tokens); for float32
+        products, where the plan puts most of every layer on "native" (`_mostly_native`)."""
         if not self.dense:
             return rows <= self._layers[0].qkv.max_tokens
         # a plan is applied to every layer at once (kernel_tune.apply_plan): the first and last products' path
@@ -163,11 +166,19 @@ class NativeLayers:
         first, last = self._layers[0].qkv.paths, self._layers[-1].down.paths
         cached = self._dense_takes.get(rows)
         if cached is None or cached[0] is not first or cached[1] is not last:
-            ok = rows <= NATIVE_ROWS and all(
-                getattr(layer, n).path_for(rows) == "native" for layer in self._layers for n in _PRODUCTS
-            )
+            ok = rows <= NATIVE_ROWS and all(self._mostly_native(layer, rows) for layer in self._layers)
             cached = self._dense_takes[rows] = (first, last, ok)
         return cached[2]
+
+    @staticmethod
+    def _mostly_native(layer: Any, rows: int) -> bool:
+        """Whether the plan puts at least NATIVE_SHARE of the layer's weights on "native" for `rows` rows. The
+        native layers then run every product natively: the plan's timings include a Python call per product,
+        which the native layers do not make, and that is what a small product loses by (SmolLM2's o_proj at 1 row,
+        2 threads: 82 us a call on MKL against 101 natively, where its 1.3 MB take about 45 us to read)."""
+        linears = [getattr(layer, n) for n in _PRODUCTS]
+        native = sum(x.weight.numel() for x in linears if x.path_for(rows) == "native")
+        return native >= NATIVE_SHARE * sum(x.weight.numel() for x in linears)
 
     def _mirror_tables(self, k: tuple[torch.Tensor, ...], v: tuple[torch.Tensor, ...]) -> tuple[Any, Any] | None:
         """Per-layer pointers of the mirror's K and V rows, rebuilt only when the mirror reallocates them; None

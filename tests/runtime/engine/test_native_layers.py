@@ -126,6 +126,15 @@ def test_float32_native_layers_give_the_eager_layers_bits_and_stay_near_float64(
     assert plan.takes(1) and plan.takes(4) and not plan.takes(9)
     _force(model, "mm_t")  # a plan that is not native for these rows: the plan's own cache follows it
     assert not plan.takes(1)
+    layers = model_linears(model)
+    o_shape, gate_up_shape = (
+        f"{x.weight.shape[0]}x{x.weight.shape[1]}" for x in (model.layers[0].o, model.layers[0].gate_up)
+    )
+    for slow, takes in ((o_shape, True), (gate_up_shape, False)):  # o: 1/9 of a layer's weights here; gate_up: 4/9
+        shapes = {f"{x.weight.shape[0]}x{x.weight.shape[1]}" for x in layers}
+        choices = {s: {b: "mm_t" if s == slow or b > 8 else "native" for b in BUCKETS} for s in shapes}
+        apply_plan(layers, KernelPlan({}, choices))
+        assert plan.takes(1) is takes, slow
     ran: list[bool] = []
     real = native_layers.NativeLayers.run
     monkeypatch.setattr(
