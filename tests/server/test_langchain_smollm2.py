@@ -120,11 +120,18 @@ def test_streamed_calls_assemble_to_the_whole_reply_at_temperature_0(llm) -> Non
     bound = llm.model_copy(update={"stream_usage": True}).bind_tools(
         list(TOOLS.values()), tool_choice="any", parallel_tool_calls=False
     )
-    for prompt in PROMPTS[:2]:
-        whole = bound.invoke([HumanMessage(prompt)])
+
+    def assembled(prompt: str) -> Any:
         streamed = None
         for chunk in bound.stream([HumanMessage(prompt)]):
             streamed = chunk if streamed is None else streamed + chunk
+        return streamed
+
+    for prompt in PROMPTS[:2]:  # whole and streamed at once: they decode side by side in the same steps
+        with ThreadPoolExecutor(2) as pool:
+            whole_future = pool.submit(bound.invoke, [HumanMessage(prompt)])
+            streamed = pool.submit(assembled, prompt).result()
+            whole = whole_future.result()
         assert streamed is not None and not streamed.invalid_tool_calls, streamed
         assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [
             (c["name"], c["args"]) for c in whole.tool_calls
