@@ -20,6 +20,7 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
+from schemathesis.transport.requests import SameHostRedirectsSession  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("schemathesis")]
 
@@ -36,10 +37,11 @@ def fuzzed(tiny_model_dir, launch):
         yield server
 
 
-def _bystander(server, prompt: str) -> tuple[tuple[str, ...], str]:
-    """A greedy bystander's tokens (as the completions API names them: one byte each here) and finish reason."""
+def _bystander(server, prompt: str, http: httpx.Client | None = None) -> tuple[tuple[str, ...], str]:
+    """A greedy bystander's tokens (as the completions API names them: one byte each here) and finish reason;
+    `http`: a client whose connection the bystander's requests reuse (default: a new one for this request)."""
     body = {"model": "tiny", "prompt": prompt, "max_tokens": BYSTANDER_TOKENS, "temperature": 0, "logprobs": 1}
-    r = httpx.post(server.v1 + "/completions", json=body, timeout=120)
+    r = (http or httpx).post(server.v1 + "/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     return tuple(choice["logprobs"]["tokens"]), choice["finish_reason"]
@@ -69,13 +71,14 @@ def same_as_alone(got: tuple[tuple[str, ...], str], alone: tuple[tuple[str, ...]
 
 def _run_bystanders(server, stop: threading.Event, seen: list, failures: list) -> None:
     i = 0
-    while not stop.is_set():
-        prompt = BYSTANDERS[i % len(BYSTANDERS)]
-        try:
-            seen.append((prompt, _bystander(server, prompt)))
-        except Exception as exc:
-            failures.append(repr(exc))
-        i += 1
+    with httpx.Client() as http:  # one keep-alive connection (a new client per request costs an SSL context)
+        while not stop.is_set():
+            prompt = BYSTANDERS[i % len(BYSTANDERS)]
+            try:
+                seen.append((prompt, _bystander(server, prompt, http)))
+            except Exception as exc:
+                failures.append(repr(exc))
+            i += 1
 
 
 def _idle_gauges(server) -> dict:
@@ -98,6 +101,9 @@ def test_schema_fuzzing_gives_no_5xx_and_leaves_bystanders_and_the_cache_intact(
 
     server_errors: list[str] = []
     calls = {"n": 0}
+    # One session for every case: keep-alive instead of a connection (and a session) per case; the class is the one
+    # schemathesis makes per call without it (redirects followed within the host only).
+    session = SameHostRedirectsSession()
     stop, seen, failures = threading.Event(), [], []
     thread = threading.Thread(target=_run_bystanders, args=(fuzzed, stop, seen, failures), daemon=True)
     thread.start()
@@ -114,7 +120,7 @@ def test_schema_fuzzing_gives_no_5xx_and_leaves_bystanders_and_the_cache_intact(
                 )
                 @given(case=op.as_strategy(generation_mode=mode))
                 def fuzz(case) -> None:
-                    response = case.call(base_url=fuzzed.url, timeout=60)
+                    response = case.call(base_url=fuzzed.url, session=session, timeout=60)
                     calls["n"] += 1
                     if response.status_code >= 500:
                         server_errors.append(f"{case.method} {case.path} {case.body!r}: {response.text[:300]}")
@@ -126,6 +132,7 @@ def test_schema_fuzzing_gives_no_5xx_and_leaves_bystanders_and_the_cache_intact(
     finally:
         stop.set()
         thread.join(timeout=120)
+        session.close()
     assert not server_errors, server_errors[:5]
     assert calls["n"] > 200
     assert not failures, failures[:5]

@@ -23,6 +23,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule  # noqa: E402
+from schemathesis.transport.requests import SameHostRedirectsSession  # noqa: E402
 
 from tests.server.test_schemathesis_fuzz import (  # noqa: E402
     _idle_gauges,
@@ -47,6 +48,7 @@ def fuzzed(tiny_model_dir, launch):
 
 def _machine(server, operations: list, server_errors: list[str], calls: list[str]) -> type[RuleBasedStateMachine]:
     client = httpx.Client(base_url=server.url, timeout=60)
+    session = SameHostRedirectsSession()  # the schema cases' keep-alive session (schemathesis makes one per call)
 
     def check(response: httpx.Response, what: str) -> httpx.Response:
         calls.append(what.split(":")[0][:40])
@@ -107,7 +109,8 @@ def _machine(server, operations: list, server_errors: list[str], calls: list[str
             if negative and not (op.body or op.query):
                 mode = schemathesis.GenerationMode.POSITIVE  # nothing to violate
             case = data.draw(op.as_strategy(generation_mode=mode))
-            check(case.call(base_url=server.url, timeout=60), f"{case.method} {case.path} {case.body!r}"[:400])
+            response = case.call(base_url=server.url, session=session, timeout=60)
+            check(response, f"{case.method} {case.path} {case.body!r}"[:400])
 
         @rule()
         def health(self) -> None:
