@@ -43,10 +43,12 @@ TEXT = Path("/usr/share/common-licenses/GPL-3")
 
 
 @pytest.fixture(scope="module")
-def smollm2_q4_1(smollm2_path: str) -> Any:
-    """SmolLM2's own Q4_1 file, loaded once with its blocks: the first test's block-kernel models, and the fp32
-    weights of both tests (the second re-encodes them as a Q4_K_M-like file). The two tests share an xdist group."""
-    return load_model(smollm2_path, keep_blocks=True)
+def smollm2_q4_1(smollm2_gguf: Any) -> Any:
+    """SmolLM2's own Q4_1 file with its blocks: the first test's block-kernel models, and the fp32 weights of both
+    tests (the second re-encodes them as a Q4_K_M-like file). The session's `smollm2_gguf` (tests/conftest.py: the
+    same model as load_model(smollm2_path, keep_blocks=True), its weights and tokenizer those of the session's
+    `smollm2`, which the worker has usually loaded already for other tests): no second copy of the weights."""
+    return smollm2_gguf
 
 
 def _models(loaded: Any, monkeypatch: pytest.MonkeyPatch, fp32: Any = None) -> dict[str, LlamaModel]:
