@@ -82,7 +82,7 @@ def server_process(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-c", "from radixcache.cli.main import main; main()", "serve", "--model", model]
+    cmd = [sys.executable, "-c", "from radixcache.cli.main import run; run()", "serve", "--model", model]
     cmd += ["--port", str(port), "--served-model-name", name, *extra]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from gen_hash_trace import write_hash_trace  # noqa: E402
 
-CLI = [sys.executable, "-c", "from radixcache.cli.main import main; main()"]
+CLI = [sys.executable, "-c", "from radixcache.cli.main import run; run()"]
 
 
 @dataclass(frozen=True, slots=True)

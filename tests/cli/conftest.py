@@ -83,9 +83,9 @@ def runner() -> CliRunner:
 
 
 def _cli_command() -> list[str]:
-    """The installed console script when present, else the module (both run radixcache.cli.main:main)."""
+    """The installed console script when present, else the module (both run radixcache.cli.main:run)."""
     script = Path(sys.executable).parent / "radixcache"
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from radixcache.cli.main import main; main()"]
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from radixcache.cli.main import run; run()"]
 
 
 def _subprocess_env(**extra: str) -> dict[str, str]:

@@ -64,7 +64,7 @@ def test_replay_on_replicas_prints_each_replicas_share(tmp_path: Path, tiny_dir:
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-c", "from radixcache.cli.main import main; main()", "replay", "--model", str(tiny_dir)]
+    cmd = [sys.executable, "-c", "from radixcache.cli.main import run; run()", "replay", "--model", str(tiny_dir)]
     cmd += ["--replicas", "2", "--limit", "4", "--max-tokens", "3", "--capacity-blocks", "2048", "--page-size", "4"]
     cmd += ["--concurrency", "2", "--json", str(tmp_path / "r.json")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)

@@ -64,7 +64,7 @@ def start_server(model_dir: Path | str, *args: str, served: str = MODEL) -> Iter
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("RADIXCACHE_MODEL", "RADIXCACHE_DEBUG")}
     env["PYTHONPATH"] = str(REPO)
-    cmd = [sys.executable, "-c", "from radixcache.cli.main import main; main()", "serve", "--model", str(model_dir)]
+    cmd = [sys.executable, "-c", "from radixcache.cli.main import run; run()", "serve", "--model", str(model_dir)]
     cmd += ["--served-model-name", served, "--port", str(port), *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"

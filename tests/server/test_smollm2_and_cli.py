@@ -26,7 +26,7 @@ def test_a_taken_port_is_a_one_line_error(tiny_model_dir) -> None:
         cmd = [
             sys.executable,
             "-c",
-            "from radixcache.cli.main import main; main()",
+            "from radixcache.cli.main import run; run()",
             "serve",
             "--model",
             str(tiny_model_dir),
