@@ -237,15 +237,22 @@ def shown_tokens(engine: GenerationEngine, result: GenerationResult) -> int:
 async def stream(engine: GenerationEngine, job: Job, inflight: Inflight) -> AsyncIterator[Event]:
     """Events of every choice, interleaved as they come; each choice ends with an event that has its result.
     Closing the iterator (a client that disconnects) cancels every choice. Refusals (a full queue) raise before
-    the first event; a failure later raises where it happens."""
+    the first event; a failure later raises where it happens. A choice that fails once its request has tokens,
+    before any event went out (its siblings slower to show theirs), first yields the empty event of its first
+    token: the failure is then an error inside the stream, not an HTTP status, whichever choice reported first."""
     out: asyncio.Queue[Event] = asyncio.Queue()
     handles = await submit_off_loop(engine, job, inflight)
     tasks = [asyncio.create_task(_stream_one(engine, job, i, h, inflight, out)) for i, h in enumerate(handles)]
-    finished = 0
+    finished, started = 0, False
     try:
         while finished < job.choices:
             failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception()), None)
             if failed is not None:
+                i = tasks.index(failed)
+                if not started and list(getattr(handles[i].request, "output_ids", ())):
+                    started = True
+                    yield Event(i, "")
+                    continue
                 raise failed.exception()  # type: ignore[misc]
             getter = asyncio.create_task(out.get())
             running = {t for t in tasks if not t.done()}
@@ -255,6 +262,7 @@ async def stream(engine: GenerationEngine, job: Job, inflight: Inflight) -> Asyn
                 continue
             event = getter.result()
             finished += event.result is not None
+            started = True
             yield event
     finally:
         for t in tasks:

@@ -112,13 +112,19 @@ def test_a_job_refused_part_way_cancels_the_choices_already_queued(app, monkeypa
     _still_serves(client)
 
 
-def test_one_choice_failing_mid_stream_ends_the_stream_and_cancels_its_sibling(app, monkeypatch) -> None:
+@pytest.mark.parametrize("sibling_delay", [0.0, 0.5], ids=["sibling first", "failure first"])
+def test_one_choice_failing_mid_stream_ends_the_stream_and_cancels_its_sibling(
+    app, monkeypatch, sibling_delay: float
+) -> None:
+    """Whether the sibling's first event went out before the failure or not (a busy machine: "failure first",
+    forced here by holding the sibling back), the answer is 200 and the error ends the stream."""
     client, engine = app
     original, handles = generation._stream_one, []
 
     async def second_fails(engine_, job, i, handle, inflight, out):
         handles.append(handle)
         if i != 1:
+            await asyncio.sleep(sibling_delay)
             return await original(engine_, job, i, handle, inflight, out)
         while len(handle.request.output_ids) < 2 and not handle.done():
             await asyncio.sleep(0.005)
