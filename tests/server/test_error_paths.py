@@ -124,7 +124,11 @@ def test_one_choice_failing_mid_stream_ends_the_stream_and_cancels_its_sibling(
     async def second_fails(engine_, job, i, handle, inflight, out):
         handles.append(handle)
         if i != 1:
-            await asyncio.sleep(sibling_delay)
+            try:
+                await asyncio.sleep(sibling_delay)
+            except asyncio.CancelledError:
+                inflight.cancel(handle)  # cancelled while held back: as _stream_one's own `finally` does
+                raise
             return await original(engine_, job, i, handle, inflight, out)
         while len(handle.request.output_ids) < 2 and not handle.done():
             await asyncio.sleep(0.005)
