@@ -43,15 +43,6 @@ int blockdot_vector_width(void) {
 #endif
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-#endif
-
 /* One output row of a Q4_1 weight for `ntok` tokens: out[t] = row . x[t]. xsum[t * nb + b]: block sums of x.
  * Always inlined into q4_1_row_n's cases: with `ntok` a constant the per-token accumulators stay in registers.
  * As a variable they lived on the stack and every block waited on a store and a load: all SmolLM2 Q4_1 products

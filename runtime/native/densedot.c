@@ -17,15 +17,6 @@
 
 #include "ggml_blocks.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-static inline float dense_hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-#endif
-
 /* One output row for `ntok` rows of x: out[t] = w . x[t]. */
 static inline __attribute__((always_inline)) void dense_row(const float *w, const float *x, int cols, int ntok,
                                                             float *out) {
@@ -45,7 +36,7 @@ static inline __attribute__((always_inline)) void dense_row(const float *w, cons
         const __m256 wv = _mm256_loadu_ps(w + k);
         for (int t = 0; t < ntok; t++) acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)t * cols + k), acc[t]);
     }
-    for (int t = 0; t < ntok; t++) out[t] = dense_hsum256(acc[t]);
+    for (int t = 0; t < ntok; t++) out[t] = hsum256(acc[t]);
 #else
     for (int t = 0; t < ntok; t++) out[t] = 0.0f;
 #endif

@@ -138,6 +138,16 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
+/* The sum of a vector's 8 lanes (the AVX2 kernels of blockdot.c and densedot.c). */
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
 /* Q4_K / Q5_K: the 6-bit scales and mins of the 8 sub-blocks, unpacked from their 12 bytes. */
 static inline void k_scales_mins(const uint8_t *b, uint8_t sc[8], uint8_t m[8]) {
     for (int s = 0; s < 4; s++) {
