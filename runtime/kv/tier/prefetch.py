@@ -25,12 +25,14 @@ Imports torch; nothing of the KV manager.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from radixcache.runtime.kv.pool import KVPool
@@ -265,9 +267,25 @@ class PrefetchReader:
             return False  # cannot happen under one fingerprint; never use bytes of another shape
         staging = job.staging
         assert staging is not None
-        page = torch.frombuffer(payload, dtype=torch.uint8).view(self.dtype).view(self.shape)  # no copy
-        staging[:, :, i].copy_(page)
+        copy_page_bytes(staging[:, :, i], payload)
         return True
+
+
+def copy_page_bytes(dst: torch.Tensor, payload: bytes | memoryview) -> None:
+    """Copy a page file's payload (the page's bytes in `dst`'s shape, row-major) into `dst`, a strided view whose
+    last axis is dense, on the calling thread alone.
+
+    Through numpy, not `Tensor.copy_`: a torch copy of a page's size runs on an OpenMP team, and each reader thread
+    would keep one of its own. Once a process manages more OpenMP threads than it has CPUs, libgomp shortens every
+    team's spin-wait, so the engine loop's team sleeps and wakes at every parallel kernel: on this 2-core machine
+    an engine's float32 decode step went from 25 to 38-46 ms once its readers had read a page, for the rest of the
+    engine's life (runtime.native.openmp). numpy copies on this thread only and releases the GIL while it copies.
+    """
+    shape = (*dst.shape[:-1], dst.shape[-1] * dst.element_size())
+    src = np.frombuffer(payload, dtype=np.uint8)
+    if src.size != math.prod(shape):
+        raise ValueError(f"a page payload of {src.size} bytes for a {tuple(dst.shape)} {dst.dtype} page")
+    np.copyto(dst.view(torch.uint8).numpy(), src.reshape(shape))
 
 
 def copy_staged(pool: KVPool, staging: torch.Tensor, pages: int, blocks: Sequence[int]) -> None:

@@ -1,0 +1,97 @@
+"""The prefetch readers copy a page's bytes into staging memory on their own thread alone (runtime.kv.tier.prefetch
+`copy_page_bytes`): byte for byte what the file holds, for every KV dtype, and without an OpenMP team of their own.
+
+Why the second point matters: a torch copy of a page's size runs on an OpenMP team of the calling thread, and a
+reader thread keeps its team for the engine's life. Once a process manages more OpenMP threads than it has CPUs,
+libgomp shortens every team's spin-wait, so the engine loop's team sleeps and wakes at every parallel kernel (a
+2-core machine's float32 SmolLM2 decode step went from 25 to 38-46 ms after an engine's first disk read). The
+check: after the readers have read pages twice the size at which torch splits a copy over threads, with torch set to
+2 threads, the process has no thread that is neither one it had before nor a Python thread (a reader); with the
+readers' old `Tensor.copy_` it has one OpenMP worker per reader."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from radixcache.runtime.kv.tier.disk_store import DiskStore
+from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader, copy_page_bytes
+
+SHAPE = (4, 2, 16, 8, 64)  # layers, K/V, page_size, kv_heads, head_dim: 65,536 values, twice torch's copy grain
+PAGES = 6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_copy_page_bytes_writes_the_payload_into_a_strided_slice(dtype: torch.dtype) -> None:
+    staging = torch.zeros((SHAPE[0], 2, 3, *SHAPE[2:]), dtype=dtype)
+    page = torch.randn(SHAPE).to(dtype)
+    copy_page_bytes(staging[:, :, 1], page.view(torch.uint8).numpy().tobytes())
+    assert torch.equal(staging[:, :, 1].view(torch.uint8), page.view(torch.uint8))
+    assert not staging[:, :, 0].any() and not staging[:, :, 2].any()  # the neighbours are untouched
+
+
+def test_copy_page_bytes_refuses_a_payload_of_another_size() -> None:
+    staging = torch.zeros(SHAPE)
+    with pytest.raises(ValueError, match="payload of 8 bytes"):
+        copy_page_bytes(staging, b"\0" * 8)
+    assert not staging.any()
+
+
+def _tids() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+@pytest.fixture
+def two_torch_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # where torch would split a page's copy over a team of threads
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc to list threads")
+def test_readers_read_pages_without_an_openmp_team_of_their_own(tmp_path: Path, two_torch_threads: None) -> None:
+    dtype = torch.float32
+    meta = {"dtype": str(dtype), "shape": list(SHAPE)}
+    disk = DiskStore(tmp_path, max_bytes=1 << 30)
+    pages = [torch.randn(SHAPE, generator=torch.Generator().manual_seed(i)) for i in range(PAGES)]
+    hashes = [bytes([i + 1]) * 16 for i in range(PAGES)]
+    tokens = [list(range(i * 16, (i + 1) * 16)) for i in range(PAGES)]
+    for h, t, page in zip(hashes, tokens, pages, strict=True):
+        assert disk.put(h, t, page.view(torch.uint8).numpy().tobytes(), meta)
+    assert disk.flush(30)
+    layers, _, page_size, kv_heads, head_dim = SHAPE
+    pool = SimpleNamespace(
+        num_layers=layers,
+        page_size=page_size,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        device=torch.device("cpu"),
+    )
+    reader = PrefetchReader(disk, pool, policy="wait_complete", workers=2)  # type: ignore[arg-type]
+    before = _tids()
+    try:
+        with torch.inference_mode():  # as on the engine loop, which makes the staging tensor
+            job = reader.submit(PrefetchJob(0, hashes, tokens, []))
+            deadline = time.monotonic() + 30
+            while not reader.ready(job):
+                assert time.monotonic() < deadline, "the readers never finished"
+                reader.wait(0.05)
+            arrived, staging = reader.take(job)
+        # before this thread runs a torch kernel of its own (which may start its own team again)
+        strangers = _tids() - before - {t.native_id for t in threading.enumerate()}
+        assert not strangers, f"threads the readers started beside themselves (OpenMP workers): {sorted(strangers)}"
+        assert arrived == PAGES and staging is not None
+        for i, page in enumerate(pages):
+            assert torch.equal(staging[:, :, i], page)
+    finally:
+        reader.release(job)
+        reader.close()
+        disk.close(10)
