@@ -13,6 +13,8 @@ so they are on disk only: a restart), then runs the decode (`--decode-tokens` to
   last partial page is prefilled beside the decode;
 - device: the same, with the long prompt now on the device (the disk run put it there): what admitting it costs
   the decode without any disk read (its last page's prefill, chunked with the decode);
+- disk, unpaced (with `--pages-per-step` above 0): as "disk" on a fresh engine whose readers read as fast as they
+  can beside the decode (`prefetch_pages_per_step=0`), as they did before the pace;
 - disk, read on the loop: as "disk" on a fresh engine whose scheduler does not prefetch (its KV manager's
   `prefetch` answers "admit now" and starts nothing), so admission reads the pages itself, on the loop thread, as
   every disk read did before the prefetch readers (batched into one copy, as now): the stall they removed.
@@ -103,9 +105,16 @@ def measure(model: Any, args: argparse.Namespace) -> tuple[dict[str, list[float]
     short = _prompt(vocab, 48, 8)
     p = args.page_size
     blocks = -(-(args.prefix_tokens + args.decode_tokens + 64) // p) * 2
-    common = {"page_size": p, "device": args.device, "capacity_blocks": blocks, **_threads()}
+    common = {
+        "page_size": p,
+        "device": args.device,
+        "capacity_blocks": blocks,
+        "prefetch_pages_per_step": args.pages_per_step,
+        **_threads(),
+    }
     bounded = [f"{kind}_bound{w}" for w in args.attention_budget for kind in ("disk", "device")]
-    gaps: dict[str, list[float]] = {k: [] for k in ("alone", "disk", "device", *bounded, "sync")}
+    unpaced = ["disk_unpaced"] if args.pages_per_step else []
+    gaps: dict[str, list[float]] = {k: [] for k in ("alone", "disk", "device", *unpaced, *bounded, "sync")}
     ttft: dict[str, list[float]] = {k: [] for k in gaps}
     disk_pages = []
     with tempfile.TemporaryDirectory() as cache_dir:
@@ -119,6 +128,11 @@ def measure(model: Any, args: argparse.Namespace) -> tuple[dict[str, list[float]
                 gaps["disk"] += _decode(engine, short, args, long_prompt, ttft["disk"])
                 disk_pages.append(engine.stats.tiers.disk_loaded_pages)
                 gaps["device"] += _decode(engine, short, args, long_prompt, ttft["device"])
+            if unpaced:
+                with Engine(model, cache_dir=cache_dir, **common | {"prefetch_pages_per_step": 0}) as engine:
+                    _warm_up(engine, short, args)
+                    gaps["disk_unpaced"] += _decode(engine, short, args, long_prompt, ttft["disk_unpaced"])
+                    disk_pages.append(engine.stats.tiers.disk_loaded_pages)
             for w in args.attention_budget:
                 bound = SchedulerConfig(mixed_prefill_attention=w)
                 with Engine(model, cache_dir=cache_dir, scheduler_config=bound, **common) as engine:
@@ -164,6 +178,13 @@ def main() -> None:
         help="mixed_prefill_attention of the bounded variants, one pair each (query tokens x positions attended per "
         "step; none: no bounded variant)",
     )
+    parser.add_argument(
+        "--pages-per-step",
+        type=int,
+        default=16,
+        help="Engine(prefetch_pages_per_step=): page reads the readers start per step beside decodes (0: unpaced; "
+        "with a value, an unpaced disk variant runs too)",
+    )
     parser.add_argument("--settle", type=float, default=2.0, help="seconds each engine rests after its warm-up")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--markdown")
@@ -186,7 +207,8 @@ def main() -> None:
     ]
     labels = {
         "alone": "nothing arrives",
-        "disk": "the prefix loads from disk (prefetch readers)",
+        "disk": f"the prefix loads from disk (prefetch readers, {args.pages_per_step or 'unpaced'} pages a step)",
+        **({"disk_unpaced": "the prefix loads from disk (prefetch readers, unpaced)"} if args.pages_per_step else {}),
         "device": "the prefix hits the device",
         **{
             f"{kind}_bound{w}": f"the prefix {what}, attention bound {w}"

@@ -99,6 +99,7 @@ class Engine:
                 load_back=config.load_back,
                 prefetch_policy=config.prefetch_policy,
                 prefetch_timeout_ms=config.prefetch_timeout_ms,
+                prefetch_pages_per_step=config.prefetch_pages_per_step,
                 fingerprint=self.fingerprint,
             )
             if config.kv_events:  # after the tiers: the log chains their eviction listener

@@ -24,8 +24,10 @@ from radixcache.runtime.engine.threads import check_thread_policy
 from radixcache.runtime.kv.pool import parse_memory
 from radixcache.runtime.kv.tier.coordinator import LoadCosts
 from radixcache.runtime.kv.tier.prefetch_policy import (
+    DEFAULT_PAGES_PER_STEP,
     DEFAULT_PREFETCH_POLICY,
     DEFAULT_PREFETCH_TIMEOUT_MS,
+    check_pages_per_step,
     check_prefetch,
 )
 from radixcache.runtime.model.kernel_plan import KERNEL_MODES
@@ -83,7 +85,9 @@ class EngineConfig:
     that is measured cheaper than recomputing it), "always" or "never". A prompt that continues on disk has those
     pages read off the loop before it is admitted (runtime.kv.tier.prefetch): `prefetch_policy` "timeout" (the
     default: wait for them at most `prefetch_timeout_ms`, default 1000, then use what arrived), "wait_complete" or
-    "best_effort" (admit when it would be anyway, with what arrived); the rest is recomputed.
+    "best_effort" (admit when it would be anyway, with what arrived); the rest is recomputed. While requests decode
+    the readers start at most `prefetch_pages_per_step` page reads a step (default 16; more when a timeout needs
+    them; 0: unpaced), so that a disk read costs the running decodes a bounded share of each step.
     `kv_events=True` keeps the engine's `events` (runtime.kv.events.KVEventLog): the keys of the pages the tree
     adopts and evicts, in numbered batches, for a router's index.
     Admission (radixcache.policy.admission): `admission` ("all", the default: adopt every page; another name in
@@ -121,6 +125,7 @@ class EngineConfig:
     load_back: str = "auto"
     prefetch_policy: str = DEFAULT_PREFETCH_POLICY
     prefetch_timeout_ms: float = DEFAULT_PREFETCH_TIMEOUT_MS
+    prefetch_pages_per_step: int = DEFAULT_PAGES_PER_STEP
     kv_events: bool = False
     admission: str | AdmissionPolicy | None = "all"
     lease_fraction: float = 0.5
@@ -144,6 +149,7 @@ class EngineConfig:
         if self.load_back not in LoadCosts.MODES:
             raise ValueError(f"load_back must be one of {', '.join(LoadCosts.MODES)}, got {self.load_back!r}")
         check_prefetch(self.prefetch_policy, self.prefetch_timeout_ms)
+        check_pages_per_step(self.prefetch_pages_per_step)
         for budget in (self.kv_memory, self.host_kv_memory):
             if budget is not None:
                 parse_memory(budget)

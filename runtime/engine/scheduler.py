@@ -161,6 +161,8 @@ class Scheduler:
         work = cfg.mixed_prefill_attention if decodes else None  # a step without decodes stalls nobody
         budget = StepBudget(cfg.mixed_prefill_tokens if decodes else cfg.max_prefill_tokens, cfg.prefill_chunk, work)
         chunks = self._schedule_prefill(budget, now)
+        if self.kv.tiers is not None:  # disk reads beside decodes go at the step's pace
+            self.kv.tiers.pace_prefetch(bool(decodes))
         if decodes or chunks:
             self._run(decodes, chunks)
         elif self.waiting and self.kv.tiers is not None:  # only prefetches to wait for: no busy loop

@@ -25,6 +25,7 @@ from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.host_pool import HostKVPool
 from radixcache.runtime.kv.tier.load_costs import LoadCosts, TierCounters
 from radixcache.runtime.kv.tier.prefetch import (
+    DEFAULT_PAGES_PER_STEP,
     DEFAULT_PREFETCH_POLICY,
     DEFAULT_PREFETCH_TIMEOUT_MS,
     PrefetchJob,
@@ -53,6 +54,7 @@ class KVTiers:
         load_back: str = "auto",
         prefetch_policy: str = DEFAULT_PREFETCH_POLICY,
         prefetch_timeout_ms: float = DEFAULT_PREFETCH_TIMEOUT_MS,
+        prefetch_pages_per_step: int = DEFAULT_PAGES_PER_STEP,
     ) -> None:
         self.pool = pool
         self.page_size = pool.page_size
@@ -72,7 +74,13 @@ class KVTiers:
         self._counts = dict.fromkeys(TierCounters.__slots__, 0)
         self._pending = PendingUnlocks()  # host pages that CUDA loads still read
         self.reader = (
-            PrefetchReader(disk, pool, policy=prefetch_policy, timeout_ms=prefetch_timeout_ms)
+            PrefetchReader(
+                disk,
+                pool,
+                policy=prefetch_policy,
+                timeout_ms=prefetch_timeout_ms,
+                pages_per_step=prefetch_pages_per_step,
+            )
             if disk is not None
             else None
         )
@@ -225,6 +233,12 @@ class KVTiers:
         job = self._prefetch.setdefault(rid, job)
         return job is None or self.reader.ready(job)
 
+    def pace_prefetch(self, decoding: bool) -> None:
+        """Before each step: bound the readers' page reads to the step's pace while requests decode
+        (kv.tier.prefetch `PrefetchReader.pace`)."""
+        if self.reader is not None:
+            self.reader.pace(decoding)
+
     def wait_prefetch(self, timeout: float) -> None:
         """The loop has nothing to run: wait (at most `timeout` s) for a page to arrive or a policy's deadline."""
         if self.reader is not None:
@@ -369,6 +383,7 @@ def build_tiers(
     load_back: str = "auto",
     prefetch_policy: str = DEFAULT_PREFETCH_POLICY,
     prefetch_timeout_ms: float = DEFAULT_PREFETCH_TIMEOUT_MS,
+    prefetch_pages_per_step: int = DEFAULT_PAGES_PER_STEP,
 ) -> KVTiers | None:
     """The engine's tiers from its options, or None when neither a host budget nor a cache directory is given."""
     from radixcache.runtime.kv.pool import parse_memory
@@ -394,4 +409,5 @@ def build_tiers(
         load_back=load_back,
         prefetch_policy=prefetch_policy,
         prefetch_timeout_ms=prefetch_timeout_ms,
+        prefetch_pages_per_step=prefetch_pages_per_step,
     )

@@ -14,3 +14,12 @@ def check_prefetch(policy: str, timeout_ms: float) -> None:
         raise ValueError(f"prefetch_policy must be one of {', '.join(PREFETCH_POLICIES)}, got {policy!r}")
     if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not 0 <= timeout_ms < float("inf"):
         raise ValueError(f"prefetch_timeout_ms must be a finite number of milliseconds >= 0, got {timeout_ms!r}")
+
+
+DEFAULT_PAGES_PER_STEP = 16  # page reads started per step beside decodes (SmolLM2: 16 pages, about 4 ms of CPU)
+
+
+def check_pages_per_step(pages: object) -> None:
+    """ValueError unless `pages` (page reads per step beside decodes; 0: unpaced) is an int >= 0."""
+    if isinstance(pages, bool) or not isinstance(pages, int) or pages < 0:
+        raise ValueError(f"prefetch_pages_per_step must be an integer >= 0 (0: unpaced), got {pages!r}")

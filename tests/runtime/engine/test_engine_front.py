@@ -46,6 +46,7 @@ ENGINE_KEYWORDS = [
     "load_back",
     "prefetch_policy",
     "prefetch_timeout_ms",
+    "prefetch_pages_per_step",
     "kv_events",
     "admission",
     "lease_fraction",
