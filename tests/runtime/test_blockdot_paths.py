@@ -24,7 +24,12 @@ from radixcache.runtime.testing import random_block_weight
 from tests.runtime.loading.kquants import quantize
 
 CC = os.environ.get("CC", "cc")
-pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler here")
+# xdist group: one worker runs the module, so each path is compiled once per run, not once per worker that gets
+# some of its tests (about 1.5 s of compiler each; the CI run compiled all three twice).
+pytestmark = [
+    pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler here"),
+    pytest.mark.xdist_group("blockdot_builds"),
+]
 
 # name -> (compiler flags, vector width the build reports, CPU flag it needs from /proc/cpuinfo or None)
 PATHS = {

@@ -31,7 +31,12 @@ from radixcache.runtime.native import HEADERS, SOURCES
 from tests.runtime.loading.kquants import int8_activations
 
 CC = os.environ.get("CC", "cc")
-pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler here")
+# xdist group: one worker runs the module, so each path is compiled once per run, not once per worker that gets
+# some of its tests (about 2 s of compiler each).
+pytestmark = [
+    pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler here"),
+    pytest.mark.xdist_group("qdot_builds"),
+]
 
 # name -> (compiler flags, qdot_path() the build reports, CPU flags it needs)
 PATHS = {
