@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -56,3 +58,25 @@ def test_writes_land_in_the_pages_of_the_block_table() -> None:
     assert torch.equal(v_pages[2, 0], v[1])
     assert torch.equal(k_pages[0, 1], k[6])
     assert torch.count_nonzero(pool.kv[0]) == 0  # other layers untouched
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096  # resident pages (Linux reports them in 4 KiB units here)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc")
+def test_a_cpu_pool_takes_memory_only_for_the_pages_written() -> None:
+    cfg = tiny_config()
+    blocks = blocks_for_budget(cfg, "256MiB", 16, torch.float32)
+    before = _resident_bytes()
+    pool = KVPool(cfg, num_blocks=blocks, page_size=16)
+    assert pool.nbytes >= 250 * 2**20
+    assert _resident_bytes() - before < 32 * 2**20  # the kernel's zero pages, faulted in as they are written
+    assert pool.kv.is_contiguous() and pool.kv.data_ptr() % 4096 == 0
+    slots = pool.slots(torch.tensor([blocks - 1]), torch.arange(0, 16))
+    k, v = torch.randn(16, cfg.num_kv_heads, cfg.head_dim), torch.randn(16, cfg.num_kv_heads, cfg.head_dim)
+    pool.write(cfg.num_layers - 1, slots, k, v)
+    k_pages, v_pages = pool.layer(cfg.num_layers - 1)
+    assert torch.equal(k_pages[blocks - 1], k) and torch.equal(v_pages[blocks - 1], v)
+    assert torch.count_nonzero(pool.kv[: cfg.num_layers - 1]) == 0  # every other byte reads as zero
