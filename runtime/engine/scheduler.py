@@ -18,7 +18,7 @@ requests as the step's token budget allows (mixed batches, chunked prefill). Req
   request still being prefilled waits (a bounded time: the starvation guard) until those pages are committed,
   then hits them; never for pages past that request's admission limit (kv.manager), which are not committed.
 - Prefetch (kv.tier.prefetch): a request whose prompt continues on disk has those pages read by reader threads from
-  its arrival; it is admitted when the engine's prefetch policy allows, and the others step meanwhile.
+  its arrival, at each step's pace while others decode; it is admitted when the engine's prefetch policy allows.
 - Admission is bounded by free + evictable blocks, keeping one page of headroom per running decode. When a
   decode needs a page and none can be evicted, the lowest-priority running request (newest first) is
   preempted: its computed KV goes to the tree, its blocks are released, and it is resumed later from the cache.
@@ -161,12 +161,10 @@ class Scheduler:
         work = cfg.mixed_prefill_attention if decodes else None  # a step without decodes stalls nobody
         budget = StepBudget(cfg.mixed_prefill_tokens if decodes else cfg.max_prefill_tokens, cfg.prefill_chunk, work)
         chunks = self._schedule_prefill(budget, now)
-        if self.kv.tiers is not None:  # disk reads beside decodes go at the step's pace
-            self.kv.tiers.pace_prefetch(bool(decodes))
+        if self.kv.tiers is not None:  # disk reads beside decodes go at the step's pace; else no busy loop
+            self.kv.tiers.pace_prefetch(bool(decodes), wait=0.0 if decodes or chunks or not self.waiting else 0.01)
         if decodes or chunks:
             self._run(decodes, chunks)
-        elif self.waiting and self.kv.tiers is not None:  # only prefetches to wait for: no busy loop
-            self.kv.tiers.wait_prefetch(0.01)
         for r in self.waiting:
             r.wait_steps += 1
 

@@ -233,11 +233,13 @@ class KVTiers:
         job = self._prefetch.setdefault(rid, job)
         return job is None or self.reader.ready(job)
 
-    def pace_prefetch(self, decoding: bool) -> None:
+    def pace_prefetch(self, decoding: bool, wait: float = 0.0) -> None:
         """Before each step: bound the readers' page reads to the step's pace while requests decode
-        (kv.tier.prefetch `PrefetchReader.pace`)."""
+        (kv.tier.prefetch `PrefetchReader.pace`); with `wait` (the loop has nothing to run), `wait_prefetch` too."""
         if self.reader is not None:
             self.reader.pace(decoding)
+        if wait > 0:
+            self.wait_prefetch(wait)
 
     def wait_prefetch(self, timeout: float) -> None:
         """The loop has nothing to run: wait (at most `timeout` s) for a page to arrive or a policy's deadline."""
