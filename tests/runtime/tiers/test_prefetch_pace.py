@@ -7,10 +7,11 @@ gives a broken pace the time to show itself; a correct one passes however slow t
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from radixcache.runtime.engine.engine_config import EngineConfig
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+from tests.runtime.tiers.stored_pages import stored_pages
 from tests.runtime.tiers.test_prefetch import OTHER, PROMPT, assert_clean, baseline, restarted, run_out, step, written
 
 SHAPE = (2, 2, 4, 2, 8)  # layers, K/V, page_size, kv_heads, head_dim
@@ -47,26 +49,10 @@ class Counted:
 
 
 def _reader(tmp_path: Path, **kw) -> tuple[PrefetchReader, DiskStore, PrefetchJob, Counted]:
-    dtype = torch.float32
-    disk = DiskStore(tmp_path, max_bytes=1 << 30)
-    hashes = [bytes([i + 1]) * 16 for i in range(PAGES)]
-    tokens = [list(range(i * 4, (i + 1) * 4)) for i in range(PAGES)]
-    for i, (h, t) in enumerate(zip(hashes, tokens, strict=True)):
-        page = torch.full(SHAPE, float(i))
-        assert disk.put(h, t, page.view(torch.uint8).numpy().tobytes(), {"dtype": str(dtype), "shape": list(SHAPE)})
-    assert disk.flush(30)
-    layers, _, page_size, kv_heads, head_dim = SHAPE
-    pool = SimpleNamespace(
-        num_layers=layers,
-        page_size=page_size,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        dtype=dtype,
-        device=torch.device("cpu"),
-    )
+    disk, job, pool = stored_pages(tmp_path, [torch.full(SHAPE, float(i)) for i in range(PAGES)])
     kw.setdefault("pace_wait_s", 600.0)  # a pace missed by the test's steps would hang rather than pass
     reader = PrefetchReader(disk, pool, **kw)  # type: ignore[arg-type]
-    return reader, disk, PrefetchJob(0, hashes, tokens, []), Counted(disk)
+    return reader, disk, job, Counted(disk)
 
 
 def _until(condition, what: str) -> None:
@@ -76,12 +62,24 @@ def _until(condition, what: str) -> None:
         time.sleep(0.002)
 
 
-def test_beside_decodes_the_readers_start_at_most_the_pace_then_read_freely(tmp_path: Path) -> None:
-    reader, disk, job, counted = _reader(tmp_path, policy="wait_complete", pages_per_step=3)
+@contextlib.contextmanager
+def _reading(tmp_path: Path, decoding: bool, **kw) -> Iterator[tuple[PrefetchReader, PrefetchJob, Counted]]:
+    """A reader of PAGES stored pages, its job submitted right after a first `pace(decoding)`; the job released, the
+    reader and the store closed on the way out (again: both are idempotent)."""
+    reader, disk, job, counted = _reader(tmp_path, **kw)
     try:
-        reader.pace(decoding=True)
+        reader.pace(decoding=decoding)
         with torch.inference_mode():
             reader.submit(job)
+        yield reader, job, counted
+    finally:
+        reader.release(job)
+        reader.close()
+        disk.close(10)
+
+
+def test_beside_decodes_the_readers_start_at_most_the_pace_then_read_freely(tmp_path: Path) -> None:
+    with _reading(tmp_path, True, policy="wait_complete", pages_per_step=3) as (reader, job, counted):
         for steps in (1, 2):
             _until(lambda s=steps: job.finished >= 3 * s, "the paced pages were never read")
             time.sleep(0.05)  # room for a read past the pace, were the readers to start one
@@ -92,33 +90,18 @@ def test_beside_decodes_the_readers_start_at_most_the_pace_then_read_freely(tmp_
         assert job.complete and job.arrived == PAGES and counted.started == PAGES
         arrived, staging = reader.take(job)
         assert arrived == PAGES and all(bool((staging[:, :, i] == i).all()) for i in range(PAGES))
-    finally:
-        reader.release(job)
-        reader.close()
-        disk.close(10)
 
 
 def test_without_decodes_or_with_pages_per_step_0_the_readers_are_not_paced(tmp_path: Path) -> None:
     for pace, decoding in ((3, False), (0, True)):
-        reader, disk, job, counted = _reader(tmp_path / f"{pace}", policy="wait_complete", pages_per_step=pace)
-        try:
-            reader.pace(decoding=decoding)
-            with torch.inference_mode():
-                reader.submit(job)
+        kw = {"policy": "wait_complete", "pages_per_step": pace}
+        with _reading(tmp_path / f"{pace}", decoding, **kw) as (_, job, counted):
             _until(lambda j=job: j.complete, f"pace {pace}, decoding {decoding}: the readers stopped")
             assert counted.started == PAGES
-        finally:
-            reader.release(job)
-            reader.close()
-            disk.close(10)
 
 
 def test_a_timeout_job_gets_what_its_deadline_needs_whatever_the_pace(tmp_path: Path) -> None:
-    reader, disk, job, counted = _reader(tmp_path, policy="timeout", timeout_ms=100, pages_per_step=1)
-    try:
-        reader.pace(decoding=True)
-        with torch.inference_mode():
-            reader.submit(job)
+    with _reading(tmp_path, True, policy="timeout", timeout_ms=100, pages_per_step=1) as (reader, job, counted):
         _until(lambda: job.finished >= 1, "the first paced page was never read")
         assert job.finished == 1
         # a step of about 50 ms (since the pace above), the deadline 100 ms after the start: the step after this one
@@ -126,32 +109,31 @@ def test_a_timeout_job_gets_what_its_deadline_needs_whatever_the_pace(tmp_path: 
         reader.pace(decoding=True, now=job.started + 0.05)
         _until(lambda: job.complete, "a deadline's pages were held back by the pace")
         assert counted.started == PAGES
-    finally:
-        reader.release(job)
-        reader.close()
-        disk.close(10)
 
 
 def test_a_cancel_and_a_close_free_readers_waiting_for_the_pace(tmp_path: Path) -> None:
-    reader, disk, job, counted = _reader(tmp_path, policy="wait_complete", pages_per_step=1)
-    reader.pace(decoding=True)
-    with torch.inference_mode():
-        reader.submit(job)
-    _until(lambda: job.finished >= 1, "the paced page was never read")
-    reader.release(job)  # the readers waiting for the next step skip the job's remaining pages
-    _until(lambda: job.finished == PAGES, "readers waiting for the pace never saw the cancel")
-    assert counted.started == 1 and job.buffer is None  # the staging went back once the last task was done
-    second = PrefetchJob(0, job.hashes, job.tokens, [])
-    with torch.inference_mode():
-        reader.submit(second)
-    reader.pace(decoding=True)  # a step: one page of the second job
-    _until(lambda: second.finished >= 1, "the second job's paced page was never read")
-    closer = threading.Thread(target=reader.close)
-    closer.start()
-    closer.join(30)
-    assert not closer.is_alive(), "close waited forever on readers waiting for the pace"
-    assert counted.started == 2
-    disk.close(10)
+    with _reading(tmp_path, True, policy="wait_complete", pages_per_step=1) as (reader, job, counted):
+        _until(lambda: job.finished >= 1, "the paced page was never read")
+        reader.release(job)  # the readers waiting for the next step skip the job's remaining pages
+        _until(lambda: job.finished == PAGES, "readers waiting for the pace never saw the cancel")
+        assert counted.started == 1 and job.buffer is None  # the staging went back once the last task was done
+        second = PrefetchJob(0, job.hashes, job.tokens, [])
+        with torch.inference_mode():
+            reader.submit(second)
+        reader.pace(decoding=True)  # a step: one page of the second job
+        _until(lambda: second.finished >= 1, "the second job's paced page was never read")
+        closer = threading.Thread(target=reader.close)
+        closer.start()
+        closer.join(30)
+        assert not closer.is_alive(), "close waited forever on readers waiting for the pace"
+        assert counted.started == 2
+
+
+def test_a_reader_stops_waiting_for_a_step_that_never_comes(tmp_path: Path) -> None:
+    kw = {"policy": "wait_complete", "pages_per_step": 1, "pace_wait_s": 0.01}
+    with _reading(tmp_path, True, **kw) as (_, job, counted):  # the last step: a loop that then stops stepping
+        _until(lambda: job.complete, "the readers kept waiting for a step")
+        assert counted.started == PAGES and job.arrived == PAGES
 
 
 def test_in_the_engine_a_read_beside_a_decode_gets_at_most_the_pace_a_step(model, tmp_path: Path) -> None:
@@ -176,20 +158,6 @@ def test_in_the_engine_a_read_beside_a_decode_gets_at_most_the_pace_a_step(model
     assert engine.stats.tiers.disk_loaded_pages == 10
     assert_clean(engine)
     engine.close()
-
-
-def test_a_reader_stops_waiting_for_a_step_that_never_comes(tmp_path: Path) -> None:
-    reader, disk, job, counted = _reader(tmp_path, policy="wait_complete", pages_per_step=1, pace_wait_s=0.01)
-    try:
-        reader.pace(decoding=True)  # the last step: a loop that then stops stepping
-        with torch.inference_mode():
-            reader.submit(job)
-        _until(lambda: job.complete, "the readers kept waiting for a step")
-        assert counted.started == PAGES and job.arrived == PAGES
-    finally:
-        reader.release(job)
-        reader.close()
-        disk.close(10)
 
 
 def test_prefetch_pages_per_step_is_validated() -> None:

@@ -15,13 +15,12 @@ import os
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from radixcache.runtime.kv.tier.disk_store import DiskStore
-from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader, copy_page_bytes
+from radixcache.runtime.kv.tier.prefetch import PrefetchReader, copy_page_bytes
+from tests.runtime.tiers.stored_pages import stored_pages
 
 SHAPE = (4, 2, 16, 8, 64)  # layers, K/V, page_size, kv_heads, head_dim: 65,536 values, twice torch's copy grain
 PAGES = 6
@@ -57,29 +56,13 @@ def two_torch_threads():
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc to list threads")
 def test_readers_read_pages_without_an_openmp_team_of_their_own(tmp_path: Path, two_torch_threads: None) -> None:
-    dtype = torch.float32
-    meta = {"dtype": str(dtype), "shape": list(SHAPE)}
-    disk = DiskStore(tmp_path, max_bytes=1 << 30)
     pages = [torch.randn(SHAPE, generator=torch.Generator().manual_seed(i)) for i in range(PAGES)]
-    hashes = [bytes([i + 1]) * 16 for i in range(PAGES)]
-    tokens = [list(range(i * 16, (i + 1) * 16)) for i in range(PAGES)]
-    for h, t, page in zip(hashes, tokens, pages, strict=True):
-        assert disk.put(h, t, page.view(torch.uint8).numpy().tobytes(), meta)
-    assert disk.flush(30)
-    layers, _, page_size, kv_heads, head_dim = SHAPE
-    pool = SimpleNamespace(
-        num_layers=layers,
-        page_size=page_size,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        dtype=dtype,
-        device=torch.device("cpu"),
-    )
+    disk, job, pool = stored_pages(tmp_path, pages)
     reader = PrefetchReader(disk, pool, policy="wait_complete", workers=2)  # type: ignore[arg-type]
     before = _tids()
     try:
         with torch.inference_mode():  # as on the engine loop, which makes the staging tensor
-            job = reader.submit(PrefetchJob(0, hashes, tokens, []))
+            reader.submit(job)
             deadline = time.monotonic() + 30
             while not reader.ready(job):
                 assert time.monotonic() < deadline, "the readers never finished"
