@@ -59,6 +59,7 @@ log = logging.getLogger("radixcache.disk")
 
 
 PACE_WAIT_S = 0.5  # the longest a reader waits for the loop's next step before it reads anyway
+PREWARM_PAGES = 128  # staging pages written ahead as the reader starts (kv.tier.staging; within its bound)
 
 
 class PrefetchJob:
@@ -118,6 +119,7 @@ class PrefetchReader:
         keep_staging_bytes: int = DEFAULT_KEEP_BYTES,
         pages_per_step: int = DEFAULT_PAGES_PER_STEP,
         pace_wait_s: float = PACE_WAIT_S,
+        prewarm_pages: int = PREWARM_PAGES,
     ) -> None:
         check_prefetch(policy, timeout_ms)
         check_pages_per_step(pages_per_step)
@@ -132,6 +134,13 @@ class PrefetchReader:
         self.dtype = pool.dtype
         self.pin = pins_host_memory(pool.device.type)
         self.buffers = StagingBuffers(self.shape, self.dtype, pin=self.pin, keep_bytes=keep_staging_bytes)
+        # the first prefetch's staging written ahead, in the background (kv.tier.staging); that prefetch waits for it
+        self._prewarm: threading.Thread | None = None
+        if prewarm_pages > 0:
+            self._prewarm = threading.Thread(
+                target=self.buffers.prewarm, args=(prewarm_pages,), name="radixcache-staging-prewarm", daemon=True
+            )
+            self._prewarm.start()
         self._cond = threading.Condition()  # guards every job's ok/failed_at/finished/cancelled; notified per page
         self._executor: ThreadPoolExecutor | None = None
         self._queued: deque[PrefetchJob] = deque()  # over the staging bound: not started yet
@@ -229,6 +238,7 @@ class PrefetchReader:
     def read_now(self, job: PrefetchJob) -> tuple[int, torch.Tensor | None]:
         """Read a job on the calling thread, stopping at the first failed page (for a direct caller of the KV
         manager, which has not prefetched); the same batched staging as the readers. `release` it after use."""
+        self._prewarmed()
         job.buffer, job.staging = self.buffers.get(len(job))
         job.started = time.perf_counter()
         for i in range(len(job)):
@@ -253,6 +263,7 @@ class PrefetchReader:
             if self._staged and self._staged + len(job) > self.max_staged_pages:
                 return  # waits for a take or release
             self._queued.popleft()
+            self._prewarmed()
             job.buffer, job.staging = self.buffers.get(len(job))
             self._staged += len(job)
             if self._executor is None:
@@ -305,6 +316,13 @@ class PrefetchReader:
             job.tasks -= 1
             self._recycle(job)
             self._cond.notify_all()
+
+    def _prewarmed(self) -> None:
+        """Wait for the staging prewarm, if it still runs (only the first prefetch can find it running: it takes
+        tens of milliseconds), so that the first job gets its buffer whenever it fits."""
+        if self._prewarm is not None:
+            self._prewarm.join()
+            self._prewarm = None
 
     def _stopping(self, job: PrefetchJob, i: int) -> bool:
         """Whether page `i` of `job` is no longer to be read (cancelled, closed, or after a failed page). Under the

@@ -128,7 +128,7 @@ def test_a_read_on_the_callers_thread_hands_its_buffer_back(tmp_path: Path) -> N
     for i in range(3):
         store.put(keys[i], tokens[i], pool.kv[:, :, i].contiguous().view(torch.uint8).numpy().tobytes(), meta)
     assert store.flush(30)
-    reader = PrefetchReader(store, pool)
+    reader = PrefetchReader(store, pool, prewarm_pages=0)  # the prewarm: the test below
     for _ in range(2):
         job = PrefetchJob(0, keys, tokens, [])
         got, staging = reader.read_now(job)
@@ -140,3 +140,29 @@ def test_a_read_on_the_callers_thread_hands_its_buffer_back(tmp_path: Path) -> N
     assert torch.equal(pool.kv[:, :, 5:8], pool.kv[:, :, 0:3])  # the pages, bit for bit, read twice through one buffer
     reader.close()
     store.close()
+
+
+def test_a_prewarmed_buffer_serves_the_first_job_and_stays_within_the_bound(tmp_path: Path) -> None:
+    from radixcache.runtime.kv.pool import KVPool
+    from radixcache.runtime.kv.tier.disk_store import DiskStore
+    from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader
+    from radixcache.runtime.testing import tiny_model
+
+    page = 2 * 2 * 4 * 1 * 3 * 4
+    bufs = StagingBuffers(SHAPE, torch.float32, keep_bytes=10 * page)
+    bufs.prewarm(64)  # more than the bound keeps: as many pages as it does
+    assert bufs.allocated == 1 and bufs.kept_bytes == 10 * page
+    bufs.prewarm(0)
+    assert bufs.allocated == 1
+    buf, view = bufs.get(7)
+    assert buf.shape[2] == 10 and view.shape[2] == 7 and not buf.any()  # written once, with zeros
+    pool = KVPool(tiny_model(seed=3).config, 8, P, dtype=torch.float64)
+    store = DiskStore(str(tmp_path / "cache"), max_bytes=1 << 30)
+    reader = PrefetchReader(store, pool, prewarm_pages=16)
+    job = PrefetchJob(0, [b"\1" * 16], [list(range(P))], [])
+    reader.read_now(job)  # waits for the prewarm, then takes its buffer: the page itself is missing on disk
+    assert reader.buffers.allocated == 1 and job.buffer is not None and job.buffer.shape[2] == 16
+    reader.release(job)
+    assert reader.buffers.kept_bytes == 16 * reader.buffers.page_bytes
+    reader.close()
+    store.close(10)
