@@ -17,8 +17,8 @@ requests as the step's token budget allows (mixed batches, chunked prefill). Req
 - In-batch sharing (cache-aware schedules): a waiting request that shares at least one uncached page with a
   request still being prefilled waits (a bounded time: the starvation guard) until those pages are committed,
   then hits them; never for pages past that request's admission limit (kv.manager), which are not committed.
-- Prefetch (kv.tier.prefetch): a request whose prompt continues on disk has those pages read by reader threads from
-  its arrival, at each step's pace while others decode; it is admitted when the engine's prefetch policy allows.
+- Prefetch (kv.tier.prefetch): a request's disk pages are read by reader threads from its arrival, paced beside
+  decodes; it is admitted when the prefetch policy allows, and chunked a step after a load's copy if others decode.
 - Admission is bounded by free + evictable blocks, keeping one page of headroom per running decode. When a
   decode needs a page and none can be evicted, the lowest-priority running request (newest first) is
   preempted: its computed KV goes to the tree, its blocks are released, and it is resumed later from the cache.
@@ -355,8 +355,8 @@ class Scheduler:
             self.prefilling.append(r)
             if r.kv.num_kv >= r.prefill_end:  # a resumed request whose every position is cached: it decodes next
                 self._guard(r, self._start_decoding, r)
-                continue
-            self._chunk(r, budget, chunks)  # none: past this step's attention work, it runs among the prefilling next
+            elif not (self.decoding and r.kv.num_kv > r.kv.tree_blocks * self.kv.page_size):  # not beside a load's copy
+                self._chunk(r, budget, chunks)  # none: past the step's attention work, it runs among the prefilling
         return chunks
 
     # ------------------------------------------------------------------ order

@@ -21,7 +21,17 @@ from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from tests.runtime.tiers.stored_pages import stored_pages
-from tests.runtime.tiers.test_prefetch import OTHER, PROMPT, assert_clean, baseline, restarted, run_out, step, written
+from tests.runtime.tiers.test_prefetch import (
+    OTHER,
+    PROMPT,
+    P,
+    assert_clean,
+    baseline,
+    restarted,
+    run_out,
+    step,
+    written,
+)
 
 SHAPE = (2, 2, 4, 2, 8)  # layers, K/V, page_size, kv_heads, head_dim
 PAGES = 8
@@ -156,6 +166,30 @@ def test_in_the_engine_a_read_beside_a_decode_gets_at_most_the_pace_a_step(model
     run_out(engine)
     assert a.output_ids == want_a and b.output_ids == want_b
     assert engine.stats.tiers.disk_loaded_pages == 10
+    assert_clean(engine)
+    engine.close()
+
+
+def test_beside_a_decode_a_request_is_chunked_the_step_after_its_load(model, tmp_path: Path) -> None:
+    """The copy of its loaded pages and its first chunk fall in two steps of the decode, not both in one."""
+    want_a, want_b = baseline(model, OTHER, 30), baseline(model, PROMPT, 5)
+    written(model, tmp_path, PROMPT)
+    engine = restarted(model, tmp_path, prefetch_policy="wait_complete")
+    a = engine._request(OTHER, 30, ignore_eos=True)
+    engine.scheduler.add(a)
+    step(engine, 2)
+    b = engine._request(PROMPT, 5, ignore_eos=True)
+    engine.scheduler.add(b)
+    while b in engine.scheduler.waiting:
+        step(engine)
+    loaded = engine.stats.tiers.disk_loaded_pages
+    assert loaded == len(PROMPT[:-1]) // P and b.kv.tree_blocks == 0
+    assert b in engine.scheduler.prefilling and b.kv.num_kv == loaded * P  # admitted and loaded; nothing computed
+    made = len(a.output_ids)
+    step(engine)
+    assert len(a.output_ids) == made + 1 and (b.kv.num_kv > loaded * P or b.output_ids)  # now its chunk ran
+    run_out(engine)
+    assert a.output_ids == want_a and b.output_ids == want_b
     assert_clean(engine)
     engine.close()
 
