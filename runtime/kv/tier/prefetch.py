@@ -31,8 +31,10 @@ Imports torch; nothing of the KV manager.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -134,11 +136,12 @@ class PrefetchReader:
         self.dtype = pool.dtype
         self.pin = pins_host_memory(pool.device.type)
         self.buffers = StagingBuffers(self.shape, self.dtype, pin=self.pin, keep_bytes=keep_staging_bytes)
-        # the first prefetch's staging written ahead, in the background (kv.tier.staging); that prefetch waits for it
+        # staging written ahead for the first prefetch (kv.tier.staging), in the background at the lowest priority: a
+        # prefetch that starts before it is done makes its own buffer, as without it
         self._prewarm: threading.Thread | None = None
         if prewarm_pages > 0:
             self._prewarm = threading.Thread(
-                target=self.buffers.prewarm, args=(prewarm_pages,), name="radixcache-staging-prewarm", daemon=True
+                target=_prewarm_quietly, args=(self.buffers, prewarm_pages), name="radixcache-staging", daemon=True
             )
             self._prewarm.start()
         self._cond = threading.Condition()  # guards every job's ok/failed_at/finished/cancelled; notified per page
@@ -238,7 +241,6 @@ class PrefetchReader:
     def read_now(self, job: PrefetchJob) -> tuple[int, torch.Tensor | None]:
         """Read a job on the calling thread, stopping at the first failed page (for a direct caller of the KV
         manager, which has not prefetched); the same batched staging as the readers. `release` it after use."""
-        self._prewarmed()
         job.buffer, job.staging = self.buffers.get(len(job))
         job.started = time.perf_counter()
         for i in range(len(job)):
@@ -263,7 +265,6 @@ class PrefetchReader:
             if self._staged and self._staged + len(job) > self.max_staged_pages:
                 return  # waits for a take or release
             self._queued.popleft()
-            self._prewarmed()
             job.buffer, job.staging = self.buffers.get(len(job))
             self._staged += len(job)
             if self._executor is None:
@@ -317,12 +318,11 @@ class PrefetchReader:
             self._recycle(job)
             self._cond.notify_all()
 
-    def _prewarmed(self) -> None:
-        """Wait for the staging prewarm, if it still runs (only the first prefetch can find it running: it takes
-        tens of milliseconds), so that the first job gets its buffer whenever it fits."""
+    def wait_prewarm(self, timeout: float | None = None) -> bool:
+        """Wait until the staging prewarm is done (at once without one); whether it is (tests, tools)."""
         if self._prewarm is not None:
-            self._prewarm.join()
-            self._prewarm = None
+            self._prewarm.join(timeout)
+        return self._prewarm is None or not self._prewarm.is_alive()
 
     def _stopping(self, job: PrefetchJob, i: int) -> bool:
         """Whether page `i` of `job` is no longer to be read (cancelled, closed, or after a failed page). Under the
@@ -347,6 +347,14 @@ class PrefetchReader:
         assert staging is not None
         copy_page_bytes(staging[:, :, i], payload)
         return True
+
+
+def _prewarm_quietly(buffers: StagingBuffers, pages: int) -> None:
+    """`buffers.prewarm(pages)` on this thread at the lowest CPU priority (Linux: a thread's own nice value), so that
+    it takes only what the engine leaves: an engine restarted under load serves first, then prewarms."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    buffers.prewarm(pages)
 
 
 def copy_page_bytes(dst: torch.Tensor, payload: bytes | memoryview) -> None:

@@ -159,8 +159,9 @@ def test_a_prewarmed_buffer_serves_the_first_job_and_stays_within_the_bound(tmp_
     pool = KVPool(tiny_model(seed=3).config, 8, P, dtype=torch.float64)
     store = DiskStore(str(tmp_path / "cache"), max_bytes=1 << 30)
     reader = PrefetchReader(store, pool, prewarm_pages=16)
+    assert reader.wait_prewarm(30)
     job = PrefetchJob(0, [b"\1" * 16], [list(range(P))], [])
-    reader.read_now(job)  # waits for the prewarm, then takes its buffer: the page itself is missing on disk
+    reader.read_now(job)  # takes the prewarmed buffer (the page itself is missing on disk)
     assert reader.buffers.allocated == 1 and job.buffer is not None and job.buffer.shape[2] == 16
     reader.release(job)
     assert reader.buffers.kept_bytes == 16 * reader.buffers.page_bytes
