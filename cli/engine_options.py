@@ -91,9 +91,10 @@ def check_admission(admission: str, policy: str) -> str:
 
 
 def tier_options(func: Callable) -> Callable:
-    """--host-kv-memory, --cache-dir, --cache-dir-size, --write-policy, --prefetch-policy, --prefetch-timeout-ms: the
-    tiers under the KV pool."""
+    """--host-kv-memory, --cache-dir, --cache-dir-size, --write-policy, --prefetch-policy, --prefetch-timeout-ms,
+    --prefetch-pages-per-step: the tiers under the KV pool."""
     from radixcache.runtime.kv.tier.prefetch_policy import (
+        DEFAULT_PAGES_PER_STEP,
         DEFAULT_PREFETCH_POLICY,
         DEFAULT_PREFETCH_TIMEOUT_MS,
         PREFETCH_POLICIES,
@@ -138,6 +139,14 @@ def tier_options(func: Callable) -> Callable:
             help="With --prefetch-policy timeout: the longest a request waits for its disk pages before it is admitted "
             "and recomputes the rest.",
         ),
+        click.option(
+            "--prefetch-pages-per-step",
+            default=DEFAULT_PAGES_PER_STEP,
+            show_default=True,
+            type=click.IntRange(min=0, max=1 << 20),
+            help="While requests decode, the disk page reads the prefetch readers may start per step (more when a "
+            "timeout needs them); 0 reads without a pace.",
+        ),
     ]
     return _stacked(func, options)
 
@@ -149,6 +158,7 @@ def tier_kwargs(
     write_policy: str,
     prefetch_policy: str,
     prefetch_timeout_ms: float,
+    prefetch_pages_per_step: int,
 ) -> dict[str, Any]:
     """Engine arguments from the tier options; a bad size is refused before the model loads."""
     _check_sizes({"--host-kv-memory": host_kv_memory, "--cache-dir-size": cache_dir_size})
@@ -159,6 +169,7 @@ def tier_kwargs(
         "write_policy": write_policy,
         "prefetch_policy": prefetch_policy,
         "prefetch_timeout_ms": prefetch_timeout_ms,
+        "prefetch_pages_per_step": prefetch_pages_per_step,
     }
 
 
@@ -263,6 +274,7 @@ class EngineChoices:
     write_policy: str
     prefetch_policy: str
     prefetch_timeout_ms: float
+    prefetch_pages_per_step: int
     quant: str
     threads: int | None
     mirror_memory: str | None
@@ -289,6 +301,7 @@ class EngineChoices:
             self.write_policy,
             self.prefetch_policy,
             self.prefetch_timeout_ms,
+            self.prefetch_pages_per_step,
         )
         return kwargs | {"admission": check_admission(self.admission, self.policy)}
 

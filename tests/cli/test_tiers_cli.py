@@ -67,7 +67,11 @@ def test_bad_tier_sizes_are_usage_errors_naming_the_flag(runner, tiny_model_dir:
         assert result.exit_code == 2 and flag in result.output, result.output
     result = runner.invoke(main, ["replay", "--model", str(tiny_model_dir), "--write-policy", "sometimes"])
     assert result.exit_code == 2 and "--write-policy" in result.output
-    for flag, value in (("--prefetch-policy", "sometimes"), ("--prefetch-timeout-ms", "-1")):
+    for flag, value in (
+        ("--prefetch-policy", "sometimes"),
+        ("--prefetch-timeout-ms", "-1"),
+        ("--prefetch-pages-per-step", "-2"),
+    ):
         result = runner.invoke(main, ["replay", str(small_trace), "--model", str(tiny_model_dir), flag, value])
         assert result.exit_code == 2 and flag in result.output and value in result.output, result.output
 
@@ -76,10 +80,11 @@ def test_the_prefetch_flags_reach_the_engine_configuration() -> None:
     from radixcache.cli.engine_options import tier_kwargs
     from radixcache.runtime.engine.engine_config import EngineConfig
 
-    kwargs = tier_kwargs(None, "kv", "1GiB", "write_back", "best_effort", 250.0)
+    kwargs = tier_kwargs(None, "kv", "1GiB", "write_back", "best_effort", 250.0, 4)
     config = EngineConfig(**kwargs)
     assert (config.prefetch_policy, config.prefetch_timeout_ms, config.write_policy) == (
         "best_effort",
         250.0,
         "write_back",
     )
+    assert config.prefetch_pages_per_step == 4
