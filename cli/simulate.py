@@ -13,6 +13,7 @@ from radixcache.cli.progress import progress_bar
 from radixcache.cli.simulate_leases import run_leases
 from radixcache.cli.simulate_routed import check_routing_flags, simulate_routed
 from radixcache.cli.simulate_tables import print_comparison, print_json, print_report
+from radixcache.cli.simulate_trace import TraceCapacity
 from radixcache.errors import RadixCacheError
 from radixcache.policy.admission import ADMISSION_POLICIES
 from radixcache.policy.registry import ALL_POLICIES
@@ -231,12 +232,13 @@ def simulate(
     """
     if (capacity_blocks is None) == (capacity_tokens is None):
         raise click.UsageError("give exactly one of --capacity-blocks and --capacity-tokens")
+    where = TraceCapacity(trace, fmt, page_size, block_size, capacity_blocks, capacity_tokens)
     if leases:
         try:
             names = policy_names(policies_spec) if policies_spec else [policy]
         except RadixCacheError as exc:
             raise click.UsageError(str(exc)) from None
-        run_leases(trace, fmt, page_size, block_size, capacity_blocks, capacity_tokens, names, lease_budget)
+        run_leases(where, names, lease_budget)
         return
     if lease_budget != 0.5:
         raise click.UsageError("--lease-budget is for --leases")
@@ -253,12 +255,7 @@ def simulate(
             )
         check_routing_flags(ctx, belady, host_capacity_blocks, disk_capacity_blocks, write_policy, rate, arrivals)
         simulate_routed(
-            trace,
-            fmt,
-            page_size,
-            block_size,
-            capacity_blocks,
-            capacity_tokens,
+            where,
             in_memory,
             replicas,
             router or "cache_aware",
@@ -292,9 +289,7 @@ def simulate(
             source = open_source(trace, fmt, page_size=page_size, block_size=block_size)
             ahead = worth_reading_ahead(source) if read_ahead is None else read_ahead
             workload = replace(source, read_ahead=ahead)
-        blocks = capacity_blocks or workload.blocks_for_tokens(capacity_tokens or 0)
-        if blocks < 1:
-            raise click.UsageError(f"--capacity-tokens {capacity_tokens} is less than one block")
+        blocks = where.blocks(workload)
         if policies_spec:
             _compare_policies(
                 trace,

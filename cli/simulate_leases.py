@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from radixcache.cli.simulate_tables import print_json
+from radixcache.cli.simulate_trace import TraceCapacity
 from radixcache.errors import RadixCacheError
 from radixcache.sim.lease_replay import LeaseReplay
 from radixcache.trace.workload import Workload, load_workload
@@ -93,16 +94,7 @@ def simulate_leases(
     Console().print(table)
 
 
-def run_leases(
-    trace: str,
-    fmt: str | None,
-    page_size: int | None,
-    block_size: int,
-    capacity_blocks: int | None,
-    capacity_tokens: int | None,
-    policies: list[str],
-    budget: float,
-) -> None:
+def run_leases(where: TraceCapacity, policies: list[str], budget: float) -> None:
     """`--leases`: the trace's lease hints replayed (cli/simulate_leases.py), for one cache and no other option."""
     ctx = click.get_current_context()
     others = [
@@ -113,10 +105,7 @@ def run_leases(
     if others:
         raise click.UsageError(f"{', '.join(others)}: not with --leases (one cache, its policy and the trace's hints)")
     try:
-        workload = load_workload(trace, fmt, page_size=page_size, block_size=block_size)
-        blocks = capacity_blocks or workload.blocks_for_tokens(capacity_tokens or 0)
-        if blocks < 1:
-            raise click.UsageError(f"--capacity-tokens {capacity_tokens} is less than one block")
-        simulate_leases(trace, workload, blocks, policies, budget, ctx.params["as_json"])
+        workload = load_workload(where.trace, where.fmt, page_size=where.page_size, block_size=where.block_size)
+        simulate_leases(where.trace, workload, where.blocks(workload), policies, budget, ctx.params["as_json"])
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from radixcache.cli.progress import progress_bar
 from radixcache.cli.simulate_tables import print_json, print_routing
+from radixcache.cli.simulate_trace import TraceCapacity
 from radixcache.errors import RadixCacheError
 from radixcache.sim.routing_replay import simulate_routing
 from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS, RoutingCosts
@@ -53,12 +54,7 @@ def check_routing_flags(
 
 
 def simulate_routed(
-    trace: str,
-    fmt: str | None,
-    page_size: int | None,
-    block_size: int,
-    capacity_blocks: int | None,
-    capacity_tokens: int | None,
+    where: TraceCapacity,
     in_memory: bool,
     replicas: int,
     router: str,
@@ -85,11 +81,9 @@ def simulate_routed(
         d.decode_ms_per_token if decode_ms_per_token is None else decode_ms_per_token,
     )
     try:
-        source = open_source(trace, fmt, page_size=page_size, block_size=block_size)
+        source = open_source(where.trace, where.fmt, page_size=where.page_size, block_size=where.block_size)
         workload: TraceSource | RoutedWorkload = routed_in_memory(source) if in_memory else source
-        blocks = capacity_blocks or source.blocks_for_tokens(capacity_tokens or 0)
-        if blocks < 1:
-            raise click.UsageError(f"--capacity-tokens {capacity_tokens} is less than one block")
+        blocks = where.blocks(source)
         shown = Console(stderr=True).is_terminal
         requests = len(workload.requests) if isinstance(workload, RoutedWorkload) else (source.count() if shown else 0)
         with progress_bar("routing", requests) as advance:
@@ -110,4 +104,4 @@ def simulate_routed(
     if as_json:
         print_json(result.as_dict())
     else:
-        print_routing(trace, result)
+        print_routing(where.trace, result)
