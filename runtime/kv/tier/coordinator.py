@@ -143,21 +143,20 @@ class KVTiers:
         prefetched = rid is not None and rid in self._prefetch
         job = self._prefetch.pop(rid, None) if prefetched else None  # type: ignore[arg-type]
         try:
-            return self._load(match, host_hashes, disk_pages, tokens, blocks, prefetched, job)
+            loaded = self._load_host(host_hashes, blocks)
+            if loaded is None:
+                return 0
+            if disk_pages and self.reader is not None and (job is not None or not prefetched):
+                start = match.device_pages + loaded
+                loaded += self._load_disk(match, tokens, start, disk_pages, blocks[loaded:], job)
+            return loaded
         finally:
             if job is not None:
                 self._end_job(job)
 
-    def _load(
-        self,
-        match: TierMatch,
-        host_hashes: list[bytes],
-        disk_pages: int,
-        tokens: Sequence[int],
-        blocks: Sequence[int],
-        prefetched: bool,
-        job: PrefetchJob | None,
-    ) -> int:
+    def _load_host(self, host_hashes: list[bytes], blocks: Sequence[int]) -> int | None:
+        """Copy the locked host pages into the first of `blocks` and unlock them (once the copy is done); how many,
+        or None when the copy raised (counted, logged: the caller recomputes everything after the device match)."""
         loaded = len(host_hashes)
         event = None
         try:
@@ -170,39 +169,42 @@ class KVTiers:
         except Exception:
             log.exception("loading %d page(s) from the host tier failed; recomputing them", loaded)
             self._counts["host_failed_copies"] += 1
-            return 0
+            return None
         finally:
             self.unlock_host(host_hashes, event)
-        if disk_pages and self.reader is not None and (job is not None or not prefetched):
-            start = match.device_pages + loaded
-            if job is None:  # never prefetched: read here, on the caller's thread
-                job = self._new_job(match.hashes, tokens, start, start + disk_pages, [])
-                try:
-                    return loaded + self._copy_read(match, job, start, disk_pages, blocks[loaded:], read=True)
-                finally:
-                    self.reader.release(job)  # its staging goes back to the kept buffers
-            loaded += self._copy_read(match, job, start, disk_pages, blocks[loaded:])
         return loaded
 
-    def _copy_read(
-        self, match: TierMatch, job: PrefetchJob, start: int, disk_pages: int, blocks: Sequence[int], read: bool = False
+    def _load_disk(
+        self,
+        match: TierMatch,
+        tokens: Sequence[int],
+        start: int,
+        disk_pages: int,
+        blocks: Sequence[int],
+        job: PrefetchJob | None,
     ) -> int:
-        """Copy a job's usable pages from prompt page `start` on (at most `disk_pages`) into `blocks`; the pages
-        copied. `read`: the job never went to the readers; read it here first, on the caller's thread."""
+        """Copy up to `disk_pages` usable pages from prompt page `start` on into `blocks`; the pages copied. From the
+        prefetch `job`, or with `job` None (the request never prefetched) read here first, on the caller's thread."""
         assert self.reader is not None
-        got, staging = self.reader.read_now(job) if read else self.reader.take(job)
-        skip = start - job.first_page  # the prefetch began at its own first page; use it from `start` on
-        got = 0 if skip < 0 or job.hashes[skip : skip + 1] != match.hashes[start : start + 1] else got - skip
-        got = max(0, min(got, disk_pages))
-        if job.failed_at is not None:
-            self._counts["disk_failed_reads"] += 1
-        if got and staging is not None:
-            t0 = time.perf_counter()
-            copy_staged(self.pool, staging[:, :, skip:], got, blocks)
-            seconds = time.perf_counter() - t0 + job.read_seconds * (got / max(1, job.arrived))
-            self.costs.note_load("disk", got, seconds)
-        self._counts["disk_loaded_pages"] += got
-        return got
+        own = job is None
+        job = self._new_job(match.hashes, tokens, start, start + disk_pages, []) if job is None else job
+        try:
+            got, staging = self.reader.read_now(job) if own else self.reader.take(job)
+            skip = start - job.first_page  # the prefetch began at its own first page; use it from `start` on
+            got = 0 if skip < 0 or job.hashes[skip : skip + 1] != match.hashes[start : start + 1] else got - skip
+            got = max(0, min(got, disk_pages))
+            if job.failed_at is not None:
+                self._counts["disk_failed_reads"] += 1
+            if got and staging is not None:
+                t0 = time.perf_counter()
+                copy_staged(self.pool, staging[:, :, skip:], got, blocks)
+                seconds = time.perf_counter() - t0 + job.read_seconds * (got / max(1, job.arrived))
+                self.costs.note_load("disk", got, seconds)
+            self._counts["disk_loaded_pages"] += got
+            return got
+        finally:
+            if own:
+                self.reader.release(job)  # its staging goes back to the kept buffers
 
     def count_hits(self, device_tokens: int, host_tokens: int, disk_tokens: int) -> None:
         c = self._counts
