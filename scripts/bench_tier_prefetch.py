@@ -22,6 +22,9 @@ so they are on disk only: a restart), then runs the decode (`--decode-tokens` to
   work of a step's chunks beside decodes (`SchedulerConfig.mixed_prefill_attention`), once for each value of
   `--attention-budget` (query tokens x positions attended; over 2,000 cached positions 2048 lets 1 token a step,
   8192 4 and 16384 8): the long prompt's last chunk is cut over several steps.
+- disk / device staged: the same with `SchedulerConfig.staged_prefill_attention` (model.staged), once for each value
+  of `--staged`: the long prompt's last chunk runs its decoder layers over several steps beside the decode
+  (over 2,000 cached positions, a 16-token chunk is about 32,000 of work: 8192 runs it in 4 steps of 8 layers).
 The gaps from the long prompt's arrival to the decode's end are pooled over `--rounds` rounds (interleaved, so a
 change in the machine's load touches every variant alike); prints p50 and p99 of each, against "alone", the long
 prompt's median time to first token, and the load average.
@@ -112,7 +115,9 @@ def measure(model: Any, args: argparse.Namespace) -> tuple[dict[str, list[float]
         "prefetch_pages_per_step": args.pages_per_step,
         **_threads(),
     }
-    bounded = [f"{kind}_bound{w}" for w in args.attention_budget for kind in ("disk", "device")]
+    options = [("bound", w, SchedulerConfig(mixed_prefill_attention=w)) for w in args.attention_budget]
+    options += [("staged", w, SchedulerConfig(staged_prefill_attention=w)) for w in args.staged]
+    bounded = [f"{kind}_{name}{w}" for name, w, _ in options for kind in ("disk", "device")]
     unpaced = ["disk_unpaced"] if args.pages_per_step else []
     gaps: dict[str, list[float]] = {k: [] for k in ("alone", "disk", "device", *unpaced, *bounded, "sync")}
     ttft: dict[str, list[float]] = {k: [] for k in gaps}
@@ -133,12 +138,11 @@ def measure(model: Any, args: argparse.Namespace) -> tuple[dict[str, list[float]
                     _warm_up(engine, short, args)
                     gaps["disk_unpaced"] += _decode(engine, short, args, long_prompt, ttft["disk_unpaced"])
                     disk_pages.append(engine.stats.tiers.disk_loaded_pages)
-            for w in args.attention_budget:
-                bound = SchedulerConfig(mixed_prefill_attention=w)
-                with Engine(model, cache_dir=cache_dir, scheduler_config=bound, **common) as engine:
+            for name, w, config in options:
+                with Engine(model, cache_dir=cache_dir, scheduler_config=config, **common) as engine:
                     _warm_up(engine, short, args)
                     for kind in ("disk", "device"):  # the first run reads the disk and leaves the prefix on the device
-                        key = f"{kind}_bound{w}"
+                        key = f"{kind}_{name}{w}"
                         gaps[key] += _decode(engine, short, args, long_prompt, ttft[key])
                         if kind == "disk":
                             disk_pages.append(engine.stats.tiers.disk_loaded_pages)
@@ -179,6 +183,13 @@ def main() -> None:
         "step; none: no bounded variant)",
     )
     parser.add_argument(
+        "--staged",
+        type=int,
+        nargs="*",
+        default=[8192],
+        help="staged_prefill_attention of the staged variants, one pair each (none: no staged variant)",
+    )
+    parser.add_argument(
         "--pages-per-step",
         type=int,
         default=16,
@@ -213,6 +224,11 @@ def main() -> None:
         **{
             f"{kind}_bound{w}": f"the prefix {what}, attention bound {w}"
             for w in args.attention_budget
+            for kind, what in (("disk", "loads from disk"), ("device", "hits the device"))
+        },
+        **{
+            f"{kind}_staged{w}": f"the prefix {what}, staged by layers over {w}"
+            for w in args.staged
             for kind, what in (("disk", "loads from disk"), ("device", "hits the device"))
         },
         "sync": "the prefix loads from disk, read on the loop (before)",

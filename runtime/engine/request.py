@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from radixcache.runtime.engine.prefill_budget import StagedChunk
 from radixcache.runtime.engine.sampling import Sampler, SamplingParams
 from radixcache.runtime.kv.leases import LeaseGrant
 from radixcache.runtime.kv.state import KVState
@@ -129,6 +130,7 @@ class Request:
     tool_use: ToolUse | None = field(default=None, repr=False)
     call_ids: CallIds | None = field(default=None, repr=False)
     listener: Callable[[Request], None] | None = field(default=None, repr=False)
+    staged: StagedChunk | None = field(default=None, repr=False)  # a chunk between passes (engine.prefill_budget)
 
     def __post_init__(self) -> None:
         self.kv = KVState(

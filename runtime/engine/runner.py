@@ -3,11 +3,14 @@
 It owns the model, the KV pool and the decode mirror. `step` takes the running decodes and the prefill chunks the
 scheduler picked, runs them in one pass (model.batch: `[decodes | chunk 0 | chunk 1 | ...]`), and advances each
 request's `kv.num_kv` only once the pass has returned, so a pass that raises leaves every request where it was.
+A request with a `staged` chunk (engine.prefill_budget.StagedChunk) runs its layers `[next_layer, stop)`; its
+positions count once its last layer has run, and until then its rows wait in `staged.hidden`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from radixcache.runtime.engine.request import Request
 from radixcache.runtime.kv.mirror import DecodeMirror
@@ -43,7 +46,10 @@ class ModelRunner:
         parts = []
         for r, n in chunks:
             start = r.kv.num_kv
-            parts.append(PrefillChunk(r.all_ids[start : start + n], start, r.kv.block_table))
+            st = r.staged
+            layers = None if st is None else (st.next_layer, st.stop)
+            hidden = None if st is None else st.hidden
+            parts.append(PrefillChunk(r.all_ids[start : start + n], start, r.kv.block_table, layers, hidden))
         out = self.model.forward(self.pool, decode=decode, chunks=parts)
         self.passes += 1
         if mirror_step is not None:
@@ -51,7 +57,13 @@ class ModelRunner:
             self.mirror.commit(mirror_step)
         for r in decodes:
             r.kv.num_kv += 1
-        for r, n in chunks:
+        for i, (r, n) in enumerate(chunks):
+            rows = out.hidden[i] if out.hidden else None
+            if rows is not None:  # a staged chunk stopped before the last layer: it goes on next pass
+                assert r.staged is not None
+                r.staged = replace(r.staged, next_layer=r.staged.stop, hidden=rows)
+                continue
+            r.staged = None
             r.kv.num_kv += n
             self.prefill_positions += n
         return out

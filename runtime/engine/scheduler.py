@@ -6,7 +6,9 @@ requests as the step's token budget allows (mixed batches, chunked prefill). Req
 - Budget: `max_prefill_tokens` prompt tokens per step while nothing decodes; `mixed_prefill_tokens` while requests
   decode, so that a long prompt arriving costs the running requests a bounded stall per token (chunking); at most
   `max_prefill_seqs` requests' chunks per pass, each at most `prefill_chunk` tokens. `mixed_prefill_attention`
-  (off by default) also bounds the attention work of a step's chunks while requests decode (engine.prefill_budget).
+  (off by default) also bounds the attention work of a step's chunks while requests decode (engine.prefill_budget);
+  `staged_prefill_attention` runs a chunk over it by layers over several passes (model.staged), as the step's
+  only chunk until it is done.
 - In-flight sharing (`share_in_flight`): after each pass, every chunk's computed full pages (and every page a decode
   filled) go into the tree, still locked by their request (kv.manager.commit). A request that arrives while another
   computes the same prefix matches whatever pages exist by then.
@@ -42,54 +44,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 
 from radixcache import CacheFullError
 from radixcache.runtime.engine.errors import QueueTimeoutError, RequestTooLargeError
 from radixcache.runtime.engine.output import OutputProcessor, greedy_tokens
-from radixcache.runtime.engine.prefill_budget import StepBudget, check_attention_bound
+from radixcache.runtime.engine.prefill_budget import StepBudget
 from radixcache.runtime.engine.request import Request, dequeued
 from radixcache.runtime.engine.runner import ModelRunner
 from radixcache.runtime.engine.schedule_order import admission_order, shares_uncommitted_pages
+from radixcache.runtime.engine.scheduler_config import SCHEDULES, SchedulerConfig
 from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.state import Status
 
-SCHEDULES = ("lpm", "fcfs", "dfs-weight")
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    """schedule: lpm | fcfs | dfs-weight. max_prefill_tokens: prompt tokens per step while nothing decodes.
-    mixed_prefill_tokens: prompt tokens per step while requests decode (bounds their stall). max_prefill_seqs:
-    requests whose chunks share one pass (1: one at a time). prefill_chunk: most tokens of one request per pass.
-    max_running: most requests admitted at once (the decode batch). mixed_prefill_attention: the most attention
-    work (query tokens x positions attended) of a step's chunks while requests decode (None: no bound; see
-    engine.prefill_budget). max_wait_steps / max_wait_s: starvation guard. in_batch_sharing: defer a request sharing
-    an uncached prefix with one being prefilled (cache-aware schedules only; fcfs is the plain baseline).
-    share_in_flight: commit pages to the tree as they are computed (False: only when a request leaves)."""
-
-    schedule: str = "lpm"
-    max_prefill_tokens: int = 1024
-    mixed_prefill_tokens: int = 24
-    mixed_prefill_attention: int | None = None
-    max_prefill_seqs: int = 16
-    prefill_chunk: int = 512
-    max_running: int = 64
-    max_wait_steps: int = 64
-    max_wait_s: float = 10.0
-    in_batch_sharing: bool = True
-    share_in_flight: bool = True
-
-    def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        for name in ("max_prefill_tokens", "mixed_prefill_tokens", "max_prefill_seqs", "prefill_chunk", "max_running"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        check_attention_bound(self.mixed_prefill_attention)
+__all__ = ["SCHEDULES", "Scheduler", "SchedulerConfig"]
 
 
 class Scheduler:
@@ -158,8 +128,9 @@ class Scheduler:
                 self._fail(r, QueueTimeoutError(f"request {r.rid} waited {waited:.1f} s without being admitted"))
         decodes = self._schedule_decodes()
         cfg = self.config
-        work = cfg.mixed_prefill_attention if decodes else None  # a step without decodes stalls nobody
-        budget = StepBudget(cfg.mixed_prefill_tokens if decodes else cfg.max_prefill_tokens, cfg.prefill_chunk, work)
+        work, stage = (cfg.mixed_prefill_attention, cfg.staged_prefill_attention) if decodes else (None, None)
+        tokens = cfg.mixed_prefill_tokens if decodes else cfg.max_prefill_tokens  # no decodes: nobody stalls
+        budget = StepBudget(tokens, cfg.prefill_chunk, work, stage)
         chunks = self._schedule_prefill(budget, now)
         if self.kv.tiers is not None:  # disk reads beside decodes go at the step's pace; else no busy loop
             self.kv.tiers.pace_prefetch(bool(decodes), wait=0.0 if decodes or chunks or not self.waiting else 0.01)
@@ -175,7 +146,7 @@ class Scheduler:
     # ------------------------------------------------------------------ one pass
 
     def _run(self, decodes: list[Request], chunks: list[tuple[Request, int]], retry: bool = True) -> None:
-        t0 = time.perf_counter()
+        t0, staged = time.perf_counter(), any(r.staged for r, _ in chunks)
         try:
             logits = self.runner.step(decodes, chunks)
         except Exception as exc:  # nothing was committed, no request moved: retry each once, alone
@@ -190,7 +161,7 @@ class Scheduler:
             return
         except BaseException as exc:  # KeyboardInterrupt and the like: no retry
             return self._fail_pass(decodes, chunks, exc)
-        if chunks and self.kv.tiers is not None:  # what loading a page back competes with: the prefill per token
+        if chunks and not staged and self.kv.tiers is not None:  # what a page load competes with: prefill a token
             self.kv.tiers.note_prefill(sum(n for _, n in chunks) + len(decodes), time.perf_counter() - t0)
         share = self.config.share_in_flight
         p = self.kv.page_size
@@ -200,7 +171,8 @@ class Scheduler:
                 continue  # the pass filled a page, and committing it failed: that request alone
             assert logits.decode is not None
             done.append((r, logits.decode[i]))
-        for i, (r, _) in enumerate(chunks):
+        ran = [r for r, _ in chunks if r.staged is None]  # a staged one between passes computed nothing yet
+        for i, r in enumerate(ran):  # logits rows: the chunks that ran their last layer
             if self._guard(r, self._after_chunk, r) and not r.output_ids and r in self.decoding:
                 assert logits.chunks is not None  # fresh: its first token (a resumed one has its next input)
                 done.append((r, logits.chunks[i]))
@@ -311,6 +283,7 @@ class Scheduler:
         """Add `req`'s chunk of this pass (what it lacks, within `budget`) to `chunks`; its size (0: none)."""
         n = budget.size(req.kv.num_kv, req.prefill_end - req.kv.num_kv, first=not chunks)
         if n > 0:
+            req.staged = budget.staging(req.kv.num_kv, n, len(self.runner.model.layers))
             chunks.append((req, n))
             budget.take(req.kv.num_kv, n)
         return n
@@ -318,6 +291,8 @@ class Scheduler:
     def _schedule_prefill(self, budget: StepBudget, now: float) -> list[tuple[Request, int]]:
         """The chunks of this pass: requests already prefilling first, then new admissions, within `budget`."""
         cfg = self.config
+        if staged := [r for r in self.prefilling if r.staged is not None]:  # goes on alone: the pass stays bounded
+            return [(r, self._next_stage(r, budget)) for r in staged]
         chunks: list[tuple[Request, int]] = []
         for r in self.prefilling:  # one whose next token does not fit what is left goes first next step
             if budget.spent or len(chunks) >= cfg.max_prefill_seqs or self._chunk(r, budget, chunks) <= 0:
@@ -359,6 +334,14 @@ class Scheduler:
                 self._chunk(r, budget, chunks)  # none: past the step's attention work, it runs among the prefilling
         return chunks
 
+    def _next_stage(self, req: Request, budget: StepBudget) -> int:
+        """Set the layers a staged chunk runs this pass (the rest of them once nothing decodes); its tokens."""
+        st = req.staged
+        assert st is not None
+        last = len(self.runner.model.layers)
+        req.staged = replace(st, stop=last if budget.stage is None else min(last, st.next_layer + st.per_pass))
+        return st.tokens
+
     # ------------------------------------------------------------------ order
 
     def _order(self, now: float) -> tuple[dict[int, int], list[Request]]:
@@ -377,6 +360,7 @@ class Scheduler:
     # ------------------------------------------------------------------ leaving
 
     def _remove(self, req: Request) -> bool:
+        req.staged = None  # a chunk between passes is dropped: its positions were never counted computed
         for queue in (self.waiting, self.prefilling, self.decoding):
             if req in queue:
                 queue.remove(req)

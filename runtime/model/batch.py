@@ -20,11 +20,17 @@ from radixcache.runtime.model.attention import DecodeMeta
 @dataclass(frozen=True, slots=True)
 class PrefillChunk:
     """One sequence's next prompt positions: `token_ids` at positions `start ..`, attending over the KV of
-    positions `< start` already in the pages of `block_table` (which must cover the chunk's last position)."""
+    positions `< start` already in the pages of `block_table` (which must cover the chunk's last position).
+
+    `layers`: the decoder layers `(first, stop)` this pass runs for the chunk (None: all of them); a chunk staged
+    over several passes (model.staged) enters layer `first > 0` with `hidden`, its rows `[n, hidden_size]` as the
+    previous pass left them after layer `first - 1`."""
 
     token_ids: Sequence[int]
     start: int
     block_table: Sequence[int]
+    layers: tuple[int, int] | None = None
+    hidden: torch.Tensor | None = None
 
     @property
     def end(self) -> int:
@@ -43,7 +49,10 @@ class DecodeBatch:
 
 class ForwardLogits(NamedTuple):
     """decode: `[B, vocab]` float32, one row per decode (None without decodes). chunks: `[C, vocab]`, the logits
-    of each chunk's last position, in the order the chunks were given (None without chunks)."""
+    of the last position of each chunk that ran through the last layer, in the order the chunks were given (None
+    without such chunks). hidden: one entry per chunk given, its rows after its last layer where it stopped before
+    the model's last layer (a staged chunk: model.staged), else None; empty when no chunk was staged."""
 
     decode: torch.Tensor | None
     chunks: torch.Tensor | None
+    hidden: tuple[torch.Tensor | None, ...] = ()

@@ -11,6 +11,7 @@ always with `quant="gguf"`) RMSNorm of up to 4 rows and the decode mirror's atte
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,21 +24,16 @@ from radixcache.runtime.kv.mirror import MirrorStep
 from radixcache.runtime.kv.pool import KVPool
 from radixcache.runtime.model.attention import (
     DecodeMeta,
-    PrefillMeta,
-    causal_mask,
     decode_attention,
-    gather_pages,
-    prefill_attention,
-    split_prefill_attention,
-    uses_split_prefill,
 )
 from radixcache.runtime.model.batch import DecodeBatch, ForwardLogits, PrefillChunk
+from radixcache.runtime.model.chunk_rows import chunk_part
 from radixcache.runtime.model.fused_decode import FusedDecode
 from radixcache.runtime.model.linear import Linear
 from radixcache.runtime.model.native_layers import NativeLayers, silu_mul
-from radixcache.runtime.model.prefix_pages import plan_prefix, prefix_pieces
 from radixcache.runtime.model.quant import check_quant, make_linear
 from radixcache.runtime.model.rope import _rope_signed, rope_tables
+from radixcache.runtime.model.staged import RowPart, staged_pass
 
 if TYPE_CHECKING:
     from radixcache.runtime.model.block_linear import BlockWeight
@@ -191,7 +187,7 @@ class LlamaModel:
         t = ids.numel()
         if t == 0:
             raise ValueError("prefill needs at least one token")
-        self._check_positions(start + t)
+        self.check_positions(start + t)
         need = -(-(start + t) // pool.page_size)
         if table.numel() < need:
             raise ValueError(f"block table of {table.numel()} pages cannot hold {start + t} tokens")
@@ -204,16 +200,9 @@ class LlamaModel:
             return out[0]
         outs = []
         for lo in range(0, t, chunk_size):
-            hi = min(t, lo + chunk_size)
-            positions = torch.arange(start + lo, start + hi, device=self.device)
-            meta = self._prefill_meta(start + lo, hi - lo, table, table, pool)
-            mask = self._chunk_mask(meta)
-
-            def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                return self._prefill_attend(layer, q, k, v, meta, mask, pool)  # noqa: B023 (called within the loop)
-
-            outs.append(self._layers(ids[lo:hi], positions, pool, meta.slots, attend, True, 0))
-        return self._logits(torch.cat(outs), prefill=True, decode_rows=0)
+            part = chunk_part(self, PrefillChunk(ids[lo : lo + chunk_size], start + lo, table), pool)
+            outs.append(self._layers(part.ids, part.positions, pool, part.slots, part.attend, True, 0))
+        return self.logits(torch.cat(outs), prefill=True, decode_rows=0)
 
     def decode(
         self,
@@ -238,14 +227,13 @@ class LlamaModel:
 
         Rows are `[decodes | chunk 0 | chunk 1 | ...]`: the products run once over all of them, attention per part
         (decodes over the mirror or their pages, each chunk over its sequence's cached prefix and itself). Every
-        new K/V is written to the pool. Returns the decodes' logits and each chunk's last-position logits.
+        new K/V is written to the pool. Returns the decodes' logits and each chunk's last-position logits; a chunk
+        given a part of the layers (`PrefillChunk.layers`) runs those only (model.staged).
         """
         if decode is None and not chunks:
             raise ValueError("a forward pass needs decodes or prefill chunks")
         dev = self.device
-        ids_parts: list[torch.Tensor] = []
-        pos_parts: list[torch.Tensor] = []
-        slot_parts: list[torch.Tensor] = []
+        parts: list[RowPart] = []
         b = 0
         if decode is not None:
             meta = decode.meta
@@ -256,91 +244,50 @@ class LlamaModel:
                 raise ValueError(
                     f"mirror step lengths {decode.mirror.lengths} do not match the decode's {meta.lengths}"
                 )
-            self._check_positions(max(meta.lengths))
-            ids_parts.append(torch.as_tensor(decode.token_ids, dtype=torch.int64).to(dev))
-            pos_parts.append(meta.lengths_t - 1)
-            slot_parts.append(meta.slots)
-        parts: list[tuple[int, int, PrefillMeta, torch.Tensor | None]] = []  # (first row, end row, meta, mask)
-        row = b
-        for chunk in chunks:
-            n = len(chunk.token_ids)
-            if n == 0:
-                raise ValueError("a prefill chunk needs at least one token")
-            self._check_positions(chunk.end)
-            table = torch.as_tensor(chunk.block_table, dtype=torch.int64).to(dev)
-            if table.numel() < -(-chunk.end // pool.page_size):
-                raise ValueError(f"block table of {table.numel()} pages cannot hold {chunk.end} tokens")
-            positions = torch.arange(chunk.start, chunk.end, device=dev)
-            meta_p = self._prefill_meta(chunk.start, n, table, chunk.block_table, pool)
-            ids_parts.append(torch.as_tensor(chunk.token_ids, dtype=torch.int64).to(dev))
-            pos_parts.append(positions)
-            slot_parts.append(meta_p.slots)
-            parts.append((row, row + n, meta_p, self._chunk_mask(meta_p)))
-            row += n
+            self.check_positions(max(meta.lengths))
 
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            outs = []
-            if decode is not None:
-                outs.append(self._decode_attend(layer, q[:b], k[:b], v[:b], decode, pool))
-            for lo, hi, meta_p, mask in parts:
-                outs.append(self._prefill_attend(layer, q[lo:hi], k[lo:hi], v[lo:hi], meta_p, mask, pool))
-            return outs[0] if len(outs) == 1 else torch.cat(outs)
+            def attend_decodes(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                return self._decode_attend(layer, q, k, v, decode, pool)
 
+            ids = torch.as_tensor(decode.token_ids, dtype=torch.int64).to(dev)
+            parts.append(RowPart(ids, meta.lengths_t - 1, meta.slots, attend_decodes, range(len(self.layers))))
+        parts.extend(chunk_part(self, chunk, pool) for chunk in chunks)
         # `prefill` lets a linear kind pick its summation order for a pure prefill (model.linear keeps F.linear for
         # 17-63 rows there); a mixed pass takes the fastest kernel for its rows, as a decode batch does.
         prefill = bool(chunks) and decode is None
+        if any(part.layers != range(len(self.layers)) for part in parts):
+            return staged_pass(self, pool, parts, b, prefill)
+        sizes = [part.ids.numel() for part in parts]
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            outs, row = [], 0
+            for part, n in zip(parts, sizes, strict=True):
+                outs.append(part.attend(layer, q[row : row + n], k[row : row + n], v[row : row + n]))
+                row += n
+            return _cat(outs)
+
         fused = FusedDecode.build(self, pool, decode, len(chunks))
-        hidden = self._layers(_cat(ids_parts), _cat(pos_parts), pool, _cat(slot_parts), fused or attend, prefill, b)
-        if parts:  # the decode rows and each chunk's last row: the only logits anyone reads
-            wanted = [*range(b), *(hi - 1 for _, hi, _, _ in parts)]
+        ids, positions, slots = (_cat([getattr(p, f) for p in parts]) for f in ("ids", "positions", "slots"))
+        hidden = self._layers(ids, positions, pool, slots, fused or attend, prefill, b)
+        if chunks:  # the decode rows and each chunk's last row: the only logits anyone reads
+            ends = list(itertools.accumulate(sizes))[1 if decode is not None else 0 :]
+            wanted = [*range(b), *(end - 1 for end in ends)]
             if len(wanted) < hidden.shape[0]:
                 hidden = hidden.index_select(0, torch.tensor(wanted, device=dev))
-        logits = self._logits(hidden, prefill=prefill, decode_rows=b)
-        return ForwardLogits(logits[:b] if decode is not None else None, logits[b:] if parts else None)
+        logits = self.logits(hidden, prefill=prefill, decode_rows=b)
+        return ForwardLogits(logits[:b] if decode is not None else None, logits[b:] if chunks else None)
+
+    def logits(self, hidden: torch.Tensor, prefill: bool, decode_rows: int) -> torch.Tensor:
+        """The final norm and the output head over rows `hidden`: float32 logits `[T, vocab]`."""
+        norm = self._norm(hidden, self.norm, self.config.rms_norm_eps)
+        return self.lm_head(norm, prefill, decode_rows=decode_rows).float()
 
     # ------------------------------------------------------------------ private
 
-    def _check_positions(self, end: int) -> None:
+    def check_positions(self, end: int) -> None:
+        """Refuse a sequence of `end` positions past the model's max_position."""
         if end > self.config.max_position:
             raise ValueError(f"sequence of {end} tokens exceeds the model's max_position {self.config.max_position}")
-
-    def _prefill_meta(
-        self, start: int, n: int, table: torch.Tensor, block_table: Sequence[int] | torch.Tensor, pool: KVPool
-    ) -> PrefillMeta:
-        """A chunk's metadata; on the CPU with where its cached prefix lies, planned once for every layer."""
-        positions = torch.arange(start, start + n, device=self.device)
-        plan = None
-        if start > 0 and uses_split_prefill(self.device):
-            ids = block_table.tolist() if isinstance(block_table, torch.Tensor) else block_table
-            plan = plan_prefix(ids, start, pool.page_size)
-        return PrefillMeta(start, n, table, pool.slots(table, positions), plan)
-
-    def _chunk_mask(self, meta: PrefillMeta) -> torch.Tensor | None:
-        """The additive causal mask of a chunk off the CPU (built once per pass); the CPU needs none."""
-        if uses_split_prefill(self.device):
-            return None
-        group = self.config.num_heads // self.config.num_kv_heads
-        return causal_mask(meta.start, meta.num_new, meta.total, group, self.device, self.dtype)
-
-    def _prefill_attend(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        meta: PrefillMeta,
-        mask: torch.Tensor | None,
-        pool: KVPool,
-    ) -> torch.Tensor:
-        """A chunk's queries over its sequence's cached prefix and over the chunk itself (causal)."""
-        if mask is None:  # the CPU: the prefix read in place from the pool, the chunk's own K/V at hand
-            pieces = prefix_pieces(meta.prefix, *pool.layer(layer)) if meta.prefix is not None else []
-            return split_prefill_attention(q, k, v, pieces=pieces)
-        if meta.start > 0:  # the prefix comes from the pool (the new K/V were just written there)
-            k_pages, v_pages = pool.layer(layer)
-            k = gather_pages(k_pages, meta.block_table, meta.total)
-            v = gather_pages(v_pages, meta.block_table, meta.total)
-        return prefill_attention(q, k, v, mask)
 
     @staticmethod
     def _decode_attend(
@@ -364,36 +311,52 @@ class LlamaModel:
     ) -> torch.Tensor:
         """The decoder layers over rows `[decode_rows decode rows | prefill-chunk rows]` (model.linear: a kernel may
         treat the two kinds differently, never by the batch they share); a FusedDecode replaces RoPE to attention."""
-        cfg = self.config
-        t = ids.numel()
-        h, kvh, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-        qk_size = (h + kvh) * d
         x = F.embedding(ids, self.embed)
         native = self.native_layers.run(x, attend) if self.native_layers and isinstance(attend, FusedDecode) else None
         if native is not None:
             return native
-        cos, sin = self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)  # once per forward
-        # the native SiLU wherever the native layers may run these rows: a row gets their bits either way
-        native_silu = self.quant == "gguf" or (self.native_layers is not None and self.native_layers.takes(t))
-        for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(self._norm(x, layer.ln_in, eps), prefill, decode_rows=decode_rows)
-            if isinstance(attend, FusedDecode):
-                att = attend(i, qkv)
-            else:
-                qk = _rope_signed(qkv[:, :qk_size].reshape(t, h + kvh, d), cos, sin)  # q and k rotated in one pass
-                q, k = qk[:, :h].contiguous(), qk[:, h:]  # SDPA's fused CPU kernel wants a dense q
-                v = qkv[:, qk_size:].reshape(t, kvh, d)
-                pool.write(i, slots, k, v)
-                att = attend(i, q, k, v)
-            x = x + layer.o(att.reshape(t, h * d), prefill, decode_rows=decode_rows)
-            gated = layer.gate_up(self._norm(x, layer.ln_post, eps), prefill, decode_rows=decode_rows)
-            act = silu_mul(gated, self.native if native_silu else None)
-            x = x + layer.down(act, prefill, decode_rows=decode_rows)
+        rope = self.rope_at(positions)  # once per forward
+        for i in range(len(self.layers)):
+            x = self.run_layer(i, x, rope, pool, slots, attend, prefill, decode_rows)
         return x
 
-    def _logits(self, hidden: torch.Tensor, prefill: bool, decode_rows: int) -> torch.Tensor:
-        norm = self._norm(hidden, self.norm, self.config.rms_norm_eps)
-        return self.lm_head(norm, prefill, decode_rows=decode_rows).float()
+    def rope_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary tables' rows `(cos, signed sin)` `[T, 1, head_dim]` for rows at `positions`."""
+        return self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)
+
+    def run_layer(
+        self,
+        i: int,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        pool: KVPool,
+        slots: torch.Tensor,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | FusedDecode,
+        prefill: bool,
+        decode_rows: int,
+    ) -> torch.Tensor:
+        """Decoder layer `i` over rows `x` `[T, hidden]` (`[decode rows | chunk rows]`, at the positions `rope` was
+        taken at): their new K/V go to `slots` of the pool, `attend` reads them. Returns the layer's output rows."""
+        cfg = self.config
+        layer = self.layers[i]
+        t = x.shape[0]
+        h, kvh, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+        qk_size = (h + kvh) * d
+        qkv = layer.qkv(self._norm(x, layer.ln_in, eps), prefill, decode_rows=decode_rows)
+        if isinstance(attend, FusedDecode):
+            att = attend(i, qkv)
+        else:
+            qk = _rope_signed(qkv[:, :qk_size].reshape(t, h + kvh, d), *rope)  # q and k rotated in one pass
+            q, k = qk[:, :h].contiguous(), qk[:, h:]  # SDPA's fused CPU kernel wants a dense q
+            v = qkv[:, qk_size:].reshape(t, kvh, d)
+            pool.write(i, slots, k, v)
+            att = attend(i, q, k, v)
+        x = x + layer.o(att.reshape(t, h * d), prefill, decode_rows=decode_rows)
+        gated = layer.gate_up(self._norm(x, layer.ln_post, eps), prefill, decode_rows=decode_rows)
+        # the native SiLU wherever the native layers may run these rows: a row gets their bits either way
+        native_silu = self.quant == "gguf" or (self.native_layers is not None and self.native_layers.takes(t))
+        act = silu_mul(gated, self.native if native_silu else None)
+        return x + layer.down(act, prefill, decode_rows=decode_rows)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm: the native one for the small batches of quant="gguf" (runtime.native.ops), else `rms_norm`."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixcache.runtime.model import attention, llama
+from radixcache.runtime.model import attention, chunk_rows
 from radixcache.runtime.model.attention import (
     build_decode_meta,
     causal_mask,
@@ -37,7 +37,7 @@ def tokens(n: int, vocab: int, seed: int) -> list[int]:
 def masked(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Prefill takes the masked path on the CPU, as off it; counts the calls so a test proves which path ran."""
     calls = {"masked": 0}
-    plain = llama.prefill_attention
+    plain = chunk_rows.prefill_attention
 
     def counting(*args: torch.Tensor) -> torch.Tensor:
         calls["masked"] += 1
@@ -46,9 +46,9 @@ def masked(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     def refuse(*args: object) -> torch.Tensor:
         raise AssertionError("the split (CPU) prefill ran where the masked one should")
 
-    monkeypatch.setattr(llama, "uses_split_prefill", lambda device: False)
-    monkeypatch.setattr(llama, "prefill_attention", counting)
-    monkeypatch.setattr(llama, "split_prefill_attention", refuse)
+    monkeypatch.setattr(chunk_rows, "uses_split_prefill", lambda device: False)
+    monkeypatch.setattr(chunk_rows, "prefill_attention", counting)
+    monkeypatch.setattr(chunk_rows, "split_prefill_attention", refuse)
     return calls
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radixcache.runtime import Engine
-from radixcache.runtime.model import llama, prefix_pages
+from radixcache.runtime.model import chunk_rows, prefix_pages
 from radixcache.runtime.model.attention import build_decode_meta
 from radixcache.runtime.model.batch import DecodeBatch, PrefillChunk
 from radixcache.runtime.model.llama import LlamaModel
@@ -122,7 +122,7 @@ def test_in_place_equals_the_masked_path_that_gathers(tiny_variant: RandomModel,
     table = fragmented(-(-n // page), 128, seed=5)
     model.prefill(ids[:70], 0, table, pool)
     in_place = model.prefill(ids[70:], 70, table, pool, chunk_size=17, all_logits=True)
-    monkeypatch.setattr(llama, "uses_split_prefill", lambda device: False)
+    monkeypatch.setattr(chunk_rows, "uses_split_prefill", lambda device: False)
     masked = model.prefill(ids[70:], 70, table, pool, chunk_size=17, all_logits=True)
     assert (in_place - masked).abs().max().item() < TOL
 

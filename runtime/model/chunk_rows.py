@@ -1,0 +1,84 @@
+"""A prefill chunk's part of a pass (model.staged.RowPart): its checks, its metadata and its attention.
+
+On the CPU a chunk attends over its cached prefix read in place from the pool (model.prefix_pages) and over itself
+causally (attention.split_prefill_attention); elsewhere over the sequence gathered from the pool under an additive
+causal mask (attention.prefill_attention). Metadata and mask are built once per pass, for every layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from radixcache.runtime.kv.pool import KVPool, gather_pages
+from radixcache.runtime.model.attention import (
+    PrefillMeta,
+    causal_mask,
+    prefill_attention,
+    split_prefill_attention,
+    uses_split_prefill,
+)
+from radixcache.runtime.model.batch import PrefillChunk
+from radixcache.runtime.model.prefix_pages import plan_prefix, prefix_pieces
+from radixcache.runtime.model.staged import LayeredModel, RowPart, check_layers
+
+
+def chunk_part(model: LayeredModel, chunk: PrefillChunk, pool: KVPool) -> RowPart:
+    """`chunk`'s rows for a pass of `model`, checked: at least one token, positions within the model, a block table
+    that holds them, and its layers (model.staged.check_layers)."""
+    n = len(chunk.token_ids)
+    if n == 0:
+        raise ValueError("a prefill chunk needs at least one token")
+    model.check_positions(chunk.end)
+    device = model.device
+    table = torch.as_tensor(chunk.block_table, dtype=torch.int64).to(device)
+    if table.numel() < -(-chunk.end // pool.page_size):
+        raise ValueError(f"block table of {table.numel()} pages cannot hold {chunk.end} tokens")
+    layers = range(len(model.layers))
+    if chunk.layers is not None:
+        layers = check_layers(chunk.layers, len(model.layers), chunk.hidden, n, model.config.hidden_size)
+    meta = prefill_meta(chunk.start, n, table, chunk.block_table, pool)
+    mask = None
+    if not uses_split_prefill(device):  # the additive causal mask, once per pass; the CPU needs none
+        group = model.config.num_heads // model.config.num_kv_heads
+        mask = causal_mask(meta.start, meta.num_new, meta.total, group, device, model.dtype)
+
+    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return chunk_attention(layer, q, k, v, meta, mask, pool)
+
+    ids = torch.as_tensor(chunk.token_ids, dtype=torch.int64).to(device)
+    positions = torch.arange(chunk.start, chunk.end, device=device)
+    return RowPart(ids, positions, meta.slots, attend, layers, chunk.hidden)
+
+
+def prefill_meta(
+    start: int, n: int, table: torch.Tensor, block_table: Sequence[int] | torch.Tensor, pool: KVPool
+) -> PrefillMeta:
+    """A chunk's metadata; on the CPU with where its cached prefix lies, planned once for every layer."""
+    positions = torch.arange(start, start + n, device=table.device)
+    plan = None
+    if start > 0 and uses_split_prefill(table.device):
+        ids = block_table.tolist() if isinstance(block_table, torch.Tensor) else block_table
+        plan = plan_prefix(ids, start, pool.page_size)
+    return PrefillMeta(start, n, table, pool.slots(table, positions), plan)
+
+
+def chunk_attention(
+    layer: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: PrefillMeta,
+    mask: torch.Tensor | None,
+    pool: KVPool,
+) -> torch.Tensor:
+    """A chunk's queries over its sequence's cached prefix and over the chunk itself (causal)."""
+    if mask is None:  # the CPU: the prefix read in place from the pool, the chunk's own K/V at hand
+        pieces = prefix_pieces(meta.prefix, *pool.layer(layer)) if meta.prefix is not None else []
+        return split_prefill_attention(q, k, v, pieces=pieces)
+    if meta.start > 0:  # the prefix comes from the pool (the new K/V were just written there)
+        k_pages, v_pages = pool.layer(layer)
+        k = gather_pages(k_pages, meta.block_table, meta.total)
+        v = gather_pages(v_pages, meta.block_table, meta.total)
+    return prefill_attention(q, k, v, mask)
