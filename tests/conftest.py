@@ -67,3 +67,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     unstable = [item.nodeid for item in items if " at 0x" in item.nodeid]
     if unstable:
         raise pytest.UsageError("test ids with a memory address (give the parametrize ids=): " + ", ".join(unstable))
+
+
+def pytest_collection(session: pytest.Session) -> None:
+    """Under pytest-xdist, each worker first rewrites its share of the test modules (every `count`-th file, from its
+    index) and writes the rewritten bytecode where pytest's import hook reads it (__pycache__/NAME.*-pytest-*.pyc),
+    so that the collection that follows finds the other share written by the other worker. Without it, in a fresh
+    clone (as .ci/run starts), both workers rewrite all ~230 test modules (pytest's assertion rewriting: ~6 s of one
+    core each) at the same time, before their first test. Measured, a fresh clone's startup with nothing selected
+    (`pytest -q -n 2 --dist loadgroup -p no:cacheprovider -k zzzz_none`, the clone's new .pyc files removed before
+    each run, under the CPU lock): 20.2 / 19.3 / 22.2 s without, 18.4 / 18.1 / 19.1 s with. A file whose rewritten
+    bytecode exists is left alone (the import checks it against the source, as always); any failure here only
+    leaves the rewriting to the import. Nothing else changes: the same modules are imported, rewritten the same
+    way, by the same hook."""
+    import fnmatch
+    from pathlib import Path
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    config = session.config
+    if not worker.startswith("gw") or count < 2 or sys.dont_write_bytecode:
+        return
+    if config.getoption("assertmode", "plain") != "rewrite":
+        return
+    try:  # pytest's own rewriting (private helpers; the import hook uses the same ones)
+        from _pytest.assertion import assertstate_key
+        from _pytest.assertion.rewrite import PYC_TAIL, _rewrite_test, _write_pyc, get_cache_dir, try_makedirs
+    except ImportError:
+        return
+    patterns = [*config.getini("python_files"), "conftest.py"]
+    here = Path(__file__).resolve().parent
+    files = sorted(p for p in here.rglob("*.py") if any(fnmatch.fnmatch(p.name, pat) for pat in patterns))
+    state = config.stash[assertstate_key]
+    for fn in files[int(worker[2:]) :: count]:
+        cache_dir = get_cache_dir(fn)
+        pyc = cache_dir / (fn.name[:-3] + PYC_TAIL)
+        if pyc.exists() or not try_makedirs(cache_dir):
+            continue
+        try:
+            source_stat, co = _rewrite_test(fn, config)
+        except (OSError, SyntaxError):
+            continue
+        _write_pyc(state, co, source_stat, pyc)
