@@ -70,6 +70,13 @@ def _check_bind(host: str, port: int) -> None:
     "higher gives that prompt its first token sooner.",
 )
 @click.option(
+    "--staged-prefill-attention",
+    type=click.IntRange(min=1),
+    help="While requests decode, a prompt chunk whose attention work (query tokens x positions attended) is over "
+    "this runs its layers over several steps, so a long cached prefix does not stall the running streams "
+    "[default: never].",
+)
+@click.option(
     "--max-queue",
     type=click.IntRange(min=0),
     help="Most requests waiting for admission; past it a request gets 429 with Retry-After [default: unbounded].",
@@ -110,6 +117,7 @@ def serve(
     schedule: str,
     max_prefill_tokens: int,
     mixed_prefill_tokens: int,
+    staged_prefill_attention: int | None,
     max_queue: int | None,
     queue_timeout: float | None,
     request_timeout: float | None,
@@ -157,6 +165,7 @@ def serve(
         "schedule": schedule,
         "max_prefill_tokens": max_prefill_tokens,
         "mixed_prefill_tokens": mixed_prefill_tokens,
+        "staged_prefill_attention": staged_prefill_attention,
         "max_queue": max_queue,
         "queue_timeout": queue_timeout,
         "dtype": dtype,

@@ -9,7 +9,7 @@ from __future__ import annotations
 #: old module -> its new homes, searched in order for each name
 RUNTIME_MOVED: dict[str, tuple[str, ...]] = {
     "radixcache.runtime.engine.admission": ("radixcache.runtime.engine.queue_limit",),
-    "radixcache.runtime.kv.tiering": ("radixcache.runtime.kv.tier.coordinator",),
+    "radixcache.runtime.kv.tiering": ("radixcache.runtime.kv.tier.coordinator", "radixcache.runtime.kv.tier.build"),
     "radixcache.runtime.kv.disk": (
         "radixcache.runtime.kv.tier.disk_store",
         "radixcache.runtime.kv.tier.disk_layout",

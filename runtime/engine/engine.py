@@ -44,7 +44,7 @@ from radixcache.runtime.engine.trace_recorder import TraceRecorder
 from radixcache.runtime.kv.events import KVEventLog
 from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.retention import RetentionPolicy
-from radixcache.runtime.kv.tier.coordinator import build_tiers
+from radixcache.runtime.kv.tier.build import build_tiers
 from radixcache.runtime.kv.tier.fingerprint import kv_fingerprint
 
 __all__ = ["DEFAULT_KV_MEMORY", "Engine", "EngineConfig", "EngineStats", "RequestOptions"]

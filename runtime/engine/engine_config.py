@@ -59,7 +59,9 @@ class EngineConfig:
     page; `policy` the eviction order. `enable_cache=False` runs the same engine with no reuse.
     Scheduling (engine.scheduler): `schedule` (lpm | fcfs | dfs-weight), `max_prefill_tokens` per step while
     nothing decodes, `mixed_prefill_tokens` per step while requests decode, `prefill_chunk` most tokens of one
-    request per pass, `max_running` requests at once, or a whole `scheduler_config` (then those five are unused).
+    request per pass, `max_running` requests at once, `staged_prefill_attention` (beside decodes, a chunk of more
+    attention work runs its layers over several passes; None: never), or a whole `scheduler_config` (then those
+    six are unused).
     `max_pinned_fraction`: the most of the pool that pins may lock (a pin past it is refused: its result's
     `pinned_tokens` is 0).
     Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.model.linear);
@@ -110,6 +112,7 @@ class EngineConfig:
     schedule: str = "lpm"
     max_prefill_tokens: int = 1024
     mixed_prefill_tokens: int = 24
+    staged_prefill_attention: int | None = None
     max_running: int = 64
     scheduler_config: SchedulerConfig | None = None
     max_pinned_fraction: float = 0.25
@@ -180,7 +183,7 @@ class EngineConfig:
         return dataclasses.replace(self, **options)
 
     def scheduler(self) -> SchedulerConfig:
-        """The scheduler's config: `scheduler_config` when given, else one built from the five scheduling fields."""
+        """The scheduler's config: `scheduler_config` when given, else one built from the six scheduling fields."""
         if self.scheduler_config is not None:
             return self.scheduler_config
         return SchedulerConfig(**{name: getattr(self, name) for name in _SCHEDULING})
@@ -201,7 +204,14 @@ class EngineConfig:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
-_SCHEDULING = ("schedule", "max_prefill_tokens", "mixed_prefill_tokens", "prefill_chunk", "max_running")
+_SCHEDULING = (
+    "schedule",
+    "max_prefill_tokens",
+    "mixed_prefill_tokens",
+    "prefill_chunk",
+    "max_running",
+    "staged_prefill_attention",
+)
 
 
 def _check_names(caller: str, options: dict[str, Any]) -> None:

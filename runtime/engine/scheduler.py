@@ -148,6 +148,8 @@ class Scheduler:
     def _run(self, decodes: list[Request], chunks: list[tuple[Request, int]], retry: bool = True) -> None:
         t0, staged = time.perf_counter(), any(r.staged for r, _ in chunks)
         try:
+            for r, _ in chunks:  # a deferred disk load: the layers this pass runs (kv.tier.layered_load)
+                self.kv.load_layers(r.kv, r.staged.stop if r.staged else None)
             logits = self.runner.step(decodes, chunks)
         except Exception as exc:  # nothing was committed, no request moved: retry each once, alone
             if not retry:
@@ -208,6 +210,7 @@ class Scheduler:
             self._emit(r, row, next(picked) if g else None)
 
     def _start_decoding(self, req: Request) -> None:
+        self.kv.load_layers(req.kv)  # a resumed request all of whose positions were loaded: every layer now
         self.prefilling.remove(req)
         self.decoding.append(req)
         if req.pin and not req.pinned_tokens:
@@ -309,7 +312,10 @@ class Scheduler:
                 continue  # waits for a sharer's pages, or for its own from disk (the prefetch policy)
             try:
                 # A fresh prompt less its last token, or a resumed request's tokens but the last: all_ids[:-1].
-                admitted = self.kv.admit(r.kv, r.all_ids[:-1], r.prefill_end, reserve=len(self.decoding), strict=False)
+                defer = bool(self.decoding) and cfg.staged_prefill_attention is not None  # copied as layers run
+                admitted = self.kv.admit(
+                    r.kv, r.all_ids[:-1], r.prefill_end, reserve=len(self.decoding), strict=False, defer=defer
+                )
             except BaseException as exc:
                 self.waiting.remove(r)
                 self._fail(r, exc)
@@ -330,7 +336,9 @@ class Scheduler:
             self.prefilling.append(r)
             if r.kv.num_kv >= r.prefill_end:  # a resumed request whose every position is cached: it decodes next
                 self._guard(r, self._start_decoding, r)
-            elif not (self.decoding and r.kv.num_kv > r.kv.tree_blocks * self.kv.page_size):  # not beside a load's copy
+                continue
+            copied = r.kv.num_kv > r.kv.tree_blocks * self.kv.page_size and not r.kv.pending_load
+            if not (self.decoding and copied):  # beside decodes, a load copied in this step is chunked next step
                 self._chunk(r, budget, chunks)  # none: past the step's attention work, it runs among the prefilling
         return chunks
 

@@ -86,14 +86,17 @@ class KVManager:
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, kv: KVState, query: Sequence[int], end: int, *, reserve: int = 0, strict: bool = True) -> bool:
+    def admit(
+        self, kv: KVState, query: Sequence[int], end: int, *, reserve: int = 0, strict: bool = True, defer: bool = False
+    ) -> bool:
         """Match `query` (what the request needs matched: a fresh prompt less its last token; a resumed request's
         tokens but the last), lock the match, and allocate pages up to position `end`, evicting if needed.
 
         `reserve`: pages that must stay free or evictable afterwards (headroom for running decodes). When the
         pages are not there: with `strict`, raise CacheFullError; otherwise return False. Either way nothing
         is held then. The first admission (never preempted) sets `cached_tokens` and `found_pages`; a resumption
-        counts what it computes again as `recomputed_tokens`.
+        counts what it computes again as `recomputed_tokens`. `defer`: disk pages are copied into the pool layer by
+        layer (`load_layers`, for a chunk staged by layers) instead of now.
         """
         if kv.status is not Status.WAITING:
             raise RuntimeError(f"request {kv.rid} is {kv.status.value}, not waiting")
@@ -138,7 +141,7 @@ class KVManager:
         if tier_match is not None:
             assert tiers is not None
             try:  # unlocks the host pages whatever happens
-                loaded = tiers.load(tier_match, host_hashes, disk_pages, query, new, kv.rid)
+                loaded, kv.pending_load = tiers.load(tier_match, host_hashes, disk_pages, query, new, kv.rid, defer)
             except BaseException:
                 cache.free(new)
                 self._unlock_all(node, [])
@@ -159,6 +162,14 @@ class KVManager:
             kv.recomputed_tokens += max(0, kv.computed_max - matched)
         kv.status = Status.RUNNING
         return True
+
+    def load_layers(self, kv: KVState, stop: int | None = None) -> None:
+        """Copy a deferred disk load's layers up to `stop` (None: all) into the request's blocks, before a pass
+        reads them (kv.tier.layered_load)."""
+        if kv.pending_load is not None:
+            kv.pending_load.copy_until(stop)
+            if kv.pending_load.done:
+                kv.pending_load = None
 
     def reserve(self, kv: KVState, num_tokens: int) -> None:
         """Make the block table cover `num_tokens` positions, allocating new pages (evicting if needed)."""
@@ -184,6 +195,7 @@ class KVManager:
         inserted first replaces our duplicate, which the tree freed)."""
         if not self.enable_cache or kv.status is not Status.RUNNING:
             return
+        self.load_layers(kv)  # no page reaches the tree before its every layer is in
         p = self.page_size
         full = kv.num_kv // p
         if full <= kv.tree_blocks:
@@ -294,6 +306,9 @@ class KVManager:
         committed stay in the tree (their KV is complete: a pass that failed committed nothing)."""
         if self.tiers is not None:  # a prefetch still reading: stop it, unlock the host pages it held
             self.tiers.cancel_prefetch(kv.rid)
+        if kv.pending_load is not None:  # its blocks are freed below: the copy left is dropped
+            kv.pending_load.drop()
+            kv.pending_load = None
         if kv.status is Status.RUNNING:
             held = kv.held_blocks
             del kv.block_table[kv.tree_blocks :]
@@ -313,6 +328,7 @@ class KVManager:
         if not self.enable_cache:
             self.abort(kv, status=Status.RUNNING)
             return 0
+        self.load_layers(kv)  # the tree takes the pages below: every layer first
         cache, p = self.cache, self.page_size
         used = self.pages(kv.num_kv)
         spare = kv.block_table[used:]

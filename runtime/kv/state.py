@@ -23,6 +23,7 @@ from enum import Enum
 from radixcache import TreeNode
 from radixcache.page_hash import PageChain
 from radixcache.runtime.kv.leases import LeaseGrant
+from radixcache.runtime.kv.tier.layered_load import LayeredLoad
 
 
 class Status(Enum):
@@ -70,6 +71,9 @@ class KVState:
     recomputed_tokens: int = 0
     preemptions: int = 0
     lease: LeaseGrant | None = None  # what release granted (kv.leases)
+    # disk pages counted in num_kv but copied into their blocks layer by layer (kv.tier.layered_load); never in
+    # the tree before every layer is in
+    pending_load: LayeredLoad | None = field(default=None, repr=False)
 
     @property
     def held_blocks(self) -> list[int]:

@@ -256,7 +256,7 @@ class LlamaModel:
         # 17-63 rows there); a mixed pass takes the fastest kernel for its rows, as a decode batch does.
         prefill = bool(chunks) and decode is None
         if any(part.layers != range(len(self.layers)) for part in parts):
-            return staged_pass(self, pool, parts, b, prefill)
+            return staged_pass(self, pool, parts, b, prefill, FusedDecode.build(self, pool, decode, 0))
         sizes = [part.ids.numel() for part in parts]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

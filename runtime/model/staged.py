@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.kv.pool import KVPool
 from radixcache.runtime.model.batch import ForwardLogits
+from radixcache.runtime.model.fused_decode import FusedDecode
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -48,7 +49,7 @@ class LayeredModel(Protocol):
         rope: tuple[torch.Tensor, torch.Tensor],
         pool: KVPool,
         slots: torch.Tensor,
-        attend: Attend,
+        attend: Attend | FusedDecode,
         prefill: bool,
         decode_rows: int,
     ) -> torch.Tensor: ...
@@ -84,11 +85,17 @@ def check_layers(layers: tuple[int, int], num_layers: int, hidden: torch.Tensor 
 
 
 def staged_pass(
-    model: LayeredModel, pool: KVPool, parts: list[RowPart], decode_rows: int, prefill: bool
+    model: LayeredModel,
+    pool: KVPool,
+    parts: list[RowPart],
+    decode_rows: int,
+    prefill: bool,
+    fused: FusedDecode | None = None,
 ) -> ForwardLogits:
     """Run `parts` (the decodes first, `decode_rows` of them, then the chunks) each through its own layers, every
     layer once over the parts that run it. Logits for the decodes and for the chunks that reach the last layer;
-    the rows of the others (ForwardLogits.hidden)."""
+    the rows of the others (ForwardLogits.hidden). `fused`: the decodes' native glue (model.fused_decode), for the
+    layers they run alone."""
     last = len(model.layers)
     xs = [part.hidden if part.hidden is not None else F.embedding(part.ids, model.embed) for part in parts]
     ropes = [model.rope_at(part.positions) for part in parts]
@@ -109,7 +116,8 @@ def staged_pass(
         rope = (_cat([ropes[j][0] for j in active]), _cat([ropes[j][1] for j in active]))
         slots = _cat([parts[j].slots for j in active])
         rows = decode_rows if decode_rows and active[0] == 0 else 0
-        out = model.run_layer(i, x, rope, pool, slots, attend, prefill, rows)
+        glue = fused if fused is not None and decode_rows and active == [0] else attend  # decodes alone: native glue
+        out = model.run_layer(i, x, rope, pool, slots, glue, prefill, rows)
         for j, part_rows in zip(active, out.split(sizes), strict=True):
             xs[j] = part_rows
     chunks = range(1 if decode_rows else 0, len(parts))

@@ -79,7 +79,7 @@ def test_a_bad_mirror_budget_is_refused_before_the_model_loads(
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("option", ["--max-prefill-tokens", "--mixed-prefill-tokens"])
+@pytest.mark.parametrize("option", ["--max-prefill-tokens", "--mixed-prefill-tokens", "--staged-prefill-attention"])
 def test_serve_refuses_a_prefill_budget_below_one(runner, tiny_model_dir: Path, option: str) -> None:
     result = runner.invoke(main, ["serve", "--model", str(tiny_model_dir), "--port", "0", option, "0"])
     assert result.exit_code == 2, result.output
@@ -107,3 +107,7 @@ def test_serve_passes_the_prefill_budgets_to_the_engine(
     result = runner.invoke(main, [*args, "--max-prefill-tokens", "300", "--mixed-prefill-tokens", "24"])
     assert isinstance(result.exception, Stop), result.output
     assert (seen["config"].max_prefill_tokens, seen["config"].mixed_prefill_tokens) == (300, 24)
+    assert seen["config"].staged_prefill_attention is None, "off unless asked for"
+    result = runner.invoke(main, [*args, "--staged-prefill-attention", "4096"])
+    assert isinstance(result.exception, Stop), result.output
+    assert seen["config"].staged_prefill_attention == 4096

@@ -23,6 +23,7 @@ from radixcache.runtime.kv.pool import KVPool
 from radixcache.runtime.kv.tier.copy_sync import CopyEvent, PendingUnlocks
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.host_pool import HostKVPool
+from radixcache.runtime.kv.tier.layered_load import LayeredLoad
 from radixcache.runtime.kv.tier.load_costs import LoadCosts, TierCounters
 from radixcache.runtime.kv.tier.prefetch import (
     DEFAULT_PAGES_PER_STEP,
@@ -35,7 +36,7 @@ from radixcache.runtime.kv.tier.prefetch import (
 from radixcache.tier.page_tier import PageTier
 from radixcache.tier.tiered_cache import TieredCache, TierMatch
 
-__all__ = ["KVTiers", "LoadCosts", "TierCounters", "build_tiers"]  # LoadCosts, TierCounters: from load_costs
+__all__ = ["KVTiers", "LoadCosts", "TierCounters"]  # LoadCosts, TierCounters: from load_costs
 log = logging.getLogger("radixcache.disk")
 
 
@@ -133,25 +134,30 @@ class KVTiers:
         tokens: Sequence[int],
         blocks: Sequence[int],
         rid: int | None = None,
-    ) -> int:
+        defer: bool = False,
+    ) -> tuple[int, LayeredLoad | None]:
         """Copy the locked host pages, then up to `disk_pages` disk pages, into `blocks` (the request's new blocks
         after its device match, in order), each tier in one batched copy. Returns the pages loaded: all the host
         pages, then the disk pages up to the first that failed its checks; 0 when the host copy raises (the whole
         rest is then recomputed, over whatever the copy wrote). Unlocks the host pages (once their copy is done).
         The disk pages come from request `rid`'s prefetch when it has one (a page not read by now is recomputed:
-        nothing is read here); a caller that never prefetched (`rid` unknown) reads them here."""
+        nothing is read here); a caller that never prefetched (`rid` unknown) reads them here. With `defer`, the
+        disk pages are not copied yet: the LayeredLoad returned copies them layer by layer (kv.tier.layered_load)."""
         prefetched = rid is not None and rid in self._prefetch
         job = self._prefetch.pop(rid, None) if prefetched else None  # type: ignore[arg-type]
+        later: list[LayeredLoad] = []  # the deferred copy, which then owns the job
         try:
             loaded = self._load_host(host_hashes, blocks)
             if loaded is None:
-                return 0
+                return 0, None
             if disk_pages and self.reader is not None and (job is not None or not prefetched):
                 start = match.device_pages + loaded
-                loaded += self._load_disk(match, tokens, start, disk_pages, blocks[loaded:], job)
-            return loaded
+                loaded += self._load_disk(
+                    match, tokens, start, disk_pages, blocks[loaded:], job, later if defer else None
+                )
+            return loaded, later[0] if later else None
         finally:
-            if job is not None:
+            if job is not None and not later:
                 self._end_job(job)
 
     def _load_host(self, host_hashes: list[bytes], blocks: Sequence[int]) -> int | None:
@@ -182,9 +188,11 @@ class KVTiers:
         disk_pages: int,
         blocks: Sequence[int],
         job: PrefetchJob | None,
+        later: list[LayeredLoad] | None = None,
     ) -> int:
         """Copy up to `disk_pages` usable pages from prompt page `start` on into `blocks`; the pages copied. From the
-        prefetch `job`, or with `job` None (the request never prefetched) read here first, on the caller's thread."""
+        prefetch `job`, or with `job` None (the request never prefetched) read here first, on the caller's thread.
+        With `later`, the copy is deferred instead: a LayeredLoad, appended to it, does it and then ends the job."""
         assert self.reader is not None
         own = job is None
         job = self._new_job(match.hashes, tokens, start, start + disk_pages, []) if job is None else job
@@ -195,7 +203,11 @@ class KVTiers:
             got = max(0, min(got, disk_pages))
             if job.failed_at is not None:
                 self._counts["disk_failed_reads"] += 1
-            if got and staging is not None:
+            if got and staging is not None and later is not None:
+                end = self.reader.release if own else self._end_job
+                later.append(LayeredLoad(self.pool, staging[:, :, skip:], got, blocks, lambda: end(job)))
+                self.costs.note_load("disk", got, job.read_seconds * (got / max(1, job.arrived)))
+            elif got and staging is not None:
                 t0 = time.perf_counter()
                 copy_staged(self.pool, staging[:, :, skip:], got, blocks)
                 seconds = time.perf_counter() - t0 + job.read_seconds * (got / max(1, job.arrived))
@@ -203,7 +215,7 @@ class KVTiers:
             self._counts["disk_loaded_pages"] += got
             return got
         finally:
-            if own:
+            if own and not later:
                 self.reader.release(job)  # its staging goes back to the kept buffers
 
     def count_hits(self, device_tokens: int, host_tokens: int, disk_tokens: int) -> None:
@@ -373,45 +385,3 @@ class KVTiers:
 
     def check(self) -> None:
         self.tiered.check_invariants()
-
-
-def build_tiers(
-    cache: RadixCache,
-    pool: KVPool,
-    *,
-    host_kv_memory: str | int | None,
-    cache_dir: str | None,
-    cache_dir_size: str | int,
-    write_policy: str,
-    fingerprint: str,
-    load_back: str = "auto",
-    prefetch_policy: str = DEFAULT_PREFETCH_POLICY,
-    prefetch_timeout_ms: float = DEFAULT_PREFETCH_TIMEOUT_MS,
-    prefetch_pages_per_step: int = DEFAULT_PAGES_PER_STEP,
-) -> KVTiers | None:
-    """The engine's tiers from its options, or None when neither a host budget nor a cache directory is given."""
-    from radixcache.runtime.kv.pool import parse_memory
-
-    if host_kv_memory is None and cache_dir is None:
-        return None
-    host_slots = 0
-    if host_kv_memory is not None:
-        page = HostKVPool.page_bytes(pool)
-        host_slots = parse_memory(host_kv_memory) // page
-        if host_slots < 1:
-            raise ValueError(f"host_kv_memory {host_kv_memory!r} is smaller than one page ({page} bytes)")
-    disk = None
-    if cache_dir is not None:
-        disk = DiskStore(cache_dir, max_bytes=parse_memory(cache_dir_size), fingerprint=fingerprint)
-    return KVTiers(
-        cache,
-        pool,
-        host_slots=host_slots,
-        disk=disk,
-        write_policy=write_policy,
-        fingerprint=fingerprint,
-        load_back=load_back,
-        prefetch_policy=prefetch_policy,
-        prefetch_timeout_ms=prefetch_timeout_ms,
-        prefetch_pages_per_step=prefetch_pages_per_step,
-    )

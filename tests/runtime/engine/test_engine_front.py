@@ -31,6 +31,7 @@ ENGINE_KEYWORDS = [
     "schedule",
     "max_prefill_tokens",
     "mixed_prefill_tokens",
+    "staged_prefill_attention",
     "max_running",
     "scheduler_config",
     "max_pinned_fraction",
