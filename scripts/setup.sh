@@ -30,3 +30,19 @@ install -e '.[runtime,dev]'
 # Compile the project's modules once, as pip does for what it installs (an editable install is not compiled):
 # every `radixcache` run would otherwise compile them again where PYTHONDONTWRITEBYTECODE is set.
 .venv/bin/python -m compileall -q radixcache runtime cli > /dev/null
+# The same for the installed modules that the runtime, the CLI, the server and the tests import, written by
+# importing them once with bytecode on (uv installs none, and compiling all of site-packages took 47 s): measured in
+# a fresh clone where PYTHONDONTWRITEBYTECODE is set, a process importing the server and the CLI 3.8 -> 2.0 s, the
+# test run's start (two workers collecting) 18.4 -> 7.4 s, for 5.6 s here. A package that is missing is skipped.
+PYTHONDONTWRITEBYTECODE= .venv/bin/python - <<'PY' > /dev/null 2>&1 || true
+import importlib
+
+for name in (
+    "radixcache.runtime.server", "radixcache.cli.main", "torch", "numpy", "matplotlib.pyplot", "gguf", "hypothesis",
+    "httpx", "openai", "langchain_openai", "jsonschema", "schemathesis", "ray", "pytest", "xdist",
+):
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+PY
