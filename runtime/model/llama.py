@@ -12,7 +12,7 @@ always with `quant="gguf"`) RMSNorm of up to 4 rows and the decode mirror's atte
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,7 +33,7 @@ from radixcache.runtime.model.linear import Linear
 from radixcache.runtime.model.native_layers import NativeLayers, silu_mul
 from radixcache.runtime.model.quant import check_quant, make_linear
 from radixcache.runtime.model.rope import _rope_signed, rope_tables
-from radixcache.runtime.model.staged import RowPart, staged_pass
+from radixcache.runtime.model.staged import LayerRun, RowPart, staged_pass
 
 if TYPE_CHECKING:
     from radixcache.runtime.model.block_linear import BlockWeight
@@ -201,7 +201,7 @@ class LlamaModel:
         outs = []
         for lo in range(0, t, chunk_size):
             part = chunk_part(self, PrefillChunk(ids[lo : lo + chunk_size], start + lo, table), pool)
-            outs.append(self._layers(part.ids, part.positions, pool, part.slots, part.attend, True, 0))
+            outs.append(self._layers(part.ids, part.positions, LayerRun(pool, part.slots, part.attend, True, 0)))
         return self.logits(torch.cat(outs), prefill=True, decode_rows=0)
 
     def decode(
@@ -268,7 +268,7 @@ class LlamaModel:
 
         fused = FusedDecode.build(self, pool, decode, len(chunks))
         ids, positions, slots = (_cat([getattr(p, f) for p in parts]) for f in ("ids", "positions", "slots"))
-        hidden = self._layers(ids, positions, pool, slots, fused or attend, prefill, b)
+        hidden = self._layers(ids, positions, LayerRun(pool, slots, fused or attend, prefill, b))
         if chunks:  # the decode rows and each chunk's last row: the only logits anyone reads
             ends = list(itertools.accumulate(sizes))[1 if decode is not None else 0 :]
             wanted = [*range(b), *(end - 1 for end in ends)]
@@ -299,25 +299,17 @@ class LlamaModel:
         k_pages, v_pages = pool.layer(layer)
         return decode_attention(q, k_pages, v_pages, decode.meta)
 
-    def _layers(
-        self,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        pool: KVPool,
-        slots: torch.Tensor,
-        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | FusedDecode,
-        prefill: bool,
-        decode_rows: int,
-    ) -> torch.Tensor:
-        """The decoder layers over rows `[decode_rows decode rows | prefill-chunk rows]` (model.linear: a kernel may
-        treat the two kinds differently, never by the batch they share); a FusedDecode replaces RoPE to attention."""
+    def _layers(self, ids: torch.Tensor, positions: torch.Tensor, how: LayerRun) -> torch.Tensor:
+        """The decoder layers over rows `[decode rows | prefill-chunk rows]` (model.linear: a kernel may treat the
+        two kinds differently, never by the batch they share); a FusedDecode replaces RoPE to attention."""
         x = F.embedding(ids, self.embed)
-        native = self.native_layers.run(x, attend) if self.native_layers and isinstance(attend, FusedDecode) else None
+        fused = how.attend if isinstance(how.attend, FusedDecode) else None
+        native = self.native_layers.run(x, fused) if self.native_layers and fused is not None else None
         if native is not None:
             return native
         rope = self.rope_at(positions)  # once per forward
         for i in range(len(self.layers)):
-            x = self.run_layer(i, x, rope, pool, slots, attend, prefill, decode_rows)
+            x = self.run_layer(i, x, rope, how)
         return x
 
     def rope_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -325,19 +317,12 @@ class LlamaModel:
         return self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)
 
     def run_layer(
-        self,
-        i: int,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        pool: KVPool,
-        slots: torch.Tensor,
-        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | FusedDecode,
-        prefill: bool,
-        decode_rows: int,
+        self, i: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], how: LayerRun
     ) -> torch.Tensor:
         """Decoder layer `i` over rows `x` `[T, hidden]` (`[decode rows | chunk rows]`, at the positions `rope` was
-        taken at): their new K/V go to `slots` of the pool, `attend` reads them. Returns the layer's output rows."""
+        taken at): their new K/V go to `how.slots` of the pool, `how.attend` reads them. Returns the output rows."""
         cfg = self.config
+        pool, slots, attend, prefill, decode_rows = how.pool, how.slots, how.attend, how.prefill, how.decode_rows
         layer = self.layers[i]
         t = x.shape[0]
         h, kvh, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps

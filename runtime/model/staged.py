@@ -43,18 +43,23 @@ class LayeredModel(Protocol):
     def rope_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def run_layer(
-        self,
-        i: int,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        pool: KVPool,
-        slots: torch.Tensor,
-        attend: Attend | FusedDecode,
-        prefill: bool,
-        decode_rows: int,
+        self, i: int, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], how: LayerRun
     ) -> torch.Tensor: ...
 
     def logits(self, hidden: torch.Tensor, prefill: bool, decode_rows: int) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LayerRun:
+    """What running a layer over some rows needs besides the rows (`LlamaModel.run_layer`): the pool and the `slots`
+    their new K/V go to, their `attend` (or a FusedDecode: RoPE to attention in one native call), and how the
+    products treat them (`prefill`: a pass of prefill chunks only; `decode_rows`: that many decode rows first)."""
+
+    pool: KVPool
+    slots: torch.Tensor
+    attend: Attend | FusedDecode
+    prefill: bool
+    decode_rows: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +122,7 @@ def staged_pass(
         slots = _cat([parts[j].slots for j in active])
         rows = decode_rows if decode_rows and active[0] == 0 else 0
         glue = fused if fused is not None and decode_rows and active == [0] else attend  # decodes alone: native glue
-        out = model.run_layer(i, x, rope, pool, slots, glue, prefill, rows)
+        out = model.run_layer(i, x, rope, LayerRun(pool, slots, glue, prefill, rows))
         for j, part_rows in zip(active, out.split(sizes), strict=True):
             xs[j] = part_rows
     chunks = range(1 if decode_rows else 0, len(parts))

@@ -13,16 +13,7 @@ import torch
 from radixcache.runtime import Engine
 from radixcache.runtime.engine.scheduler import SchedulerConfig
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
-from tests.runtime.tiers.test_prefetch import (
-    OTHER,
-    PROMPT,
-    assert_clean,
-    baseline,
-    restarted,
-    run_out,
-    step,
-    written,
-)
+from tests.runtime.tiers import test_prefetch as prefetch
 
 LAYERS = 4
 BOUND = 30  # the 2-token chunk after 40 cached positions is 83 of work: 3 passes -> 2 layers a pass, 2 passes
@@ -36,17 +27,17 @@ def deep() -> RandomModel:
 
 def _beside_a_decode(deep: RandomModel, tmp_path: Path):
     """A restarted engine whose disk holds PROMPT's pages, OTHER decoding, PROMPT added and stepped until admitted."""
-    written(deep, tmp_path, PROMPT)
+    prefetch.written(deep, tmp_path, prefetch.PROMPT)
     config = SchedulerConfig(staged_prefill_attention=BOUND)
-    engine = restarted(deep, tmp_path, prefetch_policy="wait_complete", scheduler_config=config)
-    a = engine._request(OTHER, 40, ignore_eos=True)
+    engine = prefetch.restarted(deep, tmp_path, prefetch_policy="wait_complete", scheduler_config=config)
+    a = engine._request(prefetch.OTHER, 40, ignore_eos=True)
     engine.scheduler.add(a)
-    step(engine, 2)
+    prefetch.step(engine, 2)
     assert a in engine.scheduler.decoding
-    b = engine._request(PROMPT, 5, ignore_eos=True)
+    b = engine._request(prefetch.PROMPT, 5, ignore_eos=True)
     engine.scheduler.add(b)
     for _ in range(200):
-        step(engine)
+        prefetch.step(engine)
         if b.t_admitted is not None:
             return engine, a, b
     raise AssertionError("the long prompt was never admitted")
@@ -59,7 +50,7 @@ def _loaded(engine: Engine, b) -> torch.Tensor:
 
 
 def test_the_load_is_copied_as_the_staged_chunk_reaches_each_layer(deep: RandomModel, tmp_path: Path) -> None:
-    want_a, want_b = baseline(deep, OTHER, 40), baseline(deep, PROMPT, 5)
+    want_a, want_b = prefetch.baseline(deep, prefetch.OTHER, 40), prefetch.baseline(deep, prefetch.PROMPT, 5)
     engine, a, b = _beside_a_decode(deep, tmp_path)
     with engine:
         reader = engine.tiers.reader
@@ -69,18 +60,18 @@ def test_the_load_is_copied_as_the_staged_chunk_reaches_each_layer(deep: RandomM
         kv = _loaded(engine, b)
         assert kv[:2].abs().amax().item() > 0 and kv[2:].abs().amax().item() == 0, "layers 2-3 not copied yet"
         assert reader.buffers.kept_bytes == 0, "the staging is held while layers are left"
-        step(engine)
+        prefetch.step(engine)
         assert b.staged is None and b.kv.pending_load is None and b.output_ids
         assert _loaded(engine, b)[2:].abs().amax().item() > 0
         assert reader.buffers.kept_bytes > 0, "the staging is kept for reuse once every layer is in"
-        run_out(engine)
-        assert_clean(engine)
+        prefetch.run_out(engine)
+        prefetch.assert_clean(engine)
         assert engine.stats.tiers.disk_loaded_pages == 10
     assert list(a.output_ids) == want_a and list(b.output_ids) == want_b
 
 
 def test_a_cancel_mid_load_drops_the_copy_and_frees_everything(deep: RandomModel, tmp_path: Path) -> None:
-    want_a = baseline(deep, OTHER, 40)
+    want_a = prefetch.baseline(deep, prefetch.OTHER, 40)
     engine, a, b = _beside_a_decode(deep, tmp_path)
     with engine:
         assert b.kv.pending_load is not None
@@ -88,39 +79,39 @@ def test_a_cancel_mid_load_drops_the_copy_and_frees_everything(deep: RandomModel
         assert engine.scheduler.abort(b)
         assert b.kv.pending_load is None and load.next_layer == 2, "nothing more was copied"
         assert engine.tiers.reader.buffers.kept_bytes > 0, "the staging went back"
-        run_out(engine)
-        assert_clean(engine)
+        prefetch.run_out(engine)
+        prefetch.assert_clean(engine)
     assert list(a.output_ids) == want_a and b.finish_reason == "cancelled"
 
 
 def test_a_preemption_mid_load_copies_every_layer_before_the_tree_takes_the_pages(
     deep: RandomModel, tmp_path: Path
 ) -> None:
-    want_a, want_b = baseline(deep, OTHER, 40), baseline(deep, PROMPT, 5)
+    want_a, want_b = prefetch.baseline(deep, prefetch.OTHER, 40), prefetch.baseline(deep, prefetch.PROMPT, 5)
     engine, a, b = _beside_a_decode(deep, tmp_path)
     with engine:
         assert b.kv.pending_load is not None
         engine.scheduler._preempt(b)
         assert b.kv.pending_load is None and b in engine.scheduler.waiting
-        run_out(engine)  # b resumes from the tree's pages: wrong layers there would change its output
-        assert_clean(engine)
+        prefetch.run_out(engine)  # b resumes from the tree's pages: wrong layers there would change its output
+        prefetch.assert_clean(engine)
         assert b.kv.preemptions == 1
     assert list(a.output_ids) == want_a and list(b.output_ids) == want_b
 
 
 def test_without_decodes_the_load_is_copied_at_once(deep: RandomModel, tmp_path: Path) -> None:
-    want = baseline(deep, PROMPT, 5)
-    written(deep, tmp_path, PROMPT)
+    want = prefetch.baseline(deep, prefetch.PROMPT, 5)
+    prefetch.written(deep, tmp_path, prefetch.PROMPT)
     config = SchedulerConfig(staged_prefill_attention=BOUND)
-    with restarted(deep, tmp_path, prefetch_policy="wait_complete", scheduler_config=config) as engine:
-        b = engine._request(PROMPT, 5, ignore_eos=True)
+    with prefetch.restarted(deep, tmp_path, prefetch_policy="wait_complete", scheduler_config=config) as engine:
+        b = engine._request(prefetch.PROMPT, 5, ignore_eos=True)
         engine.scheduler.add(b)
         for _ in range(200):
-            step(engine)
+            prefetch.step(engine)
             assert b.kv.pending_load is None and b.staged is None
             if b.output_ids:
                 break
-        run_out(engine)
+        prefetch.run_out(engine)
         assert engine.stats.tiers.disk_loaded_pages == 10
-        assert_clean(engine)
+        prefetch.assert_clean(engine)
     assert list(b.output_ids) == want
