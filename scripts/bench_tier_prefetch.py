@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -50,21 +49,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tier_bench_kit import fixed_threads, random_prompt  # noqa: E402
+
 from radixcache.runtime import Engine  # noqa: E402
 from radixcache.runtime.engine.scheduler import SchedulerConfig  # noqa: E402
 from radixcache.runtime.loading import load_model  # noqa: E402
-
-
-def _threads() -> dict[str, Any]:
-    """Every engine runs this process's torch threads (`--threads`), fixed: the adaptive policy would change the
-    count with the machine's load in the middle of a comparison; and the fixed kernel rules: a kernel measurement at
-    each engine's start runs on some engines and not others (it stops on a busy machine)."""
-    return {"threads": torch.get_num_threads(), "thread_policy": "fixed", "kernels": "fixed"}
-
-
-def _prompt(vocab: int, n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(1, vocab) for _ in range(n)]
 
 
 def _decode(
@@ -104,8 +93,8 @@ def _warm_up(engine: Engine, prompt: list[int], args: argparse.Namespace) -> Non
 
 def measure(model: Any, args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     vocab = model.config.vocab_size
-    long_prompt = _prompt(vocab, args.prefix_tokens, 7)
-    short = _prompt(vocab, 48, 8)
+    long_prompt = random_prompt(vocab, args.prefix_tokens, 7)
+    short = random_prompt(vocab, 48, 8)
     p = args.page_size
     blocks = -(-(args.prefix_tokens + args.decode_tokens + 64) // p) * 2
     common = {
@@ -113,7 +102,7 @@ def measure(model: Any, args: argparse.Namespace) -> tuple[dict[str, list[float]
         "device": args.device,
         "capacity_blocks": blocks,
         "prefetch_pages_per_step": args.pages_per_step,
-        **_threads(),
+        **fixed_threads(),
     }
     options = [("bound", w, SchedulerConfig(mixed_prefill_attention=w)) for w in args.attention_budget]
     options += [("staged", w, SchedulerConfig(staged_prefill_attention=w)) for w in args.staged]

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -38,23 +37,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tier_bench_kit import fixed_threads, random_prompt  # noqa: E402
+
 from radixcache.runtime import Engine  # noqa: E402
 from radixcache.runtime.kv.tier.disk_store import DiskStore  # noqa: E402
 from radixcache.runtime.kv.tier.host_pool import HostKVPool  # noqa: E402
 from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader, copy_staged  # noqa: E402
 from radixcache.runtime.loading import load_model  # noqa: E402
-
-
-def _threads() -> dict[str, Any]:
-    """Every engine runs this process's torch threads (`--threads`), fixed: the adaptive policy would change the
-    count with the machine's load in the middle of a comparison; and the fixed kernel rules: a kernel measurement at
-    each engine's start runs on some engines and not others (it stops on a busy machine)."""
-    return {"threads": torch.get_num_threads(), "thread_policy": "fixed", "kernels": "fixed"}
-
-
-def _prompt(vocab: int, n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(1, vocab) for _ in range(n)]
 
 
 def _best(fn: Any, reps: int) -> float:
@@ -70,11 +59,11 @@ def measure_costs(model: Any, args: argparse.Namespace) -> dict[str, float]:
     """Seconds: prefill per token; per page: host save, host load, disk read + load."""
     p, n = args.page_size, args.prompt_tokens
     vocab = model.config.vocab_size
-    cold = Engine(model, enable_cache=False, kv_memory="256MiB", page_size=p, device=args.device, **_threads())
+    cold = Engine(model, enable_cache=False, kv_memory="256MiB", page_size=p, device=args.device, **fixed_threads())
     with cold:
-        cold.generate(_prompt(vocab, 32, 0), max_new_tokens=1)  # warm-up
+        cold.generate(random_prompt(vocab, 32, 0), max_new_tokens=1)  # warm-up
         seeds = iter(range(1, 10_000))
-        prefill = _best(lambda: cold.generate(_prompt(vocab, n, next(seeds)), max_new_tokens=1), args.reps) / n
+        prefill = _best(lambda: cold.generate(random_prompt(vocab, n, next(seeds)), max_new_tokens=1), args.reps) / n
         pool = cold.pool
         pages = min(args.pages, pool.num_blocks)
         blocks = list(range(pages))
@@ -119,13 +108,13 @@ def measure_ttft(model: Any, args: argparse.Namespace) -> dict[str, list[float]]
     in the machine's load touches them alike); the report takes medians."""
     p, n = args.page_size, args.prompt_tokens
     vocab = model.config.vocab_size
-    prompt = _prompt(vocab, n, 123)
-    filler = [_prompt(vocab, n, 1000 + i) for i in range(3)]
+    prompt = random_prompt(vocab, n, 123)
+    filler = [random_prompt(vocab, n, 1000 + i) for i in range(3)]
     pages = -(-(n + 8) // p)
     host = 4 * pages * p * model.config.kv_bytes_per_token(4)
     out: dict[str, list[float]] = {"cold": [], "device": [], "host": [], "disk": []}
     with tempfile.TemporaryDirectory() as cache_dir:
-        common = {"page_size": p, "device": args.device, "capacity_blocks": pages + 2, **_threads()}
+        common = {"page_size": p, "device": args.device, "capacity_blocks": pages + 2, **fixed_threads()}
         # One engine alive at a time: an idle engine's thread team would compete with the one measured.
         for i in range(args.rounds):
             with Engine(model, enable_cache=False, **common) as cold:
