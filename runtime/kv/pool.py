@@ -8,9 +8,12 @@ in slot `table[pos // page_size] * page_size + pos % page_size` of the flattened
 
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
 import re
+import sys
+from collections.abc import Callable
 
 import torch
 
@@ -68,6 +71,30 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
+
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable without writing them (their bytes stay)
+
+
+def populate(t: torch.Tensor, stop: Callable[[], bool] = lambda: False, step: int = 16 << 20) -> bool:
+    """Fault in the memory of CPU tensor `t` (a `zeroed` one: committed as first written) without changing a byte,
+    `step` bytes at a time until `stop()` says so: a later first write there (a disk load's copy into new blocks)
+    then takes no page faults. Safe while other threads read and write `t`. Whether all of it was populated
+    (False off Linux, on a kernel without MADV_POPULATE_WRITE, off the CPU, or when stopped)."""
+    if not sys.platform.startswith("linux") or t.device.type != "cpu":
+        return False
+    page = mmap.PAGESIZE
+    start = t.data_ptr() // page * page
+    end = t.data_ptr() + t.numel() * t.element_size()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        for at in range(start, end, step):
+            if stop() or libc.madvise(at, min(step, end - at), _MADV_POPULATE_WRITE) != 0:
+                return False
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 def gather_pages(pages: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:

@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from radixcache.runtime.kv.pool import KVPool
+from radixcache.runtime.kv.pool import KVPool, populate
 from radixcache.runtime.kv.tier.copy_sync import pins_host_memory
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.page_copy import copy_pages
@@ -137,20 +137,22 @@ class PrefetchReader:
         self.dtype = pool.dtype
         self.pin = pins_host_memory(pool.device.type)
         self.buffers = StagingBuffers(self.shape, self.dtype, pin=self.pin, keep_bytes=keep_staging_bytes)
-        # staging written ahead for the first prefetch (kv.tier.staging), in the background at the lowest priority: a
-        # prefetch that starts before it is done makes its own buffer, as without it
+        # staging written ahead for the first prefetch (kv.tier.staging), then the pool's memory faulted in (loads
+        # copy into blocks never written before), in the background at the lowest priority: a prefetch that starts
+        # before it is done makes its own buffer, as without it
+        self._closed = False
         self._prewarm: threading.Thread | None = None
         if prewarm_pages > 0:
             self._prewarm = threading.Thread(
-                target=_prewarm_quietly, args=(self.buffers, prewarm_pages), name="radixcache-staging", daemon=True
+                target=self._prewarm_quietly, args=(prewarm_pages, getattr(pool, "kv", None)), daemon=True
             )
+            self._prewarm.name = "radixcache-staging"
             self._prewarm.start()
         self._cond = threading.Condition()  # guards every job's ok/failed_at/finished/cancelled; notified per page
         self._executor: ThreadPoolExecutor | None = None
         self._queued: deque[PrefetchJob] = deque()  # over the staging bound: not started yet
         self._running: list[PrefetchJob] = []  # started, not yet taken or released
         self._staged = 0  # pages of started jobs not yet taken or released
-        self._closed = False
         self._allowance: int | None = None  # page reads the readers may still start this step; None: no bound
         self._last_pace: float | None = None  # when the loop last paced (the step's length, for deadlines)
 
@@ -331,6 +333,16 @@ class PrefetchReader:
             self._recycle(job)
             self._cond.notify_all()
 
+    def _prewarm_quietly(self, pages: int, pool_kv: torch.Tensor | None) -> None:
+        """`buffers.prewarm(pages)`, then the pool's memory populated (kv.pool.populate: no byte changes; stopped by a
+        close), on this thread at the lowest CPU priority (Linux: a thread's own nice value), so that it takes only
+        what the engine leaves: an engine restarted under load serves first, then prewarms."""
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        self.buffers.prewarm(pages)
+        if pool_kv is not None:
+            populate(pool_kv, stop=lambda: self._closed)
+
     def wait_prewarm(self, timeout: float | None = None) -> bool:
         """Wait until the staging prewarm is done (at once without one); whether it is (tests, tools)."""
         if self._prewarm is not None:
@@ -360,14 +372,6 @@ class PrefetchReader:
         assert staging is not None
         copy_page_bytes(staging[:, :, i], payload)
         return True
-
-
-def _prewarm_quietly(buffers: StagingBuffers, pages: int) -> None:
-    """`buffers.prewarm(pages)` on this thread at the lowest CPU priority (Linux: a thread's own nice value), so that
-    it takes only what the engine leaves: an engine restarted under load serves first, then prewarms."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    buffers.prewarm(pages)
 
 
 def copy_page_bytes(dst: torch.Tensor, payload: bytes | memoryview) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
+import sys
 
 import pytest
 import torch
 
-from radixcache.runtime.kv.pool import KVPool, blocks_for_budget, parse_memory
+from radixcache.runtime.kv.pool import KVPool, blocks_for_budget, parse_memory, populate
 from radixcache.runtime.testing import tiny_config
 
 
@@ -80,3 +83,30 @@ def test_a_cpu_pool_takes_memory_only_for_the_pages_written() -> None:
     k_pages, v_pages = pool.layer(cfg.num_layers - 1)
     assert torch.equal(k_pages[blocks - 1], k) and torch.equal(v_pages[blocks - 1], v)
     assert torch.count_nonzero(pool.kv[: cfg.num_layers - 1]) == 0  # every other byte reads as zero
+
+
+def resident_pages(t: torch.Tensor) -> int:
+    """Pages of `t`'s (page-aligned) memory that are resident, by mincore(2)."""
+    page = mmap.PAGESIZE
+    n = -(-t.numel() * t.element_size() // page)
+    vec = (ctypes.c_ubyte * n)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(t.data_ptr(), n * page, vec) == 0
+    return sum(b & 1 for b in vec)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE and mincore are Linux's")
+def test_populate_faults_a_pool_in_and_changes_no_byte() -> None:
+    pool = KVPool(tiny_config(), num_blocks=4096, page_size=16)  # 16 MiB, never written
+    kv = pool.kv
+    kv[1, 0, 7].fill_(3.0)  # one page written before: its bytes must stay
+    pages = -(-kv.numel() * kv.element_size() // mmap.PAGESIZE)
+    assert resident_pages(kv) < pages // 8
+    assert not populate(kv, stop=lambda: True), "a stop before the first step populates nothing"
+    assert resident_pages(kv) < pages // 8
+    if not populate(kv, step=1 << 20):
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
+    assert resident_pages(kv) == pages
+    assert torch.equal(kv[1, 0, 7], torch.full_like(kv[1, 0, 7], 3.0))
+    assert torch.count_nonzero(kv) == kv[1, 0, 7].numel()

@@ -5,6 +5,8 @@ layer before the tree takes the pages; outputs equal the no-cache engine's. Orde
 
 from __future__ import annotations
 
+import mmap
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,9 @@ import torch
 
 from radixcache.runtime import Engine
 from radixcache.runtime.engine.scheduler import SchedulerConfig
+from radixcache.runtime.kv.pool import populate
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+from tests.runtime.engine.test_kv_pool import resident_pages
 from tests.runtime.tiers import test_prefetch as prefetch
 
 LAYERS = 4
@@ -115,3 +119,17 @@ def test_without_decodes_the_load_is_copied_at_once(deep: RandomModel, tmp_path:
         assert engine.stats.tiers.disk_loaded_pages == 10
         prefetch.assert_clean(engine)
     assert list(b.output_ids) == want
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE and mincore are Linux's")
+def test_an_engine_with_a_disk_tier_faults_its_pool_in_the_background(deep: RandomModel, tmp_path: Path) -> None:
+    """After the staging prewarm the readers' background thread populates the pool (kv.pool.populate), so that a
+    load's copy into blocks never written before takes no page faults on the loop; no byte changes."""
+    with prefetch.restarted(deep, tmp_path, capacity_blocks=2048) as engine:
+        kv = engine.pool.kv
+        pages = -(-kv.numel() * kv.element_size() // mmap.PAGESIZE)
+        assert engine.tiers.reader.wait_prewarm(60)
+        if not populate(torch.frombuffer(mmap.mmap(-1, 1 << 20), dtype=torch.uint8)):
+            pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
+        assert resident_pages(kv) == pages
+        assert torch.count_nonzero(kv) == 0
