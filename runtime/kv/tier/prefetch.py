@@ -31,10 +31,8 @@ Imports torch; nothing of the KV manager.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -137,17 +135,17 @@ class PrefetchReader:
         self.dtype = pool.dtype
         self.pin = pins_host_memory(pool.device.type)
         self.buffers = StagingBuffers(self.shape, self.dtype, pin=self.pin, keep_bytes=keep_staging_bytes)
-        # staging written ahead for the first prefetch (kv.tier.staging), then the pool's memory faulted in (loads
-        # copy into blocks never written before), in the background at the lowest priority: a prefetch that starts
-        # before it is done makes its own buffer, as without it
+        # Staging written ahead for the first prefetch (kv.tier.staging), then the pool's memory faulted in (a load
+        # copies into blocks never written before), here, once: a background thread at the lowest priority did it
+        # before, and while the engine kept both cores busy it lingered for seconds, taking page faults (and the
+        # process's memory-map lock) beside the engine's own: a device hit's TTFT went from 41-60 ms to single
+        # rounds of 71-177 ms in bench_tiers.py, a restart's disk hit from 63-110 ms to 54-214 ms.
         self._closed = False
-        self._prewarm: threading.Thread | None = None
         if prewarm_pages > 0:
-            self._prewarm = threading.Thread(
-                target=self._prewarm_quietly, args=(prewarm_pages, getattr(pool, "kv", None)), daemon=True
-            )
-            self._prewarm.name = "radixcache-staging"
-            self._prewarm.start()
+            self.buffers.prewarm(prewarm_pages)
+            pool_kv = getattr(pool, "kv", None)
+            if pool_kv is not None:
+                populate(pool_kv)
         self._cond = threading.Condition()  # guards every job's ok/failed_at/finished/cancelled; notified per page
         self._executor: ThreadPoolExecutor | None = None
         self._queued: deque[PrefetchJob] = deque()  # over the staging bound: not started yet
@@ -332,22 +330,6 @@ class PrefetchReader:
             job.tasks -= 1
             self._recycle(job)
             self._cond.notify_all()
-
-    def _prewarm_quietly(self, pages: int, pool_kv: torch.Tensor | None) -> None:
-        """`buffers.prewarm(pages)`, then the pool's memory populated (kv.pool.populate: no byte changes; stopped by a
-        close), on this thread at the lowest CPU priority (Linux: a thread's own nice value), so that it takes only
-        what the engine leaves: an engine restarted under load serves first, then prewarms."""
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        self.buffers.prewarm(pages)
-        if pool_kv is not None:
-            populate(pool_kv, stop=lambda: self._closed)
-
-    def wait_prewarm(self, timeout: float | None = None) -> bool:
-        """Wait until the staging prewarm is done (at once without one); whether it is (tests, tools)."""
-        if self._prewarm is not None:
-            self._prewarm.join(timeout)
-        return self._prewarm is None or not self._prewarm.is_alive()
 
     def _stopping(self, job: PrefetchJob, i: int) -> bool:
         """Whether page `i` of `job` is no longer to be read (cancelled, closed, or after a failed page). Under the

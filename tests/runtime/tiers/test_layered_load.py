@@ -122,13 +122,12 @@ def test_without_decodes_the_load_is_copied_at_once(deep: RandomModel, tmp_path:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE and mincore are Linux's")
-def test_an_engine_with_a_disk_tier_faults_its_pool_in_the_background(deep: RandomModel, tmp_path: Path) -> None:
-    """After the staging prewarm the readers' background thread populates the pool (kv.pool.populate), so that a
-    load's copy into blocks never written before takes no page faults on the loop; no byte changes."""
+def test_an_engine_with_a_disk_tier_faults_its_pool_in_as_it_starts(deep: RandomModel, tmp_path: Path) -> None:
+    """As the readers start (after the staging prewarm) the pool is populated (kv.pool.populate), so that a load's
+    copy into blocks never written before takes no page faults on the loop; no byte changes."""
     with prefetch.restarted(deep, tmp_path, capacity_blocks=2048) as engine:
         kv = engine.pool.kv
         pages = -(-kv.numel() * kv.element_size() // mmap.PAGESIZE)
-        assert engine.tiers.reader.wait_prewarm(60)
         if not populate(torch.frombuffer(mmap.mmap(-1, 1 << 20), dtype=torch.uint8)):
             pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
         assert resident_pages(kv) == pages

@@ -158,8 +158,7 @@ def test_a_prewarmed_buffer_serves_the_first_job_and_stays_within_the_bound(tmp_
     assert buf.shape[2] == 10 and view.shape[2] == 7 and not buf.any()  # written once, with zeros
     pool = KVPool(tiny_model(seed=3).config, 8, P, dtype=torch.float64)
     store = DiskStore(str(tmp_path / "cache"), max_bytes=1 << 30)
-    reader = PrefetchReader(store, pool, prewarm_pages=16)
-    assert reader.wait_prewarm(30)
+    reader = PrefetchReader(store, pool, prewarm_pages=16)  # written before the constructor returns
     job = PrefetchJob(0, [b"\1" * 16], [list(range(P))], [])
     reader.read_now(job)  # takes the prewarmed buffer (the page itself is missing on disk)
     assert reader.buffers.allocated == 1 and job.buffer is not None and job.buffer.shape[2] == 16
