@@ -6,11 +6,10 @@ copied into the pool. Fresh memory costs a page fault and a zeroed 4 KiB page on
 8 ms; the faults were most of a disk read's CPU time, and they ran beside the decodes (pinned memory on CUDA costs
 more again). So a job's staging is a view of a kept buffer with room for it, and goes back when the job is done;
 a new buffer (a process's first prefetch: after a restart) asks for transparent huge pages, where Linux allows.
-And an engine with a disk tier writes one buffer once in the background as it starts (`prewarm`, by default room for
-128 pages within the bound, at the lowest CPU priority), so that its first prefetch does not fault in new memory
-beside the decodes either: in the prefetch benchmark the step a 2,000-token prefix's first pages were read in took
-104 to 224 ms against a 21 ms decode step, and 33 to 97 ms with the buffer written before. A prefetch that starts
-before the prewarm is done makes its own buffer, as before.
+And an engine with a disk tier writes one buffer once as it starts (`prewarm`, by default room for 128 pages within
+the bound; kv.tier.prefetch's reader does it in its constructor), so that its first prefetch does not fault in new
+memory beside the decodes either: in the prefetch benchmark the step a 2,000-token prefix's first pages were read
+in took 104 to 224 ms against a 21 ms decode step, and 33 to 97 ms with the buffer written before.
 
 Invariants: a buffer is handed to one job at a time (between `get` and `put`); at most `keep_bytes` of buffers are
 kept while unused (past it the smallest go); a buffer larger than that is never kept. Thread-safe: jobs are given
