@@ -31,13 +31,8 @@ def deep() -> RandomModel:
 
 def _beside_a_decode(deep: RandomModel, tmp_path: Path):
     """A restarted engine whose disk holds PROMPT's pages, OTHER decoding, PROMPT added and stepped until admitted."""
-    prefetch.written(deep, tmp_path, prefetch.PROMPT)
     config = SchedulerConfig(staged_prefill_attention=BOUND)
-    engine = prefetch.restarted(deep, tmp_path, prefetch_policy="wait_complete", scheduler_config=config)
-    a = engine._request(prefetch.OTHER, 40, ignore_eos=True)
-    engine.scheduler.add(a)
-    prefetch.step(engine, 2)
-    assert a in engine.scheduler.decoding
+    engine, a = prefetch.decoding_beside_disk_pages(deep, tmp_path, 40, scheduler_config=config)
     b = engine._request(prefetch.PROMPT, 5, ignore_eos=True)
     engine.scheduler.add(b)
     for _ in range(200):

@@ -54,6 +54,18 @@ def restarted(model: RandomModel, cache_dir: Path, **kw) -> Engine:
     return Engine(model, **kw)  # its staging written ahead as it starts: which buffer a job gets is then known
 
 
+def decoding_beside_disk_pages(model: RandomModel, cache_dir: Path, tokens: int, steps: int = 2, **kw) -> tuple:
+    """A restarted engine (`kw`: its options) whose disk holds PROMPT's pages, and OTHER added and stepped `steps`
+    times, decoding `tokens` tokens: the bystander of a disk load. Returns (engine, the OTHER request)."""
+    written(model, cache_dir, PROMPT)
+    engine = restarted(model, cache_dir, **{"prefetch_policy": "wait_complete", **kw})
+    a = engine._request(OTHER, tokens, ignore_eos=True)
+    engine.scheduler.add(a)
+    step(engine, steps)
+    assert a in engine.scheduler.decoding
+    return engine, a
+
+
 class Gate:
     """Wraps the disk store's `read`: each read announces itself and waits until the test opens the gate."""
 
@@ -123,12 +135,7 @@ def test_host_hits_with_a_disk_tier_equal_the_no_cache_output(model, tmp_path: P
 
 def test_a_request_is_read_while_another_keeps_decoding(model, tmp_path: Path) -> None:
     want_a, want_b = baseline(model, OTHER, 40), baseline(model, PROMPT, 5)
-    written(model, tmp_path, PROMPT)
-    engine = restarted(model, tmp_path, prefetch_policy="wait_complete")
-    a = engine._request(OTHER, 40, ignore_eos=True)
-    engine.scheduler.add(a)
-    step(engine, 3)
-    assert a in engine.scheduler.decoding
+    engine, a = decoding_beside_disk_pages(model, tmp_path, 40, steps=3)
     gate = Gate(engine)
     b = engine._request(PROMPT, 5, ignore_eos=True)
     engine.scheduler.add(b)
@@ -186,11 +193,7 @@ def test_timeout_zero_admits_at_once_and_a_long_timeout_waits(model, tmp_path: P
 @pytest.mark.parametrize("fault", ["vanished", "garbled", "raises"])
 def test_a_page_that_fails_mid_prefetch_is_recomputed(model, tmp_path: Path, fault: str) -> None:
     want_a, want_b = baseline(model, OTHER, 12), baseline(model, PROMPT, 5)
-    written(model, tmp_path, PROMPT)
-    engine = restarted(model, tmp_path, prefetch_policy="wait_complete")
-    a = engine._request(OTHER, 12, ignore_eos=True)  # a bystander, decoding throughout
-    engine.scheduler.add(a)
-    step(engine, 2)
+    engine, a = decoding_beside_disk_pages(model, tmp_path, 12)  # a bystander, decoding throughout
     gate = Gate(engine)
     b = engine._request(PROMPT, 5, ignore_eos=True)
     engine.scheduler.add(b)

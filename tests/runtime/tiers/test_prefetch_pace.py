@@ -27,6 +27,7 @@ from tests.runtime.tiers.test_prefetch import (
     P,
     assert_clean,
     baseline,
+    decoding_beside_disk_pages,
     restarted,
     run_out,
     step,
@@ -173,11 +174,7 @@ def test_in_the_engine_a_read_beside_a_decode_gets_at_most_the_pace_a_step(model
 def test_beside_a_decode_a_request_is_chunked_the_step_after_its_load(model, tmp_path: Path) -> None:
     """The copy of its loaded pages and its first chunk fall in two steps of the decode, not both in one."""
     want_a, want_b = baseline(model, OTHER, 30), baseline(model, PROMPT, 5)
-    written(model, tmp_path, PROMPT)
-    engine = restarted(model, tmp_path, prefetch_policy="wait_complete")
-    a = engine._request(OTHER, 30, ignore_eos=True)
-    engine.scheduler.add(a)
-    step(engine, 2)
+    engine, a = decoding_beside_disk_pages(model, tmp_path, 30)
     b = engine._request(PROMPT, 5, ignore_eos=True)
     engine.scheduler.add(b)
     while b in engine.scheduler.waiting:
