@@ -104,11 +104,17 @@ def staged_pass(
     last = len(model.layers)
     xs = [part.hidden if part.hidden is not None else F.embedding(part.ids, model.embed) for part in parts]
     ropes = [model.rope_at(part.positions) for part in parts]
+    joined: dict[tuple[int, ...], tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]] = {}  # per set of parts
     for i in range(last):
         active = [j for j, part in enumerate(parts) if i in part.layers]
         if not active:
             continue
         sizes = [xs[j].shape[0] for j in active]
+        key = tuple(active)
+        if key not in joined:  # the set changes only at a range's ends: its rotary rows and slots joined once
+            rope = (_cat([ropes[j][0] for j in active]), _cat([ropes[j][1] for j in active]))
+            joined[key] = (rope, _cat([parts[j].slots for j in active]))
+        rope, slots = joined[key]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             outs, row = [], 0
@@ -118,8 +124,6 @@ def staged_pass(
             return outs[0] if len(outs) == 1 else torch.cat(outs)
 
         x = _cat([xs[j] for j in active])
-        rope = (_cat([ropes[j][0] for j in active]), _cat([ropes[j][1] for j in active]))
-        slots = _cat([parts[j].slots for j in active])
         rows = decode_rows if decode_rows and active[0] == 0 else 0
         glue = fused if fused is not None and decode_rows and active == [0] else attend  # decodes alone: native glue
         out = model.run_layer(i, x, rope, LayerRun(pool, slots, glue, prefill, rows))
