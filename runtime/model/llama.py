@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.huge_pages import HugePageArena
 from radixcache.runtime.kv.mirror import MirrorStep
 from radixcache.runtime.kv.pool import KVPool
 from radixcache.runtime.model.attention import (
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from radixcache.runtime.native.ops import NativeDecodeOps
 
 DEFAULT_CHUNK = 512
+MIN_HUGE_WEIGHTS = 32 << 20  # smaller models keep their weights where they are (the TLB reaches most of them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +81,23 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def _streamed_sizes(weights: Mapping[str, torch.Tensor], dtype: torch.dtype, tied: bool) -> list[int]:
+    """The bytes of each float matrix a decode step streams, in `dtype`: the projections and the output head."""
+    size = torch.empty((), dtype=dtype).element_size()
+    head = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    names = [n for n in weights if n.endswith("_proj.weight")] + [head]
+    return [weights[n].numel() * size for n in names if n in weights]
+
+
 class LlamaModel:
-    """The forward pass. Stateless between calls: all KV lives in the KVPool passed to each call."""
+    """The forward pass. Stateless between calls: all KV lives in the KVPool passed to each call.
+
+    On the CPU with quant="none", the float matrices each decode step streams (the projections and the output head)
+    are copied into memory backed by transparent huge pages (runtime.huge_pages), when there are at least
+    MIN_HUGE_WEIGHTS bytes of them and unless `huge_weights=False`: the same values, read with 512 times fewer TLB
+    entries. A caller that keeps the `weights` it passed holds those matrices twice (the
+    fused q/k/v and gate/up ones were always copies); `huge_weights=False` shares the unfused ones instead.
+    """
 
     def __init__(
         self,
@@ -91,6 +108,7 @@ class LlamaModel:
         device: str | torch.device = "cpu",
         quant: str = "none",
         blocks: Mapping[str, BlockWeight] | None = None,
+        huge_weights: bool = True,
     ) -> None:
         if config.num_heads % config.num_kv_heads:
             raise ValueError(f"num_heads {config.num_heads} is not a multiple of num_kv_heads {config.num_kv_heads}")
@@ -115,6 +133,18 @@ class LlamaModel:
                 raise KeyError(f"weight {name!r} is missing")
             return weights[name].to(device=self.device, dtype=dtype).contiguous()
 
+        # The float matrices a CPU decode streams every token go to huge-page memory (runtime.huge_pages: the TLB,
+        # not the kernels, held the float32 decode back). Not the GGUF blocks: their kernels are bound by unpacking
+        # (gguf decode 138 against 133 tok/s from huge pages, noise); nor fp16's packed copies (fbgemm's own).
+        tied = config.tie_embeddings or "lm_head.weight" not in weights
+        arena = None
+        if huge_weights and quant == "none" and self.device.type == "cpu":
+            room = HugePageArena.room(_streamed_sizes(weights, dtype, tied))
+            arena = HugePageArena(room) if room >= MIN_HUGE_WEIGHTS else None
+
+        def streamed(weight: torch.Tensor) -> torch.Tensor:
+            return weight if arena is None else arena.place(weight)
+
         def linear(
             names: Sequence[str],
             bias: torch.Tensor | None = None,
@@ -128,10 +158,13 @@ class LlamaModel:
             parts = None
             if quant == "gguf" and blocks is not None and all(n in blocks for n in names):
                 parts = [blocks[n] for n in names]
+            elif weight is not self.embed:
+                weight = streamed(weight)  # the dense form is what a decode streams (self.embed already is)
             return make_linear(weight, bias, quant, parts, activations)
 
         self.embed = w("model.embed_tokens.weight")
-        tied = config.tie_embeddings or "lm_head.weight" not in weights
+        if tied:
+            self.embed = streamed(self.embed)  # the output head's weight too: read every token
         # The output head always takes float activations: int8 rounding of the final hidden state moved a greedy
         # answer (docs/runtime.md, "int8 activations for GGUF blocks"); every other block matrix takes the default.
         self.lm_head = linear(

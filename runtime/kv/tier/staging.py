@@ -21,30 +21,13 @@ from __future__ import annotations
 
 import ctypes
 import math
-import sys
 import threading
 
 import torch
 
+from radixcache.runtime.huge_pages import huge_pages
+
 DEFAULT_KEEP_BYTES = 256 << 20
-_MADV_HUGEPAGE = 14  # Linux
-_HUGE = 2 << 20
-
-
-def huge_pages(buf: torch.Tensor) -> bool:
-    """Ask Linux to back a fresh CPU tensor's memory with transparent huge pages (a hint: where the kernel's
-    setting allows, one fault per 2 MiB instead of one per 4 KiB). Whether the hint was taken; never raises."""
-    size = buf.numel() * buf.element_size()
-    if not sys.platform.startswith("linux") or buf.device.type != "cpu" or size < 2 * _HUGE:
-        return False
-    start = -(-buf.data_ptr() // _HUGE) * _HUGE
-    end = (buf.data_ptr() + size) // _HUGE * _HUGE
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return end > start and libc.madvise(start, end - start, _MADV_HUGEPAGE) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 class StagingBuffers:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from radixcache.runtime import Engine
-from radixcache.runtime.kv.tier.staging import StagingBuffers, huge_pages
+from radixcache.runtime.kv.tier.staging import StagingBuffers
 from tests.runtime.tiers.test_prefetch import DTYPE, Gate, P, assert_clean, baseline, ids, model, restarted, step
 
 __all__ = ["model"]  # the fixture, shared with test_prefetch
@@ -101,16 +101,6 @@ def test_staging_views_hold_what_the_readers_wrote(pages: int) -> None:
         view[:, :, i] = float(i)
     assert all(bool((view[:, :, i] == i).all()) for i in range(pages))
     assert bool((buf[:, :, pages:] == -1.0).all())  # nothing past the view was touched
-
-
-def test_the_huge_page_hint_never_raises_and_keeps_the_bytes() -> None:
-    assert not huge_pages(torch.empty(16))  # under 4 MiB: never asked
-    assert not huge_pages(torch.empty((2, 1 << 20), dtype=torch.float64)[:, :1])  # a view's bytes: too few
-    buf = torch.empty(3 << 20, dtype=torch.float32)  # 12 MiB
-    hinted = huge_pages(buf)
-    assert isinstance(hinted, bool)
-    buf.copy_(torch.arange(buf.numel(), dtype=torch.float32))
-    assert float(buf[-1]) == buf.numel() - 1 and float(buf[12345]) == 12345
 
 
 def test_a_read_on_the_callers_thread_hands_its_buffer_back(tmp_path: Path) -> None:
