@@ -130,12 +130,20 @@ def _timings(raw: dict[str, Any]) -> dict[str, dict[int, dict[str, float]]]:
 
 
 def plan_key(
-    shapes: dict[str, int], threads: int, dtype: str, cpu: str, flags: tuple[str, ...], torch_version: str
+    shapes: dict[str, int],
+    threads: int,
+    dtype: str,
+    cpu: str,
+    flags: tuple[str, ...],
+    torch_version: str,
+    native: str = "",
 ) -> dict[str, Any]:
     """What a plan holds for: `shapes` maps each shape name to how many layers have it. The paths it chose from
-    are part of it: a plan measured before a path existed is measured again."""
+    are part of it, and `native`, the native kernels' source digest: a plan measured before a path existed, or
+    with other native kernels, is measured again."""
     return {
         "paths": list(PATHS),
+        "native": native,
         "cpu": cpu,
         "flags": list(flags),
         "torch": torch_version,

@@ -49,6 +49,7 @@ from radixcache.runtime.model.kernel_plan import (
     write_plan,
 )
 from radixcache.runtime.model.linear import PATHS, DenseLinear
+from radixcache.runtime.native import source_digest
 
 DECODE_ROWS = 8  # buckets up to this many rows are timed over every layer (memory-bound); larger ones over a few
 FLOP_CAP = 1.0e9  # floating point operations per sweep of a compute-bound bucket, all shapes together
@@ -134,7 +135,7 @@ def model_key(layers: list[DenseLinear], threads: int) -> dict:
     shapes: dict[str, int] = {}
     for layer in layers:
         shapes[_shape(layer)] = shapes.get(_shape(layer), 0) + 1
-    return plan_key(shapes, threads, "float32", cpu_model(), kernel_flags(), torch.__version__)
+    return plan_key(shapes, threads, "float32", cpu_model(), kernel_flags(), torch.__version__, source_digest())
 
 
 def choose_kernels(model: object, mode: str, threads: int) -> KernelPlan:

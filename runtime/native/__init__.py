@@ -112,6 +112,15 @@ def _cache_dir() -> Path:
     raise NativeBuildError(f"no writable folder for the native kernel's build: tried {', '.join(map(str, candidates))}")
 
 
+@functools.lru_cache(maxsize=1)  # the sources do not change under a running process
+def source_digest() -> str:
+    """A digest of the kernels' C sources: what a measurement of them (a kernel plan) was made with."""
+    h = hashlib.sha256()
+    for path in SOURCES + HEADERS:
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _build_key(compiler: str) -> str:
     """Source, flags, compiler version and CPU flags: a build for another CPU (-march=native) is never reused."""
     h = hashlib.sha256()
