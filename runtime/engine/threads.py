@@ -12,10 +12,13 @@ What: `ThreadController` measures windows of back-to-back engine steps (`window_
   waits 0.75 threads; on an idle machine 0.01.
 - idle: how many of the cores this process may run on (its affinity) were, on average, idle (/proc/stat).
 It drops threads (as many as were waiting, rounded, at least one) once `drop_windows` windows in a row had at
-least `drop_waiting` threads waiting, and adds one back once the cores were `raise_idle` idle or more for
-`raise_after_s` seconds in a row, never above the configured count nor below 1. Hysteresis: a raise that is
-undone within `probation_s` (the load was still there) doubles the wait before the next raise, up to
-`max_raise_after_s`; a raise that holds for `probation_s` resets it. Where schedstat is missing (not Linux) the
+least `drop_waiting` threads waiting (two windows of 0.1 s by default: two of 0.25 s took 0.5 s to react, about
+as long as a 64-token gguf decode lasts at idle speed, spent on 2 threads that a busy process holds to 29% of
+their idle speed; a request beside one busy process then kept 49% of its idle speed, 57% with 0.1 s windows;
+docs/benchmarks.md), and adds one back once the cores were `raise_idle` idle or more for `raise_after_s` seconds
+in a row, never above the configured count nor below 1. Hysteresis: a raise that is undone within `probation_s`
+(the load was still there) doubles the wait before the next raise, up to `max_raise_after_s`; a raise that holds
+for `probation_s` resets it. Where schedstat is missing (not Linux) the
 waiting threads are estimated as the threads asked for minus the CPU time the process got (`os.times`), and idle
 cores as the cores minus the 1-minute load average (slower).
 
@@ -57,7 +60,7 @@ class Probe(Protocol):
 class ControllerSettings:
     """The controller's thresholds (module docstring); the defaults are what the engine runs with."""
 
-    window_s: float = 0.25
+    window_s: float = 0.1
     drop_waiting: float = 0.4
     drop_windows: int = 2
     raise_idle: float = 0.6

@@ -56,7 +56,9 @@ class Machine:
 
 
 def controller(machine: Machine, max_threads: int = 2, **settings: float) -> ThreadController:
-    cfg = ControllerSettings(**settings)  # type: ignore[arg-type]
+    """A controller on `machine`, with windows of 0.25 s (4 steps) unless `settings` say otherwise: the tests
+    below count steps in those windows; `test_the_default_window_drops_within_a_quarter_second` checks the default."""
+    cfg = ControllerSettings(**{"window_s": 0.25, **settings})  # type: ignore[arg-type]
     return ThreadController(max_threads, probe=machine, clock=machine.clock, settings=cfg)
 
 
@@ -87,6 +89,14 @@ def test_one_busy_process_drops_a_two_thread_engine_to_one_and_it_stays() -> Non
     # Two starved windows of 0.25 s, each 4 steps: the 9th step runs on one thread.
     assert counts[:8] == [2] * 8 and set(counts[8:]) == {1}
     assert ctl.changes == 1  # no core is idle beside one thread and the busy process: it never tries again
+
+
+def test_the_default_window_drops_within_a_quarter_second() -> None:
+    # the engine's defaults: two windows of 0.1 s (2 steps each here) beside one busy process, then one thread
+    machine = Machine(cores=2, busy=1)
+    ctl = ThreadController(2, probe=machine, clock=machine.clock)
+    counts = run(machine, ctl, 1.0)
+    assert counts[:4] == [2, 2, 2, 2] and set(counts[4:]) == {1}
 
 
 def test_two_busy_processes_drop_to_one_and_never_below() -> None:
