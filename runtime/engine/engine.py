@@ -27,6 +27,7 @@ from radixcache.policy.admission import make_admission
 from radixcache.runtime.engine.assembly import build_kernels, build_mirror, build_model, pool_blocks
 from radixcache.runtime.engine.engine_config import DEFAULT_KV_MEMORY, EngineConfig
 from radixcache.runtime.engine.errors import EngineClosedError
+from radixcache.runtime.engine.gc_heap import HeapTimer
 from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
 from radixcache.runtime.engine.options import RequestOptions, check_namespace, resolve_options
 from radixcache.runtime.engine.output import OutputProcessor
@@ -127,7 +128,8 @@ class Engine:
         self.threads = config.threads if config.threads is not None else torch.get_num_threads()
         self.kernel_plan = build_kernels(config, self.model, self.threads)  # measured once per machine, then cached
         self.thread_control = ThreadController(self.threads, adaptive=config.thread_policy == "adaptive")
-        self._loop = EngineLoop(self.scheduler, self.output.result, threads=self.thread_control)
+        self._heap = HeapTimer(config.freeze_gc)  # the heap frozen once the engine has run a while (gc_heap)
+        self._loop = EngineLoop(self.scheduler, self.output.result, self.thread_control, self._heap.idle)
         self.queue = QueueGate(config.max_queue)
         self.queue_timeout = config.queue_timeout
         self.tool_memory = self.output.tool_memory  # the text the model wrote for its calls, by call ids
@@ -305,6 +307,7 @@ class Engine:
         if idle and self.tiers is not None:  # the disk writes still queued finish (a restart then finds them)
             self.tiers.close(timeout)
         self.record_trace(None)  # a recording writes what it still holds and closes its file
+        self._heap.close()
         return idle
 
     def flush(self, timeout: float | None = 30.0) -> bool:

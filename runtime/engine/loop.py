@@ -16,6 +16,7 @@ and every later call gets EngineDeadError naming the original error, instead of 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from radixcache.runtime.engine.trace_recorder import TraceRecorder, earliest_arr
 from radixcache.runtime.native.openmp import release_idle_team
 
 _UNSET: Any = object()
+
+log = logging.getLogger("radixcache.engine")
 
 
 def settle(future: Future[Any], result: Any = _UNSET, error: BaseException | None = None) -> bool:
@@ -88,9 +91,11 @@ class EngineLoop:
         scheduler: Scheduler,
         finish: Callable[[Request], GenerationResult],
         threads: ThreadController | None = None,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.threads = threads
+        self.on_idle = on_idle  # called on the loop thread each time it runs out of work, before it exits
         self._finish = finish
         self._cv = threading.Condition()
         self._inbox: list[Callable[[Scheduler], Any]] = []
@@ -195,14 +200,21 @@ class EngineLoop:
             torch.set_num_threads(applied := ctl.threads)
         try:
             with torch.inference_mode():
+                idled = False  # on_idle ran since the last work: the next time nothing is left, the thread exits
                 while True:
                     with self._cv:
                         commands, self._inbox = self._inbox, []
-                        if not commands and not s.has_work():
+                        out_of_work = not commands and not s.has_work()
+                        if out_of_work and (idled or self.on_idle is None):
                             self._thread = None
                             if ctl is not None:
                                 ctl.pause()
                             return
+                    if out_of_work:
+                        idled = True
+                        self._idle_hook()
+                        continue  # work that arrived meanwhile runs on this thread
+                    idled = False
                     for command in commands:
                         command(s)  # `call` wraps each: its error goes to its own future
                     try:
@@ -219,6 +231,13 @@ class EngineLoop:
         except BaseException as exc:  # the loop itself broke (a bug): nobody may wait forever, nor call again
             self._die(exc)
             raise  # reported by threading.excepthook: a bug to see
+
+    def _idle_hook(self) -> None:
+        """`on_idle`, whose error is logged, never the loop's."""
+        try:
+            self.on_idle()  # type: ignore[misc]
+        except Exception:
+            log.exception("the engine's idle hook failed")
 
     def _fail_in_flight(self, exc: BaseException) -> None:
         """Fail every request in flight with `exc`, freeing what each holds, so that the cache stays sane: those in

@@ -54,6 +54,7 @@ ENGINE_KEYWORDS = [
     "lease_clock",
     "thread_policy",  # added with the thread controller (runtime.engine.threads)
     "kernels",  # added with the kernels chosen by measurement (runtime.model.kernel_tune)
+    "freeze_gc",  # added with the frozen heap (runtime.engine.gc_heap)
 ]
 
 

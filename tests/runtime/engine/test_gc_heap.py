@@ -1,0 +1,132 @@
+"""runtime.engine.gc_heap: an engine freezes the heap at its first idle moment once it has run FREEZE_AFTER_S (a
+short-lived one never does), collecting first, so the garbage it finds is freed rather than frozen; the heap is
+unfrozen when the last holder closes; a cycle frozen with an engine that closes is freed by the next full
+collection after it closes (not kept frozen for as long as another engine runs), which then freezes the heap again;
+`freeze_gc=False` leaves the collector alone; a release without a hold changes nothing."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from radixcache.runtime import Engine
+from radixcache.runtime.engine import gc_heap
+from radixcache.runtime.engine.gc_heap import FROZEN_HEAP, FrozenHeap, HeapTimer
+from radixcache.runtime.testing import tiny_model
+
+
+class Node:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    """These tests start with nothing frozen (no engine running in this process) and leave nothing frozen."""
+    if FROZEN_HEAP.holders:
+        pytest.skip("an engine of another test is running in this process")
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def test_the_last_release_unfreezes_and_the_frozen_garbage_is_then_collected(unfrozen: None) -> None:
+    heap = FrozenHeap()
+    node = Node()
+    ref = weakref.ref(node)
+    heap.hold()
+    assert gc.get_freeze_count() > 0
+    del node
+    gc.collect()
+    assert ref() is not None  # frozen: the collector does not see it
+    heap.release()
+    assert heap.holders == 0 and gc.get_freeze_count() == 0
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_closing_holder_frees_its_cycles_while_another_holds(unfrozen: None) -> None:
+    heap = FrozenHeap()
+    heap.hold()  # the engine that keeps running
+    node = Node()  # made by the engine that will close
+    ref = weakref.ref(node)
+    heap.hold()  # that engine starts: its objects are frozen
+    del node  # it closes: its cycle is garbage
+    gc.collect()
+    assert ref() is not None
+    heap.release()  # one holder left: unfrozen until the next full collection
+    assert heap.holders == 1 and gc.get_freeze_count() == 0 and heap.refreeze_pending
+    gc.collect(1)  # a younger generation's collection frees nothing of it and freezes nothing
+    assert ref() is not None and gc.get_freeze_count() == 0
+    gc.collect()  # the next full one frees the cycle, then the heap is frozen again for the holder left
+    assert ref() is None
+    assert gc.get_freeze_count() > 0 and not heap.refreeze_pending
+    heap.release()
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert gc.get_freeze_count() == 0  # nobody holds: a full collection freezes nothing
+
+
+def test_a_release_without_a_hold_changes_nothing(unfrozen: None) -> None:
+    heap = FrozenHeap()
+    heap.release()
+    assert heap.holders == 0 and gc.get_freeze_count() == 0
+
+
+def test_a_hold_frees_the_garbage_it_finds_instead_of_freezing_it(unfrozen: None) -> None:
+    heap = FrozenHeap()
+    node = Node()
+    ref = weakref.ref(node)
+    del node  # garbage, in a cycle, not collected yet
+    heap.hold()
+    assert ref() is None
+    heap.release()
+
+
+def test_the_timer_holds_once_at_the_first_idle_moment_past_its_delay(unfrozen: None) -> None:
+    heap = FrozenHeap()
+    timer = HeapTimer(True, after_s=60.0, heap=heap)
+    timer.idle()
+    assert heap.holders == 0  # too young
+    now = HeapTimer(True, after_s=0.0, heap=heap)
+    now.idle()
+    now.idle()
+    assert heap.holders == 1 and now.hold is not None
+    now.close()
+    now.close()
+    now.idle()  # after close: never again
+    assert heap.holders == 0 and gc.get_freeze_count() == 0
+    off = HeapTimer(False, after_s=0.0, heap=heap)
+    off.idle()
+    off.close()
+    assert heap.holders == 0
+
+
+def test_an_engine_holds_the_heap_frozen_once_it_has_run_a_while(
+    unfrozen: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gc_heap, "FREEZE_AFTER_S", 0.0)  # its first idle moment is late enough
+    with Engine(tiny_model(), capacity_blocks=16, page_size=4, threads=1) as engine:
+        assert engine.generate([1, 2, 3], 2).token_ids
+        assert engine.wait_idle(10)  # the loop thread ran its idle hook, then exited
+        assert FROZEN_HEAP.holders == 1 and gc.get_freeze_count() > 0
+        assert engine.generate([1, 2, 3], 2).token_ids  # serves as before; idle again: still one hold
+        assert engine.wait_idle(10) and FROZEN_HEAP.holders == 1
+        engine.close()
+        engine.close()  # twice: released once
+    assert FROZEN_HEAP.holders == 0 and gc.get_freeze_count() == 0
+    with Engine(tiny_model(), capacity_blocks=16, page_size=4, threads=1, freeze_gc=False) as engine:
+        assert engine.generate([1, 2, 3], 2).token_ids and engine.wait_idle(10)
+        assert FROZEN_HEAP.holders == 0 and gc.get_freeze_count() == 0
+
+
+def test_a_short_lived_engine_never_freezes(unfrozen: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gc_heap, "FREEZE_AFTER_S", 60.0)  # however slow this machine is today
+    with Engine(tiny_model(), capacity_blocks=16, page_size=4, threads=1) as engine:
+        assert engine.generate([1, 2, 3], 2).token_ids and engine.wait_idle(10)
+        assert FROZEN_HEAP.holders == 0  # its first idle moment came well before FREEZE_AFTER_S
