@@ -15,6 +15,7 @@ Nothing here changes a byte: a placed tensor equals its source.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import sys
 
 import torch
@@ -43,9 +44,15 @@ def huge_pages(buf: torch.Tensor) -> bool:
 
 
 def aligned_huge(nbytes: int) -> tuple[torch.Tensor, bool]:
-    """(`nbytes` of fresh uint8 CPU memory starting on a 2 MiB boundary, whether huge pages were granted for it). The
-    memory is unwritten, so the hint applies from its first write. The view keeps its over-allocated base alive."""
-    base = torch.empty(nbytes + HUGE_PAGE_BYTES, dtype=torch.uint8)
+    """(`nbytes` of fresh uint8 CPU memory starting on a 2 MiB boundary, whether huge pages were granted for it). On
+    Linux the memory is a private anonymous map of its own, never written before, so the hint applies from its first
+    write (the allocator may hand out heap memory already faulted in with small pages, which a hint no longer
+    changes). The view keeps its over-allocated base, and the map, alive."""
+    if sys.platform.startswith("linux"):
+        mapped = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        base = torch.frombuffer(mapped, dtype=torch.uint8)  # shares the map's memory and holds the map
+    else:
+        base = torch.empty(nbytes + HUGE_PAGE_BYTES, dtype=torch.uint8)
     skip = -base.data_ptr() % HUGE_PAGE_BYTES
     buf = base[skip : skip + nbytes]
     return buf, huge_pages(buf)
