@@ -2,9 +2,9 @@
 large buffer that is read end to end (the bandwidth reading that bounds the decode, kv.tier.staging's buffers).
 
 Why: batch-1 decode reads every weight once per token. From ordinary 4 KiB pages each 4 KiB costs a TLB entry, and
-on the project's 2-core Zen 4 VM the page walks, not the kernels, held the float32 decode back: SmolLM2's weights
-copied into huge-page memory decoded at 66.9 and 49.9 tok/s against 52.8 and 44.7 from where the loader left them
-(two alternations, same kernels), and a 512 MB sum read 35 GB/s against 27.5 (docs/benchmarks.md).
+on the project's 2-core Zen 4 VM the page walks, not the kernels, held the float32 decode back: SmolLM2 with its
+weights in huge-page memory decoded at 70.9 tok/s against 57.6 from where the loader left them (medians of six
+alternating rounds in one process, same kernels), and a 512 MB sum read up to a fifth more (docs/benchmarks.md).
 
 `huge_pages(buf)` asks Linux (madvise MADV_HUGEPAGE) to back a fresh tensor's whole 2 MiB extents with huge pages;
 it is a hint: under `transparent_hugepage=never`, or off Linux, nothing changes. `HugePageArena` lays tensors out

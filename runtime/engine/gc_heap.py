@@ -46,7 +46,7 @@ class FrozenHeap:
     """How many engines hold the heap frozen (see the module docstring). Thread-safe."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a finalizer that the collection in `hold` runs may release
         self.holders = 0
         self.refreeze_pending = False  # unfrozen while holders remain: the next full collection freezes again
         self._watching = False

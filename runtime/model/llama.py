@@ -95,8 +95,8 @@ class LlamaModel:
     On the CPU with quant="none", the float matrices each decode step streams (the projections and the output head)
     are copied into memory backed by transparent huge pages (runtime.huge_pages), when there are at least
     MIN_HUGE_WEIGHTS bytes of them and unless `huge_weights=False`: the same values, read with 512 times fewer TLB
-    entries. A caller that keeps the `weights` it passed holds those matrices twice (the
-    fused q/k/v and gate/up ones were always copies); `huge_weights=False` shares the unfused ones instead.
+    entries. A caller that keeps the `weights` it passed holds those matrices twice (the fused q/k/v and gate/up
+    ones were always copies); `huge_weights=False` shares the unfused ones instead.
     """
 
     def __init__(
