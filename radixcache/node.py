@@ -103,3 +103,15 @@ def new_node_ids() -> count:
 
 def empty_key() -> array:
     return array(TOKEN_TYPECODE, _EMPTY)
+
+
+def path_blocks(node: TreeNode, start: int, page_size: int) -> list[int]:
+    """The tree's blocks for positions `start .. node.end_len` of the path ending at `node`, read upwards (only
+    the nodes of the newly committed span are visited, never the whole path from the root)."""
+    parts: list[list[int]] = []
+    n: TreeNode | None = node
+    while n is not None and n.parent is not None and n.end_len > start:
+        skip = max(0, start - n.prefix_len) // page_size
+        parts.append(n.blocks[skip:])
+        n = n.parent
+    return [b for part in reversed(parts) for b in part]

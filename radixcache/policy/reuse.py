@@ -217,3 +217,12 @@ def _first_page(node: TreeNode) -> int:
     key = node.key
     page = len(key) // len(node.blocks)
     return hash((node.namespace, node.prefix_len, key[0] if page == 1 else key[:page].tobytes()))
+
+
+def tell_output_length(policy: object, output_tokens: int | None) -> None:
+    """Tell `policy` what the request about to insert generated, if it learns from output lengths (`ReusePolicy`,
+    found through wrappers' `base`, as the runtime's retention wrapper); other policies are left alone."""
+    while policy is not None and not hasattr(policy, "expect"):
+        policy = getattr(policy, "base", None)
+    if policy is not None:
+        policy.expect(output_tokens)  # type: ignore[attr-defined]

@@ -108,10 +108,11 @@ def hash_sim_request(
     `reuse` policy learns from).
 
     Without `output_hash_ids` (a Mooncake trace): the prompt's ids are looked up in full and inserted. With them (a
-    trace an engine recorded), the request runs as the engine ran it: the lookup covers the whole pages of the
-    prompt less its last token (the engine always computes that token, for its logits), and the pages inserted are
-    the prompt's whole pages, then `output_hash_ids` (the engine's tree never holds a partial page); while it runs
-    it also holds one block for the page the engine was still writing, which it frees at the end.
+    trace an engine recorded), the request runs as the engine ran it: the lookup covers the prompt's whole pages (the
+    engine computes the last token again, for its logits, but keeps the rest of a cached page that holds it: one
+    token a full hit counts here and not there), and the pages inserted are the prompt's whole pages, then
+    `output_hash_ids` (the engine's tree never holds a partial page); while it runs it also holds one block for the
+    page the engine was still writing, which it frees at the end.
     """
     if output_hash_ids is None:
         return SimRequest(
@@ -128,10 +129,9 @@ def hash_sim_request(
             retain_for,
         )
     whole = input_length // block_size
-    looked_up = max(0, input_length - 1) // block_size
-    output = hash_ids[looked_up:whole] + output_hash_ids
+    output = tuple(output_hash_ids)
     # While it ran, the engine also held the page it was still writing (its partial last page): holds_tail.
-    looked = hash_ids[:looked_up]
+    looked = hash_ids[:whole]
     return SimRequest(
         timestamp_ms,
         looked,

@@ -116,6 +116,7 @@ class Engine:
             admission=self.admission,
             max_lease_blocks=int(capacity_blocks * config.lease_fraction),
             lease_clock=config.lease_clock,
+            copy_page=self.pool.copy_block,
         )
         self.mirror = build_mirror(config.mirror_memory, self.model)
         tok_eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or ())

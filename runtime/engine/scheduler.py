@@ -102,7 +102,7 @@ class Scheduler:
                 f"but the whole KV pool holds {cap} pages"
             )
         self.kv.mark_retention(req.namespace, req.prompt_ids, req.retention)
-        self.kv.prefetch(req.kv, req.all_ids[:-1])  # its disk pages start coming in now, off the loop
+        self.kv.prefetch(req.kv, req.all_ids)  # its disk pages start coming in now, off the loop
         self.waiting.append(req)
 
     def abort(self, req: Request, reason: str = "cancelled") -> bool:
@@ -308,13 +308,13 @@ class Scheduler:
                 break
             if len(self.prefilling) + len(self.decoding) >= cfg.max_running:
                 break
-            if self._must_wait_for_sharer(r, cached.get(r.rid, 0), now) or not self.kv.prefetch(r.kv, r.all_ids[:-1]):
+            if self._must_wait_for_sharer(r, cached.get(r.rid, 0), now) or not self.kv.prefetch(r.kv, r.all_ids):
                 continue  # waits for a sharer's pages, or for its own from disk (the prefetch policy)
             try:
-                # A fresh prompt less its last token, or a resumed request's tokens but the last: all_ids[:-1].
+                # A fresh prompt, or a resumed request's tokens: all but the last may come from the cache.
                 defer = bool(self.decoding) and cfg.staged_prefill_attention is not None  # copied as layers run
                 admitted = self.kv.admit(
-                    r.kv, r.all_ids[:-1], r.prefill_end, reserve=len(self.decoding), strict=False, defer=defer
+                    r.kv, r.all_ids, r.prefill_end, reserve=len(self.decoding), strict=False, defer=defer
                 )
             except BaseException as exc:
                 self.waiting.remove(r)
@@ -337,7 +337,7 @@ class Scheduler:
             if r.kv.num_kv >= r.prefill_end:  # a resumed request whose every position is cached: it decodes next
                 self._guard(r, self._start_decoding, r)
                 continue
-            copied = r.kv.num_kv > r.kv.tree_blocks * self.kv.page_size and not r.kv.pending_load
+            copied = r.kv.tier_pages > 0 and not r.kv.pending_load
             if not (self.decoding and copied):  # beside decodes, a load copied in this step is chunked next step
                 self._chunk(r, budget, chunks)  # none: past the step's attention work, it runs among the prefilling
         return chunks

@@ -26,6 +26,10 @@ Leases (kv.leases): a request that finishes with `retain_for` seconds takes a le
 it; each admission renews the leases its match reaches, and leases past their deadline are released before
 anything here allocates (and so evicts). When an admission or a decode's next page cannot be found, the oldest
 leases give way first: a lease never fails a request.
+
+The last token: its pass makes the next token's logits, so at most all tokens but the last count as cached. A match
+that reaches it (the same prompt again, a parallel sample) keeps that token's page: a tier page is loaded into a
+block of the request's own as usual, a tree page copied into one (`copy_page`): one token is computed, not a page.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from radixcache import RadixCache, TreeNode
+from radixcache.node import path_blocks
 from radixcache.policy.admission import AdmissionPolicy, AdmissionRequest, make_admission
+from radixcache.policy.reuse import tell_output_length
 from radixcache.runtime.kv.leases import NO_LEASE, LeaseTable
 from radixcache.runtime.kv.pins import PinTable
 from radixcache.runtime.kv.retention import RetentionPolicy
@@ -53,6 +59,8 @@ class KVManager:
     so nothing is reused (the baseline). `max_pinned_blocks`: the most pages pins may lock (kv.pins).
     `admission`: how much of each request the tree adopts (a name in radixcache.policy.admission.ADMISSION_POLICIES, a
     policy, or None for "all"); `declined_pages` counts the computed full pages it declined (freed instead).
+    `copy_page(src, dst)`: copies one block's K/V (every layer) into another; without it, a match that reaches the
+    last token gives up that token's page and it is computed again (see "The last token" above).
     """
 
     def __init__(
@@ -67,8 +75,10 @@ class KVManager:
         admission: str | AdmissionPolicy | None = None,
         max_lease_blocks: int = 0,
         lease_clock: Callable[[], float] | None = None,
+        copy_page: Callable[[int, int], None] | None = None,
     ) -> None:
         self.cache = cache
+        self.copy_page = copy_page  # (source block, destination block): one page's K/V, every layer (KVPool)
         self.tiers = tiers if enable_cache else None
         self.events = events if enable_cache else None  # stored/removed page keys for a router (kv.events)
         self.enable_cache = enable_cache
@@ -87,10 +97,18 @@ class KVManager:
     # ------------------------------------------------------------------ admission
 
     def admit(
-        self, kv: KVState, query: Sequence[int], end: int, *, reserve: int = 0, strict: bool = True, defer: bool = False
+        self,
+        kv: KVState,
+        tokens: Sequence[int],
+        end: int,
+        *,
+        reserve: int = 0,
+        strict: bool = True,
+        defer: bool = False,
     ) -> bool:
-        """Match `query` (what the request needs matched: a fresh prompt less its last token; a resumed request's
-        tokens but the last), lock the match, and allocate pages up to position `end`, evicting if needed.
+        """Match `tokens` (the request's ids so far: a fresh prompt, or a resumed request's prompt and output), lock
+        the match, and allocate pages up to position `end`, evicting if needed. At most `len(tokens) - 1` positions
+        count as cached (the module's "The last token").
 
         `reserve`: pages that must stay free or evictable afterwards (headroom for running decodes). When the
         pages are not there: with `strict`, raise CacheFullError; otherwise return False. Either way nothing
@@ -100,10 +118,8 @@ class KVManager:
         """
         if kv.status is not Status.WAITING:
             raise RuntimeError(f"request {kv.rid} is {kv.status.value}, not waiting")
-        cache = self.cache
+        cache, tiers, tier_match, node = self.cache, self.tiers, None, None
         blocks: Sequence[int] = ()
-        node = None
-        tiers, tier_match = self.tiers, None
         host_hashes: list[bytes] = []
         disk_pages = 0
         self.leases.expire()  # before anything here can evict: a lease past its deadline holds nothing
@@ -111,10 +127,10 @@ class KVManager:
             if kv.page_chain is None and (tiers is not None or self.events is not None):
                 kv.page_chain = (tiers or self.events).chain(kv.namespace)  # type: ignore[union-attr]
             if tiers is not None:
-                tier_match = tiers.match(query, kv.namespace, kv.page_chain)
+                tier_match = tiers.match(tokens, kv.namespace, kv.page_chain)
                 match = tier_match.device
             else:
-                match = cache.match_prefix(query, namespace=kv.namespace)
+                match = cache.match_prefix(tokens, namespace=kv.namespace)
             node, blocks = match.node, match.blocks
             cache.lock(node)
             self.leases.renew(node)  # a hit on a leased context renews its lease
@@ -126,6 +142,12 @@ class KVManager:
                 except BaseException:
                     self._unlock_all(node, [])
                     raise
+        p = self.page_size
+        cap = len(tokens) - 1  # positions that may come from the cache: the last token's pass makes the logits
+        last_page = None  # a tree block holding the last token: copied into the request's first new block
+        if len(blocks) * p > cap:  # the device match ends at the last token (so no tier page follows it)
+            last_page = blocks[-1] if self.copy_page is not None else None
+            blocks = blocks[:-1]  # the locked node still covers it: it stays put until copied
         try:
             need = self.pages(end) - len(blocks)
             while need + reserve > cache.free_blocks + cache.evictable_blocks and self.leases.give_way():
@@ -138,16 +160,19 @@ class KVManager:
             self._unlock_all(node, host_hashes)
             raise
         loaded = 0
-        if tier_match is not None:
-            assert tiers is not None
-            try:  # unlocks the host pages whatever happens
-                loaded, kv.pending_load = tiers.load(tier_match, host_hashes, disk_pages, query, new, kv.rid, defer)
-            except BaseException:
-                cache.free(new)
-                self._unlock_all(node, [])
-                raise
-        p = self.page_size
-        matched = (len(blocks) + loaded) * p
+        try:  # a tier load unlocks the host pages whatever happens
+            if last_page is not None:  # (then no host or disk page follows the device match)
+                assert self.copy_page is not None
+                self.copy_page(last_page, new[0])
+                loaded = 1
+            elif tiers is not None and tier_match is not None:
+                loaded, kv.pending_load = tiers.load(tier_match, host_hashes, disk_pages, tokens, new, kv.rid, defer)
+        except BaseException:
+            cache.free(new)
+            self._unlock_all(node, [])
+            raise
+        matched = min((len(blocks) + loaded) * p, cap)
+        kv.tier_pages = 0 if last_page is not None else loaded
         kv.match_node = node
         kv.tree_blocks = len(blocks)
         kv.block_table = [*blocks, *new]  # a list: the table grows and its tree part is rewritten in place
@@ -156,8 +181,7 @@ class KVManager:
             kv.cached_tokens = matched if kv.cached_cap is None else min(matched, kv.cached_cap)
             kv.found_pages = len(blocks) + loaded
             if tiers is not None:
-                host_loaded = min(loaded, len(host_hashes))
-                tiers.count_hits(len(blocks) * p, host_loaded * p, (loaded - host_loaded) * p)
+                tiers.count_hits(matched, len(blocks) + loaded - kv.tier_pages, min(kv.tier_pages, len(host_hashes)))
         else:  # a resumption: what it computes again is recomputation, not a miss, and its hits are not hits
             kv.recomputed_tokens += max(0, kv.computed_max - matched)
         kv.status = Status.RUNNING
@@ -212,7 +236,7 @@ class KVManager:
         old, kv.match_node = kv.match_node, node
         if old is not None:
             cache.unlock(old)
-        kv.block_table[kv.tree_blocks : full] = _blocks_between(node, kv.tree_blocks * p, p)
+        kv.block_table[kv.tree_blocks : full] = path_blocks(node, kv.tree_blocks * p, p)
         kv.tree_blocks = full
         self._raise_fault()
 
@@ -246,16 +270,16 @@ class KVManager:
             kv.admit_limit = max(pages, kv.found_pages, kv.pin // p)
         return kv.admit_limit
 
-    def prefetch(self, kv: KVState, query: Sequence[int]) -> bool:
+    def prefetch(self, kv: KVState, tokens: Sequence[int]) -> bool:
         """Start reading a waiting request's disk pages ahead of its admission, off the loop (kv.tier.prefetch; the
         first call per wait), and say whether the prefetch policy lets `admit` take it now (always without a disk
-        tier). `query` as `admit`'s. Never raises."""
+        tier). `tokens` as `admit`'s. Never raises."""
         tiers = self.tiers
         if tiers is None or tiers.reader is None or kv.status is not Status.WAITING:
             return True
         if kv.page_chain is None:
             kv.page_chain = tiers.chain(kv.namespace)
-        return tiers.prefetch(kv.rid, query, kv.namespace, kv.page_chain)
+        return tiers.prefetch(kv.rid, tokens, kv.namespace, kv.page_chain)
 
     def peek(self, tokens: Sequence[int], namespace: Hashable) -> tuple[int, TreeNode | None]:
         """Cached tokens of `tokens` (whole pages) and the deepest node reached, changing nothing (for ordering)."""
@@ -343,9 +367,9 @@ class KVManager:
         n = kv.num_kv if keep == full else keep * p
         if n:
             head = tokens[:n]
-            _expect_output(cache.policy, output_tokens)
+            tell_output_length(cache.policy, output_tokens)
             cached = cache.insert(head, kv.block_table[: self.pages(n)], namespace=kv.namespace) // p
-            _expect_output(cache.policy, None)  # spent, or unused when every page was in the tree already
+            tell_output_length(cache.policy, None)  # spent, or unused when every page was in the tree already
             self._adopted(kv, head, cached, keep)
         # The tree now owns the first `keep` pages (duplicates of cached pages went back to the free pool); the
         # declined pages and an unaligned tail page are still ours.
@@ -394,24 +418,3 @@ class KVManager:
         node, kv.match_node = kv.match_node, None
         if node is not None:
             self.cache.unlock(node)
-
-
-def _blocks_between(node: TreeNode, start: int, page_size: int) -> list[int]:
-    """The tree's blocks for positions `start .. node.end_len` of the path ending at `node`, read upwards (only
-    the nodes of the newly committed span are visited, never the whole path from the root)."""
-    parts: list[list[int]] = []
-    n: TreeNode | None = node
-    while n is not None and n.parent is not None and n.end_len > start:
-        skip = max(0, start - n.prefix_len) // page_size
-        parts.append(n.blocks[skip:])
-        n = n.parent
-    return [b for part in reversed(parts) for b in part]
-
-
-def _expect_output(policy: object, output_tokens: int | None) -> None:
-    """Tell a policy that learns from output lengths (radixcache.policy.reuse, possibly behind the retention
-    wrapper's `base`) what the request about to insert generated; the simulator does the same for a trace."""
-    while policy is not None and not hasattr(policy, "expect"):
-        policy = getattr(policy, "base", None)
-    if policy is not None:
-        policy.expect(output_tokens)  # type: ignore[attr-defined]

@@ -164,6 +164,10 @@ class KVPool:
         flat[0].index_copy_(0, slots, k if k.dtype == self.dtype else k.to(self.dtype))
         flat[1].index_copy_(0, slots, v if v.dtype == self.dtype else v.to(self.dtype))
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy block `src`'s K and V, every layer, into block `dst` (a cached page the request then writes into)."""
+        self.kv[:, :, dst].copy_(self.kv[:, :, src])
+
     def slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Flat slot of each position of one sequence: `block_table[pos // P] * P + pos % P`."""
         p = self.page_size

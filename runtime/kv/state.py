@@ -61,6 +61,7 @@ class KVState:
     tree_blocks: int = 0
     match_node: TreeNode | None = None
     num_kv: int = 0
+    tier_pages: int = 0  # pages the last admission copied in from the host or disk tier (counted in num_kv)
     page_chain: PageChain | None = field(default=None, repr=False)  # page hashes for the tiers and events
     # accounting
     cached_tokens: int = 0

@@ -56,9 +56,10 @@ def test_an_old_trace_is_replayed_exactly_as_before(tmp_path: Path) -> None:
     assert simulate(load_workload(str(path)), 8).hit_tokens == 1024 + 512  # the leading blocks seen before
 
 
-def test_output_pages_follow_the_prompts_whole_pages_and_the_lookup_skips_the_last_token(tmp_path: Path) -> None:
-    # 10 tokens at 4 per page: pages [a b c'] (c' partial); the engine looks up 9 tokens (2 whole pages) and its tree
-    # gets a, b, then the output pages. 8 tokens: the lookup covers 7 tokens (1 page); the tree still gets a, b.
+def test_output_pages_follow_the_prompts_whole_pages_and_the_lookup_covers_them(tmp_path: Path) -> None:
+    # 10 tokens at 4 per page: pages [a b c'] (c' partial); the engine looks up 2 whole pages and its tree gets a,
+    # b, then the output pages. 8 tokens: the lookup covers both whole pages (the engine keeps a cached last page
+    # but for its last position, which it computes again for the logits); the tree gets a, b.
     rows = [
         _line(0, 10, [1, 2, 3], [4], block_size=4, session_id="s"),
         _line(1, 8, [1, 2], [5, 6], block_size=4),
@@ -66,7 +67,7 @@ def test_output_pages_follow_the_prompts_whole_pages_and_the_lookup_skips_the_la
     path = _write(tmp_path / "r.jsonl", rows)
     first, second = load_workload(str(path))
     assert (first.prompt, first.output, first.unit, first.session) == ((1, 2), (4,), 4, "s")
-    assert (second.prompt, second.output) == ((1,), (2, 5, 6))
+    assert (second.prompt, second.output) == ((1, 2), (5, 6))
     assert list(open_source(path)) == [first, second]
 
 

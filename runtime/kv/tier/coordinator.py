@@ -218,11 +218,15 @@ class KVTiers:
             if own and not later:
                 self.reader.release(job)  # its staging goes back to the kept buffers
 
-    def count_hits(self, device_tokens: int, host_tokens: int, disk_tokens: int) -> None:
-        c = self._counts
-        c["device_hit_tokens"] += device_tokens
-        c["host_hit_tokens"] += host_tokens
-        c["disk_hit_tokens"] += disk_tokens
+    def count_hits(self, matched: int, device_pages: int, host_pages: int) -> None:
+        """Count an admission's `matched` cached tokens by tier: its first `device_pages` pages were on the device,
+        the next `host_pages` on the host, the rest on disk (the last token's cut taken from the deepest)."""
+        c, p = self._counts, self.page_size
+        device = min(matched, device_pages * p)
+        host = min(matched - device, host_pages * p)
+        c["device_hit_tokens"] += device
+        c["host_hit_tokens"] += host
+        c["disk_hit_tokens"] += matched - device - host
 
     # ------------------------------------------------------------------ prefetch (kv.tier.prefetch)
 

@@ -49,15 +49,19 @@ def test_shared_prefix_requests_give_the_same_tokens_and_logits(tiny: RandomMode
 @pytest.mark.parametrize("page", [1, 16])
 def test_repeating_a_prompt_reuses_all_but_its_last_token(tiny: RandomModel, page: int) -> None:
     on, off = pair(tiny, capacity_blocks=512, page_size=page)
-    prompt = ids(48, 97, seed=2)  # 48 = 3 pages of 16: matching prompt[:-1] keeps the last page to compute
+    prompt = ids(48, 97, seed=2)  # 48 = 3 pages of 16: the last token's page is cached, and copied to be written
     first = on.generate(prompt, 4, return_logits=True, ignore_eos=True)
     again = on.generate(prompt, 4, return_logits=True, ignore_eos=True)
     base = off.generate(prompt, 4, return_logits=True, ignore_eos=True)
     assert first.cached_tokens == 0
-    assert again.cached_tokens == (47 // page) * page
-    assert again.prefill_tokens >= 1
+    assert again.cached_tokens == 47 and again.prefill_tokens == 1  # only the last token is computed again
     assert_same(first, base)
     assert_same(again, base)
+    on.cache.check_invariants()
+    third = on.generate(prompt, 4, return_logits=True, ignore_eos=True)  # the tree's page is intact after the copy
+    assert third.cached_tokens == 47
+    assert_same(third, base)
+    assert on.cache.free_blocks + on.cache.evictable_blocks == on.cache.capacity_blocks  # the copies went back
 
 
 @pytest.mark.parametrize("page", [1, 16])

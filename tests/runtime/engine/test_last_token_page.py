@@ -1,0 +1,131 @@
+"""A prompt whose every page is cached computes its last token only (kv.manager, "The last token").
+
+The last token's page is the tree's: admission copies it into a block of the request's own, the pass overwrites the
+last position there, and the tree's page is never written. Checked against an engine without cache (greedy tokens
+exactly, logits within 1e-4), with the repeat arriving while the first request decodes, from the host tier, when
+the copy raises, and at the manager without a copier (the page is computed again, as before).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from radixcache import RadixCache
+from radixcache.runtime import Engine, GenerationResult
+from radixcache.runtime.kv.manager import KVManager
+from radixcache.runtime.kv.state import KVState, Status
+from radixcache.runtime.testing import RandomModel
+
+TOL = 1e-4
+PAGE = 16
+
+
+def ids(n: int, seed: int, vocab: int = 97) -> list[int]:
+    return torch.randint(1, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def assert_same(a: GenerationResult, b: GenerationResult) -> None:
+    assert a.token_ids == b.token_ids
+    assert (a.logits - b.logits).abs().max().item() < TOL
+
+
+def all_back(engine: Engine) -> bool:
+    cache = engine.cache
+    return cache.free_blocks + cache.evictable_blocks == cache.capacity_blocks
+
+
+def test_a_repeat_arriving_while_the_first_decodes_computes_one_token(tiny: RandomModel) -> None:
+    prompt = ids(3 * PAGE, seed=1)
+    with Engine(tiny, enable_cache=False, capacity_blocks=256, page_size=PAGE) as off:
+        want = off.generate(prompt, 24, return_logits=True, ignore_eos=True)
+    with Engine(tiny, capacity_blocks=256, page_size=PAGE) as on:
+        first = on.submit(prompt, 24, return_logits=True, ignore_eos=True)
+        tick = threading.Event()
+        while not on.scheduler.decoding and not first.done():  # its pages are committed once it decodes
+            tick.wait(0.001)
+        again = on.submit(prompt, 24, return_logits=True, ignore_eos=True).result(60)
+        a = first.result(60)
+        assert_same(a, want)
+        assert_same(again, want)
+        assert again.cached_tokens == len(prompt) - 1 and again.prefill_tokens == 1
+        on.check()
+        on.cache.check_invariants()
+        assert all_back(on)  # the private copy went back as a duplicate of the tree's page
+
+
+def test_a_prompt_whose_last_page_comes_from_the_host_tier(tiny: RandomModel) -> None:
+    prompt = ids(3 * PAGE, seed=2)
+    fillers = [ids(5 * PAGE, seed=10 + i) for i in range(3)]
+    kw = {"capacity_blocks": 8, "page_size": PAGE}
+    host = 64 * PAGE * tiny.config.kv_bytes_per_token(4)
+    with Engine(tiny, enable_cache=False, **kw) as off:
+        want = off.generate(prompt, 4, return_logits=True, ignore_eos=True)
+    with Engine(tiny, host_kv_memory=host, load_back="always", **kw) as on:
+        on.generate(prompt, 4, ignore_eos=True)
+        for f in fillers:  # the prompt's pages leave the device for the host
+            on.generate(f, 4, ignore_eos=True)
+        before = on.stats.tiers
+        got = on.generate(prompt, 4, return_logits=True, ignore_eos=True)
+        after = on.stats.tiers
+        assert_same(got, want)
+        assert got.cached_tokens == len(prompt) - 1
+        assert after.host_loaded_pages > before.host_loaded_pages
+        hits = sum(getattr(after, k) - getattr(before, k) for k in ("device_hit_tokens", "host_hit_tokens"))
+        assert hits == len(prompt) - 1  # the cut of the last token is counted once, not as a hit
+        on.check()
+        on.cache.check_invariants()
+
+
+def test_a_failed_page_copy_fails_that_request_alone(tiny: RandomModel) -> None:
+    prompt = ids(2 * PAGE, seed=3)
+    other = ids(20, seed=4)
+    with Engine(tiny, enable_cache=False, capacity_blocks=256, page_size=PAGE) as off:
+        want = off.generate(prompt, 6, return_logits=True, ignore_eos=True)
+        want_other = off.generate(other, 30, return_logits=True, ignore_eos=True)
+    with Engine(tiny, capacity_blocks=256, page_size=PAGE) as on:
+        on.generate(prompt, 6, ignore_eos=True)
+        real = on.kv.copy_page
+
+        def broken(src: int, dst: int) -> None:
+            raise OSError(f"copy of block {src} into {dst} failed")
+
+        on.kv.copy_page = broken
+        running = on.submit(other, 30, return_logits=True, ignore_eos=True)
+        with pytest.raises(OSError, match="copy of block"):
+            on.generate(prompt, 6, ignore_eos=True)
+        assert_same(running.result(60), want_other)  # the decode beside it went on
+        on.check()
+        on.cache.check_invariants()
+        assert all_back(on)
+        on.kv.copy_page = real
+        again = on.generate(prompt, 6, return_logits=True, ignore_eos=True)
+        assert_same(again, want)
+        assert again.cached_tokens == len(prompt) - 1
+
+
+@pytest.mark.parametrize("copier", [True, False])
+def test_the_manager_copies_the_last_tokens_page_or_gives_it_up(copier: bool) -> None:
+    cache = RadixCache(16, 4)
+    tokens = list(range(1, 13))  # 3 pages of 4
+    blocks = cache.allocate(3)
+    cache.insert(tokens, blocks)
+    copies: list[tuple[int, int]] = []
+    kv_manager = KVManager(cache, copy_page=(lambda s, d: copies.append((s, d))) if copier else None)
+    kv = KVState(rid=1, prompt_tokens=12, max_new_tokens=4)
+    assert kv_manager.admit(kv, tokens, 12)
+    assert kv.status is Status.RUNNING and kv.tree_blocks == 2
+    assert kv.block_table[:2] == list(blocks[:2])
+    if copier:
+        assert kv.num_kv == 11 and copies == [(blocks[2], kv.block_table[2])]
+        assert kv.block_table[2] != blocks[2]  # a block of the request's own: the tree's page is never written
+    else:
+        assert kv.num_kv == 8 and not copies  # the page is computed again
+    assert kv.held_blocks == kv.block_table[2:]
+    cache.check_invariants()
+    kv_manager.abort(kv)
+    cache.check_invariants()
+    assert cache.free_blocks + cache.evictable_blocks == cache.capacity_blocks
+    assert cache.match_prefix(tokens).length == 12  # the tree kept its pages
