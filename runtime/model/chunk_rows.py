@@ -3,6 +3,12 @@
 On the CPU a chunk attends over its cached prefix read in place from the pool (model.prefix_pages) and over itself
 causally (attention.split_prefill_attention); elsewhere over the sequence gathered from the pool under an additive
 causal mask (attention.prefill_attention). Metadata and mask are built once per pass, for every layer.
+
+A chunk of a few tokens (tokens x query heads at most `native.ops.PAGED_ROWS`: the one token a prompt found whole
+in the cache computes again) takes the native paged attention where the library builds (float32 on the CPU): one
+call per layer that reads its sequence's K/V in place from the pages at the machine's read bandwidth. PyTorch's
+flash kernel over the prefix's runs took 13 ms a pass for one query over 2,000 cached positions of SmolLM2 (more
+than half a decode step, beside every running decode); the native call 4.4 ms (both measured 2026-12-05).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from radixcache.runtime.model.attention import (
 from radixcache.runtime.model.batch import PrefillChunk
 from radixcache.runtime.model.prefix_pages import plan_prefix, prefix_pieces
 from radixcache.runtime.model.staged import LayeredModel, RowPart, check_layers
+from radixcache.runtime.native.ops import PAGED_ROWS
 
 
 def chunk_part(model: LayeredModel, chunk: PrefillChunk, pool: KVPool) -> RowPart:
@@ -44,8 +51,17 @@ def chunk_part(model: LayeredModel, chunk: PrefillChunk, pool: KVPool) -> RowPar
         group = model.config.num_heads // model.config.num_kv_heads
         mask = causal_mask(meta.start, meta.num_new, meta.total, group, device, model.dtype)
 
-    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return chunk_attention(layer, q, k, v, meta, mask, pool)
+    native = getattr(model, "native", None)
+    few = n * model.config.num_heads <= PAGED_ROWS
+    if mask is None and native is not None and few and native.supports_pages(pool.layer(0)[0]):  # the CPU's path
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return native.attend_pages(q, *pool.layer(layer), table, chunk.start)  # its K/V are in the pool now
+
+    else:
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return chunk_attention(layer, q, k, v, meta, mask, pool)
 
     ids = torch.as_tensor(chunk.token_ids, dtype=torch.int64).to(device)
     positions = torch.arange(chunk.start, chunk.end, device=device)

@@ -23,6 +23,7 @@ from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.huge_pages import HugePageArena
 from radixcache.runtime.kv.mirror import MirrorStep
 from radixcache.runtime.kv.pool import KVPool
+from radixcache.runtime.model import attention
 from radixcache.runtime.model.attention import (
     DecodeMeta,
     decode_attention,
@@ -322,15 +323,18 @@ class LlamaModel:
         if end > self.config.max_position:
             raise ValueError(f"sequence of {end} tokens exceeds the model's max_position {self.config.max_position}")
 
-    @staticmethod
     def _decode_attend(
-        layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decode: DecodeBatch, pool: KVPool
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decode: DecodeBatch, pool: KVPool
     ) -> torch.Tensor:
         if decode.mirror is not None:
             decode.mirror.write(layer, k, v)
             return decode.mirror.attend(layer, q)
         k_pages, v_pages = pool.layer(layer)
-        return decode_attention(q, k_pages, v_pages, decode.meta)
+        meta, native = decode.meta, self.native
+        in_place = attention.reads_pages_in_place(q.device)  # else the gather path (tests of it patch this)
+        if meta.batch == 1 and native is not None and in_place and native.supports_pages(k_pages):  # one sequence
+            return native.attend_pages(q, k_pages, v_pages, meta.block_tables[0], meta.lengths[0] - 1)
+        return decode_attention(q, k_pages, v_pages, meta)
 
     def _layers(self, ids: torch.Tensor, positions: torch.Tensor, how: LayerRun) -> torch.Tensor:
         """The decoder layers over rows `[decode rows | prefill-chunk rows]` (model.linear: a kernel may treat the

@@ -74,6 +74,11 @@ def blockdot() -> ctypes.CDLL:
     lib.native_decode_attention.argtypes = [ptr, num, num, num, num, ptr, ptr, ctypes.c_long, ctypes.c_long, ptr]
     lib.native_decode_attention.argtypes += [num, ptr]
     lib.native_decode_attention.restype = ctypes.c_int
+    # (q, queries, heads, kv heads, head dim, k pages, v pages, block stride, position stride, page size, table,
+    #  table length, pool blocks, start, out) -> 0, or -1
+    lib.native_paged_attention.argtypes = [ptr, num, num, num, num, ptr, ptr, ctypes.c_long, ctypes.c_long, num]
+    lib.native_paged_attention.argtypes += [ptr, num, num, num, ptr]
+    lib.native_paged_attention.restype = ctypes.c_int
     # (qkv, rows, heads, kv heads, head dim, positions, cos, signed sin, max position, q out, pool k, pool v, slots,
     #  slot count, mirror k, mirror v, mirror row stride, mirror head stride, mirror rows, mirror positions,
     #  mirror row count, mirror capacity) -> 0, or -1 (decode_store.c)
