@@ -19,13 +19,16 @@ Invariants:
   host pages a job holds are locked and unlocked by the loop thread only (KVTiers).
 - At most `max_staged_pages` pages are staged at once over all jobs (one job always may start, whatever its size);
   past it a job waits, queued, until earlier ones are taken or released.
-- Paced beside decodes: the loop calls `pace` before each step. While requests decode, the readers start at most
-  `pages_per_step` page reads per step (more when a `timeout` job would otherwise miss its deadline); otherwise they
-  read freely. A reader waits at most `pace_wait_s` (0.5 s) for the next step, so a loop that stops stepping
+- Paced beside decodes, between steps: the loop calls `pace` before each step. While requests decode, the readers
+  may start `pages_per_step` page reads (more when a `timeout` job would otherwise miss its deadline), and the loop
+  waits until those reads are done (at most `window_s`) before it steps; no read starts during the step. Otherwise
+  they read freely. A reader waits at most `pace_wait_s` (0.5 s) for the next step, so a loop that stops stepping
   (closing, or an engine dropped without closing) never holds them. A reader's page costs CPU (the read from the
-  page cache, the checksum, the copy) and the GIL, which on a machine whose cores all run the decode's kernels
-  comes out of the decode's step: unpaced, two readers stretched the steps a 2,000-token SmolLM2 prefix was read
-  beside to 70 to 225 ms against 21 ms.
+  page cache, the checksum, the copy) and the GIL: unpaced, two readers stretched the steps a 2,000-token SmolLM2
+  prefix was read beside to 70 to 225 ms against 21 ms. Paced but reading during the steps (16 pages a step, as
+  before this window), a reader that took a core from one of the step's two OpenMP threads stalled its whole team
+  at the next barrier: reading steps of 24 to 42 ms against 20. Between steps the two cores read the same 16 pages
+  in about 1.5 ms (0.19 ms of CPU a page) with nothing else to run.
 Imports torch; nothing of the KV manager.
 """
 
@@ -59,6 +62,7 @@ log = logging.getLogger("radixcache.disk")
 
 
 PACE_WAIT_S = 0.5  # the longest a reader waits for the loop's next step before it reads anyway
+WINDOW_S = 0.005  # the longest the loop waits, before a step, for the reads it allowed to be done
 PREWARM_PAGES = 128  # staging pages written ahead as the reader starts (kv.tier.staging; within its bound)
 
 
@@ -121,11 +125,13 @@ class PrefetchReader:
         pages_per_step: int = DEFAULT_PAGES_PER_STEP,
         pace_wait_s: float = PACE_WAIT_S,
         prewarm_pages: int = PREWARM_PAGES,
+        window_s: float = WINDOW_S,
     ) -> None:
         check_prefetch(policy, timeout_ms)
         check_pages_per_step(pages_per_step)
         self.pages_per_step = pages_per_step
         self.pace_wait_s = pace_wait_s
+        self.window_s = window_s
         self.disk = disk
         self.policy = policy
         self.timeout_s = float(timeout_ms) / 1000
@@ -152,6 +158,8 @@ class PrefetchReader:
         self._running: list[PrefetchJob] = []  # started, not yet taken or released
         self._staged = 0  # pages of started jobs not yet taken or released
         self._allowance: int | None = None  # page reads the readers may still start this step; None: no bound
+        self._active = 0  # reader tasks submitted and not done (reading a page, or about to take the next)
+        self._reading = 0  # page reads in progress
         self._last_pace: float | None = None  # when the loop last paced (the step's length, for deadlines)
 
     # ------------------------------------------------------------------ the loop thread's side
@@ -163,17 +171,25 @@ class PrefetchReader:
         return job
 
     def pace(self, decoding: bool, now: float | None = None) -> None:
-        """Before each step: while requests decode (`decoding`), the readers may start `pages_per_step` page reads
-        until the next call, or as many as the earliest `timeout` deadline needs at the last step's pace; otherwise
-        (or with `pages_per_step` 0) they read freely."""
+        """Before each step: while requests decode (`decoding`), the readers may start `pages_per_step` page reads,
+        or as many as the earliest `timeout` deadline needs at the last step's pace, and this call returns once
+        they are done (or after `window_s`), so that they do not run beside the step; none starts after it until
+        the next call. Otherwise (or with `pages_per_step` 0) they read freely."""
         now = time.perf_counter() if now is None else now
         step_s, self._last_pace = (None if self._last_pace is None else now - self._last_pace), now
         with self._cond:
             if not decoding or self.pages_per_step == 0:
                 self._allowance = None
-            else:
-                self._allowance = max(self.pages_per_step, self._needed_for_deadlines(now, step_s))
+                self._cond.notify_all()
+                return
+            self._allowance = max(self.pages_per_step, self._needed_for_deadlines(now, step_s))
             self._cond.notify_all()
+            end = time.perf_counter() + self.window_s
+            while self._reading or (self._allowance > 0 and self._active > self._reading):
+                left = end - time.perf_counter()
+                if left <= 0 or not self._cond.wait(left):
+                    break
+            self._allowance = 0  # the step runs alone
 
     def _needed_for_deadlines(self, now: float, step_s: float | None) -> int:
         """Page reads a step must allow so that every `timeout` job's pages are in by its deadline, at steps of
@@ -271,12 +287,14 @@ class PrefetchReader:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="radixcache-prefetch")
             self._running.append(job)
+            readers = min(self.workers, len(job))
             with self._cond:
                 job.started = time.perf_counter()
                 job.tasks = len(job)
+                self._active += readers  # counted from now: a pace right after this waits for their first reads
             # a task per reader, not per page: the loop thread submits two, where 125 page tasks had it fight the
             # readers that start on the first ones for the GIL (45 ms on this 2-core machine, beside a decode)
-            for _ in range(min(self.workers, len(job))):
+            for _ in range(readers):
                 self._executor.submit(self._read_pages, job)
 
     def _let_go(self, job: PrefetchJob) -> None:
@@ -292,14 +310,20 @@ class PrefetchReader:
         self._start_queued()
 
     def _read_pages(self, job: PrefetchJob) -> None:
-        """A reader's share of `job`: the next page no reader has taken, until none is left."""
-        while True:
+        """A reader's share of `job`: the next page no reader has taken, until none is left (`_active` counted
+        this task when it was submitted)."""
+        try:
+            while True:
+                with self._cond:
+                    i = job.next_page
+                    if i >= len(job):
+                        return
+                    job.next_page += 1
+                self._read_page(job, i)
+        finally:
             with self._cond:
-                i = job.next_page
-                if i >= len(job):
-                    return
-                job.next_page += 1
-            self._read_page(job, i)
+                self._active -= 1
+                self._cond.notify_all()
 
     def _read_page(self, job: PrefetchJob, i: int, paced: bool = True) -> None:
         """A reader's work for page `i` of `job`: wait for the pace, read and check the file, copy its bytes into
@@ -312,6 +336,8 @@ class PrefetchReader:
             skip = self._stopping(job, i)
             if not skip and paced and self._allowance:
                 self._allowance -= 1
+            if not skip:
+                self._reading += 1
         ok = False
         t0 = time.perf_counter()
         if not skip:
@@ -325,6 +351,8 @@ class PrefetchReader:
                 job.ok[i] = True
             elif not skip:
                 job.failed_at = i if job.failed_at is None else min(job.failed_at, i)
+            if not skip:
+                self._reading -= 1
             job.finished += 1
             job.read_seconds += time.perf_counter() - t0
             job.tasks -= 1

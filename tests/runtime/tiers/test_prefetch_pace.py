@@ -62,6 +62,7 @@ class Counted:
 def _reader(tmp_path: Path, **kw) -> tuple[PrefetchReader, DiskStore, PrefetchJob, Counted]:
     disk, job, pool = stored_pages(tmp_path, [torch.full(SHAPE, float(i)) for i in range(PAGES)])
     kw.setdefault("pace_wait_s", 600.0)  # a pace missed by the test's steps would hang rather than pass
+    kw.setdefault("window_s", 30.0)  # a pace returns once its reads are done, however slow this machine is now
     reader = PrefetchReader(disk, pool, **kw)  # type: ignore[arg-type]
     return reader, disk, job, Counted(disk)
 
@@ -89,14 +90,17 @@ def _reading(tmp_path: Path, decoding: bool, **kw) -> Iterator[tuple[PrefetchRea
         disk.close(10)
 
 
-def test_beside_decodes_the_readers_start_at_most_the_pace_then_read_freely(tmp_path: Path) -> None:
+def test_beside_decodes_the_readers_read_the_pace_between_steps_then_read_freely(tmp_path: Path) -> None:
     with _reading(tmp_path, True, policy="wait_complete", pages_per_step=3) as (reader, job, counted):
+        time.sleep(0.05)  # submitted after the last pace: during a step no read starts
+        assert counted.started == job.finished == 0
         for steps in (1, 2):
-            _until(lambda s=steps: job.finished >= 3 * s, "the paced pages were never read")
-            time.sleep(0.05)  # room for a read past the pace, were the readers to start one
+            reader.pace(decoding=True)  # before the next step: returns once its 3 reads are done
             assert counted.started == job.finished == 3 * steps and not job.complete
-            reader.pace(decoding=True)  # the next step
-        _until(lambda: job.finished == 8, "the last two pages were never read")
+            time.sleep(0.05)  # the step: room for a read past the pace, were the readers to start one
+            assert counted.started == 3 * steps
+        reader.pace(decoding=True)
+        assert job.finished == PAGES  # the last two pages
         reader.pace(decoding=False)  # nothing paced any more: nothing left either
         assert job.complete and job.arrived == PAGES and counted.started == PAGES
         arrived, staging = reader.take(job)
@@ -113,7 +117,7 @@ def test_without_decodes_or_with_pages_per_step_0_the_readers_are_not_paced(tmp_
 
 def test_a_timeout_job_gets_what_its_deadline_needs_whatever_the_pace(tmp_path: Path) -> None:
     with _reading(tmp_path, True, policy="timeout", timeout_ms=100, pages_per_step=1) as (reader, job, counted):
-        _until(lambda: job.finished >= 1, "the first paced page was never read")
+        reader.pace(decoding=True, now=job.started + 0.001)  # a step: one page (the deadline is far)
         assert job.finished == 1
         # a step of about 50 ms (since the pace above), the deadline 100 ms after the start: the step after this one
         # comes too late, so this one must allow every page left
@@ -124,7 +128,8 @@ def test_a_timeout_job_gets_what_its_deadline_needs_whatever_the_pace(tmp_path: 
 
 def test_a_cancel_and_a_close_free_readers_waiting_for_the_pace(tmp_path: Path) -> None:
     with _reading(tmp_path, True, policy="wait_complete", pages_per_step=1) as (reader, job, counted):
-        _until(lambda: job.finished >= 1, "the paced page was never read")
+        reader.pace(decoding=True)  # a step: one page
+        assert job.finished == 1
         reader.release(job)  # the readers waiting for the next step skip the job's remaining pages
         _until(lambda: job.finished == PAGES, "readers waiting for the pace never saw the cancel")
         assert counted.started == 1 and job.buffer is None  # the staging went back once the last task was done
