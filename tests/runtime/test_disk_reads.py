@@ -179,3 +179,21 @@ def test_verify_reports_and_deletes_corrupt_pages(open_store) -> None:
     assert store.count_prefix([h(1)]) == 0 and store.count_prefix([h(0)]) == 1
     again = store.verify()
     assert (again.checked, again.ok, again.corrupt) == (2, 2, ())
+
+
+def test_reads_into_one_reused_buffer_give_each_page_and_its_checks(open_store) -> None:
+    """A reader thread reads every page into one buffer (kv.tier.prefetch): each read sees its own page's bytes only,
+    whatever the buffer held before (another page, garbage), the buffer grows when needed, and the checks hold."""
+    store = open_store()
+    for i in range(3):
+        write(store, i)
+    buffer = bytearray(b"\xff" * 7)  # too small, and not zeros
+    for i in (0, 1, 2, 1):
+        got = store.read(h(i), toks(i), buffer)
+        assert got is not None and bytes(got[0]) == payload(i) and got[1] == META
+    size = len(buffer)
+    assert size >= page_path(store, h(0)).stat().st_size  # grown once, then reused
+    assert store.read(h(0), toks(1), buffer) is None  # the tokens are still checked (and the page deleted)
+    assert store.read(h(9), toks(9), buffer) is None and len(buffer) == size
+    got = store.read(h(2), toks(2), buffer)
+    assert got is not None and bytes(got[0]) == payload(2)

@@ -70,21 +70,32 @@ def read_nofollow(path: str) -> bytes:
 def read_nofollow_writable(path: str) -> bytearray:
     """`read_nofollow` into a bytearray (one copy, from the page cache: a tensor can then view the bytes without
     copying them again). A file that changes size while read yields what was there. Raises OSError."""
+    data = bytearray()
+    got = len(read_nofollow_into(path, data))
+    del data[got:]
+    return data
+
+
+def read_nofollow_into(path: str, buffer: bytearray) -> memoryview:
+    """`read_nofollow` into `buffer`, grown when the file is larger (never shrunk: a reader thread keeps one for
+    all its reads, so that a page read allocates, zeroes and faults in no new memory); returns a writable view of
+    the bytes read, valid until `buffer`'s next use. A file that changes size while read yields what was there.
+    Raises OSError."""
     fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
     with os.fdopen(fd, "rb", buffering=0) as f:
         info = os.fstat(f.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise IsADirectoryError(f"{path} is not a regular file")
-        data = bytearray(info.st_size + 1)  # one byte more: a file grown since fstat shows as longer, not cut
-        view, got = memoryview(data), 0
-        while got < len(data):
-            n = f.readinto(view[got:])
+        need = info.st_size + 1  # one byte more: a file grown since fstat shows as longer, not cut
+        if len(buffer) < need:
+            buffer.extend(bytes(need - len(buffer)))
+        view, got = memoryview(buffer), 0
+        while got < need:
+            n = f.readinto(view[got:need])
             if not n:
                 break
             got += n
-        del view
-        del data[got:]
-        return data
+        return view[:got]
 
 
 def read_json(path: str) -> Any:

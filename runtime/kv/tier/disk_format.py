@@ -146,7 +146,7 @@ def page_checksum(*parts: bytes | memoryview, version: int = PAGE_VERSION) -> by
     return digest.digest().ljust(DIGEST_SIZE, b"\0")
 
 
-def parse_page(data: bytes | bytearray) -> PageFile:
+def parse_page(data: bytes | bytearray | memoryview) -> PageFile:
     """Check a whole page file and split it. Raises CorruptPage naming the first check that failed."""
     if len(data) < HEADER_START:
         raise CorruptPage(f"truncated ({len(data)} bytes)")
@@ -181,7 +181,7 @@ def parse_page(data: bytes | bytearray) -> PageFile:
     return PageFile(hash_hex, fingerprint, width, data[tokens_at:payload_at], meta, view[payload_at:])
 
 
-def parse_page_for(data: bytes | bytearray, page_hash: bytes, tokens: Sequence[int]) -> PageFile:
+def parse_page_for(data: bytes | bytearray | memoryview, page_hash: bytes, tokens: Sequence[int]) -> PageFile:
     """`parse_page`, and that the file holds the page asked for: the hash it records is `page_hash` and its token
     ids are `tokens` (a hash alone is never trusted). Raises CorruptPage naming the first check that failed."""
     page = parse_page(data)

@@ -42,7 +42,7 @@ import os
 import threading
 from collections.abc import Sequence
 
-from radixcache.runtime.kv.tier.disk_files import read_nofollow, read_nofollow_writable
+from radixcache.runtime.kv.tier.disk_files import read_nofollow, read_nofollow_into, read_nofollow_writable
 from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, CorruptPage, PageWrite, encode_page, parse_page_for
 from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, scan_pages
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, fingerprint_tag, page_file_error
@@ -162,9 +162,12 @@ class DiskStore:
         with self._lock:
             return len(self._index)
 
-    def read(self, page_hash: bytes, tokens: Sequence[int]) -> tuple[memoryview, dict] | None:
+    def read(
+        self, page_hash: bytes, tokens: Sequence[int], buffer: bytearray | None = None
+    ) -> tuple[memoryview, dict] | None:
         """The page's payload (a writable view of the bytes read: no copy) and metadata, or None when it is absent
-        or fails a check.
+        or fails a check. With `buffer` the bytes are read into it (grown as needed; the payload views it until
+        its next use), else into new memory.
 
         `tokens` are the page's own token ids, compared with those stored: a hash alone is never trusted. A page
         that fails any check (magic, version, checksum, recorded hash, tokens, length) is deleted from disk and
@@ -177,7 +180,7 @@ class DiskStore:
                 self._count["read_misses"] += 1
                 return None
         try:
-            data = read_nofollow_writable(entry.path)
+            data = read_nofollow_writable(entry.path) if buffer is None else read_nofollow_into(entry.path, buffer)
         except OSError as exc:
             with self._lock:
                 if isinstance(exc, FileNotFoundError):  # deleted behind our back (a clear, another process)

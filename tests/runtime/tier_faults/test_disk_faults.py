@@ -161,8 +161,8 @@ def test_engine_requests_survive_disk_writes_and_page_loads_that_raise(
     with Engine(model, cache_dir=tmp_path / "kv", **opts) as engine:
         real_read = engine.tiers.disk.read
 
-        def read(page_hash, tokens):
-            got = real_read(page_hash, tokens)
+        def read(page_hash, tokens, buffer=None):
+            got = real_read(page_hash, tokens, buffer)
             if got is not None and page_hash[0] % 2:
                 return got[0][:-8], got[1]  # a payload of the wrong length: the copy into the pool raises
             return got

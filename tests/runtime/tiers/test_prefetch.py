@@ -77,11 +77,11 @@ class Gate:
         self.reads = 0
         store.read = self.read  # the instance attribute shadows the method: the readers call this
 
-    def read(self, page_hash: bytes, tokens: list[int]):
+    def read(self, page_hash: bytes, tokens: list[int], buffer: bytearray | None = None):
         self.reads += 1
         self.entered.set()
         assert self.opened.wait(30), "the test never opened the gate"
-        return self._read(page_hash, tokens)
+        return self._read(page_hash, tokens, buffer)
 
 
 def step(engine: Engine, times: int = 1) -> None:
@@ -210,10 +210,10 @@ def test_a_page_that_fails_mid_prefetch_is_recomputed(model, tmp_path: Path, fau
     else:
         read = gate._read
 
-        def failing(page_hash: bytes, tokens: list[int]):
+        def failing(page_hash: bytes, tokens: list[int], buffer: bytearray | None = None):
             if page_hash == bad:
                 raise OSError("injected read error")
-            return read(page_hash, tokens)
+            return read(page_hash, tokens, buffer)
 
         gate._read = failing
     gate.opened.set()

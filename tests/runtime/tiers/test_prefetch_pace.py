@@ -53,10 +53,10 @@ class Counted:
         self._lock = threading.Lock()
         disk.read = self.read  # the instance attribute shadows the method: the readers call this
 
-    def read(self, page_hash: bytes, tokens: list[int]):
+    def read(self, page_hash: bytes, tokens: list[int], buffer: bytearray | None = None):
         with self._lock:
             self.started += 1
-        return self._read(page_hash, tokens)
+        return self._read(page_hash, tokens, buffer)
 
 
 def _reader(tmp_path: Path, **kw) -> tuple[PrefetchReader, DiskStore, PrefetchJob, Counted]:
