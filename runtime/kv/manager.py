@@ -145,7 +145,7 @@ class KVManager:
         p = self.page_size
         cap = len(tokens) - 1  # positions that may come from the cache: the last token's pass makes the logits
         last_page = None  # a tree block holding the last token: copied into the request's first new block
-        if len(blocks) * p > cap:  # the device match ends at the last token (so no tier page follows it)
+        if blocks and len(blocks) * p > cap:  # the device match ends at the last token (no tier page follows it)
             last_page = blocks[-1] if self.copy_page is not None else None
             blocks = blocks[:-1]  # the locked node still covers it: it stays put until copied
         try:

@@ -129,3 +129,19 @@ def test_the_manager_copies_the_last_tokens_page_or_gives_it_up(copier: bool) ->
     cache.check_invariants()
     assert cache.free_blocks + cache.evictable_blocks == cache.capacity_blocks
     assert cache.match_prefix(tokens).length == 12  # the tree kept its pages
+
+
+@pytest.mark.parametrize(("page", "length"), [(1, 1), (1, 2), (4, 4), (4, 5)])
+def test_short_prompts_repeated_give_the_uncached_outputs(tiny: RandomModel, page: int, length: int) -> None:
+    """The edges: a one-token prompt (nothing may count as cached, its page is copied and written whole), a prompt of
+    exactly one page, one token past it."""
+    prompt = ids(length, seed=20 + length)
+    with Engine(tiny, enable_cache=False, capacity_blocks=64, page_size=page) as off:
+        want = off.generate(prompt, 5, return_logits=True, ignore_eos=True)
+    with Engine(tiny, capacity_blocks=64, page_size=page) as on:
+        for _ in range(3):
+            got = on.generate(prompt, 5, return_logits=True, ignore_eos=True)
+            assert_same(got, want)
+        assert got.cached_tokens == (length - 1 if length % page == 0 else (length - 1) // page * page)
+        on.cache.check_invariants()
+        assert all_back(on)
