@@ -131,6 +131,7 @@ class Engine:
         self.thread_control = ThreadController(self.threads, adaptive=config.thread_policy == "adaptive")
         self._heap = HeapTimer(config.freeze_gc)  # the heap frozen once the engine has run a while (gc_heap)
         self._loop = EngineLoop(self.scheduler, self.output.result, self.thread_control, self._heap.idle)
+        self._heap.is_idle = self._loop.idle  # the freeze's collection waits for a quiet loop (gc_heap)
         self.queue = QueueGate(config.max_queue)
         self.queue_timeout = config.queue_timeout
         self.tool_memory = self.output.tool_memory  # the text the model wrote for its calls, by call ids

@@ -10,10 +10,13 @@ never walked: with the heap frozen, no collection during that benchmark took ove
 alone was 31 and 35 ms in two runs against 73 without.
 
 How (the collector is one per process, so the engines relying on it are counted per process: `FROZEN_HEAP`):
-- an engine freezes once it has run a while: the first time its loop runs out of work at least FREEZE_AFTER_S
-  (1 s) after it was built (`HeapTimer.idle`), it calls `FROZEN_HEAP.hold()`, which unfreezes, collects everything
-  (the garbage of engines closed before it is freed here, never frozen again) and freezes what is left. That one
-  collection (about 100 ms) falls between requests. Engines that live less, most of a test suite's, never pay it;
+- an engine freezes once it has run a while: the first time its loop has had no work for QUIET_S (0.25 s), at
+  least FREEZE_AFTER_S (1 s) after it was built (`HeapTimer.idle` starts the wait, a timer thread checks the loop is
+  still idle), it calls `FROZEN_HEAP.hold()`, which unfreezes, collects everything (the garbage of engines closed
+  before it is freed here, never frozen again) and freezes what is left. That one collection (25 to 100 ms, the GIL
+  held) falls in a pause. At the first idle moment instead, it met the request that came right after the one that
+  had just finished: in scripts/bench_tiers.py a host hit waited 24-26 ms for it before its step, in 2 of 4 rounds.
+  Engines that live less, most of a test suite's, never pay it;
 - a closing engine lets go (`release`): the heap is unfrozen. If others still hold it, the next full collection
   the collector runs by itself (one pause for them, as before freezing) frees the closed engine's cycles, and its
   callback freezes the heap again; an explicit collection at each such close cost the test suite 190 ms each, 97
@@ -26,8 +29,10 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections.abc import Callable
 
 FREEZE_AFTER_S = 1.0  # an engine's age before its first idle moment freezes the heap
+QUIET_S = 0.25  # how long the loop must have stayed idle for the freeze's collection to run
 
 
 class HeapHold:
@@ -85,24 +90,56 @@ FROZEN_HEAP = FrozenHeap()
 
 class HeapTimer:
     """One engine's part: once its loop runs out of work (`idle`, on the loop thread) at least `after_s` seconds
-    after the engine was built, it holds the heap frozen (`FROZEN_HEAP.hold`: a full collection, then the freeze);
-    `close` lets go. Short-lived engines (most of a test suite's) never pay the collection. Thread-safe."""
+    after the engine was built and stays so for `quiet_s` (`is_idle`, checked then on a timer thread; 0: at once,
+    on the loop thread), it holds the heap frozen (`FROZEN_HEAP.hold`: a full collection, then the freeze); work
+    that came meanwhile puts it off to the next idle moment. `close` lets go. Short-lived engines (most of a test
+    suite's) never pay the collection. Thread-safe."""
 
-    def __init__(self, enabled: bool, after_s: float | None = None, heap: FrozenHeap = FROZEN_HEAP) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        after_s: float | None = None,
+        heap: FrozenHeap = FROZEN_HEAP,
+        *,
+        quiet_s: float | None = None,
+        is_idle: Callable[[], bool] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         wait = FREEZE_AFTER_S if after_s is None else after_s
         self._due: float | None = time.monotonic() + wait if enabled else None
         self._heap = heap
+        self.quiet_s = QUIET_S if quiet_s is None else quiet_s
+        self.is_idle = is_idle  # the engine sets its loop's `idle` once the loop exists
+        self._timer: threading.Timer | None = None
         self.hold: HeapHold | None = None
 
     def idle(self) -> None:
         with self._lock:
-            if self._due is not None and time.monotonic() >= self._due:
-                self._due = None
-                self.hold = self._heap.hold()
+            if self._due is None or time.monotonic() < self._due or self._timer is not None:
+                return
+            if self.quiet_s <= 0 or self.is_idle is None:
+                self._hold()
+                return
+            self._timer = threading.Timer(self.quiet_s, self._after_quiet)
+            self._timer.daemon = True
+            self._timer.start()
 
     def close(self) -> None:
         with self._lock:
             self._due = None  # never again
+            if self._timer is not None:
+                self._timer.cancel()
             if self.hold is not None:
                 self.hold.release()
+
+    def _after_quiet(self) -> None:
+        with self._lock:
+            self._timer = None
+            is_idle = self.is_idle
+            if self._due is not None and (is_idle is None or is_idle()):
+                self._hold()  # else work came: the loop's next idle moment starts the wait again
+
+    def _hold(self) -> None:
+        """Under the lock."""
+        self._due = None
+        self.hold = self._heap.hold()

@@ -7,6 +7,8 @@ collection after it closes (not kept frozen for as long as another engine runs),
 from __future__ import annotations
 
 import gc
+import threading
+import time
 import weakref
 from collections.abc import Iterator
 
@@ -107,6 +109,34 @@ def test_the_timer_holds_once_at_the_first_idle_moment_past_its_delay(unfrozen: 
     assert heap.holders == 0
 
 
+def test_the_collection_waits_for_a_quiet_loop_and_work_puts_it_off(unfrozen: None) -> None:
+    """The freeze's collection holds the GIL: it runs only once the loop has stayed idle `quiet_s`, never right
+    as the next request arrives (work meanwhile: the next idle moment starts the wait again)."""
+    heap = FrozenHeap()
+    busy = threading.Event()
+    timer = HeapTimer(True, after_s=0.0, heap=heap, quiet_s=0.05, is_idle=lambda: not busy.is_set())
+    busy.set()
+    timer.idle()  # out of work; then a request arrives within the quiet time
+    time.sleep(0.3)
+    assert heap.holders == 0 and timer.hold is None
+    busy.clear()
+    timer.idle()  # idle again, and stays so
+    deadline = time.monotonic() + 30
+    while timer.hold is None and time.monotonic() < deadline:  # set once the hold (collect, freeze) returned
+        time.sleep(0.01)
+    assert heap.holders == 1 and timer.hold is not None
+    timer.idle()
+    time.sleep(0.1)
+    assert heap.holders == 1  # once only
+    timer.close()
+    assert heap.holders == 0
+    closed = HeapTimer(True, after_s=0.0, heap=heap, quiet_s=0.05, is_idle=lambda: True)
+    closed.idle()
+    closed.close()  # before the quiet time is over: the wait is cancelled, nothing is held
+    time.sleep(0.2)
+    assert heap.holders == 0 and closed.hold is None and gc.get_freeze_count() == 0
+
+
 def test_an_engine_holds_the_heap_frozen_once_it_has_run_a_while(
     unfrozen: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -114,6 +144,9 @@ def test_an_engine_holds_the_heap_frozen_once_it_has_run_a_while(
     with Engine(tiny_model(), capacity_blocks=16, page_size=4, threads=1) as engine:
         assert engine.generate([1, 2, 3], 2).token_ids
         assert engine.wait_idle(10)  # the loop thread ran its idle hook, then exited
+        deadline = time.monotonic() + 30  # the hold comes QUIET_S later, on a timer thread
+        while engine._heap.hold is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert FROZEN_HEAP.holders == 1 and gc.get_freeze_count() > 0
         assert engine.generate([1, 2, 3], 2).token_ids  # serves as before; idle again: still one hold
         assert engine.wait_idle(10) and FROZEN_HEAP.holders == 1
