@@ -74,8 +74,8 @@ class EngineConfig:
     `device` where the model runs. `kernels`: how the float32 products pick their kernel (runtime.model.kernel_tune):
     "auto" (the default) uses this machine's measured choice, cached per CPU, torch, thread count and model, and
     measures it at the first load (a few seconds); "retune" measures again; "fixed" keeps the built-in rules. None
-    reads `$RADIXCACHE_KERNELS`, else "auto". `freeze_gc` (default True): once the engine has run a second, at its
-    loop's first idle moment, the process's objects are collected once and hidden from Python's garbage collector
+    reads `$RADIXCACHE_KERNELS`, else "auto". `freeze_gc` (default True): once the engine has run a second, when its
+    loop has stayed idle 0.25 s, the process's objects are collected once and hidden from Python's garbage collector
     (`gc.freeze`) until the engine closes, so that no full collection holds the loop for 100 ms at some step
     (runtime.engine.gc_heap); False leaves the collector alone.
     Overload: `max_queue` requests at most wait for admission (past it `submit` raises QueueFullError at once,
