@@ -124,8 +124,7 @@ class Engine:
         self.output = OutputProcessor(self.tokenizer, self.eos_token_ids, self.config.max_position)
         self.runner = ModelRunner(self.model, self.pool, self.mirror)
         self.scheduler = Scheduler(self.runner, self.kv, self.output, config.scheduler())
-        # The loop thread sets its own OpenMP thread count: a thread does not inherit its creator's setting. The
-        # controller lowers it while the machine's other programs take the cores (runtime.engine.threads).
+        # The loop thread sets its own OpenMP count (not inherited); the controller lowers it on a busy machine.
         self.threads = config.threads if config.threads is not None else torch.get_num_threads()
         self.kernel_plan = build_kernels(config, self.model, self.threads)  # measured once per machine, then cached
         self.thread_control = ThreadController(self.threads, adaptive=config.thread_policy == "adaptive")
