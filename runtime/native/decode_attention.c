@@ -95,6 +95,31 @@ static void attend_span(const float *q, int g, int head_dim, const float *kb, co
     }
 }
 
+/* One query row's output from its spans' partial results: span k's (max, sum, unnormalised output) for row gi are
+ * at p + k * stride (max at p[gi], sum at p[ATTN_MAX_GROUP + gi], output at p + 2 * ATTN_MAX_GROUP + gi * head_dim);
+ * merged in span order. A span whose sum is 0 saw no position of the row and is skipped. */
+static void merge_spans(float *o, const float *p, size_t stride, int count, int gi, int head_dim) {
+    float m = -INFINITY;
+    for (int k = 0; k < count; k++) {
+        const float *pk = p + (size_t)k * stride;
+        if (pk[ATTN_MAX_GROUP + gi] > 0.0f && pk[gi] > m) m = pk[gi];
+    }
+    for (int i = 0; i < head_dim; i++) o[i] = 0.0f;
+    float sum = 0.0f;
+    for (int k = 0; k < count; k++) {
+        const float *pk = p + (size_t)k * stride;
+        if (!(pk[ATTN_MAX_GROUP + gi] > 0.0f)) continue;
+        const float w = expf(pk[gi] - m);
+        sum += w * pk[ATTN_MAX_GROUP + gi];
+        const float *po = pk + 2 * ATTN_MAX_GROUP + (size_t)gi * head_dim;
+#pragma omp simd
+        for (int i = 0; i < head_dim; i++) o[i] += w * po[i];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int i = 0; i < head_dim; i++) o[i] *= inv;
+}
+
 /* Returns 0, or -1 for bad arguments (nothing is written then) or a failed allocation. */
 int native_decode_attention(const float *q, int batch, int heads, int kv_heads, int head_dim, const float *k,
                             const float *v, long row_stride, long head_stride, const int *lengths, int capacity,
@@ -145,25 +170,9 @@ int native_decode_attention(const float *q, int batch, int heads, int kv_heads, 
     for (int b = 0; b < batch; b++) {
         for (int hq = 0; hq < heads; hq++) {
             const int h = hq / group, slice = (hq % group) / ATTN_MAX_GROUP, gi = (hq % group) % ATTN_MAX_GROUP;
-            float m = -INFINITY;
-            for (int s = first[b]; s < first[b + 1]; s++) {
-                const float *p = part + ((size_t)((long)s * kv_heads + h) * slices + slice) * ATTN_MAX_GROUP * per_head;
-                if (p[gi] > m) m = p[gi];
-            }
-            float *o = out + ((size_t)b * heads + hq) * head_dim;
-            for (int i = 0; i < head_dim; i++) o[i] = 0.0f;
-            float sum = 0.0f;
-            for (int s = first[b]; s < first[b + 1]; s++) {
-                const float *p = part + ((size_t)((long)s * kv_heads + h) * slices + slice) * ATTN_MAX_GROUP * per_head;
-                const float w = expf(p[gi] - m);
-                sum += w * p[ATTN_MAX_GROUP + gi];
-                const float *po = p + 2 * ATTN_MAX_GROUP + (size_t)gi * head_dim;
-#pragma omp simd
-                for (int i = 0; i < head_dim; i++) o[i] += w * po[i];
-            }
-            const float inv = 1.0f / sum;
-#pragma omp simd
-            for (int i = 0; i < head_dim; i++) o[i] *= inv;
+            const size_t stride = (size_t)kv_heads * slices * ATTN_MAX_GROUP * per_head; /* from one span to the next */
+            const float *p = part + ((size_t)((long)first[b] * kv_heads + h) * slices + slice) * ATTN_MAX_GROUP * per_head;
+            merge_spans(out + ((size_t)b * heads + hq) * head_dim, p, stride, first[b + 1] - first[b], gi, head_dim);
         }
     }
     free(first);
@@ -264,28 +273,11 @@ int native_paged_attention(const float *q, int n, int heads, int kv_heads, int h
     }
     /* merge each query row's spans in position order */
 #pragma omp parallel for schedule(static)
-    for (int row = 0; row < rows; row++) {
+    for (int row = 0; row < rows; row++) { /* row = t * heads + hq: out's own layout */
         const int slice = row / ATTN_MAX_GROUP, gi = row % ATTN_MAX_GROUP;
-        float m = -INFINITY;
-        for (int s = 0; s < spans; s++) {
-            const float *p = part + ((size_t)s * slices + slice) * ATTN_MAX_GROUP * per_row;
-            if (p[ATTN_MAX_GROUP + gi] > 0.0f && p[gi] > m) m = p[gi];
-        }
-        float *o = out + (size_t)row * head_dim; /* row = t * heads + hq: out's own layout */
-        for (int i = 0; i < head_dim; i++) o[i] = 0.0f;
-        float sum = 0.0f;
-        for (int s = 0; s < spans; s++) {
-            const float *p = part + ((size_t)s * slices + slice) * ATTN_MAX_GROUP * per_row;
-            if (!(p[ATTN_MAX_GROUP + gi] > 0.0f)) continue; /* no position of this span is seen by the row */
-            const float w = expf(p[gi] - m);
-            sum += w * p[ATTN_MAX_GROUP + gi];
-            const float *po = p + 2 * ATTN_MAX_GROUP + (size_t)gi * head_dim;
-#pragma omp simd
-            for (int i = 0; i < head_dim; i++) o[i] += w * po[i];
-        }
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (int i = 0; i < head_dim; i++) o[i] *= inv;
+        const size_t stride = (size_t)slices * ATTN_MAX_GROUP * per_row;
+        merge_spans(out + (size_t)row * head_dim, part + (size_t)slice * ATTN_MAX_GROUP * per_row, stride, spans, gi,
+                    head_dim);
     }
     free(part);
     return 0;
