@@ -49,6 +49,7 @@ from radixcache.runtime.kv.pool import KVPool, populate
 from radixcache.runtime.kv.tier.copy_sync import pins_host_memory
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.page_copy import copy_pages
+from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob
 from radixcache.runtime.kv.tier.prefetch_policy import (
     DEFAULT_PAGES_PER_STEP,
     DEFAULT_PREFETCH_POLICY,
@@ -64,49 +65,6 @@ log = logging.getLogger("radixcache.disk")
 PACE_WAIT_S = 0.5  # the longest a reader waits for the loop's next step before it reads anyway
 WINDOW_S = 0.005  # the longest the loop waits, before a step, for the reads it allowed to be done
 PREWARM_PAGES = 128  # staging pages written ahead as the reader starts (kv.tier.staging; within its bound)
-
-
-class PrefetchJob:
-    """One request's run of disk pages, `first_page` onwards (page indices in its prompt), being read."""
-
-    def __init__(self, first_page: int, hashes: list[bytes], tokens: list[Sequence[int]], host: list[bytes]):
-        self.first_page = first_page
-        self.hashes = hashes
-        self.tokens = tokens  # each page's own token ids: a read checks them (a hash is never trusted alone)
-        self.host_hashes = host  # host pages before the run, locked for this request until it is taken or released
-        self.staging: torch.Tensor | None = None  # [layers, 2, pages, page_size, kv_heads, head_dim], once started
-        self.buffer: torch.Tensor | None = None  # the kept buffer `staging` views (kv.tier.staging)
-        self.tasks = 0  # its pages not yet done by a reader (queued or being read)
-        self.next_page = 0  # the next page a reader takes (pages go in order)
-        self.let_go = False  # the loop is done with it: the buffer goes back once `tasks` reaches 0
-        self.ok = [False] * len(hashes)
-        self.failed_at: int | None = None  # the first page that failed, if any
-        self.finished = 0  # pages the readers are done with (read, failed or skipped)
-        self.cancelled = False
-        self.started: float | None = None  # perf_counter when queued to the readers
-        self.read_seconds = 0.0  # summed over pages (the readers overlap)
-
-    def __len__(self) -> int:
-        return len(self.hashes)
-
-    def covers(self, page: int, page_hash: bytes) -> bool:
-        """Whether this run holds prompt page `page`, with that hash (then it serves a load that starts there)."""
-        i = page - self.first_page
-        return 0 <= i < len(self.hashes) and self.hashes[i] == page_hash
-
-    @property
-    def arrived(self) -> int:
-        """Pages read, consecutively from the first (the only ones usable)."""
-        n = 0
-        while n < len(self.ok) and self.ok[n]:
-            n += 1
-        return n
-
-    @property
-    def complete(self) -> bool:
-        """Every page read, or every page before the first failure."""
-        end = len(self.ok) if self.failed_at is None else self.failed_at
-        return self.started is not None and self.arrived >= end
 
 
 class PrefetchReader:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from radixcache.runtime.kv.tier.disk_store import DiskStore
-from radixcache.runtime.kv.tier.prefetch import PrefetchJob
+from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob
 
 
 def stored_pages(directory: Path, pages: list[torch.Tensor]) -> tuple[DiskStore, PrefetchJob, SimpleNamespace]:

@@ -18,7 +18,8 @@ import torch
 
 from radixcache.runtime.engine.engine_config import EngineConfig
 from radixcache.runtime.kv.tier.disk_store import DiskStore
-from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader
+from radixcache.runtime.kv.tier.prefetch import PrefetchReader
+from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from tests.runtime.tiers.stored_pages import stored_pages
 from tests.runtime.tiers.test_prefetch import (

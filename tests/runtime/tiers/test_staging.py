@@ -106,7 +106,8 @@ def test_staging_views_hold_what_the_readers_wrote(pages: int) -> None:
 def test_a_read_on_the_callers_thread_hands_its_buffer_back(tmp_path: Path) -> None:
     from radixcache.runtime.kv.pool import KVPool
     from radixcache.runtime.kv.tier.disk_store import DiskStore
-    from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader, copy_staged
+    from radixcache.runtime.kv.tier.prefetch import PrefetchReader, copy_staged
+    from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob
     from radixcache.runtime.testing import tiny_model
 
     pool = KVPool(tiny_model(seed=3).config, 8, P, dtype=torch.float64)
@@ -135,7 +136,8 @@ def test_a_read_on_the_callers_thread_hands_its_buffer_back(tmp_path: Path) -> N
 def test_a_prewarmed_buffer_serves_the_first_job_and_stays_within_the_bound(tmp_path: Path) -> None:
     from radixcache.runtime.kv.pool import KVPool
     from radixcache.runtime.kv.tier.disk_store import DiskStore
-    from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader
+    from radixcache.runtime.kv.tier.prefetch import PrefetchReader
+    from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob
     from radixcache.runtime.testing import tiny_model
 
     page = 2 * 2 * 4 * 1 * 3 * 4
