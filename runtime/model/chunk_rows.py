@@ -45,15 +45,17 @@ def chunk_part(model: LayeredModel, chunk: PrefillChunk, pool: KVPool) -> RowPar
     layers = range(len(model.layers))
     if chunk.layers is not None:
         layers = check_layers(chunk.layers, len(model.layers), chunk.hidden, n, model.config.hidden_size)
-    meta = prefill_meta(chunk.start, n, table, chunk.block_table, pool)
+    split = uses_split_prefill(device)
+    native = getattr(model, "native", None) if split else None
+    paged = native is not None and n * model.config.num_heads <= PAGED_ROWS and native.supports_pages(pool.layer(0)[0])
+    meta = prefill_meta(chunk.start, n, table, chunk.block_table, pool, plan=not paged)
     mask = None
-    if not uses_split_prefill(device):  # the additive causal mask, once per pass; the CPU needs none
+    if not split:  # the additive causal mask, once per pass; the CPU needs none
         group = model.config.num_heads // model.config.num_kv_heads
         mask = causal_mask(meta.start, meta.num_new, meta.total, group, device, model.dtype)
 
-    native = getattr(model, "native", None)
-    few = n * model.config.num_heads <= PAGED_ROWS
-    if mask is None and native is not None and few and native.supports_pages(pool.layer(0)[0]):  # the CPU's path
+    if paged:
+        assert native is not None
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return native.attend_pages(q, *pool.layer(layer), table, chunk.start)  # its K/V are in the pool now
@@ -69,15 +71,22 @@ def chunk_part(model: LayeredModel, chunk: PrefillChunk, pool: KVPool) -> RowPar
 
 
 def prefill_meta(
-    start: int, n: int, table: torch.Tensor, block_table: Sequence[int] | torch.Tensor, pool: KVPool
+    start: int,
+    n: int,
+    table: torch.Tensor,
+    block_table: Sequence[int] | torch.Tensor,
+    pool: KVPool,
+    *,
+    plan: bool = True,
 ) -> PrefillMeta:
-    """A chunk's metadata; on the CPU with where its cached prefix lies, planned once for every layer."""
+    """A chunk's metadata; on the CPU with where its cached prefix lies, planned once for every layer (unless
+    `plan` is False: the native paged attention reads the block table itself)."""
     positions = torch.arange(start, start + n, device=table.device)
-    plan = None
-    if start > 0 and uses_split_prefill(table.device):
+    prefix = None
+    if plan and start > 0 and uses_split_prefill(table.device):
         ids = block_table.tolist() if isinstance(block_table, torch.Tensor) else block_table
-        plan = plan_prefix(ids, start, pool.page_size)
-    return PrefillMeta(start, n, table, pool.slots(table, positions), plan)
+        prefix = plan_prefix(ids, start, pool.page_size)
+    return PrefillMeta(start, n, table, pool.slots(table, positions), prefix)
 
 
 def chunk_attention(
