@@ -145,3 +145,32 @@ def test_short_prompts_repeated_give_the_uncached_outputs(tiny: RandomModel, pag
         assert got.cached_tokens == (length - 1 if length % page == 0 else (length - 1) // page * page)
         on.cache.check_invariants()
         assert all_back(on)
+
+
+@pytest.mark.parametrize("after_tokens", [0, 1, 3])
+def test_a_repeat_cancelled_at_any_instant_gives_its_copy_back(tiny: RandomModel, after_tokens: int) -> None:
+    """A repeat holding the private copy of the cached last page is cancelled before its pass, right after its first
+    token, or mid-decode, while another request decodes: every block comes back and the tree's page is intact."""
+    prompt = ids(3 * PAGE, seed=5)
+    with Engine(tiny, enable_cache=False, capacity_blocks=256, page_size=PAGE) as off:
+        want = off.generate(prompt, 8, return_logits=True, ignore_eos=True)
+    with Engine(tiny, capacity_blocks=256, page_size=PAGE) as on:
+        on.generate(prompt, 8, ignore_eos=True)
+        other = on.submit(ids(30, seed=6), 40, ignore_eos=True)
+        handle = on.submit(prompt, 40, ignore_eos=True)
+        tick = threading.Event()
+        if after_tokens:
+            while not handle.done() and not any(  # the repeat (48 prompt tokens, the other has 30) has made them
+                len(r.prompt_ids) == len(prompt) and len(r.output_ids) >= after_tokens
+                for r in list(on.scheduler.decoding)
+            ):
+                tick.wait(0.001)
+        handle.cancel()
+        got = handle.result(60)
+        assert got.finish_reason in ("cancelled", "length")
+        other.result(60)
+        on.check()
+        on.cache.check_invariants()
+        assert all_back(on)
+        again = on.generate(prompt, 8, return_logits=True, ignore_eos=True)
+        assert_same(again, want)
