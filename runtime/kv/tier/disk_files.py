@@ -9,6 +9,7 @@ folder of ours should be); the callers decide what a failure means.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -60,18 +61,16 @@ def open_dir_nofollow(path: str) -> int:
 
 def read_nofollow(path: str) -> bytes:
     """A regular file's bytes, refusing a symlink as its last component. Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise IsADirectoryError(f"{path} is not a regular file")
-        return f.read()
+    with _open_regular(path) as (f, _):
+        return f.readall()
 
 
 def read_nofollow_writable(path: str) -> bytearray:
     """`read_nofollow` into a bytearray (one copy, from the page cache: a tensor can then view the bytes without
     copying them again). A file that changes size while read yields what was there. Raises OSError."""
-    data = bytearray()
-    got = len(read_nofollow_into(path, data))
+    with _open_regular(path) as (f, size):
+        data = bytearray(size + 1)  # one byte more: a file grown since fstat shows as longer, not cut
+        got = _read_fully(f, memoryview(data))
     del data[got:]
     return data
 
@@ -81,21 +80,34 @@ def read_nofollow_into(path: str, buffer: bytearray) -> memoryview:
     all its reads, so that a page read allocates, zeroes and faults in no new memory); returns a writable view of
     the bytes read, valid until `buffer`'s next use. A file that changes size while read yields what was there.
     Raises OSError."""
+    with _open_regular(path) as (f, size):
+        need = size + 1  # as above
+        if len(buffer) < need:
+            buffer.extend(bytes(need - len(buffer)))
+        view = memoryview(buffer)[:need]
+        return view[: _read_fully(f, view)]
+
+
+@contextlib.contextmanager
+def _open_regular(path: str) -> Iterator[tuple[io.FileIO, int]]:
+    """The file at `path` (no symlink followed), unbuffered, and its size; OSError unless a regular file."""
     fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
     with os.fdopen(fd, "rb", buffering=0) as f:
         info = os.fstat(f.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise IsADirectoryError(f"{path} is not a regular file")
-        need = info.st_size + 1  # one byte more: a file grown since fstat shows as longer, not cut
-        if len(buffer) < need:
-            buffer.extend(bytes(need - len(buffer)))
-        view, got = memoryview(buffer), 0
-        while got < need:
-            n = f.readinto(view[got:need])
-            if not n:
-                break
-            got += n
-        return view[:got]
+        yield f, info.st_size  # type: ignore[misc]
+
+
+def _read_fully(f: io.FileIO, view: memoryview) -> int:
+    """Read into `view` until it is full or the file ends; the bytes read."""
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
 
 
 def read_json(path: str) -> Any:
