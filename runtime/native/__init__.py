@@ -4,14 +4,14 @@
 Q5_K, Q6_K; runtime.model.block_linear); `qdot.c` does the same products with the activations quantised to int8
 per 32 values (integer dot products: AVX-512 VNNI, AVX-VNNI, AVX2 or portable C); `ggml_blocks.h` holds the block
 layouts both read. `densedot.c` runs the same call on plain float32 rows (the float32 model's decode
-products). They are compiled together, once per source, compiler and CPU into a cache folder
-(`$RADIXCACHE_NATIVE_CACHE`, else `~/.cache/radixcache/native`, else a per-user temporary folder) with
-`-O3 -march=native -fopenmp`, and reused.
+products); `page_reads.c` reads a disk-tier page file in one call, without the GIL (runtime.kv.tier.native_reads).
+They are compiled together, once per source, compiler and CPU into a cache folder (`$RADIXCACHE_NATIVE_CACHE`,
+else `~/.cache/radixcache/native`, else a per-user temporary folder) with `-O3 -march=native -fopenmp`, and reused.
 The compiler is `$CC`, else `cc`. OpenMP: torch is imported first, so the library binds to the libgomp torch
 loaded (one thread pool, sized by `torch.set_num_threads` on the calling thread), not to a second copy.
 
-Nothing here runs unless a caller asks for the kernels (`quant="gguf"`); a machine without a compiler only loses
-that mode, with an error that says what is missing.
+Nothing here runs unless a caller asks for the kernels. A machine without a compiler loses `quant="gguf"` (with an
+error that says what is missing); a float32 model and the disk tier's reads then run without them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,15 @@ import torch  # noqa: F401  (loaded first on purpose: its libgomp is the one the
 SOURCE = Path(__file__).with_name("blockdot.c")
 SOURCES = tuple(
     SOURCE.with_name(n)
-    for n in ("blockdot.c", "qdot.c", "densedot.c", "decode_attention.c", "decode_store.c", "decode_layers.c")
+    for n in (
+        "blockdot.c",
+        "qdot.c",
+        "densedot.c",
+        "decode_attention.c",
+        "decode_store.c",
+        "decode_layers.c",
+        "page_reads.c",
+    )
 )
 HEADERS = tuple(SOURCE.with_name(n) for n in ("ggml_blocks.h", "block_decode.h", "vector_exp.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
@@ -97,6 +105,10 @@ def blockdot() -> ctypes.CDLL:
     lib.native_decode_layers.argtypes += [long, ptr, long, long, ptr, long, ptr, ptr, long, long, ptr, ptr, long]
     lib.native_decode_layers.argtypes += [long, ptr, ptr, ptr]
     lib.native_decode_layers.restype = ctypes.c_int
+    # (path, head, head capacity, rows, row bytes, rows, row stride, size out, hasher state, its reset, update and
+    #  digest functions, digest out) -> 0, 1 or -errno (page_reads.c)
+    lib.page_read_split.argtypes = [ctypes.c_char_p, ptr, long, ptr, long, num, long, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.page_read_split.restype = ctypes.c_int
     return lib
 
 

@@ -1,5 +1,6 @@
 """The disk tier's page file (radixcache.runtime.kv.tier.disk_format), written by the store: the documented layout
-byte for byte, token ids beyond int32 stored as int64, and what cannot be encoded refused at `put`.
+byte for byte, version 1 files read by every read (tests.runtime.disk_split), token ids beyond int32 stored as
+int64, and what cannot be encoded refused at `put`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import xxhash
 
 from radixcache.runtime.kv.tier.disk_format import MAGIC
 from tests.runtime.conftest import FP, META, h, page_path, payload, toks, write
+from tests.runtime.disk_split import READS, Read
 
 
 def test_the_file_format_is_the_documented_one(open_store) -> None:
@@ -42,23 +44,27 @@ def _as_version(data: bytes, version: int, checksum: bytes | None = None) -> byt
     return data[:8] + (checksum if checksum is not None else hashlib.blake2b(body, digest_size=32).digest()) + body
 
 
-def test_version_1_files_checksummed_by_blake2b_are_still_read(open_store) -> None:
+@pytest.mark.parametrize("read", READS)
+def test_version_1_files_checksummed_by_blake2b_are_still_read(read: Read, open_store) -> None:
     store = open_store()
     write(store, 5)
     path = page_path(store, h(5))
     path.write_bytes(_as_version(path.read_bytes(), 1))
-    assert store.read(h(5), toks(5)) == (payload(5), META)
+    assert read(store, h(5), toks(5)) == (payload(5), META)
     assert store.stats().corrupt_pages == 0
 
 
+@pytest.mark.parametrize("read", READS)
 @pytest.mark.parametrize("version", [1, 3], ids=["v1-with-a-v2-checksum", "unknown-version"])
-def test_a_version_that_does_not_match_its_checksum_is_corrupt(open_store, version: int) -> None:
+def test_a_version_that_does_not_match_its_checksum_is_corrupt(read: Read, open_store, version: int) -> None:
+    """A version 1 file whose checksum is its body's XXH3 (what a native read computes as it reads) is corrupt:
+    version 1 is checked with blake2b whatever the read made."""
     store = open_store()
     write(store, 5)
     path = page_path(store, h(5))
     data = path.read_bytes()
     path.write_bytes(_as_version(data, version, checksum=data[8:40]))  # the version field flipped, nothing else
-    assert store.read(h(5), toks(5)) is None
+    assert read(store, h(5), toks(5)) is None
     assert store.stats().corrupt_pages == 1 and not path.exists()
 
 

@@ -2,7 +2,9 @@
 
 Covers the round trip, prefix counts, misses, every check a read makes (a byte flipped anywhere, a truncated file,
 a byte appended, a valid file under another hash's name, the page's own tokens): a page that fails one is a miss
-and is deleted. `verify` makes the same checks over every page.
+and is deleted. Each through both reads: `read` (the whole file) and `read_into` (the payload straight into the
+caller's buffers, as the prefetch readers read: tests.runtime.disk_split). `verify` makes the same checks over
+every page.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import pytest
 
 from radixcache.runtime.kv.tier.disk_store import MARKER_NAME, DiskStore
 from tests.runtime.conftest import FP, META, disk_warnings, h, page_path, payload, toks, write
+from tests.runtime.disk_split import READS, Read
 
 
-def test_a_page_round_trips(open_store) -> None:
+@pytest.mark.parametrize("read", READS)
+def test_a_page_round_trips(read: Read, open_store) -> None:
     store = open_store()
     assert store.enabled
     write(store, 0)
-    assert store.read(h(0), toks(0)) == (payload(0), META)
+    assert read(store, h(0), toks(0)) == (payload(0), META)
     path = page_path(store, h(0))
     assert path.is_file()
     s = store.stats()
@@ -40,31 +44,34 @@ def test_count_prefix_stops_at_the_first_gap(open_store) -> None:
     assert store.count_prefix([]) == 0
 
 
-def test_a_missing_page_is_a_miss(open_store) -> None:
+@pytest.mark.parametrize("read", READS)
+def test_a_missing_page_is_a_miss(read: Read, open_store) -> None:
     store = open_store()
-    assert store.read(h(9), toks(9)) is None
+    assert read(store, h(9), toks(9)) is None
     assert store.stats().read_misses == 1
 
 
-def test_a_page_deleted_behind_the_store_is_a_miss_not_corruption(open_store) -> None:
+@pytest.mark.parametrize("read", READS)
+def test_a_page_deleted_behind_the_store_is_a_miss_not_corruption(read: Read, open_store) -> None:
     store = open_store()
     write(store, 0)
     page_path(store, h(0)).unlink()
-    assert store.read(h(0), toks(0)) is None
+    assert read(store, h(0), toks(0)) is None
     s = store.stats()
     assert (s.pages, s.corrupt_pages, s.read_misses) == (0, 0, 1)
 
 
-def test_tokens_that_differ_are_a_miss_and_delete_the_page(open_store, caplog) -> None:
+@pytest.mark.parametrize("read", READS)
+def test_tokens_that_differ_are_a_miss_and_delete_the_page(read: Read, open_store, caplog) -> None:
     store = open_store()
     write(store, 0)
-    assert store.read(h(0), [*toks(0)[:3], 999]) is None
+    assert read(store, h(0), [*toks(0)[:3], 999]) is None
     assert not page_path(store, h(0)).exists()
     assert store.count_prefix([h(0)]) == 0
     assert store.stats().corrupt_pages == 1
     assert len(disk_warnings(caplog)) == 1
-    assert store.read(h(0), toks(0)) is None  # gone for good
-    assert store.read(h(1), toks(1)) is None
+    assert read(store, h(0), toks(0)) is None  # gone for good
+    assert read(store, h(1), toks(1)) is None
 
 
 def _region_offsets(data: bytes) -> dict[str, int]:
@@ -85,7 +92,8 @@ def _region_offsets(data: bytes) -> dict[str, int]:
 @pytest.mark.parametrize(
     "region", ["magic", "checksum", "version", "header length", "header", "tokens", "payload", "last byte"]
 )
-def test_a_byte_flipped_in_each_region_is_detected(open_store, region: str, caplog) -> None:
+@pytest.mark.parametrize("read", READS)
+def test_a_byte_flipped_in_each_region_is_detected(read: Read, open_store, region: str, caplog) -> None:
     store = open_store()
     write(store, 0)
     path = page_path(store, h(0))
@@ -94,14 +102,15 @@ def test_a_byte_flipped_in_each_region_is_detected(open_store, region: str, capl
     path.write_bytes(bytes(data))
     reopened = open_store()
     assert reopened.count_prefix([h(0)]) == 1  # the index lists it: names and stat only
-    assert reopened.read(h(0), toks(0)) is None
+    assert read(reopened, h(0), toks(0)) is None
     assert not path.exists()
     s = reopened.stats()
     assert (s.pages, s.bytes, s.corrupt_pages) == (0, 0, 1)
     assert any("corrupt" in r.getMessage() for r in disk_warnings(caplog))
 
 
-def test_every_single_flipped_byte_is_detected(open_store) -> None:
+@pytest.mark.parametrize("read", READS)
+def test_every_single_flipped_byte_is_detected(read: Read, open_store) -> None:
     store = open_store()
     write(store, 0, size=24)
     path = page_path(store, h(0))
@@ -113,37 +122,43 @@ def test_every_single_flipped_byte_is_detected(open_store) -> None:
             data[at] ^= 0x80
             path.write_bytes(bytes(data))
             reopened = DiskStore(store.directory, max_bytes=1 << 20, fingerprint=FP)
-            assert reopened.read(h(0), toks(0)) is None, f"byte {at} of {len(original)} flipped went unnoticed"
+            assert read(reopened, h(0), toks(0), 24) is None, f"byte {at} of {len(original)} flipped went unnoticed"
             assert not path.exists() and reopened.stats().corrupt_pages == 1
     finally:
         logging.getLogger("radixcache.disk").disabled = False
     path.write_bytes(original)
-    assert DiskStore(store.directory, max_bytes=1 << 20, fingerprint=FP).read(h(0), toks(0)) == (payload(0, 24), META)
+    assert read(DiskStore(store.directory, max_bytes=1 << 20, fingerprint=FP), h(0), toks(0), 24) == (
+        payload(0, 24),
+        META,
+    )
 
 
 @pytest.mark.parametrize("keep", [0, 10, 40, 47, 48, 60, -1])
-def test_a_truncated_file_is_detected(open_store, keep: int) -> None:
+@pytest.mark.parametrize("read", READS)
+def test_a_truncated_file_is_detected(read: Read, open_store, keep: int) -> None:
     store = open_store()
     write(store, 0)
     path = page_path(store, h(0))
     data = path.read_bytes()
     path.write_bytes(data[:keep] if keep >= 0 else data[:-1])
     reopened = open_store()
-    assert reopened.read(h(0), toks(0)) is None
+    assert read(reopened, h(0), toks(0)) is None
     assert not path.exists() and reopened.stats().corrupt_pages == 1
 
 
-def test_a_file_with_a_byte_appended_is_detected(open_store) -> None:
+@pytest.mark.parametrize("read", READS)
+def test_a_file_with_a_byte_appended_is_detected(read: Read, open_store) -> None:
     store = open_store()
     write(store, 0)
     path = page_path(store, h(0))
     path.write_bytes(path.read_bytes() + b"\0")
     reopened = open_store()
-    assert reopened.read(h(0), toks(0)) is None
+    assert read(reopened, h(0), toks(0)) is None
     assert reopened.stats().corrupt_pages == 1
 
 
-def test_a_sound_file_under_another_hash_is_rejected(open_store) -> None:
+@pytest.mark.parametrize("read", READS)
+def test_a_sound_file_under_another_hash_is_rejected(read: Read, open_store) -> None:
     """The checksum holds, but the file records another hash than its name: a hash is never trusted alone."""
     store = open_store()
     write(store, 0)
@@ -152,9 +167,9 @@ def test_a_sound_file_under_another_hash_is_rejected(open_store) -> None:
     other.write_bytes(page_path(store, h(0)).read_bytes())
     reopened = open_store()
     assert reopened.count_prefix([h(1)]) == 1
-    assert reopened.read(h(1), toks(0)) is None
+    assert read(reopened, h(1), toks(0)) is None
     assert not other.exists() and reopened.stats().corrupt_pages == 1
-    assert reopened.read(h(0), toks(0)) == (payload(0), META)
+    assert read(reopened, h(0), toks(0)) == (payload(0), META)
 
 
 def test_verify_reports_and_deletes_corrupt_pages(open_store) -> None:
@@ -179,21 +194,3 @@ def test_verify_reports_and_deletes_corrupt_pages(open_store) -> None:
     assert store.count_prefix([h(1)]) == 0 and store.count_prefix([h(0)]) == 1
     again = store.verify()
     assert (again.checked, again.ok, again.corrupt) == (2, 2, ())
-
-
-def test_reads_into_one_reused_buffer_give_each_page_and_its_checks(open_store) -> None:
-    """A reader thread reads every page into one buffer (kv.tier.prefetch): each read sees its own page's bytes only,
-    whatever the buffer held before (another page, garbage), the buffer grows when needed, and the checks hold."""
-    store = open_store()
-    for i in range(3):
-        write(store, i)
-    buffer = bytearray(b"\xff" * 7)  # too small, and not zeros
-    for i in (0, 1, 2, 1):
-        got = store.read(h(i), toks(i), buffer)
-        assert got is not None and bytes(got[0]) == payload(i) and got[1] == META
-    size = len(buffer)
-    assert size >= page_path(store, h(0)).stat().st_size  # grown once, then reused
-    assert store.read(h(0), toks(1), buffer) is None  # the tokens are still checked (and the page deleted)
-    assert store.read(h(9), toks(9), buffer) is None and len(buffer) == size
-    got = store.read(h(2), toks(2), buffer)
-    assert got is not None and bytes(got[0]) == payload(2)

@@ -9,13 +9,14 @@ folder of ours should be); the callers decide what a failure means.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from radixcache.runtime.kv.tier.disk_format import TMP_SUFFIX
@@ -24,6 +25,8 @@ from radixcache.runtime.kv.tier.disk_format import TMP_SUFFIX
 TMP_NAME = re.compile(r"([0-9]+)-[0-9a-f]{16}\.tmp")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_PREADV = getattr(os, "preadv", None)
+_IOV_MAX = 1024  # Linux's IOV_MAX: a read into more buffers takes several calls
 
 
 def temp_name() -> str:
@@ -76,16 +79,56 @@ def read_nofollow_writable(path: str) -> bytearray:
 
 
 def read_nofollow_into(path: str, buffer: bytearray) -> memoryview:
-    """`read_nofollow` into `buffer`, grown when the file is larger (never shrunk: a reader thread keeps one for
-    all its reads, so that a page read allocates, zeroes and faults in no new memory); returns a writable view of
-    the bytes read, valid until `buffer`'s next use. A file that changes size while read yields what was there.
-    Raises OSError."""
+    """`read_nofollow` into `buffer`, grown when the file is larger (never shrunk: a caller that reads many files
+    keeps one, so that a read allocates, zeroes and faults in no new memory); returns a writable view of the bytes
+    read, valid until `buffer`'s next use. A file that changes size while read yields what was there. Raises
+    OSError."""
     with _open_regular(path) as (f, size):
         need = size + 1  # as above
         if len(buffer) < need:
             buffer.extend(bytes(need - len(buffer)))
         view = memoryview(buffer)[:need]
         return view[: _read_fully(f, view)]
+
+
+# read_nofollow_split's shape: (path, head, rows) -> (the head's bytes, the body's checksum if the read made it)
+SplitRead = Callable[[str, bytearray, Sequence[memoryview]], "tuple[memoryview, bytes | None] | None"]
+
+
+def read_nofollow_split(path: str, head: bytearray, rows: Sequence[memoryview]) -> tuple[memoryview, None] | None:
+    """A regular file (no symlink followed) read in one vectored read: its last `sum(len(rows))` bytes straight
+    into `rows`, in order, and the bytes before them into `head` (grown as needed, never shrunk); returns the view
+    of `head` that holds those, and None for the checksum (kv.tier.native_reads' read makes it as it reads). None,
+    having read nothing, when the file is shorter than the rows. The disk tier's page reads: a page's payload lands
+    in its staging memory with no copy through a buffer. Raises OSError, also when the file shrinks while read."""
+    payload = sum(len(row) for row in rows)
+    with _open_regular(path) as (f, size):
+        if size < payload:
+            return None
+        if len(head) < size - payload:
+            head.extend(bytes(size - payload - len(head)))
+        head_view = memoryview(head)[: size - payload]
+        if _preadv_fully(f, [head_view, *rows]) < size:
+            raise OSError(errno.EIO, f"{path} shrank while read")
+        return head_view, None
+
+
+def _preadv_fully(f: io.FileIO, views: list[memoryview]) -> int:
+    """Fill `views` in order from the start of `f` (a few buffers per call, at most IOV_MAX); the bytes read,
+    fewer only where the file ends first."""
+    got = 0
+    views = [v for v in views if len(v)]
+    while views:
+        # without a vectored read here, one buffer at a time (the file's position is `got`: nothing else reads it)
+        n = f.readinto(views[0]) if _PREADV is None else _PREADV(f.fileno(), views[:_IOV_MAX], got)
+        if not n:
+            break
+        got += n
+        while views and n >= len(views[0]):
+            n -= len(views.pop(0))
+        if n:
+            views[0] = views[0][n:]
+    return got
 
 
 @contextlib.contextmanager

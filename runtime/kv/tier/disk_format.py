@@ -54,6 +54,7 @@ __all__ = [
     "CorruptPage",
     "PageFile",
     "PageWrite",
+    "check_split_page_for",
     "encode_page",
     "pack_tokens",
     "page_checksum",
@@ -148,17 +149,67 @@ def page_checksum(*parts: bytes | memoryview, version: int = PAGE_VERSION) -> by
 
 def parse_page(data: bytes | bytearray | memoryview) -> PageFile:
     """Check a whole page file and split it. Raises CorruptPage naming the first check that failed."""
-    if len(data) < HEADER_START:
-        raise CorruptPage(f"truncated ({len(data)} bytes)")
-    if data[: len(MAGIC)] != MAGIC:
-        raise CorruptPage("bad magic")
     view = memoryview(data)
-    version, header_len = PREFIX.unpack_from(data, BODY_START)
+    version = _version(view)
+    if page_checksum(view[BODY_START:], version=version) != view[len(MAGIC) : BODY_START]:
+        raise CorruptPage("checksum mismatch")
+    hash_hex, fingerprint, width, tokens_at, payload_at, meta = _header(view, len(view))
+    return PageFile(hash_hex, fingerprint, width, data[tokens_at:payload_at], meta, view[payload_at:])
+
+
+def parse_page_for(data: bytes | bytearray | memoryview, page_hash: bytes, tokens: Sequence[int]) -> PageFile:
+    """`parse_page`, and that the file holds the page asked for: the hash it records is `page_hash` and its token
+    ids are `tokens` (a hash alone is never trusted). Raises CorruptPage naming the first check that failed."""
+    page = parse_page(data)
+    _check_identity(page.hash_hex, page.token_width, page.tokens, page_hash, tokens)
+    return page
+
+
+def check_split_page_for(
+    head: memoryview,
+    payload: Sequence[memoryview],
+    page_hash: bytes,
+    tokens: Sequence[int],
+    xxh3: bytes | None = None,
+) -> dict | None:
+    """`parse_page_for` of a file read in two parts: `head`, everything before the payload, and `payload`, the
+    buffers its payload was read into (kv.tier.disk_files.read_nofollow_split); `xxh3`, the XXH3-128 digest of its
+    body when the read made it (used for a version 2 file; computed here otherwise). Returns the page's meta; None
+    when the file passes its checksum but its payload is not exactly `payload`'s length (a page of another shape,
+    which is not corrupt). Raises CorruptPage naming the first check that failed."""
+    version = _version(head)
+    if xxh3 is not None and version == 2:
+        checksum = xxh3.ljust(DIGEST_SIZE, b"\0")
+    else:
+        checksum = page_checksum(head[BODY_START:], *payload, version=version)
+    if checksum != head[len(MAGIC) : BODY_START]:
+        raise CorruptPage("checksum mismatch")
+    if HEADER_START + PREFIX.unpack_from(head, BODY_START)[1] > len(head):
+        return None  # the header runs into the bytes read as payload: the payload is shorter
+    hash_hex, _, width, tokens_at, payload_at, meta = _header(head, len(head) + sum(len(p) for p in payload))
+    if payload_at != len(head):
+        return None
+    _check_identity(hash_hex, width, head[tokens_at:payload_at], page_hash, tokens)
+    return meta
+
+
+def _version(view: memoryview) -> int:
+    """The page format version of a file that starts with `view`, after checking its length and magic."""
+    if len(view) < HEADER_START:
+        raise CorruptPage(f"truncated ({len(view)} bytes)")
+    if view[: len(MAGIC)] != MAGIC:
+        raise CorruptPage("bad magic")
+    version = PREFIX.unpack_from(view, BODY_START)[0]
     if version not in PAGE_VERSIONS:
         raise CorruptPage(f"page format version {version}, expected one of {PAGE_VERSIONS}")
-    if page_checksum(view[BODY_START:], version=version) != data[len(MAGIC) : BODY_START]:
-        raise CorruptPage("checksum mismatch")
-    if header_len > min(MAX_HEADER, len(data) - HEADER_START):
+    return version
+
+
+def _header(view: memoryview, size: int) -> tuple[str, str, int, int, int, dict]:
+    """The header of a page file of `size` bytes whose header lies in `view` (checksum already checked): hash hex,
+    fingerprint, token width, where its tokens and its payload start, meta."""
+    header_len = PREFIX.unpack_from(view, BODY_START)[1]
+    if header_len > min(MAX_HEADER, size - HEADER_START):
         raise CorruptPage("header length out of range")
     try:
         header = json.loads(bytes(view[HEADER_START : HEADER_START + header_len]).decode("utf-8"))
@@ -176,21 +227,20 @@ def parse_page(data: bytes | bytearray | memoryview) -> PageFile:
         raise CorruptPage("bad header fields")
     tokens_at = HEADER_START + header_len
     payload_at = tokens_at + n * width
-    if payload_at + payload_len != len(data):
-        raise CorruptPage(f"length {len(data)} does not match the header ({payload_at + payload_len})")
-    return PageFile(hash_hex, fingerprint, width, data[tokens_at:payload_at], meta, view[payload_at:])
+    if payload_at + payload_len != size:
+        raise CorruptPage(f"length {size} does not match the header ({payload_at + payload_len})")
+    return hash_hex, fingerprint, width, tokens_at, payload_at, meta
 
 
-def parse_page_for(data: bytes | bytearray | memoryview, page_hash: bytes, tokens: Sequence[int]) -> PageFile:
-    """`parse_page`, and that the file holds the page asked for: the hash it records is `page_hash` and its token
-    ids are `tokens` (a hash alone is never trusted). Raises CorruptPage naming the first check that failed."""
-    page = parse_page(data)
-    if page.hash_hex != page_hash.hex():
-        raise CorruptPage(f"the file records hash {page.hash_hex:.64}")
+def _check_identity(
+    hash_hex: str, width: int, stored: bytes | memoryview, page_hash: bytes, tokens: Sequence[int]
+) -> None:
+    """That a sound file holds the page asked for: its recorded hash and its packed token ids."""
+    if hash_hex != page_hash.hex():
+        raise CorruptPage(f"the file records hash {hash_hex:.64}")
     try:
-        asked, _ = pack_tokens(tokens, page.token_width)
+        asked, _ = pack_tokens(tokens, width)
     except ValueError:
         asked = b""
-    if asked != page.tokens:
+    if asked != stored:
         raise CorruptPage("its tokens differ from the page's")
-    return page

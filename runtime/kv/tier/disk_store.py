@@ -11,6 +11,7 @@ This module is the front; the pieces behind it, one concern each:
 - `disk_index`: which pages exist, their sizes and order of use, built at open from names and `stat`;
 - `disk_writer`: the atomic write of one page file and the background thread that drains the queue;
 - `disk_format`: the bytes of one page file (self-describing and checksummed);
+- `disk_reads`: one page file read and checked, whole or with its payload into the caller's buffers;
 - `disk_reports`: what `stats` and `verify` return.
 
 Invariants:
@@ -18,8 +19,8 @@ Invariants:
 - A page file is only ever created complete (written under `tmp/`, fsynced, renamed into place, its folder fsynced),
   so a reader never sees a partial page. A process killed mid-write leaves a temporary file, which the next open
   removes (unless the process that wrote it is still alive and the file is less than an hour old).
-- `read` trusts nothing: magic, version, checksum, the hash recorded in the file, and the page's own tokens must
-  all match, or the page is deleted, counted as corrupt, and the read is a miss.
+- `read` and `read_into` trust nothing: magic, version, checksum, the hash recorded in the file, and the page's
+  own tokens must all match, or the page is deleted, counted as corrupt, and the read is a miss.
 - The index follows this store's own writes, reads and deletions. Its byte total is kept at or under `max_bytes`
   after every write by deleting the least recently used pages (last read or write; at open, the files' mtimes,
   which reads refresh).
@@ -40,12 +41,14 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
-from radixcache.runtime.kv.tier.disk_files import read_nofollow, read_nofollow_into, read_nofollow_writable
-from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, CorruptPage, PageWrite, encode_page, parse_page_for
+from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow, read_nofollow_split
+from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, CorruptPage, PageWrite, encode_page
 from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, scan_pages
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, fingerprint_tag, page_file_error
+from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into
 from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport
 from radixcache.runtime.kv.tier.disk_writer import WriteQueue, write_page_file
 
@@ -59,6 +62,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("radixcache.disk")
+T = TypeVar("T")
 
 _COUNTERS = ("writes", "dropped_writes", "read_hits", "read_misses", "corrupt_pages", "evicted_pages")
 
@@ -66,10 +70,10 @@ _COUNTERS = ("writes", "dropped_writes", "read_hits", "read_misses", "corrupt_pa
 class DiskStore:
     """Pages on disk, addressed by page hash, bounded by `max_bytes`, written by one background thread.
 
-    Thread-safety: `count_prefix`, `read`, `put`, `stats` may be called from any thread while the writer thread
-    writes; one lock guards the index, the queue and the counters, and no file I/O happens under it. No call
-    raises for I/O reasons (see the module docstring); bad arguments (a hash that is not 1-64 bytes, token ids
-    outside int64, a meta that is not JSON-able) raise ValueError / TypeError from `put`.
+    Thread-safety: `count_prefix`, `read`, `read_into`, `put`, `stats` may be called from any thread while the
+    writer thread writes; one lock guards the index, the queue and the counters, and no file I/O happens under it.
+    No call raises for I/O reasons (see the module docstring); bad arguments (a hash that is not 1-64 bytes, token
+    ids outside int64, a meta that is not JSON-able) raise ValueError / TypeError from `put`.
 
     directory: created if needed. max_bytes: the most bytes of page files kept (>= 0). fingerprint: recorded in
     every page this store writes, and the name its pages are counted under. max_pending: the most writes queued
@@ -162,25 +166,43 @@ class DiskStore:
         with self._lock:
             return len(self._index)
 
-    def read(
-        self, page_hash: bytes, tokens: Sequence[int], buffer: bytearray | None = None
-    ) -> tuple[memoryview, dict] | None:
-        """The page's payload (a writable view of the bytes read: no copy) and metadata, or None when it is absent
-        or fails a check. With `buffer` the bytes are read into it (grown as needed; the payload views it until
-        its next use), else into new memory.
+    def read(self, page_hash: bytes, tokens: Sequence[int]) -> tuple[memoryview, dict] | None:
+        """The page's payload (a writable view of the bytes read) and metadata, or None when it is absent or fails
+        a check.
 
         `tokens` are the page's own token ids, compared with those stored: a hash alone is never trusted. A page
         that fails any check (magic, version, checksum, recorded hash, tokens, length) is deleted from disk and
         the index, counted in `corrupt_pages` and logged as a warning. A hit makes the page the most recently
         used, in memory and by its mtime (so that the order survives a restart).
         """
+        return self._read(page_hash, lambda path: load_page(path, page_hash, tokens))
+
+    def read_into(
+        self,
+        page_hash: bytes,
+        tokens: Sequence[int],
+        payload: Sequence[memoryview],
+        head: bytearray,
+        split: SplitRead = read_nofollow_split,
+    ) -> dict | None:
+        """`read`, with the payload read straight into `payload` (writable buffers whose lengths sum to the page's
+        payload, filled in order) and the file's other bytes into `head` (grown as needed; a reader reuses one) by
+        `split` (kv.tier.disk_files.read_nofollow_split's contract): no copy. Returns the page's metadata; None as
+        `read` does, and also (without deleting anything) for a sound page whose payload is not that long.
+        `payload` holds garbage after a None."""
+        return self._read(page_hash, lambda path: load_page_into(path, page_hash, tokens, payload, head, split))
+
+    def _read(self, page_hash: bytes, load: Callable[[str], T | None]) -> T | None:
+        """The read of one page: `load(path)` reads and checks its file (raising OSError or CorruptPage, or
+        returning None for a page that is sound but not what the caller can use); here the index, the counters,
+        the deletion of a corrupt page and the refresh of its use."""
         with self._lock:
             entry = self._index.get(page_hash)
             if entry is None:
                 self._count["read_misses"] += 1
                 return None
         try:
-            data = read_nofollow_writable(entry.path) if buffer is None else read_nofollow_into(entry.path, buffer)
+            got = load(entry.path)
         except OSError as exc:
             with self._lock:
                 if isinstance(exc, FileNotFoundError):  # deleted behind our back (a clear, another process)
@@ -189,8 +211,6 @@ class DiskStore:
             if not isinstance(exc, FileNotFoundError):
                 log.debug("cannot read %s: %s", entry.path, exc)
             return None
-        try:
-            page = parse_page_for(data, page_hash, tokens)
         except CorruptPage as exc:
             log.warning("disk KV cache: deleting the corrupt page %s: %s", entry.path, exc)
             with contextlib.suppress(OSError):
@@ -200,12 +220,16 @@ class DiskStore:
                 self._count["corrupt_pages"] += 1
                 self._count["read_misses"] += 1
             return None
+        if got is None:
+            with self._lock:
+                self._count["read_misses"] += 1
+            return None
         with self._lock:
             self._index.touch(page_hash, entry)
             self._count["read_hits"] += 1
         with contextlib.suppress(OSError):
             os.utime(entry.path)
-        return page.payload, page.meta
+        return got
 
     # --------------------------------------------------------------------------------------------- writes
 

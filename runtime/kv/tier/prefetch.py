@@ -24,11 +24,11 @@ Invariants:
   waits until those reads are done (at most `window_s`) before it steps; no read starts during the step. Otherwise
   they read freely. A reader waits at most `pace_wait_s` (0.5 s) for the next step, so a loop that stops stepping
   (closing, or an engine dropped without closing) never holds them. A reader's page costs CPU (the read from the
-  page cache, the checksum, the copy) and the GIL: unpaced, two readers stretched the steps a 2,000-token SmolLM2
-  prefix was read beside to 70 to 225 ms against 21 ms. Paced but reading during the steps (16 pages a step, as
-  before this window), a reader that took a core from one of the step's two OpenMP threads stalled its whole team
-  at the next barrier: reading steps of 24 to 42 ms against 20. Between steps the two cores read the same 16 pages
-  in about 1.5 ms (0.19 ms of CPU a page) with nothing else to run.
+  page cache into staging, the checksum) and, in Python, the GIL: unpaced, two readers stretched the steps a
+  2,000-token SmolLM2 prefix was read beside to 70 to 225 ms against 21 ms. Paced but reading during the steps (16
+  pages a step, as before this window), a reader that took a core from one of the step's two OpenMP threads stalled
+  its whole team at the next barrier: reading steps of 24 to 42 ms against 20. Between steps the two cores read the
+  same 16 pages in about 1.5 ms (0.19 ms of CPU a page, before the native read) with nothing else to run.
 Imports torch; nothing of the KV manager.
 """
 
@@ -42,12 +42,12 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 
 from radixcache.runtime.kv.pool import KVPool, populate
 from radixcache.runtime.kv.tier.copy_sync import pins_host_memory
 from radixcache.runtime.kv.tier.disk_store import DiskStore
+from radixcache.runtime.kv.tier.native_reads import split_reader
 from radixcache.runtime.kv.tier.page_copy import copy_pages
 from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob
 from radixcache.runtime.kv.tier.prefetch_policy import (
@@ -65,6 +65,7 @@ log = logging.getLogger("radixcache.disk")
 PACE_WAIT_S = 0.5  # the longest a reader waits for the loop's next step before it reads anyway
 WINDOW_S = 0.005  # the longest the loop waits, before a step, for the reads it allowed to be done
 PREWARM_PAGES = 128  # staging pages written ahead as the reader starts (kv.tier.staging; within its bound)
+HEAD_BYTES = 4096  # a page file's bytes before its payload (header, token ids): a reader's buffer grows past it
 
 
 class PrefetchReader:
@@ -117,9 +118,9 @@ class PrefetchReader:
         self._staged = 0  # pages of started jobs not yet taken or released
         self._allowance: int | None = None  # page reads the readers may still start this step; None: no bound
         self._active = 0  # reader tasks submitted and not done (reading a page, or about to take the next)
-        # Per reader thread, the memory its page files are read into, reused: a fresh 737 KB bytearray per page
-        # (allocated, zeroed, faulted in, unmapped) made a page read about twice as long
+        # Per reader thread, the buffer its page files' headers are read into, reused (kv.tier.disk_files)
         self._thread_buffers = threading.local()
+        self._split = split_reader()  # a page file's read: native where the library builds (kv.tier.native_reads)
         self._reading = 0  # page reads in progress
         self._last_pace: float | None = None  # when the loop last paced (the step's length, for deadlines)
 
@@ -224,7 +225,7 @@ class PrefetchReader:
     def read_now(self, job: PrefetchJob) -> tuple[int, torch.Tensor | None]:
         """Read a job on the calling thread, stopping at the first failed page (for a direct caller of the KV
         manager, which has not prefetched); the same batched staging as the readers. `release` it after use."""
-        job.buffer, job.staging = self.buffers.get(len(job))
+        job.take_buffer(*self.buffers.get(len(job)))
         job.started = time.perf_counter()
         for i in range(len(job)):
             self._read_page(job, i, paced=False)  # the caller waits for these pages: no pace
@@ -248,7 +249,7 @@ class PrefetchReader:
             if self._staged and self._staged + len(job) > self.max_staged_pages:
                 return  # waits for a take or release
             self._queued.popleft()
-            job.buffer, job.staging = self.buffers.get(len(job))
+            job.take_buffer(*self.buffers.get(len(job)))
             self._staged += len(job)
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="radixcache-prefetch")
@@ -292,8 +293,8 @@ class PrefetchReader:
                 self._cond.notify_all()
 
     def _read_page(self, job: PrefetchJob, i: int, paced: bool = True) -> None:
-        """A reader's work for page `i` of `job`: wait for the pace, read and check the file, copy its bytes into
-        the staging slice."""
+        """A reader's work for page `i` of `job`: wait for the pace, read the file into its staging rows and check
+        it."""
         with self._cond:
             give_up = time.monotonic() + self.pace_wait_s
             while paced and self._allowance is not None and self._allowance <= 0 and not self._stopping(job, i):
@@ -323,7 +324,11 @@ class PrefetchReader:
             job.read_seconds += time.perf_counter() - t0
             job.tasks -= 1
             self._recycle(job)
-            self._cond.notify_all()
+            # Wake the waiters only when one may go on: the loop's pace (a read done, while paced) or its wait (a
+            # job complete, a page failed; any page under best_effort). Woken at every page, the idle loop took the
+            # GIL from the readers 37 times while a restart's 37 pages came in, each wake a reader's delay.
+            if self._allowance is not None or not ok or self.policy == "best_effort" or job.complete:
+                self._cond.notify_all()
 
     def _stopping(self, job: PrefetchJob, i: int) -> bool:
         """Whether page `i` of `job` is no longer to be read (cancelled, closed, or after a failed page). Under the
@@ -335,39 +340,18 @@ class PrefetchReader:
         the lock."""
         if job.let_go and job.tasks == 0 and job.buffer is not None:
             self.buffers.put(job.buffer)
-            job.buffer = job.staging = None
+            job.take_buffer(None, None)
 
     def _read_into(self, job: PrefetchJob, i: int) -> bool:
-        buffer = getattr(self._thread_buffers, "buffer", None)  # each reader thread reads every page into one
-        if buffer is None:
-            buffer = self._thread_buffers.buffer = bytearray()
-        got = self.disk.read(job.hashes[i], job.tokens[i], buffer)
-        if got is None:
-            return False
-        payload, meta = got
-        if meta.get("dtype") != str(self.dtype) or tuple(meta.get("shape", ())) != self.shape:
-            return False  # cannot happen under one fingerprint; never use bytes of another shape
-        staging = job.staging
-        assert staging is not None
-        copy_page_bytes(staging[:, :, i], payload)
-        return True
-
-
-def copy_page_bytes(dst: torch.Tensor, payload: bytes | memoryview) -> None:
-    """Copy a page file's payload (the page's bytes in `dst`'s shape, row-major) into `dst`, a strided view whose
-    last axis is dense, on the calling thread alone.
-
-    Through numpy, not `Tensor.copy_`: a torch copy of a page's size runs on an OpenMP team, and each reader thread
-    would keep one of its own. Once a process manages more OpenMP threads than it has CPUs, libgomp shortens every
-    team's spin-wait, so the engine loop's team sleeps and wakes at every parallel kernel: on this 2-core machine
-    an engine's float32 decode step went from 25 to 38-46 ms once its readers had read a page, for the rest of the
-    engine's life (runtime.native.openmp). numpy copies on this thread only and releases the GIL while it copies.
-    """
-    shape = (*dst.shape[:-1], dst.shape[-1] * dst.element_size())
-    src = np.frombuffer(payload, dtype=np.uint8)
-    if src.size != math.prod(shape):
-        raise ValueError(f"a page payload of {src.size} bytes for a {tuple(dst.shape)} {dst.dtype} page")
-    np.copyto(dst.view(torch.uint8).numpy(), src.reshape(shape))
+        """Read page `i`'s file with its payload straight into the job's staging memory (one vectored read: no
+        buffer to copy out of, no torch kernel and so no OpenMP team on this thread); whether it arrived."""
+        head = getattr(self._thread_buffers, "head", None)  # each reader thread reads every page's header into one
+        if head is None:
+            head = self._thread_buffers.head = bytearray(HEAD_BYTES)
+        assert job.rows is not None
+        meta = self.disk.read_into(job.hashes[i], job.tokens[i], job.rows(i), head, self._split)
+        # a page of another shape or dtype cannot come under one fingerprint; never use its bytes
+        return meta is not None and meta.get("dtype") == str(self.dtype) and tuple(meta.get("shape", ())) == self.shape
 
 
 def copy_staged(pool: KVPool, staging: torch.Tensor, pages: int, blocks: Sequence[int]) -> None:

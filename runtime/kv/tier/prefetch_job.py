@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
+from radixcache.runtime.kv.tier.staging import PageRows
+
 
 class PrefetchJob:
     """One request's run of disk pages, `first_page` onwards (page indices in its prompt), being read."""
@@ -19,6 +21,7 @@ class PrefetchJob:
         self.host_hashes = host  # host pages before the run, locked for this request until it is taken or released
         self.staging: torch.Tensor | None = None  # [layers, 2, pages, page_size, kv_heads, head_dim], once started
         self.buffer: torch.Tensor | None = None  # the kept buffer `staging` views (kv.tier.staging)
+        self.rows: PageRows | None = None  # each page's byte rows in `buffer`, which the readers read into
         self.tasks = 0  # its pages not yet done by a reader (queued or being read)
         self.next_page = 0  # the next page a reader takes (pages go in order)
         self.let_go = False  # the loop is done with it: the buffer goes back once `tasks` reaches 0
@@ -28,6 +31,11 @@ class PrefetchJob:
         self.cancelled = False
         self.started: float | None = None  # perf_counter when queued to the readers
         self.read_seconds = 0.0  # summed over pages (the readers overlap)
+
+    def take_buffer(self, buffer: torch.Tensor | None, staging: torch.Tensor | None) -> None:
+        """The staging memory this job's pages are read into (a kept buffer and its view of them), or none."""
+        self.buffer, self.staging = buffer, staging
+        self.rows = None if buffer is None else PageRows(buffer)
 
     def __len__(self) -> int:
         return len(self.hashes)

@@ -11,6 +11,8 @@ the bound; kv.tier.prefetch's reader does it in its constructor), so that its fi
 memory beside the decodes either: in the prefetch benchmark the step a 2,000-token prefix's first pages were read
 in took 104 to 224 ms against a 21 ms decode step, and 33 to 97 ms with the buffer written before.
 
+A page's rows in a buffer (`PageRows`) are the byte ranges its file's payload is read into.
+
 Invariants: a buffer is handed to one job at a time (between `get` and `put`); at most `keep_bytes` of buffers are
 kept while unused (past it the smallest go); a buffer larger than that is never kept. Thread-safe: jobs are given
 buffers on the engine loop and return them from whichever thread lets go of them last (a reader or the loop).
@@ -26,6 +28,7 @@ import threading
 import torch
 
 from radixcache.runtime.huge_pages import huge_pages
+from radixcache.runtime.kv.tier.native_reads import StridedRows
 
 DEFAULT_KEEP_BYTES = 256 << 20
 
@@ -89,3 +92,25 @@ class StagingBuffers:
     @property
     def kept_bytes(self) -> int:
         return sum(b.shape[2] for b in self._free) * self.page_bytes
+
+
+class PageRows:
+    """The byte rows of each page of one staging buffer (contiguous, `[layers, 2, pages, ...]`): `rows(page)` is a
+    writable view per layer and K/V, in the order of a page file's payload (the page's `[layers, 2, page_size,
+    kv_heads, head_dim]`, row-major), which a reader fills from the file directly (DiskStore.read_into); one stride
+    apart, so that the native read fills them in one call (kv.tier.native_reads)."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        if not buffer.is_contiguous() or buffer.dim() < 3:
+            raise ValueError(f"a staging buffer is contiguous, [layers, 2, pages, ...]: got {tuple(buffer.shape)}")
+        self._flat = memoryview(buffer.view(torch.uint8).numpy().reshape(-1))
+        self._address = buffer.data_ptr()
+        self._count, self.pages = buffer.shape[0] * buffer.shape[1], buffer.shape[2]
+        self._row = self._flat.nbytes // (self._count * self.pages)
+
+    def __call__(self, page: int) -> StridedRows:
+        if not 0 <= page < self.pages:
+            raise ValueError(f"page {page} of a staging buffer of {self.pages}")
+        row, stride, first = self._row, self._row * self.pages, self._row * page
+        views = [self._flat[first + j * stride :][:row] for j in range(self._count)]
+        return StridedRows(views, self._address + first, row, stride)

@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+from radixcache.runtime.kv.tier import prefetch
+from radixcache.runtime.kv.tier.disk_files import read_nofollow_split
+
 
 def _under(folder: str) -> Callable[[Any], bool]:
     def check(path: Any) -> bool:
@@ -75,7 +78,10 @@ def deny_writes(monkeypatch: pytest.MonkeyPatch, folder: str | Path, code: int =
 
 
 def fail_reads(monkeypatch: pytest.MonkeyPatch, folder: str | Path, code: int = errno.EIO) -> None:
-    """Opening a file under `folder` (for reading: what the store does with a page) fails with `code`."""
+    """Opening a file under `folder` (for reading: what the store does with a page) fails with `code`. The prefetch
+    readers of an engine made meanwhile read in Python (their native read opens files in C, past this fault; its
+    own errors are tests.runtime.test_disk_split_reads')."""
+    monkeypatch.setattr(prefetch, "split_reader", lambda: read_nofollow_split)
     under = _under(os.path.abspath(folder))
     real_os_open = os.open
 

@@ -139,7 +139,7 @@ def test_engine_outputs_stay_right_when_disk_reads_fail_or_the_directory_is_read
 def test_engine_requests_survive_disk_writes_and_page_loads_that_raise(
     model: RandomModel, tmp_path: Path, monkeypatch
 ) -> None:
-    """Not an OSError the store handles: the writer's queue or the copy of a read page into the pool raising."""
+    """Not an OSError the store handles: the writer's queue or a page's read into staging memory raising."""
     prompts = _prompts(model.config.vocab_size)
     opts = {"page_size": 4, "capacity_blocks": 200, "dtype": "float64", "load_back": "always"}
     with Engine(model, enable_cache=False, **opts) as plain:
@@ -159,15 +159,15 @@ def test_engine_requests_survive_disk_writes_and_page_loads_that_raise(
         assert engine.stats.tiers.disk_dropped_pages > 0 and engine.flush(30)
         engine.check()
     with Engine(model, cache_dir=tmp_path / "kv", **opts) as engine:
-        real_read = engine.tiers.disk.read
+        real_read = engine.tiers.disk.read_into
 
-        def read(page_hash, tokens, buffer=None):
-            got = real_read(page_hash, tokens, buffer)
-            if got is not None and page_hash[0] % 2:
-                return got[0][:-8], got[1]  # a payload of the wrong length: the copy into the pool raises
-            return got
+        def read_into(page_hash, tokens, rows, head, *split):
+            meta = real_read(page_hash, tokens, rows, head, *split)
+            if meta is not None and page_hash[0] % 2:
+                raise RuntimeError("injected: a page read raised once its bytes had arrived")
+            return meta
 
-        monkeypatch.setattr(engine.tiers.disk, "read", read)
+        monkeypatch.setattr(engine.tiers.disk, "read_into", read_into)
         assert _generate(engine, prompts) == want
         assert engine.stats.tiers.disk_failed_reads > 0
         engine.check()

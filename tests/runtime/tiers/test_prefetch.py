@@ -67,21 +67,21 @@ def decoding_beside_disk_pages(model: RandomModel, cache_dir: Path, tokens: int,
 
 
 class Gate:
-    """Wraps the disk store's `read`: each read announces itself and waits until the test opens the gate."""
+    """Wraps the disk store's `read_into`: each read announces itself and waits until the test opens the gate."""
 
     def __init__(self, engine: Engine) -> None:
         store = engine.tiers.disk
-        self._read = store.read
+        self._read = store.read_into
         self.entered = threading.Event()
         self.opened = threading.Event()
         self.reads = 0
-        store.read = self.read  # the instance attribute shadows the method: the readers call this
+        store.read_into = self.read  # the instance attribute shadows the method: the readers call this
 
-    def read(self, page_hash: bytes, tokens: list[int], buffer: bytearray | None = None):
+    def read(self, page_hash: bytes, tokens: list[int], rows: list[memoryview], head: bytearray, *split):
         self.reads += 1
         self.entered.set()
         assert self.opened.wait(30), "the test never opened the gate"
-        return self._read(page_hash, tokens, buffer)
+        return self._read(page_hash, tokens, rows, head, *split)
 
 
 def step(engine: Engine, times: int = 1) -> None:
@@ -210,10 +210,10 @@ def test_a_page_that_fails_mid_prefetch_is_recomputed(model, tmp_path: Path, fau
     else:
         read = gate._read
 
-        def failing(page_hash: bytes, tokens: list[int], buffer: bytearray | None = None):
+        def failing(page_hash: bytes, tokens: list[int], rows: list[memoryview], head: bytearray, *split):
             if page_hash == bad:
                 raise OSError("injected read error")
-            return read(page_hash, tokens, buffer)
+            return read(page_hash, tokens, rows, head, *split)
 
         gate._read = failing
     gate.opened.set()

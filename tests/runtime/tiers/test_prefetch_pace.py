@@ -46,18 +46,18 @@ def model() -> RandomModel:
 
 
 class Counted:
-    """A disk store's `read` wrapped to count the reads that started."""
+    """A disk store's `read_into` wrapped to count the reads that started."""
 
     def __init__(self, disk: DiskStore) -> None:
-        self._read = disk.read
+        self._read = disk.read_into
         self.started = 0
         self._lock = threading.Lock()
-        disk.read = self.read  # the instance attribute shadows the method: the readers call this
+        disk.read_into = self.read  # the instance attribute shadows the method: the readers call this
 
-    def read(self, page_hash: bytes, tokens: list[int], buffer: bytearray | None = None):
+    def read(self, page_hash: bytes, tokens: list[int], rows: list[memoryview], head: bytearray, *split):
         with self._lock:
             self.started += 1
-        return self._read(page_hash, tokens, buffer)
+        return self._read(page_hash, tokens, rows, head, *split)
 
 
 def _reader(tmp_path: Path, **kw) -> tuple[PrefetchReader, DiskStore, PrefetchJob, Counted]:
