@@ -3,9 +3,9 @@
  * threads each hand-over of the GIL woke the other thread, and on a 2-vCPU VM a wake-up costs tens of
  * microseconds; the readers then spent half their time waiting to run.
  *
- * page_read_split opens `path` without following a symlink, checks it is a regular file, and reads it with
- * preadv: its last rows * row_bytes bytes into the rows at dst, dst + row_stride, ... (row_bytes each, in order)
- * and the bytes before them into head (head_cap bytes at most). *size gets the file's size. Returns 0 once the
+ * page_read_split opens `path` without following a symlink (nor waiting on a FIFO), checks it is a regular file,
+ * and reads it with preadv: its last rows * row_bytes bytes into the rows at dst, dst + row_stride, ... (row_bytes
+ * each, in order) and the bytes before them into head (head_cap bytes at most). *size gets the file's size. Returns 0 once the
  * whole file is read; 1, having read nothing, when the file is shorter than the rows or its head longer than
  * head_cap (the caller reads it another way); -errno on an error: -EISDIR for a file that is not regular, -EIO for
  * a file that ends before its size (it shrank while read), -EINVAL for a hasher that failed.
@@ -54,7 +54,7 @@ int page_read_split(const char *path, unsigned char *head, long head_cap, unsign
                     int rows, long row_stride, long *size, void *state, void *reset, void *update, void *digest,
                     unsigned char *digest_out) {
     if (row_bytes < 0 || rows < 0 || head_cap < 0) return -EINVAL;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block the open */
     if (fd < 0) return -errno;
     struct stat st;
     int rc = 0;

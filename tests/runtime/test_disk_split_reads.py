@@ -15,7 +15,7 @@ import xxhash
 
 from radixcache.runtime.kv.tier import disk_files, native_reads
 from tests.runtime.conftest import META, h, page_path, payload, toks, write
-from tests.runtime.disk_split import SPLITS, read_split, split_read, split_rows
+from tests.runtime.disk_split import READS, SPLITS, Read, read_split, split_read, split_rows
 
 
 @pytest.mark.parametrize("split", SPLITS)
@@ -161,3 +161,18 @@ def test_xxhash_functions_that_are_missing_leave_the_hashing_to_python(monkeypat
 
     monkeypatch.setattr(native_reads.ctypes, "CDLL", Bare)
     assert native_reads.xxh3_functions() is None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("read", READS)
+def test_a_fifo_in_a_pages_place_is_a_miss_and_never_waited_on(open_store, read: Read) -> None:
+    """Opening a FIFO for reading waits for a writer; a page read opens without waiting and refuses it."""
+    store = open_store()
+    write(store, 0)
+    path = page_path(store, h(0))
+    path.unlink()
+    os.mkfifo(path)
+    assert read(store, h(0), toks(0)) is None
+    s = store.stats()
+    assert (s.pages, s.corrupt_pages, s.read_misses) == (1, 0, 1)
+    assert path.exists()

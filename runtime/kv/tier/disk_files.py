@@ -25,6 +25,7 @@ from radixcache.runtime.kv.tier.disk_format import TMP_SUFFIX
 TMP_NAME = re.compile(r"([0-9]+)-[0-9a-f]{16}\.tmp")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # no effect on a regular file's reads
 _PREADV = getattr(os, "preadv", None)
 _IOV_MAX = 1024  # Linux's IOV_MAX: a read into more buffers takes several calls
 
@@ -134,7 +135,7 @@ def _preadv_fully(f: io.FileIO, views: list[memoryview]) -> int:
 @contextlib.contextmanager
 def _open_regular(path: str) -> Iterator[tuple[io.FileIO, int]]:
     """The file at `path` (no symlink followed), unbuffered, and its size; OSError unless a regular file."""
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)  # a FIFO in a file's place must not block the open
     with os.fdopen(fd, "rb", buffering=0) as f:
         info = os.fstat(f.fileno())
         if not stat.S_ISREG(info.st_mode):
