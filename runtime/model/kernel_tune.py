@@ -1,7 +1,9 @@
 """Kernels chosen by measurement: at load, time each float32 linear path (model.linear's PATHS: F.linear, the
 transposed MKL product, oneDNN on the reordered weight, the native densedot.c product at decode buckets) for each
 of the model's weight shapes at each row bucket
-(model.kernel_plan's BUCKETS), keep the fastest, and cache the choice per machine, torch, thread count and model.
+(model.kernel_plan's BUCKETS), keep the fastest (the native product where it is within NATIVE_CREDIT of it: what
+it enables, the whole decode pass in one native call, no product's timing shows), and cache the choice per machine,
+torch, thread count, model and choice rule.
 
 Why: the fixed rules were measured on one machine and are wrong on another (on one 2-core AVX-512 VM, batch-1 fp32
 decode ran at 17 tok/s where F.linear everywhere gives HF transformers 22 to 23). Every path computes the same
@@ -56,6 +58,13 @@ FLOP_CAP = 1.0e9  # floating point operations per sweep of a compute-bound bucke
 ROUNDS = 3
 BUSY_WAITING = 0.3  # threads waiting for a core, on average: past this the timings say nothing (module docstring)
 BUSY_AFTER_S = 0.3  # the busy check needs this much measuring first
+# A decode bucket's products timed one by one cannot see what "native" for every product enables: the whole pass
+# in one native call (model.native_layers; about 15% of a SmolLM2 step on 2 cores). With the MKL product within 2-4%
+# of the native one per product, a plan that took MKL at 1 and 2 rows decoded at 40 tok/s where the same machine's
+# earlier plan, native there, decoded at 51-57 (bench_fp32_decode.py, 2026-12-05). So "native" keeps a bucket unless
+# another path is faster by more than this share of its time.
+NATIVE_CREDIT = 0.15
+CHOICE_RULE = f"fastest; native within {NATIVE_CREDIT:g}"  # in a plan's key: one chosen by another rule is redone
 log = logging.getLogger("radixcache.kernels")
 
 
@@ -135,7 +144,8 @@ def model_key(layers: list[DenseLinear], threads: int) -> dict:
     shapes: dict[str, int] = {}
     for layer in layers:
         shapes[_shape(layer)] = shapes.get(_shape(layer), 0) + 1
-    return plan_key(shapes, threads, "float32", cpu_model(), kernel_flags(), torch.__version__, source_digest())
+    key = plan_key(shapes, threads, "float32", cpu_model(), kernel_flags(), torch.__version__, source_digest())
+    return {**key, "rule": CHOICE_RULE}
 
 
 def choose_kernels(model: object, mode: str, threads: int) -> KernelPlan:
@@ -192,13 +202,16 @@ def measure_plan(
 
 
 def _choose(by_bucket: dict[int, dict[str, float]]) -> dict[int, str]:
-    """The fastest path per bucket; a bucket left untimed takes the largest timed bucket's below it."""
+    """The fastest path per bucket, except that "native" keeps a bucket it is timed at unless another path beats
+    it by more than NATIVE_CREDIT; a bucket left untimed takes the largest timed bucket's below it."""
     chosen: dict[int, str] = {}
     last = "linear"
     for bucket in BUCKETS:
         times = by_bucket.get(bucket)
         if times:
             last = min(times, key=times.__getitem__)
+            if "native" in times and times["native"] <= times[last] * (1 + NATIVE_CREDIT):
+                last = "native"
         chosen[bucket] = last
     return chosen
 

@@ -240,3 +240,26 @@ def test_the_busy_guard_waits_its_time_then_judges() -> None:
     assert fallback.waiting() > 1.9
     with pytest.raises(MachineBusy):
         fallback.check()
+
+
+def test_native_keeps_a_bucket_unless_another_path_is_clearly_faster() -> None:
+    """Timed product by product, "native" cannot show the whole-pass call it enables: within NATIVE_CREDIT of the
+    fastest it is kept; past it, or where it is not timed (compute-bound buckets), the fastest wins."""
+    credit = kernel_tune.NATIVE_CREDIT
+    near = {"mm_t": 100.0, "native": 100.0 * (1 + credit) - 0.01, "onednn": 150.0}
+    far = {"mm_t": 100.0, "native": 100.0 * (1 + credit) + 0.01, "onednn": 150.0}
+    untimed = {"mm_t": 100.0, "onednn": 90.0, "linear": 120.0}
+    chosen = kernel_tune._choose({1: near, 2: far, 16: untimed})
+    assert (chosen[1], chosen[2], chosen[16]) == ("native", "mm_t", "onednn")
+    assert chosen[3] == chosen[8] == "mm_t" and chosen[64] == chosen[256] == "onednn"  # the largest timed below
+    assert kernel_tune._choose({1: {"native": 90.0, "mm_t": 100.0}})[1] == "native"
+
+
+def test_a_plan_chosen_by_another_rule_is_measured_again(kernel_home: Path) -> None:
+    model = _model()
+    plan = choose_kernels(model, "auto", 1)
+    assert plan.source == "measured" and plan.key["rule"] == kernel_tune.CHOICE_RULE
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(kernel_tune, "CHOICE_RULE", "another rule")
+        assert choose_kernels(model, "auto", 1).source == "measured"
+    assert choose_kernels(model, "auto", 1).source == "cache"
