@@ -10,7 +10,9 @@ are missing or disagree, the read hashes nothing and the checksum is computed in
 
 `split_reader()` returns what DiskStore.read_into calls to read a page file: `read_nofollow_split`'s contract
 (kv.tier.disk_files), natively for rows laid out at one stride (`StridedRows`, as kv.tier.staging hands them out),
-else in Python. Imports torch (through the native library's loader); nothing of the KV manager.
+else in Python. It loads the library a float32 CPU model already loaded; where none did (a CUDA model), the first
+engine with a disk tier builds it (once per machine: the build is cached, runtime.native). Imports torch (through the
+native library's loader); nothing of the KV manager.
 """
 
 from __future__ import annotations
