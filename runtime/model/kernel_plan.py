@@ -137,13 +137,15 @@ def plan_key(
     flags: tuple[str, ...],
     torch_version: str,
     native: str = "",
+    rule: str = "",
 ) -> dict[str, Any]:
     """What a plan holds for: `shapes` maps each shape name to how many layers have it. The paths it chose from
-    are part of it, and `native`, the native kernels' source digest: a plan measured before a path existed, or
-    with other native kernels, is measured again."""
+    are part of it, `native`, the native kernels' source digest, and `rule`, how the timings became choices: a
+    plan measured before a path existed, with other native kernels or chosen by another rule is measured again."""
     return {
         "paths": list(PATHS),
         "native": native,
+        "rule": rule,
         "cpu": cpu,
         "flags": list(flags),
         "torch": torch_version,

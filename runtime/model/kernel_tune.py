@@ -144,8 +144,8 @@ def model_key(layers: list[DenseLinear], threads: int) -> dict:
     shapes: dict[str, int] = {}
     for layer in layers:
         shapes[_shape(layer)] = shapes.get(_shape(layer), 0) + 1
-    key = plan_key(shapes, threads, "float32", cpu_model(), kernel_flags(), torch.__version__, source_digest())
-    return {**key, "rule": CHOICE_RULE}
+    flags = kernel_flags()
+    return plan_key(shapes, threads, "float32", cpu_model(), flags, torch.__version__, source_digest(), CHOICE_RULE)
 
 
 def choose_kernels(model: object, mode: str, threads: int) -> KernelPlan:
