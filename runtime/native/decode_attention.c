@@ -13,7 +13,13 @@
  * Measured 2026-12-04 (SmolLM2's 9 query / 3 KV heads of 64, one sequence, 30 layers' KV so that each call reads
  * it cold, against the one-item-per-KV-head loop this replaced): 2 threads 80 -> 58 us a layer at 600 positions,
  * 251 -> 146 at 2,000, 551 -> 298 at 4,000 (about 20 GB/s of KV, the machine's read bandwidth); 1 thread 1.3x to
- * 1.4x. Outputs within 3e-7 of the old loop's. */
+ * 1.4x. Outputs within 3e-7 of the old loop's.
+ *
+ * With AVX-512 and head sizes 64 and 128 an item runs span_vec: 16 positions' scores reduced together, the outputs
+ * summed in registers, the span's values and the head's next span prefetched while its keys are read, and a
+ * thread's items taken head by head. The same bits as attend_span (tests/runtime/native/test_paged_attention.py).
+ * Measured 2026-12-05 inside SmolLM2's fp32 decode (2 threads, 576-704 positions, timers around each call of
+ * a layer): 50-57 -> 37-38 us a layer. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -53,12 +59,25 @@ static float exp_shifted(float *s, int n, float m) {
     return sum;
 }
 
+#if defined(__AVX512F__)
+/* The sum of a vector's 16 lanes by a fixed tree: lanes i and i + 8, then i and i + 4, i and i + 2, i and i + 1
+ * (the order GCC's _mm512_reduce_add_ps uses, spelled out so that no compiler changes it). sum16x16 below adds
+ * the same pairs, so a score has the same bits by either. */
+static inline float hsum16(__m512 a) {
+    const __m256 h = _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)),
+                                    _mm512_castps512_ps256(a));
+    const __m128 f = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+    const __m128 t = _mm_add_ps(f, _mm_shuffle_ps(f, f, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(t) + _mm_cvtss_f32(_mm_shuffle_ps(t, t, _MM_SHUFFLE(3, 2, 0, 1)));
+}
+#endif
+
 static inline float dot(const float *a, const float *b, int d) {
 #if defined(__AVX512F__)
     if (d % 16 == 0) {
         __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(b));
         for (int i = 16; i < d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-        return _mm512_reduce_add_ps(acc);
+        return hsum16(acc);
     }
 #endif
     float s = 0.0f;
@@ -94,6 +113,82 @@ static void attend_span(const float *q, int g, int head_dim, const float *kb, co
         }
     }
 }
+
+#if defined(__AVX512F__)
+/* hsum16 of 16 vectors at once: lane j of the result is hsum16(v[j]), by the same pairs (so the same bits), in 15
+ * shuffle-and-add steps instead of 16 reductions of 4 steps each. After the four levels lane 4 c + k holds vector
+ * c + 4 k's sum; the last permute puts vector j in lane j. */
+static inline __m512 sum16x16(const __m512 *v) {
+    __m512 w[8], y[4];
+    for (int i = 0; i < 8; i++) /* i and i + 8 */
+        w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44));
+    for (int i = 0; i < 4; i++) /* i and i + 4 */
+        y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0xDD),
+                             _mm512_shuffle_f32x4(w[2 * i], w[2 * i + 1], 0x88));
+    __m512 z[2];
+    for (int i = 0; i < 2; i++) /* i and i + 2 */
+        z[i] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)), /* i and i + 1 */
+                                   _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+/* attend_span for head_dim = 16 m (m = 4 or 8, constants where it is inlined), with its results' bits: the same
+ * products and sums per score (16 positions' dots reduced together), the same maximum, exp and sums, and the
+ * outputs summed over positions in the same order from registers (mul, then add: this file has no contraction)
+ * instead of memory. Heads go in groups of 16 / m so that their outputs fit 16 registers. */
+static inline __attribute__((always_inline)) void span_vec(const float *q, int g, const int m, const float *kb,
+                                                           const float *vb, int j0, int j1, float scale, float *mx,
+                                                           float *l, float *o) {
+    float scores[ATTN_MAX_GROUP * ATTN_SPAN];
+    const int n = j1 - j0, head_dim = 16 * m;
+    for (int h = 0; h < g; h++) {
+        const float *qh = q + (size_t)h * head_dim;
+        float *sh = scores + h * ATTN_SPAN;
+        __m512 qv[8];
+        for (int c = 0; c < m; c++) qv[c] = _mm512_loadu_ps(qh + 16 * c);
+        int j = 0;
+        for (; j + 16 <= n; j += 16) {
+            __m512 acc[16];
+            for (int t = 0; t < 16; t++) {
+                const float *kj = kb + (size_t)(j0 + j + t) * head_dim;
+                if (h == 0) /* the rows the output pass reads next, and this head's next span (a hint: never faults) */
+                    for (int c = 0; c < m; c++) {
+                        _mm_prefetch((const char *)(vb + (size_t)(j0 + j + t) * head_dim + 16 * c), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(kj + (size_t)ATTN_SPAN * head_dim + 16 * c), _MM_HINT_T1);
+                    }
+                acc[t] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+                for (int c = 1; c < m; c++) acc[t] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc[t]);
+            }
+            _mm512_storeu_ps(sh + j, _mm512_mul_ps(sum16x16(acc), _mm512_set1_ps(scale)));
+        }
+        for (; j < n; j++) sh[j] = dot(qh, kb + (size_t)(j0 + j) * head_dim, head_dim) * scale;
+        mx[h] = -INFINITY;
+        for (j = 0; j < n; j++)
+            if (sh[j] > mx[h]) mx[h] = sh[j];
+        l[h] = exp_shifted(sh, n, mx[h]);
+    }
+    const int per = 16 / m; /* heads whose outputs share the 16 accumulators */
+    for (int h0 = 0; h0 < g; h0 += per) {
+        const int gh = g - h0 < per ? g - h0 : per;
+        __m512 acc[16];
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const float *vj = vb + (size_t)(j0 + j) * head_dim;
+            for (int h = 0; h < per; h++) {
+                if (h >= gh) break;
+                const __m512 p = _mm512_set1_ps(scores[(h0 + h) * ATTN_SPAN + j]);
+                for (int c = 0; c < m; c++)
+                    acc[h * m + c] = _mm512_add_ps(acc[h * m + c], _mm512_mul_ps(p, _mm512_loadu_ps(vj + 16 * c)));
+            }
+        }
+        for (int h = 0; h < gh; h++)
+            for (int c = 0; c < m; c++) _mm512_storeu_ps(o + (size_t)(h0 + h) * head_dim + 16 * c, acc[h * m + c]);
+    }
+}
+#endif
 
 /* One query row's output from its spans' partial results: span k's (max, sum, unnormalised output) for row gi are
  * at p + k * stride (max at p[gi], sum at p[ATTN_MAX_GROUP + gi], output at p + 2 * ATTN_MAX_GROUP + gi * head_dim);
@@ -149,11 +244,14 @@ int native_decode_attention(const float *q, int batch, int heads, int kv_heads, 
     }
     for (int b = 0; b < batch; b++)
         for (int s = first[b]; s < first[b + 1]; s++) span_seq[s] = b;
+    /* items run KV head by KV head, a head's spans in position order, so that a thread's share of the items
+     * reads few long runs of K and V rows; each item's results go where the merge looks for span s */
 #pragma omp parallel for schedule(static)
-    for (long it = 0; it < items; it++) {
-        const int s = (int)(it / ((long)kv_heads * slices));
-        const int h = (int)(it / slices % kv_heads);
-        const int slice = (int)(it % slices);
+    for (long run = 0; run < items; run++) {
+        const int h = (int)(run / ((long)spans * slices));
+        const int slice = (int)(run / spans % slices);
+        const int s = (int)(run % spans);
+        const long it = ((long)s * kv_heads + h) * slices + slice;
         const int b = span_seq[s];
         const int j0 = (s - first[b]) * ATTN_SPAN;
         const int j1 = j0 + ATTN_SPAN < lengths[b] ? j0 + ATTN_SPAN : lengths[b];
@@ -163,7 +261,14 @@ int native_decode_attention(const float *q, int batch, int heads, int kv_heads, 
         const float *kb = k + (size_t)b * row_stride + (size_t)h * head_stride;
         const float *vb = v + (size_t)b * row_stride + (size_t)h * head_stride;
         float *p = part + (size_t)it * ATTN_MAX_GROUP * per_head;
-        attend_span(qh, g, head_dim, kb, vb, j0, j1, scale, p, p + ATTN_MAX_GROUP, p + 2 * ATTN_MAX_GROUP);
+#if defined(__AVX512F__)
+        if (head_dim == 64)
+            span_vec(qh, g, 4, kb, vb, j0, j1, scale, p, p + ATTN_MAX_GROUP, p + 2 * ATTN_MAX_GROUP);
+        else if (head_dim == 128)
+            span_vec(qh, g, 8, kb, vb, j0, j1, scale, p, p + ATTN_MAX_GROUP, p + 2 * ATTN_MAX_GROUP);
+        else
+#endif
+            attend_span(qh, g, head_dim, kb, vb, j0, j1, scale, p, p + ATTN_MAX_GROUP, p + 2 * ATTN_MAX_GROUP);
     }
     /* merge each (sequence, query head)'s spans in position order */
 #pragma omp parallel for collapse(2) schedule(static)

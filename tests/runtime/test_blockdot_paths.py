@@ -146,6 +146,9 @@ def test_each_path_computes_rms_norm(build: tuple[ctypes.CDLL, int], rows: int) 
         (9, 3, 64, [300, 128, 129, 1]),  # SmolLM2's heads; spans of 128 positions: whole, one over, several
         (9, 3, 12, [257, 3]),  # a head size no vector width divides
         (34, 2, 16, [200]),  # a group of 17 query heads: more than one item takes at once (16)
+        (10, 2, 64, [15, 16, 17, 33]),  # AVX-512's vector span: 16 scores at once and the rest; outputs 4 + 1 heads
+        (34, 2, 64, [200]),  # the vector span with 17 query heads: two slices
+        (8, 2, 128, [130, 47]),  # head size 128: the vector span's outputs 2 heads at a time
     ],
 )
 def test_each_path_computes_decode_attention_over_rows(

@@ -146,3 +146,31 @@ def test_the_model_takes_the_paged_kernel_for_a_short_chunk_and_a_decode_without
     step = model.decode([ids[21]], meta, pool)  # a decode without a mirror: the paged kernel too
     assert calls == [(1, 21)] * layers
     assert (step[0] - whole[21]).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "d", "length"),
+    [
+        (9, 3, 64, 600),  # SmolLM2: decode_attention.c's vector span (16 scores reduced at once), 4 + 1 spans
+        (10, 2, 64, 33),  # groups of 5 query heads: outputs in groups of 4, then 1; positions past 32
+        (34, 2, 64, 200),  # 17 query heads a KV head: two slices of a group
+        (8, 2, 128, 47),  # head size 128: outputs in groups of 2
+        (6, 1, 128, 129),
+        (9, 3, 16, 150),  # a head size the vector span does not take: both kernels score one position at a time
+    ],
+)
+def test_decode_attention_over_rows_gives_the_paged_kernels_bits(
+    ops: NativeDecodeOps, heads: int, kv_heads: int, d: int, length: int
+) -> None:
+    """A decode over mirror rows scores 16 positions at once (head sizes 64 and 128 with AVX-512) where the paged
+    kernel scores one at a time; both sum each score's lanes by the same tree and the outputs in the same position
+    order, so the last position's query gets the same bits from either."""
+    page = 16
+    k, v, table = pages_of(length, page, -(-length // page) + 2, kv_heads, d, seed=heads + d)
+    q = torch.randn(1, heads, d, generator=torch.Generator().manual_seed(length)) * 2
+    paged = ops.attend_pages(q, k, v, table, length - 1)
+    rows_k = k[table].reshape(-1, kv_heads, d)[:length].permute(1, 0, 2).unsqueeze(0).contiguous()  # [1, KV, S, D]
+    rows_v = v[table].reshape(-1, kv_heads, d)[:length].permute(1, 0, 2).unsqueeze(0).contiguous()
+    mirror = ops.attend(q, rows_k, rows_v, [length])
+    assert torch.equal(mirror, paged)
+    torch.testing.assert_close(mirror.double(), reference(q, k, v, table, length - 1), rtol=1e-5, atol=1e-6)
