@@ -89,6 +89,26 @@ def test_each_path_equals_the_float64_product(build: tuple[ctypes.CDLL, int], la
     assert ((y.double() - want).abs() <= bound).all(), (y.double() - want).abs().max()
 
 
+@pytest.mark.parametrize("ntok", [1, 3, 8])
+def test_the_bits_do_not_depend_on_the_thread_count(build: tuple[ctypes.CDLL, int], ntok: int) -> None:
+    """Each thread takes one contiguous share of the stacked rows, cut where the parts meet: with 1, 2, 3 and 5
+    threads the shares end inside parts and at their edges, and every output row is the same sum."""
+    lib, _ = build
+    parts = [random_block_weight(kind, n, 64, seed=n) for kind, n in (("Q4_1", 7), ("Q8_0", 5), ("Q4_1", 11))]
+    x = torch.randn(ntok, 64, generator=torch.Generator().manual_seed(ntok))
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 3, 5):
+            torch.set_num_threads(threads)  # the OpenMP team of this thread, as the runtime sizes it
+            status, y = _matmul(lib, parts, x, 23)
+            assert status == 0
+            outs.append(y)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(outs[0], y) for y in outs[1:])
+
+
 @pytest.mark.parametrize(
     ("case", "ntok", "cols", "kinds", "ldy"),
     [
