@@ -124,8 +124,10 @@ class DecodeMirror:
         self.max_bytes = max_bytes
         self.native = native  # radixcache.runtime.native.ops (quant="gguf"): attention in one native call per layer
         self.bytes_per_position = 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype.itemsize
-        self._k: list[torch.Tensor] = []
-        self._v: list[torch.Tensor] = []
+        # tuples, replaced whole when the rows are reallocated: each step hands out the same objects, so that a
+        # reader may key what it derives from them (model.native_layers' pointer tables) on their identity
+        self._k: tuple[torch.Tensor, ...] = ()
+        self._v: tuple[torch.Tensor, ...] = ()
         self._keys: list[Hashable] = []  # row -> the sequence it mirrors; rows are dense from 0
         self._synced: list[int] = []  # row -> positions mirrored; -1 while a step using the row is in flight
         self.positions_loaded = 0  # positions copied from the pool (row fills), for tests and metrics
@@ -142,7 +144,7 @@ class DecodeMirror:
 
     def clear(self) -> None:
         """Drop every row and free the memory."""
-        self._k, self._v, self._keys, self._synced = [], [], [], []
+        self._k, self._v, self._keys, self._synced = (), (), [], []
 
     def prepare(
         self, keys: Sequence[Hashable], block_tables: Sequence[Sequence[int]], lengths: Sequence[int], pool: KVPool
@@ -202,8 +204,8 @@ class DecodeMirror:
             mask = torch.zeros(b, span, dtype=torch.float32, device=dev).masked_fill_(past, float("-inf"))
             mask = mask.view(b, 1, 1, span)
         return MirrorStep(
-            k=tuple(self._k),
-            v=tuple(self._v),
+            k=self._k,
+            v=self._v,
             rows=tuple(rows),
             lengths=tuple(lengths),
             rows_t=torch.tensor(rows, dtype=torch.int64, device=dev),
@@ -250,7 +252,7 @@ class DecodeMirror:
                 v[:keep_rows, :, :n] = old_v[:keep_rows, :, :n]
             new_k.append(k)
             new_v.append(v)
-        self._k, self._v = new_k, new_v
+        self._k, self._v = tuple(new_k), tuple(new_v)
         self.reallocations += 1
 
     def _load(self, row: int, table: Sequence[int], n: int, pool: KVPool) -> None:
