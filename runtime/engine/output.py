@@ -7,6 +7,7 @@ calls `result` once per request that left.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -54,12 +55,23 @@ def token_logprob(logits: torch.Tensor, token: int, k: int) -> TokenLogprob:
     return TokenLogprob(token, packed[0], tuple((int(i), v) for i, v in zip(ids, top_lp, strict=True)))
 
 
+def _cpu_argmax(row: torch.Tensor) -> int | None:
+    """The first index of a float32 CPU row's maximum, or None when that maximum is not finite."""
+    values = row.detach().numpy()
+    best = int(values.argmax())
+    return best if math.isfinite(values[best]) else None
+
+
 def greedy_tokens(rows: list[torch.Tensor]) -> Iterator[int | None]:
     """The argmax of each `[vocab]` row, by one batched argmax (one host transfer); None for a row whose maximum is
     not finite (a NaN row's argmax is the NaN), or for every row if the batched argmax fails as a whole: that row's
     own sampler decides then, and refuses non-finite logits (SamplingError) for its request alone."""
     if not rows:
         return iter(())
+    if all(r.device.type == "cpu" and r.dtype == torch.float32 and r.dim() == 1 for r in rows):
+        # numpy's argmax: 5 us over SmolLM2's 49,152 logits where torch's takes 43 (and the step's batched path
+        # about 0.26 ms against 0.09 in the Engine); the same first index of the maximum, a NaN counting as one
+        return iter([_cpu_argmax(r) for r in rows])
     try:
         batch = torch.stack(rows)
         best = batch.argmax(dim=-1)

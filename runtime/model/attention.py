@@ -95,8 +95,11 @@ def build_decode_meta(
         rows.append(row + [row[0]] * (max_blocks - need))
     tables = torch.tensor(rows, dtype=torch.int64, device=device)
     lengths_t = torch.tensor(lengths, dtype=torch.int64, device=device)
-    pos = lengths_t - 1
-    slots = tables.gather(1, (pos // page_size).unsqueeze(1)).squeeze(1) * page_size + pos % page_size
+    # the new tokens' pool slots from the host lists: one tensor made, where the same on the device took five ops
+    new_slots = [
+        row[(n - 1) // page_size] * page_size + (n - 1) % page_size for row, n in zip(rows, lengths, strict=True)
+    ]
+    slots = torch.tensor(new_slots, dtype=torch.int64, device=device)
     mask = None
     if len(lengths) > 1:
         span = torch.arange(max_blocks * page_size, device=device)
