@@ -63,16 +63,17 @@ def _cpu_argmax(row: torch.Tensor) -> int | None:
 
 
 def greedy_tokens(rows: list[torch.Tensor]) -> Iterator[int | None]:
-    """The argmax of each `[vocab]` row, by one batched argmax (one host transfer); None for a row whose maximum is
-    not finite (a NaN row's argmax is the NaN), or for every row if the batched argmax fails as a whole: that row's
-    own sampler decides then, and refuses non-finite logits (SamplingError) for its request alone."""
+    """The argmax of each `[vocab]` row: float32 CPU rows each by numpy's argmax, others by one batched argmax (one
+    host transfer); None for a row whose maximum is not finite (a NaN row's argmax is the NaN), or for every row if
+    the argmax fails as a whole: that row's own sampler decides then, and refuses non-finite logits (SamplingError)
+    for its request alone."""
     if not rows:
         return iter(())
-    if all(r.device.type == "cpu" and r.dtype == torch.float32 and r.dim() == 1 for r in rows):
-        # numpy's argmax: 5 us over SmolLM2's 49,152 logits where torch's takes 43 (and the step's batched path
-        # about 0.26 ms against 0.09 in the Engine); the same first index of the maximum, a NaN counting as one
-        return iter([_cpu_argmax(r) for r in rows])
     try:
+        if all(r.device.type == "cpu" and r.dtype == torch.float32 and r.dim() == 1 for r in rows):
+            # numpy's argmax: 5 us over SmolLM2's 49,152 logits where torch's takes 43 (the step's batched path
+            # about 0.26 ms against 0.09 in the Engine); the same first index of the maximum, a NaN counting as one
+            return iter([_cpu_argmax(r) for r in rows])
         batch = torch.stack(rows)
         best = batch.argmax(dim=-1)
         finite = torch.isfinite(batch.gather(1, best[:, None]).squeeze(1))
