@@ -42,7 +42,11 @@ SOURCES = tuple(
     )
 )
 HEADERS = tuple(SOURCE.with_name(n) for n in ("ggml_blocks.h", "block_decode.h", "vector_exp.h"))
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+# -ffp-contract=off: a product and a sum stay two roundings, never one fused multiply-add the compiler chose, so
+# kernels that spell the same arithmetic differently (decode_attention.c's vector span and its scalar loops,
+# decode_store.c against PyTorch) keep the same bits on any compiler (GCC in ISO C mode already does this; clang
+# fuses within an expression unless told not to).
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off")
 LIBS = ("-lm",)  # after the source: linkers drop a library named before the objects that need it
 
 
