@@ -6,7 +6,8 @@ per 32 values (integer dot products: AVX-512 VNNI, AVX-VNNI, AVX2 or portable C)
 layouts both read. `densedot.c` runs the same call on plain float32 rows (the float32 model's decode
 products); `page_reads.c` reads a disk-tier page file in one call, without the GIL (runtime.kv.tier.native_reads).
 They are compiled together, once per source, compiler and CPU into a cache folder (`$RADIXCACHE_NATIVE_CACHE`,
-else `~/.cache/radixcache/native`, else a per-user temporary folder) with `-O3 -march=native -fopenmp`, and reused.
+else `~/.cache/radixcache/native`, else a per-user temporary folder) with `-O3 -march=native -fopenmp
+-ffp-contract=off`, and reused.
 The compiler is `$CC`, else `cc`. OpenMP: torch is imported first, so the library binds to the libgomp torch
 loaded (one thread pool, sized by `torch.set_num_threads` on the calling thread), not to a second copy.
 
