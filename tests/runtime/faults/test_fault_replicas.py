@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from radixcache.runtime.testing import RandomModel
+from radixcache.runtime.testing import RandomModel, hold_engine_loop
 from tests.runtime.faults.conftest import assert_clean
 from tests.runtime.faults.harness import (
     MAX_NEW,
@@ -93,10 +93,18 @@ def run_on_replicas(front: Any, fault: Fault | None) -> Outcome:
         injector.instrument(replica.engine, index)
         real_submit = replica.engine.submit
 
-        def submit(prompt: Any, *a: Any, _real: Any = real_submit, _index: Any = index, **k: Any) -> Any:
-            handle = _real(prompt, *a, **k)
-            i = by_key[(tuple(prompt), handle.request.sampler.params.seed)]
-            injector.watch(handle, i, _index, listener=False)  # the replica's own listener wakes its stream
+        def submit(
+            prompt: Any, *a: Any, _real: Any = real_submit, _index: Any = index, _engine: Any = replica.engine, **k: Any
+        ) -> Any:
+            # the replica's loop waits while the request is submitted and indexed: free, it could admit the request
+            # before `watch` maps its id, and a fault at admission would then never fire
+            release = hold_engine_loop(_engine)
+            try:
+                handle = _real(prompt, *a, **k)
+                i = by_key[(tuple(prompt), handle.request.sampler.params.seed)]
+                injector.watch(handle, i, _index, listener=False)  # the replica's own listener wakes its stream
+            finally:
+                release()
             return handle
 
         replica.engine.submit = submit
