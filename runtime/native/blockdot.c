@@ -23,17 +23,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#else
-static inline int omp_get_num_threads(void) { return 1; }
-static inline int omp_get_thread_num(void) { return 0; }
-#endif
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 #include "ggml_blocks.h"
+#include "thread_rows.h"
 
 int blockdot_max_tokens(void) { return BLOCKDOT_MAX_TOKENS; }
 
@@ -413,8 +408,8 @@ int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const
     const int total = start[nparts];
 #pragma omp parallel
     {
-        const int threads = omp_get_num_threads(), me = omp_get_thread_num();
-        const int lo = (int)((long)total * me / threads), hi = (int)((long)total * (me + 1) / threads);
+        int lo, hi;
+        thread_rows(total, &lo, &hi);
         for (int p = 0; p < nparts; p++) {
             const int first = lo > start[p] ? lo : start[p], end = hi < start[p + 1] ? hi : start[p + 1];
             if (first >= end) continue;

@@ -11,17 +11,12 @@
  * weight may be up to BLOCKDOT_MAX_PARTS parts stacked by rows, every kind KIND_F32 (ggml's type id 0). */
 #include <stddef.h>
 #include <stdint.h>
-#ifdef _OPENMP
-#include <omp.h>
-#else
-static inline int omp_get_num_threads(void) { return 1; }
-static inline int omp_get_thread_num(void) { return 0; }
-#endif
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 #include "ggml_blocks.h"
+#include "thread_rows.h"
 
 /* Accumulator chains per row of x. A float32 FMA's result feeds the next one 4 cycles later, so one chain per row
  * lets a batch-1 product do one 16-wide FMA every 4 cycles, which was under what the memory delivers: measured on
@@ -132,8 +127,8 @@ int densedot_matmul(int nparts, const void *const *data, const int *kinds, const
     if (total > ldy) return -1;
 #pragma omp parallel
     {
-        const int threads = omp_get_num_threads(), me = omp_get_thread_num();
-        const int lo = (int)((long)total * me / threads), hi = (int)((long)total * (me + 1) / threads);
+        int lo, hi;
+        thread_rows(total, &lo, &hi);
         for (int p = 0; p < nparts; p++) {
             const int a = lo > start[p] ? lo : start[p], b = hi < start[p + 1] ? hi : start[p + 1];
             if (a < b)
