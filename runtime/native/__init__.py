@@ -92,6 +92,10 @@ def blockdot() -> ctypes.CDLL:
     lib.native_paged_attention.argtypes = [ptr, num, num, num, num, ptr, ptr, ctypes.c_long, ctypes.c_long, num]
     lib.native_paged_attention.argtypes += [ptr, num, num, num, ptr]
     lib.native_paged_attention.restype = ctypes.c_int
+    # (total, shares, threads, chunk, slow thread, its delay in us, counts out, rows taken from others out)
+    #  -> the threads that ran, or -1 (thread_rows.h's shares, for tests)
+    lib.native_row_shares_check.argtypes = [num, num, num, num, num, num, ptr, ptr]
+    lib.native_row_shares_check.restype = ctypes.c_int
     # (qkv, rows, heads, kv heads, head dim, positions, cos, signed sin, max position, q out, pool k, pool v, slots,
     #  slot count, mirror k, mirror v, mirror row stride, mirror head stride, mirror rows, mirror positions,
     #  mirror row count, mirror capacity) -> 0, or -1 (decode_store.c)

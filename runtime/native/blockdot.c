@@ -10,7 +10,8 @@
  * compiler vectorises.
  *
  * A weight may be several parts stacked by rows (a fused q/k/v or gate/up matrix whose source tensors have
- * their own block types): one call covers them all, each thread one contiguous share of the output rows.
+ * their own block types): one call covers them all, the threads taking the output rows as thread_rows.h says (a
+ * contiguous share each, then rows left in the others').
  * `ntok` (1 .. BLOCKDOT_MAX_TOKENS) rows of x share each decoded block: a small decode batch reads W once.
  * The library is built against the libgomp that torch has loaded (runtime/native/__init__.py).
  * Vector paths: AVX-512, AVX2 + FMA, else portable C (chosen at build time by -march=native).
@@ -406,18 +407,22 @@ int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const
         }
     }
     const int total = start[nparts];
-#pragma omp parallel
+    const int team = omp_get_max_threads();
+    const int chunk = row_chunk((long)(cols / block_elems(kinds[0])) * (long)block_bytes(kinds[0]));
+    row_share shares[team];
+    row_shares_init(shares, team, total);
+#pragma omp parallel num_threads(team)
     {
         int lo, hi;
-        thread_rows(total, &lo, &hi);
-        for (int p = 0; p < nparts; p++) {
-            const int first = lo > start[p] ? lo : start[p], end = hi < start[p + 1] ? hi : start[p + 1];
-            if (first >= end) continue;
-            const int nblocks = cols / block_elems(kinds[p]);
-            const size_t row_bytes = (size_t)nblocks * block_bytes(kinds[p]);
-            const uint8_t *rows0 = (const uint8_t *)data[p] + (size_t)(first - start[p]) * row_bytes;
-            block_rows_n(kinds[p], rows0, row_bytes, nblocks, x, cols, ntok, xsum, y + first, ldy, end - first);
-        }
+        while (row_next(shares, team, omp_get_thread_num(), chunk, &lo, &hi))
+            for (int p = 0; p < nparts; p++) {
+                const int first = lo > start[p] ? lo : start[p], end = hi < start[p + 1] ? hi : start[p + 1];
+                if (first >= end) continue;
+                const int nblocks = cols / block_elems(kinds[p]);
+                const size_t row_bytes = (size_t)nblocks * block_bytes(kinds[p]);
+                const uint8_t *rows0 = (const uint8_t *)data[p] + (size_t)(first - start[p]) * row_bytes;
+                block_rows_n(kinds[p], rows0, row_bytes, nblocks, x, cols, ntok, xsum, y + first, ldy, end - first);
+            }
     }
     return 0;
 }

@@ -2,10 +2,11 @@
  * the float32 model's decode products (runtime/model/linear.py's "native" path, and the native decode layers).
  *
  * At a decode batch the product reads every weight once and does two flops per 4 bytes read: its speed is how
- * fast the cores stream W. Each thread takes a contiguous share of W's rows (one sequential stream per thread)
- * and reads each weight vector once for all `ntok` rows of x, whose per-row sums stay in registers (`ntok` a
- * compile-time constant in each case of dense_rows_n). Sums are float32 in a fixed order per output (16 lanes, then
- * a tree), whatever the thread count: the result never depends on it.
+ * fast the cores stream W. Each thread takes a contiguous share of W's rows (one sequential stream per thread;
+ * thread_rows.h: a thread done early takes rows left in another's) and reads each weight vector once for all
+ * `ntok` rows of x, whose per-row sums stay in registers (`ntok` a compile-time constant in each case of
+ * dense_rows_n). Sums are float32 in a fixed order per output (16 lanes, then a tree), whatever the thread
+ * count or the thread that takes the row: the result never depends on them.
  *
  * Same arguments as blockdot_matmul (blockdot.c), so the decode layers call either through one pointer type: a
  * weight may be up to BLOCKDOT_MAX_PARTS parts stacked by rows, every kind KIND_F32 (ggml's type id 0). */
@@ -112,8 +113,9 @@ static void dense_rows_n(const float *w, const float *x, int cols, int ntok, flo
 }
 
 /* y[t * ldy + o] for the rows of `nparts` stacked float32 parts (part p: `rows[p]` rows at `data[p]`, kind
- * KIND_F32), all with `cols` columns. Each thread takes one contiguous share of the stacked rows (one sequential
- * stream), cut where parts meet. Returns 0, or -1 for arguments out of range (nothing is written then). */
+ * KIND_F32), all with `cols` columns. The threads share the stacked rows as thread_rows.h says (a contiguous share
+ * each, one sequential stream, rows left over taken by whichever thread is done first), cut where parts meet.
+ * Returns 0, or -1 for arguments out of range (nothing is written then). */
 int densedot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
                     const float *x, int ntok, float *y, int ldy) {
     if (nparts < 1 || nparts > BLOCKDOT_MAX_PARTS || ntok < 1 || ntok > BLOCKDOT_MAX_TOKENS || cols < 1) return -1;
@@ -125,15 +127,57 @@ int densedot_matmul(int nparts, const void *const *data, const int *kinds, const
     }
     const int total = start[nparts];
     if (total > ldy) return -1;
-#pragma omp parallel
+    const int team = omp_get_max_threads(), chunk = row_chunk((long)cols * (long)sizeof(float));
+    row_share shares[team];
+    row_shares_init(shares, team, total);
+#pragma omp parallel num_threads(team)
     {
         int lo, hi;
-        thread_rows(total, &lo, &hi);
-        for (int p = 0; p < nparts; p++) {
-            const int a = lo > start[p] ? lo : start[p], b = hi < start[p + 1] ? hi : start[p + 1];
-            if (a < b)
-                dense_rows_n((const float *)data[p] + (size_t)(a - start[p]) * cols, x, cols, ntok, y + a, ldy, b - a);
-        }
+        while (row_next(shares, team, omp_get_thread_num(), chunk, &lo, &hi))
+            for (int p = 0; p < nparts; p++) {
+                const int a = lo > start[p] ? lo : start[p], b = hi < start[p + 1] ? hi : start[p + 1];
+                if (a < b)
+                    dense_rows_n((const float *)data[p] + (size_t)(a - start[p]) * cols, x, cols, ntok, y + a, ldy,
+                                 b - a);
+            }
     }
     return 0;
+}
+
+/* For tests (tests/runtime/native/test_row_shares.py): `threads` threads take rows [0, total) from `count` shares
+ * as the products do (a team smaller than the shares leaves some to be taken by others), thread `slow` first
+ * spinning `slow_us` microseconds; counts[r] is incremented once per claim of row r, *taken the rows a thread took
+ * from a share not its own. Returns the number of threads that ran, or -1 for arguments out of range. */
+int native_row_shares_check(int total, int count, int threads, int chunk, int slow, int slow_us, int *counts,
+                            long *taken) {
+    if (total < 0 || count < 1 || threads < 1 || chunk < 1 || slow_us < 0) return -1;
+    row_share shares[count];
+    row_shares_init(shares, count, total);
+    long others = 0;
+    int ran = 1;
+#pragma omp parallel num_threads(threads) reduction(+ : others)
+    {
+        const int me = omp_get_thread_num();
+#ifdef _OPENMP
+        if (me == 0) ran = omp_get_num_threads();
+#endif
+#ifdef _OPENMP
+        if (me == slow)
+            for (const double t0 = omp_get_wtime(); omp_get_wtime() - t0 < slow_us * 1e-6;) {
+            }
+#else
+        (void)slow;
+#endif
+        const int own_lo = me < count ? (int)((long)total * me / count) : 0; /* row_shares_init's share */
+        const int own_hi = me < count ? (int)((long)total * (me + 1) / count) : 0;
+        int lo, hi;
+        while (row_next(shares, count, me, chunk, &lo, &hi))
+            for (int r = lo; r < hi; r++) {
+#pragma omp atomic
+                counts[r]++;
+                others += r < own_lo || r >= own_hi;
+            }
+    }
+    *taken = others;
+    return ran;
 }
