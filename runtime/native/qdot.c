@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "ggml_blocks.h"
+#include "thread_rows.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define QDOT_PATH 3
@@ -383,31 +384,37 @@ int qdot_matmul(int nparts, const void *const *data, const int *kinds, const int
     const acts a = {xq, xd, xs, cols, nb};
     const int total = start[nparts];
     const row_fn fn = ROWS[ntok];
-#pragma omp parallel
+    const int team = omp_get_max_threads(), groups = (total + 3) / 4; /* output rows in groups of four */
+    const int chunk = row_chunk(4 * (long)(cols / block_elems(kinds[0])) * (long)block_bytes(kinds[0]));
+    row_share shares[team];
+    row_shares_init(shares, team, groups);
+#pragma omp parallel num_threads(team)
     {
 #pragma omp for schedule(static)
         for (int i = 0; i < ntok * nb; i++) quantise_block(x, cols, nb, i, xq, xd, xs);
-#pragma omp for schedule(static)
-        for (int g = 0; g < (total + 3) / 4; g++) { /* output rows in groups of four */
-            const int first = 4 * g, end = first + 4 < total ? first + 4 : total;
-            int p = 0;
-            while (first >= start[p + 1]) p++;
+        int g0, g1;
+        while (row_next(shares, team, omp_get_thread_num(), chunk, &g0, &g1))
+            for (int g = g0; g < g1; g++) {
+                const int first = 4 * g, end = first + 4 < total ? first + 4 : total;
+                int p = 0;
+                while (first >= start[p + 1]) p++;
 #ifdef QDOT_ROWS4
-            if (ntok == 1 && kinds[p] == KIND_Q4_1 && end - first == 4 && end <= start[p + 1]) {
-                const size_t row_bytes = (size_t)(cols / QK) * block_bytes(KIND_Q4_1);
-                q4_1_rows4((const uint8_t *)data[p] + (size_t)(first - start[p]) * row_bytes, row_bytes, &a, y + first);
-                continue;
-            }
+                if (ntok == 1 && kinds[p] == KIND_Q4_1 && end - first == 4 && end <= start[p + 1]) {
+                    const size_t row_bytes = (size_t)(cols / QK) * block_bytes(KIND_Q4_1);
+                    q4_1_rows4((const uint8_t *)data[p] + (size_t)(first - start[p]) * row_bytes, row_bytes, &a,
+                               y + first);
+                    continue;
+                }
 #endif
-            for (int o = first; o < end; o++) {
-                while (o >= start[p + 1]) p++;
-                const int kind = kinds[p];
-                const size_t row_bytes = (size_t)(cols / block_elems(kind)) * block_bytes(kind);
-                float out[BLOCKDOT_MAX_TOKENS];
-                fn(kind, (const uint8_t *)data[p] + (size_t)(o - start[p]) * row_bytes, &a, out);
-                for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
+                for (int o = first; o < end; o++) {
+                    while (o >= start[p + 1]) p++;
+                    const int kind = kinds[p];
+                    const size_t row_bytes = (size_t)(cols / block_elems(kind)) * block_bytes(kind);
+                    float out[BLOCKDOT_MAX_TOKENS];
+                    fn(kind, (const uint8_t *)data[p] + (size_t)(o - start[p]) * row_bytes, &a, out);
+                    for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
+                }
             }
-        }
     }
     free(buf);
     return 0;

@@ -1,4 +1,4 @@
-/* A product's output rows shared by the threads of a parallel region. Shared by densedot.c and blockdot.c.
+/* A product's output rows shared by the threads of a parallel region (densedot.c, blockdot.c, qdot.c).
  *
  * Each thread owns one contiguous share of the rows, in thread order, and takes it from the front a chunk at a
  * time: one sequential stream of weights per thread. A thread whose share is done takes rows from the back of the

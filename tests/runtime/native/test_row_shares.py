@@ -1,4 +1,4 @@
-"""runtime/native/thread_rows.h: the shares the threads of a product take rows from (densedot.c, blockdot.c).
+"""runtime/native/thread_rows.h: the shares the threads of a product take rows from (densedot.c, blockdot.c, qdot.c).
 Whatever the rows, shares, team size, claim size and delays, every row is taken exactly once (against a count kept
 per row); a thread held back has rows of its share taken by the others; a team smaller than the shares leaves no
 row behind; and through the real products, a weight whose rows are shared unevenly gives the same bits as one
@@ -71,7 +71,8 @@ def test_refuses_arguments_out_of_range() -> None:
 
 def test_products_give_the_same_bits_when_one_thread_is_slow() -> None:
     """Four threads on this machine's cores (2 in CI): they are descheduled at random, so rows move between threads
-    from one call to the next; the float32 and the Q8_0 products keep one thread's bits."""
+    from one call to the next; the float32 product and the Q8_0 ones (float and int8 activations) keep one
+    thread's bits."""
     lib = blockdot()
     g = torch.Generator().manual_seed(3)
     w = torch.randn(3000, 64, generator=g)
@@ -90,10 +91,11 @@ def test_products_give_the_same_bits_when_one_thread_is_slow() -> None:
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        want = product(lib.densedot_matmul, w, 0), product(lib.blockdot_matmul, q8, 8)
+        calls = ((lib.densedot_matmul, w, 0), (lib.blockdot_matmul, q8, 8), (lib.qdot_matmul, q8, 8))
+        want = [product(*call) for call in calls]
         torch.set_num_threads(4)
         for _ in range(20):
-            assert torch.equal(product(lib.densedot_matmul, w, 0), want[0])
-            assert torch.equal(product(lib.blockdot_matmul, q8, 8), want[1])
+            for call, expected in zip(calls, want, strict=True):
+                assert torch.equal(product(*call), expected)
     finally:
         torch.set_num_threads(before)
