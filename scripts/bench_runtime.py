@@ -32,6 +32,10 @@ rounds:
   decode mirror (radixcache.runtime.kv.mirror, as the Engine decodes) and once from the pages, timed in the
   same rounds as the engine runs (5 steps per round at batch 1, 3 at batch 8, after one untimed step; the
   fastest counts), so that "engine at N% of the raw step" compares numbers from the same windows.
+- decode at batch 1 after a 4,000-token prompt (`decode1long`; 1,000 with --quick), where an agent's context
+  lives: the attention over the context is then a large part of a step. Each of our modes through the Engine (as
+  above) and llama.cpp on the same GGUF file at the same threads, in the same rounds; no transformers (its 4,000-
+  token prefill each round would take minutes). No target: it reports the ratio.
 - decode at batch 8, aggregate, through the Engine with the cache on: the 8 distinct 512-token prompts first run
   with max_new_tokens=1 so that their KV is in the tree; then all 8 are submitted at once, so each prefill is
   only the page-unaligned tail of its prompt. The scheduler prefills all 8 in one step (8 short prefills fit
@@ -95,7 +99,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling modules below
 
 from bench_runtime_contenders import Ours, load_hf, load_llama_cpp
-from bench_runtime_decode import bench_decode1, bench_decode8
+from bench_runtime_decode import bench_decode1, bench_decode1_long, bench_decode8
 from bench_runtime_paged import bench_paged_vs_contiguous
 from bench_runtime_prefill import bench_prefill, bench_ttft
 from bench_runtime_report import ROWS, row
@@ -104,7 +108,7 @@ from bench_runtime_rounds import ROUNDS, Settings, cpu_name, memory_bandwidth_gb
 from radixcache.runtime.loading import load_model
 from radixcache.runtime.model.llama import LlamaModel
 
-SECTIONS = ("prefill", "decode1", "decode8", "ttft", "paged")
+SECTIONS = ("prefill", "decode1", "decode1long", "decode8", "ttft", "paged")
 
 
 def parse_args() -> argparse.Namespace:
@@ -147,7 +151,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     if args.quick:
-        s = Settings(threads, 1, 8, 128, (128,), 400, 360, 1, (128,), args.hf_batch8)
+        s = Settings(threads, 1, 8, 128, (128,), 400, 360, 1, (128,), args.hf_batch8, long_prompt=1000)
     else:
         s = Settings(
             threads,
@@ -219,6 +223,9 @@ def main() -> None:
     if "decode1" in args.only:
         print("## decode, batch 1", flush=True)
         bench_decode1(ours, hf, lc, s, vocab)
+    if "decode1long" in args.only:
+        print(f"## decode, batch 1, after a {s.long_prompt}-token prompt", flush=True)
+        bench_decode1_long(ours, lc, s, vocab)
     if "decode8" in args.only:
         print("## decode, batch 8", flush=True)
         bench_decode8(ours, hf, s, vocab)

@@ -151,6 +151,46 @@ def bench_decode1(ours: list[Ours], hf: HF | None, lc: LlamaCpp | None, s: Setti
     gc.collect()
 
 
+def bench_decode1_long(ours: list[Ours], lc: LlamaCpp | None, s: Settings, vocab: int) -> None:
+    """Decode at batch 1 after a long prompt (`s.long_prompt` tokens), interleaved: per mode the Engine, then
+    llama.cpp on the same file."""
+    n = s.long_prompt
+    per_seq = -(-(n + s.decode_tokens) // PAGE)
+    ids = prompt_ids(n, vocab, 3)
+    contenders: dict[str, Measure] = {}
+    for o in ours:
+        engine = Engine(o.model, capacity_blocks=per_seq + 4, page_size=PAGE, enable_cache=False, threads=s.threads)
+        contenders[f"ours {o.tag} Engine"] = lambda engine=engine: {
+            "tok/s": engine.generate(ids, s.decode_tokens, ignore_eos=True).decode_tps
+        }
+    if lc:
+        new = prompt_ids(s.decode_tokens, vocab, 7)
+        contenders["llama.cpp"] = lambda: lc.decode_tps(ids, new)
+    phase = f"decode batch 1, {n}-token prompt"
+    runs = run_rounds(phase, s, contenders)
+    contenders.clear()
+    bwn = bw_note(phase)
+    lc1 = best(runs["llama.cpp"], "tok/s", max) if lc else None
+    if lc and lc1:
+        row(
+            f"decode, batch 1 ({n}-token prompt): {lc.label}",
+            "",
+            f"{lc1:.1f} tok/s",
+            f"{s.decode_tokens} tokens; {bwn}",
+        )
+    for o in ours:
+        tps = best(runs[f"ours {o.tag} Engine"], "tok/s", max)
+        row(
+            f"decode, batch 1 ({n}-token prompt), Engine, ours {o.tag}",
+            f"{tps:.1f} tok/s",
+            f"llama.cpp {lc1:.1f} tok/s" if lc1 else "",
+            f"{s.decode_tokens} new tokens; {fmt_ratio(tps, lc1, 'llama.cpp')}; {bwn}",
+            tps=tps,
+            lc_tps=lc1,
+        )
+    gc.collect()
+
+
 def issue33_rows(
     runs: dict[str, list[dict[str, float]]],
     ours: list[Ours],

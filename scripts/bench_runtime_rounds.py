@@ -29,6 +29,7 @@ class Settings:
     ttft_rounds: int
     paged_ctx: tuple[int, ...]
     hf_batch8: bool
+    long_prompt: int = 4000  # the prompt before decode in the long-context section ("after a 4,000-token prompt")
 
 
 def timed(fn: Callable[[], object], reps: int) -> float:
