@@ -15,10 +15,13 @@ It drops threads (as many as were waiting, rounded, at least one) once `drop_win
 least `drop_waiting` threads waiting (two windows of 0.1 s by default: two of 0.25 s took 0.5 s to react, about
 as long as a 64-token gguf decode lasts at idle speed, spent on 2 threads that a busy process holds to 29% of
 their idle speed; a request beside one busy process then kept 49% of its idle speed, 57% with 0.1 s windows;
-docs/benchmarks.md), and adds one back once the cores were `raise_idle` idle or more for `raise_after_s` seconds
-in a row, never above the configured count nor below 1. Hysteresis: a raise that is undone within `probation_s`
-(the load was still there) doubles the wait before the next raise, up to `max_raise_after_s`; a raise that holds
-for `probation_s` resets it. Where schedstat is missing (not Linux) the
+docs/benchmarks.md), or after a single window with at least `drop_now_waiting` threads waiting (about a whole
+thread short, as beside two busy processes on 2 cores, 1.0 waiting, where an idle machine reads 0.01: the second
+window cost another 0.1 s on 2 threads that such load holds to a fifth of their idle speed; one busy process,
+about 0.75, mostly still takes two). It adds one back once the cores were `raise_idle` idle or more for
+`raise_after_s` seconds in a row, never above the configured count nor below 1. Hysteresis: a raise that is
+undone within `probation_s` (the load was still there) doubles the wait before the next raise, up to
+`max_raise_after_s`; a raise that holds for `probation_s` resets it. Where schedstat is missing (not Linux) the
 waiting threads are estimated as the threads asked for minus the CPU time the process got (`os.times`), and idle
 cores as the cores minus the 1-minute load average (slower).
 
@@ -63,6 +66,7 @@ class ControllerSettings:
     window_s: float = 0.1
     drop_waiting: float = 0.4
     drop_windows: int = 2
+    drop_now_waiting: float = 0.8
     raise_idle: float = 0.6
     raise_after_s: float = 1.0
     max_raise_after_s: float = 60.0
@@ -144,7 +148,7 @@ class ThreadController:
             self._raised_at = None  # the last raise held: the next may come as soon as the first
             self._backoff = 1
         self._starved = self._starved + 1 if waiting >= cfg.drop_waiting else 0
-        if self._starved >= cfg.drop_windows and n > 1:
+        if (self._starved >= cfg.drop_windows or waiting >= cfg.drop_now_waiting) and n > 1:
             if self._raised_at is not None:  # undone on probation: wait longer before trying again
                 if self.raise_after_s < cfg.max_raise_after_s:
                     self._backoff *= 2

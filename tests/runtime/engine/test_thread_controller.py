@@ -99,6 +99,19 @@ def test_the_default_window_drops_within_a_quarter_second() -> None:
     assert counts[:4] == [2, 2, 2, 2] and set(counts[4:]) == {1}
 
 
+def test_a_whole_thread_waiting_drops_after_one_window_and_less_after_two() -> None:
+    two = Machine(2, busy=2)  # 2 ours + 2 others on 2 cores: 1.0 of ours waits
+    counts = run(two, controller(two), 2)
+    assert counts[:4] == [2] * 4 and set(counts[4:]) == {1}
+    one = Machine(2, busy=1)  # 0.67 waits: under drop_now_waiting, so two windows
+    counts = run(one, controller(one), 2)
+    assert counts[:8] == [2] * 8 and set(counts[8:]) == {1}
+    burst = Machine(2, busy=lambda t: 2 if 5.0 <= t < 5.25 else 0)  # one window of two busy processes
+    ctl = controller(burst)
+    counts = run(burst, ctl, 15)
+    assert ctl.changes == 2 and counts[-1] == 2  # dropped on it, and back once the cores were idle a second
+
+
 def test_two_busy_processes_drop_to_one_and_never_below() -> None:
     for busy in (2, 5):
         m = Machine(2, busy=busy)
@@ -112,7 +125,7 @@ def test_it_drops_as_many_threads_as_were_waiting() -> None:
     m = Machine(8, busy=3)  # 8 ours + 3 others on 8 cores: 2.2 of ours wait on average
     ctl = controller(m, max_threads=8)
     counts = run(m, ctl, 30)
-    assert counts[8] == 6  # one decision: 8 - round(2.18)
+    assert counts[:4] == [8] * 4 and counts[4] == 6  # one window that short of threads decides: 8 - round(2.18)
     assert counts[-1] == 5  # 6 + 3 on 8 still leaves 0.5 waiting: one more; then 5 + 3 = 8 fit exactly
     assert ctl.changes == 2
 
