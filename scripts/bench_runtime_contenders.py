@@ -87,7 +87,7 @@ def load_llama_cpp(path: str, s: Settings) -> LlamaCpp | None:
         return None
     llm = llama_cpp.Llama(
         model_path=path,
-        n_ctx=4096,
+        n_ctx=max(4096, s.long_prompt + s.decode_tokens + 64),  # the longest prompt it is given, and its tokens
         n_threads=s.threads,
         n_threads_batch=s.threads,
         n_batch=512,
