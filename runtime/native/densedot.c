@@ -160,8 +160,6 @@ int native_row_shares_check(int total, int count, int threads, int chunk, int sl
         const int me = omp_get_thread_num();
 #ifdef _OPENMP
         if (me == 0) ran = omp_get_num_threads();
-#endif
-#ifdef _OPENMP
         if (me == slow)
             for (const double t0 = omp_get_wtime(); omp_get_wtime() - t0 < slow_us * 1e-6;) {
             }
