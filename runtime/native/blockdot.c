@@ -413,11 +413,10 @@ int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const
     row_shares_init(shares, team, total);
 #pragma omp parallel num_threads(team)
     {
-        int lo, hi;
+        int lo, hi, first, end;
         while (row_next(shares, team, omp_get_thread_num(), chunk, &lo, &hi))
             for (int p = 0; p < nparts; p++) {
-                const int first = lo > start[p] ? lo : start[p], end = hi < start[p + 1] ? hi : start[p + 1];
-                if (first >= end) continue;
+                if (!rows_in_part(start, p, lo, hi, &first, &end)) continue;
                 const int nblocks = cols / block_elems(kinds[p]);
                 const size_t row_bytes = (size_t)nblocks * block_bytes(kinds[p]);
                 const uint8_t *rows0 = (const uint8_t *)data[p] + (size_t)(first - start[p]) * row_bytes;

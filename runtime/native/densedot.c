@@ -132,14 +132,12 @@ int densedot_matmul(int nparts, const void *const *data, const int *kinds, const
     row_shares_init(shares, team, total);
 #pragma omp parallel num_threads(team)
     {
-        int lo, hi;
+        int lo, hi, a, b;
         while (row_next(shares, team, omp_get_thread_num(), chunk, &lo, &hi))
-            for (int p = 0; p < nparts; p++) {
-                const int a = lo > start[p] ? lo : start[p], b = hi < start[p + 1] ? hi : start[p + 1];
-                if (a < b)
+            for (int p = 0; p < nparts; p++)
+                if (rows_in_part(start, p, lo, hi, &a, &b))
                     dense_rows_n((const float *)data[p] + (size_t)(a - start[p]) * cols, x, cols, ntok, y + a, ldy,
                                  b - a);
-            }
     }
     return 0;
 }

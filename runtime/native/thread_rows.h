@@ -63,6 +63,14 @@ static inline int row_claim(row_share *share, int chunk, int from_back, int *a, 
     }
 }
 
+/* The rows [*a, *b) of a claim [lo, hi) that fall in part p of a stack of parts (part p: rows start[p] ..
+ * start[p + 1] - 1), or 0 when none do: the products cut their claims where parts meet. */
+static inline int rows_in_part(const int *start, int p, int lo, int hi, int *a, int *b) {
+    *a = lo > start[p] ? lo : start[p];
+    *b = hi < start[p + 1] ? hi : start[p + 1];
+    return *a < *b;
+}
+
 /* The next rows [*a, *b) for thread `me` of a team over `count` shares: its own share's front, else the back of
  * the share with the most rows left. 0 when every share is empty. */
 static inline int row_next(row_share *shares, int count, int me, int chunk, int *a, int *b) {
