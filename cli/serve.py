@@ -17,6 +17,14 @@ if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import GenerationEngine
 
 
+# uvicorn closes a connection idle for its default 5 s, the same as httpx's pool expiry: a client reusing a
+# connection at 4.99 s sends its request as the server closes it, and reads a reset (httpx.ReadError, "Connection
+# reset by peer": what one loaded full-suite run of the SmolLM2 tool-call test hit; a known race, which vLLM and
+# others fixed the same way). 75 s, nginx's and gunicorn's usual figure, outlasts the common clients' expiry, so
+# the client always lets go first; an agent that thinks for a few seconds between calls keeps its connection.
+KEEP_ALIVE_S = 75
+
+
 def _check_bind(host: str, port: int) -> None:
     """Fail in one line before the model loads when the address is taken (uvicorn would log and exit)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -103,6 +111,14 @@ def _check_bind(host: str, port: int) -> None:
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
 @click.option("--no-cache", is_flag=True, help="Disable prefix reuse (the baseline for benchmarks).")
 @click.option("--log-level", default="warning", show_default=True, type=click.Choice(["debug", "info", "warning"]))
+@click.option(
+    "--keep-alive",
+    default=KEEP_ALIVE_S,
+    show_default=True,
+    type=click.IntRange(1, 86_400),
+    help="Seconds an idle connection stays open. Keep it above your clients' pool expiry (httpx, and so the "
+    "openai client: 5 s), or a request sent on a connection the server is closing is reset.",
+)
 @record_option
 @debug_option
 def serve(
@@ -129,6 +145,7 @@ def serve(
     device: str,
     no_cache: bool,
     log_level: str,
+    keep_alive: int,
     record_trace: str | None,
     debug: bool,
 ) -> None:
@@ -194,7 +211,9 @@ def serve(
         lease_defaults=lease_defaults,
     )
     click.echo(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30, timeout_keep_alive=keep_alive
+    )
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to our handlers: both end here.
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
