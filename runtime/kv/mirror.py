@@ -203,13 +203,15 @@ class DecodeMirror:
             past = torch.arange(span, device=dev).unsqueeze(0) >= n_t.unsqueeze(1)
             mask = torch.zeros(b, span, dtype=torch.float32, device=dev).masked_fill_(past, float("-inf"))
             mask = mask.view(b, 1, 1, span)
+        # one tensor made, two views of it (one tensor call fewer a step)
+        rows_t, positions_t = torch.tensor([rows, [n - 1 for n in lengths]], dtype=torch.int64, device=dev).unbind()
         return MirrorStep(
             k=self._k,
             v=self._v,
             rows=tuple(rows),
             lengths=tuple(lengths),
-            rows_t=torch.tensor(rows, dtype=torch.int64, device=dev),
-            positions_t=torch.tensor([n - 1 for n in lengths], dtype=torch.int64, device=dev),
+            rows_t=rows_t,
+            positions_t=positions_t,
             order=order,
             inverse=inverse,
             span=span,

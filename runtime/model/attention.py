@@ -56,31 +56,77 @@ class PrefillMeta:
         return self.start + self.num_new
 
 
-@dataclass(frozen=True, slots=True)
 class DecodeMeta:
-    """One new token for each of B sequences of different lengths.
+    """One new token for each of B sequences of different lengths (build it with `build_decode_meta`).
 
-    block_tables: `[B, max_blocks]` int64, rows padded with any valid block id (padding is masked out).
-    lengths: tokens per sequence including the new one (host ints; `lengths_t` is the same on the device).
-    slots: `[B]` flat pool slots of the new tokens. mask: `[B, 1, 1, S]` bool (True = attend), None when B == 1.
-    runs: for one sequence on the CPU, its KV as `(first block id, blocks, tokens)` views of the pool (see the
-    module docstring); None where the gather path runs.
+    lengths: tokens per sequence including the new one (host ints). positions_t: `[B]` int64 positions of the new
+    tokens (`lengths - 1`) on the device; slots: `[B]` their flat pool slots (both views of one tensor, made in one
+    call). What only the paged and gather paths read is made on first use, from the host lists: block_tables
+    (`[B, max_blocks]` int64, rows padded with a valid block id, masked out), mask (`[B, 1, 1, S]` bool, True =
+    attend; None when B == 1) and runs (for one sequence on the CPU, its KV as `(first block id, blocks, tokens)`
+    views of the pool, see the module docstring; None where the gather path runs). A decode over the mirror
+    (runtime.kv.mirror) reads none of them. Measured with the caches cold, as they are between a step's weight
+    streams: the whole build takes 74 us instead of 81 (a SmolLM2-sized table of 38 pages): small, since any
+    tensor call made cold costs tens of microseconds.
     """
 
-    block_tables: torch.Tensor
-    lengths: tuple[int, ...]
-    lengths_t: torch.Tensor
-    slots: torch.Tensor
-    mask: torch.Tensor | None
-    runs: tuple[tuple[int, int, int], ...] | None = None
+    __slots__ = ("_device", "_in_place", "_made", "_page_size", "_rows", "lengths", "positions_t", "slots")
+
+    def __init__(
+        self,
+        rows: list[list[int]],
+        lengths: tuple[int, ...],
+        positions_t: torch.Tensor,
+        slots: torch.Tensor,
+        page_size: int,
+        device: torch.device,
+    ) -> None:
+        self.lengths = lengths
+        self.positions_t = positions_t
+        self.slots = slots
+        self._rows = rows  # padded block ids per sequence (host ints)
+        self._page_size = page_size
+        self._device = device
+        self._in_place = reads_pages_in_place(device)  # decided when built, as the paths that read runs decide
+        self._made: dict[str, object] = {}
 
     @property
     def batch(self) -> int:
         return len(self.lengths)
 
+    @property
+    def block_tables(self) -> torch.Tensor:
+        if "tables" not in self._made:
+            self._made["tables"] = torch.tensor(self._rows, dtype=torch.int64, device=self._device)
+        return self._made["tables"]  # type: ignore[return-value]
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        if len(self.lengths) == 1:
+            return None
+        if "mask" not in self._made:
+            span = torch.arange(len(self._rows[0]) * self._page_size, device=self._device)
+            lengths_t = torch.tensor(self.lengths, dtype=torch.int64, device=self._device)
+            self._made["mask"] = (span.unsqueeze(0) < lengths_t.unsqueeze(1)).view(len(self.lengths), 1, 1, -1)
+        return self._made["mask"]  # type: ignore[return-value]
+
+    def without_runs(self) -> DecodeMeta:
+        """The same step with `runs` None: the gather path reads it (tests compare the two paths)."""
+        meta = DecodeMeta(self._rows, self.lengths, self.positions_t, self.slots, self._page_size, self._device)
+        meta._in_place = False
+        return meta
+
+    @property
+    def runs(self) -> tuple[tuple[int, int, int], ...] | None:
+        if len(self.lengths) != 1 or not self._in_place:
+            return None
+        if "runs" not in self._made:
+            self._made["runs"] = page_runs(self._rows[0], self.lengths[0], self._page_size)
+        return self._made["runs"]  # type: ignore[return-value]
+
 
 def build_decode_meta(
-    block_tables: list[list[int]], lengths: list[int], page_size: int, device: torch.device
+    block_tables: Sequence[Sequence[int]], lengths: Sequence[int], page_size: int, device: torch.device
 ) -> DecodeMeta:
     """Metadata for one decode step. `lengths[i]` counts sequence i's tokens including the one being decoded."""
     if len(block_tables) != len(lengths) or not lengths:
@@ -93,19 +139,11 @@ def build_decode_meta(
             raise ValueError(f"block table of {len(table)} pages cannot hold {n} tokens at page_size {page_size}")
         row = list(table[:need])
         rows.append(row + [row[0]] * (max_blocks - need))
-    tables = torch.tensor(rows, dtype=torch.int64, device=device)
-    lengths_t = torch.tensor(lengths, dtype=torch.int64, device=device)
-    # the new tokens' pool slots from the host lists: one tensor made, where the same on the device took five ops
-    new_slots = [
-        row[(n - 1) // page_size] * page_size + (n - 1) % page_size for row, n in zip(rows, lengths, strict=True)
-    ]
-    slots = torch.tensor(new_slots, dtype=torch.int64, device=device)
-    mask = None
-    if len(lengths) > 1:
-        span = torch.arange(max_blocks * page_size, device=device)
-        mask = (span.unsqueeze(0) < lengths_t.unsqueeze(1)).view(len(lengths), 1, 1, -1)
-    runs = page_runs(rows[0], lengths[0], page_size) if len(lengths) == 1 and reads_pages_in_place(device) else None
-    return DecodeMeta(tables, tuple(lengths), lengths_t, slots, mask, runs)
+    # the new tokens' positions and pool slots from the host lists: one tensor made, two views of it
+    positions = [n - 1 for n in lengths]
+    new_slots = [row[p // page_size] * page_size + p % page_size for row, p in zip(rows, positions, strict=True)]
+    positions_t, slots = torch.tensor([positions, new_slots], dtype=torch.int64, device=device).unbind()
+    return DecodeMeta(rows, tuple(lengths), positions_t, slots, page_size, device)
 
 
 def reads_pages_in_place(device: torch.device) -> bool:

@@ -66,12 +66,10 @@ class FusedDecode:
         mirror = decode.mirror
         tables = (model.cos, model.signed_sin)
         dense = (*tables, pool.kv, *mirror.k[:1], *mirror.v[:1])
-        if not all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in dense):
+        if not all(t.is_cpu and t.dtype == torch.float32 and t.is_contiguous() for t in dense):
             return None
-        meta = decode.meta
-        positions = (meta.lengths_t - 1).to(torch.int64).contiguous()
-        slots = meta.slots.to(torch.int64).contiguous()
-        return cls(native, pool, mirror, model.config.num_heads, positions, slots, tables)
+        meta = decode.meta  # positions and slots: int64 and dense (model.attention.build_decode_meta)
+        return cls(native, pool, mirror, model.config.num_heads, meta.positions_t, meta.slots, tables)
 
     def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
         q = self.native.rope_store(

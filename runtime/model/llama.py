@@ -283,8 +283,8 @@ class LlamaModel:
             def attend_decodes(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 return self._decode_attend(layer, q, k, v, decode, pool)
 
-            ids = torch.as_tensor(decode.token_ids, dtype=torch.int64).to(dev)
-            parts.append(RowPart(ids, meta.lengths_t - 1, meta.slots, attend_decodes, range(len(self.layers))))
+            ids = torch.as_tensor(decode.token_ids, dtype=torch.int64, device=dev)
+            parts.append(RowPart(ids, meta.positions_t, meta.slots, attend_decodes, range(len(self.layers))))
         parts.extend(chunk_part(self, chunk, pool) for chunk in chunks)
         # `prefill` lets a linear kind pick its summation order for a pure prefill (model.linear keeps F.linear for
         # 17-63 rows there); a mixed pass takes the fastest kernel for its rows, as a decode batch does.
