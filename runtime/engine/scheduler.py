@@ -43,7 +43,7 @@ of the engine. It is single-threaded: the engine loop thread calls it. Tests may
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import torch
@@ -168,17 +168,20 @@ class Scheduler:
         share = self.config.share_in_flight
         p = self.kv.page_size
         done: list[tuple[Request, torch.Tensor]] = []  # (request, logits row): each gets its next token now
+        greedy: dict[int, int | None] = {}  # id(request) -> its row's argmax, where the pass found it (decode_best)
         for i, r in enumerate(decodes):
             if share and r.kv.num_kv % p == 0 and not self._guard(r, self.kv.commit, r.kv, r.all_ids):
                 continue  # the pass filled a page, and committing it failed: that request alone
             assert logits.decode is not None
             done.append((r, logits.decode[i]))
+            if logits.decode_best is not None:
+                greedy[id(r)] = logits.decode_best[i]
         ran = [r for r, _ in chunks if r.staged is None]  # a staged one between passes computed nothing yet
         for i, r in enumerate(ran):  # logits rows: the chunks that ran their last layer
             if self._guard(r, self._after_chunk, r) and not r.output_ids and r in self.decoding:
                 assert logits.chunks is not None  # fresh: its first token (a resumed one has its next input)
                 done.append((r, logits.chunks[i]))
-        self._emit_all(done)
+        self._emit_all(done, greedy)
 
     def _after_chunk(self, req: Request) -> None:
         """Commit what a prefill chunk computed (in flight, or a pinned prompt's once whole); start decoding."""
@@ -198,16 +201,19 @@ class Scheduler:
             return False
         return True
 
-    def _emit_all(self, done: list[tuple[Request, torch.Tensor]]) -> None:
+    def _emit_all(self, done: list[tuple[Request, torch.Tensor]], greedy: Mapping[int, int | None]) -> None:
         """Sample every row; plain-greedy rows (no logit bias, no penalty) are decided by one argmax (one host
-        transfer per pass). Every other row, greedy ones with a bias or penalty included, goes through its sampler."""
+        transfer per pass), or by the one the pass found (`greedy`, by id of request: the native head's, of the
+        same row) where no grammar mask changed the row. Every other row, greedy ones with a bias or penalty
+        included, goes through its sampler."""
         done = self.output.constrain(done, self._fail)  # grammar masks on constrained rows (engine.structured)
         if not done:
             return
         plain = [r.sampler.params.plain_greedy for r, _ in done]
-        picked = greedy_tokens([row for (_, row), g in zip(done, plain, strict=True) if g])
-        for (r, row), g in zip(done, plain, strict=True):
-            self._emit(r, row, next(picked) if g else None)
+        known = [g and r.grammar is None and id(r) in greedy for (r, _), g in zip(done, plain, strict=True)]
+        picked = greedy_tokens([row for (_, row), g, k in zip(done, plain, known, strict=True) if g and not k])
+        for (r, row), g, k in zip(done, plain, known, strict=True):
+            self._emit(r, row, greedy[id(r)] if k else next(picked) if g else None)
 
     def _start_decoding(self, req: Request) -> None:
         self.kv.load_layers(req.kv)  # a resumed request all of whose positions were loaded: every layer now

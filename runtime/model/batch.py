@@ -51,8 +51,12 @@ class ForwardLogits(NamedTuple):
     """decode: `[B, vocab]` float32, one row per decode (None without decodes). chunks: `[C, vocab]`, the logits
     of the last position of each chunk that ran through the last layer, in the order the chunks were given (None
     without such chunks). hidden: one entry per chunk given, its rows after its last layer where it stopped before
-    the model's last layer (a staged chunk: model.staged), else None; empty when no chunk was staged."""
+    the model's last layer (a staged chunk: model.staged), else None; empty when no chunk was staged. decode_best:
+    where the head ran natively (model.native_layers `head`), each decode row's greedy token as
+    runtime.engine.output.greedy_tokens would pick it from `decode` (None for a row whose maximum is not finite);
+    else None."""
 
     decode: torch.Tensor | None
     chunks: torch.Tensor | None
     hidden: tuple[torch.Tensor | None, ...] = ()
+    decode_best: tuple[int | None, ...] | None = None

@@ -303,6 +303,10 @@ class LlamaModel:
         fused = FusedDecode.build(self, pool, decode, len(chunks))
         ids, positions, slots = (_cat([getattr(p, f) for p in parts]) for f in ("ids", "positions", "slots"))
         hidden = self._layers(ids, positions, LayerRun(pool, slots, fused or attend, prefill, b))
+        if fused is not None and self.native_layers is not None:  # decodes only: the head and argmax natively
+            head = self.native_layers.head(hidden, self.norm, self.config.rms_norm_eps, self.lm_head)
+            if head is not None:
+                return ForwardLogits(head[0], None, decode_best=head[1])
         if chunks:  # the decode rows and each chunk's last row: the only logits anyone reads
             ends = list(itertools.accumulate(sizes))[1 if decode is not None else 0 :]
             wanted = [*range(b), *(end - 1 for end in ends)]

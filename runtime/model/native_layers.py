@@ -13,6 +13,14 @@ product is a block kernel (runtime/model/block_linear.py); in a float32 model ev
 the measured plan puts at least 3/4 of each layer's weights on "native" for that many rows
 (runtime/native/densedot.c, which then runs all of them; under the fixed rules none is).
 `run` returns None for anything else: the eager layers run.
+`head` then ends a decode-only pass in one more native call (`native_decode_head`): the final norm, the output head's
+product as the eager head runs it (a block product, or a float32 head whose measured path for the rows is "native")
+and each row's greedy token (runtime/native/row_argmax.c, read by the threads that wrote the logits): where the eager
+head took a norm call, the head's checks and product and a numpy argmax over a row half written by the other core,
+each with the caches cold after the weights streamed past, this saves 0.08-0.17 ms of a 6.6-6.9 ms SmolLM2 gguf step
+and 0.18-0.23 ms of an 11-12.8 ms float32 one (steps alternating in one process, head on and off: adjacent steps'
+ratio 0.983-0.986). The same bits; the scheduler takes the token for plain-greedy rows that no grammar masks
+(runtime.engine.scheduler).
 The plan (pointer tables of the weights) is built once per model; the kernel of each product is looked up once
 per row count, as BlockLinear's own `kernel_for` decides it. A float32 pass has the bits of an eager pass whose
 products all run "native": the eager layers take the native SiLU for any row count this plan `takes`
@@ -96,6 +104,8 @@ class NativeLayers:
         self._eps = cfg.rms_norm_eps
         self._by_rows: dict[int, ctypes.Array[NativeLayer]] = {}
         self._mirror: tuple[Any, ctypes.Array[ctypes.c_void_p], ctypes.Array[ctypes.c_void_p]] | None = None
+        self._heads: dict[int, tuple[object, NativeLinear]] = {}  # rows -> (head, its product); _head_entry
+        self._max_norm_rows = model.native.max_rows  # the eager norm is native up to this many rows (native.ops)
 
     @classmethod
     def build(cls, model: Any) -> NativeLayers | None:
@@ -155,6 +165,59 @@ class NativeLayers:
         data, kinds, parts = (ctypes.cast(a, ctypes.c_void_p) for a in (weight.data, weight.kinds, weight.rows))
         cols, out = linear.weight.shape[1], linear.weight.shape[0]
         return NativeLinear(data, kinds, parts, bias, 1, cols, out, _DENSE_KERNEL)
+
+    def _head_entry(self, head: object, rows: int) -> NativeLinear | None:
+        """The output head's product for `rows` decode rows as the eager head runs it, or None where it would not
+        run natively: a BlockLinear up to its max_tokens (its kernel chosen as `_table` chooses the layers'), a
+        DenseLinear whose measured path for `rows` is "native" (looked up each call: a retuned plan may move it)."""
+        if isinstance(head, DenseLinear):
+            if rows > NATIVE_ROWS or head.path_for(rows) != "native" or head.native_weight() is None:
+                return None
+        elif not isinstance(head, BlockLinear) or rows > head.max_tokens:
+            return None
+        if (head.weight.shape[1] if isinstance(head, DenseLinear) else head.in_features) != self._hidden:
+            return None
+        entry = self._heads.get(rows)
+        if entry is None or entry[0] is not head:
+            if isinstance(head, DenseLinear):
+                native = self._dense_entry(head)
+            else:
+                bias = head.bias.data_ptr() if head.bias is not None else None
+                data, kinds, parts = (ctypes.cast(a, ctypes.c_void_p) for a in (head._data, head._kinds, head._rows))
+                native = NativeLinear(
+                    data, kinds, parts, bias, head._n, head.in_features, head.out_features, _kernel_id(head, rows)
+                )
+            entry = self._heads[rows] = (head, native)  # holds the head: its tables stay alive while cached
+        return entry[1]
+
+    def head(
+        self, x: torch.Tensor, norm: torch.Tensor, eps: float, head: object
+    ) -> tuple[torch.Tensor, tuple[int | None, ...]] | None:
+        """The logits `[rows, vocab]` of the decode rows x `[rows, hidden]` after the last layer (RMSNorm by `norm`,
+        then `head`) and each row's greedy token (the first index of its maximum; None where that is not finite),
+        in one native call (decode_layers.c `native_decode_head`): the bits of LlamaModel.logits over the same rows
+        as a decode pass runs it, and the token runtime.engine.output.greedy_tokens would pick. Where the eager
+        path runs more than one call with the caches cold after the weights streamed past (the norm, the head's
+        checks and product, a numpy argmax over a row half written by the other core), this is about 0.15 ms of a
+        6-7 ms SmolLM2 gguf step. None (nothing computed) where the head's product does not run natively for
+        these rows or the norm would not (more rows than the native norm takes): the eager head runs."""
+        rows = x.shape[0]
+        if not 0 < rows <= self._max_norm_rows or x.dim() != 2 or x.dtype != torch.float32 or not x.is_cpu:
+            return None
+        if norm.dtype != torch.float32 or not norm.is_cpu or not norm.is_contiguous():
+            return None
+        entry = self._head_entry(head, rows)
+        if entry is None:
+            return None
+        x = x.contiguous()
+        logits = torch.empty(rows, entry.out)
+        best = (ctypes.c_long * rows)()
+        status = self._lib.native_decode_head(
+            x.data_ptr(), rows, self._hidden, eps, norm.data_ptr(), ctypes.byref(entry), logits.data_ptr(), best
+        )
+        if status != 0:
+            raise RuntimeError(f"native_decode_head failed with status {status} for {rows} rows")
+        return logits, tuple(b if b >= 0 else None for b in best)
 
     def takes(self, rows: int) -> bool:
         """Whether the native layers take `rows` rows: always for blocks (up to their max_tokens); for float32

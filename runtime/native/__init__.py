@@ -39,6 +39,7 @@ SOURCES = tuple(
         "decode_attention.c",
         "decode_store.c",
         "decode_layers.c",
+        "row_argmax.c",
         "page_reads.c",
     )
 )
@@ -114,6 +115,13 @@ def blockdot() -> ctypes.CDLL:
     lib.native_decode_layers.argtypes += [long, ptr, long, long, ptr, long, ptr, ptr, long, long, ptr, ptr, long]
     lib.native_decode_layers.argtypes += [long, ptr, ptr, ptr]
     lib.native_decode_layers.restype = ctypes.c_int
+    # (x, rows, hidden, eps, final norm weight, head (decode_layers.c native_linear), logits out, greedy tokens out)
+    #  -> 0, -1 or -2 (decode_layers.c)
+    lib.native_decode_head.argtypes = [ptr, num, num, ctypes.c_float, ptr, ptr, ptr, ptr]
+    lib.native_decode_head.restype = ctypes.c_int
+    # (logits, rows, columns, greedy tokens out) -> 0, or -1 (row_argmax.c)
+    lib.native_row_argmax.argtypes = [ptr, num, long, ptr]
+    lib.native_row_argmax.restype = ctypes.c_int
     # (path, head, head capacity, rows, row bytes, rows, row stride, size out, hasher state, its reset, update and
     #  digest functions, digest out) -> 0, 1 or -errno (page_reads.c)
     lib.page_read_split.argtypes = [ctypes.c_char_p, ptr, long, ptr, long, num, long, ptr, ptr, ptr, ptr, ptr, ptr]

@@ -12,7 +12,8 @@
  *   h = rms_norm(x, ln_post); gu = Wgu h (+ bias); x = x + (Wdown silu_mul(gu) (+ bias)).
  *
  * A product runs blockdot_matmul (float activations), qdot_matmul (int8) or densedot_matmul (a float32 model's
- * plain weights), as the layer's `kernel` says. */
+ * plain weights), as the layer's `kernel` says. `native_decode_head` (at the end) runs what follows the last layer:
+ * the final norm, the output head and each row's greedy token (row_argmax.c). */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -35,6 +36,7 @@ int native_rope_store(const float *qkv, int rows, int heads, int kv_heads, int h
 int native_decode_attention(const float *q, int batch, int heads, int kv_heads, int head_dim, const float *k,
                             const float *v, long row_stride, long head_stride, const int *lengths, int capacity,
                             float *out);
+int native_row_argmax(const float *x, int rows, long cols, long *best);
 
 #define SILU_EXP_MAX 88.0f /* exp(88) ~ 1.7e38 is finite: g / (1 + e) stays a (tiny) number for very negative g */
 
@@ -166,5 +168,21 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
         add_into(x, h, (size_t)rows * hidden);
     }
     free(scratch);
+    return status;
+}
+
+/* The decode rows' logits after the last layer: logits = head(rms_norm(x, norm)) `[rows, head->out]`, the same calls
+ * as the eager `LlamaModel.logits` (native norm, then the head's product), and best[r] the greedy token of row r
+ * (row_argmax.c; -1 where the row's maximum is not finite). Returns 0, or the failing call's status (-1 bad
+ * arguments, -2 allocation). */
+int native_decode_head(const float *x, int rows, int hidden, float eps, const float *norm, const native_linear *head,
+                       float *logits, long *best) {
+    if (rows < 1 || hidden < 1 || head == NULL || head->cols != hidden) return -1;
+    float *h = aligned_alloc(64, ((size_t)rows * hidden + 16) / 16 * 16 * sizeof(float));
+    if (h == NULL) return -2;
+    int status = native_rms_norm(x, norm, rows, hidden, eps, h);
+    if (status == 0) status = product(head, h, rows, logits);
+    free(h);
+    if (status == 0) status = native_row_argmax(logits, rows, head->out, best);
     return status;
 }

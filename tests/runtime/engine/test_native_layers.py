@@ -185,3 +185,50 @@ def test_two_engines_sharing_one_model_on_two_threads_decode_as_each_alone() -> 
     for rows in (2, 4):
         for (tokens_a, a), (tokens_b, b) in zip(alone[rows], together[rows], strict=True):
             assert tokens_a == tokens_b and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["gguf-float", "gguf-int8", "float32"])
+def test_native_head_gives_the_eager_heads_logits_and_tokens(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Decode passes end in NativeLayers.head (final norm, head, argmax in one call): the logits keep the eager
+    head's bits and the greedy tokens its argmax's, on a batch that shrinks from 4 rows to 1."""
+    if kind == "float32":
+        cfg = tiny_config(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16)
+        model, path = LlamaModel(cfg, random_weights(cfg, 9)), "native"
+    else:
+        monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", kind.split("-")[1])
+        model, path = _gguf_model(bias=True), None
+    ran: list[bool] = []
+    real = native_layers.NativeLayers.head
+    monkeypatch.setattr(
+        native_layers.NativeLayers, "head", lambda self, *a: ran.append((out := real(self, *a)) is not None) or out
+    )
+    native = _decode_together(model, 4, path)
+    assert ran and all(ran), "the native head never ran, or refused a pass"
+    monkeypatch.setattr(native_layers.NativeLayers, "head", lambda self, *a: None)
+    eager = _decode_together(model, 4, path)
+    for (tokens_a, a), (tokens_b, b) in zip(native, eager, strict=True):
+        assert tokens_a == tokens_b and torch.equal(a, b)
+
+
+def test_native_head_alone_against_the_models_logits() -> None:
+    """NativeLayers.head over given rows: LlamaModel.logits' bits, numpy's argmax (None for a row with a NaN or an
+    infinite maximum), and None (nothing run) for more rows than the native norm takes or a head the measured
+    plan does not run natively."""
+    model = _gguf_model(bias=False)
+    plan = model.native_layers
+    assert plan is not None
+    eps = model.config.rms_norm_eps
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    out = plan.head(x, model.norm, eps, model.lm_head)
+    assert out is not None
+    logits, best = out
+    assert torch.equal(logits, model.logits(x, prefill=False, decode_rows=3))
+    assert list(best) == [int(row.argmax()) for row in logits]
+    x[1, 5] = float("nan")
+    _, best = plan.head(x, model.norm, eps, model.lm_head) or (None, None)
+    assert best is not None and best[1] is None and best[0] is not None
+    assert plan.head(torch.randn(5, 64), model.norm, eps, model.lm_head) is None  # the native norm takes 4
+    cfg = tiny_config(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16)
+    dense = LlamaModel(cfg, random_weights(cfg, 9))
+    assert dense.native_layers is not None  # fixed rules: the head's path is not "native"
+    assert dense.native_layers.head(x, dense.norm, eps, dense.lm_head) is None
