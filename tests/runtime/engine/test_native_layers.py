@@ -8,6 +8,7 @@ products gets no plan; and the native SiLU(gate) * up is SiLU to float32 roundin
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import threading
@@ -30,11 +31,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _gguf_model(bias: bool, seed: int = 5) -> LlamaModel:
+def _gguf_model(bias: bool, seed: int = 5, vocab: int = 97) -> LlamaModel:
     """A small GQA model whose every matrix is a GGUF block weight (Q4_1 and Q8_0 mixed), its float weights their
     dequantisation."""
     cfg = tiny_config(
-        hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16, attention_bias=bias
+        hidden_size=64,
+        intermediate_size=128,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        attention_bias=bias,
+        vocab_size=vocab,
     )
     weights = random_weights(cfg, seed)
     blocks = {}
@@ -232,3 +239,42 @@ def test_native_head_alone_against_the_models_logits() -> None:
     dense = LlamaModel(cfg, random_weights(cfg, 9))
     assert dense.native_layers is not None  # fixed rules: the head's path is not "native"
     assert dense.native_layers.head(x, dense.norm, eps, dense.lm_head) is None
+
+
+def test_native_head_tokens_go_only_to_plain_greedy_rows_without_a_grammar(tmp_path) -> None:
+    """One decode batch through the native head: a JSON-constrained request (its row masked after the pass, so the
+    pass's argmax is not its token), a request with a logit bias and a plain greedy one. The constrained output
+    parses (a token the mask forbids would fail the request), the biased one takes its biased token, and the plain
+    one's tokens are the eager head's."""
+    from radixcache.runtime.loading.tokenizer import Tokenizer
+    from tests.cli.conftest import write_tiny_checkpoint
+
+    tokenizer = Tokenizer.from_hf_dir(write_tiny_checkpoint(tmp_path / "tiny"))
+    model = _gguf_model(bias=False, vocab=260)
+    biased = tokenizer.encode("z", add_special_tokens=False)[0]
+
+    def run() -> list[Any]:
+        with Engine(model, tokenizer=tokenizer, capacity_blocks=64, page_size=8, threads=1) as engine:
+            release = hold_engine_loop(engine)
+            handles = [
+                engine.submit([5, 6, 7, 8], 12, response_format={"type": "json_object"}),
+                engine.submit([9, 10, 11], 6, ignore_eos=True, logit_bias={biased: 100.0}),
+                engine.submit([12, 13], 8, ignore_eos=True),
+            ]
+            release()
+            return [h.result(60) for h in handles]
+
+    ran: list[bool] = []
+    real = native_layers.NativeLayers.head
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            native_layers.NativeLayers, "head", lambda self, *a: ran.append((out := real(self, *a)) is not None) or out
+        )
+        constrained, bias, plain = run()
+    assert ran and all(ran)
+    assert constrained.finish_reason in ("stop", "length") and constrained.text.startswith("{")
+    if constrained.finish_reason == "stop":
+        assert isinstance(json.loads(constrained.text), dict)
+    assert list(bias.token_ids) == [biased] * 6
+    model.native_layers = None
+    assert list(run()[2].token_ids) == list(plain.token_ids)
