@@ -11,8 +11,11 @@ What: `ThreadController` measures windows of back-to-back engine steps (`window_
   per-thread run-queue delay, /proc/self/task/*/schedstat). A 2-thread engine beside one busy process on 2 cores
   waits 0.75 threads; on an idle machine 0.01.
 - idle: how many of the cores this process may run on (its affinity) were, on average, idle (/proc/stat).
-It drops threads (as many as were waiting, rounded, at least one) once `drop_windows` windows in a row had at
-least `drop_waiting` threads waiting (two windows of 0.1 s by default: two of 0.25 s took 0.5 s to react, about
+It drops threads (as many as were waiting, rounded, at least one) once windows in a row with at least
+`drop_waiting` threads waiting add up to `drop_windows` windows' time (`drop_windows * window_s`; a window lasts
+whole steps, so one long step counts for its length: a 512-token prefill beside one busy process took 2.2-2.6 s
+on 2 threads, 0.70-0.72 waiting, and the decode after it then began on 2 threads for one more window, at about
+half the speed of 1 thread; two windows of 0.1 s by default: two of 0.25 s took 0.5 s to react, about
 as long as a 64-token gguf decode lasts at idle speed, spent on 2 threads that a busy process holds to 29% of
 their idle speed; a request beside one busy process then kept 49% of its idle speed, 57% with 0.1 s windows;
 docs/benchmarks.md), or after a single window with at least `drop_now_waiting` threads waiting (about a whole
@@ -95,7 +98,7 @@ class ThreadController:
         self._probe = probe
         self._clock = clock
         self._start: tuple[float, Reading] | None = None  # the open window: when, and the counters then
-        self._starved = 0  # windows in a row with too many threads waiting
+        self._starved = 0.0  # seconds of windows in a row with too many threads waiting
         self._idle_since: float | None = None  # start of the run of windows with a spare core
         self._backoff = 1  # the raise wait's multiple of raise_after_s (doubled by each raise undone on probation)
         self._raised_at: float | None = None  # the last raise, while on probation
@@ -147,8 +150,11 @@ class ThreadController:
         if self._raised_at is not None and now - self._raised_at >= cfg.probation_s:
             self._raised_at = None  # the last raise held: the next may come as soon as the first
             self._backoff = 1
-        self._starved = self._starved + 1 if waiting >= cfg.drop_waiting else 0
-        if (self._starved >= cfg.drop_windows or waiting >= cfg.drop_now_waiting) and n > 1:
+        # starved time, not windows: a window is one step long at least, and one long step (a prompt's prefill)
+        # starved for seconds says as much as many short windows
+        self._starved = self._starved + wall if waiting >= cfg.drop_waiting else 0.0
+        starved_long = self._starved >= cfg.drop_windows * cfg.window_s * (1 - 1e-9)
+        if (starved_long or waiting >= cfg.drop_now_waiting) and n > 1:
             if self._raised_at is not None:  # undone on probation: wait longer before trying again
                 if self.raise_after_s < cfg.max_raise_after_s:
                     self._backoff *= 2
@@ -167,7 +173,7 @@ class ThreadController:
     def _set(self, n: int) -> None:
         self.threads = max(1, min(self.max_threads, n))
         self.changes += 1
-        self._starved = 0
+        self._starved = 0.0
         self._idle_since = None
 
 

@@ -225,11 +225,16 @@ def test_without_a_wait_counter_the_cpu_shortfall_stands_in() -> None:
     assert run(m, ctl, 5)[-1] == 2
 
 
-def test_long_steps_make_one_window_each() -> None:
+def test_a_long_starved_step_counts_for_its_length() -> None:
+    """A window closes after whole steps: one 1 s prefill step starved beside a busy process is as much evidence
+    as four windows of 0.25 s, and the steps after it run on one thread; a short starved step is not."""
     m = Machine(2, busy=1)
+    counts = run(m, controller(m), 10, step=1.0)  # a long prefill chunk per step
+    assert counts[:3] == [2, 1, 1]
+    m = Machine(2, busy=lambda t: 1 if t < 0.3 else 0)  # one starved window of 0.3 s, under 2 x 0.25
     ctl = controller(m)
-    counts = run(m, ctl, 10, step=1.0)  # a long prefill chunk per step
-    assert counts[:3] == [2, 2, 1]
+    counts = run(m, ctl, 3, step=0.3)
+    assert set(counts) == {2} and ctl.changes == 0
 
 
 def test_bad_arguments_are_refused() -> None:
