@@ -28,7 +28,7 @@ import torch
 from radixcache.runtime.engine.errors import EngineDeadError
 from radixcache.runtime.engine.request import GenerationResult, Request, dequeued
 from radixcache.runtime.engine.scheduler import Scheduler
-from radixcache.runtime.engine.threads import ThreadController
+from radixcache.runtime.engine.threads import PROBE_PREFILL_TOKENS, ThreadController
 from radixcache.runtime.engine.trace_recorder import TraceRecorder, earliest_arrival
 from radixcache.runtime.native.openmp import release_idle_team
 
@@ -222,6 +222,7 @@ class EngineLoop:
                             if ctl is not None and (n := ctl.begin_step()) != applied:
                                 torch.set_num_threads(n)  # between steps: never inside a forward pass
                                 applied = n
+                            s.prefill_cap = PROBE_PREFILL_TOKENS if ctl is not None and ctl.measuring else None
                             s.step()
                             if ctl is not None:
                                 ctl.end_step()

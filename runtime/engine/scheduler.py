@@ -81,6 +81,7 @@ class Scheduler:
         self.decoding: list[Request] = []
         self.finished: list[Request] = []  # left this step (done, aborted, failed): the owner drains it
         self.steps = 0
+        self.prefill_cap: int | None = None  # prompt tokens a step may take at most, set by the loop (threads.py)
         self.preemptions = 0
 
     # ------------------------------------------------------------------ public API
@@ -116,7 +117,8 @@ class Scheduler:
         return True
 
     def step(self) -> None:
-        """One engine step: time out, pick the decodes and the prefill chunks, run them in one pass, emit."""
+        """One engine step: time out, pick the decodes and the prefill chunks, run them in one pass, emit; at most
+        `prefill_cap` prompt tokens when set (by the loop while its thread controller is `measuring`)."""
         self.steps += 1
         self.kv.leases.expire()  # leases past their deadline release their pages (runtime.kv.leases)
         now = time.perf_counter()
@@ -130,6 +132,7 @@ class Scheduler:
         cfg = self.config
         work, stage = (cfg.mixed_prefill_attention, cfg.staged_prefill_attention) if decodes else (None, None)
         tokens = cfg.mixed_prefill_tokens if decodes else cfg.max_prefill_tokens  # no decodes: nobody stalls
+        tokens = tokens if self.prefill_cap is None else min(tokens, max(1, self.prefill_cap))
         budget = StepBudget(tokens, cfg.prefill_chunk, work, stage)
         chunks = self._schedule_prefill(budget, now)
         if self.kv.tiers is not None:  # disk reads beside decodes go at the step's pace; else no busy loop
@@ -168,14 +171,13 @@ class Scheduler:
         share = self.config.share_in_flight
         p = self.kv.page_size
         done: list[tuple[Request, torch.Tensor]] = []  # (request, logits row): each gets its next token now
-        greedy: dict[int, int | None] = {}  # id(request) -> its row's argmax, where the pass found it (decode_best)
+        best = logits.decode_best  # id(request) -> its row's argmax, where the pass found it
+        greedy = {id(r): b for r, b in zip(decodes, best, strict=True)} if best is not None else {}
         for i, r in enumerate(decodes):
             if share and r.kv.num_kv % p == 0 and not self._guard(r, self.kv.commit, r.kv, r.all_ids):
                 continue  # the pass filled a page, and committing it failed: that request alone
             assert logits.decode is not None
             done.append((r, logits.decode[i]))
-            if logits.decode_best is not None:
-                greedy[id(r)] = logits.decode_best[i]
         ran = [r for r, _ in chunks if r.staged is None]  # a staged one between passes computed nothing yet
         for i, r in enumerate(ran):  # logits rows: the chunks that ran their last layer
             if self._guard(r, self._after_chunk, r) and not r.output_ids and r in self.decoding:

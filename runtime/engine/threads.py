@@ -28,6 +28,11 @@ undone within `probation_s` (the load was still there) doubles the wait before t
 waiting threads are estimated as the threads asked for minus the CPU time the process got (`os.times`), and idle
 cores as the cores minus the 1-minute load average (slower).
 
+A prefill is one step, and the count changes only between steps: when other programs' threads are running as
+the loop starts work after being idle (`LinuxProbe.others_running`, a snapshot of /proc), the controller is
+`measuring` until its first window closes, and the loop keeps each of those steps' prefill to
+`PROBE_PREFILL_TOKENS`, so that the rest of a long prompt runs on the count that window decides.
+
 The controller only decides; the loop thread applies the count with `torch.set_num_threads` before a step
 (runtime.engine.loop), so no forward pass ever changes threads midway. It is torch-free: tests drive it with a
 fake probe and clock. `EngineConfig.thread_policy="fixed"` keeps the configured count (benchmarks).
@@ -42,6 +47,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 THREAD_POLICIES = ("adaptive", "fixed")
+# prompt tokens a step may prefill while the controller is `measuring`: about 0.2 s of SmolLM2 on 2 idle cores, so
+# that the window closes after one such step (a window is 0.1 s or more)
+PROBE_PREFILL_TOKENS = 128
 
 
 def check_thread_policy(policy: object) -> None:
@@ -102,6 +110,8 @@ class ThreadController:
         self._idle_since: float | None = None  # start of the run of windows with a spare core
         self._backoff = 1  # the raise wait's multiple of raise_after_s (doubled by each raise undone on probation)
         self._raised_at: float | None = None  # the last raise, while on probation
+        self._known = False  # a window closed since the loop last went idle: the machine was measured since
+        self._others: int | None = None  # other programs' threads running when the first window after idle opened
 
     @property
     def raise_after_s(self) -> float:
@@ -109,9 +119,23 @@ class ThreadController:
         cfg = self.settings
         return min(cfg.raise_after_s * self._backoff, max(cfg.raise_after_s, cfg.max_raise_after_s))
 
+    @property
+    def measuring(self) -> bool:
+        """Whether the loop should keep this step's prefill short (`PROBE_PREFILL_TOKENS`): on more than one
+        thread, no window has closed since the loop last went idle (`pause`) or began, and other programs' threads
+        were running when this stretch of work began (the probe's `others_running`; unknown counts as none). A long
+        prompt's prefill is then not one step on threads a busy machine holds back: the window closes after the
+        short step and the rest of the prompt runs on what it decided. Beside one busy process a 512-token
+        prefill on 2 threads took 2.1-2.6 s as one step, 1.5-1.7 s so (docs/benchmarks.md); on an idle machine the
+        step is not cut (cutting it there cost 7% of the time to first token)."""
+        return self.adaptive and self.threads > 1 and not self._known and (self._others or 0) > 0
+
     def begin_step(self) -> int:
         """Open a window if none is open; the thread count this step must run on."""
         if self.adaptive and self._start is None:
+            if not self._known and self._others is None:  # the first window after idle: is anyone else running?
+                others = getattr(self._probe_or_default(), "others_running", None)
+                self._others = others() if others is not None else None
             self._start = (self._clock(), self._read())
         return self.threads
 
@@ -125,20 +149,27 @@ class ThreadController:
             return
         r1 = self._read()
         self._start = None
+        self._known = True
         wall = now - t0
         if wall > 0:
             self._decide(now, wall, r0, r1)
 
     def pause(self) -> None:
-        """The loop goes idle: the open window is dropped (its gap would read as idle cores)."""
+        """The loop goes idle: the open window is dropped (its gap would read as idle cores), and what the machine
+        gives is not known again until a window closes (`measuring`)."""
         self._start = None
+        self._known = False
+        self._others = None
 
     # ------------------------------------------------------------------ private
 
-    def _read(self) -> Reading:
+    def _probe_or_default(self) -> Probe:
         if self._probe is None:
             self._probe = default_probe()
-        return self._probe.read()
+        return self._probe
+
+    def _read(self) -> Reading:
+        return self._probe_or_default().read()
 
     def _decide(self, now: float, wall: float, r0: Reading, r1: Reading) -> None:
         cfg, n = self.settings, self.threads
@@ -201,6 +232,24 @@ class LinuxProbe:
     @staticmethod
     def available() -> bool:
         return os.path.exists("/proc/self/schedstat") and os.path.exists("/proc/stat")
+
+    @staticmethod
+    def others_running() -> int | None:
+        """Threads of other programs running or ready to run now: the system's count (/proc/loadavg's fourth field,
+        running/total) less this process's threads in state R (/proc/self/task/*/stat). None if unreadable."""
+        try:
+            with open("/proc/loadavg") as f:
+                running = int(f.read().split()[3].split("/")[0])
+            own = 0
+            for tid in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{tid}/stat") as f:
+                        own += f.read().rpartition(")")[2].split()[0] == "R"
+                except OSError:  # the thread ended meanwhile
+                    continue
+        except (OSError, ValueError, IndexError):
+            return None
+        return max(0, running - own)
 
     def read(self) -> Reading:
         seen: dict[str, tuple[int, int]] = {}

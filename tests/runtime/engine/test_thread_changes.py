@@ -129,6 +129,45 @@ def test_the_loop_thread_starts_on_the_controllers_count(tiny: RandomModel) -> N
     assert done.is_set() and seen == [1]
 
 
+class QuietProbe:
+    """No thread waiting, no core idle (the controller keeps its count); `others` other programs' threads running
+    when a stretch of work begins (LinuxProbe.others_running)."""
+
+    def __init__(self, others: int) -> None:
+        self.others = others
+
+    def read(self) -> Reading:
+        return Reading(run=0.0, wait=0.0, idle=0.0)
+
+    def others_running(self) -> int:
+        return self.others
+
+
+@pytest.mark.parametrize("others", [0, 1])
+def test_a_prompt_beside_other_programs_prefills_in_short_steps_until_a_window_closes(
+    tiny: RandomModel, monkeypatch: pytest.MonkeyPatch, others: int
+) -> None:
+    """With other programs running when the work begins, the loop keeps each prefill step to PROBE_PREFILL_TOKENS
+    until the controller's first window closes (here never: a window of a minute, so the whole prompt goes in such
+    steps); on an idle machine the prompt is one step. The tokens are the same."""
+    monkeypatch.setattr(threads_module, "default_probe", lambda: QuietProbe(others))
+    engine = Engine(tiny, threads=2, capacity_blocks=128, page_size=4)
+    engine.thread_control.settings = ControllerSettings(window_s=60.0)
+    chunks: list[int] = []
+    step = engine.runner.step
+
+    def recorded(decodes: Any, parts: Any) -> Any:
+        chunks.extend(n for _, n in parts)
+        return step(decodes, parts)
+
+    monkeypatch.setattr(engine.runner, "step", recorded)
+    prompt = torch.randint(1, tiny.config.vocab_size, (300,), generator=torch.Generator().manual_seed(3)).tolist()
+    got = engine.generate(prompt, 4, ignore_eos=True)
+    cap = threads_module.PROBE_PREFILL_TOKENS
+    assert chunks == ([cap, cap, 300 - 2 * cap] if others else [300])
+    assert list(got.token_ids) == reference_greedy(tiny.config, tiny.weights, prompt, 4)
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("quant_gguf")
 @pytest.mark.parametrize("quant", ["none", "gguf"])

@@ -247,6 +247,67 @@ def test_bad_arguments_are_refused() -> None:
         check_thread_policy(good)
 
 
+class Others(Machine):
+    """A machine whose probe also answers `others_running` (LinuxProbe's snapshot of other programs' threads)."""
+
+    def __init__(self, cores: int, busy: int) -> None:
+        super().__init__(cores, busy)
+        self.asked = 0
+
+    def others_running(self) -> int:
+        self.asked += 1
+        return self.others()
+
+
+def test_measuring_while_others_run_until_a_window_closes_and_again_after_idle() -> None:
+    m = Others(2, busy=1)
+    ctl = controller(m)
+    assert not ctl.measuring  # nothing asked yet: no step began
+    ctl.begin_step()
+    assert ctl.measuring and m.asked == 1
+    m.advance(STEP, 2)
+    ctl.end_step()  # 1/16 s: the window (0.25 s) is still open
+    assert ctl.measuring
+    run(m, ctl, 0.25)
+    assert not ctl.measuring  # a window closed: the count follows the windows from here
+    ctl.pause()
+    assert not ctl.measuring  # nobody asked yet
+    ctl.begin_step()
+    assert ctl.measuring and m.asked == 2  # once per stretch of work
+
+
+def test_not_measuring_on_an_idle_machine_one_thread_or_without_the_snapshot() -> None:
+    idle = Others(2, busy=0)
+    ctl = controller(idle)
+    ctl.begin_step()
+    assert not ctl.measuring
+    one = Others(2, busy=1)
+    ctl = controller(one, max_threads=1)
+    ctl.begin_step()
+    assert not ctl.measuring and one.asked == 0
+    plain = Machine(2, busy=1)  # a probe without others_running (the portable one): unknown counts as none
+    ctl = controller(plain)
+    ctl.begin_step()
+    assert not ctl.measuring
+
+
+@pytest.mark.skipif(not LinuxProbe.available(), reason="Linux /proc only")
+def test_the_linux_probe_counts_other_programs_running() -> None:
+    import subprocess
+    import sys
+
+    assert LinuxProbe.others_running() is not None
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while (n := LinuxProbe.others_running()) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the process starting up may sleep on its imports
+        assert n is not None and n >= 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.skipif(not LinuxProbe.available(), reason="Linux /proc only")
 def test_the_linux_probe_reads_this_process() -> None:
     probe = LinuxProbe()
