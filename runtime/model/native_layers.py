@@ -138,24 +138,19 @@ class NativeLayers:
             for entry, layer in zip(table, self._layers, strict=True):
                 entry.ln_in, entry.ln_post = layer.ln_in.data_ptr(), layer.ln_post.data_ptr()
                 for name in _PRODUCTS:
-                    if self.dense:
-                        setattr(entry, name, self._dense_entry(getattr(layer, name)))
-                        continue
-                    linear: BlockLinear = getattr(layer, name)
-                    bias = linear.bias.data_ptr() if linear.bias is not None else None
-                    native = NativeLinear(
-                        ctypes.cast(linear._data, ctypes.c_void_p),
-                        ctypes.cast(linear._kinds, ctypes.c_void_p),
-                        ctypes.cast(linear._rows, ctypes.c_void_p),
-                        bias,
-                        linear._n,
-                        linear.in_features,
-                        linear.out_features,
-                        _kernel_id(linear, rows),
-                    )
+                    linear = getattr(layer, name)
+                    native = self._dense_entry(linear) if self.dense else self._block_entry(linear, rows)
                     setattr(entry, name, native)
             self._by_rows[rows] = table
         return table
+
+    @staticmethod
+    def _block_entry(linear: BlockLinear, rows: int) -> NativeLinear:
+        """A block product for `rows` decode rows, its kernel chosen as BlockLinear chooses it."""
+        bias = linear.bias.data_ptr() if linear.bias is not None else None
+        data, kinds, parts = (ctypes.cast(a, ctypes.c_void_p) for a in (linear._data, linear._kinds, linear._rows))
+        cols, out = linear.in_features, linear.out_features
+        return NativeLinear(data, kinds, parts, bias, linear._n, cols, out, _kernel_id(linear, rows))
 
     @staticmethod
     def _dense_entry(linear: DenseLinear) -> NativeLinear:
@@ -179,14 +174,7 @@ class NativeLayers:
             return None
         entry = self._heads.get(rows)
         if entry is None or entry[0] is not head:
-            if isinstance(head, DenseLinear):
-                native = self._dense_entry(head)
-            else:
-                bias = head.bias.data_ptr() if head.bias is not None else None
-                data, kinds, parts = (ctypes.cast(a, ctypes.c_void_p) for a in (head._data, head._kinds, head._rows))
-                native = NativeLinear(
-                    data, kinds, parts, bias, head._n, head.in_features, head.out_features, _kernel_id(head, rows)
-                )
+            native = self._dense_entry(head) if isinstance(head, DenseLinear) else self._block_entry(head, rows)
             entry = self._heads[rows] = (head, native)  # holds the head: its tables stay alive while cached
         return entry[1]
 

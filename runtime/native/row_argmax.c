@@ -13,13 +13,8 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-#ifdef _OPENMP
-#include <omp.h>
-#else
-static inline int omp_get_max_threads(void) { return 1; }
-static inline int omp_get_thread_num(void) { return 0; }
-static inline int omp_get_num_threads(void) { return 1; }
-#endif
+
+#include "thread_rows.h" /* OpenMP, or its one-thread stand-ins */
 
 /* One part [a, b) of a row: its first maximum's index and value in *at / *top, or *nan = 1 if it holds a NaN. */
 typedef struct {

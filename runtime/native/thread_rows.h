@@ -22,6 +22,7 @@
 #else
 static inline int omp_get_max_threads(void) { return 1; }
 static inline int omp_get_thread_num(void) { return 0; }
+static inline int omp_get_num_threads(void) { return 1; }
 #endif
 
 #define ROW_CHUNK_BYTES 65536 /* what an owner claims at a time, and the least a thread takes from another */
