@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -278,3 +279,42 @@ def test_native_head_tokens_go_only_to_plain_greedy_rows_without_a_grammar(tmp_p
     assert list(bias.token_ids) == [biased] * 6
     model.native_layers = None
     assert list(run()[2].token_ids) == list(plain.token_ids)
+
+
+def test_requests_arriving_mid_decode_give_the_eager_heads_tokens_and_logits() -> None:
+    """A request arriving while another decodes (its prefill shares mixed passes, where the eager head runs), a
+    third while both decode, one cancelled mid-decode: every pass of decodes alone ends in the native head, and
+    each finished request's tokens are those of the same arrivals with the eager head and layers, and its logits
+    within float32 noise of them (the arrivals race the steps, so the two runs' passes group rows differently, and a
+    block kernel is chosen per row count)."""
+    model = _gguf_model(bias=False)
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (12, 27, 9, 15)]
+
+    def arrive() -> list[Any]:
+        with Engine(model, capacity_blocks=64, page_size=8, threads=1, thread_policy="fixed") as engine:
+            handles = []
+            for i, p in enumerate(prompts):
+                if handles:
+                    deadline = time.monotonic() + 60
+                    while len(handles[-1].request.output_ids) < 3 and not handles[-1].done():
+                        assert time.monotonic() < deadline, "the engine made no progress"
+                        time.sleep(0.001)
+                handles.append(engine.submit(p, 10, ignore_eos=True, return_logits=True))
+                if i == 2:
+                    handles[0].cancel()  # mid-decode, while the others go on
+            return [h.result(60) for h in handles[1:]]
+
+    ran: list[bool] = []
+    real = native_layers.NativeLayers.head
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            native_layers.NativeLayers, "head", lambda self, *a: ran.append((out := real(self, *a)) is not None) or out
+        )
+        native = arrive()
+    assert ran and all(ran)
+    model.native_layers = None
+    eager = arrive()
+    for a, b in zip(native, eager, strict=True):
+        assert list(a.token_ids) == list(b.token_ids) and len(a.token_ids) == 10
+        torch.testing.assert_close(torch.stack(list(a.logits)), torch.stack(list(b.logits)), rtol=1e-4, atol=1e-4)
