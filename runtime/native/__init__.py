@@ -97,6 +97,8 @@ def blockdot() -> ctypes.CDLL:
     #  -> the threads that ran, or -1 (thread_rows.h's shares, for tests)
     lib.native_row_shares_check.argtypes = [num, num, num, num, num, num, ptr, ptr]
     lib.native_row_shares_check.restype = ctypes.c_int
+    lib.native_row_claims_check.argtypes = [num, num, num, ptr, num]  # (rows, chunk, from back, sizes, cap)
+    lib.native_row_claims_check.restype = ctypes.c_int
     # (qkv, rows, heads, kv heads, head dim, positions, cos, signed sin, max position, q out, pool k, pool v, slots,
     #  slot count, mirror k, mirror v, mirror row stride, mirror head stride, mirror rows, mirror positions,
     #  mirror row count, mirror capacity) -> 0, or -1 (decode_store.c)

@@ -177,3 +177,18 @@ int native_row_shares_check(int total, int count, int threads, int chunk, int sl
     *taken = others;
     return ran;
 }
+
+/* For tests: the successive claims one thread makes alone on a share of rows [0, total), from the front (`from_back`
+ * 0) or the back; sizes[i] is the i-th claim's row count, for at most `cap` claims. Returns the number of claims
+ * (more than `cap` when the share needed more), or -1 for arguments out of range. */
+int native_row_claims_check(int total, int chunk, int from_back, int *sizes, int cap) {
+    if (total < 0 || chunk < 1 || cap < 0) return -1;
+    row_share share;
+    row_shares_init(&share, 1, total);
+    int n = 0, a, b;
+    while (row_claim(&share, chunk, from_back != 0, &a, &b)) {
+        if (n < cap) sizes[n] = b - a;
+        n++;
+    }
+    return n;
+}

@@ -64,6 +64,35 @@ def test_shares_without_a_thread_of_their_own_are_taken_by_the_others() -> None:
     assert taken == 1000 - 1000 // 5
 
 
+def expected_claims(total: int, chunk: int, from_back: bool) -> list[int]:
+    """thread_rows.h's rule, restated: the owner takes `chunk` rows, or a quarter of what is left once that is
+    less; a thief half of what is left; never under chunk // 8 (one at least) nor over what is left."""
+    sizes, left, least = [], total, max(chunk // 8, 1)
+    while left > 0:
+        take = left // 2 if from_back else min(left // 4, chunk)
+        take = min(max(take, least), left)
+        sizes.append(take)
+        left -= take
+    return sizes
+
+
+@settings(max_examples=80, deadline=None)
+@given(total=st.integers(0, 5000), chunk=st.integers(1, 300), from_back=st.booleans())
+def test_claims_shrink_as_a_share_runs_out(total: int, chunk: int, from_back: bool) -> None:
+    cap = 5000
+    sizes = (ctypes.c_int * cap)()
+    n = blockdot().native_row_claims_check(total, chunk, int(from_back), sizes, cap)
+    assert list(sizes[:n]) == expected_claims(total, chunk, from_back)
+
+
+def test_the_owner_ends_its_share_in_small_claims() -> None:
+    sizes = (ctypes.c_int * 64)()
+    n = blockdot().native_row_claims_check(1000, 100, 0, sizes, 64)
+    # full chunks while a quarter of the rest is a chunk or more, then quarters, then the floor of 12 rows
+    assert list(sizes[:n]) == [100] * 7 + [75, 56, 42, 31, 24, 18, 13, 12, 12, 12, 5]
+    assert sum(sizes[:n]) == 1000
+
+
 def test_refuses_arguments_out_of_range() -> None:
     for args in ((-1, 2, 2, 4), (10, 0, 2, 4), (10, 2, 0, 4), (10, 2, 2, 0)):
         assert run_shares(*args)[0] == -1
