@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +81,19 @@ def greedy_tokens(rows: list[torch.Tensor]) -> Iterator[int | None]:
     except Exception:
         picked = [-1] * len(rows)
     return iter([t if t >= 0 else None for t in picked])
+
+
+def pass_tokens(done: Sequence[tuple[Request, torch.Tensor]], greedy: Mapping[int, int | None]) -> list[int | None]:
+    """The token each (request, logits row) of a pass takes without its sampler, or None where the sampler decides.
+    Plain-greedy rows (no logit bias, no penalty: `plain_greedy`) take the token the pass found (`greedy`, by id of
+    request: the native head's argmax of the same row) unless a grammar masked the row, else one argmax over all
+    such rows (`greedy_tokens`, one host transfer). Every other row, greedy ones with a bias or penalty included,
+    gets None."""
+    plain = [r.sampler.params.plain_greedy for r, _ in done]
+    known = [g and r.grammar is None and id(r) in greedy for (r, _), g in zip(done, plain, strict=True)]
+    picked = greedy_tokens([row for (_, row), g, k in zip(done, plain, known, strict=True) if g and not k])
+    rows = zip(done, plain, known, strict=True)
+    return [greedy[id(r)] if k else next(picked) if g else None for (r, _), g, k in rows]
 
 
 class OutputProcessor:

@@ -50,7 +50,7 @@ import torch
 
 from radixcache import CacheFullError
 from radixcache.runtime.engine.errors import QueueTimeoutError, RequestTooLargeError
-from radixcache.runtime.engine.output import OutputProcessor, greedy_tokens
+from radixcache.runtime.engine.output import OutputProcessor, pass_tokens
 from radixcache.runtime.engine.prefill_budget import StepBudget
 from radixcache.runtime.engine.request import Request, dequeued
 from radixcache.runtime.engine.runner import ModelRunner
@@ -204,18 +204,11 @@ class Scheduler:
         return True
 
     def _emit_all(self, done: list[tuple[Request, torch.Tensor]], greedy: Mapping[int, int | None]) -> None:
-        """Sample every row; plain-greedy rows (no logit bias, no penalty) are decided by one argmax (one host
-        transfer per pass), or by the one the pass found (`greedy`, by id of request: the native head's, of the
-        same row) where no grammar mask changed the row. Every other row, greedy ones with a bias or penalty
-        included, goes through its sampler."""
+        """Sample every row (grammar masks first); plain-greedy rows take one argmax for the pass, or the native
+        head's token (`greedy`, by id of request) where no grammar changed the row (output.pass_tokens)."""
         done = self.output.constrain(done, self._fail)  # grammar masks on constrained rows (engine.structured)
-        if not done:
-            return
-        plain = [r.sampler.params.plain_greedy for r, _ in done]
-        known = [g and r.grammar is None and id(r) in greedy for (r, _), g in zip(done, plain, strict=True)]
-        picked = greedy_tokens([row for (_, row), g, k in zip(done, plain, known, strict=True) if g and not k])
-        for (r, row), g, k in zip(done, plain, known, strict=True):
-            self._emit(r, row, greedy[id(r)] if k else next(picked) if g else None)
+        for (r, row), token in zip(done, pass_tokens(done, greedy), strict=True):
+            self._emit(r, row, token)
 
     def _start_decoding(self, req: Request) -> None:
         self.kv.load_layers(req.kv)  # a resumed request all of whose positions were loaded: every layer now

@@ -46,3 +46,24 @@ def test_rows_of_a_logits_matrix_and_an_empty_batch() -> None:
     logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0))
     assert list(greedy_tokens(list(logits))) == logits.argmax(dim=-1).tolist()
     assert list(greedy_tokens([])) == []
+
+
+def test_pass_tokens_take_the_heads_token_only_for_plain_greedy_rows_no_grammar_masked() -> None:
+    """Against the rule restated: a plain-greedy row without a grammar takes the token the pass found; one the pass
+    did not find, or whose grammar masked the row, takes its row's argmax; any other row gets None (its sampler)."""
+    from types import SimpleNamespace
+
+    from radixcache.runtime.engine.output import pass_tokens
+
+    def req(plain: bool, grammar: object = None) -> SimpleNamespace:
+        return SimpleNamespace(sampler=SimpleNamespace(params=SimpleNamespace(plain_greedy=plain)), grammar=grammar)
+
+    g = torch.Generator().manual_seed(5)
+    rows = [torch.randn(50, generator=g) for _ in range(5)]
+    reqs = [req(True), req(True), req(True, grammar="json"), req(False), req(False, grammar="json")]
+    found = {id(reqs[0]): 7, id(reqs[2]): 9, id(reqs[3]): 11, id(reqs[4]): 13}  # the native head's picks
+    done = list(zip(reqs, rows, strict=True))
+    want = [7, int(rows[1].argmax()), int(rows[2].argmax()), None, None]
+    assert pass_tokens(done, found) == want
+    assert pass_tokens(done, {}) == [int(rows[i].argmax()) for i in range(3)] + [None, None]
+    assert pass_tokens([], found) == []
