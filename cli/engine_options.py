@@ -174,8 +174,8 @@ def tier_kwargs(
 
 
 def speed_options(func: Callable) -> Callable:
-    """--quant, --threads, --mirror-memory and the kernel options: how the model runs, shared by replay, chat and
-    serve."""
+    """--quant, --threads, --thread-policy, --mirror-memory and the kernel options: how the model runs, shared by
+    replay, chat and serve."""
     options = [
         click.option(
             "--quant",
@@ -186,6 +186,14 @@ def speed_options(func: Callable) -> Callable:
             "file's Q4_1/Q8_0 blocks for decode batches of up to 4 (same weights; needs a C compiler once).",
         ),
         click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: torch's, one per core]."),
+        click.option(
+            "--thread-policy",
+            default="adaptive",
+            show_default=True,
+            type=click.Choice(["adaptive", "fixed"]),
+            help="adaptive: fewer threads while other programs take the cores, back when they leave (the engine "
+            "measures it: runtime.engine.threads); fixed: always --threads (benchmarks, pinned cores).",
+        ),
         click.option(
             "--mirror-memory",
             help="Most memory for the decode mirror (the decode batch's KV kept contiguous so that decode "
@@ -233,6 +241,7 @@ def engine_kwargs(
     threads: int | None = None,
     mirror_memory: str | None = None,
     kernels: str | None = None,
+    thread_policy: str = "adaptive",
 ) -> dict[str, Any]:
     """Engine arguments from the kv and speed options; a bad --kv-memory or --mirror-memory is refused before the
     model loads. `kernels`: kernel_mode's value."""
@@ -243,7 +252,7 @@ def engine_kwargs(
     _check_sizes({"--kv-memory": kv_memory, "--mirror-memory": None if mirror_memory == "0" else mirror_memory})
     kwargs: dict[str, Any] = {"policy": policy, "capacity_blocks": capacity_blocks, "kv_memory": kv_memory}
     kwargs |= {"page_size": page_size, "quant": quant, "threads": threads, "mirror_memory": mirror_memory}
-    return kwargs | {"kernels": kernels}
+    return kwargs | {"kernels": kernels, "thread_policy": thread_policy}
 
 
 def load_engine_model(spec: str, quant: str = "none") -> Any:
@@ -277,6 +286,7 @@ class EngineChoices:
     prefetch_pages_per_step: int
     quant: str
     threads: int | None
+    thread_policy: str
     mirror_memory: str | None
     kernels: str | None
     retune_kernels: bool
@@ -293,6 +303,7 @@ class EngineChoices:
             self.threads,
             self.mirror_memory,
             kernel_mode(self.kernels, self.retune_kernels),
+            self.thread_policy,
         )
         kwargs |= tier_kwargs(
             self.host_kv_memory,

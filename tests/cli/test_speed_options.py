@@ -43,7 +43,10 @@ def test_serve_refusal_as_a_real_process(run_cli, tiny_model_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("command", ["replay", "serve", "chat"])
-@pytest.mark.parametrize(("option", "value"), [("--threads", "0"), ("--threads", "-2"), ("--quant", "int8")])
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--threads", "0"), ("--threads", "-2"), ("--quant", "int8"), ("--thread-policy", "sometimes")],
+)
 def test_click_refuses_bad_speed_options(runner, tiny_model_dir: Path, command: str, option: str, value: str) -> None:
     result = runner.invoke(main, [command, "--model", str(tiny_model_dir), option, value])
     assert result.exit_code == 2, result.output
@@ -58,6 +61,27 @@ def test_replay_runs_with_the_decode_mirror_off_small_or_default(runner, tiny_mo
     result = runner.invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "requests" in result.stdout and "hit rate" in result.stdout
+
+
+@pytest.mark.parametrize("policy", [None, "fixed", "adaptive"])
+def test_replay_builds_its_engine_with_the_thread_policy_given(
+    runner, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, policy: str | None
+) -> None:
+    from radixcache.runtime.engine.engine import Engine
+
+    seen: list[tuple[str, bool]] = []
+    init = Engine.__init__
+
+    def recording(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        seen.append((self.engine_config.thread_policy, self.thread_control.adaptive))
+
+    monkeypatch.setattr(Engine, "__init__", recording)
+    args = ["replay", "--model", str(tiny_model_dir), "--limit", "1", "--max-tokens", "2", "--threads", "2"]
+    result = runner.invoke(main, [*args, *(["--thread-policy", policy] if policy else [])])
+    assert result.exit_code == 0, result.output
+    want = policy or "adaptive"  # the default: the engine yields cores to other programs
+    assert seen and all(s == (want, want == "adaptive") for s in seen), seen
 
 
 def test_engine_kwargs_pass_the_mirror_budget_through() -> None:
