@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -50,10 +51,12 @@ def start_load(kind: str, jobs: int, scratch: Path) -> list[subprocess.Popen[byt
     compiler = os.environ.get("CC", "cc")
     if shutil.which(compiler) is None:
         raise SystemExit(f"--load compile needs a C compiler: {compiler!r} was not found (set CC, or --load spin)")
-    sources = " ".join(str(p) for p in sorted((ROOT / "runtime" / "native").glob("*.c")))
+    sources = " ".join(shlex.quote(str(p)) for p in sorted((ROOT / "runtime" / "native").glob("*.c")))
+    cc = shlex.quote(compiler)
     procs = []
     for j in range(jobs):
-        loop = f'while :; do for f in {sources}; do {compiler} -O2 -c "$f" -o {scratch}/job{j}.o; done; done'
+        out = shlex.quote(str(scratch / f"job{j}.o"))
+        loop = f'while :; do for f in {sources}; do {cc} -O2 -c "$f" -o {out}; done; done'
         procs.append(subprocess.Popen(["sh", "-c", loop], start_new_session=True, stderr=subprocess.DEVNULL))
     return procs
 

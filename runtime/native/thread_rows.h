@@ -2,11 +2,11 @@
  *
  * Each thread owns one contiguous share of the rows, in thread order, and takes it from the front a chunk at a
  * time (less near its end: row_claim): one sequential stream of weights per thread. A thread whose share is done
- * takes rows from the back of the share with the most rows left (half of what is left), so a thread on a slower core no longer
- * holds the whole product back. Measured on the project's 2-vCPU VM (docs/benchmarks.md): in the minutes when a
- * `sum` reads 50-60 GB/s, one vCPU streams its equal share 15-25% slower than the other (whichever thread runs
- * there), and the products of 30 layers ran 4-8% faster with these shares than with fixed halves (paired medians;
- * the same where the memory reads 30-35 GB/s).
+ * takes rows from the back of the share with the most rows left (half of what is left), so a thread on a slower
+ * core no longer holds the whole product back. Measured on the project's 2-vCPU VM (docs/benchmarks.md): in the
+ * minutes when a `sum` reads 50-60 GB/s, one vCPU streams its equal share 15-25% slower than the other (whichever
+ * thread runs there), and the products of 30 layers ran 4-8% faster with these shares than with fixed halves
+ * (paired medians; the same where the memory reads 30-35 GB/s).
  *
  * A row is computed whole by whichever thread takes it, by the same code, so the bits never depend on who took it
  * or on the thread count. Claims are compare-and-swaps on one word per share (front in the low 32 bits, back in
