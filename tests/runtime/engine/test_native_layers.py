@@ -179,6 +179,27 @@ def test_silu_mul_is_silu_times_up_to_float32_rounding() -> None:
     assert ops.silu_mul(torch.zeros(2, 3)) is None  # an odd width has no gate / up halves
 
 
+@pytest.mark.parametrize(("rows", "inter"), [(1, 1536), (2, 1037), (48, 1536), (70, 1000), (1, 17)])
+def test_silu_mul_has_the_same_bits_on_any_number_of_threads(rows: int, inter: int) -> None:
+    """From 65,536 values the threads split the rows (decode_layers.c): every lane and tail sees the same positions
+    of a row, so 1 to 4 threads give one thread's bits, and those are SiLU(gate) * up to float32 rounding."""
+    ops = NativeDecodeOps()
+    g = torch.Generator().manual_seed(rows * 7919 + inter)
+    gated = torch.randn(rows, 2 * inter, generator=g) * 5
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ops.silu_mul(gated)
+        assert one is not None
+        for threads in (2, 3, 4):
+            torch.set_num_threads(threads)
+            assert torch.equal(ops.silu_mul(gated), one), threads
+    finally:
+        torch.set_num_threads(before)
+    gate, up = gated.double().chunk(2, dim=1)
+    torch.testing.assert_close(one.double(), gate * torch.sigmoid(gate) * up, rtol=4e-7, atol=1e-30)
+
+
 def test_two_engines_sharing_one_model_on_two_threads_decode_as_each_alone() -> None:
     """The plan belongs to the model, and engines on other threads may share a model: each pass must use its own
     engine's mirror and pool (the plan's cache of mirror pointers is read once per pass)."""
