@@ -64,7 +64,7 @@ class DenseLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, prepack: bool = True) -> None:
         self.weight = weight.contiguous()
         self.bias = bias
-        self.out_features = weight.shape[0]
+        self.out_features, self.in_features = weight.shape  # as BlockLinear names them
         self._cpu = weight.device.type == "cpu"
         self._packed: torch.Tensor | None = None
         self._by_rows: tuple[str, ...] | None = None  # measured paths: [rows] for rows < len, the last one above

@@ -158,7 +158,7 @@ class NativeLayers:
         assert weight is not None  # build() checked every product
         bias = linear.bias.data_ptr() if linear.bias is not None else None
         data, kinds, parts = (ctypes.cast(a, ctypes.c_void_p) for a in (weight.data, weight.kinds, weight.rows))
-        cols, out = linear.weight.shape[1], linear.weight.shape[0]
+        cols, out = linear.in_features, linear.out_features
         return NativeLinear(data, kinds, parts, bias, 1, cols, out, _DENSE_KERNEL)
 
     def _head_entry(self, head: object, rows: int) -> NativeLinear | None:
@@ -170,7 +170,7 @@ class NativeLayers:
                 return None
         elif not isinstance(head, BlockLinear) or rows > head.max_tokens:
             return None
-        if (head.weight.shape[1] if isinstance(head, DenseLinear) else head.in_features) != self._hidden:
+        if head.in_features != self._hidden:
             return None
         entry = self._heads.get(rows)
         if entry is None or entry[0] is not head:
