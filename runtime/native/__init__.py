@@ -43,7 +43,9 @@ SOURCES = tuple(
         "page_reads.c",
     )
 )
-HEADERS = tuple(SOURCE.with_name(n) for n in ("ggml_blocks.h", "block_decode.h", "vector_exp.h", "thread_rows.h"))
+HEADERS = tuple(
+    SOURCE.with_name(n) for n in ("ggml_blocks.h", "block_decode.h", "kquant_rows.h", "vector_exp.h", "thread_rows.h")
+)
 # -ffp-contract=off: a product and a sum stay two roundings, never one fused multiply-add the compiler chose, so
 # kernels that spell the same arithmetic differently (decode_attention.c's vector span and its scalar loops,
 # decode_store.c against PyTorch) keep the same bits on any compiler (GCC in ISO C mode already does this; clang

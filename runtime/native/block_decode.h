@@ -1,8 +1,9 @@
-/* The block kinds without a hand-written row (Q4_0, Q5_0/Q5_1, Q4_K/Q5_K, Q6_K) decoded into float32, 16 (AVX-512)
- * or 8 (AVX2 + FMA) values at a time, for blockdot.c's generic rows. `decode_block_vec(kind, block, w)` writes the
- * block's `block_elems(kind)` values to w in dequant.py's order and returns 1, or returns 0 for a kind it does not
- * take (the caller's scalar loops decode it then). The same operations on each value, in the same order, as those
- * scalar loops, so the same bits (the kernels are compiled as ISO C: no contraction into fused multiply-adds).
+/* The block kinds without a hand-written row in blockdot.c (Q4_0, Q5_1, Q5_K; and Q5_0, Q4_K, Q6_K where that row
+ * is not built) decoded into float32, 16 (AVX-512) or 8 (AVX2 + FMA) values at a time, for blockdot.c's generic
+ * rows. `decode_block_vec(kind, block, w)` writes the block's `block_elems(kind)` values to w in dequant.py's order
+ * and returns 1, or returns 0 for a kind it does not take (the caller's scalar loops decode it then). The same
+ * operations on each value, in the same order, as those scalar loops, so the same bits (the kernels are compiled as
+ * ISO C: no contraction into fused multiply-adds).
  *
  * Why: the scalar loops ran about 90 cycles a 32-value block; the products of one token of a SmolLM2 Q4_K_M-like
  * file took 38.6 ms, against 7.3 with this and vector sums across a row (2 threads, AVX-512, 2026-12-04). Included

@@ -6,8 +6,9 @@
  *   sum_j w_j x_j = d * sum_j q_j x_j + m * sum_j x_j,
  * and the block sums of x are computed once per call. Products and sums are float32, as in a float32 GEMM of
  * the dequantised weights; only the summation order differs. Q4_1 and Q8_0 have hand-written vector paths
- * (AVX-512, AVX2 + FMA); the other kinds decode a block into float32 and multiply it in portable C that the
- * compiler vectorises.
+ * (AVX-512, AVX2 + FMA), and so do Q5_0, Q4_K and Q6_K (kquant_rows.h: a Q4_K_M file's kinds); the other kinds
+ * decode a block into float32 (block_decode.h) and multiply it, and without AVX2 + FMA every kind but Q4_1 and
+ * Q8_0 does so in portable C that the compiler vectorises.
  *
  * A weight may be several parts stacked by rows (a fused q/k/v or gate/up matrix whose source tensors have
  * their own block types): one call covers them all, the threads taking the output rows as thread_rows.h says (a
@@ -115,6 +116,8 @@ static inline __attribute__((always_inline)) void q4_1_row(const block_q4_1 *row
     for (int t = 0; t < ntok; t++) out[t] = acc[t] + mterm[t];
 #endif
 }
+
+#include "kquant_rows.h"
 
 /* One output row of a Q8_0 weight for `ntok` tokens (inlined as q4_1_row is). */
 static inline __attribute__((always_inline)) void q8_0_row(const block_q8_0 *row, int nb, const float *x, int cols,
@@ -352,6 +355,14 @@ static inline __attribute__((always_inline)) void block_rows(int kind, const uin
             q4_1_row((const block_q4_1 *)row, nblocks, x, cols, ntok, xsum, out);
         else if (kind == KIND_Q8_0)
             q8_0_row((const block_q8_0 *)row, nblocks, x, cols, ntok, out);
+#ifdef BLOCKDOT_KQUANT_ROWS
+        else if (kind == KIND_Q5_0)
+            q5_0_row((const block_q5_0 *)row, nblocks, x, cols, ntok, xsum, out);
+        else if (kind == KIND_Q4_K)
+            q4_k_row((const block_q4_K *)row, nblocks, x, cols, ntok, xsum, out);
+        else if (kind == KIND_Q6_K)
+            q6_k_row((const block_q6_K *)row, nblocks, x, cols, ntok, out);
+#endif
         else
             generic_row(kind, row, nblocks, x, cols, ntok, out);
         for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
@@ -371,6 +382,14 @@ static void block_rows_n(int kind, const uint8_t *rows0, size_t row_bytes, int n
     case 8: block_rows(kind, rows0, row_bytes, nblocks, x, cols, 8, xsum, y, ldy, count); break;
     default: break; /* never: blockdot_check_parts keeps ntok in 1..BLOCKDOT_MAX_TOKENS */
     }
+}
+
+/* Whether a kind's row takes the block sums of x (its minimum or offset term). */
+static inline int needs_xsum(int kind) {
+#ifdef BLOCKDOT_KQUANT_ROWS
+    if (kind == KIND_Q5_0 || kind == KIND_Q4_K) return 1;
+#endif
+    return kind == KIND_Q4_1;
 }
 
 /* Checks the parts of a call and fills `start` (first output row of each part): 0, or -1 for arguments out of
@@ -394,10 +413,10 @@ int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const
     int start[BLOCKDOT_MAX_PARTS + 1];
     if (blockdot_check_parts(nparts, kinds, rows, cols, ntok, ldy, start) != 0) return -1;
     const int nb = cols / QK;
-    int any_q4_1 = 0;
-    for (int p = 0; p < nparts; p++) any_q4_1 |= kinds[p] == KIND_Q4_1;
+    int any_xsum = 0;
+    for (int p = 0; p < nparts; p++) any_xsum |= needs_xsum(kinds[p]);
     float xsum[BLOCKDOT_MAX_TOKENS * (cols / QK)];
-    if (any_q4_1) {
+    if (any_xsum) {
         for (int t = 0; t < ntok; t++) {
             for (int b = 0; b < nb; b++) {
                 float s = 0.0f;

@@ -148,6 +148,18 @@ static inline float hsum256(__m256 v) {
 }
 #endif
 
+/* 16 in byte j where bit j of `bits` is set, else 0: a Q5_0 / Q5_1 block's fifth bits (its qh) at their values. */
+#if defined(__AVX2__)
+static inline __m256i fifth_bits(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)bits),
+        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+#endif
+
 /* Q4_K / Q5_K: the 6-bit scales and mins of the 8 sub-blocks, unpacked from their 12 bytes. */
 static inline void k_scales_mins(const uint8_t *b, uint8_t sc[8], uint8_t m[8]) {
     for (int s = 0; s < 4; s++) {

@@ -97,16 +97,11 @@ static inline __m256i nibbles32(const uint8_t *qs) {
     return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 
-/* 16 in each byte j whose bit j of the 32-bit `bits` is set, else 0. */
-static inline __m256i bits_to_16(const uint8_t *bits) {
+/* A Q5 block's qh as its fifth bits (ggml_blocks.h). */
+static inline __m256i qh_bits(const uint8_t *qh) {
     uint32_t v;
-    memcpy(&v, bits, sizeof v);
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)v),
-        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+    memcpy(&v, qh, sizeof v);
+    return fifth_bits(v);
 }
 
 #define XQ(t, blk) _mm256_loadu_si256((const __m256i *)(a->q + (size_t)(t) * a->cols + (size_t)(blk) * QK))
@@ -158,14 +153,14 @@ static inline __attribute__((always_inline)) void row_kind(int kind, const uint8
         for (int b = 0; b < nb; b++) {
             const block_q5_0 *w = (const block_q5_0 *)row + b;
             const __m256i q =
-                _mm256_sub_epi8(_mm256_or_si256(nibbles32(w->qs), bits_to_16(w->qh)), _mm256_set1_epi8(16));
+                _mm256_sub_epi8(_mm256_or_si256(nibbles32(w->qs), qh_bits(w->qh)), _mm256_set1_epi8(16));
             ACC_SIGNED(q, half_to_float(w->d), b)
         }
         break;
     case KIND_Q5_1:
         for (int b = 0; b < nb; b++) {
             const block_q5_1 *w = (const block_q5_1 *)row + b;
-            const __m256i q = _mm256_or_si256(nibbles32(w->qs), bits_to_16(w->qh));
+            const __m256i q = _mm256_or_si256(nibbles32(w->qs), qh_bits(w->qh));
             const float m = half_to_float(w->m);
             ACC_UNSIGNED(q, half_to_float(w->d), b)
             for (int t = 0; t < ntok; t++) extra[t] += m * XS(t, b);

@@ -1,8 +1,9 @@
 """Every vector path of runtime/native/blockdot.c and decode_attention.c against a float64 reference, not only the
 one `-march=native` picks here: the sources are compiled three times with explicit flags (AVX-512, AVX2 + FMA,
-portable C) and each build's `blockdot_matmul` must compute `x @ W.T` for dequantised Q4_1 / Q8_0 weights (fused
-parts, 1 to 8 token rows) within float32 summation-order tolerance, and refuse arguments out of range without
-writing anything; the native RMSNorm and decode attention of the same library against float64 references.
+portable C) and each build's `blockdot_matmul` must compute `x @ W.T` for dequantised weights of every block kind
+(Q4_1 / Q8_0 fused parts; each kind alone and K-quants stacked with the others; 1 to 8 token rows) within float32
+summation-order tolerance, give a token row the same bits whatever batch it is in, and refuse arguments out of
+range without writing anything; the native RMSNorm and decode attention of the same library against float64 references.
 A path whose instructions this CPU lacks is skipped."""
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from radixcache.runtime.model.dequant import GGML_TYPE_IDS
 from radixcache.runtime.native import SOURCE
 from radixcache.runtime.testing import random_block_weight
 from tests.runtime.loading.kquants import quantize
+from tests.runtime.native.random_blocks import KINDS as ALL_KINDS
+from tests.runtime.native.random_blocks import random_blocks
 
 CC = os.environ.get("CC", "cc")
 # xdist group: one worker runs the module, so each path is compiled once per run, not once per worker that gets
@@ -37,7 +40,6 @@ PATHS = {
     "avx2": (["-mavx2", "-mfma", "-mf16c", "-mno-avx512f"], 8, "avx2"),
     "portable": (["-mno-avx", "-mno-avx2", "-mno-f16c", "-mno-fma"], 1, None),
 }
-KINDS = {"Q4_1": 3, "Q8_0": 8}  # ggml type ids (runtime/native/ggml_blocks.h)
 REL_TO_ABS_SUM = 2e-6  # as tests/runtime/test_block_linear.py: float32 sums in another order than float64
 
 
@@ -62,7 +64,7 @@ def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def _matmul(lib: ctypes.CDLL, parts: list[BlockWeight], x: torch.Tensor, ldy: int) -> tuple[int, torch.Tensor]:
     n = len(parts)
     data = (ctypes.c_void_p * n)(*(p.data.data_ptr() for p in parts))
-    kind_ids = (ctypes.c_int * n)(*(KINDS[p.kind] for p in parts))
+    kind_ids = (ctypes.c_int * n)(*(GGML_TYPE_IDS[p.kind] for p in parts))
     rows = (ctypes.c_int * n)(*(p.rows for p in parts))
     y = torch.full((x.shape[0], ldy), 7.0)
     status = lib.blockdot_matmul(n, data, kind_ids, rows, x.shape[1], x.data_ptr(), x.shape[0], y.data_ptr(), ldy)
@@ -87,6 +89,31 @@ def test_each_path_equals_the_float64_product(build: tuple[ctypes.CDLL, int], la
     want = x.double() @ w.T
     bound = REL_TO_ABS_SUM * (x.double().abs() @ w.abs().T)
     assert ((y.double() - want).abs() <= bound).all(), (y.double() - want).abs().max()
+
+
+# Each kind alone (AVX-512: Q4_1, Q8_0, Q5_0, Q4_K and Q6_K have rows of their own, the others the generic decode),
+# and kinds stacked in one call as a Q4_K_M file's fused q/k/v and gate/up matrices are.
+KIND_LAYOUTS = [[k] for k in ALL_KINDS] + [["Q4_K", "Q6_K", "Q8_0", "Q5_0"], ["Q5_0", "Q4_1", "Q6_K", "Q5_K"]]
+
+
+@pytest.mark.parametrize("ntok", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("layout", KIND_LAYOUTS, ids=lambda v: "+".join(v))
+def test_each_path_multiplies_every_block_kind(build: tuple[ctypes.CDLL, int], layout: list[str], ntok: int) -> None:
+    lib, _ = build
+    cols = 512
+    parts = [random_blocks(k, 3 + 2 * i, cols, seed=31 * i + ntok) for i, k in enumerate(layout)]
+    w = torch.cat([p.dequantize() for p in parts]).double()
+    g = torch.Generator().manual_seed(ntok)
+    scales = (torch.rand(ntok, cols // 32, generator=g) * 10 + 0.01).repeat_interleave(32, 1)
+    x = (torch.randn(ntok, cols, generator=g) * scales).float()  # blocks of very different magnitudes
+    status, y = _matmul(lib, parts, x, w.shape[0])
+    assert status == 0
+    want = x.double() @ w.T
+    bound = REL_TO_ABS_SUM * (x.double().abs() @ w.abs().T)
+    assert ((y.double() - want).abs() <= bound).all(), (y.double() - want).abs().max()
+    for t in range(ntok):  # a row's bits do not depend on the batch it is in (model.linear's promise)
+        status, alone = _matmul(lib, parts, x[t : t + 1].contiguous(), w.shape[0])
+        assert status == 0 and torch.equal(alone[0], y[t]), t
 
 
 @pytest.mark.parametrize("ntok", [1, 3, 8])
@@ -127,7 +154,7 @@ def test_arguments_out_of_range_are_refused_and_nothing_is_written(
     x = torch.randn(max(ntok, 1), cols)
     n = 1
     data = (ctypes.c_void_p * n)(part.data.data_ptr())
-    kind_ids = (ctypes.c_int * n)(*(kinds or [KINDS["Q8_0"]]))
+    kind_ids = (ctypes.c_int * n)(*(kinds or [GGML_TYPE_IDS["Q8_0"]]))
     rows = (ctypes.c_int * n)(part.rows)
     y = torch.full((max(ntok, 1), max(ldy, 4)), 7.0)
     status = lib.blockdot_matmul(n, data, kind_ids, rows, cols, x.data_ptr(), ntok, y.data_ptr(), ldy)
