@@ -174,8 +174,8 @@ def tier_kwargs(
 
 
 def speed_options(func: Callable) -> Callable:
-    """--quant, --threads, --thread-policy, --mirror-memory and the kernel options: how the model runs, shared by
-    replay, chat and serve."""
+    """--quant, --gguf-activations, --threads, --thread-policy, --mirror-memory and the kernel options: how the model
+    runs, shared by replay, chat and serve."""
     options = [
         click.option(
             "--quant",
@@ -183,7 +183,16 @@ def speed_options(func: Callable) -> Callable:
             show_default=True,
             type=click.Choice(["none", "fp16", "gguf"]),
             help="Weight format: fp16 reads half the bytes per token (CPU, float32 activations); gguf keeps a GGUF "
-            "file's Q4_1/Q8_0 blocks for decode batches of up to 4 (same weights; needs a C compiler once).",
+            "file's own blocks (Q4_0 to Q8_0, Q4_K, Q5_K, Q6_K) for decode batches of up to 8 (same weights; needs "
+            "a C compiler once).",
+        ),
+        click.option(
+            "--gguf-activations",
+            type=click.Choice(["float", "int8-decode", "int8", "auto"]),
+            help="With --quant gguf, the block kernels' activations: float (float32, the default: the cache, batch "
+            "and thread count change no output); int8-decode (decode rows rounded to int8 per 32 values, as "
+            "llama.cpp does: faster, a near-tie may then move); int8 (every pass); auto (the faster kernel per "
+            "matrix) [default: $RADIXCACHE_GGUF_ACTIVATIONS, else float].",
         ),
         click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: torch's, one per core]."),
         click.option(
@@ -242,17 +251,21 @@ def engine_kwargs(
     mirror_memory: str | None = None,
     kernels: str | None = None,
     thread_policy: str = "adaptive",
+    gguf_activations: str | None = None,
 ) -> dict[str, Any]:
-    """Engine arguments from the kv and speed options; a bad --kv-memory or --mirror-memory is refused before the
-    model loads. `kernels`: kernel_mode's value."""
+    """Engine arguments from the kv and speed options; a bad --kv-memory or --mirror-memory, or --gguf-activations
+    without --quant gguf, is refused before the model loads. `kernels`: kernel_mode's value."""
     if capacity_blocks is not None and kv_memory is not None:
         raise click.UsageError("give at most one of --capacity-blocks and --kv-memory")
+    if gguf_activations is not None and quant != "gguf":
+        raise click.UsageError(f"--gguf-activations {gguf_activations} applies to --quant gguf (got --quant {quant})")
     if mirror_memory is not None and mirror_memory.strip() == "0":
         mirror_memory = "0"  # off: not a budget
     _check_sizes({"--kv-memory": kv_memory, "--mirror-memory": None if mirror_memory == "0" else mirror_memory})
     kwargs: dict[str, Any] = {"policy": policy, "capacity_blocks": capacity_blocks, "kv_memory": kv_memory}
     kwargs |= {"page_size": page_size, "quant": quant, "threads": threads, "mirror_memory": mirror_memory}
-    return kwargs | {"kernels": kernels, "thread_policy": thread_policy}
+    kwargs |= {"kernels": kernels, "thread_policy": thread_policy}
+    return kwargs | ({"gguf_activations": gguf_activations} if gguf_activations is not None else {})
 
 
 def load_engine_model(spec: str, quant: str = "none") -> Any:
@@ -285,6 +298,7 @@ class EngineChoices:
     prefetch_timeout_ms: float
     prefetch_pages_per_step: int
     quant: str
+    gguf_activations: str | None
     threads: int | None
     thread_policy: str
     mirror_memory: str | None
@@ -304,6 +318,7 @@ class EngineChoices:
             self.mirror_memory,
             kernel_mode(self.kernels, self.retune_kernels),
             self.thread_policy,
+            self.gguf_activations,
         )
         kwargs |= tier_kwargs(
             self.host_kv_memory,

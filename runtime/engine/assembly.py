@@ -30,11 +30,14 @@ def build_model(config: EngineConfig) -> tuple[LlamaModel, Any, str]:
     if isinstance(model, LlamaModel):
         if config.quant != "none" and config.quant != model.quant:
             raise ValueError(f"quant={config.quant!r} applies when the engine builds the model; pass it to LlamaModel")
+        if config.gguf_activations is not None:
+            raise ValueError("gguf_activations applies when the engine builds the model; pass it to LlamaModel")
         return model, tokenizer, weights_id
     blocks = getattr(model, "blocks", None)
     built = LlamaModel(
-        model.config, model.weights, dtype=torch_dtype, device=config.device, quant=config.quant, blocks=blocks
-    )
+        model.config, model.weights, dtype=torch_dtype, device=config.device, quant=config.quant, blocks=blocks,
+        gguf_activations=config.gguf_activations,
+    )  # fmt: skip
     if weights_id:
         built.weights_id = weights_id  # an engine built later on this model fingerprints the same
     return built, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None), weights_id

@@ -32,7 +32,7 @@ from radixcache.runtime.kv.tier.prefetch_policy import (
 )
 from radixcache.runtime.model.kernel_plan import KERNEL_MODES
 from radixcache.runtime.model.llama import DEFAULT_CHUNK
-from radixcache.runtime.model.quant import QUANT_MODES
+from radixcache.runtime.model.quant import QUANT_MODES, check_gguf_activations
 from radixcache.tier.tiered_cache import WRITE_POLICIES
 
 DEFAULT_KV_MEMORY = "512MiB"
@@ -65,9 +65,11 @@ class EngineConfig:
     `max_pinned_fraction`: the most of the pool that pins may lock (a pin past it is refused: its result's
     `pinned_tokens` is 0).
     Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.model.linear);
-    `quant="gguf"` keeps a GGUF file's blocks for decode batches of up to 8 (the same weights; activations rounded
-    to int8 per 32 values in decode steps, float32 in prefill and the output head; native kernels built on first
-    use: runtime.model.block_linear; a loaded model needs `keep_blocks`);
+    `quant="gguf"` keeps a GGUF file's blocks for decode batches of up to 8 (the same weights, float32 activations;
+    native kernels built on first use: runtime.model.block_linear; a loaded model needs `keep_blocks`), and
+    `gguf_activations` picks their kernel when the engine builds the model: "float" (the default, else
+    `$RADIXCACHE_GGUF_ACTIVATIONS`), "int8-decode" (decode rows' activations rounded to int8 per 32 values, as
+    llama.cpp does: faster, and the cache, batch and thread count may then move a near-tie), "int8" or "auto";
     `threads` sets the torch threads of the engine loop (default: the constructing thread's count); with
     `thread_policy="adaptive"` (the default) the loop runs fewer while other programs take the cores and returns
     to `threads` when they are free (runtime.engine.threads), "fixed" always runs `threads`; `dtype` and
@@ -120,6 +122,7 @@ class EngineConfig:
     scheduler_config: SchedulerConfig | None = None
     max_pinned_fraction: float = 0.25
     quant: str = "none"
+    gguf_activations: str | None = None
     threads: int | None = None
     mirror_memory: str | int | None = None
     max_queue: int | None = None
@@ -153,6 +156,7 @@ class EngineConfig:
         self.kernel_mode()
         if self.quant not in QUANT_MODES:
             raise ValueError(f"quant must be one of {', '.join(QUANT_MODES)}, got {self.quant!r}")
+        check_gguf_activations(self.gguf_activations, self.quant)
         if self.load_back not in LoadCosts.MODES:
             raise ValueError(f"load_back must be one of {', '.join(LoadCosts.MODES)}, got {self.load_back!r}")
         check_prefetch(self.prefetch_policy, self.prefetch_timeout_ms)

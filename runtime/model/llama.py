@@ -33,7 +33,7 @@ from radixcache.runtime.model.chunk_rows import chunk_part
 from radixcache.runtime.model.fused_decode import FusedDecode
 from radixcache.runtime.model.linear import Linear
 from radixcache.runtime.model.native_layers import NativeLayers, silu_mul
-from radixcache.runtime.model.quant import check_quant, make_linear
+from radixcache.runtime.model.quant import check_gguf_activations, check_quant, make_linear
 from radixcache.runtime.model.rope import _rope_signed, rope_tables
 from radixcache.runtime.model.staged import LayerRun, RowPart, staged_pass
 
@@ -98,6 +98,9 @@ class LlamaModel:
     MIN_HUGE_WEIGHTS bytes of them and unless `huge_weights=False`: the same values, read with 512 times fewer TLB
     entries. A caller that keeps the `weights` it passed holds those matrices twice (the fused q/k/v and gate/up
     ones were always copies); `huge_weights=False` shares the unfused ones instead.
+    With quant="gguf", `gguf_activations` is the block kernels' activations mode for every block matrix but the output
+    head, which takes float activations always (model.block_linear.ACTIVATIONS; None: `$RADIXCACHE_GGUF_ACTIVATIONS`
+    or the default, "float").
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class LlamaModel:
         quant: str = "none",
         blocks: Mapping[str, BlockWeight] | None = None,
         huge_weights: bool = True,
+        gguf_activations: str | None = None,
     ) -> None:
         if config.num_heads % config.num_kv_heads:
             raise ValueError(f"num_heads {config.num_heads} is not a multiple of num_kv_heads {config.num_kv_heads}")
@@ -117,6 +121,7 @@ class LlamaModel:
         self.dtype = dtype
         self.device = torch.device(device)
         check_quant(quant, self.device, dtype)
+        check_gguf_activations(gguf_activations, quant)
         if quant == "gguf" and not blocks:
             raise ValueError(
                 "quant='gguf' needs the GGUF file's blocks: load a GGUF model with load_model(..., keep_blocks=True)"
@@ -161,7 +166,7 @@ class LlamaModel:
                 parts = [blocks[n] for n in names]
             elif weight is not self.embed:
                 weight = streamed(weight)  # the dense form is what a decode streams (self.embed already is)
-            return make_linear(weight, bias, quant, parts, activations)
+            return make_linear(weight, bias, quant, parts, activations or gguf_activations)
 
         self.embed = w("model.embed_tokens.weight")
         if tied:

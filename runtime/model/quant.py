@@ -1,7 +1,8 @@
 """The weight formats (`quant`): which linear kind each builds, and where each can run.
 
 "none": DenseLinear in the model's dtype; "fp16": Float16Linear (CPU, fbgemm); "gguf": BlockLinear over the GGUF
-file's own Q4_1 / Q8_0 blocks (CPU, a native kernel built on first use). See model.linear and model.block_linear.
+file's own blocks (Q4_0 .. Q8_0 and the K-quants; CPU, a native kernel built on first use), whose activations
+mode (`check_gguf_activations`) picks that kernel. See model.linear and model.block_linear.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from radixcache.runtime.model.block_linear import BlockLinear, BlockWeight
+from radixcache.runtime.model.block_linear import ACTIVATIONS, BlockLinear, BlockWeight
 from radixcache.runtime.model.linear import DenseLinear, Float16Linear, Linear
 
 QUANT_MODES = ("none", "fp16", "gguf")
@@ -52,3 +53,14 @@ def check_quant(quant: str, device: torch.device, dtype: torch.dtype) -> None:
         from radixcache.runtime.native import blockdot
 
         blockdot()  # builds it now, or raises NativeBuildError (a ValueError) that says what is missing
+
+
+def check_gguf_activations(activations: str | None, quant: str) -> None:
+    """Refuse a GGUF activations mode outside model.block_linear.ACTIVATIONS, or one given for another weight format
+    (None: `$RADIXCACHE_GGUF_ACTIVATIONS` or the default, with any format)."""
+    if activations is None:
+        return
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"gguf_activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+    if quant != "gguf":
+        raise ValueError(f"gguf_activations={activations!r} applies to quant='gguf' only; got quant={quant!r}")

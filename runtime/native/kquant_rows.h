@@ -133,19 +133,16 @@ static inline __attribute__((always_inline)) void q5_0_row(const block_q5_0 *row
     for (int t = 0; t < ntok; t++) out[t] = PARTIALS_SUM(acc[t]) + mterm[t];
 }
 
-/* A Q4_K super-block's 8 sub-block scales times d and mins times dmin, as floats (ds, dm). The 6-bit fields are
- * unpacked four at a time from 32-bit words (k_scales_mins' rule), then widened and scaled in vectors: a
- * sub-block's scalar work was a fifth of its time. */
+/* A Q4_K super-block's 8 sub-block scales times d and mins times dmin, as floats (ds, dm): the 6-bit fields
+ * unpacked four at a time (k_scales_mins_packed), then widened and scaled in vectors. */
 static inline __attribute__((always_inline)) void q4_k_scales(const block_q4_K *b, float ds[8], float dm[8]) {
-    uint32_t u[3];
-    memcpy(u, b->scales, sizeof u);
-    const uint32_t sc_lo = u[0] & 0x3F3F3F3Fu, m_lo = u[1] & 0x3F3F3F3Fu;
-    const uint32_t sc_hi = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 2) & 0x30303030u);
-    const uint32_t m_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 2) & 0x30303030u);
-    const __m128i sc = _mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo), mn = _mm_set_epi32(0, 0, (int)m_hi, (int)m_lo);
+    uint64_t sc, mn;
+    k_scales_mins_packed(b->scales, &sc, &mn);
     const __m256 d = _mm256_set1_ps(half_to_float(b->d)), dmin = _mm256_set1_ps(half_to_float(b->dmin));
-    _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)), d));
-    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)), dmin));
+    const __m256i sc8 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc));
+    const __m256i mn8 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn));
+    _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(sc8), d));
+    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_cvtepi32_ps(mn8), dmin));
 }
 
 /* One output row of a Q4_K weight for `ntok` tokens (`nsb` super-blocks; xsum per 32 values). Sub-blocks 2i and

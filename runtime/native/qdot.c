@@ -104,6 +104,19 @@ static inline __m256i qh_bits(const uint8_t *qh) {
     return fifth_bits(v);
 }
 
+/* The lane sums of 8 vectors side by side: lane s of the result is the sum of p[s]'s 8 lanes (exact integers). */
+static inline __m256i sums8(const __m256i p[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    /* a: sums of p[0..3] over lanes 0-3 (low half) and 4-7 (high half); b the same for p[4..7] */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* 8 packed bytes as 8 float lanes. */
+static inline __m256 widen8(uint64_t bytes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes)));
+}
+
 #define XQ(t, blk) _mm256_loadu_si256((const __m256i *)(a->q + (size_t)(t) * a->cols + (size_t)(blk) * QK))
 #define XD(t, blk) a->d[(size_t)(t) * a->nb + (blk)]
 #define XS(t, blk) a->s[(size_t)(t) * a->nb + (blk)]
@@ -125,10 +138,10 @@ static inline __m256i qh_bits(const uint8_t *qh) {
 
 static inline __attribute__((always_inline)) void row_kind(int kind, const uint8_t *row, const acts *a, int ntok,
                                                            float *out) {
-    __m256 acc[BLOCKDOT_MAX_TOKENS];
+    __m256 acc[BLOCKDOT_MAX_TOKENS], acc2[BLOCKDOT_MAX_TOKENS]; /* acc2: the K-quants' min terms */
     float extra[BLOCKDOT_MAX_TOKENS];
     for (int t = 0; t < ntok; t++) {
-        acc[t] = _mm256_setzero_ps();
+        acc[t] = acc2[t] = _mm256_setzero_ps();
         extra[t] = 0.0f;
     }
     const int nb = a->nb;
@@ -180,27 +193,37 @@ static inline __attribute__((always_inline)) void row_kind(int kind, const uint8
         for (int sb = 0; sb < nb / 8; sb++) {
             const block_q4_K *w4 = (const block_q4_K *)row + sb;
             const block_q5_K *w5 = (const block_q5_K *)row + sb;
-            uint8_t sc[8], mn[8];
-            k_scales_mins(five ? w5->scales : w4->scales, sc, mn);
+            uint64_t sc, mn;
+            k_scales_mins_packed(five ? w5->scales : w4->scales, &sc, &mn);
             const float d = half_to_float(five ? w5->d : w4->d), dmin = half_to_float(five ? w5->dmin : w4->dmin);
             const uint8_t *qs = five ? w5->qs : w4->qs;
             const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)w5->qh) : _mm256_setzero_si256();
+            __m256i q[8]; /* the super-block's 8 sub-blocks of unsigned values */
             for (int i = 0; i < 4; i++) {
                 const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
-                __m256i q[2] = {_mm256_and_si256(bytes, low), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low)};
-                for (int k = 0; k < 2; k++) {
-                    const int s = 2 * i + k, blk = 8 * sb + s;
-                    if (five) {
-                        const __m256i bit = _mm256_set1_epi8((char)(1 << s));
-                        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-                        q[k] = _mm256_or_si256(q[k], _mm256_and_si256(set, _mm256_set1_epi8(16)));
-                    }
-                    const float ds = d * (float)sc[s], dm = dmin * (float)mn[s];
-                    ACC_UNSIGNED(q[k], ds, blk)
-                    for (int t = 0; t < ntok; t++) extra[t] -= dm * XS(t, blk);
+                q[2 * i] = _mm256_and_si256(bytes, low);
+                q[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+            }
+            if (five)
+                for (int s = 0; s < 8; s++) {
+                    const __m256i bit = _mm256_set1_epi8((char)(1 << s));
+                    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                    q[s] = _mm256_or_si256(q[s], _mm256_and_si256(set, _mm256_set1_epi8(16)));
                 }
+            /* per token: the 8 sub-blocks' integer sums side by side (sums8), times their 8 scales in one vector;
+             * the min terms likewise (one float multiply-add per 32 values cost more than the integer work) */
+            const __m256 dsv = _mm256_mul_ps(_mm256_set1_ps(d), widen8(sc));
+            const __m256 dmv = _mm256_mul_ps(_mm256_set1_ps(dmin), widen8(mn));
+            for (int t = 0; t < ntok; t++) {
+                __m256i p[8];
+                for (int s = 0; s < 8; s++) p[s] = dot_us(q[s], XQ(t, 8 * sb + s));
+                const size_t i0 = (size_t)t * a->nb + 8 * (size_t)sb;
+                const __m256 scale = _mm256_mul_ps(dsv, _mm256_loadu_ps(a->d + i0));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums8(p)), scale, acc[t]);
+                acc2[t] = _mm256_fmadd_ps(dmv, _mm256_loadu_ps(a->s + i0), acc2[t]);
             }
         }
+        for (int t = 0; t < ntok; t++) extra[t] -= hsum(acc2[t]);
         break;
     }
     case KIND_Q6_K: {

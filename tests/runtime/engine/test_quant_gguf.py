@@ -4,11 +4,13 @@
   blocks are un-permuted like the float weights).
 - The refusals: a gguf LlamaModel without blocks (names keep_blocks), keep_blocks on a Hugging Face directory.
 - Greedy answers on FIXED_PROMPTS equal float32's; decode logits stay within a small bound of float32's.
-- Engine(loaded, quant="gguf"), with the default kernels (int8 activations in decode steps, float in prefill and
-  the output head), answers the France question, and its cache-on run equals a cache-off run: the answer's first
-  token is a near-tie in SmolLM2 (float32 logits "The" 25.33, "L" 25.24) that int8 activations at the prompt's last
-  position flip (to llama.cpp's own answer, "L'Étoile, la Cité, ..."), so a cached prompt's short tail must not
-  take them.
+- Engine(loaded, quant="gguf"), with the default kernels (float activations), answers the France question, and its
+  cache-on run equals a cache-off run: the answer's first token is a near-tie in SmolLM2 (float32 logits "The" 25.33,
+  "L" 25.24) that int8 activations at the prompt's last position flip (to llama.cpp's own answer, "L'Étoile, la
+  Cité, ..."), so a cached prompt's short tail must not take them.
+- `gguf_activations` reaches the kernels when the engine builds the model: every block matrix but the output head
+  runs the mode asked for (the head float always), an int8-decode engine's decode logits differ from float's by int8
+  rounding only, and the refusals (an unknown mode, a mode with another weight format, a mode for a built model).
 - runtime.native.openmp.release_idle_team() can be called repeatedly from any thread; products after it are correct.
 """
 
@@ -156,7 +158,7 @@ def test_the_engine_answers_and_its_cache_changes_nothing(smol: Any, models: dic
     assert on.model.quant == "gguf"
     first = on.chat(FRANCE, max_new_tokens=12)
     assert first.text.strip() == "The capital of France is Paris.", first.text
-    # the same default kernels as `on` (int8 activations in decode steps), without the cache
+    # the same default kernels as `on` (float activations), without the cache
     off = Engine(smol, quant="gguf", kv_memory="64MiB", enable_cache=False)
     follow = [*FRANCE, {"role": "assistant", "content": first.text}, {"role": "user", "content": "And of Spain?"}]
     for messages in (FRANCE, follow):
@@ -165,6 +167,51 @@ def test_the_engine_answers_and_its_cache_changes_nothing(smol: Any, models: dic
         assert a.cached_tokens > 0
         assert a.token_ids == b.token_ids, f"cache on {a.text!r} / off {b.text!r}"
     assert on.chat(FRANCE, max_new_tokens=12).token_ids == first.token_ids
+
+
+def _activations(model: LlamaModel) -> tuple[set[str], str]:
+    """(the activations modes of every block matrix but the head, the head's)."""
+    linears = [getattr(layer, name) for layer in model.layers for name in ("qkv", "o", "gate_up", "down")]
+    layers = {getattr(lin, "activations", "dense") for lin in linears}
+    return layers - {"dense"}, model.lm_head.activations
+
+
+@needs_cc
+@pytest.mark.parametrize("mode", [None, "float", "int8-decode", "int8", "auto"])
+def test_gguf_activations_reach_every_block_matrix_but_the_head(
+    smol: Any, monkeypatch: pytest.MonkeyPatch, mode: str | None
+) -> None:
+    monkeypatch.delenv("RADIXCACHE_GGUF_ACTIVATIONS", raising=False)
+    engine = Engine(smol, quant="gguf", gguf_activations=mode, kv_memory="16MiB", mirror_memory=0)
+    assert engine.engine_config.gguf_activations == mode
+    assert _activations(engine.model) == ({mode or "float"}, "float")
+    engine.close()
+
+
+@needs_cc
+def test_int8_decode_moves_decode_logits_by_rounding_only(smol: Any, models: dict[str, LlamaModel]) -> None:
+    """The mode is live, not only recorded: an int8-decode engine's decode logits differ from the float kernel's
+    (int8 rounding of each layer's activations: at most 0.82 over these 3 steps, on logits up to 25.7, measured
+    2026-12-05), and by less than a wrong block or scale would move them (order 10)."""
+    engine = Engine(smol, quant="gguf", gguf_activations="int8-decode", kv_memory="16MiB", enable_cache=False)
+    ids = smol.tokenizer.encode("The capital of France is")
+    steps = [[t] for t in (504, 3458, 282)]
+    got = _decode_logits(engine.model, [ids], steps)[1:]  # the decode rows (the prefill's row is float in both)
+    want = _decode_logits(models["gguf"], [ids], steps)[1:]
+    diff = (got - want).abs().max().item()
+    assert 1e-3 < diff < 3.0, diff
+    engine.close()
+
+
+def test_gguf_activations_refusals(smol: Any, models: dict[str, LlamaModel]) -> None:
+    with pytest.raises(ValueError, match="gguf_activations must be one of"):
+        Engine(smol, quant="gguf", gguf_activations="int4", capacity_blocks=8)
+    with pytest.raises(ValueError, match="applies to quant='gguf' only"):
+        Engine(smol, gguf_activations="int8-decode", capacity_blocks=8)
+    with pytest.raises(ValueError, match="applies to quant='gguf' only"):
+        LlamaModel(smol.config, smol.weights, gguf_activations="int8")
+    with pytest.raises(ValueError, match="when the engine builds the model"):
+        Engine(models["gguf"], quant="gguf", gguf_activations="float", capacity_blocks=8)
 
 
 # ---------------------------------------------------------------------- OpenMP team release
