@@ -1,4 +1,4 @@
-/* The block kinds without a hand-written row in blockdot.c (Q4_0, Q5_1, Q5_K; and Q5_0, Q4_K, Q6_K where that row
+/* The block kinds without a hand-written row in blockdot.c (Q4_0, Q5_1; and Q5_0, Q4_K, Q5_K, Q6_K where that row
  * is not built) decoded into float32, 16 (AVX-512) or 8 (AVX2 + FMA) values at a time, for blockdot.c's generic
  * rows. `decode_block_vec(kind, block, w)` writes the block's `block_elems(kind)` values to w in dequant.py's order
  * and returns 1, or returns 0 for a kind it does not take (the caller's scalar loops decode it then). The same

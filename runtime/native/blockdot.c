@@ -6,9 +6,9 @@
  *   sum_j w_j x_j = d * sum_j q_j x_j + m * sum_j x_j,
  * and the block sums of x are computed once per call. Products and sums are float32, as in a float32 GEMM of
  * the dequantised weights; only the summation order differs. Q4_1 and Q8_0 have hand-written vector paths
- * (AVX-512, AVX2 + FMA), and so do Q5_0, Q4_K and Q6_K (kquant_rows.h: a Q4_K_M file's kinds); the other kinds
- * decode a block into float32 (block_decode.h) and multiply it, and without AVX2 + FMA every kind but Q4_1 and
- * Q8_0 does so in portable C that the compiler vectorises.
+ * (AVX-512, AVX2 + FMA), and so do Q5_0, Q4_K, Q5_K and Q6_K (kquant_rows.h: Q4_K_M and Q5_K_M files' kinds);
+ * Q4_0 and Q5_1 decode a block into float32 (block_decode.h) and multiply it, and without AVX2 + FMA every kind
+ * but Q4_1 and Q8_0 does so in portable C that the compiler vectorises.
  *
  * A weight may be several parts stacked by rows (a fused q/k/v or gate/up matrix whose source tensors have
  * their own block types): one call covers them all, the threads taking the output rows as thread_rows.h says (a
@@ -359,7 +359,9 @@ static inline __attribute__((always_inline)) void block_rows(int kind, const uin
         else if (kind == KIND_Q5_0)
             q5_0_row((const block_q5_0 *)row, nblocks, x, cols, ntok, xsum, out);
         else if (kind == KIND_Q4_K)
-            q4_k_row((const block_q4_K *)row, nblocks, x, cols, ntok, xsum, out);
+            k45_row(row, 0, nblocks, x, cols, ntok, xsum, out);
+        else if (kind == KIND_Q5_K)
+            k45_row(row, 1, nblocks, x, cols, ntok, xsum, out);
         else if (kind == KIND_Q6_K)
             q6_k_row((const block_q6_K *)row, nblocks, x, cols, ntok, out);
 #endif
@@ -387,7 +389,7 @@ static void block_rows_n(int kind, const uint8_t *rows0, size_t row_bytes, int n
 /* Whether a kind's row takes the block sums of x (its minimum or offset term). */
 static inline int needs_xsum(int kind) {
 #ifdef BLOCKDOT_KQUANT_ROWS
-    if (kind == KIND_Q5_0 || kind == KIND_Q4_K) return 1;
+    if (kind == KIND_Q5_0 || kind == KIND_Q4_K || kind == KIND_Q5_K) return 1;
 #endif
     return kind == KIND_Q4_1;
 }

@@ -1,5 +1,5 @@
-/* blockdot.c's own float32 rows of the kinds a Q4_K_M file holds besides Q8_0: Q5_0, Q4_K and Q6_K (Q4_K_M's
- * recipe; a model whose rows are not whole super-blocks of 256, as SmolLM2's 576-wide ones, falls back to Q5_0).
+/* blockdot.c's own float32 rows of the kinds Q4_K_M and Q5_K_M files hold besides Q8_0: Q5_0, Q4_K, Q5_K and Q6_K
+ * (a model whose rows are not whole super-blocks of 256, as SmolLM2's 576-wide ones, falls back to Q5_0).
  *
  * At one token these products are bound by arithmetic, not memory, and the generic row (block_decode.h: a block
  * decoded into a float buffer, then multiplied) spends a third of its time on the buffer's stores and loads. Here the
@@ -7,17 +7,18 @@
  * scale and offset are applied per block (per sub-block of 32 for Q4_K, per 16 values for Q6_K) as q4_1_row does:
  *   Q5_0  w = d (q - 16)          sum_j w_j x_j = d sum_j q_j x_j - 16 d sum_j x_j
  *   Q4_K  w = d sc q - dmin m     sum_j w_j x_j = (d sc) sum_j q_j x_j - (dmin m) sum_j x_j   (per sub-block)
+ *   Q5_K  the same, q with a fifth bit
  *   Q6_K  w = d sc (q - 32)       (d sc) sum_j (q_j - 32) x_j                                 (per 16 values)
  * with the block sums of x (xsum, one per 32 values) computed once per call. Another summation order than the
  * generic row's, float32 throughout; a token row's arithmetic does not depend on how many rows share the call.
  * A super-block's scales are unpacked and multiplied in vectors, once (per sub-block scalar work cost a fifth).
  * Measured (one 4096 x 4096 product, one token, 2 threads, the generic row -> these; 2026-12-05, Zen 4): AVX-512
- * Q5_0 0.77 -> 0.62 ms, Q4_K 0.77 -> 0.50, Q6_K 0.99 -> 0.66; the AVX2 build on the same CPU Q5_0 1.17 -> 0.83,
- * Q4_K 1.82 -> 0.57, Q6_K 2.24 -> 0.67 (Q4_1 0.51 and Q8_0 0.42 for scale).
+ * Q5_0 0.77 -> 0.62 ms, Q4_K 0.77 -> 0.50, Q5_K 1.03 -> 0.53, Q6_K 0.99 -> 0.66; the AVX2 build on the same CPU
+ * Q5_0 1.17 -> 0.83, Q4_K 1.82 -> 0.57, Q5_K 2.33 -> 0.62, Q6_K 2.24 -> 0.67 (Q4_1 0.51 and Q8_0 0.42 for scale).
  *
- * AVX-512: Q5_0 sets each value's fifth bit through a mask register; Q4_K and Q6_K work on 32 bytes at a time and
+ * AVX-512: Q5_0 sets each value's fifth bit through a mask register; the K-quants work on 32 bytes at a time and
  * widen them to float32 at the end (wide32), which takes a quarter of the vector slots bit work on int32 lanes
- * does. AVX2 + FMA: the same byte work for all three. Without either, the generic row runs. Included by
+ * does. AVX2 + FMA: the same byte work for all four. Without either, the generic row runs. Included by
  * blockdot.c only, after ggml_blocks.h, <immintrin.h> and q4_1_row; defines BLOCKDOT_KQUANT_ROWS where built. */
 #ifndef KQUANT_ROWS_H
 #define KQUANT_ROWS_H
@@ -133,9 +134,10 @@ static inline __attribute__((always_inline)) void q5_0_row(const block_q5_0 *row
     for (int t = 0; t < ntok; t++) out[t] = PARTIALS_SUM(acc[t]) + mterm[t];
 }
 
-/* A Q4_K super-block's 8 sub-block scales times d and mins times dmin, as floats (ds, dm): the 6-bit fields
- * unpacked four at a time (k_scales_mins_packed), then widened and scaled in vectors. */
-static inline __attribute__((always_inline)) void q4_k_scales(const block_q4_K *b, float ds[8], float dm[8]) {
+/* A Q4_K or Q5_K super-block's 8 sub-block scales times d and mins times dmin, as floats (ds, dm): the 6-bit
+ * fields unpacked four at a time (k_scales_mins_packed), then widened and scaled in vectors. `b`: the block's
+ * d, dmin and scales, which both kinds lay out alike. */
+static inline __attribute__((always_inline)) void k_scales(const block_q4_K *b, float ds[8], float dm[8]) {
     uint64_t sc, mn;
     k_scales_mins_packed(b->scales, &sc, &mn);
     const __m256 d = _mm256_set1_ps(half_to_float(b->d)), dmin = _mm256_set1_ps(half_to_float(b->dmin));
@@ -145,11 +147,13 @@ static inline __attribute__((always_inline)) void q4_k_scales(const block_q4_K *
     _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_cvtepi32_ps(mn8), dmin));
 }
 
-/* One output row of a Q4_K weight for `ntok` tokens (`nsb` super-blocks; xsum per 32 values). Sub-blocks 2i and
- * 2i + 1 are the low and high nibbles of the same 32 bytes; a super-block's min terms are one 8-lane product with
- * its 8 block sums of x. */
-static inline __attribute__((always_inline)) void q4_k_row(const block_q4_K *row, int nsb, const float *x, int cols,
-                                                           int ntok, const float *xsum, float *out) {
+/* One output row of a Q4_K (five = 0) or Q5_K (five = 1) weight for `ntok` tokens (`nsb` super-blocks; xsum per
+ * 32 values). Sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32 bytes, and Q5_K's fifth bit of
+ * sub-block s is bit s of each of its 32 qh bytes; a super-block's min terms are one 8-lane product with its 8
+ * block sums of x. `five` is a constant at every call, so each kind gets its own loop. */
+static inline __attribute__((always_inline)) void k45_row(const uint8_t *row, int five, int nsb, const float *x,
+                                                          int cols, int ntok, const float *xsum, float *out) {
+    const size_t bytes_per_block = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
     const int nb = nsb * 8;
     partials acc[BLOCKDOT_MAX_TOKENS];
     __m256 mins[BLOCKDOT_MAX_TOKENS];
@@ -157,18 +161,25 @@ static inline __attribute__((always_inline)) void q4_k_row(const block_q4_K *row
         acc[t] = PARTIALS_ZERO();
         mins[t] = _mm256_setzero_ps();
     }
-    const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m256i low = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
     for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *blk0 = row + (size_t)sb * bytes_per_block;
+        const uint8_t *qs = five ? ((const block_q5_K *)blk0)->qs : ((const block_q4_K *)blk0)->qs;
+        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)((const block_q5_K *)blk0)->qh) : low;
         float ds[8], dm[8];
-        q4_k_scales(row + sb, ds, dm);
+        k_scales((const block_q4_K *)blk0, ds, dm);
         const __m256 dmv = _mm256_loadu_ps(dm);
         for (int t = 0; t < ntok; t++)
             mins[t] = _mm256_add_ps(mins[t], _mm256_mul_ps(dmv, _mm256_loadu_ps(xsum + (size_t)t * nb + 8 * sb)));
         for (int i = 0; i < 4; i++) {
-            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(row[sb].qs + 32 * i));
+            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * i));
             for (int k = 0; k < 2; k++) {
                 const int s = 2 * i + k, blk = 8 * sb + s;
-                const wide32 w = widen_u8(_mm256_and_si256(k ? _mm256_srli_epi16(bytes, 4) : bytes, low));
+                __m256i q = _mm256_and_si256(k ? _mm256_srli_epi16(bytes, 4) : bytes, low);
+                if (five) /* bit s of each qh byte to bit 4 (16-bit shifts: what crosses a byte is masked off) */
+                    q = _mm256_or_si256(q, _mm256_and_si256(s < 4 ? _mm256_slli_epi16(qh, 4 - s)
+                                                                   : _mm256_srli_epi16(qh, s - 4), bit4));
+                const wide32 w = widen_u8(q);
                 for (int t = 0; t < ntok; t++)
                     acc[t] = PARTIALS_FMA(dot32(w, x + (size_t)t * cols + (size_t)blk * QK), ds[s], acc[t]);
             }
