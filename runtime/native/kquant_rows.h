@@ -64,7 +64,7 @@ typedef struct {
 typedef __m256 partials;
 #define PARTIALS_ZERO() _mm256_setzero_ps()
 #define PARTIALS_FMA(p, s, acc) _mm256_fmadd_ps((p), _mm256_set1_ps(s), (acc))
-#define PARTIALS_SUM(acc) hsum256(acc)
+#define PARTIALS_SUM(acc) hsum8(acc)
 
 static inline __attribute__((always_inline)) wide32 widen_u8(__m256i b) {
     const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
@@ -97,7 +97,7 @@ static inline __attribute__((always_inline)) partials dot32(wide32 w, const floa
 }
 #endif
 
-/* The sum of 8 float lanes. */
+/* The sum of 8 float lanes (hsum256's arithmetic; that one is built for AVX2 without AVX-512 only). */
 static inline __attribute__((always_inline)) float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
