@@ -6,8 +6,11 @@ prompt set (radixcache.runtime.quant_eval.FIXED_PROMPTS, the set tests/runtime/e
 
 Prints one markdown table: mode, perplexity (windows of 512 tokens every 256), its change against "none",
 how many greedy answers (16 new tokens) equal the "none" answers token for token, and the seconds each mode took.
-The gguf mode runs its kernel only for up to 4 rows, so its perplexity is computed in prefill chunks of 4 tokens
-(every product through the kernel); the other modes use chunks of 512.
+The gguf mode runs its block kernel only for up to 8 rows, so its perplexity is computed in prefill chunks of 4
+tokens (every product through the kernel); the other modes use chunks of 512. `$RADIXCACHE_GGUF_ACTIVATIONS`
+picks that kernel's activations (float, the default; int8 puts every pass, so the perplexity too, on int8):
+
+    RADIXCACHE_GGUF_ACTIVATIONS=int8 .venv/bin/python scripts/eval_quant.py --model /tmp/q4km.gguf --quant none,gguf
 """
 
 from __future__ import annotations
