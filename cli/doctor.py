@@ -22,6 +22,12 @@ from radixcache.cli.errors import FriendlyCommand, debug_option
     type=click.Choice(["none", "fp16", "gguf"]),
     help="Weight format of the decode measured (as replay/serve's --quant).",
 )
+@click.option(
+    "--gguf-activations",
+    type=click.Choice(["float", "int8-decode", "int8", "auto"]),
+    help="With --quant gguf, the block kernels' activations (as replay/serve's) [default: "
+    "$RADIXCACHE_GGUF_ACTIVATIONS, else float].",
+)
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: torch's, one per core].")
 @kernel_options()[0]
 @kernel_options()[1]
@@ -39,6 +45,7 @@ from radixcache.cli.errors import FriendlyCommand, debug_option
 def doctor(
     model: str,
     quant: str,
+    gguf_activations: str | None,
     threads: int | None,
     kernels: str | None,
     retune_kernels: bool,
@@ -59,10 +66,13 @@ def doctor(
       radixcache doctor
       radixcache doctor --threads 2 --retune-kernels
       radixcache doctor --model path/to/hf_dir --json
+      radixcache doctor --model model.Q4_K_M.gguf --quant gguf --gguf-activations int8-decode
     """
     from radixcache.runtime.doctor import diagnose
 
     mode = kernel_mode(kernels, retune_kernels)
+    if gguf_activations is not None and quant != "gguf":
+        raise click.UsageError(f"--gguf-activations {gguf_activations} applies to --quant gguf (got --quant {quant})")
     report = diagnose(
         model,
         threads=threads,
@@ -71,6 +81,7 @@ def doctor(
         prompt_tokens=prompt_tokens,
         new_tokens=tokens,
         bandwidth_mb=bandwidth_mb,
+        gguf_activations=gguf_activations,
     ).to_json()
     if as_json:
         json.dump(report, sys.stdout, indent=2)
@@ -102,6 +113,15 @@ def report_lines(r: dict[str, Any]) -> list[str]:
     d = r["decode"]
     mb = r["weight_bytes_per_token"] / 1e6
     lines.append(f"model: {r['model']}, quant {r['quant']}, {mb:.1f} MB of weights a token")
+    b = r.get("blocks")
+    if b:
+        layers = ", ".join(f"{kind} {n}" for kind, n in b["layers"].items()) or "none"
+        head = ", ".join(f"{kind} {n}" for kind, n in b["head"].items()) or "dense"
+        acts = "/".join(b["layer_activations"]) or "-"
+        lines.append(
+            f"gguf blocks: layers {layers} (activations {acts}); output head {head} (activations "
+            f"{b['head_activations'] or '-'})"
+        )
     lines.append(
         f"decode (batch 1, {d['new_tokens']} tokens after {d['prompt_tokens']}): {d['decode_tps']} tok/s; "
         f"bound {d['bound_tps']} tok/s; {100 * d['of_bound']:.0f}% of the bound"

