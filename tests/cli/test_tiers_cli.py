@@ -35,7 +35,9 @@ def test_a_second_replay_on_the_same_cache_dir_is_served_from_disk(
         runner, tiny_model_dir, small_trace, tmp_path / "2.json", *tiers, "--prefetch-policy", "wait_complete"
     )
     # the first turn of each conversation now hits its pages on disk (the message keeps both runs' figures and tables)
-    why = f"first run: {s1}\n{first.stdout}\nsecond run: {s2}\n{second.stdout}\nfiles: {files}\nlog: {caplog.text}"
+    after = sorted(str(f.relative_to(tmp_path)) for f in (tmp_path / "kv" / "pages").iterdir())  # a new fingerprint?
+    why = f"first run: {s1}\n{first.stdout}\nsecond run: {s2}\n{second.stdout}\nfiles: {files}\n"
+    why += f"fingerprint folders after the second run: {after}\nlog: {caplog.text}"
     assert s2["disk_hit_tokens"] > 0, why
     assert s2["cached_tokens"] > s1["cached_tokens"]
     assert s2["device_hit_tokens"] + s2["host_hit_tokens"] + s2["disk_hit_tokens"] == s2["cached_tokens"]
