@@ -138,13 +138,20 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
-/* The sum of a vector's 8 lanes (the AVX2 kernels of blockdot.c and densedot.c). */
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/* The sum of a vector's 8 lanes (the 256-bit sums of blockdot.c, densedot.c, qdot.c and kquant_rows.h). */
+#if defined(__AVX2__)
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+#endif
+
+/* 8 packed bytes (byte s the s-th value) as 8 float lanes: a K-quant super-block's 6-bit scales or mins. */
+#if defined(__AVX2__)
+static inline __m256 widen8(uint64_t bytes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes)));
 }
 #endif
 

@@ -36,15 +36,13 @@ typedef __m512 partials;
 #define PARTIALS_FMA(p, s, acc) _mm512_fmadd_ps((p), _mm512_set1_ps(s), (acc))
 #define PARTIALS_SUM(acc) _mm512_reduce_add_ps(acc)
 
-static inline __attribute__((always_inline)) wide32 widen_u8(__m256i b) {
-    wide32 w = {{_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(b))),
-                 _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(b, 1)))}};
-    return w;
+/* 32 bytes as 32 float lanes; `sign`: a constant at every call (signed or unsigned bytes). */
+static inline __attribute__((always_inline)) __m512 widen16_of(__m128i b, int sign) {
+    return _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
 }
 
-static inline __attribute__((always_inline)) wide32 widen_s8(__m256i b) {
-    wide32 w = {{_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b))),
-                 _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)))}};
+static inline __attribute__((always_inline)) wide32 widen_bytes(__m256i b, int sign) {
+    wide32 w = {{widen16_of(_mm256_castsi256_si128(b), sign), widen16_of(_mm256_extracti128_si256(b, 1), sign)}};
     return w;
 }
 
@@ -64,23 +62,17 @@ typedef struct {
 typedef __m256 partials;
 #define PARTIALS_ZERO() _mm256_setzero_ps()
 #define PARTIALS_FMA(p, s, acc) _mm256_fmadd_ps((p), _mm256_set1_ps(s), (acc))
-#define PARTIALS_SUM(acc) hsum8(acc)
+#define PARTIALS_SUM(acc) hsum256(acc)
 
-static inline __attribute__((always_inline)) wide32 widen_u8(__m256i b) {
-    const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
-    wide32 w = {{_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
-                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
-                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
-                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)))}};
-    return w;
+/* `sign`: a constant at every call (signed or unsigned bytes). */
+static inline __attribute__((always_inline)) __m256 widen8_of(__m128i b, int sign) {
+    return _mm256_cvtepi32_ps(sign ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
 }
 
-static inline __attribute__((always_inline)) wide32 widen_s8(__m256i b) {
+static inline __attribute__((always_inline)) wide32 widen_bytes(__m256i b, int sign) {
     const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
-    wide32 w = {{_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
-                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
-                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
-                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))}};
+    wide32 w = {{widen8_of(lo, sign), widen8_of(_mm_srli_si128(lo, 8), sign), widen8_of(hi, sign),
+                 widen8_of(_mm_srli_si128(hi, 8), sign)}};
     return w;
 }
 
@@ -96,14 +88,6 @@ static inline __attribute__((always_inline)) partials dot32(wide32 w, const floa
     return _mm256_fmadd_ps(w.v[3], _mm256_loadu_ps(xb + 24), p);
 }
 #endif
-
-/* The sum of 8 float lanes (hsum256's arithmetic; that one is built for AVX2 without AVX-512 only). */
-static inline __attribute__((always_inline)) float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* One output row of a Q5_0 weight for `ntok` tokens (xsum: block sums of x, `nb` per token). */
 static inline __attribute__((always_inline)) void q5_0_row(const block_q5_0 *row, int nb, const float *x, int cols,
@@ -123,7 +107,7 @@ static inline __attribute__((always_inline)) void q5_0_row(const block_q5_0 *row
 #else
         const __m128i qs = _mm_loadu_si128((const __m128i *)row[b].qs), low = _mm_set1_epi8(0x0F);
         const __m256i nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low), _mm_and_si128(qs, low));
-        const wide32 w = widen_u8(_mm256_or_si256(nibbles, fifth_bits(h)));
+        const wide32 w = widen_bytes(_mm256_or_si256(nibbles, fifth_bits(h)), 0);
 #endif
         const float d = half_to_float(row[b].d);
         for (int t = 0; t < ntok; t++) {
@@ -141,10 +125,8 @@ static inline __attribute__((always_inline)) void k_scales(const block_q4_K *b, 
     uint64_t sc, mn;
     k_scales_mins_packed(b->scales, &sc, &mn);
     const __m256 d = _mm256_set1_ps(half_to_float(b->d)), dmin = _mm256_set1_ps(half_to_float(b->dmin));
-    const __m256i sc8 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc));
-    const __m256i mn8 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn));
-    _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(sc8), d));
-    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_cvtepi32_ps(mn8), dmin));
+    _mm256_storeu_ps(ds, _mm256_mul_ps(widen8(sc), d));
+    _mm256_storeu_ps(dm, _mm256_mul_ps(widen8(mn), dmin));
 }
 
 /* One output row of a Q4_K (five = 0) or Q5_K (five = 1) weight for `ntok` tokens (`nsb` super-blocks; xsum per
@@ -179,13 +161,13 @@ static inline __attribute__((always_inline)) void k45_row(const uint8_t *row, in
                 if (five) /* bit s of each qh byte to bit 4 (16-bit shifts: what crosses a byte is masked off) */
                     q = _mm256_or_si256(q, _mm256_and_si256(s < 4 ? _mm256_slli_epi16(qh, 4 - s)
                                                                    : _mm256_srli_epi16(qh, s - 4), bit4));
-                const wide32 w = widen_u8(q);
+                const wide32 w = widen_bytes(q, 0);
                 for (int t = 0; t < ntok; t++)
                     acc[t] = PARTIALS_FMA(dot32(w, x + (size_t)t * cols + (size_t)blk * QK), ds[s], acc[t]);
             }
         }
     }
-    for (int t = 0; t < ntok; t++) out[t] = PARTIALS_SUM(acc[t]) - hsum8(mins[t]);
+    for (int t = 0; t < ntok; t++) out[t] = PARTIALS_SUM(acc[t]) - hsum256(mins[t]);
 }
 
 /* Q6_K's values 32 g .. 32 g + 31 of half h of a super-block as signed bytes q - 32: low 4 bits from ql (low or
@@ -217,7 +199,7 @@ static inline __attribute__((always_inline)) void q6_k_row(const block_q6_K *row
         _mm256_storeu_ps(ds + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))), d));
         for (int h = 0; h < 2; h++)
             for (int g = 0; g < 4; g++) {
-                const wide32 w = widen_s8(q6_k_values(b, h, g));
+                const wide32 w = widen_bytes(q6_k_values(b, h, g), 1);
                 const int e0 = 128 * h + 32 * g;
                 for (int t = 0; t < ntok; t++) {
                     const float *xb = x + (size_t)t * cols + (size_t)sb * QK_K + e0;

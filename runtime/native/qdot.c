@@ -86,12 +86,6 @@ static inline __m256i dot_us(__m256i u, __m256i s) {
 #endif
 }
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* 16 packed bytes -> 32 values: low nibbles first, then the high ones. */
 static inline __m256i nibbles32(const uint8_t *qs) {
@@ -113,11 +107,6 @@ static inline __m256i sums8(const __m256i p[8]) {
     const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
     /* a: sums of p[0..3] over lanes 0-3 (low half) and 4-7 (high half); b the same for p[4..7] */
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
-
-/* 8 packed bytes as 8 float lanes. */
-static inline __m256 widen8(uint64_t bytes) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes)));
 }
 
 #define XQ(t, blk) _mm256_loadu_si256((const __m256i *)(a->q + (size_t)(t) * a->cols + (size_t)(blk) * QK))
@@ -226,7 +215,7 @@ static inline __attribute__((always_inline)) void row_kind(int kind, const uint8
                 acc2[t] = _mm256_fmadd_ps(dmv, _mm256_loadu_ps(a->s + i0), acc2[t]);
             }
         }
-        for (int t = 0; t < ntok; t++) extra[t] -= hsum(acc2[t]);
+        for (int t = 0; t < ntok; t++) extra[t] -= hsum256(acc2[t]);
         break;
     }
     case KIND_Q6_K: {
@@ -262,7 +251,7 @@ static inline __attribute__((always_inline)) void row_kind(int kind, const uint8
     default:
         break;
     }
-    for (int t = 0; t < ntok; t++) out[t] = hsum(acc[t]) + extra[t];
+    for (int t = 0; t < ntok; t++) out[t] = hsum256(acc[t]) + extra[t];
 }
 
 /* Q4_1 at one token row, four weight rows at once: four independent accumulators (a row alone is one chain of
@@ -281,7 +270,7 @@ static void q4_1_rows4(const uint8_t *row0, size_t row_bytes, const acts *a, flo
             extra[r] += half_to_float(w->m) * xs;
         }
     }
-    for (int r = 0; r < 4; r++) out[r] = hsum(acc[r]) + extra[r];
+    for (int r = 0; r < 4; r++) out[r] = hsum256(acc[r]) + extra[r];
 }
 #define QDOT_ROWS4 1
 
