@@ -136,6 +136,26 @@ def test_the_bits_do_not_depend_on_the_thread_count(build: tuple[ctypes.CDLL, in
     assert all(torch.equal(outs[0], y) for y in outs[1:])
 
 
+@pytest.mark.parametrize("ntok", [1, 3, 8])
+def test_the_k_quant_rows_bits_do_not_depend_on_the_thread_count(build: tuple[ctypes.CDLL, int], ntok: int) -> None:
+    """The same for the rows of kquant_rows.h (and Q5_0's), stacked as a Q4_K_M file's fused matrices are."""
+    lib, _ = build
+    layout = (("Q4_K", 7), ("Q6_K", 5), ("Q5_K", 3), ("Q5_0", 6))
+    parts = [random_blocks(kind, n, 256, seed=n) for kind, n in layout]
+    x = torch.randn(ntok, 256, generator=torch.Generator().manual_seed(ntok))
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 3, 5):
+            torch.set_num_threads(threads)
+            status, y = _matmul(lib, parts, x, 21)
+            assert status == 0
+            outs.append(y)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(outs[0], y) for y in outs[1:])
+
+
 @pytest.mark.parametrize(
     ("case", "ntok", "cols", "kinds", "ldy"),
     [
