@@ -24,9 +24,9 @@ from radixcache.cli.errors import FriendlyCommand, debug_option
 )
 @click.option(
     "--gguf-activations",
-    type=click.Choice(["float", "int8-decode", "int8", "auto"]),
+    type=click.Choice(["int16-decode", "float", "int16", "int8-decode", "int8", "auto"]),
     help="With --quant gguf, the block kernels' activations (as replay/serve's) [default: "
-    "$RADIXCACHE_GGUF_ACTIVATIONS, else float].",
+    "$RADIXCACHE_GGUF_ACTIVATIONS, else int16-decode].",
 )
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: torch's, one per core].")
 @kernel_options()[0]

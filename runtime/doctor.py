@@ -65,7 +65,7 @@ def weight_bytes_per_token(model: Any) -> int:
 
 def describe_blocks(model: Any) -> dict[str, Any] | None:
     """What a quant="gguf" decode multiplies: how many block parts of each kind the layers and the output head hold
-    (a fused matrix has one part per source tensor), and the activations each runs ("float" or "int8-decode" ...;
+    (a fused matrix has one part per source tensor), and the activations each runs ("int16-decode", "float" ...;
     the head's apart, float always). None for a model without blocks."""
     from radixcache.runtime.model.block_linear import BlockLinear
 

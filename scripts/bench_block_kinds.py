@@ -1,5 +1,5 @@
-"""One product of each GGUF block kind through the native kernels, float32 and int8 activations, against the
-machine's read bandwidth: which kinds stream at memory speed and which are bound by arithmetic.
+"""One product of each GGUF block kind through the native kernels, float32, 16-bit and int8 activations, against
+the machine's read bandwidth: which kinds stream at memory speed and which are bound by arithmetic.
 
     .venv/bin/python scripts/bench_block_kinds.py                      # 4096 x 4096, 1 and 8 tokens, 2 threads
     .venv/bin/python scripts/bench_block_kinds.py --kinds Q4_K,Q6_K --tokens 1 --threads 1,2 --rounds 5
@@ -7,13 +7,14 @@ machine's read bandwidth: which kinds stream at memory speed and which are bound
 
 A `--rows` x `--cols` weight of standard-normal values (scaled 0.05) is encoded in each kind (the tests' encoders:
 the `gguf` package's for the 32-value kinds, tests/runtime/loading/kquants.py for the K-quants; a checkout is
-needed), and a `--tokens` x `--cols` activation is multiplied by it with `blockdot_matmul` (float32 activations, the
-default kernel of quant="gguf") and `qdot_matmul` (int8 activations, opt-in) of the library runtime.native builds
-from this tree. Each round reads the bandwidth first (runtime.machine.read_bandwidth_gbs, a 512 MB sum at the same
-thread count), then times every (threads, kind, kernel, tokens) in turn: one untimed call, then the fastest of
-`--calls` calls. A weight of 9 MB stays in the last-level cache between calls, so a kind that reads well below the
-bandwidth here is bound by its arithmetic, not by memory. Medians over rounds are printed, with the weight's bytes
-over the time (GB/s) and that over the round's bandwidth.
+needed), and a `--tokens` x `--cols` activation is multiplied by it with `blockdot_matmul` (float32 activations:
+quant="gguf"'s prefill rows), `qdot16_matmul` (16-bit: its decode rows by default) and `qdot_matmul` (int8, opt-in) of
+the library runtime.native builds from this tree (`--kernels float,int16,int8`, the default). Each round reads the
+bandwidth first (runtime.machine.read_bandwidth_gbs, a 512 MB sum at the same thread count), then times every
+(threads, kind, kernel, tokens) in turn: one untimed call, then the fastest of `--calls` calls. A weight of 9 MB stays
+in the last-level cache between calls, so a kind that reads well below the bandwidth here is bound by its arithmetic,
+not by memory. Medians over rounds are printed, with the weight's bytes over the time (GB/s) and that over the round's
+bandwidth.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from radixcache.runtime.model.block_linear import BLOCK_ELEMS, KINDS  # noqa: E4
 from radixcache.runtime.model.dequant import GGML_TYPE_IDS  # noqa: E402
 from radixcache.runtime.native import blockdot  # noqa: E402
 
-KERNELS = {"float": "blockdot_matmul", "int8": "qdot_matmul"}
+KERNELS = {"float": "blockdot_matmul", "int16": "qdot16_matmul", "int8": "qdot_matmul"}
 
 
 def int_list(text: str) -> list[int]:
@@ -63,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int_list, default=[1, 8], help="activation rows per call, 1 to 8")
     p.add_argument("--threads", type=int_list, default=[2])
     p.add_argument("--kinds", default=",".join(KINDS))
-    p.add_argument("--kernels", default="float,int8")
+    p.add_argument("--kernels", default="float,int16,int8")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=15, help="timed calls per measurement (the fastest counts)")
     p.add_argument("--json", help="write every round's figures here")

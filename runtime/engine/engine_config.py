@@ -65,11 +65,13 @@ class EngineConfig:
     `max_pinned_fraction`: the most of the pool that pins may lock (a pin past it is refused: its result's
     `pinned_tokens` is 0).
     Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.model.linear);
-    `quant="gguf"` keeps a GGUF file's blocks for decode batches of up to 8 (the same weights, float32 activations;
-    native kernels built on first use: runtime.model.block_linear; a loaded model needs `keep_blocks`), and
-    `gguf_activations` picks their kernel when the engine builds the model: "float" (the default, else
-    `$RADIXCACHE_GGUF_ACTIVATIONS`), "int8-decode" (decode rows' activations rounded to int8 per 32 values, as
-    llama.cpp does: faster, and the cache, batch and thread count may then move a near-tie), "int8" or "auto";
+    `quant="gguf"` keeps a GGUF file's blocks for decode batches of up to 8 (the same weights; native kernels built
+    on first use: runtime.model.block_linear; a loaded model needs `keep_blocks`), and `gguf_activations` picks
+    their kernel when the engine builds the model: "int16-decode" (the default, else `$RADIXCACHE_GGUF_ACTIVATIONS`:
+    decode rows' activations rounded to 16 bits per 32 values and integer products, prefill rows float32), "float"
+    (float32 throughout: the cache, batch and thread count move no logit by more than ~1e-4; int16's ~1e-2),
+    "int8-decode" (int8 per 32 values, as llama.cpp does: faster, and the cache, batch and thread count may then
+    move a near-tie of up to ~1), "int16", "int8" or "auto";
     `threads` sets the torch threads of the engine loop (default: the constructing thread's count); with
     `thread_policy="adaptive"` (the default) the loop runs fewer while other programs take the cores and returns
     to `threads` when they are free (runtime.engine.threads), "fixed" always runs `threads`; `dtype` and

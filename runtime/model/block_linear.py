@@ -6,26 +6,36 @@ decode streams every weight once per token, so small batches multiply by the blo
 
 `BlockLinear` runs a native kernel (runtime.native) for up to `max_tokens` rows (decode batches of 1 to 8) and the
 float32 `DenseLinear` above that (prefill chunks, larger batches), where the products are compute-bound and oneDNN
-is faster. Two kernels take the same blocks:
+is faster. Three kernels take the same blocks:
 - "float" (`blockdot.c`): float32 activations; the same product as the dense weight's, in another summation order.
-- "int8" (`qdot.c`): each token's activations quantised to int8 per 32 values (one scale per block, as llama.cpp's
-  Q8_0 activations) and integer dot products (VNNI / AVX2); the error this adds is at most half a quantisation step
-  of each activation block, 1/254 of its largest magnitude, times the weights' magnitudes.
-Modes (`activations=`, else `$RADIXCACHE_GGUF_ACTIVATIONS`, else DEFAULT_ACTIVATIONS): "float" (the default),
-"int8" (that kernel in every pass), "int8-decode" (int8 for decode rows, in groups of up to `max_tokens`, float for
-prefill-chunk rows whatever else shares their pass, so a row's result depends on its kind, never on its batch; the
-model says which rows decode with `decode_rows`, and a caller that does not gets int8 unless `prefill`) and "auto"
-(times both kernels once per process for each weight signature (block kinds, rows, columns), at 1 and 8 token rows,
-at its first call, and keeps the faster for every token count). model.llama builds the output head with "float"
-always: int8 rounding of the final hidden state changed a greedy answer (docs/runtime.md).
-Why float stays the default although int8 makes a decode step about 1.3x as fast (perplexity moves well under 1%):
-int8 rounding is a step function, so it turns the float32 noise of everything before it into jumps. A prefill's
-float products differ by ~1e-5 between 1 and 2 threads (MKL's split), and likely between a cached and an uncached
-prompt (the attention's pieces; not measured apart); each int8 layer multiplies such a difference (a 1e-6 relative
-change of one layer's input moved its output 5e-5, against 0.26 between int8 and float), and after 30 layers a
-greedy decode's logits differ by 0.3 to 0.5 (SmolLM2 Q4_1, 1 against 2 threads; 5e-5 with float activations).
-The engine's promise that the cache, the batch and the thread count change no output would then hold only up to
-near-ties; with float it holds to 1e-4.
+- "int16" (`qdot.c`, `qdot16_matmul`): each token's activations rounded to 16 bits per 32 values (one scale per
+  block, |v| <= 32512, held as two int8 planes) and integer dot products; the error this adds is at most 1/65024
+  of each block's largest magnitude per activation, 256 times finer than int8 (about 3e-6 of sum |x w| against
+  float's 3e-8 and int8's 1e-3).
+- "int8" (`qdot.c`, `qdot_matmul`): activations quantised to int8 per 32 values (as llama.cpp's Q8_0 activations);
+  at most 1/254 of each block's largest magnitude.
+At one token the integer kernels do less work per weight than the float one, whose products are bound by
+arithmetic (one conversion and one multiply per weight): on a 4096 x 4096 product, 2 threads, Zen 4 (2026-12-05)
+Q4_K float 0.49 ms, int16 0.30, int8 0.25; Q6_K 0.69, 0.57, 0.44; Q4_1 0.50, 0.43, 0.37; Q8_0 0.41 for all but int8.
+Modes (`activations=`, else `$RADIXCACHE_GGUF_ACTIVATIONS`, else DEFAULT_ACTIVATIONS):
+- "int16-decode" (the default) and "int8-decode": that kernel for decode rows, in groups of up to `max_tokens`, and
+  float for prefill-chunk rows whatever else shares their pass, so a row's result depends on its kind, never on
+  its batch, and a prompt's tail after a cached prefix gets the float products an uncached prompt's chunk gets.
+  The model says which rows decode with `decode_rows`; a caller that does not gets the decode kernel unless
+  `prefill`.
+- "float", "int16", "int8": that kernel in every pass of up to `max_tokens` rows.
+- "auto": times the three kernels once per process for each weight signature (block kinds, rows, columns), at 1 and
+  8 token rows, at its first call, and keeps the fastest for every token count.
+model.llama builds the output head with "float" always: int8 rounding of the final hidden state changed a greedy
+answer (docs/runtime.md).
+Why the int8 modes stay opt-in: rounding is a step function, so it turns the float32 noise of everything before it
+(a prefill's products differ by ~1e-5 between 1 and 2 threads and between batches: MKL's split) into jumps of one
+step. With int8 steps a greedy decode's logits then differ by 0.3 to 0.8 between 1 and 2 threads, and 13 of 16
+greedy answers of 96 tokens changed between a batch and one request at a time; the engine's promise that the
+cache, the batch and the thread count change no output would hold only up to near-ties of that size. 16-bit steps
+are 256 times smaller: logits differ by at most 3e-3 (float: 6e-5), and 1 of 16 answers of 256 tokens changed (at
+its token 152; float: none, int8-decode: 13 of 16 within 96). Perplexity is float's to 3 decimals (SmolLM2 Q4_1
+20.685, its Q4_K_M-like file 21.973); int8 moved it +0.35%. (scripts: docs/benchmarks.md, run AH.)
 A fused matrix (q/k/v, gate/up) keeps one block part per source tensor, each writing its own columns of the output.
 """
 
@@ -48,8 +58,10 @@ KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 BLOCK = 32  # weights per block (a K-quant super-block holds 8 of them)
 BLOCK_ELEMS = {k: GGML_TYPES[GGML_TYPE_IDS[k]][1] for k in KINDS}
 BLOCK_BYTES = {k: GGML_TYPES[GGML_TYPE_IDS[k]][2] for k in KINDS}
-ACTIVATIONS = ("auto", "float", "int8", "int8-decode")
-DEFAULT_ACTIVATIONS = "float"  # the module docstring says why; model.llama keeps the output head on "float" always
+ACTIVATIONS = ("int16-decode", "float", "int16", "int8", "int8-decode", "auto")
+DEFAULT_ACTIVATIONS = "int16-decode"  # the module docstring says why; model.llama keeps the output head on "float"
+# The kernel of each "-decode" mode's decode rows.
+DECODE_KERNEL = {"int16-decode": "int16", "int8-decode": "int8"}
 TIMING_ROUNDS = 5  # per kernel, alternating; the fastest round of each is compared
 
 
@@ -128,7 +140,7 @@ class BlockLinear:
         self.dense = DenseLinear(weight, bias)
         self.max_tokens = lib.blockdot_max_tokens()
         self.activations = activations
-        self._kernels = {"float": lib.blockdot_matmul, "int8": lib.qdot_matmul}
+        self._kernels = {"float": lib.blockdot_matmul, "int16": lib.qdot16_matmul, "int8": lib.qdot_matmul}
         self._signature = tuple((p.kind, p.rows) for p in self.parts)
         # The call's fixed arguments, built once: the part arrays live as long as the layer (so do the blocks).
         n = len(self.parts)
@@ -143,11 +155,11 @@ class BlockLinear:
         return sum(p.nbytes for p in self.parts)
 
     def kernel_for(self, rows: int, prefill: bool = False) -> str:
-        """The kernel ("float" or "int8") a call with `rows` token rows (1..max_tokens) runs: one for every count,
-        so that a row's result does not depend on the batch it is in. "int8-decode" runs "float" for a pure
-        prefill pass (`prefill`) and "int8" otherwise."""
-        if self.activations == "int8-decode":
-            return "float" if prefill else "int8"
+        """The kernel ("float", "int16" or "int8") a call with `rows` token rows (1..max_tokens) runs: one for every
+        count, so that a row's result does not depend on the batch it is in. A "-decode" mode runs "float" for a
+        pure prefill pass (`prefill`) and its decode kernel otherwise."""
+        if self.activations in DECODE_KERNEL:
+            return "float" if prefill else DECODE_KERNEL[self.activations]
         if self.activations != "auto":
             return self.activations
         key = (self._signature, self.in_features)
@@ -156,8 +168,8 @@ class BlockLinear:
         return _CHOICES[key]
 
     def _measure(self) -> str:
-        """Both kernels at 1 and at max_tokens rows, alternating, TIMING_ROUNDS each; the kernel whose best times
-        sum to the smaller share (time / the other kernel's time, added over both row counts) wins."""
+        """The kernels at 1 and at max_tokens rows, alternating, TIMING_ROUNDS each; the kernel whose best times
+        sum to the smallest share (time / all kernels' times, added over both row counts) wins."""
         share = {name: 0.0 for name in self._kernels}
         for rows in (1, self.max_tokens):
             x = torch.randn(rows, self.in_features, generator=torch.Generator().manual_seed(rows))
@@ -173,8 +185,8 @@ class BlockLinear:
         return min(share, key=lambda name: share[name])
 
     def _by_row_kind(self, x: torch.Tensor, decodes: int, prefill: bool) -> torch.Tensor:
-        """ "int8-decode" with the rows' kinds known: the first `decodes` rows on the int8 kernel, `max_tokens` at a
-        time, the prefill-chunk rows after them on the float kernel (or the dense layer past `max_tokens`). So a
+        """A "-decode" mode with the rows' kinds known: the first `decodes` rows on its decode kernel, `max_tokens`
+        at a time, the prefill-chunk rows after them on the float kernel (or the dense layer past `max_tokens`). So a
         decode row gets the same result alone, in a batch of 16 or beside a 500-token chunk, and a chunk's last row
         the same as in a pure prefill pass (float: the block and dense products differ only in summation order)."""
         if x.shape[1] != self.in_features:
@@ -194,7 +206,7 @@ class BlockLinear:
                 self._run("float", x[decodes:], y[decodes:])
         for lo in range(0, decodes, self.max_tokens):
             hi = min(decodes, lo + self.max_tokens)
-            self._run("int8", x[lo:hi], y[lo:hi])
+            self._run(DECODE_KERNEL[self.activations], x[lo:hi], y[lo:hi])
         if self.bias is None:
             return y
         kernel_rows = decodes if chunk_rows > self.max_tokens else rows
@@ -214,7 +226,7 @@ class BlockLinear:
             y = self(x.reshape(-1, x.shape[-1]), prefill, decode_rows=decode_rows)
             return y.reshape(*x.shape[:-1], y.shape[-1])
         rows = x.shape[0]
-        if self.activations == "int8-decode" and decode_rows is not None and rows and x.dtype == torch.float32:
+        if self.activations in DECODE_KERNEL and decode_rows is not None and rows and x.dtype == torch.float32:
             return self._by_row_kind(x, min(max(decode_rows, 0), rows), prefill)
         if rows == 0 or rows > self.max_tokens or x.dtype != torch.float32:
             return self.dense(x, prefill)

@@ -79,6 +79,8 @@ def blockdot() -> ctypes.CDLL:
     lib.blockdot_matmul.restype = ctypes.c_int
     lib.qdot_matmul.argtypes = lib.blockdot_matmul.argtypes  # the same call with int8 activations: 0, -1 or -2
     lib.qdot_matmul.restype = ctypes.c_int
+    lib.qdot16_matmul.argtypes = lib.blockdot_matmul.argtypes  # with 16-bit activations: 0, -1 or -2
+    lib.qdot16_matmul.restype = ctypes.c_int
     lib.densedot_matmul.argtypes = lib.blockdot_matmul.argtypes  # the same call on float32 rows: 0, or -1
     lib.densedot_matmul.restype = ctypes.c_int
     for name in ("blockdot_max_tokens", "blockdot_max_parts", "blockdot_vector_width", "qdot_path"):

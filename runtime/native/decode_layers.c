@@ -11,8 +11,8 @@
  *   a = decode_attention(q, mirror); x = x + (Wo a (+ bias));
  *   h = rms_norm(x, ln_post); gu = Wgu h (+ bias); x = x + (Wdown silu_mul(gu) (+ bias)).
  *
- * A product runs blockdot_matmul (float activations), qdot_matmul (int8) or densedot_matmul (a float32 model's
- * plain weights), as the layer's `kernel` says. `native_decode_head` (at the end) runs what follows the last layer:
+ * A product runs blockdot_matmul (float activations), qdot_matmul (int8), qdot16_matmul (16-bit) or densedot_matmul
+ * (a float32 model's plain weights), as the layer's `kernel` says. `native_decode_head` (at the end) runs what follows the last layer:
  * the final norm, the output head and each row's greedy token (row_argmax.c). */
 #include <math.h>
 #include <stddef.h>
@@ -25,6 +25,8 @@ int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const
                     const float *x, int ntok, float *y, int ldy);
 int qdot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols, const float *x,
                 int ntok, float *y, int ldy);
+int qdot16_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols, const float *x,
+                  int ntok, float *y, int ldy);
 int densedot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
                     const float *x, int ntok, float *y, int ldy);
 int native_rms_norm(const float *x, const float *w, int rows, int cols, float eps, float *out);
@@ -74,7 +76,8 @@ int native_silu_mul(const float *gu, int rows, int inter, float *out) {
 }
 
 /* One product: weights as the parts of runtime/model/block_linear.py, `kernel` 0 (blocks, float activations), 1
- * (blocks, int8 activations) or 2 (plain float32 rows: densedot.c), an optional bias of `out` values. Layout must match NativeLinear in runtime/model/native_layers.py. */
+ * (blocks, int8 activations), 2 (plain float32 rows: densedot.c) or 3 (blocks, 16-bit activations), an optional
+ * bias of `out` values. Layout must match NativeLinear in runtime/model/native_layers.py. */
 typedef struct {
     const void *const *data;
     const int *kinds;
@@ -95,8 +98,8 @@ typedef struct {
 
 static int product(const native_linear *w, const float *x, int rows, float *y) {
     typedef int (*matmul_fn)(int, const void *const *, const int *, const int *, int, const float *, int, float *, int);
-    static const matmul_fn kernels[3] = {blockdot_matmul, qdot_matmul, densedot_matmul};
-    if (w->kernel < 0 || w->kernel > 2) return -1;
+    static const matmul_fn kernels[4] = {blockdot_matmul, qdot_matmul, densedot_matmul, qdot16_matmul};
+    if (w->kernel < 0 || w->kernel > 3) return -1;
     const int status = kernels[w->kernel](w->nparts, w->data, w->kinds, w->rows, w->cols, x, rows, y, w->out);
     if (status != 0 || w->bias == NULL) return status;
     for (int t = 0; t < rows; t++)

@@ -1,25 +1,32 @@
-/* y[t, o] = sum_k W[o, k] * x[t, k] with the activations x quantised to int8 on the fly: the products are integer.
+/* y[t, o] = sum_k W[o, k] * x[t, k] with the activations x quantised on the fly: the products are integer.
  *
- * Each token row of x is cut into blocks of 32 values, and each block gets its own scale: xd = max|x| / 127,
- * xq = round(x / xd) in [-127, 127], and xs = xd * sum(xq) (for the weights' minimum terms). One scale per
- * 32 values per row, as llama.cpp's Q8_0 activations: the rounding error of a value is at most xd / 2, 1/254 of
- * its block's largest magnitude. (An earlier int8 attempt through fbgemm used one scale per batch, and lost.)
+ * Each token row of x is cut into blocks of 32 values, and each block gets its own scale xd and integers xq:
+ * - int8 (qdot_matmul): xd = max|x| / 127, xq = round(x / xd) in [-127, 127], as llama.cpp's Q8_0 activations;
+ *   the rounding error of a value is at most xd / 2, 1/254 of its block's largest magnitude. (An earlier int8
+ *   attempt through fbgemm used one scale per batch, and lost.)
+ * - 16-bit (qdot16_matmul): xd = max|x| / 32512 and xq = 255 h + l, held as two int8 planes h and l in
+ *   [-127, 127], so the same byte products serve: sum q xq = 255 sum q h + sum q l, exact. 256 times finer than int8
+ *   (1/65024 of the block's largest magnitude), about twice its integer work. (Base 255, not 256: no plane holds
+ *   -128, which the signed kinds' sign trick below cannot negate.)
+ * xs = xd * sum(xq) per block and the same per 16 values (s16) serve the weights' minimum and offset terms.
  *
  * Per block of 32 weights (a K-quant sub-block of 32 included), with the weight's integers q, scale dw and min m:
  *   sum_j w_j x_j ~ (dw * xd) * sum_j q_j xq_j  (+ m * xs)
- * The inner sum is exact integer arithmetic: int8 x int8 (or uint8 x int8) products into int32 lanes, then one
- * float multiply-add per block. Signed weights (Q4_0, Q5_0 after their offset, Q8_0, Q6_K) use |q| x sign(q) xq.
- * Q6_K's two 16-element scales per 32 are applied to int16 pair sums before they widen (pmaddwd). Q4_K and Q5_K
- * reduce a super-block's 8 sub-blocks' integer sums side by side (sums8) and scale them in one vector: that float
- * work per sub-block, and unpacking the 6-bit scales a byte at a time, had been most of their time (4096 x 4096,
- * one token, 2 threads: Q4_K 0.43 -> 0.26-0.29 ms, 2026-12-05).
+ * The inner sum is exact integer arithmetic: uint8 x int8 products into int32 lanes, then one float multiply-add
+ * per block. Signed weights (Q4_0, Q5_0 after their offset, Q8_0) use |q| x sign(q) xq. Q6_K keeps its unsigned
+ * 0..63 and takes the offset -32 through s16; its two 16-element scales per 32 are applied to int16 pair sums
+ * before they widen (pmaddwd). Q4_K and Q5_K reduce a super-block's 8 sub-blocks' integer sums side by side (sums8)
+ * and scale them in one vector: that float work per sub-block, and unpacking the 6-bit scales a byte at a time, had
+ * been most of their time (4096 x 4096, one token, 2 threads: Q4_K 0.43 -> 0.26-0.29 ms, 2026-12-05).
+ * No int16 pair sum saturates and no int32 lane overflows at either width (the largest: Q6_K's 16-bit high plane,
+ * 2 * (2 * 63 * 127) * (255 * 128) < 2^31 per lane); tests/runtime/native/test_qdot.py checks the extremes.
  *
  * Vector paths, chosen at build time (-march=native): AVX-512 VNNI with VL (vpdpbusd on 256-bit registers),
- * AVX-VNNI (its VEX form), AVX2 (vpmaddubsw + vpmaddwd), else portable C with int32 sums that the compiler
+ * AVX-VNNI (its VEX form), AVX2 (vpmaddubsw + vpmaddwd), else portable C with integer sums that the compiler
  * vectorises. `qdot_path()` names the one built. Kinds and the argument checks are blockdot.c's.
  * At one token row a Q4_1 weight (SmolLM2's file) is read four rows at a time on the vector paths: the same
  * numbers, bit for bit, 15-20% faster on cached blocks (measured at one thread); no faster when they stream from
- * memory.
+ * memory. A row's arithmetic for a token never depends on how many tokens share the call.
  */
 #include <math.h>
 #include <stdint.h>
@@ -51,27 +58,42 @@ int qdot_path(void) { return QDOT_PATH; }
 /* The quantised activations of one call: token t's values at q + t * cols, its block scales and scaled sums at
  * d + t * nb and s + t * nb. */
 typedef struct {
-    const int8_t *q;
-    const float *d, *s;
+    const int8_t *q, *ql; /* ql: the low plane of 16-bit activations (NULL for int8) */
+    const float *d, *s, *s16; /* s16: the scaled sums of each 16 values (Q6_K's offset), 2 nb per token */
     int cols, nb;
 } acts;
 
-/* Quantise block i (token i / nb, block i % nb) of x. */
-static inline void quantise_block(const float *x, int cols, int nb, int i, int8_t *q, float *d, float *s) {
+/* 16-bit activations as two int8 planes: v = 255 h + l with h, l in [-127, 127], so |v| <= WIDE_MAX. (Base 255,
+ * not 256: a plane never holds -128, which the signed kinds' sign trick cannot negate.) */
+#define WIDE_MAX (255 * 127 + 127)
+
+/* Quantise block i (token i / nb, block i % nb) of x: to int8 in q (ql NULL), or to 16-bit values split into the
+ * planes q (high) and ql (low). */
+static inline void quantise_block(const float *x, int cols, int nb, int i, int8_t *q, int8_t *ql, float *d,
+                                  float *s, float *s16) {
     const int t = i / nb, b = i % nb;
     const float *xb = x + (size_t)t * cols + (size_t)b * QK;
     int8_t *qb = q + (size_t)t * cols + (size_t)b * QK;
     float amax = 0.0f;
     for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
-    const float dx = amax / 127.0f, id = dx != 0.0f ? 1.0f / dx : 0.0f;
-    int sum = 0;
+    const float dx = amax / (ql ? (float)WIDE_MAX : 127.0f), id = dx != 0.0f ? 1.0f / dx : 0.0f;
+    int sum = 0, half = 0;
     for (int j = 0; j < QK; j++) {
         const int v = (int)nearbyintf(xb[j] * id);
-        qb[j] = (int8_t)v;
+        if (j == 16) half = sum;
+        if (ql) {
+            const int h = (v + (v >= 0 ? 127 : -127)) / 255; /* |v - 255 h| <= 127 */
+            qb[j] = (int8_t)h;
+            ql[(size_t)t * cols + (size_t)b * QK + j] = (int8_t)(v - 255 * h);
+        } else {
+            qb[j] = (int8_t)v;
+        }
         sum += v;
     }
     d[i] = dx;
     s[i] = dx * (float)sum;
+    s16[2 * i] = dx * (float)half;
+    s16[2 * i + 1] = dx * (float)(sum - half);
 }
 
 #if QDOT_PATH > 0
@@ -86,6 +108,20 @@ static inline __m256i dot_us(__m256i u, __m256i s) {
 #endif
 }
 
+/* The same for 16-bit activations in planes h (high) and l (low): u . (255 h + l), exact. */
+static inline __m256i dot_us2(__m256i u, __m256i h, __m256i l) {
+#if QDOT_PATH >= 2
+    const __m256i ph = dot_us(u, h);
+#if QDOT_PATH == 3
+    return _mm256_dpbusd_epi32(_mm256_sub_epi32(_mm256_slli_epi32(ph, 8), ph), u, l);
+#else
+    return _mm256_dpbusd_avx_epi32(_mm256_sub_epi32(_mm256_slli_epi32(ph, 8), ph), u, l);
+#endif
+#else /* int16 pair sums are at most 2 * 127 * 127 for every kind here, so they do not saturate */
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, h), _mm256_set1_epi16(255)),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, l), _mm256_set1_epi16(1)));
+#endif
+}
 
 /* 16 packed bytes -> 32 values: low nibbles first, then the high ones. */
 static inline __m256i nibbles32(const uint8_t *qs) {
@@ -110,13 +146,19 @@ static inline __m256i sums8(const __m256i p[8]) {
 }
 
 #define XQ(t, blk) _mm256_loadu_si256((const __m256i *)(a->q + (size_t)(t) * a->cols + (size_t)(blk) * QK))
+#define XL(t, blk) _mm256_loadu_si256((const __m256i *)(a->ql + (size_t)(t) * a->cols + (size_t)(blk) * QK))
+/* Unsigned weights u times token t's block blk; signed weights w (|w| in aw) likewise. `wide`: a constant. */
+#define DOT_U(u, t, blk) (wide ? dot_us2((u), XQ(t, blk), XL(t, blk)) : dot_us((u), XQ(t, blk)))
+#define DOT_S(aw, w, t, blk)                                                                                       \
+    (wide ? dot_us2((aw), _mm256_sign_epi8(XQ(t, blk), (w)), _mm256_sign_epi8(XL(t, blk), (w)))                   \
+          : dot_us((aw), _mm256_sign_epi8(XQ(t, blk), (w))))
 #define XD(t, blk) a->d[(size_t)(t) * a->nb + (blk)]
 #define XS(t, blk) a->s[(size_t)(t) * a->nb + (blk)]
 
 /* One block of unsigned weights u (0..31) with weight scale dw into each token's accumulator. */
 #define ACC_UNSIGNED(u, dw, blk)                                                                                   \
     for (int t = 0; t < ntok; t++)                                                                                 \
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_us((u), XQ(t, blk))), _mm256_set1_ps((dw) * XD(t, blk)),    \
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT_U((u), t, blk)), _mm256_set1_ps((dw) * XD(t, blk)),    \
                                  acc[t]);
 
 /* The same for signed weights w: |w| x sign(xq, w). */
@@ -124,12 +166,12 @@ static inline __m256i sums8(const __m256i p[8]) {
     {                                                                                                              \
         const __m256i aw_ = _mm256_sign_epi8((w), (w));                                                            \
         for (int t = 0; t < ntok; t++)                                                                             \
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_us(aw_, _mm256_sign_epi8(XQ(t, blk), (w)))),           \
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT_S(aw_, (w), t, blk)),           \
                                      _mm256_set1_ps((dw) * XD(t, blk)), acc[t]);                                    \
     }
 
-static inline __attribute__((always_inline)) void row_kind(int kind, const uint8_t *row, const acts *a, int ntok,
-                                                           float *out) {
+static inline __attribute__((always_inline)) void row_kind(int kind, int wide, const uint8_t *row, const acts *a,
+                                                           int ntok, float *out) {
     __m256 acc[BLOCKDOT_MAX_TOKENS], acc2[BLOCKDOT_MAX_TOKENS]; /* acc2: the K-quants' min terms */
     float extra[BLOCKDOT_MAX_TOKENS];
     for (int t = 0; t < ntok; t++) {
@@ -208,7 +250,7 @@ static inline __attribute__((always_inline)) void row_kind(int kind, const uint8
             const __m256 dmv = _mm256_mul_ps(_mm256_set1_ps(dmin), widen8(mn));
             for (int t = 0; t < ntok; t++) {
                 __m256i p[8];
-                for (int s = 0; s < 8; s++) p[s] = dot_us(q[s], XQ(t, 8 * sb + s));
+                for (int s = 0; s < 8; s++) p[s] = DOT_U(q[s], t, 8 * sb + s);
                 const size_t i0 = (size_t)t * a->nb + 8 * (size_t)sb;
                 const __m256 scale = _mm256_mul_ps(dsv, _mm256_loadu_ps(a->d + i0));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums8(p)), scale, acc[t]);
@@ -219,10 +261,21 @@ static inline __attribute__((always_inline)) void row_kind(int kind, const uint8
         break;
     }
     case KIND_Q6_K: {
-        const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+        /* w = d sc (q - 32) with q unsigned (0..63): d sc times the integer sum of q xq, and the offset -32 d sc
+         * times each 16 values' scaled activation sum (s16), in acc2: no sign work per token */
+        const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
         for (int sb = 0; sb < nb / 8; sb++) {
             const block_q6_K *w = (const block_q6_K *)row + sb;
             const float d = half_to_float(w->d);
+            const __m128i sc8 = _mm_loadu_si128((const __m128i *)w->scales);
+            const __m256 off = _mm256_set1_ps(-32.0f * d);
+            const __m256 off_lo = _mm256_mul_ps(off, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
+            const __m256 off_hi = _mm256_mul_ps(off, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))));
+            for (int t = 0; t < ntok; t++) {
+                const float *s16 = a->s16 + 2 * ((size_t)t * a->nb + 8 * (size_t)sb);
+                acc2[t] = _mm256_fmadd_ps(off_lo, _mm256_loadu_ps(s16), acc2[t]);
+                acc2[t] = _mm256_fmadd_ps(off_hi, _mm256_loadu_ps(s16 + 8), acc2[t]);
+            }
             for (int h = 0; h < 2; h++) {
                 const __m256i la = _mm256_loadu_si256((const __m256i *)(w->ql + 64 * h));
                 const __m256i lb = _mm256_loadu_si256((const __m256i *)(w->ql + 64 * h + 32));
@@ -234,18 +287,21 @@ static inline __attribute__((always_inline)) void row_kind(int kind, const uint8
                                         _mm256_and_si256(_mm256_srli_epi16(qh, 4), two),
                                         _mm256_and_si256(_mm256_srli_epi16(qh, 6), two)};
                 for (int g = 0; g < 4; g++) {
-                    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo4[g], _mm256_slli_epi16(hi2[g], 4)), off);
-                    const __m256i aq = _mm256_sign_epi8(q, q);
+                    const __m256i q = _mm256_or_si256(lo4[g], _mm256_slli_epi16(hi2[g], 4));
                     const int s = 8 * h + 2 * g, blk = 8 * sb + 4 * h + g;
                     const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(w->scales[s + 1]), _mm_set1_epi16(w->scales[s]));
+                    /* int16 pair sums of q xq are at most 2 * 63 * 127; 16-bit activations: the high plane's pair
+                     * sums times 255 scale (|255 scale| < 2^15), and a lane stays under 2^31 */
+                    const __m256i scales_h = wide ? _mm256_mullo_epi16(scales, _mm256_set1_epi16(255)) : scales;
                     for (int t = 0; t < ntok; t++) {
-                        const __m256i pairs = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(XQ(t, blk), q));
-                        const __m256i p = _mm256_madd_epi16(pairs, scales);
+                        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, XQ(t, blk)), scales_h);
+                        if (wide) p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_maddubs_epi16(q, XL(t, blk)), scales));
                         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * XD(t, blk)), acc[t]);
                     }
                 }
             }
         }
+        for (int t = 0; t < ntok; t++) extra[t] += hsum256(acc2[t]);
         break;
     }
     default:
@@ -257,15 +313,17 @@ static inline __attribute__((always_inline)) void row_kind(int kind, const uint8
 /* Q4_1 at one token row, four weight rows at once: four independent accumulators (a row alone is one chain of
  * dependent FMAs, one per block) and one load of each activation block for the four. Same arithmetic per row as
  * row_kind. */
-static void q4_1_rows4(const uint8_t *row0, size_t row_bytes, const acts *a, float *out) {
+static inline __attribute__((always_inline)) void q4_1_rows4(int wide, const uint8_t *row0, size_t row_bytes,
+                                                             const acts *a, float *out) {
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     float extra[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int b = 0; b < a->nb; b++) {
-        const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (size_t)b * QK));
+        const __m256i xq = XQ(0, b), xl = wide ? XL(0, b) : xq;
         const float xd = a->d[b], xs = a->s[b];
         for (int r = 0; r < 4; r++) {
             const block_q4_1 *w = (const block_q4_1 *)(row0 + (size_t)r * row_bytes) + b;
-            const __m256 p = _mm256_cvtepi32_ps(dot_us(nibbles32(w->qs), xq));
+            const __m256i u = nibbles32(w->qs);
+            const __m256 p = _mm256_cvtepi32_ps(wide ? dot_us2(u, xq, xl) : dot_us(u, xq));
             acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(half_to_float(w->d) * xd), acc[r]);
             extra[r] += half_to_float(w->m) * xs;
         }
@@ -347,7 +405,7 @@ static inline void unpack_block(int kind, const uint8_t *row, int blk, int16_t *
     }
 }
 
-static inline void row_kind(int kind, const uint8_t *row, const acts *a, int ntok, float *out) {
+static inline void row_kind(int kind, int wide, const uint8_t *row, const acts *a, int ntok, float *out) {
     float acc[BLOCKDOT_MAX_TOKENS] = {0};
     int16_t v[QK];
     for (int b = 0; b < a->nb; b++) {
@@ -355,8 +413,9 @@ static inline void row_kind(int kind, const uint8_t *row, const acts *a, int nto
         unpack_block(kind, row, b, v, &dw, &m);
         for (int t = 0; t < ntok; t++) {
             const int8_t *xq = a->q + (size_t)t * a->cols + (size_t)b * QK;
-            int32_t sum = 0;
-            for (int j = 0; j < QK; j++) sum += (int32_t)v[j] * xq[j];
+            const int8_t *xl = wide ? a->ql + (size_t)t * a->cols + (size_t)b * QK : NULL;
+            int64_t sum = 0; /* 16-bit activations times Q6_K's scaled values pass 2^31 over a block */
+            for (int j = 0; j < QK; j++) sum += (int64_t)v[j] * (wide ? 255 * xq[j] + xl[j] : xq[j]);
             const size_t i = (size_t)t * a->nb + b;
             acc[t] += (dw * a->d[i]) * (float)sum + m * a->s[i];
         }
@@ -365,9 +424,38 @@ static inline void row_kind(int kind, const uint8_t *row, const acts *a, int nto
 }
 #endif
 
-/* A copy of row_kind per token count, so that each count's loops are unrolled with the accumulators in registers. */
+/* Token t0's activations onward, as their own call's. */
+static inline acts acts_from(const acts *a, int t0) {
+    const size_t q = (size_t)t0 * a->cols, b = (size_t)t0 * a->nb;
+    const acts out = {a->q + q, a->ql ? a->ql + q : NULL, a->d + b, a->s + b, a->s16 + 2 * b, a->cols, a->nb};
+    return out;
+}
+
+/* A copy of row_kind per token count and activation width, so that each one's loops are unrolled with the
+ * accumulators in registers. Past SPLIT_TOKENS tokens a row is done in two passes over its blocks (the first
+ * SPLIT_TOKENS tokens, then the rest): more accumulators than registers spilled, 3x slower at 8 tokens (Q6_K). */
+#ifndef SPLIT_TOKENS
+#define SPLIT_TOKENS 4
+#endif
 #define ROW_N(n)                                                                                                   \
-    static void row_n##n(int kind, const uint8_t *row, const acts *a, float *out) { row_kind(kind, row, a, n, out); }
+    static void row_n##n(int kind, const uint8_t *row, const acts *a, float *out) {                                \
+        if (n <= SPLIT_TOKENS) {                                                                                   \
+            row_kind(kind, 0, row, a, n <= SPLIT_TOKENS ? n : 1, out);                                            \
+        } else {                                                                                                   \
+            const acts rest = acts_from(a, SPLIT_TOKENS);                                                          \
+            row_kind(kind, 0, row, a, SPLIT_TOKENS, out);                                                          \
+            row_kind(kind, 0, row, &rest, n > SPLIT_TOKENS ? n - SPLIT_TOKENS : 1, out + SPLIT_TOKENS);            \
+        }                                                                                                          \
+    }                                                                                                              \
+    static void row_w##n(int kind, const uint8_t *row, const acts *a, float *out) {                                \
+        if (n <= SPLIT_TOKENS) {                                                                                   \
+            row_kind(kind, 1, row, a, n <= SPLIT_TOKENS ? n : 1, out);                                            \
+        } else {                                                                                                   \
+            const acts rest = acts_from(a, SPLIT_TOKENS);                                                          \
+            row_kind(kind, 1, row, a, SPLIT_TOKENS, out);                                                          \
+            row_kind(kind, 1, row, &rest, n > SPLIT_TOKENS ? n - SPLIT_TOKENS : 1, out + SPLIT_TOKENS);            \
+        }                                                                                                          \
+    }
 ROW_N(1)
 ROW_N(2)
 ROW_N(3)
@@ -377,23 +465,34 @@ ROW_N(6)
 ROW_N(7)
 ROW_N(8)
 typedef void (*row_fn)(int, const uint8_t *, const acts *, float *);
-static const row_fn ROWS[BLOCKDOT_MAX_TOKENS + 1] = {0, row_n1, row_n2, row_n3, row_n4, row_n5, row_n6, row_n7, row_n8};
+static const row_fn ROWS[2][BLOCKDOT_MAX_TOKENS + 1] = {
+    {0, row_n1, row_n2, row_n3, row_n4, row_n5, row_n6, row_n7, row_n8},
+    {0, row_w1, row_w2, row_w3, row_w4, row_w5, row_w6, row_w7, row_w8}};
+#ifdef QDOT_ROWS4
+static void q4_1_rows4_n(const uint8_t *row0, size_t row_bytes, const acts *a, float *out) {
+    q4_1_rows4(0, row0, row_bytes, a, out);
+}
+static void q4_1_rows4_w(const uint8_t *row0, size_t row_bytes, const acts *a, float *out) {
+    q4_1_rows4(1, row0, row_bytes, a, out);
+}
+#endif
 
-/* The product with int8 activations, for the same arguments as blockdot_matmul. Returns 0, -1 for arguments out
- * of range (nothing is written then), or -2 when the activation buffer cannot be allocated. */
-int qdot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols, const float *x,
-                int ntok, float *y, int ldy) {
+/* The product with the activations quantised per 32 values to int8 (wide = 0) or to 16 bits (wide = 1), for the
+ * same arguments as blockdot_matmul. Returns 0, -1 for arguments out of range (nothing is written then), or -2
+ * when the activation buffer cannot be allocated. */
+static int qdot_run(int wide, int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
+                    const float *x, int ntok, float *y, int ldy) {
     int start[BLOCKDOT_MAX_PARTS + 1];
     if (blockdot_check_parts(nparts, kinds, rows, cols, ntok, ldy, start) != 0) return -1;
     const int nb = cols / QK;
     const size_t nq = (size_t)ntok * cols;
-    void *buf = malloc(nq + 2 * sizeof(float) * (size_t)ntok * nb + 64);
+    void *buf = malloc((wide ? 2 : 1) * nq + 4 * sizeof(float) * (size_t)ntok * nb + 64);
     if (buf == NULL) return -2;
-    float *xd = (float *)buf, *xs = xd + (size_t)ntok * nb;
-    int8_t *xq = (int8_t *)(xs + (size_t)ntok * nb);
-    const acts a = {xq, xd, xs, cols, nb};
+    float *xd = (float *)buf, *xs = xd + (size_t)ntok * nb, *xs16 = xs + (size_t)ntok * nb;
+    int8_t *xq = (int8_t *)(xs16 + 2 * (size_t)ntok * nb), *xl = wide ? xq + nq : NULL;
+    const acts a = {xq, xl, xd, xs, xs16, cols, nb};
     const int total = start[nparts];
-    const row_fn fn = ROWS[ntok];
+    const row_fn fn = ROWS[wide][ntok];
     const int team = omp_get_max_threads(), groups = (total + 3) / 4; /* output rows in groups of four */
     const int chunk = row_chunk(4 * (long)(cols / block_elems(kinds[0])) * (long)block_bytes(kinds[0]));
     row_share shares[team];
@@ -401,7 +500,7 @@ int qdot_matmul(int nparts, const void *const *data, const int *kinds, const int
 #pragma omp parallel num_threads(team)
     {
 #pragma omp for schedule(static)
-        for (int i = 0; i < ntok * nb; i++) quantise_block(x, cols, nb, i, xq, xd, xs);
+        for (int i = 0; i < ntok * nb; i++) quantise_block(x, cols, nb, i, xq, xl, xd, xs, xs16);
         int g0, g1;
         while (row_next(shares, team, omp_get_thread_num(), chunk, &g0, &g1))
             for (int g = g0; g < g1; g++) {
@@ -411,8 +510,9 @@ int qdot_matmul(int nparts, const void *const *data, const int *kinds, const int
 #ifdef QDOT_ROWS4
                 if (ntok == 1 && kinds[p] == KIND_Q4_1 && end - first == 4 && end <= start[p + 1]) {
                     const size_t row_bytes = (size_t)(cols / QK) * block_bytes(KIND_Q4_1);
-                    q4_1_rows4((const uint8_t *)data[p] + (size_t)(first - start[p]) * row_bytes, row_bytes, &a,
-                               y + first);
+                    (wide ? q4_1_rows4_w : q4_1_rows4_n)((const uint8_t *)data[p] + (size_t)(first - start[p]) *
+                                                                                        row_bytes,
+                                                         row_bytes, &a, y + first);
                     continue;
                 }
 #endif
@@ -428,4 +528,16 @@ int qdot_matmul(int nparts, const void *const *data, const int *kinds, const int
     }
     free(buf);
     return 0;
+}
+
+/* The product with int8 activations (see the top of this file). */
+int qdot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols, const float *x,
+                int ntok, float *y, int ldy) {
+    return qdot_run(0, nparts, data, kinds, rows, cols, x, ntok, y, ldy);
+}
+
+/* The product with 16-bit activations: |v| <= WIDE_MAX per 32 values, 256 times finer than int8. */
+int qdot16_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols, const float *x,
+                  int ntok, float *y, int ldy) {
+    return qdot_run(1, nparts, data, kinds, rows, cols, x, ntok, y, ldy);
 }

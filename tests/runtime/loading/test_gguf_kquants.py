@@ -30,7 +30,7 @@ from radixcache.runtime.model.block_linear import BLOCK_BYTES, BLOCK_ELEMS, KIND
 from radixcache.runtime.model.dequant import GGML_TYPE_IDS, dequantize
 from radixcache.runtime.model.llama import LlamaModel
 from tests.runtime.loading.gguf_files import q4_k_m_kind, write_model_gguf
-from tests.runtime.loading.kquants import int8_activations, quantize
+from tests.runtime.loading.kquants import quantised_activations, quantize
 
 needs_cc = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler here")
 # Largest |x - decoded| per element over the largest |x| of its block (super-block for the K-quants): half a step,
@@ -140,9 +140,9 @@ def test_a_file_of_each_kind_loads_and_runs(kit, tmp_path, monkeypatch: pytest.M
     got = _logits(LlamaModel(loaded.config, loaded.weights, quant="gguf", blocks=loaded.blocks)).double()
     assert _rms_error(got, want) < 1e-5
     # int8, each loaded layer: the float64 product of its dequantised weight with the activations rounded as this
-    # test rounds them (kquants.int8_activations), within float32 slack
+    # test rounds them (kquants.quantised_activations), within float32 slack
     x = torch.randn(3, cfg.hidden_size, generator=torch.Generator().manual_seed(5)).numpy()
-    seen, _ = int8_activations(x)
+    seen, _ = quantised_activations(x)
     for name, block in loaded.blocks.items():
         if block.cols != cfg.hidden_size:
             continue

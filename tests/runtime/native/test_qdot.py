@@ -1,15 +1,20 @@
-"""runtime/native/qdot.c (int8 activations) on every vector path this CPU can run, and BlockLinear's kernel choice.
+"""runtime/native/qdot.c (int8 and 16-bit activations) on every vector path this CPU can run, and BlockLinear's
+kernel choice.
 
 Each build of blockdot.c + qdot.c (AVX-512 VNNI from -march=native, AVX-VNNI, AVX2, portable C; a path whose
-instructions this CPU lacks is skipped) must give, for each block kind and 1 to 8 token rows:
+instructions this CPU lacks is skipped) must give, for each block kind, 1 to 8 token rows and both widths
+(qdot_matmul: int8, top 127; qdot16_matmul: 16-bit, top 32512):
 - the product of the dequantised weight with the activations as this test quantises them itself (numpy, float32:
-  per 32 values d = max|x| / 127, q = round-half-even(x / d)), within float32 summation slack: so the kernel really
+  per 32 values d = max|x| / top, q = round-half-even(x / d)), within float32 summation slack: so the kernel really
   uses one scale per 32 values per row, and integer sums;
-- the float64 product of the unquantised activations within the int8 rounding bound: sum over blocks of
-  d / 2 * sum |w| (half a step per activation), plus the same slack.
+- the float64 product of the unquantised activations within the rounding bound: sum over blocks of
+  d / 2 * sum |w| (half a step per activation), plus the same slack;
+- at the integer extremes (every weight and activation at its largest magnitude, both signs), the exact product:
+  no int16 pair sum saturates and no int32 lane overflows.
 Arguments out of range (token rows 0 or 9, columns not whole blocks of the kind, an unknown kind, rows past the
-output stride) are refused with -1 and nothing written. BlockLinear: "int8" and "float" each run their kernel in
-every pass (float is the default), "int8-decode" runs int8 in decode passes and float in a pure prefill pass,
+output stride) are refused with -1 and nothing written. BlockLinear: "float", "int16" and "int8" each run their
+kernel in every pass, "int16-decode" (the default) and "int8-decode" run theirs in decode passes and float in a
+pure prefill pass,
 "auto" keeps one per signature and token count, the environment variable forces one, an unknown value is refused.
 """
 
@@ -25,11 +30,17 @@ import pytest
 import torch
 
 from radixcache.runtime.machine import cpu_fields
-from radixcache.runtime.model.block_linear import BlockLinear, BlockWeight, activation_choices
+from radixcache.runtime.model.block_linear import (
+    BLOCK_BYTES,
+    BLOCK_ELEMS,
+    BlockLinear,
+    BlockWeight,
+    activation_choices,
+)
 from radixcache.runtime.model.dequant import GGML_TYPE_IDS
 from radixcache.runtime.native import HEADERS, SOURCES
-from tests.runtime.loading.kquants import int8_activations
-from tests.runtime.native.random_blocks import KINDS, random_blocks
+from tests.runtime.loading.kquants import INT16_TOP, quantised_activations
+from tests.runtime.native.random_blocks import HALF_FIELDS, KINDS, random_blocks
 
 CC = os.environ.get("CC", "cc")
 # xdist group: one worker runs the module, so each path is compiled once per run, not once per worker that gets
@@ -65,18 +76,26 @@ def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     built.qdot_matmul.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 3, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     built.qdot_matmul.argtypes += [ctypes.c_void_p, ctypes.c_int]
     built.qdot_matmul.restype = built.qdot_path.restype = ctypes.c_int
+    built.qdot16_matmul.argtypes, built.qdot16_matmul.restype = built.qdot_matmul.argtypes, ctypes.c_int
     assert built.qdot_path() == path
     return built
 
 
-def qdot(lib: ctypes.CDLL, parts: list[BlockWeight], x: torch.Tensor, ldy: int, cols: int | None = None) -> tuple:
+# width -> (kernel, the activations' largest integer)
+WIDTHS = {"int8": ("qdot_matmul", 127), "int16": ("qdot16_matmul", INT16_TOP)}
+
+
+def qdot(
+    lib: ctypes.CDLL, parts: list[BlockWeight], x: torch.Tensor, ldy: int, cols: int | None = None, width: str = "int8"
+) -> tuple:
     n = len(parts)
     data = (ctypes.c_void_p * n)(*(p.data.data_ptr() for p in parts))
     kinds = (ctypes.c_int * n)(*(GGML_TYPE_IDS[p.kind] for p in parts))
     rows = (ctypes.c_int * n)(*(p.rows for p in parts))
     y = torch.full((max(x.shape[0], 1), ldy), 7.0)
     cols = x.shape[1] if cols is None else cols
-    return lib.qdot_matmul(n, data, kinds, rows, cols, x.data_ptr(), x.shape[0], y.data_ptr(), ldy), y
+    kernel = getattr(lib, WIDTHS[width][0])
+    return kernel(n, data, kinds, rows, cols, x.data_ptr(), x.shape[0], y.data_ptr(), ldy), y
 
 
 # ["Q4_1", "Q4_1"] (3 + 5 rows): output rows 0-3 straddle the parts (row by row), 4-7 lie in one (the four-row
@@ -84,9 +103,10 @@ def qdot(lib: ctypes.CDLL, parts: list[BlockWeight], x: torch.Tensor, ldy: int, 
 LAYOUTS = [[k] for k in KINDS] + [["Q4_K", "Q6_K", "Q8_0", "Q4_1"], ["Q4_1", "Q4_1"]]
 
 
+@pytest.mark.parametrize("width", list(WIDTHS))
 @pytest.mark.parametrize("ntok", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda v: "+".join(v))
-def test_int8_products_match_both_references(lib: ctypes.CDLL, layout: list[str], ntok: int) -> None:
+def test_quantised_products_match_both_references(lib: ctypes.CDLL, layout: list[str], ntok: int, width: str) -> None:
     cols = 512
     parts = [random_blocks(k, 3 + 2 * i, cols, seed=17 * i + ntok) for i, k in enumerate(layout)]
     w = np.concatenate([p.dequantize().numpy() for p in parts]).astype(np.float64)
@@ -94,16 +114,49 @@ def test_int8_products_match_both_references(lib: ctypes.CDLL, layout: list[str]
     scales = rng.uniform(0.01, 10, (ntok, cols // 32)).repeat(32, 1)  # blocks of very different magnitudes
     x = (rng.normal(0, 1, (ntok, cols)) * scales).astype(np.float32)
     x[0, 64:96] = 0.0  # an all-zero block: scale 0, no division by it
-    status, y = qdot(lib, parts, torch.from_numpy(x), w.shape[0])
+    status, y = qdot(lib, parts, torch.from_numpy(x), w.shape[0], width=width)
     assert status == 0
     got = y.numpy().astype(np.float64)
-    seen, half_step = int8_activations(x)
+    seen, half_step = quantised_activations(x, WIDTHS[width][1])
     slack = SLACK * (np.abs(seen) @ np.abs(w).T) + 1e-30
     assert (np.abs(got - seen @ w.T) <= slack).all(), np.abs(got - seen @ w.T).max()
     exact = x.astype(np.float64) @ w.T
     bound = half_step @ np.abs(w).T + slack
     assert (np.abs(got - exact) <= bound).all()
-    assert np.abs(got - exact).max() > 0  # the activations really were quantised
+    # the activations really were quantised: the kernel is nearer the rounded product than the exact one
+    assert 10 * np.abs(got - seen @ w.T).max() < np.abs(got - exact).max()
+
+
+def _extreme_blocks(kind: str, rows: int, cols: int) -> BlockWeight:
+    """Every weight integer at its largest magnitude: even rows all bits set, odd rows none (Q4_0 / Q5_0 / Q6_K's
+    most negative value; Q8_0: 127 and -127), d and min 1, Q6_K's int8 scales -128, Q4_K / Q5_K's 6-bit scales
+    and mins 63."""
+    raw = np.full((rows, cols // BLOCK_ELEMS[kind], BLOCK_BYTES[kind]), 0xFF, dtype=np.uint8)
+    raw[1::2] = 0x81 if kind == "Q8_0" else 0x00
+    if kind == "Q8_0":
+        raw[0::2] = 0x7F
+    if kind == "Q6_K":
+        raw[:, :, 192:208] = 0x80
+    if kind in ("Q4_K", "Q5_K"):
+        raw[:, :, 4:16] = 0xFF
+    for offset in HALF_FIELDS[kind]:
+        raw[:, :, offset : offset + 2] = np.array([1.0], dtype="<f2").view(np.uint8)
+    return BlockWeight(kind, torch.from_numpy(raw.reshape(rows, -1)), cols)
+
+
+@pytest.mark.parametrize("width", list(WIDTHS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_integer_extremes_neither_saturate_nor_overflow(lib: ctypes.CDLL, kind: str, width: str) -> None:
+    cols, ntok = 512, 8
+    part = _extreme_blocks(kind, 4, cols)
+    w = part.dequantize().numpy().astype(np.float64)
+    signs = np.where(np.random.default_rng(1).random((ntok, cols)) < 0.5, -1.0, 1.0)
+    signs[0], signs[1] = np.sign(w[0]) + (w[0] == 0), -np.sign(w[0]) - (w[0] == 0)  # every product one sign
+    x = (3.0 * signs).astype(np.float32)  # each activation at its block's largest magnitude: q = +-top exactly
+    status, y = qdot(lib, [part], torch.from_numpy(x), 4, width=width)
+    assert status == 0
+    exact = x.astype(np.float64) @ w.T
+    assert np.abs(y.numpy() - exact).max() <= SLACK * (np.abs(x) @ np.abs(w).T).max()
 
 
 @pytest.mark.parametrize(
@@ -150,23 +203,28 @@ def test_each_activation_mode_runs_its_kernel(monkeypatch: pytest.MonkeyPatch) -
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(3))
     float_layer, w = _layer("float")
     int8_layer, _ = _layer("int8")
+    int16_layer, _ = _layer("int16")
     exact = x.double() @ w.double().T
-    seen, _ = int8_activations(x.numpy())
     scale = (x.double().abs() @ w.double().abs().T).max().item()  # float32 slack is relative to sum |x w|
     float_err = (float_layer(x).double() - exact).abs().max().item()
-    int8_vs_seen = (int8_layer(x).double() - torch.from_numpy(seen @ w.double().numpy().T)).abs().max().item()
-    assert float_err < 2e-6 * scale and int8_vs_seen < SLACK * scale
-    assert (int8_layer(x).double() - exact).abs().max().item() > 10 * float_err  # int8 is not the float product
-    assert torch.equal(int8_layer(x, prefill=True), int8_layer(x))  # "int8": every pass
+    assert float_err < 2e-6 * scale
+    for layer, top in ((int8_layer, 127), (int16_layer, INT16_TOP)):
+        seen, _ = quantised_activations(x.numpy(), top)
+        vs_seen = (layer(x).double() - torch.from_numpy(seen @ w.double().numpy().T)).abs().max().item()
+        assert vs_seen < SLACK * scale
+        assert (layer(x).double() - exact).abs().max().item() > 10 * vs_seen  # not the float product
+        assert torch.equal(layer(x, prefill=True), layer(x))  # "int8" / "int16": every pass
     monkeypatch.delenv("RADIXCACHE_GGUF_ACTIVATIONS", raising=False)
-    default, _ = _layer(None)
-    assert default.activations == "float" and torch.equal(default(x), float_layer(x))
-    decode_mode, _ = _layer("int8-decode")  # int8 in decode passes, float in a pure prefill pass
+    default, _ = _layer(None)  # "int16-decode": int16 in decode passes, float in a pure prefill pass
+    assert default.activations == "int16-decode"
+    assert torch.equal(default(x), int16_layer(x)) and torch.equal(default(x, prefill=True), float_layer(x))
+    decode_mode, _ = _layer("int8-decode")  # the same with int8
     assert torch.equal(decode_mode(x), int8_layer(x)) and torch.equal(decode_mode(x, prefill=True), float_layer(x))
     monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "int8")
     assert _layer(None)[0].kernel_for(3) == "int8"
     monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "fp8")
-    with pytest.raises(ValueError, match="activations must be one of auto, float, int8, int8-decode, got 'fp8'"):
+    listed = "int16-decode, float, int16, int8, int8-decode, auto"
+    with pytest.raises(ValueError, match=f"activations must be one of {listed}, got 'fp8'"):
         _layer(None)
 
 
@@ -177,7 +235,7 @@ def test_auto_measures_once_per_signature_and_keeps_one_kernel_for_every_row_cou
     x = torch.randn(8, 512, generator=torch.Generator().manual_seed(4))
     y = layer(x[:2])
     chosen = activation_choices()[((("Q4_K", 24),), 512)]
-    assert chosen in ("float", "int8") and {layer.kernel_for(n) for n in range(1, 9)} == {chosen}
+    assert chosen in ("float", "int16", "int8") and {layer.kernel_for(n) for n in range(1, 9)} == {chosen}
     assert torch.equal(y, BlockLinear(w, None, layer.parts, activations=chosen)(x[:2]))
     together = layer(x)
     for t in range(8):  # a row's result does not depend on its batch
