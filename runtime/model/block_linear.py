@@ -15,14 +15,17 @@ is faster. Three kernels take the same blocks:
 - "int8" (`qdot.c`, `qdot_matmul`): activations quantised to int8 per 32 values (as llama.cpp's Q8_0 activations);
   at most 1/254 of each block's largest magnitude.
 At one token the integer kernels do less work per weight than the float one, whose products are bound by
-arithmetic (one conversion and one multiply per weight): on a 4096 x 4096 product, 2 threads, Zen 4 (2026-12-05)
-Q4_K float 0.49 ms, int16 0.30, int8 0.25; Q6_K 0.69, 0.57, 0.44; Q4_1 0.50, 0.43, 0.37; Q8_0 0.41 for all but int8.
+arithmetic (one conversion and one multiply per weight) where a K-quant unpacks its super-blocks: on a 4096 x 4096
+product, 2 threads, Zen 4 (2026-12-05) Q4_K float 0.49 ms, int16 0.30, int8 0.25; Q6_K 0.69, 0.40, 0.32. The
+32-value kinds gain less, and in a decode's order (SmolLM2's 120 Q4_1 products, weights streaming from memory)
+16 bits took 4.6 ms against float's 4.0 (int8 3.6).
 Modes (`activations=`, else `$RADIXCACHE_GGUF_ACTIVATIONS`, else DEFAULT_ACTIVATIONS):
-- "int16-decode" (the default) and "int8-decode": that kernel for decode rows, in groups of up to `max_tokens`, and
-  float for prefill-chunk rows whatever else shares their pass, so a row's result depends on its kind, never on
-  its batch, and a prompt's tail after a cached prefix gets the float products an uncached prompt's chunk gets.
-  The model says which rows decode with `decode_rows`; a caller that does not gets the decode kernel unless
-  `prefill`.
+- "int16-decode" (the default) and "int8-decode": an integer kernel for decode rows, in groups of up to
+  `max_tokens`, and float for prefill-chunk rows whatever else shares their pass, so a row's result depends on its
+  kind, never on its batch, and a prompt's tail after a cached prefix gets the float products an uncached prompt's
+  chunk gets. "int8-decode" runs int8 for every matrix; "int16-decode" runs 16 bits where K-quants (Q4_K, Q5_K,
+  Q6_K) hold most of a matrix's bytes and float elsewhere (`decode_kernel`, fixed per matrix). The model says which
+  rows decode with `decode_rows`; a caller that does not gets the decode kernel unless `prefill`.
 - "float", "int16", "int8": that kernel in every pass of up to `max_tokens` rows.
 - "auto": times the three kernels once per process for each weight signature (block kinds, rows, columns), at 1 and
   8 token rows, at its first call, and keeps the fastest for every token count.
@@ -60,9 +63,20 @@ BLOCK_ELEMS = {k: GGML_TYPES[GGML_TYPE_IDS[k]][1] for k in KINDS}
 BLOCK_BYTES = {k: GGML_TYPES[GGML_TYPE_IDS[k]][2] for k in KINDS}
 ACTIVATIONS = ("int16-decode", "float", "int16", "int8", "int8-decode", "auto")
 DEFAULT_ACTIVATIONS = "int16-decode"  # the module docstring says why; model.llama keeps the output head on "float"
-# The kernel of each "-decode" mode's decode rows.
-DECODE_KERNEL = {"int16-decode": "int16", "int8-decode": "int8"}
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")  # the kinds whose decode rows "int16-decode" gives 16-bit activations
 TIMING_ROUNDS = 5  # per kernel, alternating; the fastest round of each is compared
+
+
+def resolve_activations(activations: str | None) -> str:
+    """The mode a BlockLinear given `activations` runs: it, else `$RADIXCACHE_GGUF_ACTIVATIONS`, else the default."""
+    return activations or os.environ.get("RADIXCACHE_GGUF_ACTIVATIONS") or DEFAULT_ACTIVATIONS
+
+
+def head_activations(activations: str | None) -> str:
+    """The output head's mode beside layers in `activations`: "int16-decode" with the 16-bit modes (rounding 256 times
+    finer than int8 moves no greedy answer there), "float" with every other (int8 rounding of the final hidden state
+    moved one: docs/runtime.md)."""
+    return "int16-decode" if resolve_activations(activations) in ("int16", "int16-decode") else "float"
 
 
 @dataclass(frozen=True)
@@ -122,7 +136,7 @@ class BlockLinear:
     ) -> None:
         from radixcache.runtime.native import blockdot
 
-        activations = activations or os.environ.get("RADIXCACHE_GGUF_ACTIVATIONS") or DEFAULT_ACTIVATIONS
+        activations = resolve_activations(activations)
         if activations not in ACTIVATIONS:
             raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
@@ -141,6 +155,7 @@ class BlockLinear:
         self.max_tokens = lib.blockdot_max_tokens()
         self.activations = activations
         self._kernels = {"float": lib.blockdot_matmul, "int16": lib.qdot16_matmul, "int8": lib.qdot_matmul}
+        self.decode_kernel = self._decode_kernel()
         self._signature = tuple((p.kind, p.rows) for p in self.parts)
         # The call's fixed arguments, built once: the part arrays live as long as the layer (so do the blocks).
         n = len(self.parts)
@@ -154,12 +169,22 @@ class BlockLinear:
         """Bytes a small-batch product streams: the blocks."""
         return sum(p.nbytes for p in self.parts)
 
+    def _decode_kernel(self) -> str | None:
+        """The kernel of a "-decode" mode's decode rows (None in the other modes): "int8" for "int8-decode";
+        for "int16-decode", "int16" where K-quant parts hold most of the blocks' bytes, else "float"."""
+        if self.activations == "int8-decode":
+            return "int8"
+        if self.activations != "int16-decode":
+            return None
+        k_bytes = sum(p.nbytes for p in self.parts if p.kind in K_QUANTS)
+        return "int16" if 2 * k_bytes > self.nbytes else "float"
+
     def kernel_for(self, rows: int, prefill: bool = False) -> str:
         """The kernel ("float", "int16" or "int8") a call with `rows` token rows (1..max_tokens) runs: one for every
         count, so that a row's result does not depend on the batch it is in. A "-decode" mode runs "float" for a
         pure prefill pass (`prefill`) and its decode kernel otherwise."""
-        if self.activations in DECODE_KERNEL:
-            return "float" if prefill else DECODE_KERNEL[self.activations]
+        if self.decode_kernel is not None:
+            return "float" if prefill else self.decode_kernel
         if self.activations != "auto":
             return self.activations
         key = (self._signature, self.in_features)
@@ -206,7 +231,7 @@ class BlockLinear:
                 self._run("float", x[decodes:], y[decodes:])
         for lo in range(0, decodes, self.max_tokens):
             hi = min(decodes, lo + self.max_tokens)
-            self._run(DECODE_KERNEL[self.activations], x[lo:hi], y[lo:hi])
+            self._run(self.decode_kernel, x[lo:hi], y[lo:hi])
         if self.bias is None:
             return y
         kernel_rows = decodes if chunk_rows > self.max_tokens else rows
@@ -226,7 +251,7 @@ class BlockLinear:
             y = self(x.reshape(-1, x.shape[-1]), prefill, decode_rows=decode_rows)
             return y.reshape(*x.shape[:-1], y.shape[-1])
         rows = x.shape[0]
-        if self.activations in DECODE_KERNEL and decode_rows is not None and rows and x.dtype == torch.float32:
+        if self.decode_kernel is not None and decode_rows is not None and rows and x.dtype == torch.float32:
             return self._by_row_kind(x, min(max(decode_rows, 0), rows), prefill)
         if rows == 0 or rows > self.max_tokens or x.dtype != torch.float32:
             return self.dense(x, prefill)

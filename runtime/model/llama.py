@@ -29,6 +29,7 @@ from radixcache.runtime.model.attention import (
     decode_attention,
 )
 from radixcache.runtime.model.batch import DecodeBatch, ForwardLogits, PrefillChunk
+from radixcache.runtime.model.block_linear import head_activations
 from radixcache.runtime.model.chunk_rows import chunk_part
 from radixcache.runtime.model.fused_decode import FusedDecode
 from radixcache.runtime.model.linear import Linear
@@ -99,8 +100,9 @@ class LlamaModel:
     entries. A caller that keeps the `weights` it passed holds those matrices twice (the fused q/k/v and gate/up
     ones were always copies); `huge_weights=False` shares the unfused ones instead.
     With quant="gguf", `gguf_activations` is the block kernels' activations mode for every block matrix but the output
-    head, which takes float activations always (model.block_linear.ACTIVATIONS; None: `$RADIXCACHE_GGUF_ACTIVATIONS`
-    or the default, "float").
+    head (model.block_linear.ACTIVATIONS; None: `$RADIXCACHE_GGUF_ACTIVATIONS` or the default, "int16-decode"),
+    which takes "int16-decode" beside the 16-bit modes and float activations beside every other
+    (model.block_linear.head_activations).
     """
 
     def __init__(
@@ -171,11 +173,10 @@ class LlamaModel:
         self.embed = w("model.embed_tokens.weight")
         if tied:
             self.embed = streamed(self.embed)  # the output head's weight too: read every token
-        # The output head always takes float activations: int8 rounding of the final hidden state moved a greedy
-        # answer (docs/runtime.md, "int8 activations for GGUF blocks"); every other block matrix takes the default.
-        self.lm_head = linear(
-            ["model.embed_tokens.weight" if tied else "lm_head.weight"], None, self.embed if tied else None, "float"
-        )
+        # The output head takes float activations beside int8 ones: int8 rounding of the final hidden state moved a
+        # greedy answer (docs/runtime.md, "int8 activations for GGUF blocks"); 16-bit rounding is its own.
+        head = ["model.embed_tokens.weight" if tied else "lm_head.weight"]
+        self.lm_head = linear(head, None, self.embed if tied else None, head_activations(gguf_activations))
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(config.num_layers):

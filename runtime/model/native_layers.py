@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from radixcache.runtime.model.block_linear import DECODE_KERNEL, BlockLinear
+from radixcache.runtime.model.block_linear import BlockLinear
 from radixcache.runtime.model.linear import NATIVE_ROWS, DenseLinear
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ NATIVE_SHARE = 0.75  # a float32 layer runs natively where its plan puts this mu
 
 def _kernel_id(linear: BlockLinear, rows: int) -> int:
     """The kernel BlockLinear runs for `rows` decode rows (its `__call__` with decode_rows=rows, no prefill)."""
-    name = DECODE_KERNEL.get(linear.activations) or linear.kernel_for(rows, False)
+    name = linear.decode_kernel or linear.kernel_for(rows, False)
     return {"float": 0, "int8": 1, "int16": 3}[name]
 
 

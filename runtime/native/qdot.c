@@ -24,9 +24,9 @@
  * Vector paths, chosen at build time (-march=native): AVX-512 VNNI with VL (vpdpbusd on 256-bit registers),
  * AVX-VNNI (its VEX form), AVX2 (vpmaddubsw + vpmaddwd), else portable C with integer sums that the compiler
  * vectorises. `qdot_path()` names the one built. Kinds and the argument checks are blockdot.c's.
- * At one token row a Q4_1 weight (SmolLM2's file) is read four rows at a time on the vector paths: the same
- * numbers, bit for bit, 15-20% faster on cached blocks (measured at one thread); no faster when they stream from
- * memory. A row's arithmetic for a token never depends on how many tokens share the call.
+ * A row's arithmetic for a token never depends on how many tokens share the call. (Reading Q4_1 rows four at a
+ * time, 15-20% faster on cached blocks, made SmolLM2's 120 decode products 25% slower with the weights streaming
+ * from memory, int8 4.4 against 3.4 ms: one row at a time since 2026-12-05.)
  */
 #include <math.h>
 #include <stdint.h>
@@ -49,6 +49,8 @@
 #if QDOT_PATH > 0
 #include <immintrin.h>
 #endif
+
+#define QDOT_STACK_BYTES 32768 /* activations of up to 8 tokens x 1536 columns at 16 bits, 16 x 1536 at int8 */
 
 int blockdot_check_parts(int nparts, const int *kinds, const int *rows, int cols, int ntok, int ldy, int *start);
 
@@ -261,9 +263,14 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
         break;
     }
     case KIND_Q6_K: {
-        /* w = d sc (q - 32) with q unsigned (0..63): d sc times the integer sum of q xq, and the offset -32 d sc
-         * times each 16 values' scaled activation sum (s16), in acc2: no sign work per token */
+        /* w = d sc (q - 32) with q unsigned (0..63): each 16 values' integer sum of q xq, times d sc xd in floats,
+         * and the offset -32 d sc times each 16 values' scaled activation sum (s16), in acc2: no sign work and no
+         * 16-bit scale products per token. Group k (values 32 k .. 32 k + 31 of the super-block, activation block
+         * 8 sb + k) takes scales 2 k and 2 k + 1; its integer sums reduce with the other 7 groups' side by side
+         * (sums16), and one float multiply-add per 8 of them. */
         const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+        /* scales 0, 2, 4, 6, 1, 3, 5, 7 (then 8 + the same): the order sums16 leaves the groups' halves in */
+        const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
         for (int sb = 0; sb < nb / 8; sb++) {
             const block_q6_K *w = (const block_q6_K *)row + sb;
             const float d = half_to_float(w->d);
@@ -271,11 +278,11 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
             const __m256 off = _mm256_set1_ps(-32.0f * d);
             const __m256 off_lo = _mm256_mul_ps(off, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
             const __m256 off_hi = _mm256_mul_ps(off, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))));
-            for (int t = 0; t < ntok; t++) {
-                const float *s16 = a->s16 + 2 * ((size_t)t * a->nb + 8 * (size_t)sb);
-                acc2[t] = _mm256_fmadd_ps(off_lo, _mm256_loadu_ps(s16), acc2[t]);
-                acc2[t] = _mm256_fmadd_ps(off_hi, _mm256_loadu_ps(s16 + 8), acc2[t]);
-            }
+            const __m128i sorted = _mm_shuffle_epi8(sc8, order);
+            const __m256 dv = _mm256_set1_ps(d);
+            const __m256 ws[2] = {_mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sorted))),
+                                  _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sorted, 8))))};
+            __m256i q[8];
             for (int h = 0; h < 2; h++) {
                 const __m256i la = _mm256_loadu_si256((const __m256i *)(w->ql + 64 * h));
                 const __m256i lb = _mm256_loadu_si256((const __m256i *)(w->ql + 64 * h + 32));
@@ -286,18 +293,22 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
                 const __m256i hi2[4] = {_mm256_and_si256(qh, two), _mm256_and_si256(_mm256_srli_epi16(qh, 2), two),
                                         _mm256_and_si256(_mm256_srli_epi16(qh, 4), two),
                                         _mm256_and_si256(_mm256_srli_epi16(qh, 6), two)};
-                for (int g = 0; g < 4; g++) {
-                    const __m256i q = _mm256_or_si256(lo4[g], _mm256_slli_epi16(hi2[g], 4));
-                    const int s = 8 * h + 2 * g, blk = 8 * sb + 4 * h + g;
-                    const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(w->scales[s + 1]), _mm_set1_epi16(w->scales[s]));
-                    /* int16 pair sums of q xq are at most 2 * 63 * 127; 16-bit activations: the high plane's pair
-                     * sums times 255 scale (|255 scale| < 2^15), and a lane stays under 2^31 */
-                    const __m256i scales_h = wide ? _mm256_mullo_epi16(scales, _mm256_set1_epi16(255)) : scales;
-                    for (int t = 0; t < ntok; t++) {
-                        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, XQ(t, blk)), scales_h);
-                        if (wide) p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_maddubs_epi16(q, XL(t, blk)), scales));
-                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * XD(t, blk)), acc[t]);
-                    }
+                for (int g = 0; g < 4; g++) q[4 * h + g] = _mm256_or_si256(lo4[g], _mm256_slli_epi16(hi2[g], 4));
+            }
+            for (int t = 0; t < ntok; t++) {
+                const float *s16 = a->s16 + 2 * ((size_t)t * a->nb + 8 * (size_t)sb);
+                acc2[t] = _mm256_fmadd_ps(off_lo, _mm256_loadu_ps(s16), acc2[t]);
+                acc2[t] = _mm256_fmadd_ps(off_hi, _mm256_loadu_ps(s16 + 8), acc2[t]);
+                __m256i p[8];
+                for (int k = 0; k < 8; k++) p[k] = DOT_U(q[k], t, 8 * sb + k);
+                const float *xd = a->d + (size_t)t * a->nb + 8 * (size_t)sb;
+                for (int half = 0; half < 2; half++) {
+                    /* lanes 0-3: groups 4 half .. 4 half + 3's first 16 values; lanes 4-7: their second 16 */
+                    const __m256i *g4 = p + 4 * half;
+                    const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(g4[0], g4[1]), _mm256_hadd_epi32(g4[2], g4[3]));
+                    const __m128i x4 = _mm_loadu_si128((const __m128i *)(xd + 4 * half));
+                    const __m256 xd8 = _mm256_castsi256_ps(_mm256_set_m128i(x4, x4));
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(ws[half], xd8), acc[t]);
                 }
             }
         }
@@ -309,28 +320,6 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
     }
     for (int t = 0; t < ntok; t++) out[t] = hsum256(acc[t]) + extra[t];
 }
-
-/* Q4_1 at one token row, four weight rows at once: four independent accumulators (a row alone is one chain of
- * dependent FMAs, one per block) and one load of each activation block for the four. Same arithmetic per row as
- * row_kind. */
-static inline __attribute__((always_inline)) void q4_1_rows4(int wide, const uint8_t *row0, size_t row_bytes,
-                                                             const acts *a, float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    float extra[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int b = 0; b < a->nb; b++) {
-        const __m256i xq = XQ(0, b), xl = wide ? XL(0, b) : xq;
-        const float xd = a->d[b], xs = a->s[b];
-        for (int r = 0; r < 4; r++) {
-            const block_q4_1 *w = (const block_q4_1 *)(row0 + (size_t)r * row_bytes) + b;
-            const __m256i u = nibbles32(w->qs);
-            const __m256 p = _mm256_cvtepi32_ps(wide ? dot_us2(u, xq, xl) : dot_us(u, xq));
-            acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(half_to_float(w->d) * xd), acc[r]);
-            extra[r] += half_to_float(w->m) * xs;
-        }
-    }
-    for (int r = 0; r < 4; r++) out[r] = hsum256(acc[r]) + extra[r];
-}
-#define QDOT_ROWS4 1
 
 #else /* portable C */
 
@@ -468,15 +457,6 @@ typedef void (*row_fn)(int, const uint8_t *, const acts *, float *);
 static const row_fn ROWS[2][BLOCKDOT_MAX_TOKENS + 1] = {
     {0, row_n1, row_n2, row_n3, row_n4, row_n5, row_n6, row_n7, row_n8},
     {0, row_w1, row_w2, row_w3, row_w4, row_w5, row_w6, row_w7, row_w8}};
-#ifdef QDOT_ROWS4
-static void q4_1_rows4_n(const uint8_t *row0, size_t row_bytes, const acts *a, float *out) {
-    q4_1_rows4(0, row0, row_bytes, a, out);
-}
-static void q4_1_rows4_w(const uint8_t *row0, size_t row_bytes, const acts *a, float *out) {
-    q4_1_rows4(1, row0, row_bytes, a, out);
-}
-#endif
-
 /* The product with the activations quantised per 32 values to int8 (wide = 0) or to 16 bits (wide = 1), for the
  * same arguments as blockdot_matmul. Returns 0, -1 for arguments out of range (nothing is written then), or -2
  * when the activation buffer cannot be allocated. */
@@ -485,12 +465,19 @@ static int qdot_run(int wide, int nparts, const void *const *data, const int *ki
     int start[BLOCKDOT_MAX_PARTS + 1];
     if (blockdot_check_parts(nparts, kinds, rows, cols, ntok, ldy, start) != 0) return -1;
     const int nb = cols / QK;
-    const size_t nq = (size_t)ntok * cols;
-    void *buf = malloc((wide ? 2 : 1) * nq + 4 * sizeof(float) * (size_t)ntok * nb + 64);
-    if (buf == NULL) return -2;
-    float *xd = (float *)buf, *xs = xd + (size_t)ntok * nb, *xs16 = xs + (size_t)ntok * nb;
+    const size_t nq = (size_t)ntok * cols, bytes = (wide ? 2 : 1) * nq + 4 * sizeof(float) * (size_t)ntok * nb;
+    /* Small calls (every decode product of a 1-2B model) keep the activations on the stack: no allocation. */
+    _Alignas(64) unsigned char local[QDOT_STACK_BYTES];
+    void *heap = bytes > sizeof local ? malloc(bytes) : NULL;
+    if (bytes > sizeof local && heap == NULL) return -2;
+    float *xd = heap ? (float *)heap : (float *)(void *)local, *xs = xd + (size_t)ntok * nb;
+    float *xs16 = xs + (size_t)ntok * nb;
     int8_t *xq = (int8_t *)(xs16 + 2 * (size_t)ntok * nb), *xl = wide ? xq + nq : NULL;
     const acts a = {xq, xl, xd, xs, xs16, cols, nb};
+    /* Quantised by the calling thread before the region, not shared out in it: a shared loop ends in a barrier,
+     * where a thread that woke first waited for the other (about 10 us a product: SmolLM2's 120 decode products
+     * took 5.6 ms with it, 4.2 without, against blockdot.c's 4.2, 2 threads), instead of starting its rows. */
+    for (int i = 0; i < ntok * nb; i++) quantise_block(x, cols, nb, i, xq, xl, xd, xs, xs16);
     const int total = start[nparts];
     const row_fn fn = ROWS[wide][ntok];
     const int team = omp_get_max_threads(), groups = (total + 3) / 4; /* output rows in groups of four */
@@ -499,23 +486,12 @@ static int qdot_run(int wide, int nparts, const void *const *data, const int *ki
     row_shares_init(shares, team, groups);
 #pragma omp parallel num_threads(team)
     {
-#pragma omp for schedule(static)
-        for (int i = 0; i < ntok * nb; i++) quantise_block(x, cols, nb, i, xq, xl, xd, xs, xs16);
         int g0, g1;
         while (row_next(shares, team, omp_get_thread_num(), chunk, &g0, &g1))
             for (int g = g0; g < g1; g++) {
                 const int first = 4 * g, end = first + 4 < total ? first + 4 : total;
                 int p = 0;
                 while (first >= start[p + 1]) p++;
-#ifdef QDOT_ROWS4
-                if (ntok == 1 && kinds[p] == KIND_Q4_1 && end - first == 4 && end <= start[p + 1]) {
-                    const size_t row_bytes = (size_t)(cols / QK) * block_bytes(KIND_Q4_1);
-                    (wide ? q4_1_rows4_w : q4_1_rows4_n)((const uint8_t *)data[p] + (size_t)(first - start[p]) *
-                                                                                        row_bytes,
-                                                         row_bytes, &a, y + first);
-                    continue;
-                }
-#endif
                 for (int o = first; o < end; o++) {
                     while (o >= start[p + 1]) p++;
                     const int kind = kinds[p];
@@ -526,7 +502,7 @@ static int qdot_run(int wide, int nparts, const void *const *data, const int *ki
                 }
             }
     }
-    free(buf);
+    free(heap);
     return 0;
 }
 

@@ -152,14 +152,16 @@ def test_doctor_names_the_gguf_kinds_and_their_activations(
     out = runner.invoke(main, [*args, "--json"])
     assert out.exit_code == 0, out.output
     r = json.loads(out.output)
-    # 2 layers: q/k/v, o, gate/up and down parts in Q4_K but v and down of layer 0 in Q6_K; the head Q6_K
+    # 2 layers: q/k/v, o, gate/up and down parts in Q4_K but v and down of layer 0 in Q6_K; the head Q6_K, which
+    # takes int16-decode beside the default and float beside the others (block_linear.head_activations)
+    head = "int16-decode" if activations is None else "float"
     assert r["blocks"] == {
         "layers": {"Q4_K": 12, "Q6_K": 2},
         "layer_activations": [activations or "int16-decode"],
         "head": {"Q6_K": 1},
-        "head_activations": "float",
+        "head_activations": head,
     }
     assert r["quant"] == "gguf" and r["decode"]["decode_tps"] > 0
     text = runner.invoke(main, args).output
     mode = activations or "int16-decode"
-    assert f"gguf blocks: layers Q4_K 12, Q6_K 2 (activations {mode}); output head Q6_K 1" in text
+    assert f"gguf blocks: layers Q4_K 12, Q6_K 2 (activations {mode}); output head Q6_K 1 (activations {head})" in text

@@ -185,19 +185,24 @@ def test_gguf_activations_reach_every_block_matrix_but_the_head(
     monkeypatch.delenv("RADIXCACHE_GGUF_ACTIVATIONS", raising=False)
     engine = Engine(smol, quant="gguf", gguf_activations=mode, kv_memory="16MiB", mirror_memory=0)
     assert engine.engine_config.gguf_activations == mode
-    assert _activations(engine.model) == ({mode or "int16-decode"}, "float")
+    head = "int16-decode" if mode in (None, "int16-decode", "int16") else "float"  # block_linear.head_activations
+    assert _activations(engine.model) == ({mode or "int16-decode"}, head)
+    if mode in (None, "int16-decode"):  # SmolLM2's Q4_1 / Q8_0 matrices: float decode rows (no K-quant parts)
+        linears = [engine.model.lm_head, *(getattr(layer, n) for layer in engine.model.layers for n in ("qkv", "o"))]
+        assert {lin.decode_kernel for lin in linears} == {"float"}
     engine.close()
 
 
 @needs_cc
-@pytest.mark.parametrize(("mode", "low", "high"), [("int16-decode", 1e-5, 0.05), ("int8-decode", 1e-3, 3.0)])
+@pytest.mark.parametrize(("mode", "low", "high"), [("int16", 1e-5, 0.05), ("int8-decode", 1e-3, 3.0)])
 def test_a_decode_mode_moves_decode_logits_by_its_rounding_only(
     smol: Any, models: dict[str, LlamaModel], mode: str, low: float, high: float
 ) -> None:
     """The mode is live, not only recorded: its engine's decode logits differ from the float kernel's by the
     rounding of each layer's activations (measured 2026-12-05 over these 3 steps, on logits up to 25.7: int8 at
     most 0.82; 16 bits at most 3.4e-3, 256 times finer steps), and by less than a wrong block or scale would move
-    them (order 10)."""
+    them (order 10). "int16", not "int16-decode": SmolLM2's Q4_1 matrices hold no K-quant, so int16-decode gives
+    them float decode rows."""
     engine = Engine(smol, quant="gguf", gguf_activations=mode, kv_memory="16MiB", enable_cache=False)
     ids = smol.tokenizer.encode("The capital of France is")
     steps = [[t] for t in (504, 3458, 282)]

@@ -228,6 +228,33 @@ def test_each_activation_mode_runs_its_kernel(monkeypatch: pytest.MonkeyPatch) -
         _layer(None)
 
 
+@pytest.mark.parametrize(
+    ("kinds", "kernel"),
+    [
+        (["Q4_K"], "int16"),
+        (["Q6_K"], "int16"),
+        (["Q5_K"], "int16"),
+        (["Q4_1"], "float"),
+        (["Q8_0"], "float"),
+        (["Q4_K", "Q4_K", "Q8_0"], "int16"),  # K-quant parts hold most of the bytes
+        (["Q8_0", "Q8_0", "Q4_K"], "float"),
+    ],
+)
+def test_int16_decode_gives_k_quant_matrices_16_bit_decode_rows_and_the_others_float(
+    kinds: list[str], kernel: str
+) -> None:
+    parts = [random_blocks(k, 8, 512, seed=i) for i, k in enumerate(kinds)]
+    w = torch.cat([p.dequantize() for p in parts])
+    layer = BlockLinear(w, None, parts, activations="int16-decode")
+    assert layer.decode_kernel == kernel
+    assert {layer.kernel_for(n) for n in range(1, 9)} == {kernel} and layer.kernel_for(3, prefill=True) == "float"
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(8))
+    alone = BlockLinear(w, None, parts, activations=kernel)
+    assert torch.equal(layer(x, decode_rows=3), alone(x))  # decode rows: that kernel's bits
+    assert BlockLinear(w, None, parts, activations="int8-decode").decode_kernel == "int8"
+    assert BlockLinear(w, None, parts, activations="float").decode_kernel is None
+
+
 def test_auto_measures_once_per_signature_and_keeps_one_kernel_for_every_row_count(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
