@@ -41,19 +41,21 @@ def test_a_shape_writes_a_k_quant_file_that_loads_and_decodes(tmp_path: Path) ->
     assert kinds["model.layers.0.mlp.down_proj.weight"] == "Q6_K" != kinds["model.layers.1.mlp.down_proj.weight"]
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     runs = []
-    for quant in ("none", "gguf"):
+    for quant, activations in (("none", None), ("gguf", "float"), ("gguf", "int16-decode")):
         blocks = loaded.blocks if quant == "gguf" else None
-        model = LlamaModel(cfg, loaded.weights, quant=quant, blocks=blocks)
+        model = LlamaModel(cfg, loaded.weights, quant=quant, blocks=blocks, gguf_activations=activations)
         with Engine(model, threads=1, enable_cache=False, kv_memory="16MiB") as engine:
             runs.append(engine.generate(prompt, 3, ignore_eos=True, temperature=0.0, return_logits=True))
-    # the blocks' kernels multiply the weights the float model holds: the same logits to float32 slack, for the
-    # prompt's last row and each decode step while the two chose the same tokens (random weights: ties are near)
-    want, got = runs[0], runs[1]
-    for i in range(len(want.token_ids)):
-        a, b = want.logits[i].double(), got.logits[i].double()
-        assert ((a - b).pow(2).mean().sqrt() / a.pow(2).mean().sqrt()).item() < 1e-5, i
-        if want.token_ids[i] != got.token_ids[i]:
-            break
+    # the blocks' kernels multiply the weights the float model holds: with float activations the same logits to
+    # float32 slack, for the prompt's last row and each decode step while the two chose the same tokens (random
+    # weights: ties are near); with the default 16-bit decode rows to their rounding (3.6e-5 measured, 2026-12-05)
+    want = runs[0]
+    for got, bound in ((runs[1], 1e-5), (runs[2], 5e-4)):
+        for i in range(len(want.token_ids)):
+            a, b = want.logits[i].double(), got.logits[i].double()
+            assert ((a - b).pow(2).mean().sqrt() / a.pow(2).mean().sqrt()).item() < bound, i
+            if want.token_ids[i] != got.token_ids[i]:
+                break
 
 
 @pytest.mark.parametrize("shape", ["250,512,1", "256,500,1", "256,512", "a,b,c", "256,512,0"])
