@@ -1,9 +1,9 @@
 """Native kernels, built on first use with the machine's C compiler and loaded with ctypes.
 
 `blockdot.c` multiplies float32 activations by weights kept in GGUF's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
-Q5_K, Q6_K; runtime.model.block_linear); `qdot.c` does the same products with the activations quantised to int8
-per 32 values (integer dot products: AVX-512 VNNI, AVX-VNNI, AVX2 or portable C); `ggml_blocks.h` holds the block
-layouts both read. `densedot.c` runs the same call on plain float32 rows (the float32 model's decode
+Q5_K, Q6_K; runtime.model.block_linear); `qdot.c` does the same products with the activations quantised to int8 or
+16 bits per 32 values (integer dot products: AVX-512 VNNI, AVX-VNNI, AVX2 or portable C); `ggml_blocks.h` holds
+the block layouts both read. `densedot.c` runs the same call on plain float32 rows (the float32 model's decode
 products); `page_reads.c` reads a disk-tier page file in one call, without the GIL (runtime.kv.tier.native_reads).
 They are compiled together, once per source, compiler and CPU into a cache folder (`$RADIXCACHE_NATIVE_CACHE`,
 else `~/.cache/radixcache/native`, else a per-user temporary folder) with `-O3 -march=native -fopenmp
