@@ -29,16 +29,17 @@ Modes (`activations=`, else `$RADIXCACHE_GGUF_ACTIVATIONS`, else DEFAULT_ACTIVAT
 - "float", "int16", "int8": that kernel in every pass of up to `max_tokens` rows.
 - "auto": times the three kernels once per process for each weight signature (block kinds, rows, columns), at 1 and
   8 token rows, at its first call, and keeps the fastest for every token count.
-model.llama builds the output head with "float" always: int8 rounding of the final hidden state changed a greedy
-answer (docs/runtime.md).
+model.llama builds the output head with `head_activations`: "int16-decode" beside the 16-bit modes, "float" beside
+the others (int8 rounding of the final hidden state changed a greedy answer: docs/runtime.md).
 Why the int8 modes stay opt-in: rounding is a step function, so it turns the float32 noise of everything before it
 (a prefill's products differ by ~1e-5 between 1 and 2 threads and between batches: MKL's split) into jumps of one
 step. With int8 steps a greedy decode's logits then differ by 0.3 to 0.8 between 1 and 2 threads, and 13 of 16
 greedy answers of 96 tokens changed between a batch and one request at a time; the engine's promise that the
 cache, the batch and the thread count change no output would hold only up to near-ties of that size. 16-bit steps
-are 256 times smaller: logits differ by at most 3e-3 (float: 6e-5), and 1 of 16 answers of 256 tokens changed (at
-its token 152; float: none, int8-decode: 13 of 16 within 96). Perplexity is float's to 3 decimals (SmolLM2 Q4_1
-20.685, its Q4_K_M-like file 21.973); int8 moved it +0.35%. (scripts: docs/benchmarks.md, run AH.)
+are 256 times smaller (measured with every SmolLM2 matrix on them): logits differ by at most 3e-3 (float: 6e-5),
+and 1 of 16 answers of 256 tokens changed (at its 153rd token; float: none, int8-decode: 13 of 16 within 96).
+Perplexity is float's to 3 decimals (SmolLM2 Q4_1 20.685, its Q4_K_M-like file 21.973); int8 moved it +0.35%.
+(Scripts and figures: docs/benchmarks.md, run AH.)
 A fused matrix (q/k/v, gate/up) keeps one block part per source tensor, each writing its own columns of the output.
 """
 
@@ -62,7 +63,7 @@ BLOCK = 32  # weights per block (a K-quant super-block holds 8 of them)
 BLOCK_ELEMS = {k: GGML_TYPES[GGML_TYPE_IDS[k]][1] for k in KINDS}
 BLOCK_BYTES = {k: GGML_TYPES[GGML_TYPE_IDS[k]][2] for k in KINDS}
 ACTIVATIONS = ("int16-decode", "float", "int16", "int8", "int8-decode", "auto")
-DEFAULT_ACTIVATIONS = "int16-decode"  # the module docstring says why; model.llama keeps the output head on "float"
+DEFAULT_ACTIVATIONS = "int16-decode"  # the module docstring says why; the output head's: head_activations
 K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")  # the kinds whose decode rows "int16-decode" gives 16-bit activations
 TIMING_ROUNDS = 5  # per kernel, alternating; the fastest round of each is compared
 
