@@ -50,7 +50,7 @@
 #include <immintrin.h>
 #endif
 
-#define QDOT_STACK_BYTES 32768 /* activations of up to 8 tokens x 1536 columns at 16 bits, 16 x 1536 at int8 */
+#define QDOT_STACK_BYTES 65536 /* activations of up to 8 tokens x 1536 columns at 16 bits (planes and words) */
 
 int blockdot_check_parts(int nparts, const int *kinds, const int *rows, int cols, int ntok, int ldy, int *start);
 
@@ -61,6 +61,7 @@ int qdot_path(void) { return QDOT_PATH; }
  * d + t * nb and s + t * nb. */
 typedef struct {
     const int8_t *q, *ql; /* ql: the low plane of 16-bit activations (NULL for int8) */
+    const int16_t *v;     /* 16-bit activations as words, 255 q + ql (NULL for int8) */
     const float *d, *s, *s16; /* s16: the scaled sums of each 16 values (Q6_K's offset), 2 nb per token */
     int cols, nb;
 } acts;
@@ -69,10 +70,10 @@ typedef struct {
  * not 256: a plane never holds -128, which the signed kinds' sign trick cannot negate.) */
 #define WIDE_MAX (255 * 127 + 127)
 
-/* Quantise block i (token i / nb, block i % nb) of x: to int8 in q (ql NULL), or to 16-bit values split into the
- * planes q (high) and ql (low). */
-static inline void quantise_block(const float *x, int cols, int nb, int i, int8_t *q, int8_t *ql, float *d,
-                                  float *s, float *s16) {
+/* Quantise block i (token i / nb, block i % nb) of x: to int8 in q (ql NULL), or to 16-bit values v, also split into
+ * the planes q (high) and ql (low). */
+static inline void quantise_block(const float *x, int cols, int nb, int i, int8_t *q, int8_t *ql, int16_t *v16,
+                                  float *d, float *s, float *s16) {
     const int t = i / nb, b = i % nb;
     const float *xb = x + (size_t)t * cols + (size_t)b * QK;
     int8_t *qb = q + (size_t)t * cols + (size_t)b * QK;
@@ -87,6 +88,9 @@ static inline void quantise_block(const float *x, int cols, int nb, int i, int8_
             const int h = (v + (v >= 0 ? 127 : -127)) / 255; /* |v - 255 h| <= 127 */
             qb[j] = (int8_t)h;
             ql[(size_t)t * cols + (size_t)b * QK + j] = (int8_t)(v - 255 * h);
+            /* words in the order dot_w16 takes them: values 8-15 and 16-23 swapped */
+            const int at = (j >> 3) == 1 ? j + 8 : (j >> 3) == 2 ? j - 8 : j;
+            v16[(size_t)t * cols + (size_t)b * QK + at] = (int16_t)v;
         } else {
             qb[j] = (int8_t)v;
         }
@@ -125,6 +129,30 @@ static inline __m256i dot_us2(__m256i u, __m256i h, __m256i l) {
 #endif
 }
 
+/* 32 unsigned 16-bit weights w times 32 16-bit activations x, as 8 int32 lanes (exact: |w x| < 2^21). Both in the
+ * order values 0-7, 16-23, 8-15, 24-31 (widen_words; quantise_block for x), so that lanes 0-3 sum values 0-15 and
+ * lanes 4-7 values 16-31, as dot_us2's do (Q6_K's two scales per 32 rely on it). The same integer sums as dot_us2 on
+ * the planes of x, with half its instructions per token once the weights are words: the K-quants widen their
+ * weights once per super-block for calls of 2 tokens or more. */
+static inline __m256i dot_w16(const int16_t *w, const int16_t *x) {
+    const __m256i w0 = _mm256_loadu_si256((const __m256i *)w), w1 = _mm256_loadu_si256((const __m256i *)(w + 16));
+    const __m256i x0 = _mm256_loadu_si256((const __m256i *)x), x1 = _mm256_loadu_si256((const __m256i *)(x + 16));
+#if QDOT_PATH == 3
+    return _mm256_dpwssd_epi32(_mm256_madd_epi16(w0, x0), w1, x1);
+#elif QDOT_PATH == 2
+    return _mm256_dpwssd_avx_epi32(_mm256_madd_epi16(w0, x0), w1, x1);
+#else
+    return _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
+#endif
+}
+
+/* 32 unsigned bytes as 32 words at w, in dot_w16's order. */
+static inline void widen_words(__m256i u, int16_t *w) {
+    const __m256i order = _mm256_permute4x64_epi64(u, 0xD8); /* bytes 0-7, 16-23, 8-15, 24-31 */
+    _mm256_storeu_si256((__m256i *)w, _mm256_cvtepu8_epi16(_mm256_castsi256_si128(order)));
+    _mm256_storeu_si256((__m256i *)(w + 16), _mm256_cvtepu8_epi16(_mm256_extracti128_si256(order, 1)));
+}
+
 /* 16 packed bytes -> 32 values: low nibbles first, then the high ones. */
 static inline __m256i nibbles32(const uint8_t *qs) {
     const __m128i b = _mm_loadu_si128((const __m128i *)qs);
@@ -154,6 +182,9 @@ static inline __m256i sums8(const __m256i p[8]) {
 #define DOT_S(aw, w, t, blk)                                                                                       \
     (wide ? dot_us2((aw), _mm256_sign_epi8(XQ(t, blk), (w)), _mm256_sign_epi8(XL(t, blk), (w)))                   \
           : dot_us((aw), _mm256_sign_epi8(XQ(t, blk), (w))))
+#define XV(t, blk) (a->v + (size_t)(t) * a->cols + (size_t)(blk) * QK)
+/* Unsigned K-quant weights of sub-block k (bytes u, or words wq[k] when `words`) times token t's block blk. */
+#define DOT_K(u, k, t, blk) (words ? dot_w16(wq[k], XV(t, blk)) : DOT_U((u), t, blk))
 #define XD(t, blk) a->d[(size_t)(t) * a->nb + (blk)]
 #define XS(t, blk) a->s[(size_t)(t) * a->nb + (blk)]
 
@@ -175,6 +206,10 @@ static inline __m256i sums8(const __m256i p[8]) {
 static inline __attribute__((always_inline)) void row_kind(int kind, int wide, const uint8_t *row, const acts *a,
                                                            int ntok, float *out) {
     __m256 acc[BLOCKDOT_MAX_TOKENS], acc2[BLOCKDOT_MAX_TOKENS]; /* acc2: the K-quants' min terms */
+    /* 16-bit activations for 2 tokens or more: a K-quant super-block's weights widened to words once (wq), each
+     * token's products on words (dot_w16: the same integers as the planes, half the instructions per token) */
+    const int words = wide && ntok > 1;
+    _Alignas(32) int16_t wq[8][QK];
     float extra[BLOCKDOT_MAX_TOKENS];
     for (int t = 0; t < ntok; t++) {
         acc[t] = acc2[t] = _mm256_setzero_ps();
@@ -246,13 +281,15 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
                     const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
                     q[s] = _mm256_or_si256(q[s], _mm256_and_si256(set, _mm256_set1_epi8(16)));
                 }
+            if (words)
+                for (int s = 0; s < 8; s++) widen_words(q[s], wq[s]);
             /* per token: the 8 sub-blocks' integer sums side by side (sums8), times their 8 scales in one vector;
              * the min terms likewise (one float multiply-add per 32 values cost more than the integer work) */
             const __m256 dsv = _mm256_mul_ps(_mm256_set1_ps(d), widen8(sc));
             const __m256 dmv = _mm256_mul_ps(_mm256_set1_ps(dmin), widen8(mn));
             for (int t = 0; t < ntok; t++) {
                 __m256i p[8];
-                for (int s = 0; s < 8; s++) p[s] = DOT_U(q[s], t, 8 * sb + s);
+                for (int s = 0; s < 8; s++) p[s] = DOT_K(q[s], s, t, 8 * sb + s);
                 const size_t i0 = (size_t)t * a->nb + 8 * (size_t)sb;
                 const __m256 scale = _mm256_mul_ps(dsv, _mm256_loadu_ps(a->d + i0));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums8(p)), scale, acc[t]);
@@ -295,12 +332,14 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
                                         _mm256_and_si256(_mm256_srli_epi16(qh, 6), two)};
                 for (int g = 0; g < 4; g++) q[4 * h + g] = _mm256_or_si256(lo4[g], _mm256_slli_epi16(hi2[g], 4));
             }
+            if (words)
+                for (int k = 0; k < 8; k++) widen_words(q[k], wq[k]);
             for (int t = 0; t < ntok; t++) {
                 const float *s16 = a->s16 + 2 * ((size_t)t * a->nb + 8 * (size_t)sb);
                 acc2[t] = _mm256_fmadd_ps(off_lo, _mm256_loadu_ps(s16), acc2[t]);
                 acc2[t] = _mm256_fmadd_ps(off_hi, _mm256_loadu_ps(s16 + 8), acc2[t]);
                 __m256i p[8];
-                for (int k = 0; k < 8; k++) p[k] = DOT_U(q[k], t, 8 * sb + k);
+                for (int k = 0; k < 8; k++) p[k] = DOT_K(q[k], k, t, 8 * sb + k);
                 const float *xd = a->d + (size_t)t * a->nb + 8 * (size_t)sb;
                 for (int half = 0; half < 2; half++) {
                     /* lanes 0-3: groups 4 half .. 4 half + 3's first 16 values; lanes 4-7: their second 16 */
@@ -416,7 +455,8 @@ static inline void row_kind(int kind, int wide, const uint8_t *row, const acts *
 /* Token t0's activations onward, as their own call's. */
 static inline acts acts_from(const acts *a, int t0) {
     const size_t q = (size_t)t0 * a->cols, b = (size_t)t0 * a->nb;
-    const acts out = {a->q + q, a->ql ? a->ql + q : NULL, a->d + b, a->s + b, a->s16 + 2 * b, a->cols, a->nb};
+    const acts out = {a->q + q,     a->ql ? a->ql + q : NULL, a->v ? a->v + q : NULL, a->d + b, a->s + b,
+                      a->s16 + 2 * b, a->cols,                 a->nb};
     return out;
 }
 
@@ -465,19 +505,19 @@ static int qdot_run(int wide, int nparts, const void *const *data, const int *ki
     int start[BLOCKDOT_MAX_PARTS + 1];
     if (blockdot_check_parts(nparts, kinds, rows, cols, ntok, ldy, start) != 0) return -1;
     const int nb = cols / QK;
-    const size_t nq = (size_t)ntok * cols, bytes = (wide ? 2 : 1) * nq + 4 * sizeof(float) * (size_t)ntok * nb;
+    const size_t nq = (size_t)ntok * cols, bytes = (wide ? 4 : 1) * nq + 4 * sizeof(float) * (size_t)ntok * nb;
     /* Small calls (every decode product of a 1-2B model) keep the activations on the stack: no allocation. */
     _Alignas(64) unsigned char local[QDOT_STACK_BYTES];
     void *heap = bytes > sizeof local ? malloc(bytes) : NULL;
     if (bytes > sizeof local && heap == NULL) return -2;
     float *xd = heap ? (float *)heap : (float *)(void *)local, *xs = xd + (size_t)ntok * nb;
     float *xs16 = xs + (size_t)ntok * nb;
-    int8_t *xq = (int8_t *)(xs16 + 2 * (size_t)ntok * nb), *xl = wide ? xq + nq : NULL;
-    const acts a = {xq, xl, xd, xs, xs16, cols, nb};
-    /* Quantised by the calling thread before the region, not shared out in it: a shared loop ends in a barrier,
-     * where a thread that woke first waited for the other (about 10 us a product: SmolLM2's 120 decode products
-     * took 5.6 ms with it, 4.2 without, against blockdot.c's 4.2, 2 threads), instead of starting its rows. */
-    for (int i = 0; i < ntok * nb; i++) quantise_block(x, cols, nb, i, xq, xl, xd, xs, xs16);
+    int16_t *xv = wide ? (int16_t *)(void *)(xs16 + 2 * (size_t)ntok * nb) : NULL;
+    int8_t *xq = wide ? (int8_t *)(xv + nq) : (int8_t *)(xs16 + 2 * (size_t)ntok * nb), *xl = wide ? xq + nq : NULL;
+    const acts a = {xq, xl, xv, xd, xs, xs16, cols, nb};
+    /* Quantised by the calling thread before the region (a few microseconds at most): no barrier inside it between
+     * quantising and the rows (measured as fast as a loop shared out in the region). */
+    for (int i = 0; i < ntok * nb; i++) quantise_block(x, cols, nb, i, xq, xl, xv, xd, xs, xs16);
     const int total = start[nparts];
     const row_fn fn = ROWS[wide][ntok];
     const int team = omp_get_max_threads(), groups = (total + 3) / 4; /* output rows in groups of four */

@@ -127,6 +127,21 @@ def test_quantised_products_match_both_references(lib: ctypes.CDLL, layout: list
     assert 10 * np.abs(got - seen @ w.T).max() < np.abs(got - exact).max()
 
 
+@pytest.mark.parametrize("width", list(WIDTHS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rows_bits_do_not_depend_on_how_many_tokens_share_the_call(lib: ctypes.CDLL, kind: str, width: str) -> None:
+    """One token takes other instructions than 2 or more (16-bit K-quants: the activations' planes alone, words in a
+    batch; rows of more than 4 tokens in two passes): the integer sums are exact, so the bits must be the same."""
+    part = random_blocks(kind, 12, 512, seed=31)
+    x = torch.randn(8, 512, generator=torch.Generator().manual_seed(32))
+    alone = [qdot(lib, [part], x[t : t + 1], 12, width=width)[1][0] for t in range(8)]
+    for n in (2, 3, 4, 5, 8):
+        status, y = qdot(lib, [part], x[:n], 12, width=width)
+        assert status == 0
+        for t in range(n):
+            assert torch.equal(y[t], alone[t]), (n, t)
+
+
 def _extreme_blocks(kind: str, rows: int, cols: int) -> BlockWeight:
     """Every weight integer at its largest magnitude: even rows all bits set, odd rows none (Q4_0 / Q5_0 / Q6_K's
     most negative value; Q8_0: 127 and -127), d and min 1, Q6_K's int8 scales -128, Q4_K / Q5_K's 6-bit scales
