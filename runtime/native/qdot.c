@@ -7,7 +7,9 @@
  * - 16-bit (qdot16_matmul): xd = max|x| / 32512 and xq = 255 h + l, held as two int8 planes h and l in
  *   [-127, 127], so the same byte products serve: sum q xq = 255 sum q h + sum q l, exact. 256 times finer than int8
  *   (1/65024 of the block's largest magnitude), about twice its integer work. (Base 255, not 256: no plane holds
- *   -128, which the signed kinds' sign trick below cannot negate.)
+ *   -128, which the signed kinds' sign trick below cannot negate.) The K-quants take the activations as words
+ *   for calls of 2 tokens or more (dot_w16: their weights widened once per super-block, then one word product per
+ *   16 values and token, half the planes' instructions): the same exact integers, so the same bits.
  * xs = xd * sum(xq) per block and the same per 16 values (s16) serve the weights' minimum and offset terms.
  *
  * Per block of 32 weights (a K-quant sub-block of 32 included), with the weight's integers q, scale dw and min m:
