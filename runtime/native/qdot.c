@@ -16,12 +16,13 @@
  *   sum_j w_j x_j ~ (dw * xd) * sum_j q_j xq_j  (+ m * xs)
  * The inner sum is exact integer arithmetic: uint8 x int8 products into int32 lanes, then one float multiply-add
  * per block. Signed weights (Q4_0, Q5_0 after their offset, Q8_0) use |q| x sign(q) xq. Q6_K keeps its unsigned
- * 0..63 and takes the offset -32 through s16; its two 16-element scales per 32 are applied to int16 pair sums
- * before they widen (pmaddwd). Q4_K and Q5_K reduce a super-block's 8 sub-blocks' integer sums side by side (sums8)
- * and scale them in one vector: that float work per sub-block, and unpacking the 6-bit scales a byte at a time, had
- * been most of their time (4096 x 4096, one token, 2 threads: Q4_K 0.43 -> 0.26-0.29 ms, 2026-12-05).
- * No int16 pair sum saturates and no int32 lane overflows at either width (the largest: Q6_K's 16-bit high plane,
- * 2 * (2 * 63 * 127) * (255 * 128) < 2^31 per lane); tests/runtime/native/test_qdot.py checks the extremes.
+ * 0..63 and takes the offset -32 through s16; its 16 sums of 16 values per super-block reduce side by side (sums16)
+ * and take their scales in floats. Q4_K and Q5_K reduce a super-block's 8 sub-blocks' integer sums side by side
+ * (sums8) and scale them in one vector: that float work per sub-block, and unpacking the 6-bit scales a byte at a
+ * time, had been most of their time (4096 x 4096, one token, 2 threads: Q4_K 0.43 -> 0.26-0.29 ms, 2026-12-05).
+ * No int16 pair sum saturates and no int32 lane overflows at either width (AVX2's pair sums are at most
+ * 2 * 127 * 127 < 2^15, Q8_0's; the largest lane, Q8_0's 16-bit high plane there, 2 * 32258 * 255 < 2^31);
+ * tests/runtime/native/test_qdot.py checks the extremes.
  *
  * Vector paths, chosen at build time (-march=native): AVX-512 VNNI with VL (vpdpbusd on 256-bit registers),
  * AVX-VNNI (its VEX form), AVX2 (vpmaddubsw + vpmaddwd), else portable C with integer sums that the compiler
