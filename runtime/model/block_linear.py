@@ -9,16 +9,16 @@ float32 `DenseLinear` above that (prefill chunks, larger batches), where the pro
 is faster. Three kernels take the same blocks:
 - "float" (`blockdot.c`): float32 activations; the same product as the dense weight's, in another summation order.
 - "int16" (`qdot.c`, `qdot16_matmul`): each token's activations rounded to 16 bits per 32 values (one scale per
-  block, |v| <= 32512, held as two int8 planes) and integer dot products; the error this adds is at most 1/65024
-  of each block's largest magnitude per activation, 256 times finer than int8 (about 3e-6 of sum |x w| against
+  block, |v| <= 32639, held as two int8 planes) and integer dot products; the error this adds is at most 1/65278
+  of each block's largest magnitude per activation, 257 times finer than int8 (about 3e-6 of sum |x w| against
   float's 3e-8 and int8's 1e-3).
 - "int8" (`qdot.c`, `qdot_matmul`): activations quantised to int8 per 32 values (as llama.cpp's Q8_0 activations);
   at most 1/254 of each block's largest magnitude.
 At one token the integer kernels do less work per weight than the float one, whose products are bound by
 arithmetic (one conversion and one multiply per weight) where a K-quant unpacks its super-blocks: on a 4096 x 4096
-product, 2 threads, Zen 4 (2026-12-05) Q4_K float 0.49 ms, int16 0.30, int8 0.25; Q6_K 0.69, 0.40, 0.32. The
+product, 2 threads, Zen 4 (2026-12-05) Q4_K float 0.49 ms, int16 0.30, int8 0.25; Q6_K 0.69, 0.36, 0.31. The
 32-value kinds gain less, and in a decode's order (SmolLM2's 120 Q4_1 products, weights streaming from memory)
-16 bits took 4.6 ms against float's 4.0 (int8 3.6).
+16 bits take 4.08 ms against float's 4.02 (int8 3.51).
 Modes (`activations=`, else `$RADIXCACHE_GGUF_ACTIVATIONS`, else DEFAULT_ACTIVATIONS):
 - "int16-decode" (the default) and "int8-decode": an integer kernel for decode rows, in groups of up to
   `max_tokens`, and float for prefill-chunk rows whatever else shares their pass, so a row's result depends on its
@@ -36,7 +36,7 @@ Why the int8 modes stay opt-in: rounding is a step function, so it turns the flo
 step. With int8 steps a greedy decode's logits then differ by 0.3 to 0.8 between 1 and 2 threads, and 13 of 16
 greedy answers of 96 tokens changed between a batch and one request at a time; the engine's promise that the
 cache, the batch and the thread count change no output would hold only up to near-ties of that size. 16-bit steps
-are 256 times smaller (measured with every SmolLM2 matrix on them): logits differ by at most 3e-3 (float: 6e-5),
+are 257 times smaller (measured with every SmolLM2 matrix on them): logits differ by at most 3e-3 (float: 6e-5),
 and 1 of 16 answers of 256 tokens changed (at its 153rd token; float: none, int8-decode: 13 of 16 within 96).
 Perplexity is float's to 3 decimals (SmolLM2 Q4_1 20.685, its Q4_K_M-like file 21.973); int8 moved it +0.35%.
 (Scripts and figures: docs/benchmarks.md, run AH.)
@@ -74,7 +74,7 @@ def resolve_activations(activations: str | None) -> str:
 
 
 def head_activations(activations: str | None) -> str:
-    """The output head's mode beside layers in `activations`: "int16-decode" with the 16-bit modes (rounding 256 times
+    """The output head's mode beside layers in `activations`: "int16-decode" with the 16-bit modes (rounding 257 times
     finer than int8 moves no greedy answer there), "float" with every other (int8 rounding of the final hidden state
     moved one: docs/runtime.md)."""
     return "int16-decode" if resolve_activations(activations) in ("int16", "int16-decode") else "float"

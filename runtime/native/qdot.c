@@ -4,10 +4,11 @@
  * - int8 (qdot_matmul): xd = max|x| / 127, xq = round(x / xd) in [-127, 127], as llama.cpp's Q8_0 activations;
  *   the rounding error of a value is at most xd / 2, 1/254 of its block's largest magnitude. (An earlier int8
  *   attempt through fbgemm used one scale per batch, and lost.)
- * - 16-bit (qdot16_matmul): xd = max|x| / 32512 and xq = 255 h + l, held as two int8 planes h and l in
- *   [-127, 127], so the same byte products serve: sum q xq = 255 sum q h + sum q l, exact. 256 times finer than int8
- *   (1/65024 of the block's largest magnitude), about twice its integer work. (Base 255, not 256: no plane holds
- *   -128, which the signed kinds' sign trick below cannot negate.) The K-quants take the activations as words
+ * - 16-bit (qdot16_matmul): xd = max|x| / 32639 and xq = 256 h + l, held as two int8 planes h and l in
+ *   [-128, 127], so the same byte products serve: sum q xq = 256 sum q h + sum q l, exact. 257 times finer than int8
+ *   (1/65278 of the block's largest magnitude), about twice its integer work. The planes only meet unsigned weights
+ *   (Q4_0 and Q5_0 take their offset as a min; Q8_0 multiplies words), whose products a -128 cannot upset (the sign
+ *   trick of int8's signed kinds could not negate it). The K-quants take the activations as words
  *   for calls of 2 tokens or more (dot_w16: their weights widened once per super-block, then one word product per
  *   16 values and token, half the planes' instructions): the same exact integers, so the same bits.
  * xs = xd * sum(xq) per block and the same per 16 values (s16) serve the weights' minimum and offset terms.
@@ -21,7 +22,7 @@
  * (sums8) and scale them in one vector: that float work per sub-block, and unpacking the 6-bit scales a byte at a
  * time, had been most of their time (4096 x 4096, one token, 2 threads: Q4_K 0.43 -> 0.26-0.29 ms, 2026-12-05).
  * No int16 pair sum saturates and no int32 lane overflows at either width (AVX2's pair sums are at most
- * 2 * 127 * 127 < 2^15, Q8_0's; the largest lane, Q8_0's 16-bit high plane there, 2 * 32258 * 255 < 2^31);
+ * 2 * 127 * 127 < 2^15, int8 Q8_0's; 16-bit planes at most 2 * 63 * 128, Q6_K's; words at most 2 * 127 * 32639);
  * tests/runtime/native/test_qdot.py checks the extremes.
  *
  * Vector paths, chosen at build time (-march=native): AVX-512 VNNI with VL (vpdpbusd on 256-bit registers),
@@ -64,14 +65,14 @@ int qdot_path(void) { return QDOT_PATH; }
  * d + t * nb and s + t * nb. */
 typedef struct {
     const int8_t *q, *ql; /* ql: the low plane of 16-bit activations (NULL for int8) */
-    const int16_t *v;     /* 16-bit activations as words, 255 q + ql (NULL for int8) */
+    const int16_t *v;     /* 16-bit activations as words, 256 q + ql (NULL for int8) */
     const float *d, *s, *s16; /* s16: the scaled sums of each 16 values (Q6_K's offset), 2 nb per token */
     int cols, nb;
 } acts;
 
-/* 16-bit activations as two int8 planes: v = 255 h + l with h, l in [-127, 127], so |v| <= WIDE_MAX. (Base 255,
- * not 256: a plane never holds -128, which the signed kinds' sign trick cannot negate.) */
-#define WIDE_MAX (255 * 127 + 127)
+/* 16-bit activations as two int8 planes: v = 256 h + l with h, l in [-128, 127] and |v| <= WIDE_MAX (so that
+ * h = floor((v + 128) / 256) stays within int8). */
+#define WIDE_MAX (256 * 127 + 127)
 
 /* Quantise block i (token i / nb, block i % nb) of x: to int8 in q (ql NULL), or to 16-bit values v, also split into
  * the planes q (high) and ql (low). */
@@ -88,9 +89,9 @@ static inline void quantise_block(const float *x, int cols, int nb, int i, int8_
         const int v = (int)nearbyintf(xb[j] * id);
         if (j == 16) half = sum;
         if (ql) {
-            const int h = (v + (v >= 0 ? 127 : -127)) / 255; /* |v - 255 h| <= 127 */
+            const int h = (v + 128) >> 8; /* floor: v - 256 h in [-128, 127] (an arithmetic shift on every target) */
             qb[j] = (int8_t)h;
-            ql[(size_t)t * cols + (size_t)b * QK + j] = (int8_t)(v - 255 * h);
+            ql[(size_t)t * cols + (size_t)b * QK + j] = (int8_t)(v - 256 * h);
             /* words in the order dot_w16 takes them: values 8-15 and 16-23 swapped */
             const int at = (j >> 3) == 1 ? j + 8 : (j >> 3) == 2 ? j - 8 : j;
             v16[(size_t)t * cols + (size_t)b * QK + at] = (int16_t)v;
@@ -117,22 +118,20 @@ static inline __m256i dot_us(__m256i u, __m256i s) {
 #endif
 }
 
-/* The same for 16-bit activations in planes h (high) and l (low): u . (255 h + l), exact. */
+/* The same for 16-bit activations in planes h (high) and l (low), unsigned weights u of at most 63:
+ * u . (256 h + l), exact. */
 static inline __m256i dot_us2(__m256i u, __m256i h, __m256i l) {
-#if QDOT_PATH >= 2
-    const __m256i ph = dot_us(u, h);
 #if QDOT_PATH == 3
-    return _mm256_dpbusd_epi32(_mm256_sub_epi32(_mm256_slli_epi32(ph, 8), ph), u, l);
-#else
-    return _mm256_dpbusd_avx_epi32(_mm256_sub_epi32(_mm256_slli_epi32(ph, 8), ph), u, l);
-#endif
-#else /* int16 pair sums are at most 2 * 127 * 127 for every kind here, so they do not saturate */
-    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, h), _mm256_set1_epi16(255)),
+    return _mm256_dpbusd_epi32(_mm256_slli_epi32(dot_us(u, h), 8), u, l);
+#elif QDOT_PATH == 2
+    return _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(dot_us(u, h), 8), u, l);
+#else /* int16 pair sums are at most 2 * 63 * 128, so they do not saturate */
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, h), _mm256_set1_epi16(256)),
                             _mm256_madd_epi16(_mm256_maddubs_epi16(u, l), _mm256_set1_epi16(1)));
 #endif
 }
 
-/* 32 unsigned 16-bit weights w times 32 16-bit activations x, as 8 int32 lanes (exact: |w x| < 2^21). Both in the
+/* 32 16-bit weights w (at most 127 in magnitude) times 32 16-bit activations x, as 8 int32 lanes (exact). Both in the
  * order values 0-7, 16-23, 8-15, 24-31 (widen_words; quantise_block for x), so that lanes 0-3 sum values 0-15 and
  * lanes 4-7 values 16-31, as dot_us2's do (Q6_K's two scales per 32 rely on it). The same integer sums as dot_us2 on
  * the planes of x, with half its instructions per token once the weights are words: the K-quants widen their
@@ -147,6 +146,13 @@ static inline __m256i dot_w16(const int16_t *w, const int16_t *x) {
 #else
     return _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
 #endif
+}
+
+/* 32 signed bytes as 32 words at w, in dot_w16's order. */
+static inline void widen_words_signed(__m256i q, int16_t *w) {
+    const __m256i order = _mm256_permute4x64_epi64(q, 0xD8); /* bytes 0-7, 16-23, 8-15, 24-31 */
+    _mm256_storeu_si256((__m256i *)w, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(order)));
+    _mm256_storeu_si256((__m256i *)(w + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(order, 1)));
 }
 
 /* 32 unsigned bytes as 32 words at w, in dot_w16's order. */
@@ -180,11 +186,9 @@ static inline __m256i sums8(const __m256i p[8]) {
 
 #define XQ(t, blk) _mm256_loadu_si256((const __m256i *)(a->q + (size_t)(t) * a->cols + (size_t)(blk) * QK))
 #define XL(t, blk) _mm256_loadu_si256((const __m256i *)(a->ql + (size_t)(t) * a->cols + (size_t)(blk) * QK))
-/* Unsigned weights u times token t's block blk; signed weights w (|w| in aw) likewise. `wide`: a constant. */
+/* Unsigned weights u times token t's block blk. `wide`: a constant. Signed weights w (|w| in aw) at int8: DOT_S. */
 #define DOT_U(u, t, blk) (wide ? dot_us2((u), XQ(t, blk), XL(t, blk)) : dot_us((u), XQ(t, blk)))
-#define DOT_S(aw, w, t, blk)                                                                                       \
-    (wide ? dot_us2((aw), _mm256_sign_epi8(XQ(t, blk), (w)), _mm256_sign_epi8(XL(t, blk), (w)))                   \
-          : dot_us((aw), _mm256_sign_epi8(XQ(t, blk), (w))))
+#define DOT_S(aw, w, t, blk) dot_us((aw), _mm256_sign_epi8(XQ(t, blk), (w)))
 #define XV(t, blk) (a->v + (size_t)(t) * a->cols + (size_t)(blk) * QK)
 /* Unsigned K-quant weights of sub-block k (bytes u, or words wq[k] when `words`) times token t's block blk. */
 #define DOT_K(u, k, t, blk) (words ? dot_w16(wq[k], XV(t, blk)) : DOT_U((u), t, blk))
@@ -220,11 +224,18 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
     }
     const int nb = a->nb;
     switch (kind) {
-    case KIND_Q4_0:
+    case KIND_Q4_0: /* 16-bit: the stored 0..15 unsigned, the offset -8 d as a min */
         for (int b = 0; b < nb; b++) {
             const block_q4_0 *w = (const block_q4_0 *)row + b;
-            const __m256i q = _mm256_sub_epi8(nibbles32(w->qs), _mm256_set1_epi8(8));
-            ACC_SIGNED(q, half_to_float(w->d), b)
+            const float d = half_to_float(w->d);
+            if (wide) {
+                const __m256i u = nibbles32(w->qs);
+                ACC_UNSIGNED(u, d, b)
+                for (int t = 0; t < ntok; t++) extra[t] += (-8.0f * d) * XS(t, b);
+            } else {
+                const __m256i q = _mm256_sub_epi8(nibbles32(w->qs), _mm256_set1_epi8(8));
+                ACC_SIGNED(q, d, b)
+            }
         }
         break;
     case KIND_Q4_1:
@@ -236,12 +247,17 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
             for (int t = 0; t < ntok; t++) extra[t] += m * XS(t, b);
         }
         break;
-    case KIND_Q5_0:
+    case KIND_Q5_0: /* 16-bit: the stored 0..31 unsigned, the offset -16 d as a min */
         for (int b = 0; b < nb; b++) {
             const block_q5_0 *w = (const block_q5_0 *)row + b;
-            const __m256i q =
-                _mm256_sub_epi8(_mm256_or_si256(nibbles32(w->qs), qh_bits(w->qh)), _mm256_set1_epi8(16));
-            ACC_SIGNED(q, half_to_float(w->d), b)
+            const __m256i u = _mm256_or_si256(nibbles32(w->qs), qh_bits(w->qh));
+            const float d = half_to_float(w->d);
+            if (wide) {
+                ACC_UNSIGNED(u, d, b)
+                for (int t = 0; t < ntok; t++) extra[t] += (-16.0f * d) * XS(t, b);
+            } else {
+                ACC_SIGNED(_mm256_sub_epi8(u, _mm256_set1_epi8(16)), d, b)
+            }
         }
         break;
     case KIND_Q5_1:
@@ -253,11 +269,20 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
             for (int t = 0; t < ntok; t++) extra[t] += m * XS(t, b);
         }
         break;
-    case KIND_Q8_0:
+    case KIND_Q8_0: /* 16-bit: the signed weights as words (dot_w16), no plane meets a sign */
         for (int b = 0; b < nb; b++) {
             const block_q8_0 *w = (const block_q8_0 *)row + b;
             const __m256i q = _mm256_loadu_si256((const __m256i *)w->qs);
-            ACC_SIGNED(q, half_to_float(w->d), b)
+            const float d = half_to_float(w->d);
+            if (wide) {
+                _Alignas(32) int16_t qw[QK];
+                widen_words_signed(q, qw);
+                for (int t = 0; t < ntok; t++)
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_w16(qw, XV(t, b))), _mm256_set1_ps(d * XD(t, b)),
+                                             acc[t]);
+            } else {
+                ACC_SIGNED(q, d, b)
+            }
         }
         break;
     case KIND_Q4_K:
@@ -446,7 +471,7 @@ static inline void row_kind(int kind, int wide, const uint8_t *row, const acts *
             const int8_t *xq = a->q + (size_t)t * a->cols + (size_t)b * QK;
             const int8_t *xl = wide ? a->ql + (size_t)t * a->cols + (size_t)b * QK : NULL;
             int64_t sum = 0; /* 16-bit activations times Q6_K's scaled values pass 2^31 over a block */
-            for (int j = 0; j < QK; j++) sum += (int64_t)v[j] * (wide ? 255 * xq[j] + xl[j] : xq[j]);
+            for (int j = 0; j < QK; j++) sum += (int64_t)v[j] * (wide ? 256 * xq[j] + xl[j] : xq[j]);
             const size_t i = (size_t)t * a->nb + b;
             acc[t] += (dw * a->d[i]) * (float)sum + m * a->s[i];
         }
@@ -555,7 +580,7 @@ int qdot_matmul(int nparts, const void *const *data, const int *kinds, const int
     return qdot_run(0, nparts, data, kinds, rows, cols, x, ntok, y, ldy);
 }
 
-/* The product with 16-bit activations: |v| <= WIDE_MAX per 32 values, 256 times finer than int8. */
+/* The product with 16-bit activations: |v| <= WIDE_MAX per 32 values, 257 times finer than int8. */
 int qdot16_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols, const float *x,
                   int ntok, float *y, int ldy) {
     return qdot_run(1, nparts, data, kinds, rows, cols, x, ntok, y, ldy);

@@ -200,7 +200,7 @@ def test_a_decode_mode_moves_decode_logits_by_its_rounding_only(
 ) -> None:
     """The mode is live, not only recorded: its engine's decode logits differ from the float kernel's by the
     rounding of each layer's activations (measured 2026-12-05 over these 3 steps, on logits up to 25.7: int8 at
-    most 0.82; 16 bits at most 3.4e-3, 256 times finer steps), and by less than a wrong block or scale would move
+    most 0.82; 16 bits at most 3.4e-3, 257 times finer steps), and by less than a wrong block or scale would move
     them (order 10). "int16", not "int16-decode": SmolLM2's Q4_1 matrices hold no K-quant, so int16-decode gives
     them float decode rows."""
     engine = Engine(smol, quant="gguf", gguf_activations=mode, kv_memory="16MiB", enable_cache=False)

@@ -101,7 +101,7 @@ def quantize(x: np.ndarray, kind: str) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8).reshape(*x.shape[:-1], -1).copy()
 
 
-INT16_TOP = 255 * 127 + 127  # qdot.c's 16-bit activations: |v| <= 32512 (two int8 planes, base 255)
+INT16_TOP = 256 * 127 + 127  # qdot.c's 16-bit activations: |v| <= 32639 (two int8 planes, base 256)
 
 
 def quantised_activations(x: np.ndarray, top: int = 127) -> tuple[np.ndarray, np.ndarray]:

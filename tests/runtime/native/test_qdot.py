@@ -3,7 +3,7 @@ kernel choice.
 
 Each build of blockdot.c + qdot.c (AVX-512 VNNI from -march=native, AVX-VNNI, AVX2, portable C; a path whose
 instructions this CPU lacks is skipped) must give, for each block kind, 1 to 8 token rows and both widths
-(qdot_matmul: int8, top 127; qdot16_matmul: 16-bit, top 32512):
+(qdot_matmul: int8, top 127; qdot16_matmul: 16-bit, top 32639):
 - the product of the dequantised weight with the activations as this test quantises them itself (numpy, float32:
   per 32 values d = max|x| / top, q = round-half-even(x / d)), within float32 summation slack: so the kernel really
   uses one scale per 32 values per row, and integer sums;
