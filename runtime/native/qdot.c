@@ -11,7 +11,8 @@
  *   trick of int8's signed kinds could not negate it). The K-quants take the activations as words
  *   for calls of 2 tokens or more (dot_w16: their weights widened once per super-block, then one word product per
  *   16 values and token, half the planes' instructions): the same exact integers, so the same bits.
- * xs = xd * sum(xq) per block and the same per 16 values (s16) serve the weights' minimum and offset terms.
+ * xs = xd * sum(xq) per block and the same per 16 values (s16) serve the weights' minimum and offset terms. A block
+ * holding NaN or inf gets the scale NaN (its integers 0), so its token's outputs are NaN, not finite garbage.
  *
  * Per block of 32 weights (a K-quant sub-block of 32 included), with the weight's integers q, scale dw and min m:
  *   sum_j w_j x_j ~ (dw * xd) * sum_j q_j xq_j  (+ m * xs)
@@ -82,7 +83,23 @@ static inline void quantise_block(const float *x, int cols, int nb, int i, int8_
     const float *xb = x + (size_t)t * cols + (size_t)b * QK;
     int8_t *qb = q + (size_t)t * cols + (size_t)b * QK;
     float amax = 0.0f;
-    for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+    int finite = 1;
+    for (int j = 0; j < QK; j++) {
+        amax = fmaxf(amax, fabsf(xb[j]));
+        finite &= isfinite(xb[j]) != 0;
+    }
+    if (!finite) { /* NaN or inf: no integers stand for it; a NaN scale makes every product of the block NaN, as a
+                    * float product would be non-finite, so a model fault still shows (the engine fails that request) */
+        for (int j = 0; j < QK; j++) {
+            qb[j] = 0;
+            if (ql) {
+                ql[(size_t)t * cols + (size_t)b * QK + j] = 0;
+                v16[(size_t)t * cols + (size_t)b * QK + j] = 0;
+            }
+        }
+        d[i] = s[i] = s16[2 * i] = s16[2 * i + 1] = NAN;
+        return;
+    }
     const float dx = amax / (ql ? (float)WIDE_MAX : 127.0f), id = dx != 0.0f ? 1.0f / dx : 0.0f;
     int sum = 0, half = 0;
     for (int j = 0; j < QK; j++) {

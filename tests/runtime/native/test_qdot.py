@@ -142,6 +142,22 @@ def test_a_rows_bits_do_not_depend_on_how_many_tokens_share_the_call(lib: ctypes
             assert torch.equal(y[t], alone[t]), (n, t)
 
 
+@pytest.mark.parametrize("width", list(WIDTHS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_non_finite_activation_makes_its_tokens_products_non_finite(lib: ctypes.CDLL, kind: str, width: str) -> None:
+    """NaN or inf has no integer: its block's scale is NaN, so the token's outputs are NaN as a float product's would
+    be non-finite (the engine then fails that request alone), never a finite number made of garbage integers; the
+    other tokens' rows are untouched."""
+    part = random_blocks(kind, 6, 512, seed=41)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(42))
+    clean = qdot(lib, [part], x, 6, width=width)[1]
+    x[0, 37], x[1, 300] = float("nan"), float("inf")
+    status, y = qdot(lib, [part], x, 6, width=width)
+    assert status == 0
+    assert not y[0].isfinite().any() and not y[1].isfinite().any()
+    assert torch.equal(y[2], clean[2])
+
+
 def _extreme_blocks(kind: str, rows: int, cols: int) -> BlockWeight:
     """Every weight integer at its largest magnitude: even rows all bits set, odd rows none (Q4_0 / Q5_0 / Q6_K's
     most negative value; Q8_0: 127 and -127), d and min 1, Q6_K's int8 scales -128, Q4_K / Q5_K's 6-bit scales
