@@ -189,8 +189,9 @@ def speed_options(func: Callable) -> Callable:
         click.option(
             "--gguf-activations",
             type=click.Choice(["int16-decode", "float", "int16", "int8-decode", "int8", "auto"]),
-            help="With --quant gguf, the block kernels' activations: int16-decode (the default: decode rows rounded "
-            "to 16 bits per 32 values, integer products, prefill rows float32); float (float32 throughout: the "
+            help="With --quant gguf, the block kernels' activations: int16-decode (the default: decode rows of "
+            "K-quant matrices rounded to 16 bits per 32 values, integer products; every other row float32); float "
+            "(float32 throughout: the "
             "cache, batch and thread count move no logit by more than 1e-4, against int16's 1e-2); int8-decode "
             "(decode rows rounded to int8 per 32 values, as llama.cpp does: faster, near-ties of up to 1 move); "
             "int16 / int8 (every pass); auto (the fastest kernel per matrix) [default: "
