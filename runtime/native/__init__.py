@@ -44,7 +44,17 @@ SOURCES = tuple(
     )
 )
 HEADERS = tuple(
-    SOURCE.with_name(n) for n in ("ggml_blocks.h", "block_decode.h", "kquant_rows.h", "vector_exp.h", "thread_rows.h")
+    SOURCE.with_name(n)
+    for n in (
+        "ggml_blocks.h",
+        "block_decode.h",
+        "kquant_rows.h",
+        "vector_exp.h",
+        "thread_rows.h",
+        "qdot_acts.h",
+        "qdot_vec.h",
+        "qdot_portable.h",
+    )
 )
 # -ffp-contract=off: a product and a sum stay two roundings, never one fused multiply-add the compiler chose, so
 # kernels that spell the same arithmetic differently (decode_attention.c's vector span and its scalar loops,

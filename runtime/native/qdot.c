@@ -62,144 +62,10 @@ int blockdot_check_parts(int nparts, const int *kinds, const int *rows, int cols
 /* 3: AVX-512 VNNI, 2: AVX-VNNI, 1: AVX2, 0: portable C. */
 int qdot_path(void) { return QDOT_PATH; }
 
-/* The quantised activations of one call: token t's values at q + t * cols, its block scales and scaled sums at
- * d + t * nb and s + t * nb. */
-typedef struct {
-    const int8_t *q, *ql; /* ql: the low plane of 16-bit activations (NULL for int8) */
-    const int16_t *v;     /* 16-bit activations as words, 256 q + ql (NULL for int8) */
-    const float *d, *s, *s16; /* s16: the scaled sums of each 16 values (Q6_K's offset), 2 nb per token */
-    int cols, nb;
-} acts;
-
-/* 16-bit activations as two int8 planes: v = 256 h + l with h, l in [-128, 127] and |v| <= WIDE_MAX (so that
- * h = floor((v + 128) / 256) stays within int8). */
-#define WIDE_MAX (256 * 127 + 127)
-
-/* Quantise block i (token i / nb, block i % nb) of x: to int8 in q (ql NULL), or to 16-bit values v, also split into
- * the planes q (high) and ql (low). */
-static inline void quantise_block(const float *x, int cols, int nb, int i, int8_t *q, int8_t *ql, int16_t *v16,
-                                  float *d, float *s, float *s16) {
-    const int t = i / nb, b = i % nb;
-    const float *xb = x + (size_t)t * cols + (size_t)b * QK;
-    int8_t *qb = q + (size_t)t * cols + (size_t)b * QK;
-    float amax = 0.0f;
-    int finite = 1;
-    for (int j = 0; j < QK; j++) {
-        amax = fmaxf(amax, fabsf(xb[j]));
-        finite &= isfinite(xb[j]) != 0;
-    }
-    if (!finite) { /* NaN or inf: no integers stand for it; a NaN scale makes every product of the block NaN, as a
-                    * float product would be non-finite, so a model fault still shows (the engine fails that request) */
-        for (int j = 0; j < QK; j++) {
-            qb[j] = 0;
-            if (ql) {
-                ql[(size_t)t * cols + (size_t)b * QK + j] = 0;
-                v16[(size_t)t * cols + (size_t)b * QK + j] = 0;
-            }
-        }
-        d[i] = s[i] = s16[2 * i] = s16[2 * i + 1] = NAN;
-        return;
-    }
-    const float dx = amax / (ql ? (float)WIDE_MAX : 127.0f), id = dx != 0.0f ? 1.0f / dx : 0.0f;
-    int sum = 0, half = 0;
-    for (int j = 0; j < QK; j++) {
-        const int v = (int)nearbyintf(xb[j] * id);
-        if (j == 16) half = sum;
-        if (ql) {
-            const int h = (v + 128) >> 8; /* floor: v - 256 h in [-128, 127] (an arithmetic shift on every target) */
-            qb[j] = (int8_t)h;
-            ql[(size_t)t * cols + (size_t)b * QK + j] = (int8_t)(v - 256 * h);
-            /* words in the order dot_w16 takes them: values 8-15 and 16-23 swapped */
-            const int at = (j >> 3) == 1 ? j + 8 : (j >> 3) == 2 ? j - 8 : j;
-            v16[(size_t)t * cols + (size_t)b * QK + at] = (int16_t)v;
-        } else {
-            qb[j] = (int8_t)v;
-        }
-        sum += v;
-    }
-    d[i] = dx;
-    s[i] = dx * (float)sum;
-    s16[2 * i] = dx * (float)half;
-    s16[2 * i + 1] = dx * (float)(sum - half);
-}
+#include "qdot_acts.h"
 
 #if QDOT_PATH > 0
-/* uint8 x int8 -> 8 int32 lanes, each the sum of 4 neighbouring products (exact: no lane can overflow here). */
-static inline __m256i dot_us(__m256i u, __m256i s) {
-#if QDOT_PATH == 3
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#elif QDOT_PATH == 2
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
-/* The same for 16-bit activations in planes h (high) and l (low), unsigned weights u of at most 63:
- * u . (256 h + l), exact. */
-static inline __m256i dot_us2(__m256i u, __m256i h, __m256i l) {
-#if QDOT_PATH == 3
-    return _mm256_dpbusd_epi32(_mm256_slli_epi32(dot_us(u, h), 8), u, l);
-#elif QDOT_PATH == 2
-    return _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(dot_us(u, h), 8), u, l);
-#else /* int16 pair sums are at most 2 * 63 * 128, so they do not saturate */
-    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, h), _mm256_set1_epi16(256)),
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, l), _mm256_set1_epi16(1)));
-#endif
-}
-
-/* 32 16-bit weights w (at most 127 in magnitude) times 32 16-bit activations x, as 8 int32 lanes (exact). Both in the
- * order values 0-7, 16-23, 8-15, 24-31 (widen_words; quantise_block for x), so that lanes 0-3 sum values 0-15 and
- * lanes 4-7 values 16-31, as dot_us2's do (Q6_K's two scales per 32 rely on it). The same integer sums as dot_us2 on
- * the planes of x, with half its instructions per token once the weights are words: the K-quants widen their
- * weights once per super-block for calls of 2 tokens or more. */
-static inline __m256i dot_w16(const int16_t *w, const int16_t *x) {
-    const __m256i w0 = _mm256_loadu_si256((const __m256i *)w), w1 = _mm256_loadu_si256((const __m256i *)(w + 16));
-    const __m256i x0 = _mm256_loadu_si256((const __m256i *)x), x1 = _mm256_loadu_si256((const __m256i *)(x + 16));
-#if QDOT_PATH == 3
-    return _mm256_dpwssd_epi32(_mm256_madd_epi16(w0, x0), w1, x1);
-#elif QDOT_PATH == 2
-    return _mm256_dpwssd_avx_epi32(_mm256_madd_epi16(w0, x0), w1, x1);
-#else
-    return _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1));
-#endif
-}
-
-/* 32 signed bytes as 32 words at w, in dot_w16's order. */
-static inline void widen_words_signed(__m256i q, int16_t *w) {
-    const __m256i order = _mm256_permute4x64_epi64(q, 0xD8); /* bytes 0-7, 16-23, 8-15, 24-31 */
-    _mm256_storeu_si256((__m256i *)w, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(order)));
-    _mm256_storeu_si256((__m256i *)(w + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(order, 1)));
-}
-
-/* 32 unsigned bytes as 32 words at w, in dot_w16's order. */
-static inline void widen_words(__m256i u, int16_t *w) {
-    const __m256i order = _mm256_permute4x64_epi64(u, 0xD8); /* bytes 0-7, 16-23, 8-15, 24-31 */
-    _mm256_storeu_si256((__m256i *)w, _mm256_cvtepu8_epi16(_mm256_castsi256_si128(order)));
-    _mm256_storeu_si256((__m256i *)(w + 16), _mm256_cvtepu8_epi16(_mm256_extracti128_si256(order, 1)));
-}
-
-/* 16 packed bytes -> 32 values: low nibbles first, then the high ones. */
-static inline __m256i nibbles32(const uint8_t *qs) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
-
-/* A Q5 block's qh as its fifth bits (ggml_blocks.h). */
-static inline __m256i qh_bits(const uint8_t *qh) {
-    uint32_t v;
-    memcpy(&v, qh, sizeof v);
-    return fifth_bits(v);
-}
-
-/* The lane sums of 8 vectors side by side: lane s of the result is the sum of p[s]'s 8 lanes (exact integers). */
-static inline __m256i sums8(const __m256i p[8]) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    /* a: sums of p[0..3] over lanes 0-3 (low half) and 4-7 (high half); b the same for p[4..7] */
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
+#include "qdot_vec.h"
 
 #define XQ(t, blk) _mm256_loadu_si256((const __m256i *)(a->q + (size_t)(t) * a->cols + (size_t)(blk) * QK))
 #define XL(t, blk) _mm256_loadu_si256((const __m256i *)(a->ql + (size_t)(t) * a->cols + (size_t)(blk) * QK))
@@ -293,7 +159,7 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
             const float d = half_to_float(w->d);
             if (wide) {
                 _Alignas(32) int16_t qw[QK];
-                widen_words_signed(q, qw);
+                widen_words(q, 1, qw);
                 for (int t = 0; t < ntok; t++)
                     acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_w16(qw, XV(t, b))), _mm256_set1_ps(d * XD(t, b)),
                                              acc[t]);
@@ -327,7 +193,7 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
                     q[s] = _mm256_or_si256(q[s], _mm256_and_si256(set, _mm256_set1_epi8(16)));
                 }
             if (words)
-                for (int s = 0; s < 8; s++) widen_words(q[s], wq[s]);
+                for (int s = 0; s < 8; s++) widen_words(q[s], 0, wq[s]);
             /* per token: the 8 sub-blocks' integer sums side by side (sums8), times their 8 scales in one vector;
              * the min terms likewise (one float multiply-add per 32 values cost more than the integer work) */
             const __m256 dsv = _mm256_mul_ps(_mm256_set1_ps(d), widen8(sc));
@@ -378,7 +244,7 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
                 for (int g = 0; g < 4; g++) q[4 * h + g] = _mm256_or_si256(lo4[g], _mm256_slli_epi16(hi2[g], 4));
             }
             if (words)
-                for (int k = 0; k < 8; k++) widen_words(q[k], wq[k]);
+                for (int k = 0; k < 8; k++) widen_words(q[k], 0, wq[k]);
             for (int t = 0; t < ntok; t++) {
                 const float *s16 = a->s16 + 2 * ((size_t)t * a->nb + 8 * (size_t)sb);
                 acc2[t] = _mm256_fmadd_ps(off_lo, _mm256_loadu_ps(s16), acc2[t]);
@@ -406,104 +272,8 @@ static inline __attribute__((always_inline)) void row_kind(int kind, int wide, c
 }
 
 #else /* portable C */
-
-/* Weight block `blk` of a row as int16 values (a Q6_K value times its 16-element scale), with the float scale
- * that multiplies the integer sum and the min that multiplies xs. */
-static inline void unpack_block(int kind, const uint8_t *row, int blk, int16_t *v, float *dw, float *m) {
-    *m = 0.0f;
-    switch (kind) {
-    case KIND_Q4_0:
-    case KIND_Q4_1: {
-        const int one = kind == KIND_Q4_1;
-        const uint8_t *qs = one ? ((const block_q4_1 *)row)[blk].qs : ((const block_q4_0 *)row)[blk].qs;
-        for (int j = 0; j < 16; j++) {
-            v[j] = (int16_t)((qs[j] & 0x0F) - (one ? 0 : 8));
-            v[j + 16] = (int16_t)((qs[j] >> 4) - (one ? 0 : 8));
-        }
-        *dw = half_to_float(one ? ((const block_q4_1 *)row)[blk].d : ((const block_q4_0 *)row)[blk].d);
-        if (one) *m = half_to_float(((const block_q4_1 *)row)[blk].m);
-        break;
-    }
-    case KIND_Q5_0: {
-        const block_q5_0 *w = (const block_q5_0 *)row + blk;
-        for (int j = 0; j < QK; j++) v[j] = (int16_t)(q5_value(w->qs, w->qh, j) - 16);
-        *dw = half_to_float(w->d);
-        break;
-    }
-    case KIND_Q5_1: {
-        const block_q5_1 *w = (const block_q5_1 *)row + blk;
-        for (int j = 0; j < QK; j++) v[j] = (int16_t)q5_value(w->qs, w->qh, j);
-        *dw = half_to_float(w->d);
-        *m = half_to_float(w->m);
-        break;
-    }
-    case KIND_Q8_0: {
-        const block_q8_0 *w = (const block_q8_0 *)row + blk;
-        for (int j = 0; j < QK; j++) v[j] = w->qs[j];
-        *dw = half_to_float(w->d);
-        break;
-    }
-    case KIND_Q4_K:
-    case KIND_Q5_K: {
-        const int five = kind == KIND_Q5_K, s = blk % 8;
-        const block_q4_K *w4 = (const block_q4_K *)row + blk / 8;
-        const block_q5_K *w5 = (const block_q5_K *)row + blk / 8;
-        uint8_t sc[8], mn[8];
-        k_scales_mins(five ? w5->scales : w4->scales, sc, mn);
-        const uint8_t *q = (five ? w5->qs : w4->qs) + 32 * (s / 2);
-        for (int l = 0; l < QK; l++) {
-            int x = (q[l] >> (4 * (s % 2))) & 0x0F;
-            if (five) x |= ((w5->qh[l] >> s) & 1) << 4;
-            v[l] = (int16_t)x;
-        }
-        *dw = half_to_float(five ? w5->d : w4->d) * (float)sc[s];
-        *m = -(half_to_float(five ? w5->dmin : w4->dmin) * (float)mn[s]);
-        break;
-    }
-    case KIND_Q6_K: {
-        const block_q6_K *w = (const block_q6_K *)row + blk / 8;
-        const int h = (blk % 8) / 4, g = blk % 4;
-        const uint8_t *ql = w->ql + 64 * h, *qh = w->qh + 32 * h;
-        for (int l = 0; l < QK; l++) {
-            const int lo = g < 2 ? ql[l + 32 * g] & 0x0F : ql[l + 32 * (g - 2)] >> 4;
-            const int x = (lo | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
-            v[l] = (int16_t)(x * w->scales[8 * h + 2 * g + l / 16]);
-        }
-        *dw = half_to_float(w->d);
-        break;
-    }
-    default:
-        *dw = 0.0f;
-        memset(v, 0, QK * sizeof *v);
-    }
-}
-
-static inline void row_kind(int kind, int wide, const uint8_t *row, const acts *a, int ntok, float *out) {
-    float acc[BLOCKDOT_MAX_TOKENS] = {0};
-    int16_t v[QK];
-    for (int b = 0; b < a->nb; b++) {
-        float dw, m;
-        unpack_block(kind, row, b, v, &dw, &m);
-        for (int t = 0; t < ntok; t++) {
-            const int8_t *xq = a->q + (size_t)t * a->cols + (size_t)b * QK;
-            const int8_t *xl = wide ? a->ql + (size_t)t * a->cols + (size_t)b * QK : NULL;
-            int64_t sum = 0; /* 16-bit activations times Q6_K's scaled values pass 2^31 over a block */
-            for (int j = 0; j < QK; j++) sum += (int64_t)v[j] * (wide ? 256 * xq[j] + xl[j] : xq[j]);
-            const size_t i = (size_t)t * a->nb + b;
-            acc[t] += (dw * a->d[i]) * (float)sum + m * a->s[i];
-        }
-    }
-    for (int t = 0; t < ntok; t++) out[t] = acc[t];
-}
+#include "qdot_portable.h"
 #endif
-
-/* Token t0's activations onward, as their own call's. */
-static inline acts acts_from(const acts *a, int t0) {
-    const size_t q = (size_t)t0 * a->cols, b = (size_t)t0 * a->nb;
-    const acts out = {a->q + q,     a->ql ? a->ql + q : NULL, a->v ? a->v + q : NULL, a->d + b, a->s + b,
-                      a->s16 + 2 * b, a->cols,                 a->nb};
-    return out;
-}
 
 /* A copy of row_kind per token count and activation width, so that each one's loops are unrolled with the
  * accumulators in registers. Past SPLIT_TOKENS tokens a row is done in two passes over its blocks (the first
@@ -511,25 +281,17 @@ static inline acts acts_from(const acts *a, int t0) {
 #ifndef SPLIT_TOKENS
 #define SPLIT_TOKENS 4
 #endif
-#define ROW_N(n)                                                                                                   \
-    static void row_n##n(int kind, const uint8_t *row, const acts *a, float *out) {                                \
+#define ROW_FN(name, wide, n)                                                                                      \
+    static void name(int kind, const uint8_t *row, const acts *a, float *out) {                                    \
         if (n <= SPLIT_TOKENS) {                                                                                   \
-            row_kind(kind, 0, row, a, n <= SPLIT_TOKENS ? n : 1, out);                                            \
+            row_kind(kind, wide, row, a, n <= SPLIT_TOKENS ? n : 1, out);                                         \
         } else {                                                                                                   \
             const acts rest = acts_from(a, SPLIT_TOKENS);                                                          \
-            row_kind(kind, 0, row, a, SPLIT_TOKENS, out);                                                          \
-            row_kind(kind, 0, row, &rest, n > SPLIT_TOKENS ? n - SPLIT_TOKENS : 1, out + SPLIT_TOKENS);            \
-        }                                                                                                          \
-    }                                                                                                              \
-    static void row_w##n(int kind, const uint8_t *row, const acts *a, float *out) {                                \
-        if (n <= SPLIT_TOKENS) {                                                                                   \
-            row_kind(kind, 1, row, a, n <= SPLIT_TOKENS ? n : 1, out);                                            \
-        } else {                                                                                                   \
-            const acts rest = acts_from(a, SPLIT_TOKENS);                                                          \
-            row_kind(kind, 1, row, a, SPLIT_TOKENS, out);                                                          \
-            row_kind(kind, 1, row, &rest, n > SPLIT_TOKENS ? n - SPLIT_TOKENS : 1, out + SPLIT_TOKENS);            \
+            row_kind(kind, wide, row, a, SPLIT_TOKENS, out);                                                       \
+            row_kind(kind, wide, row, &rest, n > SPLIT_TOKENS ? n - SPLIT_TOKENS : 1, out + SPLIT_TOKENS);         \
         }                                                                                                          \
     }
+#define ROW_N(n) ROW_FN(row_n##n, 0, n) ROW_FN(row_w##n, 1, n)
 ROW_N(1)
 ROW_N(2)
 ROW_N(3)
