@@ -266,6 +266,7 @@ def summary_table(summaries: list[Any], comparison: Any = None) -> Table:
         row("  from the device", "device_hit_tokens", num)
         row("  from the host tier", "host_hit_tokens", num)
         row("  from the disk tier", "disk_hit_tokens", num)
+        row("pages found below, recomputed", "declined_pages", num)
     row("prefilled tokens", "prefill_tokens", num, over("prefill_tokens"))
     row("TTFT p50", "ttft_p50_s", ms, over("ttft_p50_s"))
     row("TTFT p90", "ttft_p90_s", ms, over("ttft_p90_s"))

@@ -122,6 +122,7 @@ class ReplaySummary:
     tiers: bool = False  # the engine had a host tier or a cache directory
     host_hit_tokens: int = 0  # of cached_tokens, those loaded back from the host tier
     disk_hit_tokens: int = 0  # ... and from the disk tier; the rest were on the device
+    declined_pages: int = 0  # pages found on the host or the disk but recomputed (measured cheaper: LoadCosts)
 
     @property
     def device_hit_tokens(self) -> int:

@@ -235,6 +235,7 @@ def _replay(
             "tiers": True,
             "host_hit_tokens": tiers_after.host_hit_tokens - tiers_before.host_hit_tokens,
             "disk_hit_tokens": tiers_after.disk_hit_tokens - tiers_before.disk_hit_tokens,
+            "declined_pages": tiers_after.declined_pages - tiers_before.declined_pages,
         }
     summary = summarize(
         run.records,

@@ -25,7 +25,7 @@ def test_a_second_replay_on_the_same_cache_dir_is_served_from_disk(
     tiers = ("--cache-dir", str(tmp_path / "kv"), "--capacity-blocks", "64", "--page-size", "4")
     first, s1 = _replay(runner, tiny_model_dir, small_trace, tmp_path / "1.json", *tiers, "--host-kv-memory", "8MiB")
     assert "from the disk tier" in first.stdout and "from the host tier" in first.stdout
-    assert s1["tiers"] and s1["disk_hit_tokens"] == 0
+    assert s1["tiers"] and s1["disk_hit_tokens"] == 0 and s1["declined_pages"] == 0
     assert s1["device_hit_tokens"] + s1["host_hit_tokens"] == s1["cached_tokens"]
     files = sorted(str(f.relative_to(tmp_path)) for f in (tmp_path / "kv").rglob("*"))
     # wait_complete: each first turn is admitted once its disk pages are read. Under the default policy (timeout,

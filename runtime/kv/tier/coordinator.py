@@ -71,7 +71,7 @@ class KVTiers:
             copy_to_host=self._copy_to_host if host is not None else None,
             write_lower=self._write_disk if disk is not None else None,
         )
-        self.costs = LoadCosts(load_back)
+        self.costs = LoadCosts(load_back, self.page_size)
         self._counts = dict.fromkeys(TierCounters.__slots__, 0)
         self._pending = PendingUnlocks()  # host pages that CUDA loads still read
         self.reader = (
@@ -103,8 +103,8 @@ class KVTiers:
 
     def plan(self, match: TierMatch) -> tuple[int, int]:
         """How many host pages, then disk pages, after the device match to load (the rest is recomputed)."""
-        host = match.host_pages if self.costs.worth_loading("host", self.page_size) else 0
-        disk = match.lower_pages if host == match.host_pages and self.costs.worth_loading("disk", self.page_size) else 0
+        host = match.host_pages if not match.host_pages or self.costs.choose("host") else 0
+        disk = match.lower_pages if match.lower_pages and host == match.host_pages and self.costs.choose("disk") else 0
         self._counts["declined_pages"] += match.host_pages + match.lower_pages - host - disk
         return host, disk
 
@@ -285,7 +285,7 @@ class KVTiers:
         on_host = host.count_prefix(hashes, device) if host is not None else 0
         start = device + on_host
         pages = self.disk.count_prefix(hashes[start:]) if start < full else 0
-        worth = self.costs.worth_loading("disk", p) and (not on_host or self.costs.worth_loading("host", p))
+        worth = self.costs.worth_loading("disk") and (not on_host or self.costs.worth_loading("host"))
         return (start, hashes, pages, on_host) if pages and worth else None
 
     def _start_job(

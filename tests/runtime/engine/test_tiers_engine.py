@@ -217,7 +217,60 @@ def test_loads_are_declined_when_recomputing_is_measured_cheaper(model: RandomMo
     with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as second:
         costs = second.tiers.costs
         costs.note_prefill(1000, 1e-6)  # prefill measured at a nanosecond per token: loading a page never pays
-        costs.note_load("disk", 1, 1.0)
+        for _ in range(costs.MIN_SAMPLES):  # fewer measured loads never decline a tier
+            costs.note_load("disk", 1, 1.0)
+        assert len(prompts) < costs.PROBE_FIRST  # no probe in this run
         assert [r.token_ids for r in second.generate(prompts, max_new_tokens=MAX_NEW)] == want
         tiers = second.stats.tiers
         assert tiers.disk_loaded_pages == 0 and tiers.declined_pages > 0
+
+
+def _pin_prefill(costs) -> None:
+    """Recomputing a page pinned at 40 ms (the tiny model's measured prefill would make the comparison depend on the
+    machine's speed): a second a page is dearer, a real read of its pages far cheaper."""
+    costs.prefill_s_per_token = 0.01
+    costs.note_prefill = lambda tokens, seconds: None
+
+
+def _distinct_prompts(vocab: int, n: int) -> list[list[int]]:
+    rng = random.Random(12)
+    return [[rng.randrange(vocab) for _ in range(rng.randrange(21, 30))] for _ in range(n)]
+
+
+def test_one_slow_first_load_does_not_switch_the_disk_tier_off(model: RandomModel, tmp_path: Path) -> None:
+    """A restarted replay once served nothing from disk: its warm-up's first disk read, on a busy machine, was
+    measured dearer than recomputing, and no page was loaded again, so never measured again."""
+    prompts = _distinct_prompts(model.config.vocab_size, 4)
+    want = _baseline(model, prompts)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as first:
+        first.generate(prompts, max_new_tokens=MAX_NEW)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as second:
+        costs = second.tiers.costs
+        _pin_prefill(costs)
+        costs.note_load("disk", 2, 2.0)  # the slow first read (a warm-up's, say): a second a page
+        got = [second.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
+        assert [r.token_ids for r in got] == want
+        # The next loads are measured (real reads, far under 40 ms a page): the median of three ignores the first.
+        assert all(r.cached_tokens > 0 for r in got) and second.stats.tiers.declined_pages == 0
+
+
+def test_a_declined_disk_tier_is_probed_and_comes_back_once_it_measures_cheaper(
+    model: RandomModel, tmp_path: Path
+) -> None:
+    prompts = _distinct_prompts(model.config.vocab_size, 12)
+    want = _baseline(model, prompts)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as first:
+        first.generate(prompts, max_new_tokens=MAX_NEW)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as second:
+        costs = second.tiers.costs
+        _pin_prefill(costs)
+        for _ in range(costs.MIN_SAMPLES):  # measured a second per page (a hiccup): declined
+            costs.note_load("disk", 1, 1.0)
+        got = [second.generate(p, max_new_tokens=MAX_NEW) for p in prompts]  # one at a time: decisions in order
+        assert [r.token_ids for r in got] == want
+        served = [r.cached_tokens > 0 for r in got]
+        first_probe = costs.PROBE_FIRST
+        # PROBE_FIRST declines, then the probe, whose real read (well under a millisecond a page) replaces the
+        # stale second: every later request loads again.
+        assert served == [False] * first_probe + [True] * (len(prompts) - first_probe)
+        assert second.stats.tiers.declined_pages > 0 and second.stats.tiers.disk_loaded_pages > 0
