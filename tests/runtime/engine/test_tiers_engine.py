@@ -13,6 +13,7 @@ import pytest
 
 from radixcache.runtime import Engine
 from radixcache.runtime.kv.tier.disk_store import DiskStore
+from radixcache.runtime.kv.tier.load_costs import LoadCosts
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from radixcache.tier.tiered_cache import WRITE_POLICIES
 
@@ -225,52 +226,42 @@ def test_loads_are_declined_when_recomputing_is_measured_cheaper(model: RandomMo
         assert tiers.disk_loaded_pages == 0 and tiers.declined_pages > 0
 
 
-def _pin_prefill(costs) -> None:
-    """Recomputing a page pinned at 40 ms (the tiny model's measured prefill would make the comparison depend on the
-    machine's speed): a second a page is dearer, a real read of its pages far cheaper."""
-    costs.prefill_s_per_token = 0.01
-    costs.note_prefill = lambda tokens, seconds: None
-
-
-def _distinct_prompts(vocab: int, n: int) -> list[list[int]]:
+def _restart_after_slow_reads(model: RandomModel, tmp_path: Path, n: int, slow_reads: int, pages: int = 1):
+    """`n` distinct prompts served by one engine, then by a second on the same cache directory, one at a time (so
+    the decisions come in order), whose disk loads were measured `slow_reads` times at a second a page. Recomputing
+    a page is pinned at 40 ms (the tiny model's measured prefill would make the comparison depend on the machine's
+    speed), so a real read of its pages is far cheaper. Returns the second engine's results, its tier counters and
+    its LoadCosts, after checking the outputs against an engine without a cache."""
     rng = random.Random(12)
-    return [[rng.randrange(vocab) for _ in range(rng.randrange(21, 30))] for _ in range(n)]
+    prompts = [[rng.randrange(model.config.vocab_size) for _ in range(rng.randrange(21, 30))] for _ in range(n)]
+    want = _baseline(model, prompts)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as first:
+        first.generate(prompts, max_new_tokens=MAX_NEW)
+    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as second:
+        costs = second.tiers.costs
+        costs.prefill_s_per_token = 0.01
+        costs.note_prefill = lambda tokens, seconds: None
+        for _ in range(slow_reads):
+            costs.note_load("disk", pages, float(pages))
+        got = [second.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
+        assert [r.token_ids for r in got] == want
+        return got, second.stats.tiers, costs
 
 
 def test_one_slow_first_load_does_not_switch_the_disk_tier_off(model: RandomModel, tmp_path: Path) -> None:
     """A restarted replay once served nothing from disk: its warm-up's first disk read, on a busy machine, was
     measured dearer than recomputing, and no page was loaded again, so never measured again."""
-    prompts = _distinct_prompts(model.config.vocab_size, 4)
-    want = _baseline(model, prompts)
-    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as first:
-        first.generate(prompts, max_new_tokens=MAX_NEW)
-    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as second:
-        costs = second.tiers.costs
-        _pin_prefill(costs)
-        costs.note_load("disk", 2, 2.0)  # the slow first read (a warm-up's, say): a second a page
-        got = [second.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
-        assert [r.token_ids for r in got] == want
-        # The next loads are measured (real reads, far under 40 ms a page): the median of three ignores the first.
-        assert all(r.cached_tokens > 0 for r in got) and second.stats.tiers.declined_pages == 0
+    got, tiers, _ = _restart_after_slow_reads(model, tmp_path, 4, slow_reads=1, pages=2)
+    # The next loads are measured (real reads, far under 40 ms a page): the median of three ignores the first.
+    assert all(r.cached_tokens > 0 for r in got) and tiers.declined_pages == 0
 
 
 def test_a_declined_disk_tier_is_probed_and_comes_back_once_it_measures_cheaper(
     model: RandomModel, tmp_path: Path
 ) -> None:
-    prompts = _distinct_prompts(model.config.vocab_size, 12)
-    want = _baseline(model, prompts)
-    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as first:
-        first.generate(prompts, max_new_tokens=MAX_NEW)
-    with Engine(model, capacity_blocks=200, page_size=4, cache_dir=tmp_path, dtype=DTYPE) as second:
-        costs = second.tiers.costs
-        _pin_prefill(costs)
-        for _ in range(costs.MIN_SAMPLES):  # measured a second per page (a hiccup): declined
-            costs.note_load("disk", 1, 1.0)
-        got = [second.generate(p, max_new_tokens=MAX_NEW) for p in prompts]  # one at a time: decisions in order
-        assert [r.token_ids for r in got] == want
-        served = [r.cached_tokens > 0 for r in got]
-        first_probe = costs.PROBE_FIRST
-        # PROBE_FIRST declines, then the probe, whose real read (well under a millisecond a page) replaces the
-        # stale second: every later request loads again.
-        assert served == [False] * first_probe + [True] * (len(prompts) - first_probe)
-        assert second.stats.tiers.declined_pages > 0 and second.stats.tiers.disk_loaded_pages > 0
+    got, tiers, costs = _restart_after_slow_reads(model, tmp_path, 12, slow_reads=LoadCosts.MIN_SAMPLES)
+    # PROBE_FIRST declines, then the probe, whose real read (well under a millisecond a page) replaces the stale
+    # second: every later request loads again.
+    served = [r.cached_tokens > 0 for r in got]
+    assert served == [False] * costs.PROBE_FIRST + [True] * (len(got) - costs.PROBE_FIRST)
+    assert tiers.declined_pages > 0 and tiers.disk_loaded_pages > 0
