@@ -256,12 +256,20 @@ def engine_kwargs(
     thread_policy: str = "adaptive",
     gguf_activations: str | None = None,
 ) -> dict[str, Any]:
-    """Engine arguments from the kv and speed options; a bad --kv-memory or --mirror-memory, or --gguf-activations
-    without --quant gguf, is refused before the model loads. `kernels`: kernel_mode's value."""
+    """Engine arguments from the kv and speed options; a bad --kv-memory or --mirror-memory, --gguf-activations
+    without --quant gguf, or --quant gguf with a $RADIXCACHE_GGUF_ACTIVATIONS that names no mode, is refused before
+    the model loads. `kernels`: kernel_mode's value."""
     if capacity_blocks is not None and kv_memory is not None:
         raise click.UsageError("give at most one of --capacity-blocks and --kv-memory")
     if gguf_activations is not None and quant != "gguf":
         raise click.UsageError(f"--gguf-activations {gguf_activations} applies to --quant gguf (got --quant {quant})")
+    if gguf_activations is None and quant == "gguf":
+        from radixcache.runtime.model.block_linear import resolve_activations
+
+        try:
+            resolve_activations(None)  # $RADIXCACHE_GGUF_ACTIVATIONS, which a misspelling makes no mode
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
     if mirror_memory is not None and mirror_memory.strip() == "0":
         mirror_memory = "0"  # off: not a budget
     _check_sizes({"--kv-memory": kv_memory, "--mirror-memory": None if mirror_memory == "0" else mirror_memory})

@@ -64,13 +64,22 @@ BLOCK_ELEMS = {k: GGML_TYPES[GGML_TYPE_IDS[k]][1] for k in KINDS}
 BLOCK_BYTES = {k: GGML_TYPES[GGML_TYPE_IDS[k]][2] for k in KINDS}
 ACTIVATIONS = ("int16-decode", "float", "int16", "int8", "int8-decode", "auto")
 DEFAULT_ACTIVATIONS = "int16-decode"  # the module docstring says why; the output head's: head_activations
+ACTIVATIONS_ENV = "RADIXCACHE_GGUF_ACTIVATIONS"  # the mode where none is given
 K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")  # the kinds whose decode rows "int16-decode" gives 16-bit activations
 TIMING_ROUNDS = 5  # per kernel, alternating; the fastest round of each is compared
 
 
 def resolve_activations(activations: str | None) -> str:
-    """The mode a BlockLinear given `activations` runs: it, else `$RADIXCACHE_GGUF_ACTIVATIONS`, else the default."""
-    return activations or os.environ.get("RADIXCACHE_GGUF_ACTIVATIONS") or DEFAULT_ACTIVATIONS
+    """The mode a BlockLinear given `activations` runs: it, else `$RADIXCACHE_GGUF_ACTIVATIONS`, else the default.
+    ValueError, naming the variable, when the variable holds no mode (the caller checks `activations`)."""
+    if activations:
+        return activations
+    from_env = os.environ.get(ACTIVATIONS_ENV)
+    if from_env and from_env not in ACTIVATIONS:
+        raise ValueError(
+            f"${ACTIVATIONS_ENV}={from_env!r} is not a GGUF activations mode: use one of {', '.join(ACTIVATIONS)}"
+        )
+    return from_env or DEFAULT_ACTIVATIONS
 
 
 def head_activations(activations: str | None) -> str:

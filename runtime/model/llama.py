@@ -176,7 +176,8 @@ class LlamaModel:
         # The output head takes float activations beside int8 ones: int8 rounding of the final hidden state moved a
         # greedy answer (docs/runtime.md, "int8 activations for GGUF blocks"); 16-bit rounding is its own.
         head = ["model.embed_tokens.weight" if tied else "lm_head.weight"]
-        self.lm_head = linear(head, None, self.embed if tied else None, head_activations(gguf_activations))
+        head_mode = head_activations(gguf_activations) if quant == "gguf" else None  # the variable means nothing else
+        self.lm_head = linear(head, None, self.embed if tied else None, head_mode)
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(config.num_layers):

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from radixcache.runtime.model.block_linear import ACTIVATIONS, BlockLinear, BlockWeight
+from radixcache.runtime.model.block_linear import ACTIVATIONS, BlockLinear, BlockWeight, resolve_activations
 from radixcache.runtime.model.linear import DenseLinear, Float16Linear, Linear
 
 QUANT_MODES = ("none", "fp16", "gguf")
@@ -57,8 +57,11 @@ def check_quant(quant: str, device: torch.device, dtype: torch.dtype) -> None:
 
 def check_gguf_activations(activations: str | None, quant: str) -> None:
     """Refuse a GGUF activations mode outside model.block_linear.ACTIVATIONS, or one given for another weight format
-    (None: `$RADIXCACHE_GGUF_ACTIVATIONS` or the default, with any format)."""
+    (None: `$RADIXCACHE_GGUF_ACTIVATIONS` or the default, with any format; the variable is checked here too, so that
+    a mode it misspells is refused before a model loads)."""
     if activations is None:
+        if quant == "gguf":
+            resolve_activations(None)
         return
     if activations not in ACTIVATIONS:
         raise ValueError(f"gguf_activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")

