@@ -174,3 +174,19 @@ def test_decode_attention_over_rows_gives_the_paged_kernels_bits(
     mirror = ops.attend(q, rows_k, rows_v, [length])
     assert torch.equal(mirror, paged)
     torch.testing.assert_close(mirror.double(), reference(q, k, v, table, length - 1), rtol=1e-5, atol=1e-6)
+
+
+def test_a_nan_query_head_fails_alone_and_alike_in_both_kernels(ops: NativeDecodeOps) -> None:
+    """A NaN score is skipped by both kernels' maximum (the vector span keeps a vector of maxima): the head whose
+    query holds a NaN gets NaN outputs, every other head its usual bits, from either kernel."""
+    heads, kv_heads, d, length, page = 9, 3, 64, 150, 16
+    k, v, table = pages_of(length, page, -(-length // page) + 2, kv_heads, d, seed=5)
+    q = torch.randn(1, heads, d, generator=torch.Generator().manual_seed(6))
+    q[0, 4, 7] = float("nan")  # the second query head of KV head 1
+    paged = ops.attend_pages(q, k, v, table, length - 1)
+    rows_k = k[table].reshape(-1, kv_heads, d)[:length].permute(1, 0, 2).unsqueeze(0).contiguous()
+    rows_v = v[table].reshape(-1, kv_heads, d)[:length].permute(1, 0, 2).unsqueeze(0).contiguous()
+    mirror = ops.attend(q, rows_k, rows_v, [length])
+    nan_heads = [h for h in range(heads) if mirror[0, h].isnan().any()]
+    assert nan_heads == [4] and mirror[0, 4].isnan().all()
+    assert torch.equal(mirror.nan_to_num(7.0), paged.nan_to_num(7.0))
