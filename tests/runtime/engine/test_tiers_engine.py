@@ -226,9 +226,12 @@ def test_loads_are_declined_when_recomputing_is_measured_cheaper(model: RandomMo
         assert tiers.disk_loaded_pages == 0 and tiers.declined_pages > 0
 
 
-def _restart_after_slow_reads(model: RandomModel, tmp_path: Path, n: int, slow_reads: int, pages: int = 1):
-    """`n` distinct prompts served by one engine, then by a second on the same cache directory, one at a time (so
-    the decisions come in order), whose disk loads were measured `slow_reads` times at a second a page. Recomputing
+def _restart_after_slow_reads(
+    model: RandomModel, tmp_path: Path, n: int, slow_reads: int, pages: int = 1, burst: int = 0
+):
+    """`n` distinct prompts served by one engine, then by a second on the same cache directory, whose disk loads were
+    measured `slow_reads` times at a second a page: its first `burst` prompts submitted at once, the rest one at a
+    time (so that their decisions come in order). Recomputing
     a page is pinned at 40 ms (the tiny model's measured prefill would make the comparison depend on the machine's
     speed), so a real read of its pages is far cheaper. Returns the second engine's results, its tier counters and
     its LoadCosts, after checking the outputs against an engine without a cache."""
@@ -243,7 +246,9 @@ def _restart_after_slow_reads(model: RandomModel, tmp_path: Path, n: int, slow_r
         costs.note_prefill = lambda tokens, seconds: None
         for _ in range(slow_reads):
             costs.note_load("disk", pages, float(pages))
-        got = [second.generate(p, max_new_tokens=MAX_NEW) for p in prompts]
+        handles = second.submit(prompts[:burst], max_new_tokens=MAX_NEW) if burst else []
+        got = [h.result(timeout=120) for h in handles]
+        got += [second.generate(p, max_new_tokens=MAX_NEW) for p in prompts[burst:]]
         assert [r.token_ids for r in got] == want
         return got, second.stats.tiers, costs
 
@@ -265,3 +270,13 @@ def test_a_declined_disk_tier_is_probed_and_comes_back_once_it_measures_cheaper(
     served = [r.cached_tokens > 0 for r in got]
     assert served == [False] * costs.PROBE_FIRST + [True] * (len(got) - costs.PROBE_FIRST)
     assert tiers.declined_pages > 0 and tiers.disk_loaded_pages > 0
+
+
+def test_a_probe_in_a_burst_of_requests_brings_the_disk_tier_back(model: RandomModel, tmp_path: Path) -> None:
+    """Twelve requests arrive at once at an engine whose disk tier was measured dearer: they are admitted over one
+    or more passes, each deciding as it is admitted; the ninth decision probes (its pages read while it waits), and
+    the requests after the burst find the tier open again."""
+    got, tiers, costs = _restart_after_slow_reads(model, tmp_path, 16, slow_reads=LoadCosts.MIN_SAMPLES, burst=12)
+    served = [r.cached_tokens > 0 for r in got]
+    assert not any(served[: costs.PROBE_FIRST]) and any(served[costs.PROBE_FIRST : 12])
+    assert all(served[12:]) and tiers.declined_pages > 0
