@@ -116,6 +116,22 @@ def test_each_path_multiplies_every_block_kind(build: tuple[ctypes.CDLL, int], l
         assert status == 0 and torch.equal(alone[0], y[t]), t
 
 
+def _assert_same_bits_on_1_2_3_and_5_threads(lib: ctypes.CDLL, parts: list, x: torch.Tensor, ldy: int) -> None:
+    """The product of `parts` with x gives the same bits with teams of 1, 2, 3 and 5 threads (the OpenMP team of
+    this thread, as the runtime sizes it)."""
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 3, 5):
+            torch.set_num_threads(threads)
+            status, y = _matmul(lib, parts, x, ldy)
+            assert status == 0
+            outs.append(y)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(outs[0], y) for y in outs[1:])
+
+
 @pytest.mark.parametrize("ntok", [1, 3, 8])
 def test_the_bits_do_not_depend_on_the_thread_count(build: tuple[ctypes.CDLL, int], ntok: int) -> None:
     """Each thread takes one contiguous share of the stacked rows, cut where the parts meet: with 1, 2, 3 and 5
@@ -123,17 +139,7 @@ def test_the_bits_do_not_depend_on_the_thread_count(build: tuple[ctypes.CDLL, in
     lib, _ = build
     parts = [random_block_weight(kind, n, 64, seed=n) for kind, n in (("Q4_1", 7), ("Q8_0", 5), ("Q4_1", 11))]
     x = torch.randn(ntok, 64, generator=torch.Generator().manual_seed(ntok))
-    before = torch.get_num_threads()
-    outs = []
-    try:
-        for threads in (1, 2, 3, 5):
-            torch.set_num_threads(threads)  # the OpenMP team of this thread, as the runtime sizes it
-            status, y = _matmul(lib, parts, x, 23)
-            assert status == 0
-            outs.append(y)
-    finally:
-        torch.set_num_threads(before)
-    assert all(torch.equal(outs[0], y) for y in outs[1:])
+    _assert_same_bits_on_1_2_3_and_5_threads(lib, parts, x, 23)
 
 
 @pytest.mark.parametrize("ntok", [1, 3, 8])
@@ -143,17 +149,7 @@ def test_the_k_quant_rows_bits_do_not_depend_on_the_thread_count(build: tuple[ct
     layout = (("Q4_K", 7), ("Q6_K", 5), ("Q5_K", 3), ("Q5_0", 6))
     parts = [random_blocks(kind, n, 256, seed=n) for kind, n in layout]
     x = torch.randn(ntok, 256, generator=torch.Generator().manual_seed(ntok))
-    before = torch.get_num_threads()
-    outs = []
-    try:
-        for threads in (1, 2, 3, 5):
-            torch.set_num_threads(threads)
-            status, y = _matmul(lib, parts, x, 21)
-            assert status == 0
-            outs.append(y)
-    finally:
-        torch.set_num_threads(before)
-    assert all(torch.equal(outs[0], y) for y in outs[1:])
+    _assert_same_bits_on_1_2_3_and_5_threads(lib, parts, x, 21)
 
 
 @pytest.mark.parametrize(
