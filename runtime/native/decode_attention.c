@@ -16,13 +16,9 @@
  * 1.4x. Outputs within 3e-7 of the old loop's.
  *
  * With AVX-512 and head sizes 64 and 128 an item runs span_vec: 16 positions' scores reduced together, each block
- * of 16 keys serving every query head of the group while it is in L1 (the maximum kept in a vector as the scores
- * are made), the outputs summed in registers, the span's values and the next span's keys prefetched while its keys
- * are read, and a thread's items taken head by head. The same bits as attend_span
- * (tests/runtime/native/test_paged_attention.py). Keys block by block for all heads, rather than the span's keys
- * once per head, and the vector maximum (2026-12-05, builds alternating in one process, 30 layers, SmolLM2's
- * shapes): KV in the caches 10-16% faster (4,000 positions 101-104 against 112-121 us a layer), read cold from
- * memory 0-12% faster, which the Engine's decode does not resolve from the memory's own swings.
+ * of 16 keys serving every query head of its group (KV in the caches 10-16% faster than a pass per head, cold 0-12%),
+ * the outputs summed in registers, the span's values and the next span's keys prefetched while its keys are read,
+ * and a thread's items taken head by head. The same bits as attend_span (tests/runtime/native/test_paged_attention.py).
  * Measured 2026-12-05 inside SmolLM2's fp32 decode (2 threads, 576-704 positions, timers around each call of
  * a layer): 50-57 -> 37-38 us a layer. The prefetches name one line of each row (to L2), and the hardware fetches
  * the rest of the row: a prefetch of every line held the first head's pass on the core's miss buffers (cold, an
@@ -144,10 +140,9 @@ static inline __m512 sum16x16(const __m512 *v) {
 }
 
 /* attend_span for head_dim = 16 m (m = 4 or 8, constants where it is inlined), with its results' bits: the same
- * products and sums per score (16 positions' dots reduced together), the same maximum (a vector of maxima reduced
- * at the end: a maximum is exact in any order, and a NaN score is skipped as attend_span skips it), exp and sums,
- * and the outputs summed over positions in the same order from registers (mul, then add: this file has no
- * contraction) instead of memory. Heads go in groups of 16 / m so that their outputs fit 16 registers. */
+ * products and sums per score (16 positions' dots reduced together), the same maximum (a vector of maxima: exact
+ * in any order, a NaN score skipped), exp and sums, and the outputs summed over positions in the same order from
+ * registers (mul, then add: no contraction here) instead of memory. Heads go in groups of 16 / m (16 registers). */
 static inline __attribute__((always_inline)) void span_vec(const float *q, int g, const int m, const float *kb,
                                                            const float *vb, int j0, int j1, float scale, float *mx,
                                                            float *l, float *o) {
@@ -156,7 +151,7 @@ static inline __attribute__((always_inline)) void span_vec(const float *q, int g
     __m512 vmax[ATTN_MAX_GROUP];
     for (int h = 0; h < g; h++) vmax[h] = _mm512_set1_ps(-INFINITY);
     int j = 0;
-    for (; j + 16 <= n; j += 16) { /* each block of 16 keys read from memory once, for every head of the group */
+    for (; j + 16 <= n; j += 16) { /* each block of 16 keys read once, for every head of the group */
         for (int h = 0; h < g; h++) {
             const float *qh = q + (size_t)h * head_dim;
             __m512 acc[16];
