@@ -263,11 +263,11 @@ def engine_kwargs(
         raise click.UsageError("give at most one of --capacity-blocks and --kv-memory")
     if gguf_activations is not None and quant != "gguf":
         raise click.UsageError(f"--gguf-activations {gguf_activations} applies to --quant gguf (got --quant {quant})")
-    if gguf_activations is None and quant == "gguf":
-        from radixcache.runtime.model.block_linear import resolve_activations
+    if gguf_activations is None:
+        from radixcache.runtime.model.quant import check_gguf_activations
 
         try:
-            resolve_activations(None)  # $RADIXCACHE_GGUF_ACTIVATIONS, which a misspelling makes no mode
+            check_gguf_activations(None, quant)  # $RADIXCACHE_GGUF_ACTIVATIONS, which a misspelling makes no mode
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
     if mirror_memory is not None and mirror_memory.strip() == "0":
