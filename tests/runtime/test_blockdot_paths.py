@@ -49,7 +49,7 @@ def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if needs is not None and needs not in set(cpu_fields().get("flags", "").split()):
         pytest.skip(f"this CPU has no {needs}: the {request.param} path cannot run here")
     out = tmp_path_factory.mktemp(request.param) / "blockdot.so"
-    sources = [str(SOURCE), str(SOURCE.with_name("decode_attention.c"))]
+    sources = [str(SOURCE), *(str(SOURCE.with_name(n)) for n in ("decode_attention.c", "paged_attention.c"))]
     cmd = [CC, "-O2", *flags, "-fopenmp", "-shared", "-fPIC", "-std=c11", *sources, "-o", str(out), "-lm"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
