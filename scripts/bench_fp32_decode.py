@@ -2,15 +2,23 @@
 
     .venv/bin/python scripts/bench_fp32_decode.py                       # 5 rounds, 2 threads, 64 after 512
     .venv/bin/python scripts/bench_fp32_decode.py --rounds 7 --kernels fixed --no-hf
-    .venv/bin/python scripts/bench_fp32_decode.py --json fp32.json
+    .venv/bin/python scripts/bench_fp32_decode.py --json fp32.json --tolerance 0.05
 
 Each round, one after the other: the read bandwidth (runtime.machine.read_bandwidth_gbs, a 512 MB sum at the same
 thread count), ours (an Engine on SmolLM2 fp32, `thread_policy="fixed"`, cache off: one request of `--tokens`
-greedy tokens after a `--prompt`-token prompt, `decode_tps`), and transformers on the same GGUF weights (fp32,
-`generate(n) - generate(1)` of the same prompt: the prefill cancels). The bound of a round is its bandwidth over
-the bytes of weights a step reads (runtime.doctor.weight_bytes_per_token). Ratios are per round, from numbers of
-the same round; the table gives each round, then medians; the one-minute load average is read before each round.
-One warm-up round is not counted. transformers is optional (`--no-hf`, or skipped with a message if missing).
+greedy tokens after a `--prompt`-token prompt, `decode_tps`), the read bandwidth again, and transformers on the
+same GGUF weights (fp32, `generate(n) - generate(1)` of the same prompt: the prefill cancels). The bound of a round
+is the mean of the two bandwidth readings around our decode over the bytes of weights a step reads
+(runtime.doctor.weight_bytes_per_token). Ratios are per round, from numbers of the same round; the one-minute load
+average is read before each round. One warm-up round is not counted. transformers is optional (`--no-hf`, or
+skipped with a message if missing).
+
+A round is *steady* when its two readings differ by at most `--tolerance` (10%) of the larger. On a shared host the
+memory's speed can move between about 35 and 68 GB/s within a second: a round whose readings differ measured its
+decode at some speed between them, so its ratio to the bound says little either way (a decode at the slow speed
+between two fast readings reads as 53% of the bound, one at the fast speed after a slow reading as 107%). The
+table marks each round; the medians are over the steady rounds, over those that read 55 GB/s or more (fast) and
+under 45 (slow), and over all rounds.
 """
 
 from __future__ import annotations
@@ -59,6 +67,16 @@ def hf_decode_tps(hf: Any, ids: list[int], n: int) -> float:
     return (n - 1) / (full - first) if full > first else float("nan")
 
 
+def steady(before: float, after: float, tolerance: float) -> bool:
+    """Whether two bandwidth readings around a decode differ by at most `tolerance` of the larger."""
+    return abs(before - after) <= tolerance * max(before, after)
+
+
+def median_row(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Each field's median over `rows` (ratios too: the median of the rounds' own ratios)."""
+    return {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -67,6 +85,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--kernels", default="auto", choices=["auto", "fixed", "retune"])
     ap.add_argument("--no-hf", action="store_true", help="skip transformers")
+    ap.add_argument("--tolerance", type=float, default=0.10, help="steady: the two readings within this share")
     ap.add_argument("--json", help="write every round here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -92,30 +111,46 @@ def main() -> None:
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds + 1):
         load = os.getloadavg()[0]
-        bw = read_bandwidth_gbs(512, threads=args.threads)
+        before = read_bandwidth_gbs(512, threads=args.threads)
         ours = engine.generate(ids, args.tokens, ignore_eos=True, temperature=0.0).decode_tps
+        after = read_bandwidth_gbs(512, threads=args.threads)
         theirs = hf_decode_tps(hf, ids, args.tokens) if hf is not None else float("nan")
+        bw = (before + after) / 2
         bound = bw * 1e9 / nbytes
-        row = {"load": load, "bw_gbs": bw, "bound": bound, "ours": ours, "hf": theirs}
-        row |= {"of_bound": ours / bound, "vs_hf": ours / theirs}
+        row = {"load": load, "bw_before": before, "bw_after": after, "bw_gbs": bw, "bound": bound, "ours": ours}
+        row |= {"hf": theirs, "of_bound": ours / bound, "vs_hf": ours / theirs}
+        row["steady"] = float(steady(before, after, args.tolerance))
         print(
             ("warm-up " if r == 0 else f"round {r}: ") + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
             flush=True,
         )
         if r:
             rounds.append(row)
-    med = {k: statistics.median(row[k] for row in rounds) for k in rounds[0]}
-    print("\n| round | load 1m | bandwidth GB/s | bound tok/s | ours tok/s | HF tok/s | ours/bound | ours/HF |")
+    groups = {
+        "steady": [row for row in rounds if row["steady"]],
+        "steady, fast (>= 55 GB/s)": [row for row in rounds if row["steady"] and row["bw_gbs"] >= 55],
+        "steady, slow (< 45 GB/s)": [row for row in rounds if row["steady"] and row["bw_gbs"] < 45],
+        "all": rounds,
+    }
+    medians = {name: median_row(rows) for name, rows in groups.items() if rows}
+    print(
+        "\n| round | load 1m | bandwidth GB/s (before, after) | bound tok/s | ours tok/s | HF tok/s | ours/bound "
+        "| ours/HF |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for i, row in enumerate([*rounds, med], 1):
-        name = str(i) if i <= len(rounds) else "**median**"
+    named = [(str(i) + ("" if row["steady"] else " (memory speed changed)"), row) for i, row in enumerate(rounds, 1)]
+    named += [(f"**median, {name}** ({len(groups[name])})", row) for name, row in medians.items()]
+    for name, row in named:
         print(
-            f"| {name} | {row['load']:.2f} | {row['bw_gbs']:.1f} | {row['bound']:.1f} | {row['ours']:.1f} | "
-            f"{row['hf']:.1f} | {row['of_bound']:.2f} | {row['vs_hf']:.2f} |"
+            f"| {name} | {row['load']:.2f} | {row['bw_gbs']:.1f} ({row['bw_before']:.1f}, {row['bw_after']:.1f}) | "
+            f"{row['bound']:.1f} | {row['ours']:.1f} | {row['hf']:.1f} | {row['of_bound']:.2f} | {row['vs_hf']:.2f} |"
         )
+    if "steady" not in medians:
+        print("no steady round: every round's memory speed moved by more than the tolerance")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"settings": vars(args), "weight_bytes": nbytes, "rounds": rounds, "median": med}, f, indent=1)
+            out = {"settings": vars(args), "weight_bytes": nbytes, "rounds": rounds, "medians": medians}
+            json.dump(out, f, indent=1)
     engine.close()
 
 
