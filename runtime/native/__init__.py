@@ -81,6 +81,12 @@ def blockdot() -> ctypes.CDLL:
     path = _cache_dir() / f"blockdot-{_build_key(compiler)}.so"
     if not path.exists():
         _build(compiler, path)
+    return load_library(path)
+
+
+def load_library(path: str | os.PathLike[str]) -> ctypes.CDLL:
+    """A build of the kernels at `path` loaded, with every function's signature declared (what `blockdot()` returns
+    for the current sources; scripts/bench_native_ab.py loads another revision's build beside it)."""
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
