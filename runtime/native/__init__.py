@@ -52,6 +52,7 @@ HEADERS = tuple(
         "kquant_rows.h",
         "vector_exp.h",
         "attention_parts.h",
+        "decode_attention.h",
         "thread_rows.h",
         "qdot_acts.h",
         "qdot_vec.h",

@@ -408,42 +408,52 @@ int blockdot_check_parts(int nparts, const int *kinds, const int *rows, int cols
     return start[nparts] > ldy ? -1 : 0;
 }
 
+/* xsum[t * (cols / QK) + b]: the sum of block b of row t of x, where some part's kind reads it (else nothing is
+ * written): what a product computes once before its rows (`ntok` x cols / QK floats). */
+void blockdot_prep(int nparts, const int *kinds, const float *x, int cols, int ntok, float *xsum) {
+    int any_xsum = 0;
+    for (int p = 0; p < nparts; p++) any_xsum |= needs_xsum(kinds[p]);
+    if (!any_xsum) return;
+    const int nb = cols / QK;
+    for (int t = 0; t < ntok; t++) {
+        for (int b = 0; b < nb; b++) {
+            float s = 0.0f;
+            for (int j = 0; j < QK; j++) s += x[(size_t)t * cols + b * QK + j];
+            xsum[t * nb + b] = s;
+        }
+    }
+}
+
+/* Thread `me`'s rows of a checked product (blockdot_check_parts: part starts `start`) inside a parallel region
+ * whose `count` shares split its rows (row_shares_init), x's block sums from blockdot_prep. No barrier. */
+void blockdot_team_rows(int nparts, const void *const *data, const int *kinds, const int *start, int cols,
+                        const float *x, int ntok, const float *xsum, float *y, int ldy, row_share *shares, int count,
+                        int me) {
+    const int chunk = row_chunk((long)(cols / block_elems(kinds[0])) * (long)block_bytes(kinds[0]));
+    int lo, hi, first, end;
+    while (row_next(shares, count, me, chunk, &lo, &hi))
+        for (int p = 0; p < nparts; p++) {
+            if (!rows_in_part(start, p, lo, hi, &first, &end)) continue;
+            const int nblocks = cols / block_elems(kinds[p]);
+            const size_t row_bytes = (size_t)nblocks * block_bytes(kinds[p]);
+            const uint8_t *rows0 = (const uint8_t *)data[p] + (size_t)(first - start[p]) * row_bytes;
+            block_rows_n(kinds[p], rows0, row_bytes, nblocks, x, cols, ntok, xsum, y + first, ldy, end - first);
+        }
+}
+
 /* y[t * ldy + o] for the rows of `nparts` stacked parts (part p: `kinds[p]`, `rows[p]` rows at `data[p]`), all
  * with `cols` columns. Returns 0, or -1 for arguments out of range (nothing is written then). */
 int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
                     const float *x, int ntok, float *y, int ldy) {
     int start[BLOCKDOT_MAX_PARTS + 1];
     if (blockdot_check_parts(nparts, kinds, rows, cols, ntok, ldy, start) != 0) return -1;
-    const int nb = cols / QK;
-    int any_xsum = 0;
-    for (int p = 0; p < nparts; p++) any_xsum |= needs_xsum(kinds[p]);
     float xsum[BLOCKDOT_MAX_TOKENS * (cols / QK)];
-    if (any_xsum) {
-        for (int t = 0; t < ntok; t++) {
-            for (int b = 0; b < nb; b++) {
-                float s = 0.0f;
-                for (int j = 0; j < QK; j++) s += x[(size_t)t * cols + b * QK + j];
-                xsum[t * nb + b] = s;
-            }
-        }
-    }
-    const int total = start[nparts];
+    blockdot_prep(nparts, kinds, x, cols, ntok, xsum);
     const int team = omp_get_max_threads();
-    const int chunk = row_chunk((long)(cols / block_elems(kinds[0])) * (long)block_bytes(kinds[0]));
     row_share shares[team];
-    row_shares_init(shares, team, total);
+    row_shares_init(shares, team, start[nparts]);
 #pragma omp parallel num_threads(team)
-    {
-        int lo, hi, first, end;
-        while (row_next(shares, team, omp_get_thread_num(), chunk, &lo, &hi))
-            for (int p = 0; p < nparts; p++) {
-                if (!rows_in_part(start, p, lo, hi, &first, &end)) continue;
-                const int nblocks = cols / block_elems(kinds[p]);
-                const size_t row_bytes = (size_t)nblocks * block_bytes(kinds[p]);
-                const uint8_t *rows0 = (const uint8_t *)data[p] + (size_t)(first - start[p]) * row_bytes;
-                block_rows_n(kinds[p], rows0, row_bytes, nblocks, x, cols, ntok, xsum, y + first, ldy, end - first);
-            }
-    }
+    blockdot_team_rows(nparts, data, kinds, start, cols, x, ntok, xsum, y, ldy, shares, team, omp_get_thread_num());
     return 0;
 }
 

@@ -38,6 +38,7 @@ static inline int omp_get_num_threads(void) { return 1; }
 #endif
 
 #include "attention_parts.h"
+#include "decode_attention.h"
 
 /* One work item: query heads q[0..g) (rows of head_dim) over positions [j0, j1) of one KV head. Writes per head
  * its maximum score mx[h], its sum of exp(score - mx) l[h], and o[h * head_dim ..] = sum of exp(score - mx) v. */
@@ -190,22 +191,14 @@ static long first_item_of(int t, int team, long items, long positions, int spans
     return items;
 }
 
-/* Returns 0, or -1 for bad arguments (nothing is written then) or a failed allocation.
- *
- * One parallel region: each thread runs its contiguous run of items (first_item_of), prefetching the next item's
- * keys during an item's output pass, then, after a barrier, a share of the merges. Measured 2026-12-06 on the
- * project's VM (SmolLM2's shapes, 120 layers' KV read cold, C loop, builds alternating): 640 positions 29-31 us a
- * layer against 32-35 with only the next span's first key line and one value line a row prefetched, 2,000
- * positions 86 against 106 us, the same with the KV in the caches (15 us at 640). */
-int native_decode_attention(const float *q, int batch, int heads, int kv_heads, int head_dim, const float *k,
-                            const float *v, long row_stride, long head_stride, const int *lengths, int capacity,
-                            float *out) {
+/* What one decode step's attention needs besides q, K, V and out, the same for every layer of the step (it depends
+ * on the lengths and shapes only): made once by attn_plan_init, used by each layer's attn_team. */
+int attn_plan_init(attn_plan *plan, int batch, int heads, int kv_heads, int head_dim, const int *lengths,
+                   int capacity) {
     if (batch < 1 || kv_heads < 1 || heads < kv_heads || heads % kv_heads || head_dim < 1) return -1;
     for (int b = 0; b < batch; b++)
         if (lengths[b] < 1 || lengths[b] > capacity) return -1;
-    const int group = heads / kv_heads;
-    const int slices = (group + ATTN_MAX_GROUP - 1) / ATTN_MAX_GROUP;
-    const float scale = 1.0f / sqrtf((float)head_dim);
+    const int group = heads / kv_heads, slices = (group + ATTN_MAX_GROUP - 1) / ATTN_MAX_GROUP;
     /* first[b]: sequence b's first span's index; its spans are first[b] .. first[b + 1] - 1 (per KV head slice) */
     int *first = malloc(sizeof(int) * (size_t)(batch + 1));
     if (first == NULL) return -1;
@@ -217,9 +210,7 @@ int native_decode_attention(const float *q, int batch, int heads, int kv_heads, 
     }
     const int spans = first[batch];
     const long items = (long)spans * kv_heads * slices;
-    positions *= (long)kv_heads * slices; /* over all items */
-    /* per item and query head: max, sum, then head_dim outputs */
-    const size_t per_head = (size_t)head_dim + 2;
+    const size_t per_head = (size_t)head_dim + 2; /* per item and query head: max, sum, then head_dim outputs */
     float *part = malloc(sizeof(float) * (size_t)items * ATTN_MAX_GROUP * per_head);
     int *span_seq = malloc(sizeof(int) * (size_t)(spans > 0 ? spans : 1));
     if (part == NULL || span_seq == NULL) {
@@ -230,55 +221,87 @@ int native_decode_attention(const float *q, int batch, int heads, int kv_heads, 
     }
     for (int b = 0; b < batch; b++)
         for (int s = first[b]; s < first[b + 1]; s++) span_seq[s] = b;
-#pragma omp parallel
-    {
-        const int team = omp_get_num_threads(), me = omp_get_thread_num();
-        const long lo = first_item_of(me, team, items, positions, spans, slices, first, span_seq, lengths);
-        const long hi = first_item_of(me + 1, team, items, positions, spans, slices, first, span_seq, lengths);
-        for (long run = lo; run < hi; run++) {
-            const attn_item it = item_at(run, spans, slices, first, span_seq, lengths);
-            const int g0 = it.slice * ATTN_MAX_GROUP;
-            const int g = group - g0 < ATTN_MAX_GROUP ? group - g0 : ATTN_MAX_GROUP;
-            const float *qh = q + ((size_t)it.b * heads + (size_t)it.h * group + g0) * head_dim;
-            const float *kb = k + (size_t)it.b * row_stride + (size_t)it.h * head_stride;
-            const float *vb = v + (size_t)it.b * row_stride + (size_t)it.h * head_stride;
-            /* each item's results go where the merge looks for span s */
-            float *p = part + (size_t)(((long)it.s * kv_heads + it.h) * slices + it.slice) * ATTN_MAX_GROUP * per_head;
+    *plan = (attn_plan){batch,    heads, kv_heads, head_dim, group,    slices,  spans, items,
+                        positions * kv_heads * slices, per_head, 1.0f / sqrtf((float)head_dim), lengths,
+                        first,    span_seq, part};
+    return 0;
+}
+
+void attn_plan_free(attn_plan *plan) {
+    free(plan->first);
+    free(plan->span_seq);
+    free(plan->part);
+}
+
+/* One layer's attention, run by every thread of a parallel region (thread `me` of its team): each thread its run
+ * of items (first_item_of), prefetching its next item's keys during an item's output pass, then, after a barrier,
+ * a share of the merges (an `omp for`, whose closing barrier ends it: out is whole when it returns). */
+void attn_team(const attn_plan *pl, const float *q, const float *k, const float *v, long row_stride,
+               long head_stride, float *out) {
+    const int team = omp_get_num_threads(), me = omp_get_thread_num(), head_dim = pl->head_dim;
+    const long lo = first_item_of(me, team, pl->items, pl->positions, pl->spans, pl->slices, pl->first, pl->span_seq,
+                                  pl->lengths);
+    const long hi = first_item_of(me + 1, team, pl->items, pl->positions, pl->spans, pl->slices, pl->first,
+                                  pl->span_seq, pl->lengths);
+    for (long run = lo; run < hi; run++) {
+        const attn_item it = item_at(run, pl->spans, pl->slices, pl->first, pl->span_seq, pl->lengths);
+        const int g0 = it.slice * ATTN_MAX_GROUP;
+        const int g = pl->group - g0 < ATTN_MAX_GROUP ? pl->group - g0 : ATTN_MAX_GROUP;
+        const float *qh = q + ((size_t)it.b * pl->heads + (size_t)it.h * pl->group + g0) * head_dim;
+        const float *kb = k + (size_t)it.b * row_stride + (size_t)it.h * head_stride;
+        const float *vb = v + (size_t)it.b * row_stride + (size_t)it.h * head_stride;
+        /* each item's results go where the merge looks for span s */
+        float *p = pl->part + (size_t)(((long)it.s * pl->kv_heads + it.h) * pl->slices + it.slice) * ATTN_MAX_GROUP *
+                                  pl->per_head;
 #if defined(__AVX512F__)
-            const float *next_k = NULL; /* this thread's next item's first key row, and its row count */
-            int next_n = 0;
-            if (run + 1 < hi) {
-                const attn_item nx = item_at(run + 1, spans, slices, first, span_seq, lengths);
-                next_k = k + (size_t)nx.b * row_stride + (size_t)nx.h * head_stride + (size_t)nx.j0 * head_dim;
-                next_n = nx.j1 - nx.j0;
-            }
-            if (head_dim == 64)
-                span_vec(qh, g, 4, kb, vb, it.j0, it.j1, scale, p, p + ATTN_MAX_GROUP, p + 2 * ATTN_MAX_GROUP, next_k,
-                         next_n);
-            else if (head_dim == 128)
-                span_vec(qh, g, 8, kb, vb, it.j0, it.j1, scale, p, p + ATTN_MAX_GROUP, p + 2 * ATTN_MAX_GROUP, next_k,
-                         next_n);
-            else
-#endif
-                attend_span(qh, g, head_dim, kb, vb, it.j0, it.j1, scale, p, p + ATTN_MAX_GROUP,
-                            p + 2 * ATTN_MAX_GROUP);
+        const float *next_k = NULL; /* this thread's next item's first key row, and its row count */
+        int next_n = 0;
+        if (run + 1 < hi) {
+            const attn_item nx = item_at(run + 1, pl->spans, pl->slices, pl->first, pl->span_seq, pl->lengths);
+            next_k = k + (size_t)nx.b * row_stride + (size_t)nx.h * head_stride + (size_t)nx.j0 * head_dim;
+            next_n = nx.j1 - nx.j0;
         }
+        if (head_dim == 64)
+            span_vec(qh, g, 4, kb, vb, it.j0, it.j1, pl->scale, p, p + ATTN_MAX_GROUP, p + 2 * ATTN_MAX_GROUP, next_k,
+                     next_n);
+        else if (head_dim == 128)
+            span_vec(qh, g, 8, kb, vb, it.j0, it.j1, pl->scale, p, p + ATTN_MAX_GROUP, p + 2 * ATTN_MAX_GROUP, next_k,
+                     next_n);
+        else
+#endif
+            attend_span(qh, g, head_dim, kb, vb, it.j0, it.j1, pl->scale, p, p + ATTN_MAX_GROUP,
+                        p + 2 * ATTN_MAX_GROUP);
+    }
 #pragma omp barrier
-        /* merge each (sequence, query head)'s spans in position order */
+    /* merge each (sequence, query head)'s spans in position order */
 #pragma omp for collapse(2) schedule(static)
-        for (int b = 0; b < batch; b++) {
-            for (int hq = 0; hq < heads; hq++) {
-                const int h = hq / group, slice = (hq % group) / ATTN_MAX_GROUP, gi = (hq % group) % ATTN_MAX_GROUP;
-                const size_t stride = (size_t)kv_heads * slices * ATTN_MAX_GROUP * per_head; /* span to span */
-                const float *p =
-                    part + ((size_t)((long)first[b] * kv_heads + h) * slices + slice) * ATTN_MAX_GROUP * per_head;
-                merge_spans(out + ((size_t)b * heads + hq) * head_dim, p, stride, first[b + 1] - first[b], gi,
-                            head_dim);
-            }
+    for (int b = 0; b < pl->batch; b++) {
+        for (int hq = 0; hq < pl->heads; hq++) {
+            const int h = hq / pl->group, slice = (hq % pl->group) / ATTN_MAX_GROUP;
+            const int gi = (hq % pl->group) % ATTN_MAX_GROUP;
+            const size_t stride = (size_t)pl->kv_heads * pl->slices * ATTN_MAX_GROUP * pl->per_head; /* span to span */
+            const float *p = pl->part + ((size_t)((long)pl->first[b] * pl->kv_heads + h) * pl->slices + slice) *
+                                            ATTN_MAX_GROUP * pl->per_head;
+            merge_spans(out + ((size_t)b * pl->heads + hq) * head_dim, p, stride, pl->first[b + 1] - pl->first[b], gi,
+                        head_dim);
         }
     }
-    free(first);
-    free(part);
-    free(span_seq);
+}
+
+/* Returns 0, or -1 for bad arguments (nothing is written then) or a failed allocation. One parallel region runs
+ * attn_team.
+ *
+ * Measured 2026-12-06 on the project's VM (SmolLM2's shapes, 120 layers' KV read cold, C loop, builds alternating):
+ * 640 positions 29-31 us a layer against 32-35 with only the next span's first key line and one value line a row
+ * prefetched, the runs split by items and a second region for the merge; with the KV in the caches 13-18 against
+ * 16-19 at 576 positions. */
+int native_decode_attention(const float *q, int batch, int heads, int kv_heads, int head_dim, const float *k,
+                            const float *v, long row_stride, long head_stride, const int *lengths, int capacity,
+                            float *out) {
+    attn_plan plan;
+    if (attn_plan_init(&plan, batch, heads, kv_heads, head_dim, lengths, capacity) != 0) return -1;
+#pragma omp parallel
+    attn_team(&plan, q, k, v, row_stride, head_stride, out);
+    attn_plan_free(&plan);
     return 0;
 }

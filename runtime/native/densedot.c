@@ -116,29 +116,39 @@ static void dense_rows_n(const float *w, const float *x, int cols, int ntok, flo
  * KIND_F32), all with `cols` columns. The threads share the stacked rows as thread_rows.h says (a contiguous share
  * each, one sequential stream, rows left over taken by whichever thread is done first), cut where parts meet.
  * Returns 0, or -1 for arguments out of range (nothing is written then). */
-int densedot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
-                    const float *x, int ntok, float *y, int ldy) {
+/* The rows of part starts `start` (start[0] = 0, start[p + 1] = start[p] + rows[p]) after checking the arguments:
+ * 0, or -1 for arguments out of range. */
+int densedot_check(int nparts, const int *kinds, const int *rows, int cols, int ntok, int ldy, int *start) {
     if (nparts < 1 || nparts > BLOCKDOT_MAX_PARTS || ntok < 1 || ntok > BLOCKDOT_MAX_TOKENS || cols < 1) return -1;
-    int start[BLOCKDOT_MAX_PARTS + 1];
     start[0] = 0;
     for (int p = 0; p < nparts; p++) {
         if (kinds[p] != KIND_F32 || rows[p] < 0) return -1;
         start[p + 1] = start[p] + rows[p];
     }
-    const int total = start[nparts];
-    if (total > ldy) return -1;
-    const int team = omp_get_max_threads(), chunk = row_chunk((long)cols * (long)sizeof(float));
+    return start[nparts] > ldy ? -1 : 0;
+}
+
+/* Thread `me`'s part of a checked product, inside a parallel region whose `count` shares were set up over the
+ * product's rows (row_shares_init): the rows it claims, until every share is empty. No barrier. */
+void densedot_team_rows(int nparts, const void *const *data, const int *start, int cols, const float *x, int ntok,
+                        float *y, int ldy, row_share *shares, int count, int me) {
+    const int chunk = row_chunk((long)cols * (long)sizeof(float));
+    int lo, hi, a, b;
+    while (row_next(shares, count, me, chunk, &lo, &hi))
+        for (int p = 0; p < nparts; p++)
+            if (rows_in_part(start, p, lo, hi, &a, &b))
+                dense_rows_n((const float *)data[p] + (size_t)(a - start[p]) * cols, x, cols, ntok, y + a, ldy, b - a);
+}
+
+int densedot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
+                    const float *x, int ntok, float *y, int ldy) {
+    int start[BLOCKDOT_MAX_PARTS + 1];
+    if (densedot_check(nparts, kinds, rows, cols, ntok, ldy, start) != 0) return -1;
+    const int team = omp_get_max_threads();
     row_share shares[team];
-    row_shares_init(shares, team, total);
+    row_shares_init(shares, team, start[nparts]);
 #pragma omp parallel num_threads(team)
-    {
-        int lo, hi, a, b;
-        while (row_next(shares, team, omp_get_thread_num(), chunk, &lo, &hi))
-            for (int p = 0; p < nparts; p++)
-                if (rows_in_part(start, p, lo, hi, &a, &b))
-                    dense_rows_n((const float *)data[p] + (size_t)(a - start[p]) * cols, x, cols, ntok, y + a, ldy,
-                                 b - a);
-    }
+    densedot_team_rows(nparts, data, start, cols, x, ntok, y, ldy, shares, team, omp_get_thread_num());
     return 0;
 }
 

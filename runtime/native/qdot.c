@@ -304,6 +304,59 @@ typedef void (*row_fn)(int, const uint8_t *, const acts *, float *);
 static const row_fn ROWS[2][BLOCKDOT_MAX_TOKENS + 1] = {
     {0, row_n1, row_n2, row_n3, row_n4, row_n5, row_n6, row_n7, row_n8},
     {0, row_w1, row_w2, row_w3, row_w4, row_w5, row_w6, row_w7, row_w8}};
+/* The activations of one product, quantised per 32 values to int8 (wide = 0) or to 16 bits (wide = 1): an `acts`
+ * header (64 bytes with its padding), then the values and scales it points to. qdot_prep_bytes: the bytes they
+ * take for `ntok` rows of `cols` values (64-byte aligned storage). */
+#define QDOT_HEAD 64
+_Static_assert(sizeof(acts) <= QDOT_HEAD, "acts must fit its header");
+
+size_t qdot_prep_bytes(int wide, int ntok, int cols) {
+    const size_t nq = (size_t)ntok * cols, nb = (size_t)ntok * (cols / QK);
+    return QDOT_HEAD + (wide ? 4 : 1) * nq + 4 * sizeof(float) * nb;
+}
+
+/* Quantise `ntok` rows of x into `buf` (qdot_prep_bytes of 64-byte aligned storage), by the calling thread: a few
+ * microseconds at most, measured as fast as a loop shared out in the region, and no barrier between them. */
+void qdot_prep(int wide, const float *x, int ntok, int cols, void *buf) {
+    const int nb = cols / QK;
+    const size_t nq = (size_t)ntok * cols;
+    float *xd = (float *)(void *)((unsigned char *)buf + QDOT_HEAD), *xs = xd + (size_t)ntok * nb;
+    float *xs16 = xs + (size_t)ntok * nb;
+    int16_t *xv = wide ? (int16_t *)(void *)(xs16 + 2 * (size_t)ntok * nb) : NULL;
+    int8_t *xq = wide ? (int8_t *)(xv + nq) : (int8_t *)(xs16 + 2 * (size_t)ntok * nb), *xl = wide ? xq + nq : NULL;
+    *(acts *)buf = (acts){xq, xl, xv, xd, xs, xs16, cols, nb};
+    for (int i = 0; i < ntok * nb; i++) quantise_block(x, cols, nb, i, xq, xl, xv, xd, xs, xs16);
+}
+
+/* What the threads' shares split: a checked product's output rows in groups of four. */
+int qdot_units(int total) { return (total + 3) / 4; }
+
+/* Thread `me`'s groups of a checked product (blockdot_check_parts: part starts `start`) inside a parallel region
+ * whose `count` shares split qdot_units(rows) (row_shares_init), the activations prepared in `buf` by qdot_prep.
+ * No barrier. */
+void qdot_team_rows(int wide, int nparts, const void *const *data, const int *kinds, const int *start, int cols,
+                    int ntok, const void *buf, float *y, int ldy, row_share *shares, int count, int me) {
+    const acts *a = (const acts *)buf;
+    const int total = start[nparts];
+    const row_fn fn = ROWS[wide][ntok];
+    const int chunk = row_chunk(4 * (long)(cols / block_elems(kinds[0])) * (long)block_bytes(kinds[0]));
+    int g0, g1;
+    while (row_next(shares, count, me, chunk, &g0, &g1))
+        for (int g = g0; g < g1; g++) {
+            const int first = 4 * g, end = first + 4 < total ? first + 4 : total;
+            int p = 0;
+            while (first >= start[p + 1]) p++;
+            for (int o = first; o < end; o++) {
+                while (o >= start[p + 1]) p++;
+                const int kind = kinds[p];
+                const size_t row_bytes = (size_t)(cols / block_elems(kind)) * block_bytes(kind);
+                float out[BLOCKDOT_MAX_TOKENS];
+                fn(kind, (const uint8_t *)data[p] + (size_t)(o - start[p]) * row_bytes, a, out);
+                for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
+            }
+        }
+}
+
 /* The product with the activations quantised per 32 values to int8 (wide = 0) or to 16 bits (wide = 1), for the
  * same arguments as blockdot_matmul. Returns 0, -1 for arguments out of range (nothing is written then), or -2
  * when the activation buffer cannot be allocated. */
@@ -311,44 +364,18 @@ static int qdot_run(int wide, int nparts, const void *const *data, const int *ki
                     const float *x, int ntok, float *y, int ldy) {
     int start[BLOCKDOT_MAX_PARTS + 1];
     if (blockdot_check_parts(nparts, kinds, rows, cols, ntok, ldy, start) != 0) return -1;
-    const int nb = cols / QK;
-    const size_t nq = (size_t)ntok * cols, bytes = (wide ? 4 : 1) * nq + 4 * sizeof(float) * (size_t)ntok * nb;
+    const size_t bytes = qdot_prep_bytes(wide, ntok, cols);
     /* Small calls (every decode product of a 1-2B model) keep the activations on the stack: no allocation. */
     _Alignas(64) unsigned char local[QDOT_STACK_BYTES];
-    void *heap = bytes > sizeof local ? malloc(bytes) : NULL;
+    void *heap = bytes > sizeof local ? aligned_alloc(64, (bytes + 63) / 64 * 64) : NULL;
     if (bytes > sizeof local && heap == NULL) return -2;
-    float *xd = heap ? (float *)heap : (float *)(void *)local, *xs = xd + (size_t)ntok * nb;
-    float *xs16 = xs + (size_t)ntok * nb;
-    int16_t *xv = wide ? (int16_t *)(void *)(xs16 + 2 * (size_t)ntok * nb) : NULL;
-    int8_t *xq = wide ? (int8_t *)(xv + nq) : (int8_t *)(xs16 + 2 * (size_t)ntok * nb), *xl = wide ? xq + nq : NULL;
-    const acts a = {xq, xl, xv, xd, xs, xs16, cols, nb};
-    /* Quantised by the calling thread before the region (a few microseconds at most): no barrier inside it between
-     * quantising and the rows (measured as fast as a loop shared out in the region). */
-    for (int i = 0; i < ntok * nb; i++) quantise_block(x, cols, nb, i, xq, xl, xv, xd, xs, xs16);
-    const int total = start[nparts];
-    const row_fn fn = ROWS[wide][ntok];
-    const int team = omp_get_max_threads(), groups = (total + 3) / 4; /* output rows in groups of four */
-    const int chunk = row_chunk(4 * (long)(cols / block_elems(kinds[0])) * (long)block_bytes(kinds[0]));
+    void *buf = heap ? heap : (void *)local;
+    qdot_prep(wide, x, ntok, cols, buf);
+    const int team = omp_get_max_threads();
     row_share shares[team];
-    row_shares_init(shares, team, groups);
+    row_shares_init(shares, team, qdot_units(start[nparts]));
 #pragma omp parallel num_threads(team)
-    {
-        int g0, g1;
-        while (row_next(shares, team, omp_get_thread_num(), chunk, &g0, &g1))
-            for (int g = g0; g < g1; g++) {
-                const int first = 4 * g, end = first + 4 < total ? first + 4 : total;
-                int p = 0;
-                while (first >= start[p + 1]) p++;
-                for (int o = first; o < end; o++) {
-                    while (o >= start[p + 1]) p++;
-                    const int kind = kinds[p];
-                    const size_t row_bytes = (size_t)(cols / block_elems(kind)) * block_bytes(kind);
-                    float out[BLOCKDOT_MAX_TOKENS];
-                    fn(kind, (const uint8_t *)data[p] + (size_t)(o - start[p]) * row_bytes, &a, out);
-                    for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
-                }
-            }
-    }
+    qdot_team_rows(wide, nparts, data, kinds, start, cols, ntok, buf, y, ldy, shares, team, omp_get_thread_num());
     free(heap);
     return 0;
 }

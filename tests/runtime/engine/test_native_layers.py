@@ -53,13 +53,16 @@ def _gguf_model(bias: bool, seed: int = 5, vocab: int = 97) -> LlamaModel:
     return LlamaModel(cfg, weights, quant="gguf", blocks=blocks)
 
 
-def _decode_together(model: LlamaModel, rows: int, path: str | None = None) -> list[tuple[list[int], torch.Tensor]]:
+def _decode_together(
+    model: LlamaModel, rows: int, path: str | None = None, threads: int = 1
+) -> list[tuple[list[int], torch.Tensor]]:
     """`rows` requests queued at once: they prefill, then decode as one batch that shrinks as each finishes (its
     own max_tokens), so every run of this has the same passes. Greedy, with logits. `path`: a float32 model's
-    products on it for 1 to 8 rows (`_force`, after the engine applied the suite's fixed rules)."""
+    products on it for 1 to 8 rows (`_force`, after the engine applied the suite's fixed rules). `threads`: the
+    engine's, fixed (the native layers' one parallel region shares every product and attention among them)."""
     g = torch.Generator().manual_seed(rows)
     prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (9, 30, 17, 41, 5, 22)[:rows]]
-    with Engine(model, capacity_blocks=64, page_size=8, threads=1, thread_policy="fixed") as engine:
+    with Engine(model, capacity_blocks=64, page_size=8, threads=threads, thread_policy="fixed") as engine:
         if path is not None:
             _force(model, path)
         release = hold_engine_loop(engine)
@@ -69,10 +72,11 @@ def _decode_together(model: LlamaModel, rows: int, path: str | None = None) -> l
     return [(list(r.token_ids), torch.stack(list(r.logits))) for r in results]
 
 
-@pytest.mark.parametrize("activations", ["float", "int8"])
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("activations", ["float", "int8", "int16"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_native_layers_give_the_eager_layers_bits(
-    monkeypatch: pytest.MonkeyPatch, activations: str, bias: bool
+    monkeypatch: pytest.MonkeyPatch, activations: str, bias: bool, threads: int
 ) -> None:
     rows = 4  # the batch shrinks 4 -> 3 -> 2 -> 1 as requests finish, the mirror's rows out of batch order on the way
     monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", activations)
@@ -88,10 +92,10 @@ def test_native_layers_give_the_eager_layers_bits(
         return out
 
     monkeypatch.setattr(native_layers.NativeLayers, "run", counted)
-    native = _decode_together(model, rows)
+    native = _decode_together(model, rows, threads=threads)
     assert ran and all(ran), "the native layers never ran, or refused a pass"
     model.native_layers = None
-    eager = _decode_together(model, rows)
+    eager = _decode_together(model, rows, threads=threads)
     for (tokens_a, a), (tokens_b, b) in zip(native, eager, strict=True):
         assert tokens_a == tokens_b
         assert torch.equal(a, b)
@@ -119,8 +123,9 @@ def _force(model: LlamaModel, path_to_8: str) -> None:
     apply_plan(layers, KernelPlan({}, choices))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 def test_float32_native_layers_give_the_eager_layers_bits_and_stay_near_float64(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, threads: int
 ) -> None:
     """A float32 model whose plan puts every product's 1 to 8 rows on "native" (densedot.c): its decode passes run
     in the native layers with the eager layers' bits, and its logits stay within float32 error of the same model
@@ -148,10 +153,10 @@ def test_float32_native_layers_give_the_eager_layers_bits_and_stay_near_float64(
     monkeypatch.setattr(
         native_layers.NativeLayers, "run", lambda self, x, f: ran.append((out := real(self, x, f)) is not None) or out
     )
-    native = _decode_together(model, 4, "native")
+    native = _decode_together(model, 4, "native", threads)
     assert ran and all(ran), "the native layers never ran, or refused a pass"
     monkeypatch.setattr(native_layers.NativeLayers, "run", lambda self, x, f: None)  # the plan stays: its SiLU too
-    eager = _decode_together(model, 4, "native")
+    eager = _decode_together(model, 4, "native", threads)
     for (tokens_a, a), (tokens_b, b), (tokens_c, c) in zip(native, eager, fixed, strict=True):
         assert tokens_a == tokens_b and torch.equal(a, b)
         assert tokens_a == tokens_c

@@ -1,0 +1,28 @@
+/* decode_attention.c's step plan and per-layer team call, for the decode layers (decode_layers.c), which run every
+ * layer's attention inside their one parallel region. */
+#ifndef RADIXCACHE_DECODE_ATTENTION_H
+#define RADIXCACHE_DECODE_ATTENTION_H
+#include <stddef.h>
+
+/* What a step's attention needs besides q, K, V and out: the same for every layer (lengths and shapes only). */
+typedef struct {
+    int batch, heads, kv_heads, head_dim, group, slices, spans;
+    long items, positions; /* work items (sequence, KV head, slice, span); positions summed over them */
+    size_t per_head;       /* floats a query head's partial result takes: max, sum, head_dim outputs */
+    float scale;
+    const int *lengths;    /* the caller's, read while the plan is used */
+    int *first, *span_seq; /* each sequence's first span; each span's sequence */
+    float *part;           /* the items' partial results */
+} attn_plan;
+
+/* 0, or -1 for bad arguments or a failed allocation (nothing to free then). */
+int attn_plan_init(attn_plan *plan, int batch, int heads, int kv_heads, int head_dim, const int *lengths,
+                   int capacity);
+void attn_plan_free(attn_plan *plan);
+/* Called by every thread of a parallel region; out is whole when it returns (it ends with a barrier). */
+void attn_team(const attn_plan *plan, const float *q, const float *k, const float *v, long row_stride,
+               long head_stride, float *out);
+int native_decode_attention(const float *q, int batch, int heads, int kv_heads, int head_dim, const float *k,
+                            const float *v, long row_stride, long head_stride, const int *lengths, int capacity,
+                            float *out);
+#endif
