@@ -101,6 +101,37 @@ def test_native_layers_give_the_eager_layers_bits(
         assert torch.equal(a, b)
 
 
+def test_a_bad_product_in_the_last_layer_is_refused_before_anything_is_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every layer's products are checked before the layers' region starts: the last layer's down product naming no
+    kernel fails the call with -1, and the hidden rows, the pool and the mirror are as they were (the layers before
+    it did not run), so the same pass with the table mended gives the eager layers' bits."""
+    model = _gguf_model(bias=False)
+    refused: list[bool] = []
+    real = native_layers.NativeLayers.run
+
+    def with_a_bad_product_first(self: Any, x: torch.Tensor, fused: Any) -> torch.Tensor | None:
+        last = self._table(x.shape[0])[len(self._layers) - 1]
+        kernel, last.down.kernel = last.down.kernel, 9
+        before = [t.clone() for t in (x, fused.pool.kv, *fused.mirror.k, *fused.mirror.v)]
+        try:
+            with pytest.raises(RuntimeError, match="status -1"):
+                real(self, x, fused)
+        finally:
+            last.down.kernel = kernel
+        after = (x, fused.pool.kv, *fused.mirror.k, *fused.mirror.v)
+        refused.append(all(torch.equal(a, b) for a, b in zip(before, after, strict=True)))
+        return real(self, x, fused)
+
+    monkeypatch.setattr(native_layers.NativeLayers, "run", with_a_bad_product_first)
+    native = _decode_together(model, 2, threads=2)
+    assert refused and all(refused), "a refused call wrote something"
+    model.native_layers = None
+    for (tokens_a, a), (tokens_b, b) in zip(native, _decode_together(model, 2, threads=2), strict=True):
+        assert tokens_a == tokens_b and torch.equal(a, b)
+
+
 def test_more_rows_than_the_native_norm_takes_run_the_eager_layers(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _gguf_model(bias=False)
     ran: list[bool] = []
