@@ -100,7 +100,8 @@ def report_lines(r: dict[str, Any]) -> list[str]:
         f"flags: {flags}",
         f"torch: {r['torch']}, {r['threads']} threads",
         "load average: " + " ".join("-" if v is None else f"{v:.2f}" for v in loads.values()),
-        f"read bandwidth: {r['bandwidth_gbs']} GB/s",
+        f"read bandwidth: {r['bandwidth_gbs']} GB/s (before the decode {r['bandwidth_read']['before']}, after it "
+        f"{r['bandwidth_read']['after']})",
     ]
     k = r["kernels"]
     where = f" ({k['file']})" if k["file"] else ""
@@ -126,4 +127,9 @@ def report_lines(r: dict[str, Any]) -> list[str]:
         f"decode (batch 1, {d['new_tokens']} tokens after {d['prompt_tokens']}): {d['decode_tps']} tok/s; "
         f"bound {d['bound_tps']} tok/s; {100 * d['of_bound']:.0f}% of the bound"
     )
+    if not r["bandwidth_read"]["steady"]:
+        lines.append(
+            "the memory's speed moved during the decode (the two readings differ by more than 10%): its share of "
+            "the bound is uncertain; run doctor again"
+        )
     return lines

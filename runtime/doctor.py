@@ -3,11 +3,12 @@ the kernels the engine chose for each weight shape (runtime.model.kernel_tune), 
 model against its bandwidth bound.
 
 The bound: batch-1 decode reads every weight once per token, so it cannot beat (read bandwidth) / (bytes of
-weights read per token), whatever the kernels. `decode_tps / bound_tps` says how much of the machine the engine
-uses; the kernels' own speed per shape is in the plan's timings. With quant="gguf" the report also names the block
-kinds the decode multiplies and the activations their kernels take (float unless asked otherwise): the 4-6 bit
-kinds are bound by arithmetic at one token, so a GGUF decode sits well under this bound
-(scripts/bench_block_kinds.py measures each kind).
+weights read per token), whatever the kernels. The bandwidth is read before and after the decode and the bound
+uses their mean; `bandwidth_read["steady"]` says whether the two agree within machine.STEADY_TOLERANCE.
+`decode_tps / bound_tps` says how much of the machine the engine uses; the kernels' own speed per shape is in the
+plan's timings. With quant="gguf" the report also names the block kinds the decode multiplies and the activations
+their kernels take (float unless asked otherwise): the 4-6 bit kinds are bound by arithmetic at one token, so a
+GGUF decode sits well under this bound (scripts/bench_block_kinds.py measures each kind).
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from typing import Any
 
 import torch
 
-from radixcache.runtime.machine import KERNEL_FLAGS, cpu_model, kernel_flags, load_average, read_bandwidth_gbs
+from radixcache.runtime.machine import (
+    KERNEL_FLAGS,
+    bandwidth_steady,
+    cpu_model,
+    kernel_flags,
+    load_average,
+    read_bandwidth_gbs,
+)
 from radixcache.runtime.model.kernel_plan import BUCKETS, KernelPlan
 from radixcache.runtime.model.quant import check_gguf_activations
 
@@ -36,13 +44,14 @@ class DoctorReport:
     torch: str
     threads: int
     load_average: dict[str, float | None]
-    bandwidth_gbs: float
+    bandwidth_gbs: float  # the mean of the readings before and after the decode: the bound's
     model: str
     quant: str
     weight_bytes_per_token: int
     kernels: dict[str, Any]
     decode: dict[str, Any] = field(default_factory=dict)
     blocks: dict[str, Any] | None = None  # quant="gguf": the block kinds and the kernels' activations (describe_blocks)
+    bandwidth_read: dict[str, Any] = field(default_factory=dict)  # before, after (GB/s), steady (bandwidth_steady)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -156,9 +165,11 @@ def diagnose(
         for layer in model_linears(engine.model):
             shape = f"{layer.weight.shape[0]}x{layer.weight.shape[1]}"
             counts[shape] = counts.get(shape, 0) + 1
-        bandwidth = read_bandwidth_gbs(bandwidth_mb, threads=threads)
+        before = read_bandwidth_gbs(bandwidth_mb, threads=threads)
         nbytes = weight_bytes_per_token(engine.model)
         decode = _decode(engine, prompt_tokens, new_tokens)
+        after = read_bandwidth_gbs(bandwidth_mb, threads=threads)
+        bandwidth = (before + after) / 2
         bound = bandwidth * 1e9 / nbytes
         decode |= {"bound_tps": round(bound, 1), "of_bound": round(decode["decode_tps"] / bound, 3)}
         loads = os.getloadavg() if hasattr(os, "getloadavg") else (None, None, None)
@@ -176,6 +187,11 @@ def diagnose(
             kernels={"mode": engine.engine_config.kernel_mode()} | describe_plan(engine.kernel_plan, counts),
             decode=decode,
             blocks=describe_blocks(engine.model),
+            bandwidth_read={
+                "before": round(before, 1),
+                "after": round(after, 1),
+                "steady": bandwidth_steady(before, after),
+            },
         )
     finally:
         engine.close()

@@ -83,6 +83,19 @@ def read_bandwidth_gbs(megabytes: int = 256, reps: int = 3, threads: int | None 
     return data.numel() * 4 / best / 1e9
 
 
+STEADY_TOLERANCE = 0.10  # two readings this close (a share of the larger) say the memory kept its speed
+
+
+def bandwidth_steady(before: float, after: float, tolerance: float = STEADY_TOLERANCE) -> bool:
+    """Whether two bandwidth readings taken around a measurement differ by at most `tolerance` of the larger. A
+    shared host's memory can change speed within a second (this project's VM reads between about 35 and 68 GB/s):
+    a decode between two readings that differ ran at some speed between them, so its share of a bound read from
+    either says little."""
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    return abs(before - after) <= tolerance * max(before, after)
+
+
 def run_queue_wait() -> float | None:
     """Seconds this process's threads have spent ready to run but waiting for a core, summed over its threads
     (Linux's /proc/self/task/*/schedstat, second field); None where that is not available. Only differences mean

@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_runtime_
 from radixcache.runtime import Engine
 from radixcache.runtime.doctor import weight_bytes_per_token
 from radixcache.runtime.loading import load_model
-from radixcache.runtime.machine import read_bandwidth_gbs
+from radixcache.runtime.machine import STEADY_TOLERANCE, bandwidth_steady, read_bandwidth_gbs
 from radixcache.runtime.model.llama import LlamaModel
 
 
@@ -67,11 +67,6 @@ def hf_decode_tps(hf: Any, ids: list[int], n: int) -> float:
     return (n - 1) / (full - first) if full > first else float("nan")
 
 
-def steady(before: float, after: float, tolerance: float) -> bool:
-    """Whether two bandwidth readings around a decode differ by at most `tolerance` of the larger."""
-    return abs(before - after) <= tolerance * max(before, after)
-
-
 def median_row(rows: list[dict[str, float]]) -> dict[str, float]:
     """Each field's median over `rows` (ratios too: the median of the rounds' own ratios)."""
     return {k: statistics.median(row[k] for row in rows) for k in rows[0]}
@@ -85,7 +80,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--kernels", default="auto", choices=["auto", "fixed", "retune"])
     ap.add_argument("--no-hf", action="store_true", help="skip transformers")
-    ap.add_argument("--tolerance", type=float, default=0.10, help="steady: the two readings within this share")
+    ap.add_argument("--tolerance", type=float, default=STEADY_TOLERANCE, help="steady: the readings within this share")
     ap.add_argument("--json", help="write every round here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -119,7 +114,7 @@ def main() -> None:
         bound = bw * 1e9 / nbytes
         row = {"load": load, "bw_before": before, "bw_after": after, "bw_gbs": bw, "bound": bound, "ours": ours}
         row |= {"hf": theirs, "of_bound": ours / bound, "vs_hf": ours / theirs}
-        row["steady"] = float(steady(before, after, args.tolerance))
+        row["steady"] = float(bandwidth_steady(before, after, args.tolerance))
         print(
             ("warm-up " if r == 0 else f"round {r}: ") + ", ".join(f"{k} {v:.2f}" for k, v in row.items()),
             flush=True,

@@ -21,7 +21,8 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from radixcache.cli.main import main
-from radixcache.runtime.machine import cpu_fields
+from radixcache.runtime import doctor
+from radixcache.runtime.machine import bandwidth_steady, cpu_fields
 from radixcache.runtime.model import kernel_tune
 
 ARGS = ["--threads", "1", "--tokens", "6", "--prompt-tokens", "12", "--bandwidth-mb", "16"]
@@ -43,6 +44,33 @@ def _weight_bytes(model_dir: Path) -> int:
         for name, w in weights.items()
         if name.endswith(".weight") and (any(p in name for p in LINEAR) or name == "lm_head.weight")
     )
+
+
+def test_bandwidth_readings_are_steady_within_a_tenth_of_the_larger() -> None:
+    assert bandwidth_steady(60.0, 60.0) and bandwidth_steady(66.0, 60.0) and bandwidth_steady(60.0, 66.0)
+    assert not bandwidth_steady(66.1, 59.4) and not bandwidth_steady(35.0, 62.0)
+    assert bandwidth_steady(35.0, 62.0, tolerance=0.5)
+    with pytest.raises(ValueError, match="tolerance"):
+        bandwidth_steady(1.0, 1.0, tolerance=-0.1)
+
+
+def test_doctor_says_when_the_memory_changed_speed_during_its_decode(
+    runner: CliRunner, tiny_model_dir: Path, kernel_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readings of 30 then 60 GB/s around the decode: the bound uses 45, and the report says the share is
+    uncertain (the JSON's `steady` false); 40 then 41: no such line."""
+    feed: list[float] = []  # the readings the next run takes, in order
+    monkeypatch.setattr(doctor, "read_bandwidth_gbs", lambda *a, **k: feed.pop(0))
+    for readings, steady in (([30.0, 60.0], False), ([40.0, 41.0], True)):
+        feed[:] = readings
+        out = runner.invoke(main, ["doctor", "--model", str(tiny_model_dir), *ARGS, "--json"])
+        assert out.exit_code == 0, out.output
+        r = json.loads(out.output)
+        assert r["bandwidth_read"] == {"before": readings[0], "after": readings[1], "steady": steady}
+        assert r["bandwidth_gbs"] == sum(readings) / 2
+        feed[:] = readings
+        text = runner.invoke(main, ["doctor", "--model", str(tiny_model_dir), *ARGS]).output
+        assert ("the memory's speed moved during the decode" in text) is not steady, text
 
 
 def test_doctor_reports_the_machine_the_kernels_and_the_decode_against_its_bound(
@@ -68,6 +96,10 @@ def test_doctor_reports_the_machine_the_kernels_and_the_decode_against_its_bound
     assert d["new_tokens"] == 6 and d["prompt_tokens"] == 12 and d["decode_tps"] > 0
     bound = r["bandwidth_gbs"] * 1e9 / r["weight_bytes_per_token"]
     assert d["bound_tps"] == pytest.approx(bound, rel=0.01)
+    read = r["bandwidth_read"]  # before and after the decode; the bound uses their mean
+    assert read["before"] > 0 and read["after"] > 0
+    assert r["bandwidth_gbs"] == pytest.approx((read["before"] + read["after"]) / 2, abs=0.1)
+    assert read["steady"] is bandwidth_steady(read["before"], read["after"])
     assert d["of_bound"] == pytest.approx(d["decode_tps"] / d["bound_tps"], rel=0.01, abs=0.002)
     assert r["blocks"] is None  # no GGUF blocks in a float32 checkpoint
 
@@ -75,7 +107,8 @@ def test_doctor_reports_the_machine_the_kernels_and_the_decode_against_its_bound
     assert again.exit_code == 0, again.output
     text = again.output
     assert f"kernels: auto, cache ({k['file']})" in text
-    for needle in ("cpu: ", "flags: avx2=", "torch: ", "read bandwidth: ", "load average: ", "tok/s", "of the bound"):
+    needles = ("cpu: ", "flags: avx2=", "torch: ", "read bandwidth: ", "before the decode", "load average: ", "tok/s")
+    for needle in (*needles, "of the bound"):
         assert needle in text, needle
     assert "  32x32 x2: 1" in text  # its first row range starts at 1 row ("1-2 rows ..." or "1 rows ...")
 
