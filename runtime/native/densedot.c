@@ -112,12 +112,8 @@ static void dense_rows_n(const float *w, const float *x, int cols, int ntok, flo
     }
 }
 
-/* y[t * ldy + o] for the rows of `nparts` stacked float32 parts (part p: `rows[p]` rows at `data[p]`, kind
- * KIND_F32), all with `cols` columns. The threads share the stacked rows as thread_rows.h says (a contiguous share
- * each, one sequential stream, rows left over taken by whichever thread is done first), cut where parts meet.
- * Returns 0, or -1 for arguments out of range (nothing is written then). */
-/* The rows of part starts `start` (start[0] = 0, start[p + 1] = start[p] + rows[p]) after checking the arguments:
- * 0, or -1 for arguments out of range. */
+/* Checks a product's arguments and fills `start`, each part's first output row (start[0] = 0, start[p + 1] =
+ * start[p] + rows[p]): 0, or -1 for arguments out of range. */
 int densedot_check(int nparts, const int *kinds, const int *rows, int cols, int ntok, int ldy, int *start) {
     if (nparts < 1 || nparts > BLOCKDOT_MAX_PARTS || ntok < 1 || ntok > BLOCKDOT_MAX_TOKENS || cols < 1) return -1;
     start[0] = 0;
@@ -140,6 +136,10 @@ void densedot_team_rows(int nparts, const void *const *data, const int *start, i
                 dense_rows_n((const float *)data[p] + (size_t)(a - start[p]) * cols, x, cols, ntok, y + a, ldy, b - a);
 }
 
+/* y[t * ldy + o] for the rows of `nparts` stacked float32 parts (part p: `rows[p]` rows at `data[p]`, kind
+ * KIND_F32), all with `cols` columns. The threads share the stacked rows as thread_rows.h says (a contiguous share
+ * each, one sequential stream, rows left over taken by whichever thread is done first), cut where parts meet.
+ * Returns 0, or -1 for arguments out of range (nothing is written then). */
 int densedot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
                     const float *x, int ntok, float *y, int ldy) {
     int start[BLOCKDOT_MAX_PARTS + 1];
