@@ -26,8 +26,9 @@
  * cold, 3.4 us of an item's 5.4); the thread's next item's key rows, whole, while its values are read. Measured
  * 2026-12-06 against the next span's first key line and one value line per row while the keys are read (SmolLM2's
  * shapes, 120 layers' KV read cold, a C loop, builds alternating): 29-31 against 33-35 us a layer at 576 and 640
- * positions; inside SmolLM2's fp32 decode, builds alternating step by step, the 30 layers 1.2% faster at 512 + 64
- * positions and 1.6% at 2,000 + 64 (with the threads' runs cut by positions, below). */
+ * positions; inside SmolLM2's fp32 decode, builds alternating step by step (scripts/bench_native_ab.py), the 30
+ * layers 1.2% faster at 512 + 129 positions and 1.5% at 2,000 + 129 (with the threads' runs cut by positions,
+ * below). */
 #include <stdint.h>
 #include <stdlib.h>
 #ifdef _OPENMP
