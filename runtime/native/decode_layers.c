@@ -104,6 +104,15 @@ static void add_into(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
 }
 
+/* Every thread of the layers' region: a barrier (thread 0 has prepared the product), its rows of the product
+ * (team_product.h), a barrier (y is whole). */
+static void product_rows(const native_linear *w, const int *start, const float *x, int rows, const void *prep, float *y,
+                         row_share *shares, int count, int me) {
+#pragma omp barrier
+    team_rows(w, start, x, rows, prep, y, shares, count, me);
+#pragma omp barrier
+}
+
 /* The decoder layers over `rows` decode rows x `[rows, hidden]` (updated in place). The pool is one tensor
  * `[layers, 2, slots..]`: layer l's K at pool + l * pool_layer_stride, its V pool_v_offset further. mirror_k[l] /
  * mirror_v[l]: layer l's mirror rows (`[rows cap, kv_heads, cap, head_dim]`, strides as given); lengths: the
@@ -170,9 +179,7 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
                 native_rms_norm(x, L->ln_in, rows, hidden, eps, h);
                 team_prep(w[0], start[0], h, rows, prep, shares[0], team);
             }
-#pragma omp barrier
-            team_rows(w[0], start[0], h, rows, prep, qkv, shares[0], team, me);
-#pragma omp barrier
+            product_rows(w[0], start[0], h, rows, prep, qkv, shares[0], team, me);
             if (me == 0) {
                 float *pool_k = pool + (size_t)l * pool_layer_stride, *pool_v = pool_k + pool_v_offset;
                 team_bias(w[0], qkv, rows);
@@ -192,26 +199,20 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
                            att_width * sizeof(float));
                 team_prep(w[1], start[1], att, rows, prep, shares[1], team);
             }
-#pragma omp barrier
-            team_rows(w[1], start[1], att, rows, prep, h, shares[1], team, me); /* h is free until the next norm */
-#pragma omp barrier
+            product_rows(w[1], start[1], att, rows, prep, h, shares[1], team, me); /* h is free until the next norm */
             if (me == 0) {
                 team_bias(w[1], h, rows);
                 add_into(x, h, (size_t)rows * hidden);
                 native_rms_norm(x, L->ln_post, rows, hidden, eps, h);
                 team_prep(w[2], start[2], h, rows, prep, shares[2], team);
             }
-#pragma omp barrier
-            team_rows(w[2], start[2], h, rows, prep, gu, shares[2], team, me);
-#pragma omp barrier
+            product_rows(w[2], start[2], h, rows, prep, gu, shares[2], team, me);
             if (me == 0) {
                 team_bias(w[2], gu, rows);
                 native_silu_mul(gu, rows, inter, act); /* inside the region: on this thread alone */
                 team_prep(w[3], start[3], act, rows, prep, shares[3], team);
             }
-#pragma omp barrier
-            team_rows(w[3], start[3], act, rows, prep, h, shares[3], team, me);
-#pragma omp barrier
+            product_rows(w[3], start[3], act, rows, prep, h, shares[3], team, me);
             if (me == 0) {
                 team_bias(w[3], h, rows);
                 add_into(x, h, (size_t)rows * hidden);
