@@ -53,6 +53,7 @@ HEADERS = tuple(
         "vector_exp.h",
         "attention_parts.h",
         "decode_attention.h",
+        "decode_store.h",
         "thread_rows.h",
         "qdot_acts.h",
         "qdot_vec.h",

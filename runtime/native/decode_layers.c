@@ -16,8 +16,9 @@
  * the final norm, the output head and each row's greedy token (row_argmax.c).
  *
  * The layers run in one parallel region: the products' rows and the attention's items are shared by the threads
- * (team_product.h, attn_team), the norms, RoPE and stores, residual adds and each product's prepared activations
- * are one thread's, and barriers order them. A call per product and two per attention each started a region of
+ * (team_product.h, attn_team), the q heads' RoPE goes to thread 0 and the k and v heads' RoPE and stores to the
+ * last thread (decode_store.h), the norms, residual adds, SiLU and each product's prepared activations are thread
+ * 0's, and barriers order them. A call per product and two per attention each started a region of
  * their own before (5 regions a layer): the 30 layers of SmolLM2's fp32 decode step take 1.1-2.7% less time in
  * one region where the memory reads fast, 0.5% where it reads 35-38 GB/s (steps alternating between the builds,
  * 372 pairs a run, 2026-12-06; gguf 0.6%), and nothing is written when a product's arguments are wrong (every
@@ -28,6 +29,7 @@
 #include <string.h>
 
 #include "decode_attention.h"
+#include "decode_store.h"
 #include "team_product.h"
 #include "vector_exp.h"
 
@@ -40,11 +42,6 @@ int qdot16_matmul(int nparts, const void *const *data, const int *kinds, const i
 int densedot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
                     const float *x, int ntok, float *y, int ldy);
 int native_rms_norm(const float *x, const float *w, int rows, int cols, float eps, float *out);
-int native_rope_store(const float *qkv, int rows, int heads, int kv_heads, int head_dim, const long *positions,
-                      const float *cos, const float *ssin, long max_position, float *q_out, float *pool_k,
-                      float *pool_v, const long *slots, long num_slots, float *mirror_k, float *mirror_v,
-                      long mirror_row_stride, long mirror_head_stride, const long *mirror_rows,
-                      const long *mirror_pos, long mirror_rows_cap, long mirror_cap);
 int native_row_argmax(const float *x, int rows, long cols, long *best);
 
 #define SILU_EXP_MAX 88.0f /* exp(88) ~ 1.7e38 is finite: g / (1 + e) stays a (tiny) number for very negative g */
@@ -116,9 +113,9 @@ static void product_rows(const native_linear *w, const int *start, const float *
 /* The decoder layers over `rows` decode rows x `[rows, hidden]` (updated in place). The pool is one tensor
  * `[layers, 2, slots..]`: layer l's K at pool + l * pool_layer_stride, its V pool_v_offset further. mirror_k[l] /
  * mirror_v[l]: layer l's mirror rows (`[rows cap, kv_heads, cap, head_dim]`, strides as given); lengths: the
- * positions each row attends. Returns 0, or -1 for bad arguments (a product's, the lengths': nothing is written
- * then; a RoPE store's index out of range: the layers before it written, as an eager pass that raises leaves
- * them), or -2 when scratch memory cannot be allocated. */
+ * positions each row attends. Returns 0, or -1 for bad arguments (a product's, the lengths', a position, slot or
+ * mirror place out of range: every one is checked first, so nothing is written then), or -2 when scratch memory
+ * cannot be allocated. */
 int native_decode_layers(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
                          int kv_heads, int head_dim, int inter, float eps, const long *positions, const float *cos,
                          const float *ssin, long max_position, float *pool, long pool_layer_stride,
@@ -141,6 +138,12 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
             prep_bytes = b > prep_bytes ? b : prep_bytes;
         }
     }
+    /* RoPE and the stores: the same positions, slots and mirror places for every layer, checked once */
+    const rope_store_args rope = {NULL,  rows,      heads,    kv_heads, head_dim,          positions,
+                                  cos,   ssin,      max_position, NULL, pool,              pool + pool_v_offset,
+                                  slots, num_slots, NULL,     NULL,     mirror_row_stride, mirror_head_stride,
+                                  mirror_rows, mirror_pos, mirror_rows_cap, mirror_cap};
+    if (rope_store_check(&rope) != 0) return -1;
     attn_plan plan;
     if (attn_plan_init(&plan, rows, heads, kv_heads, head_dim, lengths, (int)mirror_cap) != 0) return -1;
     const size_t sizes[9] = {(size_t)rows * hidden,    (size_t)rows * qkv_width, (size_t)rows * att_width,
@@ -167,7 +170,6 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
     const int team = omp_get_max_threads();
     row_share shares[4][team]; /* each product's, set by thread 0 before the barrier that precedes its rows */
     int start[4][BLOCKDOT_MAX_PARTS + 1];
-    int status = 0;
 #pragma omp parallel num_threads(team)
     {
         const int me = omp_get_thread_num();
@@ -180,18 +182,26 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
                 team_prep(w[0], start[0], h, rows, prep, shares[0], team);
             }
             product_rows(w[0], start[0], h, rows, prep, qkv, shares[0], team, me);
+            if (w[0]->bias != NULL) { /* the same for every thread: all meet the barrier, or none */
+                if (me == 0) team_bias(w[0], qkv, rows);
+#pragma omp barrier
+            }
+            /* the q heads' RoPE on thread 0, the k and v heads' (the other end of qkv, most of it written by the
+             * last thread's share) and their stores on the last thread */
+            rope_store_args here = rope;
+            here.qkv = qkv;
+            here.q_out = q;
+            here.pool_k += (size_t)l * pool_layer_stride;
+            here.pool_v += (size_t)l * pool_layer_stride;
+            here.mirror_k = mirror_k[l];
+            here.mirror_v = mirror_v[l];
             if (me == 0) {
-                float *pool_k = pool + (size_t)l * pool_layer_stride, *pool_v = pool_k + pool_v_offset;
-                team_bias(w[0], qkv, rows);
-                status = native_rope_store(qkv, rows, heads, kv_heads, head_dim, positions, cos, ssin, max_position,
-                                           q, pool_k, pool_v, slots, num_slots, mirror_k[l], mirror_v[l],
-                                           mirror_row_stride, mirror_head_stride, mirror_rows, mirror_pos,
-                                           mirror_rows_cap, mirror_cap);
+                rope_store_q(&here);
                 for (int r = 0; order != NULL && r < rows; r++)
                     memcpy(q_rows + (size_t)r * att_width, q + (size_t)order[r] * att_width, att_width * sizeof(float));
             }
+            if (me == omp_get_num_threads() - 1) rope_store_kv(&here);
 #pragma omp barrier
-            if (status != 0) break; /* thread 0 wrote it before the barrier: every thread leaves here */
             attn_team(&plan, q_rows, mirror_k[l], mirror_v[l], mirror_row_stride, mirror_head_stride, att_rows);
             if (me == 0) {
                 for (int t = 0; order != NULL && t < rows; t++)
@@ -221,7 +231,7 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
     }
     attn_plan_free(&plan);
     free(scratch);
-    return status;
+    return 0;
 }
 
 /* The decode rows' logits after the last layer: logits = head(rms_norm(x, norm)) `[rows, head->out]`, the same calls
