@@ -101,30 +101,35 @@ def test_native_layers_give_the_eager_layers_bits(
         assert torch.equal(a, b)
 
 
-def test_a_bad_product_in_the_last_layer_is_refused_before_anything_is_written(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Every layer's products are checked before the layers' region starts: the last layer's down product naming no
-    kernel fails the call with -1, and the hidden rows, the pool and the mirror are as they were (the layers before
-    it did not run), so the same pass with the table mended gives the eager layers' bits."""
+@pytest.mark.parametrize("fault", ["product", "slot"])
+def test_a_bad_argument_is_refused_before_anything_is_written(monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    """Every layer's products, and the pass's pool slots (the same for every layer), are checked before the layers'
+    region starts: the last layer's down product naming no kernel, or a row's slot past the pool, fails the call
+    with -1, and the hidden rows, the pool and the mirror are as they were (no layer ran), so the same pass with
+    the fault mended gives the eager layers' bits."""
     model = _gguf_model(bias=False)
     refused: list[bool] = []
     real = native_layers.NativeLayers.run
 
-    def with_a_bad_product_first(self: Any, x: torch.Tensor, fused: Any) -> torch.Tensor | None:
+    def with_a_fault_first(self: Any, x: torch.Tensor, fused: Any) -> torch.Tensor | None:
         last = self._table(x.shape[0])[len(self._layers) - 1]
-        kernel, last.down.kernel = last.down.kernel, 9
+        kernel, slots = last.down.kernel, fused.slots
+        if fault == "product":
+            last.down.kernel = 9
+        else:
+            fused.slots = slots.clone()
+            fused.slots[-1] = fused.pool.kv.shape[2] * fused.pool.kv.shape[3]  # one past the last slot
         before = [t.clone() for t in (x, fused.pool.kv, *fused.mirror.k, *fused.mirror.v)]
         try:
             with pytest.raises(RuntimeError, match="status -1"):
                 real(self, x, fused)
         finally:
-            last.down.kernel = kernel
+            last.down.kernel, fused.slots = kernel, slots
         after = (x, fused.pool.kv, *fused.mirror.k, *fused.mirror.v)
         refused.append(all(torch.equal(a, b) for a, b in zip(before, after, strict=True)))
         return real(self, x, fused)
 
-    monkeypatch.setattr(native_layers.NativeLayers, "run", with_a_bad_product_first)
+    monkeypatch.setattr(native_layers.NativeLayers, "run", with_a_fault_first)
     native = _decode_together(model, 2, threads=2)
     assert refused and all(refused), "a refused call wrote something"
     model.native_layers = None
