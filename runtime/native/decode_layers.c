@@ -139,10 +139,13 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
         }
     }
     /* RoPE and the stores: the same positions, slots and mirror places for every layer, checked once */
-    const rope_store_args rope = {NULL,  rows,      heads,    kv_heads, head_dim,          positions,
-                                  cos,   ssin,      max_position, NULL, pool,              pool + pool_v_offset,
-                                  slots, num_slots, NULL,     NULL,     mirror_row_stride, mirror_head_stride,
-                                  mirror_rows, mirror_pos, mirror_rows_cap, mirror_cap};
+    const rope_store_args rope = {.rows = rows, .heads = heads, .kv_heads = kv_heads, .head_dim = head_dim,
+                                  .positions = positions, .cos = cos, .ssin = ssin, .max_position = max_position,
+                                  .pool_k = pool, .pool_v = pool + pool_v_offset, .slots = slots,
+                                  .num_slots = num_slots, .mirror_row_stride = mirror_row_stride,
+                                  .mirror_head_stride = mirror_head_stride, .mirror_rows = mirror_rows,
+                                  .mirror_pos = mirror_pos, .mirror_rows_cap = mirror_rows_cap,
+                                  .mirror_cap = mirror_cap}; /* qkv, q_out and the mirror's layer: set per layer */
     if (rope_store_check(&rope) != 0) return -1;
     attn_plan plan;
     if (attn_plan_init(&plan, rows, heads, kv_heads, head_dim, lengths, (int)mirror_cap) != 0) return -1;

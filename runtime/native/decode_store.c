@@ -81,10 +81,13 @@ int native_rope_store(const float *qkv, int rows, int heads, int kv_heads, int h
                       float *pool_v, const long *slots, long num_slots, float *mirror_k, float *mirror_v,
                       long mirror_row_stride, long mirror_head_stride, const long *mirror_rows,
                       const long *mirror_pos, long mirror_rows_cap, long mirror_cap) {
-    const rope_store_args a = {qkv,       rows,     heads,    kv_heads,          head_dim,           positions,
-                               cos,       ssin,     max_position, q_out,         pool_k,             pool_v,
-                               slots,     num_slots, mirror_k, mirror_v,         mirror_row_stride,  mirror_head_stride,
-                               mirror_rows, mirror_pos, mirror_rows_cap, mirror_cap};
+    const rope_store_args a = {.qkv = qkv, .rows = rows, .heads = heads, .kv_heads = kv_heads, .head_dim = head_dim,
+                               .positions = positions, .cos = cos, .ssin = ssin, .max_position = max_position,
+                               .q_out = q_out, .pool_k = pool_k, .pool_v = pool_v, .slots = slots,
+                               .num_slots = num_slots, .mirror_k = mirror_k, .mirror_v = mirror_v,
+                               .mirror_row_stride = mirror_row_stride, .mirror_head_stride = mirror_head_stride,
+                               .mirror_rows = mirror_rows, .mirror_pos = mirror_pos,
+                               .mirror_rows_cap = mirror_rows_cap, .mirror_cap = mirror_cap};
     if (rope_store_check(&a) != 0) return -1;
     rope_store_q(&a);
     rope_store_kv(&a);
