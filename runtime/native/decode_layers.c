@@ -11,9 +11,9 @@
  *   a = decode_attention(q, mirror); x = x + (Wo a (+ bias));
  *   h = rms_norm(x, ln_post); gu = Wgu h (+ bias); x = x + (Wdown silu_mul(gu) (+ bias)).
  *
- * A product runs blockdot_matmul (float activations), qdot_matmul (int8), qdot16_matmul (16-bit) or densedot_matmul
- * (a float32 model's plain weights), as the layer's `kernel` says. `native_decode_head` (at the end) runs what follows the last layer:
- * the final norm, the output head and each row's greedy token (row_argmax.c).
+ * A product runs the rows of blockdot (float activations), qdot (int8 or 16-bit) or densedot (a float32 model's
+ * plain weights), as the layer's `kernel` says. `native_decode_head` (at the end) runs what follows the last
+ * layer: the final norm, the output head and each row's greedy token (row_argmax.c).
  *
  * The layers run in one parallel region: the products' rows and the attention's items are shared by the threads
  * (team_product.h, attn_team), the q heads' RoPE goes to thread 0 and the k and v heads' RoPE and stores to the
@@ -91,10 +91,8 @@ static int product(const native_linear *w, const float *x, int rows, float *y) {
     static const matmul_fn kernels[4] = {blockdot_matmul, qdot_matmul, densedot_matmul, qdot16_matmul};
     if (w->kernel < 0 || w->kernel > 3) return -1;
     const int status = kernels[w->kernel](w->nparts, w->data, w->kinds, w->rows, w->cols, x, rows, y, w->out);
-    if (status != 0 || w->bias == NULL) return status;
-    for (int t = 0; t < rows; t++)
-        for (int i = 0; i < w->out; i++) y[(size_t)t * w->out + i] += w->bias[i];
-    return 0;
+    if (status == 0) team_bias(w, y, rows);
+    return status;
 }
 
 static void add_into(float *x, const float *y, size_t n) {
@@ -180,7 +178,7 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
             const native_layer *L = layers + l;
             const native_linear *w[4] = {&L->qkv, &L->o, &L->gate_up, &L->down};
             if (me == 0) {
-                for (int k = 0; k < 4; k++) team_check(w[k], rows, start[k]);
+                for (int k = 0; k < 4; k++) team_check(w[k], rows, start[k]); /* checked above: the starts */
                 native_rms_norm(x, L->ln_in, rows, hidden, eps, h);
                 team_prep(w[0], start[0], h, rows, prep, shares[0], team);
             }

@@ -64,7 +64,8 @@ static inline void team_prep(const native_linear *w, const int *start, const flo
                              row_share *shares, int count) {
     const int total = start[w->nparts];
     if (w->kernel == KERNEL_BLOCKS) blockdot_prep(w->nparts, w->kinds, x, w->cols, rows, (float *)prep);
-    if (w->kernel == KERNEL_INT8 || w->kernel == KERNEL_INT16) qdot_prep(w->kernel == KERNEL_INT16, x, rows, w->cols, prep);
+    if (w->kernel == KERNEL_INT8 || w->kernel == KERNEL_INT16)
+        qdot_prep(w->kernel == KERNEL_INT16, x, rows, w->cols, prep);
     const int units = w->kernel == KERNEL_INT8 || w->kernel == KERNEL_INT16 ? qdot_units(total) : total;
     row_shares_init(shares, count, units);
 }

@@ -1,4 +1,5 @@
-/* A product's output rows shared by the threads of a parallel region (densedot.c, blockdot.c, qdot.c).
+/* A product's output rows shared by the threads of a parallel region (densedot.c, blockdot.c, qdot.c; inside the
+ * decode layers' region through team_product.h).
  *
  * Each thread owns one contiguous share of the rows, in thread order, and takes it from the front a chunk at a
  * time (less near its end: row_claim): one sequential stream of weights per thread. A thread whose share is done
