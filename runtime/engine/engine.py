@@ -297,13 +297,9 @@ class Engine:
         with what they generated), and wait for the loop thread to exit. The cache keeps what it holds. Returns False if
         the thread was still busy after `timeout` seconds. Calling it again is harmless."""
         self._closed = True
-
-        def cancel_all(s: Scheduler) -> None:
-            for r in [*s.waiting, *s.prefilling, *s.decoding]:
-                s.abort(r, "cancelled")
-
+        self._loop.refuse_submissions()  # a caller past the checks above (still building its request) is refused
         if not self._loop.idle():
-            self._loop.call(cancel_all)
+            self._loop.call(lambda s: s.abort_all("cancelled"))
         idle = self._loop.wait_idle(timeout)
         if idle and self.tiers is not None:  # the disk writes still queued finish (a restart then finds them)
             self.tiers.close(timeout)

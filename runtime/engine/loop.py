@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from radixcache.runtime.engine.errors import EngineDeadError
+from radixcache.runtime.engine.errors import EngineClosedError, EngineDeadError
 from radixcache.runtime.engine.request import GenerationResult, Request, dequeued
 from radixcache.runtime.engine.scheduler import Scheduler
 from radixcache.runtime.engine.threads import PROBE_PREFILL_TOKENS, ThreadController
@@ -102,6 +102,7 @@ class EngineLoop:
         self._handles: dict[int, RequestHandle] = {}
         self._thread: threading.Thread | None = None
         self._dead: EngineDeadError | None = None
+        self._refusing = False  # closed to new requests (Engine.close); commands still run
         self.recorder: TraceRecorder | None = None  # sees every request that leaves (Engine.record_trace)
 
     def submit(self, req: Request) -> RequestHandle:
@@ -137,7 +138,12 @@ class EngineLoop:
                     continue
                 self._handles[handle.rid] = handle
 
-        self.call(add_all)
+        try:
+            self.call(add_all, submission=True)
+        except BaseException:  # refused (closed, or the loop died meanwhile): they leave the admission queue
+            for r in reqs:
+                dequeued(r)
+            raise
         return handles
 
     @property
@@ -150,9 +156,16 @@ class EngineLoop:
         if self._dead is not None:
             raise EngineDeadError(self._dead.cause)
 
-    def call(self, fn: Callable[[Scheduler], Any]) -> Future[Any]:
+    def refuse_submissions(self) -> None:
+        """Take no new request from now on (EngineClosedError): one whose submission is already queued runs before
+        any command queued after this call (the inbox is in order), so a close's cancel reaches it."""
+        with self._cv:
+            self._refusing = True
+
+    def call(self, fn: Callable[[Scheduler], Any], *, submission: bool = False) -> Future[Any]:
         """Run `fn(scheduler)` on the loop thread between steps; its return value comes back in the future.
-        Raises EngineDeadError once the loop thread has died."""
+        Raises EngineDeadError once the loop thread has died, and EngineClosedError for a `submission` (new
+        requests) once `refuse_submissions` was called: checked under the lock that queues it."""
         fut: Future[Any] = Future()
 
         def run(s: Scheduler) -> None:
@@ -165,6 +178,8 @@ class EngineLoop:
 
         with self._cv:
             self.check_alive()
+            if submission and self._refusing:
+                raise EngineClosedError("this engine is closed")
             self._inbox.append(run)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="radixcache-engine", daemon=True)

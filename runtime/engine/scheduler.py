@@ -116,6 +116,11 @@ class Scheduler:
         self._leave(req)
         return True
 
+    def abort_all(self, reason: str) -> None:
+        """`abort` every request in flight (Engine.close)."""
+        for r in [*self.waiting, *self.prefilling, *self.decoding]:
+            self.abort(r, reason)
+
     def step(self) -> None:
         """One engine step: time out, pick the decodes and the prefill chunks, run them in one pass, emit; at most
         `prefill_cap` prompt tokens when set (by the loop while its thread controller is `measuring`)."""

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from radixcache.runtime import Engine
+from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.testing import RandomModel
 
 from .conftest import assert_clean, ids
@@ -41,3 +42,35 @@ def test_an_engine_is_a_context_manager(tiny: RandomModel) -> None:
     with pytest.raises(RuntimeError, match="closed"):
         engine.submit(ids(5, 5), 2)
     assert_clean(engine)
+
+
+def test_a_request_still_being_built_when_close_returns_is_refused(tiny: RandomModel) -> None:
+    """close() returned, so nothing may run afterwards: a caller past the closed check, still building its request
+    (a grammar compiling, a long prompt encoding), gets EngineClosedError and leaves the queue count at 0."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4, max_queue=4)
+    build, building, go = engine._builder.build, threading.Event(), threading.Event()
+
+    def slow_build(prompt: object, options: object) -> object:
+        building.set()
+        assert go.wait(30)
+        return build(prompt, options)  # type: ignore[arg-type]
+
+    engine._builder.build = slow_build  # type: ignore[method-assign]
+    outcome: list[object] = []
+    caller = threading.Thread(target=lambda: outcome.append(_call(engine)))
+    caller.start()
+    assert building.wait(30)
+    assert engine.close(30)
+    go.set()
+    caller.join(30)
+    assert isinstance(outcome[0], EngineClosedError), outcome
+    assert engine.queue.waiting == 0
+    assert engine._loop.idle()
+    assert_clean(engine)
+
+
+def _call(engine: Engine) -> object:
+    try:
+        return engine.generate(ids(10, 1), 20, ignore_eos=True)
+    except Exception as exc:
+        return exc
