@@ -124,11 +124,14 @@ def resolve_options(
 
 
 def check_namespace(namespace: Hashable) -> None:
-    """A namespace keys the cache's roots: refuse an unhashable one before anything is queued."""
+    """A namespace keys the cache's roots: refuse an unhashable one, or one unequal to itself (NaN: its nodes would
+    fail the tree's invariant check, and no other request could ever match it), before anything is queued."""
     try:
         hash(namespace)
     except TypeError:
         raise ValueError(f"namespace must be hashable, got {type(namespace).__name__}") from None
+    if namespace != namespace:
+        raise ValueError(f"namespace must equal itself, got {namespace!r}")
 
 
 _SAMPLING = frozenset(f.name for f in dataclasses.fields(SamplingParams))

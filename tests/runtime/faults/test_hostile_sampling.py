@@ -163,6 +163,18 @@ def test_bad_request_options_are_refused_naming_the_field(field: str, value: obj
         RequestOptions.of(**{"max_new_tokens": 8, field: value})
 
 
+def test_a_nan_namespace_is_refused_and_the_tree_stays_checkable(tiny: RandomModel) -> None:
+    """A NaN namespace hashes but never equals a copy of itself: its nodes failed the tree's own invariant check
+    (each node's namespace equals its root's), so `check()` reported a broken cache, and no other NaN ever hit it."""
+    with _engine(tiny) as engine:
+        with pytest.raises(ValueError, match="namespace"):
+            engine.generate(ids(40, 1), 4, namespace=math.nan)
+        with pytest.raises(ValueError, match="namespace"):
+            engine.unpin(namespace=math.nan)
+        assert engine.generate(ids(40, 1), 4, namespace="t").finish_reason == "length"
+        assert_clean(engine)
+
+
 def test_sane_edge_values_are_accepted() -> None:
     SamplingParams(temperature=0.0, top_p=1.0, min_p=0.0, repetition_penalty=0.01, presence_penalty=-2.0)
     SamplingParams(temperature=100.0, top_k=0, repetition_penalty=100.0, frequency_penalty=2.0, seed=2**63 - 1)
