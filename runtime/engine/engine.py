@@ -216,6 +216,8 @@ class Engine:
         held of that common prefix when the call arrived: one sample's work for the others is not a cache hit.
         `each[i]`: keyword arguments for prompt i only (say its seed), over the shared ones.
         """
+        if prompts and split_batch(prompts)[1]:  # a text's characters (or one prompt's ids) are not prompts
+            raise ValueError("submit_group takes a list of prompts, got one prompt: pass [prompt]")
         if each and len(each) != len(prompts):
             raise ValueError(f"each has {len(each)} entries for {len(prompts)} prompts")
         opts = self._options(max_new_tokens, options, kwargs, "submit_group")

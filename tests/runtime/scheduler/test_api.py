@@ -167,3 +167,13 @@ def test_cancelling_an_awaiting_task_aborts_its_request_and_spares_the_others(ti
     asyncio.run(main())
     assert engine.wait_idle(timeout=60)
     assert_clean(engine)
+
+
+@pytest.mark.parametrize("one", ["abc", [5, 6, 7]], ids=["text", "ids"])
+def test_submit_group_refuses_one_prompt_in_place_of_a_list(tiny: RandomModel, one: object) -> None:
+    """A text given as the group ran each of its characters as a prompt of its own."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    with pytest.raises(ValueError, match=r"list of prompts.*\[prompt\]"):
+        engine.submit_group(one, 3)  # type: ignore[arg-type]
+    assert engine.submit_group([], 3) == []
+    assert_clean(engine)
