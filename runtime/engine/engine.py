@@ -242,12 +242,12 @@ class Engine:
         Each result's `cached_tokens` counts what was cached before the call: the prefix computed by one branch
         for the others is the call's own work, not a cache hit."""
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "fork")
-        text = self._builder.render(prefix, opts.tool_use) if is_messages(prefix) else prefix  # type: ignore[arg-type]
-        ids = self._builder.encode(text)
         if continuations is not None:
             n = len(continuations)
-        if n < 1:
-            raise ValueError(f"fork needs n >= 1, got {n}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"fork needs n >= 1 (an integer), got {n!r}")
+        text = self._builder.render(prefix, opts.tool_use) if is_messages(prefix) else prefix  # type: ignore[arg-type]
+        ids = self._builder.encode(text)
         build = self._builder.encode_continuation
         tails = [build(c) for c in continuations] if continuations is not None else [[]] * n
         branches = [opts if seed is None else opts.updated(seed=seed + i) for i in range(n)]

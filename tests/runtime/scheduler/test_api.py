@@ -177,3 +177,15 @@ def test_submit_group_refuses_one_prompt_in_place_of_a_list(tiny: RandomModel, o
         engine.submit_group(one, 3)  # type: ignore[arg-type]
     assert engine.submit_group([], 3) == []
     assert_clean(engine)
+
+
+@pytest.mark.parametrize("n", [2.5, "3", True, 0, -1])
+def test_fork_refuses_an_n_that_is_not_a_positive_integer_by_name(tiny: RandomModel, n: object) -> None:
+    """n=2.5 failed inside list arithmetic ("can't multiply sequence"), n="3" in a comparison, n=True ran one branch,
+    and an empty session's fork(0) said its prompt was empty: n is checked first, by name."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    with pytest.raises(ValueError, match=r"fork needs n >= 1"):
+        engine.fork(ids(8, 1), n, 3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"fork needs n >= 1"):
+        engine.session().fork(n)  # type: ignore[arg-type]
+    assert_clean(engine)
