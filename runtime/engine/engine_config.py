@@ -163,6 +163,10 @@ class EngineConfig:
             raise ValueError(f"load_back must be one of {', '.join(LoadCosts.MODES)}, got {self.load_back!r}")
         check_prefetch(self.prefetch_policy, self.prefetch_timeout_ms)
         check_pages_per_step(self.prefetch_pages_per_step)
+        for name in ("page_size", "capacity_blocks"):  # the pool's shape: checked before the weights load
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         for budget in (self.kv_memory, self.host_kv_memory):
             if budget is not None:
                 parse_memory(budget)

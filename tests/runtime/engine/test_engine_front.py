@@ -93,6 +93,11 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
         ({"schedule": "random"}, "schedule must be one of"),
         ({"admission": "nope"}, "unknown admission policy"),
         ({"kv_memory": "lots"}, "cannot parse memory budget"),
+        ({"page_size": 0}, "page_size must be an int >= 1"),  # was a ZeroDivisionError once the weights loaded
+        ({"page_size": -4}, "page_size must be an int >= 1"),
+        ({"page_size": 2.0}, "page_size must be an int >= 1"),
+        ({"capacity_blocks": 0}, "capacity_blocks must be an int >= 1"),
+        ({"capacity_blocks": True}, "capacity_blocks must be an int >= 1"),
     ):
         with pytest.raises(ValueError, match=message):
             Engine("no-such-model", **bad)  # the model is never looked for: the config is refused first
