@@ -13,6 +13,7 @@ from radixcache.runtime.engine.request import GenerationResult
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import ChatEngine
+    from radixcache.runtime.tools.messages import ToolCall
 
 
 class Session:
@@ -24,8 +25,9 @@ class Session:
     one engine).
 
     With `tools=` (in the defaults or a turn's keywords), a reply that calls tools is kept in the history as
-    OpenAI's assistant message with `tool_calls` (content None when there is no text); `send_tool_results({call_id:
-    text})` adds the tool turns and generates the next reply.
+    OpenAI's assistant message with `tool_calls` (content None when there is no text; a call the length limit left
+    unfinished is not kept: no result can answer it); `send_tool_results({call_id: text})` adds the tool turns and
+    generates the next reply.
     """
 
     def __init__(
@@ -103,10 +105,19 @@ class Session:
     def _append(self, content: str | None, result: GenerationResult) -> GenerationResult:
         if content is not None:
             self.messages.append({"role": "user", "content": content})
-        if result.tool_calls:
-            calls = [c.to_openai() for c in result.tool_calls]
+        calls = [c.to_openai() for c in result.tool_calls or () if _finished(c)]
+        if calls:
             self.messages.append({"role": "assistant", "content": result.text or None, "tool_calls": calls})
         else:
             self.messages.append({"role": "assistant", "content": result.text})
         self.results.append(result)
         return result
+
+
+def _finished(call: ToolCall) -> bool:
+    """The call's arguments are a whole JSON object. A reply cut short by its length limit leaves the last call's
+    unfinished (as OpenAI does): kept in the history, it would make every later turn's render fail."""
+    try:
+        return isinstance(json.loads(call.arguments), dict)
+    except ValueError:
+        return False

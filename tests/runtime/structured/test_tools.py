@@ -120,6 +120,21 @@ def test_a_session_keeps_tool_calls_in_its_history(engine: Engine) -> None:
     assert r2.cached_tokens >= (r.prompt_tokens + len(r.token_ids) - 1) // PAGE * PAGE
 
 
+def test_a_session_whose_reply_is_cut_inside_a_call_goes_on(engine: Engine) -> None:
+    """A reply cut by max_new_tokens inside a call's arguments (finish_reason "length", the arguments unfinished):
+    the session kept the unfinished call in its history, and every later turn failed to render it."""
+    s = engine.session(system="Use the tools.", **ONE_CALL, max_new_tokens=60, seed=1)
+    r = s.send("What is 2 + 3?")
+    assert r.finish_reason == "length" and r.tool_calls, r
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(r.tool_calls[-1].arguments)
+    assert s.messages[-1] == {"role": "assistant", "content": r.text}
+    history = [*s.messages, {"role": "user", "content": "Again."}]
+    r2 = s.send("Again.", tool_choice="none", max_new_tokens=6)
+    assert r2.token_ids == engine.chat(history, 6, **ONE_CALL | {"tool_choice": "none"}, seed=1).token_ids
+    assert len(s.messages) == 5
+
+
 def test_achat_takes_tools(engine: Engine) -> None:
     r = asyncio.run(engine.achat(ASK, 200, **ONE_CALL, seed=2, temperature=1.0))
     check_calls(r)
