@@ -67,7 +67,7 @@ async def stream_text(
             for t in tokens:
                 if t not in hidden:
                     detok.add(t)
-            visible = detok.text[: len(detok.text) - holdback] if holdback else detok.text
+            visible = detok.text[: max(0, len(detok.text) - holdback)]  # never a negative end: none yet
             if len(visible) > len(emitted):
                 yield visible[len(emitted) :]
                 emitted = visible

@@ -63,6 +63,24 @@ def test_stream_yields_deltas_that_add_up_to_the_text(tiny: RandomModel) -> None
     assert_clean(engine)
 
 
+def test_a_stream_shows_nothing_that_a_longer_stop_string_may_still_cut(tiny: RandomModel) -> None:
+    """While the text was shorter than the stop string's holdback, the slice `text[: len(text) - holdback]` took a
+    negative end and showed all but the last characters: with a 6-character stop string starting at the second
+    character, the stream showed two characters of which the result keeps one."""
+    engine = Engine(tiny, capacity_blocks=128, page_size=4)
+    full = engine.generate("stream me", 12, ignore_eos=True).text
+    stop = full[1:7]
+    assert full.find(stop) == 1
+    want = engine.generate("stream me", 12, ignore_eos=True, stop=stop)
+    assert want.text == full[:1]
+
+    async def collect() -> list[str]:
+        return [d async for d in engine.stream("stream me", 12, ignore_eos=True, stop=stop)]
+
+    assert "".join(asyncio.run(collect())) == want.text
+    assert_clean(engine)
+
+
 def test_leaving_a_stream_early_cancels_the_request(tiny: RandomModel) -> None:
     engine = Engine(tiny, capacity_blocks=256, page_size=4)
 
