@@ -213,7 +213,7 @@ class Engine:
 
         They are queued together, so the first to run computes their common prefix and the others wait for its
         pages (in-flight sharing) instead of computing it too. Each reports as `cached_tokens` at most what the tree
-        held of that common prefix when the call arrived: one sample's work for the others is not a cache hit.
+        held of its prompt when the call arrived: one sample's work for the others is not a cache hit.
         `each[i]`: keyword arguments for prompt i only (say its seed), over the shared ones.
         """
         if prompts and split_batch(prompts)[1]:  # a text's characters (or one prompt's ids) are not prompts
@@ -386,16 +386,10 @@ class Engine:
     def _submit_group(self, reqs: list[Request]) -> list[RequestHandle]:
         if not reqs:
             return []
-        first = reqs[0].prompt_ids
-        common = min(len(r.prompt_ids) for r in reqs)
-        for r in reqs[1:]:
-            common = next((i for i in range(common) if r.prompt_ids[i] != first[i]), common)
-        one_namespace = len({r.namespace for r in reqs}) == 1
 
         def cap_at_what_is_cached(_: Scheduler) -> None:  # on the loop thread, just before they are added
-            before = self.kv.peek(first[:common], reqs[0].namespace)[0] if one_namespace else 0
-            for r in reqs:
-                r.kv.cached_cap = before  # admission reports min(its match, this)
+            for r in reqs:  # admission reports min(its match, what the tree held of its own prompt before the call)
+                r.kv.cached_cap = self.kv.peek(r.prompt_ids, r.namespace)[0]
 
         return self._enqueue(reqs, cap_at_what_is_cached)
 

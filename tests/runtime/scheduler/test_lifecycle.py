@@ -231,3 +231,21 @@ def test_retention_priority_keeps_a_prefix_through_eviction_that_lru_would_take(
         assert_clean(engine)
         assert engine.cache.policy.name == "lru"
     assert outcomes == [0, 32]
+
+
+def test_a_group_of_different_prompts_reports_what_each_found_cached(tiny: RandomModel) -> None:
+    """The cap on a group's cached_tokens was what the tree held of the prompts' common prefix: prompts with none in
+    common (or in different namespaces) reported 0 cached and every token prefilled, though each was cached whole."""
+    engine = Engine(tiny, capacity_blocks=128, page_size=4)
+    a, b = ids(20, 1), ids(20, 2)
+    engine.generate(a, 2)
+    engine.generate(b, 2, namespace="x")
+    alone = [engine.generate(a, 2).cached_tokens, engine.generate(b, 2, namespace="x").cached_tokens]
+    assert alone == [19, 19]
+    group = [h.result(30) for h in engine.submit_group([a, b], 2, each=[{}, {"namespace": "x"}])]
+    assert [r.cached_tokens for r in group] == alone and [r.prefill_tokens for r in group] == [1, 1]
+    branches = engine.fork(a[:8], continuations=[a[8:], b[8:]], max_new_tokens=2)
+    assert [r.cached_tokens for r in branches] == [19, 8]  # a whole; b's own tail was never cached
+    fresh = engine.fork(ids(30, 3), 3, 2)  # nothing cached before the call: one branch's work is no hit
+    assert [r.cached_tokens for r in fresh] == [0, 0, 0]
+    assert_clean(engine)
