@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixcache.runtime.engine.options import RequestOptions
@@ -39,7 +39,7 @@ class Session:
         **defaults: Any,
     ) -> None:
         self.engine = engine
-        self.messages: list[dict[str, Any]] = [dict(m) for m in messages] if messages else []
+        self.messages: list[dict[str, Any]] = _history(messages)
         if system is not None:
             if self.messages and self.messages[0].get("role") == "system":
                 raise ValueError("the messages already start with a system prompt")
@@ -86,7 +86,13 @@ class Session:
 
     @classmethod
     def from_dict(cls, engine: ChatEngine, data: dict[str, Any]) -> Session:
-        return cls(engine, messages=list(data.get("messages", [])), **dict(data.get("defaults", {})))
+        """A session from `to_dict`'s form; a ValueError naming what is malformed (a hand-edited or damaged file)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"session data must be an object with messages and defaults, got {type(data).__name__}")
+        defaults = data.get("defaults") or {}
+        if not isinstance(defaults, Mapping):
+            raise ValueError(f"session defaults must be an object of keyword arguments, got {type(defaults).__name__}")
+        return cls(engine, messages=data.get("messages"), **defaults)
 
     @classmethod
     def load(cls, engine: ChatEngine, path: str | os.PathLike[str]) -> Session:
@@ -121,3 +127,15 @@ def _finished(call: ToolCall) -> bool:
         return isinstance(json.loads(call.arguments), dict)
     except ValueError:
         return False
+
+
+def _history(messages: object) -> list[dict[str, Any]]:
+    """A copy of a session's starting history: a list of message objects (None: empty), else a ValueError."""
+    if messages is None:
+        return []
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise ValueError(f"session messages must be a list of message objects, got {type(messages).__name__}")
+    bad = next((i for i, m in enumerate(messages) if not isinstance(m, Mapping)), None)
+    if bad is not None:
+        raise ValueError(f"session messages[{bad}] must be a message object, got {type(messages[bad]).__name__}")
+    return [dict(m) for m in messages]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import pytest
@@ -207,3 +208,23 @@ def test_fork_refuses_an_n_that_is_not_a_positive_integer_by_name(tiny: RandomMo
     with pytest.raises(ValueError, match=r"fork needs n >= 1"):
         engine.session().fork(n)  # type: ignore[arg-type]
     assert_clean(engine)
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ([], "session data must be an object"),
+        ({"messages": "hi"}, "session messages must be a list"),
+        ({"messages": [{"role": "user", "content": "hi"}, 7]}, r"session messages\[1\] must be a message object"),
+        ({"defaults": "max_new_tokens=3"}, "session defaults must be an object"),
+    ],
+)
+def test_a_malformed_session_file_is_a_clear_error(tiny: RandomModel, tmp_path, data: object, named: str) -> None:
+    """A hand-edited or damaged session file failed with AttributeError ('list' object has no attribute 'get'),
+    TypeError ('int' object is not iterable) or "dictionary update sequence element #0 has length 1"."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    path = tmp_path / "session.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ValueError, match=named):
+        Session.load(engine, path)
+    assert Session.from_dict(engine, {"messages": None}).messages == []
