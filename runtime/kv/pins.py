@@ -26,10 +26,11 @@ class PinTable:
 
     @property
     def blocks(self) -> int:
-        """Pages locked by pins (a page under two pins counts once)."""
+        """Pages locked by pins (a page under two pins counts once). Read on other threads too (Engine.stats): it
+        walks a copy of the table, which the loop thread may change meanwhile."""
         seen: set[int] = set()
         total = 0
-        for node in self._pins.values():
+        for node in list(self._pins.values()):
             n: TreeNode | None = node
             while n is not None and n.parent is not None and n.uid not in seen:
                 seen.add(n.uid)

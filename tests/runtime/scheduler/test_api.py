@@ -228,3 +228,32 @@ def test_a_malformed_session_file_is_a_clear_error(tiny: RandomModel, tmp_path, 
     with pytest.raises(ValueError, match=named):
         Session.load(engine, path)
     assert Session.from_dict(engine, {"messages": None}).messages == []
+
+
+def test_stats_read_while_the_loop_thread_pins(tiny: RandomModel) -> None:
+    """`engine.stats` is read on other threads (the server's /metrics) while the loop thread pins and unpins: its
+    walk of the pin table raised RuntimeError("dictionary changed size during iteration") when a pin landed
+    meanwhile. Here one lands in the middle of the walk; the walk counts the pins it began with."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4, max_pinned_fraction=1.0)
+    a, b = ids(16, 1), ids(16, 2)
+    for p in (a, b):
+        engine.generate(p, 1)
+    assert engine.wait_idle(30)
+    pins = engine.kv.pins
+    assert pins.pin(a, None) == 16
+    key, node = next(iter(pins._pins.items()))
+
+    class PinnedMeanwhile:  # a's node, whose first read happens while the loop thread pins b
+        def __getattr__(self, name: str) -> object:
+            if len(pins) == 1:
+                pins.pin(b, None)
+            return getattr(node, name)
+
+    pins._pins[key] = PinnedMeanwhile()  # type: ignore[assignment]
+    try:
+        assert engine.stats.pinned_blocks == 4
+    finally:
+        pins._pins[key] = node
+    assert engine.stats.pinned_blocks == 8
+    assert engine.unpin() == 2
+    assert_clean(engine)
