@@ -11,7 +11,7 @@ import torch
 
 from radixcache.runtime.engine.engine_config import DEFAULT_KV_MEMORY, DEFAULT_MIRROR_MEMORY, EngineConfig
 from radixcache.runtime.kv.mirror import DecodeMirror
-from radixcache.runtime.kv.pool import blocks_for_budget, parse_memory
+from radixcache.runtime.kv.pool import blocks_for_budget, check_fits, page_bytes, parse_memory
 from radixcache.runtime.kv.tier.fingerprint import file_digest, weights_digest
 from radixcache.runtime.model.kernel_plan import KernelPlan
 from radixcache.runtime.model.llama import LlamaModel
@@ -44,11 +44,15 @@ def build_model(config: EngineConfig) -> tuple[LlamaModel, Any, str]:
 
 
 def pool_blocks(config: EngineConfig, model: LlamaModel) -> int:
-    """The KV pool's pages: `capacity_blocks`, else as many as `kv_memory` (default 512 MiB) holds."""
+    """The KV pool's pages: `capacity_blocks`, else as many as `kv_memory` (default 512 MiB) holds; a ValueError
+    naming the option when they would be more than the model's device has."""
     if config.capacity_blocks is not None:
-        return config.capacity_blocks
-    budget = config.kv_memory if config.kv_memory is not None else DEFAULT_KV_MEMORY
-    return blocks_for_budget(model.config, budget, config.page_size, model.dtype)
+        blocks, option = config.capacity_blocks, f"capacity_blocks={config.capacity_blocks}"
+    else:
+        budget = config.kv_memory if config.kv_memory is not None else DEFAULT_KV_MEMORY
+        blocks, option = blocks_for_budget(model.config, budget, config.page_size, model.dtype), f"kv_memory={budget!r}"
+    check_fits(blocks * page_bytes(model.config, config.page_size, model.dtype), model.device, option)
+    return blocks
 
 
 def build_mirror(memory: str | int | None, model: LlamaModel) -> DecodeMirror | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import math
 import mmap
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -52,14 +53,41 @@ def parse_memory(size: str | int) -> int:
     return value
 
 
+def page_bytes(config: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one page of `page_size` tokens' K and V in every layer, for this model and dtype."""
+    return config.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size()) * page_size
+
+
 def blocks_for_budget(config: ModelConfig, budget: str | int, page_size: int, dtype: torch.dtype) -> int:
     """How many pages of `page_size` tokens fit in `budget` bytes of KV for this model and dtype."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    per_block = config.kv_bytes_per_token(elem) * page_size
+    per_block = page_bytes(config, page_size, dtype)
     n = parse_memory(budget) // per_block
     if n < 1:
         raise ValueError(f"KV budget {budget!r} is smaller than one page ({per_block} bytes)")
     return n
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes of memory `device` has in all: the machine's physical memory for the CPU, the GPU's for CUDA; None
+    where that cannot be told."""
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+            return None
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return None
+
+
+def check_fits(nbytes: int, device: torch.device, option: str) -> None:
+    """ValueError naming `option` when `nbytes` is more than `device` has in all. Such a pool could never be filled,
+    and its bookkeeping alone may not fit (a list of free page ids, a word a page: 1e15 bytes of SmolLM2's KV are
+    2e10 pages), so it is refused before anything is allocated, rather than failing on a bare OSError or not at all."""
+    total = device_memory(device)
+    if total is not None and nbytes > total:
+        where = "this machine's" if device.type == "cpu" else f"the {device.type} device's"
+        raise ValueError(f"{option} asks for {nbytes / 2**30:,.1f} GiB, more than {where} {total / 2**30:,.1f} GiB")
 
 
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import torch
+
 from radixcache import RadixCache
-from radixcache.runtime.kv.pool import KVPool, parse_memory
+from radixcache.runtime.kv.pool import KVPool, check_fits, parse_memory
 from radixcache.runtime.kv.tier.coordinator import KVTiers
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.host_pool import HostKVPool
@@ -37,6 +39,7 @@ def build_tiers(
         host_slots = parse_memory(host_kv_memory) // page
         if host_slots < 1:
             raise ValueError(f"host_kv_memory {host_kv_memory!r} is smaller than one page ({page} bytes)")
+        check_fits(host_slots * page, torch.device("cpu"), f"host_kv_memory={host_kv_memory!r}")
     disk = None
     if cache_dir is not None:
         disk = DiskStore(cache_dir, max_bytes=parse_memory(cache_dir_size), fingerprint=fingerprint)

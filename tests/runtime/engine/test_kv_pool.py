@@ -110,3 +110,27 @@ def test_populate_faults_a_pool_in_and_changes_no_byte() -> None:
     assert resident_pages(kv) == pages
     assert torch.equal(kv[1, 0, 7], torch.full_like(kv[1, 0, 7], 3.0))
     assert torch.count_nonzero(kv) == kv[1, 0, 7].numel()
+
+
+def _mem_total() -> int:
+    with open("/proc/meminfo", encoding="ascii") as f:
+        line = next(x for x in f if x.startswith("MemTotal:"))
+    return int(line.split()[1]) * 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("option", ["kv_memory", "capacity_blocks", "host_kv_memory"])
+def test_a_pool_larger_than_the_machine_is_refused_by_name_before_it_is_built(tiny, option: str) -> None:
+    """A KV budget past the machine's memory (a typo, a GPU's figure on a laptop) was built as a lazily mapped pool
+    that could never fill, or failed on a bare OSError, or spent minutes listing 2e10 free pages: now a ValueError
+    naming the option. A budget that fits still builds."""
+    from radixcache.runtime import Engine
+
+    too_much = _mem_total() + 2**30
+    page = tiny.config.kv_bytes_per_token(4) * 16
+    value = {"capacity_blocks": too_much // page + 1}.get(option, too_much)
+    with pytest.raises(ValueError, match=f"{option}=.* more than this machine's"):
+        Engine(tiny, **{option: value})
+    engine = Engine(tiny, **{option: 4 * page} if option != "capacity_blocks" else {option: 4})
+    assert engine.generate([1, 2, 3], 2, ignore_eos=True).token_ids
+    engine.close()
