@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -39,6 +40,8 @@ class FieldReader:
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             self.fail(f"expected a number, got {value!r}", field)
+        if value in (math.inf, -math.inf):  # msgpack holds infinities (JSON cannot): no clock or sum survives one
+            self.fail(f"expected a finite number, got {value!r}", field)
         if value < 0:
             self.fail(f"must be >= 0, got {value!r}", field)
         return value

@@ -64,6 +64,17 @@ def test_msgpack_record_with_a_bad_field_names_the_record_and_field(tmp_path: Pa
         list(iter_token_msgpack(path))
 
 
+@pytest.mark.parametrize(("field", "value"), [("timestamp", float("inf")), ("retain_for", float("inf"))])
+def test_msgpack_infinity_is_refused_like_nan(tmp_path: Path, field: str, value: float) -> None:
+    """msgpack holds infinities, which JSON cannot: one must be refused at its record, not crash the simulator's
+    clock or come out of `trace convert` as `Infinity`, which no JSON reader takes."""
+    path = tmp_path / "t.msgpack"
+    good = {"timestamp": 0, "tokens": [1], "output_length": 0}
+    path.write_bytes(msgpack.packb(good) + msgpack.packb({**good, field: value}))
+    with pytest.raises(TraceError, match=rf"record 1 \(byte \d+\): field '{field}': .*finite.*inf"):
+        list(iter_token_msgpack(path))
+
+
 @pytest.mark.parametrize(
     ("line", "field", "message"),
     [
