@@ -9,6 +9,7 @@ from dataclasses import replace
 import click
 from rich.console import Console
 
+from radixcache.cli.errors import FriendlyCommand, debug_option
 from radixcache.cli.progress import progress_bar
 from radixcache.cli.simulate_leases import run_leases
 from radixcache.cli.simulate_routed import check_routing_flags, simulate_routed
@@ -30,7 +31,7 @@ from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
 from radixcache.trace.workload import load_workload
 
 
-@click.command()
+@click.command(cls=FriendlyCommand)
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Trace format (default: detect).")
 @click.option("--policy", default="lru", show_default=True, type=click.Choice(sorted(ALL_POLICIES)))
@@ -172,6 +173,7 @@ from radixcache.trace.workload import load_workload
     help="Read a streamed trace in a second process while this one replays [default: on for hash traces of "
     "8 MiB or more on a machine with two cores or more].",
 )
+@debug_option
 def simulate(
     trace: str,
     fmt: str | None,
@@ -205,6 +207,7 @@ def simulate(
     read_ahead: bool | None,
     leases: bool,
     lease_budget: float,
+    debug: bool,
 ) -> None:
     """Replay TRACE through the radix tree at a capacity and eviction policy, without a model.
 

@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
 from radixcache.errors import RadixCacheError
 from radixcache.trace import (
     CONVERSATIONS,
@@ -45,7 +46,7 @@ _COUNT_PARAM = {
 }
 
 
-@click.group()
+@click.group(cls=FriendlyGroup)
 def trace() -> None:
     """Trace tools: statistics, format conversion, and synthetic workloads.
 
@@ -55,13 +56,14 @@ def trace() -> None:
     """
 
 
-@trace.command()
+@trace.command(cls=FriendlyCommand)
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Trace format (default: detect).")
 @click.option("--page-size", default=16, show_default=True, type=click.IntRange(min=1), help="Page of a token trace.")
 @click.option("--block-size", default=DEFAULT_BLOCK_SIZE, show_default=True, type=click.IntRange(min=1))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def stats(path: str, fmt: str | None, page_size: int, block_size: int, as_json: bool) -> None:
+@debug_option
+def stats(path: str, fmt: str | None, page_size: int, block_size: int, as_json: bool, debug: bool) -> None:
     """Requests, tokens, sessions and reuse structure of a trace.
 
     Reuse counts prompt blocks (pages of --page-size tokens, or hash blocks) that an earlier request already
@@ -112,12 +114,13 @@ def _stats_table(path: str, result: dict) -> None:
     Console().print(table)
 
 
-@trace.command()
+@trace.command(cls=FriendlyCommand)
 @click.argument("src", type=click.Path(dir_okay=False))
 @click.argument("dst", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Format of SRC (default: detect).")
 @click.option("--to", "to", type=click.Choice(sorted(_WRITERS)), help="Format of DST (default: from its extension).")
-def convert(src: str, dst: str, fmt: str | None, to: str | None) -> None:
+@debug_option
+def convert(src: str, dst: str, fmt: str | None, to: str | None, debug: bool) -> None:
     """Convert SRC to DST: token JSONL <-> msgpack (lossless), text traces -> conversation JSONL.
 
     \b
@@ -136,13 +139,14 @@ def convert(src: str, dst: str, fmt: str | None, to: str | None) -> None:
     click.echo(f"wrote {n:,} records to {dst} ({target})", err=True)
 
 
-@trace.command()
+@trace.command(cls=FriendlyCommand)
 @click.argument("kind", type=click.Choice(sorted(GENERATORS)))
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--count", type=click.IntRange(min=0), help="Conversations / agents / queries / batches.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--set", "overrides", multiple=True, metavar="NAME=VALUE", help="Any generator parameter; repeat.")
-def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str, ...]) -> None:
+@debug_option
+def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str, ...], debug: bool) -> None:
     """Write a seeded synthetic token trace (chat, agent, agent-sessions, rag, few-shot) to OUT (.jsonl or .msgpack).
 
     Parameters of the generator (see radixcache.trace.synthetic) can be set with --set, e.g. --set turns=2,6.

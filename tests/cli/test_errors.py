@@ -131,3 +131,19 @@ def test_errors_from_a_real_subprocess_have_no_traceback(run_cli, small_trace: P
     assert "Traceback" not in done.stderr
     debug = run_cli("replay", str(small_trace), "--model", str(tmp_path / "none"), "--debug")
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_simulate_and_trace_errors_are_one_line_too(runner, tmp_path: Path) -> None:
+    """`simulate` and the `trace` commands follow the same rule: an unwritable output or a bad trace is one
+    `error:` line, never a traceback."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "tokens": [1, 2], "output_length": 1}) + "\n")
+    line = _one_line_error(runner.invoke(main, ["trace", "convert", str(trace), str(tmp_path / "no" / "t.msgpack")]), 1)
+    assert "No such file or directory" in line
+    line = _one_line_error(runner.invoke(main, ["trace", "gen", "chat", str(tmp_path / "no" / "g.jsonl")]), 1)
+    assert "No such file or directory" in line
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"timestamp": True, "tokens": [1], "output_length": 1}) + "\n")
+    line = _one_line_error(runner.invoke(main, ["simulate", str(bad), "--capacity-blocks", "2"]), 1)
+    assert f"{bad}:1: field 'timestamp'" in line
+    _one_line_error(runner.invoke(main, ["trace", "stats", str(bad)]), 1)
