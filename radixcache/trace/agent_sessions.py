@@ -20,6 +20,7 @@ import math
 import random
 from collections.abc import Iterator
 
+from radixcache.trace.generator_args import MAX_RETAIN_FOR_S, check_generator_args
 from radixcache.trace.records import TokenRequest
 
 
@@ -47,8 +48,17 @@ def agent_sessions(
         raise ValueError("agent_sessions: need agents >= 0 and 1 <= steps[0] <= steps[1]")
     if not 0 < pause_s[0] <= pause_s[1] or not 1 <= tool_output_tokens[0] <= tool_output_tokens[1]:
         raise ValueError("agent_sessions: need 0 < pause_s[0] <= pause_s[1] and 1 <= tool_output_tokens[0] <= [1]")
-    if not hint_error >= 1:
-        raise ValueError(f"agent_sessions: hint_error must be >= 1, got {hint_error!r}")
+    if not 1 <= hint_error < math.inf:
+        raise ValueError(f"agent_sessions: hint_error must be finite and >= 1, got {hint_error!r}")
+    if not pause_s[1] * hint_error <= MAX_RETAIN_FOR_S:  # a hint is at most this: the readers refuse a longer one
+        raise ValueError(f"agent_sessions: need pause_s[1] * hint_error <= {MAX_RETAIN_FOR_S:g} seconds")
+    lengths = {
+        "system_tokens": system_tokens,
+        "tools_tokens": tools_tokens,
+        "task_tokens": task_tokens,
+        "action_tokens": action_tokens,
+    }
+    check_generator_args("agent_sessions", vocab, lengths, {"mean_interarrival_ms": mean_interarrival_ms})
     rng = random.Random(seed)
 
     def tokens(n: int) -> tuple[int, ...]:

@@ -7,11 +7,13 @@ consumed, in arrival order: memory holds the conversations (agents, batches) sti
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from radixcache.trace.agent_sessions import agent_sessions
+from radixcache.trace.generator_args import check_generator_args
 from radixcache.trace.records import TokenRequest
 
 
@@ -71,6 +73,9 @@ def multi_turn_chat(
     """
     if conversations < 0 or system_prompts < 1 or turns[0] < 1 or turns[1] < turns[0]:
         raise ValueError("multi_turn_chat: need conversations >= 0, system_prompts >= 1, 1 <= turns[0] <= turns[1]")
+    lengths = {"system_tokens": system_tokens, "user_tokens": user_tokens, "assistant_tokens": assistant_tokens}
+    times = {"mean_interarrival_ms": mean_interarrival_ms, "mean_think_ms": mean_think_ms}
+    check_generator_args("multi_turn_chat", vocab, lengths, times)
 
     def chats() -> Iterator[Unit]:
         rng = random.Random(seed)
@@ -119,6 +124,15 @@ def agent_loops(
     """
     if agents < 0 or tool_prompts < 1 or steps[0] < 1 or steps[1] < steps[0] or fanout[0] < 1 or fanout[1] < fanout[0]:
         raise ValueError("agent_loops: need agents >= 0, tool_prompts >= 1, 1 <= steps[0] <= steps[1], fanout likewise")
+    lengths = {
+        "tool_tokens": tool_tokens,
+        "task_tokens": task_tokens,
+        "action_tokens": action_tokens,
+        "observation_tokens": observation_tokens,
+        "branch_tokens": branch_tokens,
+    }
+    times = {"mean_interarrival_ms": mean_interarrival_ms, "mean_step_ms": mean_step_ms}
+    check_generator_args("agent_loops", vocab, lengths, times, {"fanout_prob": fanout_prob})
 
     def loops() -> Iterator[Unit]:
         rng = random.Random(seed)
@@ -174,12 +188,20 @@ def rag(
     lo, hi = docs_per_query
     if queries < 0 or documents < 1 or lo < 1 or hi < lo or hi > documents:
         raise ValueError("rag: need queries >= 0, 1 <= docs_per_query[0] <= docs_per_query[1] <= documents")
+    lengths = {
+        "doc_tokens": doc_tokens,
+        "system_tokens": system_tokens,
+        "question_tokens": question_tokens,
+        "answer_tokens": answer_tokens,
+    }
+    times = {"mean_interarrival_ms": mean_interarrival_ms, "order_noise": order_noise}
+    check_generator_args("rag", vocab, lengths, times)
+    weights = _zipf_weights(documents, zipf, hi)
 
     def queried() -> Iterator[TokenRequest]:
         rng = random.Random(seed)
         system = _tokens(rng, system_tokens, vocab)
         docs = [_tokens(rng, _around(rng, doc_tokens), vocab) for _ in range(documents)]
-        weights = [1.0 / (rank + 1) ** zipf for rank in range(documents)]
         t = 0.0
         for query in range(queries):
             t += _next_gap(rng, mean_interarrival_ms)
@@ -198,6 +220,18 @@ def rag(
             yield TokenRequest(round(t, 3), prompt, len(answer), f"rag-{query}", output_tokens=answer)
 
     return queried()
+
+
+def _zipf_weights(documents: int, zipf: float, picks: int) -> list[float]:
+    """Zipf popularity by rank, or ValueError when `zipf` leaves fewer than `picks` documents a finite, non-zero
+    weight (one query draws `picks` distinct documents: it would never finish) or overflows a float."""
+    try:
+        weights = [1.0 / (rank + 1) ** zipf for rank in range(documents)]
+    except (OverflowError, ZeroDivisionError):
+        weights = []
+    if not math.isfinite(sum(weights)) or sum(w > 0 for w in weights) < picks:
+        raise ValueError(f"rag: zipf {zipf!r} leaves fewer than {picks} of the {documents} documents a usable weight")
+    return weights
 
 
 def few_shot(
@@ -226,6 +260,14 @@ def few_shot(
         raise ValueError("few_shot: need batches >= 0, tasks >= 1, 0 <= shots[0] <= shots[1] <= pool")
     if batch_size[0] < 1 or batch_size[1] < batch_size[0]:
         raise ValueError("few_shot: need 1 <= batch_size[0] <= batch_size[1]")
+    lengths = {
+        "instruction_tokens": instruction_tokens,
+        "example_tokens": example_tokens,
+        "query_tokens": query_tokens,
+        "answer_tokens": answer_tokens,
+    }
+    shares = {"fixed_shots_prob": fixed_shots_prob}
+    check_generator_args("few_shot", vocab, lengths, {"mean_interarrival_ms": mean_interarrival_ms}, shares)
 
     def batched() -> Iterator[Unit]:
         rng = random.Random(seed)

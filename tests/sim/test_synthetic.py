@@ -156,3 +156,34 @@ def test_bad_arguments_are_refused() -> None:
         rag(documents=2, docs_per_query=(3, 4))
     with pytest.raises(ValueError):
         few_shot(shots=(2, 99), pool=16)
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "value"),
+    [
+        ("chat", "vocab", 0),
+        ("chat", "user_tokens", -1),
+        ("chat", "mean_think_ms", float("inf")),
+        ("chat", "mean_interarrival_ms", float("nan")),
+        ("agent", "observation_tokens", -1),
+        ("agent", "mean_step_ms", float("inf")),
+        ("agent", "fanout_prob", float("nan")),
+        ("agent", "vocab", 2**63 + 1),  # ids past int64: a trace its readers refuse
+        ("agent-sessions", "vocab", -1),
+        ("agent-sessions", "mean_interarrival_ms", float("inf")),
+        ("rag", "answer_tokens", -1),
+        ("rag", "order_noise", float("inf")),
+        ("rag", "zipf", float("inf")),  # one document with a weight: a query for 3 never finished
+        ("rag", "zipf", float("nan")),
+        ("rag", "zipf", 1e300),
+        ("rag", "zipf", -1e300),
+        ("few-shot", "query_tokens", -1),
+        ("few-shot", "fixed_shots_prob", 2.0),
+        ("few-shot", "mean_interarrival_ms", -1.0),
+    ],
+)
+def test_every_argument_is_checked_on_the_call(name: str, field: str, value: object) -> None:
+    """The docstring's promise: a bad argument is a ValueError naming it when the generator is called, never an
+    error (or a hang) half-way through the requests, which left `trace gen` with a partial file."""
+    with pytest.raises(ValueError, match=field):
+        GENERATORS[name](**{field: value})

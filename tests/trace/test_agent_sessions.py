@@ -110,3 +110,13 @@ def test_the_simulators_fast_reader_refuses_a_bad_hint_as_the_careful_reader_doe
     path.write_text('{"timestamp": 0, "tokens": [1], "output_length": 0, "retain_for": -2}\n')
     with pytest.raises(TraceError, match="retain_for"):
         list(iter_token_arrays(path))
+
+
+@pytest.mark.parametrize(
+    "args", [{"pause_s": (2.0, float("inf"))}, {"hint_error": 1e300}, {"hint_error": float("inf")}]
+)
+def test_hints_the_readers_would_refuse_are_refused_on_the_call(args: dict) -> None:
+    """A lease hint is at most pause_s[1] * hint_error seconds, and the trace readers take at most 1e9: past it,
+    `trace gen` wrote a trace (with Infinity, or a huge retain_for) that its own readers refused."""
+    with pytest.raises(ValueError, match=r"hint_error|pause_s"):
+        agent_sessions(**args)

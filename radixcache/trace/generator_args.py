@@ -1,0 +1,35 @@
+"""Arguments the synthetic generators share, checked when a generator is called: before any request is made, so a
+bad one is a ValueError naming it, never a failure half-way through writing a trace (or a trace its own readers
+refuse: ids past int64, infinite timestamps)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+#: token ids are drawn from range(vocab) and a trace's ids must be below 2**63
+MAX_VOCAB = 2**63
+#: the longest lease hint (retain_for, seconds) a trace's readers take
+MAX_RETAIN_FOR_S = 1e9
+
+
+def check_generator_args(
+    name: str,
+    vocab: int,
+    lengths: Mapping[str, int],
+    times: Mapping[str, float],
+    shares: Mapping[str, float] | None = None,
+) -> None:
+    """Raise ValueError, worded `name: need ...`, unless 1 <= vocab <= 2**63, every length (tokens) is >= 0, every
+    time (a mean gap in ms, a spread) is finite and >= 0, and every share (a probability) is in [0, 1]."""
+    if not 1 <= vocab <= MAX_VOCAB:
+        raise ValueError(f"{name}: need 1 <= vocab <= 2**63, got {vocab!r}")
+    for key, length in lengths.items():
+        if not length >= 0:
+            raise ValueError(f"{name}: need {key} >= 0, got {length!r}")
+    for key, value in times.items():
+        if not 0 <= value < math.inf:  # NaN fails too
+            raise ValueError(f"{name}: need {key} finite and >= 0, got {value!r}")
+    for key, value in (shares or {}).items():
+        if not 0 <= value <= 1:
+            raise ValueError(f"{name}: need {key} in [0, 1], got {value!r}")
