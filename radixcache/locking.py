@@ -29,6 +29,7 @@ class Locking(TreeWalk):
         """Protect `node` and every ancestor from eviction (a reference count on the whole path)."""
         if node.parent is None and self._is_root(node):  # (raises for an evicted node)
             return
+        self._check_owner(node)
         node.own_locks += 1
         n, moved = node, 0
         while n.parent is not None:
@@ -71,6 +72,7 @@ class Locking(TreeWalk):
         """Undo one `lock(node)`. Raises LockError, with nothing changed, if the node is not locked."""
         if node.parent is None and self._is_root(node):  # (raises for an evicted node)
             return
+        self._check_owner(node)
         # lock_ref also counts locks taken on descendants: only the node's own locks may be undone here.
         # Ancestors count at least as many locks, so checking the node suffices.
         if node.own_locks <= 0:
@@ -95,6 +97,15 @@ class Locking(TreeWalk):
         if node.uid == 0:  # a root (maybe transient or dropped): holds no blocks, so locking it is a no-op
             return True
         raise LockError(f"{node!r} has been evicted (or belongs to another cache); match again")
+
+    def _check_owner(self, node: TreeNode) -> None:
+        """LockError unless `node` hangs from one of this cache's roots: another cache's node would move this
+        cache's counters and the other tree's reference counts, breaking both."""
+        root = node.parent
+        while root.parent is not None:
+            root = root.parent
+        if self._roots.get(root.namespace) is not root:
+            raise LockError(f"{node!r} belongs to another cache")
 
     def _pin_length(self, num_tokens: int, available: int) -> int:
         """Validate lock_prefix's `num_tokens`: an int (not a bool), a positive multiple of page_size,

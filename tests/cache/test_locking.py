@@ -164,6 +164,23 @@ def test_evicted_node_handle_is_refused_by_lock_and_unlock() -> None:
     cache.check_invariants()
 
 
+def test_another_caches_node_is_refused_by_lock_and_unlock(forked: RadixCache) -> None:
+    """A handle from another cache (a replica beside this one) must not move this cache's counters, nor the other
+    tree's reference counts: both caches stay as they were."""
+    other = RadixCache(10)
+    put(other, [1, 2, 3, 4])
+    foreign = forked.match_prefix([1, 2, 3, 4]).node
+    before = counters(forked), counters(other)
+
+    for call in (other.lock, other.unlock):
+        with pytest.raises(LockError, match="another cache"):
+            call(foreign)
+    assert (counters(forked), counters(other)) == before == ((3, 7, 0), (6, 4, 0))
+    assert foreign.lock_ref == 0
+    forked.check_invariants()
+    other.check_invariants()
+
+
 def test_evicted_handle_stays_refused_after_the_same_tokens_are_cached_again() -> None:
     cache = RadixCache(4)
     put(cache, [1, 2])
