@@ -57,23 +57,27 @@ class BlockPool:
     `state` builds the per-block view on demand, for checks and error messages.
     """
 
-    __slots__ = ("_free", "_leases", "_loose", "capacity", "held")
+    __slots__ = ("_free", "_fresh", "_leases", "_loose", "capacity", "held")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._free = block_ids(range(capacity - 1, -1, -1))  # pop() hands out 0, 1, 2, ... first
+        # The free stack is `range(capacity - 1, _fresh - 1, -1)` (ids never handed out, implicit) under `_free`:
+        # pop() hands out 0, 1, 2, ... first, and memory grows with the blocks used, not with the capacity (a
+        # simulated cache may be far larger than its trace).
+        self._fresh = 0
+        self._free = block_ids()
         self._leases: dict[int, array] = {}  # first id -> held ids handed out together (a private copy)
         self._loose: set[int] = set()  # held ids outside any lease; disjoint from the leases
         self.held = 0
 
     @property
     def free_count(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.capacity - self._fresh
 
     @property
     def state(self) -> bytearray:
         """Block id -> FREE/HELD/IN_TREE, built now in O(capacity): for checks and messages, not hot paths."""
-        state = bytearray([IN_TREE]) * self.capacity
+        state = bytearray([IN_TREE]) * self._fresh + bytearray([FREE]) * (self.capacity - self._fresh)
         for block in self._free:
             state[block] = FREE
         for block in self._loose:
@@ -87,14 +91,20 @@ class BlockPool:
         """The state of one (in-range) block, in O(held + free): for error messages."""
         if block in self._loose or any(block in lease for lease in self._leases.values()):
             return HELD
-        return FREE if block in self._free else IN_TREE
+        return FREE if block >= self._fresh or block in self._free else IN_TREE
 
     def take(self, n: int) -> array:
         """Move n free blocks to HELD, as one lease. The caller has checked that n <= free_count."""
         free = self._free
         cut = len(free) - n
-        taken = free[: cut - 1 : -1] if cut else free[::-1]  # the last n, top of the stack first
-        del free[cut:]
+        if cut >= 0:
+            taken = free[: cut - 1 : -1] if cut else free[::-1]  # the last n, top of the stack first
+            del free[cut:]
+        else:  # the whole stack, then ids never handed out, in the order the full stack would give them
+            taken = free[::-1]
+            del free[:]
+            taken.extend(range(self._fresh, self._fresh - cut))
+            self._fresh -= cut
         if taken:
             self._leases[taken[0]] = taken[:]  # a copy: the caller may change its array
         self.held += n
@@ -218,4 +228,5 @@ class BlockPool:
         return block_ids(ids)
 
     def free_list(self) -> list[int]:
-        return list(self._free)
+        """The free stack, bottom first (O(capacity): for checks)."""
+        return [*range(self.capacity - 1, self._fresh - 1, -1), *self._free]

@@ -43,7 +43,10 @@ class PageTier:
         self._slot: dict[bytes, int] = {}  # every stored page -> its slot
         self._lru: OrderedDict[bytes, None] = OrderedDict()  # the unlocked pages, least recently used first
         self._locks: dict[bytes, int] = {}  # locked pages -> lock count (> 0); disjoint from _lru
-        self._free = list(range(capacity - 1, -1, -1))
+        # Free slots: `_free` (given back, reused last-in first) and every slot from `_fresh` up (never used, handed
+        # out in order): memory grows with the pages stored, not the capacity (a simulated tier may be huge).
+        self._free: list[int] = []
+        self._fresh = 0
         self._stored = self._evicted = self._hit_pages = 0
 
     # ------------------------------------------------------------------ queries
@@ -86,7 +89,7 @@ class PageTier:
             if page_hash in self._lru:
                 self._lru.move_to_end(page_hash)
             return slot, False
-        if not self._free:
+        if not self._free and self._fresh == self.capacity:
             if not self._lru:
                 return None
             victim, _ = self._lru.popitem(last=False)
@@ -95,7 +98,10 @@ class PageTier:
             if self.on_evict is not None:
                 self.on_evict(victim, victim_slot)
             self._free.append(victim_slot)
-        slot = self._free.pop()
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot, self._fresh = self._fresh, self._fresh + 1
         self._slot[page_hash] = slot
         self._lru[page_hash] = None
         self._stored += 1
@@ -139,7 +145,7 @@ class PageTier:
 
     @property
     def free_count(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.capacity - self._fresh
 
     @property
     def evictable_count(self) -> int:
@@ -161,7 +167,7 @@ class PageTier:
             problems.append("two pages share a slot")
         if set(slots) & set(self._free) or len(set(self._free)) != len(self._free):
             problems.append("the free list overlaps the stored pages or repeats a slot")
-        if any(not 0 <= s < self.capacity for s in slots + self._free):
+        if any(not 0 <= s < self._fresh for s in slots + self._free):
             problems.append("a slot is out of range")
         if set(self._lru) & set(self._locks) or set(self._lru) | set(self._locks) != set(self._slot):
             problems.append("the evictable and locked pages do not partition the stored pages")

@@ -215,3 +215,27 @@ def test_the_free_stack_of_runs_behaves_as_one_stack() -> None:
             assert pool.free_list() == reference
             assert pool.free_count == len(reference)
             assert pool.held == len(held)
+
+
+def test_a_huge_capacity_costs_memory_for_the_blocks_used_only() -> None:
+    """A simulated cache far larger than its trace (`simulate --capacity-blocks 10000000000 --policy lfu`) built a
+    free list of every id up front: gigabytes, or the process killed. The ids never handed out are implicit, and
+    come out in the order the full stack gives them: 0, 1, 2, ..., after the blocks given back."""
+    import tracemalloc
+
+    from radixcache.tier.page_tier import PageTier
+
+    tracemalloc.start()
+    cache = RadixCache(10**15, policy="lfu")
+    tier = PageTier(10**15)
+    cache.insert([1, 2, 3], cache.allocate(3))
+    cache.free(cache.allocate(2))  # ids 3 and 4, given back: on top of the stack
+    assert list(cache.allocate(3)) == [4, 3, 5]
+    assert [tier.store(bytes([i]))[0] for i in range(3)] == [0, 1, 2]
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 1 << 20
+    assert cache.free_blocks == 10**15 - 6 and tier.free_count == 10**15 - 3
+    assert cache.evict(10) == 3 and cache.free_blocks == 10**15 - 3
+    tier.discard(bytes([1]))
+    assert tier.store(b"x") == (1, True)  # the slot given back first
