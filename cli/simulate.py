@@ -30,13 +30,15 @@ from radixcache.tier.tiered_cache import WRITE_POLICIES
 from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
 from radixcache.trace.workload import load_workload
 
+SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and counters are int64
+
 
 @click.command(cls=FriendlyCommand)
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Trace format (default: detect).")
 @click.option("--policy", default="lru", show_default=True, type=click.Choice(sorted(ALL_POLICIES)))
-@click.option("--capacity-blocks", type=click.IntRange(min=1), help="Cache size in blocks (pages).")
-@click.option("--capacity-tokens", type=click.IntRange(min=1), help="Cache size in tokens (rounded down to blocks).")
+@click.option("--capacity-blocks", type=SIZE, help="Cache size in blocks (pages).")
+@click.option("--capacity-tokens", type=SIZE, help="Cache size in tokens (rounded down to blocks).")
 @click.option("--page-size", type=click.IntRange(min=1), help="Tokens per page of a token trace [default: 1].")
 @click.option(
     "--block-size",
@@ -74,12 +76,12 @@ from radixcache.trace.workload import load_workload
 )
 @click.option(
     "--host-capacity-blocks",
-    type=click.IntRange(min=1),
+    type=SIZE,
     help="Add a host tier of N blocks under the device cache: report hits per tier and a modelled TTFT.",
 )
 @click.option(
     "--disk-capacity-blocks",
-    type=click.IntRange(min=1),
+    type=SIZE,
     help="Add a disk tier of M blocks (under the host, or right under the device without one); every page the "
     "device adopts is written through to it.",
 )

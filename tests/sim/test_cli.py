@@ -119,3 +119,18 @@ def test_truncated_msgpack_exits_non_zero(tmp_path: Path) -> None:
     code, _, err = run("trace", "stats", str(tmp_path / "t.msgpack"))
     assert code == 1 and "truncated" in err
     assert len(list(iter_token_jsonl(tmp_path / "t.jsonl"))) == 2
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--capacity-blocks", str(10**23)],
+        ["--capacity-tokens", str(10**26)],
+        ["--capacity-blocks", "300", "--host-capacity-blocks", str(2**63)],
+        ["--capacity-blocks", "300", "--disk-capacity-blocks", str(2**63)],
+    ],
+)
+def test_a_size_past_int64_is_a_usage_error(chat: Path, args: list[str]) -> None:
+    """Block ids and the replays' counters are int64: a larger size was an internal OverflowError."""
+    code, _, err = run("simulate", str(chat), *args)
+    assert code == 2 and args[-2] in err and "9223372036854775807" in err and "internal" not in err
