@@ -7,6 +7,7 @@ holds the cached run at the top level and the other run under "no_cache".
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,6 +24,15 @@ REQUEST_FIELDS: dict[str, type | tuple[type, ...]] = {
     "output_tokens": int,
     "ttft_s": (int, float),
     "latency_s": (int, float),
+}
+#: summary fields `replay_stats` reads, when present, and their types
+SUMMARY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "label": str,
+    "model": str,
+    "mode": str,
+    "wall_s": (int, float),
+    "skipped_too_long": int,
+    "skipped_kv_full": int,
 }
 
 
@@ -72,17 +82,25 @@ def _log(name: str, data: Any, prefix: str) -> ReplayLog:
         raise TraceError(name, "replay", "missing or not an object", f"{prefix}summary")
     if not isinstance(requests, list):
         raise TraceError(name, "replay", "missing or not a list", f"{prefix}requests")
+    for field, kind in SUMMARY_FIELDS.items():
+        if field in summary:
+            _check(name, summary[field], kind, f"{prefix}summary.{field}")
     for index, record in enumerate(requests):
         if not isinstance(record, dict):
             raise TraceError(name, "replay", "expected an object", f"{prefix}requests[{index}]")
         for field, kind in REQUEST_FIELDS.items():
-            value = record.get(field)
-            if isinstance(value, bool) or not isinstance(value, kind):
-                raise TraceError(
-                    name, "replay", f"expected {_kind(kind)}, got {value!r}", f"{prefix}requests[{index}].{field}"
-                )
+            _check(name, record.get(field), kind, f"{prefix}requests[{index}].{field}")
     other = data.get("no_cache")
     return ReplayLog(name, summary, requests, _log(name, other, "no_cache.") if other is not None else None)
+
+
+def _check(name: str, value: Any, kind: type | tuple[type, ...], field: str) -> None:
+    """TraceError unless `value` is of `kind`; a number must also be finite and >= 0 (json reads NaN and Infinity,
+    which would make every statistic NaN and the --json output invalid)."""
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TraceError(name, "replay", f"expected {_kind(kind)}, got {value!r}", field)
+    if kind is not str and not 0 <= value < math.inf:
+        raise TraceError(name, "replay", f"expected a finite number >= 0, got {value!r}", field)
 
 
 def _kind(kind: type | tuple[type, ...]) -> str:
