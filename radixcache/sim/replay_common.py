@@ -7,11 +7,13 @@ A replay (CacheReplay, TieredReplay, InfiniteReplay, the flat ones) is fed reque
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, Union
 
 from radixcache.cache import RadixCache
+from radixcache.errors import RadixCacheError
 from radixcache.sim.inflight import InFlight
 from radixcache.sim.results import SimResult
 from radixcache.sim.tiers import TierResult
@@ -145,7 +147,10 @@ def shared_early(request: SimRequest, pages: int, p: int) -> int:
 
 def advance_to_arrival(cache: RadixCache, request: SimRequest) -> None:
     """Move the cache's clock to the request's arrival time, in microseconds (`honor_timestamps`)."""
-    at = int(request.timestamp_ms * 1000)
+    at = request.timestamp_ms * 1000
+    if at == math.inf:  # a finite timestamp past 1.8e305 ms: no float (the policies' intervals) can hold it in µs
+        raise RadixCacheError(f"timestamp {request.timestamp_ms!r} ms is too large for the cache's clock in µs")
+    at = int(at)
     if at > 0:
         cache.advance_clock(at)
 

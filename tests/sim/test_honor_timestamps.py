@@ -133,3 +133,17 @@ def test_the_cli_flag_reports_its_clock_and_refuses_replicas(tmp_path: Path) -> 
     assert all(run["clock"] == "timestamps" for run in json.loads(out)["runs"] if run["kind"] != "infinite")
     code, _, err = _run(*base, "--replicas", "2", "--honor-timestamps")
     assert code == 2 and "--honor-timestamps" in err
+
+
+@pytest.mark.parametrize("extra", [["--honor-timestamps", "--policy", "reuse"], ["--leases", "--policy", "agent"]])
+def test_a_timestamp_past_the_clocks_range_is_one_error_line(tmp_path: Path, extra: list[str]) -> None:
+    """A finite timestamp past 1.8e305 ms is infinite in µs: the replay failed with OverflowError ('internal
+    error'); the trace just below it replays."""
+    line = {"input_length": 1000, "output_length": 6, "hash_ids": [0, 1], "retain_for": 5}
+    for stamp, code in ((1.7e305, 0), (1e306, 1)):
+        trace = tmp_path / "t.jsonl"
+        trace.write_text(json.dumps({"timestamp": stamp, **line}) + "\n")
+        result = CliRunner().invoke(main, ["simulate", str(trace), "--capacity-blocks", "2", *extra])
+        assert result.exit_code == code, result.output
+        if code:
+            assert "too large for the cache's clock" in result.stderr and "internal" not in result.stderr
