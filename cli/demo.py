@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from radixcache import POLICIES, RadixCache
+from radixcache.cli.errors import FriendlyCommand, debug_option
 from radixcache.trace.synthetic import multi_turn_chat
 
 
@@ -41,7 +42,7 @@ def replay_through_tree(cache: RadixCache, requests: list) -> dict:
     }
 
 
-@click.command()
+@click.command(cls=FriendlyCommand)
 @click.option("--conversations", default=200, show_default=True, type=click.IntRange(min=1))
 @click.option("--capacity-blocks", default=60_000, show_default=True, type=click.IntRange(min=1))
 @click.option("--page-size", default=1, show_default=True, type=click.IntRange(min=1))
@@ -54,8 +55,15 @@ def replay_through_tree(cache: RadixCache, requests: list) -> dict:
 )
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@debug_option
 def demo(
-    conversations: int, capacity_blocks: int, page_size: int, policies: tuple[str, ...], seed: int, as_json: bool
+    conversations: int,
+    capacity_blocks: int,
+    page_size: int,
+    policies: tuple[str, ...],
+    seed: int,
+    as_json: bool,
+    debug: bool,
 ) -> None:
     """Replay a synthetic multi-turn chat workload through the radix tree (no model) and compare policies.
 

@@ -147,3 +147,9 @@ def test_simulate_and_trace_errors_are_one_line_too(runner, tmp_path: Path) -> N
     line = _one_line_error(runner.invoke(main, ["simulate", str(bad), "--capacity-blocks", "2"]), 1)
     assert f"{bad}:1: field 'timestamp'" in line
     _one_line_error(runner.invoke(main, ["trace", "stats", str(bad)]), 1)
+
+
+def test_demo_with_a_cache_smaller_than_a_request_is_one_line(runner) -> None:
+    """`demo` was a plain click command: a CacheFullError (a capacity below one request) printed a traceback."""
+    line = _one_line_error(runner.invoke(main, ["demo", "--capacity-blocks", "1", "--conversations", "2"]), 1)
+    assert "allocate" in line and "capacity is 1" in line
