@@ -38,7 +38,9 @@ def check_invariants(cache: RadixCache) -> None:
             for child_key, child in node.children.items():
                 _require(child.parent is node, f"{child!r}: parent link broken")
                 _require(cache._child_key(child.key, 0) == child_key, f"{child!r}: filed under the wrong key")
-                _require(child.namespace == namespace, f"{child!r}: namespace differs from its root's")
+                # `is` first, as the roots' dict compares keys: a namespace unequal to itself (NaN) is still its own
+                same = child.namespace is namespace or child.namespace == namespace
+                _require(same, f"{child!r}: namespace differs from its root's")
                 child_lock_sum += child.lock_ref
                 stack.append(child)
             if node is root:

@@ -96,3 +96,16 @@ def test_a_namespace_whose_last_node_is_evicted_keeps_no_root() -> None:
     assert cache.namespaces() == ["alice"]
     assert cache.match_prefix([1, 2, 3], namespace="alice").length == 3
     cache.check_invariants()
+
+
+def test_a_namespace_unequal_to_itself_is_its_own_and_passes_the_check() -> None:
+    """NaN keys the roots as a dict keys it, by identity: the same object matches, a fresh NaN does not. The
+    invariant checker compared with == alone and reported a sound tree as corrupt."""
+    cache = RadixCache(8)
+    nan = float("nan")
+    cache.insert([1, 2], cache.allocate(2), namespace=nan)
+    cache.check_invariants()
+    assert cache.match_prefix([1, 2], namespace=nan).length == 2
+    assert cache.match_prefix([1, 2], namespace=float("nan")).length == 0
+    assert cache.evict(2) == 2 and cache.namespaces() == []
+    cache.check_invariants()
