@@ -30,15 +30,16 @@ def record_option(func: Callable) -> Callable:
     )(func)
 
 
-def check_record_path(path: str | None) -> None:
-    """Refuse, before the model loads, a FILE whose folder does not exist or cannot be written."""
+def check_record_path(path: str | None, option: str = "--record-trace") -> None:
+    """Refuse, before the model loads, an output FILE (of `option`) whose folder does not exist or cannot be
+    written: found after the run, it would lose the run's results."""
     if path is None:
         return
     folder = Path(path).resolve().parent
     if not folder.is_dir():
-        raise click.BadParameter(f"the folder {str(folder)!r} does not exist", param_hint="'--record-trace'")
+        raise click.BadParameter(f"the folder {str(folder)!r} does not exist", param_hint=f"'{option}'")
     if not os.access(folder, os.W_OK):
-        raise click.BadParameter(f"the folder {str(folder)!r} is not writable", param_hint="'--record-trace'")
+        raise click.BadParameter(f"the folder {str(folder)!r} is not writable", param_hint=f"'{option}'")
 
 
 class EngineShape(NamedTuple):

@@ -98,6 +98,7 @@ def replay(
     if replicas is not None and (compare or no_cache):
         raise click.UsageError("--replicas routes by what each replica caches: drop --compare and --no-cache")
     check_record_path(record_trace)
+    check_record_path(json_path, "--json")
     from radixcache.runtime.replay import (
         ReplayConfig,
         engine_factory,

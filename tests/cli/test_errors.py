@@ -105,11 +105,21 @@ def test_token_ids_outside_the_vocabulary(runner, tiny_model_dir: Path, tmp_path
     assert "5000" in line and "vocabulary" in line
 
 
-def test_an_unwritable_json_path(runner, tiny_model_dir: Path, small_trace: Path, tmp_path: Path) -> None:
+def test_an_unwritable_json_path_is_refused_before_the_replay(
+    runner, tiny_model_dir: Path, small_trace: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """As --record-trace's: found only when the JSON was written, after the whole replay, it lost the run (the
+    table too, which comes after the JSON)."""
+    import radixcache.runtime.replay as replay_package
+
+    def no_replay(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the replay ran")
+
+    monkeypatch.setattr(replay_package, "replay", no_replay)
     out = tmp_path / "missing-dir" / "r.json"
     args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--max-tokens", "1", "--json", str(out)]
-    line = _one_line_error(runner.invoke(main, args), 1)
-    assert "No such file or directory" in line
+    line = _one_line_error(runner.invoke(main, args), 2)
+    assert "'--json'" in line and "missing-dir" in line and "does not exist" in line
 
 
 def test_chat_and_model_info_errors_are_one_line_too(runner, tmp_path: Path) -> None:
