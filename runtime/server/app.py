@@ -194,6 +194,9 @@ def create_app(
     async def run(request: Request, body: Any, job: generation.Job, responder: Responder) -> Any:
         namespace = job.options.namespace
         if job.max_tokens == 0:  # OpenAI answers an empty completion; the engine needs at least one step
+            if body.stream:
+                events = responder.empty_stream(job.choices, body.include_usage())
+                return StreamingResponse(iter(events), media_type="text/event-stream")
             return JSONResponse(responder.empty(job.choices))
         if body.stream:
             events = generation.stream(engine, job, inflight)

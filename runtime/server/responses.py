@@ -154,6 +154,19 @@ class Responder:
 
     # ------------------------------------------------------------------ streams
 
+    def empty_stream(self, choices: int, include_usage: bool) -> list[str]:
+        """max_tokens=0 asked as a stream: still an SSE stream (a client reading one parses nothing else), each
+        choice's role chunk (chat) and "length" finish chunk, the usage chunk when asked for, then `data: [DONE]`."""
+        events = []
+        for i in range(choices):
+            if self.chat:
+                events.append(_sse(self._chunk(i, None, None, first=True)))
+            events.append(_sse(self._chunk(i, None if self.chat else "", "length")))
+        if include_usage:
+            kind = self._chunk(0, None, None)["object"]
+            events.append(_sse(self._envelope(kind, [], usage=usage(self.prompt_tokens, []))))
+        return [*events, "data: [DONE]\n\n"]
+
     def _chunk(
         self,
         i: int,

@@ -1,0 +1,67 @@
+"""Requests real clients send that the happy-path tests do not, on an in-process app over a small random-weights
+engine: each gets an answer in the shape its client parses (a stream stays a stream) or a 400 that names what was
+wrong, and afterwards no block stays locked and the server still answers."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from radixcache.runtime import Engine
+from radixcache.runtime.server import create_app
+from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+
+PROMPT = list(range(1, 20))
+
+
+@pytest.fixture(scope="module")
+def app() -> Iterator[tuple[TestClient, Engine]]:
+    m = tiny_model(seed=7)
+    engine = Engine(RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size)), capacity_blocks=128)
+    with TestClient(create_app(engine, "tiny")) as client:
+        yield client, engine
+    engine.close()
+
+
+def _settled_and_serving(client: TestClient, engine: Engine) -> None:
+    """Nothing runs, queues or stays locked once idle, and a plain request is still answered."""
+    deadline = time.monotonic() + 20
+    while (gauges := engine.check())["running"] or gauges["waiting"]:
+        assert time.monotonic() < deadline, gauges
+        time.sleep(0.01)
+    assert gauges["locked_blocks"] == 0, gauges
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+
+
+def _events(text: str) -> list[object]:
+    """An SSE body's `data:` payloads, JSON decoded ("[DONE]" kept as the string)."""
+    data = [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_max_tokens_0_asked_as_a_stream_is_answered_as_a_stream(app, chat: bool) -> None:
+    client, engine = app
+    body = {"model": "tiny", "max_tokens": 0, "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+    body |= {"messages": [{"role": "user", "content": "hello"}]} if chat else {"prompt": "hello"}
+    r = client.post("/v1/chat/completions" if chat else "/v1/completions", json=body)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+    events = _events(r.text)
+    assert events[-1] == "[DONE]"
+    *chunks, usage = events[:-1]
+    finished = [c["choices"][0] for c in chunks if c["choices"][0]["finish_reason"] is not None]
+    assert sorted(c["index"] for c in finished) == [0, 1] and {c["finish_reason"] for c in finished} == {"length"}
+    if chat:  # OpenAI's first chunk of each choice names the role; no content ever follows
+        assert [c["choices"][0]["delta"] for c in chunks if c["choices"][0]["finish_reason"] is None] == [
+            {"role": "assistant", "content": ""}
+        ] * 2
+    else:
+        assert all(c["choices"][0]["text"] == "" for c in chunks)
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 0, usage
+    assert usage["usage"]["prompt_tokens"] > 0
+    _settled_and_serving(client, engine)
