@@ -65,3 +65,15 @@ def test_max_tokens_0_asked_as_a_stream_is_answered_as_a_stream(app, chat: bool)
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 0, usage
     assert usage["usage"]["prompt_tokens"] > 0
     _settled_and_serving(client, engine)
+
+
+@pytest.mark.parametrize("stop", ["", [""], ["", ""]])
+def test_an_empty_stop_string_stops_nothing_alone_or_in_a_list(app, stop: object) -> None:
+    client, engine = app
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5, "temperature": 0}
+    plain = client.post("/v1/completions", json=body)
+    r = client.post("/v1/completions", json=body | {"stop": stop})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    _settled_and_serving(client, engine)
