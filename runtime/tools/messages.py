@@ -59,9 +59,11 @@ def _content(value: Any, path: str) -> str:
         texts = []
         for j, part in enumerate(value):
             part = _as_dict(part)
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise ToolInputError(f"{path}[{j}]", f"only text parts ({{'type': 'text', 'text': ...}}), got {kind!r}")
+            if not isinstance(part.get("text"), str):
+                raise ToolInputError(f"{path}[{j}].text", f"must be a string, got {type(part.get('text')).__name__}")
             texts.append(part["text"])
         return "".join(texts)
     raise ToolInputError(path, f"must be a string or a list of text parts, got {type(value).__name__}")

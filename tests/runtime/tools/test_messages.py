@@ -69,6 +69,8 @@ def test_names_and_plain_histories_render_as_before(tiny_tokenizer) -> None:
         ([{"role": "user", "content": None}], "messages[0].content"),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content[0]"),
         ([{"role": "user", "content": 3}], "messages[0].content"),
+        ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages[0].content[0].text"),
+        ([{"role": "user", "content": [{"type": "text"}]}], "messages[0].content[0].text"),
         ([{"role": "user", "content": "x"}, {"role": "tool", "content": "3"}], "messages[1].tool_call_id"),
         ([{"role": "user", "content": "x", "tool_calls": [CALL]}], "messages[0].tool_calls"),
         ([{"role": "assistant", "content": None, "tool_calls": [{**CALL, "id": ""}]}], "messages[0].tool_calls[0].id"),
