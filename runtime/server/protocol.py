@@ -14,8 +14,8 @@ their history turns) are served as tools (runtime.server.legacy). A bad tool, sc
 `param` is its path (`tools.0.function.parameters.properties.x.type`).
 
 Input is bounded here, by pydantic constraints, before anything reaches the engine: numbers finite (NaN and
-Infinity refused everywhere) and in range, sizes and counts bounded (MAX_* below), strings and lists bounded in
-length. A violation is a 400 whose `param` is the field's path (`validation_message`).
+Infinity refused everywhere) and in range, sizes, counts and JSON nesting bounded (MAX_* below), strings and lists
+bounded in length. A violation is a 400 whose `param` is the field's path (`validation_message`).
 
 Beyond OpenAI's fields, as vLLM accepts them: `cache_salt` (a keyless caller's own cache namespace), `timeout`
 (seconds; the request ends with what it generated), `top_k`, `min_p` and `repetition_penalty`. And this server's
@@ -52,6 +52,7 @@ MAX_TIMEOUT_S = 86_400.0
 MAX_TOOLS = 128  # tools of one request, as OpenAI
 MAX_TOOL_CALLS = 128  # tool calls of one assistant message
 MAX_GRAMMAR_CHARS = 1 << 17  # a regex or an EBNF grammar
+MAX_JSON_DEPTH = 64  # nesting of a free-form JSON field (a schema, a tool, a content part): see `_shallow`
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # a 64-bit seed
 TOKEN_ID_MAX = (1 << 31) - 1
 
@@ -84,6 +85,22 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def _shallow(value: Any) -> Any:
+    """`value` if its JSON nests at most MAX_JSON_DEPTH containers deep. The walkers of schemas, tools and calls
+    (canonical forms, checks, json.dumps) recurse per level, and a body nested hundreds deep would hit Python's
+    recursion limit in the middle of a request: a RecursionError and no answer at all. Iterative, so as not to."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth >= MAX_JSON_DEPTH:
+                    raise ValueError(f"nests more than {MAX_JSON_DEPTH} levels of objects and arrays")
+                stack.append((child, depth + 1))
+    return value
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     include_usage: bool = False
@@ -105,6 +122,8 @@ class ChatMessage(BaseModel):
     tool_call_id: Label | None = None
     refusal: None = None
     annotations: Annotated[list[Any], Field(max_length=MAX_MESSAGES)] | None = None
+
+    _shallow_fields = field_validator("content", "function_call", "tool_calls", "annotations")(_shallow)
 
     @model_validator(mode="before")
     @classmethod
@@ -157,6 +176,8 @@ class _Common(BaseModel):
     response_format: dict[str, Any] | None = None
     regex: str | None = Field(default=None, max_length=MAX_GRAMMAR_CHARS)  # this server's: output matches it
     grammar: str | None = Field(default=None, max_length=MAX_GRAMMAR_CHARS)  # this server's: EBNF (GBNF or Lark)
+
+    _shallow_fields = field_validator("response_format")(_shallow)
 
     @field_validator("logit_bias")
     @classmethod
@@ -217,6 +238,8 @@ class ChatCompletionRequest(_Common):
     parallel_tool_calls: bool | None = Field(default=None, strict=True)
     functions: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None  # deprecated tools
     function_call: Literal["none", "auto"] | dict[str, Any] | None = None  # deprecated tool_choice
+
+    _shallow_tools = field_validator("tools", "tool_choice", "functions", "function_call")(_shallow)
 
     def requested_tokens(self) -> int | None:
         """The completion length the caller asked for, if it did."""

@@ -1,30 +1,30 @@
-"""Requests real clients send that the happy-path tests do not, on an in-process app over a small random-weights
-engine: each gets an answer in the shape its client parses (a stream stays a stream) or a 400 that names what was
-wrong, and afterwards no block stays locked and the server still answers."""
+"""Requests real clients send that the happy-path tests do not, on an in-process app over the tiny checkpoint:
+each gets an answer in the shape its client parses (a stream stays a stream) or a 400 that names what was wrong,
+and afterwards no block stays locked and the server still answers."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from radixcache.runtime import Engine
 from radixcache.runtime.server import create_app
-from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 
 PROMPT = list(range(1, 20))
+EOS = 256  # the tiny checkpoint's <|im_end|>
 
 
 @pytest.fixture(scope="module")
-def app() -> Iterator[tuple[TestClient, Engine]]:
-    m = tiny_model(seed=7)
-    engine = Engine(RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size)), capacity_blocks=128)
-    with TestClient(create_app(engine, "tiny")) as client:
+def app(tiny_model_dir: Path) -> Iterator[tuple[TestClient, Engine]]:
+    """The tiny checkpoint (its byte-level tokenizer and ChatML template) in process, one thread."""
+    engine = Engine(str(tiny_model_dir), capacity_blocks=128, threads=1)
+    with engine, TestClient(create_app(engine, "tiny")) as client:
         yield client, engine
-    engine.close()
 
 
 def _settled_and_serving(client: TestClient, engine: Engine) -> None:
@@ -34,7 +34,8 @@ def _settled_and_serving(client: TestClient, engine: Engine) -> None:
         assert time.monotonic() < deadline, gauges
         time.sleep(0.01)
     assert gauges["locked_blocks"] == 0, gauges
-    r = client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "temperature": 0})
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "temperature": 0, "logit_bias": {str(EOS): -100}}
+    r = client.post("/v1/completions", json=body)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
 
 
@@ -70,10 +71,61 @@ def test_max_tokens_0_asked_as_a_stream_is_answered_as_a_stream(app, chat: bool)
 @pytest.mark.parametrize("stop", ["", [""], ["", ""]])
 def test_an_empty_stop_string_stops_nothing_alone_or_in_a_list(app, stop: object) -> None:
     client, engine = app
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5, "temperature": 0}
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "logit_bias": {str(EOS): -100}}
     plain = client.post("/v1/completions", json=body)
     r = client.post("/v1/completions", json=body | {"stop": stop})
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
     assert r.json()["choices"][0]["finish_reason"] == "length"
+    _settled_and_serving(client, engine)
+
+
+def _nested(depth: int) -> str:
+    """A JSON schema `depth` arrays deep, as raw JSON text (json.dumps would recurse as deep itself)."""
+    return '{"type":"array","items":' * depth + '{"type":"string"}' + "}" * depth
+
+
+CHAT_X = '"messages":[{"role":"user","content":"x"}]'
+
+
+@pytest.mark.parametrize(
+    ("url", "fields", "param"),
+    [
+        (
+            "/v1/completions",
+            '"prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":%s}}',
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            CHAT_X + ',"tools":[{"type":"function","function":{"name":"f","parameters":%s}}]',
+            "tools",
+        ),
+        (
+            "/v1/chat/completions",
+            '"messages":[{"role":"user","content":[{"type":"text","text":"x","y":%s}]}]',
+            "messages.0.content",
+        ),
+    ],
+)
+def test_json_nested_past_the_recursion_limit_is_a_400_naming_its_field(app, url: str, fields: str, param: str) -> None:
+    """600 levels parse (the JSON decoder's own limit is about 1000) but exhausted Python's recursion limit in the
+    schema and tool walkers: the request got no answer at all (a RecursionError). Now a 400 naming the field."""
+    client, engine = app
+    body = '{"model":"tiny","max_tokens":2,%s}' % (fields % _nested(600))
+    r = client.post(url, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and "nests more than 64 levels" in error["message"], error
+    _settled_and_serving(client, engine)
+
+
+def test_json_nested_64_levels_deep_is_served(app) -> None:
+    client, engine = app
+    schema = json.loads(_nested(60))  # 60 schema levels + response_format, json_schema and schema: 63 containers
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 2, "temperature": 0}
+    body["response_format"] = {"type": "json_schema", "json_schema": {"name": "deep", "schema": schema}}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"].startswith("[")  # the grammar's one way to start
     _settled_and_serving(client, engine)
