@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixcache.runtime.engine.errors import EngineOverloadedError
 from radixcache.runtime.engine.options import RequestOptions
@@ -93,6 +94,14 @@ def create_app(
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = validation_message(list(exc.errors()))
         return await _api_error(_, APIError(400, message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own refusals in OpenAI's shape too: a body FastAPI cannot decode (invalid UTF-8, an integer
+        past Python's digit limit, nesting past the JSON decoder's), an unknown path, a wrong method."""
+        unreadable = exc.status_code == 400  # FastAPI's detail, "There was an error parsing the body", says less
+        message = "We could not parse the JSON body of your request." if unreadable else str(exc.detail)
+        return await _api_error(_, APIError(exc.status_code, message, headers=dict(exc.headers or {})))
 
     async def _engine_error(_: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, EngineOverloadedError):  # the hint is at least the queue's recent admission wait

@@ -129,3 +129,28 @@ def test_json_nested_64_levels_deep_is_served(app) -> None:
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"].startswith("[")  # the grammar's one way to start
     _settled_and_serving(client, engine)
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "content", "status"),
+    [
+        ("POST", "/v1/completions", b'{"model":"tiny","prompt":"\xff\xfe","max_tokens":2}', 400),  # not UTF-8
+        ("POST", "/v1/completions", b'{"model":"tiny","prompt":"x","seed":' + b"9" * 5000 + b"}", 400),  # 5000 digits
+        ("POST", "/v1/completions", b'{"model":"tiny","prompt":"x","x":' + b"[" * 2000 + b"]" * 2000 + b"}", 400),
+        ("GET", "/v1/chat/completions", b"", 405),
+        ("POST", "/v1/chat/completion", b"{}", 404),
+    ],
+    ids=["not-utf8", "5000-digits", "2000-deep", "wrong-method", "unknown-path"],
+)
+def test_a_body_or_route_starlette_refuses_gets_openais_error_object(app, method, url, content, status) -> None:
+    """OpenAI clients read `error.message`; FastAPI's own refusals answered `{"detail": ...}` instead."""
+    client, engine = app
+    r = client.request(method, url, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"], error
+    if status == 400:
+        assert error["message"] == "We could not parse the JSON body of your request."
+    if status == 405:
+        assert r.headers["allow"] == "POST"
+    _settled_and_serving(client, engine)
