@@ -214,7 +214,7 @@ def create_app(
             first = await _until_disconnect(request, _first_event(events))
             want = job.options.sampling.logprobs is not None
             sse = responder.sse(_prepend(first, events), body.include_usage(), metrics, want, namespace)
-            return StreamingResponse(sse, media_type="text/event-stream")
+            return ClosingStreamingResponse(sse, media_type="text/event-stream")
         results = await _until_disconnect(request, generation.complete(engine, job, inflight))
         for r in results:
             metrics.observe(r, namespace)
@@ -284,6 +284,19 @@ def create_app(
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return app
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that closes its body iterator however the response ends. When the client goes away
+    while a chunk is being sent, Starlette abandons the iterator suspended at its `yield`, and only its finalizer
+    would close it (and so cancel the engine requests behind it), once the garbage collector breaks the cycle the
+    exception's traceback makes: until then the engine goes on generating for nobody, up to max_tokens."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
 async def _first_event(events: AsyncIterator[Any]) -> Any:

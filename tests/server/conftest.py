@@ -60,11 +60,13 @@ class Server:
 
 
 @contextlib.contextmanager
-def start_server(model_dir: Path | str, *args: str, served: str = MODEL) -> Iterator[Server]:
+def start_server(model_dir: Path | str, *args: str, served: str = MODEL, prelude: str = "") -> Iterator[Server]:
+    """`prelude`: Python statements the server process runs first (say, "import gc; gc.disable()")."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("RADIXCACHE_MODEL", "RADIXCACHE_DEBUG")}
     env["PYTHONPATH"] = str(REPO)
-    cmd = [sys.executable, "-c", "from radixcache.cli.main import run; run()", "serve", "--model", str(model_dir)]
+    code = f"{prelude}\nfrom radixcache.cli.main import run; run()"
+    cmd = [sys.executable, "-c", code, "serve", "--model", str(model_dir)]
     cmd += ["--served-model-name", served, "--port", str(port), *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
