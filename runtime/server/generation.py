@@ -244,6 +244,7 @@ async def stream(engine: GenerationEngine, job: Job, inflight: Inflight) -> Asyn
     handles = await submit_off_loop(engine, job, inflight)
     tasks = [asyncio.create_task(_stream_one(engine, job, i, h, inflight, out)) for i, h in enumerate(handles)]
     finished, started = 0, False
+    getter: asyncio.Task[Event] | None = None
     try:
         while finished < job.choices:
             failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception()), None)
@@ -265,6 +266,8 @@ async def stream(engine: GenerationEngine, job: Job, inflight: Inflight) -> Asyn
             started = True
             yield event
     finally:
+        if getter is not None:  # closed while waiting for an event: a pending getter would be destroyed pending
+            getter.cancel()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -16,7 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from radixcache.runtime import Engine
-from radixcache.runtime.server import create_app
+from radixcache.runtime.engine.options import RequestOptions
+from radixcache.runtime.server import create_app, generation
 
 PROMPT = list(range(1, 20))
 EOS = 256  # the tiny checkpoint's <|im_end|>
@@ -156,6 +157,31 @@ def test_a_body_or_route_starlette_refuses_gets_openais_error_object(app, method
         assert error["message"] == "We could not parse the JSON body of your request."
     if status == 405:
         assert r.headers["allow"] == "POST"
+    _settled_and_serving(client, engine)
+
+
+def test_a_stream_closed_while_it_waits_for_an_event_leaves_no_task_pending(app) -> None:
+    """Closing the event stream (a client gone) while it waits for the next event cancelled the choices but left its
+    `out.get()` task pending forever ("Task was destroyed but it is pending!" in the log)."""
+    client, engine = app
+
+    async def close_while_waiting() -> list[asyncio.Task]:
+        options = RequestOptions.of(2000, caller="test", temperature=0, logit_bias={EOS: -100})
+        events = generation.stream(engine, generation.Job([PROMPT], 2, 2000, options), generation.Inflight())
+        await events.__anext__()
+        for _ in range(100):  # catch it between two events
+            waiting = asyncio.ensure_future(events.__anext__())
+            await asyncio.sleep(0)
+            if not waiting.done():
+                break
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await events.aclose()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+
+    assert asyncio.run(close_while_waiting()) == []
     _settled_and_serving(client, engine)
 
 
