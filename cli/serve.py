@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import socket
 from typing import TYPE_CHECKING
@@ -178,6 +179,10 @@ def serve(
         lease_defaults = parse_lease_defaults(retain_for)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--retain-for'") from None
+    if request_timeout is not None and not math.isfinite(request_timeout):  # FloatRange lets nan and inf through
+        raise click.BadParameter(
+            f"{request_timeout} is not a finite number of seconds", param_hint="'--request-timeout'"
+        )
     options = {
         "schedule": schedule,
         "max_prefill_tokens": max_prefill_tokens,

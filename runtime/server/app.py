@@ -5,6 +5,7 @@ Prometheus metrics. `create_app(engine, model_name, api_keys=...)`; `cli/serve.p
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -57,6 +58,9 @@ def create_app(
     `queue_timeout`); their errors become 429 and 503 with Retry-After (runtime.server.errors). `lease_defaults`:
     the `retain_for` seconds of a request that gives none, per API key ("*": every other caller;
     runtime.server.leases)."""
+    if request_timeout is not None and not (math.isfinite(request_timeout) and request_timeout > 0):
+        # every request takes it as its own timeout: a bad one would refuse them all, blaming their bodies
+        raise ValueError(f"request_timeout must be a finite number of seconds > 0, got {request_timeout}")
     keys = frozenset(api_keys)
     leases = check_lease_defaults(lease_defaults)
     inflight = generation.Inflight()

@@ -1,4 +1,5 @@
-"""`radixcache serve` as a command: its help and one-line errors; and one short run with the real SmolLM2."""
+"""`radixcache serve` as a command: its help and one-line errors, settings refused before anything loads; and one
+short run with the real SmolLM2."""
 
 from __future__ import annotations
 
@@ -34,6 +35,29 @@ def test_a_taken_port_is_a_one_line_error(tiny_model_dir) -> None:
         r = subprocess.run([*cmd, "--port", str(port)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.strip().startswith("error: cannot listen on 127.0.0.1")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_request_timeout_that_is_not_finite_is_refused_before_the_model_loads(value: str) -> None:
+    """click's FloatRange lets nan and inf through: the server started, then refused every request that gave no
+    `timeout` of its own with a 400 blaming the request ("timeout must be > 0 seconds ..., got nan")."""
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(main, ["serve", "--model", "/nonexistent", "--request-timeout", value])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--request-timeout'" in result.output and "not a finite number" in result.output
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -1.0])
+def test_create_app_refuses_a_request_timeout_no_request_could_take(value: float) -> None:
+    from radixcache.runtime import Engine
+    from radixcache.runtime.server import create_app
+    from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+
+    m = tiny_model(seed=1)
+    engine = Engine(RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size)), capacity_blocks=16)
+    with engine, pytest.raises(ValueError, match="request_timeout must be a finite number of seconds > 0"):
+        create_app(engine, "tiny", request_timeout=value)
 
 
 @pytest.mark.slow
