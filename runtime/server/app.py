@@ -161,6 +161,14 @@ def create_app(
     ) -> generation.Job:
         for ids in prompts:
             check_prompt(body, ids)
+        vocab = engine.config.vocab_size
+        for token in body.logit_bias or {}:  # the engine refuses them too, but cannot name the field
+            if int(token) >= vocab:
+                raise APIError(
+                    400,
+                    f"logit_bias: token id {token} is outside the vocabulary [0, {vocab})",
+                    param=f"logit_bias.{token}",
+                )
         longest = max(len(p) for p in prompts)
         asked = body.requested_tokens()
         if asked is not None and longest + asked > context:

@@ -84,6 +84,19 @@ def test_an_empty_stop_string_stops_nothing_alone_or_in_a_list(app, stop: object
     _settled_and_serving(client, engine)
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_logit_bias_token_past_the_vocabulary_is_a_400_naming_it(app, chat: bool) -> None:
+    """The engine refused it with a 400 whose `param` was null; the server now names the entry, as for any field."""
+    client, engine = app
+    body = {"model": "tiny", "max_tokens": 2, "logit_bias": {"5": 1, "300": 100}, "stream": chat}
+    body |= {"messages": [{"role": "user", "content": "hello"}]} if chat else {"prompt": "hello"}
+    r = client.post("/v1/chat/completions" if chat else "/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "logit_bias.300" and "outside the vocabulary [0, 260)" in error["message"], error
+    _settled_and_serving(client, engine)
+
+
 def _nested(depth: int) -> str:
     """A JSON schema `depth` arrays deep, as raw JSON text (json.dumps would recurse as deep itself)."""
     return '{"type":"array","items":' * depth + '{"type":"string"}' + "}" * depth
