@@ -161,7 +161,7 @@ def _visible_text(engine: GenerationEngine, ids: Sequence[int], hidden: set[int]
         return text[: min(cuts)]
     text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence waits for its next byte
     holdback = max((len(s) for s in stop), default=1) - 1
-    return text[: len(text) - holdback] if holdback else text
+    return text[: max(0, len(text) - holdback)]  # never a negative end: shorter than the holdback, none yet
 
 
 async def _stream_one(

@@ -72,6 +72,23 @@ def test_max_tokens_0_asked_as_a_stream_is_answered_as_a_stream(app, chat: bool)
     _settled_and_serving(client, engine)
 
 
+def test_a_stream_sends_nothing_that_a_longer_stop_string_may_still_cut(app) -> None:
+    """While the text was shorter than the stop strings' holdback, `text[: len(text) - holdback]` took a negative
+    end and the stream sent all but its last characters, which a stop string completed later still cut: the deltas
+    added up to more than the completion's text."""
+    client, engine = app
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "logit_bias": {str(EOS): -100}}
+    full = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    stop = full[1:7]
+    assert len(stop) == 6 and full.find(stop) == 1, full
+    whole = client.post("/v1/completions", json=body | {"stop": stop}).json()["choices"][0]["text"]
+    assert whole == full[:1]
+    r = client.post("/v1/completions", json=body | {"stop": stop, "stream": True})
+    chunks = [e for e in _events(r.text) if e != "[DONE]"]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole, chunks
+    _settled_and_serving(client, engine)
+
+
 @pytest.mark.parametrize("stop", ["", [""], ["", ""]])
 def test_an_empty_stop_string_stops_nothing_alone_or_in_a_list(app, stop: object) -> None:
     client, engine = app
