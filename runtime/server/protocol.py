@@ -102,7 +102,7 @@ def _shallow(value: Any) -> Any:
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     include_usage: bool = False
 
 
@@ -113,7 +113,7 @@ class ChatMessage(BaseModel):
     `messages.i.field`). A null value counts as absent; `refusal` null and `annotations` (citations of a reply,
     nothing the model reads) are accepted and dropped."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Text | Annotated[list[dict[str, Any]], Field(max_length=MAX_MESSAGES)] | None = None
     name: Label | None = None
@@ -151,7 +151,9 @@ class ChatMessage(BaseModel):
 class _Common(BaseModel):
     """Fields shared by both endpoints."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN and Infinity are refused everywhere
+    # NaN and Infinity are refused everywhere; and each field takes its own JSON type only, as OpenAI's API does:
+    # pydantic's lax mode read max_tokens "5" as 5 and n true as 1, so a client's typo ran as something it never asked
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     model: Label
     max_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)

@@ -72,6 +72,36 @@ def test_max_tokens_0_asked_as_a_stream_is_answered_as_a_stream(app, chat: bool)
     _settled_and_serving(client, engine)
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tokens", "5"),
+        ("max_tokens", True),
+        ("max_tokens", 5.0),
+        ("n", True),
+        ("seed", "7"),
+        ("top_k", 2.5),
+        ("temperature", "0.5"),
+        ("temperature", False),
+        ("stream", "yes"),
+        ("stream", 1),
+        ("prompt", [1.0, 2.0]),
+        ("logprobs", True),
+    ],
+)
+def test_a_field_of_the_wrong_json_type_is_a_400_naming_it(app, field: str, value: object) -> None:
+    """pydantic's lax mode read "5" as 5 and true as 1: a client's mistake ran as a request it never made. OpenAI's
+    API answers 400 for a field of the wrong JSON type; so does this server. An integer still stands for a number."""
+    client, engine = app
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "temperature": 0, "logit_bias": {str(EOS): -100}}
+    r = client.post("/v1/completions", json=body | {field: value})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].split(".")[0] == field, r.text
+    r = client.post("/v1/completions", json=body | {"temperature": 1, "top_p": 1, "seed": 3})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+    _settled_and_serving(client, engine)
+
+
 def test_a_stream_sends_nothing_that_a_longer_stop_string_may_still_cut(app) -> None:
     """While the text was shorter than the stop strings' holdback, `text[: len(text) - holdback]` took a negative
     end and the stream sent all but its last characters, which a stop string completed later still cut: the deltas
