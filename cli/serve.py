@@ -107,6 +107,12 @@ def _check_bind(host: str, port: int) -> None:
     help="Most tokens (prompt + completion) per request; longer prompts get 400 context_length_exceeded "
     "[default: the model's context].",
 )
+@click.option(
+    "--max-body-size",
+    default="64MiB",
+    show_default=True,
+    help="Largest request body (e.g. 16MiB); a larger one gets 413 before it is read whole.",
+)
 @replica_options
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
@@ -139,6 +145,7 @@ def serve(
     queue_timeout: float | None,
     request_timeout: float | None,
     max_model_len: int | None,
+    max_body_size: str,
     replicas: int | None,
     router: str,
     ray_address: str | None,
@@ -165,6 +172,7 @@ def serve(
     import uvicorn
 
     from radixcache.runtime.engine.engine import Engine
+    from radixcache.runtime.kv.pool import parse_memory
     from radixcache.runtime.server import create_app
     from radixcache.runtime.server.leases import parse_lease_defaults
 
@@ -183,6 +191,10 @@ def serve(
         raise click.BadParameter(
             f"{request_timeout} is not a finite number of seconds", param_hint="'--request-timeout'"
         )
+    try:
+        max_body_bytes = parse_memory(max_body_size)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--max-body-size'") from None
     options = {
         "schedule": schedule,
         "max_prefill_tokens": max_prefill_tokens,
@@ -214,6 +226,7 @@ def serve(
         max_model_len=max_model_len,
         request_timeout=request_timeout,
         lease_defaults=lease_defaults,
+        max_body_bytes=max_body_bytes,
     )
     click.echo(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
     config = uvicorn.Config(

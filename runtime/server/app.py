@@ -20,6 +20,7 @@ from radixcache.runtime.engine.errors import EngineOverloadedError
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine
 from radixcache.runtime.server import generation, legacy
+from radixcache.runtime.server.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_max_body_bytes
 from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
 from radixcache.runtime.server.leases import check_lease_defaults, retain_for
 from radixcache.runtime.server.metrics import ServerMetrics
@@ -47,6 +48,7 @@ def create_app(
     max_model_len: int | None = None,
     request_timeout: float | None = None,
     lease_defaults: Mapping[str, float] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` as model `model_name`.
 
@@ -57,10 +59,12 @@ def create_app(
     request that reaches it ends with what it generated. Queue limits live in the engine (`max_queue`,
     `queue_timeout`); their errors become 429 and 503 with Retry-After (runtime.server.errors). `lease_defaults`:
     the `retain_for` seconds of a request that gives none, per API key ("*": every other caller;
-    runtime.server.leases)."""
+    runtime.server.leases). `max_body_bytes`: a request body past it gets 413 before it is read whole
+    (runtime.server.body_limit)."""
     if request_timeout is not None and not (math.isfinite(request_timeout) and request_timeout > 0):
         # every request takes it as its own timeout: a bad one would refuse them all, blaming their bodies
         raise ValueError(f"request_timeout must be a finite number of seconds > 0, got {request_timeout}")
+    check_max_body_bytes(max_body_bytes)
     keys = frozenset(api_keys)
     leases = check_lease_defaults(lease_defaults)
     inflight = generation.Inflight()
@@ -77,6 +81,7 @@ def create_app(
         await asyncio.to_thread(engine.wait_idle, SHUTDOWN_WAIT_S)
 
     app = FastAPI(title="radixcache", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
     app.state.engine, app.state.inflight, app.state.metrics, app.state.api_keys = engine, inflight, metrics, keys
 
     @app.middleware("http")

@@ -245,6 +245,30 @@ def test_a_stream_closed_while_it_waits_for_an_event_leaves_no_task_pending(app)
     _settled_and_serving(client, engine)
 
 
+def test_a_body_past_the_limit_is_a_413_before_it_is_read_whole(tiny_model_dir: Path) -> None:
+    """uvicorn reads any body it is sent, and the fields' bounds apply only once it is parsed: a client posting GBs
+    held that much of the server's memory. A body past max_body_bytes is now refused with OpenAI's 413, by its
+    Content-Length or, sent in chunks, as soon as the bytes read pass the limit (the rest is never read)."""
+    engine = Engine(str(tiny_model_dir), capacity_blocks=64, threads=1)
+    with engine, TestClient(create_app(engine, "tiny", max_body_bytes=4096)) as client:
+        body = {"model": "tiny", "prompt": "x" * 5000, "max_tokens": 1}
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 413 and "4096 bytes" in r.json()["error"]["message"], r.text
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: sent chunked
+            yield b'{"model": "tiny", "prompt": "'
+            yield b"y" * 3000
+            yield b"y" * 3000
+
+        r = client.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["type"], r.text
+        ok = client.post("/v1/completions", json=body | {"prompt": "x" * 100, "temperature": 0})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 1, ok.text
+        assert engine.check()["locked_blocks"] == 0
+    with pytest.raises(ValueError, match="max_body_bytes"):
+        create_app(engine, "tiny", max_body_bytes=0)
+
+
 def _generated(server) -> float:
     return server.metrics()["radixcache_generation_tokens_total"]
 

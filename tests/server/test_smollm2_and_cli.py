@@ -37,6 +37,15 @@ def test_a_taken_port_is_a_one_line_error(tiny_model_dir) -> None:
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("value", ["0", "-5MiB", "lots"])
+def test_a_bad_max_body_size_is_refused_before_the_model_loads(value: str) -> None:
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(main, ["serve", "--model", "/nonexistent", "--max-body-size", value])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--max-body-size'" in result.output
+
+
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_a_request_timeout_that_is_not_finite_is_refused_before_the_model_loads(value: str) -> None:
     """click's FloatRange lets nan and inf through: the server started, then refused every request that gave no
