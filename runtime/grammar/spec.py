@@ -85,15 +85,19 @@ class GrammarSpec:
         if not isinstance(response_format, dict):
             raise GrammarError("must be an object", path)
         kind = response_format.get("type")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise GrammarError(f"unknown type {kind!r} (one of text, json_object, json_schema)", f"{path}.type")
+        # a key this format does not read is refused, not dropped: a `schema` beside json_object, or a misspelt
+        # `schema` inside json_schema, would otherwise constrain nothing while the caller believes it does
+        _only_keys(response_format, ("type", "json_schema") if kind == "json_schema" else ("type",), path)
         if kind == "text":
             return None
         if kind == "json_object":
             return cls.json_object(path=path)
-        if kind != "json_schema":
-            raise GrammarError(f"unknown type {kind!r} (one of text, json_object, json_schema)", f"{path}.type")
         body = response_format.get("json_schema")
         if not isinstance(body, dict):
             raise GrammarError("must be an object with a `schema`", f"{path}.json_schema")
+        _only_keys(body, ("name", "description", "schema", "strict"), f"{path}.json_schema")
         strict = body.get("strict")
         if strict is not None and not isinstance(strict, bool):
             raise GrammarError("must be a boolean", f"{path}.json_schema.strict")
@@ -111,6 +115,13 @@ class GrammarSpec:
     def schema(self) -> Any:
         """The JSON schema (json_schema specs only)."""
         return json.loads(self.source)
+
+
+def _only_keys(value: dict[str, Any], known: tuple[str, ...], path: str) -> None:
+    """GrammarError naming the first key of `value` not in `known`."""
+    unknown = next((k for k in value if k not in known), None)
+    if unknown is not None:
+        raise GrammarError(f"unknown field {unknown!r} (this object takes {', '.join(known)})", f"{path}.{unknown}")
 
 
 def canonical_json(value: Any) -> str:

@@ -53,6 +53,30 @@ def test_invalid_response_format_shapes() -> None:
     assert GrammarSpec.from_response_format({"type": "json_object"}) == GrammarSpec.json_object()
 
 
+@pytest.mark.parametrize(
+    ("response_format", "path"),
+    [
+        ({"type": "json_object", "schema": {"type": "array"}}, "response_format.schema"),
+        ({"type": "text", "json_schema": {"schema": {}}}, "response_format.json_schema"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "x", "shcema": {"type": "array"}}},
+            "response_format.json_schema.shcema",
+        ),
+        ({"type": "json_schema", "json_schema": {"schema": {}}, "strict": True}, "response_format.strict"),
+    ],
+)
+def test_a_key_the_format_does_not_read_is_refused_by_its_path(response_format: dict, path: str) -> None:
+    """A `schema` beside json_object, or a misspelt `schema`, was dropped: the output was constrained to any object
+    (or nothing) while the caller believed it followed their schema."""
+    with pytest.raises(GrammarError) as info:
+        GrammarSpec.from_response_format(response_format)
+    assert info.value.path == path and "unknown field" in str(info.value)
+    described = {"name": "x", "description": "d", "schema": {"type": "array"}, "strict": False}
+    assert GrammarSpec.from_response_format(
+        {"type": "json_schema", "json_schema": described}
+    ) == GrammarSpec.json_schema({"type": "array"}, strict=False)
+
+
 def test_library_errors_become_grammar_errors(tiny_compiler) -> None:
     bad = [
         GrammarSpec.regex("a(b", path="regex"),
