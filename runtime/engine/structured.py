@@ -106,6 +106,6 @@ class Masker:
                 except Exception as exc:
                     bad[j] = exc
         for j, s in enumerate(states):
-            if j not in bad and s.matcher.is_error():
-                bad[j] = GrammarError(s.matcher.get_error() or "the grammar matcher failed", s.compiled.spec.path)
+            if j not in bad and (failure := s.error()) is not None:
+                bad[j] = GrammarError(failure, s.compiled.spec.path)
         return masks, bad

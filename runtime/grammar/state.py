@@ -34,8 +34,8 @@ class GrammarState:
             self._matcher = llguidance.LLMatcher(self.vocab.lib, compiled.grammar, log_level=0)
         except ValueError as e:
             raise GrammarError(str(e).strip(), compiled.spec.path) from None
-        if self._matcher.is_error():
-            raise GrammarError(self._matcher.get_error(), compiled.spec.path)
+        if (failure := self.error()) is not None:
+            raise GrammarError(failure, compiled.spec.path)
         self._stops = np.asarray(self.vocab.stop_ids, dtype=np.int64)
         self._ended = False  # a stop token was accepted
         self.n_accepted = 0
@@ -82,8 +82,20 @@ class GrammarState:
                 return
             raise GrammarError("a stop token before the grammar is complete", self.compiled.spec.path)
         if self._ended or not self._matcher.consume_token(token_id):
-            raise GrammarError(f"token {token_id} is not allowed here", self.compiled.spec.path)
+            # the matcher's own failure, where it has one, is the cause (a lexer past its limits: "a{1000000}")
+            raise GrammarError(self.error() or f"token {token_id} is not allowed here", self.compiled.spec.path)
         self.n_accepted += 1
+
+    def error(self) -> str | None:
+        """The matcher's failure in words, or None while it has none: llguidance's first line, without the dump of
+        its parser state and grammar that follows it; its "NoExtensionBias" (no token can extend the output: a
+        regex such as `[^\\x00-\\U0010FFFF]` that no text matches) said in full."""
+        if not self._matcher.is_error():
+            return None
+        message = (self._matcher.get_error() or "").split("\n<state>")[0].strip() or "the grammar matcher failed"
+        if message == "NoExtensionBias":
+            return "no text the model can write satisfies the grammar (no token may extend the output)"
+        return message
 
     def is_terminated(self) -> bool:
         """True once a stop token was accepted (the grammar was complete)."""
@@ -106,7 +118,7 @@ class GrammarState:
             n -= 1
             self.n_accepted -= 1
         if n and not self._matcher.rollback(n):
-            raise GrammarError(self._matcher.get_error() or "rollback failed", self.compiled.spec.path)
+            raise GrammarError(self.error() or "rollback failed", self.compiled.spec.path)
         self.n_accepted -= n
 
 

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from radixcache.runtime import Engine
-from radixcache.runtime.grammar import GrammarSpec
+from radixcache.runtime.grammar import GrammarError, GrammarSpec
 from tests.runtime.structured.conftest import SCHEMAS, response_format
 
 TEMPERATURES = (0.0, 0.7, 1.0, 1.6)
@@ -98,3 +98,22 @@ def test_a_grammar_that_may_go_on_ends_only_when_complete(engine: Engine) -> Non
 def test_ignore_eos_still_ends_when_the_grammar_does(engine: Engine) -> None:
     r = engine.generate("a", 50, grammar=GrammarSpec.regex("(ab|cd)"), ignore_eos=True, temperature=1.0, seed=1)
     assert r.text in ("ab", "cd") and r.finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "says"),
+    [
+        ("[^\\x00-\\U0010FFFF]", "no text the model can write satisfies the grammar"),
+        ("a{1000000}", "too many expressions"),
+    ],
+)
+def test_a_grammar_the_matcher_fails_on_says_why_in_one_line(engine: Engine, pattern: str, says: str) -> None:
+    """A regex no text matches failed with llguidance's "NoExtensionBias" and a dump of its parser state; one past
+    its lexer's limits with "token N is not allowed here", as if the model had broken the mask. The request fails
+    alone, with the matcher's reason and nothing of its dump; the engine goes on."""
+    with pytest.raises(GrammarError) as info:
+        engine.generate("Say a", 4, grammar=GrammarSpec.regex(pattern), seed=1)
+    message = str(info.value)
+    assert says in message and "<state>" not in message and "\n" not in message, message
+    assert engine.generate("Say a", 3, seed=1, ignore_eos=True).token_ids
+    assert engine.check()["locked_blocks"] == 0
