@@ -30,13 +30,17 @@ log = logging.getLogger("radixcache.cluster")
 
 
 STREAMS_WITHOUT_QUEUE_LIMIT = 64  # streams a replica runs at once past max_running when max_queue is unbounded
-CONTROL_THREADS = 8  # actor threads beyond the streams: event pulls, cancels, stats, and refusals answered at once
+CONTROL_THREADS = 8  # actor threads beyond the streams (refusals answered at once), and the control group's size
+# The actor's concurrency group for every call that is not a request (event pulls, cancels, info, stats, checks): its
+# own threads, so a cancel or an event pull never waits in Ray's queue behind streams that wait for a thread.
+CONTROL_GROUP = "control"
 
 
 def actor_threads(engine_kwargs: dict[str, Any] | None) -> int:
     """A replica actor's max_concurrency: every request its engine may hold (max_running admitted plus max_queue
     waiting) gets a thread, so each reaches the engine's own admission (a full queue is refused there, 429, and
-    queue_timeout counts there) instead of waiting in Ray's queue; plus CONTROL_THREADS for everything else."""
+    queue_timeout counts there) instead of waiting in Ray's queue; plus CONTROL_THREADS, so a request past those is
+    refused at once. Calls that are not requests run in the CONTROL_GROUP's own threads (`ReplicaCluster.control`)."""
     kwargs = engine_kwargs or {}
     scheduler = kwargs.get("scheduler_config")
     running = getattr(scheduler, "max_running", None) or kwargs.get("max_running") or 64
@@ -85,7 +89,7 @@ class ReplicaCluster:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
         if not ray.is_initialized():
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-        actor = ray.remote(EngineReplica).options(
+        actor = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(EngineReplica).options(
             num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=actor_threads(engine_kwargs)
         )
         self.ray = ray
@@ -221,17 +225,18 @@ class ReplicaCluster:
         """Bring `replica`'s index up to date now (its new batches, or a resync), or see whether a dead replica is
         back. One caller per replica at a time (a per-replica lock), so batches are applied once, in order."""
         ray = self.ray
-        actor = self._actors[replica]
         with self._sync_locks[replica]:
             with self._lock:
                 alive = replica in self._alive
                 last = self.index.last_seq(replica) if alive else 0
             try:
                 if not alive:
-                    info = ray.get(actor.info.remote(), timeout=1.0)
+                    info = ray.get(self.control(replica, "info").remote(), timeout=1.0)
                     self._rejoin(replica, info["incarnation"])
                     return
-                incarnation, batches = ray.get(actor.events_since.remote(last), timeout=self.call_timeout)
+                incarnation, batches = ray.get(
+                    self.control(replica, "events_since").remote(last), timeout=self.call_timeout
+                )
             except self.actor_errors as exc:
                 self.mark_dead(replica, exc)
                 return
@@ -256,7 +261,7 @@ class ReplicaCluster:
     def _resync(self, replica: int) -> None:
         ray = self.ray
         try:
-            incarnation, seq, keys = ray.get(self._actors[replica].snapshot.remote(), timeout=self.call_timeout)
+            incarnation, seq, keys = ray.get(self.control(replica, "snapshot").remote(), timeout=self.call_timeout)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             self.mark_dead(replica, exc)
             return
@@ -276,6 +281,10 @@ class ReplicaCluster:
     def actor(self, replica: int) -> Any:
         return self._actors[replica]
 
+    def control(self, replica: int, method: str) -> Any:
+        """`replica`'s actor method `method`, called in the control group: it never queues behind requests."""
+        return getattr(self._actors[replica], method).options(concurrency_group=CONTROL_GROUP)
+
     def replica_stats(self) -> list[Any]:
         """Every live replica's EngineStats (a replica that fails the call is dropped)."""
         return self._each("stats")
@@ -293,7 +302,7 @@ class ReplicaCluster:
         out = []
         for replica in self.alive:
             try:
-                ref = getattr(self._actors[replica], method).remote(*args)
+                ref = self.control(replica, method).remote(*args)
                 out.append(self.ray.get(ref, timeout=self.call_timeout))
             except self.actor_errors as exc:
                 self.mark_dead(replica, exc)

@@ -171,7 +171,7 @@ class ClusterEngine:
                     streaming = cluster.actor(replica).stream.options(num_returns="streaming")
                     stream = streaming.remote(req.rid, prompt, options, sent_at)
                     if handle.cancelled:  # cancelled before `replica` was set: `_cancel` could not name it
-                        cluster.actor(replica).cancel.remote(req.rid)
+                        cluster.control(replica, "cancel").remote(req.rid)
                     while result is None:  # the last item is ("done", result): never wait past it
                         by = None if admitted else sent_at + queue_timeout + ADMISSION_GRACE_S  # type: ignore[operator]
                         kind, value, logprobs = ray.get(self._next_item(stream, replica, req.rid, by))
@@ -184,7 +184,7 @@ class ClusterEngine:
                                 try:
                                     req.listener(req)
                                 except BaseException:  # the caller's side failed: the replica stops it too
-                                    cluster.actor(replica).cancel.remote(req.rid)
+                                    cluster.control(replica, "cancel").remote(req.rid)
                                     raise
                         else:
                             result = value
@@ -215,14 +215,14 @@ class ClusterEngine:
         while True:
             now = time.time()
             if admit_by is not None and now >= admit_by:
-                cluster.actor(replica).cancel.remote(rid)
+                cluster.control(replica, "cancel").remote(rid)
                 timeout = cluster.queue_timeout
                 raise QueueTimeoutError(
                     f"request {rid} was not admitted within the queue timeout of {timeout} s", retry_after=timeout
                 )
             left = cluster.call_timeout - (now - start)
             if left <= 0:
-                cluster.actor(replica).cancel.remote(rid)  # it stops computing; its stream then ends on its own
+                cluster.control(replica, "cancel").remote(rid)  # it stops computing; its stream then ends on its own
                 raise ReplicaUnavailableError(
                     f"engine replica {replica} sent nothing for {cluster.call_timeout} s; the request was cancelled"
                 )
@@ -240,7 +240,7 @@ class ClusterEngine:
         handle.cancelled = True
         replica = handle.request.replica
         if replica is not None and not handle.done():
-            self.cluster.actor(replica).cancel.remote(handle.rid)
+            self.cluster.control(replica, "cancel").remote(handle.rid)
 
     # ------------------------------------------------------------------ server upkeep
 

@@ -141,7 +141,10 @@ def make_ray(workers: int = 64) -> types.ModuleType:
         for stream in actor.streams:
             stream.fail(RayActorError("the actor was killed"))
 
-    def remote(cls: type) -> Any:
+    def remote(cls: type | None = None, **_: Any) -> Any:  # ray.remote(cls), or ray.remote(**options)(cls)
+        if cls is None:
+            return remote
+
         def create(*args: Any) -> Actor:
             actor = Actor(cls(*args), pool)
             ray.actors.append(actor)  # type: ignore[attr-defined]

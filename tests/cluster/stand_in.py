@@ -159,7 +159,7 @@ def fake_ray() -> types.ModuleType:
     ray.wait = wait  # type: ignore[attr-defined]
     ray.kill = lambda actor, no_restart=True: None  # type: ignore[attr-defined]
     factory = types.SimpleNamespace(options=lambda **_: types.SimpleNamespace(remote=FakeActor))
-    ray.remote = lambda cls: factory  # type: ignore[attr-defined]
+    ray.remote = lambda cls=None, **_: factory if cls is not None else lambda _cls: factory  # type: ignore[attr-defined]
     return ray
 
 

@@ -235,3 +235,31 @@ def test_serve_over_replicas_answers_429_400_and_503_over_http(local_ray: str, t
             assert int(r.headers["retry-after"]) >= 1
     finally:
         engine.close()
+
+
+def test_a_cancel_reaches_a_replica_whose_threads_all_hold_streams(local_ray: str, tiny_dir: Path) -> None:
+    """Regression: cancels and event pulls ran in the actor's one thread pool, so once every thread held a stream
+    (max_running 1 and no max_queue: 73 threads) a cancel waited in Ray's queue behind the streams waiting for a
+    thread, and the running request it aimed at ran to its length. Now they run in the actor's control group."""
+    from radixcache.runtime.cluster.cluster import actor_threads
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    kwargs = {**ENGINE, "capacity_blocks": 1100, "max_running": 1}
+    engine = ClusterEngine(ReplicaCluster(str(tiny_dir), 1, engine_kwargs=kwargs), str(tiny_dir))
+    try:
+        victim = engine.submit([1, 2, 3], 4000, ignore_eos=True)
+        _wait(lambda: bool(victim.request.output_ids))
+        waiting = [
+            engine.submit([5, 6, i + 1], 2, ignore_eos=True) for i in range(actor_threads(kwargs) + 4)
+        ]  # past the threads
+        _wait(lambda: all(h.request.replica is not None for h in waiting))
+        time.sleep(0.5)  # the streams reach the actor: its threads are all taken
+        assert not victim.done()
+        victim.cancel()
+        result = victim.result(timeout=60)
+        assert result.finish_reason == "cancelled" and len(result.token_ids) < 4000
+        for handle in waiting:
+            assert len(handle.result(timeout=60).token_ids) == 2
+        assert engine.check()["running"] == 0
+    finally:
+        engine.close()
