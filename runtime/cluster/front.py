@@ -26,6 +26,7 @@ from radixcache import CacheStats
 from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, resolve_options
+from radixcache.runtime.engine.request_builder import token_ids
 
 # The front door fails a request its replica has not admitted within the queue timeout plus this (the replica's own
 # verdict, with its wording, gets the first chance; under a starved CPU it can come back over Ray seconds late).
@@ -108,11 +109,12 @@ class ClusterEngine:
         if self._closed:
             raise EngineClosedError("this server is shutting down")
         opts = resolve_options(max_new_tokens, options, kwargs, "ClusterEngine.submit")
-        if isinstance(prompt, str):
-            prompt = list(self.tokenizer.encode(prompt))
+        # Checked here as the engine checks it: `list()` would take bytes or a dict for token ids, and a request
+        # that fails later does so in its thread, with whatever the router or the hasher raised.
+        prompt = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else token_ids(prompt, "prompt")
         request = RemoteRequest(f"{self._rid_prefix}-{next(self._ids)}", sampler=SimpleNamespace(params=opts.sampling))
         handle = RemoteHandle(request, self._cancel)
-        thread = threading.Thread(target=self._run, args=(handle, list(prompt), opts), daemon=True)
+        thread = threading.Thread(target=self._run, args=(handle, prompt, opts), daemon=True)
         thread.start()
         return handle
 

@@ -1,0 +1,45 @@
+"""The front door's Python API (ClusterEngine) refuses hostile arguments as an Engine does: a ValueError at the call,
+naming what was wrong, and nothing sent to a replica. Replicas are stand-ins (tests/cluster/stand_in.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.cluster.stand_in import install
+
+
+@pytest.fixture
+def front(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path) -> Iterator[Any]:
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    engine = ClusterEngine(ReplicaCluster("fake", 2, poll_interval=None), str(tiny_dir))
+    yield engine
+    engine.close()
+
+
+def _streams(front: Any) -> list[str]:
+    return [rid for r in (0, 1) for rid in front.cluster.actor(r).streams]
+
+
+@pytest.mark.parametrize(
+    "prompt", [b"abc", bytearray(b"ab"), {1: 2}, None, 5, 1.5, [1, "a"], [True, 2], [[1, 2]], np.array([1.5])]
+)
+def test_a_prompt_that_is_not_token_ids_is_refused_at_the_call(front: Any, prompt: Any) -> None:
+    """Regression: the front door took `list(prompt)` for token ids, so bytes ran as their byte values and a dict as
+    its keys, and None or a number failed later in the request's thread with a TypeError."""
+    with pytest.raises(ValueError, match="prompt") as refused:
+        front.submit(prompt, 2)
+    assert "token id" in str(refused.value)
+    assert _streams(front) == [] and front.cluster.loads.in_flight() == 0
+
+
+def test_token_ids_of_any_integer_type_are_sent_as_ints(front: Any) -> None:
+    result = front.submit(np.array([3, 4, 5]), 2).result(timeout=10)  # the stand-in echoes the last token
+    assert result.token_ids == (5, 5) and type(result.token_ids[0]) is int
