@@ -45,6 +45,8 @@ class RouteRequest:
             value = getattr(self, name)
             if type(value) is not int or value < low:
                 raise RouterError(f"RouteRequest.{name} must be an int >= {low}, got {value!r}")
+        if self.session is not None and not isinstance(self.session, str):  # routers hash it, and key dicts by it
+            raise RouterError(f"RouteRequest.session must be a str or None, got {type(self.session).__name__}")
 
     def uncached_tokens(self, matched_pages: int) -> int:
         """Prompt tokens left to prefill when `matched_pages` pages are cached."""

@@ -74,6 +74,8 @@ class RequestOptions:
             t = self.timeout
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
                 raise ValueError(f"timeout must be > 0 seconds (a finite number), got {t!r}")
+        if self.session is not None and not isinstance(self.session, str):  # behind replicas it keys the router
+            raise ValueError(f"session must be a string or None, got {type(self.session).__name__}")
         for name in ("priority", "retention"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
                 raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")

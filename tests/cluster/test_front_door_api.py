@@ -43,3 +43,24 @@ def test_a_prompt_that_is_not_token_ids_is_refused_at_the_call(front: Any, promp
 def test_token_ids_of_any_integer_type_are_sent_as_ints(front: Any) -> None:
     result = front.submit(np.array([3, 4, 5]), 2).result(timeout=10)  # the stand-in echoes the last token
     assert result.token_ids == (5, 5) and type(result.token_ids[0]) is int
+
+
+@pytest.mark.parametrize("router", ["cache_aware", "consistent_hash"])
+@pytest.mark.parametrize("session", [5, ["x"], b"user"])
+def test_a_session_that_is_not_a_string_is_refused_at_the_call(
+    monkeypatch: pytest.MonkeyPatch, tiny_dir: Path, router: str, session: Any
+) -> None:
+    """Regression: the session went unchecked to the router, in the request's thread: consistent_hash failed with an
+    AttributeError (`.encode`), cache_aware with a TypeError for an unhashable one. An Engine ignored it."""
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    engine = ClusterEngine(ReplicaCluster("fake", 2, router=router, poll_interval=None), str(tiny_dir))
+    try:
+        with pytest.raises(ValueError, match="session must be a string or None"):
+            engine.submit([1, 2, 3], 2, session=session)
+        assert _streams(engine) == []
+        assert engine.submit([1, 2, 3], 2, session="tenant|user").result(timeout=10).token_ids == (3, 3)
+    finally:
+        engine.close()

@@ -87,3 +87,10 @@ def test_route_request_counts_uncached_tokens() -> None:
     assert request.uncached_tokens(3) == 0  # a partial last page served whole never goes negative
     with pytest.raises(RouterError):
         RouteRequest((), prompt_tokens=1, max_tokens=1, page_size=0)
+
+
+@pytest.mark.parametrize("session", [5, b"s", ["x"], 1.5])
+def test_a_session_that_is_not_a_string_is_refused(session: object) -> None:
+    """Regression: consistent_hash failed on it with an AttributeError and cache_aware with a TypeError."""
+    with pytest.raises(RouterError, match="session"):
+        RouteRequest((1,), prompt_tokens=4, max_tokens=1, page_size=4, session=session)  # type: ignore[arg-type]
