@@ -23,6 +23,7 @@ flight there (radixcache.router.inflight), whose pages will be cached by then. T
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from functools import partial
@@ -82,8 +83,9 @@ class CacheAwareRouter(Router):
             ("session_slack", session_slack, 0.0),
             ("session_slack_s", session_slack_s, 0.0),
         ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low:
-                raise RouterError(f"cache_aware: {name} must be a number >= {low}, got {value!r}")
+            # finite: an infinite weight makes a score inf * 0 = NaN, and min() then picks any replica
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < math.inf:
+                raise RouterError(f"cache_aware: {name} must be a finite number >= {low}, got {value!r}")
         for name, value, low in (("balance_horizon", balance_horizon, 1), ("max_sessions", max_sessions, 0)):
             if type(value) is not int or value < low:
                 raise RouterError(f"cache_aware: {name} must be an int >= {low}, got {value!r}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 
+from radixcache.router.errors import RouterError
 from radixcache.router.events import PageKey
 
 
@@ -31,6 +32,8 @@ class InFlightPrefixes:
     __slots__ = ("_counts", "_entries", "max_per_replica")
 
     def __init__(self, max_per_replica: int = 256) -> None:
+        if type(max_per_replica) is not int or max_per_replica < 0:
+            raise RouterError(f"max_per_replica must be an int >= 0, got {max_per_replica!r}")
         self.max_per_replica = max_per_replica
         self._entries: dict[int, deque[tuple[Hashable, tuple[PageKey, ...]]]] = {}
         self._counts: dict[int, dict[PageKey, int]] = {}

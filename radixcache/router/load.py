@@ -89,12 +89,12 @@ class LoadTracker:
         self._requests: dict[Hashable, list] = {}
 
     def dispatched(self, replica: int, rid: Hashable, prefill_tokens: float, decode_tokens: float) -> None:
-        """`rid` was sent to `replica`. Raises RouterError if `rid` is in flight already or a count is negative."""
+        """`rid` was sent to `replica`. Raises RouterError if `rid` is in flight already or a count is negative or
+        not finite."""
         if rid in self._requests:
             raise RouterError(f"request {rid!r} is in flight already")
-        for name, value in (("prefill_tokens", prefill_tokens), ("decode_tokens", decode_tokens)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-                raise RouterError(f"{name} must be a number >= 0, got {value!r}")
+        _check_tokens("prefill_tokens", prefill_tokens)
+        _check_tokens("decode_tokens", decode_tokens)
         self._requests[rid] = [replica, prefill_tokens, decode_tokens]
         self._prefill[replica] = self._prefill.get(replica, 0.0) + prefill_tokens
         self._decode[replica] = self._decode.get(replica, 0.0) + decode_tokens
@@ -107,8 +107,7 @@ class LoadTracker:
         entry = self._entry(replica, rid)
         if entry is None or not entry[1]:
             return False
-        if not isinstance(prefill_tokens, (int, float)) or isinstance(prefill_tokens, bool) or not prefill_tokens >= 0:
-            raise RouterError(f"prefill_tokens must be a number >= 0, got {prefill_tokens!r}")
+        _check_tokens("prefill_tokens", prefill_tokens)
         self._prefill[replica] = max(0.0, self._prefill[replica] - entry[1] + prefill_tokens)
         entry[1] = prefill_tokens
         return True
@@ -176,3 +175,15 @@ class LoadTracker:
         if entry is not None and entry[0] != replica:
             raise RouterError(f"request {rid!r} was dispatched to replica {entry[0]}, not {replica}")
         return entry
+
+
+def _check_tokens(name: str, value: object) -> None:
+    """A token count is a finite number >= 0 (a float, or an int a float holds): an infinite one would leave
+    inf - inf = NaN, clamped to 0, in its replica's totals once it finished, erasing the other requests' load."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    try:
+        ok = ok and math.isfinite(value) and value >= 0  # type: ignore[arg-type,operator]
+    except OverflowError:  # an int past any float
+        ok = False
+    if not ok:
+        raise RouterError(f"{name} must be a finite number >= 0, got {value!r}")

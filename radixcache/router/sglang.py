@@ -10,6 +10,7 @@ finished (`LoadTracker.running`), as SGLang's router counts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import partial
 
@@ -40,8 +41,10 @@ class SGLangRouter(Router):
     ) -> None:
         if not 0 <= cache_threshold <= 1:
             raise RouterError(f"sglang: cache_threshold must be in [0, 1], got {cache_threshold!r}")
-        if balance_abs < 0 or balance_rel < 1:
-            raise RouterError(f"sglang: need balance_abs >= 0 and balance_rel >= 1, got {balance_abs}, {balance_rel}")
+        if not (0 <= balance_abs < math.inf and 1 <= balance_rel < math.inf):  # NaN would never find an imbalance
+            raise RouterError(
+                f"sglang: need finite balance_abs >= 0 and balance_rel >= 1, got {balance_abs}, {balance_rel}"
+            )
         self.cache_threshold = cache_threshold
         self.balance_abs = balance_abs
         self.balance_rel = balance_rel

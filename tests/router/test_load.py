@@ -94,3 +94,18 @@ def test_a_session_that_is_not_a_string_is_refused(session: object) -> None:
     """Regression: consistent_hash failed on it with an AttributeError and cache_aware with a TypeError."""
     with pytest.raises(RouterError, match="session"):
         RouteRequest((1,), prompt_tokens=4, max_tokens=1, page_size=4, session=session)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tokens", [float("inf"), float("nan"), -1, 10**400])
+def test_a_token_count_that_is_not_finite_is_refused(tokens: float) -> None:
+    """Regression: an infinite prefill was taken; once it finished, inf - inf = NaN clamped to 0 left the replica's
+    load at 0 with another request's tokens still in flight."""
+    loads = LoadTracker()
+    loads.dispatched(0, "other", 5, 3)
+    with pytest.raises(RouterError, match="finite"):
+        loads.dispatched(0, "hostile", tokens, 0)
+    with pytest.raises(RouterError, match="finite"):
+        loads.dispatched(0, "hostile", 0, tokens)
+    with pytest.raises(RouterError, match="finite"):
+        loads.started(0, "other", tokens)
+    assert loads.load(0) == ReplicaLoad(5, 3, 1) and loads.in_flight() == 1

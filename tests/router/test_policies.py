@@ -228,3 +228,32 @@ def test_in_flight_prefixes_leave_with_their_own_request_out_of_order(make) -> N
     assert router.route(replace(long, rid="probe2"), [0], index, loads).matched_pages == 10
     loads.finished(0, "long")  # failed or cancelled: its prefix goes too
     assert router.route(replace(long, rid="probe3"), [0], index, loads).matched_pages == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("cache_aware", {"miss_weight": float("inf")}),
+        ("cache_aware", {"balance": float("inf")}),
+        ("cache_aware", {"session_slack": float("inf")}),
+        ("sglang", {"balance_abs": float("nan")}),
+        ("sglang", {"balance_rel": float("nan")}),
+        ("sglang", {"balance_rel": float("inf")}),
+    ],
+)
+def test_a_non_finite_router_parameter_is_refused(name: str, params: dict[str, float]) -> None:
+    """Regression: cache_aware took an infinite miss_weight or balance, whose inf * 0 made a replica's score NaN, so
+    it sent a request away from the replica holding its whole prompt; sglang took NaN bounds that never matched."""
+    with pytest.raises(RouterError, match="finite"):
+        make_router(name, **params)
+
+
+def test_in_flight_prefixes_refuse_a_negative_bound() -> None:
+    """Regression: a negative max_per_replica failed the first `add` with an IndexError (pop from an empty deque)."""
+    from radixcache.router.inflight import InFlightPrefixes
+
+    with pytest.raises(RouterError, match="max_per_replica"):
+        InFlightPrefixes(max_per_replica=-1)
+    untracked = InFlightPrefixes(max_per_replica=0)  # 0 keeps nothing in flight
+    untracked.add(0, (1, 2), "a")
+    assert untracked.matched_pages(0, (1, 2)) == 0
