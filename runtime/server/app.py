@@ -26,6 +26,7 @@ from radixcache.runtime.server.leases import check_lease_defaults, retain_for
 from radixcache.runtime.server.metrics import ServerMetrics
 from radixcache.runtime.server.protocol import (
     MAX_CHOICES,
+    MAX_LABEL_CHARS,
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -187,7 +188,7 @@ def create_app(
             )
         max_tokens = max(min(body.limit(DEFAULT_MAX_TOKENS), context - longest), 0)
         timeout = body.timeout if request_timeout is None else min(body.timeout or request_timeout, request_timeout)
-        session = body.user or (request.headers.get(SESSION_HEADER) if request is not None else None)
+        session = body.user or (_session_header(request) if request is not None else None)
         if session and getattr(engine, "routes_sessions", False):  # replicas: a session sticks to one (per tenant)
             session = f"{namespace}|{session}"
         # One RequestOptions per HTTP request (0 tokens: an empty completion, which never reaches the engine).
@@ -331,6 +332,17 @@ async def _prepend(first: Any, events: AsyncIterator[Any]) -> AsyncIterator[Any]
             yield event
     finally:
         await events.aclose()  # type: ignore[attr-defined]
+
+
+def _session_header(request: Request) -> str | None:
+    """The X-Session-Id header, bounded as the `user` field is: behind replicas the router remembers up to 100,000
+    sessions, so an unbounded one would let each request pin kilobytes of the front door's memory."""
+    session = request.headers.get(SESSION_HEADER)
+    if session is not None and len(session) > MAX_LABEL_CHARS:
+        raise APIError(
+            400, f"X-Session-Id: at most {MAX_LABEL_CHARS} characters, got {len(session)}", param="X-Session-Id"
+        )
+    return session
 
 
 async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:

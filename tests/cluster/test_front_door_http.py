@@ -129,3 +129,17 @@ def test_a_relay_that_fails_in_the_front_door_cancels_the_request_on_its_replica
         handle.result(10)
     assert [handle.rid] == [rid for r in (0, 1) for rid in cluster.actor(r).cancels]
     assert cluster.loads.in_flight() == 0
+
+
+def test_a_session_header_is_bounded_as_the_user_field(served: tuple[TestClient, Any]) -> None:
+    """Regression: X-Session-Id had no bound (the `user` field has 256 characters), and the router remembers up to
+    100,000 sessions: each request could pin kilobytes of the front door's memory. Now longer is a 400 naming it."""
+    client, cluster = served
+    _every_replica(cluster, echo_script)
+    for stream in (False, True):
+        r = client.post("/v1/completions", json={**BODY, "stream": stream}, headers={"X-Session-Id": "s" * 5000})
+        error = _error(r, 400, None)
+        assert error["param"] == "X-Session-Id" and "256" in error["message"]
+    assert cluster.stats().routed == {0: 0, 1: 0}
+    r = client.post("/v1/completions", json=BODY, headers={"X-Session-Id": "s" * 256})
+    assert r.status_code == 200, r.text
