@@ -295,7 +295,7 @@ class ReplicaCluster:
 
     def replica_call(self, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every live replica (EngineReplica), in replica order; a replica that fails it is
-        dropped."""
+        dropped, and one that does not answer within `call_timeout` is a ReplicaUnavailableError."""
         return self._each(method, *args)
 
     def _each(self, method: str, *args: Any) -> list[Any]:
@@ -306,6 +306,10 @@ class ReplicaCluster:
                 out.append(self.ray.get(ref, timeout=self.call_timeout))
             except self.actor_errors as exc:
                 self.mark_dead(replica, exc)
+            except self.ray.exceptions.GetTimeoutError:  # alive but not answering: a 503 (as a request), not a 500
+                raise ReplicaUnavailableError(
+                    f"engine replica {replica} did not answer {method} within {self.call_timeout} s"
+                ) from None
         return out
 
     def stats(self) -> ClusterStats:

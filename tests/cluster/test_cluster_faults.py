@@ -69,3 +69,13 @@ def test_a_replica_actor_has_a_thread_for_every_request_its_engine_may_hold() ->
     assert actor_threads({"max_running": 2, "max_queue": 5}) == 2 + 5 + CONTROL_THREADS
     assert actor_threads({"scheduler_config": SchedulerConfig(max_running=3), "max_queue": 0}) == 3 + CONTROL_THREADS
     assert actor_threads(None) == 64 + 64 + CONTROL_THREADS  # max_queue unbounded: 64 streams past max_running
+
+
+def test_a_replica_that_does_not_answer_a_call_to_every_replica_is_a_503(cluster) -> None:
+    """Regression: the calls to every replica (stats for /metrics, check, flush) let a Ray timeout through, so a
+    replica that did not answer made /metrics a 500 "internal error: GetTimeoutError"."""
+    cluster.actor(0).fail["stats"] = GetTimeoutError("timed out")
+    with pytest.raises(ReplicaUnavailableError, match="replica 0 did not answer stats") as exc:
+        cluster.replica_stats()
+    assert api_error_for(exc.value).status == 503
+    assert cluster.alive == (0, 1)  # slow is not dead
