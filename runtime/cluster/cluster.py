@@ -287,23 +287,25 @@ class ReplicaCluster:
 
     def replica_stats(self) -> list[Any]:
         """Every live replica's EngineStats (a replica that fails the call is dropped)."""
-        return self._each("stats")
+        return list(self.each("stats").values())
 
     def replica_checks(self) -> list[dict[str, int]]:
         """Every live replica's `Engine.check()` (its cache's invariants, and its gauges)."""
-        return self._each("check")
+        return list(self.each("check").values())
 
     def replica_call(self, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every live replica (EngineReplica), in replica order; a replica that fails it is
         dropped, and one that does not answer within `call_timeout` is a ReplicaUnavailableError."""
-        return self._each(method, *args)
+        return list(self.each(method, *args).values())
 
-    def _each(self, method: str, *args: Any) -> list[Any]:
-        out = []
+    def each(self, method: str, *args: Any) -> dict[int, Any]:
+        """`replica_call`, each answer under the replica that gave it (in replica order): a replica dropped on the
+        way leaves no gap that would shift the others' answers onto its id."""
+        out = {}
         for replica in self.alive:
             try:
                 ref = self.control(replica, method).remote(*args)
-                out.append(self.ray.get(ref, timeout=self.call_timeout))
+                out[replica] = self.ray.get(ref, timeout=self.call_timeout)
             except self.actor_errors as exc:
                 self.mark_dead(replica, exc)
             except self.ray.exceptions.GetTimeoutError:  # alive but not answering: a 503 (as a request), not a 500

@@ -259,9 +259,10 @@ class ClusterEngine:
 
     def per_replica(self) -> list[dict[str, Any]]:
         """Each live replica's share: requests routed to it, its prompt and cached tokens, its indexed pages."""
+        answers = self.cluster.each("stats")  # first: a replica found dead here leaves `stats` below too
         stats = self.cluster.stats()
         rows = []
-        for replica, s in zip(stats.alive, self.cluster.replica_stats(), strict=False):
+        for replica, s in answers.items():
             rows.append(
                 {
                     "replica": replica,

@@ -129,6 +129,10 @@ class FakeActor:
         self.streams.append(rid)
         return FakeStream(self.script(list(prompt), options))
 
+    def _stats(self) -> types.SimpleNamespace:
+        """What `ClusterEngine.per_replica` reads of an EngineStats: numbers that name this replica."""
+        return types.SimpleNamespace(prompt_tokens=100 + self.replica, cached_tokens=10 + self.replica, hit_rate=0.5)
+
     def _cancel(self, rid: str) -> bool:
         self.cancels.append(rid)
         return True

@@ -79,3 +79,15 @@ def test_a_replica_that_does_not_answer_a_call_to_every_replica_is_a_503(cluster
         cluster.replica_stats()
     assert api_error_for(exc.value).status == 503
     assert cluster.alive == (0, 1)  # slow is not dead
+
+
+def test_per_replica_rows_keep_their_replica_when_one_is_found_dead(cluster, tiny_dir) -> None:
+    """Regression: `per_replica` zipped the replicas alive before the stats calls with the answers after them, so a
+    dead replica found by those calls shifted the next replica's numbers onto its id (the replay's table)."""
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    engine = ClusterEngine(cluster, str(tiny_dir))
+    cluster.actor(0).fail["stats"] = RayActorError("died")
+    rows = engine.per_replica()
+    assert [(row["replica"], row["prompt_tokens"]) for row in rows] == [(1, 101)]
+    assert cluster.alive == (1,)
