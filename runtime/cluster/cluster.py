@@ -214,7 +214,10 @@ class ReplicaCluster:
     def _poll_forever(self) -> None:
         assert self.poll_interval is not None
         while not self._stop.wait(self.poll_interval):
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # one bad round must not end the polling for good (the thread would die silently)
+                log.exception("polling the replicas' cache events failed; polling on")
 
     def poll(self) -> None:
         """One round: pull every live replica's new event batches; look for dead ones that Ray has restarted."""
@@ -262,8 +265,10 @@ class ReplicaCluster:
         ray = self.ray
         try:
             incarnation, seq, keys = ray.get(self.control(replica, "snapshot").remote(), timeout=self.call_timeout)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+        except self.actor_errors as exc:
             self.mark_dead(replica, exc)
+            return
+        except ray.exceptions.GetTimeoutError:  # as an event pull's: the index stays as it was, the next sync retries
             return
         with self._lock:
             if replica not in self._alive:

@@ -6,6 +6,8 @@ replica's next call is retried on the other."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
@@ -91,3 +93,40 @@ def test_per_replica_rows_keep_their_replica_when_one_is_found_dead(cluster, tin
     rows = engine.per_replica()
     assert [(row["replica"], row["prompt_tokens"]) for row in rows] == [(1, 101)]
     assert cluster.alive == (1,)
+
+
+def test_a_resync_that_times_out_leaves_the_replica_as_it_was(cluster) -> None:
+    """Regression: a snapshot call that timed out escaped the resync as GetTimeoutError: from the poller it ended
+    the polling thread for good, and from the sync after a request it failed that finished request (a 500)."""
+    cluster.actor(0).batches = None  # a gap: the next sync resyncs
+    cluster.actor(0).fail["snapshot"] = GetTimeoutError("slow")
+    cluster.poll()
+    assert cluster.alive == (0, 1) and cluster.stats().resyncs == 0
+    assert sorted(cluster.generate([1, 2, 3], 2) for _ in range(2)) == ["done on 0", "done on 1"]
+    del cluster.actor(0).fail["snapshot"]
+    cluster.poll()
+    assert cluster.stats().resyncs == 1
+
+
+def test_the_poller_survives_a_round_that_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    c = ReplicaCluster("fake", 2, poll_interval=0.01)
+    try:
+        rounds = []
+        real = c.poll
+
+        def flaky() -> None:
+            rounds.append(1)
+            if len(rounds) == 1:
+                raise RuntimeError("a bad round")
+            real()
+
+        monkeypatch.setattr(c, "poll", flaky)
+        deadline = time.monotonic() + 5
+        while len(rounds) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(rounds) >= 3 and c._poller is not None and c._poller.is_alive()
+    finally:
+        c.close()
