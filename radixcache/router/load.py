@@ -41,6 +41,8 @@ class RouteRequest:
     rid: Hashable = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.page_keys, Sequence):  # an iterator: the first replica scored would consume it
+            object.__setattr__(self, "page_keys", tuple(self.page_keys))
         for name, low in (("prompt_tokens", 0), ("max_tokens", 0), ("page_size", 1)):
             value = getattr(self, name)
             if type(value) is not int or value < low:

@@ -109,3 +109,17 @@ def test_a_token_count_that_is_not_finite_is_refused(tokens: float) -> None:
     with pytest.raises(RouterError, match="finite"):
         loads.started(0, "other", tokens)
     assert loads.load(0) == ReplicaLoad(5, 3, 1) and loads.in_flight() == 1
+
+
+def test_page_keys_given_as_an_iterator_are_read_once_for_every_replica() -> None:
+    """Regression: the first replica scored consumed an iterator of page keys, so the others matched what it left
+    (cache_aware counted 2 of 3 pages on the replica holding all three, and remembered a shorter prefix in flight)."""
+    from radixcache.router import EventBatch, RouterIndex, make_router
+
+    index = RouterIndex()
+    for r in (0, 1):
+        index.add_replica(r)
+    index.apply(EventBatch(1, 1, stored=(1, 2, 3)))
+    request = RouteRequest(iter([1, 2, 3]), prompt_tokens=12, max_tokens=1, page_size=4)
+    assert request.page_keys == (1, 2, 3)
+    assert make_router("cache_aware").route(request, [0, 1], index, LoadTracker()) == (1, 3)
