@@ -95,7 +95,13 @@ class ReplicaCluster:
         self.ray = ray
         self.actor_errors = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
         self._actors = {r: actor.remote(r, model, engine_kwargs, threads) for r in range(replicas)}
-        infos = ray.get([a.info.remote() for a in self._actors.values()])
+        try:
+            infos = ray.get([a.info.remote() for a in self._actors.values()])
+        except ray.exceptions.RayTaskError as exc:  # a replica's engine could not be built: its own error
+            for a in self._actors.values():
+                ray.kill(a, no_restart=True)
+            cause = getattr(exc, "cause", None)
+            raise (cause if isinstance(cause, Exception) else exc) from None
         self.info = infos[0]
         self.fingerprint, self.page_size = infos[0]["fingerprint"], infos[0]["page_size"]
         self.model_name = infos[0]["model"]

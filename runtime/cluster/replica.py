@@ -43,10 +43,20 @@ class EngineReplica:
         torch.set_num_threads(threads)
         kwargs = dict(engine_kwargs or {})
         kwargs["kv_events"] = True
-        self.engine = Engine(model, threads=threads, **kwargs)
+        self.incarnation = uuid.uuid4().hex
+        # An engine that cannot be built at the start (a bad option) is kept for `info` to raise: an error in the
+        # constructor would reach the front door only as Ray's ActorDiedError, its text a traceback and the exception
+        # itself lost. A restart that fails still dies, so the front door keeps routing around it.
+        self.error: Exception | None = None
+        try:
+            self.engine = Engine(model, threads=threads, **kwargs)
+        except Exception as exc:
+            if _restarted():
+                raise
+            self.error = exc
+            return
         assert self.engine.events is not None, "a replica needs its cache on (enable_cache)"
         self.engine.events.replica = replica  # its batches name it
-        self.incarnation = uuid.uuid4().hex
         self._handles: dict[str, RequestHandle] = {}  # the front door's request id -> the engine's handle (streams)
         # ids cancelled before their stream registered here (Ray may run `cancel` before `stream` starts): the
         # stream cancels itself on arrival. Bounded: the oldest are dropped past EARLY_CANCELS.
@@ -54,7 +64,10 @@ class EngineReplica:
         self._cancel_lock = threading.Lock()  # registering a stream and cancelling it are atomic to each other
 
     def info(self) -> dict[str, Any]:
-        """What the front door needs to hash prompts as this replica does, and to recognise this process."""
+        """What the front door needs to hash prompts as this replica does, and to recognise this process. Raises
+        the error that kept the engine from being built, if one did."""
+        if self.error is not None:
+            raise self.error
         engine = self.engine
         return {
             "incarnation": self.incarnation,
@@ -161,3 +174,13 @@ class EngineReplica:
         events = self.engine.events
         assert events is not None
         events.set_history(batches)
+
+
+def _restarted() -> bool:
+    """Whether this process is a Ray actor that Ray restarted (False outside Ray)."""
+    try:
+        import ray
+
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:
+        return False

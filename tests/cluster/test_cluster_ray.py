@@ -263,3 +263,13 @@ def test_a_cancel_reaches_a_replica_whose_threads_all_hold_streams(local_ray: st
         assert engine.check()["running"] == 0
     finally:
         engine.close()
+
+
+def test_an_engine_option_a_replica_refuses_is_raised_as_itself(local_ray: str, tiny_dir: Path) -> None:
+    """Regression: a replica whose engine could not be built (a KV budget under one page) died in its constructor,
+    and the front door got Ray's ActorDiedError, whose text is a traceback: `serve --replicas` printed "internal
+    error: ActorDiedError ...". Now the engine's own ValueError is raised, and the replicas are ended."""
+    with pytest.raises(ValueError, match="smaller than one page") as refused:
+        ReplicaCluster(str(tiny_dir), 2, engine_kwargs={"page_size": 16, "kv_memory": "1KiB"})
+    assert type(refused.value) is ValueError
+    _wait(lambda: ray.available_resources().get("CPU", 0) == 2)  # both actors' CPUs are free again
