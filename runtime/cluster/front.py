@@ -196,6 +196,8 @@ class ClusterEngine:
                         raise ReplicaUnavailableError(f"the replica serving this request died: {exc}") from None
                     tried.add(replica)
                     cluster.count_retry()
+                    if admitted:  # its wait in a queue had ended: the queue timeout counts from the new send
+                        sent_at = time.time()
                 except ray.exceptions.RayTaskError as exc:  # the engine refused or failed it: its own exception
                     raise exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc from None
                 finally:  # before the caller sees the result: the next turn it sends must find this one's pages

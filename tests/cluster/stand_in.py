@@ -3,9 +3,9 @@ its actors answer, time out, die or stop streaming on demand, in this process.
 
 - `FakeActor.fail[method]`: an exception that the method's next `ray.get` raises (a Ray actor error, a timeout).
 - `FakeActor.script(prompt, options)`: the items a `stream` call sends, in order: ("tokens", ids, logprobs),
-  ("done", result, None), or an exception (the stream's next `ray.get` raises it, as Ray relays an actor's death
-  or, wrapped in RayTaskError, an engine error). A stream whose script ends without "done" stalls: it never sends
-  again (a replica that stopped mid-stream).
+  ("done", result, None), or an exception (the stream's next `ray.get` raises it, as Ray relays an actor's death or,
+  wrapped in RayTaskError, an engine error), or a callable, run when the stream reaches it (a pause). A stream whose
+  script ends without "done" stalls: it never sends again (a replica that stopped mid-stream).
 - `ray.wait([stream], timeout)` waits up to `timeout` for the stream's next item, as Ray's does.
 """
 
@@ -57,7 +57,11 @@ class FakeStream:
         if self._peeked:
             return True
         try:
-            self._peeked.append(self._queue.get(timeout=timeout))
+            item = self._queue.get(timeout=timeout)
+            while callable(item):  # a pause in the stream (say, a sleep), run when the stream reaches it
+                item()
+                item = self._queue.get(timeout=timeout)
+            self._peeked.append(item)
         except queue.Empty:
             return False
         return True

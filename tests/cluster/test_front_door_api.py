@@ -64,3 +64,34 @@ def test_a_session_that_is_not_a_string_is_refused_at_the_call(
         assert engine.submit([1, 2, 3], 2, session="tenant|user").result(timeout=10).token_ids == (3, 3)
     finally:
         engine.close()
+
+
+def test_a_request_admitted_on_a_replica_that_dies_is_resent_with_a_fresh_queue_timeout(
+    monkeypatch: pytest.MonkeyPatch, tiny_dir: Path
+) -> None:
+    """Regression: a request re-sent after its replica died before its first token kept its first send time, so
+    one admitted there and computing past the queue timeout failed at once with QueueTimeoutError ("not admitted
+    within the queue timeout") instead of being re-sent as documented. Its wait in a queue had ended."""
+    import time
+
+    from tests.cluster.stand_in import RayActorError, echo_script
+
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    cluster = ReplicaCluster("fake", 2, router="round_robin", poll_interval=None, engine_kwargs={"queue_timeout": 0.2})
+    engine = ClusterEngine(cluster, str(tiny_dir))
+
+    def admitted_then_dies(prompt: list[int], options: Any) -> list[Any]:
+        # admitted, then a long prefill: past the queue timeout (and its grace) since the send, then the death
+        return [("admitted", None, None), lambda: time.sleep(0.6), RayActorError("died")]
+
+    cluster.actor(0).script = admitted_then_dies
+    cluster.actor(1).script = echo_script
+    try:
+        handle = engine.submit([1, 2, 3], 2)
+        assert handle.result(timeout=10).token_ids == (3, 3)
+        assert handle.request.replica == 1 and cluster.stats().retries == 1
+    finally:
+        engine.close()
