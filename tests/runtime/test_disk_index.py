@@ -82,6 +82,20 @@ def test_the_recency_order_survives_a_restart(open_store) -> None:
     assert third.count_prefix([h(0)]) == 1 and third.count_prefix([h(2)]) == 1
 
 
+def test_a_restart_with_a_smaller_limit_trims_the_directory_at_open(open_store) -> None:
+    store = open_store()
+    write(store, 0, 1, 2, 3, 4)
+    size = store.stats().bytes // 5
+    store.close()
+    for i in range(5):
+        os.utime(page_path(store, h(i)), (1000 + i, 1000 + i))  # 0 is the least recently used
+    smaller = open_store(max_bytes=2 * size)  # no write follows: the limit must hold anyway
+    s = smaller.stats()
+    assert (s.pages, s.evicted_pages) == (2, 3) and s.bytes <= 2 * size
+    assert [page_path(store, h(i)).exists() for i in range(5)] == [False, False, False, True, True]
+    assert smaller.read(h(4), toks(4)) == (payload(4), META)
+
+
 def test_a_page_larger_than_max_bytes_is_not_stored(open_store) -> None:
     store = open_store(max_bytes=200)
     assert not store.put(h(0), toks(0), payload(0), META)

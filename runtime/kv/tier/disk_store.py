@@ -22,8 +22,8 @@ Invariants:
 - `read` and `read_into` trust nothing: magic, version, checksum, the hash recorded in the file, and the page's
   own tokens must all match, or the page is deleted, counted as corrupt, and the read is a miss.
 - The index follows this store's own writes, reads and deletions. Its byte total is kept at or under `max_bytes`
-  after every write by deleting the least recently used pages (last read or write; at open, the files' mtimes,
-  which reads refresh).
+  at open (a writable store) and after every write by deleting the least recently used pages (last read or
+  write; at open, the files' mtimes, which reads refresh).
 - No call raises for I/O reasons. An open that cannot create or write the directory, and a write that fails
   (ENOSPC, EROFS, EACCES, ...), disable the store (`enabled = False`, one warning on the "radixcache.disk"
   logger): it accepts no more writes, but still serves the pages already on disk.
@@ -118,6 +118,11 @@ class DiskStore:
                 self._disable(adoption.refused)
             if adoption.readable:
                 self._scan()  # a read-only cache still serves its pages
+            if self.enabled:  # a restart with a smaller max_bytes: the limit holds from the start, not after a write
+                with self._lock:
+                    victims = self._index.evict_over(self.max_bytes)
+                    self._count["evicted_pages"] += len(victims)
+                self._delete(victims)
         else:  # an inspecting handle: the directory must be a cache of this format; nothing is written
             if not os.path.isdir(self.directory):
                 raise ValueError(f"{self.directory} does not exist or is not a directory")
@@ -272,6 +277,10 @@ class DiskStore:
                 self._count["writes"] += 1
                 victims = self._index.evict_over(self.max_bytes)
                 self._count["evicted_pages"] += len(victims)
+        self._delete(victims)
+
+    def _delete(self, victims: list[PageEntry]) -> None:
+        """Delete the files of pages evicted from the index to stay under max_bytes (without the lock)."""
         for victim in victims:
             try:
                 os.unlink(victim.path)
