@@ -142,6 +142,11 @@ class TieredCache:
                 new_hashes.append(page_hash)
                 new_blocks.append(block)
                 new_slots.append(placed[0])
+        # A batch larger than the tier's free room evicted its own first pages to place the later ones: copy only the
+        # pages still stored, so that no slot is written twice in one copy (whose order is then undefined).
+        kept = [i for i, page_hash in enumerate(new_hashes) if page_hash in self.host]
+        if len(kept) < len(new_hashes):
+            new_hashes, new_blocks, new_slots = ([xs[i] for i in kept] for xs in (new_hashes, new_blocks, new_slots))
         if new_blocks and self.copy_to_host is not None:
             try:
                 self.copy_to_host(new_blocks, new_slots)

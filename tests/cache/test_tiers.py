@@ -154,6 +154,24 @@ def test_a_page_evicted_from_the_device_is_served_from_the_host() -> None:
     assert _serve(tiered, device_mem, [1, 2, 3, 4]) == (0, 2)
 
 
+def test_an_adoption_larger_than_the_host_copies_each_slot_once() -> None:
+    copies: list[tuple[list[int], list[int]]] = []
+    tiered = TieredCache(
+        RadixCache(16, 2), host=PageTier(2), copy_to_host=lambda b, s: copies.append((b, s)), fingerprint="t"
+    )
+    tokens = list(range(10))
+    blocks = tiered.device.allocate(5)
+    tiered.device.insert(tokens, blocks)
+    hashes = tiered.chain(None).upto(tokens, 5)
+    tiered.adopted(hashes, blocks, tokens)
+    # The first three pages' slots were taken again within the batch: copying them too wrote two pages into one slot
+    # in a single index_copy_ (undefined order, PyTorch says) and counted pages the host never kept.
+    [(copied, slots)] = copies
+    assert copied == list(blocks[3:]) and sorted(slots) == [0, 1]
+    assert tiered.host.slots(hashes[3:]) == slots and tiered.host.count_prefix(hashes[:3]) == 0
+    tiered.check_invariants()
+
+
 def test_tiered_cache_rejects_an_unknown_write_policy() -> None:
     with pytest.raises(RadixCacheError, match="write_policy"):
         TieredCache(RadixCache(4, 1), host=PageTier(2), write_policy="sometimes")
