@@ -47,7 +47,10 @@ def parse_memory(size: str | int) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", size)
     if m is None or m.group(2).lower() not in _UNITS:
         raise ValueError(f"cannot parse memory budget {size!r}; use e.g. '2GiB', '512MiB' or a byte count")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    number = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(number):  # hundreds of digits: int() would raise OverflowError
+        raise ValueError(f"memory budget {size!r} is too large")
+    value = int(number)
     if value <= 0:
         raise ValueError(f"memory budget must be positive, got {size!r}")
     return value
