@@ -167,9 +167,13 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        for budget in (self.kv_memory, self.host_kv_memory):
+        for name in ("kv_memory", "host_kv_memory", "cache_dir_size"):  # cache_dir_size even without a cache_dir
+            budget = getattr(self, name)
             if budget is not None:
-                parse_memory(budget)
+                try:
+                    parse_memory(budget)
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"{name}: {exc}") from None
         if self.mirror_memory not in (None, 0, "0"):
             parse_memory(self.mirror_memory)  # type: ignore[arg-type]
         if not 0.0 <= self.max_pinned_fraction <= 1.0:

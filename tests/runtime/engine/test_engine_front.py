@@ -93,6 +93,8 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
         ({"schedule": "random"}, "schedule must be one of"),
         ({"admission": "nope"}, "unknown admission policy"),
         ({"kv_memory": "lots"}, "cannot parse memory budget"),
+        ({"cache_dir_size": "lots"}, "cache_dir_size: cannot parse memory budget"),  # was after the weights loaded
+        ({"cache_dir_size": 0}, "cache_dir_size: memory budget must be positive"),
         ({"page_size": 0}, "page_size must be an int >= 1"),  # was a ZeroDivisionError once the weights loaded
         ({"page_size": -4}, "page_size must be an int >= 1"),
         ({"page_size": 2.0}, "page_size must be an int >= 1"),
