@@ -167,6 +167,10 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        cache_dir = self.cache_dir
+        if cache_dir is not None and (not isinstance(cache_dir, (str, os.PathLike)) or not os.fspath(cache_dir)):
+            # "" would be the current directory, made a cache (or refused) without a word
+            raise ValueError(f"cache_dir must be a non-empty path (str or os.PathLike) or None, got {cache_dir!r}")
         for name in ("kv_memory", "host_kv_memory", "cache_dir_size"):  # cache_dir_size even without a cache_dir
             budget = getattr(self, name)
             if budget is not None:

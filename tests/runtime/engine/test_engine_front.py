@@ -95,6 +95,8 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
         ({"kv_memory": "lots"}, "cannot parse memory budget"),
         ({"cache_dir_size": "lots"}, "cache_dir_size: cannot parse memory budget"),  # was after the weights loaded
         ({"cache_dir_size": 0}, "cache_dir_size: memory budget must be positive"),
+        ({"cache_dir": ""}, "cache_dir must be a non-empty path"),  # was the current directory, made a cache
+        ({"cache_dir": 123}, "cache_dir must be a non-empty path"),
         ({"page_size": 0}, "page_size must be an int >= 1"),  # was a ZeroDivisionError once the weights loaded
         ({"page_size": -4}, "page_size must be an int >= 1"),
         ({"page_size": 2.0}, "page_size must be an int >= 1"),
