@@ -85,7 +85,9 @@ class Engine:
         self.max_pinned_blocks = int(capacity_blocks * config.max_pinned_fraction)
         self.cache = RadixCache(capacity_blocks, config.page_size, self.retention)
         self.pool = self.model.new_pool(capacity_blocks, config.page_size)
-        self.fingerprint = kv_fingerprint(self.config, self.pool, weights=weights_id, quant=self.model.quant)
+        self.fingerprint = kv_fingerprint(
+            self.config, self.pool, weights=weights_id, quant=self.model.quant, activations=self.model.gguf_activations
+        )
         self.enable_cache = config.enable_cache
         self.tiers = None
         self.events: KVEventLog | None = None

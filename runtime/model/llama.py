@@ -29,7 +29,7 @@ from radixcache.runtime.model.attention import (
     decode_attention,
 )
 from radixcache.runtime.model.batch import DecodeBatch, ForwardLogits, PrefillChunk
-from radixcache.runtime.model.block_linear import head_activations
+from radixcache.runtime.model.block_linear import head_activations, resolve_activations
 from radixcache.runtime.model.chunk_rows import chunk_part
 from radixcache.runtime.model.fused_decode import FusedDecode
 from radixcache.runtime.model.linear import Linear
@@ -129,6 +129,9 @@ class LlamaModel:
                 "quant='gguf' needs the GGUF file's blocks: load a GGUF model with load_model(..., keep_blocks=True)"
             )
         self.quant = quant
+        # The block kernels' activations mode (None without GGUF blocks): it changes the K/V computed, so the disk
+        # tier's fingerprint names it (kv.tier.fingerprint)
+        self.gguf_activations = resolve_activations(gguf_activations) if quant == "gguf" else None
         self.weights_id: str | None = None  # what the disk tier's fingerprint names these weights by (engine)
         # RMSNorm and the decode mirror's attention run natively for small batches: always with quant="gguf", and
         # for any float32 model on the CPU where the native library builds (else PyTorch's, as before)

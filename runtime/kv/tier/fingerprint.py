@@ -1,8 +1,9 @@
 """The fingerprint of everything that makes a page's KV bytes reusable, for the root of the page hashes.
 
 Two engines may share stored pages only when they would compute the same bytes: the same weights, read in the same
-format (`quant`), stored in the same KV dtype, page size and layout, rotated by the same rope. Each of those goes into
-the fingerprint, so an engine that differs in any of them finds zero pages (the namespace joins at the hash root).
+format (`quant`, and for GGUF blocks the kernels' activations mode), stored in the same KV dtype, page size and
+layout, rotated by the same rope. Each of those goes into the fingerprint, so an engine that differs in any of them
+finds zero pages (the namespace joins at the hash root).
 Weights read from files are named by a digest of every byte of them (radixcache.runtime.kv.tier.digest_cache keeps
 each file's digest by its identity, so only a new or changed file is read).
 """
@@ -55,9 +56,13 @@ def weights_digest(weights: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def kv_fingerprint(config: ModelConfig, pool: KVPool, *, weights: str, quant: str) -> str:
-    """`label#digest`: a readable label (model, weight format, KV dtype, page size) and a digest of every field."""
-    fields = {
+def kv_fingerprint(
+    config: ModelConfig, pool: KVPool, *, weights: str, quant: str, activations: str | None = None
+) -> str:
+    """`label#digest`: a readable label (model, weight format, KV dtype, page size) and a digest of every field.
+    `activations`: the GGUF block kernels' activations mode (None for other formats), whose rounding changes the
+    K/V a pass computes (int8 against float: logits 0.04 apart where float noise is 1e-5)."""
+    fields: dict[str, object] = {
         "version": FORMAT_VERSION,
         "weights": weights,
         "quant": quant,
@@ -67,6 +72,8 @@ def kv_fingerprint(config: ModelConfig, pool: KVPool, *, weights: str, quant: st
         "rope": f"theta={config.rope_theta!r},max_position={config.max_position}",
         "model": f"{config.arch},{config.hidden_size},{config.num_heads},{config.num_kv_heads},{config.head_dim}",
     }
+    if activations is not None:  # only then: the fingerprints of other formats' caches stay what they were
+        fields["activations"] = activations
     digest = hashlib.blake2b(repr(sorted(fields.items())).encode(), digest_size=16).hexdigest()
     dtype = str(pool.dtype).removeprefix("torch.")
     return f"{config.name} quant={quant} kv={dtype} page={pool.page_size}#{digest}"

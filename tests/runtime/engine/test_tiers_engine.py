@@ -5,16 +5,26 @@ weights, weight format, KV dtype, page size or namespace."""
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from radixcache.runtime import Engine
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.load_costs import LoadCosts
-from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+from radixcache.runtime.testing import (
+    CharTokenizer,
+    RandomModel,
+    random_block_weight,
+    random_weights,
+    tiny_config,
+    tiny_model,
+)
 from radixcache.tier.tiered_cache import WRITE_POLICIES
 
 MAX_NEW = 6
@@ -172,6 +182,31 @@ def test_a_cache_dir_is_never_shared_across_what_makes_kv_bytes_differ(
     # and the unchanged engine still hits (the pages are there)
     with Engine(model, capacity_blocks=100, page_size=4, cache_dir=tmp_path) as again:
         assert again.generate(prompt, max_new_tokens=2).cached_tokens > 0
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="GGUF kernels need a C compiler")
+def test_gguf_engines_of_other_activation_modes_share_no_pages(tmp_path: Path) -> None:
+    """int8 activations round what a pass computes (logits 0.04 apart from float's where float noise is 1e-5): an
+    engine of another mode must not load those pages as if it had computed them."""
+    cfg = tiny_config(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16)
+    weights, blocks = random_weights(cfg, 5), {}
+    for i, (name, w) in enumerate(sorted(weights.items())):
+        if w.dim() == 2 and name != "model.embed_tokens.weight":
+            blocks[name] = random_block_weight("Q4_1", *w.shape, seed=5 + i)
+            weights[name] = blocks[name].dequantize()
+    source = SimpleNamespace(config=cfg, weights=weights, blocks=blocks, tokenizer=CharTokenizer(cfg.vocab_size))
+    prompt = _prompts(cfg.vocab_size, seed=8, n=1)[0]
+
+    def disk_hits(mode: str) -> int:
+        kw = {"quant": "gguf", "gguf_activations": mode, "capacity_blocks": 100, "page_size": 4}
+        with Engine(source, cache_dir=tmp_path, load_back="always", **kw) as engine:
+            engine.generate(prompt, max_new_tokens=8, ignore_eos=True)
+            assert engine.flush(30)
+            return engine.stats.tiers.disk_hit_tokens
+
+    assert disk_hits("int8") == 0
+    assert disk_hits("float") == 0  # were int8's pages, loaded
+    assert disk_hits("int8") > 0  # they are there for their own mode
 
 
 def test_an_unusable_cache_dir_disables_the_tier_without_failing_requests(model: RandomModel, tmp_path: Path) -> None:
