@@ -217,6 +217,7 @@ class KVTiers:
         finally:
             if own and not later:
                 self.reader.release(job)  # its staging goes back to the kept buffers
+                self._forget_unread(job)
 
     def count_hits(self, matched: int, device_pages: int, host_pages: int) -> None:
         """Count an admission's `matched` cached tokens by tier: its first `device_pages` pages were on the device,
@@ -308,10 +309,18 @@ class KVTiers:
     def _end_job(self, job: PrefetchJob) -> None:
         assert self.reader is not None
         self.reader.release(job)
+        self._forget_unread(job)
         if job.host_hashes:
             assert self.host is not None
             self.host.unlock(job.host_hashes)
             job.host_hashes = []
+
+    def _forget_unread(self, job: PrefetchJob) -> None:
+        """A read that failed ends the job's run: the later pages whose files vanished too (a `cache clear`, another
+        process's eviction) leave the disk index, or the request recomputes them and they are never written again
+        (the index says they are there). One lstat a page, after a failure only."""
+        if job.failed_at is not None and self.disk is not None:
+            self.disk.forget_missing(job.hashes[job.failed_at + 1 :])
 
     # ------------------------------------------------------------------ pages going down
 

@@ -171,6 +171,18 @@ class DiskStore:
         with self._lock:
             return len(self._index)
 
+    def forget_missing(self, page_hashes: Sequence[bytes]) -> int:
+        """Drop the index entries of these pages whose files are gone (deleted behind this store's back: a `cache
+        clear`, another process's eviction), so that they are written again when next adopted; how many. One
+        `lstat` per page, without the lock."""
+        with self._lock:
+            entries = [(h, e) for h in page_hashes if (e := self._index.get(h)) is not None]
+        gone = [(h, e) for h, e in entries if not os.path.lexists(e.path)]
+        with self._lock:
+            for page_hash, entry in gone:
+                self._index.drop(page_hash, entry)
+        return len(gone)
+
     def read(self, page_hash: bytes, tokens: Sequence[int]) -> tuple[memoryview, dict] | None:
         """The page's payload (a writable view of the bytes read) and metadata, or None when it is absent or fails
         a check.

@@ -171,3 +171,26 @@ def test_engine_requests_survive_disk_writes_and_page_loads_that_raise(
         assert _generate(engine, prompts) == want
         assert engine.stats.tiers.disk_failed_reads > 0
         engine.check()
+
+
+def test_pages_deleted_behind_the_engine_are_all_written_again_once_recomputed(model: RandomModel, tmp_path) -> None:
+    """A `cache clear` or another process's eviction: the engine's index still lists the files. The read stops at
+    the first missing page; every page of the prompt recomputed after it must reach the disk again, not one per
+    request (a restart then found 1 or 2 of its 8 pages)."""
+    prompt = _prompts(model.config.vocab_size)[0]
+    opts = {"page_size": 4, "capacity_blocks": 200, "dtype": "float64", "load_back": "always"}
+    with Engine(model, enable_cache=False, **opts) as plain:
+        want = _generate(plain, [prompt])
+    with Engine(model, cache_dir=tmp_path, **opts) as engine:
+        assert _generate(engine, [prompt]) == want and engine.flush(30)
+        files = list(tmp_path.rglob("*.kvpage"))
+        assert len(files) > len(prompt) // 4
+        for f in files:
+            f.unlink()
+        assert engine.wait_idle(30)
+        engine.cache.evict(engine.cache.evictable_blocks)  # the next request looks below the device
+        assert _generate(engine, [prompt]) == want and engine.flush(30)
+        engine.check()
+    with Engine(model, cache_dir=tmp_path, **opts) as restarted:
+        assert _generate(restarted, [prompt]) == want
+        assert restarted.stats.tiers.disk_hit_tokens == len(prompt) - 1  # every page, the last token's cut
