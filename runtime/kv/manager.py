@@ -146,8 +146,8 @@ class KVManager:
         cap = len(tokens) - 1  # positions that may come from the cache: the last token's pass makes the logits
         last_page = None  # a tree block holding the last token: copied into the request's first new block
         if blocks and len(blocks) * p > cap:  # the device match ends at the last token (no tier page follows it)
-            last_page = blocks[-1] if self.copy_page is not None else None
-            blocks = blocks[:-1]  # the locked node still covers it: it stays put until copied
+            cut, blocks = blocks[-1], blocks[:-1]  # the locked node still covers it: it stays put until copied
+            last_page = cut if self.copy_page and len(blocks) * p < end else None  # if it holds positions < end
         try:
             need = self.pages(end) - len(blocks)
             while need + reserve > cache.free_blocks + cache.evictable_blocks and self.leases.give_way():

@@ -131,6 +131,26 @@ def test_the_manager_copies_the_last_tokens_page_or_gives_it_up(copier: bool) ->
     assert cache.match_prefix(tokens).length == 12  # the tree kept its pages
 
 
+def test_a_resumed_request_whose_every_token_is_cached_at_pages_of_one_token() -> None:
+    """A preempted request resumes up to all but its last token (`end` = `cap`): at pages of 1 token the tree's copy
+    of that last token is a page it does not need, and no block is left to copy it into (was an IndexError that
+    failed the request)."""
+    cache = RadixCache(16, 1)
+    tokens = list(range(1, 13))  # its prompt and output so far, every position in the tree (a sharer was ahead)
+    blocks = cache.allocate(12)
+    cache.insert(tokens, blocks)
+    copies: list[tuple[int, int]] = []
+    kv_manager = KVManager(cache, copy_page=lambda s, d: copies.append((s, d)))
+    kv = KVState(rid=1, prompt_tokens=8, max_new_tokens=8)
+    kv.preemptions = 1
+    assert kv_manager.admit(kv, tokens, len(tokens) - 1)
+    assert kv.status is Status.RUNNING and kv.num_kv == 11 and not copies
+    assert kv.block_table == list(blocks[:11]) and not kv.held_blocks
+    kv_manager.abort(kv)
+    cache.check_invariants()
+    assert cache.free_blocks + cache.evictable_blocks == cache.capacity_blocks
+
+
 @pytest.mark.parametrize(("page", "length"), [(1, 1), (1, 2), (4, 4), (4, 5)])
 def test_short_prompts_repeated_give_the_uncached_outputs(tiny: RandomModel, page: int, length: int) -> None:
     """The edges: a one-token prompt (nothing may count as cached, its page is copied and written whole), a prompt of
