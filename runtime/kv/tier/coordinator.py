@@ -102,11 +102,19 @@ class KVTiers:
     # ------------------------------------------------------------------ loading back
 
     def plan(self, match: TierMatch) -> tuple[int, int]:
-        """How many host pages, then disk pages, after the device match to load (the rest is recomputed)."""
-        host = match.host_pages if not match.host_pages or self.costs.choose("host") else 0
-        disk = match.lower_pages if match.lower_pages and host == match.host_pages and self.costs.choose("disk") else 0
+        """How many host pages, then disk pages, after the device match to load (the rest is recomputed). Changes
+        nothing: an admission that finds no room plans again at every step, so `load` counts the decision, once."""
+        host = match.host_pages if not match.host_pages or self.costs.worth_loading("host") else 0
+        chained = match.lower_pages and host == match.host_pages  # the disk run chains on every host page
+        return host, match.lower_pages if chained and self.costs.worth_loading("disk") else 0
+
+    def _count_plan(self, match: TierMatch, host: int, disk: int) -> None:
+        """The admitted request's `plan`: its declines and probes (LoadCosts.choose), its declined pages."""
+        if match.host_pages:
+            self.costs.choose("host")
+        if match.lower_pages and host == match.host_pages:
+            self.costs.choose("disk")
         self._counts["declined_pages"] += match.host_pages + match.lower_pages - host - disk
-        return host, disk
 
     def lock_host(self, match: TierMatch, host_pages: int) -> list[bytes]:
         """Lock the host pages to load, so that evictions while blocks are allocated keep them."""
@@ -143,6 +151,7 @@ class KVTiers:
         The disk pages come from request `rid`'s prefetch when it has one (a page not read by now is recomputed:
         nothing is read here); a caller that never prefetched (`rid` unknown) reads them here. With `defer`, the
         disk pages are not copied yet: the LayeredLoad returned copies them layer by layer (kv.tier.layered_load)."""
+        self._count_plan(match, len(host_hashes), disk_pages)
         prefetched = rid is not None and rid in self._prefetch
         job = self._prefetch.pop(rid, None) if prefetched else None  # type: ignore[arg-type]
         later: list[LayeredLoad] = []  # the deferred copy, which then owns the job

@@ -254,3 +254,23 @@ def test_the_prefetch_options_are_validated() -> None:
     for bad in (-1, float("nan"), float("inf"), True, "10"):
         with pytest.raises(ValueError, match="prefetch_timeout_ms"):
             EngineConfig(prefetch_timeout_ms=bad)
+
+
+def test_a_request_waiting_for_room_counts_its_declined_pages_once(model, tmp_path: Path) -> None:
+    """Admission plans the tiers at every step a request finds no room; only the admission that happens counts
+    (declined_pages was the pages times the steps waited: 190 for 10 pages)."""
+    want = baseline(model, PROMPT, 3)
+    written(model, tmp_path, PROMPT)
+    engine = restarted(model, tmp_path, load_back="never", capacity_blocks=16)
+    a = engine._request(OTHER * 4, 20, ignore_eos=True)  # takes most of the pool while it decodes
+    engine.scheduler.add(a)
+    step(engine, 2)
+    b = engine._request(PROMPT, 3, ignore_eos=True)
+    engine.scheduler.add(b)
+    step(engine, 5)
+    assert b in engine.scheduler.waiting  # no room yet: planned five times
+    run_out(engine)
+    assert b.output_ids == want
+    assert engine.stats.tiers.declined_pages == len(PROMPT[:-1]) // P  # its 10 disk pages, once
+    assert_clean(engine)
+    engine.close()
