@@ -25,7 +25,7 @@ from typing import Any
 from radixcache import CacheStats
 from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
-from radixcache.runtime.engine.options import RequestOptions, resolve_options
+from radixcache.runtime.engine.options import RequestOptions, check_namespace, resolve_options
 from radixcache.runtime.engine.request_builder import token_ids
 
 # The front door fails a request its replica has not admitted within the queue timeout plus this (the replica's own
@@ -145,6 +145,15 @@ class ClusterEngine:
         except asyncio.CancelledError:
             handle.cancel()
             raise
+
+    def unpin(self, prompt: Sequence[int] | str | None = None, *, namespace: Any = None) -> int:
+        """Release pins (`pin=` on a request) on every replica: those of `prompt` (in `namespace`), or every pin, as
+        Engine.unpin does; how many were released in all. A pinned request ran on one replica, which the front door
+        does not remember, so each is asked."""
+        if prompt is not None:
+            prompt = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else token_ids(prompt, "prompt")
+        check_namespace(namespace)
+        return sum(self.cluster.replica_call("unpin", prompt, namespace))
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Each replica's queued disk writes (with --cache-dir) finish."""

@@ -149,6 +149,10 @@ class EngineReplica:
     def check(self) -> dict[str, int]:
         return self.engine.check()
 
+    def unpin(self, prompt: list[int] | None, namespace: Any) -> int:
+        """Engine.unpin on this replica: the pins of `prompt` in `namespace`, or every pin; how many were released."""
+        return self.engine.unpin(prompt, namespace=namespace)
+
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait for the disk tier's queued writes (True when there is no disk tier)."""
         return self.engine.tiers is None or self.engine.tiers.disk is None or self.engine.flush(timeout)

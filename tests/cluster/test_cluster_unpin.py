@@ -1,0 +1,59 @@
+"""Pins through the front door: a request's `pin=` holds its prompt's pages on the replica that ran it, and
+ClusterEngine.unpin releases them there, as Engine.unpin does on one engine (it had no unpin: a pin made through
+replicas held its pages for good). Two real replica engines, run in this process by the in-process Ray stand-in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+
+ENGINE = {"capacity_blocks": 64, "page_size": 4, "dtype": "float64", "max_pinned_fraction": 0.5}
+
+
+@pytest.fixture
+def front(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from tests.cluster.inproc_ray import install
+
+    ray = install(monkeypatch)
+    from radixcache.runtime import loading
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    m = tiny_model(seed=7)
+    tiny = RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+    monkeypatch.setattr(loading, "load_config_and_tokenizer", lambda model: (model.config, model.tokenizer))
+    threads = torch.get_num_threads()
+    cluster = ReplicaCluster(tiny, 2, router="round_robin", engine_kwargs=ENGINE, poll_interval=None)  # type: ignore[arg-type]
+    engine = ClusterEngine(cluster, tiny)  # type: ignore[arg-type]
+    engine.replicas = [actor.obj.engine for actor in ray.actors]
+    try:
+        yield engine
+    finally:
+        engine.close()
+        for replica in engine.replicas:
+            replica.close()
+        torch.set_num_threads(threads)  # a replica sets its own count
+
+
+def _pinned(front: Any) -> list[int]:
+    return [replica.stats.pinned_blocks for replica in front.replicas]
+
+
+def test_unpin_releases_a_pin_on_the_replica_that_holds_it(front: Any) -> None:
+    a, b = list(range(1, 18)), list(range(30, 47))
+    front.generate(a, 2, pin=True)
+    front.generate(b, 2, pin=True, namespace="x")
+    assert sorted(_pinned(front)) == [4, 4]  # round robin: one prompt's 4 whole pages on each replica
+    assert front.unpin(b) == 0  # its pin is in namespace "x"
+    assert front.unpin(b, namespace="x") == 1 and sorted(_pinned(front)) == [0, 4]
+    assert front.unpin() == 1 and _pinned(front) == [0, 0]
+    assert front.unpin() == 0
+    with pytest.raises(ValueError, match="prompt"):
+        front.unpin(b"abc")
+    for replica in front.replicas:
+        assert replica.check()["locked_blocks"] == 0
