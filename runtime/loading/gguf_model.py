@@ -21,6 +21,8 @@ import torch
 
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.loading.gguf import GGUFFile
+from radixcache.runtime.loading.weights import check_heads, check_weights, config_float, config_int
+from radixcache.runtime.model.dequant import DEQUANTISABLE
 
 if TYPE_CHECKING:
     from radixcache.runtime.model.block_linear import BlockWeight
@@ -89,7 +91,8 @@ def gguf_eos_ids(meta: dict[str, Any]) -> tuple[int, ...]:
 
 
 def config_from_gguf(gguf: GGUFFile, name: str | None = None) -> ModelConfig:
-    """The ModelConfig a GGUF file describes. ValueError for architectures or features that are not supported."""
+    """The ModelConfig a GGUF file describes. ValueError naming the file and key for architectures or features that
+    are not supported and for metadata of the wrong type or out of range."""
     meta = gguf.metadata
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
@@ -101,35 +104,46 @@ def config_from_gguf(gguf: GGUFFile, name: str | None = None) -> ModelConfig:
             raise ValueError(f"{gguf.path}: GGUF metadata lacks {arch}.{key}")
         return value
 
+    def integer(key: str, default: Any = None, minimum: int = 1) -> int:
+        return config_int(get(key, default), f"{gguf.path}: GGUF metadata {arch}.{key}", minimum)
+
+    def number(key: str, default: float) -> float:
+        return config_float(get(key, default), f"{gguf.path}: GGUF metadata {arch}.{key}")
+
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", "") and _f32(meta.get(f"{arch}.rope.scaling.factor", 1.0)) != 1.0:
         raise ValueError(f"{gguf.path}: RoPE scaling {scaling!r} is not supported")
-    if "token_embd.weight" not in gguf.tensors:
+    embed = gguf.tensors.get("token_embd.weight")
+    if embed is None:
         raise ValueError(f"{gguf.path}: GGUF file has no token_embd.weight")
-    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
-    rope_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    if len(embed.shape) != 2 or embed.shape[0] < 1:
+        raise ValueError(f"{gguf.path}: token_embd.weight has shape {embed.shape}, expected [vocab, hidden]")
+    hidden, heads = integer("embedding_length"), integer("attention.head_count")
+    head_dim = integer("attention.key_length", hidden // heads)
+    rope_dims = integer("rope.dimension_count", head_dim)
     if rope_dims != head_dim:
         raise ValueError(f"{gguf.path}: partial RoPE ({rope_dims} of {head_dim} dims) is not supported")
     adds_bos = gguf_adds_bos(meta) and "tokenizer.ggml.bos_token_id" in meta
-    return ModelConfig(
+    config = ModelConfig(
         arch=arch,
-        vocab_size=int(gguf.tensors["token_embd.weight"].shape[0]),
+        vocab_size=int(embed.shape[0]),
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
-        num_layers=int(get("block_count")),
+        intermediate_size=integer("feed_forward_length"),
+        num_layers=integer("block_count"),
         num_heads=heads,
-        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        num_kv_heads=integer("attention.head_count_kv", heads),
         head_dim=head_dim,
-        rope_theta=_f32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        rms_norm_eps=_f32(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position=int(meta.get(f"{arch}.context_length", 2048)),
+        rope_theta=_f32(number("rope.freq_base", 10000.0)),
+        rms_norm_eps=_f32(number("attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position=integer("context_length", 2048),
         tie_embeddings="output.weight" not in gguf.tensors,
         attention_bias="blk.0.attn_q.bias" in gguf.tensors,
         bos_token_id=int(meta["tokenizer.ggml.bos_token_id"]) if adds_bos else None,
         eos_token_ids=gguf_eos_ids(meta),
         name=name or os.path.splitext(os.path.basename(gguf.path))[0],
     )
+    check_heads(config, gguf.path)
+    return config
 
 
 def load_gguf_weights(
@@ -143,7 +157,7 @@ def load_gguf_weights(
 
     Work runs on a thread pool (numpy and torch release the GIL), which roughly halves load time on 2+ cores.
     """
-    names = {n: hf_name(n) for n in gguf.tensors}
+    names = check_gguf_tensors(gguf, config)
     permute = config.arch in _PERMUTED_ARCHS
 
     def load(gguf_name: str) -> tuple[str, np.ndarray]:
@@ -160,6 +174,25 @@ def load_gguf_weights(
     order = sorted(gguf.tensors, key=lambda n: -gguf.tensors[n].nbytes)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return dict(pool.map(load, order))
+
+
+def check_gguf_tensors(gguf: GGUFFile, config: ModelConfig) -> dict[str, str]:
+    """The Hugging Face name of each tensor, once the index (not the data) shows every tensor is one the model
+    takes, of the shape `config` implies and of a type that can be dequantised: a bad file is refused naming the
+    file and the tensor before any data is read, and the Q/K un-permutation never sees rows it cannot split."""
+    names = {}
+    for gguf_name, info in gguf.tensors.items():
+        try:
+            names[gguf_name] = hf_name(gguf_name)
+        except ValueError as e:
+            raise ValueError(f"{gguf.path}: {e}") from None
+        if info.type_name not in DEQUANTISABLE:
+            raise ValueError(
+                f"{gguf.path}: tensor {gguf_name} is of GGML type {info.type_name}, which cannot be dequantised "
+                f"(supported: {', '.join(DEQUANTISABLE)})"
+            )
+    check_weights(config, {names[n]: info for n, info in gguf.tensors.items()}, gguf.path)
+    return names
 
 
 def load_gguf_blocks(gguf: GGUFFile, config: ModelConfig) -> dict[str, BlockWeight]:

@@ -1,11 +1,45 @@
-"""The weight names and shapes a ModelConfig implies (Hugging Face names, [out, in] layout), and a check."""
+"""The weight names and shapes a ModelConfig implies (Hugging Face names, [out, in] layout), and checks of a
+config a file describes: its fields typed and in range, its head counts consistent."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
 from radixcache.runtime.config import ModelConfig
+
+
+def config_int(value: Any, what: str, minimum: int = 1) -> int:
+    """`value` as an int of at least `minimum`; ValueError naming `what` (file and key) for a string, a float with
+    a fraction, a bool, an array or a value out of range, read from a file that may have been written by anyone."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        number = int(value)
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+        number = int(value)  # 32.0 from a JSON writer that prints every number as a float
+    else:
+        raise ValueError(f"{what} is {value!r}, not an integer")
+    if number < minimum:
+        raise ValueError(f"{what} is {number}, expected at least {minimum}")
+    return number
+
+
+def config_float(value: Any, what: str) -> float:
+    """`value` as a finite positive float (RoPE's base, RMSNorm's epsilon); ValueError naming `what` otherwise."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} is {value!r}, expected a finite number above 0")
+    return float(value)
+
+
+def check_heads(config: ModelConfig, where: str) -> None:
+    """ValueError unless the query heads share the KV heads evenly and each head's dims pair up for RoPE."""
+    if config.num_heads % config.num_kv_heads:
+        raise ValueError(
+            f"{where}: {config.num_heads} attention heads are not a multiple of {config.num_kv_heads} KV heads"
+        )
+    if config.head_dim % 2:
+        raise ValueError(f"{where}: head_dim {config.head_dim} is odd; RoPE rotates pairs of dims")
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

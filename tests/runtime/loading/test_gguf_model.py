@@ -91,8 +91,11 @@ _GGUF_OF = {
 }
 
 
-def write_tiny_gguf(kit, path, cfg: ModelConfig, weights: dict[str, np.ndarray], quant: str = "F32") -> None:
-    """Convert HF-layout weights into a GGUF file the way llama.cpp does (permuting Q/K for llama)."""
+def write_tiny_gguf(
+    kit, path, cfg: ModelConfig, weights: dict[str, np.ndarray], quant: str = "F32", meta_overrides=None
+) -> None:
+    """Convert HF-layout weights into a GGUF file the way llama.cpp does (permuting Q/K for llama); a key of
+    `meta_overrides` replaces that metadata value (None: leaves it out)."""
     tensors = []
     for name, w in weights.items():
         if name == "model.embed_tokens.weight":
@@ -125,6 +128,8 @@ def write_tiny_gguf(kit, path, cfg: ModelConfig, weights: dict[str, np.ndarray],
         f"{a}.attention.value_length": cfg.head_dim,
         **kit.tiny_tokenizer_metadata(),
     }
+    meta.update(meta_overrides or {})
+    meta = {key: value for key, value in meta.items() if value is not None}
     kit.write_gguf(path, meta, tensors)
 
 
