@@ -124,7 +124,9 @@ def load_config_and_tokenizer(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> t
     if os.path.isdir(source):
         name = os.path.basename(os.path.normpath(source))
         tokenizer = Tokenizer.from_hf_dir(source, name=name)
-        config = config_from_hf(read_hf_config(source), name=name, eos_token_ids=tokenizer.eos_token_ids)
+        config = config_from_hf(
+            read_hf_config(source), name, tokenizer.eos_token_ids, where=os.path.join(source, "config.json")
+        )
     else:
         with GGUFFile(source) as gguf:
             config = config_from_gguf(gguf)
@@ -158,7 +160,9 @@ def load_model(
             )
         name = os.path.basename(os.path.normpath(source))
         tokenizer = Tokenizer.from_hf_dir(source, name=name)
-        config = config_from_hf(read_hf_config(source), name=name, eos_token_ids=tokenizer.eos_token_ids)
+        config = config_from_hf(
+            read_hf_config(source), name, tokenizer.eos_token_ids, where=os.path.join(source, "config.json")
+        )
         weights = load_hf_weights(source, config, torch_dtype, device)
     else:
         with GGUFFile(source) as gguf:

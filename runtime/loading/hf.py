@@ -11,49 +11,80 @@ import torch
 from safetensors import safe_open
 
 from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.loading.weights import check_heads, config_float, config_int
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 INDEX_FILE = "model.safetensors.index.json"
 
 
 def read_hf_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """config.json as a dict; ValueError naming the file when it is not a JSON object."""
     path = os.path.join(os.fspath(directory), "config.json")
+    return read_json_object(path)
+
+
+def read_json_object(path: str) -> dict[str, Any]:
+    """A JSON file that must hold an object; ValueError naming the file for broken JSON or another value."""
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        try:
+            value = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
-def config_from_hf(cfg: dict[str, Any], name: str = "model", eos_token_ids: tuple[int, ...] = ()) -> ModelConfig:
-    """The ModelConfig of a Llama, Mistral or Qwen2 config.json. ValueError for what the runtime cannot run exactly."""
+def config_from_hf(
+    cfg: dict[str, Any], name: str = "model", eos_token_ids: tuple[int, ...] = (), where: str | None = None
+) -> ModelConfig:
+    """The ModelConfig of a Llama, Mistral or Qwen2 config.json. ValueError for what the runtime cannot run exactly,
+    and for a field that is missing, of the wrong type or out of range; messages start with `where` (the file),
+    else `name`."""
+    where = where or name
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"{name}: model_type {model_type!r} is not supported ({', '.join(SUPPORTED_MODEL_TYPES)})")
+        raise ValueError(f"{where}: model_type {model_type!r} is not supported ({', '.join(SUPPORTED_MODEL_TYPES)})")
     if cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{name}: hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
+        raise ValueError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
     if cfg.get("mlp_bias"):
-        raise ValueError(f"{name}: mlp_bias is not supported")
+        raise ValueError(f"{where}: mlp_bias is not supported")
     if model_type != "qwen2" and cfg.get("attention_bias"):
-        raise ValueError(f"{name}: attention_bias on a {model_type} model (o_proj bias too) is not supported")
+        raise ValueError(f"{where}: attention_bias on a {model_type} model (o_proj bias too) is not supported")
     scaling = cfg.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
-        raise ValueError(f"{name}: rope_scaling {scaling!r} is not supported")
-    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    max_position = int(cfg.get("max_position_embeddings", 2048))
+    if scaling and (
+        not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type")) not in (None, "default")
+    ):
+        raise ValueError(f"{where}: rope_scaling {scaling!r} is not supported")
+
+    def integer(key: str, default: Any = None) -> int:
+        """A field that must be a positive integer; a null or absent one takes `default` when there is one."""
+        value = cfg.get(key)
+        if value is None and default is None:
+            raise ValueError(f"{where}: {key} is missing")
+        return config_int(default if value is None else value, f"{where}: {key}")
+
+    def number(key: str, default: float) -> float:
+        value = cfg.get(key)
+        return config_float(default if value is None else value, f"{where}: {key}")
+
+    hidden, heads = integer("hidden_size"), integer("num_attention_heads")
+    max_position = integer("max_position_embeddings", 2048)
     # Sliding-window attention is not implemented: the model is exact only up to the window, so cap the context.
-    window = cfg.get("sliding_window")
-    if window and (model_type == "mistral" or cfg.get("use_sliding_window")):
-        max_position = min(max_position, int(window))
+    if cfg.get("sliding_window") and (model_type == "mistral" or cfg.get("use_sliding_window")):
+        max_position = min(max_position, integer("sliding_window"))
     bos = cfg.get("bos_token_id")
-    return ModelConfig(
+    config = ModelConfig(
         arch=model_type,
-        vocab_size=int(cfg["vocab_size"]),
+        vocab_size=integer("vocab_size"),
         hidden_size=hidden,
-        intermediate_size=int(cfg["intermediate_size"]),
-        num_layers=int(cfg["num_hidden_layers"]),
+        intermediate_size=integer("intermediate_size"),
+        num_layers=integer("num_hidden_layers"),
         num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),  # the transformers default for all three
+        num_kv_heads=integer("num_key_value_heads", heads),
+        head_dim=integer("head_dim", hidden // heads),
+        rope_theta=number("rope_theta", 10000.0),
+        rms_norm_eps=number("rms_norm_eps", 1e-6),  # the transformers default for all three
         max_position=max_position,
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=model_type == "qwen2",  # Qwen2 always has q/k/v biases
@@ -61,6 +92,8 @@ def config_from_hf(cfg: dict[str, Any], name: str = "model", eos_token_ids: tupl
         eos_token_ids=tuple(eos_token_ids),
         name=name,
     )
+    check_heads(config, where)
+    return config
 
 
 def safetensors_files(directory: str | os.PathLike[str]) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +19,7 @@ from radixcache.runtime.loading.chat_template import ChatMessageError, render_ch
 from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
 from radixcache.runtime.loading.gguf_model import gguf_adds_bos, gguf_eos_ids
 from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf
+from radixcache.runtime.loading.hf import read_json_object
 from radixcache.runtime.tools import (
     ToolCallMemory,
     ToolInputError,
@@ -91,8 +91,12 @@ class Tokenizer:
 
         eos: list[int] = []
         for cfg_name in ("generation_config.json", "config.json"):
-            value = _read_json(os.path.join(directory, cfg_name)).get("eos_token_id")
-            eos.extend([value] if isinstance(value, int) else value or [])
+            json_path = os.path.join(directory, cfg_name)
+            value = _read_json(json_path).get("eos_token_id")
+            ids = [value] if isinstance(value, int) else value or []
+            if not isinstance(ids, list) or not all(_is_token_id(i) for i in ids):
+                raise ValueError(f"{json_path}: eos_token_id {value!r} is not a token id or a list of them")
+            eos.extend(ids)
         if (tid := token_id(tok_config.get("eos_token"))) is not None:
             eos.append(tid)
 
@@ -221,10 +225,12 @@ def _unicode_to_byte() -> dict[str, int]:
 
 
 def _read_json(path: str) -> dict[str, Any]:
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """An optional JSON object file: {} when absent, ValueError naming it when it is not a JSON object."""
+    return read_json_object(path) if os.path.isfile(path) else {}
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _hf_chat_template(directory: str, tok_config: dict[str, Any]) -> str | None:
