@@ -5,10 +5,11 @@ from __future__ import annotations
 import glob
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.loading.weights import check_heads, config_float, config_int
@@ -101,20 +102,30 @@ def safetensors_files(directory: str | os.PathLike[str]) -> list[str]:
     directory = os.fspath(directory)
     index_path = os.path.join(directory, INDEX_FILE)
     if os.path.isfile(index_path):
-        with open(index_path, encoding="utf-8") as f:
-            weight_map: dict[str, str] = json.load(f)["weight_map"]
+        weight_map = read_json_object(index_path).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
+            raise ValueError(f"{index_path}: weight_map is not an object of tensor names to shard files")
         files = [os.path.join(directory, shard) for shard in sorted(set(weight_map.values()))]
         missing = [p for p in files if not os.path.isfile(p)]
         if missing:
             raise FileNotFoundError(f"{directory}: {INDEX_FILE} names missing shards {missing[:3]}")
         return files
-    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+    files = sorted(p for p in glob.glob(os.path.join(directory, "*.safetensors")) if os.path.isfile(p))
     if not files:
         extra = (
             " (pytorch_model.bin checkpoints are not supported)" if glob.glob(os.path.join(directory, "*.bin")) else ""
         )
         raise FileNotFoundError(f"{directory}: no *.safetensors files{extra}")
     return files
+
+
+def _shard_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of one safetensors file by their stored names, one at a time (a shard's stored copies are never
+    all held with the converted ones), rotary `inv_freq` buffers left out."""
+    with safe_open(path, framework="pt", device="cpu") as f:
+        for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+            if not key.endswith("rotary_emb.inv_freq"):
+                yield key, f.get_tensor(key)
 
 
 def load_hf_weights(
@@ -130,14 +141,18 @@ def load_hf_weights(
     """
     weights: dict[str, torch.Tensor] = {}
     for path in safetensors_files(directory):
-        with safe_open(path, framework="pt", device="cpu") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                if key.endswith("rotary_emb.inv_freq"):
-                    continue
+        try:
+            for key, tensor in _shard_tensors(path):
                 name = key if key.startswith(("model.", "lm_head.")) else "model." + key
                 if name in weights:
                     raise ValueError(f"{directory}: tensor {name} appears in more than one shard")
-                weights[name] = f.get_tensor(key).to(dtype=dtype, device=device)
+                if not tensor.is_floating_point():  # int8 / uint8 codes of a quantised checkpoint, not weights
+                    raise ValueError(
+                        f"{path}: tensor {key} is {tensor.dtype}; only floating-point weights are supported"
+                    )
+                weights[name] = tensor.to(dtype=dtype, device=device)
+        except SafetensorError as e:  # a header that lies about its length or offsets, a truncated file
+            raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
     if config.tie_embeddings:
         weights.pop("lm_head.weight", None)
     return weights

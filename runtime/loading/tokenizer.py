@@ -75,7 +75,10 @@ class Tokenizer:
         path = os.path.join(directory, "tokenizer.json")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{directory}: no tokenizer.json (only fast-tokenizer directories are supported)")
-        backend = Backend.from_file(path)
+        try:
+            backend = Backend.from_file(path)
+        except Exception as e:  # tokenizers raises a plain Exception for any file it cannot read
+            raise ValueError(f"{path}: not a tokenizer.json the tokenizers library can read ({e})") from None
         tok_config = _read_json(os.path.join(directory, "tokenizer_config.json"))
 
         def token_id(value: Any) -> int | None:

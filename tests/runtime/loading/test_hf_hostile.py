@@ -1,5 +1,6 @@
 """Hostile Hugging Face directories: config.json (and the other JSON files beside it) broken, of the wrong shape,
-or with fields of the wrong type or out of range. Each is refused with a ValueError that starts with the file."""
+or with fields of the wrong type or out of range; safetensors files whose header lies, integer weights, a broken
+tokenizer.json or shard index. Each is refused with a ValueError that starts with the file."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import re
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from radixcache.runtime.loading import load_model
 from tests.runtime.loading.test_hf import hf_config, write_checkpoint
@@ -68,3 +71,51 @@ def test_a_broken_json_file_is_named(checkpoint, tmp_path, name, text, message):
     directory = linked_copy(checkpoint, tmp_path / "m", name)
     (directory / name).write_text(text)
     refused(directory / name, message)
+
+
+def _header_lying_about_offsets(data: bytes) -> bytes:
+    """The safetensors file with its first tensor's data said to end a terabyte past the file."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    first = min(k for k in header if k != "__metadata__")
+    header[first]["data_offsets"] = [0, 10**12]
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw + data[8 + size :]
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda data: (10**12).to_bytes(8, "little") + b"{}", "not a readable safetensors file"),
+        (lambda data: data[:5000], "not a readable safetensors file"),
+        (_header_lying_about_offsets, "not a readable safetensors file"),
+    ],
+)
+def test_a_safetensors_file_whose_header_lies_is_named(checkpoint, tmp_path, corrupt, message):
+    directory = linked_copy(checkpoint, tmp_path / "m", "model.safetensors")
+    (directory / "model.safetensors").write_bytes(corrupt((checkpoint / "model.safetensors").read_bytes()))
+    refused(directory / "model.safetensors", message)
+
+
+def test_integer_weights_are_refused_not_cast_to_float(checkpoint, tmp_path):
+    """int8 codes of a quantised checkpoint under a weight's name: cast to float they are not the weights."""
+    directory = linked_copy(checkpoint, tmp_path / "m", "model.safetensors")
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    weights["model.layers.0.mlp.up_proj.weight"] = torch.ones(64, 32, dtype=torch.int8)
+    save_file(weights, str(directory / "model.safetensors"))
+    refused(directory / "model.safetensors", "tensor model.layers.0.mlp.up_proj.weight is torch.int8")
+
+
+@pytest.mark.parametrize("text", ["{bad", "{}", '{"model": {"type": "BPE", "vocab": 5}}'])
+def test_a_broken_tokenizer_json_is_named(checkpoint, tmp_path, text):
+    directory = linked_copy(checkpoint, tmp_path / "m", "tokenizer.json")
+    (directory / "tokenizer.json").write_text(text)
+    refused(directory / "tokenizer.json", "not a tokenizer.json the tokenizers library can read")
+
+
+@pytest.mark.parametrize("text", ["{bad", "{}", '{"weight_map": ["model.safetensors"]}'])
+def test_a_broken_shard_index_is_named(checkpoint, tmp_path, text):
+    directory = linked_copy(checkpoint, tmp_path / "m", "model.safetensors.index.json")
+    (directory / "model.safetensors.index.json").write_text(text)
+    refused(directory / "model.safetensors.index.json", "not valid JSON" if text == "{bad" else "weight_map is not")
