@@ -130,7 +130,7 @@ def load_config_and_tokenizer(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> t
     else:
         with GGUFFile(source) as gguf:
             config = config_from_gguf(gguf)
-            tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, name=config.name)
+            tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, config.name, gguf.path)
     config = dataclasses.replace(
         config,
         bos_token_id=tokenizer.bos_token_id if tokenizer.add_bos else None,
@@ -167,7 +167,7 @@ def load_model(
     else:
         with GGUFFile(source) as gguf:
             config = config_from_gguf(gguf)
-            tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, name=config.name)
+            tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata, config.name, gguf.path)
 
             def to_torch(array: np.ndarray) -> torch.Tensor:
                 return torch.from_numpy(array).to(dtype=torch_dtype, device=device)

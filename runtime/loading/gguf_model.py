@@ -81,12 +81,25 @@ def gguf_adds_bos(meta: dict[str, Any]) -> bool:
     return bool(meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama"))
 
 
-def gguf_eos_ids(meta: dict[str, Any]) -> tuple[int, ...]:
+def gguf_token_id(meta: dict[str, Any], key: str, where: str = "GGUF metadata") -> int | None:
+    """The token id under `key` (None when absent); ValueError naming `where` (the file) and the key unless it is
+    an integer that indexes tokenizer.ggml.tokens."""
+    if key not in meta:
+        return None
+    token_id = config_int(meta[key], f"{where}: GGUF metadata {key}", minimum=0)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and token_id >= len(tokens):
+        raise ValueError(f"{where}: GGUF metadata {key} is {token_id}, past the {len(tokens)} tokens of the vocabulary")
+    return token_id
+
+
+def gguf_eos_ids(meta: dict[str, Any], where: str = "GGUF metadata") -> tuple[int, ...]:
     """End-of-sequence ids: EOS, then end-of-turn / end-of-message when the file names them."""
     ids: list[int] = []
     for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-        if key in meta and int(meta[key]) not in ids:
-            ids.append(int(meta[key]))
+        token_id = gguf_token_id(meta, key, where)
+        if token_id is not None and token_id not in ids:
+            ids.append(token_id)
     return tuple(ids)
 
 
@@ -138,8 +151,8 @@ def config_from_gguf(gguf: GGUFFile, name: str | None = None) -> ModelConfig:
         max_position=integer("context_length", 2048),
         tie_embeddings="output.weight" not in gguf.tensors,
         attention_bias="blk.0.attn_q.bias" in gguf.tensors,
-        bos_token_id=int(meta["tokenizer.ggml.bos_token_id"]) if adds_bos else None,
-        eos_token_ids=gguf_eos_ids(meta),
+        bos_token_id=gguf_token_id(meta, "tokenizer.ggml.bos_token_id", gguf.path) if adds_bos else None,
+        eos_token_ids=gguf_eos_ids(meta, gguf.path),
         name=name or os.path.splitext(os.path.basename(gguf.path))[0],
     )
     check_heads(config, gguf.path)

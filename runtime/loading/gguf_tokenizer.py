@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as Backend
 
@@ -34,6 +35,11 @@ _LLAMA3_REGEX = (
 SUPPORTED_PRE = (*_GPT2, *_DIGITS_THEN_GPT2, *_LLAMA3_LIKE)
 
 
+class UnsupportedTokenizerError(NotImplementedError, ValueError):
+    """A GGUF vocabulary of a kind the runtime does not build. A ValueError too: the file's fault, which a caller
+    reports as such (the CLI's one-line error), not a bug of the runtime."""
+
+
 def pre_tokenizer_for(pre: str) -> pre_tokenizers.PreTokenizer:
     """The `tokenizers` pre-tokeniser equivalent to llama.cpp's named pre-tokeniser `pre`."""
     if pre in _GPT2:
@@ -53,28 +59,45 @@ def pre_tokenizer_for(pre: str) -> pre_tokenizers.PreTokenizer:
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
-    raise NotImplementedError(f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(SUPPORTED_PRE)})")
+    raise UnsupportedTokenizerError(
+        f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(SUPPORTED_PRE)})"
+    )
 
 
-def backend_from_gguf(meta: dict[str, Any]) -> Backend:
-    """A `tokenizers.Tokenizer` equivalent to the GGUF file's vocabulary (byte-level BPE only)."""
+def backend_from_gguf(meta: dict[str, Any], where: str = "GGUF metadata") -> Backend:
+    """A `tokenizers.Tokenizer` equivalent to the GGUF file's vocabulary (byte-level BPE only). ValueError naming
+    `where` (the file) and the key for a vocabulary of the wrong kind, type or length."""
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise NotImplementedError(
-            f"GGUF tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') vocabularies are"
+        raise UnsupportedTokenizerError(
+            f"{where}: GGUF tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') vocabularies are"
         )
-    tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    types = meta.get("tokenizer.ggml.token_type")
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if not isinstance(pre, str) or pre not in SUPPORTED_PRE:
+        raise UnsupportedTokenizerError(
+            f"{where}: GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(SUPPORTED_PRE)})"
+        )
+    tokens = _strings(meta, "tokenizer.ggml.tokens", where)
+    if not tokens:
+        raise ValueError(f"{where}: GGUF metadata tokenizer.ggml.tokens is missing or empty")
+    merge_lines = _strings(meta, "tokenizer.ggml.merges", where)
+    if any(" " not in m for m in merge_lines):
+        raise ValueError(f"{where}: GGUF metadata tokenizer.ggml.merges holds a merge without a space")
+    merges = [tuple(m.split(" ", 1)) for m in merge_lines]
+    types = _integers(meta, "tokenizer.ggml.token_type", where)
+    if types is not None and len(types) != len(tokens):
+        raise ValueError(
+            f"{where}: GGUF metadata tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens"
+        )
     vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):
         vocab.setdefault(tok, i)  # a duplicated string keeps its first id
     backend = Backend(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    backend.pre_tokenizer = pre_tokenizer_for(meta.get("tokenizer.ggml.pre", "default"))
+    backend.pre_tokenizer = pre_tokenizer_for(pre)
     backend.decoder = decoders.ByteLevel()
     if types is not None:
         special, user = [], []
-        for i, t in enumerate(types.tolist() if hasattr(types, "tolist") else types):
+        for i, t in enumerate(types):
             if t == TOKEN_CONTROL:
                 special.append(AddedToken(tokens[i], special=True, normalized=False))
             elif t == TOKEN_USER_DEFINED:
@@ -82,3 +105,21 @@ def backend_from_gguf(meta: dict[str, Any]) -> Backend:
         backend.add_special_tokens(special)
         backend.add_tokens(user)
     return backend
+
+
+def _strings(meta: dict[str, Any], key: str, where: str) -> list[str]:
+    """An array-of-strings metadata value ([] when absent); ValueError naming the key for anything else."""
+    value = meta.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where}: GGUF metadata {key} is not an array of strings")
+    return value
+
+
+def _integers(meta: dict[str, Any], key: str, where: str) -> list[int] | None:
+    """An array-of-integers metadata value (None when absent); ValueError naming the key for anything else."""
+    value = meta.get(key)
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "iu":
+        return value.tolist()
+    if value is None or (isinstance(value, list) and all(type(v) is int for v in value)):
+        return value
+    raise ValueError(f"{where}: GGUF metadata {key} is not an array of integers")

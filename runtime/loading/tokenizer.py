@@ -17,7 +17,7 @@ from tokenizers import Tokenizer as Backend
 
 from radixcache.runtime.loading.chat_template import ChatMessageError, render_chat_template
 from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
-from radixcache.runtime.loading.gguf_model import gguf_adds_bos, gguf_eos_ids
+from radixcache.runtime.loading.gguf_model import gguf_adds_bos, gguf_eos_ids, gguf_token_id
 from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf
 from radixcache.runtime.loading.hf import read_json_object
 from radixcache.runtime.tools import (
@@ -55,15 +55,18 @@ class Tokenizer:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_gguf_metadata(cls, meta: dict[str, Any], name: str = "model") -> Tokenizer:
-        """From a GGUF file's `tokenizer.ggml.*` and `tokenizer.chat_template` metadata."""
-        bos = meta.get("tokenizer.ggml.bos_token_id")
+    def from_gguf_metadata(cls, meta: dict[str, Any], name: str = "model", where: str = "GGUF metadata") -> Tokenizer:
+        """From a GGUF file's `tokenizer.ggml.*` and `tokenizer.chat_template` metadata; ValueError naming `where`
+        (the file) and the key for metadata of the wrong type or out of range."""
+        template = meta.get("tokenizer.chat_template")
+        if template is not None and not isinstance(template, str):
+            raise ValueError(f"{where}: GGUF metadata tokenizer.chat_template is {type(template).__name__}, not text")
         return cls(
-            backend_from_gguf(meta),
-            eos_token_ids=gguf_eos_ids(meta),
-            bos_token_id=None if bos is None else int(bos),
+            backend_from_gguf(meta, where),
+            eos_token_ids=gguf_eos_ids(meta, where),
+            bos_token_id=gguf_token_id(meta, "tokenizer.ggml.bos_token_id", where),
             add_bos=gguf_adds_bos(meta),
-            chat_template=meta.get("tokenizer.chat_template"),
+            chat_template=template,
             name=name,
         )
 

@@ -73,3 +73,31 @@ def test_an_unexpected_tensor_name_names_the_file(kit, tmp_path):
     data = (tmp_path / "extra.gguf").read_bytes().replace(b"blk.1.ffn_up.weight", b"blk.1.ffn_xx.weight")
     (tmp_path / "extra.gguf").write_bytes(data)
     refused(tmp_path / "extra.gguf", "unexpected GGUF tensor 'blk.1.ffn_xx.weight'")
+
+
+T = "tokenizer.ggml."
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({T + "model": "llama"}, "GGUF tokenizer model 'llama' is not supported"),
+        ({T + "pre": "made-up"}, "GGUF pre-tokenizer 'made-up' is not supported"),
+        ({T + "tokens": None}, "tokenizer.ggml.tokens is missing or empty"),
+        ({T + "tokens": (9, 4, [1, 2, 3])}, "tokenizer.ggml.tokens is not an array of strings"),  # U32[3]
+        ({T + "merges": (9, 8, ["abc"])}, "tokenizer.ggml.merges holds a merge without a space"),
+        ({T + "token_type": (9, 5, [3] * 1000)}, "tokenizer.ggml.token_type has 1000 entries for 265 tokens"),
+        ({T + "token_type": "x"}, "tokenizer.ggml.token_type is not an array of integers"),
+        ({T + "bos_token_id": "x", T + "add_bos_token": True}, "tokenizer.ggml.bos_token_id is 'x', not an integer"),
+        ({T + "bos_token_id": 10**6, T + "add_bos_token": True}, "bos_token_id is 1000000, past the 265 tokens"),
+        ({T + "eos_token_id": (5, -1)}, "tokenizer.ggml.eos_token_id is -1, expected at least 0"),
+        ({T + "eos_token_id": 10**6}, "tokenizer.ggml.eos_token_id is 1000000, past the 265 tokens"),
+        ({"tokenizer.chat_template": 5}, "tokenizer.chat_template is int, not text"),
+    ],
+)
+def test_tokenizer_metadata_of_the_wrong_kind_type_or_length_is_named(kit, tmp_path, overrides, message):
+    """Each a ValueError (an unsupported kind of vocabulary is a NotImplementedError too), so the CLI says what is
+    wrong with the file instead of reporting an internal error."""
+    cfg = tiny_config(kit)
+    write_tiny_gguf(kit, tmp_path / "bad.gguf", cfg, random_weights(cfg), meta_overrides=overrides)
+    refused(tmp_path / "bad.gguf", message)
