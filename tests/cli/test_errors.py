@@ -128,6 +128,29 @@ def test_chat_and_model_info_errors_are_one_line_too(runner, tmp_path: Path) -> 
     _one_line_error(runner.invoke(main, ["chat", "--max-tokens", "0"]), 2)
 
 
+@pytest.mark.parametrize(
+    ("name", "edit", "needle"),
+    [
+        ("config.json", lambda cfg: {**cfg, "num_attention_heads": 0}, "num_attention_heads is 0"),
+        ("config.json", lambda cfg: [cfg], "expected a JSON object"),
+        ("tokenizer.json", lambda tok: {"no": "model"}, "not a tokenizer.json"),
+    ],
+)
+def test_a_broken_model_directory_names_the_file_not_an_internal_error(
+    runner, tiny_model_dir: Path, tmp_path: Path, name: str, edit, needle: str
+) -> None:
+    """A head count of 0 was a ZeroDivisionError and a tokenizer.json the tokenizers library rejects its plain
+    Exception: both reported as an internal error, naming no file."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in tiny_model_dir.iterdir():
+        (model / f.name).symlink_to(f)
+    (model / name).unlink()
+    (model / name).write_text(json.dumps(edit(json.loads((tiny_model_dir / name).read_text()))))
+    line = _one_line_error(runner.invoke(main, ["model", "info", "--model", str(model)]), 1)
+    assert line.startswith(f"error: {model / name}: ") and needle in line and "internal error" not in line
+
+
 def test_debug_shows_the_traceback(runner, small_trace: Path, tmp_path: Path) -> None:
     result = runner.invoke(main, ["replay", str(small_trace), "--model", str(tmp_path / "none"), "--debug"])
     assert result.exit_code != 0
