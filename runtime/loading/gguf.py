@@ -102,7 +102,8 @@ class GGUFFile:
         except GGUFError:
             self.close()
             raise
-        except (struct.error, ValueError, IndexError, OverflowError, MemoryError) as e:
+        except (struct.error, ValueError, IndexError, OverflowError, MemoryError, RecursionError) as e:
+            # RecursionError: arrays of arrays nested deeper than Python recurses (12 bytes a level)
             self.close()
             raise GGUFError(f"{self.path}: truncated or corrupt GGUF header ({e})") from e
 
@@ -168,7 +169,10 @@ class GGUFFile:
         self.data_offset = -(-self._pos // self.alignment) * self.alignment
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, ggml_type, offset in index:
-            nbytes = tensor_nbytes(shape, ggml_type) if ggml_type in GGML_TYPES else 0
+            try:
+                nbytes = tensor_nbytes(shape, ggml_type) if ggml_type in GGML_TYPES else 0
+            except GGUFError as e:
+                raise GGUFError(f"{self.path}: tensor {name}: {e}") from None
             start = self.data_offset + offset
             if ggml_type in GGML_TYPES and start + nbytes > len(mm):
                 raise GGUFError(f"{self.path}: tensor {name} runs past the end of the file")
@@ -217,6 +221,8 @@ class GGUFFile:
             pos += 8
             append(mm[pos : pos + n].decode("utf-8", errors="replace"))
             pos += n
+        if pos > len(mm):  # a slice stops at the end, so a length past it is found only here
+            raise GGUFError(f"{self.path}: string runs past the end of the file")
         self._pos = pos
         return out
 

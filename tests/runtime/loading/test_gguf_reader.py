@@ -158,3 +158,32 @@ def test_corrupted_files_fail_with_gguf_errors_only(kit, tmp_path):
                     f.dequantize(name)
         except (GGUFError, NotImplementedError):
             pass
+
+
+def _one_key_file(value_type: int, value: bytes) -> bytes:
+    """A GGUF file with no tensors and one metadata key "k" of `value_type` holding the encoded `value`."""
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"k" + struct.pack("<I", value_type) + value
+
+
+def test_arrays_nested_past_the_recursion_limit_are_a_gguf_error(tmp_path):
+    """An array of arrays 5,000 deep (60 kB) raised RecursionError, not a GGUFError."""
+    nested = struct.pack("<IQ", 9, 1) * 5000 + struct.pack("<IQ", 4, 0)  # ARRAY of ARRAY ... of 0 UINT32
+    (tmp_path / "deep.gguf").write_bytes(_one_key_file(9, nested))
+    with pytest.raises(GGUFError, match=r"deep\.gguf: truncated or corrupt"):
+        GGUFFile(tmp_path / "deep.gguf")
+
+
+def test_a_string_in_an_array_that_runs_past_the_end_is_a_gguf_error(tmp_path):
+    """A vocabulary string said to be 2**62 bytes long was cut at the end of the file and read as 'abc'."""
+    strings = struct.pack("<IQ", 8, 1) + struct.pack("<Q", 2**62) + b"abc"  # ARRAY of 1 STRING
+    (tmp_path / "long.gguf").write_bytes(_one_key_file(9, strings))
+    with pytest.raises(GGUFError, match=r"long\.gguf: string runs past the end of the file"):
+        GGUFFile(tmp_path / "long.gguf")
+
+
+def test_a_row_that_is_not_whole_blocks_names_the_file_and_tensor(kit, tmp_path):
+    kit.write_gguf(tmp_path / "rows.gguf", {}, [("w", (2, 32), "Q8_0", bytes(68))])
+    data = (tmp_path / "rows.gguf").read_bytes().replace(struct.pack("<2Q", 32, 2), struct.pack("<2Q", 33, 2))
+    (tmp_path / "rows.gguf").write_bytes(data)
+    with pytest.raises(GGUFError, match=r"rows\.gguf: tensor w: row length 33 is not a multiple of the Q8_0 block"):
+        GGUFFile(tmp_path / "rows.gguf")
