@@ -43,8 +43,9 @@ def compile_template(source: str) -> Any:
     env.globals["strftime_now"] = _strftime_now
     try:
         return env.from_string(source)
-    except TemplateError as e:
-        raise ChatTemplateError(f"the chat template does not compile: {e}") from e
+    except Exception as e:  # a syntax error, or a constant Jinja folds while compiling ({{ 2 ** 100000 }})
+        detail = str(e) if isinstance(e, TemplateError) else f"{type(e).__name__}: {e}"
+        raise ChatTemplateError(f"the chat template does not compile: {detail}") from e
 
 
 def render_chat_template(
@@ -69,5 +70,7 @@ def render_chat_template(
         return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
     except ChatTemplateError:
         raise
-    except TemplateError as e:
-        raise ChatTemplateError(f"the chat template of {model} failed: {e}") from e
+    except Exception as e:  # Jinja's errors, and what the template's own expressions raise (1/0, str + int, a
+        # macro that recurses forever): the template rejected these messages, whichever way it failed
+        detail = str(e) if isinstance(e, TemplateError) else f"{type(e).__name__}: {e}"
+        raise ChatTemplateError(f"the chat template of {model} failed: {detail}") from e

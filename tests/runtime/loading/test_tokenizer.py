@@ -121,6 +121,23 @@ def test_chat_template_errors_are_clear(kit):
     )
 
 
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        ("{{ messages[0]['content'] + 5 }}", "failed: TypeError: can only concatenate str"),
+        ("{{ 1 / 0 }}", "failed: ZeroDivisionError"),
+        ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "failed: RecursionError"),
+        ("{{ range(10 ** 9) | list }}", "failed: OverflowError"),
+        ("{{ 2 ** 100000 }}", "does not compile: ValueError"),  # folded while compiling
+    ],
+)
+def test_a_template_that_raises_any_error_is_a_chat_template_error(template, message):
+    """Only Jinja's own errors were wrapped: what a template's expressions raise escaped as TypeError and the like,
+    which the replay CLI reported as an internal error and the Python API as an untyped failure."""
+    with pytest.raises(ChatTemplateError, match=message):
+        render_chat_template(template, FRANCE, model="tiny")
+
+
 def test_gguf_tokenizer_marks_control_tokens_special(kit):
     tok = Tokenizer.from_gguf_metadata(kit.tiny_tokenizer_metadata(typed=False), name="tiny")
     assert tok.encode("hello<|im_end|>")[-1] == 2 and tok.eos_token_ids == (2,)
