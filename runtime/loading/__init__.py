@@ -106,11 +106,13 @@ def resolve_model_path(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> str:
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "config.json")):
             return path
-        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf") and os.path.isfile(os.path.join(path, f)))
         if len(ggufs) == 1:
             return os.path.join(path, ggufs[0])
         found = f"{len(ggufs)} .gguf files" if ggufs else "no config.json and no .gguf file"
         raise ModelNotFoundError(f"{path}: not a model directory ({found})")
+    if os.path.lexists(path):  # there, but neither a file nor a directory: "not found" would send the user astray
+        raise ModelNotFoundError(f"{path}: not a file or a directory (a broken or looping symlink, a pipe, a device)")
     raise ModelNotFoundError(
         f"model {text!r} not found: give a GGUF file, a Hugging Face model directory, or {DEFAULT_MODEL!r} "
         f"(install it with: {INSTALL_HINT})"

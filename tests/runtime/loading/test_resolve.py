@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -64,3 +65,23 @@ def test_dtypes_parse_from_names():
     assert parse_dtype(torch.float32) is torch.float32
     with pytest.raises(ValueError, match="int8"):
         parse_dtype("int8")
+
+
+def test_a_path_that_is_there_but_neither_file_nor_directory_is_named(tmp_path):
+    """A symlink loop or a pipe was reported as "not found", sending the user to install the default model."""
+    os.symlink(tmp_path / "loop2", tmp_path / "loop1")
+    os.symlink(tmp_path / "loop1", tmp_path / "loop2")
+    os.mkfifo(tmp_path / "pipe.gguf")
+    for name in ("loop1", "pipe.gguf"):
+        with pytest.raises(ModelNotFoundError, match=re.escape(f"{tmp_path / name}: not a file or a directory")):
+            resolve_model_path(tmp_path / name)
+
+
+def test_a_directory_named_like_a_gguf_file_is_not_taken_for_the_model(tmp_path):
+    """The one "x.gguf" in a directory was a folder: it was returned and then loaded as a Hugging Face directory,
+    failing with "no tokenizer.json"."""
+    (tmp_path / "x.gguf").mkdir()
+    with pytest.raises(ModelNotFoundError, match=r"no config\.json and no \.gguf file"):
+        resolve_model_path(tmp_path)
+    (tmp_path / "real.gguf").write_bytes(b"")
+    assert resolve_model_path(tmp_path) == str(tmp_path / "real.gguf")
