@@ -8,7 +8,9 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
-from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.config import ModelConfig, expected_shapes
+
+__all__ = ["check_heads", "check_weights", "config_float", "config_int", "expected_shapes"]
 
 
 def config_int(value: Any, what: str, minimum: int = 1) -> int:
@@ -40,33 +42,6 @@ def check_heads(config: ModelConfig, where: str) -> None:
         )
     if config.head_dim % 2:
         raise ValueError(f"{where}: head_dim {config.head_dim} is odd; RoPE rotates pairs of dims")
-
-
-def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every weight a Llama-family model of `config` needs, by Hugging Face name, with its shape."""
-    h, q_out, kv_out = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config.vocab_size, h),
-        "model.norm.weight": (h,),
-    }
-    if not config.tie_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, h)
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (h,)
-        shapes[p + "post_attention_layernorm.weight"] = (h,)
-        shapes[p + "self_attn.q_proj.weight"] = (q_out, h)
-        shapes[p + "self_attn.k_proj.weight"] = (kv_out, h)
-        shapes[p + "self_attn.v_proj.weight"] = (kv_out, h)
-        shapes[p + "self_attn.o_proj.weight"] = (h, q_out)
-        if config.attention_bias:
-            shapes[p + "self_attn.q_proj.bias"] = (q_out,)
-            shapes[p + "self_attn.k_proj.bias"] = (kv_out,)
-            shapes[p + "self_attn.v_proj.bias"] = (kv_out,)
-        shapes[p + "mlp.gate_proj.weight"] = (config.intermediate_size, h)
-        shapes[p + "mlp.up_proj.weight"] = (config.intermediate_size, h)
-        shapes[p + "mlp.down_proj.weight"] = (h, config.intermediate_size)
-    return shapes
 
 
 def check_weights(config: ModelConfig, weights: Mapping[str, Any], source: str = "model") -> None:

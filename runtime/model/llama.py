@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.config import ModelConfig, expected_shapes
 from radixcache.runtime.huge_pages import HugePageArena
 from radixcache.runtime.kv.mirror import MirrorStep
 from radixcache.runtime.kv.pool import KVPool
@@ -117,7 +117,7 @@ class LlamaModel:
         huge_weights: bool = True,
         gguf_activations: str | None = None,
     ) -> None:
-        if config.num_heads % config.num_kv_heads:
+        if config.num_kv_heads < 1 or config.num_heads % config.num_kv_heads:
             raise ValueError(f"num_heads {config.num_heads} is not a multiple of num_kv_heads {config.num_kv_heads}")
         self.config = config
         self.dtype = dtype
@@ -139,9 +139,14 @@ class LlamaModel:
         if quant == "gguf" or (self.device.type == "cpu" and dtype == torch.float32):
             self.native = _native_ops(required=quant == "gguf")
 
+        # The native kernels take sizes from the config: a smaller weight would be read past its end, not refused
+        shapes = expected_shapes(replace(config, tie_embeddings=False, attention_bias=True))  # optional ones too
+
         def w(name: str) -> torch.Tensor:
             if name not in weights:
                 raise KeyError(f"weight {name!r} is missing")
+            if tuple(weights[name].shape) != shapes[name]:
+                raise ValueError(f"weight {name!r} has shape {tuple(weights[name].shape)}, expected {shapes[name]}")
             return weights[name].to(device=self.device, dtype=dtype).contiguous()
 
         # The float matrices a CPU decode streams every token go to huge-page memory (runtime.huge_pages: the TLB,
