@@ -245,9 +245,15 @@ def _hf_chat_template(directory: str, tok_config: dict[str, Any]) -> str | None:
     jinja_path = os.path.join(directory, "chat_template.jinja")
     if os.path.isfile(jinja_path):
         with open(jinja_path, encoding="utf-8") as f:
-            return f.read()
+            try:
+                return f.read()
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{jinja_path}: not UTF-8 text ({e})") from None
     template = tok_config.get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        return named.get("default")
+        template = named.get("default")
+    if template is not None and not isinstance(template, str):  # else found only when a chat request renders it
+        where = os.path.join(directory, "tokenizer_config.json")
+        raise ValueError(f"{where}: chat_template is {type(template).__name__}, not text")
     return template

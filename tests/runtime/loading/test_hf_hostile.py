@@ -119,3 +119,17 @@ def test_a_broken_shard_index_is_named(checkpoint, tmp_path, text):
     directory = linked_copy(checkpoint, tmp_path / "m", "model.safetensors.index.json")
     (directory / "model.safetensors.index.json").write_text(text)
     refused(directory / "model.safetensors.index.json", "not valid JSON" if text == "{bad" else "weight_map is not")
+
+
+@pytest.mark.parametrize("chat_template", [5, {"template": "x"}, [{"name": "default", "template": 5}]])
+def test_a_chat_template_that_is_not_text_is_named_at_load(checkpoint, tmp_path, chat_template):
+    """Loaded as the template, it failed only when a chat request rendered it."""
+    directory = linked_copy(checkpoint, tmp_path / "m", "tokenizer_config.json")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": chat_template}))
+    refused(directory / "tokenizer_config.json", "chat_template is ")
+
+
+def test_a_chat_template_file_that_is_not_utf8_is_named(checkpoint, tmp_path):
+    directory = linked_copy(checkpoint, tmp_path / "m", "chat_template.jinja")
+    (directory / "chat_template.jinja").write_bytes(b"{{ messages }}\xff\xfe")
+    refused(directory / "chat_template.jinja", "not UTF-8 text")
