@@ -131,6 +131,12 @@ def config_from_gguf(gguf: GGUFFile, name: str | None = None) -> ModelConfig:
         raise ValueError(f"{gguf.path}: GGUF file has no token_embd.weight")
     if len(embed.shape) != 2 or embed.shape[0] < 1:
         raise ValueError(f"{gguf.path}: token_embd.weight has shape {embed.shape}, expected [vocab, hidden]")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and len(tokens) > embed.shape[0]:  # llama.cpp requires one row per token
+        raise ValueError(
+            f"{gguf.path}: tokenizer.ggml.tokens has {len(tokens)} tokens but token_embd.weight only "
+            f"{embed.shape[0]} rows: text would encode to ids the model has no embedding for"
+        )
     hidden, heads = integer("embedding_length"), integer("attention.head_count")
     head_dim = integer("attention.key_length", hidden // heads)
     rope_dims = integer("rope.dimension_count", head_dim)

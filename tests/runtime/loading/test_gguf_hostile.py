@@ -3,6 +3,7 @@ refused with a ValueError that starts with the file and says what is wrong, befo
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -101,3 +102,11 @@ def test_tokenizer_metadata_of_the_wrong_kind_type_or_length_is_named(kit, tmp_p
     cfg = tiny_config(kit)
     write_tiny_gguf(kit, tmp_path / "bad.gguf", cfg, random_weights(cfg), meta_overrides=overrides)
     refused(tmp_path / "bad.gguf", message)
+
+
+def test_more_tokens_than_embedding_rows_is_refused(kit, tmp_path):
+    """265 tokens over a 200-row embedding loaded, and then every prompt holding one of the last 65 tokens failed
+    as 'outside the vocabulary' (the vocabulary is the embedding's rows)."""
+    cfg = dataclasses.replace(tiny_config(kit), vocab_size=200)
+    write_tiny_gguf(kit, tmp_path / "short.gguf", cfg, random_weights(cfg))
+    refused(tmp_path / "short.gguf", "tokenizer.ggml.tokens has 265 tokens but token_embd.weight only 200 rows")
