@@ -1,5 +1,6 @@
 """What this machine is, as far as the kernels care: the CPU's name and the instruction-set flags that change which
-kernel is fastest (from /proc/cpuinfo), the load average, and the memory's read bandwidth measured now.
+kernel is fastest (from /proc/cpuinfo), the load average, the memory's read bandwidth measured now, and how much
+memory a device has in all.
 
 The kernel choice (runtime.model.kernel_tune) keys its cache on `cpu_model()` and `kernel_flags()`; `radixcache
 doctor` prints all of it with the bandwidth, which bounds batch-1 decode: every weight is read once per token.
@@ -113,3 +114,16 @@ def run_queue_wait() -> float | None:
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended meanwhile, or no schedstat
     return total / 1e9 if read else None
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes of memory `device` has in all: the machine's physical memory for the CPU, the GPU's for CUDA; None
+    where that cannot be told."""
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+            return None
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import math
 import mmap
-import os
 import re
 import sys
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.machine import device_memory
 
 _UNITS = {
     "": 1,
@@ -68,19 +68,6 @@ def blocks_for_budget(config: ModelConfig, budget: str | int, page_size: int, dt
     if n < 1:
         raise ValueError(f"KV budget {budget!r} is smaller than one page ({per_block} bytes)")
     return n
-
-
-def device_memory(device: torch.device) -> int | None:
-    """Bytes of memory `device` has in all: the machine's physical memory for the CPU, the GPU's for CUDA; None
-    where that cannot be told."""
-    if device.type == "cpu":
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
-            return None
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    return None
 
 
 def check_fits(nbytes: int, device: torch.device, option: str) -> None:

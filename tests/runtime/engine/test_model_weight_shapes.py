@@ -4,6 +4,7 @@ config, so a smaller weight was read past its end (a final norm of half the hidd
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 import pytest
@@ -38,3 +39,21 @@ def test_zero_kv_heads_is_a_value_error_not_a_division_by_zero():
     model = tiny_model(seed=1)
     with pytest.raises(ValueError, match="not a multiple of num_kv_heads 0"):
         LlamaModel(dataclasses.replace(model.config, num_kv_heads=0), model.weights)
+
+
+def _mem_total() -> int:
+    with open("/proc/meminfo", encoding="ascii") as f:
+        return int(next(x for x in f if x.startswith("MemTotal:")).split()[1]) * 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="needs Linux's /proc")
+def test_a_context_length_whose_rope_tables_pass_the_memory_is_refused_by_name() -> None:
+    """The RoPE tables are built for the whole context: a GGUF file's context_length of 2**32 asked for a terabyte
+    (the process was killed, or failed on a bare allocation error). Now a ValueError naming max_position before any
+    allocation; a long real context (2**20 positions) still builds."""
+    past = _mem_total() // (tiny_model().config.head_dim * 8 * 4) + 1
+    m = tiny_model(seed=1, max_position=past)
+    with pytest.raises(ValueError, match=f"max_position {past} .* more than the"):
+        LlamaModel(m.config, m.weights)
+    m = tiny_model(seed=1, max_position=2**20)
+    assert LlamaModel(m.config, m.weights).cos.shape[0] == 2**20
