@@ -69,6 +69,14 @@ def config_from_hf(
         value = cfg.get(key)
         return config_float(default if value is None else value, f"{where}: {key}")
 
+    def flag(key: str) -> bool:
+        """A boolean field, false when null or absent: the string "false" is true to bool(), which tied the
+        embeddings of a model that has its own head (garbage, with no error)."""
+        value = cfg.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
+        return bool(value)
+
     hidden, heads = integer("hidden_size"), integer("num_attention_heads")
     max_position = integer("max_position_embeddings", 2048)
     # Sliding-window attention is not implemented: the model is exact only up to the window, so cap the context.
@@ -87,7 +95,7 @@ def config_from_hf(
         rope_theta=number("rope_theta", 10000.0),
         rms_norm_eps=number("rms_norm_eps", 1e-6),  # the transformers default for all three
         max_position=max_position,
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_embeddings=flag("tie_word_embeddings"),
         attention_bias=model_type == "qwen2",  # Qwen2 always has q/k/v biases
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_ids=tuple(eos_token_ids),
@@ -105,6 +113,9 @@ def safetensors_files(directory: str | os.PathLike[str]) -> list[str]:
         weight_map = read_json_object(index_path).get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
             raise ValueError(f"{index_path}: weight_map is not an object of tensor names to shard files")
+        outside = next((f for f in weight_map.values() if os.path.basename(f) != f or f in ("", ".", "..")), None)
+        if outside is not None:  # a shard is a file of this directory: "../x" or "/x" would load another's weights
+            raise ValueError(f"{index_path}: shard {outside!r} is not a file name in the model directory")
         files = [os.path.join(directory, shard) for shard in sorted(set(weight_map.values()))]
         missing = [p for p in files if not os.path.isfile(p)]
         if missing:

@@ -55,6 +55,8 @@ def refused(path, message: str) -> None:
         ({"model_type": "mistral", "sliding_window": "x"}, "sliding_window is 'x', not an integer"),
         ({"eos_token_id": "x"}, "eos_token_id 'x' is not a token id or a list of them"),
         ({"eos_token_id": {"a": 1}}, "eos_token_id {'a': 1} is not a token id or a list of them"),
+        ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false, got 'false'"),
+        ({"tie_word_embeddings": 0}, "tie_word_embeddings must be true or false, got 0"),
     ],
 )
 def test_config_fields_of_the_wrong_type_or_out_of_range_are_named(checkpoint, tmp_path, overrides, message):
@@ -119,6 +121,15 @@ def test_a_broken_shard_index_is_named(checkpoint, tmp_path, text):
     directory = linked_copy(checkpoint, tmp_path / "m", "model.safetensors.index.json")
     (directory / "model.safetensors.index.json").write_text(text)
     refused(directory / "model.safetensors.index.json", "not valid JSON" if text == "{bad" else "weight_map is not")
+
+
+@pytest.mark.parametrize("shard", ["../model.safetensors", "/etc/model.safetensors", "sub/model.safetensors", ".."])
+def test_a_shard_outside_the_model_directory_is_refused(checkpoint, tmp_path, shard):
+    """The shard index's file names were joined to the directory as given: "../x.safetensors" or an absolute path
+    loaded another directory's weights."""
+    directory = linked_copy(checkpoint, tmp_path / "m", "model.safetensors.index.json")
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": shard}}))
+    refused(directory / "model.safetensors.index.json", f"shard {shard!r} is not a file name in the model directory")
 
 
 @pytest.mark.parametrize("chat_template", [5, {"template": "x"}, [{"name": "default", "template": 5}]])
