@@ -6,7 +6,8 @@ import torch
 
 from radixcache import RadixCache
 from radixcache.runtime.kv.pool import KVPool, check_fits, parse_memory
-from radixcache.runtime.kv.tier.coordinator import KVTiers
+from radixcache.runtime.kv.tier.coordinator import KVTiers, page_meta
+from radixcache.runtime.kv.tier.disk_format import MAX_HASH_BYTES, encode_page
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.host_pool import HostKVPool
 from radixcache.runtime.kv.tier.prefetch import (
@@ -42,7 +43,10 @@ def build_tiers(
         check_fits(host_slots * page, torch.device("cpu"), f"host_kv_memory={host_kv_memory!r}")
     disk = None
     if cache_dir is not None:
-        disk = DiskStore(cache_dir, max_bytes=parse_memory(cache_dir_size), fingerprint=fingerprint)
+        max_bytes, page = parse_memory(cache_dir_size), page_file_bytes(pool, fingerprint)
+        if max_bytes < page:  # every write would be refused, silently: a disk tier that never holds a page
+            raise ValueError(f"cache_dir_size {cache_dir_size!r} is smaller than one page's file ({page} bytes)")
+        disk = DiskStore(cache_dir, max_bytes=max_bytes, fingerprint=fingerprint)
     return KVTiers(
         cache,
         pool,
@@ -55,3 +59,10 @@ def build_tiers(
         prefetch_timeout_ms=prefetch_timeout_ms,
         prefetch_pages_per_step=prefetch_pages_per_step,
     )
+
+
+def page_file_bytes(pool: KVPool, fingerprint: str) -> int:
+    """The most bytes one page's file takes (its KV, and a header with the widest hash and token ids)."""
+    widest = [2**62] * pool.page_size
+    payload = bytes(HostKVPool.page_bytes(pool))
+    return encode_page(bytes(MAX_HASH_BYTES), fingerprint, widest, payload, page_meta(pool)).size

@@ -371,7 +371,7 @@ class KVTiers:
             return
         pool, p = self.pool, self.page_size
         pages = pool.kv.index_select(2, torch.tensor([blocks[i] for i in todo], device=pool.device)).to("cpu")
-        meta = {"dtype": str(pool.dtype), "shape": [pool.num_layers, 2, p, pool.kv_heads, pool.head_dim]}
+        meta = page_meta(pool)
         for j, i in enumerate(todo):
             payload = pages[:, :, j].contiguous().view(torch.uint8).numpy().tobytes()
             queued = disk.put(hashes[i], tokens[i * p : (i + 1) * p], payload, meta)
@@ -407,3 +407,8 @@ class KVTiers:
 
     def check(self) -> None:
         self.tiered.check_invariants()
+
+
+def page_meta(pool: KVPool) -> dict:
+    """What a page file records of the pool it came from (kv.tier.disk_format's `meta`)."""
+    return {"dtype": str(pool.dtype), "shape": [pool.num_layers, 2, pool.page_size, pool.kv_heads, pool.head_dim]}

@@ -134,3 +134,19 @@ def test_a_pool_larger_than_the_machine_is_refused_by_name_before_it_is_built(ti
     engine = Engine(tiny, **{option: 4 * page} if option != "capacity_blocks" else {option: 4})
     assert engine.generate([1, 2, 3], 2, ignore_eos=True).token_ids
     engine.close()
+
+
+def test_a_disk_tier_smaller_than_one_page_is_refused_by_name(tiny, tmp_path) -> None:
+    """A cache_dir_size under one page file's bytes made a disk tier that refused every write, silently. One page's
+    KV alone is still too small (a page file has a header); a little more holds it."""
+    from radixcache.runtime import Engine
+
+    page = tiny.config.kv_bytes_per_token(4) * 16
+    for size in (page - 1, page):
+        with pytest.raises(ValueError, match=f"cache_dir_size {size} is smaller than one page's file"):
+            Engine(tiny, cache_dir=str(tmp_path / "c"), cache_dir_size=size)
+    with Engine(tiny, cache_dir=str(tmp_path / "d"), cache_dir_size=page + 4096) as engine:
+        assert engine.generate(list(range(1, 40)), 2, ignore_eos=True).token_ids
+        assert engine.flush(30)
+    pages = [p for p in (tmp_path / "d" / "pages").rglob("*") if p.is_file() and p.name != "fingerprint.json"]
+    assert len(pages) == 1, pages  # it holds one page, and writes it
