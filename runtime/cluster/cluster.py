@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
+import socket
 import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
@@ -62,6 +64,23 @@ class ClusterStats:
     routed: dict[int, int]
 
 
+RAY_CONNECT_TIMEOUT_S = 5.0  # a head node answers a TCP connect in milliseconds; an address nobody serves never
+
+
+def check_reachable(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """ConnectionError naming `address` when it is a `host:port` (or `ray://host:port`) that no process accepts a
+    connection on: ray.init retried such an address for minutes, printing its own logs, before it failed. "auto",
+    "local" and None (a local cluster) are Ray's to resolve."""
+    match = re.fullmatch(r"(?:ray://)?\[?([^\[\]/]+?)\]?:(\d{1,5})", address or "")
+    if match is None:
+        return
+    host, port = match.group(1), int(match.group(2))
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach the Ray cluster at {address}: {exc}") from None
+
+
 class ReplicaCluster:
     """`replicas` engine replicas of `model` behind the router `router` (radixcache.router.ROUTERS).
 
@@ -88,6 +107,7 @@ class ReplicaCluster:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
         if not ray.is_initialized():
+            check_reachable(address)
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         actor = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(EngineReplica).options(
             num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=actor_threads(engine_kwargs)

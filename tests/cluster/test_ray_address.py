@@ -1,0 +1,32 @@
+"""An unreachable --ray-address fails at once, naming it: ray.init retried an address no process serves for minutes,
+printing its own logs, before it failed."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from radixcache.runtime.cluster.cluster import check_reachable
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed when the block ends: nobody listens there
+
+
+@pytest.mark.parametrize("form", ["127.0.0.1:{}", "ray://127.0.0.1:{}", "localhost:{}"])
+def test_an_address_nobody_serves_is_a_connection_error_naming_it(form: str) -> None:
+    address = form.format(_closed_port())
+    with pytest.raises(ConnectionError, match=f"cannot reach the Ray cluster at {address}"):
+        check_reachable(address, timeout=2)
+
+
+def test_a_listening_address_and_rays_own_forms_pass() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        check_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout=2)
+    for address in (None, "auto", "local"):
+        check_reachable(address)
