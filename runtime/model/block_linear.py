@@ -260,6 +260,8 @@ class BlockLinear:
         if x.dim() != 2:
             y = self(x.reshape(-1, x.shape[-1]), prefill, decode_rows=decode_rows)
             return y.reshape(*x.shape[:-1], y.shape[-1])
+        if x.device.type != "cpu":  # the kernels would read its data pointer as host memory
+            raise ValueError(f"quant='gguf' runs on the CPU; the input is on {x.device}")
         rows = x.shape[0]
         if self.decode_kernel is not None and decode_rows is not None and rows and x.dtype == torch.float32:
             return self._by_row_kind(x, min(max(decode_rows, 0), rows), prefill)

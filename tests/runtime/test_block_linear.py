@@ -220,6 +220,18 @@ def test_a_wrong_feature_count_is_refused(rows: int) -> None:
 
 
 @needs_cc
+@pytest.mark.parametrize("activations", ["float", "int16-decode"])
+@pytest.mark.parametrize(("rows", "decode_rows"), [(1, None), (2, 2), (9, None)])
+def test_an_input_off_the_cpu_is_refused(activations: str, rows: int, decode_rows: int | None) -> None:
+    """The kernels read the input's data pointer as host memory: a tensor elsewhere (here "meta", whose pointer is
+    null; a CUDA tensor's is device memory) crashed the process, or came back as garbage from the dense path."""
+    w = random_blocks("Q8_0", 16, 64, 0)
+    layer = BlockLinear(w.dequantize(), None, [w], activations=activations)
+    with pytest.raises(ValueError, match="runs on the CPU; the input is on meta"):
+        layer(torch.zeros(rows, 64, device="meta"), decode_rows=decode_rows)
+
+
+@needs_cc
 def test_a_wrong_feature_count_on_the_dense_path_is_an_error() -> None:
     layer, w, _ = build("q8_0", bias=False)
     with pytest.raises((ValueError, RuntimeError)):
