@@ -25,6 +25,8 @@ from radixcache.runtime.native import blockdot
 # Query rows (tokens x query heads) up to which a chunk takes `attend_pages`: each 16 of them (decode_attention.c's
 # ATTN_MAX_GROUP) read the K/V once more, at about 3x the speed of PyTorch's flash kernel over the same pages.
 PAGED_ROWS = 48
+_INT_MAX = 2**31 - 1  # the kernels' positions and lengths are C ints
+_INDEX_DTYPES = frozenset((torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64))  # a table's, as int64
 
 
 class NativeDecodeOps:
@@ -44,6 +46,8 @@ class NativeDecodeOps:
         """RMSNorm of x `[T, C]` (float32, CPU, T <= max_rows) natively, else `fallback(x, weight, eps)`."""
         if x.dim() != 2 or not 0 < x.shape[0] <= self.max_rows or not _cpu_f32(x, weight):
             return fallback(x, weight, eps)
+        if weight.shape != x.shape[1:] or not weight.is_contiguous():  # the kernel reads C dense weights
+            return fallback(x, weight, eps)  # which broadcasts, or names the mismatch
         x = x.contiguous()
         out = torch.empty_like(x)
         status = self._lib.native_rms_norm(x.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps, out.data_ptr())
@@ -68,10 +72,15 @@ class NativeDecodeOps:
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
         """One query per sequence: q `[B, H, D]` over rows `[>= B, KV, capacity, D]` (keys and values with the same
-        strides), sequence b attending to its first `lengths[b]` positions. Returns `[B, H, D]`."""
+        strides), sequence b attending to its first `lengths[b]` positions. Returns `[B, H, D]`; ValueError for
+        tensors the kernel cannot read (`supports`, head sizes that differ) or lengths outside 1..capacity."""
         b, h, d = q.shape
         if keys.stride() != values.stride() or keys.shape != values.shape or keys.shape[0] < b:
             raise ValueError(f"key and value rows must match and hold {b} sequences: {tuple(keys.shape)}")
+        if not (self.supports(q, keys) and _cpu_f32(values) and keys.shape[-1] == d):
+            raise ValueError(_unreadable(q, keys, values, d))
+        if len(lengths) != b:
+            raise ValueError(f"{b} queries need {b} lengths, got {len(lengths)}")
         q = q.contiguous()
         out = torch.empty_like(q)
         lens = (ctypes.c_int * b)(*lengths)
@@ -88,12 +97,19 @@ class NativeDecodeOps:
     ) -> torch.Tensor:
         """Queries q `[n, H, D]` of one sequence, at positions `start .. start + n - 1` (causal), over its K/V read
         in place from one layer's pages `[N, P, KV, D]` through `table` (int64 block ids, covering every position).
-        Returns `[n, H, D]`. Raises ValueError for pages whose rows are not dense, or a table that does not hold
-        the positions within the pool."""
+        Returns `[n, H, D]`. Raises ValueError for pages whose rows are not dense, tensors the kernel cannot read
+        (not float32 on the CPU, head sizes that differ), or a table that does not hold the positions within the
+        pool."""
         n, h, d = q.shape
         blocks, page, kvh, _ = k_pages.shape
         if k_pages.stride() != v_pages.stride() or k_pages.shape != v_pages.shape or not self.supports_pages(k_pages):
             raise ValueError(f"key and value pages must match with dense rows: {tuple(k_pages.shape)}")
+        if not (_cpu_f32(q, v_pages) and k_pages.shape[-1] == d):  # supports_pages checked k_pages
+            raise ValueError(_unreadable(q, k_pages, v_pages, d))
+        if table.dim() != 1 or table.dtype not in _INDEX_DTYPES:
+            raise ValueError(f"the block table must be 1-D integer ids, got {table.dtype} {tuple(table.shape)}")
+        if not 0 <= start <= _INT_MAX - n:  # the kernel takes C ints: a larger start would wrap around
+            raise ValueError(f"start {start} is out of range for {n} queries")
         q = q.contiguous()
         table = table.to(torch.int64).contiguous()
         out = torch.empty_like(q)
@@ -146,3 +162,14 @@ class NativeDecodeOps:
 
 def _cpu_f32(*tensors: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+
+
+def _unreadable(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, head_dim: int) -> str:
+    """Why the attention kernels cannot read these (they read every tensor as float32 rows of q's head size, each
+    head's rows dense)."""
+    if not _cpu_f32(q, keys, values):
+        got = ", ".join(f"{t.dtype} on {t.device}" for t in (q, keys, values))
+        return f"native attention takes float32 CPU queries, keys and values; got {got}"
+    if keys.shape[-1] != head_dim:
+        return f"queries of head size {head_dim} cannot attend to keys of head size {keys.shape[-1]}"
+    return f"key and value rows must be dense per head: strides {keys.stride()}"

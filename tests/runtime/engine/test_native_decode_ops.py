@@ -52,6 +52,44 @@ def test_what_the_native_norm_does_not_take_goes_to_the_fallback(
     assert torch.equal(ops.rms_norm(x, w, 1e-5, rms_norm), rms_norm(x, w, 1e-5)), what
 
 
+def test_a_strided_norm_weight_gives_the_fallbacks_values_and_a_short_one_its_error(ops: NativeDecodeOps) -> None:
+    """The kernel reads C contiguous weights: a strided view gave another weight's values, a short one read past it."""
+    g = torch.Generator().manual_seed(7)
+    x, w = torch.randn(2, 64, generator=g), torch.randn(128, generator=g)[::2]
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-5, rms_norm), rms_norm(x, w, 1e-5), rtol=1e-6, atol=1e-6)
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        ops.rms_norm(x, torch.randn(3), 1e-5, rms_norm)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("float64 queries", "float32 CPU queries"),
+        ("float64 values", "float32 CPU queries"),
+        ("head size 16 against 8", "head size 16 cannot attend to keys of head size 8"),
+        ("rows not dense per head", "dense per head"),
+        ("one length for two queries", "2 queries need 2 lengths, got 1"),
+    ],
+)
+def test_decode_attention_refuses_what_it_would_misread(ops: NativeDecodeOps, case: str, message: str) -> None:
+    """Each of these returned an answer from misread memory (or zero-filled lengths) before the wrapper checked."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v = torch.randn(2, 4, 8, generator=g), torch.randn(2, 2, 16, 8, generator=g), torch.randn(2, 2, 16, 8)
+    lengths = [3, 5]
+    if case == "float64 queries":
+        q = q.double()
+    elif case == "float64 values":
+        v = v.double()
+    elif case.startswith("head size"):
+        q = torch.randn(2, 4, 16)
+    elif case == "rows not dense per head":
+        k, v = torch.randn(2, 2, 8, 8).transpose(2, 3), torch.randn(2, 2, 8, 8).transpose(2, 3)
+    else:
+        lengths = [3]
+    with pytest.raises(ValueError, match=message):
+        ops.attend(q, k, v, lengths)
+
+
 def test_decode_through_a_native_mirror_equals_decode_through_a_pytorch_mirror(ops: NativeDecodeOps) -> None:
     """Two pools with the same KV; mirror A attends natively, mirror B in PyTorch; steps with different lengths
     (the native kernel takes them; PyTorch masks), a sequence leaving and the rest coming in another order."""

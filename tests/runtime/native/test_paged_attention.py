@@ -108,6 +108,37 @@ def test_a_table_that_does_not_hold_the_positions_is_refused(
         ops.attend_pages(torch.zeros(1, 9, 64), k, v, torch.tensor(table), start)
 
 
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("float64 queries", "float32 CPU queries"),  # read as float32: garbage
+        ("float64 values", "float32 CPU queries"),
+        ("head size 32 against 64", "head size 32 cannot attend to keys of head size 64"),  # read past q's rows
+        ("float table", "1-D integer ids"),  # 0.7 truncated to block 0
+        ("2-D table", "1-D integer ids"),
+        ("start 2**32", "start 4294967296 is out of range"),  # wrapped to position 0 by the C int
+    ],
+)
+def test_arguments_the_kernel_would_misread_are_refused(ops: NativeDecodeOps, case: str, message: str) -> None:
+    """Each of these returned an answer (from misread memory) before the wrapper checked it."""
+    k, v, table = pages_of(20, 16, 8, 3, 64, seed=5)
+    q, start = torch.randn(1, 9, 64), 19
+    if case == "float64 queries":
+        q = q.double()
+    elif case == "float64 values":
+        v = v.double()
+    elif case.startswith("head size"):
+        q = q[..., :32]
+    elif case == "float table":
+        table = table.float() + 0.5
+    elif case == "2-D table":
+        table = table[:, None]
+    else:
+        start = 2**32
+    with pytest.raises(ValueError, match=message):
+        ops.attend_pages(q, k, v, table, start)
+
+
 def test_pages_whose_rows_are_not_dense_are_refused(ops: NativeDecodeOps) -> None:
     k = torch.zeros(8, 3, 16, 64).transpose(1, 2)  # [blocks, page, kv, d] with heads strided by a page
     assert not ops.supports_pages(k)
