@@ -80,10 +80,16 @@ def blockdot() -> ctypes.CDLL:
         raise NativeBuildError(
             f"quant='gguf' builds a C kernel on first use and needs a C compiler: {compiler!r} was not found (set CC)"
         )
-    path = _cache_dir() / f"blockdot-{_build_key(compiler)}.so"
-    if not path.exists():
-        _build(compiler, path)
-    return load_library(path)
+    name = f"blockdot-{_build_key(compiler)}.so"
+    for folder in _cache_candidates():
+        path = folder / name
+        if path.is_file():  # reused even where the folder cannot be written (a read-only prebuilt cache)
+            return load_library(path)
+        if _writable(folder):
+            _build(compiler, path)
+            return load_library(path)
+    tried = ", ".join(map(str, _cache_candidates()))
+    raise NativeBuildError(f"no writable folder for the native kernel's build: tried {tried}")
 
 
 def load_library(path: str | os.PathLike[str]) -> ctypes.CDLL:
@@ -155,21 +161,23 @@ def load_library(path: str | os.PathLike[str]) -> ctypes.CDLL:
     return lib
 
 
-def _cache_dir() -> Path:
-    """`$RADIXCACHE_NATIVE_CACHE`, else `~/.cache/radixcache/native`; where the home folder cannot be written
-    (a read-only or missing home), a per-user folder under the system's temporary directory."""
+def _cache_candidates() -> list[Path]:
+    """`$RADIXCACHE_NATIVE_CACHE`, else `~/.cache/radixcache/native`, then (where the home folder holds no build
+    and cannot be written: a read-only or missing home) a per-user folder under the system's temporary directory."""
     explicit = os.environ.get("RADIXCACHE_NATIVE_CACHE")
-    candidates = [Path(explicit)] if explicit else [Path.home() / ".cache" / "radixcache" / "native"]
-    if not explicit:
-        candidates.append(Path(tempfile.gettempdir()) / f"radixcache-native-{os.getuid()}")
-    for path in candidates:
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(path, os.W_OK):
-            return path
-    raise NativeBuildError(f"no writable folder for the native kernel's build: tried {', '.join(map(str, candidates))}")
+    if explicit:
+        return [Path(explicit)]
+    home = Path.home() / ".cache" / "radixcache" / "native"
+    return [home, Path(tempfile.gettempdir()) / f"radixcache-native-{os.getuid()}"]
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a build can be written into `folder` (created if missing)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK)
 
 
 @functools.lru_cache(maxsize=1)  # the sources do not change under a running process

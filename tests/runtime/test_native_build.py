@@ -1,7 +1,8 @@
 """runtime.native's build-on-first-use, in fresh subprocesses (the loader is memoised per process), each with its
 own `RADIXCACHE_NATIVE_CACHE`: the library is built into that folder, binds to the one libgomp torch loaded, and a
-second process loads the same file without rebuilding it (same name, same mtime); a missing or failing compiler
-gives a NativeBuildError (a ValueError) naming the compiler and leaves no partial file behind.
+second process loads the same file without rebuilding it (same name, same mtime), even from a read-only folder (an
+empty read-only one is named in the error); a missing or failing compiler gives a NativeBuildError (a ValueError)
+naming the compiler and leaves no partial file behind.
 `check_quant("gguf", ...)` against its rules: it passes on the CPU in float32 where a compiler exists, and names
 the device or dtype it refuses.
 """
@@ -41,12 +42,13 @@ except NativeBuildError as exc:
 """
 
 
-def run_probe(cache: Path, **env: str) -> dict[str, object]:
-    """Run PROBE in a fresh interpreter with `cache` as the native cache folder (and `env` on top)."""
+def run_probe(cache: Path, prelude: str = "", **env: str) -> dict[str, object]:
+    """Run PROBE (after `prelude`) in a fresh interpreter with `cache` as the native cache folder (and `env` on
+    top)."""
     full = {k: v for k, v in os.environ.items() if k != "RADIXCACHE_NATIVE_CACHE"}
     full.update({"RADIXCACHE_NATIVE_CACHE": str(cache), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env})
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=full, cwd=REPO, timeout=180
+        [sys.executable, "-c", prelude + PROBE], capture_output=True, text=True, env=full, cwd=REPO, timeout=180
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -68,6 +70,29 @@ def test_the_library_is_built_into_the_cache_once_and_reused(tmp_path: Path) -> 
     assert second["path"] == first["path"]
     assert built.stat().st_mtime_ns == mtime  # loaded, not rebuilt
     assert sorted(p.name for p in cache.iterdir()) == [built.name]
+
+
+@needs_cc
+def test_a_build_in_a_read_only_cache_is_loaded(tmp_path: Path) -> None:
+    """A prebuilt cache mounted read-only (or owned by another user) holds the build this process needs: it is loaded,
+    not refused for want of a writable folder. (os.access is stubbed: root may write whatever the mode says.)"""
+    cache = tmp_path / "native"
+    built = run_probe(cache)
+    assert "error" not in built, built
+    deny = "import os; _a = os.access; os.access = lambda p, m, **k: False if m & os.W_OK else _a(p, m, **k)\n"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for folder in (cache, empty):
+        folder.chmod(0o555)
+    try:
+        got = run_probe(cache, deny)
+        refused = run_probe(empty, deny)
+    finally:
+        for folder in (cache, empty):
+            folder.chmod(0o755)
+    assert got.get("path") == built["path"], got
+    got = refused
+    assert "no writable folder" in str(got.get("error")) and str(empty) in str(got.get("error")), got
 
 
 def test_a_missing_compiler_is_a_native_build_error_naming_it(tmp_path: Path) -> None:
