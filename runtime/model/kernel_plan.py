@@ -140,8 +140,9 @@ def plan_key(
     rule: str = "",
 ) -> dict[str, Any]:
     """What a plan holds for: `shapes` maps each shape name to how many layers have it. The paths it chose from
-    are part of it, `native`, the native kernels' source digest, and `rule`, how the timings became choices: a
-    plan measured before a path existed, with other native kernels or chosen by another rule is measured again."""
+    are part of it, `native`, the native kernels' source digest (empty where they do not run), and `rule`, how
+    the timings became choices: a plan measured before a path existed, with other native kernels (or none) or chosen
+    by another rule is measured again."""
     return {
         "paths": list(PATHS),
         "native": native,

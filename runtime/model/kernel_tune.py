@@ -145,7 +145,10 @@ def model_key(layers: list[DenseLinear], threads: int) -> dict:
     for layer in layers:
         shapes[_shape(layer)] = shapes.get(_shape(layer), 0) + 1
     flags = kernel_flags()
-    return plan_key(shapes, threads, "float32", cpu_model(), flags, torch.__version__, source_digest(), CHOICE_RULE)
+    # the native digest only where "native" runs here: a plan that chose it (the compiler present) is not applied
+    # where it cannot run (no compiler now, the same cache folder), whose paths use_paths would refuse
+    native = source_digest() if all(layer.can_run("native") for layer in layers) else ""
+    return plan_key(shapes, threads, "float32", cpu_model(), flags, torch.__version__, native, CHOICE_RULE)
 
 
 def choose_kernels(model: object, mode: str, threads: int) -> KernelPlan:

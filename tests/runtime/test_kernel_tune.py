@@ -18,6 +18,7 @@ from radixcache.runtime.model import kernel_tune
 from radixcache.runtime.model.kernel_plan import BUCKETS, KernelPlan, cache_dir, plan_file, read_plan
 from radixcache.runtime.model.kernel_tune import BusyGuard, MachineBusy, choose_kernels, model_linears, tunable
 from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.native import NativeBuildError
 from radixcache.runtime.testing import random_weights, tiny_config
 
 
@@ -263,3 +264,29 @@ def test_a_plan_chosen_by_another_rule_is_measured_again(kernel_home: Path) -> N
         m.setattr(kernel_tune, "CHOICE_RULE", "another rule")
         assert choose_kernels(model, "auto", 1).source == "measured"
     assert choose_kernels(model, "auto", 1).source == "cache"
+
+
+def test_a_plan_naming_native_is_not_applied_where_the_native_library_is_missing(
+    kernel_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan measured with a C compiler chose "native"; the same cache folder read by a run without one (CC unset
+    in another shell, a container sharing the home) made use_paths refuse it: the engine failed to start."""
+    model = _model()
+    if not model_linears(model)[0].can_run("native"):
+        pytest.skip("the native library does not build here")
+    plan = _valid(model)
+    plan["choices"] = {s: dict.fromkeys(map(str, BUCKETS), "native") for s in plan["choices"]}
+    path = plan_file(_key(model))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(plan))
+    assert choose_kernels(_model(), "auto", 1).source == "cache"
+
+    def no_library() -> None:
+        raise NativeBuildError("no C compiler (test)")
+
+    monkeypatch.setattr("radixcache.runtime.native.blockdot", no_library)
+    without = _model()
+    got = choose_kernels(without, "auto", 1)
+    assert got.source == "measured" and got.path != str(path)
+    assert all("native" not in layer.paths for layer in model_linears(without))
+    assert json.loads(path.read_text())["choices"] == plan["choices"]  # the other run's plan is kept
