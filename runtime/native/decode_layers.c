@@ -44,10 +44,12 @@ int densedot_matmul(int nparts, const void *const *data, const int *kinds, const
 int native_rms_norm(const float *x, const float *w, int rows, int cols, float eps, float *out);
 int native_row_argmax(const float *x, int rows, long cols, long *best);
 
-#define SILU_EXP_MAX 88.0f /* exp(88) ~ 1.7e38 is finite: g / (1 + e) stays a (tiny) number for very negative g */
+#define SILU_EXP_MAX 88.0f /* exp(88) ~ 1.7e38: the largest exponent the vector exp takes (vector_exp.h) */
 
-/* out[t, i] = silu(gu[t, i]) * gu[t, inter + i], silu(g) = g / (1 + exp(-g)), for t < rows, i < inter. Lanes
- * and the scalar tail see the same positions whatever the thread count: the result never depends on it. */
+/* out[t, i] = silu(gu[t, i]) * gu[t, inter + i], silu(g) = g / (1 + exp(-g)), for t < rows, i < inter. Below
+ * g = -SILU_EXP_MAX, where exp(-g) would be clamped, silu(g) is g * 0 (-0, NaN for -inf), what g / (1 + inf) is:
+ * g / (1 + exp(88)) grew with |g| to -1.8 at g = -3e38, where SiLU is -0. Lanes and the scalar tail see the same
+ * positions whatever the thread count: the result never depends on it. */
 int native_silu_mul(const float *gu, int rows, int inter, float *out) {
     if (rows < 0 || inter < 1) return -1;
 #pragma omp parallel for schedule(static) if ((long)rows * inter >= 65536)
@@ -59,20 +61,24 @@ int native_silu_mul(const float *gu, int rows, int inter, float *out) {
         for (; i + 16 <= inter; i += 16) {
             const __m512 gv = _mm512_loadu_ps(g + i);
             const __m512 e = exp16(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv), _mm512_set1_ps(SILU_EXP_MAX)));
-            const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+            __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+            const __mmask16 far = _mm512_cmp_ps_mask(gv, _mm512_set1_ps(-SILU_EXP_MAX), _CMP_LT_OQ);
+            s = _mm512_mask_mul_ps(s, far, gv, _mm512_setzero_ps());
             _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
         }
 #elif defined(__AVX2__) && defined(__FMA__)
         for (; i + 8 <= inter; i += 8) {
             const __m256 gv = _mm256_loadu_ps(g + i);
             const __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(SILU_EXP_MAX)));
-            const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            const __m256 far = _mm256_cmp_ps(gv, _mm256_set1_ps(-SILU_EXP_MAX), _CMP_LT_OQ);
+            s = _mm256_blendv_ps(s, _mm256_mul_ps(gv, _mm256_setzero_ps()), far);
             _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
         }
 #endif
         for (; i < inter; i++) {
             const float e = expf(fminf(-g[i], SILU_EXP_MAX));
-            const float s = g[i] / (1.0f + e);
+            const float s = g[i] < -SILU_EXP_MAX ? g[i] * 0.0f : g[i] / (1.0f + e);
             o[i] = s * u[i];
         }
     }

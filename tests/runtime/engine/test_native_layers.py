@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from radixcache.runtime import Engine
 from radixcache.runtime.model import native_layers
@@ -218,6 +219,20 @@ def test_silu_mul_is_silu_times_up_to_float32_rounding() -> None:
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.double(), want, rtol=4e-7, atol=1e-30)
     assert ops.silu_mul(torch.zeros(2, 3)) is None  # an odd width has no gate / up halves
+
+
+@pytest.mark.parametrize("width", [16, 19])  # vector lanes only, and a scalar tail too
+def test_silu_mul_of_a_huge_negative_gate_is_pytorchs_silu(width: int) -> None:
+    """Below -88 the exp is clamped: g / (1 + exp(88)) grew with |g| (-1.8 at -3e38, where SiLU is -0). Gates from
+    -89 to -3e38 and -inf, with the others of each row, against PyTorch's silu(gate) * up (NaN where it is NaN)."""
+    far = torch.tensor([-89.0, -100.0, -1e4, -1e10, -3e38, -float("inf"), float("inf"), float("nan")])
+    gate = torch.cat([far, torch.linspace(-20.0, 20.0, width - len(far))])
+    gate = torch.stack([gate, gate.roll(5)])
+    up = torch.linspace(-3.0, 3.0, width).expand(2, width)
+    out = NativeDecodeOps().silu_mul(torch.cat([gate, up], 1))
+    assert out is not None
+    want = F.silu(gate) * up
+    torch.testing.assert_close(out, want, rtol=4e-7, atol=1e-30, equal_nan=True)
 
 
 @pytest.mark.parametrize(("rows", "inter"), [(1, 1536), (2, 1037), (48, 1536), (70, 1000), (1, 17)])
