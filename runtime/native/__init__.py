@@ -8,8 +8,9 @@ products); `page_reads.c` reads a disk-tier page file in one call, without the G
 They are compiled together, once per source, compiler and CPU into a cache folder (`$RADIXCACHE_NATIVE_CACHE`,
 else `~/.cache/radixcache/native`, else a per-user temporary folder) with `-O3 -march=native -fopenmp
 -ffp-contract=off`, and reused.
-The compiler is `$CC`, else `cc`. OpenMP: torch is imported first, so the library binds to the libgomp torch
-loaded (one thread pool, sized by `torch.set_num_threads` on the calling thread), not to a second copy.
+The compiler is `$CC` (a command line: "ccache gcc" works), else `cc`. OpenMP: torch is imported first, so the
+library binds to the libgomp torch loaded (one thread pool, sized by `torch.set_num_threads` on the calling
+thread), not to a second copy.
 
 Nothing here runs unless a caller asks for the kernels. A machine without a compiler loses `quant="gguf"` (with an
 error that says what is missing); a float32 model and the disk tier's reads then run without them.
@@ -22,6 +23,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -75,10 +77,11 @@ class NativeBuildError(ValueError):
 @functools.lru_cache(maxsize=1)  # one library per process: memoised, never mutated
 def blockdot() -> ctypes.CDLL:
     """The loaded block-matmul library, built first if this machine has no build of the current source."""
-    compiler = os.environ.get("CC", "cc")
-    if shutil.which(compiler) is None:
+    compiler = _compiler()
+    if shutil.which(compiler[0]) is None:
         raise NativeBuildError(
-            f"quant='gguf' builds a C kernel on first use and needs a C compiler: {compiler!r} was not found (set CC)"
+            f"quant='gguf' builds a C kernel on first use and needs a C compiler: {compiler[0]!r} was not found"
+            " (set CC)"
         )
     name = f"blockdot-{_build_key(compiler)}.so"
     for folder in _cache_candidates():
@@ -189,13 +192,22 @@ def source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def _build_key(compiler: str) -> str:
+def _compiler() -> list[str]:
+    """`$CC` split as a shell splits it (a wrapper or flags may come with the compiler, as make and setuptools take
+    it), else `cc` (also for an empty CC)."""
+    try:
+        return shlex.split(os.environ.get("CC", "")) or ["cc"]
+    except ValueError as exc:  # unbalanced quotes
+        raise NativeBuildError(f"$CC={os.environ['CC']!r} is not a command line: {exc}") from exc
+
+
+def _build_key(compiler: list[str]) -> str:
     """Source, flags, compiler version and CPU flags: a build for another CPU (-march=native) is never reused."""
     h = hashlib.sha256()
     for path in SOURCES + HEADERS:
         h.update(path.read_bytes())
     h.update(" ".join(FLAGS + LIBS).encode())
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, check=False).stdout
     h.update(version.encode())
     h.update(platform.machine().encode())
     try:
@@ -206,17 +218,19 @@ def _build_key(compiler: str) -> str:
     return h.hexdigest()[:16]
 
 
-def _build(compiler: str, path: Path) -> None:
+def _build(compiler: list[str], path: Path) -> None:
     """Compile into a temporary file next to `path`, then rename it there (concurrent builds cannot clash)."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        cmd = [compiler, *FLAGS, *map(str, SOURCES), "-o", tmp, *LIBS]
+        cmd = [*compiler, *FLAGS, *map(str, SOURCES), "-o", tmp, *LIBS]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
             names = " and ".join(p.name for p in SOURCES)
-            raise NativeBuildError(f"building {names} with {compiler} failed (exit {proc.returncode}):\n{tail}")
+            raise NativeBuildError(
+                f"building {names} with {shlex.join(compiler)} failed (exit {proc.returncode}):\n{tail}"
+            )
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

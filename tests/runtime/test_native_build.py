@@ -2,7 +2,7 @@
 own `RADIXCACHE_NATIVE_CACHE`: the library is built into that folder, binds to the one libgomp torch loaded, and a
 second process loads the same file without rebuilding it (same name, same mtime), even from a read-only folder (an
 empty read-only one is named in the error); a missing or failing compiler gives a NativeBuildError (a ValueError)
-naming the compiler and leaves no partial file behind.
+naming the compiler and leaves no partial file behind; CC may be a command line (a wrapper and the compiler).
 `check_quant("gguf", ...)` against its rules: it passes on the CPU in float32 where a compiler exists, and names
 the device or dtype it refuses.
 """
@@ -93,6 +93,21 @@ def test_a_build_in_a_read_only_cache_is_loaded(tmp_path: Path) -> None:
     assert got.get("path") == built["path"], got
     got = refused
     assert "no writable folder" in str(got.get("error")) and str(empty) in str(got.get("error")), got
+
+
+@needs_cc
+def test_a_compiler_command_line_in_cc_is_run_as_one(tmp_path: Path) -> None:
+    """CC may carry a wrapper or flags ("ccache gcc", as make takes it): it was looked up as one program name and
+    quant="gguf" was refused for a compiler that was there. Here `env` stands in for the wrapper."""
+    env = shutil.which("env")
+    if env is None:
+        pytest.skip("no `env` program to stand in for a compiler wrapper")
+    cache = tmp_path / "native"
+    got = run_probe(cache, CC=f"{env} {os.environ.get('CC', 'cc')}")
+    assert "error" not in got, got
+    assert Path(str(got["path"])).parent == cache and got["max_tokens"] == 8
+    bad = run_probe(tmp_path / "other", CC="'cc")
+    assert "is not a command line" in str(bad.get("error")), bad
 
 
 def test_a_missing_compiler_is_a_native_build_error_naming_it(tmp_path: Path) -> None:
