@@ -182,7 +182,7 @@ def read_plan(key: dict[str, Any]) -> KernelPlan | None:
         return None
     try:
         return KernelPlan.from_json(json.loads(text), key, str(path))
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:  # RecursionError: deep nesting
         log.warning("kernel plan %s is ignored (%s): measuring again", path, exc)
         return None
 

@@ -119,6 +119,8 @@ def _damaged(model: LlamaModel, kind: str) -> bytes:
         return json.dumps(good).encode()[:-40]
     if kind == "a list":
         return b"[1, 2, 3]"
+    if kind == "deeply nested":  # json.loads raises RecursionError, not ValueError
+        return b"[" * 200_000
     if kind == "another machine":
         good["key"]["cpu"] = "Some Other CPU"
     elif kind == "another torch":
@@ -143,6 +145,7 @@ DAMAGE = [
     "binary",
     "truncated",
     "a list",
+    "deeply nested",
     "another machine",
     "another torch",
     "another format",
