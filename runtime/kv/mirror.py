@@ -157,6 +157,13 @@ class DecodeMirror:
             raise ValueError("decode keys must be distinct")
         if not keys or len(block_tables) != len(keys) or len(lengths) != len(keys):
             raise ValueError("prepare needs one key, block table and length per sequence, and at least one")
+        # checked before any row moves: a length below 1 put the new token at position -1 (the row's last, by
+        # wrap-around), a table short of the context failed inside a row's fill
+        for n, table in zip(lengths, block_tables, strict=True):
+            if n < 1 or len(table) * pool.page_size < n:
+                raise ValueError(
+                    f"a decode length must be 1 to its table's {len(table) * pool.page_size} positions, got {n}"
+                )
         span = max(lengths)
         want = (_pow2(len(keys)), _round_up(span, _SPAN_STEP))
         if want[0] * want[1] * self.bytes_per_position > self.max_bytes:
