@@ -107,6 +107,8 @@ class BlockWeight:
         if self.data.dtype != torch.uint8 or self.data.dim() != 2 or self.data.shape[1] != want:
             got = f"{self.data.dtype} {tuple(self.data.shape)}"
             raise ValueError(f"{self.kind} data must be uint8 [rows, {want}], got {got}")
+        if self.data.device.type != "cpu":  # the kernels read its data pointer as host memory
+            raise ValueError(f"{self.kind} blocks must be on the CPU, got {self.data.device}")
 
     @property
     def rows(self) -> int:

@@ -69,6 +69,13 @@ def test_block_weight_refuses_an_unknown_kind() -> None:
     assert "Q4_1" in str(err.value) and "Q6_K" in str(err.value)
 
 
+def test_block_weight_refuses_blocks_off_the_cpu() -> None:
+    """The kernels read the blocks' data pointer as host memory: blocks on "meta" (a null pointer; a CUDA tensor's
+    is device memory) made BlockLinear's first product crash the process."""
+    with pytest.raises(ValueError, match="Q8_0 blocks must be on the CPU, got meta"):
+        BlockWeight("Q8_0", torch.zeros(2, 68, dtype=torch.uint8, device="meta"), 64)
+
+
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_block_weight_refuses_columns_that_are_not_whole_blocks(kind: str) -> None:
     with pytest.raises(ValueError, match=r"48 columns is not a multiple"):
