@@ -26,6 +26,7 @@ from radixcache.runtime.machine import (
     cpu_model,
     kernel_flags,
     load_average,
+    load_averages,
     read_bandwidth_gbs,
 )
 from radixcache.runtime.model.kernel_plan import BUCKETS, KernelPlan
@@ -172,7 +173,7 @@ def diagnose(
         bandwidth = (before + after) / 2
         bound = bandwidth * 1e9 / nbytes
         decode |= {"bound_tps": round(bound, 1), "of_bound": round(decode["decode_tps"] / bound, 3)}
-        loads = os.getloadavg() if hasattr(os, "getloadavg") else (None, None, None)
+        loads = load_averages()
         return DoctorReport(
             cpu=cpu_model(),
             cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,

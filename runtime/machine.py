@@ -53,12 +53,18 @@ def kernel_flags(path: str = _CPUINFO) -> tuple[str, ...]:
     return tuple(flag for flag in KERNEL_FLAGS if flag in present)
 
 
+def load_averages() -> tuple[float | None, float | None, float | None]:
+    """The 1, 5 and 15-minute load averages; None each where the system has none (not Unix, or /proc/loadavg
+    unreadable: os.getloadavg raises OSError)."""
+    try:
+        return os.getloadavg()
+    except (OSError, AttributeError):
+        return (None, None, None)
+
+
 def load_average() -> float | None:
     """The one-minute load average (None where the system has none)."""
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return None
+    return load_averages()[0]
 
 
 def read_bandwidth_gbs(megabytes: int = 256, reps: int = 3, threads: int | None = None) -> float:

@@ -198,3 +198,22 @@ def test_doctor_names_the_gguf_kinds_and_their_activations(
     text = runner.invoke(main, args).output
     mode = activations or "int16-decode"
     assert f"gguf blocks: layers Q4_K 12, Q6_K 2 (activations {mode}); output head Q6_K 1 (activations {head})" in text
+
+
+def test_doctor_reports_without_a_load_average(
+    runner: CliRunner, tiny_model_dir: Path, kernel_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the system gives no load average (/proc/loadavg unreadable: os.getloadavg raises OSError), doctor still
+    reports, with the averages unknown: None in the JSON, "-" in the text."""
+
+    def unreadable() -> tuple[float, float, float]:
+        raise OSError("Load averages are unobtainable")
+
+    monkeypatch.setattr(os, "getloadavg", unreadable)
+    out = runner.invoke(main, ["doctor", "--model", str(tiny_model_dir), *ARGS, "--kernels", "fixed", "--json"])
+    assert out.exit_code == 0, out.output
+    r = json.loads(out.output)
+    assert r["load_average"] == {"1m": None, "5m": None, "15m": None}
+    assert r["decode"]["load_average_1m"] is None and r["decode"]["decode_tps"] > 0
+    text = runner.invoke(main, ["doctor", "--model", str(tiny_model_dir), *ARGS, "--kernels", "fixed"])
+    assert text.exit_code == 0 and "load average: - - -" in text.output, text.output
