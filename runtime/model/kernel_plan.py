@@ -158,10 +158,16 @@ def plan_key(
 
 def cache_dir() -> Path:
     """`$XDG_CACHE_HOME/radixcache/kernels` (an absolute XDG_CACHE_HOME only, as the XDG spec says), else
-    `~/.cache/radixcache/kernels`."""
+    `~/.cache/radixcache/kernels`. OSError where neither names a folder (HOME unset and the user has no passwd
+    entry, as in a container run under an arbitrary uid): a folder that cannot be written, for the callers."""
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "radixcache" / "kernels"
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "radixcache" / "kernels"
+    try:
+        home = Path.home()
+    except RuntimeError as exc:  # pathlib's "Could not determine home directory."
+        raise OSError(f"no home folder ({exc}); set XDG_CACHE_HOME") from exc
+    return home / ".cache" / "radixcache" / "kernels"
 
 
 def plan_file(key: dict[str, Any]) -> Path:
@@ -172,7 +178,10 @@ def plan_file(key: dict[str, Any]) -> Path:
 def read_plan(key: dict[str, Any]) -> KernelPlan | None:
     """The cached plan for `key`, or None: none yet, or one that is unreadable or foreign (a warning says which
     file and why)."""
-    path = plan_file(key)
+    try:
+        path = plan_file(key)
+    except OSError:  # no folder, so no file: measured and, where it cannot be written, said so then
+        return None
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -190,7 +199,11 @@ def read_plan(key: dict[str, Any]) -> KernelPlan | None:
 def write_plan(plan: KernelPlan) -> str | None:
     """Write `plan` to its file (atomically: a reader sees the old file or the new one); the path, or None where
     the folder cannot be written (a warning says so and the plan serves this run only)."""
-    path = plan_file(plan.key)
+    try:
+        path = plan_file(plan.key)
+    except OSError as exc:  # no folder to write in
+        log.warning("kernel plan not cached (%s); it serves this run only", exc)
+        return None
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -170,8 +170,11 @@ def _cache_candidates() -> list[Path]:
     explicit = os.environ.get("RADIXCACHE_NATIVE_CACHE")
     if explicit:
         return [Path(explicit)]
-    home = Path.home() / ".cache" / "radixcache" / "native"
-    return [home, Path(tempfile.gettempdir()) / f"radixcache-native-{os.getuid()}"]
+    try:
+        home = [Path.home() / ".cache" / "radixcache" / "native"]
+    except RuntimeError:  # no home at all (HOME unset, no passwd entry): pathlib cannot name one
+        home = []
+    return [*home, Path(tempfile.gettempdir()) / f"radixcache-native-{os.getuid()}"]
 
 
 def _writable(folder: Path) -> bool:

@@ -3,7 +3,7 @@
 Real files under tmp_path, no filesystem mocks. `open_store` opens stores on tmp_path/cache and closes them at
 teardown; `h`, `toks` and `payload` make page i's hash, tokens and bytes, `write` stores pages and waits for the
 writer, `page_path` is where a page's file lies. The tests import the plain helpers with
-`from tests.runtime.conftest import ...`.
+`from tests.runtime.conftest import ...`. `no_home`: a user pathlib finds no home folder for.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pwd
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,21 @@ def write(store: DiskStore, *ids: int, size: int = 256) -> None:
 def page_path(store: DiskStore, page_hash: bytes) -> Path:
     hex_ = page_hash.hex()
     return Path(store.pages_dir) / hex_[:2] / f"{hex_}.kvpage"
+
+
+@pytest.fixture
+def no_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """HOME unset and no passwd entry for this uid (a container run under an arbitrary uid: `Path.home()` raises
+    RuntimeError), no cache folder named by the environment, and the temporary directory under tmp_path (returned)."""
+
+    def unknown(uid: int) -> pwd.struct_passwd:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    for name in ("HOME", "XDG_CACHE_HOME", "RADIXCACHE_NATIVE_CACHE", "RADIXCACHE_DIGEST_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", unknown)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(RuntimeError):
+        Path.home()
+    return tmp_path / "tmp"

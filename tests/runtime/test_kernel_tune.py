@@ -293,3 +293,21 @@ def test_a_plan_naming_native_is_not_applied_where_the_native_library_is_missing
     assert got.source == "measured" and got.path != str(path)
     assert all("native" not in layer.paths for layer in model_linears(without))
     assert json.loads(path.read_text())["choices"] == plan["choices"]  # the other run's plan is kept
+
+
+def test_without_a_home_folder_the_plan_serves_the_run_with_a_warning(
+    no_home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No HOME and no passwd entry: no folder to cache in, as one that cannot be written (never a crash); an
+    absolute XDG_CACHE_HOME still serves."""
+    monkeypatch.setattr(kernel_tune, "BUSY_WAITING", float("inf"))
+    model = _model()
+    with caplog.at_level(logging.WARNING, logger="radixcache.kernels"):
+        plan = choose_kernels(model, "auto", 1)
+    assert plan.source == "measured" and plan.path is None
+    warned = [r.getMessage() for r in caplog.records if r.name == "radixcache.kernels"]
+    assert len(warned) == 1 and "not cached" in warned[0] and "XDG_CACHE_HOME" in warned[0], warned
+    assert all(layer.paths is not None for layer in model_linears(model))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(no_home / "xdg"))
+    assert choose_kernels(model, "auto", 1).path == str(plan_file(_key(model)))
+    assert choose_kernels(model, "auto", 1).source == "cache"

@@ -148,3 +148,13 @@ def test_check_quant_refuses_gguf_without_float32(dtype: torch.dtype) -> None:
     with pytest.raises(ValueError, match="float32") as err:
         check_quant("gguf", torch.device("cpu"), dtype)
     assert f"got dtype {dtype}" in str(err.value) and "gguf" in str(err.value)
+
+
+def test_without_a_home_folder_the_build_goes_to_the_temporary_directory(no_home: Path) -> None:
+    """No HOME and no passwd entry: the build folder is the per-user one under the temporary directory, and the
+    disk tier's digest cache is off (None), where pathlib raised RuntimeError before."""
+    from radixcache.runtime import native
+    from radixcache.runtime.kv.tier.digest_cache import digest_cache_dir
+
+    assert native._cache_candidates() == [no_home / f"radixcache-native-{os.getuid()}"]
+    assert digest_cache_dir() is None

@@ -31,10 +31,10 @@ _ENTRY = re.compile(r"[0-9a-f]{32}\.json")
 def digest_cache_dir() -> str | None:
     """`$RADIXCACHE_DIGEST_CACHE`, else `~/.cache/radixcache/digests`; None when the folder cannot be created."""
     explicit = os.environ.get("RADIXCACHE_DIGEST_CACHE")
-    path = Path(explicit) if explicit else Path.home() / ".cache" / "radixcache" / "digests"
     try:
+        path = Path(explicit) if explicit else Path.home() / ".cache" / "radixcache" / "digests"
         path.mkdir(parents=True, exist_ok=True)
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: no home at all (HOME unset, no passwd entry)
         return None
     return str(path)
 
