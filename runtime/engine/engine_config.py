@@ -20,7 +20,7 @@ from radixcache.policy.admission import AdmissionPolicy, make_admission
 from radixcache.policy.registry import make_policy
 from radixcache.runtime.engine.queue_limit import check_max_queue
 from radixcache.runtime.engine.scheduler import SchedulerConfig
-from radixcache.runtime.engine.threads import check_thread_policy
+from radixcache.runtime.engine.threads import check_thread_policy, check_threads
 from radixcache.runtime.kv.pool import parse_memory
 from radixcache.runtime.kv.tier.coordinator import LoadCosts
 from radixcache.runtime.kv.tier.prefetch_policy import (
@@ -151,9 +151,7 @@ class EngineConfig:
         make_admission(self.admission, eviction=make_policy(self.policy))  # a bad name fails before the model loads
         if self.write_policy not in WRITE_POLICIES:
             raise ValueError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}, got {self.write_policy!r}")
-        threads = self.threads
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"threads must be a positive int, got {threads!r}")
+        check_threads(self.threads)
         check_thread_policy(self.thread_policy)
         self.kernel_mode()
         if self.quant not in QUANT_MODES:

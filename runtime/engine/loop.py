@@ -211,9 +211,9 @@ class EngineLoop:
     def _run(self) -> None:
         s, ctl = self.scheduler, self.threads
         applied = 0  # the count set on this thread: OpenMP's is per thread, and a new one has the default
-        if ctl is not None:
-            torch.set_num_threads(applied := ctl.threads)
         try:
+            if ctl is not None:  # inside the guard: a count torch refuses kills the loop, never leaves it hung
+                torch.set_num_threads(applied := ctl.threads)
             with torch.inference_mode():
                 idled = False  # on_idle ran since the last work: the next time nothing is left, the thread exits
                 while True:

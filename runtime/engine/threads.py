@@ -47,9 +47,20 @@ from dataclasses import dataclass
 from typing import Protocol
 
 THREAD_POLICIES = ("adaptive", "fixed")
+# the most threads an engine may ask for: OpenMP creates every thread asked for at the first parallel kernel, and
+# past the process's thread limit libgomp ends the process (torch refuses 2**31 and more outright)
+MAX_THREADS = 1024
 # prompt tokens a step may prefill while the controller is `measuring`: about 0.2 s of SmolLM2 on 2 idle cores, so
 # that the window closes after one such step (a window is 0.1 s or more)
 PROBE_PREFILL_TOKENS = 128
+
+
+def check_threads(threads: object) -> None:
+    """Refuse a thread count that is not an int from 1 to MAX_THREADS (None: the default count)."""
+    if threads is None:
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise ValueError(f"threads must be an int from 1 to {MAX_THREADS}, got {threads!r}")
 
 
 def check_thread_policy(policy: object) -> None:

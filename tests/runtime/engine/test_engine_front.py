@@ -83,7 +83,10 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
     for bad, message in (
         ({"dtype": "int3"}, "dtype must be one of"),
         ({"write_policy": "sometimes"}, "write_policy must be one of"),
-        ({"threads": 0}, "threads must be a positive int"),
+        ({"threads": 0}, "threads must be an int from 1 to 1024"),
+        ({"threads": 2**31}, "threads must be an int from 1 to 1024"),  # hung the first request's caller
+        ({"threads": 1025}, "threads must be an int from 1 to 1024"),
+        ({"threads": 2.0}, "threads must be an int from 1 to 1024"),
         ({"thread_policy": "spin"}, "thread_policy must be one of adaptive, fixed"),
         ({"gguf_activations": "int4"}, "gguf_activations must be one of"),
         ({"thread_policy": ["fixed"]}, "thread_policy must be one of"),

@@ -229,3 +229,28 @@ def test_a_pass_that_fails_because_of_one_request_is_retried_and_fails_only_it(
         victim.result(30)
     assert [h.result(30).token_ids for h in handles] == alone
     assert_clean(engine)
+
+
+def test_a_thread_count_torch_refuses_on_the_loop_thread_fails_its_callers(tiny: RandomModel, monkeypatch: Any) -> None:
+    """The loop thread sets its torch thread count as it starts: where torch refuses it (as 2**31 threads raised
+    "Overflow when unpacking long"), the loop dies and says so (EngineDeadError), never leaving a caller waiting."""
+    import torch
+
+    engine = _engine(tiny)
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))  # the expected death
+    set_threads = torch.set_num_threads
+
+    def refused(n: int) -> None:
+        if threading.current_thread().name == "radixcache-engine":
+            raise ValueError("Overflow when unpacking long")
+        set_threads(n)
+
+    monkeypatch.setattr(torch, "set_num_threads", refused)
+    handle = engine.submit(ids(20, 4), 5, ignore_eos=True)
+    with pytest.raises(EngineDeadError, match="Overflow when unpacking long"):
+        handle.result(30)
+    assert engine.wait_idle(30)
+    assert [str(e) for e in died] == ["Overflow when unpacking long"]
+    with pytest.raises(EngineDeadError):
+        engine.generate(ids(10, 5), 3)
