@@ -229,12 +229,27 @@ def _affinity() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
+def _stat_cpus(stat: str) -> set[str]:
+    """The /proc/stat lines of the CPUs this process may run on: those its affinity names, or, where /proc/stat
+    numbers none of them (a container whose lxcfs shows its own CPUs as cpu0..cpuN-1 while the affinity keeps the
+    host's numbers), every CPU line it shows: the container's. Keyed on the affinity alone, the idle cores read 0
+    there for ever, and a count once dropped never came back."""
+    wanted = {f"cpu{i}" for i in _affinity()}
+    try:
+        with open(stat) as f:
+            shown = {name for line in f if (name := line.partition(" ")[0]).startswith("cpu") and name != "cpu"}
+    except OSError:
+        return wanted
+    return wanted & shown or shown
+
+
 class LinuxProbe:
     """Run and run-queue wait of every thread of this process (/proc/self/task/*/schedstat, nanoseconds), and
-    idle plus iowait of the CPUs in its affinity (/proc/stat, clock ticks)."""
+    idle plus iowait of the CPUs in its affinity (`stat`, /proc/stat, clock ticks; see _stat_cpus)."""
 
-    def __init__(self) -> None:
-        self._cpus = {f"cpu{i}" for i in _affinity()}
+    def __init__(self, stat: str = "/proc/stat") -> None:
+        self._stat = stat
+        self._cpus = _stat_cpus(stat)
         self._tick = 1.0 / os.sysconf("SC_CLK_TCK")
         self._seen: dict[str, tuple[int, int]] = {}  # per thread: its counters at the last reading
         self._run_ns = 0  # what every thread ran and waited since the first reading, ended threads included
@@ -276,7 +291,7 @@ class LinuxProbe:
             self._wait_ns += wait - wait0
         self._seen = seen
         idle = 0
-        with open("/proc/stat") as f:
+        with open(self._stat) as f:
             for line in f:
                 name, _, rest = line.partition(" ")
                 if name in self._cpus:

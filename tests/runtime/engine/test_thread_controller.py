@@ -5,6 +5,7 @@ and the count stays within 1 and the configured threads. A fake clock: every run
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -330,3 +331,30 @@ def test_the_portable_probe_counts_cpu_time() -> None:
     b = probe.read()
     # os.times counts in clock ticks (10 ms): each end may lose up to one (CI read 0.04 after 0.05 s of spinning)
     assert b.wait is None and b.run - a.run >= 0.1 - 0.021 and b.idle >= a.idle
+
+
+@pytest.mark.skipif(not LinuxProbe.available(), reason="Linux /proc only")
+def test_the_linux_probe_reads_a_containers_renumbered_cpus(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """lxcfs shows a container its CPUs as cpu0 and cpu1 while its affinity names the host's 4 and 5: the idle
+    cores are read from the lines shown (they read 0 for ever, so a dropped count never came back); where the
+    affinity's names are shown, only those lines count."""
+    import radixcache.runtime.engine.threads as threads_module
+
+    stat = tmp_path / "stat"
+    tick = 1.0 / os.sysconf("SC_CLK_TCK")
+
+    def write(idle: int) -> None:  # user nice system idle iowait ...: each CPU `idle` ticks idle, 1 waiting on I/O
+        lines = [f"cpu  1 0 1 {2 * idle} 2 0 0 0 0 0"]
+        lines += [f"cpu{i} 1 0 1 {idle} 1 0 0 0 0 0" for i in range(2)]
+        stat.write_text("\n".join([*lines, "intr 0", ""]))
+
+    write(100)
+    monkeypatch.setattr(threads_module, "_affinity", lambda: [4, 5])
+    probe = LinuxProbe(stat=str(stat))
+    a = probe.read()
+    write(150)
+    b = probe.read()
+    assert b.idle - a.idle == pytest.approx(2 * 50 * tick)
+    monkeypatch.setattr(threads_module, "_affinity", lambda: [1, 5])  # cpu1 is shown: it alone counts
+    probe = LinuxProbe(stat=str(stat))
+    assert probe.read().idle == pytest.approx(151 * tick)
