@@ -40,6 +40,7 @@ fake probe and clock. `EngineConfig.thread_policy="fixed"` keeps the configured 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -53,6 +54,7 @@ MAX_THREADS = 1024
 # prompt tokens a step may prefill while the controller is `measuring`: about 0.2 s of SmolLM2 on 2 idle cores, so
 # that the window closes after one such step (a window is 0.1 s or more)
 PROBE_PREFILL_TOKENS = 128
+log = logging.getLogger("radixcache.engine")
 
 
 def check_threads(threads: object) -> None:
@@ -144,10 +146,13 @@ class ThreadController:
     def begin_step(self) -> int:
         """Open a window if none is open; the thread count this step must run on."""
         if self.adaptive and self._start is None:
-            if not self._known and self._others is None:  # the first window after idle: is anyone else running?
-                others = getattr(self._probe_or_default(), "others_running", None)
-                self._others = others() if others is not None else None
-            self._start = (self._clock(), self._read())
+            try:
+                if not self._known and self._others is None:  # the first window after idle: anyone else running?
+                    others = getattr(self._probe_or_default(), "others_running", None)
+                    self._others = others() if others is not None else None
+                self._start = (self._clock(), self._read())
+            except Exception as exc:
+                self._give_up(exc)
         return self.threads
 
     def end_step(self) -> None:
@@ -158,8 +163,12 @@ class ThreadController:
         t0, r0 = self._start
         if now - t0 < self.settings.window_s:
             return
-        r1 = self._read()
         self._start = None
+        try:
+            r1 = self._read()
+        except Exception as exc:
+            self._give_up(exc)
+            return
         self._known = True
         wall = now - t0
         if wall > 0:
@@ -173,6 +182,13 @@ class ThreadController:
         self._others = None
 
     # ------------------------------------------------------------------ private
+
+    def _give_up(self, exc: Exception) -> None:
+        """The probe failed (a /proc file gone or of another shape): the count stays where it is for good. Raised,
+        it was a step's error, and every request in flight failed at every step."""
+        log.warning("thread control stops at %d threads: the machine cannot be measured (%r)", self.threads, exc)
+        self.adaptive = False
+        self._start = None
 
     def _probe_or_default(self) -> Probe:
         if self._probe is None:

@@ -186,3 +186,35 @@ def test_smollm2_greedy_outputs_do_not_change_when_threads_change(quant: str, mo
     check_same(got, want)
     assert got[2].cached_tokens > 0
     assert_flipped(passes, engine)
+
+
+class BrokenProbe:
+    """A probe whose reads fail after `good` of them (a /proc file gone or of another shape mid-run)."""
+
+    def __init__(self, good: int) -> None:
+        self.good = good
+
+    def read(self) -> Reading:
+        self.good -= 1
+        if self.good < 0:
+            raise OSError("/proc/stat: no such file")
+        return Reading(run=0.0, wait=0.0, idle=0.0)
+
+
+@pytest.mark.parametrize("good", [0, 1])
+def test_a_probe_that_fails_stops_the_thread_control_and_fails_no_request(
+    tiny: RandomModel, monkeypatch: pytest.MonkeyPatch, good: int
+) -> None:
+    """The probe failing as a window opens (good=0) or closes (good=1): the count stays, adapting stops, and the
+    requests in flight and after get the reference tokens (the probe's error failed every step's requests)."""
+    monkeypatch.setattr(threads_module, "default_probe", lambda: BrokenProbe(good))
+    engine = Engine(tiny, threads=2, capacity_blocks=64, page_size=4)
+    engine.thread_control.settings = ControllerSettings(window_s=0.0)
+    prompts = prompts_for(tiny.config.vocab_size)
+    got = engine.generate(prompts, 8, ignore_eos=True)
+    for p, r in zip(prompts, got, strict=True):
+        assert list(r.token_ids) == reference_greedy(tiny.config, tiny.weights, p, 8)
+    assert not engine.thread_control.adaptive and engine.stats.threads == 2
+    assert list(engine.generate(prompts[0], 4, ignore_eos=True).token_ids) == reference_greedy(
+        tiny.config, tiny.weights, prompts[0], 4
+    )
