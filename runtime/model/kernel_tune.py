@@ -162,9 +162,6 @@ def choose_kernels(model: object, mode: str, threads: int) -> KernelPlan:
         return KernelPlan({}, {}, source="fixed", note="kernels='fixed'" if layers else "no float32 CPU layers")
     key = model_key(layers, threads)
     plan = read_plan(key) if mode == "auto" else None
-    if plan is not None and (missing := unrunnable(layers, plan)):
-        log.warning("kernel plan %s names %s, which cannot run here now: measuring again", plan.path, missing)
-        plan = None
     if plan is None:
         try:
             measured = measure_plan(layers, key, threads)
@@ -175,15 +172,6 @@ def choose_kernels(model: object, mode: str, threads: int) -> KernelPlan:
         plan = dataclasses.replace(measured, path=write_plan(measured))
     apply_plan(layers, plan)
     return plan
-
-
-def unrunnable(layers: list[DenseLinear], plan: KernelPlan) -> str:
-    """The paths `plan` gives a layer that cannot run them, by name ("" for none). The key cannot tell: "native"
-    measured where a C compiler was, read back where there is none now (another $CC, a cache folder shared
-    with a machine that had one)."""
-    paths = {shape: set(chosen.values()) for shape, chosen in plan.choices.items()}
-    bad = {p for layer in layers for p in paths.get(_shape(layer), ()) if not layer.can_run(p)}
-    return ", ".join(sorted(bad))
 
 
 def apply_plan(layers: list[DenseLinear], plan: KernelPlan | None) -> None:

@@ -17,7 +17,6 @@ from radixcache.runtime.machine import cpu_model
 from radixcache.runtime.model import kernel_tune
 from radixcache.runtime.model.kernel_plan import BUCKETS, KernelPlan, cache_dir, plan_file, read_plan
 from radixcache.runtime.model.kernel_tune import BusyGuard, MachineBusy, choose_kernels, model_linears, tunable
-from radixcache.runtime.model.linear import DenseLinear
 from radixcache.runtime.model.llama import LlamaModel
 from radixcache.runtime.native import NativeBuildError
 from radixcache.runtime.testing import random_weights, tiny_config
@@ -312,25 +311,3 @@ def test_without_a_home_folder_the_plan_serves_the_run_with_a_warning(
     monkeypatch.setenv("XDG_CACHE_HOME", str(no_home / "xdg"))
     assert choose_kernels(model, "auto", 1).path == str(plan_file(_key(model)))
     assert choose_kernels(model, "auto", 1).source == "cache"
-
-
-def test_a_cached_path_this_machine_can_no_longer_run_is_measured_again(
-    kernel_home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A plan whose key matches but that names "native" where the native library no longer loads (no C compiler
-    now): a warning and a new measurement over the paths that run, never the ValueError use_paths raised."""
-    model = _model()
-    path = plan_file(_key(model))
-    path.parent.mkdir(parents=True)
-    good = _valid(model)
-    for chosen in good["choices"].values():
-        chosen["1"] = "native"
-    path.write_text(json.dumps(good))
-    monkeypatch.setattr(DenseLinear, "native_weight", lambda self: None)  # as where no compiler builds it
-    with caplog.at_level(logging.WARNING, logger="radixcache.kernels"):
-        plan = choose_kernels(model, "auto", 1)
-    warned = [r.getMessage() for r in caplog.records if r.name == "radixcache.kernels"]
-    assert len(warned) == 1 and str(path) in warned[0] and "native" in warned[0], warned
-    assert plan.source == "measured" and plan.path == str(path)
-    assert all("native" not in chosen.values() for chosen in plan.choices.values())
-    assert all("native" not in layer.paths for layer in model_linears(model))
