@@ -244,23 +244,24 @@ class ToolCallParser:
 
 def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:
     """(name, arguments JSON) for JSON text that describes calls of known tools: {"tool_calls": [...]}, a list of
-    calls or one call, each {"name", "arguments" | "parameters"} (arguments an object or its text); else None."""
+    calls or one call, each {"name", "arguments" | "parameters"} (arguments an object or its text); else None.
+    Model output: nesting too deep to decode is not a call, nor is a name that is not a string."""
     try:
         value, _ = json.JSONDecoder().raw_decode(text.strip())
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if isinstance(value, dict) and "tool_calls" in value:
         value = value["tool_calls"]
     items = value if isinstance(value, list) else [value]
     out = []
     for item in items:
-        if not isinstance(item, dict) or item.get("name") not in names:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or item["name"] not in names:
             return None
         args = item.get("arguments", item.get("parameters", {}))
         if isinstance(args, str):
             try:
                 args = json.loads(args)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return None
         if not isinstance(args, dict):
             return None

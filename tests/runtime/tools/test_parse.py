@@ -109,6 +109,26 @@ def test_what_is_not_a_call_is_content(specs) -> None:
         assert result.finish_reason("stop") == "stop"
 
 
+DEEP = "[" * 5000 + "]" * 5000
+ALMOST_CALLS = {
+    "name-list": '{"tool_calls": [{"name": ["add"], "arguments": {}}]}',  # a name that is not a string
+    "name-object": '{"tool_calls": [{"arguments": {}, "name": {"n": "add"}}]}',
+    "deep": '{"tool_calls": [{"arguments": {"a": ' + DEEP + '}, "name": "add"}]}',  # past the recursion limit
+    "deep-string": '{"name": "add", "arguments": "{\\"a\\": ' + DEEP + '}"}',  # the same, arguments as a string
+    "braces": "{" * 3000,
+}
+
+
+@pytest.mark.parametrize("fmt", ["generic", "hermes"])
+@pytest.mark.parametrize("body", ALMOST_CALLS.values(), ids=ALMOST_CALLS.keys())
+def test_almost_a_call_is_content_never_an_error(specs, fmt: str, body: str) -> None:
+    """Model output that nearly describes a call stayed an unhashable-name TypeError or a RecursionError out of
+    the loose JSON reading, which failed the request with no word of what the model wrote."""
+    text = body if fmt == "generic" else f"<tool_call>\n{body}\n</tool_call>"
+    result = parse_tool_calls(text, specs, fmt)
+    assert result.tool_calls == () and result.content == text
+
+
 def test_a_call_streams_its_name_before_its_arguments_end(specs) -> None:
     parser = ToolCallParser(specs, new_id=counter_ids())
     assert parser.feed('{"tool_calls": [{"name": "get_wea') == []
