@@ -85,14 +85,16 @@ def _tool_call(raw: Any, path: str) -> ToolCall:
     if not isinstance(name, str) or not name:
         raise ToolInputError(f"{path}.function.name", "must be a non-empty string")
     arguments = fn.get("arguments", "{}")
-    if isinstance(arguments, dict):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    if not isinstance(arguments, str):
+    if not isinstance(arguments, (dict, str)):
         raise ToolInputError(f"{path}.function.arguments", "must be a JSON object or its text")
     try:
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments, ensure_ascii=False)
         value = json.loads(arguments)
-    except ValueError as e:
+    except (TypeError, ValueError) as e:  # a value JSON cannot write (a set, bytes), or text that is not JSON
         raise ToolInputError(f"{path}.function.arguments", f"is not valid JSON ({e})") from None
+    except RecursionError:
+        raise ToolInputError(f"{path}.function.arguments", "is nested too deeply to read") from None
     if not isinstance(value, dict):
         raise ToolInputError(f"{path}.function.arguments", "must be a JSON object")
     return ToolCall(call_id, name, arguments)

@@ -62,6 +62,9 @@ def test_names_and_plain_histories_render_as_before(tiny_tokenizer) -> None:
     )
 
 
+ARGS = "messages[0].tool_calls[0].function.arguments"
+
+
 @pytest.mark.parametrize(
     ("messages", "path"),
     [
@@ -81,6 +84,10 @@ def test_names_and_plain_histories_render_as_before(tiny_tokenizer) -> None:
         (
             [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "add", "arguments": "[1]"}}]}],
             "messages[0].tool_calls[0].function.arguments",
+        ),
+        *(  # nested past the recursion limit (a RecursionError), or a value JSON cannot write (a TypeError)
+            ([{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "add", "arguments": bad}}]}], ARGS)
+            for bad in ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", {"a": {1, 2}}, {"a": b"x"})
         ),
         ([{"role": "user", "content": "x", "name": 5}], "messages[0].name"),
         ([{"role": "user", "content": "x", "tool_call_id": "c"}], "messages[0].tool_call_id"),
