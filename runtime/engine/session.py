@@ -81,8 +81,14 @@ class Session:
         return {"messages": self.messages, "defaults": self.defaults}
 
     def save(self, path: str | os.PathLike[str]) -> None:
+        """Write `to_dict` as JSON; a default JSON cannot hold (a GrammarSpec, a callable) is a ValueError naming
+        it, raised before the file is opened, so an earlier save at `path` is kept whole."""
+        bad = next((k for k, v in self.defaults.items() if not _json_value(v)), None)
+        if bad is not None:
+            raise ValueError(f"session default {bad}={self.defaults[bad]!r} cannot be saved as JSON")
+        text = json.dumps(self.to_dict(), ensure_ascii=False, indent=1)
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, ensure_ascii=False, indent=1)
+            f.write(text)
 
     @classmethod
     def from_dict(cls, engine: ChatEngine, data: dict[str, Any]) -> Session:
@@ -127,6 +133,14 @@ def _finished(call: ToolCall) -> bool:
         return isinstance(json.loads(call.arguments), dict)
     except ValueError:
         return False
+
+
+def _json_value(value: object) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
 
 
 def _history(messages: object) -> list[dict[str, Any]]:

@@ -230,6 +230,22 @@ def test_a_malformed_session_file_is_a_clear_error(tiny: RandomModel, tmp_path, 
     assert Session.from_dict(engine, {"messages": None}).messages == []
 
 
+def test_saving_a_session_with_a_default_json_cannot_hold_keeps_the_earlier_file(tiny: RandomModel, tmp_path) -> None:
+    """save() opened the file, then json.dump raised TypeError half way on a GrammarSpec default: the earlier save
+    at that path was left truncated ('{"messages": [...], "defaults": {"grammar": '), unreadable."""
+    from radixcache.runtime.grammar import GrammarSpec
+
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    path = tmp_path / "session.json"
+    engine.session(system="be brief.", max_new_tokens=3).save(path)
+    before = path.read_text(encoding="utf-8")
+    s = engine.session(system="be brief.", max_new_tokens=3, grammar=GrammarSpec.regex("[a-z]+"))
+    with pytest.raises(ValueError, match=r"session default grammar=.* cannot be saved as JSON"):
+        s.save(path)
+    assert path.read_text(encoding="utf-8") == before
+    assert Session.load(engine, path).defaults == {"max_new_tokens": 3}
+
+
 def test_stats_read_while_the_loop_thread_pins(tiny: RandomModel) -> None:
     """`engine.stats` is read on other threads (the server's /metrics) while the loop thread pins and unpins: its
     walk of the pin table raised RuntimeError("dictionary changed size during iteration") when a pin landed
