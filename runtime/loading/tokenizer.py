@@ -133,7 +133,11 @@ class Tokenizer:
                 lambda piece, first: self.encode(piece, add_special_tokens and first),
                 lambda ids: self.decode(ids, skip_special_tokens=False),
             )
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        try:
+            ids = self.backend.encode(text, add_special_tokens=False).ids
+        except TypeError:  # the backend's "TextInputSequence must be str" for a str it cannot read as UTF-8
+            _check_unicode(text)
+            raise
         if add_special_tokens and self.add_bos and ids[:1] != [self.bos_token_id]:
             ids.insert(0, self.bos_token_id)
         return ids
@@ -216,6 +220,15 @@ class Tokenizer:
         return (
             f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eos={self.eos_token_ids}, add_bos={self.add_bos})"
         )
+
+
+def _check_unicode(text: str) -> None:
+    """A ValueError naming the first lone surrogate of `text` (from "\\ud800" in JSON, or bytes read with
+    surrogateescape), which no UTF-8 tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"the text is not valid Unicode: it holds a lone surrogate {text[e.start]!r}") from None
 
 
 @functools.cache

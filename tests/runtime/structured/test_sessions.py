@@ -1,0 +1,23 @@
+"""Sessions as users drive them (tiny checkpoint: its real byte-level tokenizer and ChatML template): text that is
+not valid Unicode is a clear error that leaves the session as it was."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from radixcache.runtime import Engine
+
+
+@pytest.mark.parametrize("text", ["a\ud800b", "caf\udce9"])  # "\ud800" in JSON; Latin-1 read with surrogateescape
+def test_a_lone_surrogate_is_a_value_error_and_the_session_goes_on(engine: Engine, text: str) -> None:
+    """The tokenizer's backend raised TypeError('TextInputSequence must be str'), which `radixcache chat` showed as
+    an internal error for a line of stdin that was not UTF-8."""
+    lone = next(c for c in text if 0xD800 <= ord(c) <= 0xDFFF)
+    s = engine.session(max_new_tokens=3, ignore_eos=True)
+    with pytest.raises(ValueError, match=re.escape(f"not valid Unicode: it holds a lone surrogate {lone!r}")):
+        s.send(text)
+    with pytest.raises(ValueError, match="lone surrogate"):
+        engine.generate(text, 2)
+    assert s.messages == [] and s.send("hi").finish_reason == "length"
