@@ -182,8 +182,11 @@ def _default_target(path: str, kind: str) -> str:
 
 def _parse_value(raw: str, default: object, name: str) -> object:
     try:
-        if isinstance(default, tuple):
-            return tuple(type(default[0])(part) for part in raw.split(","))
+        if isinstance(default, tuple):  # a range or pair: as many values as the default has
+            parts = raw.split(",")
+            if len(parts) != len(default):
+                raise ValueError(f"{len(parts)} values for {len(default)}")
+            return tuple(type(default[0])(part) for part in parts)
         if isinstance(default, bool):
             return raw.lower() in ("1", "true", "yes")
         return type(default)(raw)

@@ -182,6 +182,17 @@ def test_simulate_and_trace_errors_are_one_line_too(runner, tmp_path: Path) -> N
     _one_line_error(runner.invoke(main, ["trace", "stats", str(bad)]), 1)
 
 
+@pytest.mark.parametrize("value", ["2", "1,2,3"])
+def test_a_range_set_with_the_wrong_number_of_values_is_a_usage_error(runner, tmp_path: Path, value: str) -> None:
+    """`--set pause_s=2` failed with "error: tuple index out of range" and `pause_s=1,2,3` with an internal
+    TypeError out of the generator; a range takes exactly its two values."""
+    out = tmp_path / "a.jsonl"
+    line = _one_line_error(
+        runner.invoke(main, ["trace", "gen", "agent-sessions", str(out), "--set", f"pause_s={value}"]), 2
+    )
+    assert f"pause_s='{value}': expected a value like (2.0, 30.0)" in line and not out.exists()
+
+
 def test_demo_with_a_cache_smaller_than_a_request_is_one_line(runner) -> None:
     """`demo` was a plain click command: a CacheFullError (a capacity below one request) printed a traceback."""
     line = _one_line_error(runner.invoke(main, ["demo", "--capacity-blocks", "1", "--conversations", "2"]), 1)
