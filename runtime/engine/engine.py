@@ -245,7 +245,12 @@ class Engine:
         for the others is the call's own work, not a cache hit."""
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "fork")
         if continuations is not None:
+            if isinstance(continuations, (str, bytes)) or not isinstance(continuations, Sequence):
+                # a str is a Sequence too: its characters would each have made a branch
+                raise ValueError(f"continuations must be a list of texts or token id lists, got {continuations!r:.60}")
             n = len(continuations)
+        if seed is not None:
+            opts.updated(seed=seed)  # checked before `seed + i`: a ValueError naming seed, not a TypeError
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"fork needs n >= 1 (an integer), got {n!r}")
         text = self._builder.render(prefix, opts.tool_use) if is_messages(prefix) else prefix  # type: ignore[arg-type]

@@ -210,6 +210,21 @@ def test_fork_refuses_an_n_that_is_not_a_positive_integer_by_name(tiny: RandomMo
     assert_clean(engine)
 
 
+@pytest.mark.parametrize(("kw", "named"), [({"continuations": "ab"}, "continuations"), ({"seed": "x"}, "seed")])
+def test_fork_refuses_a_text_for_continuations_and_a_seed_that_is_not_an_integer(
+    tiny: RandomModel, kw: dict, named: str
+) -> None:
+    """continuations="ab" ran one branch per character ("a", then "b"), and seed="x" failed on `seed + i` with
+    "can only concatenate str": both are now refused by name, before any branch is queued."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    with pytest.raises(ValueError, match=named):
+        engine.fork(ids(8, 1), 2, 3, **kw)
+    with pytest.raises(ValueError, match=named):
+        engine.session().fork(2, **kw)
+    assert engine.stats.requests == 0
+    assert_clean(engine)
+
+
 @pytest.mark.parametrize(
     ("data", "named"),
     [
