@@ -55,6 +55,8 @@ class Session:
 
     def send_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
         """Add one tool turn per `{call_id: result text}` (in that order), generate the reply, and append it."""
+        if not isinstance(results, Mapping):
+            raise ValueError(f"tool results must be a mapping of call ids to texts, got {type(results).__name__}")
         turns = [{"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text in results.items()]
         result = self.engine.chat([*self.messages, *turns], options=self._kw(kwargs))
         self.messages.extend(turns)

@@ -21,3 +21,13 @@ def test_a_lone_surrogate_is_a_value_error_and_the_session_goes_on(engine: Engin
     with pytest.raises(ValueError, match="lone surrogate"):
         engine.generate(text, 2)
     assert s.messages == [] and s.send("hi").finish_reason == "length"
+
+
+@pytest.mark.parametrize("results", ["5", None, [("call_1", "5")]])
+def test_tool_results_that_are_not_a_mapping_are_a_value_error(engine: Engine, results: object) -> None:
+    """A list of (id, text) pairs, a bare text or None failed with AttributeError ("'list' object has no attribute
+    'items'"); the history is left as it was."""
+    s = engine.session(max_new_tokens=2)
+    with pytest.raises(ValueError, match="tool results must be a mapping of call ids to texts"):
+        s.send_tool_results(results)  # type: ignore[arg-type]
+    assert s.messages == []
