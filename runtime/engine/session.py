@@ -84,13 +84,14 @@ class Session:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write `to_dict` as JSON; a default JSON cannot hold (a GrammarSpec, a callable) is a ValueError naming
-        it, raised before the file is opened, so an earlier save at `path` is kept whole."""
+        it, and a message that is not valid Unicode a UnicodeEncodeError, both raised before the file is opened, so
+        an earlier save at `path` is kept whole."""
         bad = next((k for k, v in self.defaults.items() if not _json_value(v)), None)
         if bad is not None:
             raise ValueError(f"session default {bad}={self.defaults[bad]!r} cannot be saved as JSON")
-        text = json.dumps(self.to_dict(), ensure_ascii=False, indent=1)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        data = json.dumps(self.to_dict(), ensure_ascii=False, indent=1).encode("utf-8")  # a lone surrogate fails here
+        with open(path, "wb") as f:
+            f.write(data)
 
     @classmethod
     def from_dict(cls, engine: ChatEngine, data: dict[str, Any]) -> Session:

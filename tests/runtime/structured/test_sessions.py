@@ -1,5 +1,6 @@
 """Sessions as users drive them (tiny checkpoint: its real byte-level tokenizer and ChatML template): text that is
-not valid Unicode is a clear error that leaves the session as it was."""
+not valid Unicode and tool results that are not a mapping are clear errors that leave the session as it was, and a
+save that fails leaves the earlier file whole."""
 
 from __future__ import annotations
 
@@ -31,3 +32,14 @@ def test_tool_results_that_are_not_a_mapping_are_a_value_error(engine: Engine, r
     with pytest.raises(ValueError, match="tool results must be a mapping of call ids to texts"):
         s.send_tool_results(results)  # type: ignore[arg-type]
     assert s.messages == []
+
+
+def test_saving_a_history_that_is_not_valid_unicode_keeps_the_earlier_file(engine: Engine, tmp_path) -> None:
+    """The JSON was encoded while being written: a message holding a lone surrogate raised UnicodeEncodeError after
+    the file was opened, leaving an earlier save at that path truncated."""
+    path = tmp_path / "s.json"
+    engine.session(system="be brief.").save(path)
+    before = path.read_bytes()
+    with pytest.raises(UnicodeEncodeError):
+        engine.session(messages=[{"role": "user", "content": "caf\udce9"}]).save(path)
+    assert path.read_bytes() == before
