@@ -242,12 +242,22 @@ class ToolCallParser:
         return True
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+# JSON as RFC 8259 has it: Python's decoder also reads NaN and Infinity, which a call's arguments would then carry
+# to clients whose parsers refuse them
+_STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant)
+
+
 def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:
     """(name, arguments JSON) for JSON text that describes calls of known tools: {"tool_calls": [...]}, a list of
     calls or one call, each {"name", "arguments" | "parameters"} (arguments an object or its text); else None.
-    Model output: nesting too deep to decode is not a call, nor is a name that is not a string."""
+    Model output: nesting too deep to decode is not a call, nor is a name that is not a string, nor arguments
+    holding NaN or Infinity (not JSON)."""
     try:
-        value, _ = json.JSONDecoder().raw_decode(text.strip())
+        value, _ = _STRICT_JSON.raw_decode(text.strip())
     except (ValueError, RecursionError):
         return None
     if isinstance(value, dict) and "tool_calls" in value:
@@ -260,7 +270,7 @@ def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:
         args = item.get("arguments", item.get("parameters", {}))
         if isinstance(args, str):
             try:
-                args = json.loads(args)
+                args = _STRICT_JSON.decode(args)
             except (ValueError, RecursionError):
                 return None
         if not isinstance(args, dict):

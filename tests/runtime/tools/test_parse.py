@@ -129,6 +129,20 @@ def test_almost_a_call_is_content_never_an_error(specs, fmt: str, body: str) -> 
     assert result.tool_calls == () and result.content == text
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"tool_calls": [{"arguments": {"a": NaN, "b": 1}, "name": "add"}]}',
+        '{"arguments": "{\\"a\\": -Infinity}", "name": "add"}',
+    ],
+)
+def test_arguments_holding_nan_or_infinity_are_not_a_call(specs, body: str) -> None:
+    """Python's decoder reads NaN and Infinity, which are not JSON: a call read whole (its name after its arguments)
+    carried them in its arguments to clients whose parsers refuse them. Such output is content."""
+    result = parse_tool_calls(body, specs, "generic")
+    assert result.tool_calls == () and result.content == body
+
+
 def test_a_call_streams_its_name_before_its_arguments_end(specs) -> None:
     parser = ToolCallParser(specs, new_id=counter_ids())
     assert parser.feed('{"tool_calls": [{"name": "get_wea') == []
