@@ -229,7 +229,7 @@ class Engine:
     def fork(
         self,
         prefix: Prompt | Messages,
-        n: int = 4,
+        n: int | None = None,
         max_new_tokens: int = 64,
         *,
         continuations: Sequence[Prompt] | None = None,
@@ -239,7 +239,8 @@ class Engine:
         """Run `n` branches from one prefix (text, ids or chat messages) that share its KV: the branches are
         queued together, the first computes the prefix and the others wait for its pages (in-flight sharing),
         then lock them. Branches differ by `continuations` (text or ids appended to the prefix, encoded without a
-        second BOS) and/or by seed (`seed + i`; set a temperature for sampling).
+        second BOS) and/or by seed (`seed + i`; set a temperature for sampling). `n`: 4 by default, or one branch
+        per continuation (an `n` given beside them must equal their number).
 
         Each result's `cached_tokens` counts what was cached before the call: the prefix computed by one branch
         for the others is the call's own work, not a cache hit."""
@@ -248,7 +249,11 @@ class Engine:
             if isinstance(continuations, (str, bytes)) or not isinstance(continuations, Sequence):
                 # a str is a Sequence too: its characters would each have made a branch
                 raise ValueError(f"continuations must be a list of texts or token id lists, got {continuations!r:.60}")
+            if n is not None and n != len(continuations):  # it was dropped: the caller's n meant something else
+                raise ValueError(f"fork got n={n!r} and {len(continuations)} continuations: give one, or equal")
             n = len(continuations)
+        elif n is None:
+            n = 4
         if seed is not None:
             opts.updated(seed=seed)  # checked before `seed + i`: a ValueError naming seed, not a TypeError
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:

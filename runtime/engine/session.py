@@ -67,8 +67,9 @@ class Session:
         result = await self.engine.achat(messages, options=self._kw(kwargs))
         return self._append(content, result)
 
-    def fork(self, n: int = 4, **kwargs: Any) -> list[GenerationResult]:
-        """n replies to the history so far (sharing its KV); the history is unchanged."""
+    def fork(self, n: int | None = None, **kwargs: Any) -> list[GenerationResult]:
+        """n replies to the history so far (sharing its KV; Engine.fork's n and continuations); the history is
+        unchanged."""
         seed = kwargs.pop("seed", self.defaults.get("seed"))  # fork's own: branch i samples with seed + i
         continuations = kwargs.pop("continuations", None)
         options = self._kw(kwargs)

@@ -210,6 +210,16 @@ def test_fork_refuses_an_n_that_is_not_a_positive_integer_by_name(tiny: RandomMo
     assert_clean(engine)
 
 
+def test_fork_refuses_an_n_that_disagrees_with_its_continuations(tiny: RandomModel) -> None:
+    """fork(prefix, 3, continuations=[a, b]) ran two branches and dropped n: the caller meant something else."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    with pytest.raises(ValueError, match=r"fork got n=3 and 2 continuations"):
+        engine.fork(ids(8, 1), 3, 2, continuations=[ids(2, 2), ids(2, 3)])
+    assert len(engine.fork(ids(8, 1), 2, 2, continuations=[ids(2, 2), ids(2, 3)])) == 2
+    assert len(engine.fork(ids(8, 1), max_new_tokens=2)) == 4  # n's default
+    assert_clean(engine)
+
+
 @pytest.mark.parametrize(("kw", "named"), [({"continuations": "ab"}, "continuations"), ({"seed": "x"}, "seed")])
 def test_fork_refuses_a_text_for_continuations_and_a_seed_that_is_not_an_integer(
     tiny: RandomModel, kw: dict, named: str
