@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -110,10 +111,16 @@ class KernelPlan:
             choices=choices,
             timings_us=_timings(timings),
             source="cache",
-            seconds=float(seconds) if isinstance(seconds, (int, float)) else 0.0,
-            load_average=float(load) if isinstance(load, (int, float)) else None,
+            seconds=float(seconds) if _finite(seconds) else 0.0,
+            load_average=float(load) if _finite(load) else None,
             path=path,
         )
+
+
+def _finite(value: Any) -> bool:
+    """A number a plan's display fields may hold: Python's JSON reads NaN and Infinity, which `doctor --json` would
+    then write out as no JSON parser reads them."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _timings(raw: dict[str, Any]) -> dict[str, dict[int, dict[str, float]]]:
@@ -124,7 +131,7 @@ def _timings(raw: dict[str, Any]) -> dict[str, dict[int, dict[str, float]]]:
             continue
         for bucket, times in by.items():
             if str(bucket).isdigit() and isinstance(times, dict):
-                clean = {p: float(us) for p, us in times.items() if p in PATHS and isinstance(us, (int, float))}
+                clean = {p: float(us) for p, us in times.items() if p in PATHS and _finite(us)}
                 out.setdefault(shape, {})[int(bucket)] = clean
     return out
 

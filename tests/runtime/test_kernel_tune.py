@@ -311,3 +311,20 @@ def test_without_a_home_folder_the_plan_serves_the_run_with_a_warning(
     monkeypatch.setenv("XDG_CACHE_HOME", str(no_home / "xdg"))
     assert choose_kernels(model, "auto", 1).path == str(plan_file(_key(model)))
     assert choose_kernels(model, "auto", 1).source == "cache"
+
+
+def test_a_plans_non_finite_display_fields_are_left_out(kernel_home: Path) -> None:
+    """A cached plan's `seconds`, `load_average` or timings of NaN or Infinity (which Python's JSON reads) went on to
+    `doctor --json`, which wrote them as no JSON parser reads them: they are left out as unparseable ones are."""
+    model = _model()
+    plan = _valid(model)
+    shape = next(iter(plan["choices"]))
+    plan |= {"seconds": float("nan"), "load_average": float("inf")}
+    plan["timings_us"] = {shape: {"1": {"linear": float("nan"), "mm_t": 12.5}}}
+    path = plan_file(_key(model))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(plan))
+    got = choose_kernels(model, "auto", 1)
+    assert got.source == "cache" and got.seconds == 0.0 and got.load_average is None
+    assert got.timings_us == {shape: {1: {"mm_t": 12.5}}}
+    json.loads(json.dumps(got.to_json(), allow_nan=False))  # strict JSON again
