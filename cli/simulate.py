@@ -30,6 +30,9 @@ from radixcache.tier.tiered_cache import WRITE_POLICIES
 from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
 from radixcache.trace.workload import load_workload
 
+MAX_WINDOWS = 100_000  # hit-rate windows: far more than any table or plot shows
+MAX_SIM_REPLICAS = 4096  # simulated replicas, each with its own tree
+
 SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and counters are int64
 
 
@@ -48,7 +51,13 @@ SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and
     help="Tokens per hash id of a Mooncake trace.",
 )
 @click.option("--concurrency", default=1, show_default=True, type=click.IntRange(min=1), help="Requests in flight.")
-@click.option("--windows", default=10, show_default=True, type=click.IntRange(min=1), help="Hit-rate windows.")
+@click.option(
+    "--windows",
+    default=10,
+    show_default=True,
+    type=click.IntRange(1, MAX_WINDOWS),  # each is a row of counters: 1e20 was an internal MemoryError
+    help="Hit-rate windows.",
+)
 @click.option(
     "--belady",
     is_flag=True,
@@ -110,7 +119,7 @@ SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and
 )
 @click.option(
     "--replicas",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_SIM_REPLICAS),  # each holds a tree and a queue: 1e20 was an internal MemoryError
     help="Simulate N engine replicas of --capacity-blocks each behind --router, each a FIFO server: report the "
     "cluster hit rate, imbalance and a modelled TTFT with queueing (docs/routing.md).",
 )

@@ -134,3 +134,10 @@ def test_a_size_past_int64_is_a_usage_error(chat: Path, args: list[str]) -> None
     """Block ids and the replays' counters are int64: a larger size was an internal OverflowError."""
     code, _, err = run("simulate", str(chat), *args)
     assert code == 2 and args[-2] in err and "9223372036854775807" in err and "internal" not in err
+
+
+@pytest.mark.parametrize(("option", "most"), [("--windows", "100000"), ("--replicas", "4096")])
+def test_a_count_past_what_the_simulator_holds_is_a_usage_error(chat: Path, option: str, most: str) -> None:
+    """--windows or --replicas of 1e20 was an internal MemoryError once the run had started."""
+    code, _, err = run("simulate", str(chat), option, "100000000000000000000")
+    assert code == 2 and option in err and most in err and "internal" not in err
