@@ -7,7 +7,7 @@ import sys
 import click
 
 from radixcache.cli import engine_options
-from radixcache.cli.errors import FriendlyCommand, debug_option
+from radixcache.cli.errors import EXIT_ERROR, EXPECTED, FriendlyCommand, debug_option, describe, one_line
 
 COMMANDS = "/exit to leave, /reset to start over"
 
@@ -33,6 +33,8 @@ def chat(
 ) -> None:
     """Chat with the model, turn by turn. After each reply: tokens served from the cache, tokens prefilled,
     the time to first token and the decode speed. Type /exit (or end the input) to leave, /reset to start over.
+    A turn the engine refuses (past the model's context, say) is dropped with an error line and the chat goes on;
+    the command then exits 1.
 
     \b
     Example:
@@ -49,6 +51,7 @@ def chat(
     # A live conversation: every turn's pages are read by the next one, whatever the admission policy predicts.
     turn_kwargs = {"max_new_tokens": max_tokens, "temperature": temperature, "retain": "conversation"}
     session = engine.session(system=system, **turn_kwargs)
+    failed = 0  # turns refused (a message past the context, text the tokenizer cannot take): the chat goes on
     try:
         turn = 0
         while True:
@@ -66,7 +69,12 @@ def chat(
                 continue
             if not text:
                 continue
-            result = session.send(text, seed=seed + turn)
+            try:
+                result = session.send(text, seed=seed + turn)
+            except EXPECTED as exc:  # the history is as before the turn: only a reply is appended, with it
+                failed += 1
+                click.echo(f"error: {one_line(describe(exc))} (this turn was dropped)", err=True)
+                continue
             turn += 1
             click.echo(click.style("model> ", bold=True) + result.text)
             stats = (
@@ -76,3 +84,5 @@ def chat(
             click.echo(click.style(stats, dim=True))
     finally:
         engine.close()  # the disk tier's queued writes finish before the process exits
+    if failed:  # a script feeding the chat learns that some of its turns were refused
+        raise click.exceptions.Exit(EXIT_ERROR)

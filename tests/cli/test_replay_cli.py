@@ -196,3 +196,16 @@ def test_chat_reset_starts_a_new_conversation_that_hits_the_cache(runner, tiny_m
     first, second = [line for line in result.stdout.splitlines() if "prefilled" in line]
     assert first.startswith("[0 cached")
     assert int(second.split("[")[1].split(" cached")[0]) >= 16  # the same prompt again: whole pages from the tree
+
+
+def test_chat_drops_a_turn_the_engine_refuses_and_goes_on(runner, tiny_model_dir: Path) -> None:
+    """A turn past the model's context ended the whole conversation (exit 1, the history lost): it is now dropped
+    with one error line, the conversation goes on with its history as before, and the command exits 1 at the end."""
+    context = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
+    args = ["chat", "--model", str(tiny_model_dir), "--max-tokens", "2"]
+    result = runner.invoke(main, args, input=f"hello\n{'x' * (context + 10)}\nhello again\n")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.count("error:") == 1 and "this turn was dropped" in result.stderr, result.stderr
+    assert "Traceback" not in result.output
+    turns = [line for line in result.stdout.splitlines() if "prefilled" in line]
+    assert len(turns) == 2 and int(turns[1].split("[")[1].split(" cached")[0]) > 0  # the first turn's history
