@@ -75,8 +75,10 @@ class _Run:
         self.t0 = time.perf_counter()
 
     def session_id(self, session: TraceSession) -> str | None:
-        """The engine's `session` while recording: the conversation's id, or a token request's own session."""
-        if not self.recording:
+        """The engine's `session` while recording, or where the engine routes by session (replicas behind a router:
+        a conversation's turns then stay together, as the server's `user` field keeps them): the conversation's id,
+        or a token request's own session."""
+        if not (self.recording or getattr(self.engine, "routes_sessions", False)):
             return None
         return session.id if session.conversation is not None else session.requests[0].session
 

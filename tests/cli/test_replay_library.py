@@ -230,3 +230,34 @@ def test_sampling_is_reproducible_per_request_position(tiny_model_dir: Path) -> 
     first = replay(Engine(str(tiny_model_dir)), CONVERSATIONS, config)
     second = replay(Engine(str(tiny_model_dir)), CONVERSATIONS, config)
     assert [r.text for r in first.requests] == [r.text for r in second.requests]
+
+
+class _SessionSpy(Engine):
+    """An engine that keeps each request's session; `routes_sessions` as ClusterEngine has it (True) or not."""
+
+    def __init__(self, *args, routes_sessions: bool, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.routes_sessions = routes_sessions
+        self.sessions: list[object] = []
+
+    def generate(self, *args, options=None, **kwargs):  # type: ignore[override]
+        self.sessions.append(options.session if options is not None else kwargs.get("session"))
+        return super().generate(*args, options=options, **kwargs)
+
+    async def agenerate(self, *args, options=None, **kwargs):  # type: ignore[override]
+        self.sessions.append(options.session if options is not None else kwargs.get("session"))
+        return await super().agenerate(*args, options=options, **kwargs)
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_conversation_is_one_session_where_the_engine_routes_by_session(tiny_model_dir: Path, concurrency) -> None:
+    """`replay --replicas` sent no session to the router (only a recording run did): a conversation's turns could
+    land on replicas that did not hold its history. Where the engine routes by session, each turn carries its
+    conversation's id; a plain engine is sent none."""
+    config = ReplayConfig(max_tokens=2, warmup=False, concurrency=concurrency)
+    with _SessionSpy(str(tiny_model_dir), routes_sessions=True) as engine:
+        replay(engine, CONVERSATIONS, config)
+        assert sorted(engine.sessions) == ["a", "a", "b", "b"]
+    with _SessionSpy(str(tiny_model_dir), routes_sessions=False) as plain:
+        replay(plain, CONVERSATIONS, config)
+        assert plain.sessions == [None] * 4
