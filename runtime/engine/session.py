@@ -132,10 +132,11 @@ class Session:
 
 def _finished(call: ToolCall) -> bool:
     """The call's arguments are a whole JSON object. A reply cut short by its length limit leaves the last call's
-    unfinished (as OpenAI does): kept in the history, it would make every later turn's render fail."""
+    unfinished (as OpenAI does): kept in the history, it would make every later turn's render fail. So would
+    arguments nested past what the decoder follows (a streamed call's text is not decoded as it arrives)."""
     try:
         return isinstance(json.loads(call.arguments), dict)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
 
 

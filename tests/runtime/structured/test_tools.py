@@ -195,3 +195,17 @@ def test_auto_with_a_json_schema_answers_in_the_schema_or_calls_a_tool(engine: E
             jsonschema.validate(json.loads(r.text), SCHEMAS["flags"])
             kinds.add("answer")
     assert kinds  # which of the two a random model picks is its own business; each is valid
+
+
+def test_a_call_whose_arguments_are_nested_past_the_decoder_is_not_kept_in_the_history(engine: Engine) -> None:
+    """A streamed call's arguments are not decoded as they arrive, so arguments nested past Python's recursion limit
+    reached the session, whose check of them raised RecursionError and failed the turn after it had run."""
+    from types import SimpleNamespace
+
+    from radixcache.runtime.tools.messages import ToolCall
+
+    s = engine.session(system="Use the tools.")
+    deep = '{"a": ' + "[" * 5000 + "]" * 5000 + "}"
+    reply = SimpleNamespace(tool_calls=(ToolCall("call_1", "add", deep),), text="calling")
+    s._append("hi", reply)  # type: ignore[arg-type]
+    assert s.messages[-1] == {"role": "assistant", "content": "calling"}
