@@ -33,7 +33,14 @@ from radixcache.runtime.engine.options import RequestOptions, check_namespace, r
 from radixcache.runtime.engine.output import OutputProcessor
 from radixcache.runtime.engine.queue_limit import QueueGate
 from radixcache.runtime.engine.request import GenerationResult, Request
-from radixcache.runtime.engine.request_builder import Messages, Prompt, RequestBuilder, is_messages, split_batch
+from radixcache.runtime.engine.request_builder import (
+    Messages,
+    Prompt,
+    RequestBuilder,
+    fork_count,
+    is_messages,
+    split_batch,
+)
 from radixcache.runtime.engine.runner import ModelRunner
 from radixcache.runtime.engine.scheduler import Scheduler
 from radixcache.runtime.engine.session import Session
@@ -239,25 +246,14 @@ class Engine:
         """Run `n` branches from one prefix (text, ids or chat messages) that share its KV: the branches are
         queued together, the first computes the prefix and the others wait for its pages (in-flight sharing),
         then lock them. Branches differ by `continuations` (text or ids appended to the prefix, encoded without a
-        second BOS) and/or by seed (`seed + i`; set a temperature for sampling). `n`: 4 by default, or one branch
-        per continuation (an `n` given beside them must equal their number).
+        second BOS; `n`, 4 by default, then equals their number) and/or by seed (`seed + i`; set a temperature).
 
         Each result's `cached_tokens` counts what was cached before the call: the prefix computed by one branch
         for the others is the call's own work, not a cache hit."""
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "fork")
-        if continuations is not None:
-            if isinstance(continuations, (str, bytes)) or not isinstance(continuations, Sequence):
-                # a str is a Sequence too: its characters would each have made a branch
-                raise ValueError(f"continuations must be a list of texts or token id lists, got {continuations!r:.60}")
-            if n is not None and n != len(continuations):  # it was dropped: the caller's n meant something else
-                raise ValueError(f"fork got n={n!r} and {len(continuations)} continuations: give one, or equal")
-            n = len(continuations)
-        elif n is None:
-            n = 4
+        n = fork_count(n, continuations)
         if seed is not None:
             opts.updated(seed=seed)  # checked before `seed + i`: a ValueError naming seed, not a TypeError
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"fork needs n >= 1 (an integer), got {n!r}")
         text = self._builder.render(prefix, opts.tool_use) if is_messages(prefix) else prefix  # type: ignore[arg-type]
         ids = self._builder.encode(text)
         build = self._builder.encode_continuation

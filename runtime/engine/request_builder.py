@@ -161,6 +161,22 @@ class RequestBuilder:
         return [self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True, **kw) for m in messages]
 
 
+def fork_count(n: Any, continuations: Any) -> int:
+    """Engine.fork's branch count: `n` (4 when None), or one per continuation; a ValueError naming what is wrong (a
+    text for the continuations, an n that is not a positive integer or disagrees with them)."""
+    if continuations is not None:
+        if isinstance(continuations, (str, bytes)) or not isinstance(continuations, Sequence):
+            # a str is a Sequence too: its characters would each have made a branch
+            raise ValueError(f"continuations must be a list of texts or token id lists, got {continuations!r:.60}")
+        if n is not None and n != len(continuations):  # it was dropped: the caller's n meant something else
+            raise ValueError(f"fork got n={n!r} and {len(continuations)} continuations: give one, or equal")
+        n = len(continuations)
+    n = 4 if n is None else n
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"fork needs n >= 1 (an integer), got {n!r}")
+    return n
+
+
 def split_batch(prompt: Any) -> tuple[list[Any], bool]:
     """(prompts, single): a str or a sequence of ints is one prompt; a list of those is a batch. Anything else (a
     number, None, a dict) is a ValueError saying what a prompt is."""
