@@ -12,7 +12,7 @@ from radixcache.runtime.machine import device_memory
 def rope_tables(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, `[max_position, head_dim]`, for rotate-half RoPE (each frequency appears twice). A ValueError
     naming max_position when building them would take more than the device's memory: a GGUF file's
-    context_length of 2**32 asked for terabytes (a real 1M-token context takes about 3 GB here, and is built)."""
+    context_length of 2**32 asked for terabytes (a real 1M-token context takes a few GB, and is built)."""
     d = config.head_dim
     peak = config.max_position * d * 8 * 4  # float64 positions x frequencies, their doubled copy, cos and sin
     total = device_memory(torch.device(device))
