@@ -21,6 +21,13 @@ from radixcache.runtime.engine.sampling import stop_token_set
 from radixcache.runtime.tools import ToolCallParser
 
 
+def held_back(text: str, stop: Sequence[str]) -> str:
+    """`text` short of its last `len(longest stop) - 1` characters, which may still begin a stop string (all of it
+    is held back while it is shorter than that: a negative end would show all but its last characters)."""
+    holdback = max((len(s) for s in stop), default=1) - 1
+    return text[: max(0, len(text) - holdback)]
+
+
 async def gather_results(handles: list[RequestHandle]) -> list[GenerationResult]:
     """Every handle's result, awaited on the event loop; cancelling the awaiting task cancels every request."""
     try:
@@ -53,7 +60,6 @@ async def stream_text(
     req.listener = listener
     params = req.sampler.params
     hidden = stop_token_set(params, eos_token_ids)
-    holdback = max((len(s) for s in params.stop), default=1) - 1
     detok = output.detokenizer(req.prompt_ids)
     handle = enqueue([req])[0]
     # The future also ends when no listener call ever comes (a refused request, a dead loop): wake the reader.
@@ -67,7 +73,7 @@ async def stream_text(
             for t in tokens:
                 if t not in hidden:
                     detok.add(t)
-            visible = detok.text[: max(0, len(detok.text) - holdback)]  # never a negative end: none yet
+            visible = held_back(detok.text, params.stop)
             if len(visible) > len(emitted):
                 yield visible[len(emitted) :]
                 emitted = visible

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine, GenerationHandle
 from radixcache.runtime.engine.request import GenerationResult
+from radixcache.runtime.engine.streaming import held_back
 from radixcache.runtime.tools import ToolCallParser
 from radixcache.runtime.tools.use import CallIds
 
@@ -160,8 +161,7 @@ def _visible_text(engine: GenerationEngine, ids: Sequence[int], hidden: set[int]
     if cuts:  # the engine will end the request here; its result's text is cut at the same place
         return text[: min(cuts)]
     text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence waits for its next byte
-    holdback = max((len(s) for s in stop), default=1) - 1
-    return text[: max(0, len(text) - holdback)]  # never a negative end: shorter than the holdback, none yet
+    return held_back(text, stop)
 
 
 async def _stream_one(
