@@ -18,6 +18,7 @@ error that says what is missing); a float32 model and the disk tier's reads then
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -27,6 +28,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import torch  # noqa: F401  (loaded first on purpose: its libgomp is the one the library binds to)
@@ -90,6 +92,7 @@ def blockdot() -> ctypes.CDLL:
             return load_library(path)
         if _writable(folder):
             _build(compiler, path)
+            tidy_cache(folder, keep=path.name)
             return load_library(path)
     tried = ", ".join(map(str, _cache_candidates()))
     raise NativeBuildError(f"no writable folder for the native kernel's build: tried {tried}")
@@ -221,6 +224,15 @@ def _build_key(compiler: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask sets it: racy with threads creating files meanwhile);
+    022 where /proc does not say."""
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("Umask:"))
+        return int(line.split()[1], 8)
+    return 0o022
+
+
 def _build(compiler: list[str], path: Path) -> None:
     """Compile into a temporary file next to `path`, then rename it there (concurrent builds cannot clash)."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
@@ -234,7 +246,39 @@ def _build(compiler: list[str], path: Path) -> None:
             raise NativeBuildError(
                 f"building {names} with {shlex.join(compiler)} failed (exit {proc.returncode}):\n{tail}"
             )
+        # mkstemp's 0600 survives the linker's write (0711 after it): give the build the mode a plain `cc -o` would,
+        # so that a cache shared between users (or a prebuilt one copied elsewhere) can be read.
+        os.chmod(tmp, 0o755 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+BUILDS_KEPT = 8  # builds of other sources, compilers or CPUs kept beside the current one (another checkout's)
+STALE_TEMP_SECONDS = 3600.0  # a temporary build this old was left by a killed build: no compile takes an hour
+
+
+def tidy_cache(folder: Path, keep: str, now: float | None = None) -> list[Path]:
+    """Remove what the build cache `folder` no longer needs, and return what was removed: temporary files of builds
+    killed mid-compile (older than STALE_TEMP_SECONDS: a younger one may be a concurrent build's), and all but the
+    BUILDS_KEPT newest other builds (each source change leaves one behind). `keep`, the build just made, stays.
+    A build removed while another process has it loaded stays mapped in that process; a later process rebuilds it."""
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    builds: list[tuple[float, Path]] = []
+    for entry in folder.iterdir():
+        try:
+            mtime = entry.stat().st_mtime
+        except OSError:  # removed meanwhile by another process's tidy
+            continue
+        if entry.name.startswith("tmp") and entry.suffix == ".so" and now - mtime > STALE_TEMP_SECONDS:
+            removed.append(entry)
+        elif entry.name.startswith("blockdot-") and entry.suffix == ".so" and entry.name != keep:
+            builds.append((mtime, entry))
+    builds.sort(reverse=True)
+    removed += [entry for _, entry in builds[BUILDS_KEPT:]]
+    for entry in removed:
+        with contextlib.suppress(OSError):
+            entry.unlink()
+    return removed

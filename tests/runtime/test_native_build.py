@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from radixcache.runtime.model.quant import check_quant
+from radixcache.runtime.native import BUILDS_KEPT, tidy_cache
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_CC = shutil.which(os.environ.get("CC", "cc")) is not None
@@ -54,6 +55,30 @@ def run_probe(cache: Path, prelude: str = "", **env: str) -> dict[str, object]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def umask_of_this_process() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_tidy_cache_removes_killed_builds_temporaries_and_all_but_the_newest_other_builds(tmp_path: Path) -> None:
+    """A build killed mid-compile left its temporary file for good, and every source change left one more build
+    behind (103 files here after a month of development). tidy_cache runs after each build."""
+    now = 1_000_000.0
+    files = {"tmpold.so": now - 2 * 3600, "tmpyoung.so": now - 60, "blockdot-current.so": now - 10}
+    files |= {f"blockdot-{i:016x}.so": now - 100 * (i + 1) for i in range(12)}  # i = 0 is the newest
+    files |= {"notes.txt": now - 10**6, "tmpold.txt": now - 10**6}  # not the cache's: left alone
+    for name, mtime in files.items():
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, (mtime, mtime))
+    removed = tidy_cache(tmp_path, keep="blockdot-current.so", now=now)
+    oldest = [f"blockdot-{i:016x}.so" for i in range(BUILDS_KEPT, 12)]
+    assert sorted(p.name for p in removed) == sorted(["tmpold.so", *oldest])
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(set(files) - {"tmpold.so", *oldest})
+    assert tidy_cache(tmp_path, keep="blockdot-current.so", now=now) == []  # nothing more to remove
+
+
 @needs_cc
 def test_the_library_is_built_into_the_cache_once_and_reused(tmp_path: Path) -> None:
     cache = tmp_path / "native"  # does not exist yet: the loader creates it
@@ -62,6 +87,7 @@ def test_the_library_is_built_into_the_cache_once_and_reused(tmp_path: Path) -> 
     built = Path(str(first["path"]))
     assert built.parent == cache and built.name.startswith("blockdot-") and built.suffix == ".so"
     assert sorted(p.name for p in cache.iterdir()) == [built.name]  # no temporary file left over
+    assert built.stat().st_mode & 0o777 == 0o755 & ~umask_of_this_process()  # as `cc -o` would (was 0711)
     assert first["max_tokens"] == 8
     if sys.platform.startswith("linux") and first["libgomp"]:
         assert len(first["libgomp"]) == 1, first["libgomp"]  # bound to torch's libgomp, not a second copy
