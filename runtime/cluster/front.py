@@ -95,7 +95,7 @@ class ClusterEngine:
         self.kv = SimpleNamespace(pages=lambda n: -(-n // page))
         self.queue = SimpleNamespace(waiting=0)
         self.enable_cache = True
-        self.routes_sessions = True  # the server passes `session` (the `user` field or X-Session-Id)
+        self.routes_sessions = True  # the server passes `session` (prompt_cache_key, user or X-Session-Id)
         self._ids = itertools.count()
         self._rid_prefix = uuid.uuid4().hex[:12]  # replicas remember early cancels by id: ids unique across fronts
         self._closed = False

@@ -188,7 +188,7 @@ def create_app(
             )
         max_tokens = max(min(body.limit(DEFAULT_MAX_TOKENS), context - longest), 0)
         timeout = body.timeout if request_timeout is None else min(body.timeout or request_timeout, request_timeout)
-        session = body.user or (_session_header(request) if request is not None else None)
+        session = body.prompt_cache_key or body.user or (_session_header(request) if request is not None else None)
         if session and getattr(engine, "routes_sessions", False):  # replicas: a session sticks to one (per tenant)
             session = f"{namespace}|{session}"
         # One RequestOptions per HTTP request (0 tokens: an empty completion, which never reaches the engine).

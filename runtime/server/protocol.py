@@ -170,6 +170,9 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Label | None = None
+    # OpenAI's key for grouping requests that share a prefix ("replaces the user field"): the session, ahead of `user`
+    prompt_cache_key: Label | None = None
+    safety_identifier: Label | None = None  # OpenAI's end-user label (what `user` was): accepted, changes nothing
     metadata: Annotated[dict[Label, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_LABEL_CHARS)
     timeout: float | None = Field(default=None, gt=0.0, le=MAX_TIMEOUT_S)
@@ -239,6 +242,10 @@ class ChatCompletionRequest(_Common):
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = Field(default=None, strict=True)
     functions: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = None  # deprecated tools
+    # OpenAI's fields that change no answer here: nothing is stored (store), one tier serves every request
+    store: bool | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    modalities: Annotated[list[Literal["text"]], Field(max_length=1)] | None = None  # text out; audio is refused
     function_call: Literal["none", "auto"] | dict[str, Any] | None = None  # deprecated tool_choice
 
     _shallow_tools = field_validator("tools", "tool_choice", "functions", "function_call")(_shallow)
