@@ -369,7 +369,9 @@ class Scheduler:
             return False
         if req.wait_steps >= cfg.max_wait_steps or now - req.t_arrival >= cfg.max_wait_s:
             return False
-        return shares_uncommitted_pages(req, cached, self.prefilling, self.kv)
+        # without in-flight sharing only a pinned prompt reaches the tree before its request leaves: wait for no other
+        sharers = self.prefilling if cfg.share_in_flight else [r for r in self.prefilling if r.pin]
+        return shares_uncommitted_pages(req, cached, sharers, self.kv)
 
     # ------------------------------------------------------------------ leaving
 

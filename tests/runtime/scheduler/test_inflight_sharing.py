@@ -160,3 +160,24 @@ def test_api_calls_arriving_while_the_first_decodes_all_hit_the_system_prompt(ti
         assert results[1].cached_tokens == 0
     assert engine.wait_idle(30)
     assert_clean(engine)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_request_waits_for_a_sharers_pages_only_if_they_will_be_committed(tiny: RandomModel, share: bool) -> None:
+    """With share_in_flight=False a prompt reaches the tree only when its request leaves: a request arriving while
+    another prefills the same prefix gains nothing by waiting, so it is admitted at once and prefills beside it."""
+    cfg = SchedulerConfig(prefill_chunk=8, share_in_flight=share)  # a takes 8 tokens a step, leaving budget for b
+    engine = Engine(tiny, capacity_blocks=64, page_size=P, scheduler_config=cfg)
+    prefix = ids(64, 1)
+    a = engine._request([*prefix, 5], 4, ignore_eos=True)
+    b = engine._request([*prefix, 6], 4, ignore_eos=True)
+    engine.scheduler.add(a)
+    step(engine)
+    engine.scheduler.add(b)
+    step(engine)
+    assert (b.t_admitted is None) is share  # in flight: it waits for a's pages; without: nothing to wait for
+    run_all(engine)
+    assert b.kv.cached_tokens == (64 if share else 0)
+    alone = Engine(tiny, capacity_blocks=64, page_size=P, enable_cache=False)
+    assert tuple(b.output_ids) == alone.generate(b.prompt_ids, 4, ignore_eos=True).token_ids
+    assert_clean(engine)
