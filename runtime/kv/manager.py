@@ -30,6 +30,7 @@ leases give way first: a lease never fails a request.
 The last token: its pass makes the next token's logits, so at most all tokens but the last count as cached. A match
 that reaches it (the same prompt again, a parallel sample) keeps that token's page: a tier page is loaded into a
 block of the request's own as usual, a tree page copied into one (`copy_page`): one token is computed, not a page.
+A tree page not copied (a resumed request does not need it; no block is left beside it) is left out of the lock.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from radixcache import RadixCache, TreeNode
 from radixcache.node import path_blocks
-from radixcache.policy.admission import AdmissionPolicy, AdmissionRequest, make_admission
+from radixcache.policy.admission import AdmissionPolicy, make_admission
 from radixcache.policy.reuse import tell_output_length
 from radixcache.runtime.kv.leases import NO_LEASE, LeaseTable
 from radixcache.runtime.kv.pins import PinTable
@@ -144,7 +145,7 @@ class KVManager:
                     raise
         p = self.page_size
         cap = len(tokens) - 1  # positions that may come from the cache: the last token's pass makes the logits
-        last_page = None  # a tree block holding the last token: copied into the request's first new block
+        cut = last_page = None  # a tree block holding the last token; last_page: copied into our first new block
         if blocks and len(blocks) * p > cap:  # the device match ends at the last token (no tier page follows it)
             cut, blocks = blocks[-1], blocks[:-1]  # the locked node still covers it: it stays put until copied
             last_page = cut if self.copy_page and len(blocks) * p < end else None  # if it holds positions < end
@@ -152,6 +153,12 @@ class KVManager:
             need = self.pages(end) - len(blocks)
             while need + reserve > cache.free_blocks + cache.evictable_blocks and self.leases.give_way():
                 pass  # live work first: the oldest leases give way
+            if cut is not None and (last_page is None or need + reserve > cache.free_blocks + cache.evictable_blocks):
+                # Not copied (not needed, or no room beside it: its tokens are computed), the cut page leaves our lock
+                # and may be evicted for our pages: else a pool that it fills exactly refuses the prompt it holds.
+                short = cache.lock_prefix(tokens, len(blocks) * p, namespace=kv.namespace) if blocks else None
+                self._unlock_all(node, [])
+                node, last_page = short, None
             if not strict and need + reserve > cache.free_blocks + cache.evictable_blocks:
                 self._unlock_all(node, host_hashes)
                 return False
@@ -246,19 +253,7 @@ class KVManager:
         finished with that many, so its total is what it computed, not its most possible. A pin's pages are always
         adopted (a pin needs them in the tree)."""
         if kv.admit_limit is None:
-            p = self.page_size
-            computed = kv.num_kv // p
-            most = (kv.prompt_tokens + kv.max_new_tokens - 1) // p  # the last token's K/V never exists
-            total = computed if output_tokens is not None else max(computed, most)
-            ask = AdmissionRequest(
-                namespace=kv.namespace,
-                cached_pages=kv.found_pages,
-                prompt_pages=kv.prompt_tokens // p,
-                total_pages=total,
-                retain=kv.retain,
-                timestamp=kv.arrival_ms,
-                output_tokens=output_tokens,  # known only once it finished
-            )
+            ask = kv.admission_request(self.page_size, output_tokens)
             try:
                 pages = int(self.admission.admit(ask))
             except Exception as exc:  # a prediction must never fail a request or leak its pages: adopt them all
@@ -266,8 +261,8 @@ class KVManager:
                     message = f"admission policy {self.admission.name!r} failed ({exc!r}); adopting every page"
                     warnings.warn(message, RuntimeWarning, stacklevel=2)
                     self._policy_failed = True
-                pages = total
-            kv.admit_limit = max(pages, kv.found_pages, kv.pin // p)
+                pages = ask.total_pages
+            kv.admit_limit = max(pages, kv.found_pages, kv.pin // self.page_size)
         return kv.admit_limit
 
     def prefetch(self, kv: KVState, tokens: Sequence[int]) -> bool:

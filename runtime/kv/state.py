@@ -22,6 +22,7 @@ from enum import Enum
 
 from radixcache import TreeNode
 from radixcache.page_hash import PageChain
+from radixcache.policy.admission import AdmissionRequest
 from radixcache.runtime.kv.leases import LeaseGrant
 from radixcache.runtime.kv.tier.layered_load import LayeredLoad
 
@@ -75,6 +76,21 @@ class KVState:
     # disk pages counted in num_kv but copied into their blocks layer by layer (kv.tier.layered_load); never in
     # the tree before every layer is in
     pending_load: LayeredLoad | None = field(default=None, repr=False)
+
+    def admission_request(self, page_size: int, output_tokens: int | None) -> AdmissionRequest:
+        """What the admission policy sees of this request (radixcache.policy.admission): its total is what it
+        computed once it finished with `output_tokens`, else the most it may compute."""
+        computed = self.num_kv // page_size
+        most = (self.prompt_tokens + self.max_new_tokens - 1) // page_size  # the last token's K/V never exists
+        return AdmissionRequest(
+            namespace=self.namespace,
+            cached_pages=self.found_pages,
+            prompt_pages=self.prompt_tokens // page_size,
+            total_pages=computed if output_tokens is not None else max(computed, most),
+            retain=self.retain,
+            timestamp=self.arrival_ms,
+            output_tokens=output_tokens,  # known only once it finished
+        )
 
     @property
     def held_blocks(self) -> list[int]:

@@ -151,6 +151,43 @@ def test_a_resumed_request_whose_every_token_is_cached_at_pages_of_one_token() -
     assert cache.free_blocks + cache.evictable_blocks == cache.capacity_blocks
 
 
+def test_a_resumed_requests_uncopied_last_page_is_not_kept_locked() -> None:
+    """The tree's page of a resumed request's last token is not needed (its decode computes that position): the
+    request's lock leaves it, so that it may be evicted for the request's next page in a full pool (it was kept
+    locked, and a request alone in a pool it fit ended with "length" one page early)."""
+    cache = RadixCache(12, 1)
+    tokens = list(range(1, 13))  # every position in the tree (a sharer was ahead), the pool full of them
+    cache.insert(tokens, cache.allocate(12))
+    kv_manager = KVManager(cache, copy_page=lambda s, d: None)
+    kv = KVState(rid=1, prompt_tokens=8, max_new_tokens=8)
+    kv.preemptions = 1
+    assert kv_manager.admit(kv, tokens, len(tokens) - 1)
+    assert cache.locked_blocks == 11 and cache.evictable_blocks == 1
+    kv_manager.reserve(kv, 12)  # its next position: the last token's page is evicted for it
+    assert len(kv.block_table) == 12
+    cache.check_invariants()
+    kv_manager.release(kv, tokens, 4)
+    cache.check_invariants()
+    assert cache.free_blocks + cache.evictable_blocks == cache.capacity_blocks
+
+
+@pytest.mark.parametrize("page", [1, 4])
+def test_a_prompt_that_fills_the_pool_runs_again_once_cached(tiny: RandomModel, page: int) -> None:
+    """A prompt of exactly the whole pool, cached by its first run: its repeat gives up the copy of its last page
+    (no block is left to copy it into beside the locked pages) and computes that page again, with the uncached
+    output (it was refused with CacheFullError "beside pinned blocks", with no pin in the pool)."""
+    prompt = ids(10 * page, seed=9)
+    with Engine(tiny, enable_cache=False, capacity_blocks=10, page_size=page) as off:
+        want = off.generate(prompt, 1, return_logits=True, ignore_eos=True)
+    with Engine(tiny, capacity_blocks=10, page_size=page) as on:
+        for _ in range(2):
+            got = on.generate(prompt, 1, return_logits=True, ignore_eos=True)
+            assert_same(got, want)
+        assert got.cached_tokens == 9 * page
+        on.cache.check_invariants()
+        assert all_back(on)
+
+
 @pytest.mark.parametrize(("page", "length"), [(1, 1), (1, 2), (4, 4), (4, 5)])
 def test_short_prompts_repeated_give_the_uncached_outputs(tiny: RandomModel, page: int, length: int) -> None:
     """The edges: a one-token prompt (nothing may count as cached, its page is copied and written whole), a prompt of
