@@ -101,7 +101,8 @@ def with_tool_calls(
     parsed = parse_tool_calls(result.text, use.tools, features.format, new_id=ids.sequence())
     if not parsed.tool_calls:
         return result
-    memory.remember(parsed.tool_calls, parsed.raw, emitted_ids if parsed.raw == result.text else ())
+    known = emitted_ids if parsed.raw == result.text else ()
+    memory.remember(parsed.tool_calls, parsed.raw, known, content=parsed.content or "")  # "": the reply had none
     return dataclasses.replace(
         result,
         text=parsed.content or "",

@@ -210,7 +210,8 @@ class Tokenizer:
         )
         if tool_memory is None:
             return text
-        emitted = [tool_memory.lookup_emitted(m.tool_calls) for m in history if m.role == "assistant" and m.tool_calls]
+        calls = [m for m in history if m.role == "assistant" and m.tool_calls]
+        emitted = [tool_memory.lookup_emitted(m.tool_calls, m.content) for m in calls]
         return with_known_spans(text, [e for e in emitted if e is not None])
 
     def _token_text(self, token_id: int | None) -> str:

@@ -81,7 +81,7 @@ def template_messages(
 
 
 def _assistant_calls(m: ChatMessage, native: bool, memory: ToolCallMemory | None) -> dict[str, Any]:
-    raw = memory.lookup(m.tool_calls) if memory is not None else None
+    raw = memory.lookup(m.tool_calls, m.content) if memory is not None else None
     if raw is not None:
         return {"role": "assistant", "content": raw}
     if native:

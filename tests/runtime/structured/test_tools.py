@@ -209,3 +209,19 @@ def test_a_call_whose_arguments_are_nested_past_the_decoder_is_not_kept_in_the_h
     reply = SimpleNamespace(tool_calls=(ToolCall("call_1", "add", deep),), text="calling")
     s._append("hi", reply)  # type: ignore[arg-type]
     assert s.messages[-1] == {"role": "assistant", "content": "calling"}
+
+
+def test_a_replayed_call_whose_content_was_edited_renders_that_content(engine: Engine) -> None:
+    """The memory of the text the model wrote matched a replayed message by its calls only, so an assistant message
+    whose content the client had edited (a note beside the calls) rendered as the model's own text: the content was
+    dropped from the prompt without a word. Unedited, the replay is still the model's text (and the cache's)."""
+    r = engine.chat(ASK, 200, **ONE_CALL, seed=2)
+    check_calls(r)
+    calls = [c.to_openai() for c in r.tool_calls]
+    edited = [*ASK, {"role": "assistant", "content": "Checking the sum.", "tool_calls": calls}]
+    prompt = engine._builder.render(edited, _tool_use())
+    fresh = engine.tokenizer.apply_chat_template(edited, tools=_tool_use().tools)  # rendered without any memory
+    assert "Checking the sum." in prompt and prompt == fresh
+    replayed = engine._builder.render([*ASK, {"role": "assistant", "content": None, "tool_calls": calls}], _tool_use())
+    raw = engine.tool_memory.lookup(r.tool_calls)
+    assert raw is not None and replayed.startswith(engine._builder.render(ASK, _tool_use()) + raw)
