@@ -41,15 +41,18 @@ def new_call_id() -> str:
 
 @dataclass(frozen=True)
 class ParsedOutput:
-    """content (None when empty), the calls, and the text exactly as the model wrote it."""
+    """content (None when empty), the calls, the text exactly as the model wrote it, and whether every call's
+    arguments closed (False when the output ended inside them: a length limit, a stop string)."""
 
     content: str | None
     tool_calls: tuple[ToolCall, ...]
     raw: str
+    complete: bool = True
 
     def finish_reason(self, reason: str) -> str:
-        """ "tool_calls" when there are calls and generation ended by itself; else `reason` ("length" stays)."""
-        return "tool_calls" if self.tool_calls and reason == "stop" else reason
+        """ "tool_calls" when there are calls, all whole, and generation ended by itself; else `reason` ("length"
+        stays, and so does "stop" when a stop string cut a call short: its arguments are not JSON to run)."""
+        return "tool_calls" if self.tool_calls and self.complete and reason == "stop" else reason
 
     def message(self) -> dict[str, Any]:
         """The assistant message OpenAI returns."""
@@ -98,7 +101,7 @@ class ToolCallParser:
     def result(self) -> ParsedOutput:
         content = "".join(self.content)
         calls = tuple(ToolCall(i, n, a) for i, n, a in self.calls)
-        return ParsedOutput(content or None, calls, self.text)
+        return ParsedOutput(content or None, calls, self.text, complete=self.state != "args")  # args: still open
 
     # ------------------------------------------------------------------ the machine
 

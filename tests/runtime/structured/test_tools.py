@@ -225,3 +225,18 @@ def test_a_replayed_call_whose_content_was_edited_renders_that_content(engine: E
     replayed = engine._builder.render([*ASK, {"role": "assistant", "content": None, "tool_calls": calls}], _tool_use())
     raw = engine.tool_memory.lookup(r.tool_calls)
     assert raw is not None and replayed.startswith(engine._builder.render(ASK, _tool_use()) + raw)
+
+
+def test_a_stop_string_inside_a_call_ends_with_stop_not_tool_calls(engine: Engine) -> None:
+    """A stop string matched inside a call's arguments: the result said finish_reason "tool_calls" with arguments
+    cut short (not JSON), so a client ran a call it could not read. The call is still shown, as at "length", and a
+    session does not keep it."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    kw: dict[str, Any] = {"tools": TOOLS, "tool_choice": named, "parallel_tool_calls": False, "stop": ['"unit"']}
+    r = engine.chat(ASK, 200, **kw)
+    assert r.tool_calls and r.tool_calls[0].name == "get_weather", r
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(r.tool_calls[0].arguments)
+    assert r.finish_reason == "stop"
+    s = engine.session(**kw, max_new_tokens=200)
+    assert s.send(ASK[1]["content"]).finish_reason == "stop" and "tool_calls" not in s.messages[-1]

@@ -196,3 +196,20 @@ def test_any_text_parses_the_same_streamed_or_whole(specs, pieces, fmt, rng) -> 
     assert result == whole and assemble(deltas) == as_openai(whole)
     for call in whole.tool_calls:
         assert call.name in {"add", "get_weather", "now"}
+
+
+def test_a_call_cut_short_is_not_finished_as_tool_calls(specs) -> None:
+    """A stop string that ended the output inside a call's arguments gave finish_reason "tool_calls" beside
+    arguments that are not JSON: a client runs the calls such a reply announces, and failed to read them."""
+    for fmt, text in [
+        ("generic", '{"tool_calls": [{"name": "add", "arguments": {"a": 1, '),
+        ("hermes", '<tool_call>\n{"name": "add", "arguments": {"a": 1'),
+        ("generic", '{"tool_calls": [{"name": "now", "arguments": {}}, {"name": "add", "arguments": {"a"'),
+    ]:
+        result = parse_tool_calls(text, specs, fmt)
+        assert result.tool_calls and not result.complete
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(result.tool_calls[-1].arguments)
+        assert result.finish_reason("stop") == "stop" and result.finish_reason("length") == "length"
+    whole = parse_tool_calls('{"tool_calls": [{"name": "now", "arguments": {}}', specs)  # the list left open
+    assert whole.complete and whole.finish_reason("stop") == "tool_calls"
