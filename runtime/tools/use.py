@@ -42,10 +42,7 @@ class ToolUse:
     ) -> ToolUse | None:
         """From OpenAI's fields (tools as dicts or `ToolSpec`s); None when no tool is given and tool_choice is absent
         or "none". A bad field raises `ToolInputError` (a ValueError) naming it."""
-        if isinstance(tools, (list, tuple)) and all(isinstance(t, ToolSpec) for t in tools):
-            specs = tuple(tools)
-        else:
-            specs = normalize_tools(tools)
+        specs = _specs(tools)
         if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
             raise ToolInputError("parallel_tool_calls", f"must be a boolean, got {parallel_tool_calls!r}")
         choice = normalize_tool_choice(tool_choice, specs)
@@ -59,11 +56,22 @@ class ToolUse:
         """These tools with some of the three keywords given again (the others kept)."""
         fields = {"tools": self.tools, "tool_choice": _choice_value(self.choice), "parallel_tool_calls": None}
         if "tool_choice" not in changes and "tools" in changes:
-            fields["tool_choice"] = None  # new tools: the default choice for them, not a name of the old ones
+            # new tools keep the choice ("required" stays required), unless it names a function they lack or none
+            # are left to choose from: then the default choice for them
+            names = {t.name for t in _specs(changes["tools"])}
+            if not names or (self.choice.mode == "function" and self.choice.name not in names):
+                fields["tool_choice"] = None
         if "parallel_tool_calls" not in changes and changes.get("tools", self.tools):
             fields["parallel_tool_calls"] = self.parallel_tool_calls
         fields.update(changes)
         return ToolUse.of(**fields)
+
+
+def _specs(tools: Sequence[Any] | None) -> tuple[ToolSpec, ...]:
+    """Tools as `ToolSpec`s: given as such, or validated from OpenAI's format."""
+    if isinstance(tools, (list, tuple)) and all(isinstance(t, ToolSpec) for t in tools):
+        return tuple(tools)
+    return normalize_tools(tools)
 
 
 def _choice_value(choice: ToolChoice) -> Any:

@@ -240,3 +240,17 @@ def test_a_stop_string_inside_a_call_ends_with_stop_not_tool_calls(engine: Engin
     assert r.finish_reason == "stop"
     s = engine.session(**kw, max_new_tokens=200)
     assert s.send(ASK[1]["content"]).finish_reason == "stop" and "tool_calls" not in s.messages[-1]
+
+
+def test_a_turn_that_gives_new_tools_keeps_the_sessions_tool_choice(engine: Engine) -> None:
+    """A session's tool_choice "required" fell back to "auto" on a turn that gave other tools (its tool_choice a
+    default like any other, kept when the turn does not give it): the reply was then free text. A named choice
+    stays while the new tools have that function, and falls back to their default when they do not."""
+    s = engine.session(system="Use the tools.", **ONE_CALL, max_new_tokens=200, seed=1)
+    r = s.send("What is 2 + 3?", tools=TOOLS[1:])
+    check_calls(r, {"add", "now"})
+    named = {"type": "function", "function": {"name": "add"}}
+    s = engine.session(tools=TOOLS, tool_choice=named, parallel_tool_calls=False, max_new_tokens=200, seed=2)
+    check_calls(s.send("What is 2 + 3?", tools=TOOLS[1:]), {"add"})
+    assert s.options.updated(tools=TOOLS[2:]).tool_use.choice.mode == "auto"  # "add" is not among them
+    assert s.options.updated(tools=None).tool_use is None
