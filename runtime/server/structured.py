@@ -66,7 +66,6 @@ def tool_use_of(body: Any) -> ToolUse | None:
     tools, choice, parallel = (
         legacy.tool_fields(body) if old else (body.tools, body.tool_choice, body.parallel_tool_calls)
     )
-    tools = None if tools is None else [_without_nulls(t) for t in tools]
     if not tools and choice not in (None, "none"):  # OpenAI refuses it too: nothing to choose from
         name = "function_call" if old else "tool_choice"
         raise APIError(400, f"{name} is only allowed when {'functions' if old else 'tools'} are given", param=name)
@@ -81,16 +80,6 @@ def tool_use_of(body: Any) -> ToolUse | None:
             error.message = error.message.replace(exc.path, legacy.legacy_path(exc.path), 1)
         raise error from None
     return use
-
-
-def _without_nulls(tool: Any) -> Any:
-    """A tool with its null fields absent (`"strict": null`, `"description": null`), as a null counts elsewhere."""
-    if not isinstance(tool, dict):
-        return tool
-    out = {k: v for k, v in tool.items() if v is not None}
-    if isinstance(out.get("function"), dict):
-        out["function"] = {k: v for k, v in out["function"].items() if v is not None}
-    return out
 
 
 def render_chat(engine: Any, messages: Sequence[dict[str, Any]], use: ToolUse | None) -> str:

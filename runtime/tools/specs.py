@@ -1,8 +1,9 @@
 """Tool definitions and tool_choice, validated once: OpenAI's function format in, frozen `ToolSpec`s out.
 
 A tool is `{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}`; the name is
-1 to 64 of `[A-Za-z0-9_-]` and unique; `parameters` is a JSON schema object (absent means no arguments). tool_choice
-is "none", "auto", "required" or `{"type": "function", "function": {"name": ...}}` naming a given tool.
+1 to 64 of `[A-Za-z0-9_-]` and unique; `parameters` is a JSON schema object (absent means no arguments); a null
+field is absent. tool_choice is "none", "auto", "required" or `{"type": "function", "function": {"name": ...}}`
+naming a given tool.
 """
 
 from __future__ import annotations
@@ -58,8 +59,12 @@ class ToolChoice:
 
 
 def _as_dict(value: Any) -> Any:
+    """A pydantic model or a dict as a dict without its null fields (a null counts as absent, as in JSON bodies:
+    `"description": None` from an undocumented function's `__doc__`); anything else as it is."""
     dump = getattr(value, "model_dump", None)
-    return dump(exclude_none=True) if callable(dump) else value
+    if callable(dump):
+        return dump(exclude_none=True)
+    return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
 
 
 def normalize_tools(tools: Sequence[Any] | None, path: str = "tools") -> tuple[ToolSpec, ...]:

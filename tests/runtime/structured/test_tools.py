@@ -254,3 +254,21 @@ def test_a_turn_that_gives_new_tools_keeps_the_sessions_tool_choice(engine: Engi
     check_calls(s.send("What is 2 + 3?", tools=TOOLS[1:]), {"add"})
     assert s.options.updated(tools=TOOLS[2:]).tool_use.choice.mode == "auto"  # "add" is not among them
     assert s.options.updated(tools=None).tool_use is None
+
+
+def test_null_tool_fields_count_as_absent_in_python_too(engine: Engine) -> None:
+    """The server took `"description": null` and `"strict": null` as absent, the Python API refused them ("must be
+    a string"), so the same tools worked over HTTP and failed in `Engine.chat`: a description taken from an
+    undocumented function's `__doc__` is None."""
+    nulls = [{"type": None, "function": {**t["function"], "description": None, "strict": None}} for t in TOOLS]
+    dropped = ("description", "strict")
+    plain = [{"function": {k: v for k, v in t["function"].items() if k not in dropped}} for t in TOOLS]
+    r = engine.chat(ASK, 200, tools=nulls, tool_choice="required", parallel_tool_calls=False, seed=3)
+    check_calls(r)
+    assert engine._builder.render(ASK, _use(nulls)) == engine._builder.render(ASK, _use(plain))
+
+
+def _use(tools: list[dict[str, Any]]) -> Any:
+    from radixcache.runtime.tools import ToolUse
+
+    return ToolUse.of(tools, "required", False)
