@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.request import GenerationResult
+from radixcache.runtime.tools.messages import normalize_messages
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import ChatEngine
@@ -157,4 +158,6 @@ def _history(messages: object) -> list[dict[str, Any]]:
     bad = next((i for i, m in enumerate(messages) if not isinstance(m, Mapping)), None)
     if bad is not None:
         raise ValueError(f"session messages[{bad}] must be a message object, got {type(messages[bad]).__name__}")
-    return [dict(m) for m in messages]
+    history = [dict(m) for m in messages]
+    normalize_messages(history)  # what every turn renders: a bad message is named now, not by each later turn
+    return history

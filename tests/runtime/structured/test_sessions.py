@@ -43,3 +43,23 @@ def test_saving_a_history_that_is_not_valid_unicode_keeps_the_earlier_file(engin
     with pytest.raises(UnicodeEncodeError):
         engine.session(messages=[{"role": "user", "content": "caf\udce9"}]).save(path)
     assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("message", "path"),
+    [
+        ({"content": "no role"}, "messages[1].role"),
+        ({"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{"}}]}, "arguments"),
+        ({"role": "tool", "content": "5"}, "messages[1].tool_call_id"),
+    ],
+)
+def test_a_damaged_saved_history_is_a_value_error_naming_the_message(engine: Engine, message, path: str) -> None:
+    """A hand-edited or damaged file loaded (from_dict checked only that messages were objects), then `repr` of the
+    session raised KeyError('role') and every turn failed on the message; it is refused when loaded, named."""
+    from radixcache.runtime.engine.session import Session
+
+    data = {"messages": [{"role": "user", "content": "hi"}, message], "defaults": {"max_new_tokens": 2}}
+    with pytest.raises(ValueError, match=re.escape(path)):
+        Session.from_dict(engine, data)
+    good = Session.from_dict(engine, {"messages": data["messages"][:1]})
+    assert repr(good) == "Session(turns=1, defaults={})" and good.send("again").finish_reason in ("stop", "length")
