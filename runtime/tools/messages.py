@@ -31,8 +31,8 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
     def same_call(self, other: ToolCall) -> bool:
-        """Same name and equal arguments (as JSON values, whatever their whitespace)."""
-        return self.name == other.name and json.loads(self.arguments) == json.loads(other.arguments)
+        """Same name and equal arguments (as JSON values, whatever their whitespace, escapes or key order)."""
+        return self.name == other.name and _canonical(self.arguments) == _canonical(other.arguments)
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,12 @@ class ChatMessage:
     name: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+
+
+def _canonical(arguments: str) -> str:
+    """Arguments as one text per JSON value. Python's == on the decoded values would not do: it holds `true` equal
+    to `1` and `1.0`, so a call replayed with other arguments would pass for the one the model wrote."""
+    return json.dumps(json.loads(arguments), sort_keys=True)
 
 
 def _as_dict(value: Any) -> Any:

@@ -156,3 +156,26 @@ def test_smollm2_gets_the_generic_format(smollm2_tokenizer, tiny_tokenizer) -> N
     assert template_features("{% if m.role == 'ipython' %}<tool_call>{% endif %}{{ tools }}").format == "hermes"
     assert template_features("{% if m.role == 'tool' %}x{% endif %}").tool_role
     assert template_features("{% broken") == TemplateFeatures()
+
+
+@pytest.mark.parametrize("replayed", ['{"a": true, "b": false}', '{"a": 1.0, "b": 0}'])
+def test_a_call_replayed_with_other_arguments_renders_them(tiny_tokenizer, specs, replayed: str) -> None:
+    """The memory compared a replayed call's arguments with == on the decoded values, which holds `true` equal to
+    `1` (and `1.0` to `1`): a call whose arguments the client had changed so rendered as the model's text, and the
+    prompt said `1` where the history said `true`. Whitespace, escapes and key order still match."""
+    from radixcache.runtime.tools import ToolCallMemory, parse_tool_calls
+
+    memory = ToolCallMemory()
+    output = '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 0}}]}'
+    call = parse_tool_calls(output, specs).tool_calls[0]
+    memory.remember([call], output)
+    ask = [{"role": "user", "content": "Add."}]
+
+    def prompt(arguments: str, with_memory: bool = True) -> str:
+        function = {"name": "add", "arguments": arguments}
+        replay = {"role": "assistant", "content": None, "tool_calls": [{**CALL, "id": call.id, "function": function}]}
+        kw = {"tool_memory": memory} if with_memory else {}
+        return tiny_tokenizer.apply_chat_template([*ask, replay], tools=specs, **kw)
+
+    assert replayed in prompt(replayed) and prompt(replayed) == prompt(replayed, with_memory=False)
+    assert output in prompt('{"b":0,  "a":1}') and output in prompt('{"a": 1, "b": 0}')
