@@ -36,6 +36,16 @@ def call_schema(tool: ToolSpec, defs: dict[str, Any] | None = None) -> dict[str,
     }
 
 
+LITERALS = ("enum", "const", "default", "examples")  # keywords whose values are data, not schemas
+NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # names to schemas
+
+
+def _named(value: Any, walk: Callable[[Any], Any]) -> Any:
+    """A map of names to schemas (`properties`, ...) walked schema by schema: its keys are names, not keywords (a
+    property may be called `default` or `enum` and hold a `$ref`)."""
+    return {name: walk(sub) for name, sub in value.items()} if isinstance(value, dict) else walk(value)
+
+
 def hoisted(tool: ToolSpec, defs: dict[str, Any]) -> Any:
     """`tool.parameters` without its `$defs` / `definitions`, which are added to `defs` as `<tool>__<name>`; every
     local `$ref` rewritten to point there (`#/$defs/X` and `#/definitions/X` to `#/$defs/<tool>__X`; any other
@@ -61,7 +71,7 @@ def hoisted(tool: ToolSpec, defs: dict[str, Any]) -> Any:
             return [rewrite(v) for v in node]
         if not isinstance(node, dict):
             return node
-        out = {k: (v if k in ("enum", "const", "default", "examples") else rewrite(v)) for k, v in node.items()}
+        out = {k: _named(v, rewrite) if k in NAMED else v if k in LITERALS else rewrite(v) for k, v in node.items()}
         if isinstance(node.get("$ref"), str) and node["$ref"].startswith("#"):
             out["$ref"] = ref(node["$ref"])
         return out

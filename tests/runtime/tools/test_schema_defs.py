@@ -88,3 +88,22 @@ def test_parameters_without_refs_are_nested_unchanged() -> None:
     schema = tool_call_schema(plain, normalize_tool_choice("required", plain))
     assert "$defs" not in schema
     assert schema["properties"]["tool_calls"]["items"]["properties"]["arguments"] == {"type": "object"}
+
+
+@pytest.mark.parametrize("field", ["default", "enum", "const", "examples"])
+def test_a_property_named_like_a_keyword_has_its_refs_rewritten(field: str) -> None:
+    """Property names were taken for keywords: a field called `default` (or `enum`, `const`, `examples`) was left
+    as data, so its `$ref` kept pointing at the parameters' own `$defs`, which are gone once nested: "reference
+    '#/$defs/Mode' points nowhere", and a valid pydantic tool could not be called under "required"."""
+    params = {
+        "$defs": {"Mode": {"enum": ["fast", "safe"], "type": "string"}},
+        "type": "object",
+        "properties": {field: {"$ref": "#/$defs/Mode"}, "key": {"type": "string"}},
+        "required": [field, "key"],
+    }
+    tools = normalize_tools([{"type": "function", "function": {"name": "get_config", "parameters": params}}])
+    schema = tool_call_schema(tools, normalize_tool_choice("required", tools))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(_calls(("get_config", {field: "fast", "key": "k"})), schema)
+    with pytest.raises(jsonschema.ValidationError):  # Mode still holds: a ref that points nowhere fails to resolve
+        jsonschema.validate(_calls(("get_config", {field: "slow", "key": "k"})), schema)
