@@ -3,6 +3,7 @@ conversation so far. Saved to and loaded from JSON."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -150,7 +151,7 @@ def _json_value(value: object) -> bool:
 
 
 def _history(messages: object) -> list[dict[str, Any]]:
-    """A copy of a session's starting history: a list of message objects (None: empty), else a ValueError."""
+    """A deep copy of a session's starting history: a list of message objects (None: empty), else a ValueError."""
     if messages is None:
         return []
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
@@ -158,6 +159,6 @@ def _history(messages: object) -> list[dict[str, Any]]:
     bad = next((i for i, m in enumerate(messages) if not isinstance(m, Mapping)), None)
     if bad is not None:
         raise ValueError(f"session messages[{bad}] must be a message object, got {type(messages[bad]).__name__}")
-    history = [dict(m) for m in messages]
+    history = [dict(m) for m in copy.deepcopy(list(messages))]  # its own: editing a copy's call edits no other
     normalize_messages(history)  # what every turn renders: a bad message is named now, not by each later turn
     return history

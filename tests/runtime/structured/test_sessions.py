@@ -63,3 +63,24 @@ def test_a_damaged_saved_history_is_a_value_error_naming_the_message(engine: Eng
         Session.from_dict(engine, data)
     good = Session.from_dict(engine, {"messages": data["messages"][:1]})
     assert repr(good) == "Session(turns=1, defaults={})" and good.send("again").finish_reason in ("stop", "length")
+
+
+def test_editing_a_call_in_a_copied_session_leaves_the_original_alone(engine: Engine) -> None:
+    """Session.copy (a branch) shared the nested parts of each message with the original: a call's arguments
+    edited in the branch before running it (a human in the loop) changed the original's history too, and so what
+    its next turn rendered. The messages a session starts from are its own."""
+    import json
+
+    from tests.runtime.structured.conftest import TOOLS
+
+    s = engine.session(tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_new_tokens=200, seed=1)
+    r = s.send("How warm is Oslo?")
+    assert r.tool_calls, r
+    before = json.dumps(s.messages)
+    branch = s.copy()
+    branch.messages[-1]["tool_calls"][0]["function"]["arguments"] = '{"edited": true}'
+    assert json.dumps(s.messages) == before
+    given = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    started = engine.session(messages=given)
+    given[0]["content"][0]["text"] = "changed later"
+    assert started.messages[0]["content"][0]["text"] == "hi"
