@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import llguidance
 
 from radixcache.runtime.grammar.errors import GrammarError
-from radixcache.runtime.grammar.schema_check import find_key
+from radixcache.runtime.grammar.schema_check import SCHEMA_MAPS, find_key
 from radixcache.runtime.grammar.spec import GrammarSpec
 from radixcache.runtime.grammar.vocab import GrammarVocab
 
@@ -111,10 +111,20 @@ def closed_objects(node: object) -> object:
         return [closed_objects(v) for v in node]
     if not isinstance(node, dict):
         return node
-    out = {k: (v if k in ("enum", "const", "default", "examples") else closed_objects(v)) for k, v in node.items()}
+    out = {k: _closed_value(k, v) for k, v in node.items()}
     if "properties" in node and "additionalProperties" not in node:
         out["additionalProperties"] = False
     return out
+
+
+def _closed_value(keyword: str, value: object) -> object:
+    """One keyword's value closed: data (`enum`, `const`, ...) as it is; a map of names to schemas (`properties`,
+    ...) schema by schema, since its keys are names (a property may be called `default` or `properties`)."""
+    if keyword in ("enum", "const", "default", "examples"):
+        return value
+    if keyword in SCHEMA_MAPS and isinstance(value, dict):
+        return {name: closed_objects(sub) for name, sub in value.items()}
+    return closed_objects(value)
 
 
 def _looks_like_lark(text: str) -> bool:

@@ -272,3 +272,29 @@ def _use(tools: list[dict[str, Any]]) -> Any:
     from radixcache.runtime.tools import ToolUse
 
     return ToolUse.of(tools, "required", False)
+
+
+@pytest.mark.parametrize("field", ["default", "enum", "properties"])
+def test_a_parameter_named_like_a_keyword_is_closed_like_the_others(field: str) -> None:
+    """The grammar closes every object with `properties` to other keys (a small model left free adds keys without
+    end), but closed_objects read property names as keywords: an object parameter called `default` or `enum` was
+    left open, and a `properties` map holding a field called `properties` gained a field `additionalProperties`."""
+    from radixcache.runtime.engine.options import RequestOptions
+    from radixcache.runtime.engine.tool_calls import request_grammar
+    from radixcache.runtime.tools import TemplateFeatures
+
+    inner = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    params = {"type": "object", "properties": {field: inner}, "required": [field]}
+    tool = {"type": "function", "function": {"name": "configure", "parameters": params}}
+    options = RequestOptions.of(8, tools=[tool], tool_choice="required", parallel_tool_calls=False)
+    schema = request_grammar(options, TemplateFeatures()).schema()
+    arguments = schema["properties"]["tool_calls"]["items"]["properties"]["arguments"]
+    assert set(arguments["properties"]) == {field}  # a map of names: no field added to it
+
+    def call(arguments: dict[str, Any]) -> dict[str, Any]:
+        return {"tool_calls": [{"name": "configure", "arguments": arguments}]}
+
+    jsonschema.validate(call({field: {"a": 1}}), schema)
+    for extra in ({field: {"a": 1, "b": 2}}, {field: {"a": 1}, "other": 3}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(call(extra), schema)
