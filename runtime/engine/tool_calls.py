@@ -39,6 +39,8 @@ def request_grammar(options: RequestOptions, features: TemplateFeatures) -> Gram
     else its own `grammar` (None: unconstrained). A tool's bad parameters schema raises GrammarError naming
     `tools[i].function.parameters...`."""
     use = options.tool_use
+    if use is not None:  # whatever the choice, as the server checks them: a tool shown to the model is a valid one
+        _check_parameters(use)
     if use is not None and use.choice.mode == "auto" and options.grammar is not None:
         return _auto_with_answer(use, options.grammar, features)
     if use is None or use.choice.mode not in ("required", "function"):
@@ -48,12 +50,10 @@ def request_grammar(options: RequestOptions, features: TemplateFeatures) -> Gram
         grammar = hermes_tool_grammar(use.tools, use.choice, parallel_tool_calls=parallel, close=closed_objects)
         if grammar is None:
             return options.grammar
-        _check_parameters(use)
         return GrammarSpec.ebnf(grammar, path="tools")
     schema = tool_call_schema(use.tools, use.choice, parallel_tool_calls=parallel, features=features)
     if schema is None:
         return options.grammar
-    _check_parameters(use)
     # Arguments admit only the declared properties, whatever a tool's `strict` (a small model left free to add keys
     # writes them without end); `strict` decides whether a keyword the grammar cannot enforce is an error.
     strict = all(t.strict for t in use.tools)
@@ -73,15 +73,13 @@ def _auto_with_answer(use: ToolUse, answer: GrammarSpec, features: TemplateFeatu
     )
     if grammar is None:
         return answer
-    _check_parameters(use)
     return GrammarSpec.ebnf(grammar, path="tools")
 
 
 def _check_parameters(use: ToolUse) -> None:
-    """GrammarError naming `tools[i].function.parameters...` for a callable tool's bad schema."""
+    """GrammarError naming `tools[i].function.parameters...` for a tool's bad schema."""
     for i, tool in enumerate(use.tools):
-        if use.choice.mode in ("required", "auto") or tool.name == use.choice.name:
-            check_schema(tool.parameters, f"tools[{i}].function.parameters")
+        check_schema(tool.parameters, f"tools[{i}].function.parameters")
 
 
 def tool_parser(use: ToolUse, features: TemplateFeatures, ids: CallIds) -> ToolCallParser:

@@ -298,3 +298,14 @@ def test_a_parameter_named_like_a_keyword_is_closed_like_the_others(field: str) 
     for extra in ({field: {"a": 1, "b": 2}}, {field: {"a": 1}, "other": 3}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(call(extra), schema)
+
+
+@pytest.mark.parametrize("choice", ["auto", "none", {"type": "function", "function": {"name": "add"}}])
+def test_a_bad_parameters_schema_is_refused_whatever_the_choice(engine: Engine, choice: Any) -> None:
+    """The server refuses a tool whose parameters are not a valid schema whatever the tool_choice; the Python API
+    checked only the tools a grammar enforced ("required", a named one), so under "auto" or "none" the same
+    request ran with the broken schema shown to the model, and under a named choice another tool's went unseen."""
+    broken = {"type": "function", "function": {"name": "f", "parameters": {"properties": {"x": {"type": "integr"}}}}}
+    with pytest.raises(GrammarError, match=re.escape("tools[3].function.parameters.properties.x.type")):
+        engine.chat(ASK, 4, tools=[*TOOLS, broken], tool_choice=choice)
+    assert engine.chat(ASK, 2, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False).prompt_tokens > 0
