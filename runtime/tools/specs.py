@@ -107,6 +107,8 @@ def normalize_tools(tools: Sequence[Any] | None, path: str = "tools") -> tuple[T
             text = json.dumps(parameters, ensure_ascii=False)
         except (TypeError, ValueError) as e:
             raise ToolInputError(f"{here}.function.parameters", f"is not JSON ({e})") from None
+        except RecursionError:  # as a call's arguments nested past the encoder's reach (messages.py)
+            raise ToolInputError(f"{here}.function.parameters", "is nested too deeply to read") from None
         out.append(ToolSpec(name, description, text, strict))
     return tuple(out)
 

@@ -5,6 +5,8 @@ messages[i].field or tools[i].field."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from radixcache.runtime.loading.chat_template import ChatMessageError, ChatTemplateError
@@ -179,3 +181,17 @@ def test_a_call_replayed_with_other_arguments_renders_them(tiny_tokenizer, specs
 
     assert replayed in prompt(replayed) and prompt(replayed) == prompt(replayed, with_memory=False)
     assert output in prompt('{"b":0,  "a":1}') and output in prompt('{"a": 1, "b": 0}')
+
+
+def test_parameters_nested_past_the_encoder_are_a_tool_input_error(tiny_tokenizer) -> None:
+    """Parameters nested a few thousand levels deep (the server bounds nesting; Python callers are not) raised
+    RecursionError out of normalize_tools, not the ValueError naming the field that every other bad tool gets, as
+    a call's arguments nested as deep already did."""
+    deep: dict[str, object] = {"type": "object"}
+    for _ in range(5000):
+        deep = {"type": "object", "properties": {"a": deep}}
+    tools = [{"function": {"name": "f", "parameters": deep}}]
+    with pytest.raises(ToolInputError, match=re.escape("tools[0].function.parameters: is nested too deeply")):
+        normalize_tools(tools)
+    with pytest.raises(ChatMessageError, match=re.escape("tools[0].function.parameters")):
+        tiny_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=tools)
