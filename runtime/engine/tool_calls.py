@@ -83,7 +83,7 @@ def _check_parameters(use: ToolUse) -> None:
 
 
 def tool_parser(use: ToolUse, features: TemplateFeatures, ids: CallIds) -> ToolCallParser:
-    return ToolCallParser(use.tools, features.format, new_id=ids.sequence())
+    return ToolCallParser(use.tools, features.format, new_id=ids.sequence(), max_calls=use.max_calls)
 
 
 def with_tool_calls(
@@ -96,7 +96,7 @@ def with_tool_calls(
 ) -> GenerationResult:
     """`result` with its calls parsed (see the module docstring); unchanged when there are none. `emitted_ids`: the
     token ids of `result.text` as the model emitted them, remembered with the text (empty when not known)."""
-    parsed = parse_tool_calls(result.text, use.tools, features.format, new_id=ids.sequence())
+    parsed = parse_tool_calls(result.text, use.tools, features.format, new_id=ids.sequence(), max_calls=use.max_calls)
     if not parsed.tool_calls:
         return result
     known = emitted_ids if parsed.raw == result.text else ()

@@ -216,7 +216,7 @@ def _tool_parser(job: Job, req: Any) -> ToolCallParser | None:
     if use is None or not use.parses_calls:
         return None
     ids = getattr(req, "call_ids", None) or CallIds()
-    return ToolCallParser(use.tools, job.tool_format, new_id=ids.sequence())
+    return ToolCallParser(use.tools, job.tool_format, new_id=ids.sequence(), max_calls=use.max_calls)
 
 
 def _raw_text(engine: GenerationEngine, result: GenerationResult, hidden: set[int], stop: Sequence[str]) -> str:

@@ -64,13 +64,21 @@ class ParsedOutput:
 
 class ToolCallParser:
     def __init__(
-        self, tools: Iterable[ToolSpec], fmt: str = "generic", *, new_id: Callable[[], str] = new_call_id
+        self,
+        tools: Iterable[ToolSpec],
+        fmt: str = "generic",
+        *,
+        new_id: Callable[[], str] = new_call_id,
+        max_calls: int | None = None,
     ) -> None:
+        """`max_calls`: the most calls read (1 for `parallel_tool_calls: false`, which an unconstrained model does
+        not always obey); the output after the last one read is ignored (it stays in `raw`)."""
         if fmt not in ("generic", "native", "hermes"):
             raise ValueError(f"unknown tool call format {fmt!r}")
         self.names = {t.name for t in tools}
         self.hermes = fmt == "hermes"
         self.new_id = new_id
+        self.max_calls = max_calls
         self.text = ""
         self.pos = 0  # everything before pos has been decided
         self.held = 0  # start of the text held back (a call in the making)
@@ -125,6 +133,9 @@ class ToolCallParser:
             self._give_up(out, final)
 
     def _call(self, out: list[dict[str, Any]], final: bool) -> None:
+        if self._room() == 0:
+            self.state = "done"
+            return
         status, p = scan.literals(self.text, self.pos, ["{", '"name"', ":"])
         name = ""
         if status == "ok":
@@ -201,6 +212,10 @@ class ToolCallParser:
         else:
             self.pos, self.state = self.held, "plain"
 
+    def _room(self) -> int | None:
+        """How many more calls may be read (None: any number)."""
+        return None if self.max_calls is None else max(self.max_calls - len(self.calls), 0)
+
     # ------------------------------------------------------------------ hermes
 
     def _text(self, out: list[dict[str, Any]], final: bool) -> None:
@@ -235,7 +250,7 @@ class ToolCallParser:
         if calls is None:
             self._emit_content(out, whole)
             return False
-        for name, arguments in calls:
+        for name, arguments in calls[: self._room()]:
             call_id = self.new_id()
             self.calls.append([call_id, name, arguments])
             fn = {"name": name, "arguments": arguments}
@@ -283,10 +298,15 @@ def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:
 
 
 def parse_tool_calls(
-    text: str, tools: Iterable[ToolSpec], fmt: str = "generic", *, new_id: Callable[[], str] = new_call_id
+    text: str,
+    tools: Iterable[ToolSpec],
+    fmt: str = "generic",
+    *,
+    new_id: Callable[[], str] = new_call_id,
+    max_calls: int | None = None,
 ) -> ParsedOutput:
     """The whole output at once: exactly what the streamed deltas of `ToolCallParser` assemble to."""
-    parser = ToolCallParser(tools, fmt, new_id=new_id)
+    parser = ToolCallParser(tools, fmt, new_id=new_id, max_calls=max_calls)
     parser.feed(text)
     parser.finish()
     return parser.result()

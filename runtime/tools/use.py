@@ -33,6 +33,12 @@ class ToolUse:
     def parses_calls(self) -> bool:
         return self.choice.mode != "none" and bool(self.tools)
 
+    @property
+    def max_calls(self) -> int | None:
+        """The most calls a reply may carry: 1 without parallel calls (the parser keeps the first when an
+        unconstrained "auto" model writes more), else None."""
+        return None if self.parallel_tool_calls else 1
+
     @classmethod
     def of(
         cls,

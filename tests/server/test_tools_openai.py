@@ -7,6 +7,7 @@ results, each turn reporting the previous prompt and output cached in whole page
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -377,3 +378,18 @@ def test_hostile_tool_bodies_are_400_naming_the_field_and_a_bystander_is_served(
         tiny_tools_server.v1 + "/chat/completions", json={"model": "tiny", "messages": OK, "max_tokens": 2}, timeout=60
     )
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_parallel_tool_calls_false_answers_one_call_when_auto_writes_two(tools_client, tiny_tools_server) -> None:
+    """Under tool_choice "auto" nothing kept a model to one call: with parallel_tool_calls false a reply that wrote
+    two came back with both, whole and streamed. The first is answered (a regex stands in for such a model)."""
+    two = '{"tool_calls": [{"name": "now", "arguments": {}}, {"name": "add", "arguments": {"a": 1, "b": 2}}]}'
+    kw = {"tool_choice": "auto", "parallel_tool_calls": False, "max_tokens": 200}
+    whole = _ask(tools_client, "two calls", **kw, extra_body={"regex": re.escape(two)}).choices[0]
+    assert whole.finish_reason == "tool_calls" and [c.function.name for c in whole.message.tool_calls] == ["now"]
+    body = {"model": "tiny", "messages": _messages("two calls"), "tools": TOOLS, **kw, "regex": re.escape(two)}
+    chunks = _sse(tiny_tools_server, {**body, "stream": True})
+    heads = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", ()) if "id" in tc]
+    assert [tc["function"]["name"] for tc in heads] == ["now"] and chunks[-1]["choices"][0][
+        "finish_reason"
+    ] == "tool_calls"

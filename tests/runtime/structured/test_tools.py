@@ -309,3 +309,22 @@ def test_a_bad_parameters_schema_is_refused_whatever_the_choice(engine: Engine, 
     with pytest.raises(GrammarError, match=re.escape("tools[3].function.parameters.properties.x.type")):
         engine.chat(ASK, 4, tools=[*TOOLS, broken], tool_choice=choice)
     assert engine.chat(ASK, 2, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False).prompt_tokens > 0
+
+
+def test_parallel_tool_calls_false_gives_one_call_when_auto_writes_two(engine: Engine) -> None:
+    """parallel_tool_calls=False was enforced only by the grammar of "required" and named choices: under "auto" a
+    model that wrote two calls gave both, in the result and the stream, though the request allowed one at most
+    (as OpenAI guarantees). The first is kept; with parallel calls allowed both are. A regex stands in for a model
+    that writes two calls."""
+    from radixcache.runtime.grammar import GrammarSpec
+
+    two = '{"tool_calls": [{"name": "now", "arguments": {}}, {"name": "add", "arguments": {"a": 1, "b": 2}}]}'
+    kw: dict[str, Any] = {"tools": TOOLS, "tool_choice": "auto", "grammar": GrammarSpec.regex(re.escape(two))}
+
+    async def streamed(parallel: bool) -> list[dict[str, Any]]:
+        return [d async for d in engine.stream(ASK, 200, **kw, parallel_tool_calls=parallel)]
+
+    for parallel, names in ((False, ["now"]), (True, ["now", "add"])):
+        r = engine.chat(ASK, 200, **kw, parallel_tool_calls=parallel)
+        assert r.finish_reason == "tool_calls" and [c.name for c in r.tool_calls] == names, r
+        assert [c["function"]["name"] for c in assemble(asyncio.run(streamed(parallel)))[1]] == names

@@ -213,3 +213,22 @@ def test_a_call_cut_short_is_not_finished_as_tool_calls(specs) -> None:
         assert result.finish_reason("stop") == "stop" and result.finish_reason("length") == "length"
     whole = parse_tool_calls('{"tool_calls": [{"name": "now", "arguments": {}}', specs)  # the list left open
     assert whole.complete and whole.finish_reason("stop") == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [
+        ("generic", '{"tool_calls": [{"name": "now", "arguments": {}}, {"name": "add", "arguments": {"a": 1}}]}'),
+        ("generic", '{"tool_calls": [{"arguments": {}, "name": "now"}, {"name": "add", "arguments": {"a": 1}}]}'),
+        ("hermes", '<tool_call>{"name": "now", "arguments": {}}</tool_call>\n<tool_call>{"name": "add"'),
+        ("hermes", 'Hi.<tool_call>{"arguments": {}, "name": "now"}</tool_call><tool_call>{"name": "now"}'),
+    ],
+)
+def test_max_calls_keeps_the_first_call_streamed_or_whole(specs, fmt: str, text: str) -> None:
+    """`parallel_tool_calls: false` is `max_calls=1`: an unconstrained model that writes two calls gives the first
+    (the rest stays in `raw`), streamed as whole."""
+    whole = parse_tool_calls(text, specs, fmt, new_id=counter_ids(), max_calls=1)
+    assert [c.name for c in whole.tool_calls] == ["now"] and whole.raw == text
+    parser = ToolCallParser(specs, fmt, new_id=counter_ids(), max_calls=1)
+    deltas = [d for i in range(len(text)) for d in parser.feed(text[i])] + parser.finish()
+    assert assemble(deltas) == as_openai(whole)
