@@ -100,7 +100,8 @@ def with_tool_calls(
     if not parsed.tool_calls:
         return result
     known = emitted_ids if parsed.raw == result.text else ()
-    memory.remember(parsed.tool_calls, parsed.raw, known, content=parsed.content or "")  # "": the reply had none
+    if not parsed.dropped_calls:  # else the text holds calls the caller never saw: the next prompt renders its own
+        memory.remember(parsed.tool_calls, parsed.raw, known, content=parsed.content or "")  # "": the reply had none
     return dataclasses.replace(
         result,
         text=parsed.content or "",

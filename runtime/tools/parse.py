@@ -48,6 +48,7 @@ class ParsedOutput:
     tool_calls: tuple[ToolCall, ...]
     raw: str
     complete: bool = True
+    dropped_calls: bool = False  # calls past `max_calls` were written and left out (they stay in `raw`)
 
     def finish_reason(self, reason: str) -> str:
         """ "tool_calls" when there are calls, all whole, and generation ended by itself; else `reason` ("length"
@@ -79,6 +80,7 @@ class ToolCallParser:
         self.hermes = fmt == "hermes"
         self.new_id = new_id
         self.max_calls = max_calls
+        self.dropped_calls = False
         self.text = ""
         self.pos = 0  # everything before pos has been decided
         self.held = 0  # start of the text held back (a call in the making)
@@ -109,7 +111,8 @@ class ToolCallParser:
     def result(self) -> ParsedOutput:
         content = "".join(self.content)
         calls = tuple(ToolCall(i, n, a) for i, n, a in self.calls)
-        return ParsedOutput(content or None, calls, self.text, complete=self.state != "args")  # args: still open
+        complete = self.state != "args"  # args: still open
+        return ParsedOutput(content or None, calls, self.text, complete=complete, dropped_calls=self.dropped_calls)
 
     # ------------------------------------------------------------------ the machine
 
@@ -133,8 +136,8 @@ class ToolCallParser:
             self._give_up(out, final)
 
     def _call(self, out: list[dict[str, Any]], final: bool) -> None:
-        if self._room() == 0:
-            self.state = "done"
+        if self._room() == 0:  # another call begins past max_calls
+            self.state, self.dropped_calls = "done", True
             return
         status, p = scan.literals(self.text, self.pos, ["{", '"name"', ":"])
         name = ""
@@ -250,7 +253,9 @@ class ToolCallParser:
         if calls is None:
             self._emit_content(out, whole)
             return False
-        for name, arguments in calls[: self._room()]:
+        room = self._room()
+        self.dropped_calls |= room is not None and len(calls) > room
+        for name, arguments in calls[:room]:
             call_id = self.new_id()
             self.calls.append([call_id, name, arguments])
             fn = {"name": name, "arguments": arguments}

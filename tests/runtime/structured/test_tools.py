@@ -328,3 +328,7 @@ def test_parallel_tool_calls_false_gives_one_call_when_auto_writes_two(engine: E
         r = engine.chat(ASK, 200, **kw, parallel_tool_calls=parallel)
         assert r.finish_reason == "tool_calls" and [c.name for c in r.tool_calls] == names, r
         assert [c["function"]["name"] for c in assemble(asyncio.run(streamed(parallel)))[1]] == names
+        # The text the model wrote holds a call the caller never saw when one was dropped: it is not remembered as
+        # the text of the one returned, so the next turn's prompt shows the history the caller sends back.
+        remembered = engine.tool_memory.lookup(r.tool_calls, r.text)
+        assert (remembered is None) == (not parallel), remembered

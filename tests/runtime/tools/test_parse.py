@@ -232,3 +232,5 @@ def test_max_calls_keeps_the_first_call_streamed_or_whole(specs, fmt: str, text:
     parser = ToolCallParser(specs, fmt, new_id=counter_ids(), max_calls=1)
     deltas = [d for i in range(len(text)) for d in parser.feed(text[i])] + parser.finish()
     assert assemble(deltas) == as_openai(whole)
+    assert whole.dropped_calls and parser.result().dropped_calls  # the second call was left out
+    assert not parse_tool_calls(text, specs, fmt, new_id=counter_ids(), max_calls=2).dropped_calls
