@@ -87,7 +87,8 @@ class LoadTracker:
         self._prefill: dict[int, float] = {}
         self._decode: dict[int, float] = {}
         self._running: dict[int, int] = {}
-        # rid -> [replica, prefill tokens still pending (0 once done), decode tokens]
+        # rid -> [replica, prefill tokens still pending (0 once done), decode tokens, prefill done]: a flag, not the
+        # count, says done, since a request the router expected to hit in full is dispatched with 0 prefill tokens
         self._requests: dict[Hashable, list] = {}
 
     def dispatched(self, replica: int, rid: Hashable, prefill_tokens: float, decode_tokens: float) -> None:
@@ -97,7 +98,7 @@ class LoadTracker:
             raise RouterError(f"request {rid!r} is in flight already")
         _check_tokens("prefill_tokens", prefill_tokens)
         _check_tokens("decode_tokens", decode_tokens)
-        self._requests[rid] = [replica, prefill_tokens, decode_tokens]
+        self._requests[rid] = [replica, prefill_tokens, decode_tokens, False]
         self._prefill[replica] = self._prefill.get(replica, 0.0) + prefill_tokens
         self._decode[replica] = self._decode.get(replica, 0.0) + decode_tokens
         self._running[replica] = self._running.get(replica, 0) + 1
@@ -107,7 +108,7 @@ class LoadTracker:
         actually hit): the estimate given at dispatch is replaced. False if it is not in flight or its prefill is
         done. Optional: without it the dispatch estimate stands until `prefill_done`."""
         entry = self._entry(replica, rid)
-        if entry is None or not entry[1]:
+        if entry is None or entry[3]:
             return False
         _check_tokens("prefill_tokens", prefill_tokens)
         self._prefill[replica] = max(0.0, self._prefill[replica] - entry[1] + prefill_tokens)
@@ -118,10 +119,11 @@ class LoadTracker:
         """`rid`'s prefill is computed: its prefill tokens leave the replica's load. False if it is not in flight
         (or its prefill was done already)."""
         entry = self._entry(replica, rid)
-        if entry is None or not entry[1]:
+        if entry is None or entry[3]:
             return False
         self._prefill[replica] = max(0.0, self._prefill[replica] - entry[1])
         entry[1] = 0
+        entry[3] = True
         return True
 
     def finished(self, replica: int, rid: Hashable) -> bool:

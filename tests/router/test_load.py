@@ -42,6 +42,21 @@ def test_started_replaces_the_dispatch_estimate() -> None:
     assert not loads.started(1, "r", 10)  # nothing left to revise
 
 
+def test_started_revises_a_request_dispatched_as_a_full_hit() -> None:
+    """Regression: a request dispatched with 0 prefill tokens (the router expected its whole prompt cached) read as
+    one whose prefill was done, so when the replica found its pages evicted and reported 300 tokens to compute,
+    `started` refused and the replica's load left them out until the request finished."""
+    loads = LoadTracker(1.0, 0.0)
+    loads.dispatched(0, "r", 0, 5)
+    assert loads.started(0, "r", 300)
+    assert loads.load(0) == ReplicaLoad(300, 5, 1) and loads.work(0) == 300
+    assert loads.prefill_done(0, "r")
+    assert loads.load(0) == ReplicaLoad(0, 5, 1)
+    assert not loads.started(0, "r", 10) and not loads.prefill_done(0, "r")  # done is done
+    loads.dispatched(0, "s", 0, 0)
+    assert loads.prefill_done(0, "s") and not loads.started(0, "s", 10)
+
+
 def test_a_request_id_is_in_flight_once_and_on_one_replica() -> None:
     loads = LoadTracker()
     loads.dispatched(0, 1, 10, 10)
