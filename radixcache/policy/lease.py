@@ -17,6 +17,7 @@ caller states before the touch with `expect_reuse_in(seconds)` (the request's le
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from radixcache.errors import PolicyError
@@ -32,9 +33,7 @@ class _Hinted(EvictionPolicy):
 
     def expect_reuse_in(self, seconds: float | None) -> None:
         """The hint for the leaves the next touches key: reuse expected `seconds` from now, None for no hint."""
-        if seconds is not None and not seconds >= 0:
-            raise PolicyError(f"{self.name}: a lease hint must be >= 0 seconds, got {seconds!r}")
-        self.hint_us = None if seconds is None else round(seconds * 1e6)
+        self.hint_us = None if seconds is None else _microseconds(f"{self.name}: a lease hint", seconds)
 
 
 class TLRUPolicy(_Hinted):
@@ -44,9 +43,7 @@ class TLRUPolicy(_Hinted):
 
     def __init__(self, ttl_s: float = 10.0) -> None:
         super().__init__()
-        if not ttl_s >= 0:
-            raise PolicyError(f"tlru: ttl_s must be >= 0, got {ttl_s!r}")
-        self.ttl_us = round(ttl_s * 1e6)
+        self.ttl_us = _microseconds("tlru: ttl_s", ttl_s)
 
     def priority(self, node: TreeNode) -> tuple:
         ttl = self.ttl_us if self.hint_us is None else self.hint_us
@@ -62,3 +59,15 @@ class AgentPolicy(_Hinted):
         if self.hint_us is None:
             return (0, node.last_access)
         return (1, -(node.last_access + self.hint_us), node.last_access)
+
+
+def _microseconds(what: str, seconds: object) -> int:
+    """`seconds` in microseconds, the clock's unit. A PolicyError naming `what` unless it is a finite number >= 0
+    whose microseconds are finite: an infinite one has no int to key a leaf by (round() raised OverflowError)."""
+    try:
+        ok = not isinstance(seconds, bool) and 0 <= seconds < math.inf and math.isfinite(seconds * 1e6)  # type: ignore[operator]
+    except (TypeError, OverflowError):  # not a number; an int past any float
+        ok = False
+    if not ok:
+        raise PolicyError(f"{what} must be a finite number of seconds >= 0, got {seconds!r}")
+    return round(seconds * 1e6)  # type: ignore[operator]

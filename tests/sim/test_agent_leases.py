@@ -159,3 +159,20 @@ def test_on_the_first_mooncake_requests_the_lease_policies_stay_within_a_point_o
         replay.close()
         rates[policy] = replay.result().hit_rate
     assert rates["lru"] > 0 and min(rates["tlru"], rates["agent"]) >= rates["lru"] - 0.01
+
+
+@pytest.mark.parametrize("name", ["tlru", "agent"])
+@pytest.mark.parametrize("seconds", [float("inf"), 1e303, 10**400, float("nan"), -1.0, True, "5"])
+def test_a_hint_or_ttl_that_is_no_finite_number_of_seconds_is_a_policy_error(name: str, seconds: object) -> None:
+    """Regression: an infinite hint or ttl_s raised OverflowError from round(), a string TypeError; each is now a
+    PolicyError naming it, and the policy keeps the hint it had."""
+    from radixcache import PolicyError
+    from radixcache.policy.lease import TLRUPolicy
+
+    policy = make_policy(name)
+    policy.expect_reuse_in(2.5)  # type: ignore[attr-defined]
+    with pytest.raises(PolicyError, match="lease hint must be a finite number of seconds"):
+        policy.expect_reuse_in(seconds)  # type: ignore[attr-defined]
+    assert policy.hint_us == 2_500_000  # type: ignore[attr-defined]
+    with pytest.raises(PolicyError, match="ttl_s must be a finite number of seconds"):
+        TLRUPolicy(seconds)  # type: ignore[arg-type]
