@@ -25,7 +25,21 @@ from radixcache.policy.base import EvictionPolicy
 from radixcache.sim.cache_replay import CacheReplay
 from radixcache.sim.replay_common import Replayable
 from radixcache.sim.routing_results import RoutingCosts
+from radixcache.trace.generator_args import MAX_RETAIN_FOR_S
 from radixcache.trace.workload import SimRequest
+
+
+def _check_hint(index: int, hint: object) -> float | None:
+    """Request `index`'s lease hint: None, or seconds in [0, MAX_RETAIN_FOR_S] (what a trace's readers take).
+    Anything else is a RadixCacheError before the request changes anything: a NaN deadline never expired and a
+    negative one was granted and expired at once, whatever the policy."""
+    if hint is None:
+        return None
+    if isinstance(hint, bool) or not isinstance(hint, (int, float)) or not 0 <= hint <= MAX_RETAIN_FOR_S:
+        raise RadixCacheError(
+            f"request {index}: a lease hint is None or seconds in [0, {MAX_RETAIN_FOR_S:g}], got {hint!r}"
+        )
+    return hint
 
 
 class LeaseReplay(CacheReplay):
@@ -68,7 +82,7 @@ class LeaseReplay(CacheReplay):
     def feed(self, index: int, request: SimRequest) -> None:
         self._now = request.timestamp_ms
         self._release(lambda deadline: deadline <= request.timestamp_ms, expired=True)
-        hint = self.hints[index] if index < len(self.hints) else request.retain_for
+        hint = _check_hint(index, self.hints[index] if index < len(self.hints) else request.retain_for)
         if self.hint is not None:
             self.hint(hint)
         before = self.hit_blocks

@@ -176,3 +176,23 @@ def test_a_hint_or_ttl_that_is_no_finite_number_of_seconds_is_a_policy_error(nam
     assert policy.hint_us == 2_500_000  # type: ignore[attr-defined]
     with pytest.raises(PolicyError, match="ttl_s must be a finite number of seconds"):
         TLRUPolicy(seconds)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("policy", ["lru", "agent"])
+@pytest.mark.parametrize("hint", [float("nan"), float("inf"), -1.0, 2e9, True, "5"])
+def test_a_lease_hint_out_of_range_is_refused_before_the_request_changes_anything(policy: str, hint: object) -> None:
+    """Regression: LeaseReplay took any hint. Under lru a NaN or infinite one gave a lease that never expired and a
+    negative one a lease granted and expired at once; under agent the same hints were a PolicyError or an
+    OverflowError. Every policy now refuses it by the request's index, as a trace's readers refuse retain_for."""
+    from radixcache import RadixCacheError
+
+    requests = [TokenRequest(0.0, (1,) * 4, 0, "a", output_tokens=()), TokenRequest(1.0, (2,) * 4, 0, "b")]
+    workload = token_workload(requests)
+    replay = LeaseReplay(workload, 20, policy, [5.0, hint], check=True)
+    replay.feed(0, workload.requests[0])
+    with pytest.raises(RadixCacheError, match=r"request 1: a lease hint is None or seconds in \[0, 1e\+09\]"):
+        replay.feed(1, workload.requests[1])
+    assert replay.timeline.requests == 1 and replay.cache.locked_blocks == 4  # request 0 in flight, 1 never fed
+    replay.close()
+    assert replay.granted == 1 and replay.cache.locked_blocks == 0
+    replay.cache.check_invariants()
