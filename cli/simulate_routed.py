@@ -75,6 +75,8 @@ def simulate_routed(
             raise click.UsageError(f"{flag} must be a finite number of milliseconds, got {value}")
     if rate is not None and not math.isfinite(rate):
         raise click.UsageError(f"--rate must be a finite number of requests/s, got {rate}")
+    if rate is not None and not math.isfinite(1 / rate):  # > 0 by its type; a subnormal one's gap is inf
+        raise click.UsageError(f"--rate {rate} is too small: its mean gap 1/rate is not a finite time")
     d = DEFAULT_ROUTING_COSTS
     costs = RoutingCosts(
         d.prefill_ms_per_token if prefill_ms_per_token is None else prefill_ms_per_token,

@@ -84,6 +84,8 @@ def arrival_times(
         return
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
         raise RadixCacheError(f"rate must be a finite number of requests/s > 0, got {rate!r}")
+    if not math.isfinite(1 / rate):  # below ~5.6e-309 the mean gap is inf: every arrival at inf, every TTFT NaN
+        raise RadixCacheError(f"rate {rate!r} requests/s is too small: its mean gap 1/rate is not a finite time")
     if arrivals not in ARRIVALS:
         raise RadixCacheError(f"arrivals must be one of {', '.join(ARRIVALS)}, got {arrivals!r}")
     rng = random.Random(seed)

@@ -139,6 +139,18 @@ def test_arrivals_at_a_rate_are_seeded_or_even() -> None:
     assert [t for t, _, _ in arrival_times(pairs, rate=2.0, arrivals="even")] == [0.0, 0.5, 1.0, 1.5, 2.0]
 
 
+@pytest.mark.parametrize("arrivals", ["poisson", "even"])
+def test_a_rate_whose_mean_gap_overflows_is_refused(arrivals: str) -> None:
+    """Regression: a subnormal rate passed the check (finite, > 0), but 1/rate is inf: every arrival after the first
+    was at inf, and the report's TTFT percentiles were NaN."""
+    from radixcache.errors import RadixCacheError
+
+    pairs = [(SimRequest(0.0, (1,), (), 1), 0)] * 3
+    with pytest.raises(RadixCacheError, match="too small: its mean gap 1/rate is not a finite time"):
+        next(arrival_times(pairs, rate=1e-320, arrivals=arrivals))
+    assert [t for t, _, _ in arrival_times(pairs, rate=1e-300, arrivals="even")] == pytest.approx([0, 1e300, 2e300])
+
+
 def test_cache_aware_beats_round_robin_on_a_small_chat_trace() -> None:
     # No wall-clock bound: it flaked on a busy machine, and the run's 300 s timeout still ends a hang.
     workload = token_workload(list(multi_turn_chat(conversations=80, seed=1)), 16)
@@ -207,6 +219,7 @@ def test_simulate_replicas_prints_a_table(chat: Path) -> None:
         (["--replicas", "2", "--arrivals", "even"], "--arrivals: only with --rate"),
         (["--replicas", "2", "--router", "nope"], "'nope' is not one of"),
         (["--replicas", "0"], "--replicas"),
+        (["--replicas", "2", "--rate", "1e-320"], "--rate 1e-320 is too small"),
     ],
 )
 def test_simulate_replicas_refuses_bad_flags(chat: Path, args: list[str], message: str) -> None:
