@@ -9,6 +9,7 @@ one trace block, and `unit` (block_size real tokens per cache token) turns match
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -70,7 +71,17 @@ class Workload:
 
 
 def _arrival_order(requests: Sequence[SimRequest]) -> tuple[SimRequest, ...]:
-    return tuple(sorted(requests, key=lambda r: r.timestamp_ms))  # stable: ties keep file order
+    """The requests sorted by timestamp (stable: ties keep file order). Raises RadixCacheError for a timestamp that
+    is not a finite number (records built in Python are not checked as a trace's readers check them): NaN sorts
+    nowhere, and either one failed the replay's time windows with a ValueError or an OverflowError."""
+    for index, r in enumerate(requests):
+        try:
+            finite = not isinstance(r.timestamp_ms, bool) and math.isfinite(r.timestamp_ms)
+        except TypeError:
+            finite = False
+        if not finite:
+            raise RadixCacheError(f"request {index}: timestamp_ms must be a finite number, got {r.timestamp_ms!r}")
+    return tuple(sorted(requests, key=lambda r: r.timestamp_ms))
 
 
 def token_workload(requests: Iterable[TokenRequest], page_size: int = 1) -> Workload:

@@ -62,6 +62,19 @@ def test_hash_trace_rejects_hash_ids_that_do_not_fit_input_length() -> None:
         hash_workload([HashRequest(0, 10, 1, (1, 2))], block_size=4)
 
 
+@pytest.mark.parametrize("timestamp", [float("nan"), float("inf"), -float("inf"), "5", None])
+def test_a_workload_built_in_python_refuses_a_timestamp_that_is_not_a_finite_number(timestamp: object) -> None:
+    """Regression: records built in Python are not checked as a trace's readers check them, and a NaN or infinite
+    timestamp failed the replay's time windows with a ValueError or an OverflowError (NaN also sorted nowhere)."""
+    with pytest.raises(RadixCacheError, match=f"request 1: timestamp_ms must be a finite number, got {timestamp!r}"):
+        token_workload([req(0, [1, 2]), req(timestamp, [1, 2, 3])])  # type: ignore[arg-type]
+    with pytest.raises(RadixCacheError, match=f"request 1: timestamp_ms must be a finite number, got {timestamp!r}"):
+        hash_workload([HashRequest(0, 4, 1, (1,)), HashRequest(timestamp, 8, 1, (1, 2))], block_size=4)  # type: ignore[arg-type]
+    early = token_workload([req(5, [1, 2]), req(-1e300, [1, 2, 3])])  # finite, in any order: sorted
+    assert [r.timestamp_ms for r in early.requests] == [-1e300, 5]
+    assert simulate(early, 10, windows=3).hit_tokens == 2
+
+
 def test_in_flight_requests_do_not_see_each_others_blocks_until_they_finish() -> None:
     trace = [req(0, [1, 2, 3]), req(0, [1, 2, 3]), req(1, [1, 2, 3])]
     assert simulate(token_workload(trace), 100, concurrency=1).hit_tokens == 6
