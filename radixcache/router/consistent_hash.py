@@ -21,8 +21,14 @@ def stable_bytes(key: Hashable) -> bytes:
     if isinstance(key, int) and not isinstance(key, bool):
         return b"i" + str(key).encode()
     if isinstance(key, str):
-        return b"s" + key.encode()
-    return b"r" + repr(key).encode()
+        return b"s" + _utf8(key)
+    return b"r" + _utf8(repr(key))
+
+
+def _utf8(text: str) -> bytes:
+    """`text` as UTF-8, a lone surrogate (a str JSON's \\ud800 escape makes) included: the strict codec raised
+    UnicodeEncodeError for it. The same bytes as strict UTF-8 for every other str, so no key moves on the ring."""
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _point(data: bytes) -> int:
@@ -55,7 +61,7 @@ class ConsistentHashRouter(Router):
     def choose(self, request: RouteRequest, replicas: Sequence[int], index: RouterIndex, loads: LoadTracker) -> int:
         check_replicas(replicas)
         if request.session is not None:
-            data = b"session\0" + request.session.encode()
+            data = b"session\0" + _utf8(request.session)
         elif request.page_keys:
             data = b"\0".join(stable_bytes(k) for k in list(request.page_keys[: self.prefix_pages]))
         else:

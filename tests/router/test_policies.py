@@ -102,6 +102,24 @@ def test_consistent_hash_is_stable_for_a_session_and_moves_few_keys_when_a_repli
     assert len(set(prefix)) == 1
 
 
+def test_consistent_hash_takes_a_session_or_key_with_a_lone_surrogate() -> None:
+    """Regression: a str with a lone surrogate (what JSON's "\\ud800" escape decodes to) raised UnicodeEncodeError
+    from the router; it hashes now, to the same replica every time, and a valid str keeps its place on the ring."""
+    from hashlib import blake2b
+
+    from radixcache.router.consistent_hash import stable_bytes
+
+    router, index, loads = make_router("consistent_hash"), cluster(8), LoadTracker()
+    replicas = list(range(8))
+    for hostile in (request(2, session="\ud800chat"), RouteRequest(["\udcff", "x"], 32, 8, 16)):
+        chosen = router.choose(hostile, replicas, index, loads)
+        assert chosen in replicas and router.choose(hostile, replicas, index, loads) == chosen
+    assert stable_bytes("\udcff") == b"s\xed\xb3\xbf"
+    assert stable_bytes("caf\u00e9") == b"s" + "caf\u00e9".encode()  # as before for every valid str
+    point = int.from_bytes(blake2b(b"session\0user-7", digest_size=8).digest(), "little")
+    assert router.choose(request(1, session="user-7"), replicas, index, loads) == router.owner(point, replicas)
+
+
 def test_sglang_shortest_queue_when_imbalanced_in_requests() -> None:
     router, loads = SGLangRouter(), LoadTracker(1.0, 0.0)
     index = cluster(3, {0: list(range(10))})
