@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import importlib.util
+import math
 import os
 import sys
 from collections import defaultdict
@@ -208,6 +209,8 @@ def main(
         fracs = [float(f) for f in fractions.split(",") if f.strip()]
     except ValueError:
         raise click.BadParameter(f"--fractions {fractions!r}: expected numbers like 0.05,0.1") from None
+    if not fracs or not all(0 < f < math.inf for f in fracs):  # NaN or inf had no capacity; <= 0 became 1 block
+        raise click.BadParameter(f"--fractions {fractions!r}: expected finite numbers > 0, like 0.05,0.1")
     if use_ray and importlib.util.find_spec("ray") is None:
         raise click.ClickException("--ray needs Ray, which is not installed: pip install ray")
     bounds = [BELADY, BELADY_ADMISSION, DEAD_LRU] if dead_bound else [BELADY, BELADY_ADMISSION]

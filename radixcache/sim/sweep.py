@@ -7,6 +7,7 @@ loading a trace from its spec (a path, or `synthetic:KIND`) once, so no workload
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,12 @@ def load_trace(spec: str, page_size: int, block_size: int) -> tuple[str, Workloa
 
 
 def capacities_for(workload: Workload, fractions: Sequence[float]) -> list[int]:
-    """Capacities in blocks at the given fractions of the workload's unique blocks (at least 1 each)."""
+    """Capacities in blocks at the given fractions of the workload's unique blocks (at least 1 each). Raises
+    RadixCacheError for a fraction that is not a finite number > 0 (NaN or inf raised from round(), and a fraction
+    <= 0 became a 1-block cache labelled with its own share)."""
+    for f in fractions:
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < math.inf:
+            raise RadixCacheError(f"a capacity fraction must be a finite number > 0, got {f!r}")
     unique = reuse_summary(workload).unique_blocks
     return sorted({max(1, round(unique * f)) for f in fractions})
 

@@ -50,6 +50,30 @@ def test_sweep_refuses_unknown_policies_and_workloads(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir()), "a refused sweep writes nothing"
 
 
+@pytest.mark.parametrize("fractions", ["nan", "0.1,inf", "-0.5", "0", ","])
+def test_sweep_refuses_fractions_that_are_not_finite_and_positive(tmp_path: Path, fractions: str) -> None:
+    """Regression: --fractions nan or inf was a ValueError or OverflowError traceback from round(), and a fraction
+    <= 0 a 1-block cache labelled with its own share; "," swept no capacity at all. Each is a usage error now."""
+    main = load_script("simulate_eviction").main
+    result = CliRunner().invoke(
+        main, [str(tiny_trace(tmp_path)), "--fractions", fractions, "--out", str(tmp_path / "o")]
+    )
+    assert_refused(result, f"--fractions {fractions!r}: expected finite numbers > 0")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("fraction", [float("nan"), float("inf"), -0.5, 0.0, True])
+def test_capacities_for_refuses_a_fraction_that_is_not_finite_and_positive(fraction: float) -> None:
+    from radixcache.errors import RadixCacheError
+    from radixcache.sim.sweep import capacities_for
+    from radixcache.trace.workload import token_workload
+
+    workload = token_workload([TokenRequest(0, (1, 2, 3, 4), 0)], 1)
+    assert capacities_for(workload, [0.5, 1e-9]) == [1, 2]
+    with pytest.raises(RadixCacheError, match="a capacity fraction must be a finite number > 0"):
+        capacities_for(workload, [0.5, fraction])
+
+
 def sweep_rows(tmp_path: Path, traces: list[str], workers: int) -> list[dict]:
     out = tmp_path / f"out{workers}"
     args = [*traces, "--policy", "lru", "--policy", "reuse", "--fractions", "0.2,0.5", "--page-size", "2"]
