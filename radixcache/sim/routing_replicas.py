@@ -53,7 +53,9 @@ class Replica:
     def __init__(self, replica: int, capacity: int, page_size: int, policy: str) -> None:
         self.id = replica
         self.cache = RadixCache(capacity, page_size=page_size, policy=make_policy(policy))
-        self.key_of_block: list[Hashable] = [None] * capacity  # the page key each tree block holds
+        # The page key each tree block holds, by block id: a dict, so memory grows with the blocks in the tree, not
+        # the capacity (a list of `capacity` was a MemoryError at a capacity the tree itself takes).
+        self.key_of_block: dict[int, Hashable] = {}
         self.held: dict[Hashable, int] = {}  # key -> tree blocks holding it (1 unless ids are not chained)
         self.removed: list[Hashable] = []  # keys gone since the last batch (on_evict appends)
         self.seq = 0
@@ -66,7 +68,7 @@ class Replica:
     def _evicted(self, leaf: object, keep: int, blocks: Sequence[int]) -> None:
         held, key_of = self.held, self.key_of_block
         for b in blocks:
-            key = key_of[b]
+            key = key_of.pop(b)
             n = held[key] - 1
             if n:
                 held[key] = n

@@ -151,6 +151,24 @@ def test_a_rate_whose_mean_gap_overflows_is_refused(arrivals: str) -> None:
     assert [t for t, _, _ in arrival_times(pairs, rate=1e-300, arrivals="even")] == pytest.approx([0, 1e300, 2e300])
 
 
+def test_a_replicas_memory_grows_with_its_cached_pages_not_its_capacity() -> None:
+    """Regression: each replica kept a list of `capacity` page keys, one per block id: --capacity-blocks 1e9 with
+    --replicas was an internal MemoryError (8 GB a replica) where the plain replay of the same cache takes 40 MB."""
+    import tracemalloc
+
+    workload = token_workload(list(multi_turn_chat(conversations=5, vocab=100)), 16)
+    small = simulate_routing(workload, 2, 10_000, "cache_aware", rate=3.0)
+    tracemalloc.start()
+    try:
+        huge = simulate_routing(workload, 2, 20_000_000, "cache_aware", rate=3.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    assert small.replicas[0].evicted_blocks == small.replicas[1].evicted_blocks == 0  # neither cache fills
+    assert (huge.hit_tokens, huge.prompt_tokens) == (small.hit_tokens, small.prompt_tokens)
+
+
 def test_cache_aware_beats_round_robin_on_a_small_chat_trace() -> None:
     # No wall-clock bound: it flaked on a busy machine, and the run's 300 s timeout still ends a hang.
     workload = token_workload(list(multi_turn_chat(conversations=80, seed=1)), 16)
