@@ -55,18 +55,22 @@ class NextUseOracle:
         self.pages = pages
         self.reads = reads
         self.never = count + 1  # "next use" of a page no later request reads
-        self.block_page = array("q", [-1]) * capacity_blocks
+        # Block id -> logical page (-1: none), grown as `assign` meets higher ids: a cache hands out ids from 0 up,
+        # so this grows with the blocks used, not the capacity (sized to it, 1e9 blocks was 8 GB up front).
+        self.block_page = array("q")
         self.now = 0
 
     def hold_blocks(self, count: int) -> None:
-        """Track block ids up to `count` (a cache that holds more blocks than the capacity the oracle was built for:
-        the admission bound's room for requests in flight). Forgets every assignment."""
-        self.block_page = array("q", [-1]) * count
+        """Make room for a cache of `count` blocks (the admission bound's, with room for requests in flight): the
+        map grows as blocks are assigned, whatever the count. Forgets every assignment."""
+        self.block_page = array("q")
 
     def assign(self, blocks: Sequence[int], request: int, first_page: int) -> None:
         """Blocks allocated for request `request`, holding its pages first_page, first_page+1, ..."""
         ids = self.pages[request]
         block_page = self.block_page
+        if len(blocks) and max(blocks) >= len(block_page):  # every block allocated gets an entry, -1 if no page
+            block_page.extend(array("q", [-1]) * max(max(blocks) + 1 - len(block_page), len(block_page)))
         for offset, block in enumerate(blocks):
             page = first_page + offset
             if page < len(ids):
@@ -135,8 +139,8 @@ class ChainedNextUseOracle:
         self._now = 0
 
     def hold_blocks(self, count: int) -> None:
-        """Track block ids up to `count` (see NextUseOracle.hold_blocks). Forgets every assignment."""
-        self._block_page = self._np.full(count, -1, dtype=self._np.int64)
+        """Make room for a cache of `count` blocks (see NextUseOracle.hold_blocks). Forgets every assignment."""
+        self._block_page = self._np.full(0, -1, dtype=self._np.int64)
         self.block_page = memoryview(self._block_page)
 
     @classmethod
@@ -159,8 +163,13 @@ class ChainedNextUseOracle:
 
     def assign(self, blocks: Sequence[int], request: int, first_page: int) -> None:
         """Blocks allocated for request `request`, holding its pages first_page, first_page+1, ..."""
-        if not blocks:
+        if not len(blocks):
             return
+        top = int(max(blocks)) + 1
+        if top > len(self._block_page):  # grown as NextUseOracle's is: with the blocks used, doubling
+            more = self._np.full(max(top - len(self._block_page), len(self._block_page)), -1, dtype=self._np.int64)
+            self._block_page = self._np.concatenate((self._block_page, more))
+            self.block_page = memoryview(self._block_page)
         a = self.offsets[request] + first_page
         b = min(a + len(blocks), self.offsets[request + 1])
         self._block_page[blocks[: b - a]] = self.pages[a:b]  # to the shorter of the two

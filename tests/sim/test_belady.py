@@ -127,3 +127,26 @@ def test_bulk_trimming_is_block_by_block_trimming(policy: str, name: str, concur
 def test_bulk_trimming_is_block_by_block_trimming_on_the_shared_trace() -> None:
     source = open_source(str(MOONCAKE_TRACE))
     assert _replay(source, 878, BELADY, True) == _replay(source, 878, BELADY, False)
+
+
+@pytest.mark.parametrize("kind", ["token", "hash"])
+@pytest.mark.parametrize("policy", [BELADY, BELADY_ADMISSION, DEAD_LRU])
+def test_an_oracles_memory_grows_with_the_blocks_used_not_the_capacity(kind: str, policy: str) -> None:
+    """Regression: both oracles kept one entry per block id of the capacity up front, so --belady at
+    --capacity-blocks 1e9 was an internal MemoryError (7.45 GiB) where LRU's replay of that cache takes 40 MB."""
+    import tracemalloc
+
+    if kind == "token":
+        workload = token_workload(list(multi_turn_chat(conversations=4, vocab=50)), 4)
+    else:
+        workload = hash_workload([HashRequest(i, 8, 1, (i % 3, 10 + i)) for i in range(20)], block_size=4)
+    roomy = workload.total_pages + 1  # nothing evicted at either capacity
+    expected = simulate(workload, roomy, policy, flat=False)
+    tracemalloc.start()
+    try:
+        huge = simulate(workload, 20_000_000, policy, flat=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    assert (huge.hit_tokens, huge.hit_blocks, huge.evicted_blocks) == (expected.hit_tokens, expected.hit_blocks, 0)
