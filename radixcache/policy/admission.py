@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from radixcache.errors import PolicyError
-from radixcache.policy.base import EvictionPolicy
+from radixcache.policy.base import EvictionPolicy, check_parameter
 from radixcache.policy.reuse import ReusePolicy
 
 #: the values `retain` may take: None (no hint) or "conversation" (the next turn reads every page)
@@ -93,8 +93,9 @@ class ReuseAdmission(AdmissionPolicy):
     name = "reuse"
 
     def __init__(self, model: ReusePolicy, threshold: float = 0.003, explore: int = 8) -> None:
-        if threshold < 0 or type(explore) is not int or explore < 1:
-            raise PolicyError(f"reuse admission: need threshold >= 0 and explore >= 1, got {threshold}, {explore}")
+        check_parameter("reuse admission: threshold", threshold, 0)  # NaN passed `< 0`: every class was declined
+        if type(explore) is not int or explore < 1:
+            raise PolicyError(f"reuse admission: explore must be an int >= 1, got {explore!r}")
         self.model, self.threshold, self.explore = model, threshold, explore
         self.declined = 0  # requests whose new pages were declined
 

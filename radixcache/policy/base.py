@@ -5,8 +5,11 @@ See radixcache.policy.classic for the cache's contract and the named policies.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
+
+from radixcache.errors import PolicyError
 
 if TYPE_CHECKING:
     from radixcache.node import TreeNode
@@ -46,3 +49,19 @@ class EvictionPolicy(ABC):
     def on_hit(self, node: TreeNode) -> None:  # noqa: B027 - optional hook
         """Called after a prefix match that ends in `node` (with its access time and hit count already updated),
         when `observes_hits` is set."""
+
+
+def check_parameter(where: str, value: object, low: float, *, above: bool = False, high: float = math.inf) -> None:
+    """Raise PolicyError, naming `where`, unless `value` is a finite number (not a bool) >= `low` (> `low` when
+    `above`) and <= `high`. A plain `value < low` check lets NaN through (every comparison with it is false), and a
+    NaN or infinite parameter makes leaves' keys NaN or all alike: the eviction order silently arbitrary."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    try:
+        ok = ok and math.isfinite(value) and (value > low if above else value >= low) and value <= high  # type: ignore[arg-type,operator]
+    except OverflowError:  # an int past any float
+        ok = False
+    if not ok:
+        bound = f"> {low:g}" if above else f">= {low:g}"
+        if high < math.inf:
+            bound += f" and <= {high:g}"
+        raise PolicyError(f"{where} must be a finite number {bound}, got {value!r}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from radixcache.errors import PolicyError
-from radixcache.policy.base import EvictionPolicy
+from radixcache.policy.base import EvictionPolicy, check_parameter
 
 if TYPE_CHECKING:
     from radixcache.node import TreeNode
@@ -57,8 +57,8 @@ class SLRUPolicy(EvictionPolicy):
     name = "slru"
 
     def __init__(self, protect_after: int = 2) -> None:
-        if protect_after < 1:
-            raise PolicyError(f"slru: protect_after must be >= 1, got {protect_after}")
+        if type(protect_after) is not int or protect_after < 1:  # NaN passed `< 1`: nothing was ever protected
+            raise PolicyError(f"slru: protect_after must be an int >= 1, got {protect_after!r}")
         self.protect_after = protect_after
 
     def priority(self, node: TreeNode) -> tuple:
@@ -77,8 +77,7 @@ class CostAwarePolicy(EvictionPolicy):
     name = "cost"
 
     def __init__(self, attention_scale: float = 4096.0) -> None:
-        if attention_scale <= 0:
-            raise PolicyError(f"cost: attention_scale must be > 0, got {attention_scale}")
+        check_parameter("cost: attention_scale", attention_scale, 0, above=True)
         self.attention_scale = attention_scale
         self.inflation = 0.0
 

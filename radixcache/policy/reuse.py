@@ -32,8 +32,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from radixcache.errors import PolicyError
-from radixcache.policy.base import EvictionPolicy
+from radixcache.policy.base import EvictionPolicy, check_parameter
 
 if TYPE_CHECKING:
     from radixcache.node import TreeNode
@@ -61,10 +60,15 @@ class ReusePolicy(EvictionPolicy):
         attention_scale: float = 4096.0,
         ghosts: int = 0,
     ) -> None:
-        if credit < 0 or clip < 0 or prior <= 0 or initial_horizon <= 0 or attention_scale <= 0:
-            raise PolicyError("reuse: need credit, clip >= 0 and prior, initial_horizon, attention_scale > 0")
-        if not 0 < decay <= 1:
-            raise PolicyError(f"reuse: decay must be in (0, 1], got {decay}")
+        for name, value in (("credit", credit), ("penalty", credit if penalty is None else penalty), ("clip", clip)):
+            check_parameter(f"reuse: {name}", value, 0)
+        for name, value in (
+            ("prior", prior),
+            ("initial_horizon", initial_horizon),
+            ("attention_scale", attention_scale),
+        ):
+            check_parameter(f"reuse: {name}", value, 0, above=True)
+        check_parameter("reuse: decay", decay, 0, above=True, high=1)
         self.credit, self.clip, self.prior, self.decay = credit, clip, prior, decay
         self.penalty = credit if penalty is None else penalty
         self.attention_scale = attention_scale

@@ -8,6 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 from radixcache import POLICIES, PolicyError, RadixCache
+from radixcache.policy.admission import ReuseAdmission
+from radixcache.policy.classic import CostAwarePolicy, SLRUPolicy
+from radixcache.policy.reuse import ReusePolicy
 
 
 def put(cache: RadixCache, tokens: Sequence[int]) -> list[int]:
@@ -268,3 +271,27 @@ def test_a_partial_eviction_is_not_an_access_so_the_same_leaf_stays_first(policy
         assert cache.evict(1) == 1
         assert branch_sizes(cache) == start - Counter({first: taken})
     cache.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda v: SLRUPolicy(v), "slru: protect_after"),
+        (lambda v: CostAwarePolicy(v), "cost: attention_scale"),
+        (lambda v: ReusePolicy(credit=v), "reuse: credit"),
+        (lambda v: ReusePolicy(penalty=v), "reuse: penalty"),
+        (lambda v: ReusePolicy(clip=v), "reuse: clip"),
+        (lambda v: ReusePolicy(prior=v), "reuse: prior"),
+        (lambda v: ReusePolicy(decay=v), "reuse: decay"),
+        (lambda v: ReusePolicy(initial_horizon=v), "reuse: initial_horizon"),
+        (lambda v: ReuseAdmission(ReusePolicy(), threshold=v), "reuse admission: threshold"),
+    ],
+)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, "1", True])
+def test_a_policy_parameter_that_is_nan_infinite_or_not_a_number_is_refused(make, message: str, value: object) -> None:
+    """Regression: each check was `value < low`, which NaN passes: cost and reuse then keyed every leaf NaN (an
+    arbitrary eviction order), slru protected nothing and the reuse admission declined every class, all silently.
+    Infinities and strings got through or raised TypeError; each is now a PolicyError naming the parameter."""
+    with pytest.raises(PolicyError, match=message):
+        make(value)
+    make(1)  # the parameter's own sane value is taken
