@@ -63,7 +63,8 @@ class LeaseReplay(CacheReplay):
         self.hints = hints
         self.budget_pages = int(budget * capacity_blocks)
         self.hint = getattr(self.cache.policy, "expect_reuse_in", None)
-        self.leases: dict[object, tuple[float, object, int]] = {}  # key -> (deadline ms, locked node, pages)
+        # key -> (deadline ms, locked node, pages), oldest grant (or renewal) first
+        self.leases: dict[object, tuple[float, object, int]] = {}
         self.leased_pages = 0
         self.granted = self.given_way = self.expired = 0
         self.prefill_ms = RoutingCosts().prefill_ms_per_token
@@ -110,9 +111,11 @@ class LeaseReplay(CacheReplay):
         self.leases[key] = (self._now + hint * 1000.0, held, pages)
         self.leased_pages += pages
         self.granted += 1
-        while self.leased_pages > self.budget_pages:  # past the budget the oldest lease gives way
-            oldest = min(self.leases, key=lambda k: self.leases[k][0])
-            self._drop(oldest)
+        # Past the budget the oldest lease (by grant or last renewal: `leases` keeps that order, a renewal being
+        # dropped and added again) gives way, as the engine's lease table does; not the earliest deadline, which
+        # would release a short lease granted just now before an old long one.
+        while self.leased_pages > self.budget_pages:
+            self._drop(next(iter(self.leases)))
             self.given_way += 1
 
     def _release(self, due: Callable[[float], bool], *, expired: bool) -> None:

@@ -196,3 +196,17 @@ def test_a_lease_hint_out_of_range_is_refused_before_the_request_changes_anythin
     replay.close()
     assert replay.granted == 1 and replay.cache.locked_blocks == 0
     replay.cache.check_invariants()
+
+
+def test_past_the_budget_the_oldest_lease_gives_way_not_the_earliest_deadline() -> None:
+    """Regression: the replay released the lease with the earliest deadline, so a short lease granted just now went
+    before an old long one (the docs, and the engine's lease table, release the oldest grant first)."""
+    hints = {"a": 60.0, "b": 5.0, "c": 30.0}  # a granted first with the latest deadline, b the earliest deadline
+    requests = [TokenRequest(float(i), (i + 1,) * 8, 0, s, output_tokens=()) for i, s in enumerate(hints)]
+    requests.append(TokenRequest(3.0, (9,), 0, "d", output_tokens=()))  # its arrival finishes c, granting c's lease
+    replay = _replay(requests, [*hints.values(), None], capacity=40, budget=0.5)  # 20 pages: two 8-page leases
+    assert replay.granted == 3 and replay.given_way == 1
+    assert list(replay.leases) == ["b", "c"]  # a, the oldest, gave way
+    assert replay.leased_pages == 16 and replay.cache.locked_blocks == 16 + 1  # b and c, and d in flight
+    replay.close()
+    assert replay.cache.locked_blocks == 0
