@@ -229,8 +229,7 @@ class RoutingReplay:
     def _page_keys(self, request: SimRequest) -> tuple[list, PageChain | None]:
         """The prompt's page keys as the router sees them, and the chain that extends them (token traces)."""
         if self.kind == "hash":
-            ids = list(request.prompt)
-            return (ids if request.namespace is None else [(request.namespace, i) for i in ids]), None
+            return _hash_keys(request.prompt, request.namespace), None
         root = self._roots.get(request.namespace)
         if root is None:
             root = self._roots[request.namespace] = root_hash(_FINGERPRINT, request.namespace)
@@ -238,8 +237,8 @@ class RoutingReplay:
         return chain.upto(request.prompt, len(request.prompt) // self.page_size), chain
 
     def _keys_upto(self, job: Job, pages: int) -> list:
-        if job.chain is None:  # a hash request: a page is an id
-            return job.keys[:pages]
+        if job.chain is None:  # a hash request: a page is an id, of its prompt, then of its recorded output
+            return job.keys[:pages] if pages <= len(job.keys) else _hash_keys(job.full[:pages], job.request.namespace)
         return job.chain.upto(job.full, pages)  # type: ignore[attr-defined]
 
     def tree_keys(self, replica: int) -> set:
@@ -297,6 +296,12 @@ class RoutingReplay:
             events=events,
             seconds=self.seconds,
         )
+
+
+def _hash_keys(ids: Iterable[int], namespace: Hashable) -> list:
+    """A hash request's page keys: its ids, with the namespace when there is one."""
+    keys = list(ids)
+    return keys if namespace is None else [(namespace, i) for i in keys]
 
 
 def simulate_routing(

@@ -169,6 +169,25 @@ def test_a_replicas_memory_grows_with_its_cached_pages_not_its_capacity() -> Non
     assert (huge.hit_tokens, huge.prompt_tokens) == (small.hit_tokens, small.prompt_tokens)
 
 
+def test_a_recorded_hash_trace_publishes_its_output_pages(tmp_path: Path) -> None:
+    """Regression: a recorded hash trace (output_hash_ids, as --record-trace writes them) died with "zip() argument
+    2 is longer than argument 1": a finished request's output pages were published with its prompt's keys only.
+    Now every page the tree adopts is published under its own id, and the index equals each replica's tree."""
+    path = tmp_path / "recorded.jsonl"
+    records = [
+        HashRequest(float(i * 10), 60, 20, (1, 2, 3, 100 + i), block_size=16, output_hash_ids=(500 + i, 600 + i))
+        for i in range(20)
+    ]
+    write_mooncake(path, records)
+    result = simulate_routing(open_source(path), 2, 12, "cache_aware", check=True)  # evicting: 12 pages a replica
+    assert result.requests == 20 and sum(r.evicted_blocks for r in result.replicas) > 0
+    replay = RoutingReplay(2, 1000, "round_robin", block_tokens=16, kind="hash", check=True)  # nothing evicted
+    replay.run(arrival_times(routed_requests(open_source(path))))
+    for r in (0, 1):  # round robin: replica r served requests r, r + 2, ...; each inserted 3 whole pages and 2 more
+        outputs = {k for i in range(r, 20, 2) for k in (500 + i, 600 + i)}
+        assert replay.index.keys(r) == {1, 2, 3} | outputs
+
+
 def test_cache_aware_beats_round_robin_on_a_small_chat_trace() -> None:
     # No wall-clock bound: it flaked on a busy machine, and the run's 300 s timeout still ends a hang.
     workload = token_workload(list(multi_turn_chat(conversations=80, seed=1)), 16)
