@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import os
 import sys
 from collections import defaultdict
@@ -53,8 +54,8 @@ def per_trace(text: str | None, traces: int, what: str, cast: type) -> list:
         values = [cast(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise click.BadParameter(f"{what} {text!r}: expected numbers separated by commas") from None
-    if any(v <= 0 for v in values):
-        raise click.BadParameter(f"{what}: every value must be > 0")
+    if not all(0 < v < math.inf for v in values):  # NaN passed `v <= 0`, and failed a worker with a traceback
+        raise click.BadParameter(f"{what}: every value must be a finite number > 0")
     if len(values) == 1:
         return values * traces
     if len(values) != traces:
@@ -77,7 +78,11 @@ def trace_name(spec: str) -> str:
 def make_cells(
     names: list[str], routers: list[str], replicas: list[int], capacities: list[int], rates: list[float | None]
 ) -> list[RoutingCell]:
-    """Trace by trace (so a worker loads each trace once), then replica count, then router."""
+    """Trace by trace (so a worker loads each trace once), then replica count, then router. Raises RadixCacheError
+    for a cluster rate (per replica x replicas) that is not finite or whose mean gap 1/rate is not."""
+    for rate in {r * n for r in rates if r is not None for n in replicas}:
+        if not math.isfinite(rate) or not math.isfinite(1 / rate):
+            raise RadixCacheError(f"--rate-per-replica: a cluster rate of {rate} requests/s has no finite arrival gap")
     return [
         RoutingCell(i, name, router, n, capacities[i], None if rates[i] is None else rates[i] * n)
         for i, name in enumerate(names)

@@ -81,7 +81,26 @@ def test_the_sweep_refuses_bad_input(tmp_path: Path) -> None:
     three = CliRunner().invoke(main, [*two, "--capacity-blocks", "1,2,3"])
     assert_refused(three, "--capacity-blocks: give one value, or one per trace (2), not 3")
     zero = CliRunner().invoke(main, [*two, "--capacity-blocks", "10", "--rate-per-replica", "0"])
-    assert_refused(zero, "--rate-per-replica: every value must be > 0")
+    assert_refused(zero, "--rate-per-replica: every value must be a finite number > 0")
+
+
+@pytest.mark.parametrize(
+    ("rate", "message"),
+    [
+        ("nan", "--rate-per-replica: every value must be a finite number > 0"),
+        ("inf", "--rate-per-replica: every value must be a finite number > 0"),
+        ("1e-320", "--rate-per-replica: a cluster rate of 2e-320 requests/s has no finite arrival gap"),
+        ("1e308", "--rate-per-replica: a cluster rate of inf requests/s has no finite arrival gap"),
+    ],
+)
+def test_the_sweep_refuses_a_rate_with_no_finite_arrival_gap(tmp_path: Path, rate: str, message: str) -> None:
+    """Regression: NaN passed `v <= 0`, and NaN, inf, a subnormal rate or one whose cluster rate (x 2 replicas)
+    overflows each failed the replay with a RadixCacheError traceback; each is refused before any replay now."""
+    main = load_script("simulate_routing.py").main
+    args = ["synthetic:chat", "--replicas", "2", "--capacity-blocks", "10", "--rate-per-replica", rate]
+    result = CliRunner().invoke(main, [*args, "--workers", "1", "--out", str(tmp_path / "out")])
+    assert_refused(result, message)
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_index_benchmark_measures_memory_throughput_and_routes() -> None:
