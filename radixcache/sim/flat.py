@@ -56,7 +56,11 @@ def flat_replay(
     not chained, a recorded request), for the caller to replay it through the tree instead."""
     if concurrency != 1 or getattr(workload, "kind", None) != "hash" or workload.page_size != 1:
         return None
-    if policy == "lru" and capacity_blocks >= 1:
+    # Flat replays keep the capacity in int64 arrays (a float was a numpy TypeError, True a capacity, a size past
+    # int64 an OverflowError): the tree's replay takes any positive int, and refuses anything else by name.
+    if type(capacity_blocks) is not int or not 1 <= capacity_blocks < 2**63:
+        return None
+    if policy == "lru":
         return FlatLRUReplay(workload, capacity_blocks, timeline=timeline(), honor_timestamps=honor_timestamps)
     if policy != "belady":
         return None

@@ -179,3 +179,25 @@ def test_the_chunked_infinite_bound_breaks_where_the_per_request_one_does(trace:
     assert infinite(workload, None).broken
     # evaluate then replays the bound by sequence: the naive reference's hits
     assert evaluate(workload, 3, "lru").infinite.hit_blocks == sum(naive_infinite_hits(trace))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("capacity", [2.7, float("inf"), True, "5"])
+@pytest.mark.parametrize("policy", ["lru", "belady"])
+def test_a_capacity_that_is_not_a_positive_int_is_refused_on_a_hash_trace_too(capacity: object, policy: str) -> None:
+    """Regression: a hash trace's flat LRU replay took the capacity as it came: 2.7 or inf was a numpy TypeError,
+    True a 1-block cache and "5" a TypeError, where every other replay raises RadixCacheError naming it."""
+    from radixcache.errors import RadixCacheError
+
+    workload = hash_workload([HashRequest(float(i), 8, 1, (i % 2, 10 + i % 3)) for i in range(10)], block_size=4)
+    with pytest.raises(RadixCacheError, match=f"capacity_blocks must be a positive int, got {capacity!r}"):
+        simulate(workload, capacity, policy)  # type: ignore[arg-type]
+
+
+def test_a_capacity_past_int64_replays_a_hash_trace_as_any_capacity_nothing_fills() -> None:
+    """Regression: past int64 the flat LRU replay raised OverflowError; it runs on the tree now, as Belady did."""
+    workload = hash_workload([HashRequest(float(i), 8, 1, (i % 2, 10 + i % 3)) for i in range(10)], block_size=4)
+    roomy = figures(simulate(workload, 100, "lru"))
+    for capacity in (2**63 - 1, 2**70):
+        assert {k: v for k, v in figures(simulate(workload, capacity, "lru")).items() if k != "capacity_blocks"} == {
+            k: v for k, v in roomy.items() if k != "capacity_blocks"
+        }
