@@ -54,11 +54,12 @@ def flat_replay(
     Belady reads the trace once, here; `run` then replays from what it read. LRU streams (radixcache.sim.flat_lru):
     it is fed like CacheReplay, and says `broken` when the trace turns out to need the tree after all (ids that are
     not chained, a recorded request), for the caller to replay it through the tree instead."""
-    if concurrency != 1 or getattr(workload, "kind", None) != "hash" or workload.page_size != 1:
+    if type(concurrency) is not int or concurrency != 1 or getattr(workload, "kind", None) != "hash":
         return None
     # Flat replays keep the capacity in int64 arrays (a float was a numpy TypeError, True a capacity, a size past
-    # int64 an OverflowError): the tree's replay takes any positive int, and refuses anything else by name.
-    if type(capacity_blocks) is not int or not 1 <= capacity_blocks < 2**63:
+    # int64 an OverflowError) and took concurrency True for 1: the tree's replay takes any positive int, and refuses
+    # anything else by name.
+    if type(capacity_blocks) is not int or not 1 <= capacity_blocks < 2**63 or workload.page_size != 1:
         return None
     if policy == "lru":
         return FlatLRUReplay(workload, capacity_blocks, timeline=timeline(), honor_timestamps=honor_timestamps)

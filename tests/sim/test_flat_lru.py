@@ -191,6 +191,8 @@ def test_a_capacity_that_is_not_a_positive_int_is_refused_on_a_hash_trace_too(ca
     workload = hash_workload([HashRequest(float(i), 8, 1, (i % 2, 10 + i % 3)) for i in range(10)], block_size=4)
     with pytest.raises(RadixCacheError, match=f"capacity_blocks must be a positive int, got {capacity!r}"):
         simulate(workload, capacity, policy)  # type: ignore[arg-type]
+    with pytest.raises(RadixCacheError, match="concurrency must be a positive int, got True"):
+        simulate(workload, 4, policy, concurrency=True)  # was taken for 1 by the flat replays
 
 
 def test_a_capacity_past_int64_replays_a_hash_trace_as_any_capacity_nothing_fills() -> None:
