@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from radixcache.errors import PolicyError
 from radixcache.policy.base import EvictionPolicy, check_parameter
 
 if TYPE_CHECKING:
@@ -92,8 +93,12 @@ class ReusePolicy(EvictionPolicy):
     # ------------------------------------------------------------------ what callers tell it
 
     def expect(self, output_tokens: int | None) -> None:
-        """The next insert is a request that produced `output_tokens` tokens (None: unknown)."""
-        self._expected = -1 if output_tokens is None else min(int(output_tokens).bit_length(), 12)
+        """The next insert is a request that produced `output_tokens` tokens (None: unknown). Raises PolicyError for
+        anything but None or an int >= 0: int() raised ValueError for NaN, and a negative count took the bucket of
+        its absolute value (the admission's `class_of` reads the same count, and raised AttributeError for a float)."""
+        if output_tokens is not None and (type(output_tokens) is not int or output_tokens < 0):
+            raise PolicyError(f"reuse: output_tokens must be an int >= 0 or None, got {output_tokens!r}")
+        self._expected = -1 if output_tokens is None else min(output_tokens.bit_length(), 12)
 
     # ------------------------------------------------------------------ the policy protocol
 

@@ -112,3 +112,21 @@ def test_the_engines_retention_wrapper_passes_hits_to_reuse() -> None:
     cache.match_prefix([1, 2, 3])
     assert wrapped.base.mean_rate() > 0  # one reuse, heard through the wrapper
     assert make_admission("reuse", eviction=wrapped).model is wrapped.base
+
+
+@pytest.mark.parametrize("output_tokens", [float("nan"), -1, 2.5, True])
+@pytest.mark.parametrize("admission", [None, "reuse"])
+def test_reuse_refuses_an_output_length_that_is_not_a_count(output_tokens: object, admission: str | None) -> None:
+    """Regression: a request built in Python with output_tokens NaN raised ValueError from int(), 2.5 under the
+    reuse admission AttributeError (no bit_length), and -1 silently took the bucket of 1 output token."""
+    from radixcache.trace.workload import SimRequest, Workload
+
+    requests = tuple(SimRequest(float(i), (1, 2, i % 4), (), 3, output_tokens=output_tokens) for i in range(4))
+    with pytest.raises(PolicyError, match=f"reuse: output_tokens must be an int >= 0 or None, got {output_tokens!r}"):
+        simulate(Workload(requests, 1, 1, "token"), 3, "reuse", admission=admission)  # type: ignore[arg-type]
+    policy = ReusePolicy()
+    policy.expect(7)
+    policy.expect(None)
+    assert policy._expected == -1
+    policy.expect(7)
+    assert policy._expected == 3  # 7 tokens: bit length 3
