@@ -26,11 +26,11 @@ from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS
 from radixcache.sim.routing_workload import ARRIVALS
 from radixcache.sim.source import open_source, worth_reading_ahead
 from radixcache.sim.tiers import COST_PAGE_TOKENS, DEFAULT_TIER_COSTS, TierConfig, TierCosts
+from radixcache.sim.timeline import MAX_WINDOWS
 from radixcache.tier.tiered_cache import WRITE_POLICIES
 from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
 from radixcache.trace.workload import load_workload
 
-MAX_WINDOWS = 100_000  # hit-rate windows: far more than any table or plot shows
 MAX_SIM_REPLICAS = 4096  # simulated replicas, each with its own tree
 
 SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and counters are int64

@@ -7,6 +7,10 @@ from array import array
 from radixcache.errors import RadixCacheError
 from radixcache.sim.results import Window
 
+#: the most hit-rate windows a replay keeps: far more than any table or plot shows. Each is a row of counters made
+#: up front, so simulate(..., windows=10**9) ran the machine out of memory before its first request.
+MAX_WINDOWS = 100_000
+
 
 class Timeline:
     """Each request's arrival time, prompt tokens and hit tokens, cut into `count` windows of equal length from the
@@ -15,8 +19,8 @@ class Timeline:
     and cut once the trace has gone by. Both give the same windows."""
 
     def __init__(self, count: int = 20, span: tuple[float, float] | None = None) -> None:
-        if type(count) is not int or count < 1:
-            raise RadixCacheError(f"windows must be a positive int, got {count!r}")
+        if type(count) is not int or not 1 <= count <= MAX_WINDOWS:
+            raise RadixCacheError(f"windows must be an int in [1, {MAX_WINDOWS:,}], got {count!r}")
         self.count, self.span = count, span
         self.times = array("d")
         self.prompts = array("q")

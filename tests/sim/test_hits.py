@@ -127,3 +127,22 @@ def test_bad_arguments_raise() -> None:
         simulate(w, 4, concurrency=0)
     with pytest.raises(RadixCacheError):
         simulate(w, 4, "nope")
+
+
+@pytest.mark.parametrize("windows", [100_001, 10**12])
+def test_more_windows_than_the_cli_allows_is_refused_by_the_library_too(windows: int) -> None:
+    """Regression: the CLI stopped --windows at 100,000, but simulate(), evaluate() and simulate_infinite() made
+    every window's counters up front for any count: windows=10**9 ran the machine out of memory (the process was
+    killed) before the first request."""
+    from radixcache.sim.simulation import simulate_infinite
+
+    workload = token_workload([req(0, [1, 2]), req(1, [1, 2, 3])])
+    for run in (
+        lambda: simulate(workload, 4, windows=windows),
+        lambda: evaluate(workload, 4, windows=windows),
+        lambda: simulate_infinite(workload, windows=windows),
+    ):
+        with pytest.raises(RadixCacheError, match=r"windows must be an int in \[1, 100,000\]"):
+            run()
+    widest = simulate(workload, 4, windows=100_000)
+    assert len(widest.windows) == 100_000 and sum(w.requests for w in widest.windows) == 2
