@@ -22,6 +22,7 @@ from radixcache.router import ROUTERS
 from radixcache.sim.compare import compare, policy_names
 from radixcache.sim.evaluation import evaluate
 from radixcache.sim.replay_common import Replayable
+from radixcache.sim.routing_replay import MAX_SIM_REPLICAS
 from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS
 from radixcache.sim.routing_workload import ARRIVALS
 from radixcache.sim.source import open_source, worth_reading_ahead
@@ -30,8 +31,6 @@ from radixcache.sim.timeline import MAX_WINDOWS
 from radixcache.tier.tiered_cache import WRITE_POLICIES
 from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
 from radixcache.trace.workload import load_workload
-
-MAX_SIM_REPLICAS = 4096  # simulated replicas, each with its own tree
 
 SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and counters are int64
 

@@ -51,6 +51,8 @@ from radixcache.sim.tiers import LatencyDigest
 from radixcache.trace.workload import SimRequest, Workload
 
 _FINGERPRINT = "radixcache-routing-sim"  # the page-hash root of a token trace's pages (no model: any fixed string)
+#: the most replicas a replay simulates: each holds a tree and a queue, all made up front (10**9 ran out of memory)
+MAX_SIM_REPLICAS = 4096
 
 
 class RoutingReplay:
@@ -73,8 +75,8 @@ class RoutingReplay:
         record: bool = False,
         check: bool = False,
     ) -> None:
-        if type(replicas) is not int or replicas < 1:
-            raise RadixCacheError(f"replicas must be a positive int, got {replicas!r}")
+        if type(replicas) is not int or not 1 <= replicas <= MAX_SIM_REPLICAS:
+            raise RadixCacheError(f"replicas must be an int in [1, {MAX_SIM_REPLICAS:,}], got {replicas!r}")
         if type(capacity_blocks) is not int or capacity_blocks < 1:
             raise RadixCacheError(f"capacity_blocks must be a positive int, got {capacity_blocks!r}")
         if not isinstance(costs, RoutingCosts):

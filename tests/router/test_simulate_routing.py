@@ -188,6 +188,18 @@ def test_a_recorded_hash_trace_publishes_its_output_pages(tmp_path: Path) -> Non
         assert replay.index.keys(r) == {1, 2, 3} | outputs
 
 
+@pytest.mark.parametrize("replicas", [4097, 10**12])
+def test_more_replicas_than_the_cli_allows_is_refused_by_the_library_too(replicas: int) -> None:
+    """Regression: the CLI stopped --replicas at 4,096, but RoutingReplay made every replica's tree and queue up front
+    for any count: simulate_routing(..., 10**9, ...) ran the machine out of memory before the first request."""
+    from radixcache.errors import RadixCacheError
+
+    workload = token_workload(list(multi_turn_chat(conversations=2, vocab=50)), 16)
+    with pytest.raises(RadixCacheError, match=r"replicas must be an int in \[1, 4,096\]"):
+        simulate_routing(workload, replicas, 8)
+    assert simulate_routing(workload, 4096, 8, "round_robin").num_replicas == 4096
+
+
 def test_cache_aware_beats_round_robin_on_a_small_chat_trace() -> None:
     # No wall-clock bound: it flaked on a busy machine, and the run's 300 s timeout still ends a hang.
     workload = token_workload(list(multi_turn_chat(conversations=80, seed=1)), 16)
