@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -22,6 +22,14 @@ from radixcache.runtime.engine.protocol import GenerationEngine
 from radixcache.runtime.server import generation, legacy
 from radixcache.runtime.server.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_max_body_bytes
 from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
+from radixcache.runtime.server.http_common import (
+    ApiKey,
+    ClosingStreamingResponse,
+    first_event,
+    prepend,
+    tenant,
+    until_disconnect,
+)
 from radixcache.runtime.server.leases import check_lease_defaults, retain_for
 from radixcache.runtime.server.metrics import ServerMetrics
 from radixcache.runtime.server.protocol import (
@@ -90,7 +98,7 @@ def create_app(
         """With keys, /v1 refuses an unauthenticated request before even parsing its body (as OpenAI does)."""
         if keys and request.url.path.startswith("/v1"):
             try:
-                _tenant(request)
+                tenant(request)
             except APIError as exc:
                 return await _api_error(request, exc)
         return await call_next(request)
@@ -229,11 +237,11 @@ def create_app(
             events = generation.stream(engine, job, inflight)
             # Wait for the first event before answering 200: a refusal (full queue, queue timeout) is still an
             # HTTP status then, not an error inside a stream.
-            first = await _until_disconnect(request, _first_event(events))
+            first = await until_disconnect(request, first_event(events))
             want = job.options.sampling.logprobs is not None
-            sse = responder.sse(_prepend(first, events), body.include_usage(), metrics, want, namespace)
+            sse = responder.sse(prepend(first, events), body.include_usage(), metrics, want, namespace)
             return ClosingStreamingResponse(sse, media_type="text/event-stream")
-        results = await _until_disconnect(request, generation.complete(engine, job, inflight))
+        results = await until_disconnect(request, generation.complete(engine, job, inflight))
         for r in results:
             metrics.observe(r, namespace)
         metrics.requests_ok += 1
@@ -290,48 +298,18 @@ def create_app(
         """The cache's invariants, checked between two engine steps, and its block gauges (private like /metrics).
         A broken invariant is a bug: a 500."""
         if not public_metrics:
-            _tenant(request)
+            tenant(request)
         gauges = await asyncio.to_thread(engine.check)
         return {"invariants": "ok", **gauges, "queued": engine.queue.waiting}
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> PlainTextResponse:
         if not public_metrics:  # every tenant's traffic and timings: as private as the API itself
-            _tenant(request)
+            tenant(request)
         text = await asyncio.to_thread(metrics.render, engine, model_name)  # replicas: Ray calls, off the loop
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return app
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """A StreamingResponse that closes its body iterator however the response ends. When the client goes away
-    while a chunk is being sent, Starlette abandons the iterator suspended at its `yield`, and only its finalizer
-    would close it (and so cancel the engine requests behind it), once the garbage collector breaks the cycle the
-    exception's traceback makes: until then the engine goes on generating for nobody, up to max_tokens."""
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
-
-
-async def _first_event(events: AsyncIterator[Any]) -> Any:
-    try:
-        return await events.__anext__()
-    except BaseException:
-        await events.aclose()  # type: ignore[attr-defined]
-        raise
-
-
-async def _prepend(first: Any, events: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    try:
-        yield first
-        async for event in events:
-            yield event
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
 
 
 def _session_header(request: Request) -> str | None:
@@ -345,42 +323,7 @@ def _session_header(request: Request) -> str | None:
     return session
 
 
-async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
-    """Await `work` unless the client goes away first; then cancel it (its engine requests too) and answer 499."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.create_task(_disconnect(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if not task.done():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise APIError(499, "client disconnected")
-    return task.result()
-
-
 _STARTED = int(time.time())
-
-
-async def _disconnect(request: Request) -> None:
-    """Returns when the client closes the connection (the body has been read; only the disconnect is left)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def _tenant(request: Request) -> str | None:
-    """The caller's API key (None without configured keys); 401 when keys are configured and it has none of them."""
-    keys = request.app.state.api_keys
-    if not keys:
-        return None
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or token.strip() not in keys:
-        raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
-    return token.strip()
-
-
-ApiKey = Annotated[str | None, Depends(_tenant)]
 
 
 def _model_card(name: str, context: int) -> dict[str, Any]:
