@@ -1,5 +1,6 @@
-"""The FastAPI application: OpenAI's chat and completions endpoints over one Engine, plus models, health and
-Prometheus metrics. `create_app(engine, model_name, api_keys=...)`; `cli/serve.py` runs it under uvicorn.
+"""The FastAPI application: OpenAI's chat and completions endpoints over one Engine (and its Responses API on the
+chat path: runtime.server.responses_route), plus models, health and Prometheus metrics.
+`create_app(engine, model_name, api_keys=...)`; `cli/serve.py` runs it under uvicorn.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from radixcache.runtime.engine.errors import EngineOverloadedError
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine
-from radixcache.runtime.server import generation, legacy
+from radixcache.runtime.server import generation, legacy, responses_route
 from radixcache.runtime.server.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_max_body_bytes
 from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
 from radixcache.runtime.server.http_common import (
@@ -41,6 +42,7 @@ from radixcache.runtime.server.protocol import (
     validation_message,
 )
 from radixcache.runtime.server.responses import Responder
+from radixcache.runtime.server.responses_store import ResponseStore
 from radixcache.runtime.server.structured import grammar_of, render_chat, tool_use_of
 from radixcache.runtime.tools import template_features
 
@@ -279,6 +281,9 @@ def create_app(
         namespace = generation.namespace_for(key, body.cache_salt)
         job = job_for(body, prompts, namespace, request, key, grammar=grammar_of(body))
         return await run(request, body, job, responder("text_completion", job))
+
+    chat = responses_route.ChatPath(engine, model_name, inflight, metrics, check_model, encode, job_for)
+    responses_route.add_routes(app, chat, ResponseStore())  # OpenAI's Responses API, on the chat path
 
     @app.get("/v1/models")
     async def models(_: ApiKey) -> dict[str, Any]:

@@ -1,0 +1,239 @@
+"""A Responses request as the chat endpoint's body: its items as chat messages, its flat tools as chat tools,
+`tool_choice` and `text.format` as chat's forms, so it runs through the chat path's own rendering, generation,
+tool-call parsing and structured output (runtime.server.responses_route).
+
+- Items (`input`, and the stored chain of `previous_response_id`): messages (role user, system, developer or
+  assistant; content a string or `input_text` / `output_text` parts; `"type": "message"` optional) become chat
+  messages; a `function_call` joins the assistant message before it (or starts one) as a tool call whose id is
+  its `call_id`; a `function_call_output` becomes a `tool` message answering its `call_id`. `instructions` is the
+  system message, first. Any other item (reasoning, images, files, hosted tools' calls) is a 400 naming it.
+- `items_of` checks the items and returns them in one canonical form (what the response store keeps).
+- `renamed(error, origins)`: a 400 the chat path raised, its `param` in the Responses names (`messages.3.content`
+  -> `input.2.content`, `tools.0.function.parameters` -> `tools.0.parameters`, `response_format` -> `text.format`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from radixcache.runtime.server.protocol import APIError, ChatCompletionRequest, validation_message
+from radixcache.runtime.server.responses_protocol import PASSED, ResponsesRequest
+
+ROLES = ("user", "system", "developer", "assistant")
+_KEYS = {
+    "message": {"type", "role", "content", "id", "status", "phase"},
+    "function_call": {"type", "id", "call_id", "name", "arguments", "status"},
+    "function_call_output": {"type", "id", "call_id", "output", "status"},
+}
+_PART_KEYS = {"type", "text", "annotations", "logprobs"}
+_TOOL_KEYS = {"type", "name", "description", "parameters", "strict"}
+PREVIOUS = "previous_response_id"  # the origin of an item from the stored chain
+
+
+def _text(value: Any, path: str) -> str:
+    """A content or output: a string, or text parts joined."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise APIError(400, f"{path}: must be a string or a list of text parts", param=path)
+    out = []
+    for j, part in enumerate(value):
+        here = f"{path}.{j}"
+        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise APIError(400, f"{here}: only text parts (input_text, output_text), got {kind!r}", param=here)
+        for key in part.keys() - _PART_KEYS:
+            raise APIError(400, f"Unrecognized content part field: {here}.{key}", param=f"{here}.{key}")
+        if not isinstance(part.get("text"), str):
+            raise APIError(400, f"{here}.text: must be a string", param=f"{here}.text")
+        out.append(part["text"])
+    return "".join(out)
+
+
+def _string(item: dict[str, Any], key: str, path: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or (key != "arguments" and not value):
+        raise APIError(400, f"{path}.{key}: must be a non-empty string", param=f"{path}.{key}")
+    return value
+
+
+def item_of(item: Any, path: str) -> dict[str, Any]:
+    """One input item, checked, in the canonical form."""
+    if not isinstance(item, dict):
+        raise APIError(400, f"{path}: an item must be an object", param=path)
+    kind = item.get("type", "message" if "role" in item else None)
+    if not isinstance(kind, str) or kind not in _KEYS:
+        raise APIError(
+            400,
+            f"{path}.type: {kind!r} items are not supported by this server (messages, function_call and "
+            "function_call_output are)",
+            param=f"{path}.type",
+        )
+    for key in sorted(item.keys() - _KEYS[kind]):
+        raise APIError(400, f"Unrecognized input item field: {path}.{key}", param=f"{path}.{key}")
+    if kind == "message":
+        if item.get("role") not in ROLES:
+            raise APIError(400, f"{path}.role: must be one of {', '.join(ROLES)}", param=f"{path}.role")
+        return {"type": "message", "role": item["role"], "content": _text(item.get("content"), f"{path}.content")}
+    if kind == "function_call":
+        names = ("call_id", "name", "arguments")
+        return {"type": kind, **{k: _string(item, k, path) for k in names}}
+    return {
+        "type": kind,
+        "call_id": _string(item, "call_id", path),
+        "output": _text(item.get("output"), f"{path}.output"),
+    }
+
+
+def items_of(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's own items, checked; a string input is one user message."""
+    if isinstance(body.input, str):
+        return [{"type": "message", "role": "user", "content": body.input}]
+    return [item_of(item, f"input.{i}") for i, item in enumerate(body.input)]
+
+
+def messages_of(
+    items: list[dict[str, Any]], origins: list[str], instructions: str | None
+) -> tuple[list[dict[str, Any]], list[list[str]]]:
+    """Chat messages from canonical items, and for each message the paths of the items it came from (its calls'
+    items after its own)."""
+    messages: list[dict[str, Any]] = []
+    sources: list[list[str]] = []
+    if instructions is not None:
+        messages.append({"role": "system", "content": instructions})
+        sources.append(["instructions"])
+    for item, origin in zip(items, origins, strict=True):
+        kind = item["type"]
+        if kind == "message":
+            messages.append({"role": item["role"], "content": item["content"]})
+            sources.append([origin])
+        elif kind == "function_call":
+            function = {"name": item["name"], "arguments": item["arguments"]}
+            call = {"id": item["call_id"], "type": "function", "function": function}
+            if not messages or messages[-1]["role"] != "assistant":
+                messages.append({"role": "assistant", "content": None})
+                sources.append([origin])
+            last = messages[-1]
+            last["content"] = last["content"] or None  # a reply that is only calls: content null, as chat's
+            last.setdefault("tool_calls", []).append(call)
+            sources[-1].append(origin)
+        else:
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+            sources.append([origin])
+    return messages, sources
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Responses' flat function tools in chat's form; another tool type is a 400 naming it."""
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise APIError(400, f"tools.{i}: a tool must be an object", param=f"tools.{i}")
+        if tool.get("type") != "function":
+            raise APIError(
+                400,
+                f"tools.{i}.type: only function tools are supported by this server, got {tool.get('type')!r}",
+                param=f"tools.{i}.type",
+            )
+        for key in sorted(tool.keys() - _TOOL_KEYS):
+            hint = " (Responses tools are flat: name and parameters beside type)" if key == "function" else ""
+            raise APIError(400, f"Unrecognized tool field: tools.{i}.{key}{hint}", param=f"tools.{i}.{key}")
+        out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
+    return out
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    if not isinstance(choice, dict):
+        return choice
+    if choice.get("type") != "function":
+        raise APIError(
+            400,
+            f"tool_choice.type: only function choices are supported by this server, got {choice.get('type')!r}",
+            param="tool_choice.type",
+        )
+    for key in sorted(choice.keys() - {"type", "name"}):
+        raise APIError(400, f"Unrecognized tool_choice field: tool_choice.{key}", param=f"tool_choice.{key}")
+    return {"type": "function", "function": {"name": choice.get("name")}}
+
+
+def response_format(body: ResponsesRequest) -> dict[str, Any] | None:
+    fmt = body.text.format if body.text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "json_object"}
+    if fmt.json_schema is None:
+        raise APIError(400, "text.format.schema: a json_schema format needs its schema", param="text.format.schema")
+    spec: dict[str, Any] = {"name": fmt.name or "response", "schema": fmt.json_schema}
+    if fmt.strict is not None:
+        spec["strict"] = fmt.strict
+    if fmt.description is not None:
+        spec["description"] = fmt.description
+    return {"type": "json_schema", "json_schema": spec}
+
+
+def chat_body(
+    body: ResponsesRequest, messages: list[dict[str, Any]], sources: list[list[str]]
+) -> ChatCompletionRequest:
+    """The chat body this request is; its errors are named by the Responses fields."""
+    out: dict[str, Any] = {"model": body.model, "messages": messages}
+    out.update({name: getattr(body, name) for name in PASSED if getattr(body, name) is not None})
+    tools = chat_tools(body.tools)
+    if tools:
+        out["tools"] = tools
+    else:  # no tools: nothing to choose among, nothing to call in parallel (OpenAI accepts these then)
+        out.pop("parallel_tool_calls", None)
+    if body.tool_choice is not None and (tools or body.tool_choice not in ("auto", "none")):
+        out["tool_choice"] = chat_tool_choice(body.tool_choice)
+    if body.max_output_tokens is not None:
+        out["max_completion_tokens"] = body.max_output_tokens
+    fmt = response_format(body)
+    if fmt is not None:
+        out["response_format"] = fmt
+    try:
+        return ChatCompletionRequest.model_validate(out)
+    except ValidationError as exc:
+        message, param = validation_message(list(exc.errors()))
+        raise renamed(APIError(400, message, param=param), sources) from None
+
+
+_RENAMES = (
+    ("response_format.json_schema.", "text.format."),
+    ("response_format", "text.format"),
+    ("tool_choice.function.", "tool_choice."),
+    ("max_completion_tokens", "max_output_tokens"),
+    ("max_tokens", "max_output_tokens"),
+)
+
+
+def renamed(error: APIError, sources: list[list[str]]) -> APIError:
+    """`error` with its `param` (a chat field's path) as the Responses field's path."""
+    param = error.param
+    if param is None:
+        return error
+    parts = param.split(".")
+    if parts[0] == "messages" and len(parts) > 1 and parts[1].isdigit() and int(parts[1]) < len(sources):
+        origin = sources[int(parts[1])]
+        rest = parts[2:]
+        if rest[:1] == ["tool_calls"] and len(rest) > 1 and rest[1].isdigit() and int(rest[1]) + 1 < len(origin):
+            tail = [p for p in rest[2:] if p != "function"]
+            param = ".".join([origin[int(rest[1]) + 1], *(["call_id"] if tail == ["id"] else tail)])
+        else:
+            param = ".".join([origin[0], *rest])
+    elif parts[0] == "messages":
+        param = "input"
+    elif parts[0] == "tools" and len(parts) > 2 and parts[2] == "function":
+        param = ".".join(parts[:2] + parts[3:])
+    else:
+        for old, new in _RENAMES:
+            if param.startswith(old):
+                param = new + param[len(old) :]
+                break
+    if param != error.param:
+        error.message = error.message.replace(error.param, param, 1) if error.param in error.message else error.message
+        error.param = param
+    return error

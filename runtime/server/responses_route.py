@@ -1,0 +1,133 @@
+"""OpenAI's Responses API on the chat path: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`.
+
+A request is translated into the chat endpoint's body (runtime.server.responses_input: messages, tools,
+tool_choice, response_format, sampling, session), rendered, checked and run by the chat path's own code (the
+model's chat template with the engine's call memory, `job_for`, runtime.server.generation, the tool-call parser and
+the grammar), and its result translated back (runtime.server.responses_output, runtime.server.responses_stream).
+
+`previous_response_id` rebuilds the conversation from the stored response (runtime.server.responses_store), so a
+follow-up sends only its new items (the `function_call_output` of a call, the next user message); the rebuilt
+prompt is the previous prompt and reply followed by the new turn, which the radix cache serves. `instructions` is
+not carried over from the previous response (as OpenAI's): each request gives its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from radixcache.runtime.engine.protocol import GenerationEngine
+from radixcache.runtime.server import generation
+from radixcache.runtime.server.http_common import (
+    ApiKey,
+    ClosingStreamingResponse,
+    first_event,
+    prepend,
+    until_disconnect,
+)
+from radixcache.runtime.server.protocol import APIError
+from radixcache.runtime.server.responses_input import (
+    PREVIOUS,
+    chat_body,
+    item_of,
+    items_of,
+    messages_of,
+    renamed,
+)
+from radixcache.runtime.server.responses_output import ResponseBuilder
+from radixcache.runtime.server.responses_protocol import ResponsesRequest
+from radixcache.runtime.server.responses_store import ResponseStore
+from radixcache.runtime.server.responses_stream import ResponseStream
+from radixcache.runtime.server.structured import grammar_of, render_chat, tool_use_of
+
+
+@dataclass(frozen=True)
+class ChatPath:
+    """What the Responses routes use of create_app's chat endpoint."""
+
+    engine: GenerationEngine
+    model_name: str
+    inflight: generation.Inflight
+    metrics: Any
+    check_model: Callable[[str], None]
+    encode: Callable[[str], list[int]]
+    job_for: Callable[..., generation.Job]
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(404, f"No response found with id '{response_id}'.", param="response_id", code="not_found")
+
+
+def add_routes(app: FastAPI, chat: ChatPath, store: ResponseStore) -> None:
+    app.state.responses = store
+
+    def history(body: ResponsesRequest, key: str | None) -> tuple[list[dict[str, Any]], list[str]]:
+        """The conversation's canonical items (the previous response's, then this request's) and their origins."""
+        prior: list[dict[str, Any]] = []
+        if body.previous_response_id is not None:
+            entry = store.get(key, body.previous_response_id)
+            if entry is None:
+                raise APIError(
+                    400,
+                    f"Previous response with id '{body.previous_response_id}' not found.",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
+            prior = entry.items + [item_of(item, PREVIOUS) for item in entry.output]
+        own = items_of(body)
+        if not own:
+            raise APIError(400, "input must not be empty", param="input")
+        where = ["input"] if isinstance(body.input, str) else [f"input.{i}" for i in range(len(own))]
+        return prior + own, [PREVIOUS] * len(prior) + where
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request, body: ResponsesRequest, key: ApiKey) -> Any:
+        chat.check_model(body.model)
+        body.refuse_unsupported()
+        items, origins = history(body, key)
+        messages, sources = messages_of(items, origins, body.instructions)
+        chat_request = chat_body(body, messages, sources)
+        try:
+            grammar, use = grammar_of(chat_request), tool_use_of(chat_request)
+            rendered = [m.as_dict(i) for i, m in enumerate(chat_request.messages)]
+            ids = await asyncio.to_thread(lambda: chat.encode(render_chat(chat.engine, rendered, use)))
+            namespace = generation.namespace_for(key, body.cache_salt)
+            job = chat.job_for(chat_request, [ids], namespace, request, key, grammar=grammar, tool_use=use)
+        except APIError as exc:
+            raise renamed(exc, sources) from None
+        builder = ResponseBuilder(body, chat.model_name, job.prompt_tokens)
+
+        def keep(response: dict[str, Any]) -> None:
+            if body.stored:
+                store.put(key, response, items, response["output"])
+
+        if body.stream:
+            events = generation.stream(chat.engine, job, chat.inflight)
+            # the first event before answering 200: a refusal (full queue, queue timeout) is still an HTTP status
+            first = await until_disconnect(request, first_event(events))
+            sse = ResponseStream(builder, chat.metrics, namespace, keep).sse(prepend(first, events))
+            return ClosingStreamingResponse(sse, media_type="text/event-stream")
+        (result,) = await until_disconnect(request, generation.complete(chat.engine, job, chat.inflight))
+        chat.metrics.observe(result, namespace)
+        chat.metrics.requests_ok += 1
+        response = builder.whole(result)
+        keep(response)
+        return JSONResponse(response)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, key: ApiKey) -> Any:
+        entry = store.get(key, response_id)
+        if entry is None:
+            raise _not_found(response_id)
+        return JSONResponse(entry.response)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, key: ApiKey) -> Any:
+        if not store.delete(key, response_id):
+            raise _not_found(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})

@@ -1,0 +1,141 @@
+"""A streamed Responses answer: OpenAI's SSE events (`event: TYPE` and `data: {"type": TYPE, "sequence_number": n,
+...}`), from the chat path's events (runtime.server.generation.stream).
+
+    response.created, response.in_progress
+    per message item: response.output_item.added, response.content_part.added, response.output_text.delta ...,
+        response.output_text.done, response.content_part.done, response.output_item.done
+    per call item: response.output_item.added, response.function_call_arguments.delta ...,
+        response.function_call_arguments.done, response.output_item.done
+    response.completed (or response.incomplete)
+
+Items stream one after the other: an item is done when the next begins. With tools, the chat path's tool-call
+deltas drive the items (`{"content"}` text, a call's first delta with its id and name, then its arguments), so the
+items assemble to what the whole answer would hold. The final response's `output` is the items as streamed. A
+failure once the stream has begun is an `error` event, then response.failed. No `[DONE]`: OpenAI sends none here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from radixcache.runtime.engine.request import GenerationResult
+from radixcache.runtime.server.errors import api_error_for
+from radixcache.runtime.server.responses_output import ResponseBuilder, new_id
+
+
+class ResponseStream:
+    """The events of one response. `done(response, output)` runs once the response completed (to store it)."""
+
+    def __init__(
+        self,
+        builder: ResponseBuilder,
+        metrics: Any,
+        namespace: Any,
+        done: Callable[[dict[str, Any]], None] = lambda _: None,
+    ) -> None:
+        self.builder, self.metrics, self.namespace, self.done = builder, metrics, namespace, done
+        self.seq = 0
+        self.items: list[dict[str, Any]] = []
+        self.open: dict[str, Any] | None = None  # the item being streamed
+        self.calls: dict[int, dict[str, Any]] = {}  # the parser's call index -> its item
+
+    def _event(self, kind: str, **fields: Any) -> str:
+        data = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+    def _where(self, item: dict[str, Any]) -> dict[str, Any]:
+        return {"item_id": item["id"], "output_index": self.items.index(item)}
+
+    def _added(self, item: dict[str, Any]) -> list[str]:
+        out = self._close("completed")
+        self.items.append(item)
+        self.open = item
+        out.append(self._event("response.output_item.added", output_index=len(self.items) - 1, item=dict(item)))
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": "", "annotations": []}
+            out.append(self._event("response.content_part.added", **self._where(item), content_index=0, part=part))
+        return out
+
+    def _text(self, text: str) -> list[str]:
+        if not text:
+            return []
+        out: list[str] = []
+        if self.open is None or self.open["type"] != "message":
+            first = not any(i["type"] == "message" for i in self.items)
+            msg_id = self.builder.message_id if first else new_id("msg")
+            out += self._added({**self.builder.message("", "in_progress"), "id": msg_id, "content": []})
+        self.open["_text"] = self.open.get("_text", "") + text  # type: ignore[index]
+        where = self._where(self.open)  # type: ignore[arg-type]
+        out.append(self._event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[]))
+        return out
+
+    def _call(self, delta: dict[str, Any]) -> list[str]:
+        (tc,) = delta["tool_calls"]
+        fn = tc.get("function", {})
+        if "id" in tc:  # a call's first delta
+            index = len(self.calls)
+            item = self.builder.call(index, tc["id"], fn.get("name", ""), "", "in_progress")
+            self.calls[tc["index"]] = item
+            out = self._added(item)
+            piece = fn.get("arguments", "")
+        else:
+            item, out, piece = self.calls[tc["index"]], [], fn.get("arguments", "")
+        if piece:
+            item["arguments"] += piece
+            out.append(self._event("response.function_call_arguments.delta", **self._where(item), delta=piece))
+        return out
+
+    def _close(self, status: str) -> list[str]:
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        where = self._where(item)
+        out = []
+        if item["type"] == "message":
+            text = item.pop("_text", "")
+            part = {"type": "output_text", "text": text, "annotations": []}
+            out.append(self._event("response.output_text.done", **where, content_index=0, text=text, logprobs=[]))
+            out.append(self._event("response.content_part.done", **where, content_index=0, part=part))
+            item["content"] = [part]
+        else:
+            out.append(self._event("response.function_call_arguments.done", **where, arguments=item["arguments"]))
+        item["status"] = status
+        out.append(self._event("response.output_item.done", output_index=where["output_index"], item=dict(item)))
+        return out
+
+    async def sse(self, events: AsyncIterator[Any]) -> AsyncIterator[str]:
+        b = self.builder
+        yield self._event("response.created", response=b.response("in_progress"))
+        yield self._event("response.in_progress", response=b.response("in_progress"))
+        result: GenerationResult | None = None
+        try:
+            async for event in events:
+                for delta in event.deltas if event.deltas is not None else ({"content": event.text},):
+                    for line in self._call(delta) if "tool_calls" in delta else self._text(delta.get("content") or ""):
+                        yield line
+                if event.result is not None:
+                    result = event.result
+                    self.metrics.observe(result, self.namespace)
+        except Exception as exc:  # the headers are sent: the error travels in the stream, which still ends well
+            error = api_error_for(exc)
+            self.metrics.failed(error.status)
+            yield self._event("error", code=error.code, message=error.message, param=error.param)
+            failed = {"code": error.code or "server_error", "message": error.message}
+            yield self._event("response.failed", response=b.response("failed", self.items, error=failed))
+            return
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+        assert result is not None  # the chat path's stream ends with the result
+        status = "incomplete" if b.incomplete(result) else "completed"
+        if not self.items:  # an empty reply is one empty message, as the whole answer's
+            for line in self._added({**b.message("", "in_progress"), "content": []}):
+                yield line
+        for line in self._close(status):
+            yield line
+        response = b.response(status, self.items, b.usage(result))
+        self.done(response)
+        self.metrics.requests_ok += 1
+        yield self._event(f"response.{status}", response=response)

@@ -1,0 +1,99 @@
+"""The Responses API on the real SmolLM2-135M-Instruct (the shared `smollm2_server`), with the `openai` package: a
+text answer; a tool round trip (a `function_call`, its `function_call_output` sent alone with
+`previous_response_id`, a text answer that reads the previous prompt and call from the cache); json_schema output
+that validates; a stream whose deltas join to the same text as the whole answer at temperature 0;
+`max_output_tokens` as an incomplete response; `store: false` leaving nothing to continue from."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from tests.smollm2_tools import TOOLS
+from tests.tiny_tools import closed
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2_server")]  # the shared server (conftest.py)
+PAGE = 16
+FLAT = [{"type": "function", **t["function"]} for t in TOOLS]
+SCHEMAS = {t["name"]: closed(t["parameters"]) for t in FLAT}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
+    },
+    "required": ["name", "age", "skills"],
+}
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_server):
+    with openai.OpenAI(base_url=smollm2_server.v1, api_key="unused", max_retries=0, timeout=600) as c:
+        yield c
+
+
+def _ask(client, **kw: Any) -> Any:
+    return client.responses.create(model="smollm2", temperature=0, **kw)
+
+
+def test_a_text_answer_and_the_same_text_streamed(client) -> None:
+    kw = {"instructions": "Answer in one short sentence.", "input": "What is the capital of France?"}
+    whole = _ask(client, max_output_tokens=40, **kw)
+    assert whole.status == "completed" and whole.output_text.strip(), whole
+    deltas = []
+    with client.responses.stream(model="smollm2", temperature=0, max_output_tokens=40, **kw) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == whole.output_text
+
+
+def test_a_tool_round_trip_by_previous_response_id_reads_the_cache(client) -> None:
+    instructions = "You are an agent. Call tools, then answer from their results."
+    first = _ask(
+        client,
+        instructions=instructions,
+        input="What's the weather like in Paris?",
+        tools=FLAT,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=160,
+    )
+    assert first.status == "completed" and [o.type for o in first.output] == ["function_call"], first.output
+    (call,) = first.output
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    follow = _ask(
+        client,
+        instructions=instructions,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature_c": 21}'}],
+        tools=FLAT,
+        tool_choice="none",
+        max_output_tokens=48,
+    )
+    assert follow.output_text.strip() and [o.type for o in follow.output] == ["message"]
+    seen = first.usage.input_tokens + first.usage.output_tokens
+    assert follow.usage.input_tokens_details.cached_tokens >= (seen - 1) // PAGE * PAGE > 0, follow.usage
+
+
+def test_json_schema_output_validates(client) -> None:
+    for prompt in ("Describe a famous chemist.", "Invent a pirate.", "A retired astronaut."):
+        fmt = {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
+        r = _ask(client, input=prompt, text={"format": fmt}, max_output_tokens=160)
+        assert r.status == "completed", r
+        jsonschema.validate(json.loads(r.output_text), closed(PERSON))
+
+
+def test_max_output_tokens_is_incomplete_and_store_false_keeps_nothing(client) -> None:
+    r = _ask(client, input="Write a long poem about the sea.", max_output_tokens=5, store=False)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 5
+    with pytest.raises(openai.BadRequestError) as exc:
+        _ask(client, input="Go on.", previous_response_id=r.id)
+    assert exc.value.code == "previous_response_not_found"
