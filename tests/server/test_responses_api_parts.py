@@ -1,18 +1,29 @@
-"""The Responses API's parts without a model: the response store (least recently used dropped first, bounded by
-count and bytes, one tenant never reading another's) over HTTP with two API keys, and the translation of items into
-the chat path's messages (calls joining the assistant message before them, errors named by the Responses paths)."""
+"""The Responses API's parts: the response store (least recently used dropped first, bounded by count and bytes, one
+tenant never reading another's, also over HTTP with two API keys), the translation of items into the chat path's
+messages (calls joining the assistant message before them, errors named by the Responses paths), and the SSE events
+of a stream from the chat path's events (items one after another, an empty reply, a failure mid-stream)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from radixcache.runtime.engine.errors import QueueFullError
+from radixcache.runtime.engine.request import GenerationResult
+from radixcache.runtime.server.generation import Event
 from radixcache.runtime.server.protocol import APIError
 from radixcache.runtime.server.responses_input import PREVIOUS, item_of, messages_of, renamed
+from radixcache.runtime.server.responses_output import ResponseBuilder
+from radixcache.runtime.server.responses_protocol import ResponsesRequest
 from radixcache.runtime.server.responses_store import ResponseStore
+from radixcache.runtime.server.responses_stream import ResponseStream
+from radixcache.runtime.tools import ToolCall
 
 
 def _response(rid: str, text: str = "x") -> dict[str, Any]:
@@ -108,3 +119,107 @@ def test_calls_join_the_assistant_message_before_them_and_outputs_answer_them() 
 def test_chat_paths_are_renamed_to_the_responses_fields(param: str, expected: str) -> None:
     sources = [["instructions"], ["input.0"], ["input.1", "input.2", "input.3"]]
     assert renamed(APIError(400, f"{param}: bad", param=param), sources).param == expected
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.observed, self.failures, self.requests_ok = 0, [], 0
+
+    def observe(self, result: Any, namespace: Any) -> None:
+        self.observed += 1
+
+    def failed(self, status: int) -> None:
+        self.failures.append(status)
+
+
+def _result(text: str, finish: str, calls: tuple[ToolCall, ...] = ()) -> GenerationResult:
+    return GenerationResult(text, (1, 2, 3), 10, 4, 6, 0.0, 0.0, finish, tool_calls=calls)
+
+
+def _run(events: list[Any], fail: Exception | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    body = ResponsesRequest.model_validate({"model": "tiny", "input": "hi", "stream": True})
+    stored: list[dict[str, Any]] = []
+    stream = ResponseStream(ResponseBuilder(body, "tiny", 10), _Metrics(), None, stored.append)
+
+    async def source() -> AsyncIterator[Any]:
+        for event in events:
+            yield event
+        if fail is not None:
+            raise fail
+
+    async def collect() -> list[str]:
+        return [line async for line in stream.sse(source())]
+
+    lines = asyncio.run(collect())
+    out = []
+    for line in lines:
+        head, data = line.split("\n")[:2]
+        event = json.loads(data[len("data: ") :])
+        assert head == f"event: {event['type']}"
+        out.append(event)
+    assert [e["sequence_number"] for e in out] == list(range(len(out)))
+    return out, stored
+
+
+def test_a_stream_of_text_then_calls_streams_each_item_after_the_last_and_stores_the_response() -> None:
+    call = ToolCall("call_1", "add", '{"a": 1}')
+    events = [
+        Event(0, "", deltas=({"content": "Let me "}, {"content": "add."})),
+        Event(
+            0,
+            "",
+            deltas=(
+                {
+                    "tool_calls": [
+                        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add", "arguments": ""}}
+                    ]
+                },
+            ),
+        ),
+        Event(0, "", deltas=({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": '}}]},)),
+        Event(0, "", deltas=({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]},)),
+        Event(0, "", result=_result("Let me add.", "tool_calls", (call,))),
+    ]
+    out, stored = _run(events)
+    assert [e["type"] for e in out] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    final = out[-1]["response"]
+    message, function_call = final["output"]
+    assert message["content"][0]["text"] == "Let me add." and message["status"] == "completed"
+    assert (function_call["call_id"], function_call["arguments"], function_call["status"]) == (
+        "call_1",
+        '{"a": 1}',
+        "completed",
+    )
+    assert out[9]["output_index"] == 1 and out[10]["item_id"] == function_call["id"]
+    assert stored == [final] and final["usage"]["output_tokens"] == 3
+
+
+def test_an_empty_reply_is_one_empty_message_and_a_cut_one_is_incomplete() -> None:
+    out, _ = _run([Event(0, "", result=_result("", "length"))])
+    assert out[-1]["type"] == "response.incomplete"
+    assert out[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    (message,) = out[-1]["response"]["output"]
+    assert message["content"][0]["text"] == "" and message["status"] == "incomplete"
+
+
+def test_a_failure_mid_stream_is_an_error_event_then_response_failed_and_nothing_is_stored() -> None:
+    out, stored = _run([Event(0, "par")], fail=QueueFullError("full", retry_after=1.0))
+    assert [e["type"] for e in out[-2:]] == ["error", "response.failed"]
+    assert out[-2]["code"] == "queue_full" and out[-1]["response"]["status"] == "failed"
+    assert out[-1]["response"]["error"]["code"] == "queue_full" and stored == []
