@@ -71,7 +71,7 @@ def item_of(item: Any, path: str) -> dict[str, Any]:
             "function_call_output are)",
             param=f"{path}.type",
         )
-    for key in sorted(item.keys() - _KEYS[kind]):
+    for key in sorted(item.keys() - _KEYS[kind])[:1]:  # the first unknown key
         raise APIError(400, f"Unrecognized input item field: {path}.{key}", param=f"{path}.{key}")
     if kind == "message":
         if item.get("role") not in ROLES:
@@ -139,7 +139,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
                 f"tools.{i}.type: only function tools are supported by this server, got {tool.get('type')!r}",
                 param=f"tools.{i}.type",
             )
-        for key in sorted(tool.keys() - _TOOL_KEYS):
+        for key in sorted(tool.keys() - _TOOL_KEYS)[:1]:  # the first unknown key
             hint = " (Responses tools are flat: name and parameters beside type)" if key == "function" else ""
             raise APIError(400, f"Unrecognized tool field: tools.{i}.{key}{hint}", param=f"tools.{i}.{key}")
         out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
@@ -155,7 +155,7 @@ def chat_tool_choice(choice: Any) -> Any:
             f"tool_choice.type: only function choices are supported by this server, got {choice.get('type')!r}",
             param="tool_choice.type",
         )
-    for key in sorted(choice.keys() - {"type", "name"}):
+    for key in sorted(choice.keys() - {"type", "name"})[:1]:  # the first unknown key
         raise APIError(400, f"Unrecognized tool_choice field: tool_choice.{key}", param=f"tool_choice.{key}")
     return {"type": "function", "function": {"name": choice.get("name")}}
 

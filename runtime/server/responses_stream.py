@@ -40,6 +40,7 @@ class ResponseStream:
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the item being streamed
         self.calls: dict[int, dict[str, Any]] = {}  # the parser's call index -> its item
+        self.texts: dict[str, str] = {}  # a message item's id -> its text so far
 
     def _event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.seq, **fields}
@@ -67,8 +68,10 @@ class ResponseStream:
             first = not any(i["type"] == "message" for i in self.items)
             msg_id = self.builder.message_id if first else new_id("msg")
             out += self._added({**self.builder.message("", "in_progress"), "id": msg_id, "content": []})
-        self.open["_text"] = self.open.get("_text", "") + text  # type: ignore[index]
-        where = self._where(self.open)  # type: ignore[arg-type]
+        item = self.open
+        assert item is not None
+        self.texts[item["id"]] = self.texts.get(item["id"], "") + text
+        where = self._where(item)
         out.append(self._event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[]))
         return out
 
@@ -95,7 +98,7 @@ class ResponseStream:
         where = self._where(item)
         out = []
         if item["type"] == "message":
-            text = item.pop("_text", "")
+            text = self.texts.get(item["id"], "")
             part = {"type": "output_text", "text": text, "annotations": []}
             out.append(self._event("response.output_text.done", **where, content_index=0, text=text, logprobs=[]))
             out.append(self._event("response.content_part.done", **where, content_index=0, part=part))
