@@ -1,8 +1,9 @@
 """The Responses API on the real SmolLM2-135M-Instruct (the shared `smollm2_server`), with the `openai` package: a
-text answer; a tool round trip (a `function_call`, its `function_call_output` sent alone with
-`previous_response_id`, a text answer that reads the previous prompt and call from the cache); json_schema output
-that validates; a stream whose deltas join to the same text as the whole answer at temperature 0;
-`max_output_tokens` as an incomplete response; `store: false` leaving nothing to continue from."""
+text answer, and a next turn by `previous_response_id` whose prompt reads that answer from the cache; a tool round
+trip (a `function_call`, its `function_call_output` sent alone with `previous_response_id`, a text answer that reads
+the previous prompt and call from the cache); json_schema output that validates; a stream whose deltas join to the
+same text as the whole answer at temperature 0; `max_output_tokens` as an incomplete response; `store: false`
+leaving nothing to continue from."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _ask(client, **kw: Any) -> Any:
     return client.responses.create(model="smollm2", temperature=0, **kw)
 
 
-def test_a_text_answer_and_the_same_text_streamed(client) -> None:
+def test_a_text_answer_the_same_text_streamed_and_a_next_turn_that_reads_it_from_the_cache(client) -> None:
     kw = {"instructions": "Answer in one short sentence.", "input": "What is the capital of France?"}
     whole = _ask(client, max_output_tokens=40, **kw)
     assert whole.status == "completed" and whole.output_text.strip(), whole
@@ -52,6 +53,10 @@ def test_a_text_answer_and_the_same_text_streamed(client) -> None:
                 deltas.append(event.delta)
         final = stream.get_final_response()
     assert "".join(deltas) == final.output_text == whole.output_text
+    follow = _ask(client, instructions=kw["instructions"], input="And of Italy?", previous_response_id=whole.id)
+    seen = whole.usage.input_tokens + whole.usage.output_tokens  # the previous prompt and its text reply
+    assert follow.usage.input_tokens > seen and follow.output_text.strip()
+    assert follow.usage.input_tokens_details.cached_tokens >= (seen - 1) // PAGE * PAGE, (seen, follow.usage)
 
 
 def test_a_tool_round_trip_by_previous_response_id_reads_the_cache(client) -> None:
