@@ -48,7 +48,22 @@ def test_the_store_is_bounded_in_bytes_and_refuses_an_entry_larger_than_the_boun
         assert store.bytes <= 400
     assert store.get(None, "r9") is not None and store.get(None, "r0") is None
     assert store.delete(None, "r9") and not store.delete(None, "r9")
-    assert store.bytes == sum(e.size for e in store._entries.values())
+    assert store.bytes == store.tenant_bytes(None) == sum(e.size for e in store._entries.values())
+
+
+def test_one_tenants_traffic_never_pushes_out_anothers_and_all_tenants_share_a_byte_bound() -> None:
+    store = ResponseStore(max_entries=3, max_total_bytes=10_000)
+    store.put("alice", _response("a"), [], [])
+    for i in range(20):  # bob's flood goes past his own bound: his oldest go, alice's stays
+        store.put("bob", _response(f"b{i}"), [], [])
+    assert store.get("alice", "a") is not None and len(store) == 4
+    assert [store.get("bob", f"b{i}") is not None for i in (16, 17, 18, 19)] == [False, True, True, True]
+    size = store.tenant_bytes("alice")
+    assert store.bytes == size + store.tenant_bytes("bob")
+    small = ResponseStore(max_total_bytes=3 * size)  # over all tenants: the least recent of all go first
+    for tenant in ("alice", "bob", "carol", "dave"):
+        small.put(tenant, _response("a"), [], [])
+    assert [small.get(t, "a") is not None for t in ("alice", "bob", "carol", "dave")] == [False, True, True, True]
 
 
 def test_a_tenant_never_reads_nor_deletes_another_tenants_response() -> None:
