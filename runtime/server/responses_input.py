@@ -7,7 +7,8 @@ tool-call parsing and structured output (runtime.server.responses_route).
   messages; a `function_call` joins the assistant message before it (or starts one) as a tool call whose id is
   its `call_id`; a `function_call_output` becomes a `tool` message answering its `call_id`. `instructions` is the
   system message, first. Any other item (reasoning, images, files, hosted tools' calls) is a 400 naming it.
-- `items_of` checks the items and returns them in one canonical form (what the response store keeps).
+- `items_of` checks the items and returns them in one canonical form (what the response store keeps), each with an
+  id (its own, or a new `msg_`, `fc_` or `fco_` one), as `GET /v1/responses/{id}/input_items` lists them (`listed`).
 - `renamed(error, origins)`: a 400 the chat path raised, its `param` in the Responses names (`messages.3.content`
   -> `input.2.content`, `tools.0.function.parameters` -> `tools.0.parameters`, `response_format` -> `text.format`).
 """
@@ -18,7 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from radixcache.runtime.server.protocol import APIError, ChatCompletionRequest, validation_message
+from radixcache.runtime.server.protocol import MAX_LABEL_CHARS, APIError, ChatCompletionRequest, validation_message
+from radixcache.runtime.server.responses_output import new_id
 from radixcache.runtime.server.responses_protocol import PASSED, ResponsesRequest
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -27,6 +29,7 @@ _KEYS = {
     "function_call": {"type", "id", "call_id", "name", "arguments", "status"},
     "function_call_output": {"type", "id", "call_id", "output", "status"},
 }
+_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}  # of the ids given to items
 _PART_KEYS = {"type", "text", "annotations", "logprobs"}
 _TOOL_KEYS = {"type", "name", "description", "parameters", "strict"}
 PREVIOUS = "previous_response_id"  # the origin of an item from the stored chain
@@ -73,24 +76,32 @@ def item_of(item: Any, path: str) -> dict[str, Any]:
         )
     for key in sorted(item.keys() - _KEYS[kind])[:1]:  # the first unknown key
         raise APIError(400, f"Unrecognized input item field: {path}.{key}", param=f"{path}.{key}")
+    if item.get("id") is not None and (not isinstance(item["id"], str) or not 0 < len(item["id"]) <= MAX_LABEL_CHARS):
+        raise APIError(400, f"{path}.id: must be a string of 1 to {MAX_LABEL_CHARS} characters", param=f"{path}.id")
+    out: dict[str, Any] = {"id": item.get("id") or new_id(_PREFIX[kind]), "type": kind}
     if kind == "message":
         if item.get("role") not in ROLES:
             raise APIError(400, f"{path}.role: must be one of {', '.join(ROLES)}", param=f"{path}.role")
-        return {"type": "message", "role": item["role"], "content": _text(item.get("content"), f"{path}.content")}
+        return {**out, "role": item["role"], "content": _text(item.get("content"), f"{path}.content")}
     if kind == "function_call":
-        names = ("call_id", "name", "arguments")
-        return {"type": kind, **{k: _string(item, k, path) for k in names}}
-    return {
-        "type": kind,
-        "call_id": _string(item, "call_id", path),
-        "output": _text(item.get("output"), f"{path}.output"),
-    }
+        return {**out, **{k: _string(item, k, path) for k in ("call_id", "name", "arguments")}}
+    return {**out, "call_id": _string(item, "call_id", path), "output": _text(item.get("output"), f"{path}.output")}
+
+
+def listed(item: dict[str, Any]) -> dict[str, Any]:
+    """A canonical item as `GET /v1/responses/{id}/input_items` lists it (OpenAI's item shapes)."""
+    out = {**item, "status": "completed"}
+    if item["type"] == "message":
+        kind = "output_text" if item["role"] == "assistant" else "input_text"
+        part = {"type": kind, "text": item["content"], **({"annotations": []} if kind == "output_text" else {})}
+        out["content"] = [part]
+    return out
 
 
 def items_of(body: ResponsesRequest) -> list[dict[str, Any]]:
     """The request's own items, checked; a string input is one user message."""
     if isinstance(body.input, str):
-        return [{"type": "message", "role": "user", "content": body.input}]
+        return [item_of({"role": "user", "content": body.input}, "input")]
     return [item_of(item, f"input.{i}") for i, item in enumerate(body.input)]
 
 

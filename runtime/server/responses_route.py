@@ -1,4 +1,5 @@
-"""OpenAI's Responses API on the chat path: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`.
+"""OpenAI's Responses API on the chat path: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`, and
+`GET /v1/responses/{id}/input_items`.
 
 A request is translated into the chat endpoint's body (runtime.server.responses_input: messages, tools,
 tool_choice, response_format, sampling, session), rendered, checked and run by the chat path's own code (the
@@ -16,9 +17,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 
 from radixcache.runtime.engine.protocol import GenerationEngine
@@ -30,12 +31,13 @@ from radixcache.runtime.server.http_common import (
     prepend,
     until_disconnect,
 )
-from radixcache.runtime.server.protocol import APIError
+from radixcache.runtime.server.protocol import MAX_LABEL_CHARS, APIError
 from radixcache.runtime.server.responses_input import (
     PREVIOUS,
     chat_body,
     item_of,
     items_of,
+    listed,
     messages_of,
     renamed,
 )
@@ -125,6 +127,37 @@ def add_routes(app: FastAPI, chat: ChatPath, store: ResponseStore) -> None:
         if entry is None:
             raise _not_found(response_id)
         return JSONResponse(entry.response)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(
+        response_id: str,
+        key: ApiKey,
+        after: Annotated[str | None, Query(max_length=MAX_LABEL_CHARS)] = None,
+        limit: Annotated[int, Query(ge=1, le=100)] = 20,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> Any:
+        """The conversation the response answered (the chain's items, then its own input), OpenAI's list page."""
+        entry = store.get(key, response_id)
+        if entry is None:
+            raise _not_found(response_id)
+        items = [listed(item) for item in entry.items]
+        items = items if order == "asc" else items[::-1]
+        start = 0
+        if after is not None:
+            ids = [item["id"] for item in items]
+            if after not in ids:
+                raise APIError(400, f"after: no item {after!r} in this response's input", param="after")
+            start = ids.index(after) + 1
+        page = items[start : start + limit]
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": page,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None,
+                "has_more": start + limit < len(items),
+            }
+        )
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str, key: ApiKey) -> Any:

@@ -339,3 +339,21 @@ def test_refused_model_and_accepted_no_op_fields(tools_client, tiny_tools_server
         parallel_tool_calls=True,
     )
     assert ok.status == "incomplete" and ok.prompt_cache_key == "conversation-1" and ok.user == "alice"
+
+
+def test_input_items_lists_the_conversation_a_response_answered_in_pages(tools_client, tiny_tools_server) -> None:
+    first = _ask_tools(tools_client, "items", tool_choice="required", parallel_tool_calls=False, temperature=0)
+    (call,) = first.output
+    answer = {"type": "function_call_output", "call_id": call.call_id, "output": "5", "id": "fco_mine"}
+    follow = _ask_tools(tools_client, "items", previous_response_id=first.id, input=[answer], max_output_tokens=2)
+    listed = list(tools_client.responses.input_items.list(follow.id, order="asc", limit=2))  # two pages
+    assert [i.type for i in listed] == ["message", "function_call", "function_call_output"]
+    assert listed[0].role == "user" and listed[0].content[0].text == ASK and listed[0].id.startswith("msg_")
+    assert (listed[1].id, listed[1].call_id, listed[1].arguments) == (call.id, call.call_id, call.arguments)
+    assert (listed[2].id, listed[2].output) == ("fco_mine", "5")
+    page = tools_client.responses.input_items.list(follow.id, limit=1)  # OpenAI's default order: the latest first
+    assert page.data[0].id == "fco_mine" and page.has_more and page.first_id == page.last_id == "fco_mine"
+    bad = httpx.get(tiny_tools_server.v1 + f"/responses/{follow.id}/input_items", params={"limit": 0}, timeout=10)
+    assert bad.status_code == 400
+    with pytest.raises(openai.NotFoundError):
+        tools_client.responses.input_items.list("resp_unknown")
