@@ -105,26 +105,113 @@ def _translate(spec: GrammarSpec) -> str:
     return matcher.grammar_from_json_schema(schema, defaults=options)
 
 
-def closed_objects(node: object) -> object:
-    """Strict mode: every object schema with `properties` and no `additionalProperties` admits no other key."""
-    if isinstance(node, list):
-        return [closed_objects(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: _closed_value(k, v) for k, v in node.items()}
-    if "properties" in node and "additionalProperties" not in node:
-        out["additionalProperties"] = False
-    return out
+DATA_KEYWORDS = ("enum", "const", "default", "examples")  # their values are data, not schemas
+MEMBERS = ("allOf", "anyOf", "oneOf")
 
 
-def _closed_value(keyword: str, value: object) -> object:
-    """One keyword's value closed: data (`enum`, `const`, ...) as it is; a map of names to schemas (`properties`,
-    ...) schema by schema, since its keys are names (a property may be called `default` or `properties`)."""
-    if keyword in ("enum", "const", "default", "examples"):
-        return value
-    if keyword in SCHEMA_MAPS and isinstance(value, dict):
-        return {name: closed_objects(sub) for name, sub in value.items()}
-    return closed_objects(value)
+def closed_objects(schema: object) -> object:
+    """Strict mode: every object schema with `properties` and no `additionalProperties` admits no other key.
+
+    Where subschemas merge into one object (an `allOf`'s members; an `anyOf`'s, `oneOf`'s or `$ref`'s beside
+    `properties` of its own) each member's `additionalProperties: false` would refuse the keys the others name (JSON
+    Schema's rule), leaving a required one unsatisfiable. So the merged members (and the targets of their `$ref`s)
+    stay open, and the schema holding them is closed over every name they give."""
+    return _Closer(schema).close(schema, (), open_=False)
+
+
+class _Closer:
+    def __init__(self, root: object) -> None:
+        self.root = root
+        self.open_targets: set[tuple[str, ...]] = set()  # JSON pointers of $ref targets that merge with a referrer
+        self._find_open_targets(root)
+
+    def close(self, node: object, at: tuple[str, ...], open_: bool) -> object:
+        if isinstance(node, list):
+            return [self.close(v, (*at, str(i)), open_=False) for i, v in enumerate(node)]
+        if not isinstance(node, dict):
+            return node
+        merges = _merges(node)
+        out: dict[str, object] = {}
+        for k, v in node.items():
+            if k in DATA_KEYWORDS:
+                out[k] = v
+            elif k in SCHEMA_MAPS and isinstance(v, dict):  # names to schemas (a property may be called "enum")
+                out[k] = {name: self.close(s, (*at, k, name), open_=False) for name, s in v.items()}
+            elif merges and k in MEMBERS and isinstance(v, list):
+                out[k] = [self.close(m, (*at, k, str(i)), open_=True) for i, m in enumerate(v)]
+            else:
+                out[k] = self.close(v, (*at, k), open_=False)
+        if open_ or at in self.open_targets or "additionalProperties" in node:
+            return out
+        names = self._names(node, set()) if merges else list(node.get("properties") or ())
+        if "properties" in node or names:
+            own = out.get("properties")
+            out["properties"] = {**{n: True for n in names}, **(own if isinstance(own, dict) else {})}
+            out["additionalProperties"] = False
+        return out
+
+    def _names(self, node: object, seen: set[int]) -> list[str]:
+        """The property names `node` gives an object: its own, its members' and its `$ref` target's."""
+        if not isinstance(node, dict) or id(node) in seen:
+            return []
+        seen.add(id(node))
+        names = list(node.get("properties") or ()) if isinstance(node.get("properties"), dict) else []
+        for key in MEMBERS:
+            for member in node.get(key) if isinstance(node.get(key), list) else ():
+                names += self._names(member, seen)
+        if isinstance(node.get("$ref"), str):
+            names += self._names(_resolve(self.root, node["$ref"]), seen)
+        return list(dict.fromkeys(names))
+
+    def _find_open_targets(self, node: object) -> None:
+        """Every `$ref` target merged with the schema that refers to it (`_merges`), and the ones they refer to."""
+        if isinstance(node, list):
+            for v in node:
+                self._find_open_targets(v)
+            return
+        if not isinstance(node, dict):
+            return
+        if _merges(node):
+            refs = [node.get("$ref")]
+            refs += [
+                m.get("$ref")
+                for key in MEMBERS
+                if isinstance(node.get(key), list)
+                for m in node[key]
+                if isinstance(m, dict)
+            ]
+            for ref in refs:
+                while isinstance(ref, str) and (target := _pointer(ref)) not in self.open_targets:
+                    self.open_targets.add(target)
+                    resolved = _resolve(self.root, ref)
+                    ref = resolved.get("$ref") if isinstance(resolved, dict) else None
+        for k, v in node.items():
+            if k in SCHEMA_MAPS and isinstance(v, dict):
+                self._find_open_targets(list(v.values()))
+            elif k not in DATA_KEYWORDS:
+                self._find_open_targets(v)
+
+
+def _merges(node: dict[str, object]) -> bool:
+    """Whether `node`'s subschemas merge into one object with it: an `allOf`, or members beside its own keys."""
+    return "allOf" in node or ("properties" in node and any(k in node for k in ("anyOf", "oneOf", "$ref")))
+
+
+def _pointer(ref: str) -> tuple[str, ...]:
+    """A local `$ref` as the path of keys it names (`schema_check` refused any other kind)."""
+    return tuple(p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/") if p)
+
+
+def _resolve(root: object, ref: str) -> object:
+    target = root
+    for part in _pointer(ref):
+        if isinstance(target, dict):
+            target = target.get(part)
+        elif isinstance(target, list) and part.isdecimal() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            return None
+    return target
 
 
 def _looks_like_lark(text: str) -> bool:

@@ -126,3 +126,33 @@ def test_strict_closes_objects_without_additional_properties(tiny_tokenizer, tin
             state.accept(z[1])
     else:
         state.accept(z[1])
+
+
+_ID = {"type": "object", "properties": {"id": {"type": "integer", "maximum": 9}}, "required": ["id"]}
+_TAG = {"type": "object", "properties": {"tag": {"enum": ["x", "y"]}}, "required": ["tag"]}
+MERGED = {  # schemas whose object keys are given by several subschemas that merge into one object
+    "allOf": {"allOf": [_ID, _TAG]},
+    "allOf beside properties": {**_TAG, "allOf": [_ID]},
+    "allOf of a $ref": {"$defs": {"Base": _ID}, "allOf": [{"$ref": "#/$defs/Base"}, _TAG]},
+    "$ref beside properties": {"$defs": {"Base": _ID}, "$ref": "#/$defs/Base", **_TAG},
+    "anyOf beside properties": {**_TAG, "anyOf": [_ID, {"properties": {"n": {"type": "null"}}, "required": ["n"]}]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(MERGED))
+def test_strict_keeps_the_keys_that_merged_subschemas_name(tiny_tokenizer, tiny_compiler, name: str) -> None:
+    """Strict mode closed every subschema with `properties` on its own, so the keys one member of an allOf (or the
+    schema beside it) requires were refused by the others' `additionalProperties: false`: a valid schema was an
+    "Unsatisfiable schema" error. The merged object admits the keys of all of them, and still no other key."""
+    schema = MERGED[name]
+    compiled = tiny_compiler.compile(GrammarSpec.json_schema(schema, strict=True))
+    table = token_table(tiny_tokenizer, compiled.vocab)
+    for seed in range(3):
+        value = json.loads(decode(tiny_tokenizer, walk(GrammarState(compiled), table, seed)))
+        jsonschema.validate(value, schema)
+        assert "tag" in value and set(value) <= {"id", "tag", "n"}, value
+    state = GrammarState(compiled)
+    for t in tiny_tokenizer.encode('{"', add_special_tokens=False):
+        state.accept(t)
+    firsts = {decode(tiny_tokenizer, [t])[:1] for t in allowed_ids(state)}
+    assert firsts and firsts <= {"i", "t", "n"}, firsts  # the first key: one the subschemas name, never another
