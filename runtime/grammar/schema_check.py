@@ -95,7 +95,7 @@ def _check_ref(ref: Any, path: str, root: Any) -> None:
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(target, dict) and part in target:
             target = target[part]
-        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+        elif isinstance(target, list) and part.isdecimal() and int(part) < len(target):  # not isdigit: '²'
             target = target[int(part)]
         else:
             raise GrammarError(f"reference {ref!r} points nowhere in the schema", path)

@@ -34,6 +34,7 @@ def rf(schema: object, strict: bool | None = True) -> dict:
         ({"type": "string", "maxLength": -1}, f"{ROOT}.maxLength"),
         ({"properties": {"x": 5}}, f"{ROOT}.properties.x"),
         ("{not json", ROOT),
+        ({"prefixItems": [{}], "$ref": "#/prefixItems/\u00b2"}, f"{ROOT}.$ref"),  # a digit int() cannot read
     ],
 )
 def test_invalid_schema_names_its_path(schema: object, path: str) -> None:
