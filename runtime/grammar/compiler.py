@@ -98,6 +98,10 @@ def _translate(spec: GrammarSpec) -> str:
     if spec.kind == "json_object":
         return matcher.grammar_from_json_schema(JSON_OBJECT_SCHEMA, overrides=options)
     schema = spec.schema()
+    if isinstance(schema, bool):  # JSON Schema's own forms, which the library does not take: any value, or none
+        if not schema:
+            raise ValueError("the schema false admits no value")
+        schema = {}
     if spec.strict:
         schema = closed_objects(schema)
     else:

@@ -156,3 +156,21 @@ def test_strict_keeps_the_keys_that_merged_subschemas_name(tiny_tokenizer, tiny_
         state.accept(t)
     firsts = {decode(tiny_tokenizer, [t])[:1] for t in allowed_ids(state)}
     assert firsts and firsts <= {"i", "t", "n"}, firsts  # the first key: one the subschemas name, never another
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_the_schema_true_admits_any_json_value_and_false_none(tiny_tokenizer, tiny_compiler, strict: bool) -> None:
+    """A boolean is a whole JSON schema (`true`: any value; `false`: none) and `json_schema` takes one, but the
+    library takes only objects: `true` failed with its "Expecting object schema to apply options"."""
+    spec = GrammarSpec.from_response_format(
+        {"type": "json_schema", "json_schema": {"name": "any", "schema": True, "strict": strict}}
+    )
+    compiled = tiny_compiler.compile(spec)
+    table = token_table(tiny_tokenizer, compiled.vocab)
+    for seed in range(4):
+        json.loads(decode(tiny_tokenizer, walk(GrammarState(compiled), table, seed)))
+    firsts = {decode(tiny_tokenizer, [t])[:1] for t in allowed_ids(GrammarState(compiled))}
+    assert {"{", "[", '"', "t", "n", "1"} <= firsts, firsts  # an object, an array, a string, a literal, a number
+    with pytest.raises(GrammarError, match="the schema false admits no value") as info:
+        tiny_compiler.compile(GrammarSpec.json_schema(False, strict=strict))
+    assert info.value.path == "response_format.json_schema.schema"
