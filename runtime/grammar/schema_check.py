@@ -80,7 +80,10 @@ def _check_keywords(node: dict[str, Any], path: str, root: Any) -> None:
 def _check_regex(pattern: Any, path: str) -> None:
     if not isinstance(pattern, str):
         raise GrammarError("must be a string", path)
-    message = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_regex(pattern))
+    try:
+        message = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_regex(pattern))
+    except ValueError as e:  # text the library cannot take at all, e.g. a lone surrogate (UnicodeEncodeError)
+        raise GrammarError(f"invalid regex: {e}", path) from None
     if message and not message.startswith("WARNING"):
         raise GrammarError(f"invalid regex: {message.strip()}", path)
 

@@ -34,6 +34,8 @@ def rf(schema: object, strict: bool | None = True) -> dict:
         ({"type": "string", "maxLength": -1}, f"{ROOT}.maxLength"),
         ({"properties": {"x": 5}}, f"{ROOT}.properties.x"),
         ("{not json", ROOT),
+        ({"type": "string", "pattern": "a\ud800"}, f"{ROOT}.pattern"),  # a lone surrogate: no UTF-8 for the library
+        ('{"items": {"pattern": "\\udfff"}}', f"{ROOT}.items.pattern"),
         ({"prefixItems": [{}], "$ref": "#/prefixItems/\u00b2"}, f"{ROOT}.$ref"),  # a digit int() cannot read
     ],
 )
