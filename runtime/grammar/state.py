@@ -1,8 +1,9 @@
 """`GrammarState`: one request's position in its grammar, the mask of its next token, and EOS handling.
 
 The mask is one bit per token id in int32 words (bit `i % 32` of word `i // 32`), the layout `masks.py` applies to
-logits. While the grammar is incomplete no stop token is allowed; once it may end, every stop token is allowed (the
-grammar's own continuations too, e.g. more digits); once it can only end, only the stop tokens are.
+logits. While the grammar is incomplete no stop token is allowed (but where the grammar names one as its text);
+once it may end, every stop token is allowed (the grammar's own continuations too, e.g. more digits); once it can
+only end, only the stop tokens are.
 """
 
 from __future__ import annotations
@@ -65,8 +66,11 @@ class GrammarState:
         return False
 
     def finish_mask(self, out: np.ndarray) -> None:
-        """After the matcher filled `out`: the stop tokens allowed exactly when the grammar may end here."""
-        _set_bits(out, self._stops, self._matcher.is_accepting())
+        """After the matcher filled `out`: every stop token allowed when the grammar may end here. While it may
+        not, the matcher's own bits stand: it allows a stop token only where the grammar names it as its text (a
+        Lark grammar's `<|im_end|>`), and clearing that one would leave nothing allowed."""
+        if self._matcher.is_accepting():
+            _set_bits(out, self._stops, True)
 
     @property
     def matcher(self) -> llguidance.LLMatcher:
@@ -80,11 +84,18 @@ class GrammarState:
                 self._ended = True
                 self.n_accepted += 1
                 return
-            raise GrammarError("a stop token before the grammar is complete", self.compiled.spec.path)
+            if not self._names(token_id):  # checked first: a refused token would leave the matcher in error
+                raise GrammarError("a stop token before the grammar is complete", self.compiled.spec.path)
         if self._ended or not self._matcher.consume_token(token_id):
             # the matcher's own failure, where it has one, is the cause (a lexer past its limits: "a{1000000}")
             raise GrammarError(self.error() or f"token {token_id} is not allowed here", self.compiled.spec.path)
         self.n_accepted += 1
+
+    def _names(self, stop_id: int) -> bool:
+        """Whether the grammar names the stop token `stop_id` as its next text (the mask allows it unfinished)."""
+        row = allocate_masks(1, self.vocab.vocab_size)[0]
+        self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        return bool((int(row[stop_id // 32]) >> (stop_id % 32)) & 1)
 
     def error(self) -> str | None:
         """The matcher's failure in words, or None while it has none: llguidance's first line, without the dump of

@@ -117,3 +117,17 @@ def test_a_grammar_the_matcher_fails_on_says_why_in_one_line(engine: Engine, pat
     assert says in message and "<state>" not in message and "\n" not in message, message
     assert engine.generate("Say a", 3, seed=1, ignore_eos=True).token_ids
     assert engine.check()["locked_blocks"] == 0
+
+
+@pytest.mark.parametrize("grammar", ['start: "ab" <|im_end|>', 'start: "ab" <[256]>', "start: <|im_end|>"])
+def test_a_grammar_that_names_the_stop_token_ends_on_it(engine: Engine, grammar: str) -> None:
+    """A Lark grammar may name a special token, the model's EOS (<|im_end|>, id 256) included. The mask cleared
+    every stop token while the grammar was incomplete, the very token the grammar asks for among them: nothing was
+    allowed and the request failed with a SamplingError ("the logits went non-finite"). The grammar's own stop token
+    is allowed where it names it, taken through the matcher, and ends the request like any stop token."""
+    eos = engine.eos_token_ids[0]
+    for temperature in (0.0, 1.0):
+        r = engine.generate("Say", 8, grammar=GrammarSpec.ebnf(grammar), temperature=temperature, seed=1)
+        assert r.finish_reason == "stop" and r.token_ids[-1] == eos, r
+        assert r.text == ("" if grammar == "start: <|im_end|>" else "ab")
+    assert engine.check()["locked_blocks"] == 0
