@@ -20,11 +20,29 @@ SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "depen
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 NUMBERS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+MAX_DEPTH = 120  # objects and arrays: the library's JSON parser refuses past about 124 (its 128, less its wrapping)
 
 
 def check_schema(schema: Any, path: str) -> None:
     """Raise `GrammarError(path=...)` at the first structural mistake in `schema`."""
+    if _deeper_than(schema, MAX_DEPTH):
+        raise GrammarError(f"nests more than {MAX_DEPTH} levels of objects and arrays", path)
     _check(schema, path, schema)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests more than `limit` objects and arrays. Iterative: this and every other walk of a schema
+    (here, canonical forms, closing objects) recurses per level, and would hit Python's recursion limit."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth >= limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 def _check(node: Any, path: str, root: Any) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from radixcache.runtime.grammar.errors import GrammarError
-from radixcache.runtime.grammar.schema_check import check_schema
+from radixcache.runtime.grammar.schema_check import MAX_DEPTH, check_schema
 
 Kind = Literal["json_object", "json_schema", "regex", "ebnf"]
 KINDS: tuple[str, ...] = ("json_object", "json_schema", "regex", "ebnf")
@@ -62,6 +62,8 @@ class GrammarSpec:
                 schema = json.loads(schema)
             except ValueError as e:
                 raise GrammarError(f"not valid JSON ({e})", path) from None
+            except RecursionError:  # json's parser recurses per level too
+                raise GrammarError(f"nests more than {MAX_DEPTH} levels of objects and arrays", path) from None
         check_schema(schema, path)
         return cls("json_schema", canonical_json(schema), bool(strict), any_whitespace, path)
 

@@ -137,3 +137,28 @@ def test_concurrent_compiles_return_one_object(tiny_compiler) -> None:
     for t in threads:
         t.join()
     assert len(results) == 8 and all(r is results[0] for r in results)
+
+
+def _nested(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels - 1):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [_nested(2000), "[" * 100_000, '{"items": ' * 5000 + "{}" + "}" * 5000],
+    ids=["dict", "text of brackets", "text of items"],
+)
+def test_a_schema_nested_past_the_librarys_depth_is_a_grammar_error(schema: object) -> None:
+    """The schema walks recurse per level: a schema a few hundred levels deep (the server refuses it, but the
+    engine's API takes it as given) escaped as a RecursionError, never a GrammarError. The library's own parser
+    refuses any schema over about 124 levels, so that is the limit, checked without recursing."""
+    with pytest.raises(GrammarError, match="nests more than") as info:
+        GrammarSpec.json_schema(schema)
+    assert info.value.path == ROOT
+
+
+def test_a_schema_as_deep_as_the_library_takes_compiles(tiny_compiler) -> None:
+    tiny_compiler.compile(GrammarSpec.json_schema(_nested(120)))
