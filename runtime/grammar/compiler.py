@@ -70,6 +70,8 @@ class GrammarCompiler:
 def _translate_and_validate(spec: GrammarSpec, vocab: GrammarVocab) -> str:
     try:
         grammar = _translate(spec)
+    except GrammarError:
+        raise
     except Exception as e:  # the converters (GBNF to Lark, JSON schema) raise assorted types for bad input
         raise GrammarError(str(e).strip() or type(e).__name__, spec.path) from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, vocab.lib)
@@ -104,9 +106,32 @@ def _translate(spec: GrammarSpec) -> str:
         schema = {}
     if spec.strict:
         schema = closed_objects(schema)
+        _refuse_repeatable_counts(schema, spec.path)
     else:
         options["lenient"] = True
     return matcher.grammar_from_json_schema(schema, defaults=options)
+
+
+def _refuse_repeatable_counts(node: object, path: str) -> None:
+    """Strict mode: a `minProperties` over 1 on an object whose keys are open (`additionalProperties` not false, or
+    `patternProperties`) cannot be enforced: the grammar cannot keep a key from repeating, and counts what it wrote,
+    but `{"a": 1, "a": 2}` parses as one property."""
+    if isinstance(node, list):
+        for i, v in enumerate(node):
+            _refuse_repeatable_counts(v, f"{path}[{i}]")
+        return
+    if not isinstance(node, dict):
+        return
+    open_keys = node.get("additionalProperties", True) is not False or "patternProperties" in node
+    if open_keys and isinstance(node.get("minProperties"), int) and node["minProperties"] > 1:
+        message = "keyword 'minProperties' cannot be enforced where keys may repeat (send strict: false to ignore it)"
+        raise GrammarError(message, f"{path}.minProperties")
+    for k, v in node.items():
+        if k in SCHEMA_MAPS and isinstance(v, dict):
+            for name, sub in v.items():
+                _refuse_repeatable_counts(sub, f"{path}.{k}.{name}")
+        elif k not in DATA_KEYWORDS:
+            _refuse_repeatable_counts(v, f"{path}.{k}")
 
 
 DATA_KEYWORDS = ("enum", "const", "default", "examples")  # their values are data, not schemas

@@ -162,3 +162,27 @@ def test_a_schema_nested_past_the_librarys_depth_is_a_grammar_error(schema: obje
 
 def test_a_schema_as_deep_as_the_library_takes_compiles(tiny_compiler) -> None:
     tiny_compiler.compile(GrammarSpec.json_schema(_nested(120)))
+
+
+@pytest.mark.parametrize(
+    ("schema", "path"),
+    [
+        ({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2}, f"{ROOT}.minProperties"),
+        ({"properties": {"m": {"type": "object", "minProperties": 3}}}, f"{ROOT}.properties.m.minProperties"),
+        (
+            {"type": "object", "patternProperties": {"^x": {}}, "additionalProperties": False, "minProperties": 2},
+            f"{ROOT}.minProperties",
+        ),
+    ],
+)
+def test_strict_refuses_a_min_properties_that_repeated_keys_would_meet(tiny_compiler, schema: dict, path: str) -> None:
+    """Where an object's keys are open the grammar cannot keep a key from repeating, and it counts what it wrote:
+    strict mode compiled such a `minProperties` and let `{"": 0, "": 0}` through, which parses as one property and
+    fails the schema. Strict refuses it like the other keywords it cannot enforce; lenient ignores it."""
+    with pytest.raises(GrammarError, match="'minProperties' cannot be enforced") as info:
+        tiny_compiler.compile(GrammarSpec.from_response_format(rf(schema)))
+    assert info.value.path == path
+    tiny_compiler.compile(GrammarSpec.from_response_format(rf(schema, strict=False)))
+    closed = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a", "b"], "minProperties": 2}
+    tiny_compiler.compile(GrammarSpec.from_response_format(rf(closed)))  # fixed keys cannot repeat
+    tiny_compiler.compile(GrammarSpec.from_response_format(rf({"type": "object", "minProperties": 1})))
