@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from radixcache.runtime.grammar import GrammarSpec
-from radixcache.runtime.grammar.compiler import closed_objects
+from radixcache.runtime.grammar.compiler import closed_objects, schema_object
 from radixcache.runtime.grammar.schema_check import check_schema
 from radixcache.runtime.tools import ToolCallMemory, ToolCallParser, parse_tool_calls, tool_call_schema
 from radixcache.runtime.tools.features import TemplateFeatures
@@ -65,7 +65,7 @@ def _auto_with_answer(use: ToolUse, answer: GrammarSpec, features: TemplateFeatu
     with both). Another kind of answer grammar (regex, EBNF) cannot be combined: the answer's alone, as before."""
     if answer.kind not in ("json_object", "json_schema"):
         return answer
-    schema = {"type": "object"} if answer.kind == "json_object" else answer.schema()
+    schema = {"type": "object"} if answer.kind == "json_object" else schema_object(answer)
     if answer.kind == "json_schema":
         schema = closed_objects(schema) if answer.strict else {"x-guidance": {"lenient": True}, **schema}
     grammar = auto_answer_grammar(

@@ -99,17 +99,22 @@ def _translate(spec: GrammarSpec) -> str:
         options.update(item_separator=", ", key_separator=": ")
     if spec.kind == "json_object":
         return matcher.grammar_from_json_schema(JSON_OBJECT_SCHEMA, overrides=options)
-    schema = spec.schema()
-    if isinstance(schema, bool):  # JSON Schema's own forms, which the library does not take: any value, or none
-        if not schema:
-            raise ValueError("the schema false admits no value")
-        schema = {}
+    schema = schema_object(spec)
     if spec.strict:
         schema = closed_objects(schema)
         _refuse_repeatable_counts(schema, spec.path)
     else:
         options["lenient"] = True
     return matcher.grammar_from_json_schema(schema, defaults=options)
+
+
+def schema_object(spec: GrammarSpec) -> dict[str, object]:
+    """A json_schema spec's schema as the library takes it, an object: JSON Schema's `true` (any value) as `{}`, its
+    `false` (no value) a GrammarError."""
+    schema = spec.schema()
+    if schema is False:
+        raise GrammarError("the schema false admits no value", spec.path)
+    return {} if schema is True else schema
 
 
 def _refuse_repeatable_counts(node: object, path: str) -> None:

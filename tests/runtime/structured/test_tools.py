@@ -332,3 +332,22 @@ def test_parallel_tool_calls_false_gives_one_call_when_auto_writes_two(engine: E
         # the text of the one returned, so the next turn's prompt shows the history the caller sends back.
         remembered = engine.tool_memory.lookup(r.tool_calls, r.text)
         assert (remembered is None) == (not parallel), remembered
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_auto_with_the_schema_true_answers_any_json_value_or_calls_a_tool(engine: Engine, strict: bool) -> None:
+    """JSON Schema's `true` (any value) as the answer's schema beside tools under "auto": the lenient answer was
+    built as `{"x-guidance": ..., **schema}`, a TypeError out of the engine (a 500 from the server). Now the answer is
+    any JSON value, or a call; `false` is a GrammarError."""
+    body = {"type": "json_schema", "json_schema": {"name": "any", "schema": True, "strict": strict}}
+    for seed in range(3):
+        r = engine.chat(ASK, 120, tools=TOOLS, tool_choice="auto", response_format=body,
+                        parallel_tool_calls=False, temperature=1.0, seed=seed)  # fmt: skip
+        if r.tool_calls:
+            check_calls(r)
+        elif r.finish_reason == "stop":  # a random model may write a long value: cut at the length, it is no JSON yet
+            json.loads(r.text)
+    body["json_schema"]["schema"] = False
+    with pytest.raises(GrammarError, match="the schema false admits no value"):
+        engine.chat(ASK, 8, tools=TOOLS, tool_choice="auto", response_format=body)
+    assert engine.check()["locked_blocks"] == 0
