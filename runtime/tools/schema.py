@@ -170,9 +170,13 @@ def auto_answer_grammar(
 
 def json_rule(schema: dict[str, Any]) -> str:
     """llguidance's `%json` for `schema`, with the compact separators every other JSON grammar here uses (`, ` and
-    `: `, no other whitespace: a small model left free loops on newlines), unless the schema sets its own."""
-    compact = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-    return "%json " + json.dumps({"x-guidance": compact, **schema}, ensure_ascii=False)
+    `: `, no other whitespace: a small model left free loops on newlines), unless the schema sets its own. Options
+    the schema sets (`lenient`, say) are added to these, not put in their place."""
+    options = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    own = schema.get("x-guidance")
+    if isinstance(own, dict):
+        options = {**options, **own}
+    return "%json " + json.dumps({**schema, "x-guidance": options}, ensure_ascii=False)
 
 
 def auto_tool_grammar(

@@ -351,3 +351,24 @@ def test_auto_with_the_schema_true_answers_any_json_value_or_calls_a_tool(engine
     with pytest.raises(GrammarError, match="the schema false admits no value"):
         engine.chat(ASK, 8, tools=TOOLS, tool_choice="auto", response_format=body)
     assert engine.check()["locked_blocks"] == 0
+
+
+def test_auto_with_a_lenient_json_schema_answers_in_compact_json(engine: Engine) -> None:
+    """A response_format without `strict` (OpenAI's default: false) beside tools under "auto": the answer's lenient
+    option replaced the compact separators in its `%json` rule, so the answer could put any whitespace between
+    tokens, and the random model wrote newlines and tabs until its length. Lenient answers are compact too."""
+    from tests.runtime.structured.conftest import SCHEMAS
+    from tests.tiny_tools import closed
+
+    body = {"type": "json_schema", "json_schema": {"name": "flags", "schema": closed(SCHEMAS["flags"])}}
+    answers = 0
+    for seed in range(6):
+        r = engine.chat(ASK, 200, tools=TOOLS, tool_choice="auto", response_format=body,
+                        parallel_tool_calls=False, temperature=1.0, seed=seed)  # fmt: skip
+        if r.tool_calls:
+            continue
+        answers += 1
+        assert r.finish_reason == "stop", r
+        value = json.loads(r.text)
+        assert r.text == json.dumps(value, ensure_ascii=False), r.text  # `, ` and `: `, no other whitespace
+    assert answers
