@@ -77,6 +77,8 @@ def _check(node: Any, path: str, root: Any) -> None:
 
 
 def _check_keywords(node: dict[str, Any], path: str, root: Any) -> None:
+    if "x-guidance" in node:  # the library reads it: separators that are not JSON's, `lenient` undoing strict
+        raise GrammarError("the grammar library's own options cannot be set from a schema", f"{path}.x-guidance")
     required = node.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
         raise GrammarError("must be an array of property names", f"{path}.required")

@@ -36,6 +36,9 @@ def rf(schema: object, strict: bool | None = True) -> dict:
         ("{not json", ROOT),
         ({"type": "string", "pattern": "a\ud800"}, f"{ROOT}.pattern"),  # a lone surrogate: no UTF-8 for the library
         ('{"items": {"pattern": "\\udfff"}}', f"{ROOT}.items.pattern"),
+        # the library's own options: `item_separator: "!!"` made `{"a"=1!!"b"=2}`, `lenient` undid strict
+        ({"type": "object", "x-guidance": {"item_separator": "!!", "key_separator": "="}}, f"{ROOT}.x-guidance"),
+        ({"properties": {"a": {"type": "array", "x-guidance": {"lenient": True}}}}, f"{ROOT}.properties.a.x-guidance"),
         ({"prefixItems": [{}], "$ref": "#/prefixItems/\u00b2"}, f"{ROOT}.$ref"),  # a digit int() cannot read
     ],
 )
