@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import llguidance
 
 from radixcache.runtime.grammar.errors import GrammarError
-from radixcache.runtime.grammar.schema_check import SCHEMA_MAPS, find_key
+from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, SCHEMA_MAPS, find_key
 from radixcache.runtime.grammar.spec import GrammarSpec
 from radixcache.runtime.grammar.vocab import GrammarVocab
 
@@ -139,7 +139,6 @@ def _refuse_repeatable_counts(node: object, path: str) -> None:
             _refuse_repeatable_counts(v, f"{path}.{k}")
 
 
-DATA_KEYWORDS = ("enum", "const", "default", "examples")  # their values are data, not schemas
 MEMBERS = ("allOf", "anyOf", "oneOf")
 
 

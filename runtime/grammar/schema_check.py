@@ -19,6 +19,7 @@ SUBSCHEMA = ("additionalProperties", "items", "not", "if", "then", "else", "cont
 SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+DATA_KEYWORDS = ("enum", "const", "default", "examples")  # their values are data, not schemas
 NUMBERS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 MAX_DEPTH = 120  # objects and arrays: the library's JSON parser refuses past about 124 (its 128, less its wrapping)
 
@@ -131,7 +132,7 @@ def find_key(node: Any, key: str, path: str) -> str | None:
         if key in node:
             return f"{path}.{key}"
         for name, value in node.items():
-            if name not in ("enum", "const", "default", "examples"):
+            if name not in DATA_KEYWORDS:
                 found = find_key(value, key, f"{path}.{name}")
                 if found:
                     return found

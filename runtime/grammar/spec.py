@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from radixcache.runtime.grammar.errors import GrammarError
-from radixcache.runtime.grammar.schema_check import MAX_DEPTH, check_schema
+from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, MAX_DEPTH, SCHEMA_MAPS, check_schema
 
 Kind = Literal["json_object", "json_schema", "regex", "ebnf"]
 KINDS: tuple[str, ...] = ("json_object", "json_schema", "regex", "ebnf")
@@ -127,14 +127,32 @@ def _only_keys(value: dict[str, Any], known: tuple[str, ...], path: str) -> None
 
 
 def canonical_json(value: Any) -> str:
-    """Compact JSON with object keys sorted at every level, except the keys of a `properties` object."""
-    return json.dumps(_canonical(value, keep_order=False), separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON with object keys sorted at every level, except the keys of a `properties` object: a schema's
+    `properties` keyword, known by its place (a def, a pattern or a data value called "properties" is not one)."""
+    return json.dumps(_canonical(value), separators=(",", ":"), ensure_ascii=False)
 
 
-def _canonical(value: Any, keep_order: bool) -> Any:
+def _canonical(schema: Any) -> Any:
+    if isinstance(schema, list):
+        return [_canonical(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for k in sorted(schema):
+        v = schema[k]
+        if k in SCHEMA_MAPS and isinstance(v, dict):  # names to schemas: in order for `properties` only
+            out[k] = {name: _canonical(v[name]) for name in (v if k == "properties" else sorted(v))}
+        elif k in DATA_KEYWORDS:
+            out[k] = _sorted(v)
+        else:
+            out[k] = _canonical(v)
+    return out
+
+
+def _sorted(value: Any) -> Any:
+    """A data value (an `enum`'s, a `const`) with its object keys sorted at every level."""
     if isinstance(value, dict):
-        keys = list(value) if keep_order else sorted(value)
-        return {k: _canonical(value[k], keep_order=(k == "properties" and not keep_order)) for k in keys}
+        return {k: _sorted(value[k]) for k in sorted(value)}
     if isinstance(value, list):
-        return [_canonical(v, keep_order=False) for v in value]
+        return [_sorted(v) for v in value]
     return value

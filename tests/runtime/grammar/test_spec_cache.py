@@ -117,6 +117,18 @@ def test_equal_specs_in_another_key_order_share_one_compiled_grammar(tiny_compil
     assert GrammarSpec.json_schema(NESTED, strict=False).key != a.key
 
 
+@pytest.mark.parametrize("where", ["$defs", "definitions", "patternProperties"])
+def test_a_subschema_named_properties_keeps_the_order_of_its_fields(where: str) -> None:
+    """Canonical JSON keeps the order of a `properties` map (the order fields are generated in) and sorts the rest.
+    It knew a `properties` map by its name alone, so a def (or a pattern) called "properties" was taken for one: its
+    own keywords kept their order and its real `properties` were sorted, the fields then generated as a, z."""
+    fields = {"z": {"const": 1}, "a": {"const": 2}}
+    spec = GrammarSpec.json_schema({where: {"properties": {"type": "object", "properties": fields}}})
+    assert list(spec.schema()[where]["properties"]["properties"]) == ["z", "a"]
+    reordered = GrammarSpec.json_schema({where: {"properties": {"properties": fields, "type": "object"}}})
+    assert reordered.key == spec.key
+
+
 def test_cache_is_a_bounded_lru(tiny_compiler) -> None:
     compiler = GrammarCompiler(tiny_compiler.vocab, max_entries=2)
     x, y, z = (GrammarSpec.regex(p) for p in ("x+", "y+", "z+"))
