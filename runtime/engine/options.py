@@ -149,11 +149,17 @@ def _split(caller: str, kwargs: dict[str, Any]) -> tuple[SamplingParams | None, 
         elif name in TOOL_KEYWORDS:  # tools, tool_choice, parallel_tool_calls: one ToolUse (of / updated)
             own.setdefault("tools", {})[name] = value
         elif name == "response_format":  # OpenAI's form of `grammar` (None or {"type": "text"}: no constraint)
-            own["grammar"] = None if value is None else GrammarSpec.from_response_format(value)
+            own["response_format"] = None if value is None else GrammarSpec.from_response_format(value)
         elif name in _SAMPLING:
             sampling[name] = value
         elif name in _OWN:
             own[name] = value
         else:
             raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    if "response_format" in own:  # one constraint: "none" beside `grammar=` keeps it, two are an error
+        spec = own.pop("response_format")
+        if spec is not None and own.get("grammar") is not None:
+            raise ValueError("give at most one of grammar and response_format: each constrains the whole output")
+        if spec is not None or "grammar" not in own:
+            own["grammar"] = spec
     return params, sampling, own

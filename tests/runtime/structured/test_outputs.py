@@ -131,3 +131,20 @@ def test_a_grammar_that_names_the_stop_token_ends_on_it(engine: Engine, grammar:
         assert r.finish_reason == "stop" and r.token_ids[-1] == eos, r
         assert r.text == ("" if grammar == "start: <|im_end|>" else "ab")
     assert engine.check()["locked_blocks"] == 0
+
+
+def test_grammar_and_response_format_together(engine: Engine) -> None:
+    """Both keywords set the one output constraint, and the later one replaced the earlier: `grammar=` beside a
+    `response_format=None` (a wrapper's default) ran unconstrained, and two real constraints kept whichever came
+    last. "No constraint" (None, `{"type": "text"}`) no longer undoes `grammar=`; two constraints are a ValueError,
+    as the server's 400 for two of response_format, regex and grammar."""
+    ab = GrammarSpec.regex("ab")
+    for none in (None, {"type": "text"}):
+        assert engine.generate("x", 8, grammar=ab, response_format=none).text == "ab"
+        assert engine.generate("x", 8, response_format=none, grammar=ab).text == "ab"
+    both = [{"grammar": ab, "response_format": {"type": "json_object"}}]
+    both.append(dict(reversed(both[0].items())))
+    for kwargs in both:
+        with pytest.raises(ValueError, match="at most one of grammar and response_format"):
+            engine.generate("x", 8, **kwargs)
+    assert engine.check()["locked_blocks"] == 0
