@@ -218,7 +218,12 @@ class KVTiers:
                 self.costs.note_load("disk", got, job.read_seconds * (got / max(1, job.arrived)))
             elif got and staging is not None:
                 t0 = time.perf_counter()
-                copy_staged(self.pool, staging[:, :, skip:], got, blocks)
+                try:
+                    copy_staged(self.pool, staging[:, :, skip:], got, blocks)
+                except Exception:  # a failed read: the request recomputes them, over what the copy wrote
+                    log.exception("disk KV cache: copying %d read page(s) into the pool failed; recomputing", got)
+                    self._counts["disk_failed_reads"] += 1
+                    return 0
                 seconds = time.perf_counter() - t0 + job.read_seconds * (got / max(1, job.arrived))
                 self.costs.note_load("disk", got, seconds)
             self._counts["disk_loaded_pages"] += got

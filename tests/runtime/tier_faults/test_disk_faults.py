@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from radixcache.runtime import Engine
+from radixcache.runtime.kv.tier import coordinator
 from radixcache.runtime.kv.tier.disk_store import MARKER_NAME
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from tests.runtime.conftest import META, disk_warnings, h, page_path, payload, toks, write
@@ -170,6 +171,29 @@ def test_engine_requests_survive_disk_writes_and_page_loads_that_raise(
         monkeypatch.setattr(engine.tiers.disk, "read_into", read_into)
         assert _generate(engine, prompts) == want
         assert engine.stats.tiers.disk_failed_reads > 0
+        engine.check()
+
+
+def test_a_copy_of_read_pages_into_the_pool_that_raises_is_a_failed_read(
+    model: RandomModel, tmp_path: Path, monkeypatch
+) -> None:
+    """The pages arrived in staging; their one batched copy into the request's blocks raises: the request
+    recomputes them and goes on (it failed with the copy's error)."""
+    prompts = _prompts(model.config.vocab_size)
+    opts = {"page_size": 4, "capacity_blocks": 200, "dtype": "float64", "load_back": "always"}
+    with Engine(model, enable_cache=False, **opts) as plain:
+        want = _generate(plain, prompts)
+    with Engine(model, cache_dir=tmp_path, **opts) as first:
+        assert _generate(first, prompts) == want and first.flush(30)
+
+    def copy_staged(*args) -> None:
+        raise RuntimeError("injected: copying read pages into the pool failed")
+
+    monkeypatch.setattr(coordinator, "copy_staged", copy_staged)
+    with Engine(model, cache_dir=tmp_path, **opts) as engine:
+        assert _generate(engine, prompts) == want
+        tiers = engine.stats.tiers
+        assert tiers.disk_failed_reads == len(prompts) and tiers.disk_loaded_pages == tiers.disk_hit_tokens == 0
         engine.check()
 
 
