@@ -13,6 +13,7 @@ from radixcache.runtime.engine.engine_config import DEFAULT_KV_MEMORY, DEFAULT_M
 from radixcache.runtime.kv.mirror import DecodeMirror
 from radixcache.runtime.kv.pool import blocks_for_budget, check_fits, page_bytes, parse_memory
 from radixcache.runtime.kv.tier.fingerprint import file_digest, weights_digest
+from radixcache.runtime.model.block_linear import BlockLinear
 from radixcache.runtime.model.kernel_plan import KernelPlan
 from radixcache.runtime.model.llama import LlamaModel
 
@@ -97,3 +98,15 @@ def weights_identity(model: Any) -> str:
         "cache_dir needs to fingerprint the weights: pass a model path or a loaded model (with .source or .weights), "
         "not a bare LlamaModel"
     )
+
+
+def activations_id(model: Any) -> str | None:
+    """What a fingerprint records of a model's GGUF block kernels (`kv_fingerprint`'s `activations`): their mode, None
+    for other formats; under "auto" also the kernel each block matrix chose. "auto" times the kernels once per
+    process, so a restart may choose int8 where the last process chose float, whose rounding changes the K/V: pages
+    are shared only between processes that chose alike (the choice is made here, before the first pass)."""
+    mode = getattr(model, "gguf_activations", None)
+    if mode != "auto":
+        return mode
+    linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    return "auto:" + ",".join(linear.kernel_for(1) for linear in linears if isinstance(linear, BlockLinear))

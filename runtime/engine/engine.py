@@ -24,7 +24,7 @@ import torch
 
 from radixcache import RadixCache
 from radixcache.policy.admission import make_admission
-from radixcache.runtime.engine.assembly import build_kernels, build_mirror, build_model, pool_blocks
+from radixcache.runtime.engine.assembly import activations_id, build_kernels, build_mirror, build_model, pool_blocks
 from radixcache.runtime.engine.engine_config import DEFAULT_KV_MEMORY, EngineConfig
 from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.engine.gc_heap import HeapTimer
@@ -93,7 +93,7 @@ class Engine:
         self.cache = RadixCache(capacity_blocks, config.page_size, self.retention)
         self.pool = self.model.new_pool(capacity_blocks, config.page_size)
         self.fingerprint = kv_fingerprint(
-            self.config, self.pool, weights=weights_id, quant=self.model.quant, activations=self.model.gguf_activations
+            self.config, self.pool, weights=weights_id, quant=self.model.quant, activations=activations_id(self.model)
         )
         self.enable_cache = config.enable_cache
         self.tiers = None

@@ -60,8 +60,9 @@ def kv_fingerprint(
     config: ModelConfig, pool: KVPool, *, weights: str, quant: str, activations: str | None = None
 ) -> str:
     """`label#digest`: a readable label (model, weight format, KV dtype, page size) and a digest of every field.
-    `activations`: the GGUF block kernels' activations mode (None for other formats), whose rounding changes the
-    K/V a pass computes (int8 against float: logits 0.04 apart where float noise is 1e-5)."""
+    `activations`: the GGUF block kernels' activations (engine.assembly's `activations_id`; None for other
+    formats), whose rounding changes the K/V a pass computes (int8 against float: logits 0.04 apart where float
+    noise is 1e-5)."""
     fields: dict[str, object] = {
         "version": FORMAT_VERSION,
         "weights": weights,

@@ -17,6 +17,8 @@ import pytest
 from radixcache.runtime import Engine
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.load_costs import LoadCosts
+from radixcache.runtime.model import block_linear
+from radixcache.runtime.model.block_linear import BlockLinear
 from radixcache.runtime.testing import (
     CharTokenizer,
     RandomModel,
@@ -184,10 +186,8 @@ def test_a_cache_dir_is_never_shared_across_what_makes_kv_bytes_differ(
         assert again.generate(prompt, max_new_tokens=2).cached_tokens > 0
 
 
-@pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="GGUF kernels need a C compiler")
-def test_gguf_engines_of_other_activation_modes_share_no_pages(tmp_path: Path) -> None:
-    """int8 activations round what a pass computes (logits 0.04 apart from float's where float noise is 1e-5): an
-    engine of another mode must not load those pages as if it had computed them."""
+def _gguf_disk_hits(cache_dir: Path, mode: str) -> int:
+    """An engine on a tiny Q4_1 model in activations `mode` serves one prompt from `cache_dir`: its disk hits."""
     cfg = tiny_config(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16)
     weights, blocks = random_weights(cfg, 5), {}
     for i, (name, w) in enumerate(sorted(weights.items())):
@@ -196,17 +196,39 @@ def test_gguf_engines_of_other_activation_modes_share_no_pages(tmp_path: Path) -
             weights[name] = blocks[name].dequantize()
     source = SimpleNamespace(config=cfg, weights=weights, blocks=blocks, tokenizer=CharTokenizer(cfg.vocab_size))
     prompt = _prompts(cfg.vocab_size, seed=8, n=1)[0]
+    kw = {"quant": "gguf", "gguf_activations": mode, "capacity_blocks": 100, "page_size": 4}
+    with Engine(source, cache_dir=cache_dir, load_back="always", **kw) as engine:
+        engine.generate(prompt, max_new_tokens=8, ignore_eos=True)
+        assert engine.flush(30)
+        return engine.stats.tiers.disk_hit_tokens
 
-    def disk_hits(mode: str) -> int:
-        kw = {"quant": "gguf", "gguf_activations": mode, "capacity_blocks": 100, "page_size": 4}
-        with Engine(source, cache_dir=tmp_path, load_back="always", **kw) as engine:
-            engine.generate(prompt, max_new_tokens=8, ignore_eos=True)
-            assert engine.flush(30)
-            return engine.stats.tiers.disk_hit_tokens
+
+needs_cc = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="GGUF kernels need a C compiler")
+
+
+@needs_cc
+def test_gguf_engines_of_other_activation_modes_share_no_pages(tmp_path: Path) -> None:
+    """int8 activations round what a pass computes (logits 0.04 apart from float's where float noise is 1e-5): an
+    engine of another mode must not load those pages as if it had computed them."""
+    assert _gguf_disk_hits(tmp_path, "int8") == 0
+    assert _gguf_disk_hits(tmp_path, "float") == 0  # were int8's pages, loaded
+    assert _gguf_disk_hits(tmp_path, "int8") > 0  # they are there for their own mode
+
+
+@needs_cc
+def test_gguf_auto_engines_that_chose_other_kernels_share_no_pages(tmp_path: Path, monkeypatch) -> None:
+    """ "auto" times the kernels in each process: a restart that chose float must not load the pages of a process
+    that chose int8 (both record the mode "auto")."""
+    monkeypatch.setattr(block_linear, "_CHOICES", {})  # the choices of this process, made per test below
+
+    def disk_hits(kernel: str) -> int:
+        block_linear._CHOICES.clear()  # a new process: it times the kernels again, and this time picks `kernel`
+        monkeypatch.setattr(BlockLinear, "_measure", lambda self: kernel)
+        return _gguf_disk_hits(tmp_path, "auto")
 
     assert disk_hits("int8") == 0
     assert disk_hits("float") == 0  # were int8's pages, loaded
-    assert disk_hits("int8") > 0  # they are there for their own mode
+    assert disk_hits("int8") > 0  # they are there for processes that choose alike
 
 
 def test_an_unusable_cache_dir_disables_the_tier_without_failing_requests(model: RandomModel, tmp_path: Path) -> None:
