@@ -81,7 +81,7 @@ def build_kernels(config: EngineConfig, model: LlamaModel, threads: int) -> Kern
 
 def weights_identity(model: Any) -> str:
     """What names the weights in the disk tier's fingerprint: a digest of the file or directory they come from, or
-    of the weights themselves when they were built in code."""
+    of the weights themselves (and the norms' epsilon of their config) when they were built in code."""
     if isinstance(model, (str, os.PathLike)):
         from radixcache.runtime.loading import resolve_model_path
 
@@ -93,7 +93,8 @@ def weights_identity(model: Any) -> str:
         return "file:" + file_digest(source)
     weights = getattr(model, "weights", None)
     if isinstance(weights, dict) and weights:
-        return "tensors:" + weights_digest(weights)
+        # A file's digest covers its config; here the norms' epsilon, which shapes every K/V, is named beside them
+        return "tensors:" + weights_digest(weights) + f",rms_norm_eps={model.config.rms_norm_eps!r}"
     raise ValueError(
         "cache_dir needs to fingerprint the weights: pass a model path or a loaded model (with .source or .weights), "
         "not a bare LlamaModel"

@@ -1,10 +1,11 @@
 """The engine with a host tier and a disk tier: greedy outputs equal outputs without any cache while pages are
 demoted, loaded back and restored from disk, with requests arriving while others run; a restarted engine hits what
 the last one served; corrupted page files are detected and recomputed; and a cache directory is never shared across
-weights, weight format, KV dtype, page size or namespace."""
+weights (and a model built in code's norm epsilon), weight format, KV dtype, page size or namespace."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -160,8 +161,9 @@ def test_corrupted_page_files_are_deleted_and_recomputed(model: RandomModel, tmp
         {"quant": "fp16"},
         {"model_seed": 6},
         {"namespace": "another-tenant"},
+        {"rms_norm_eps": 30.0},  # the same tensors in code: the norms before every K/V projection differ
     ],
-    ids=["page-size", "kv-dtype", "weight-format", "weights", "namespace"],
+    ids=["page-size", "kv-dtype", "weight-format", "weights", "namespace", "norm-eps"],
 )
 def test_a_cache_dir_is_never_shared_across_what_makes_kv_bytes_differ(
     model: RandomModel, tmp_path: Path, change: dict
@@ -174,6 +176,10 @@ def test_a_cache_dir_is_never_shared_across_what_makes_kv_bytes_differ(
     if "model_seed" in change:
         m = tiny_model(seed=change["model_seed"])
         other = RandomModel(m.config, m.weights, model.tokenizer)
+    if "rms_norm_eps" in change:
+        other = RandomModel(
+            dataclasses.replace(model.config, rms_norm_eps=change["rms_norm_eps"]), model.weights, model.tokenizer
+        )
     kwargs = {"page_size": change.get("page_size", 4), "dtype": change.get("dtype", "float32")}
     kwargs["quant"] = change.get("quant", "none")
     namespace = change.get("namespace")
