@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
 
@@ -96,7 +97,8 @@ def stats(directory: str, as_json: bool, debug: bool) -> None:
     table.add_column("pages", justify="right")
     table.add_column("bytes", justify="right")
     for name, pages in s.fingerprints.items():
-        table.add_row(name or "(empty)", f"{pages:,}", _size(s.fingerprint_bytes.get(name, 0)))
+        # Text, not markup: a model's name (its file's) may hold brackets, which rich would take as style tags
+        table.add_row(Text(name or "(empty)"), f"{pages:,}", _size(s.fingerprint_bytes.get(name, 0)))
     Console().print(table)
 
 

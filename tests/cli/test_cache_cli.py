@@ -51,6 +51,18 @@ def test_stats_prints_pages_per_fingerprint(runner, cache_dir: Path) -> None:
     assert FP in result.output and "other-model" in result.output
 
 
+def test_stats_prints_fingerprints_with_brackets_as_they_are(runner, tmp_path: Path) -> None:
+    """A fingerprint starts with the model's name, its file's: brackets there are text, not rich markup (a "[/]"
+    raised MarkupError, "[ft]" vanished from the table)."""
+    names = ["m[/] q", "llama[ft] q"]
+    for i, fingerprint in enumerate(names):
+        with DiskStore(tmp_path, max_bytes=1 << 20, fingerprint=fingerprint) as store:
+            assert store.put(h(i), [1, 2, 3, 4], bytes(256), META)
+    result = runner.invoke(main, ["cache", "stats", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert all(name in result.output for name in names), result.output
+
+
 def test_stats_json(runner, cache_dir: Path) -> None:
     result = runner.invoke(main, ["cache", "stats", str(cache_dir), "--json"])
     assert result.exit_code == 0, result.output
