@@ -369,10 +369,9 @@ class KVTiers:
     def _queue_disk_writes(self, hashes: list[bytes], blocks: Sequence[int], tokens: Sequence[int]) -> None:
         disk = self.disk
         assert disk is not None
-        if not disk.enabled:
-            return
         todo = [i for i, h in enumerate(hashes) if disk.count_prefix([h]) == 0]
-        if not todo:
+        if not todo or not disk.enabled:  # a full, read-only or unusable disk: counted, so that the tier shows off
+            self._counts["disk_dropped_pages"] += len(todo)
             return
         pool, p = self.pool, self.page_size
         pages = pool.kv.index_select(2, torch.tensor([blocks[i] for i in todo], device=pool.device)).to("cpu")

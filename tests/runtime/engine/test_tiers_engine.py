@@ -246,6 +246,7 @@ def test_an_unusable_cache_dir_disables_the_tier_without_failing_requests(model:
         assert engine.generate(prompt, max_new_tokens=2).token_ids == want
         assert not engine.tiers.disk.enabled
         assert engine.stats.tiers.disk_queued_pages == 0
+        assert engine.stats.tiers.disk_dropped_pages == (len(prompt) + 1) // 4  # every page adopted, not written
 
 
 def test_a_read_only_cache_dir_disables_writes_without_failing_requests(model: RandomModel, tmp_path: Path) -> None:
