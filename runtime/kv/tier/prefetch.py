@@ -249,7 +249,13 @@ class PrefetchReader:
             if self._staged and self._staged + len(job) > self.max_staged_pages:
                 return  # waits for a take or release
             self._queued.popleft()
-            job.take_buffer(*self.buffers.get(len(job)))
+            try:
+                job.take_buffer(*self.buffers.get(len(job)))
+            except Exception:  # no staging memory: it reads nothing, and its request recomputes (never waits on it)
+                log.exception("disk KV cache: no staging for a prefetch of %d page(s); recomputing them", len(job))
+                with self._cond:
+                    job.started, job.failed_at = time.perf_counter(), 0
+                continue
             self._staged += len(job)
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="radixcache-prefetch")

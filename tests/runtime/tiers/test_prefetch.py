@@ -247,6 +247,36 @@ def test_a_cancel_during_a_prefetch_releases_everything(model, tmp_path: Path) -
     engine.close()
 
 
+def test_a_queued_prefetch_that_finds_no_staging_memory_is_recomputed(model, tmp_path: Path) -> None:
+    """B's prefetch waits over the staging bound behind A's; A is cancelled, and B's staging cannot be allocated as
+    it starts then: the cancel goes through, and B is admitted and recomputes its pages (before: the cancel raised
+    B's allocation error, and B waited for ever on a prefetch that never started)."""
+    second = ids(42, 3)
+    want = baseline(model, second, 3)
+    written(model, tmp_path, PROMPT, second)
+    engine = restarted(model, tmp_path, prefetch_policy="wait_complete")
+    reader = engine.tiers.reader
+    reader.max_staged_pages = 4  # A's 10 pages start alone; B's wait for them
+    gate = Gate(engine)
+    a, b = engine._request(PROMPT, 3, ignore_eos=True), engine._request(second, 3, ignore_eos=True)
+    engine.scheduler.add(a)
+    engine.scheduler.add(b)
+    assert gate.entered.wait(30) and len(reader._queued) == 1
+
+    def no_memory(pages: int):
+        raise RuntimeError("injected: cannot allocate staging memory")
+
+    reader.buffers.get = no_memory
+    assert engine.scheduler.abort(a) and a.finish_reason == "cancelled"
+    del reader.buffers.get  # the method again
+    gate.opened.set()
+    run_out(engine)
+    assert b.error is None and b.output_ids == want
+    assert engine.stats.tiers.disk_loaded_pages == 0 and engine.stats.tiers.disk_failed_reads == 1
+    assert_clean(engine)
+    engine.close()
+
+
 def test_the_prefetch_options_are_validated() -> None:
     assert EngineConfig().prefetch_policy == "timeout" and EngineConfig().prefetch_timeout_ms == 1000.0
     with pytest.raises(ValueError, match="prefetch_policy"):
