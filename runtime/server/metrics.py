@@ -153,6 +153,7 @@ class ServerMetrics:
 
     def render(self, engine: GenerationEngine, model_name: str) -> str:
         s = engine.stats
+        model_name = label_value(model_name)  # the served name is the user's: a quote in it would end the label
         label = f'{{model="{model_name}"}}'
         rows: list[tuple[str, str, str, float]] = [
             (
@@ -228,3 +229,9 @@ class ServerMetrics:
         out += self._tier_lines(s.tiers, model_name)
         out += self.ttft.lines() + self.tpot.lines() + self._namespace_lines()
         return "\n".join(out) + "\n"
+
+
+def label_value(text: str) -> str:
+    """`text` as a Prometheus label value: backslash, double quote and line feed escaped (the exposition format's
+    only escapes inside a label value)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
