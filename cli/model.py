@@ -9,6 +9,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from radixcache.cli.engine_options import load_engine_model, model_option
 from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
@@ -41,7 +42,7 @@ def info(model: str, as_json: bool, debug: bool) -> None:
         json.dump(facts, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    table = Table(title=facts["name"], title_justify="left", show_header=False)
+    table = Table(title=Text(facts["name"]), title_justify="left", show_header=False)
     table.add_column("")
     table.add_column("", justify="right")
     for key, value in facts.items():

@@ -147,11 +147,12 @@ def replay(
             handle.write("\n")
     console = Console()
     first = results[0].summary
-    console.print(f"replay of {name}", highlight=False)
+    console.print(f"replay of {name}", highlight=False, markup=False)  # names are text, not markup
     console.print(
         f"{first.model}, {first.mode} mode, {first.page_size}-token pages, {first.capacity_blocks:,} blocks, "
         f"{first.policy}",
         highlight=False,
+        markup=False,
     )
     console.print(summary_table([r.summary for r in results], outcome if compare else None))
     if cluster is not None:

@@ -13,6 +13,7 @@ import click
 from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from radixcache.cli.simulate_tables import print_json
 from radixcache.cli.simulate_trace import TraceCapacity
@@ -77,8 +78,10 @@ def simulate_leases(
         print_json(summary)
         return
     table = Table(
-        title=f"{trace}: {len(workload.requests):,} requests, {hinted:,} with a lease hint, {blocks:,} blocks, "
-        f"lease budget {budget:.0%} of them"
+        title=Text(
+            f"{trace}: {len(workload.requests):,} requests, {hinted:,} with a lease hint, {blocks:,} blocks, "
+            f"lease budget {budget:.0%} of them"
+        )
     )
     for column in ("policy", "leases", "hit rate", "TTFT p99 (ms, modelled)", "evicted", "granted/expired/gave way"):
         table.add_column(column, justify="right")

@@ -7,6 +7,7 @@ import sys
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from radixcache.sim.compare import ComparedRun
 from radixcache.sim.results import SimReport, SimResult
@@ -25,8 +26,10 @@ def print_report(trace: str, report: SimReport) -> None:
     r = report.result
     unit = f"{r.block_tokens} tokens" if r.block_tokens > 1 else "1 token"
     table = Table(
-        title=f"{trace}: {r.requests:,} requests, {r.prompt_tokens:,} prompt tokens, "
-        f"{r.capacity_blocks:,} blocks of {unit}, concurrency {r.concurrency}"
+        title=Text(
+            f"{trace}: {r.requests:,} requests, {r.prompt_tokens:,} prompt tokens, "
+            f"{r.capacity_blocks:,} blocks of {unit}, concurrency {r.concurrency}"
+        )
     )
     for column in ("run", "hit rate", "block hit rate", "hit tokens", "evicted blocks", "seconds"):
         table.add_column(column, justify="right")
@@ -61,7 +64,7 @@ def print_report(trace: str, report: SimReport) -> None:
 def print_comparison(trace: str, rows: list[ComparedRun], blocks: int, concurrency: int) -> None:
     """`--policies`: one row per policy, bound and the infinite cache."""
     first = rows[0].result
-    table = Table(title=f"{trace}: {first.requests:,} requests, {blocks:,} blocks, concurrency {concurrency}")
+    table = Table(title=Text(f"{trace}: {first.requests:,} requests, {blocks:,} blocks, concurrency {concurrency}"))
     table.add_column("run", no_wrap=True)
     for column in ("hit rate", "evicted", "declined", "seconds"):
         table.add_column(column, justify="right", no_wrap=True)

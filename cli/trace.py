@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
 from radixcache.errors import RadixCacheError
@@ -96,7 +97,7 @@ def _print_stats(path: str, result: dict | list[dict], as_json: bool) -> None:
 
 def _stats_table(path: str, result: dict) -> None:
     title = f"{path} ({result['format']}{', ' + result['run'] if result.get('run') else ''})"
-    table = Table(title=title, show_header=False)
+    table = Table(title=Text(title), show_header=False)  # a path is text, not markup
     table.add_column("", justify="left")
     table.add_column("", justify="right")
     for key, value in result.items():

@@ -121,10 +121,12 @@ def safetensors_files(directory: str | os.PathLike[str]) -> list[str]:
         if missing:
             raise FileNotFoundError(f"{directory}: {INDEX_FILE} names missing shards {missing[:3]}")
         return files
-    files = sorted(p for p in glob.glob(os.path.join(directory, "*.safetensors")) if os.path.isfile(p))
+    files = sorted(p for p in glob.glob(os.path.join(glob.escape(directory), "*.safetensors")) if os.path.isfile(p))
     if not files:
         extra = (
-            " (pytorch_model.bin checkpoints are not supported)" if glob.glob(os.path.join(directory, "*.bin")) else ""
+            " (pytorch_model.bin checkpoints are not supported)"
+            if glob.glob(os.path.join(glob.escape(directory), "*.bin"))
+            else ""
         )
         raise FileNotFoundError(f"{directory}: no *.safetensors files{extra}")
     return files
