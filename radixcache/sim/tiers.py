@@ -85,6 +85,8 @@ class TierConfig:
                 raise RadixCacheError(f"{name} must be a positive int or None, got {value!r}")
         if self.write_policy not in WRITE_POLICIES:
             raise RadixCacheError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}; got {self.write_policy!r}")
+        if self.write_policy != "write_through" and self.host_capacity_blocks is None:  # as the CLI refuses it
+            raise RadixCacheError(f"write_policy {self.write_policy!r} is the host tier's: needs host_capacity_blocks")
         if not isinstance(self.costs, TierCosts):
             raise RadixCacheError(f"costs must be a TierCosts, got {type(self.costs).__name__}")
 

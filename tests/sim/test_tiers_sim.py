@@ -127,6 +127,10 @@ def test_per_page_costs_scale_with_the_page_tokens() -> None:
         TierConfig(4, write_policy="write_around")
     with pytest.raises(RadixCacheError, match="host_capacity_blocks"):
         TierConfig(0)
+    # A host write policy without a host tier had no effect through the library (the CLI refused it)
+    with pytest.raises(RadixCacheError, match=r"write_back.*needs host_capacity_blocks"):
+        TierConfig(None, 64, "write_back")
+    assert TierConfig(None, 64).write_policy == "write_through"
 
 
 def test_a_partial_last_block_counts_its_own_tokens() -> None:
