@@ -35,6 +35,9 @@ def _point(data: bytes) -> int:
     return struct.unpack("<Q", blake2b(data, digest_size=8).digest())[0]
 
 
+MAX_VNODES = 10_000  # points a replica: beyond a few hundred the balance gains nothing, and the ring costs memory
+
+
 class ConsistentHashRouter(Router):
     """A hash ring with `vnodes` virtual nodes per replica. The request's key is its session id when it has one,
     else its first `prefix_pages` page keys (chained, so they name the prompt's first pages); it goes to the
@@ -51,6 +54,8 @@ class ConsistentHashRouter(Router):
         for name, value in (("vnodes", vnodes), ("prefix_pages", prefix_pages)):
             if type(value) is not int or value < 1:
                 raise RouterError(f"consistent_hash: {name} must be a positive int, got {value!r}")
+        if vnodes > MAX_VNODES:  # the ring holds vnodes points a replica, built whole on the first choice
+            raise RouterError(f"consistent_hash: vnodes must be at most {MAX_VNODES:,}, got {vnodes:,}")
         self.vnodes = vnodes
         self.prefix_pages = prefix_pages
         self._members: tuple[int, ...] = ()
@@ -71,8 +76,10 @@ class ConsistentHashRouter(Router):
         return self.owner(_point(data), replicas)
 
     def owner(self, point: int, replicas: Sequence[int]) -> int:
-        """The replica owning `point` on the ring of `replicas`."""
+        """The replica owning `point` on the ring of `replicas` (a RouterError for none)."""
         members = tuple(sorted(set(replicas)))
+        if not members:
+            raise RouterError("consistent_hash: no replicas to own a point")
         if members != self._members:
             ring = sorted((_point(f"{r}#{v}".encode()), r) for r in members for v in range(self.vnodes))
             self._points = [p for p, _ in ring]

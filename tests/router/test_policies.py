@@ -275,3 +275,17 @@ def test_in_flight_prefixes_refuse_a_negative_bound() -> None:
     untracked = InFlightPrefixes(max_per_replica=0)  # 0 keeps nothing in flight
     untracked.add(0, (1, 2), "a")
     assert untracked.matched_pages(0, (1, 2)) == 0
+
+
+def test_consistent_hash_bounds_its_ring_and_names_an_empty_one() -> None:
+    """vnodes=10**9 was taken and built a ring of a billion points a replica on the first choice (out of memory);
+    `owner` of no replicas raised ZeroDivisionError."""
+    from radixcache.router.consistent_hash import MAX_VNODES, ConsistentHashRouter
+    from radixcache.router.errors import RouterError
+
+    with pytest.raises(RouterError, match="vnodes must be at most"):
+        ConsistentHashRouter(vnodes=MAX_VNODES + 1)
+    router = ConsistentHashRouter(vnodes=MAX_VNODES)
+    assert router.owner(12345, [0, 1]) in (0, 1)
+    with pytest.raises(RouterError, match="no replicas"):
+        router.owner(12345, [])
