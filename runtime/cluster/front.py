@@ -27,6 +27,8 @@ from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_namespace, resolve_options
 from radixcache.runtime.engine.request_builder import token_ids
+from radixcache.runtime.tools import ToolCallMemory
+from radixcache.runtime.tools.use import CallIds
 
 # The front door fails a request its replica has not admitted within the queue timeout plus this (the replica's own
 # verdict, with its wording, gets the first chance; under a starved CPU it can come back over Ray seconds late).
@@ -36,7 +38,8 @@ ADMISSION_GRACE_S = 0.25
 @dataclass(slots=True)
 class RemoteRequest:
     """A request in flight on a replica, as the server's streaming code reads an engine Request: the tokens so far,
-    their logprobs, a listener called as they grow, and the stop ids of its sampling parameters."""
+    their logprobs, a listener called as they grow, the stop ids of its sampling parameters, and the ids its tool
+    calls get (the stream's and the result's: the replica's own ids are replaced by these)."""
 
     rid: str
     output_ids: list[int] = field(default_factory=list)
@@ -44,6 +47,7 @@ class RemoteRequest:
     listener: Any = None
     sampler: Any = None
     replica: int | None = None
+    call_ids: CallIds | None = None
 
 
 class RemoteHandle:
@@ -76,6 +80,10 @@ class ClusterEngine:
     keywords); a request's `session` and `namespace` choose its replica, the rest goes to the replica's engine.
 
     `model` names the model the replicas run; only its config and tokenizer are loaded here (no weights).
+
+    `tool_memory` remembers the text and token ids a replica's model wrote for each tool call (as an Engine's does),
+    so the server renders a conversation's next turn with them: it extends the last prompt and reply token for token
+    and hits the cache of whichever replica holds them.
     """
 
     def __init__(self, cluster: ReplicaCluster, model: str) -> None:
@@ -96,6 +104,7 @@ class ClusterEngine:
         self.queue = SimpleNamespace(waiting=0)
         self.enable_cache = True
         self.routes_sessions = True  # the server passes `session` (prompt_cache_key, user or X-Session-Id)
+        self.tool_memory = ToolCallMemory()  # the calls the replicas' model wrote, by this front door's call ids
         self._ids = itertools.count()
         self._rid_prefix = uuid.uuid4().hex[:12]  # replicas remember early cancels by id: ids unique across fronts
         self._closed = False
@@ -112,7 +121,12 @@ class ClusterEngine:
         # Checked here as the engine checks it: `list()` would take bytes or a dict for token ids, and a request
         # that fails later does so in its thread, with whatever the router or the hasher raised.
         prompt = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else token_ids(prompt, "prompt")
-        request = RemoteRequest(f"{self._rid_prefix}-{next(self._ids)}", sampler=SimpleNamespace(params=opts.sampling))
+        use = opts.tool_use
+        request = RemoteRequest(
+            f"{self._rid_prefix}-{next(self._ids)}",
+            sampler=SimpleNamespace(params=opts.sampling),
+            call_ids=CallIds() if use is not None and use.parses_calls else None,
+        )
         handle = RemoteHandle(request, self._cancel)
         thread = threading.Thread(target=self._run, args=(handle, prompt, opts), daemon=True)
         thread.start()
@@ -185,12 +199,12 @@ class ClusterEngine:
                         cluster.control(replica, "cancel").remote(req.rid)
                     while result is None:  # the last item is ("done", result): never wait past it
                         by = None if admitted else sent_at + queue_timeout + ADMISSION_GRACE_S  # type: ignore[operator]
-                        kind, value, logprobs = ray.get(self._next_item(stream, replica, req.rid, by))
+                        kind, value, extra = ray.get(self._next_item(stream, replica, req.rid, by))
                         if kind == "admitted":
                             admitted = True
                         elif kind == "tokens":
                             req.output_ids.extend(value)
-                            req.logprobs.extend(logprobs)
+                            req.logprobs.extend(extra)
                             if req.listener is not None:
                                 try:
                                     req.listener(req)
@@ -198,7 +212,7 @@ class ClusterEngine:
                                     cluster.control(replica, "cancel").remote(req.rid)
                                     raise
                         else:
-                            result = value
+                            result = self._own_calls(value, extra, req)
                 except cluster.actor_errors as exc:
                     cluster.mark_dead(replica, exc)
                     if req.output_ids:
@@ -216,6 +230,18 @@ class ClusterEngine:
             if not handle.future.done():
                 cause = getattr(exc, "cause", None)
                 handle.future.set_exception(cause if isinstance(cause, BaseException) else exc)
+
+    def _own_calls(self, result: Any, emitted: tuple[str, Sequence[int]] | None, req: RemoteRequest) -> Any:
+        """`result` with its tool calls under `req`'s call ids (those its stream's parser gave them: both parse the
+        same text and draw ids in call order), remembered with what the model `emitted` for them (text, token ids)."""
+        calls = getattr(result, "tool_calls", None)
+        if not calls or req.call_ids is None:
+            return result
+        new_id = req.call_ids.sequence()
+        calls = tuple(replace(c, id=new_id()) for c in calls)
+        if emitted is not None:
+            self.tool_memory.remember(calls, emitted[0], emitted[1], content=result.text)
+        return replace(result, tool_calls=calls)
 
     def _next_item(self, stream: Any, replica: int, rid: str, admit_by: float | None = None) -> Any:
         """The stream's next item (an object ref), awaited at most `call_timeout` seconds. A replica that sends

@@ -88,9 +88,9 @@ class EngineReplica:
     ) -> Iterator[tuple[str, Any, Any]]:
         """One request, streamed (a Ray streaming generator): ("admitted", None, None) once the engine admits it (only
         with a queue timeout), ("tokens", new token ids, their logprobs) as the engine makes them, then ("done",
-        GenerationResult, None). An engine error (a full queue, say) is raised to the
-        caller. `cancel(rid)` aborts it. `sent_at` (time.time() when the front door sent it): the engine's queue
-        timeout counts from then, so time spent reaching the replica is not granted twice."""
+        GenerationResult, the (text, token ids) the model wrote for its tool calls or None). An engine error (a full
+        queue, say) is raised to the caller. `cancel(rid)` aborts it. `sent_at` (time.time() when the front door sent
+        it): the engine's queue timeout counts from then, so time spent reaching the replica is not granted twice."""
         from radixcache.runtime.engine.errors import QueueTimeoutError
 
         waited = max(0.0, time.time() - sent_at) if sent_at is not None else 0.0
@@ -129,9 +129,19 @@ class EngineReplica:
                     break
                 with contextlib.suppress(queue.Empty):
                     wake.get(timeout=ADMISSION_POLL_S if watching else None)
-            yield "done", handle.result(), None
+            result = handle.result()
+            yield "done", result, self._emitted_calls(result)
         finally:
             self._handles.pop(rid, None)
+
+    def _emitted_calls(self, result: Any) -> tuple[str, tuple[int, ...]] | None:
+        """What the engine remembered the model wrote for `result`'s tool calls (text, token ids), for the front door
+        to remember: it renders the conversation's next turn, and must splice in these very tokens to hit the cache.
+        None without calls, or when the engine did not remember them (calls dropped past max_calls)."""
+        calls = getattr(result, "tool_calls", None)
+        if not calls:
+            return None
+        return self.engine.tool_memory.lookup_emitted(calls, result.text)
 
     def cancel(self, rid: str) -> bool:
         """Abort a streamed request (its result says "cancelled"). False if it is not running here yet: then its

@@ -1,0 +1,173 @@
+"""An agent's tool loop through the front door (`serve --replicas`): the front door remembers what the replica's
+model wrote for each call (runtime.cluster.front.ClusterEngine.tool_memory), so the next turn's prompt is the one a
+single Engine renders, token for token, and hits the replica's cache as much as one Engine's; the call ids a stream
+sends are those of the result (and of the memory). Over HTTP, without Ray: the real replica class in-process
+(tests/cluster/inproc_ray.py) on SmolLM2, which under the grammar writes its calls' JSON in token splits the
+tokenizer would not make (`"` then `}}`), so a call re-encoded from the client's JSON differs from what it computed
+(before, each turn missed about a page of the last one's reply)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from radixcache.runtime.server.structured import render_chat
+from radixcache.runtime.tools import ToolUse
+from radixcache.runtime.tools.use import CallIds
+from tests.smollm2_tools import TOOLS
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("structured_smollm2")]
+PAGE = 16
+FIRST = [
+    {"role": "developer", "content": "You are an agent. Call tools."},
+    {"role": "user", "content": "Weather in Paris, then add 2 and 3, then search for Paris museums."},
+]
+
+
+def _body(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "smollm2",
+        "messages": messages,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,  # SmolLM2 repeats its call to the length limit otherwise
+        "max_tokens": 160,
+        "temperature": 0,
+        **extra,
+    }
+
+
+@pytest.fixture
+def numbered_ids(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Call ids numbered from 0 where the engine and the front door draw them, again after each call of the
+    returned reset: one conversation gets the same ids (they are in its prompts) on one Engine and behind the front
+    door, where the replica's engine draws ids of its own too."""
+    from radixcache.runtime.cluster import front
+    from radixcache.runtime.engine import request_builder
+    from radixcache.runtime.server import generation
+
+    modules = (front, request_builder, generation)
+    counters: dict[str, Iterator[int]] = {}
+
+    def reset() -> None:
+        counters.update({m.__name__: itertools.count() for m in modules})
+
+    for module in modules:
+        ids = (lambda name: lambda: CallIds(f"{next(counters[name]):016x}"))(module.__name__)
+        monkeypatch.setattr(module, "CallIds", ids, raising=False)
+    return reset
+
+
+@pytest.fixture
+def model(smollm2_gguf: Any) -> Any:
+    from radixcache.runtime.model.llama import LlamaModel
+
+    return LlamaModel(smollm2_gguf.config, smollm2_gguf.weights, quant="gguf", blocks=smollm2_gguf.blocks)
+
+
+@pytest.fixture
+def single(model: Any, smollm2_gguf: Any) -> Iterator[tuple[TestClient, Any]]:
+    from radixcache.runtime import Engine
+    from radixcache.runtime.server import create_app
+
+    engine = Engine(model, tokenizer=smollm2_gguf.tokenizer, page_size=PAGE)
+    with engine, TestClient(create_app(engine, "smollm2")) as client:
+        yield client, engine
+
+
+@pytest.fixture
+def front(monkeypatch: pytest.MonkeyPatch, model: Any, smollm2_gguf: Any) -> Iterator[tuple[TestClient, Any]]:
+    from tests.cluster.inproc_ray import install
+
+    ray = install(monkeypatch)
+    from radixcache.runtime import loading
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+    from radixcache.runtime.server import create_app
+
+    monkeypatch.setattr(loading, "load_config_and_tokenizer", lambda _m: (model.config, smollm2_gguf.tokenizer))
+    threads = torch.get_num_threads()
+    kwargs = {"tokenizer": smollm2_gguf.tokenizer, "page_size": PAGE}
+    cluster = ReplicaCluster(model, 2, engine_kwargs=kwargs, threads=threads, poll_interval=None)  # type: ignore[arg-type]
+    engine = ClusterEngine(cluster, model)  # type: ignore[arg-type]
+    try:
+        with TestClient(create_app(engine, "smollm2")) as client:
+            yield client, engine
+    finally:
+        engine.close()
+        for actor in ray.actors:
+            actor.obj.engine.close()
+        torch.set_num_threads(threads)
+
+
+def _streamed(client: TestClient, body: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The calls a stream assembles (ids from its deltas) and its usage."""
+    calls: dict[int, dict[str, Any]] = {}
+    usage = None
+    with client.stream(
+        "POST", "/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    ) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk["choices"]:
+                for d in choice["delta"].get("tool_calls") or ():
+                    call = calls.setdefault(
+                        d["index"], {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                    )
+                    call["id"] = d.get("id") or call["id"]
+                    fn = d.get("function") or {}
+                    call["function"]["name"] += fn.get("name") or ""
+                    call["function"]["arguments"] += fn.get("arguments") or ""
+    assert calls and usage is not None
+    return [calls[i] for i in sorted(calls)], usage
+
+
+def _turn(
+    client: TestClient, messages: list[dict[str, Any]], stream: bool
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    if stream:
+        return _streamed(client, _body(messages))
+    r = client.post("/v1/chat/completions", json=_body(messages))
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert message["tool_calls"], message
+    return message["tool_calls"], r.json()["usage"]
+
+
+def _loop(client: TestClient, engine: Any, stream: bool) -> tuple[list[list[int]], list[int]]:
+    """Two tool turns and a third request, replayed as an OpenAI client does (ids, names, arguments, null
+    content): each turn's prompt ids and cached tokens."""
+    messages = list(FIRST)
+    prompts, cached = [], []
+    for step in range(3):
+        prompts.append(
+            list(engine.tokenizer.encode(render_chat(engine, messages, ToolUse.of(TOOLS, "required", False))))
+        )
+        calls, usage = _turn(client, messages, stream)
+        cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+        messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": f"ok {step}"} for c in calls]
+    return prompts, cached
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_tool_loop_through_the_front_door_hits_the_cache_as_one_engine(
+    single: tuple[TestClient, Any], front: tuple[TestClient, Any], numbered_ids: Any, stream: bool
+) -> None:
+    numbered_ids()
+    want_prompts, want_cached = _loop(*single, stream)
+    numbered_ids()
+    got_prompts, got_cached = _loop(*front, stream)
+    assert got_prompts == want_prompts  # token for token: the replica's emitted ids spliced in
+    assert got_cached == want_cached
+    assert want_cached[2] > want_cached[1] > 0
