@@ -4,7 +4,8 @@ single Engine renders, token for token, and hits the replica's cache as much as 
 sends are those of the result (and of the memory). Over HTTP, without Ray: the real replica class in-process
 (tests/cluster/inproc_ray.py) on SmolLM2, which under the grammar writes its calls' JSON in token splits the
 tokenizer would not make (`"` then `}}`), so a call re-encoded from the client's JSON differs from what it computed
-(before, each turn missed about a page of the last one's reply)."""
+(before, each turn missed about a page of the last one's reply). The last test runs the same on a real local Ray
+cluster, the replica in its own process."""
 
 from __future__ import annotations
 
@@ -169,5 +170,32 @@ def test_a_tool_loop_through_the_front_door_hits_the_cache_as_one_engine(
     numbered_ids()
     got_prompts, got_cached = _loop(*front, stream)
     assert got_prompts == want_prompts  # token for token: the replica's emitted ids spliced in
+    assert got_cached == want_cached
+    assert want_cached[2] > want_cached[1] > 0
+
+
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time (tests/cluster/conftest.py)
+def test_on_real_ray_a_tool_loop_hits_the_cache_as_one_engine(local_ray: str, smollm2: Any, numbered_ids: Any) -> None:
+    """The same through Ray: the emitted ids cross from the replica's process with its result (the replica's own
+    call ids are its own there; the front door's are numbered here, as the single Engine's). `smollm2` is what a
+    replica loads by that name."""
+    from radixcache.runtime import Engine
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+    from radixcache.runtime.server import create_app
+
+    threads = torch.get_num_threads()
+    try:
+        numbered_ids()
+        with Engine(smollm2, page_size=PAGE, threads=1) as engine, TestClient(create_app(engine, "smollm2")) as c:
+            want_prompts, want_cached = _loop(c, engine, stream=True)
+        numbered_ids()
+        with ReplicaCluster("smollm2", 1, engine_kwargs={"page_size": PAGE}, poll_interval=None) as cluster:
+            front = ClusterEngine(cluster, "smollm2")
+            with TestClient(create_app(front, "smollm2")) as client:
+                got_prompts, got_cached = _loop(client, front, stream=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert got_prompts == want_prompts
     assert got_cached == want_cached
     assert want_cached[2] > want_cached[1] > 0
