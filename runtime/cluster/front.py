@@ -277,8 +277,10 @@ class ClusterEngine:
         """Cancel on the replica it was sent to; one cancelled before its dispatch is cancelled there by `_run`
         (the replica remembers a cancel that arrives before the stream starts)."""
         handle.cancelled = True
-        replica = handle.request.replica
-        if replica is not None and not handle.done():
+        replica, future = handle.request.replica, handle.future
+        # A future the caller cancelled (`asyncio.wrap_future` cancels it with the awaiting task) is done, but its
+        # request still runs on the replica: only one that `_run` completed has nothing left to cancel there.
+        if replica is not None and not (future.done() and not future.cancelled()):
             self.cluster.control(replica, "cancel").remote(handle.rid)
 
     # ------------------------------------------------------------------ server upkeep

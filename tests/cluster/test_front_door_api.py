@@ -95,3 +95,31 @@ def test_a_request_admitted_on_a_replica_that_dies_is_resent_with_a_fresh_queue_
         assert handle.request.replica == 1 and cluster.stats().retries == 1
     finally:
         engine.close()
+
+
+def test_cancelling_an_agenerate_task_cancels_its_request_on_the_replica(front: Any) -> None:
+    """Regression: `asyncio.wrap_future` cancels the handle's future with the awaiting task, and the cancel that
+    followed saw a done handle and sent nothing: the request ran on its replica to its length (its load counted
+    there all along), where Engine.agenerate cancels it."""
+    import asyncio
+    import threading
+
+    release = threading.Event()
+    for r in (0, 1):  # a stream that sends a token, then waits (a long generation)
+        front.cluster.actor(r).script = lambda prompt, options: [("tokens", [7], [None]), release.wait]
+
+    async def cancel_mid_stream() -> None:
+        task = asyncio.create_task(front.agenerate([1, 2, 3], 50))
+        while not _streams(front):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(cancel_mid_stream())
+        (rid,) = _streams(front)
+        assert [c for r in (0, 1) for c in front.cluster.actor(r).cancels] == [rid]
+    finally:
+        release.set()
