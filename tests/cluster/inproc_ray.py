@@ -36,9 +36,14 @@ class _Item:
 class Stream:
     """A streaming call: the generator runs on its own thread; `wait`/`next` as Ray's ObjectRefGenerator."""
 
-    def __init__(self, make: Any) -> None:
+    def __init__(self, make: Any, dead: BaseException | None = None) -> None:
+        """`dead`: a call on a dead actor, whose first item raises it (as Ray's generator does)."""
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._peeked: list[Any] = []
+        if dead is not None:
+            self._queue.put(_Item(error=dead))
+            self._queue.put(_END)
+            return
         threading.Thread(target=self._run, args=(make,), daemon=True).start()
 
     def _run(self, make: Any) -> None:
@@ -94,7 +99,8 @@ class _Method:
     def remote(self, *args: Any) -> Any:
         actor = self.actor
         if actor.dead:
-            return _Failed(RayActorError(f"the actor is dead (calling {self.name})"))
+            error = RayActorError(f"the actor is dead (calling {self.name})")
+            return Stream(None, error) if self.streaming else _Failed(error)
         method = getattr(actor.obj, self.name)
         if self.streaming:
             stream = Stream(lambda: method(*args))
