@@ -26,7 +26,7 @@ from radixcache import CacheStats
 from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_namespace, resolve_options
-from radixcache.runtime.engine.request_builder import token_ids
+from radixcache.runtime.engine.request_builder import split_batch, token_ids
 from radixcache.runtime.tools import ToolCallMemory
 from radixcache.runtime.tools.use import CallIds
 
@@ -118,19 +118,7 @@ class ClusterEngine:
         if self._closed:
             raise EngineClosedError("this server is shutting down")
         opts = resolve_options(max_new_tokens, options, kwargs, "ClusterEngine.submit")
-        # Checked here as the engine checks it: `list()` would take bytes or a dict for token ids, and a request
-        # that fails later does so in its thread, with whatever the router or the hasher raised.
-        prompt = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else token_ids(prompt, "prompt")
-        use = opts.tool_use
-        request = RemoteRequest(
-            f"{self._rid_prefix}-{next(self._ids)}",
-            sampler=SimpleNamespace(params=opts.sampling),
-            call_ids=CallIds() if use is not None and use.parses_calls else None,
-        )
-        handle = RemoteHandle(request, self._cancel)
-        thread = threading.Thread(target=self._run, args=(handle, prompt, opts), daemon=True)
-        thread.start()
-        return handle
+        return self._start(self._prompt_ids(prompt), opts)
 
     def submit_group(
         self,
@@ -141,10 +129,41 @@ class ClusterEngine:
         options: RequestOptions | None = None,
         **kwargs: Any,
     ) -> list[RemoteHandle]:
-        """The n samples of one prompt: routed one by one (the first's pages reach the index as it computes them)."""
+        """The n samples of one prompt: routed one by one (the first's pages reach the index as it computes them).
+        All or none, as Engine.submit_group: every prompt and option is checked before any request is sent."""
+        if self._closed:
+            raise EngineClosedError("this server is shutting down")
+        if prompts and split_batch(prompts)[1]:  # a text's characters (or one prompt's ids) are not prompts
+            raise ValueError("submit_group takes a list of prompts, got one prompt: pass [prompt]")
+        if each and len(each) != len(prompts):
+            raise ValueError(f"each has {len(each)} entries for {len(prompts)} prompts")
         opts = resolve_options(max_new_tokens, options, kwargs, "ClusterEngine.submit_group")
-        mine = [opts.updated(**each[i]) if i < len(each) else opts for i in range(len(prompts))]
-        return [self.submit(p, options=o) for p, o in zip(prompts, mine, strict=True)]
+        mine = [
+            opts.updated(caller="ClusterEngine.submit_group", **each[i]) if each else opts for i in range(len(prompts))
+        ]
+        ids = [self._prompt_ids(p) for p in prompts]
+        return [self._start(p, o) for p, o in zip(ids, mine, strict=True)]
+
+    def _prompt_ids(self, prompt: Any) -> list[int]:
+        """`prompt`'s token ids, checked here as the engine checks them: `list()` would take bytes or a dict for
+        token ids, and a request that fails later does so in its thread, with whatever the router or the hasher
+        raised."""
+        ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else token_ids(prompt, "prompt")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return ids
+
+    def _start(self, prompt: list[int], opts: RequestOptions) -> RemoteHandle:
+        """A handle for `prompt`, its request routed and streamed by a thread of its own."""
+        use = opts.tool_use
+        request = RemoteRequest(
+            f"{self._rid_prefix}-{next(self._ids)}",
+            sampler=SimpleNamespace(params=opts.sampling),
+            call_ids=CallIds() if use is not None and use.parses_calls else None,
+        )
+        handle = RemoteHandle(request, self._cancel)
+        threading.Thread(target=self._run, args=(handle, prompt, opts), daemon=True).start()
+        return handle
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int = 64, **kwargs: Any) -> Any:
         return self.submit(prompt, max_new_tokens, **kwargs).result()

@@ -123,3 +123,22 @@ def test_cancelling_an_agenerate_task_cancels_its_request_on_the_replica(front: 
         assert [c for r in (0, 1) for c in front.cluster.actor(r).cancels] == [rid]
     finally:
         release.set()
+
+
+@pytest.mark.parametrize(
+    ("prompts", "each", "match"),
+    [
+        ([[1, 2, 3], b"xy"], (), "got bytes"),  # the first prompt was sent before the second was refused
+        ([[1, 2, 3], []], (), "the prompt is empty"),
+        ([[1, 2, 3]], [{}, {"seed": 1}], "each has 2 entries for 1 prompts"),  # the extra entry was ignored
+        ([1, 2, 3], (), "got one prompt"),  # each id taken for a prompt
+    ],
+    ids=["bad-second", "empty-second", "each-longer", "one-prompt"],
+)
+def test_a_group_with_a_bad_prompt_or_each_sends_nothing(front: Any, prompts: Any, each: Any, match: str) -> None:
+    """Regression: ClusterEngine.submit_group sent its prompts one by one as it checked them, so a bad one left the
+    ones before it running on a replica with no handle to cancel them; an `each` of the wrong length was ignored.
+    Engine.submit_group refuses such a call whole (ValueError), before anything is queued."""
+    with pytest.raises(ValueError, match=match):
+        front.submit_group(prompts, 2, each=each)
+    assert _streams(front) == [] and front.cluster.loads.in_flight() == 0
