@@ -75,6 +75,7 @@ def model_facts(loaded: Any) -> dict[str, Any]:
         "vocab_size": c.vocab_size,
         "context_tokens": c.max_position,
         "rope_theta": c.rope_theta,
+        "rope_scaling": c.rope_scaling.kind if c.rope_scaling is not None else None,
         "tied_embeddings": c.tie_embeddings,
         "kv_bytes_per_token_fp32": kv_fp32,
         "kv_bytes_per_token_bf16": c.kv_bytes_per_token(2),

@@ -6,6 +6,38 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """How a model's RoPE frequencies depart from `theta ** (-2i / head_dim)`, as its file says.
+
+    Applied in this order (llama.cpp's, which a GGUF file with both a `rope_freqs` tensor and scaling metadata
+    follows): each frequency is divided by its `freq_factors` entry (GGUF `rope_freqs.weight`, empty for none), then
+    `kind` transforms the result, then cos and sin are multiplied by `attention_factor`.
+
+    - `"default"`: no transform (only the per-frequency factors);
+    - `"linear"`: every frequency divided by `factor` (positions divided by it, as transformers and llama.cpp do);
+    - `"llama3"`: Llama 3.1's: wavelengths longer than `original_max_position / low_freq_factor` divided by
+      `factor`, shorter than `original_max_position / high_freq_factor` kept, a smooth blend between;
+    - `"yarn"`: YaRN: frequencies blended between kept and divided by `factor` by a ramp over the dims whose
+      rotations within `original_max_position` fall between `beta_fast` and `beta_slow` (its ends floored and ceiled
+      when `truncate`); `attention_factor` is its mscale.
+
+    A frozen value compared whole: the disk tier's fingerprint holds its repr, so pages computed under one scaling
+    are never read back under another.
+    """
+
+    kind: str = "default"  # "default", "linear", "llama3", "yarn"
+    factor: float = 1.0
+    original_max_position: int = 0  # the pretraining context length (llama3 and yarn)
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    truncate: bool = True  # yarn
+    attention_factor: float = 1.0  # cos and sin multiplied by it (YaRN's mscale)
+    freq_factors: tuple[float, ...] = ()  # head_dim / 2 divisors of the frequencies, or () for none
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Hyper-parameters of a Llama-family decoder (Llama, SmolLM2, Qwen2, Mistral).
 
@@ -29,6 +61,7 @@ class ModelConfig:
     bos_token_id: int | None = None  # set only when the tokenizer prepends it (None for SmolLM2)
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     name: str = "model"
+    rope_scaling: RopeScaling | None = None  # None: plain RoPE (`rope_theta` alone)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """Bytes of K and V per token over all layers, at `dtype_bytes` per element (4 for float32)."""

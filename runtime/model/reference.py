@@ -20,13 +20,54 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * (acc / torch.sqrt(var + eps)).to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+def _frequencies(config: ModelConfig) -> tuple[list[float], float]:
+    """Each pair's angle per position, and the factor cos and sin are multiplied by: plain Python floats, one
+    frequency at a time, from the papers' formulas (Meta's `apply_scaling` for llama3, YaRN's Eq. 21 and its
+    correction dims), apart from runtime.model.rope's tensor form."""
+    d, theta, s = config.head_dim, config.rope_theta, config.rope_scaling
+    base = [theta ** (-2.0 * i / d) for i in range(d // 2)]
+    if s is None:
+        return base, 1.0
+    if s.freq_factors:  # llama.cpp's rope_freqs: the wavelength of pair i is stretched by its factor
+        base = [f / k for f, k in zip(base, s.freq_factors, strict=True)]
+    if s.kind == "default":
+        return base, s.attention_factor
+    if s.kind == "linear":
+        return [f / s.factor for f in base], s.attention_factor
+    out = []
+    if s.kind == "llama3":
+        for f in base:
+            wave = 2 * math.pi / f
+            if wave < s.original_max_position / s.high_freq_factor:
+                out.append(f)
+            elif wave > s.original_max_position / s.low_freq_factor:
+                out.append(f / s.factor)
+            else:
+                t = (s.original_max_position / wave - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+                out.append((1 - t) * f / s.factor + t * f)
+        return out, s.attention_factor
+    assert s.kind == "yarn", s.kind
+
+    def dims_turning(turns: float) -> float:  # the pair index that turns `turns` times in the original context
+        return d * math.log(s.original_max_position / (2 * math.pi * turns)) / (2 * math.log(theta))
+
+    lo, hi = dims_turning(s.beta_fast), dims_turning(s.beta_slow)
+    if s.truncate:
+        lo, hi = float(math.floor(lo)), float(math.ceil(hi))
+    lo, hi = max(lo, 0.0), min(hi, d - 1.0)
+    for i, f in enumerate(base):
+        mix = min(1.0, max(0.0, (i - lo) / max(hi - lo, 0.001)))  # 0: extrapolate (keep), 1: interpolate
+        out.append(f * (1 - mix) + f / s.factor * mix)
+    return out, s.attention_factor
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, config: ModelConfig) -> torch.Tensor:
     """Rotate-half RoPE. x `[heads, T, D]`."""
     d = x.shape[-1]
-    freq = theta ** (-torch.arange(0, d // 2, dtype=torch.float64) * 2.0 / d)
-    angle = positions.to(torch.float64)[:, None] * freq[None, :]  # [T, D/2]
-    cos = torch.cos(angle).to(x.dtype)
-    sin = torch.sin(angle).to(x.dtype)
+    freq, scale = _frequencies(config)
+    angle = positions.to(torch.float64)[:, None] * torch.tensor(freq, dtype=torch.float64)[None, :]  # [T, D/2]
+    cos = (torch.cos(angle) * scale).to(x.dtype)
+    sin = (torch.sin(angle) * scale).to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
@@ -62,8 +103,8 @@ def reference_logits(
                 y = y + w(p + f"self_attn.{name}_proj.bias")
             heads = c.num_heads if name == "q" else c.num_kv_heads
             proj[name] = y.view(t, heads, c.head_dim).transpose(0, 1)  # [heads, T, D]
-        q = _rotate(proj["q"], positions, c.rope_theta)
-        k = _rotate(proj["k"], positions, c.rope_theta)
+        q = _rotate(proj["q"], positions, c)
+        k = _rotate(proj["k"], positions, c)
         v = proj["v"]
         rep = c.num_heads // c.num_kv_heads
         k = k.repeat_interleave(rep, dim=0)  # fine here: the reference favours plainness over memory

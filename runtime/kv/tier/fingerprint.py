@@ -2,8 +2,8 @@
 
 Two engines may share stored pages only when they would compute the same bytes: the same weights, read in the same
 format (`quant`, and for GGUF blocks the kernels' activations mode), stored in the same KV dtype, page size and
-layout, rotated by the same rope. Each of those goes into the fingerprint, so an engine that differs in any of them
-finds zero pages (the namespace joins at the hash root).
+layout, rotated by the same rope (its base and its scaling: Llama 3.1's, linear, YaRN). Each of those goes into the
+fingerprint, so an engine that differs in any of them finds zero pages (the namespace joins at the hash root).
 Weights read from files are named by a digest of every byte of them (radixcache.runtime.kv.tier.digest_cache keeps
 each file's digest by its identity, so only a new or changed file is read).
 """
@@ -75,6 +75,8 @@ def kv_fingerprint(
     }
     if activations is not None:  # only then: the fingerprints of other formats' caches stay what they were
         fields["activations"] = activations
+    if config.rope_scaling is not None:  # only then, likewise: unscaled models keep their fingerprints
+        fields["rope_scaling"] = repr(config.rope_scaling)
     digest = hashlib.blake2b(repr(sorted(fields.items())).encode(), digest_size=16).hexdigest()
     dtype = str(pool.dtype).removeprefix("torch.")
     return f"{config.name} quant={quant} kv={dtype} page={pool.page_size}#{digest}"
