@@ -21,6 +21,7 @@ import torch
 
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.loading.gguf import GGUFFile
+from radixcache.runtime.loading.rope_scaling import ROPE_FREQS, gguf_rope_scaling
 from radixcache.runtime.loading.weights import check_heads, check_weights, config_float, config_int
 from radixcache.runtime.model.dequant import DEQUANTISABLE
 
@@ -59,8 +60,6 @@ def hf_name(gguf_name: str) -> str:
     m = _LAYER_RE.fullmatch(gguf_name)
     if m and m.group(2) in _LAYER_NAMES:
         return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-    if gguf_name == "rope_freqs.weight":
-        raise ValueError("GGUF tensor rope_freqs.weight (scaled RoPE, e.g. Llama 3.1) is not supported")
     raise ValueError(f"unexpected GGUF tensor {gguf_name!r} for a Llama-family model")
 
 
@@ -123,9 +122,6 @@ def config_from_gguf(gguf: GGUFFile, name: str | None = None) -> ModelConfig:
     def number(key: str, default: float) -> float:
         return config_float(get(key, default), f"{gguf.path}: GGUF metadata {arch}.{key}")
 
-    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", "") and _f32(meta.get(f"{arch}.rope.scaling.factor", 1.0)) != 1.0:
-        raise ValueError(f"{gguf.path}: RoPE scaling {scaling!r} is not supported")
     embed = gguf.tensors.get("token_embd.weight")
     if embed is None:
         raise ValueError(f"{gguf.path}: GGUF file has no token_embd.weight")
@@ -160,6 +156,7 @@ def config_from_gguf(gguf: GGUFFile, name: str | None = None) -> ModelConfig:
         bos_token_id=gguf_token_id(meta, "tokenizer.ggml.bos_token_id", gguf.path) if adds_bos else None,
         eos_token_ids=gguf_eos_ids(meta, gguf.path),
         name=name or os.path.splitext(os.path.basename(gguf.path))[0],
+        rope_scaling=gguf_rope_scaling(gguf, arch, head_dim),
     )
     check_heads(config, gguf.path)
     return config
@@ -190,7 +187,7 @@ def load_gguf_weights(
 
     workers = threads or min(8, os.cpu_count() or 1)
     # Largest first, so the big embedding does not start last and hold up the pool.
-    order = sorted(gguf.tensors, key=lambda n: -gguf.tensors[n].nbytes)
+    order = sorted(names, key=lambda n: -gguf.tensors[n].nbytes)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return dict(pool.map(load, order))
 
@@ -201,6 +198,8 @@ def check_gguf_tensors(gguf: GGUFFile, config: ModelConfig) -> dict[str, str]:
     file and the tensor before any data is read, and the Q/K un-permutation never sees rows it cannot split."""
     names = {}
     for gguf_name, info in gguf.tensors.items():
+        if gguf_name == ROPE_FREQS:  # read into the config (config_from_gguf), not a weight
+            continue
         try:
             names[gguf_name] = hf_name(gguf_name)
         except ValueError as e:
@@ -210,7 +209,7 @@ def check_gguf_tensors(gguf: GGUFFile, config: ModelConfig) -> dict[str, str]:
                 f"{gguf.path}: tensor {gguf_name} is of GGML type {info.type_name}, which cannot be dequantised "
                 f"(supported: {', '.join(DEQUANTISABLE)})"
             )
-    check_weights(config, {names[n]: info for n, info in gguf.tensors.items()}, gguf.path)
+    check_weights(config, {names[n]: gguf.tensors[n] for n in names}, gguf.path)
     return names
 
 

@@ -12,6 +12,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.loading.rope_scaling import hf_rope
 from radixcache.runtime.loading.weights import check_heads, config_float, config_int
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -52,11 +53,7 @@ def config_from_hf(
         raise ValueError(f"{where}: mlp_bias is not supported")
     if model_type != "qwen2" and cfg.get("attention_bias"):
         raise ValueError(f"{where}: attention_bias on a {model_type} model (o_proj bias too) is not supported")
-    scaling = cfg.get("rope_scaling")
-    if scaling and (
-        not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type")) not in (None, "default")
-    ):
-        raise ValueError(f"{where}: rope_scaling {scaling!r} is not supported")
+    rope_theta, rope_scaling = hf_rope(cfg, where)
 
     def integer(key: str, default: Any = None) -> int:
         """A field that must be a positive integer; a null or absent one takes `default` when there is one."""
@@ -92,7 +89,7 @@ def config_from_hf(
         num_heads=heads,
         num_kv_heads=integer("num_key_value_heads", heads),
         head_dim=integer("head_dim", hidden // heads),
-        rope_theta=number("rope_theta", 10000.0),
+        rope_theta=rope_theta,
         rms_norm_eps=number("rms_norm_eps", 1e-6),  # the transformers default for all three
         max_position=max_position,
         tie_embeddings=flag("tie_word_embeddings"),
@@ -100,6 +97,7 @@ def config_from_hf(
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_ids=tuple(eos_token_ids),
         name=name,
+        rope_scaling=rope_scaling,
     )
     check_heads(config, where)
     return config

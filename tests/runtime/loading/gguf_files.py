@@ -57,8 +57,12 @@ def write_model_gguf(
     weights: dict[str, np.ndarray],
     kind_of: Callable[[str, np.ndarray], str],
     tokenizer_meta: dict[str, Any],
+    extra_meta: dict[str, Any] | None = None,
+    extra_tensors: dict[str, np.ndarray] | None = None,
 ) -> dict[str, str]:
-    """Write the model; returns the block kind each 2-D weight got (by Hugging Face name)."""
+    """Write the model; returns the block kind each 2-D weight got (by Hugging Face name). `extra_meta` (more
+    metadata, e.g. RoPE scaling) and `extra_tensors` (arrays under their GGUF names, e.g. rope_freqs.weight)
+    are written as they are."""
     a = config.arch
     w = gguf.GGUFWriter(str(path), a)
     for key, value in {
@@ -73,7 +77,7 @@ def write_model_gguf(
         w.add_uint32(f"{a}.{key}", value)
     w.add_float32(f"{a}.rope.freq_base", config.rope_theta)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
-    for key, value in tokenizer_meta.items():  # plain Python values, or numpy ones as a reader gives them
+    for key, value in {**tokenizer_meta, **(extra_meta or {})}.items():  # plain values, or numpy ones as read
         value = value.item() if isinstance(value, np.generic) else value
         if isinstance(value, bool):
             w.add_bool(key, value)
@@ -97,6 +101,8 @@ def write_model_gguf(
             continue
         kinds[name] = kind_of(name, x)
         w.add_tensor(gguf_name(name), quantize(x, kinds[name]), raw_dtype=gguf.GGMLQuantizationType[kinds[name]])
+    for name, x in (extra_tensors or {}).items():
+        w.add_tensor(name, np.ascontiguousarray(x))  # float32 unless a test means another type
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -136,7 +136,7 @@ def test_mistral_with_bf16_checkpoint_and_sliding_window(kit, tmp_path):
     "overrides,message",
     [
         ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
-        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 8.0}}, "rope_scaling type 'dynamic' is not supported"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"attention_bias": True}, "attention_bias"),
     ],
