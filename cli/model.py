@@ -75,7 +75,7 @@ def model_facts(loaded: Any) -> dict[str, Any]:
         "vocab_size": c.vocab_size,
         "context_tokens": c.max_position,
         "rope_theta": c.rope_theta,
-        "rope_scaling": c.rope_scaling.kind if c.rope_scaling is not None else None,
+        "rope_scaling": rope_scaling_fact(c.rope_scaling),
         "tied_embeddings": c.tie_embeddings,
         "kv_bytes_per_token_fp32": kv_fp32,
         "kv_bytes_per_token_bf16": c.kv_bytes_per_token(2),
@@ -83,3 +83,13 @@ def model_facts(loaded: Any) -> dict[str, Any]:
         "eos_token_ids": list(c.eos_token_ids),
         "chat_template": bool(getattr(tok, "chat_template", None)),
     }
+
+
+def rope_scaling_fact(scaling: Any) -> str:
+    """The RoPE scaling in short: none, or its kind and factor ("llama3 x32", "yarn x4"), "+ rope_freqs" when a GGUF
+    file's per-frequency factors apply ("rope_freqs" alone without a kind)."""
+    if scaling is None:
+        return "none"
+    kind = "" if scaling.kind == "default" else f"{scaling.kind} x{scaling.factor:g}"
+    freqs = "rope_freqs" if scaling.freq_factors else ""
+    return " + ".join(part for part in (kind, freqs) if part)

@@ -170,6 +170,9 @@ def gguf_rope_scaling(gguf: GGUFFile, arch: str, head_dim: int) -> RopeScaling |
         raise ValueError(
             f"{path}: GGUF metadata {prefix}type {kind!r} is not supported (linear, yarn, or a rope_freqs tensor)"
         )
+    for key in ("attn_factor", "alpha"):  # other archs' knobs (an NTK alpha, a global attention factor)
+        if meta.get(prefix + key, 1.0) != 1.0:
+            raise ValueError(f"{path}: GGUF metadata {prefix}{key} is not supported")
     if factors:
         scaling = RopeScaling(**{**_fields(scaling), "freq_factors": factors})
     return None if scaling == RopeScaling("default") else scaling

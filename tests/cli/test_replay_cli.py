@@ -140,9 +140,18 @@ def test_model_info_reports_architecture_parameters_and_kv_bytes(runner, tiny_mo
     result = runner.invoke(main, ["model", "info", "--model", str(tiny_model_dir), "--json"])
     assert result.exit_code == 0, result.output
     facts = json.loads(result.stdout)
-    assert facts["architecture"] == "llama" and facts["layers"] == 2
+    assert facts["architecture"] == "llama" and facts["layers"] == 2 and facts["rope_scaling"] == "none"
     assert facts["kv_bytes_per_token_fp32"] == 2 * 2 * 2 * 8 * 4  # K and V, 2 layers, 2 KV heads, head_dim 8
     assert facts["parameters"] > 30_000
+
+
+def test_model_info_names_a_scaled_rope_in_short() -> None:
+    from radixcache.cli.model import rope_scaling_fact
+    from radixcache.runtime.config import RopeScaling
+
+    assert rope_scaling_fact(RopeScaling("llama3", 32.0, 8192)) == "llama3 x32"
+    assert rope_scaling_fact(RopeScaling("default", freq_factors=(1.0, 8.0))) == "rope_freqs"
+    assert rope_scaling_fact(RopeScaling("yarn", 4.0, freq_factors=(1.0, 8.0))) == "yarn x4 + rope_freqs"
 
 
 def test_every_command_has_help_with_an_example(runner) -> None:

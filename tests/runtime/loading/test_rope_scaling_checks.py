@@ -183,6 +183,7 @@ def test_gguf_freq_factors_divide_the_frequencies_before_the_scaling():
         (np.where(np.arange(8) == 3, 0, FACTORS).astype(np.float32), None, "rope_freqs.weight holds 0.0"),
         (np.where(np.arange(8) == 3, -2, FACTORS).astype(np.float32), None, "rope_freqs.weight holds -2.0"),
         (None, {"llama.rope.scaling.type": "longrope"}, "llama.rope.scaling.type 'longrope' is not supported"),
+        (None, {"llama.rope.scaling.alpha": 1000.0}, "llama.rope.scaling.alpha is not supported"),
         (None, {"llama.rope.scaling.type": "none", "llama.rope.scaling.factor": 2.0}, "is ambiguous"),
         (None, {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 0.0}, "scaling.factor is 0.0"),
         (None, {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
