@@ -166,7 +166,7 @@ def write_gguf_of(model, kit, path, extra_meta=None, freq_factors=None) -> None:
     hf = model.config.to_dict()
     hf.pop("rope_parameters", None)  # the GGUF carries the scaling its own way
     hf.pop("rope_scaling", None)
-    config = config_from_hf({**hf, "rope_theta": 10000.0, "model_type": "llama"})
+    config = config_from_hf({**hf, "rope_theta": 10000.0})
     weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     write_model_gguf(
         path, config, weights, lambda name, w: "F32", kit.tiny_tokenizer_metadata(typed=False),
@@ -188,14 +188,49 @@ def test_gguf_rope_freqs_equals_transformers_llama3(kit, tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["linear", "yarn"])
-def test_gguf_scaling_metadata_equals_transformers(kit, tmp_path, kind: str) -> None:
+@pytest.mark.parametrize(("kind", "arch"), [("linear", "llama"), ("yarn", "llama"), ("yarn", "qwen2")])
+def test_gguf_scaling_metadata_equals_transformers(kit, tmp_path, kind: str, arch: str) -> None:
+    """The keys llama.cpp's converter writes for a linear or YaRN config.json (Qwen2.5's long-context setting)."""
     vocab = len(kit.tiny_vocab()[0])
-    model = hf_model(vocab, SCALINGS[kind])
-    meta = {"llama.rope.scaling.type": kind, "llama.rope.scaling.factor": 4.0}
+    model = hf_model(vocab, SCALINGS[kind], arch)
+    meta = {f"{arch}.rope.scaling.type": kind, f"{arch}.rope.scaling.factor": 4.0}
     if kind == "yarn":
-        meta["llama.rope.scaling.original_context_length"] = ORIGINAL
+        meta[f"{arch}.rope.scaling.original_context_length"] = ORIGINAL
     write_gguf_of(model, kit, tmp_path / "m.gguf", extra_meta=meta)
     loaded = load_model(str(tmp_path / "m.gguf"))
     assert loaded.config.rope_scaling is not None and loaded.config.rope_scaling.kind == kind
+    assert loaded.config.arch == arch
     assert_matches_transformers(loaded, model, vocab)
+
+
+@pytest.mark.parametrize(
+    ("scaling", "model_type"),
+    [
+        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}, "llama"),  # Llama 3.1 8B
+        ({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}, "llama"),  # Llama 3.2 1B / 3B
+        ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, "qwen2"),  # Qwen2.5
+        ({"rope_type": "linear", "factor": 2.0}, "llama"),
+    ],
+)  # fmt: skip
+def test_frequencies_of_real_configs_equal_transformers(scaling: dict, model_type: str) -> None:
+    """The real models' numbers (head_dim 128, theta 500000 or 1e6, long original contexts), frequency by
+    frequency: rope_tables' and the reference model's against transformers' ROPE_INIT_FUNCTIONS."""
+    from radixcache.runtime.loading.hf import config_from_hf
+    from radixcache.runtime.model.reference import _frequencies
+    from radixcache.runtime.model.rope import scaled_frequencies
+
+    theta = 1e6 if model_type == "qwen2" else 500000.0
+    kw = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=theta,
+              max_position_embeddings=131072, rope_scaling=scaling)  # fmt: skip
+    hf_config = (transformers.Qwen2Config if model_type == "qwen2" else transformers.LlamaConfig)(**kw)
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    want, attention = transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    ours = config_from_hf({"model_type": model_type, "vocab_size": 10, "intermediate_size": 8,
+                           "num_hidden_layers": 1, **kw})  # fmt: skip
+    assert ours.rope_scaling is not None and ours.rope_scaling.attention_factor == pytest.approx(attention)
+    plain = 1.0 / (theta ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128))
+    got = scaled_frequencies(plain, ours.rope_scaling, theta, 128)
+    torch.testing.assert_close(got, want.double(), rtol=2e-6, atol=0)
+    torch.testing.assert_close(torch.tensor(_frequencies(ours)[0], dtype=torch.float64), got, rtol=1e-12, atol=0)
