@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from radixcache.runtime.server.protocol import MAX_LABEL_CHARS, APIError, ChatCompletionRequest, validation_message
 from radixcache.runtime.server.responses_output import new_id
 from radixcache.runtime.server.responses_protocol import PASSED, ResponsesRequest
+from radixcache.runtime.server.structured import param_path
 
 ROLES = ("user", "system", "developer", "assistant")
 _KEYS = {
@@ -245,6 +246,10 @@ def renamed(error: APIError, sources: list[list[str]]) -> APIError:
                 param = new + param[len(old) :]
                 break
     if param != error.param:
-        error.message = error.message.replace(error.param, param, 1) if error.param in error.message else error.message
+        head, sep, rest = error.message.partition(": ")
+        if sep and param_path(head) == error.param:  # the chat path's own form, `messages[1].tool_calls[0]...: `
+            error.message = f"{param}: {rest}"
+        else:
+            error.message = error.message.replace(error.param, param, 1)
         error.param = param
     return error

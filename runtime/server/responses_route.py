@@ -15,7 +15,7 @@ not carried over from the previous response (as OpenAI's): each request gives it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -23,6 +23,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 
 from radixcache.runtime.engine.protocol import GenerationEngine
+from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.server import generation
 from radixcache.runtime.server.http_common import (
     ApiKey,
@@ -45,7 +46,8 @@ from radixcache.runtime.server.responses_output import ResponseBuilder
 from radixcache.runtime.server.responses_protocol import ResponsesRequest
 from radixcache.runtime.server.responses_store import ResponseStore
 from radixcache.runtime.server.responses_stream import ResponseStream
-from radixcache.runtime.server.structured import grammar_of, render_chat, tool_use_of
+from radixcache.runtime.server.structured import bad_request, grammar_of, render_chat, tool_use_of
+from radixcache.runtime.tools.errors import ToolInputError
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,15 @@ class ChatPath:
 
 def _not_found(response_id: str) -> APIError:
     return APIError(404, f"No response found with id '{response_id}'.", param="response_id", code="not_found")
+
+
+async def _named(sources: list[list[str]], work: Awaitable[Any]) -> Any:
+    """`work`'s result; a bad schema or tool the engine refuses when the job is submitted (a grammar no text
+    satisfies, a schema it cannot compile) is a 400 naming the Responses field, as one refused before it."""
+    try:
+        return await work
+    except (GrammarError, ToolInputError) as exc:
+        raise renamed(bad_request(exc), sources) from None
 
 
 def add_routes(app: FastAPI, chat: ChatPath, store: ResponseStore) -> None:
@@ -111,10 +122,11 @@ def add_routes(app: FastAPI, chat: ChatPath, store: ResponseStore) -> None:
         if body.stream:
             events = generation.stream(chat.engine, job, chat.inflight)
             # the first event before answering 200: a refusal (full queue, queue timeout) is still an HTTP status
-            first = await until_disconnect(request, first_event(events))
+            first = await _named(sources, until_disconnect(request, first_event(events)))
             sse = ResponseStream(builder, chat.metrics, namespace, keep).sse(prepend(first, events))
             return ClosingStreamingResponse(sse, media_type="text/event-stream")
-        (result,) = await until_disconnect(request, generation.complete(chat.engine, job, chat.inflight))
+        work = generation.complete(chat.engine, job, chat.inflight)
+        (result,) = await _named(sources, until_disconnect(request, work))
         chat.metrics.observe(result, namespace)
         chat.metrics.requests_ok += 1
         response = builder.whole(result)

@@ -321,6 +321,24 @@ def test_hostile_values_are_400_naming_the_field(tiny_tools_server, fields: dict
     assert r.json()["error"]["param"] == param, r.json()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_400_names_the_responses_field_in_its_param_and_message(tiny_tools_server, stream: bool) -> None:
+    """Also for what the engine refuses once the job is submitted (a schema no text satisfies), and in the message
+    of the chat path's checks (which name `messages[2].tool_calls[0]...`)."""
+    unsatisfiable = {"type": "string", "minLength": 5, "maxLength": 2}
+    call = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "not json"}
+    cases = [
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": unsatisfiable}}}, "text.format.schema"),
+        ({"instructions": "sys", "input": [{"role": "user", "content": "q"}, call]}, "input.1.arguments"),
+        ({"tools": FLAT + FLAT[:1]}, f"tools.{len(FLAT)}.name"),
+    ]
+    for fields, param in cases:
+        r = _post(tiny_tools_server, {"input": "hi", "max_output_tokens": 2, "stream": stream, **fields})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == param and error["message"].startswith(f"{param}: "), error
+
+
 def test_refused_model_and_accepted_no_op_fields(tools_client, tiny_tools_server) -> None:
     r = _post(tiny_tools_server, {"model": "gpt-4o", "input": "hi"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"

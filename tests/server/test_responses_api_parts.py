@@ -136,6 +136,18 @@ def test_chat_paths_are_renamed_to_the_responses_fields(param: str, expected: st
     assert renamed(APIError(400, f"{param}: bad", param=param), sources).param == expected
 
 
+def test_a_renamed_errors_message_names_the_responses_field_too() -> None:
+    """The chat path's messages name their field as `messages[2].tool_calls[1]...`, beside the dotted `param`."""
+    sources = [["instructions"], ["input.0"], ["input.1", "input.2", "input.3"]]
+    chat = "messages[2].tool_calls[1].function.arguments"
+    error = renamed(
+        APIError(400, f"{chat}: is not valid JSON", param="messages.2.tool_calls.1.function.arguments"), sources
+    )
+    assert (error.param, error.message) == ("input.3.arguments", "input.3.arguments: is not valid JSON")
+    error = renamed(APIError(400, "tools[1].function.name: 'f' is defined twice", param="tools.1.function.name"), [])
+    assert error.message == "tools.1.name: 'f' is defined twice"
+
+
 class _Metrics:
     def __init__(self) -> None:
         self.observed, self.failures, self.requests_ok = 0, [], 0
