@@ -56,6 +56,33 @@ def _text(value: Any, path: str) -> str:
     return "".join(out)
 
 
+def _valid_unicode(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        raise APIError(400, f"{path}: not valid Unicode: it holds a lone surrogate {bad!r}", param=path) from None
+
+
+def unicode_checked(value: Any, path: str) -> Any:
+    """`value` if its strings and keys are valid Unicode. JSON's escapes can spell a lone surrogate ("\\ud800"), which
+    no UTF-8 answer can hold: kept in a stored item or echoed in the response, it would fail every answer that
+    shows it (the response, `input_items`), and the chat path's checks see only what reaches the prompt. A bad key
+    is named by its object's path (the key itself cannot be shown)."""
+    stack = [(value, path)]
+    while stack:
+        item, here = stack.pop()
+        if isinstance(item, str):
+            _valid_unicode(item, here)
+        elif isinstance(item, dict):
+            for key in item:  # before the paths that hold it
+                _valid_unicode(str(key), here)
+            stack += [(child, f"{here}.{key}") for key, child in item.items()]
+        elif isinstance(item, list):
+            stack += [(child, f"{here}.{i}") for i, child in enumerate(item)]
+    return value
+
+
 def _string(item: dict[str, Any], key: str, path: str) -> str:
     value = item.get(key)
     if not isinstance(value, str) or (key != "arguments" and not value):
@@ -65,7 +92,7 @@ def _string(item: dict[str, Any], key: str, path: str) -> str:
 
 def item_of(item: Any, path: str) -> dict[str, Any]:
     """One input item, checked, in the canonical form."""
-    if not isinstance(item, dict):
+    if not isinstance(unicode_checked(item, path), dict):
         raise APIError(400, f"{path}: an item must be an object", param=path)
     kind = item.get("type", "message" if "role" in item else None)
     if not isinstance(kind, str) or kind not in _KEYS:
@@ -180,7 +207,8 @@ def response_format(body: ResponsesRequest) -> dict[str, Any] | None:
         return {"type": "json_object"}
     if fmt.json_schema is None:
         raise APIError(400, "text.format.schema: a json_schema format needs its schema", param="text.format.schema")
-    spec: dict[str, Any] = {"name": fmt.name or "response", "schema": fmt.json_schema}
+    schema = unicode_checked(fmt.json_schema, "text.format.schema")  # echoed in the response
+    spec: dict[str, Any] = {"name": fmt.name or "response", "schema": schema}
     if fmt.strict is not None:
         spec["strict"] = fmt.strict
     if fmt.description is not None:

@@ -339,6 +339,32 @@ def test_a_400_names_the_responses_field_in_its_param_and_message(tiny_tools_ser
         assert error["param"] == param and error["message"].startswith(f"{param}: "), error
 
 
+def test_a_lone_surrogate_in_what_is_stored_or_echoed_is_a_400_and_never_breaks_a_stored_response(
+    tiny_tools_server,
+) -> None:
+    """JSON's escapes spell a lone surrogate, which no UTF-8 answer holds: an item's id or call_id (stored, listed
+    by input_items) or a schema's key (echoed in the response) holding one is refused up front, by its path."""
+    lone = "\ud800"
+    call = {"type": "function_call", "call_id": f"c{lone}", "name": "add", "arguments": "{}"}
+    schema = {"type": "object", "properties": {lone: {"type": "integer"}}}
+    cases = [
+        ({"input": [{"role": "user", "content": "q", "id": f"msg_{lone}"}]}, "input.0.id"),
+        ({"input": [{"role": "user", "content": "q"}, call]}, "input.1.call_id"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}}, "text.format.schema.properties"),
+    ]
+    for stream in (False, True):
+        for fields, param in cases:
+            body = {"model": "tiny", "input": "hi", "max_output_tokens": 2, "stream": stream, **fields}
+            r = httpx.post(
+                tiny_tools_server.v1 + "/responses",
+                content=json.dumps(body),  # ASCII: the surrogate as its escape
+                headers={"content-type": "application/json"},
+                timeout=60,
+            )
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == param and "lone surrogate" in r.json()["error"]["message"]
+
+
 def test_refused_model_and_accepted_no_op_fields(tools_client, tiny_tools_server) -> None:
     r = _post(tiny_tools_server, {"model": "gpt-4o", "input": "hi"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
