@@ -133,6 +133,22 @@ def items_of(body: ResponsesRequest) -> list[dict[str, Any]]:
     return [item_of(item, f"input.{i}") for i, item in enumerate(body.input)]
 
 
+def unique_ids(items: list[dict[str, Any]], origins: list[str]) -> None:
+    """A 400 naming the first item whose id an earlier item of the conversation has (as OpenAI's "Duplicate item
+    found"): `input_items` pages by id (`after`), and a repeated id would send a client back to its first copy
+    forever. Most often a follow-up that sends its previous response's output again beside previous_response_id."""
+    seen: set[str] = set()
+    for item, origin in zip(items, origins, strict=True):
+        if item["id"] in seen:
+            raise APIError(
+                400,
+                f"{origin}.id: duplicate item id {item['id']!r}: each item of a conversation is sent once (a follow-up "
+                "by previous_response_id sends only its new items)",
+                param=f"{origin}.id",
+            )
+        seen.add(item["id"])
+
+
 def messages_of(
     items: list[dict[str, Any]], origins: list[str], instructions: str | None
 ) -> tuple[list[dict[str, Any]], list[list[str]]]:

@@ -41,6 +41,7 @@ from radixcache.runtime.server.responses_input import (
     listed,
     messages_of,
     renamed,
+    unique_ids,
 )
 from radixcache.runtime.server.responses_output import ResponseBuilder
 from radixcache.runtime.server.responses_protocol import ResponsesRequest
@@ -96,7 +97,9 @@ def add_routes(app: FastAPI, chat: ChatPath, store: ResponseStore) -> None:
         if not own:
             raise APIError(400, "input must not be empty", param="input")
         where = ["input"] if isinstance(body.input, str) else [f"input.{i}" for i in range(len(own))]
-        return prior + own, [PREVIOUS] * len(prior) + where
+        items, origins = prior + own, [PREVIOUS] * len(prior) + where
+        unique_ids(items, origins)
+        return items, origins
 
     @app.post("/v1/responses")
     async def create_response(request: Request, body: ResponsesRequest, key: ApiKey) -> Any:

@@ -365,6 +365,27 @@ def test_a_lone_surrogate_in_what_is_stored_or_echoed_is_a_400_and_never_breaks_
             assert r.json()["error"]["param"] == param and "lone surrogate" in r.json()["error"]["message"]
 
 
+def test_an_item_id_sent_twice_in_a_conversation_is_a_400_as_openais_duplicate_item(
+    tools_client, tiny_tools_server
+) -> None:
+    """input_items pages by id: a repeated id would send a client's `after` back to its first copy forever."""
+    twice = [{"role": "user", "content": "a", "id": "msg_a"}, {"role": "user", "content": "b", "id": "msg_a"}]
+    r = _post(tiny_tools_server, {"input": twice, "max_output_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input.1.id", r.text
+    first = tools_client.responses.create(model="tiny", input=twice[:1], max_output_tokens=2)
+    (reply,) = first.output
+    again = [reply.model_dump(), {"role": "user", "content": "more"}]  # the previous output sent back
+    r = _post(tiny_tools_server, {"input": again, "previous_response_id": first.id, "max_output_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input.0.id", r.text
+    r = _post(tiny_tools_server, {"input": twice[:1], "previous_response_id": first.id, "max_output_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input.0.id", r.text
+    follow = tools_client.responses.create(
+        model="tiny", input="more", previous_response_id=first.id, max_output_tokens=2
+    )
+    listed = list(tools_client.responses.input_items.list(follow.id, order="asc", limit=1))  # pages of one
+    assert [i.id for i in listed][:2] == ["msg_a", reply.id] and len({i.id for i in listed}) == len(listed) == 3
+
+
 def test_refused_model_and_accepted_no_op_fields(tools_client, tiny_tools_server) -> None:
     r = _post(tiny_tools_server, {"model": "gpt-4o", "input": "hi"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
