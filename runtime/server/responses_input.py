@@ -15,6 +15,7 @@ tool-call parsing and structured output (runtime.server.responses_route).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -131,6 +132,23 @@ def items_of(body: ResponsesRequest) -> list[dict[str, Any]]:
     if isinstance(body.input, str):
         return [item_of({"role": "user", "content": body.input}, "input")]
     return [item_of(item, f"input.{i}") for i, item in enumerate(body.input)]
+
+
+def _whole_object(arguments: str) -> bool:
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def replayed(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A stored response's output items as the history of a follow-up. A call cut short (max_output_tokens, a stop
+    string, the timeout) is dropped, as runtime.engine.session drops it: its arguments are no JSON object, which
+    the chat path refuses in a history, so every follow-up would be a 400 the client cannot mend. A reply left
+    with no item is an empty assistant message, so the turns still alternate."""
+    items = [item_of(item, PREVIOUS) for item in output]
+    kept = [i for i in items if i["type"] != "function_call" or _whole_object(i["arguments"])]
+    return kept or [item_of({"role": "assistant", "content": ""}, PREVIOUS)]
 
 
 def unique_ids(items: list[dict[str, Any]], origins: list[str]) -> None:

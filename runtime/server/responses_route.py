@@ -36,11 +36,11 @@ from radixcache.runtime.server.protocol import MAX_LABEL_CHARS, APIError
 from radixcache.runtime.server.responses_input import (
     PREVIOUS,
     chat_body,
-    item_of,
     items_of,
     listed,
     messages_of,
     renamed,
+    replayed,
     unique_ids,
 )
 from radixcache.runtime.server.responses_output import ResponseBuilder
@@ -92,7 +92,7 @@ def add_routes(app: FastAPI, chat: ChatPath, store: ResponseStore) -> None:
                     param="previous_response_id",
                     code="previous_response_not_found",
                 )
-            prior = entry.items + [item_of(item, PREVIOUS) for item in entry.output]
+            prior = entry.items + replayed(entry.output)
         own = items_of(body)
         if not own:
             raise APIError(400, "input must not be empty", param="input")

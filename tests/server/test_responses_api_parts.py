@@ -18,7 +18,7 @@ from radixcache.runtime.engine.errors import QueueFullError
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.server.generation import Event
 from radixcache.runtime.server.protocol import APIError
-from radixcache.runtime.server.responses_input import PREVIOUS, item_of, messages_of, renamed
+from radixcache.runtime.server.responses_input import PREVIOUS, item_of, messages_of, renamed, replayed
 from radixcache.runtime.server.responses_output import ResponseBuilder
 from radixcache.runtime.server.responses_protocol import ResponsesRequest
 from radixcache.runtime.server.responses_store import ResponseStore
@@ -146,6 +146,14 @@ def test_a_renamed_errors_message_names_the_responses_field_too() -> None:
     assert (error.param, error.message) == ("input.3.arguments", "input.3.arguments: is not valid JSON")
     error = renamed(APIError(400, "tools[1].function.name: 'f' is defined twice", param="tools.1.function.name"), [])
     assert error.message == "tools.1.name: 'f' is defined twice"
+
+
+def test_a_replayed_reply_drops_its_calls_cut_short_and_keeps_a_turn_when_nothing_is_left() -> None:
+    whole = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": '{"a": 1}'}
+    cut = {"type": "function_call", "id": "fc_2", "call_id": "c2", "name": "f", "arguments": '{"a": '}
+    assert [i["id"] for i in replayed([whole, cut])] == ["fc_1"]
+    (turn,) = replayed([cut])
+    assert (turn["type"], turn["role"], turn["content"]) == ("message", "assistant", "")
 
 
 class _Metrics:
