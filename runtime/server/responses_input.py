@@ -88,6 +88,9 @@ def _string(item: dict[str, Any], key: str, path: str) -> str:
     value = item.get(key)
     if not isinstance(value, str) or (key != "arguments" and not value):
         raise APIError(400, f"{path}.{key}: must be a non-empty string", param=f"{path}.{key}")
+    if key == "call_id" and len(value) > MAX_LABEL_CHARS:  # the chat path's bound of a tool message's tool_call_id
+        here = f"{path}.call_id"
+        raise APIError(400, f"{here}: must be at most {MAX_LABEL_CHARS} characters", param=here)
     return value
 
 

@@ -294,6 +294,8 @@ HOSTILE: list[tuple[dict[str, Any], str]] = [
     ({"input": 5}, "input"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input.0.role"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type"),
+    ({"input": [{"type": "function_call_output", "call_id": "c" * 257, "output": "x"}]}, "input.0.call_id"),
+    ({"input": [{"type": "function_call", "call_id": "c" * 257, "name": "add", "arguments": "{}"}]}, "input.0.call_id"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
     ({"input": [{"role": "user", "content": "x", "colour": 1}]}, "input.0.colour"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "add", "arguments": "{"}]}, "input.0.arguments"),
