@@ -61,10 +61,11 @@ class ResponseBuilder:
         }
 
     def output(self, result: GenerationResult) -> list[dict[str, Any]]:
+        """The items; of a reply cut short only the last is incomplete (the one being written), as streamed."""
         status = "incomplete" if self.incomplete(result) else "completed"
         out = []
         if result.text or not result.tool_calls:
-            out.append(self.message(result.text, status))
+            out.append(self.message(result.text, "completed" if result.tool_calls else status))
         for i, c in enumerate(result.tool_calls):
             last = i == len(result.tool_calls) - 1
             out.append(self.call(i, c.id, c.name, c.arguments, status if last else "completed"))

@@ -245,6 +245,23 @@ def test_a_stream_of_text_then_calls_streams_each_item_after_the_last_and_stores
     assert stored == [final] and final["usage"]["output_tokens"] == 3
 
 
+def test_a_reply_cut_in_its_call_has_the_same_items_whole_as_streamed() -> None:
+    """Only the item being written when the reply was cut is incomplete: the text before the call is done."""
+    cut = _result("Let me add.", "length", (ToolCall("call_1", "add", '{"a": '),))
+    events = [
+        Event(0, "", deltas=({"content": "Let me add."},)),
+        Event(0, "", deltas=({"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "add"}}]},)),
+        Event(0, "", deltas=({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": '}}]},)),
+        Event(0, "", result=cut),
+    ]
+    out, _ = _run(events)
+    streamed = out[-1]["response"]["output"]
+    body = ResponsesRequest.model_validate({"model": "tiny", "input": "hi"})
+    whole = ResponseBuilder(body, "tiny", 10).whole(cut)["output"]
+    assert [(i["type"], i["status"]) for i in whole] == [("message", "completed"), ("function_call", "incomplete")]
+    assert [(i["type"], i["status"]) for i in streamed] == [(i["type"], i["status"]) for i in whole]
+
+
 def test_an_empty_reply_is_one_empty_message_and_a_cut_one_is_incomplete() -> None:
     out, _ = _run([Event(0, "", result=_result("", "length"))])
     assert out[-1]["type"] == "response.incomplete"
