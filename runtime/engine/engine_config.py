@@ -89,8 +89,9 @@ class EngineConfig:
     decode attention copies nothing per step) may take; default 512 MiB on the CPU and off on other devices, 0
     turns it off.
     Tiers (docs/tiers.md): `host_kv_memory` bytes of pages in host memory under the pool, `cache_dir` a directory of
-    pages that survives restarts (at most `cache_dir_size` bytes), `write_policy` when the host gets a copy
-    (write_through, write_through_selective, write_back), `load_back` "auto" (load a page found below the pool when
+    pages that survives restarts (at most `cache_dir_size` bytes; either with `enable_cache=False` is a ValueError:
+    no cache keeps no pages), `write_policy` when the host gets a copy (write_through, write_through_selective,
+    write_back), `load_back` "auto" (load a page found below the pool when
     that is measured cheaper than recomputing it), "always" or "never". A prompt that continues on disk has those
     pages read off the loop before it is admitted (runtime.kv.tier.prefetch): `prefetch_policy` "timeout" (the
     default: wait for them at most `prefetch_timeout_ms`, default 1000, then use what arrived), "wait_complete" or
@@ -169,6 +170,12 @@ class EngineConfig:
         if cache_dir is not None and (not isinstance(cache_dir, (str, os.PathLike)) or not os.fspath(cache_dir)):
             # "" would be the current directory, made a cache (or refused) without a word
             raise ValueError(f"cache_dir must be a non-empty path (str or os.PathLike) or None, got {cache_dir!r}")
+        if not self.enable_cache and (cache_dir is not None or self.host_kv_memory is not None):
+            # the tiers hold the cache's evicted pages: with no cache they would hold nothing, silently
+            raise ValueError(
+                "enable_cache=False keeps no pages, so cache_dir= and host_kv_memory= would be ignored: "
+                "drop them or enable the cache"
+            )
         for name in ("kv_memory", "host_kv_memory", "cache_dir_size"):  # cache_dir_size even without a cache_dir
             budget = getattr(self, name)
             if budget is not None:

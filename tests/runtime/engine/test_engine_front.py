@@ -100,6 +100,9 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
         ({"cache_dir_size": 0}, "cache_dir_size: memory budget must be positive"),
         ({"cache_dir": ""}, "cache_dir must be a non-empty path"),  # was the current directory, made a cache
         ({"cache_dir": 123}, "cache_dir must be a non-empty path"),
+        # the tiers were ignored without a word: a disk tier asked for, none given
+        ({"enable_cache": False, "cache_dir": "/tmp/x"}, "enable_cache=False keeps no pages, so cache_dir="),
+        ({"enable_cache": False, "host_kv_memory": "1GiB"}, "enable_cache=False keeps no pages, so cache_dir="),
         ({"page_size": 0}, "page_size must be an int >= 1"),  # was a ZeroDivisionError once the weights loaded
         ({"page_size": -4}, "page_size must be an int >= 1"),
         ({"page_size": 2.0}, "page_size must be an int >= 1"),
