@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,23 @@ def test_verify_reports_and_deletes_corrupt_pages(open_store) -> None:
     assert store.count_prefix([h(1)]) == 0 and store.count_prefix([h(0)]) == 1
     again = store.verify()
     assert (again.checked, again.ok, again.corrupt) == (2, 2, ())
+
+
+def test_verify_checks_a_huge_file_named_like_a_page_in_bounded_memory(open_store) -> None:
+    """verify read each file whole: a huge file named like a page took its size in memory."""
+    store = open_store()
+    write(store, 0)
+    huge = page_path(store, h(7))
+    huge.parent.mkdir(parents=True, exist_ok=True)
+    with huge.open("wb") as f:
+        f.write(page_path(store, h(0)).read_bytes()[:48])
+        f.truncate(64 << 20)  # sparse: 64 MiB of zeros after a page's start
+    tracemalloc.start()
+    try:
+        report = store.verify(delete=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (report.checked, report.ok, report.corrupt) == (2, 1, (str(huge),))
+    assert report.reasons == ("checksum mismatch",)
+    assert peak < 8 << 20

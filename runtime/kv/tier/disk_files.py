@@ -17,9 +17,11 @@ import re
 import secrets
 import stat
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from radixcache.runtime.kv.tier.disk_format import TMP_SUFFIX
+
+T = TypeVar("T")
 
 # <pid>-<16 hex>.tmp: what temp_name makes. Nothing else in tmp/ is the store's, whatever its name ends with.
 TMP_NAME = re.compile(r"([0-9]+)-[0-9a-f]{16}\.tmp")
@@ -67,6 +69,13 @@ def read_nofollow(path: str) -> bytes:
     """A regular file's bytes, refusing a symlink as its last component. Raises OSError."""
     with _open_regular(path) as (f, _):
         return f.readall()
+
+
+def read_nofollow_with(path: str, consume: Callable[[io.FileIO, int], T]) -> T:
+    """`consume(file, size)` of a regular file opened unbuffered without following a symlink: a reader that takes
+    the bytes as it needs them (a stream, not the whole file in memory). Raises OSError."""
+    with _open_regular(path) as (f, size):
+        return consume(f, size)
 
 
 def read_nofollow_writable(path: str) -> bytearray:

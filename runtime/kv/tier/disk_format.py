@@ -32,7 +32,7 @@ import hashlib
 import json
 import struct
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import xxhash
 
@@ -60,6 +60,7 @@ __all__ = [
     "page_checksum",
     "parse_page",
     "parse_page_for",
+    "parse_page_stream",
 ]
 
 FORMAT_VERSION = 1  # the directory marker's version
@@ -155,6 +156,23 @@ def parse_page(data: bytes | bytearray | memoryview) -> PageFile:
         raise CorruptPage("checksum mismatch")
     hash_hex, fingerprint, width, tokens_at, payload_at, meta = _header(view, len(view))
     return PageFile(hash_hex, fingerprint, width, data[tokens_at:payload_at], meta, view[payload_at:])
+
+
+def parse_page_stream(f: BinaryIO, size: int, chunk: int = 1 << 20) -> tuple[str, str]:
+    """`parse_page`'s checks of a whole page file of `size` bytes read from `f` a `chunk` at a time, in memory
+    bounded whatever the file's size (a huge file named like a page); its (hash hex, fingerprint). Raises
+    CorruptPage naming the first check that failed, as `parse_page` does."""
+    head = bytearray(f.read(HEADER_START))
+    version = _version(memoryview(head))
+    head += f.read(min(PREFIX.unpack_from(head, BODY_START)[1], MAX_HEADER))  # where `_header` looks
+    digest = xxhash.xxh3_128() if version == 2 else hashlib.blake2b(digest_size=DIGEST_SIZE)
+    digest.update(memoryview(head)[BODY_START:])
+    while part := f.read(chunk):
+        digest.update(part)
+    if digest.digest().ljust(DIGEST_SIZE, b"\0") != head[len(MAGIC) : BODY_START]:
+        raise CorruptPage("checksum mismatch")
+    hash_hex, fingerprint, *_ = _header(memoryview(head), size)
+    return hash_hex, fingerprint
 
 
 def parse_page_for(data: bytes | bytearray | memoryview, page_hash: bytes, tokens: Sequence[int]) -> PageFile:

@@ -41,11 +41,17 @@ from radixcache.runtime.kv.tier.disk_files import (
     is_real_dir,
     own_temp_files,
     read_json,
+    read_nofollow_with,
     temp_name,
     temp_writer_pid,
     write_json_durable,
 )
-from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, PAGE_SUFFIX, CorruptPage, parse_page
+from radixcache.runtime.kv.tier.disk_format import (
+    FORMAT_VERSION,
+    PAGE_SUFFIX,
+    CorruptPage,
+    parse_page_stream,
+)
 
 log = logging.getLogger("radixcache.disk")
 
@@ -281,15 +287,16 @@ def in_own_folder(hash_hex: str, path: str) -> bool:
     return os.path.basename(os.path.dirname(path)) == hash_hex[:2]
 
 
-def page_file_error(data: bytes, tag: str, hash_hex: str, path: str) -> str:
-    """Why a whole page file found at `path` (under fingerprint folder `tag`) is not sound, or "" when it is: the
-    format's checks, that the recorded hash is its name (in its first byte's folder), that its fingerprint is its
-    folder's, and that the name is hex."""
+def page_file_error(tag: str, hash_hex: str, path: str) -> str:
+    """Why the page file at `path` (under fingerprint folder `tag`) is not sound, or "" when it is: the format's
+    checks (read a piece at a time: a huge file takes no more memory than a page), that the recorded hash is its name
+    (in its first byte's folder), that its fingerprint is its folder's, and that the name is hex. Raises OSError
+    when it cannot be read."""
     try:
-        page = parse_page(data)
-        if page.hash_hex != hash_hex or not in_own_folder(hash_hex, path):
-            raise CorruptPage(f"the file records hash {page.hash_hex:.64}, its name says {hash_hex:.64}")
-        if fingerprint_tag(page.fingerprint) != tag:
+        recorded, fingerprint = read_nofollow_with(path, parse_page_stream)
+        if recorded != hash_hex or not in_own_folder(hash_hex, path):
+            raise CorruptPage(f"the file records hash {recorded:.64}, its name says {hash_hex:.64}")
+        if fingerprint_tag(fingerprint) != tag:
             raise CorruptPage("the file's fingerprint is not its folder's")
         bytes.fromhex(hash_hex)
     except (CorruptPage, ValueError) as exc:

@@ -44,7 +44,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow, read_nofollow_split
+from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow_split
 from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, CorruptPage, PageWrite, encode_page
 from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, scan_pages
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, fingerprint_tag, page_file_error
@@ -352,7 +352,7 @@ class DiskStore:
         reasons: list[str] = []
         for tag, hash_hex, path in self.layout.page_files():
             try:
-                error = page_file_error(read_nofollow(path), tag, hash_hex, path)
+                error = page_file_error(tag, hash_hex, path)
             except FileNotFoundError:
                 continue  # deleted meanwhile (an eviction)
             except OSError as exc:
