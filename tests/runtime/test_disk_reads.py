@@ -99,7 +99,9 @@ def test_a_byte_flipped_in_each_region_is_detected(read: Read, open_store, regio
     write(store, 0)
     path = page_path(store, h(0))
     data = bytearray(path.read_bytes())
-    data[_region_offsets(bytes(data))[region]] ^= 0x01
+    # the version 2 to 1, whose blake2b checksum fails (one above this radixcache's is a newer format's page, left
+    # in place: test_disk_format)
+    data[_region_offsets(bytes(data))[region]] ^= 0x03 if region == "version" else 0x01
     path.write_bytes(bytes(data))
     reopened = open_store()
     assert reopened.count_prefix([h(0)]) == 1  # the index lists it: names and stat only
@@ -124,6 +126,9 @@ def test_every_single_flipped_byte_is_detected(read: Read, open_store) -> None:
             path.write_bytes(bytes(data))
             reopened = DiskStore(store.directory, max_bytes=1 << 20, fingerprint=FP)
             assert read(reopened, h(0), toks(0), 24) is None, f"byte {at} of {len(original)} flipped went unnoticed"
+            if at == 40:  # version 130: a newer format's page, left in place (test_disk_format)
+                assert path.exists() and reopened.stats().corrupt_pages == 0
+                continue
             assert not path.exists() and reopened.stats().corrupt_pages == 1
     finally:
         logging.getLogger("radixcache.disk").disabled = False

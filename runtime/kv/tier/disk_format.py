@@ -24,6 +24,8 @@ choose its algorithm: a flipped version byte names another algorithm (or none), 
 The checksum guards against accidents (a torn or flipped byte), not against someone who can write the directory:
 it was blake2b in version 1, whose 1.1 ms per SmolLM2 page (737 KB) was most of a disk read; XXH3 takes 0.04 ms.
 The directory's marker keeps its own version (`FORMAT_VERSION`, 1): both page versions live in one directory.
+A page of a newer version, up to 255 (a newer radixcache sharing the directory wrote it), is not corrupt: `NewerPage`
+says so, and the store leaves it in place, unread; a flipped version byte that makes one is not detected as corrupt.
 """
 
 from __future__ import annotations
@@ -46,12 +48,14 @@ __all__ = [
     "MAGIC",
     "MAX_HASH_BYTES",
     "MAX_HEADER",
+    "MAX_NEWER_VERSION",
     "PAGE_SUFFIX",
     "PAGE_VERSION",
     "PAGE_VERSIONS",
     "PREFIX",
     "TMP_SUFFIX",
     "CorruptPage",
+    "NewerPage",
     "PageFile",
     "PageWrite",
     "check_split_page_for",
@@ -76,6 +80,7 @@ BODY_START = len(MAGIC) + DIGEST_SIZE  # 40: the checksum covers everything from
 HEADER_START = BODY_START + PREFIX.size  # 48
 MAX_HASH_BYTES = 64  # the file name is the hash in hex
 MAX_HEADER = 1 << 20
+MAX_NEWER_VERSION = 255  # a version above ours up to this is a later format's page; above it, a corrupt field
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
 
@@ -104,6 +109,11 @@ class PageFile(NamedTuple):
 
 class CorruptPage(Exception):
     """A page file failed a check; the message says which."""
+
+
+class NewerPage(CorruptPage):
+    """A page file of a format version newer than this radixcache reads: unusable here, but not corrupt (a newer
+    radixcache sharing the directory wrote it): it is not to be deleted."""
 
 
 def pack_tokens(tokens: Sequence[int], width: int | None = None) -> tuple[bytes, int]:
@@ -218,6 +228,8 @@ def _version(view: memoryview) -> int:
     if view[: len(MAGIC)] != MAGIC:
         raise CorruptPage("bad magic")
     version = PREFIX.unpack_from(view, BODY_START)[0]
+    if PAGE_VERSION < version <= MAX_NEWER_VERSION:
+        raise NewerPage(f"page format version {version}, newer than this radixcache reads {PAGE_VERSIONS}")
     if version not in PAGE_VERSIONS:
         raise CorruptPage(f"page format version {version}, expected one of {PAGE_VERSIONS}")
     return version

@@ -50,6 +50,7 @@ from radixcache.runtime.kv.tier.disk_format import (
     FORMAT_VERSION,
     PAGE_SUFFIX,
     CorruptPage,
+    NewerPage,
     parse_page_stream,
 )
 
@@ -287,11 +288,11 @@ def in_own_folder(hash_hex: str, path: str) -> bool:
     return os.path.basename(os.path.dirname(path)) == hash_hex[:2]
 
 
-def page_file_error(tag: str, hash_hex: str, path: str) -> str:
-    """Why the page file at `path` (under fingerprint folder `tag`) is not sound, or "" when it is: the format's
-    checks (read a piece at a time: a huge file takes no more memory than a page), that the recorded hash is its name
-    (in its first byte's folder), that its fingerprint is its folder's, and that the name is hex. Raises OSError
-    when it cannot be read."""
+def page_file_error(tag: str, hash_hex: str, path: str) -> str | None:
+    """Why the page file at `path` (under fingerprint folder `tag`) is not sound, "" when it is, None when it is of a
+    newer format (not this radixcache's to judge): the format's checks (read a piece at a time: a huge file takes no
+    more memory than a page), that the recorded hash is its name (in its first byte's folder), that its fingerprint
+    is its folder's, and that the name is hex. Raises OSError when it cannot be read."""
     try:
         recorded, fingerprint = read_nofollow_with(path, parse_page_stream)
         if recorded != hash_hex or not in_own_folder(hash_hex, path):
@@ -299,6 +300,8 @@ def page_file_error(tag: str, hash_hex: str, path: str) -> str:
         if fingerprint_tag(fingerprint) != tag:
             raise CorruptPage("the file's fingerprint is not its folder's")
         bytes.fromhex(hash_hex)
+    except NewerPage:
+        return None
     except (CorruptPage, ValueError) as exc:
         return str(exc)
     return ""

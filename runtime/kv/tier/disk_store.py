@@ -20,7 +20,8 @@ Invariants:
   so a reader never sees a partial page. A process killed mid-write leaves a temporary file, which the next open
   removes (unless the process that wrote it is still alive and the file is less than an hour old).
 - `read` and `read_into` trust nothing: magic, version, checksum, the hash recorded in the file, and the page's
-  own tokens must all match, or the page is deleted, counted as corrupt, and the read is a miss.
+  own tokens must all match, or the page is deleted, counted as corrupt, and the read is a miss. A page of a newer
+  format version (a newer radixcache shares the directory) is a miss that leaves the index, not the disk.
 - The index follows this store's own writes, reads and deletions. Its byte total is kept at or under `max_bytes`
   at open (a writable store) and after every write by deleting the least recently used pages (last read or
   write; at open, the files' mtimes, which reads refresh).
@@ -45,7 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow_split
-from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, CorruptPage, PageWrite, encode_page
+from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, CorruptPage, NewerPage, PageWrite, encode_page
 from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, scan_pages
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, fingerprint_tag, page_file_error
 from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into
@@ -228,6 +229,12 @@ class DiskStore:
             if not isinstance(exc, FileNotFoundError):
                 log.debug("cannot read %s: %s", entry.path, exc)
             return None
+        except NewerPage as exc:  # a newer radixcache's page: left for it, out of this store's index
+            log.debug("disk KV cache: skipping %s: %s", entry.path, exc)
+            with self._lock:
+                self._index.drop(page_hash, entry)
+                self._count["read_misses"] += 1
+            return None
         except CorruptPage as exc:
             log.warning("disk KV cache: deleting the corrupt page %s: %s", entry.path, exc)
             with contextlib.suppress(OSError):
@@ -357,6 +364,8 @@ class DiskStore:
                 continue  # deleted meanwhile (an eviction)
             except OSError as exc:
                 error = f"unreadable ({exc})"
+            if error is None:
+                continue  # a newer format's page: neither checked nor deleted
             checked += 1
             if not error:
                 ok += 1
