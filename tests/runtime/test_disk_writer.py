@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from radixcache.runtime.kv.tier.disk_store import DiskStore
-from tests.runtime.conftest import META, disk_warnings, h, payload, toks, write
+from tests.runtime.conftest import META, disk_warnings, h, page_path, payload, toks, write
+from tests.runtime.disk_split import read_whole as read
 from tests.runtime.tier_faults.fs_faults import deny_writes
 
 
@@ -93,6 +94,24 @@ def test_a_failing_write_disables_the_store_without_raising(open_store, caplog) 
     assert len(disk_warnings(caplog)) == 1 and "disabled" in disk_warnings(caplog)[0].getMessage()
     assert list(Path(store.tmp_dir).iterdir()) == []  # the failed write's temporary file is gone
     assert store.read(ok_hash, toks(0)) == (payload(0), META)  # what is on disk is still served
+
+
+def test_a_folder_at_one_pages_path_drops_that_write_alone(open_store, caplog) -> None:
+    """A folder named as a page file made the rename fail, and that one page disabled every write of the process."""
+    store = open_store()
+    taken = page_path(store, h(1))
+    (taken / "inside").mkdir(parents=True)
+    for i in (0, 1, 2):
+        assert store.put(h(i), toks(i), payload(i), META)
+    assert store.flush(10)
+    assert store.enabled
+    assert store.put(h(3), toks(3), payload(3), META) and store.flush(10)
+    s = store.stats()
+    assert (s.pages, s.writes, s.dropped_writes) == (3, 3, 1)
+    assert store.count_prefix([h(0)]) == 1 and store.count_prefix([h(1)]) == 0
+    assert [read(store, h(i), toks(i)) for i in (0, 2, 3)] == [(payload(i), META) for i in (0, 2, 3)]
+    assert taken.is_dir() and list(Path(store.tmp_dir).iterdir()) == []
+    assert ["a folder holds the page's name" in r.getMessage() for r in disk_warnings(caplog)] == [True]
 
 
 def test_a_read_only_pages_folder_disables_the_store_without_raising(open_store, caplog, monkeypatch) -> None:

@@ -27,7 +27,8 @@ Invariants:
   write; at open, the files' mtimes, which reads refresh).
 - No call raises for I/O reasons. An open that cannot create or write the directory, and a write that fails
   (ENOSPC, EROFS, EACCES, ...), disable the store (`enabled = False`, one warning on the "radixcache.disk"
-  logger): it accepts no more writes, but still serves the pages already on disk.
+  logger): it accepts no more writes, but still serves the pages already on disk. A folder at one page's path
+  drops that page's write alone (a warning): the store goes on.
 - A directory without the marker that holds anything but the store's own temporary files is never adopted (the
   store opens disabled), and `clear` refuses one. Only files of the store's exact naming, in a marked directory,
   are ever deleted (radixcache.runtime.kv.tier.disk_layout), and no symlink is followed.
@@ -51,7 +52,7 @@ from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, scan_pag
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, fingerprint_tag, page_file_error
 from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into
 from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport
-from radixcache.runtime.kv.tier.disk_writer import WriteQueue, write_page_file
+from radixcache.runtime.kv.tier.disk_writer import PagePathTaken, WriteQueue, write_page_file
 
 __all__ = [
     "FORMAT_VERSION",
@@ -283,6 +284,8 @@ class DiskStore:
         if enabled:
             try:
                 entry = self._write_page(write)
+            except PagePathTaken as exc:  # this page's own path: the others still go to disk
+                log.warning("disk KV cache: cannot write a page: %s", exc)
             except OSError as exc:
                 self._disable(f"writing a page failed: {exc}")
             except Exception:  # a bug must not kill the writer and leave flush() waiting forever

@@ -20,16 +20,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from radixcache.runtime.kv.tier.disk_files import write_durable
+from radixcache.runtime.kv.tier.disk_files import is_real_dir, write_durable
 from radixcache.runtime.kv.tier.disk_format import MAGIC, PageWrite, page_checksum
 from radixcache.runtime.kv.tier.disk_index import PageEntry
 from radixcache.runtime.kv.tier.disk_layout import CacheDir
 
 
+class PagePathTaken(OSError):
+    """A folder sits where one page's file goes: that page cannot be written, but the store can write others."""
+
+
 def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> PageEntry:
     """Write one page file durably: a temporary file, fsync, an atomic rename into place, fsync of its folder (and
     of the fingerprint folder when the page's folder is new). When a folder vanished meanwhile (a `cache clear`, an
-    `rm -r`), recreate the folders once and retry. Raises OSError."""
+    `rm -r`), recreate the folders once and retry. Raises PagePathTaken when a folder holds the page's name (a
+    rename never replaces one; any other entry there is replaced), OSError for other failures."""
     path = cache_dir.page_path(write.page_hash)
     folder = os.path.dirname(path)
     digest = page_checksum(write.prefix, write.tokens, write.payload)
@@ -43,6 +48,8 @@ def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> 
             write_durable(cache_dir.tmp_dir, path, chunks, sync_parent=new_folder)
             return PageEntry(path, write.size, cache_dir.tag)
         except OSError as exc:
+            if is_real_dir(path):
+                raise PagePathTaken(exc.errno, "a folder holds the page's name", path) from exc
             if attempt or exc.errno != errno.ENOENT:
                 raise
             cache_dir.ensure_page_dirs(fingerprint)
