@@ -154,10 +154,12 @@ class Scheduler:
     # ------------------------------------------------------------------ one pass
 
     def _run(self, decodes: list[Request], chunks: list[tuple[Request, int]], retry: bool = True) -> None:
-        t0, staged = time.perf_counter(), any(r.staged for r, _ in chunks)
+        t0 = time.perf_counter()
         try:
-            for r, _ in chunks:  # a deferred disk load: the layers this pass runs (kv.tier.layered_load)
-                self.kv.load_layers(r.kv, r.staged.stop if r.staged else None)
+            chunks = self._load_layers(chunks)
+            if not decodes and not chunks:
+                return
+            staged = any(r.staged for r, _ in chunks)
             logits = self.runner.step(decodes, chunks)
         except Exception as exc:  # nothing was committed, no request moved: retry each once, alone
             if not retry:
@@ -189,6 +191,17 @@ class Scheduler:
                 assert logits.chunks is not None  # fresh: its first token (a resumed one has its next input)
                 done.append((r, logits.chunks[i]))
         self._emit_all(done, greedy)
+
+    def _load_layers(self, chunks: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
+        """Copy each chunk's deferred disk load up to the layers this pass runs (kv.tier.layered_load); the chunks
+        that can run. One whose copy failed sits this pass out: its disk pages are recomputed from the next."""
+        runnable = []
+        for r, n in chunks:
+            if self.kv.load_layers(r.kv, r.staged.stop if r.staged else None):
+                runnable.append((r, n))
+            else:
+                r.staged = None  # layers run over positions it no longer has: its positions were never counted
+        return runnable
 
     def _after_chunk(self, req: Request) -> None:
         """Commit what a prefill chunk computed (in flight, or a pinned prompt's once whole); start decoding."""

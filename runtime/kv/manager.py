@@ -194,13 +194,32 @@ class KVManager:
         kv.status = Status.RUNNING
         return True
 
-    def load_layers(self, kv: KVState, stop: int | None = None) -> None:
+    def load_layers(self, kv: KVState, stop: int | None = None) -> bool:
         """Copy a deferred disk load's layers up to `stop` (None: all) into the request's blocks, before a pass
-        reads them (kv.tier.layered_load)."""
-        if kv.pending_load is not None:
-            kv.pending_load.copy_until(stop)
-            if kv.pending_load.done:
-                kv.pending_load = None
+        reads them (kv.tier.layered_load). False when the copy raised: a failed read, as an eager load's is
+        (docs/tiers.md): the load is dropped and the request's positions end before its disk pages, which it
+        recomputes (a chunk under way is to be run again from there)."""
+        load = kv.pending_load
+        if load is None:
+            return True
+        try:
+            load.copy_until(stop)
+        except Exception:
+            kv.pending_load = None
+            load.drop()
+            start = kv.block_table.index(load.blocks[0]) * self.page_size
+            lost = max(0, kv.num_kv - start)  # num_kv has not moved since admission: the chunk never finished
+            kv.num_kv -= lost
+            kv.tier_pages -= load.pages
+            if kv.preemptions == 0:
+                kv.cached_tokens = min(kv.cached_tokens, kv.num_kv)
+                kv.found_pages -= load.pages
+            assert self.tiers is not None
+            self.tiers.failed_deferred_load(load.pages, lost if kv.preemptions == 0 else 0)
+            return False
+        if load.done:
+            kv.pending_load = None
+        return True
 
     def reserve(self, kv: KVState, num_tokens: int) -> None:
         """Make the block table cover `num_tokens` positions, allocating new pages (evicting if needed)."""

@@ -233,6 +233,14 @@ class KVTiers:
                 self.reader.release(job)  # its staging goes back to the kept buffers
                 self._forget_unread(job)
 
+    def failed_deferred_load(self, pages: int, hit_tokens: int) -> None:
+        """A deferred disk load (kv.tier.layered_load) whose copy raised: its `pages`, counted loaded, and its
+        `hit_tokens`, counted disk hits, are recomputed instead: a failed read."""
+        log.exception("disk KV cache: copying %d read page(s) into the pool by layers failed; recomputing", pages)
+        self._counts["disk_failed_reads"] += 1
+        self._counts["disk_loaded_pages"] -= pages
+        self._counts["disk_hit_tokens"] -= hit_tokens
+
     def count_hits(self, matched: int, device_pages: int, host_pages: int) -> None:
         """Count an admission's `matched` cached tokens by tier: its first `device_pages` pages were on the device,
         the next `host_pages` on the host, the rest on disk (the last token's cut taken from the deepest)."""

@@ -7,7 +7,9 @@ staged by layers (model.staged) needs layer i of its prefix only when its chunk 
 deferred (`KVTiers.load(defer=True)`) and each pass copies the layers it is about to run (`copy_until`): the copy
 is spread over the same passes as the chunk. The pages are not in the tree until the chunk has run its last layer
 (kv.manager.commit), so no other request reads a layer before it is copied; any path that gives the request's KV to
-the tree (a preemption, a release) copies the rest first (`finish`), and a cancel drops it (`drop`).
+the tree (a preemption, a release) copies the rest first (`finish`), and a cancel drops it (`drop`). A copy that
+raises is a failed read: the load is dropped and the request recomputes from before its disk pages
+(kv.manager.KVManager.load_layers).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ import torch
 from radixcache.runtime import Engine
 from radixcache.runtime.engine.scheduler import SchedulerConfig
 from radixcache.runtime.kv.pool import populate
+from radixcache.runtime.kv.tier import layered_load
+from radixcache.runtime.kv.tier.page_copy import copy_pages
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from tests.runtime.engine.test_kv_pool import resident_pages
 from tests.runtime.tiers import test_prefetch as prefetch
@@ -96,6 +98,38 @@ def test_a_preemption_mid_load_copies_every_layer_before_the_tree_takes_the_page
         prefetch.assert_clean(engine)
         assert b.kv.preemptions == 1
     assert list(a.output_ids) == want_a and list(b.output_ids) == want_b
+
+
+@pytest.mark.parametrize("fail_at", [0, 1], ids=["first-layers", "later-layers"])
+def test_a_layer_copy_that_raises_is_a_failed_read_and_the_pages_are_recomputed(
+    deep: RandomModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: int
+) -> None:
+    """The copy of a staged load's layers raised out of the pass, and the request failed (retried alone) instead of
+    recomputing its pages as every failed read does (docs/tiers.md)."""
+    want_a, want_b = prefetch.baseline(deep, prefetch.OTHER, 40), prefetch.baseline(deep, prefetch.PROMPT, 5)
+    calls = []
+
+    def copy_or_fail(*args) -> None:
+        calls.append(len(calls))
+        if len(calls) - 1 == fail_at:
+            raise RuntimeError("injected: a layer copy failed")
+        copy_pages(*args)
+
+    monkeypatch.setattr(layered_load, "copy_pages", copy_or_fail)
+    engine, a, b = _beside_a_decode(deep, tmp_path)
+    with engine:
+        if fail_at == 1:
+            assert b.kv.pending_load is not None and b.kv.num_kv == 40
+            prefetch.step(engine)
+        assert b.kv.pending_load is None and b.kv.num_kv == 0 and b.error is None
+        assert engine.tiers.reader.buffers.kept_bytes > 0, "the staging went back"
+        prefetch.run_out(engine)
+        prefetch.assert_clean(engine)
+        tiers = engine.stats.tiers
+        assert (tiers.disk_failed_reads, tiers.disk_loaded_pages, tiers.disk_hit_tokens) == (1, 0, 0)
+        assert b.kv.cached_tokens == 0 and b.kv.found_pages == 0
+    assert len(calls) == fail_at + 1, "no layer was copied after the failure"
+    assert list(a.output_ids) == want_a and list(b.output_ids) == want_b and b.finish_reason == "length"
 
 
 def test_without_decodes_the_load_is_copied_at_once(deep: RandomModel, tmp_path: Path) -> None:
