@@ -225,7 +225,12 @@ class PrefetchReader:
     def read_now(self, job: PrefetchJob) -> tuple[int, torch.Tensor | None]:
         """Read a job on the calling thread, stopping at the first failed page (for a direct caller of the KV
         manager, which has not prefetched); the same batched staging as the readers. `release` it after use."""
-        job.take_buffer(*self.buffers.get(len(job)))
+        try:
+            job.take_buffer(*self.buffers.get(len(job)))
+        except Exception:  # no staging memory: as for a queued job, nothing is read and the caller recomputes
+            log.exception("disk KV cache: no staging for a read of %d page(s); recomputing them", len(job))
+            job.started, job.failed_at = time.perf_counter(), 0
+            return 0, None
         job.started = time.perf_counter()
         for i in range(len(job)):
             self._read_page(job, i, paced=False)  # the caller waits for these pages: no pace

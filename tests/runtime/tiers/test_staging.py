@@ -133,6 +133,38 @@ def test_a_read_on_the_callers_thread_hands_its_buffer_back(tmp_path: Path) -> N
     store.close()
 
 
+def test_a_read_on_the_callers_thread_without_staging_memory_reads_nothing(tmp_path: Path) -> None:
+    """The staging of a direct read (a caller that never prefetched) cannot be allocated: nothing is read and its
+    pages are recomputed, as for a queued prefetch (before: the error failed the request being admitted)."""
+    from radixcache.runtime.kv.pool import KVPool
+    from radixcache.runtime.kv.tier.disk_store import DiskStore
+    from radixcache.runtime.kv.tier.prefetch import PrefetchReader
+    from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob
+    from radixcache.runtime.testing import tiny_model
+
+    pool = KVPool(tiny_model(seed=3).config, 8, P, dtype=torch.float64)
+    store = DiskStore(str(tmp_path / "cache"), max_bytes=1 << 30)
+    meta = {"dtype": str(pool.dtype), "shape": list(pool.kv[:, :, 0].shape)}
+    store.put(b"\1" * 16, list(range(P)), pool.kv[:, :, 0].contiguous().view(torch.uint8).numpy().tobytes(), meta)
+    assert store.flush(30)
+    reader = PrefetchReader(store, pool, prewarm_pages=0)
+
+    def no_memory(pages: int):
+        raise RuntimeError("injected: cannot allocate staging memory")
+
+    reader.buffers.get = no_memory
+    job = PrefetchJob(0, [b"\1" * 16], [list(range(P))], [])
+    assert reader.read_now(job) == (0, None)
+    assert job.complete and job.failed_at == 0 and store.stats().read_hits == 0
+    reader.release(job)
+    del reader.buffers.get
+    job = PrefetchJob(0, [b"\1" * 16], [list(range(P))], [])
+    assert reader.read_now(job)[0] == 1  # the next read has its staging
+    reader.release(job)
+    reader.close()
+    store.close()
+
+
 def test_a_prewarmed_buffer_serves_the_first_job_and_stays_within_the_bound(tmp_path: Path) -> None:
     from radixcache.runtime.kv.pool import KVPool
     from radixcache.runtime.kv.tier.disk_store import DiskStore
