@@ -17,6 +17,9 @@ Invariants:
   kept ones (kv.tier.staging) once the loop has let go of the job (`release`, also after a `take`) and no reader
   task of it is left, never before: the loop copies out of a taken job's staging until it releases the job. The
   host pages a job holds are locked and unlocked by the loop thread only (KVTiers).
+- A job whose staging cannot be allocated, or for which no reader thread can start, reads nothing: its request
+  recomputes its pages, never waits on it, and the error reaches no caller (the call that starts a queued job may
+  be another request's admission or cancel).
 - At most `max_staged_pages` pages are staged at once over all jobs (one job always may start, whatever its size);
   past it a job waits, queued, until earlier ones are taken or released.
 - Paced beside decodes, between steps: the loop calls `pace` before each step. While requests decode, the readers
@@ -272,8 +275,27 @@ class PrefetchReader:
                 self._active += readers  # counted from now: a pace right after this waits for their first reads
             # a task per reader, not per page: the loop thread submits two, where 125 page tasks had it fight the
             # readers that start on the first ones for the GIL (45 ms on this 2-core machine, beside a decode)
-            for _ in range(readers):
-                self._executor.submit(self._read_pages, job)
+            started = sum(self._submit_reader(job) for _ in range(readers))
+            with self._cond:
+                self._active -= readers - started
+                if not started:  # no reader: it reads nothing, and its request recomputes (never waits on it)
+                    job.failed_at, job.tasks = 0, 0
+                self._cond.notify_all()
+
+    def _submit_reader(self, job: PrefetchJob) -> bool:
+        """Submit a reader task for `job`; False when its thread could not start (the process's thread limit), and
+        the task, queued anyway by the executor, then never reads (an older reader may reach it later). Never
+        raises: this runs in whichever call starts the job, another request's admission or cancel among them."""
+        task = _ReaderTask(job)
+        assert self._executor is not None
+        try:
+            self._executor.submit(self._read_pages, task)
+        except Exception:
+            log.exception("disk KV cache: a prefetch reader could not start")
+            with self._cond:
+                task.abandoned = not task.began  # a reader that took it meanwhile reads as any other
+                return not task.abandoned
+        return True
 
     def _let_go(self, job: PrefetchJob) -> None:
         """The loop is done with a job (taken or released): its pages leave the staging bound; queued jobs start."""
@@ -287,9 +309,14 @@ class PrefetchReader:
             self._queued.remove(job)
         self._start_queued()
 
-    def _read_pages(self, job: PrefetchJob) -> None:
-        """A reader's share of `job`: the next page no reader has taken, until none is left (`_active` counted
-        this task when it was submitted)."""
+    def _read_pages(self, task: _ReaderTask) -> None:
+        """A reader's share of `task.job`: the next page no reader has taken, until none is left (`_active` counted
+        this task when it was submitted, unless its submission failed: then it does nothing)."""
+        job = task.job
+        with self._cond:
+            if task.abandoned:
+                return
+            task.began = True
         try:
             while True:
                 with self._cond:
@@ -363,6 +390,18 @@ class PrefetchReader:
         meta = self.disk.read_into(job.hashes[i], job.tokens[i], job.rows(i), head, self._split)
         # a page of another shape or dtype cannot come under one fingerprint; never use its bytes
         return meta is not None and meta.get("dtype") == str(self.dtype) and tuple(meta.get("shape", ())) == self.shape
+
+
+class _ReaderTask:
+    """One reader's task for a job; whether it began, or was abandoned because its submission raised (both under
+    the reader's lock)."""
+
+    __slots__ = ("abandoned", "began", "job")
+
+    def __init__(self, job: PrefetchJob) -> None:
+        self.job = job
+        self.began = False
+        self.abandoned = False
 
 
 def copy_staged(pool: KVPool, staging: torch.Tensor, pages: int, blocks: Sequence[int]) -> None:

@@ -7,6 +7,7 @@ prefetch releases everything. The cache's and the host tier's invariants are che
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -275,6 +276,64 @@ def test_a_queued_prefetch_that_finds_no_staging_memory_is_recomputed(model, tmp
     assert engine.stats.tiers.disk_loaded_pages == 0 and engine.stats.tiers.disk_failed_reads == 1
     assert_clean(engine)
     engine.close()
+
+
+def _no_threads(*args, **kwargs):
+    raise RuntimeError("injected: can't start new thread")
+
+
+def test_a_queued_prefetch_whose_reader_cannot_start_is_recomputed(model, tmp_path: Path) -> None:
+    """B's prefetch waits over the staging bound behind A's; A is cancelled, and no reader thread can start for B
+    then: the cancel goes through, B recomputes its pages, and nothing of B's job is left counted (before: the
+    cancel raised the thread's error, and B's job stayed counted running and staged, its buffer never back)."""
+    second = ids(42, 3)
+    want = baseline(model, second, 3)
+    written(model, tmp_path, PROMPT, second)
+    engine = restarted(model, tmp_path, prefetch_policy="wait_complete")
+    reader = engine.tiers.reader
+    reader.max_staged_pages = 4  # A's 10 pages start alone; B's wait for them
+    gate = Gate(engine)
+    a, b = engine._request(PROMPT, 3, ignore_eos=True), engine._request(second, 3, ignore_eos=True)
+    engine.scheduler.add(a)
+    engine.scheduler.add(b)
+    assert gate.entered.wait(30) and len(reader._queued) == 1
+    assert reader._executor is not None
+    reader._executor.submit = _no_threads
+    assert engine.scheduler.abort(a) and a.finish_reason == "cancelled"
+    gate.opened.set()
+    run_out(engine)
+    assert b.error is None and b.output_ids == want
+    assert engine.stats.tiers.disk_loaded_pages == 0 and engine.stats.tiers.disk_failed_reads == 1
+    assert_clean(engine)
+    assert (reader._active, reader._staged, reader._running) == (0, 0, [])
+    assert reader.buffers.kept_bytes > 0, "the staging went back"
+    del reader._executor.submit  # the method again, for close
+    engine.close()
+
+
+def test_a_prefetch_whose_reader_cannot_start_leaves_no_count_that_blocks_the_next(model, tmp_path: Path) -> None:
+    """No reader thread can start for A's prefetch: A recomputes, and B's, as large as the staging bound, starts
+    and is read once threads can start again (before: A's job stayed counted staged, and B waited for ever)."""
+    second = ids(42, 3)
+    want_a, want_b = baseline(model, PROMPT, 3), baseline(model, second, 3)
+    written(model, tmp_path, PROMPT, second)
+    with restarted(model, tmp_path, prefetch_policy="wait_complete") as engine:
+        reader = engine.tiers.reader
+        reader.max_staged_pages = 10
+        reader._executor = ThreadPoolExecutor(1)
+        reader._executor.submit = _no_threads
+        a = engine._request(PROMPT, 3, ignore_eos=True)
+        engine.scheduler.add(a)
+        run_out(engine)
+        del reader._executor.submit
+        b = engine._request(second, 3, ignore_eos=True)
+        engine.scheduler.add(b)
+        run_out(engine)
+        assert a.error is None and a.output_ids == want_a and b.error is None and b.output_ids == want_b
+        tiers = engine.stats.tiers
+        assert (tiers.disk_failed_reads, tiers.disk_loaded_pages) == (1, 10)
+        assert_clean(engine)
+        assert (reader._active, reader._staged) == (0, 0)
 
 
 def test_the_prefetch_options_are_validated() -> None:
