@@ -167,9 +167,13 @@ class EngineConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         cache_dir = self.cache_dir
-        if cache_dir is not None and (not isinstance(cache_dir, (str, os.PathLike)) or not os.fspath(cache_dir)):
-            # "" would be the current directory, made a cache (or refused) without a word
-            raise ValueError(f"cache_dir must be a non-empty path (str or os.PathLike) or None, got {cache_dir!r}")
+        path = os.fspath(cache_dir) if isinstance(cache_dir, (str, os.PathLike)) else None
+        if cache_dir is not None and (not isinstance(path, str) or not path or "\0" in path):
+            # "" would be the current directory, made a cache (or refused) without a word; a NUL byte, or a bytes
+            # path, failed in the disk store once the weights had loaded, with an error that named no option
+            raise ValueError(
+                f"cache_dir must be a non-empty text path (str or os.PathLike) without NUL, or None, got {cache_dir!r}"
+            )
         if not self.enable_cache and (cache_dir is not None or self.host_kv_memory is not None):
             # the tiers hold the cache's evicted pages: with no cache they would hold nothing, silently
             raise ValueError(

@@ -98,8 +98,9 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
         ({"kv_memory": "lots"}, "cannot parse memory budget"),
         ({"cache_dir_size": "lots"}, "cache_dir_size: cannot parse memory budget"),  # was after the weights loaded
         ({"cache_dir_size": 0}, "cache_dir_size: memory budget must be positive"),
-        ({"cache_dir": ""}, "cache_dir must be a non-empty path"),  # was the current directory, made a cache
-        ({"cache_dir": 123}, "cache_dir must be a non-empty path"),
+        ({"cache_dir": ""}, "cache_dir must be a non-empty text path"),  # was the current directory, made a cache
+        ({"cache_dir": 123}, "cache_dir must be a non-empty text path"),
+        ({"cache_dir": "/tmp/a\0b"}, "cache_dir must be a non-empty text path"),  # after the weights: no name
         # the tiers were ignored without a word: a disk tier asked for, none given
         ({"enable_cache": False, "cache_dir": "/tmp/x"}, "enable_cache=False keeps no pages, so cache_dir="),
         ({"enable_cache": False, "host_kv_memory": "1GiB"}, "enable_cache=False keeps no pages, so cache_dir="),
