@@ -53,6 +53,7 @@ from radixcache.runtime.kv.events import KVEventLog
 from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.retention import RetentionPolicy
 from radixcache.runtime.kv.tier.build import build_tiers
+from radixcache.runtime.kv.tier.disk_writer import wait_bound
 from radixcache.runtime.kv.tier.fingerprint import kv_fingerprint
 
 __all__ = ["DEFAULT_KV_MEMORY", "Engine", "EngineConfig", "EngineStats", "RequestOptions"]
@@ -305,7 +306,9 @@ class Engine:
     def close(self, timeout: float | None = 30.0) -> bool:
         """Refuse new requests (EngineClosedError), cancel every request in flight (their results say "cancelled",
         with what they generated), and wait for the loop thread to exit. The cache keeps what it holds. Returns False if
-        the thread was still busy after `timeout` seconds. Calling it again is harmless."""
+        the thread was still busy after `timeout` seconds (None or infinity: no bound; ValueError, before anything is
+        done, unless a number >= 0). Calling it again is harmless."""
+        timeout = wait_bound(timeout)
         self._closed = True
         self._loop.refuse_submissions()  # a caller past the checks above (still building its request) is refused
         if not self._loop.idle():
@@ -319,7 +322,9 @@ class Engine:
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until the disk tier has written every page queued so far (True; False on timeout or no disk
-        tier). Writes never delay requests; call this before a planned exit or to measure what is persisted."""
+        tier). Writes never delay requests; call this before a planned exit or to measure what is persisted.
+        `timeout`: None or infinity for no bound; ValueError unless a number >= 0 (NaN waited for ever)."""
+        timeout = wait_bound(timeout)
         if self.tiers is None or self.tiers.disk is None:
             return False
         return self.tiers.disk.flush(timeout)

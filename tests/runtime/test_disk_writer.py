@@ -4,9 +4,12 @@ blocks, `close` and the context manager, and write failures that disable the sto
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from tests.runtime.conftest import META, disk_warnings, h, page_path, payload, toks, write
@@ -48,6 +51,21 @@ def test_put_never_blocks_and_drops_beyond_max_pending(open_store) -> None:
     s = store.stats()
     assert (s.pages, s.writes, s.dropped_writes, s.pending_writes) == (4, 4, 3, 0)
     assert not store.put(h(1), toks(1), payload(1), META)  # already stored
+
+
+def test_a_flush_or_close_timeout_that_is_no_number_of_seconds_is_refused(open_store) -> None:
+    """NaN waited for ever (no time is past it), infinity overflowed the clock, a string failed inside."""
+    store = open_store()
+    release, entered = _stall(store)
+    assert store.put(h(0), toks(0), payload(0), META) and entered.wait(10)
+    for bad in (math.nan, -1, "5", True):
+        with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
+            store.flush(bad)
+        with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
+            store.close(bad)
+    threading.Timer(0.2, release.set).start()
+    assert store.flush(math.inf)  # no bound
+    assert store.close(math.inf) and store.stats().writes == 1
 
 
 def test_max_pending_zero_drops_every_write(open_store) -> None:

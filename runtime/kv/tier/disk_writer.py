@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import threading
 import time
@@ -54,6 +55,16 @@ def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> 
                 raise
             cache_dir.ensure_page_dirs(fingerprint)
     raise AssertionError("unreachable")
+
+
+def wait_bound(timeout: float | None) -> float | None:
+    """`timeout` seconds as the bound of a wait: None (no bound) for None or infinity. ValueError unless a number
+    >= 0: NaN waited for ever (no time is past it), infinity overflowed the clock, a string failed inside."""
+    if timeout is None or timeout == math.inf:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
+        raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
+    return float(timeout)
 
 
 class WriteQueue:
@@ -105,13 +116,16 @@ class WriteQueue:
         return discarded
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued write is done (True), or `timeout` seconds passed (False)."""
+        """Wait until every queued write is done (True), or `timeout` seconds passed (False). ValueError for a
+        timeout that is not a number >= 0 or None (`wait_bound`)."""
+        timeout = wait_bound(timeout)
         with self._changed:
             return self._changed.wait_for(lambda: not self._pending, timeout)
 
     def close(self, timeout: float | None = None) -> tuple[bool, int]:
         """Flush (up to `timeout`), discard what is still queued and stop the thread (waiting for it within the
         same `timeout`). Returns whether the flush completed and how many writes were discarded."""
+        timeout = wait_bound(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         flushed = self.flush(timeout)
         with self._changed:

@@ -344,3 +344,18 @@ def test_a_probe_in_a_burst_of_requests_brings_the_disk_tier_back(model: RandomM
     served = [r.cached_tokens > 0 for r in got]
     assert not any(served[: costs.PROBE_FIRST]) and any(served[costs.PROBE_FIRST : 12])
     assert all(served[12:]) and tiers.declined_pages > 0
+
+
+def test_flush_and_close_refuse_a_timeout_that_is_no_number_of_seconds(model, tmp_path: Path) -> None:
+    """Engine.flush(nan) waited for ever on a queued write, flush(inf) raised OverflowError from the clock; close
+    passed them on to the disk writer after cancelling everything. Refused before anything is done."""
+    engine = Engine(model, capacity_blocks=40, page_size=4, cache_dir=tmp_path)
+    engine.generate(list(range(1, 30)), max_new_tokens=2)
+    for bad in (float("nan"), -1.0, "5"):
+        with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
+            engine.flush(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
+            engine.close(bad)  # type: ignore[arg-type]
+    assert engine.generate(list(range(1, 9)), max_new_tokens=2, ignore_eos=True).finish_reason == "length"
+    assert engine.flush(float("inf")) and engine.close(float("inf"))
+    assert engine.tiers.disk.stats().writes > 0
