@@ -4,15 +4,18 @@ blocks, `close` and the context manager, and write failures that disable the sto
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
 
+from radixcache.runtime.kv.tier import disk_writer
 from radixcache.runtime.kv.tier.disk_store import DiskStore
-from tests.runtime.conftest import META, disk_warnings, h, page_path, payload, toks, write
+from tests.runtime.conftest import FP, META, disk_warnings, h, page_path, payload, toks, write
 from tests.runtime.disk_split import read_whole as read
 from tests.runtime.tier_faults.fs_faults import deny_writes
 
@@ -141,3 +144,30 @@ def test_a_read_only_pages_folder_disables_the_store_without_raising(open_store,
     assert not store.put(h(1), toks(1), payload(1), META)
     assert len(disk_warnings(caplog)) == 1
     assert list(Path(store.tmp_dir).iterdir()) == []
+
+
+def _writers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "radixcache-disk-writer"]
+
+
+def test_an_idle_writer_exits_and_a_dropped_store_holds_no_thread(tmp_path: Path, monkeypatch) -> None:
+    """A store dropped without close (an Engine with a cache directory that was never closed) kept its writer
+    thread, waiting for writes, and through it the store, for the life of the process: one more per engine."""
+    monkeypatch.setattr(disk_writer, "IDLE_EXIT_S", 0.05, raising=False)
+    before = set(_writers())
+    store = DiskStore(tmp_path / "cache", max_bytes=1 << 20, fingerprint=FP)
+    write(store, 0)
+    deadline = time.monotonic() + 10
+    while set(_writers()) - before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not set(_writers()) - before  # idle: the thread is gone
+    write(store, 1)  # the next write starts another, which lands its page
+    assert store.stats().pages == 2
+    ref = weakref.ref(store)
+    del store
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while (ref() is not None or set(_writers()) - before) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        gc.collect()
+    assert ref() is None and not set(_writers()) - before

@@ -8,6 +8,8 @@ Invariants:
 - The queue holds at most `max_pending` writes, each page at most once. A write stays counted as pending until
   the thread has finished everything it causes (the file, its index entry, the evictions it forces), so that
   `flush` returning means the store is settled.
+- The thread runs only while there is work: it exits after `IDLE_EXIT_S` with nothing queued (the next offer starts
+  another), so a store (or an Engine) dropped without `close` holds no thread, and no store through it, for ever.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from radixcache.runtime.kv.tier.disk_files import is_real_dir, write_durable
 from radixcache.runtime.kv.tier.disk_format import MAGIC, PageWrite, page_checksum
 from radixcache.runtime.kv.tier.disk_index import PageEntry
 from radixcache.runtime.kv.tier.disk_layout import CacheDir
+
+IDLE_EXIT_S = 1.0  # how long the writer thread waits for another write before it exits
 
 
 class PagePathTaken(OSError):
@@ -73,7 +77,7 @@ class WriteQueue:
     `changed` is the store's condition, whose lock also guards the store's index: `offer`, `discard_queued`,
     `__len__` and `__contains__` are called with it held; `flush` and `close` take it. The thread pops a write
     under the lock, runs `perform(page_hash, write)` without it (the file I/O), then forgets the write and
-    notifies. The thread starts at the first offer and ends at `close`.
+    notifies. The thread starts at an offer and ends at `close`, or once it has waited `IDLE_EXIT_S` for work.
     """
 
     def __init__(
@@ -139,9 +143,10 @@ class WriteQueue:
     def _run(self) -> None:
         while True:
             with self._changed:
-                while not self._queue and not self.closed:
-                    self._changed.wait()
-                if self.closed:
+                if not self._queue and not self.closed:
+                    self._changed.wait_for(lambda: self._queue or self.closed, IDLE_EXIT_S)
+                if self.closed or not self._queue:  # idle: under the lock, so the next offer starts a new thread
+                    self._thread = None
                     return
                 page_hash = self._queue.popleft()
                 write = self._pending[page_hash]
