@@ -316,6 +316,8 @@ class Engine:
         idle = self._loop.wait_idle(timeout)
         if idle and self.tiers is not None:  # the disk writes still queued finish (a restart then finds them)
             self.tiers.close(timeout)
+        if idle:  # its threads (llguidance's, up to 32) would stay while the closed engine is referenced
+            self.output.masker.close()
         self.record_trace(None)  # a recording writes what it still holds and closes its file
         self._heap.close()
         return idle

@@ -65,11 +65,16 @@ class EngineGrammars:
 
 
 class Masker:
-    """Applies the grammar masks of a pass's rows; owns the mask thread pool where the machine has the cores."""
+    """Applies the grammar masks of a pass's rows; owns the mask thread pool where the machine has the cores (made
+    at the first batch of grammars, released by `close`)."""
 
     def __init__(self) -> None:
         self._executor: Any = None
         self._parallel = (os.cpu_count() or 1) >= PARALLEL_MASKS_FROM_CPUS
+
+    def close(self) -> None:
+        """Release the mask thread pool (its threads end once nothing uses it; a later batch makes another)."""
+        self._executor = None
 
     def constrain(self, done: Rows, fail: Callable[[Request, BaseException], None]) -> Rows:
         """`done` with every constrained row replaced by its masked copy. A request whose mask fails is passed to

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ import pytest
 import torch
 
 from radixcache.runtime import Engine
+from radixcache.runtime.engine import structured
 from radixcache.runtime.grammar import GrammarError, GrammarSpec
+from radixcache.runtime.grammar.masks import make_executor
 from radixcache.runtime.testing import hold_engine_loop
 from tests.runtime.structured.conftest import SCHEMAS, make_engine, response_format
 
@@ -185,3 +188,24 @@ def test_rows_without_a_grammar_are_passed_on_as_they_are(engine: Engine) -> Non
     reqs = [engine._request("a", 4), engine._request("b", 4)]
     rows = [(r, torch.zeros(engine.config.vocab_size)) for r in reqs]
     assert engine.output.constrain(rows, lambda r, e: None) is rows
+
+
+def _threads() -> int:
+    """This process's threads, native ones included (llguidance's mask pool is Rust's)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_close_releases_the_mask_thread_pool(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine of 8+ cores masks a batch of grammars on a thread pool (0.8 of the cores, up to 32 threads). close()
+    kept it: every closed engine a process still referenced (a server's, a test's, a notebook's) held its threads."""
+    engine = make_engine(tiny_dir)
+    engine.output.masker._parallel = True  # as on a machine with the cores, whose pool has several threads
+    monkeypatch.setattr(structured, "make_executor", lambda: make_executor(4))
+    before = _threads()
+    engine.generate(["a", "b", "c"], 5, response_format=response_format("flags"))
+    assert engine.close()
+    deadline = time.monotonic() + 10
+    while _threads() > before and time.monotonic() < deadline:  # a released pool's threads end on their own
+        time.sleep(0.02)
+    assert _threads() <= before
