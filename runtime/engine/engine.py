@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any
 
@@ -141,6 +142,9 @@ class Engine:
         self._heap = HeapTimer(config.freeze_gc)  # the heap frozen once the engine has run a while (gc_heap)
         self._loop = EngineLoop(self.scheduler, self.output.result, self.thread_control, self._heap.idle)
         self._heap.is_idle = self._loop.idle  # the freeze's collection waits for a quiet loop (gc_heap)
+        # An engine dropped without close() lets go of the frozen heap too: its pool, held in cycles with the loop,
+        # was frozen with it and would never be collected (nor would anything else freed while the heap stayed frozen)
+        self._release_heap = weakref.finalize(self, self._heap.close)
         self.queue = QueueGate(config.max_queue)
         self.queue_timeout = config.queue_timeout
         self.tool_memory = self.output.tool_memory  # the text the model wrote for its calls, by call ids
@@ -319,7 +323,7 @@ class Engine:
         if idle:  # its threads (llguidance's, up to 32) would stay while the closed engine is referenced
             self.output.masker.close()
         self.record_trace(None)  # a recording writes what it still holds and closes its file
-        self._heap.close()
+        self._release_heap()
         return idle
 
     def flush(self, timeout: float | None = 30.0) -> bool:

@@ -163,3 +163,23 @@ def test_a_short_lived_engine_never_freezes(unfrozen: None, monkeypatch: pytest.
     with Engine(tiny_model(), capacity_blocks=16, page_size=4, threads=1) as engine:
         assert engine.generate([1, 2, 3], 2).token_ids and engine.wait_idle(10)
         assert FROZEN_HEAP.holders == 0  # its first idle moment came well before FREEZE_AFTER_S
+
+
+def test_an_engine_dropped_without_close_lets_go_of_the_heap_and_its_pool_is_freed(
+    unfrozen: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: only close() released the hold. An engine dropped without it (a notebook's, a script's that
+    builds another) left the heap frozen for good, with its scheduler and KV pool inside: their cycles (the loop and
+    its idle hook) were never collected, whatever the process did next."""
+    monkeypatch.setattr(gc_heap, "FREEZE_AFTER_S", 0.0)
+    engine = Engine(tiny_model(), capacity_blocks=16, page_size=4, threads=1)
+    assert engine.generate([1, 2, 3], 2).token_ids and engine.wait_idle(10)
+    deadline = time.monotonic() + 30  # the hold comes QUIET_S later, on a timer thread
+    while engine._heap.hold is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert FROZEN_HEAP.holders == 1
+    pool = weakref.ref(engine.pool)
+    del engine
+    gc.collect()
+    assert FROZEN_HEAP.holders == 0 and gc.get_freeze_count() == 0
+    assert pool() is None
