@@ -9,9 +9,16 @@ from typing import Any
 
 import torch
 
+from radixcache import RadixCache
+from radixcache.policy.admission import AdmissionPolicy
 from radixcache.runtime.engine.engine_config import DEFAULT_KV_MEMORY, DEFAULT_MIRROR_MEMORY, EngineConfig
+from radixcache.runtime.kv.events import KVEventLog
+from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.mirror import DecodeMirror
 from radixcache.runtime.kv.pool import blocks_for_budget, check_fits, page_bytes, parse_memory
+from radixcache.runtime.kv.retention import RetentionPolicy
+from radixcache.runtime.kv.tier.build import build_tiers
+from radixcache.runtime.kv.tier.coordinator import KVTiers
 from radixcache.runtime.kv.tier.fingerprint import file_digest, weights_digest
 from radixcache.runtime.model.block_linear import BlockLinear
 from radixcache.runtime.model.kernel_plan import KernelPlan
@@ -54,6 +61,50 @@ def pool_blocks(config: EngineConfig, model: LlamaModel) -> int:
         blocks, option = blocks_for_budget(model.config, budget, config.page_size, model.dtype), f"kv_memory={budget!r}"
     check_fits(blocks * page_bytes(model.config, config.page_size, model.dtype), model.device, option)
     return blocks
+
+
+def build_kv(
+    config: EngineConfig,
+    cache: RadixCache,
+    pool: Any,
+    fingerprint: str,
+    retention: RetentionPolicy,
+    admission: AdmissionPolicy,
+    max_pinned_blocks: int,
+) -> tuple[KVTiers | None, KVEventLog | None, KVManager]:
+    """The tiers under the pool (host memory, disk) and the KV event log, where the cache is on, and the KV manager
+    over them and the tree."""
+    tiers, events = None, None
+    if config.enable_cache:
+        tiers = build_tiers(
+            cache,
+            pool,
+            host_kv_memory=config.host_kv_memory,
+            cache_dir=None if config.cache_dir is None else os.fspath(config.cache_dir),
+            cache_dir_size=config.cache_dir_size,
+            write_policy=config.write_policy,
+            load_back=config.load_back,
+            prefetch_policy=config.prefetch_policy,
+            prefetch_timeout_ms=config.prefetch_timeout_ms,
+            prefetch_pages_per_step=config.prefetch_pages_per_step,
+            fingerprint=fingerprint,
+        )
+        if config.kv_events:  # after the tiers: the log chains their eviction listener
+            hasher = tiers.tiered.hasher if tiers is not None else None  # one hash per evicted leaf
+            events = KVEventLog(cache, fingerprint, hasher=hasher)
+    kv = KVManager(
+        cache,
+        enable_cache=config.enable_cache,
+        retention=retention,
+        max_pinned_blocks=max_pinned_blocks,
+        tiers=tiers,
+        events=events,
+        admission=admission,
+        max_lease_blocks=int(cache.capacity_blocks * config.lease_fraction),
+        lease_clock=config.lease_clock,
+        copy_page=pool.copy_block,
+    )
+    return tiers, events, kv
 
 
 def build_mirror(memory: str | int | None, model: LlamaModel) -> DecodeMirror | None:

@@ -25,7 +25,14 @@ import torch
 
 from radixcache import RadixCache
 from radixcache.policy.admission import make_admission
-from radixcache.runtime.engine.assembly import activations_id, build_kernels, build_mirror, build_model, pool_blocks
+from radixcache.runtime.engine.assembly import (
+    activations_id,
+    build_kernels,
+    build_kv,
+    build_mirror,
+    build_model,
+    pool_blocks,
+)
 from radixcache.runtime.engine.engine_config import DEFAULT_KV_MEMORY, EngineConfig
 from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.engine.gc_heap import HeapTimer
@@ -50,10 +57,7 @@ from radixcache.runtime.engine.streaming import gather_results, stream_text, too
 from radixcache.runtime.engine.threads import ThreadController
 from radixcache.runtime.engine.tool_calls import tool_parser
 from radixcache.runtime.engine.trace_recorder import TraceRecorder
-from radixcache.runtime.kv.events import KVEventLog
-from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.retention import RetentionPolicy
-from radixcache.runtime.kv.tier.build import build_tiers
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
 from radixcache.runtime.kv.tier.fingerprint import kv_fingerprint
 
@@ -98,36 +102,8 @@ class Engine:
             self.config, self.pool, weights=weights_id, quant=self.model.quant, activations=activations_id(self.model)
         )
         self.enable_cache = config.enable_cache
-        self.tiers = None
-        self.events: KVEventLog | None = None
-        if config.enable_cache:
-            self.tiers = build_tiers(
-                self.cache,
-                self.pool,
-                host_kv_memory=config.host_kv_memory,
-                cache_dir=None if config.cache_dir is None else os.fspath(config.cache_dir),
-                cache_dir_size=config.cache_dir_size,
-                write_policy=config.write_policy,
-                load_back=config.load_back,
-                prefetch_policy=config.prefetch_policy,
-                prefetch_timeout_ms=config.prefetch_timeout_ms,
-                prefetch_pages_per_step=config.prefetch_pages_per_step,
-                fingerprint=self.fingerprint,
-            )
-            if config.kv_events:  # after the tiers: the log chains their eviction listener
-                hasher = self.tiers.tiered.hasher if self.tiers is not None else None  # one hash per evicted leaf
-                self.events = KVEventLog(self.cache, self.fingerprint, hasher=hasher)
-        self.kv = KVManager(
-            self.cache,
-            enable_cache=config.enable_cache,
-            retention=self.retention,
-            max_pinned_blocks=self.max_pinned_blocks,
-            tiers=self.tiers,
-            events=self.events,
-            admission=self.admission,
-            max_lease_blocks=int(capacity_blocks * config.lease_fraction),
-            lease_clock=config.lease_clock,
-            copy_page=self.pool.copy_block,
+        self.tiers, self.events, self.kv = build_kv(
+            config, self.cache, self.pool, self.fingerprint, self.retention, self.admission, self.max_pinned_blocks
         )
         self.mirror = build_mirror(config.mirror_memory, self.model)
         tok_eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or ())

@@ -56,6 +56,20 @@ def dfs_weight_order(reqs: list[Request], nodes: dict[int, TreeNode | None]) -> 
     return out
 
 
+def must_wait_for_sharer(
+    req: Request, cached: int, now: float, prefilling: list[Request], kv: KVManager, cfg: Any
+) -> bool:
+    """In-batch sharing: `req` waits while a request being prefilled computes a page it would compute too, and will
+    commit it before leaving (all of them with in-flight sharing; without, only a pinned prompt reaches the tree
+    before its request leaves). Never under fcfs, without the cache, or once `req` is starved."""
+    if not cfg.in_batch_sharing or cfg.schedule == "fcfs" or not kv.enable_cache:
+        return False
+    if req.wait_steps >= cfg.max_wait_steps or now - req.t_arrival >= cfg.max_wait_s:
+        return False
+    sharers = prefilling if cfg.share_in_flight else [r for r in prefilling if r.pin]
+    return shares_uncommitted_pages(req, cached, sharers, kv)
+
+
 def shares_uncommitted_pages(req: Request, cached: int, prefilling: list[Request], kv: KVManager) -> bool:
     """In-batch sharing: a request being prefilled computes a page `req` would compute too (past `cached`, the
     tokens `req` found in the tree) and will commit it, within its admission limit."""

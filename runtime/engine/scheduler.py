@@ -54,7 +54,7 @@ from radixcache.runtime.engine.output import OutputProcessor, pass_tokens
 from radixcache.runtime.engine.prefill_budget import StepBudget
 from radixcache.runtime.engine.request import Request, dequeued
 from radixcache.runtime.engine.runner import ModelRunner
-from radixcache.runtime.engine.schedule_order import admission_order, shares_uncommitted_pages
+from radixcache.runtime.engine.schedule_order import admission_order, must_wait_for_sharer
 from radixcache.runtime.engine.scheduler_config import SCHEDULES, SchedulerConfig
 from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.state import Status
@@ -321,14 +321,16 @@ class Scheduler:
                 return chunks
         if budget.spent or not self.waiting:
             return chunks
-        cached, order = self._order(now)
+        cached, order = admission_order(self.waiting, self.prefilling, self.kv, cfg, now)
         for r in order:
             if budget.spent or len(chunks) >= cfg.max_prefill_seqs:
                 break
             if len(self.prefilling) + len(self.decoding) >= cfg.max_running:
                 break
-            if self._must_wait_for_sharer(r, cached.get(r.rid, 0), now) or not self.kv.prefetch(r.kv, r.all_ids):
-                continue  # waits for a sharer's pages, or for its own from disk (the prefetch policy)
+            if must_wait_for_sharer(r, cached.get(r.rid, 0), now, self.prefilling, self.kv, cfg):
+                continue  # waits for a sharer's pages
+            if not self.kv.prefetch(r.kv, r.all_ids):
+                continue  # waits for its own pages from disk (the prefetch policy)
             try:
                 # A fresh prompt, or a resumed request's tokens: all but the last may come from the cache.
                 defer = bool(self.decoding) and cfg.staged_prefill_attention is not None  # copied as layers run
@@ -370,21 +372,6 @@ class Scheduler:
         return st.tokens
 
     # ------------------------------------------------------------------ order
-
-    def _order(self, now: float) -> tuple[dict[int, int], list[Request]]:
-        """Waiting requests in admission order, and the cached prefix length found for each (when probed)."""
-        return admission_order(self.waiting, self.prefilling, self.kv, self.config, now)
-
-    def _must_wait_for_sharer(self, req: Request, cached: int, now: float) -> bool:
-        """In-batch sharing: wait while a request being prefilled computes a page this one would compute too."""
-        cfg = self.config
-        if not cfg.in_batch_sharing or cfg.schedule == "fcfs" or not self.kv.enable_cache:
-            return False
-        if req.wait_steps >= cfg.max_wait_steps or now - req.t_arrival >= cfg.max_wait_s:
-            return False
-        # without in-flight sharing only a pinned prompt reaches the tree before its request leaves: wait for no other
-        sharers = self.prefilling if cfg.share_in_flight else [r for r in self.prefilling if r.pin]
-        return shares_uncommitted_pages(req, cached, sharers, self.kv)
 
     # ------------------------------------------------------------------ leaving
 

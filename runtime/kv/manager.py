@@ -43,6 +43,7 @@ from radixcache import RadixCache, TreeNode
 from radixcache.node import path_blocks
 from radixcache.policy.admission import AdmissionPolicy, make_admission
 from radixcache.policy.reuse import tell_output_length
+from radixcache.runtime.kv.adoptions import Adoptions
 from radixcache.runtime.kv.leases import NO_LEASE, LeaseTable
 from radixcache.runtime.kv.pins import PinTable
 from radixcache.runtime.kv.retention import RetentionPolicy
@@ -90,7 +91,7 @@ class KVManager:
         self.admission = make_admission(admission, eviction=cache.policy)
         self.declined_pages = 0  # computed full pages the admission policy kept out of the tree (freed)
         self._policy_failed = False  # warned once already
-        self._fault: BaseException | None = None  # a tier copy or event publish that failed mid-operation
+        self._adoptions = Adoptions(self.tiers, self.events)  # where adopted pages go next; their deferred faults
 
     def pages(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -205,15 +206,7 @@ class KVManager:
         try:
             load.copy_until(stop)
         except Exception:
-            kv.pending_load = None
-            load.drop()
-            start = kv.block_table.index(load.blocks[0]) * self.page_size
-            lost = max(0, kv.num_kv - start)  # num_kv has not moved since admission: the chunk never finished
-            kv.num_kv -= lost
-            kv.tier_pages -= load.pages
-            if kv.preemptions == 0:
-                kv.cached_tokens = min(kv.cached_tokens, kv.num_kv)
-                kv.found_pages -= load.pages
+            lost = kv.drop_failed_load(self.page_size)
             assert self.tiers is not None
             self.tiers.failed_deferred_load(load.pages, lost if kv.preemptions == 0 else 0)
             return False
@@ -256,7 +249,7 @@ class KVManager:
         cache, ns = self.cache, kv.namespace
         tokens = tokens[: full * p]
         cached = cache.insert(tokens, kv.block_table[:full], namespace=ns) // p
-        self._adopted(kv, tokens, cached, full)
+        self._adoptions.adopted(kv, tokens, cached, full)
         node = cache.lock_prefix(tokens, full * p, namespace=ns)
         assert node is not None, "the pages just inserted are in the tree, and locked"
         old, kv.match_node = kv.match_node, node
@@ -264,7 +257,7 @@ class KVManager:
             cache.unlock(old)
         kv.block_table[kv.tree_blocks : full] = path_blocks(node, kv.tree_blocks * p, p)
         kv.tree_blocks = full
-        self._raise_fault()
+        self._adoptions.raise_fault()
 
     def admission_limit(self, kv: KVState, *, output_tokens: int | None = None) -> int:
         """Pages of a running request, counted from the root, that the tree may adopt. The admission policy is
@@ -325,7 +318,7 @@ class KVManager:
         if kv.retain_for is not None:  # asked for a lease: say what it got (kv.leases)
             grant = self.leases.grant if self.enable_cache and kv.retain_for > 0 else None
             kv.lease = grant(tokens[: kept * self.page_size], kv.namespace, kv.retain_for) if grant else NO_LEASE
-        self._raise_fault()
+        self._adoptions.raise_fault()
 
     def preempt(self, kv: KVState, tokens: Sequence[int]) -> None:
         """Take a running request's blocks back: its computed KV goes to the tree (evictable), everything else
@@ -337,7 +330,7 @@ class KVManager:
         kv.num_kv = 0
         kv.preemptions += 1
         kv.status = Status.WAITING
-        self._raise_fault()
+        self._adoptions.raise_fault()
 
     def abort(self, kv: KVState, *, status: Status = Status.ABORTED) -> None:
         """Free every block the request holds and drop its lock. Safe to call in any state. Pages it already
@@ -384,7 +377,7 @@ class KVManager:
             tell_output_length(cache.policy, output_tokens)
             cached = cache.insert(head, kv.block_table[: self.pages(n)], namespace=kv.namespace) // p
             tell_output_length(cache.policy, None)  # spent, or unused when every page was in the tree already
-            self._adopted(kv, head, cached, keep)
+            self._adoptions.adopted(kv, head, cached, keep)
         # The tree now owns the first `keep` pages (duplicates of cached pages went back to the free pool); the
         # declined pages and an unaligned tail page are still ours.
         mine = kv.block_table[keep:]
@@ -395,32 +388,6 @@ class KVManager:
             cache.free(mine)
         self._unlock(kv)
         return keep
-
-    def _adopted(self, kv: KVState, tokens: Sequence[int], first: int, last: int) -> None:
-        """The tree just adopted the request's pages `first .. last` (its own blocks): they go down the tiers, and
-        their keys to the event log."""
-        chain = kv.page_chain
-        if last <= first or chain is None:
-            return
-        # Either may raise (a failed copy, a failed publish): the tree already holds these pages and the operation
-        # under way must finish first, so the error waits in `_fault` until `_raise_fault` (that request fails).
-        try:
-            if self.tiers is not None:
-                self.tiers.adopted(chain, tokens, first, last, kv.block_table[first:last])
-        except BaseException as exc:
-            self._fault = self._fault or exc
-        try:
-            if self.events is not None:
-                self.events.stored(chain.upto(tokens, last)[first:last])
-        except BaseException as exc:
-            self._fault = self._fault or exc
-
-    def _raise_fault(self) -> None:
-        """Raise the error a tier copy or an event publish deferred, now that the tree, the pool and the request's
-        KVState are consistent again."""
-        fault, self._fault = self._fault, None
-        if fault is not None:
-            raise fault
 
     def _unlock_all(self, node: TreeNode | None, host_hashes: list[bytes]) -> None:
         if node is not None:

@@ -92,6 +92,22 @@ class KVState:
             output_tokens=output_tokens,  # known only once it finished
         )
 
+    def drop_failed_load(self, page_size: int) -> int:
+        """Drop the deferred disk load whose copy raised (a failed read): its pages are recomputed, so the positions
+        end before them and the counts leave them out. Returns the positions lost."""
+        load = self.pending_load
+        assert load is not None
+        self.pending_load = None
+        load.drop()
+        start = self.block_table.index(load.blocks[0]) * page_size
+        lost = max(0, self.num_kv - start)  # num_kv has not moved since admission: the chunk never finished
+        self.num_kv -= lost
+        self.tier_pages -= load.pages
+        if self.preemptions == 0:
+            self.cached_tokens = min(self.cached_tokens, self.num_kv)
+            self.found_pages -= load.pages
+        return lost
+
     @property
     def held_blocks(self) -> list[int]:
         """Blocks this request holds (allocated, not yet inserted or freed)."""

@@ -24,7 +24,7 @@ from radixcache.runtime.kv.tier.copy_sync import CopyEvent, PendingUnlocks
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.host_pool import HostKVPool
 from radixcache.runtime.kv.tier.layered_load import LayeredLoad
-from radixcache.runtime.kv.tier.load_costs import LoadCosts, TierCounters
+from radixcache.runtime.kv.tier.load_costs import LoadCosts, TierCounters, TierTally
 from radixcache.runtime.kv.tier.prefetch import (
     DEFAULT_PAGES_PER_STEP,
     DEFAULT_PREFETCH_POLICY,
@@ -72,7 +72,7 @@ class KVTiers:
             write_lower=self._write_disk if disk is not None else None,
         )
         self.costs = LoadCosts(load_back, self.page_size)
-        self._counts = dict.fromkeys(TierCounters.__slots__, 0)
+        self._counts = TierTally()
         self._pending = PendingUnlocks()  # host pages that CUDA loads still read
         self.reader = (
             PrefetchReader(
@@ -234,22 +234,13 @@ class KVTiers:
                 self._forget_unread(job)
 
     def failed_deferred_load(self, pages: int, hit_tokens: int) -> None:
-        """A deferred disk load (kv.tier.layered_load) whose copy raised: its `pages`, counted loaded, and its
-        `hit_tokens`, counted disk hits, are recomputed instead: a failed read."""
+        """A deferred disk load (kv.tier.layered_load) whose copy raised: a failed read (TierTally)."""
         log.exception("disk KV cache: copying %d read page(s) into the pool by layers failed; recomputing", pages)
-        self._counts["disk_failed_reads"] += 1
-        self._counts["disk_loaded_pages"] -= pages
-        self._counts["disk_hit_tokens"] -= hit_tokens
+        self._counts.failed_deferred_load(pages, hit_tokens)
 
     def count_hits(self, matched: int, device_pages: int, host_pages: int) -> None:
-        """Count an admission's `matched` cached tokens by tier: its first `device_pages` pages were on the device,
-        the next `host_pages` on the host, the rest on disk (the last token's cut taken from the deepest)."""
-        c, p = self._counts, self.page_size
-        device = min(matched, device_pages * p)
-        host = min(matched - device, host_pages * p)
-        c["device_hit_tokens"] += device
-        c["host_hit_tokens"] += host
-        c["disk_hit_tokens"] += matched - device - host
+        """Count an admission's `matched` cached tokens by tier (TierTally.hits)."""
+        self._counts.hits(matched, device_pages, host_pages, self.page_size)
 
     # ------------------------------------------------------------------ prefetch (kv.tier.prefetch)
 

@@ -34,6 +34,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -271,6 +272,35 @@ class CacheDir:
                     if _PAGE_NAME.fullmatch(f.name) and f.is_file(follow_symlinks=False)
                 )
         return found
+
+    def remove_page_files(self) -> int:
+        """Delete every page file and temporary file, and the hash folders left empty; the page files deleted.
+        OSError when one cannot be deleted (one deleted meanwhile is not counted)."""
+        count = 0
+        for _, _, path in self.page_files():
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            count += 1
+        self.remove_temp_files()
+        for folder in self.hash_folders():
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # only empty ones go
+        return count
+
+    def checked_page_files(self) -> Iterator[tuple[str, str, str]]:
+        """(hash hex, path, error) of every page file this radixcache can judge (page_file_error; "": sound), an
+        unreadable one as an error; one of a newer format, or deleted meanwhile (an eviction), is skipped."""
+        for tag, hash_hex, path in self.page_files():
+            try:
+                error = page_file_error(tag, hash_hex, path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                error = f"unreadable ({exc})"
+            if error is not None:
+                yield hash_hex, path, error
 
     def fingerprint_of(self, tag: str) -> str:
         """The fingerprint string a tag's fingerprint.json records ("?<tag>" when unreadable or not the tag's)."""

@@ -49,7 +49,7 @@ from typing import TypeVar
 from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow_split
 from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, CorruptPage, NewerPage, PageWrite, encode_page
 from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, scan_pages
-from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, fingerprint_tag, page_file_error
+from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, fingerprint_tag
 from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into
 from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport
 from radixcache.runtime.kv.tier.disk_writer import PagePathTaken, WriteQueue, write_page_file
@@ -360,15 +360,7 @@ class DiskStore:
         checked = ok = removed = 0
         corrupt: list[str] = []
         reasons: list[str] = []
-        for tag, hash_hex, path in self.layout.page_files():
-            try:
-                error = page_file_error(tag, hash_hex, path)
-            except FileNotFoundError:
-                continue  # deleted meanwhile (an eviction)
-            except OSError as exc:
-                error = f"unreadable ({exc})"
-            if error is None:
-                continue  # a newer format's page: neither checked nor deleted
+        for hash_hex, path, error in self.layout.checked_page_files():  # a newer format's: neither checked nor deleted
             checked += 1
             if not error:
                 ok += 1
@@ -411,17 +403,7 @@ class DiskStore:
             raise ValueError(f"refusing to clear {self.directory}: {exc}") from None
         with self._lock:
             self._count["dropped_writes"] += self._queue.discard_queued()
-        count = 0
-        for _, _, path in self.layout.page_files():
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                continue
-            count += 1
-        self.layout.remove_temp_files()
-        for folder in self.layout.hash_folders():
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)  # only empty ones go
+        count = self.layout.remove_page_files()
         with self._lock:
             self._index.clear()
         return count

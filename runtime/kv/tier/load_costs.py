@@ -34,6 +34,29 @@ class TierCounters:
     disk_dropped_pages: int = 0
 
 
+class TierTally(dict[str, int]):
+    """The running counts behind TierCounters (one per field, from 0), which the coordinator moves as pages do."""
+
+    def __init__(self) -> None:
+        super().__init__(dict.fromkeys(TierCounters.__slots__, 0))
+
+    def hits(self, matched: int, device_pages: int, host_pages: int, page_size: int) -> None:
+        """An admission's `matched` cached tokens by tier: its first `device_pages` pages were on the device, the
+        next `host_pages` on the host, the rest on disk (the last token's cut taken from the deepest)."""
+        device = min(matched, device_pages * page_size)
+        host = min(matched - device, host_pages * page_size)
+        self["device_hit_tokens"] += device
+        self["host_hit_tokens"] += host
+        self["disk_hit_tokens"] += matched - device - host
+
+    def failed_deferred_load(self, pages: int, hit_tokens: int) -> None:
+        """A deferred disk load whose copy raised: its `pages`, counted loaded, and its `hit_tokens`, counted disk
+        hits, are recomputed instead (a failed read)."""
+        self["disk_failed_reads"] += 1
+        self["disk_loaded_pages"] -= pages
+        self["disk_hit_tokens"] -= hit_tokens
+
+
 @dataclass(slots=True)
 class _TierCost:
     """One tier's load measurements: the seconds per page of its last WINDOW loads (their median, the lower middle

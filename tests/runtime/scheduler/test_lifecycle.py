@@ -11,10 +11,16 @@ import torch
 
 from radixcache import CacheFullError
 from radixcache.runtime import Engine
-from radixcache.runtime.engine.scheduler import RequestTooLargeError, SchedulerConfig
+from radixcache.runtime.engine.schedule_order import admission_order
+from radixcache.runtime.engine.scheduler import RequestTooLargeError, Scheduler, SchedulerConfig
 from radixcache.runtime.testing import RandomModel
 
 from .conftest import assert_clean, ids
+
+
+def _order(s: Scheduler) -> tuple[dict[int, int], list]:
+    """The scheduler's waiting requests in its admission order now."""
+    return admission_order(s.waiting, s.prefilling, s.kv, s.config, time.perf_counter())
 
 
 def step(engine: Engine, times: int = 1) -> None:
@@ -181,7 +187,7 @@ def test_lpm_admits_the_longest_cached_prefix_first_and_starvation_is_bounded(ti
         warm = engine._request([*hot, 1, 2], 2)
         engine.scheduler.add(cold)
         engine.scheduler.add(warm)
-        _, order = engine.scheduler._order(time.perf_counter())
+        _, order = _order(engine.scheduler)
         assert order == ([warm, cold] if guard else [cold, warm])
         while engine.scheduler.has_work():
             step(engine)
@@ -196,12 +202,12 @@ def test_dfs_weight_groups_requests_by_shared_subtree(tiny: RandomModel) -> None
     reqs = [engine._request(p, 1) for p in arrivals]
     for r in reqs:
         engine.scheduler.add(r)
-    _, order = engine.scheduler._order(time.perf_counter())
+    _, order = _order(engine.scheduler)
     assert [reqs.index(r) for r in order] == [1, 2, 4, 0, 3], "the heavier subtree (a: 3 requests) first"
     fcfs = Engine(tiny, capacity_blocks=256, page_size=4, schedule="fcfs")
     for r in [fcfs._request(p, 1) for p in arrivals]:
         fcfs.scheduler.add(r)
-    assert [r.prompt_ids for r in fcfs.scheduler._order(time.perf_counter())[1]] == arrivals
+    assert [r.prompt_ids for r in _order(fcfs.scheduler)[1]] == arrivals
 
 
 def test_pinned_prefix_survives_eviction_within_its_share(tiny: RandomModel) -> None:

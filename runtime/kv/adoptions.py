@@ -1,0 +1,41 @@
+"""Where the pages the tree adopts from a request go next: down the tiers (host memory, disk) and, as page keys,
+into the KV event log a router reads. Either may raise (a failed copy, a failed publish) while the tree already holds
+the pages and the KV manager's operation is half done: the error waits here until the manager, consistent again,
+calls `raise_fault` (that request fails; the others go on)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from radixcache.runtime.kv.state import KVState
+
+
+class Adoptions:
+    def __init__(self, tiers: Any, events: Any) -> None:
+        self.tiers = tiers  # runtime.kv.tier.KVTiers, or None
+        self.events = events  # runtime.kv.events.KVEventLog, or None
+        self._fault: BaseException | None = None  # the first copy or publish that failed mid-operation
+
+    def adopted(self, kv: KVState, tokens: Sequence[int], first: int, last: int) -> None:
+        """The tree just adopted the request's pages `first .. last` (its own blocks): copied down the tiers, and
+        their keys published. An error is kept for `raise_fault`, never raised here."""
+        chain = kv.page_chain
+        if last <= first or chain is None:
+            return
+        try:
+            if self.tiers is not None:
+                self.tiers.adopted(chain, tokens, first, last, kv.block_table[first:last])
+        except BaseException as exc:
+            self._fault = self._fault or exc
+        try:
+            if self.events is not None:
+                self.events.stored(chain.upto(tokens, last)[first:last])
+        except BaseException as exc:
+            self._fault = self._fault or exc
+
+    def raise_fault(self) -> None:
+        """Raise the error a tier copy or an event publish deferred (and forget it), if any."""
+        fault, self._fault = self._fault, None
+        if fault is not None:
+            raise fault
