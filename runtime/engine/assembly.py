@@ -1,6 +1,7 @@
 """What the Engine is built from, beyond its own parts: the model (loaded from a name or a path, or wrapped from a
-loaded object), the identity of its weights for the disk tier's fingerprint, the KV pool's size, and the decode
-mirror, and the kernels of its products. Each takes a validated EngineConfig (runtime.engine.engine_config)."""
+loaded object), the identity of its weights for the disk tier's fingerprint, the KV pool's size, the KV manager
+with the tiers and event log under it, the decode mirror, and the kernels of its products. Each takes a validated
+EngineConfig (runtime.engine.engine_config)."""
 
 from __future__ import annotations
 
