@@ -26,14 +26,15 @@ MAX_DEPTH = 120  # objects and arrays: the library's JSON parser refuses past ab
 
 def check_schema(schema: Any, path: str) -> None:
     """Raise `GrammarError(path=...)` at the first structural mistake in `schema`."""
-    if _deeper_than(schema, MAX_DEPTH):
+    if nests_deeper_than(schema, MAX_DEPTH):
         raise GrammarError(f"nests more than {MAX_DEPTH} levels of objects and arrays", path)
     _check(schema, path, schema)
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether `value` nests more than `limit` objects and arrays. Iterative: this and every other walk of a schema
-    (here, canonical forms, closing objects) recurses per level, and would hit Python's recursion limit."""
+def nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests more than `limit` objects and arrays. Iterative: the walks of schemas, tools and bodies
+    (canonical forms, checks, closing objects, json.dumps) recurse per level, and would hit Python's recursion
+    limit; this check runs before them (here and on the server's request bodies)."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()

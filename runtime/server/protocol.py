@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from radixcache.runtime.grammar.schema_check import nests_deeper_than
 from radixcache.runtime.kv.leases import MAX_RETAIN_FOR_S
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -86,18 +87,11 @@ class APIError(Exception):
 
 
 def _shallow(value: Any) -> Any:
-    """`value` if its JSON nests at most MAX_JSON_DEPTH containers deep. The walkers of schemas, tools and calls
-    (canonical forms, checks, json.dumps) recurse per level, and a body nested hundreds deep would hit Python's
-    recursion limit in the middle of a request: a RecursionError and no answer at all. Iterative, so as not to."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        for child in children:
-            if isinstance(child, (dict, list)):
-                if depth >= MAX_JSON_DEPTH:
-                    raise ValueError(f"nests more than {MAX_JSON_DEPTH} levels of objects and arrays")
-                stack.append((child, depth + 1))
+    """`value` if its JSON nests at most MAX_JSON_DEPTH containers deep: the walkers of schemas, tools and calls
+    recurse per level, and a body nested hundreds deep would hit Python's recursion limit in the middle of a request
+    (a RecursionError and no answer at all)."""
+    if nests_deeper_than(value, MAX_JSON_DEPTH):
+        raise ValueError(f"nests more than {MAX_JSON_DEPTH} levels of objects and arrays")
     return value
 
 

@@ -45,6 +45,16 @@ class Server:
     def v1(self) -> str:
         return self.url + "/v1"
 
+    def locked_blocks_settled(self, timeout: float = 10.0) -> int:
+        """The cache's locked blocks once they reach 0, or what they are after `timeout` seconds (a request the
+        server is still ending, e.g. a stream its client abandoned, holds its blocks until it does)."""
+        deadline = time.monotonic() + timeout
+        while (locked := httpx.get(self.url + "/health/cache", timeout=10).json()["locked_blocks"]) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+        return locked
+
     def metrics(self) -> dict[str, float]:
         """/metrics parsed: `name` (labels dropped) -> value; histogram buckets keep their `le`."""
         text = httpx.get(self.url + "/metrics", timeout=10).text

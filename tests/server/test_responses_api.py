@@ -10,7 +10,6 @@ store=false); hostile values are in test_responses_api_hostile.py."""
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -255,12 +254,7 @@ def test_streams_abandoned_midway_leave_nothing_locked(tools_client, tiny_tools_
 
     with ThreadPoolExecutor(4) as pool:
         assert all(n >= 1 for n in pool.map(abandon, range(4), [1, 3, 5, 9]))
-    deadline = time.monotonic() + 10
-    while (
-        locked := httpx.get(tiny_tools_server.url + "/health/cache", timeout=10).json()["locked_blocks"]
-    ) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert locked == 0
+    assert tiny_tools_server.locked_blocks_settled() == 0
 
 
 def test_stored_responses_are_read_deleted_and_store_false_keeps_none(tools_client, tiny_tools_server) -> None:

@@ -14,6 +14,7 @@ import jsonschema
 import openai
 import pytest
 
+from tests.server.test_tools_smollm2 import PERSON
 from tests.smollm2_tools import TOOLS
 from tests.tiny_tools import closed
 
@@ -21,15 +22,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2_server")]  # th
 PAGE = 16
 FLAT = [{"type": "function", **t["function"]} for t in TOOLS]
 SCHEMAS = {t["name"]: closed(t["parameters"]) for t in FLAT}
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 40},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "skills": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
-    },
-    "required": ["name", "age", "skills"],
-}
 
 
 @pytest.fixture(scope="module")

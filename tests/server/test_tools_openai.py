@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -228,12 +227,7 @@ def test_tool_streams_abandoned_mid_call_leave_nothing_locked(tools_client, tiny
 
     with ThreadPoolExecutor(6) as pool:
         assert all(n >= 1 for n in pool.map(abandon, range(6), [2, 3, 5, 8, 13, 21]))
-    deadline = time.monotonic() + 10
-    while (
-        locked := httpx.get(tiny_tools_server.url + "/health/cache", timeout=10).json()["locked_blocks"]
-    ) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert locked == 0
+    assert tiny_tools_server.locked_blocks_settled() == 0
     check_calls(
         _ask(tools_client, "after abandon", tool_choice="required", parallel_tool_calls=False, temperature=0)
         .choices[0]

@@ -248,10 +248,9 @@ def test_a_cancel_during_a_prefetch_releases_everything(model, tmp_path: Path) -
     engine.close()
 
 
-def test_a_queued_prefetch_that_finds_no_staging_memory_is_recomputed(model, tmp_path: Path) -> None:
-    """B's prefetch waits over the staging bound behind A's; A is cancelled, and B's staging cannot be allocated as
-    it starts then: the cancel goes through, and B is admitted and recomputes its pages (before: the cancel raised
-    B's allocation error, and B waited for ever on a prefetch that never started)."""
+def _b_queued_behind_a(model, tmp_path: Path):
+    """An engine restarted over A's and B's disk pages, A's prefetch started and held at the gate, B's queued over
+    the staging bound behind it; B's tokens as a no-cache engine gives them."""
     second = ids(42, 3)
     want = baseline(model, second, 3)
     written(model, tmp_path, PROMPT, second)
@@ -263,6 +262,14 @@ def test_a_queued_prefetch_that_finds_no_staging_memory_is_recomputed(model, tmp
     engine.scheduler.add(a)
     engine.scheduler.add(b)
     assert gate.entered.wait(30) and len(reader._queued) == 1
+    return engine, reader, gate, a, b, want
+
+
+def test_a_queued_prefetch_that_finds_no_staging_memory_is_recomputed(model, tmp_path: Path) -> None:
+    """B's prefetch waits over the staging bound behind A's; A is cancelled, and B's staging cannot be allocated as
+    it starts then: the cancel goes through, and B is admitted and recomputes its pages (before: the cancel raised
+    B's allocation error, and B waited for ever on a prefetch that never started)."""
+    engine, reader, gate, a, b, want = _b_queued_behind_a(model, tmp_path)
 
     def no_memory(pages: int):
         raise RuntimeError("injected: cannot allocate staging memory")
@@ -286,17 +293,7 @@ def test_a_queued_prefetch_whose_reader_cannot_start_is_recomputed(model, tmp_pa
     """B's prefetch waits over the staging bound behind A's; A is cancelled, and no reader thread can start for B
     then: the cancel goes through, B recomputes its pages, and nothing of B's job is left counted (before: the
     cancel raised the thread's error, and B's job stayed counted running and staged, its buffer never back)."""
-    second = ids(42, 3)
-    want = baseline(model, second, 3)
-    written(model, tmp_path, PROMPT, second)
-    engine = restarted(model, tmp_path, prefetch_policy="wait_complete")
-    reader = engine.tiers.reader
-    reader.max_staged_pages = 4  # A's 10 pages start alone; B's wait for them
-    gate = Gate(engine)
-    a, b = engine._request(PROMPT, 3, ignore_eos=True), engine._request(second, 3, ignore_eos=True)
-    engine.scheduler.add(a)
-    engine.scheduler.add(b)
-    assert gate.entered.wait(30) and len(reader._queued) == 1
+    engine, reader, gate, a, b, want = _b_queued_behind_a(model, tmp_path)
     assert reader._executor is not None
     reader._executor.submit = _no_threads
     assert engine.scheduler.abort(a) and a.finish_reason == "cancelled"
