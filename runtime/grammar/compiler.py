@@ -7,6 +7,7 @@ becomes a `GrammarError` naming the spec's path. The cache is a bounded LRU, saf
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections import OrderedDict
@@ -53,7 +54,8 @@ class GrammarCompiler:
             if hit is not None:
                 self._cache.move_to_end(key)
                 self.hits += 1
-                return hit
+                # the key leaves out `path`: this caller's errors name its own field, not the first compiler's
+                return hit if hit.spec.path == spec.path else dataclasses.replace(hit, spec=spec)
         compiled = CompiledGrammar(spec, _translate_and_validate(spec, self.vocab), self.vocab)
         with self._lock:
             self.misses += 1

@@ -201,3 +201,23 @@ def test_strict_refuses_a_min_properties_that_repeated_keys_would_meet(tiny_comp
     closed = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a", "b"], "minProperties": 2}
     tiny_compiler.compile(GrammarSpec.from_response_format(rf(closed)))  # fixed keys cannot repeat
     tiny_compiler.compile(GrammarSpec.from_response_format(rf({"type": "object", "minProperties": 1})))
+
+
+def test_a_cached_grammar_names_each_callers_own_path(tiny_compiler, tiny_tokenizer) -> None:
+    """The cache key leaves out the spec's path, so a second request with an equal spec got the first request's
+    compiled grammar and its errors mid-decode named the first request's field (`tools[3]...` for a
+    `response_format`). A hit now carries the caller's spec: same grammar, no second compile, its own path."""
+    from radixcache.runtime.grammar import GrammarState
+
+    compiler = GrammarCompiler(tiny_compiler.vocab)
+    first = compiler.compile(GrammarSpec.regex("ab", path="tools[3].function.parameters"))
+    misses = compiler.misses
+    again = compiler.compile(GrammarSpec.regex("ab", path="regex"))
+    assert compiler.misses == misses and again.grammar == first.grammar
+    assert (first.spec.path, again.spec.path) == ("tools[3].function.parameters", "regex")
+    assert compiler.compile(GrammarSpec.regex("ab", path="regex")).spec.path == "regex"
+    state = GrammarState(again)
+    (bad,) = tiny_tokenizer.encode("b")
+    with pytest.raises(GrammarError) as info:
+        state.accept(bad)  # "b" before "a": not allowed
+    assert info.value.path == "regex"
