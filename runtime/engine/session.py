@@ -46,6 +46,8 @@ class Session:
             if self.messages and self.messages[0].get("role") == "system":
                 raise ValueError("the messages already start with a system prompt")
             self.messages.insert(0, {"role": "system", "content": system})
+        if "caller" in defaults:  # the options' own label (whose API built them), not a request default
+            raise ValueError("caller is not a request option a session can default")
         self.defaults = defaults  # as given: what `to_dict` saves
         self.options = RequestOptions.of(caller="Engine.session", **defaults)
         self.results: list[GenerationResult] = []
@@ -104,6 +106,9 @@ class Session:
         defaults = data.get("defaults") or {}
         if not isinstance(defaults, Mapping):
             raise ValueError(f"session defaults must be an object of keyword arguments, got {type(defaults).__name__}")
+        taken = sorted({"engine", "messages"} & set(defaults))  # the session's own arguments, not request defaults
+        if taken:
+            raise ValueError(f"session defaults must not hold {', '.join(taken)} (the session's own, not a request's)")
         return cls(engine, messages=data.get("messages"), **defaults)
 
     @classmethod

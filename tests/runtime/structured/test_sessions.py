@@ -65,6 +65,19 @@ def test_a_damaged_saved_history_is_a_value_error_naming_the_message(engine: Eng
     assert repr(good) == "Session(turns=1, defaults={})" and good.send("again").finish_reason in ("stop", "length")
 
 
+@pytest.mark.parametrize("key", ["engine", "messages", "caller"])
+def test_saved_defaults_holding_the_sessions_own_arguments_are_a_value_error(engine: Engine, key: str) -> None:
+    """A hand-edited file whose defaults held `engine`, `messages` or `caller` raised TypeError ("got multiple values
+    for keyword argument"), not the ValueError naming what is malformed that `from_dict` promises."""
+    from radixcache.runtime.engine.session import Session
+
+    data = {"messages": [{"role": "user", "content": "hi"}], "defaults": {key: None, "max_new_tokens": 2}}
+    with pytest.raises(ValueError, match=key):
+        Session.from_dict(engine, data)
+    with pytest.raises(ValueError, match="caller"):
+        engine.session(caller="mine")
+
+
 def test_editing_a_call_in_a_copied_session_leaves_the_original_alone(engine: Engine) -> None:
     """Session.copy (a branch) shared the nested parts of each message with the original: a call's arguments
     edited in the branch before running it (a human in the loop) changed the original's history too, and so what
