@@ -136,7 +136,7 @@ class Tokenizer:
         try:
             ids = self.backend.encode(text, add_special_tokens=False).ids
         except TypeError:  # the backend's "TextInputSequence must be str" for a str it cannot read as UTF-8
-            _check_unicode(text)
+            check_unicode(text)
             raise
         if add_special_tokens and self.add_bos and ids[:1] != [self.bos_token_id]:
             ids.insert(0, self.bos_token_id)
@@ -223,7 +223,7 @@ class Tokenizer:
         )
 
 
-def _check_unicode(text: str) -> None:
+def check_unicode(text: str) -> None:
     """A ValueError naming the first lone surrogate of `text` (from "\\ud800" in JSON, or bytes read with
     surrogateescape), which no UTF-8 tokenizer can encode."""
     try:
