@@ -60,6 +60,7 @@ from radixcache.runtime.engine.trace_recorder import TraceRecorder
 from radixcache.runtime.kv.retention import RetentionPolicy
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
 from radixcache.runtime.kv.tier.fingerprint import kv_fingerprint
+from radixcache.runtime.weak import weak_method
 
 __all__ = ["DEFAULT_KV_MEMORY", "Engine", "EngineConfig", "EngineStats", "RequestOptions"]
 
@@ -117,7 +118,8 @@ class Engine:
         self.thread_control = ThreadController(self.threads, adaptive=config.thread_policy == "adaptive")
         self._heap = HeapTimer(config.freeze_gc)  # the heap frozen once the engine has run a while (gc_heap)
         self._loop = EngineLoop(self.scheduler, self.output.result, self.thread_control, self._heap.idle)
-        self._heap.is_idle = self._loop.idle  # the freeze's collection waits for a quiet loop (gc_heap)
+        # the freeze's collection waits for a quiet loop (gc_heap); held weakly: the loop holds the timer's `idle`
+        self._heap.is_idle = weak_method(self._loop.idle, default=False)
         # An engine dropped without close() lets go of the frozen heap too: its pool, held in cycles with the loop,
         # was frozen with it and would never be collected (nor would anything else freed while the heap stayed frozen)
         self._release_heap = weakref.finalize(self, self._heap.close)

@@ -16,6 +16,7 @@ and every later call gets EngineDeadError naming the original error, instead of 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -57,14 +58,10 @@ class RequestHandle:
         self.request = req
         self.future: Future[GenerationResult] = Future()
         self._loop = loop
-        self.future.add_done_callback(self._cancelled)
-
-    def _cancelled(self, future: Future[GenerationResult]) -> None:
-        """A caller cancelled the future (an asyncio waiter through `wrap_future`): nobody wants the result, so the
-        request is aborted and its blocks freed (a no-op if it already left)."""
-        if future.cancelled() and self._loop.dead is None:
-            with contextlib.suppress(EngineDeadError):  # the loop died meanwhile: nothing left to abort
-                self.cancel()
+        # The callback holds the loop and the request, not this handle: the future keeps its callbacks after it
+        # completes, and a handle <-> future cycle would keep the loop (its scheduler, KV pool and model) alive
+        # until a full collection, long after the engine is dropped.
+        self.future.add_done_callback(functools.partial(_abort_if_cancelled, loop, req))
 
     @property
     def rid(self) -> int:
@@ -78,7 +75,19 @@ class RequestHandle:
 
     def cancel(self) -> None:
         """Abort the request (its blocks are freed at the next step); its result has finish_reason "cancelled"."""
-        self._loop.call(lambda s: s.abort(self.request, "cancelled"))
+        _abort(self._loop, self.request)
+
+
+def _abort(loop: EngineLoop, req: Request) -> None:
+    loop.call(lambda s: s.abort(req, "cancelled"))
+
+
+def _abort_if_cancelled(loop: EngineLoop, req: Request, future: Future[GenerationResult]) -> None:
+    """A caller cancelled the future (an asyncio waiter through `wrap_future`): nobody wants the result, so the
+    request is aborted and its blocks freed (a no-op if it already left)."""
+    if future.cancelled() and loop.dead is None:
+        with contextlib.suppress(EngineDeadError):  # the loop died meanwhile: nothing left to abort
+            _abort(loop, req)
 
 
 class EngineLoop:

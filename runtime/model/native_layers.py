@@ -97,7 +97,7 @@ class NativeLayers:
         self.dense = dense  # float32 DenseLinear products (densedot.c) rather than GGUF blocks
         self._dense_takes: dict[int, tuple[Any, Any, bool]] = {}  # rows -> (paths seen, ..., all native); _takes
         self._lib = lib
-        self._model = model
+        self._config = cfg  # not the model, which holds this plan: a cycle keeps weights until a full collection
         self._layers = model.layers
         self._inter = model.layers[0].gate_up.out_features // 2  # gate_up's rows: gate, then up
         self._hidden = cfg.hidden_size
@@ -265,7 +265,7 @@ class NativeLayers:
         if tables is None:
             return None
         ks, vs = tables
-        k0, kv, cfg = mirror.k[0], fused.pool.kv, self._model.config
+        k0, kv, cfg = mirror.k[0], fused.pool.kv, self._config
         out = x.contiguous()  # a fresh tensor (the embedding's rows): updated in place
         lengths = (ctypes.c_int * rows)(*mirror.row_lengths)
         cos, ssin = fused.tables

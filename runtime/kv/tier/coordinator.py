@@ -33,6 +33,7 @@ from radixcache.runtime.kv.tier.prefetch import (
     PrefetchReader,
     copy_staged,
 )
+from radixcache.runtime.weak import weak_method
 from radixcache.tier.page_tier import PageTier
 from radixcache.tier.tiered_cache import TieredCache, TierMatch
 
@@ -68,8 +69,9 @@ class KVTiers:
             lower=disk,
             write_policy=write_policy,
             fingerprint=fingerprint,
-            copy_to_host=self._copy_to_host if host is not None else None,
-            write_lower=self._write_disk if disk is not None else None,
+            # weakly: these tiers hold `tiered`, and a cycle back would keep the KV pools until a full collection
+            copy_to_host=weak_method(self._copy_to_host) if host is not None else None,
+            write_lower=weak_method(self._write_disk) if disk is not None else None,
         )
         self.costs = LoadCosts(load_back, self.page_size)
         self._counts = TierTally()
