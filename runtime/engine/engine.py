@@ -120,8 +120,8 @@ class Engine:
         self._loop = EngineLoop(self.scheduler, self.output.result, self.thread_control, self._heap.idle)
         # the freeze's collection waits for a quiet loop (gc_heap); held weakly: the loop holds the timer's `idle`
         self._heap.is_idle = weak_method(self._loop.idle, default=False)
-        # An engine dropped without close() lets go of the frozen heap too: its pool, held in cycles with the loop,
-        # was frozen with it and would never be collected (nor would anything else freed while the heap stayed frozen)
+        # An engine dropped without close() lets go of the frozen heap too, the moment reference counting frees it
+        # (its parts hold no cycles back to it: runtime/weak.py); else the heap would stay frozen for good
         self._release_heap = weakref.finalize(self, self._heap.close)
         self.queue = QueueGate(config.max_queue)
         self.queue_timeout = config.queue_timeout
