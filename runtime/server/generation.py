@@ -12,7 +12,9 @@ cancels it (the engine frees its blocks at its next step).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import weakref
 from collections.abc import AsyncIterator, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -122,8 +124,16 @@ def _submit_all(engine: GenerationEngine, job: Job, inflight: Inflight) -> list[
         raise
     for handle in handles:
         inflight.handles.add(handle)
-        handle.future.add_done_callback(lambda _, h=handle: inflight.handles.discard(h))
+        # the handle weakly (the set holds it until then): a future -> callback -> handle -> future cycle would keep
+        # each finished request, its tokens and logits, until a collection
+        handle.future.add_done_callback(functools.partial(_forget, inflight.handles, weakref.ref(handle)))
     return handles
+
+
+def _forget(handles: set[GenerationHandle], ref: weakref.ref[GenerationHandle], _future: object) -> None:
+    handle = ref()
+    if handle is not None:
+        handles.discard(handle)
 
 
 async def submit_off_loop(engine: GenerationEngine, job: Job, inflight: Inflight) -> list[GenerationHandle]:
