@@ -111,6 +111,7 @@ class HeapTimer:
         self.quiet_s = QUIET_S if quiet_s is None else quiet_s
         self.is_idle = is_idle  # the engine sets its loop's `idle` once the loop exists
         self._timer: threading.Timer | None = None
+        self._closed = False
         self.hold: HeapHold | None = None
 
     def idle(self) -> None:
@@ -118,15 +119,18 @@ class HeapTimer:
             if self._due is None or time.monotonic() < self._due or self._timer is not None:
                 return
             if self.quiet_s <= 0 or self.is_idle is None:
-                self._hold()
+                self._due = None
+            else:
+                self._timer = threading.Timer(self.quiet_s, self._after_quiet)
+                self._timer.daemon = True
+                self._timer.start()
                 return
-            self._timer = threading.Timer(self.quiet_s, self._after_quiet)
-            self._timer.daemon = True
-            self._timer.start()
+        self._take_hold()
 
     def close(self) -> None:
         with self._lock:
             self._due = None  # never again
+            self._closed = True
             if self._timer is not None:
                 self._timer.cancel()
             if self.hold is not None:
@@ -136,10 +140,19 @@ class HeapTimer:
         with self._lock:
             self._timer = None
             is_idle = self.is_idle
-            if self._due is not None and (is_idle is None or is_idle()):
-                self._hold()  # else work came: the loop's next idle moment starts the wait again
+            if self._due is None or (is_idle is not None and not is_idle()):
+                return  # closed, or work came: the loop's next idle moment starts the wait again
+            self._due = None
+        self._take_hold()
 
-    def _hold(self) -> None:
-        """Under the lock."""
-        self._due = None
-        self.hold = self._heap.hold()
+    def _take_hold(self) -> None:
+        """Hold the heap, outside this timer's lock: the hold's collection runs finalizers, one of which may close
+        another engine's timer while that timer's own thread waits for the heap, its lock held (a deadlock of the
+        two). A close that came meanwhile releases the hold at once."""
+        hold = self._heap.hold()
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self.hold = hold
+        if closed:
+            hold.release()

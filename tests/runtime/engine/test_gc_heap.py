@@ -10,7 +10,7 @@ import gc
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -182,3 +182,53 @@ def test_an_engine_dropped_without_close_lets_go_of_the_heap_and_its_pool_is_fre
     del engine  # freed at once by reference counting (test_engine_freed): no collection needed, frozen or not
     assert FROZEN_HEAP.holders == 0 and gc.get_freeze_count() == 0
     assert pool() is None
+
+
+class CollectingHeap:
+    """A heap whose first hold's collection runs a finalizer that closes another engine's timer (a dropped engine's
+    `weakref.finalize`), once a second hold waits for the heap's lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.holders = 0
+        self.finalizer: Callable[[], None] | None = None
+        self.collecting = threading.Event()
+        self.second_waits = threading.Event()
+
+    def hold(self) -> gc_heap.HeapHold:
+        if self.finalizer is None:
+            self.second_waits.set()
+        with self._lock:
+            self.holders += 1
+            finalizer, self.finalizer = self.finalizer, None
+            if finalizer is not None:
+                self.collecting.set()
+                assert self.second_waits.wait(10)
+                time.sleep(0.1)  # the second hold is now blocked on the heap's lock
+                finalizer()
+        return gc_heap.HeapHold(self)  # type: ignore[arg-type]
+
+    def release(self) -> None:
+        with self._lock:
+            self.holders -= 1
+
+
+def test_a_finalizer_closing_a_timer_that_waits_for_the_heap_does_not_deadlock() -> None:
+    """Regression: a timer held its own lock while it waited for the heap; the collection of another engine's hold,
+    holding the heap, ran a dropped engine's finalizer, which closed that timer: each waited for the other's lock,
+    and the first engine's loop thread then hung at its next idle moment."""
+    heap = CollectingHeap()
+    waiting = HeapTimer(True, after_s=0.0, heap=heap, quiet_s=0.05, is_idle=lambda: True)  # the dropped engine's
+    collecting = HeapTimer(True, after_s=0.0, heap=heap, quiet_s=0.0)
+    heap.finalizer = waiting.close
+    first = threading.Thread(target=collecting.idle, daemon=True)
+    first.start()
+    assert heap.collecting.wait(10)
+    waiting.idle()  # its timer fires and waits for the heap while the collection runs
+    first.join(10)
+    assert not first.is_alive(), "deadlocked"
+    collecting.close()
+    deadline = time.monotonic() + 10
+    while heap.holders and time.monotonic() < deadline:  # the closed timer's late hold is released at once
+        time.sleep(0.01)
+    assert heap.holders == 0 and waiting.hold is None
