@@ -104,7 +104,9 @@ class HeapTimer:
         quiet_s: float | None = None,
         is_idle: Callable[[], bool] | None = None,
     ) -> None:
-        self._lock = threading.Lock()
+        # reentrant: an allocation under it may run a collection, and so the finalizer that closes this very timer
+        # (its engine dropped in a cycle of the caller's while its loop or timer thread is here)
+        self._lock = threading.RLock()
         wait = FREEZE_AFTER_S if after_s is None else after_s
         self._due: float | None = time.monotonic() + wait if enabled else None
         self._heap = heap

@@ -232,3 +232,21 @@ def test_a_finalizer_closing_a_timer_that_waits_for_the_heap_does_not_deadlock()
     while heap.holders and time.monotonic() < deadline:  # the closed timer's late hold is released at once
         time.sleep(0.01)
     assert heap.holders == 0 and waiting.hold is None
+
+
+def test_a_timer_closed_by_a_finalizer_on_its_own_thread_does_not_deadlock() -> None:
+    """A collection can run on any allocation: under the timer's lock (its idle check), it may run the finalizer of
+    the timer's own engine, dropped in a cycle of its caller's, which closes the timer on that same thread."""
+    heap = CollectingHeap()
+    checked = threading.Event()
+
+    def is_idle_then_finalized() -> bool:
+        timer.close()  # what the finalizer does
+        checked.set()
+        return True
+
+    timer = HeapTimer(True, after_s=0.0, heap=heap, quiet_s=0.01, is_idle=is_idle_then_finalized)
+    timer.idle()
+    assert checked.wait(10), "deadlocked"
+    time.sleep(0.05)
+    assert heap.holders == 0 and timer.hold is None  # closed: it never holds
