@@ -2,10 +2,10 @@
 pools and its model's derived weights do not wait for a full collection of the garbage collector.
 
 Its parts called back into each other strongly (a request handle and its future, the loop and the heap timer, the
-tiers and their TieredCache, a model and its native layer plan), so every dropped engine became cyclic garbage that
-only a full collection frees, which can come long after. A test worker that built engines one after another grew to
-10 GB and the machine ran out of memory mid-run. Each test here runs with the collector off: what it drops must be
-freed without it.
+tiers and their TieredCache, a model and its native layer plan), so every dropped engine became cyclic garbage that,
+having lived a while, only a full collection frees, which can come long after. A test worker that built engines one
+after another grew to 10 GB and the machine ran out of memory mid-run. Each test here runs with the collector off:
+what it drops must be freed without it.
 """
 
 from __future__ import annotations
