@@ -136,7 +136,7 @@ class Tokenizer:
         try:
             ids = self.backend.encode(text, add_special_tokens=False).ids
         except TypeError:  # the backend's "TextInputSequence must be str" for a str it cannot read as UTF-8
-            check_unicode(text)
+            _check_unicode(text)
             raise
         if add_special_tokens and self.add_bos and ids[:1] != [self.bos_token_id]:
             ids.insert(0, self.bos_token_id)
@@ -223,13 +223,20 @@ class Tokenizer:
         )
 
 
-def check_unicode(text: str) -> None:
-    """A ValueError naming the first lone surrogate of `text` (from "\\ud800" in JSON, or bytes read with
-    surrogateescape), which no UTF-8 tokenizer can encode."""
+def lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of `text` (from "\\ud800" in JSON, or bytes read with surrogateescape), which no
+    UTF-8 tokenizer can encode; None where there is none."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"the text is not valid Unicode: it holds a lone surrogate {text[e.start]!r}") from None
+        return text[e.start]
+    return None
+
+
+def _check_unicode(text: str) -> None:
+    """A ValueError naming the first lone surrogate of `text` (`lone_surrogate`)."""
+    if (bad := lone_surrogate(text)) is not None:
+        raise ValueError(f"the text is not valid Unicode: it holds a lone surrogate {bad!r}")
 
 
 @functools.cache

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from radixcache.runtime.loading.tokenizer import check_unicode
+from radixcache.runtime.loading.tokenizer import lone_surrogate
 from radixcache.runtime.server.protocol import MAX_LABEL_CHARS, APIError, ChatCompletionRequest, validation_message
 from radixcache.runtime.server.responses_output import new_id
 from radixcache.runtime.server.responses_protocol import PASSED, ResponsesRequest
@@ -59,10 +59,8 @@ def _text(value: Any, path: str) -> str:
 
 
 def _valid_unicode(text: str, path: str) -> None:
-    try:
-        check_unicode(text)
-    except ValueError as e:
-        raise APIError(400, f"{path}: {str(e).removeprefix('the text is ')}", param=path) from None
+    if (bad := lone_surrogate(text)) is not None:
+        raise APIError(400, f"{path}: not valid Unicode: it holds a lone surrogate {bad!r}", param=path)
 
 
 def unicode_checked(value: Any, path: str) -> Any:
