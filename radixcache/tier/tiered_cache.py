@@ -24,6 +24,7 @@ logged), and a device eviction always completes, so the tree's and the host tier
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -93,7 +94,7 @@ class TieredCache:
         self.hasher = hasher if hasher is not None else PageHasher(fingerprint, device.page_size)
         self.failed_copies = 0  # copies to the host that raised (their pages were discarded)
         if host is not None:
-            device.on_evict = self._on_device_evict
+            device.on_evict = _weak_listener(self)
 
     # ------------------------------------------------------------------ lookups
 
@@ -215,3 +216,16 @@ def _path_blocks(node: TreeNode) -> list[int]:
         parts.append(n.blocks)
         n = n.parent
     return [b for part in reversed(parts) for b in part]
+
+
+def _weak_listener(tiered: TieredCache) -> Callable[[TreeNode, int, Sequence[int]], None]:
+    """The device's eviction listener, holding `tiered` weakly: the device tree and its TieredCache would otherwise
+    hold each other, a cycle that only the cyclic collector frees (an engine's tree and tier index outlived it)."""
+    ref = weakref.WeakMethod(tiered._on_device_evict)
+
+    def on_evict(leaf: TreeNode, keep: int, blocks: Sequence[int]) -> None:
+        listener = ref()
+        if listener is not None:  # the TieredCache is gone: nobody can read a host copy any more
+            listener(leaf, keep, blocks)
+
+    return on_evict

@@ -4,6 +4,9 @@ page served from any tier holds exactly the content of the prefix it is matched 
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -170,6 +173,23 @@ def test_an_adoption_larger_than_the_host_copies_each_slot_once() -> None:
     assert copied == list(blocks[3:]) and sorted(slots) == [0, 1]
     assert tiered.host.slots(hashes[3:]) == slots and tiered.host.count_prefix(hashes[:3]) == 0
     tiered.check_invariants()
+
+
+def test_a_dropped_tiered_cache_is_freed_at_once_and_its_device_tree_goes_on() -> None:
+    """The device tree's eviction listener holds its TieredCache weakly: held both ways, the two were a cycle that
+    only the cyclic collector freed (an engine's tree and tier index outlived it)."""
+    tiered, device_mem, host_mem = _tiered("write_back")
+    _serve(tiered, device_mem, [1, 2, 3, 4])
+    device, ref = tiered.device, weakref.ref(tiered)
+    gc.disable()
+    try:
+        del tiered
+        assert ref() is None
+    finally:
+        gc.enable()
+    device.evict(2)  # its listener is gone: the eviction completes and copies nothing
+    assert host_mem == {} and device.cached_tokens == 0
+    device.check_invariants()
 
 
 def test_tiered_cache_rejects_an_unknown_write_policy() -> None:

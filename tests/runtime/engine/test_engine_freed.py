@@ -39,8 +39,10 @@ def no_collector() -> Iterator[None]:
 def _parts(engine: Engine) -> dict[str, weakref.ref[Any]]:
     parts = {"engine": engine, "pool": engine.pool, "model": engine.model, "scheduler": engine.scheduler}
     parts["loop"] = engine._loop
+    parts["tree"] = engine.cache
     if engine.tiers is not None:
         parts["tiers"] = engine.tiers
+        parts["tiered cache"] = engine.tiers.tiered
         if engine.tiers.host_pool is not None:
             parts["host pool"] = engine.tiers.host_pool
     return {name: weakref.ref(part) for name, part in parts.items()}
