@@ -46,6 +46,11 @@ def check_heads(config: ModelConfig, where: str) -> None:
 
 def check_weights(config: ModelConfig, weights: Mapping[str, Any], source: str = "model") -> None:
     """Raise ValueError unless `weights` holds exactly the expected names with the expected shapes."""
+    if config.num_layers > len(weights):  # each layer has 9 weights: refused before listing 10**8 layers' names
+        raise ValueError(
+            f"{source}: weights do not match the config: it has {config.num_layers} layers, "
+            f"but there are only {len(weights)} weights in all"
+        )
     expected = expected_shapes(config)
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected))

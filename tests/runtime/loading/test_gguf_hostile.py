@@ -32,6 +32,8 @@ def refused(path, message: str) -> None:
         ({A + "feed_forward_length": "x"}, "llama.feed_forward_length is 'x', not an integer"),
         ({A + "context_length": 0}, "llama.context_length is 0"),
         ({A + "block_count": 0}, "llama.block_count is 0"),
+        # 10**8 listed 10**9 expected weights (a MemoryError after half a minute) before naming one missing
+        ({A + "block_count": 10**5}, "it has 100000 layers, but there are only 20 weights in all"),
         ({A + "attention.head_count_kv": 3}, "4 attention heads are not a multiple of 3 KV heads"),
         ({A + "attention.key_length": 15, A + "rope.dimension_count": 15}, "head_dim 15 is odd"),
         ({A + "attention.layer_norm_rms_epsilon": float("nan")}, "layer_norm_rms_epsilon is nan, expected a finite"),

@@ -67,6 +67,16 @@ def test_config_fields_of_the_wrong_type_or_out_of_range_are_named(checkpoint, t
     refused(directory / "config.json", message)
 
 
+def test_more_layers_than_the_weights_hold_is_named_before_listing_them(checkpoint, tmp_path):
+    """num_hidden_layers 10**8 listed 10**9 expected weights (a MemoryError after a minute) before naming one."""
+    directory = linked_copy(checkpoint, tmp_path / "m", "config.json")
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 10**5}))
+    message = f"{directory}: weights do not match the config: it has 100000 layers, but there are only 21 weights"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_model(directory)
+
+
 @pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "generation_config.json"])
 @pytest.mark.parametrize(("text", "message"), [("{bad", "not valid JSON"), ("[1, 2]", "expected a JSON object")])
 def test_a_broken_json_file_is_named(checkpoint, tmp_path, name, text, message):
