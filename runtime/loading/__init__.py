@@ -119,16 +119,27 @@ def resolve_model_path(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> str:
     )
 
 
+def _hf_config_and_tokenizer(source: str) -> tuple[ModelConfig, Tokenizer]:
+    """An HF directory's config and tokenizer; ValueError naming tokenizer.json when it holds more tokens than
+    config.json's vocab_size (the embedding's rows): text would encode to ids the model has no row for."""
+    name = os.path.basename(os.path.normpath(source))
+    tokenizer = Tokenizer.from_hf_dir(source, name=name)
+    where = os.path.join(source, "config.json")
+    config = config_from_hf(read_hf_config(source), name, tokenizer.eos_token_ids, where=where)
+    if tokenizer.vocab_size > config.vocab_size:  # as config_from_gguf refuses for a GGUF file
+        raise ValueError(
+            f"{os.path.join(source, 'tokenizer.json')}: {tokenizer.vocab_size} tokens, but {where} has vocab_size "
+            f"{config.vocab_size}: text would encode to ids the model has no embedding for"
+        )
+    return config, tokenizer
+
+
 def load_config_and_tokenizer(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> tuple[ModelConfig, Tokenizer]:
     """The model's config and tokenizer without its weights (a front door that routes to replicas needs no more);
     the config's special ids as `load_model` sets them."""
     source = resolve_model_path(spec)
     if os.path.isdir(source):
-        name = os.path.basename(os.path.normpath(source))
-        tokenizer = Tokenizer.from_hf_dir(source, name=name)
-        config = config_from_hf(
-            read_hf_config(source), name, tokenizer.eos_token_ids, where=os.path.join(source, "config.json")
-        )
+        config, tokenizer = _hf_config_and_tokenizer(source)
     else:
         with GGUFFile(source) as gguf:
             config = config_from_gguf(gguf)
@@ -160,11 +171,7 @@ def load_model(
             raise ValueError(
                 f"{source}: keep_blocks (quant='gguf') needs a GGUF file; a Hugging Face directory has no blocks"
             )
-        name = os.path.basename(os.path.normpath(source))
-        tokenizer = Tokenizer.from_hf_dir(source, name=name)
-        config = config_from_hf(
-            read_hf_config(source), name, tokenizer.eos_token_ids, where=os.path.join(source, "config.json")
-        )
+        config, tokenizer = _hf_config_and_tokenizer(source)
         weights = load_hf_weights(source, config, torch_dtype, device)
     else:
         with GGUFFile(source) as gguf:

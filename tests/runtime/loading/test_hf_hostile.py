@@ -77,6 +77,15 @@ def test_more_layers_than_the_weights_hold_is_named_before_listing_them(checkpoi
         load_model(directory)
 
 
+def test_more_tokens_than_embedding_rows_is_refused(kit, tmp_path):
+    """265 tokens over a 200-row embedding loaded, and then every prompt holding one of the last 65 tokens failed
+    as 'outside the vocabulary' (a GGUF file like it is refused: test_gguf_hostile)."""
+    write_checkpoint(kit, tmp_path / "short", hf_config(kit, vocab_size=200))
+    message = f"{tmp_path / 'short' / 'tokenizer.json'}: 265 tokens, but {tmp_path / 'short' / 'config.json'} has"
+    with pytest.raises(ValueError, match=re.escape(message + " vocab_size 200")):
+        load_model(tmp_path / "short")
+
+
 @pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "generation_config.json"])
 @pytest.mark.parametrize(("text", "message"), [("{bad", "not valid JSON"), ("[1, 2]", "expected a JSON object")])
 def test_a_broken_json_file_is_named(checkpoint, tmp_path, name, text, message):
