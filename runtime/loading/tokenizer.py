@@ -96,12 +96,15 @@ class Tokenizer:
         add_bos = tok_config.get("add_bos_token", probed is not None)
 
         eos: list[int] = []
+        n_tokens = backend.get_vocab_size(with_added_tokens=True)
         for cfg_name in ("generation_config.json", "config.json"):
             json_path = os.path.join(directory, cfg_name)
             value = _read_json(json_path).get("eos_token_id")
             ids = [value] if isinstance(value, int) else value or []
             if not isinstance(ids, list) or not all(_is_token_id(i) for i in ids):
                 raise ValueError(f"{json_path}: eos_token_id {value!r} is not a token id or a list of them")
+            if past := [i for i in ids if i >= n_tokens]:  # never sampled; a grammar's vocabulary refuses it
+                raise ValueError(f"{json_path}: eos_token_id {past[0]} is past the {n_tokens} tokens of tokenizer.json")
             eos.extend(ids)
         if (tid := token_id(tok_config.get("eos_token"))) is not None:
             eos.append(tid)

@@ -86,6 +86,16 @@ def test_more_tokens_than_embedding_rows_is_refused(kit, tmp_path):
         load_model(tmp_path / "short")
 
 
+@pytest.mark.parametrize("name", ["generation_config.json", "config.json"])
+def test_an_eos_id_past_the_vocabulary_is_named(checkpoint, tmp_path, name):
+    """eos_token_id 100000 of 265 tokens loaded; it could never be sampled, and a request with a response_format
+    then failed with llguidance's 'EOS token ID 100000 is out of range'."""
+    directory = linked_copy(checkpoint, tmp_path / "m", name)
+    cfg = json.loads((checkpoint / "config.json").read_text()) if name == "config.json" else {}
+    (directory / name).write_text(json.dumps({**cfg, "eos_token_id": [2, 100000]}))
+    refused(directory / name, "eos_token_id 100000 is past the 265 tokens of tokenizer.json")
+
+
 @pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "generation_config.json"])
 @pytest.mark.parametrize(("text", "message"), [("{bad", "not valid JSON"), ("[1, 2]", "expected a JSON object")])
 def test_a_broken_json_file_is_named(checkpoint, tmp_path, name, text, message):
