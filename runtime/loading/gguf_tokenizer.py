@@ -92,7 +92,13 @@ def backend_from_gguf(meta: dict[str, Any], where: str = "GGUF metadata") -> Bac
     vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):
         vocab.setdefault(tok, i)  # a duplicated string keeps its first id
-    backend = Backend(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    try:
+        bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
+    except Exception as e:  # tokenizers raises a plain Exception for a merge of (or into) a string not in tokens
+        raise ValueError(
+            f"{where}: GGUF metadata tokenizer.ggml.merges does not fit tokenizer.ggml.tokens ({e})"
+        ) from None
+    backend = Backend(bpe)
     backend.pre_tokenizer = pre_tokenizer_for(pre)
     backend.decoder = decoders.ByteLevel()
     if types is not None:

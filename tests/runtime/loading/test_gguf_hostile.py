@@ -89,6 +89,8 @@ T = "tokenizer.ggml."
         ({T + "tokens": None}, "tokenizer.ggml.tokens is missing or empty"),
         ({T + "tokens": (9, 4, [1, 2, 3])}, "tokenizer.ggml.tokens is not an array of strings"),  # U32[3]
         ({T + "merges": (9, 8, ["abc"])}, "tokenizer.ggml.merges holds a merge without a space"),
+        # a plain Exception of tokenizers, without the file: the CLI called it an internal error
+        ({T + "merges": (9, 8, ["q z"])}, "tokenizer.ggml.merges does not fit tokenizer.ggml.tokens (Error while"),
         ({T + "token_type": (9, 5, [3] * 1000)}, "tokenizer.ggml.token_type has 1000 entries for 265 tokens"),
         ({T + "token_type": "x"}, "tokenizer.ggml.token_type is not an array of integers"),
         ({T + "bos_token_id": "x", T + "add_bos_token": True}, "tokenizer.ggml.bos_token_id is 'x', not an integer"),
