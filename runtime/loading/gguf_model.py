@@ -75,9 +75,13 @@ def _f32(x: Any) -> float:
     return float(str(np.float32(x)))
 
 
-def gguf_adds_bos(meta: dict[str, Any]) -> bool:
-    """Whether the model's tokenizer prepends BOS (llama.cpp's default: only for SentencePiece `llama` vocabs)."""
-    return bool(meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama"))
+def gguf_adds_bos(meta: dict[str, Any], where: str = "GGUF metadata") -> bool:
+    """Whether the model's tokenizer prepends BOS (llama.cpp's default: only for SentencePiece `llama` vocabs).
+    ValueError naming `where` (the file) unless the key is a boolean (or 0 / 1): the text "false" is true to bool()."""
+    value = meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama")
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise ValueError(f"{where}: GGUF metadata tokenizer.ggml.add_bos_token is {value!r}, not true or false")
 
 
 def gguf_token_id(meta: dict[str, Any], key: str, where: str = "GGUF metadata") -> int | None:
@@ -138,7 +142,7 @@ def config_from_gguf(gguf: GGUFFile, name: str | None = None) -> ModelConfig:
     rope_dims = integer("rope.dimension_count", head_dim)
     if rope_dims != head_dim:
         raise ValueError(f"{gguf.path}: partial RoPE ({rope_dims} of {head_dim} dims) is not supported")
-    adds_bos = gguf_adds_bos(meta) and "tokenizer.ggml.bos_token_id" in meta
+    adds_bos = gguf_adds_bos(meta, gguf.path) and "tokenizer.ggml.bos_token_id" in meta
     config = ModelConfig(
         arch=arch,
         vocab_size=int(embed.shape[0]),

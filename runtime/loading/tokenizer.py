@@ -65,7 +65,7 @@ class Tokenizer:
             backend_from_gguf(meta, where),
             eos_token_ids=gguf_eos_ids(meta, where),
             bos_token_id=gguf_token_id(meta, "tokenizer.ggml.bos_token_id", where),
-            add_bos=gguf_adds_bos(meta),
+            add_bos=gguf_adds_bos(meta, where),
             chat_template=template,
             name=name,
         )
@@ -94,6 +94,9 @@ class Tokenizer:
         probed = with_special[0] if len(with_special) > len(plain) and with_special[:1] != plain[:1] else None
         bos = token_id(tok_config.get("bos_token")) if tok_config.get("bos_token") else probed
         add_bos = tok_config.get("add_bos_token", probed is not None)
+        if add_bos is not None and not isinstance(add_bos, bool):  # "false" is true to bool(): a BOS not asked for
+            where = os.path.join(directory, "tokenizer_config.json")
+            raise ValueError(f"{where}: add_bos_token must be true or false, got {add_bos!r}")
 
         eos: list[int] = []
         n_tokens = backend.get_vocab_size(with_added_tokens=True)

@@ -98,6 +98,8 @@ T = "tokenizer.ggml."
         ({T + "eos_token_id": (5, -1)}, "tokenizer.ggml.eos_token_id is -1, expected at least 0"),
         ({T + "eos_token_id": 10**6}, "tokenizer.ggml.eos_token_id is 1000000, past the 265 tokens"),
         ({"tokenizer.chat_template": 5}, "tokenizer.chat_template is int, not text"),
+        # the text "false" is true to bool(): every prompt got a BOS the file said not to add
+        ({T + "add_bos_token": "false"}, "tokenizer.ggml.add_bos_token is 'false', not true or false"),
     ],
 )
 def test_tokenizer_metadata_of_the_wrong_kind_type_or_length_is_named(kit, tmp_path, overrides, message):

@@ -96,6 +96,14 @@ def test_an_eos_id_past_the_vocabulary_is_named(checkpoint, tmp_path, name):
     refused(directory / name, "eos_token_id 100000 is past the 265 tokens of tokenizer.json")
 
 
+def test_add_bos_token_as_text_is_refused(checkpoint, tmp_path):
+    """ "false" is true to bool(): every prompt got a BOS that tokenizer_config.json said not to add."""
+    directory = linked_copy(checkpoint, tmp_path / "m", "tokenizer_config.json")
+    config = {"bos_token": "<|endoftext|>", "add_bos_token": "false"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    refused(directory / "tokenizer_config.json", "add_bos_token must be true or false, got 'false'")
+
+
 @pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "generation_config.json"])
 @pytest.mark.parametrize(("text", "message"), [("{bad", "not valid JSON"), ("[1, 2]", "expected a JSON object")])
 def test_a_broken_json_file_is_named(checkpoint, tmp_path, name, text, message):
