@@ -22,7 +22,7 @@ from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
 from radixcache.runtime.loading.gguf import GGUFError, GGUFFile
 from radixcache.runtime.loading.gguf_model import config_from_gguf, load_gguf_blocks, load_gguf_weights
 from radixcache.runtime.loading.hf import config_from_hf, load_hf_weights, read_hf_config
-from radixcache.runtime.loading.tokenizer import Tokenizer
+from radixcache.runtime.loading.tokenizer import Tokenizer, id_limit
 from radixcache.runtime.loading.weights import check_weights, expected_shapes
 
 if TYPE_CHECKING:
@@ -120,15 +120,15 @@ def resolve_model_path(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> str:
 
 
 def _hf_config_and_tokenizer(source: str) -> tuple[ModelConfig, Tokenizer]:
-    """An HF directory's config and tokenizer; ValueError naming tokenizer.json when it holds more tokens than
+    """An HF directory's config and tokenizer; ValueError naming tokenizer.json when it holds a token id past
     config.json's vocab_size (the embedding's rows): text would encode to ids the model has no row for."""
     name = os.path.basename(os.path.normpath(source))
     tokenizer = Tokenizer.from_hf_dir(source, name=name)
     where = os.path.join(source, "config.json")
     config = config_from_hf(read_hf_config(source), name, tokenizer.eos_token_ids, where=where)
-    if tokenizer.vocab_size > config.vocab_size:  # as config_from_gguf refuses for a GGUF file
+    if (limit := id_limit(tokenizer.backend)) > config.vocab_size:  # as config_from_gguf refuses for a GGUF file
         raise ValueError(
-            f"{os.path.join(source, 'tokenizer.json')}: {tokenizer.vocab_size} tokens, but {where} has vocab_size "
+            f"{os.path.join(source, 'tokenizer.json')}: token ids up to {limit - 1}, but {where} has vocab_size "
             f"{config.vocab_size}: text would encode to ids the model has no embedding for"
         )
     return config, tokenizer

@@ -99,7 +99,7 @@ class Tokenizer:
             raise ValueError(f"{where}: add_bos_token must be true or false, got {add_bos!r}")
 
         eos: list[int] = []
-        n_tokens = backend.get_vocab_size(with_added_tokens=True)
+        n_tokens = id_limit(backend)
         for cfg_name in ("generation_config.json", "config.json"):
             json_path = os.path.join(directory, cfg_name)
             value = _read_json(json_path).get("eos_token_id")
@@ -107,7 +107,9 @@ class Tokenizer:
             if not isinstance(ids, list) or not all(_is_token_id(i) for i in ids):
                 raise ValueError(f"{json_path}: eos_token_id {value!r} is not a token id or a list of them")
             if past := [i for i in ids if i >= n_tokens]:  # never sampled; a grammar's vocabulary refuses it
-                raise ValueError(f"{json_path}: eos_token_id {past[0]} is past the {n_tokens} tokens of tokenizer.json")
+                raise ValueError(
+                    f"{json_path}: eos_token_id {past[0]} is past the token ids of tokenizer.json (0 to {n_tokens - 1})"
+                )
             eos.extend(ids)
         if (tid := token_id(tok_config.get("eos_token"))) is not None:
             eos.append(tid)
@@ -227,6 +229,12 @@ class Tokenizer:
         return (
             f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eos={self.eos_token_ids}, add_bos={self.add_bos})"
         )
+
+
+def id_limit(backend: Backend) -> int:
+    """One past the largest token id of `backend`: its vocab size counts the ids, and a tokenizer.json whose ids
+    have gaps has ids past that count."""
+    return max(backend.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
 
 def lone_surrogate(text: str) -> str | None:

@@ -81,9 +81,19 @@ def test_more_tokens_than_embedding_rows_is_refused(kit, tmp_path):
     """265 tokens over a 200-row embedding loaded, and then every prompt holding one of the last 65 tokens failed
     as 'outside the vocabulary' (a GGUF file like it is refused: test_gguf_hostile)."""
     write_checkpoint(kit, tmp_path / "short", hf_config(kit, vocab_size=200))
-    message = f"{tmp_path / 'short' / 'tokenizer.json'}: 265 tokens, but {tmp_path / 'short' / 'config.json'} has"
-    with pytest.raises(ValueError, match=re.escape(message + " vocab_size 200")):
+    message = f"{tmp_path / 'short' / 'tokenizer.json'}: token ids up to 264, but {tmp_path / 'short' / 'config.json'}"
+    with pytest.raises(ValueError, match=re.escape(message + " has vocab_size 200")):
         load_model(tmp_path / "short")
+
+
+def test_a_token_id_past_the_embedding_in_a_vocabulary_with_gaps_is_refused(checkpoint, tmp_path):
+    """265 token ids with a gap, the last one 400, over 265 embedding rows: counted, the vocabulary fits."""
+    directory = linked_copy(checkpoint, tmp_path / "m", "tokenizer.json")
+    tokenizer = json.loads((checkpoint / "tokenizer.json").read_text())
+    assert tokenizer["model"]["vocab"]["Ġwor"] == 264
+    tokenizer["model"]["vocab"]["Ġwor"] = 400
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
+    refused(directory / "tokenizer.json", "token ids up to 400, but")
 
 
 @pytest.mark.parametrize("name", ["generation_config.json", "config.json"])
@@ -93,7 +103,7 @@ def test_an_eos_id_past_the_vocabulary_is_named(checkpoint, tmp_path, name):
     directory = linked_copy(checkpoint, tmp_path / "m", name)
     cfg = json.loads((checkpoint / "config.json").read_text()) if name == "config.json" else {}
     (directory / name).write_text(json.dumps({**cfg, "eos_token_id": [2, 100000]}))
-    refused(directory / name, "eos_token_id 100000 is past the 265 tokens of tokenizer.json")
+    refused(directory / name, "eos_token_id 100000 is past the token ids of tokenizer.json (0 to 264)")
 
 
 def test_add_bos_token_as_text_is_refused(checkpoint, tmp_path):
