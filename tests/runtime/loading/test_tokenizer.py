@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -119,6 +120,29 @@ def test_chat_template_errors_are_clear(kit):
     assert render_chat_template("{{ messages | tojson }}", [{"role": "u", "content": "é"}]) == (
         '[{"role": "u", "content": "é"}]'
     )
+
+
+CAFE = [{"role": "user", "content": "café"}]
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        # the compact form some models' templates write their tools in: refused with a TypeError before
+        (
+            "{{ messages[0] | tojson(separators=(',', ':')) }}",
+            json.dumps(CAFE[0], separators=(",", ":"), ensure_ascii=False),
+        ),
+        # transformers' first argument is ensure_ascii, not indent
+        ("{{ messages[0] | tojson(true) }}", json.dumps(CAFE[0], ensure_ascii=True)),
+        (
+            "{{ messages[0] | tojson(indent=2, sort_keys=true) }}",
+            json.dumps(CAFE[0], indent=2, sort_keys=True, ensure_ascii=False),
+        ),
+    ],
+)
+def test_tojson_takes_transformers_arguments(template, expected):
+    assert render_chat_template(template, CAFE) == expected
 
 
 @pytest.mark.parametrize(
