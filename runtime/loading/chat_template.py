@@ -12,6 +12,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from radixcache.runtime.tools.errors import ToolInputError
+from radixcache.runtime.tools.features import GenerationBlock
 
 
 class ChatTemplateError(ValueError):
@@ -45,7 +46,9 @@ def _strftime_now(fmt: str) -> str:
 @lru_cache(maxsize=16)
 def compile_template(source: str) -> Any:
     """Compile a chat template once (templates are immutable strings, so caching by source is safe)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationBlock]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

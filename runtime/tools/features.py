@@ -4,15 +4,36 @@
   function format), so it renders tools itself; otherwise the generic format (`render.py`) is used.
 - `tool_role`: the template compares a role with "tool" or "ipython", so it has a turn for tool results.
 - `hermes`: the template writes `<tool_call>` tags (Hermes / Qwen style), so calls are parsed from those tags.
+
+`GenerationBlock` is transformers' `{% generation %}` tag, which this parser and the renderer
+(`loading/chat_template.py`) both take.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, ClassVar
 
 from jinja2 import Environment, TemplateSyntaxError, meta, nodes
-from jinja2.ext import loopcontrols
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
+
+
+class GenerationBlock(Extension):
+    """transformers' `{% generation %}...{% endgeneration %}`, which marks the assistant's text for training masks
+    (TRL writes it into the templates of models it fine-tunes): rendered as its body, in a scope of its own, as
+    transformers renders it when no mask is asked for."""
+
+    tags: ClassVar[set[str]] = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Any) -> str:
+        return caller()
 
 
 @dataclass(frozen=True)
@@ -35,7 +56,7 @@ def template_features(source: str | None) -> TemplateFeatures:
     if not source:
         return TemplateFeatures()
     try:
-        tree = Environment(extensions=[loopcontrols]).parse(source)
+        tree = Environment(extensions=[loopcontrols, GenerationBlock]).parse(source)
     except TemplateSyntaxError:
         return TemplateFeatures()
     consts = {c.value for c in tree.find_all(nodes.Const) if isinstance(c.value, str)}

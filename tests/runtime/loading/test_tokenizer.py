@@ -145,6 +145,19 @@ def test_tojson_takes_transformers_arguments(template, expected):
     assert render_chat_template(template, CAFE) == expected
 
 
+def test_a_template_with_generation_blocks_renders_their_bodies():
+    """TRL writes `{% generation %}` into the templates of the models it fine-tunes (transformers' training-mask
+    tag); such a model's every chat failed with "does not compile: Encountered unknown tag 'generation'"."""
+    template = (
+        "{% for m in messages %}{% set x = 'kept' %}<|{{ m.role }}|>"
+        "{% if m.role == 'assistant' %}{% generation %}{% set x = 'lost' %}{{ m.content }}<|end|>{% endgeneration %}"
+        "{% else %}{{ m.content }}<|end|>{% endif %}{{ x }}{% endfor %}"
+    )
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    # as transformers renders it: the block's body, its own `set` scoped to the block
+    assert render_chat_template(template, messages) == "<|user|>hi<|end|>kept<|assistant|>yo<|end|>kept"
+
+
 @pytest.mark.parametrize(
     ("template", "message"),
     [

@@ -160,6 +160,17 @@ def test_smollm2_gets_the_generic_format(smollm2_tokenizer, tiny_tokenizer) -> N
     assert template_features("{% broken") == TemplateFeatures()
 
 
+def test_a_template_with_generation_blocks_keeps_its_tool_features() -> None:
+    """TRL's `{% generation %}` tag made the parse fail, so a fine-tuned Qwen template's tools were rendered in the
+    generic format and its <tool_call> tags never parsed."""
+    source = (
+        "{% for t in tools %}{{ t | tojson }}{% endfor %}{% for m in messages %}{% if m.role == 'tool' %}x"
+        "{% elif m.role == 'assistant' %}{% generation %}<tool_call>{{ m.content }}{% endgeneration %}{% endif %}"
+        "{% endfor %}"
+    )
+    assert template_features(source) == TemplateFeatures(uses_tools=True, tool_role=True, hermes=True)
+
+
 @pytest.mark.parametrize("replayed", ['{"a": true, "b": false}', '{"a": 1.0, "b": 0}'])
 def test_a_call_replayed_with_other_arguments_renders_them(tiny_tokenizer, specs, replayed: str) -> None:
     """The memory compared a replayed call's arguments with == on the decoded values, which holds `true` equal to
