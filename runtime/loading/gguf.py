@@ -153,6 +153,8 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = self._string()
+            if key in self.metadata:  # which one counts? llama.cpp and the gguf package refuse the file too
+                raise GGUFError(f"{self.path}: metadata key {key!r} appears twice")
             (vtype,) = self._unpack("<I", 4)
             self.metadata[key] = self._value(vtype)
         index = []
@@ -169,6 +171,8 @@ class GGUFFile:
         self.data_offset = -(-self._pos // self.alignment) * self.alignment
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, ggml_type, offset in index:
+            if name in self.tensors:
+                raise GGUFError(f"{self.path}: tensor {name} appears twice in the tensor index")
             try:
                 nbytes = tensor_nbytes(shape, ggml_type) if ggml_type in GGML_TYPES else 0
             except GGUFError as e:

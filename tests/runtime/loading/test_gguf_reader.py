@@ -187,3 +187,15 @@ def test_a_row_that_is_not_whole_blocks_names_the_file_and_tensor(kit, tmp_path)
     (tmp_path / "rows.gguf").write_bytes(data)
     with pytest.raises(GGUFError, match=r"rows\.gguf: tensor w: row length 33 is not a multiple of the Q8_0 block"):
         GGUFFile(tmp_path / "rows.gguf")
+
+
+def test_a_key_or_tensor_that_appears_twice_is_a_gguf_error(kit, tmp_path):
+    """The last of two same-named tensors (or keys) was read silently, where llama.cpp refuses the file."""
+    x, y = np.zeros(32, np.float32), np.ones(32, np.float32)
+    kit.write_gguf(tmp_path / "t.gguf", {"k": 1}, [("w", (32,), "F32", x.tobytes()), ("w", (32,), "F32", y.tobytes())])
+    with pytest.raises(GGUFError, match=r"t\.gguf: tensor w appears twice in the tensor index"):
+        GGUFFile(tmp_path / "t.gguf")
+    kit.write_gguf(tmp_path / "k.gguf", {"ka": 1, "kb": 2}, [("w", (32,), "F32", x.tobytes())])
+    (tmp_path / "k.gguf").write_bytes((tmp_path / "k.gguf").read_bytes().replace(b"kb", b"ka"))
+    with pytest.raises(GGUFError, match=r"k\.gguf: metadata key 'ka' appears twice"):
+        GGUFFile(tmp_path / "k.gguf")
