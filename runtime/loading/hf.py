@@ -17,6 +17,7 @@ from radixcache.runtime.loading.weights import check_heads, config_float, config
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
 
 
 def read_hf_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -104,7 +105,9 @@ def config_from_hf(
 
 
 def safetensors_files(directory: str | os.PathLike[str]) -> list[str]:
-    """The checkpoint's safetensors files: those the shard index names, else every *.safetensors file."""
+    """The checkpoint's safetensors files: those the shard index names, else model.safetensors (the two files
+    transformers reads), else every *.safetensors file. A Mistral repository's consolidated.safetensors (the same
+    weights under Mistral's own names) or a LoRA adapter's adapter_model.safetensors beside them is not read."""
     directory = os.fspath(directory)
     index_path = os.path.join(directory, INDEX_FILE)
     if os.path.isfile(index_path):
@@ -119,6 +122,9 @@ def safetensors_files(directory: str | os.PathLike[str]) -> list[str]:
         if missing:
             raise FileNotFoundError(f"{directory}: {INDEX_FILE} names missing shards {missing[:3]}")
         return files
+    single = os.path.join(directory, SINGLE_FILE)
+    if os.path.isfile(single):
+        return [single]
     files = sorted(p for p in glob.glob(os.path.join(glob.escape(directory), "*.safetensors")) if os.path.isfile(p))
     if not files:
         extra = (

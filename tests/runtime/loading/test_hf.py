@@ -109,6 +109,21 @@ def test_sharded_checkpoint_equals_its_weights(kit, tmp_path):
     assert m.tokenizer.add_bos is False and m.config.bos_token_id is None
 
 
+def test_files_beside_model_safetensors_are_not_read(kit, tmp_path):
+    """Mistral's repositories ship consolidated.safetensors (the same weights under Mistral's own names) beside the
+    Hugging Face files, and a fine-tuned model's folder may keep its adapter_model.safetensors: every *.safetensors
+    was read, and the load failed on dozens of unexpected weights. transformers reads model.safetensors only."""
+    weights = write_checkpoint(kit, tmp_path / "m", hf_config(kit))
+    mistral_names = {k.replace("model.", "").replace("self_attn.q_proj", "attention.wq"): w for k, w in weights.items()}
+    save_file(mistral_names, str(tmp_path / "m" / "consolidated.safetensors"))
+    save_file(
+        {"base_model.model.lm_head.lora_A.weight": torch.zeros(4, 32)},
+        str(tmp_path / "m" / "adapter_model.safetensors"),
+    )
+    m = load_model(tmp_path / "m")
+    assert set(m.weights) == set(weights) and all(torch.equal(m.weights[k], w) for k, w in weights.items())
+
+
 def test_qwen2_has_qkv_biases_and_tied_embeddings(kit, tmp_path):
     cfg = hf_config(kit, "qwen2", tie_word_embeddings=True, use_sliding_window=False, sliding_window=64)
     embed = torch.randn(cfg["vocab_size"], 32)
