@@ -33,6 +33,9 @@ _LLAMA3_REGEX = (
 )
 
 SUPPORTED_PRE = (*_GPT2, *_DIGITS_THEN_GPT2, *_LLAMA3_LIKE)
+# Llama 3's vocabulary came from tiktoken, which takes a whole pre-tokenised word that is itself a token before
+# any merge: llama.cpp sets ignore_merges for these names, as Llama 3's tokenizer.json does ("ignore_merges": true).
+_IGNORE_MERGES = ("llama-bpe", "llama3")
 
 
 class UnsupportedTokenizerError(NotImplementedError, ValueError):
@@ -93,7 +96,9 @@ def backend_from_gguf(meta: dict[str, Any], where: str = "GGUF metadata") -> Bac
     for i, tok in enumerate(tokens):
         vocab.setdefault(tok, i)  # a duplicated string keeps its first id
     try:
-        bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
+        bpe = models.BPE(
+            vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=pre in _IGNORE_MERGES
+        )
     except Exception as e:  # tokenizers raises a plain Exception for a merge of (or into) a string not in tokens
         raise ValueError(
             f"{where}: GGUF metadata tokenizer.ggml.merges does not fit tokenizer.ggml.tokens ({e})"

@@ -195,6 +195,21 @@ def test_named_pre_tokenizers_split_numbers_like_llama_cpp(pre, expected):
     assert [p for p, _ in pre_tokenizer_for(pre).pre_tokenize_str("12345 x")] == expected
 
 
+@pytest.mark.parametrize(("pre", "whole"), [("llama-bpe", True), ("llama3", True), ("qwen2", False), ("smollm", False)])
+def test_llama3_vocabularies_take_a_word_that_is_a_token_whole(kit, pre, whole):
+    """llama.cpp tokenises llama3 vocabularies with ignore_merges (a pre-tokenised word that is itself a token is
+    that token, as tiktoken does; Llama 3's tokenizer.json says "ignore_merges": true), other names by the merges
+    alone. "hello" is a token here that no merge makes: llama-bpe files encoded it as "hell" + "o"."""
+    meta = kit.tiny_tokenizer_metadata(pre, typed=False)
+    meta["tokenizer.ggml.tokens"] = [*meta["tokenizer.ggml.tokens"], "hello"]
+    meta["tokenizer.ggml.token_type"] = [*meta["tokenizer.ggml.token_type"], 1]
+    tok = Tokenizer.from_gguf_metadata(meta, name="tiny")
+    tokens = meta["tokenizer.ggml.tokens"]
+    by_merges = [tokens.index("hell"), tokens.index("o")]
+    assert tok.encode("hello") == ([len(tokens) - 1] if whole else by_merges)
+    assert tok.decode(tok.encode("hello world")) == "hello world"
+
+
 def test_unsupported_gguf_tokenizers_are_named(kit):
     with pytest.raises(NotImplementedError, match="'made-up'"):
         backend_from_gguf({**kit.tiny_tokenizer_metadata(typed=False), "tokenizer.ggml.pre": "made-up"})
