@@ -21,6 +21,7 @@ import torch
 
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.loading.gguf import GGUFFile
+from radixcache.runtime.loading.gguf_tokenizer import LLAMA3_PRE
 from radixcache.runtime.loading.rope_scaling import ROPE_FREQS, gguf_rope_scaling
 from radixcache.runtime.loading.weights import check_heads, check_weights, config_float, config_int
 from radixcache.runtime.model.dequant import DEQUANTISABLE
@@ -76,9 +77,11 @@ def _f32(x: Any) -> float:
 
 
 def gguf_adds_bos(meta: dict[str, Any], where: str = "GGUF metadata") -> bool:
-    """Whether the model's tokenizer prepends BOS (llama.cpp's default: only for SentencePiece `llama` vocabs).
+    """Whether the model's tokenizer prepends BOS: `tokenizer.ggml.add_bos_token`, else llama.cpp's default (yes for
+    SentencePiece `llama` vocabularies and for Llama 3's pre-tokenizer names, which older Llama 3 files rely on).
     ValueError naming `where` (the file) unless the key is a boolean (or 0 / 1): the text "false" is true to bool()."""
-    value = meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama")
+    default = meta.get("tokenizer.ggml.model") == "llama" or meta.get("tokenizer.ggml.pre") in LLAMA3_PRE
+    value = meta.get("tokenizer.ggml.add_bos_token", default)
     if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
         return bool(value)
     raise ValueError(f"{where}: GGUF metadata tokenizer.ggml.add_bos_token is {value!r}, not true or false")

@@ -34,8 +34,9 @@ _LLAMA3_REGEX = (
 
 SUPPORTED_PRE = (*_GPT2, *_DIGITS_THEN_GPT2, *_LLAMA3_LIKE)
 # Llama 3's vocabulary came from tiktoken, which takes a whole pre-tokenised word that is itself a token before
-# any merge: llama.cpp sets ignore_merges for these names, as Llama 3's tokenizer.json does ("ignore_merges": true).
-_IGNORE_MERGES = ("llama-bpe", "llama3")
+# any merge: llama.cpp sets ignore_merges for these names, as Llama 3's tokenizer.json does ("ignore_merges": true),
+# and prepends BOS unless the file says otherwise (gguf_model.gguf_adds_bos).
+LLAMA3_PRE = ("llama-bpe", "llama3")
 
 
 class UnsupportedTokenizerError(NotImplementedError, ValueError):
@@ -97,7 +98,7 @@ def backend_from_gguf(meta: dict[str, Any], where: str = "GGUF metadata") -> Bac
         vocab.setdefault(tok, i)  # a duplicated string keeps its first id
     try:
         bpe = models.BPE(
-            vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=pre in _IGNORE_MERGES
+            vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=pre in LLAMA3_PRE
         )
     except Exception as e:  # tokenizers raises a plain Exception for a merge of (or into) a string not in tokens
         raise ValueError(

@@ -210,6 +210,22 @@ def test_llama3_vocabularies_take_a_word_that_is_a_token_whole(kit, pre, whole):
     assert tok.decode(tok.encode("hello world")) == "hello world"
 
 
+@pytest.mark.parametrize(
+    ("pre", "add_bos", "bos"), [("llama-bpe", None, True), ("llama3", None, True), ("llama-bpe", False, False),
+                                ("qwen2", None, False), ("smollm", None, False)]
+)  # fmt: skip
+def test_llama3_vocabularies_prepend_bos_unless_the_file_says_not(kit, pre, add_bos, bos):
+    """llama.cpp prepends BOS for llama3 pre-tokenizer names when tokenizer.ggml.add_bos_token is absent (older
+    Llama 3 files lack it); such files' prompts went to the model without the BOS it was trained with."""
+    meta = kit.tiny_tokenizer_metadata(pre, typed=False)
+    del meta["tokenizer.ggml.add_bos_token"]
+    if add_bos is not None:
+        meta["tokenizer.ggml.add_bos_token"] = add_bos
+    tok = Tokenizer.from_gguf_metadata(meta, name="tiny")
+    plain = tok.encode("hi", add_special_tokens=False)
+    assert tok.encode("hi") == ([0, *plain] if bos else plain)
+
+
 def test_unsupported_gguf_tokenizers_are_named(kit):
     with pytest.raises(NotImplementedError, match="'made-up'"):
         backend_from_gguf({**kit.tiny_tokenizer_metadata(typed=False), "tokenizer.ggml.pre": "made-up"})
