@@ -111,8 +111,8 @@ class Tokenizer:
                     f"{json_path}: eos_token_id {past[0]} is past the token ids of tokenizer.json (0 to {n_tokens - 1})"
                 )
             eos.extend(ids)
-        if (tid := token_id(tok_config.get("eos_token"))) is not None:
-            eos.append(tid)
+        if (tid := token_id(tok_config.get("eos_token"))) is not None:  # first: the template's eos_token, as in
+            eos.insert(0, tid)  # transformers (generation_config's first id may be another, e.g. <|end_of_text|>)
 
         return cls(
             backend,

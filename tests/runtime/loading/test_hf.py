@@ -100,6 +100,18 @@ def test_llama_directory_loads_config_weights_and_tokenizer(kit, tmp_path):
     assert tok.encode(prompt).count(0) == 1  # the template's BOS is not doubled
 
 
+def test_the_templates_eos_token_is_tokenizer_configs(kit, tmp_path):
+    """transformers renders `eos_token` as tokenizer_config.json's; it was generation_config.json's first id."""
+    write_checkpoint(kit, tmp_path / "m", hf_config(kit))
+    template = "{% for m in messages %}{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    config = {"eos_token": "<|im_end|>", "chat_template": template}
+    (tmp_path / "m" / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "m" / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2]}))
+    m = load_model(tmp_path / "m")
+    assert m.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == "hi<|im_end|>"
+    assert set(m.config.eos_token_ids) == {1, 2}  # every id still ends generation
+
+
 def test_sharded_checkpoint_equals_its_weights(kit, tmp_path):
     cfg = hf_config(kit)
     weights = write_checkpoint(kit, tmp_path / "sharded", cfg, shards=3)
