@@ -120,13 +120,15 @@ def resolve_model_path(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> str:
 
 
 def _hf_config_and_tokenizer(source: str) -> tuple[ModelConfig, Tokenizer]:
-    """An HF directory's config and tokenizer; ValueError naming tokenizer.json when it holds a token id past
-    config.json's vocab_size (the embedding's rows): text would encode to ids the model has no row for."""
+    """An HF directory's config and tokenizer; ValueError naming tokenizer.json when its vocabulary holds a token
+    id past config.json's vocab_size (the embedding's rows): ordinary text would encode to ids the model has no row
+    for. Added tokens past it are let be (fine-tunes that added a pad token without resizing the embedding ship
+    such tokenizers, and run as long as a prompt does not hold it: one that does is refused at the door)."""
     name = os.path.basename(os.path.normpath(source))
     tokenizer = Tokenizer.from_hf_dir(source, name=name)
     where = os.path.join(source, "config.json")
     config = config_from_hf(read_hf_config(source), name, tokenizer.eos_token_ids, where=where)
-    if (limit := id_limit(tokenizer.backend)) > config.vocab_size:  # as config_from_gguf refuses for a GGUF file
+    if (limit := id_limit(tokenizer.backend, with_added_tokens=False)) > config.vocab_size:
         raise ValueError(
             f"{os.path.join(source, 'tokenizer.json')}: token ids up to {limit - 1}, but {where} has vocab_size "
             f"{config.vocab_size}: text would encode to ids the model has no embedding for"

@@ -231,10 +231,10 @@ class Tokenizer:
         )
 
 
-def id_limit(backend: Backend) -> int:
-    """One past the largest token id of `backend`: its vocab size counts the ids, and a tokenizer.json whose ids
-    have gaps has ids past that count."""
-    return max(backend.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+def id_limit(backend: Backend, with_added_tokens: bool = True) -> int:
+    """One past the largest token id of `backend` (of its model's vocabulary alone, without `with_added_tokens`):
+    its vocab size counts the ids, and a tokenizer.json whose ids have gaps has ids past that count."""
+    return max(backend.get_vocab(with_added_tokens=with_added_tokens).values(), default=-1) + 1
 
 
 def lone_surrogate(text: str) -> str | None:

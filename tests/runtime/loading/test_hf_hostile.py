@@ -86,6 +86,19 @@ def test_more_tokens_than_embedding_rows_is_refused(kit, tmp_path):
         load_model(tmp_path / "short")
 
 
+def test_an_added_token_past_the_embedding_is_let_be(checkpoint, tmp_path):
+    """A pad token added to the tokenizer without resizing the embedding (as some Llama 2 fine-tunes ship): the
+    model runs on any prompt that does not hold it, as in transformers and vLLM; it was refused at load."""
+    directory = linked_copy(checkpoint, tmp_path / "m", "tokenizer.json")
+    tokenizer = json.loads((checkpoint / "tokenizer.json").read_text())
+    pad = {"id": 265, "content": "<pad>", "single_word": False, "lstrip": False, "rstrip": False}
+    tokenizer["added_tokens"].append({**pad, "normalized": False, "special": True})
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
+    m = load_model(directory)
+    assert m.tokenizer.token_to_id("<pad>") == 265 and m.config.vocab_size == 265
+    assert max(m.tokenizer.encode("hello world")) < 265
+
+
 def test_a_token_id_past_the_embedding_in_a_vocabulary_with_gaps_is_refused(checkpoint, tmp_path):
     """265 token ids with a gap, the last one 400, over 265 embedding rows: counted, the vocabulary fits."""
     directory = linked_copy(checkpoint, tmp_path / "m", "tokenizer.json")
