@@ -86,7 +86,7 @@ def iter_conversations(path: str | Path) -> Iterator[Conversation]:
             if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
                 fields.fail(f"expected a positive integer, got {limit!r}", f"turns[{index}].max_tokens")
             turns.append(Turn(user, assistant, limit))
-        yield Conversation(id=_id(fields, lineno), turns=tuple(turns), system=fields.text("system", None))
+        yield Conversation(id=_id(fields, f"line-{lineno}"), turns=tuple(turns), system=fields.text("system", None))
 
 
 # ---------------------------------------------------------------------- ShareGPT
@@ -98,7 +98,7 @@ def iter_sharegpt(path: str | Path, *, array: bool | None = None) -> Iterator[Co
     if array is None:
         array = _first_char(path) == "["
     source = iter_json_array(path) if array else iter_json_lines(path)
-    for lineno, record in source:
+    for position, (lineno, record) in enumerate(source, 1):
         fields = FieldReader(name, str(lineno), record)
         messages = fields.items("conversations", lambda m: isinstance(m, dict), "an object")
         pairs: list[tuple[str, str]] = []
@@ -110,7 +110,9 @@ def iter_sharegpt(path: str | Path, *, array: bool | None = None) -> Iterator[Co
             if not isinstance(value, str):
                 fields.fail(f"expected a string, got {type(value).__name__}", f"conversations[{index}].value")
             pairs.append((_SHAREGPT_ROLES[role], value))
-        yield _from_messages(fields, pairs, "conversations", _id(fields, lineno), None)
+        # An array's records may share a line (a minified file): a default id by line would repeat, so it counts them.
+        default = f"conversation-{position}" if array else f"line-{lineno}"
+        yield _from_messages(fields, pairs, "conversations", _id(fields, default), None)
 
 
 # ---------------------------------------------------------------------- OpenAI messages
@@ -132,7 +134,7 @@ def iter_openai(path: str | Path) -> Iterator[Conversation]:
                 fields.fail("expected a string or a list of text parts", f"messages[{index}].content")
             pairs.append(("system" if role == "developer" else role, content))
         limit = _positive(fields, "max_tokens") or _positive(fields, "max_completion_tokens")
-        yield _from_messages(fields, pairs, "messages", _id(fields, lineno), limit)
+        yield _from_messages(fields, pairs, "messages", _id(fields, f"line-{lineno}"), limit)
 
 
 def _openai_content(content: Any) -> str | None:
@@ -178,10 +180,10 @@ def _from_messages(
     return Conversation(id=conv_id, turns=tuple(turns), system=system)
 
 
-def _id(fields: FieldReader, lineno: int) -> str:
+def _id(fields: FieldReader, default: str) -> str:
     value = fields.record.get("id")
     if value is None:
-        return f"line-{lineno}"
+        return default
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         fields.fail(f"expected a string or integer, got {type(value).__name__}", "id")
     return str(value)

@@ -38,6 +38,18 @@ def test_sharegpt_json_array_and_jsonl_give_the_same_conversations(tmp_path: Pat
         assert (trace.format, trace.records) == ("sharegpt", expected)
 
 
+def test_sharegpt_array_on_one_line_gives_each_conversation_its_own_id(tmp_path: Path) -> None:
+    """A minified ShareGPT array (every record on line 1) without ids named every conversation `line-1`: the replay
+    then counted one conversation, and `trace convert` wrote the same id three times."""
+    records = [{"conversations": [{"from": "human", "value": text}]} for text in ("a", "b", "c")]
+    records[1]["id"] = "mine"
+    (tmp_path / "s.json").write_text(json.dumps(records))
+    ids = [c.id for c in read_trace(tmp_path / "s.json").records]
+    assert ids == ["conversation-1", "mine", "conversation-3"]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert [c.id for c in read_trace(tmp_path / "s.jsonl").records] == ["line-1", "mine", "line-3"]
+
+
 def test_sharegpt_array_errors_name_the_line_where_the_record_starts(tmp_path: Path) -> None:
     good = {"id": "a", "conversations": [{"from": "human", "value": "hi"}]}
     bad = {"id": "b", "conversations": [{"from": "robot", "value": "hi"}]}
