@@ -107,8 +107,10 @@ def reuse_summary(workload: Workload) -> Reuse:
     refs = reused = hit_tokens = with_hit = 0
     for request in workload.requests:
         parent = roots.setdefault(request.namespace, -1 - len(roots))
-        prompt_pages = -(-len(request.prompt) // p)
-        refs += prompt_pages
+        refs += -(-len(request.prompt) // p)
+        # Only the prompt's whole pages can hit, as in the cache (which matches the prompt alone): its partial last
+        # page may equal a page of `full` by its own output, which no cache knows at prompt time.
+        prompt_pages = len(request.prompt) // p
         full = request.prompt + request.output
         matched = 0
         still_matching = True
