@@ -51,8 +51,8 @@ def detect_format(path: str | Path) -> str:
             head = handle.read(1 << 16)
     except OSError as exc:
         raise TraceError(name, "open", exc.strerror or str(exc)) from None
-    if head[:1] in (b"\x80", b"\x81", b"\x82", b"\x83", b"\x84", b"\x85", b"\x86", b"\xde", b"\xdf"):
-        return TOKEN_MSGPACK  # a msgpack map header
+    if head[:1] and (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)):
+        return TOKEN_MSGPACK  # a msgpack map header: a fixmap (0 to 15 keys: a record has up to 7), map16 or map32
     text = head.decode("utf-8", errors="replace").lstrip()
     if text.startswith("["):
         return SHAREGPT

@@ -34,6 +34,16 @@ def test_detects_msgpack_by_extension_and_by_content(tmp_path: Path) -> None:
     assert detect_format(tmp_path / "t.bin") == "token-msgpack"
 
 
+def test_detects_msgpack_records_with_every_optional_field_by_content(tmp_path: Path) -> None:
+    """A record with all seven fields starts with the fixmap byte 0x87, which detection missed (it knew 0x80 to
+    0x86): the file read as invalid JSON unless named .msgpack."""
+    request = TokenRequest(0, (1, 2), 1, session="s", namespace="n", output_tokens=(3,), retain_for=1.5)
+    write_token_msgpack(tmp_path / "t.bin", [request])
+    assert (tmp_path / "t.bin").read_bytes()[:1] == b"\x87"
+    assert detect_format(tmp_path / "t.bin") == "token-msgpack"
+    assert read_trace(tmp_path / "t.bin").records == [request]
+
+
 def test_explicit_format_overrides_detection(tmp_path: Path) -> None:
     write_token_jsonl(tmp_path / "t.jsonl", [TokenRequest(0, (1,), 0)])
     with pytest.raises(TraceError, match=r"t\.jsonl:1: field 'input_length': missing"):
