@@ -42,6 +42,20 @@ def check_record_path(path: str | None, option: str = "--record-trace") -> None:
         raise click.BadParameter(f"the folder {str(folder)!r} is not writable", param_hint=f"'{option}'")
 
 
+def check_distinct_files(trace: str | None, outputs: dict[str, str | None]) -> None:
+    """Refuse output files (by option) that are the same file as each other or as the TRACE read: the later write
+    would replace the earlier (the JSON the recorded trace, which `recorded FILE` then names), or the run would
+    overwrite its own input."""
+    seen: dict[str, str] = {} if trace is None else {os.path.realpath(trace): "TRACE"}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise click.BadParameter(f"{path!r} is also {seen[key]}: give another file", param_hint=f"'{option}'")
+        seen[key] = option
+
+
 class EngineShape(NamedTuple):
     """What `simulate_command` needs of an engine that is not a replay's summary (a server's)."""
 

@@ -20,7 +20,13 @@ from rich.table import Table
 
 from radixcache.cli import engine_options
 from radixcache.cli.errors import EXIT_INTERRUPTED, FriendlyCommand, debug_option, fail
-from radixcache.cli.record import CONCURRENT_NOTE, check_record_path, record_option, simulate_command
+from radixcache.cli.record import (
+    CONCURRENT_NOTE,
+    check_distinct_files,
+    check_record_path,
+    record_option,
+    simulate_command,
+)
 from radixcache.cli.replicas import cluster_engine, replica_options, replica_table
 from radixcache.trace import FORMATS
 
@@ -99,6 +105,7 @@ def replay(
         raise click.UsageError("--replicas routes by what each replica caches: drop --compare and --no-cache")
     check_record_path(record_trace)
     check_record_path(json_path, "--json")
+    check_distinct_files(trace, {"--record-trace": record_trace, "--json": json_path})
     from radixcache.runtime.replay import (
         ReplayConfig,
         engine_factory,
