@@ -197,3 +197,18 @@ def test_demo_with_a_cache_smaller_than_a_request_is_one_line(runner) -> None:
     """`demo` was a plain click command: a CacheFullError (a capacity below one request) printed a traceback."""
     line = _one_line_error(runner.invoke(main, ["demo", "--capacity-blocks", "1", "--conversations", "2"]), 1)
     assert "allocate" in line and "capacity is 1" in line
+
+
+def test_demo_takes_a_cache_as_large_as_simulate_does(runner) -> None:
+    """`demo` checked the tree's invariants after each policy, in O(capacity) memory: 3e7 blocks took 2.8 GB, 1e9
+    would exhaust the machine, 1e12 was an internal MemoryError and 1e20 an internal OverflowError. A cache larger
+    than the workload replays as any cache that holds it all does."""
+    args = ["demo", "--conversations", "2", "--policy", "lru", "--json"]
+    small = runner.invoke(main, [*args, "--capacity-blocks", str(10**6)])
+    huge = runner.invoke(main, [*args, "--capacity-blocks", str(10**12)])
+    assert small.exit_code == huge.exit_code == 0, huge.stderr
+    strip = lambda rows: [{k: v for k, v in row.items() if k != "seconds"} for row in rows]  # noqa: E731
+    assert strip(json.loads(huge.stdout)) == strip(json.loads(small.stdout))
+    assert json.loads(small.stdout)[0]["evicted_blocks"] == 0
+    line = _one_line_error(runner.invoke(main, [*args, "--capacity-blocks", str(10**20)]), 2)
+    assert "--capacity-blocks" in line
