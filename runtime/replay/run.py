@@ -286,7 +286,7 @@ async def _drive_concurrent(run: _Run, sessions: list[TraceSession], offsets: di
             async with gate:
                 prepared = run.prepare(session, k)
                 if isinstance(prepared, SkippedTurn):
-                    return
+                    continue  # a text conversation ends with it (session.done); a token session goes on
                 ids, options = prepared
                 started = time.perf_counter()
                 try:

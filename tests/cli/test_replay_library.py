@@ -99,6 +99,21 @@ def test_a_turn_longer_than_the_context_is_skipped_with_the_rest_of_its_conversa
     assert len(warnings) == 1 and "do not fit the model's context of 4,096" in warnings[0]
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_token_request_too_long_skips_only_itself_at_any_concurrency(engine: Engine, concurrency: int) -> None:
+    """A token request carries its own history, so the rest of its session still runs. With --concurrency > 1 the
+    session's task returned at the skipped request: its later requests neither ran nor counted as skipped."""
+    requests = [
+        TokenRequest(0.0, tuple(range(1, 40)), 2, session="u1"),
+        TokenRequest(1.0, (5,) * 4100, 2, session="u1"),  # past the tiny model's context of 4,096
+        TokenRequest(2.0, tuple(range(1, 50)), 2, session="u1"),
+        TokenRequest(3.0, tuple(range(1, 30)), 2, session="u2"),
+    ]
+    result = replay(engine, requests, ReplayConfig(concurrency=concurrency, max_tokens=2))
+    assert sorted((r.conversation, r.turn) for r in result.requests) == [("u1", 1), ("u1", 3), ("u2", 1)]
+    assert [(s.conversation, s.turn, s.reason) for s in result.skipped] == [("u1", 2, "too_long")]
+
+
 def test_a_turn_larger_than_the_kv_cache_is_skipped_and_counted(tiny_model_dir: Path) -> None:
     engine = Engine(str(tiny_model_dir), capacity_blocks=4, page_size=16)
     convs = [Conversation("big", (Turn("y" * 200),)), Conversation("small", (Turn("hi"),))]
