@@ -14,7 +14,7 @@ from radixcache.cli.progress import progress_bar
 from radixcache.cli.simulate_leases import run_leases
 from radixcache.cli.simulate_routed import check_routing_flags, simulate_routed
 from radixcache.cli.simulate_tables import print_comparison, print_json, print_report
-from radixcache.cli.simulate_trace import TraceCapacity
+from radixcache.cli.simulate_trace import trace_capacity
 from radixcache.errors import RadixCacheError
 from radixcache.policy.admission import ADMISSION_POLICIES
 from radixcache.policy.registry import ALL_POLICIES
@@ -243,9 +243,7 @@ def simulate(
       radixcache simulate ../shared/traces/mooncake_synthetic_trace.jsonl \\
           --capacity-blocks 1000 --replicas 16 --router cache_aware --rate 0.3
     """
-    if (capacity_blocks is None) == (capacity_tokens is None):
-        raise click.UsageError("give exactly one of --capacity-blocks and --capacity-tokens")
-    where = TraceCapacity(trace, fmt, page_size, block_size, capacity_blocks, capacity_tokens)
+    where = trace_capacity(trace, fmt, page_size, block_size, capacity_blocks, capacity_tokens)
     if leases:
         try:
             names = policy_names(policies_spec) if policies_spec else [policy]

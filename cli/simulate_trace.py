@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import click
+from click.core import ParameterSource
+
+from radixcache.trace import FORMAT_KINDS, detect_format
 
 
 class _Sized(Protocol):
@@ -31,3 +34,24 @@ class TraceCapacity:
         if blocks < 1:
             raise click.UsageError(f"--capacity-tokens {self.capacity_tokens} is less than one block")
         return blocks
+
+
+def trace_capacity(
+    trace: str,
+    fmt: str | None,
+    page_size: int | None,
+    block_size: int,
+    capacity_blocks: int | None,
+    capacity_tokens: int | None,
+) -> TraceCapacity:
+    """The options as one TraceCapacity, or a usage error: not exactly one of the two sizes, or --block-size given
+    for a token trace, whose pages are --page-size (ignored, it left the pages at one token: a cache of
+    --capacity-blocks tokens)."""
+    if (capacity_blocks is None) == (capacity_tokens is None):
+        raise click.UsageError("give exactly one of --capacity-blocks and --capacity-tokens")
+    explicit = click.get_current_context().get_parameter_source("block_size") is not ParameterSource.DEFAULT
+    if explicit and FORMAT_KINDS[fmt or detect_format(trace)] == "token":
+        raise click.UsageError(
+            f"--block-size is for hash-block traces: give a token trace's page as --page-size {block_size}"
+        )
+    return TraceCapacity(trace, fmt, page_size, block_size, capacity_blocks, capacity_tokens)

@@ -79,6 +79,17 @@ def test_page_size_on_a_hash_trace_must_be_the_block_size(tmp_path: Path) -> Non
     assert run("simulate", str(path), "--capacity-blocks", "8", "--block-size", "16")[0] == 0
 
 
+def test_block_size_on_a_token_trace_is_refused_not_ignored(tmp_path: Path) -> None:
+    """`--block-size 16` on a token trace was ignored: its pages stayed one token (a 64-block cache held 64 tokens,
+    not 1,024), with no word of it. A token trace's page is --page-size, as a hash trace's is --block-size."""
+    path = tmp_path / "t.jsonl"
+    write_token_jsonl(path, [TokenRequest(0, tuple(range(40)), 2), TokenRequest(1, tuple(range(40)), 2)])
+    code, out, err = run("simulate", str(path), "--capacity-blocks", "64", "--block-size", "16")
+    assert (code, out) == (2, "") and "--block-size is for hash-block traces" in err and "--page-size 16" in err
+    code, out, _ = run("simulate", str(path), "--capacity-blocks", "64", "--page-size", "16", "--json")
+    assert code == 0 and json.loads(out)["hit_tokens"] == 32  # the second prompt's two whole pages
+
+
 def test_trace_convert_round_trips_and_stats_reports_reuse(chat: Path, tmp_path: Path) -> None:
     assert run("trace", "convert", str(chat), str(tmp_path / "c.msgpack"))[0] == 0
     assert run("trace", "convert", str(tmp_path / "c.msgpack"), str(tmp_path / "back.jsonl"))[0] == 0
