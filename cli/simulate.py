@@ -246,7 +246,7 @@ def simulate(
     where = trace_capacity(trace, fmt, page_size, block_size, capacity_blocks, capacity_tokens)
     if leases:
         try:
-            names = policy_names(policies_spec) if policies_spec else [policy]
+            names = policy_names(policies_spec) if policies_spec is not None else [policy]
         except RadixCacheError as exc:
             raise click.UsageError(str(exc)) from None
         run_leases(where, names, lease_budget)
@@ -260,7 +260,7 @@ def simulate(
         if given:
             raise click.UsageError(f"{', '.join(given)}: only for a routed replay; add --replicas N")
     else:
-        if admission or belady_admission or policies_spec or honor_timestamps:
+        if admission or belady_admission or policies_spec is not None or honor_timestamps:
             raise click.UsageError(
                 "--admission, --belady-admission, --policies and --honor-timestamps are for one cache, not --replicas"
             )
@@ -287,11 +287,11 @@ def simulate(
         host_load_ms_per_page,
         disk_load_ms_per_page,
     )
-    if tiers is not None and (admission or belady_admission or policies_spec):
+    if tiers is not None and (admission or belady_admission or policies_spec is not None):
         raise click.UsageError("--admission, --belady-admission and --policies simulate the device cache alone")
-    if admission == "reuse" and policy != "reuse" and not policies_spec:
+    if admission == "reuse" and policy != "reuse" and policies_spec is None:
         raise click.UsageError("--admission reuse learns from the reuse eviction policy: add --policy reuse")
-    if policies_spec and (belady or belady_admission):
+    if policies_spec is not None and (belady or belady_admission):
         raise click.UsageError("--policies already includes both Belady bounds: drop --belady/--belady-admission")
     try:
         if in_memory:
@@ -301,7 +301,7 @@ def simulate(
             ahead = worth_reading_ahead(source) if read_ahead is None else read_ahead
             workload = replace(source, read_ahead=ahead)
         blocks = where.blocks(workload)
-        if policies_spec:
+        if policies_spec is not None:
             _compare_policies(
                 trace,
                 workload,

@@ -90,6 +90,12 @@ def test_block_size_on_a_token_trace_is_refused_not_ignored(tmp_path: Path) -> N
     assert code == 0 and json.loads(out)["hit_tokens"] == 32  # the second prompt's two whole pages
 
 
+def test_an_empty_policies_list_is_refused_not_ignored(chat: Path) -> None:
+    """`--policies ""` (say, an unset shell variable) was taken as no --policies: one lru run, no word of it."""
+    code, out, err = run("simulate", str(chat), "--capacity-blocks", "300", "--page-size", "4", "--policies", "")
+    assert (code, out) == (1, "") and "--policies" in err
+
+
 def test_trace_convert_round_trips_and_stats_reports_reuse(chat: Path, tmp_path: Path) -> None:
     assert run("trace", "convert", str(chat), str(tmp_path / "c.msgpack"))[0] == 0
     assert run("trace", "convert", str(tmp_path / "c.msgpack"), str(tmp_path / "back.jsonl"))[0] == 0
