@@ -162,6 +162,9 @@ def diagnose(
         gguf_activations=gguf_activations,
     )  # fmt: skip
     try:
+        limit = engine.config.max_position  # checked before the prompt's ids are drawn (a huge one is an allocation)
+        if prompt_tokens >= limit:
+            raise ValueError(f"prompt of {prompt_tokens} tokens leaves no room under the model's max_position {limit}")
         counts: dict[str, int] = {}
         for layer in model_linears(engine.model):
             shape = f"{layer.weight.shape[0]}x{layer.weight.shape[1]}"

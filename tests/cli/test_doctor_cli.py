@@ -123,6 +123,19 @@ def test_doctor_with_fixed_kernels_names_them_and_caches_nothing(
     assert not kernel_home.exists()
 
 
+@pytest.mark.parametrize("prompt", ["4096", "99999999999999"])
+def test_a_prompt_past_the_context_is_one_line_before_anything_is_drawn(
+    runner: CliRunner, tiny_model_dir: Path, prompt: str
+) -> None:
+    """A prompt longer than the context was refused by the engine, but only after its ids were drawn: at 1e14 tokens
+    that was an 800 TB allocation, an internal RuntimeError. The tiny model's context is 4,096."""
+    args = ["doctor", "--model", str(tiny_model_dir), *ARGS, "--kernels", "fixed", "--prompt-tokens", prompt]
+    out = runner.invoke(main, args)
+    assert out.exit_code == 1, out.output
+    assert f"prompt of {prompt} tokens leaves no room under the model's max_position 4096" in out.output
+    assert "internal error" not in out.output
+
+
 @pytest.mark.parametrize(
     ("args", "message", "code"),
     [
