@@ -19,6 +19,7 @@ import click
 from rich.console import Console
 
 from radixcache.policy.registry import ALL_POLICIES
+from radixcache.runtime.engine.threads import MAX_THREADS  # no torch: the checks stay before the runtime loads
 
 MODEL_ENVVAR = "RADIXCACHE_MODEL"
 
@@ -197,7 +198,9 @@ def speed_options(func: Callable) -> Callable:
             "int16 / int8 (every pass); auto (the fastest kernel per matrix) [default: "
             "$RADIXCACHE_GGUF_ACTIVATIONS, else int16-decode].",
         ),
-        click.option("--threads", type=click.IntRange(min=1), help="torch threads [default: torch's, one per core]."),
+        click.option(
+            "--threads", type=click.IntRange(1, MAX_THREADS), help="torch threads [default: torch's, one per core]."
+        ),
         click.option(
             "--thread-policy",
             default="adaptive",

@@ -51,6 +51,7 @@ def test_serve_refusal_as_a_real_process(run_cli, tiny_model_dir: Path) -> None:
     [
         ("--threads", "0"),
         ("--threads", "-2"),
+        ("--threads", "1025"),  # past MAX_THREADS: the engine refused it, exit 1, after the model had loaded
         ("--quant", "int8"),
         ("--thread-policy", "sometimes"),
         ("--gguf-activations", "int4"),
