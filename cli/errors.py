@@ -27,8 +27,13 @@ EXPECTED: tuple[type[BaseException], ...] = (RadixCacheError, OSError, ValueErro
 debug_option = click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
 
 
+_DEBUG = "radixcache.debug"  # in click's ctx.meta, which a command's context shares with its groups'
+
+
 def _debugging(ctx: click.Context | None) -> bool:
     if os.environ.get("RADIXCACHE_DEBUG", "") not in ("", "0"):
+        return True
+    if ctx is not None and ctx.meta.get(_DEBUG):  # a subcommand's --debug, seen by the groups its error goes up
         return True
     while ctx is not None:
         if ctx.params.get("debug"):
@@ -64,15 +69,19 @@ class _Friendly:
         try:
             return super().make_context(info_name, args, parent=parent, **extra)  # type: ignore[misc]
         except click.UsageError as exc:
-            if "--debug" in args or _debugging(parent):
+            # A group given no command shows its help (click's NoArgsIsHelpError is a usage error whose message is
+            # the whole help: on one line it was unreadable).
+            if isinstance(exc, click.exceptions.NoArgsIsHelpError) or "--debug" in args or _debugging(parent):
                 raise
             name = f"{parent.command_path} {info_name}" if parent is not None else info_name
             fail(f"{exc.format_message()} (see: {name} --help)", EXIT_USAGE)
 
     def invoke(self, ctx: click.Context) -> Any:
+        if ctx.params.get("debug"):
+            ctx.meta[_DEBUG] = True
         try:
             return super().invoke(ctx)  # type: ignore[misc]
-        except (click.exceptions.Exit, click.exceptions.Abort):
+        except (click.exceptions.Exit, click.exceptions.Abort, click.exceptions.NoArgsIsHelpError):
             raise
         except click.ClickException as exc:
             if _debugging(ctx):

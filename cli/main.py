@@ -8,6 +8,7 @@ from radixcache.cli.cache import cache
 from radixcache.cli.chat import chat
 from radixcache.cli.demo import demo
 from radixcache.cli.doctor import doctor
+from radixcache.cli.errors import FriendlyGroup
 from radixcache.cli.exit import exit_now, exit_status
 from radixcache.cli.model import model
 from radixcache.cli.replay import replay
@@ -16,7 +17,7 @@ from radixcache.cli.simulate import simulate
 from radixcache.cli.trace import trace
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=FriendlyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="radixcache")
 def main() -> None:
     """radixcache: a radix-tree prefix KV cache, its simulator, and a runtime that uses it.

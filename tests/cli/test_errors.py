@@ -212,3 +212,19 @@ def test_demo_takes_a_cache_as_large_as_simulate_does(runner) -> None:
     assert json.loads(small.stdout)[0]["evicted_blocks"] == 0
     line = _one_line_error(runner.invoke(main, [*args, "--capacity-blocks", str(10**20)]), 2)
     assert "--capacity-blocks" in line
+
+
+@pytest.mark.parametrize("args", [["bogus"], ["--bogus"], ["replay", "--bogus"]])
+def test_an_unknown_command_or_option_is_one_line(runner, args: list[str]) -> None:
+    """The `radixcache` group itself was a plain click group: an unknown command printed click's three lines."""
+    line = _one_line_error(runner.invoke(main, args), 2)
+    assert args[-1] in line
+
+
+@pytest.mark.parametrize("group", ["trace", "cache", "model"])
+def test_a_group_without_its_command_shows_its_help(runner, group: str) -> None:
+    """click's "no command given" is a usage error whose message is the group's help: it came out on one `error:`
+    line, the help's layout lost."""
+    result = runner.invoke(main, [group])
+    assert result.exit_code == 2 and "error:" not in result.stderr
+    assert "Commands:" in result.stderr.splitlines() and len(result.stderr.splitlines()) > 5
