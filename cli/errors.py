@@ -4,12 +4,13 @@ Use `cls=FriendlyCommand` (or `FriendlyGroup`) on a click command. Bad option va
 and expected failures (a missing file, a malformed trace, an unknown format, a missing model, a value the
 runtime refuses) print `error: <message>` on one line and exit 2 (usage) or 1 (the rest). Anything else is
 a bug: it prints one line too and points at `--debug`, which (like RADIXCACHE_DEBUG=1) re-raises with the
-traceback. Ctrl-C exits 130 quietly.
+traceback. Ctrl-C exits 130 quietly, and so, with status 1, does a command whose reader left (`... | head`).
 """
 
 from __future__ import annotations
 
 import os
+import select
 import sys
 from typing import Any, NoReturn
 
@@ -62,6 +63,16 @@ def describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _reader_gone(stream: Any) -> bool:
+    """Whether `stream` is a pipe whose reading end is closed: poll reports an error on its writing end."""
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a test's buffer), or no poll here
+        return False
+
+
 class _Friendly:
     """The shared behaviour of FriendlyCommand and FriendlyGroup (a mixin over click.Command)."""
 
@@ -92,6 +103,15 @@ class _Friendly:
             if _debugging(ctx):
                 raise
             fail("interrupted", EXIT_INTERRUPTED)
+        except BrokenPipeError as exc:
+            if _debugging(ctx):
+                raise
+            if not _reader_gone(sys.stdout):
+                fail(describe(exc))
+            # `radixcache ... | head`: the reader has what it wanted. Quiet, as Python's docs advise, with stdout on
+            # /dev/null so that the exit's flush finds no broken pipe either.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise click.exceptions.Exit(EXIT_ERROR) from None
         except EXPECTED as exc:
             if _debugging(ctx):
                 raise

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -228,3 +231,15 @@ def test_a_group_without_its_command_shows_its_help(runner, group: str) -> None:
     result = runner.invoke(main, [group])
     assert result.exit_code == 2 and "error:" not in result.stderr
     assert "Commands:" in result.stderr.splitlines() and len(result.stderr.splitlines()) > 5
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(monkeypatch, capsys) -> None:
+    """`radixcache simulate ... --json | head -1` ended with `error: [Errno 32] Broken pipe` once the reader left;
+    it now exits 1 with nothing on stderr."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone
+    # Line-buffered: the first line meets the closed pipe. Closing it flushes what the command left, if anything.
+    with contextlib.suppress(BrokenPipeError), open(write, "w", encoding="utf-8", buffering=1) as stdout:
+        monkeypatch.setattr(sys, "stdout", stdout)
+        code = main.main(["demo", "--conversations", "2", "--policy", "lru", "--json"], standalone_mode=False)
+    assert code == 1 and capsys.readouterr().err == ""
