@@ -37,6 +37,25 @@ def _check_bind(host: str, port: int) -> None:
             raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def _check_device(device: str) -> None:
+    """Refuse, before the model loads, a --device torch cannot parse or has no such device of (torch's errors were
+    internal errors, after the load)."""
+    import torch
+
+    hint = "'--device'"
+    try:
+        where = torch.device(device)
+    except (RuntimeError, ValueError):
+        message = f"{device!r} is not a torch device (e.g. cpu, cuda, cuda:1)"
+        raise click.BadParameter(message, param_hint=hint) from None
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}.get(where.type)
+    if available is not None and not available():
+        raise click.BadParameter(f"{device!r}: this torch has no {where.type} device", param_hint=hint)
+    if where.type == "cuda" and where.index is not None and where.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise click.BadParameter(f"{device!r}: this machine has {count} CUDA devices", param_hint=hint)
+
+
 @click.command(cls=FriendlyCommand)
 @engine_options.model_option
 @click.option("--served-model-name", help="The model id clients send and /v1/models lists [default: --model].")
@@ -180,6 +199,7 @@ def serve(
     if any(not k.strip() for k in api_keys):
         raise click.BadParameter("an API key cannot be empty", param_hint="'--api-key'")
     _check_bind(host, port)
+    _check_device(device)
     if record_trace is not None and replicas is not None:
         raise click.UsageError("--record-trace records one engine: drop --replicas")
     check_record_path(record_trace)

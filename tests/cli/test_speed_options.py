@@ -209,3 +209,21 @@ def test_a_misspelt_activations_variable_is_refused_by_name_before_a_gguf_model_
     args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--limit", "1", "--max-tokens", "2"]
     result = runner.invoke(main, args)
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("device", ["bogus", ""])
+def test_serve_refuses_a_device_torch_cannot_name_before_the_model_loads(runner, tmp_path: Path, device: str) -> None:
+    """torch's RuntimeError for an unknown --device came after the model loaded, as an internal error."""
+    args = ["serve", "--model", str(tmp_path / "no-model"), "--port", "0", "--device", device]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert f"'--device': {device!r} is not a torch device" in result.stderr
+
+
+def test_serve_refuses_cuda_where_torch_has_none(runner, tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this torch has CUDA")
+    result = runner.invoke(main, ["serve", "--model", str(tmp_path / "no-model"), "--port", "0", "--device", "cuda"])
+    assert result.exit_code == 2 and "this torch has no cuda device" in result.stderr, result.output
