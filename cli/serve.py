@@ -198,6 +198,10 @@ def serve(
     kwargs = engine_choices.engine_kwargs()
     if any(not k.strip() for k in api_keys):
         raise click.BadParameter("an API key cannot be empty", param_hint="'--api-key'")
+    if not host.strip():  # an empty host (an unset variable, say) would listen on every interface, v4 and v6
+        raise click.BadParameter(
+            "empty: give an address (127.0.0.1, or 0.0.0.0 for every interface)", param_hint="'--host'"
+        )
     _check_bind(host, port)
     _check_device(device)
     if record_trace is not None and replicas is not None:

@@ -227,3 +227,11 @@ def test_serve_refuses_cuda_where_torch_has_none(runner, tmp_path: Path) -> None
         pytest.skip("this torch has CUDA")
     result = runner.invoke(main, ["serve", "--model", str(tmp_path / "no-model"), "--port", "0", "--device", "cuda"])
     assert result.exit_code == 2 and "this torch has no cuda device" in result.stderr, result.output
+
+
+@pytest.mark.parametrize("host", ["", " "])
+def test_serve_refuses_an_empty_host(runner, tmp_path: Path, host: str) -> None:
+    """`--host ""` (an unset shell variable) listened on every interface, IPv4 and IPv6, and announced
+    `http://:8000/v1`; the default is 127.0.0.1 only."""
+    result = runner.invoke(main, ["serve", "--model", str(tmp_path / "no-model"), "--port", "0", "--host", host])
+    assert result.exit_code == 2 and "'--host': empty" in result.stderr, result.output
