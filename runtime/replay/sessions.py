@@ -69,20 +69,32 @@ def plan_sessions(
     records = list(trace.records if isinstance(trace, Trace) else trace)
     sessions: list[TraceSession] = []
     by_key: dict[Any, TraceSession] = {}
+    names: set[str] = set()  # a session's name is its requests' `conversation`: one name, one session
     for i, record in enumerate(records):
         if isinstance(record, Conversation):
-            sessions.append(TraceSession(record.id, len(sessions), conversation=record))
+            sessions.append(TraceSession(_unique(record.id, names), len(sessions), conversation=record))
         elif isinstance(record, TokenRequest):
             key = record.session if record.session is not None else ("request", i)
             session = by_key.get(key)
             if session is None:
                 name = record.session if record.session is not None else f"request-{i + 1}"
-                session = by_key[key] = TraceSession(str(name), len(sessions))
+                session = by_key[key] = TraceSession(_unique(str(name), names), len(sessions))
                 sessions.append(session)
             session.requests.append(record)
         else:
             raise ReplayError(f"cannot replay a {type(record).__name__}: give text conversations or token requests")
     return sessions[:limit] if limit is not None else sessions
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    """`name`, or `name#2`, `name#3`, ... when a session before has it (a trace that repeats a conversation's id):
+    records, the comparison of two runs and a recorded trace's sessions tell sessions apart by name."""
+    unique, n = name, 1
+    while unique in taken:
+        n += 1
+        unique = f"{name}#{n}"
+    taken.add(unique)
+    return unique
 
 
 def replay_order(sessions: list[TraceSession]) -> list[tuple[TraceSession, int]]:

@@ -16,6 +16,7 @@ from radixcache.runtime.replay import (
     compare,
     engine_factory,
     load_replay_trace,
+    plan_sessions,
     replay,
     sample_trace_path,
 )
@@ -225,6 +226,19 @@ def test_compare_runs_both_and_reports_ratios(tiny_model_dir: Path, tmp_path: Pa
     path.write_text(json.dumps(data, indent=2))
     log = read_replay_json(path)
     assert log.no_cache is not None and replay_stats(log)["hit_rate"] == pytest.approx(result.cached.summary.hit_rate)
+
+
+def test_conversations_that_share_an_id_stay_apart(tiny_model_dir: Path) -> None:
+    """Two conversations with one id: their records had one name, so the summary counted one conversation and the
+    comparison paired each with the other's reply ("1 requests differ" for identical text). Sampled, so the two
+    replies differ; the runs give each the same seed, so each is the same with and without the cache."""
+    convs = [Conversation("a", (Turn("Name a color."),)), Conversation("a", (Turn("What is two plus two?"),))]
+    result = compare(engine_factory(str(tiny_model_dir)), convs, ReplayConfig(max_tokens=8, temperature=1.0))
+    assert [r.conversation for r in result.cached.requests] == ["a", "a#2"]
+    assert result.cached.requests[0].text != result.cached.requests[1].text
+    assert result.text_mismatches == 0 and result.cached.summary.conversations == 2
+    requests = [TokenRequest(0, (1, 2), 1, session="request-2"), TokenRequest(1, (3, 4), 1)]  # the 2nd's own name
+    assert [s.id for s in plan_sessions(requests)] == ["request-2", "request-2#2"]
 
 
 def test_percentile_interpolates_between_order_statistics() -> None:
