@@ -160,6 +160,13 @@ def test_every_command_has_help_with_an_example(runner) -> None:
         assert result.exit_code == 0 and "Example" in result.stdout, args
 
 
+def test_every_command_has_a_row_in_the_cli_docs_table() -> None:
+    """docs/cli.md's table of commands lacked `doctor` and `serve`."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    rows = {line.split("`")[1].split()[0] for line in text.splitlines() if line.startswith("| `")}
+    assert set(main.commands) <= rows, set(main.commands) - rows
+
+
 def test_replay_as_a_subprocess_with_the_tiny_model(run_cli, tiny_model_dir: Path, small_trace: Path, tmp_path) -> None:
     out = tmp_path / "s.json"
     args = [str(small_trace), "--model", str(tiny_model_dir), "--max-tokens", "2", "--json", str(out)]
