@@ -27,7 +27,7 @@ from radixcache.cli.record import (
     record_option,
     simulate_command,
 )
-from radixcache.cli.replicas import cluster_engine, replica_options, replica_table
+from radixcache.cli.replicas import check_replica_flags, cluster_engine, replica_options, replica_table
 from radixcache.trace import FORMATS
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ def replay(
         raise click.UsageError("--record-trace records one engine's run: drop --compare and --replicas")
     if replicas is not None and (compare or no_cache):
         raise click.UsageError("--replicas routes by what each replica caches: drop --compare and --no-cache")
+    check_replica_flags(replicas)
     check_record_path(record_trace)
     check_record_path(json_path, "--json")
     check_distinct_files(trace, {"--record-trace": record_trace, "--json": json_path})

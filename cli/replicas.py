@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 from rich.table import Table
 
 from radixcache.router import ROUTERS
@@ -36,6 +37,20 @@ def replica_options(func: Callable) -> Callable:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def check_replica_flags(replicas: int | None) -> None:
+    """A usage error for --router or --ray-address without --replicas (one engine: they were ignored)."""
+    if replicas is not None:
+        return
+    ctx = click.get_current_context()
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("router", "ray_address")
+        if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
+    ]
+    if given:
+        raise click.UsageError(f"{', '.join(given)}: only with --replicas N (without it, one engine serves)")
 
 
 def cluster_engine(

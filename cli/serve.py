@@ -12,7 +12,7 @@ import click
 from radixcache.cli import engine_options
 from radixcache.cli.errors import FriendlyCommand, debug_option
 from radixcache.cli.record import CONCURRENT_NOTE, EngineShape, check_record_path, record_option, simulate_command
-from radixcache.cli.replicas import cluster_engine, replica_options
+from radixcache.cli.replicas import check_replica_flags, cluster_engine, replica_options
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import GenerationEngine
@@ -204,6 +204,7 @@ def serve(
         )
     _check_bind(host, port)
     _check_device(device)
+    check_replica_flags(replicas)
     if record_trace is not None and replicas is not None:
         raise click.UsageError("--record-trace records one engine: drop --replicas")
     check_record_path(record_trace)

@@ -243,3 +243,12 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(monkeypatch, capsy
         monkeypatch.setattr(sys, "stdout", stdout)
         code = main.main(["demo", "--conversations", "2", "--policy", "lru", "--json"], standalone_mode=False)
     assert code == 1 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command", ["replay", "serve"])
+@pytest.mark.parametrize("args", [["--router", "round_robin"], ["--ray-address", "10.0.0.1:6379"]])
+def test_replica_flags_without_replicas_are_refused(runner, tmp_path: Path, command: str, args: list[str]) -> None:
+    """`--router` and `--ray-address` without `--replicas` were ignored: one engine served, on no cluster, without a
+    word (`simulate` already refused --router without --replicas)."""
+    line = _one_line_error(runner.invoke(main, [command, "--model", str(tmp_path / "no-model"), *args]), 2)
+    assert f"{args[0]}: only with --replicas N" in line
