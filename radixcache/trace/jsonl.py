@@ -50,11 +50,14 @@ def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:
     """(line number where it starts, decoded value) for every element of a file holding one JSON array."""
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise TraceError(name, "open", exc.strerror or str(exc)) from None
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TraceError(name, "1", f"not UTF-8 text ({exc.reason})") from None
+        line = str(raw.count(b"\n", 0, exc.start) + 1)
+        raise TraceError(name, line, f"not UTF-8 text ({exc.reason})") from None
     decoder = json.JSONDecoder()
     pos = _skip_space(text, 0)
     if pos >= len(text) or text[pos] != "[":

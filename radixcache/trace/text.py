@@ -199,11 +199,13 @@ def _positive(fields: FieldReader, field: str) -> int | None:
 
 
 def _first_char(path: str | Path) -> str:
-    with open_trace(path, "r") as handle:
+    """The first character past leading whitespace ("" for none), read as bytes: a file that is not UTF-8 is the
+    reader's to report, at its line."""
+    with open_trace(path, "rb") as handle:
         while True:
             chunk = handle.read(4096)
             if not chunk:
                 return ""
             stripped = chunk.lstrip()
             if stripped:
-                return stripped[0]
+                return chr(stripped[0])

@@ -50,6 +50,19 @@ def test_sharegpt_array_on_one_line_gives_each_conversation_its_own_id(tmp_path:
     assert [c.id for c in read_trace(tmp_path / "s.jsonl").records] == ["line-1", "mine", "line-3"]
 
 
+@pytest.mark.parametrize("fmt", [None, "sharegpt"])
+def test_sharegpt_bytes_that_are_not_utf8_name_the_file_and_line(tmp_path: Path, fmt: str | None) -> None:
+    """The reader looked for a leading `[` by decoding the file's start as UTF-8 text: a bad byte there was a bare
+    UnicodeDecodeError, naming neither the file nor the line (`error: 'utf-8' codec can't decode byte 0xff ...`)."""
+    good = b'{"conversations": [{"from": "human", "value": "a"}]}'
+    (tmp_path / "s.json").write_bytes(b"[\n" + good + b",\n" + good.replace(b'"a"', b'"\xff"') + b"]")
+    with pytest.raises(TraceError, match=r"s\.json:3: not UTF-8 text"):
+        read_trace(tmp_path / "s.json", fmt)
+    (tmp_path / "b.jsonl").write_bytes(b"\x87\xa9timestamp")  # a msgpack stream, read as ShareGPT
+    with pytest.raises(TraceError, match=r"b\.jsonl:1: not UTF-8 text"):
+        read_trace(tmp_path / "b.jsonl", "sharegpt")
+
+
 def test_sharegpt_array_errors_name_the_line_where_the_record_starts(tmp_path: Path) -> None:
     good = {"id": "a", "conversations": [{"from": "human", "value": "hi"}]}
     bad = {"id": "b", "conversations": [{"from": "robot", "value": "hi"}]}
