@@ -65,10 +65,13 @@ def read_replay_json(path: str | Path) -> ReplayLog:
     """The runs of a replay JSON file. TraceError (file, field) when it is not one."""
     name = str(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+        raw = Path(path).read_bytes()
+        data = json.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise TraceError(name, "open", exc.strerror or str(exc)) from None
+    except UnicodeDecodeError as exc:
+        line = str(raw.count(b"\n", 0, exc.start) + 1)
+        raise TraceError(name, line, f"not UTF-8 text ({exc.reason})") from None
     except json.JSONDecodeError as exc:
         raise TraceError(name, str(exc.lineno), f"invalid JSON ({exc.msg})") from None
     return _log(name, data, "")

@@ -59,3 +59,15 @@ def test_a_bad_summary_or_record_field_is_named(tmp_path: Path, summary: dict, r
     for args in ([], ["--json"]):
         result = CliRunner().invoke(main, ["trace", "stats", str(path), *args])
         assert result.exit_code == 1 and f"field '{field}'" in result.stderr and "internal" not in result.stderr
+
+
+def test_a_byte_that_is_not_utf8_is_named_with_its_line(tmp_path: Path) -> None:
+    """json.load's UnicodeDecodeError came out bare: `error: 'utf-8' codec can't decode byte 0xff`, no file, no line."""
+    path = write(tmp_path / "r.json", {"label": "cache"}, {**RECORD, "conversation": "@"})
+    raw = path.read_bytes()
+    path.write_bytes(raw.replace(b'"@"', b'"\xff"'))
+    line = raw[: raw.index(b'"@"')].count(b"\n") + 1
+    with pytest.raises(TraceError, match=rf"r\.json:{line}: not UTF-8 text"):
+        read_replay_json(path)
+    result = CliRunner().invoke(main, ["trace", "stats", str(path)])
+    assert result.exit_code == 1 and f"r.json:{line}: not UTF-8 text" in result.stderr
