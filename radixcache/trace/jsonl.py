@@ -40,10 +40,36 @@ def _line_error(name: str, lineno: int, line: bytes) -> TraceError:
     except UnicodeDecodeError as exc:
         return TraceError(name, str(lineno), f"not UTF-8 text ({exc.reason})")
     try:
-        json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         return TraceError(name, str(lineno), f"invalid JSON ({exc.msg} at column {exc.colno})")
-    return TraceError(name, str(lineno), "invalid JSON")  # orjson is stricter (say, a number out of range)
+    # orjson is stricter: a number out of range, or a string escape that is half a surrogate pair (not Unicode)
+    bad = next((c for c in _strings(value) if lone_surrogate(c) is not None), None)
+    if bad is not None:
+        return TraceError(name, str(lineno), f"invalid JSON (a string holds a lone surrogate {lone_surrogate(bad)!r})")
+    return TraceError(name, str(lineno), "invalid JSON")
+
+
+def lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of `text` ("\\ud83d" in JSON, half an emoji), which is not Unicode text; else None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return text[exc.start]
+    return None
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a decoded JSON value, keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
 
 
 def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:

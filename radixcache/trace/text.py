@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from radixcache.trace.fields import FieldReader
-from radixcache.trace.jsonl import dump_json_line, iter_json_array, iter_json_lines, open_trace
+from radixcache.trace.jsonl import dump_json_line, iter_json_array, iter_json_lines, lone_surrogate, open_trace
 
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
@@ -109,6 +109,8 @@ def iter_sharegpt(path: str | Path, *, array: bool | None = None) -> Iterator[Co
                 fields.fail(f"unknown speaker {role!r} (expected human, gpt or system)", f"conversations[{index}].from")
             if not isinstance(value, str):
                 fields.fail(f"expected a string, got {type(value).__name__}", f"conversations[{index}].value")
+            if (bad := lone_surrogate(value)) is not None:  # an array's JSON parser takes "\ud83d"; orjson does not
+                fields.fail(f"holds a lone surrogate {bad!r}: not valid Unicode", f"conversations[{index}].value")
             pairs.append((_SHAREGPT_ROLES[role], value))
         # An array's records may share a line (a minified file): a default id by line would repeat, so it counts them.
         default = f"conversation-{position}" if array else f"line-{lineno}"

@@ -63,6 +63,19 @@ def test_sharegpt_bytes_that_are_not_utf8_name_the_file_and_line(tmp_path: Path,
         read_trace(tmp_path / "b.jsonl", "sharegpt")
 
 
+def test_a_lone_surrogate_is_refused_at_its_line_in_jsonl_and_in_an_array(tmp_path: Path) -> None:
+    """Half an emoji ("\\ud83d") is not Unicode. JSONL said only `invalid JSON`; a ShareGPT array read it, and the
+    replay then failed as a whole at the tokenizer, naming no file, line or conversation (and `trace convert`
+    failed half-way through writing its output)."""
+    message = '{"from": "human", "value": "hi \\ud83d there"}'
+    (tmp_path / "s.json").write_text(f'[{{"conversations": [{{"from": "human", "value": "ok"}}, {message}]}}]')
+    with pytest.raises(TraceError, match=r"s\.json:1: field 'conversations\[1\]\.value': holds a lone surrogate"):
+        read_trace(tmp_path / "s.json")
+    (tmp_path / "c.jsonl").write_text('{"turns": [{"user": "ok"}]}\n{"turns": [{"user": "hi \\ud83d"}]}\n')
+    with pytest.raises(TraceError, match=r"c\.jsonl:2: invalid JSON \(a string holds a lone surrogate '\\ud83d'\)"):
+        read_trace(tmp_path / "c.jsonl")
+
+
 def test_sharegpt_array_errors_name_the_line_where_the_record_starts(tmp_path: Path) -> None:
     good = {"id": "a", "conversations": [{"from": "human", "value": "hi"}]}
     bad = {"id": "b", "conversations": [{"from": "robot", "value": "hi"}]}
