@@ -134,6 +134,9 @@ def convert(src: str, dst: str, fmt: str | None, to: str | None, debug: bool) ->
         target = to or _default_target(dst, loaded.kind)
         if FORMAT_KINDS[target] != loaded.kind:
             raise click.ClickException(f"cannot convert {loaded.format} ({loaded.kind} records) to {target}")
+        if target != TOKEN_MSGPACK and _default_target(dst, "token") == TOKEN_MSGPACK:
+            # Every reader takes a .msgpack (.mpk, .mp) file for a msgpack stream: this one would be unreadable.
+            raise click.ClickException(f"{dst}: a {target} trace is JSON lines, not msgpack: give DST a .jsonl name")
         n = _WRITERS[target](dst, loaded.records)
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None

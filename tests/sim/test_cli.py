@@ -96,6 +96,22 @@ def test_an_empty_policies_list_is_refused_not_ignored(chat: Path) -> None:
     assert (code, out) == (1, "") and "--policies" in err
 
 
+@pytest.mark.parametrize(
+    ("src", "args"),
+    [
+        ('{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}\n', []),
+        ('{"id": "a", "turns": [{"user": "hi"}]}\n', []),
+        ('{"timestamp": 0, "tokens": [1], "output_length": 1}\n', ["--to", "token-jsonl"]),
+    ],
+)
+def test_trace_convert_refuses_to_write_json_lines_under_a_msgpack_name(tmp_path: Path, src: str, args) -> None:
+    """A hash or text trace converted to `out.msgpack` was written as JSON lines under that name, which every reader
+    then took for a msgpack stream: `record 0 (byte 0): expected a JSON object, got int`."""
+    (tmp_path / "in.jsonl").write_text(src)
+    code, _, err = run("trace", "convert", str(tmp_path / "in.jsonl"), str(tmp_path / "out.msgpack"), *args)
+    assert code == 1 and "give DST a .jsonl name" in err and not (tmp_path / "out.msgpack").exists()
+
+
 def test_trace_convert_round_trips_and_stats_reports_reuse(chat: Path, tmp_path: Path) -> None:
     assert run("trace", "convert", str(chat), str(tmp_path / "c.msgpack"))[0] == 0
     assert run("trace", "convert", str(tmp_path / "c.msgpack"), str(tmp_path / "back.jsonl"))[0] == 0
