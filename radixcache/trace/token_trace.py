@@ -229,6 +229,12 @@ def iter_token_msgpack(path: str | Path) -> Iterator[TokenRequest]:
                 break
             except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
                 raise TraceError(name, f"record {index} (byte {offset})", f"invalid msgpack ({exc})") from None
+            if not isinstance(record, dict):
+                # A JSON file under a msgpack name unpacks as small ints ('{' is 123): say so, not "got int"
+                json_like = offset == 0 and record in (ord("{"), ord("["))
+                hint = ": this file is JSON, not msgpack (name it .jsonl, or pass --format)" if json_like else ""
+                problem = f"expected a msgpack map, got {type(record).__name__}{hint}"
+                raise TraceError(name, f"record {index} (byte {offset})", problem)
             yield request_from_dict(record, name, f"record {index} (byte {offset})")
             index += 1
         if offset != size:  # the stream ended inside a record that starts at `offset`

@@ -44,6 +44,13 @@ def test_detects_msgpack_records_with_every_optional_field_by_content(tmp_path: 
     assert read_trace(tmp_path / "t.bin").records == [request]
 
 
+def test_a_json_file_under_a_msgpack_name_says_so(tmp_path: Path) -> None:
+    """Its first byte, `{`, unpacks as the int 123: the error was `expected a JSON object, got int`."""
+    write_token_jsonl(tmp_path / "t.msgpack", [TokenRequest(0, (1,), 0)])
+    with pytest.raises(TraceError, match=r"record 0 \(byte 0\): expected a msgpack map, got int: this file is JSON"):
+        read_trace(tmp_path / "t.msgpack")
+
+
 def test_explicit_format_overrides_detection(tmp_path: Path) -> None:
     write_token_jsonl(tmp_path / "t.jsonl", [TokenRequest(0, (1,), 0)])
     with pytest.raises(TraceError, match=r"t\.jsonl:1: field 'input_length': missing"):
