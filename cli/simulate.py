@@ -15,6 +15,7 @@ from radixcache.cli.simulate_leases import run_leases
 from radixcache.cli.simulate_routed import check_routing_flags, simulate_routed
 from radixcache.cli.simulate_tables import print_comparison, print_json, print_report
 from radixcache.cli.simulate_trace import trace_capacity
+from radixcache.cli.simulate_unused import refuse_ignored
 from radixcache.errors import RadixCacheError
 from radixcache.policy.admission import ADMISSION_POLICIES
 from radixcache.policy.registry import ALL_POLICIES
@@ -253,6 +254,7 @@ def simulate(
         return
     if lease_budget != 0.5:
         raise click.UsageError("--lease-budget is for --leases")
+    refuse_ignored(replicas, policies_spec)
     ctx = click.get_current_context()
     routing = {"--router": router, "--decode-ms-per-token": decode_ms_per_token, "--rate": rate, "--arrivals": arrivals}
     if replicas is None:

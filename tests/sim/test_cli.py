@@ -174,3 +174,24 @@ def test_a_count_past_what_the_simulator_holds_is_a_usage_error(chat: Path, opti
     """--windows or --replicas of 1e20 was an internal MemoryError once the run had started."""
     code, _, err = run("simulate", str(chat), option, "100000000000000000000")
     assert code == 2 and option in err and most in err and "internal" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--seed", "5"], "--seed"),
+        (["--policies", "all", "--windows", "5"], "--windows"),
+        (["--policies", "lru,slru", "--policy", "fifo"], "--policy"),
+        (["--replicas", "2", "--windows", "5"], "--windows"),
+        (["--replicas", "2", "--no-infinite"], "--no-infinite"),
+    ],
+)
+def test_an_option_the_run_would_not_use_is_refused(chat: Path, args: list[str], option: str) -> None:
+    """These were ignored without a word: --seed without --replicas, --windows and --policy beside --policies (one
+    table of the named policies, no windows), --windows and --no-infinite with --replicas."""
+    code, out, err = run("simulate", str(chat), "--capacity-blocks", "300", "--page-size", "4", *args)
+    assert (code, out) == (2, "") and f"{option}: not used" in err
+    assert (
+        run("simulate", str(chat), "--capacity-blocks", "300", "--page-size", "4", "--replicas", "2", "--seed", "5")[0]
+        == 0
+    )

@@ -1,0 +1,23 @@
+"""The `simulate` options a run would not use, refused by name: each mode (one cache, `--policies`, `--replicas`)
+reads its own. (`--leases` keeps its own list, cli/simulate_leases.py.)"""
+
+from __future__ import annotations
+
+import click
+from click.core import ParameterSource
+
+#: mode -> option (its parameter's name) -> why the mode ignores it
+_IGNORED: dict[str, dict[str, str]] = {
+    "without --replicas": {"seed": "it seeds --rate and power_of_two, with --replicas"},
+    "with --policies": {"policy": "--policies names the policies", "windows": "the table has no windows"},
+    "with --replicas": {"windows": "a routed replay has no windows", "no_infinite": "a routed replay has no bound"},
+}
+
+
+def refuse_ignored(replicas: int | None, policies: str | None) -> None:
+    """A usage error naming the options given on the command line that this run's mode would ignore."""
+    mode = "with --replicas" if replicas is not None else "with --policies" if policies is not None else None
+    ctx = click.get_current_context()
+    for name, why in _IGNORED[mode or "without --replicas"].items():
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            raise click.UsageError(f"--{name.replace('_', '-')}: not used {mode or 'without --replicas'} ({why})")
