@@ -128,7 +128,9 @@ def print_routing(trace: str, r: RoutingResult) -> None:
     console.print(
         f"{trace}: {r.requests:,} requests, router {r.router}, {r.num_replicas} replicas of {r.capacity_blocks:,} "
         f"blocks ({r.block_tokens} tokens each), arrivals at {arrivals}; prefill {c.prefill_ms_per_token:g} ms and "
-        f"decode {c.decode_ms_per_token:g} ms per token"
+        f"decode {c.decode_ms_per_token:g} ms per token",
+        markup=False,  # a path is text, not markup
+        highlight=False,
     )
     summary = Table()
     for column in ("router", "hit rate", "imbalance", "utilisation", "TTFT p50 (s)", "TTFT p99 (s)", "TTFT mean (s)"):

@@ -29,7 +29,9 @@ def test_trace_stats_and_simulate_print_a_path_with_brackets_as_it_is(runner, tm
     trace = tmp_path / f"{ODD}.jsonl"
     rows = [{"timestamp": i, "input_length": 1024, "output_length": 4, "hash_ids": [1, 2 + i]} for i in range(3)]
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    for args in (["trace", "stats", str(trace)], ["simulate", str(trace), "--capacity-blocks", "8"]):
+    simulate = ["simulate", str(trace), "--capacity-blocks", "8"]
+    runs = (["trace", "stats", str(trace)], simulate, [*simulate, "--replicas", "2"])  # --replicas: its own printer
+    for args in runs:
         result = runner.invoke(main, args)
         assert result.exit_code == 0, (args, result.output)
         assert ODD in "".join(result.stdout.split()), (args, result.stdout)  # a long title wraps
