@@ -111,7 +111,7 @@ def _stats_table(path: str, result: dict) -> None:
             shown = f"{value:,.0f}"
         else:
             shown = str(value)
-        table.add_row(key.replace("_", " "), shown)
+        table.add_row(key.replace("_", " "), Text(shown))  # a replay's model or label is text, not markup
     Console().print(table)
 
 

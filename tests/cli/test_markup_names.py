@@ -42,3 +42,16 @@ def test_model_info_prints_a_folder_named_with_brackets_as_it_is(runner, tiny_mo
     result = runner.invoke(main, ["model", "info", "--model", str(model)])
     assert result.exit_code == 0, result.output
     assert f"m{ODD}" in result.stdout, result.stdout
+
+
+def test_trace_stats_prints_a_replay_jsons_model_and_label_with_brackets_as_they_are(runner, tmp_path: Path) -> None:
+    """`trace stats` of a replay JSON printed its model name and run label as markup: a name like `m[/x]` failed
+    with an internal MarkupError, `run[bold]x[i]` lost its brackets."""
+    record = {"conversation": "a", "turn": 1, "prompt_tokens": 4, "cached_tokens": 0, "prefill_tokens": 4}
+    record |= {"output_tokens": 2, "ttft_s": 0.1, "latency_s": 0.2}
+    for name in (ODD, "m[/x]"):
+        path = tmp_path / "r.json"
+        path.write_text(json.dumps({"summary": {"model": name, "label": name}, "requests": [record]}, indent=2))
+        result = runner.invoke(main, ["trace", "stats", str(path)])
+        assert result.exit_code == 0, result.output
+        assert "".join(result.stdout.split()).count(name) >= 2, result.stdout  # the title's run, and the model row
