@@ -141,13 +141,15 @@ class OutputProcessor:
             return ""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self, prompt_ids: Sequence[int]) -> Any:
-        """An incremental detokenizer for a stream that continues `prompt_ids`."""
+    def detokenizer(self) -> Any:
+        """An incremental detokenizer for a stream of a request's output. It decodes the output alone, as `text`
+        does for the result: with the prompt's last tokens as context, a SentencePiece decoder would show a space
+        before the first token that the result's text has not, and the stream would not add up to it."""
         if hasattr(self.tokenizer, "detokenizer"):
-            return self.tokenizer.detokenizer(prompt_ids)
+            return self.tokenizer.detokenizer(())
         from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
 
-        return IncrementalDetokenizer(self.text, prompt_ids)
+        return IncrementalDetokenizer(self.text)
 
     def result(self, req: Request) -> GenerationResult:
         """The caller's view of a request that left; also adds it to the totals (on the loop thread)."""

@@ -82,6 +82,39 @@ def test_a_stream_shows_nothing_that_a_longer_stop_string_may_still_cut(tiny: Ra
     assert_clean(engine)
 
 
+def metaspace_model(tiny: RandomModel) -> RandomModel:
+    """The tiny model with a SentencePiece-style tokenizer (Llama 2, Mistral): words are "▁word" tokens, and decoding
+    drops the space of the first token of what it decodes."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from radixcache.runtime.loading.tokenizer import Tokenizer
+
+    vocab = {"<unk>": 0, "</s>": 1} | {f"\u2581w{i}": i for i in range(2, tiny.config.vocab_size)}
+    backend = Backend(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    return RandomModel(tiny.config, tiny.weights, Tokenizer(backend, eos_token_ids=[1]))
+
+
+def test_a_stream_adds_up_to_the_result_text_with_a_sentencepiece_tokenizer(tiny: RandomModel) -> None:
+    """The stream decoded its first token after a few prompt tokens, so it showed the space a SentencePiece decoder
+    drops at the start of a text, which the result (the output decoded alone, as the server decodes it) has not; the
+    rest then no longer followed what it had shown, and the stream's last tokens were never shown."""
+    model = metaspace_model(tiny)
+    engine = Engine(model, capacity_blocks=128, page_size=4)
+    prompt = "w5 w6 w7 w8 w9 w10"
+
+    async def collect(n: int) -> str:
+        return "".join([d async for d in engine.stream(prompt, n, ignore_eos=True)])
+
+    for n in (1, 2, 9):
+        result = engine.generate(prompt, n, ignore_eos=True)
+        assert result.text == model.tokenizer.decode(list(result.token_ids))
+        assert asyncio.run(collect(n)) == result.text, n
+    assert_clean(engine)
+
+
 def test_leaving_a_stream_early_cancels_the_request(tiny: RandomModel) -> None:
     engine = Engine(tiny, capacity_blocks=256, page_size=4)
 
