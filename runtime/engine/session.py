@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 class Session:
     """`s = engine.session(system="You are terse."); s.send("hi").text`.
 
-    `defaults` are generate's keyword arguments for every turn (max_new_tokens, temperature, namespace, ...),
-    built once into `options` (a RequestOptions; a bad one is refused here); a turn's own keywords override them.
+    `defaults` are generate's keyword arguments for every turn (max_new_tokens, temperature, namespace, ...,
+    or `options=` a RequestOptions with keywords over it), built once into `options` (a bad one is refused here); a
+    turn's own keywords (and `options=`, which replaces the session's) override them.
     Not for concurrent use of one session: its turns are sequential by nature (many sessions may run at once on
     one engine).
 
@@ -48,8 +49,11 @@ class Session:
             self.messages.insert(0, {"role": "system", "content": system})
         if "caller" in defaults:  # the options' own label (whose API built them), not a request default
             raise ValueError("caller is not a request option a session can default")
-        self.defaults = defaults  # as given: what `to_dict` saves
-        self.options = RequestOptions.of(caller="Engine.session", **defaults)
+        self.defaults = defaults  # as given: what `to_dict` saves (a RequestOptions there is refused by `save`)
+        rest = {k: v for k, v in defaults.items() if k != "options"}  # `options=`: built once, the rest over it
+        base = defaults.get("options")
+        caller = "Engine.session"
+        self.options = RequestOptions.of(caller=caller, **rest) if base is None else base.updated(caller=caller, **rest)
         self.results: list[GenerationResult] = []
 
     def send(self, content: str, **kwargs: Any) -> GenerationResult:
@@ -122,8 +126,9 @@ class Session:
     # ------------------------------------------------------------------ private
 
     def _kw(self, kwargs: dict[str, Any]) -> RequestOptions:
-        """A turn's options: the session's, with the turn's own keywords over them."""
-        return self.options.updated(caller="Session", **kwargs)
+        """A turn's options: the session's (or the turn's own `options=`), with the turn's keywords over them."""
+        options = kwargs.pop("options", None)
+        return (self.options if options is None else options).updated(caller="Session", **kwargs)
 
     def _append(self, content: str | None, result: GenerationResult) -> GenerationResult:
         if content is not None:

@@ -151,6 +151,21 @@ def test_every_entry_point_takes_options_or_their_keywords(tiny: RandomModel) ->
     assert session.options.max_new_tokens == 3 and len(session.send("hi").token_ids) == 3
 
 
+def test_a_session_and_its_turns_take_options_as_every_entry_point_does(tiny: RandomModel, tmp_path) -> None:
+    """docs/api.md: every entry point, sessions included, takes `options=` a RequestOptions built once; a session
+    and each of its turns refused it with TypeError ("unexpected keyword argument 'options'")."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    opts = RequestOptions.of(4, ignore_eos=True, temperature=0.8, seed=11)
+    by_keywords = engine.session(max_new_tokens=4, ignore_eos=True, temperature=0.8, seed=11).send("hi")
+    assert engine.session(options=opts).send("hi").token_ids == by_keywords.token_ids
+    assert engine.session().send("hi", options=opts).token_ids == by_keywords.token_ids
+    shorter = engine.session(options=opts, max_new_tokens=2)  # keywords beside it override its fields
+    assert shorter.send("hi").token_ids == by_keywords.token_ids[:2]
+    assert len(shorter.send("more", options=opts, max_new_tokens=3).token_ids) == 3
+    with pytest.raises(ValueError, match="session default options="):  # JSON cannot hold it: refused, not dropped
+        shorter.save(tmp_path / "s.json")
+
+
 def test_engine_satisfies_the_generation_engine_protocol(tiny: RandomModel) -> None:
     assert isinstance(Engine(tiny, capacity_blocks=16), GenerationEngine)
     from radixcache.runtime.cluster.front import ClusterEngine
