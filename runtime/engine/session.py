@@ -58,22 +58,19 @@ class Session:
 
     def send(self, content: str, **kwargs: Any) -> GenerationResult:
         """Add a user turn, generate the reply, and append it to the history."""
-        result = self.engine.chat([*self.messages, {"role": "user", "content": content}], options=self._kw(kwargs))
-        return self._append(content, result)
+        turn = {"role": "user", "content": content}
+        return self._append([turn], self.engine.chat([*self.messages, turn], options=self._kw(kwargs)))
 
     def send_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
         """Add one tool turn per `{call_id: result text}` (in that order), generate the reply, and append it."""
         if not isinstance(results, Mapping):
             raise ValueError(f"tool results must be a mapping of call ids to texts, got {type(results).__name__}")
         turns = [{"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text in results.items()]
-        result = self.engine.chat([*self.messages, *turns], options=self._kw(kwargs))
-        self.messages.extend(turns)
-        return self._append(None, result)
+        return self._append(turns, self.engine.chat([*self.messages, *turns], options=self._kw(kwargs)))
 
     async def asend(self, content: str, **kwargs: Any) -> GenerationResult:
-        messages = [*self.messages, {"role": "user", "content": content}]
-        result = await self.engine.achat(messages, options=self._kw(kwargs))
-        return self._append(content, result)
+        turn = {"role": "user", "content": content}
+        return self._append([turn], await self.engine.achat([*self.messages, turn], options=self._kw(kwargs)))
 
     def fork(self, n: int | None = None, **kwargs: Any) -> list[GenerationResult]:
         """n replies to the history so far (sharing its KV; Engine.fork's n and continuations); the history is
@@ -130,9 +127,10 @@ class Session:
         options = kwargs.pop("options", None)
         return (self.options if options is None else options).updated(caller="Session", **kwargs)
 
-    def _append(self, content: str | None, result: GenerationResult) -> GenerationResult:
-        if content is not None:
-            self.messages.append({"role": "user", "content": content})
+    def _append(self, turns: list[dict[str, Any]], result: GenerationResult) -> GenerationResult:
+        """Add the turns the reply answered (whatever their content, None included: the prompt had them) and the
+        reply."""
+        self.messages.extend(turns)
         calls = [c.to_openai() for c in result.tool_calls or () if _finished(c)]
         if calls:
             self.messages.append({"role": "assistant", "content": result.text or None, "tool_calls": calls})

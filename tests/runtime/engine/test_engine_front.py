@@ -166,6 +166,19 @@ def test_a_session_and_its_turns_take_options_as_every_entry_point_does(tiny: Ra
         shorter.save(tmp_path / "s.json")
 
 
+def test_a_user_turn_without_content_stays_in_the_session_history(tiny: RandomModel) -> None:
+    """`send(None)` (an agent passing a message's missing content) generated from a prompt with that user turn, but
+    the history kept only the reply: every later turn was another conversation than the one the model answered."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    s = engine.session(system="be brief.", max_new_tokens=3, ignore_eos=True)
+    first = s.send(None)  # type: ignore[arg-type]
+    sent = [{"role": "system", "content": "be brief."}, {"role": "user", "content": None}]
+    assert first.token_ids == engine.chat(sent, 3, ignore_eos=True).token_ids
+    assert s.messages == [*sent, {"role": "assistant", "content": first.text}]
+    history = [*s.messages, {"role": "user", "content": "and?"}]
+    assert s.send("and?").token_ids == engine.chat(history, 3, ignore_eos=True).token_ids
+
+
 def test_engine_satisfies_the_generation_engine_protocol(tiny: RandomModel) -> None:
     assert isinstance(Engine(tiny, capacity_blocks=16), GenerationEngine)
     from radixcache.runtime.cluster.front import ClusterEngine
