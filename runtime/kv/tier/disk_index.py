@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from radixcache.runtime.kv.tier.disk_format import MAX_HASH_BYTES
@@ -82,6 +82,12 @@ class PageIndex:
         """Make the hash the most recently used, if it is still `entry`."""
         if self._entries.get(page_hash) is entry:
             self._entries.move_to_end(page_hash)
+
+    def refresh(self, page_hashes: Sequence[bytes]) -> None:
+        """Make the hashes held the most recently used, the first last (it is deleted after the others)."""
+        for page_hash in reversed(page_hashes):
+            if page_hash in self._entries:
+                self._entries.move_to_end(page_hash)
 
     def evict_over(self, max_bytes: int) -> list[PageEntry]:
         """Remove least recently used entries until the total is at most `max_bytes`, keeping at least one entry

@@ -185,6 +185,12 @@ class DiskStore:
                 self._index.drop(page_hash, entry)
         return len(gone)
 
+    def refresh(self, page_hashes: Sequence[bytes]) -> None:
+        """Pages hit on the device: the most recently used now (in memory), the first last, so that the size limit
+        deletes a run's later pages before those it starts with."""
+        with self._lock:
+            self._index.refresh(page_hashes)
+
     def read(self, page_hash: bytes, tokens: Sequence[int]) -> tuple[memoryview, dict] | None:
         """The page's payload (a writable view of the bytes read) and metadata, or None when it is absent or fails
         a check.

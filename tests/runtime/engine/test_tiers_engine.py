@@ -127,6 +127,31 @@ def test_a_restarted_engine_hits_every_full_page_it_served(model: RandomModel, t
     assert second.stats.tiers.disk_hit_tokens == got.cached_tokens
 
 
+def test_a_shared_prefix_hit_on_the_device_outlives_colder_pages_on_a_full_disk(model: RandomModel, tmp_path) -> None:
+    """The disk's LRU saw only its own writes and reads: a system prompt every request hit on the device was written
+    once, first, so a disk at its size limit deleted exactly those pages, and a restart found nothing it could load
+    (its run starts at the first page) although the disk held 30 pages of other replies."""
+    rng = random.Random(7)
+    system = [rng.randrange(1, model.config.vocab_size) for _ in range(24)]  # 6 pages of 4
+    prompts = [system + [rng.randrange(1, model.config.vocab_size) for _ in range(10)] for _ in range(12)]
+    kwargs = {"capacity_blocks": 400, "page_size": 4, "dtype": DTYPE, "cache_dir": tmp_path}
+    with Engine(model, **kwargs) as probe:  # one page file's size, for a limit of 30 pages
+        probe.generate(prompts[0], 1)
+        assert probe.flush(30)
+    page_bytes = max(p.stat().st_size for p in tmp_path.rglob("*.kvpage"))
+    shutil.rmtree(tmp_path)
+    with Engine(model, **kwargs, cache_dir_size=30 * page_bytes) as first:
+        for p in prompts:  # each writes ~4 pages of its own: about 50 in all, over the limit
+            first.generate(p, MAX_NEW, ignore_eos=True)
+            assert first.flush(30)
+        assert first.stats.tiers.device_hit_tokens >= 11 * len(system)
+    want = _baseline(model, [prompts[0]])[0]
+    with Engine(model, **kwargs, cache_dir_size=30 * page_bytes) as restarted:
+        got = restarted.generate(prompts[0], MAX_NEW)
+    assert got.token_ids == want
+    assert got.cached_tokens >= len(system)  # the shared prefix came off the disk
+
+
 def test_corrupted_page_files_are_deleted_and_recomputed(model: RandomModel, tmp_path: Path) -> None:
     prompts = _prompts(model.config.vocab_size, seed=4, n=6)
     want = _baseline(model, prompts)
