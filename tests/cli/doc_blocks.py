@@ -76,8 +76,9 @@ def no_command_reason(doc: str, root: Path = REPO) -> str | None:
 def plan(doc: str, root: Path = REPO, with_shared: bool = True) -> list[Block]:
     """What the test does with `doc`, in order: `file` blocks to write and the commands to run (as Blocks).
 
-    Documents this test's author keeps (MY_DOCS) run fence by fence; the others command by command, less
-    EXTERNAL_SKIPS and, when `with_shared` is false, the commands that read `../shared/`.
+    Python fences run whole, in every document; bash fences of the documents this test's author keeps (MY_DOCS)
+    run fence by fence, the others' command by command, less EXTERNAL_SKIPS. When `with_shared` is false, what
+    reads `../shared/` (a command, or a Python fence) is left out.
     """
     steps: list[Block] = []
     for block in blocks(doc, root):
@@ -86,11 +87,13 @@ def plan(doc: str, root: Path = REPO, with_shared: bool = True) -> list[Block]:
             continue
         if block.lang not in ("bash", "sh", "shell", "python") or "skip" in block.markers:
             continue
+        if block.lang == "python":
+            if "../shared/" not in block.text or with_shared:
+                steps.append(block)
+            continue
         if doc in MY_DOCS:
             steps.append(block)
             continue
-        if block.lang == "python":
-            continue  # other engineers' Python snippets assume their own setup
         for command in block.text.replace("\\\n", " ").splitlines():
             if not command.strip() or command.lstrip().startswith("#"):
                 continue

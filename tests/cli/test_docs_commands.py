@@ -33,10 +33,11 @@ torch) per run instead of per command.
 Blocks with shell syntax, and the README's main command, run in bash as written.
 
 `bash scripts/setup.sh && ` before a command is dropped: .ci/run has just run it, and running it again would
-reinstall the virtual environment under the running tests. Documents other engineers own carry no markers;
-their commands run one by one, except those EXTERNAL_SKIPS names (installs, benchmarks and sweeps that take
-minutes, and inputs the document never creates), and those that read `../shared/` when the clone has no sibling
-`shared/` (the Mooncake trace tests skip then too).
+reinstall the virtual environment under the running tests. In documents other engineers own, bash fences run
+command by command, except those EXTERNAL_SKIPS names (installs, benchmarks and sweeps that take minutes, and inputs
+the document never creates); Python fences run whole in every document, unless marked `skip` (a sketch, one that
+needs a server, one another test runs). Commands and Python fences that read `../shared/` are left out when the
+clone has no sibling `shared/` (the Mooncake trace tests skip then too).
 """
 
 from __future__ import annotations
@@ -319,3 +320,15 @@ def test_a_failing_command_in_a_batch_fails_its_document(tmp_path: Path) -> None
     [(kind, group)] = batches([fine, unread])
     with pytest.raises(AssertionError, match=r"docs/x.md:15: radixcache --help did not read the standard input"):
         run_batch(kind, group, tmp_path, tmp_path)
+
+
+def test_python_fences_run_in_every_document_unless_skipped(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    fences = [
+        "```python\nprint(1)\n```\n",
+        "<!-- doc-test: skip=a sketch -->\n```python\nawait x\n```\n",
+        "```python\nopen('../shared/t')\n```\n",
+    ]
+    (tmp_path / "docs" / "other.md").write_text("# Other\n\n" + "\n".join(fences), encoding="utf-8")
+    assert [b.text for b in commands("docs/other.md", tmp_path)] == ["print(1)\n", "open('../shared/t')\n"]
+    assert [b.text for b in commands("docs/other.md", tmp_path, with_shared=False)] == ["print(1)\n"]
