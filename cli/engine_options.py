@@ -4,7 +4,7 @@ kernels).
 
 Each group is a decorator that adds its options, and a function that turns their values into EngineConfig's keyword
 arguments (runtime.engine.engine_config), refusing a bad size or combination before the model loads.
-`engine_choice_options` stacks the four groups and hands the command one `EngineChoices` instead of their fourteen
+`engine_choice_options` stacks the four groups and hands the command one `EngineChoices` instead of their nineteen
 values, so each command's signature names them once.
 """
 
