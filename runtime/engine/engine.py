@@ -157,7 +157,8 @@ class Engine:
         tool_choice, parallel_tool_calls (OpenAI's; the result's `tool_calls`). `options`: a RequestOptions built
         beforehand (its own max_new_tokens); keyword arguments beside it override its fields.
         """
-        handles = self.submit(prompt, max_new_tokens, **kwargs)
+        opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "generate")  # errors name generate
+        handles = self.submit(prompt, options=opts)
         if isinstance(handles, RequestHandle):
             return self._wait([handles])[0]
         return self._wait(handles)
@@ -252,7 +253,8 @@ class Engine:
     async def agenerate(self, prompt: Prompt | Sequence[Prompt], max_new_tokens: int = 64, **kwargs: Any) -> Any:
         """`generate` for asyncio: awaits the engine loop without blocking the event loop. Cancelling the
         awaiting task cancels the request."""
-        handles = self.submit(prompt, max_new_tokens, **kwargs)
+        opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "agenerate")
+        handles = self.submit(prompt, options=opts)
         single = isinstance(handles, RequestHandle)
         results = await gather_results([handles] if single else handles)
         return results[0] if single else results

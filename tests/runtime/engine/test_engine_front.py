@@ -4,6 +4,7 @@ the GenerationEngine protocol, and the request's KV state owned by the KV manage
 from __future__ import annotations
 
 import ast
+import asyncio
 import dataclasses
 import re
 from pathlib import Path
@@ -147,6 +148,13 @@ def test_every_entry_point_takes_options_or_their_keywords(tiny: RandomModel) ->
     )
     with pytest.raises(TypeError, match=re.escape("Engine.submit() got an unexpected keyword argument 'colour'")):
         engine.submit(prompt, 4, colour="red")
+    # each entry point names itself, not the one it calls (generate's and agenerate's said Engine.submit())
+    with pytest.raises(TypeError, match=re.escape("Engine.generate() got an unexpected keyword argument 'colour'")):
+        engine.generate(prompt, 4, colour="red")
+    with pytest.raises(TypeError, match=re.escape("Engine.generate() got an unexpected keyword argument 'colour'")):
+        engine.generate(prompt, options=opts, colour="red")
+    with pytest.raises(TypeError, match=re.escape("Engine.agenerate() got an unexpected keyword argument 'colour'")):
+        asyncio.run(engine.agenerate(prompt, 4, colour="red"))
     session = engine.session(max_new_tokens=3, ignore_eos=True)
     assert session.options.max_new_tokens == 3 and len(session.send("hi").token_ids) == 3
 
