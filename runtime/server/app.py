@@ -48,7 +48,7 @@ from radixcache.runtime.tools import template_features
 
 DEFAULT_MAX_TOKENS = 256
 SHUTDOWN_WAIT_S = 30.0
-SESSION_HEADER = "x-session-id"  # behind replicas, a request's session (else its `user` field) sticks to one replica
+SESSION_HEADER = "x-session-id"  # a request's session after prompt_cache_key and user; behind replicas it sticks to one
 
 
 def create_app(
