@@ -12,6 +12,7 @@ from rich.table import Table
 
 from radixcache import POLICIES, RadixCache
 from radixcache.cli.errors import FriendlyCommand, debug_option
+from radixcache.policy.registry import ALL_POLICIES
 from radixcache.trace.synthetic import multi_turn_chat
 
 
@@ -51,8 +52,8 @@ def replay_through_tree(cache: RadixCache, requests: list) -> dict:
     "--policy",
     "policies",
     multiple=True,
-    type=click.Choice(sorted(POLICIES)),
-    help="Repeat to compare; default: every policy.",
+    type=click.Choice(sorted(ALL_POLICIES)),  # every policy usable by name, as on replay and simulate
+    help=f"Repeat to compare; default: the classic ones ({', '.join(sorted(POLICIES))}).",
 )
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")

@@ -252,3 +252,16 @@ def test_replica_flags_without_replicas_are_refused(runner, tmp_path: Path, comm
     word (`simulate` already refused --router without --replicas)."""
     line = _one_line_error(runner.invoke(main, [command, "--model", str(tmp_path / "no-model"), *args]), 2)
     assert f"{args[0]}: only with --replicas N" in line
+
+
+def test_demo_takes_every_policy_usable_by_name(runner) -> None:
+    """`demo --policy reuse` was refused (its choices were the classic five) though reuse is usable by name
+    everywhere else (replay, serve, simulate)."""
+    args = ["demo", "--conversations", "4", "--capacity-blocks", "4000", "--json"]
+    out = runner.invoke(main, [*args, "--policy", "reuse", "--policy", "lru"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.stdout)
+    assert [r["policy"] for r in rows] == ["reuse", "lru"]
+    classic = json.loads(runner.invoke(main, args).stdout)  # the default: the classic policies, as before
+    assert [r["policy"] for r in classic] == ["cost", "fifo", "lfu", "lru", "slru"]
+    assert classic[3]["hit_tokens"] == rows[1]["hit_tokens"] and rows[0]["requests"] == rows[1]["requests"]
