@@ -109,6 +109,7 @@ def replay(
     check_distinct_files(trace, {"--record-trace": record_trace, "--json": json_path})
     from radixcache.runtime.replay import (
         ReplayConfig,
+        ReplayError,
         engine_factory,
         load_replay_trace,
         plan_sessions,
@@ -117,15 +118,18 @@ def replay(
     from radixcache.runtime.replay import replay as replay_run
 
     kwargs = engine_choices.engine_kwargs()
-    config = ReplayConfig(
-        mode=mode,
-        max_tokens=max_tokens,
-        limit=limit,
-        temperature=temperature,
-        seed=seed,
-        concurrency=concurrency,
-        honor_timestamps=honor_timestamps,
-    )
+    try:
+        config = ReplayConfig(
+            mode=mode,
+            max_tokens=max_tokens,
+            limit=limit,
+            temperature=temperature,
+            seed=seed,
+            concurrency=concurrency,
+            honor_timestamps=honor_timestamps,
+        )
+    except ReplayError as exc:  # a value click's ranges let through (--temperature nan, or over the engine's 100)
+        raise click.UsageError(f"--{exc}") from None
     loaded_trace = load_replay_trace(trace, fmt)
     turns = sum(s.turns for s in plan_sessions(loaded_trace, limit))
     cluster = None

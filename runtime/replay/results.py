@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from radixcache.runtime.engine.sampling import MAX_TEMPERATURE
 from radixcache.stats import percentile
 
 MODES = ("live", "recorded")
@@ -39,16 +40,25 @@ class ReplayConfig:
     warmup: bool = True
 
     def __post_init__(self) -> None:
+        """Each field of its type and in range, else a ReplayError naming it, before anything runs (a float limit,
+        a string seed or a NaN temperature passed here and failed mid-run, after the warm-up, some as a bare
+        TypeError)."""
         if self.mode not in MODES:
             raise ReplayError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        for name in ("max_tokens", "limit"):
+        for name in ("max_tokens", "limit", "default_max_tokens", "concurrency"):
             value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ReplayError(f"{name} must be >= 1, got {value}")
-        if self.default_max_tokens < 1 or self.concurrency < 1:
-            raise ReplayError("default_max_tokens and concurrency must be >= 1")
-        if self.temperature < 0:
-            raise ReplayError(f"temperature must be >= 0, got {self.temperature}")
+            if value is None and name in ("max_tokens", "limit"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ReplayError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ReplayError(f"seed must be an int, got {self.seed!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_TEMPERATURE:  # NaN fails too
+            raise ReplayError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}], got {t!r}")
+        for name in ("honor_timestamps", "warmup"):
+            if not isinstance(getattr(self, name), bool):
+                raise ReplayError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True, slots=True)

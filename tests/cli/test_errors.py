@@ -265,3 +265,11 @@ def test_demo_takes_every_policy_usable_by_name(runner) -> None:
     classic = json.loads(runner.invoke(main, args).stdout)  # the default: the classic policies, as before
     assert [r["policy"] for r in classic] == ["cost", "fifo", "lfu", "lru", "slru"]
     assert classic[3]["hit_tokens"] == rows[1]["hit_tokens"] and rows[0]["requests"] == rows[1]["requests"]
+
+
+@pytest.mark.parametrize("value", ["nan", "500"])
+def test_replay_temperature_past_the_engine_bound_is_a_bad_option(runner, tmp_path: Path, value: str) -> None:
+    """click's FloatRange(min=0) let NaN and 500 through: the run failed after the model loaded (exit 1)."""
+    args = ["replay", "--model", str(tmp_path / "no-such-model"), "--temperature", value]
+    line = _one_line_error(runner.invoke(main, args), 2)  # before the model is looked for
+    assert "--temperature must be a number in [0, 100]" in line

@@ -254,6 +254,30 @@ def test_bad_config_values_are_refused() -> None:
             ReplayConfig(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"limit": 1.5},  # failed mid-run: "slice indices must be integers"
+        {"seed": "3"},  # failed at the first sampled turn: "can only concatenate str"
+        {"seed": 1.5},
+        {"max_tokens": 2.5},
+        {"concurrency": 2.5},  # ran, as if 2
+        {"limit": True},  # ran, as limit 1
+        {"default_max_tokens": 0.5},
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"temperature": 500.0},  # the engine's bound is 100
+        {"temperature": "0"},
+        {"warmup": "no"},
+        {"honor_timestamps": 1},
+    ],
+)
+def test_config_values_of_the_wrong_type_are_refused_by_name(kwargs: dict) -> None:
+    (name,) = kwargs
+    with pytest.raises(ReplayError, match=f"^{name} must be"):
+        ReplayConfig(**kwargs)
+
+
 def test_sampling_is_reproducible_per_request_position(tiny_model_dir: Path) -> None:
     config = ReplayConfig(temperature=1.0, seed=5, max_tokens=6)
     first = replay(Engine(str(tiny_model_dir)), CONVERSATIONS, config)
