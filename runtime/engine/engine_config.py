@@ -180,26 +180,27 @@ class EngineConfig:
                 "enable_cache=False keeps no pages, so cache_dir= and host_kv_memory= would be ignored: "
                 "drop them or enable the cache"
             )
-        for name in ("kv_memory", "host_kv_memory", "cache_dir_size"):  # cache_dir_size even without a cache_dir
+        for name in ("enable_cache", "kv_events", "freeze_gc"):  # "no" or 0 read as a truth value, silently
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("kv_memory", "host_kv_memory", "cache_dir_size", "mirror_memory"):  # cache_dir_size always
             budget = getattr(self, name)
-            if budget is not None:
+            if budget is not None and not (name == "mirror_memory" and budget in (0, "0")):  # a mirror of 0 is off
                 try:
                     parse_memory(budget)
                 except (TypeError, ValueError) as exc:
                     raise type(exc)(f"{name}: {exc}") from None
-        if self.mirror_memory not in (None, 0, "0"):
-            parse_memory(self.mirror_memory)  # type: ignore[arg-type]
-        if not 0.0 <= self.max_pinned_fraction <= 1.0:
-            raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
-        lease = self.lease_fraction
-        if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0.0 <= lease <= 1.0:
-            raise ValueError(f"lease_fraction must be a number in [0, 1], got {lease!r}")
+        for name in ("max_pinned_fraction", "lease_fraction"):  # a string failed on a comparison, naming nothing
+            share = getattr(self, name)
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+                raise ValueError(f"{name} must be a number in [0, 1], got {share!r}")
         if self.lease_clock is not None and not callable(self.lease_clock):
             raise ValueError(f"lease_clock must be a callable returning seconds, got {self.lease_clock!r}")
         self.scheduler()
         check_max_queue(self.max_queue)
-        if self.queue_timeout is not None and not self.queue_timeout > 0:
-            raise ValueError(f"queue_timeout must be > 0 seconds or None, got {self.queue_timeout!r}")
+        wait = self.queue_timeout
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0):
+            raise ValueError(f"queue_timeout must be > 0 seconds or None, got {wait!r}")
 
     @classmethod
     def of(cls, caller: str = "Engine", /, **options: Any) -> EngineConfig:

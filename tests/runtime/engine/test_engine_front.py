@@ -91,7 +91,16 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
         ({"thread_policy": "spin"}, "thread_policy must be one of adaptive, fixed"),
         ({"gguf_activations": "int4"}, "gguf_activations must be one of"),
         ({"thread_policy": ["fixed"]}, "thread_policy must be one of"),
-        ({"max_pinned_fraction": 2.0}, "max_pinned_fraction must be in"),
+        ({"max_pinned_fraction": 2.0}, "max_pinned_fraction must be a number in"),
+        ({"max_pinned_fraction": "0.5"}, "max_pinned_fraction must be a number in"),  # a TypeError naming nothing
+        ({"max_pinned_fraction": True}, "max_pinned_fraction must be a number in"),  # was the whole pool
+        ({"enable_cache": "no"}, "enable_cache must be True or False"),  # was a cache, "no" being truthy
+        ({"kv_events": "false"}, "kv_events must be True or False"),
+        ({"freeze_gc": 0}, "freeze_gc must be True or False"),
+        ({"mirror_memory": "lots"}, "mirror_memory: cannot parse memory budget"),  # named no option
+        ({"mirror_memory": -1}, "mirror_memory: memory budget must be positive"),
+        ({"queue_timeout": "3"}, "queue_timeout must be > 0 seconds"),  # a TypeError naming nothing
+        ({"queue_timeout": True}, "queue_timeout must be > 0 seconds"),
         ({"max_queue": -1}, "max_queue must be an int >= 0"),
         ({"queue_timeout": 0}, "queue_timeout must be > 0"),
         ({"schedule": "random"}, "schedule must be one of"),
