@@ -76,6 +76,8 @@ class RequestOptions:
                 raise ValueError(f"timeout must be > 0 seconds (a finite number), got {t!r}")
         if self.session is not None and not isinstance(self.session, str):  # behind replicas it keys the router
             raise ValueError(f"session must be a string or None, got {type(self.session).__name__}")
+        if not isinstance(self.return_logits, bool):
+            raise ValueError(f"return_logits must be True or False, got {self.return_logits!r}")
         for name in ("priority", "retention"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
                 raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")

@@ -157,6 +157,8 @@ class SamplingParams:
         if len(stop_ids) > MAX_STOP_TOKEN_IDS:
             raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(stop_ids)}")
         object.__setattr__(self, "stop_token_ids", stop_ids)
+        if not isinstance(self.ignore_eos, bool):  # "no" read as true: a request that ran past its end of text
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             _real(name, getattr(self, name), -2.0, 2.0)
         _real("repetition_penalty", self.repetition_penalty, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)

@@ -148,6 +148,8 @@ BAD_SAMPLING = [
     ("logprobs", 21),
     ("stop_token_ids", [-1]),
     ("logit_bias", {"5": math.nan}),
+    ("ignore_eos", "no"),  # was true: the request ran past its end of text to max_new_tokens
+    ("ignore_eos", 0),
 ]
 
 
@@ -157,7 +159,10 @@ def test_bad_sampling_values_are_refused_at_the_door_naming_the_field(field: str
         RequestOptions.of(**{"max_new_tokens": 8, field: value})
 
 
-@pytest.mark.parametrize(("field", "value"), [("timeout", math.nan), ("timeout", math.inf), ("priority", 1.5)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("timeout", math.nan), ("timeout", math.inf), ("priority", 1.5), ("return_logits", "no"), ("return_logits", 1)],
+)
 def test_bad_request_options_are_refused_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         RequestOptions.of(**{"max_new_tokens": 8, field: value})
