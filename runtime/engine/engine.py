@@ -149,13 +149,14 @@ class Engine:
         Keyword arguments: RequestOptions' (runtime.engine.options), checked before anything is queued: sampling
         (temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ignore_eos, presence_penalty,
         frequency_penalty, repetition_penalty, logit_bias, logprobs; or `params`, a whole SamplingParams),
-        namespace, return_logits, priority, timeout, pin (refused past `max_pinned_fraction`: the result's
-        `pinned_tokens` is 0), retention, retain ("conversation": the tree adopts every page of this request
-        whatever the admission policy predicts), session (the `session_id` `record_trace` writes), retain_for
-        (seconds to lease the pages once it ends: runtime.kv.leases; the result's `lease`), response_format (an
-        OpenAI response_format dict) or grammar (a GrammarSpec): the output is constrained to it; tools,
-        tool_choice, parallel_tool_calls (OpenAI's; the result's `tool_calls`). `options`: a RequestOptions built
-        beforehand (its own max_new_tokens); keyword arguments beside it override its fields.
+        namespace, return_logits, priority, timeout, pin (one larger than `max_pinned_fraction` of the pool is a
+        ValueError; one the pins held would push past it is refused: the result's `pinned_tokens` is 0),
+        retention, retain ("conversation": the tree adopts every page of this request whatever the admission
+        policy predicts), session (the `session_id` `record_trace` writes), retain_for (seconds to lease the
+        pages once it ends: runtime.kv.leases; the result's `lease`), response_format (an OpenAI response_format
+        dict) or grammar (a GrammarSpec): the output is constrained to it; tools, tool_choice,
+        parallel_tool_calls (OpenAI's; the result's `tool_calls`). `options`: a RequestOptions built beforehand
+        (its own max_new_tokens); keyword arguments beside it override its fields.
         """
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "generate")  # errors name generate
         handles = self.submit(prompt, options=opts)

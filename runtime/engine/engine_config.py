@@ -62,8 +62,8 @@ class EngineConfig:
     request per pass, `max_running` requests at once, `staged_prefill_attention` (beside decodes, a chunk of more
     attention work runs its layers over several passes; None: never), or a whole `scheduler_config` (then those
     six are unused).
-    `max_pinned_fraction`: the most of the pool that pins may lock (a pin past it is refused: its result's
-    `pinned_tokens` is 0).
+    `max_pinned_fraction`: the most of the pool that pins may lock (a pin larger than it is a ValueError before the
+    request is queued; one that the pins held would push past it is refused: its result's `pinned_tokens` is 0).
     Speed: `quant="fp16"` stores the weights in 16 bits (CPU, float32 activations only; runtime.model.linear);
     `quant="gguf"` keeps a GGUF file's blocks for decode batches of up to 8 (the same weights; native kernels built
     on first use: runtime.model.block_linear; a loaded model needs `keep_blocks`), and `gguf_activations` picks
