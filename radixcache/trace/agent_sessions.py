@@ -20,7 +20,7 @@ import math
 import random
 from collections.abc import Iterator
 
-from radixcache.trace.generator_args import MAX_RETAIN_FOR_S, check_generator_args
+from radixcache.trace.generator_args import MAX_RETAIN_FOR_S, check_generator_args, check_ints
 from radixcache.trace.records import TokenRequest
 
 
@@ -44,6 +44,8 @@ def agent_sessions(
     seed: int = 0,
 ) -> Iterator[TokenRequest]:
     """The requests of `agents` agent sessions in arrival order, each with its lease hint (see the module doc)."""
+    counts = {"agents": agents, "steps": steps, "tool_output_tokens": tool_output_tokens, "seed": seed}
+    check_ints("agent_sessions", counts)
     if agents < 0 or not 1 <= steps[0] <= steps[1]:
         raise ValueError("agent_sessions: need agents >= 0 and 1 <= steps[0] <= steps[1]")
     if not 0 < pause_s[0] <= pause_s[1] or not 1 <= tool_output_tokens[0] <= tool_output_tokens[1]:

@@ -13,6 +13,16 @@ MAX_VOCAB = 2**63
 MAX_RETAIN_FOR_S = 1e9
 
 
+def check_ints(name: str, values: Mapping[str, object]) -> None:
+    """Raise ValueError, worded `name: need ...`, unless each value is an int (not a bool) or a pair of ints (a tuple
+    or list): a float count failed later as a TypeError, a string range on a comparison, and True passed as 1."""
+    for key, value in values.items():
+        pair = isinstance(value, (tuple, list))
+        items = tuple(value) if pair else (value,)  # type: ignore[arg-type]
+        if (pair and len(items) != 2) or any(isinstance(v, bool) or not isinstance(v, int) for v in items):
+            raise ValueError(f"{name}: need {key} {'a pair of ints' if pair else 'an int'}, got {value!r}")
+
+
 def check_generator_args(
     name: str,
     vocab: int,
@@ -21,7 +31,9 @@ def check_generator_args(
     shares: Mapping[str, float] | None = None,
 ) -> None:
     """Raise ValueError, worded `name: need ...`, unless 1 <= vocab <= 2**63, every length (tokens) is >= 0, every
-    time (a mean gap in ms, a spread) is finite and >= 0, and every share (a probability) is in [0, 1]."""
+    time (a mean gap in ms, a spread) is finite and >= 0, and every share (a probability) is in [0, 1]; vocab and the
+    lengths are ints."""
+    check_ints(name, {"vocab": vocab, **lengths})
     if not 1 <= vocab <= MAX_VOCAB:
         raise ValueError(f"{name}: need 1 <= vocab <= 2**63, got {vocab!r}")
     for key, length in lengths.items():

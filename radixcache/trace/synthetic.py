@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from radixcache.trace.agent_sessions import agent_sessions
-from radixcache.trace.generator_args import check_generator_args
+from radixcache.trace.generator_args import check_generator_args, check_ints
 from radixcache.trace.records import TokenRequest
 
 
@@ -71,6 +71,8 @@ def multi_turn_chat(
     message. The next turn arrives after an exponential think time. Requests are yielded in arrival order
     (ties by conversation and turn), each with its recorded reply as `output_tokens`.
     """
+    counts = {"conversations": conversations, "system_prompts": system_prompts, "turns": turns, "seed": seed}
+    check_ints("multi_turn_chat", counts)
     if conversations < 0 or system_prompts < 1 or turns[0] < 1 or turns[1] < turns[0]:
         raise ValueError("multi_turn_chat: need conversations >= 0, system_prompts >= 1, 1 <= turns[0] <= turns[1]")
     lengths = {"system_tokens": system_tokens, "user_tokens": user_tokens, "assistant_tokens": assistant_tokens}
@@ -122,6 +124,8 @@ def agent_loops(
     parallel branches (same arrival time, same prefix, a short distinct instruction each), and the scratchpad
     grows by every branch's output. Requests are yielded in arrival order.
     """
+    counts = {"agents": agents, "tool_prompts": tool_prompts, "steps": steps, "fanout": fanout, "seed": seed}
+    check_ints("agent_loops", counts)
     if agents < 0 or tool_prompts < 1 or steps[0] < 1 or steps[1] < steps[0] or fanout[0] < 1 or fanout[1] < fanout[0]:
         raise ValueError("agent_loops: need agents >= 0, tool_prompts >= 1, 1 <= steps[0] <= steps[1], fanout likewise")
     lengths = {
@@ -185,6 +189,7 @@ def rag(
     same documents often appear in a different order and share only a part of the prefix. Poisson arrivals,
     so queries are yielded as they are made.
     """
+    check_ints("rag", {"queries": queries, "documents": documents, "docs_per_query": docs_per_query, "seed": seed})
     lo, hi = docs_per_query
     if queries < 0 or documents < 1 or lo < 1 or hi < lo or hi > documents:
         raise ValueError("rag: need queries >= 0, 1 <= docs_per_query[0] <= docs_per_query[1] <= documents")
@@ -256,6 +261,8 @@ def few_shot(
     task's pool of `pool`, in random order. Query i of a batch arrives i ms after the batch, so close batches
     interleave; requests are yielded by timestamp, ties in batch order.
     """
+    counts = {"batches": batches, "tasks": tasks, "pool": pool, "shots": shots, "batch_size": batch_size, "seed": seed}
+    check_ints("few_shot", counts)
     if batches < 0 or tasks < 1 or shots[0] < 0 or shots[1] < shots[0] or shots[1] > pool:
         raise ValueError("few_shot: need batches >= 0, tasks >= 1, 0 <= shots[0] <= shots[1] <= pool")
     if batch_size[0] < 1 or batch_size[1] < batch_size[0]:

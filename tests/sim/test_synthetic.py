@@ -146,6 +146,10 @@ def test_few_shot_batches_share_instruction_and_shots() -> None:
         assert shared >= 30 + 2 * 60  # instruction and two shots (examples are at least half their mean)
 
 
+def test_ranges_may_be_lists() -> None:
+    assert list(multi_turn_chat(conversations=2, turns=[1, 2])) == list(multi_turn_chat(conversations=2, turns=(1, 2)))
+
+
 def test_bad_arguments_are_refused() -> None:
     # on the call, before any request is made (the CLI reports them before it opens the output file)
     with pytest.raises(ValueError):
@@ -180,6 +184,20 @@ def test_bad_arguments_are_refused() -> None:
         ("few-shot", "query_tokens", -1),
         ("few-shot", "fixed_shots_prob", 2.0),
         ("few-shot", "mean_interarrival_ms", -1.0),
+        # a float count failed with "'float' object cannot be interpreted as an integer", a string range on a
+        # comparison, and True passed as 1
+        ("chat", "conversations", 1.5),
+        ("chat", "conversations", True),
+        ("chat", "turns", "ab"),
+        ("chat", "user_tokens", 2.5),
+        ("chat", "seed", 1.5),
+        ("agent", "fanout", (2, 4.5)),
+        ("agent-sessions", "agents", 1.5),
+        ("agent-sessions", "tool_output_tokens", "ab"),
+        ("rag", "queries", 1.5),
+        ("rag", "docs_per_query", (3,)),
+        ("few-shot", "batch_size", "ab"),
+        ("few-shot", "vocab", 100.0),
     ],
 )
 def test_every_argument_is_checked_on_the_call(name: str, field: str, value: object) -> None:
