@@ -101,7 +101,7 @@ def plan(doc: str, root: Path = REPO, with_shared: bool = True) -> list[Block]:
                 continue
             if "../shared/" in command and not with_shared:
                 continue  # a clone without the shared traces beside it: nothing to read
-            steps.append(Block(doc, block.line, "bash", command + "\n"))
+            steps.append(Block(doc, block.line, "bash", command + "\n", block.markers))  # `tiny`, `cheap` apply
     return steps
 
 

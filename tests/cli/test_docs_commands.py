@@ -34,10 +34,10 @@ Blocks with shell syntax, and the README's main command, run in bash as written.
 
 `bash scripts/setup.sh && ` before a command is dropped: .ci/run has just run it, and running it again would
 reinstall the virtual environment under the running tests. In documents other engineers own, bash fences run
-command by command, except those EXTERNAL_SKIPS names (installs, benchmarks and sweeps that take minutes, and inputs
-the document never creates); Python fences run whole in every document, unless marked `skip` (a sketch, one that
-needs a server, one another test runs). Commands and Python fences that read `../shared/` are left out when the
-clone has no sibling `shared/` (the Mooncake trace tests skip then too).
+command by command (each with its fence's markers), except those EXTERNAL_SKIPS names (installs, benchmarks and
+sweeps that take minutes, and inputs the document never creates); Python fences run whole in every document, unless
+marked `skip` (a sketch, one that needs a server, one another test runs). Commands and Python fences that read
+`../shared/` are left out when the clone has no sibling `shared/` (the Mooncake trace tests skip then too).
 """
 
 from __future__ import annotations
@@ -332,3 +332,10 @@ def test_python_fences_run_in_every_document_unless_skipped(tmp_path: Path) -> N
     (tmp_path / "docs" / "other.md").write_text("# Other\n\n" + "\n".join(fences), encoding="utf-8")
     assert [b.text for b in commands("docs/other.md", tmp_path)] == ["print(1)\n", "open('../shared/t')\n"]
     assert [b.text for b in commands("docs/other.md", tmp_path, with_shared=False)] == ["print(1)\n"]
+    marked = "<!-- doc-test: cheap=--limit 1; tiny -->\n```bash\nradixcache replay\nradixcache model info\n```\n"
+    (tmp_path / "docs" / "marked.md").write_text(marked, encoding="utf-8")
+    steps = commands("docs/marked.md", tmp_path)  # command by command, each with its fence's markers (were dropped)
+    assert [(b.text, b.markers) for b in steps] == [
+        ("radixcache replay\n", {"cheap": "--limit 1", "tiny": ""}),
+        ("radixcache model info\n", {"cheap": "--limit 1", "tiny": ""}),
+    ]
