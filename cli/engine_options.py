@@ -163,6 +163,8 @@ def tier_kwargs(
 ) -> dict[str, Any]:
     """Engine arguments from the tier options; a bad size is refused before the model loads."""
     _check_sizes({"--host-kv-memory": host_kv_memory, "--cache-dir-size": cache_dir_size})
+    if prefetch_timeout_ms != prefetch_timeout_ms:  # NaN: FloatRange lets it through, the engine refused it loaded
+        raise click.BadParameter("nan is not a number of milliseconds", param_hint="'--prefetch-timeout-ms'")
     return {
         "host_kv_memory": host_kv_memory,
         "cache_dir": cache_dir,

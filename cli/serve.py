@@ -212,10 +212,9 @@ def serve(
         lease_defaults = parse_lease_defaults(retain_for)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--retain-for'") from None
-    if request_timeout is not None and not math.isfinite(request_timeout):  # FloatRange lets nan and inf through
-        raise click.BadParameter(
-            f"{request_timeout} is not a finite number of seconds", param_hint="'--request-timeout'"
-        )
+    for name, seconds in (("--request-timeout", request_timeout), ("--queue-timeout", queue_timeout)):
+        if seconds is not None and not math.isfinite(seconds):  # FloatRange lets nan and inf through
+            raise click.BadParameter(f"{seconds} is not a finite number of seconds", param_hint=f"'{name}'")
     try:
         max_body_bytes = parse_memory(max_body_size)
     except ValueError as exc:

@@ -273,3 +273,18 @@ def test_replay_temperature_past_the_engine_bound_is_a_bad_option(runner, tmp_pa
     args = ["replay", "--model", str(tmp_path / "no-such-model"), "--temperature", value]
     line = _one_line_error(runner.invoke(main, args), 2)  # before the model is looked for
     assert "--temperature must be a number in [0, 100]" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["serve", "--queue-timeout", "nan"],  # FloatRange let NaN through: refused once the model had loaded, exit 1
+        ["serve", "--queue-timeout", "inf"],
+        ["serve", "--prefetch-timeout-ms", "nan"],
+        ["replay", "--prefetch-timeout-ms", "nan"],
+        ["chat", "--prefetch-timeout-ms", "nan"],
+    ],
+)
+def test_a_non_finite_timeout_is_a_bad_option_before_the_model_loads(runner, tmp_path: Path, args: list[str]) -> None:
+    line = _one_line_error(runner.invoke(main, [*args, "--model", str(tmp_path / "no-such-model")]), 2)
+    assert f"Invalid value for '{args[1]}'" in line
