@@ -26,15 +26,19 @@ if TYPE_CHECKING:
 KEEP_ALIVE_S = 75
 
 
-def _check_bind(host: str, port: int) -> None:
-    """Fail in one line before the model loads when the address is taken (uvicorn would log and exit)."""
+def _bind(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the model loads and handed to uvicorn: a taken address fails in one line
+    (uvicorn would log and exit), and `--port 0` is the port the kernel chose, which the start line names (it said
+    `:0`, uvicorn's own line being under the default log level)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as exc:
+        s.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return s
 
 
 def _check_device(device: str) -> None:
@@ -202,9 +206,9 @@ def serve(
         raise click.BadParameter(
             "empty: give an address (127.0.0.1, or 0.0.0.0 for every interface)", param_hint="'--host'"
         )
-    _check_bind(host, port)
     _check_device(device)
     check_replica_flags(replicas)
+    listener = _bind(host, port)
     if record_trace is not None and replicas is not None:
         raise click.UsageError("--record-trace records one engine: drop --replicas")
     check_record_path(record_trace)
@@ -252,6 +256,7 @@ def serve(
         lease_defaults=lease_defaults,
         max_body_bytes=max_body_bytes,
     )
+    port = listener.getsockname()[1]
     click.echo(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30, timeout_keep_alive=keep_alive
@@ -259,11 +264,12 @@ def serve(
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to our handlers: both end here.
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=[listener])
     except (KeyboardInterrupt, _Stopped):
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        listener.close()
         engine.close(30)  # nothing is in flight after uvicorn's drain; queued disk-tier writes finish here
     if record_trace is not None:
         _report_recording(engine, record_trace, no_cache, options["admission"])

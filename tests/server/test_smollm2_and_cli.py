@@ -3,9 +3,12 @@ short run with the real SmolLM2."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -35,6 +38,30 @@ def test_a_taken_port_is_a_one_line_error(tiny_model_dir) -> None:
         r = subprocess.run([*cmd, "--port", str(port)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.strip().startswith("error: cannot listen on 127.0.0.1")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_port_0_serves_on_the_port_its_start_line_names(tiny_model_dir) -> None:
+    """`--port 0` (any free port) printed `http://127.0.0.1:0/v1`: the port the server took was nowhere to be seen."""
+    import httpx
+
+    cmd = [sys.executable, "-c", "from radixcache.cli.main import run; run()", "serve", "--model", str(tiny_model_dir)]
+    proc = subprocess.Popen([*cmd, "--port", "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()  # type: ignore[union-attr]  # printed once the app is built, before it serves
+        assert line.startswith("serving "), line
+        url = line.split(" on ", 1)[1].split(" ", 1)[0]  # http://127.0.0.1:PORT/v1
+        assert not url.endswith(":0/v1"), line
+        for _ in range(100):
+            with contextlib.suppress(httpx.HTTPError):
+                assert httpx.get(url.removesuffix("/v1") + "/health", timeout=2).json() == {"status": "ok"}
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"nothing answered on {url}")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
 
 
 @pytest.mark.parametrize("value", ["0", "-5MiB", "lots"])
