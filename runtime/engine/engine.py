@@ -338,9 +338,9 @@ class Engine:
         """Block until no request is in flight and the engine's loop thread has exited (False on timeout).
 
         Call it after cancelling requests (say on Ctrl-C) before the process exits: a loop thread still inside
-        torch at interpreter exit aborts the process.
+        torch at interpreter exit aborts the process. `timeout`: as `close`'s (a string failed inside the wait).
         """
-        return self._loop.wait_idle(timeout)
+        return self._loop.wait_idle(wait_bound(timeout))
 
     def check(self, timeout: float | None = 30.0) -> dict[str, int]:
         """Check the cache's invariants between two steps (on the loop thread) and return its block gauges and
@@ -350,7 +350,7 @@ class Engine:
             self.kv.leases.expire()  # a lease past its deadline holds nothing, even on an idle engine
             return checked_gauges(self.cache, s, self.kv, self.tiers)
 
-        return self._loop.call(gauges).result(timeout)
+        return self._loop.call(gauges).result(wait_bound(timeout))  # NaN was a TimeoutError with no message
 
     def clear_retention(self) -> int:
         """Forget every retention mark (leaves re-rank as they are next touched). Returns how many there were."""

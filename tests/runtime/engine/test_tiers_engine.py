@@ -381,6 +381,9 @@ def test_flush_and_close_refuse_a_timeout_that_is_no_number_of_seconds(model, tm
             engine.flush(bad)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
             engine.close(bad)  # type: ignore[arg-type]
+        for wait in (engine.check, engine.wait_idle):  # check(nan) was a bare TimeoutError, wait_idle("5") a TypeError
+            with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
+                wait(bad)  # type: ignore[arg-type]
     assert engine.generate(list(range(1, 9)), max_new_tokens=2, ignore_eos=True).finish_reason == "length"
     assert engine.flush(float("inf")) and engine.close(float("inf"))
     assert engine.tiers.disk.stats().writes > 0
