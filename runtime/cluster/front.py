@@ -120,6 +120,11 @@ class ClusterEngine:
         opts = resolve_options(max_new_tokens, options, kwargs, "ClusterEngine.submit")
         return self._start(self._prompt_ids(prompt), opts)
 
+    @staticmethod
+    def _options(max_new_tokens: int, kwargs: dict[str, Any], caller: str) -> RequestOptions:
+        """A call's options, an unknown keyword's TypeError naming that call (not the `submit` it goes through)."""
+        return resolve_options(max_new_tokens, kwargs.pop("options", None), kwargs, f"ClusterEngine.{caller}")
+
     def submit_group(
         self,
         prompts: Sequence[Sequence[int]],
@@ -166,13 +171,13 @@ class ClusterEngine:
         return handle
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int = 64, **kwargs: Any) -> Any:
-        return self.submit(prompt, max_new_tokens, **kwargs).result()
+        return self.submit(prompt, options=self._options(max_new_tokens, kwargs, "generate")).result()
 
     async def agenerate(self, prompt: Sequence[int], max_new_tokens: int = 64, **kwargs: Any) -> Any:
         """`generate` for asyncio (the replay's concurrent driver); cancelling the task cancels the request."""
         import asyncio
 
-        handle = self.submit(prompt, max_new_tokens, **kwargs)
+        handle = self.submit(prompt, options=self._options(max_new_tokens, kwargs, "agenerate"))
         try:
             return await asyncio.wrap_future(handle.future)
         except asyncio.CancelledError:

@@ -142,3 +142,15 @@ def test_a_group_with_a_bad_prompt_or_each_sends_nothing(front: Any, prompts: An
     with pytest.raises(ValueError, match=match):
         front.submit_group(prompts, 2, each=each)
     assert _streams(front) == [] and front.cluster.loads.in_flight() == 0
+
+
+def test_an_unknown_keyword_names_the_call_it_was_given_to(front: Any) -> None:
+    """generate and agenerate named ClusterEngine.submit(), the method they call, as Engine's did."""
+    import asyncio
+    import re
+
+    with pytest.raises(TypeError, match=re.escape("ClusterEngine.generate() got an unexpected keyword argument 'x'")):
+        front.generate([3, 4], 2, x=1)
+    with pytest.raises(TypeError, match=re.escape("ClusterEngine.agenerate() got an unexpected keyword argument 'x'")):
+        asyncio.run(front.agenerate([3, 4], 2, x=1))
+    assert front.generate([3, 4, 5], 2).token_ids == (5, 5) and _streams(front) != []
