@@ -160,8 +160,10 @@ class Tokenizer:
         return self.backend.id_to_token(token_id)
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The bytes one token stands for, which may be part of a UTF-8 character (for logprobs): a byte-fallback
-        token `<0xHH>`, a byte-level (GPT-2 style) token read through the byte alphabet, else its decoded text."""
+        """The bytes one token stands for, which may be part of a UTF-8 character (for logprobs and the grammar's
+        vocabulary): a byte-fallback token `<0xHH>`, a byte-level (GPT-2 style) token read through the byte
+        alphabet, a SentencePiece token with "▁" as the space (its decoder strips a leading space, so the decoded
+        text of "▁1" alone is "1": a grammar then took "1" + "▁2" for "12"), else its decoded text."""
         raw = self.backend.id_to_token(token_id) or ""
         text = self.decode([token_id], skip_special_tokens=False)
         if len(raw) == 6 and raw.startswith("<0x") and raw.endswith(">"):
@@ -172,6 +174,8 @@ class Tokenizer:
             candidate = bytes(table[ch] for ch in raw)
             if candidate.decode("utf-8", errors="replace") == text:
                 return candidate
+        if "\u2581" in raw and (spaced := raw.replace("\u2581", " ")).lstrip(" ") == text.lstrip(" "):
+            return spaced.encode("utf-8")
         return text.encode("utf-8")
 
     def detokenizer(self, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> IncrementalDetokenizer:
