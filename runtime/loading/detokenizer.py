@@ -4,6 +4,12 @@ Decoding token by token is wrong twice over: byte-level tokens can end inside a 
 decoders (SentencePiece's) drop or add spaces depending on the neighbours. So each step decodes a short window,
 ids[prefix:], and compares it with the window up to the last emitted token, ids[prefix:read]. The difference is the
 new text, held back while it ends in U+FFFD (an incomplete character). `flush()` releases whatever is left.
+
+Bytes that never make a character (a run of lone continuation bytes, which `logit_bias` or a broken model can
+produce) would hold the window open for the rest of the stream, each step decoding all of it: quadratic, on the
+server's event loop. An incomplete character is at most 3 bytes, so once more than `HOLD_TOKENS` tokens are held,
+those before a boundary that no character spans, a few tokens from the end, are emitted as decode shows them
+(U+FFFD for each bad byte).
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 REPLACEMENT = "\ufffd"
+HOLD_TOKENS = 8  # held tokens past this are bytes that will not complete a character
+KEEP_TOKENS = 4  # held back even then: they may begin one (3 bytes, and a token that decodes to nothing)
 
 
 class IncrementalDetokenizer:
@@ -43,6 +51,23 @@ class IncrementalDetokenizer:
             self._prefix, self._read = self._read, len(self._ids)
             self.text += delta
             return delta
+        if len(self._ids) - self._read > HOLD_TOKENS:
+            return self._emit_settled(prefix_text, new_text)
+        return ""
+
+    def _emit_settled(self, prefix_text: str, new_text: str) -> str:
+        """Emit the held tokens up to a boundary that no later byte can move, keeping the last `KEEP_TOKENS` held:
+        one where the window's text is the two sides' texts joined (no character, complete or not, spans it)."""
+        end = len(self._ids) - KEEP_TOKENS
+        for split in range(end, max(self._read, end - KEEP_TOKENS), -1):
+            head = self._decode(self._ids[self._prefix : split])
+            if len(head) <= len(prefix_text) or not head.startswith(prefix_text):
+                continue
+            if head + self._decode(self._ids[split:]) == new_text:
+                delta = head[len(prefix_text) :]
+                self._prefix, self._read = self._read, split
+                self.text += delta
+                return delta
         return ""
 
     def flush(self) -> str:
