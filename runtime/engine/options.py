@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,3 +165,15 @@ def _split(caller: str, kwargs: dict[str, Any]) -> tuple[SamplingParams | None, 
         if spec is not None or "grammar" not in own:
             own["grammar"] = spec
     return params, sampling, own
+
+
+def check_each(each: object, prompts: int) -> None:
+    """submit_group's `each`: none, or one dict of keyword arguments per prompt; else a ValueError saying which (a
+    non-dict entry was a TypeError from inside `RequestOptions.updated`'s unpacking)."""
+    if not isinstance(each, Sequence) or isinstance(each, (str, bytes)):
+        raise ValueError(f"each must be a list of dicts of keyword arguments, got {type(each).__name__}")
+    if each and len(each) != prompts:
+        raise ValueError(f"each has {len(each)} entries for {prompts} prompts")
+    bad = next((i for i, kw in enumerate(each) if not isinstance(kw, Mapping)), None)
+    if bad is not None:
+        raise ValueError(f"each[{bad}] must be a dict of keyword arguments, got {type(each[bad]).__name__}")

@@ -154,3 +154,9 @@ def test_an_unknown_keyword_names_the_call_it_was_given_to(front: Any) -> None:
     with pytest.raises(TypeError, match=re.escape("ClusterEngine.agenerate() got an unexpected keyword argument 'x'")):
         asyncio.run(front.agenerate([3, 4], 2, x=1))
     assert front.generate([3, 4, 5], 2).token_ids == (5, 5) and _streams(front) != []
+
+
+def test_each_of_a_group_must_hold_one_dict_per_prompt(front: Any) -> None:
+    with pytest.raises(ValueError, match=r"each\[1\] must be a dict"):  # a TypeError from inside `updated`
+        front.submit_group([[3, 4], [5, 6]], 2, each=[{}, 7])
+    assert _streams(front) == []

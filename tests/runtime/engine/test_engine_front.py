@@ -164,6 +164,9 @@ def test_every_entry_point_takes_options_or_their_keywords(tiny: RandomModel) ->
         engine.generate(prompt, options=opts, colour="red")
     with pytest.raises(TypeError, match=re.escape("Engine.agenerate() got an unexpected keyword argument 'colour'")):
         asyncio.run(engine.agenerate(prompt, 4, colour="red"))
+    for each, message in (([1, 2], "each[0] must be a dict"), (5, "each must be a list"), ({"seed": 1}, "a list")):
+        with pytest.raises(ValueError, match=re.escape(message)):  # [1, 2] was a TypeError from inside `updated`
+            engine.submit_group([prompt, prompt], 4, each=each)
     session = engine.session(max_new_tokens=3, ignore_eos=True)
     assert session.options.max_new_tokens == 3 and len(session.send("hi").token_ids) == 3
 
