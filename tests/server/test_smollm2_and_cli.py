@@ -48,8 +48,9 @@ def test_port_0_serves_on_the_port_its_start_line_names(tiny_model_dir) -> None:
     cmd = [sys.executable, "-c", "from radixcache.cli.main import run; run()", "serve", "--model", str(tiny_model_dir)]
     proc = subprocess.Popen([*cmd, "--port", "0"], stderr=subprocess.PIPE, text=True)
     try:
-        line = proc.stderr.readline()  # type: ignore[union-attr]  # printed once the app is built, before it serves
-        assert line.startswith("serving "), line
+        lines = iter(proc.stderr.readline, "")  # type: ignore[union-attr]  # ends when the process does
+        line = next((x for x in lines if x.startswith("serving ")), "")  # printed once the app is built
+        assert line, f"no start line; exit status {proc.poll()}"
         url = line.split(" on ", 1)[1].split(" ", 1)[0]  # http://127.0.0.1:PORT/v1
         assert not url.endswith(":0/v1"), line
         for _ in range(100):
