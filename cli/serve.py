@@ -180,10 +180,11 @@ def serve(
     record_trace: str | None,
     debug: bool,
 ) -> None:
-    """Serve the model over OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models), with /health
-    and Prometheus /metrics. Requests that share a prefix reuse its KV; usage.prompt_tokens_details.cached_tokens
-    says how much. Under load, --max-queue and --queue-timeout push back with 429 / 503 and Retry-After instead of
-    queueing without bound. Ctrl-C (or SIGTERM) lets in-flight requests finish, then stops.
+    """Serve the model over OpenAI's API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models), with
+    /health and Prometheus /metrics. Requests that share a prefix reuse its KV;
+    usage.prompt_tokens_details.cached_tokens says how much. Under load, --max-queue and --queue-timeout push back
+    with 429 / 503 and Retry-After instead of queueing without bound. Ctrl-C (or SIGTERM) lets in-flight requests
+    finish, then stops.
 
     \b
     Example:
