@@ -129,12 +129,26 @@ class OutputProcessor:
             req.t_first_token = time.perf_counter()
         if token in stop_token_set(params, self.eos_token_ids):
             req.finish_reason = "stop"
-        elif params.stop and (cut := find_stop(self.text(req.output_ids), params.stop)) is not None:
+        elif params.stop and (cut := self._find_stop(req, token)) is not None:
             req.finish_reason, req.stop_at = "stop", cut
         elif req.grammar is not None and req.grammar.is_finished():  # only a stop token could follow
             req.finish_reason = "stop"
         elif len(req.output_ids) >= params.max_new_tokens or req.num_tokens >= self.max_position:
             req.finish_reason = "length"
+
+    def _find_stop(self, req: Request, token: int) -> int | None:
+        """Where the earliest stop string starts in the output's text, searching only the text `token` added and the
+        longest stop's length before it (no stop ended earlier). Decoding the whole output at every token made a
+        long reply with stop strings quadratic, on the engine's loop."""
+        if req.stop_text is None:
+            req.stop_text = self.detokenizer()
+        added = req.stop_text.add(token)
+        if not added:  # nothing new, or a character still incomplete
+            return None
+        text = req.stop_text.text  # the output's text so far: a prefix of text(req.output_ids)
+        start = max(0, len(text) - len(added) - max(map(len, req.sampler.params.stop)) + 1)
+        hit = find_stop(text[start:], req.sampler.params.stop)
+        return None if hit is None else start + hit
 
     def text(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:

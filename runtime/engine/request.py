@@ -19,6 +19,7 @@ from radixcache.runtime.tools.use import CallIds, ToolUse
 
 if TYPE_CHECKING:
     from radixcache.runtime.grammar import GrammarState
+    from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
 
 
 class TokenLogprob(NamedTuple):
@@ -106,6 +107,7 @@ class Request:
     kv: KVState = field(init=False, repr=False)  # built from the fields above (__post_init__)
     finish_reason: str | None = None
     stop_at: int | None = None  # cut the text here (a stop string was found)
+    stop_text: IncrementalDetokenizer | None = field(default=None, repr=False)  # the output's text, with stop strings
     logits: list[torch.Tensor] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output id when params.logprobs is set
     t_arrival: float = field(default_factory=time.perf_counter)
