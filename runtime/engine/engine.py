@@ -285,7 +285,7 @@ class Engine:
         """Release pins: those of `prompt` (in `namespace`), or every pin. Returns how many were released."""
         tokens = None if prompt is None else self._builder.encode(prompt)
         check_namespace(namespace)
-        return self._loop.call(lambda _: self.kv.pins.unpin(tokens, namespace)).result()
+        return self._call(lambda _: self.kv.pins.unpin(tokens, namespace))
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Refuse new requests (EngineClosedError), cancel every request in flight (their results say "cancelled",
@@ -349,11 +349,11 @@ class Engine:
             self.kv.leases.expire()  # a lease past its deadline holds nothing, even on an idle engine
             return checked_gauges(self.cache, s, self.kv, self.tiers)
 
-        return self._loop.call(gauges).result(wait_bound(timeout))  # NaN was a TimeoutError with no message
+        return self._call(gauges, wait_bound(timeout))  # NaN was a TimeoutError with no message
 
     def clear_retention(self) -> int:
         """Forget every retention mark (leaves re-rank as they are next touched). Returns how many there were."""
-        return self._loop.call(lambda _: self.retention.clear()).result()
+        return self._call(lambda _: self.retention.clear())
 
     @property
     def stats(self) -> EngineStats:
@@ -376,6 +376,11 @@ class Engine:
         if self._closed:
             raise EngineClosedError("this engine is closed")
         return resolve_options(max_new_tokens, options, kwargs, f"Engine.{caller}")
+
+    def _call(self, fn: Any, timeout: float | None = None) -> Any:
+        """`fn(scheduler)` on the loop thread, waited for (RuntimeError on the loop thread: it would never end)."""
+        self._loop.refuse_wait_on_loop()
+        return self._loop.call(fn).result(timeout)
 
     def _build(self, prompt: Prompt, options: RequestOptions) -> Request:
         if self._closed:

@@ -68,6 +68,8 @@ class RequestHandle:
         return self.request.rid
 
     def result(self, timeout: float | None = None) -> GenerationResult:
+        if not self.future.done():
+            self._loop.refuse_wait_on_loop()
         return self.future.result(timeout)
 
     def done(self) -> bool:
@@ -199,18 +201,30 @@ class EngineLoop:
             release_idle_team()
         return fut
 
+    def refuse_wait_on_loop(self) -> None:
+        """Raise RuntimeError on the loop thread itself (where a request future's done-callbacks run): a wait for
+        the loop there would never end, and hang every request with it."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(
+                "waiting for the engine on the engine loop's own thread (a request future's done-callback runs "
+                "there) would never end: submit() from there, and wait on another thread"
+            )
+
     def idle(self) -> bool:
         with self._cv:
             return self._thread is None
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until nothing is in flight and the loop thread has exited. Returns False on timeout."""
+        """Block until nothing is in flight and the loop thread has exited. Returns False on timeout, and at once on
+        the loop thread itself (it cannot exit while it waits)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._cv:
                 thread = self._thread
             if thread is None:
                 return True
+            if thread is threading.current_thread():
+                return False
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 return False

@@ -13,7 +13,7 @@ import pytest
 
 from radixcache import CacheFullError
 from radixcache.runtime import Engine
-from radixcache.runtime.engine.errors import EngineDeadError
+from radixcache.runtime.engine.errors import EngineClosedError, EngineDeadError
 from radixcache.runtime.testing import RandomModel, hold_engine_loop
 from tests.runtime.faults.conftest import assert_clean, ids
 
@@ -254,3 +254,39 @@ def test_a_thread_count_torch_refuses_on_the_loop_thread_fails_its_callers(tiny:
     assert [str(e) for e in died] == ["Overflow when unpacking long"]
     with pytest.raises(EngineDeadError):
         engine.generate(ids(10, 5), 3)
+
+
+def test_a_done_callback_that_waits_for_the_engine_is_refused_instead_of_hanging_it(tiny: RandomModel) -> None:
+    """A request's future completes on the engine loop thread, so its done-callbacks run there; one that chained the
+    next call with generate() (an agent's next step) waited for the loop from the loop: every request in flight
+    and every later one hung for ever, and close() could not stop it."""
+    prompts = [ids(12, 40), ids(14, 41)]
+    alone = _alone(tiny, prompts, 6)
+    engine = _engine(tiny)
+    seen: dict[str, Any] = {}
+
+    def next_step(_: Future) -> None:
+        for name, wait in [
+            ("generate", lambda: engine.generate(prompts[1], 6, ignore_eos=True)),
+            ("unpin", engine.unpin),
+            ("check", engine.check),
+        ]:
+            try:
+                seen[name] = wait()
+            except RuntimeError as exc:
+                seen[name] = exc
+
+    first = engine.submit(prompts[0], 6, ignore_eos=True)
+    first.future.add_done_callback(next_step)
+    assert first.result(30).token_ids == alone[0]
+    assert engine.submit(prompts[1], 6, ignore_eos=True).result(30).token_ids == alone[1]  # the loop still serves
+    for name in ("generate", "unpin", "check"):
+        assert isinstance(seen[name], RuntimeError) and "engine loop's own thread" in str(seen[name]), name
+    assert_clean(engine)
+
+    closing = engine.submit(prompts[0], 6, ignore_eos=True)
+    closing.future.add_done_callback(lambda _: seen.setdefault("close", engine.close(5)))
+    closing.result(30)
+    assert engine.wait_idle(30) and seen["close"] is False  # it could not wait for itself, and said so
+    with pytest.raises(EngineClosedError):
+        engine.submit(prompts[0], 2)
