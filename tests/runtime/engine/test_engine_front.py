@@ -103,6 +103,10 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
         ({"queue_timeout": True}, "queue_timeout must be > 0 seconds"),
         ({"max_queue": -1}, "max_queue must be an int >= 0"),
         ({"queue_timeout": 0}, "queue_timeout must be > 0"),
+        ({"queue_timeout": "5"}, "queue_timeout must be > 0"),  # a TypeError that named no option
+        ({"max_pinned_fraction": "0.5"}, "max_pinned_fraction must be a number in"),  # the same
+        # every request then failed with AttributeError ('dict' object has no attribute ...), after the weights loaded
+        ({"scheduler_config": {"schedule": "fcfs"}}, "scheduler_config must be a SchedulerConfig or None, got dict"),
         ({"schedule": "random"}, "schedule must be one of"),
         ({"admission": "nope"}, "unknown admission policy"),
         ({"kv_memory": "lots"}, "cannot parse memory budget"),
