@@ -230,13 +230,16 @@ class Engine:
         """Run `n` branches from one prefix (text, ids or chat messages) that share its KV: the branches are
         queued together, the first computes the prefix and the others wait for its pages (in-flight sharing),
         then lock them. Branches differ by `continuations` (text or ids appended to the prefix, encoded without a
-        second BOS; `n`, 4 by default, then equals their number) and/or by seed (`seed + i`; set a temperature).
+        second BOS; `n`, 4 by default, then equals their number) and/or by seed (`seed + i`, also for the seed of
+        `options=`; set a temperature).
 
         Each result's `cached_tokens` counts what was cached before the call: the prefix computed by one branch
         for the others is the call's own work, not a cache hit."""
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "fork")
         n = fork_count(n, continuations)
-        if seed is not None:
+        if seed is None:  # a seed in `options=` is the branches' seed as the keyword is: else every branch is alike
+            seed = opts.sampling.seed
+        else:
             opts.updated(seed=seed)  # checked before `seed + i`: a ValueError naming seed, not a TypeError
         text = self._builder.render(prefix, opts.tool_use) if is_messages(prefix) else prefix  # type: ignore[arg-type]
         ids = self._builder.encode(text)

@@ -190,6 +190,20 @@ def test_a_session_and_its_turns_take_options_as_every_entry_point_does(tiny: Ra
         shorter.save(tmp_path / "s.json")
 
 
+def test_fork_offsets_the_seed_of_its_options_as_it_does_its_seed_keyword(tiny: RandomModel) -> None:
+    """A seed given in `options=` went to every branch unchanged: the n samples of one fork were the same text,
+    where the same options as keywords gave branch i the seed `seed + i`."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    opts = RequestOptions.of(8, temperature=1.0, seed=0, ignore_eos=True)
+    by_keywords = [r.token_ids for r in engine.fork("hello there", 3, 8, temperature=1.0, seed=0, ignore_eos=True)]
+    assert len(set(by_keywords)) == 3
+    assert [r.token_ids for r in engine.fork("hello there", 3, options=opts)] == by_keywords
+    history = [{"role": "system", "content": "be brief."}]
+    branches = [r.token_ids for r in engine.session(system="be brief.", options=opts).fork(3)]
+    assert branches == [r.token_ids for r in engine.fork(history, 3, 8, temperature=1.0, seed=0, ignore_eos=True)]
+    assert len(set(branches)) == 3
+
+
 def test_a_user_turn_without_content_stays_in_the_session_history(tiny: RandomModel) -> None:
     """`send(None)` (an agent passing a message's missing content) generated from a prompt with that user turn, but
     the history kept only the reply: every later turn was another conversation than the one the model answered."""
