@@ -112,7 +112,12 @@ class ClusterEngine:
     # ------------------------------------------------------------------ requests
 
     def submit(
-        self, prompt: Sequence[int], max_new_tokens: int = 64, *, options: RequestOptions | None = None, **kwargs: Any
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int | None = None,
+        *,
+        options: RequestOptions | None = None,
+        **kwargs: Any,
     ) -> RemoteHandle:
         """Route `prompt` (token ids) and stream it on a replica; a handle at once."""
         if self._closed:
@@ -121,14 +126,14 @@ class ClusterEngine:
         return self._start(self._prompt_ids(prompt), opts)
 
     @staticmethod
-    def _options(max_new_tokens: int, kwargs: dict[str, Any], caller: str) -> RequestOptions:
+    def _options(max_new_tokens: int | None, kwargs: dict[str, Any], caller: str) -> RequestOptions:
         """A call's options, an unknown keyword's TypeError naming that call (not the `submit` it goes through)."""
         return resolve_options(max_new_tokens, kwargs.pop("options", None), kwargs, f"ClusterEngine.{caller}")
 
     def submit_group(
         self,
         prompts: Sequence[Sequence[int]],
-        max_new_tokens: int = 64,
+        max_new_tokens: int | None = None,
         *,
         each: Sequence[dict[str, Any]] = (),
         options: RequestOptions | None = None,
@@ -169,10 +174,10 @@ class ClusterEngine:
         threading.Thread(target=self._run, args=(handle, prompt, opts), daemon=True).start()
         return handle
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int = 64, **kwargs: Any) -> Any:
+    def generate(self, prompt: Sequence[int], max_new_tokens: int | None = None, **kwargs: Any) -> Any:
         return self.submit(prompt, options=self._options(max_new_tokens, kwargs, "generate")).result()
 
-    async def agenerate(self, prompt: Sequence[int], max_new_tokens: int = 64, **kwargs: Any) -> Any:
+    async def agenerate(self, prompt: Sequence[int], max_new_tokens: int | None = None, **kwargs: Any) -> Any:
         """`generate` for asyncio (the replay's concurrent driver); cancelling the task cancels the request."""
         import asyncio
 

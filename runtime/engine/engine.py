@@ -42,6 +42,7 @@ from radixcache.runtime.engine.output import OutputProcessor
 from radixcache.runtime.engine.queue_limit import QueueGate
 from radixcache.runtime.engine.request import GenerationResult, Request
 from radixcache.runtime.engine.request_builder import (
+    MaxNew,
     Messages,
     Prompt,
     RequestBuilder,
@@ -143,20 +144,20 @@ class Engine:
 
     # ------------------------------------------------------------------ public API: sync
 
-    def generate(self, prompt: Prompt | Sequence[Prompt], max_new_tokens: int = 64, **kwargs: Any) -> Any:
+    def generate(self, prompt: Prompt | Sequence[Prompt], max_new_tokens: MaxNew = None, **kwargs: Any) -> Any:
         """Continue `prompt` (text, or token ids); a list of prompts runs them concurrently and returns a list.
 
         Keyword arguments: RequestOptions' (runtime.engine.options), checked before anything is queued: sampling
         (temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ignore_eos, presence_penalty,
         frequency_penalty, repetition_penalty, logit_bias, logprobs; or `params`, a whole SamplingParams),
-        namespace, return_logits, priority, timeout, pin (one larger than `max_pinned_fraction` of the pool is a
-        ValueError; one the pins held would push past it is refused: the result's `pinned_tokens` is 0),
-        retention, retain ("conversation": the tree adopts every page of this request whatever the admission
-        policy predicts), session (the `session_id` `record_trace` writes), retain_for (seconds to lease the
-        pages once it ends: runtime.kv.leases; the result's `lease`), response_format (an OpenAI response_format
-        dict) or grammar (a GrammarSpec): the output is constrained to it; tools, tool_choice,
-        parallel_tool_calls (OpenAI's; the result's `tool_calls`). `options`: a RequestOptions built beforehand
-        (its own max_new_tokens); keyword arguments beside it override its fields.
+        namespace, return_logits, priority, timeout, pin (larger than `max_pinned_fraction` of the pool: a
+        ValueError; past it with the other pins: the result's `pinned_tokens` is 0), retention, retain
+        ("conversation": the tree adopts every page whatever the admission policy predicts), session (the
+        `session_id` `record_trace` writes), retain_for (seconds to lease the pages once it ends: runtime.kv.leases;
+        the result's `lease`), response_format (an OpenAI response_format dict) or grammar (a GrammarSpec): the
+        output is constrained to it; tools, tool_choice, parallel_tool_calls (OpenAI's; the result's `tool_calls`).
+        `options`: a RequestOptions built beforehand; keyword arguments beside it, max_new_tokens too, override its
+        fields (max_new_tokens not given: the options' own, else 64).
         """
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "generate")  # errors name generate
         handles = self.submit(prompt, options=opts)
@@ -164,7 +165,7 @@ class Engine:
             return self._wait([handles])[0]
         return self._wait(handles)
 
-    def chat(self, messages: Messages | Sequence[Messages], max_new_tokens: int = 64, **kwargs: Any) -> Any:
+    def chat(self, messages: Messages | Sequence[Messages], max_new_tokens: MaxNew = None, **kwargs: Any) -> Any:
         """Render `messages` (OpenAI's, agent histories included) with the model's chat template, the `tools=` in
         it, and generate. A list of conversations runs them concurrently and returns a list of results."""
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "chat")
@@ -181,7 +182,7 @@ class Engine:
     def submit(
         self,
         prompt: Prompt | Sequence[Prompt],
-        max_new_tokens: int = 64,
+        max_new_tokens: MaxNew = None,
         *,
         options: RequestOptions | None = None,
         **kwargs: Any,
@@ -197,7 +198,7 @@ class Engine:
     def submit_group(
         self,
         prompts: Sequence[Prompt],
-        max_new_tokens: int = 64,
+        max_new_tokens: MaxNew = None,
         *,
         each: Sequence[dict[str, Any]] = (),
         options: RequestOptions | None = None,
@@ -221,7 +222,7 @@ class Engine:
         self,
         prefix: Prompt | Messages,
         n: int | None = None,
-        max_new_tokens: int = 64,
+        max_new_tokens: MaxNew = None,
         *,
         continuations: Sequence[Prompt] | None = None,
         seed: int | None = None,
@@ -237,10 +238,9 @@ class Engine:
         for the others is the call's own work, not a cache hit."""
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "fork")
         n = fork_count(n, continuations)
-        if seed is None:  # a seed in `options=` is the branches' seed as the keyword is: else every branch is alike
-            seed = opts.sampling.seed
-        else:
-            opts.updated(seed=seed)  # checked before `seed + i`: a ValueError naming seed, not a TypeError
+        # `options=`'s seed is the branches' seed as the keyword is (else every branch is alike); a bad seed is a
+        # ValueError naming seed here, before `seed + i` could be a TypeError
+        seed = opts.sampling.seed if seed is None else opts.updated(seed=seed).sampling.seed
         text = self._builder.render(prefix, opts.tool_use) if is_messages(prefix) else prefix  # type: ignore[arg-type]
         ids = self._builder.encode(text)
         build = self._builder.encode_continuation
@@ -253,7 +253,7 @@ class Engine:
         """A multi-turn chat whose history (and so its KV) grows turn by turn: `s.send("hi")`."""
         return Session(self, system=system, **defaults)
 
-    async def agenerate(self, prompt: Prompt | Sequence[Prompt], max_new_tokens: int = 64, **kwargs: Any) -> Any:
+    async def agenerate(self, prompt: Prompt | Sequence[Prompt], max_new_tokens: MaxNew = None, **kwargs: Any) -> Any:
         """`generate` for asyncio: awaits the engine loop without blocking the event loop. Cancelling the
         awaiting task cancels the request."""
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "agenerate")
@@ -262,11 +262,13 @@ class Engine:
         results = await gather_results([handles] if single else handles)
         return results[0] if single else results
 
-    async def achat(self, messages: Messages | Sequence[Messages], max_new_tokens: int = 64, **kwargs: Any) -> Any:
+    async def achat(self, messages: Messages | Sequence[Messages], max_new_tokens: MaxNew = None, **kwargs: Any) -> Any:
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "achat")
         return await self.agenerate(self._builder.render(messages, opts.tool_use), options=opts)
 
-    async def stream(self, prompt: Prompt | Messages, max_new_tokens: int = 64, **kwargs: Any) -> AsyncIterator[Any]:
+    async def stream(
+        self, prompt: Prompt | Messages, max_new_tokens: MaxNew = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
         """Text deltas as tokens are generated (`prompt` may be chat messages); engine.streaming.stream_text says
         what is shown and when. With `tools=` (tool_choice not "none"), OpenAI's delta dicts instead:
         `{"content": text}` and `{"tool_calls": [...]}` (engine.streaming.tool_deltas). A refused or failed request
@@ -288,7 +290,7 @@ class Engine:
         """Release pins: those of `prompt` (in `namespace`), or every pin. Returns how many were released."""
         tokens = None if prompt is None else self._builder.encode(prompt)
         check_namespace(namespace)
-        return self._call(lambda _: self.kv.pins.unpin(tokens, namespace))
+        return self._loop.wait_for(lambda _: self.kv.pins.unpin(tokens, namespace))
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Refuse new requests (EngineClosedError), cancel every request in flight (their results say "cancelled",
@@ -352,11 +354,11 @@ class Engine:
             self.kv.leases.expire()  # a lease past its deadline holds nothing, even on an idle engine
             return checked_gauges(self.cache, s, self.kv, self.tiers)
 
-        return self._call(gauges, wait_bound(timeout))  # NaN was a TimeoutError with no message
+        return self._loop.wait_for(gauges, wait_bound(timeout))  # NaN was a TimeoutError with no message
 
     def clear_retention(self) -> int:
         """Forget every retention mark (leaves re-rank as they are next touched). Returns how many there were."""
-        return self._call(lambda _: self.retention.clear())
+        return self._loop.wait_for(lambda _: self.retention.clear())
 
     @property
     def stats(self) -> EngineStats:
@@ -367,23 +369,18 @@ class Engine:
 
     # ------------------------------------------------------------------ private
 
-    def _request(self, prompt: Prompt, max_new_tokens: int = 64, **kwargs: Any) -> Request:
+    def _request(self, prompt: Prompt, max_new_tokens: MaxNew = None, **kwargs: Any) -> Request:
         """A validated Request from generate's arguments; raises before anything is queued."""
         return self._build(prompt, self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "generate"))
 
     def _options(
-        self, max_new_tokens: int, options: RequestOptions | None, kwargs: dict[str, Any], caller: str
+        self, max_new_tokens: int | None, options: RequestOptions | None, kwargs: dict[str, Any], caller: str
     ) -> RequestOptions:
         """The RequestOptions of a call (options.resolve_options; an unknown keyword is a TypeError naming
         `Engine.<caller>`). Raises EngineClosedError once the engine is closed, before any work."""
         if self._closed:
             raise EngineClosedError("this engine is closed")
         return resolve_options(max_new_tokens, options, kwargs, f"Engine.{caller}")
-
-    def _call(self, fn: Any, timeout: float | None = None) -> Any:
-        """`fn(scheduler)` on the loop thread, waited for (RuntimeError on the loop thread: it would never end)."""
-        self._loop.refuse_wait_on_loop()
-        return self._loop.call(fn).result(timeout)
 
     def _build(self, prompt: Prompt, options: RequestOptions) -> Request:
         if self._closed:

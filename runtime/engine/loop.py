@@ -201,6 +201,11 @@ class EngineLoop:
             release_idle_team()
         return fut
 
+    def wait_for(self, fn: Callable[[Scheduler], Any], timeout: float | None = None) -> Any:
+        """`call(fn)` and wait for its value (RuntimeError on the loop thread itself, where it would never end)."""
+        self.refuse_wait_on_loop()
+        return self.call(fn).result(timeout)
+
     def refuse_wait_on_loop(self) -> None:
         """Raise RuntimeError on the loop thread itself (where a request future's done-callbacks run): a wait for
         the loop there would never end, and hang every request with it."""

@@ -118,12 +118,15 @@ class RequestOptions:
 
 
 def resolve_options(
-    max_new_tokens: int, options: RequestOptions | None, kwargs: dict[str, Any], caller: str
+    max_new_tokens: int | None, options: RequestOptions | None, kwargs: dict[str, Any], caller: str
 ) -> RequestOptions:
-    """A call's options, the way every entry point takes them: `options` (its own max_new_tokens) with `kwargs`
-    over it, or built from `max_new_tokens` and `kwargs`. An unknown keyword is a TypeError naming `caller`."""
+    """A call's options, the way every entry point takes them: `options` with `kwargs` over it (and
+    `max_new_tokens` when given: None keeps the options' own), or built from `max_new_tokens` (None: 64) and
+    `kwargs`. An unknown keyword is a TypeError naming `caller`."""
     if options is None:
-        return RequestOptions.of(max_new_tokens, caller=caller, **kwargs)
+        return RequestOptions.of(64 if max_new_tokens is None else max_new_tokens, caller=caller, **kwargs)
+    if max_new_tokens is not None:  # given beside `options=`, it overrides its field as any keyword does
+        kwargs = {"max_new_tokens": max_new_tokens, **kwargs}
     return options.updated(caller=caller, **kwargs)
 
 

@@ -32,6 +32,7 @@ from radixcache.runtime.tools.use import CallIds, ToolUse
 
 Prompt = str | Sequence[int]
 Messages = Sequence[dict[str, Any]]
+MaxNew = int | None  # an entry point's max_new_tokens: None keeps the `options=` own, else 64 (options.resolve_options)
 
 
 class RequestBuilder:

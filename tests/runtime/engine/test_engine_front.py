@@ -190,6 +190,29 @@ def test_a_session_and_its_turns_take_options_as_every_entry_point_does(tiny: Ra
         shorter.save(tmp_path / "s.json")
 
 
+def test_max_new_tokens_beside_options_overrides_them_as_any_keyword_does(tiny: RandomModel) -> None:
+    """`generate(p, options=opts, max_new_tokens=3)` ran opts' 8 tokens: the argument could not be told from its
+    default, so every entry point but a session turn dropped it without a word."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    opts = RequestOptions.of(8, ignore_eos=True)
+    chat = [{"role": "user", "content": "hi"}]
+
+    async def streamed() -> str:
+        return "".join([d async for d in engine.stream("hello", max_new_tokens=3, options=opts)])
+
+    assert len(engine.generate("hello", options=opts).token_ids) == 8  # the options' own when none is given
+    assert len(engine.generate("hello", ignore_eos=True).token_ids) == 64  # and 64 without options
+    assert len(engine.generate("hello", options=opts, max_new_tokens=3).token_ids) == 3
+    assert len(engine.generate("hello", 3, options=opts).token_ids) == 3
+    assert len(engine.submit("hello", options=opts, max_new_tokens=3).result().token_ids) == 3
+    assert len(engine.chat(chat, max_new_tokens=3, options=opts).token_ids) == 3
+    assert len(asyncio.run(engine.agenerate("hello", max_new_tokens=3, options=opts)).token_ids) == 3
+    assert len(asyncio.run(engine.achat(chat, max_new_tokens=3, options=opts)).token_ids) == 3
+    assert [len(r.token_ids) for r in engine.fork("hello", 2, max_new_tokens=3, options=opts)] == [3, 3]
+    assert [len(h.result().token_ids) for h in engine.submit_group(["a", "b"], 3, options=opts)] == [3, 3]
+    assert asyncio.run(streamed()) == engine.generate("hello", 3, options=opts).text
+
+
 def test_fork_offsets_the_seed_of_its_options_as_it_does_its_seed_keyword(tiny: RandomModel) -> None:
     """A seed given in `options=` went to every branch unchanged: the n samples of one fork were the same text,
     where the same options as keywords gave branch i the seed `seed + i`."""
