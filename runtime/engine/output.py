@@ -20,7 +20,7 @@ from radixcache.runtime.engine.sampling import find_stop, stop_token_set
 from radixcache.runtime.engine.structured import Masker, Rows
 from radixcache.runtime.engine.tool_calls import with_tool_calls
 from radixcache.runtime.kv.leases import NO_LEASE
-from radixcache.runtime.tools import ToolCallMemory, template_features
+from radixcache.runtime.tools import ToolCallMemory, tool_template_features
 
 
 @dataclass(slots=True)
@@ -106,7 +106,7 @@ class OutputProcessor:
         self.totals = Totals()
         self.masker = Masker()
         self.tool_memory = ToolCallMemory()  # the text the model wrote for its calls (engine.tool_calls)
-        self.tool_features = template_features(getattr(tokenizer, "chat_template", None))
+        self.tool_features = tool_template_features(tokenizer)  # of its "tool_use" template, where it has one
 
     def constrain(self, done: Rows, fail: Callable[[Request, BaseException], None]) -> Rows:
         """A pass's rows with the grammar masks of the requests that have one (engine.structured)."""

@@ -27,7 +27,7 @@ from radixcache.runtime.engine.request import Request
 from radixcache.runtime.engine.sampling import Sampler
 from radixcache.runtime.engine.structured import EngineGrammars
 from radixcache.runtime.engine.tool_calls import request_grammar
-from radixcache.runtime.tools import ToolCallMemory, template_features
+from radixcache.runtime.tools import ToolCallMemory, tool_template_features
 from radixcache.runtime.tools.use import CallIds, ToolUse
 
 Prompt = str | Sequence[int]
@@ -56,7 +56,7 @@ class RequestBuilder:
         self.device = device
         self.grammars = EngineGrammars(tokenizer, config.vocab_size, stop_token_ids)
         self.tool_memory = tool_memory if tool_memory is not None else ToolCallMemory()
-        self.tool_features = template_features(getattr(tokenizer, "chat_template", None))
+        self.tool_features = tool_template_features(tokenizer)  # of its "tool_use" template, where it has one
         render = getattr(tokenizer, "apply_chat_template", None)
         self.renders_tools = render is not None and "tool_memory" in inspect.signature(render).parameters
 

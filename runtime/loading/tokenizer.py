@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tokenizers import Tokenizer as Backend
@@ -20,6 +20,7 @@ from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
 from radixcache.runtime.loading.gguf_model import gguf_adds_bos, gguf_eos_ids, gguf_token_id
 from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf
 from radixcache.runtime.loading.hf import read_json_object
+from radixcache.runtime.loading.named_templates import DEFAULT, gguf_chat_templates, hf_chat_templates, pick_template
 from radixcache.runtime.tools import (
     ToolCallMemory,
     ToolInputError,
@@ -33,7 +34,8 @@ from radixcache.runtime.tools.known_tokens import PromptText, encode_with_known,
 
 
 class Tokenizer:
-    """Text <-> token ids, EOS ids, and the model's chat template."""
+    """Text <-> token ids, EOS ids, and the model's chat templates: `chat_templates` maps a name to its source,
+    `chat_template` is the one named "default" (loading/named_templates.py)."""
 
     def __init__(
         self,
@@ -44,36 +46,53 @@ class Tokenizer:
         add_bos: bool = False,
         chat_template: str | None = None,
         name: str = "model",
+        chat_templates: Mapping[str, str] | None = None,
+        templates_from: str | None = None,
     ) -> None:
         self.backend = backend
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos_token_ids))
         self.bos_token_id = bos_token_id
         self.add_bos = bool(add_bos and bos_token_id is not None)
-        self.chat_template = chat_template
+        self.chat_templates: dict[str, str] = dict(chat_templates or {})
+        if chat_template is not None:
+            self.chat_templates[DEFAULT] = chat_template
+        self.templates_from = templates_from or "the tokenizer"  # the file they came from, for errors
         self.name = name
+
+    @property
+    def chat_template(self) -> str | None:
+        """The default template (None when there is none); setting it replaces the default alone."""
+        return self.chat_templates.get(DEFAULT)
+
+    @chat_template.setter
+    def chat_template(self, source: str | None) -> None:
+        if source is None:
+            self.chat_templates.pop(DEFAULT, None)
+        else:
+            self.chat_templates[DEFAULT] = source
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict[str, Any], name: str = "model", where: str = "GGUF metadata") -> Tokenizer:
-        """From a GGUF file's `tokenizer.ggml.*` and `tokenizer.chat_template` metadata; ValueError naming `where`
-        (the file) and the key for metadata of the wrong type or out of range."""
-        template = meta.get("tokenizer.chat_template")
-        if template is not None and not isinstance(template, str):
-            raise ValueError(f"{where}: GGUF metadata tokenizer.chat_template is {type(template).__name__}, not text")
+        """From a GGUF file's `tokenizer.ggml.*` and `tokenizer.chat_template(.<name>)` metadata; ValueError naming
+        `where` (the file) and the key for metadata of the wrong type or out of range."""
+        templates = gguf_chat_templates(meta, where)
         return cls(
             backend_from_gguf(meta, where),
             eos_token_ids=gguf_eos_ids(meta, where),
             bos_token_id=gguf_token_id(meta, "tokenizer.ggml.bos_token_id", where),
             add_bos=gguf_adds_bos(meta, where),
-            chat_template=template,
+            chat_templates=templates,
+            templates_from=where,
             name=name,
         )
 
     @classmethod
     def from_hf_dir(cls, directory: str | os.PathLike[str], name: str | None = None) -> Tokenizer:
         """From a Hugging Face model directory: tokenizer.json, plus tokenizer_config.json, chat_template.jinja,
-        config.json and generation_config.json for BOS/EOS and the chat template when present."""
+        additional_chat_templates/, config.json and generation_config.json for BOS/EOS and the chat templates when
+        present (loading/named_templates.py)."""
         directory = os.fspath(directory)
         path = os.path.join(directory, "tokenizer.json")
         if not os.path.isfile(path):
@@ -113,13 +132,15 @@ class Tokenizer:
             eos.extend(ids)
         if (tid := token_id(tok_config.get("eos_token"))) is not None:  # first: the template's eos_token, as in
             eos.insert(0, tid)  # transformers (generation_config's first id may be another, e.g. <|end_of_text|>)
+        templates, templates_from = hf_chat_templates(directory, tok_config)
 
         return cls(
             backend,
             eos_token_ids=eos,
             bos_token_id=bos if bos is not None else probed,
             add_bos=bool(add_bos),
-            chat_template=_hf_chat_template(directory, tok_config),
+            chat_templates=templates,
+            templates_from=templates_from,
             name=name or os.path.basename(os.path.normpath(directory)),
         )
 
@@ -194,7 +215,9 @@ class Tokenizer:
         tool_memory: ToolCallMemory | None = None,
         **variables: Any,
     ) -> str:
-        """The prompt text for `messages`, rendered with the model's own template (or `chat_template`).
+        """The prompt text for `messages`, rendered with the model's own template, picked as transformers does
+        (`pick_template`): `chat_template` (a name of `chat_templates`, or Jinja source), else "tool_use" when
+        `tools` is given and the model has one, else "default".
 
         Messages may be agent histories (radixcache.runtime.tools.messages: tool calls, tool results, `name`, the
         developer role as the system message). `tools` (OpenAI's function format, or `ToolSpec`s) are rendered by
@@ -202,7 +225,8 @@ class Tokenizer:
         `tool_memory` gives the exact text the model emitted for the calls it made, and the result is then a
         `PromptText` carrying the ids it emitted them as, where known, so `encode` gives back those very tokens. A bad
         message or tool raises `ChatMessageError` naming the field."""
-        source = chat_template or self.chat_template
+        chosen = chat_template or None
+        source = pick_template(self.chat_templates, chosen, tools is not None, self.templates_from, self.name)
         try:
             history = normalize_messages(messages)
             specs = tuple(tools) if tools and all(isinstance(t, ToolSpec) for t in tools) else normalize_tools(tools)
@@ -276,23 +300,3 @@ def _read_json(path: str) -> dict[str, Any]:
 
 def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _hf_chat_template(directory: str, tok_config: dict[str, Any]) -> str | None:
-    """chat_template.jinja if present, else tokenizer_config.json's chat_template (a string, or a list of
-    {name, template} from which the one named "default" is taken)."""
-    jinja_path = os.path.join(directory, "chat_template.jinja")
-    if os.path.isfile(jinja_path):
-        with open(jinja_path, encoding="utf-8") as f:
-            try:
-                return f.read()
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{jinja_path}: not UTF-8 text ({e})") from None
-    template = tok_config.get("chat_template")
-    if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-    if template is not None and not isinstance(template, str):  # else found only when a chat request renders it
-        where = os.path.join(directory, "tokenizer_config.json")
-        raise ValueError(f"{where}: chat_template is {type(template).__name__}, not text")
-    return template

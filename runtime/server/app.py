@@ -44,7 +44,7 @@ from radixcache.runtime.server.protocol import (
 from radixcache.runtime.server.responses import Responder
 from radixcache.runtime.server.responses_store import ResponseStore
 from radixcache.runtime.server.structured import grammar_of, render_chat, tool_use_of
-from radixcache.runtime.tools import template_features
+from radixcache.runtime.tools import tool_template_features
 
 DEFAULT_MAX_TOKENS = 256
 SHUTDOWN_WAIT_S = 30.0
@@ -213,7 +213,7 @@ def create_app(
             session=session or None,
             **structured,  # grammar= and tool_use= (runtime.server.structured)
         )
-        tool_format = template_features(getattr(engine.tokenizer, "chat_template", None)).format
+        tool_format = tool_template_features(engine.tokenizer).format
         return generation.Job(prompts, body.n, max_tokens, options, tool_format)
 
     def token_bytes(token_id: int) -> bytes:

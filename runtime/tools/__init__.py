@@ -3,8 +3,9 @@ parsed back out of its output.
 
     tools = normalize_tools(body["tools"]); choice = normalize_tool_choice(body.get("tool_choice"), tools)
     text = tokenizer.apply_chat_template(messages, tools=tools, tool_memory=memory)   # loading/tokenizer.py
-    schema = tool_call_schema(tools, choice, features=template_features(tokenizer.chat_template))
-    parser = ToolCallParser(tools, template_features(tokenizer.chat_template).format)
+    features = tool_template_features(tokenizer)  # its "tool_use" template's, where it has one
+    schema = tool_call_schema(tools, choice, features=features)
+    parser = ToolCallParser(tools, features.format)
     ... deltas = parser.feed(text_delta) ...; parser.finish(); result = parser.result()
     memory.remember(result.tool_calls, result.raw)
 
@@ -19,7 +20,7 @@ parallel_tool_calls, as `RequestOptions.tool_use` carries them). Pure Python: no
 from __future__ import annotations
 
 from radixcache.runtime.tools.errors import ToolInputError
-from radixcache.runtime.tools.features import TemplateFeatures, template_features
+from radixcache.runtime.tools.features import TemplateFeatures, template_features, tool_template_features
 from radixcache.runtime.tools.memory import ToolCallMemory
 from radixcache.runtime.tools.messages import ChatMessage, ToolCall, normalize_messages
 from radixcache.runtime.tools.parse import ParsedOutput, ToolCallParser, assemble, new_call_id, parse_tool_calls
@@ -52,4 +53,5 @@ __all__ = [
     "template_features",
     "template_messages",
     "tool_call_schema",
+    "tool_template_features",
 ]

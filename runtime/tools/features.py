@@ -65,3 +65,10 @@ def template_features(source: str | None) -> TemplateFeatures:
         tool_role=bool({"tool", "ipython"} & consts),
         hermes=any("<tool_call>" in c for c in consts) or "<tool_call>" in source,
     )
+
+
+def tool_template_features(tokenizer: Any) -> TemplateFeatures:
+    """The features of the template a chat with tools renders with: the tokenizer's "tool_use" template where it has
+    one (transformers' rule, loading/named_templates.py), else its own `chat_template`."""
+    named = getattr(tokenizer, "chat_templates", None) or {}
+    return template_features(named.get("tool_use") or getattr(tokenizer, "chat_template", None))
