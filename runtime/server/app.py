@@ -222,11 +222,16 @@ def create_app(
             return exact(token_id)
         return engine.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
+    def decode(ids: Sequence[int]) -> str:
+        return engine.tokenizer.decode(list(ids), skip_special_tokens=True)
+
     def responder(kind: str, job: generation.Job, functions: bool = False) -> Responder:
         calls = legacy_calls if functions else None  # replies in the deprecated function_call shape
         use = job.options.tool_use
         parsed = use is not None and use.parses_calls
-        return Responder(kind, model_name, job.prompt_tokens, job.n, token_bytes, legacy=calls, calls=parsed)
+        return Responder(
+            kind, model_name, job.prompt_tokens, job.n, token_bytes, legacy=calls, calls=parsed, decode=decode
+        )
 
     async def run(request: Request, body: Any, job: generation.Job, responder: Responder) -> Any:
         namespace = job.options.namespace

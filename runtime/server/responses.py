@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from radixcache.runtime.engine.request import GenerationResult
+from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
 from radixcache.runtime.server import legacy as legacy_shape
 from radixcache.runtime.server.errors import api_error_for
 from radixcache.runtime.server.leases import lease_usage
@@ -39,7 +40,8 @@ def usage(prompt_tokens: int, results: Sequence[GenerationResult], n: int = 1) -
 
 class Responder:
     """Builds the bodies for one request: `chat.completion` or `text_completion`. `token_bytes(id)`: the bytes one
-    token stands for (for logprobs; a token may hold part of a UTF-8 character)."""
+    token stands for (for logprobs; a token may hold part of a UTF-8 character). `decode(ids)`: the text of output
+    tokens as a result's text reads (the legacy logprobs' `text_offset` counts its characters)."""
 
     def __init__(
         self,
@@ -50,11 +52,14 @@ class Responder:
         token_bytes: Callable[[int], bytes] = lambda t: str(t).encode(),
         legacy: legacy_shape.LegacyCalls | None = None,
         calls: bool = False,
+        decode: Callable[[Sequence[int]], str] | None = None,
     ) -> None:
         self.kind, self.model, self.prompt_tokens, self.n = kind, model, prompt_tokens, n
         self.legacy = legacy  # set: the request used `functions`; calls are answered as `function_call`
         self.calls = calls  # the reply may be calls: a stream's first chunk says content null, as OpenAI's does
         self.token_bytes = token_bytes
+        self.decode = decode or (lambda ids: b"".join(map(token_bytes, ids)).decode("utf-8", "replace"))
+        self._texts: dict[int, IncrementalDetokenizer] = {}  # a streamed choice's text so far, for text_offset
         prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -65,17 +70,28 @@ class Responder:
 
     # ------------------------------------------------------------------ logprobs
 
-    def logprobs(self, entries: Sequence[Any] | None, text_offset: int = 0) -> dict[str, Any] | None:
-        """`entries` (runtime.engine.request.TokenLogprob) in this endpoint's shape; None when not asked for."""
+    def logprobs(self, entries: Sequence[Any] | None, choice: int | None = None) -> dict[str, Any] | None:
+        """`entries` (runtime.engine.request.TokenLogprob) in this endpoint's shape; None when not asked for.
+        `choice`: a stream's choice whose next tokens these are (None: a whole choice's tokens, from its first)."""
         if entries is None:
             return None
         if self.chat:
             return {"content": [self._chat_logprob(e) for e in entries], "refusal": None}
         tokens = [self.token_text(e.token_id) for e in entries]
-        offsets, at = [], text_offset
-        for t in tokens:
-            offsets.append(at)
-            at += len(t)
+        # A token's text_offset is where its text begins in the choice's text, counted in the characters the
+        # tokens before it completed (not in the lengths of their names: "bytes:\\xNN" is one byte of a character),
+        # the same whether the tokens come whole or a few per stream chunk. A token of whole characters ends the
+        # text it completes (which may also hold an earlier byte that no character took); one byte of a character
+        # is at the character it belongs to.
+        text = IncrementalDetokenizer(self.decode)
+        if choice is not None:
+            text = self._texts.setdefault(choice, text)
+        offsets = []
+        for e, token in zip(entries, tokens, strict=True):
+            before = len(text.text)
+            added = text.add(e.token_id)
+            whole = token and not token.startswith("bytes:") and added.endswith(token)
+            offsets.append(len(text.text) - len(token) if whole else before)
         return {
             "tokens": tokens,
             "token_logprobs": [e.logprob for e in entries],
@@ -201,7 +217,6 @@ class Responder:
         OpenAI's error object as an event, then `data: [DONE]`."""
         results: dict[int, GenerationResult] = {}
         started: set[int] = set()
-        offsets: dict[int, int] = {}
         try:
             async for event in events:
                 i = event.index
@@ -210,13 +225,12 @@ class Responder:
                     yield _sse(self._chunk(i, None, None, first=True))
                 lp = None
                 if want_logprobs and event.logprobs:
-                    lp = self.logprobs(event.logprobs, offsets.get(i, 0))
+                    lp = self.logprobs(event.logprobs, i)
                 if event.deltas is not None:
                     for chunk in self._deltas(i, event.deltas, lp):
                         yield _sse(chunk)
                 elif event.text or lp is not None:
                     yield _sse(self._chunk(i, event.text, None, logprobs=lp))
-                offsets[i] = offsets.get(i, 0) + len(event.text)
                 if event.result is not None:
                     results[i] = event.result
                     metrics.observe(event.result, namespace)
