@@ -225,12 +225,12 @@ def create_app(
     def decode(ids: Sequence[int]) -> str:
         return engine.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def responder(kind: str, job: generation.Job, functions: bool = False) -> Responder:
-        calls = legacy_calls if functions else None  # replies in the deprecated function_call shape
+    def responder(kind: str, job: generation.Job, legacy_reply: legacy.LegacyReply | None = None) -> Responder:
+        """`legacy_reply`: set when the request used `functions`: its calls are answered as `function_call`."""
         use = job.options.tool_use
         parsed = use is not None and use.parses_calls
         return Responder(
-            kind, model_name, job.prompt_tokens, job.n, token_bytes, legacy=calls, calls=parsed, decode=decode
+            kind, model_name, job.prompt_tokens, job.n, token_bytes, legacy=legacy_reply, calls=parsed, decode=decode
         )
 
     async def run(request: Request, body: Any, job: generation.Job, responder: Responder) -> Any:
@@ -262,13 +262,14 @@ def create_app(
             raise APIError(400, "messages must be a non-empty list", param="messages")
         grammar, use = grammar_of(body), tool_use_of(body)
         messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
+        reply = legacy_calls.reply_to(messages) if legacy.is_legacy(body) else None
         if any(m["role"] == "function" or "function_call" in m for m in messages):
             messages = legacy.legacy_messages(messages, legacy_calls)
         # Rendering and tokenising a long history take milliseconds: off the event loop, as submitting is.
         ids = await asyncio.to_thread(lambda: encode(render_chat(engine, messages, use)))
         namespace = generation.namespace_for(key, body.cache_salt)
         job = job_for(body, [ids], namespace, request, key, grammar=grammar, tool_use=use)
-        return await run(request, body, job, responder("chat.completion", job, legacy.is_legacy(body)))
+        return await run(request, body, job, responder("chat.completion", job, reply))
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest, key: ApiKey) -> Any:

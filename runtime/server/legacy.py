@@ -7,18 +7,24 @@ and finish_reason "function_call" out, and histories with assistant `function_ca
   (`functions.0.parameters.properties.x.type`, `function_call.name`).
 - History: an assistant `function_call` becomes a tool call, a `function` message (which must carry `name`) the tool
   turn answering the latest call of that name. A legacy call has no id: the server remembers the engine's id of each
-  call it answered by its name and arguments (`LegacyCalls`), so a replayed call renders as the exact text the model
-  wrote and the next turn hits the cache; a call it does not know gets an id from its message's position, the same
-  every turn, so the prompt's prefix stays stable.
+  call it answered by the conversation before it, its name and its arguments (`LegacyCalls`), so a replayed call
+  renders as the exact text the model wrote and the next turn hits the cache, even when the conversation made the
+  same call before (an agent polling a function: each turn keeps its own id, which the tool result's line shows);
+  a history replayed in another form (say, content "" for null) falls back to the latest id of that name and those
+  arguments; a call it does not know gets an id from its message's position, the same every turn, so the prompt's
+  prefix stays stable.
 - Reply: the first call as `function_call` {name, arguments} (no `tool_calls`), finish_reason "function_call";
   streamed as `{"function_call": {"name": N, "arguments": ""}}` then `{"function_call": {"arguments": piece}}`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from radixcache.runtime.server.protocol import APIError
@@ -28,22 +34,51 @@ FINISH = {"tool_calls": "function_call"}
 
 
 class LegacyCalls:
-    """The engine's ids of the calls answered as `function_call`, by (name, arguments), most recent last."""
+    """The engine's ids of the calls answered as `function_call`, by (context, name, arguments), where the context
+    is the digest of the conversation the call answered (`contexts`) and "" stands for any (the latest such call),
+    most recent last."""
 
     def __init__(self, size: int = MAX_REMEMBERED) -> None:
         self.size = size
-        self._ids: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._ids: OrderedDict[tuple[str, str, str], str] = OrderedDict()
 
-    def remember(self, calls: Sequence[Any]) -> None:
+    def remember(self, calls: Sequence[Any], context: str = "") -> None:
         for call in calls[:1]:  # the reply shows its first call only
-            key = (call.name, call.arguments)
-            self._ids[key] = call.id
-            self._ids.move_to_end(key)
-            while len(self._ids) > self.size:
+            for key in ((context, call.name, call.arguments), ("", call.name, call.arguments)):
+                self._ids[key] = call.id
+                self._ids.move_to_end(key)
+            while len(self._ids) > 2 * self.size:  # two keys per call
                 self._ids.popitem(last=False)
 
-    def id_for(self, name: str, arguments: str) -> str | None:
-        return self._ids.get((name, arguments))
+    def id_for(self, name: str, arguments: str, context: str = "") -> str | None:
+        return self._ids.get((context, name, arguments)) or self._ids.get(("", name, arguments))
+
+    def reply_to(self, messages: Sequence[dict[str, Any]]) -> LegacyReply:
+        """Where the calls of a reply to `messages` are remembered."""
+        *_, context = contexts(messages)
+        return LegacyReply(self, context)
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyReply:
+    """The calls of one request's replies, remembered under the conversation they answer."""
+
+    calls: LegacyCalls
+    context: str
+
+    def remember(self, calls: Sequence[Any]) -> None:
+        self.calls.remember(calls, self.context)
+
+
+def contexts(messages: Sequence[dict[str, Any]]) -> Iterator[str]:
+    """The digest of each prefix of `messages` (as the request's messages read, before the legacy turns become tool
+    turns): before the first message, ..., after the last. A later turn replays the same messages, so the digest
+    before its message i is the one of the request that message i answered."""
+    digest = hashlib.sha256()
+    yield digest.hexdigest()
+    for m in messages:
+        digest.update(json.dumps(m, sort_keys=True).encode() + b"\x00")
+        yield digest.hexdigest()
 
 
 def is_legacy(body: Any) -> bool:
@@ -88,7 +123,9 @@ def legacy_messages(messages: list[dict[str, Any]], calls: LegacyCalls) -> list[
     out: list[dict[str, Any]] = []
     latest: dict[str, str] = {}  # name -> the id of its latest call
     last_id: str | None = None
+    prefixes = contexts(messages)
     for i, m in enumerate(messages):
+        context = next(prefixes)  # the conversation before message i
         m = dict(m)
         call = m.pop("function_call", None)
         if call is not None:
@@ -101,7 +138,7 @@ def legacy_messages(messages: list[dict[str, Any]], calls: LegacyCalls) -> list[
                 raise APIError(
                     400, "function_call is {'name': str, 'arguments': JSON text}", param=f"messages.{i}.function_call"
                 )
-            call_id = calls.id_for(name, arguments) or f"call_fn{i:06d}"
+            call_id = calls.id_for(name, arguments, context) or f"call_fn{i:06d}"
             m["tool_calls"] = [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]
             latest[name], last_id = call_id, call_id
         if m.get("role") == "function":

@@ -50,7 +50,7 @@ class Responder:
         prompt_tokens: int,
         n: int = 1,
         token_bytes: Callable[[int], bytes] = lambda t: str(t).encode(),
-        legacy: legacy_shape.LegacyCalls | None = None,
+        legacy: legacy_shape.LegacyReply | None = None,
         calls: bool = False,
         decode: Callable[[Sequence[int]], str] | None = None,
     ) -> None:

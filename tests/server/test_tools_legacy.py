@@ -89,6 +89,25 @@ def test_a_legacy_history_renders_as_tool_turns_and_hits_the_previous_turn(tools
         messages.append({"role": "function", "name": call.name, "content": f"{step + 5}"})
 
 
+def test_a_call_repeated_with_the_same_arguments_keeps_each_turns_id_and_the_cache(tools_client) -> None:
+    """An agent polling one function with the same arguments: each replayed call keeps the id its turn was answered
+    with, so the history renders as before (the id is in the tool result's line) and every turn hits the whole
+    previous prompt and output; a later turn's id given to the earlier calls changed the prompt there."""
+    now = {"name": "now", "parameters": {"type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC"]}}}}
+    messages = [{"role": "system", "content": "You poll the clock."}, {"role": "user", "content": "Time?"}]
+    previous, calls = None, set()
+    for step in range(4):
+        r = _ask(tools_client, messages, functions=[now], function_call={"name": "now"}, temperature=0)
+        call = r.choices[0].message.function_call
+        calls.add((call.name, call.arguments))
+        if previous is not None:
+            assert r.usage.prompt_tokens_details.cached_tokens >= (previous - 1) // PAGE * PAGE, (step, r.usage)
+        previous = r.usage.prompt_tokens + r.usage.completion_tokens
+        messages.append({"role": "assistant", "content": None, "function_call": call.model_dump()})
+        messages.append({"role": "function", "name": "now", "content": f"12:0{step}"})
+    assert len(calls) == 1  # the same call every turn (greedy, one allowed value): the case this is about
+
+
 def test_a_history_with_calls_the_server_never_made_keeps_a_stable_prefix(tools_client) -> None:
     made_up = {"role": "assistant", "content": None, "function_call": {"name": "add", "arguments": '{"a": 1, "b": 1}'}}
     history = [*ASK, made_up, {"role": "function", "name": "add", "content": "2"}]
