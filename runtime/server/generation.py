@@ -23,6 +23,7 @@ from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine, GenerationHandle
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.engine.streaming import held_back
+from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
 from radixcache.runtime.tools import ToolCallParser
 from radixcache.runtime.tools.use import CallIds
 
@@ -164,13 +165,14 @@ async def complete(engine: GenerationEngine, job: Job, inflight: Inflight) -> li
             inflight.cancel(h)
 
 
-def _visible_text(engine: GenerationEngine, ids: Sequence[int], hidden: set[int], stop: Sequence[str]) -> str:
-    """The text safe to send: cut before a stop string, and short of anything that may still begin one."""
-    text = engine.tokenizer.decode([t for t in ids if t not in hidden], skip_special_tokens=True)
-    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+def _visible_text(text: str, stop: Sequence[str], sent: int) -> str:
+    """The text safe to send: cut before a stop string, and short of anything that may still begin one. `text`
+    holds whole characters only (an incomplete UTF-8 sequence waits for its next byte); `sent`: the characters
+    sent so far, which end before any stop string (so it is searched for only past them, less its length)."""
+    since = max(0, sent - max((len(s) for s in stop), default=0))
+    cuts = [i for i in (text.find(s, since) for s in stop) if i >= 0]
     if cuts:  # the engine will end the request here; its result's text is cut at the same place
         return text[: min(cuts)]
-    text = text.rstrip("\ufffd")  # an incomplete UTF-8 sequence waits for its next byte
     return held_back(text, stop)
 
 
@@ -193,12 +195,17 @@ async def _stream_one(
     hidden = set(engine.eos_token_ids) | set(req.sampler.params.stop_token_ids)
     stop = job.options.sampling.stop
     parser = _tool_parser(job, req)
-    emitted, sent_logprobs, started = "", 0, False
+    # The output's text, decoded as its tokens come (decoding all of it at every token made a long stream
+    # quadratic, on the event loop every other stream shares); it reads as the result's text does.
+    output = IncrementalDetokenizer(lambda some: engine.tokenizer.decode(list(some), skip_special_tokens=True))
+    emitted, sent_logprobs, started, decoded = "", 0, False, 0
     try:
         while not handle.done():
             await wake.get()
             ids = list(req.output_ids)
-            visible = _visible_text(engine, ids, hidden, stop)
+            output.add([t for t in ids[decoded:] if t not in hidden])
+            decoded = len(ids)
+            visible = _visible_text(output.text, stop, len(emitted))
             grew = len(visible) > len(emitted) and visible.startswith(emitted)
             if grew or (ids and not started):  # never before a token: a refusal must still be an HTTP status
                 started = True
