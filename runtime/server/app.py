@@ -39,6 +39,7 @@ from radixcache.runtime.server.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    body_message,
     validation_message,
 )
 from radixcache.runtime.server.responses import Responder
@@ -111,9 +112,11 @@ def create_app(
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = validation_message(list(exc.errors()))
-        return await _api_error(_, APIError(400, message, param=param))
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        whole = body_message(errors[0], request.headers.get("content-type")) if errors else None
+        message, param = (whole, None) if whole is not None else validation_message(errors)
+        return await _api_error(request, APIError(400, message, param=param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

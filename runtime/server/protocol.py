@@ -333,3 +333,19 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
         return f"Unrecognized request argument supplied: {param}", param
     msg = err.get("msg", "invalid value")
     return (f"{param}: {msg}" if param else msg), param
+
+
+def body_message(error: dict[str, Any], content_type: str | None) -> str | None:
+    """The 400's message when the body as a whole is refused (pydantic's error at location ("body",)), else None:
+    FastAPI reads a body as JSON only under a JSON Content-Type and passes any other on as bytes (`curl -d` sends
+    form-encoded unless told), so "Input should be a valid dictionary" there meant a missing header."""
+    if tuple(error.get("loc", ())) != ("body",):
+        return None
+    if isinstance(error.get("input"), bytes):
+        sent = f"Content-Type: {content_type}" if content_type else "no Content-Type"
+        return f"The request body must be JSON sent with Content-Type: application/json; this one had {sent}."
+    if error.get("type") == "missing":
+        return "The request body is empty: send a JSON object."
+    if error.get("type") in ("model_attributes_type", "model_type", "dict_type"):
+        return "The request body must be a JSON object."
+    return None  # a check of the whole object (a model validator): its own message

@@ -30,6 +30,31 @@ def test_malformed_json_is_400(server) -> None:
     _assert_error(r, 400)
 
 
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded", "text/plain"])
+def test_a_json_body_sent_without_the_json_content_type_is_a_400_that_says_so(server, content_type) -> None:
+    """`curl -d '{...}'` without `-H 'Content-Type: application/json'` sends form-encoded: FastAPI does not read the
+    body as JSON then, and the 400 said only "Input should be a valid dictionary or object to extract fields from"."""
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+    for path in ("/chat/completions", "/completions", "/responses"):
+        headers = {} if content_type is None else {"content-type": content_type}
+        err = _assert_error(_post(server, path, content=body, headers=headers), 400)
+        assert "Content-Type: application/json" in err["message"], err
+        assert (content_type or "no Content-Type") in err["message"], err
+    ok = _post(server, "/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert ok.status_code == 200, ok.text
+
+
+def test_a_body_that_is_json_but_not_an_object_is_a_400_that_says_so(server) -> None:
+    for body in (b"[1, 2]", b"null", b'"text"', b"3", b""):
+        err = _assert_error(
+            _post(server, "/chat/completions", content=body, headers={"content-type": "application/json"}), 400
+        )
+        assert "JSON object" in err["message"], err
+    # a check of the whole object keeps its own message
+    err = _assert_error(_post(server, "/completions", json={"model": "tiny", "prompt": [], "max_tokens": 2}), 400)
+    assert "prompt must not be an empty list" in err["message"], err
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
