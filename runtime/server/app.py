@@ -43,6 +43,7 @@ from radixcache.runtime.server.protocol import (
     validation_message,
 )
 from radixcache.runtime.server.responses import Responder
+from radixcache.runtime.server.responses_input import unicode_checked
 from radixcache.runtime.server.responses_store import ResponseStore
 from radixcache.runtime.server.structured import grammar_of, render_chat, tool_use_of
 from radixcache.runtime.tools import tool_template_features
@@ -263,8 +264,14 @@ def create_app(
         body.refuse_unsupported()
         if not body.messages:
             raise APIError(400, "messages must be a non-empty list", param="messages")
-        grammar, use = grammar_of(body), tool_use_of(body)
         messages = [m.as_dict(i) for i, m in enumerate(body.messages)]
+        # a lone surrogate (JSON can spell one) in a content part, a call or a tool, named by its path: pydantic
+        # names one in a string field, but these are free-form, and the tokenizer's refusal could not say where
+        for i, m in enumerate(messages):
+            unicode_checked(m, f"messages.{i}")
+        for name in ("tools", "functions"):
+            unicode_checked(getattr(body, name), name)
+        grammar, use = grammar_of(body), tool_use_of(body)
         reply = legacy_calls.reply_to(messages) if legacy.is_legacy(body) else None
         if any(m["role"] == "function" or "function_call" in m for m in messages):
             messages = legacy.legacy_messages(messages, legacy_calls)

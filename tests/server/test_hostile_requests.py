@@ -144,6 +144,49 @@ def test_a_logit_bias_token_past_the_vocabulary_is_a_400_naming_it(app, chat: bo
     _settled_and_serving(client, engine)
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+LONE = "\ud800"  # JSON's escape spells it; no UTF-8 prompt can hold it
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": f"a{LONE}"}]}]},
+            "messages.0.content.0.text",
+        ),
+        ({"tools": [{**TOOL, "function": {**TOOL["function"], "description": LONE}}]}, "tools.0.function.description"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{**CALL, "function": {"name": "f", "arguments": f'{{"a": "{LONE}"}}'}}],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "r"},
+                ],
+                "tools": [TOOL],
+            },
+            "messages.1.tool_calls.0.function.arguments",
+        ),
+        ({"functions": [{"name": "f", "description": LONE}]}, "functions.0.description"),
+    ],
+)
+def test_a_lone_surrogate_in_a_part_a_call_or_a_tool_is_a_400_naming_it(app, fields: dict, param: str) -> None:
+    """A string field refused it by name, but one inside a content part, a call or a tool reached the tokenizer,
+    whose 400 had `param` null."""
+    client, engine = app
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **fields}
+    r = client.post("/v1/chat/completions", content=json.dumps(body), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and "lone surrogate" in error["message"], error
+    _settled_and_serving(client, engine)
+
+
 def _nested(depth: int) -> str:
     """A JSON schema `depth` arrays deep, as raw JSON text (json.dumps would recurse as deep itself)."""
     return '{"type":"array","items":' * depth + '{"type":"string"}' + "}" * depth
