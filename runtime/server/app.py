@@ -240,10 +240,11 @@ def create_app(
     async def run(request: Request, body: Any, job: generation.Job, responder: Responder) -> Any:
         namespace = job.options.namespace
         if job.max_tokens == 0:  # OpenAI answers an empty completion; the engine needs at least one step
+            asked = job.options.retain_for is not None
             if body.stream:
-                events = responder.empty_stream(job.choices, body.include_usage())
+                events = responder.empty_stream(job.choices, body.include_usage(), asked)
                 return StreamingResponse(iter(events), media_type="text/event-stream")
-            return JSONResponse(responder.empty(job.choices))
+            return JSONResponse(responder.empty(job.choices, asked))
         if body.stream:
             events = generation.stream(engine, job, inflight)
             # Wait for the first event before answering 200: a refusal (full queue, queue timeout) is still an

@@ -54,9 +54,10 @@ def retain_for(asked: float | None, key: str | None, defaults: Mapping[str, floa
     return defaults.get(EVERY_KEY)
 
 
-def lease_usage(results: Sequence[GenerationResult]) -> dict[str, Any] | None:
-    """`usage.lease` for a request's results, None when none asked for a lease."""
+def lease_usage(results: Sequence[GenerationResult], asked: bool = False) -> dict[str, Any] | None:
+    """`usage.lease` for a request's results, None when none asked for a lease. `asked`: the request asked for one
+    (an empty completion, max_tokens 0, has no results: it held nothing)."""
     leases = [r.lease for r in results if r.lease is not None]
     if not leases:
-        return None
+        return {"seconds": 0.0, "tokens": 0} if asked else None
     return {"seconds": max(g.seconds for g in leases), "tokens": max(g.tokens for g in leases)}

@@ -18,10 +18,12 @@ from radixcache.runtime.server.leases import lease_usage
 _FINISH = {"stop": "stop", "length": "length", "timeout": "length", "cancelled": "stop", "tool_calls": "tool_calls"}
 
 
-def usage(prompt_tokens: int, results: Sequence[GenerationResult], n: int = 1) -> dict[str, Any]:
+def usage(
+    prompt_tokens: int, results: Sequence[GenerationResult], n: int = 1, lease_asked: bool = False
+) -> dict[str, Any]:
     """OpenAI's usage block. Each prompt counts once, as OpenAI bills n samples; its cached_tokens are the most
     any of its samples read from the radix cache (the n samples of a prompt share its pages). `results` are in
-    choice order: n per prompt."""
+    choice order: n per prompt. `lease_asked`: the request asked for a lease (`lease` is then present)."""
     completion = sum(len(r.token_ids) for r in results)
     cached = sum(
         max(r.cached_tokens for r in results[i : i + n]) for i in range(0, len(results), n) if results[i : i + n]
@@ -32,7 +34,7 @@ def usage(prompt_tokens: int, results: Sequence[GenerationResult], n: int = 1) -
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
-    lease = lease_usage(results)
+    lease = lease_usage(results, lease_asked)
     if lease is not None:  # what `retain_for` got (runtime.server.leases)
         out["lease"] = lease
     return out
@@ -160,17 +162,17 @@ class Responder:
                 self.legacy.remember(r.tool_calls)
         return self._envelope(self.kind, choices, usage=usage(self.prompt_tokens, results, self.n))
 
-    def empty(self, choices: int) -> dict[str, Any]:
-        """max_tokens=0: no generation, an empty answer per choice."""
+    def empty(self, choices: int, lease_asked: bool = False) -> dict[str, Any]:
+        """max_tokens=0: no generation, an empty answer per choice (and no lease held)."""
         return self._envelope(
             self.kind,
             [self._choice(i, "", "length", None) for i in range(choices)],
-            usage=usage(self.prompt_tokens, []),
+            usage=usage(self.prompt_tokens, [], lease_asked=lease_asked),
         )
 
     # ------------------------------------------------------------------ streams
 
-    def empty_stream(self, choices: int, include_usage: bool) -> list[str]:
+    def empty_stream(self, choices: int, include_usage: bool, lease_asked: bool = False) -> list[str]:
         """max_tokens=0 asked as a stream: still an SSE stream (a client reading one parses nothing else), each
         choice's role chunk (chat) and "length" finish chunk, the usage chunk when asked for, then `data: [DONE]`."""
         events = []
@@ -180,7 +182,7 @@ class Responder:
             events.append(_sse(self._chunk(i, None if self.chat else "", "length")))
         if include_usage:
             kind = self._chunk(0, None, None)["object"]
-            events.append(_sse(self._envelope(kind, [], usage=usage(self.prompt_tokens, []))))
+            events.append(_sse(self._envelope(kind, [], usage=usage(self.prompt_tokens, [], lease_asked=lease_asked))))
         return [*events, "data: [DONE]\n\n"]
 
     def _chunk(

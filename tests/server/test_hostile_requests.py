@@ -72,6 +72,21 @@ def test_max_tokens_0_asked_as_a_stream_is_answered_as_a_stream(app, chat: bool)
     _settled_and_serving(client, engine)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_0_with_a_lease_asked_says_none_was_granted(app, stream: bool) -> None:
+    """usage.lease is present whenever a lease was asked for, both 0 when nothing was held: an empty completion
+    holds nothing (it never reaches the engine), and its usage had no lease at all."""
+    client, engine = app
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "lease"}], "max_tokens": 0, "stream": stream}
+    for asked, want in ((20, {"seconds": 0.0, "tokens": 0}), (None, None)):
+        extra = {"stream_options": {"include_usage": True}} if stream else {}
+        r = client.post("/v1/chat/completions", json={**body, **extra, "retain_for": asked})
+        assert r.status_code == 200, r.text
+        usage = _events(r.text)[-2]["usage"] if stream else r.json()["usage"]
+        assert usage.get("lease") == want, usage
+    _settled_and_serving(client, engine)
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
