@@ -172,7 +172,7 @@ def messages_of(
     items: list[dict[str, Any]], origins: list[str], instructions: str | None
 ) -> tuple[list[dict[str, Any]], list[list[str]]]:
     """Chat messages from canonical items, and for each message the paths of the items it came from (its calls'
-    items after its own)."""
+    items after its own). An assistant message right after calls is their turn's text, as one before them is."""
     messages: list[dict[str, Any]] = []
     sources: list[list[str]] = []
     if instructions is not None:
@@ -180,7 +180,13 @@ def messages_of(
         sources.append(["instructions"])
     for item, origin in zip(items, origins, strict=True):
         kind = item["type"]
-        if kind == "message":
+        last = messages[-1] if messages else {}
+        if kind == "message" and item["role"] == "assistant" and last.get("tool_calls") and last["content"] is None:
+            # text the model wrote after its calls: a stream lists it after them, the whole answer before them; one
+            # turn either way (a second assistant message was another prompt, and the cache missed from there)
+            last["content"] = item["content"] or None
+            sources[-1][0] = origin
+        elif kind == "message":
             messages.append({"role": item["role"], "content": item["content"]})
             sources.append([origin])
         elif kind == "function_call":

@@ -117,6 +117,32 @@ def test_calls_join_the_assistant_message_before_them_and_outputs_answer_them() 
     assert sources == [["instructions"], [PREVIOUS], ["input.1", "input.2", "input.3"], ["input.4"], ["input.5"]]
 
 
+def test_text_after_calls_joins_their_turn_as_in_the_whole_answers_order() -> None:
+    """A stream lists a reply's items as the model wrote them: calls, then text written after them (Hermes models
+    do), where the whole answer lists its message first. Replayed in the stream's order, the text was a second
+    assistant message: another prompt than the whole answer's (and than the text the model wrote), so the cache
+    missed from that turn on."""
+
+    def conversation(reply: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[list[str]]]:
+        raw = [
+            {"role": "user", "content": "q"},
+            *reply,
+            {"type": "function_call_output", "call_id": "c1", "output": "3"},
+        ]
+        origins = [f"input.{i}" for i in range(len(raw))]
+        return messages_of([item_of(item, o) for item, o in zip(raw, origins, strict=True)], origins, None)
+
+    call = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}", "id": "fc_1"}
+    text = {"type": "message", "role": "assistant", "id": "msg_1", "content": [{"type": "output_text", "text": "ok"}]}
+    whole, whole_sources = conversation([text, call])
+    streamed, streamed_sources = conversation([call, text])
+    assert streamed == whole
+    assert [m["role"] for m in streamed] == ["user", "assistant", "tool"] and streamed[1]["content"] == "ok"
+    assert whole_sources == [["input.0"], ["input.1", "input.2"], ["input.3"]]
+    assert streamed_sources == [["input.0"], ["input.2", "input.1"], ["input.3"]]  # the text's item, then the call's
+    assert renamed(APIError(400, "bad", param="messages.1.content"), streamed_sources).param == "input.2.content"
+
+
 @pytest.mark.parametrize(
     ("param", "expected"),
     [
