@@ -272,11 +272,12 @@ class CompletionRequest(_Common):
     best_of: int | None = Field(default=None, ge=0, le=MAX_N)
     suffix: Text | None = None
 
-    @model_validator(mode="after")
-    def _prompt_not_empty(self) -> CompletionRequest:
-        if isinstance(self.prompt, list) and not self.prompt:
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, prompt: Any) -> Any:  # a field's check: its 400 names `prompt`
+        if isinstance(prompt, list) and not prompt:
             raise ValueError("prompt must not be an empty list")
-        return self
+        return prompt
 
     def requested_tokens(self) -> int | None:
         return self.max_tokens

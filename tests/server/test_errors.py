@@ -52,7 +52,7 @@ def test_a_body_that_is_json_but_not_an_object_is_a_400_that_says_so(server) -> 
         assert "JSON object" in err["message"], err
     # a check of the whole object keeps its own message
     err = _assert_error(_post(server, "/completions", json={"model": "tiny", "prompt": [], "max_tokens": 2}), 400)
-    assert "prompt must not be an empty list" in err["message"], err
+    assert "prompt must not be an empty list" in err["message"] and err["param"] == "prompt", err
 
 
 @pytest.mark.parametrize(
