@@ -16,12 +16,14 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 
 from radixcache.policy.registry import ALL_POLICIES
 from radixcache.runtime.engine.threads import MAX_THREADS  # no torch: the checks stay before the runtime loads
 
 MODEL_ENVVAR = "RADIXCACHE_MODEL"
+DEFAULT = ParameterSource.DEFAULT
 
 model_option = click.option(
     "--model",
@@ -152,6 +154,17 @@ def tier_options(func: Callable) -> Callable:
     return _stacked(func, options)
 
 
+#: a tier's options (parameter names) -> the tier, and the option that adds it (docs/tiers.md: the write policy is the
+#: host tier's; the disk tier is always written through, and read ahead by the prefetch)
+_TIER_NEEDS = {
+    "write_policy": ("host", "--host-kv-memory"),
+    "cache_dir_size": ("disk", "--cache-dir"),
+    "prefetch_policy": ("disk", "--cache-dir"),
+    "prefetch_timeout_ms": ("disk", "--cache-dir"),
+    "prefetch_pages_per_step": ("disk", "--cache-dir"),
+}
+
+
 def tier_kwargs(
     host_kv_memory: str | None,
     cache_dir: str | None,
@@ -161,10 +174,17 @@ def tier_kwargs(
     prefetch_timeout_ms: float,
     prefetch_pages_per_step: int,
 ) -> dict[str, Any]:
-    """Engine arguments from the tier options; a bad size is refused before the model loads."""
+    """Engine arguments from the tier options; a bad size, or a tier's option given without the tier (which the
+    engine would ignore), is refused before the model loads."""
     _check_sizes({"--host-kv-memory": host_kv_memory, "--cache-dir-size": cache_dir_size})
     if prefetch_timeout_ms != prefetch_timeout_ms:  # NaN: FloatRange lets it through, the engine refused it loaded
         raise click.BadParameter("nan is not a number of milliseconds", param_hint="'--prefetch-timeout-ms'")
+    ctx = click.get_current_context(silent=True)
+    given = {name for name in _TIER_NEEDS if ctx is not None and ctx.get_parameter_source(name) not in (None, DEFAULT)}
+    for name in sorted(given):
+        tier, needs = _TIER_NEEDS[name]
+        if {"host": host_kv_memory, "disk": cache_dir}[tier] is None:
+            raise click.UsageError(f"--{name.replace('_', '-')} is for the {tier} tier: add {needs}")
     return {
         "host_kv_memory": host_kv_memory,
         "cache_dir": cache_dir,

@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from radixcache.cli.main import main
 
 
@@ -90,3 +92,21 @@ def test_the_prefetch_flags_reach_the_engine_configuration() -> None:
         "write_back",
     )
     assert config.prefetch_pages_per_step == 4
+
+
+@pytest.mark.parametrize("command", ["replay", "chat", "serve"])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--write-policy", "write_back"], "--write-policy is for the host tier: add --host-kv-memory"),
+        (["--write-policy", "write_back", "--cache-dir", "kv"], "--write-policy is for the host tier"),
+        (["--cache-dir-size", "1GiB"], "--cache-dir-size is for the disk tier: add --cache-dir"),
+        (["--prefetch-policy", "best_effort"], "--prefetch-policy is for the disk tier"),
+        (["--prefetch-pages-per-step", "4", "--host-kv-memory", "8MiB"], "--prefetch-pages-per-step is for the disk"),
+    ],
+)
+def test_a_tiers_option_without_its_tier_is_refused(runner, tmp_path: Path, command: str, args, message) -> None:
+    """These were ignored without a word: the engine builds no tier for them (the disk tier is always written
+    through, so --write-policy is the host tier's alone)."""
+    result = runner.invoke(main, [command, "--model", str(tmp_path / "no-model"), *args])
+    assert result.exit_code == 2 and message in result.stderr, result.output
