@@ -43,7 +43,7 @@ def chat(
     """
     from radixcache.runtime.engine.engine import Engine
 
-    kwargs = engine_choices.engine_kwargs()
+    kwargs = engine_choices.engine_kwargs(no_cache)
     engine = Engine(engine_choices.load_model(model), enable_cache=not no_cache, **kwargs)
     interactive = sys.stdin.isatty()
     if interactive:

@@ -341,9 +341,12 @@ class EngineChoices:
     kernels: str | None
     retune_kernels: bool
 
-    def engine_kwargs(self) -> dict[str, Any]:
-        """The Engine's keyword arguments for these choices; a bad size, a size given twice or an admission policy
-        that does not work with the eviction policy is a bad-option error, before the model loads."""
+    def engine_kwargs(self, no_cache: bool = False) -> dict[str, Any]:
+        """The Engine's keyword arguments for these choices; a bad size, a size given twice, an admission policy
+        that does not work with the eviction policy, or tiers under `--no-cache` (which keeps no pages for them: the
+        engine refused it once the model had loaded) is a bad-option error, before the model loads."""
+        if no_cache and (self.host_kv_memory is not None or self.cache_dir is not None):
+            raise click.UsageError("--no-cache keeps no pages to put in tiers: drop --host-kv-memory and --cache-dir")
         kwargs = engine_kwargs(
             self.policy,
             self.capacity_blocks,

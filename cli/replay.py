@@ -117,7 +117,7 @@ def replay(
     from radixcache.runtime.replay import compare as compare_runs
     from radixcache.runtime.replay import replay as replay_run
 
-    kwargs = engine_choices.engine_kwargs()
+    kwargs = engine_choices.engine_kwargs(no_cache)
     try:
         config = ReplayConfig(
             mode=mode,

@@ -200,7 +200,7 @@ def serve(
     from radixcache.runtime.server import create_app
     from radixcache.runtime.server.leases import parse_lease_defaults
 
-    kwargs = engine_choices.engine_kwargs()
+    kwargs = engine_choices.engine_kwargs(no_cache)
     if any(not k.strip() for k in api_keys):
         raise click.BadParameter("an API key cannot be empty", param_hint="'--api-key'")
     if not host.strip():  # an empty host (an unset variable, say) would listen on every interface, v4 and v6

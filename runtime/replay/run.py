@@ -371,9 +371,12 @@ def engine_factory(model: Any = "smollm2", **engine_kwargs: Any) -> Callable[[bo
     built: dict[str, Any] = {}
 
     def make(enable_cache: bool) -> GenerationEngine:
+        # The baseline keeps no pages, so it has no tiers under it (an Engine refuses the two together): a comparison
+        # of a tiered cache runs the baseline without them instead of failing after the cached run.
+        kwargs = engine_kwargs if enable_cache else {**engine_kwargs, "host_kv_memory": None, "cache_dir": None}
         if built:
-            return Engine(built["model"], tokenizer=built["tokenizer"], enable_cache=enable_cache, **engine_kwargs)
-        engine = Engine(model, enable_cache=enable_cache, **engine_kwargs)
+            return Engine(built["model"], tokenizer=built["tokenizer"], enable_cache=enable_cache, **kwargs)
+        engine = Engine(model, enable_cache=enable_cache, **kwargs)
         built.update(model=engine.model, tokenizer=engine.tokenizer)
         return engine
 

@@ -110,3 +110,23 @@ def test_a_tiers_option_without_its_tier_is_refused(runner, tmp_path: Path, comm
     through, so --write-policy is the host tier's alone)."""
     result = runner.invoke(main, [command, "--model", str(tmp_path / "no-model"), *args])
     assert result.exit_code == 2 and message in result.stderr, result.output
+
+
+def test_compare_runs_its_baseline_without_the_tiers(tiny_model_dir: Path, small_trace: Path, tmp_path: Path) -> None:
+    """`replay --compare --cache-dir DIR` ran the cached replay, then failed building the baseline (an Engine with no
+    cache refuses tiers), losing the run: the baseline now has no tiers under it."""
+    from radixcache.runtime.replay import ReplayConfig, compare, engine_factory, load_replay_trace
+
+    make = engine_factory(str(tiny_model_dir), cache_dir=str(tmp_path / "kv"), host_kv_memory="8MiB", page_size=4)
+    result = compare(make, load_replay_trace(small_trace), ReplayConfig(max_tokens=2))
+    assert result.cached.summary.tiers and result.cached.summary.cached_tokens > 0
+    assert not result.uncached.summary.tiers and result.uncached.summary.cached_tokens == 0
+    assert result.text_mismatches == 0
+
+
+@pytest.mark.parametrize("command", ["replay", "chat", "serve"])
+@pytest.mark.parametrize("tier", [["--cache-dir", "kv"], ["--host-kv-memory", "8MiB"]])
+def test_no_cache_with_a_tier_is_a_usage_error(runner, tmp_path: Path, command: str, tier: list[str]) -> None:
+    """The engine refused it, but only once the model had loaded, naming its own arguments, not the options."""
+    result = runner.invoke(main, [command, "--model", str(tmp_path / "no-model"), "--no-cache", *tier])
+    assert result.exit_code == 2 and "--no-cache keeps no pages" in result.stderr, result.output
