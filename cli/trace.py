@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -80,10 +81,23 @@ def stats(path: str, fmt: str | None, page_size: int, block_size: int, as_json: 
             runs = [replay_stats(run) for run in (log, log.no_cache) if run is not None]
             _print_stats(path, runs if len(runs) > 1 else runs[0], as_json)
             return
-        result = trace_stats(read_trace(path, fmt, block_size=block_size), page_size=page_size, block_size=block_size)
+        loaded = read_trace(path, fmt, block_size=block_size)
+        _refuse_unused_size(loaded.kind)
+        result = trace_stats(loaded, page_size=page_size, block_size=block_size)
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
     _print_stats(path, result.as_dict(), as_json)
+
+
+def _refuse_unused_size(kind: str) -> None:
+    """A usage error for --page-size on a hash trace (its page is --block-size) or --block-size on a token trace (its
+    page is --page-size), or either on a text trace: given on the command line, they were ignored without a word."""
+    ctx = click.get_current_context()
+    unused = {"hash": ["page_size"], "token": ["block_size"], "text": ["page_size", "block_size"]}[kind]
+    why = {"hash": "its pages are --block-size", "token": "its pages are --page-size", "text": "it holds no tokens"}
+    for name in unused:
+        if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+            raise click.UsageError(f"--{name.replace('_', '-')} does not apply to a {kind} trace ({why[kind]})")
 
 
 def _print_stats(path: str, result: dict | list[dict], as_json: bool) -> None:

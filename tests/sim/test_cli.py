@@ -112,6 +112,22 @@ def test_trace_convert_refuses_to_write_json_lines_under_a_msgpack_name(tmp_path
     assert code == 1 and "give DST a .jsonl name" in err and not (tmp_path / "out.msgpack").exists()
 
 
+@pytest.mark.parametrize(
+    ("text", "option", "kind"),
+    [
+        ('{"timestamp": 0, "tokens": [1, 2], "output_length": 1}\n', "--block-size", "token"),
+        ('{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}\n', "--page-size", "hash"),
+        ('{"id": "a", "turns": [{"user": "hi"}]}\n', "--page-size", "text"),
+    ],
+)
+def test_trace_stats_refuses_a_page_option_the_trace_does_not_use(tmp_path: Path, text: str, option: str, kind) -> None:
+    """`trace stats tokens.jsonl --block-size 4` counted reuse in pages of --page-size (16 by default), ignoring the
+    option without a word; a hash trace ignored --page-size, a text trace both."""
+    (tmp_path / "t.jsonl").write_text(text)
+    code, out, err = run("trace", "stats", str(tmp_path / "t.jsonl"), option, "4")
+    assert (code, out) == (2, "") and f"{option} does not apply to a {kind} trace" in err
+
+
 def test_trace_convert_round_trips_and_stats_reports_reuse(chat: Path, tmp_path: Path) -> None:
     assert run("trace", "convert", str(chat), str(tmp_path / "c.msgpack"))[0] == 0
     assert run("trace", "convert", str(tmp_path / "c.msgpack"), str(tmp_path / "back.jsonl"))[0] == 0
