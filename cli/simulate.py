@@ -252,8 +252,6 @@ def simulate(
             raise click.UsageError(str(exc)) from None
         run_leases(where, names, lease_budget)
         return
-    if lease_budget != 0.5:
-        raise click.UsageError("--lease-budget is for --leases")
     refuse_ignored(replicas, policies_spec)
     ctx = click.get_current_context()
     routing = {"--router": router, "--decode-ms-per-token": decode_ms_per_token, "--rate": rate, "--arrivals": arrivals}

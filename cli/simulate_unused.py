@@ -15,9 +15,12 @@ _IGNORED: dict[str, dict[str, str]] = {
 
 
 def refuse_ignored(replicas: int | None, policies: str | None) -> None:
-    """A usage error naming the options given on the command line that this run's mode would ignore."""
+    """A usage error naming the options given on the command line that this run's mode would ignore (--leases, which
+    alone reads --lease-budget, has its own: cli/simulate_leases.py)."""
     mode = "with --replicas" if replicas is not None else "with --policies" if policies is not None else None
     ctx = click.get_current_context()
+    if ctx.get_parameter_source("lease_budget") not in (ParameterSource.DEFAULT, None):  # even at its default 0.5
+        raise click.UsageError("--lease-budget is for --leases")
     for name, why in _IGNORED[mode or "without --replicas"].items():
         if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
             raise click.UsageError(f"--{name.replace('_', '-')}: not used {mode or 'without --replicas'} ({why})")

@@ -94,6 +94,7 @@ def test_options_leases_do_not_take_are_refused_by_name(agents: Path, extra: lis
     assert code == 2 and extra[0] in out and "--leases" in out
 
 
-def test_a_lease_budget_without_leases_is_refused(agents: Path) -> None:
-    code, out = _run(str(agents), "--capacity-blocks", "100", "--lease-budget", "0.2")
+@pytest.mark.parametrize("budget", ["0.2", "0.5"])  # 0.5, the default, given: it was taken for not given
+def test_a_lease_budget_without_leases_is_refused(agents: Path, budget: str) -> None:
+    code, out = _run(str(agents), "--capacity-blocks", "100", "--lease-budget", budget)
     assert code == 2 and "--lease-budget is for --leases" in out
