@@ -217,6 +217,9 @@ def serve(
         lease_defaults = parse_lease_defaults(retain_for)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--retain-for'") from None
+    if any(sep and key not in api_keys for key, sep, _ in (spec.rpartition("=") for spec in retain_for)):
+        # a default for a key no caller can send (a typo, or no --api-key at all): it would never apply
+        raise click.BadParameter("a KEY=SECONDS names a key that no --api-key gives", param_hint="'--retain-for'")
     for name, seconds in (("--request-timeout", request_timeout), ("--queue-timeout", queue_timeout)):
         if seconds is not None and not math.isfinite(seconds):  # FloatRange lets nan and inf through
             raise click.BadParameter(f"{seconds} is not a finite number of seconds", param_hint=f"'{name}'")

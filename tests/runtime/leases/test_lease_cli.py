@@ -19,6 +19,16 @@ def test_a_bad_retain_for_is_refused_before_the_model_loads(bad: str) -> None:
     assert "--retain-for" in result.output or "retain_for" in result.output, result.output
 
 
+@pytest.mark.parametrize("keys", [[], ["--api-key", "sk-a"]])
+def test_a_retain_for_key_no_api_key_gives_is_refused(keys: list[str]) -> None:
+    """`--retain-for sk-b=30` without `--api-key sk-b` (a typo, or no keys at all) was taken and never applied."""
+    serve = ["serve", "--model", "no-such-model", "--port", "0"]
+    result = CliRunner().invoke(main, [*serve, *keys, "--retain-for", "sk-b=30"])
+    assert result.exit_code == 2 and "names a key that no --api-key gives" in result.stderr, result.output
+    ok = CliRunner().invoke(main, [*serve, "--api-key", "sk-b", "--retain-for", "sk-b=30", "--retain-for", "5"])
+    assert "no-such-model" in ok.stderr  # past the options, to the model
+
+
 def test_defaults_by_key_and_for_everyone() -> None:
     defaults = parse_lease_defaults(["sk-a=60", "5", "sk-b=0"])
     assert defaults == {"sk-a": 60.0, "*": 5.0}  # a zero default is no lease
