@@ -177,8 +177,8 @@ def replay(
     if json_path:
         click.echo(f"wrote {json_path}", err=True)
     if record_trace is not None:
-        click.echo(f"recorded {record_trace}", err=True)
-        if not no_cache:
+        click.echo(f"recorded {record_trace}" + ("" if first.requests else ": no request ran"), err=True)
+        if not no_cache and first.requests:  # an empty file is no trace: the command would fail on it
             command = simulate_command(record_trace, first, kwargs.get("admission"))
             click.echo(f"its hit rate through the tree alone: {command}", err=True)
             if first.concurrency > 1:

