@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,6 +50,11 @@ def trace_capacity(
     --capacity-blocks tokens)."""
     if (capacity_blocks is None) == (capacity_tokens is None):
         raise click.UsageError("give exactly one of --capacity-blocks and --capacity-tokens")
+    if os.path.exists(trace) and not os.path.isfile(trace):
+        # A pipe (/dev/stdin, <(zcat ...)) is read once: the replay's later passes (the format, its bounds, the
+        # read-ahead) found it empty, and reported 0 requests at a hit rate of 0% without a word.
+        message = f"{trace} is not a regular file (a pipe?): the simulator reads it more than once; save it to a file"
+        raise click.BadParameter(message, param_hint="'TRACE'")
     explicit = click.get_current_context().get_parameter_source("block_size") is not ParameterSource.DEFAULT
     if explicit and FORMAT_KINDS[fmt or detect_format(trace)] == "token":
         raise click.UsageError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -46,6 +47,8 @@ def detect_format(path: str | Path) -> str:
     name = str(path)
     if name.lower().endswith(_MSGPACK_SUFFIXES):
         return TOKEN_MSGPACK
+    if os.path.exists(path) and not os.path.isfile(path):  # a pipe: what detection reads, the reader then lacks
+        raise TraceError(name, "format", "not a regular file (a pipe?): its format cannot be detected, pass --format")
     try:
         with open(path, "rb") as handle:
             head = handle.read(1 << 16)

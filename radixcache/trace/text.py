@@ -11,11 +11,13 @@ Each becomes a `Conversation`; writing always produces the conversation JSONL.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from radixcache.trace.errors import TraceError
 from radixcache.trace.fields import FieldReader
 from radixcache.trace.jsonl import dump_json_line, iter_json_array, iter_json_lines, lone_surrogate, open_trace
 
@@ -96,6 +98,8 @@ def iter_sharegpt(path: str | Path, *, array: bool | None = None) -> Iterator[Co
     """ShareGPT as a JSON array (array=True), JSONL (False), or whichever the file starts with (None)."""
     name = str(path)
     if array is None:
+        if os.path.exists(path) and not os.path.isfile(path):  # peeking at a pipe's start would take it away
+            raise TraceError(name, "format", "a ShareGPT trace must be a regular file, not a pipe: save it to a file")
         array = _first_char(path) == "["
     source = iter_json_array(path) if array else iter_json_lines(path)
     for position, (lineno, record) in enumerate(source, 1):

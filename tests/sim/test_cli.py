@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,17 @@ def test_an_option_the_run_would_not_use_is_refused(chat: Path, args: list[str],
         run("simulate", str(chat), "--capacity-blocks", "300", "--page-size", "4", "--replicas", "2", "--seed", "5")[0]
         == 0
     )
+
+
+def test_simulate_refuses_a_pipe_it_would_read_short(tmp_path: Path) -> None:
+    """`cat trace.jsonl | radixcache simulate /dev/stdin --format mooncake` printed 0 requests at a hit rate of 0%,
+    exit 0: the replay reads its trace more than once, and a pipe holds it only once."""
+    line = b'{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}\n'
+    read, write = os.pipe()
+    os.write(write, line * 3)
+    os.close(write)
+    try:
+        code, out, err = run("simulate", f"/dev/fd/{read}", "--capacity-blocks", "8", "--format", "mooncake", "--json")
+    finally:
+        os.close(read)
+    assert (code, out) == (2, "") and "is not a regular file (a pipe?)" in err

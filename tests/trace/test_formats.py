@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,17 @@ def test_undetectable_files_say_so(tmp_path: Path) -> None:
     (tmp_path / "x.jsonl").write_text('{"foo": 1}\n')
     with pytest.raises(TraceError, match=r"x\.jsonl:1: cannot detect the format"):
         detect_format(tmp_path / "x.jsonl")
+
+
+@pytest.mark.parametrize("fmt", [None, "sharegpt"])
+def test_a_pipe_is_not_peeked_at(fmt: str | None) -> None:
+    """Detection (and ShareGPT's look for a leading '[') read a pipe's start, which the reader then lacked: a ShareGPT
+    array from `<(zcat ...)` failed as "expected a JSON array", a JSONL trace as "invalid JSON (Extra data)"."""
+    read, write = os.pipe()
+    os.write(write, b'[{"conversations": [{"from": "human", "value": "hi"}]}]')
+    os.close(write)
+    try:
+        with pytest.raises(TraceError, match=r"format: .*(not a regular file|must be a regular file)"):
+            read_trace(f"/dev/fd/{read}", fmt)
+    finally:
+        os.close(read)
