@@ -8,7 +8,6 @@ only when set, and numbers keep their JSON type (int or float), so JSONL -> msgp
 
 from __future__ import annotations
 
-import os
 from array import array
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -218,8 +217,8 @@ def iter_token_msgpack(path: str | Path) -> Iterator[TokenRequest]:
     """Read a stream of msgpack maps. A stream that ends inside a record raises TraceError, never stops short."""
     name = str(path)
     with open_trace(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        unpacker = msgpack.Unpacker(handle, raw=False, strict_map_key=False)
+        read = _CountedReader(handle)  # the bytes the stream held: a pipe has no size to stat (it read as 0)
+        unpacker = msgpack.Unpacker(read, raw=False, strict_map_key=False)
         index = 0
         while True:
             offset = unpacker.tell()
@@ -237,12 +236,26 @@ def iter_token_msgpack(path: str | Path) -> Iterator[TokenRequest]:
                 raise TraceError(name, f"record {index} (byte {offset})", problem)
             yield request_from_dict(record, name, f"record {index} (byte {offset})")
             index += 1
-        if offset != size:  # the stream ended inside a record that starts at `offset`
+        if offset != read.count:  # the stream ended inside a record that starts at `offset`
             raise TraceError(
                 name,
                 f"record {index} (byte {offset})",
-                f"truncated msgpack stream: the last {size - offset} bytes do not form a whole record",
+                f"truncated msgpack stream: the last {read.count - offset} bytes do not form a whole record",
             )
+
+
+class _CountedReader:
+    """A binary file's `read`, counting the bytes it returned."""
+
+    __slots__ = ("count", "handle")
+
+    def __init__(self, handle: Any) -> None:
+        self.handle, self.count = handle, 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.handle.read(n)
+        self.count += len(data)
+        return data
 
 
 def write_token_msgpack(path: str | Path, requests: Iterable[TokenRequest]) -> int:

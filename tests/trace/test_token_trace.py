@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import msgpack
@@ -104,3 +105,23 @@ def test_invalid_json_names_the_line(tmp_path: Path) -> None:
 def test_missing_file_is_a_trace_error(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"nope\.jsonl"):
         read_trace(tmp_path / "nope.jsonl", "token-jsonl")
+
+
+def test_a_msgpack_stream_from_a_pipe_reads_whole_and_a_truncated_one_says_so(tmp_path: Path) -> None:
+    """The reader took the stream's size from fstat, 0 for a pipe: `<(cat t.msgpack) --format token-msgpack` failed as
+    "truncated msgpack stream: the last -194 bytes do not form a whole record"."""
+    requests = [TokenRequest(0, (1, 2, 3), 1, session="s"), TokenRequest(1, (1, 2, 4), 2)]
+    write_token_msgpack(tmp_path / "t.msgpack", requests)
+    data = (tmp_path / "t.msgpack").read_bytes()
+    for payload, cut in ((data, 0), (data[:-2], 2)):
+        read, write = os.pipe()
+        os.write(write, payload)
+        os.close(write)
+        try:
+            if not cut:
+                assert list(iter_token_msgpack(f"/dev/fd/{read}")) == requests
+            else:
+                with pytest.raises(TraceError, match=r"truncated msgpack stream: the last [1-9][0-9]* bytes"):
+                    list(iter_token_msgpack(f"/dev/fd/{read}"))
+        finally:
+            os.close(read)
