@@ -17,7 +17,9 @@ COMMANDS = "/exit to leave, /reset to start over"
 @click.option("--system", default=None, help="A system prompt for the conversation.")
 @click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(min=1), help="Tokens per reply.")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="0 is greedy.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed (turn i uses seed + i).")
+@click.option(
+    "--seed", default=0, show_default=True, type=engine_options.SEED, help="Sampling seed (turn i uses seed + i)."
+)
 @click.option("--no-cache", is_flag=True, help="Disable the prefix cache (every turn prefills its whole history).")
 @engine_options.engine_choice_options
 @debug_option

@@ -25,6 +25,10 @@ from radixcache.runtime.engine.threads import MAX_THREADS  # no torch: the check
 MODEL_ENVVAR = "RADIXCACHE_MODEL"
 DEFAULT = ParameterSource.DEFAULT
 
+#: --seed of replay and chat: request (turn) i samples with seed + i, which the engine takes in [-2**63, 2**64): an
+#: int64 seed leaves room for any run (a larger one was refused once the model had loaded, or by the request past it)
+SEED = click.IntRange(-(2**63), 2**63 - 1)
+
 model_option = click.option(
     "--model",
     default="smollm2",

@@ -56,7 +56,9 @@ EXIT_SKIPPED = 3
 @click.option("--honor-timestamps", is_flag=True, help="Start each request at its trace time (token traces).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary and every request here.")
 @record_option
-@click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed (request i uses seed + i).")
+@click.option(
+    "--seed", default=0, show_default=True, type=engine_options.SEED, help="Sampling seed (request i uses seed + i)."
+)
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="0 is greedy.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Trace format [default: detect].")
 @click.option("-v", "--verbose", is_flag=True, help="Print every request as it finishes.")

@@ -288,3 +288,13 @@ def test_replay_temperature_past_the_engine_bound_is_a_bad_option(runner, tmp_pa
 def test_a_non_finite_timeout_is_a_bad_option_before_the_model_loads(runner, tmp_path: Path, args: list[str]) -> None:
     line = _one_line_error(runner.invoke(main, [*args, "--model", str(tmp_path / "no-such-model")]), 2)
     assert f"Invalid value for '{args[1]}'" in line
+
+
+@pytest.mark.parametrize("command", ["replay", "chat"])
+@pytest.mark.parametrize("seed", [str(2**64 - 1), str(10**23), str(-(2**63) - 1)])
+def test_a_seed_past_int64_is_a_bad_option(runner, tmp_path: Path, command: str, seed: str) -> None:
+    """Request i samples with seed + i, in the engine's [-2**63, 2**64): 10**23 was refused once the model had loaded
+    (exit 1; chat dropped every turn), and 2**64 - 1 passed the first request and failed the second, naming a seed of
+    2**64 that nobody gave."""
+    line = _one_line_error(runner.invoke(main, [command, "--model", str(tmp_path / "no-model"), "--seed", seed]), 2)
+    assert "--seed" in line
