@@ -12,11 +12,25 @@ from radixcache.cli.errors import EXIT_ERROR, EXPECTED, FriendlyCommand, debug_o
 COMMANDS = "/exit to leave, /reset to start over"
 
 
+def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """click's FloatRange lets NaN through (no comparison with it is true); the engine refused it at every turn."""
+    if value != value:
+        raise click.BadParameter("nan is not a temperature")
+    return value
+
+
 @click.command(cls=FriendlyCommand)
 @engine_options.model_option
 @click.option("--system", default=None, help="A system prompt for the conversation.")
 @click.option("--max-tokens", default=256, show_default=True, type=click.IntRange(min=1), help="Tokens per reply.")
-@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="0 is greedy.")
+@click.option(
+    "--temperature",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 100),  # the engine's range (runtime.engine.sampling.MAX_TEMPERATURE)
+    callback=_finite,
+    help="0 is greedy.",
+)
 @click.option(
     "--seed", default=0, show_default=True, type=engine_options.SEED, help="Sampling seed (turn i uses seed + i)."
 )

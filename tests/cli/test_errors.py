@@ -298,3 +298,11 @@ def test_a_seed_past_int64_is_a_bad_option(runner, tmp_path: Path, command: str,
     2**64 that nobody gave."""
     line = _one_line_error(runner.invoke(main, [command, "--model", str(tmp_path / "no-model"), "--seed", seed]), 2)
     assert "--seed" in line
+
+
+@pytest.mark.parametrize("temperature", ["nan", "inf", "1000"])
+def test_chat_refuses_a_temperature_the_engine_would_refuse_at_every_turn(runner, tmp_path, temperature: str) -> None:
+    """chat took any temperature >= 0: the engine refused each turn (each dropped with an error line) instead."""
+    args = ["chat", "--model", str(tmp_path / "no-model"), "--temperature", temperature]
+    line = _one_line_error(runner.invoke(main, args, input="hi\n"), 2)
+    assert "--temperature" in line
