@@ -8,7 +8,10 @@ radixcache.sim.read_ahead, on Linux only; elsewhere `result()` runs the call in 
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable
@@ -18,6 +21,7 @@ from typing import Any, Generic, TypeVar
 from radixcache.errors import RadixCacheError
 
 T = TypeVar("T")
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def can_fork() -> bool:
@@ -35,7 +39,9 @@ def start_child(target: Callable[..., None], args: tuple, name: str) -> tuple[An
     process and the read end. The parent keeps no copy of the write end, so the pipe closes when the child does."""
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_child, args=(target, receiver, *args, sender), daemon=True, name=name)
+    process = context.Process(
+        target=_child, args=(target, receiver, os.getpid(), *args, sender), daemon=True, name=name
+    )
     with warnings.catch_warnings():  # Python 3.12+ warns of any fork beside threads: the child never meets them
         warnings.simplefilter("ignore", DeprecationWarning)
         process.start()
@@ -43,12 +49,26 @@ def start_child(target: Callable[..., None], args: tuple, name: str) -> tuple[An
     return process, receiver
 
 
-def _child(target: Callable[..., None], receiver: Connection, *args: Any) -> None:
-    """The forked child: close its copy of the read end, then run `target(*args)`. While that copy is open, a send
-    to a parent that stopped reading (a replay that stops early) blocks for ever instead of raising BrokenPipeError,
-    and the parent waited 5 s for the child before killing it."""
+def _child(target: Callable[..., None], receiver: Connection, parent: int, *args: Any) -> None:
+    """The forked child: die with `parent`, close its copy of the read end, then run `target(*args)`. While that copy
+    is open, a send to a parent that stopped reading (a replay that stops early) blocks for ever instead of raising
+    BrokenPipeError, and the parent waited 5 s for the child before killing it."""
+    _die_with(parent)
     receiver.close()
     target(*args)
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this process when `parent` dies (Linux's PR_SET_PDEATHSIG). A parent killed by a signal
+    (`timeout`, a scheduler's SIGTERM) skips multiprocessing's exit, which stops daemonic children: a replay nobody
+    will read ran on to its end, then printed two BrokenPipeError tracebacks. (The kernel sends it when the thread
+    that forked ends: ForkedCall and read_ahead wait for their child in that thread.)"""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (AttributeError, OSError):  # no prctl here: the child runs on, as before
+        return
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        os._exit(0)
 
 
 class ForkedCall(Generic[T]):
@@ -95,6 +115,8 @@ def _run(call: Callable[[], Any], sender: Connection) -> None:
         message = ("error", exc)
     try:
         sender.send(message)
+    except BrokenPipeError:  # the parent stopped reading: nobody wants the result
+        pass
     except Exception:  # an exception (or a value) that does not pickle: its type and message do
         sender.send(("error", RadixCacheError(f"{type(message[1]).__name__}: {message[1]}")))
     finally:
