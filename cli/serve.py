@@ -29,9 +29,11 @@ KEEP_ALIVE_S = 75
 def _bind(host: str, port: int) -> socket.socket:
     """The server's socket, bound before the model loads and handed to uvicorn: a taken address fails in one line
     (uvicorn would log and exit), and `--port 0` is the port the kernel chose, which the start line names (it said
-    `:0`, uvicorn's own line being under the default log level)."""
+    `:0`, uvicorn's own line being under the default log level). Made with proto IPPROTO_TCP: asyncio sets
+    TCP_NODELAY only on connections of such a socket, and without it a keep-alive client waited out its delayed ACK
+    (40 ms) at every response."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM)
+    s = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind((host, port))
