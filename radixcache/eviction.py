@@ -210,7 +210,10 @@ class EvictableSet:
 
     @staticmethod
     def _count_arg(n: int, what: str) -> int:
+        """Validate a block count: an int (or an __index__ object, e.g. numpy's), never a bool or float, >= 0."""
         try:
+            if type(n) is bool:  # an int to operator.index, but never a block count (allocate(True) took one)
+                raise TypeError
             n = operator.index(n)
         except TypeError:
             raise RadixCacheError(f"{what}: block count must be an int, got {n!r}") from None

@@ -168,7 +168,11 @@ def test_allocating_more_than_free_plus_evictable_raises_without_evicting(busy: 
     assert len(cache.allocate(too_many - 1)) == too_many - 1  # exactly free + evictable still works
 
 
-@pytest.mark.parametrize("n", [-1, 1.5, "2", None], ids=["negative", "float", "str", "none"])
+@pytest.mark.parametrize(
+    "n",
+    [-1, 1.5, 1.0, "2", None, True, False],
+    ids=["negative", "float", "whole-float", "str", "none", "true", "false"],
+)
 def test_allocate_and_evict_refuse_a_bad_count(busy: Busy, state_of: Callable, n: Any) -> None:
     assert_refused(busy, state_of, RadixCacheError, lambda c: c.allocate(n))
     assert_refused(busy, state_of, RadixCacheError, lambda c: c.evict(n))
