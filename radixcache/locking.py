@@ -27,6 +27,8 @@ class Locking(TreeWalk):
 
     def lock(self, node: TreeNode) -> None:
         """Protect `node` and every ancestor from eviction (a reference count on the whole path)."""
+        if type(node) is not TreeNode:
+            self._raise_not_a_node(node, "lock")
         if node.parent is None and self._is_root(node):  # (raises for an evicted node)
             return
         self._check_owner(node)
@@ -70,6 +72,8 @@ class Locking(TreeWalk):
 
     def unlock(self, node: TreeNode) -> None:
         """Undo one `lock(node)`. Raises LockError, with nothing changed, if the node is not locked."""
+        if type(node) is not TreeNode:
+            self._raise_not_a_node(node, "unlock")
         if node.parent is None and self._is_root(node):  # (raises for an evicted node)
             return
         self._check_owner(node)
@@ -90,6 +94,17 @@ class Locking(TreeWalk):
         self._tree_locked -= moved
 
     # ------------------------------------------------------------------ private
+
+    @staticmethod
+    def _raise_not_a_node(node: object, what: str) -> None:
+        """LockError for a `node` argument that is no TreeNode (None was an AttributeError from inside the walk)."""
+        if node is None:
+            got = "None (lock_prefix returns None when the prefix is not cached)"
+        elif type(node).__name__ == "MatchResult":
+            got = "a MatchResult (pass its .node)"
+        else:
+            got = f"a {type(node).__name__}"
+        raise LockError(f"{what}: node must be a TreeNode (a MatchResult's .node), got {got}")
 
     def _is_root(self, node: TreeNode) -> bool:
         if node.parent is not None:

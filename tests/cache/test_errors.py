@@ -201,3 +201,17 @@ def test_an_insert_refused_in_a_new_namespace_does_not_create_it(busy: Busy, sta
     assert_refused(busy, state_of, BlockStateError, lambda c: c.insert(page, busy.free[:1], namespace="new"))
     tree_block = busy.unlocked.blocks[:1]
     assert_refused(busy, state_of, BlockStateError, lambda c: c.insert(page, tree_block, namespace=("tenant", 1)))
+
+
+@pytest.mark.parametrize("bad", [None, "node", 3], ids=["none", "str", "int"])
+def test_lock_and_unlock_refuse_what_is_no_node(busy: Busy, state_of: Callable, bad: Any) -> None:
+    # None is what lock_prefix returns for an uncached prefix: a LockError naming the argument, not an AttributeError.
+    assert_refused(busy, state_of, LockError, lambda c: c.lock(bad))
+    assert_refused(busy, state_of, LockError, lambda c: c.unlock(bad))
+
+
+def test_lock_and_unlock_of_a_match_result_name_its_node(busy: Busy, state_of: Callable) -> None:
+    for call in (busy.cache.lock, busy.cache.unlock):
+        with pytest.raises(LockError, match=r"MatchResult \(pass its \.node\)"):
+            call(busy.unlocked)  # type: ignore[arg-type]
+    assert_refused(busy, state_of, LockError, lambda c: c.lock(busy.unlocked))
