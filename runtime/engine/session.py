@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.request import GenerationResult
-from radixcache.runtime.tools.messages import normalize_messages
+from radixcache.runtime.tools.messages import normalize_message, normalize_messages
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import ChatEngine
@@ -44,6 +44,10 @@ class Session:
         self.engine = engine
         self.messages: list[dict[str, Any]] = _history(messages)
         if system is not None:
+            try:  # checked now, as the messages are: else only the first turn's render refused it
+                normalize_message({"role": "system", "content": system}, 0)
+            except ValueError as exc:
+                raise ValueError(f"session system prompt: {getattr(exc, 'problem', exc)}") from None
             if self.messages and self.messages[0].get("role") == "system":
                 raise ValueError("the messages already start with a system prompt")
             self.messages.insert(0, {"role": "system", "content": system})

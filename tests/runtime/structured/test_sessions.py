@@ -97,3 +97,23 @@ def test_editing_a_call_in_a_copied_session_leaves_the_original_alone(engine: En
     started = engine.session(messages=given)
     given[0]["content"][0]["text"] = "changed later"
     assert started.messages[0]["content"][0]["text"] == "hi"
+
+
+@pytest.mark.parametrize(
+    ("system", "problem"),
+    [
+        (3, "must be a string or a list of text parts, got int"),
+        (b"be brief.", "must be a string or a list of text parts, got bytes"),
+        (True, "must be a string or a list of text parts, got bool"),
+        (["be brief."], "only text parts"),
+    ],
+)
+def test_a_system_prompt_that_is_no_text_is_refused_when_the_session_is_made(
+    engine: Engine, system: object, problem: str
+) -> None:
+    """session(system=3) was accepted, and only the first send failed (a ChatMessageError naming messages[0])."""
+    with pytest.raises(ValueError, match=re.escape(f"session system prompt: {problem}")):
+        engine.session(system=system)  # type: ignore[arg-type]
+    assert engine.session(system="be brief.").messages == [{"role": "system", "content": "be brief."}]
+    parts = [{"type": "text", "text": "be brief."}]  # OpenAI's text parts, as a message's content may be
+    assert engine.session(system=parts).messages == [{"role": "system", "content": parts}]  # type: ignore[arg-type]
