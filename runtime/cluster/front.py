@@ -25,7 +25,7 @@ from typing import Any
 from radixcache import CacheStats
 from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
-from radixcache.runtime.engine.options import RequestOptions, check_each, check_namespace, resolve_options
+from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, check_namespace, resolve_options
 from radixcache.runtime.engine.request_builder import split_batch, token_ids
 from radixcache.runtime.tools import ToolCallMemory
 from radixcache.runtime.tools.use import CallIds
@@ -145,6 +145,7 @@ class ClusterEngine:
             raise EngineClosedError("this server is shutting down")
         if prompts and split_batch(prompts)[1]:  # a text's characters (or one prompt's ids) are not prompts
             raise ValueError("submit_group takes a list of prompts, got one prompt: pass [prompt]")
+        check_group(len(prompts), "ClusterEngine.submit_group")
         check_each(each, len(prompts))
         opts = resolve_options(max_new_tokens, options, kwargs, "ClusterEngine.submit_group")
         mine = [

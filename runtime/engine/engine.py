@@ -37,7 +37,7 @@ from radixcache.runtime.engine.engine_config import DEFAULT_KV_MEMORY, EngineCon
 from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.engine.gc_heap import HeapTimer
 from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
-from radixcache.runtime.engine.options import RequestOptions, check_each, check_namespace, resolve_options
+from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, check_namespace, resolve_options
 from radixcache.runtime.engine.output import OutputProcessor
 from radixcache.runtime.engine.queue_limit import QueueGate
 from radixcache.runtime.engine.request import GenerationResult, Request
@@ -213,6 +213,7 @@ class Engine:
         """
         if prompts and split_batch(prompts)[1]:  # a text's characters (or one prompt's ids) are not prompts
             raise ValueError("submit_group takes a list of prompts, got one prompt: pass [prompt]")
+        check_group(len(prompts), "submit_group")
         check_each(each, len(prompts))
         opts = self._options(max_new_tokens, options, kwargs, "submit_group")
         mine = [opts.updated(caller="Engine.submit_group", **each[i]) for i in range(len(prompts))] if each else None

@@ -141,6 +141,18 @@ def check_namespace(namespace: Hashable) -> None:
         raise ValueError(f"namespace must equal itself, got {namespace!r}")
 
 
+# The most requests of one call's group (Engine.fork's branches, submit_group's prompts, and ClusterEngine's, which
+# starts a thread per request): the n samples of one prompt, far past the server's n <= 16, but a typo such as
+# fork("hi", 10**6) is refused rather than queueing a million requests. A batch of prompts (`submit`) has no bound.
+MAX_GROUP = 1024
+
+
+def check_group(count: int, what: str) -> None:
+    """A ValueError naming `what` when one call would queue more than MAX_GROUP requests together."""
+    if count > MAX_GROUP:
+        raise ValueError(f"{what} queues at most {MAX_GROUP} requests together, got {count}")
+
+
 _SAMPLING = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 _OWN = frozenset(f.name for f in dataclasses.fields(RequestOptions)) - {"sampling"}
 

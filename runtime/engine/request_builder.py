@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from radixcache.runtime.config import ModelConfig
-from radixcache.runtime.engine.options import RequestOptions
+from radixcache.runtime.engine.options import RequestOptions, check_group
 from radixcache.runtime.engine.request import Request
 from radixcache.runtime.engine.sampling import Sampler
 from radixcache.runtime.engine.structured import EngineGrammars
@@ -164,7 +164,7 @@ class RequestBuilder:
 
 def fork_count(n: Any, continuations: Any) -> int:
     """Engine.fork's branch count: `n` (4 when None), or one per continuation; a ValueError naming what is wrong (a
-    text for the continuations, an n that is not a positive integer or disagrees with them)."""
+    text for the continuations, an n that is not a positive integer, disagrees with them, or exceeds MAX_GROUP)."""
     if continuations is not None:
         if isinstance(continuations, (str, bytes)) or not isinstance(continuations, Sequence):
             # a str is a Sequence too: its characters would each have made a branch
@@ -175,6 +175,7 @@ def fork_count(n: Any, continuations: Any) -> int:
     n = 4 if n is None else n
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"fork needs n >= 1 (an integer), got {n!r}")
+    check_group(n, "fork")
     return n
 
 

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from radixcache.runtime import Engine
+from radixcache.runtime.engine.options import MAX_GROUP
 from radixcache.runtime.engine.session import Session
 from radixcache.runtime.testing import RandomModel, hold_engine_loop
 
@@ -240,6 +241,24 @@ def test_fork_refuses_an_n_that_is_not_a_positive_integer_by_name(tiny: RandomMo
         engine.fork(ids(8, 1), n, 3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"fork needs n >= 1"):
         engine.session().fork(n)  # type: ignore[arg-type]
+    assert_clean(engine)
+
+
+def test_fork_and_submit_group_refuse_more_than_max_group_requests(tiny: RandomModel) -> None:
+    """fork("hi", 10**6) queued a million requests (the server caps n at 16): one call's group is bounded, a
+    ValueError naming the call, before anything is queued (one past the bound: the test stays quick when it fails)."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    for call in (
+        lambda: engine.fork(ids(8, 1), MAX_GROUP + 1, 3),
+        lambda: engine.fork(ids(8, 1), None, 3, continuations=[ids(2, 2)] * (MAX_GROUP + 1)),
+        lambda: engine.session().fork(MAX_GROUP + 1),
+    ):
+        with pytest.raises(ValueError, match=f"fork queues at most {MAX_GROUP} requests together"):
+            call()
+    with pytest.raises(ValueError, match=f"submit_group queues at most {MAX_GROUP} requests together, got 1025"):
+        engine.submit_group([ids(8, 1)] * (MAX_GROUP + 1), 3)
+    assert engine.stats.requests == 0 and engine.queue.waiting == 0
+    assert len(engine.fork(ids(8, 1), 2, 2)) == 2
     assert_clean(engine)
 
 
