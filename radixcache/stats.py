@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Real
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,12 @@ class StatsCounter:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), interpolating linearly between order statistics; 0.0 for no values."""
+    """The q-th percentile (0..100), interpolating linearly between order statistics; 0.0 for no values.
+
+    Raises ValueError for a q that is no number in [0, 100] (NaN, a bool, 150: past 100 it indexed past the end).
+    """
+    if isinstance(q, bool) or not isinstance(q, Real) or not 0 <= q <= 100:
+        raise ValueError(f"percentile: q must be a number in [0, 100], got {q!r}")
     if not values:
         return 0.0
     ordered = sorted(values)

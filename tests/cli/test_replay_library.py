@@ -246,6 +246,15 @@ def test_percentile_interpolates_between_order_statistics() -> None:
     assert percentile([3.0], 99) == 3.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([4.0, 1.0, 3.0, 2.0], 100) == 4.0
+    assert percentile([4.0, 1.0, 3.0, 2.0], 0) == 1.0
+
+
+@pytest.mark.parametrize("q", [150, -1, 100.5, float("nan"), float("inf"), True, "50", None])
+def test_percentile_refuses_a_q_outside_0_to_100(q: object) -> None:
+    """percentile(values, 150) raised IndexError (and -1 read from the end, NaN a ValueError from math.floor)."""
+    for values in ([1.0, 2.0, 3.0], []):
+        with pytest.raises(ValueError, match=r"percentile: q must be a number in \[0, 100\]"):
+            percentile(values, q)  # type: ignore[arg-type]
 
 
 def test_bad_config_values_are_refused() -> None:
