@@ -49,8 +49,9 @@ class QueueGate:
         """Count `reqs` as waiting, all or none: raises QueueFullError (nothing counted) past the bound."""
         with self._lock:
             if self.max_queue is not None and self._waiting + len(reqs) > self.max_queue:
+                waiting = "1 request waits" if self._waiting == 1 else f"{self._waiting} requests wait"
                 raise QueueFullError(
-                    f"the engine's queue is full ({self._waiting} requests wait for admission, the limit is "
+                    f"the engine's queue is full ({waiting} for admission, the limit is "
                     f"{self.max_queue}); try again later",
                     retry_after=self.retry_after(),
                 )

@@ -5,6 +5,7 @@ others prefill or decode, not only before the first step."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from radixcache.runtime.engine.errors import (
     QueueTimeoutError,
     RequestTooLargeError,
 )
+from radixcache.runtime.engine.queue_limit import QueueGate
 from radixcache.runtime.testing import RandomModel
 
 from .conftest import assert_clean, ids
@@ -110,3 +112,13 @@ def test_a_preempted_request_that_alone_outgrows_the_pool_keeps_its_tokens(tiny:
     assert big.error is None and big.finish_reason == "length" and big.kv.preemptions >= 1
     assert len(big.output_ids) == 6 * 8 - 30 + 1
     assert_clean(engine)
+
+
+@pytest.mark.parametrize(("limit", "waits"), [(0, "0 requests wait"), (1, "1 request waits"), (2, "2 requests wait")])
+def test_the_queue_full_message_agrees_with_the_number_waiting(limit: int, waits: str) -> None:
+    """max_queue=1 said "1 requests wait for admission"."""
+    gate = QueueGate(limit)
+    gate.enter([SimpleNamespace() for _ in range(limit)])  # type: ignore[misc]
+    with pytest.raises(QueueFullError, match=f"queue is full \\({waits} for admission, the limit is {limit}\\)"):
+        gate.enter([SimpleNamespace()])  # type: ignore[list-item]
+    assert gate.waiting == limit
