@@ -14,7 +14,7 @@ from radixcache.sim.fork import ForkedCall
 from radixcache.sim.infinite_replay import InfiniteReplay
 from radixcache.sim.packing import RequestPacker, unpack_requests
 from radixcache.sim.read_ahead import ReadAhead
-from radixcache.sim.replay_common import Replayable, drive, trace_span
+from radixcache.sim.replay_common import Replayable, check_flags, drive, trace_span
 from radixcache.sim.results import BELADY, BELADY_ADMISSION, SimReport
 from radixcache.sim.simulation import (
     Replay,
@@ -63,6 +63,14 @@ def evaluate(
     `parallel`: the Belady replays run in forked processes beside the policy's (radixcache.sim.fork), each
     reading the trace itself; the figures are the same. For a streamed trace on a machine with cores to spare (a
     forked child copies, page by page, whatever an in-memory workload it touches shares with this process)."""
+    check_flags(
+        belady=belady,
+        infinite=infinite,
+        belady_admission=belady_admission,
+        parallel=parallel,
+        honor_timestamps=honor_timestamps,
+        flat=flat,
+    )
     options = {"concurrency": concurrency, "windows": windows, "honor_timestamps": honor_timestamps, "flat": flat}
     bound = partial(simulate, capacity_blocks=capacity_blocks, **options)
     wanted = [name for name, asked in ((BELADY, belady), (BELADY_ADMISSION, belady_admission)) if asked]

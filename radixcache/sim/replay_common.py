@@ -163,3 +163,11 @@ def finish_into_tree(cache: RadixCache, item: tuple, p: int) -> None:
     if len(full) % p:
         cache.free(blocks[-1:])  # the unaligned tail page never enters the tree
     cache.unlock(node)
+
+
+def check_flags(**flags: object) -> None:
+    """RadixCacheError naming the first flag that is no bool: a string read from a config ("false") is truthy, and
+    would silently run Belady's replays, or the per-request invariant check, or change the clock."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise RadixCacheError(f"{name} must be True or False, got {value!r}")

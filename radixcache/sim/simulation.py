@@ -19,7 +19,7 @@ from radixcache.sim.cache_replay import CacheReplay
 from radixcache.sim.flat import FlatBeladyReplay, flat_replay
 from radixcache.sim.flat_lru import FlatLRUReplay
 from radixcache.sim.infinite_replay import InfiniteReplay
-from radixcache.sim.replay_common import Replayable, drive, replay_figures, trace_span
+from radixcache.sim.replay_common import Replayable, check_flags, drive, replay_figures, trace_span
 from radixcache.sim.results import BELADY, SimResult
 from radixcache.sim.tiered_replay import TieredReplay
 from radixcache.sim.tiers import TierConfig
@@ -70,6 +70,7 @@ def simulate(
     `progress(n)` is called now and then with the number of requests replayed since its last call. `check`
     runs the cache's full invariant check after every request (slow: for tests).
     """
+    check_flags(check=check, honor_timestamps=honor_timestamps, flat=flat)
     options = {"concurrency": concurrency, "windows": windows, "honor_timestamps": honor_timestamps, "flat": flat}
     replay = policy_replay(workload, capacity_blocks, policy, tiers, admission, check=check, **options)
     if isinstance(replay, FlatBeladyReplay):

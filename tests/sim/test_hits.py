@@ -146,3 +146,29 @@ def test_more_windows_than_the_cli_allows_is_refused_by_the_library_too(windows:
             run()
     widest = simulate(workload, 4, windows=100_000)
     assert len(widest.windows) == 100_000 and sum(w.requests for w in widest.windows) == 2
+
+
+@pytest.mark.parametrize("value", ["false", 0, 1, None])
+def test_a_flag_that_is_no_bool_is_refused_by_name(value: object) -> None:
+    """Regression: simulate(check="false") ran the invariant check after every request, evaluate(belady="no") ran
+    Belady's replay, honor_timestamps="false" moved the clock to the trace's times: a string read from a config is
+    truthy. Each flag is a bool, as ReplayConfig's and EngineConfig's are."""
+    from radixcache.sim.routing_replay import simulate_routing
+
+    workload = token_workload([req(0, [1, 2]), req(1, [1, 2, 3])])
+    runs = {
+        "check": lambda kw: simulate(workload, 4, **kw),
+        "honor_timestamps": lambda kw: evaluate(workload, 4, **kw),
+        "flat": lambda kw: simulate(workload, 4, **kw),
+        "belady": lambda kw: evaluate(workload, 4, **kw),
+        "infinite": lambda kw: evaluate(workload, 4, **kw),
+        "belady_admission": lambda kw: evaluate(workload, 4, **kw),
+        "parallel": lambda kw: evaluate(workload, 4, **kw),
+    }
+    for name, run in runs.items():
+        with pytest.raises(RadixCacheError, match=f"{name} must be True or False, got {value!r}"):
+            run({name: value})
+        assert run({name: False}) is not None
+    with pytest.raises(RadixCacheError, match=f"check must be True or False, got {value!r}"):
+        simulate_routing(workload, 2, 4, check=value)  # type: ignore[arg-type]
+    assert simulate_routing(workload, 2, 4, check=False).requests == 2
