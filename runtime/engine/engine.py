@@ -46,6 +46,7 @@ from radixcache.runtime.engine.request_builder import (
     Messages,
     Prompt,
     RequestBuilder,
+    check_fork_seed,
     fork_count,
     is_messages,
     split_batch,
@@ -242,6 +243,7 @@ class Engine:
         # `options=`'s seed is the branches' seed as the keyword is (else every branch is alike); a bad seed is a
         # ValueError naming seed here, before `seed + i` could be a TypeError
         seed = opts.sampling.seed if seed is None else opts.updated(seed=seed).sampling.seed
+        check_fork_seed(opts, seed, n)
         text = self._builder.render(prefix, opts.tool_use) if is_messages(prefix) else prefix  # type: ignore[arg-type]
         ids = self._builder.encode(text)
         build = self._builder.encode_continuation

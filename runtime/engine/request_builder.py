@@ -24,7 +24,7 @@ import torch
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.engine.options import RequestOptions, check_group
 from radixcache.runtime.engine.request import Request
-from radixcache.runtime.engine.sampling import Sampler
+from radixcache.runtime.engine.sampling import MAX_SEED, Sampler
 from radixcache.runtime.engine.structured import EngineGrammars
 from radixcache.runtime.engine.tool_calls import request_grammar
 from radixcache.runtime.tools import ToolCallMemory, tool_template_features
@@ -177,6 +177,16 @@ def fork_count(n: Any, continuations: Any) -> int:
         raise ValueError(f"fork needs n >= 1 (an integer), got {n!r}")
     check_group(n, "fork")
     return n
+
+
+def check_fork_seed(opts: RequestOptions, seed: Any, n: int) -> None:
+    """Engine.fork's `seed` (branch i samples with seed + i), checked before any branch is built: a ValueError naming
+    seed, not a TypeError from `seed + i`, nor a refusal of seed + i's value that the caller never gave."""
+    if seed is None:
+        return
+    opts.updated(seed=seed)
+    if seed + n - 1 > MAX_SEED:
+        raise ValueError(f"fork: seed {seed} + {n - 1} (one per branch) passes the largest seed {MAX_SEED}")
 
 
 def split_batch(prompt: Any) -> tuple[list[Any], bool]:

@@ -22,6 +22,7 @@ MAX_REPETITION_PENALTY = 100.0
 MAX_STOP = 64  # stop strings per request
 MAX_STOP_CHARS = 1024  # characters per stop string
 MAX_STOP_TOKEN_IDS = 1024
+MAX_SEED = 2**64 - 1  # seeds are in [-2**63, 2**64 - 1]: what a 64-bit generator seed takes, signed or not
 
 
 def _real(name: str, value: object, lo: float, hi: float) -> float:
@@ -141,7 +142,7 @@ class SamplingParams:
         if self.top_p <= 0.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None:
-            object.__setattr__(self, "seed", _int("seed", self.seed, -(2**63), 2**64 - 1))
+            object.__setattr__(self, "seed", _int("seed", self.seed, -(2**63), MAX_SEED))
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         try:
             stop = tuple(stop)

@@ -262,6 +262,19 @@ def test_fork_and_submit_group_refuse_more_than_max_group_requests(tiny: RandomM
     assert_clean(engine)
 
 
+def test_fork_refuses_a_seed_whose_last_branch_passes_the_largest_seed(tiny: RandomModel) -> None:
+    """fork(seed=2**64 - 1, n=2) said "seed must be an integer in [...], got 18446744073709551616": the second
+    branch's seed, which the caller never gave. The largest seed is itself a valid fork of one branch."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    top = 2**64 - 1
+    with pytest.raises(ValueError, match=f"fork: seed {top} \\+ 1 \\(one per branch\\) passes the largest seed {top}"):
+        engine.fork(ids(8, 1), 2, 2, seed=top, temperature=1.0)
+    assert engine.stats.requests == 0
+    assert len(engine.fork(ids(8, 1), 1, 2, seed=top, temperature=1.0)) == 1
+    assert len(engine.fork(ids(8, 1), 2, 2, seed=top - 1, temperature=1.0)) == 2
+    assert_clean(engine)
+
+
 def test_fork_refuses_an_n_that_disagrees_with_its_continuations(tiny: RandomModel) -> None:
     """fork(prefix, 3, continuations=[a, b]) ran two branches and dropped n: the caller meant something else."""
     engine = Engine(tiny, capacity_blocks=64, page_size=4)
