@@ -83,6 +83,13 @@ class TieredCache:
     ) -> None:
         if write_policy not in WRITE_POLICIES:
             raise RadixCacheError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}; got {write_policy!r}")
+        # Checked here: a wrong object (host=64, meant as a size) failed only at the first eviction, inside allocate.
+        if not isinstance(device, RadixCache):
+            raise RadixCacheError(f"device must be a RadixCache, got {type(device).__name__}")
+        if host is not None and not isinstance(host, PageTier):
+            raise RadixCacheError(f"host must be a PageTier or None, got {type(host).__name__}")
+        if lower is not None and not callable(getattr(lower, "count_prefix", None)):
+            raise RadixCacheError(f"lower must be a tier with count_prefix (a LowerTier) or None, got {lower!r:.60}")
         self.device = device
         self.host = host
         self.lower = lower

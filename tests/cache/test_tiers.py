@@ -197,6 +197,21 @@ def test_tiered_cache_rejects_an_unknown_write_policy() -> None:
         TieredCache(RadixCache(4, 1), host=PageTier(2), write_policy="sometimes")
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [({"host": 64}, "host must be a PageTier"), ({"lower": 8}, "lower must be a tier"), ({"device": None}, "device")],
+)
+def test_tiered_cache_rejects_what_is_no_tier_when_made(kwargs: dict, named: str) -> None:
+    """TieredCache(cache, host=64) (a size for a tier) was accepted, and the first eviction failed inside allocate
+    with AttributeError ("'int' object has no attribute 'name'")."""
+    device = RadixCache(4, 1)
+    with pytest.raises(RadixCacheError, match=named):
+        TieredCache(**{"device": device, **kwargs})
+    assert device.on_evict is None  # nothing installed
+    device.insert([1, 2, 3, 4], device.allocate(4))
+    assert len(device.allocate(4)) == 4  # evicts, with no listener
+
+
 # ---------------------------------------------------------------------------------------------- state machine
 
 PAGE = 2
