@@ -42,6 +42,7 @@ from radixcache.runtime.replay.results import (
     SKIP_TOO_LONG,
     Comparison,
     ReplayConfig,
+    ReplayError,
     ReplayResult,
     RequestRecord,
     SkippedTurn,
@@ -186,7 +187,7 @@ def replay(
     `record_trace`: write what the engine served (after the warm-up) to this file as a Mooncake-format hash trace
     (`Engine.record_trace`), each request tagged with its conversation's id; the file is closed when the run ends.
     """
-    config = config or ReplayConfig()
+    config = _checked(config, label=label, on_result=on_result, on_warning=on_warning)
     sessions = plan_sessions(trace, config.limit)
     check_tokens(sessions, engine)
     if config.warmup:
@@ -198,6 +199,22 @@ def replay(
         return _replay(engine, sessions, config, label, on_result, on_warning, recording=True)
     finally:
         engine.record_trace(None)
+
+
+def _checked(config: object, label: object = None, **callbacks: object) -> ReplayConfig:
+    """`config` (None: the defaults), once it and the other arguments are of their types, else a ReplayError naming
+    which: a dict for the config was an AttributeError, and a callback that is no function a TypeError at the first
+    turn's end, after the warm-up and that turn's work."""
+    if config is None:
+        config = ReplayConfig()
+    if not isinstance(config, ReplayConfig):
+        raise ReplayError(f"config must be a ReplayConfig or None, got {type(config).__name__}")
+    if label is not None and not isinstance(label, str):
+        raise ReplayError(f"label must be a str or None, got {type(label).__name__}")
+    bad = next((name for name, f in callbacks.items() if f is not None and not callable(f)), None)
+    if bad is not None:
+        raise ReplayError(f"{bad} must be a function or None, got {type(callbacks[bad]).__name__}")
+    return config
 
 
 def _replay(
@@ -348,11 +365,14 @@ def compare(
     The first engine is dropped before the second is built, so their KV pools are never both alive. When the
     first run is interrupted, the second is not started and its result is empty (and marked interrupted).
     """
+    config = _checked(config, on_start=on_start, on_result=on_result, on_warning=on_warning)
+    if not callable(make_engine):
+        raise ReplayError(f"make_engine must be a function of enable_cache, got {type(make_engine).__name__}")
     results = []
     for enabled in (True, False):
         label = "cache" if enabled else "no cache"
         if results and results[0].summary.interrupted:
-            empty = summarize([], label=label, cache=False, mode=(config or ReplayConfig()).mode, interrupted=True)
+            empty = summarize([], label=label, cache=False, mode=config.mode, interrupted=True)
             results.append(ReplayResult(empty, ()))
             break
         if on_start is not None:

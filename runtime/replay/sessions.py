@@ -7,7 +7,7 @@ turns do; token requests run in arrival order, grouped by session (runtime.repla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -66,6 +66,8 @@ def plan_sessions(
     trace: Trace | Sequence[Conversation] | Sequence[TokenRequest], limit: int | None = None
 ) -> list[TraceSession]:
     """Conversations (or token requests grouped by session, in first-appearance order), the first `limit`."""
+    if not isinstance(trace, (Trace, Iterable)):  # None was a TypeError from list()
+        raise ReplayError(f"trace must be a Trace or a list of conversations or token requests, got {trace!r:.40}")
     records = list(trace.records if isinstance(trace, Trace) else trace)
     sessions: list[TraceSession] = []
     by_key: dict[Any, TraceSession] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -285,6 +286,37 @@ def test_config_values_of_the_wrong_type_are_refused_by_name(kwargs: dict) -> No
     (name,) = kwargs
     with pytest.raises(ReplayError, match=f"^{name} must be"):
         ReplayConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"config": {"limit": 1}}, "config must be a ReplayConfig or None, got dict"),  # an AttributeError
+        ({"trace": None}, "trace must be a Trace or a list"),  # a TypeError from list()
+        ({"on_result": print, "on_warning": 3}, "on_warning must be a function or None, got int"),
+        ({"on_result": "log"}, "on_result must be a function or None, got str"),  # a TypeError after a turn ran
+        ({"label": 3}, "label must be a str or None, got int"),
+    ],
+)
+def test_replay_arguments_of_the_wrong_type_are_refused_before_anything_runs(
+    engine: Engine, kwargs: dict, named: str
+) -> None:
+    call = {"trace": CONVERSATIONS, "config": ReplayConfig(max_tokens=2), **kwargs}
+    with pytest.raises(ReplayError, match=re.escape(named)):
+        replay(engine, call.pop("trace"), call.pop("config"), **call)
+    assert engine.stats.requests == 0  # not even the warm-up ran
+
+
+def test_compare_refuses_arguments_of_the_wrong_type_before_building_an_engine() -> None:
+    built: list[bool] = []
+    for make, kw, named in [
+        (None, {}, "make_engine must be a function"),
+        (built.append, {"config": {"limit": 1}}, "config must be a ReplayConfig"),
+        (built.append, {"on_start": "cache"}, "on_start must be a function or None, got str"),
+    ]:
+        with pytest.raises(ReplayError, match=named):
+            compare(make, CONVERSATIONS, **kw)  # type: ignore[arg-type]
+    assert built == []
 
 
 def test_sampling_is_reproducible_per_request_position(tiny_model_dir: Path) -> None:
