@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
+from math import isfinite
+from numbers import Integral, Real
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -122,17 +124,39 @@ def start_offsets(
 
 
 def check_tokens(sessions: list[TraceSession], engine: GenerationEngine) -> None:
-    """Refuse, before anything runs, a text trace without a tokenizer and token ids the model cannot read."""
+    """Refuse, before anything runs, a text trace without a tokenizer, token ids the model cannot read, and fields
+    of the types the trace readers would have refused (records built in Python are not read through them): else
+    such a turn failed mid-run, after the turns before it, with a ValueError that named no request."""
     vocab = engine.config.vocab_size
     needs_tokenizer = any(s.conversation is not None for s in sessions)
     if needs_tokenizer and getattr(engine, "tokenizer", None) is None:
         raise ReplayError("a text trace needs the model's tokenizer, and this engine has none")
     for s in sessions:
+        if s.conversation is not None:
+            for k, turn in enumerate(s.conversation.turns):
+                where, limit = f"conversation {s.id} turn {k + 1}", turn.max_tokens
+                if not isinstance(turn.user, str):
+                    raise ReplayError(f"{where}: user must be a str, got {turn.user!r:.40}")
+                if limit is not None and (not _is_int(limit) or limit < 1):
+                    raise ReplayError(f"{where}: max_tokens must be an int >= 1, got {limit!r}")
         for k, r in enumerate(s.requests):
+            where = f"session {s.id} request {k + 1}"
+            odd = next((t for t in r.tokens if not _is_int(t) or t < 0), None)
+            if odd is not None:
+                raise ReplayError(f"{where}: token {odd!r} is not a token id (an int >= 0)")
             bad = next((t for t in r.tokens if t >= vocab), None)
             if bad is not None:
-                raise ReplayError(
-                    f"session {s.id} request {k + 1}: token id {bad} is outside the model's vocabulary of {vocab}"
-                )
+                raise ReplayError(f"{where}: token id {bad} is outside the model's vocabulary of {vocab}")
             if not r.tokens:
-                raise ReplayError(f"session {s.id} request {k + 1}: the prompt is empty")
+                raise ReplayError(f"{where}: the prompt is empty")
+            if not _is_int(r.output_length) or r.output_length < 0:
+                raise ReplayError(f"{where}: output_length must be an int >= 0, got {r.output_length!r}")
+            if isinstance(r.timestamp_ms, bool) or not isinstance(r.timestamp_ms, Real) or not isfinite(r.timestamp_ms):
+                raise ReplayError(f"{where}: timestamp_ms must be a finite number, got {r.timestamp_ms!r}")
+            hint = r.retain_for
+            if hint is not None and (isinstance(hint, bool) or not isinstance(hint, Real) or not hint >= 0):
+                raise ReplayError(f"{where}: retain_for must be a number of seconds >= 0 or None, got {hint!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)

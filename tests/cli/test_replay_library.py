@@ -307,6 +307,29 @@ def test_replay_arguments_of_the_wrong_type_are_refused_before_anything_runs(
     assert engine.stats.requests == 0  # not even the warm-up ran
 
 
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        (TokenRequest(1.0, (1, 2), -1), "request-2 request 1: output_length must be an int >= 0, got -1"),
+        (TokenRequest(1.0, (1, 2), True), "output_length must be an int >= 0, got True"),
+        (TokenRequest(1.0, (1, 2), 1.5), "output_length must be an int >= 0, got 1.5"),
+        (TokenRequest(1.0, (True, 2), 2), "token True is not a token id"),  # "a prompt must be text ..."
+        (TokenRequest(1.0, (1, -2), 2), "token -2 is not a token id"),  # refused by the engine mid-run
+        (TokenRequest(1.0, (1, 2), 2, retain_for=-3), "retain_for must be a number of seconds >= 0"),
+        (TokenRequest(float("nan"), (1, 2), 2), "timestamp_ms must be a finite number, got nan"),
+        (Conversation("b", (Turn("hi", max_tokens=0),)), "conversation b turn 1: max_tokens must be an int >= 1"),
+        (Conversation("b", (Turn(3),)), "conversation b turn 1: user must be a str, got 3"),  # type: ignore[arg-type]
+    ],
+)
+def test_records_built_in_python_are_checked_as_the_readers_check_them(engine: Engine, bad: object, named: str) -> None:
+    """A TokenRequest or Turn built by hand is not read through the trace readers: output_length=-1 failed mid-run,
+    after the requests before it, with "max_new_tokens must be an integer >= 1" naming no request."""
+    first = TokenRequest(0.0, (1, 2, 3), 2) if isinstance(bad, TokenRequest) else CONVERSATIONS[0]
+    with pytest.raises(ReplayError, match=re.escape(named)):
+        replay(engine, [first, bad], ReplayConfig(warmup=False))  # type: ignore[list-item]
+    assert engine.stats.requests == 0
+
+
 def test_compare_refuses_arguments_of_the_wrong_type_before_building_an_engine() -> None:
     built: list[bool] = []
     for make, kw, named in [
