@@ -220,8 +220,11 @@ class EngineConfig:
 
     def scheduler(self) -> SchedulerConfig:
         """The scheduler's config: `scheduler_config` when given, else one built from the six scheduling fields."""
-        if self.scheduler_config is not None:
-            return self.scheduler_config
+        given = self.scheduler_config
+        if given is not None:
+            if not isinstance(given, SchedulerConfig):  # a dict failed every request (AttributeError), not here
+                raise ValueError(f"scheduler_config must be a SchedulerConfig or None, got {given!r:.60}")
+            return given
         return SchedulerConfig(**{name: getattr(self, name) for name in _SCHEDULING})
 
     def kernel_mode(self) -> str:

@@ -123,6 +123,8 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
         ({"page_size": 2.0}, "page_size must be an int >= 1"),
         ({"capacity_blocks": 0}, "capacity_blocks must be an int >= 1"),
         ({"capacity_blocks": True}, "capacity_blocks must be an int >= 1"),
+        # an AttributeError at every request, once the weights had loaded
+        ({"scheduler_config": {"max_running": 4}}, "scheduler_config must be a SchedulerConfig or None, got {"),
     ):
         with pytest.raises(ValueError, match=message):
             Engine("no-such-model", **bad)  # the model is never looked for: the config is refused first
