@@ -205,6 +205,14 @@ class EngineConfig:
         wait = self.queue_timeout
         if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0):
             raise ValueError(f"queue_timeout must be > 0 seconds or None, got {wait!r}")
+        # Objects of the wrong kind failed as AttributeErrors naming no option: a model while the engine was built,
+        # a tokenizer at the first request (decode, even for token ids).
+        model = self.model
+        if model is not None and not isinstance(model, (str, os.PathLike)) and not hasattr(model, "config"):
+            raise ValueError(f"model must be a name, a path or a loaded model (with .config), got {model!r:.60}")
+        tok = self.tokenizer
+        if tok is not None and not (callable(getattr(tok, "encode", None)) and callable(getattr(tok, "decode", None))):
+            raise ValueError(f"tokenizer must have encode and decode methods (or be None), got {tok!r:.60}")
 
     @classmethod
     def of(cls, caller: str = "Engine", /, **options: Any) -> EngineConfig:

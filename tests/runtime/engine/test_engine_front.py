@@ -125,11 +125,14 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
         ({"capacity_blocks": True}, "capacity_blocks must be an int >= 1"),
         # an AttributeError at every request, once the weights had loaded
         ({"scheduler_config": {"max_running": 4}}, "scheduler_config must be a SchedulerConfig or None, got {"),
+        ({"tokenizer": 3}, "tokenizer must have encode and decode methods"),  # an AttributeError at each request
     ):
         with pytest.raises(ValueError, match=message):
             Engine("no-such-model", **bad)  # the model is never looked for: the config is refused first
         with pytest.raises(ValueError, match=message):
             EngineConfig(**bad)
+    with pytest.raises(ValueError, match="model must be a name, a path or a loaded model"):  # 'int' has no .config
+        Engine(3)
 
 
 def test_request_options_take_generate_keywords_once() -> None:
