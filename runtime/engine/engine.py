@@ -88,6 +88,8 @@ class Engine:
     def __init__(self, model: Any = None, *, config: EngineConfig | None = None, **options: Any) -> None:
         if model is not None:
             options["model"] = model
+        if config is not None and not isinstance(config, EngineConfig):  # a dict was an AttributeError ('replace')
+            raise ValueError(f"config must be an EngineConfig (or None), got {type(config).__name__}")
         if config is None:
             config = EngineConfig.of("Engine", **options)
         elif options:

@@ -133,6 +133,11 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
             EngineConfig(**bad)
     with pytest.raises(ValueError, match="model must be a name, a path or a loaded model"):  # 'int' has no .config
         Engine(3)
+    for config in ({"page_size": 4}, "smollm2"):  # an AttributeError ('dict' object has no attribute 'replace')
+        with pytest.raises(ValueError, match="config must be an EngineConfig"):
+            Engine("no-such-model", config=config)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="config must be an EngineConfig"):
+            Engine(config=config)  # type: ignore[arg-type]
 
 
 def test_request_options_take_generate_keywords_once() -> None:
