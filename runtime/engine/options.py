@@ -127,7 +127,14 @@ def resolve_options(
         return RequestOptions.of(64 if max_new_tokens is None else max_new_tokens, caller=caller, **kwargs)
     if max_new_tokens is not None:  # given beside `options=`, it overrides its field as any keyword does
         kwargs = {"max_new_tokens": max_new_tokens, **kwargs}
-    return options.updated(caller=caller, **kwargs)
+    return checked_options(options).updated(caller=caller, **kwargs)
+
+
+def checked_options(options: object) -> RequestOptions:
+    """`options` if it is a RequestOptions, else a ValueError (a dict of keywords was an AttributeError, 'updated')."""
+    if not isinstance(options, RequestOptions):
+        raise ValueError(f"options must be a RequestOptions (RequestOptions.of(...)), got {type(options).__name__}")
+    return options
 
 
 def check_namespace(namespace: Hashable) -> None:

@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from radixcache.runtime.engine.options import RequestOptions
+from radixcache.runtime.engine.options import RequestOptions, checked_options
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.tools.messages import normalize_message, normalize_messages
 
@@ -57,7 +57,10 @@ class Session:
         rest = {k: v for k, v in defaults.items() if k != "options"}  # `options=`: built once, the rest over it
         base = defaults.get("options")
         caller = "Engine.session"
-        self.options = RequestOptions.of(caller=caller, **rest) if base is None else base.updated(caller=caller, **rest)
+        if base is None:
+            self.options = RequestOptions.of(caller=caller, **rest)
+        else:
+            self.options = checked_options(base).updated(caller=caller, **rest)
         self.results: list[GenerationResult] = []
 
     def send(self, content: str, **kwargs: Any) -> GenerationResult:
@@ -129,7 +132,7 @@ class Session:
     def _kw(self, kwargs: dict[str, Any]) -> RequestOptions:
         """A turn's options: the session's (or the turn's own `options=`), with the turn's keywords over them."""
         options = kwargs.pop("options", None)
-        return (self.options if options is None else options).updated(caller="Session", **kwargs)
+        return (self.options if options is None else checked_options(options)).updated(caller="Session", **kwargs)
 
     def _append(self, turns: list[dict[str, Any]], result: GenerationResult) -> GenerationResult:
         """Add the turns the reply answered (whatever their content, None included: the prompt had them) and the

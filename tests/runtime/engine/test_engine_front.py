@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -277,3 +278,26 @@ def test_a_request_holds_its_kv_state_and_the_kv_package_never_imports_the_engin
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("radixcache.runtime.engine"):
                 bad.append(f"{path.relative_to(REPO)}:{node.lineno} imports {node.module}")
     assert not bad, "kv/ must not import engine/ (type-checking imports included):\n" + "\n".join(bad)
+
+
+def test_options_that_are_no_request_options_are_refused_by_name(tiny: RandomModel) -> None:
+    """options={"max_new_tokens": 2} (keywords in a dict) was an AttributeError ('dict' object has no attribute
+    'updated') at every entry point and at session creation."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    bad: Any = {"max_new_tokens": 2}
+    for call in (
+        lambda: engine.generate("hi", options=bad),
+        lambda: engine.submit("hi", options=bad),
+        lambda: engine.submit_group(["hi"], options=bad),
+        lambda: engine.fork("hi", 2, options=bad),
+        lambda: engine.session(options=bad),
+        lambda: engine.session().send("hi", options=bad),
+        lambda: asyncio.run(engine.agenerate("hi", options=bad)),
+    ):
+        with pytest.raises(
+            ValueError, match=r"options must be a RequestOptions \(RequestOptions.of\(...\)\), got dict"
+        ):
+            call()
+    assert engine.stats.requests == 0
+    assert engine.generate("hi", options=RequestOptions.of(2, ignore_eos=True)).finish_reason == "length"
+    engine.close()
