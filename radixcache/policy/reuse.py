@@ -70,6 +70,8 @@ class ReusePolicy(EvictionPolicy):
         ):
             check_parameter(f"reuse: {name}", value, 0, above=True)
         check_parameter("reuse: decay", decay, 0, above=True, high=1)
+        if type(ghosts) is not int or ghosts < 0:  # -1 turned them off silently, "8" failed at the first access
+            raise PolicyError(f"reuse: ghosts must be an int >= 0, got {ghosts!r}")
         self.credit, self.clip, self.prior, self.decay = credit, clip, prior, decay
         self.penalty = credit if penalty is None else penalty
         self.attention_scale = attention_scale

@@ -284,6 +284,7 @@ def test_a_partial_eviction_is_not_an_access_so_the_same_leaf_stays_first(policy
         (lambda v: ReusePolicy(prior=v), "reuse: prior"),
         (lambda v: ReusePolicy(decay=v), "reuse: decay"),
         (lambda v: ReusePolicy(initial_horizon=v), "reuse: initial_horizon"),
+        (lambda v: ReusePolicy(ghosts=v), "reuse: ghosts"),  # -1 turned ghosts off silently, "1" a TypeError later
         (lambda v: ReuseAdmission(ReusePolicy(), threshold=v), "reuse admission: threshold"),
     ],
 )
