@@ -6,6 +6,7 @@ import random
 from collections.abc import Sequence
 
 from radixcache.router.base import Router, check_replicas
+from radixcache.router.errors import RouterError
 from radixcache.router.index import RouterIndex
 from radixcache.router.load import LoadTracker, RouteRequest
 
@@ -43,6 +44,8 @@ class PowerOfTwoRouter(Router):
     name = "power_of_two"
 
     def __init__(self, seed: int = 0) -> None:
+        if type(seed) is not int:  # random.Random takes a bool, a float or a str as a seed, each silently
+            raise RouterError(f"power_of_two: seed must be an int, got {seed!r}")
         self.seed = seed
         self._rng = random.Random(seed)
 

@@ -89,6 +89,8 @@ class CacheAwareRouter(Router):
         for name, value, low in (("balance_horizon", balance_horizon, 1), ("max_sessions", max_sessions, 0)):
             if type(value) is not int or value < low:
                 raise RouterError(f"cache_aware: {name} must be an int >= {low}, got {value!r}")
+        if not isinstance(in_flight, bool):  # "no" is truthy: in-flight tracking on, silently
+            raise RouterError(f"cache_aware: in_flight must be True or False, got {in_flight!r}")
         self.miss_weight = miss_weight
         self.balance = balance
         self.balance_horizon = balance_horizon

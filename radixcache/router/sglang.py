@@ -39,12 +39,17 @@ class SGLangRouter(Router):
     def __init__(
         self, cache_threshold: float = 0.3, balance_abs: int = 64, balance_rel: float = 1.5, in_flight: bool = True
     ) -> None:
+        numbers = (cache_threshold, balance_abs, balance_rel)  # a bool or a string: a number by accident, or TypeError
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers):
+            raise RouterError(f"sglang: cache_threshold, balance_abs and balance_rel must be numbers, got {numbers!r}")
         if not 0 <= cache_threshold <= 1:
             raise RouterError(f"sglang: cache_threshold must be in [0, 1], got {cache_threshold!r}")
         if not (0 <= balance_abs < math.inf and 1 <= balance_rel < math.inf):  # NaN would never find an imbalance
             raise RouterError(
                 f"sglang: need finite balance_abs >= 0 and balance_rel >= 1, got {balance_abs}, {balance_rel}"
             )
+        if not isinstance(in_flight, bool):  # "no" is truthy: in-flight tracking on, silently
+            raise RouterError(f"sglang: in_flight must be True or False, got {in_flight!r}")
         self.cache_threshold = cache_threshold
         self.balance_abs = balance_abs
         self.balance_rel = balance_rel

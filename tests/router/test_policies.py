@@ -266,6 +266,23 @@ def test_a_non_finite_router_parameter_is_refused(name: str, params: dict[str, f
         make_router(name, **params)
 
 
+@pytest.mark.parametrize(
+    ("name", "params", "named"),
+    [
+        ("cache_aware", {"in_flight": "no"}, "cache_aware: in_flight must be True or False"),  # truthy: tracked
+        ("sglang", {"in_flight": 0}, "sglang: in_flight must be True or False"),
+        ("sglang", {"balance_abs": True}, "must be numbers"),  # taken for 1
+        ("sglang", {"cache_threshold": "0.5"}, "must be numbers"),  # a TypeError from the comparison
+        ("power_of_two", {"seed": True}, "power_of_two: seed must be an int"),  # random.Random(True): seed 1
+        ("power_of_two", {"seed": "7"}, "power_of_two: seed must be an int"),  # a str seeds, silently
+    ],
+)
+def test_a_router_parameter_of_the_wrong_type_is_refused(name: str, params: dict, named: str) -> None:
+    with pytest.raises(RouterError, match=named):
+        make_router(name, **params)
+    assert make_router(name) is not None
+
+
 def test_in_flight_prefixes_refuse_a_negative_bound() -> None:
     """Regression: a negative max_per_replica failed the first `add` with an IndexError (pop from an empty deque)."""
     from radixcache.router.inflight import InFlightPrefixes
