@@ -26,7 +26,7 @@ from radixcache import CacheStats
 from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, check_namespace, resolve_options
-from radixcache.runtime.engine.request_builder import split_batch, token_ids
+from radixcache.runtime.engine.request_builder import group_prompts, token_ids
 from radixcache.runtime.tools import ToolCallMemory
 from radixcache.runtime.tools.use import CallIds
 
@@ -143,8 +143,7 @@ class ClusterEngine:
         All or none, as Engine.submit_group: every prompt and option is checked before any request is sent."""
         if self._closed:
             raise EngineClosedError("this server is shutting down")
-        if prompts and split_batch(prompts)[1]:  # a text's characters (or one prompt's ids) are not prompts
-            raise ValueError("submit_group takes a list of prompts, got one prompt: pass [prompt]")
+        prompts = group_prompts(prompts)
         check_group(len(prompts), "ClusterEngine.submit_group")
         check_each(each, len(prompts))
         opts = resolve_options(max_new_tokens, options, kwargs, "ClusterEngine.submit_group")

@@ -48,6 +48,7 @@ from radixcache.runtime.engine.request_builder import (
     RequestBuilder,
     check_fork_seed,
     fork_count,
+    group_prompts,
     is_messages,
     split_batch,
 )
@@ -214,8 +215,7 @@ class Engine:
         held of its prompt when the call arrived: one sample's work for the others is not a cache hit.
         `each[i]`: keyword arguments for prompt i only (say its seed), over the shared ones.
         """
-        if prompts and split_batch(prompts)[1]:  # a text's characters (or one prompt's ids) are not prompts
-            raise ValueError("submit_group takes a list of prompts, got one prompt: pass [prompt]")
+        prompts = group_prompts(prompts)
         check_group(len(prompts), "submit_group")
         check_each(each, len(prompts))
         opts = self._options(max_new_tokens, options, kwargs, "submit_group")

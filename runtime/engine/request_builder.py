@@ -189,6 +189,18 @@ def check_fork_seed(opts: RequestOptions, seed: Any, n: int) -> None:
         raise ValueError(f"fork: seed {seed} + {n - 1} (one per branch) passes the largest seed {MAX_SEED}")
 
 
+def group_prompts(prompts: Any) -> list[Any]:
+    """submit_group's prompts as a list: any iterable of prompts, as `submit` takes (a generator had no len()); one
+    prompt (a text's characters, one prompt's ids), None or a number is a ValueError saying what a group is."""
+    one = isinstance(prompts, (str, torch.Tensor))
+    if not one and not _is_sequence(prompts):
+        split_batch(prompts)  # None, a number, a dict: a ValueError saying what a prompt is
+    items = [] if one else list(prompts)
+    if one or (items and split_batch(items)[1]):
+        raise ValueError("submit_group takes a list of prompts, got one prompt: pass [prompt]")
+    return items
+
+
 def split_batch(prompt: Any) -> tuple[list[Any], bool]:
     """(prompts, single): a str or a sequence of ints is one prompt; a list of those is a batch. Anything else (a
     number, None, a dict) is a ValueError saying what a prompt is."""

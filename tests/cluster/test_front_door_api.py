@@ -133,8 +133,9 @@ def test_cancelling_an_agenerate_task_cancels_its_request_on_the_replica(front: 
         ([[1, 2, 3]], [{}, {"seed": 1}], "each has 2 entries for 1 prompts"),  # the extra entry was ignored
         ([1, 2, 3], (), "got one prompt"),  # each id taken for a prompt
         ([[1, 2, 3]] * 1025, (), "queues at most 1024 requests together"),  # a thread per request, unbounded
+        (None, (), "a prompt must be text"),  # a TypeError from len()
     ],
-    ids=["bad-second", "empty-second", "each-longer", "one-prompt", "too-many"],
+    ids=["bad-second", "empty-second", "each-longer", "one-prompt", "too-many", "none"],
 )
 def test_a_group_with_a_bad_prompt_or_each_sends_nothing(front: Any, prompts: Any, each: Any, match: str) -> None:
     """Regression: ClusterEngine.submit_group sent its prompts one by one as it checked them, so a bad one left the

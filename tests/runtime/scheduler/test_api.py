@@ -222,6 +222,21 @@ def test_cancelling_an_awaiting_task_aborts_its_request_and_spares_the_others(ti
     assert_clean(engine)
 
 
+def test_submit_group_takes_any_iterable_of_prompts_and_refuses_none_by_name(tiny: RandomModel) -> None:
+    """A generator of prompts (which submit takes) and None were TypeErrors from len(); the generator now runs as the
+    same list would, and None is the ValueError saying what a prompt is."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    prompts = [ids(8, 1), ids(8, 2)]
+    want = [h.result().token_ids for h in engine.submit_group(prompts, 3)]
+    assert [h.result().token_ids for h in engine.submit_group(iter(prompts), 3)] == want
+    assert [h.result().token_ids for h in engine.submit_group((p for p in prompts), 3)] == want
+    assert engine.submit_group(iter([]), 3) == []
+    for bad in (None, 5):
+        with pytest.raises(ValueError, match="a prompt must be text, token ids or a list of prompts"):
+            engine.submit_group(bad, 3)  # type: ignore[arg-type]
+    assert_clean(engine)
+
+
 @pytest.mark.parametrize("one", ["abc", [5, 6, 7]], ids=["text", "ids"])
 def test_submit_group_refuses_one_prompt_in_place_of_a_list(tiny: RandomModel, one: object) -> None:
     """A text given as the group ran each of its characters as a prompt of its own."""
