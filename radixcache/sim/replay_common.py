@@ -171,3 +171,10 @@ def check_flags(**flags: object) -> None:
     for name, value in flags.items():
         if not isinstance(value, bool):
             raise RadixCacheError(f"{name} must be True or False, got {value!r}")
+
+
+def check_progress(progress: object) -> None:
+    """RadixCacheError unless `progress` is None or callable: else a TypeError came at its first call, 256 requests
+    into the replay (minutes, on a large trace)."""
+    if progress is not None and not callable(progress):
+        raise RadixCacheError(f"progress must be a function of the requests replayed, or None, got {progress!r:.40}")

@@ -42,7 +42,7 @@ from radixcache.router import (
     RouterIndex,
     make_router,
 )
-from radixcache.sim.replay_common import check_flags, fit_request, request_tokens
+from radixcache.sim.replay_common import check_flags, check_progress, fit_request, request_tokens
 from radixcache.sim.routing_replicas import Job, Replica
 from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS, EventStats, ReplicaResult, RoutingCosts, RoutingResult
 from radixcache.sim.routing_workload import RoutedWorkload, arrival_times, routed_requests
@@ -327,6 +327,7 @@ def simulate_routing(
     "poisson", seeded with `seed`, or "even"). `seed` also seeds power_of_two. `check`: the index is checked
     against every replica's tree after every event (slow: for tests)."""
     check_flags(check=check)
+    check_progress(progress)
     if isinstance(router, str) and router_params:
         router = make_router(router, **router_params)
     replay = RoutingReplay(

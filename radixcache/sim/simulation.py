@@ -19,7 +19,7 @@ from radixcache.sim.cache_replay import CacheReplay
 from radixcache.sim.flat import FlatBeladyReplay, flat_replay
 from radixcache.sim.flat_lru import FlatLRUReplay
 from radixcache.sim.infinite_replay import InfiniteReplay
-from radixcache.sim.replay_common import Replayable, check_flags, drive, replay_figures, trace_span
+from radixcache.sim.replay_common import Replayable, check_flags, check_progress, drive, replay_figures, trace_span
 from radixcache.sim.results import BELADY, SimResult
 from radixcache.sim.tiered_replay import TieredReplay
 from radixcache.sim.tiers import TierConfig
@@ -71,6 +71,7 @@ def simulate(
     runs the cache's full invariant check after every request (slow: for tests).
     """
     check_flags(check=check, honor_timestamps=honor_timestamps, flat=flat)
+    check_progress(progress)
     options = {"concurrency": concurrency, "windows": windows, "honor_timestamps": honor_timestamps, "flat": flat}
     replay = policy_replay(workload, capacity_blocks, policy, tiers, admission, check=check, **options)
     if isinstance(replay, FlatBeladyReplay):
@@ -93,6 +94,8 @@ def policy_replay(
     """The replay of `policy` that `simulate` and `evaluate` run: through the device cache with the tiers under it
     (a TieredReplay) when `tiers` are given, else the device cache's alone (`device_replay`, flat where it may be).
     `options`: the keywords both take (concurrency, check, windows, honor_timestamps)."""
+    if tiers is not None and not isinstance(tiers, TierConfig):  # else an AttributeError naming no argument
+        raise RadixCacheError(f"tiers must be a TierConfig or None, got {type(tiers).__name__}")
     if tiers is None:
         return device_replay(workload, capacity_blocks, policy, admission=admission, flat=flat, **options)
     if admission is not None:
@@ -173,6 +176,7 @@ def simulate_infinite(
 ) -> SimResult:
     """The replay through a cache that never evicts, without building one (InfiniteReplay): the same figures as
     `simulate` at a capacity nothing fills."""
+    check_progress(progress)
     span = trace_span(workload)
     replay = InfiniteReplay(workload, concurrency=concurrency, windows=windows, span=span)
     drive(workload, [replay], progress)

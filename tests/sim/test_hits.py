@@ -172,3 +172,25 @@ def test_a_flag_that_is_no_bool_is_refused_by_name(value: object) -> None:
     with pytest.raises(RadixCacheError, match=f"check must be True or False, got {value!r}"):
         simulate_routing(workload, 2, 4, check=value)  # type: ignore[arg-type]
     assert simulate_routing(workload, 2, 4, check=False).requests == 2
+
+
+def test_a_progress_that_is_no_function_and_tiers_that_are_no_tier_config_are_refused_first() -> None:
+    """progress=3 was a TypeError at its first call, 256 requests into the replay; tiers=3 an AttributeError
+    ('host_capacity_blocks') naming no argument."""
+    from radixcache.sim.routing_replay import simulate_routing
+    from radixcache.sim.simulation import simulate_infinite
+
+    workload = token_workload([req(0, [1, 2]), req(1, [1, 2, 3])])
+    for run in (
+        lambda: simulate(workload, 4, progress=3),  # type: ignore[arg-type]
+        lambda: evaluate(workload, 4, progress="log"),  # type: ignore[arg-type]
+        lambda: simulate_infinite(workload, progress=3),  # type: ignore[arg-type]
+        lambda: simulate_routing(workload, 2, 4, progress=3),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(RadixCacheError, match="progress must be a function"):
+            run()
+    for run in (lambda: simulate(workload, 4, tiers=3), lambda: evaluate(workload, 4, tiers={"host": 8})):
+        with pytest.raises(RadixCacheError, match="tiers must be a TierConfig or None"):
+            run()  # type: ignore[arg-type]
+    seen: list[int] = []
+    assert simulate(workload, 4, progress=seen.append).requests == 2 and sum(seen) == 2
