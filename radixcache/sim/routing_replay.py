@@ -81,8 +81,12 @@ class RoutingReplay:
             raise RadixCacheError(f"capacity_blocks must be a positive int, got {capacity_blocks!r}")
         if not isinstance(costs, RoutingCosts):
             raise RadixCacheError(f"costs must be a RoutingCosts, got {type(costs).__name__}")
+        if type(seed) is not int:  # it seeds the arrivals and power_of_two: True or "7" seeded them silently
+            raise RadixCacheError(f"seed must be an int, got {seed!r}")
         if isinstance(router, str):
             router = make_router(router, seed=seed) if router == "power_of_two" else make_router(router)
+        if not isinstance(router, Router):  # else an AttributeError ('route') at the first request
+            raise RadixCacheError(f"router must be a name in ROUTERS or a Router, got {type(router).__name__}")
         self.router = router
         self.capacity_blocks, self.policy = capacity_blocks, make_policy(policy).name
         self.page_size, self.block_tokens, self.kind = page_size, block_tokens, kind
@@ -328,6 +332,8 @@ def simulate_routing(
     against every replica's tree after every event (slow: for tests)."""
     check_flags(check=check)
     check_progress(progress)
+    if router_params is not None and not isinstance(router_params, Mapping):
+        raise RadixCacheError(f"router_params must be a mapping of the router's parameters, got {router_params!r:.40}")
     if isinstance(router, str) and router_params:
         router = make_router(router, **router_params)
     replay = RoutingReplay(

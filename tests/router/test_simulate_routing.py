@@ -275,3 +275,21 @@ def test_simulate_replicas_refuses_bad_flags(chat: Path, args: list[str], messag
     result = CliRunner().invoke(main, ["simulate", str(chat), "--capacity-blocks", "200", *args])
     assert_refused(result, message)
     assert message in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"router": 3}, "router must be a name in ROUTERS or a Router, got int"),  # AttributeError ('route')
+        ({"router_params": 3}, "router_params must be a mapping"),  # a TypeError from ** unpacking
+        ({"seed": True, "rate": 5.0}, "seed must be an int, got True"),  # seeded the arrivals as 1, silently
+        ({"seed": "7", "router": "power_of_two"}, "seed must be an int, got '7'"),
+    ],
+)
+def test_simulate_routing_refuses_arguments_of_the_wrong_type_by_name(kwargs: dict, named: str) -> None:
+    from radixcache.errors import RadixCacheError
+
+    workload = token_workload(list(multi_turn_chat(conversations=2, turns=(1, 1))))
+    with pytest.raises(RadixCacheError, match=named):
+        simulate_routing(workload, 2, 64, **kwargs)
+    assert simulate_routing(workload, 2, 64, rate=5.0, seed=7).requests == 2
