@@ -14,7 +14,7 @@ from radixcache.sim.fork import ForkedCall
 from radixcache.sim.infinite_replay import InfiniteReplay
 from radixcache.sim.packing import RequestPacker, unpack_requests
 from radixcache.sim.read_ahead import ReadAhead
-from radixcache.sim.replay_common import Replayable, check_flags, check_progress, drive, trace_span
+from radixcache.sim.replay_common import Replayable, check_flags, check_progress, check_workload, drive, trace_span
 from radixcache.sim.results import BELADY, BELADY_ADMISSION, SimReport
 from radixcache.sim.simulation import (
     Replay,
@@ -72,6 +72,7 @@ def evaluate(
         flat=flat,
     )
     check_progress(progress)
+    check_workload(workload)
     options = {"concurrency": concurrency, "windows": windows, "honor_timestamps": honor_timestamps, "flat": flat}
     bound = partial(simulate, capacity_blocks=capacity_blocks, **options)
     wanted = [name for name, asked in ((BELADY, belady), (BELADY_ADMISSION, belady_admission)) if asked]

@@ -178,3 +178,13 @@ def check_progress(progress: object) -> None:
     into the replay (minutes, on a large trace)."""
     if progress is not None and not callable(progress):
         raise RadixCacheError(f"progress must be a function of the requests replayed, or None, got {progress!r:.40}")
+
+
+def check_workload(workload: object) -> None:
+    """RadixCacheError unless `workload` is a workload (a Workload, a TraceSource, a RoutedWorkload: each has a
+    page size): a list of TokenRequests, which the runtime's replay takes, was an AttributeError ('page_size')."""
+    if not hasattr(workload, "page_size") or not hasattr(workload, "block_tokens"):
+        raise RadixCacheError(
+            "workload must be a Workload (radixcache.trace.workload.token_workload(requests)) or a TraceSource "
+            f"(radixcache.sim.open_source(path)), got {type(workload).__name__}"
+        )

@@ -42,7 +42,7 @@ from radixcache.router import (
     RouterIndex,
     make_router,
 )
-from radixcache.sim.replay_common import check_flags, check_progress, fit_request, request_tokens
+from radixcache.sim.replay_common import check_flags, check_progress, check_workload, fit_request, request_tokens
 from radixcache.sim.routing_replicas import Job, Replica
 from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS, EventStats, ReplicaResult, RoutingCosts, RoutingResult
 from radixcache.sim.routing_workload import RoutedWorkload, arrival_times, routed_requests
@@ -332,6 +332,7 @@ def simulate_routing(
     against every replica's tree after every event (slow: for tests)."""
     check_flags(check=check)
     check_progress(progress)
+    check_workload(workload)
     if router_params is not None and not isinstance(router_params, Mapping):
         raise RadixCacheError(f"router_params must be a mapping of the router's parameters, got {router_params!r:.40}")
     if isinstance(router, str) and router_params:

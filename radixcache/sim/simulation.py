@@ -19,7 +19,15 @@ from radixcache.sim.cache_replay import CacheReplay
 from radixcache.sim.flat import FlatBeladyReplay, flat_replay
 from radixcache.sim.flat_lru import FlatLRUReplay
 from radixcache.sim.infinite_replay import InfiniteReplay
-from radixcache.sim.replay_common import Replayable, check_flags, check_progress, drive, replay_figures, trace_span
+from radixcache.sim.replay_common import (
+    Replayable,
+    check_flags,
+    check_progress,
+    check_workload,
+    drive,
+    replay_figures,
+    trace_span,
+)
 from radixcache.sim.results import BELADY, SimResult
 from radixcache.sim.tiered_replay import TieredReplay
 from radixcache.sim.tiers import TierConfig
@@ -72,6 +80,7 @@ def simulate(
     """
     check_flags(check=check, honor_timestamps=honor_timestamps, flat=flat)
     check_progress(progress)
+    check_workload(workload)
     options = {"concurrency": concurrency, "windows": windows, "honor_timestamps": honor_timestamps, "flat": flat}
     replay = policy_replay(workload, capacity_blocks, policy, tiers, admission, check=check, **options)
     if isinstance(replay, FlatBeladyReplay):
@@ -177,6 +186,7 @@ def simulate_infinite(
     """The replay through a cache that never evicts, without building one (InfiniteReplay): the same figures as
     `simulate` at a capacity nothing fills."""
     check_progress(progress)
+    check_workload(workload)
     span = trace_span(workload)
     replay = InfiniteReplay(workload, concurrency=concurrency, windows=windows, span=span)
     drive(workload, [replay], progress)

@@ -194,3 +194,20 @@ def test_a_progress_that_is_no_function_and_tiers_that_are_no_tier_config_are_re
             run()  # type: ignore[arg-type]
     seen: list[int] = []
     assert simulate(workload, 4, progress=seen.append).requests == 2 and sum(seen) == 2
+
+
+def test_a_list_of_requests_for_a_workload_is_refused_with_what_to_pass() -> None:
+    """simulate([TokenRequest, ...]) (what the runtime's replay takes) was an AttributeError ('page_size')."""
+    from radixcache.sim.routing_replay import simulate_routing
+    from radixcache.sim.simulation import simulate_infinite
+
+    requests = [req(0, [1, 2]), req(1, [1, 2, 3])]
+    for run in (
+        lambda: simulate(requests, 4),  # type: ignore[arg-type]
+        lambda: evaluate(requests, 4),  # type: ignore[arg-type]
+        lambda: simulate_infinite(requests),  # type: ignore[arg-type]
+        lambda: simulate_routing(requests, 2, 4),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(RadixCacheError, match=r"workload must be a Workload .*token_workload.*, got list"):
+            run()
+    assert simulate(token_workload(requests), 4).requests == 2
