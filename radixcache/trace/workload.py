@@ -99,9 +99,21 @@ def token_workload(requests: Iterable[TokenRequest], page_size: int = 1) -> Work
             r.session,
             retain_for=r.retain_for,
         )
-        for r in requests
+        for r in _records(requests, TokenRequest, HashRequest, "hash_workload")
     ]
     return Workload(_arrival_order(sim), page_size, page_size, "token")
+
+
+def _records(requests: object, kind: type, other: type, use: str) -> Iterator:
+    """`requests`, each checked to be a `kind`: a list of the other kind of request (or of anything else) was an
+    AttributeError naming a field (`tokens`, `block_size`), and None a TypeError."""
+    if not isinstance(requests, Iterable) or isinstance(requests, (str, bytes)):
+        raise RadixCacheError(f"requests must be an iterable of {kind.__name__}s, got {type(requests).__name__}")
+    for index, r in enumerate(requests):
+        if not isinstance(r, kind):
+            hint = f" (use {use} for {other.__name__}s)" if isinstance(r, other) else ""
+            raise RadixCacheError(f"request {index} must be a {kind.__name__}, got {type(r).__name__}{hint}")
+        yield r
 
 
 def hash_sim_request(
@@ -165,7 +177,7 @@ def hash_workload(requests: Iterable[HashRequest], block_size: int = DEFAULT_BLO
         raise RadixCacheError(f"block_size must be a positive int, got {block_size!r}")
     sim = []
     declared: int | None = None
-    for index, r in enumerate(requests):
+    for index, r in enumerate(_records(requests, HashRequest, TokenRequest, "token_workload")):
         if index == 0:
             declared = r.block_size
             if declared is not None and block_size not in (declared, DEFAULT_BLOCK_SIZE):

@@ -211,3 +211,17 @@ def test_a_list_of_requests_for_a_workload_is_refused_with_what_to_pass() -> Non
         with pytest.raises(RadixCacheError, match=r"workload must be a Workload .*token_workload.*, got list"):
             run()
     assert simulate(token_workload(requests), 4).requests == 2
+
+
+def test_a_workload_of_the_wrong_kind_of_request_is_refused_naming_the_other_builder() -> None:
+    """token_workload([HashRequest]) was an AttributeError ('tokens'), hash_workload([TokenRequest]) one naming
+    'block_size', and None a TypeError."""
+    hashed = HashRequest(0.0, 4, 1, (7,), block_size=4)
+    with pytest.raises(RadixCacheError, match=r"request 0 must be a TokenRequest, got HashRequest \(use hash_workload"):
+        token_workload([hashed])
+    with pytest.raises(RadixCacheError, match=r"request 1 must be a HashRequest, got TokenRequest \(use token_w"):
+        hash_workload([hashed, req(1, [1, 2])])
+    for build in (token_workload, hash_workload):
+        with pytest.raises(RadixCacheError, match="requests must be an iterable of"):
+            build(None)  # type: ignore[arg-type]
+    assert simulate(hash_workload(iter([hashed])), 4).requests == 1  # any iterable of the right kind
