@@ -160,6 +160,8 @@ def open_source(
     traces use `page_size` (default 1); a hash trace's page is one hash id of `block_size` tokens. With
     `read_ahead`, every pass over it is read by a second process while this one replays (see
     `worth_reading_ahead`)."""
+    if not isinstance(read_ahead, bool):  # "no" is truthy: a reader process started, silently
+        raise RadixCacheError(f"read_ahead must be True or False, got {read_ahead!r}")
     name = str(path)
     fmt = format or detect_format(path)
     kind = FORMAT_KINDS.get(fmt)

@@ -199,3 +199,13 @@ def test_a_pool_worker_which_may_not_fork_reads_and_replays_in_place(tmp_path: P
         got = pool.apply(_evaluate_in_a_worker, (str(path),))
     report = evaluate(open_source(str(path), page_size=4), 50, belady=True)
     assert got == [figures(report.result), figures(report.infinite), figures(report.belady)]
+
+
+@pytest.mark.parametrize("flag", ["no", 0, None])
+def test_a_read_ahead_that_is_no_bool_is_refused(flag: object) -> None:
+    """read_ahead="no" (truthy) started a reader process for every pass, silently."""
+    from radixcache.errors import RadixCacheError
+
+    with pytest.raises(RadixCacheError, match=f"read_ahead must be True or False, got {flag!r}"):
+        open_source(str(MOONCAKE_TRACE), read_ahead=flag)  # type: ignore[arg-type]
+    assert open_source(str(MOONCAKE_TRACE), read_ahead=False).read_ahead is False
