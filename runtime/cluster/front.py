@@ -27,6 +27,7 @@ from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, check_namespace, resolve_options
 from radixcache.runtime.engine.request_builder import group_prompts, token_ids
+from radixcache.runtime.kv.tier.disk_writer import wait_bound
 from radixcache.runtime.tools import ToolCallMemory
 from radixcache.runtime.tools.use import CallIds
 
@@ -65,7 +66,7 @@ class RemoteHandle:
         return self.request.rid
 
     def result(self, timeout: float | None = None) -> Any:
-        return self.future.result(timeout)
+        return self.future.result(wait_bound(timeout))  # checked as RequestHandle.result checks it
 
     def done(self) -> bool:
         return self.future.done()

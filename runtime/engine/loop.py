@@ -31,6 +31,7 @@ from radixcache.runtime.engine.request import GenerationResult, Request, dequeue
 from radixcache.runtime.engine.scheduler import Scheduler
 from radixcache.runtime.engine.threads import PROBE_PREFILL_TOKENS, ThreadController
 from radixcache.runtime.engine.trace_recorder import TraceRecorder, earliest_arrival
+from radixcache.runtime.kv.tier.disk_writer import wait_bound
 from radixcache.runtime.native.openmp import release_idle_team
 
 _UNSET: Any = object()
@@ -68,6 +69,10 @@ class RequestHandle:
         return self.request.rid
 
     def result(self, timeout: float | None = None) -> GenerationResult:
+        """The request's result, waiting at most `timeout` seconds (None: for ever); a ValueError for a timeout that
+        is no number >= 0 (NaN was a bare TimeoutError at once, "5" a TypeError from inside the wait), a RuntimeError
+        on the engine loop's own thread while it is pending (the wait would never end)."""
+        timeout = wait_bound(timeout)
         if not self.future.done():
             self._loop.refuse_wait_on_loop()
         return self.future.result(timeout)

@@ -378,3 +378,19 @@ def test_stats_read_while_the_loop_thread_pins(tiny: RandomModel) -> None:
     assert engine.stats.pinned_blocks == 8
     assert engine.unpin() == 2
     assert_clean(engine)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1, "5", True])
+def test_a_handle_result_timeout_that_is_no_number_of_seconds_is_refused(tiny: RandomModel, timeout: object) -> None:
+    """handle.result(nan) raised a bare TimeoutError at once, result("5") a TypeError from inside the wait, and
+    result(True) waited one second: the bound is checked as check(), close() and flush() check theirs."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    release = hold_engine_loop(engine)
+    handle = engine.submit(ids(8, 1), 2)
+    try:
+        with pytest.raises(ValueError, match=r"timeout must be a number of seconds >= 0 or None"):
+            handle.result(timeout)  # type: ignore[arg-type]
+    finally:
+        release()
+    assert len(handle.result(float("inf")).token_ids) == 2  # infinity: no bound
+    assert_clean(engine)
