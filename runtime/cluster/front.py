@@ -200,6 +200,7 @@ class ClusterEngine:
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Each replica's queued disk writes (with --cache-dir) finish."""
+        wait_bound(timeout)  # refused here, as Engine.flush refuses it, not by each replica
         return all(self.cluster.replica_call("flush", timeout))
 
     def record_trace(self, path: Any) -> None:
@@ -344,6 +345,7 @@ class ClusterEngine:
         return rows
 
     def check(self, timeout: float | None = 30.0) -> dict[str, int]:
+        wait_bound(timeout)  # a bad bound is a ValueError, as Engine.check's is
         out: dict[str, int] = {}
         for part in self.cluster.replica_checks():
             for k, v in part.items():
@@ -351,9 +353,11 @@ class ClusterEngine:
         return out
 
     def wait_idle(self, timeout: float | None = None) -> bool:
+        wait_bound(timeout)
         return True
 
     def close(self, timeout: float | None = 30.0) -> bool:
+        wait_bound(timeout)  # before anything closes, as Engine.close checks it
         self._closed = True
         self.cluster.close()
         return True

@@ -162,3 +162,13 @@ def test_each_of_a_group_must_hold_one_dict_per_prompt(front: Any) -> None:
     with pytest.raises(ValueError, match=r"each\[1\] must be a dict"):  # a TypeError from inside `updated`
         front.submit_group([[3, 4], [5, 6]], 2, each=[{}, 7])
     assert _streams(front) == []
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1, "5", True])
+def test_a_wait_bound_that_is_no_number_of_seconds_is_refused_as_by_the_engine(front: Any, timeout: Any) -> None:
+    """ClusterEngine's check, wait_idle and close took any timeout (ignored), and flush handed it to every replica;
+    Engine refuses NaN, a negative, a string or a bool with a ValueError naming timeout."""
+    for call in (front.check, front.wait_idle, front.flush, front.close):
+        with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
+            call(timeout)
+    assert not front._closed  # the refused close closed nothing
