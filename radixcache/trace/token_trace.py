@@ -201,13 +201,24 @@ def _read_token_line(name: str, lineno: int, raw: bytes) -> TokenLine:
 
 
 def write_token_jsonl(path: str | Path, requests: Iterable[TokenRequest]) -> int:
-    """Write requests as JSONL; returns how many."""
+    """Write requests as JSONL; returns how many. Each is checked as the reader will check it (`_written`)."""
     n = 0
     with open(path, "w", encoding="utf-8") as handle:
         for request in requests:
-            handle.write(dump_json_line(request_to_dict(request)))
+            handle.write(dump_json_line(_written(request, path, n)))
             n += 1
     return n
+
+
+def _written(request: object, path: str | Path, index: int) -> dict[str, Any]:
+    """The record of `request`, once the reader's own checks pass on it: a TokenRequest built in Python with a NaN
+    timestamp (written as invalid JSON), a bool or negative token or a negative output_length was written, and only
+    the reader refused the file. A TraceError names the request and the field."""
+    if not isinstance(request, TokenRequest):  # a HashRequest was an AttributeError ('tokens')
+        raise TraceError(str(path), f"request {index}", f"expected a TokenRequest, got {type(request).__name__}")
+    record = request_to_dict(request)
+    request_from_dict(record, str(path), f"request {index}")
+    return record
 
 
 # ---------------------------------------------------------------------- msgpack
@@ -264,6 +275,6 @@ def write_token_msgpack(path: str | Path, requests: Iterable[TokenRequest]) -> i
     n = 0
     with open(path, "wb") as handle:
         for request in requests:
-            handle.write(packer.pack(request_to_dict(request)))
+            handle.write(packer.pack(_written(request, path, n)))
             n += 1
     return n

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixcache.trace import (
+    HashRequest,
     TraceError,
     iter_token_jsonl,
     iter_token_msgpack,
@@ -125,3 +127,24 @@ def test_a_msgpack_stream_from_a_pipe_reads_whole_and_a_truncated_one_says_so(tm
                     list(iter_token_msgpack(f"/dev/fd/{read}"))
         finally:
             os.close(read)
+
+
+@pytest.mark.parametrize("write", [write_token_jsonl, write_token_msgpack])
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        (TokenRequest(float("nan"), (1, 2), 1), "timestamp"),  # written as NaN: invalid JSON to the reader
+        (TokenRequest(1.0, (True, 2), 1), "tokens"),
+        (TokenRequest(1.0, (1, -2), 1), "tokens"),
+        (TokenRequest(1.0, (1, 2), -1), "output_length"),
+        (HashRequest(1.0, 4, 1, (7,)), "expected a TokenRequest, got HashRequest"),  # an AttributeError ('tokens')
+    ],
+)
+def test_a_request_the_reader_would_refuse_is_refused_by_the_writer(
+    tmp_path: Path, write: Any, bad: Any, named: str
+) -> None:
+    """The writers wrote whatever a TokenRequest built in Python held; only reading the file back refused it."""
+    path = tmp_path / "t.trace"
+    with pytest.raises(TraceError, match=rf"request 1.*{named}") as info:
+        write(path, [TokenRequest(0.0, (1, 2), 1), bad])
+    assert info.value.where == "request 1"
