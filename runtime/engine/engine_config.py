@@ -196,11 +196,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a number in [0, 1], got {share!r}")
         if self.lease_clock is not None and not callable(self.lease_clock):
             raise ValueError(f"lease_clock must be a callable returning seconds, got {self.lease_clock!r}")
-        if self.scheduler_config is not None and not isinstance(self.scheduler_config, SchedulerConfig):
-            # a dict failed every request with an AttributeError once the weights had loaded
-            kind = type(self.scheduler_config).__name__
-            raise ValueError(f"scheduler_config must be a SchedulerConfig or None, got {kind}")
-        self.scheduler()
+        self.scheduler()  # a scheduler_config of the wrong kind is refused there
         check_max_queue(self.max_queue)
         wait = self.queue_timeout
         if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0):

@@ -107,7 +107,7 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
         ({"queue_timeout": "5"}, "queue_timeout must be > 0"),  # a TypeError that named no option
         ({"max_pinned_fraction": "0.5"}, "max_pinned_fraction must be a number in"),  # the same
         # every request then failed with AttributeError ('dict' object has no attribute ...), after the weights loaded
-        ({"scheduler_config": {"schedule": "fcfs"}}, "scheduler_config must be a SchedulerConfig or None, got dict"),
+        ({"scheduler_config": {"schedule": "fcfs"}}, "scheduler_config must be a SchedulerConfig or None, got {"),
         ({"schedule": "random"}, "schedule must be one of"),
         ({"admission": "nope"}, "unknown admission policy"),
         ({"kv_memory": "lots"}, "cannot parse memory budget"),
