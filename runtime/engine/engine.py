@@ -242,8 +242,7 @@ class Engine:
         for the others is the call's own work, not a cache hit."""
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "fork")
         n = fork_count(n, continuations)
-        # `options=`'s seed is the branches' seed as the keyword is (else every branch is alike); a bad seed is a
-        # ValueError naming seed here, before `seed + i` could be a TypeError
+        # `options=`'s seed is offset per branch as the keyword is (else every branch is alike); checked here
         seed = opts.sampling.seed if seed is None else opts.updated(seed=seed).sampling.seed
         check_fork_seed(opts, seed, n)
         text = self._builder.render(prefix, opts.tool_use) if is_messages(prefix) else prefix  # type: ignore[arg-type]

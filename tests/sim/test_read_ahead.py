@@ -202,10 +202,11 @@ def test_a_pool_worker_which_may_not_fork_reads_and_replays_in_place(tmp_path: P
 
 
 @pytest.mark.parametrize("flag", ["no", 0, None])
-def test_a_read_ahead_that_is_no_bool_is_refused(flag: object) -> None:
+def test_a_read_ahead_that_is_no_bool_is_refused(flag: object, tmp_path: Path) -> None:
     """read_ahead="no" (truthy) started a reader process for every pass, silently."""
     from radixcache.errors import RadixCacheError
 
+    path = str(chat_trace(tmp_path))  # not the shared trace: a clone of the project alone has none beside it
     with pytest.raises(RadixCacheError, match=f"read_ahead must be True or False, got {flag!r}"):
-        open_source(str(MOONCAKE_TRACE), read_ahead=flag)  # type: ignore[arg-type]
-    assert open_source(str(MOONCAKE_TRACE), read_ahead=False).read_ahead is False
+        open_source(path, read_ahead=flag)  # type: ignore[arg-type]
+    assert open_source(path, read_ahead=False).read_ahead is False

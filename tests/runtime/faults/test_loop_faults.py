@@ -276,16 +276,21 @@ def test_a_done_callback_that_waits_for_the_engine_is_refused_instead_of_hanging
             except RuntimeError as exc:
                 seen[name] = exc
 
+    # Each callback is added while the loop is held: a request that completed first would run it on this thread.
+    release = hold_engine_loop(engine)
     first = engine.submit(prompts[0], 6, ignore_eos=True)
     first.future.add_done_callback(next_step)
+    release()
     assert first.result(30).token_ids == alone[0]
     assert engine.submit(prompts[1], 6, ignore_eos=True).result(30).token_ids == alone[1]  # the loop still serves
     for name in ("generate", "unpin", "check"):
         assert isinstance(seen[name], RuntimeError) and "engine loop's own thread" in str(seen[name]), name
     assert_clean(engine)
 
+    release = hold_engine_loop(engine)
     closing = engine.submit(prompts[0], 6, ignore_eos=True)
     closing.future.add_done_callback(lambda _: seen.setdefault("close", engine.close(5)))
+    release()
     closing.result(30)
     assert engine.wait_idle(30) and seen["close"] is False  # it could not wait for itself, and said so
     with pytest.raises(EngineClosedError):
