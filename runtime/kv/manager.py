@@ -190,11 +190,11 @@ class KVManager:
             kv.found_pages = len(blocks) + loaded
             if tiers is not None:
                 tiers.count_hits(matched, len(blocks) + loaded - kv.tier_pages, min(kv.tier_pages, len(host_hashes)))
+        else:  # a resumption: what it computes again is recomputation, not a miss, and its hits are not hits
+            kv.recomputed_tokens += max(0, kv.computed_max - matched)
         if tiers is not None and tiers.disk is not None and blocks and kv.page_chain is not None:
             # the disk's LRU sees its own reads only: a prefix every request hits on the device would go first
             tiers.disk.refresh(kv.page_chain.upto(tokens, len(blocks)))
-        else:  # a resumption: what it computes again is recomputation, not a miss, and its hits are not hits
-            kv.recomputed_tokens += max(0, kv.computed_max - matched)
         kv.status = Status.RUNNING
         return True
 

@@ -152,6 +152,21 @@ def test_a_shared_prefix_hit_on_the_device_outlives_colder_pages_on_a_full_disk(
     assert got.cached_tokens >= len(system)  # the shared prefix came off the disk
 
 
+def test_a_resumed_request_counts_what_it_computes_again_with_a_disk_tier(model: RandomModel, tmp_path: Path) -> None:
+    """The disk refresh on a device hit was placed between the first admission's branch and its `else`, taking it:
+    with a disk tier a resumed request that matched device pages counted no recomputation (0 over 5 preemptions)."""
+    shared = list(range(1, 41))
+    prompts = [[*shared, 50 + i, 60 + i, 70 + i] for i in range(6)]  # 43 tokens: a resumption's last page is partial
+    with Engine(model, capacity_blocks=40, page_size=4, dtype=DTYPE, cache_dir=tmp_path) as engine:
+        engine.generate(shared, 1, ignore_eos=True)
+        got = engine.generate(prompts, 40, ignore_eos=True)
+        s = engine.stats
+    with Engine(model, capacity_blocks=400, page_size=4, enable_cache=False, dtype=DTYPE) as alone:
+        assert [g.token_ids for g in got] == [r.token_ids for r in alone.generate(prompts, 40, ignore_eos=True)]
+    assert s.preemptions > 0 and s.recomputed_tokens > 0
+    assert s.recomputed_tokens == sum(g.recomputed_tokens for g in got)
+
+
 def test_corrupted_page_files_are_deleted_and_recomputed(model: RandomModel, tmp_path: Path) -> None:
     prompts = _prompts(model.config.vocab_size, seed=4, n=6)
     want = _baseline(model, prompts)
