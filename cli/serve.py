@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
-import socket
 from typing import TYPE_CHECKING
 
 import click
 
 from radixcache.cli import engine_options
 from radixcache.cli.errors import FriendlyCommand, debug_option
+from radixcache.cli.listen import bind_sockets
 from radixcache.cli.record import CONCURRENT_NOTE, EngineShape, check_record_path, record_option, simulate_command
 from radixcache.cli.replicas import check_replica_flags, cluster_engine, replica_options
 
@@ -24,23 +25,6 @@ if TYPE_CHECKING:
 # others fixed the same way). 75 s, nginx's and gunicorn's usual figure, outlasts the common clients' expiry, so
 # the client always lets go first; an agent that thinks for a few seconds between calls keeps its connection.
 KEEP_ALIVE_S = 75
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """The server's socket, bound before the model loads and handed to uvicorn: a taken address fails in one line
-    (uvicorn would log and exit), and `--port 0` is the port the kernel chose, which the start line names (it said
-    `:0`, uvicorn's own line being under the default log level). Made with proto IPPROTO_TCP: asyncio sets
-    TCP_NODELAY only on connections of such a socket, and without it a keep-alive client waited out its delayed ACK
-    (40 ms) at every response."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind((host, port))
-    except OSError as exc:
-        s.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return s
 
 
 def _check_device(device: str) -> None:
@@ -211,7 +195,6 @@ def serve(
         )
     _check_device(device)
     check_replica_flags(replicas)
-    listener = _bind(host, port)
     if record_trace is not None and replicas is not None:
         raise click.UsageError("--record-trace records one engine: drop --replicas")
     check_record_path(record_trace)
@@ -240,43 +223,48 @@ def serve(
         "device": device,
         **kwargs,
     }
-    engine: GenerationEngine
-    if replicas is not None:
-        if no_cache:
-            raise click.UsageError("--replicas routes by what each replica caches: drop --no-cache")
-        engine = cluster_engine(model, replicas, router, ray_address, options)
-    else:
-        engine = Engine(engine_choices.load_model(model), enable_cache=not no_cache, **options)
-    if engine.tokenizer is None:
-        raise ValueError(f"{model}: the server needs a model with a tokenizer")
-    if record_trace is not None:
-        engine.record_trace(record_trace)  # closed by engine.close below, after the last request left
-    name = served_model_name or model
-    app = create_app(
-        engine,
-        name,
-        api_keys=api_keys,
-        public_metrics=public_metrics,
-        max_model_len=max_model_len,
-        request_timeout=request_timeout,
-        lease_defaults=lease_defaults,
-        max_body_bytes=max_body_bytes,
-    )
-    port = listener.getsockname()[1]
-    click.echo(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30, timeout_keep_alive=keep_alive
-    )
-    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to our handlers: both end here.
-    previous = signal.signal(signal.SIGTERM, _stop)
-    try:
-        uvicorn.Server(config).run(sockets=[listener])
-    except (KeyboardInterrupt, _Stopped):
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        listener.close()
-        engine.close(30)  # nothing is in flight after uvicorn's drain; queued disk-tier writes finish here
+    if replicas is not None and no_cache:
+        raise click.UsageError("--replicas routes by what each replica caches: drop --no-cache")
+    # Every option is checked: the sockets are bound now, before the load, and closed (the engine too) however
+    # this ends, a load that fails included.
+    with contextlib.ExitStack() as stack:
+        listeners = bind_sockets(host, port)
+        for listener in listeners:
+            stack.callback(listener.close)
+        engine: GenerationEngine
+        if replicas is not None:
+            engine = cluster_engine(model, replicas, router, ray_address, options)
+        else:
+            engine = Engine(engine_choices.load_model(model), enable_cache=not no_cache, **options)
+        stack.callback(engine.close, 30)  # after uvicorn's drain nothing is in flight; queued disk writes finish
+        if engine.tokenizer is None:
+            raise ValueError(f"{model}: the server needs a model with a tokenizer")
+        if record_trace is not None:
+            engine.record_trace(record_trace)  # closed by engine.close, after the last request left
+        name = served_model_name or model
+        app = create_app(
+            engine,
+            name,
+            api_keys=api_keys,
+            public_metrics=public_metrics,
+            max_model_len=max_model_len,
+            request_timeout=request_timeout,
+            lease_defaults=lease_defaults,
+            max_body_bytes=max_body_bytes,
+        )
+        port = listeners[0].getsockname()[1]
+        click.echo(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30, timeout_keep_alive=keep_alive
+        )
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to our handlers: both end here.
+        previous = signal.signal(signal.SIGTERM, _stop)
+        try:
+            uvicorn.Server(config).run(sockets=listeners)
+        except (KeyboardInterrupt, _Stopped):
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     if record_trace is not None:
         _report_recording(engine, record_trace, no_cache, options["admission"])
     click.echo("server stopped", err=True)
