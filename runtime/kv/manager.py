@@ -193,8 +193,10 @@ class KVManager:
         else:  # a resumption: what it computes again is recomputation, not a miss, and its hits are not hits
             kv.recomputed_tokens += max(0, kv.computed_max - matched)
         if tiers is not None and tiers.disk is not None and blocks and kv.page_chain is not None:
-            # the disk's LRU sees its own reads only: a prefix every request hits on the device would go first
-            tiers.disk.refresh(kv.page_chain.upto(tokens, len(blocks)))
+            # The disk's LRU sees its own reads only: a prefix every request hits on the device would go first. The
+            # hashes the match computed (all of the device's pages when it looked below them), none computed here:
+            # a prompt the device holds whole is not hashed at admission.
+            tiers.disk.refresh(kv.page_chain.hashes[: len(blocks)])
         kv.status = Status.RUNNING
         return True
 
