@@ -82,7 +82,7 @@ class Session:
     def fork(self, n: int | None = None, **kwargs: Any) -> list[GenerationResult]:
         """n replies to the history so far (sharing its KV; Engine.fork's n and continuations); the history is
         unchanged."""
-        seed = kwargs.pop("seed", self.defaults.get("seed"))  # fork's own: branch i samples with seed + i
+        seed = kwargs.pop("seed", None)  # fork's own (branch i samples with seed + i); else the options' seed
         continuations = kwargs.pop("continuations", None)
         options = self._kw(kwargs)
         return self.engine.fork(list(self.messages), n, continuations=continuations, seed=seed, options=options)

@@ -236,6 +236,14 @@ def test_fork_offsets_the_seed_of_its_options_as_it_does_its_seed_keyword(tiny: 
     branches = [r.token_ids for r in engine.session(system="be brief.", options=opts).fork(3)]
     assert branches == [r.token_ids for r in engine.fork(history, 3, 8, temperature=1.0, seed=0, ignore_eos=True)]
     assert len(set(branches)) == 3
+    # A turn's own options replace the session's, its seed too (the session's default seed was passed over them)
+    seeded = engine.session(system="be brief.", seed=3, temperature=1.0, max_new_tokens=8, ignore_eos=True)
+    other = RequestOptions.of(8, temperature=1.0, seed=100, ignore_eos=True)
+    assert [r.token_ids for r in seeded.fork(2, options=other)] == [
+        r.token_ids for r in engine.fork(history, 2, options=other)
+    ]
+    by_default = [r.token_ids for r in seeded.fork(2)]
+    assert by_default == [r.token_ids for r in engine.fork(history, 2, 8, temperature=1.0, seed=3, ignore_eos=True)]
 
 
 def test_a_user_turn_without_content_stays_in_the_session_history(tiny: RandomModel) -> None:
