@@ -50,6 +50,7 @@ import json
 import os
 import platform
 import sys
+import threading
 import time
 from typing import Any
 
@@ -153,6 +154,12 @@ def main() -> None:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"config": meta, **b.data}, f, indent=2)
             f.write("\n")
+    # The engines made here are dropped, not closed; each loop thread (a daemon) leaves once idle. One still inside
+    # torch as the interpreter finalises meets C++ destructors: "terminate called without an active exception",
+    # seen once under a loaded test run. Let them leave first.
+    for thread in threading.enumerate():
+        if thread.name == "radixcache-engine":
+            thread.join(30)
 
 
 if __name__ == "__main__":
