@@ -244,7 +244,7 @@ class Engine:
         n = fork_count(n, continuations)
         # `options=`'s seed is offset per branch as the keyword is (else every branch is alike); checked here
         seed = opts.sampling.seed if seed is None else opts.updated(seed=seed).sampling.seed
-        check_fork_seed(opts, seed, n)
+        check_fork_seed(seed, n)
         text = self._builder.render(prefix, opts.tool_use) if is_messages(prefix) else prefix  # type: ignore[arg-type]
         ids = self._builder.encode(text)
         build = self._builder.encode_continuation

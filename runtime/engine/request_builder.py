@@ -179,12 +179,11 @@ def fork_count(n: Any, continuations: Any) -> int:
     return n
 
 
-def check_fork_seed(opts: RequestOptions, seed: Any, n: int) -> None:
-    """Engine.fork's `seed` (branch i samples with seed + i), checked before any branch is built: a ValueError naming
-    seed, not a TypeError from `seed + i`, nor a refusal of seed + i's value that the caller never gave."""
+def check_fork_seed(seed: int | None, n: int) -> None:
+    """Engine.fork's `seed`, already a valid seed (branch i samples with seed + i), checked before any branch is
+    built: a ValueError naming both, not a refusal of seed + i's value that the caller never gave."""
     if seed is None:
         return
-    opts.updated(seed=seed)
     if seed + n - 1 > MAX_SEED:
         raise ValueError(f"fork: seed {seed} + {n - 1} (one per branch) passes the largest seed {MAX_SEED}")
 
