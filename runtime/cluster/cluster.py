@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import re
 import socket
 import threading
@@ -81,11 +82,27 @@ def check_reachable(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT_S)
         raise ConnectionError(f"cannot reach the Ray cluster at {address}: {exc}") from None
 
 
+def check_cpus(replicas: int, cpus: float, cluster_cpus: float) -> None:
+    """ValueError when `replicas` actors of `cpus` CPUs each cannot all be placed on a Ray cluster of `cluster_cpus`:
+    Ray would queue the ones that do not fit for ever, and the start waited on them, silently, for ever. Ray counts
+    CPUs in units of 1/10,000, rounding a share down (cores / replicas fits the cores exactly)."""
+    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not 0 <= cpus < math.inf:
+        raise ValueError(f"cpus (each replica's CPU share) must be a finite number >= 0, got {cpus!r}")
+    need = replicas * (math.floor(cpus * 10_000) / 10_000)
+    if need > cluster_cpus:
+        raise ValueError(
+            f"{replicas} engine replicas of {cpus:g} CPUs each need {need:g} CPUs, and the Ray cluster has "
+            f"{cluster_cpus:g}: give each replica a smaller share (cpus=), or start Ray with more CPUs (num_cpus=)"
+        )
+
+
 class ReplicaCluster:
     """`replicas` engine replicas of `model` behind the router `router` (radixcache.router.ROUTERS).
 
     `engine_kwargs` go to every replica's Engine; `threads` is each replica's torch thread count and `cpus` its
     Ray CPU share. Starts a local Ray cluster (`num_cpus`) unless Ray is initialised already or `address` is given.
+    A cluster with fewer CPUs than `replicas * cpus` is a ValueError before any replica starts (Ray would never
+    place the ones that do not fit).
     """
 
     def __init__(
@@ -109,6 +126,7 @@ class ReplicaCluster:
         if not ray.is_initialized():
             check_reachable(address)
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        check_cpus(replicas, cpus, ray.cluster_resources().get("CPU", 0.0))
         actor = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(EngineReplica).options(
             num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=actor_threads(engine_kwargs)
         )

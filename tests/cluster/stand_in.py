@@ -151,6 +151,7 @@ def fake_ray() -> types.ModuleType:
         RayTaskError=RayTaskError,
     )
     ray.is_initialized = lambda: True  # type: ignore[attr-defined]
+    ray.cluster_resources = lambda: {"CPU": 64.0}  # type: ignore[attr-defined]
 
     def get(ref: Any, timeout: float | None = None) -> Any:
         if isinstance(ref, list):

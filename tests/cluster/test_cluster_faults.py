@@ -130,3 +130,39 @@ def test_the_poller_survives_a_round_that_fails(monkeypatch: pytest.MonkeyPatch)
         assert len(rounds) >= 3 and c._poller is not None and c._poller.is_alive()
     finally:
         c.close()
+
+
+@pytest.mark.parametrize(("replicas", "cpus", "have"), [(3, 1.0, 2.0), (2, 1.5, 2.0), (5, 0.5, 2.0)])
+def test_more_replicas_than_the_ray_cluster_can_place_are_refused_before_any_starts(
+    monkeypatch: pytest.MonkeyPatch, replicas: int, cpus: float, have: float
+) -> None:
+    """Regression: ReplicaCluster(model, 3) on a Ray cluster of 2 CPUs (a 2-core machine, each replica 1 CPU) waited
+    for ever, silently, for the replica Ray could never place. Real Ray: test_cluster_ray.py."""
+    ray = install(monkeypatch)
+    ray.cluster_resources = lambda: {"CPU": have}
+    started = []
+    monkeypatch.setattr(ray, "remote", lambda *a, **k: started.append(1))
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    with pytest.raises(ValueError, match=rf"{replicas} engine replicas of {cpus:g} CPUs each need .* has {have:g}"):
+        ReplicaCluster("fake", replicas, cpus=cpus, poll_interval=None)
+    assert started == []
+
+
+@pytest.mark.parametrize(("replicas", "cpus"), [(2, 1.0), (3, 2 / 3), (6, 16 / 6), (7, 16 / 7), (4, 0.0)])
+def test_replicas_that_fit_the_ray_cluster_start(monkeypatch: pytest.MonkeyPatch, replicas: int, cpus: float) -> None:
+    """The CLI's local share (cores / replicas) fits exactly, as Ray rounds a share down to 1/10,000 of a CPU."""
+    ray = install(monkeypatch)
+    ray.cluster_resources = lambda: {"CPU": 16.0 if cpus > 1 else 2.0}
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    ReplicaCluster("fake", replicas, cpus=cpus, poll_interval=None).close()
+
+
+@pytest.mark.parametrize("cpus", [float("nan"), float("inf"), -1.0, "1", True])
+def test_a_cpu_share_that_is_no_number_is_refused(monkeypatch: pytest.MonkeyPatch, cpus: object) -> None:
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    with pytest.raises(ValueError, match=r"cpus .* must be a finite number >= 0"):
+        ReplicaCluster("fake", 2, cpus=cpus, poll_interval=None)  # type: ignore[arg-type]

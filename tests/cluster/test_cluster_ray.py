@@ -273,3 +273,10 @@ def test_an_engine_option_a_replica_refuses_is_raised_as_itself(local_ray: str, 
         ReplicaCluster(str(tiny_dir), 2, engine_kwargs={"page_size": 16, "kv_memory": "1KiB"})
     assert type(refused.value) is ValueError
     _wait(lambda: ray.available_resources().get("CPU", 0) == 2)  # both actors' CPUs are free again
+
+
+def test_more_replicas_than_the_cluster_has_cpus_are_refused_at_once(local_ray: str, tiny_dir: Path) -> None:
+    """Regression: three replicas of one CPU each on this 2-CPU cluster waited for ever for the third, silently."""
+    with pytest.raises(ValueError, match="3 engine replicas of 1 CPUs each need 3 CPUs, and the Ray cluster has 2"):
+        ReplicaCluster(str(tiny_dir), 3, engine_kwargs=ENGINE, cpus=1.0, poll_interval=None)
+    assert ray.available_resources().get("CPU") == 2.0  # no replica was started
