@@ -136,3 +136,34 @@ def test_honor_timestamps_reaches_every_worker_and_changes_only_reuse(tmp_path: 
         load_script("simulate_eviction").main, [*args, "--honor-timestamps", "--no-plot", "--out", str(tmp_path)]
     )
     assert result.exit_code == 0, result.output
+
+
+def test_two_traces_of_one_name_get_a_table_each(tmp_path: Path) -> None:
+    """Regression: day1/trace.jsonl and day2/trace.jsonl were both named 'trace', so the sweep printed one table
+    mixing their rows (each capacity's cells overwriting the other's, one infinite bound for both). Each gets its
+    own, the table it gets when swept alone."""
+    main = load_script("simulate_eviction").main
+    for day in ("day1", "day2"):
+        (tmp_path / day).mkdir()
+    traces = [tiny_trace(tmp_path / day, "trace", shared) for day, shared in (("day1", 3), ("day2", 40))]
+    args = ["--policy", "lru", "--fractions", "0.3", "--page-size", "2", "--workers", "1", "--no-plot"]
+
+    def tables(paths: list[Path], out: str) -> list[str]:
+        result = CliRunner().invoke(main, [*map(str, paths), *args, "--out", str(tmp_path / out)])
+        assert result.exit_code == 0, result.output
+        # one table per trace: the lines under its title (which names it, and gives its infinite-cache hit rate)
+        found: list[str] = []
+        for line in (tmp_path / out / "sweep.md").read_text().splitlines():
+            if "(infinite cache:" in line:
+                found.append(line.split("(", 1)[1])
+            elif found:
+                found[-1] += "\n" + line
+        return [table.strip() for table in found]
+
+    both = tables(traces, "both")
+    assert both == tables(traces[:1], "one") + tables(traces[1:], "two")
+    assert both[0] != both[1]
+    rows = list(csv.DictReader((tmp_path / "both" / "sweep.csv").read_text().splitlines()))
+    assert {row["trace"] for row in rows} == {str(trace) for trace in traces}
+    twice = CliRunner().invoke(main, [str(traces[0]), str(traces[0]), *args, "--out", str(tmp_path / "twice")])
+    assert_refused(twice, f"{traces[0]} is given twice")
