@@ -20,7 +20,7 @@ import importlib.util
 import math
 import os
 import sys
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from radixcache.sim.sweep import (
     SweepCell,
     SweepRow,
     capacities_for,
+    distinct_names,
     load_trace,
     ray_workers,
     run_cell,
@@ -63,17 +64,6 @@ def load(spec: str, page_size: int, block_size: int) -> tuple[str, Workload]:
         return load_trace(spec, page_size, block_size)
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
-
-
-def distinct_names(specs: tuple[str, ...], names: list[str]) -> list[str]:
-    """Each trace's name in the CSV, the tables and the plot: its file's stem (or synthetic kind), or the spec as
-    given where two traces share one (day1/trace.jsonl and day2/trace.jsonl): the rows are grouped by name, and two
-    traces of one name were merged into one table, each capacity's cells overwriting the other's."""
-    twice = [spec for spec, n in Counter(specs).items() if n > 1]
-    if twice:
-        raise click.BadParameter(f"{twice[0]} is given twice", param_hint="'TRACES'")
-    counts = Counter(names)
-    return [spec if counts[name] > 1 else name for spec, name in zip(specs, names, strict=True)]
 
 
 def run(
@@ -226,7 +216,10 @@ def main(
         raise click.ClickException("--ray needs Ray, which is not installed: pip install ray")
     bounds = [BELADY, BELADY_ADMISSION, DEAD_LRU] if dead_bound else [BELADY, BELADY_ADMISSION]
     loaded = [load(spec, page_size, block_size) for spec in traces]
-    trace_names = distinct_names(traces, [name for name, _ in loaded])
+    try:
+        trace_names = distinct_names(traces, [name for name, _ in loaded])
+    except RadixCacheError as exc:
+        raise click.BadParameter(str(exc), param_hint="'TRACES'") from None
     loaded = [(name, w) for name, (_, w) in zip(trace_names, loaded, strict=True)]
     cells = [
         cell

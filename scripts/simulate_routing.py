@@ -40,6 +40,7 @@ from radixcache.sim.routing_cells import (
     start_ray,
 )
 from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS, RoutingCosts
+from radixcache.sim.sweep import distinct_names
 from radixcache.trace.synthetic import GENERATORS
 
 DEFAULT_REPLICAS = "8,16,32,64"
@@ -238,7 +239,10 @@ def main(
         raise click.BadParameter("--replicas: give positive replica counts")
     capacities = per_trace(capacity_blocks, len(traces), "--capacity-blocks", int)
     rates = per_trace(rate_per_replica, len(traces), "--rate-per-replica", float)
-    trace_names = [trace_name(spec) for spec in traces]
+    try:
+        trace_names = distinct_names(traces, [trace_name(spec) for spec in traces])
+    except RadixCacheError as exc:
+        raise click.BadParameter(str(exc), param_hint="'TRACES'") from None
     try:
         costs = RoutingCosts(prefill_ms_per_token, decode_ms_per_token)
         cells = make_cells(trace_names, names, counts, capacities, rates)

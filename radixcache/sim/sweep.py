@@ -8,6 +8,7 @@ loading a trace from its spec (a path, or `synthetic:KIND`) once, so no workload
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,18 @@ def load_trace(spec: str, page_size: int, block_size: int) -> tuple[str, Workloa
     fmt = detect_format(spec)
     page = None if FORMAT_KINDS[fmt] == "hash" else page_size
     return Path(spec).stem, load_workload(spec, fmt, page_size=page, block_size=block_size)
+
+
+def distinct_names(specs: Sequence[str], names: Sequence[str]) -> list[str]:
+    """Each trace's name in a sweep's rows, tables and plot: `names[i]` (its file's stem, or its synthetic kind), or
+    `specs[i]` as given where two traces share a name (day1/trace.jsonl and day2/trace.jsonl): the tables group rows
+    by name, and two traces of one name became one table, each one's cells overwriting the other's. Raises
+    RadixCacheError for a spec given twice."""
+    twice = [spec for spec, n in Counter(specs).items() if n > 1]
+    if twice:
+        raise RadixCacheError(f"{twice[0]} is given twice")
+    counts = Counter(names)
+    return [spec if counts[name] > 1 else name for spec, name in zip(specs, names, strict=True)]
 
 
 def capacities_for(workload: Workload, fractions: Sequence[float]) -> list[int]:

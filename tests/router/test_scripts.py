@@ -72,6 +72,29 @@ def test_a_parallel_sweep_gives_the_sequential_rows(tmp_path: Path) -> None:
     assert parallel == sequential and len(sequential) == 8
 
 
+def test_two_traces_of_one_name_keep_their_own_rows(tmp_path: Path) -> None:
+    """Regression: day1/tiny.jsonl and day2/tiny.jsonl were both named 'tiny', and the table showed one of them
+    (each row of the other overwritten); each keeps its name (its path) and the rows it gets swept alone."""
+    traces = []
+    for day, shared in (("day1", 3), ("day2", 12)):
+        (tmp_path / day).mkdir()
+        traces.append(str(tiny_chat(tmp_path / day, shared=shared)))
+    both, _ = sweep(tmp_path, traces, "--workers", "1", "--no-plot")
+    alone = [row for trace in traces for row in sweep(tmp_path / Path(trace).parent.name, [trace], "--no-plot")[0]]
+    assert [row["trace"] for row in both] == [trace for trace in traces for _ in range(4)]
+
+    def figures(rows: list[dict]) -> list[dict]:
+        return [{k: v for k, v in row.items() if k != "trace"} for row in rows]
+
+    assert figures(both) == figures(alone) and figures(both[:4]) != figures(both[4:])
+    table = (next(tmp_path.glob("out*")) / "routing.md").read_text()
+    assert all(f"**{trace}**" in table for trace in traces)
+    twice = CliRunner().invoke(
+        load_script("simulate_routing.py").main, [traces[0], traces[0], "--capacity-blocks", "9"]
+    )
+    assert_refused(twice, f"{traces[0]} is given twice")
+
+
 def test_the_sweep_refuses_bad_input(tmp_path: Path) -> None:
     main = load_script("simulate_routing.py").main
     base = ["--capacity-blocks", "10", "--out", str(tmp_path)]
