@@ -21,6 +21,7 @@ from rich.table import Table
 from radixcache.policy.registry import ALL_POLICIES
 from radixcache.sim.simulation import simulate
 from radixcache.sim.sweep import capacities_for, load_trace
+from radixcache.trace.stats import reuse_summary
 
 
 @click.command()
@@ -45,7 +46,10 @@ def main(traces: tuple[str, ...], fractions: str, policies: str, repeats: int, p
     for spec in traces:
         name, workload = load_trace(spec, page_size, block_size)
         requests = len(workload.requests)
-        for fraction, capacity in zip(fracs, capacities_for(workload, fracs), strict=False):
+        unique = max(1, reuse_summary(workload).unique_blocks)
+        # capacities_for sorts and merges the capacities: each one's share is its own, not the fraction at its index
+        for capacity in capacities_for(workload, fracs):
+            fraction = capacity / unique
             seconds: dict[str, list[float]] = {n: [] for n in names}
             for _ in range(repeats):
                 for policy in names:

@@ -51,3 +51,19 @@ def test_an_unknown_policy_is_refused(tmp_path: Path) -> None:
         load_script("bench_policy_cost").main, [str(write_hash_trace(tmp_path / "t.jsonl")), "--policies", "nope"]
     )
     assert_refused(result, "unknown policy 'nope'")
+
+
+def test_each_capacity_is_labelled_with_its_own_share(tmp_path: Path) -> None:
+    """Regression: the capacities (sorted, merged) were zipped with the fractions as given, so --fractions 0.5,0.2
+    labelled the 20-block cache 50% and the 50-block one 20%. The trace has 100 unique blocks (10 documents of 4,
+    and 60 one-off last blocks)."""
+    trace = write_hash_trace(tmp_path / "docs.jsonl")
+    result = CliRunner().invoke(
+        load_script("bench_policy_cost").main,
+        [str(trace), "--repeats", "1", "--policies", "lru", "--fractions", "0.5,0.2,0.21"],
+        terminal_width=200,
+    )
+    assert result.exit_code == 0, result.output
+    rows = [line.split("│")[1:4] for line in result.output.splitlines() if line.startswith("│")]
+    shares = [(capacity.strip(), share.strip()) for name, capacity, share in rows if name.strip() == "docs"]
+    assert shares == [("20", "20%"), ("21", "21%"), ("50", "50%")]
