@@ -25,6 +25,7 @@ Memory does not grow with the number of requests: the trace is streamed, the TTF
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 import time
@@ -33,6 +34,7 @@ from itertools import count
 
 from radixcache.errors import RadixCacheError
 from radixcache.page_hash import PageChain, chain_hashes, root_hash
+from radixcache.policy.base import EvictionPolicy
 from radixcache.policy.registry import make_policy
 from radixcache.router import (
     EventBatch,
@@ -69,7 +71,7 @@ class RoutingReplay:
         page_size: int = 1,
         block_tokens: int = 1,
         kind: str = "token",
-        policy: str = "lru",
+        policy: str | EvictionPolicy = "lru",
         costs: RoutingCosts = DEFAULT_ROUTING_COSTS,
         seed: int = 0,
         record: bool = False,
@@ -95,7 +97,12 @@ class RoutingReplay:
         self.decode_s = costs.decode_ms_per_token / 1000
         self.index = RouterIndex()
         self.loads = LoadTracker(self.prefill_s, self.decode_s)
-        self.replicas = [Replica(r, capacity_blocks, page_size, policy) for r in range(replicas)]
+        # A policy object is copied for each replica: one shared by every replica's tree learned from all of them
+        # (cost's inflation, reuse's classes, keyed by each tree's own clock), and none gave a replica's figures alone.
+        self.replicas = [
+            Replica(r, capacity_blocks, page_size, policy if isinstance(policy, str) else copy.deepcopy(policy))
+            for r in range(replicas)
+        ]
         for r in range(replicas):
             self.index.add_replica(r)
         self.ids = tuple(range(replicas))
@@ -316,7 +323,7 @@ def simulate_routing(
     capacity_blocks: int,
     router: str | Router = "cache_aware",
     *,
-    policy: str = "lru",
+    policy: str | EvictionPolicy = "lru",
     costs: RoutingCosts = DEFAULT_ROUTING_COSTS,
     rate: float | None = None,
     arrivals: str = "poisson",
@@ -328,8 +335,9 @@ def simulate_routing(
     """Replay `workload` (an in-memory Workload or RoutedWorkload, or a streamed TraceSource) through `replicas`
     replicas of `capacity_blocks` blocks each, behind `router` (a name from radixcache.router.ROUTERS, with
     `router_params`, or a Router). Arrivals at the trace's timestamps, or at `rate` requests/s (`arrivals`
-    "poisson", seeded with `seed`, or "even"). `seed` also seeds power_of_two. `check`: the index is checked
-    against every replica's tree after every event (slow: for tests)."""
+    "poisson", seeded with `seed`, or "even"). `seed` also seeds power_of_two. `policy`: each replica's eviction
+    policy, a name or an EvictionPolicy (copied for each replica, whose tree owns its copy). `check`: the index is
+    checked against every replica's tree after every event (slow: for tests)."""
     check_flags(check=check)
     check_progress(progress)
     check_workload(workload)

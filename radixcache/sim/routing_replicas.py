@@ -9,6 +9,7 @@ from collections.abc import Hashable, Sequence
 
 from radixcache.blocks import block_ids
 from radixcache.cache import RadixCache
+from radixcache.policy.base import EvictionPolicy
 from radixcache.policy.registry import make_policy
 from radixcache.trace.workload import SimRequest
 
@@ -50,7 +51,7 @@ class Replica:
         "ttft_s",
     )
 
-    def __init__(self, replica: int, capacity: int, page_size: int, policy: str) -> None:
+    def __init__(self, replica: int, capacity: int, page_size: int, policy: str | EvictionPolicy) -> None:
         self.id = replica
         self.cache = RadixCache(capacity, page_size=page_size, policy=make_policy(policy))
         # The page key each tree block holds, by block id: a dict, so memory grows with the blocks in the tree, not

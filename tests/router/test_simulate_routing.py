@@ -10,6 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from radixcache.cli.main import main
+from radixcache.policy.classic import CostAwarePolicy
+from radixcache.policy.reuse import ReusePolicy
 from radixcache.router import make_router
 from radixcache.sim.routing_replay import RoutingReplay, simulate_routing
 from radixcache.sim.routing_results import RoutingCosts
@@ -293,3 +295,17 @@ def test_simulate_routing_refuses_arguments_of_the_wrong_type_by_name(kwargs: di
     with pytest.raises(RadixCacheError, match=named):
         simulate_routing(workload, 2, 64, **kwargs)
     assert simulate_routing(workload, 2, 64, rate=5.0, seed=7).requests == 2
+
+
+@pytest.mark.parametrize("policy", [CostAwarePolicy, ReusePolicy])
+def test_a_policy_object_serves_each_replica_as_its_name_does(policy: type) -> None:
+    """Regression: one policy object was shared by every replica's tree, so a replica's evictions raised the others'
+    GreedyDual inflation, and reuse learned one set of classes from all of them (keyed by clocks each tree counts
+    alone): the figures differed from the same policy given by name. Each replica gets its own copy."""
+    workload = token_workload(list(multi_turn_chat(seed=3))[:1000], 16)
+    given = policy()
+    by_object = simulate_routing(workload, 4, 100, "round_robin", policy=given)
+    by_name = simulate_routing(workload, 4, 100, "round_robin", policy=policy.name)
+    assert by_object.hit_tokens == by_name.hit_tokens
+    assert [r.hit_tokens for r in by_object.replicas] == [r.hit_tokens for r in by_name.replicas]
+    assert vars(given) == vars(policy())  # the object given is left as it was
