@@ -257,7 +257,9 @@ class RadixCache(Locking):
             self._set_add(leaf)
             self._stats.inserted_tokens += len(key)
         else:
-            self._touch(partial if partial is not None else node, hit=False)
+            if partial is not None:  # ends inside a node: split there, as a match does, so that only the pages
+                node = self._split(partial, partial_len)  # inserted are refreshed, not the node's tail past them
+            self._touch(node, hit=False)
         return matched_pages * p
 
     # ------------------------------------------------------------------ public API: the clock
