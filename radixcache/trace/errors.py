@@ -17,10 +17,15 @@ class TraceError(RadixCacheError, ValueError):
         self.where = where
         self.field = field
         self.message = message
-        prefix = f"{path}:{where}" if where.isdigit() else f"{path}: {where}"
+        prefix = place(path, where)
         detail = f"field {field!r}: {message}" if field else message
         super().__init__(f"{prefix}: {detail}")
 
     def __reduce__(self) -> tuple:
         # Rebuilt from its parts, so that it crosses a process boundary (radixcache.sim.read_ahead) whole.
         return (type(self), (self.path, self.where, self.message, self.field))
+
+
+def place(path: str, where: str) -> str:
+    """`path:line` for a line number, else `path: where` (a msgpack record, a field): how errors name a record."""
+    return f"{path}:{where}" if where.isdigit() else f"{path}: {where}"

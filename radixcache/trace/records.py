@@ -13,7 +13,8 @@ class TokenRequest:
     session: the conversation it belongs to, if any. namespace: cache namespace (tenant), None for the shared
     default. output_tokens: the recorded output, if known (its length equals output_length). retain_for: the lease
     hint, seconds its pages should be kept after it ends (the expected pause before its context returns), None for
-    none.
+    none. source: where a trace reader read it (`file:line`, or `file: record N (byte B)` in a msgpack stream), for
+    errors found later (the replay's checks); None for a request built in Python.
     """
 
     timestamp_ms: float
@@ -24,3 +25,5 @@ class TokenRequest:
     output_tokens: tuple[int, ...] | None = None
     # out of repr, so a request without a hint prints as before (tests pin existing workloads by their repr)
     retain_for: float | None = field(default=None, repr=False)
+    # where it was read: not part of the request (equal requests from two files compare equal)
+    source: str | None = field(default=None, repr=False, compare=False)

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from radixcache.tokens import SIGN_BYTE, TOKEN_TYPECODE, as_token_array
-from radixcache.trace.errors import TraceError
+from radixcache.trace.errors import TraceError, place
 from radixcache.trace.fields import FieldReader
 from radixcache.trace.jsonl import dump_json_line, json_line, open_trace
 from radixcache.trace.records import TokenRequest
@@ -42,7 +42,8 @@ def request_to_dict(request: TokenRequest) -> dict[str, Any]:
 
 
 def request_from_dict(record: Any, path: str, where: str) -> TokenRequest:
-    """Validate one decoded record; raise TraceError naming path, where and the field."""
+    """Validate one decoded record; raise TraceError naming path, where and the field. The request's `source` is
+    the record's place (`path:where`)."""
     fields = FieldReader(path, where, record)
     timestamp = fields.number("timestamp")
     tokens = fields.int_list("tokens")
@@ -61,6 +62,7 @@ def request_from_dict(record: Any, path: str, where: str) -> TokenRequest:
         namespace=fields.text("namespace", None),
         output_tokens=output_tokens,
         retain_for=retain_for,
+        source=place(path, where),
     )
 
 
@@ -84,7 +86,14 @@ def iter_token_lines(path: str | Path) -> Iterator[tuple[int, TokenRequest]]:
         yield (
             lineno,
             TokenRequest(
-                line.timestamp, line.tokens, line.output_length, line.session, line.namespace, output, line.retain_for
+                line.timestamp,
+                line.tokens,
+                line.output_length,
+                line.session,
+                line.namespace,
+                output,
+                line.retain_for,
+                f"{name}:{lineno}",
             ),
         )
 

@@ -126,7 +126,8 @@ def start_offsets(
 def check_tokens(sessions: list[TraceSession], engine: GenerationEngine) -> None:
     """Refuse, before anything runs, a text trace without a tokenizer, token ids the model cannot read, and fields
     of the types the trace readers would have refused (records built in Python are not read through them): else
-    such a turn failed mid-run, after the turns before it, with a ValueError that named no request."""
+    such a turn failed mid-run, after the turns before it, with a ValueError that named no request. A request read
+    from a file is named by its file:line (`TokenRequest.source`), as the readers name the records they refuse."""
     vocab = engine.config.vocab_size
     needs_tokenizer = any(s.conversation is not None for s in sessions)
     if needs_tokenizer and getattr(engine, "tokenizer", None) is None:
@@ -140,7 +141,8 @@ def check_tokens(sessions: list[TraceSession], engine: GenerationEngine) -> None
                 if limit is not None and (not _is_int(limit) or limit < 1):
                     raise ReplayError(f"{where}: max_tokens must be an int >= 1, got {limit!r}")
         for k, r in enumerate(s.requests):
-            where = f"session {s.id} request {k + 1}"
+            # file:line, as the trace readers name a record; a request built in Python by its session and place
+            where = r.source or f"session {s.id} request {k + 1}"
             odd = next((t for t in r.tokens if not _is_int(t) or t < 0), None)
             if odd is not None:
                 raise ReplayError(f"{where}: token {odd!r} is not a token id (an int >= 0)")

@@ -1,0 +1,59 @@
+"""Replay's checks of a token trace read from a file name the record as the trace readers do: `file:line` (JSONL) or
+`file: record N (byte B)` (msgpack), not the session and the request's place in it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from radixcache.runtime.engine.engine import Engine
+from radixcache.runtime.replay import ReplayConfig, ReplayError, load_replay_trace, replay
+from radixcache.trace import read_trace
+from radixcache.trace.records import TokenRequest
+
+RECORDS = [
+    {"timestamp": 0, "tokens": [1, 2, 3], "output_length": 2, "session": "u1"},
+    {"timestamp": 5, "tokens": [1, 2, 3, 4], "output_length": 2, "session": "u2"},
+    {"timestamp": 9, "tokens": [1, 2, 999], "output_length": 2, "session": "u1"},  # past the tiny vocabulary (260)
+]
+
+
+@pytest.fixture
+def engine(tiny_model_dir: Path) -> Engine:
+    return Engine(str(tiny_model_dir))
+
+
+def test_a_token_outside_the_vocabulary_is_named_at_its_file_and_line(engine: Engine, tmp_path: Path) -> None:
+    path = tmp_path / "tokens.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in RECORDS[:2]) + "\n\n" + json.dumps(RECORDS[2]) + "\n")
+    with pytest.raises(ReplayError, match=re.escape(f"{path}:4: token id 999 is outside the model's vocabulary")):
+        replay(engine, load_replay_trace(path), ReplayConfig(max_tokens=2))
+    assert engine.stats.requests == 0
+
+
+def test_a_msgpack_record_is_named_by_its_place_in_the_stream(engine: Engine, tmp_path: Path) -> None:
+    path = tmp_path / "tokens.msgpack"
+    packed = [msgpack.packb(r) for r in RECORDS]
+    path.write_bytes(b"".join(packed))
+    where = f"{path}: record 2 (byte {len(packed[0]) + len(packed[1])})"
+    with pytest.raises(ReplayError, match=re.escape(f"{where}: token id 999")):
+        replay(engine, load_replay_trace(path), ReplayConfig(max_tokens=2))
+
+
+def test_the_place_is_not_part_of_the_request(tmp_path: Path) -> None:
+    """A request read from a file equals the same request built in Python, and prints the same."""
+    path = tmp_path / "tokens.jsonl"
+    path.write_text(json.dumps(RECORDS[0]) + "\n")
+    (read,) = read_trace(path).records
+    built = TokenRequest(0, (1, 2, 3), 2, session="u1")
+    assert read == built and repr(read) == repr(built) and hash(read) == hash(built)
+    assert read.source == f"{path}:1" and built.source is None
+
+
+def test_a_request_built_in_python_is_still_named_by_its_session(engine: Engine) -> None:
+    with pytest.raises(ReplayError, match="session request-1 request 1: token id 999"):
+        replay(engine, [TokenRequest(0.0, (1, 2, 999), 2)], ReplayConfig())
