@@ -97,7 +97,7 @@ class _Run:
             limit, namespace, hint = turn.max_tokens, None, None
         else:
             request = session.requests[k]
-            ids, limit, namespace = list(request.tokens), request.output_length or None, request.namespace
+            ids, limit, namespace = list(request.tokens), request.output_length, request.namespace  # >= 1: checked
             hint = None if request.retain_for is None else min(request.retain_for, MAX_RETAIN_FOR_S)  # a lease
         max_new = config.max_tokens or limit or config.default_max_tokens
         max_position = self.engine.config.max_position
@@ -189,7 +189,7 @@ def replay(
     """
     config = _checked(config, label=label, on_result=on_result, on_warning=on_warning)
     sessions = plan_sessions(trace, config.limit)
-    check_tokens(sessions, engine)
+    check_tokens(sessions, engine, config.max_tokens)
     if config.warmup:
         _warm_up(engine)
     if record_trace is None:

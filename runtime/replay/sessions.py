@@ -123,10 +123,12 @@ def start_offsets(
     return {(s.index, k): (r.timestamp_ms - first) / 1000.0 for s in sessions for k, r in enumerate(s.requests)}
 
 
-def check_tokens(sessions: list[TraceSession], engine: GenerationEngine) -> None:
+def check_tokens(sessions: list[TraceSession], engine: GenerationEngine, max_tokens: int | None = None) -> None:
     """Refuse, before anything runs, a text trace without a tokenizer, token ids the model cannot read, and fields
     of the types the trace readers would have refused (records built in Python are not read through them): else
-    such a turn failed mid-run, after the turns before it, with a ValueError that named no request. A request read
+    such a turn failed mid-run, after the turns before it, with a ValueError that named no request. An output_length
+    of 0 is refused too, unless `max_tokens` replaces every request's limit: the engine cannot generate nothing, and
+    the replay ran such a request with the default limit (32 tokens) as if it had none. A request read
     from a file is named by its file:line (`TokenRequest.source`), as the readers name the records they refuse."""
     vocab = engine.config.vocab_size
     needs_tokenizer = any(s.conversation is not None for s in sessions)
@@ -153,6 +155,11 @@ def check_tokens(sessions: list[TraceSession], engine: GenerationEngine) -> None
                 raise ReplayError(f"{where}: the prompt is empty")
             if not _is_int(r.output_length) or r.output_length < 0:
                 raise ReplayError(f"{where}: output_length must be an int >= 0, got {r.output_length!r}")
+            if r.output_length == 0 and max_tokens is None:  # a max_tokens (--max-tokens) replaces every limit
+                raise ReplayError(
+                    f"{where}: output_length is 0, but the engine generates at least one token per request (its "
+                    "prefill's); give every request a limit with --max-tokens (ReplayConfig.max_tokens)"
+                )
             if isinstance(r.timestamp_ms, bool) or not isinstance(r.timestamp_ms, Real) or not isfinite(r.timestamp_ms):
                 raise ReplayError(f"{where}: timestamp_ms must be a finite number, got {r.timestamp_ms!r}")
             hint = r.retain_for

@@ -57,3 +57,27 @@ def test_the_place_is_not_part_of_the_request(tmp_path: Path) -> None:
 def test_a_request_built_in_python_is_still_named_by_its_session(engine: Engine) -> None:
     with pytest.raises(ReplayError, match="session request-1 request 1: token id 999"):
         replay(engine, [TokenRequest(0.0, (1, 2, 999), 2)], ReplayConfig())
+
+
+def test_output_length_0_is_refused_at_its_line_not_run_with_32_tokens(engine: Engine, tmp_path: Path) -> None:
+    """The replay took `output_length or None`: 0 ran as no limit, the default 32 tokens. The engine cannot
+    generate none, so the request is refused where it was read, before anything runs; --max-tokens (which replaces
+    every request's limit) replays it."""
+    path = tmp_path / "tokens.jsonl"
+    records = [RECORDS[0], {**RECORDS[1], "output_length": 0}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ReplayError, match=re.escape(f"{path}:2: output_length is 0")):
+        replay(engine, load_replay_trace(path), ReplayConfig())
+    assert engine.stats.requests == 0
+    result = replay(engine, load_replay_trace(path), ReplayConfig(max_tokens=3, warmup=False))
+    assert [r.output_tokens <= 3 for r in result.requests] == [True, True]
+
+
+def test_output_length_0_through_the_cli_is_an_error_at_its_line(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    from radixcache.cli.main import main
+
+    path = tmp_path / "tokens.jsonl"
+    path.write_text(json.dumps({**RECORDS[0], "output_length": 0}) + "\n")
+    result = runner.invoke(main, ["replay", str(path), "--model", str(tiny_model_dir)])
+    assert result.exit_code == 1, result.output
+    assert f"{path}:1: output_length is 0" in result.output and "--max-tokens" in result.output
