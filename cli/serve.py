@@ -46,6 +46,19 @@ def _check_device(device: str) -> None:
         raise click.BadParameter(f"{device!r}: this machine has {count} CUDA devices", param_hint=hint)
 
 
+def _check_max_model_len(model: str, max_model_len: int | None) -> None:
+    """Refuse a --max-model-len over the model's context, from its config alone (before the weights load): the
+    server clamped it to the context without a word, and /v1/models reported a limit other than the one asked for."""
+    if max_model_len is None:
+        return
+    from radixcache.runtime.loading import load_config_and_tokenizer
+
+    context = load_config_and_tokenizer(model)[0].max_position
+    if max_model_len > context:
+        message = f"{max_model_len:,} is over the model's context of {context:,} tokens (give at most {context})"
+        raise click.BadParameter(message, param_hint="'--max-model-len'")
+
+
 @click.command(cls=FriendlyCommand)
 @engine_options.model_option
 @click.option("--served-model-name", help="The model id clients send and /v1/models lists [default: --model].")
@@ -113,8 +126,8 @@ def _check_device(device: str) -> None:
 @click.option(
     "--max-model-len",
     type=click.IntRange(min=2),
-    help="Most tokens (prompt + completion) per request; longer prompts get 400 context_length_exceeded "
-    "[default: the model's context].",
+    help="Most tokens (prompt + completion) per request, at most the model's context; longer prompts get 400 "
+    "context_length_exceeded [default: the model's context].",
 )
 @click.option(
     "--max-body-size",
@@ -212,6 +225,7 @@ def serve(
         max_body_bytes = parse_memory(max_body_size)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--max-body-size'") from None
+    _check_max_model_len(model, max_model_len)
     options = {
         "schedule": schedule,
         "max_prefill_tokens": max_prefill_tokens,
