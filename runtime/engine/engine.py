@@ -15,10 +15,9 @@ any thread or event loop submit to the loop thread.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import weakref
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -56,9 +55,8 @@ from radixcache.runtime.engine.runner import ModelRunner
 from radixcache.runtime.engine.scheduler import Scheduler
 from radixcache.runtime.engine.session import Session
 from radixcache.runtime.engine.stats import EngineStats, checked_gauges, engine_stats
-from radixcache.runtime.engine.streaming import gather_results, stream_text, tool_deltas
+from radixcache.runtime.engine.streaming import TextStream, gather_results, request_deltas
 from radixcache.runtime.engine.threads import ThreadController
-from radixcache.runtime.engine.tool_calls import tool_parser
 from radixcache.runtime.engine.trace_recorder import TraceRecorder
 from radixcache.runtime.kv.retention import RetentionPolicy
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
@@ -270,23 +268,18 @@ class Engine:
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "achat")
         return await self.agenerate(self._builder.render(messages, opts.tool_use), options=opts)
 
-    async def stream(
-        self, prompt: Prompt | Messages, max_new_tokens: MaxNew = None, **kwargs: Any
-    ) -> AsyncIterator[Any]:
+    def stream(self, prompt: Prompt | Messages, max_new_tokens: MaxNew = None, **kwargs: Any) -> TextStream:
         """Text deltas as tokens are generated (`prompt` may be chat messages); engine.streaming.stream_text says
         what is shown and when. With `tools=` (tool_choice not "none"), OpenAI's delta dicts instead:
         `{"content": text}` and `{"tool_calls": [...]}` (engine.streaming.tool_deltas). A refused or failed request
-        raises its error here."""
-        opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "stream")
-        if is_messages(prompt):
-            prompt = self._builder.render(prompt, opts.tool_use)  # type: ignore[arg-type]
-        req = self._build(prompt, opts)  # type: ignore[arg-type]
-        deltas: AsyncIterator[Any] = stream_text(req, self._enqueue, self.output, self.eos_token_ids)
-        if req.tool_use is not None and req.call_ids is not None:
-            deltas = tool_deltas(deltas, tool_parser(req.tool_use, self.output.tool_features, req.call_ids))
-        async with contextlib.aclosing(deltas):
-            async for delta in deltas:
-                yield delta
+        raises its error here. A TextStream: once it ends, its `result` and `finish_reason` say why ("cancelled"
+        for a stream cut by `close()` or a cancel, "timeout" for one its `timeout` cut)."""
+
+        def build() -> Request:  # at the first read: its errors raise there
+            opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "stream")
+            return self._build(self._builder.render(prompt, opts.tool_use) if is_messages(prompt) else prompt, opts)  # type: ignore[arg-type]
+
+        return TextStream(lambda ended: request_deltas(build, self._enqueue, self.output, ended))
 
     # ------------------------------------------------------------------ public API: upkeep
 

@@ -5,6 +5,7 @@ Tokens reach the stream through the request's listener, called on the engine loo
 loop with `call_soon_threadsafe`. The deltas' concatenation is the result's text: stop tokens are not shown, and
 text that could begin a stop string is held back until it cannot. With tools, `tool_deltas` turns the text deltas
 into OpenAI's delta dicts (runtime.tools.ToolCallParser), which assemble to the result's content and calls.
+`TextStream` is what `Engine.stream` hands its reader: the deltas, then the result (and so why the stream ended).
 """
 
 from __future__ import annotations
@@ -18,7 +19,38 @@ from radixcache.runtime.engine.loop import RequestHandle
 from radixcache.runtime.engine.output import OutputProcessor
 from radixcache.runtime.engine.request import GenerationResult, Request
 from radixcache.runtime.engine.sampling import stop_token_set
+from radixcache.runtime.engine.tool_calls import tool_parser
 from radixcache.runtime.tools import ToolCallParser
+
+
+class TextStream:
+    """What `Engine.stream` returns: an async iterator of the deltas (`async for delta in engine.stream(...)`).
+
+    Once it has ended, `result` is the request's GenerationResult (None before, and when the reader left early)
+    and `finish_reason` its finish_reason, which says why the stream ended as `generate`'s results do: "stop",
+    "length" or "tool_calls" when it finished; "cancelled" when it was cut (Engine.close, or its handle
+    cancelled); "timeout" when its `timeout` ran out. A refused or failed request raises its error instead.
+    `aclose()` (or leaving an `async with contextlib.aclosing(...)`) cancels the request."""
+
+    def __init__(self, open_deltas: Callable[[Callable[[GenerationResult], None]], AsyncIterator[Any]]) -> None:
+        self.result: GenerationResult | None = None
+        self._deltas = open_deltas(self._ended)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None if self.result is None else self.result.finish_reason
+
+    def __aiter__(self) -> TextStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await self._deltas.__anext__()
+
+    async def aclose(self) -> None:
+        await self._deltas.aclose()  # type: ignore[attr-defined]
+
+    def _ended(self, result: GenerationResult) -> None:
+        self.result = result
 
 
 def held_back(text: str, stop: Sequence[str]) -> str:
@@ -26,6 +58,23 @@ def held_back(text: str, stop: Sequence[str]) -> str:
     is held back while it is shorter than that: a negative end would show all but its last characters)."""
     holdback = max((len(s) for s in stop), default=1) - 1
     return text[: max(0, len(text) - holdback)]
+
+
+async def request_deltas(
+    build: Callable[[], Request],
+    enqueue: Callable[[list[Request]], list[RequestHandle]],
+    output: OutputProcessor,
+    ended: Callable[[GenerationResult], None] | None = None,
+) -> AsyncIterator[Any]:
+    """Engine.stream's deltas: the request `build()` makes, queued with `enqueue`, as text
+    (`stream_text`) or, for a chat with tools, OpenAI's delta dicts (`tool_deltas`). `ended`: as stream_text's."""
+    req = build()
+    deltas: AsyncIterator[Any] = stream_text(req, enqueue, output, output.eos_token_ids, ended)
+    if req.tool_use is not None and req.call_ids is not None:
+        deltas = tool_deltas(deltas, tool_parser(req.tool_use, output.tool_features, req.call_ids))
+    async with contextlib.aclosing(deltas):  # type: ignore[type-var]
+        async for delta in deltas:
+            yield delta
 
 
 async def gather_results(handles: list[RequestHandle]) -> list[GenerationResult]:
@@ -43,10 +92,11 @@ async def stream_text(
     enqueue: Callable[[list[Request]], list[RequestHandle]],
     output: OutputProcessor,
     eos_token_ids: Sequence[int],
+    ended: Callable[[GenerationResult], None] | None = None,
 ) -> AsyncIterator[str]:
-    """Queue `req` with `enqueue` and yield its text deltas. A request that is refused (say a prompt larger than
-    the pool) or fails raises its error here, as does a loop thread that died. Closing the iterator (or cancelling
-    the task reading it) cancels the request."""
+    """Queue `req` with `enqueue` and yield its text deltas; `ended` is given its result before the last delta. A
+    request that is refused (say a prompt larger than the pool) or fails raises its error here, as does a loop
+    thread that died. Closing the iterator (or cancelling the task reading it) cancels the request."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[tuple[int, ...], bool]] = asyncio.Queue()
     sent = 0
@@ -77,7 +127,9 @@ async def stream_text(
             if len(visible) > len(emitted):
                 yield visible[len(emitted) :]
                 emitted = visible
-        await asyncio.wrap_future(handle.future)  # an error raises here
+        result = await asyncio.wrap_future(handle.future)  # an error raises here
+        if ended is not None:
+            ended(result)
         text = output.raw_text(req)  # the result's text before any tool calls were parsed out of it
         if text.startswith(emitted) and len(text) > len(emitted):
             yield text[len(emitted) :]
