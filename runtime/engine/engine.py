@@ -55,7 +55,7 @@ from radixcache.runtime.engine.runner import ModelRunner
 from radixcache.runtime.engine.scheduler import Scheduler
 from radixcache.runtime.engine.session import Session
 from radixcache.runtime.engine.stats import EngineStats, checked_gauges, engine_stats
-from radixcache.runtime.engine.streaming import TextStream, gather_results, request_deltas
+from radixcache.runtime.engine.streaming import TextStream, request_deltas, submitted_results
 from radixcache.runtime.engine.threads import ThreadController
 from radixcache.runtime.engine.trace_recorder import TraceRecorder
 from radixcache.runtime.kv.retention import RetentionPolicy
@@ -256,17 +256,15 @@ class Engine:
         return Session(self, system=system, **defaults)
 
     async def agenerate(self, prompt: Prompt | Sequence[Prompt], max_new_tokens: MaxNew = None, **kwargs: Any) -> Any:
-        """`generate` for asyncio: awaits the engine loop without blocking the event loop. Cancelling the
-        awaiting task cancels the request."""
+        """`generate` for asyncio: awaits the engine loop without blocking the event loop (the prompt is tokenised
+        and its grammar compiled on a worker thread: streaming.off_loop). Cancelling the awaiting task cancels the
+        request."""
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "agenerate")
-        handles = self.submit(prompt, options=opts)
-        single = isinstance(handles, RequestHandle)
-        results = await gather_results([handles] if single else handles)
-        return results[0] if single else results
+        return await submitted_results(lambda: self.submit(prompt, options=opts))
 
     async def achat(self, messages: Messages | Sequence[Messages], max_new_tokens: MaxNew = None, **kwargs: Any) -> Any:
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "achat")
-        return await self.agenerate(self._builder.render(messages, opts.tool_use), options=opts)
+        return await submitted_results(lambda: self.submit(self._builder.render(messages, opts.tool_use), options=opts))
 
     def stream(self, prompt: Prompt | Messages, max_new_tokens: MaxNew = None, **kwargs: Any) -> TextStream:
         """Text deltas as tokens are generated (`prompt` may be chat messages); engine.streaming.stream_text says
@@ -275,7 +273,7 @@ class Engine:
         raises its error here. A TextStream: once it ends, its `result` and `finish_reason` say why ("cancelled"
         for a stream cut by `close()` or a cancel, "timeout" for one its `timeout` cut)."""
 
-        def build() -> Request:  # at the first read: its errors raise there
+        def build() -> Request:  # at the first read, off the event loop: its errors raise there
             opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "stream")
             return self._build(self._builder.render(prompt, opts.tool_use) if is_messages(prompt) else prompt, opts)  # type: ignore[arg-type]
 

@@ -6,14 +6,20 @@ loop with `call_soon_threadsafe`. The deltas' concatenation is the result's text
 text that could begin a stop string is held back until it cannot. With tools, `tool_deltas` turns the text deltas
 into OpenAI's delta dicts (runtime.tools.ToolCallParser), which assemble to the result's content and calls.
 `TextStream` is what `Engine.stream` hands its reader: the deltas, then the result (and so why the stream ended).
+
+Tokenising, rendering a chat template and compiling a grammar take milliseconds to a second (SmolLM2's first
+grammar: about 0.4 s): `off_loop` runs them on a worker thread, so that the caller's event loop keeps serving its
+other coroutines meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from radixcache.runtime.engine.loop import RequestHandle
 from radixcache.runtime.engine.output import OutputProcessor
@@ -21,6 +27,8 @@ from radixcache.runtime.engine.request import GenerationResult, Request
 from radixcache.runtime.engine.sampling import stop_token_set
 from radixcache.runtime.engine.tool_calls import tool_parser
 from radixcache.runtime.tools import ToolCallParser
+
+T = TypeVar("T")
 
 
 class TextStream:
@@ -53,11 +61,52 @@ class TextStream:
         self.result = result
 
 
+async def off_loop(work: Callable[[], T], undo: Callable[[T], None] | None = None) -> T:
+    """`work()` on a worker thread (the event loop's default executor, in the caller's context), awaited without
+    blocking the event loop; its error raises here. If the awaiting task is cancelled before it ends, `undo` is
+    given what `work` returns (say its requests, to cancel them), whichever side comes second."""
+    loop = asyncio.get_running_loop()
+    lock = threading.Lock()
+    state: list[Any] = []  # ["abandoned"] by the awaiter, or ["returned", value] by the worker: the first wins
+
+    def run() -> T:
+        value = work()
+        with lock:
+            if state:  # the awaiter was cancelled meanwhile: nobody takes the value
+                if undo is not None:
+                    undo(value)
+            else:
+                state.extend(("returned", value))
+        return value
+
+    future = loop.run_in_executor(None, contextvars.copy_context().run, run)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        with lock:
+            returned = bool(state)
+            if not returned:
+                state.append("abandoned")
+        if returned and undo is not None:
+            undo(state[1])
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error nobody awaits is not logged
+        raise
+
+
 def held_back(text: str, stop: Sequence[str]) -> str:
     """`text` short of its last `len(longest stop) - 1` characters, which may still begin a stop string (all of it
     is held back while it is shorter than that: a negative end would show all but its last characters)."""
     holdback = max((len(s) for s in stop), default=1) - 1
     return text[: max(0, len(text) - holdback)]
+
+
+async def submitted_results(submit: Callable[[], Any]) -> Any:
+    """The result of `submit()`'s handle (or the results of its list of handles), awaited; `submit` runs off the
+    event loop (`off_loop`: it tokenises, compiles grammars), and a cancelled awaiter cancels its requests."""
+    handles = await off_loop(submit, lambda h: [x.cancel() for x in (h if isinstance(h, list) else [h])])
+    single = isinstance(handles, RequestHandle)
+    results = await gather_results([handles] if single else handles)
+    return results[0] if single else results
 
 
 async def request_deltas(
@@ -66,9 +115,9 @@ async def request_deltas(
     output: OutputProcessor,
     ended: Callable[[GenerationResult], None] | None = None,
 ) -> AsyncIterator[Any]:
-    """Engine.stream's deltas: the request `build()` makes, queued with `enqueue`, as text
+    """Engine.stream's deltas: the request `build()` makes (off the event loop), queued with `enqueue`, as text
     (`stream_text`) or, for a chat with tools, OpenAI's delta dicts (`tool_deltas`). `ended`: as stream_text's."""
-    req = build()
+    req = await off_loop(build)
     deltas: AsyncIterator[Any] = stream_text(req, enqueue, output, output.eos_token_ids, ended)
     if req.tool_use is not None and req.call_ids is not None:
         deltas = tool_deltas(deltas, tool_parser(req.tool_use, output.tool_features, req.call_ids))

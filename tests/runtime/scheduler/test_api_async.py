@@ -1,11 +1,14 @@
-"""The asyncio side of the Python API: why a stream ended."""
+"""The asyncio side of the Python API: why a stream ended, and the event loop kept free of slow request building."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+
+import pytest
 
 from radixcache.runtime import Engine
-from radixcache.runtime.testing import RandomModel
+from radixcache.runtime.testing import CharTokenizer, RandomModel, hold_engine_loop
 
 from .conftest import assert_clean
 
@@ -38,3 +41,88 @@ def test_a_stream_says_why_it_ended_finished_cut_by_close_or_timed_out(tiny: Ran
 
     shown, s = asyncio.run(cut_by_close())
     assert s.finish_reason == "cancelled" and s.result.text == shown and 0 < len(s.result.token_ids) < 400
+
+
+class GatedTokenizer(CharTokenizer):
+    """Encodes a prompt holding "slow" only once `release` is set (as a long prompt or a first grammar takes a
+    while); `entered` is set as it starts waiting. `waited_out`: the gate was never opened within 20 s, which
+    happens only if whoever opens it could not run meanwhile (an event loop the encode blocked)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.waited_out = False
+
+    def encode(self, text: str) -> list[int]:
+        if "slow" in text:
+            self.entered.set()
+            self.waited_out = not self.release.wait(20)
+        return super().encode(text)
+
+
+@pytest.mark.parametrize("call", ["agenerate", "achat", "stream"])
+def test_a_slow_tokenise_leaves_the_callers_event_loop_free(tiny: RandomModel, call: str) -> None:
+    """agenerate, achat and stream tokenised (and compiled grammars) on the caller's event loop: every other
+    coroutine stood still meanwhile (about 0.4 s for SmolLM2's first grammar). The work runs on a worker thread."""
+    tok = GatedTokenizer()
+    engine = Engine(RandomModel(tiny.config, tiny.weights, tok), capacity_blocks=128, page_size=4)
+    tok.release.set()  # the reference is not held
+    want = engine.generate("a slow prompt", 6, ignore_eos=True)
+    tok.entered.clear()
+    tok.release.clear()
+
+    async def job() -> str:
+        if call == "agenerate":
+            return (await engine.agenerate("a slow prompt", 6, ignore_eos=True)).text
+        if call == "achat":
+            return (await engine.achat([{"role": "user", "content": "slow"}], 6, ignore_eos=True)).text
+        return "".join([d async for d in engine.stream("a slow prompt", 6, ignore_eos=True)])
+
+    async def main() -> str:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticking = asyncio.create_task(ticker())
+        task = asyncio.create_task(job())
+        await asyncio.to_thread(tok.entered.wait, 30)
+        seen = ticks
+        while ticks < seen + 10:  # the loop runs other coroutines while the encode waits
+            await asyncio.sleep(0)
+        tok.release.set()
+        text = await task
+        ticking.cancel()
+        return text
+
+    text = asyncio.run(main())
+    assert not tok.waited_out, "the event loop stood still while the prompt was tokenised"
+    if call != "achat":
+        assert text == want.text
+    engine.close()
+    assert_clean(engine)
+
+
+def test_cancelling_an_agenerate_while_its_prompt_is_built_cancels_the_request(tiny: RandomModel) -> None:
+    """Building the request off the event loop: a task cancelled meanwhile must not leave its request running."""
+    tok = GatedTokenizer()
+    engine = Engine(RandomModel(tiny.config, tiny.weights, tok), capacity_blocks=128, page_size=4)
+
+    async def main() -> None:
+        task = asyncio.create_task(engine.agenerate("a slow prompt", 400, ignore_eos=True))
+        await asyncio.to_thread(tok.entered.wait, 30)
+        task.cancel()
+        await asyncio.sleep(0)
+        tok.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    release = hold_engine_loop(engine)  # the request, queued by the worker thread, cannot run a step before its cancel
+    asyncio.run(main())  # its end waits for the worker thread, which queued the request and then cancelled it
+    release()
+    assert engine.wait_idle(60)
+    assert engine.stats.generated_tokens == 0
+    assert_clean(engine)
