@@ -104,7 +104,8 @@ class EngineConfig:
     ADMISSION_POLICIES, or an AdmissionPolicy) decides how many of each request's pages the tree adopts.
     Leases (runtime.kv.leases, a request's `retain_for`): together they lock at most `lease_fraction` of the pool
     (past it the oldest gives way); `lease_clock` is the clock their deadlines are on (seconds; `time.monotonic`
-    by default; tests pass one they advance).
+    by default; tests pass one they advance); one that raises or gives no finite number fails no request (the
+    leases wait for it, a warning is logged).
     """
 
     model: Any = "smollm2"

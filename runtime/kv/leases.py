@@ -21,18 +21,26 @@ The rules (the KV manager owns one `LeaseTable` and calls it; every call runs on
   lease (`give_way`) and tries again, so a lease never fails or stalls a request.
 - Restart, preemption, cancel and failure: leases live in memory only and only a request that finished takes one.
 
+- A clock that fails (raises, or gives no finite number: the engine's `lease_clock` is the caller's code) fails no
+  request: the table logs one warning naming the error until the clock works again; meanwhile nothing expires and
+  nothing is renewed (the leases still give way to live work and to the budget), and a request that asked for a
+  lease gets none (NO_LEASE). The clock is read before anything is locked, so no lock is left behind.
+
 Invariants: every lease holds exactly one lock (`cache.lock` via `lock_prefix`) on its node, released exactly once;
 `_leases` is ordered oldest first (grant or last renewal); `_next` is at most the earliest deadline.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from radixcache import RadixCache, TreeNode
+
+log = logging.getLogger("radixcache.engine")
 
 MAX_RETAIN_FOR_S = 86_400.0  # one day: longer is a pin (`pin=`, released by `unpin`), not a lease
 
@@ -86,6 +94,7 @@ class LeaseTable:
         self.renewed = 0  # renewals by a hit
         self.expired = 0  # released at their deadline
         self.given_way = 0  # released early: past the budget, or for live work
+        self._clock_failed = False  # the clock's last reading failed (warned once per run of failures)
 
     def __len__(self) -> int:
         return len(self._leases)
@@ -103,8 +112,10 @@ class LeaseTable:
 
     def expire(self) -> int:
         """Release every lease whose deadline has passed. Returns how many."""
-        now = self.clock()
-        if now < self._next:
+        if not self._leases:
+            return 0
+        now = self._now()
+        if now is None or now < self._next:
             return 0
         gone = [uid for uid, lease in self._leases.items() if lease.deadline <= now]
         for uid in gone:
@@ -120,10 +131,13 @@ class LeaseTable:
         if seconds <= 0 or n <= 0:
             return NO_LEASE
         self.expire()
+        now = self._now()  # before anything is locked: a clock that fails leaves no lock behind
+        if now is None:
+            return NO_LEASE
         node = self.cache.lock_prefix(tokens, n, namespace=namespace)
         if node is None:
             return NO_LEASE
-        deadline = self.clock() + seconds
+        deadline = now + seconds
         old = self._leases.pop(node.uid, None)
         if old is not None:  # one lease per node: the new one's time (renewals), never an earlier deadline
             self.cache.unlock(old.node)
@@ -141,7 +155,9 @@ class LeaseTable:
         """A request matched up to `node`: renew every lease that ends on its path. Returns how many."""
         if not self._leases or node is None:
             return 0
-        now = self.clock()
+        now = self._now()
+        if now is None:
+            return 0
         renewed = 0
         n: TreeNode | None = node
         while n is not None and n.parent is not None:
@@ -171,6 +187,21 @@ class LeaseTable:
         return n
 
     # ------------------------------------------------------------------ private
+
+    def _now(self) -> float | None:
+        """The clock's reading, or None (one warning per run of failures) when it raises or gives no finite number:
+        a fault of the caller's clock fails no request (module docstring)."""
+        try:
+            now = self.clock()
+            if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+                raise ValueError(f"it returned {now!r}, not a finite number of seconds")
+        except Exception as exc:
+            if not self._clock_failed:
+                log.warning("lease_clock failed (%r): leases neither expire, renew nor start until it works", exc)
+            self._clock_failed = True
+            return None
+        self._clock_failed = False
+        return float(now)
 
     def _drop_covered(self, mine: _Lease) -> None:
         """Release the leases that end above `mine` on its path and expire no later: its lock holds their pages."""
