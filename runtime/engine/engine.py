@@ -202,7 +202,7 @@ class Engine:
         prompts: Sequence[Prompt],
         max_new_tokens: MaxNew = None,
         *,
-        each: Sequence[dict[str, Any]] = (),
+        each: Sequence[dict[str, Any]] | None = (),
         options: RequestOptions | None = None,
         **kwargs: Any,
     ) -> list[RequestHandle]:
@@ -211,7 +211,7 @@ class Engine:
         They are queued together, so the first to run computes their common prefix and the others wait for its
         pages (in-flight sharing) instead of computing it too. Each reports as `cached_tokens` at most what the tree
         held of its prompt when the call arrived: one sample's work for the others is not a cache hit.
-        `each[i]`: keyword arguments for prompt i only (say its seed), over the shared ones.
+        `each[i]`: keyword arguments for prompt i only (say its seed), over the shared ones (None: none).
         """
         prompts = group_prompts(prompts)
         check_group(len(prompts), "submit_group")

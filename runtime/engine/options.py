@@ -93,19 +93,23 @@ class RequestOptions:
         return self.sampling.max_new_tokens
 
     @classmethod
-    def of(cls, max_new_tokens: int = 64, *, caller: str = "Engine.generate", **kwargs: Any) -> RequestOptions:
+    def of(cls, max_new_tokens: int | None = 64, *, caller: str = "Engine.generate", **kwargs: Any) -> RequestOptions:
         """Options from generate's keyword arguments: SamplingParams' fields and this class's (`params=`, a whole
-        SamplingParams, replaces the sampling ones, max_new_tokens included). An unknown keyword is a TypeError
-        naming it and `caller`, as the method's own signature would say."""
+        SamplingParams, replaces the sampling ones, max_new_tokens included; max_new_tokens=None: 64, as generate's).
+        An unknown keyword is a TypeError naming it and `caller`, as the method's own signature would say."""
         params, sampling, own = _split(caller, kwargs)
         if params is None:
-            params = SamplingParams(max_new_tokens=max_new_tokens, **sampling)
+            params = SamplingParams(max_new_tokens=64 if max_new_tokens is None else max_new_tokens, **sampling)
         if "tools" in own:  # the tool keywords, gathered by _split
             own["tool_use"] = ToolUse.of(**own.pop("tools"))
         return cls(params, **own)
 
     def updated(self, *, caller: str = "RequestOptions.updated", **kwargs: Any) -> RequestOptions:
-        """These options with some keyword arguments changed (say one branch's seed), checked again."""
+        """These options with some keyword arguments changed (say one branch's seed), checked again.
+        `max_new_tokens=None` keeps these options' own, as every entry point's max_new_tokens=None does (a session's
+        defaults and turns, submit_group's `each` entries)."""
+        if kwargs.get("max_new_tokens", 0) is None:
+            kwargs = {k: v for k, v in kwargs.items() if k != "max_new_tokens"}
         if not kwargs:
             return self
         params, sampling, own = _split(caller, kwargs)
@@ -190,8 +194,11 @@ def _split(caller: str, kwargs: dict[str, Any]) -> tuple[SamplingParams | None, 
 
 
 def check_each(each: object, prompts: int) -> None:
-    """submit_group's `each`: none, or one dict of keyword arguments per prompt; else a ValueError saying which (a
-    non-dict entry was a TypeError from inside `RequestOptions.updated`'s unpacking)."""
+    """submit_group's `each`: none (None or empty: no per-prompt overrides), or one dict of keyword arguments per
+    prompt; else a ValueError saying which (a non-dict entry was a TypeError from inside `RequestOptions.updated`'s
+    unpacking)."""
+    if each is None:
+        return
     if not isinstance(each, Sequence) or isinstance(each, (str, bytes)):
         raise ValueError(f"each must be a list of dicts of keyword arguments, got {type(each).__name__}")
     if each and len(each) != prompts:
