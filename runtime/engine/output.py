@@ -20,6 +20,7 @@ from radixcache.runtime.engine.sampling import find_stop, stop_token_set
 from radixcache.runtime.engine.structured import Masker, Rows
 from radixcache.runtime.engine.tool_calls import with_tool_calls
 from radixcache.runtime.kv.leases import NO_LEASE
+from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer, text_after
 from radixcache.runtime.tools import ToolCallMemory, tool_template_features
 
 
@@ -141,7 +142,7 @@ class OutputProcessor:
         longest stop's length before it (no stop ended earlier). Decoding the whole output at every token made a
         long reply with stop strings quadratic, on the engine's loop."""
         if req.stop_text is None:
-            req.stop_text = self.detokenizer()
+            req.stop_text = self.detokenizer(req.prompt_ids)
         added = req.stop_text.add(token)
         if not added:  # nothing new, or a character still incomplete
             return None
@@ -155,15 +156,17 @@ class OutputProcessor:
             return ""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self) -> Any:
-        """An incremental detokenizer for a stream of a request's output. It decodes the output alone, as `text`
-        does for the result: with the prompt's last tokens as context, a SentencePiece decoder would show a space
-        before the first token that the result's text has not, and the stream would not add up to it."""
+    def detokenizer(self, prompt_ids: Sequence[int] = ()) -> Any:
+        """An incremental detokenizer for a stream of a request's output, decoded after its prompt's last tokens as
+        `output_text` decodes the result's (runtime.loading.detokenizer), so the stream adds up to the result."""
         if hasattr(self.tokenizer, "detokenizer"):
-            return self.tokenizer.detokenizer(())
-        from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
+            return self.tokenizer.detokenizer(prompt_ids)
+        return IncrementalDetokenizer(self.text, prompt_ids)
 
-        return IncrementalDetokenizer(self.text)
+    def output_text(self, prompt_ids: Sequence[int], ids: Sequence[int]) -> str:
+        """The text `ids` add after the prompt: with a SentencePiece tokenizer (Llama 2, Mistral 7B) a first token
+        "▁Paris" reads " Paris", as in vLLM (decoded alone, the decoder drops the space)."""
+        return text_after(self.text, prompt_ids, ids) if self.tokenizer is not None else ""
 
     def result(self, req: Request) -> GenerationResult:
         """The caller's view of a request that left; also adds it to the totals (on the loop thread)."""
@@ -216,7 +219,7 @@ class OutputProcessor:
         """The text of a request's output: without the stop token that ended it, cut before a stop string (tool
         calls not yet parsed out)."""
         out = req.output_ids
-        text = self.text(out[:-1] if self._ends_with_stop_token(req) else out)
+        text = self.output_text(req.prompt_ids, out[:-1] if self._ends_with_stop_token(req) else out)
         return text if req.stop_at is None else text[: req.stop_at]
 
     def _ends_with_stop_token(self, req: Request) -> bool:

@@ -10,6 +10,10 @@ produce) would hold the window open for the rest of the stream, each step decodi
 server's event loop. An incomplete character is at most 3 bytes, so once more than `HOLD_TOKENS` tokens are held,
 those before a boundary that no character spans, a few tokens from the end, are emitted as decode shows them
 (U+FFFD for each bad byte).
+
+An output's text is what it adds after its prompt, as vLLM reads it: decoded after the prompt's last
+`CONTEXT_TOKENS` tokens, less their own text (`text_after`). Decoded alone, a SentencePiece decoder (Llama 2,
+Mistral 7B) drops the space of the first token, and " Paris" after "The capital of France is" read "Paris".
 """
 
 from __future__ import annotations
@@ -19,21 +23,30 @@ from collections.abc import Callable, Iterable, Sequence
 REPLACEMENT = "\ufffd"
 HOLD_TOKENS = 8  # held tokens past this are bytes that will not complete a character
 KEEP_TOKENS = 4  # held back even then: they may begin one (3 bytes, and a token that decodes to nothing)
+CONTEXT_TOKENS = 5  # prompt tokens an output is decoded after (its first token's leading-space rules)
+
+
+def text_after(decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int], ids: Sequence[int]) -> str:
+    """The text `ids` add after `prompt_ids`: decoded after the prompt's last `CONTEXT_TOKENS` tokens, less their
+    own text. The concatenation of an `IncrementalDetokenizer(decode, prompt_ids)`'s deltas and flush is this."""
+    context = list(prompt_ids[-CONTEXT_TOKENS:]) if prompt_ids else []
+    if not context:
+        return decode(list(ids))
+    return decode(context + list(ids))[len(decode(context)) :]
 
 
 class IncrementalDetokenizer:
     """Feed token ids one at a time (or a few), get back the text they add.
 
-    The concatenation of every `add()` and the final `flush()` equals `decode(all_ids)` for tokenizers whose decode
-    is a concatenation of per-token bytes, which byte-level BPE is.
+    The concatenation of every `add()` and the final `flush()` equals `text_after(decode, prompt_ids, all_ids)`
+    (`decode(all_ids)` without a prompt) for tokenizers whose decode is a concatenation of per-token texts, less a
+    leading space a SentencePiece decoder drops at the start of what it decodes.
     """
 
-    def __init__(
-        self, decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int] = (), context: int = 5
-    ) -> None:
-        # A few prompt tokens give the first output token its left context (leading-space rules).
+    def __init__(self, decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int] = ()) -> None:
+        # The prompt's last tokens give the first output token its left context (leading-space rules).
         self._decode = decode
-        self._ids: list[int] = list(prompt_ids[-context:]) if context else []
+        self._ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:]) if prompt_ids else []
         self._prefix = 0
         self._read = len(self._ids)
         self.text = ""  # everything emitted so far

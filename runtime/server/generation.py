@@ -15,7 +15,7 @@ import asyncio
 import functools
 import hashlib
 import weakref
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -23,7 +23,7 @@ from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine, GenerationHandle
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.engine.streaming import held_back
-from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
+from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer, text_after
 from radixcache.runtime.tools import ToolCallParser
 from radixcache.runtime.tools.use import CallIds
 
@@ -196,8 +196,10 @@ async def _stream_one(
     stop = job.options.sampling.stop
     parser = _tool_parser(job, req)
     # The output's text, decoded as its tokens come (decoding all of it at every token made a long stream
-    # quadratic, on the event loop every other stream shares); it reads as the result's text does.
-    output = IncrementalDetokenizer(lambda some: engine.tokenizer.decode(list(some), skip_special_tokens=True))
+    # quadratic, on the event loop every other stream shares); it reads as the result's text does: after the
+    # prompt's last tokens (a SentencePiece tokenizer's first " Paris" keeps its space).
+    prompt = job.prompts[i // job.n]
+    output = IncrementalDetokenizer(_decoder(engine), prompt)
     emitted, sent_logprobs, started, decoded = "", 0, False, 0
     try:
         while not handle.done():
@@ -217,7 +219,7 @@ async def _stream_one(
                 await out.put(Event(i, text, logprobs, deltas=deltas))
                 emitted = visible if grew else emitted
         result = await result_of(handle)
-        whole = result.text if parser is None else _raw_text(engine, result, hidden, stop)
+        whole = result.text if parser is None else _raw_text(engine, prompt, result, hidden, stop)
         rest = whole[len(emitted) :] if whole.startswith(emitted) else ""
         shown = tuple(result.logprobs or ())[: shown_tokens(engine, result)]
         deltas = None if parser is None else (*parser.feed(rest), *parser.finish())
@@ -236,9 +238,16 @@ def _tool_parser(job: Job, req: Any) -> ToolCallParser | None:
     return ToolCallParser(use.tools, job.tool_format, new_id=ids.sequence(), max_calls=use.max_calls)
 
 
-def _raw_text(engine: GenerationEngine, result: GenerationResult, hidden: set[int], stop: Sequence[str]) -> str:
-    """The whole text a result's tokens show, before tool calls were parsed out of it (cut at a stop string)."""
-    text = engine.tokenizer.decode([t for t in result.token_ids if t not in hidden], skip_special_tokens=True)
+def _decoder(engine: GenerationEngine) -> Callable[[Sequence[int]], str]:
+    return lambda ids: engine.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def _raw_text(
+    engine: GenerationEngine, prompt: Sequence[int], result: GenerationResult, hidden: set[int], stop: Sequence[str]
+) -> str:
+    """The whole text a result's tokens show after `prompt`, before tool calls were parsed out of it (cut at a stop
+    string)."""
+    text = text_after(_decoder(engine), prompt, [t for t in result.token_ids if t not in hidden])
     cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
     return text[: min(cuts)] if cuts else text
 

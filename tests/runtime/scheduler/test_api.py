@@ -99,9 +99,9 @@ def metaspace_model(tiny: RandomModel) -> RandomModel:
 
 
 def test_a_stream_adds_up_to_the_result_text_with_a_sentencepiece_tokenizer(tiny: RandomModel) -> None:
-    """The stream decoded its first token after a few prompt tokens, so it showed the space a SentencePiece decoder
-    drops at the start of a text, which the result (the output decoded alone, as the server decodes it) has not; the
-    rest then no longer followed what it had shown, and the stream's last tokens were never shown."""
+    """The stream and the result both read the output after the prompt's last tokens (the first "▁w" token keeps
+    its space, which a SentencePiece decoder drops at the start of what it decodes): the stream once decoded after
+    the prompt and the result without it, and the stream's last tokens were never shown."""
     model = metaspace_model(tiny)
     engine = Engine(model, capacity_blocks=128, page_size=4)
     prompt = "w5 w6 w7 w8 w9 w10"
@@ -111,7 +111,8 @@ def test_a_stream_adds_up_to_the_result_text_with_a_sentencepiece_tokenizer(tiny
 
     for n in (1, 2, 9):
         result = engine.generate(prompt, n, ignore_eos=True)
-        assert result.text == model.tokenizer.decode(list(result.token_ids))
+        tok, prompt_ids = model.tokenizer, model.tokenizer.encode(prompt)
+        assert result.text == tok.decode(prompt_ids + list(result.token_ids))[len(tok.decode(prompt_ids)) :]
         assert asyncio.run(collect(n)) == result.text, n
     assert_clean(engine)
 
