@@ -109,6 +109,8 @@ class ClusterEngine:
         self._ids = itertools.count()
         self._rid_prefix = uuid.uuid4().hex[:12]  # replicas remember early cancels by id: ids unique across fronts
         self._closed = False
+        self._running: set[RemoteHandle] = set()  # handles whose `_run` has not ended (wait_idle waits for none)
+        self._idle = threading.Condition()
 
     # ------------------------------------------------------------------ requests
 
@@ -172,6 +174,8 @@ class ClusterEngine:
             call_ids=CallIds() if use is not None and use.parses_calls else None,
         )
         handle = RemoteHandle(request, self._cancel)
+        with self._idle:
+            self._running.add(handle)
         threading.Thread(target=self._run, args=(handle, prompt, opts), daemon=True).start()
         return handle
 
@@ -260,6 +264,10 @@ class ClusterEngine:
             if not handle.future.done():
                 cause = getattr(exc, "cause", None)
                 handle.future.set_exception(cause if isinstance(cause, BaseException) else exc)
+        finally:
+            with self._idle:
+                self._running.discard(handle)
+                self._idle.notify_all()
 
     def _own_calls(self, result: Any, emitted: tuple[str, Sequence[int]] | None, req: RemoteRequest) -> Any:
         """`result` with its tool calls under `req`'s call ids (those its stream's parser gave them: both parse the
@@ -353,14 +361,35 @@ class ClusterEngine:
         return out
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        wait_bound(timeout)
-        return True
+        """Block until no request sent through this front door is in flight (False on timeout), as Engine.wait_idle:
+        the server cancels its requests at shutdown and waits here before `close` ends the replicas."""
+        bound = wait_bound(timeout)
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._running, bound)
 
     def close(self, timeout: float | None = 30.0) -> bool:
-        wait_bound(timeout)  # before anything closes, as Engine.close checks it
+        """As Engine.close: refuse new requests, close every replica's engine (its requests in flight end
+        "cancelled", with what they generated, and its queued disk writes finish), wait for their results to reach
+        their callers, then end the replicas. False if that took longer than `timeout` (the replicas end anyway)."""
+        bound = wait_bound(timeout)  # before anything closes, as Engine.close checks it
         self._closed = True
-        self.cluster.close()
-        return True
+        deadline = None if bound is None else time.monotonic() + bound
+        cluster, idle = self.cluster, True
+        errors = cluster.ray.exceptions
+        try:
+            for ref in [cluster.control(r, "close").remote(bound) for r in cluster.alive]:  # all close at once
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    idle = bool(cluster.ray.get(ref, timeout=left)) and idle
+                except cluster.actor_errors:  # a dead replica has nothing left to cancel or write
+                    pass
+                except (errors.GetTimeoutError, errors.RayTaskError):
+                    idle = False
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            idle = self.wait_idle(left) and idle
+        finally:
+            cluster.close()
+        return idle
 
 
 def _add(a: Any, b: Any) -> Any:

@@ -163,6 +163,11 @@ class EngineReplica:
         """Engine.unpin on this replica: the pins of `prompt` in `namespace`, or every pin; how many were released."""
         return self.engine.unpin(prompt, namespace=namespace)
 
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Engine.close: cancel the requests in flight here (their streams end with "cancelled" results) and let
+        queued disk writes finish, before the front door ends this actor."""
+        return self.engine.close(timeout)
+
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait for the disk tier's queued writes (True when there is no disk tier)."""
         return self.engine.tiers is None or self.engine.tiers.disk is None or self.engine.flush(timeout)

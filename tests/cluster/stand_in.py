@@ -137,6 +137,9 @@ class FakeActor:
         """What `ClusterEngine.per_replica` reads of an EngineStats: numbers that name this replica."""
         return types.SimpleNamespace(prompt_tokens=100 + self.replica, cached_tokens=10 + self.replica, hit_rate=0.5)
 
+    def _close(self, timeout: float | None = None) -> bool:
+        return True
+
     def _cancel(self, rid: str) -> bool:
         self.cancels.append(rid)
         return True

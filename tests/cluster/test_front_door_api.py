@@ -104,9 +104,15 @@ def test_cancelling_an_agenerate_task_cancels_its_request_on_the_replica(front: 
     import asyncio
     import threading
 
+    from tests.cluster.stand_in import result_for
+
     release = threading.Event()
-    for r in (0, 1):  # a stream that sends a token, then waits (a long generation)
-        front.cluster.actor(r).script = lambda prompt, options: [("tokens", [7], [None]), release.wait]
+    for r in (0, 1):  # a stream that sends a token, then waits (a long generation), then ends
+        front.cluster.actor(r).script = lambda prompt, options: [
+            ("tokens", [7], [None]),
+            release.wait,
+            ("done", result_for(prompt, [7], "cancelled"), None),
+        ]
 
     async def cancel_mid_stream() -> None:
         task = asyncio.create_task(front.agenerate([1, 2, 3], 50))

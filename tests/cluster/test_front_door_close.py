@@ -1,0 +1,87 @@
+"""Closing the front door as an Engine closes: `wait_idle` waits for the requests in flight, and `close` closes every
+replica's engine first (its requests end "cancelled" with what they generated, its disk writes finish) before it
+ends the replicas. Real replica engines in-process (tests/cluster/inproc_ray.py) on the tiny checkpoint."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from radixcache.runtime.engine.errors import EngineClosedError
+from tests.cluster.stand_in import install as install_stand_in
+from tests.cluster.stand_in import result_for
+
+
+@pytest.fixture
+def replicas(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path) -> Iterator[tuple[Any, Any]]:
+    from tests.cluster.inproc_ray import install
+
+    ray = install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    threads = torch.get_num_threads()
+    cluster = ReplicaCluster(str(tiny_dir), 2, engine_kwargs={"page_size": 4}, poll_interval=None)
+    front = ClusterEngine(cluster, str(tiny_dir))
+    try:
+        yield front, ray
+    finally:
+        front.close()
+        for actor in ray.actors:
+            actor.obj.engine.close()
+        torch.set_num_threads(threads)  # a replica sets its own count
+
+
+def _until(condition: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_close_cancels_the_requests_in_flight_as_an_engine_does(replicas: tuple[Any, Any]) -> None:
+    """Regression: ClusterEngine.close ended the replicas at once, so a request mid-stream failed with
+    ReplicaUnavailableError ("the replica serving this request died"), and each replica's queued disk writes were
+    lost; Engine.close cancels it (its result says "cancelled", with what it generated) and lets the writes finish."""
+    front, ray = replicas
+    handle = front.submit([5, 6, 7, 8, 9], 3000, ignore_eos=True)
+    _until(lambda: len(handle.request.output_ids) >= 2)
+    assert front.close(timeout=30) is True
+    result = handle.result(timeout=30)
+    assert result.finish_reason == "cancelled" and 2 <= len(result.token_ids) < 3000
+    for actor in ray.actors:  # each engine was closed, then its actor ended
+        assert actor.dead
+        with pytest.raises(EngineClosedError):
+            actor.obj.engine.submit([1, 2, 3], 1)
+
+
+def test_wait_idle_waits_for_the_requests_in_flight(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path) -> None:
+    """Regression: ClusterEngine.wait_idle returned True at once, so the server's shutdown (cancel every request, wait
+    until idle, close) ended the replicas while the cancelled requests were still on their way back."""
+    install_stand_in(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    front = ClusterEngine(ReplicaCluster("fake", 2, poll_interval=None), str(tiny_dir))
+    release = threading.Event()
+    for r in (0, 1):
+        front.cluster.actor(r).script = lambda prompt, options: [
+            ("tokens", [7], [None]),
+            release.wait,
+            ("done", result_for(prompt, [7, 7]), None),
+        ]
+    try:
+        handle = front.submit([1, 2, 3], 2)
+        assert front.wait_idle(0.2) is False and not handle.done()
+        release.set()
+        assert front.wait_idle(10) is True and handle.done()
+        assert handle.result().token_ids == (7, 7)
+    finally:
+        release.set()
+        front.close()
