@@ -1,0 +1,99 @@
+"""Belady against an exhaustive search of the replay's own model: every eviction choice, with recorded outputs,
+partial last pages and requests larger than the cache. It is the optimum one request at a time, and only then: with
+requests in flight an online policy can beat it (docs/simulator.md, "Policies and the bounds")."""
+
+from __future__ import annotations
+
+import random
+from functools import cache
+from itertools import combinations
+
+import pytest
+
+from radixcache.sim.simulation import simulate
+from radixcache.trace.records import TokenRequest
+from radixcache.trace.workload import token_workload
+
+Pages = frozenset[tuple[int, ...]]
+
+
+def optimum(requests: list[TokenRequest], p: int, capacity: int, concurrency: int) -> int:
+    """The most prompt pages any eviction schedule hits, in CacheReplay's model: a request matches its prompt's
+    whole pages, locks them, holds blocks for the rest of prompt and output (cut to what the cache can free), and
+    when `concurrency` later requests have arrived (or the trace ends) its whole pages join the tree."""
+    reqs = [(r.tokens, r.tokens + (r.output_tokens or ())) for r in requests]
+
+    def pages(tokens: tuple[int, ...]) -> list[tuple[int, ...]]:
+        return [tokens[: (i + 1) * p] for i in range(len(tokens) // p)]
+
+    @cache
+    def best(i: int, tree: Pages, running: tuple) -> int:
+        cached, flying = set(tree), list(running)
+        while flying and (len(flying) >= concurrency or i == len(reqs)):
+            cached.update(pages(flying.pop(0)[0]))
+        if i == len(reqs):
+            return 0
+        prompt, full = reqs[i]
+        hit = 0
+        while hit < len(prompt) // p and pages(prompt)[hit] in cached:
+            hit += 1
+        locked = {page for tokens, matched, _ in [*flying, (prompt, hit, 0)] for page in pages(tokens)[:matched]}
+        free = capacity - len(cached) - sum(held for _, _, held in flying)
+        evictable = sorted(cached - locked)
+        need = -(-len(full) // p) - hit
+        if need > free + len(evictable):  # too large: it caches the whole pages that fit
+            need = free + len(evictable)
+            full = full[: (hit + need) * p]
+        choices = [frozenset(cached)] if need <= free else []
+        for gone in combinations(evictable, max(0, need - free)) if need > free else ():
+            kept = cached - set(gone)
+            if all(len(page) == p or page[:-p] in kept for page in kept):  # what stays is closed under prefixes
+                choices.append(frozenset(kept))
+        return hit + max(best(i + 1, kept, (*flying, (full, hit, need))) for kept in choices)
+
+    return best(0, frozenset(), ())
+
+
+def random_requests(rng: random.Random) -> list[TokenRequest]:
+    requests: list[TokenRequest] = []
+    seen: list[tuple[int, ...]] = [()]
+    for i in range(rng.randint(3, 7)):
+        base = rng.choice(seen)
+        tokens = base[: rng.randint(0, len(base))] + tuple(rng.randrange(2) for _ in range(rng.randint(0, 4)))
+        tokens = tokens or (rng.randrange(2),)
+        output = tuple(rng.randrange(2) for _ in range(rng.randint(0, 2))) or None
+        requests.append(TokenRequest(float(i), tokens, len(output or ()), output_tokens=output))
+        seen.append(tokens + (output or ()))
+    return requests
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_belady_one_request_at_a_time_is_the_optimum(seed: int) -> None:
+    rng = random.Random(seed)
+    p, capacity, requests = rng.randint(1, 2), rng.randint(1, 6), random_requests(rng)
+    assert simulate(token_workload(requests, p), capacity, "belady").hit_blocks == optimum(requests, p, capacity, 1)
+
+
+def test_with_requests_in_flight_an_online_policy_can_beat_belady() -> None:
+    """At concurrency 2 a request's pages join the tree only when it finishes. Before request 4, Belady keeps page
+    (0, 1) (next read by request 5) over (1, 0) (read by requests 6 and 7); LFU keeps (1, 0). Request 6 computes
+    (1, 0) again, but request 7 arrives before it finishes and misses too: 2 blocks for Belady, 3 for LFU (the
+    optimum). One at a time Belady hits 7, the optimum there."""
+    data = [
+        ((1, 0), (0, 1, 1)),
+        ((0, 1, 1, 2), (2, 1)),
+        ((1, 0, 1, 2, 0), None),
+        ((1, 2, 1, 2, 0, 1, 2), None),
+        ((1, 2, 2, 2, 0), (0, 2, 0)),
+        ((0, 1, 2), (0, 2)),
+        ((1, 0, 1, 2, 1, 1, 2, 0, 2), None),
+        ((1, 0, 1, 2, 0, 1, 2, 2, 0), (1,)),
+    ]
+    requests = [TokenRequest(float(i), t, len(o or ()), output_tokens=o) for i, (t, o) in enumerate(data)]
+    workload = token_workload(requests, 2)
+
+    def hits(policy: str, concurrency: int) -> int:
+        return simulate(workload, 9, policy, concurrency=concurrency).hit_blocks
+
+    assert hits("belady", 1) == optimum(requests, 2, 9, 1) == 7
+    assert hits("belady", 2) == 2 < hits("lfu", 2) == optimum(requests, 2, 9, 2) == 3
