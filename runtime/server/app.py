@@ -273,12 +273,12 @@ def create_app(
         for name in ("tools", "functions"):
             unicode_checked(getattr(body, name), name)
         grammar, use = grammar_of(body), tool_use_of(body)
-        reply = legacy_calls.reply_to(messages) if legacy.is_legacy(body) else None
+        namespace = generation.namespace_for(key, body.cache_salt)
+        reply = legacy_calls.reply_to(messages, namespace) if legacy.is_legacy(body) else None
         if any(m["role"] == "function" or "function_call" in m for m in messages):
-            messages = legacy.legacy_messages(messages, legacy_calls)
+            messages = legacy.legacy_messages(messages, legacy_calls, namespace)
         # Rendering and tokenising a long history take milliseconds: off the event loop, as submitting is.
         ids = await asyncio.to_thread(lambda: encode(render_chat(engine, messages, use)))
-        namespace = generation.namespace_for(key, body.cache_salt)
         job = job_for(body, [ids], namespace, request, key, grammar=grammar, tool_use=use)
         return await run(request, body, job, responder("chat.completion", job, reply))
 

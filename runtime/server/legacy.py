@@ -12,7 +12,8 @@ and finish_reason "function_call" out, and histories with assistant `function_ca
   same call before (an agent polling a function: each turn keeps its own id, which the tool result's line shows);
   a history replayed in another form (say, content "" for null) falls back to the latest id of that name and those
   arguments; a call it does not know gets an id from its message's position, the same every turn, so the prompt's
-  prefix stays stable.
+  prefix stays stable. All of it per cache namespace (API key and salt): a call one tenant made never lends its id
+  to another's history (the id is in the prompt, whose length would tell that the call was made).
 - Reply: the first call as `function_call` {name, arguments} (no `tool_calls`), finish_reason "function_call";
   streamed as `{"function_call": {"name": N, "arguments": ""}}` then `{"function_call": {"arguments": piece}}`.
 """
@@ -23,7 +24,7 @@ import hashlib
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,40 +35,41 @@ FINISH = {"tool_calls": "function_call"}
 
 
 class LegacyCalls:
-    """The engine's ids of the calls answered as `function_call`, by (context, name, arguments), where the context
-    is the digest of the conversation the call answered (`contexts`) and "" stands for any (the latest such call),
-    most recent last."""
+    """The engine's ids of the calls answered as `function_call`, by (scope, context, name, arguments), where the
+    scope is the caller's cache namespace, the context the digest of the conversation the call answered (`contexts`)
+    and "" stands for any (the latest such call of the scope), most recent last."""
 
     def __init__(self, size: int = MAX_REMEMBERED) -> None:
         self.size = size
-        self._ids: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+        self._ids: OrderedDict[tuple[Hashable, str, str, str], str] = OrderedDict()
 
-    def remember(self, calls: Sequence[Any], context: str = "") -> None:
+    def remember(self, calls: Sequence[Any], context: str = "", scope: Hashable = None) -> None:
         for call in calls[:1]:  # the reply shows its first call only
-            for key in ((context, call.name, call.arguments), ("", call.name, call.arguments)):
+            for key in ((scope, context, call.name, call.arguments), (scope, "", call.name, call.arguments)):
                 self._ids[key] = call.id
                 self._ids.move_to_end(key)
             while len(self._ids) > 2 * self.size:  # two keys per call
                 self._ids.popitem(last=False)
 
-    def id_for(self, name: str, arguments: str, context: str = "") -> str | None:
-        return self._ids.get((context, name, arguments)) or self._ids.get(("", name, arguments))
+    def id_for(self, name: str, arguments: str, context: str = "", scope: Hashable = None) -> str | None:
+        return self._ids.get((scope, context, name, arguments)) or self._ids.get((scope, "", name, arguments))
 
-    def reply_to(self, messages: Sequence[dict[str, Any]]) -> LegacyReply:
-        """Where the calls of a reply to `messages` are remembered."""
+    def reply_to(self, messages: Sequence[dict[str, Any]], scope: Hashable = None) -> LegacyReply:
+        """Where the calls of a reply to `messages` in namespace `scope` are remembered."""
         *_, context = contexts(messages)
-        return LegacyReply(self, context)
+        return LegacyReply(self, context, scope)
 
 
 @dataclass(frozen=True, slots=True)
 class LegacyReply:
-    """The calls of one request's replies, remembered under the conversation they answer."""
+    """The calls of one request's replies, remembered under the conversation they answer and its namespace."""
 
     calls: LegacyCalls
     context: str
+    scope: Hashable = None
 
     def remember(self, calls: Sequence[Any]) -> None:
-        self.calls.remember(calls, self.context)
+        self.calls.remember(calls, self.context, self.scope)
 
 
 def contexts(messages: Sequence[dict[str, Any]]) -> Iterator[str]:
@@ -118,8 +120,9 @@ def legacy_path(path: str) -> str:
     return path
 
 
-def legacy_messages(messages: list[dict[str, Any]], calls: LegacyCalls) -> list[dict[str, Any]]:
-    """A history with legacy turns as a history with tool turns (see the module docstring)."""
+def legacy_messages(messages: list[dict[str, Any]], calls: LegacyCalls, scope: Hashable = None) -> list[dict[str, Any]]:
+    """A history with legacy turns as a history with tool turns (see the module docstring); `scope`: the caller's
+    cache namespace, whose calls alone lend their ids."""
     out: list[dict[str, Any]] = []
     latest: dict[str, str] = {}  # name -> the id of its latest call
     last_id: str | None = None
@@ -138,7 +141,7 @@ def legacy_messages(messages: list[dict[str, Any]], calls: LegacyCalls) -> list[
                 raise APIError(
                     400, "function_call is {'name': str, 'arguments': JSON text}", param=f"messages.{i}.function_call"
                 )
-            call_id = calls.id_for(name, arguments, context) or f"call_fn{i:06d}"
+            call_id = calls.id_for(name, arguments, context, scope) or f"call_fn{i:06d}"
             m["tool_calls"] = [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]
             latest[name], last_id = call_id, call_id
         if m.get("role") == "function":

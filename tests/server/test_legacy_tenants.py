@@ -1,0 +1,73 @@
+"""Legacy function calls (`functions`, `function_call`) under API keys: the ids the server remembers for the calls
+it answered are the caller's namespace's only. A legacy call carries no id, so a replayed one takes the id the
+server gave it, found by name and arguments; shared between keys, another tenant's call lent its id to a history
+that names the same call, and the id (in the tool result's line) changed the length of that prompt: a tenant read
+from `usage.prompt_tokens` which calls another tenant's conversations had made."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from radixcache.runtime.server.legacy import LegacyCalls, legacy_messages
+from radixcache.runtime.tools import ToolCall
+from tests.server.conftest import Server
+from tests.tiny_tools import TOOLS
+
+ADD = next(t["function"] for t in TOOLS if t["function"]["name"] == "add")
+
+
+@pytest.fixture(scope="module")
+def keyed(launch, tiny_model_dir: Path) -> Iterator[Server]:
+    with launch(tiny_model_dir, "--api-key", "sk-alice", "--api-key", "sk-bob", "--capacity-blocks", "256") as s:
+        yield s
+
+
+def _history(arguments: str) -> list[dict[str, Any]]:
+    call = {"name": "add", "arguments": arguments}
+    return [
+        {"role": "user", "content": "Add something."},
+        {"role": "assistant", "content": None, "function_call": call},
+        {"role": "function", "name": "add", "content": "5"},
+    ]
+
+
+def test_another_keys_call_never_changes_a_replayed_history(keyed: Server) -> None:
+    alice = openai.OpenAI(base_url=keyed.v1, api_key="sk-alice", max_retries=0, timeout=60)
+    bob = openai.OpenAI(base_url=keyed.v1, api_key="sk-bob", max_retries=0, timeout=60)
+    asked = [{"role": "user", "content": "What is 2 + 3?"}]
+    r = alice.chat.completions.create(
+        model="tiny", messages=asked, functions=[ADD], function_call={"name": "add"}, max_tokens=80, temperature=0
+    )
+    made = r.choices[0].message.function_call.arguments
+    values = json.loads(made)
+    # the same call with another digit: as long, and made by nobody
+    other = json.dumps({**values, "a": (values["a"] + 1) % 10})
+    assert len(other) == len(made) and other != made
+
+    def prompt_tokens(arguments: str) -> int:
+        reply = bob.chat.completions.create(model="tiny", messages=_history(arguments), functions=[ADD], max_tokens=1)
+        return reply.usage.prompt_tokens
+
+    # Bob made neither call: each gets the id of its message's position, so the two prompts are as long
+    assert prompt_tokens(made) == prompt_tokens(other)
+
+
+def test_a_remembered_id_is_found_in_its_namespace_only() -> None:
+    calls = LegacyCalls()
+    arguments = '{"a": 1, "b": 2}'
+    calls.reply_to(_history(arguments)[:1], "ns:alice").remember([ToolCall("call_alice", "add", arguments)])
+    ids = {}
+    for scope in ("ns:alice", "ns:bob", None):
+        (_, assistant, result) = legacy_messages(_history(arguments), calls, scope)
+        ids[scope] = (assistant["tool_calls"][0]["id"], result["tool_call_id"])
+    assert ids == {
+        "ns:alice": ("call_alice", "call_alice"),
+        "ns:bob": ("call_fn000001", "call_fn000001"),
+        None: ("call_fn000001", "call_fn000001"),
+    }
