@@ -34,6 +34,7 @@ from radixcache.runtime.engine.assembly import (
 )
 from radixcache.runtime.engine.engine_config import DEFAULT_KV_MEMORY, EngineConfig
 from radixcache.runtime.engine.errors import EngineClosedError
+from radixcache.runtime.engine.exit_hook import stop_at_exit
 from radixcache.runtime.engine.gc_heap import HeapTimer
 from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, check_namespace, resolve_options
@@ -139,6 +140,7 @@ class Engine:
             tool_memory=self.tool_memory,
         )
         self._closed = False
+        stop_at_exit(self, self._loop)  # still running at interpreter exit: closed first, within a bound (exit_hook)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
@@ -294,10 +296,7 @@ class Engine:
         done, unless a number >= 0). Calling it again is harmless."""
         timeout = wait_bound(timeout)
         self._closed = True
-        self._loop.refuse_submissions()  # a caller past the checks above (still building its request) is refused
-        if not self._loop.idle():
-            self._loop.call(lambda s: s.abort_all("cancelled"))
-        idle = self._loop.wait_idle(timeout)
+        idle = self._loop.stop(timeout)  # a caller past the checks above (still building its request) is refused
         if idle and self.tiers is not None:  # the disk writes still queued finish (a restart then finds them)
             self.tiers.close(timeout)
         if idle:  # its threads (llguidance's, up to 32) would stay while the closed engine is referenced
@@ -336,8 +335,9 @@ class Engine:
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no request is in flight and the engine's loop thread has exited (False on timeout).
 
-        Call it after cancelling requests (say on Ctrl-C) before the process exits: a loop thread still inside
-        torch at interpreter exit aborts the process. `timeout`: as `close`'s (a string failed inside the wait).
+        An engine still running at interpreter exit is closed then (engine.exit_hook: a loop thread still inside
+        torch as the interpreter finalises aborted the process), waiting at most `EXIT_WAIT_S` seconds.
+        `timeout`: as `close`'s (a string failed inside the wait).
         """
         return self._loop.wait_idle(wait_bound(timeout))
 

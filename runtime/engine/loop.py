@@ -220,6 +220,14 @@ class EngineLoop:
                 "there) would never end: submit() from there, and wait on another thread"
             )
 
+    def stop(self, timeout: float | None = None) -> bool:
+        """Refuse new requests, cancel those in flight (their results say "cancelled") and wait at most `timeout`
+        seconds for the thread to exit (False if it had not: a step still running)."""
+        self.refuse_submissions()  # a caller still building its request is refused
+        if not self.idle():
+            self.call(lambda s: s.abort_all("cancelled"))
+        return self.wait_idle(timeout)
+
     def idle(self) -> bool:
         with self._cv:
             return self._thread is None

@@ -1,0 +1,53 @@
+"""Engines still running when the interpreter exits are stopped first, within a bound.
+
+An engine's loop thread is a daemon: left running at exit, it may be inside torch while the interpreter finalises,
+and C++ destructors there abort the process ("terminate called without an active exception", SIGABRT, seen once
+after scripts/bench_engine.py printed its tables). So at exit (`atexit`, registered once, at the first engine):
+every engine still referenced is closed (its requests cancelled, its loop thread waited for, its queued disk
+writes finished and its trace recording closed: Engine.close), then every engine loop whose engine was dropped
+but whose thread still runs is stopped (EngineLoop.stop). All of it waits at most `EXIT_WAIT_S` seconds in total,
+so that an exit never hangs on a step that does not end.
+
+Both are held weakly: tracking an engine never keeps it (its pool, its model) alive.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+
+EXIT_WAIT_S = 10.0  # the most an exit waits for every engine together
+
+log = logging.getLogger("radixcache.engine")
+_engines: weakref.WeakSet[Any] = weakref.WeakSet()  # Engines: `close(timeout)`
+_loops: weakref.WeakSet[Any] = weakref.WeakSet()  # EngineLoops: `stop(timeout)`
+_lock = threading.Lock()
+_registered = False
+
+
+def stop_at_exit(engine: Any, loop: Any) -> None:
+    """Close `engine` and stop `loop` (its loop) if they still run when the interpreter exits."""
+    global _registered
+    with _lock:
+        _engines.add(engine)
+        _loops.add(loop)
+        if not _registered:
+            atexit.register(stop_all)
+            _registered = True
+
+
+def stop_all(wait_s: float = EXIT_WAIT_S) -> None:
+    """Close every engine still referenced, then stop every loop still running, within `wait_s` seconds in all. An
+    error is logged, never raised: the exit goes on."""
+    deadline = time.monotonic() + wait_s
+    with _lock:
+        engines, loops = list(_engines), list(_loops)
+    for stop in [*(e.close for e in engines), *(loop.stop for loop in loops)]:
+        try:
+            stop(max(0.0, deadline - time.monotonic()))
+        except Exception:
+            log.exception("stopping an engine at interpreter exit failed")

@@ -1,0 +1,48 @@
+"""An engine still generating when the interpreter exits: its loop thread (a daemon) was left inside torch as the
+interpreter finalised, which once aborted a process ("terminate called without an active exception", SIGABRT,
+after scripts/bench_engine.py printed its tables). Engines still open, and loops whose engine was dropped, are
+stopped at exit (engine.exit_hook): their threads have left before the interpreter finalises."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SCRIPT = """
+import atexit, sys, threading, time
+
+def report():  # registered before any engine: runs after the engine's own exit hook
+    alive = [t for t in threading.enumerate() if t.name == "radixcache-engine"]
+    print("loop threads at exit:", len(alive), "tokens:", len(req.output_ids), req.finish_reason, flush=True)
+
+atexit.register(report)
+
+from radixcache.runtime import Engine
+from radixcache.runtime.testing import tiny_model
+
+engine = Engine(tiny_model(seed=1, max_position=40_000), capacity_blocks=2600, page_size=16, threads=1)
+handle = engine.submit([1, 2, 3, 4, 5], 30_000, ignore_eos=True)
+req = handle.request
+while not req.output_ids:  # generating now
+    time.sleep(0.01)
+if sys.argv[1] == "dropped":
+    del engine, handle  # the loop thread keeps running the request
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["open", "dropped"])
+def test_an_engine_generating_at_interpreter_exit_is_stopped_before_the_interpreter_finalises(
+    tmp_path: Path, how: str
+) -> None:
+    script = tmp_path / "exit_while_generating.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    run = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    last = run.stdout.strip().splitlines()[-1]
+    assert last.startswith("loop threads at exit: 0 "), run.stdout + run.stderr[-2000:]
+    assert last.endswith(" cancelled"), last  # it was still generating: the exit cancelled it
