@@ -16,6 +16,7 @@ any thread or event loop submit to the loop thread.
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -291,14 +292,16 @@ class Engine:
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Refuse new requests (EngineClosedError), cancel every request in flight (their results say "cancelled",
-        with what they generated), and wait for the loop thread to exit. The cache keeps what it holds. Returns False if
-        the thread was still busy after `timeout` seconds (None or infinity: no bound; ValueError, before anything is
-        done, unless a number >= 0). Calling it again is harmless."""
+        with what they generated), wait for the loop thread to exit, then for the queued disk writes. The cache keeps
+        what it holds. Returns False if the thread was still busy after `timeout` seconds, which bound the whole close
+        (None or infinity: no bound; ValueError, before anything is done, unless a number >= 0). Calling it again is
+        harmless."""
         timeout = wait_bound(timeout)
+        ends = None if timeout is None else time.monotonic() + timeout  # `timeout` bounds the whole close
         self._closed = True
         idle = self._loop.stop(timeout)  # a caller past the checks above (still building its request) is refused
         if idle and self.tiers is not None:  # the disk writes still queued finish (a restart then finds them)
-            self.tiers.close(timeout)
+            self.tiers.close(None if ends is None else max(0.0, ends - time.monotonic()))
         if idle:  # its threads (llguidance's, up to 32) would stay while the closed engine is referenced
             self.output.masker.close()
         self.record_trace(None)  # a recording writes what it still holds and closes its file

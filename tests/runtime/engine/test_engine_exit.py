@@ -8,9 +8,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
+
+from radixcache.runtime import Engine
+from radixcache.runtime.testing import hold_engine_loop, tiny_model
 
 SCRIPT = """
 import atexit, sys, threading, time
@@ -46,3 +51,29 @@ def test_an_engine_generating_at_interpreter_exit_is_stopped_before_the_interpre
     last = run.stdout.strip().splitlines()[-1]
     assert last.startswith("loop threads at exit: 0 "), run.stdout + run.stderr[-2000:]
     assert last.endswith(" cancelled"), last  # it was still generating: the exit cancelled it
+
+
+class RecordingTiers:
+    """Stands in for an engine's tiers at close: records the bound its disk writes were given."""
+
+    def __init__(self) -> None:
+        self.bounds: list[float | None] = []
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        self.bounds.append(timeout)
+
+
+def test_close_bounds_the_loop_and_the_disk_writes_together_by_its_timeout() -> None:
+    """close(timeout) waited `timeout` for the loop, then `timeout` again for the disk writes: an exit's close at
+    EXIT_WAIT_S could take twice that. The disk writes get what the loop's wait left."""
+    engine = Engine(tiny_model(seed=1), capacity_blocks=16, page_size=4, threads=1)
+    engine.tiers = RecordingTiers()  # type: ignore[assignment]
+    release = hold_engine_loop(engine)
+    closing = threading.Thread(target=engine.close, args=(5.0,))
+    closing.start()
+    while not engine._closed:  # its bound starts before this is set
+        time.sleep(0.001)
+    time.sleep(0.3)  # the loop is held 0.3 s at least after close began
+    release()
+    closing.join(60)
+    assert len(engine.tiers.bounds) == 1 and engine.tiers.bounds[0] <= 4.7
