@@ -48,6 +48,7 @@ from radixcache.runtime.kv.leases import NO_LEASE, LeaseTable
 from radixcache.runtime.kv.pins import PinTable
 from radixcache.runtime.kv.retention import RetentionPolicy
 from radixcache.runtime.kv.state import KVState, Status
+from radixcache.tokens import as_token_array
 
 if TYPE_CHECKING:
     from radixcache.runtime.kv.events import KVEventLog
@@ -252,7 +253,7 @@ class KVManager:
         if full <= kv.tree_blocks:
             return
         cache, ns = self.cache, kv.namespace
-        tokens = tokens[: full * p]
+        tokens = as_token_array(tokens[: full * p])  # converted once: the insert and the lock read it as it is
         cached = cache.insert(tokens, kv.block_table[:full], namespace=ns) // p
         self._adoptions.adopted(kv, tokens, cached, full)
         node = cache.lock_prefix(tokens, full * p, namespace=ns)
