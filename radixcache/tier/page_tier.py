@@ -58,20 +58,21 @@ class PageTier:
         return len(self._slot)
 
     def count_prefix(self, hashes: Sequence[bytes], start: int = 0) -> int:
-        """How many of `hashes[start:]`, from the first, are stored consecutively. Refreshes their recency."""
-        slot, lru = self._slot, self._lru
+        """How many of `hashes[start:]`, from the first, are stored consecutively. Refreshes their recency (`touch`)."""
+        slot = self._slot
         n = start
         while n < len(hashes) and hashes[n] in slot:
-            if hashes[n] in lru:
-                lru.move_to_end(hashes[n])
             n += 1
+        self.touch(hashes[start:n])
         self._hit_pages += n - start
         return n - start
 
-    def touch(self, hashes: Iterable[bytes]) -> None:
-        """Refresh the recency of the stored, unlocked pages among `hashes` (not a hit)."""
+    def touch(self, hashes: Sequence[bytes]) -> None:
+        """Refresh the recency of the stored, unlocked pages among `hashes` (not a hit), the first last: a run of
+        pages is found from its head, so LRU eviction must take its later pages first (a tail without its head is
+        never found again)."""
         lru = self._lru
-        for h in hashes:
+        for h in reversed(hashes):
             if h in lru:
                 lru.move_to_end(h)
 

@@ -193,11 +193,16 @@ class KVManager:
                 tiers.count_hits(matched, len(blocks) + loaded - kv.tier_pages, min(kv.tier_pages, len(host_hashes)))
         else:  # a resumption: what it computes again is recomputation, not a miss, and its hits are not hits
             kv.recomputed_tokens += max(0, kv.computed_max - matched)
-        if tiers is not None and tiers.disk is not None and blocks and kv.page_chain is not None:
-            # The disk's LRU sees its own reads only: a prefix every request hits on the device would go first. The
-            # hashes the match computed (all of the device's pages when it looked below them), none computed here:
-            # a prompt the device holds whole is not hashed at admission.
-            tiers.disk.refresh(kv.page_chain.hashes[: len(blocks)])
+        if tiers is not None and blocks and kv.page_chain is not None:
+            # The lower tiers' LRUs see their own reads only: a prefix every request hits on the device would go
+            # first. The hashes the match computed (all of the device's pages when it looked below them), none
+            # computed here: a prompt the device holds whole is not hashed at admission.
+            # Both refresh the run's head last, so that their size limits take its later pages first.
+            hashes = kv.page_chain.hashes[: len(blocks)]
+            if tiers.host is not None:
+                tiers.host.touch(hashes)
+            if tiers.disk is not None:
+                tiers.disk.refresh(hashes)
         kv.status = Status.RUNNING
         return True
 

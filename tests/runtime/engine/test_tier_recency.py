@@ -1,0 +1,57 @@
+"""The lower tiers' recency follows the requests' use of pages, wherever they are served from: a shared prefix hit on
+the device every request stays in a host tier at its size limit, and a run of pages is evicted from its tail."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixcache.runtime import Engine
+from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+from radixcache.tier.page_tier import PageTier
+
+P = 4
+
+
+@pytest.fixture(scope="module")
+def model() -> RandomModel:
+    m = tiny_model(seed=5)
+    return RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+
+
+def test_a_shared_prefix_hit_on_the_device_stays_in_a_full_host_tier(model: RandomModel) -> None:
+    """The host tier's LRU saw only its own hits: a system prompt every request hit on the device was stored once,
+    first, so a host tier at its limit evicted exactly those pages (under the other requests' newer ones), and a
+    device that let them go later found them nowhere."""
+    rng = random.Random(7)
+    vocab = model.config.vocab_size
+    system = [rng.randrange(1, vocab) for _ in range(6 * P)]
+    prompts = [system + [rng.randrange(1, vocab) for _ in range(10)] for _ in range(12)]
+    host_pages = 30  # each request adopts ~4 pages of its own: about 50 in all, over the limit
+    host_bytes = host_pages * P * model.config.kv_bytes_per_token(4)
+    with Engine(model, capacity_blocks=400, page_size=P, host_kv_memory=host_bytes) as engine:
+        for prompt in prompts:
+            engine.generate(prompt, 6, ignore_eos=True)
+        tiers = engine.tiers
+        host = tiers.host
+        assert host is not None and host.stats.evicted > 0
+        hashes = tiers.chain(None).upto(system, len(system) // P)
+        assert [h in host for h in hashes] == [True] * len(hashes)
+        assert engine.stats.tiers.device_hit_tokens >= 11 * len(system)
+
+
+def test_a_host_tier_evicts_a_run_from_its_tail() -> None:
+    """count_prefix and touch refreshed a run head first, so its head was the least recently used of its pages and
+    went first, leaving pages no prefix match reaches."""
+    tier = PageTier(4)
+    run = [b"a", b"b", b"c"]
+    for h in run:
+        tier.store(h)
+    assert tier.count_prefix(run) == 3
+    tier.store(b"x")
+    tier.store(b"y")  # evicts one page of the run
+    assert [h in tier for h in run] == [True, True, False]
+    tier.touch([b"a", b"b"])
+    tier.store(b"z")
+    assert [h in tier for h in (b"a", b"b", b"x")] == [True, True, False]
