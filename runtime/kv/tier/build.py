@@ -6,8 +6,8 @@ import torch
 
 from radixcache import RadixCache
 from radixcache.runtime.kv.pool import KVPool, check_fits, parse_memory
-from radixcache.runtime.kv.tier.coordinator import KVTiers, page_meta
-from radixcache.runtime.kv.tier.disk_format import MAX_HASH_BYTES, encode_page
+from radixcache.runtime.kv.tier.coordinator import KVTiers
+from radixcache.runtime.kv.tier.disk_format import MAX_HASH_BYTES, encode_page, page_meta
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.host_pool import HostKVPool
 from radixcache.runtime.kv.tier.prefetch import (

@@ -15,12 +15,11 @@ import logging
 import time
 from collections.abc import Hashable, Sequence
 
-import torch
-
 from radixcache import RadixCache
 from radixcache.page_hash import PageChain
 from radixcache.runtime.kv.pool import KVPool
 from radixcache.runtime.kv.tier.copy_sync import CopyEvent, PendingUnlocks
+from radixcache.runtime.kv.tier.disk_queue import queue_disk_writes
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.host_pool import HostKVPool
 from radixcache.runtime.kv.tier.layered_load import LayeredLoad
@@ -362,25 +361,11 @@ class KVTiers:
         """Hand adopted pages to the disk writer. Never raises: a failure drops the pages (counted), the request
         that adopted them goes on."""
         try:
-            self._queue_disk_writes(hashes, blocks, tokens)
+            assert self.disk is not None
+            queue_disk_writes(self.disk, self.pool, self._counts, hashes, blocks, tokens)
         except Exception:
             self._counts["disk_dropped_pages"] += len(hashes)
             log.exception("disk KV cache: queueing %d page(s) failed; not written", len(hashes))
-
-    def _queue_disk_writes(self, hashes: list[bytes], blocks: Sequence[int], tokens: Sequence[int]) -> None:
-        disk = self.disk
-        assert disk is not None
-        todo = [i for i, h in enumerate(hashes) if disk.count_prefix([h]) == 0]
-        if not todo or not disk.enabled:  # a full, read-only or unusable disk: counted, so that the tier shows off
-            self._counts["disk_dropped_pages"] += len(todo)
-            return
-        pool, p = self.pool, self.page_size
-        pages = pool.kv.index_select(2, torch.tensor([blocks[i] for i in todo], device=pool.device)).to("cpu")
-        meta = page_meta(pool)
-        for j, i in enumerate(todo):
-            payload = pages[:, :, j].contiguous().view(torch.uint8).numpy().tobytes()
-            queued = disk.put(hashes[i], tokens[i * p : (i + 1) * p], payload, meta)
-            self._counts["disk_queued_pages" if queued else "disk_dropped_pages"] += 1
 
     # ------------------------------------------------------------------ upkeep
 
@@ -412,8 +397,3 @@ class KVTiers:
 
     def check(self) -> None:
         self.tiered.check_invariants()
-
-
-def page_meta(pool: KVPool) -> dict:
-    """What a page file records of the pool it came from (kv.tier.disk_format's `meta`)."""
-    return {"dtype": str(pool.dtype), "shape": [pool.num_layers, 2, pool.page_size, pool.kv_heads, pool.head_dim]}

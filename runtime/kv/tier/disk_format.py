@@ -34,9 +34,12 @@ import hashlib
 import json
 import struct
 from collections.abc import Sequence
-from typing import BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 import xxhash
+
+if TYPE_CHECKING:
+    from radixcache.runtime.kv.pool import KVPool
 
 __all__ = [
     "BODY_START",
@@ -274,3 +277,8 @@ def _check_identity(
         asked = b""
     if asked != stored:
         raise CorruptPage("its tokens differ from the page's")
+
+
+def page_meta(pool: KVPool) -> dict:
+    """What a page file records of the pool it came from (its `meta`)."""
+    return {"dtype": str(pool.dtype), "shape": [pool.num_layers, 2, pool.page_size, pool.kv_heads, pool.head_dim]}

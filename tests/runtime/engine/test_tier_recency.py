@@ -4,6 +4,8 @@ the device every request stays in a host tier at its size limit, and a run of pa
 from __future__ import annotations
 
 import random
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +57,40 @@ def test_a_host_tier_evicts_a_run_from_its_tail() -> None:
     tier.touch([b"a", b"b"])
     tier.store(b"z")
     assert [h in tier for h in (b"a", b"b", b"x")] == [True, True, False]
+
+
+def test_a_disk_at_its_limit_keeps_a_new_runs_head_not_its_tail(model: RandomModel, tmp_path: Path) -> None:
+    """A run's pages were queued head first, so its head was the oldest page on disk: a disk at its size limit deleted
+    the head and kept the pages behind it, which no prefix match reaches (a restart found nothing). Queued tail first,
+    the head is the newest and the limit takes the tail."""
+    rng = random.Random(3)
+    prompt = [rng.randrange(1, model.config.vocab_size) for _ in range(10 * P)]
+    kwargs = {"capacity_blocks": 400, "page_size": P, "cache_dir": tmp_path}
+    with Engine(model, **kwargs) as probe:  # one page file's size, for a limit of 6 pages
+        probe.generate(prompt[:P], 1)
+        assert probe.flush(30)
+    page_bytes = max(p.stat().st_size for p in tmp_path.rglob("*.kvpage"))
+    shutil.rmtree(tmp_path)
+    with Engine(model, **kwargs, cache_dir_size=6 * page_bytes) as first:
+        want = first.generate(prompt, 1)
+        assert first.flush(30)
+    assert len(list(tmp_path.rglob("*.kvpage"))) == 6
+    with Engine(model, **kwargs, cache_dir_size=6 * page_bytes) as restarted:
+        got = restarted.generate(prompt, 1)
+    assert got.token_ids == want.token_ids
+    assert got.cached_tokens == 6 * P  # the run's first 6 pages, off the disk
+
+
+def test_a_full_write_queue_keeps_a_runs_head(model: RandomModel, tmp_path: Path) -> None:
+    """Queued tail first, a queue with room for 4 of a run's 10 pages would hold its last 4, unreadable without their
+    head: the run is cut to what fits, from its head."""
+    rng = random.Random(4)
+    prompt = [rng.randrange(1, model.config.vocab_size) for _ in range(10 * P)]
+    with Engine(model, capacity_blocks=400, page_size=P, cache_dir=tmp_path) as first:
+        disk = first.tiers.disk
+        disk.max_pending = disk._queue.max_pending = 4
+        first.generate(prompt, 1)
+        assert first.flush(30)
+        assert first.stats.tiers.disk_dropped_pages == 6
+    with Engine(model, capacity_blocks=400, page_size=P, cache_dir=tmp_path) as restarted:
+        assert restarted.generate(prompt, 1).cached_tokens == 4 * P
