@@ -193,12 +193,12 @@ class KVManager:
                 tiers.count_hits(matched, len(blocks) + loaded - kv.tier_pages, min(kv.tier_pages, len(host_hashes)))
         else:  # a resumption: what it computes again is recomputation, not a miss, and its hits are not hits
             kv.recomputed_tokens += max(0, kv.computed_max - matched)
-        if tiers is not None and blocks and kv.page_chain is not None:
+        if tiers is not None and (blocks or loaded) and kv.page_chain is not None:
             # The lower tiers' LRUs see their own reads only: a prefix every request hits on the device would go
-            # first. The hashes the match computed (all of the device's pages when it looked below them), none
-            # computed here: a prompt the device holds whole is not hashed at admission.
-            # Both refresh the run's head last, so that their size limits take its later pages first.
-            hashes = kv.page_chain.hashes[: len(blocks)]
+            # first, and reads refresh a run head first. The hashes the match computed (all of the device's pages
+            # when it looked below them), none computed here: a prompt the device holds whole is not hashed at
+            # admission. Both refresh the run's head last, so that their size limits take its later pages first.
+            hashes = kv.page_chain.hashes[: len(blocks) + loaded]
             if tiers.host is not None:
                 tiers.host.touch(hashes)
             if tiers.disk is not None:

@@ -94,3 +94,31 @@ def test_a_full_write_queue_keeps_a_runs_head(model: RandomModel, tmp_path: Path
         assert first.stats.tiers.disk_dropped_pages == 6
     with Engine(model, capacity_blocks=400, page_size=P, cache_dir=tmp_path) as restarted:
         assert restarted.generate(prompt, 1).cached_tokens == 4 * P
+
+
+def test_a_run_read_off_the_disk_keeps_its_head_at_the_size_limit(model: RandomModel, tmp_path: Path) -> None:
+    """Reads refresh each page as it is read, head first: a run just loaded off the disk had its head as its least
+    recently used page, and the next writes over the size limit deleted it, leaving the pages behind it unreadable.
+    The admission refreshes every page it found (device and loaded), the head last."""
+    rng = random.Random(5)
+    vocab = model.config.vocab_size
+    run = [rng.randrange(1, vocab) for _ in range(10 * P)]
+    other = [rng.randrange(1, vocab) for _ in range(4 * P)]
+    kwargs = {"capacity_blocks": 400, "page_size": P, "cache_dir": tmp_path}
+    with Engine(model, **kwargs) as probe:
+        probe.generate(run[:P], 1)
+        assert probe.flush(30)
+    page_bytes = max(p.stat().st_size for p in tmp_path.rglob("*.kvpage"))
+    shutil.rmtree(tmp_path)
+    limit = {"cache_dir_size": 12 * page_bytes}
+    with Engine(model, **kwargs, **limit) as first:
+        want = first.generate(run, 1)
+        assert first.flush(30)
+    with Engine(model, **kwargs, **limit) as second:
+        assert second.generate(run, 1).cached_tokens == 10 * P - 1  # read off the disk
+        second.generate(other, 1)  # 4 new pages: 2 over the limit
+        assert second.flush(30)
+    with Engine(model, **kwargs, **limit) as third:
+        got = third.generate(run, 1)
+    assert got.token_ids == want.token_ids
+    assert got.cached_tokens == 8 * P  # the run's head: its last 2 pages went
