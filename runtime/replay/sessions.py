@@ -7,6 +7,7 @@ turns do; token requests run in arrival order, grouped by session (runtime.repla
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import GenerationEngine
 
 SAMPLE_TRACE = "sample_chat.jsonl"
+MAX_WAIT_S = threading.TIMEOUT_MAX  # the longest wait time.sleep takes (an int64 of nanoseconds)
+LONG_WAIT_S = 3600.0  # a replay that waits longer for its timestamps gets a warning first
 
 # ---------------------------------------------------------------------------------------------- traces
 
@@ -120,7 +123,18 @@ def start_offsets(
         warn("the trace has no timestamps (text traces carry none); --honor-timestamps has no effect")
         return {}
     first = min(r.timestamp_ms for s in sessions for r in s.requests)
-    return {(s.index, k): (r.timestamp_ms - first) / 1000.0 for s in sessions for k, r in enumerate(s.requests)}
+    offsets = {(s.index, k): (r.timestamp_ms - first) / 1000.0 for s in sessions for k, r in enumerate(s.requests)}
+    (index, k), span = max(offsets.items(), key=lambda item: item[1])
+    if span > MAX_WAIT_S:  # time.sleep raised OverflowError mid-run, after the requests before it
+        last = sessions[index].requests[k]
+        where = last.source or f"session {sessions[index].id} request {k + 1}"
+        raise ReplayError(
+            f"{where}: timestamp {last.timestamp_ms:g} ms is {span:.3g} s after the first request's, longer than "
+            "--honor-timestamps can wait"
+        )
+    if span > LONG_WAIT_S:
+        warn(f"the trace's timestamps span {span / 3600:,.1f} hours: --honor-timestamps replays it that slowly")
+    return offsets
 
 
 def check_tokens(sessions: list[TraceSession], engine: GenerationEngine, max_tokens: int | None = None) -> None:

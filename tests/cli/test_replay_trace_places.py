@@ -81,3 +81,24 @@ def test_output_length_0_through_the_cli_is_an_error_at_its_line(runner, tiny_mo
     result = runner.invoke(main, ["replay", str(path), "--model", str(tiny_model_dir)])
     assert result.exit_code == 1, result.output
     assert f"{path}:1: output_length is 0" in result.output and "--max-tokens" in result.output
+
+
+def test_timestamps_too_far_apart_to_wait_for_are_refused_at_their_line(engine: Engine, tmp_path: Path) -> None:
+    """--honor-timestamps slept until each request's time: a gap past what time.sleep takes was an OverflowError
+    (an internal error) after the requests before it had run."""
+    path = tmp_path / "tokens.jsonl"
+    records = [RECORDS[0], {**RECORDS[1], "timestamp": 1e300}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ReplayError, match=re.escape(f"{path}:2: timestamp 1e+300 ms is 1e+297 s after the first")):
+        replay(engine, load_replay_trace(path), ReplayConfig(honor_timestamps=True, max_tokens=2))
+    assert engine.stats.requests <= 1  # the warm-up at most
+
+
+def test_a_long_wait_for_timestamps_is_announced_first() -> None:
+    from radixcache.runtime.replay.sessions import plan_sessions, start_offsets
+
+    requests = [TokenRequest(0.0, (1, 2), 1), TokenRequest(2 * 3600 * 1000.0, (1, 2, 3), 1)]
+    warnings: list[str] = []
+    offsets = start_offsets(plan_sessions(requests), True, warnings.append)
+    assert sorted(offsets.values()) == [0.0, 7200.0]
+    assert warnings == ["the trace's timestamps span 2.0 hours: --honor-timestamps replays it that slowly"]
