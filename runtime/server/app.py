@@ -234,7 +234,15 @@ def create_app(
         use = job.options.tool_use
         parsed = use is not None and use.parses_calls
         return Responder(
-            kind, model_name, job.prompt_tokens, job.n, token_bytes, legacy=legacy_reply, calls=parsed, decode=decode
+            kind,
+            model_name,
+            job.prompt_tokens,
+            job.n,
+            token_bytes,
+            legacy=legacy_reply,
+            calls=parsed,
+            decode=decode,
+            prompts=job.prompts,
         )
 
     async def run(request: Request, body: Any, job: generation.Job, responder: Responder) -> Any:

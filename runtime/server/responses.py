@@ -43,7 +43,8 @@ def usage(
 class Responder:
     """Builds the bodies for one request: `chat.completion` or `text_completion`. `token_bytes(id)`: the bytes one
     token stands for (for logprobs; a token may hold part of a UTF-8 character). `decode(ids)`: the text of output
-    tokens as a result's text reads (the legacy logprobs' `text_offset` counts its characters)."""
+    tokens as a result's text reads, after the choice's prompt of `prompts` (the legacy logprobs' `text_offset`
+    counts its characters)."""
 
     def __init__(
         self,
@@ -55,12 +56,14 @@ class Responder:
         legacy: legacy_shape.LegacyReply | None = None,
         calls: bool = False,
         decode: Callable[[Sequence[int]], str] | None = None,
+        prompts: Sequence[Sequence[int]] = (),
     ) -> None:
         self.kind, self.model, self.prompt_tokens, self.n = kind, model, prompt_tokens, n
         self.legacy = legacy  # set: the request used `functions`; calls are answered as `function_call`
         self.calls = calls  # the reply may be calls: a stream's first chunk says content null, as OpenAI's does
         self.token_bytes = token_bytes
         self.decode = decode or (lambda ids: b"".join(map(token_bytes, ids)).decode("utf-8", "replace"))
+        self.prompts = prompts  # choice i's prompt is prompts[i // n] (none: decoded alone)
         self._texts: dict[int, IncrementalDetokenizer] = {}  # a streamed choice's text so far, for text_offset
         prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
@@ -72,9 +75,11 @@ class Responder:
 
     # ------------------------------------------------------------------ logprobs
 
-    def logprobs(self, entries: Sequence[Any] | None, choice: int | None = None) -> dict[str, Any] | None:
+    def logprobs(
+        self, entries: Sequence[Any] | None, choice: int | None = None, index: int = 0
+    ) -> dict[str, Any] | None:
         """`entries` (runtime.engine.request.TokenLogprob) in this endpoint's shape; None when not asked for.
-        `choice`: a stream's choice whose next tokens these are (None: a whole choice's tokens, from its first)."""
+        `choice`: a stream's choice whose next tokens these are (None: all the tokens of choice `index`)."""
         if entries is None:
             return None
         if self.chat:
@@ -85,7 +90,9 @@ class Responder:
         # the same whether the tokens come whole or a few per stream chunk. A token of whole characters ends the
         # text it completes (which may also hold an earlier byte that no character took); one byte of a character
         # is at the character it belongs to.
-        text = IncrementalDetokenizer(self.decode)
+        i = index if choice is None else choice
+        prompt = self.prompts[i // self.n] if i // self.n < len(self.prompts) else ()
+        text = IncrementalDetokenizer(self.decode, prompt)  # as the choice's text reads: after its prompt
         if choice is not None:
             text = self._texts.setdefault(choice, text)
         offsets = []
@@ -156,7 +163,7 @@ class Responder:
         """The whole response; `shown(result)`: how many of its tokens the text shows (their logprobs are given)."""
         choices = []
         for i, r in enumerate(results):
-            lp = None if r.logprobs is None else self.logprobs(r.logprobs[: shown(r)])
+            lp = None if r.logprobs is None else self.logprobs(r.logprobs[: shown(r)], index=i)
             choices.append(self._choice(i, r.text, self._finish(r), lp, r.tool_calls))
             if self.legacy is not None:
                 self.legacy.remember(r.tool_calls)

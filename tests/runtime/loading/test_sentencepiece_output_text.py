@@ -108,12 +108,17 @@ def test_the_incremental_detokenizer_adds_up_to_the_text_after_the_prompt() -> N
 
 
 def test_the_server_keeps_the_space_whole_and_streamed(model: RandomModel) -> None:
+    """The text, and the legacy logprobs' text_offset (where each token's text begins in it), whole and streamed."""
     paris = model.tokenizer.token_to_id("▁Paris")
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "temperature": 0, "logit_bias": {str(paris): 100}}
+    body["logprobs"] = 0
     with Engine(model, capacity_blocks=128, page_size=4) as engine, TestClient(create_app(engine, "tiny")) as client:
-        whole = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        whole = client.post("/v1/completions", json=body).json()["choices"][0]
         with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
             events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
-    assert whole == " Paris Paris"
-    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == whole
+    assert whole["text"] == " Paris Paris"
+    assert whole["logprobs"]["tokens"] == [" Paris", " Paris"] and whole["logprobs"]["text_offset"] == [0, 6]
+    chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    assert [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]] == [0, 6]
