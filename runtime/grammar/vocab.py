@@ -32,19 +32,56 @@ class GrammarVocab:
 
 
 class _Wrapped:
-    """The duck-typed tokenizer `llguidance.TokenizerWrapper` reads."""
+    """The duck-typed tokenizer `llguidance.TokenizerWrapper` reads. The library takes the ids it returns for text the
+    grammar forces (`{"` of a JSON object) as that text's tokens and allows the first of them: they must stand for
+    exactly that text's bytes. A SentencePiece tokenizer (Llama 2, Mistral 7B tokenizer.json) puts a "▁" before
+    whatever it encodes, so `{` came back as "▁{" (" {"): the mask allowed a token the grammar then refused, and the
+    request failed. Such text is tokenized greedily from the vocabulary instead (longest token first)."""
 
-    def __init__(self, tokenizer: Tokenizer, tokens: list[bytes], special: list[int], eos: int) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, tokens: list[bytes], special: list[int], eos: int, plain: list[bytes]
+    ) -> None:
         self._tokenizer = tokenizer
         self.tokens = tokens
         self.special_token_ids = special
         self.eos_token_id = eos
         self.bos_token_id = tokenizer.bos_token_id
+        self._plain = plain  # each token's bytes, specials without the marker
+        self._by_bytes: dict[bytes, int] | None = None  # for `_greedy`, built at its first use
+        self._longest = 0
 
     def __call__(self, text: str | bytes) -> list[int]:
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
-        return self._tokenizer.encode(text, add_special_tokens=False)
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        want = text.encode("utf-8")
+        if b"".join(self._plain[i] for i in ids) == want:
+            return ids
+        if ids and self._plain[ids[0]] == b" " and b"".join(self._plain[i] for i in ids[1:]) == want:
+            return ids[1:]  # the prefix space was a token of its own
+        return self._greedy(want) or ids
+
+    def _greedy(self, data: bytes) -> list[int] | None:
+        """`data` as the longest tokens that match it, left to right (ordinary tokens only); None where a byte is
+        in no token (a vocabulary without byte tokens)."""
+        if self._by_bytes is None:
+            special = set(self.special_token_ids)
+            by_bytes: dict[bytes, int] = {}
+            for i, b in enumerate(self._plain):
+                if b and i not in special:
+                    by_bytes.setdefault(b, i)
+            self._by_bytes, self._longest = by_bytes, max(map(len, by_bytes), default=0)
+        ids, pos = [], 0
+        while pos < len(data):
+            for n in range(min(self._longest, len(data) - pos), 0, -1):
+                token = self._by_bytes.get(data[pos : pos + n])
+                if token is not None:
+                    ids.append(token)
+                    pos += n
+                    break
+            else:
+                return None
+        return ids
 
 
 def build_vocab(
@@ -56,13 +93,11 @@ def build_vocab(
     width = max(int(vocab_size or n_tok), n_tok)
     special = sorted(i for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special and i < n_tok)
     special_set = set(special)
-    tokens = []
-    for i in range(n_tok):
-        raw = tokenizer.token_bytes(i)
-        tokens.append(SPECIAL_PREFIX + raw if i in special_set else raw)
+    plain = [tokenizer.token_bytes(i) for i in range(n_tok)]
+    tokens = [SPECIAL_PREFIX + raw if i in special_set else raw for i, raw in enumerate(plain)]
     stops = tuple(dict.fromkeys([*tokenizer.eos_token_ids, *(int(t) for t in stop_token_ids)]))
     if not stops:
         raise ValueError(f"{tokenizer!r} has no EOS token: a grammar needs one to end its output")
-    wrapped = llguidance.TokenizerWrapper(_Wrapped(tokenizer, tokens, special, stops[0]))
+    wrapped = llguidance.TokenizerWrapper(_Wrapped(tokenizer, tokens, special, stops[0], plain))
     lib = llguidance.LLTokenizer(wrapped, n_vocab=width, eos_token=list(stops))
     return GrammarVocab(lib=lib, vocab_size=width, stop_ids=stops)

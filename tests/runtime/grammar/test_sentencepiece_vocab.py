@@ -4,7 +4,12 @@ sees the text the model writes."""
 
 from __future__ import annotations
 
+import json
+import random
+import re
+
 import numpy as np
+import pytest
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, normalizers
 
@@ -12,6 +17,7 @@ from radixcache.runtime.grammar import GrammarCompiler, GrammarSpec, GrammarStat
 from radixcache.runtime.grammar.masks import unpack_masks
 from radixcache.runtime.loading.tokenizer import Tokenizer
 
+SCHEMA = {"type": "object", "properties": {"hello": {"type": "integer"}}, "required": ["hello"]}
 PIECES = ["▁", "1", "2", "▁1", "▁2", "▁hello", "{", "▁{", "}"]
 
 
@@ -47,3 +53,41 @@ def test_a_grammar_never_takes_a_spaced_piece_for_a_digit() -> None:
     state.allowed_mask(row[0])
     allowed = set(np.flatnonzero(unpack_masks(row, vocab.vocab_size)[0].numpy()).tolist())
     assert tok.token_to_id("2") in allowed and tok.token_to_id("▁2") not in allowed
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        GrammarSpec.json_object(),
+        GrammarSpec.json_schema(SCHEMA),
+        GrammarSpec.regex("1 2|hello"),
+        GrammarSpec.ebnf('start: "{" " hello" "}"'),
+    ],
+    ids=lambda s: s.kind,
+)
+def test_every_token_a_grammar_allows_is_accepted(spec: GrammarSpec) -> None:
+    """Text a grammar forces (a JSON object's `{`) was tokenized by the tokenizer, which puts a "▁" before what it
+    encodes: the mask allowed "▁{" (or "▁") at the start, the grammar refused it, and every request under a grammar
+    failed at once with a Llama 2 / Mistral 7B tokenizer.json. Random walks under the mask: each token is accepted,
+    and the text parses (JSON) or matches."""
+    tok = sentencepiece_tokenizer()
+    vocab = build_vocab(tok)
+    compiled = GrammarCompiler(vocab).compile(spec)
+    for seed in range(10):
+        rng, state, out = random.Random(seed), GrammarState(compiled), []
+        while not state.is_finished() and len(out) < 40:
+            row = allocate_masks(1, vocab.vocab_size)
+            state.allowed_mask(row[0])
+            allowed = np.flatnonzero(unpack_masks(row, vocab.vocab_size)[0].numpy()).tolist()
+            if state.is_complete() and rng.random() < 0.3:
+                break
+            token = rng.choice([t for t in allowed if t not in vocab.stop_ids] or allowed)
+            state.accept(token)
+            out.append(token)
+        text = b"".join(tok.token_bytes(t) for t in out).decode("utf-8", "replace")  # cut short: maybe mid-character
+        if spec.kind == "regex":
+            assert re.fullmatch(spec.source, text), text
+        elif spec.kind == "ebnf":
+            assert text == "{ hello}"
+        elif state.is_complete():
+            assert isinstance(json.loads(text), dict), text
