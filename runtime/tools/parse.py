@@ -42,7 +42,8 @@ def new_call_id() -> str:
 @dataclass(frozen=True)
 class ParsedOutput:
     """content (None when empty), the calls, the text exactly as the model wrote it, and whether every call's
-    arguments closed (False when the output ended inside them: a length limit, a stop string)."""
+    arguments closed as a JSON object (False when the output ended inside them: a length limit, a stop string; or
+    when they are not JSON: NaN, a trailing comma)."""
 
     content: str | None
     tool_calls: tuple[ToolCall, ...]
@@ -51,8 +52,9 @@ class ParsedOutput:
     dropped_calls: bool = False  # calls past `max_calls` were written and left out (they stay in `raw`)
 
     def finish_reason(self, reason: str) -> str:
-        """ "tool_calls" when there are calls, all whole, and generation ended by itself; else `reason` ("length"
-        stays, and so does "stop" when a stop string cut a call short: its arguments are not JSON to run)."""
+        """ "tool_calls" when there are calls, all whole JSON objects, and generation ended by itself; else `reason`
+        ("length" stays, and so does "stop" when a stop string cut a call short or its arguments are not JSON: a
+        client cannot run it)."""
         return "tool_calls" if self.tool_calls and self.complete and reason == "stop" else reason
 
     def message(self) -> dict[str, Any]:
@@ -111,7 +113,9 @@ class ToolCallParser:
     def result(self) -> ParsedOutput:
         content = "".join(self.content)
         calls = tuple(ToolCall(i, n, a) for i, n, a in self.calls)
-        complete = self.state != "args"  # args: still open
+        # args: still open; arguments that closed but are no JSON object (NaN, a trailing comma: an unconstrained
+        # model's slip) cannot be run either
+        complete = self.state != "args" and all(_json_object(c.arguments) for c in calls)
         return ParsedOutput(content or None, calls, self.text, complete=complete, dropped_calls=self.dropped_calls)
 
     # ------------------------------------------------------------------ the machine
@@ -272,6 +276,14 @@ def _no_constant(name: str) -> None:
 # JSON as RFC 8259 has it: Python's decoder also reads NaN and Infinity, which a call's arguments would then carry
 # to clients whose parsers refuse them
 _STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def _json_object(text: str) -> bool:
+    """`text` is a JSON object as RFC 8259 has it."""
+    try:
+        return isinstance(_STRICT_JSON.decode(text), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:

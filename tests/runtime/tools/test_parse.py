@@ -218,6 +218,26 @@ def test_a_call_cut_short_is_not_finished_as_tool_calls(specs) -> None:
 @pytest.mark.parametrize(
     ("fmt", "text"),
     [
+        ("generic", '{"tool_calls": [{"name": "add", "arguments": {"a": NaN, "b": 1}}]}'),
+        ("generic", '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2,}}]}'),
+        ("generic", '{"tool_calls": [{"name": "now", "arguments": {}}, {"name": "add", "arguments": {a: 1}}]}'),
+        ("hermes", '<tool_call>\n{"name": "add", "arguments": {"a": Infinity}}\n</tool_call>'),
+    ],
+)
+def test_a_call_whose_arguments_are_no_json_is_not_finished_as_tool_calls(specs, fmt: str, text: str) -> None:
+    """Arguments that closed but are not JSON (NaN, a trailing comma, a bare key: an unconstrained model's slip),
+    streamed as the model wrote them, gave finish_reason "tool_calls": a client runs the calls such a reply
+    announces, and failed to read them (the loose reading refuses NaN, the streamed one took it)."""
+    result = parse_tool_calls(text, specs, fmt)
+    assert result.tool_calls and not result.complete
+    with pytest.raises(ValueError):  # RFC 8259 JSON: NaN and Infinity refused too
+        json.loads(result.tool_calls[-1].arguments, parse_constant=lambda c: int(c))
+    assert result.finish_reason("stop") == "stop"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [
         ("generic", '{"tool_calls": [{"name": "now", "arguments": {}}, {"name": "add", "arguments": {"a": 1}}]}'),
         ("generic", '{"tool_calls": [{"arguments": {}, "name": "now"}, {"name": "add", "arguments": {"a": 1}}]}'),
         ("hermes", '<tool_call>{"name": "now", "arguments": {}}</tool_call>\n<tool_call>{"name": "add"'),
