@@ -9,9 +9,10 @@ assemble to the non-streamed result.
 Formats (`TemplateFeatures.format`):
 - "generic" and "native": the output is a call when it starts (after whitespace) with `{"tool_calls": [` and each
   call is `{"name": ..., "arguments": {...}}` in that order; the arguments text is returned exactly as written.
-  Other JSON that still describes calls (keys in another order, a bare `{"name", "arguments" | "parameters"}`, the
-  arguments as a string) is accepted once the output ends, with the arguments re-serialised. Any other output is
-  content; an output that starts with `{` is held back until it ends, to decide.
+  Other JSON that still describes calls (keys in another order, a bare `{"name", "arguments" | "parameters"}`, a
+  list of them as Mistral's templates have the model write, the arguments as a string) is accepted once the output
+  ends, with the arguments re-serialised. Any other output is content; an output that starts with `{` or `[` is
+  held back until it ends, to decide.
 - "hermes": content, then calls each in `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; whitespace
   between calls is dropped; a tag whose JSON is not a call stays content.
 A call naming no given tool is not a call. In the generic format, once a call is out, malformed text after it
@@ -212,7 +213,7 @@ class ToolCallParser:
             self.state = "block"
         elif self.calls:  # calls are out: the rest is ignored
             self.state = "done"
-        elif self.text[self.held :].lstrip().startswith("{"):
+        elif self.text[self.held :].lstrip().startswith(("{", "[")):
             self.state = "hold"  # JSON in another shape, perhaps calls: decided at the end
             if final:
                 self._hold(out, final)

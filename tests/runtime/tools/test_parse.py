@@ -28,6 +28,8 @@ OUTPUTS = {
         '  {"tool_calls":[ {"name":"now","arguments":{}} ]}  trailing words',
         '{"tool_calls": [{"arguments": {"a": 1, "b": 2}, "name": "add"}]}',  # other key order: decided at the end
         '{"name": "add", "parameters": {"a": 1, "b": 2}}',  # a bare call
+        ' [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "now", "arguments": {}}]',  # Mistral's list
+        "[1] a footnote, not a call",
         '{"tool_calls": [{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}]}',  # arguments as a string
         '{"tool_calls": [{"name": "rm_rf", "arguments": {}}]}',  # no such tool: text
         '{"answer": 42}',
@@ -100,6 +102,18 @@ def test_generic_calls_validate_and_keep_their_text(specs) -> None:
     assert len({c.id for c in result.tool_calls}) == 2
     message = result.message()
     assert message["content"] is None and message["tool_calls"][0]["function"]["arguments"] == '{"a": 1, "b": 2}'
+
+
+@pytest.mark.parametrize("fmt", ["generic", "native"])
+def test_a_list_of_calls_is_calls(specs, fmt: str) -> None:
+    """Mistral's templates (read as "native") have the model write `[TOOL_CALLS]` (a special token, not in the text)
+    then a JSON list of calls: the output starts with `[` and was content, so "auto" never gave a call."""
+    text = '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "now", "arguments": {}}]'
+    result = parse_tool_calls(text, specs, fmt)
+    assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == [("add", {"a": 1, "b": 2}), ("now", {})]
+    assert result.content is None and result.finish_reason("stop") == "tool_calls"
+    for text in ["[1] a footnote", "[]", '[{"name": "rm_rf", "arguments": {}}]']:
+        assert parse_tool_calls(text, specs, fmt).content == text
 
 
 def test_what_is_not_a_call_is_content(specs) -> None:
