@@ -143,6 +143,7 @@ class ReplicaCluster:
         self.info = infos[0]
         self.fingerprint, self.page_size = infos[0]["fingerprint"], infos[0]["page_size"]
         self.model_name = infos[0]["model"]
+        self.max_position: int = infos[0]["max_position"]
         self.router = make_router(router)
         self.index = RouterIndex()
         self.loads = LoadTracker()
@@ -176,9 +177,13 @@ class ReplicaCluster:
     def route_request(
         self, prompt_ids: Sequence[int], max_new_tokens: int, namespace: Hashable = None, session: str | None = None
     ) -> RouteRequest:
-        """What the router sees of a request: its page keys, sizes and session."""
+        """What the router sees of a request: its page keys, sizes and session. Its decode is what the replica can
+        generate: at most up to the model's max_position, where the engine ends it ("length"), however large
+        `max_new_tokens` (one of 10**9, "until EOS", counted as 10**9 tokens of work, kept every later request off
+        its replica through cache_aware's recent work; 10**400 was an OverflowError)."""
         keys = self.page_keys(prompt_ids, namespace)
-        return RouteRequest(keys, len(prompt_ids), max_new_tokens, self.page_size, session)
+        decode = max(0, min(max_new_tokens, self.max_position - len(prompt_ids)))
+        return RouteRequest(keys, len(prompt_ids), decode, self.page_size, session)
 
     def generate(
         self,

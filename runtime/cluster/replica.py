@@ -77,6 +77,7 @@ class EngineReplica:
             "policy": engine.cache.policy.name,
             "pid": os.getpid(),
             "model": engine.config.name,
+            "max_position": engine.config.max_position,
         }
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, kwargs: dict[str, Any]) -> Any:

@@ -118,6 +118,7 @@ class FakeActor:
 
     def _info(self) -> dict[str, Any]:
         info = {"fingerprint": "f" * 16, "page_size": 4, "capacity_blocks": 64, "policy": "lru", "model": "fake"}
+        info["max_position"] = 4096
         return {**info, "incarnation": f"i{self.replica}", "pid": 0}
 
     def _events_since(self, seq: int) -> tuple[str, list | None]:

@@ -178,3 +178,35 @@ def test_a_wait_bound_that_is_no_number_of_seconds_is_refused_as_by_the_engine(f
         with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
             call(timeout)
     assert not front._closed  # the refused close closed nothing
+
+
+@pytest.mark.parametrize("max_new_tokens", [10**9, 10**400])
+def test_a_request_asking_past_the_context_counts_only_what_its_replica_can_generate(
+    front: Any, tiny_dir: Path, max_new_tokens: int
+) -> None:
+    """Regression: the router counted max_new_tokens as the request's decode, where the engine ends it at the model's
+    max_position: one request of 10**9 ("until EOS") put 6.2 million seconds of recent work on its replica, and
+    cache_aware then sent all of the next 200 requests to the other; 10**400 was an OverflowError, where an Engine
+    generates up to max_position. It now routes as a request asking for exactly what the model can generate."""
+    import random
+
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+    from tests.cluster.stand_in import result_for
+
+    def routed_after(engine: Any, first: int) -> dict[int, int]:
+        for r in (0, 1):  # a replica that answers at once (the stand-in would echo max_new_tokens tokens)
+            engine.cluster.actor(r).script = lambda prompt, options: [("done", result_for(prompt, [1]), None)]
+        assert engine.submit([9] * 40, first).result(timeout=10).token_ids == (1,)
+        rng = random.Random(0)
+        for _ in range(200):
+            engine.submit([rng.randrange(250) for _ in range(40)], 16).result(timeout=10)
+        return engine.cluster.stats().routed
+
+    most = front.config.max_position - 40
+    assert front.cluster.route_request([9] * 40, max_new_tokens).max_tokens == most
+    reference = ClusterEngine(ReplicaCluster("fake", 2, poll_interval=None), str(tiny_dir))
+    try:
+        assert routed_after(front, max_new_tokens) == routed_after(reference, most)
+    finally:
+        reference.close()
