@@ -180,7 +180,13 @@ class ClusterEngine:
         return handle
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int | None = None, **kwargs: Any) -> Any:
-        return self.submit(prompt, options=self._options(max_new_tokens, kwargs, "generate")).result()
+        """Submit and wait; an interrupted wait (Ctrl-C) cancels the request on its replica, as Engine.generate."""
+        handle = self.submit(prompt, options=self._options(max_new_tokens, kwargs, "generate"))
+        try:
+            return handle.result()
+        except BaseException:
+            handle.cancel()
+            raise
 
     async def agenerate(self, prompt: Sequence[int], max_new_tokens: int | None = None, **kwargs: Any) -> Any:
         """`generate` for asyncio (the replay's concurrent driver); cancelling the task cancels the request."""

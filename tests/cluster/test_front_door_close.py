@@ -85,3 +85,39 @@ def test_wait_idle_waits_for_the_requests_in_flight(monkeypatch: pytest.MonkeyPa
     finally:
         release.set()
         front.close()
+
+
+def test_an_interrupted_generate_cancels_its_request_on_the_replica(
+    monkeypatch: pytest.MonkeyPatch, tiny_dir: Path
+) -> None:
+    """Regression: Ctrl-C in ClusterEngine.generate (the sequential `replay --replicas`) left its request running on
+    the replica to its length, and the replay's wait for idleness waited for it; Engine.generate cancels it."""
+    import signal
+
+    install_stand_in(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    front = ClusterEngine(ReplicaCluster("fake", 2, poll_interval=None), str(tiny_dir))
+    release = threading.Event()
+    for r in (0, 1):  # a token, then a long generation; a cancelled request ends at once with what it made
+        front.cluster.actor(r).script = lambda prompt, options: [
+            ("tokens", [7], [None]),
+            release.wait,
+            ("done", result_for(prompt, [7], "cancelled"), None),
+        ]
+
+    def interrupt_once_streaming() -> None:
+        _until(lambda: any(front.cluster.actor(r).streams for r in (0, 1)))
+        time.sleep(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl-C, while generate waits
+
+    threading.Thread(target=interrupt_once_streaming, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            front.generate([1, 2, 3], 50)
+        (rid,) = [rid for r in (0, 1) for rid in front.cluster.actor(r).streams]
+        assert [c for r in (0, 1) for c in front.cluster.actor(r).cancels] == [rid]
+    finally:
+        release.set()
+        front.close()
