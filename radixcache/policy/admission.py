@@ -126,16 +126,22 @@ def make_admission(policy: str | AdmissionPolicy | None, *, eviction: EvictionPo
     """A fresh admission policy for a name in `ADMISSION_POLICIES` (None: "all"), or the given instance.
 
     "reuse" learns from the cache's `reuse` eviction policy (`eviction`, possibly wrapped: a `base` attribute is
-    followed), so it needs one."""
+    followed), so it needs one; a ReuseAdmission given as an object must be built on that same policy object."""
     if policy is None:
         return AdmitAll()
+    model = eviction
+    while model is not None and not isinstance(model, ReusePolicy):
+        model = getattr(model, "base", None)
     if isinstance(policy, AdmissionPolicy):
+        if isinstance(policy, ReuseAdmission) and eviction is not None and policy.model is not model:
+            # Its model would hear no hit or eviction of this cache: a mean rate of 0, so it admitted everything.
+            raise PolicyError(
+                "a ReuseAdmission learns from the cache's own ReusePolicy: build it on the policy object the cache "
+                "evicts with (ReuseAdmission(policy) for policy=policy), or pass admission 'reuse'"
+            )
         return policy
     name = policy.lower() if isinstance(policy, str) else None
     if name == ReuseAdmission.name:
-        model = eviction
-        while model is not None and not isinstance(model, ReusePolicy):
-            model = getattr(model, "base", None)
         if model is None:
             raise PolicyError("admission 'reuse' learns from the 'reuse' eviction policy: use it with policy 'reuse'")
         return ReuseAdmission(model)

@@ -9,8 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from radixcache.cli.main import main
-from radixcache.errors import RadixCacheError
-from radixcache.policy.admission import AdmissionPolicy, AdmissionRequest
+from radixcache.errors import PolicyError, RadixCacheError
+from radixcache.policy.admission import AdmissionPolicy, AdmissionRequest, ReuseAdmission
+from radixcache.policy.reuse import ReusePolicy
 from radixcache.sim.compare import compare
 from radixcache.sim.evaluation import evaluate
 from radixcache.sim.results import BELADY, BELADY_ADMISSION
@@ -171,3 +172,15 @@ def test_the_admission_bound_counts_the_next_requests_own_reads() -> None:
     would go first, leaving the third request a hit of 2."""
     w = _workload([5, 6], [1, 2, 3], [1, 2, 3])
     assert simulate(w, 3, BELADY_ADMISSION, check=True).hit_tokens == 3
+
+
+def test_a_reuse_admission_object_must_learn_from_the_caches_own_policy() -> None:
+    """Regression: ReuseAdmission(ReusePolicy(), threshold=...) beside policy 'reuse' learned from a policy no cache
+    told of any hit or eviction (mean rate 0), so it admitted every page while the result said admission 'reuse'.
+    Built on the policy object the cache evicts with, it declines pages; built on another, it is refused."""
+    w = token_workload(rag(queries=200, documents=12, seed=4), page_size=8)
+    policy = ReusePolicy()
+    assert simulate(w, 120, policy, admission=ReuseAdmission(policy, threshold=0.5)).declined_pages > 0
+    for other in ("reuse", ReusePolicy(), "lru"):
+        with pytest.raises(PolicyError, match="a ReuseAdmission learns from the cache's own ReusePolicy"):
+            simulate(w, 120, other, admission=ReuseAdmission(ReusePolicy(), threshold=0.5))
