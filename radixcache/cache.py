@@ -220,7 +220,8 @@ class RadixCache(Locking):
             if len(ids) != pages:
                 raise BlockCountError(f"insert: {len(arr)} tokens at page_size {p} need {pages} blocks, got {len(ids)}")
             roots_before = len(self._roots)
-            root = self._root(namespace)
+            # No whole page, nothing to add: a new namespace's root would stay empty, and be listed, for good.
+            root = self._root(namespace, create=full_pages > 0)
             node, _, cached, partial, partial_len = self._descend(root, arr[: full_pages * p])
             if partial is not None:
                 cached = cached + partial.blocks[: partial_len // p]

@@ -109,3 +109,20 @@ def test_a_namespace_unequal_to_itself_is_its_own_and_passes_the_check() -> None
     assert cache.match_prefix([1, 2], namespace=float("nan")).length == 0
     assert cache.evict(2) == 2 and cache.namespaces() == []
     cache.check_invariants()
+
+
+@pytest.mark.parametrize("tokens", [[], [7], [7, 8, 9]])
+def test_an_insert_of_no_whole_page_leaves_no_namespace_behind(tokens: list[int]) -> None:
+    """Regression: an insert shorter than a page (or empty) under an unseen namespace registered its root, which held
+    nothing and never went (a root goes with its last node): namespaces() listed it, and per-request salts with
+    short requests grew the roots without bound."""
+    cache = RadixCache(16, page_size=4)
+    put(cache, [1, 2, 3, 4], namespace="alice")
+    for salt in range(20):
+        blocks = put(cache, tokens, namespace=f"user-{salt}")
+        assert cache.match_prefix(tokens, namespace=f"user-{salt}").length == 0
+        cache.free(blocks)  # the tail page stays with the caller
+    assert cache.namespaces() == ["alice"] and len(cache._roots) == 1
+    put(cache, [5, 6, 7, 8, 9], namespace="bob")  # a whole page: the namespace holds it
+    assert cache.namespaces() == ["alice", "bob"]
+    cache.check_invariants()
