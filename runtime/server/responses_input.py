@@ -211,7 +211,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         return None
     out = []
     for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
+        if not isinstance(unicode_checked(tool, f"tools.{i}"), dict):  # echoed in the response, rendered in the prompt
             raise APIError(400, f"tools.{i}: a tool must be an object", param=f"tools.{i}")
         if tool.get("type") != "function":
             raise APIError(

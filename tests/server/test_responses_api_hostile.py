@@ -98,7 +98,8 @@ def test_a_lone_surrogate_in_what_is_stored_or_echoed_is_a_400_and_never_breaks_
     tiny_tools_server,
 ) -> None:
     """JSON's escapes spell a lone surrogate, which no UTF-8 answer holds: an item's id or call_id (stored, listed
-    by input_items) or a schema's key (echoed in the response) holding one is refused up front, by its path."""
+    by input_items), a schema's key or a tool's description (echoed in the response) holding one is refused up
+    front, by its path (a tool's was refused by the tokenizer, with no param)."""
     lone = "\ud800"
     call = {"type": "function_call", "call_id": f"c{lone}", "name": "add", "arguments": "{}"}
     schema = {"type": "object", "properties": {lone: {"type": "integer"}}}
@@ -106,6 +107,7 @@ def test_a_lone_surrogate_in_what_is_stored_or_echoed_is_a_400_and_never_breaks_
         ({"input": [{"role": "user", "content": "q", "id": f"msg_{lone}"}]}, "input.0.id"),
         ({"input": [{"role": "user", "content": "q"}, call]}, "input.1.call_id"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}}, "text.format.schema.properties"),
+        ({"tools": [{"type": "function", "name": "f", "description": f"d{lone}"}]}, "tools.0.description"),
     ]
     for stream in (False, True):
         for fields, param in cases:
