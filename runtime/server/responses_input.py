@@ -172,7 +172,8 @@ def messages_of(
     items: list[dict[str, Any]], origins: list[str], instructions: str | None
 ) -> tuple[list[dict[str, Any]], list[list[str]]]:
     """Chat messages from canonical items, and for each message the paths of the items it came from (its calls'
-    items after its own). An assistant message right after calls is their turn's text, as one before them is."""
+    items after its own). An assistant message right after calls is their turn's text, as one before them is, the
+    two joined when both are there."""
     messages: list[dict[str, Any]] = []
     sources: list[list[str]] = []
     if instructions is not None:
@@ -181,11 +182,13 @@ def messages_of(
     for item, origin in zip(items, origins, strict=True):
         kind = item["type"]
         last = messages[-1] if messages else {}
-        if kind == "message" and item["role"] == "assistant" and last.get("tool_calls") and last["content"] is None:
-            # text the model wrote after its calls: a stream lists it after them, the whole answer before them; one
-            # turn either way (a second assistant message was another prompt, and the cache missed from there)
-            last["content"] = item["content"] or None
-            sources[-1][0] = origin
+        if kind == "message" and item["role"] == "assistant" and last.get("tool_calls"):
+            # text the model wrote after its calls: a stream lists it after them (and what it wrote before them in an
+            # item of its own), the whole answer all of it, joined, before them; one turn either way (a second
+            # assistant message was another prompt, and the cache missed from there)
+            if last["content"] is None:
+                sources[-1][0] = origin
+            last["content"] = ((last["content"] or "") + item["content"]) or None
         elif kind == "message":
             messages.append({"role": item["role"], "content": item["content"]})
             sources.append([origin])

@@ -141,6 +141,11 @@ def test_text_after_calls_joins_their_turn_as_in_the_whole_answers_order() -> No
     assert whole_sources == [["input.0"], ["input.1", "input.2"], ["input.3"]]
     assert streamed_sources == [["input.0"], ["input.2", "input.1"], ["input.3"]]  # the text's item, then the call's
     assert renamed(APIError(400, "bad", param="messages.1.content"), streamed_sources).param == "input.2.content"
+    # text the model wrote on both sides of its call: the stream's two messages are the whole answer's one
+    before = {**text, "id": "msg_0", "content": [{"type": "output_text", "text": "on"}]}
+    after = {**text, "content": [{"type": "output_text", "text": "ce"}]}
+    both = {**text, "content": [{"type": "output_text", "text": "once"}]}
+    assert conversation([before, call, after])[0] == conversation([both, call])[0]
 
 
 @pytest.mark.parametrize(

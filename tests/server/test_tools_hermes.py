@@ -6,6 +6,7 @@ agent loop caches each previous prompt and output in whole pages."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from typing import Any
 
@@ -83,3 +84,37 @@ def test_an_agent_loop_caches_each_previous_prompt_and_output(client) -> None:
             {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in message.tool_calls]}
         )
         messages += [{"role": "tool", "tool_call_id": c.id, "content": f"ok {step}"} for c in message.tool_calls]
+
+
+def test_text_on_both_sides_of_a_call_replayed_in_a_streams_order_hits_the_cache(client) -> None:
+    """A Responses stream lists a reply's items as the model wrote them: text, the call, more text (each text an
+    item of its own), where the whole answer holds one message of both texts, then the call. Replayed in the
+    stream's order, the text after the call was a second assistant message: another prompt than the one the model
+    wrote, which the cache missed from that turn on (a reply forced here by a regex on the chat endpoint)."""
+    system, ask = "Use the tools (text both sides).", "What time is it?"
+    written = 'Checking.<tool_call>{"name": "now", "arguments": {}}</tool_call> Done.'
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": ask}],
+        tools=TOOLS,
+        max_tokens=200,
+        extra_body={"regex": re.escape(written)},
+    )
+    (call,) = r.choices[0].message.tool_calls
+    assert r.choices[0].message.content == "Checking.Done." and call.function.name == "now"
+    previous = r.usage.prompt_tokens + r.usage.completion_tokens
+
+    def said(text: str) -> dict[str, Any]:
+        return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+
+    item = {"type": "function_call", "call_id": call.id, "name": "now", "arguments": call.function.arguments}
+    answer = {"type": "function_call_output", "call_id": call.id, "output": "12:00"}
+    streamed = [{"role": "user", "content": ask}, said("Checking."), item, said("Done."), answer]
+    follow = client.responses.create(
+        model="tiny",
+        instructions=system,
+        input=streamed,
+        tools=[{"type": "function", **t["function"]} for t in TOOLS],
+        max_output_tokens=1,
+    )
+    assert follow.usage.input_tokens_details.cached_tokens >= (previous - 1) // PAGE * PAGE, follow.usage
