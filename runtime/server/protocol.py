@@ -308,8 +308,9 @@ class CompletionRequest(_Common):
 
 
 def _path(loc: Any) -> str | None:
-    """A field's path from an error location: "body" and the union branch tags ("constrained-str",
-    "list[int]", ...) dropped, list indices kept ("messages.0.role")."""
+    """A field's path from an error location: "body", a query parameter's "query" and the union branch tags
+    ("constrained-str", "list[int]", ...) dropped, list indices kept ("messages.0.role", "limit")."""
+    loc = tuple(loc)[1:] if tuple(loc)[:1] == ("query",) else loc
     keep = [str(p) for p in loc if p != "body" and not (isinstance(p, str) and _UNION_TAG.fullmatch(p))]
     return ".".join(keep) or None
 

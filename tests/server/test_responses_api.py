@@ -310,7 +310,8 @@ def test_input_items_lists_the_conversation_a_response_answered_in_pages(tools_c
     assert (listed[2].id, listed[2].output) == ("fco_mine", "5")
     page = tools_client.responses.input_items.list(follow.id, limit=1)  # OpenAI's default order: the latest first
     assert page.data[0].id == "fco_mine" and page.has_more and page.first_id == page.last_id == "fco_mine"
-    bad = httpx.get(tiny_tools_server.v1 + f"/responses/{follow.id}/input_items", params={"limit": 0}, timeout=10)
-    assert bad.status_code == 400
+    for query, param in (({"limit": 0}, "limit"), ({"order": "up"}, "order"), ({"after": "x" * 300}, "after")):
+        bad = httpx.get(tiny_tools_server.v1 + f"/responses/{follow.id}/input_items", params=query, timeout=10)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text  # OpenAI's: the name
     with pytest.raises(openai.NotFoundError):
         tools_client.responses.input_items.list("resp_unknown")
