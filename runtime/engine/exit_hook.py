@@ -8,13 +8,16 @@ writes finished and its trace recording closed: Engine.close), then every engine
 but whose thread still runs is stopped (EngineLoop.stop). All of it waits at most `EXIT_WAIT_S` seconds in total,
 so that an exit never hangs on a step that does not end.
 
-Both are held weakly: tracking an engine never keeps it (its pool, its model) alive.
+Both are held weakly: tracking an engine never keeps it (its pool, its model) alive. A child made by `os.fork`
+forgets them: the engines it inherited have no loop thread there (their state says one runs, and a close would
+wait for it for ever), and they are its parent's to close.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 import weakref
@@ -38,6 +41,17 @@ def stop_at_exit(engine: Any, loop: Any) -> None:
         if not _registered:
             atexit.register(stop_all)
             _registered = True
+
+
+def _forget_in_child() -> None:
+    """After `os.fork`, in the child: the parent's engines are not this process's to stop (the lock too may have
+    been held by another thread as the process forked)."""
+    global _engines, _loops, _lock
+    _engines, _loops, _lock = weakref.WeakSet(), weakref.WeakSet(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def stop_all(wait_s: float = EXIT_WAIT_S) -> None:

@@ -5,6 +5,7 @@ stopped at exit (engine.exit_hook): their threads have left before the interpret
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -51,6 +52,44 @@ def test_an_engine_generating_at_interpreter_exit_is_stopped_before_the_interpre
     last = run.stdout.strip().splitlines()[-1]
     assert last.startswith("loop threads at exit: 0 "), run.stdout + run.stderr[-2000:]
     assert last.endswith(" cancelled"), last  # it was still generating: the exit cancelled it
+
+
+FORK_SCRIPT = """
+import os, signal, sys, time
+
+from radixcache.runtime import Engine
+from radixcache.runtime.testing import tiny_model
+
+engine = Engine(tiny_model(seed=1, max_position=40_000), capacity_blocks=2600, page_size=16, threads=1)
+handle = engine.submit([1, 2, 3, 4, 5], 30_000, ignore_eos=True)
+while not handle.request.output_ids:  # generating now
+    time.sleep(0.01)
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # the child exits normally: its atexit hooks run
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child exited", os.waitstatus_to_exitcode(status), flush=True)
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    print("child hung", flush=True)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+def test_a_forked_child_exits_without_closing_the_engines_it_inherited(tmp_path: Path) -> None:
+    """The child of os.fork inherits its parent's engines but none of their loop threads: closing them at its exit
+    waited for a thread that its state said ran, for ever (a spinning child)."""
+    script = tmp_path / "fork_while_generating.py"
+    script.write_text(textwrap.dedent(FORK_SCRIPT))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "child exited 0", run.stdout + run.stderr[-2000:]
 
 
 class RecordingTiers:
