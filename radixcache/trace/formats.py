@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from radixcache.trace.errors import TraceError
+from radixcache.trace.jsonl import BOM
 from radixcache.trace.mooncake import iter_mooncake
 from radixcache.trace.text import iter_conversations, iter_openai, iter_sharegpt
 from radixcache.trace.token_trace import iter_token_jsonl, iter_token_msgpack
@@ -56,7 +57,7 @@ def detect_format(path: str | Path) -> str:
         raise TraceError(name, "open", exc.strerror or str(exc)) from None
     if head[:1] and (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)):
         return TOKEN_MSGPACK  # a msgpack map header: a fixmap (0 to 15 keys: a record has up to 7), map16 or map32
-    text = head.decode("utf-8", errors="replace").lstrip()
+    text = head.removeprefix(BOM).decode("utf-8", errors="replace").lstrip()
     if text.startswith("["):
         return SHAREGPT
     first_line = next((line for line in _lines(path) if line.strip()), None)
@@ -103,5 +104,5 @@ def read_trace(path: str | Path, format: str | None = None, *, block_size: int |
 
 
 def _lines(path: str | Path) -> Iterator[str]:
-    with open(path, encoding="utf-8", errors="replace") as handle:
+    with open(path, encoding="utf-8-sig", errors="replace") as handle:
         yield from handle

@@ -80,7 +80,7 @@ def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:
     except OSError as exc:
         raise TraceError(name, "open", exc.strerror or str(exc)) from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a leading byte order mark skipped, as open_trace does
     except UnicodeDecodeError as exc:
         line = str(raw.count(b"\n", 0, exc.start) + 1)
         raise TraceError(name, line, f"not UTF-8 text ({exc.reason})") from None
@@ -111,12 +111,20 @@ def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:
             raise TraceError(name, str(_line_of(text, pos)), "expected ',' or ']' in the JSON array")
 
 
-def open_trace(path: str | Path, mode: str) -> IO[Any]:
-    """Open a trace file for reading ("r" text, "rb" bytes); a missing file raises TraceError."""
+BOM = b"\xef\xbb\xbf"  # the UTF-8 byte order mark some editors and Windows tools start a text file with
+
+
+def open_trace(path: str | Path, mode: str, *, text: bool = True) -> IO[Any]:
+    """Open a trace file for reading ("r" text, "rb" bytes); a missing file raises TraceError. A text file's leading
+    UTF-8 byte order mark is skipped (JSON allows a parser to ignore it; every line was refused); `text=False` for a
+    binary stream, which is read as it is."""
     try:
         if mode == "rb":
-            return open(path, "rb")
-        return open(path, encoding="utf-8")
+            handle = open(path, "rb")  # noqa: SIM115 (returned: the caller's `with` closes it)
+            if text and handle.peek(len(BOM))[: len(BOM)] == BOM:
+                handle.read(len(BOM))
+            return handle
+        return open(path, encoding="utf-8-sig" if text else "utf-8")
     except OSError as exc:
         raise TraceError(str(path), "open", exc.strerror or str(exc)) from None
 

@@ -236,7 +236,7 @@ def _written(request: object, path: str | Path, index: int) -> dict[str, Any]:
 def iter_token_msgpack(path: str | Path) -> Iterator[TokenRequest]:
     """Read a stream of msgpack maps. A stream that ends inside a record raises TraceError, never stops short."""
     name = str(path)
-    with open_trace(path, "rb") as handle:
+    with open_trace(path, "rb", text=False) as handle:
         read = _CountedReader(handle)  # the bytes the stream held: a pipe has no size to stat (it read as 0)
         unpacker = msgpack.Unpacker(read, raw=False, strict_map_key=False)
         index = 0
