@@ -144,17 +144,19 @@ class TieredCache:
         raises discards the pages it was for (their slots hold no page's bytes) and returns 0: never raises."""
         assert self.host is not None
         new_hashes, new_blocks, new_slots = [], [], []
-        for page_hash, block in zip(hashes, blocks, strict=True):
+        # Stored tail first: the head is the newest, so the LRU takes a run's later pages first (a tail without its
+        # head is never found), and a batch larger than the tier's free room keeps its head.
+        for page_hash, block in zip(reversed(hashes), reversed(blocks), strict=True):
             placed = self.host.store(page_hash)
             if placed is not None and placed[1]:
                 new_hashes.append(page_hash)
                 new_blocks.append(block)
                 new_slots.append(placed[0])
-        # A batch larger than the tier's free room evicted its own first pages to place the later ones: copy only the
-        # pages still stored, so that no slot is written twice in one copy (whose order is then undefined).
-        kept = [i for i, page_hash in enumerate(new_hashes) if page_hash in self.host]
-        if len(kept) < len(new_hashes):
-            new_hashes, new_blocks, new_slots = ([xs[i] for i in kept] for xs in (new_hashes, new_blocks, new_slots))
+        # A batch larger than the tier's free room evicted its own first stored pages to place the later ones: copy only
+        # the pages still stored (in page order), so that no slot is written twice in one copy (whose order is then
+        # undefined).
+        kept = [i for i in reversed(range(len(new_hashes))) if new_hashes[i] in self.host]
+        new_hashes, new_blocks, new_slots = ([xs[i] for i in kept] for xs in (new_hashes, new_blocks, new_slots))
         if new_blocks and self.copy_to_host is not None:
             try:
                 self.copy_to_host(new_blocks, new_slots)
