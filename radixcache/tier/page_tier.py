@@ -131,10 +131,11 @@ class PageTier:
             self._locks[h] = count + 1
 
     def unlock(self, hashes: Sequence[bytes]) -> None:
-        """Undo one `lock` of each page. Raises LockError, changing nothing, if one is not locked."""
+        """Undo one `lock` of each page; a page no longer locked is the most recently used (it was just read), the
+        first last (`touch`). Raises LockError, changing nothing, if one is not locked."""
         if any(self._locks.get(h, 0) < n for h, n in Counter(hashes).items()):
             raise LockError(f"{self.name} tier: unlock of a page that is not locked (as often)")
-        for h in hashes:
+        for h in reversed(hashes):
             count = self._locks[h] - 1
             if count:
                 self._locks[h] = count

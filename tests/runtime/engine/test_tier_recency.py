@@ -122,3 +122,17 @@ def test_a_run_read_off_the_disk_keeps_its_head_at_the_size_limit(model: RandomM
         got = third.generate(run, 1)
     assert got.token_ids == want.token_ids
     assert got.cached_tokens == 8 * P  # the run's head: its last 2 pages went
+
+
+def test_pages_read_back_from_the_host_tier_keep_their_head_newest() -> None:
+    """Unlocked after their copy up, in page order: the run's head became its least recently used page again."""
+    tier = PageTier(4)
+    run = [b"a", b"b", b"c"]
+    for h in run:
+        tier.store(h)
+    tier.lock(run)
+    tier.unlock(run)
+    tier.store(b"x")
+    tier.store(b"y")  # evicts one page of the run: its tail
+    assert [h in tier for h in run] == [True, True, False]
+    tier.check_invariants()
