@@ -103,7 +103,7 @@ class _Run:
         max_position = self.engine.config.max_position
         if len(ids) >= max_position:
             message = (
-                f"conversation {session.id} turn {k + 1}: {len(ids):,} prompt tokens do not fit the model's "
+                f"{_where(session, k)}: {len(ids):,} prompt tokens do not fit the model's "
                 f"context of {max_position:,}; skipped"
             )
             return self._skip(session, k, len(ids), SKIP_TOO_LONG, message)
@@ -144,7 +144,7 @@ class _Run:
         return record
 
     def kv_full(self, session: TraceSession, k: int, prompt_tokens: int, exc: CacheFullError) -> SkippedTurn:
-        message = f"conversation {session.id} turn {k + 1}: needs more KV than the cache can free ({exc}); skipped"
+        message = f"{_where(session, k)}: needs more KV than the cache can free ({exc}); skipped"
         return self._skip(session, k, prompt_tokens, SKIP_KV_FULL, message)
 
     def _skip(self, session: TraceSession, k: int, prompt_tokens: int, reason: str, message: str) -> SkippedTurn:
@@ -167,6 +167,12 @@ class _Run:
             delay = self.t0 + offset_s - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
+
+
+def _where(session: TraceSession, k: int) -> str:
+    """How a warning names turn k: by its conversation, and a token request read from a file by its file:line too."""
+    source = session.requests[k].source if session.conversation is None else None
+    return f"conversation {session.id} turn {k + 1}" + (f" ({source})" if source else "")
 
 
 def replay(

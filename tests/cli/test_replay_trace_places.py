@@ -102,3 +102,13 @@ def test_a_long_wait_for_timestamps_is_announced_first() -> None:
     offsets = start_offsets(plan_sessions(requests), True, warnings.append)
     assert sorted(offsets.values()) == [0.0, 7200.0]
     assert warnings == ["the trace's timestamps span 2.0 hours: --honor-timestamps replays it that slowly"]
+
+
+def test_a_skipped_token_request_is_named_with_its_file_and_line(engine: Engine, tmp_path: Path) -> None:
+    path = tmp_path / "tokens.jsonl"
+    records = [RECORDS[0], {**RECORDS[1], "tokens": [5] * engine.config.max_position}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    warnings: list[str] = []
+    result = replay(engine, load_replay_trace(path), ReplayConfig(max_tokens=2), on_warning=warnings.append)
+    assert len(result.requests) == 1 and len(result.skipped) == 1
+    assert warnings[0].startswith(f"conversation u2 turn 1 ({path}:2): 4,096 prompt tokens do not fit")
