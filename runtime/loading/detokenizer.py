@@ -28,19 +28,28 @@ CONTEXT_TOKENS = 5  # prompt tokens an output is decoded after (its first token'
 
 def text_after(decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int], ids: Sequence[int]) -> str:
     """The text `ids` add after `prompt_ids`: decoded after the prompt's last `CONTEXT_TOKENS` tokens, less their
-    own text. The concatenation of an `IncrementalDetokenizer(decode, prompt_ids)`'s deltas and flush is this."""
+    own text; the concatenation of an `IncrementalDetokenizer(decode, prompt_ids)`'s deltas, fed one token at a time,
+    and its flush. A text with U+FFFD is read that way: a byte-fallback decoder (Llama 2, Mistral 7B) shows a run of
+    byte tokens that is not all UTF-8 as U+FFFD whole, so a reply cut inside a character lost every character of
+    its last run of byte tokens (a CJK reply's last sentence), which the stream had shown."""
     context = list(prompt_ids[-CONTEXT_TOKENS:]) if prompt_ids else []
-    if not context:
-        return decode(list(ids))
-    return decode(context + list(ids))[len(decode(context)) :]
+    text = decode(context + list(ids))[len(decode(context)) :] if context else decode(list(ids))
+    if REPLACEMENT not in text:
+        return text
+    detok = IncrementalDetokenizer(decode, prompt_ids)
+    for token in ids:
+        detok.add(token)
+    detok.flush()
+    return detok.text
 
 
 class IncrementalDetokenizer:
     """Feed token ids one at a time (or a few), get back the text they add.
 
     The concatenation of every `add()` and the final `flush()` equals `text_after(decode, prompt_ids, all_ids)`
-    (`decode(all_ids)` without a prompt) for tokenizers whose decode is a concatenation of per-token texts, less a
-    leading space a SentencePiece decoder drops at the start of what it decodes.
+    when the ids are added one at a time (a stream's text then adds up to its result's), and for tokenizers whose
+    decode is a concatenation of per-token texts (less a leading space a SentencePiece decoder drops at the start of
+    what it decodes) however they are added.
     """
 
     def __init__(self, decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int] = ()) -> None:

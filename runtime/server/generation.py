@@ -205,7 +205,9 @@ async def _stream_one(
         while not handle.done():
             await wake.get()
             ids = list(req.output_ids)
-            output.add([t for t in ids[decoded:] if t not in hidden])
+            for t in ids[decoded:]:  # one at a time, as the result's text reads them (loading.detokenizer)
+                if t not in hidden:
+                    output.add(t)
             decoded = len(ids)
             visible = _visible_text(output.text, stop, len(emitted))
             grew = len(visible) > len(emitted) and visible.startswith(emitted)

@@ -15,7 +15,8 @@ from tokenizers import AddedToken, decoders, models, normalizers
 from tokenizers import Tokenizer as Backend
 
 from radixcache.runtime import Engine
-from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
+from radixcache.runtime.grammar import GrammarSpec
+from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer, text_after
 from radixcache.runtime.loading.tokenizer import Tokenizer
 from radixcache.runtime.server import create_app
 from radixcache.runtime.testing import RandomModel, tiny_model
@@ -122,3 +123,47 @@ def test_the_server_keeps_the_space_whole_and_streamed(model: RandomModel) -> No
     chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
     assert "".join(c["text"] for c in chunks) == whole["text"]
     assert [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]] == [0, 6]
+
+
+def test_a_run_of_byte_tokens_cut_inside_a_character_keeps_its_characters() -> None:
+    """A byte-fallback decoder shows a run of byte tokens that is not all UTF-8 as U+FFFD whole: "中文" and one byte
+    of the next character read as seven U+FFFD, which the result's text was, while the stream had shown "中文". The
+    text is read token by token as the stream reads it, so it keeps what Python's UTF-8 decoder reads in the bytes
+    (an incomplete last character left out, a bad byte one U+FFFD), but for a bad byte that follows a character in
+    the same run, which still turns that run's part in its window into U+FFFD (the stream shows the same)."""
+    tok = llama_tokenizer()
+    prompt_ids = tok.encode(PROMPT)
+    byte = {b: tok.token_to_id(f"<0x{b:02X}>") for b in range(256)}
+    for data, tail in [("中文".encode() + b"\xe4", ""), (b"G\xe4", " Paris"), (b"\xe6\x96\x87\xad", " is")]:
+        ids = [byte[b] for b in data] + tok.encode(tail, add_special_tokens=False)[1:]  # [1:]: no lone "▁" first
+        assert "\ufffd" in tok.decode(prompt_ids + ids)[len(tok.decode(prompt_ids)) :]  # the decoder's own reading
+        detok = IncrementalDetokenizer(tok.decode, prompt_ids)
+        streamed = "".join(detok.add(t) for t in ids) + detok.flush()
+        assert text_after(tok.decode, prompt_ids, ids) == streamed
+        if tail != " is":
+            want = (data + tail.encode()).decode("utf-8", "replace") if tail else data.decode("utf-8", "ignore")
+            assert streamed == want
+        else:
+            assert streamed.startswith("文") and streamed.endswith(" is")
+
+
+def test_a_reply_cut_inside_a_character_keeps_its_characters_whole_and_streamed(model: RandomModel) -> None:
+    """Bytes the grammar forces ("中文中", nine byte tokens), cut by the length limit after seven: the result read
+    seven U+FFFD, and the stream (which showed "中文") never got its end."""
+    grammar = GrammarSpec.regex("中文中")
+    with Engine(model, capacity_blocks=128, page_size=4) as engine:
+        result = engine.generate(PROMPT, 7, grammar=grammar)
+        assert result.finish_reason == "length" and len(result.token_ids) == 7
+        assert result.text == "中文"
+
+        async def collect() -> str:
+            return "".join([d async for d in engine.stream(PROMPT, 7, grammar=grammar)])
+
+        assert asyncio.run(collect()) == result.text
+        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 7, "regex": "中文中"}
+        with TestClient(create_app(engine, "tiny")) as client:
+            whole = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+            with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        assert whole == "中文"
+        assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == whole
