@@ -160,7 +160,7 @@ class Tokenizer:
             return encode_with_known(
                 text,
                 lambda piece, first: self.encode(piece, add_special_tokens and first),
-                lambda ids: self.decode(ids, skip_special_tokens=False),
+                self._spelled,
             )
         try:
             ids = self.backend.encode(text, add_special_tokens=False).ids
@@ -173,6 +173,12 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def _spelled(self, ids: Sequence[int]) -> str:
+        """The text `ids` stand for where they follow other text (a known span's check): their bytes joined. A
+        SentencePiece decoder drops the space of the first token of what it decodes, and a reply's text (read after
+        its prompt) keeps it, so decoded alone the ids of " {" never matched their span and were encoded anew."""
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", "replace")
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)

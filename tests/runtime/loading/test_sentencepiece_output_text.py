@@ -20,6 +20,7 @@ from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer, text_
 from radixcache.runtime.loading.tokenizer import Tokenizer
 from radixcache.runtime.server import create_app
 from radixcache.runtime.testing import RandomModel, tiny_model
+from radixcache.runtime.tools.known_tokens import KnownSpan, PromptText
 
 WORDS = ["The", "capital", "of", "France", "is", "Paris", "é", "日本"]
 PROMPT = "The capital of France is"
@@ -167,3 +168,16 @@ def test_a_reply_cut_inside_a_character_keeps_its_characters_whole_and_streamed(
                 events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
         assert whole == "中文"
         assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == whole
+
+
+def test_a_reply_that_starts_with_a_space_is_replayed_as_the_tokens_the_model_wrote() -> None:
+    """A reply's text keeps the space of its first token (" Paris"), which the ids the engine remembers for it, decoded
+    alone, do not show: the known span never matched, and the next prompt encoded the text anew ("▁Paris" where the
+    model wrote "▁" then the letters), a cache miss from there on."""
+    tok = llama_tokenizer()
+    wrote = [tok.token_to_id("▁")] + [tok.token_to_id(f"<0x{b:02X}>") for b in b"Paris"]
+    text = "[INST] hi [/INST] Paris</s>"
+    start = text.index(" Paris")
+    prompt = PromptText(text, [KnownSpan(start, start + len(" Paris"), tuple(wrote))])
+    assert tok.encode(text[start : start + 6], add_special_tokens=False) != wrote  # not the canonical split
+    assert tok.encode(prompt) == tok.encode(text[:start]) + wrote + tok.encode(text[start + 6 :], False)
