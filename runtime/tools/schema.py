@@ -47,13 +47,14 @@ def _named(value: Any, walk: Callable[[Any], Any]) -> Any:
 
 
 def hoisted(tool: ToolSpec, defs: dict[str, Any]) -> Any:
-    """`tool.parameters` without its `$defs` / `definitions`, which are added to `defs` as `<tool>__<name>`; every
-    local `$ref` rewritten to point there (`#/$defs/X` and `#/definitions/X` to `#/$defs/<tool>__X`; any other
-    pointer into the parameters, `#` itself included, to a copy of them kept as `<tool>__`)."""
+    """`tool.parameters` without its `$defs` / `definitions`, which are added to `defs` as `<tool>.<name>`; every
+    local `$ref` rewritten to point there (`#/$defs/X` and `#/definitions/X` to `#/$defs/<tool>.X`; any other
+    pointer into the parameters, `#` itself included, to a copy of them kept as `<tool>`). A tool's name has no
+    ".", so no two tools' names meet (with `__`, tool "a"'s "b__c" and tool "a__b"'s "c" were one, the later kept)."""
     params = tool.parameters
     if not isinstance(params, dict):
         return params
-    prefix = f"{tool.name}__"
+    prefix = f"{tool.name}."
     local = {k: v for key in ("$defs", "definitions") for k, v in (params.get(key) or {}).items()}
     body = {k: v for k, v in params.items() if k not in ("$defs", "definitions")}
     uses_root = False
@@ -64,7 +65,7 @@ def hoisted(tool: ToolSpec, defs: dict[str, Any]) -> Any:
             if pointer.startswith("#" + key):
                 return "#/$defs/" + prefix + pointer[len(key) + 1 :]
         uses_root = True
-        return "#/$defs/" + prefix + pointer[1:]
+        return "#/$defs/" + tool.name + pointer[1:]
 
     def rewrite(node: Any) -> Any:
         if isinstance(node, list):
@@ -81,7 +82,7 @@ def hoisted(tool: ToolSpec, defs: dict[str, Any]) -> Any:
     defs.update({prefix + name: rewrite(sub) for name, sub in local.items()})
     arguments = rewrite(body)
     if uses_root:
-        defs[prefix] = arguments
+        defs[tool.name] = arguments
     return arguments
 
 

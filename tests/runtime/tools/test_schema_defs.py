@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from radixcache.runtime.grammar import GrammarSpec
 from radixcache.runtime.tools import normalize_tool_choice, normalize_tools
 from radixcache.runtime.tools.schema import one_call_schema, tool_call_schema
 
@@ -107,3 +108,21 @@ def test_a_property_named_like_a_keyword_has_its_refs_rewritten(field: str) -> N
     jsonschema.validate(_calls(("get_config", {field: "fast", "key": "k"})), schema)
     with pytest.raises(jsonschema.ValidationError):  # Mode still holds: a ref that points nowhere fails to resolve
         jsonschema.validate(_calls(("get_config", {field: "slow", "key": "k"})), schema)
+
+
+def test_definitions_of_tools_whose_names_meet_stay_apart() -> None:
+    """Definitions moved to the root as `<tool>__<name>`: tool "a"'s "b__c" and tool "a__b"'s "c" were one key, the
+    later kept, so tool a's integer took a string (the grammar forced arguments tool a refuses). Each tool's
+    definitions are checked against its own parameters here, and the whole schema compiles for the grammar."""
+    a = {"$defs": {"b__c": {"type": "integer"}}, "type": "object", "properties": {"x": {"$ref": "#/$defs/b__c"}}}
+    ab = {"$defs": {"c": {"type": "string"}}, "type": "object", "properties": {"y": {"$ref": "#/$defs/c"}}}
+    root = {"type": "object", "properties": {"z": {"$ref": "#"}}}  # refers to its own parameters
+    named = (("a", a), ("a__b", ab), ("a__", root))
+    tools = normalize_tools([{"type": "function", "function": {"name": n, "parameters": p}} for n, p in named])
+    schema = tool_call_schema(tools, normalize_tool_choice("required", tools))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(_calls(("a", {"x": 1}), ("a__b", {"y": "s"}), ("a__", {"z": {"z": {}}})), schema)
+    for bad in [("a", {"x": "s"}), ("a__b", {"y": 1}), ("a__", {"z": 1})]:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(_calls(bad), schema)
+    GrammarSpec.json_schema(schema)  # llguidance takes the keys as they are
