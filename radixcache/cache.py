@@ -20,7 +20,7 @@ from radixcache.blocks import BlockPool, as_block_ids, block_ids
 from radixcache.errors import BlockCountError, BlockStateError, CacheFullError, InvalidTokensError, RadixCacheError
 from radixcache.locking import Locking
 from radixcache.node import TreeNode, new_node_ids
-from radixcache.policy.base import EvictionPolicy
+from radixcache.policy.base import EvictionPolicy, claim
 from radixcache.policy.registry import make_policy
 from radixcache.stats import CacheStats, StatsCounter
 from radixcache.tokens import TOKEN_TYPECODE, as_token_array, check_signs, negative_token, token_view
@@ -64,6 +64,7 @@ class RadixCache(Locking):
         self.capacity_blocks = capacity_blocks
         self.page_size = page_size
         self.policy = make_policy(policy)
+        claim(self.policy)  # each cache owns its policy: one that served another carries that cache's state
         self._pool = BlockPool(capacity_blocks)
         self._uids = new_node_ids()
         self._clock = 0  # logical time: one tick per match or insert, so runs are deterministic

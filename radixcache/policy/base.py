@@ -5,6 +5,7 @@ See radixcache.policy.classic for the cache's contract and the named policies.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
@@ -49,6 +50,20 @@ class EvictionPolicy(ABC):
     def on_hit(self, node: TreeNode) -> None:  # noqa: B027 - optional hook
         """Called after a prefix match that ends in `node` (with its access time and hit count already updated),
         when `observes_hits` is set."""
+
+
+def claim(policy: EvictionPolicy) -> None:
+    """Mark `policy` as serving the cache being built; PolicyError if it served a cache before. A policy keeps what it
+    saw there (reuse's classes, keyed by that tree's clock; cost's inflation; a lease hint), so a second cache,
+    even after the first is gone, started from another run's state: the same object replayed twice gave other
+    figures than its name did, with nothing said."""
+    if getattr(policy, "_claimed", False):
+        raise PolicyError(
+            f"this {type(policy).__name__} object already served a cache and keeps what it learned there: each cache "
+            f"needs its own (pass the name {policy.name!r}, or a fresh object)"
+        )
+    with contextlib.suppress(AttributeError):  # a policy class with __slots__ cannot be marked
+        policy._claimed = True  # type: ignore[attr-defined]
 
 
 def check_parameter(where: str, value: object, low: float, *, above: bool = False, high: float = math.inf) -> None:

@@ -56,7 +56,9 @@ def simulate(
     `capacity_blocks` blocks at `policy`. Memory is the cache's (and, for a trace whose first and last timestamps
     cannot be read up front, such as msgpack, 24 bytes per request for the time windows).
 
-    `policy` may also name an offline oracle, evicting block by block after reading the trace once more:
+    `policy`: a name, or an EvictionPolicy object for this replay alone (one that served a cache before keeps what it
+    learned there, and is refused). It may also name an offline oracle, evicting block by block after reading the
+    trace once more:
     "belady" (the optimum when every page of a running request must be cached), "belady-admission" (the optimum
     when a request's pages may skip the cache: only what stays between requests is bounded) or "lru-dead" (LRU
     that knows which blocks are never read again).

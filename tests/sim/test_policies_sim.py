@@ -7,6 +7,7 @@ import pytest
 from radixcache import RadixCache
 from radixcache.errors import PolicyError
 from radixcache.policy.admission import AdmissionRequest, ReuseAdmission, make_admission
+from radixcache.policy.classic import CostAwarePolicy
 from radixcache.policy.registry import ALL_POLICIES, POLICIES, make_policy
 from radixcache.policy.reuse import ReusePolicy
 from radixcache.sim.results import BELADY, DEAD_LRU
@@ -130,3 +131,18 @@ def test_reuse_refuses_an_output_length_that_is_not_a_count(output_tokens: objec
     assert policy._expected == -1
     policy.expect(7)
     assert policy._expected == 3  # 7 tokens: bit length 3
+
+
+@pytest.mark.parametrize("policy", [ReusePolicy, CostAwarePolicy])
+def test_a_policy_object_serves_one_cache(policy: type) -> None:
+    """Regression: a policy object replayed twice kept what it learned in the first replay (reuse's classes, keyed by
+    that tree's clock, which the second tree's clock met again; cost's inflation): on the first 2,000 chat requests
+    at 300 blocks, reuse hit 470,352 tokens, then 590,528 the second time, with nothing said. The second cache
+    refuses it."""
+    w = token_workload(list(multi_turn_chat())[:600], 16)
+    given = policy()
+    assert simulate(w, 100, given).hit_tokens == simulate(w, 100, policy.name).hit_tokens
+    with pytest.raises(PolicyError, match=f"this {policy.__name__} object already served a cache"):
+        simulate(w, 100, given)
+    with pytest.raises(PolicyError, match="each cache needs its own"):
+        RadixCache(8, policy=given)
