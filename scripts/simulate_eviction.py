@@ -118,7 +118,7 @@ def markdown(rows: list[SweepRow], policies: list[str], bounds: list[str]) -> st
             out.append(
                 f"| {capacity:,} | {fraction:.0%} | "
                 + " | ".join(values)
-                + f" | {best} | {gap:.1f} pt | "
+                + f" | {best} | {'-' if gap != gap else f'{gap:.1f} pt'} | "  # no LRU column: no gap to read
                 + ("-" if closed != closed else f"{closed:.0%}")
                 + " |"
             )

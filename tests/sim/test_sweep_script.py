@@ -167,3 +167,13 @@ def test_two_traces_of_one_name_get_a_table_each(tmp_path: Path) -> None:
     assert {row["trace"] for row in rows} == {str(trace) for trace in traces}
     twice = CliRunner().invoke(main, [str(traces[0]), str(traces[0]), *args, "--out", str(tmp_path / "twice")])
     assert_refused(twice, f"{traces[0]} is given twice")
+
+
+def test_a_sweep_without_lru_leaves_the_gap_columns_empty(tmp_path: Path) -> None:
+    """Regression: without an lru column the gap to Belady was printed as 'nan pt'; it reads '-', as the share does."""
+    args = [str(tiny_trace(tmp_path)), "--policy", "lfu", "--fractions", "0.3", "--workers", "1", "--no-plot"]
+    result = CliRunner().invoke(load_script("simulate_eviction").main, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "out" / "sweep.md").read_text()
+    (row,) = [line for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert "nan" not in table and row.endswith("| lfu | - | - |")
