@@ -144,7 +144,7 @@ class CacheReplay(OneCacheReplay):
         cache, p = self.cache, self.cache.page_size
         if held:
             cache.free(held)
-        if self.expect is not None:  # every request says it before its insert, so none is left for another's
+        if self.expect is not None:  # said before its insert, and taken back after it (below)
             self.expect(output_tokens)
         pages = len(full) // p
         keep = pages
@@ -160,6 +160,10 @@ class CacheReplay(OneCacheReplay):
             cache.unlock(node)
         else:
             finish_into_tree(cache, (node, full, blocks, namespace), p)
+        if self.expect is not None:
+            # An insert that made no new leaf (every page cached, as for a recorded request whose prompt went in at its
+            # start and whose output filled no page) left it unread: the next leaf, another request's, took it.
+            self.expect(None)
         if self.bound is not None:  # the admission bound: only `bound` blocks stay between requests
             excess = cache.cached_tokens // p - self.bound
             if excess > 0:

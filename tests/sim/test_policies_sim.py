@@ -146,3 +146,26 @@ def test_a_policy_object_serves_one_cache(policy: type) -> None:
         simulate(w, 100, given)
     with pytest.raises(PolicyError, match="each cache needs its own"):
         RadixCache(8, policy=given)
+
+
+def test_reuse_hears_a_requests_output_length_for_its_own_insert_only() -> None:
+    """Regression: a recorded request whose prompt went into the tree at its start and whose output filled no page
+    inserted nothing new at its finish, so the output length it told reuse stayed unread, and the next request's
+    leaf (inserted at its start, before its own length is known: -1) took it: 4,000 tokens' bucket for a request
+    of 3. Each leaf's group has its own request's bucket, or -1."""
+    from radixcache.sim.cache_replay import CacheReplay
+    from radixcache.trace import HashRequest
+    from radixcache.trace.workload import hash_workload
+
+    requests = [
+        HashRequest(0.0, 8, 4000, (1, 2), output_hash_ids=(), finish_timestamp_ms=1.0),
+        HashRequest(2.0, 8, 3, (7, 8), output_hash_ids=(), finish_timestamp_ms=3.0),
+        HashRequest(4.0, 12, 5, (1, 2, 3), output_hash_ids=(9,)),  # no finish time: its leaf (3, 9) comes at its end
+    ]
+    workload = hash_workload(requests, 4)
+    replay = CacheReplay(workload, 10, "reuse")
+    for index, request in enumerate(workload):
+        replay.feed(index, request)
+    replay.close()
+    buckets = [group[0][0][2] for group in replay.cache.policy._groups.values()]  # each leaf's output bucket
+    assert buckets == [-1, -1, (5).bit_length()]
