@@ -93,6 +93,14 @@ class LeaseReplay(CacheReplay):
         self.ttfts.append((request.prompt_tokens - hit) * self.prefill_ms)
 
     def _complete(self, item: tuple) -> None:
+        try:
+            self._finish(item)
+        finally:
+            if self.hint is not None:  # the arriving request's own hint again, for its match and insert
+                self.hint(self._next[1])
+
+    def _finish(self, item: tuple) -> None:
+        """`item` finishes (a request before the one arriving): its insert under its own hint, then its lease."""
         key, hint = self._pending.pop(id(item[1]), (None, None))
         if self.hint is not None:
             self.hint(hint)
