@@ -67,6 +67,7 @@ class TieredReplay(OneCacheReplay):
             raise RadixCacheError(f"the offline policy {policy!r} replays the device cache alone, without tiers")
         config = tiers if tiers is not None else TierConfig()
         self.cache = RadixCache(capacity_blocks, page_size=workload.page_size, policy=make_policy(policy))
+        self.expect = getattr(self.cache.policy, "expect", None)  # a policy that learns from output lengths (reuse)
         if key is None:
             key = "hash-id" if workload.kind == "hash" and workload.page_size == 1 else "blake2b"
         self.config, self.key = config, key
@@ -111,7 +112,9 @@ class TieredReplay(OneCacheReplay):
             self.host.unlock(reading)  # type: ignore[union-attr]
         else:
             new = cache.allocate(need)
-        self.inflight.add((match.node, full, match.blocks + new, request.namespace, chain), request.finish_ms)
+        output_tokens = request.output_tokens if request.output_tokens is not None else len(request.output)
+        item = (match.node, full, match.blocks + new, request.namespace, chain, output_tokens)
+        self.inflight.add(item, request.finish_ms)
         tokens = request.prompt_tokens
         page_tokens = p * request.unit
         device_hit = min(matched_pages * page_tokens, tokens)
@@ -138,9 +141,13 @@ class TieredReplay(OneCacheReplay):
 
     def _finish(self, item: tuple) -> None:
         """Insert a finished request, hand the pages the tree adopted to the tiers, and unlock its match."""
-        node, full, blocks, namespace, chain = item
+        node, full, blocks, namespace, chain, output_tokens = item
         cache, p = self.cache, self.page_size
+        if self.expect is not None:  # as the device alone's replay tells it (CacheReplay), and takes it back after
+            self.expect(output_tokens)
         cached = cache.insert(full, blocks, namespace=namespace) // p
+        if self.expect is not None:
+            self.expect(None)
         pages = len(full) // p
         if chain is not None and pages > cached:
             self.tiered.adopted(chain.upto(full, pages)[cached:], blocks[cached:pages], full[cached * p : pages * p])
