@@ -6,9 +6,12 @@ Its configuration and cost model are radixcache.sim.tiers's; the tiers themselve
 from __future__ import annotations
 
 import time
+from array import array
+from collections.abc import Hashable
 
 from radixcache.cache import RadixCache
 from radixcache.errors import RadixCacheError
+from radixcache.page_hash import PageChain
 from radixcache.policy.base import EvictionPolicy
 from radixcache.policy.registry import make_policy
 from radixcache.sim.replay_common import (
@@ -18,6 +21,7 @@ from radixcache.sim.replay_common import (
     fit_request,
     replay_figures,
     request_tokens,
+    shared_early,
 )
 from radixcache.sim.results import ORACLE_POLICIES, SimResult
 from radixcache.sim.tiers import TIERS, LatencyDigest, TierConfig, TierResult, build_tiers
@@ -99,22 +103,34 @@ class TieredReplay(OneCacheReplay):
         match = found.device
         cache.lock(match.node)
         matched_pages = len(match.blocks)
-        full, need, _, cut = fit_request(cache, full, matched_pages)
+        full, need, room, cut = fit_request(cache, full, matched_pages)
         self.oversized += cut
         # Pages loaded land in the request's new blocks, so no more of them than it gets.
         host_found = found.host_pages
         host_pages = min(host_found, need) if self.load_host else 0
         disk_pages = max(0, min(found.lower_pages, need - host_found)) if self.load_disk else 0
+        # A request an engine recorded also held the page it was still writing, as in CacheReplay (holds_tail).
+        tail = request.holds_tail and len(full) % p == 0 and need < room
         if host_pages:  # being copied up: a write-back into the host during the allocation must not evict them
             reading = list(dict.fromkeys(found.hashes[matched_pages : matched_pages + host_pages]))
             self.host.lock(reading)  # type: ignore[union-attr]
-            new = cache.allocate(need)
+            new = cache.allocate(need + tail)
             self.host.unlock(reading)  # type: ignore[union-attr]
         else:
-            new = cache.allocate(need)
+            new = cache.allocate(need + tail)
+        held = new[-1:] if tail else None
+        if tail:
+            new = new[:-1]
+        blocks, node = match.blocks + new, match.node
+        early = shared_early(request, len(full) // p, p)
+        if early > matched_pages:  # its prompt's pages go into the tree (and the tiers) now, pinned until it ends
+            self._adopt(full[: early * p], blocks[:early], request.namespace, chain)
+            pinned = cache.lock_prefix(full, early * p, namespace=request.namespace)  # all cached: never None
+            if pinned is not None:
+                cache.unlock(match.node)
+                node = pinned
         output_tokens = request.output_tokens if request.output_tokens is not None else len(request.output)
-        item = (match.node, full, match.blocks + new, request.namespace, chain, output_tokens)
-        self.inflight.add(item, request.finish_ms)
+        self.inflight.add((node, full, blocks, request.namespace, chain, output_tokens, held), request.finish_ms)
         tokens = request.prompt_tokens
         page_tokens = p * request.unit
         device_hit = min(matched_pages * page_tokens, tokens)
@@ -141,19 +157,26 @@ class TieredReplay(OneCacheReplay):
 
     def _finish(self, item: tuple) -> None:
         """Insert a finished request, hand the pages the tree adopted to the tiers, and unlock its match."""
-        node, full, blocks, namespace, chain, output_tokens = item
+        node, full, blocks, namespace, chain, output_tokens, held = item
         cache, p = self.cache, self.page_size
+        if held is not None:
+            cache.free(held)
         if self.expect is not None:  # as the device alone's replay tells it (CacheReplay), and takes it back after
             self.expect(output_tokens)
-        cached = cache.insert(full, blocks, namespace=namespace) // p
+        self._adopt(full, blocks, namespace, chain)
         if self.expect is not None:
             self.expect(None)
-        pages = len(full) // p
-        if chain is not None and pages > cached:
-            self.tiered.adopted(chain.upto(full, pages)[cached:], blocks[cached:pages], full[cached * p : pages * p])
         if len(full) % p:
             cache.free(blocks[-1:])  # the unaligned tail page never enters the tree
         cache.unlock(node)
+
+    def _adopt(self, full: array, blocks: array, namespace: Hashable, chain: PageChain | None) -> None:
+        """Insert `full`'s pages and hand those the tree adopted to the tiers."""
+        p = self.page_size
+        cached = self.cache.insert(full, blocks, namespace=namespace) // p
+        pages = len(full) // p
+        if chain is not None and pages > cached:
+            self.tiered.adopted(chain.upto(full, pages)[cached:], blocks[cached:pages], full[cached * p : pages * p])
 
     def check_invariants(self) -> None:
         self.tiered.check_invariants()
