@@ -240,6 +240,11 @@ class ReplicaCluster:
         with self._lock:
             self.loads.finished(replica, rid)
 
+    def prefill_done(self, replica: int, rid: int) -> None:
+        """The request `rid` has its first token: its prefill leaves `replica`'s load (its decode stays)."""
+        with self._lock:
+            self.loads.prefill_done(replica, rid)
+
     def count_retry(self) -> None:
         with self._lock:
             self._retries += 1

@@ -243,6 +243,8 @@ class ClusterEngine:
                         if kind == "admitted":
                             admitted = True
                         elif kind == "tokens":
+                            if not req.output_ids:  # a first token: its prefill is computed, only decode is left
+                                cluster.prefill_done(replica, rid)
                             req.output_ids.extend(value)
                             req.logprobs.extend(extra)
                             if req.listener is not None:
