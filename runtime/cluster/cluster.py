@@ -223,8 +223,8 @@ class ReplicaCluster:
                 raise ReplicaUnavailableError("no live engine replica can take the request")
             rid = next(self._rids)
             request = replace(request, rid=rid)  # routers that remember it in flight drop it when `done(rid)`
-            replica = self.router.choose(request, candidates, self.index, self.loads)
-            matched = self.index.matched_pages(replica, request.page_keys)
+            # the route's match, not the index's: cache_aware and sglang count prefixes in flight there as cached
+            replica, matched = self.router.route(request, candidates, self.index, self.loads)
             self.loads.dispatched(replica, rid, request.uncached_tokens(matched), request.max_tokens)
             self._routed[replica] += 1
         return replica, rid

@@ -54,3 +54,21 @@ def test_a_request_past_its_first_token_counts_only_its_decode(front: tuple[Any,
     _until(lambda: handle.request.output_ids == [7])
     load = engine.cluster.loads.load(handle.request.replica)
     assert load.pending_prefill_tokens == 0 and load.pending_decode_tokens == 50 and load.running == 1
+
+
+def test_a_sample_routed_to_its_siblings_prefix_in_flight_counts_no_second_prefill(
+    front: tuple[Any, threading.Event],
+) -> None:
+    """Regression: the front door asked the router for a replica (`choose`) and then counted the prefill the index
+    alone left (`matched_pages`), not the route's: the second of n samples, sent where the first is computing the
+    prompt (cache_aware counts that prefix in flight as cached, as its pages will be), counted the whole prompt
+    again, so n samples of a new 400-token prompt weighed n prefills on their replica."""
+    engine, release = front
+    for r in (0, 1):  # both wait before their first token: neither prefill is done
+        engine.cluster.actor(r).script = lambda prompt, options: [release.wait, ("done", result_for(prompt, [7]), None)]
+    prompt = list(range(1, 401))  # 100 whole pages, none cached anywhere yet
+    first, second = engine.submit_group([prompt, prompt], 50)
+    _until(lambda: engine.cluster.loads.in_flight() == 2)
+    assert first.request.replica == second.request.replica  # the second follows the first's pages in flight
+    load = engine.cluster.loads.load(first.request.replica)
+    assert load.pending_prefill_tokens == len(prompt) and load.pending_decode_tokens == 100
