@@ -24,6 +24,7 @@ from typing import Any
 
 from radixcache import CacheStats
 from radixcache.runtime.cluster.cluster import ReplicaCluster
+from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, check_namespace, resolve_options
 from radixcache.runtime.engine.request_builder import group_prompts, token_ids
@@ -126,7 +127,7 @@ class ClusterEngine:
         if self._closed:
             raise EngineClosedError("this server is shutting down")
         opts = resolve_options(max_new_tokens, options, kwargs, "ClusterEngine.submit")
-        return self._start(self._prompt_ids(prompt), opts)
+        return self._start(self._prompt_ids(prompt, opts), opts)
 
     @staticmethod
     def _options(max_new_tokens: int | None, kwargs: dict[str, Any], caller: str) -> RequestOptions:
@@ -153,16 +154,17 @@ class ClusterEngine:
         mine = [
             opts.updated(caller="ClusterEngine.submit_group", **each[i]) if each else opts for i in range(len(prompts))
         ]
-        ids = [self._prompt_ids(p) for p in prompts]
+        ids = [self._prompt_ids(p, o) for p, o in zip(prompts, mine, strict=True)]
         return [self._start(p, o) for p, o in zip(ids, mine, strict=True)]
 
-    def _prompt_ids(self, prompt: Any) -> list[int]:
+    def _prompt_ids(self, prompt: Any, opts: RequestOptions) -> list[int]:
         """`prompt`'s token ids, checked here as the engine checks them: `list()` would take bytes or a dict for
         token ids, and a request that fails later does so in its thread, with whatever the router or the hasher
         raised."""
         ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else token_ids(prompt, "prompt")
         if not ids:
             raise ValueError("the prompt is empty")
+        check_model_limits(self.config, ids, opts.sampling)  # max_position, the vocabulary: at the call, as Engine's
         return ids
 
     def _start(self, prompt: list[int], opts: RequestOptions) -> RemoteHandle:

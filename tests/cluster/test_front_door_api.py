@@ -210,3 +210,24 @@ def test_a_request_asking_past_the_context_counts_only_what_its_replica_can_gene
         assert routed_after(front, max_new_tokens) == routed_after(reference, most)
     finally:
         reference.close()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "kwargs", "match"),
+    [
+        ([1, 2, 300], {}, r"token id 300 is outside the vocabulary \[0, 260\)"),
+        ([1, -1], {}, r"token id -1 is outside the vocabulary"),
+        ([5] * 4096, {}, "prompt of 4096 tokens leaves no room under the model's max_position 4096"),
+        ([1, 2, 3], {"logit_bias": {300: 1.0}}, r"logit_bias token id 300 is outside the vocabulary \[0, 260\)"),
+    ],
+    ids=["past-vocab", "negative", "max-position", "logit-bias"],
+)
+def test_what_the_model_cannot_take_is_refused_at_the_call(front: Any, prompt: Any, kwargs: Any, match: str) -> None:
+    """Regression: the front door sent these to a replica, whose engine refused them in the request's thread: a
+    handle came back and failed later, and submit_group had sent the group's good prompts before the bad one was
+    refused (it promises all or none, as Engine.submit_group, which refuses them at the call)."""
+    with pytest.raises(ValueError, match=match):
+        front.submit(prompt, 2, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        front.submit_group([[1, 2, 3], prompt], 2, **kwargs)
+    assert _streams(front) == [] and front.cluster.loads.in_flight() == 0

@@ -50,7 +50,7 @@ def test_a_request_past_its_first_token_counts_only_its_decode(front: tuple[Any,
     long prompt carried that prompt's prefill as pending work until the request ended (400 tokens: 1.1 s of work
     that was done), and cache_aware steered requests whose prefix it held elsewhere."""
     engine, _ = front
-    handle = engine.submit(list(range(1, 401)), 50)
+    handle = engine.submit([i % 250 + 1 for i in range(400)], 50)
     _until(lambda: handle.request.output_ids == [7])
     load = engine.cluster.loads.load(handle.request.replica)
     assert load.pending_prefill_tokens == 0 and load.pending_decode_tokens == 50 and load.running == 1
@@ -66,7 +66,7 @@ def test_a_sample_routed_to_its_siblings_prefix_in_flight_counts_no_second_prefi
     engine, release = front
     for r in (0, 1):  # both wait before their first token: neither prefill is done
         engine.cluster.actor(r).script = lambda prompt, options: [release.wait, ("done", result_for(prompt, [7]), None)]
-    prompt = list(range(1, 401))  # 100 whole pages, none cached anywhere yet
+    prompt = [i % 250 + 1 for i in range(400)]  # 100 whole pages, none cached anywhere yet
     first, second = engine.submit_group([prompt, prompt], 50)
     _until(lambda: engine.cluster.loads.in_flight() == 2)
     assert first.request.replica == second.request.replica  # the second follows the first's pages in flight
