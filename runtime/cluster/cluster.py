@@ -27,7 +27,7 @@ from typing import Any
 from radixcache.page_hash import PageHasher
 from radixcache.router import LoadTracker, RouteRequest, RouterIndex, make_router
 from radixcache.runtime.cluster.replica import EngineReplica
-from radixcache.runtime.engine.errors import ReplicaUnavailableError
+from radixcache.runtime.engine.errors import EngineDeadError, ReplicaUnavailableError
 
 log = logging.getLogger("radixcache.cluster")
 
@@ -149,6 +149,7 @@ class ReplicaCluster:
         self.loads = LoadTracker()
         self._incarnation = {r: info["incarnation"] for r, info in enumerate(infos)}
         self._alive = set(self._actors)
+        self._broken: dict[int, str | None] = {}  # replica -> the incarnation whose engine loop died (never rejoins)
         for r in self._actors:
             self.index.add_replica(r)
         self._lock = threading.Lock()  # guards index, loads, router and the routing set
@@ -204,8 +205,9 @@ class ReplicaCluster:
                 call = {**kwargs, "namespace": namespace}
                 ref = self._actors[replica].generate.remote(list(prompt_ids), max_new_tokens, call)
                 return self.ray.get(ref, timeout=self.call_timeout)
-            except self.actor_errors as exc:
-                self.mark_dead(replica, exc)
+            except (*self.actor_errors, self.ray.exceptions.RayTaskError) as exc:
+                if not self.actor_died(replica, exc):
+                    raise
                 tried.add(replica)
                 self.count_retry()
             except self.ray.exceptions.GetTimeoutError:  # alive but not answering: the client may retry (503)
@@ -251,6 +253,19 @@ class ReplicaCluster:
 
     # ------------------------------------------------------------------ membership and events
 
+    def actor_died(self, replica: int, exc: BaseException) -> bool:
+        """Whether `exc` (from `replica`) says it serves no more, and it left the routing set: its actor died, or its
+        engine loop did (EngineDeadError: an idle-looking replica failing each request at once); that actor is ended
+        for Ray to restart, and rejoins under a new incarnation only. False: an error of the request's own."""
+        if not isinstance(exc, self.actor_errors):
+            if not isinstance(getattr(exc, "cause", exc), EngineDeadError):
+                return False
+            with self._lock:
+                self._broken[replica] = self._incarnation.get(replica)
+            self.ray.kill(self._actors[replica], no_restart=False)
+        self.mark_dead(replica, exc)
+        return True
+
     def mark_dead(self, replica: int, exc: BaseException) -> None:
         """`replica` failed a call: it leaves the routing set now (index, load and router memory dropped)."""
         with self._lock:
@@ -289,7 +304,8 @@ class ReplicaCluster:
             try:
                 if not alive:
                     info = ray.get(self.control(replica, "info").remote(), timeout=1.0)
-                    self._rejoin(replica, info["incarnation"])
+                    if info["incarnation"] != self._broken.get(replica):  # not the process whose engine died
+                        self._rejoin(replica, info["incarnation"])
                     return
                 incarnation, batches = ray.get(
                     self.control(replica, "events_since").remote(last), timeout=self.call_timeout

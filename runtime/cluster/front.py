@@ -17,13 +17,13 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 from radixcache import CacheStats
 from radixcache.runtime.cluster.cluster import ReplicaCluster
+from radixcache.runtime.cluster.handles import RemoteHandle, RemoteRequest
 from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, check_namespace, resolve_options
@@ -35,45 +35,6 @@ from radixcache.runtime.tools.use import CallIds
 # The front door fails a request its replica has not admitted within the queue timeout plus this (the replica's own
 # verdict, with its wording, gets the first chance; under a starved CPU it can come back over Ray seconds late).
 ADMISSION_GRACE_S = 0.25
-
-
-@dataclass(slots=True)
-class RemoteRequest:
-    """A request in flight on a replica, as the server's streaming code reads an engine Request: the tokens so far,
-    their logprobs, a listener called as they grow, the stop ids of its sampling parameters, and the ids its tool
-    calls get (the stream's and the result's: the replica's own ids are replaced by these)."""
-
-    rid: str
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[Any] = field(default_factory=list)
-    listener: Any = None
-    sampler: Any = None
-    replica: int | None = None
-    call_ids: CallIds | None = None
-
-
-class RemoteHandle:
-    """`RequestHandle`'s shape: `future`, `result`, `done`, `cancel`, `request`, `rid`."""
-
-    def __init__(self, request: RemoteRequest, cancel: Any) -> None:
-        self.request = request
-        self.future: Future[Any] = Future()
-        self.sent_at = time.time()  # the replica's queue timeout counts from here
-        self.cancelled = False  # set before the cancel is sent: a dispatch after it cancels on the replica too
-        self._cancel = cancel
-
-    @property
-    def rid(self) -> str:
-        return self.request.rid
-
-    def result(self, timeout: float | None = None) -> Any:
-        return self.future.result(wait_bound(timeout))  # checked as RequestHandle.result checks it
-
-    def done(self) -> bool:
-        return self.future.done()
-
-    def cancel(self) -> None:
-        self._cancel(self)
 
 
 class ClusterEngine:
@@ -257,16 +218,15 @@ class ClusterEngine:
                                     raise
                         else:
                             result = self._own_calls(value, extra, req)
-                except cluster.actor_errors as exc:
-                    cluster.mark_dead(replica, exc)
+                except (*cluster.actor_errors, ray.exceptions.RayTaskError) as exc:
+                    if not cluster.actor_died(replica, exc):  # the engine refused or failed it: its own exception
+                        raise exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc from None
                     if req.output_ids:
                         raise ReplicaUnavailableError(f"the replica serving this request died: {exc}") from None
                     tried.add(replica)
                     cluster.count_retry()
                     if admitted:  # its wait in a queue had ended: the queue timeout counts from the new send
                         sent_at = time.time()
-                except ray.exceptions.RayTaskError as exc:  # the engine refused or failed it: its own exception
-                    raise exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc from None
                 finally:  # before the caller sees the result: the next turn it sends must find this one's pages
                     cluster.done(replica, rid, computed=result is not None or bool(req.output_ids) or admitted)
             handle.future.set_result(result)

@@ -1,0 +1,51 @@
+"""The front door's requests and handles (runtime.cluster.front): a request in flight on a replica, read by the server's
+streaming code as an engine Request is, and the handle a caller waits on, as an engine RequestHandle."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixcache.runtime.kv.tier.disk_writer import wait_bound
+from radixcache.runtime.tools.use import CallIds
+
+
+@dataclass(slots=True)
+class RemoteRequest:
+    """A request in flight on a replica, as the server's streaming code reads an engine Request: the tokens so far,
+    their logprobs, a listener called as they grow, the stop ids of its sampling parameters, and the ids its tool
+    calls get (the stream's and the result's: the replica's own ids are replaced by these)."""
+
+    rid: str
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+    listener: Any = None
+    sampler: Any = None
+    replica: int | None = None
+    call_ids: CallIds | None = None
+
+
+class RemoteHandle:
+    """`RequestHandle`'s shape: `future`, `result`, `done`, `cancel`, `request`, `rid`."""
+
+    def __init__(self, request: RemoteRequest, cancel: Any) -> None:
+        self.request = request
+        self.future: Future[Any] = Future()
+        self.sent_at = time.time()  # the replica's queue timeout counts from here
+        self.cancelled = False  # set before the cancel is sent: a dispatch after it cancels on the replica too
+        self._cancel = cancel
+
+    @property
+    def rid(self) -> str:
+        return self.request.rid
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.future.result(wait_bound(timeout))  # checked as RequestHandle.result checks it
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def cancel(self) -> None:
+        self._cancel(self)
