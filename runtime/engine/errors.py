@@ -58,3 +58,8 @@ class EngineDeadError(RuntimeError):
         super().__init__(f"the engine loop thread died: {type(cause).__name__}: {cause}; this engine serves no more")
         self.cause = cause
         self.__cause__ = cause
+
+    def __reduce__(self) -> tuple[type[EngineDeadError], tuple[BaseException]]:
+        # Rebuilt from its cause: the default rebuilt it from its message, a str for `cause`, and failed, so Ray could
+        # not send it from a replica (the front door got an UnserializableException, a 500).
+        return type(self), (self.cause,)

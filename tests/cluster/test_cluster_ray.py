@@ -280,3 +280,21 @@ def test_more_replicas_than_the_cluster_has_cpus_are_refused_at_once(local_ray: 
     with pytest.raises(ValueError, match="3 engine replicas of 1 CPUs each need 3 CPUs, and the Ray cluster has 2"):
         ReplicaCluster(str(tiny_dir), 3, engine_kwargs=ENGINE, cpus=1.0, poll_interval=None)
     assert ray.available_resources().get("CPU") == 2.0  # no replica was started
+
+
+def test_a_replica_whose_engine_loop_died_is_restarted_and_rejoins(local_ray: str, tiny_dir: Path) -> None:
+    """Regression: EngineDeadError could not be pickled, so a replica whose engine loop died answered every request
+    with Ray's UnserializableException (a 500), and stayed in the routing set, idle-looking, drawing requests."""
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    cluster = ReplicaCluster(str(tiny_dir), 2, router="least_loaded", engine_kwargs=ENGINE, poll_interval=0.05)
+    front = ClusterEngine(cluster, str(tiny_dir))
+    try:
+        ray.get(cluster.actor(0).__ray_call__.remote(lambda replica: replica.engine._loop._die(RuntimeError("bug"))))
+        results = [front.submit([1, 2, 3 + i], 2).result(timeout=120) for i in range(3)]
+        assert all(len(r.token_ids) == 2 for r in results)
+        assert cluster.stats().deaths == 1 and cluster.stats().retries == 1
+        _wait(lambda: cluster.alive == (0, 1))  # restarted by Ray, a new process: back in the routing set
+        assert len(ray.get(cluster.actor(0).generate.remote([4, 5, 6], 2, {})).token_ids) == 2
+    finally:
+        front.close()

@@ -60,3 +60,13 @@ def test_a_request_with_tokens_on_a_replica_whose_engine_died_fails_with_503(
         assert cluster.alive == () and cluster.loads.in_flight() == 0
     finally:
         engine.close()
+
+
+def test_engine_dead_error_survives_pickling() -> None:
+    """Regression: Ray pickles a replica's errors to send them; EngineDeadError was rebuilt from its message (a str
+    for its cause), which failed, and the front door got Ray's UnserializableException: a 500, and never a retry."""
+    import pickle
+
+    error = pickle.loads(pickle.dumps(EngineDeadError(RuntimeError("a bug in the loop"))))
+    assert type(error) is EngineDeadError and type(error.cause) is RuntimeError
+    assert str(error) == "the engine loop thread died: RuntimeError: a bug in the loop; this engine serves no more"
