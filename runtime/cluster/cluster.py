@@ -254,15 +254,16 @@ class ReplicaCluster:
     # ------------------------------------------------------------------ membership and events
 
     def actor_died(self, replica: int, exc: BaseException) -> bool:
-        """Whether `exc` (from `replica`) says it serves no more, and it left the routing set: its actor died, or its
-        engine loop did (EngineDeadError: an idle-looking replica failing each request at once); that actor is ended
-        for Ray to restart, and rejoins under a new incarnation only. False: an error of the request's own."""
+        """Whether `exc` (from `replica`) says it serves no more (it then leaves the routing set): its actor died, or
+        its engine loop did (EngineDeadError; that actor is ended for Ray to restart, to rejoin as a new process)."""
         if not isinstance(exc, self.actor_errors):
             if not isinstance(getattr(exc, "cause", exc), EngineDeadError):
                 return False
-            with self._lock:
+            with self._lock:  # one kill, by the first to see it (a second could end the restarted process)
+                first = replica in self._alive and self._broken.get(replica) != self._incarnation.get(replica)
                 self._broken[replica] = self._incarnation.get(replica)
-            self.ray.kill(self._actors[replica], no_restart=False)
+            if first:
+                self.ray.kill(self._actors[replica], no_restart=False)
         self.mark_dead(replica, exc)
         return True
 

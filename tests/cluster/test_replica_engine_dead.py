@@ -35,6 +35,8 @@ def test_a_replica_whose_engine_died_is_dropped_and_restarted(monkeypatch: pytes
         assert [r.token_ids for r in results] == [(i, i) for i in range(4)]  # each served by replica 1
         assert cluster.alive == (1,) and cluster.stats().retries == 1
         assert killed == [(broken, False)]  # ended for Ray to restart it
+        assert cluster.actor_died(0, _dead_engine([], None)[0])  # a second request's news of the same death
+        assert killed == [(broken, False)]  # ... ends nothing more (it could end the restarted process)
         cluster.poll()  # the old process still answers with its incarnation: it does not rejoin
         assert cluster.alive == (1,)
         broken.replica, broken.script = 7, echo_script  # restarted: a new incarnation ("i7"), a working engine
