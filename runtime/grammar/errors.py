@@ -11,3 +11,7 @@ class GrammarError(ValueError):
         super().__init__(f"{path}: {message}")
         self.path = path
         self.reason = message
+
+    def __reduce__(self) -> tuple[type[GrammarError], tuple[str, str]]:
+        # Rebuilt from its parts (Ray sends a replica's errors pickled): from its message, the path came twice.
+        return type(self), (self.reason, self.path)

@@ -11,3 +11,7 @@ class ToolInputError(ValueError):
         super().__init__(f"{path}: {problem}")
         self.path = path
         self.problem = problem
+
+    def __reduce__(self) -> tuple[type[ToolInputError], tuple[str, str]]:
+        # Rebuilt from its parts (Ray sends a replica's errors pickled): from its message alone it could not be.
+        return type(self), (self.path, self.problem)
