@@ -172,9 +172,28 @@ class ClusterEngine:
         return sum(self.cluster.replica_call("unpin", prompt, namespace))
 
     def flush(self, timeout: float | None = 30.0) -> bool:
-        """Each replica's queued disk writes (with --cache-dir) finish."""
-        wait_bound(timeout)  # refused here, as Engine.flush refuses it, not by each replica
-        return all(self.cluster.replica_call("flush", timeout))
+        """Each replica's queued disk writes (with --cache-dir) finish; False if one has not within `timeout`."""
+        try:
+            return all(self._each_within("flush", wait_bound(timeout)))  # a bad bound refused here, as Engine's
+        except ReplicaUnavailableError:  # still writing (or stuck) past the bound: Engine.flush's False
+            return False
+
+    def _each_within(self, method: str, bound: float | None) -> list[Any]:
+        """`method(bound)` on every live replica at once, all answered within `bound` seconds (None: call_timeout):
+        one that has not is a ReplicaUnavailableError (503); one found dead leaves the routing set."""
+        cluster = self.cluster
+        deadline = time.monotonic() + (cluster.call_timeout if bound is None else bound)
+        out = []
+        for replica, ref in [(r, cluster.control(r, method).remote(bound)) for r in cluster.alive]:
+            try:
+                out.append(cluster.ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+            except cluster.actor_errors as exc:
+                cluster.mark_dead(replica, exc)
+            except cluster.ray.exceptions.GetTimeoutError:
+                raise ReplicaUnavailableError(
+                    f"engine replica {replica} did not answer {method} within {bound} s"
+                ) from None
+        return out
 
     def record_trace(self, path: Any) -> None:
         """Recording a trace needs one engine (each replica sees only its share): refused, unless stopping one."""
@@ -323,9 +342,8 @@ class ClusterEngine:
         return rows
 
     def check(self, timeout: float | None = 30.0) -> dict[str, int]:
-        wait_bound(timeout)  # a bad bound is a ValueError, as Engine.check's is
         out: dict[str, int] = {}
-        for part in self.cluster.replica_checks():
+        for part in self._each_within("check", wait_bound(timeout)):  # a bad bound: ValueError, as Engine.check's
             for k, v in part.items():
                 out[k] = out.get(k, 0) + v
         return out

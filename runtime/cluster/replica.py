@@ -157,8 +157,8 @@ class EngineReplica:
         handle.cancel()
         return True
 
-    def check(self) -> dict[str, int]:
-        return self.engine.check()
+    def check(self, timeout: float | None = 30.0) -> dict[str, int]:
+        return self.engine.check(timeout)
 
     def unpin(self, prompt: list[int] | None, namespace: Any) -> int:
         """Engine.unpin on this replica: the pins of `prompt` in `namespace`, or every pin; how many were released."""

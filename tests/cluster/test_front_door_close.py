@@ -121,3 +121,27 @@ def test_an_interrupted_generate_cancels_its_request_on_the_replica(
     finally:
         release.set()
         front.close()
+
+
+def test_check_and_flush_answer_within_their_timeout(replicas: tuple[Any, Any]) -> None:
+    """Regression: ClusterEngine.check(timeout) and flush(timeout) checked their bound and then waited on each
+    replica in turn for up to call_timeout (600 s) each, so /health/cache behind a stuck replica hung for ten
+    minutes where an Engine's check gives up after its timeout."""
+    from radixcache.runtime.engine.errors import ReplicaUnavailableError
+
+    front, ray = replicas
+    stuck = threading.Event()
+    timer = threading.Timer(20.0, stuck.set)  # the replica answers in the end (without the fix: the test fails)
+    timer.daemon = True
+    timer.start()
+    for method in ("check", "flush"):
+        real = getattr(ray.actors[1].obj, method)
+        monkeypatched = lambda *args, real=real: (stuck.wait(), real(*args))[1]  # noqa: E731
+        setattr(ray.actors[1].obj, method, monkeypatched)
+    with pytest.raises(ReplicaUnavailableError, match=r"replica 1 did not answer check within 0\.2 s"):
+        front.check(timeout=0.2)
+    assert front.flush(timeout=0.2) is False
+    assert not stuck.is_set()  # neither waited for the stuck replica
+    stuck.set()
+    timer.cancel()
+    assert front.check(timeout=30)["capacity_blocks"] > 0 and front.flush(timeout=30) is True
