@@ -123,6 +123,7 @@ class ReplicaCluster:
 
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
+        self.router = make_router(router)  # an unknown name is refused before any replica loads its model
         if not ray.is_initialized():
             check_reachable(address)
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
@@ -144,7 +145,6 @@ class ReplicaCluster:
         self.fingerprint, self.page_size = infos[0]["fingerprint"], infos[0]["page_size"]
         self.model_name = infos[0]["model"]
         self.max_position: int = infos[0]["max_position"]
-        self.router = make_router(router)
         self.index = RouterIndex()
         self.loads = LoadTracker()
         self._incarnation = {r: info["incarnation"] for r, info in enumerate(infos)}

@@ -166,3 +166,18 @@ def test_a_cpu_share_that_is_no_number_is_refused(monkeypatch: pytest.MonkeyPatc
 
     with pytest.raises(ValueError, match=r"cpus .* must be a finite number >= 0"):
         ReplicaCluster("fake", 2, cpus=cpus, poll_interval=None)  # type: ignore[arg-type]
+
+
+def test_an_unknown_router_is_refused_before_any_replica_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the router was made after every replica had loaded its model (seconds to minutes), so a typo in
+    its name cost the whole start before the RouterError."""
+    from radixcache.router import RouterError
+
+    ray = install(monkeypatch)
+    started = []
+    monkeypatch.setattr(ray, "remote", lambda *a, **k: started.append(1))
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    with pytest.raises(RouterError, match="unknown router 'cache-aware'"):
+        ReplicaCluster("fake", 2, router="cache-aware", poll_interval=None)
+    assert started == []
