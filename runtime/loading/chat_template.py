@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -23,6 +24,9 @@ class ChatMessageError(ChatTemplateError, ToolInputError):
     """A message (or tool definition) the runtime cannot render; `path` names it (`messages[2].tool_call_id`)."""
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
 
@@ -35,8 +39,11 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     """transformers' `tojson`, its arguments in its order: `tojson(true)` is ensure_ascii, and templates pass
-    `separators=(',', ':')` for compact JSON."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    `separators=(',', ':')` for compact JSON. A lone surrogate (a call's arguments `"\\ud800"`, which json.loads
+    reads as one) stays the escape `\\ud800` as ensure_ascii writes it: written raw it is no Unicode text, and the
+    tokenizer refuses the whole prompt; JSON text holds a surrogate only inside a string, where the escape is valid."""
+    text = json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _strftime_now(fmt: str) -> str:
