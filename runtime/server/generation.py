@@ -254,6 +254,19 @@ def _raw_text(
     return text[: min(cuts)] if cuts else text
 
 
+def ends_in_text(engine: GenerationEngine, job: Job, result: GenerationResult) -> bool:
+    """Whether a reply with calls wrote text after its last call (its stream's last item is then a message, the one
+    being written if the reply was cut): its raw text parsed again, as its stream parsed it."""
+    parser = _tool_parser(job, None)
+    if parser is None or not result.tool_calls:
+        return False
+    sampling = job.options.sampling
+    hidden = set(engine.eos_token_ids) | set(sampling.stop_token_ids)
+    deltas = [*parser.feed(_raw_text(engine, result, hidden, sampling.stop)), *parser.finish()]
+    written = [d for d in deltas if "tool_calls" in d or d.get("content")]
+    return bool(written) and "tool_calls" not in written[-1]
+
+
 def shown_tokens(engine: GenerationEngine, result: GenerationResult) -> int:
     """Generated tokens whose text the caller sees: all but a final stop token."""
     n = len(result.token_ids)

@@ -11,6 +11,7 @@ request's settings are echoed as OpenAI echoes them (tools in their flat form, `
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -24,6 +25,14 @@ INCOMPLETE = ("length", "timeout")  # finish reasons of a reply cut short
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def arguments_closed(arguments: str) -> bool:
+    """Whether a call's arguments are whole (their object closed): a reply cut after them still made the call."""
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except ValueError:
+        return False
 
 
 def _tool_echo(tool: dict[str, Any]) -> dict[str, Any]:
@@ -60,15 +69,18 @@ class ResponseBuilder:
             "status": status,
         }
 
-    def output(self, result: GenerationResult) -> list[dict[str, Any]]:
-        """The items; of a reply cut short only the last is incomplete (the one being written), as streamed."""
-        status = "incomplete" if self.incomplete(result) else "completed"
+    def output(self, result: GenerationResult, ends_in_text: bool = False) -> list[dict[str, Any]]:
+        """The items; of a reply cut short only the item being written is incomplete, as streamed: the message when
+        the reply has no call or wrote text after its calls (`ends_in_text`: that text is in the one message), else
+        the last call while its arguments are open. A call whose arguments closed is complete, cut after it or not."""
+        cut = self.incomplete(result)
+        calls = result.tool_calls
         out = []
-        if result.text or not result.tool_calls:
-            out.append(self.message(result.text, "completed" if result.tool_calls else status))
-        for i, c in enumerate(result.tool_calls):
-            last = i == len(result.tool_calls) - 1
-            out.append(self.call(i, c.id, c.name, c.arguments, status if last else "completed"))
+        if result.text or not calls:
+            out.append(self.message(result.text, "incomplete" if cut and (ends_in_text or not calls) else "completed"))
+        for i, c in enumerate(calls):
+            open_ = cut and i == len(calls) - 1 and not ends_in_text and not arguments_closed(c.arguments)
+            out.append(self.call(i, c.id, c.name, c.arguments, "incomplete" if open_ else "completed"))
         return out
 
     def usage(self, result: GenerationResult) -> dict[str, Any]:
@@ -127,6 +139,6 @@ class ResponseBuilder:
             "metadata": body.metadata or {},
         }
 
-    def whole(self, result: GenerationResult) -> dict[str, Any]:
+    def whole(self, result: GenerationResult, ends_in_text: bool = False) -> dict[str, Any]:
         status = "incomplete" if self.incomplete(result) else "completed"
-        return self.response(status, self.output(result), self.usage(result))
+        return self.response(status, self.output(result, ends_in_text), self.usage(result))

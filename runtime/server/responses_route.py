@@ -132,7 +132,8 @@ def add_routes(app: FastAPI, chat: ChatPath, store: ResponseStore) -> None:
         (result,) = await _named(sources, until_disconnect(request, work))
         chat.metrics.observe(result, namespace)
         chat.metrics.requests_ok += 1
-        response = builder.whole(result)
+        cut_with_calls = builder.incomplete(result) and bool(result.tool_calls)
+        response = builder.whole(result, cut_with_calls and generation.ends_in_text(chat.engine, job, result))
         keep(response)
         return JSONResponse(response)
 

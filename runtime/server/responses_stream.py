@@ -22,7 +22,7 @@ from typing import Any
 
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.server.errors import api_error_for
-from radixcache.runtime.server.responses_output import ResponseBuilder, new_id
+from radixcache.runtime.server.responses_output import ResponseBuilder, arguments_closed, new_id
 
 
 class ResponseStream:
@@ -136,7 +136,9 @@ class ResponseStream:
         if not self.items:  # an empty reply is one empty message, as the whole answer's
             for line in self._added({**b.message("", "in_progress"), "content": []}):
                 yield line
-        for line in self._close(status):
+        last = self.open
+        closed = last is not None and last["type"] == "function_call" and arguments_closed(last["arguments"])
+        for line in self._close("completed" if closed else status):  # cut after its arguments closed: still made
             yield line
         response = b.response(status, self.items, b.usage(result))
         self.done(response)

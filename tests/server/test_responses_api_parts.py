@@ -306,3 +306,38 @@ def test_a_failure_mid_stream_is_an_error_event_then_response_failed_and_nothing
     assert [e["type"] for e in out[-2:]] == ["error", "response.failed"]
     assert out[-2]["code"] == "queue_full" and out[-1]["response"]["status"] == "failed"
     assert out[-1]["response"]["error"]["code"] == "queue_full" and stored == []
+
+
+def test_a_reply_cut_in_text_after_its_call_marks_that_text_not_the_call_incomplete() -> None:
+    """Hermes text on both sides of a call, cut at every byte: the stream (the parser's deltas) and the whole answer
+    (its calls parsed, `ends_in_text` parsing its raw text again) agree on each call's status and on whether the
+    text is incomplete: the call is complete once its arguments closed, the text once it is no longer written."""
+    from types import SimpleNamespace
+
+    from radixcache.runtime.server.generation import ends_in_text
+    from radixcache.runtime.tools import ToolCallParser, parse_tool_calls
+    from radixcache.runtime.tools.specs import normalize_tools
+    from tests.tiny_tools import TOOLS
+
+    tools = normalize_tools(TOOLS)
+    raw = 'Checking.<tool_call>{"name": "now", "arguments": {}}</tool_call> Done.'
+    closed, after = raw.index("{}}") + 2, raw.index("Done")
+    use = SimpleNamespace(tools=tools, parses_calls=True, max_calls=None)
+    job = SimpleNamespace(options=SimpleNamespace(tool_use=use, sampling=SimpleNamespace(stop=(), stop_token_ids=())))
+    job.tool_format = "hermes"
+    body = ResponsesRequest.model_validate({"model": "tiny", "input": "hi"})
+    for n in range(len("Checking.") + 1, len(raw) + 1):
+        parser = ToolCallParser(tools, "hermes", new_id=lambda: "call_1")
+        events = [Event(0, "", deltas=tuple(parser.feed(ch))) for ch in raw[:n]]
+        parsed = parse_tool_calls(raw[:n], tools, "hermes", new_id=lambda: "call_1")
+        cut = _result(parsed.content or "", "length", parsed.tool_calls)
+        events.append(Event(0, "", result=cut, deltas=tuple(parser.finish())))
+        streamed = _run(events)[0][-1]["response"]["output"]
+        engine = SimpleNamespace(eos_token_ids=(), tokenizer=SimpleNamespace(decode=lambda _ids, n=n, **_: raw[:n]))
+        whole = ResponseBuilder(body, "tiny", 10).whole(cut, ends_in_text(engine, job, cut))["output"]
+        calls = [(i["call_id"], i["status"]) for i in whole if i["type"] == "function_call"]
+        assert calls == [(i["call_id"], i["status"]) for i in streamed if i["type"] == "function_call"], n
+        assert calls == ([("call_1", "completed" if n >= closed else "incomplete")] if calls else []), n
+        texts = [i["status"] for i in whole if i["type"] == "message"]
+        assert texts == ["incomplete" if n > after or not calls else "completed"], n
+        assert [i["status"] for i in streamed if i["type"] == "message"][-1] == texts[0], n
