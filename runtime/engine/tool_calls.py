@@ -45,7 +45,7 @@ def request_grammar(options: RequestOptions, features: TemplateFeatures) -> Gram
         return _auto_with_answer(use, options.grammar, features)
     if use is None or use.choice.mode not in ("required", "function"):
         return options.grammar
-    parallel = use.parallel_tool_calls
+    parallel = not use.one_call  # a named function: one call
     if features.format == "hermes":
         grammar = hermes_tool_grammar(use.tools, use.choice, parallel_tool_calls=parallel, close=closed_objects)
         if grammar is None:

@@ -22,8 +22,9 @@ KEYWORDS = ("tools", "tool_choice", "parallel_tool_calls")
 @dataclass(frozen=True)
 class ToolUse:
     """tools: the functions, in the given order. choice: "none" (tools are shown, the output is not parsed for
-    calls), "auto" (the model chooses; calls are parsed), "required" or "function" (at least one call, of that
-    function: enforced by the grammar in the generic format). parallel_tool_calls: False allows one call at most."""
+    calls), "auto" (the model chooses; calls are parsed), "required" (at least one call) or "function" (exactly one
+    call, of that function, as OpenAI's forced function: enforced by the grammar). parallel_tool_calls: False allows
+    one call at most."""
 
     tools: tuple[ToolSpec, ...]
     choice: ToolChoice
@@ -34,10 +35,16 @@ class ToolUse:
         return self.choice.mode != "none" and bool(self.tools)
 
     @property
+    def one_call(self) -> bool:
+        """At most one call: `parallel_tool_calls` false, or a named function (OpenAI's forced function calls it
+        exactly once, whatever `parallel_tool_calls` says)."""
+        return not self.parallel_tool_calls or self.choice.mode == "function"
+
+    @property
     def max_calls(self) -> int | None:
-        """The most calls a reply may carry: 1 without parallel calls (the parser keeps the first when an
-        unconstrained "auto" model writes more), else None."""
-        return None if self.parallel_tool_calls else 1
+        """The most calls a reply may carry: 1 for `one_call` (the parser keeps the first when an unconstrained
+        "auto" model writes more), else None."""
+        return 1 if self.one_call else None
 
     @classmethod
     def of(

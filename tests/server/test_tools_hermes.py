@@ -52,6 +52,14 @@ def test_required_and_named_calls_validate(client) -> None:
             assert len(names) == 1 and (choice == "required" or names == ["add"])
 
 
+def test_a_named_choice_makes_exactly_one_call_even_with_parallel_calls(client) -> None:
+    named = {"type": "function", "function": {"name": "add"}}
+    r = _ask(client, tool_choice=named, parallel_tool_calls=True, temperature=1.0, seed=5, n=8, max_tokens=240)
+    for choice in r.choices:
+        assert choice.finish_reason == "tool_calls", choice
+        assert [name for name, _ in check_calls(choice.message.tool_calls)] == ["add"], choice.message.tool_calls
+
+
 def test_the_stream_assembles_to_the_whole_replys_calls(client, hermes) -> None:
     whole = _ask(client, tool_choice="required", temperature=0).choices[0].message
     body = {"model": "tiny", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0}

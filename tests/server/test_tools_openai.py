@@ -71,6 +71,16 @@ def test_a_named_choice_calls_that_tool_and_parallel_false_makes_one_call(tools_
         assert [name for name, _ in check_calls(r.choices[0].message.tool_calls)] == ["add"]
 
 
+def test_a_named_choice_makes_exactly_one_call_even_with_parallel_calls(tools_client) -> None:
+    """OpenAI's forced function ("Call exactly one specific function", its function-calling guide) is one call
+    with parallel_tool_calls left true too: the random model wrote 1 to 3 calls of it under a grammar of a list."""
+    named = {"type": "function", "function": {"name": "add"}}
+    r = _ask(tools_client, "named, parallel", tool_choice=named, temperature=1.0, seed=4, n=8, max_tokens=240)
+    for choice in r.choices:
+        assert choice.finish_reason == "tool_calls", choice
+        assert [name for name, _ in check_calls(choice.message.tool_calls)] == ["add"], choice.message.tool_calls
+
+
 def test_none_shows_the_tools_but_parses_no_call_and_auto_parses_what_is_there(tools_client) -> None:
     r = _ask(tools_client, "none", tool_choice="none", temperature=0, max_tokens=6)
     assert r.choices[0].message.tool_calls is None and isinstance(r.choices[0].message.content, str)
