@@ -72,14 +72,15 @@ class ResponseBuilder:
     def output(self, result: GenerationResult, ends_in_text: bool = False) -> list[dict[str, Any]]:
         """The items; of a reply cut short only the item being written is incomplete, as streamed: the message when
         the reply has no call or wrote text after its calls (`ends_in_text`: that text is in the one message), else
-        the last call while its arguments are open. A call whose arguments closed is complete, cut after it or not."""
+        the last call while its arguments are open. A call whose arguments closed is complete, cut after it or not;
+        one whose arguments a stop string cut is incomplete (no JSON to run) in a response that completed."""
         cut = self.incomplete(result)
         calls = result.tool_calls
         out = []
         if result.text or not calls:
             out.append(self.message(result.text, "incomplete" if cut and (ends_in_text or not calls) else "completed"))
         for i, c in enumerate(calls):
-            open_ = cut and i == len(calls) - 1 and not ends_in_text and not arguments_closed(c.arguments)
+            open_ = i == len(calls) - 1 and not ends_in_text and not arguments_closed(c.arguments)
             out.append(self.call(i, c.id, c.name, c.arguments, "incomplete" if open_ else "completed"))
         return out
 

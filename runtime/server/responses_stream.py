@@ -136,9 +136,10 @@ class ResponseStream:
         if not self.items:  # an empty reply is one empty message, as the whole answer's
             for line in self._added({**b.message("", "in_progress"), "content": []}):
                 yield line
-        last = self.open
-        closed = last is not None and last["type"] == "function_call" and arguments_closed(last["arguments"])
-        for line in self._close("completed" if closed else status):  # cut after its arguments closed: still made
+        last, item_status = self.open, status
+        if last is not None and last["type"] == "function_call":  # made once its arguments closed, cut after or not
+            item_status = "completed" if arguments_closed(last["arguments"]) else "incomplete"
+        for line in self._close(item_status):
             yield line
         response = b.response(status, self.items, b.usage(result))
         self.done(response)

@@ -1,6 +1,7 @@
 """A Responses reply cut by max_output_tokens after its call's arguments closed (in the closing `</tool_call>` tag
 here): the call was made, so its item is complete, in the whole answer and in the stream's final output alike (the
-whole answer marked it incomplete); a reply cut inside the arguments keeps the call incomplete in both. A named
+whole answer marked it incomplete); a reply cut inside the arguments keeps the call incomplete in both, and so does
+a stop string that cuts them (the response completed; the call was marked complete, its arguments no JSON). A named
 tool_choice on the tiny Hermes checkpoint writes one exact text, whose byte tokens cut it anywhere."""
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ def _items(output: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return [(i["type"], i["status"], i.get("name"), i.get("arguments")) for i in output]
 
 
-def _both(client: TestClient, limit: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _both(client: TestClient, limit: int, **kw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     tools = [{"type": "function", **t["function"]} for t in TOOLS]
     body = {"model": "tiny", "input": "hi", "tools": tools, "tool_choice": {"type": "function", "name": "now"}}
-    body |= {"max_output_tokens": limit, "temperature": 0}
+    body |= {"max_output_tokens": limit, "temperature": 0, **kw}
     r = client.post("/v1/responses", json=body)
     assert r.status_code == 200, r.text
     with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as s:
@@ -50,7 +51,8 @@ def _both(client: TestClient, limit: int) -> tuple[dict[str, Any], list[dict[str
 
 def test_a_call_cut_after_its_arguments_closed_is_complete_whole_and_streamed(client) -> None:
     whole, _ = _both(client, 200)
-    assert whole["status"] == "completed" and whole["usage"]["output_tokens"] == len(WRITTEN) + 1  # and EOS
+    assert whole["status"] == "completed" and whole["usage"]["output_tokens"] >= len(WRITTEN)  # (an EOS or not)
+    assert _items(whole["output"]) == [("function_call", "completed", "now", "{}")]
     closed = WRITTEN.index("{}") + 2  # the arguments' last byte
     for limit, status in ((closed - 1, "incomplete"), (closed, "completed"), (len(WRITTEN) - 1, "completed")):
         whole, streamed = _both(client, limit)
@@ -58,3 +60,9 @@ def test_a_call_cut_after_its_arguments_closed_is_complete_whole_and_streamed(cl
         expected = [("function_call", status, "now", WRITTEN[WRITTEN.index("{}") : min(limit, closed)])]
         assert _items(whole["output"]) == expected, limit
         assert _items(streamed) == _items(whole["output"]), limit
+
+
+def test_a_call_a_stop_string_cut_is_incomplete_in_a_completed_response(client) -> None:
+    whole, streamed = _both(client, 200, stop=["}}"])  # inside `{"name": "now", "arguments": {}}`
+    assert whole["status"] == "completed" and _items(whole["output"]) == [("function_call", "incomplete", "now", "{")]
+    assert _items(streamed) == _items(whole["output"])
