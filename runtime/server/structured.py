@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.grammar.schema_check import check_schema
 from radixcache.runtime.grammar.spec import GrammarSpec
+from radixcache.runtime.loading.tokenizer import lone_surrogate
 from radixcache.runtime.server import legacy
 from radixcache.runtime.server.protocol import APIError
 from radixcache.runtime.tools.errors import ToolInputError
@@ -91,8 +93,29 @@ def render_chat(engine: Any, messages: Sequence[dict[str, Any]], use: ToolUse | 
     elif use is not None:
         raise APIError(400, "this model's tokenizer cannot render tools", param="tools")
     try:
-        return render(list(messages), add_generation_prompt=True, **kw)
+        text = render(list(messages), add_generation_prompt=True, **kw)
     except ToolInputError as exc:  # a message the runtime cannot render (ChatMessageError): its path
         raise bad_request(exc) from None
     except Exception as exc:  # a template that rejects this conversation (say, roles out of order)
         raise APIError(400, f"the chat template refused these messages: {exc}", param="messages") from None
+    if (bad := lone_surrogate(text)) is not None:
+        raise _surrogate_error(messages, bad)
+    return text
+
+
+def _surrogate_error(messages: Sequence[dict[str, Any]], bad: str) -> APIError:
+    """A prompt holding a lone surrogate: the messages' strings are checked before, so it came from a call's
+    arguments whose JSON escapes one ("\\ud800"), written raw by a template that prints an argument's value (tojson
+    keeps the escape). Named by that call's path, where the tokenizer would have named nothing."""
+    param = "messages"
+    for i, m in enumerate(messages):
+        for j, call in enumerate(m.get("tool_calls") or ()):
+            arguments = call.get("function", {}).get("arguments") if isinstance(call, dict) else None
+            try:
+                decoded = json.dumps(json.loads(arguments), ensure_ascii=False) if isinstance(arguments, str) else ""
+            except (ValueError, RecursionError):
+                continue
+            if lone_surrogate(decoded) is not None and param == "messages":
+                param = f"messages.{i}.tool_calls.{j}.function.arguments"
+    message = f"{param}: the chat template wrote a lone surrogate {bad!r} (a JSON escape), which is not valid Unicode"
+    return APIError(400, message, param=param)

@@ -1,7 +1,8 @@
 """A history whose call's arguments hold an escaped lone surrogate (`{"city": "\\ud800x"}`: valid JSON a model may
 write) rendered by a template that re-dumps the arguments (Hermes' `tojson`), once the runtime's memory of the call
 is lost: the prompt keeps the escape as it was written, so the chat, legacy function_call and Responses paths
-prompt the ids of that text (and the cache holds them), where the raw surrogate made the tokenizer refuse it."""
+prompt the ids of that text (and the cache holds them), where the raw surrogate made the tokenizer refuse it. A
+template that prints an argument's value itself cannot keep it: that 400 names the call's arguments, not nothing."""
 
 from __future__ import annotations
 
@@ -93,3 +94,42 @@ def test_an_escaped_lone_surrogate_in_arguments_is_prompted_as_written(client, m
     else:
         assert usage["prompt_tokens"] == len(ids)
         assert usage["prompt_tokens_details"]["cached_tokens"] >= (len(ids) - 1) // PAGE * PAGE
+
+
+RAW_VALUES = (  # a template that prints each argument's value as text (no tojson)
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% for c in m.tool_calls or [] %}"
+    "{% for k, v in c.function.arguments.items() %}{{ k }}={{ v }} {% endfor %}{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if tools %}{% endif %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def raw_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    from tests.cli.conftest import write_tiny_checkpoint
+
+    directory = write_tiny_checkpoint(tmp_path_factory.mktemp("raw_values") / "tiny")
+    (directory / "chat_template.jinja").write_text(RAW_VALUES, encoding="utf-8")
+    engine = Engine(str(directory), capacity_blocks=256, page_size=PAGE, dtype="float64", threads=1)
+    with TestClient(create_app(engine, "tiny")) as c:
+        yield c
+    engine.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (_chat, "messages.1.tool_calls.0.function.arguments"),
+        (_legacy, "messages.1.tool_calls.0.function.arguments"),  # as the legacy path names other argument errors
+        (_responses, "input.1.arguments"),
+    ],
+    ids=["chat", "legacy", "responses"],
+)
+def test_a_template_that_prints_the_surrogate_raw_is_a_400_naming_the_arguments(raw_client, body, param) -> None:
+    responses = body is _responses
+    limit = {"max_output_tokens": 16} if responses else {"max_tokens": 1}
+    r = raw_client.post(
+        "/v1/responses" if responses else "/v1/chat/completions", json={"model": "tiny", **limit, **body()}
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and "surrogate" in error["message"], error
