@@ -262,7 +262,8 @@ def ends_in_text(engine: GenerationEngine, job: Job, result: GenerationResult) -
         return False
     sampling = job.options.sampling
     hidden = set(engine.eos_token_ids) | set(sampling.stop_token_ids)
-    deltas = [*parser.feed(_raw_text(engine, result, hidden, sampling.stop)), *parser.finish()]
+    prompt = job.prompts[0]  # a Responses request has one prompt
+    deltas = [*parser.feed(_raw_text(engine, prompt, result, hidden, sampling.stop)), *parser.finish()]
     written = [d for d in deltas if "tool_calls" in d or d.get("content")]
     return bool(written) and "tool_calls" not in written[-1]
 

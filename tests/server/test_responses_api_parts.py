@@ -324,7 +324,7 @@ def test_a_reply_cut_in_text_after_its_call_marks_that_text_not_the_call_incompl
     closed, after = raw.index("{}}") + 2, raw.index("Done")
     use = SimpleNamespace(tools=tools, parses_calls=True, max_calls=None)
     job = SimpleNamespace(options=SimpleNamespace(tool_use=use, sampling=SimpleNamespace(stop=(), stop_token_ids=())))
-    job.tool_format = "hermes"
+    job.tool_format, job.prompts = "hermes", [[]]  # no prompt: the stub decoder gives the text alone
     body = ResponsesRequest.model_validate({"model": "tiny", "input": "hi"})
     for n in range(len("Checking.") + 1, len(raw) + 1):
         parser = ToolCallParser(tools, "hermes", new_id=lambda: "call_1")
