@@ -2,7 +2,7 @@
 
 The grammar library reports an invalid schema without saying where it is; this walk finds the usual mistakes first
 (an unknown `type`, a `$ref` that points nowhere, a `required` that is not a list of names, a bad `pattern`, a
-negative length) and raises `GrammarError` with the path, e.g.
+negative length, a numeric bound past 64 bits) and raises `GrammarError` with the path, e.g.
 `response_format.json_schema.schema.properties.age.type`.
 """
 
@@ -93,10 +93,20 @@ def _check_keywords(node: dict[str, Any], path: str, root: Any) -> None:
     for key in NUMBERS:
         if key in node and (isinstance(node[key], bool) or not isinstance(node[key], (int, float))):
             raise GrammarError("must be a number", f"{path}.{key}")
+        if key in node and not _fits_64_bits(node[key]):
+            raise GrammarError("bounds must fit in 64 bits (a magnitude below 2**63)", f"{path}.{key}")
     if "pattern" in node:
         _check_regex(node["pattern"], f"{path}.pattern")
     if "$ref" in node:
         _check_ref(node["$ref"], f"{path}.$ref", root)
+
+
+def _fits_64_bits(value: float) -> bool:
+    """The library reads a bound as a 64-bit float and an integer range in 64 bits: a larger int is refused with an
+    unclear message, a range at or past -2**63 crashes the process, one past 2**63 is clamped (a wrong grammar)."""
+    if isinstance(value, int) and not -(2**63) < value < 2**63:
+        return False  # float() of a huge int overflows
+    return -(2.0**63) < float(value) < 2.0**63  # also refuses NaN and the infinities json.loads reads
 
 
 def _check_regex(pattern: Any, path: str) -> None:

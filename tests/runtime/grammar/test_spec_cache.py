@@ -40,6 +40,15 @@ def rf(schema: object, strict: bool | None = True) -> dict:
         ({"type": "object", "x-guidance": {"item_separator": "!!", "key_separator": "="}}, f"{ROOT}.x-guidance"),
         ({"properties": {"a": {"type": "array", "x-guidance": {"lenient": True}}}}, f"{ROOT}.properties.a.x-guidance"),
         ({"prefixItems": [{}], "$ref": "#/prefixItems/\u00b2"}, f"{ROOT}.$ref"),  # a digit int() cannot read
+        # bounds past 64 bits: "Value is not JSON serializable" with no path, or a crash of the process (-2**63)
+        (
+            {"properties": {"n": {"type": "integer", "minimum": 10**30, "maximum": 10**30 + 5}}},
+            f"{ROOT}.properties.n.minimum",
+        ),
+        ({"type": "integer", "minimum": -(2**63), "maximum": -(2**63) + 5}, f"{ROOT}.minimum"),
+        ({"type": "integer", "minimum": 0, "maximum": -1e19}, f"{ROOT}.maximum"),
+        ({"type": "number", "multipleOf": 10**400}, f"{ROOT}.multipleOf"),
+        ('{"type": "number", "exclusiveMaximum": Infinity}', f"{ROOT}.exclusiveMaximum"),
     ],
 )
 def test_invalid_schema_names_its_path(schema: object, path: str) -> None:
@@ -221,3 +230,10 @@ def test_a_cached_grammar_names_each_callers_own_path(tiny_compiler, tiny_tokeni
     with pytest.raises(GrammarError) as info:
         state.accept(bad)  # "b" before "a": not allowed
     assert info.value.path == "regex"
+
+
+def test_a_bound_past_64_bits_says_so_and_one_inside_compiles(tiny_compiler) -> None:
+    with pytest.raises(GrammarError, match=r"bounds must fit in 64 bits"):
+        GrammarSpec.json_schema({"type": "integer", "minimum": 10**30, "maximum": 10**30 + 5})
+    tiny_compiler.compile(GrammarSpec.json_schema({"type": "integer", "minimum": -(2**62), "maximum": 2**62}))
+    tiny_compiler.compile(GrammarSpec.json_schema({"type": "number", "minimum": -1e18, "maximum": 1.5e18}))
