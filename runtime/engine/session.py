@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from radixcache.runtime.engine.options import RequestOptions, checked_options
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.tools.messages import normalize_message, normalize_messages
+from radixcache.runtime.tools.parse import json_object
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import ChatEngine
@@ -148,13 +149,11 @@ class Session:
 
 
 def _finished(call: ToolCall) -> bool:
-    """The call's arguments are a whole JSON object. A reply cut short by its length limit leaves the last call's
-    unfinished (as OpenAI does): kept in the history, it would make every later turn's render fail. So would
-    arguments nested past what the decoder follows (a streamed call's text is not decoded as it arrives)."""
-    try:
-        return isinstance(json.loads(call.arguments), dict)
-    except (ValueError, RecursionError):
-        return False
+    """The call's arguments are a whole JSON object, by the tool-call parser's own check (RFC 8259: no NaN, which
+    json.loads reads, and a reply with such a call finishes "stop"). A reply cut short by its length limit leaves
+    the last call's unfinished (as OpenAI does): kept in the history, it would make every later turn's render fail.
+    So would arguments nested past what the decoder follows (a streamed call's text is not decoded as it arrives)."""
+    return json_object(call.arguments)
 
 
 def _json_value(value: object) -> bool:

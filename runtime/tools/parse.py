@@ -116,7 +116,7 @@ class ToolCallParser:
         calls = tuple(ToolCall(i, n, a) for i, n, a in self.calls)
         # args: still open; arguments that closed but are no JSON object (NaN, a trailing comma: an unconstrained
         # model's slip) cannot be run either
-        complete = self.state != "args" and all(_json_object(c.arguments) for c in calls)
+        complete = self.state != "args" and all(json_object(c.arguments) for c in calls)
         return ParsedOutput(content or None, calls, self.text, complete=complete, dropped_calls=self.dropped_calls)
 
     # ------------------------------------------------------------------ the machine
@@ -279,8 +279,8 @@ def _no_constant(name: str) -> None:
 _STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant)
 
 
-def _json_object(text: str) -> bool:
-    """`text` is a JSON object as RFC 8259 has it."""
+def json_object(text: str) -> bool:
+    """`text` is a JSON object as RFC 8259 has it (not NaN nor Infinity, which Python's json.loads reads)."""
     try:
         return isinstance(_STRICT_JSON.decode(text), dict)
     except (ValueError, RecursionError):

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 from radixcache.runtime import Engine
-from radixcache.runtime.grammar import GrammarError
+from radixcache.runtime.grammar import GrammarError, GrammarSpec
 from radixcache.runtime.tools import assemble
 from tests.runtime.structured.conftest import PAGE, TOOL_SCHEMAS, TOOLS
 
@@ -133,6 +133,16 @@ def test_a_session_whose_reply_is_cut_inside_a_call_goes_on(engine: Engine) -> N
     r2 = s.send("Again.", tool_choice="none", max_new_tokens=6)
     assert r2.token_ids == engine.chat(history, 6, **ONE_CALL | {"tool_choice": "none"}, seed=1).token_ids
     assert len(s.messages) == 5
+
+
+def test_a_session_drops_a_call_whose_arguments_hold_nan(engine: Engine) -> None:
+    """Arguments with NaN are no JSON to the tool-call parser (the reply finishes "stop"), but the session checked
+    them with json.loads, which reads NaN: it kept a call no client can read in its history and the next prompt."""
+    text = '{"tool_calls": [{"name": "add", "arguments": {"a": NaN, "b": 1}}]}'
+    s = engine.session(system="Use the tools.", tools=TOOLS, tool_choice="auto", max_new_tokens=80)
+    r = s.send("What is 2 + 3?", grammar=GrammarSpec.regex(re.escape(text)))
+    assert r.finish_reason == "stop" and [c.arguments for c in r.tool_calls] == ['{"a": NaN, "b": 1}'], r
+    assert s.messages[-1] == {"role": "assistant", "content": r.text}
 
 
 def test_achat_takes_tools(engine: Engine) -> None:
