@@ -202,13 +202,15 @@ def group_prompts(prompts: Any) -> list[Any]:
 
 def split_batch(prompt: Any) -> tuple[list[Any], bool]:
     """(prompts, single): a str or a sequence of ints is one prompt; a list of those is a batch. Anything else (a
-    number, None, a dict) is a ValueError saying what a prompt is."""
+    number, None, a dict) is a ValueError saying what a prompt is. A list that starts with an integer is one prompt
+    whatever follows, so that `token_ids` names a bad token by its position ([5, 6, False] was a batch whose
+    prompt 5 was refused)."""
     if isinstance(prompt, (str, torch.Tensor)):
         return [prompt], True
     if not _is_sequence(prompt):
         raise ValueError(f"a prompt must be text, token ids or a list of prompts, got {_shown(prompt)}")
     items = list(prompt)
-    if not items or all(isinstance(t, Integral) and not isinstance(t, bool) for t in items):
+    if not items or isinstance(items[0], Integral):  # a bool too: token_ids refuses it by position
         return [items], True
     return items, False
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 
 import pytest
@@ -235,6 +236,16 @@ def test_submit_group_takes_any_iterable_of_prompts_and_refuses_none_by_name(tin
     for bad in (None, 5):
         with pytest.raises(ValueError, match="a prompt must be text, token ids or a list of prompts"):
             engine.submit_group(bad, 3)  # type: ignore[arg-type]
+    assert_clean(engine)
+
+
+@pytest.mark.parametrize(("bad", "shown"), [(False, "bool False"), (None, "NoneType None"), (2.0, "float 2.0")])
+def test_a_bad_token_in_token_ids_is_named_by_its_position(tiny: RandomModel, bad: object, shown: str) -> None:
+    """[5, 6, False, 7] was read as a batch of four prompts, and the error named the first: "got int 5"."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    for call in (engine.generate, engine.submit):
+        with pytest.raises(ValueError, match=re.escape(f"prompt[2] must be a token id (an integer), got {shown}")):
+            call([5, 6, bad, 7], 3)
     assert_clean(engine)
 
 
