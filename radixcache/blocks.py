@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import operator
+import sys
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from radixcache.errors import BlockStateError
 
@@ -33,9 +34,30 @@ def as_block_ids(blocks: Iterable[int]) -> array | None:
     elif kind is not list and kind is not tuple:  # e.g. bytes, which array() would read as raw int64s
         return None
     try:
-        return array(BLOCK_TYPECODE, blocks)  # ints and objects with __index__, as operator.index takes
+        ids = array(BLOCK_TYPECODE, blocks)  # ints and objects with __index__, as operator.index takes
     except (TypeError, OverflowError, ValueError):
         return None
+    return None if kind is not array and bool_at(blocks, ids) is not None else ids  # type: ignore[arg-type]
+
+
+# The byte of each int64 that holds its lowest 8 bits: a bool converts to block 0 or 1, so only an id whose low
+# byte is 0 or 1 can be one (found at C speed in the packed bytes; about one id in 128 is then type-checked)
+_LOW_BYTE = 0 if sys.byteorder == "little" else 7
+
+
+def bool_at(blocks: Sequence[object], ids: array) -> int | None:
+    """The index of the first bool in `blocks` (a list or tuple), given `ids`, their block-id array; else None.
+    True is an int to Python (array() and operator.index take it as block 1), never a block id."""
+    low = ids.tobytes()[_LOW_BYTE::8]
+    found = None
+    for byte in (b"\x00", b"\x01"):
+        at = low.find(byte)
+        while at != -1 and (found is None or at < found):
+            if type(blocks[at]) is bool:
+                found = at
+                break
+            at = low.find(byte, at + 1)
+    return found
 
 
 class BlockPool:
@@ -214,6 +236,8 @@ class BlockPool:
 
     def normalize(self, blocks: Iterable[int], what: str) -> array:
         """Return `blocks` as a block-id array of distinct ids in [0, capacity), or raise BlockStateError."""
+        if type(blocks) is not array and type(blocks) is not list and type(blocks) is not tuple:
+            blocks = list(blocks)  # read once: a generator's bools are seen below
         try:
             ids = list(map(operator.index, blocks))
         except TypeError as exc:
@@ -221,11 +245,14 @@ class BlockPool:
         if ids and (min(ids) < 0 or max(ids) >= self.capacity):
             bad = next(b for b in ids if not 0 <= b < self.capacity)
             raise BlockStateError(f"{what}: block {bad} is outside [0, {self.capacity})")
+        arr = block_ids(ids)
+        if type(blocks) is not array and (at := bool_at(blocks, arr)) is not None:  # type: ignore[arg-type]
+            raise BlockStateError(f"{what}: block ids must be ints, not bools (blocks[{at}] is {blocks[at]!r})")
         if len(set(ids)) != len(ids):
             seen: set[int] = set()
             dup = next(b for b in ids if b in seen or seen.add(b))  # type: ignore[func-returns-value]
             raise BlockStateError(f"{what}: block {dup} appears more than once")
-        return block_ids(ids)
+        return arr
 
     def free_list(self) -> list[int]:
         """The free stack, bottom first (O(capacity): for checks)."""

@@ -1,5 +1,6 @@
 """Bools are refused as tokens: True is an int to Python, and `match_prefix([True, False])` matched (and `insert`
-stored) tokens 1 and 0. The refusal names the first bool's position, wherever it is and whatever the input's kind."""
+stored) tokens 1 and 0. The refusal names the first bool's position, wherever it is and whatever the input's kind.
+So are bools as block ids (`insert`, `free`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections import deque
 import pytest
 
 from radixcache import RadixCache
-from radixcache.errors import InvalidTokensError
+from radixcache.errors import BlockStateError, InvalidTokensError
 from radixcache.tokens import as_token_array
 
 
@@ -54,3 +55,26 @@ def test_match_prefix_and_insert_refuse_bools_and_change_nothing() -> None:
         cache.insert([1, False, 3, 4], [*blocks, *cache.allocate(1)])
     assert cache.match_prefix([1, 0]).length == 2
     assert (cache.cached_tokens, cache.stats.queries) == (before[0], before[2] + 1)
+
+
+@pytest.mark.parametrize("kind", [list, tuple, iter])
+def test_bools_are_refused_as_block_ids_and_change_nothing(kind: type) -> None:
+    """insert([1, 2], [True]) stored block 1, and free([True]) freed it: True is an int to array() and
+    operator.index. Both refuse a bool naming its position, on the fast (leased) path and the exact one."""
+    cache = RadixCache(600, page_size=2)
+    held = cache.allocate(600)
+    assert {0, 1} <= set(held)
+    before = (cache.free_blocks, cache.held_blocks, cache.cached_tokens)
+    for call, blocks in [
+        (lambda b: cache.insert([1, 2], b), [True]),
+        (lambda b: cache.insert([1, 2, 3, 4, 5, 6], b), [0, 256, False]),  # low bytes 0 that are no bool first
+        (cache.free, [1, 257, True]),
+        (cache.free, [False]),
+    ]:
+        with pytest.raises(BlockStateError, match=re.escape(f"not bools (blocks[{len(blocks) - 1}] is")):
+            call(kind(blocks))
+        assert (cache.free_blocks, cache.held_blocks, cache.cached_tokens) == before
+    assert cache.insert([1, 2, 3, 4], kind([1, 0])) == 0 and cache.cached_tokens == 4  # the ints 1 and 0 are blocks
+    cache.free(kind([256, 257]))
+    assert cache.free_blocks == 2
+    cache.check_invariants()
