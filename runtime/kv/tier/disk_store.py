@@ -209,15 +209,16 @@ class DiskStore:
         payload: Sequence[memoryview],
         head: bytearray,
         split: SplitRead = read_nofollow_split,
+        mtime_ns: int | None = None,
     ) -> dict | None:
         """`read`, with the payload read straight into `payload` (writable buffers whose lengths sum to the page's
         payload, filled in order) and the file's other bytes into `head` (grown as needed; a reader reuses one) by
         `split` (kv.tier.disk_files.read_nofollow_split's contract): no copy. Returns the page's metadata; None as
         `read` does, and also (without deleting anything) for a sound page whose payload is not that long.
-        `payload` holds garbage after a None."""
-        return self._read(page_hash, lambda path: load_page_into(path, page_hash, tokens, payload, head, split))
+        `payload` holds garbage after a None. `mtime_ns`: the mtime a hit gets (None: now; kv.tier.prefetch)."""
+        return self._read(page_hash, lambda p: load_page_into(p, page_hash, tokens, payload, head, split), mtime_ns)
 
-    def _read(self, page_hash: bytes, load: Callable[[str], T | None]) -> T | None:
+    def _read(self, page_hash: bytes, load: Callable[[str], T | None], mtime_ns: int | None = None) -> T | None:
         """The read of one page: `load(path)` reads and checks its file (raising OSError or CorruptPage, or
         returning None for a page that is sound but not what the caller can use); here the index, the counters,
         the deletion of a corrupt page and the refresh of its use."""
@@ -259,7 +260,7 @@ class DiskStore:
             self._index.touch(page_hash, entry)
             self._count["read_hits"] += 1
         with contextlib.suppress(OSError):
-            os.utime(entry.path)
+            os.utime(entry.path) if mtime_ns is None else os.utime(entry.path, ns=(mtime_ns, mtime_ns))
         return got
 
     # --------------------------------------------------------------------------------------------- writes

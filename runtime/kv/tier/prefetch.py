@@ -387,7 +387,10 @@ class PrefetchReader:
         if head is None:
             head = self._thread_buffers.head = bytearray(HEAD_BYTES)
         assert job.rows is not None
-        meta = self.disk.read_into(job.hashes[i], job.tokens[i], job.rows(i), head, self._split)
+        # Each read's mtime falls with its place in the run (the readers take pages head first): after a restart,
+        # which orders the index by mtime, a size limit deletes the run's tail first, as `refresh` orders it now.
+        stamp = job.stamp_ns - i * 1000  # 1 us apart: a file system keeping microseconds tells them apart
+        meta = self.disk.read_into(job.hashes[i], job.tokens[i], job.rows(i), head, self._split, stamp)
         # a page of another shape or dtype cannot come under one fingerprint; never use its bytes
         return meta is not None and meta.get("dtype") == str(self.dtype) and tuple(meta.get("shape", ())) == self.shape
 

@@ -4,6 +4,7 @@ threads write its fields under the reader's lock; see kv.tier.prefetch for the i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -31,6 +32,8 @@ class PrefetchJob:
         self.cancelled = False
         self.started: float | None = None  # perf_counter when queued to the readers
         self.read_seconds = 0.0  # summed over pages (the readers overlap)
+        # the mtime its pages' reads stamp, less 1 us a page: the head newest by mtime too (kv.tier.prefetch)
+        self.stamp_ns = time.time_ns()
 
     def take_buffer(self, buffer: torch.Tensor | None, staging: torch.Tensor | None) -> None:
         """The staging memory this job's pages are read into (a kept buffer and its view of them), or none."""

@@ -3,6 +3,7 @@ the device every request stays in a host tier at its size limit, and a run of pa
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from pathlib import Path
@@ -136,3 +137,29 @@ def test_pages_read_back_from_the_host_tier_keep_their_head_newest() -> None:
     tier.store(b"y")  # evicts one page of the run: its tail
     assert [h in tier for h in run] == [True, True, False]
     tier.check_invariants()
+
+
+def test_a_run_read_off_the_disk_keeps_its_head_newest_by_mtime_across_a_restart(
+    model: RandomModel, tmp_path: Path
+) -> None:
+    """Each read stamped its page's mtime with the time it was read, head first, so the head of a run just read was
+    its oldest page on disk: a restart rebuilds the index by mtime, and a smaller size limit deleted the run's head
+    first, leaving pages no prefix match reaches (0 cached tokens). A read's mtime now falls with its place in the
+    run, as the in-memory order has it (the head last)."""
+    rng = random.Random(6)
+    run = [rng.randrange(1, model.config.vocab_size) for _ in range(10 * P)]
+    kwargs = {"capacity_blocks": 400, "page_size": P, "cache_dir": tmp_path}
+    with Engine(model, **kwargs) as first:
+        want = first.generate(run, 1)
+        assert first.flush(30)
+    pages = sorted(tmp_path.rglob("*.kvpage"))
+    assert len(pages) == 10
+    page_bytes = max(p.stat().st_size for p in pages)
+    for p in pages:  # written long ago, all at once: only the read below orders them
+        os.utime(p, ns=(10**18, 10**18))
+    with Engine(model, **kwargs) as second:
+        assert second.generate(run, 1).cached_tokens == 10 * P - 1  # read off the disk
+    with Engine(model, **kwargs, cache_dir_size=6 * page_bytes) as third:
+        got = third.generate(run, 1)
+    assert got.token_ids == want.token_ids
+    assert got.cached_tokens == 6 * P  # the run's first 6 pages
