@@ -2,7 +2,7 @@
 
 The grammar library reports an invalid schema without saying where it is; this walk finds the usual mistakes first
 (an unknown `type`, a `$ref` that points nowhere, a `required` that is not a list of names, a bad `pattern`, a
-negative length, a numeric bound past 64 bits) and raises `GrammarError` with the path, e.g.
+negative length, a number past 64 bits) and raises `GrammarError` with the path, e.g.
 `response_format.json_schema.schema.properties.age.type`.
 """
 
@@ -29,6 +29,8 @@ def check_schema(schema: Any, path: str) -> None:
     if nests_deeper_than(schema, MAX_DEPTH):
         raise GrammarError(f"nests more than {MAX_DEPTH} levels of objects and arrays", path)
     _check(schema, path, schema)
+    if (where := _out_of_range(schema, path)) is not None:
+        raise GrammarError("numbers must be above -2**63, and integers fit in 64 bits", where)
 
 
 def nests_deeper_than(value: Any, limit: int) -> bool:
@@ -45,6 +47,24 @@ def nests_deeper_than(value: Any, limit: int) -> bool:
                     return True
                 stack.append((child, depth + 1))
     return False
+
+
+def _out_of_range(value: Any, path: str) -> str | None:
+    """The path of the first number in `value` (a `default`, an `enum` value: data too) the library cannot take: an
+    int past 64 bits ("Value is not JSON serializable", no path), or a number it reads as a float at or below -2**63
+    (an integer `const` or `enum` of -2**63 + 1 or -1e19 crashes the process)."""
+    stack = [(value, path)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, int) and not (-(2**63) < item < 2**64 and float(item) > -(2.0**63)):
+            return at
+        if isinstance(item, float) and item <= -(2.0**63):
+            return at
+        if isinstance(item, dict):
+            stack.extend((v, f"{at}.{k}") for k, v in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(item))))
+    return None
 
 
 def _check(node: Any, path: str, root: Any) -> None:

@@ -237,3 +237,19 @@ def test_a_bound_past_64_bits_says_so_and_one_inside_compiles(tiny_compiler) -> 
         GrammarSpec.json_schema({"type": "integer", "minimum": 10**30, "maximum": 10**30 + 5})
     tiny_compiler.compile(GrammarSpec.json_schema({"type": "integer", "minimum": -(2**62), "maximum": 2**62}))
     tiny_compiler.compile(GrammarSpec.json_schema({"type": "number", "minimum": -1e18, "maximum": 1.5e18}))
+
+
+def test_a_number_the_library_cannot_take_is_named_by_its_path(tiny_compiler) -> None:
+    """Data too (a default, an enum): an int past 64 bits was "Value is not JSON serializable" with no path, and an
+    integer const or enum value the library reads as a float at or below -2**63 crashed the process."""
+    for schema, where in [
+        ({"type": "integer", "default": 10**30}, "default"),
+        ({"properties": {"a": {"enum": [1, -(2**63) - 1]}}}, "properties.a.enum[1]"),
+        ({"const": {"x": [2**64]}}, "const.x[0]"),
+        ({"enum": [{"a": -(2**63) + 1}]}, "enum[0].a"),  # the float -2**63 to the library: a crash (segfault)
+        ({"type": "integer", "enum": [3, -1e19]}, "enum[1]"),  # a crash too
+    ]:
+        with pytest.raises(GrammarError, match=r"numbers must be above -2\*\*63, and integers fit in 64 bits") as info:
+            GrammarSpec.json_schema(schema, path=ROOT)
+        assert info.value.path == f"{ROOT}.{where}"
+    tiny_compiler.compile(GrammarSpec.json_schema({"enum": [2**64 - 1, -(2**63) + 1024, {"a": 2**62}]}))
