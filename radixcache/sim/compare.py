@@ -6,6 +6,7 @@ fed in one pass over the trace; each offline bound reads it once more for its or
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -75,7 +76,8 @@ def compare(
 ) -> list[ComparedRun]:
     """Replay `workload` under each of `policies` (each with `admission` too, when given), the offline `bounds`
     and the infinite cache; rows in that order. A `reuse` admission needs the `reuse` policy: it is run only
-    beside that one. `honor_timestamps`: the caches' clocks follow the trace's timestamps (see `simulate`)."""
+    beside that one; an AdmissionPolicy object is copied for each replay. `honor_timestamps`: the caches' clocks
+    follow the trace's timestamps (see `simulate`)."""
     clock = {"honor_timestamps": honor_timestamps}
     replays: list[tuple[str, CacheReplay]] = []
     for name in policies:
@@ -83,8 +85,11 @@ def compare(
             (name, CacheReplay(workload, capacity_blocks, name, concurrency=concurrency, windows=1, **clock))
         )
         if admission is not None and (admission != "reuse" or name == "reuse"):
+            # An admission object is copied for each replay: one shared by every policy's replay would carry what
+            # it learned (counts, classes) from one replay into the next, and no row would be that policy's alone.
+            own = admission if isinstance(admission, str) else copy.deepcopy(admission)
             replay = CacheReplay(
-                workload, capacity_blocks, name, concurrency=concurrency, windows=1, admission=admission, **clock
+                workload, capacity_blocks, name, concurrency=concurrency, windows=1, admission=own, **clock
             )
             replays.append((f"{name} + admission {replay.admission.name}", replay))  # type: ignore[union-attr]
     unbounded = InfiniteReplay(workload, concurrency=concurrency, windows=1, span=trace_span(workload))

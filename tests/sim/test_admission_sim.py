@@ -184,3 +184,29 @@ def test_a_reuse_admission_object_must_learn_from_the_caches_own_policy() -> Non
     for other in ("reuse", ReusePolicy(), "lru"):
         with pytest.raises(PolicyError, match="a ReuseAdmission learns from the cache's own ReusePolicy"):
             simulate(w, 120, other, admission=ReuseAdmission(ReusePolicy(), threshold=0.5))
+
+
+class _EveryOther(AdmissionPolicy):
+    """Stateful: admits every page of one request in two, counting the requests it has seen."""
+
+    name = "every-other"
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def decide(self, request: AdmissionRequest) -> int:
+        self.seen += 1
+        return request.total_pages if self.seen % 2 else 0
+
+
+def test_compare_gives_each_policy_its_own_admission_object() -> None:
+    """Regression: one admission object was shared by every policy's replay, so its count ran over all of them
+    together and a row was not that policy's alone. Each row must equal the policy simulated on its own."""
+    w = token_workload(multi_turn_chat(conversations=10, seed=7), page_size=4)
+    given = _EveryOther()
+    rows = {row.name: row.result for row in compare(w, 100, ["lru", "fifo"], admission=given, bounds=())}
+    for name in ("lru", "fifo"):
+        alone = simulate(w, 100, name, admission=_EveryOther())
+        row = rows[f"{name} + admission every-other"]
+        assert (row.hit_tokens, row.declined_pages) == (alone.hit_tokens, alone.declined_pages)
+    assert given.seen == 0  # the caller's object stays as it was given
