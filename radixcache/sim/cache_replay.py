@@ -29,6 +29,7 @@ from radixcache.sim.replay_common import (
     advance_to_arrival,
     finish_into_tree,
     fit_request,
+    prompt_blocks,
     replay_figures,
     request_tokens,
     shared_early,
@@ -131,7 +132,7 @@ class CacheReplay(OneCacheReplay):
             (node, full, blocks, request.namespace, matched_pages, len(prompt) // p, output_tokens, held),
             request.finish_ms,
         )
-        self.prompt_blocks += -(-len(request.prompt) // p)
+        self.prompt_blocks += prompt_blocks(request, p)
         self.hit_blocks += matched_pages
         self.timeline.add(request.timestamp_ms, request.prompt_tokens, hit)
         if self.check:

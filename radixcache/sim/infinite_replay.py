@@ -11,7 +11,7 @@ from radixcache.errors import RadixCacheError
 from radixcache.sim.infinite_ids import id_range, match_chunk
 from radixcache.sim.inflight import InFlight
 from radixcache.sim.prefixes import PrefixSet
-from radixcache.sim.replay_common import Replayable, replay_figures, shared_early
+from radixcache.sim.replay_common import Replayable, prompt_blocks, replay_figures, shared_early
 from radixcache.sim.results import SimResult
 from radixcache.sim.timeline import Timeline
 from radixcache.tokens import as_token_array
@@ -122,7 +122,7 @@ class InfiniteReplay:
             if early:  # shared while it runs (see `shared_early`)
                 self._insert(namespace, data[: early * p * _TOKEN_BYTES], 0)
             self.inflight.add((namespace, data, 0), request.finish_ms)
-        self.prompt_blocks += -(-len(request.prompt) // p)
+        self.prompt_blocks += prompt_blocks(request, p)
         self.hit_blocks += matched
         self.timeline.add(
             request.timestamp_ms, request.prompt_tokens, min(matched * p * request.unit, request.prompt_tokens)
@@ -147,7 +147,7 @@ class InfiniteReplay:
         hits, self.distinct = matched[0], self.distinct + matched[1]
         add = self.timeline.add
         for request, hit in zip(chunk, hits, strict=True):
-            self.prompt_blocks += len(request.prompt)
+            self.prompt_blocks += prompt_blocks(request, 1)
             self.hit_blocks += hit
             tokens = request.prompt_tokens
             add(request.timestamp_ms, tokens, min(hit * request.unit, tokens))

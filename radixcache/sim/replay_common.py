@@ -28,6 +28,14 @@ if TYPE_CHECKING:
 Replayable = Union[Workload, "TraceSource"]
 
 
+def prompt_blocks(request: SimRequest, page_size: int) -> int:
+    """Blocks of `request`'s prompt, its partial last page included: one that can miss, as `block_hit_rate` counts
+    it. A request an engine recorded (`holds_tail`) looks up only its prompt's whole pages, so its partial last page
+    is added here: it always misses (the engine's tree never holds it), as it can in a trace that looks it up."""
+    pages = -(-len(request.prompt) // page_size)
+    return pages + (request.holds_tail and request.prompt_tokens > pages * page_size * request.unit)
+
+
 class ReplayCounters(Protocol):
     """The counters every replay keeps, which `replay_figures` reads into a SimResult."""
 

@@ -19,6 +19,7 @@ from radixcache.sim.replay_common import (
     Replayable,
     advance_to_arrival,
     fit_request,
+    prompt_blocks,
     replay_figures,
     request_tokens,
     shared_early,
@@ -148,7 +149,7 @@ class TieredReplay(OneCacheReplay):
         self.ttft.add(prefill_s * (tokens - hit) + self.host_s * host_pages + self.disk_s * disk_pages)
         self.ttft_device_only.add(prefill_s * (tokens - device_hit))
         self.ttft_no_cache.add(prefill_s * tokens)
-        self.prompt_blocks += -(-len(request.prompt) // p)
+        self.prompt_blocks += prompt_blocks(request, p)
         self.hit_blocks += matched_pages + host_pages + disk_pages
         self.timeline.add(request.timestamp_ms, tokens, hit)
         if self.check:
