@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from radixcache.sim.compare import ComparedRun
-from radixcache.sim.results import SimReport, SimResult
+from radixcache.sim.results import IN_FLIGHT_NOTE, SimReport, SimResult
 from radixcache.sim.routing_results import RoutingResult
 
 
@@ -37,10 +37,12 @@ def print_report(trace: str, report: SimReport) -> None:
     rows: list[tuple[str, SimResult]] = [(name, r)]
     if report.infinite is not None:
         rows.append(("infinite cache", report.infinite))
+    what = "bound" if r.concurrency == 1 else "heuristic"  # with requests in flight Belady is no bound
     if report.belady_admission is not None:
-        rows.insert(1, ("belady with admission (bound)", report.belady_admission))
+        rows.insert(1, (f"belady with admission ({what})", report.belady_admission))
     if report.belady is not None:
-        rows.insert(1, ("belady, resident (bound)" if r.tiers is None else "belady (device optimum)", report.belady))
+        device = f"belady (device {'optimum' if r.concurrency == 1 else 'heuristic'})"
+        rows.insert(1, (f"belady, resident ({what})" if r.tiers is None else device, report.belady))
     for name, run in rows:
         table.add_row(
             name,
@@ -57,6 +59,8 @@ def print_report(trace: str, report: SimReport) -> None:
     console.print("hit rate per window: " + " ".join(f"{w.hit_rate:.0%}" for w in r.windows))
     if r.admission is not None:
         console.print(f"admission {r.admission}: {r.declined_pages:,} pages declined")
+    if r.concurrency > 1 and (report.belady is not None or report.belady_admission is not None):
+        console.print(f"concurrency {r.concurrency}: {IN_FLIGHT_NOTE}")
     if r.oversized_requests:
         console.print(f"{r.oversized_requests} requests were larger than the cache could free; cached in part")
 
@@ -79,7 +83,10 @@ def print_comparison(trace: str, rows: list[ComparedRun], blocks: int, concurren
             f"{r.seconds:.2f}",
             row.label if row.kind != "policy" else "online policy",
         )
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if concurrency > 1 and any(row.kind == "bound" for row in rows):
+        console.print(f"concurrency {concurrency}: {IN_FLIGHT_NOTE}")
 
 
 def print_tiers(console: Console, r: SimResult) -> None:

@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from radixcache.errors import RadixCacheError
 from radixcache.policy.registry import ALL_POLICIES
-from radixcache.sim.results import BELADY, BELADY_ADMISSION, DEAD_LRU
+from radixcache.sim.results import BELADY, BELADY_ADMISSION, DEAD_LRU, IN_FLIGHT_NOTE
 from radixcache.sim.sweep import (
     INFINITE,
     SYNTHETIC,
@@ -237,6 +237,8 @@ def main(
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out_dir / "sweep.csv")
     table = markdown(rows, names, bounds)
+    if concurrency > 1:  # the Belady columns and the gap to them are then no bound
+        table += f"\nConcurrency {concurrency}: {IN_FLIGHT_NOTE}.\n"
     (out_dir / "sweep.md").write_text(table)
     if not no_plot:
         plot(rows, names, bounds, out_dir / "sweep.png")

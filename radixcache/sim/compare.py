@@ -16,7 +16,7 @@ from radixcache.policy.registry import ALL_POLICIES
 from radixcache.sim.cache_replay import CacheReplay
 from radixcache.sim.infinite_replay import InfiniteReplay
 from radixcache.sim.replay_common import Replayable, drive, trace_span
-from radixcache.sim.results import BELADY, BELADY_ADMISSION, BOUND_LABELS, SimResult
+from radixcache.sim.results import BELADY, BELADY_ADMISSION, SimResult, bound_label
 from radixcache.sim.simulation import simulate, simulate_infinite
 
 #: the offline runs `--policies all` adds, in table order
@@ -98,7 +98,7 @@ def compare(
     rows = [ComparedRun(name, "policy", name, replay.result()) for name, replay in replays]
     for bound in bounds:
         result = simulate(workload, capacity_blocks, bound, concurrency=concurrency, windows=1, **clock)
-        rows.append(ComparedRun(bound, "bound", BOUND_LABELS[bound], result))
+        rows.append(ComparedRun(bound, "bound", bound_label(bound, concurrency), result))
     if infinite:
         result = (
             simulate_infinite(workload, concurrency=concurrency, windows=1) if unbounded.broken else unbounded.result()
