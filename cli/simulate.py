@@ -39,7 +39,9 @@ SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and
 @click.command(cls=FriendlyCommand)
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Trace format (default: detect).")
-@click.option("--policy", default="lru", show_default=True, type=click.Choice(sorted(ALL_POLICIES)))
+@click.option(  # any case, as --policies and make_policy take it; click gives the lower-case name
+    "--policy", default="lru", show_default=True, type=click.Choice(sorted(ALL_POLICIES), case_sensitive=False)
+)
 @click.option("--capacity-blocks", type=SIZE, help="Cache size in blocks (pages).")
 @click.option("--capacity-tokens", type=SIZE, help="Cache size in tokens (rounded down to blocks).")
 @click.option("--page-size", type=click.IntRange(min=1), help="Tokens per page of a token trace [default: 1].")

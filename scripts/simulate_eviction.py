@@ -202,7 +202,8 @@ def main(
     Example:
       .venv/bin/python scripts/simulate_eviction.py ../shared/traces/mooncake_synthetic_trace.jsonl synthetic:chat
     """
-    names = list(policies) or sorted(ALL_POLICIES)
+    # Any case, as simulate's --policies and make_policy take it: one column per policy, named in lower case.
+    names = list(dict.fromkeys(p.lower() for p in policies)) or sorted(ALL_POLICIES)
     unknown = [p for p in names if p not in ALL_POLICIES]
     if unknown:
         raise click.BadParameter(f"unknown policy {unknown[0]!r}; choose from {', '.join(sorted(ALL_POLICIES))}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import random
 import sys
 from collections.abc import Iterable
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from radixcache.cli.main import main as cli
 from radixcache.sim.sweep import CellRunner, SweepCell, SweepRow, load_trace, run_cell, run_cells_in_processes
 from radixcache.trace import write_token_jsonl
 from radixcache.trace.records import TokenRequest
@@ -177,3 +179,27 @@ def test_a_sweep_without_lru_leaves_the_gap_columns_empty(tmp_path: Path) -> Non
     table = (tmp_path / "out" / "sweep.md").read_text()
     (row,) = [line for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert "nan" not in table and row.endswith("| lfu | - | - |")
+
+
+def test_policy_names_are_taken_in_any_case(tmp_path: Path) -> None:
+    """Regression: --policy was case-sensitive in the sweep and in `radixcache simulate` ('LFU' refused), while
+    --policies and make_policy take any case. Each gives what the lower-case name gives."""
+    trace = tiny_trace(tmp_path)
+    args = ["--fractions", "0.3", "--page-size", "2", "--workers", "1", "--no-plot"]
+    sweep = load_script("simulate_eviction").main
+    tables = []
+    for name, spelled in (("lower", ["lfu"]), ("upper", ["LFU", "Lfu"])):
+        policies = [arg for policy in spelled for arg in ("--policy", policy)]
+        result = CliRunner().invoke(sweep, [str(trace), *policies, *args, "--out", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+        tables.append((tmp_path / name / "sweep.md").read_text())
+    assert tables[0] == tables[1]
+    common = ["simulate", str(trace), "--capacity-blocks", "6", "--page-size", "2", "--json"]
+    lower, upper = (CliRunner().invoke(cli, [*common, "--policy", name]) for name in ("lfu", "LFU"))
+    assert upper.exit_code == 0, upper.output
+    assert _figures(upper.stdout) == _figures(lower.stdout)
+
+
+def _figures(out: str) -> tuple:
+    report = json.loads(out)
+    return report["policy"], report["hit_tokens"], report["evicted_blocks"]
