@@ -38,7 +38,8 @@ class TieredReplay(OneCacheReplay):
     disk pages are loaded (hits of their tier) when loading is cheaper than recomputing them (TierCosts.loads), and
     otherwise recomputed (misses). The request then takes device blocks for all its pages past the device match,
     exactly as CacheReplay does (the loaded pages land in some of them), with the host pages it loads locked while
-    the allocation evicts (a write-back may store into the host). When it finishes its pages are inserted into the
+    the allocation evicts (a write-back may store into the host); then the pages it found refresh their host and
+    disk copies, the run's head last, as the engine's device hits do. When it finishes its pages are inserted into the
     tree, and the pages the tree adopts are handed to `TieredCache.adopted`: copied to the host under write_through,
     and stored in the disk (every adopted page is written through to the disk). Device evictions reach the host
     through the tree's eviction listener (write_back copies them there; the other policies refresh their copies).
@@ -122,6 +123,15 @@ class TieredReplay(OneCacheReplay):
         held = new[-1:] if tail else None
         if tail:
             new = new[:-1]
+        if self.any_tier:
+            # As the engine does (runtime/kv/manager.py): the tiers' LRUs see their own reads only, so a prefix every
+            # request hits on the device would be the first page they evict. The pages found (device, then loaded)
+            # refresh their copies, the run's head last; only the hashes the match computed (none when the device
+            # held every whole page of the prompt, which the engine does not hash at admission).
+            found_run = found.hashes[: matched_pages + host_pages + disk_pages]
+            for tier in (self.host, self.disk):
+                if tier is not None:
+                    tier.touch(found_run)
         blocks, node = match.blocks + new, match.node
         early = shared_early(request, len(full) // p, p)
         if early > matched_pages:  # its prompt's pages go into the tree (and the tiers) now, pinned until it ends

@@ -306,7 +306,7 @@ def build_tiers(
         store = disk.store
 
         def write_lower(hashes: list, blocks: list[int], tokens: Sequence[int]) -> None:
-            for h in hashes:
+            for h in reversed(hashes):  # tail first, as the engine queues a run: its head is the newest
                 store(h)
 
     tiered = SimTieredCache(

@@ -334,3 +334,21 @@ def test_cli_table_shows_the_tiers(chat_file: Path) -> None:
 def test_cli_rejects_bad_tier_flags(chat_file: Path, args: list[str], message: str) -> None:
     code, out, err = run("simulate", str(chat_file), "--capacity-blocks", "100", *args)
     assert code != 0 and out == "" and message in err
+
+
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_device_hits_refresh_the_tiers_copies_as_the_engine_does(tier: str) -> None:
+    """Regression: the simulated host and disk tiers' LRUs saw no device hit (the engine's do: a device hit
+    refreshes the copies below it, the run's head last), so the system prompt (1, 2) every request hit on the
+    device was what a full tier evicted first. Device 3 blocks, tier 5, write-through, runs stored tail first.
+    Host: (1,2,3) stores [3,2,1] (oldest first); (1,2,4): the device evicts 3, whose host copy is refreshed
+    ([2,1,3]), the hit on (1,2) refreshes it ([3,2,1]), 4 is stored ([3,2,1,4]); (1,2,5) gives [3,4,2,1,5];
+    (1,2,6) evicts 3: [4,5,2,1,6]; (7,8) takes the device (6 and 2 refreshed: [4,5,1,6,2]) and stores 8, 7 over
+    4, 5. (1,2,9) then finds 1 on the device and 2 on the host. The disk (no refresh on device evictions):
+    [3,2,1], [3,2,1,4], [3,4,2,1,5], [4,5,2,1,6], [2,1,6,8,7]: 2 on the disk. Without the refresh page 2 went
+    before pages stored after it, and the last request missed it."""
+    w = hashes((1, 2, 3), (1, 2, 4), (1, 2, 5), (1, 2, 6), (7, 8), (1, 2, 9))
+    r = tiered(w, 3, 5 if tier == "host" else None, 5 if tier == "disk" else None)
+    assert r.tiers.hit_tokens == {"device": 7 * BLOCK, tier: BLOCK}
+    assert r.tiers.loaded_blocks == {tier: 1}
+    assert r.hit_tokens == simulate(w, 3).hit_tokens + BLOCK  # the device's hits are the device alone's
