@@ -74,7 +74,7 @@ SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and
 )
 @click.option(
     "--admission",
-    type=click.Choice(sorted(ADMISSION_POLICIES)),
+    type=click.Choice(sorted(ADMISSION_POLICIES), case_sensitive=False),  # any case, as make_admission takes it
     help="Admission policy: how many of a finished request's pages the tree adopts ('reuse' needs --policy reuse) "
     "[default: adopt all].",
 )

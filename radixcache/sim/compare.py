@@ -79,6 +79,8 @@ def compare(
     beside that one; an AdmissionPolicy object is copied for each replay. `honor_timestamps`: the caches' clocks
     follow the trace's timestamps (see `simulate`)."""
     clock = {"honor_timestamps": honor_timestamps}
+    if isinstance(admission, str):  # any case, as make_admission takes it ("REUSE" ran beside every policy)
+        admission = admission.lower()
     replays: list[tuple[str, CacheReplay]] = []
     for name in policies:
         replays.append(

@@ -210,3 +210,19 @@ def test_compare_gives_each_policy_its_own_admission_object() -> None:
         row = rows[f"{name} + admission every-other"]
         assert (row.hit_tokens, row.declined_pages) == (alone.hit_tokens, alone.declined_pages)
     assert given.seen == 0  # the caller's object stays as it was given
+
+
+def test_admission_names_are_taken_in_any_case(chat: Path) -> None:
+    """Regression: --admission refused 'Reuse' (click's case-sensitive choice), and compare() ran 'REUSE' beside
+    every policy, where it failed, while make_admission and --policy take any case. Each gives the lower-case run."""
+    w = token_workload(multi_turn_chat(conversations=10, seed=7), page_size=4)
+    lower, upper = (compare(w, 100, ["lru", "reuse"], admission=name, bounds=()) for name in ("reuse", "REUSE"))
+    assert [(r.name, r.result.hit_tokens) for r in upper] == [(r.name, r.result.hit_tokens) for r in lower]
+    args = ["simulate", str(chat), "--capacity-blocks", "200", "--page-size", "4", "--policy", "reuse", "--json"]
+    figures = []
+    for name in ("reuse", "Reuse"):
+        code, out, err = _run(*args, "--admission", name)
+        assert code == 0, err
+        report = json.loads(out)
+        figures.append((report["admission"], report["hit_tokens"], report["declined_pages"]))
+    assert figures[0] == figures[1]
