@@ -37,11 +37,13 @@ def print_report(trace: str, report: SimReport) -> None:
     rows: list[tuple[str, SimResult]] = [(name, r)]
     if report.infinite is not None:
         rows.append(("infinite cache", report.infinite))
-    what = "bound" if r.concurrency == 1 else "heuristic"  # with requests in flight Belady is no bound
+    # With requests in flight together (concurrency, or a recorded trace's finish times) Belady is no bound.
+    in_flight = any(run.in_flight for run in (report.belady, report.belady_admission) if run is not None)
+    what = "heuristic" if in_flight else "bound"
     if report.belady_admission is not None:
         rows.insert(1, (f"belady with admission ({what})", report.belady_admission))
     if report.belady is not None:
-        device = f"belady (device {'optimum' if r.concurrency == 1 else 'heuristic'})"
+        device = f"belady (device {'heuristic' if in_flight else 'optimum'})"
         rows.insert(1, (f"belady, resident ({what})" if r.tiers is None else device, report.belady))
     for name, run in rows:
         table.add_row(
@@ -59,8 +61,8 @@ def print_report(trace: str, report: SimReport) -> None:
     console.print("hit rate per window: " + " ".join(f"{w.hit_rate:.0%}" for w in r.windows))
     if r.admission is not None:
         console.print(f"admission {r.admission}: {r.declined_pages:,} pages declined")
-    if r.concurrency > 1 and (report.belady is not None or report.belady_admission is not None):
-        console.print(f"concurrency {r.concurrency}: {IN_FLIGHT_NOTE}")
+    if in_flight:
+        console.print(f"requests in flight together: {IN_FLIGHT_NOTE}")
     if r.oversized_requests:
         console.print(f"{r.oversized_requests} requests were larger than the cache could free; cached in part")
 
@@ -85,8 +87,8 @@ def print_comparison(trace: str, rows: list[ComparedRun], blocks: int, concurren
         )
     console = Console()
     console.print(table)
-    if concurrency > 1 and any(row.kind == "bound" for row in rows):
-        console.print(f"concurrency {concurrency}: {IN_FLIGHT_NOTE}")
+    if any(row.kind == "bound" and row.result.in_flight for row in rows):
+        console.print(f"requests in flight together: {IN_FLIGHT_NOTE}")
 
 
 def print_tiers(console: Console, r: SimResult) -> None:

@@ -100,7 +100,7 @@ def compare(
     rows = [ComparedRun(name, "policy", name, replay.result()) for name, replay in replays]
     for bound in bounds:
         result = simulate(workload, capacity_blocks, bound, concurrency=concurrency, windows=1, **clock)
-        rows.append(ComparedRun(bound, "bound", bound_label(bound, concurrency), result))
+        rows.append(ComparedRun(bound, "bound", bound_label(bound, result.in_flight), result))
     if infinite:
         result = (
             simulate_infinite(workload, concurrency=concurrency, windows=1) if unbounded.broken else unbounded.result()

@@ -27,11 +27,16 @@ class InFlight:
         self._fifo: deque = deque()
         self._timed: list[tuple[float, int, Any]] = []  # (finish time, arrival order, item): a heap
         self._order = count()
+        # Whether a request was ever added while another was in flight: then the replay is no longer one request at
+        # a time (`concurrency` above 1, or a recorded trace's overlapping finish times), and Belady is no bound.
+        self.overlapped = False
 
     def __len__(self) -> int:
         return len(self._fifo) + len(self._timed)
 
     def add(self, item: Any, finish_ms: float | None) -> None:
+        if self._fifo or self._timed:
+            self.overlapped = True
         if finish_ms is None:
             self._fifo.append(item)
         else:

@@ -137,6 +137,7 @@ def replay_figures(
         seconds=replay.seconds,
         tiers=tiers,
         clock="timestamps" if getattr(replay, "honor_timestamps", False) else "requests",
+        in_flight=getattr(getattr(replay, "inflight", None), "overlapped", False),
     )
 
 

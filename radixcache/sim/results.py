@@ -27,11 +27,12 @@ IN_FLIGHT_NOTE = (
 )
 
 
-def bound_label(bound: str, concurrency: int) -> str:
-    """BOUND_LABELS[bound] at `concurrency` 1. Above 1 a Belady run is a heuristic, not a bound: a request's pages
-    join the tree only when it finishes, so an online policy can beat the farthest next read (docs/simulator.md)."""
+def bound_label(bound: str, in_flight: bool) -> str:
+    """BOUND_LABELS[bound] one request at a time. With requests `in_flight` together (SimResult.in_flight) a Belady
+    run is a heuristic, not a bound: a request's pages join the tree only when it finishes, so an online policy can
+    beat the farthest next read (docs/simulator.md)."""
     label = BOUND_LABELS[bound]
-    if concurrency > 1 and bound in (BELADY, BELADY_ADMISSION):
+    if in_flight and bound in (BELADY, BELADY_ADMISSION):
         return label.replace("bound: ", "heuristic: ") + " (requests in flight: not a bound)"
     return label
 
@@ -75,6 +76,8 @@ class SimResult:
     # The cache's clock: "requests" ticks once per match or insert; "timestamps" follows the trace's arrival times
     # (microseconds; `honor_timestamps`), so a policy that measures intervals (`reuse`) measures time.
     clock: str = "requests"
+    # Requests were in flight together (concurrency above 1, or a recorded trace's finish times): Belady is no bound.
+    in_flight: bool = False
 
     @property
     def hit_rate(self) -> float:
@@ -129,11 +132,11 @@ class SimReport:
         if self.belady is not None:  # the resident bound keeps its old keys
             out["belady_hit_rate"] = self.belady.hit_rate
             out["belady_block_hit_rate"] = self.belady.block_hit_rate
-            bounds[BELADY] = bound_label(BELADY, r.concurrency)
+            bounds[BELADY] = bound_label(BELADY, self.belady.in_flight)
         if self.belady_admission is not None:
             out["belady_admission_hit_rate"] = self.belady_admission.hit_rate
             out["belady_admission_block_hit_rate"] = self.belady_admission.block_hit_rate
-            bounds[BELADY_ADMISSION] = bound_label(BELADY_ADMISSION, r.concurrency)
+            bounds[BELADY_ADMISSION] = bound_label(BELADY_ADMISSION, self.belady_admission.in_flight)
         if bounds:
             out["bounds"] = bounds
         if r.tiers is not None:

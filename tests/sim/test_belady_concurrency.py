@@ -130,3 +130,23 @@ def test_with_requests_in_flight_an_online_policy_can_beat_belady() -> None:
 
     assert hits("belady", 1) == optimum(requests, 2, 9, 1) == 7
     assert hits("belady", 2) == 2 < hits("lfu", 2) == optimum(requests, 2, 9, 2) == 3
+
+
+@pytest.mark.parametrize(("finish", "in_flight"), [(0.5, False), (1.5, True)])
+def test_a_recorded_trace_whose_requests_overlap_labels_belady_no_bound(tmp_path, finish, in_flight) -> None:
+    """Regression: at --concurrency 1 a recorded trace's finish times still put requests in flight together (each
+    finishing after the next arrived), where Belady is no bound (docs/simulator.md), and the CLI labelled it one.
+    Finishing before the next arrival it is one request at a time, and the bound."""
+    path = tmp_path / "recorded.jsonl"
+    lines = [
+        {"timestamp": i, "input_length": 8, "output_length": 1, "hash_ids": [1, 2 + i % 2], "output_hash_ids": []}
+        | {"finish_timestamp": i + finish}
+        for i in range(4)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    common = ["simulate", str(path), "--capacity-blocks", "8", "--block-size", "4", "--json"]
+    runs = json.loads(CliRunner().invoke(main, [*common, "--policies", "lru"]).stdout)["runs"]
+    label = {run["name"]: run["label"] for run in runs}["belady"]
+    report = json.loads(CliRunner().invoke(main, [*common, "--belady"]).stdout)
+    assert ("not a bound" in label) is in_flight and ("not a bound" in report["bounds"]["belady"]) is in_flight
+    assert label.startswith("bound") is not in_flight
