@@ -82,7 +82,8 @@ def compare(
     if isinstance(admission, str):  # any case, as make_admission takes it ("REUSE" ran beside every policy)
         admission = admission.lower()
     replays: list[tuple[str, CacheReplay]] = []
-    for name in policies:
+    # Names in any case, as make_policy takes them: "REUSE" ran without its reuse admission (compared as "reuse").
+    for name in (name.lower() if isinstance(name, str) else name for name in policies):
         replays.append(
             (name, CacheReplay(workload, capacity_blocks, name, concurrency=concurrency, windows=1, **clock))
         )

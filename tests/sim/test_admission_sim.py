@@ -226,3 +226,14 @@ def test_admission_names_are_taken_in_any_case(chat: Path) -> None:
         report = json.loads(out)
         figures.append((report["admission"], report["hit_tokens"], report["declined_pages"]))
     assert figures[0] == figures[1]
+
+
+def test_compare_takes_policy_names_in_any_case() -> None:
+    """Regression: compare(["REUSE"], admission="reuse") silently left out the reuse admission row (the name was
+    compared with "reuse" as given), though make_policy took the name. Any case gives the lower-case rows."""
+    w = token_workload(multi_turn_chat(conversations=10, seed=7), page_size=4)
+    lower, mixed = (
+        compare(w, 100, names, admission="reuse", bounds=()) for names in (["reuse", "lru"], ["REUSE", "Lru"])
+    )
+    assert [(r.name, r.result.hit_tokens) for r in mixed] == [(r.name, r.result.hit_tokens) for r in lower]
+    assert "reuse + admission reuse" in [r.name for r in mixed]
