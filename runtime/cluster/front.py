@@ -195,6 +195,19 @@ class ClusterEngine:
                 ) from None
         return out
 
+    def warm_up(self, prompt: Sequence[int], max_new_tokens: int, *, namespace: Any = None) -> None:
+        """`prompt` on every live replica at once, sent to each directly: the router neither counts nor routes it, so
+        each replica's one-off start-up costs land here, not on the first measured request routed to it (the replay's
+        warm-up; a namespace of its own keeps its pages from matching any measured prompt)."""
+        cluster = self.cluster
+        call = {"namespace": namespace}
+        refs = [(r, cluster.actor(r).generate.remote(list(prompt), max_new_tokens, call)) for r in cluster.alive]
+        for replica, ref in refs:
+            try:
+                cluster.ray.get(ref, timeout=cluster.call_timeout)
+            except cluster.actor_errors as exc:  # a dead replica leaves the routing set, as a request would see
+                cluster.mark_dead(replica, exc)
+
     def record_trace(self, path: Any) -> None:
         """Recording a trace needs one engine (each replica sees only its share): refused, unless stopping one."""
         if path is not None:

@@ -332,9 +332,16 @@ def _settle(engine: GenerationEngine, timeout: float = 30.0) -> None:
 
 
 def _warm_up(engine: GenerationEngine) -> None:
-    """One tiny request in its own namespace, so one-off start-up costs do not land on the first measured TTFT."""
+    """One tiny request in its own namespace, so one-off start-up costs do not land on the first measured TTFT. An
+    engine of replicas (runtime.cluster.front.ClusterEngine) sends it to each replica, past the router: a routed
+    one warmed one replica, and every other's first measured request carried its start-up costs."""
     vocab = engine.config.vocab_size
-    engine.generate([(7 * i + 1) % vocab for i in range(8)], 2, namespace=_WARMUP_NAMESPACE)
+    prompt = [(7 * i + 1) % vocab for i in range(8)]
+    warm_each = getattr(engine, "warm_up", None)
+    if warm_each is not None:
+        warm_each(prompt, 2, namespace=_WARMUP_NAMESPACE)
+    else:
+        engine.generate(prompt, 2, namespace=_WARMUP_NAMESPACE)
 
 
 def _tier_counters(engine: GenerationEngine) -> Any:

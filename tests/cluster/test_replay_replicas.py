@@ -1,0 +1,55 @@
+"""`replay` over replicas (runtime.cluster.front.ClusterEngine): the warm-up reaches every replica, past the router (one
+routed warm-up warmed one replica, and each other replica's first measured request carried its start-up costs), and
+leaves nothing a measured request hits. Two real replica engines, run in this process by the in-process Ray stand-in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+from radixcache.trace.records import TokenRequest
+
+ENGINE = {"capacity_blocks": 64, "page_size": 4, "dtype": "float64"}
+
+
+@pytest.fixture
+def front(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from tests.cluster.inproc_ray import install
+
+    ray = install(monkeypatch)
+    from radixcache.runtime import loading
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    m = tiny_model(seed=7)
+    tiny = RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+    monkeypatch.setattr(loading, "load_config_and_tokenizer", lambda model: (model.config, model.tokenizer))
+    threads = torch.get_num_threads()
+    cluster = ReplicaCluster(tiny, 3, router="cache_aware", engine_kwargs=ENGINE, poll_interval=None)  # type: ignore[arg-type]
+    engine = ClusterEngine(cluster, tiny)  # type: ignore[arg-type]
+    engine.replicas = [actor.obj.engine for actor in ray.actors]
+    try:
+        yield engine
+    finally:
+        engine.close()
+        for replica in engine.replicas:
+            replica.close()
+        torch.set_num_threads(threads)
+
+
+def test_the_warm_up_reaches_every_replica_and_the_router_counts_only_measured_requests(front: Any) -> None:
+    from radixcache.runtime.replay import ReplayConfig, replay
+
+    trace = [TokenRequest(timestamp_ms=0, tokens=tuple(range(1, 14)), output_length=2, session="s")]
+    result = replay(front, trace, ReplayConfig(max_tokens=2))
+    assert [r.stats.requests for r in front.replicas].count(1) == 2  # the warm-up alone on two replicas
+    assert sorted(r.stats.requests for r in front.replicas) == [1, 1, 2]  # and with the measured request on one
+    assert sum(front.cluster.stats().routed.values()) == 1  # the router saw the measured request only
+    front.cluster.poll()  # the warm-up's pages reach the index: in their own namespace, they match no prompt
+    assert len(result.requests) == 1 and result.requests[0].cached_tokens == 0
+    again = replay(front, trace, ReplayConfig(max_tokens=2, warmup=False))
+    assert again.requests[0].cached_tokens == 12  # the measured prompt's own 3 whole pages, on its replica
