@@ -112,6 +112,7 @@ def replay(
     from radixcache.runtime.replay import (
         ReplayConfig,
         ReplayError,
+        check_trace_for_model,
         engine_factory,
         load_replay_trace,
         plan_sessions,
@@ -136,6 +137,7 @@ def replay(
     turns = sum(s.turns for s in plan_sessions(loaded_trace, limit))
     cluster = None
     if replicas is not None:
+        check_trace_for_model(loaded_trace, limit, model)  # before Ray and the replicas start, as replay would after
         cluster = cluster_engine(model, replicas, router, ray_address, kwargs)
         make_engine: Callable[[bool], GenerationEngine] = lambda _enable_cache: cluster  # noqa: E731
     else:

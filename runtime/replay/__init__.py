@@ -24,7 +24,13 @@ from radixcache.runtime.replay.results import (
     summarize,
 )
 from radixcache.runtime.replay.run import compare, engine_factory, replay
-from radixcache.runtime.replay.sessions import SAMPLE_TRACE, load_replay_trace, plan_sessions, sample_trace_path
+from radixcache.runtime.replay.sessions import (
+    SAMPLE_TRACE,
+    check_trace_for_model,
+    load_replay_trace,
+    plan_sessions,
+    sample_trace_path,
+)
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -39,6 +45,7 @@ __all__ = [
     "ReplaySummary",
     "RequestRecord",
     "SkippedTurn",
+    "check_trace_for_model",
     "compare",
     "engine_factory",
     "load_replay_trace",

@@ -181,5 +181,18 @@ def check_tokens(sessions: list[TraceSession], engine: GenerationEngine, max_tok
                 raise ReplayError(f"{where}: retain_for must be a number of seconds >= 0 or None, got {hint!r}")
 
 
+def check_trace_for_model(
+    trace: Trace | Sequence[Conversation] | Sequence[TokenRequest], limit: int | None, model: str
+) -> None:
+    """`check_tokens` against `model`'s config and tokenizer alone (no weights): `replay --replicas` checks the trace
+    so before Ray and the replicas start, which took seconds before a token id outside the vocabulary was refused."""
+    from types import SimpleNamespace
+
+    from radixcache.runtime.loading import load_config_and_tokenizer
+
+    config, tokenizer = load_config_and_tokenizer(model)
+    check_tokens(plan_sessions(trace, limit), SimpleNamespace(config=config, tokenizer=tokenizer))  # type: ignore[arg-type]
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)

@@ -53,3 +53,24 @@ def test_the_warm_up_reaches_every_replica_and_the_router_counts_only_measured_r
     assert len(result.requests) == 1 and result.requests[0].cached_tokens == 0
     again = replay(front, trace, ReplayConfig(max_tokens=2, warmup=False))
     assert again.requests[0].cached_tokens == 12  # the measured prompt's own 3 whole pages, on its replica
+
+
+def test_replay_on_replicas_refuses_a_bad_trace_before_starting_them(
+    tmp_path: Any, tiny_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token id outside the model's vocabulary was refused only once Ray and every replica were up (15 s on the
+    tiny model); it is refused against the model's config and tokenizer before any replica starts."""
+    from click.testing import CliRunner
+
+    from radixcache.cli import replay as replay_cli
+    from radixcache.cli.main import main
+
+    started: list[object] = []
+    monkeypatch.setattr(replay_cli, "cluster_engine", lambda *args: started.append(args) or pytest.fail("started"))
+    trace = tmp_path / "ag.jsonl"
+    runner = CliRunner()
+    made = runner.invoke(main, ["trace", "gen", "agent-sessions", str(trace), "--count", "4"])
+    assert made.exit_code == 0, made.output
+    done = runner.invoke(main, ["replay", str(trace), "--model", str(tiny_dir), "--replicas", "2"])
+    assert done.exit_code != 0 and started == []
+    assert "outside the model's vocabulary of 260" in done.output
