@@ -139,8 +139,18 @@ class ClusterEngine:
         handle = RemoteHandle(request, self._cancel)
         with self._idle:
             self._running.add(handle)
-        threading.Thread(target=self._run, args=(handle, prompt, opts), daemon=True).start()
+        try:
+            threading.Thread(target=self._run, args=(handle, prompt, opts), daemon=True).start()
+        except BaseException:  # no thread ("can't start new thread"): nothing will end it, so it is not in flight
+            self._forget(handle)
+            raise
         return handle
+
+    def _forget(self, handle: RemoteHandle) -> None:
+        """`handle` is no longer in flight: wait_idle (and close) stop waiting for it."""
+        with self._idle:
+            self._running.discard(handle)
+            self._idle.notify_all()
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int | None = None, **kwargs: Any) -> Any:
         """Submit and wait; an interrupted wait (Ctrl-C) cancels the request on its replica, as Engine.generate."""
@@ -267,9 +277,7 @@ class ClusterEngine:
                 cause = getattr(exc, "cause", None)
                 handle.future.set_exception(cause if isinstance(cause, BaseException) else exc)
         finally:
-            with self._idle:
-                self._running.discard(handle)
-                self._idle.notify_all()
+            self._forget(handle)
 
     def _own_calls(self, result: Any, emitted: tuple[str, Sequence[int]] | None, req: RemoteRequest) -> Any:
         """`result` with its tool calls under `req`'s call ids (those its stream's parser gave them: both parse the

@@ -74,3 +74,26 @@ def test_replay_on_replicas_refuses_a_bad_trace_before_starting_them(
     done = runner.invoke(main, ["replay", str(trace), "--model", str(tiny_dir), "--replicas", "2"])
     assert done.exit_code != 0 and started == []
     assert "outside the model's vocabulary of 260" in done.output
+
+
+def test_a_request_whose_thread_does_not_start_is_not_left_in_flight(
+    front: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request whose thread could not start ("can't start new thread") stayed counted as in flight: wait_idle and
+    close waited out their whole timeout for a request nothing would ever end."""
+    import threading
+    import types
+
+    from radixcache.runtime.cluster import front as front_module
+
+    class NoThread(threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(front_module, "threading", types.SimpleNamespace(Thread=NoThread, Condition=threading.Condition))
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            front.submit([1, 2, 3], 2)
+    assert front.wait_idle(0)  # nothing is in flight
+    assert front.generate([1, 2, 3], 2).finish_reason == "length"  # and the front door still serves
+    assert front.close(30)
