@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -38,7 +38,7 @@ from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.engine.exit_hook import stop_at_exit
 from radixcache.runtime.engine.gc_heap import HeapTimer
 from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
-from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, check_namespace, resolve_options
+from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, resolve_options
 from radixcache.runtime.engine.output import OutputProcessor
 from radixcache.runtime.engine.queue_limit import QueueGate
 from radixcache.runtime.engine.request import GenerationResult, Request
@@ -284,11 +284,14 @@ class Engine:
 
     # ------------------------------------------------------------------ public API: upkeep
 
-    def unpin(self, prompt: Prompt | None = None, *, namespace: Hashable = None) -> int:
-        """Release pins: those of `prompt` (in `namespace`), or every pin. Returns how many were released."""
-        tokens = None if prompt is None else self._builder.encode(prompt)
-        check_namespace(namespace)
-        return self._loop.wait_for(lambda _: self.kv.pins.unpin(tokens, namespace))
+    def unpin(self, prompt: Prompt | Messages | None = None, **kwargs: Any) -> int:
+        """Release pins: those of `prompt` (in `namespace`), or every pin. Returns how many were released. Takes
+        what the pinning call took: chat messages are rendered as `chat` renders them, with its `tools=` or
+        `options=` (a TypeError names any other keyword than generate's)."""
+        opts = resolve_options(None, kwargs.pop("options", None), kwargs, "Engine.unpin")
+        text = self._builder.render(prompt, opts.tool_use) if is_messages(prompt) else prompt
+        tokens = None if text is None else self._builder.encode(text)
+        return self._loop.wait_for(lambda _: self.kv.pins.unpin(tokens, opts.namespace))
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Refuse new requests (EngineClosedError), cancel every request in flight (their results say "cancelled",
