@@ -9,8 +9,9 @@ but whose thread still runs is stopped (EngineLoop.stop). All of it waits at mos
 so that an exit never hangs on a step that does not end.
 
 Both are held weakly: tracking an engine never keeps it (its pool, its model) alive. A child made by `os.fork`
-forgets them: the engines it inherited have no loop thread there (their state says one runs, and a close would
-wait for it for ever), and they are its parent's to close.
+forgets them: they are its parent's to close. The engines it inherited have no loop thread there: each loop is told
+(EngineLoop.after_fork_in_child); one that ran in the parent is dead in the child (its state said a thread ran, and
+a close, or wait_idle, waited for it for ever), one that was idle stays usable.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ def _forget_in_child() -> None:
     """After `os.fork`, in the child: the parent's engines are not this process's to stop (the lock too may have
     been held by another thread as the process forked)."""
     global _engines, _loops, _lock
+    for loop in list(_loops):  # each loop takes in that no thread of its own runs here
+        try:
+            loop.after_fork_in_child()
+        except Exception:
+            log.exception("resetting an engine loop in a child of os.fork failed")
     _engines, _loops, _lock = weakref.WeakSet(), weakref.WeakSet(), threading.Lock()
 
 

@@ -241,11 +241,23 @@ class EngineLoop:
                 thread = self._thread
             if thread is None:
                 return True
-            if thread is threading.current_thread():
+            if thread is threading.current_thread() or (deadline is not None and time.monotonic() >= deadline):
                 return False
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 return False
+            with self._cv:  # a thread clears `_thread` before it ends: one that did not never will (os.fork)
+                if self._thread is thread:
+                    return False
+
+    def after_fork_in_child(self) -> None:
+        """In a child of `os.fork` (engine.exit_hook calls it): no loop thread runs here, and a lock a parent's thread
+        held stays held. A loop that ran in the parent left its scheduler mid-work, for callers in the parent: the
+        engine is dead here (EngineDeadError on every call; `close()` returns at once). An idle one stays usable."""
+        self._cv = threading.Condition()
+        if self._thread is not None:
+            self._dead = EngineDeadError(RuntimeError("this engine was inherited by os.fork as its loop thread ran"))
+            self._thread, self._inbox, self._handles = None, [], {}
 
     # ------------------------------------------------------------------ the thread
 
