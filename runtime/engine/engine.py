@@ -260,8 +260,8 @@ class Engine:
 
     async def agenerate(self, prompt: Prompt | Sequence[Prompt], max_new_tokens: MaxNew = None, **kwargs: Any) -> Any:
         """`generate` for asyncio: awaits the engine loop without blocking the event loop (the prompt is tokenised
-        and its grammar compiled on a worker thread: streaming.off_loop). Cancelling the awaiting task cancels the
-        request."""
+        and its grammar compiled on a worker thread: streaming.off_loop), so calls made together are queued in the
+        order their builds end (docs/api.md). Cancelling the awaiting task cancels the request."""
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "agenerate")
         return await submitted_results(lambda: self.submit(prompt, options=opts))
 
