@@ -288,7 +288,7 @@ class Engine:
         """Release pins: those of `prompt` (in `namespace`), or every pin. Returns how many were released. Takes
         what the pinning call took: chat messages are rendered as `chat` renders them, with its `tools=` or
         `options=` (a TypeError names any other keyword than generate's)."""
-        opts = resolve_options(None, kwargs.pop("options", None), kwargs, "Engine.unpin")
+        opts = resolve_options(kwargs.pop("max_new_tokens", None), kwargs.pop("options", None), kwargs, "Engine.unpin")
         text = self._builder.render(prompt, opts.tool_use) if is_messages(prompt) else prompt
         tokens = None if text is None else self._builder.encode(text)
         return self._loop.wait_for(lambda _: self.kv.pins.unpin(tokens, opts.namespace))

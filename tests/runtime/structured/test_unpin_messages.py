@@ -37,6 +37,9 @@ def test_unpin_of_messages_uses_the_namespace_and_options_given() -> None:
         assert engine.chat(MESSAGES, 1, pin=True).pinned_tokens > 0
         assert engine.unpin(MESSAGES, options=opts) == 1
         assert engine.unpin(MESSAGES) == 1 and engine.stats.pinned_blocks == 0
+        same = {"max_new_tokens": 2, "pin": True, "temperature": 0.0}  # chat's keywords, passed again as they were
+        assert engine.chat(MESSAGES, **same).pinned_tokens > 0
+        assert engine.unpin(MESSAGES, **same) == 1 and engine.stats.pinned_blocks == 0
         with pytest.raises(TypeError, match=r"Engine\.unpin"):
             engine.unpin(MESSAGES, tool=TOOLS)
         with pytest.raises(ValueError, match="namespace must be hashable"):
