@@ -26,8 +26,9 @@ class Session:
     or `options=` a RequestOptions with keywords over it), built once into `options` (a bad one is refused here); a
     turn's own keywords (and `options=`, which replaces the session's) override them.
     Not for concurrent use of one session: its turns are sequential by nature (many sessions may run at once on
-    one engine). A reply cut short (finish_reason "cancelled" by close() or a cancel, "timeout") is kept in the
-    history as the result's partial text, as chat UIs keep a stopped reply; `del s.messages[-2:]` drops the turn.
+    one engine). A reply cut short (finish_reason "cancelled" by close(), "timeout") is kept in the history as the
+    result's partial text, as chat UIs keep a stopped reply; `del s.messages[-2:]` drops the turn. Cancelling the
+    task awaiting `asend` raises there: neither the turn nor a reply is kept.
 
     With `tools=` (in the defaults or a turn's keywords), a reply that calls tools is kept in the history as
     OpenAI's assistant message with `tool_calls` (content None when there is no text; a call the length limit left

@@ -4,8 +4,11 @@ returned, after the user turn it answered, and the history renders for the next 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+
+import pytest
 
 from radixcache.runtime import Engine
 from radixcache.runtime.engine.request import GenerationResult
@@ -53,3 +56,20 @@ def test_a_turn_cut_by_its_timeout_keeps_its_partial_reply() -> None:
         _assert_kept(session.messages, result, "hi", model.tokenizer.decode)
         assert session.send("and?", timeout=None, max_new_tokens=2).finish_reason == "length"
         assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant"]
+
+
+def test_cancelling_the_task_awaiting_asend_keeps_neither_the_turn_nor_a_reply() -> None:
+    with Engine(_model(), capacity_blocks=2600, page_size=16, threads=1) as engine:
+        session = engine.session(max_new_tokens=30_000, ignore_eos=True)
+
+        async def cancel_mid_reply() -> None:
+            task = asyncio.ensure_future(session.asend("hi"))
+            while not any(r.output_ids for r in engine.scheduler.decoding):  # generating now
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(asyncio.wait_for(cancel_mid_reply(), 60))
+        assert session.messages == [] and session.results == []
+        assert engine.wait_idle(60) and engine.check()["locked_blocks"] == 0
