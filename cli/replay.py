@@ -137,7 +137,9 @@ def replay(
     turns = sum(s.turns for s in plan_sessions(loaded_trace, limit))
     cluster = None
     if replicas is not None:
-        check_trace_for_model(loaded_trace, limit, model)  # before Ray and the replicas start, as replay would after
+        check_trace_for_model(
+            loaded_trace, limit, model, max_tokens
+        )  # before Ray and the replicas start, as replay would after
         cluster = cluster_engine(model, replicas, router, ray_address, kwargs)
         make_engine: Callable[[bool], GenerationEngine] = lambda _enable_cache: cluster  # noqa: E731
     else:

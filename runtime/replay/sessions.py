@@ -182,16 +182,21 @@ def check_tokens(sessions: list[TraceSession], engine: GenerationEngine, max_tok
 
 
 def check_trace_for_model(
-    trace: Trace | Sequence[Conversation] | Sequence[TokenRequest], limit: int | None, model: str
+    trace: Trace | Sequence[Conversation] | Sequence[TokenRequest],
+    limit: int | None,
+    model: str,
+    max_tokens: int | None = None,
 ) -> None:
     """`check_tokens` against `model`'s config and tokenizer alone (no weights): `replay --replicas` checks the trace
-    so before Ray and the replicas start, which took seconds before a token id outside the vocabulary was refused."""
+    so before Ray and the replicas start, which took seconds before a token id outside the vocabulary was refused.
+    `max_tokens`: as `check_tokens`' (the replay's `--max-tokens`, which lets an output_length of 0 run)."""
     from types import SimpleNamespace
 
     from radixcache.runtime.loading import load_config_and_tokenizer
 
     config, tokenizer = load_config_and_tokenizer(model)
-    check_tokens(plan_sessions(trace, limit), SimpleNamespace(config=config, tokenizer=tokenizer))  # type: ignore[arg-type]
+    engine = SimpleNamespace(config=config, tokenizer=tokenizer)
+    check_tokens(plan_sessions(trace, limit), engine, max_tokens)  # type: ignore[arg-type]
 
 
 def _is_int(value: object) -> bool:

@@ -76,6 +76,34 @@ def test_replay_on_replicas_refuses_a_bad_trace_before_starting_them(
     assert "outside the model's vocabulary of 260" in done.output
 
 
+def test_replay_on_replicas_lets_max_tokens_run_an_output_length_of_0(
+    tmp_path: Any, tiny_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The early check takes --max-tokens as the replay's own does: an output_length of 0 runs with that limit (the
+    check refused it there, telling the user to give the --max-tokens they had given)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from radixcache.cli import replay as replay_cli
+    from radixcache.cli.main import main
+
+    started: list[object] = []
+
+    def start(*args: object) -> None:
+        started.append(args)
+        raise RuntimeError("the replicas would start here")
+
+    monkeypatch.setattr(replay_cli, "cluster_engine", start)
+    trace = tmp_path / "zero.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "tokens": [5, 6, 7], "output_length": 0, "session": "s"}) + "\n")
+    runner = CliRunner()
+    refused = runner.invoke(main, ["replay", str(trace), "--model", str(tiny_dir), "--replicas", "2"])
+    assert refused.exit_code != 0 and "output_length is 0" in refused.output and started == []
+    ran = runner.invoke(main, ["replay", str(trace), "--model", str(tiny_dir), "--replicas", "2", "--max-tokens", "2"])
+    assert len(started) == 1, ran.output  # past the check, on to start the replicas
+
+
 def test_a_request_whose_thread_does_not_start_is_not_left_in_flight(
     front: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
