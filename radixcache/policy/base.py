@@ -57,13 +57,20 @@ def claim(policy: EvictionPolicy) -> None:
     saw there (reuse's classes, keyed by that tree's clock; cost's inflation; a lease hint), so a second cache,
     even after the first is gone, started from another run's state: the same object replayed twice gave other
     figures than its name did, with nothing said."""
-    if getattr(policy, "_claimed", False):
-        raise PolicyError(
-            f"this {type(policy).__name__} object already served a cache and keeps what it learned there: each cache "
-            f"needs its own (pass the name {policy.name!r}, or a fresh object)"
-        )
-    with contextlib.suppress(AttributeError):  # a policy class with __slots__ cannot be marked
-        policy._claimed = True  # type: ignore[attr-defined]
+    layers: list[EvictionPolicy] = []  # a wrapper (the engine's RetentionPolicy) and the policy it ranks by
+    layer: object = policy
+    while isinstance(layer, EvictionPolicy) and all(layer is not seen for seen in layers):
+        layers.append(layer)
+        layer = getattr(layer, "base", None)
+    for layer in layers:
+        if getattr(layer, "_claimed", False):
+            raise PolicyError(
+                f"this {type(layer).__name__} object already served a cache and keeps what it learned there: each "
+                f"cache needs its own (pass the name {layer.name!r}, or a fresh object)"
+            )
+    for layer in layers:
+        with contextlib.suppress(AttributeError):  # a policy class with __slots__ cannot be marked
+            layer._claimed = True  # type: ignore[attr-defined]
 
 
 def check_parameter(where: str, value: object, low: float, *, above: bool = False, high: float = math.inf) -> None:

@@ -84,6 +84,9 @@ def compare(
     replays: list[tuple[str, CacheReplay]] = []
     # Names in any case, as make_policy takes them: "REUSE" ran without its reuse admission (compared as "reuse").
     for name in (name.lower() if isinstance(name, str) else name for name in policies):
+        # A policy object serves one cache (policy.base.claim): the admission's replay gets a copy, taken before the
+        # first replay claims it (a copy of a claimed object is claimed too).
+        twin = name if isinstance(name, str) else copy.deepcopy(name)
         replays.append(
             (name, CacheReplay(workload, capacity_blocks, name, concurrency=concurrency, windows=1, **clock))
         )
@@ -92,7 +95,7 @@ def compare(
             # it learned (counts, classes) from one replay into the next, and no row would be that policy's alone.
             own = admission if isinstance(admission, str) else copy.deepcopy(admission)
             replay = CacheReplay(
-                workload, capacity_blocks, name, concurrency=concurrency, windows=1, admission=own, **clock
+                workload, capacity_blocks, twin, concurrency=concurrency, windows=1, admission=own, **clock
             )
             replays.append((f"{name} + admission {replay.admission.name}", replay))  # type: ignore[union-attr]
     unbounded = InfiniteReplay(workload, concurrency=concurrency, windows=1, span=trace_span(workload))

@@ -148,6 +148,34 @@ def test_a_policy_object_serves_one_cache(policy: type) -> None:
         RadixCache(8, policy=given)
 
 
+def test_a_wrapped_policy_object_serves_one_cache_too() -> None:
+    """Regression: only the outer policy was marked, so the policy an engine's RetentionPolicy wraps could serve two
+    caches (two engines, or an engine and a simulation), sharing what it learned."""
+    from radixcache.policy import make_policy
+    from radixcache.runtime.kv.retention import RetentionPolicy
+
+    given = make_policy("reuse")
+    RadixCache(8, 1, RetentionPolicy(given))
+    with pytest.raises(PolicyError, match="ReusePolicy object already served a cache"):
+        RadixCache(8, 1, RetentionPolicy(given))
+    with pytest.raises(PolicyError, match="ReusePolicy object already served a cache"):
+        RadixCache(8, 1, given)
+
+
+def test_compare_runs_a_policy_object_with_an_admission() -> None:
+    """Regression: compare gave one policy object to its plain replay and to its admission's, and the second cache
+    refused it (a PolicyError from compare's own rows); the admission's replay gets a copy, with the name's
+    figures."""
+    from radixcache.policy import make_policy
+    from radixcache.sim.compare import compare
+
+    w = token_workload(list(multi_turn_chat(seed=0))[:50], 4)
+    by_object = compare(w, 64, [make_policy("lru")], admission="all", bounds=(), infinite=False)  # type: ignore[list-item]
+    by_name = compare(w, 64, ["lru"], admission="all", bounds=(), infinite=False)
+    assert [r.result.hit_tokens for r in by_object] == [r.result.hit_tokens for r in by_name]
+    assert len(by_object) == 2
+
+
 def test_reuse_hears_a_requests_output_length_for_its_own_insert_only() -> None:
     """Regression: a recorded request whose prompt went into the tree at its start and whose output filled no page
     inserted nothing new at its finish, so the output length it told reuse stayed unread, and the next request's
