@@ -161,6 +161,7 @@ class Tokenizer:
                 text,
                 lambda piece, first: self.encode(piece, add_special_tokens and first),
                 self._spelled,
+                lambda: self.encode(str(text), add_special_tokens),
             )
         try:
             ids = self.backend.encode(text, add_special_tokens=False).ids

@@ -57,18 +57,45 @@ def with_known_spans(text: str, emitted: Sequence[tuple[str, Sequence[int]]]) ->
 
 
 def encode_with_known(
-    text: PromptText, encode: Callable[[str, bool], list[int]], decode: Callable[[Sequence[int]], str]
+    text: PromptText,
+    encode: Callable[[str, bool], list[int]],
+    decode: Callable[[Sequence[int]], str],
+    whole: Callable[[], list[int]] | None = None,
 ) -> list[int]:
     """`text`'s ids: the pieces between known spans through `encode(piece, first)` (`first` is True only for the
     piece at the start, which may take a BOS), each known span's ids as given. A span whose ids do not decode to
-    its text is encoded like the rest, so a wrong memory can cost cache hits but never change the prompt."""
+    its text is encoded like the rest, so a wrong memory can cost cache hits but never change the prompt.
+
+    A SentencePiece tokenizer (Llama 2, Mistral 7B tokenizer.json) puts a "▁" before whatever it encodes, so a piece
+    after a span read with a space of its own ("Paris" + " </s>" read "Paris  </s>"): a piece after a span that does
+    not spell itself loses a lone space token put first, and the whole is then kept only if its bytes are those of
+    `whole()` (the text encoded as one, which it gives otherwise)."""
     ids: list[int] = []
+    exact = True  # every later piece spelled itself: the prompt's text is the text's
     pos = 0
     for span in text.known:
         if decode(span.token_ids) != text[span.start : span.end]:
             continue
-        ids += encode(str(text[pos : span.start]), pos == 0)
-        ids += span.token_ids
+        piece, spelled = _piece(str(text[pos : span.start]), pos == 0, encode, decode)
+        ids += piece + list(span.token_ids)
+        exact &= spelled
         pos = span.end
-    ids += encode(str(text[pos:]), pos == 0)
-    return ids
+    rest, spelled = _piece(str(text[pos:]), pos == 0, encode, decode)
+    ids += rest
+    if exact and spelled:
+        return ids
+    canonical = whole() if whole is not None else encode(str(text), True)
+    return ids if decode(ids) == decode(canonical) else canonical
+
+
+def _piece(
+    piece: str, first: bool, encode: Callable[[str, bool], list[int]], decode: Callable[[Sequence[int]], str]
+) -> tuple[list[int], bool]:
+    """The ids of one piece of a prompt, and whether they spell it: the first as `encode` gives it; a later one that
+    does not spell itself without a lone space token put before it."""
+    ids = encode(piece, first)
+    if first or decode(ids) == piece:
+        return ids, True
+    if ids and decode(ids[:1]) == " ":
+        ids = ids[1:]
+    return ids, False

@@ -181,3 +181,17 @@ def test_a_reply_that_starts_with_a_space_is_replayed_as_the_tokens_the_model_wr
     prompt = PromptText(text, [KnownSpan(start, start + len(" Paris"), tuple(wrote))])
     assert tok.encode(text[start : start + 6], add_special_tokens=False) != wrote  # not the canonical split
     assert tok.encode(prompt) == tok.encode(text[:start]) + wrote + tok.encode(text[start + 6 :], False)
+
+
+@pytest.mark.parametrize("after", [" </s>[INST] is [/INST]", " \n[INST] is [/INST]", " is Paris"])
+def test_a_known_span_never_changes_the_prompts_text(after: str) -> None:
+    """The pieces after a known span were encoded on their own, and a SentencePiece tokenizer puts a "▁" before
+    whatever it encodes: "Paris" + " </s>" read "Paris  </s>" (Llama 2's template writes a space before its eos),
+    another prompt than the text. The prompt's text is the canonical encoding's; the span's ids are kept."""
+    tok = llama_tokenizer()
+    wrote = [tok.token_to_id("▁")] + [tok.token_to_id(f"<0x{b:02X}>") for b in b"Paris"]
+    text = "[INST] hi [/INST] Paris" + after
+    start = text.index(" Paris")
+    ids = tok.encode(PromptText(text, [KnownSpan(start, start + len(" Paris"), tuple(wrote))]))
+    assert tok.decode(ids, skip_special_tokens=False) == tok.decode(tok.encode(text), skip_special_tokens=False)
+    assert any(ids[i : i + len(wrote)] == wrote for i in range(len(ids)))  # the model's own tokens: a cache hit
