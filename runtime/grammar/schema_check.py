@@ -113,12 +113,18 @@ def _check_keywords(node: dict[str, Any], path: str, root: Any) -> None:
     for key in NUMBERS:
         if key in node and (isinstance(node[key], bool) or not isinstance(node[key], (int, float))):
             raise GrammarError("must be a number", f"{path}.{key}")
-        if key in node and not _fits_64_bits(node[key]):
+        if key in node and not (_fits_64_bits(node[key]) or (key == "maximum" and node[key] == INT64_MAX)):
             raise GrammarError("bounds must fit in 64 bits (a magnitude below 2**63)", f"{path}.{key}")
     if "pattern" in node:
         _check_regex(node["pattern"], f"{path}.pattern")
     if "$ref" in node:
         _check_ref(node["$ref"], f"{path}.$ref", root)
+
+
+INT64_MAX = (
+    2**63 - 1
+)  # a maximum int64's largest value (Long.MAX_VALUE, as generated schemas write): its float is 2**63,
+# which the library clamps back to this value, so the grammar is exact; other bounds that round to 2**63 are not
 
 
 def _fits_64_bits(value: float) -> bool:

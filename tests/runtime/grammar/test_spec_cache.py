@@ -239,6 +239,26 @@ def test_a_bound_past_64_bits_says_so_and_one_inside_compiles(tiny_compiler) -> 
     tiny_compiler.compile(GrammarSpec.json_schema({"type": "number", "minimum": -1e18, "maximum": 1.5e18}))
 
 
+def test_the_int64_maximum_is_a_maximum_the_grammar_keeps_exactly(tiny_compiler, tiny_tokenizer) -> None:
+    """`maximum: 2**63 - 1` (Long.MAX_VALUE, as generated schemas write it) was refused by the 64-bit check (its float
+    is 2**63); the library keeps that bound exactly: the value itself is accepted, one more is not."""
+    from radixcache.runtime.grammar.state import GrammarState
+
+    compiled = tiny_compiler.compile(GrammarSpec.json_schema({"type": "integer", "minimum": 0, "maximum": 2**63 - 1}))
+
+    def accepts(text: str) -> bool:
+        state = GrammarState(compiled)
+        for token in tiny_tokenizer.encode(text, add_special_tokens=False):
+            try:
+                state.accept(token)
+            except GrammarError:
+                return False
+        return state.is_complete()
+
+    assert accepts(str(2**63 - 1)) and accepts("42")
+    assert not accepts(str(2**63))
+
+
 def test_a_number_the_library_cannot_take_is_named_by_its_path(tiny_compiler) -> None:
     """Data too (a default, an enum): an int past 64 bits was "Value is not JSON serializable" with no path, and an
     integer const or enum value the library reads as a float at or below -2**63 crashed the process."""
