@@ -32,8 +32,9 @@ def text_after(decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int]
     and its flush. A text with U+FFFD is read that way: a byte-fallback decoder (Llama 2, Mistral 7B) shows a run of
     byte tokens that is not all UTF-8 as U+FFFD whole, so a reply cut inside a character lost every character of
     its last run of byte tokens (a CJK reply's last sentence), which the stream had shown."""
-    context = list(prompt_ids[-CONTEXT_TOKENS:]) if prompt_ids else []
-    text = decode(context + list(ids))[len(decode(context)) :] if context else decode(list(ids))
+    context, tail = prompt_context(decode, prompt_ids)
+    read = tail + list(ids)
+    text = decode(context + read)[len(decode(context)) :] if context else decode(read)
     if REPLACEMENT not in text:
         return text
     detok = IncrementalDetokenizer(decode, prompt_ids)
@@ -41,6 +42,22 @@ def text_after(decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int]
         detok.add(token)
     detok.flush()
     return detok.text
+
+
+def prompt_context(decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The prompt's last `CONTEXT_TOKENS` tokens, split into the context an output is read after and a tail of up to
+    3 tokens at its end that decode to U+FFFD. A prompt of token ids may end inside a character (its first bytes),
+    which the output's first tokens complete: read after those bytes, the output's text, cut at the context's length
+    (one U+FFFD a byte with a byte-fallback decoder), lost what it wrote ("The" + bytes of 日, then "日AB" read "B").
+    The tail's bytes are read with the output: the character is the output's (a tail nothing completes shows as
+    U+FFFD there, as the whole decode shows it)."""
+    context = list(prompt_ids[-CONTEXT_TOKENS:]) if prompt_ids else []
+    tail: list[int] = []
+    for _ in range(3):
+        if not context or not decode(context).endswith(REPLACEMENT):
+            break
+        tail.insert(0, context.pop())
+    return context, tail
 
 
 class IncrementalDetokenizer:
@@ -55,9 +72,10 @@ class IncrementalDetokenizer:
     def __init__(self, decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int] = ()) -> None:
         # The prompt's last tokens give the first output token its left context (leading-space rules).
         self._decode = decode
-        self._ids: list[int] = list(prompt_ids[-CONTEXT_TOKENS:]) if prompt_ids else []
+        context, tail = prompt_context(decode, prompt_ids)
+        self._ids: list[int] = context + tail  # the tail is read with the output (prompt_context)
         self._prefix = 0
-        self._read = len(self._ids)
+        self._read = len(context)
         self.text = ""  # everything emitted so far
 
     def add(self, token_ids: int | Iterable[int]) -> str:

@@ -195,3 +195,18 @@ def test_a_known_span_never_changes_the_prompts_text(after: str) -> None:
     ids = tok.encode(PromptText(text, [KnownSpan(start, start + len(" Paris"), tuple(wrote))]))
     assert tok.decode(ids, skip_special_tokens=False) == tok.decode(tok.encode(text), skip_special_tokens=False)
     assert any(ids[i : i + len(wrote)] == wrote for i in range(len(ids)))  # the model's own tokens: a cache hit
+
+
+def test_an_output_that_completes_the_prompts_last_character_keeps_what_it_wrote() -> None:
+    """A prompt of token ids may end inside a character (the first two bytes of 日): the context's text then ended in
+    U+FFFD, one for each byte, and the output's text, cut at that length, lost what the output wrote ("日AB" read
+    "B"). The character is the output's; the stream and the result agree."""
+    tok = llama_tokenizer()
+    byte = {b: tok.token_to_id(f"<0x{b:02X}>") for b in range(256)}
+    prompt = [*tok.encode("The"), byte[0xE6], byte[0x97]]
+    out = [byte[0xA5], byte[ord("A")], byte[ord("B")]]
+    assert tok.decode(prompt + out) == "The日AB"  # the independent expectation: all but the prompt's whole "The"
+    assert text_after(tok.decode, prompt, out) == "日AB"
+    stream = IncrementalDetokenizer(tok.decode, prompt)
+    deltas = [stream.add(t) for t in out]
+    assert "".join(deltas) + stream.flush() == "日AB"
