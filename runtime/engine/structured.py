@@ -2,9 +2,10 @@
 caller's thread, and each pass's constrained rows masked before they are sampled.
 
 - Compiling is off the loop: `RequestBuilder.build` (the caller's thread) compiles the request's `GrammarSpec`
-  through the engine's one `GrammarCompiler` (an LRU keyed by the spec's hash) and makes the request's
-  `GrammarState`; an invalid spec raises `GrammarError` (a ValueError naming the schema path) before anything is
-  queued. The vocabulary (every token's bytes) is built on the first grammar, once (SmolLM2's takes ~0.4 s).
+  through the engine's one `GrammarCompiler` (an LRU keyed by the request's cache namespace and the spec's hash: a
+  tenant never reuses, so never times, another's compile) and makes the request's `GrammarState`; an invalid spec
+  raises `GrammarError` (a ValueError naming the schema path) before anything is queued. The vocabulary (every
+  token's bytes) is built on the first grammar, once (SmolLM2's takes ~0.4 s).
 - On the loop, `constrain` fills the mask rows of the requests of a pass that have a grammar and sets their
   disallowed logits to -inf, on a copy of those rows; the other rows are passed on untouched, so a batch with no
   grammar pays one scan of the list. The masked rows are what the sampler sees first: logit bias, penalties,
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,9 +60,9 @@ class EngineGrammars:
                 self._compiler = GrammarCompiler(vocab, self.max_entries)
             return self._compiler
 
-    def state(self, spec: GrammarSpec) -> GrammarState:
-        """A fresh matcher for one request (compiled once per distinct spec)."""
-        return GrammarState(self.compiler.compile(spec))
+    def state(self, spec: GrammarSpec, namespace: Hashable = None) -> GrammarState:
+        """A fresh matcher for one request (compiled once per distinct spec and cache namespace)."""
+        return GrammarState(self.compiler.compile(spec, namespace))
 
 
 class Masker:

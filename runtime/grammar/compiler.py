@@ -1,8 +1,12 @@
-"""`GrammarCompiler`: a spec in, a validated grammar out, cached by the spec's canonical hash.
+"""`GrammarCompiler`: a spec in, a validated grammar out, cached by the caller's cache namespace and the spec's
+canonical hash.
 
 Compiling means translating the spec to the library's grammar (JSON schema, regex, or GBNF/Lark) and validating it
 against the vocabulary; the library builds its parser tables lazily while masks are computed. Every library error
-becomes a `GrammarError` naming the spec's path. The cache is a bounded LRU, safe to share between threads.
+becomes a `GrammarError` naming the spec's path. The cache is a bounded LRU, safe to share between threads. A
+compiled grammar is reused within its namespace only: shared, a tenant's request for a schema another tenant had just
+used skipped the compile, and its time to first token told that the other had used that schema (the timing side
+channel the KV cache's namespaces close).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import dataclasses
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import llguidance
@@ -34,21 +39,23 @@ class CompiledGrammar:
 
 
 class GrammarCompiler:
-    """Compiles `GrammarSpec`s for one vocabulary, keeping the last `max_entries` compiled grammars."""
+    """Compiles `GrammarSpec`s for one vocabulary, keeping the last `max_entries` compiled grammars (all namespaces
+    together)."""
 
     def __init__(self, vocab: GrammarVocab, max_entries: int = 256) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self.vocab = vocab
         self.max_entries = max_entries
-        self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._cache: OrderedDict[tuple[Hashable, str], CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
-    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        """The compiled grammar of `spec`, from the cache when an equal spec was compiled before."""
-        key = spec.key
+    def compile(self, spec: GrammarSpec, namespace: Hashable = None) -> CompiledGrammar:
+        """The compiled grammar of `spec`, from the cache when an equal spec was compiled before in `namespace` (the
+        request's cache namespace: another namespace's compile is never reused)."""
+        key = (namespace, spec.key)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:

@@ -273,3 +273,17 @@ def test_a_number_the_library_cannot_take_is_named_by_its_path(tiny_compiler) ->
             GrammarSpec.json_schema(schema, path=ROOT)
         assert info.value.path == f"{ROOT}.{where}"
     tiny_compiler.compile(GrammarSpec.json_schema({"enum": [2**64 - 1, -(2**63) + 1024, {"a": 2**62}]}))
+
+
+def test_cache_is_keyed_by_namespace_within_one_bound(tiny_compiler) -> None:
+    """A tenant never reuses another namespace's compile (its time would tell the other used the spec); all
+    namespaces share the one bound."""
+    compiler = GrammarCompiler(tiny_compiler.vocab, max_entries=2)
+    spec = GrammarSpec.regex("x+")
+    a = compiler.compile(spec, namespace="a")
+    b = compiler.compile(spec, namespace="b")
+    assert a is not b and compiler.misses == 2 and compiler.hits == 0
+    assert compiler.compile(spec, namespace="a") is a and compiler.hits == 1
+    compiler.compile(spec)  # the keyless namespace: a third entry, evicting b (the least recent)
+    assert len(compiler) == 2 and compiler.misses == 3
+    assert compiler.compile(spec, namespace="b") is not b and compiler.misses == 4
