@@ -174,7 +174,7 @@ class Engine:
         """Render `messages` (OpenAI's, agent histories included) with the model's chat template, the `tools=` in
         it, and generate. A list of conversations runs them concurrently and returns a list of results."""
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "chat")
-        return self.generate(self._builder.render(messages, opts.tool_use), options=opts)
+        return self.generate(self._builder.render_for(messages, opts), options=opts)
 
     def run(self, req: Request) -> GenerationResult:
         """Take one prepared request through its whole life. On any error its blocks are freed and its lock
@@ -246,7 +246,7 @@ class Engine:
         # `options=`'s seed is offset per branch as the keyword is (else every branch is alike); checked here
         seed = opts.sampling.seed if seed is None else opts.updated(seed=seed).sampling.seed
         check_fork_seed(seed, n)
-        text = self._builder.render(prefix, opts.tool_use) if is_messages(prefix) else prefix  # type: ignore[arg-type]
+        text = self._builder.render_for(prefix, opts) if is_messages(prefix) else prefix  # type: ignore[arg-type]
         ids = self._builder.encode(text)
         build = self._builder.encode_continuation
         tails = [build(c) for c in continuations] if continuations is not None else [[]] * n
@@ -267,7 +267,7 @@ class Engine:
 
     async def achat(self, messages: Messages | Sequence[Messages], max_new_tokens: MaxNew = None, **kwargs: Any) -> Any:
         opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "achat")
-        return await submitted_results(lambda: self.submit(self._builder.render(messages, opts.tool_use), options=opts))
+        return await submitted_results(lambda: self.submit(self._builder.render_for(messages, opts), options=opts))
 
     def stream(self, prompt: Prompt | Messages, max_new_tokens: MaxNew = None, **kwargs: Any) -> TextStream:
         """Text deltas as tokens are generated (`prompt` may be chat messages); engine.streaming.stream_text says
@@ -278,7 +278,7 @@ class Engine:
 
         def build() -> Request:  # at the first read, off the event loop: its errors raise there
             opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "stream")
-            return self._build(self._builder.render(prompt, opts.tool_use) if is_messages(prompt) else prompt, opts)  # type: ignore[arg-type]
+            return self._build(self._builder.render_for(prompt, opts) if is_messages(prompt) else prompt, opts)  # type: ignore[arg-type]
 
         return TextStream(lambda ended: request_deltas(build, self._enqueue, self.output, ended))
 
@@ -289,7 +289,7 @@ class Engine:
         what the pinning call took: chat messages are rendered as `chat` renders them, with its `tools=` or
         `options=` (a TypeError names any other keyword than generate's)."""
         opts = resolve_options(kwargs.pop("max_new_tokens", None), kwargs.pop("options", None), kwargs, "Engine.unpin")
-        text = self._builder.render(prompt, opts.tool_use) if is_messages(prompt) else prompt
+        text = self._builder.render_for(prompt, opts) if is_messages(prompt) else prompt
         tokens = None if text is None else self._builder.encode(text)
         return self._loop.wait_for(lambda _: self.kv.pins.unpin(tokens, opts.namespace))
 

@@ -205,7 +205,8 @@ class OutputProcessor:
         use = req.tool_use
         if use is None or not use.parses_calls or req.call_ids is None or req.error is not None:
             return result
-        return with_tool_calls(result, use, self.tool_features, req.call_ids, self.tool_memory, self._emitted_ids(req))
+        memory = self.tool_memory.scoped(req.namespace)  # the calls are the request's namespace's own
+        return with_tool_calls(result, use, self.tool_features, req.call_ids, memory, self._emitted_ids(req))
 
     def _emitted_ids(self, req: Request) -> tuple[int, ...]:
         """The ids the model emitted for its result's text: the output without the stop token that ended it; none

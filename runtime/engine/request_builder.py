@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import operator
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from numbers import Integral
 from typing import Any
 
@@ -141,15 +141,22 @@ class RequestBuilder:
         if bad is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
 
-    def render(self, messages: Messages | Sequence[Messages], tool_use: ToolUse | None = None) -> Any:
+    def render_for(self, messages: Messages | Sequence[Messages], options: RequestOptions) -> Any:
+        """`render` with the tools and cache namespace of `options`."""
+        return self.render(messages, options.tool_use, options.namespace)
+
+    def render(
+        self, messages: Messages | Sequence[Messages], tool_use: ToolUse | None = None, namespace: Hashable = None
+    ) -> Any:
         """The chat template applied (with the assistant turn's start): one text, or a list for a list of chats.
         Agent histories (tool calls, tool results, names, the developer role) and `tool_use`'s tools are rendered by
-        the tokenizer (runtime.tools.render), with the engine's memory of the calls the model wrote."""
+        the tokenizer (runtime.tools.render), with the engine's memory of the calls the model wrote in `namespace`
+        (the request's cache namespace)."""
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer; this engine has none")
         kw: dict[str, Any] = {}
         if self.renders_tools:
-            kw = {"tools": tool_use.tools if tool_use else None, "tool_memory": self.tool_memory}
+            kw = {"tools": tool_use.tools if tool_use else None, "tool_memory": self.tool_memory.scoped(namespace)}
         elif tool_use is not None:
             raise ValueError("this engine's tokenizer cannot render tools")
         if is_messages(messages):

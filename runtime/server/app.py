@@ -286,7 +286,7 @@ def create_app(
         if any(m["role"] == "function" or "function_call" in m for m in messages):
             messages = legacy.legacy_messages(messages, legacy_calls, namespace)
         # Rendering and tokenising a long history take milliseconds: off the event loop, as submitting is.
-        ids = await asyncio.to_thread(lambda: encode(render_chat(engine, messages, use)))
+        ids = await asyncio.to_thread(lambda: encode(render_chat(engine, messages, use, namespace)))
         job = job_for(body, [ids], namespace, request, key, grammar=grammar, tool_use=use)
         return await run(request, body, job, responder("chat.completion", job, reply))
 

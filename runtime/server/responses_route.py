@@ -111,8 +111,8 @@ def add_routes(app: FastAPI, chat: ChatPath, store: ResponseStore) -> None:
         try:
             grammar, use = grammar_of(chat_request), tool_use_of(chat_request)
             rendered = [m.as_dict(i) for i, m in enumerate(chat_request.messages)]
-            ids = await asyncio.to_thread(lambda: chat.encode(render_chat(chat.engine, rendered, use)))
             namespace = generation.namespace_for(key, body.cache_salt)
+            ids = await asyncio.to_thread(lambda: chat.encode(render_chat(chat.engine, rendered, use, namespace)))
             job = chat.job_for(chat_request, [ids], namespace, request, key, grammar=grammar, tool_use=use)
         except APIError as exc:
             raise renamed(exc, sources) from None

@@ -4,8 +4,9 @@
   `grammar` (EBNF: GBNF or Lark), at most one of them; None for none or `{"type": "text"}`.
 - `tool_use_of(body)`: the `ToolUse` of `tools`, `tool_choice` and `parallel_tool_calls` (None without tools), every
   tool's `parameters` checked as a schema whatever the choice, so a bad one is refused even under "auto".
-- `render_chat(engine, messages, use)`: the prompt text, by the model's chat template with the tools and the
-  engine's memory of the calls its model wrote (so a replayed call is the very tokens the cache holds).
+- `render_chat(engine, messages, use, namespace)`: the prompt text, by the model's chat template with the tools and
+  the engine's memory of the calls its model wrote in the caller's namespace (so a replayed call is the very tokens
+  the cache holds).
 - `bad_request(exc)`: a `ToolInputError` or `GrammarError` (ValueErrors that name a path, from here or from the
   engine when it compiles the grammar) as a 400 whose `param` is that path in this server's dotted form
   (`tools[1].function.name` -> `tools.1.function.name`, as pydantic's paths are written).
@@ -16,7 +17,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from radixcache.runtime.grammar.errors import GrammarError
@@ -84,12 +85,17 @@ def tool_use_of(body: Any) -> ToolUse | None:
     return use
 
 
-def render_chat(engine: Any, messages: Sequence[dict[str, Any]], use: ToolUse | None) -> str:
-    """The prompt of a chat request: the template renders the history (tool turns included) and the tools."""
+def render_chat(
+    engine: Any, messages: Sequence[dict[str, Any]], use: ToolUse | None, namespace: Hashable = None
+) -> str:
+    """The prompt of a chat request: the template renders the history (tool turns included) and the tools, with
+    the calls the model wrote remembered in `namespace` (the caller's cache namespace) only."""
     render = engine.tokenizer.apply_chat_template
     kw: dict[str, Any] = {}
     if "tool_memory" in inspect.signature(render).parameters:
-        kw = {"tools": use.tools if use is not None else None, "tool_memory": getattr(engine, "tool_memory", None)}
+        memory = getattr(engine, "tool_memory", None)
+        memory = None if memory is None else memory.scoped(namespace)  # not `memory and`: an empty one is falsy
+        kw = {"tools": use.tools if use is not None else None, "tool_memory": memory}
     elif use is not None:
         raise APIError(400, "this model's tokenizer cannot render tools", param="tools")
     try:

@@ -2,23 +2,41 @@
 OpenAI clients do: ids, names, arguments, no text) is rendered with the tokens the model generated: the text, and
 where known the token ids it was emitted as (runtime.tools.known_tokens splices them into the next prompt).
 
-Bounded by entries and by bytes (least recently used dropped first; the newest entry always stays) and
-thread-safe. A lookup returns the text only when every call
-matches one remembered by id, name and arguments (as JSON values), so a client cannot inject text by reusing ids,
-and, when the reply's content was remembered, when the message says that content: the remembered text holds the
-content the model wrote, so a message whose content was edited is not that reply (it renders as its own text).
+Kept per cache namespace: a handle `scoped(namespace)` remembers under the request's namespace and finds only its
+own entries (and unscoped ones), so one tenant's history never renders with another tenant's remembered text, and
+one tenant's tool traffic cannot evict another's calls while the other holds no more than its share. Bounded by
+entries and by bytes on all namespaces together; past a bound the namespace holding the most (entries, or bytes)
+loses its least recently used entry, so a namespace under its fair share (the bound over the namespaces in use)
+keeps its calls however much another sends; the newest entry always stays. Thread-safe. The unscoped handle (a
+plain `ToolCallMemory()`, and the cluster front's) remembers entries every namespace finds, and finds any entry by
+its ids (random secrets: the caller holds them because it made those calls).
+
+A lookup returns the text only when every call matches one remembered by id, name and arguments (as JSON values),
+so a client cannot inject text by reusing ids, and, when the reply's content was remembered, when the message says
+that content: the remembered text holds the content the model wrote, so a message whose content was edited is not
+that reply (it renders as its own text).
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from radixcache.runtime.tools.messages import ToolCall
 
 # raw text, the calls, the emitted token ids (empty: not known), the content outside the calls (None: not known)
 _Entry = tuple[str, tuple[ToolCall, ...], tuple[int, ...], str | None]
+_Ids = tuple[str, ...]
+
+
+class _Unscoped:
+    def __repr__(self) -> str:
+        return "UNSCOPED"
+
+
+UNSCOPED: Hashable = _Unscoped()  # the namespace of a handle that names none (see the module docstring)
 
 
 class ToolCallMemory:
@@ -27,12 +45,28 @@ class ToolCallMemory:
             raise ValueError(f"max_entries must be at least 1, got {max_entries}")
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be at least 1, got {max_bytes}")
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes  # a reply may be a whole context of text and ids: entries alone bound nothing
-        self._entries: OrderedDict[tuple[str, ...], _Entry] = OrderedDict()
-        self._sizes: dict[tuple[str, ...], int] = {}
-        self.bytes = 0  # the entries' estimated size (_size), what max_bytes bounds
-        self._lock = threading.Lock()
+        self._store = _Store(max_entries, max_bytes)
+        self.namespace: Hashable = UNSCOPED
+
+    def scoped(self, namespace: Hashable) -> ToolCallMemory:
+        """A handle on this memory that remembers under `namespace` (a request's cache namespace) and finds only
+        that namespace's entries and unscoped ones."""
+        view = copy.copy(self)
+        view.namespace = namespace
+        return view
+
+    @property
+    def max_entries(self) -> int:
+        return self._store.max_entries
+
+    @property
+    def max_bytes(self) -> int:
+        return self._store.max_bytes  # a reply may be a whole context of text and ids: entries alone bound nothing
+
+    @property
+    def bytes(self) -> int:
+        """The entries' estimated size (_size), all namespaces together: what max_bytes bounds."""
+        return self._store.bytes
 
     def remember(
         self, calls: Sequence[ToolCall], raw_text: str, token_ids: Sequence[int] = (), content: str | None = None
@@ -40,19 +74,10 @@ class ToolCallMemory:
         """Remember that the model wrote `raw_text` (without the stop token) for `calls`, as `token_ids` when given
         (the ids that decode to exactly `raw_text`); `content`, when given, is the reply's text outside the calls
         ("" for none), which a replayed message must say for `raw_text` to stand for it."""
-        if not calls:
-            return
-        key = tuple(c.id for c in calls)
-        entry = (raw_text, tuple(calls), tuple(token_ids), content)
-        with self._lock:
-            self.bytes -= self._sizes.pop(key, 0)
-            self._entries[key] = entry
-            self._entries.move_to_end(key)
-            self._sizes[key] = _size(entry)
-            self.bytes += self._sizes[key]
-            while len(self._entries) > 1 and (len(self._entries) > self.max_entries or self.bytes > self.max_bytes):
-                oldest, _ = self._entries.popitem(last=False)
-                self.bytes -= self._sizes.pop(oldest)
+        if calls:
+            self._store.put(
+                self.namespace, tuple(c.id for c in calls), (raw_text, tuple(calls), tuple(token_ids), content)
+            )
 
     def lookup(self, calls: Sequence[ToolCall], content: str | None = None) -> str | None:
         """The remembered text for exactly these calls said with `content` (None or "": none), or None."""
@@ -64,12 +89,9 @@ class ToolCallMemory:
     ) -> tuple[str, tuple[int, ...]] | None:
         """(text, token ids; empty when not known) remembered for exactly these calls said with `content`, or
         None."""
-        key = tuple(c.id for c in calls)
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
+        entry = self._store.get(self.namespace, tuple(c.id for c in calls))
+        if entry is None:
+            return None
         raw, known, ids, said = entry
         if said is not None and (content or "") != said:
             return None
@@ -80,7 +102,63 @@ class ToolCallMemory:
         return (raw, ids) if same else None
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._store.owner)
+
+
+class _Store:
+    """The entries of every namespace, each namespace's in least-recently-used order, one entry per call ids."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.spaces: dict[Hashable, OrderedDict[_Ids, _Entry]] = {}
+        self.space_bytes: dict[Hashable, int] = {}
+        self.sizes: dict[_Ids, int] = {}
+        self.owner: dict[_Ids, Hashable] = {}  # the namespace each entry is remembered under
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def get(self, namespace: Hashable, key: _Ids) -> _Entry | None:
+        with self.lock:
+            owner = self.owner.get(key, UNSCOPED)
+            if key not in self.owner or not (namespace is UNSCOPED or owner is UNSCOPED or owner == namespace):
+                return None
+            space = self.spaces[owner]
+            space.move_to_end(key)
+            return space[key]
+
+    def put(self, namespace: Hashable, key: _Ids, entry: _Entry) -> None:
+        with self.lock:
+            if key in self.owner:
+                self._drop(self.owner[key], key)
+            self.spaces.setdefault(namespace, OrderedDict())[key] = entry
+            self.owner[key] = namespace
+            self.sizes[key] = _size(entry)
+            self.space_bytes[namespace] = self.space_bytes.get(namespace, 0) + self.sizes[key]
+            self.bytes += self.sizes[key]
+            while len(self.owner) > 1 and (len(self.owner) > self.max_entries or self.bytes > self.max_bytes):
+                victim = self._largest(namespace, key, by_bytes=len(self.owner) <= self.max_entries)
+                self._drop(victim, next(iter(self.spaces[victim])))
+
+    def _largest(self, namespace: Hashable, newest: _Ids, by_bytes: bool) -> Hashable:
+        """The namespace holding the most (bytes, or entries) that has an entry other than `newest`; a tie goes to
+        `namespace`, the one remembering now."""
+
+        def held(ns: Hashable) -> tuple[int, bool]:
+            return (self.space_bytes[ns] if by_bytes else len(self.spaces[ns]), ns == namespace)
+
+        spaces = [ns for ns, space in self.spaces.items() if ns != namespace or len(space) > 1]
+        return max(spaces, key=held) if spaces else namespace
+
+    def _drop(self, namespace: Hashable, key: _Ids) -> None:
+        space = self.spaces[namespace]
+        del space[key]
+        del self.owner[key]
+        size = self.sizes.pop(key)
+        self.bytes -= size
+        self.space_bytes[namespace] -= size
+        if not space:
+            del self.spaces[namespace], self.space_bytes[namespace]
 
 
 def _size(entry: _Entry) -> int:

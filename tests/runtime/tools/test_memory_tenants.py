@@ -1,0 +1,61 @@
+"""`ToolCallMemory` per cache namespace: a scoped handle finds its own namespace's calls only, and the bounds are
+shared fairly: the namespace holding the most loses its oldest entry, so one tenant's tool traffic cannot evict the
+calls of a tenant holding less (one LRU for all let a busy tenant push out every other tenant's calls, whose next
+turns then re-rendered them and missed the cache)."""
+
+from __future__ import annotations
+
+from radixcache.runtime.tools import ToolCallMemory
+from radixcache.runtime.tools.messages import ToolCall
+
+
+def _calls(prefix: str, n: int) -> list[tuple[ToolCall, ...]]:
+    return [(ToolCall(f"call_{prefix}{i}", "f", "{}"),) for i in range(n)]
+
+
+def test_a_namespace_finds_its_own_calls_and_unscoped_ones() -> None:
+    memory = ToolCallMemory()
+    alice, bob = memory.scoped("a"), memory.scoped("b")
+    ((mine,),), ((shared,),) = _calls("a", 1), _calls("u", 1)
+    alice.remember([mine], "alice wrote")
+    memory.remember([shared], "unscoped")  # a plain handle (the cluster front's) is seen by every namespace
+    assert alice.lookup([mine]) == "alice wrote" and bob.lookup([mine]) is None
+    assert memory.scoped(None).lookup([mine]) is None  # the keyless namespace is a namespace too
+    assert memory.lookup([mine]) == "alice wrote"  # the unscoped handle finds any (it holds the secret ids)
+    assert alice.lookup([shared]) == bob.lookup([shared]) == "unscoped"
+    bob.remember([mine], "bob wrote")  # the same ids again (the ids are random: never in practice) move to bob
+    assert alice.lookup([mine]) is None and bob.lookup([mine]) == "bob wrote" and len(memory) == 2
+
+
+def test_a_busy_namespace_evicts_its_own_calls_not_a_quiet_ones() -> None:
+    memory = ToolCallMemory(max_entries=10)
+    quiet, busy = _calls("q", 3), _calls("b", 100)
+    for c in quiet:
+        memory.scoped("quiet").remember(c, "q")
+    for c in busy:
+        memory.scoped("busy").remember(c, "b")
+        assert len(memory) <= 10
+    assert all(memory.scoped("quiet").lookup(c) == "q" for c in quiet)
+    kept = [c for c in busy if memory.scoped("busy").lookup(c) is not None]
+    assert kept == busy[-7:]  # least recently used first, within its own namespace
+    # two busy namespaces share the bound evenly: each keeps half, the quiet one keeps its calls
+    for c in _calls("o", 50):
+        memory.scoped("other").remember(c, "o")
+    held = {
+        ns: sum(memory.scoped(ns).lookup(c) is not None for c in cs)
+        for ns, cs in [("busy", busy), ("other", _calls("o", 50)), ("quiet", quiet)]
+    }
+    assert held == {"busy": 4, "other": 3, "quiet": 3} or held == {"busy": 3, "other": 4, "quiet": 3}
+
+
+def test_the_bytes_bound_is_shared_the_same_way() -> None:
+    memory = ToolCallMemory(max_entries=1000, max_bytes=50_000)
+    small = _calls("s", 1)[0]
+    memory.scoped("small").remember(small, "x" * 5_000)
+    for c in _calls("big", 30):
+        memory.scoped("big").remember(c, "y" * 10_000)
+        assert memory.bytes <= 50_000
+    assert memory.scoped("small").lookup(small) == "x" * 5_000
+    huge = _calls("h", 1)[0]
+    memory.scoped("huge").remember(huge, "z" * 200_000)  # the newest always stays, whatever its size
+    assert memory.scoped("huge").lookup(huge) == "z" * 200_000 and len(memory) == 1
