@@ -5,8 +5,10 @@ tool-call parsing and structured output (runtime.server.responses_route).
 - Items (`input`, and the stored chain of `previous_response_id`): messages (role user, system, developer or
   assistant; content a string or `input_text` / `output_text` parts; `"type": "message"` optional) become chat
   messages; a `function_call` joins the assistant message before it (or starts one) as a tool call whose id is
-  its `call_id`; a `function_call_output` becomes a `tool` message answering its `call_id`. `instructions` is the
-  system message, first. Any other item (reasoning, images, files, hosted tools' calls) is a 400 naming it.
+  its `call_id` (the SDK's `async`, `caller` and `namespace` fields are accepted where they leave the prompt as it
+  is: `_check_call_context`); a `function_call_output` becomes a `tool` message answering its `call_id`.
+  `instructions` is the system message, first. Any other item (reasoning, images, files, hosted tools' calls) is a
+  400 naming it.
 - `items_of` checks the items and returns them in one canonical form (what the response store keeps), each with an
   id (its own, or a new `msg_`, `fc_` or `fco_` one), as `GET /v1/responses/{id}/input_items` lists them (`listed`).
 - `renamed(error, origins)`: a 400 the chat path raised, its `param` in the Responses names (`messages.3.content`
@@ -29,7 +31,7 @@ from radixcache.runtime.server.structured import param_path
 ROLES = ("user", "system", "developer", "assistant")
 _KEYS = {
     "message": {"type", "role", "content", "id", "status", "phase"},
-    "function_call": {"type", "id", "call_id", "name", "arguments", "status"},
+    "function_call": {"type", "id", "call_id", "name", "arguments", "status", "async", "caller", "namespace"},
     "function_call_output": {"type", "id", "call_id", "output", "status"},
 }
 _PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}  # of the ids given to items
@@ -92,6 +94,22 @@ def _string(item: dict[str, Any], key: str, path: str) -> str:
     return value
 
 
+def _check_call_context(item: dict[str, Any], path: str) -> None:
+    """The fields openai's SDK (3.63) writes on a function_call (null unless set), none of which the prompt holds, so
+    a replayed `item.model_dump(by_alias=True)` is accepted: `async` (whether the client runs the call in the
+    background) any boolean; `caller` `{"type": "direct"}` (the model made the call, as every call here), not a
+    program's; `namespace` none (this server's tools are flat functions: a namespaced call names a tool it has not)."""
+    if item.get("async") is not None and not isinstance(item["async"], bool):
+        raise APIError(400, f"{path}.async: must be a boolean or null", param=f"{path}.async")
+    caller = item.get("caller")
+    if caller is not None and caller != {"type": "direct"}:
+        here = f"{path}.caller"
+        raise APIError(400, f'{here}: only calls the model made ({{"type": "direct"}}) are supported', param=here)
+    if item.get("namespace") is not None:
+        here = f"{path}.namespace"
+        raise APIError(400, f"{here}: namespaced tools are not supported by this server (only null)", param=here)
+
+
 def item_of(item: Any, path: str) -> dict[str, Any]:
     """One input item, checked, in the canonical form."""
     if not isinstance(unicode_checked(item, path), dict):
@@ -114,6 +132,7 @@ def item_of(item: Any, path: str) -> dict[str, Any]:
             raise APIError(400, f"{path}.role: must be one of {', '.join(ROLES)}", param=f"{path}.role")
         return {**out, "role": item["role"], "content": _text(item.get("content"), f"{path}.content")}
     if kind == "function_call":
+        _check_call_context(item, path)
         return {**out, **{k: _string(item, k, path) for k in ("call_id", "name", "arguments")}}
     return {**out, "call_id": _string(item, "call_id", path), "output": _text(item.get("output"), f"{path}.output")}
 
