@@ -5,8 +5,9 @@ tool-call parsing and structured output (runtime.server.responses_route).
 - Items (`input`, and the stored chain of `previous_response_id`): messages (role user, system, developer or
   assistant; content a string or `input_text` / `output_text` parts; `"type": "message"` optional) become chat
   messages; a `function_call` joins the assistant message before it (or starts one) as a tool call whose id is
-  its `call_id` (the SDK's `async`, `caller` and `namespace` fields are accepted where they leave the prompt as it
-  is: `_check_call_context`); a `function_call_output` becomes a `tool` message answering its `call_id`.
+  its `call_id`; a `function_call_output` becomes a `tool` message answering its `call_id` (on both, the SDK's
+  `async`, `caller`, `namespace`, `created_by` and `name` fields are accepted where they leave the prompt as it is:
+  `_check_call_context`).
   `instructions` is the system message, first. Any other item (reasoning, images, files, hosted tools' calls) is a
   400 naming it.
 - `items_of` checks the items and returns them in one canonical form (what the response store keeps), each with an
@@ -31,11 +32,22 @@ from radixcache.runtime.server.structured import param_path
 ROLES = ("user", "system", "developer", "assistant")
 _KEYS = {
     "message": {"type", "role", "content", "id", "status", "phase"},
-    "function_call": {"type", "id", "call_id", "name", "arguments", "status", "async", "caller", "namespace"},
-    "function_call_output": {"type", "id", "call_id", "output", "status"},
+    "function_call": {
+        "type",
+        "id",
+        "call_id",
+        "name",
+        "arguments",
+        "status",
+        "async",
+        "caller",
+        "namespace",
+        "created_by",
+    },
+    "function_call_output": {"type", "id", "call_id", "output", "status", "caller", "namespace", "created_by", "name"},
 }
 _PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}  # of the ids given to items
-_PART_KEYS = {"type", "text", "annotations", "logprobs"}
+_PART_KEYS = {"type", "text", "annotations", "logprobs", "prompt_cache_breakpoint"}
 _TOOL_KEYS = {"type", "name", "description", "parameters", "strict"}
 PREVIOUS = "previous_response_id"  # the origin of an item from the stored chain
 
@@ -54,6 +66,11 @@ def _text(value: Any, path: str) -> str:
             raise APIError(400, f"{here}: only text parts (input_text, output_text), got {kind!r}", param=here)
         for key in part.keys() - _PART_KEYS:
             raise APIError(400, f"Unrecognized content part field: {here}.{key}", param=f"{here}.{key}")
+        if (
+            part.get("prompt_cache_breakpoint") is not None
+        ):  # the SDK's dump writes null; this server caches every prefix
+            here = f"{here}.prompt_cache_breakpoint"
+            raise APIError(400, f"{here}: explicit cache breakpoints are not supported (only null)", param=here)
         if not isinstance(part.get("text"), str):
             raise APIError(400, f"{here}.text: must be a string", param=f"{here}.text")
         out.append(part["text"])
@@ -95,12 +112,17 @@ def _string(item: dict[str, Any], key: str, path: str) -> str:
 
 
 def _check_call_context(item: dict[str, Any], path: str) -> None:
-    """The fields openai's SDK (3.63) writes on a function_call (null unless set), none of which the prompt holds, so
-    a replayed `item.model_dump(by_alias=True)` is accepted: `async` (whether the client runs the call in the
-    background) any boolean; `caller` `{"type": "direct"}` (the model made the call, as every call here), not a
-    program's; `namespace` none (this server's tools are flat functions: a namespaced call names a tool it has not)."""
+    """The fields openai's SDK (3.63) writes on a function_call or function_call_output (null unless set), none of
+    which the prompt holds, so a replayed `item.model_dump(by_alias=True)` (of a response's output, or of listed input
+    items) is accepted: `async` (whether the client runs the call in the background) any boolean; `created_by` (who
+    made the item) and an output's `name` any string; `caller` `{"type": "direct"}` (the model made the call, as
+    every call here), not a program's; `namespace` none (this server's tools are flat functions: a namespaced call
+    names a tool it has not)."""
     if item.get("async") is not None and not isinstance(item["async"], bool):
         raise APIError(400, f"{path}.async: must be a boolean or null", param=f"{path}.async")
+    for key in ("created_by", "name") if item.get("type") == "function_call_output" else ("created_by",):
+        if item.get(key) is not None and not isinstance(item[key], str):
+            raise APIError(400, f"{path}.{key}: must be a string or null", param=f"{path}.{key}")
     caller = item.get("caller")
     if caller is not None and caller != {"type": "direct"}:
         here = f"{path}.caller"
@@ -134,6 +156,7 @@ def item_of(item: Any, path: str) -> dict[str, Any]:
     if kind == "function_call":
         _check_call_context(item, path)
         return {**out, **{k: _string(item, k, path) for k in ("call_id", "name", "arguments")}}
+    _check_call_context(item, path)
     return {**out, "call_id": _string(item, "call_id", path), "output": _text(item.get("output"), f"{path}.output")}
 
 
