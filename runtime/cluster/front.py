@@ -21,10 +21,10 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
-from radixcache import CacheStats
 from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.cluster.handles import RemoteHandle, RemoteRequest
 from radixcache.runtime.cluster.limits import check_model_limits
+from radixcache.runtime.cluster.tally import Baseline, _add, replica_rows, sum_stats  # noqa: F401 (_add: its tests)
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, check_namespace, resolve_options
 from radixcache.runtime.engine.request_builder import group_prompts, token_ids
@@ -73,6 +73,7 @@ class ClusterEngine:
         self._closed = False
         self._running: set[RemoteHandle] = set()  # handles whose `_run` has not ended (wait_idle waits for none)
         self._idle = threading.Condition()
+        self._baseline = Baseline()  # each replica's stats after the replay's warm-up: per_replica counts from there
 
     # ------------------------------------------------------------------ requests
 
@@ -217,6 +218,7 @@ class ClusterEngine:
                 cluster.ray.get(ref, timeout=cluster.call_timeout)
             except cluster.actor_errors as exc:  # a dead replica leaves the routing set, as a request would see
                 cluster.mark_dead(replica, exc)
+        self._baseline = Baseline.take(cluster, tuple(cluster.page_keys(prompt, namespace)))
 
     def record_trace(self, path: Any) -> None:
         """Recording a trace needs one engine (each replica sees only its share): refused, unless stopping one."""
@@ -336,31 +338,12 @@ class ClusterEngine:
     @property
     def stats(self) -> Any:
         """The replicas' EngineStats summed (gauges too: the cluster's pages, running and waiting)."""
-        parts = self.cluster.replica_stats()
-        if not parts:
-            raise ReplicaUnavailableError("no live engine replica")
-        total = parts[0]
-        for s in parts[1:]:
-            total = _add(total, s)
-        return total
+        return sum_stats(self.cluster.replica_stats())
 
     def per_replica(self) -> list[dict[str, Any]]:
-        """Each live replica's share: requests routed to it, its prompt and cached tokens, its indexed pages."""
-        answers = self.cluster.each("stats")  # first: a replica found dead here leaves `stats` below too
-        stats = self.cluster.stats()
-        rows = []
-        for replica, s in answers.items():
-            rows.append(
-                {
-                    "replica": replica,
-                    "routed": stats.routed.get(replica, 0),
-                    "prompt_tokens": s.prompt_tokens,
-                    "cached_tokens": s.cached_tokens,
-                    "hit_rate": s.hit_rate,
-                    "indexed_pages": stats.index_pages.get(replica, 0),
-                }
-            )
-        return rows
+        """Each live replica's share of the measured run (since the replay's warm-up, runtime.cluster.tally): requests
+        routed to it, its prompt and cached tokens, its indexed pages."""
+        return replica_rows(self.cluster, self._baseline)
 
     def check(self, timeout: float | None = 30.0) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -399,17 +382,3 @@ class ClusterEngine:
         finally:
             cluster.close()
         return idle
-
-
-def _add(a: Any, b: Any) -> Any:
-    """Two EngineStats (or CacheStats) summed field by field; None stays None."""
-    values = {}
-    for name in a.__dataclass_fields__:
-        x, y = getattr(a, name), getattr(b, name)
-        if isinstance(x, (int, float)) and not isinstance(x, bool):
-            values[name] = x + y
-        elif isinstance(x, CacheStats) or hasattr(x, "__dataclass_fields__"):
-            values[name] = _add(x, y) if y is not None else x
-        else:
-            values[name] = x
-    return replace(a, **values)

@@ -189,6 +189,11 @@ class EngineReplica:
     def stats(self) -> Any:
         return self.engine.stats
 
+    def counted_stats(self) -> tuple[str, Any]:
+        """(incarnation, EngineStats): the front door subtracts a baseline only from the process that gave it (a
+        restarted replica counts from zero again)."""
+        return self.incarnation, self.engine.stats
+
     def set_events_history(self, batches: int) -> None:
         """Keep only the last `batches` event batches (tests: make a receiver fall behind the history)."""
         events = self.engine.events

@@ -138,6 +138,9 @@ class FakeActor:
         """What `ClusterEngine.per_replica` reads of an EngineStats: numbers that name this replica."""
         return types.SimpleNamespace(prompt_tokens=100 + self.replica, cached_tokens=10 + self.replica, hit_rate=0.5)
 
+    def _counted_stats(self) -> tuple[str, types.SimpleNamespace]:
+        return f"i{self.replica}", self._stats()
+
     def _close(self, timeout: float | None = None) -> bool:
         return True
 

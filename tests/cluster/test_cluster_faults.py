@@ -89,7 +89,7 @@ def test_per_replica_rows_keep_their_replica_when_one_is_found_dead(cluster, tin
     from radixcache.runtime.cluster.front import ClusterEngine
 
     engine = ClusterEngine(cluster, str(tiny_dir))
-    cluster.actor(0).fail["stats"] = RayActorError("died")
+    cluster.actor(0).fail["counted_stats"] = RayActorError("died")
     rows = engine.per_replica()
     assert [(row["replica"], row["prompt_tokens"]) for row in rows] == [(1, 101)]
     assert cluster.alive == (1,)

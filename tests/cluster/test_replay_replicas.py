@@ -125,3 +125,35 @@ def test_a_request_whose_thread_does_not_start_is_not_left_in_flight(
     assert front.wait_idle(0)  # nothing is in flight
     assert front.generate([1, 2, 3], 2).finish_reason == "length"  # and the front door still serves
     assert front.close(30)
+
+
+def test_the_per_replica_table_counts_the_measured_requests_only(front: Any) -> None:
+    """The per-replica rows came from each replica's engine stats, warm-up included: a replica that served no measured
+    request showed its 8 warm-up prompt tokens and 2 indexed pages. They count from the stats taken after the warm-up,
+    as the single engine's table counts its records; a replica Ray restarted since counts from zero."""
+    from radixcache.runtime.cluster.replica import EngineReplica
+    from radixcache.runtime.replay import ReplayConfig, replay
+
+    trace = [TokenRequest(timestamp_ms=0, tokens=tuple(range(1, 14)), output_length=2, session="s")]
+    result = replay(front, trace, ReplayConfig(max_tokens=2))
+    front.cluster.poll()  # every replica's pages, the warm-up's among them, are in the router's index
+    rows = {row["replica"]: row for row in front.per_replica()}
+    served = next(r for r, row in rows.items() if row["routed"] == 1)
+    measured = result.requests[0]
+    assert (rows[served]["prompt_tokens"], rows[served]["cached_tokens"]) == (13, measured.cached_tokens)
+    assert rows[served]["indexed_pages"] > 0
+    for replica, row in rows.items():
+        if replica != served:
+            assert (row["routed"], row["prompt_tokens"], row["cached_tokens"], row["hit_rate"]) == (0, 0, 0, 0.0)
+            assert row["indexed_pages"] == 0
+
+    idle = next(r for r in rows if r != served)  # Ray restarts it: a new process, its stats from zero
+    actor = front.cluster.actor(idle)
+    old = actor.obj
+    actor.obj = EngineReplica(idle, old.engine.model, ENGINE)
+    front.replicas.append(actor.obj.engine)  # closed by the fixture
+    old.engine.close()
+    actor.obj.generate(list(range(20, 29)), 2, {})  # 9 prompt tokens on the restarted replica
+    front.cluster.poll()
+    again = {row["replica"]: row for row in front.per_replica()}
+    assert again[idle]["prompt_tokens"] == 9  # not 9 - the old process's 8 warm-up tokens
