@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from radixcache.runtime.cluster.cluster import ReplicaCluster
-from radixcache.runtime.cluster.handles import RemoteHandle, RemoteRequest
+from radixcache.runtime.cluster.handles import FrontQueue, RemoteHandle, RemoteRequest
 from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.cluster.tally import Baseline, _add, replica_rows, sum_stats  # noqa: F401 (_add: its tests)
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
@@ -64,7 +64,7 @@ class ClusterEngine:
         )
         page = info["page_size"]
         self.kv = SimpleNamespace(pages=lambda n: -(-n // page))
-        self.queue = SimpleNamespace(waiting=0)
+        self.queue = FrontQueue()  # its requests no replica has started yet (/health/cache's `queued`)
         self.enable_cache = True
         self.routes_sessions = True  # the server passes `session` (prompt_cache_key, user or X-Session-Id)
         self.tool_memory = ToolCallMemory()  # the calls the replicas' model wrote, by this front door's call ids
@@ -140,6 +140,7 @@ class ClusterEngine:
         handle = RemoteHandle(request, self._cancel)
         with self._idle:
             self._running.add(handle)
+        self.queue.mark(request.rid, True)
         try:
             threading.Thread(target=self._run, args=(handle, prompt, opts), daemon=True).start()
         except BaseException:  # no thread ("can't start new thread"): nothing will end it, so it is not in flight
@@ -149,6 +150,7 @@ class ClusterEngine:
 
     def _forget(self, handle: RemoteHandle) -> None:
         """`handle` is no longer in flight: wait_idle (and close) stop waiting for it."""
+        self.queue.mark(handle.rid, False)
         with self._idle:
             self._running.discard(handle)
             self._idle.notify_all()
@@ -238,6 +240,8 @@ class ClusterEngine:
             while result is None:
                 replica, rid = cluster.dispatch(request, tried)
                 req.replica = replica
+                self.queue.mark(req.rid, True)  # (re-)sent: waiting until this replica starts it
+                started = False
                 admitted = queue_timeout is None  # without a queue timeout the replica does not say; assume so
                 try:
                     streaming = cluster.actor(replica).stream.options(num_returns="streaming")
@@ -247,6 +251,9 @@ class ClusterEngine:
                     while result is None:  # the last item is ("done", result): never wait past it
                         by = None if admitted else sent_at + queue_timeout + ADMISSION_GRACE_S  # type: ignore[operator]
                         kind, value, extra = ray.get(self._next_item(stream, replica, req.rid, by))
+                        if not started:  # its admission, or (without a queue timeout) its first tokens
+                            started = True
+                            self.queue.mark(req.rid, False)
                         if kind == "admitted":
                             admitted = True
                         elif kind == "tokens":

@@ -3,6 +3,7 @@ streaming code as an engine Request is, and the handle a caller waits on, as an 
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -49,3 +50,24 @@ class RemoteHandle:
 
     def cancel(self) -> None:
         self._cancel(self)
+
+
+class FrontQueue:
+    """The front door's `queue`, as an Engine's: `waiting` is how many of its requests no replica has started yet
+    (sent to the front door, and no admission or first item back from their replica); read without a Ray call."""
+
+    def __init__(self) -> None:
+        self._waiting: set[str] = set()  # request ids
+        self._lock = threading.Lock()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def mark(self, rid: str, waiting: bool) -> None:
+        """`rid` waits for a replica to start it (sent, or re-sent after its replica died), or no longer does."""
+        with self._lock:
+            if waiting:
+                self._waiting.add(rid)
+            else:
+                self._waiting.discard(rid)

@@ -141,6 +141,10 @@ class FakeActor:
     def _counted_stats(self) -> tuple[str, types.SimpleNamespace]:
         return f"i{self.replica}", self._stats()
 
+    def _check(self, timeout: float | None = None) -> dict[str, int]:
+        """What `Engine.check` returns: the cache's block gauges (nothing held)."""
+        return {"used_blocks": 0}
+
     def _close(self, timeout: float | None = None) -> bool:
         return True
 
