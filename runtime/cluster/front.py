@@ -268,7 +268,7 @@ class ClusterEngine:
                                     cluster.control(replica, "cancel").remote(req.rid)
                                     raise
                         else:
-                            result = self._own_calls(value, extra, req)
+                            result = self._own_calls(value, extra, req, options.namespace)
                 except (*cluster.actor_errors, ray.exceptions.RayTaskError) as exc:
                     if not cluster.actor_died(replica, exc):  # the engine refused or failed it: its own exception
                         raise exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc from None
@@ -288,16 +288,19 @@ class ClusterEngine:
         finally:
             self._forget(handle)
 
-    def _own_calls(self, result: Any, emitted: tuple[str, Sequence[int]] | None, req: RemoteRequest) -> Any:
+    def _own_calls(
+        self, result: Any, emitted: tuple[str, Sequence[int]] | None, req: RemoteRequest, namespace: Any
+    ) -> Any:
         """`result` with its tool calls under `req`'s call ids (those its stream's parser gave them: both parse the
-        same text and draw ids in call order), remembered with what the model `emitted` for them (text, token ids)."""
+        same text and draw ids in call order), remembered with what the model `emitted` for them (text, token ids),
+        in the request's `namespace`, as an engine keeps them (a tenant's calls are its own)."""
         calls = getattr(result, "tool_calls", None)
         if not calls or req.call_ids is None:
             return result
         new_id = req.call_ids.sequence()
         calls = tuple(replace(c, id=new_id()) for c in calls)
         if emitted is not None:
-            self.tool_memory.remember(calls, emitted[0], emitted[1], content=result.text)
+            self.tool_memory.scoped(namespace).remember(calls, emitted[0], emitted[1], content=result.text)
         return replace(result, tool_calls=calls)
 
     def _next_item(self, stream: Any, replica: int, rid: str, admit_by: float | None = None) -> Any:
