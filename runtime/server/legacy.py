@@ -37,22 +37,37 @@ FINISH = {"tool_calls": "function_call"}
 class LegacyCalls:
     """The engine's ids of the calls answered as `function_call`, by (scope, context, name, arguments), where the
     scope is the caller's cache namespace, the context the digest of the conversation the call answered (`contexts`)
-    and "" stands for any (the latest such call of the scope), most recent last."""
+    and "" stands for any (the latest such call of the scope), most recent last.
+
+    Bounded on all scopes together (`size` calls); past it the scope holding the most loses its least recently
+    remembered, so one tenant's legacy calls never evict another's while that one holds no more than its share
+    (its next turn would have fallen back to positional ids: another prompt, a cache miss)."""
 
     def __init__(self, size: int = MAX_REMEMBERED) -> None:
         self.size = size
-        self._ids: OrderedDict[tuple[Hashable, str, str, str], str] = OrderedDict()
+        self._scopes: dict[Hashable, OrderedDict[tuple[str, str, str], str]] = {}
+        self._count = 0
 
     def remember(self, calls: Sequence[Any], context: str = "", scope: Hashable = None) -> None:
+        space = self._scopes.setdefault(scope, OrderedDict())
         for call in calls[:1]:  # the reply shows its first call only
-            for key in ((scope, context, call.name, call.arguments), (scope, "", call.name, call.arguments)):
-                self._ids[key] = call.id
-                self._ids.move_to_end(key)
-            while len(self._ids) > 2 * self.size:  # two keys per call
-                self._ids.popitem(last=False)
+            for key in ((context, call.name, call.arguments), ("", call.name, call.arguments)):
+                self._count += key not in space
+                space[key] = call.id
+                space.move_to_end(key)
+        while self._count > 2 * self.size:  # two keys per call
+            fullest = max(self._scopes, key=lambda s: len(self._scopes[s]))
+            oldest = self._scopes[fullest]
+            oldest.popitem(last=False)
+            self._count -= 1
+            if not oldest:
+                del self._scopes[fullest]
 
     def id_for(self, name: str, arguments: str, context: str = "", scope: Hashable = None) -> str | None:
-        return self._ids.get((scope, context, name, arguments)) or self._ids.get((scope, "", name, arguments))
+        space = self._scopes.get(scope)
+        if space is None:
+            return None
+        return space.get((context, name, arguments)) or space.get(("", name, arguments))
 
     def reply_to(self, messages: Sequence[dict[str, Any]], scope: Hashable = None) -> LegacyReply:
         """Where the calls of a reply to `messages` in namespace `scope` are remembered."""

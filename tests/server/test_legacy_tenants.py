@@ -71,3 +71,15 @@ def test_a_remembered_id_is_found_in_its_namespace_only() -> None:
         "ns:bob": ("call_fn000001", "call_fn000001"),
         None: ("call_fn000001", "call_fn000001"),
     }
+
+
+def test_one_tenants_legacy_calls_never_evict_anothers_within_its_share() -> None:
+    """The ids were one LRU for every namespace: a busy tenant's calls evicted a quiet tenant's, whose next turn then
+    fell back to positional ids (another prompt, a cache miss). Past the bound, the fullest scope loses its oldest."""
+    calls = LegacyCalls(size=4)
+    calls.remember([ToolCall("call_a", "add", '{"a": 1}')], "ctx", scope="A")
+    for i in range(10):
+        calls.remember([ToolCall(f"call_b{i}", "add", f'{{"a": {i + 2}}}')], "ctx", scope="B")
+    assert calls.id_for("add", '{"a": 1}', "ctx", scope="A") == "call_a"
+    kept = [i for i in range(10) if calls.id_for("add", f'{{"a": {i + 2}}}', "ctx", scope="B") is not None]
+    assert kept == [7, 8, 9]  # B's newest, in what is left of the bound: 4 calls, A's one among them
