@@ -82,12 +82,17 @@ def check_reachable(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT_S)
         raise ConnectionError(f"cannot reach the Ray cluster at {address}: {exc}") from None
 
 
+def check_cpu_share(cpus: float) -> None:  # before Ray starts
+    """ValueError unless `cpus` (a replica's CPU share) is a finite number >= 0."""
+    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not 0 <= cpus < math.inf:
+        raise ValueError(f"cpus (each replica's CPU share) must be a finite number >= 0, got {cpus!r}")
+
+
 def check_cpus(replicas: int, cpus: float, cluster_cpus: float) -> None:
     """ValueError when `replicas` actors of `cpus` CPUs each cannot all be placed on a Ray cluster of `cluster_cpus`:
     Ray would queue the ones that do not fit for ever, and the start waited on them, silently, for ever. Ray counts
     CPUs in units of 1/10,000, rounding a share down (cores / replicas fits the cores exactly)."""
-    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not 0 <= cpus < math.inf:
-        raise ValueError(f"cpus (each replica's CPU share) must be a finite number >= 0, got {cpus!r}")
+    check_cpu_share(cpus)
     need = replicas * (math.floor(cpus * 10_000) / 10_000)
     if need > cluster_cpus:
         raise ValueError(
@@ -102,8 +107,7 @@ class ReplicaCluster:
     `engine_kwargs` go to every replica's Engine; `threads` is each replica's torch thread count and `cpus` its
     Ray CPU share. Starts a local Ray cluster (`num_cpus`) unless Ray is initialised already or `address` is given.
     A cluster with fewer CPUs than `replicas * cpus` is a ValueError before any replica starts (Ray would never
-    place the ones that do not fit).
-    """
+    place the ones that do not fit)."""
 
     def __init__(
         self,
@@ -124,6 +128,7 @@ class ReplicaCluster:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
         self.router = make_router(router)  # an unknown name is refused before any replica loads its model
+        check_cpu_share(cpus)  # before a local Ray cluster starts (seconds, and left running by the error)
         if not ray.is_initialized():
             check_reachable(address)
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
@@ -364,10 +369,6 @@ class ReplicaCluster:
     def replica_stats(self) -> list[Any]:
         """Every live replica's EngineStats (a replica that fails the call is dropped)."""
         return list(self.each("stats").values())
-
-    def replica_checks(self) -> list[dict[str, int]]:
-        """Every live replica's `Engine.check()` (its cache's invariants, and its gauges)."""
-        return list(self.each("check").values())
 
     def replica_call(self, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every live replica (EngineReplica), in replica order; a replica that fails it is

@@ -195,7 +195,8 @@ class ClusterEngine:
         """`method(bound)` on every live replica at once, all answered within `bound` seconds (None: call_timeout):
         one that has not is a ReplicaUnavailableError (503); one found dead leaves the routing set."""
         cluster = self.cluster
-        deadline = time.monotonic() + (cluster.call_timeout if bound is None else bound)
+        wait = cluster.call_timeout if bound is None else bound
+        deadline = time.monotonic() + wait
         out = []
         for replica, ref in [(r, cluster.control(r, method).remote(bound)) for r in cluster.alive]:
             try:
@@ -204,7 +205,7 @@ class ClusterEngine:
                 cluster.mark_dead(replica, exc)
             except cluster.ray.exceptions.GetTimeoutError:
                 raise ReplicaUnavailableError(
-                    f"engine replica {replica} did not answer {method} within {bound} s"
+                    f"engine replica {replica} did not answer {method} within {wait} s"
                 ) from None
         return out
 

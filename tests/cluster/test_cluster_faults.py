@@ -161,11 +161,16 @@ def test_replicas_that_fit_the_ray_cluster_start(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize("cpus", [float("nan"), float("inf"), -1.0, "1", True])
 def test_a_cpu_share_that_is_no_number_is_refused(monkeypatch: pytest.MonkeyPatch, cpus: object) -> None:
-    install(monkeypatch)
+    """Before a local Ray cluster starts (it was checked after ray.init: seconds, and Ray left running)."""
+    ray = install(monkeypatch)
+    started: list[str] = []
+    ray.is_initialized = lambda: False
+    ray.init = lambda *_a, **_k: started.append("ray.init")
     from radixcache.runtime.cluster.cluster import ReplicaCluster
 
     with pytest.raises(ValueError, match=r"cpus .* must be a finite number >= 0"):
         ReplicaCluster("fake", 2, cpus=cpus, poll_interval=None)  # type: ignore[arg-type]
+    assert started == []
 
 
 def test_an_unknown_router_is_refused_before_any_replica_starts(monkeypatch: pytest.MonkeyPatch) -> None:
