@@ -18,7 +18,6 @@ tool-call parsing and structured output (runtime.server.responses_route).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -28,6 +27,7 @@ from radixcache.runtime.server.protocol import MAX_LABEL_CHARS, APIError, ChatCo
 from radixcache.runtime.server.responses_output import new_id
 from radixcache.runtime.server.responses_protocol import PASSED, ResponsesRequest
 from radixcache.runtime.server.structured import param_path
+from radixcache.runtime.tools.parse import json_object
 
 ROLES = ("user", "system", "developer", "assistant")
 _KEYS = {
@@ -177,20 +177,14 @@ def items_of(body: ResponsesRequest) -> list[dict[str, Any]]:
     return [item_of(item, f"input.{i}") for i, item in enumerate(body.input)]
 
 
-def _whole_object(arguments: str) -> bool:
-    try:
-        return isinstance(json.loads(arguments), dict)
-    except (ValueError, RecursionError):
-        return False
-
-
 def replayed(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A stored response's output items as the history of a follow-up. A call cut short (max_output_tokens, a stop
-    string, the timeout) is dropped, as runtime.engine.session drops it: its arguments are no JSON object, which
+    string, the timeout) is dropped, as runtime.engine.session drops it: its arguments are no JSON object (NaN
+    included, as the tool-call parser reads it), which
     the chat path refuses in a history, so every follow-up would be a 400 the client cannot mend. A reply left
     with no item is an empty assistant message, so the turns still alternate."""
     items = [item_of(item, PREVIOUS) for item in output]
-    kept = [i for i in items if i["type"] != "function_call" or _whole_object(i["arguments"])]
+    kept = [i for i in items if i["type"] != "function_call" or json_object(i["arguments"])]
     return kept or [item_of({"role": "assistant", "content": ""}, PREVIOUS)]
 
 

@@ -11,7 +11,6 @@ request's settings are echoed as OpenAI echoes them (tools in their flat form, `
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.server.leases import lease_usage
 from radixcache.runtime.server.responses_protocol import ResponsesRequest
+from radixcache.runtime.tools.parse import json_object
 
 INCOMPLETE = ("length", "timeout")  # finish reasons of a reply cut short
 
@@ -28,11 +28,9 @@ def new_id(prefix: str) -> str:
 
 
 def arguments_closed(arguments: str) -> bool:
-    """Whether a call's arguments are whole (their object closed): a reply cut after them still made the call."""
-    try:
-        return isinstance(json.loads(arguments), dict)
-    except ValueError:
-        return False
+    """Whether a call's arguments are whole (their object closed): a reply cut after them still made the call. A
+    JSON object as the tool-call parser reads it: NaN is none (the chat path then finishes "stop")."""
+    return json_object(arguments)
 
 
 def _tool_echo(tool: dict[str, Any]) -> dict[str, Any]:

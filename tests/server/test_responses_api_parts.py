@@ -187,6 +187,18 @@ def test_a_replayed_reply_drops_its_calls_cut_short_and_keeps_a_turn_when_nothin
     assert (turn["type"], turn["role"], turn["content"]) == ("message", "assistant", "")
 
 
+def test_a_call_whose_arguments_hold_nan_is_neither_made_nor_replayed() -> None:
+    """NaN is no JSON (the tool-call parser refuses such a call: the chat reply finishes "stop", and the engine's
+    Session drops it), but json.loads reads it: Responses marked the call made and a follow-up replayed it."""
+    from radixcache.runtime.server.responses_output import arguments_closed
+
+    nan = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": '{"a": NaN}'}
+    whole = {"type": "function_call", "id": "fc_2", "call_id": "c2", "name": "f", "arguments": '{"a": 1}'}
+    assert not arguments_closed('{"a": NaN}') and not arguments_closed('{"a": Infinity}')
+    assert arguments_closed('{"a": 1}')
+    assert [i["id"] for i in replayed([nan, whole])] == ["fc_2"]
+
+
 class _Metrics:
     def __init__(self) -> None:
         self.observed, self.failures, self.requests_ok = 0, [], 0
