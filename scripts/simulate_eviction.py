@@ -240,6 +240,8 @@ def main(
     table = markdown(rows, names, bounds)
     if concurrency > 1:  # the Belady columns and the gap to them are then no bound
         table += f"\nConcurrency {concurrency}: {IN_FLIGHT_NOTE}.\n"
+    elif any(row.in_flight for row in rows):  # a recorded trace whose requests overlap, at concurrency 1
+        table += f"\nRequests in flight together (the trace's finish times): {IN_FLIGHT_NOTE}.\n"
     (out_dir / "sweep.md").write_text(table)
     if not no_plot:
         plot(rows, names, bounds, out_dir / "sweep.png")

@@ -40,6 +40,7 @@ class SweepRow:
     prompt_tokens: int
     evicted_blocks: int
     seconds: float
+    in_flight: bool = False  # requests were in flight together (SimResult.in_flight): Belady is then no bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,7 @@ def run_cell(cell: SweepCell, workload: Workload, concurrency: int = 1, honor_ti
         r.prompt_tokens,
         r.evicted_blocks,
         r.seconds,
+        r.in_flight,
     )
 
 

@@ -203,3 +203,22 @@ def test_policy_names_are_taken_in_any_case(tmp_path: Path) -> None:
 def _figures(out: str) -> tuple:
     report = json.loads(out)
     return report["policy"], report["hit_tokens"], report["evicted_blocks"]
+
+
+@pytest.mark.parametrize(("finish", "in_flight"), [(5, True), (0.5, False)])
+def test_a_recorded_trace_whose_requests_overlap_gets_the_in_flight_note(
+    tmp_path: Path, finish: float, in_flight: bool
+) -> None:
+    """Regression: the sweep said Belady was no bound only above --concurrency 1, where the CLI says it whenever
+    requests were in flight together: a recorded trace whose requests finish after the next arrives, at 1."""
+    path = tmp_path / "recorded.jsonl"
+    lines = [
+        {"timestamp": i, "input_length": 8, "output_length": 1, "hash_ids": [1, 2 + i % 2], "output_hash_ids": []}
+        | {"finish_timestamp": i + finish}
+        for i in range(4)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    args = [str(path), "--policy", "lru", "--fractions", "0.5", "--workers", "1", "--no-plot", "--block-size", "4"]
+    result = CliRunner().invoke(load_script("simulate_eviction").main, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert ("can beat it" in (tmp_path / "out" / "sweep.md").read_text()) is in_flight
