@@ -1,11 +1,17 @@
-"""What the disk store reports: a snapshot of its index and counters, and the result of checking every file.
-Frozen, plain data (the CLI prints them as JSON through `as_dict`)."""
+"""What the disk store reports: a snapshot of its index and counters, and the check of every file (`verify_pages`).
+The reports are frozen, plain data (the CLI prints them as JSON through `as_dict`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from radixcache.runtime.kv.tier.disk_layout import CacheDir
+
+log = logging.getLogger("radixcache.disk")
 
 
 @dataclass(frozen=True)
@@ -56,3 +62,33 @@ class VerifyReport:
             "removed": self.removed,
             "reasons": list(self.reasons),
         }
+
+
+def verify_pages(layout: CacheDir, corrupt_found: Callable[[str, str], bool]) -> VerifyReport:
+    """Check every page file of `layout` (a newer format's are neither checked nor deleted); each corrupt one is logged
+    and passed to `corrupt_found(hash_hex, path)`, which returns whether it was removed."""
+    checked = ok = removed = 0
+    corrupt: list[str] = []
+    reasons: list[str] = []
+    for hash_hex, path, error in layout.checked_page_files():
+        checked += 1
+        if not error:
+            ok += 1
+            continue
+        corrupt.append(path)
+        reasons.append(error)
+        log.warning("disk KV cache: corrupt page %s: %s", path, error)
+        removed += corrupt_found(hash_hex, path)
+    return VerifyReport(checked=checked, ok=ok, corrupt=tuple(corrupt), removed=removed, reasons=tuple(reasons))
+
+
+def remove_file(path: str) -> bool:
+    """Delete a file (one already gone counts as deleted); False, with a warning, when it cannot be."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("disk KV cache: cannot delete %s: %s", path, exc)
+        return False
+    return True

@@ -12,7 +12,7 @@ This module is the front; the pieces behind it, one concern each:
 - `disk_writer`: the atomic write of one page file and the background thread that drains the queue;
 - `disk_format`: the bytes of one page file (self-describing and checksummed);
 - `disk_reads`: one page file read and checked, whole or with its payload into the caller's buffers;
-- `disk_reports`: what `stats` and `verify` return.
+- `disk_reports`: what `stats` and `verify` return, and the check of every page file `verify` makes.
 
 Invariants:
 
@@ -51,7 +51,7 @@ from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, CorruptPage, 
 from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, scan_pages
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, fingerprint_tag
 from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into
-from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport
+from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport, remove_file, verify_pages
 from radixcache.runtime.kv.tier.disk_writer import PagePathTaken, WriteQueue, write_page_file
 
 __all__ = [
@@ -364,31 +364,13 @@ class DiskStore:
         hash is the file's name (and sits in its first byte's folder), and that the recorded fingerprint is its
         folder's. Corrupt files are deleted (and leave the index) when `delete`. Never raises for I/O reasons;
         a file that cannot be read counts as corrupt, one that cannot be deleted as not removed."""
-        checked = ok = removed = 0
-        corrupt: list[str] = []
-        reasons: list[str] = []
-        for hash_hex, path, error in self.layout.checked_page_files():  # a newer format's: neither checked nor deleted
-            checked += 1
-            if not error:
-                ok += 1
-                continue
-            corrupt.append(path)
-            reasons.append(error)
-            log.warning("disk KV cache: corrupt page %s: %s", path, error)
-            with self._lock:
-                self._count["corrupt_pages"] += 1
-            if delete and self._remove_corrupt(hash_hex, path):
-                removed += 1
-        return VerifyReport(checked=checked, ok=ok, corrupt=tuple(corrupt), removed=removed, reasons=tuple(reasons))
+        return verify_pages(self.layout, lambda hash_hex, path: self._corrupt_found(hash_hex, path, delete))
 
-    def _remove_corrupt(self, hash_hex: str, path: str) -> bool:
-        """Delete a page file `verify` found corrupt, and its index entry; False when it cannot be deleted."""
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.warning("disk KV cache: cannot delete %s: %s", path, exc)
+    def _corrupt_found(self, hash_hex: str, path: str, delete: bool) -> bool:
+        """Count a page file `verify` found corrupt; when `delete`, delete it and its index entry. Whether deleted."""
+        with self._lock:
+            self._count["corrupt_pages"] += 1
+        if not delete or not remove_file(path):
             return False
         with self._lock, contextlib.suppress(ValueError):
             page_hash = bytes.fromhex(hash_hex)
