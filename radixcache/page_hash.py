@@ -50,6 +50,30 @@ class PageChain:
             self.hashes.extend(chain_hashes(tokens[have * p : pages * p], p, self.hashes[-1] if have else self.root))
         return self.hashes[:pages]
 
+    def deferred(self, tokens: Sequence[int], pages: int) -> list[bytes] | DeferredHashes:
+        """The hashes of the first `pages` full pages when computed, else a DeferredHashes that computes them from a
+        copy of the tokens it needs, leaving the chain as it is (another thread may call it: a disk tier's writer)."""
+        have, p = min(len(self.hashes), pages), self.page_size
+        if have == pages:
+            return self.hashes[:pages]
+        parent = self.hashes[have - 1] if have else self.root
+        return DeferredHashes(self.hashes[:have], tokens[have * p : pages * p], p, parent)
+
+
+class DeferredHashes:
+    """The hashes of a sequence's first pages, computed when called: `len` of them (PageChain.deferred)."""
+
+    __slots__ = ("_known", "_page_size", "_parent", "_rest")
+
+    def __init__(self, known: list[bytes], rest: Sequence[int], page_size: int, parent: bytes) -> None:
+        self._known, self._rest, self._page_size, self._parent = known, rest, page_size, parent
+
+    def __len__(self) -> int:
+        return len(self._known) + len(self._rest) // self._page_size
+
+    def __call__(self) -> list[bytes]:
+        return self._known + chain_hashes(self._rest, self._page_size, self._parent)
+
 
 def chain_hashes(tokens: Sequence[int], page_size: int, parent: bytes) -> list[bytes]:
     """Hashes of the full pages of `tokens`, chained on `parent` (the root, or the hash of the page before)."""

@@ -201,8 +201,8 @@ class KVManager:
             hashes = kv.page_chain.hashes[: len(blocks) + loaded]
             if tiers.host is not None:
                 tiers.host.touch(hashes)
-            if tiers.disk is not None:
-                tiers.disk.refresh(hashes)
+            if tiers.disk is not None:  # the pages not hashed yet are hashed off the loop, by the disk's writer
+                tiers.disk.refresh(kv.page_chain.deferred(tokens, len(blocks) + loaded))
         kv.status = Status.RUNNING
         return True
 

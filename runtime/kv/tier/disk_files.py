@@ -168,16 +168,25 @@ def read_json(path: str) -> Any:
     return json.loads(read_nofollow(path).decode("utf-8"))
 
 
-def write_durable(tmp_dir: str, path: str, chunks: Iterator[bytes] | list[bytes], *, sync_parent: bool = False) -> None:
-    """Write `chunks` to a fresh temporary file in `tmp_dir`, fsync it, rename it to `path`, fsync `path`'s folder
-    (and that folder's parent when `sync_parent`: the folder is new). The temporary file is removed on failure.
-    `tmp_dir` and `path`'s folder must be on one filesystem. Raises OSError."""
+def write_durable(
+    tmp_dir: str,
+    path: str,
+    chunks: Iterator[bytes] | list[bytes],
+    *,
+    sync_parent: bool = False,
+    mtime_ns: int | None = None,
+) -> None:
+    """Write `chunks` to a fresh temporary file in `tmp_dir` (its atime and mtime `mtime_ns`, when given), fsync it,
+    rename it to `path`, fsync `path`'s folder (and that folder's parent when `sync_parent`: the folder is new). The
+    temporary file is removed on failure. `tmp_dir` and `path`'s folder must be on one filesystem. Raises OSError."""
     tmp = os.path.join(tmp_dir, temp_name())
     try:
         with open(tmp, "xb") as f:  # O_EXCL: never opens an existing file or symlink
             for chunk in chunks:
                 f.write(chunk)
             f.flush()
+            if mtime_ns is not None:
+                os.utime(f.fileno(), ns=(mtime_ns, mtime_ns))
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

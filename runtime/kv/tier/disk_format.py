@@ -97,6 +97,7 @@ class PageWrite(NamedTuple):
     tokens: bytes
     payload: bytes
     size: int  # of the whole file
+    used_ns: int | None = None  # the file's mtime (when it was queued: its use, not the writer's lag); None: now
 
 
 class PageFile(NamedTuple):

@@ -9,6 +9,7 @@ This module is the front; the pieces behind it, one concern each:
 - `disk_layout`: the directory layout, the marker that makes a directory ours, the cleanup of leftovers;
 - `disk_files`: durable atomic writes, reads that follow no symlink, the store's temporary file names;
 - `disk_index`: which pages exist, their sizes and order of use, built at open from names and `stat`;
+- `disk_stamps`: device hits' refreshes of the index and of the files' mtimes, settled off the loop thread;
 - `disk_writer`: the atomic write of one page file and the background thread that drains the queue;
 - `disk_format`: the bytes of one page file (self-describing and checksummed);
 - `disk_reads`: one page file read and checked, whole or with its payload into the caller's buffers;
@@ -23,8 +24,8 @@ Invariants:
   own tokens must all match, or the page is deleted, counted as corrupt, and the read is a miss. A page of a newer
   format version (a newer radixcache shares the directory) is a miss that leaves the index, not the disk.
 - The index follows this store's own writes, reads and deletions. Its byte total is kept at or under `max_bytes`
-  at open (a writable store) and after every write by deleting the least recently used pages (last read or
-  write; at open, the files' mtimes, which reads refresh).
+  at open (a writable store) and after every write by deleting the least recently used pages (last read, write or
+  device hit; at open, the files' mtimes, which each of them sets: `refresh`, kv.tier.disk_stamps).
 - No call raises for I/O reasons. An open that cannot create or write the directory, and a write that fails
   (ENOSPC, EROFS, EACCES, ...), disable the store (`enabled = False`, one warning on the "radixcache.disk"
   logger): it accepts no more writes, but still serves the pages already on disk. A folder at one page's path
@@ -52,6 +53,7 @@ from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, scan_pag
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, fingerprint_tag
 from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into
 from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport, remove_file, verify_pages
+from radixcache.runtime.kv.tier.disk_stamps import Hashes, OwedRefreshes
 from radixcache.runtime.kv.tier.disk_writer import PagePathTaken, WriteQueue, write_page_file
 
 __all__ = [
@@ -108,6 +110,7 @@ class DiskStore:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # notified when a write finishes or the queue changes
         self._index = PageIndex()
+        self._owed = OwedRefreshes()  # device hits' refreshes, settled by the writer, flush and close
         self._queue = WriteQueue(self._changed, self._perform, self.max_pending)
         self._names: dict[str, str] = {self.tag: self.fingerprint}  # tag -> fingerprint string
         self._warned = False
@@ -185,11 +188,18 @@ class DiskStore:
                 self._index.drop(page_hash, entry)
         return len(gone)
 
-    def refresh(self, page_hashes: Sequence[bytes]) -> None:
-        """Pages hit on the device: the most recently used now (in memory), the first last, so that the size limit
-        deletes a run's later pages before those it starts with."""
+    def refresh(self, page_hashes: Hashes) -> None:
+        """Pages hit on the device (their hashes, head first, or a function computing them): the most recently used,
+        the first last, so that the size limit deletes a run's later pages before those it starts with; their mtimes
+        too (head newest), for the order after a restart. No hashing or I/O here: settled before the next write, at
+        `flush` and at `close` (kv.tier.disk_stamps)."""
         with self._lock:
-            self._index.refresh(page_hashes)
+            self._owed.record(page_hashes)
+
+    def _settle(self) -> None:
+        """Settle the refreshes recorded before the first write not yet in the index was queued (with none, all): a
+        page is refreshed after its write, and a write queued after a refresh is the newer."""
+        self._owed.settle(self._index, self._lock, lambda: self._queue.first_unwritten_ns(self._index))
 
     def read(self, page_hash: bytes, tokens: Sequence[int]) -> tuple[memoryview, dict] | None:
         """The page's payload (a writable view of the bytes read) and metadata, or None when it is absent or fails
@@ -280,11 +290,12 @@ class DiskStore:
             if refused or write.size > self.max_bytes:
                 self._count["dropped_writes"] += 1
                 return False
-            queue.offer(write)
+            queue.offer(write._replace(used_ns=self._owed.now()))
         return True
 
     def _perform(self, key: bytes, write: PageWrite) -> None:
         """The writer thread's work for one queued page: the file, its index entry, the evictions it forces."""
+        self._settle()  # the refreshes before it was queued, then the page, then those after
         with self._lock:
             enabled = self.enabled
         entry: PageEntry | None = None
@@ -304,6 +315,9 @@ class DiskStore:
             else:
                 self._index.replace(key, entry)  # an older entry: read after a clear, say (the file was replaced)
                 self._count["writes"] += 1
+        self._settle()  # the evictions it forces see the refreshes recorded since it was queued
+        with self._lock:
+            if entry is not None:
                 victims = self._index.evict_over(self.max_bytes)
                 self._count["evicted_pages"] += len(victims)
         self._delete(victims)
@@ -323,13 +337,17 @@ class DiskStore:
         return write_page_file(self.layout, write, self.fingerprint)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued write is done (True), or `timeout` seconds passed (False)."""
-        return self._queue.flush(timeout)
+        """Wait until every queued write is done (True), or `timeout` seconds passed (False); then settle the
+        refreshes."""
+        flushed = self._queue.flush(timeout)
+        self._settle()
+        return flushed
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush (up to `timeout`), then stop the writer; later puts are dropped. Writes still queued after the
         timeout are discarded. Returns whether the flush completed. Idempotent."""
         flushed, discarded = self._queue.close(timeout)
+        self._settle()
         with self._lock:
             self._count["dropped_writes"] += discarded
         return flushed

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from radixcache.runtime.kv.tier.disk_files import is_real_dir, write_durable
 from radixcache.runtime.kv.tier.disk_format import MAGIC, PageWrite, page_checksum
@@ -50,7 +50,7 @@ def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> 
                 os.mkdir(folder)
                 new_folder = True
             chunks = [MAGIC, digest, write.prefix, write.tokens, write.payload]
-            write_durable(cache_dir.tmp_dir, path, chunks, sync_parent=new_folder)
+            write_durable(cache_dir.tmp_dir, path, chunks, sync_parent=new_folder, mtime_ns=write.used_ns)
             return PageEntry(path, write.size, cache_dir.tag)
         except OSError as exc:
             if is_real_dir(path):
@@ -96,6 +96,10 @@ class WriteQueue:
 
     def __contains__(self, page_hash: object) -> bool:
         return page_hash in self._pending
+
+    def first_unwritten_ns(self, written: Container[bytes]) -> int | None:
+        """When the first write queued or in progress whose page is not yet `written` was queued (None: none)."""
+        return next((w.used_ns for h, w in self._pending.items() if h not in written), None)
 
     @property
     def full(self) -> bool:

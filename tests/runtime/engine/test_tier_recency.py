@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 
+from radixcache.page_hash import PageChain
 from radixcache.runtime import Engine
+from radixcache.runtime.kv.tier.disk_stamps import OwedRefreshes
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from radixcache.tier.page_tier import PageTier
 
@@ -163,3 +166,65 @@ def test_a_run_read_off_the_disk_keeps_its_head_newest_by_mtime_across_a_restart
         got = third.generate(run, 1)
     assert got.token_ids == want.token_ids
     assert got.cached_tokens == 6 * P  # the run's first 6 pages
+
+
+@pytest.mark.parametrize("stalled", [False, True])
+def test_a_run_hot_on_the_device_stays_newest_on_disk_across_a_restart(
+    model: RandomModel, tmp_path: Path, stalled: bool
+) -> None:
+    """Device hits refreshed the disk index in memory only (and a prompt the device held whole not at all: its pages
+    were never hashed at admission), and a page's mtime was the time the writer got to it: the run every other request
+    alternated with looked the oldest on disk, and a restart under a smaller size limit deleted it first (0 cached
+    tokens). The hits are settled off the loop thread (hashed, refreshed, their mtimes stamped head newest) in order
+    with the writes, each stamped with the time it was queued. `stalled`: the writer writes nothing until the end."""
+    rng = random.Random(8)
+    vocab = model.config.vocab_size
+    run = [rng.randrange(1, vocab) for _ in range(6 * P)]
+    others = [[rng.randrange(1, vocab) for _ in range(3 * P)] for _ in range(4)]
+    kwargs = {"capacity_blocks": 400, "page_size": P, "cache_dir": tmp_path}
+    gate = threading.Event()
+    with Engine(model, **kwargs) as first:
+        disk = first.tiers.disk
+        write_page = disk._write_page
+        disk._write_page = lambda write: (gate.wait(), write_page(write))[1]
+        if not stalled:
+            gate.set()
+        want = first.generate(run, 1)
+        for other in others:
+            first.generate(other, 1)  # newer pages on disk
+            assert first.generate(run, 1).cached_tokens == 6 * P - 1  # on the device: the most recently used
+        gate.set()
+        assert first.flush(30)
+    pages = list(tmp_path.rglob("*.kvpage"))
+    assert len(pages) == 6 + 4 * 3
+    page_bytes = max(p.stat().st_size for p in pages)
+    assert all(p.stat().st_size == page_bytes for p in pages)
+    with Engine(model, **kwargs, cache_dir_size=6 * page_bytes) as restarted:  # room for 6 pages: the run's
+        got = restarted.generate(run, 1)
+    assert got.token_ids == want.token_ids
+    assert got.cached_tokens == 6 * P - 1
+
+
+def test_a_deferred_chain_hashes_as_upto_does_and_leaves_the_chain_as_it_is() -> None:
+    """The disk refresh's hashes of a prompt the device held whole are computed later, on the writer thread."""
+    tokens = list(range(1, 6 * P + 3))
+    for known in (0, 2, 6):
+        chain = PageChain(b"root", P)
+        chain.upto(tokens, known)
+        later = chain.deferred(tokens, 6)
+        got = later() if callable(later) else later
+        assert len(later) == 6
+        assert len(chain.hashes) == known
+        assert got == PageChain(b"root", P).upto(tokens, 6)
+
+
+def test_the_refreshes_waiting_for_the_disk_writer_are_bounded_in_pages() -> None:
+    """A device hit records its run for the writer thread; with nothing written, repeated hits on a long prompt must
+    not hold a copy of its tokens each without bound: past MAX_PAGES the oldest runs go."""
+    owed = OwedRefreshes(max_runs=100, max_pages=10)
+    for _ in range(5):
+        owed.record(PageChain(b"root", P).deferred(list(range(1, 4 * P + 1)), 4))
+    assert len(owed) == 2
+    owed.record([b"x"] * 50)  # one run larger than the bound still waits, alone
+    assert len(owed) == 1
+    assert [len(hashes) for _, hashes in owed.take()] == [50]
