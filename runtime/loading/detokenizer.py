@@ -33,8 +33,11 @@ def text_after(decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int]
     byte tokens that is not all UTF-8 as U+FFFD whole, so a reply cut inside a character lost every character of
     its last run of byte tokens (a CJK reply's last sentence), which the stream had shown."""
     context, tail = prompt_context(decode, prompt_ids)
-    read = tail + list(ids)
-    text = decode(context + read)[len(decode(context)) :] if context else decode(read)
+    whole = decode(context + tail + list(ids))
+    before = decode(context) if context else ""
+    if tail and whole.startswith(kept := decode(context + tail)):
+        before = kept  # nothing completed the tail's character: its bytes stay the prompt's
+    text = whole[len(before) :]
     if REPLACEMENT not in text:
         return text
     detok = IncrementalDetokenizer(decode, prompt_ids)
@@ -49,8 +52,8 @@ def prompt_context(decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[
     3 tokens at its end that decode to U+FFFD. A prompt of token ids may end inside a character (its first bytes),
     which the output's first tokens complete: read after those bytes, the output's text, cut at the context's length
     (one U+FFFD a byte with a byte-fallback decoder), lost what it wrote ("The" + bytes of 日, then "日AB" read "B").
-    The tail's bytes are read with the output: the character is the output's (a tail nothing completes shows as
-    U+FFFD there, as the whole decode shows it)."""
+    The tail's bytes are read with the output: the character is the output's; a tail the output does not complete
+    stays the prompt's (its U+FFFD is not the output's text)."""
     context = list(prompt_ids[-CONTEXT_TOKENS:]) if prompt_ids else []
     tail: list[int] = []
     for _ in range(3):
@@ -76,7 +79,17 @@ class IncrementalDetokenizer:
         self._ids: list[int] = context + tail  # the tail is read with the output (prompt_context)
         self._prefix = 0
         self._read = len(context)
+        self._tail = len(tail)  # until the first text is emitted: the prompt's tail, which the output may complete
         self.text = ""  # everything emitted so far
+
+    def _before(self, new_text: str) -> str:
+        """The text of the window's ids already read: with the prompt's tail while the output has not completed
+        its character (`text_after`'s rule), else without it."""
+        if self._tail:
+            kept = self._decode(self._ids[self._prefix : self._read + self._tail])
+            if new_text.startswith(kept):
+                return kept
+        return self._decode(self._ids[self._prefix : self._read])
 
     def add(self, token_ids: int | Iterable[int]) -> str:
         """Append ids and return the newly completed text ('' while a character is still incomplete)."""
@@ -84,11 +97,11 @@ class IncrementalDetokenizer:
             self._ids.append(token_ids)
         else:
             self._ids.extend(token_ids)
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
         new_text = self._decode(self._ids[self._prefix :])
+        prefix_text = self._before(new_text)
         if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT):
             delta = new_text[len(prefix_text) :]
-            self._prefix, self._read = self._read, len(self._ids)
+            self._prefix, self._read, self._tail = self._read, len(self._ids), 0
             self.text += delta
             return delta
         if len(self._ids) - self._read > HOLD_TOKENS:
@@ -105,16 +118,17 @@ class IncrementalDetokenizer:
                 continue
             if head + self._decode(self._ids[split:]) == new_text:
                 delta = head[len(prefix_text) :]
-                self._prefix, self._read = self._read, split
+                self._prefix, self._read, self._tail = self._read, split, 0
                 self.text += delta
                 return delta
         return ""
 
     def flush(self) -> str:
         """The text still held back (e.g. a truncated character at the end of generation), as decode gives it."""
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
         new_text = self._decode(self._ids[self._prefix :])
+        prefix_text = self._before(new_text)
         delta = new_text[len(prefix_text) :] if new_text.startswith(prefix_text) else ""
         self._prefix = self._read = len(self._ids)
+        self._tail = 0
         self.text += delta
         return delta

@@ -60,3 +60,26 @@ def test_the_deltas_add_up_to_the_decode_of_every_id(raw: list[int], merged: lis
     ids = [b if i % 5 or not merged else 256 + b % len(merged) for i, b in enumerate(raw)]
     deltas, detok = _stream(decode, ids)
     assert "".join(deltas) == detok.text == decode(ids)
+
+
+@given(
+    st.lists(st.integers(0, 255), max_size=8),
+    st.lists(st.integers(0, 255), max_size=40),
+    st.lists(st.binary(min_size=2, max_size=3), max_size=6),
+)
+def test_after_a_prompt_the_stream_adds_up_to_the_result_and_to_the_whole_decode(
+    prompt: list[int], out: list[int], merged: list[bytes]
+) -> None:
+    """After a prompt (which may end inside a character: its first bytes), fed one token at a time, the deltas join
+    to `text_after`, the result's text; and prompt text + output text is the decode of both, where the prompt's text
+    is its decode less the bytes the output completed (those are the output's)."""
+    from radixcache.runtime.loading.detokenizer import text_after
+
+    decode = ByteDecoder(merged)
+    ids = [b if i % 4 or not merged else 256 + b % len(merged) for i, b in enumerate(out)]
+    detok = IncrementalDetokenizer(decode, prompt)
+    joined = "".join(detok.add(i) for i in ids) + detok.flush()
+    assert joined == detok.text == text_after(decode, prompt, ids)
+    whole = decode(prompt + ids)
+    assert whole.endswith(joined)
+    assert decode(prompt).startswith(whole[: len(whole) - len(joined)].rstrip("\ufffd"))

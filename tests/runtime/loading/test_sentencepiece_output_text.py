@@ -210,3 +210,23 @@ def test_an_output_that_completes_the_prompts_last_character_keeps_what_it_wrote
     stream = IncrementalDetokenizer(tok.decode, prompt)
     deltas = [stream.add(t) for t in out]
     assert "".join(deltas) + stream.flush() == "日AB"
+
+
+@pytest.mark.parametrize("tokenizer", ["llama", "byte-level"])
+def test_a_prompts_broken_last_character_stays_the_prompts_when_the_output_does_not_complete_it(
+    tokenizer: str, tmp_path: Any
+) -> None:
+    """A prompt ending in a character's first byte that the output does not complete: that byte is the prompt's, so
+    the output's text is what it wrote ("K3"), not U+FFFD first (a completion's first logprob offset read 1)."""
+    from tests.cli.conftest import write_tiny_checkpoint
+
+    tok = llama_tokenizer() if tokenizer == "llama" else Tokenizer.from_hf_dir(write_tiny_checkpoint(tmp_path / "t"))
+    lead = next(i for i in range(tok.vocab_size) if tok.token_bytes(i) == b"\xe6")
+    prompt = [*tok.encode("The", add_special_tokens=False), lead]
+    out = tok.encode("K3", add_special_tokens=False)
+    want = expected(tok, prompt, tuple(out))  # decode(prompt + output) less decode(prompt): "K3" (" K3" for llama)
+    assert want.strip() == "K3" and "\ufffd" not in want
+    assert text_after(tok.decode, prompt, out) == want
+    stream = IncrementalDetokenizer(tok.decode, prompt)
+    deltas = [stream.add(t) for t in out]
+    assert "".join(deltas) + stream.flush() == want
