@@ -8,36 +8,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
 
-from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+from tests.cluster.inproc_front import inproc_front
 
 ENGINE = {"capacity_blocks": 64, "page_size": 4, "dtype": "float64", "max_pinned_fraction": 0.5}
 
 
 @pytest.fixture
 def front(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    from tests.cluster.inproc_ray import install
-
-    ray = install(monkeypatch)
-    from radixcache.runtime import loading
-    from radixcache.runtime.cluster.cluster import ReplicaCluster
-    from radixcache.runtime.cluster.front import ClusterEngine
-
-    m = tiny_model(seed=7)
-    tiny = RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
-    monkeypatch.setattr(loading, "load_config_and_tokenizer", lambda model: (model.config, model.tokenizer))
-    threads = torch.get_num_threads()
-    cluster = ReplicaCluster(tiny, 2, router="round_robin", engine_kwargs=ENGINE, poll_interval=None)  # type: ignore[arg-type]
-    engine = ClusterEngine(cluster, tiny)  # type: ignore[arg-type]
-    engine.replicas = [actor.obj.engine for actor in ray.actors]
-    try:
+    with inproc_front(monkeypatch, 2, "round_robin", ENGINE) as engine:
         yield engine
-    finally:
-        engine.close()
-        for replica in engine.replicas:
-            replica.close()
-        torch.set_num_threads(threads)  # a replica sets its own count
 
 
 def _pinned(front: Any) -> list[int]:

@@ -13,25 +13,21 @@ from fastapi.testclient import TestClient
 
 from radixcache.runtime import Engine
 from radixcache.runtime.grammar import GrammarCompiler
-from radixcache.runtime.server import create_app
+from tests.server.keyed_tiny import keyed_client, tiny_engine
 
 SCHEMA = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(40)}}
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    from tests.cli.conftest import write_tiny_checkpoint
-
-    directory = write_tiny_checkpoint(tmp_path_factory.mktemp("grammar_tenants") / "tiny")
-    engine = Engine(str(directory), capacity_blocks=256, page_size=16, dtype="float64", threads=1)
-    yield engine
-    engine.close()
+    with tiny_engine(tmp_path_factory, "grammar_tenants") as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
 def client(engine: Engine) -> Iterator[TestClient]:
-    with TestClient(create_app(engine, "tiny", api_keys=["sk-alice", "sk-bob"])) as c:
-        yield c
+    with keyed_client(engine) as client:
+        yield client
 
 
 def _ask(client: TestClient, key: str, **extra: Any) -> None:

@@ -18,3 +18,17 @@ def load_script(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def write_overlapping_recorded_trace(path: Path, finish: float) -> Path:
+    """Four recorded hash requests, one a millisecond, each finishing `finish` ms after it arrives: past 1, each is
+    still in flight when the next arrives (Belady is then no bound, docs/simulator.md)."""
+    import json
+
+    lines = [
+        {"timestamp": i, "input_length": 8, "output_length": 1, "hash_ids": [1, 2 + i % 2], "output_hash_ids": []}
+        | {"finish_timestamp": i + finish}
+        for i in range(4)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path

@@ -17,6 +17,7 @@ from radixcache.sim.simulation import simulate
 from radixcache.trace import write_token_jsonl
 from radixcache.trace.records import TokenRequest
 from radixcache.trace.workload import token_workload
+from tests.sim.conftest import write_overlapping_recorded_trace
 
 Pages = frozenset[tuple[int, ...]]
 
@@ -137,13 +138,7 @@ def test_a_recorded_trace_whose_requests_overlap_labels_belady_no_bound(tmp_path
     """Regression: at --concurrency 1 a recorded trace's finish times still put requests in flight together (each
     finishing after the next arrived), where Belady is no bound (docs/simulator.md), and the CLI labelled it one.
     Finishing before the next arrival it is one request at a time, and the bound."""
-    path = tmp_path / "recorded.jsonl"
-    lines = [
-        {"timestamp": i, "input_length": 8, "output_length": 1, "hash_ids": [1, 2 + i % 2], "output_hash_ids": []}
-        | {"finish_timestamp": i + finish}
-        for i in range(4)
-    ]
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    path = write_overlapping_recorded_trace(tmp_path / "recorded.jsonl", finish)
     common = ["simulate", str(path), "--capacity-blocks", "8", "--block-size", "4", "--json"]
     runs = json.loads(CliRunner().invoke(main, [*common, "--policies", "lru"]).stdout)["runs"]
     label = {run["name"]: run["label"] for run in runs}["belady"]

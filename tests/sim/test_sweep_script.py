@@ -18,7 +18,7 @@ from radixcache.sim.sweep import CellRunner, SweepCell, SweepRow, load_trace, ru
 from radixcache.trace import write_token_jsonl
 from radixcache.trace.records import TokenRequest
 from tests.refusals import assert_refused
-from tests.sim.conftest import load_script
+from tests.sim.conftest import load_script, write_overlapping_recorded_trace
 
 
 def tiny_trace(tmp_path: Path, name: str = "tiny", shared: int = 3) -> Path:
@@ -211,13 +211,7 @@ def test_a_recorded_trace_whose_requests_overlap_gets_the_in_flight_note(
 ) -> None:
     """Regression: the sweep said Belady was no bound only above --concurrency 1, where the CLI says it whenever
     requests were in flight together: a recorded trace whose requests finish after the next arrives, at 1."""
-    path = tmp_path / "recorded.jsonl"
-    lines = [
-        {"timestamp": i, "input_length": 8, "output_length": 1, "hash_ids": [1, 2 + i % 2], "output_hash_ids": []}
-        | {"finish_timestamp": i + finish}
-        for i in range(4)
-    ]
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    path = write_overlapping_recorded_trace(tmp_path / "recorded.jsonl", finish)
     args = [str(path), "--policy", "lru", "--fractions", "0.5", "--workers", "1", "--no-plot", "--block-size", "4"]
     result = CliRunner().invoke(load_script("simulate_eviction").main, [*args, "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
