@@ -306,7 +306,7 @@ def build_tiers(
         store = disk.store
 
         def write_lower(hashes: list, blocks: list[int], tokens: Sequence[int]) -> None:
-            for h in reversed(hashes):  # tail first, as the engine queues a run: its head is the newest
+            for h in reversed(hashes):  # tail first: its head the newest, as the engine's index has a run once written
                 store(h)
 
     tiered = SimTieredCache(

@@ -1,9 +1,11 @@
 """Adopted pages handed to the disk writer (kv.tier.disk_store), in the order that keeps a run usable.
 
 A run of pages is found from its head (a page's hash names its whole prefix), so a tail without its head is never
-read. The pages are queued tail first: the head is written last, the newest in the store's LRU (and by mtime, across
-restarts), so a size limit deletes a run's tail before its head. What fits the write queue is the head (the writer
-only empties it), and a put that raises drops its own page, not those before it.
+read. The pages are queued head first, so a process killed mid-run (kill -9, the OOM killer) leaves a prefix a
+restart reads; then the run is refreshed (`DiskStore.refresh`, settled after its writes), so its head is the newest
+in the store's LRU and by mtime, and a size limit deletes a run's tail before its head. A run is cut to what fits:
+the write queue's room, and the store's size limit (writing past it would evict the run's own head); a put that
+raises or is refused ends the run there (the pages after it would be unreadable).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from radixcache.runtime.kv.pool import KVPool
-from radixcache.runtime.kv.tier.disk_format import page_meta
+from radixcache.runtime.kv.tier.disk_format import encode_page, page_meta
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.load_costs import TierTally
 
@@ -35,12 +37,24 @@ def queue_disk_writes(
     pages = pool.kv.index_select(2, torch.tensor([blocks[i] for i in todo], device=pool.device)).to("cpu")
     meta = page_meta(pool)
     failed: Exception | None = None
-    for j, i in reversed(list(enumerate(todo))):
+    budget, queued_hashes = disk.max_bytes, []
+    for j, i in enumerate(todo):  # head first
         payload = pages[:, :, j].contiguous().view(torch.uint8).numpy().tobytes()
+        page_tokens = tokens[i * p : (i + 1) * p]
         try:
-            queued = disk.put(hashes[i], tokens[i * p : (i + 1) * p], payload, meta)
+            size = encode_page(hashes[i], disk.fingerprint, page_tokens, payload, meta).size
+            if j == 0:  # the run's pages the disk holds already take their room too (they are its first, as a rule)
+                budget -= size * (len(hashes) - len(todo))
+            budget -= size
+            queued = budget >= 0 and disk.put(hashes[i], page_tokens, payload, meta)
         except Exception as exc:
             queued, failed = False, failed or exc
-        counts["disk_queued_pages" if queued else "disk_dropped_pages"] += 1
+        if not queued:  # the rest would follow a page that is not there: unreadable
+            counts["disk_dropped_pages"] += len(todo) - j
+            break
+        counts["disk_queued_pages"] += 1
+        queued_hashes.append(hashes[i])
+    if queued_hashes:  # settled after their writes: the head newest in the index and by mtime
+        disk.refresh(queued_hashes)
     if failed is not None:
         log.error("disk KV cache: queueing a page failed; not written", exc_info=failed)
