@@ -111,7 +111,11 @@ def test_an_interrupted_generate_cancels_its_request_on_the_replica(
         _until(lambda: any(front.cluster.actor(r).streams for r in (0, 1)))
         time.sleep(0.05)
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl-C, while generate waits
+        time.sleep(60)
+        release.set()  # no KeyboardInterrupt came: the generation ends, and the test fails instead of hanging
 
+    # A pytest-xdist worker ignores SIGINT (the controller's Ctrl-C is not its own): Python's own handler here.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_once_streaming, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -119,6 +123,7 @@ def test_an_interrupted_generate_cancels_its_request_on_the_replica(
         (rid,) = [rid for r in (0, 1) for rid in front.cluster.actor(r).streams]
         assert [c for r in (0, 1) for c in front.cluster.actor(r).cancels] == [rid]
     finally:
+        signal.signal(signal.SIGINT, previous)
         release.set()
         front.close()
 
