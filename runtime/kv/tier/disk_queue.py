@@ -5,7 +5,7 @@ read. The pages are queued head first, so a process killed mid-run (kill -9, the
 restart reads; then the run is refreshed (`DiskStore.refresh`, settled after its writes), so its head is the newest
 in the store's LRU and by mtime, and a size limit deletes a run's tail before its head. A run is cut to what fits:
 the write queue's room, and the store's size limit (writing past it would evict the run's own head); a put that
-raises or is refused ends the run there (the pages after it would be unreadable).
+raises drops its own page, not those after it (one already queued by another request is still written).
 """
 
 from __future__ import annotations
@@ -45,15 +45,16 @@ def queue_disk_writes(
             size = encode_page(hashes[i], disk.fingerprint, page_tokens, payload, meta).size
             if j == 0:  # the run's pages the disk holds already take their room too (they are its first, as a rule)
                 budget -= size * (len(hashes) - len(todo))
+            if size > budget:  # past the limit: writing it would evict the run's own head
+                counts["disk_dropped_pages"] += len(todo) - j
+                break
             budget -= size
-            queued = budget >= 0 and disk.put(hashes[i], page_tokens, payload, meta)
+            queued = disk.put(hashes[i], page_tokens, payload, meta)
         except Exception as exc:
             queued, failed = False, failed or exc
-        if not queued:  # the rest would follow a page that is not there: unreadable
-            counts["disk_dropped_pages"] += len(todo) - j
-            break
-        counts["disk_queued_pages"] += 1
-        queued_hashes.append(hashes[i])
+        counts["disk_queued_pages" if queued else "disk_dropped_pages"] += 1
+        if queued:
+            queued_hashes.append(hashes[i])
     if queued_hashes:  # settled after their writes: the head newest in the index and by mtime
         disk.refresh(queued_hashes)
     if failed is not None:
