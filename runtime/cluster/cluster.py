@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
-import re
-import socket
 import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
@@ -26,6 +23,7 @@ from typing import Any
 
 from radixcache.page_hash import PageHasher
 from radixcache.router import LoadTracker, RouteRequest, RouterIndex, make_router
+from radixcache.runtime.cluster.placement import check_cpu_share, check_cpus, check_reachable
 from radixcache.runtime.cluster.replica import EngineReplica
 from radixcache.runtime.engine.errors import EngineDeadError, ReplicaUnavailableError
 
@@ -63,42 +61,6 @@ class ClusterStats:
     deaths: int
     retries: int
     routed: dict[int, int]
-
-
-RAY_CONNECT_TIMEOUT_S = 5.0  # a head node answers a TCP connect in milliseconds; an address nobody serves never
-
-
-def check_reachable(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
-    """ConnectionError naming `address` when it is a `host:port` (or `ray://host:port`) that no process accepts a
-    connection on: ray.init retried such an address for minutes, printing its own logs, before it failed. "auto",
-    "local" and None (a local cluster) are Ray's to resolve."""
-    match = re.fullmatch(r"(?:ray://)?\[?([^\[\]/]+?)\]?:(\d{1,5})", address or "")
-    if match is None:
-        return
-    host, port = match.group(1), int(match.group(2))
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError as exc:
-        raise ConnectionError(f"cannot reach the Ray cluster at {address}: {exc}") from None
-
-
-def check_cpu_share(cpus: float) -> None:  # before Ray starts
-    """ValueError unless `cpus` (a replica's CPU share) is a finite number >= 0."""
-    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not 0 <= cpus < math.inf:
-        raise ValueError(f"cpus (each replica's CPU share) must be a finite number >= 0, got {cpus!r}")
-
-
-def check_cpus(replicas: int, cpus: float, cluster_cpus: float) -> None:
-    """ValueError when `replicas` actors of `cpus` CPUs each cannot all be placed on a Ray cluster of `cluster_cpus`:
-    Ray would queue the ones that do not fit for ever, and the start waited on them, silently, for ever. Ray counts
-    CPUs in units of 1/10,000, rounding a share down (cores / replicas fits the cores exactly)."""
-    check_cpu_share(cpus)
-    need = replicas * (math.floor(cpus * 10_000) / 10_000)
-    if need > cluster_cpus:
-        raise ValueError(
-            f"{replicas} engine replicas of {cpus:g} CPUs each need {need:g} CPUs, and the Ray cluster has "
-            f"{cluster_cpus:g}: give each replica a smaller share (cpus=), or start Ray with more CPUs (num_cpus=)"
-        )
 
 
 class ReplicaCluster:

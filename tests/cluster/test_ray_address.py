@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from radixcache.runtime.cluster.cluster import check_reachable
+from radixcache.runtime.cluster.placement import check_reachable
 
 
 def _closed_port() -> int:
