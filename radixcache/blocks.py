@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import operator
-import sys
 from array import array
 from collections.abc import Iterable, Sequence
 
 from radixcache.errors import BlockStateError
+from radixcache.tokens import LOW_BYTE, first_bool
 
 FREE, HELD, IN_TREE = 0, 1, 2
 STATE_NAMES = {FREE: "free", HELD: "held by a caller", IN_TREE: "owned by the tree"}
@@ -40,24 +40,10 @@ def as_block_ids(blocks: Iterable[int]) -> array | None:
     return None if kind is not array and bool_at(blocks, ids) is not None else ids  # type: ignore[arg-type]
 
 
-# The byte of each int64 that holds its lowest 8 bits: a bool converts to block 0 or 1, so only an id whose low
-# byte is 0 or 1 can be one (found at C speed in the packed bytes; about one id in 128 is then type-checked)
-_LOW_BYTE = 0 if sys.byteorder == "little" else 7
-
-
 def bool_at(blocks: Sequence[object], ids: array) -> int | None:
     """The index of the first bool in `blocks` (a list or tuple), given `ids`, their block-id array; else None.
     True is an int to Python (array() and operator.index take it as block 1), never a block id."""
-    low = ids.tobytes()[_LOW_BYTE::8]
-    found = None
-    for byte in (b"\x00", b"\x01"):
-        at = low.find(byte)
-        while at != -1 and (found is None or at < found):
-            if type(blocks[at]) is bool:
-                found = at
-                break
-            at = low.find(byte, at + 1)
-    return found
+    return first_bool(blocks, ids.tobytes()[LOW_BYTE::8])
 
 
 class BlockPool:

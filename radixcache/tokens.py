@@ -52,21 +52,28 @@ def as_token_array(tokens: Sequence[int] | array) -> array:
 
 
 def _refuse_bools(tokens: Sequence[int], low: bytes) -> None:
-    """Raise InvalidTokensError naming the first bool of `tokens`, whose int64s' low bytes are `low`.
+    """Raise InvalidTokensError naming the first bool of `tokens`, whose int64s' low bytes are `low`."""
+    first = first_bool(tokens, low)
+    if first is not None:
+        raise InvalidTokensError(f"tokens must be ints, not bools: token {first} is {tokens[first]!r}")
 
-    Only the tokens whose low byte is 0 or 1 are looked at, found at C speed (1 in 30 to 1 in 128 of a real prompt's):
-    a type check of every token doubled the conversion's cost.
+
+def first_bool(values: Sequence[object], low: bytes) -> int | None:
+    """The index of the first bool in `values` (a list or tuple of ints), given `low`, the low byte of each as an
+    int64 (`packed[LOW_BYTE::8]`); else None. True is an int to Python (packed as 1), never a token or block id.
+
+    Only the values whose low byte is 0 or 1 are looked at, found at C speed (1 in 30 to 1 in 128 of a real prompt's):
+    a type check of every value doubled the conversion's cost.
     """
     first = len(low)
     for byte in (b"\x00", b"\x01"):
         index = low.find(byte, 0, first)
         while index != -1:
-            if type(tokens[index]) is bool:
+            if type(values[index]) is bool:
                 first = index
                 break
             index = low.find(byte, index + 1, first)
-    if first < len(low):
-        raise InvalidTokensError(f"tokens must be ints, not bools: token {first} is {tokens[first]!r}")
+    return first if first < len(low) else None
 
 
 @lru_cache(maxsize=4096)
