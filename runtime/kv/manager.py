@@ -195,14 +195,8 @@ class KVManager:
             kv.recomputed_tokens += max(0, kv.computed_max - matched)
         if tiers is not None and (blocks or loaded) and kv.page_chain is not None:
             # The lower tiers' LRUs see their own reads only: a prefix every request hits on the device would go
-            # first, and reads refresh a run head first. The hashes the match computed (all of the device's pages
-            # when it looked below them), none computed here: a prompt the device holds whole is not hashed at
-            # admission. Both refresh the run's head last, so that their size limits take its later pages first.
-            hashes = kv.page_chain.hashes[: len(blocks) + loaded]
-            if tiers.host is not None:
-                tiers.host.touch(hashes)
-            if tiers.disk is not None:  # the pages not hashed yet are hashed off the loop, by the disk's writer
-                tiers.disk.refresh(kv.page_chain.deferred(tokens, len(blocks) + loaded))
+            # first. The run found is refreshed in both, hashed later where the match did not (KVTiers.refresh).
+            tiers.refresh(kv.page_chain.deferred(tokens, len(blocks) + loaded))
         kv.status = Status.RUNNING
         return True
 

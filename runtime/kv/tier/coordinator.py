@@ -20,8 +20,10 @@ from radixcache.page_hash import PageChain
 from radixcache.runtime.kv.pool import KVPool
 from radixcache.runtime.kv.tier.copy_sync import CopyEvent, PendingUnlocks
 from radixcache.runtime.kv.tier.disk_queue import queue_disk_writes
+from radixcache.runtime.kv.tier.disk_stamps import Hashes
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.host_pool import HostKVPool
+from radixcache.runtime.kv.tier.host_recency import HostPageTier, shared
 from radixcache.runtime.kv.tier.layered_load import LayeredLoad
 from radixcache.runtime.kv.tier.load_costs import LoadCosts, TierCounters, TierTally
 from radixcache.runtime.kv.tier.prefetch import (
@@ -33,7 +35,6 @@ from radixcache.runtime.kv.tier.prefetch import (
     copy_staged,
 )
 from radixcache.runtime.weak import weak_method
-from radixcache.tier.page_tier import PageTier
 from radixcache.tier.tiered_cache import TieredCache, TierMatch
 
 __all__ = ["KVTiers", "LoadCosts", "TierCounters"]  # LoadCosts, TierCounters: from load_costs
@@ -60,7 +61,7 @@ class KVTiers:
         self.pool = pool
         self.page_size = pool.page_size
         self.host_pool = HostKVPool(pool, host_slots) if host_slots else None
-        host = PageTier(host_slots, name="host") if host_slots else None
+        host = HostPageTier(host_slots, name="host") if host_slots else None
         self.disk = disk
         self.tiered = TieredCache(
             cache,
@@ -90,8 +91,8 @@ class KVTiers:
         self._prefetch: dict[int, PrefetchJob | None] = {}
 
     @property
-    def host(self) -> PageTier | None:
-        return self.tiered.host
+    def host(self) -> HostPageTier | None:
+        return self.tiered.host  # type: ignore[return-value]  # the HostPageTier made above
 
     def chain(self, namespace: Hashable) -> PageChain:
         return self.tiered.chain(namespace)
@@ -238,6 +239,17 @@ class KVTiers:
         """A deferred disk load (kv.tier.layered_load) whose copy raised: a failed read (TierTally)."""
         log.exception("disk KV cache: copying %d read page(s) into the pool by layers failed; recomputing", pages)
         self._counts.failed_deferred_load(pages, hit_tokens)
+
+    def refresh(self, run: Hashes) -> None:
+        """An admission found `run` (its hashes head first, or a function computing them: a prompt the device holds
+        whole is not hashed at admission): the most recently used in the host tier and on disk, its first page last,
+        so that their size limits take a run's later pages first. Neither tier sees a device hit otherwise. No
+        hashing here: the host tier hashes it before its next use, unless the disk's writer thread has by then."""
+        run = shared(run)
+        if self.host is not None:
+            self.host.touch_later(run)
+        if self.disk is not None:
+            self.disk.refresh(run)
 
     def count_hits(self, matched: int, device_pages: int, host_pages: int) -> None:
         """Count an admission's `matched` cached tokens by tier (TierTally.hits)."""

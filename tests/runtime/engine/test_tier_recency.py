@@ -228,3 +228,28 @@ def test_the_refreshes_waiting_for_the_disk_writer_are_bounded_in_pages() -> Non
     owed.record([b"x"] * 50)  # one run larger than the bound still waits, alone
     assert len(owed) == 1
     assert [len(hashes) for _, hashes in owed.take()] == [50]
+
+
+def test_a_prompt_the_device_holds_whole_stays_newest_in_a_full_host_tier(model: RandomModel) -> None:
+    """The host tier's refresh on a device hit took only the page hashes the match had computed, and a prompt the
+    device holds whole is not hashed at admission: a hot prompt hit on the device over and over kept the recency of
+    its first store, and a host tier at its limit evicted it before a cold prompt stored after it."""
+    rng = random.Random(9)
+    vocab = model.config.vocab_size
+    hot, cold, filler = ([rng.randrange(1, vocab) for _ in range(6 * P)] for _ in range(3))
+    host_bytes = 14 * P * model.config.kv_bytes_per_token(4)
+    with Engine(model, capacity_blocks=400, page_size=P, host_kv_memory=host_bytes) as engine:
+        tiers = engine.tiers
+        host = tiers.host
+        assert host is not None and host.capacity == 14
+        engine.generate(hot, 1)
+        engine.generate(cold, 1)
+        for _ in range(3):  # whole on the device: the most recently used prompt
+            assert engine.generate(hot, 1).cached_tokens == 6 * P - 1
+        engine.generate(filler, 1)  # 6 new pages over the 2 slots left: 4 of the 12 older ones go
+        assert host.stats.evicted == 4
+        hot_hashes = tiers.chain(None).upto(hot, 6)
+        cold_hashes = tiers.chain(None).upto(cold, 6)
+        assert [h in host for h in hot_hashes] == [True] * 6
+        assert [h in host for h in cold_hashes] == [True, True] + [False] * 4  # the cold run's tail went first
+        host.check_invariants()
