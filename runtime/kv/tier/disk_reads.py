@@ -1,13 +1,23 @@
 """Reading one page file and checking it: the two reads the disk store serves (kv.tier.disk_store: `read`, whole, and
-`read_into`, the payload straight into the caller's buffers). Each raises OSError for I/O and CorruptPage for a file
-that fails a check (kv.tier.disk_format); the store decides what either means."""
+`read_into`, the payload straight into the caller's buffers), and what a read means for the store's index
+(`read_indexed`). The loads raise OSError for I/O and CorruptPage for a file that fails a check
+(kv.tier.disk_format); `read_indexed` turns either into a miss."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow_into, read_nofollow_writable
-from radixcache.runtime.kv.tier.disk_format import check_split_page_for, parse_page_for
+from radixcache.runtime.kv.tier.disk_format import CorruptPage, NewerPage, check_split_page_for, parse_page_for
+from radixcache.runtime.kv.tier.disk_index import PageIndex
+
+log = logging.getLogger("radixcache.disk")
+T = TypeVar("T")
 
 
 def load_page(path: str, page_hash: bytes, tokens: Sequence[int]) -> tuple[memoryview, dict]:
@@ -26,3 +36,56 @@ def load_page_into(
         return check_split_page_for(got[0], payload, page_hash, tokens, got[1])
     page = parse_page_for(read_nofollow_into(path, head), page_hash, tokens)  # shorter than `payload`
     return page.meta if len(page.payload) == sum(len(p) for p in payload) else None
+
+
+def read_indexed(
+    index: PageIndex,
+    lock: threading.Lock,
+    count: dict[str, int],
+    page_hash: bytes,
+    load: Callable[[str], T | None],
+    mtime_ns: int | None = None,
+) -> T | None:
+    """The read of one page: `load(path)` reads and checks its file (raising OSError or CorruptPage, or
+    returning None for a page that is sound but not what the caller can use); here the index, the counters,
+    the deletion of a corrupt page and the refresh of its use. `lock` guards `index` and `count`."""
+    with lock:
+        entry = index.get(page_hash)
+        if entry is None:
+            count["read_misses"] += 1
+            return None
+    try:
+        got = load(entry.path)
+    except OSError as exc:
+        with lock:
+            if isinstance(exc, FileNotFoundError):  # deleted behind our back (a clear, another process)
+                index.drop(page_hash, entry)
+            count["read_misses"] += 1
+        if not isinstance(exc, FileNotFoundError):
+            log.debug("cannot read %s: %s", entry.path, exc)
+        return None
+    except NewerPage as exc:  # a newer radixcache's page: left for it, out of this store's index
+        log.debug("disk KV cache: skipping %s: %s", entry.path, exc)
+        with lock:
+            index.drop(page_hash, entry)
+            count["read_misses"] += 1
+        return None
+    except CorruptPage as exc:
+        log.warning("disk KV cache: deleting the corrupt page %s: %s", entry.path, exc)
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)
+        with lock:
+            index.drop(page_hash, entry)
+            count["corrupt_pages"] += 1
+            count["read_misses"] += 1
+        return None
+    if got is None:
+        with lock:
+            count["read_misses"] += 1
+        return None
+    with lock:
+        index.touch(page_hash, entry)
+        count["read_hits"] += 1
+    with contextlib.suppress(OSError):
+        os.utime(entry.path) if mtime_ns is None else os.utime(entry.path, ns=(mtime_ns, mtime_ns))
+    return got

@@ -12,7 +12,8 @@ This module is the front; the pieces behind it, one concern each:
 - `disk_stamps`: device hits' refreshes of the index and of the files' mtimes, settled off the loop thread;
 - `disk_writer`: the atomic write of one page file and the background thread that drains the queue;
 - `disk_format`: the bytes of one page file (self-describing and checksummed);
-- `disk_reads`: one page file read and checked, whole or with its payload into the caller's buffers;
+- `disk_reads`: one page file read and checked, whole or with its payload into the caller's buffers, and what the
+  read does to the index (a miss, a corrupt page deleted, a hit refreshed);
 - `disk_reports`: what `stats` and `verify` return, and the check of every page file `verify` makes.
 
 Invariants:
@@ -48,10 +49,10 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow_split
-from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, CorruptPage, NewerPage, PageWrite, encode_page
+from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, PageWrite, encode_page
 from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, scan_pages
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, fingerprint_tag
-from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into
+from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into, read_indexed
 from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport, remove_file, verify_pages
 from radixcache.runtime.kv.tier.disk_stamps import Hashes, OwedRefreshes
 from radixcache.runtime.kv.tier.disk_writer import PagePathTaken, WriteQueue, write_page_file
@@ -229,49 +230,8 @@ class DiskStore:
         return self._read(page_hash, lambda p: load_page_into(p, page_hash, tokens, payload, head, split), mtime_ns)
 
     def _read(self, page_hash: bytes, load: Callable[[str], T | None], mtime_ns: int | None = None) -> T | None:
-        """The read of one page: `load(path)` reads and checks its file (raising OSError or CorruptPage, or
-        returning None for a page that is sound but not what the caller can use); here the index, the counters,
-        the deletion of a corrupt page and the refresh of its use."""
-        with self._lock:
-            entry = self._index.get(page_hash)
-            if entry is None:
-                self._count["read_misses"] += 1
-                return None
-        try:
-            got = load(entry.path)
-        except OSError as exc:
-            with self._lock:
-                if isinstance(exc, FileNotFoundError):  # deleted behind our back (a clear, another process)
-                    self._index.drop(page_hash, entry)
-                self._count["read_misses"] += 1
-            if not isinstance(exc, FileNotFoundError):
-                log.debug("cannot read %s: %s", entry.path, exc)
-            return None
-        except NewerPage as exc:  # a newer radixcache's page: left for it, out of this store's index
-            log.debug("disk KV cache: skipping %s: %s", entry.path, exc)
-            with self._lock:
-                self._index.drop(page_hash, entry)
-                self._count["read_misses"] += 1
-            return None
-        except CorruptPage as exc:
-            log.warning("disk KV cache: deleting the corrupt page %s: %s", entry.path, exc)
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-            with self._lock:
-                self._index.drop(page_hash, entry)
-                self._count["corrupt_pages"] += 1
-                self._count["read_misses"] += 1
-            return None
-        if got is None:
-            with self._lock:
-                self._count["read_misses"] += 1
-            return None
-        with self._lock:
-            self._index.touch(page_hash, entry)
-            self._count["read_hits"] += 1
-        with contextlib.suppress(OSError):
-            os.utime(entry.path) if mtime_ns is None else os.utime(entry.path, ns=(mtime_ns, mtime_ns))
-        return got
+        """The read of one page against the index (kv.tier.disk_reads.read_indexed)."""
+        return read_indexed(self._index, self._lock, self._count, page_hash, load, mtime_ns)
 
     # --------------------------------------------------------------------------------------------- writes
 
