@@ -29,9 +29,8 @@ CONTEXT_TOKENS = 5  # prompt tokens an output is decoded after (its first token'
 def text_after(decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int], ids: Sequence[int]) -> str:
     """The text `ids` add after `prompt_ids`: decoded after the prompt's last `CONTEXT_TOKENS` tokens, less their
     own text; the concatenation of an `IncrementalDetokenizer(decode, prompt_ids)`'s deltas, fed one token at a time,
-    and its flush. A text with U+FFFD is read that way: a byte-fallback decoder (Llama 2, Mistral 7B) shows a run of
-    byte tokens that is not all UTF-8 as U+FFFD whole, so a reply cut inside a character lost every character of
-    its last run of byte tokens (a CJK reply's last sentence), which the stream had shown."""
+    and its flush. A text with U+FFFD is read that way, as the stream reads it (a window's text is not always the
+    whole decode's, cut at the context's length)."""
     context, tail = prompt_context(decode, prompt_ids)
     whole = decode(context + tail + list(ids))
     before = decode(context) if context else ""

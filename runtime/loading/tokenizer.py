@@ -15,8 +15,9 @@ from typing import Any
 
 from tokenizers import Tokenizer as Backend
 
+from radixcache.runtime.loading.byte_fallback import decode_split, reads_byte_fallback
 from radixcache.runtime.loading.chat_template import ChatMessageError, render_chat_template
-from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer
+from radixcache.runtime.loading.detokenizer import REPLACEMENT, IncrementalDetokenizer
 from radixcache.runtime.loading.gguf_model import gguf_adds_bos, gguf_eos_ids, gguf_token_id
 from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf
 from radixcache.runtime.loading.hf import read_json_object
@@ -173,7 +174,20 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """The text of `ids`. A byte-fallback run that is not all UTF-8 keeps its complete characters, each bad
+        byte one U+FFFD (loading/byte_fallback.py; the library's decoder shows the whole run as U+FFFD)."""
+        text = self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        if REPLACEMENT not in text or not self._byte_fallback:
+            return text
+        return decode_split(self.backend, ids, skip_special_tokens, self._special_ids)
+
+    @functools.cached_property
+    def _byte_fallback(self) -> bool:
+        return reads_byte_fallback(self.backend)
+
+    @functools.cached_property
+    def _special_ids(self) -> frozenset[int]:
+        return frozenset(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
 
     def _spelled(self, ids: Sequence[int]) -> str:
         """The text `ids` stand for where they follow other text (a known span's check): their bytes joined. A
