@@ -3,8 +3,9 @@
 Accepted: roles system, developer (treated as system), user, assistant, tool; `content` a string, a list of text
 parts (`{"type": "text", "text": ...}`, joined), or null on an assistant message (an assistant message with
 `tool_calls` usually has null content); `name` on any message; `tool_calls` on assistant messages
-(`{"id", "type": "function", "function": {"name", "arguments"}}`, arguments a JSON object or its text); a tool
-message needs `tool_call_id`. Anything else raises `ToolInputError` naming `messages[i].field`.
+(`{"id", "type": "function", "function": {"name", "arguments"}}`, arguments a JSON object or its text, JSON as
+RFC 8259 has it: no NaN nor Infinity); a tool message needs `tool_call_id`. Anything else raises `ToolInputError`
+naming `messages[i].field`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ from typing import Any
 from radixcache.runtime.tools.errors import ToolInputError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+# JSON as RFC 8259 has it: Python's decoder also reads NaN and Infinity, which a call's arguments would then carry
+# into a prompt (a history's) or to clients whose parsers refuse them (the model's)
+STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant)
 
 
 @dataclass(frozen=True)
@@ -95,9 +105,9 @@ def _tool_call(raw: Any, path: str) -> ToolCall:
         raise ToolInputError(f"{path}.function.arguments", "must be a JSON object or its text")
     try:
         if isinstance(arguments, dict):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        value = json.loads(arguments)
-    except (TypeError, ValueError) as e:  # a value JSON cannot write (a set, bytes), or text that is not JSON
+            arguments = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+        value = STRICT_JSON.decode(arguments)
+    except (TypeError, ValueError) as e:  # a value JSON cannot write (a set, bytes, NaN), or text that is not JSON
         raise ToolInputError(f"{path}.function.arguments", f"is not valid JSON ({e})") from None
     except RecursionError:
         raise ToolInputError(f"{path}.function.arguments", "is nested too deeply to read") from None

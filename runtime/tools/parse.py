@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixcache.runtime.tools import scan
-from radixcache.runtime.tools.messages import ToolCall
+from radixcache.runtime.tools.messages import STRICT_JSON, ToolCall
 from radixcache.runtime.tools.specs import ToolSpec
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -270,19 +270,10 @@ class ToolCallParser:
         return True
 
 
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
-
-
-# JSON as RFC 8259 has it: Python's decoder also reads NaN and Infinity, which a call's arguments would then carry
-# to clients whose parsers refuse them
-_STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant)
-
-
 def json_object(text: str) -> bool:
     """`text` is a JSON object as RFC 8259 has it (not NaN nor Infinity, which Python's json.loads reads)."""
     try:
-        return isinstance(_STRICT_JSON.decode(text), dict)
+        return isinstance(STRICT_JSON.decode(text), dict)
     except (ValueError, RecursionError):
         return False
 
@@ -293,7 +284,7 @@ def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:
     Model output: nesting too deep to decode is not a call, nor is a name that is not a string, nor arguments
     holding NaN or Infinity (not JSON)."""
     try:
-        value, _ = _STRICT_JSON.raw_decode(text.strip())
+        value, _ = STRICT_JSON.raw_decode(text.strip())
     except (ValueError, RecursionError):
         return None
     if isinstance(value, dict) and "tool_calls" in value:
@@ -306,7 +297,7 @@ def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:
         args = item.get("arguments", item.get("parameters", {}))
         if isinstance(args, str):
             try:
-                args = _STRICT_JSON.decode(args)
+                args = STRICT_JSON.decode(args)
             except (ValueError, RecursionError):
                 return None
         if not isinstance(args, dict):
