@@ -100,20 +100,25 @@ def _tool_call(raw: Any, path: str) -> ToolCall:
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise ToolInputError(f"{path}.function.name", "must be a non-empty string")
-    arguments = fn.get("arguments", "{}")
+    return ToolCall(call_id, name, call_arguments(fn.get("arguments", "{}"), f"{path}.function.arguments"))
+
+
+def call_arguments(arguments: Any, path: str) -> str:
+    """A history's call arguments (a JSON object or its text) as the JSON text of an object; `ToolInputError` naming
+    `path` for anything else (NaN and Infinity included: no JSON)."""
     if not isinstance(arguments, (dict, str)):
-        raise ToolInputError(f"{path}.function.arguments", "must be a JSON object or its text")
+        raise ToolInputError(path, "must be a JSON object or its text")
     try:
         if isinstance(arguments, dict):
             arguments = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
         value = STRICT_JSON.decode(arguments)
     except (TypeError, ValueError) as e:  # a value JSON cannot write (a set, bytes, NaN), or text that is not JSON
-        raise ToolInputError(f"{path}.function.arguments", f"is not valid JSON ({e})") from None
+        raise ToolInputError(path, f"is not valid JSON ({e})") from None
     except RecursionError:
-        raise ToolInputError(f"{path}.function.arguments", "is nested too deeply to read") from None
+        raise ToolInputError(path, "is nested too deeply to read") from None
     if not isinstance(value, dict):
-        raise ToolInputError(f"{path}.function.arguments", "must be a JSON object")
-    return ToolCall(call_id, name, arguments)
+        raise ToolInputError(path, "must be a JSON object")
+    return arguments
 
 
 def normalize_message(raw: Any, index: int) -> ChatMessage:

@@ -60,6 +60,14 @@ def test_the_server_refuses_them_naming_the_call(client: TestClient, arguments: 
     chat = client.post(
         "/v1/chat/completions", json={"model": "tiny", "messages": history(arguments), "tools": TOOLS, "max_tokens": 1}
     )
+    call = {"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": arguments}}
+    legacy = {
+        "model": "tiny",
+        "messages": [ASK, call, {"role": "function", "name": "get_weather", "content": "21"}],
+        "functions": [t["function"] for t in TOOLS],
+        "max_tokens": 1,
+    }
+    old = client.post("/v1/chat/completions", json=legacy)
     item = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": arguments}
     output = {"type": "function_call_output", "call_id": "call_1", "output": "21"}
     tools = [{"type": "function", **t["function"]} for t in TOOLS]
@@ -68,8 +76,26 @@ def test_the_server_refuses_them_naming_the_call(client: TestClient, arguments: 
     )
     for reply, param in [
         (chat, "messages.1.tool_calls.0.function.arguments"),
+        (old, "messages.1.function_call.arguments"),
         (responses, "input.1.arguments"),
     ]:
         assert reply.status_code == 400, reply.text
         error = reply.json()["error"]
         assert (error["param"], "not valid JSON" in error["message"]) == (param, True), error
+
+
+@pytest.mark.parametrize("arguments", ['{"city": "Paris",}', "[1]", '{"city": NaN}'])
+def test_a_legacy_function_calls_arguments_are_named_as_sent(client: TestClient, arguments: str) -> None:
+    """A legacy `function_call` becomes a tool call before the history is read: its bad arguments were named
+    `messages.1.tool_calls.0.function.arguments`, a field the client never sent."""
+    call = {"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": arguments}}
+    body = {
+        "model": "tiny",
+        "messages": [ASK, call, {"role": "function", "name": "get_weather", "content": "21"}],
+        "functions": [t["function"] for t in TOOLS],
+        "max_tokens": 1,
+    }
+    reply = client.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "messages.1.function_call.arguments"
+    assert reply.json()["error"]["message"].startswith("messages[1].function_call.arguments: ")
