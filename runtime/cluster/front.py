@@ -12,6 +12,7 @@ routing set: it is alive, only slow or stuck).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import threading
 import time
@@ -26,8 +27,8 @@ from radixcache.runtime.cluster.handles import FrontQueue, RemoteHandle, RemoteR
 from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.cluster.tally import Baseline, _add, replica_rows, sum_stats  # noqa: F401 (_add: its tests)
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
-from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, check_namespace, resolve_options
-from radixcache.runtime.engine.request_builder import group_prompts, token_ids
+from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, resolve_options
+from radixcache.runtime.engine.request_builder import group_prompts, is_messages, token_ids
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
 from radixcache.runtime.tools import ToolCallMemory
 from radixcache.runtime.tools.use import CallIds
@@ -175,14 +176,30 @@ class ClusterEngine:
             handle.cancel()
             raise
 
-    def unpin(self, prompt: Sequence[int] | str | None = None, *, namespace: Any = None) -> int:
+    def unpin(self, prompt: Sequence[int] | str | Sequence[dict[str, Any]] | None = None, **kwargs: Any) -> int:
         """Release pins (`pin=` on a request) on every replica: those of `prompt` (in `namespace`), or every pin, as
-        Engine.unpin does; how many were released in all. A pinned request ran on one replica, which the front door
-        does not remember, so each is asked."""
-        if prompt is not None:
-            prompt = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else token_ids(prompt, "prompt")
-        check_namespace(namespace)
-        return sum(self.cluster.replica_call("unpin", prompt, namespace))
+        Engine.unpin does; how many were released in all. It takes what Engine.unpin takes: text, ids, or chat
+        messages with the `tools=` (or `options=`) of the pinning request, rendered here as the server renders a chat
+        (with this front door's memory of the calls the model wrote, whose ids the history carries; a replica's own
+        memory knows them by other ids). A pinned request ran on one replica, which the front door does not remember,
+        so each is asked."""
+        opts = resolve_options(
+            kwargs.pop("max_new_tokens", None), kwargs.pop("options", None), kwargs, "ClusterEngine.unpin"
+        )
+        if is_messages(prompt):
+            prompt = self._render(prompt, opts)  # type: ignore[arg-type]
+        ids = None if prompt is None else self._prompt_ids(prompt, opts)
+        return sum(self.cluster.replica_call("unpin", ids, opts.namespace))
+
+    def _render(self, messages: Sequence[dict[str, Any]], opts: RequestOptions) -> str:
+        """`messages` by the model's chat template, with `opts`' tools and the calls remembered in its namespace."""
+        render, use = self.tokenizer.apply_chat_template, opts.tool_use
+        kw: dict[str, Any] = {}
+        if "tool_memory" in inspect.signature(render).parameters:
+            kw = {"tools": use.tools if use else None, "tool_memory": self.tool_memory.scoped(opts.namespace)}
+        elif use is not None:
+            raise ValueError("this model's tokenizer cannot render tools")
+        return render(list(messages), add_generation_prompt=True, **kw)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Each replica's queued disk writes (with --cache-dir) finish; False if one has not within `timeout`."""

@@ -1,0 +1,51 @@
+"""`ClusterEngine.unpin` takes what `Engine.unpin` takes: chat messages with the `tools=` (or `options=`) of the
+request that pinned them (the front door took a prompt and `namespace=` only: messages were a ValueError, 'prompt[0]
+must be a token id', and `tools=` a TypeError, so an agent that pinned its tool prompt behind replicas could release
+it only by rendering it itself). On real replicas (a local Ray cluster, the tiny checkpoint's ChatML template, which
+renders tools)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+from radixcache.runtime import RequestOptions
+from radixcache.runtime.server.structured import render_chat
+from tests.tiny_tools import TOOLS
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one Ray cluster at a time
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is the weather"}]
+ENGINE = {"capacity_blocks": 1024, "page_size": 16}  # the tools render to about 1,000 tokens
+
+
+# local_ray and tiny_dir: tests/cluster/conftest.py
+
+
+def test_unpin_takes_the_messages_and_tools_a_pin_was_made_with(local_ray: str, tiny_dir: Path) -> None:
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    cluster = ReplicaCluster(str(tiny_dir), 2, router="round_robin", engine_kwargs=ENGINE, poll_interval=None)
+    engine = ClusterEngine(cluster, str(tiny_dir))
+    try:
+        tools = RequestOptions.of(1, pin=True, tools=TOOLS, tool_choice="none")
+        plain = RequestOptions.of(1, pin=True, namespace="t")
+        # pinned as the server sends a chat: rendered at the front door, with the tools
+        assert engine.generate(render_chat(engine, MESSAGES, tools.tool_use), options=tools).pinned_tokens > 0
+        assert engine.generate(render_chat(engine, MESSAGES, None, "t"), options=plain).pinned_tokens > 0
+        pinned = engine.stats.pinned_blocks
+        assert pinned > 0
+        assert engine.unpin(MESSAGES) == 0, "rendered without the tools: another prompt, whose pin there is none"
+        assert engine.unpin(MESSAGES, tools=TOOLS, tool_choice="none") == 1
+        assert 0 < engine.stats.pinned_blocks < pinned
+        assert engine.unpin(MESSAGES, options=plain) == 1  # its namespace "t", from the options
+        assert engine.stats.pinned_blocks == 0 and engine.check()["locked_blocks"] == 0
+        with pytest.raises(TypeError, match=r"ClusterEngine\.unpin"):
+            engine.unpin(MESSAGES, tool=TOOLS)
+        with pytest.raises(ValueError, match="namespace must be hashable"):
+            engine.unpin(MESSAGES, namespace=["t"])
+    finally:
+        engine.close()
