@@ -260,7 +260,7 @@ class ClusterEngine:
                 req.replica = replica
                 self.queue.mark(req.rid, True)  # (re-)sent: waiting until this replica starts it
                 started = False
-                admitted = queue_timeout is None  # without a queue timeout the replica does not say; assume so
+                admitted = queue_timeout is None  # the admission deadline: only with a queue timeout
                 try:
                     streaming = cluster.actor(replica).stream.options(num_returns="streaming")
                     stream = streaming.remote(req.rid, prompt, options, sent_at)
@@ -269,7 +269,7 @@ class ClusterEngine:
                     while result is None:  # the last item is ("done", result): never wait past it
                         by = None if admitted else sent_at + queue_timeout + ADMISSION_GRACE_S  # type: ignore[operator]
                         kind, value, extra = ray.get(self._next_item(stream, replica, req.rid, by))
-                        if not started:  # its admission, or (without a queue timeout) its first tokens
+                        if not started:  # its admission (or an end before it): no longer queued
                             started = True
                             self.queue.mark(req.rid, False)
                         if kind == "admitted":

@@ -87,8 +87,8 @@ class EngineReplica:
     def stream(
         self, rid: str, prompt_ids: Sequence[int], options: RequestOptions, sent_at: float | None = None
     ) -> Iterator[tuple[str, Any, Any]]:
-        """One request, streamed (a Ray streaming generator): ("admitted", None, None) once the engine admits it (only
-        with a queue timeout), ("tokens", new token ids, their logprobs) as the engine makes them, then ("done",
+        """One request, streamed (a Ray streaming generator): ("admitted", None, None) once the engine admits it,
+        ("tokens", new token ids, their logprobs) as the engine makes them, then ("done",
         GenerationResult, the (text, token ids) the model wrote for its tool calls or None). An engine error (a full
         queue, say) is raised to the caller. `cancel(rid)` aborts it. `sent_at` (time.time() when the front door sent
         it): the engine's queue timeout counts from then, so time spent reaching the replica is not granted twice."""
@@ -112,9 +112,9 @@ class EngineReplica:
         req.listener = lambda _r: wake.put(None)  # on the engine loop thread
         handle.future.add_done_callback(lambda _f: wake.put(None))
         sent = 0
-        # With a queue timeout the front door holds it too, so it is told when the request is admitted: admission
-        # wakes nothing here, hence the short polls until then.
-        watching = timeout is not None
+        # The front door is told when the request is admitted: its `queued` (/health/cache) counts it until then, and
+        # with a queue timeout it holds that too. Admission wakes nothing here, hence the short polls until then.
+        watching = True
         try:
             while True:
                 done = handle.done()
