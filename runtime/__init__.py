@@ -1,7 +1,8 @@
 """runtime: a PyTorch inference runtime that prefills only what the radix cache lacks.
 
-`from runtime import Engine` works; the heavy modules (torch) load on first use, so `import radixcache.runtime.config`
-stays cheap for loaders and tools.
+Installed as `radixcache.runtime` (no top-level `runtime`: tests/test_packaging.py): `from radixcache.runtime import
+Engine` works; the heavy modules (torch) load on first use, so `import radixcache.runtime.config` stays cheap for
+loaders and tools.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
     return getattr(importlib.import_module(module), name)

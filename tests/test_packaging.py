@@ -97,3 +97,12 @@ def test_the_installed_names_resolve_into_the_repository_and_claim_no_top_level_
             assert not any(p == REPO or REPO in p.parents for p in paths), (
                 f"a top-level {name!r} package resolves into this repository: {spec_found}"
             )
+
+
+def test_a_missing_runtime_name_is_an_attribute_error_naming_the_installed_package() -> None:
+    import radixcache.runtime
+
+    with pytest.raises(AttributeError, match=r"^module 'radixcache\.runtime' has no attribute 'Engin'$"):
+        radixcache.runtime.Engin  # noqa: B018 - the lazy __getattr__ named a 'runtime' module that is not installed
+    assert not hasattr(radixcache.runtime, "Engin")
+    assert radixcache.runtime.Engine.__module__ == "radixcache.runtime.engine.engine"
