@@ -48,8 +48,15 @@ def agent_table(seeds: Sequence[int], capacity: int, budget: float, page: int) -
             rows.setdefault(f"{policy}+hint", []).append(run(workload, capacity, policy, hints, 0.0))
             rows.setdefault(f"{policy}+lease", []).append(run(workload, capacity, policy, hints, budget))
         for bound in BOUNDS:
-            rows.setdefault(bound, []).append((simulate(workload, capacity, bound, honor_timestamps=True).hit_rate, 0))
-    return [(name, statistics.mean(h for h, _ in v), statistics.mean(t for _, t in v)) for name, v in rows.items()]
+            rows.setdefault(bound, []).append(
+                (simulate(workload, capacity, bound, honor_timestamps=True).hit_rate, None)
+            )
+    return [(name, statistics.mean(h for h, _ in v), _mean_ttft([t for _, t in v])) for name, v in rows.items()]
+
+
+def _mean_ttft(ttfts: list[float | None]) -> float | None:
+    """The mean modelled TTFT p99 over the seeds; None for a bound, which has no TTFT model (printed "-")."""
+    return None if None in ttfts else statistics.mean(ttfts)
 
 
 def points_under_lru(workload: Workload, capacity: int) -> dict[str, float]:
@@ -75,8 +82,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("| policy | hit rate | vs LRU | TTFT p99 (ms) | vs LRU |")
     print("|---|---|---|---|---|")
     for name, hit, ttft in table:
-        ratio = f"{ttft / lru_ttft:.3f}" if ttft else "-"
-        print(f"| {name} | {hit:.4f} | {hit / lru_hit:.3f} | {ttft:.0f} | {ratio} |")
+        shown, ratio = ("-", "-") if ttft is None else (f"{ttft:.0f}", f"{ttft / lru_ttft:.3f}" if lru_ttft else "-")
+        print(f"| {name} | {hit:.4f} | {hit / lru_hit:.3f} | {shown} | {ratio} |")
     for seed in args.chat_seeds:
         workload = token_workload(multi_turn_chat(seed=seed, conversations=200), page_size=args.page_size)
         print(f"chat seed {seed}: points vs LRU", _fmt(points_under_lru(workload, args.trace_capacity)))

@@ -251,3 +251,14 @@ def test_each_match_and_insert_is_keyed_with_its_own_requests_hint(policy: str, 
     replay.close()
     own = {10 + i: None if h is None else round(h * 1e6) for i, h in enumerate(hints)}
     assert sorted(told) == sorted((f"{what} {t}", own[t]) for t in own for what in ("match", "insert"))
+
+
+def test_the_agent_scripts_bound_rows_show_no_ttft(capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression: the belady rows, which have no TTFT model, printed a TTFT p99 of 0 ms (docs/agents.md shows "-"),
+    as if the bound answered at once; the online rows keep their modelled figure."""
+    from tests.sim.conftest import load_script
+
+    load_script("simulate_agents").main(["--seeds", "10", "--capacity", "400", "--chat-seeds"])
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in capsys.readouterr().out.splitlines()}
+    assert rows["belady"][2:] == ["-", "- |"] and rows["belady-admission"][2:] == ["-", "- |"]
+    assert float(rows["lru"][2]) > 0 and rows["lru"][3] == "1.000 |"
