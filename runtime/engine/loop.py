@@ -9,7 +9,8 @@ Faults: every future is completed with `settle`, which ignores a future its call
 can land between any check and the set); cancelling a handle's future aborts its request (its blocks are freed at
 the next step). A command that raises fails its own future; a step that raises outside the scheduler's per-request
 guards (a scheduler bug) fails every request in flight with that error and the loop goes on; delivering one result
-that raises fails that result alone. If the thread dies anyway (a bug in the loop itself), every request in flight
+that raises fails that result alone; a caller's done-callback that raises (they run on the loop thread, in the set)
+is logged, whatever it raises. If the thread dies anyway (a bug in the loop itself), every request in flight
 and every later call gets EngineDeadError naming the original error, instead of waiting forever.
 """
 
@@ -41,7 +42,10 @@ log = logging.getLogger("radixcache.engine")
 
 def settle(future: Future[Any], result: Any = _UNSET, error: BaseException | None = None) -> bool:
     """Complete `future` with `result` or `error`, unless it is already done (a caller that cancelled it, even
-    between a check and this set): True if this call completed it."""
+    between a check and this set): True if this call completed it. The caller's done-callbacks run in the set, on
+    this thread (the loop's): concurrent.futures logs an Exception of theirs, and one that raises past it (SystemExit,
+    KeyboardInterrupt, any BaseException) is logged here too, never the loop's: it killed the loop thread, failing
+    every other request in flight and every later call with EngineDeadError."""
     try:
         if error is not None:
             future.set_exception(error)
@@ -49,6 +53,10 @@ def settle(future: Future[Any], result: Any = _UNSET, error: BaseException | Non
             future.set_result(result)
     except InvalidStateError:
         return False
+    except BaseException:
+        if not future.done():  # not from a callback: the set itself failed
+            raise
+        log.exception("a done-callback of an engine future raised; the future is completed, the loop goes on")
     return True
 
 

@@ -295,3 +295,31 @@ def test_a_done_callback_that_waits_for_the_engine_is_refused_instead_of_hanging
     assert engine.wait_idle(30) and seen["close"] is False  # it could not wait for itself, and said so
     with pytest.raises(EngineClosedError):
         engine.submit(prompts[0], 2)
+
+
+class CallerExit(BaseException):  # past concurrent.futures' guard of done-callbacks, which stops only Exception
+    pass
+
+
+@pytest.mark.parametrize("exc", [SystemExit, CallerExit])
+def test_a_done_callback_raising_a_base_exception_is_the_callers_alone(
+    tiny: RandomModel, exc: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request's done-callbacks run on the engine loop thread, inside its set; one that raised a BaseException
+    (sys.exit() in an agent's last-step hook) escaped the set and killed the loop thread: the other requests in
+    flight and every later call failed with EngineDeadError."""
+    prompts = [ids(12, 50), ids(22, 51)]
+    alone = _alone(tiny, prompts, 12)
+    engine = _engine(tiny)
+    release = hold_engine_loop(engine)
+    try:
+        first = engine.submit(prompts[0], 3, ignore_eos=True)  # leaves while the other decodes
+        other = engine.submit(prompts[1], 12, ignore_eos=True)
+        first.future.add_done_callback(lambda _: (_ for _ in ()).throw(exc("hook")))
+    finally:
+        release()
+    assert first.result(30).token_ids == alone[0][:3]
+    assert other.result(30).token_ids == alone[1]
+    assert engine.generate(prompts[0], 12, ignore_eos=True).token_ids == alone[0]  # the engine serves on
+    assert any("done-callback" in r.getMessage() for r in caplog.records)
+    assert_clean(engine)
