@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import signal
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,6 +27,10 @@ if TYPE_CHECKING:
 # others fixed the same way). 75 s, nginx's and gunicorn's usual figure, outlasts the common clients' expiry, so
 # the client always lets go first; an agent that thinks for a few seconds between calls keeps its connection.
 KEEP_ALIVE_S = 75
+SHUTDOWN_TIMEOUT_S = 30.0
+# Past --shutdown-timeout the requests still running are aborted, and their responses (a 503, a stream's error event
+# and [DONE]) get this long to go out before uvicorn cancels what is left.
+ABORT_WAIT_S = 5.0
 
 
 def _check_device(device: str) -> None:
@@ -148,6 +154,14 @@ def _check_max_model_len(model: str, max_model_len: int | None) -> None:
     help="Seconds an idle connection stays open. Keep it above your clients' pool expiry (httpx, and so the "
     "openai client: 5 s), or a request sent on a connection the server is closing is reset.",
 )
+@click.option(
+    "--shutdown-timeout",
+    default=SHUTDOWN_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="On SIGTERM or Ctrl-C, seconds in-flight requests get to finish; then each is aborted (503 shutting_down; "
+    "a stream ends with that error event and [DONE]).",
+)
 @record_option
 @debug_option
 def serve(
@@ -176,6 +190,7 @@ def serve(
     no_cache: bool,
     log_level: str,
     keep_alive: int,
+    shutdown_timeout: float,
     record_trace: str | None,
     debug: bool,
 ) -> None:
@@ -183,7 +198,7 @@ def serve(
     /health and Prometheus /metrics. Requests that share a prefix reuse its KV;
     usage.prompt_tokens_details.cached_tokens says how much. Under load, --max-queue and --queue-timeout push back
     with 429 / 503 and Retry-After instead of queueing without bound. Ctrl-C (or SIGTERM) lets in-flight requests
-    finish, then stops.
+    finish (up to --shutdown-timeout; the rest get 503 shutting_down), then stops.
 
     \b
     Example:
@@ -218,7 +233,8 @@ def serve(
     if any(sep and key not in api_keys for key, sep, _ in (spec.rpartition("=") for spec in retain_for)):
         # a default for a key no caller can send (a typo, or no --api-key at all): it would never apply
         raise click.BadParameter("a KEY=SECONDS names a key that no --api-key gives", param_hint="'--retain-for'")
-    for name, seconds in (("--request-timeout", request_timeout), ("--queue-timeout", queue_timeout)):
+    timeouts = (("--request-timeout", request_timeout), ("--queue-timeout", queue_timeout))
+    for name, seconds in (*timeouts, ("--shutdown-timeout", shutdown_timeout)):
         if seconds is not None and not math.isfinite(seconds):  # FloatRange lets nan and inf through
             raise click.BadParameter(f"{seconds} is not a finite number of seconds", param_hint=f"'{name}'")
     try:
@@ -269,12 +285,17 @@ def serve(
         port = listeners[0].getsockname()[1]
         click.echo(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
         config = uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30, timeout_keep_alive=keep_alive
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            timeout_graceful_shutdown=shutdown_timeout + ABORT_WAIT_S,  # a backstop: the abort ends them first
+            timeout_keep_alive=keep_alive,
         )
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to our handlers: both end here.
         previous = signal.signal(signal.SIGTERM, _stop)
         try:
-            uvicorn.Server(config).run(sockets=listeners)
+            _aborting_server(config, app.state.inflight.abort, shutdown_timeout).run(sockets=listeners)
         except (KeyboardInterrupt, _Stopped):
             pass
         finally:
@@ -294,6 +315,24 @@ def _report_recording(engine: GenerationEngine, path: str, no_cache: bool, admis
     shape = EngineShape(cache.capacity_blocks, cache.policy.name, cache.page_size)
     click.echo(f"its hit rate through the tree alone: {simulate_command(path, shape, admission)}", err=True)
     click.echo(CONCURRENT_NOTE, err=True)
+
+
+def _aborting_server(config: Any, abort: Callable[[], object], grace: float) -> Any:
+    """uvicorn's server, which calls `abort` (the app's Inflight.abort) `grace` seconds into a shutdown: each request
+    still running then ends in OpenAI's shape (a 503 shutting_down; a stream, that error event and [DONE]). Left to
+    uvicorn's own timeout, they were cut off mid-body (a client read "incomplete chunked read", the log a traceback
+    per request)."""
+    import uvicorn
+
+    class AbortingServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            timer = asyncio.get_running_loop().call_later(grace, abort)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+    return AbortingServer(config)
 
 
 class _Stopped(Exception):

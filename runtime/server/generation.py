@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine, GenerationHandle
 from radixcache.runtime.engine.request import GenerationResult
@@ -45,6 +46,7 @@ class Inflight:
 
     handles: set[GenerationHandle] = field(default_factory=set)
     cancelled: int = 0  # engine requests this server aborted (client gone, shutdown)
+    aborted: bool = False  # the server shut down past its grace period: what it cancels ends as shutting_down
 
     def cancel(self, handle: GenerationHandle) -> None:
         if not handle.done():
@@ -56,6 +58,19 @@ class Inflight:
         for h in live:
             self.cancel(h)
         return len(live)
+
+    def abort(self) -> int:
+        """Shutting down, past the grace period: cancel every request, and refuse new ones. A request cancelled so
+        fails with EngineClosedError (503 shutting_down; in a stream, an error event then `[DONE]`) instead of
+        reading as a reply the model finished. Returns how many were running."""
+        self.aborted = True
+        return self.cancel_all()
+
+    def checked(self, result: GenerationResult) -> GenerationResult:
+        """`result`, unless `abort` cancelled it: a cancelled result says finish_reason "stop" to the client."""
+        if self.aborted and result.finish_reason == "cancelled":
+            raise EngineClosedError("the server is shutting down: this request was aborted")
+        return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +124,8 @@ def _submit_all(engine: GenerationEngine, job: Job, inflight: Inflight) -> list[
     """Every choice of the job, in choice order. The n samples of a prompt go as one group (Engine.submit_group):
     they share the prompt's KV in flight, and none counts another's prefill of it as cached. All or none: when the
     engine refuses a prompt (a full queue), the choices already queued are cancelled and the error raised."""
+    if inflight.aborted:  # the server's shutdown aborted what ran: nothing new starts
+        raise EngineClosedError("the server is shutting down")
     handles: list[GenerationHandle] = []
     try:
         for p, prompt in enumerate(job.prompts):
@@ -128,6 +145,8 @@ def _submit_all(engine: GenerationEngine, job: Job, inflight: Inflight) -> list[
         # the handle weakly (the set holds it until then): a future -> callback -> handle -> future cycle would keep
         # each finished request, its tokens and logits, until a collection
         handle.future.add_done_callback(functools.partial(_forget, inflight.handles, weakref.ref(handle)))
+        if inflight.aborted:  # the abort came while this thread submitted: it missed these
+            inflight.cancel(handle)
     return handles
 
 
@@ -159,7 +178,7 @@ async def complete(engine: GenerationEngine, job: Job, inflight: Inflight) -> li
     """The n results of a job; cancelling the awaiting task cancels every engine request."""
     handles = await submit_off_loop(engine, job, inflight)
     try:
-        return list(await asyncio.gather(*(result_of(h) for h in handles)))
+        return [inflight.checked(r) for r in await asyncio.gather(*(result_of(h) for h in handles))]
     finally:
         for h in handles:
             inflight.cancel(h)
@@ -220,7 +239,7 @@ async def _stream_one(
                 deltas = None if parser is None else tuple(parser.feed(text))
                 await out.put(Event(i, text, logprobs, deltas=deltas))
                 emitted = visible if grew else emitted
-        result = await result_of(handle)
+        result = inflight.checked(await result_of(handle))
         whole = result.text if parser is None else _raw_text(engine, prompt, result, hidden, stop)
         rest = whole[len(emitted) :] if whole.startswith(emitted) else ""
         shown = tuple(result.logprobs or ())[: shown_tokens(engine, result)]
