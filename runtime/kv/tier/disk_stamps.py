@@ -4,7 +4,8 @@ The index is rebuilt by mtime at open, so a page used only on the device must ge
 request hits on the device looks the oldest on disk after a restart and a smaller size limit deletes it first. A
 refresh comes from the engine's loop thread, which must neither wait for the disk nor hash a prompt the device holds
 whole: it records the run (its hashes, or a function computing them) and the time here, and `settle` (the writer
-thread around each write, `flush`, `close`) hashes, moves the pages in the index and sets their mtimes. A page
+thread around each write and within SETTLE_S without writes, `flush`, `close`) hashes, moves the pages in the index
+and sets their mtimes. A page
 written is stamped with the time it was queued (`now`): the writer's lag must not make it look newer than a hit that
 came after it.
 
@@ -13,7 +14,7 @@ apart), the head newest, as the in-memory order has it; each run's stamps are ne
 before it; runs and writes reach the index in the order they were recorded and queued (a write's evictions see the
 refreshes recorded before it); at most `MAX_RUNS` runs of at most `MAX_PAGES` pages in all wait (but one run of any
 size), the least recent dropped first; a stamp is set only on the file the index holds as it settles. A process
-killed before settling loses its runs' stamps (not its pages).
+killed before settling (within SETTLE_S of the record, kv.tier.disk_writer) loses its runs' stamps (not its pages).
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class DiskStore:
         self._changed = threading.Condition(self._lock)  # notified when a write finishes or the queue changes
         self._index = PageIndex()
         self._owed = OwedRefreshes()  # device hits' refreshes, settled by the writer, flush and close
-        self._queue = WriteQueue(self._changed, self._perform, self.max_pending)
+        self._queue = WriteQueue(self._changed, self._perform, self.max_pending, self._settle, lambda: bool(self._owed))
         self._names: dict[str, str] = {self.tag: self.fingerprint}  # tag -> fingerprint string
         self._warned = False
         self.enabled = True
@@ -193,9 +193,10 @@ class DiskStore:
         """Pages hit on the device (their hashes, head first, or a function computing them): the most recently used,
         the first last, so that the size limit deletes a run's later pages before those it starts with; their mtimes
         too (head newest), for the order after a restart. No hashing or I/O here: settled before the next write, at
-        `flush` and at `close` (kv.tier.disk_stamps)."""
+        `flush` and at `close` (kv.tier.disk_stamps), and by the writer thread within SETTLE_S without writes."""
         with self._lock:
             self._owed.record(page_hashes)
+            self._queue.wake()
 
     def _settle(self) -> None:
         """Settle the refreshes recorded before the first write not yet in the index was queued (with none, all): a

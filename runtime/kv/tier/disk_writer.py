@@ -8,8 +8,12 @@ Invariants:
 - The queue holds at most `max_pending` writes, each page at most once. A write stays counted as pending until
   the thread has finished everything it causes (the file, its index entry, the evictions it forces), so that
   `flush` returning means the store is settled.
-- The thread runs only while there is work: it exits after `IDLE_EXIT_S` with nothing queued (the next offer starts
-  another), so a store (or an Engine) dropped without `close` holds no thread, and no store through it, for ever.
+- The thread runs only while there is work: it exits after `IDLE_EXIT_S` with nothing queued and nothing owed (the
+  next offer or `wake` starts another), so a store (or an Engine) dropped without `close` holds no thread, and no
+  store through it, for ever.
+- Owed work (`owed()`: device hits' refreshes, kv.tier.disk_stamps) is settled within `SETTLE_S` of the thread's
+  start or last wait even with nothing to write, so a process killed later keeps it; the loop thread that records it
+  neither waits nor notifies (`wake` only starts a thread when none runs).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from radixcache.runtime.kv.tier.disk_index import PageEntry
 from radixcache.runtime.kv.tier.disk_layout import CacheDir
 
 IDLE_EXIT_S = 1.0  # how long the writer thread waits for another write before it exits
+SETTLE_S = 0.1  # the longest owed work waits for the thread with nothing written
 
 
 class PagePathTaken(OSError):
@@ -81,10 +86,16 @@ class WriteQueue:
     """
 
     def __init__(
-        self, changed: threading.Condition, perform: Callable[[bytes, PageWrite], None], max_pending: int
+        self,
+        changed: threading.Condition,
+        perform: Callable[[bytes, PageWrite], None],
+        max_pending: int,
+        settle: Callable[[], None] = lambda: None,
+        owed: Callable[[], bool] = lambda: False,
     ) -> None:
         self._changed = changed
         self._perform = perform
+        self._settle, self._owed = settle, owed  # owed work: checked under the lock, settled without it
         self.max_pending = max_pending
         self._pending: dict[bytes, PageWrite] = {}  # queued or being written
         self._queue: deque[bytes] = deque()
@@ -110,7 +121,12 @@ class WriteQueue:
         self._pending[write.page_hash] = write
         self._queue.append(write.page_hash)
         self._changed.notify_all()
-        if self._thread is None:
+        self.wake()
+
+    def wake(self) -> None:
+        """Start the thread unless it runs or the queue is closed (with the lock held): owed work was recorded, to
+        be settled within SETTLE_S. No notification: the thread looks at least every SETTLE_S."""
+        if self._thread is None and not self.closed:
             self._thread = threading.Thread(target=self._run, name="radixcache-disk-writer", daemon=True)
             self._thread.start()
 
@@ -145,16 +161,22 @@ class WriteQueue:
         return flushed, discarded
 
     def _run(self) -> None:
+        idle_since = time.monotonic()
         while True:
             with self._changed:
                 if not self._queue and not self.closed:
-                    self._changed.wait_for(lambda: self._queue or self.closed, IDLE_EXIT_S)
-                if self.closed or not self._queue:  # idle: under the lock, so the next offer starts a new thread
+                    self._changed.wait_for(lambda: self._queue or self.closed, SETTLE_S)
+                idle = not self._queue and not self._owed() and time.monotonic() - idle_since >= IDLE_EXIT_S
+                if self.closed or idle:  # under the lock, so the next offer or wake starts a new thread
                     self._thread = None
                     return
-                page_hash = self._queue.popleft()
-                write = self._pending[page_hash]
+                page_hash = self._queue.popleft() if self._queue else None
+                write = self._pending[page_hash] if page_hash is not None else None
+            if write is None:  # nothing to write for SETTLE_S: what is owed is settled now
+                self._settle()
+                continue
             self._perform(page_hash, write)
+            idle_since = time.monotonic()
             with self._changed:
                 del self._pending[page_hash]  # only now: flush() also waits for what the write caused
                 self._changed.notify_all()

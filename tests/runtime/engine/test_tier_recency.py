@@ -7,6 +7,7 @@ import os
 import random
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,38 @@ def test_a_prompt_the_device_holds_whole_stays_newest_in_a_full_host_tier(model:
         assert [h in host for h in hot_hashes] == [True] * 6
         assert [h in host for h in cold_hashes] == [True, True] + [False] * 4  # the cold run's tail went first
         host.check_invariants()
+
+
+def test_a_device_hits_stamps_reach_the_disk_without_a_write_flush_or_close(model: RandomModel, tmp_path: Path) -> None:
+    """Device hits' refreshes were settled by the writer thread around its next write, by flush and by close only:
+    with nothing written afterwards, a process killed (kill -9) kept the run's old mtimes, and a restart under a
+    smaller size limit deleted the run every request had just hit (0 cached tokens). The writer settles them within
+    its SETTLE_S with nothing to write. The directory is copied as the running engine left it, as a kill would."""
+    rng = random.Random(10)
+    vocab = model.config.vocab_size
+    run = [rng.randrange(1, vocab) for _ in range(6 * P)]
+    other = [rng.randrange(1, vocab) for _ in range(6 * P)]
+    live, killed = tmp_path / "live", tmp_path / "killed"
+    kwargs = {"capacity_blocks": 400, "page_size": P}
+    with Engine(model, **kwargs, cache_dir=live) as first:
+        want = first.generate(run, 1)
+        assert first.flush(30)
+        first.generate(other, 1)
+        assert first.flush(30)
+        files = {f for f in live.rglob("*.kvpage")}
+        assert len(files) == 12
+        for i, f in enumerate(sorted(files)):  # written long ago, the run first: the oldest
+            os.utime(f, ns=(10**18 + i, 10**18 + i))
+        pages = {first.tiers.disk._index.get(h).path for h in first.tiers.chain(None).upto(run, 6)}
+        for i, f in enumerate(sorted(pages)):
+            os.utime(f, ns=(10**17 + i, 10**17 + i))
+        assert first.generate(run, 1).cached_tokens == 6 * P - 1  # whole on the device: nothing to write
+        deadline = time.monotonic() + 30  # a bound on waiting, not a timing assertion
+        while time.monotonic() < deadline and min(os.stat(f).st_mtime_ns for f in pages) < 10**18:
+            time.sleep(0.01)
+        shutil.copytree(live, killed)  # before any flush or close: what a kill -9 leaves
+        page_bytes = max(f.stat().st_size for f in files)
+    with Engine(model, **kwargs, cache_dir=killed, cache_dir_size=6 * page_bytes) as restarted:
+        got = restarted.generate(run, 1)
+    assert got.token_ids == want.token_ids
+    assert got.cached_tokens == 6 * P - 1
