@@ -42,14 +42,15 @@ def queue_disk_writes(
         payload = pages[:, :, j].contiguous().view(torch.uint8).numpy().tobytes()
         page_tokens = tokens[i * p : (i + 1) * p]
         try:
-            size = encode_page(hashes[i], disk.fingerprint, page_tokens, payload, meta).size
+            write = encode_page(hashes[i], disk.fingerprint, page_tokens, payload, meta)  # once: budgeted, queued
+            size = write.size
             if j == 0:  # the run's pages the disk holds already take their room too (they are its first, as a rule)
                 budget -= size * (len(hashes) - len(todo))
             if size > budget:  # past the limit: writing it would evict the run's own head
                 counts["disk_dropped_pages"] += len(todo) - j
                 break
             budget -= size
-            queued = disk.put(hashes[i], page_tokens, payload, meta)
+            queued = disk.put(hashes[i], page_tokens, payload, meta, encoded=write)
         except Exception as exc:
             queued, failed = False, failed or exc
         counts["disk_queued_pages" if queued else "disk_dropped_pages"] += 1

@@ -236,15 +236,24 @@ class DiskStore:
 
     # --------------------------------------------------------------------------------------------- writes
 
-    def put(self, page_hash: bytes, tokens: Sequence[int], payload: bytes, meta: dict) -> bool:
+    def put(
+        self, page_hash: bytes, tokens: Sequence[int], payload: bytes, meta: dict, *, encoded: PageWrite | None = None
+    ) -> bool:
         """Queue an asynchronous write of a page; never blocks on I/O.
 
         Returns False, counting a dropped write, when the store is disabled or closed, when the page is already
         stored or queued, when `max_pending` writes are queued, or when the page alone exceeds `max_bytes`.
         Serializes the header here, so a hash that is not 1-64 bytes, token ids outside int64 or a meta that is
         not JSON-able raise ValueError / TypeError at once. A write that later fails disables the store.
+        `encoded`: the page already serialized (`encode_page` of these arguments and this store's fingerprint, as
+        kv.tier.disk_queue does to budget the size limit), queued as it is; ValueError for another page's.
         """
-        write = encode_page(page_hash, self.fingerprint, tokens, payload, meta)
+        if encoded is None:
+            write = encode_page(page_hash, self.fingerprint, tokens, payload, meta)
+        elif encoded.page_hash != page_hash:
+            raise ValueError(f"the encoded page is {encoded.page_hash.hex()}, not {page_hash.hex()}")
+        else:
+            write = encoded
         key, queue = write.page_hash, self._queue
         with self._lock:
             refused = queue.closed or not self.enabled or key in self._index or key in queue or queue.full

@@ -1,0 +1,57 @@
+"""Adopted pages handed to the disk writer (kv.tier.disk_queue): each page's file is serialized once, for the size
+limit's budget and the queued write alike, and what is written is what a page read checks."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from radixcache.runtime import Engine
+from radixcache.runtime.kv.tier import disk_format, disk_queue, disk_store
+from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+
+P = 4
+
+
+@pytest.fixture(scope="module")
+def model() -> RandomModel:
+    m = tiny_model(seed=5)
+    return RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+
+
+def test_each_page_queued_for_the_disk_is_serialized_once(
+    model: RandomModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """queue_disk_writes serialized each page's header to budget it against the size limit, then DiskStore.put
+    serialized it again (a JSON header, the packed tokens and a copy of the payload, twice per page)."""
+    encoded: list[bytes] = []
+
+    def encode_page(page_hash: bytes, *args: object) -> disk_format.PageWrite:
+        encoded.append(page_hash)
+        return disk_format.encode_page(page_hash, *args)  # type: ignore[arg-type]
+
+    for module in (disk_queue, disk_store):
+        monkeypatch.setattr(module, "encode_page", encode_page, raising=False)
+    rng = random.Random(1)
+    prompt = [rng.randrange(1, model.config.vocab_size) for _ in range(6 * P)]
+    kwargs = {"capacity_blocks": 400, "page_size": P, "cache_dir": tmp_path}
+    with Engine(model, **kwargs) as first:
+        want = first.generate(prompt, 1)
+        assert first.flush(30)
+        assert first.stats.tiers.disk_queued_pages == 6
+    assert len(encoded) == len(set(encoded)) == 6
+    with Engine(model, **kwargs) as restarted:
+        got = restarted.generate(prompt, 1)
+    assert got.token_ids == want.token_ids and got.cached_tokens == 6 * P - 1  # what was written reads back
+
+
+def test_a_put_refuses_another_pages_encoding(tmp_path: Path) -> None:
+    with disk_store.DiskStore(tmp_path, max_bytes=1 << 20) as store:
+        other = disk_format.encode_page(b"b" * 16, store.fingerprint, [1, 2], b"xy", {})
+        with pytest.raises(ValueError, match="not 6161"):
+            store.put(b"a" * 16, [1, 2], b"xy", {}, encoded=other)
+        write = disk_format.encode_page(b"a" * 16, store.fingerprint, [1, 2], b"xy", {})
+        assert store.put(b"a" * 16, [1, 2], b"xy", {}, encoded=write) and store.flush(30)
+        assert store.read(b"a" * 16, [1, 2]) == (b"xy", {})
