@@ -234,3 +234,47 @@ def test_a_load_without_an_event_unlocks_at_once_and_close_waits_for_running_cop
     tiers.close()
     assert running.waits == 1 and host.locked_count == 0
     host.check_invariants()
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_run_loaded_from_the_host_keeps_its_head_last_to_go_whether_its_unlock_waits_or_not(deferred: bool) -> None:
+    """The CUDA path unlocks the host pages a load read once its copy's event completes, after the admission had
+    refreshed the run: an unlock makes its pages the newest, so the pages loaded came out newer than the run's head
+    (on the device, and in the host too) and a full host tier evicted the head before them. Driven here with an event
+    the test completes, as on the CPU path (no event) the same order must come out: the run's tail goes first."""
+    p = 2
+    tokens = list(range(1, 4 * p + 1))  # 4 pages: 2 on the device and the host, 2 on the host only
+    pool = KVPool(tiny_config(), num_blocks=8, page_size=p)
+    cache = RadixCache(8, page_size=p)
+    tiers = KVTiers(cache, pool, host_slots=4)
+    host = tiers.host
+    assert host is not None
+    chain = tiers.chain(None)
+    hashes = chain.upto(tokens, 4)
+    for h in reversed(hashes):  # stored as write_through stores a run: its head the newest
+        host.store(h)
+    cache.insert(tokens[: 2 * p], cache.allocate(2))
+    events: list[FlagEvent] = []
+    if deferred:
+        real_load = tiers.host_pool.load  # type: ignore[union-attr]
+
+        def load(*args: object) -> FlagEvent:
+            real_load(*args)
+            events.append(FlagEvent())
+            return events[-1]
+
+        tiers.host_pool.load = load  # type: ignore[union-attr, method-assign]
+    match = tiers.match(tokens, None, chain)
+    assert (match.device_pages, match.host_pages) == (2, 2)
+    cache.lock(match.device.node)
+    held = tiers.lock_host(match, 2)
+    assert tiers.load(match, held, 0, tokens, cache.allocate(2)) == (2, None)
+    tiers.refresh(chain.deferred(tokens, 4))  # as KVManager.admit does after a load
+    assert host.locked_count == (2 if deferred else 0)
+    for event in events:
+        event.done = True
+    tiers.poll()
+    assert host.locked_count == 0
+    host.store(b"new page".ljust(16, b"-"))  # a full tier: one page of the run goes
+    assert [h in host for h in hashes] == [True, True, True, False]
+    host.check_invariants()

@@ -75,7 +75,7 @@ class KVTiers:
         )
         self.costs = LoadCosts(load_back, self.page_size)
         self._counts = TierTally()
-        self._pending = PendingUnlocks()  # host pages that CUDA loads still read
+        self._pending: PendingUnlocks[tuple[list[bytes], list[bytes]]] = PendingUnlocks()  # what CUDA loads read
         self.reader = (
             PrefetchReader(
                 disk,
@@ -127,14 +127,17 @@ class KVTiers:
             self.host.lock(hashes)
         return hashes
 
-    def unlock_host(self, hashes: list[bytes], event: CopyEvent | None = None) -> None:
+    def unlock_host(self, hashes: list[bytes], event: CopyEvent | None = None, run: Sequence[bytes] = ()) -> None:
+        """Unlock host pages locked for a load, now or (with the load's `event`) once its copy is done: `poll`. An
+        unlock makes them the newest pages, so a deferred one refreshes `run` again (the pages from the prompt's
+        head to them), or a run's head would be older than the pages loaded after it (the head goes last)."""
         if not hashes:
             return
         assert self.host is not None
         if event is None:
             self.host.unlock(hashes)
-        else:  # the copy still reads the host slots: unlock once it is done (poll)
-            self._pending.add(event, hashes)
+        else:
+            self._pending.add(event, (hashes, list(run)))
 
     def load(
         self,
@@ -158,7 +161,7 @@ class KVTiers:
         job = self._prefetch.pop(rid, None) if prefetched else None  # type: ignore[arg-type]
         later: list[LayeredLoad] = []  # the deferred copy, which then owns the job
         try:
-            loaded = self._load_host(host_hashes, blocks)
+            loaded = self._load_host(host_hashes, blocks, match.hashes[: match.device_pages + len(host_hashes)])
             if loaded is None:
                 return 0, None
             if disk_pages and self.reader is not None and (job is not None or not prefetched):
@@ -171,9 +174,10 @@ class KVTiers:
             if job is not None and not later:
                 self._end_job(job)
 
-    def _load_host(self, host_hashes: list[bytes], blocks: Sequence[int]) -> int | None:
-        """Copy the locked host pages into the first of `blocks` and unlock them (once the copy is done); how many,
-        or None when the copy raised (counted, logged: the caller recomputes everything after the device match)."""
+    def _load_host(self, host_hashes: list[bytes], blocks: Sequence[int], run: Sequence[bytes]) -> int | None:
+        """Copy the locked host pages into the first of `blocks` and unlock them (once the copy is done: `run`, as
+        `unlock_host`); how many, or None when the copy raised (counted, logged: the caller recomputes everything
+        after the device match)."""
         loaded = len(host_hashes)
         event = None
         try:
@@ -188,7 +192,7 @@ class KVTiers:
             self._counts["host_failed_copies"] += 1
             return None
         finally:
-            self.unlock_host(host_hashes, event)
+            self.unlock_host(host_hashes, event, run)
         return loaded
 
     def _load_disk(
@@ -385,11 +389,12 @@ class KVTiers:
         self.costs.note_prefill(tokens, seconds)
 
     def poll(self) -> None:
-        """Unlock host pages whose CUDA copies have finished."""
+        """Unlock host pages whose CUDA copies have finished, and refresh their runs again (`unlock_host`)."""
         if self._pending:
             assert self.host is not None
-            for hashes in self._pending.finished():
+            for hashes, run in self._pending.finished():
                 self.host.unlock(hashes)
+                self.host.touch(run)
 
     @property
     def counters(self) -> TierCounters:
@@ -401,7 +406,7 @@ class KVTiers:
             self.cancel_prefetch(rid)
         if self.reader is not None:
             self.reader.close()
-        for hashes in self._pending.drain():
+        for hashes, _ in self._pending.drain():
             assert self.host is not None
             self.host.unlock(hashes)
         if self.disk is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 
 class CopyStream(Protocol):
@@ -31,6 +31,7 @@ class CopyEvent(Protocol):
 
 S = TypeVar("S", bound=CopyStream)
 E = TypeVar("E", bound=CopyEvent)
+T = TypeVar("T")
 
 
 def pins_host_memory(device_type: str) -> bool:
@@ -67,39 +68,40 @@ def side_stream_copy(
     return done
 
 
-class PendingUnlocks:
-    """Host pages whose loads are still in flight, each list with the event that marks the end of its copy.
+class PendingUnlocks(Generic[T]):
+    """What host loads still in flight hold (their host pages, say), each with the event that marks the end of its
+    copy.
 
-    Invariant: each list is handed back exactly once, and only once its event completed (or was waited for): a host
+    Invariant: each item is handed back exactly once, and only once its event completed (or was waited for): a host
     slot unlocked earlier could be evicted and overwritten by a save while the copy still reads it.
     """
 
     def __init__(self) -> None:
-        self._waiting: list[tuple[CopyEvent, list[bytes]]] = []
+        self._waiting: list[tuple[CopyEvent, T]] = []
 
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def add(self, event: CopyEvent, hashes: list[bytes]) -> None:
-        self._waiting.append((event, hashes))
+    def add(self, event: CopyEvent, item: T) -> None:
+        self._waiting.append((event, item))
 
-    def finished(self) -> list[list[bytes]]:
-        """The page lists whose copies have completed (`event.query()`), in the order the loads were issued; the
-        others keep waiting. Never blocks."""
+    def finished(self) -> list[T]:
+        """The items whose copies have completed (`event.query()`), in the order the loads were issued; the others
+        keep waiting. Never blocks."""
         done, still = [], []
-        for event, hashes in self._waiting:
+        for event, item in self._waiting:
             if event.query():
-                done.append(hashes)
+                done.append(item)
             else:
-                still.append((event, hashes))
+                still.append((event, item))
         self._waiting = still
         return done
 
-    def drain(self) -> list[list[bytes]]:
-        """Wait for every copy (`event.synchronize()`), in issue order, and hand back every page list."""
+    def drain(self) -> list[T]:
+        """Wait for every copy (`event.synchronize()`), in issue order, and hand back every item."""
         out = []
-        for event, hashes in self._waiting:
+        for event, item in self._waiting:
             event.synchronize()
-            out.append(hashes)
+            out.append(item)
         self._waiting = []
         return out
