@@ -34,6 +34,7 @@ from radixcache.runtime.kv.tier.prefetch import (
     PrefetchReader,
     copy_staged,
 )
+from radixcache.runtime.kv.tier.prefetch_job import plan_prefetch
 from radixcache.runtime.weak import weak_method
 from radixcache.tier.tiered_cache import TieredCache, TierMatch
 
@@ -271,7 +272,7 @@ class KVTiers:
             return True
         job = self._prefetch.get(rid)
         try:
-            plan = self._plan(tokens, namespace, chain)
+            plan = plan_prefetch(self.tiered, self.reader.disk, self.costs, tokens, namespace, chain)
             if plan is None or job is None or not job.covers(plan[0], plan[1][plan[0]]):
                 if job is not None:
                     self._end_job(job)
@@ -300,24 +301,6 @@ class KVTiers:
         job = self._prefetch.pop(rid, None)
         if job is not None:
             self._end_job(job)
-
-    def _plan(
-        self, tokens: Sequence[int], namespace: Hashable, chain: PageChain
-    ) -> tuple[int, list[bytes], int, int] | None:
-        """(first disk page, the page hashes, pages on disk from there, pages on the host before it), or None when
-        nothing is worth reading from disk now."""
-        assert self.disk is not None
-        p, host = self.page_size, self.host
-        full = len(tokens) // p
-        device = self.tiered.device.peek(tokens, namespace=namespace).length // p  # changes nothing
-        if full <= device:
-            return None
-        hashes = chain.upto(tokens, full)
-        on_host = host.count_prefix(hashes, device) if host is not None else 0
-        start = device + on_host
-        pages = self.disk.count_prefix(hashes[start:]) if start < full else 0
-        worth = self.costs.worth_loading("disk") and (not on_host or self.costs.worth_loading("host"))
-        return (start, hashes, pages, on_host) if pages and worth else None
 
     def _start_job(
         self, tokens: Sequence[int], start: int, hashes: list[bytes], pages: int, on_host: int

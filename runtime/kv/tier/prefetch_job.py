@@ -1,15 +1,20 @@
 """One request's run of disk pages being read ahead of its admission (kv.tier.prefetch): which pages, which have
 arrived (consecutively from the first: the only ones usable), and the staging memory they land in. The reader
-threads write its fields under the reader's lock; see kv.tier.prefetch for the invariants."""
+threads write its fields under the reader's lock; see kv.tier.prefetch for the invariants. And `plan_prefetch`:
+which run to read for a prompt, given the cache now."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 
+from radixcache.page_hash import PageChain
+from radixcache.runtime.kv.tier.disk_store import DiskStore
+from radixcache.runtime.kv.tier.load_costs import LoadCosts
 from radixcache.runtime.kv.tier.staging import PageRows
+from radixcache.tier.tiered_cache import TieredCache
 
 
 class PrefetchJob:
@@ -61,3 +66,21 @@ class PrefetchJob:
         """Every page read, or every page before the first failure."""
         end = len(self.ok) if self.failed_at is None else self.failed_at
         return self.started is not None and self.arrived >= end
+
+
+def plan_prefetch(
+    tiered: TieredCache, disk: DiskStore, costs: LoadCosts, tokens: Sequence[int], namespace: Hashable, chain: PageChain
+) -> tuple[int, list[bytes], int, int] | None:
+    """(first disk page, the page hashes, pages on disk from there, pages on the host before it), or None when
+    nothing is worth reading from disk now. Changes nothing in the device tree (a peek)."""
+    p, host = tiered.page_size, tiered.host
+    full = len(tokens) // p
+    device = tiered.device.peek(tokens, namespace=namespace).length // p  # changes nothing
+    if full <= device:
+        return None
+    hashes = chain.upto(tokens, full)
+    on_host = host.count_prefix(hashes, device) if host is not None else 0
+    start = device + on_host
+    pages = disk.count_prefix(hashes[start:]) if start < full else 0
+    worth = costs.worth_loading("disk") and (not on_host or costs.worth_loading("host"))
+    return (start, hashes, pages, on_host) if pages and worth else None
