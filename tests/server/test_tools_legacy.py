@@ -162,7 +162,7 @@ BAD = [
                 {"role": "assistant", "content": None, "function_call": {"name": "add", "arguments": "{bad"}},
             ]
         },
-        "messages.1.tool_calls.0.function.arguments",
+        "messages.1.function_call.arguments",
     ),
 ]
 
