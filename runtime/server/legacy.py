@@ -24,13 +24,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from radixcache.runtime.server.protocol import APIError
 from radixcache.runtime.tools.errors import ToolInputError
+from radixcache.runtime.tools.fair_lru import FairLRU
 from radixcache.runtime.tools.messages import call_arguments
 
 MAX_REMEMBERED = 4096  # legacy calls whose ids the server keeps (the oldest are forgotten first)
@@ -43,34 +43,21 @@ class LegacyCalls:
     and "" stands for any (the latest such call of the scope), most recent last.
 
     Bounded on all scopes together (`size` calls); past it the scope holding the most loses its least recently
-    remembered, so one tenant's legacy calls never evict another's while that one holds no more than its share
-    (its next turn would have fallen back to positional ids: another prompt, a cache miss)."""
+    remembered (runtime/tools/fair_lru.py), so one tenant's legacy calls never evict another's while that one holds
+    no more than its share (its next turn would have fallen back to positional ids: another prompt, a cache miss)."""
 
     def __init__(self, size: int = MAX_REMEMBERED) -> None:
         self.size = size
-        self._scopes: dict[Hashable, OrderedDict[tuple[str, str, str], str]] = {}
-        self._count = 0
+        self._ids: FairLRU[tuple[str, str, str], str] = FairLRU(2 * size)  # two keys per call
 
     def remember(self, calls: Sequence[Any], context: str = "", scope: Hashable = None) -> None:
-        space = self._scopes.setdefault(scope, OrderedDict())
         for call in calls[:1]:  # the reply shows its first call only
             for key in ((context, call.name, call.arguments), ("", call.name, call.arguments)):
-                self._count += key not in space
-                space[key] = call.id
-                space.move_to_end(key)
-        while self._count > 2 * self.size:  # two keys per call
-            fullest = max(self._scopes, key=lambda s: len(self._scopes[s]))
-            oldest = self._scopes[fullest]
-            oldest.popitem(last=False)
-            self._count -= 1
-            if not oldest:
-                del self._scopes[fullest]
+                self._ids.put(scope, key, call.id)
 
     def id_for(self, name: str, arguments: str, context: str = "", scope: Hashable = None) -> str | None:
-        space = self._scopes.get(scope)
-        if space is None:
-            return None
-        return space.get((context, name, arguments)) or space.get(("", name, arguments))
+        found = self._ids.get(scope, (context, name, arguments), touch=False)
+        return found or self._ids.get(scope, ("", name, arguments), touch=False)
 
     def reply_to(self, messages: Sequence[dict[str, Any]], scope: Hashable = None) -> LegacyReply:
         """Where the calls of a reply to `messages` in namespace `scope` are remembered."""

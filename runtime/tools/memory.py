@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
+from radixcache.runtime.tools.fair_lru import FairLRU
 from radixcache.runtime.tools.messages import ToolCall
 
 # raw text, the calls, the emitted token ids (empty: not known), the content outside the calls (None: not known)
@@ -106,59 +106,42 @@ class ToolCallMemory:
 
 
 class _Store:
-    """The entries of every namespace, each namespace's in least-recently-used order, one entry per call ids."""
+    """The entries of every namespace (runtime/tools/fair_lru.py: the fullest namespace loses its oldest), one entry
+    per call ids: `owner` says which namespace holds each."""
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self.spaces: dict[Hashable, OrderedDict[_Ids, _Entry]] = {}
-        self.space_bytes: dict[Hashable, int] = {}
-        self.sizes: dict[_Ids, int] = {}
+        self.lru: FairLRU[_Ids, _Entry] = FairLRU(max_entries, max_bytes)
         self.owner: dict[_Ids, Hashable] = {}  # the namespace each entry is remembered under
-        self.bytes = 0
         self.lock = threading.Lock()
+
+    @property
+    def max_entries(self) -> int:
+        return self.lru.max_entries
+
+    @property
+    def max_bytes(self) -> int:
+        return self.lru.max_weight or 0
+
+    @property
+    def bytes(self) -> int:
+        return self.lru.weight
 
     def get(self, namespace: Hashable, key: _Ids) -> _Entry | None:
         with self.lock:
-            owner = self.owner.get(key, UNSCOPED)
-            if key not in self.owner or not (namespace is UNSCOPED or owner is UNSCOPED or owner == namespace):
+            if key not in self.owner:
                 return None
-            space = self.spaces[owner]
-            space.move_to_end(key)
-            return space[key]
+            owner = self.owner[key]
+            if not (namespace is UNSCOPED or owner is UNSCOPED or owner == namespace):
+                return None
+            return self.lru.get(owner, key)
 
     def put(self, namespace: Hashable, key: _Ids, entry: _Entry) -> None:
         with self.lock:
             if key in self.owner:
-                self._drop(self.owner[key], key)
-            self.spaces.setdefault(namespace, OrderedDict())[key] = entry
+                self.lru.pop(self.owner.pop(key), key)
             self.owner[key] = namespace
-            self.sizes[key] = _size(entry)
-            self.space_bytes[namespace] = self.space_bytes.get(namespace, 0) + self.sizes[key]
-            self.bytes += self.sizes[key]
-            while len(self.owner) > 1 and (len(self.owner) > self.max_entries or self.bytes > self.max_bytes):
-                victim = self._largest(namespace, key, by_bytes=len(self.owner) <= self.max_entries)
-                self._drop(victim, next(iter(self.spaces[victim])))
-
-    def _largest(self, namespace: Hashable, newest: _Ids, by_bytes: bool) -> Hashable:
-        """The namespace holding the most (bytes, or entries) that has an entry other than `newest`; a tie goes to
-        `namespace`, the one remembering now."""
-
-        def held(ns: Hashable) -> tuple[int, bool]:
-            return (self.space_bytes[ns] if by_bytes else len(self.spaces[ns]), ns == namespace)
-
-        spaces = [ns for ns, space in self.spaces.items() if ns != namespace or len(space) > 1]
-        return max(spaces, key=held) if spaces else namespace
-
-    def _drop(self, namespace: Hashable, key: _Ids) -> None:
-        space = self.spaces[namespace]
-        del space[key]
-        del self.owner[key]
-        size = self.sizes.pop(key)
-        self.bytes -= size
-        self.space_bytes[namespace] -= size
-        if not space:
-            del self.spaces[namespace], self.space_bytes[namespace]
+            for _, gone in self.lru.put(namespace, key, entry, _size(entry)):
+                del self.owner[gone]
 
 
 def _size(entry: _Entry) -> int:
