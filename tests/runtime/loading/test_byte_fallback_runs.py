@@ -11,7 +11,7 @@ import codecs
 import json
 
 from fastapi.testclient import TestClient
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixcache.runtime import Engine
@@ -81,3 +81,18 @@ def test_the_engine_and_the_server_read_the_output_after_a_prompts_bad_byte() ->
     assert whole["choices"][0]["text"] == "" and whole["choices"][0]["finish_reason"] == "stop"  # the stop string
     assert plain["text"] == "ooo" and plain["logprobs"]["text_offset"] == [0, 1, 2]
     assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == plain["text"]
+
+
+@settings(max_examples=200)
+@given(st.text(min_size=1, max_size=4), st.text(max_size=6))
+def test_a_cjk_prompt_in_byte_tokens_leaves_the_outputs_characters_whole(prompt_text: str, out_text: str) -> None:
+    """Llama 2's vocabulary spells most CJK characters in byte tokens, and an output is read after its prompt's last
+    5 tokens, a window that then begins inside a character (its last bytes: no UTF-8). The library read the window and
+    the output's byte tokens as one bad run: "日本" then "語" read U+FFFD U+FFFD U+FFFD."""
+    prompt = TOK.encode("The") + [BYTE[b] for b in prompt_text.encode()]
+    out = [BYTE[b] for b in out_text.encode()]
+    the = TOK.encode("The")
+    assert TOK.backend.decode(the + out) == "The" + out_text  # the independent expectation: after whole characters
+    assert text_after(TOK.decode, prompt, out) == out_text
+    stream = IncrementalDetokenizer(TOK.decode, prompt)
+    assert "".join(stream.add(t) for t in out) + stream.flush() == out_text
