@@ -168,6 +168,7 @@ class ReplicaCluster:
         tried: set[int] = set()
         while True:
             replica, rid = self.dispatch(request, tried)
+            answered = True
             try:
                 call = {**kwargs, "namespace": namespace}
                 ref = self._actors[replica].generate.remote(list(prompt_ids), max_new_tokens, call)
@@ -178,11 +179,12 @@ class ReplicaCluster:
                 tried.add(replica)
                 self.count_retry()
             except self.ray.exceptions.GetTimeoutError:  # alive but not answering: the client may retry (503)
+                answered = False
                 raise ReplicaUnavailableError(
                     f"engine replica {replica} did not answer within {self.call_timeout} s"
                 ) from None
             finally:
-                self.done(replica, rid)
+                self.done(replica, rid, computed=answered)  # no sync with a replica that does not answer
 
     def dispatch(self, request: RouteRequest, tried: set[int]) -> tuple[int, int]:
         """Choose a live replica not in `tried` and count the request's load on it: (replica, load id)."""
@@ -203,7 +205,9 @@ class ReplicaCluster:
         so the pages it just computed are in the index before its in-flight record goes: the conversation's next
         turn, sent the moment this one returns, finds them (the poller alone would leave a gap of up to one
         interval). A request that `computed` nothing (refused, timed out in the queue) skips that round trip: under
-        a starved CPU, 69 queue timeouts each waiting for a sync behind the others' took 6 to 10 s to fail."""
+        a starved CPU, 69 queue timeouts each waiting for a sync behind the others' took 6 to 10 s to fail. So does
+        one whose replica stopped answering (`computed=False`): a sync would wait call_timeout again, behind the
+        poller's and the other requests' (a frozen replica's k-th request failed after (k + 1) call_timeouts)."""
         if computed and replica in self._alive:
             self.sync(replica)
         with self._lock:

@@ -259,7 +259,7 @@ class ClusterEngine:
                 replica, rid = cluster.dispatch(request, tried)
                 req.replica = replica
                 self.queue.mark(req.rid, True)  # (re-)sent: waiting until this replica starts it
-                started = False
+                started = stalled = False
                 admitted = queue_timeout is None  # the admission deadline: only with a queue timeout
                 try:
                     streaming = cluster.actor(replica).stream.options(num_returns="streaming")
@@ -296,8 +296,12 @@ class ClusterEngine:
                     cluster.count_retry()
                     if admitted:  # its wait in a queue had ended: the queue timeout counts from the new send
                         sent_at = time.time()
+                except ReplicaUnavailableError:  # its replica sent nothing for call_timeout: no sync with it either
+                    stalled = True
+                    raise
                 finally:  # before the caller sees the result: the next turn it sends must find this one's pages
-                    cluster.done(replica, rid, computed=result is not None or bool(req.output_ids) or admitted)
+                    computed = result is not None or bool(req.output_ids) or admitted
+                    cluster.done(replica, rid, computed=computed and not stalled)
             handle.future.set_result(result)
         except BaseException as exc:
             if not handle.future.done():
