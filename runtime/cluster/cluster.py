@@ -23,7 +23,7 @@ from typing import Any
 
 from radixcache.page_hash import PageHasher
 from radixcache.router import LoadTracker, RouteRequest, RouterIndex, make_router
-from radixcache.runtime.cluster.placement import check_cpu_share, check_cpus, check_reachable
+from radixcache.runtime.cluster.placement import check_actor_threads, check_cpu_share, check_cpus, check_reachable
 from radixcache.runtime.cluster.replica import EngineReplica
 from radixcache.runtime.engine.errors import EngineDeadError, ReplicaUnavailableError
 
@@ -41,12 +41,17 @@ def actor_threads(engine_kwargs: dict[str, Any] | None) -> int:
     """A replica actor's max_concurrency: every request its engine may hold (max_running admitted plus max_queue
     waiting) gets a thread, so each reaches the engine's own admission (a full queue is refused there, 429, and
     queue_timeout counts there) instead of waiting in Ray's queue; plus CONTROL_THREADS, so a request past those is
-    refused at once. Calls that are not requests run in the CONTROL_GROUP's own threads (`ReplicaCluster.control`)."""
+    refused at once. Calls that are not requests run in the CONTROL_GROUP's own threads (`ReplicaCluster.control`).
+    ValueError past placement.MAX_ACTOR_THREADS (Ray starts them all with the actor), or for a bad max_queue."""
     kwargs = engine_kwargs or {}
     scheduler = kwargs.get("scheduler_config")
     running = getattr(scheduler, "max_running", None) or kwargs.get("max_running") or 64
     queue = kwargs.get("max_queue")
-    return int(running) + (STREAMS_WITHOUT_QUEUE_LIMIT if queue is None else int(queue)) + CONTROL_THREADS
+    if queue is not None and (type(queue) is not int or queue < 0):  # as the engine's: a negative one made 0 threads
+        raise ValueError(f"max_queue must be an int >= 0 or None, got {queue!r}")
+    threads = int(running) + (STREAMS_WITHOUT_QUEUE_LIMIT if queue is None else queue) + CONTROL_THREADS
+    check_actor_threads(threads, running, queue)
+    return threads
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +96,13 @@ class ReplicaCluster:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
         self.router = make_router(router)  # an unknown name is refused before any replica loads its model
         check_cpu_share(cpus)  # before a local Ray cluster starts (seconds, and left running by the error)
+        threads = actor_threads(engine_kwargs)  # as the share: a count no actor can start is refused first
         if not ray.is_initialized():
             check_reachable(address)
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         check_cpus(replicas, cpus, ray.cluster_resources().get("CPU", 0.0))
         actor = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(EngineReplica).options(
-            num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=actor_threads(engine_kwargs)
+            num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=threads
         )
         self.ray = ray
         self.actor_errors = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)

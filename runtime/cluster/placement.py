@@ -1,6 +1,7 @@
 """What a replica cluster's start checks before and as Ray places its replicas: that a Ray address is reachable
-(ray.init retried an address nobody serves for minutes), that a replica's CPU share is a number, and that the
-replicas fit the Ray cluster's CPUs (Ray would queue the ones that do not fit for ever)."""
+(ray.init retried an address nobody serves for minutes), that a replica's CPU share is a number, that its actor's
+threads can all start, and that the replicas fit the Ray cluster's CPUs (Ray would queue the ones that do not fit
+for ever)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import re
 import socket
 
 RAY_CONNECT_TIMEOUT_S = 5.0  # a head node answers a TCP connect in milliseconds; an address nobody serves never
+# Ray starts every thread of a threaded actor with it (8 MiB of address space and 2 memory maps each): past what the
+# process may map, the actor dies at its start and Ray (max_restarts=-1) starts it again, for ever, silently.
+MAX_ACTOR_THREADS = 4096
 
 
 def check_reachable(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
@@ -41,4 +45,17 @@ def check_cpus(replicas: int, cpus: float, cluster_cpus: float) -> None:
         raise ValueError(
             f"{replicas} engine replicas of {cpus:g} CPUs each need {need:g} CPUs, and the Ray cluster has "
             f"{cluster_cpus:g}: give each replica a smaller share (cpus=), or start Ray with more CPUs (num_cpus=)"
+        )
+
+
+def check_actor_threads(threads: int, max_running: int, max_queue: int | None) -> None:
+    """ValueError when a replica's actor would need more than MAX_ACTOR_THREADS threads (one per request its engine
+    may hold: runtime.cluster.cluster.actor_threads): `--max-queue 40000` restarted every replica for ever (checked
+    under a 16 GB address-space limit, 5,000 threads already did)."""
+    if threads > MAX_ACTOR_THREADS:
+        queue = "unbounded" if max_queue is None else max_queue
+        raise ValueError(
+            f"each engine replica's Ray actor needs a thread per request its engine may hold ({threads}: max_running "
+            f"{max_running}, max_queue {queue} and a few for control calls), at most {MAX_ACTOR_THREADS}: give a "
+            "smaller max_queue (--max-queue) or max_running (--max-running)"
         )

@@ -186,3 +186,24 @@ def test_an_unknown_router_is_refused_before_any_replica_starts(monkeypatch: pyt
     with pytest.raises(RouterError, match="unknown router 'cache-aware'"):
         ReplicaCluster("fake", 2, router="cache-aware", poll_interval=None)
     assert started == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"), [({"max_queue": 40_000}, "at most 4096"), ({"max_queue": -100}, "max_queue")]
+)
+def test_a_queue_no_replica_actor_could_start_is_refused_before_ray(
+    monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, int], match: str
+) -> None:
+    """Regression: a replica's actor gets a thread per request its engine may hold, and Ray starts them all with it:
+    `--max-queue 40000` asked for 40,072 (past what a process may map: on a real Ray cluster under a 16 GB
+    address-space limit, 5,000 already killed the actor at its start, and Ray restarted it for ever while the start
+    waited, silently). A negative one asked for fewer than 1. Both are refused before Ray starts."""
+    ray = install(monkeypatch)
+    started: list[str] = []
+    ray.is_initialized = lambda: False
+    ray.init = lambda *_a, **_k: started.append("ray.init")
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    with pytest.raises(ValueError, match=match):
+        ReplicaCluster("fake", 2, engine_kwargs=kwargs, poll_interval=None)
+    assert started == []
