@@ -23,7 +23,14 @@ from typing import Any
 
 from radixcache.page_hash import PageHasher
 from radixcache.router import LoadTracker, RouteRequest, RouterIndex, make_router
-from radixcache.runtime.cluster.placement import check_actor_threads, check_cpu_share, check_cpus, check_reachable
+from radixcache.runtime.cluster.placement import (
+    call_bound,
+    check_actor_threads,
+    check_cpu_share,
+    check_cpus,
+    check_poll_interval,
+    check_reachable,
+)
 from radixcache.runtime.cluster.replica import EngineReplica
 from radixcache.runtime.engine.errors import EngineDeadError, ReplicaUnavailableError
 
@@ -74,7 +81,8 @@ class ReplicaCluster:
     `engine_kwargs` go to every replica's Engine; `threads` is each replica's torch thread count and `cpus` its
     Ray CPU share. Starts a local Ray cluster (`num_cpus`) unless Ray is initialised already or `address` is given.
     A cluster with fewer CPUs than `replicas * cpus` is a ValueError before any replica starts (Ray would never
-    place the ones that do not fit)."""
+    place the ones that do not fit). `call_timeout`: the most seconds a replica's answer is awaited (None or
+    infinity: no bound); `poll_interval`: seconds between event pulls (None: the caller polls)."""
 
     def __init__(
         self,
@@ -88,7 +96,7 @@ class ReplicaCluster:
         address: str | None = None,
         num_cpus: int | None = None,
         poll_interval: float | None = 0.05,
-        call_timeout: float = 600.0,
+        call_timeout: float | None = 600.0,
     ) -> None:
         import ray
 
@@ -97,6 +105,8 @@ class ReplicaCluster:
         self.router = make_router(router)  # an unknown name is refused before any replica loads its model
         check_cpu_share(cpus)  # before a local Ray cluster starts (seconds, and left running by the error)
         threads = actor_threads(engine_kwargs)  # as the share: a count no actor can start is refused first
+        call_timeout = call_bound(call_timeout)
+        check_poll_interval(poll_interval)
         if not ray.is_initialized():
             check_reachable(address)
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)

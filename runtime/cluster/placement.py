@@ -13,6 +13,7 @@ RAY_CONNECT_TIMEOUT_S = 5.0  # a head node answers a TCP connect in milliseconds
 # Ray starts every thread of a threaded actor with it (8 MiB of address space and 2 memory maps each): past what the
 # process may map, the actor dies at its start and Ray (max_restarts=-1) starts it again, for ever, silently.
 MAX_ACTOR_THREADS = 4096
+NO_BOUND_S = 10.0**9  # "no bound" as Ray waits: its timeouts are whole milliseconds (infinity was an OverflowError)
 
 
 def check_reachable(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
@@ -33,6 +34,30 @@ def check_cpu_share(cpus: float) -> None:  # before Ray starts
     """ValueError unless `cpus` (a replica's CPU share) is a finite number >= 0."""
     if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not 0 <= cpus < math.inf:
         raise ValueError(f"cpus (each replica's CPU share) must be a finite number >= 0, got {cpus!r}")
+
+
+def call_bound(call_timeout: float | None) -> float:
+    """The seconds the front door waits for a replica's answer: `call_timeout`, a number > 0; None or infinity is no
+    bound (NO_BOUND_S, some 31 years: Ray took infinity, and failed every request with OverflowError). ValueError
+    for anything else (NaN, 0, a negative number, a string), before Ray starts."""
+    if call_timeout is None or call_timeout == math.inf:
+        return NO_BOUND_S
+    if isinstance(call_timeout, bool) or not isinstance(call_timeout, (int, float)) or not 0 < call_timeout < math.inf:
+        raise ValueError(f"call_timeout must be a number of seconds > 0 (None: no bound), got {call_timeout!r}")
+    return float(min(call_timeout, NO_BOUND_S))
+
+
+def check_poll_interval(poll_interval: float | None) -> None:
+    """ValueError unless `poll_interval` is None (the caller polls) or a finite number > 0: NaN, 0 or less polled
+    every replica in a busy loop (a wait of NaN seconds returns at once)."""
+    if poll_interval is None:
+        return
+    if (
+        isinstance(poll_interval, bool)
+        or not isinstance(poll_interval, (int, float))
+        or not 0 < poll_interval < math.inf
+    ):
+        raise ValueError(f"poll_interval must be a finite number of seconds > 0 or None, got {poll_interval!r}")
 
 
 def check_cpus(replicas: int, cpus: float, cluster_cpus: float) -> None:
