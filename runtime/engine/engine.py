@@ -41,7 +41,7 @@ from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, resolve_options
 from radixcache.runtime.engine.output import OutputProcessor
 from radixcache.runtime.engine.queue_limit import QueueGate
-from radixcache.runtime.engine.request import GenerationResult, Request
+from radixcache.runtime.engine.request import GenerationResult, Request, check_unsubmitted
 from radixcache.runtime.engine.request_builder import (
     MaxNew,
     Messages,
@@ -177,8 +177,8 @@ class Engine:
         return self.generate(self._builder.render_for(messages, opts), options=opts)
 
     def run(self, req: Request) -> GenerationResult:
-        """Take one prepared request through its whole life. On any error its blocks are freed and its lock
-        dropped."""
+        """Take one prepared request through its whole life (once: a ValueError for one submitted before). On any
+        error its blocks are freed and its lock dropped."""
         if self._closed:
             raise EngineClosedError("this engine is closed")
         self._builder.check_sampling(req.sampler.params.stop, ())
@@ -401,6 +401,7 @@ class Engine:
     def _enqueue(self, reqs: list[Request], prepare: Any = None) -> list[RequestHandle]:
         """Hand prepared requests to the loop, all or none: QueueFullError (nothing queued) past `max_queue`."""
         self._loop.check_alive()  # EngineDeadError, before the queue counts them
+        check_unsubmitted(reqs)
         if self.queue_timeout is not None:
             for r in reqs:
                 r.queue_deadline = r.t_arrival + self.queue_timeout

@@ -174,3 +174,13 @@ def dequeued(req: Request) -> None:
     callback, req.on_dequeue = req.on_dequeue, None
     if callback is not None:
         callback()
+
+
+def check_unsubmitted(reqs: list[Request]) -> None:
+    """A Request runs once: a ValueError for one already queued, running or gone. Queued again, one that had left
+    never left again (it leaves once), so its caller waited for ever (`Engine.run` retried after an error)."""
+    seen: set[int] = set()
+    for req in reqs:
+        if req.on_dequeue is not None or req.t_admitted is not None or req.t_finish is not None or req.rid in seen:
+            raise ValueError(f"request {req.rid} was submitted already: a Request runs once; build a new one")
+        seen.add(req.rid)

@@ -255,3 +255,25 @@ def test_a_group_of_different_prompts_reports_what_each_found_cached(tiny: Rando
     fresh = engine.fork(ids(30, 3), 3, 2)  # nothing cached before the call: one branch's work is no hit
     assert [r.cached_tokens for r in fresh] == [0, 0, 0]
     assert_clean(engine)
+
+
+def test_a_request_run_again_is_refused_instead_of_waiting_for_ever(tiny: RandomModel) -> None:
+    """A Request leaves the scheduler once: `run` given one that had finished (a retry after an error, say a queue
+    timeout) queued it, it ran again and never left, and `run` waited for ever. Refused now, before it is queued:
+    one that finished, one still in flight, and one request twice in one batch."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    req = engine._request(ids(10, 60), 5, ignore_eos=True)
+    first = engine.run(req)
+    with pytest.raises(ValueError, match="runs once"):
+        engine.run(req)
+    pending = engine._request(ids(10, 61), 5, ignore_eos=True)
+    handle = engine._enqueue([pending])[0]
+    with pytest.raises(ValueError, match="runs once"):
+        engine.run(pending)
+    twice = engine._request(ids(10, 62), 5, ignore_eos=True)
+    with pytest.raises(ValueError, match="runs once"):
+        engine._enqueue([twice, twice])
+    assert handle.result(30).token_ids == engine.generate(ids(10, 61), 5, ignore_eos=True).token_ids
+    assert engine.generate(ids(10, 60), 5, ignore_eos=True).token_ids == first.token_ids
+    assert engine.queue.waiting == 0
+    assert_clean(engine)
