@@ -42,5 +42,14 @@ class SchedulerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        # Read at every admission: a wrong kind failed every request of every step (a TypeError from the compare)
+        if isinstance(self.max_wait_steps, bool) or not isinstance(self.max_wait_steps, int) or self.max_wait_steps < 0:
+            raise ValueError(f"max_wait_steps must be an int >= 0, got {self.max_wait_steps!r}")
+        wait_s = self.max_wait_s
+        if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not wait_s >= 0:  # NaN: never
+            raise ValueError(f"max_wait_s must be a number of seconds >= 0 (inf: no bound), got {wait_s!r}")
+        for flag in ("in_batch_sharing", "share_in_flight"):  # "no" read as true
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         check_attention_bound(self.mixed_prefill_attention)
         check_attention_bound(self.staged_prefill_attention, "staged_prefill_attention")

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from radixcache.runtime import Engine, EngineConfig, GenerationEngine, RequestOptions, SamplingParams
+from radixcache.runtime.engine.scheduler_config import SchedulerConfig
 from radixcache.runtime.kv.state import KVState, Status
 from radixcache.runtime.testing import RandomModel
 
@@ -139,6 +140,32 @@ def test_a_bad_option_fails_once_before_any_weights_load() -> None:
             Engine("no-such-model", config=config)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="config must be an EngineConfig"):
             Engine(config=config)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"max_wait_s": "10"}, "max_wait_s must be a number of seconds >= 0"),
+        ({"max_wait_s": float("nan")}, "max_wait_s must be a number of seconds >= 0"),  # the guard never fired
+        ({"max_wait_s": -1.0}, "max_wait_s must be a number of seconds >= 0"),
+        ({"max_wait_steps": None}, "max_wait_steps must be an int >= 0"),
+        ({"max_wait_steps": 2.5}, "max_wait_steps must be an int >= 0"),
+        ({"share_in_flight": "no"}, "share_in_flight must be True or False"),
+        ({"in_batch_sharing": 0}, "in_batch_sharing must be True or False"),
+    ],
+)
+def test_a_scheduler_config_whose_starvation_guard_is_no_number_is_refused(
+    tiny: RandomModel, bad: dict, message: str
+) -> None:
+    """The starvation guard is read at every admission: max_wait_s="10" (or max_wait_steps=None) was accepted, then
+    every request the engine ran failed with a TypeError from that compare, naming no option."""
+    with pytest.raises(ValueError, match=message):
+        SchedulerConfig(**bad)
+    fine = SchedulerConfig(max_wait_steps=0, max_wait_s=float("inf"))  # the guard at once by steps, never by time
+    engine = Engine(tiny, capacity_blocks=64, page_size=4, scheduler_config=fine)
+    alone = Engine(tiny, capacity_blocks=64, page_size=4)
+    prompts = [[5, 6, 7, 8, 9], [5, 6, 7, 10]]
+    assert [r.token_ids for r in engine.generate(prompts, 3)] == [r.token_ids for r in alone.generate(prompts, 3)]
 
 
 def test_request_options_take_generate_keywords_once() -> None:
