@@ -340,12 +340,16 @@ class KVTiers:
     def adopted(
         self, chain: PageChain, tokens: Sequence[int], first_page: int, last_page: int, blocks: Sequence[int]
     ) -> None:
-        """The tree adopted the pages `first_page .. last_page` of a request (`blocks`: their device blocks)."""
+        """The tree adopted the pages `first_page .. last_page` of a request (`blocks`: their device blocks). Then the
+        run from its first page is refreshed in both tiers (settled on disk after these writes): a request adopts its
+        run over several commits (prefill chunks, each decode page), and each stores its own pages head newest, so
+        without it the prompt's head was older than every page after it and a tier's size limit took it first."""
         if last_page <= first_page:
             return
         p = self.page_size
-        hashes = chain.upto(tokens, last_page)[first_page:last_page]
-        self.tiered.adopted(hashes, blocks, tokens[first_page * p : last_page * p])
+        run = chain.upto(tokens, last_page)
+        self.tiered.adopted(run[first_page:], blocks, tokens[first_page * p : last_page * p])
+        self.refresh(run)
 
     def _copy_to_host(self, blocks: Sequence[int], slots: list[int]) -> None:
         assert self.host_pool is not None

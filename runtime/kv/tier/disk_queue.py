@@ -2,8 +2,9 @@
 
 A run of pages is found from its head (a page's hash names its whole prefix), so a tail without its head is never
 read. The pages are queued head first, so a process killed mid-run (kill -9, the OOM killer) leaves a prefix a
-restart reads; then the run is refreshed (`DiskStore.refresh`, settled after its writes), so its head is the newest
-in the store's LRU and by mtime, and a size limit deletes a run's tail before its head. A run is cut to what fits:
+restart reads; then the caller refreshes the run from its first page (`KVTiers.adopted`: `DiskStore.refresh`,
+settled after its writes), so its head is the newest in the store's LRU and by mtime, and a size limit deletes a
+run's tail before its head. A run is cut to what fits:
 the write queue's room, and the store's size limit (writing past it would evict the run's own head); a put that
 raises drops its own page, not those after it (one already queued by another request is still written).
 """
@@ -37,7 +38,7 @@ def queue_disk_writes(
     pages = pool.kv.index_select(2, torch.tensor([blocks[i] for i in todo], device=pool.device)).to("cpu")
     meta = page_meta(pool)
     failed: Exception | None = None
-    budget, queued_hashes = disk.max_bytes, []
+    budget = disk.max_bytes
     for j, i in enumerate(todo):  # head first
         payload = pages[:, :, j].contiguous().view(torch.uint8).numpy().tobytes()
         page_tokens = tokens[i * p : (i + 1) * p]
@@ -54,9 +55,5 @@ def queue_disk_writes(
         except Exception as exc:
             queued, failed = False, failed or exc
         counts["disk_queued_pages" if queued else "disk_dropped_pages"] += 1
-        if queued:
-            queued_hashes.append(hashes[i])
-    if queued_hashes:  # settled after their writes: the head newest in the index and by mtime
-        disk.refresh(queued_hashes)
     if failed is not None:
         log.error("disk KV cache: queueing a page failed; not written", exc_info=failed)

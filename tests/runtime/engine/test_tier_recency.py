@@ -289,3 +289,41 @@ def test_a_device_hits_stamps_reach_the_disk_without_a_write_flush_or_close(mode
         got = restarted.generate(run, 1)
     assert got.token_ids == want.token_ids
     assert got.cached_tokens == 6 * P - 1
+
+
+def test_a_run_adopted_in_several_commits_keeps_its_head_at_the_disks_limit(model: RandomModel, tmp_path: Path) -> None:
+    """Each commit refreshed only the pages it adopted: a request's decode pages, adopted one commit at a time, each
+    became newer than its prompt's head, so a disk at its size limit deleted the prompt's pages first and kept output
+    pages no prefix reaches (a restart found 2 of the prompt's 4 pages). A commit refreshes its run from the head."""
+    rng = random.Random(11)
+    prompt = [rng.randrange(1, model.config.vocab_size) for _ in range(4 * P)]
+    kwargs = {"capacity_blocks": 400, "page_size": P, "cache_dir": tmp_path}
+    with Engine(model, **kwargs) as probe:
+        probe.generate(prompt[:P], 1)
+        assert probe.flush(30)
+    page_bytes = max(p.stat().st_size for p in tmp_path.rglob("*.kvpage"))
+    shutil.rmtree(tmp_path)
+    limit = {"cache_dir_size": 6 * page_bytes}
+    with Engine(model, **kwargs, **limit) as first:
+        first.generate(prompt, 4 * P + 1, ignore_eos=True)  # 4 output pages, adopted one by one
+        assert first.flush(30)
+        assert first.stats.tiers.disk_queued_pages == 8
+    assert len(list(tmp_path.rglob("*.kvpage"))) == 6
+    with Engine(model, **kwargs, **limit) as restarted:
+        assert restarted.generate(prompt, 1).cached_tokens == 4 * P - 1  # the whole prompt
+
+
+def test_a_run_adopted_in_several_commits_keeps_its_head_in_a_full_host_tier(model: RandomModel) -> None:
+    """The host tier stored each commit's pages head newest, and the prompt's head became older than every decode
+    page after it: a full host tier evicted the prompt's pages 2 and 3 and kept decode pages no prefix reaches."""
+    rng = random.Random(12)
+    prompt = [rng.randrange(1, model.config.vocab_size) for _ in range(4 * P)]
+    host_bytes = 6 * P * model.config.kv_bytes_per_token(4)
+    with Engine(model, capacity_blocks=400, page_size=P, host_kv_memory=host_bytes) as engine:
+        host = engine.tiers.host
+        assert host is not None and host.capacity == 6
+        result = engine.generate(prompt, 4 * P + 1, ignore_eos=True)  # 4 output pages, adopted one by one
+        run = engine.tiers.chain(None).upto([*prompt, *result.token_ids], 8)
+        assert host.stats.evicted == 2
+        assert [h in host for h in run[:5]] == [True] * 5  # the run's head, and only its tail lost
+        host.check_invariants()
