@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from radixcache.runtime.kv.tier.disk_files import live_temp
 from radixcache.runtime.kv.tier.disk_store import MARKER_NAME, DiskStore
 from tests.runtime.conftest import META, disk_warnings, h, page_path, payload, toks, write
 from tests.runtime.tier_faults.fs_faults import deny_writes
@@ -28,15 +29,30 @@ def test_leftover_temporary_files_are_removed_at_open(open_store, tmp_path: Path
     dead = tmp / f"{2**22 + 1}-0123456789abcdef.tmp"  # above any Linux pid: its writer is gone (kill -9)
     odd = tmp / "garbage.tmp"  # not a name the store gives: not its file, kept
     huge = tmp / f"{10**30}-0123456789abcdef.tmp"  # no pid at all
-    ours = tmp / f"{os.getpid()}-fedcba9876543210.tmp"  # a live writer's (another store in this process)
-    stale = tmp / f"{os.getpid()}-00000000aaaaaaaa.tmp"  # alive, but no write takes an hour
-    for f in (dead, odd, huge, ours, stale):
+    alive = tmp / f"{os.getppid()}-fedcba9876543210.tmp"  # a live writer's (another process)
+    stale = tmp / f"{os.getppid()}-00000000aaaaaaaa.tmp"  # alive, but no write takes an hour
+    for f in (dead, odd, huge, alive, stale):
         f.write_bytes(b"half a page")
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
-    reopened = open_store()
+    with live_temp(str(tmp)) as writing:  # another store of this process, writing
+        Path(writing).write_bytes(b"half a page")
+        reopened = open_store()
+        assert Path(writing).exists()
     assert not dead.exists() and not huge.exists() and not stale.exists()
-    assert ours.exists() and odd.exists()
+    assert alive.exists() and odd.exists()
     assert reopened.read(h(0), toks(0)) == (payload(0), META)
+
+
+def test_a_temporary_file_left_under_this_processs_own_pid_is_removed_at_open(open_store) -> None:
+    """A file named with this process's pid was kept as a live writer's, for an hour: but a pid is reused across a
+    restart (a container's server is often pid 1 every time), so what a process killed mid-write left looked like
+    this process's own, uncounted by the size limit and kept while the server ran. Only a write under way is kept."""
+    store = open_store()
+    store.close()
+    left = Path(store.tmp_dir) / f"{os.getpid()}-fedcba9876543210.tmp"
+    left.write_bytes(b"half a page")
+    open_store()
+    assert not left.exists()
 
 
 def test_a_non_empty_directory_without_the_marker_is_not_adopted(tmp_path: Path, caplog) -> None:

@@ -32,9 +32,40 @@ _PREADV = getattr(os, "preadv", None)
 _IOV_MAX = 1024  # Linux's IOV_MAX: a read into more buffers takes several calls
 
 
+_WRITING: set[str] = set()  # the temporary files this process is writing now (`live_temp`), by name
+
+
 def temp_name() -> str:
     """A fresh temporary file name, led by this process's id (so cleanup can tell whether its writer lives)."""
     return f"{os.getpid()}-{secrets.token_hex(8)}{TMP_SUFFIX}"
+
+
+@contextlib.contextmanager
+def live_temp(tmp_dir: str) -> Iterator[str]:
+    """A fresh temporary file's path in `tmp_dir`, known to this process as being written until the block ends."""
+    name = temp_name()
+    _WRITING.add(name)
+    try:
+        yield os.path.join(tmp_dir, name)
+    finally:
+        _WRITING.discard(name)
+
+
+def writer_gone(name: str, pid: int) -> bool:
+    """Whether the process that named temporary file `name` (`pid`, from its name) is no longer writing it: dead, or
+    this very process not writing it now (a pid reused across a restart: a container's server is often pid 1 each
+    time, and a file it left before a kill -9 looks like this process's)."""
+    return name not in _WRITING if pid == os.getpid() else not pid_alive(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError, ValueError):
+        return False  # no such process (or no such pid at all)
+    except (PermissionError, OSError):
+        return True  # exists under another user (or cannot tell: keep the file)
+    return True
 
 
 def temp_writer_pid(name: str) -> int | None:
@@ -179,20 +210,20 @@ def write_durable(
     """Write `chunks` to a fresh temporary file in `tmp_dir` (its atime and mtime `mtime_ns`, when given), fsync it,
     rename it to `path`, fsync `path`'s folder (and that folder's parent when `sync_parent`: the folder is new). The
     temporary file is removed on failure. `tmp_dir` and `path`'s folder must be on one filesystem. Raises OSError."""
-    tmp = os.path.join(tmp_dir, temp_name())
-    try:
-        with open(tmp, "xb") as f:  # O_EXCL: never opens an existing file or symlink
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            if mtime_ns is not None:
-                os.utime(f.fileno(), ns=(mtime_ns, mtime_ns))
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with live_temp(tmp_dir) as tmp:
+        try:
+            with open(tmp, "xb") as f:  # O_EXCL: never opens an existing file or symlink
+                for chunk in chunks:
+                    f.write(chunk)
+                f.flush()
+                if mtime_ns is not None:
+                    os.utime(f.fileno(), ns=(mtime_ns, mtime_ns))
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     folder = os.path.dirname(path)
     fsync_dir(folder)
     if sync_parent:

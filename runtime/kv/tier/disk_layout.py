@@ -18,7 +18,8 @@ Invariants:
   the marker, or one with another format's, is never written to, read or cleaned; neither is one whose `pages/` or
   `tmp/` is a symlink or not a folder.
 - Deletion: only regular files of the store's exact naming are deleted: `<pid>-<16 hex>.tmp` in `tmp/` (or, before
-  the marker exists, in the directory itself) once its process is dead or it is an hour old (`clear`: all of
+  the marker exists, in the directory itself) once its process is dead (under this process's own pid, a pid reused
+  across a restart: once no write of this process is under way on it) or it is an hour old (`clear`: all of
   them), and `<hex>.kvpage` files in `pages/<16 hex>/<2 hex>/`. No symlink is followed: listings skip them, the
   cleanup enters `tmp/` through an O_NOFOLLOW descriptor, and reads open with O_NOFOLLOW.
 - Every file this module writes goes to a temporary file first, is fsynced and `os.replace`d into place, and its
@@ -40,12 +41,13 @@ from typing import NamedTuple
 
 from radixcache.runtime.kv.tier.disk_files import (
     is_real_dir,
+    live_temp,
     own_temp_files,
     read_json,
     read_nofollow_with,
-    temp_name,
     temp_writer_pid,
     write_json_durable,
+    writer_gone,
 )
 from radixcache.runtime.kv.tier.disk_format import (
     FORMAT_VERSION,
@@ -71,11 +73,6 @@ def fingerprint_tag(fingerprint: str) -> str:
     return hashlib.blake2b(fingerprint.encode("utf-8"), digest_size=8).hexdigest()
 
 
-def temp_path(tmp_dir: str) -> str:
-    """A fresh temporary file name under `tmp_dir`, led by this process's id (so cleanup can tell if it lives)."""
-    return os.path.join(tmp_dir, temp_name())
-
-
 def delete_temp_files(folder: str, *, only_leftovers: bool) -> None:
     """Delete the regular files of `folder` named as the store names its temporary files (all of them, or only
     those whose writer is dead or that are over an hour old). Never follows a symlink; never raises."""
@@ -86,7 +83,7 @@ def delete_temp_files(folder: str, *, only_leftovers: bool) -> None:
     now = time.time()
     try:
         for name, pid, mtime in files:
-            if only_leftovers and pid_alive(pid) and now - mtime < _STALE_TMP_SECONDS:
+            if only_leftovers and not writer_gone(name, pid) and now - mtime < _STALE_TMP_SECONDS:
                 continue
             try:
                 os.unlink(name, dir_fd=fd)
@@ -96,16 +93,6 @@ def delete_temp_files(folder: str, *, only_leftovers: bool) -> None:
                 log.debug("cannot remove the temporary file %s: %s", os.path.join(folder, name), exc)
     finally:
         os.close(fd)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError, ValueError):
-        return False  # no such process (or no such pid at all)
-    except (PermissionError, OSError):
-        return True  # exists under another user (or cannot tell: keep the file)
-    return True
 
 
 class Adoption(NamedTuple):
@@ -204,10 +191,10 @@ class CacheDir:
                 write_json_durable(self.marker_path, marker, self.directory)
             self.ensure_page_dirs(fingerprint)
             self.remove_leftovers()
-            probe = temp_path(self.tmp_dir)
-            with open(probe, "xb"):
-                pass
-            os.unlink(probe)
+            with live_temp(self.tmp_dir) as probe:
+                with open(probe, "xb"):
+                    pass
+                os.unlink(probe)
         except OSError as exc:
             return Adoption(f"cannot write to {self.directory}: {exc}", readable=True)  # still serves its pages
         return Adoption(None, readable=True)
