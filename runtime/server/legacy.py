@@ -141,13 +141,13 @@ def legacy_messages(messages: list[dict[str, Any]], calls: LegacyCalls, scope: H
                 raise APIError(400, "only assistant messages carry function_call", param=f"messages.{i}.function_call")
             if m.get("tool_calls"):
                 raise APIError(400, "give function_call or tool_calls, not both", param=f"messages.{i}.function_call")
-            name, arguments = call.get("name"), call.get("arguments", "{}")
-            if not isinstance(name, str) or not isinstance(arguments, str):
+            name, arguments = call.get("name"), call.get("arguments")
+            if not isinstance(name, str) or not isinstance(arguments, (str, type(None))):
                 raise APIError(
                     400, "function_call is {'name': str, 'arguments': JSON text}", param=f"messages.{i}.function_call"
                 )
             try:  # checked here, so the error names the field the client sent (not the tool call it becomes)
-                call_arguments(arguments, f"messages[{i}].function_call.arguments")
+                arguments = call_arguments(arguments, f"messages[{i}].function_call.arguments")  # "" and null: "{}"
             except ToolInputError as e:
                 raise APIError(400, str(e), param=f"messages.{i}.function_call.arguments") from None
             call_id = calls.id_for(name, arguments, context, scope) or f"call_fn{i:06d}"

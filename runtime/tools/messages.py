@@ -4,8 +4,8 @@ Accepted: roles system, developer (treated as system), user, assistant, tool; `c
 parts (`{"type": "text", "text": ...}`, joined), or null on an assistant message (an assistant message with
 `tool_calls` usually has null content); `name` on any message; `tool_calls` on assistant messages
 (`{"id", "type": "function", "function": {"name", "arguments"}}`, arguments a JSON object or its text, JSON as
-RFC 8259 has it: no NaN nor Infinity); a tool message needs `tool_call_id`. Anything else raises `ToolInputError`
-naming `messages[i].field`.
+RFC 8259 has it: no NaN nor Infinity; empty text or null for none); a tool message needs `tool_call_id`. Anything
+else raises `ToolInputError` naming `messages[i].field`.
 """
 
 from __future__ import annotations
@@ -105,7 +105,10 @@ def _tool_call(raw: Any, path: str) -> ToolCall:
 
 def call_arguments(arguments: Any, path: str) -> str:
     """A history's call arguments (a JSON object or its text) as the JSON text of an object; `ToolInputError` naming
-    `path` for anything else (NaN and Infinity included: no JSON)."""
+    `path` for anything else (NaN and Infinity included: no JSON). Empty text (or only whitespace) and null are no
+    arguments, "{}": clients write them for a call without parameters (OpenRouter's models, Continue)."""
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip(" \t\n\r")):
+        return "{}"
     if not isinstance(arguments, (dict, str)):
         raise ToolInputError(path, "must be a JSON object or its text")
     try:
