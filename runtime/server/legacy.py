@@ -40,10 +40,10 @@ FINISH = {"tool_calls": "function_call"}
 class LegacyCalls:
     """The engine's ids of the calls answered as `function_call`, by (scope, context, name, arguments), where the
     scope is the caller's cache namespace, the context the digest of the conversation the call answered (`contexts`)
-    and "" stands for any (the latest such call of the scope), most recent last.
+    and "" stands for any (the latest such call of the scope), least recently remembered or replayed first.
 
-    Bounded on all scopes together (`size` calls); past it the scope holding the most loses its least recently
-    remembered (runtime/tools/fair_lru.py), so one tenant's legacy calls never evict another's while that one holds
+    Bounded on all scopes together (`size` calls); past it the scope holding the most loses its least recently used
+    (runtime/tools/fair_lru.py), so one tenant's legacy calls never evict another's while that one holds
     no more than its share (its next turn would have fallen back to positional ids: another prompt, a cache miss)."""
 
     def __init__(self, size: int = MAX_REMEMBERED) -> None:
@@ -56,8 +56,10 @@ class LegacyCalls:
                 self._ids.put(scope, key, call.id)
 
     def id_for(self, name: str, arguments: str, context: str = "", scope: Hashable = None) -> str | None:
-        found = self._ids.get(scope, (context, name, arguments), touch=False)
-        return found or self._ids.get(scope, ("", name, arguments), touch=False)
+        """The id remembered for this call (refreshed: a call an agent replays every turn is in use, and evicting it
+        would change that agent's prompt from it on), or None."""
+        found = self._ids.get(scope, (context, name, arguments))
+        return found or self._ids.get(scope, ("", name, arguments))
 
     def reply_to(self, messages: Sequence[dict[str, Any]], scope: Hashable = None) -> LegacyReply:
         """Where the calls of a reply to `messages` in namespace `scope` are remembered."""

@@ -83,3 +83,17 @@ def test_one_tenants_legacy_calls_never_evict_anothers_within_its_share() -> Non
     assert calls.id_for("add", '{"a": 1}', "ctx", scope="A") == "call_a"
     kept = [i for i in range(10) if calls.id_for("add", f'{{"a": {i + 2}}}', "ctx", scope="B") is not None]
     assert kept == [7, 8, 9]  # B's newest, in what is left of the bound: 4 calls, A's one among them
+
+
+def test_a_call_replayed_every_turn_outlives_newer_calls_nobody_replays() -> None:
+    """The ids were kept least recently *remembered* first: an agent's first call, replayed at every turn of its
+    conversation, was the first to go once the tenant's other conversations made more calls than the bound, and
+    that agent's next prompt then rendered it with a positional id (a cache miss from its first call on). A replay
+    refreshes the ids it finds, as the tool-call memory refreshes its entries."""
+    calls = LegacyCalls(size=4)
+    arguments = '{"a": 1, "b": 2}'
+    calls.reply_to(_history(arguments)[:1], "ns").remember([ToolCall("call_first", "add", arguments)])
+    for i in range(10):  # other conversations' calls, each made once and never replayed
+        calls.remember([ToolCall(f"call_other{i}", "add", f'{{"a": {i + 3}}}')], f"ctx{i}", scope="ns")
+        (_, assistant, result) = legacy_messages(_history(arguments), calls, "ns")  # the agent's next turn
+        assert (assistant["tool_calls"][0]["id"], result["tool_call_id"]) == ("call_first", "call_first"), i
