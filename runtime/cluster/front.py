@@ -210,7 +210,8 @@ class ClusterEngine:
 
     def _each_within(self, method: str, bound: float | None) -> list[Any]:
         """`method(bound)` on every live replica at once, all answered within `bound` seconds (None: call_timeout):
-        one that has not is a ReplicaUnavailableError (503); one found dead leaves the routing set."""
+        one that has not is a ReplicaUnavailableError (503); one found dead leaves the routing set; none left to
+        answer is a ReplicaUnavailableError too (a check of no replica said "ok", where a dead engine's is a 503)."""
         cluster = self.cluster
         wait = cluster.call_timeout if bound is None else bound
         deadline = time.monotonic() + wait
@@ -224,6 +225,8 @@ class ClusterEngine:
                 raise ReplicaUnavailableError(
                     f"engine replica {replica} did not answer {method} within {wait} s"
                 ) from None
+        if not out:
+            raise ReplicaUnavailableError("no live engine replica")
         return out
 
     def warm_up(self, prompt: Sequence[int], max_new_tokens: int, *, namespace: Any = None) -> None:

@@ -91,6 +91,11 @@ def test_dead_replicas_are_503_replica_unavailable(served: tuple[TestClient, Any
     assert int(r.headers["retry-after"]) >= 1 and cluster.alive == ()
     _error(client.post("/v1/completions", json=BODY), 503, "replica_unavailable")  # none left: at once
     assert cluster.loads.in_flight() == 0
+    # Regression: with no replica left /health/cache answered 200 "invariants: ok" (no replica to ask: no gauges),
+    # where one engine whose loop died answers 503, and /metrics did; flush said every write was done.
+    _error(client.get("/health/cache"), 503, "replica_unavailable")
+    assert client.get("/metrics").status_code == 503
+    assert cluster.front.flush() is False
 
 
 def test_a_replica_that_stops_mid_stream_ends_the_request_and_releases_it(served: tuple[TestClient, Any]) -> None:
