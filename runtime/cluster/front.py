@@ -12,16 +12,15 @@ routing set: it is alive, only slow or stuck).
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
+from radixcache.runtime.cluster.calls import own_calls, render_messages
 from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.cluster.handles import FrontQueue, RemoteHandle, RemoteRequest
 from radixcache.runtime.cluster.limits import check_model_limits
@@ -187,19 +186,9 @@ class ClusterEngine:
             kwargs.pop("max_new_tokens", None), kwargs.pop("options", None), kwargs, "ClusterEngine.unpin"
         )
         if is_messages(prompt):
-            prompt = self._render(prompt, opts)  # type: ignore[arg-type]
+            prompt = render_messages(self.tokenizer, self.tool_memory, prompt, opts)  # type: ignore[arg-type]
         ids = None if prompt is None else self._prompt_ids(prompt, opts)
         return sum(self.cluster.replica_call("unpin", ids, opts.namespace))
-
-    def _render(self, messages: Sequence[dict[str, Any]], opts: RequestOptions) -> str:
-        """`messages` by the model's chat template, with `opts`' tools and the calls remembered in its namespace."""
-        render, use = self.tokenizer.apply_chat_template, opts.tool_use
-        kw: dict[str, Any] = {}
-        if "tool_memory" in inspect.signature(render).parameters:
-            kw = {"tools": use.tools if use else None, "tool_memory": self.tool_memory.scoped(opts.namespace)}
-        elif use is not None:
-            raise ValueError("this model's tokenizer cannot render tools")
-        return render(list(messages), add_generation_prompt=True, **kw)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Each replica's queued disk writes (with --cache-dir) finish; False if one has not within `timeout`."""
@@ -289,7 +278,7 @@ class ClusterEngine:
                                     cluster.control(replica, "cancel").remote(req.rid)
                                     raise
                         else:
-                            result = self._own_calls(value, extra, req, options.namespace)
+                            result = own_calls(self.tool_memory, value, extra, req, options.namespace)
                 except (*cluster.actor_errors, ray.exceptions.RayTaskError) as exc:
                     if not cluster.actor_died(replica, exc):  # the engine refused or failed it: its own exception
                         raise exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc from None
@@ -312,21 +301,6 @@ class ClusterEngine:
                 handle.future.set_exception(cause if isinstance(cause, BaseException) else exc)
         finally:
             self._forget(handle)
-
-    def _own_calls(
-        self, result: Any, emitted: tuple[str, Sequence[int]] | None, req: RemoteRequest, namespace: Any
-    ) -> Any:
-        """`result` with its tool calls under `req`'s call ids (those its stream's parser gave them: both parse the
-        same text and draw ids in call order), remembered with what the model `emitted` for them (text, token ids),
-        in the request's `namespace`, as an engine keeps them (a tenant's calls are its own)."""
-        calls = getattr(result, "tool_calls", None)
-        if not calls or req.call_ids is None:
-            return result
-        new_id = req.call_ids.sequence()
-        calls = tuple(replace(c, id=new_id()) for c in calls)
-        if emitted is not None:
-            self.tool_memory.scoped(namespace).remember(calls, emitted[0], emitted[1], content=result.text)
-        return replace(result, tool_calls=calls)
 
     def _next_item(self, stream: Any, replica: int, rid: str, admit_by: float | None = None) -> Any:
         """The stream's next item (an object ref), awaited at most `call_timeout` seconds. A replica that sends

@@ -5,9 +5,8 @@ naming those calls rendered with that text, and one tenant's traffic evicted eve
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 
-from radixcache.runtime.cluster.front import ClusterEngine
+from radixcache.runtime.cluster.calls import own_calls
 from radixcache.runtime.cluster.handles import RemoteRequest
 from radixcache.runtime.tools import ToolCallMemory
 from radixcache.runtime.tools.messages import ToolCall
@@ -22,12 +21,11 @@ class Result:
 
 def test_a_replicas_calls_are_remembered_in_the_requests_namespace() -> None:
     memory = ToolCallMemory()
-    front = SimpleNamespace(tool_memory=memory)
     written = ToolCall("replica_id", "add", '{"a": 1}')
     result = Result((written,))
     req = RemoteRequest(rid="r1", call_ids=CallIds("0" * 16))
     emitted = ('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', (5, 6, 7))
-    mine = ClusterEngine._own_calls(front, result, emitted, req, "tenant-a")  # type: ignore[arg-type]
+    mine = own_calls(memory, result, emitted, req, "tenant-a")
     calls = list(mine.tool_calls)
     assert calls[0].id != "replica_id"  # the front door's own id
     assert memory.scoped("tenant-a").lookup_emitted(calls) == emitted
