@@ -30,6 +30,7 @@ from radixcache.runtime.cluster.placement import (
     check_cpus,
     check_poll_interval,
     check_reachable,
+    node_cpus,
 )
 from radixcache.runtime.cluster.replica import EngineReplica
 from radixcache.runtime.engine.errors import EngineDeadError, ReplicaUnavailableError
@@ -110,7 +111,7 @@ class ReplicaCluster:
         if not ray.is_initialized():
             check_reachable(address)
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-        check_cpus(replicas, cpus, ray.cluster_resources().get("CPU", 0.0))
+        check_cpus(replicas, cpus, node_cpus(ray))
         actor = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(EngineReplica).options(
             num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=threads
         )

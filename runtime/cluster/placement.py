@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import re
 import socket
+from collections.abc import Sequence
+from typing import Any
 
 RAY_CONNECT_TIMEOUT_S = 5.0  # a head node answers a TCP connect in milliseconds; an address nobody serves never
 # Ray starts every thread of a threaded actor with it (8 MiB of address space and 2 memory maps each): past what the
@@ -60,16 +62,31 @@ def check_poll_interval(poll_interval: float | None) -> None:
         raise ValueError(f"poll_interval must be a finite number of seconds > 0 or None, got {poll_interval!r}")
 
 
-def check_cpus(replicas: int, cpus: float, cluster_cpus: float) -> None:
-    """ValueError when `replicas` actors of `cpus` CPUs each cannot all be placed on a Ray cluster of `cluster_cpus`:
-    Ray would queue the ones that do not fit for ever, and the start waited on them, silently, for ever. Ray counts
-    CPUs in units of 1/10,000, rounding a share down (cores / replicas fits the cores exactly)."""
+def node_cpus(ray: Any) -> list[float]:
+    """The CPUs of each live node of the Ray cluster `ray` is connected to."""
+    return [float(n.get("Resources", {}).get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
+
+
+def check_cpus(replicas: int, cpus: float, nodes: Sequence[float]) -> None:
+    """ValueError when `replicas` actors of `cpus` CPUs each cannot all be placed on a Ray cluster whose nodes have
+    `nodes` CPUs: Ray would queue the ones that do not fit for ever, and the start waited on them, silently, for
+    ever. An actor runs on one node, so the share must fit the nodes one by one, not only their sum (2 replicas of 2
+    CPUs on 4 nodes of 1 CPU waited for ever). Ray counts CPUs in units of 1/10,000, rounding a share down (cores /
+    replicas fits the cores exactly)."""
     check_cpu_share(cpus)
-    need = replicas * (math.floor(cpus * 10_000) / 10_000)
-    if need > cluster_cpus:
+    unit = math.floor(cpus * 10_000)
+    need, have = replicas * unit / 10_000, sum(nodes)
+    if need > have:
         raise ValueError(
             f"{replicas} engine replicas of {cpus:g} CPUs each need {need:g} CPUs, and the Ray cluster has "
-            f"{cluster_cpus:g}: give each replica a smaller share (cpus=), or start Ray with more CPUs (num_cpus=)"
+            f"{have:g}: give each replica a smaller share (cpus=), or start Ray with more CPUs (num_cpus=)"
+        )
+    fit = sum(round(n * 10_000) // unit for n in nodes) if unit else replicas
+    if fit < replicas:
+        shown = ", ".join(f"{n:g}" for n in nodes)
+        raise ValueError(
+            f"{replicas} engine replicas of {cpus:g} CPUs each: only {fit} fit on the Ray cluster's nodes (of {shown} "
+            "CPUs), as a replica runs on one node: give each a smaller share (cpus=; --threads with --ray-address)"
         )
 
 

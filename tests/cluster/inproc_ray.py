@@ -119,6 +119,7 @@ def make_ray(workers: int = 64) -> types.ModuleType:
     )
     ray.is_initialized = lambda: True  # type: ignore[attr-defined]
     ray.cluster_resources = lambda: {"CPU": 64.0}  # type: ignore[attr-defined]
+    ray.nodes = lambda: [{"Alive": True, "Resources": ray.cluster_resources()}]  # type: ignore[attr-defined]
     pool = ThreadPoolExecutor(workers, thread_name_prefix="inproc-ray")
     ray.actors = []  # type: ignore[attr-defined]
 

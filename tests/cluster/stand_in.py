@@ -163,6 +163,7 @@ def fake_ray() -> types.ModuleType:
     )
     ray.is_initialized = lambda: True  # type: ignore[attr-defined]
     ray.cluster_resources = lambda: {"CPU": 64.0}  # type: ignore[attr-defined]
+    ray.nodes = lambda: [{"Alive": True, "Resources": ray.cluster_resources()}]  # type: ignore[attr-defined]
 
     def get(ref: Any, timeout: float | None = None) -> Any:
         if isinstance(ref, list):

@@ -1,0 +1,49 @@
+"""A replica runs on one Ray node: replicas whose CPU share fits the cluster's total but no node (2 replicas of 2 CPUs
+on two nodes of 1 CPU) were created, and Ray queued them for ever while the start waited, silently (the check
+compared the share with the cluster's total). On a real two-node Ray cluster in this process (ray.cluster_utils);
+the replicas' creation is replaced by a failure, so that a start that passes the check fails here at once instead of
+waiting for ever."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one Ray cluster at a time (conftest.py)
+
+
+@pytest.fixture
+def two_nodes() -> Iterator[Any]:
+    from ray.cluster_utils import Cluster
+
+    assert not ray.is_initialized()  # conftest.py shut the shared cluster down before this test
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_replicas_that_fit_the_total_but_no_node_are_refused(two_nodes: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    assert ray.cluster_resources()["CPU"] == 2.0
+
+    def no_actor(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("replicas were created that Ray cannot place")
+
+    monkeypatch.setattr(ray, "remote", no_actor)
+    with pytest.raises(ValueError, match=r"only 0 fit on the Ray cluster's nodes \(of 1, 1 CPUs\)"):
+        ReplicaCluster("unused", 1, cpus=2.0, poll_interval=None)
+    with pytest.raises(ValueError, match=r"only 2 fit .* \(of 1, 1 CPUs\)"):
+        ReplicaCluster("unused", 3, cpus=0.5 + 1e-4, poll_interval=None)  # 0.5 fits twice a node; a bit more once
+    with pytest.raises(AssertionError, match="were created"):  # one per node fits: past the check
+        ReplicaCluster("unused", 2, cpus=1.0, poll_interval=None)
