@@ -33,6 +33,7 @@ def step(engine: Engine, times: int = 1) -> None:
 def test_abort_in_the_middle_of_prefill_frees_everything(tiny: RandomModel) -> None:
     engine = Engine(tiny, capacity_blocks=64, page_size=4, max_prefill_tokens=8)
     engine.generate(ids(20, 1), 2, ignore_eos=True)  # something cached, which the request hits and locks
+    assert engine.wait_idle(30)  # the loop thread has left: it would step what the test adds by hand
     cached_before = engine.cache.cached_tokens
     req = engine._request(ids(20, 1) + ids(40, 2), 5, ignore_eos=True)
     engine.scheduler.add(req)
@@ -108,6 +109,7 @@ def test_fork_computes_the_prefix_once_and_every_branch_locks_its_blocks(tiny: R
     engine = Engine(tiny, capacity_blocks=128, page_size=4)
     prefix = ids(30, 12)
     engine.generate(prefix, 1)
+    assert engine.wait_idle(30)  # the loop thread has left: it would step what the test adds by hand
     branches = [engine._request([*prefix, 5 + i], 4, ignore_eos=True) for i in range(4)]
     for r in branches:
         engine.scheduler.add(r)
@@ -184,6 +186,7 @@ def test_lpm_admits_the_longest_cached_prefix_first_and_starvation_is_bounded(ti
             scheduler_config=SchedulerConfig(schedule="lpm", max_prefill_tokens=10, max_wait_steps=guard),
         )
         engine.generate(hot, 1)
+        assert engine.wait_idle(30)  # the loop thread has left: it would step what the test adds by hand
         cold = engine._request(ids(30, 21), 2)
         warm = engine._request([*hot, 1, 2], 2)
         engine.scheduler.add(cold)
@@ -199,6 +202,7 @@ def test_dfs_weight_groups_requests_by_shared_subtree(tiny: RandomModel) -> None
     engine = Engine(tiny, capacity_blocks=256, page_size=4, schedule="dfs-weight")
     a, b = ids(20, 30), ids(20, 31)
     engine.generate([a, b], 1)
+    assert engine.wait_idle(30)  # the loop thread has left: it would step what the test adds by hand
     arrivals = [[*b, 1], [*a, 2], [*a, 3], [*b, 4], [*a, 5]]
     reqs = [engine._request(p, 1) for p in arrivals]
     for r in reqs:

@@ -56,6 +56,7 @@ def _run_long_beside_a_decode(tiny: RandomModel, cfg: SchedulerConfig) -> tuple[
     long = [*prefix, *ids(14, 3)]
     engine = Engine(tiny, capacity_blocks=128, page_size=P, scheduler_config=cfg)
     engine.generate(prefix, 1, ignore_eos=True)
+    assert engine.wait_idle(30)  # the loop thread has left: it would step what the test adds by hand
     dec = engine._request(short, 40, ignore_eos=True, return_logits=True)
     req = engine._request(long, 3, ignore_eos=True, return_logits=True)
     sched = engine.scheduler

@@ -45,6 +45,7 @@ def _beside_a_decode(model: RandomModel, bound: int, decode_tokens: int = 40):
     )
     prefix, short = ids(PREFIX, 1), ids(6, 2)
     engine.generate(prefix, 1, ignore_eos=True)
+    assert engine.wait_idle(30)  # the loop thread has left: it would step what the test adds by hand
     dec = engine._request(short, decode_tokens, ignore_eos=True, return_logits=True)
     req = engine._request([*prefix, *ids(14, 3)], 3, ignore_eos=True, return_logits=True)
     sched = engine.scheduler
