@@ -183,8 +183,8 @@ SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and
 @click.option(
     "--read-ahead/--no-read-ahead",
     default=None,
-    help="Read a streamed trace in a second process while this one replays [default: on for hash traces of "
-    "8 MiB or more on a machine with two cores or more].",
+    help="Read a streamed trace in a second process while this one replays [default: on for hash or token traces "
+    "of 8 MiB or more on a machine with two cores or more].",
 )
 @debug_option
 def simulate(

@@ -139,6 +139,9 @@ def test_reading_ahead_is_worth_it_for_large_traces_on_two_cores(tmp_path: Path,
     monkeypatch.setattr(simulate_source, "READ_AHEAD_MIN_BYTES", 1000)
     monkeypatch.setattr(simulate_source.os, "cpu_count", lambda: 1)
     assert not simulate_source.worth_reading_ahead(open_source(str(hashes), block_size=16))  # no second core
+    # `simulate --help` says the same default (it said hash traces only, after token traces were read ahead too)
+    shown = " ".join(CliRunner().invoke(cli, ["simulate", "--help"], terminal_width=200).output.split())
+    assert "[default: on for hash or token traces of 8 MiB or more on a machine with two cores or more]" in shown
 
 
 def test_the_infinite_bound_replayed_by_the_reader_equals_a_cache_that_never_evicts(tmp_path: Path) -> None:
