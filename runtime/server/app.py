@@ -265,7 +265,16 @@ def create_app(
         for r in results:
             metrics.observe(r, namespace)
         metrics.requests_ok += 1
-        return JSONResponse(responder.whole(results, lambda r: generation.shown_tokens(engine, r)))
+        responder.remember(results)
+
+        def answer() -> JSONResponse:
+            return JSONResponse(responder.whole(results, lambda r: generation.shown_tokens(engine, r)))
+
+        if job.options.sampling.logprobs is None:
+            return answer()
+        # Logprobs are a dict per alternative of every token (n=16 x 2,000 tokens x 20: 42 MB of JSON), seconds of
+        # building and encoding: off the event loop, where they stalled every stream and /health that long.
+        return await asyncio.to_thread(answer)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest, key: ApiKey) -> Any:

@@ -160,14 +160,20 @@ class Responder:
         }
 
     def whole(self, results: Sequence[GenerationResult], shown: Callable[[GenerationResult], int]) -> dict[str, Any]:
-        """The whole response; `shown(result)`: how many of its tokens the text shows (their logprobs are given)."""
+        """The whole response; `shown(result)`: how many of its tokens the text shows (their logprobs are given).
+        It touches no state shared with other requests (`remember` does), so a worker thread may build it."""
         choices = []
         for i, r in enumerate(results):
             lp = None if r.logprobs is None else self.logprobs(r.logprobs[: shown(r)], index=i)
             choices.append(self._choice(i, r.text, self._finish(r), lp, r.tool_calls))
-            if self.legacy is not None:
-                self.legacy.remember(r.tool_calls)
         return self._envelope(self.kind, choices, usage=usage(self.prompt_tokens, results, self.n))
+
+    def remember(self, results: Sequence[GenerationResult]) -> None:
+        """A request that used `functions`: the ids of its replies' calls, for the next turn (runtime.server.legacy;
+        on the event loop, which every request's legacy memory is used from)."""
+        if self.legacy is not None:
+            for r in results:
+                self.legacy.remember(r.tool_calls)
 
     def empty(self, choices: int, lease_asked: bool = False) -> dict[str, Any]:
         """max_tokens=0: no generation, an empty answer per choice (and no lease held)."""

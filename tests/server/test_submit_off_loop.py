@@ -1,6 +1,7 @@
 """Building a request (its grammar compiled, its prompt checked) and rendering a chat run off the server's event
 loop: while one request's build takes half a second, /health and another client's completion are answered; and a
-request whose client goes away while its build runs is cancelled once it is built, leaving no page locked.
+request whose client goes away while its build runs is cancelled once it is built, leaving no page locked. So does
+building a whole response with logprobs (seconds for a large one): /health is answered meanwhile.
 In-process app over the tiny random model, with the engine's `submit` slowed on purpose."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from fastapi.testclient import TestClient
 from radixcache.runtime import Engine
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.server import create_app, generation
+from radixcache.runtime.server.responses import Responder
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 
 SLOW_S = 0.5
@@ -95,3 +97,35 @@ def test_a_request_cancelled_while_it_is_built_is_cancelled_once_built(
     result = handle.result(30)  # the engine stopped it early, not after its 200 tokens
     assert result.finish_reason == "cancelled" and len(result.token_ids) < 200, result
     assert engine.wait_idle(30)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_whole_response_with_logprobs_is_built_off_the_event_loop(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """n=16 x 2,000 tokens x 20 alternatives took 18 s to build on the event loop: every stream and /health waited.
+    Here the build waits for /health to be answered: on the loop it would wait out its 30 s instead."""
+    building, answered, waited_out = threading.Event(), threading.Event(), []
+    real = Responder.logprobs
+
+    def logprobs(self: Responder, *args: Any, **kwargs: Any) -> Any:
+        if not building.is_set():
+            building.set()
+            waited_out.append(not answered.wait(30))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Responder, "logprobs", logprobs)
+    body = {**BODY, "logprobs": 2} if path == "/v1/completions" else {**BODY, "logprobs": True, "top_logprobs": 2}
+    if path == "/v1/chat/completions":
+        body = {k: v for k, v in body.items() if k != "prompt"} | {"messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(create_app(engine, "tiny")) as client:
+        sent: list[Any] = []
+        sender = threading.Thread(target=lambda: sent.append(client.post(path, json=body)))
+        sender.start()
+        assert building.wait(30)
+        health = client.get("/health")  # on the loop, the build would hold it until its wait ran out
+        answered.set()
+        sender.join(60)
+    assert health.status_code == 200 and waited_out == [False]
+    assert sent[0].status_code == 200, sent[0].text
+    assert len(sent[0].json()["choices"][0]["logprobs"]["content" if "chat" in path else "tokens"]) == 4
