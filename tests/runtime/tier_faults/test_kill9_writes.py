@@ -94,12 +94,19 @@ def test_kill_9_at_50_random_points_never_leaves_a_wrong_page(tmp_path: Path, wr
         else:
             delay = rng.uniform(0.0, 0.06)
         pid = writers.start(directory, seed=k)
+        if k % 10:  # mid-run: once pages are being written (on a loaded machine a writer may start late)
+            deadline = time.monotonic() + 30  # a bound on waiting, not a timing assertion
+            while time.monotonic() < deadline and not any(directory.rglob("*.kvpage")):
+                time.sleep(0.001)
         time.sleep(delay)
         os.kill(pid, signal.SIGKILL)
         assert writers.killed(pid), "the writer ended before the kill"
-        if directory.exists():
-            pages_seen.append(_check_restart(directory))
-    assert sum(pages_seen) > 0 and max(pages_seen) > 20  # the kills did land during heavy writing
+        pages = _check_restart(directory) if directory.exists() else 0
+        if k % 10:
+            pages_seen.append(pages)
+    # The kills did land during writing: every directory holds pages from its second kill on. (A count of pages by
+    # then, `> 20`, failed on a loaded machine, the writers being slower, not wrong.)
+    assert len(pages_seen) == KILLS - KILLS // 10 and min(pages_seen) > 0
 
 
 _ENGINE_CHILD = """
