@@ -255,7 +255,7 @@ class ClusterEngine:
                 admitted = queue_timeout is None  # the admission deadline: only with a queue timeout
                 try:
                     streaming = cluster.actor(replica).stream.options(num_returns="streaming")
-                    stream = streaming.remote(req.rid, prompt, options, sent_at)
+                    stream = streaming.remote(req.rid, prompt, options, sent_at, handle.sent_at)
                     if handle.cancelled:  # cancelled before `replica` was set: `_cancel` could not name it
                         cluster.control(replica, "cancel").remote(req.rid)
                     while result is None:  # the last item is ("done", result): never wait past it

@@ -34,7 +34,7 @@ class RemoteHandle:
     def __init__(self, request: RemoteRequest, cancel: Any) -> None:
         self.request = request
         self.future: Future[Any] = Future()
-        self.sent_at = time.time()  # the replica's queue timeout counts from here
+        self.sent_at = time.time()  # the request's timeout counts from here (its queue timeout too, until admitted)
         self.cancelled = False  # set before the cancel is sent: a dispatch after it cancels on the replica too
         self._cancel = cancel
 

@@ -85,13 +85,20 @@ class EngineReplica:
         return self.engine.generate(list(prompt_ids), max_new_tokens, **kwargs)
 
     def stream(
-        self, rid: str, prompt_ids: Sequence[int], options: RequestOptions, sent_at: float | None = None
+        self,
+        rid: str,
+        prompt_ids: Sequence[int],
+        options: RequestOptions,
+        sent_at: float | None = None,
+        started_at: float | None = None,
     ) -> Iterator[tuple[str, Any, Any]]:
         """One request, streamed (a Ray streaming generator): ("admitted", None, None) once the engine admits it,
         ("tokens", new token ids, their logprobs) as the engine makes them, then ("done",
         GenerationResult, the (text, token ids) the model wrote for its tool calls or None). An engine error (a full
         queue, say) is raised to the caller. `cancel(rid)` aborts it. `sent_at` (time.time() when the front door sent
-        it): the engine's queue timeout counts from then, so time spent reaching the replica is not granted twice."""
+        it): the engine's queue timeout counts from then, so time spent reaching the replica is not granted twice.
+        `started_at` (time.time() when the front door took it, before any replica): its `timeout` counts from then,
+        as one engine's counts from `submit` (a request re-sent after its replica died got it whole again)."""
         from radixcache.runtime.engine.errors import QueueTimeoutError
 
         waited = max(0.0, time.time() - sent_at) if sent_at is not None else 0.0
@@ -103,6 +110,8 @@ class EngineReplica:
         deadline = handle.request.queue_deadline
         if deadline is not None and waited:
             handle.request.queue_deadline = deadline - waited
+        if handle.request.deadline is not None and started_at is not None:  # past already: it ends at the next step
+            handle.request.deadline -= max(0.0, time.time() - started_at)
         with self._cancel_lock:
             self._handles[rid] = handle
             cancelled_early = self._early_cancels.pop(rid, 0) is None

@@ -1,0 +1,37 @@
+"""A request's `timeout` (the server's --request-timeout) counts from when the front door took it, as one Engine counts
+it from `submit`: a replica counted it from when its own engine built the request, so a request re-sent after its
+replica died (or one that waited in Ray's queue for an actor thread) got the whole timeout again there. Two real
+replica engines, in-process (tests/cluster/inproc_ray.py): the first holds the request (its loop held) past its
+timeout, then dies."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from radixcache.runtime.testing import hold_engine_loop
+from tests.cluster.inproc_front import inproc_front
+
+ENGINE = {"capacity_blocks": 64, "page_size": 4, "dtype": "float64"}
+TIMEOUT = 1.0
+
+
+def test_a_request_resent_after_its_replica_died_keeps_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    with inproc_front(monkeypatch, 2, "round_robin", ENGINE) as front:
+        ray = sys.modules["ray"]
+        release = hold_engine_loop(front.replicas[0])  # round robin: the first request goes to replica 0
+        try:
+            handle = front.submit([5, 6, 7, 8, 9], 4, ignore_eos=True, timeout=TIMEOUT)
+            time.sleep(TIMEOUT * 1.2)  # past its timeout, held on replica 0 (a held loop times nothing out)
+            assert not handle.done() and handle.request.replica == 0
+            ray.kill(ray.actors[0])  # no token sent: re-sent to replica 1, which is idle
+            result = handle.result(30)
+        finally:
+            release()
+        assert handle.request.replica == 1
+        assert result.finish_reason == "timeout", "replica 1 gave the request its whole timeout again"
+        assert len(result.token_ids) < 4
+        control = front.generate([5, 6, 7, 8, 9], 4, ignore_eos=True, timeout=TIMEOUT)  # the same, in time
+        assert control.finish_reason == "length" and len(control.token_ids) == 4
