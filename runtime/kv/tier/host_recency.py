@@ -3,8 +3,9 @@
 An admission refreshes the run it found (device pages and loaded pages) in the host tier as in the disk tier, or a
 system prompt every request hits on the device is the first page a full host tier evicts. A prompt the device holds
 whole is not hashed at admission, so the refresh comes as a function computing the run's hashes (a LaterHashes,
-radixcache.page_hash.DeferredHashes). `SharedRun` computes it once for both tiers: the disk's writer thread
-usually has (kv.tier.disk_stamps), so the loop thread rarely hashes it.
+radixcache.page_hash.DeferredHashes). `SharedRun` computes it once for both tiers, on whichever thread needs it
+first: the disk's writer (kv.tier.disk_stamps, within 0.1 s), or the loop at the host tier's next use (the next
+admission's lookup, a commit's store), off the admission that found it.
 
 Invariants: `HostPageTier` applies the owed refreshes, oldest first, before anything else reads or changes its
 recency (a store, touch, lookup, lock, unlock or discard), so the LRU order is the order the uses happened in, and
