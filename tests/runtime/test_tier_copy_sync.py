@@ -278,3 +278,46 @@ def test_a_run_loaded_from_the_host_keeps_its_head_last_to_go_whether_its_unlock
     host.store(b"new page".ljust(16, b"-"))  # a full tier: one page of the run goes
     assert [h in host for h in hashes] == [True, True, True, False]
     host.check_invariants()
+
+
+def test_host_pages_a_prefetch_held_keep_the_runs_head_last_to_go_under_a_deferred_disk_load(tmp_path) -> None:
+    """The host pages a prefetch holds (the disk run chains on them) stayed locked until its disk pages were copied:
+    under a load deferred layer by layer, after the admission's refresh, so their unlock made them newer than the
+    run's head and a full host tier evicted the head before them. They are let go once the host copy is done."""
+    from radixcache.runtime.kv.tier.disk_store import DiskStore
+
+    p = 2
+    tokens = list(range(1, 6 * p + 1))  # pages 0-1 on the device and the host, 2-3 on the host, 4-5 on disk
+    pool = KVPool(tiny_config(), num_blocks=16, page_size=p)
+    cache = RadixCache(16, page_size=p)
+    disk = DiskStore(tmp_path, max_bytes=1 << 24, fingerprint="fp")
+    tiers = KVTiers(cache, pool, host_slots=4, disk=disk, fingerprint="fp")
+    host = tiers.host
+    assert host is not None and tiers.reader is not None
+    try:
+        chain = tiers.chain(None)
+        hashes = chain.upto(tokens, 6)
+        scratch = cache.allocate(2)
+        tiers._write_disk(hashes[4:], scratch, tokens[4 * p :])
+        assert disk.flush(30) and disk.count_prefix(hashes[4:]) == 2
+        cache.free(scratch)
+        for h in reversed(hashes[:4]):
+            host.store(h)
+        cache.insert(tokens[: 2 * p], cache.allocate(2))
+        tiers.prefetch(1, tokens, None, chain)  # holds host pages 2-3
+        while not tiers.prefetch(1, tokens, None, chain):
+            tiers.wait_prefetch(1.0)
+        match = tiers.match(tokens, None, chain)
+        assert (match.device_pages, match.host_pages, match.lower_pages) == (2, 2, 2)
+        cache.lock(match.device.node)
+        held = tiers.lock_host(match, 2)
+        loaded, layered = tiers.load(match, held, 2, tokens, cache.allocate(4), rid=1, defer=True)
+        assert loaded == 4 and layered is not None
+        tiers.refresh(chain.deferred(tokens, 6))  # as KVManager.admit does after a load
+        layered.copy_until(None)
+        assert host.locked_count == 0
+        host.store(b"new page".ljust(16, b"-"))  # a full tier: one page of the run goes, its tail
+        assert [h in host for h in hashes[:4]] == [True, True, True, False]
+        host.check_invariants()
+    finally:
+        tiers.close()

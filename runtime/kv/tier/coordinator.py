@@ -174,6 +174,8 @@ class KVTiers:
         finally:
             if job is not None and not later:
                 self._end_job(job)
+            elif job is not None:  # the disk copy is deferred: the host pages it chained on are not needed by then
+                self._let_host_go(job)
 
     def _load_host(self, host_hashes: list[bytes], blocks: Sequence[int], run: Sequence[bytes]) -> int | None:
         """Copy the locked host pages into the first of `blocks` and unlock them (once the copy is done: `run`, as
@@ -323,6 +325,11 @@ class KVTiers:
         assert self.reader is not None
         self.reader.release(job)
         self._forget_unread(job)
+        self._let_host_go(job)
+
+    def _let_host_go(self, job: PrefetchJob) -> None:
+        """Unlock the host pages the job held. At admission, before the admission refreshes its run: an unlock makes
+        pages the newest, and later they were newer than the run's head (the head goes last)."""
         if job.host_hashes:
             assert self.host is not None
             self.host.unlock(job.host_hashes)
