@@ -101,8 +101,8 @@ class ReplicaCluster:
     ) -> None:
         import ray
 
-        if replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        if type(replicas) is not int or replicas < 1:  # 2.0 started Ray, then failed in range(); True made one
+            raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
         self.router = make_router(router)  # an unknown name is refused before any replica loads its model
         check_cpu_share(cpus)  # before a local Ray cluster starts (seconds, and left running by the error)
         threads = actor_threads(engine_kwargs)  # as the share: a count no actor can start is refused first

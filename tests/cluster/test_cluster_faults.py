@@ -207,3 +207,20 @@ def test_a_queue_no_replica_actor_could_start_is_refused_before_ray(
     with pytest.raises(ValueError, match=match):
         ReplicaCluster("fake", 2, engine_kwargs=kwargs, poll_interval=None)
     assert started == []
+
+
+@pytest.mark.parametrize("replicas", [2.0, True, "2", 0])
+def test_a_replica_count_that_is_no_int_is_refused_before_ray(
+    monkeypatch: pytest.MonkeyPatch, replicas: object
+) -> None:
+    """Regression: 2.0 passed the `>= 1` check, started a local Ray cluster and failed in range() with a TypeError;
+    True made one replica; "2" was a TypeError comparing it."""
+    ray = install(monkeypatch)
+    started: list[str] = []
+    ray.is_initialized = lambda: False
+    ray.init = lambda *_a, **_k: started.append("ray.init")
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    with pytest.raises(ValueError, match="replicas must be an int >= 1"):
+        ReplicaCluster("fake", replicas, poll_interval=None)  # type: ignore[arg-type]
+    assert started == []
