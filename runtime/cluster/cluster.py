@@ -43,6 +43,7 @@ CONTROL_THREADS = 8  # actor threads beyond the streams (refusals answered at on
 # The actor's concurrency group for every call that is not a request (event pulls, cancels, info, stats, checks): its
 # own threads, so a cancel or an event pull never waits in Ray's queue behind streams that wait for a thread.
 CONTROL_GROUP = "control"
+POLL_WAIT_S = 5.0  # the most the poller waits for one replica's events in a round (a request's sync: call_timeout)
 
 
 def actor_threads(engine_kwargs: dict[str, Any] | None) -> int:
@@ -273,18 +274,23 @@ class ReplicaCluster:
         assert self.poll_interval is not None
         while not self._stop.wait(self.poll_interval):
             try:
-                self.poll()
+                self.poll(POLL_WAIT_S)
             except Exception:  # one bad round must not end the polling for good (the thread would die silently)
                 log.exception("polling the replicas' cache events failed; polling on")
 
-    def poll(self) -> None:
-        """One round: pull every live replica's new event batches; look for dead ones that Ray has restarted."""
+    def poll(self, wait: float | None = None) -> None:
+        """One round: pull every live replica's new event batches; look for dead ones that Ray has restarted. A
+        replica that does not answer within `wait` seconds (None: call_timeout) is skipped this round. The poller
+        waits POLL_WAIT_S: one frozen replica held it for call_timeout a round, and every other replica's events
+        and rejoin with it."""
         for replica in self._actors:
-            self.sync(replica)
+            self.sync(replica, wait)
 
-    def sync(self, replica: int) -> None:
+    def sync(self, replica: int, wait: float | None = None) -> None:
         """Bring `replica`'s index up to date now (its new batches, or a resync), or see whether a dead replica is
-        back. One caller per replica at a time (a per-replica lock), so batches are applied once, in order."""
+        back, waiting at most `wait` seconds for its answers (None: call_timeout). One caller per replica at a time
+        (a per-replica lock), so batches are applied once, in order."""
+        wait = self.call_timeout if wait is None else min(wait, self.call_timeout)
         ray = self.ray
         with self._sync_locks[replica]:
             with self._lock:
@@ -296,9 +302,7 @@ class ReplicaCluster:
                     if info["incarnation"] != self._broken.get(replica):  # not the process whose engine died
                         self._rejoin(replica, info["incarnation"])
                     return
-                incarnation, batches = ray.get(
-                    self.control(replica, "events_since").remote(last), timeout=self.call_timeout
-                )
+                incarnation, batches = ray.get(self.control(replica, "events_since").remote(last), timeout=wait)
             except self.actor_errors as exc:
                 self.mark_dead(replica, exc)
                 return
@@ -308,7 +312,7 @@ class ReplicaCluster:
                 with self._lock:
                     if replica not in self._alive or all(self.index.apply(b) for b in batches):
                         return
-            self._resync(replica)
+            self._resync(replica, wait)
 
     def _rejoin(self, replica: int, incarnation: str) -> None:
         """A restarted replica joins again with an empty index (its cache is empty; its events start from 1)."""
@@ -320,10 +324,10 @@ class ReplicaCluster:
             self._alive.add(replica)
         log.warning("engine replica %d is back (restarted by Ray)", replica)
 
-    def _resync(self, replica: int) -> None:
+    def _resync(self, replica: int, wait: float) -> None:
         ray = self.ray
         try:
-            incarnation, seq, keys = ray.get(self.control(replica, "snapshot").remote(), timeout=self.call_timeout)
+            incarnation, seq, keys = ray.get(self.control(replica, "snapshot").remote(), timeout=wait)
         except self.actor_errors as exc:
             self.mark_dead(replica, exc)
             return

@@ -6,7 +6,8 @@ its actors answer, time out, die or stop streaming on demand, in this process.
   ("done", result, None), or an exception (the stream's next `ray.get` raises it, as Ray relays an actor's death or,
   wrapped in RayTaskError, an engine error), or a callable, run when the stream reaches it (a pause). A stream whose
   script ends without "done" stalls: it never sends again (a replica that stopped mid-stream).
-- `ray.wait([stream], timeout)` waits up to `timeout` for the stream's next item, as Ray's does.
+- `ray.wait([stream], timeout)` waits up to `timeout` for the stream's next item, as Ray's does; `ray.get` of a
+  `concurrent.futures.Future` (an answer a method returns to come later, or never) waits up to its timeout.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import queue
 import sys
 import types
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from radixcache.runtime.engine.request import GenerationResult
@@ -170,6 +173,11 @@ def fake_ray() -> types.ModuleType:
             return [get(r) for r in ref]
         if isinstance(ref, BaseException):
             raise ref
+        if isinstance(ref, Future):  # an answer still to come (a replica that answers late, or never)
+            try:
+                return ref.result(timeout)
+            except FutureTimeout:
+                raise GetTimeoutError() from None
         return ref
 
     def wait(refs: list[Any], timeout: float | None = None, **_: Any) -> tuple[list[Any], list[Any]]:

@@ -117,11 +117,11 @@ def test_the_poller_survives_a_round_that_fails(monkeypatch: pytest.MonkeyPatch)
         rounds = []
         real = c.poll
 
-        def flaky() -> None:
+        def flaky(*wait: float) -> None:
             rounds.append(1)
             if len(rounds) == 1:
                 raise RuntimeError("a bad round")
-            real()
+            real(*wait)
 
         monkeypatch.setattr(c, "poll", flaky)
         deadline = time.monotonic() + 5

@@ -7,6 +7,8 @@ raises GetTimeoutError, as Ray's does after the wait, and the test counts the pu
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +63,42 @@ def test_requests_on_a_frozen_replica_fail_without_waiting_on_it_again(
         cluster.actor(0).script = echo_script
     finally:
         engine.close()
+
+
+def test_the_poller_skips_a_frozen_replica_and_keeps_the_others_current(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the poller waited call_timeout (600 s by default) for a frozen replica's events each round,
+    holding every other replica's events (their evictions, their pages computed) and the rejoin of dead replicas for
+    as long. It waits POLL_WAIT_S for each now, and goes on."""
+    install(monkeypatch)
+    from radixcache.router import EventBatch
+    from radixcache.runtime.cluster import cluster as cluster_module
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    monkeypatch.setattr(cluster_module, "POLL_WAIT_S", 0.2, raising=False)
+    cluster = ReplicaCluster("fake", 2, router="round_robin", poll_interval=0.01, call_timeout=600)
+    never: Future[Any] = Future()  # replica 0 answers no event pull
+    try:
+        asked = _freeze_events(cluster.actor(0), never)
+        deadline = time.monotonic() + 30  # a bound on a hang, never reached: a round takes POLL_WAIT_S
+        while not asked and time.monotonic() < deadline:  # the poller waits on replica 0 now
+            time.sleep(0.01)
+        cluster.actor(1).batches = [EventBatch(1, 1, stored=(b"k" * 16,))]  # then replica 1 has news
+        while cluster.index.pages(1) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cluster.index.pages(1) == 1, "the poller waited on the frozen replica"
+        assert cluster.alive == (0, 1)  # slow is not dead
+    finally:
+        never.set_result(("i0", []))
+        cluster.close()
+
+
+def _freeze_events(actor: Any, never: Future[Any]) -> list[int]:
+    """`actor` answers no event pull (each gets `never`): the pulls it was asked for."""
+    asked: list[int] = []
+
+    def frozen(seq: int) -> Future[Any]:
+        asked.append(seq)
+        return never
+
+    actor._events_since = frozen
+    return asked
