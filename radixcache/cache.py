@@ -114,10 +114,12 @@ class RadixCache(Locking):
         stats.query_tokens += len(arr)
         entry = node.evict_key
         clock = self._clock
+        hint = self.policy.hint_us
         up = node
         while up.parent is not None:  # the inlined _touch(node, hit=True)
             up.last_access = clock
             up.hit_count += 1
+            up.hint = hint
             up = up.parent
         if length and self.policy.observes_hits:  # before the re-key, so the new key sees what was learned
             self.policy.on_hit(node)
@@ -248,12 +250,15 @@ class RadixCache(Locking):
                 node.evict_key = None
                 self._stale += 1
             clock = self._clock
+            hint = self.policy.hint_us
             n = node
             while n.parent is not None:  # the inlined _touch(node, hit=False): node is out of the set now
                 n.last_access = clock
+                n.hint = hint
                 n = n.parent
             key = arr[matched_pages * p : full_pages * p]
             leaf = TreeNode(next(self._uids), key, new_blocks, node, node.namespace, clock)
+            leaf.hint = hint
             node.children[key[0] if p == 1 else key[:p].tobytes()] = leaf
             self._evictable += len(new_blocks)
             self._set_add(leaf)

@@ -71,7 +71,9 @@ class Locking(TreeWalk):
         return node
 
     def unlock(self, node: TreeNode) -> None:
-        """Undo one `lock(node)`. Raises LockError, with nothing changed, if the node is not locked."""
+        """Undo one `lock(node)`. Raises LockError, with nothing changed, if the node is not locked.
+
+        The nodes whose last lock this releases take the policy's lease hint told now (`policy.hint_us`)."""
         if type(node) is not TreeNode:
             self._raise_not_a_node(node, "unlock")
         if node.parent is None and self._is_root(node):  # (raises for an evicted node)
@@ -82,11 +84,12 @@ class Locking(TreeWalk):
         if node.own_locks <= 0:
             raise LockError(f"unlock: {node!r} is not locked")
         node.own_locks -= 1
-        n, moved = node, 0
+        n, moved, hint = node, 0, self.policy.hint_us
         while n.parent is not None:
             n.lock_ref -= 1
-            if n.lock_ref == 0:
+            if n.lock_ref == 0:  # its last lock goes: it takes the hint told now (a lease's release: None)
                 moved += len(n.blocks)
+                n.hint = hint
                 if not n.children:
                     self._set_add(n)
             n = n.parent

@@ -22,6 +22,8 @@ class TreeNode:
       made on this node itself and not yet undone) plus the sum of its children's. A node with `lock_ref > 0` is
       never evicted.
     - `prefix_len` is the number of tokens on the path above this node.
+    - `hint` is the lease hint (microseconds, or None) in force at the node's last touch: the match or insert that
+      set `last_access`, or the unlock that released its last lock (radixcache.policy.lease says why).
     A namespace root has `parent is None`, an empty key, and is never locked, evicted or counted.
     """
 
@@ -30,6 +32,7 @@ class TreeNode:
         "children",
         "created",
         "evict_key",
+        "hint",
         "hit_count",
         "key",
         "last_access",
@@ -62,6 +65,7 @@ class TreeNode:
         self.last_access = clock
         self.created = clock
         self.hit_count = 0
+        self.hint: int | None = None  # the lease hint its last touch stamped (the tlru and agent policies rank by it)
         self.evict_key: tuple | None = None  # the entry in the evictable set, while the node is in it
 
     @property

@@ -87,6 +87,7 @@ class TreeWalk(EvictableSet):
         head.last_access = child.last_access
         head.created = child.created
         head.hit_count = child.hit_count
+        head.hint = child.hint
         parent.children[self._child_key(child.key, 0)] = head
         child.key = child.key[k:]
         child.blocks = child.blocks[k // p :]
@@ -101,12 +102,15 @@ class TreeWalk(EvictableSet):
         return head
 
     def _touch(self, node: TreeNode, *, hit: bool) -> None:
-        """Refresh access time (and hit count) from `node` up to its root, re-sorting `node` if evictable."""
+        """Refresh access time, lease hint (and hit count) from `node` up to its root, re-sorting `node` if
+        evictable."""
         entry = node.evict_key
         clock = self._clock
+        hint = self.policy.hint_us
         n = node
         while n.parent is not None:
             n.last_access = clock
+            n.hint = hint
             if hit:
                 n.hit_count += 1
             n = n.parent

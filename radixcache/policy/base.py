@@ -34,6 +34,10 @@ class EvictionPolicy(ABC):
     #: True when the cache must call `on_hit` after each prefix match that reads cached pages (reuse learns from
     #: it); off by default, so the other policies cost nothing for it.
     observes_hits: bool = False
+    #: The lease hint (microseconds, or None) that the cache stamps on every node its next touches reach, as
+    #: `node.hint` (radixcache.policy.lease): a match or insert stamps its path, an unlock the nodes it frees.
+    #: Only the lease-hinted policies set it (`expect_reuse_in`); for the others it stays None.
+    hint_us: int | None = None
 
     @abstractmethod
     def priority(self, node: TreeNode) -> tuple:

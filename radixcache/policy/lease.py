@@ -1,8 +1,14 @@
 """Lease-aware eviction for agent traffic: `tlru` (time-to-live LRU) and `agent` (time to expected reuse).
 
-Both key a leaf when it is touched (inserted, matched, unlocked) from the cache's clock (`node.last_access`; in
-the simulator with `honor_timestamps` it is the trace clock in microseconds) and a TTL in microseconds that the
-caller states before the touch with `expect_reuse_in(seconds)` (the request's lease hint, `retain_for`), or None.
+Both key a leaf from the cache's clock (`node.last_access`; in the simulator with `honor_timestamps` it is the trace
+clock in microseconds) and the node's own hint (`node.hint`, microseconds, or None): the hint the caller stated
+with `expect_reuse_in(seconds)` (the request's lease hint, `retain_for`) before the node's last touch. The cache
+stamps the hint in force on every node a match or an insert reaches (the whole path, with its `last_access`), and
+on every node an unlock frees (its last lock released; the lease replay tells None first, so an expired lease's
+pages are hint-less). A node shared by several requests (a system prompt, a session's earlier turns) therefore
+carries the hint of the request that touched it last, as its `last_access` is that request's time: it is keyed as
+that request's own pages are, and keeps that key when its children are evicted and it becomes a leaf, whatever
+hint was told since.
 
 - `tlru`: the key is the leaf's deadline, `last_access + ttl`, with `ttl` the request's hint or, without one, the
   fixed `ttl_s` (default 10 s); the earliest deadline goes first. A hit re-keys the leaf (refresh on hit). This is
@@ -12,7 +18,8 @@ caller states before the touch with `expect_reuse_in(seconds)` (the request's le
   with a hint, the one whose expected reuse (`last_access + hint`) is farthest goes first (Belady's rule applied
   to the hint). Expiry is not seen by the key (keys are fixed until the next touch): the lease replay
   (radixcache.sim.lease_replay) holds leased pages until their deadline and unlocks them then, which re-keys them
-  as hint-less, i.e. LRU. On traces without hints `agent` is exactly LRU.
+  (the lease's whole path, where no other lock holds it) as hint-less, i.e. LRU. On traces without hints `agent`
+  is exactly LRU.
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ class _Hinted(EvictionPolicy):
         self.hint_us: int | None = None
 
     def expect_reuse_in(self, seconds: float | None) -> None:
-        """The hint for the leaves the next touches key: reuse expected `seconds` from now, None for no hint."""
+        """The hint the next touches stamp on the nodes they reach: reuse expected `seconds` from now, None for no
+        hint. Nodes touched before keep the hint they were stamped with."""
         self.hint_us = None if seconds is None else _microseconds(f"{self.name}: a lease hint", seconds)
 
 
@@ -46,8 +54,8 @@ class TLRUPolicy(_Hinted):
         self.ttl_us = _microseconds("tlru: ttl_s", ttl_s)
 
     def priority(self, node: TreeNode) -> tuple:
-        ttl = self.ttl_us if self.hint_us is None else self.hint_us
-        return (node.last_access + ttl, node.last_access)
+        hint = node.hint
+        return (node.last_access + (self.ttl_us if hint is None else hint), node.last_access)
 
 
 class AgentPolicy(_Hinted):
@@ -56,9 +64,10 @@ class AgentPolicy(_Hinted):
     name = "agent"
 
     def priority(self, node: TreeNode) -> tuple:
-        if self.hint_us is None:
+        hint = node.hint
+        if hint is None:
             return (0, node.last_access)
-        return (1, -(node.last_access + self.hint_us), node.last_access)
+        return (1, -(node.last_access + hint), node.last_access)
 
 
 def _microseconds(what: str, seconds: object) -> int:

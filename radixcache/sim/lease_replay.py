@@ -10,7 +10,8 @@ next eviction. The leased pages (counted per lease) may not exceed `budget` time
 oldest leases give way (are released) first. Without hints (a chat or Mooncake trace) it is a plain CacheReplay.
 
 A policy with `expect_reuse_in` (radixcache.policy.lease) is told each request's hint before its match and its
-insert, and None before a lease is released, so a released leaf is keyed as hint-less.
+insert, and None before a lease is released, so the pages a release frees (those no other lock holds) are keyed as
+hint-less.
 
 TTFT model: `ttft_ms = prefill_ms_per_token * (prompt tokens not hit)` (no queueing), the per-token cost of the
 routing simulator's default costs; `ttft_p99_ms` is over all requests.

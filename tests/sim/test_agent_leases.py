@@ -262,3 +262,21 @@ def test_the_agent_scripts_bound_rows_show_no_ttft(capsys: pytest.CaptureFixture
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in capsys.readouterr().out.splitlines()}
     assert rows["belady"][2:] == ["-", "- |"] and rows["belady-admission"][2:] == ["-", "- |"]
     assert float(rows["lru"][2]) > 0 and rows["lru"][3] == "1.000 |"
+
+
+def test_agent_with_exact_hints_evicts_as_belady_does_on_an_agent_trace() -> None:
+    """Regression: the policy kept one hint, the one told last, for every leaf it keyed, so a session's earlier
+    turns, left a leaf when its last turn was evicted, ranked by the request that came last (0.7813 on this seed,
+    where Belady reads 0.8230). The generator's hints are the exact pauses: with each node keyed by its own
+    request's hint, a leaf's expected reuse is its next use, and agent evicts as Belady's offline optimum does."""
+    from radixcache.sim.simulation import simulate
+    from radixcache.trace.agent_sessions import agent_sessions
+
+    requests = list(agent_sessions(seed=10))
+    workload = token_workload(requests, page_size=16)
+    replay = LeaseReplay(workload, 400, "agent", [r.retain_for for r in requests], budget=0.0)
+    for index, request in enumerate(workload.requests):
+        replay.feed(index, request)
+    replay.close()
+
+    assert replay.result().hit_rate == pytest.approx(simulate(workload, 400, "belady", honor_timestamps=True).hit_rate)
