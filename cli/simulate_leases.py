@@ -34,7 +34,6 @@ LEASE_COMPATIBLE = {
     "leases",
     "lease_budget",
     "in_memory",
-    "seed",
     "policies_spec",
 }
 
@@ -107,6 +106,8 @@ def run_leases(where: TraceCapacity, policies: list[str], budget: float) -> None
     ]
     if others:
         raise click.UsageError(f"{', '.join(others)}: not with --leases (one cache, its policy and the trace's hints)")
+    if ctx.params["policies_spec"] is not None and ctx.get_parameter_source("policy") is not ParameterSource.DEFAULT:
+        raise click.UsageError("--policy: not used with --policies (--policies names the policies)")
     try:
         workload = load_workload(where.trace, where.fmt, page_size=where.page_size, block_size=where.block_size)
         simulate_leases(where.trace, workload, where.blocks(workload), policies, budget, ctx.params["as_json"])

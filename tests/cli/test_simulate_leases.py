@@ -86,12 +86,20 @@ def test_a_zero_budget_grants_nothing_and_the_table_names_the_hints(agents: Path
 
 @pytest.mark.parametrize(
     "extra",
-    [["--belady"], ["--replicas", "2"], ["--host-capacity-blocks", "10"], ["--concurrency", "2"]],
-    ids=["belady", "replicas", "tiers", "concurrency"],
+    [["--belady"], ["--replicas", "2"], ["--host-capacity-blocks", "10"], ["--concurrency", "2"], ["--seed", "7"]],
+    ids=["belady", "replicas", "tiers", "concurrency", "seed"],  # --seed (for --replicas) was taken and ignored
 )
 def test_options_leases_do_not_take_are_refused_by_name(agents: Path, extra: list[str]) -> None:
     code, out = _run(str(agents), "--capacity-blocks", "100", "--leases", *extra)
     assert code == 2 and extra[0] in out and "--leases" in out
+
+
+def test_a_policy_beside_policies_is_refused_with_leases_as_without(agents: Path) -> None:
+    """Regression: `--leases --policy agent --policies lru` replayed lru alone and dropped --policy without a word,
+    where the same options without --leases are a usage error naming --policy."""
+    for leases in ([], ["--leases"]):
+        code, out = _run(str(agents), "--capacity-blocks", "100", *leases, "--policy", "agent", "--policies", "lru")
+        assert code == 2 and "--policy: not used with --policies" in out, (leases, out)
 
 
 @pytest.mark.parametrize("budget", ["0.2", "0.5"])  # 0.5, the default, given: it was taken for not given
