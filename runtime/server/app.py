@@ -6,6 +6,7 @@ chat path: runtime.server.responses_route), plus models, health and Prometheus m
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -33,6 +34,7 @@ from radixcache.runtime.server.http_common import (
 )
 from radixcache.runtime.server.leases import check_lease_defaults, retain_for
 from radixcache.runtime.server.metrics import ServerMetrics
+from radixcache.runtime.server.prompt_bound import token_bytes_bound, too_long
 from radixcache.runtime.server.protocol import (
     MAX_CHOICES,
     MAX_LABEL_CHARS,
@@ -148,7 +150,18 @@ def create_app(
                 code="model_not_found",
             )
 
+    per_token = functools.cache(lambda: token_bytes_bound(engine.tokenizer))  # once, at the first long prompt
+
     def encode(text: str) -> list[int]:
+        """The prompt's ids; a text too long to fit the context is refused untokenised (runtime.server.prompt_bound)."""
+        size = too_long(text, context, per_token() if len(text) >= context else None)
+        if size is not None:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {context} tokens. However, your prompt has {size:,} bytes "
+                f"of text, more than {context} tokens of this model hold (at most {per_token()} bytes each).",
+                code="context_length_exceeded",
+            )
         return list(engine.tokenizer.encode(text))
 
     def check_prompt(body: Any, prompt_ids: list[int]) -> None:
@@ -304,12 +317,17 @@ def create_app(
         check_model(body.model)
         body.refuse_unsupported()
         vocab = engine.config.vocab_size
-        prompts = []
-        for i, prompt in enumerate(body.prompts()):
-            ids = encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-            if any(not 0 <= t < vocab for t in ids):
-                raise APIError(400, f"prompt {i}: token ids must be in [0, {vocab})", param="prompt")
-            prompts.append(ids)
+
+        def tokenised() -> list[list[int]]:
+            prompts = []
+            for i, prompt in enumerate(body.prompts()):
+                ids = encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+                if any(not 0 <= t < vocab for t in ids):
+                    raise APIError(400, f"prompt {i}: token ids must be in [0, {vocab})", param="prompt")
+                prompts.append(ids)
+            return prompts
+
+        prompts = await asyncio.to_thread(tokenised)  # up to 64 prompts: off the event loop, as chat's is
         if len(prompts) * body.n > MAX_CHOICES:
             raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request", param="prompt")
         namespace = generation.namespace_for(key, body.cache_salt)

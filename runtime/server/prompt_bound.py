@@ -1,0 +1,56 @@
+"""How many bytes of text a prompt of fewer than `context` tokens can hold, known before it is tokenised.
+
+A prompt past the context is refused, but only once tokenised, and a body may carry 64 MiB of text: tokenising 16 MB
+took 48 s here, during which the tokenizer held the GIL, so /health and every stream waited as long, for a 400.
+When each token of a tokenizer stands for a piece of the text's own UTF-8 bytes (no normalizer, no pre-tokenizer that
+drops what it splits on, no run of unknown characters fused into one token), a text of B bytes has at least
+B / L tokens, L the most bytes any token holds: one of more than (context - 1) * L bytes cannot fit, and is refused
+without being tokenised. Any other tokenizer gets no bound (None): only tokenising it tells.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# pre-tokenizers that split text without dropping any of it (a Split whose behaviour is "removed" drops its matches,
+# BERT's Whitespace drops the spaces); Metaspace replaces a space by "▁", which is longer
+_KEEPS_TEXT = frozenset({"ByteLevel", "Digits", "Metaspace", "Punctuation", "Split", "UnicodeScripts", "Sequence"})
+MIN_TOKEN_BYTES = 4  # an unknown character (one token each, unfused) holds up to 4 bytes
+
+
+def token_bytes_bound(tokenizer: Any) -> int | None:
+    """The most UTF-8 bytes one token of `tokenizer` stands for, or None when its tokens may stand for less than
+    the text they cover (see the module's docstring)."""
+    backend = getattr(tokenizer, "backend", None)
+    token_bytes = getattr(tokenizer, "token_bytes", None)
+    if backend is None or token_bytes is None or not hasattr(backend, "to_str"):
+        return None
+    spec = json.loads(backend.to_str())
+    model = spec.get("model") or {}
+    if spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("fuse_unk"):
+        return None
+    if not _keeps_text(spec.get("pre_tokenizer")):
+        return None
+    ids = backend.get_vocab(with_added_tokens=True).values()  # not range(vocab size): ids may have holes
+    longest = max((len(token_bytes(i)) for i in ids), default=0)
+    return max(longest, MIN_TOKEN_BYTES)
+
+
+def _keeps_text(pre: Any) -> bool:
+    if pre is None:
+        return True
+    if not isinstance(pre, dict) or pre.get("type") not in _KEEPS_TEXT:
+        return False
+    if pre["type"] == "Split" and str(pre.get("behavior", "")).lower() == "removed":
+        return False
+    return all(_keeps_text(p) for p in pre.get("pretokenizers", ()))
+
+
+def too_long(text: str, context: int, per_token: int | None) -> int | None:
+    """The UTF-8 length of `text` when it cannot fit under `context` tokens of at most `per_token` bytes each, else
+    None (and None without a bound)."""
+    if per_token is None or len(text) <= (context - 1) * per_token // 4:  # 4 bytes a character at most
+        return None
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return size if size > (context - 1) * per_token else None
