@@ -8,6 +8,7 @@ negative length, a number past 64 bits) and raises `GrammarError` with the path,
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import llguidance
@@ -28,6 +29,8 @@ def check_schema(schema: Any, path: str) -> None:
     """Raise `GrammarError(path=...)` at the first structural mistake in `schema`."""
     if nests_deeper_than(schema, MAX_DEPTH):
         raise GrammarError(f"nests more than {MAX_DEPTH} levels of objects and arrays", path)
+    if (where := non_finite_path(schema, path)) is not None:  # the library reads NaN as null: {"const": NaN} forced
+        raise GrammarError("NaN and Infinity are not JSON numbers", where)  # the answer {"x": null}
     _check(schema, path, schema)
     if (where := _out_of_range(schema, path)) is not None:
         raise GrammarError("numbers must be above -2**63, and integers fit in 64 bits", where)
@@ -47,6 +50,21 @@ def nests_deeper_than(value: Any, limit: int) -> bool:
                     return True
                 stack.append((child, depth + 1))
     return False
+
+
+def non_finite_path(value: Any, path: str) -> str | None:
+    """The path of the first NaN or Infinity in `value` (Python's json reads them; JSON has no such numbers), or
+    None. Dicts and lists are walked without recursion. Shared by grammar specs and tools' parameters."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return where
+        if isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}") for k, v in reversed(item.items()))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
+    return None
 
 
 def _out_of_range(value: Any, path: str) -> str | None:

@@ -9,12 +9,12 @@ Infinity, which JSON has not); a null field is absent. tool_choice is "none", "a
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radixcache.runtime.grammar.schema_check import non_finite_path
 from radixcache.runtime.tools.errors import ToolInputError
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -107,7 +107,7 @@ def normalize_tools(tools: Sequence[Any] | None, path: str = "tools") -> tuple[T
         try:
             text = json.dumps(parameters, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as e:  # a value JSON cannot write: a set, bytes, NaN or Infinity
-            where = _not_json_number(parameters, f"{here}.function.parameters")
+            where = non_finite_path(parameters, f"{here}.function.parameters")
             if where is not None:  # the grammar read it as null: a const NaN forced the call {"x": null}
                 raise ToolInputError(where, "NaN and Infinity are not JSON numbers") from None
             raise ToolInputError(f"{here}.function.parameters", f"is not JSON ({e})") from None
@@ -115,20 +115,6 @@ def normalize_tools(tools: Sequence[Any] | None, path: str = "tools") -> tuple[T
             raise ToolInputError(f"{here}.function.parameters", "is nested too deeply to read") from None
         out.append(ToolSpec(name, description, text, strict))
     return tuple(out)
-
-
-def _not_json_number(value: Any, path: str) -> str | None:
-    """The path of the first NaN or Infinity in `value` (dicts and lists walked without recursion), or None."""
-    stack = [(value, path)]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return where
-        if isinstance(item, dict):
-            stack.extend((v, f"{where}.{k}") for k, v in reversed(item.items()))
-        elif isinstance(item, (list, tuple)):
-            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
-    return None
 
 
 def normalize_tool_choice(choice: Any, tools: Sequence[ToolSpec], path: str = "tool_choice") -> ToolChoice:
