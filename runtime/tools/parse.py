@@ -17,7 +17,7 @@ Formats (`TemplateFeatures.format`):
   between calls is dropped; a tag whose JSON is not a call stays content.
 A call naming no given tool is not a call. In the generic format, once a call is out, malformed text after it
 is ignored (it stays in `raw`). Output cut short inside the arguments leaves them cut short, as OpenAI does at
-finish_reason "length".
+finish_reason "length"; cut after a call's name, before its arguments open, it is that call with empty arguments.
 """
 
 from __future__ import annotations
@@ -153,18 +153,25 @@ class ToolCallParser:
         if status == "ok":
             p = scan.skip_ws(self.text, p)
             status = "more" if p >= len(self.text) else "ok" if self.text[p] == "{" else "no"
-        if status == "ok" and name not in self.names:
+        if name and name not in self.names:
             status = "no"
         if status == "ok":
-            call_id = self.new_id()
-            self.calls.append([call_id, name, ""])
-            head = {"name": name, "arguments": ""}
-            out.append(
-                {"tool_calls": [{"index": len(self.calls) - 1, "id": call_id, "type": "function", "function": head}]}
-            )
+            self._head(out, name)
             self.pos, self.state, self.scanner = p, "args", scan.ValueScanner()
+        elif status == "more" and final and name:  # cut (a length limit) after the name, before the arguments
+            self._head(out, name)  # opened: the call, with no arguments, as when cut inside them
+            self.pos, self.state = len(self.text), "done"
         elif status == "no" or final:
             self._give_up(out, final)
+
+    def _head(self, out: list[dict[str, Any]], name: str) -> None:
+        """A new call's first delta: its id, type and name, its arguments still empty."""
+        call_id = self.new_id()
+        self.calls.append([call_id, name, ""])
+        head = {"name": name, "arguments": ""}
+        out.append(
+            {"tool_calls": [{"index": len(self.calls) - 1, "id": call_id, "type": "function", "function": head}]}
+        )
 
     def _args(self, out: list[dict[str, Any]], final: bool) -> None:
         end, closed = self.scanner.feed(self.text, self.pos)
