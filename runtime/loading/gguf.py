@@ -165,9 +165,7 @@ class GGUFFile:
             (ggml_type,) = self._unpack("<I", 4)
             (offset,) = self._unpack("<Q", 8)
             index.append((name, tuple(reversed(dims)), ggml_type, offset))
-        self.alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        if self.alignment <= 0:
-            raise GGUFError(f"{self.path}: bad general.alignment {self.alignment}")
+        self.alignment = _alignment(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT), self.path)
         self.data_offset = -(-self._pos // self.alignment) * self.alignment
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, ggml_type, offset in index:
@@ -229,6 +227,14 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: string runs past the end of the file")
         self._pos = pos
         return out
+
+
+def _alignment(value: Any, path: str) -> int:
+    """general.alignment as an int; GGUFError naming the key unless it is an integer that is a power of two (as
+    llama.cpp requires): an array or a string was a TypeError or a "corrupt header" that named neither."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0 and not value & (value - 1):
+        return int(value)
+    raise GGUFError(f"{path}: metadata general.alignment is {value!r}, not a power of two")
 
 
 def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:

@@ -199,3 +199,16 @@ def test_a_key_or_tensor_that_appears_twice_is_a_gguf_error(kit, tmp_path):
     (tmp_path / "k.gguf").write_bytes((tmp_path / "k.gguf").read_bytes().replace(b"kb", b"ka"))
     with pytest.raises(GGUFError, match=r"k\.gguf: metadata key 'ka' appears twice"):
         GGUFFile(tmp_path / "k.gguf")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [(9, 4, [32, 32]), "32", "abc", (6, 32.0), (7, True), (4, 0), (4, 48)],
+    ids=["array", "text-number", "text", "float", "bool", "zero", "not-power-of-two"],
+)
+def test_an_alignment_of_the_wrong_type_or_value_is_named(kit, tmp_path, value):
+    """An array was a TypeError naming neither file nor key, "abc" a "corrupt header", "32" read as 32."""
+    x = np.zeros(32, np.float32)
+    kit.write_gguf(tmp_path / "a.gguf", {"general.alignment": value}, [("w", (32,), "F32", x.tobytes())])
+    with pytest.raises(GGUFError, match=r"a\.gguf: metadata general\.alignment is .*, not a power of two"):
+        GGUFFile(tmp_path / "a.gguf")
