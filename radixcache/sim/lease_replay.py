@@ -103,14 +103,16 @@ class LeaseReplay(CacheReplay):
     def _finish(self, item: tuple) -> None:
         """`item` finishes (a request before the one arriving): its insert under its own hint, then its lease."""
         key, hint = self._pending.pop(id(item[1]), (None, None))
+        if key is not None and hint is not None and key in self.leases:
+            # Renewal: the session's new lease replaces its previous one, released first, so that the pages this
+            # request read and wrote keep its hint, not the None the release tells (nothing evicts in between).
+            self._drop(key)
         if self.hint is not None:
             self.hint(hint)
         super()._complete(item)
         if key is None or hint is None:
             return
         full, namespace, p = item[1], item[3], self.cache.page_size
-        if key in self.leases:  # renewal: the session's new lease replaces its previous one
-            self._drop(key)
         pages = len(full) // p
         if pages == 0 or pages > self.budget_pages:
             return

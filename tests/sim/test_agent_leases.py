@@ -280,3 +280,28 @@ def test_agent_with_exact_hints_evicts_as_belady_does_on_an_agent_trace() -> Non
     replay.close()
 
     assert replay.result().hit_rate == pytest.approx(simulate(workload, 400, "belady", honor_timestamps=True).hit_rate)
+
+
+def test_a_renewed_lease_leaves_the_pages_its_request_used_with_that_requests_hint() -> None:
+    """Regression: a session's new request replaced (released) its previous lease after its own insert and unlock,
+    and the release told None: the context both shared (the new request's prefix) was keyed hint-less, not with
+    the new request's hint. Here the new request (5 s) is too large for the budget, so no lease holds its pages:
+    under tlru its prefix's deadline read 10 s (the ttl) after its access, past another context's (6 s)."""
+    s, t = (1, 2, 3, 4), (9,) * 11  # the budget is 10 pages: s's 4 are leased, neither 12 nor 11 pages can be
+    requests = [
+        TokenRequest(0.0, s, 0, "s", output_tokens=()),
+        TokenRequest(1000.0, s + (5,) * 8, 0, "s", output_tokens=()),  # renews s: its lease replaces the first
+        TokenRequest(2000.0, t, 0, "t", output_tokens=()),
+    ]
+    workload = token_workload(requests, 1)
+    replay = LeaseReplay(workload, 40, "tlru", [30.0, 5.0, 6.0], budget=0.25)
+    for index, request in enumerate(workload.requests):
+        replay.feed(index, request)
+    replay.close()
+    assert replay.granted == 1 and replay.cache.locked_blocks == 0
+    cache = replay.cache
+
+    assert cache.evict(8) == 8 and cache.peek((*s, 5)).length == 4  # s's tail: the earliest deadline (2 s + 5 s)
+    assert cache.evict(4) == 4  # then s's prefix, due with it, before t (2 s + 6 s)
+
+    assert cache.peek(s).length == 0 and cache.peek(t).length == 11
