@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import replace
 
@@ -11,23 +10,25 @@ from rich.console import Console
 
 from radixcache.cli.errors import FriendlyCommand, debug_option
 from radixcache.cli.progress import progress_bar
+from radixcache.cli.simulate_compare import compare_policies
 from radixcache.cli.simulate_leases import run_leases
 from radixcache.cli.simulate_routed import check_routing_flags, simulate_routed
-from radixcache.cli.simulate_tables import print_comparison, print_json, print_report
+from radixcache.cli.simulate_tables import print_json, print_report
+from radixcache.cli.simulate_tiers import tier_config
 from radixcache.cli.simulate_trace import trace_capacity
 from radixcache.cli.simulate_unused import refuse_ignored
 from radixcache.errors import RadixCacheError
 from radixcache.policy.admission import ADMISSION_POLICIES
 from radixcache.policy.registry import ALL_POLICIES
 from radixcache.router import ROUTERS
-from radixcache.sim.compare import compare, policy_names
+from radixcache.sim.compare import policy_names
 from radixcache.sim.evaluation import evaluate
 from radixcache.sim.replay_common import Replayable
 from radixcache.sim.routing_replay import MAX_SIM_REPLICAS
 from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS
 from radixcache.sim.routing_workload import ARRIVALS
 from radixcache.sim.source import open_source, worth_reading_ahead
-from radixcache.sim.tiers import COST_PAGE_TOKENS, DEFAULT_TIER_COSTS, TierConfig, TierCosts
+from radixcache.sim.tiers import COST_PAGE_TOKENS, DEFAULT_TIER_COSTS
 from radixcache.sim.timeline import MAX_WINDOWS
 from radixcache.tier.tiered_cache import WRITE_POLICIES
 from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
@@ -281,7 +282,7 @@ def simulate(
             as_json,
         )
         return
-    tiers = _tier_config(
+    tiers = tier_config(
         host_capacity_blocks,
         disk_capacity_blocks,
         write_policy,
@@ -304,7 +305,7 @@ def simulate(
             workload = replace(source, read_ahead=ahead)
         blocks = where.blocks(workload)
         if policies_spec is not None:
-            _compare_policies(
+            compare_policies(
                 trace,
                 workload,
                 blocks,
@@ -345,75 +346,3 @@ def simulate(
         print_json(report.as_dict())
         return
     print_report(trace, report)
-
-
-def _tier_config(
-    host: int | None,
-    disk: int | None,
-    write_policy: str | None,
-    prefill: float | None,
-    host_load: float | None,
-    disk_load: float | None,
-) -> TierConfig | None:
-    """The tiers the flags ask for (None: the device cache alone), or a usage error for flags that need a tier."""
-    costs = {
-        "--prefill-ms-per-token": prefill,
-        "--host-load-ms-per-page": host_load,
-        "--disk-load-ms-per-page": disk_load,
-    }
-    if host is None and disk is None:
-        given = [name for name, value in costs.items() if value is not None]
-        if write_policy is not None:
-            given.insert(0, "--write-policy")
-        if given:
-            raise click.UsageError(
-                f"{', '.join(given)}: only for tiers or replicas; add --host-capacity-blocks and/or "
-                "--disk-capacity-blocks, or --replicas"
-            )
-        return None
-    for flag, value in costs.items():
-        if value is not None and not math.isfinite(value):
-            raise click.UsageError(f"{flag} must be a finite number of milliseconds, got {value}")
-    if write_policy is not None and host is None:
-        raise click.UsageError("--write-policy decides when the host tier gets a copy: add --host-capacity-blocks")
-    d = DEFAULT_TIER_COSTS
-    try:
-        model = TierCosts(
-            d.prefill_ms_per_token if prefill is None else prefill,
-            d.host_load_ms_per_page if host_load is None else host_load,
-            d.disk_load_ms_per_page if disk_load is None else disk_load,
-        )
-    except RadixCacheError as exc:
-        raise click.UsageError(str(exc)) from None
-    return TierConfig(host, disk, write_policy or "write_through", model)
-
-
-def _compare_policies(
-    trace: str,
-    workload: Replayable,
-    blocks: int,
-    spec: str,
-    admission: str | None,
-    concurrency: int,
-    infinite: bool,
-    as_json: bool,
-    honor_timestamps: bool = False,
-) -> None:
-    """`--policies`: every named policy, both Belady bounds and the infinite cache, in one table or JSON."""
-    names = policy_names(spec)
-    if admission == "reuse" and "reuse" not in names:
-        raise click.UsageError("--admission reuse learns from the reuse eviction policy: include reuse in --policies")
-    rows = compare(
-        workload,
-        blocks,
-        names,
-        concurrency=concurrency,
-        admission=admission,
-        infinite=infinite,
-        honor_timestamps=honor_timestamps,
-    )
-    if as_json:
-        out = {"capacity_blocks": blocks, "concurrency": concurrency, "runs": [row.as_dict() for row in rows]}
-        print_json(out)
-        return
-    print_comparison(trace, rows, blocks, concurrency)
