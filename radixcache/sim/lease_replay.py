@@ -58,7 +58,8 @@ class LeaseReplay(CacheReplay):
         concurrency: int = 1,
         check: bool = False,
     ) -> None:
-        if not 0 <= budget <= 1:
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
+            # A string (from a config) or None was a TypeError from the comparison, and True a budget of 1.
             raise RadixCacheError(f"lease budget must be a fraction of capacity in [0, 1], got {budget!r}")
         super().__init__(workload, capacity_blocks, policy, concurrency=concurrency, check=check, honor_timestamps=True)
         self.hints = hints

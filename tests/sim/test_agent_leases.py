@@ -305,3 +305,14 @@ def test_a_renewed_lease_leaves_the_pages_its_request_used_with_that_requests_hi
     assert cache.evict(4) == 4  # then s's prefix, due with it, before t (2 s + 6 s)
 
     assert cache.peek(s).length == 0 and cache.peek(t).length == 11
+
+
+@pytest.mark.parametrize("budget", ["0.5", None, True, float("nan"), -0.1, 2])
+def test_a_lease_budget_that_is_no_fraction_is_a_radixcache_error(budget: object) -> None:
+    """Regression: a string (read from a config) or None was a TypeError from a comparison inside the replay, and True
+    a budget of the whole capacity; each is refused, naming the value, as NaN and 2 were."""
+    from radixcache import RadixCacheError
+
+    workload = token_workload([TokenRequest(0.0, (1, 2), 0, "s", output_tokens=())], 1)
+    with pytest.raises(RadixCacheError, match=r"lease budget must be a fraction of capacity in \[0, 1\], got "):
+        LeaseReplay(workload, 10, "lru", budget=budget)  # type: ignore[arg-type]
