@@ -39,6 +39,7 @@ from radixcache.sim.routing_cells import (
     run_routing_cells_on_ray,
     start_ray,
 )
+from radixcache.sim.routing_replay import MAX_SIM_REPLICAS
 from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS, RoutingCosts
 from radixcache.sim.sweep import distinct_names
 from radixcache.trace.synthetic import GENERATORS
@@ -235,8 +236,8 @@ def main(
         counts = sorted({int(n) for n in replicas.split(",") if n.strip()})
     except ValueError:
         raise click.BadParameter(f"--replicas {replicas!r}: expected integers like 8,16,32") from None
-    if not counts or counts[0] < 1:
-        raise click.BadParameter("--replicas: give positive replica counts")
+    if not counts or counts[0] < 1 or counts[-1] > MAX_SIM_REPLICAS:  # past it: a traceback, after the smaller cells
+        raise click.BadParameter(f"--replicas: give replica counts in [1, {MAX_SIM_REPLICAS:,}]")
     capacities = per_trace(capacity_blocks, len(traces), "--capacity-blocks", int)
     rates = per_trace(rate_per_replica, len(traces), "--rate-per-replica", float)
     try:

@@ -107,6 +107,17 @@ def test_the_sweep_refuses_bad_input(tmp_path: Path) -> None:
     assert_refused(zero, "--rate-per-replica: every value must be a finite number > 0")
 
 
+@pytest.mark.parametrize("replicas", ["0", "2,4097"])
+def test_the_sweep_refuses_a_replica_count_the_simulator_does_not_hold(tmp_path: Path, replicas: str) -> None:
+    """Regression: a count past the simulator's 4,096 replicas ran the smaller counts' cells, then failed with a
+    RadixCacheError traceback; it is refused before any replay, as 0 is."""
+    main = load_script("simulate_routing.py").main
+    args = ["synthetic:chat", "--replicas", replicas, "--capacity-blocks", "10", "--router", "round_robin"]
+    result = CliRunner().invoke(main, [*args, "--workers", "1", "--out", str(tmp_path / "out")])
+    assert_refused(result, "--replicas: give replica counts in [1, 4,096]")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("rate", "message"),
     [
