@@ -14,6 +14,7 @@ online policy without hints and reported as points against LRU.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from collections.abc import Sequence
 
@@ -69,13 +70,16 @@ def points_under_lru(workload: Workload, capacity: int) -> dict[str, float]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[10, 11, 12])
-    parser.add_argument("--capacity", type=int, default=400, help="cache pages")
-    parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--budget", type=float, default=0.5, help="lease budget, a fraction of capacity")
+    parser.add_argument("--capacity", type=_positive, default=400, help="cache pages")
+    parser.add_argument("--page-size", type=_positive, default=16)
+    parser.add_argument("--budget", type=_fraction, default=0.5, help="lease budget, a fraction of capacity")
     parser.add_argument("--chat-seeds", type=int, nargs="*", default=[0])
     parser.add_argument("--trace", nargs="*", default=[])
-    parser.add_argument("--trace-capacity", type=int, default=2000, help="pages (blocks) for --trace and chat")
+    parser.add_argument("--trace-capacity", type=_positive, default=2000, help="pages (blocks) for --trace and chat")
     args = parser.parse_args(argv)
+    missing = [path for path in args.trace if not os.path.isfile(path)]
+    if missing:  # refused before the replays: a bad value was a traceback after the agent table, minutes in
+        parser.error(f"--trace: no such trace file: {', '.join(missing)}")
     table = agent_table(args.seeds, args.capacity, args.budget, args.page_size)
     lru_hit, lru_ttft = next((h, t) for n, h, t in table if n == "lru")
     print(f"agent traces, seeds {args.seeds}, {args.capacity} pages of {args.page_size}, budget {args.budget}")
@@ -89,6 +93,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"chat seed {seed}: points vs LRU", _fmt(points_under_lru(workload, args.trace_capacity)))
     for path in args.trace:
         print(f"{path}: points vs LRU", _fmt(points_under_lru(load_workload(path), args.trace_capacity)))
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text}")
+    return value
 
 
 def _fmt(points: dict[str, float]) -> str:

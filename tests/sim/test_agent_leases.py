@@ -316,3 +316,23 @@ def test_a_lease_budget_that_is_no_fraction_is_a_radixcache_error(budget: object
     workload = token_workload([TokenRequest(0.0, (1, 2), 0, "s", output_tokens=())], 1)
     with pytest.raises(RadixCacheError, match=r"lease budget must be a fraction of capacity in \[0, 1\], got "):
         LeaseReplay(workload, 10, "lru", budget=budget)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trace-capacity", "0"], "--trace-capacity: expected an int >= 1, got 0"),
+        (["--trace", "no-such-trace.jsonl"], "--trace: no such trace file: no-such-trace.jsonl"),
+        (["--budget", "nan"], "--budget: expected a fraction in [0, 1], got nan"),
+        (["--capacity", "0"], "--capacity: expected an int >= 1, got 0"),
+    ],
+)
+def test_the_agent_script_refuses_bad_arguments_before_replaying(args: list[str], message: str, capsys) -> None:
+    """Regression: each was a RadixCacheError traceback (or an OSError), --trace and --trace-capacity only after the
+    agent table's replays had run; each is a usage error (exit 2) naming the argument, before any replay."""
+    from tests.sim.conftest import load_script
+
+    with pytest.raises(SystemExit) as exit_:
+        load_script("simulate_agents").main(["--seeds", "10", "--chat-seeds", *args])
+    out = capsys.readouterr()
+    assert exit_.value.code == 2 and message in out.err and out.out == ""
