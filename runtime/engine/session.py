@@ -153,8 +153,9 @@ class Session:
 def _finished(call: ToolCall) -> bool:
     """The call's arguments are a whole JSON object, by the tool-call parser's own check (RFC 8259: no NaN, which
     json.loads reads, and a reply with such a call finishes "stop"). A reply cut short by its length limit leaves
-    the last call's unfinished (as OpenAI does): kept in the history, it would make every later turn's render fail.
-    So would arguments nested past what the decoder follows (a streamed call's text is not decoded as it arrives)."""
+    the last call's unfinished (as OpenAI does): no call a client could run, so the session's history leaves it out
+    (a history sent back with it renders its text as written). So are arguments nested past what the decoder
+    follows (a streamed call's text is not decoded as it arrives)."""
     return json_object(call.arguments)
 
 

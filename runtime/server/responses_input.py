@@ -180,9 +180,8 @@ def items_of(body: ResponsesRequest) -> list[dict[str, Any]]:
 def replayed(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A stored response's output items as the history of a follow-up. A call cut short (max_output_tokens, a stop
     string, the timeout) is dropped, as runtime.engine.session drops it: its arguments are no JSON object (NaN
-    included, as the tool-call parser reads it), which
-    the chat path refuses in a history, so every follow-up would be a 400 the client cannot mend. A reply left
-    with no item is an empty assistant message, so the turns still alternate."""
+    included, as the tool-call parser reads it; a client that replays it itself has it rendered as written). A reply
+    left with no item is an empty assistant message, so the turns still alternate."""
     items = [item_of(item, PREVIOUS) for item in output]
     kept = [i for i in items if i["type"] != "function_call" or json_object(i["arguments"])]
     return kept or [item_of({"role": "assistant", "content": ""}, PREVIOUS)]

@@ -3,8 +3,8 @@
 Accepted: roles system, developer (treated as system), user, assistant, tool; `content` a string, a list of text
 parts (`{"type": "text", "text": ...}`, joined), or null on an assistant message (an assistant message with
 `tool_calls` usually has null content); `name` on any message; `tool_calls` on assistant messages
-(`{"id", "type": "function", "function": {"name", "arguments"}}`, arguments a JSON object or its text, JSON as
-RFC 8259 has it: no NaN nor Infinity; empty text or null for none); a tool message needs `tool_call_id`. Anything
+(`{"id", "type": "function", "function": {"name", "arguments"}}`, arguments a JSON object, no NaN nor Infinity, or
+any text, kept as written; empty text or null for none); a tool message needs `tool_call_id`. Anything
 else raises `ToolInputError` naming `messages[i].field`.
 """
 
@@ -58,9 +58,13 @@ class ChatMessage:
 
 
 def _canonical(arguments: str) -> str:
-    """Arguments as one text per JSON value. Python's == on the decoded values would not do: it holds `true` equal
-    to `1` and `1.0`, so a call replayed with other arguments would pass for the one the model wrote."""
-    return json.dumps(json.loads(arguments), sort_keys=True)
+    """Arguments as one text per JSON value (text that is no JSON: itself, prefixed so no JSON text is the same).
+    Python's == on the decoded values would not do: it holds `true` equal to `1` and `1.0`, so a call replayed with
+    other arguments would pass for the one the model wrote."""
+    try:
+        return json.dumps(STRICT_JSON.decode(arguments), sort_keys=True)
+    except (ValueError, RecursionError):
+        return "text:" + arguments
 
 
 def _as_dict(value: Any) -> Any:
@@ -104,24 +108,34 @@ def _tool_call(raw: Any, path: str) -> ToolCall:
 
 
 def call_arguments(arguments: Any, path: str) -> str:
-    """A history's call arguments (a JSON object or its text) as the JSON text of an object; `ToolInputError` naming
-    `path` for anything else (NaN and Infinity included: no JSON). Empty text (or only whitespace) and null are no
-    arguments, "{}": clients write them for a call without parameters (OpenRouter's models, Continue)."""
+    """A history's call arguments as text: text as written, JSON or not (OpenAI takes any string: a call the length
+    limit cut, replayed as received, renders as the model wrote it, so the conversation goes on and its prompt is the
+    one the cache holds; so does `{"a": NaN}`, text like any other, never read as a number); an object as its JSON
+    text (`ToolInputError` naming `path` when it holds what JSON cannot write: NaN, Infinity, a set). Empty text (or
+    only whitespace) and null are no arguments, "{}": clients write them for a call without parameters (OpenRouter's
+    models, Continue)."""
     if arguments is None or (isinstance(arguments, str) and not arguments.strip(" \t\n\r")):
         return "{}"
-    if not isinstance(arguments, (dict, str)):
+    if isinstance(arguments, str):
+        return arguments
+    if not isinstance(arguments, dict):
         raise ToolInputError(path, "must be a JSON object or its text")
     try:
-        if isinstance(arguments, dict):
-            arguments = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
-        value = STRICT_JSON.decode(arguments)
-    except (TypeError, ValueError) as e:  # a value JSON cannot write (a set, bytes, NaN), or text that is not JSON
+        return json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:  # a value JSON cannot write: a set, bytes, NaN, Infinity
         raise ToolInputError(path, f"is not valid JSON ({e})") from None
     except RecursionError:
         raise ToolInputError(path, "is nested too deeply to read") from None
-    if not isinstance(value, dict):
-        raise ToolInputError(path, "must be a JSON object")
-    return arguments
+
+
+def decoded_arguments(arguments: str) -> Any:
+    """The arguments as the JSON object they are, for templates that take them as objects; else the text as written
+    (not JSON: a call cut short, NaN; or JSON that is no object)."""
+    try:
+        value = STRICT_JSON.decode(arguments)
+    except (ValueError, RecursionError):
+        return arguments
+    return value if isinstance(value, dict) else arguments
 
 
 def normalize_message(raw: Any, index: int) -> ChatMessage:

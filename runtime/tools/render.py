@@ -20,7 +20,7 @@ from typing import Any
 
 from radixcache.runtime.tools.features import TemplateFeatures
 from radixcache.runtime.tools.memory import ToolCallMemory
-from radixcache.runtime.tools.messages import ChatMessage, ToolCall
+from radixcache.runtime.tools.messages import ChatMessage, ToolCall, decoded_arguments
 from radixcache.runtime.tools.specs import ToolSpec
 
 TOOL_RESULT_PREFIX = "Tool result for"
@@ -86,7 +86,7 @@ def _assistant_calls(m: ChatMessage, native: bool, memory: ToolCallMemory | None
         return {"role": "assistant", "content": raw}
     if native:
         calls = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": decoded_arguments(c.arguments)}}
             for c in m.tool_calls
         ]
         return {"role": "assistant", "content": m.content or "", "tool_calls": calls}

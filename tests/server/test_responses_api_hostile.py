@@ -31,7 +31,7 @@ HOSTILE: list[tuple[dict[str, Any], str]] = [
     ({"input": [{"type": "function_call", "call_id": "c" * 257, "name": "add", "arguments": "{}"}]}, "input.0.call_id"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
     ({"input": [{"role": "user", "content": "x", "colour": 1}]}, "input.0.colour"),
-    ({"input": [{"type": "function_call", "call_id": "c", "name": "add", "arguments": "{"}]}, "input.0.arguments"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "add", "arguments": 5}]}, "input.0.arguments"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input.0.call_id"),
     ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools.0.function"),
@@ -81,7 +81,7 @@ def test_a_400_names_the_responses_field_in_its_param_and_message(tiny_tools_ser
     """Also for what the engine refuses once the job is submitted (a schema no text satisfies), and in the message
     of the chat path's checks (which name `messages[2].tool_calls[0]...`)."""
     unsatisfiable = {"type": "string", "minLength": 5, "maxLength": 2}
-    call = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "not json"}
+    call = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": ["not", "text"]}
     cases = [
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": unsatisfiable}}}, "text.format.schema"),
         ({"instructions": "sys", "input": [{"role": "user", "content": "q"}, call]}, "input.1.arguments"),

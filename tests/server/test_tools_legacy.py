@@ -159,10 +159,10 @@ BAD = [
         {
             "messages": [
                 *OK,
-                {"role": "assistant", "content": None, "function_call": {"name": "add", "arguments": "{bad"}},
+                {"role": "assistant", "content": None, "function_call": {"name": "add", "arguments": 5}},
             ]
         },
-        "messages.1.function_call.arguments",
+        "messages.1.function_call",  # arguments text is taken as written, JSON or not; a number is no text
     ),
 ]
 

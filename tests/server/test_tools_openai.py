@@ -351,7 +351,7 @@ HOSTILE = [
                 {
                     "role": "assistant",
                     "content": None,
-                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{bad"}}],
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": 5}}],
                 },
             ]
         },

@@ -49,7 +49,7 @@ def test_saving_a_history_that_is_not_valid_unicode_keeps_the_earlier_file(engin
     ("message", "path"),
     [
         ({"content": "no role"}, "messages[1].role"),
-        ({"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{"}}]}, "arguments"),
+        ({"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": [1]}}]}, "arguments"),
         ({"role": "tool", "content": "5"}, "messages[1].tool_call_id"),
     ],
 )

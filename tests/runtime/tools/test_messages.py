@@ -65,6 +65,9 @@ def test_names_and_plain_histories_render_as_before(tiny_tokenizer) -> None:
 
 
 ARGS = "messages[0].tool_calls[0].function.arguments"
+DEEP: dict[str, object] = {}
+for _ in range(5000):
+    DEEP = {"a": DEEP}
 
 
 @pytest.mark.parametrize(
@@ -79,17 +82,9 @@ ARGS = "messages[0].tool_calls[0].function.arguments"
         ([{"role": "user", "content": "x"}, {"role": "tool", "content": "3"}], "messages[1].tool_call_id"),
         ([{"role": "user", "content": "x", "tool_calls": [CALL]}], "messages[0].tool_calls"),
         ([{"role": "assistant", "content": None, "tool_calls": [{**CALL, "id": ""}]}], "messages[0].tool_calls[0].id"),
-        (
-            [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "add", "arguments": "{1"}}]}],
-            "messages[0].tool_calls[0].function.arguments",
-        ),
-        (
-            [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "add", "arguments": "[1]"}}]}],
-            "messages[0].tool_calls[0].function.arguments",
-        ),
-        *(  # nested past the recursion limit (a RecursionError), or a value JSON cannot write (a TypeError)
+        *(  # an object nested past the recursion limit (a RecursionError), or holding what JSON cannot write
             ([{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "add", "arguments": bad}}]}], ARGS)
-            for bad in ('{"a": ' + "[" * 5000 + "]" * 5000 + "}", {"a": {1, 2}}, {"a": b"x"})
+            for bad in (DEEP, {"a": {1, 2}}, {"a": b"x"}, {"a": float("nan")})
         ),
         ([{"role": "user", "content": "x", "name": 5}], "messages[0].name"),
         ([{"role": "user", "content": "x", "tool_call_id": "c"}], "messages[0].tool_call_id"),
@@ -230,3 +225,26 @@ def test_the_call_memory_is_bounded_by_bytes_as_well_as_entries() -> None:
     assert memory.lookup(huge) == "z" * 200_000 and len(memory) == 1
     with pytest.raises(ValueError, match="max_bytes"):
         ToolCallMemory(max_bytes=0)
+
+
+@pytest.mark.parametrize("text", ['{"a": 1, "b', "{1", "[1]", '{"a": NaN}', '{"a": ' + "[" * 5000 + "]" * 5000 + "}"])
+def test_arguments_text_that_is_no_json_object_renders_as_written(text: str) -> None:
+    """A call the length limit cut, replayed as received, was refused (its arguments are no JSON), so every later
+    turn failed; OpenAI takes any string. Text is kept as written: the generic format writes it as is, a template
+    that takes arguments as objects gets the text, and the call memory finds the reply the model wrote."""
+    from radixcache.runtime.tools import ToolCallMemory, template_messages
+
+    call = {**CALL, "function": {"name": "add", "arguments": text}}
+    (message,) = normalize_messages([{"role": "assistant", "content": None, "tool_calls": [call]}])
+    assert message.tool_calls[0].arguments == text
+    generic, _ = template_messages([message], TemplateFeatures())
+    assert generic[0]["content"] == '{"tool_calls": [{"name": "add", "arguments": ' + text + "}]}"
+    native, _ = template_messages([message], TemplateFeatures(uses_tools=True))
+    assert native[0]["tool_calls"][0]["function"]["arguments"] == text
+    memory = ToolCallMemory()
+    memory.remember(message.tool_calls, "what the model wrote", content="")
+    assert memory.lookup(message.tool_calls) == "what the model wrote"
+    other = normalize_messages(
+        [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "add", "arguments": text + "x"}}]}]
+    )
+    assert memory.lookup(other[0].tool_calls) is None  # other text: not that reply

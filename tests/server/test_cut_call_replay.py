@@ -1,0 +1,88 @@
+"""A call the length limit cut, replayed by a client as received (LangChain and the openai SDK send the assistant
+message back as they got it): its arguments are no JSON (`{"city": "P`), which the history check refused, so every
+later turn of the conversation was a 400, where OpenAI takes any string there. Arguments text is rendered as
+written, in the chat, legacy function_call and Responses forms alike: the conversation goes on, and its prompt
+extends the previous prompt and output (the cache serves their pages)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from radixcache.runtime import Engine
+from radixcache.runtime.server import create_app
+from tests.tiny_tools import TOOLS
+
+PAGE = 4
+ASK = {"role": "user", "content": "Weather in Paris?"}
+AGAIN = {"role": "user", "content": "Go on."}
+LIMIT = 60  # the forced call is one token a character: cut inside the arguments
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    from tests.cli.conftest import write_tiny_checkpoint
+
+    directory = write_tiny_checkpoint(tmp_path_factory.mktemp("cut_replay") / "tiny")
+    engine = Engine(str(directory), capacity_blocks=256, page_size=PAGE, dtype="float64", threads=1)
+    with TestClient(create_app(engine, "tiny")) as c:
+        yield c
+    engine.close()
+
+
+def not_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return True
+    return False
+
+
+def extends(first: dict[str, Any], second: dict[str, Any], prompt: str, output: str) -> None:
+    """`second`'s prompt extends `first`'s prompt and output: the cache serves their whole pages."""
+    assert second[prompt] > first[prompt] + first[output]
+    cached = second[f"{prompt}_details"]["cached_tokens"]
+    assert cached >= (first[prompt] + first[output] - 1) // PAGE * PAGE, (first, second)
+
+
+def test_a_chat_call_cut_by_the_limit_replays(client: TestClient) -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    body = {"model": "tiny", "tools": TOOLS[:1], "tool_choice": named, "temperature": 0}
+    first = client.post("/v1/chat/completions", json={**body, "messages": [ASK], "max_tokens": LIMIT}).json()
+    (choice,) = first["choices"]
+    assert choice["finish_reason"] == "length" and not_json(choice["message"]["tool_calls"][0]["function"]["arguments"])
+    again = {**body, "tool_choice": "none", "messages": [ASK, choice["message"], AGAIN], "max_tokens": 1}
+    second = client.post("/v1/chat/completions", json=again)
+    assert second.status_code == 200, second.text
+    extends(first["usage"], second.json()["usage"], "prompt_tokens", "completion_tokens")
+
+
+def test_a_legacy_function_call_cut_by_the_limit_replays(client: TestClient) -> None:
+    body = {"model": "tiny", "functions": [TOOLS[0]["function"]], "temperature": 0}
+    body["function_call"] = {"name": "get_weather"}
+    first = client.post("/v1/chat/completions", json={**body, "messages": [ASK], "max_tokens": LIMIT}).json()
+    message = first["choices"][0]["message"]
+    assert not_json(message["function_call"]["arguments"]), message
+    again = {**body, "function_call": "none", "messages": [ASK, message, AGAIN], "max_tokens": 1}
+    second = client.post("/v1/chat/completions", json=again)
+    assert second.status_code == 200, second.text
+    extends(first["usage"], second.json()["usage"], "prompt_tokens", "completion_tokens")
+
+
+def test_a_responses_call_cut_by_the_limit_replays(client: TestClient) -> None:
+    tools = [{"type": "function", **t["function"]} for t in TOOLS[:1]]
+    body = {"model": "tiny", "tools": tools, "temperature": 0, "store": False}
+    named = {"type": "function", "name": "get_weather"}
+    first = client.post(
+        "/v1/responses", json={**body, "tool_choice": named, "input": [ASK], "max_output_tokens": LIMIT}
+    ).json()
+    (call,) = first["output"]
+    assert call["type"] == "function_call" and not_json(call["arguments"]), call
+    again = {**body, "tool_choice": "none", "input": [ASK, call, AGAIN], "max_output_tokens": 16}
+    second = client.post("/v1/responses", json=again)
+    assert second.status_code == 200, second.text
+    extends(first["usage"], second.json()["usage"], "input_tokens", "output_tokens")
