@@ -139,11 +139,16 @@ def gguf_rope_scaling(gguf: GGUFFile, arch: str, head_dim: int) -> RopeScaling |
         return float(str(np.float32(config_float(value, f"{path}: GGUF metadata {prefix}{name}"))))
 
     kind = meta.get(prefix + "type", "linear")  # llama.cpp's default: linear, whose factor defaults to 1
+    for key in ("yarn_log_multiplier", "attn_factor", "alpha"):  # compared below: an array's == is no bool
+        if isinstance(meta.get(prefix + key), (np.ndarray, list)):
+            raise ValueError(f"{path}: GGUF metadata {prefix}{key} is an array, not a number")
     if prefix + "factor" in meta or f"{arch}.rope.scale_linear" not in meta:
         factor = number("factor", 1.0)
     else:  # the older key, which llama.cpp still reads when rope.scaling.factor is absent
         factor = _f32_key(meta[f"{arch}.rope.scale_linear"], path, arch)
     factors = _freq_factors(gguf, head_dim)
+    if not isinstance(kind, str):
+        raise ValueError(f"{path}: GGUF metadata {prefix}type is {kind!r}, not text")
     if kind in ("none", ""):
         if factor != 1.0:
             raise ValueError(f"{path}: GGUF metadata {prefix}type {kind!r} with {prefix}factor {factor} is ambiguous")

@@ -190,6 +190,13 @@ def test_gguf_freq_factors_divide_the_frequencies_before_the_scaling():
                 "llama.rope.scaling.original_context_length": 0}, "original_context_length is 0"),
         (None, {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
                 "llama.rope.scaling.yarn_ext_factor": 0.5}, "yarn_ext_factor 0.5 is not supported"),
+        # arrays where numbers or text belong: "The truth value of an array ... is ambiguous", naming nothing
+        (None, {"llama.rope.scaling.type": [1, 2]}, "llama.rope.scaling.type is array([1, 2], dtype=int32), not text"),
+        (None, {"llama.rope.scaling.type": ["yarn"]}, "llama.rope.scaling.type is ['yarn'], not text"),
+        (None, {"llama.rope.scaling.attn_factor": [1.0, 2.0]}, "llama.rope.scaling.attn_factor is an array"),
+        (None, {"llama.rope.scaling.alpha": [1.0, 2.0]}, "llama.rope.scaling.alpha is an array"),
+        (None, {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
+                "llama.rope.scaling.yarn_log_multiplier": [0.1, 0.2]}, "yarn_log_multiplier is an array"),
     ],
 )  # fmt: skip
 def test_bad_gguf_scaling_is_a_value_error_naming_the_file(kit, tmp_path, freqs, meta, message):
