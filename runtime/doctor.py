@@ -165,6 +165,10 @@ def diagnose(
         limit = engine.config.max_position  # checked before the prompt's ids are drawn (a huge one is an allocation)
         if prompt_tokens >= limit:
             raise ValueError(f"prompt of {prompt_tokens} tokens leaves no room under the model's max_position {limit}")
+        if prompt_tokens + new_tokens > limit:  # the decode would stop at the limit: a rate of fewer tokens, or 0.0
+            raise ValueError(
+                f"prompt of {prompt_tokens} tokens and {new_tokens} new tokens pass the model's max_position {limit}"
+            )
         counts: dict[str, int] = {}
         for layer in model_linears(engine.model):
             shape = f"{layer.weight.shape[0]}x{layer.weight.shape[1]}"
