@@ -139,6 +139,7 @@ class Engine:
             self.model.device,
             stop_token_ids=self.eos_token_ids,
             tool_memory=self.tool_memory,
+            capacity_blocks=capacity_blocks,  # a prompt past the whole pool: refused before its batch is queued
         )
         self._closed = False
         stop_at_exit(self, self._loop)  # still running at interpreter exit: closed first, within a bound (exit_hook)

@@ -5,7 +5,9 @@ against the model.
 nor a sequence of integer token ids (bools and floats are not ids), a text prompt without a tokenizer, an empty
 prompt, one that leaves no room under the model's `max_position`, a token id outside the vocabulary, stop strings
 without a tokenizer, a logit_bias id outside the vocabulary, a pin past the pinned share of the pool, a grammar
-that does not compile (GrammarError, naming the schema path). What needs no model (sampling ranges, namespace,
+that does not compile (GrammarError, naming the schema path). A prompt needing more pages than the whole pool is a
+RequestTooLargeError here, so a batch with one is refused before any of it is queued (the scheduler's own check at
+`add` stays, for requests built by hand). What needs no model (sampling ranges, namespace,
 retain, timeout, tools) RequestOptions checked already. A request's grammar is compiled here, in the caller's
 thread, never on the engine loop (engine.structured).
 """
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.engine.errors import RequestTooLargeError
 from radixcache.runtime.engine.options import RequestOptions, check_group
 from radixcache.runtime.engine.request import Request
 from radixcache.runtime.engine.sampling import MAX_SEED, Sampler
@@ -48,8 +51,10 @@ class RequestBuilder:
         *,
         stop_token_ids: Sequence[int] = (),
         tool_memory: ToolCallMemory | None = None,
+        capacity_blocks: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.capacity_blocks = capacity_blocks  # the whole pool, in pages (None: not checked here)
         self.config = config
         self.page_size = page_size
         self.max_pinned_blocks = max_pinned_blocks
@@ -66,6 +71,7 @@ class RequestBuilder:
         params = options.sampling
         self.check_sampling(params.stop, params.logit_bias)
         ids = self.encode(prompt)
+        self.check_fits(ids)
         pin_tokens = len(ids) if options.pin is True else int(options.pin)
         if pin_tokens and pin_tokens // self.page_size > self.max_pinned_blocks:
             raise ValueError(
@@ -93,6 +99,16 @@ class RequestBuilder:
             tool_use=use,
             call_ids=CallIds() if use is not None and use.parses_calls else None,
         )
+
+    def check_fits(self, ids: Sequence[int]) -> None:
+        """RequestTooLargeError (the scheduler's, word for word) for a prompt more pages than the whole pool."""
+        cap = self.capacity_blocks
+        need = -(-len(ids) // self.page_size)
+        if cap is not None and need > cap:
+            raise RequestTooLargeError(
+                f"a prompt of {len(ids)} tokens needs {need} pages of {self.page_size} tokens, "
+                f"but the whole KV pool holds {cap} pages"
+            )
 
     def check_sampling(self, stop: Sequence[str], logit_bias: Sequence[tuple[int, float]]) -> None:
         """What of a request's sampling needs this model: stop strings need a tokenizer; logit_bias ids (sorted)

@@ -87,9 +87,9 @@ def test_a_request_larger_than_the_pool_is_refused_at_once(tiny: RandomModel) ->
     engine = Engine(tiny, capacity_blocks=4, page_size=16)
     with pytest.raises(RequestTooLargeError, match="whole KV pool"):
         engine.generate([ids(10, 8), ids(100, 9)], 3)
-    # Refused, not queued to wait for pages that can never come (that would hang, and the run's timeout ends it):
-    # the small request ran its 3 tokens, the large one was never admitted.
-    assert (engine.stats.prompt_tokens, engine.stats.generated_tokens) == (10, 3)
+    # Refused, not queued to wait for pages that can never come (that would hang, and the run's timeout ends it),
+    # and before its batch-mate is queued: the call is refused whole, as any other bad argument refuses it.
+    assert (engine.stats.requests, engine.stats.prompt_tokens, engine.stats.generated_tokens) == (0, 0, 0)
     assert isinstance(RequestTooLargeError("x"), CacheFullError)  # what callers already catch
     assert_clean(engine)
 
