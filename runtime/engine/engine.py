@@ -155,7 +155,7 @@ class Engine:
 
         Keyword arguments: RequestOptions' (runtime.engine.options), checked before anything is queued: sampling
         (temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ignore_eos, presence_penalty,
-        frequency_penalty, repetition_penalty, logit_bias, logprobs; or `params`, a whole SamplingParams),
+        frequency_penalty, repetition_penalty, logit_bias, logprobs; or `params`, a whole SamplingParams, alone),
         namespace, return_logits, priority, timeout, pin (larger than `max_pinned_fraction` of the pool: a
         ValueError; past it with the other pins: the result's `pinned_tokens` is 0), retention, retain
         ("conversation": the tree adopts every page whatever the admission policy predicts), session (the

@@ -8,7 +8,8 @@ what the engine does with the request (cache namespace, priority, timeout, pins,
 trace's session id).
 
 The keyword names are the fields of SamplingParams and of this class, written once, here and there; `params=` (a
-whole SamplingParams) replaces the sampling keywords. What can be checked without the engine is checked in
+whole SamplingParams) replaces the sampling keywords, so one given beside it (max_new_tokens too) is a ValueError
+naming it, never dropped. What can be checked without the engine is checked in
 `__post_init__`, with the messages the engine has always given; the engine adds what needs its model (stop strings
 need a tokenizer, logit_bias ids within the vocabulary, a pin within the pinned share).
 """
@@ -93,11 +94,15 @@ class RequestOptions:
         return self.sampling.max_new_tokens
 
     @classmethod
-    def of(cls, max_new_tokens: int | None = 64, *, caller: str = "Engine.generate", **kwargs: Any) -> RequestOptions:
+    def of(cls, max_new_tokens: int | None = None, *, caller: str = "Engine.generate", **kwargs: Any) -> RequestOptions:
         """Options from generate's keyword arguments: SamplingParams' fields and this class's (`params=`, a whole
-        SamplingParams, replaces the sampling ones, max_new_tokens included; max_new_tokens=None: 64, as generate's).
-        An unknown keyword is a TypeError naming it and `caller`, as the method's own signature would say."""
+        SamplingParams, holds the sampling ones, max_new_tokens included: one given beside it is a ValueError;
+        max_new_tokens=None: 64, as generate's). An unknown keyword is a TypeError naming it and `caller`, as the
+        method's own signature would say."""
         params, sampling, own = _split(caller, kwargs)
+        if params is not None and max_new_tokens is not None:
+            sampling["max_new_tokens"] = max_new_tokens
+        _check_beside_params(caller, params, sampling)
         if params is None:
             params = SamplingParams(max_new_tokens=64 if max_new_tokens is None else max_new_tokens, **sampling)
         if "tools" in own:  # the tool keywords, gathered by _split
@@ -113,6 +118,7 @@ class RequestOptions:
         if not kwargs:
             return self
         params, sampling, own = _split(caller, kwargs)
+        _check_beside_params(caller, params, sampling)
         if params is None:
             params = dataclasses.replace(self.sampling, **sampling) if sampling else self.sampling
         if "tools" in own:  # the tool keywords change the tools in use (the ones not given are kept)
@@ -128,7 +134,7 @@ def resolve_options(
     `max_new_tokens` when given: None keeps the options' own), or built from `max_new_tokens` (None: 64) and
     `kwargs`. An unknown keyword is a TypeError naming `caller`."""
     if options is None:
-        return RequestOptions.of(64 if max_new_tokens is None else max_new_tokens, caller=caller, **kwargs)
+        return RequestOptions.of(max_new_tokens, caller=caller, **kwargs)
     if max_new_tokens is not None:  # given beside `options=`, it overrides its field as any keyword does
         kwargs = {"max_new_tokens": max_new_tokens, **kwargs}
     return checked_options(options).updated(caller=caller, **kwargs)
@@ -191,6 +197,16 @@ def _split(caller: str, kwargs: dict[str, Any]) -> tuple[SamplingParams | None, 
         if spec is not None or "grammar" not in own:
             own["grammar"] = spec
     return params, sampling, own
+
+
+def _check_beside_params(caller: str, params: object, sampling: dict[str, Any]) -> None:
+    """`params=` is a whole SamplingParams: a sampling keyword beside it would be dropped, so it is refused by name."""
+    if params is not None and sampling:
+        names = ", ".join(sorted(sampling))
+        raise ValueError(
+            f"{caller}: {names} given beside params=, a whole SamplingParams that sets every sampling option: "
+            "set them in the SamplingParams (dataclasses.replace), or give no params="
+        )
 
 
 def check_each(each: object, prompts: int) -> None:

@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 
-from radixcache.runtime import Engine
+from radixcache.runtime import Engine, RequestOptions
 from radixcache.runtime.engine.errors import RequestTooLargeError
+from radixcache.runtime.engine.sampling import SamplingParams
 from radixcache.runtime.testing import RandomModel
 
 TOO_LARGE = "a prompt of 100 tokens needs 25 pages of 4 tokens, but the whole KV pool holds 16 pages"
@@ -41,3 +42,23 @@ def test_a_prompt_past_the_pool_refuses_its_whole_batch_before_any_runs(tiny: Ra
         engine.chat(chats, 30)
     assert_untouched(engine)
     assert [len(r.token_ids) for r in engine.generate([[1] * 10, [3] * 10], 5, ignore_eos=True)] == [5, 5]
+
+
+def test_a_sampling_keyword_beside_params_is_refused_by_name_not_dropped(tiny: RandomModel) -> None:
+    params = SamplingParams(max_new_tokens=3, ignore_eos=True)
+    with pytest.raises(ValueError, match=r"Engine.generate: temperature given beside params="):
+        RequestOptions.of(params=params, temperature=1.0)
+    with pytest.raises(ValueError, match=r"max_new_tokens given beside params="):
+        RequestOptions.of(5, params=params)
+    with pytest.raises(ValueError, match=r"RequestOptions.updated: seed given beside params="):
+        RequestOptions.of(8).updated(params=params, seed=2)
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    with pytest.raises(ValueError, match=r"Engine.generate: seed given beside params="):
+        engine.generate([1, 2, 3], params=params, seed=1)
+    with pytest.raises(ValueError, match=r"Engine.submit: max_new_tokens given beside params="):
+        engine.submit([1, 2, 3], 9, options=RequestOptions.of(4), params=params)
+    with pytest.raises(ValueError, match=r"Engine.session: top_k given beside params="):
+        engine.session(params=params, top_k=5)
+    assert_untouched(engine)
+    assert len(engine.generate([1, 2, 3], params=params).token_ids) == 3  # params alone: its own max_new_tokens
+    assert len(engine.generate([1, 2, 3], options=RequestOptions.of(9), params=params).token_ids) == 3

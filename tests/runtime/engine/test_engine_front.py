@@ -173,9 +173,9 @@ def test_request_options_take_generate_keywords_once() -> None:
     assert opts.max_new_tokens == 8 and opts.sampling.stop == ("x",) and opts.priority == 2
     assert opts.updated(seed=4).sampling.seed == 4 and opts.sampling.seed == 3  # frozen: a new object
     params = SamplingParams(max_new_tokens=3)
-    assert (
-        RequestOptions.of(99, params=params, temperature=1.0).sampling is params
-    )  # params replaces the sampling keywords
+    assert RequestOptions.of(params=params).sampling is params  # a whole SamplingParams, max_new_tokens included
+    with pytest.raises(ValueError, match=r"max_new_tokens, temperature given beside params="):
+        RequestOptions.of(99, params=params, temperature=1.0)  # both were dropped without a word
     with pytest.raises(TypeError, match=re.escape("Engine.generate() got an unexpected keyword argument 'temprature'")):
         RequestOptions.of(8, temprature=0.5)
     with pytest.raises(ValueError, match="namespace must be hashable"):
