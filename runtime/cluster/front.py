@@ -26,7 +26,7 @@ from radixcache.runtime.cluster.handles import FrontQueue, RemoteHandle, RemoteR
 from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.cluster.tally import Baseline, _add, replica_rows, sum_stats  # noqa: F401 (_add: its tests)
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
-from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, resolve_options
+from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, each_options, resolve_options
 from radixcache.runtime.engine.request_builder import group_prompts, is_messages, token_ids
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
 from radixcache.runtime.tools import ToolCallMemory
@@ -113,9 +113,7 @@ class ClusterEngine:
         check_group(len(prompts), "ClusterEngine.submit_group")
         check_each(each, len(prompts))
         opts = resolve_options(max_new_tokens, options, kwargs, "ClusterEngine.submit_group")
-        mine = [
-            opts.updated(caller="ClusterEngine.submit_group", **each[i]) if each else opts for i in range(len(prompts))
-        ]
+        mine = each_options(opts, each, "ClusterEngine.submit_group") or [opts] * len(prompts)
         ids = [self._prompt_ids(p, o) for p, o in zip(prompts, mine, strict=True)]
         return [self._start(p, o) for p, o in zip(ids, mine, strict=True)]
 

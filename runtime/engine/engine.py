@@ -38,7 +38,7 @@ from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.engine.exit_hook import stop_at_exit
 from radixcache.runtime.engine.gc_heap import HeapTimer
 from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
-from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, resolve_options
+from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, each_options, resolve_options
 from radixcache.runtime.engine.output import OutputProcessor
 from radixcache.runtime.engine.queue_limit import QueueGate
 from radixcache.runtime.engine.request import GenerationResult, Request, check_unsubmitted
@@ -221,7 +221,7 @@ class Engine:
         check_group(len(prompts), "submit_group")
         check_each(each, len(prompts))
         opts = self._options(max_new_tokens, options, kwargs, "submit_group")
-        mine = [opts.updated(caller="Engine.submit_group", **each[i]) for i in range(len(prompts))] if each else None
+        mine = each_options(opts, each, "Engine.submit_group")  # errors name each[i] and the field
         return self._submit_group([self._build(p, mine[i] if mine else opts) for i, p in enumerate(prompts)])
 
     def fork(

@@ -24,8 +24,10 @@ from typing import Any
 
 from radixcache.policy.admission import check_retain
 from radixcache.runtime.engine.sampling import SamplingParams
+from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.grammar.spec import GrammarSpec
 from radixcache.runtime.kv.leases import check_retain_for
+from radixcache.runtime.tools.errors import ToolInputError
 from radixcache.runtime.tools.use import KEYWORDS as TOOL_KEYWORDS
 from radixcache.runtime.tools.use import ToolUse
 
@@ -222,3 +224,33 @@ def check_each(each: object, prompts: int) -> None:
     bad = next((i for i, kw in enumerate(each) if not isinstance(kw, Mapping)), None)
     if bad is not None:
         raise ValueError(f"each[{bad}] must be a dict of keyword arguments, got {type(each[bad]).__name__}")
+
+
+def each_options(
+    options: RequestOptions, each: Sequence[Mapping[str, Any]] | None, caller: str
+) -> list[RequestOptions]:
+    """submit_group's per-prompt options: `options` with `each[i]` over it (`each` checked by check_each; none: []).
+    An error names the entry, `each[i]`, and its field: Python's own ("got multiple values for keyword argument
+    'caller'", "keywords must be strings") said neither."""
+    if not each:
+        return []
+    out = []
+    for i, kw in enumerate(each):
+        bad = next((k for k in kw if not isinstance(k, str) or k == "caller"), None)
+        if bad is not None:
+            raise TypeError(f"each[{i}]: {caller}() got an unexpected keyword argument {bad!r}")
+        try:
+            out.append(options.updated(caller=caller, **kw))
+        except (GrammarError, ToolInputError) as exc:  # their `path` names the field: the entry goes in front
+            raise _at_entry(exc, f"each[{i}]") from exc
+        except (ValueError, TypeError) as exc:
+            if type(exc) not in (ValueError, TypeError):  # another subclass: its own constructor, left as it is
+                raise
+            raise type(exc)(f"each[{i}]: {exc}") from exc
+    return out
+
+
+def _at_entry(exc: GrammarError | ToolInputError, entry: str) -> ValueError:
+    if isinstance(exc, GrammarError):
+        return GrammarError(exc.reason, f"{entry}.{exc.path}")
+    return ToolInputError(f"{entry}.{exc.path}", exc.problem)

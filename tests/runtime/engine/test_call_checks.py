@@ -4,12 +4,14 @@ refuses the whole call, and nothing runs, nothing is cached, nothing is counted.
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
 from radixcache.runtime import Engine, RequestOptions
 from radixcache.runtime.engine.errors import RequestTooLargeError
 from radixcache.runtime.engine.sampling import SamplingParams
+from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.testing import RandomModel
 
 TOO_LARGE = "a prompt of 100 tokens needs 25 pages of 4 tokens, but the whole KV pool holds 16 pages"
@@ -62,3 +64,23 @@ def test_a_sampling_keyword_beside_params_is_refused_by_name_not_dropped(tiny: R
     assert_untouched(engine)
     assert len(engine.generate([1, 2, 3], params=params).token_ids) == 3  # params alone: its own max_new_tokens
     assert len(engine.generate([1, 2, 3], options=RequestOptions.of(9), params=params).token_ids) == 3
+
+
+def test_a_bad_each_entry_of_submit_group_is_named_by_its_index_and_field(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    prompts = [[1, 2, 3]] * 3
+    cases = [
+        ({"caller": "x"}, TypeError, "each[1]: Engine.submit_group() got an unexpected keyword argument 'caller'"),
+        ({7: 1}, TypeError, "each[1]: Engine.submit_group() got an unexpected keyword argument 7"),
+        ({"colour": 1}, TypeError, "each[1]: Engine.submit_group() got an unexpected keyword argument 'colour'"),
+        ({"top_p": 0.0}, ValueError, "each[1]: top_p must be in"),
+        ({"seed": True}, ValueError, "each[1]: seed"),
+    ]
+    for entry, kind, message in cases:
+        with pytest.raises(kind, match=re.escape(message)):
+            engine.submit_group(prompts, 4, each=[{"seed": 1}, entry, {"seed": 3}])
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+    with pytest.raises(GrammarError, match=re.escape("each[2].response_format.json_schema.schema")) as bad:
+        engine.submit_group(prompts, 4, each=[{}, {}, {"response_format": schema}])
+    assert bad.value.path.startswith("each[2].response_format.json_schema.schema")
+    assert_untouched(engine)
