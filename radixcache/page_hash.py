@@ -22,10 +22,41 @@ _ROOT_TAG = b"radixcache-page-v1\0"
 
 
 def root_hash(fingerprint: str, namespace: Hashable = None) -> bytes:
-    """The chain's root for one fingerprint and namespace. `repr` names the namespace: None, str, int and tuples of
-    them (what the engine and the server use) have stable reprs across processes."""
-    data = _ROOT_TAG + fingerprint.encode() + b"\0" + repr(namespace).encode()
+    """The chain's root for one fingerprint and namespace (namespace_key names the namespace)."""
+    data = _ROOT_TAG + fingerprint.encode() + b"\0" + namespace_key(namespace).encode()
     return blake2b(data, digest_size=HASH_BYTES).digest()
+
+
+def namespace_key(namespace: Hashable) -> str:
+    """A namespace's name in the page keys, the same in every process: None, and str, bytes, int, float, tuples and
+    frozensets of them (subclasses by their base type's value: a StrEnum member equals its string to the tree). It
+    is `repr` for None, str, bytes, int and tuples of them (the keys written before this rule stay valid); a
+    frozenset's members are sorted by their own keys (its repr's order follows str hashing, which changes per
+    process); equal numbers get one key (1, 1.0 and True are one namespace to the tree; -0.0 is 0). Anything else is
+    a ValueError naming its type: an object's repr can hold its address (another key in the next process, and a
+    later object's once it is freed)."""
+    if namespace is None:
+        return "None"
+    if isinstance(namespace, str):
+        return repr(str.__str__(namespace))  # the base type's value: a subclass's __str__ is its own
+    if isinstance(namespace, bytes):
+        return repr(bytes(memoryview(namespace)))
+    if isinstance(namespace, int):
+        return repr(int.__int__(namespace))
+    if isinstance(namespace, float):
+        number = float.__float__(namespace)
+        return repr(int(number)) if number.is_integer() else repr(number)
+    if isinstance(namespace, tuple):
+        keys = [namespace_key(x) for x in namespace]
+        return "(" + ", ".join(keys) + ("," if len(keys) == 1 else "") + ")"
+    if isinstance(namespace, frozenset):
+        keys = sorted(namespace_key(x) for x in namespace)
+        return "frozenset({" + ", ".join(keys) + "})" if keys else "frozenset()"
+    raise ValueError(
+        f"namespace of type {type(namespace).__name__} has no name that is the same in every process (page keys, "
+        "of the host and disk tiers and of KV events, need one): use None, str, bytes, int, float, or tuples and "
+        "frozensets of them"
+    )
 
 
 class PageChain:

@@ -285,7 +285,8 @@ class KVManager:
     def prefetch(self, kv: KVState, tokens: Sequence[int]) -> bool:
         """Start reading a waiting request's disk pages ahead of its admission, off the loop (kv.tier.prefetch; the
         first call per wait), and say whether the prefetch policy lets `admit` take it now (always without a disk
-        tier). `tokens` as `admit`'s. Never raises."""
+        tier). `tokens` as `admit`'s. Raises only ValueError, holding nothing, for a namespace the page keys cannot
+        name (radixcache.page_hash.namespace_key)."""
         tiers = self.tiers
         if tiers is None or tiers.reader is None or kv.status is not Status.WAITING:
             return True
