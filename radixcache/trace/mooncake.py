@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from radixcache.errors import RadixCacheError
 from radixcache.trace.errors import TraceError
 from radixcache.trace.fields import FieldReader
 from radixcache.trace.jsonl import dump_json_line, json_line, open_trace
@@ -72,6 +73,8 @@ class BlockSizes:
     __slots__ = ("declared", "given", "seen")
 
     def __init__(self, given: int | None = None) -> None:
+        if given is not None and (type(given) is not int or given < 1):  # 0 was a ZeroDivisionError at line 1
+            raise RadixCacheError(f"block_size must be a positive int, got {given!r}")
         self.given = given
         self.declared: int | None = None
         self.seen = False

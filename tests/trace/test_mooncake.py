@@ -46,3 +46,18 @@ def test_missing_hash_ids_is_reported(tmp_path: Path) -> None:
     )
     with pytest.raises(TraceError, match=r"m\.jsonl:2: field 'hash_ids': missing"):
         read_trace(path, "mooncake")
+
+
+@pytest.mark.parametrize("block_size", [0, -1, True, 2.5, "512"])
+def test_a_block_size_that_is_no_positive_int_is_refused_before_reading(tmp_path, block_size: object) -> None:
+    """Regression: load_workload and read_trace divided by a block size of 0 (ZeroDivisionError), and read -1, True
+    and 2.5 as sizes (a line "needs -1024 blocks", or True taken as 1); open_source already refused them."""
+    from radixcache import RadixCacheError
+    from radixcache.trace import read_trace
+    from radixcache.trace.workload import load_workload
+
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}\n')
+    for read in (load_workload, read_trace):
+        with pytest.raises(RadixCacheError, match="block_size must be a positive int, got "):
+            read(str(path), block_size=block_size)  # type: ignore[arg-type]
