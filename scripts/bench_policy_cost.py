@@ -12,12 +12,14 @@ Example:
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from radixcache.errors import RadixCacheError
 from radixcache.policy.registry import ALL_POLICIES
 from radixcache.sim.simulation import simulate
 from radixcache.sim.sweep import capacities_for, load_trace
@@ -38,13 +40,21 @@ def main(traces: tuple[str, ...], fractions: str, policies: str, repeats: int, p
     unknown = [p for p in names if p not in ALL_POLICIES]
     if unknown:
         raise click.BadParameter(f"unknown policy {unknown[0]!r}; choose from {', '.join(sorted(ALL_POLICIES))}")
-    fracs = [float(f) for f in fractions.split(",") if f]
+    try:
+        fracs = [float(f) for f in fractions.split(",") if f]
+    except ValueError:
+        fracs = []
+    if not fracs or not all(0 < f < math.inf for f in fracs):  # NaN too
+        raise click.BadParameter(f"--fractions {fractions!r}: expected finite numbers > 0, like 0.05,0.1")
+    try:  # every trace read first: a bad one was a traceback after the ones before it had been timed (minutes)
+        loaded = [load_trace(spec, page_size, block_size) for spec in traces]
+    except RadixCacheError as exc:
+        raise click.ClickException(str(exc)) from None
     table = Table(title=f"replay time per policy, median of {repeats}, against LRU")
     for column in ("trace", "capacity", "% of unique", *[f"{n} ms/request" for n in names], *names[1:]):
         table.add_column(column, justify="right")
     worst: dict[str, float] = {}
-    for spec in traces:
-        name, workload = load_trace(spec, page_size, block_size)
+    for name, workload in loaded:
         requests = len(workload.requests)
         unique = max(1, reuse_summary(workload).unique_blocks)
         # capacities_for sorts and merges the capacities: each one's share is its own, not the fraction at its index

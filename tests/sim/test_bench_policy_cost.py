@@ -67,3 +67,26 @@ def test_each_capacity_is_labelled_with_its_own_share(tmp_path: Path) -> None:
     rows = [line.split("│")[1:4] for line in result.output.splitlines() if line.startswith("│")]
     shares = [(capacity.strip(), share.strip()) for name, capacity, share in rows if name.strip() == "docs"]
     assert shares == [("20", "20%"), ("21", "21%"), ("50", "50%")]
+
+
+@pytest.mark.parametrize(
+    ("more", "message"),
+    [
+        (["--fractions", "0"], "--fractions '0': expected finite numbers > 0"),
+        (["--fractions", "nan"], "--fractions 'nan': expected finite numbers > 0"),
+        (["--fractions", "x"], "--fractions 'x': expected finite numbers > 0"),
+        (["no-such-trace.jsonl"], "no-such-trace.jsonl"),  # a second trace, after the good one
+    ],
+)
+def test_bad_fractions_or_traces_are_refused_before_any_timing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, more: list[str], message: str
+) -> None:
+    """Regression: each was a traceback (ValueError, RadixCacheError, OSError), a bad trace only after every trace
+    before it had been timed, losing their rows (the table prints at the end)."""
+    script = load_script("bench_policy_cost")
+    timed: list[str] = []
+    monkeypatch.setattr(script, "simulate", lambda *a, **k: timed.append(a[2]) or simulate(*a, **k))
+    trace = str(write_hash_trace(tmp_path / "docs.jsonl"))
+    result = CliRunner().invoke(script.main, [trace, *more, "--repeats", "1"])
+    assert_refused(result, message)
+    assert timed == []
