@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from radixcache.sim.sweep import capacities_for
+from radixcache.sim.sweep import capacities_for, study_fractions
 from radixcache.trace.workload import Workload, load_workload
 
 FEATURES = ("size", "root", "out", "count")
@@ -275,6 +275,7 @@ def main() -> None:
     ap.add_argument("--min-events", type=int, default=30, help="intervals at risk a class needs, else it backs off")
     ap.add_argument("--refit", type=int, default=100, help="online: refit every this many requests")
     args = ap.parse_args()
+    fractions = study_fractions(ap, args)
     features = tuple(f for f in args.features.split(",") if f)
     unknown = [f for f in features if f not in FEATURES]
     if unknown:
@@ -295,7 +296,7 @@ def main() -> None:
     )
     print("| capacity | lru | belady | lru-dead | " + " | ".join(columns) + " | lru (2nd half) | belady (2nd half) |")
     print("|---:|" + "---:|" * (len(columns) + 5))
-    for capacity in capacities_for(workload, [float(f) for f in args.fractions.split(",")]):
+    for capacity in capacities_for(workload, fractions):
         base, g = replay(trace, capacity)
         bound = replay(trace, capacity, belady)[0]
         dead = replay(trace, capacity, lru_dead)[0]

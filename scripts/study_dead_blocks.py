@@ -24,7 +24,7 @@ from radixcache.policy.base import EvictionPolicy
 from radixcache.sim.cache_replay import CacheReplay
 from radixcache.sim.oracle import ChainedNextUseOracle, DeadBlockLRU
 from radixcache.sim.simulation import simulate
-from radixcache.sim.sweep import capacities_for
+from radixcache.sim.sweep import capacities_for, study_fractions
 from radixcache.trace.workload import Workload, load_workload
 
 
@@ -108,9 +108,9 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=512)
     ap.add_argument("--threshold", type=float, default=0.2, help="an output class is dead below this reuse rate")
     args = ap.parse_args()
+    fractions = study_fractions(ap, args)
     workload = load_workload(args.trace, block_size=args.block_size)
     dead_classes, last_blocks = output_classes(args.trace, args.threshold)
-    fractions = [float(f) for f in args.fractions.split(",")]
     print(f"dead output classes (log2 of output_length): {sorted(dead_classes)}")
     print("| capacity | lru | belady | lru-dead | fresh-dead | output-class | reuse |")
     print("|---:|---:|---:|---:|---:|---:|---:|")

@@ -30,7 +30,7 @@ import numpy as np
 from radixcache.node import TreeNode
 from radixcache.policy.base import EvictionPolicy
 from radixcache.sim.simulation import simulate
-from radixcache.sim.sweep import capacities_for
+from radixcache.sim.sweep import capacities_for, study_fractions
 from radixcache.trace.workload import load_workload
 
 
@@ -140,6 +140,7 @@ def main() -> None:
     ap.add_argument("--keep", default="2,4,8", help="bip: keep one insert in K, for each K")
     ap.add_argument("--offsets", default="300,1000,inf", help="new-root: how many ticks older, for each")
     args = ap.parse_args()
+    fractions = study_fractions(ap, args)
     print(trace_shape(args.trace))
     workload = load_workload(args.trace, block_size=args.block_size)
     keeps = [int(k) for k in args.keep.split(",")]
@@ -147,7 +148,7 @@ def main() -> None:
     names = list(rules(keeps, offsets))
     print("| capacity | lru | belady | " + " | ".join(names) + " |")
     print("|---:|---:|---:|" + "---:|" * len(names))
-    for capacity in capacities_for(workload, [float(f) for f in args.fractions.split(",")]):
+    for capacity in capacities_for(workload, fractions):
         lru, belady = (simulate(workload, capacity, name).hit_rate for name in ("lru", "belady"))
         gap = belady - lru
         row = [str(capacity), f"{lru * 100:.2f}%", f"{belady * 100:.2f}%"]

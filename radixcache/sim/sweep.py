@@ -7,6 +7,7 @@ loading a trace from its spec (a path, or `synthetic:KIND`) once, so no workload
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -81,6 +82,29 @@ def distinct_names(specs: Sequence[str], names: Sequence[str]) -> list[str]:
         raise RadixCacheError(f"{twice[0]} is given twice")
     counts = Counter(names)
     return [spec if counts[name] > 1 else name for spec, name in zip(specs, names, strict=True)]
+
+
+def parse_fractions(text: str) -> list[float]:
+    """A command line's capacity fractions ("0.02,0.05"): the numbers, or a RadixCacheError naming `text` unless
+    there is one at least and each is a finite number > 0 (checked before a study's minutes of work, not after)."""
+    try:
+        fractions = [float(f) for f in text.split(",") if f.strip()]
+    except ValueError:
+        fractions = []
+    if not fractions or not all(0 < f < math.inf for f in fractions):  # NaN too
+        raise RadixCacheError(f"--fractions {text!r}: expected finite numbers > 0, like 0.05,0.1")
+    return fractions
+
+
+def study_fractions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[float]:
+    """A study script's `--fractions`, checked with its `--block-size` before any work: a usage error (exit 2)
+    naming a bad one (they were a traceback, after minutes of fitting or replaying, or a ZeroDivisionError)."""
+    if args.block_size < 1:
+        parser.error(f"--block-size must be an int >= 1, got {args.block_size}")
+    try:
+        return parse_fractions(args.fractions)
+    except RadixCacheError as exc:
+        parser.error(str(exc))
 
 
 def capacities_for(workload: Workload, fractions: Sequence[float]) -> list[int]:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "study_dead_blocks.py"
 
 
@@ -41,3 +43,25 @@ def test_the_study_prints_a_row_per_capacity_with_ordered_bounds(tmp_path: Path)
         lru, belady, dead, fresh_dead, by_class = (float(c.split("%")[0]) for c in cells[1:6])
         assert lru <= fresh_dead <= dead <= belady
         assert by_class > lru
+
+
+@pytest.mark.parametrize("script", ["study_dead_blocks", "study_insertion", "study_age_oracle"])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--fractions", "0"], "--fractions '0': expected finite numbers > 0"),
+        (["--fractions", "0.1,nan"], "--fractions '0.1,nan': expected finite numbers > 0"),
+        (["--block-size", "0"], "--block-size must be an int >= 1, got 0"),
+    ],
+)
+def test_the_studies_refuse_bad_fractions_and_block_sizes_before_any_work(
+    tmp_path: Path, script: str, args: list[str], message: str
+) -> None:
+    """Regression: a fraction of 0 or NaN was a RadixCacheError traceback after the table's header (in
+    study_age_oracle after its models were fitted, minutes on Mooncake), a block size of 0 a ZeroDivisionError."""
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 32, "output_length": 1, "hash_ids": [1, 2]}\n')
+    path_to = SCRIPT.with_name(f"{script}.py")
+    run = subprocess.run([sys.executable, str(path_to), str(path), *args], capture_output=True, text=True)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert run.stdout == ""
