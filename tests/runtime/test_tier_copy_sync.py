@@ -151,6 +151,29 @@ def test_a_second_load_waits_for_work_queued_after_the_first() -> None:
     assert tl.runs_before(first_prefill, "copy 2")
 
 
+def test_a_load_that_fails_partway_waits_for_the_copies_it_queued_before_raising() -> None:
+    """A copy that raises after queuing some runs: those runs still land, so the recompute on the compute stream
+    must follow them, and the caller (which unlocks the host slots at once, having no event) must be able to."""
+    tl = Timeline()
+    main, side = ModelStream(tl, "main"), ModelStream(tl, "side")
+    waited: list[str | None] = []
+
+    class WaitedEvent(ModelEvent):
+        def synchronize(self) -> None:
+            waited.append(self.point)
+
+    def copy() -> None:
+        tl.queue("copy of run 1")
+        raise RuntimeError("run 2 failed")
+
+    with pytest.raises(RuntimeError, match="run 2 failed"):
+        side_stream_copy(main, side, copy, on_stream=tl.on, new_event=WaitedEvent)
+    main.queue("recompute writing the blocks")
+    assert tl.runs_before("copy of run 1", "recompute writing the blocks")
+    assert waited and all(p == "copy of run 1" or tl.runs_before("copy of run 1", p) for p in waited)
+    assert tl.current is None
+
+
 # ------------------------------------------------------------------------------------- unlocking host slots
 
 

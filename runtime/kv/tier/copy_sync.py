@@ -58,10 +58,21 @@ def side_stream_copy(
     3. an event is recorded on `side` after the copy: when it completes, the source host slots have been read and
        may be overwritten (the caller keeps them locked until then);
     4. `main` waits for `side`: the prefill that reads the loaded pages runs after the copy.
+
+    When `copy` raises partway, the copies it queued still run: `main` waits for them (the blocks' recomputed pages
+    must land after any stale copy) and so does this call, before it raises, so the caller may unlock the host
+    slots at once (no event to keep them locked by).
     """
     side.wait_stream(main)
     with on_stream(side):
-        copy()
+        try:
+            copy()
+        except BaseException:
+            queued = new_event()
+            queued.record(side)
+            main.wait_stream(side)
+            queued.synchronize()
+            raise
         done = new_event()
         done.record(side)
     main.wait_stream(side)

@@ -54,7 +54,7 @@ class HostKVPool:
         """Copy host `slots` into device `blocks`, in runs of consecutive pages (kv.tier.page_copy: one slice copy
         per run, no gathered temporary). On the CPU the copy is done on return (None). On CUDA it runs on a side
         stream from the pinned pages, the compute stream is made to wait for it, and the returned event marks when
-        the host slots may be overwritten."""
+        the host slots may be overwritten; a load that raises has waited for the copies it had queued."""
         if self._stream is None:
             copy_pages(pool.kv, blocks, self.kv, slots)
             return None
