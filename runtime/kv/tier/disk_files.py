@@ -206,10 +206,13 @@ def write_durable(
     *,
     sync_parent: bool = False,
     mtime_ns: int | None = None,
+    unplace_on_failure: bool = False,
 ) -> None:
     """Write `chunks` to a fresh temporary file in `tmp_dir` (its atime and mtime `mtime_ns`, when given), fsync it,
     rename it to `path`, fsync `path`'s folder (and that folder's parent when `sync_parent`: the folder is new). The
-    temporary file is removed on failure. `tmp_dir` and `path`'s folder must be on one filesystem. Raises OSError."""
+    temporary file is removed on failure; with `unplace_on_failure`, so is `path` when a folder's fsync fails after
+    the rename (ENOSPC, EIO), so a caller that counts the write as failed keeps its index equal to the directory.
+    `tmp_dir` and `path`'s folder must be on one filesystem. Raises OSError."""
     with live_temp(tmp_dir) as tmp:
         try:
             with open(tmp, "xb") as f:  # O_EXCL: never opens an existing file or symlink
@@ -225,9 +228,15 @@ def write_durable(
                 os.unlink(tmp)
             raise
     folder = os.path.dirname(path)
-    fsync_dir(folder)
-    if sync_parent:
-        fsync_dir(os.path.dirname(folder))
+    try:
+        fsync_dir(folder)
+        if sync_parent:
+            fsync_dir(os.path.dirname(folder))
+    except OSError:
+        if unplace_on_failure:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
 
 
 def write_json_durable(path: str, value: Any, tmp_dir: str) -> None:

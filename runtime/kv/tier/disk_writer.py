@@ -44,7 +44,8 @@ def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> 
     """Write one page file durably: a temporary file, fsync, an atomic rename into place, fsync of its folder (and
     of the fingerprint folder when the page's folder is new). When a folder vanished meanwhile (a `cache clear`, an
     `rm -r`), recreate the folders once and retry. Raises PagePathTaken when a folder holds the page's name (a
-    rename never replaces one; any other entry there is replaced), OSError for other failures."""
+    rename never replaces one; any other entry there is replaced), OSError for other failures (a file renamed into
+    place before its folder's fsync failed is removed: it is not in the index)."""
     path = cache_dir.page_path(write.page_hash)
     folder = os.path.dirname(path)
     digest = page_checksum(write.prefix, write.tokens, write.payload)
@@ -55,7 +56,9 @@ def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> 
                 os.mkdir(folder)
                 new_folder = True
             chunks = [MAGIC, digest, write.prefix, write.tokens, write.payload]
-            write_durable(cache_dir.tmp_dir, path, chunks, sync_parent=new_folder, mtime_ns=write.used_ns)
+            write_durable(
+                cache_dir.tmp_dir, path, chunks, sync_parent=new_folder, mtime_ns=write.used_ns, unplace_on_failure=True
+            )
             return PageEntry(path, write.size, cache_dir.tag)
         except OSError as exc:
             if is_real_dir(path):

@@ -7,6 +7,8 @@ run as root too.
 
 from __future__ import annotations
 
+import errno
+import os
 import random
 import shutil
 from pathlib import Path
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from radixcache.runtime import Engine
-from radixcache.runtime.kv.tier import coordinator
+from radixcache.runtime.kv.tier import coordinator, disk_files
 from radixcache.runtime.kv.tier.disk_store import MARKER_NAME
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from tests.runtime.conftest import META, disk_warnings, h, page_path, payload, toks, write
@@ -218,3 +220,23 @@ def test_pages_deleted_behind_the_engine_are_all_written_again_once_recomputed(m
     with Engine(model, cache_dir=tmp_path, **opts) as restarted:
         assert _generate(restarted, [prompt]) == want
         assert restarted.stats.tiers.disk_hit_tokens == len(prompt) - 1  # every page, the last token's cut
+
+
+def test_a_page_whose_folder_fsync_fails_leaves_index_and_directory_equal(open_store, monkeypatch) -> None:
+    """ENOSPC (or EIO) at the folder's fsync comes after the rename: the page file is in place, but the write
+    failed. The file was left out of the index and the byte total until a restart; it is removed."""
+    store = open_store()
+    write(store, 0)
+    real_fsync_dir = disk_files.fsync_dir
+
+    def full_disk(path: str) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(disk_files, "fsync_dir", full_disk)
+    assert store.put(h(1), toks(1), payload(1), META) and store.flush(timeout=10)
+    monkeypatch.setattr(disk_files, "fsync_dir", real_fsync_dir)
+    files = sorted(Path(store.pages_dir).rglob("*.kvpage"))
+    stats = store.stats()
+    assert not stats.enabled  # the write failed: the store stops writing, as for any write error
+    assert (stats.pages, stats.bytes) == (len(files), sum(f.stat().st_size for f in files))
+    assert files == [page_path(store, h(0))]
