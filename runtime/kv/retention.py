@@ -111,6 +111,8 @@ class RetentionPolicy(EvictionPolicy):
         self.name = self.base.name
         self.ranks_by_extent = self.base.ranks_by_extent
         self.observes_hits = self.base.observes_hits
+        if hasattr(self.base, "expect_reuse_in"):  # a lease-hinted base (tlru, agent) is told its hints through us
+            self.expect_reuse_in = self.base.expect_reuse_in
         self._marks: dict[tuple[Hashable, tuple], _Mark] = {}  # in insertion order: the oldest goes first
         self._tries: dict[Hashable, _MarkNode] = {}  # namespace -> the root of its mark trie
 
@@ -128,6 +130,10 @@ class RetentionPolicy(EvictionPolicy):
             while len(self._marks) > MAX_MARKS:
                 oldest = next(iter(self._marks))
                 self._unindex(oldest, self._marks.pop(oldest))
+
+    @property
+    def hint_us(self) -> int | None:  # type: ignore[override]  # the base's: the cache stamps what the policy holds
+        return self.base.hint_us
 
     def clear(self) -> int:
         n = len(self._marks)

@@ -240,3 +240,24 @@ def test_the_index_stays_compressed_as_marks_are_dropped_or_removed() -> None:
         policy.mark(None, prompt, 0)
     assert policy.marks == 0
     assert trie_nodes() == []
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([None, 0.001, 60.0, 3600.0])), min_size=1, max_size=12))
+def test_a_lease_hinted_base_gets_its_hints_through_the_wrapper(steps: list[tuple[int, float | None]]) -> None:
+    """The engine wraps its policy in RetentionPolicy: a tlru or agent base told hints through it (expect_reuse_in)
+    stamps and evicts as the bare policy does. The wrapper neither forwarded the hints nor showed the cache the
+    base's hint_us, so every node was stamped None and a wrapped agent ranked every page as hint-less."""
+    for name in ("tlru", "agent"):
+        bare, wrapped = make_policy(name), RetentionPolicy(name)
+        caches = [RadixCache(CAPACITY_BLOCKS, page_size=2, policy=policy) for policy in (bare, wrapped)]
+        for prompt, hint in steps:
+            for cache in caches:
+                cache.policy.expect_reuse_in(hint)
+                insert(cache, [prompt, prompt + 1, 7, prompt, 9], None)
+        hints = [sorted((tuple(n.tokens()), n.hint) for n in cache.iter_nodes()) for cache in caches]
+        assert hints[0] == hints[1]
+        while True:
+            freed = [cache.evict(1) for cache in caches]
+            assert freed[0] == freed[1] and snapshot(caches[0]) == snapshot(caches[1])
+            if not freed[0]:
+                break
