@@ -84,11 +84,20 @@ class ToolCallParser:
         self.new_id = new_id
         self.max_calls = max_calls
         self.dropped_calls = False
+        # The text is read through a window: `text` holds the output from where the window starts, `pos` and `held`
+        # are offsets into it. The decided text before both is dropped from time to time, and a delta that can
+        # decide nothing (see `_waits`) waits in `pending` unjoined, so no delta copies or scans the whole output
+        # again: the work is linear in the output's length. `parts` keep the whole output for `raw`.
+        self.parts: list[str] = []
+        self.pending: list[str] = []
+        self.tail = ""  # the output's last characters, where a close tag split across deltas begins
         self.text = ""
         self.pos = 0  # everything before pos has been decided
         self.held = 0  # start of the text held back (a call in the making)
         self.state = "text" if self.hermes else "start"
-        self.calls: list[list[str]] = []  # [id, name, arguments]
+        self.calls: list[tuple[str, str, list[str]]] = []  # id, name, the arguments' pieces
+        # a name longer than any tool's, each character written as a \uXXXX escape, is no tool's: not read on
+        self.longest_name = 2 + 6 * max((len(n) for n in self.names), default=0)
         self.content: list[str] = []
         self.scanner = scan.ValueScanner()
         self.finished = False
@@ -99,13 +108,18 @@ class ToolCallParser:
         """The deltas `delta` completes."""
         if self.finished:
             raise RuntimeError("the output has finished")
-        self.text += delta
+        self.parts.append(delta)
+        self.pending.append(delta)
+        if self._waits(delta):
+            return []
+        self._take()
         out: list[dict[str, Any]] = []
         self._run(out, final=False)
         return out
 
     def finish(self) -> list[dict[str, Any]]:
         """The deltas the end of the output decides (held text, calls found only in the whole text)."""
+        self._take()
         out: list[dict[str, Any]] = []
         self._run(out, final=True)
         self.finished = True
@@ -113,11 +127,31 @@ class ToolCallParser:
 
     def result(self) -> ParsedOutput:
         content = "".join(self.content)
-        calls = tuple(ToolCall(i, n, a) for i, n, a in self.calls)
+        calls = tuple(ToolCall(i, n, "".join(a)) for i, n, a in self.calls)
         # args: still open; arguments that closed but are no JSON object (NaN, a trailing comma: an unconstrained
         # model's slip) cannot be run either
         complete = self.state != "args" and all(json_object(c.arguments) for c in calls)
-        return ParsedOutput(content or None, calls, self.text, complete=complete, dropped_calls=self.dropped_calls)
+        raw = "".join(self.parts)
+        return ParsedOutput(content or None, calls, raw, complete=complete, dropped_calls=self.dropped_calls)
+
+    # ------------------------------------------------------------------ the window
+
+    def _waits(self, delta: str) -> bool:
+        """Whether `delta` can decide nothing yet: after the calls (ignored), in JSON held to the end, or in a Hermes
+        tag held until its close tag, which neither `delta` nor the characters before it begin."""
+        joined = self.tail + delta
+        self.tail = joined[-(len(CLOSE) - 1) :]
+        return self.state in ("done", "hold") or (self.state == "block" and CLOSE not in joined)
+
+    def _take(self) -> None:
+        """The pending deltas joined to the window, its decided start dropped first once it is half the window (so
+        each character is copied a bounded number of times)."""
+        cut = min(self.pos, self.held)
+        if cut and 2 * cut >= len(self.text):
+            self.text, self.pos, self.held = self.text[cut:], self.pos - cut, self.held - cut
+        if self.pending:
+            self.text += "".join(self.pending)
+            self.pending.clear()
 
     # ------------------------------------------------------------------ the machine
 
@@ -147,7 +181,7 @@ class ToolCallParser:
         status, p = scan.literals(self.text, self.pos, ["{", '"name"', ":"])
         name = ""
         if status == "ok":
-            status, p, name = scan.string(self.text, p)
+            status, p, name = scan.string(self.text, p, self.longest_name)
         if status == "ok":
             status, p = scan.literals(self.text, p, [",", '"arguments"', ":"])
         if status == "ok":
@@ -167,7 +201,7 @@ class ToolCallParser:
     def _head(self, out: list[dict[str, Any]], name: str) -> None:
         """A new call's first delta: its id, type and name, its arguments still empty."""
         call_id = self.new_id()
-        self.calls.append([call_id, name, ""])
+        self.calls.append((call_id, name, []))
         head = {"name": name, "arguments": ""}
         out.append(
             {"tool_calls": [{"index": len(self.calls) - 1, "id": call_id, "type": "function", "function": head}]}
@@ -177,9 +211,9 @@ class ToolCallParser:
         end, closed = self.scanner.feed(self.text, self.pos)
         piece = self.text[self.pos : end]
         if piece:
-            self.calls[-1][2] += piece
+            self.calls[-1][2].append(piece)
             out.append({"tool_calls": [{"index": len(self.calls) - 1, "function": {"arguments": piece}}]})
-        self.pos = end
+        self.pos = self.held = end  # a call is out: nothing before it is held any more
         if closed:
             self.state = "close"
 
@@ -203,11 +237,11 @@ class ToolCallParser:
             self.state = "done"
 
     def _done(self, out: list[dict[str, Any]], final: bool) -> None:
-        self.pos = len(self.text)
+        self.pos = self.held = len(self.text)
 
     def _plain(self, out: list[dict[str, Any]], final: bool) -> None:
         self._emit_content(out, self.text[self.pos :])
-        self.pos = len(self.text)
+        self.pos = self.held = len(self.text)
 
     def _hold(self, out: list[dict[str, Any]], final: bool) -> None:
         if final:
@@ -243,7 +277,7 @@ class ToolCallParser:
         end = len(self.text) - keep
         if end > self.pos:
             self._emit_content(out, self.text[self.pos : end])
-            self.pos = end
+            self.pos = self.held = end
 
     def _between(self, out: list[dict[str, Any]], final: bool) -> None:
         p = scan.skip_ws(self.text, self.pos)
@@ -269,7 +303,7 @@ class ToolCallParser:
         self.dropped_calls |= room is not None and len(calls) > room
         for name, arguments in calls[:room]:
             call_id = self.new_id()
-            self.calls.append([call_id, name, arguments])
+            self.calls.append((call_id, name, [arguments]))
             fn = {"name": name, "arguments": arguments}
             out.append(
                 {"tool_calls": [{"index": len(self.calls) - 1, "id": call_id, "type": "function", "function": fn}]}

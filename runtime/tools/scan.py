@@ -30,15 +30,17 @@ def literals(text: str, pos: int, lits: Sequence[str]) -> tuple[str, int]:
     return "ok", p
 
 
-def string(text: str, pos: int) -> tuple[str, int, str]:
-    """A JSON string after optional whitespace: ("ok", end, value), ("more", pos, "") or ("no", pos, "")."""
+def string(text: str, pos: int, limit: int | None = None) -> tuple[str, int, str]:
+    """A JSON string after optional whitespace: ("ok", end, value), ("more", pos, "") or ("no", pos, ""); "no" too
+    for one written in more than `limit` characters (its quotes included), closed or not."""
     p = skip_ws(text, pos)
     if p >= len(text):
         return "more", pos, ""
     if text[p] != '"':
         return "no", pos, ""
     i, escaped = p + 1, False
-    while i < len(text):
+    end = len(text) if limit is None else min(len(text), p + limit)
+    while i < end:
         ch = text[i]
         if escaped:
             escaped = False
@@ -53,7 +55,7 @@ def string(text: str, pos: int) -> tuple[str, int, str]:
         elif ch in "\n\r":
             return "no", pos, ""
         i += 1
-    return "more", pos, ""
+    return "more" if end == len(text) else "no", pos, ""
 
 
 class ValueScanner:
