@@ -100,6 +100,7 @@ class ToolCallParser:
         self.longest_name = 2 + 6 * max((len(n) for n in self.names), default=0)
         self.content: list[str] = []
         self.scanner = scan.ValueScanner()
+        self.ws: scan.Memo = {}  # whitespace runs read at this state and pos (scan.py), offsets into `text`
         self.finished = False
 
     # ------------------------------------------------------------------ public
@@ -149,6 +150,7 @@ class ToolCallParser:
         cut = min(self.pos, self.held)
         if cut and 2 * cut >= len(self.text):
             self.text, self.pos, self.held = self.text[cut:], self.pos - cut, self.held - cut
+            self.ws.clear()
         if self.pending:
             self.text += "".join(self.pending)
             self.pending.clear()
@@ -161,6 +163,7 @@ class ToolCallParser:
             getattr(self, "_" + self.state)(out, final)
             if (self.state, self.pos) == before:
                 return
+            self.ws.clear()  # kept only while the machine waits at one place for more text
 
     def _emit_content(self, out: list[dict[str, Any]], text: str) -> None:
         if text:
@@ -168,7 +171,7 @@ class ToolCallParser:
             out.append({"content": text})
 
     def _start(self, out: list[dict[str, Any]], final: bool) -> None:
-        status, end = scan.literals(self.text, self.pos, ["{", '"tool_calls"', ":", "["])
+        status, end = scan.literals(self.text, self.pos, ["{", '"tool_calls"', ":", "["], self.ws)
         if status == "ok":
             self.pos, self.state = end, "call"
         elif status == "no" or final:
@@ -178,14 +181,14 @@ class ToolCallParser:
         if self._room() == 0:  # another call begins past max_calls
             self.state, self.dropped_calls = "done", True
             return
-        status, p = scan.literals(self.text, self.pos, ["{", '"name"', ":"])
+        status, p = scan.literals(self.text, self.pos, ["{", '"name"', ":"], self.ws)
         name = ""
         if status == "ok":
-            status, p, name = scan.string(self.text, p, self.longest_name)
+            status, p, name = scan.string(self.text, p, self.longest_name, self.ws)
         if status == "ok":
-            status, p = scan.literals(self.text, p, [",", '"arguments"', ":"])
+            status, p = scan.literals(self.text, p, [",", '"arguments"', ":"], self.ws)
         if status == "ok":
-            p = scan.skip_ws(self.text, p)
+            p = scan.skip_ws(self.text, p, self.ws)
             status = "more" if p >= len(self.text) else "ok" if self.text[p] == "{" else "no"
         if name and name not in self.names:
             status = "no"
@@ -219,14 +222,14 @@ class ToolCallParser:
 
     def _close(self, out: list[dict[str, Any]], final: bool) -> None:
         if self.hermes:
-            status, end = scan.literals(self.text, self.pos, ["}", CLOSE])
+            status, end = scan.literals(self.text, self.pos, ["}", CLOSE], self.ws)
             if status == "ok":
                 self.pos, self.held, self.state = end, end, "between"
             elif status == "no" or final:
                 self.state = "done"
             return
         tried = [
-            (scan.literals(self.text, self.pos, lits), state)
+            (scan.literals(self.text, self.pos, lits, self.ws), state)
             for lits, state in ((["}", ","], "call"), (["}", "]", "}"], "done"))
         ]
         for (status, end), state in tried:
@@ -280,7 +283,7 @@ class ToolCallParser:
             self.pos = self.held = end
 
     def _between(self, out: list[dict[str, Any]], final: bool) -> None:
-        p = scan.skip_ws(self.text, self.pos)
+        p = scan.skip_ws(self.text, self.pos, self.ws)
         if p < len(self.text) or final:
             self.pos, self.state = p, "text"
 

@@ -1,5 +1,10 @@
 """Small incremental JSON scanning helpers for the tool-call parser: each looks at text that may still grow and
-answers "ok" (with the end), "more" (the text so far could still match) or "no"."""
+answers "ok" (with the end), "more" (the text so far could still match) or "no".
+
+A text that keeps answering "more" is scanned again as it grows; whitespace is what can grow without end there (a
+model looping on newlines), so `memo` (start: end, valid while the text before its end is unchanged) lets each
+whitespace run be read once, not once per delta.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +14,23 @@ from collections.abc import Sequence
 WHITESPACE = " \t\n\r"
 
 
-def skip_ws(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in WHITESPACE:
-        pos += 1
-    return pos
+Memo = dict[int, int]
 
 
-def literals(text: str, pos: int, lits: Sequence[str]) -> tuple[str, int]:
+def skip_ws(text: str, pos: int, memo: Memo | None = None) -> int:
+    p = pos if memo is None else memo.get(pos, pos)
+    while p < len(text) and text[p] in WHITESPACE:
+        p += 1
+    if memo is not None:
+        memo[pos] = p
+    return p
+
+
+def literals(text: str, pos: int, lits: Sequence[str], memo: Memo | None = None) -> tuple[str, int]:
     """Match `lits` in order, whitespace allowed before each: ("ok", end), ("more", pos) or ("no", pos)."""
     p = pos
     for lit in lits:
-        p = skip_ws(text, p)
+        p = skip_ws(text, p, memo)
         rest = text[p : p + len(lit)]
         if rest == lit:
             p += len(lit)
@@ -30,10 +41,10 @@ def literals(text: str, pos: int, lits: Sequence[str]) -> tuple[str, int]:
     return "ok", p
 
 
-def string(text: str, pos: int, limit: int | None = None) -> tuple[str, int, str]:
+def string(text: str, pos: int, limit: int | None = None, memo: Memo | None = None) -> tuple[str, int, str]:
     """A JSON string after optional whitespace: ("ok", end, value), ("more", pos, "") or ("no", pos, ""); "no" too
     for one written in more than `limit` characters (its quotes included), closed or not."""
-    p = skip_ws(text, pos)
+    p = skip_ws(text, pos, memo)
     if p >= len(text):
         return "more", pos, ""
     if text[p] != '"':

@@ -76,3 +76,38 @@ def test_long_outputs_parse_the_same_streamed_or_whole_in_linear_work(shape: str
     if shape.endswith(("streamed", "held")):  # the independent expectation: the call the text holds
         assert [(c.name, json.loads(c.arguments)) for c in whole.tool_calls] == [("get_weather", CITY[seed])]
     assert held <= 4 * len(text) + 200 * feeds, (held, len(text), feeds)  # linear (it was about len(text)**2 / 40)
+
+
+FLOODS = {  # a model looping on newlines (SmolLM2 left free does) where the parser waits for a call's next token
+    "generic-before": ("generic", "\n" * 8000),
+    "generic-open": ("generic", "{" + "\n " * 4000 + '"tool_calls": []}'),
+    "generic-after-call": ("generic", '{"tool_calls": [{"name": "now", "arguments": {}}' + "\n" * 8000 + "]}"),
+    "hermes-in-tag": ("hermes", "<tool_call>" + "\n" * 8000 + '{"name": "now", "arguments": {}}</tool_call>'),
+    "hermes-after-call": ("hermes", '<tool_call>{"name": "now", "arguments": {}}</tool_call>' + "\n" * 8000),
+}
+
+
+class CountingWhitespace(str):
+    """The parser's whitespace set, counting the characters tested against it: the parser's scanning work."""
+
+    tests = 0
+
+    def __contains__(self, ch: object) -> bool:
+        CountingWhitespace.tests += 1
+        return str.__contains__(self, ch)
+
+
+@pytest.mark.parametrize("shape", list(FLOODS))
+def test_whitespace_the_parser_waits_through_is_read_once(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whitespace where the parser waits for a call's next token was read again from its start at every delta:
+    8,000 newlines, one a delta, took 5 to 17 s."""
+    from radixcache.runtime.tools import scan
+
+    monkeypatch.setattr(scan, "WHITESPACE", CountingWhitespace(scan.WHITESPACE))
+    fmt, text = FLOODS[shape]
+    whole = parse_tool_calls(text, SPECS, fmt, new_id=counter_ids())
+    parser = ToolCallParser(SPECS, fmt, new_id=counter_ids())
+    CountingWhitespace.tests = 0
+    deltas = [d for ch in text for d in parser.feed(ch)] + parser.finish()
+    assert parser.result() == whole and assemble(deltas) == (whole.content, [c.to_openai() for c in whole.tool_calls])
+    assert CountingWhitespace.tests <= 20 * len(text), CountingWhitespace.tests  # it was about len(text)**2 / 2
