@@ -124,6 +124,11 @@ class LlamaModel:
         self.device = torch.device(device)
         check_quant(quant, self.device, dtype)
         check_gguf_activations(gguf_activations, quant)
+        if quant == "gguf" and blocks is not None and not blocks:  # loaded with keep_blocks: the file has none
+            raise ValueError(
+                "quant='gguf' runs a GGUF file's quantised blocks (Q4_0 to Q8_0, Q4_K to Q6_K), and this model's "
+                "file has none: its matrices are stored unquantised (F32, F16 or BF16); run it with quant='none'"
+            )
         if quant == "gguf" and not blocks:
             raise ValueError(
                 "quant='gguf' needs the GGUF file's blocks: load a GGUF model with load_model(..., keep_blocks=True)"

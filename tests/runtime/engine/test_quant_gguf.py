@@ -81,9 +81,10 @@ def test_every_block_tensor_dequantises_to_its_float32_weight(smol: Any) -> None
 
 
 def test_a_gguf_model_without_blocks_is_refused(smol: Any) -> None:
-    for blocks in (None, {}):
-        with pytest.raises(ValueError, match="keep_blocks"):
-            LlamaModel(smol.config, smol.weights, quant="gguf", blocks=blocks)
+    with pytest.raises(ValueError, match="keep_blocks"):  # loaded without them
+        LlamaModel(smol.config, smol.weights, quant="gguf", blocks=None)
+    with pytest.raises(ValueError, match="quant='none'"):  # loaded with them, and the file has none
+        LlamaModel(smol.config, smol.weights, quant="gguf", blocks={})
 
 
 def test_keep_blocks_on_a_hugging_face_directory_is_refused(tmp_path: Path) -> None:
