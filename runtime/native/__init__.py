@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded first on purpose: its libgomp is the one the library binds to)
 
+from radixcache.runtime.native.elf_check import elf_intact
+
 SOURCE = Path(__file__).with_name("blockdot.c")
 SOURCES = tuple(
     SOURCE.with_name(n)
@@ -86,16 +88,21 @@ def blockdot() -> ctypes.CDLL:
             " (set CC)"
         )
     name = f"blockdot-{_build_key(compiler)}.so"
+    cut: list[Path] = []
     for folder in _cache_candidates():
         path = folder / name
-        if path.is_file():  # reused even where the folder cannot be written (a read-only prebuilt cache)
+        whole = path.is_file() and elf_intact(path)  # a build cut short is a SIGBUS in dlopen (native.elf_check)
+        if whole:  # reused even where the folder cannot be written (a read-only prebuilt cache)
             return load_library(path)
-        if _writable(folder):
+        if path.is_file():
+            cut.append(path)
+        if _writable(folder):  # no build yet, or one cut short: built (again) in its place
             _build(compiler, path)
             tidy_cache(folder, keep=path.name)
             return load_library(path)
     tried = ", ".join(map(str, _cache_candidates()))
-    raise NativeBuildError(f"no writable folder for the native kernel's build: tried {tried}")
+    damaged = f" ({', '.join(map(str, cut))} is cut short: delete it)" if cut else ""
+    raise NativeBuildError(f"no writable folder for the native kernel's build: tried {tried}{damaged}")
 
 
 def load_library(path: str | os.PathLike[str]) -> ctypes.CDLL:
@@ -249,6 +256,8 @@ def _build(compiler: list[str], path: Path) -> None:
         # mkstemp's 0600 survives the linker's write (0711 after it): give the build the mode a plain `cc -o` would,
         # so that a cache shared between users (or a prebuilt one copied elsewhere) can be read.
         os.chmod(tmp, 0o755 & ~_umask())
+        with open(tmp, "rb") as built:  # its bytes on disk before its name: a crash then leaves no build cut short
+            os.fsync(built.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
