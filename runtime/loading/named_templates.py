@@ -89,16 +89,18 @@ def hf_chat_templates(directory: str, tok_config: dict[str, Any]) -> tuple[dict[
 
 
 def gguf_chat_templates(meta: Mapping[str, Any], where: str) -> dict[str, str]:
-    """name -> source of a GGUF file's metadata: `tokenizer.chat_template` as "default", `tokenizer.chat_template.
-    <name>` by name. ValueError naming `where` and the key for a template that is not text, or a name listed in
-    `tokenizer.chat_templates` without its template."""
+    """name -> source of a GGUF file's metadata: `tokenizer.chat_template` as "default" (over a `.default` key beside
+    it), `tokenizer.chat_template.<name>` by name. ValueError naming `where` and the key for a template that is not
+    text, or a name listed in `tokenizer.chat_templates` without its template."""
     prefix = "tokenizer.chat_template"
     templates: dict[str, str] = {}
     for key, value in meta.items():
         if key == prefix or key.startswith(prefix + "."):
             if not isinstance(value, str):
                 raise ValueError(f"{where}: GGUF metadata {key} is {type(value).__name__}, not text")
-            templates[key.removeprefix(prefix).removeprefix(".") or DEFAULT] = value
+            name = key.removeprefix(prefix).removeprefix(".") or DEFAULT
+            if key == prefix or name not in templates:  # the plain key is the default, as llama.cpp reads it, in
+                templates[name] = value  # whatever order a `.default` beside it comes
     listed = meta.get("tokenizer.chat_templates", ())
     if isinstance(listed, str) or not isinstance(listed, (list, tuple)):
         raise ValueError(f"{where}: GGUF metadata tokenizer.chat_templates is {type(listed).__name__}, not a list")

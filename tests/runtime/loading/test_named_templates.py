@@ -185,3 +185,16 @@ def test_a_gguf_template_list_naming_a_missing_template_is_refused(kit, tmp_path
         Tokenizer.from_gguf_metadata(meta, where="m.gguf")
     with pytest.raises(ValueError, match=r"m.gguf: GGUF metadata tokenizer.chat_template.tool_use is int, not text"):
         Tokenizer.from_gguf_metadata(meta | {"tokenizer.chat_template.tool_use": 5}, where="m.gguf")
+
+
+@pytest.mark.parametrize("other", ["tokenizer.chat_template.default", "tokenizer.chat_template."])
+@pytest.mark.parametrize("plain_first", [True, False])
+def test_a_gguf_files_plain_template_is_the_default_whatever_comes_beside_it(kit, other, plain_first):
+    """llama.cpp's default is `tokenizer.chat_template`; a `.default` (or `.`) key written after it replaced it,
+    so chats rendered with another template than llama.cpp's, by the order of the file's keys."""
+    plain = {"tokenizer.chat_template": "{{ 'plain' }}"}
+    extra = {other: "{{ 'other' }}"}
+    base = {k: v for k, v in kit.tiny_tokenizer_metadata(typed=False).items() if not k.startswith("tokenizer.chat")}
+    meta = base | (plain | extra if plain_first else extra | plain)
+    tok = Tokenizer.from_gguf_metadata(meta, where="m.gguf")
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "plain"
