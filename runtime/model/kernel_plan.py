@@ -119,8 +119,14 @@ class KernelPlan:
 
 def _finite(value: Any) -> bool:
     """A number a plan's display fields may hold: Python's JSON reads NaN and Infinity, which `doctor --json` would
-    then write out as no JSON parser reads them."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    then write out as no JSON parser reads them. An integer past a float's range (JSON's 400-digit numbers) is not:
+    isfinite raised OverflowError, which no reader of a damaged file catches, and the engine failed to start."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _timings(raw: dict[str, Any]) -> dict[str, dict[int, dict[str, float]]]:

@@ -328,3 +328,23 @@ def test_a_plans_non_finite_display_fields_are_left_out(kernel_home: Path) -> No
     assert got.source == "cache" and got.seconds == 0.0 and got.load_average is None
     assert got.timings_us == {shape: {1: {"mm_t": 12.5}}}
     json.loads(json.dumps(got.to_json(), allow_nan=False))  # strict JSON again
+
+
+@pytest.mark.parametrize("field", ["seconds", "load_average", "timing"])
+def test_a_plans_display_field_past_a_floats_range_is_left_out(kernel_home: Path, field: str) -> None:
+    """A 400-digit integer (JSON reads it as a Python int) made math.isfinite raise OverflowError out of read_plan:
+    the engine failed to start on a damaged cache file where every other damage costs a warning."""
+    model = _model()
+    plan = _valid(model)
+    shape = next(iter(plan["choices"]))
+    huge = 10**400
+    if field == "timing":
+        plan["timings_us"] = {shape: {"1": {"linear": huge, "mm_t": 12.5}}}
+    else:
+        plan[field] = huge
+    path = plan_file(_key(model))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(plan))
+    got = choose_kernels(model, "auto", 1)
+    assert got.source == "cache" and got.seconds == 0.0 and got.load_average is None
+    assert got.timings_us == ({shape: {1: {"mm_t": 12.5}}} if field == "timing" else {})
