@@ -84,3 +84,15 @@ def test_a_bad_each_entry_of_submit_group_is_named_by_its_index_and_field(tiny: 
         engine.submit_group(prompts, 4, each=[{}, {}, {"response_format": schema}])
     assert bad.value.path.startswith("each[2].response_format.json_schema.schema")
     assert_untouched(engine)
+
+
+def test_without_a_cache_a_pin_pins_nothing_and_is_checked_as_with_one(tiny: RandomModel) -> None:
+    """docs/api.md: enable_cache=False takes and refuses the same arguments (a `compare`'s two runs agree); a pin
+    there pins nothing, which the result says."""
+    for cache in (True, False):
+        engine = Engine(tiny, capacity_blocks=64, page_size=4, max_pinned_fraction=0.25, enable_cache=cache)
+        with pytest.raises(ValueError, match=r"pinning 79 tokens exceeds the pinned share of the pool \(16 pages\)"):
+            engine.generate(list(range(1, 80)), 2, pin=True)
+        assert_untouched(engine)
+        assert engine.generate(list(range(1, 17)), 2, pin=True).pinned_tokens == (16 if cache else 0)
+        assert engine.stats.pinned_blocks == (4 if cache else 0)
