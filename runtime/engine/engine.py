@@ -252,7 +252,7 @@ class Engine:
         build = self._builder.encode_continuation
         tails = [build(c) for c in continuations] if continuations is not None else [[]] * n
         branches = [opts if seed is None else opts.updated(seed=seed + i) for i in range(n)]
-        reqs = [self._build(ids + tail, o) for tail, o in zip(tails, branches, strict=True)]
+        reqs = [self._build(ids + tail, o, ids) for tail, o in zip(tails, branches, strict=True)]  # pins: for ids
         return self._wait(self._submit_group(reqs))
 
     def session(self, system: str | None = None, **defaults: Any) -> Session:
@@ -286,8 +286,8 @@ class Engine:
     # ------------------------------------------------------------------ public API: upkeep
 
     def unpin(self, prompt: Prompt | Messages | None = None, **kwargs: Any) -> int:
-        """Release pins: those of `prompt` (in `namespace`), or every pin. Returns how many were released. Takes
-        what the pinning call took: chat messages are rendered as `chat` renders them, with its `tools=` or
+        """Release pins: those made for `prompt` (in `namespace`; a fork's: its prefix), or every pin; how many.
+        Takes what the pinning call took: chat messages are rendered as `chat` renders them, with its `tools=` or
         `options=` (a TypeError names any other keyword than generate's)."""
         opts = resolve_options(kwargs.pop("max_new_tokens", None), kwargs.pop("options", None), kwargs, "Engine.unpin")
         text = self._builder.render_for(prompt, opts) if is_messages(prompt) else prompt
@@ -384,10 +384,10 @@ class Engine:
             raise EngineClosedError("this engine is closed")
         return resolve_options(max_new_tokens, options, kwargs, f"Engine.{caller}")
 
-    def _build(self, prompt: Prompt, options: RequestOptions) -> Request:
+    def _build(self, prompt: Prompt, options: RequestOptions, pin_for: list[int] | None = None) -> Request:
         if self._closed:
             raise EngineClosedError("this engine is closed")
-        return self._builder.build(prompt, options)
+        return self._builder.build(prompt, options, pin_for)
 
     def _submit_group(self, reqs: list[Request]) -> list[RequestHandle]:
         if not reqs:

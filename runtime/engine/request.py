@@ -120,6 +120,7 @@ class Request:
     on_dequeue: Callable[[], None] | None = field(default=None, repr=False)  # called once: admitted or gone
     pin: int = 0  # tokens of the prompt to pin in the cache once computed
     pinned_tokens: int = 0  # tokens the pin actually locked (0: no pin, or refused)
+    pin_for: tuple[int, ...] | None = None  # the prompt `unpin` names for its pin (a fork's prefix; None: its own)
     retention: int = 0  # retention priority of the prompt's KV (radixcache.runtime.kv.retention)
     retain: str | None = None  # admission hint: "conversation" (the next turn reads every page) or None
     t_admitted: float | None = None

@@ -65,8 +65,9 @@ class RequestBuilder:
         render = getattr(tokenizer, "apply_chat_template", None)
         self.renders_tools = render is not None and "tool_memory" in inspect.signature(render).parameters
 
-    def build(self, prompt: Prompt, options: RequestOptions) -> Request:
-        """A validated Request for `prompt` (text or ids) under `options`; ValueError before anything is queued."""
+    def build(self, prompt: Prompt, options: RequestOptions, pin_for: Sequence[int] | None = None) -> Request:
+        """A validated Request for `prompt` (text or ids) under `options`; ValueError before anything is queued.
+        `pin_for`: the prompt its pin is made for, which `unpin` names (a fork's prefix; None: this prompt)."""
         t0 = time.perf_counter()
         params = options.sampling
         self.check_sampling(params.stop, params.logit_bias)
@@ -91,6 +92,7 @@ class RequestBuilder:
             priority=options.priority,
             deadline=None if timeout is None else t0 + timeout,
             pin=pin_tokens,
+            pin_for=None if pin_for is None else tuple(pin_for),
             retention=options.retention,
             retain=options.retain,
             session=options.session,

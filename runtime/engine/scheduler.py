@@ -233,7 +233,7 @@ class Scheduler:
         self.prefilling.remove(req)
         self.decoding.append(req)
         if req.pin and not req.pinned_tokens:
-            req.pinned_tokens = self.kv.pin(req.kv, req.all_ids)
+            req.pinned_tokens = self.kv.pin(req.kv, req.all_ids, req.pin_for)
 
     def _emit(self, req: Request, logits: torch.Tensor, token: int | None = None) -> None:
         """Sample (penalties, logprobs, stop strings, detokenising), then release a finished request or tell its

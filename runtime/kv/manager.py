@@ -303,13 +303,15 @@ class KVManager:
 
     # ------------------------------------------------------------------ pins
 
-    def pin(self, kv: KVState, tokens: Sequence[int]) -> int:
+    def pin(self, kv: KVState, tokens: Sequence[int], made_for: Sequence[int] | None = None) -> int:
         """Pin the first `kv.pin` tokens of `tokens` once the request's prompt is computed and committed: exactly
-        the whole pages they fill. Returns the tokens pinned (0: nothing asked, or refused past the pinned share)."""
+        the whole pages they fill, for the prompt `made_for` that `unpin` names (None: the request's prompt).
+        Returns the tokens pinned (0: nothing asked, or refused past the pinned share)."""
         if not self.enable_cache or not kv.pin or kv.status is not Status.RUNNING:
             return 0
         n = min(kv.pin, kv.tree_blocks * self.page_size) // self.page_size * self.page_size
-        return self.pins.pin(list(tokens[:n]), kv.namespace) if n else 0
+        made_for = tokens[: kv.prompt_tokens] if made_for is None else made_for
+        return self.pins.pin(list(tokens[:n]), kv.namespace, made_for) if n else 0
 
     # ------------------------------------------------------------------ leaving
 

@@ -4,6 +4,10 @@ A pin locks exactly the pages asked for (`RadixCache.lock_prefix` splits the nod
 pin of 32 tokens holds two 16-token pages, never the rest of the node around them. Pins together may lock at most
 `max_blocks` pages (the engine's `max_pinned_fraction` of the pool): a pin that would pass that share is refused,
 and the caller sees it in the result (`pinned_tokens == 0`); the request itself runs as usual.
+
+Each pin records the prompts it was made for (a fork's branches: the fork's prefix), and `unpin(prompt)` releases
+only the pins made for that prompt: the pages of a shared system prompt pinned for itself stay pinned when a longer
+prompt that begins with it, pinned by another caller, is unpinned. A lock is held while any prompt's pin needs it.
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ from radixcache import RadixCache, TreeNode
 
 
 class PinTable:
-    """The pins of one cache: `(namespace, tokens) -> the locked node that ends them`."""
+    """The pins of one cache: `(namespace, tokens) -> the locked node that ends them`, and for each the prompts it
+    was made for (never empty while it is held)."""
 
     def __init__(self, cache: RadixCache, max_blocks: int) -> None:
         self.cache = cache
         self.max_blocks = max_blocks
         self._pins: dict[tuple[Hashable, tuple[int, ...]], TreeNode] = {}
+        self._made_for: dict[tuple[Hashable, tuple[int, ...]], set[tuple[int, ...]]] = {}
 
     def __len__(self) -> int:
         return len(self._pins)
@@ -38,13 +44,16 @@ class PinTable:
                 n = n.parent
         return total
 
-    def pin(self, tokens: Sequence[int], namespace: Hashable) -> int:
-        """Pin the first `len(tokens)` tokens (a multiple of the page size, already in the tree). Returns the
-        tokens pinned: `len(tokens)`, or 0 when the pin is refused (past the pinned share) or not cached."""
+    def pin(self, tokens: Sequence[int], namespace: Hashable, made_for: Sequence[int] | None = None) -> int:
+        """Pin the first `len(tokens)` tokens (a multiple of the page size, already in the tree) for the prompt
+        `made_for` (None: `tokens`), which `unpin` names. Returns the tokens pinned: `len(tokens)`, or 0 when the
+        pin is refused (past the pinned share) or not cached."""
         key = (namespace, tuple(tokens))
         if not tokens:
             return 0
+        prompt = key[1] if made_for is None else tuple(made_for)
         if key in self._pins:
+            self._made_for[key].add(prompt)
             return len(tokens)
         node = self.cache.lock_prefix(tokens, len(tokens), namespace=namespace)
         if node is None:
@@ -59,13 +68,24 @@ class PinTable:
             if over:
                 del self._pins[key]
                 self.cache.unlock(node)
+        if not over:
+            self._made_for[key] = {prompt}
         return 0 if over else len(tokens)
 
-    def unpin(self, tokens: Sequence[int] | None, namespace: Hashable) -> int:
-        """Release the pins whose tokens begin `tokens` in `namespace` (every pin when `tokens` is None). Returns
-        how many were released."""
-        prefix = None if tokens is None else tuple(tokens)
-        gone = [k for k in self._pins if prefix is None or (k[0] == namespace and prefix[: len(k[1])] == k[1])]
-        for k in gone:
-            self.cache.unlock(self._pins.pop(k))
-        return len(gone)
+    def unpin(self, prompt: Sequence[int] | None, namespace: Hashable) -> int:
+        """Release the pins made for `prompt` in `namespace` (every pin when `prompt` is None); a page another
+        prompt's pin holds stays locked. Returns how many pins (one per prompt and pinned prefix) were released."""
+        made_for = None if prompt is None else tuple(prompt)
+        released = 0
+        for key in [k for k in self._pins if made_for is None or k[0] == namespace]:
+            owners = self._made_for[key]
+            if made_for is None:
+                released += len(owners)
+                owners.clear()
+            elif made_for in owners:
+                released += 1
+                owners.remove(made_for)
+            if not owners:
+                del self._made_for[key]
+                self.cache.unlock(self._pins.pop(key))
+        return released

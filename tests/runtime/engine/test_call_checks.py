@@ -96,3 +96,31 @@ def test_without_a_cache_a_pin_pins_nothing_and_is_checked_as_with_one(tiny: Ran
         assert_untouched(engine)
         assert engine.generate(list(range(1, 17)), 2, pin=True).pinned_tokens == (16 if cache else 0)
         assert engine.stats.pinned_blocks == (4 if cache else 0)
+
+
+def test_unpin_releases_the_pins_made_for_that_prompt_not_a_shorter_prompts(tiny: RandomModel) -> None:
+    """An agent pins a shared system prompt once, and each conversation its own prompt: ending one conversation
+    (unpin of its prompt) released the system prompt's pin too, whose tokens begin it."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4, max_pinned_fraction=0.5)
+    system = list(range(1, 17))
+    chat_a, chat_b = [*system, 20, 21, 22, 23, 24], [*system, 30]  # b's whole pages are the system prompt's
+    for prompt in (system, chat_a, chat_b, chat_b):  # b twice: one pin of b
+        assert engine.generate(prompt, 1, pin=True).pinned_tokens == len(prompt) // 4 * 4
+    assert engine.stats.pinned_blocks == 5
+    assert engine.unpin(chat_a) == 1 and engine.unpin(chat_a) == 0
+    assert engine.unpin(chat_b) == 1 and engine.stats.pinned_blocks == 4, "the system prompt's pin holds its pages"
+    engine.cache.evict(engine.cache.evictable_blocks)
+    assert engine.cache.peek(chat_a).length == 16, "its pages survive eviction, the rest does not"
+    assert engine.unpin(system) == 1 and engine.stats.pinned_blocks == 0 and engine.cache.locked_blocks == 0
+    engine.cache.check_invariants()
+
+
+def test_unpin_of_a_forks_prefix_releases_every_branchs_pin(tiny: RandomModel) -> None:
+    engine = Engine(tiny, capacity_blocks=64, page_size=4, max_pinned_fraction=0.5)
+    prefix = list(range(1, 11))
+    branches = engine.fork(
+        prefix, continuations=[[40, 41, 42], [50], [60, 61, 62, 63, 64, 65]], max_new_tokens=1, pin=True
+    )
+    assert [r.pinned_tokens for r in branches] == [12, 8, 16]
+    assert engine.generate(prefix, 1, pin=True).pinned_tokens == 8  # the [50] branch's pages, for the same prompt
+    assert engine.unpin(prefix) == 3 and engine.stats.pinned_blocks == 0 and engine.cache.locked_blocks == 0

@@ -50,10 +50,10 @@ def test_a_request_still_being_built_when_close_returns_is_refused(tiny: RandomM
     engine = Engine(tiny, capacity_blocks=64, page_size=4, max_queue=4)
     build, building, go = engine._builder.build, threading.Event(), threading.Event()
 
-    def slow_build(prompt: object, options: object) -> object:
+    def slow_build(prompt: object, options: object, *rest: object) -> object:
         building.set()
         assert go.wait(30)
-        return build(prompt, options)  # type: ignore[arg-type]
+        return build(prompt, options, *rest)  # type: ignore[arg-type]
 
     engine._builder.build = slow_build  # type: ignore[method-assign]
     outcome: list[object] = []
