@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import operator
 import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence, Set
 from numbers import Integral
 from typing import Any
 
@@ -259,7 +259,9 @@ def token_ids(prompt: Any, what: str) -> list[int]:
 
 
 def _is_sequence(x: Any) -> bool:
-    return isinstance(x, Iterable) and not isinstance(x, (str, bytes, bytearray, Mapping))
+    """An ordered iterable: a set ({30, 1, 2} iterates as 1, 2, 30) would reorder a prompt's tokens, or a batch's
+    prompts and so its results, without a word."""
+    return isinstance(x, Iterable) and not isinstance(x, (str, bytes, bytearray, Mapping, Set))
 
 
 def _shown(x: Any) -> str:

@@ -124,3 +124,15 @@ def test_unpin_of_a_forks_prefix_releases_every_branchs_pin(tiny: RandomModel) -
     assert [r.pinned_tokens for r in branches] == [12, 8, 16]
     assert engine.generate(prefix, 1, pin=True).pinned_tokens == 8  # the [50] branch's pages, for the same prompt
     assert engine.unpin(prefix) == 3 and engine.stats.pinned_blocks == 0 and engine.cache.locked_blocks == 0
+
+
+@pytest.mark.parametrize("prompt", [{30, 1, 2}, frozenset({5, 70}), {(1, 2), (3, 4, 5)}, [[1, 2], {30, 1}]])
+def test_an_unordered_prompt_or_batch_is_refused_not_reordered(tiny: RandomModel, prompt: object) -> None:
+    """A set iterates in its own order: {30, 1, 2} ran as the prompt [1, 2, 30], and a set of prompts returned its
+    results in an order the caller could not pair with the prompts."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    with pytest.raises(ValueError, match=r"a prompt must be text.* got (set|frozenset) "):
+        engine.submit(prompt, 2)
+    with pytest.raises(ValueError, match=r"got (set|frozenset) "):
+        engine.submit_group(prompt, 2)
+    assert_untouched(engine)
