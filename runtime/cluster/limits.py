@@ -11,8 +11,8 @@ from radixcache.runtime.config import ModelConfig
 
 
 def check_model_limits(config: ModelConfig, ids: Sequence[int], sampling: Any) -> None:
-    """ValueError, worded as the engine's, for a prompt that leaves no room under `max_position`, a token id or a
-    logit_bias id (sorted: the largest last) outside the vocabulary."""
+    """ValueError, worded as the engine's, for a prompt that leaves no room under `max_position`, a token id, a
+    logit_bias id (sorted: the largest last) or a stop_token_ids id outside the vocabulary."""
     limit, vocab = config.max_position, config.vocab_size
     if len(ids) >= limit:
         raise ValueError(f"prompt of {len(ids)} tokens leaves no room under the model's max_position {limit}")
@@ -22,3 +22,5 @@ def check_model_limits(config: ModelConfig, ids: Sequence[int], sampling: Any) -
     bias = sampling.logit_bias
     if bias and bias[-1][0] >= vocab:
         raise ValueError(f"logit_bias token id {bias[-1][0]} is outside the vocabulary [0, {vocab})")
+    if sampling.stop_token_ids and (top := max(sampling.stop_token_ids)) >= vocab:
+        raise ValueError(f"stop_token_ids id {top} is outside the vocabulary [0, {vocab})")

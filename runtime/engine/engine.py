@@ -182,7 +182,7 @@ class Engine:
         error its blocks are freed and its lock dropped."""
         if self._closed:
             raise EngineClosedError("this engine is closed")
-        self._builder.check_sampling(req.sampler.params.stop, ())
+        self._builder.check_sampling(req.sampler.params.stop, (), req.sampler.params.stop_token_ids)
         return self._wait(self._enqueue([req]))[0]
 
     def submit(

@@ -2,14 +2,14 @@
 against the model.
 
 `RequestBuilder.build(prompt, options)` raises ValueError before anything is queued: a prompt that is neither text
-nor a sequence of integer token ids (bools and floats are not ids), a text prompt without a tokenizer, an empty
-prompt, one that leaves no room under the model's `max_position`, a token id outside the vocabulary, stop strings
-without a tokenizer, a logit_bias id outside the vocabulary, a pin past the pinned share of the pool, a grammar
-that does not compile (GrammarError, naming the schema path). A prompt needing more pages than the whole pool is a
-RequestTooLargeError here, so a batch with one is refused before any of it is queued (the scheduler's own check at
-`add` stays, for requests built by hand). What needs no model (sampling ranges, namespace,
-retain, timeout, tools) RequestOptions checked already. A request's grammar is compiled here, in the caller's
-thread, never on the engine loop (engine.structured).
+nor an ordered sequence of integer token ids (bools and floats are not ids, a set has no order), a text prompt
+without a tokenizer, an empty prompt, one that leaves no room under the model's `max_position`, a token id outside
+the vocabulary, stop strings without a tokenizer, a logit_bias or stop_token_ids id outside the vocabulary, a pin
+past the pinned share of the pool, a grammar that does not compile (GrammarError, naming the schema path). A prompt
+needing more pages than the whole pool is a RequestTooLargeError here, so a batch with one is refused before any of
+it is queued (the scheduler's own check at `add` stays, for requests built by hand). What needs no model (sampling
+ranges, namespace, retain, timeout, tools) RequestOptions checked already. A request's grammar is compiled here, in
+the caller's thread, never on the engine loop (engine.structured).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class RequestBuilder:
         `pin_for`: the prompt its pin is made for, which `unpin` names (a fork's prefix; None: this prompt)."""
         t0 = time.perf_counter()
         params = options.sampling
-        self.check_sampling(params.stop, params.logit_bias)
+        self.check_sampling(params.stop, params.logit_bias, params.stop_token_ids)
         ids = self.encode(prompt)
         self.check_fits(ids)
         pin_tokens = len(ids) if options.pin is True else int(options.pin)
@@ -112,11 +112,15 @@ class RequestBuilder:
                 f"but the whole KV pool holds {cap} pages"
             )
 
-    def check_sampling(self, stop: Sequence[str], logit_bias: Sequence[tuple[int, float]]) -> None:
+    def check_sampling(
+        self, stop: Sequence[str], logit_bias: Sequence[tuple[int, float]], stop_token_ids: Sequence[int] = ()
+    ) -> None:
         """What of a request's sampling needs this model: stop strings need a tokenizer; logit_bias ids (sorted)
-        must be in the vocabulary."""
+        and stop_token_ids must be in the vocabulary (a stop id past it could never be sampled: never a stop)."""
         if stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
+        if stop_token_ids and (top := max(stop_token_ids)) >= self.config.vocab_size:
+            raise ValueError(f"stop_token_ids id {top} is outside the vocabulary [0, {self.config.vocab_size})")
         if logit_bias and (top := logit_bias[-1][0]) >= self.config.vocab_size:  # sorted: largest last
             raise ValueError(f"logit_bias token id {top} is outside the vocabulary [0, {self.config.vocab_size})")
 

@@ -219,8 +219,9 @@ def test_a_request_asking_past_the_context_counts_only_what_its_replica_can_gene
         ([1, -1], {}, r"token id -1 is outside the vocabulary"),
         ([5] * 4096, {}, "prompt of 4096 tokens leaves no room under the model's max_position 4096"),
         ([1, 2, 3], {"logit_bias": {300: 1.0}}, r"logit_bias token id 300 is outside the vocabulary \[0, 260\)"),
+        ([1, 2, 3], {"stop_token_ids": [5, 300]}, r"stop_token_ids id 300 is outside the vocabulary \[0, 260\)"),
     ],
-    ids=["past-vocab", "negative", "max-position", "logit-bias"],
+    ids=["past-vocab", "negative", "max-position", "logit-bias", "stop-token-id"],
 )
 def test_what_the_model_cannot_take_is_refused_at_the_call(front: Any, prompt: Any, kwargs: Any, match: str) -> None:
     """Regression: the front door sent these to a replica, whose engine refused them in the request's thread: a

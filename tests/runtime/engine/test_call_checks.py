@@ -136,3 +136,14 @@ def test_an_unordered_prompt_or_batch_is_refused_not_reordered(tiny: RandomModel
     with pytest.raises(ValueError, match=r"got (set|frozenset) "):
         engine.submit_group(prompt, 2)
     assert_untouched(engine)
+
+
+def test_a_stop_token_id_outside_the_vocabulary_is_refused_as_a_logit_bias_id_is(tiny: RandomModel) -> None:
+    """A stop id past the vocabulary can never be sampled: it was taken and never stopped anything."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    message = re.escape("stop_token_ids id 1000000 is outside the vocabulary [0, 97)")
+    with pytest.raises(ValueError, match=message):
+        engine.generate([[1, 2], [3, 4]], 2, stop_token_ids=[5, 10**6])
+    with pytest.raises(ValueError, match=message):
+        engine.submit_group([[1, 2]], 2, each=[{"stop_token_ids": [10**6]}])
+    assert_untouched(engine)
