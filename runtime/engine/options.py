@@ -134,7 +134,10 @@ def resolve_options(
 ) -> RequestOptions:
     """A call's options, the way every entry point takes them: `options` with `kwargs` over it (and
     `max_new_tokens` when given: None keeps the options' own), or built from `max_new_tokens` (None: 64) and
-    `kwargs`. An unknown keyword is a TypeError naming `caller`."""
+    `kwargs`. An unknown keyword is a TypeError naming `caller`, `caller` too (the options' label, not a keyword
+    of a call: Python's own "got multiple values for keyword argument 'caller'" named RequestOptions.of)."""
+    if "caller" in kwargs:
+        raise TypeError(f"{caller}() got an unexpected keyword argument 'caller'")
     if options is None:
         return RequestOptions.of(max_new_tokens, caller=caller, **kwargs)
     if max_new_tokens is not None:  # given beside `options=`, it overrides its field as any keyword does

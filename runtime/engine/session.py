@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from radixcache.runtime.engine.options import RequestOptions, checked_options
+from radixcache.runtime.engine.options import RequestOptions, checked_options, resolve_options
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.tools.messages import normalize_message, normalize_messages
 from radixcache.runtime.tools.parse import json_object
@@ -135,7 +135,7 @@ class Session:
     def _kw(self, kwargs: dict[str, Any]) -> RequestOptions:
         """A turn's options: the session's (or the turn's own `options=`), with the turn's keywords over them."""
         options = kwargs.pop("options", None)
-        return (self.options if options is None else checked_options(options)).updated(caller="Session", **kwargs)
+        return resolve_options(None, self.options if options is None else options, kwargs, "Session")
 
     def _append(self, turns: list[dict[str, Any]], result: GenerationResult) -> GenerationResult:
         """Add the turns the reply answered (whatever their content, None included: the prompt had them) and the

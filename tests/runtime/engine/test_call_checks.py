@@ -147,3 +147,22 @@ def test_a_stop_token_id_outside_the_vocabulary_is_refused_as_a_logit_bias_id_is
     with pytest.raises(ValueError, match=message):
         engine.submit_group([[1, 2]], 2, each=[{"stop_token_ids": [10**6]}])
     assert_untouched(engine)
+
+
+def test_caller_given_to_an_entry_point_is_an_unknown_keyword_naming_that_call(tiny: RandomModel) -> None:
+    """`caller` labels the options' errors; given to a call it was Python's "RequestOptions.of() got multiple values
+    for keyword argument 'caller'", naming neither the call nor that it takes no such keyword."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    session = engine.session()
+    calls = {
+        "Engine.generate": lambda: engine.generate([1, 2], 2, caller="x"),
+        "Engine.submit": lambda: engine.submit([1, 2], 2, options=RequestOptions.of(2), caller="x"),
+        "Engine.fork": lambda: engine.fork([1, 2], 2, 2, caller="x"),
+        "Engine.unpin": lambda: engine.unpin([1, 2], caller="x"),
+        "Engine.agenerate": lambda: asyncio.run(engine.agenerate([1, 2], 2, caller="x")),
+        "Session": lambda: session.send("hi", caller="x"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=re.escape(f"{name}() got an unexpected keyword argument 'caller'")):
+            call()
+    assert_untouched(engine)
