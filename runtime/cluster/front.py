@@ -174,19 +174,20 @@ class ClusterEngine:
             raise
 
     def unpin(self, prompt: Sequence[int] | str | Sequence[dict[str, Any]] | None = None, **kwargs: Any) -> int:
-        """Release pins (`pin=` on a request) on every replica: those of `prompt` (in `namespace`), or every pin, as
-        Engine.unpin does; how many were released in all. It takes what Engine.unpin takes: text, ids, or chat
-        messages with the `tools=` (or `options=`) of the pinning request, rendered here as the server renders a chat
-        (with this front door's memory of the calls the model wrote, whose ids the history carries; a replica's own
-        memory knows them by other ids). A pinned request ran on one replica, which the front door does not remember,
-        so each is asked."""
+        """Release pins (`pin=` on a request) on every replica: those of `prompt` (in `namespace`), every pin of a
+        `namespace` given alone, or every pin, as Engine.unpin does; how many were released in all. It takes what
+        Engine.unpin takes: text, ids, or chat messages with the `tools=` (or `options=`) of the pinning request,
+        rendered here as the server renders a chat (with this front door's memory of the calls the model wrote, whose
+        ids the history carries; a replica's own memory knows them by other ids). A pinned request ran on one
+        replica, which the front door does not remember, so each is asked."""
         opts = resolve_options(
             kwargs.pop("max_new_tokens", None), kwargs.pop("options", None), kwargs, "ClusterEngine.unpin"
         )
         if is_messages(prompt):
             prompt = render_messages(self.tokenizer, self.tool_memory, prompt, opts)  # type: ignore[arg-type]
         ids = None if prompt is None else self._prompt_ids(prompt, opts)
-        return sum(self.cluster.replica_call("unpin", ids, opts.namespace))
+        everywhere = "namespace" not in kwargs and opts.namespace is None  # unpin(): every namespace's, as Engine's
+        return sum(self.cluster.replica_call("unpin", ids, opts.namespace, everywhere))
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Each replica's queued disk writes (with --cache-dir) finish; False if one has not within `timeout`."""

@@ -72,12 +72,13 @@ class PinTable:
             self._made_for[key] = {prompt}
         return 0 if over else len(tokens)
 
-    def unpin(self, prompt: Sequence[int] | None, namespace: Hashable) -> int:
-        """Release the pins made for `prompt` in `namespace` (every pin when `prompt` is None); a page another
-        prompt's pin holds stays locked. Returns how many pins (one per prompt and pinned prefix) were released."""
+    def unpin(self, prompt: Sequence[int] | None, namespace: Hashable, *, every_namespace: bool = False) -> int:
+        """Release the pins made for `prompt` in `namespace` (every pin there when `prompt` is None; in every
+        namespace too with `every_namespace`); a page another prompt's pin holds stays locked. Returns how many pins
+        (one per prompt and pinned prefix) were released."""
         made_for = None if prompt is None else tuple(prompt)
         released = 0
-        for key in [k for k in self._pins if made_for is None or k[0] == namespace]:
+        for key in [k for k in self._pins if (every_namespace and made_for is None) or k[0] == namespace]:
             owners = self._made_for[key]
             if made_for is None:
                 released += len(owners)

@@ -37,3 +37,13 @@ def test_unpin_releases_a_pin_on_the_replica_that_holds_it(front: Any) -> None:
         front.unpin(b"abc")
     for replica in front.replicas:
         assert replica.check()["locked_blocks"] == 0
+
+
+def test_unpin_of_a_namespace_alone_releases_only_its_pins_on_every_replica(front: Any) -> None:
+    """As Engine.unpin: unpin(namespace="x") released every namespace's pins."""
+    a, b = list(range(1, 18)), list(range(30, 47))
+    front.generate(a, 2, pin=True)
+    front.generate(b, 2, pin=True, namespace="x")
+    assert front.unpin(namespace="x") == 1 and sorted(_pinned(front)) == [0, 4]
+    assert front.unpin(namespace="x") == 0
+    assert front.unpin() == 1 and _pinned(front) == [0, 0]

@@ -166,3 +166,16 @@ def test_caller_given_to_an_entry_point_is_an_unknown_keyword_naming_that_call(t
         with pytest.raises(TypeError, match=re.escape(f"{name}() got an unexpected keyword argument 'caller'")):
             call()
     assert_untouched(engine)
+
+
+def test_unpin_of_a_namespace_alone_releases_that_namespaces_pins_only(tiny: RandomModel) -> None:
+    """A tenant's unpin(namespace=t) released every tenant's pins, as unpin() does."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4, max_pinned_fraction=0.5)
+    prompt = list(range(1, 9))
+    for namespace in ("a", "b", None):
+        assert engine.generate(prompt, 1, pin=True, namespace=namespace).pinned_tokens == 8
+    assert engine.unpin(namespace="a") == 1 and engine.stats.pinned_blocks == 4
+    assert engine.unpin(options=RequestOptions.of(namespace="b")) == 1 and engine.stats.pinned_blocks == 2
+    assert engine.unpin(namespace="a") == 0
+    assert engine.generate(prompt, 1, pin=True, namespace="a").pinned_tokens == 8
+    assert engine.unpin() == 2 and engine.stats.pinned_blocks == 0 and engine.cache.locked_blocks == 0
