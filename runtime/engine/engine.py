@@ -249,8 +249,8 @@ class Engine:
         check_fork_seed(seed, n)
         text = self._builder.render_for(prefix, opts) if is_messages(prefix) else prefix  # type: ignore[arg-type]
         ids = self._builder.encode(text)
-        build = self._builder.encode_continuation
-        tails = [build(c) for c in continuations] if continuations is not None else [[]] * n
+        build, cs = self._builder.encode_continuation, continuations
+        tails = [[]] * n if cs is None else [build(c, f"continuations[{i}]") for i, c in enumerate(cs)]
         branches = [opts if seed is None else opts.updated(seed=seed + i) for i in range(n)]
         reqs = [self._build(ids + tail, o, ids) for tail, o in zip(tails, branches, strict=True)]  # pins: for ids
         return self._wait(self._submit_group(reqs))

@@ -140,8 +140,9 @@ class RequestBuilder:
         self.check_vocabulary(ids)
         return ids
 
-    def encode_continuation(self, text_or_ids: Prompt) -> list[int]:
-        """A fork continuation's ids: text is encoded without special tokens, so no BOS lands mid-sequence."""
+    def encode_continuation(self, text_or_ids: Prompt, what: str = "continuation") -> list[int]:
+        """A fork continuation's ids: text is encoded without special tokens, so no BOS lands mid-sequence. Errors
+        name it as `what` (Engine.fork: `continuations[i]`)."""
         if isinstance(text_or_ids, str):
             if self.tokenizer is None:
                 raise ValueError("a text continuation needs a tokenizer; pass token ids instead")
@@ -153,15 +154,15 @@ class RequestBuilder:
                 if ids[:1] == [bos]:
                     ids = ids[1:]
         else:
-            ids = token_ids(text_or_ids, "continuation")
-        self.check_vocabulary(ids)
+            ids = token_ids(text_or_ids, what)
+        self.check_vocabulary(ids, what)
         return ids
 
-    def check_vocabulary(self, ids: Sequence[int]) -> None:
+    def check_vocabulary(self, ids: Sequence[int], what: str = "") -> None:
         vocab = self.config.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+            raise ValueError(f"{what + ': ' if what else ''}token id {bad} is outside the vocabulary [0, {vocab})")
 
     def render_for(self, messages: Messages | Sequence[Messages], options: RequestOptions) -> Any:
         """`render` with the tools and cache namespace of `options`."""
@@ -250,7 +251,8 @@ def token_ids(prompt: Any, what: str) -> list[int]:
     if isinstance(prompt, torch.Tensor):
         prompt = prompt.tolist()
     if not _is_sequence(prompt):
-        raise ValueError(f"a {what} must be text or a sequence of token ids, got {_shown(prompt)}")
+        article = "" if "[" in what else "a "  # "a prompt", but "continuations[1]"
+        raise ValueError(f"{article}{what} must be text or a sequence of token ids, got {_shown(prompt)}")
     ids = []
     for i, t in enumerate(prompt):
         try:

@@ -179,3 +179,16 @@ def test_unpin_of_a_namespace_alone_releases_that_namespaces_pins_only(tiny: Ran
     assert engine.unpin(namespace="a") == 0
     assert engine.generate(prompt, 1, pin=True, namespace="a").pinned_tokens == 8
     assert engine.unpin() == 2 and engine.stats.pinned_blocks == 0 and engine.cache.locked_blocks == 0
+
+
+def test_a_bad_fork_continuation_is_named_by_its_index(tiny: RandomModel) -> None:
+    """ "continuation[0] must be a token id" named the token's index inside the second continuation, not which
+    continuation; an id past the vocabulary named neither."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    with pytest.raises(ValueError, match=re.escape("continuations[1][0] must be a token id (an integer), got bool")):
+        engine.fork([1, 2], continuations=[[5], [True]], max_new_tokens=2)
+    with pytest.raises(ValueError, match=re.escape("continuations[2]: token id 1000 is outside the vocabulary")):
+        engine.fork([1, 2], continuations=[[5], "ab", [6, 1000]], max_new_tokens=2)
+    with pytest.raises(ValueError, match=re.escape("continuations[1] must be text or a sequence of token ids")):
+        engine.fork([1, 2], continuations=[[5], 7], max_new_tokens=2)
+    assert_untouched(engine)
