@@ -177,9 +177,7 @@ def replay(
         console.print(replica_table(cluster))
         cluster.close()
     if compare:
-        mismatches = outcome.text_mismatches
-        same = "identical" if mismatches == 0 else f"{mismatches} requests differ"
-        console.print(f"generated text with and without the cache: {same}")
+        console.print(f"generated text with and without the cache: {_text_verdict(outcome)}")
     if json_path:
         click.echo(f"wrote {json_path}", err=True)
     if record_trace is not None:
@@ -198,6 +196,17 @@ def replay(
 
 
 # ---------------------------------------------------------------------------------------------- output
+
+
+def _text_verdict(comparison: Any) -> str:
+    """Whether the two runs wrote the same texts, over the requests that ran in both: after Ctrl-C the run without
+    the cache holds fewer, or none (it never started), and "identical" would claim what nothing compared."""
+    mismatches, compared = comparison.text_mismatches, comparison.text_compared
+    if compared == 0:
+        return "not compared (no request ran in both runs)"
+    same = "identical" if mismatches == 0 else f"{mismatches} requests differ"
+    total = len(comparison.cached.requests)
+    return same if compared == total else f"{same} (of the {compared} of {total} requests that ran in both)"
 
 
 @contextmanager

@@ -187,6 +187,13 @@ class Comparison:
         keys = [((r.conversation, r.turn), r.text) for r in self.cached.requests]
         return sum(1 for key, text in keys if key in other and other[key] != text)
 
+    @property
+    def text_compared(self) -> int:
+        """Requests that ran in both runs, whose texts `text_mismatches` compared: fewer than the cached run's when a
+        run was interrupted (none when the run without the cache never started)."""
+        other = {(r.conversation, r.turn) for r in self.uncached.requests}
+        return sum(1 for r in self.cached.requests if (r.conversation, r.turn) in other)
+
     def as_dict(self) -> dict[str, Any]:
         """The cached run's shape, plus "no_cache" (the other run) and "comparison" (the ratios)."""
         return {
@@ -198,6 +205,7 @@ class Comparison:
                 "wall_speedup": self.wall_speedup,
                 "prefill_reduction": self.prefill_reduction,
                 "text_mismatches": self.text_mismatches,
+                "text_compared": self.text_compared,
             },
         }
 

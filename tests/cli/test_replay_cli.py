@@ -106,6 +106,37 @@ def test_ctrl_c_prints_and_saves_what_finished(runner, tiny_model_dir: Path, sma
     assert data["summary"]["interrupted"] is True and len(data["requests"]) == 2
 
 
+@pytest.mark.parametrize(("stop_at", "verdict"), [(3, "not compared"), (7, "identical (of the 2 of 4 requests")])
+def test_compare_cut_by_ctrl_c_says_what_it_compared(
+    runner, tiny_model_dir: Path, small_trace: Path, tmp_path, monkeypatch, stop_at: int, verdict: str
+) -> None:
+    """Ctrl-C in the cached run (the third request: the run without the cache never starts) or in the other (its
+    third request, the seventh of both): the texts were compared over the requests that ran in both, none or 2 of 4,
+    where the line said "identical" as if all had been."""
+    from radixcache.runtime.engine.engine import Engine
+
+    real, calls = Engine.generate, []
+
+    def generate(self, prompt, *args, **kwargs):
+        if kwargs.get("namespace") is None:
+            calls.append(1)
+            if len(calls) == stop_at:
+                raise KeyboardInterrupt
+        return real(self, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    out = tmp_path / "c.json"
+    args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--compare", "--max-tokens", "2"]
+    result = runner.invoke(main, [*args, "--json", str(out)])
+    assert result.exit_code == 130, result.output
+    data = json.loads(out.read_text())
+    ran_in_both = {(r["conversation"], r["turn"]) for r in data["requests"]} & {
+        (r["conversation"], r["turn"]) for r in data["no_cache"]["requests"]
+    }
+    assert data["comparison"]["text_compared"] == len(ran_in_both) == (0 if stop_at == 3 else 2)
+    assert f"generated text with and without the cache: {verdict}" in result.stdout
+
+
 def test_trace_stats_and_the_plot_script_read_replay_json(
     runner, run_script, tiny_model_dir: Path, small_trace: Path, tmp_path: Path
 ) -> None:
