@@ -135,25 +135,30 @@ def iter_openai(path: str | Path) -> Iterator[Conversation]:
             role = message.get("role")
             if role not in ("system", "developer", "user", "assistant"):
                 fields.fail(f"unknown role {role!r}", f"messages[{index}].role")
-            content = _openai_content(message.get("content"))
-            if content is None:
-                fields.fail("expected a string or a list of text parts", f"messages[{index}].content")
+            content = _openai_content(fields, message.get("content"), f"messages[{index}].content")
             pairs.append(("system" if role == "developer" else role, content))
         limit = _positive(fields, "max_tokens") or _positive(fields, "max_completion_tokens")
         yield _from_messages(fields, pairs, "messages", _id(fields, f"line-{lineno}"), limit)
 
 
-def _openai_content(content: Any) -> str | None:
+def _openai_content(fields: FieldReader, content: Any, field: str) -> str:
+    """A message's text: a string, or its text parts joined. Any other part (an image, audio) is refused naming it,
+    as the server refuses it: read as "" it replayed another prompt than the trace's, without a word."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or not isinstance(part.get("text", ""), str):
-                return None
-            parts.append(part.get("text", ""))
-        return "".join(parts)
-    return None
+    if not isinstance(content, list):
+        fields.fail("expected a string or a list of text parts", field)
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind != "text":
+            fields.fail(
+                f"only text parts ({{'type': 'text', 'text': ...}}) can be replayed, got {kind!r}", f"{field}[{j}]"
+            )
+        if not isinstance(part.get("text"), str):
+            fields.fail(f"expected a string, got {type(part.get('text')).__name__}", f"{field}[{j}].text")
+        parts.append(part["text"])
+    return "".join(parts)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -109,6 +109,28 @@ def test_openai_out_of_order_roles_name_the_message(tmp_path: Path) -> None:
         read_trace(tmp_path / "o.jsonl")
 
 
+@pytest.mark.parametrize(
+    ("content", "field", "problem"),
+    [
+        ([{"type": "image_url", "image_url": {"url": "x.png"}}], r"content\[0\]", "got 'image_url'"),
+        ([{"type": "text", "text": "a"}, {"type": "input_audio"}], r"content\[1\]", "got 'input_audio'"),
+        ([{"text": "a"}], r"content\[0\]", "got None"),
+        (["a"], r"content\[0\]", "got 'str'"),
+        ([{"type": "text"}], r"content\[0\]\.text", "expected a string, got NoneType"),
+    ],
+)
+def test_openai_parts_other_than_text_are_refused_naming_the_part(
+    tmp_path: Path, content: list, field: str, problem: str
+) -> None:
+    """An image (or audio) part was read as "" (an image-only message replayed as an empty one), where the server
+    refuses it: the reader names the part, as the server does."""
+    line = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    line["messages"].append({"role": "user", "content": content})
+    (tmp_path / "o.jsonl").write_text(json.dumps(line) + "\n")
+    with pytest.raises(TraceError, match=rf"o\.jsonl:1: field 'messages\[2\]\.{field}': .*{problem}"):
+        read_trace(tmp_path / "o.jsonl")
+
+
 def test_the_shipped_sample_chat_trace_reads_as_conversations() -> None:
     trace = read_trace(SAMPLE)
     assert trace.format == "conversations"
