@@ -52,7 +52,8 @@ def replay_through_tree(cache: RadixCache, requests: list) -> dict:
     "--policy",
     "policies",
     multiple=True,
-    type=click.Choice(sorted(ALL_POLICIES)),  # every policy usable by name, as on replay and simulate
+    # every policy usable by name, in any case, as on simulate (make_policy takes any case)
+    type=click.Choice(sorted(ALL_POLICIES), case_sensitive=False),
     help=f"Repeat to compare; default: the classic ones ({', '.join(sorted(POLICIES))}).",
 )
 @click.option("--seed", default=0, show_default=True, type=int)

@@ -267,6 +267,18 @@ def test_demo_takes_every_policy_usable_by_name(runner) -> None:
     assert classic[3]["hit_tokens"] == rows[1]["hit_tokens"] and rows[0]["requests"] == rows[1]["requests"]
 
 
+def test_demo_takes_a_policy_in_any_case_as_simulate_does(runner) -> None:
+    """`demo --policy LRU` was a usage error ('LRU' is not one of ...) where `simulate --policy LRU` and make_policy
+    take any case; the rows are named as the policy names itself."""
+    args = ["demo", "--conversations", "3", "--capacity-blocks", "4000", "--json"]
+    mixed = runner.invoke(main, [*args, "--policy", "LRU", "--policy", "Reuse"])
+    lower = runner.invoke(main, [*args, "--policy", "lru", "--policy", "reuse"])
+    assert mixed.exit_code == lower.exit_code == 0, mixed.output
+    strip = lambda rows: [{k: v for k, v in row.items() if k != "seconds"} for row in rows]  # noqa: E731
+    assert strip(json.loads(mixed.stdout)) == strip(json.loads(lower.stdout))
+    assert [r["policy"] for r in json.loads(mixed.stdout)] == ["lru", "reuse"]
+
+
 @pytest.mark.parametrize("value", ["nan", "500"])
 def test_replay_temperature_past_the_engine_bound_is_a_bad_option(runner, tmp_path: Path, value: str) -> None:
     """click's FloatRange(min=0) let NaN and 500 through: the run failed after the model loaded (exit 1)."""
