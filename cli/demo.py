@@ -43,6 +43,20 @@ def replay_through_tree(cache: RadixCache, requests: list) -> dict:
     }
 
 
+def _check_capacity(requests: list, capacity_blocks: int, page_size: int) -> None:
+    """A usage error, before any policy runs, when the longest request (prompt and reply) needs more pages than the
+    cache holds: the replay stopped there, after the policies before it, with the tree's 'allocate: N blocks
+    requested, but the capacity is C', naming neither the option nor the size that would do."""
+    longest = max((len(r.tokens) + len(r.output_tokens) for r in requests), default=0)
+    pages = -(-longest // page_size)
+    if pages > capacity_blocks:
+        raise click.BadParameter(
+            f"{capacity_blocks:,} blocks cannot hold the workload's longest request ({longest:,} tokens: {pages:,} "
+            f"pages of {page_size}); give at least {pages:,}",
+            param_hint="'--capacity-blocks'",
+        )
+
+
 @click.command(cls=FriendlyCommand)
 @click.option("--conversations", default=200, show_default=True, type=click.IntRange(min=1))
 # A size up to int64's, as `simulate` takes: the tree's memory grows with the blocks used, not with the capacity.
@@ -75,6 +89,7 @@ def demo(
       radixcache demo --capacity-blocks 30000 --policy lru --policy slru
     """
     requests = list(multi_turn_chat(conversations=conversations, seed=seed))  # replayed once per policy
+    _check_capacity(requests, capacity_blocks, page_size)
     rows = []
     for name in policies or sorted(POLICIES):
         cache = RadixCache(capacity_blocks, page_size=page_size, policy=name)

@@ -196,10 +196,21 @@ def test_a_range_set_with_the_wrong_number_of_values_is_a_usage_error(runner, tm
     assert f"pause_s='{value}': expected a value like (2.0, 30.0)" in line and not out.exists()
 
 
-def test_demo_with_a_cache_smaller_than_a_request_is_one_line(runner) -> None:
-    """`demo` was a plain click command: a CacheFullError (a capacity below one request) printed a traceback."""
-    line = _one_line_error(runner.invoke(main, ["demo", "--capacity-blocks", "1", "--conversations", "2"]), 1)
-    assert "allocate" in line and "capacity is 1" in line
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_demo_with_a_cache_smaller_than_a_request_is_a_bad_option(runner, page_size: int) -> None:
+    """`demo` was a plain click command: a CacheFullError (a capacity below one request) printed a traceback; then it
+    was one line, 'allocate: N blocks requested, but the capacity is C', once the policies before had run, naming no
+    option. The longest request's pages (counted here from the generator) are the least capacity that runs."""
+    from radixcache.trace.synthetic import multi_turn_chat
+
+    longest = max(len(r.tokens) + len(r.output_tokens) for r in multi_turn_chat(conversations=2, seed=0))
+    pages = -(-longest // page_size)
+    args = ["demo", "--conversations", "2", "--page-size", str(page_size), "--json", "--capacity-blocks"]
+    line = _one_line_error(runner.invoke(main, [*args, str(pages - 1)]), 2)
+    assert "'--capacity-blocks'" in line and f"give at least {pages:,}" in line
+    fits = runner.invoke(main, [*args, str(pages)])
+    assert fits.exit_code == 0, fits.output
+    assert {row["requests"] for row in json.loads(fits.stdout)} == {len(list(multi_turn_chat(conversations=2, seed=0)))}
 
 
 def test_demo_takes_a_cache_as_large_as_simulate_does(runner) -> None:
