@@ -323,8 +323,8 @@ async def _drive_concurrent(run: _Run, sessions: list[TraceSession], offsets: di
 
 
 def _settle(engine: GenerationEngine, timeout: float = 30.0) -> None:
-    """After Ctrl-C, wait until the engine's loop thread has aborted the cancelled requests and stopped, so
-    the process can exit cleanly (a thread still inside torch at interpreter exit aborts the process)."""
+    """After Ctrl-C, wait until the engine's loop thread has aborted the cancelled requests and stopped (a thread
+    still inside torch at interpreter exit aborts the process)."""
     try:
         engine.wait_idle(timeout)
     except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
@@ -375,8 +375,8 @@ def compare(
 ) -> Comparison:
     """Replay with the cache (`make_engine(True)`), then without it (`make_engine(False)`), and compare.
 
-    The first engine is dropped before the second is built, so their KV pools are never both alive. When the
-    first run is interrupted, the second is not started and its result is empty (and marked interrupted).
+    The first engine is dropped before the second is built, so their KV pools are never both alive. When Ctrl-C
+    stops the first run, or the second's engine before its turns, the second's result is empty, marked interrupted.
     """
     config = _checked(config, on_start=on_start, on_result=on_result, on_warning=on_warning)
     if not callable(make_engine):
@@ -384,15 +384,19 @@ def compare(
     results = []
     for enabled in (True, False):
         label = "cache" if enabled else "no cache"
-        if results and results[0].summary.interrupted:
-            empty = summarize([], label=label, cache=False, mode=config.mode, interrupted=True)
-            results.append(ReplayResult(empty, ()))
-            break
-        if on_start is not None:
-            on_start(label)
-        engine = make_engine(enabled)
-        results.append(replay(engine, trace, config, label=label, on_result=on_result, on_warning=on_warning))
-        del engine
+        if not results or not results[0].summary.interrupted:
+            if on_start is not None:
+                on_start(label)
+            try:
+                engine = make_engine(enabled)
+                results.append(replay(engine, trace, config, label=label, on_result=on_result, on_warning=on_warning))
+                del engine
+                continue
+            except KeyboardInterrupt:  # while the second engine is built or warms up: the first run is still kept
+                if not results:
+                    raise
+        empty = summarize([], label=label, cache=False, mode=config.mode, interrupted=True)
+        results.append(ReplayResult(empty, ()))
     return Comparison(results[0], replace(results[1], summary=replace(results[1].summary, cache=False)))
 
 

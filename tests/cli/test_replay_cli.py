@@ -137,6 +137,34 @@ def test_compare_cut_by_ctrl_c_says_what_it_compared(
     assert f"generated text with and without the cache: {verdict}" in result.stdout
 
 
+def test_ctrl_c_while_the_baseline_warms_up_keeps_the_cached_run(
+    runner, tiny_model_dir: Path, small_trace: Path, tmp_path, monkeypatch
+) -> None:
+    """Ctrl-C after the cached run, while the run without the cache warmed up (or its engine was built), escaped
+    compare: the finished run was neither printed nor saved ('error: interrupted' alone), where the docs say what
+    finished is."""
+    from radixcache.runtime.engine.engine import Engine
+
+    real, warm_ups = Engine.generate, []
+
+    def generate(self, prompt, *args, **kwargs):
+        if kwargs.get("namespace") is not None:  # the warm-up's own namespace
+            warm_ups.append(1)
+            if len(warm_ups) == 2:
+                raise KeyboardInterrupt
+        return real(self, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    out = tmp_path / "w.json"
+    args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--compare", "--max-tokens", "2"]
+    result = runner.invoke(main, [*args, "--json", str(out)])
+    assert result.exit_code == 130, result.output
+    data = json.loads(out.read_text())
+    assert len(data["requests"]) == 4 and not data["summary"]["interrupted"]
+    assert data["no_cache"]["summary"]["interrupted"] and data["no_cache"]["requests"] == []
+    assert "no cache (interrupted)" in result.stdout
+
+
 def test_trace_stats_and_the_plot_script_read_replay_json(
     runner, run_script, tiny_model_dir: Path, small_trace: Path, tmp_path: Path
 ) -> None:
