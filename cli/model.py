@@ -49,7 +49,7 @@ def info(model: str, as_json: bool, debug: bool) -> None:
         if key == "name":
             continue
         shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
-        table.add_row(key.replace("_", " "), shown)
+        table.add_row(key.replace("_", " "), Text(shown))  # text, not markup: the source is the user's path
     Console().print(table)
 
 

@@ -44,6 +44,17 @@ def test_model_info_prints_a_folder_named_with_brackets_as_it_is(runner, tiny_mo
     assert f"m{ODD}" in result.stdout, result.stdout
 
 
+def test_model_info_prints_the_source_path_with_brackets_as_it_is(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The title was text, but the rows were markup: the `source` row of `m[v2]` read `.../m`, and of `m[/x]` failed
+    with an internal MarkupError."""
+    for name in (f"m{ODD}", "m[/x]"):
+        model = shutil.copytree(tiny_model_dir, tmp_path / name)
+        result = runner.invoke(main, ["model", "info", "--model", str(model)], env={"COLUMNS": "400"})  # no "…"
+        assert result.exit_code == 0, result.output
+        source = next(line for line in result.stdout.splitlines() if "source" in line)
+        assert str(model) in "".join(source.split("│")[2].split()), result.stdout
+
+
 def test_trace_stats_prints_a_replay_jsons_model_and_label_with_brackets_as_they_are(runner, tmp_path: Path) -> None:
     """`trace stats` of a replay JSON printed its model name and run label as markup: a name like `m[/x]` failed
     with an internal MarkupError, `run[bold]x[i]` lost its brackets."""
