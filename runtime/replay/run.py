@@ -295,12 +295,12 @@ def _drive_sequential(run: _Run, sessions: list[TraceSession], offsets: dict[tup
 
 
 async def _drive_concurrent(run: _Run, sessions: list[TraceSession], offsets: dict[tuple[int, int], float]) -> None:
-    """Each conversation is a task running its turns in order; a semaphore keeps at most N requests in flight.
-    The engine's `agenerate` (the scheduler) batches whatever is in flight."""
+    """Each conversation is a task running its turns in replay order (a token session's by arrival, whatever the
+    file's order); a semaphore keeps at most N in flight, which the engine's `agenerate` (the scheduler) batches."""
     gate = asyncio.Semaphore(run.config.concurrency)
 
     async def conversation(session: TraceSession) -> None:
-        for k in range(session.turns):
+        for k in sorted(range(session.turns), key=lambda k: run.positions[(session.index, k)]):
             if session.done:
                 return
             offset = offsets.get((session.index, k))

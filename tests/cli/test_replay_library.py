@@ -378,3 +378,21 @@ def test_a_conversation_is_one_session_where_the_engine_routes_by_session(tiny_m
     with _SessionSpy(str(tiny_model_dir), routes_sessions=False) as plain:
         replay(plain, CONVERSATIONS, config)
         assert plain.sessions == [None] * 4
+
+
+def test_concurrency_runs_a_token_sessions_requests_in_arrival_order_as_one_at_a_time_does(tiny_model_dir) -> None:
+    """A session whose requests the file lists out of time order (its later turn first) ran them in file order under
+    --concurrency > 1 (and with --honor-timestamps, its first arrival only after the later one's time), where the
+    sequential replay runs them by arrival: the same trace hit other pages. Both run them by arrival now."""
+    base = [(7 * i + 3) % 250 for i in range(40)]
+    requests = [
+        TokenRequest(2000, tuple(base + [5] * 20), 2, session="a"),  # arrives second: it extends the first
+        TokenRequest(0, tuple(base), 2, session="a"),
+        TokenRequest(1000, (9, 9, 9), 2, session="b"),
+    ]
+    runs = {}
+    for concurrency in (1, 2):
+        result = replay(Engine(str(tiny_model_dir)), requests, ReplayConfig(concurrency=concurrency, max_tokens=2))
+        runs[concurrency] = {(r.conversation, r.turn): r.cached_tokens for r in result.requests}
+    assert runs[1] == {("a", 2): 0, ("b", 1): 0, ("a", 1): 32}  # the extension reads the first's two whole pages
+    assert runs[2] == runs[1]
