@@ -7,9 +7,10 @@ the replicas' cache events, and survive replicas that die.
   (batches no longer kept) or a new incarnation (a restarted replica) resyncs that replica from a snapshot.
 - A replica whose call fails with a Ray actor error leaves the routing set at once (its index and load are dropped);
   the poller adds it back, with an empty index, once Ray has restarted it. A request that failed on a dead replica
-  is retried on another (no token was sent: results are whole), and fails with ReplicaUnavailableError when no
-  replica is left, or when its replica does not answer within `call_timeout` (HTTP 503 either way). No request
-  waits on a dead actor: Ray fails its pending calls.
+  is re-sent to another (no token was sent: results are whole), at most once (runtime.cluster.resend): a request that
+  kills its replica (a native crash, an OOM kill) would otherwise kill each one in turn. It fails with
+  ReplicaUnavailableError past that, when no replica is left, or when its replica does not answer within
+  `call_timeout` (HTTP 503 each). No request waits on a dead actor: Ray fails its pending calls.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from radixcache.runtime.cluster.placement import (
     node_cpus,
 )
 from radixcache.runtime.cluster.replica import EngineReplica
+from radixcache.runtime.cluster.resend import check_resend
 from radixcache.runtime.engine.errors import EngineDeadError, ReplicaUnavailableError
 
 log = logging.getLogger("radixcache.cluster")
@@ -181,7 +183,8 @@ class ReplicaCluster:
         **kwargs: Any,
     ) -> Any:
         """Route one request (token ids) and return its GenerationResult. A replica that dies under it is dropped
-        and the request re-sent to another; ReplicaUnavailableError when none is left."""
+        and the request re-sent to another (at most once: runtime.cluster.resend);
+        ReplicaUnavailableError when none is left."""
         request = self.route_request(prompt_ids, max_new_tokens, namespace, session)
         tried: set[int] = set()
         while True:
@@ -195,6 +198,7 @@ class ReplicaCluster:
                 if not self.actor_died(replica, exc):
                     raise
                 tried.add(replica)
+                check_resend(tried, exc)
                 self.count_retry()
             except self.ray.exceptions.GetTimeoutError:  # alive but not answering: the client may retry (503)
                 answered = False

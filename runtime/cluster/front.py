@@ -2,12 +2,13 @@
 ReplicaCluster and streams its tokens back from the replica (a Ray streaming generator), so `radixcache serve
 --replicas N` is the existing server in front of N engines.
 
-A request is retried on another replica when its replica dies before sending a token; after its first token it
-fails with ReplicaUnavailableError (HTTP 503, or an error event in a stream): tokens already sent cannot be taken
-back. A request never waits on a dead replica: Ray fails the stream's next item at once. Nor on a live one that
-stops sending: each item of the stream is awaited at most the cluster's `call_timeout` seconds; past it the request
-is cancelled on the replica, its load released, and it fails with ReplicaUnavailableError (the replica stays in the
-routing set: it is alive, only slow or stuck).
+A request is retried on another replica when its replica dies before sending a token, at most once
+(runtime.cluster.resend: a request that crashes its replica would take down each in turn); after its first token,
+or a second death, it fails with ReplicaUnavailableError (HTTP 503, or an error event in a stream): tokens already
+sent cannot be taken back. A request never waits on a dead replica: Ray fails the stream's next item at once. Nor
+on a live one that stops sending: each item of the stream is awaited at most the cluster's `call_timeout` seconds;
+past it the request is cancelled on the replica, its load released, and it fails with ReplicaUnavailableError (the
+replica stays in the routing set: it is alive, only slow or stuck).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from radixcache.runtime.cluster.calls import own_calls, render_messages
 from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.cluster.handles import FrontQueue, RemoteHandle, RemoteRequest
 from radixcache.runtime.cluster.limits import check_model_limits
+from radixcache.runtime.cluster.resend import check_resend
 from radixcache.runtime.cluster.tally import Baseline, _add, replica_rows, sum_stats  # noqa: F401 (_add: its tests)
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, each_options, resolve_options
@@ -284,6 +286,7 @@ class ClusterEngine:
                     if req.output_ids:
                         raise ReplicaUnavailableError(f"the replica serving this request died: {exc}") from None
                     tried.add(replica)
+                    check_resend(tried, exc)
                     cluster.count_retry()
                     if admitted:  # its wait in a queue had ended: the queue timeout counts from the new send
                         sent_at = time.time()

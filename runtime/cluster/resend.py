@@ -1,0 +1,25 @@
+"""The front door's re-send rule: how often a request is re-sent after a replica died under it (docs/replicas.md).
+
+Every death counts, whether or not the replica had admitted the request: a request that crashes its replica in its
+first prefill step (a native crash, an OOM kill) ends the process before the replica's report of its admission can
+leave it, so the front door cannot tell it from the requests that waited beside it. One re-send lets those through
+another replica; a second death fails the request, so a poison request takes down two replicas, not each in turn.
+"""
+
+from __future__ import annotations
+
+from radixcache.runtime.engine.errors import ReplicaUnavailableError
+
+RESENDS_AFTER_DEATH = 1
+
+
+def check_resend(died: set[int], exc: BaseException) -> None:
+    """ReplicaUnavailableError (503) when a request under which the replicas `died` died may not be re-sent again
+    (more than RESENDS_AFTER_DEATH deaths): it may be what kills them. A replica that died under a request is never
+    offered it again, restarted or not (the dispatch's `tried`): its one re-send goes to a replica that never ran it."""
+    if len(died) > RESENDS_AFTER_DEATH:
+        names = ", ".join(map(str, sorted(died)))
+        raise ReplicaUnavailableError(
+            f"engine replicas {names} died while serving this request; it is not re-sent again, as it may be what "
+            f"kills them (last: {exc})"
+        )
