@@ -32,6 +32,7 @@ from radixcache.runtime.cluster.placement import (
     check_poll_interval,
     check_reachable,
     node_cpus,
+    wait_started,
 )
 from radixcache.runtime.cluster.replica import EngineReplica
 from radixcache.runtime.cluster.resend import check_resend
@@ -122,12 +123,14 @@ class ReplicaCluster:
         self.actor_errors = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
         self._actors = {r: actor.remote(r, model, engine_kwargs, threads) for r in range(replicas)}
         try:
-            infos = ray.get([a.info.remote() for a in self._actors.values()])
-        except ray.exceptions.RayTaskError as exc:  # a replica's engine could not be built: its own error
+            infos = wait_started(ray, self._actors, [a.info.remote() for a in self._actors.values()])
+        except BaseException as exc:  # a replica's engine could not be built (its own error), or its process died
             for a in self._actors.values():
                 ray.kill(a, no_restart=True)
-            cause = getattr(exc, "cause", None)
-            raise (cause if isinstance(cause, Exception) else exc) from None
+            cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
         self.info = infos[0]
         self.fingerprint, self.page_size = infos[0]["fingerprint"], infos[0]["page_size"]
         self.model_name = infos[0]["model"]

@@ -1,7 +1,7 @@
 """What a replica cluster's start checks before and as Ray places its replicas: that a Ray address is reachable
 (ray.init retried an address nobody serves for minutes), that a replica's CPU share is a number, that its actor's
-threads can all start, and that the replicas fit the Ray cluster's CPUs (Ray would queue the ones that do not fit
-for ever)."""
+threads can all start, that the replicas fit the Ray cluster's CPUs (Ray would queue the ones that do not fit
+for ever), and that no replica's process dies while it starts (Ray would restart it for ever)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ RAY_CONNECT_TIMEOUT_S = 5.0  # a head node answers a TCP connect in milliseconds
 # Ray starts every thread of a threaded actor with it (8 MiB of address space and 2 memory maps each): past what the
 # process may map, the actor dies at its start and Ray (max_restarts=-1) starts it again, for ever, silently.
 MAX_ACTOR_THREADS = 4096
+START_CHECK_S = 1.0  # how often the start looks whether a replica that has not answered yet was restarted
 NO_BOUND_S = 10.0**9  # "no bound" as Ray waits: its timeouts are whole milliseconds (infinity was an OverflowError)
 
 
@@ -101,3 +102,32 @@ def check_actor_threads(threads: int, max_running: int, max_queue: int | None) -
             f"{max_running}, max_queue {queue} and a few for control calls), at most {MAX_ACTOR_THREADS}: give a "
             "smaller max_queue (--max-queue) or max_running (--max-running)"
         )
+
+
+def wait_started(ray: Any, actors: dict[int, Any], refs: list[Any]) -> list[Any]:
+    """The replicas' answers `refs` (one per actor of `actors`, in order), once all have come. A replica whose process
+    died while it started (an OOM kill as it loads the model or allocates its KV memory, a native crash) is a
+    RuntimeError naming it: Ray restarts it (max_restarts=-1), each start dies again, and the start waited for ever,
+    silently (Ray's messages do not reach the driver). A replica that died for good raises Ray's actor error."""
+    pending = list(refs)
+    while pending:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=START_CHECK_S)
+        for (replica, actor), ref in zip(actors.items(), refs, strict=True):
+            restarts = _restarts(actor) if ref in pending else 0
+            if restarts:
+                raise RuntimeError(
+                    f"engine replica {replica}'s process died while it started ({restarts} times, restarted by Ray "
+                    "each time): killed for its memory (the model, --kv-memory, a thread per request its engine may "
+                    "hold) or by a native crash; see the worker logs of Ray's session (logs/ under its session dir)"
+                )
+    return [ray.get(ref) for ref in refs]
+
+
+def _restarts(actor: Any) -> int:
+    """How many times Ray has restarted `actor`, from Ray's actor table (0 where it cannot be read)."""
+    try:
+        from ray._private import state
+
+        return int(state.actors(actor._actor_id.hex())["NumRestarts"])
+    except Exception:
+        return 0
