@@ -171,10 +171,12 @@ class ReplicaCluster:
         """What the router sees of a request: its page keys, sizes and session. Its decode is what the replica can
         generate: at most up to the model's max_position, where the engine ends it ("length"), however large
         `max_new_tokens` (one of 10**9, "until EOS", counted as 10**9 tokens of work, kept every later request off
-        its replica through cache_aware's recent work; 10**400 was an OverflowError)."""
+        its replica through cache_aware's recent work; 10**400 was an OverflowError). Its session is scoped to its
+        `namespace` (a tenant's): two tenants' "chat-1" are two sessions (the Python API's shared one's stickiness)."""
         keys = self.page_keys(prompt_ids, namespace)
         decode = max(0, min(max_new_tokens, self.max_position - len(prompt_ids)))
-        return RouteRequest(keys, len(prompt_ids), decode, self.page_size, session)
+        scoped = None if session is None else f"{namespace!r}|{session}"  # a str's repr is quoted: no collisions
+        return RouteRequest(keys, len(prompt_ids), decode, self.page_size, scoped)
 
     def generate(
         self,

@@ -232,3 +232,21 @@ def test_what_the_model_cannot_take_is_refused_at_the_call(front: Any, prompt: A
     with pytest.raises(ValueError, match=match):
         front.submit_group([[1, 2, 3], prompt], 2, **kwargs)
     assert _streams(front) == [] and front.cluster.loads.in_flight() == 0
+
+
+def test_python_api_sessions_are_scoped_to_their_namespace(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path) -> None:
+    """Regression: the front door keyed the router by the bare `session=`, so two tenants (namespaces) using the same
+    session id shared one session's stickiness (the server scoped its own sessions; the Python API's were not)."""
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    cluster = ReplicaCluster("fake", 2, router="cache_aware", poll_interval=None)
+    front = ClusterEngine(cluster, str(tiny_dir))
+    try:
+        for tenant in ("acme", "globex", "acme"):
+            front.generate([5, 6, 7, 8], 2, namespace=tenant, session="chat-1")
+        assert len(cluster.router._sessions) == 2  # one session per tenant, each remembered on its own
+        assert cluster.route_request([1], 1, None, "s").session != cluster.route_request([1], 1, "None", "s").session
+    finally:
+        front.close()
