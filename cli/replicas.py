@@ -32,11 +32,22 @@ def replica_options(func: Callable) -> Callable:
             type=click.Choice(ROUTERS),
             help="How requests are spread over --replicas (docs/routing.md).",
         ),
-        click.option("--ray-address", help="Join this Ray cluster instead of starting a local one (with --replicas)."),
+        click.option(
+            "--ray-address",
+            callback=_check_address,
+            help="Join this Ray cluster instead of starting a local one (with --replicas).",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def _check_address(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """An empty address is a usage error naming --ray-address (Ray's own said "Invalid address format:", no flag)."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("an empty address: give host:port, ray://host:port or auto, or leave it out")
+    return value
 
 
 def check_replica_flags(replicas: int | None) -> None:

@@ -22,7 +22,9 @@ NO_BOUND_S = 10.0**9  # "no bound" as Ray waits: its timeouts are whole millisec
 def check_reachable(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
     """ConnectionError naming `address` when it is a `host:port` (or `ray://host:port`) that no process accepts a
     connection on: ray.init retried such an address for minutes, printing its own logs, before it failed. "auto",
-    "local" and None (a local cluster) are Ray's to resolve."""
+    "local" and None (a local cluster) are Ray's to resolve; an empty one is a ValueError (Ray's named no argument)."""
+    if address is not None and not address.strip():
+        raise ValueError("the Ray address is empty: give host:port, ray://host:port or auto (None: a local cluster)")
     match = re.fullmatch(r"(?:ray://)?\[?([^\[\]/]+?)\]?:(\d{1,5})", address or "")
     if match is None:
         return

@@ -30,3 +30,19 @@ def test_a_listening_address_and_rays_own_forms_pass() -> None:
         check_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout=2)
     for address in (None, "auto", "local"):
         check_reachable(address)
+
+
+@pytest.mark.parametrize("command", ["replay", "serve"])
+@pytest.mark.parametrize("address", ["", "  "])
+def test_an_empty_address_is_a_usage_error_naming_the_flag(command: str, address: str, tiny_dir) -> None:
+    """Regression: `--ray-address ""` reached ray.init, whose error ("Invalid address format:") named no flag."""
+    from click.testing import CliRunner
+
+    from radixcache.cli.main import main
+
+    args = [command, "--model", str(tiny_dir), "--replicas", "2", "--ray-address", address]
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 2, out.output
+    assert "--ray-address" in out.output and "empty address" in out.output
+    with pytest.raises(ValueError, match="the Ray address is empty"):
+        check_reachable(address)
