@@ -24,13 +24,20 @@ def config_int(value: Any, what: str, minimum: int = 1) -> int:
         raise ValueError(f"{what} is {value!r}, not an integer")
     if number < minimum:
         raise ValueError(f"{what} is {number}, expected at least {minimum}")
+    if number >= 2**63:  # no count or size of a model is: JSON's 400-digit integers overflowed every float after
+        raise ValueError(f"{what} is {str(number)[:40]}..., past 2**63")
     return number
 
 
 def config_float(value: Any, what: str) -> float:
-    """`value` as a finite positive float (RoPE's base, RMSNorm's epsilon); ValueError naming `what` otherwise."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} is {value!r}, expected a finite number above 0")
+    """`value` as a finite positive float (RoPE's base, RMSNorm's epsilon); ValueError naming `what` otherwise (an
+    integer past a float's range too: JSON reads a 400-digit number as one, and isfinite raised OverflowError)."""
+    try:
+        finite = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:
+        finite = False
+    if not finite or value <= 0:
+        raise ValueError(f"{what} is {value!r:.60}, expected a finite number above 0")
     return float(value)
 
 

@@ -57,6 +57,15 @@ def refused(path, message: str) -> None:
         ({"eos_token_id": {"a": 1}}, "eos_token_id {'a': 1} is not a token id or a list of them"),
         ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false, got 'false'"),
         ({"tie_word_embeddings": 0}, "tie_word_embeddings must be true or false, got 0"),
+        # 400-digit integers (JSON reads them as Python ints): an OverflowError from the first float they met
+        ({"rope_theta": 10**400}, "rope_theta is 1000"),
+        ({"rms_norm_eps": 10**400}, "rms_norm_eps is 10000"),
+        ({"max_position_embeddings": 10**400}, "max_position_embeddings is 10000000000000000000000000000000000000"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 10**400}}, "rope_scaling.factor is 1000"),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 10**400}},
+            "rope_scaling.original_max_position_embeddings is 1000000000000000000000000000000000000000..., past 2**63",
+        ),
     ],
 )
 def test_config_fields_of_the_wrong_type_or_out_of_range_are_named(checkpoint, tmp_path, overrides, message):
