@@ -22,6 +22,11 @@ CONCURRENT_NOTE = (
     "eviction)"
 )
 
+INTERRUPTED_NOTE = (
+    "(interrupted: the trace may also hold the requests Ctrl-C cut short, which the engine served as far as they went "
+    "and the table leaves out, so the two hit rates can differ)"
+)
+
 
 def record_option(func: Callable) -> Callable:
     """--record-trace FILE."""

@@ -22,6 +22,7 @@ from radixcache.cli import engine_options
 from radixcache.cli.errors import EXIT_INTERRUPTED, FriendlyCommand, debug_option, fail
 from radixcache.cli.record import (
     CONCURRENT_NOTE,
+    INTERRUPTED_NOTE,
     check_distinct_files,
     check_record_path,
     record_option,
@@ -187,6 +188,8 @@ def replay(
             click.echo(f"its hit rate through the tree alone: {command}", err=True)
             if first.concurrency > 1:
                 click.echo(CONCURRENT_NOTE, err=True)
+            if first.interrupted:  # the engine served (and recorded) what it had of the request Ctrl-C cut short
+                click.echo(INTERRUPTED_NOTE, err=True)
     interrupted = any(r.summary.interrupted for r in results)
     skipped = results[0].summary.skipped_too_long + results[0].summary.skipped_kv_full
     if interrupted:

