@@ -7,7 +7,7 @@ import sys
 import click
 
 from radixcache.cli import engine_options
-from radixcache.cli.errors import EXIT_ERROR, EXPECTED, FriendlyCommand, debug_option, describe, one_line
+from radixcache.cli.errors import EXIT_ERROR, EXPECTED, FriendlyCommand, debug_option, describe, fail, one_line
 
 COMMANDS = "/exit to leave, /reset to start over"
 
@@ -61,6 +61,12 @@ def chat(
 
     kwargs = engine_choices.engine_kwargs(no_cache)
     engine = Engine(engine_choices.load_model(model), enable_cache=not no_cache, **kwargs)
+    probe = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": "?"}]
+    try:  # every turn renders with the model's chat template: without one, each line read was refused in turn
+        engine.tokenizer.apply_chat_template(probe, add_generation_prompt=True)
+    except EXPECTED as exc:
+        engine.close()
+        fail(f"cannot chat: {describe(exc)}")
     interactive = sys.stdin.isatty()
     if interactive:
         click.echo(f"chatting with {engine.config.name} ({COMMANDS})", err=True)

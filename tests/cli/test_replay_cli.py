@@ -284,3 +284,20 @@ def test_chat_drops_a_turn_the_engine_refuses_and_goes_on(runner, tiny_model_dir
     assert "Traceback" not in result.output
     turns = [line for line in result.stdout.splitlines() if "prefilled" in line]
     assert len(turns) == 2 and int(turns[1].split("[")[1].split(" cached")[0]) > 0  # the first turn's history
+
+
+def test_chat_with_a_model_without_a_chat_template_fails_before_reading(runner, tiny_model_dir: Path, tmp_path) -> None:
+    """A model with no chat template: every line read was refused in turn ('has no chat template ... (this turn was
+    dropped)', once per line) and the chat went on reading; it is one error before the first line is read."""
+    import shutil
+
+    model = shutil.copytree(tiny_model_dir, tmp_path / "no-template")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    result = runner.invoke(main, ["chat", "--model", str(model), "--max-tokens", "2"], input="hi\nagain\n")
+    assert result.exit_code == 1, result.output
+    assert (
+        result.stderr.count("error:") == 1 and "cannot chat: " in result.stderr and "no chat template" in result.stderr
+    )
+    assert "prefilled" not in result.stdout and "dropped" not in result.stderr
