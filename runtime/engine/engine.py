@@ -197,7 +197,7 @@ class Engine:
         `.result(timeout)`, `.future` and `.cancel()`. Takes generate's keyword arguments."""
         opts = self._options(max_new_tokens, options, kwargs, "submit")
         prompts, single = split_batch(prompt)
-        reqs = [self._build(p, opts) for p in prompts]  # all validated before any runs
+        reqs = self._build(prompts, [opts] * len(prompts))  # all validated before any runs
         handles = self._enqueue(reqs)  # they reach the scheduler together, between two steps
         return handles[0] if single else handles
 
@@ -222,7 +222,7 @@ class Engine:
         check_each(each, len(prompts))
         opts = self._options(max_new_tokens, options, kwargs, "submit_group")
         mine = each_options(opts, each, "Engine.submit_group")  # errors name each[i] and the field
-        return self._submit_group([self._build(p, mine[i] if mine else opts) for i, p in enumerate(prompts)])
+        return self._submit_group(self._build(prompts, mine or [opts] * len(prompts)))
 
     def fork(
         self,
@@ -252,7 +252,7 @@ class Engine:
         build, cs = self._builder.encode_continuation, continuations
         tails = [[]] * n if cs is None else [build(c, f"continuations[{i}]") for i, c in enumerate(cs)]
         branches = [opts if seed is None else opts.updated(seed=seed + i) for i in range(n)]
-        reqs = [self._build(ids + tail, o, ids) for tail, o in zip(tails, branches, strict=True)]  # pins: for ids
+        reqs = self._build([ids + t for t in tails], branches, ids, "continuations" if cs else "")  # pins: for ids
         return self._wait(self._submit_group(reqs))
 
     def session(self, system: str | None = None, **defaults: Any) -> Session:
@@ -279,7 +279,7 @@ class Engine:
 
         def build() -> Request:  # at the first read, off the event loop: its errors raise there
             opts = self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "stream")
-            return self._build(self._builder.render_for(prompt, opts) if is_messages(prompt) else prompt, opts)  # type: ignore[arg-type]
+            return self._builder.build(self._builder.render_for(prompt, opts) if is_messages(prompt) else prompt, opts)  # type: ignore[arg-type]
 
         return TextStream(lambda ended: request_deltas(build, self._enqueue, self.output, ended))
 
@@ -372,9 +372,9 @@ class Engine:
 
     # ------------------------------------------------------------------ private
 
-    def _request(self, prompt: Prompt, max_new_tokens: MaxNew = None, **kwargs: Any) -> Request:
-        """A validated Request from generate's arguments; raises before anything is queued."""
-        return self._build(prompt, self._options(max_new_tokens, kwargs.pop("options", None), kwargs, "generate"))
+    def _request(self, prompt: Prompt, max_new_tokens: MaxNew = None, options: Any = None, **kwargs: Any) -> Request:
+        """A validated Request from generate's arguments; raises before anything is queued (closed: refused)."""
+        return self._builder.build(prompt, self._options(max_new_tokens, options, kwargs, "generate"))
 
     def _options(
         self, max_new_tokens: int | None, options: RequestOptions | None, kwargs: dict[str, Any], caller: str
@@ -385,10 +385,10 @@ class Engine:
             raise EngineClosedError("this engine is closed")
         return resolve_options(max_new_tokens, options, kwargs, f"Engine.{caller}")
 
-    def _build(self, prompt: Prompt, options: RequestOptions, pin_for: list[int] | None = None) -> Request:
-        if self._closed:
+    def _build(self, prompts: list, options: list, pin_for: Any = None, what: str = "prompts") -> list[Request]:
+        if self._closed:  # the requests of one call, all validated; an error of one of several names it: `what[i]`
             raise EngineClosedError("this engine is closed")
-        return self._builder.build(prompt, options, pin_for)
+        return self._builder.build_all(prompts, options, pin_for, what)
 
     def _submit_group(self, reqs: list[Request]) -> list[RequestHandle]:
         if not reqs:

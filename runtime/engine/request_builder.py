@@ -102,6 +102,22 @@ class RequestBuilder:
             call_ids=CallIds() if use is not None and use.parses_calls else None,
         )
 
+    def build_all(
+        self, prompts: Sequence[Prompt], options: Sequence[RequestOptions], pin_for: Any = None, what: str = "prompts"
+    ) -> list[Request]:
+        """`build` for each prompt with its options, all before any is queued. An error of one of several prompts
+        names it, `what[i]` (a batch's "prompt is empty" or "token id 1000 is outside the vocabulary" said not which;
+        `what` empty: as it is)."""
+        reqs = []
+        for i, (prompt, opts) in enumerate(zip(prompts, options, strict=True)):
+            try:
+                reqs.append(self.build(prompt, opts, pin_for))
+            except (ValueError, RequestTooLargeError) as exc:
+                if len(prompts) == 1 or not what or type(exc) not in (ValueError, RequestTooLargeError):
+                    raise  # a GrammarError names its own path; the options are the call's, not the prompt's
+                raise type(exc)(f"{what}[{i}]: {exc}") from exc
+        return reqs
+
     def check_fits(self, ids: Sequence[int]) -> None:
         """RequestTooLargeError (the scheduler's, word for word) for a prompt more pages than the whole pool."""
         cap = self.capacity_blocks

@@ -192,3 +192,25 @@ def test_a_bad_fork_continuation_is_named_by_its_index(tiny: RandomModel) -> Non
     with pytest.raises(ValueError, match=re.escape("continuations[1] must be text or a sequence of token ids")):
         engine.fork([1, 2], continuations=[[5], 7], max_new_tokens=2)
     assert_untouched(engine)
+
+
+def test_a_bad_prompt_of_a_batch_is_named_by_its_index(tiny: RandomModel) -> None:
+    """"the prompt is empty", "prompt[1] must be a token id" (the token's index) or "token id 1000 is outside the
+    vocabulary" said not which prompt of a batch of many (a trace's, say) was refused."""
+    engine = Engine(tiny, capacity_blocks=16, page_size=4)
+    cases = [
+        ([[1, 2], []], ValueError, "prompts[1]: the prompt is empty"),
+        ([[1, 2], [3, True]], ValueError, "prompts[1]: prompt[1] must be a token id (an integer), got bool True"),
+        ([[1, 2], [3], [4, 1000]], ValueError, "prompts[2]: token id 1000 is outside the vocabulary [0, 97)"),
+        ([[1, 2], [2] * 100], RequestTooLargeError, f"prompts[1]: {TOO_LARGE}"),
+    ]
+    for batch, kind, message in cases:
+        with pytest.raises(kind, match=re.escape(message)):
+            engine.generate(batch, 2)
+        with pytest.raises(kind, match=re.escape(message)):
+            engine.submit_group(batch, 2)
+    with pytest.raises(ValueError, match=re.escape("continuations[1]: pinning 64 tokens exceeds the pinned share")):
+        engine.fork([1] * 4, continuations=[[2], [3] * 60], max_new_tokens=2, pin=True)
+    with pytest.raises(ValueError, match=r"^the prompt is empty$"):  # one prompt: as it was
+        engine.generate([], 2)
+    assert_untouched(engine)
