@@ -182,8 +182,8 @@ def test_unpin_of_a_namespace_alone_releases_that_namespaces_pins_only(tiny: Ran
 
 
 def test_a_bad_fork_continuation_is_named_by_its_index(tiny: RandomModel) -> None:
-    """ "continuation[0] must be a token id" named the token's index inside the second continuation, not which
-    continuation; an id past the vocabulary named neither."""
+    """The error "continuation[0] must be a token id" named the token's index inside the second continuation, not
+    which continuation; an id past the vocabulary named neither."""
     engine = Engine(tiny, capacity_blocks=64, page_size=4)
     with pytest.raises(ValueError, match=re.escape("continuations[1][0] must be a token id (an integer), got bool")):
         engine.fork([1, 2], continuations=[[5], [True]], max_new_tokens=2)
@@ -195,8 +195,8 @@ def test_a_bad_fork_continuation_is_named_by_its_index(tiny: RandomModel) -> Non
 
 
 def test_a_bad_prompt_of_a_batch_is_named_by_its_index(tiny: RandomModel) -> None:
-    """"the prompt is empty", "prompt[1] must be a token id" (the token's index) or "token id 1000 is outside the
-    vocabulary" said not which prompt of a batch of many (a trace's, say) was refused."""
+    """A batch's errors ("the prompt is empty", "prompt[1] must be a token id" with the token's index, "token id 1000
+    is outside the vocabulary") said not which prompt of many (a trace's, say) was refused."""
     engine = Engine(tiny, capacity_blocks=16, page_size=4)
     cases = [
         ([[1, 2], []], ValueError, "prompts[1]: the prompt is empty"),
