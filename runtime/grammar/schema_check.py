@@ -8,12 +8,12 @@ negative length, a number past 64 bits) and raises `GrammarError` with the path,
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import llguidance
 
 from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.tools.json_values import non_finite_path
 
 TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 SUBSCHEMA = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames")
@@ -50,21 +50,6 @@ def nests_deeper_than(value: Any, limit: int) -> bool:
                     return True
                 stack.append((child, depth + 1))
     return False
-
-
-def non_finite_path(value: Any, path: str) -> str | None:
-    """The path of the first NaN or Infinity in `value` (Python's json reads them; JSON has no such numbers), or
-    None. Dicts and lists are walked without recursion. Shared by grammar specs and tools' parameters."""
-    stack = [(value, path)]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return where
-        if isinstance(item, dict):
-            stack.extend((v, f"{where}.{k}") for k, v in reversed(item.items()))
-        elif isinstance(item, (list, tuple)):
-            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
-    return None
 
 
 def _out_of_range(value: Any, path: str) -> str | None:

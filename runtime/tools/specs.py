@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from radixcache.runtime.grammar.schema_check import non_finite_path
 from radixcache.runtime.tools.errors import ToolInputError
+from radixcache.runtime.tools.json_values import non_finite_path
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}

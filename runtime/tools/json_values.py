@@ -1,0 +1,24 @@
+"""Checks on JSON values as Python's json reads them, shared by tools' parameters and grammar specs.
+
+Here, in tools, because grammar imports tools (through loading) and never the other way (tests/test_layout.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def non_finite_path(value: Any, path: str) -> str | None:
+    """The path of the first NaN or Infinity in `value` (Python's json reads them; JSON has no such numbers), or
+    None. Dicts and lists are walked without recursion. Shared by grammar specs and tools' parameters."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return where
+        if isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}") for k, v in reversed(item.items()))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
+    return None
