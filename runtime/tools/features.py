@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar
 
-from jinja2 import Environment, TemplateSyntaxError, meta, nodes
+from jinja2 import Environment, TemplateError, meta, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
 
@@ -52,16 +52,19 @@ class TemplateFeatures:
 
 @lru_cache(maxsize=16)
 def template_features(source: str | None) -> TemplateFeatures:
-    """The features of `source`; a template that does not parse has none (rendering it will say why)."""
+    """The features of `source`; a template that does not compile has none (rendering it will say why). Reading
+    its variables compiles it, which is where Jinja refuses a filter or test it does not know (`{{ x | foo }}`):
+    the engine reads these features when it starts, so that must not stop it serving plain prompts."""
     if not source:
         return TemplateFeatures()
     try:
         tree = Environment(extensions=[loopcontrols, GenerationBlock]).parse(source)
-    except TemplateSyntaxError:
+        undeclared = meta.find_undeclared_variables(tree)
+    except TemplateError:
         return TemplateFeatures()
     consts = {c.value for c in tree.find_all(nodes.Const) if isinstance(c.value, str)}
     return TemplateFeatures(
-        uses_tools="tools" in meta.find_undeclared_variables(tree),
+        uses_tools="tools" in undeclared,
         tool_role=bool({"tool", "ipython"} & consts),
         hermes=any("<tool_call>" in c for c in consts) or "<tool_call>" in source,
     )
