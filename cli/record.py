@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 from collections.abc import Callable
@@ -59,6 +60,35 @@ def check_distinct_files(trace: str | None, outputs: dict[str, str | None]) -> N
         if key in seen:
             raise click.BadParameter(f"{path!r} is also {seen[key]}: give another file", param_hint=f"'{option}'")
         seen[key] = option
+
+
+class StagedRecording:
+    """A recording that replaces FILE only once it holds a line: the recorder writes to `staging` (a hidden file
+    beside FILE), which `place` moves onto FILE at its first line, so a run that fails or records nothing leaves an
+    earlier recording at FILE as it was. The recorder writes on through its open file after the move, so from then on
+    a killed process leaves its whole lines in FILE (docs/traces.md). A FILE that exists and is no regular file (a
+    pipe, /dev/stdout) is written directly: it holds no recording to keep, and cannot be replaced by a rename."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.realpath(path)  # a symlink's target is replaced, as opening it for writing would
+        direct = os.path.exists(self.path) and not os.path.isfile(self.path)
+        folder, name = os.path.split(self.path)
+        self.staging = self.path if direct else os.path.join(folder, f".{name}.{os.getpid()}.partial")
+        self.placed = direct
+
+    def place(self) -> None:
+        """Move the staging file onto FILE if it holds a line and has not been moved yet."""
+        if not self.placed and os.path.isfile(self.staging) and os.path.getsize(self.staging) > 0:
+            os.replace(self.staging, self.path)
+            self.placed = True
+
+    def finish(self) -> bool:
+        """After the recording closed: place what it wrote, else remove the empty staging file. True: FILE written."""
+        self.place()
+        if not self.placed:
+            with contextlib.suppress(OSError):
+                os.remove(self.staging)
+        return self.placed
 
 
 class EngineShape(NamedTuple):

@@ -23,6 +23,7 @@ from radixcache.cli.errors import EXIT_INTERRUPTED, FriendlyCommand, debug_optio
 from radixcache.cli.record import (
     CONCURRENT_NOTE,
     INTERRUPTED_NOTE,
+    StagedRecording,
     check_distinct_files,
     check_record_path,
     record_option,
@@ -147,6 +148,7 @@ def replay(
         make_engine = engine_factory(engine_choices.load_model(model), **kwargs)
     name = Path(trace).name if trace else "sample_chat.jsonl (built in)"
 
+    written = False  # a recording placed at --record-trace's FILE
     with _progress(turns, verbose) as (start, on_result, warn):
         if compare:
             outcome: Any = compare_runs(
@@ -156,9 +158,18 @@ def replay(
         else:
             start("no cache" if no_cache else "cache")
             engine = make_engine(not no_cache)
-            outcome = replay_run(
-                engine, loaded_trace, config, on_result=on_result, on_warning=warn, record_trace=record_trace
-            )
+            staged = None if record_trace is None else StagedRecording(record_trace)
+            try:
+                outcome = replay_run(
+                    engine,
+                    loaded_trace,
+                    config,
+                    on_result=on_result if staged is None else _placing(on_result, staged),
+                    on_warning=warn,
+                    record_trace=None if staged is None else staged.staging,
+                )
+            finally:
+                written = staged is not None and staged.finish()
             results = [outcome]
     if json_path:
         with open(json_path, "w", encoding="utf-8") as handle:
@@ -182,8 +193,11 @@ def replay(
     if json_path:
         click.echo(f"wrote {json_path}", err=True)
     if record_trace is not None:
-        click.echo(f"recorded {record_trace}" + ("" if first.requests else ": no request ran"), err=True)
-        if not no_cache and first.requests:  # an empty file is no trace: the command would fail on it
+        if not written:  # nothing recorded: an earlier recording at FILE stays
+            click.echo(f"recorded nothing (no request ran): {record_trace} left as it was", err=True)
+        else:
+            click.echo(f"recorded {record_trace}" + ("" if first.requests else ": no request finished"), err=True)
+        if not no_cache and first.requests and written:  # an empty file is no trace: the command would fail on it
             command = simulate_command(record_trace, first, kwargs.get("admission"))
             click.echo(f"its hit rate through the tree alone: {command}", err=True)
             if first.concurrency > 1:
@@ -196,6 +210,16 @@ def replay(
         fail("interrupted: the table and JSON hold the requests that finished", EXIT_INTERRUPTED)
     if skipped:
         fail(f"{skipped} turns were skipped (too long for the model's context or the KV cache)", EXIT_SKIPPED)
+
+
+def _placing(on_result: Callable[[Any], None], staged: StagedRecording) -> Callable[[Any], None]:
+    """`on_result`, which first moves the recording onto its FILE once it holds a line."""
+
+    def call(result: Any) -> None:
+        staged.place()
+        on_result(result)
+
+    return call
 
 
 # ---------------------------------------------------------------------------------------------- output

@@ -128,13 +128,14 @@ def test_output_files_that_are_one_file_are_refused_before_the_run(runner, tmp_p
 
 
 def test_a_recording_of_no_request_prints_no_simulate_command(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Every turn skipped (a pool smaller than any prompt): the file is empty, and the `radixcache simulate` command
-    the replay printed for it failed ("empty file: cannot detect the trace format")."""
+    """Every turn skipped (a pool smaller than any prompt): the file was left empty, and the `radixcache simulate`
+    command the replay printed for it failed ("empty file: cannot detect the trace format"). No file is written."""
     recorded = tmp_path / "r.jsonl"
     args = ["replay", "--model", str(tiny_model_dir), "--limit", "1", "--capacity-blocks", "4", "--max-tokens", "2"]
     result = runner.invoke(main, [*args, "--record-trace", str(recorded)])
-    assert result.exit_code == 3 and recorded.read_text() == ""
-    assert f"recorded {recorded}: no request ran" in result.stderr and "radixcache simulate" not in result.stderr
+    assert result.exit_code == 3 and not recorded.exists()
+    assert f"recorded nothing (no request ran): {recorded} left as it was" in result.stderr
+    assert "radixcache simulate" not in result.stderr
 
 
 def test_an_interrupted_recording_says_its_trace_holds_the_request_cut_short(
@@ -175,3 +176,25 @@ def test_smollm2_round_trips_under_eviction(runner, tmp_path: Path) -> None:
     simulated = _simulate(runner, command)
     assert simulated["evicted_blocks"] > 0 and len(rows) == replayed["summary"]["requests"]
     assert abs(simulated["hit_rate"] - replayed["summary"]["hit_rate"]) <= 0.01
+
+
+def test_a_replay_that_fails_at_its_first_turn_leaves_an_earlier_recording(
+    runner, tiny_model_dir: Path, chats: Path, tmp_path: Path
+) -> None:
+    """A text trace on a model without a chat template fails at its first turn: the recorder had opened FILE for
+    writing, so an earlier recording at that path was left empty. It is now kept as it was, with no file beside it."""
+    import shutil
+
+    model = shutil.copytree(tiny_model_dir, tmp_path / "no-template")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    recorded = tmp_path / "r.jsonl"
+    earlier = '{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}\n'
+    recorded.write_text(earlier)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    args = ["replay", str(chats), "--model", str(model), "--limit", "1", "--max-tokens", "2"]
+    result = runner.invoke(main, [*args, "--record-trace", str(recorded)])
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    assert recorded.read_text() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no staging file left behind
