@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from radixcache.cli import engine_options
-from radixcache.cli.errors import EXIT_INTERRUPTED, FriendlyCommand, debug_option, fail
+from radixcache.cli.errors import EXIT_INTERRUPTED, EXPECTED, FriendlyCommand, debug_option, describe, fail
 from radixcache.cli.record import (
     CONCURRENT_NOTE,
     INTERRUPTED_NOTE,
@@ -136,7 +136,8 @@ def replay(
     except ReplayError as exc:  # a value click's ranges let through (--temperature nan, or over the engine's 100)
         raise click.UsageError(f"--{exc}") from None
     loaded_trace = load_replay_trace(trace, fmt)
-    turns = sum(s.turns for s in plan_sessions(loaded_trace, limit))
+    sessions = plan_sessions(loaded_trace, limit)
+    turns = sum(s.turns for s in sessions)
     cluster = None
     if replicas is not None:
         check_trace_for_model(
@@ -145,7 +146,9 @@ def replay(
         cluster = cluster_engine(model, replicas, router, ray_address, kwargs)
         make_engine: Callable[[bool], GenerationEngine] = lambda _enable_cache: cluster  # noqa: E731
     else:
-        make_engine = engine_factory(engine_choices.load_model(model), **kwargs)
+        loaded_model = engine_choices.load_model(model)
+        _check_chat_template(sessions, loaded_model.tokenizer, trace)
+        make_engine = engine_factory(loaded_model, **kwargs)
     name = Path(trace).name if trace else "sample_chat.jsonl (built in)"
 
     written = False  # a recording placed at --record-trace's FILE
@@ -210,6 +213,26 @@ def replay(
         fail("interrupted: the table and JSON hold the requests that finished", EXIT_INTERRUPTED)
     if skipped:
         fail(f"{skipped} turns were skipped (too long for the model's context or the KV cache)", EXIT_SKIPPED)
+
+
+def _check_chat_template(sessions: list[Any], tokenizer: Any, trace: str | None) -> None:
+    """Refuse, before the engine's warm-up, a text trace the model's chat template cannot render: each turn is
+    rendered with it, and the first failed after the warm-up with the Python API's hint (pass chat_template=...)."""
+    first = next((s.conversation for s in sessions if s.conversation is not None), None)
+    if first is None or tokenizer is None:
+        return  # a token trace (or no turn), or no tokenizer (which the replay refuses itself)
+    probe = [{"role": "system", "content": first.system}] if first.system is not None else []
+    probe.append({"role": "user", "content": first.turns[0].user if first.turns else "?"})
+    where = trace or "the built-in sample"
+    if not tokenizer.chat_templates:
+        fail(
+            f"{where} is a text (chat) trace, whose turns are rendered with the model's chat template, and "
+            f"{tokenizer.name} has none: replay it with a chat model, or replay a token trace (docs/traces.md)"
+        )
+    try:
+        tokenizer.apply_chat_template(probe, add_generation_prompt=True)
+    except EXPECTED as exc:
+        fail(f"cannot replay {where}: conversation {first.id!r} turn 1: {describe(exc)}")
 
 
 def _placing(on_result: Callable[[Any], None], staged: StagedRecording) -> Callable[[Any], None]:

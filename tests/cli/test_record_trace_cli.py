@@ -179,22 +179,23 @@ def test_smollm2_round_trips_under_eviction(runner, tmp_path: Path) -> None:
 
 
 def test_a_replay_that_fails_at_its_first_turn_leaves_an_earlier_recording(
-    runner, tiny_model_dir: Path, chats: Path, tmp_path: Path
+    runner, tiny_model_dir: Path, chats: Path, tmp_path: Path, monkeypatch
 ) -> None:
-    """A text trace on a model without a chat template fails at its first turn: the recorder had opened FILE for
-    writing, so an earlier recording at that path was left empty. It is now kept as it was, with no file beside it."""
-    import shutil
+    """A replay that fails at its first turn (here a turn the engine refuses; a text trace on a model without a chat
+    template did too): the recorder had opened FILE for writing, so an earlier recording at that path was left empty.
+    It is now kept as it was, with no file beside it."""
+    from radixcache.runtime.replay import run
 
-    model = shutil.copytree(tiny_model_dir, tmp_path / "no-template")
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    del config["chat_template"]
-    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    def refuse(self, session, k):
+        raise ValueError("the engine refused this turn")
+
+    monkeypatch.setattr(run._Run, "prepare", refuse)
     recorded = tmp_path / "r.jsonl"
     earlier = '{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}\n'
     recorded.write_text(earlier)
     before = sorted(p.name for p in tmp_path.iterdir())
-    args = ["replay", str(chats), "--model", str(model), "--limit", "1", "--max-tokens", "2"]
+    args = ["replay", str(chats), "--model", str(tiny_model_dir), "--limit", "1", "--max-tokens", "2"]
     result = runner.invoke(main, [*args, "--record-trace", str(recorded)])
-    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    assert result.exit_code == 1 and "the engine refused this turn" in result.stderr, result.output
     assert recorded.read_text() == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no staging file left behind

@@ -301,3 +301,28 @@ def test_chat_with_a_model_without_a_chat_template_fails_before_reading(runner, 
         result.stderr.count("error:") == 1 and "cannot chat: " in result.stderr and "no chat template" in result.stderr
     )
     assert "prefilled" not in result.stdout and "dropped" not in result.stderr
+
+
+def test_replay_of_a_text_trace_on_a_model_without_a_chat_template_fails_before_the_warm_up(
+    runner, tiny_model_dir: Path, tmp_path, monkeypatch
+) -> None:
+    """Each turn of a text trace renders with the model's chat template: without one, turn 1 failed after the
+    engine's warm-up with the Python API's hint ('pass chat_template=... or encode plain text instead'), which the CLI
+    has no option for. It is now refused before the warm-up, in the CLI's words (exit 1, as a bad trace is)."""
+    import shutil
+
+    from radixcache.runtime.replay import run
+
+    model = shutil.copytree(tiny_model_dir, tmp_path / "no-template")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    warmed: list[object] = []
+    monkeypatch.setattr(run, "_warm_up", warmed.append)
+    trace = tmp_path / "chats.jsonl"
+    trace.write_text('{"id": "a", "turns": [{"user": "hi"}]}\n')
+    result = runner.invoke(main, ["replay", str(trace), "--model", str(model), "--max-tokens", "2"])
+    assert result.exit_code == 1, result.output
+    assert f"{trace} is a text (chat) trace" in result.stderr and "has none" in result.stderr, result.stderr
+    assert "chat_template=" not in result.stderr and "Traceback" not in result.output
+    assert warmed == []
