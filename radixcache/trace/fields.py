@@ -52,6 +52,8 @@ class FieldReader:
             return value
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             self.fail(f"expected a non-negative integer, got {value!r}", field)
+        if value >= 2**63:  # no length, clock or size reaches it; past it, numpy and the simulator overflow
+            self.fail(f"{value} is too large (at most 2**63 - 1)", field)
         return value
 
     def text(self, field: str, default: Any = _MISSING) -> str:

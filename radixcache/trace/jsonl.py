@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -10,6 +11,11 @@ from typing import IO, Any
 import orjson
 
 from radixcache.trace.errors import TraceError
+
+# orjson reads an integer outside [-2**63, 2**64) as a float (100000000000000000000 as 1e+20), which a reader then
+# refused as "not an integer, got 1e+20": a line with a run of digits that long is decoded again, exactly.
+_LONG_INTEGER = re.compile(rb"\d{20}|-\d{19}")
+_MAX_DIGITS = 4000  # below int()'s limit of 4300 digits; an integer past a 64-bit float orjson refuses ("infinity")
 
 
 def iter_json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
@@ -19,7 +25,7 @@ def iter_json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
     with open_trace(path, "rb") as handle:
         for lineno, line in enumerate(handle, 1):
             try:
-                yield lineno, orjson.loads(line)
+                yield lineno, _decoded(line)
             except orjson.JSONDecodeError:
                 if not line.strip():
                     continue
@@ -29,9 +35,17 @@ def iter_json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
 def json_line(name: str, lineno: int, line: bytes) -> Any:
     """One non-blank JSONL line decoded, or TraceError at name:lineno worded as `iter_json_lines` words it."""
     try:
-        return orjson.loads(line)
+        return _decoded(line)
     except orjson.JSONDecodeError:
         raise _line_error(name, lineno, line) from None
+
+
+def _decoded(line: bytes) -> Any:
+    """One line decoded by orjson, its integers exact (orjson's float for a long one: see _LONG_INTEGER)."""
+    value = orjson.loads(line)
+    if _LONG_INTEGER.search(line) is not None:
+        value = json.loads(line)  # the same JSON (orjson took it), each integer an int
+    return value
 
 
 def _line_error(name: str, lineno: int, line: bytes) -> TraceError:
@@ -39,15 +53,43 @@ def _line_error(name: str, lineno: int, line: bytes) -> TraceError:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
         return TraceError(name, str(lineno), f"not UTF-8 text ({exc.reason})")
+    problems: list[str] = []  # what the standard library takes and orjson refuses: numbers past a float, NaN
     try:
-        value = json.loads(text)
+        value = json.loads(
+            text,
+            parse_float=lambda s: _float(s, problems),
+            parse_int=lambda s: _int(s, problems),
+            parse_constant=lambda s: problems.append(f"{s} is not a JSON number"),
+        )
     except json.JSONDecodeError as exc:
         return TraceError(name, str(lineno), f"invalid JSON ({exc.msg} at column {exc.colno})")
+    if problems:
+        return TraceError(name, str(lineno), f"invalid JSON ({problems[0]})")
     # orjson is stricter: a number out of range, or a string escape that is half a surrogate pair (not Unicode)
     bad = next((c for c in _strings(value) if lone_surrogate(c) is not None), None)
     if bad is not None:
         return TraceError(name, str(lineno), f"invalid JSON (a string holds a lone surrogate {lone_surrogate(bad)!r})")
     return TraceError(name, str(lineno), "invalid JSON")
+
+
+def _float(literal: str, problems: list[str]) -> float:
+    value = float(literal)
+    if value in (float("inf"), float("-inf")):
+        problems.append(f"the number {literal} is too large: past a 64-bit float")
+    return value
+
+
+def _int(literal: str, problems: list[str]) -> int:
+    digits = len(literal.lstrip("-"))
+    if digits <= _MAX_DIGITS:  # int() of more digits raises ValueError
+        value = int(literal)
+        try:
+            float(value)
+            return value
+        except OverflowError:
+            pass
+    problems.append(f"an integer of {digits} digits ({literal[:12]}...) is too large: past a 64-bit float")
+    return 0
 
 
 def lone_surrogate(text: str) -> str | None:
