@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,13 +24,15 @@ from radixcache.trace import (
     MOONCAKE,
     TOKEN_JSONL,
     TOKEN_MSGPACK,
+    TraceError,
     read_trace,
     write_conversations,
     write_mooncake,
     write_token_jsonl,
     write_token_msgpack,
 )
-from radixcache.trace.replay_output import is_replay_json, read_replay_json, replay_stats
+from radixcache.trace.jsonl import BOM
+from radixcache.trace.replay_output import is_replay_json, read_replay_json, replay_stats, starts_replay_json
 from radixcache.trace.stats import trace_stats
 from radixcache.trace.synthetic import GENERATORS
 
@@ -76,8 +79,9 @@ def stats(path: str, fmt: str | None, page_size: int, block_size: int, as_json: 
       radixcache trace stats chat.jsonl --page-size 16 --json
     """
     try:
-        if fmt is None and is_replay_json(path):  # the output of `radixcache replay --json`
-            log = read_replay_json(path)
+        raw = _piped(path) if fmt is None else None
+        if raw is not None or (fmt is None and is_replay_json(path)):  # the output of `radixcache replay --json`
+            log = read_replay_json(path, raw)
             runs = [replay_stats(run) for run in (log, log.no_cache) if run is not None]
             _print_stats(path, runs if len(runs) > 1 else runs[0], as_json)
             return
@@ -87,6 +91,22 @@ def stats(path: str, fmt: str | None, page_size: int, block_size: int, as_json: 
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
     _print_stats(path, result.as_dict(), as_json)
+
+
+def _piped(path: str) -> bytes | None:
+    """The bytes of `path` when it is a pipe (`cat r.json | radixcache trace stats /dev/stdin`) holding a replay's
+    JSON, read once: detection reading its first line took it from the reader. None for a regular file. A pipe
+    holding a trace is refused: its readers read a file, so its format cannot be detected; --format reads it."""
+    if not os.path.exists(path) or os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None  # the readers word it
+    if not starts_replay_json(raw.removeprefix(BOM).decode("utf-8", errors="replace").split("\n", 1)[0]):
+        raise TraceError(path, "format", "not a regular file (a pipe?) nor a replay's JSON: pass the trace's --format")
+    return raw
 
 
 def _refuse_unused_size(kind: str) -> None:

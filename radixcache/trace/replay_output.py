@@ -50,22 +50,31 @@ def is_replay_json(path: str | Path) -> bool:
     one-line object with "summary" and "requests"."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            first = handle.readline().strip()
-            if first == "{":
-                return True
-            if not first.startswith("{"):
-                return False
-            record = json.loads(first)
-    except (OSError, json.JSONDecodeError):
+            return starts_replay_json(handle.readline())
+    except OSError:
+        return False
+
+
+def starts_replay_json(first_line: str) -> bool:
+    """Whether a file whose first line is `first_line` looks like replay output (see `is_replay_json`)."""
+    first = first_line.strip()
+    if first == "{":
+        return True
+    if not first.startswith("{"):
+        return False
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError:
         return False
     return isinstance(record, dict) and "summary" in record and "requests" in record
 
 
-def read_replay_json(path: str | Path) -> ReplayLog:
-    """The runs of a replay JSON file. TraceError (file, field) when it is not one."""
+def read_replay_json(path: str | Path, raw: bytes | None = None) -> ReplayLog:
+    """The runs of a replay JSON file. TraceError (file, field) when it is not one. `raw`: the file's bytes, when
+    they were read already (a pipe can be read only once)."""
     name = str(path)
     try:
-        raw = Path(path).read_bytes()
+        raw = Path(path).read_bytes() if raw is None else raw
         data = json.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise TraceError(name, "open", exc.strerror or str(exc)) from None

@@ -326,3 +326,27 @@ def test_replay_of_a_text_trace_on_a_model_without_a_chat_template_fails_before_
     assert f"{trace} is a text (chat) trace" in result.stderr and "has none" in result.stderr, result.stderr
     assert "chat_template=" not in result.stderr and "Traceback" not in result.output
     assert warmed == []
+
+
+def test_trace_stats_reads_a_replay_json_from_a_pipe(runner, tiny_model_dir: Path, small_trace: Path, tmp_path):
+    """`cat r.json | radixcache trace stats /dev/stdin`: detecting a replay's JSON read its first line off the pipe,
+    and the reader got the rest ('/dev/stdin:1: invalid JSON'). The pipe is read once; the same stats as the file's.
+    A trace in a pipe without --format is refused saying to pass it; with --format it is read."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "r.json"
+    args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--max-tokens", "2", "--json", str(out)]
+    assert runner.invoke(main, args).exit_code == 0
+    from_file = runner.invoke(main, ["trace", "stats", str(out), "--json"])
+    assert from_file.exit_code == 0, from_file.output
+    cli = [sys.executable, "-c", "from radixcache.cli.main import run; run()", "trace", "stats", "/dev/stdin"]
+    piped = subprocess.run([*cli, "--json"], input=out.read_bytes(), capture_output=True, timeout=120)
+    assert piped.returncode == 0, piped.stderr.decode()
+    assert json.loads(piped.stdout) == json.loads(from_file.stdout)
+    trace = small_trace.read_bytes()
+    refused = subprocess.run(cli, input=trace, capture_output=True, timeout=120)
+    assert refused.returncode == 1 and b"pass the trace's --format" in refused.stderr, refused.stderr.decode()
+    fmt = json.loads(runner.invoke(main, ["trace", "stats", str(small_trace), "--json"]).stdout)["format"]
+    read = subprocess.run([*cli, "--format", fmt, "--json"], input=trace, capture_output=True, timeout=120)
+    assert read.returncode == 0 and json.loads(read.stdout)["requests"] > 0, read.stderr.decode()
