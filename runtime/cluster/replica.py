@@ -7,6 +7,7 @@ concurrently through the engine's own scheduler, and Ray restarts it when it die
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # the driver process imports this module to wrap the class: i
     from radixcache.runtime.engine.options import RequestOptions
 
 EARLY_CANCELS = 4096
+ADMISSION_POLL_S = 0.02  # how often a stream looks whether its request was admitted, while it waits
 
 
 class EngineReplica:
@@ -104,7 +106,7 @@ class EngineReplica:
         if timeout is not None and waited >= timeout:
             raise QueueTimeoutError(f"waited {waited:.2f} s to reach its replica, the queue timeout is {timeout} s")
         wake: queue.SimpleQueue[None] = queue.SimpleQueue()
-        handle = self._submit(prompt_ids, options, lambda: wake.put(None))
+        handle = self.engine.submit(list(prompt_ids), options=options)
         deadline = handle.request.queue_deadline
         if deadline is not None and waited:
             handle.request.queue_deadline = deadline - waited
@@ -120,7 +122,7 @@ class EngineReplica:
         handle.future.add_done_callback(lambda _f: wake.put(None))
         sent = 0
         # The front door is told when the request is admitted: its `queued` (/health/cache) counts it until then, and
-        # with a queue timeout it holds that too. Its admission, its tokens and its end each wake this thread.
+        # with a queue timeout it holds that too. Admission wakes nothing here, hence the short polls until then.
         watching = True
         try:
             while True:
@@ -135,38 +137,12 @@ class EngineReplica:
                     sent = len(ids)
                 if done:
                     break
-                wake.get()
+                with contextlib.suppress(queue.Empty):
+                    wake.get(timeout=ADMISSION_POLL_S if watching else None)
             result = handle.result()
             yield "done", result, self._emitted_calls(result)
         finally:
             self._handles.pop(rid, None)
-
-    def _submit(self, prompt_ids: Sequence[int], options: RequestOptions, left_queue: Any) -> RequestHandle:
-        """Engine.submit, with `left_queue()` called once the request leaves the engine's admission queue (admitted, or
-        ended unadmitted). Hooked on the loop thread, which calls the queue's own hook (`Request.on_dequeue`, set by
-        the queue gate at the submit): wrapped from this thread, an admission could come between reading that hook
-        and writing its wrapper (lost, or the gate's count left twice). Before, each waiting stream polled every 20 ms
-        until its admission."""
-        handle = self.engine.submit(list(prompt_ids), options=options)
-        req = handle.request
-
-        def hook(_scheduler: Any) -> None:
-            inner = req.on_dequeue  # None once it has left the queue (the gate set one at the submit)
-            if inner is None:
-                left_queue()
-                return
-
-            def dequeued() -> None:
-                inner()
-                left_queue()
-
-            req.on_dequeue = dequeued
-
-        try:
-            self.engine._loop.call(hook)  # runs after the submission's own call, between two steps
-        except Exception:  # the loop died or closed: the request's end wakes the stream
-            left_queue()
-        return handle
 
     def _emitted_calls(self, result: Any) -> tuple[str, tuple[int, ...]] | None:
         """What the engine remembered the model wrote for `result`'s tool calls (text, token ids), for the front door
