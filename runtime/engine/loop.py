@@ -43,9 +43,7 @@ log = logging.getLogger("radixcache.engine")
 def settle(future: Future[Any], result: Any = _UNSET, error: BaseException | None = None) -> bool:
     """Complete `future` with `result` or `error`, unless it is already done (a caller that cancelled it, even
     between a check and this set): True if this call completed it. The caller's done-callbacks run in the set, on
-    this thread (the loop's): concurrent.futures logs an Exception of theirs, and one that raises past it (SystemExit,
-    KeyboardInterrupt, any BaseException) is logged here too, never the loop's: it killed the loop thread, failing
-    every other request in flight and every later call with EngineDeadError."""
+    this thread (the loop's); a RequestHandle's future logs whatever one of them raises (GuardedFuture)."""
     try:
         if error is not None:
             future.set_exception(error)
@@ -53,11 +51,25 @@ def settle(future: Future[Any], result: Any = _UNSET, error: BaseException | Non
             future.set_result(result)
     except InvalidStateError:
         return False
-    except BaseException:
-        if not future.done():  # not from a callback: the set itself failed
-            raise
-        log.exception("a done-callback of an engine future raised; the future is completed, the loop goes on")
     return True
+
+
+class GuardedFuture(Future):
+    """A Future whose done-callbacks cannot raise out of its completion. concurrent.futures logs a callback's
+    Exception and runs the next; one that raised past it (SystemExit, KeyboardInterrupt, any BaseException: sys.exit()
+    in an agent's last-step hook) ended the set there: on the loop thread it killed the loop, failing every request
+    in flight and every later call with EngineDeadError, and the callbacks after it (an asyncio waiter, the server's
+    wake-up) never ran, leaving their callers waiting for ever. Each is logged, and the rest run."""
+
+    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
+        super().add_done_callback(functools.partial(_guarded, fn))
+
+
+def _guarded(fn: Callable[[Future[Any]], object], future: Future[Any]) -> None:
+    try:
+        fn(future)
+    except BaseException:
+        log.exception("a done-callback of an engine future raised; the future is completed, the loop goes on")
 
 
 class RequestHandle:
@@ -65,7 +77,7 @@ class RequestHandle:
 
     def __init__(self, loop: EngineLoop, req: Request) -> None:
         self.request = req
-        self.future: Future[GenerationResult] = Future()
+        self.future: Future[GenerationResult] = GuardedFuture()
         self._loop = loop
         # The callback holds the loop and the request, not this handle: the future keeps its callbacks after it
         # completes, and a handle <-> future cycle would keep the loop (its scheduler, KV pool and model) alive

@@ -5,6 +5,7 @@ does not fit beside pinned blocks) fail only what they must, leaving the cache c
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from concurrent.futures import CancelledError, Future
 from typing import Any
@@ -322,4 +323,25 @@ def test_a_done_callback_raising_a_base_exception_is_the_callers_alone(
     assert other.result(30).token_ids == alone[1]
     assert engine.generate(prompts[0], 12, ignore_eos=True).token_ids == alone[0]  # the engine serves on
     assert any("done-callback" in r.getMessage() for r in caplog.records)
+    assert_clean(engine)
+
+
+def test_the_done_callbacks_after_one_raising_a_base_exception_still_run(tiny: RandomModel) -> None:
+    """concurrent.futures stops running a future's callbacks at one that raises past Exception: the callbacks after it
+    (an agenerate's asyncio waiter, the server's wake-up) never ran, and their callers waited for ever."""
+    engine = _engine(tiny)
+    release = hold_engine_loop(engine)
+    ran: list[str] = []
+    try:
+        handle = engine.submit(ids(12, 50), 3, ignore_eos=True)
+        handle.future.add_done_callback(lambda _: (_ for _ in ()).throw(SystemExit("hook")))
+        handle.future.add_done_callback(lambda _: ran.append("after"))
+    finally:
+        release()
+
+    async def awaited() -> int:
+        return len((await asyncio.wrap_future(handle.future)).token_ids)
+
+    assert asyncio.run(asyncio.wait_for(awaited(), 30)) == 3
+    assert ran == ["after"]
     assert_clean(engine)
