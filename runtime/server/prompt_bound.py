@@ -3,9 +3,10 @@
 A prompt past the context is refused, but only once tokenised, and a body may carry 64 MiB of text: tokenising 16 MB
 took 48 s here, during which the tokenizer held the GIL, so /health and every stream waited as long, for a 400.
 When each token of a tokenizer stands for a piece of the text's own UTF-8 bytes (no normalizer, no pre-tokenizer that
-drops what it splits on, no run of unknown characters fused into one token), a text of B bytes has at least
-B / L tokens, L the most bytes any token holds: one of more than (context - 1) * L bytes cannot fit, and is refused
-without being tokenised. Any other tokenizer gets no bound (None): only tokenising it tells.
+drops what it splits on, no run of unknown characters fused into one token, no added token that strips the
+whitespace beside it, no character dropped for want of an unknown token or byte fallback), a text of B bytes has at
+least B / L tokens, L the most bytes any token holds: one of more than (context - 1) * L bytes cannot fit, and is
+refused without being tokenised. Any other tokenizer gets no bound (None): only tokenising it tells.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def token_bytes_bound(tokenizer: Any) -> int | None:
         return None
     if not _keeps_text(spec.get("pre_tokenizer")):
         return None
+    if any(t.get("lstrip") or t.get("rstrip") for t in spec.get("added_tokens") or ()):
+        return None  # an added token that strips swallows the whitespace beside it: one token, any length
+    if model.get("unk_token") is None and not model.get("byte_fallback") and not _byte_level(spec["pre_tokenizer"]):
+        return None  # a character the vocabulary lacks, no unknown token, no bytes to fall back on: dropped
     ids = backend.get_vocab(with_added_tokens=True).values()  # not range(vocab size): ids may have holes
     longest = max((len(token_bytes(i)) for i in ids), default=0)
     return max(longest, MIN_TOKEN_BYTES)
@@ -45,6 +50,13 @@ def _keeps_text(pre: Any) -> bool:
     if pre["type"] == "Split" and str(pre.get("behavior", "")).lower() == "removed":
         return False
     return all(_keeps_text(p) for p in pre.get("pretokenizers", ()))
+
+
+def _byte_level(pre: Any) -> bool:
+    """Whether the pre-tokenizer maps the text to bytes first (every character then has tokens)."""
+    if not isinstance(pre, dict):
+        return False
+    return pre.get("type") == "ByteLevel" or any(_byte_level(p) for p in pre.get("pretokenizers", ()))
 
 
 def too_long(text: str, context: int, per_token: int | None) -> int | None:

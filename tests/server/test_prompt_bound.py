@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from tokenizers import AddedToken, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as Backend
-from tokenizers import models, normalizers, pre_tokenizers
 
 from radixcache.runtime import Engine
 from radixcache.runtime.loading import load_config_and_tokenizer, load_model
@@ -46,14 +46,24 @@ def test_the_bound_refuses_only_prompts_the_tokenizer_counts_past_the_context(ti
         lambda b: setattr(b, "normalizer", normalizers.Lowercase()),
         lambda b: setattr(b, "pre_tokenizer", pre_tokenizers.Whitespace()),  # drops the spaces
         lambda b: setattr(b, "pre_tokenizer", pre_tokenizers.Split(" ", behavior="removed")),
+        lambda b: b.add_special_tokens([AddedToken("<x>", lstrip=True)]),  # "     <x>" is one token
     ],
 )
 def test_a_tokenizer_that_may_drop_text_gets_no_bound(change: Any) -> None:
-    backend = Backend(models.BPE(vocab={"a": 0, " ": 1}, merges=[]))
+    backend = Backend(models.BPE(vocab={"a": 0, " ": 1, "?": 2}, merges=[], unk_token="?"))
     assert token_bytes_bound(Tokenizer(backend, name="t")) == 4  # a token per character, 4 bytes at most
     change(backend)
     assert token_bytes_bound(Tokenizer(backend, name="t")) is None
     assert too_long(" " * 10_000, 8, None) is None
+
+
+def test_a_tokenizer_that_drops_unknown_characters_gets_no_bound() -> None:
+    """No unknown token, no byte fallback, no byte-level pre-tokenizer: "a" and 5,000 "é" are one token."""
+    backend = Backend(models.BPE(vocab={"a": 0, " ": 1}, merges=[]))
+    assert len(backend.encode("a" + "é" * 5_000).ids) == 1
+    assert token_bytes_bound(Tokenizer(backend, name="t")) is None
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # every byte has a token: bounded
+    assert token_bytes_bound(Tokenizer(backend, name="t")) is not None
 
 
 @pytest.fixture
