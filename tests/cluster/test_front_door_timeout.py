@@ -33,5 +33,6 @@ def test_a_request_resent_after_its_replica_died_keeps_its_timeout(monkeypatch: 
         assert handle.request.replica == 1
         assert result.finish_reason == "timeout", "replica 1 gave the request its whole timeout again"
         assert len(result.token_ids) < 4
-        control = front.generate([5, 6, 7, 8, 9], 4, ignore_eos=True, timeout=TIMEOUT)  # the same, in time
+        # The same request with room to run: it is not cut short (a loaded machine may take over a second for it).
+        control = front.generate([5, 6, 7, 8, 9], 4, ignore_eos=True, timeout=60)
         assert control.finish_reason == "length" and len(control.token_ids) == 4
