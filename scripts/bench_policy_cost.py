@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import statistics
 
 import click
@@ -22,7 +21,7 @@ from rich.table import Table
 from radixcache.errors import RadixCacheError
 from radixcache.policy.registry import ALL_POLICIES
 from radixcache.sim.simulation import simulate
-from radixcache.sim.sweep import capacities_for, load_trace
+from radixcache.sim.sweep import capacities_for, load_trace, parse_fractions
 from radixcache.trace.stats import reuse_summary
 
 
@@ -41,11 +40,9 @@ def main(traces: tuple[str, ...], fractions: str, policies: str, repeats: int, p
     if unknown:
         raise click.BadParameter(f"unknown policy {unknown[0]!r}; choose from {', '.join(sorted(ALL_POLICIES))}")
     try:
-        fracs = [float(f) for f in fractions.split(",") if f]
-    except ValueError:
-        fracs = []
-    if not fracs or not all(0 < f < math.inf for f in fracs):  # NaN too
-        raise click.BadParameter(f"--fractions {fractions!r}: expected finite numbers > 0, like 0.05,0.1")
+        fracs = parse_fractions(fractions)
+    except RadixCacheError as exc:
+        raise click.BadParameter(str(exc)) from None
     try:  # every trace read first: a bad one was a traceback after the ones before it had been timed (minutes)
         loaded = [load_trace(spec, page_size, block_size) for spec in traces]
     except RadixCacheError as exc:
