@@ -189,7 +189,10 @@ class ClusterEngine:
             prompt = render_messages(self.tokenizer, self.tool_memory, prompt, opts)  # type: ignore[arg-type]
         ids = None if prompt is None else self._prompt_ids(prompt, opts)
         everywhere = "namespace" not in kwargs and opts.namespace is None  # unpin(): every namespace's, as Engine's
-        return sum(self.cluster.replica_call("unpin", ids, opts.namespace, everywhere))
+        released = self.cluster.replica_call("unpin", ids, opts.namespace, everywhere)
+        if not released:  # as check and flush: "none pinned" would be a guess
+            raise ReplicaUnavailableError("no live replica answered the unpin (every replica is dead)")
+        return sum(released)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Each replica's queued disk writes (with --cache-dir) finish; False if one has not within `timeout`."""
