@@ -252,7 +252,7 @@ class Engine:
         build, cs = self._builder.encode_continuation, continuations
         tails = [[]] * n if cs is None else [build(c, f"continuations[{i}]") for i, c in enumerate(cs)]
         branches = [opts if seed is None else opts.updated(seed=seed + i) for i in range(n)]
-        reqs = self._build([ids + t for t in tails], branches, ids, "continuations" if cs else "")  # pins: for ids
+        reqs = self._build([ids + t for t in tails], branches, tuple(ids), "continuations" if cs else "")  # pins: ids
         return self._wait(self._submit_group(reqs))
 
     def session(self, system: str | None = None, **defaults: Any) -> Session:

@@ -92,7 +92,7 @@ class RequestBuilder:
             priority=options.priority,
             deadline=None if timeout is None else t0 + timeout,
             pin=pin_tokens,
-            pin_for=None if pin_for is None else tuple(pin_for),
+            pin_for=None if pin_for is None or not pin_tokens else tuple(pin_for),  # a tuple's tuple: itself
             retention=options.retention,
             retain=options.retain,
             session=options.session,
