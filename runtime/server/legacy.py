@@ -4,8 +4,7 @@ and finish_reason "function_call" out, and histories with assistant `function_ca
 - Request: `functions` are tools of type function; `function_call` "none" / "auto" / `{"name": N}` is tool_choice
   none / auto / named; parallel calls are off (one call at most, as the legacy API returns one). Mixing them with
   `tools`, `tool_choice` or `parallel_tool_calls` is a 400 naming the legacy field. Errors name the legacy path
-  (`functions.0.parameters.properties.x.type`, `function_call.name`, a history's
-  `messages.1.function_call.arguments`).
+  (`functions.0.parameters.properties.x.type`, `function_call.name`, a history's `messages.1.function_call`).
 - History: an assistant `function_call` becomes a tool call, a `function` message (which must carry `name`) the tool
   turn answering the latest call of that name. A legacy call has no id: the server remembers the engine's id of each
   call it answered by the conversation before it, its name and its arguments (`LegacyCalls`), so a replayed call
@@ -29,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixcache.runtime.server.protocol import APIError
-from radixcache.runtime.tools.errors import ToolInputError
 from radixcache.runtime.tools.fair_lru import FairLRU
 from radixcache.runtime.tools.messages import call_arguments
 
@@ -148,10 +146,7 @@ def legacy_messages(messages: list[dict[str, Any]], calls: LegacyCalls, scope: H
                 raise APIError(
                     400, "function_call is {'name': str, 'arguments': JSON text}", param=f"messages.{i}.function_call"
                 )
-            try:  # checked here, so the error names the field the client sent (not the tool call it becomes)
-                arguments = call_arguments(arguments, f"messages[{i}].function_call.arguments")  # "" and null: "{}"
-            except ToolInputError as e:
-                raise APIError(400, str(e), param=f"messages.{i}.function_call.arguments") from None
+            arguments = call_arguments(arguments, f"messages[{i}].function_call.arguments")  # text as written; "{}"
             call_id = calls.id_for(name, arguments, context, scope) or f"call_fn{i:06d}"
             m["tool_calls"] = [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]
             latest[name], last_id = call_id, call_id
