@@ -10,6 +10,7 @@ import asyncio
 import json
 import signal
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -67,8 +68,10 @@ def test_an_aborted_whole_request_raises_shutting_down(engine: Engine) -> None:
 
     async def run() -> None:
         task = asyncio.ensure_future(generation.complete(engine, _job(n=3), inflight))
-        while len(inflight.handles) < 3:
+        deadline = time.monotonic() + 30
+        while len(inflight.handles) < 3 and not task.done() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        assert len(inflight.handles) == 3, "the three choices never ran"
         release = hold_engine_loop(engine)
         inflight.abort()
         release()
@@ -105,8 +108,10 @@ def test_sigterm_past_the_shutdown_timeout_ends_streams_with_an_error_event(tiny
             lines, rlines = r.iter_lines(), rr.iter_lines()
             assert next(line for line in lines if line.startswith("data: {"))
             assert next(line for line in rlines if line.startswith("data: {"))
+            deadline = time.monotonic() + 60
             while _in_engine(s.url) < 17:  # the 8 chat choices, the response, and the 8 whole choices
-                pass
+                assert time.monotonic() < deadline, "the 17 choices never ran together"
+                time.sleep(0.05)
             s.proc.send_signal(signal.SIGTERM)
             rest = [line for line in lines if line]  # read to the end: no "incomplete chunked read"
             rrest = [line for line in rlines if line.startswith("data: ")]
