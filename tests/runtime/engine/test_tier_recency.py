@@ -110,11 +110,7 @@ def test_a_run_read_off_the_disk_keeps_its_head_at_the_size_limit(model: RandomM
     run = [rng.randrange(1, vocab) for _ in range(10 * P)]
     other = [rng.randrange(1, vocab) for _ in range(4 * P)]
     kwargs = {"capacity_blocks": 400, "page_size": P, "cache_dir": tmp_path}
-    with Engine(model, **kwargs) as probe:
-        probe.generate(run[:P], 1)
-        assert probe.flush(30)
-    page_bytes = max(p.stat().st_size for p in tmp_path.rglob("*.kvpage"))
-    shutil.rmtree(tmp_path)
+    page_bytes = _page_file_bytes(model, kwargs, run[:P])
     limit = {"cache_dir_size": 12 * page_bytes}
     with Engine(model, **kwargs, **limit) as first:
         want = first.generate(run, 1)
@@ -298,11 +294,7 @@ def test_a_run_adopted_in_several_commits_keeps_its_head_at_the_disks_limit(mode
     rng = random.Random(11)
     prompt = [rng.randrange(1, model.config.vocab_size) for _ in range(4 * P)]
     kwargs = {"capacity_blocks": 400, "page_size": P, "cache_dir": tmp_path}
-    with Engine(model, **kwargs) as probe:
-        probe.generate(prompt[:P], 1)
-        assert probe.flush(30)
-    page_bytes = max(p.stat().st_size for p in tmp_path.rglob("*.kvpage"))
-    shutil.rmtree(tmp_path)
+    page_bytes = _page_file_bytes(model, kwargs, prompt[:P])
     limit = {"cache_dir_size": 6 * page_bytes}
     with Engine(model, **kwargs, **limit) as first:
         first.generate(prompt, 4 * P + 1, ignore_eos=True)  # 4 output pages, adopted one by one
@@ -327,3 +319,14 @@ def test_a_run_adopted_in_several_commits_keeps_its_head_in_a_full_host_tier(mod
         assert host.stats.evicted == 2
         assert [h in host for h in run[:5]] == [True] * 5  # the run's head, and only its tail lost
         host.check_invariants()
+
+
+def _page_file_bytes(model: RandomModel, kwargs: dict, page: list[int]) -> int:
+    """The size of one page's file in `kwargs["cache_dir"]` (a probe engine writes `page`), the directory left empty."""
+    with Engine(model, **kwargs) as probe:
+        probe.generate(page, 1)
+        assert probe.flush(30)
+    cache_dir = Path(kwargs["cache_dir"])
+    size = max(p.stat().st_size for p in cache_dir.rglob("*.kvpage"))
+    shutil.rmtree(cache_dir)
+    return size
