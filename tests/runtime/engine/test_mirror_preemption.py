@@ -5,6 +5,7 @@ off, for plain requests and for sessions in a tiny pool.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from radixcache.runtime import Engine
 from radixcache.runtime.testing import RandomModel, hold_engine_loop
@@ -31,7 +32,11 @@ def test_sessions_in_a_tiny_pool_with_preemption_match_the_mirror_off(tiny: Rand
         release = hold_engine_loop(engine)
         tasks = [engine.agenerate(h, 6 + i % 3, ignore_eos=True, return_logits=True) for i, h in enumerate(histories)]
         futures = [asyncio.ensure_future(t) for t in tasks]
-        await asyncio.sleep(0)
+        # agenerate builds its request on a worker thread: all eight are queued before the loop runs, or the tiny
+        # pool may never need a preemption (a loaded machine let the first ones finish before the last arrived)
+        deadline = time.monotonic() + 30
+        while engine.queue.waiting < len(tasks) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         release()
         return list(await asyncio.gather(*futures))
 

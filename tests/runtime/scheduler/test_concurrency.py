@@ -4,6 +4,7 @@ requests are preempted and recomputed, and every schedule give the tokens of the
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import pytest
@@ -38,8 +39,11 @@ async def run_sessions(
             await asyncio.sleep(0)
 
     tasks = [asyncio.ensure_future(session(i)) for i in range(16)]
-    await asyncio.sleep(0)  # each task runs to its first await: its first turn is submitted by then
-    if on_first_turns is not None:
+    if on_first_turns is not None:  # the loop is held: the first turns wait in the queue until it is released
+        # agenerate builds its request on a worker thread, so a task's first await does not mean it is queued
+        deadline = time.monotonic() + 30
+        while engine.queue.waiting < len(tasks) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         on_first_turns()
     await asyncio.gather(*tasks)
     return out
