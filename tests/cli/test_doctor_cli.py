@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from radixcache.cli.main import main
 from radixcache.runtime import doctor
-from radixcache.runtime.machine import bandwidth_steady, cpu_fields
+from radixcache.runtime.machine import STEADY_TOLERANCE, bandwidth_steady, cpu_fields
 from radixcache.runtime.model import kernel_tune
 
 ARGS = ["--threads", "1", "--tokens", "6", "--prompt-tokens", "12", "--bandwidth-mb", "16"]
@@ -99,7 +99,9 @@ def test_doctor_reports_the_machine_the_kernels_and_the_decode_against_its_bound
     read = r["bandwidth_read"]  # before and after the decode; the bound uses their mean
     assert read["before"] > 0 and read["after"] > 0
     assert r["bandwidth_gbs"] == pytest.approx((read["before"] + read["after"]) / 2, abs=0.1)
-    assert read["steady"] is bandwidth_steady(read["before"], read["after"])
+    edge = STEADY_TOLERANCE * max(read["before"], read["after"])
+    if abs(abs(read["before"] - read["after"]) - edge) > 0.1:  # each reading is rounded to 0.1 GB/s in the report:
+        assert read["steady"] is bandwidth_steady(read["before"], read["after"])  # at the edge either answer holds
     assert d["of_bound"] == pytest.approx(d["decode_tps"] / d["bound_tps"], rel=0.01, abs=0.002)
     assert r["blocks"] is None  # no GGUF blocks in a float32 checkpoint
 
