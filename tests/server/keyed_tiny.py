@@ -1,5 +1,5 @@
-"""A tiny checkpoint's engine and a server on it under two API keys (sk-alice, sk-bob), for the tenant tests: each
-key is a cache namespace of its own."""
+"""A tiny checkpoint's engine, and an in-process server on it: keyless (`tiny_client`), or under two API keys
+(sk-alice, sk-bob) for the tenant tests, each key a cache namespace of its own."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ KEYS = ["sk-alice", "sk-bob"]
 
 
 @contextmanager
-def tiny_engine(tmp_path_factory: Any, name: str) -> Iterator[Engine]:
+def tiny_engine(tmp_path_factory: Any, name: str, page_size: int = 16) -> Iterator[Engine]:
     from tests.cli.conftest import write_tiny_checkpoint
 
     directory = write_tiny_checkpoint(tmp_path_factory.mktemp(name) / "tiny")
-    engine = Engine(str(directory), capacity_blocks=256, page_size=16, dtype="float64", threads=1)
+    engine = Engine(str(directory), capacity_blocks=256, page_size=page_size, dtype="float64", threads=1)
     try:
         yield engine
     finally:
@@ -30,4 +30,11 @@ def tiny_engine(tmp_path_factory: Any, name: str) -> Iterator[Engine]:
 @contextmanager
 def keyed_client(engine: Engine) -> Iterator[TestClient]:
     with TestClient(create_app(engine, "tiny", api_keys=KEYS)) as client:
+        yield client
+
+
+@contextmanager
+def tiny_client(tmp_path_factory: Any, name: str, page_size: int = 16) -> Iterator[TestClient]:
+    """A keyless server on a tiny checkpoint's engine of its own, closed afterwards."""
+    with tiny_engine(tmp_path_factory, name, page_size) as engine, TestClient(create_app(engine, "tiny")) as client:
         yield client

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from radixcache.runtime import Engine
-from radixcache.runtime.server import create_app
+from tests.server.keyed_tiny import tiny_client
 from tests.tiny_tools import TOOLS
 
 PAGE = 4
@@ -25,13 +24,8 @@ LIMIT = 60  # the forced call is one token a character: cut inside the arguments
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    from tests.cli.conftest import write_tiny_checkpoint
-
-    directory = write_tiny_checkpoint(tmp_path_factory.mktemp("cut_replay") / "tiny")
-    engine = Engine(str(directory), capacity_blocks=256, page_size=PAGE, dtype="float64", threads=1)
-    with TestClient(create_app(engine, "tiny")) as c:
+    with tiny_client(tmp_path_factory, "cut_replay", page_size=PAGE) as c:
         yield c
-    engine.close()
 
 
 def not_json(text: str) -> bool:

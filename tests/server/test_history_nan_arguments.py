@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from radixcache.runtime import Engine
-from radixcache.runtime.server import create_app
 from radixcache.runtime.tools import ToolInputError, normalize_messages
+from tests.server.keyed_tiny import tiny_client
 from tests.tiny_tools import TOOLS
 
 ASK = {"role": "user", "content": "Weather?"}
@@ -52,13 +51,8 @@ def test_json_arguments_still_read() -> None:
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    from tests.cli.conftest import write_tiny_checkpoint
-
-    directory = write_tiny_checkpoint(tmp_path_factory.mktemp("nan_history") / "tiny")
-    engine = Engine(str(directory), capacity_blocks=256, page_size=16, dtype="float64", threads=1)
-    with TestClient(create_app(engine, "tiny")) as c:
+    with tiny_client(tmp_path_factory, "nan_history") as c:
         yield c
-    engine.close()
 
 
 @pytest.mark.parametrize("arguments", [*BAD, '{"city": "Paris",}', "[1]"])

@@ -13,8 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from openai.types.responses import ResponseFunctionToolCall
 
-from radixcache.runtime import Engine
-from radixcache.runtime.server import create_app
+from tests.server.keyed_tiny import tiny_client
 from tests.tiny_tools import TOOLS
 
 FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
@@ -23,13 +22,8 @@ CALL = ResponseFunctionToolCall(type="function_call", call_id="call_1", name="ad
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    from tests.cli.conftest import write_tiny_checkpoint
-
-    directory = write_tiny_checkpoint(tmp_path_factory.mktemp("responses_sdk_items") / "tiny")
-    engine = Engine(str(directory), capacity_blocks=256, page_size=16, dtype="float64", threads=1)
-    with TestClient(create_app(engine, "tiny")) as c:
+    with tiny_client(tmp_path_factory, "responses_sdk_items") as c:
         yield c
-    engine.close()
 
 
 def _input(call: dict[str, Any]) -> list[dict[str, Any]]:
