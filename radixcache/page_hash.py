@@ -63,47 +63,73 @@ class PageChain:
     """The page hashes of one growing token sequence, computed once each as the sequence grows.
 
     Invariant: `hashes[i]` is the hash of page i of the tokens given so far; the tokens of a sequence never change
-    (a request only appends), so a hash once computed stays valid.
+    (a request only appends), so a hash once computed stays valid. `hashes` only grows (never replaced): the
+    DeferredHashes it hands out read it from other threads, and `upto` takes the hashes they computed, so a run is
+    hashed once whoever needs it first (a tier's refresh, or the request's next commit).
     """
 
-    __slots__ = ("hashes", "page_size", "root")
+    __slots__ = ("_later", "hashes", "page_size", "root")
 
     def __init__(self, root: bytes, page_size: int) -> None:
         self.root = root
         self.page_size = page_size
         self.hashes: list[bytes] = []
+        self._later: DeferredHashes | None = None  # the last one handed out, until the chain is past it
 
     def upto(self, tokens: Sequence[int], pages: int) -> list[bytes]:
         """The hashes of the first `pages` full pages of `tokens` (which must hold them); computes only new ones."""
         have = len(self.hashes)
+        if pages > have:
+            later = self._later
+            if later is not None:
+                done = later.done  # what it computed meanwhile (on any thread), None if not called yet
+                if done is not None and len(done) > have:
+                    self.hashes.extend(done[have:pages])
+                    have = len(self.hashes)
+                if done is not None or pages >= len(later):
+                    self._later = None
         if pages > have:
             p = self.page_size
             self.hashes.extend(chain_hashes(tokens[have * p : pages * p], p, self.hashes[-1] if have else self.root))
         return self.hashes[:pages]
 
     def deferred(self, tokens: Sequence[int], pages: int) -> list[bytes] | DeferredHashes:
-        """The hashes of the first `pages` full pages when computed, else a DeferredHashes that computes them from a
-        copy of the tokens it needs, leaving the chain as it is (another thread may call it: a disk tier's writer)."""
+        """The hashes of the first `pages` full pages when computed, else a DeferredHashes that computes them (those
+        the chain lacks then, from a copy of their tokens) when called, leaving the chain as it is (another thread may
+        call it: a disk tier's writer); the chain's next `upto` takes what it computed."""
         have, p = min(len(self.hashes), pages), self.page_size
         if have == pages:
             return self.hashes[:pages]
-        parent = self.hashes[have - 1] if have else self.root
-        return DeferredHashes(self.hashes[:have], tokens[have * p : pages * p], p, parent)
+        later = self._later = DeferredHashes(self.hashes, have, tokens[have * p : pages * p], p, self.root)
+        return later
 
 
 class DeferredHashes:
-    """The hashes of a sequence's first pages, computed when called: `len` of them (PageChain.deferred)."""
+    """The hashes of a sequence's first pages, computed when called: `len` of them (PageChain.deferred). Those the
+    chain holds by then are taken from it (it only grows), the rest hashed from the copied tokens; `done` keeps the
+    answer (the chain's `upto` takes it)."""
 
-    __slots__ = ("_known", "_page_size", "_parent", "_rest")
+    __slots__ = ("_chain", "_page_size", "_rest", "_root", "_start", "done")
 
-    def __init__(self, known: list[bytes], rest: Sequence[int], page_size: int, parent: bytes) -> None:
-        self._known, self._rest, self._page_size, self._parent = known, rest, page_size, parent
+    def __init__(self, chain: list[bytes], start: int, rest: Sequence[int], page_size: int, root: bytes) -> None:
+        self._chain, self._start, self._rest, self._page_size, self._root = chain, start, rest, page_size, root
+        self.done: list[bytes] | None = None
 
     def __len__(self) -> int:
-        return len(self._known) + len(self._rest) // self._page_size
+        rest = self._rest  # before `done`, as in `__call__`
+        done = self.done
+        return len(done) if done is not None else self._start + len(rest) // self._page_size
 
     def __call__(self) -> list[bytes]:
-        return self._known + chain_hashes(self._rest, self._page_size, self._parent)
+        rest = self._rest  # before `done`: `done` is set before `_rest` is let go (two threads may both call)
+        done = self.done
+        if done is None:
+            p, pages = self._page_size, len(rest) // self._page_size + self._start
+            known = self._chain[:pages]  # a snapshot: the chain may grow meanwhile, past `_start`, never shrink
+            known += chain_hashes(rest[(len(known) - self._start) * p :], p, known[-1] if known else self._root)
+            done = self.done = known
+            self._rest = ()  # its tokens are not needed any more
+        return done
 
 
 def chain_hashes(tokens: Sequence[int], page_size: int, parent: bytes) -> list[bytes]:
