@@ -58,9 +58,12 @@ class ChatMessage:
 
 
 def _canonical(arguments: str) -> str:
-    """Arguments as one text per JSON value (text that is no JSON: itself, prefixed so no JSON text is the same).
-    Python's == on the decoded values would not do: it holds `true` equal to `1` and `1.0`, so a call replayed with
-    other arguments would pass for the one the model wrote."""
+    """Arguments as one text per JSON value (text that is no JSON: itself, prefixed so no JSON text is the same;
+    empty text is `{}`, as `call_arguments` reads it: a call the length limit cut after its name has "" arguments,
+    which a history replays as `{}`). Python's == on the decoded values would not do: it holds `true` equal to `1`
+    and `1.0`, so a call replayed with other arguments would pass for the one the model wrote."""
+    if not arguments.strip(" \t\n\r"):
+        arguments = "{}"
     try:
         return json.dumps(STRICT_JSON.decode(arguments), sort_keys=True)
     except (ValueError, RecursionError):

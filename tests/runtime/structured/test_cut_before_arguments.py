@@ -12,7 +12,7 @@ import pytest
 
 from radixcache.runtime import Engine
 from radixcache.runtime.tools import assemble, normalize_tools, parse_tool_calls
-from tests.runtime.structured.conftest import TOOLS
+from tests.runtime.structured.conftest import PAGE, TOOLS
 
 NAMED = {"type": "function", "function": {"name": "now"}}
 ASK = [{"role": "user", "content": "What time is it?"}]
@@ -52,3 +52,22 @@ def test_the_parser_gives_a_call_once_its_name_is_read(fmt: str, text: str) -> N
     assert result.content == ("Let me see." if fmt == "hermes" else None)
     for cut in ('{"tool_calls": [{"name": "no', '{"tool_calls": [{"name": "nowhere", "argu'):  # no name read
         assert parse_tool_calls(cut, specs).tool_calls == ()
+
+
+@pytest.mark.parametrize("limit", [30, 37, 45])
+def test_a_call_cut_after_the_name_replayed_extends_the_cached_prompt(engine: Engine, limit: int) -> None:
+    """The client sends the call back as received (arguments ""): the next prompt is the last prompt and the
+    tokens the model wrote, and the cache serves them."""
+    from radixcache.runtime.tools.use import ToolUse
+
+    first = engine.chat(ASK, limit, tools=TOOLS, tool_choice=NAMED)
+    (call,) = first.tool_calls
+    reply = {"role": "assistant", "content": None, "tool_calls": [call.to_openai()]}
+    history = [*ASK, reply, {"role": "tool", "tool_call_id": call.id, "content": "12:00"}]
+    use = ToolUse.of(TOOLS, "auto")
+    before = engine.tokenizer.encode(engine._builder.render(ASK, use)) + list(first.token_ids)
+    prompt = engine._builder.render(history, use)
+    assert engine.tokenizer.encode(prompt)[: len(before)] == before
+    assert engine.tokenizer.decode(list(first.token_ids)) + "<|im_end|>" in prompt  # as written, not `{}` closed
+    second = engine.chat(history, 1, tools=TOOLS)
+    assert second.cached_tokens >= (len(before) - 1) // PAGE * PAGE  # the reply's last token has no KV yet

@@ -153,3 +153,25 @@ def test_ids_that_do_not_decode_to_the_span_are_ignored(tiny_tokenizer) -> None:
     ids = tok.encode(right)
     assert tok.decode(ids, skip_special_tokens=False).endswith(text)
     assert right_ids == ids[len(tok.encode(text[:6])) :][: len(right_ids)]
+
+
+# Replies the length limit cut after a call's name, before its arguments: the call has "" arguments, which a client
+# replays as it got them (OpenAI's `""` for such a call; a history reads "" as no arguments, `{}`).
+CUT_AFTER_NAME = [
+    ('{"tool_calls": [{"name": "now"', None),
+    ('{"tool_calls": [{"name": "now", "argu', None),
+    ('Let me see.<tool_call>\n{"name": "now", "arguments": ', HERMES),
+]
+
+
+@pytest.mark.parametrize(("raw", "template"), CUT_AFTER_NAME, ids=["name", "argu", "hermes"])
+@pytest.mark.parametrize("noncanonical", [False, True])
+def test_a_call_cut_after_its_name_is_replayed_as_the_model_wrote_it(
+    tiny_tokenizer, smollm2_tokenizer, specs, raw, template, noncanonical
+) -> None:
+    for tok in (tiny_tokenizer, smollm2_tokenizer):
+        memory = ToolCallMemory()
+        steps = agent_loop(tok, specs, [raw], memory=memory, chat_template=template, noncanonical=noncanonical)
+        assert_each_step_extends_the_last(steps)
+        text = tok.decode(steps[1][0], skip_special_tokens=False)
+        assert raw + "<|im_end|>" in text  # what the model wrote, as it wrote it (not `"arguments": {}}]}`)
