@@ -12,11 +12,9 @@ from typing import TYPE_CHECKING, Any
 from radixcache.runtime.engine.options import RequestOptions, checked_options, resolve_options
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.tools.messages import normalize_message, normalize_messages
-from radixcache.runtime.tools.parse import json_object
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import ChatEngine
-    from radixcache.runtime.tools.messages import ToolCall
 
 
 class Session:
@@ -31,9 +29,10 @@ class Session:
     task awaiting `asend` raises there: neither the turn nor a reply is kept.
 
     With `tools=` (in the defaults or a turn's keywords), a reply that calls tools is kept in the history as
-    OpenAI's assistant message with `tool_calls` (content None when there is no text; a call the length limit left
-    unfinished is not kept: no result can answer it); `send_tool_results({call_id: text})` adds the tool turns and
-    generates the next reply.
+    OpenAI's assistant message with `tool_calls` (content None when there is no text), every call as the result has
+    it: one the length limit left unfinished too (its arguments cut short, or "" when cut after its name), as a
+    client replaying the reply sends it, so the next prompt holds what the model wrote and extends the cached one;
+    `send_tool_results({call_id: text})` adds the tool turns and generates the next reply.
     """
 
     def __init__(
@@ -141,22 +140,13 @@ class Session:
         """Add the turns the reply answered (whatever their content, None included: the prompt had them) and the
         reply."""
         self.messages.extend(turns)
-        calls = [c.to_openai() for c in result.tool_calls or () if _finished(c)]
+        calls = [c.to_openai() for c in result.tool_calls or ()]
         if calls:
             self.messages.append({"role": "assistant", "content": result.text or None, "tool_calls": calls})
         else:
             self.messages.append({"role": "assistant", "content": result.text})
         self.results.append(result)
         return result
-
-
-def _finished(call: ToolCall) -> bool:
-    """The call's arguments are a whole JSON object, by the tool-call parser's own check (RFC 8259: no NaN, which
-    json.loads reads, and a reply with such a call finishes "stop"). A reply cut short by its length limit leaves
-    the last call's unfinished (as OpenAI does): no call a client could run, so the session's history leaves it out
-    (a history sent back with it renders its text as written). So are arguments nested past what the decoder
-    follows (a streamed call's text is not decoded as it arrives)."""
-    return json_object(call.arguments)
 
 
 def _json_value(value: object) -> bool:

@@ -27,7 +27,6 @@ from radixcache.runtime.server.protocol import MAX_LABEL_CHARS, APIError, ChatCo
 from radixcache.runtime.server.responses_output import new_id
 from radixcache.runtime.server.responses_protocol import PASSED, ResponsesRequest
 from radixcache.runtime.server.structured import param_path
-from radixcache.runtime.tools.parse import json_object
 
 ROLES = ("user", "system", "developer", "assistant")
 _KEYS = {
@@ -178,13 +177,11 @@ def items_of(body: ResponsesRequest) -> list[dict[str, Any]]:
 
 
 def replayed(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A stored response's output items as the history of a follow-up. A call cut short (max_output_tokens, a stop
-    string, the timeout) is dropped, as runtime.engine.session drops it: its arguments are no JSON object (NaN
-    included, as the tool-call parser reads it; a client that replays it itself has it rendered as written). A reply
-    left with no item is an empty assistant message, so the turns still alternate."""
-    items = [item_of(item, PREVIOUS) for item in output]
-    kept = [i for i in items if i["type"] != "function_call" or json_object(i["arguments"])]
-    return kept or [item_of({"role": "assistant", "content": ""}, PREVIOUS)]
+    """A stored response's output items as the history of a follow-up, every one: a call cut short (max_output_tokens,
+    a stop string, the timeout) too, as a client replaying the output itself sends it and runtime.engine.session
+    keeps it, so the follow-up's prompt holds what the model wrote (its arguments are rendered as written) and
+    extends the cached prompt."""
+    return [item_of(item, PREVIOUS) for item in output]
 
 
 def unique_ids(items: list[dict[str, Any]], origins: list[str]) -> None:

@@ -80,3 +80,22 @@ def test_a_responses_call_cut_by_the_limit_replays(client: TestClient) -> None:
     second = client.post("/v1/responses", json=again)
     assert second.status_code == 200, second.text
     extends(first["usage"], second.json()["usage"], "input_tokens", "output_tokens")
+
+
+@pytest.mark.parametrize("limit", [LIMIT, 42])  # 42: cut after the call's name (arguments "")
+def test_a_responses_call_cut_by_the_limit_is_kept_by_previous_response_id(client: TestClient, limit: int) -> None:
+    """A follow-up by previous_response_id dropped the cut call from its history: its prompt lacked what the model
+    wrote, and the cache missed the reply's pages. The call is replayed as written."""
+    tools = [{"type": "function", **t["function"]} for t in TOOLS[:1]]
+    body = {"model": "tiny", "tools": tools, "temperature": 0}
+    named = {"type": "function", "name": "get_weather"}
+    first = client.post(
+        "/v1/responses", json={**body, "tool_choice": named, "input": [ASK], "max_output_tokens": limit}
+    ).json()
+    (call,) = first["output"]
+    assert call["type"] == "function_call" and call["status"] == "incomplete", call
+    assert (call["arguments"] == "") == (limit == 42), call
+    follow = {**body, "tool_choice": "none", "previous_response_id": first["id"], "input": [AGAIN]}
+    second = client.post("/v1/responses", json={**follow, "max_output_tokens": 1})
+    assert second.status_code == 200, second.text
+    extends(first["usage"], second.json()["usage"], "input_tokens", "output_tokens")

@@ -179,24 +179,21 @@ def test_a_renamed_errors_message_names_the_responses_field_too() -> None:
     assert error.message == "tools.1.name: 'f' is defined twice"
 
 
-def test_a_replayed_reply_drops_its_calls_cut_short_and_keeps_a_turn_when_nothing_is_left() -> None:
-    whole = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": '{"a": 1}'}
-    cut = {"type": "function_call", "id": "fc_2", "call_id": "c2", "name": "f", "arguments": '{"a": '}
-    assert [i["id"] for i in replayed([whole, cut])] == ["fc_1"]
-    (turn,) = replayed([cut])
-    assert (turn["type"], turn["role"], turn["content"]) == ("message", "assistant", "")
-
-
-def test_a_call_whose_arguments_hold_nan_is_neither_made_nor_replayed() -> None:
-    """NaN is no JSON (the tool-call parser refuses such a call: the chat reply finishes "stop", and the engine's
-    Session drops it), but json.loads reads it: Responses marked the call made and a follow-up replayed it."""
+def test_a_replayed_reply_keeps_its_calls_cut_short() -> None:
+    """A follow-up's history holds the reply as the model wrote it (the prompt then extends the cached one): a call
+    cut short, or whose arguments hold NaN (no JSON to the tool-call parser), is replayed as a client would."""
     from radixcache.runtime.server.responses_output import arguments_closed
 
-    nan = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": '{"a": NaN}'}
-    whole = {"type": "function_call", "id": "fc_2", "call_id": "c2", "name": "f", "arguments": '{"a": 1}'}
-    assert not arguments_closed('{"a": NaN}') and not arguments_closed('{"a": Infinity}')
+    whole = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": '{"a": 1}'}
+    cut = {"type": "function_call", "id": "fc_2", "call_id": "c2", "name": "f", "arguments": '{"a": '}
+    nan = {"type": "function_call", "id": "fc_3", "call_id": "c3", "name": "f", "arguments": '{"a": NaN}'}
+    assert [(i["id"], i["arguments"]) for i in replayed([whole, cut, nan])] == [
+        ("fc_1", '{"a": 1}'),
+        ("fc_2", '{"a": '),
+        ("fc_3", '{"a": NaN}'),
+    ]
+    assert not arguments_closed('{"a": NaN}') and not arguments_closed('{"a": Infinity}')  # no call made
     assert arguments_closed('{"a": 1}')
-    assert [i["id"] for i in replayed([nan, whole])] == ["fc_2"]
 
 
 class _Metrics:

@@ -120,29 +120,34 @@ def test_a_session_keeps_tool_calls_in_its_history(engine: Engine) -> None:
     assert r2.cached_tokens >= (r.prompt_tokens + len(r.token_ids) - 1) // PAGE * PAGE
 
 
-def test_a_session_whose_reply_is_cut_inside_a_call_goes_on(engine: Engine) -> None:
+def test_a_session_whose_reply_is_cut_inside_a_call_goes_on_from_what_the_model_wrote(engine: Engine) -> None:
     """A reply cut by max_new_tokens inside a call's arguments (finish_reason "length", the arguments unfinished):
-    the session kept the unfinished call in its history, and every later turn failed to render it."""
+    the session kept the unfinished call in its history once, and every later turn failed to render it; then it
+    dropped the call (the history kept an empty reply), so the next prompt lacked what the model wrote and the cache
+    missed the reply. It keeps the call as the result has it, as a client replaying the reply sends it."""
     s = engine.session(system="Use the tools.", **ONE_CALL, max_new_tokens=60, seed=1)
     r = s.send("What is 2 + 3?")
     assert r.finish_reason == "length" and r.tool_calls, r
     with pytest.raises(json.JSONDecodeError):
         json.loads(r.tool_calls[-1].arguments)
-    assert s.messages[-1] == {"role": "assistant", "content": r.text}
+    assert s.messages[-1] == {"role": "assistant", "content": None, "tool_calls": [c.to_openai() for c in r.tool_calls]}
     history = [*s.messages, {"role": "user", "content": "Again."}]
     r2 = s.send("Again.", tool_choice="none", max_new_tokens=6)
+    assert r2.cached_tokens >= (r.prompt_tokens + len(r.token_ids) - 1) // PAGE * PAGE  # the reply's pages too
     assert r2.token_ids == engine.chat(history, 6, **ONE_CALL | {"tool_choice": "none"}, seed=1).token_ids
     assert len(s.messages) == 5
 
 
-def test_a_session_drops_a_call_whose_arguments_hold_nan(engine: Engine) -> None:
-    """Arguments with NaN are no JSON to the tool-call parser (the reply finishes "stop"), but the session checked
-    them with json.loads, which reads NaN: it kept a call no client can read in its history and the next prompt."""
+def test_a_session_keeps_a_call_whose_arguments_hold_nan_as_written(engine: Engine) -> None:
+    """Arguments with NaN are no JSON to the tool-call parser (the reply finishes "stop"); the session keeps the call
+    as the result has it (text, not a number), and the next prompt holds the reply as the model wrote it."""
     text = '{"tool_calls": [{"name": "add", "arguments": {"a": NaN, "b": 1}}]}'
     s = engine.session(system="Use the tools.", tools=TOOLS, tool_choice="auto", max_new_tokens=80)
     r = s.send("What is 2 + 3?", grammar=GrammarSpec.regex(re.escape(text)))
     assert r.finish_reason == "stop" and [c.arguments for c in r.tool_calls] == ['{"a": NaN, "b": 1}'], r
-    assert s.messages[-1] == {"role": "assistant", "content": r.text}
+    assert s.messages[-1]["tool_calls"] == [c.to_openai() for c in r.tool_calls]
+    r2 = s.send("Again.", max_new_tokens=1)
+    assert r2.cached_tokens >= (r.prompt_tokens + len(r.token_ids) - 1) // PAGE * PAGE
 
 
 def test_achat_takes_tools(engine: Engine) -> None:
@@ -207,9 +212,10 @@ def test_auto_with_a_json_schema_answers_in_the_schema_or_calls_a_tool(engine: E
     assert kinds  # which of the two a random model picks is its own business; each is valid
 
 
-def test_a_call_whose_arguments_are_nested_past_the_decoder_is_not_kept_in_the_history(engine: Engine) -> None:
+def test_a_call_whose_arguments_are_nested_past_the_decoder_is_kept_as_text(engine: Engine) -> None:
     """A streamed call's arguments are not decoded as they arrive, so arguments nested past Python's recursion limit
-    reached the session, whose check of them raised RecursionError and failed the turn after it had run."""
+    reached the session, whose check of them raised RecursionError and failed the turn after it had run. The call
+    is kept as written, and the next turn renders it as text."""
     from types import SimpleNamespace
 
     from radixcache.runtime.tools.messages import ToolCall
@@ -217,8 +223,10 @@ def test_a_call_whose_arguments_are_nested_past_the_decoder_is_not_kept_in_the_h
     s = engine.session(system="Use the tools.")
     deep = '{"a": ' + "[" * 5000 + "]" * 5000 + "}"
     reply = SimpleNamespace(tool_calls=(ToolCall("call_1", "add", deep),), text="calling")
-    s._append("hi", reply)  # type: ignore[arg-type]
-    assert s.messages[-1] == {"role": "assistant", "content": "calling"}
+    s._append([], reply)  # type: ignore[arg-type]
+    (call,) = reply.tool_calls
+    assert s.messages[-1] == {"role": "assistant", "content": "calling", "tool_calls": [call.to_openai()]}
+    assert deep in engine._builder.render([*s.messages, {"role": "user", "content": "Go on."}], _tool_use())
 
 
 def test_a_replayed_call_whose_content_was_edited_renders_that_content(engine: Engine) -> None:
@@ -240,7 +248,7 @@ def test_a_replayed_call_whose_content_was_edited_renders_that_content(engine: E
 def test_a_stop_string_inside_a_call_ends_with_stop_not_tool_calls(engine: Engine) -> None:
     """A stop string matched inside a call's arguments: the result said finish_reason "tool_calls" with arguments
     cut short (not JSON), so a client ran a call it could not read. The call is still shown, as at "length", and a
-    session does not keep it."""
+    session keeps it as written."""
     named = {"type": "function", "function": {"name": "get_weather"}}
     kw: dict[str, Any] = {"tools": TOOLS, "tool_choice": named, "parallel_tool_calls": False, "stop": ['"unit"']}
     r = engine.chat(ASK, 200, **kw)
@@ -249,7 +257,8 @@ def test_a_stop_string_inside_a_call_ends_with_stop_not_tool_calls(engine: Engin
         json.loads(r.tool_calls[0].arguments)
     assert r.finish_reason == "stop"
     s = engine.session(**kw, max_new_tokens=200)
-    assert s.send(ASK[1]["content"]).finish_reason == "stop" and "tool_calls" not in s.messages[-1]
+    r = s.send(ASK[1]["content"])
+    assert r.finish_reason == "stop" and s.messages[-1]["tool_calls"] == [c.to_openai() for c in r.tool_calls]
 
 
 def test_a_turn_that_gives_new_tools_keeps_the_sessions_tool_choice(engine: Engine) -> None:
