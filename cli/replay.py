@@ -140,9 +140,9 @@ def replay(
     turns = sum(s.turns for s in sessions)
     cluster = None
     if replicas is not None:
-        check_trace_for_model(
-            loaded_trace, limit, model, max_tokens
-        )  # before Ray and the replicas start, as replay would after
+        # before Ray and the replicas start, as the replay (and, for a text trace, its chat template) would after
+        tokenizer = check_trace_for_model(loaded_trace, limit, model, max_tokens)
+        _check_chat_template(sessions, tokenizer, trace)
         cluster = cluster_engine(model, replicas, router, ray_address, kwargs)
         make_engine: Callable[[bool], GenerationEngine] = lambda _enable_cache: cluster  # noqa: E731
     else:

@@ -186,10 +186,11 @@ def check_trace_for_model(
     limit: int | None,
     model: str,
     max_tokens: int | None = None,
-) -> None:
+) -> Any:
     """`check_tokens` against `model`'s config and tokenizer alone (no weights): `replay --replicas` checks the trace
     so before Ray and the replicas start, which took seconds before a token id outside the vocabulary was refused.
-    `max_tokens`: as `check_tokens`' (the replay's `--max-tokens`, which lets an output_length of 0 run)."""
+    `max_tokens`: as `check_tokens`' (the replay's `--max-tokens`, which lets an output_length of 0 run). Returns
+    the tokenizer (None if the model has none), for the caller's further checks (a text trace's chat template)."""
     from types import SimpleNamespace
 
     from radixcache.runtime.loading import load_config_and_tokenizer
@@ -197,6 +198,7 @@ def check_trace_for_model(
     config, tokenizer = load_config_and_tokenizer(model)
     engine = SimpleNamespace(config=config, tokenizer=tokenizer)
     check_tokens(plan_sessions(trace, limit), engine, max_tokens)  # type: ignore[arg-type]
+    return tokenizer
 
 
 def _is_int(value: object) -> bool:

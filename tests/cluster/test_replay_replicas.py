@@ -137,3 +137,30 @@ def test_the_per_replica_table_counts_the_measured_requests_only(front: Any) -> 
     front.cluster.poll()
     again = {row["replica"]: row for row in front.per_replica()}
     assert again[idle]["prompt_tokens"] == 9  # not 9 - the old process's 8 warm-up tokens
+
+
+def test_replay_on_replicas_refuses_a_text_trace_the_models_chat_template_cannot_render(
+    tmp_path: Any, tiny_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A text trace on a model without a chat template: plain `replay` refuses it before the warm-up, but with
+    --replicas it went on to start Ray and every replica, and each turn then failed there. It is refused, in the
+    same words, before any replica starts."""
+    import json
+    import shutil
+
+    from click.testing import CliRunner
+
+    from radixcache.cli import replay as replay_cli
+    from radixcache.cli.main import main
+
+    model = shutil.copytree(tiny_dir, tmp_path / "no-template")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    started: list[object] = []
+    monkeypatch.setattr(replay_cli, "cluster_engine", lambda *args: started.append(args) or pytest.fail("started"))
+    trace = tmp_path / "chats.jsonl"
+    trace.write_text('{"id": "a", "turns": [{"user": "hi"}]}\n')
+    done = CliRunner().invoke(main, ["replay", str(trace), "--model", str(model), "--replicas", "2"])
+    assert done.exit_code == 1 and started == [], done.output
+    assert f"{trace} is a text (chat) trace" in done.stderr and "has none" in done.stderr, done.stderr
