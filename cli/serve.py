@@ -14,7 +14,14 @@ import click
 from radixcache.cli import engine_options
 from radixcache.cli.errors import FriendlyCommand, debug_option
 from radixcache.cli.listen import bind_sockets
-from radixcache.cli.record import CONCURRENT_NOTE, EngineShape, check_record_path, record_option, simulate_command
+from radixcache.cli.record import (
+    CONCURRENT_NOTE,
+    EngineShape,
+    StagedRecording,
+    check_record_path,
+    record_option,
+    simulate_command,
+)
 from radixcache.cli.replicas import check_replica_flags, cluster_engine, replica_options
 
 if TYPE_CHECKING:
@@ -257,7 +264,11 @@ def serve(
         raise click.UsageError("--replicas routes by what each replica caches: drop --no-cache")
     # Every option is checked: the sockets are bound now, before the load, and closed (the engine too) however
     # this ends, a load that fails included.
+    staged: StagedRecording | None = None
     with contextlib.ExitStack() as stack:
+        if record_trace is not None:  # FILE is replaced at the first line recorded, not now (docs/traces.md)
+            staged = StagedRecording(record_trace)
+            stack.callback(staged.finish)  # last: after the engine's close has written its last lines
         listeners = bind_sockets(host, port)
         for listener in listeners:
             stack.callback(listener.close)
@@ -269,8 +280,8 @@ def serve(
         stack.callback(engine.close, 30)  # after uvicorn's drain nothing is in flight; queued disk writes finish
         if engine.tokenizer is None:
             raise ValueError(f"{model}: the server needs a model with a tokenizer")
-        if record_trace is not None:
-            engine.record_trace(record_trace)  # closed by engine.close, after the last request left
+        if staged is not None:  # closed by engine.close, after the last request left
+            engine.record_trace(staged.staging).on_first_line = staged.place  # before any request: none is served yet
         name = served_model_name or model
         app = create_app(
             engine,
@@ -300,8 +311,11 @@ def serve(
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
-    if record_trace is not None:
-        _report_recording(engine, record_trace, no_cache, options["admission"])
+    if staged is not None and record_trace is not None:
+        if staged.placed:
+            _report_recording(engine, record_trace, no_cache, options["admission"])
+        else:  # no line: an earlier recording at FILE stays
+            click.echo(f"recorded nothing (no request was served): {record_trace} left as it was", err=True)
     click.echo("server stopped", err=True)
 
 

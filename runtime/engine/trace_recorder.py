@@ -101,6 +101,9 @@ class TraceRecorder:
         self._order = itertools.count()
         self._last_ms = 0
         self._lock = threading.Lock()
+        # Called once the first line is in the file (on the engine loop's thread; `serve --record-trace` moves its
+        # staging file onto FILE then: cli.record.StagedRecording). What it raises stops the recording, with a warning.
+        self.on_first_line: Callable[[], object] | None = None
 
     @property
     def recording(self) -> bool:
@@ -177,6 +180,11 @@ class TraceRecorder:
             self._stop(exc.strerror or str(exc))
             return
         self.written += 1
+        if self.written == 1 and self.on_first_line is not None:
+            try:
+                self.on_first_line()
+            except Exception as exc:  # never into the engine loop, nor out of close
+                self._stop(f"{type(exc).__name__}: {exc}")
 
     def _stop(self, reason: str) -> None:
         """Stop recording for good, with one warning; the lines already written stay."""

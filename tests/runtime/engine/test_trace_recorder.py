@@ -135,3 +135,29 @@ def test_record_trace_none_stops_and_a_bad_path_raises_at_once(tiny, tmp_path: P
         assert recorder is not None and not recorder.recording and recorder.written == 1
         engine.generate([1, 2, 3], 2)  # not recorded
     assert len(lines(tmp_path / "t.jsonl")) == 1
+
+
+def test_on_first_line_runs_once_after_the_first_line_and_what_it_raises_stops_the_recording(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve --record-trace` moves its staging file onto FILE from `on_first_line`: called once the first line is
+    in the file, and a failure there (the move refused) stops the recording with one warning, out of `close` too."""
+    path = tmp_path / "t.jsonl"
+    recorder, seen = TraceRecorder(path, 4), []
+    recorder.on_first_line = lambda: seen.append(path.read_text().count("\n"))
+    recorder.left([fake_request(1.0, [1, 2], [3]), fake_request(1.1, [1, 2], [4])], pending_since=None)
+    recorder.left([fake_request(1.2, [1, 2], [5])], pending_since=None)
+    recorder.close()
+    assert seen == [1] and recorder.written == 3
+
+    def refuse() -> None:
+        raise OSError("cannot move the recording onto FILE")
+
+    failing = TraceRecorder(tmp_path / "u.jsonl", 4)
+    failing.on_first_line = refuse
+    failing.left([fake_request(1.0, [1, 2], [3])], pending_since=0.5)  # held for an earlier arrival: written at close
+    with caplog.at_level(logging.WARNING, logger="radixcache.record"):
+        failing.close()
+    assert not failing.recording and failing.written == 1
+    warnings = [r for r in caplog.records if r.name == "radixcache.record"]
+    assert len(warnings) == 1 and "cannot move the recording onto FILE" in warnings[0].getMessage()
