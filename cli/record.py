@@ -64,10 +64,12 @@ def check_distinct_files(trace: str | None, outputs: dict[str, str | None]) -> N
 
 class StagedRecording:
     """A recording that replaces FILE only once it holds a line: the recorder writes to `staging` (a hidden file
-    beside FILE), which `place` moves onto FILE at its first line, so a run that fails or records nothing leaves an
-    earlier recording at FILE as it was. The recorder writes on through its open file after the move, so from then on
-    a killed process leaves its whole lines in FILE (docs/traces.md). A FILE that exists and is no regular file (a
-    pipe, /dev/stdout) is written directly: it holds no recording to keep, and cannot be replaced by a rename."""
+    beside FILE, `.FILE.<pid>.partial`), which `place` moves onto FILE at its first line, so a run that fails or
+    records nothing leaves an earlier recording at FILE as it was. The recorder writes on through its open file after
+    the move, so from then on a killed process leaves its whole lines in FILE (docs/traces.md). A FILE that exists and
+    is no regular file (a pipe, /dev/stdout) is written directly: it holds no recording to keep, and cannot be replaced
+    by a rename. Making one removes the staging files of FILE that killed runs left (`remove_stale_partials`), and
+    creates this one's, locked (flock) until `finish`, so that no other run takes it for stale."""
 
     def __init__(self, path: str) -> None:
         self.path = os.path.realpath(path)  # a symlink's target is replaced, as opening it for writing would
@@ -75,6 +77,11 @@ class StagedRecording:
         folder, name = os.path.split(self.path)
         self.staging = self.path if direct else os.path.join(folder, f".{name}.{os.getpid()}.partial")
         self.placed = direct
+        self._lock: int | None = None
+        if not direct:
+            remove_stale_partials(folder, name)
+            self._lock = os.open(self.staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            _try_lock(self._lock)
 
     def place(self) -> None:
         """Move the staging file onto FILE if it holds a line and has not been moved yet."""
@@ -84,11 +91,74 @@ class StagedRecording:
 
     def finish(self) -> bool:
         """After the recording closed: place what it wrote, else remove the empty staging file. True: FILE written."""
-        self.place()
-        if not self.placed:
-            with contextlib.suppress(OSError):
-                os.remove(self.staging)
+        try:
+            self.place()
+            if not self.placed:
+                with contextlib.suppress(OSError):
+                    os.remove(self.staging)
+        finally:
+            if self._lock is not None:
+                os.close(self._lock)  # the lock goes with it
+                self._lock = None
         return self.placed
+
+
+def remove_stale_partials(folder: str, name: str) -> list[str]:
+    """Remove the staging files of FILE (`name` in `folder`) that runs killed before their first line left, and
+    return their paths. A staging file is stale when the pid in its name runs no more and no process holds its lock
+    (a run on another machine that shares the folder). Kept: this process's own (a container's pid 1, reused across
+    restarts, makes its own anew), any whose pid runs (whatever that process is now: a reused pid keeps a stale file
+    for a later start, never risks a live recording's), and any that is locked."""
+    prefix, suffix = f".{name}.", ".partial"
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        pid = entry[len(prefix) : -len(suffix)] if entry.startswith(prefix) and entry.endswith(suffix) else ""
+        if not (pid.isascii() and pid.isdigit()) or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        stale = os.path.join(folder, entry)
+        try:
+            fd = os.open(stale, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue  # gone (placed, or removed by another start), or not a plain file of ours
+        try:
+            if _try_lock(fd):
+                os.remove(stale)
+                removed.append(stale)
+        except OSError:
+            pass  # not ours to remove (a read-only folder): it stays
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError, ValueError):
+        return False  # no such process (or no such pid at all)
+    except OSError:
+        return True  # it runs under another user (PermissionError), or cannot tell: keep its file
+    return True
+
+
+def _try_lock(fd: int) -> bool:
+    """Take an exclusive flock on `fd` without waiting: False when another process holds one. (No fcntl, as on
+    Windows, or no locks on its file system: True, and the pid alone decides.)"""
+    try:
+        import fcntl
+    except ImportError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # the file system takes no locks (ENOLCK): the pid alone decides
+    return True
 
 
 class EngineShape(NamedTuple):

@@ -1,9 +1,13 @@
 """`--record-trace FILE` keeps an earlier FILE until the first line is recorded, on `serve` as on `replay`
-(cli.record.StagedRecording)."""
+(cli.record.StagedRecording), and a run's start removes the staging files (`.FILE.<pid>.partial`) that killed runs
+left, never one a live process holds."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +15,10 @@ import pytest
 
 from radixcache.cli import serve as serve_module
 from radixcache.cli.main import main
+from radixcache.cli.record import StagedRecording, remove_stale_partials
 
 EARLIER = '{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}\n'
+NO_PID = 4_194_399  # past Linux's largest pid_max (2**22): no process has it
 
 
 def _serving(monkeypatch: pytest.MonkeyPatch, requests: int, seen: dict[str, Any]) -> None:
@@ -56,3 +62,73 @@ def test_serve_keeps_an_earlier_recording_until_its_first_line(
         assert f"recorded nothing (no request was served): {path} left as it was" in result.stderr
         assert "radixcache simulate" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["served.jsonl"]  # no staging file left beside it
+
+
+def test_a_start_removes_the_partials_of_dead_runs_only(tmp_path: Path) -> None:
+    """A run killed (kill -9) before its first line left `.FILE.<pid>.partial`, for good. The next start removes
+    such files whose pid runs no more; it keeps one whose pid runs (a live run's, or a reused pid's), one locked by
+    a process (a run on another machine that shares the folder), its own pid's (reused by a container's restart: it
+    becomes this run's own) and other files' partials."""
+    import fcntl
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # exited: no process has it (unless reused since: then kept, as it should be)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = {
+            "dead": f".t.jsonl.{NO_PID}.partial",
+            "exited": f".t.jsonl.{dead_pid}.partial",
+            "live": f".t.jsonl.{live.pid}.partial",
+            "locked": f".t.jsonl.{NO_PID + 1}.partial",
+            "other file": f".u.jsonl.{NO_PID}.partial",
+            "not a pid": ".t.jsonl.x1.partial",
+            "nested name": f".t.jsonl.5.{NO_PID}.partial",  # FILE t.jsonl.5's
+        }
+        for name in names.values():
+            (tmp_path / name).write_text('{"timestamp": 0}\n')
+        held = os.open(tmp_path / names["locked"], os.O_RDONLY)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            removed = remove_stale_partials(str(tmp_path), "t.jsonl")
+        finally:
+            os.close(held)
+    finally:
+        live.kill()
+        live.wait()
+    gone = {str(tmp_path / names["dead"])}
+    if dead_pid != live.pid and not _runs(dead_pid):
+        gone.add(str(tmp_path / names["exited"]))
+    assert set(removed) == gone
+    assert {p.name for p in tmp_path.iterdir()} == set(names.values()) - {Path(p).name for p in gone}
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def test_a_staging_file_is_locked_while_its_run_lasts(tmp_path: Path) -> None:
+    """Another start, one whose pid check cannot see this process (another machine), keeps a live run's staging
+    file: it is locked from its making to `finish`; then it is gone (placed or removed)."""
+    path = tmp_path / "t.jsonl"
+    staged = StagedRecording(str(path))
+    foreign = tmp_path / f".t.jsonl.{NO_PID}.partial"  # the live file, as a start elsewhere would see it
+    os.link(staged.staging, foreign)
+    assert remove_stale_partials(str(tmp_path), "t.jsonl") == [] and foreign.exists()
+    assert staged.finish() is False and not Path(staged.staging).exists()
+    assert remove_stale_partials(str(tmp_path), "t.jsonl") == [str(foreign)]  # the lock went with finish
+
+
+def test_a_replay_removes_a_partial_that_a_killed_replay_left(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    recorded = tmp_path / "r.jsonl"
+    recorded.write_text(EARLIER)
+    (tmp_path / f".r.jsonl.{NO_PID}.partial").write_text("")  # killed before its first line
+    args = ["replay", "--model", str(tiny_model_dir), "--limit", "1", "--max-tokens", "2"]
+    result = runner.invoke(main, [*args, "--record-trace", str(recorded)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"] and recorded.read_text() != EARLIER
