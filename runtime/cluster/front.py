@@ -259,7 +259,8 @@ class ClusterEngine:
                 admitted = queue_timeout is None  # the admission deadline: only with a queue timeout
                 try:
                     streaming = cluster.actor(replica).stream.options(num_returns="streaming")
-                    stream = streaming.remote(req.rid, prompt, options, sent_at, handle.sent_at)
+                    now = time.monotonic()  # durations, each side on its own clock (runtime.cluster.replica)
+                    stream = streaming.remote(req.rid, prompt, options, now - sent_at, now - handle.sent_at)
                     if handle.cancelled:  # cancelled before `replica` was set: `_cancel` could not name it
                         cluster.control(replica, "cancel").remote(req.rid)
                     while result is None:  # the last item is ("done", result): never wait past it
@@ -292,7 +293,7 @@ class ClusterEngine:
                     check_resend(tried, exc)
                     cluster.count_retry()
                     if admitted:  # its wait in a queue had ended: the queue timeout counts from the new send
-                        sent_at = time.time()
+                        sent_at = time.monotonic()
                 except ReplicaUnavailableError:  # its replica sent nothing for call_timeout: no sync with it either
                     stalled = True
                     raise
@@ -311,12 +312,12 @@ class ClusterEngine:
         """The stream's next item (an object ref), awaited at most `call_timeout` seconds. A replica that sends
         nothing for that long has the request cancelled there and the caller gets ReplicaUnavailableError (503).
         A dead replica's stream has its next item at once: the actor error, raised by `ray.get`. `admit_by`
-        (time.time()): a request not yet admitted by then is cancelled there and fails with QueueTimeoutError, as the
-        replica's engine would have failed it, without waiting for that verdict to come back."""
+        (time.monotonic()): a request not yet admitted by then is cancelled there and fails with QueueTimeoutError,
+        as the replica's engine would have failed it, without waiting for that verdict to come back."""
         cluster = self.cluster
-        start = time.time()
+        start = time.monotonic()
         while True:
-            now = time.time()
+            now = time.monotonic()
             if admit_by is not None and now >= admit_by:
                 cluster.control(replica, "cancel").remote(rid)
                 timeout = cluster.queue_timeout

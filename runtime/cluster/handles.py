@@ -34,7 +34,9 @@ class RemoteHandle:
     def __init__(self, request: RemoteRequest, cancel: Any) -> None:
         self.request = request
         self.future: Future[Any] = Future()
-        self.sent_at = time.time()  # the request's timeout counts from here (its queue timeout too, until admitted)
+        # time.monotonic() when the front door took it: its timeout counts from here (its queue timeout too, until
+        # admitted). The front door's own clock only: a replica is sent durations, never this reading.
+        self.sent_at = time.monotonic()
         self.cancelled = False  # set before the cancel is sent: a dispatch after it cancels on the replica too
         self._cancel = cancel
 

@@ -11,7 +11,6 @@ import contextlib
 import os
 import queue
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -89,19 +88,21 @@ class EngineReplica:
         rid: str,
         prompt_ids: Sequence[int],
         options: RequestOptions,
-        sent_at: float | None = None,
-        started_at: float | None = None,
+        queued_for: float = 0.0,
+        elapsed: float = 0.0,
     ) -> Iterator[tuple[str, Any, Any]]:
         """One request, streamed (a Ray streaming generator): ("admitted", None, None) once the engine admits it,
         ("tokens", new token ids, their logprobs) as the engine makes them, then ("done",
         GenerationResult, the (text, token ids) the model wrote for its tool calls or None). An engine error (a full
-        queue, say) is raised to the caller. `cancel(rid)` aborts it. `sent_at` (time.time() when the front door sent
-        it): the engine's queue timeout counts from then, so time spent reaching the replica is not granted twice.
-        `started_at` (time.time() when the front door took it, before any replica): its `timeout` counts from then,
-        as one engine's counts from `submit` (a request re-sent after its replica died got it whole again)."""
+        queue, say) is raised to the caller. `cancel(rid)` aborts it. Both times are durations the front door measured
+        on its own clock up to the send, never its clock's readings (a replica on another machine reads another
+        clock: a skew of seconds cut or stretched every deadline by as much): `queued_for`, the seconds the request
+        has already waited for admission (the engine's queue timeout is shortened by them: that wait is not granted
+        twice); `elapsed`, the seconds since the front door took it, before any replica (its `timeout` counts from
+        then, as one engine's counts from `submit`: a request re-sent after its replica died got it whole again)."""
         from radixcache.runtime.engine.errors import QueueTimeoutError
 
-        waited = max(0.0, time.time() - sent_at) if sent_at is not None else 0.0
+        waited = max(0.0, queued_for)
         timeout = self.engine.queue_timeout
         if timeout is not None and waited >= timeout:
             raise QueueTimeoutError(f"waited {waited:.2f} s to reach its replica, the queue timeout is {timeout} s")
@@ -110,8 +111,8 @@ class EngineReplica:
         deadline = handle.request.queue_deadline
         if deadline is not None and waited:
             handle.request.queue_deadline = deadline - waited
-        if handle.request.deadline is not None and started_at is not None:  # past already: it ends at the next step
-            handle.request.deadline -= max(0.0, time.time() - started_at)
+        if handle.request.deadline is not None:  # past already: it ends at the next step
+            handle.request.deadline -= max(0.0, elapsed)
         with self._cancel_lock:
             self._handles[rid] = handle
             cancelled_early = self._early_cancels.pop(rid, 0) is None

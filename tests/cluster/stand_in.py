@@ -133,7 +133,7 @@ class FakeActor:
     def _generate(self, prompt: list[int], max_new: int, kwargs: dict[str, Any]) -> str:
         return f"done on {self.replica}"
 
-    def _stream(self, rid: str, prompt: list[int], options: Any, sent_at: float | None = None, *_: Any) -> FakeStream:
+    def _stream(self, rid: str, prompt: list[int], options: Any, *_: Any) -> FakeStream:
         self.streams.append(rid)
         return FakeStream(self.script(list(prompt), options))
 

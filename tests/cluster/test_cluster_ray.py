@@ -185,7 +185,7 @@ def test_a_saturated_replica_refuses_within_its_queue_limits(local_ray: str, tin
         handles = [engine.submit([1, 2, 3, i], 400, ignore_eos=True) for i in range(70)]
         ended: dict[int, float] = {}
         for i, handle in enumerate(handles):
-            handle.future.add_done_callback(lambda _f, i=i: ended.setdefault(i, time.time()))
+            handle.future.add_done_callback(lambda _f, i=i: ended.setdefault(i, time.monotonic()))
         late = []
         for i, handle in enumerate(handles):
             try:
