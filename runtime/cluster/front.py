@@ -26,7 +26,7 @@ from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.cluster.handles import FrontQueue, RemoteHandle, RemoteRequest
 from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.cluster.resend import check_resend
-from radixcache.runtime.cluster.tally import Baseline, _add, replica_rows, sum_stats  # noqa: F401 (_add: its tests)
+from radixcache.runtime.cluster.tally import Baseline, Counters, _add, replica_rows  # noqa: F401 (_add: its tests)
 from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, each_options, resolve_options
 from radixcache.runtime.engine.request_builder import group_prompts, is_messages, token_ids
@@ -76,6 +76,7 @@ class ClusterEngine:
         self._running: set[RemoteHandle] = set()  # handles whose `_run` has not ended (wait_idle waits for none)
         self._idle = threading.Condition()
         self._baseline = Baseline()  # each replica's stats after the replay's warm-up: per_replica counts from there
+        self._counters = Counters()  # `stats`' counters: never back when a replica dies or restarts
 
     # ------------------------------------------------------------------ requests
 
@@ -352,8 +353,9 @@ class ClusterEngine:
 
     @property
     def stats(self) -> Any:
-        """The replicas' EngineStats summed (gauges too: the cluster's pages, running and waiting)."""
-        return sum_stats(self.cluster.replica_stats())
+        """The replicas' EngineStats summed (gauges too: the live replicas' pages, running and waiting); counters
+        keep what replicas that died or restarted had counted (runtime.cluster.tally.Counters)."""
+        return self._counters.total(self.cluster.each("counted_stats"))
 
     def per_replica(self) -> list[dict[str, Any]]:
         """Each live replica's share of the measured run (since the replay's warm-up, runtime.cluster.tally): requests

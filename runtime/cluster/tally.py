@@ -1,9 +1,11 @@
-"""What the replicas did, as the front door reports it: their EngineStats summed (`sum_stats`), and each replica's
-share of a replay (`replica_rows`), counted from a baseline taken after the warm-up (`Baseline`), so the warm-up
-that reaches every replica is not in the table, as it is not in a single engine's replay table."""
+"""What the replicas did, as the front door reports it: their EngineStats summed (`sum_stats`; `Counters` keeps the
+sum's counters from going back when a replica dies or restarts), and each replica's share of a replay
+(`replica_rows`), counted from a baseline taken after the warm-up (`Baseline`), so the warm-up that reaches every
+replica is not in the table, as it is not in a single engine's replay table."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +53,47 @@ def replica_rows(cluster: ReplicaCluster, baseline: Baseline) -> list[dict[str, 
             }
         )
     return rows
+
+
+# EngineStats' gauges (a reading now, of the live replicas); every other field, and every field of its CacheStats and
+# TierCounters, is a counter since the engine started.
+GAUGES = (
+    "capacity_blocks",
+    "free_blocks",
+    "evictable_blocks",
+    "locked_blocks",
+    "running",
+    "waiting",
+    "pinned_blocks",
+    "leases",
+    "threads",
+)
+
+
+class Counters:
+    """The replicas' EngineStats summed with counters that never go back (/metrics' `_total`s: Prometheus reads a
+    drop as a counter reset and counts the whole value again). A plain sum of the live replicas' stats fell by a
+    replica's counts when it died (it left the sum) and when Ray restarted it (its counts start from zero). Each
+    replica process's (incarnation's) last counts are kept: a dead replica's stay in the sum, and a restarted
+    one's new counts add to its earlier processes'. Gauges are the live replicas' now. What a replica counted after
+    the last reading before it died is lost; nothing is counted twice."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[str, Any]] = {}  # replica -> (incarnation, its stats at the last reading)
+        self._ended: Any = None  # the last counts of every replica process that was followed by another, summed
+        self._lock = threading.Lock()
+
+    def total(self, answers: dict[int, tuple[str, Any]]) -> Any:
+        """The stats now, from the live replicas' `counted_stats` answers; ReplicaUnavailableError with none."""
+        live = sum_stats([s for _, s in answers.values()])
+        with self._lock:
+            for replica, (incarnation, s) in answers.items():
+                last = self._last.get(replica)
+                if last is not None and last[0] != incarnation:  # a new process: the old one's counts are final
+                    self._ended = last[1] if self._ended is None else _add(self._ended, last[1])
+                self._last[replica] = (incarnation, s)
+            counted = sum_stats([s for _, s in self._last.values()] + ([] if self._ended is None else [self._ended]))
+        return replace(counted, **{name: getattr(live, name) for name in GAUGES})
 
 
 def sum_stats(parts: list[Any]) -> Any:
