@@ -6,7 +6,9 @@ against the vocabulary; the library builds its parser tables lazily while masks 
 becomes a `GrammarError` naming the spec's path. The cache is a bounded LRU, safe to share between threads. A
 compiled grammar is reused within its namespace only: shared, a tenant's request for a schema another tenant had just
 used skipped the compile, and its time to first token told that the other had used that schema (the timing side
-channel the KV cache's namespaces close).
+channel the KV cache's namespaces close). The bound is shared fairly (runtime/tools/fair_lru.py): past it the
+namespace holding the most loses its least recently used grammar, so a tenant sending a stream of new schemas evicts
+its own, never those of a tenant holding no more than its share (whose recompiles it could otherwise time).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, SCHEMA_MAPS, find_key
 from radixcache.runtime.grammar.spec import GrammarSpec
 from radixcache.runtime.grammar.vocab import GrammarVocab
+from radixcache.runtime.tools.fair_lru import FairLRU
 
 JSON_OBJECT_SCHEMA = {"type": "object"}
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
@@ -39,15 +41,15 @@ class CompiledGrammar:
 
 
 class GrammarCompiler:
-    """Compiles `GrammarSpec`s for one vocabulary, keeping the last `max_entries` compiled grammars (all namespaces
-    together)."""
+    """Compiles `GrammarSpec`s for one vocabulary, keeping at most `max_entries` compiled grammars (all namespaces
+    together, shared fairly: past the bound the namespace holding the most loses its least recently used)."""
 
     def __init__(self, vocab: GrammarVocab, max_entries: int = 256) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self.vocab = vocab
         self.max_entries = max_entries
-        self._cache: OrderedDict[tuple[Hashable, str], CompiledGrammar] = OrderedDict()
+        self._cache: FairLRU[str, CompiledGrammar] = FairLRU(max_entries)  # scope: the namespace; key: spec.key
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -55,21 +57,19 @@ class GrammarCompiler:
     def compile(self, spec: GrammarSpec, namespace: Hashable = None) -> CompiledGrammar:
         """The compiled grammar of `spec`, from the cache when an equal spec was compiled before in `namespace` (the
         request's cache namespace: another namespace's compile is never reused)."""
-        key = (namespace, spec.key)
         with self._lock:
-            hit = self._cache.get(key)
+            hit = self._cache.get(namespace, spec.key)
             if hit is not None:
-                self._cache.move_to_end(key)
                 self.hits += 1
                 # the key leaves out `path`: this caller's errors name its own field, not the first compiler's
                 return hit if hit.spec.path == spec.path else dataclasses.replace(hit, spec=spec)
         compiled = CompiledGrammar(spec, _translate_and_validate(spec, self.vocab), self.vocab)
         with self._lock:
             self.misses += 1
-            compiled = self._cache.setdefault(key, compiled)  # a concurrent compile of the same spec wins once
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.max_entries:
-                self._cache.popitem(last=False)
+            first = self._cache.get(namespace, spec.key)  # a concurrent compile of the same spec wins once
+            if first is None:
+                self._cache.put(namespace, spec.key, compiled)
+            compiled = first or compiled
         return compiled
 
     def __len__(self) -> int:

@@ -8,8 +8,8 @@ scope putting now, then to the scope that has held entries the longest; the entr
 scope holding no more than its share (the bound over the scopes in use) keeps its entries however much another
 puts. Not thread-safe: callers hold their own lock.
 
-Used by the tool-call memory (runtime/tools/memory.py: bounded by entries and bytes) and the legacy function-call
-ids (runtime/server/legacy.py: by entries).
+Used by the tool-call memory (runtime/tools/memory.py: bounded by entries and bytes), the legacy function-call
+ids (runtime/server/legacy.py: by entries) and the compiled grammars (runtime/grammar/compiler.py: by entries).
 """
 
 from __future__ import annotations

@@ -284,6 +284,21 @@ def test_cache_is_keyed_by_namespace_within_one_bound(tiny_compiler) -> None:
     b = compiler.compile(spec, namespace="b")
     assert a is not b and compiler.misses == 2 and compiler.hits == 0
     assert compiler.compile(spec, namespace="a") is a and compiler.hits == 1
-    compiler.compile(spec)  # the keyless namespace: a third entry, evicting b (the least recent)
+    compiler.compile(spec)  # the keyless namespace: a third entry, evicting a (held entries the longest)
     assert len(compiler) == 2 and compiler.misses == 3
-    assert compiler.compile(spec, namespace="b") is not b and compiler.misses == 4
+    assert compiler.compile(spec, namespace="a") is not a and compiler.misses == 4
+
+
+def test_a_tenant_flooding_new_schemas_evicts_its_own_grammars_not_others(tiny_compiler) -> None:
+    """The bound is shared fairly: a tenant compiling schema after schema (an agent with ever new tool schemas)
+    evicted every other tenant's grammars under a plain LRU (their next request compiled again, and the flooder
+    could time their recompiles); past the bound the namespace holding the most loses its own oldest."""
+    compiler = GrammarCompiler(tiny_compiler.vocab, max_entries=4)
+    mine = [compiler.compile(GrammarSpec.regex(p), namespace="quiet") for p in ("a+", "b+")]
+    for i in range(20):
+        compiler.compile(GrammarSpec.regex(f"x{i}+"), namespace="flood")
+    assert len(compiler) == 4
+    hits = compiler.hits
+    assert [compiler.compile(GrammarSpec.regex(p), namespace="quiet") for p in ("a+", "b+")] == mine
+    assert compiler.hits == hits + 2
+    assert compiler.compile(GrammarSpec.regex("x19+"), namespace="flood") is not None and compiler.hits == hits + 3
