@@ -248,11 +248,11 @@ def simulate(
           --capacity-blocks 1000 --replicas 16 --router cache_aware --rate 0.3
     """
     where = trace_capacity(trace, fmt, page_size, block_size, capacity_blocks, capacity_tokens)
+    try:  # a bad --policies is a usage error (exit 2), with --leases or without, before the trace is read
+        names = policy_names(policies_spec) if policies_spec is not None else [policy]
+    except RadixCacheError as exc:
+        raise click.UsageError(str(exc)) from None
     if leases:
-        try:
-            names = policy_names(policies_spec) if policies_spec is not None else [policy]
-        except RadixCacheError as exc:
-            raise click.UsageError(str(exc)) from None
         run_leases(where, names, lease_budget)
         return
     refuse_ignored(replicas, policies_spec)
@@ -309,7 +309,7 @@ def simulate(
                 trace,
                 workload,
                 blocks,
-                policies_spec,
+                names,
                 admission,
                 concurrency,
                 not no_infinite,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import click
 
 from radixcache.cli.simulate_tables import print_comparison, print_json
-from radixcache.sim.compare import compare, policy_names
+from radixcache.sim.compare import compare
 from radixcache.sim.replay_common import Replayable
 
 
@@ -13,7 +15,7 @@ def compare_policies(
     trace: str,
     workload: Replayable,
     blocks: int,
-    spec: str,
+    names: Sequence[str],
     admission: str | None,
     concurrency: int,
     infinite: bool,
@@ -21,7 +23,6 @@ def compare_policies(
     honor_timestamps: bool = False,
 ) -> None:
     """`--policies`: every named policy, both Belady bounds and the infinite cache, in one table or JSON."""
-    names = policy_names(spec)
     if admission == "reuse" and "reuse" not in names:
         raise click.UsageError("--admission reuse learns from the reuse eviction policy: include reuse in --policies")
     rows = compare(

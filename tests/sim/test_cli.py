@@ -94,7 +94,16 @@ def test_block_size_on_a_token_trace_is_refused_not_ignored(tmp_path: Path) -> N
 def test_an_empty_policies_list_is_refused_not_ignored(chat: Path) -> None:
     """`--policies ""` (say, an unset shell variable) was taken as no --policies: one lru run, no word of it."""
     code, out, err = run("simulate", str(chat), "--capacity-blocks", "300", "--page-size", "4", "--policies", "")
-    assert (code, out) == (1, "") and "--policies" in err
+    assert (code, out) == (2, "") and "--policies" in err
+
+
+@pytest.mark.parametrize("leases", [[], ["--leases"]])
+def test_an_unknown_policy_is_a_usage_error_with_leases_or_without(chat: Path, leases: list[str]) -> None:
+    """`--policies belady` exited 1 (after reading the trace) without --leases and 2 with: a bad option value is a
+    usage error (exit 2, as click's own), both ways."""
+    args = ("simulate", str(chat), "--capacity-blocks", "300", "--page-size", "4", "--policies", "belady", *leases)
+    code, out, err = run(*args)
+    assert (code, out) == (2, "") and "unknown policy 'belady'" in err
 
 
 @pytest.mark.parametrize(
