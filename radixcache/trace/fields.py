@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from radixcache.trace.errors import TraceError
 
 _MISSING = object()
+
+#: The largest timestamp (ms) a trace may give: the replays' clocks count µs in floats, and past this a timestamp
+#: times 1000 is infinite (about 1.8e305 ms; the trace readers refuse more at its file:line).
+MAX_TIMESTAMP_MS = sys.float_info.max / 1000
+while math.nextafter(MAX_TIMESTAMP_MS, math.inf) * 1000 < math.inf:
+    MAX_TIMESTAMP_MS = math.nextafter(MAX_TIMESTAMP_MS, math.inf)
 
 
 class FieldReader:
@@ -44,6 +51,13 @@ class FieldReader:
             self.fail(f"expected a finite number, got {value!r}", field)
         if value < 0:
             self.fail(f"must be >= 0, got {value!r}", field)
+        return value
+
+    def timestamp(self, field: str, default: Any = _MISSING) -> int | float:
+        """A number of milliseconds, at most MAX_TIMESTAMP_MS."""
+        value = self.number(field, default)
+        if value is not default and value > MAX_TIMESTAMP_MS:
+            self.fail(f"{value!r} ms is too large (at most {MAX_TIMESTAMP_MS:.4g}: the replays count µs)", field)
         return value
 
     def count(self, field: str, default: Any = _MISSING) -> int:

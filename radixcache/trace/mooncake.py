@@ -179,14 +179,14 @@ def _read_line(name: str, lineno: int, raw: bytes, sizes: BlockSizes) -> Mooncak
     fields = FieldReader(name, str(lineno), json_line(name, lineno, raw))
     block = sizes.read(fields)
     return MooncakeLine(
-        timestamp=fields.number("timestamp"),
+        timestamp=fields.timestamp("timestamp"),
         input_length=fields.count("input_length"),
         output_length=fields.count("output_length", 0),
         hash_ids=fields.int_list("hash_ids"),
         output_hash_ids=fields.int_list("output_hash_ids", None),
         session_id=fields.text("session_id", None),
         block_size=block if fields.record.get("block_size") is not None else None,  # checked by sizes.read
-        finish_timestamp=fields.number("finish_timestamp", None),
+        finish_timestamp=fields.timestamp("finish_timestamp", None),
         retain_for=_retain_for(fields),
     )
 

@@ -17,7 +17,7 @@ import msgpack
 
 from radixcache.tokens import SIGN_BYTE, TOKEN_TYPECODE, as_token_array
 from radixcache.trace.errors import TraceError, place
-from radixcache.trace.fields import FieldReader
+from radixcache.trace.fields import MAX_TIMESTAMP_MS, FieldReader
 from radixcache.trace.jsonl import dump_json_line, json_line, open_trace
 from radixcache.trace.records import TokenRequest
 from radixcache.trace.typed_lines import TokenLine, iter_typed_lines
@@ -45,7 +45,7 @@ def request_from_dict(record: Any, path: str, where: str) -> TokenRequest:
     """Validate one decoded record; raise TraceError naming path, where and the field. The request's `source` is
     the record's place (`path:where`)."""
     fields = FieldReader(path, where, record)
-    timestamp = fields.number("timestamp")
+    timestamp = fields.timestamp("timestamp")
     tokens = fields.int_list("tokens")
     output_length = fields.count("output_length")
     output_tokens = fields.int_list("output_tokens", None)
@@ -172,7 +172,8 @@ def _plain_line(parser: Any, raw: bytes) -> TokenArrays | None:
         if not (
             (retain_for is None or (type(retain_for) in (int, float) and 0 <= retain_for <= 1e9))
             and (
-                (type(timestamp) is int and 0 <= timestamp <= _MAX_ID) or (type(timestamp) is float and timestamp >= 0)
+                (type(timestamp) is int and 0 <= timestamp <= _MAX_ID)
+                or (type(timestamp) is float and 0 <= timestamp <= MAX_TIMESTAMP_MS)
             )
             and type(output_length) is int
             and 0 <= output_length <= _MAX_ID

@@ -19,13 +19,14 @@ from typing import Annotated, TypeVar
 
 import msgspec
 
+from radixcache.trace.fields import MAX_TIMESTAMP_MS
 from radixcache.trace.jsonl import open_trace
 
 # Token and hash ids must fit an int64. Counts may not be larger (msgspec bounds are int64): a larger one, which
 # the readers take, goes to the fallback.
 Id = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 Count = Id
-Timestamp = Count | Annotated[float, msgspec.Meta(ge=0)]  # an int stays an int, as orjson keeps it
+Timestamp = Count | Annotated[float, msgspec.Meta(ge=0, le=MAX_TIMESTAMP_MS)]  # an int stays an int, as orjson does
 
 
 class MooncakeLine(msgspec.Struct, frozen=True):

@@ -135,15 +135,26 @@ def test_the_cli_flag_reports_its_clock_and_refuses_replicas(tmp_path: Path) -> 
     assert code == 2 and "--honor-timestamps" in err
 
 
-@pytest.mark.parametrize("extra", [["--honor-timestamps", "--policy", "reuse"], ["--leases", "--policy", "agent"]])
-def test_a_timestamp_past_the_clocks_range_is_one_error_line(tmp_path: Path, extra: list[str]) -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--honor-timestamps", "--policy", "reuse"],
+        ["--honor-timestamps", "--policy", "tlru", "--in-memory"],
+        ["--leases", "--policy", "agent"],
+    ],
+)
+@pytest.mark.parametrize("kind", ["mooncake", "tokens"])
+def test_a_timestamp_past_the_clocks_range_is_refused_at_its_line(tmp_path: Path, extra: list[str], kind: str) -> None:
     """A finite timestamp past 1.8e305 ms is infinite in µs: the replay failed with OverflowError ('internal
-    error'); the trace just below it replays."""
+    error'), then with an error that named no file or line; the trace just below it replays."""
     line = {"input_length": 1000, "output_length": 6, "hash_ids": [0, 1], "retain_for": 5}
-    for stamp, code in ((1.7e305, 0), (1e306, 1)):
+    if kind == "tokens":
+        line = {"tokens": list(range(40)), "output_length": 6, "retain_for": 5}
+        extra = [*extra, "--page-size", "16"]
+    for stamp, code in ((1.7e305, 0), (1.7976931348623156e305, 0), (1.7976931348623158e305, 1), (1e306, 1)):
         trace = tmp_path / "t.jsonl"
-        trace.write_text(json.dumps({"timestamp": stamp, **line}) + "\n")
+        trace.write_text(json.dumps({"timestamp": 1.0, **line}) + "\n" + json.dumps({"timestamp": stamp, **line}))
         result = CliRunner().invoke(main, ["simulate", str(trace), "--capacity-blocks", "2", *extra])
-        assert result.exit_code == code, result.output
+        assert result.exit_code == code, (stamp, result.output)
         if code:
-            assert "too large for the cache's clock" in result.stderr and "internal" not in result.stderr
+            assert f"{trace}:2: field 'timestamp'" in result.stderr and "too large" in result.stderr, result.stderr
