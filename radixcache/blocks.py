@@ -83,9 +83,15 @@ class BlockPool:
         return len(self._free) + self.capacity - self._fresh
 
     @property
+    def fresh(self) -> int:
+        """How many ids were ever handed out: 0 .. fresh - 1. Every id from `fresh` to `capacity` is FREE."""
+        return self._fresh
+
+    @property
     def state(self) -> bytearray:
-        """Block id -> FREE/HELD/IN_TREE, built now in O(capacity): for checks and messages, not hot paths."""
-        state = bytearray([IN_TREE]) * self._fresh + bytearray([FREE]) * (self.capacity - self._fresh)
+        """Block id -> FREE/HELD/IN_TREE for the ids ever handed out (0 .. fresh - 1; the rest are FREE), built now
+        in O(fresh), not O(capacity), which may be far past memory (2**70): for checks and messages."""
+        state = bytearray([IN_TREE]) * self._fresh
         for block in self._free:
             state[block] = FREE
         for block in self._loose:
@@ -241,5 +247,9 @@ class BlockPool:
         return arr
 
     def free_list(self) -> list[int]:
-        """The free stack, bottom first (O(capacity): for checks)."""
+        """The free stack, bottom first (O(capacity): for tests of small pools)."""
         return [*range(self.capacity - 1, self._fresh - 1, -1), *self._free]
+
+    def freed(self) -> array:
+        """The free stack's ids that were handed out before (above the never-used ones), bottom first."""
+        return self._free[:]

@@ -60,16 +60,20 @@ def check_invariants(cache: RadixCache) -> None:
                 if not node.children:
                     expected_leaves.add(node.uid)
 
+    # Over the ids ever handed out (O(blocks used), not O(capacity)): every id past them is free, never used.
+    fresh = pool.fresh
+    _require(all(0 <= b < fresh for b in owner), f"a tree block is outside the {fresh} ids handed out")
     state = pool.state
-    in_tree = sum(1 for s in state if s == IN_TREE)
-    held = sum(1 for s in state if s == HELD)
-    free_list = pool.free_list()
+    in_tree = state.count(IN_TREE)
+    held = state.count(HELD)
+    freed = pool.freed()
     _require(in_tree == len(owner), f"{in_tree} blocks marked in-tree, but the tree holds {len(owner)}")
     _require(all(state[b] == IN_TREE for b in owner), "a tree block is not marked in-tree")
     _require(held == pool.held, f"held counter {pool.held} != {held} blocks marked held")
-    _require(len(set(free_list)) == len(free_list), "the free list repeats a block")
-    _require(all(state[b] == FREE for b in free_list), "the free list holds a block not marked free")
-    _require(len(free_list) == sum(1 for s in state if s == FREE), "a free block is missing from the free list")
+    _require(len(set(freed)) == len(freed), "the free list repeats a block")
+    _require(all(0 <= b < fresh and state[b] == FREE for b in freed), "the free list holds a block not marked free")
+    _require(len(freed) == state.count(FREE), "a free block is missing from the free list")
+    _require(pool.free_count == len(freed) + pool.capacity - fresh, "the free count is not the free list's length")
     _require(cache._evictable == evictable, f"evictable counter {cache._evictable} != {evictable} in the tree")
     _require(cache._tree_locked == locked, f"locked counter {cache._tree_locked} != {locked} in the tree")
     total = cache.free_blocks + cache.evictable_blocks + cache.locked_blocks
