@@ -72,8 +72,7 @@ class KVTiers:
             fingerprint=fingerprint,
             # weakly: these tiers hold `tiered`, and a cycle back would keep the KV pools until a full collection
             copy_to_host=weak_method(self._copy_to_host) if host is not None else None,
-            write_lower=weak_method(self._write_disk) if disk is not None else None,
-        )
+        )  # no write_lower: `adopted` queues the disk writes itself, each page with its parent
         self.costs = LoadCosts(load_back, self.page_size)
         self._counts = TierTally()
         self._pending: PendingUnlocks[tuple[list[bytes], list[bytes]]] = PendingUnlocks()  # what CUDA loads read
@@ -347,16 +346,21 @@ class KVTiers:
     def adopted(
         self, chain: PageChain, tokens: Sequence[int], first_page: int, last_page: int, blocks: Sequence[int]
     ) -> None:
-        """The tree adopted the pages `first_page .. last_page` of a request (`blocks`: their device blocks). Then the
-        run from its first page is refreshed in both tiers (settled on disk after these writes): a request adopts its
-        run over several commits (prefill chunks, each decode page), and each stores its own pages head newest, so
-        without it the prompt's head was older than every page after it and a tier's size limit took it first."""
+        """The tree adopted the pages `first_page .. last_page` of a request (`blocks`: their device blocks). A request
+        adopts its run over several commits (prefill chunks, each decode page), and each stores its own pages head
+        newest, so the prompt's head must not end up older than the pages after it (a tier's size limit took it
+        first): the disk stamps each page just older than the run's page before it (DiskStore.put's `parent`); the
+        host tier refreshes the run from its first page."""
         if last_page <= first_page:
             return
         p = self.page_size
         run = chain.upto(tokens, last_page)
-        self.tiered.adopted(run[first_page:], blocks, tokens[first_page * p : last_page * p])
-        self.refresh(run)
+        page_tokens = tokens[first_page * p : last_page * p]
+        self.tiered.adopted(run[first_page:], blocks, page_tokens)
+        if self.host is not None:
+            self.host.touch_later(run)
+        if self.disk is not None:
+            self._write_disk(run[first_page:], blocks, page_tokens, run[first_page - 1] if first_page else None)
 
     def _copy_to_host(self, blocks: Sequence[int], slots: list[int]) -> None:
         assert self.host_pool is not None
@@ -367,12 +371,14 @@ class KVTiers:
             raise  # TieredCache discards the pages: their slots map to no hash
         self._counts["host_saved_pages"] += len(blocks)
 
-    def _write_disk(self, hashes: list[bytes], blocks: Sequence[int], tokens: Sequence[int]) -> None:
-        """Hand adopted pages to the disk writer. Never raises: a failure drops the pages (counted), the request
-        that adopted them goes on."""
+    def _write_disk(
+        self, hashes: list[bytes], blocks: Sequence[int], tokens: Sequence[int], parent: bytes | None
+    ) -> None:
+        """Hand adopted pages to the disk writer (`parent`: the run's page before them). Never raises: a failure drops
+        the pages (counted), the request that adopted them goes on."""
         try:
             assert self.disk is not None
-            queue_disk_writes(self.disk, self.pool, self._counts, hashes, blocks, tokens)
+            queue_disk_writes(self.disk, self.pool, self._counts, hashes, blocks, tokens, parent)
         except Exception:
             self._counts["disk_dropped_pages"] += len(hashes)
             log.exception("disk KV cache: queueing %d page(s) failed; not written", len(hashes))

@@ -98,6 +98,7 @@ class PageWrite(NamedTuple):
     payload: bytes
     size: int  # of the whole file
     used_ns: int | None = None  # the file's mtime (when it was queued: its use, not the writer's lag); None: now
+    parent: bytes | None = None  # the hash of its run's page before it (None: it starts one), for its place in the LRU
 
 
 class PageFile(NamedTuple):

@@ -2,11 +2,12 @@
 
 A run of pages is found from its head (a page's hash names its whole prefix), so a tail without its head is never
 read. The pages are queued head first, so a process killed mid-run (kill -9, the OOM killer) leaves a prefix a
-restart reads; then the caller refreshes the run from its first page (`KVTiers.adopted`: `DiskStore.refresh`,
-settled after its writes), so its head is the newest in the store's LRU and by mtime, and a size limit deletes a
-run's tail before its head. A run is cut to what fits:
-the write queue's room, and the store's size limit (writing past it would evict the run's own head); a put that
-raises drops its own page, not those after it (one already queued by another request is still written).
+restart reads, each with its parent (the run's page before it): the store stamps it just older than its parent as it
+writes it (`PageIndex.place`), so a run's head stays its newest page in the store's LRU and by mtime, and a size limit
+deletes a run's tail before its head, however many commits (prefill chunks, decode pages) the run took to arrive,
+without stamping the run again at each. A run is cut to what fits: the write queue's room, and the store's size limit
+(writing past it would evict the run's own head); a put that raises drops its own page (the pages after it are then
+not written either: their parent is not held), not one already queued by another request (it is still written).
 """
 
 from __future__ import annotations
@@ -25,10 +26,17 @@ log = logging.getLogger("radixcache.disk")
 
 
 def queue_disk_writes(
-    disk: DiskStore, pool: KVPool, counts: TierTally, hashes: list[bytes], blocks: Sequence[int], tokens: Sequence[int]
+    disk: DiskStore,
+    pool: KVPool,
+    counts: TierTally,
+    hashes: list[bytes],
+    blocks: Sequence[int],
+    tokens: Sequence[int],
+    parent: bytes | None = None,
 ) -> None:
     """Queue the pages of `hashes` (a run's, head first; `blocks` their device blocks, `tokens` their tokens) that the
-    disk does not hold, counting each as queued or dropped in `counts`."""
+    disk does not hold, counting each as queued or dropped in `counts`. `parent`: the hash of the run's page before
+    the first of them (None: they start the run); each page is queued with the one before it as its parent."""
     todo = [i for i, h in enumerate(hashes) if disk.count_prefix([h]) == 0]
     room = max(0, disk.max_pending - disk.stats().pending_writes) if disk.enabled else 0
     counts["disk_dropped_pages"] += len(todo) - min(room, len(todo))
@@ -51,7 +59,9 @@ def queue_disk_writes(
                 counts["disk_dropped_pages"] += len(todo) - j
                 break
             budget -= size
-            queued = disk.put(hashes[i], page_tokens, payload, meta, encoded=write)
+            queued = disk.put(
+                hashes[i], page_tokens, payload, meta, encoded=write, parent=hashes[i - 1] if i else parent
+            )
         except Exception as exc:
             queued, failed = False, failed or exc
         counts["disk_queued_pages" if queued else "disk_dropped_pages"] += 1

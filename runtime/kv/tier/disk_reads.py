@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -45,10 +46,12 @@ def read_indexed(
     page_hash: bytes,
     load: Callable[[str], T | None],
     mtime_ns: int | None = None,
+    clock: Callable[[], int] = time.time_ns,
 ) -> T | None:
     """The read of one page: `load(path)` reads and checks its file (raising OSError or CorruptPage, or
     returning None for a page that is sound but not what the caller can use); here the index, the counters,
-    the deletion of a corrupt page and the refresh of its use. `lock` guards `index` and `count`."""
+    the deletion of a corrupt page and the refresh of its use: stamped `mtime_ns`, or `clock()` (called under
+    `lock`), in the index and as its file's mtime. `lock` guards `index` and `count`."""
     with lock:
         entry = index.get(page_hash)
         if entry is None:
@@ -84,8 +87,9 @@ def read_indexed(
             count["read_misses"] += 1
         return None
     with lock:
-        index.touch(page_hash, entry)
+        stamp = clock() if mtime_ns is None else mtime_ns
+        index.touch(page_hash, entry, stamp)
         count["read_hits"] += 1
     with contextlib.suppress(OSError):
-        os.utime(entry.path) if mtime_ns is None else os.utime(entry.path, ns=(mtime_ns, mtime_ns))
+        os.utime(entry.path, ns=(stamp, stamp))
     return got

@@ -5,16 +5,17 @@ request hits on the device looks the oldest on disk after a restart and a smalle
 refresh comes from the engine's loop thread, which must neither wait for the disk nor hash a prompt the device holds
 whole: it records the run (its hashes, or a function computing them) and the time here, and `settle` (the writer
 thread around each write and within SETTLE_S without writes, `flush`, `close`) hashes, moves the pages in the index
-and sets their mtimes. A page
-written is stamped with the time it was queued (`now`): the writer's lag must not make it look newer than a hit that
-came after it.
+and sets their mtimes. A page written that starts a run is stamped with the time it was queued (`now`): the writer's
+lag must not make it look newer than a hit that came after it; a later page of a run, just older than the page before
+it (kv.tier.disk_index `place`).
 
 Invariants: a run is stamped falling from its first page, 1 us a page (a file system keeping microseconds tells them
-apart), the head newest, as the in-memory order has it; each run's stamps are newer than those of the runs settled
-before it; runs and writes reach the index in the order they were recorded and queued (a write's evictions see the
-refreshes recorded before it); at most `MAX_RUNS` runs of at most `MAX_PAGES` pages in all wait (but one run of any
-size), the least recent dropped first; a stamp is set only on the file the index holds as it settles. A process
-killed before settling (within SETTLE_S of the record, kv.tier.disk_writer) loses its runs' stamps (not its pages).
+apart), the head newest, in the index and by mtime alike (the index orders pages by these stamps); each run's stamps
+are newer than those of the runs settled before it, and older than every `now` after it; runs and writes reach the
+index in the order they were recorded and queued (a write's evictions see the refreshes recorded before it); at most
+`MAX_RUNS` runs of at most `MAX_PAGES` pages in all wait (but one run of any size), the least recent dropped first; a
+stamp is set only on the file the index holds as it settles. A process killed before settling (within SETTLE_S of the
+record, kv.tier.disk_writer) loses its runs' stamps (not its pages).
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex
+from radixcache.runtime.kv.tier.disk_index import STEP_NS, PageEntry, PageIndex
 
 MAX_RUNS = 4096  # refreshes waiting to be settled, and their pages (bounds on memory while nothing is written)
 MAX_PAGES = 65536
-STEP_NS = 1000  # between the stamps of one run's consecutive pages
 log = logging.getLogger("radixcache.disk")
 _NOFOLLOW = os.utime not in os.supports_follow_symlinks  # False where supported: no symlink is followed
 
@@ -102,12 +102,12 @@ class OwedRefreshes:
         """Refresh each run in the index, in order, and return the (path, ns) stamps of the pages it holds."""
         due: dict[bytes, tuple[PageEntry, int]] = {}
         for at_ns, hashes in runs:
-            index.refresh(hashes)
-            held = [(h, e) for h in hashes if (e := index.get(h)) is not None]
+            held = sum(h in index for h in hashes)
             # newer than every run before it, even within the clock's resolution or after it stepped back
-            head_ns = self._last_ns = max(at_ns, self._last_ns + len(held) * STEP_NS)
-            for i, (page_hash, entry) in enumerate(held):
-                due[page_hash] = (entry, head_ns - i * STEP_NS)
+            head_ns = self._last_ns = max(at_ns, self._last_ns + held * STEP_NS)
+            self._clock_ns = max(self._clock_ns, head_ns)  # and older than every use after it
+            for page_hash, entry, ns in index.refresh(hashes, head_ns):
+                due[page_hash] = (entry, ns)
         return [(e.path, ns) for h, (e, ns) in due.items() if index.get(h) is e]
 
 

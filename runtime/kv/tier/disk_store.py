@@ -26,7 +26,8 @@ Invariants:
   format version (a newer radixcache shares the directory) is a miss that leaves the index, not the disk.
 - The index follows this store's own writes, reads and deletions. Its byte total is kept at or under `max_bytes`
   at open (a writable store) and after every write by deleting the least recently used pages (last read, write or
-  device hit; at open, the files' mtimes, which each of them sets: `refresh`, kv.tier.disk_stamps).
+  device hit, by the stamps the files' mtimes hold, so the order at open is the order before: `refresh`,
+  kv.tier.disk_stamps; a run's later page is stamped just older than the page before it, kv.tier.disk_index).
 - No call raises for I/O reasons. An open that cannot create or write the directory, and a write that fails
   (ENOSPC, EROFS, EACCES, ...), disable the store (`enabled = False`, one warning on the "radixcache.disk"
   logger): it accepts no more writes, but still serves the pages already on disk. A folder at one page's path
@@ -139,13 +140,13 @@ class DiskStore:
     def _scan(self) -> None:
         """Build the index from names and stat, least recently used (oldest mtime) first."""
         found = scan_pages(self.layout)
-        for tag in {entry.tag for _, entry in found}:
+        for tag in {entry.tag for _, entry, _ in found}:
             self._fingerprint_name(tag)
         with self._lock:
-            for page_hash, entry in found:
+            for page_hash, entry, mtime_ns in found:
                 # One hash under two fingerprint strings (the same model named twice): the newer file wins; the
                 # other stays on disk, outside the index (verify still checks it, clear still deletes it).
-                self._index.replace(page_hash, entry)
+                self._index.replace(page_hash, entry, mtime_ns)
 
     def _fingerprint_name(self, tag: str) -> str:
         """The fingerprint string of a tag. Reads a file the first time: call it without the lock."""
@@ -232,12 +233,19 @@ class DiskStore:
 
     def _read(self, page_hash: bytes, load: Callable[[str], T | None], mtime_ns: int | None = None) -> T | None:
         """The read of one page against the index (kv.tier.disk_reads.read_indexed)."""
-        return read_indexed(self._index, self._lock, self._count, page_hash, load, mtime_ns)
+        return read_indexed(self._index, self._lock, self._count, page_hash, load, mtime_ns, self._owed.now)
 
     # --------------------------------------------------------------------------------------------- writes
 
     def put(
-        self, page_hash: bytes, tokens: Sequence[int], payload: bytes, meta: dict, *, encoded: PageWrite | None = None
+        self,
+        page_hash: bytes,
+        tokens: Sequence[int],
+        payload: bytes,
+        meta: dict,
+        *,
+        encoded: PageWrite | None = None,
+        parent: bytes | None = None,
     ) -> bool:
         """Queue an asynchronous write of a page; never blocks on I/O.
 
@@ -247,6 +255,9 @@ class DiskStore:
         not JSON-able raise ValueError / TypeError at once. A write that later fails disables the store.
         `encoded`: the page already serialized (`encode_page` of these arguments and this store's fingerprint, as
         kv.tier.disk_queue does to budget the size limit), queued as it is; ValueError for another page's.
+        `parent`: the hash of the page before it in its run (None: the page starts a run, or stands alone). The page
+        is then stamped just older than its parent, as it is written (`PageIndex.place`), and not written at all (a
+        dropped write) when its parent is not held by then: it would never be read.
         """
         if encoded is None:
             write = encode_page(page_hash, self.fingerprint, tokens, payload, meta)
@@ -260,7 +271,7 @@ class DiskStore:
             if refused or write.size > self.max_bytes:
                 self._count["dropped_writes"] += 1
                 return False
-            queue.offer(write._replace(used_ns=self._owed.now()))
+            queue.offer(write._replace(used_ns=self._owed.now(), parent=parent))
         return True
 
     def _perform(self, key: bytes, write: PageWrite) -> None:
@@ -268,10 +279,12 @@ class DiskStore:
         self._settle()  # the refreshes before it was queued, then the page, then those after
         with self._lock:
             enabled = self.enabled
+            assert write.used_ns is not None  # set by `put`
+            stamp = self._index.place(write.parent, write.used_ns)
         entry: PageEntry | None = None
-        if enabled:
+        if enabled and stamp is not None:
             try:
-                entry = self._write_page(write)
+                entry = self._write_page(write._replace(used_ns=stamp))
             except PagePathTaken as exc:  # this page's own path: the others still go to disk
                 log.warning("disk KV cache: cannot write a page: %s", exc)
             except OSError as exc:
@@ -282,8 +295,8 @@ class DiskStore:
         with self._lock:
             if entry is None:
                 self._count["dropped_writes"] += 1
-            else:
-                self._index.replace(key, entry)  # an older entry: read after a clear, say (the file was replaced)
+            elif stamp is not None:  # (always, with an entry)
+                self._index.replace(key, entry, stamp)  # an older entry: read after a clear, say (file replaced)
                 self._count["writes"] += 1
         self._settle()  # the evictions it forces see the refreshes recorded since it was queued
         with self._lock:
