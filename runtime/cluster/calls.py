@@ -3,7 +3,6 @@ what the replica's model wrote for them, and chats rendered with that memory, as
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from radixcache.runtime.cluster.handles import RemoteRequest
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.tools import ToolCallMemory
+from radixcache.runtime.tools.prompt import chat_prompt
 
 
 def own_calls(
@@ -33,11 +33,6 @@ def render_messages(
     tokenizer: Any, memory: ToolCallMemory, messages: Sequence[dict[str, Any]], opts: RequestOptions
 ) -> str:
     """`messages` by the model's chat template, with `opts`' tools and the calls `memory` holds in its namespace (the
-    front door's: a history carries its call ids, which a replica's own memory knows by others)."""
-    render, use = tokenizer.apply_chat_template, opts.tool_use
-    kw: dict[str, Any] = {}
-    if "tool_memory" in inspect.signature(render).parameters:
-        kw = {"tools": use.tools if use else None, "tool_memory": memory.scoped(opts.namespace)}
-    elif use is not None:
-        raise ValueError("this model's tokenizer cannot render tools")
-    return render(list(messages), add_generation_prompt=True, **kw)
+    front door's: a history carries its call ids, which a replica's own memory knows by others), as an Engine and
+    the server render a chat (runtime.tools.prompt)."""
+    return chat_prompt(tokenizer, messages, opts.tool_use, memory, opts.namespace)

@@ -14,7 +14,6 @@ the caller's thread, never on the engine loop (engine.structured).
 
 from __future__ import annotations
 
-import inspect
 import operator
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence, Set
@@ -31,6 +30,7 @@ from radixcache.runtime.engine.sampling import MAX_SEED, Sampler
 from radixcache.runtime.engine.structured import EngineGrammars
 from radixcache.runtime.engine.tool_calls import request_grammar
 from radixcache.runtime.tools import ToolCallMemory, tool_template_features
+from radixcache.runtime.tools.prompt import chat_prompt
 from radixcache.runtime.tools.use import CallIds, ToolUse
 
 Prompt = str | Sequence[int]
@@ -62,8 +62,6 @@ class RequestBuilder:
         self.grammars = EngineGrammars(tokenizer, config.vocab_size, stop_token_ids)
         self.tool_memory = tool_memory if tool_memory is not None else ToolCallMemory()
         self.tool_features = tool_template_features(tokenizer)  # of its "tool_use" template, where it has one
-        render = getattr(tokenizer, "apply_chat_template", None)
-        self.renders_tools = render is not None and "tool_memory" in inspect.signature(render).parameters
 
     def build(self, prompt: Prompt, options: RequestOptions, pin_for: Sequence[int] | None = None) -> Request:
         """A validated Request for `prompt` (text or ids) under `options`; ValueError before anything is queued.
@@ -190,22 +188,18 @@ class RequestBuilder:
         """The chat template applied (with the assistant turn's start): one text, or a list for a list of chats.
         Agent histories (tool calls, tool results, names, the developer role) and `tool_use`'s tools are rendered by
         the tokenizer (runtime.tools.render), with the engine's memory of the calls the model wrote in `namespace`
-        (the request's cache namespace)."""
+        (the request's cache namespace), as the server and the cluster's front door render them
+        (runtime.tools.prompt)."""
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer; this engine has none")
-        kw: dict[str, Any] = {}
-        if self.renders_tools:
-            kw = {"tools": tool_use.tools if tool_use else None, "tool_memory": self.tool_memory.scoped(namespace)}
-        elif tool_use is not None:
-            raise ValueError("this engine's tokenizer cannot render tools")
         if is_messages(messages):
-            return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, **kw)
+            return chat_prompt(self.tokenizer, messages, tool_use, self.tool_memory, namespace)
         if not _is_sequence(messages) or not messages or not all(is_messages(m) for m in messages):
             raise ValueError(
                 "chat takes messages (a non-empty list of dicts with role and content) or a list of conversations, "
                 f"got {_shown(messages)}"
             )
-        return [self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True, **kw) for m in messages]
+        return [chat_prompt(self.tokenizer, m, tool_use, self.tool_memory, namespace) for m in messages]
 
 
 def fork_count(n: Any, continuations: Any) -> int:

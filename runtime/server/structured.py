@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from collections.abc import Hashable, Sequence
@@ -27,6 +26,7 @@ from radixcache.runtime.loading.tokenizer import lone_surrogate
 from radixcache.runtime.server import legacy
 from radixcache.runtime.server.protocol import APIError
 from radixcache.runtime.tools.errors import ToolInputError
+from radixcache.runtime.tools.prompt import chat_prompt
 from radixcache.runtime.tools.use import ToolUse
 
 _INDEX = re.compile(r"\[(\d+)\]")
@@ -90,17 +90,10 @@ def render_chat(
 ) -> str:
     """The prompt of a chat request: the template renders the history (tool turns included) and the tools, with
     the calls the model wrote remembered in `namespace` (the caller's cache namespace) only."""
-    render = engine.tokenizer.apply_chat_template
-    kw: dict[str, Any] = {}
-    if "tool_memory" in inspect.signature(render).parameters:
-        memory = getattr(engine, "tool_memory", None)
-        memory = None if memory is None else memory.scoped(namespace)  # not `memory and`: an empty one is falsy
-        kw = {"tools": use.tools if use is not None else None, "tool_memory": memory}
-    elif use is not None:
-        raise APIError(400, "this model's tokenizer cannot render tools", param="tools")
-    try:
-        text = render(list(messages), add_generation_prompt=True, **kw)
-    except ToolInputError as exc:  # a message the runtime cannot render (ChatMessageError): its path
+    memory = getattr(engine, "tool_memory", None)
+    try:  # as the engine renders a chat (runtime.tools.prompt)
+        text = chat_prompt(engine.tokenizer, messages, use, memory, namespace)
+    except ToolInputError as exc:  # a message the runtime cannot render (ChatMessageError), tools it cannot: its path
         raise bad_request(exc) from None
     except Exception as exc:  # a template that rejects this conversation (say, roles out of order)
         raise APIError(400, f"the chat template refused these messages: {exc}", param="messages") from None

@@ -11,6 +11,7 @@ parsed back out of its output.
 
 Modules: `errors` (ToolInputError, naming the field), `specs` (tools and tool_choice), `messages` (histories),
 `features` (what a template knows), `render` (messages and variables for the template; the generic format),
+`prompt` (a chat's prompt, rendered alike by the engine, the server and the cluster's front door),
 `memory` (the text the model emitted, by call ids, and its token ids), `known_tokens` (prompt text that carries
 those ids), `scan` and `parse` (calls out of output, streamed or whole),
 `schema` (the JSON schema a tool_choice allows), `use` (`ToolUse`: a request's tools, tool_choice and
