@@ -31,7 +31,7 @@ from radixcache.runtime.tools import (
     template_features,
     template_messages,
 )
-from radixcache.runtime.tools.known_tokens import PromptText, encode_with_known, with_known_spans
+from radixcache.runtime.tools.known_tokens import PromptText, encode_with_known, place_known
 
 
 class Tokenizer:
@@ -258,18 +258,14 @@ class Tokenizer:
             "bos_token": self._token_text(self.bos_token_id),
             "eos_token": self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
         }
-        text = render_chat_template(
-            source,
-            rendered,
-            add_generation_prompt=add_generation_prompt,
-            model=self.name,
-            **{**special, **extra, **variables},
-        )
-        if tool_memory is None:
-            return text
-        calls = [m for m in history if m.role == "assistant" and m.tool_calls]
-        emitted = [tool_memory.lookup_emitted(m.tool_calls, m.content) for m in calls]
-        return with_known_spans(text, [e for e in emitted if e is not None])
+
+        def render(chat: list[dict[str, Any]]) -> str:
+            kw = {**special, **extra, **variables}
+            return render_chat_template(
+                source, chat, add_generation_prompt=add_generation_prompt, model=self.name, **kw
+            )
+
+        return place_known(render(rendered), rendered, render)  # the ids of the calls the memory knows
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else self.backend.id_to_token(token_id) or ""

@@ -14,8 +14,9 @@ concatenation) gets a plain `str` back and is encoded canonically, which is corr
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class KnownSpan(NamedTuple):
@@ -38,6 +39,55 @@ class PromptText(str):
 
     def __reduce__(self) -> tuple[type[PromptText], tuple[str, tuple[KnownSpan, ...]]]:
         return PromptText, (str(self), self.known)
+
+
+class RememberedTurn(dict):  # type: ignore[type-arg]
+    """A message dict for the template: an assistant turn rendered as the text the model emitted for its calls
+    (runtime.tools.memory), `token_ids` the ids it emitted that text as (empty: not known)."""
+
+    token_ids: tuple[int, ...] = ()
+
+
+def place_known(text: str, messages: Sequence[dict[str, Any]], render: Callable[[list[dict[str, Any]]], str]) -> str:
+    """`text` (`render(messages)`) as a PromptText with a span where each RememberedTurn's content lies, found by
+    rendering again with a random mark for that content: so an earlier copy of the same text (a user who pasted the
+    call, a plain reply that said it) never takes the ids, which would change that earlier turn's tokens and leave
+    the call's own encoded from its text. A template that does more than print such a content (trims or splits it)
+    renders the marks into another text: then each content is searched in order (`with_known_spans`)."""
+    turns = [(i, m) for i, m in enumerate(messages) if isinstance(m, RememberedTurn) and m.token_ids and m["content"]]
+    if not turns:
+        return text
+    marks = {i: f"<{uuid.uuid4().hex}>" for i, _ in turns}  # 128 random bits: in no message
+    try:
+        marked = render([{**m, "content": marks[i]} if i in marks else m for i, m in enumerate(messages)])
+    except Exception:  # a template that refuses a mark for content (it rendered the text itself): the search below
+        marked = None
+    placed = None if marked is None else _substituted(marked, turns, marks)
+    if placed is not None and placed[0] == text:
+        return PromptText(text, placed[1])
+    return with_known_spans(text, [(m["content"], m.token_ids) for _, m in turns])
+
+
+def _substituted(
+    marked: str, turns: list[tuple[int, RememberedTurn]], marks: dict[int, str]
+) -> tuple[str, list[KnownSpan]] | None:
+    """`marked` with each mark replaced by its turn's content, and where each content then lies; None unless every
+    mark is there once, in the turns' order."""
+    out: list[str] = []
+    spans: list[KnownSpan] = []
+    pos = length = 0
+    for i, turn in turns:
+        start = marked.find(marks[i], pos)
+        if start < 0 or marked.find(marks[i], start + 1) >= 0:
+            return None
+        content = turn["content"]
+        out += [marked[pos:start], content]
+        length += start - pos
+        spans.append(KnownSpan(length, length + len(content), turn.token_ids))
+        length += len(content)
+        pos = start + len(marks[i])
+    out.append(marked[pos:])
+    return "".join(out), spans
 
 
 def with_known_spans(text: str, emitted: Sequence[tuple[str, Sequence[int]]]) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixcache.runtime.tools.features import TemplateFeatures
+from radixcache.runtime.tools.known_tokens import RememberedTurn
 from radixcache.runtime.tools.memory import ToolCallMemory
 from radixcache.runtime.tools.messages import ChatMessage, ToolCall, decoded_arguments
 from radixcache.runtime.tools.specs import ToolSpec
@@ -81,9 +82,11 @@ def template_messages(
 
 
 def _assistant_calls(m: ChatMessage, native: bool, memory: ToolCallMemory | None) -> dict[str, Any]:
-    raw = memory.lookup(m.tool_calls, m.content) if memory is not None else None
-    if raw is not None:
-        return {"role": "assistant", "content": raw}
+    found = memory.lookup_emitted(m.tool_calls, m.content) if memory is not None else None
+    if found is not None:
+        turn = RememberedTurn(role="assistant", content=found[0])
+        turn.token_ids = found[1]  # where the text lies in the prompt, these ids are spliced in (known_tokens)
+        return turn
     if native:
         calls = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": decoded_arguments(c.arguments)}}

@@ -175,3 +175,47 @@ def test_a_call_cut_after_its_name_is_replayed_as_the_model_wrote_it(
         assert_each_step_extends_the_last(steps)
         text = tok.decode(steps[1][0], skip_special_tokens=False)
         assert raw + "<|im_end|>" in text  # what the model wrote, as it wrote it (not `"arguments": {}}]}`)
+
+
+@pytest.mark.parametrize("where", ["user", "assistant"])
+def test_a_remembered_call_is_spliced_where_the_call_is_not_at_an_earlier_copy_of_its_text(
+    smollm2_tokenizer, specs, where
+) -> None:
+    """The emitted ids were placed at the first copy of the call's text in the prompt: a user who had pasted that
+    call, or an earlier plain reply that said it, took the ids, so the earlier turn's tokens changed (the last prompt
+    no longer a prefix) and the call itself was encoded from its text."""
+    tok, raw = smollm2_tokenizer, CANONICAL[0]  # the tiny tokenizer's split of it is its canonical one
+    earlier = {"role": where, "content": raw}
+    history = [{"role": "user", "content": "Show me a call."}, earlier, {"role": "user", "content": "Now make it."}]
+    memory = ToolCallMemory()
+    prompt = tok.encode(tok.apply_chat_template(history, tools=specs, tool_memory=memory))
+    emitted = split_ids(tok, raw)
+    parsed = parse_tool_calls(raw, specs)
+    memory.remember(parsed.tool_calls, parsed.raw, emitted)
+    history.append(json.loads(json.dumps(parsed.message())))
+    history.append({"role": "tool", "tool_call_id": parsed.tool_calls[0].id, "content": RESULTS[0]})
+    after = tok.encode(tok.apply_chat_template(history, tools=specs, tool_memory=memory))
+    assert_each_step_extends_the_last([(prompt, [*emitted, tok.eos_token_ids[0]]), (after, [])])
+
+
+def test_place_known_finds_the_turn_itself_and_falls_back_to_the_search_when_a_template_changes_its_text() -> None:
+    from radixcache.runtime.tools.known_tokens import KnownSpan, RememberedTurn, place_known
+
+    def turn(content: str) -> RememberedTurn:
+        t = RememberedTurn(role="assistant", content=content)
+        t.token_ids = (7, 8)
+        return t
+
+    def plain(chat):
+        return "".join(f"<{m['role']}>{m['content']}" for m in chat)
+
+    chat = [{"role": "user", "content": "abc"}, turn("abc"), {"role": "user", "content": "abc"}]
+    start = len("<user>abc<assistant>")
+    assert place_known(plain(chat), chat, plain).known == (KnownSpan(start, start + 3, (7, 8)),)
+
+    def trimmed(chat):  # prints a content otherwise than as given: the marks say nothing; the first copy is taken
+        return "".join(f"<{m['role']}>{m['content'].strip()}" for m in chat)
+
+    chat = [{"role": "user", "content": "abc"}, turn("abc ")]
+    assert place_known(trimmed(chat), chat, trimmed) == "<user>abc<assistant>abc"
+    assert not hasattr(place_known(trimmed(chat), chat, trimmed), "known")  # "abc " is in no place of the text
