@@ -29,6 +29,17 @@ def _no_constant(name: str) -> None:
 STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant)
 
 
+def _js_number(text: str) -> float:
+    """A JSON number as the double JavaScript reads it, -0 as 0: JSON.stringify then writes `1.0` as `1`, `1e5` as
+    `100000` and `-0` as `0`, one value each."""
+    return float(text) + 0.0
+
+
+# Arguments as the values a client holds: a JS client that keeps a call's arguments as an object (the Vercel AI SDK)
+# sends them back through JSON.stringify, whose numbers are those doubles
+_VALUES = json.JSONDecoder(parse_constant=_no_constant, parse_int=_js_number, parse_float=_js_number)
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One call: `arguments` is the JSON text of an object, as OpenAI returns it."""
@@ -60,12 +71,14 @@ class ChatMessage:
 def _canonical(arguments: str) -> str:
     """Arguments as one text per JSON value (text that is no JSON: itself, prefixed so no JSON text is the same;
     empty text is `{}`, as `call_arguments` reads it: a call the length limit cut after its name has "" arguments,
-    which a history replays as `{}`). Python's == on the decoded values would not do: it holds `true` equal to `1`
-    and `1.0`, so a call replayed with other arguments would pass for the one the model wrote."""
+    which a history replays as `{}`), a number being the double JavaScript reads (`1.0`, `1` and `1e0` are one:
+    a JS client that rebuilt the arguments with JSON.stringify sends the same values). Python's == on the decoded
+    values would not do: it holds `true` equal to `1`, so a call replayed with other arguments would pass for the
+    one the model wrote."""
     if not arguments.strip(" \t\n\r"):
         arguments = "{}"
     try:
-        return json.dumps(STRICT_JSON.decode(arguments), sort_keys=True)
+        return json.dumps(_VALUES.decode(arguments), sort_keys=True)
     except (ValueError, RecursionError):
         return "text:" + arguments
 

@@ -6,6 +6,8 @@ messages[i].field or tools[i].field."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -166,11 +168,11 @@ def test_a_template_with_generation_blocks_keeps_its_tool_features() -> None:
     assert template_features(source) == TemplateFeatures(uses_tools=True, tool_role=True, hermes=True)
 
 
-@pytest.mark.parametrize("replayed", ['{"a": true, "b": false}', '{"a": 1.0, "b": 0}'])
+@pytest.mark.parametrize("replayed", ['{"a": true, "b": false}', '{"a": "1", "b": 0}', '{"a": 1, "b": 0.5}'])
 def test_a_call_replayed_with_other_arguments_renders_them(tiny_tokenizer, specs, replayed: str) -> None:
     """The memory compared a replayed call's arguments with == on the decoded values, which holds `true` equal to
-    `1` (and `1.0` to `1`): a call whose arguments the client had changed so rendered as the model's text, and the
-    prompt said `1` where the history said `true`. Whitespace, escapes and key order still match."""
+    `1`: a call whose arguments the client had changed so rendered as the model's text, and the prompt said `1`
+    where the history said `true`. Whitespace, escapes, key order and a number's spelling still match."""
     from radixcache.runtime.tools import ToolCallMemory, parse_tool_calls
 
     memory = ToolCallMemory()
@@ -248,3 +250,39 @@ def test_arguments_text_that_is_no_json_object_renders_as_written(text: str) -> 
         [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "add", "arguments": text + "x"}}]}]
     )
     assert memory.lookup(other[0].tool_calls) is None  # other text: not that reply
+
+
+# What the model may write, and JSON.stringify(JSON.parse(it)) (node 20): how a JS client (the Vercel AI SDK, which
+# keeps a call's arguments as an object) sends the call back.
+MODEL_ARGUMENTS = '{"a": 1.0, "b": 1e5, "c": -0.0, "d": 1.50, "e": 12345678901234567890, "f": "\\u00e9\\/", "g": 2E21}'
+STRINGIFIED = '{"a":1,"b":100000,"c":0,"d":1.5,"e":12345678901234567000,"f":"é/","g":2e+21}'
+
+
+def _stringified(arguments: str) -> str:
+    node = shutil.which("node")
+    if node is None:
+        return STRINGIFIED  # node's own answer, kept
+    code = "process.stdout.write(JSON.stringify(JSON.parse(process.argv[1])))"
+    return subprocess.run([node, "-e", code, arguments], capture_output=True, text=True, check=True).stdout
+
+
+def test_a_call_its_client_rebuilt_with_json_stringify_renders_as_the_model_wrote_it(tiny_tokenizer) -> None:
+    """JSON.stringify writes `1.0` as `1`, `1e5` as `100000`, `-0` as `0` (the same JavaScript numbers): the memory
+    held them for other arguments, so every turn after such a call re-rendered it and missed the cache from there."""
+    from radixcache.runtime.tools import ToolCallMemory, normalize_tools, parse_tool_calls
+
+    specs = normalize_tools([{"type": "function", "function": {"name": "f"}}])
+    output = f'{{"tool_calls": [{{"name": "f", "arguments": {MODEL_ARGUMENTS}}}]}}'
+    (call,) = parse_tool_calls(output, specs).tool_calls
+    memory = ToolCallMemory()
+    memory.remember([call], output)
+    stringified = _stringified(call.arguments)
+    assert stringified == STRINGIFIED
+    ask = [{"role": "user", "content": "Call f."}]
+    replay = {"role": "assistant", "content": None, "tool_calls": [{**CALL, "id": call.id, "function": {"name": "f"}}]}
+    replay["tool_calls"][0]["function"]["arguments"] = stringified
+    prompt = tiny_tokenizer.apply_chat_template([*ask, replay], tools=specs, tool_memory=memory)
+    assert prompt.startswith(tiny_tokenizer.apply_chat_template(ask, tools=specs) + output)
+    for other in ('{"a":true}', stringified.replace('"b":100000', '"b":100001'), stringified.replace("1.5", '"1.5"')):
+        replay["tool_calls"][0]["function"]["arguments"] = other  # not the same values: rendered as given
+        assert other in tiny_tokenizer.apply_chat_template([*ask, replay], tools=specs, tool_memory=memory)
