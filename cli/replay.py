@@ -174,10 +174,7 @@ def replay(
             finally:
                 written = staged is not None and staged.finish()
             results = [outcome]
-    if json_path:
-        with open(json_path, "w", encoding="utf-8") as handle:
-            json.dump(outcome.as_dict(), handle, indent=2)
-            handle.write("\n")
+    json_error = _write_json(json_path, outcome.as_dict()) if json_path else None
     console = Console()
     first = results[0].summary
     console.print(f"replay of {name}", highlight=False, markup=False)  # names are text, not markup
@@ -193,7 +190,7 @@ def replay(
         cluster.close()
     if compare:
         console.print(f"generated text with and without the cache: {_text_verdict(outcome)}")
-    if json_path:
+    if json_path and json_error is None:
         click.echo(f"wrote {json_path}", err=True)
     if record_trace is not None:
         if not written:  # nothing recorded: an earlier recording at FILE stays
@@ -207,6 +204,8 @@ def replay(
                 click.echo(CONCURRENT_NOTE, err=True)
             if first.interrupted:  # the engine served (and recorded) what it had of the request Ctrl-C cut short
                 click.echo(INTERRUPTED_NOTE, err=True)
+    if json_error is not None:  # after the table and the recording's lines: the run is not lost with the file
+        fail(f"cannot write --json {json_path}: {json_error} (the table above holds the summary)")
     interrupted = any(r.summary.interrupted for r in results)
     skipped = results[0].summary.skipped_too_long + results[0].summary.skipped_kv_full
     if interrupted:
@@ -233,6 +232,19 @@ def _check_chat_template(sessions: list[Any], tokenizer: Any, trace: str | None)
         tokenizer.apply_chat_template(probe, add_generation_prompt=True)
     except EXPECTED as exc:
         fail(f"cannot replay {where}: conversation {first.id!r} turn 1: {describe(exc)}")
+
+
+def _write_json(path: str, data: dict[str, Any]) -> str | None:
+    """Write the run's JSON to `path`; the OSError's reason if it failed (a full disk, a folder removed during the
+    run), which the caller reports after the table: raised here, it lost the table of a run that may have taken
+    hours, and named no file ('[Errno 28] No space left on device')."""
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2)
+            handle.write("\n")
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def _placing(on_result: Callable[[Any], None], staged: StagedRecording) -> Callable[[Any], None]:

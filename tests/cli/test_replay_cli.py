@@ -31,6 +31,23 @@ def test_replay_prints_the_summary_table_and_writes_json(runner, tiny_model_dir:
     assert {"decode_tps", "text"} <= set(record)
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_json_file_that_cannot_be_written_still_prints_the_table(
+    runner, tiny_model_dir: Path, small_trace: Path, tmp_path: Path
+) -> None:
+    """A --json write that failed after the run (a full disk: /dev/full) raised out of the command: the table of a run
+    that may have taken hours was never printed, nor the recording's lines, and the error named no file ('[Errno 28]
+    No space left on device'). The table and the recording come first; then the error names --json's file (exit 1)."""
+    recorded = tmp_path / "r.jsonl"
+    args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--max-tokens", "2", "--json", "/dev/full"]
+    result = runner.invoke(main, [*args, "--record-trace", str(recorded)])
+    assert result.exit_code == 1, result.output
+    assert re.search(r"requests\s+│\s+4\s+│", result.stdout), result.stdout
+    assert f"recorded {recorded}" in result.stderr and len(recorded.read_text().splitlines()) == 4
+    assert "error: cannot write --json /dev/full: No space left on device" in result.stderr
+    assert "wrote /dev/full" not in result.stderr
+
+
 def test_replay_without_a_trace_runs_the_sample(runner, tiny_model_dir: Path) -> None:
     result = runner.invoke(main, ["replay", "--model", str(tiny_model_dir), "--limit", "2", "--max-tokens", "2"])
     assert result.exit_code == 0, result.output
