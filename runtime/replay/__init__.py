@@ -4,11 +4,13 @@
 
 `sessions.py` reads the trace and plans its sessions and turns; `run.py` drives the replay (live or recorded, one at
 a time or N in flight) through any GenerationEngine (an Engine, or the replicas' front door), building one
-RequestOptions per turn; `results.py` holds what it reports.
+RequestOptions per turn; `comparison.py` runs it with and without the cache (`--compare`); `results.py` holds what
+it reports.
 """
 
 from __future__ import annotations
 
+from radixcache.runtime.replay.comparison import compare, engine_factory
 from radixcache.runtime.replay.results import (
     DEFAULT_MAX_TOKENS,
     MODES,
@@ -23,7 +25,7 @@ from radixcache.runtime.replay.results import (
     SkippedTurn,
     summarize,
 )
-from radixcache.runtime.replay.run import compare, engine_factory, replay
+from radixcache.runtime.replay.run import replay
 from radixcache.runtime.replay.sessions import (
     SAMPLE_TRACE,
     check_trace_for_model,
