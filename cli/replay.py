@@ -192,7 +192,15 @@ def replay(
         console.print(f"generated text with and without the cache: {_text_verdict(outcome)}")
     if json_path and json_error is None:
         click.echo(f"wrote {json_path}", err=True)
-    if record_trace is not None:
+    stopped = getattr(getattr(outcome, "recorder", None), "stopped", None)  # a write error cut the recording short
+    failures = []  # outputs that could not be written: after the table, exit 1
+    if json_error is not None:  # the run is not lost with the file
+        failures.append(f"cannot write --json {json_path}: {json_error} (the table above holds the summary)")
+    if stopped is not None:  # what FILE holds is not this run: no command is offered as reproducing it
+        n = outcome.recorder.written
+        held = f"holds its first {n:,} request{'s' * (n != 1)}" if written else "is left as it was"
+        failures.append(f"the recording stopped ({stopped}): {record_trace} {held}")
+    elif record_trace is not None:
         if not written:  # nothing recorded: an earlier recording at FILE stays
             click.echo(f"recorded nothing (no request ran): {record_trace} left as it was", err=True)
         else:
@@ -204,8 +212,10 @@ def replay(
                 click.echo(CONCURRENT_NOTE, err=True)
             if first.interrupted:  # the engine served (and recorded) what it had of the request Ctrl-C cut short
                 click.echo(INTERRUPTED_NOTE, err=True)
-    if json_error is not None:  # after the table and the recording's lines: the run is not lost with the file
-        fail(f"cannot write --json {json_path}: {json_error} (the table above holds the summary)")
+    for message in failures[:-1]:
+        click.echo(f"error: {message}", err=True)
+    if failures:
+        fail(failures[-1])
     interrupted = any(r.summary.interrupted for r in results)
     skipped = results[0].summary.skipped_too_long + results[0].summary.skipped_kv_full
     if interrupted:

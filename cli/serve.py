@@ -265,6 +265,7 @@ def serve(
     # Every option is checked: the sockets are bound now, before the load, and closed (the engine too) however
     # this ends, a load that fails included.
     staged: StagedRecording | None = None
+    recorder: Any = None
     with contextlib.ExitStack() as stack:
         if record_trace is not None:  # FILE is replaced at the first line recorded, not now (docs/traces.md)
             staged = StagedRecording(record_trace)
@@ -281,7 +282,8 @@ def serve(
         if engine.tokenizer is None:
             raise ValueError(f"{model}: the server needs a model with a tokenizer")
         if staged is not None:  # closed by engine.close, after the last request left
-            engine.record_trace(staged.staging).on_first_line = staged.place  # before any request: none is served yet
+            recorder = engine.record_trace(staged.staging)
+            recorder.on_first_line = staged.place  # before any request: none is served yet
         name = served_model_name or model
         app = create_app(
             engine,
@@ -312,7 +314,11 @@ def serve(
         finally:
             signal.signal(signal.SIGTERM, previous)
     if staged is not None and record_trace is not None:
-        if staged.placed:
+        if recorder is not None and recorder.stopped is not None:  # a write error: FILE does not hold the traffic
+            n = recorder.written
+            held = f"holds its first {n:,} request{'s' * (n != 1)}" if staged.placed else "is left as it was"
+            click.echo(f"the recording stopped ({recorder.stopped}): {record_trace} {held}", err=True)
+        elif staged.placed:
             _report_recording(engine, record_trace, no_cache, options["admission"])
         else:  # no line: an earlier recording at FILE stays
             click.echo(f"recorded nothing (no request was served): {record_trace} left as it was", err=True)

@@ -96,6 +96,7 @@ class TraceRecorder:
         self.t0 = clock()
         self.written = 0  # lines written
         self.dropped = 0  # requests not written because the recording stopped
+        self.stopped: str | None = None  # why the recording stopped before its close (a write error), else None
         self._file: Any = open(self.path, "wb", buffering=0)  # noqa: SIM115  # one write per line, straight to the OS
         self._held: list[tuple[float, int, dict[str, Any]]] = []  # (arrival, order, line less its timestamp)
         self._order = itertools.count()
@@ -190,6 +191,7 @@ class TraceRecorder:
         """Stop recording for good, with one warning; the lines already written stay."""
         if self._file is None:
             return
+        self.stopped = reason
         log.warning("recording to %s stopped: %s", self.path, reason)
         with contextlib.suppress(OSError):
             self._file.close()

@@ -147,6 +147,9 @@ class ReplayResult:
     summary: ReplaySummary
     requests: tuple[RequestRecord, ...]
     skipped: tuple[SkippedTurn, ...] = ()
+    # replay(record_trace=...)'s TraceRecorder, closed (its `written` lines, and `stopped`: why it stopped early, a
+    # write that failed, or None); None without a recording. Not in the JSON.
+    recorder: Any = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON shape: {"summary": {...}, "requests": [...], "skipped": [...]}."""

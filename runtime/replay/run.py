@@ -30,6 +30,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from radixcache.errors import CacheFullError
@@ -189,7 +190,8 @@ def replay(
     one-line messages (skipped turns, timestamps that cannot be honoured). KeyboardInterrupt ends the run
     early and the result says `interrupted`; the engine's cache stays consistent (it aborts the request).
     `record_trace`: write what the engine served (after the warm-up) to this file as a Mooncake-format hash trace
-    (`Engine.record_trace`), each request tagged with its conversation's id; the file is closed when the run ends.
+    (`Engine.record_trace`), each request tagged with its conversation's id; the file is closed when the run ends,
+    and the result's `recorder` says how many lines it wrote and whether a write error stopped it (`stopped`).
     """
     config = _checked(config, label=label, on_result=on_result, on_warning=on_warning)
     sessions = plan_sessions(trace, config.limit)
@@ -198,11 +200,12 @@ def replay(
         _warm_up(engine)
     if record_trace is None:
         return _replay(engine, sessions, config, label, on_result, on_warning, recording=False)
-    engine.record_trace(record_trace)
+    recorder = engine.record_trace(record_trace)
     try:
-        return _replay(engine, sessions, config, label, on_result, on_warning, recording=True)
+        result = _replay(engine, sessions, config, label, on_result, on_warning, recording=True)
     finally:
         engine.record_trace(None)
+    return replace(result, recorder=recorder)  # closed: `stopped` says whether it holds the whole run
 
 
 def _checked(config: object, label: object = None, **callbacks: object) -> ReplayConfig:

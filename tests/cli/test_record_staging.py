@@ -132,3 +132,65 @@ def test_a_replay_removes_a_partial_that_a_killed_replay_left(runner, tiny_model
     result = runner.invoke(main, [*args, "--record-trace", str(recorded)])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"] and recorded.read_text() != EARLIER
+
+
+class _FullAfter:
+    """A recording's file on a disk that fills after `lines` lines: each later write fails with ENOSPC."""
+
+    def __init__(self, file: Any, lines: int) -> None:
+        self.file, self.left = file, lines
+
+    def write(self, data: Any) -> int:
+        if self.left == 0:
+            raise OSError(28, "No space left on device")
+        self.left -= 1
+        return self.file.write(data)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _disk_fills_after(monkeypatch: pytest.MonkeyPatch, lines: int) -> None:
+    from radixcache.runtime.engine.trace_recorder import TraceRecorder
+
+    real = TraceRecorder.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        self._file = _FullAfter(self._file, lines)
+
+    monkeypatch.setattr(TraceRecorder, "__init__", init)
+
+
+def test_a_replay_whose_recording_stopped_says_so_and_offers_no_command(
+    runner, tiny_model_dir: Path, small_trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that filled during the replay stopped the recording (one logged warning), yet the replay printed
+    'recorded FILE' and the `radixcache simulate` command as reproducing its hit rate, from a file holding part of
+    the run, and exited 0. It says what FILE holds, offers no command, and exits 1 (after the table)."""
+    _disk_fills_after(monkeypatch, 2)
+    recorded = tmp_path / "r.jsonl"
+    args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--max-tokens", "2"]
+    result = runner.invoke(main, [*args, "--record-trace", str(recorded)])
+    assert result.exit_code == 1, result.output
+    assert "requests" in result.stdout and len(recorded.read_text().splitlines()) == 2  # of the run's 4
+    message = f"error: the recording stopped (No space left on device): {recorded} holds its first 2 requests"
+    assert message in result.stderr, result.stderr
+    assert f"recorded {recorded}" not in result.stderr and "radixcache simulate" not in result.stderr
+
+
+@pytest.mark.parametrize("lines", [0, 1])
+def test_a_server_whose_recording_stopped_says_so_and_offers_no_command(
+    runner, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: int
+) -> None:
+    path = tmp_path / "served.jsonl"
+    path.write_text(EARLIER)
+    _disk_fills_after(monkeypatch, lines)
+    _serving(monkeypatch, 3, {"path": path})
+    args = ["serve", "--model", str(tiny_model_dir), "--port", "0", "--record-trace", str(path)]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output  # serving never fails for the recording
+    held = "is left as it was" if lines == 0 else "holds its first 1 request"
+    assert f"the recording stopped (No space left on device): {path} {held}" in result.stderr, result.stderr
+    assert path.read_text() == EARLIER if lines == 0 else len(path.read_text().splitlines()) == 1
+    assert "radixcache simulate" not in result.stderr and f"recorded {path}" not in result.stderr
