@@ -6,7 +6,9 @@ import inspect
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -171,7 +173,7 @@ def convert(src: str, dst: str, fmt: str | None, to: str | None, debug: bool) ->
         if target != TOKEN_MSGPACK and _default_target(dst, "token") == TOKEN_MSGPACK:
             # Every reader takes a .msgpack (.mpk, .mp) file for a msgpack stream: this one would be unreadable.
             raise click.ClickException(f"{dst}: a {target} trace is JSON lines, not msgpack: give DST a .jsonl name")
-        n = _WRITERS[target](dst, loaded.records)
+        n = _written(_WRITERS[target], dst, loaded.records)
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {n:,} records to {dst} ({target})", err=True)
@@ -208,8 +210,19 @@ def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str,
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     writer = write_token_msgpack if _default_target(out, "token") == TOKEN_MSGPACK else write_token_jsonl
-    n = writer(out, requests)
+    n = _written(writer, out, requests)
     click.echo(f"wrote {n:,} requests to {out}", err=True)
+
+
+def _written(writer: Callable[[str, Any], int], path: str, records: Any) -> int:
+    """`writer(path, records)`, whose write errors name `path`: a full disk was '[Errno 28] No space left on device',
+    naming no file (an error from a write carries none, unlike one from the open)."""
+    try:
+        return writer(path, records)
+    except OSError as exc:
+        if exc.filename is not None or exc.strerror is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, path) from None
 
 
 def _default_target(path: str, kind: str) -> str:

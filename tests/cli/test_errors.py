@@ -185,6 +185,18 @@ def test_simulate_and_trace_errors_are_one_line_too(runner, tmp_path: Path) -> N
     _one_line_error(runner.invoke(main, ["trace", "stats", str(bad)]), 1)
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("command", [["trace", "gen", "chat"], ["trace", "convert", "TRACE"]])
+def test_a_trace_write_that_fails_names_its_file(runner, tmp_path: Path, command: list[str]) -> None:
+    """A full disk (/dev/full) failed `trace gen` and `trace convert` with 'error: [Errno 28] No space left on
+    device', which named no file; it names the output."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "tokens": [1, 2], "output_length": 1}) + "\n")
+    args = [str(trace) if arg == "TRACE" else arg for arg in command]
+    line = _one_line_error(runner.invoke(main, [*args, "/dev/full"]), 1)
+    assert line == "error: /dev/full: No space left on device"
+
+
 @pytest.mark.parametrize("value", ["2", "1,2,3"])
 def test_a_range_set_with_the_wrong_number_of_values_is_a_usage_error(runner, tmp_path: Path, value: str) -> None:
     """`--set pause_s=2` failed with "error: tuple index out of range" and `pause_s=1,2,3` with an internal
