@@ -58,7 +58,9 @@ def print_report(trace: str, report: SimReport) -> None:
     console.print(table)
     if r.tiers is not None:
         print_tiers(console, r)
-    console.print("hit rate per window: " + " ".join(f"{w.hit_rate:.0%}" for w in r.windows))
+    # A window no request arrived in has no hit rate ("-"): read as 0%, an idle gap looked like a cold cache.
+    windows = (f"{w.hit_rate:.0%}" if w.prompt_tokens else "-" for w in r.windows)
+    console.print("hit rate per window: " + " ".join(windows))
     if r.admission is not None:
         console.print(f"admission {r.admission}: {r.declined_pages:,} pages declined")
     if in_flight:

@@ -235,3 +235,13 @@ def test_simulate_refuses_a_pipe_it_would_read_short(tmp_path: Path) -> None:
     finally:
         os.close(read)
     assert (code, out) == (2, "") and "is not a regular file (a pipe?)" in err
+
+
+def test_a_window_no_request_arrived_in_shows_no_hit_rate(tmp_path: Path) -> None:
+    """Requests at 0 and 1,000 ms, in 4 windows: the two between them are empty, and read '0%' (an idle gap shown as
+    a cold cache; the first request missed, the second hit its whole page). They read '-'."""
+    path = tmp_path / "gap.jsonl"
+    write_token_jsonl(path, [TokenRequest(t, (1, 2, 3, 4), 1) for t in (0.0, 1000.0)])
+    code, out, _ = run("simulate", str(path), "--capacity-blocks", "8", "--page-size", "4", "--windows", "4")
+    assert code == 0, out
+    assert "hit rate per window: 0% - - 100%" in out
