@@ -109,7 +109,7 @@ class ReplicaCluster:
             raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
         self.router = make_router(router)  # an unknown name is refused before any replica loads its model
         check_cpu_share(cpus)  # before a local Ray cluster starts (seconds, and left running by the error)
-        threads = actor_threads(engine_kwargs)  # as the share: a count no actor can start is refused first
+        concurrency = actor_threads(engine_kwargs)  # as the share: a count no actor can start is refused first
         call_timeout = call_bound(call_timeout)
         check_poll_interval(poll_interval)
         if not ray.is_initialized():
@@ -117,7 +117,7 @@ class ReplicaCluster:
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         check_cpus(replicas, cpus, node_cpus(ray))
         actor = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(EngineReplica).options(
-            num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=threads
+            num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=concurrency
         )
         self.ray = ray
         self.actor_errors = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
