@@ -25,8 +25,10 @@ from typing import Any
 from radixcache.page_hash import PageHasher
 from radixcache.router import LoadTracker, RouteRequest, RouterIndex, make_router
 from radixcache.runtime.cluster.placement import (
+    CONTROL_GROUP,
+    CONTROL_THREADS,
+    actor_threads,
     call_bound,
-    check_actor_threads,
     check_cpu_share,
     check_cpus,
     check_poll_interval,
@@ -41,29 +43,7 @@ from radixcache.runtime.engine.errors import EngineDeadError, ReplicaUnavailable
 log = logging.getLogger("radixcache.cluster")
 
 
-STREAMS_WITHOUT_QUEUE_LIMIT = 64  # streams a replica runs at once past max_running when max_queue is unbounded
-CONTROL_THREADS = 8  # actor threads beyond the streams (refusals answered at once), and the control group's size
-# The actor's concurrency group for every call that is not a request (event pulls, cancels, info, stats, checks): its
-# own threads, so a cancel or an event pull never waits in Ray's queue behind streams that wait for a thread.
-CONTROL_GROUP = "control"
 POLL_WAIT_S = 5.0  # the most the poller waits for one replica's events in a round (a request's sync: call_timeout)
-
-
-def actor_threads(engine_kwargs: dict[str, Any] | None) -> int:
-    """A replica actor's max_concurrency: every request its engine may hold (max_running admitted plus max_queue
-    waiting) gets a thread, so each reaches the engine's own admission (a full queue is refused there, 429, and
-    queue_timeout counts there) instead of waiting in Ray's queue; plus CONTROL_THREADS, so a request past those is
-    refused at once. Calls that are not requests run in the CONTROL_GROUP's own threads (`ReplicaCluster.control`).
-    ValueError past placement.MAX_ACTOR_THREADS (Ray starts them all with the actor), or for a bad max_queue."""
-    kwargs = engine_kwargs or {}
-    scheduler = kwargs.get("scheduler_config")
-    running = getattr(scheduler, "max_running", None) or kwargs.get("max_running") or 64
-    queue = kwargs.get("max_queue")
-    if queue is not None and (type(queue) is not int or queue < 0):  # as the engine's: a negative one made 0 threads
-        raise ValueError(f"max_queue must be an int >= 0 or None, got {queue!r}")
-    threads = int(running) + (STREAMS_WITHOUT_QUEUE_LIMIT if queue is None else queue) + CONTROL_THREADS
-    check_actor_threads(threads, running, queue)
-    return threads
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,11 @@ RAY_CONNECT_TIMEOUT_S = 5.0  # a head node answers a TCP connect in milliseconds
 MAX_ACTOR_THREADS = 4096
 START_CHECK_S = 1.0  # how often the start looks whether a replica that has not answered yet was restarted
 NO_BOUND_S = 10.0**9  # "no bound" as Ray waits: its timeouts are whole milliseconds (infinity was an OverflowError)
+STREAMS_WITHOUT_QUEUE_LIMIT = 64  # streams a replica runs at once past max_running when max_queue is unbounded
+CONTROL_THREADS = 8  # actor threads beyond the streams (refusals answered at once), and the control group's size
+# The actor's concurrency group for every call that is not a request (event pulls, cancels, info, stats, checks): its
+# own threads, so a cancel or an event pull never waits in Ray's queue behind streams that wait for a thread.
+CONTROL_GROUP = "control"
 
 
 def check_reachable(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
@@ -93,9 +98,26 @@ def check_cpus(replicas: int, cpus: float, nodes: Sequence[float]) -> None:
         )
 
 
+def actor_threads(engine_kwargs: dict[str, Any] | None) -> int:
+    """A replica actor's max_concurrency: every request its engine may hold (max_running admitted plus max_queue
+    waiting) gets a thread, so each reaches the engine's own admission (a full queue is refused there, 429, and
+    queue_timeout counts there) instead of waiting in Ray's queue; plus CONTROL_THREADS, so a request past those is
+    refused at once. Calls that are not requests run in the CONTROL_GROUP's own threads (`ReplicaCluster.control`).
+    ValueError past MAX_ACTOR_THREADS (Ray starts them all with the actor), or for a bad max_queue."""
+    kwargs = engine_kwargs or {}
+    scheduler = kwargs.get("scheduler_config")
+    running = getattr(scheduler, "max_running", None) or kwargs.get("max_running") or 64
+    queue = kwargs.get("max_queue")
+    if queue is not None and (type(queue) is not int or queue < 0):  # as the engine's: a negative one made 0 threads
+        raise ValueError(f"max_queue must be an int >= 0 or None, got {queue!r}")
+    threads = int(running) + (STREAMS_WITHOUT_QUEUE_LIMIT if queue is None else queue) + CONTROL_THREADS
+    check_actor_threads(threads, running, queue)
+    return threads
+
+
 def check_actor_threads(threads: int, max_running: int, max_queue: int | None) -> None:
     """ValueError when a replica's actor would need more than MAX_ACTOR_THREADS threads (one per request its engine
-    may hold: runtime.cluster.cluster.actor_threads): `--max-queue 40000` restarted every replica for ever (checked
+    may hold: actor_threads): `--max-queue 40000` restarted every replica for ever (checked
     under a 16 GB address-space limit, 5,000 threads already did)."""
     if threads > MAX_ACTOR_THREADS:
         queue = "unbounded" if max_queue is None else max_queue
