@@ -33,6 +33,7 @@ from radixcache.runtime.cluster.placement import (
     check_cpus,
     check_poll_interval,
     check_reachable,
+    check_replica_threads,
     node_cpus,
     wait_started,
 )
@@ -89,6 +90,7 @@ class ReplicaCluster:
             raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
         self.router = make_router(router)  # an unknown name is refused before any replica loads its model
         check_cpu_share(cpus)  # before a local Ray cluster starts (seconds, and left running by the error)
+        check_replica_threads(threads)
         concurrency = actor_threads(engine_kwargs)  # as the share: a count no actor can start is refused first
         call_timeout = call_bound(call_timeout)
         check_poll_interval(poll_interval)

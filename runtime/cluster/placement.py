@@ -11,6 +11,8 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from radixcache.runtime.engine.threads import MAX_THREADS
+
 RAY_CONNECT_TIMEOUT_S = 5.0  # a head node answers a TCP connect in milliseconds; an address nobody serves never
 # Ray starts every thread of a threaded actor with it (8 MiB of address space and 2 memory maps each): past what the
 # process may map, the actor dies at its start and Ray (max_restarts=-1) starts it again, for ever, silently.
@@ -44,6 +46,16 @@ def check_cpu_share(cpus: float) -> None:  # before Ray starts
     """ValueError unless `cpus` (a replica's CPU share) is a finite number >= 0."""
     if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or not 0 <= cpus < math.inf:
         raise ValueError(f"cpus (each replica's CPU share) must be a finite number >= 0, got {cpus!r}")
+
+
+def check_replica_threads(threads: object) -> None:  # before Ray starts
+    """ValueError unless `threads` (each replica's torch threads) is an int from 1 to MAX_THREADS: 0, 2.5 or None
+    failed in every replica's constructor (torch.set_num_threads), which Ray reports as the actor's death, its text
+    a traceback."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise ValueError(
+            f"threads (each replica's torch threads) must be an int from 1 to {MAX_THREADS}, got {threads!r}"
+        )
 
 
 def call_bound(call_timeout: float | None) -> float:

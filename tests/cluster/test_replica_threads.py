@@ -34,3 +34,21 @@ def test_a_replica_engine_runs_on_the_threads_it_was_given(monkeypatch: pytest.M
             engine.close()
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [0, -1, 2.5, None, True, "2", 10**6])
+def test_a_thread_count_no_replica_can_run_is_refused_before_any_starts(
+    monkeypatch: pytest.MonkeyPatch, threads: object
+) -> None:
+    """Regression: the count went unchecked to every replica's constructor (torch.set_num_threads), which failed
+    there: on Ray, each actor's death, its error a traceback in Ray's text."""
+    ray = install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    before = torch.get_num_threads()
+    try:
+        with pytest.raises(ValueError, match=r"threads \(each replica's torch threads\) must be an int"):
+            ReplicaCluster(tiny_model(seed=7), 2, threads=threads, poll_interval=None)  # type: ignore[arg-type]
+    finally:
+        torch.set_num_threads(before)
+    assert ray.actors == []
