@@ -213,8 +213,9 @@ class ClusterEngine:
         for replica, ref in [(r, cluster.control(r, method).remote(bound)) for r in cluster.alive]:
             try:
                 out.append(cluster.ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
-            except cluster.actor_errors as exc:
-                cluster.mark_dead(replica, exc)
+            except (*cluster.actor_errors, cluster.ray.exceptions.RayTaskError) as exc:
+                if not cluster.actor_died(replica, exc):  # a dead engine leaves the routing set, as a dead actor
+                    raise
             except cluster.ray.exceptions.GetTimeoutError:
                 raise ReplicaUnavailableError(
                     f"engine replica {replica} did not answer {method} within {wait} s"
@@ -233,8 +234,9 @@ class ClusterEngine:
         for replica, ref in refs:
             try:
                 cluster.ray.get(ref, timeout=cluster.call_timeout)
-            except cluster.actor_errors as exc:  # a dead replica leaves the routing set, as a request would see
-                cluster.mark_dead(replica, exc)
+            except (*cluster.actor_errors, cluster.ray.exceptions.RayTaskError) as exc:
+                if not cluster.actor_died(replica, exc):  # a dead replica (or engine) leaves the routing set
+                    raise
         self._baseline = Baseline.take(cluster, tuple(cluster.page_keys(prompt, namespace)))
 
     def record_trace(self, path: Any) -> None:
