@@ -1,8 +1,8 @@
 """A request's `timeout` (the server's --request-timeout) counts from when the front door took it, as one Engine counts
 it from `submit`: a replica counted it from when its own engine built the request, so a request re-sent after its
-replica died (or one that waited in Ray's queue for an actor thread) got the whole timeout again there. Two real
-replica engines, in-process (tests/cluster/inproc_ray.py): the first holds the request (its loop held) past its
-timeout, then dies."""
+replica died got the whole timeout again there (the front door sends the seconds spent: a wait in Ray's queue for an
+actor thread is still not counted, docs/replicas.md). Two real replica engines, in-process
+(tests/cluster/inproc_ray.py): the first holds the request (its loop held) past its timeout, then dies."""
 
 from __future__ import annotations
 
