@@ -36,7 +36,9 @@ class _Wrapped:
     grammar forces (`{"` of a JSON object) as that text's tokens and allows the first of them: they must stand for
     exactly that text's bytes. A SentencePiece tokenizer (Llama 2, Mistral 7B tokenizer.json) puts a "▁" before
     whatever it encodes, so `{` came back as "▁{" (" {"): the mask allowed a token the grammar then refused, and the
-    request failed. Such text is tokenized greedily from the vocabulary instead (longest token first)."""
+    request failed. Such text is tokenized greedily from the vocabulary instead (longest token first). So is text
+    that holds a special token's text (`"<|im_end|>"` in a schema's `const`): the tokenizer encodes it as that
+    special token, which never matches text, so the mask allowed a token the grammar refused."""
 
     def __init__(
         self, tokenizer: Tokenizer, tokens: list[bytes], special: list[int], eos: int, plain: list[bytes]
@@ -54,10 +56,10 @@ class _Wrapped:
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
         ids = self._tokenizer.encode(text, add_special_tokens=False)
-        want = text.encode("utf-8")
-        if b"".join(self._plain[i] for i in ids) == want:
+        want = text.encode("utf-8")  # never holds the special marker (0xFF is no UTF-8 byte)
+        if b"".join(self.tokens[i] for i in ids) == want:
             return ids
-        if ids and self._plain[ids[0]] == b" " and b"".join(self._plain[i] for i in ids[1:]) == want:
+        if ids and self.tokens[ids[0]] == b" " and b"".join(self.tokens[i] for i in ids[1:]) == want:
             return ids[1:]  # the prefix space was a token of its own
         return self._greedy(want) or ids
 

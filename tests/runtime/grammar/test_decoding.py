@@ -174,3 +174,23 @@ def test_the_schema_true_admits_any_json_value_and_false_none(tiny_tokenizer, ti
     with pytest.raises(GrammarError, match="the schema false admits no value") as info:
         tiny_compiler.compile(GrammarSpec.json_schema(False, strict=strict))
     assert info.value.path == "response_format.json_schema.schema"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (GrammarSpec.json_schema({"const": "<|im_end|>"}), '"<|im_end|>"'),
+        (GrammarSpec.regex(r"<\|im_start\|>user"), "<|im_start|>user"),
+        (GrammarSpec.ebnf('start: "say <|im_end|>"'), "say <|im_end|>"),  # quoted: text, not the token
+    ],
+    ids=["const", "regex", "lark"],
+)
+def test_forced_text_holding_a_special_tokens_text_is_written_as_text(
+    tiny_tokenizer, tiny_compiler, spec: GrammarSpec, expected: str
+) -> None:
+    """The tokenizer encodes the text `<|im_end|>` as its special token, and the forced text's ids were taken from
+    it: the mask allowed that token, which never matches text, and the request failed at its first step."""
+    compiled = tiny_compiler.compile(spec)
+    out = walk(GrammarState(compiled), token_table(tiny_tokenizer, compiled.vocab), seed=0)
+    assert decode(tiny_tokenizer, out) == expected
+    assert not set(out) & set(tiny_tokenizer.backend.get_added_tokens_decoder())
