@@ -14,6 +14,7 @@ its own, never those of a tenant holding no more than its share (whose recompile
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import threading
 from collections.abc import Hashable
@@ -22,12 +23,16 @@ from dataclasses import dataclass
 import llguidance
 
 from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.locate import locate
 from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, SCHEMA_MAPS, find_key
 from radixcache.runtime.grammar.spec import GrammarSpec
 from radixcache.runtime.grammar.vocab import GrammarVocab
 from radixcache.runtime.tools.fair_lru import FairLRU
 
 JSON_OBJECT_SCHEMA = {"type": "object"}
+# the paths of specs whose schema the runtime built (the calls a tool_choice requires): a path inside it names no
+# field of the request, so a refusal keeps the spec's path (with the deepest cause's message)
+GENERATED = ("tools",)
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
 
 
@@ -93,8 +98,21 @@ def _translate_and_validate(spec: GrammarSpec, vocab: GrammarVocab) -> str:
             path = found or path
             keyword = unimplemented.group(1)
             message = f"keyword {keyword!r} cannot be enforced by the grammar (send strict: false to ignore it)"
+        elif spec.kind == "json_schema":  # the library names no path: the deepest subschema it refuses alone
+            found, message = locate(schema_object(spec), path, message, lambda s: _refusal(s, spec, vocab))
+            path = path if path in GENERATED else found
         raise GrammarError(message, path)
     return grammar
+
+
+def _refusal(schema: object, spec: GrammarSpec, vocab: GrammarVocab) -> str | None:
+    """The library's message refusing `schema` under `spec`'s options; None when it takes it."""
+    try:
+        grammar = _translate(dataclasses.replace(spec, source=json.dumps(schema)))
+    except Exception:  # the translation's own refusals name their path already: not the library's
+        return None
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, vocab.lib)
+    return (" ".join(messages).strip() or "invalid grammar") if is_error else None
 
 
 def _translate(spec: GrammarSpec) -> str:

@@ -1,0 +1,84 @@
+"""Where in a JSON schema the grammar library's refusal lies.
+
+The library reports a schema it refuses (an unsatisfiable one, an unknown `format`) without a path, and for a nested
+cause only the outermost symptom: `{"properties": {"a": {"properties": {"b": {"minimum": 5, "maximum": 1}}, ...}}}`
+gave "required property 'a' is unsatisfiable" at the schema's root. `locate` compiles the subschemas one by one
+(each with the root's `$defs` and `definitions`, which its `$ref`s point into) and follows the ones the library
+refuses on their own, down to the deepest: its path, and the library's message for it ("minimum (5) is greater
+than maximum (1)" at `...properties.a.properties.b`). A refusal that no subschema gives alone (the members of an
+`allOf` that contradict each other) stays where the walk stopped. Only ever run for a refused schema, and bounded
+(`MAX_TRIES` compiles), so that a huge schema costs no more than a few of its compiles before its error is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.schema_check import SCHEMA_LISTS, SCHEMA_MAPS, SUBSCHEMA, check_schema
+
+MAX_TRIES = 64
+DEFS = ("$defs", "definitions")
+
+
+def locate(root: Any, path: str, message: str, error_of: Callable[[Any], str | None]) -> tuple[str, str]:
+    """(path, message) of the deepest subschema of `root` (refused with `message`) that `error_of` refuses alone;
+    (`path`, `message`) when none does. `error_of(schema)` is the library's message for a schema, None when taken."""
+    defs = {k: root[k] for k in DEFS if isinstance(root, dict) and isinstance(root.get(k), dict)}
+    node, root_path, tries, seen = root, path, 0, {id(root)}
+    while True:
+        for sub, sub_path in _children(node, path, root, root_path):
+            # a boolean child is no culprit: `false` is refused alone, but fine as additionalProperties or items
+            if not isinstance(sub, dict) or id(sub) in seen or id(_target(sub, root)) in seen:
+                continue  # a $ref back to a schema the walk is inside fails as that schema does: no deeper cause
+            if tries >= MAX_TRIES:
+                return path, message
+            tries += 1
+            standalone = {**defs, **sub}
+            try:  # a $ref it holds that points outside the root's defs: not compiled alone, not followed
+                check_schema(standalone, sub_path)
+            except GrammarError:
+                continue
+            if (refused := error_of(standalone)) is not None:
+                seen.add(id(sub))
+                node, path, message = sub, sub_path, refused
+                break
+        else:
+            return path, message
+
+
+def _children(node: Any, path: str, root: Any, root_path: str) -> Iterator[tuple[Any, str]]:
+    """The subschemas of `node` with their paths: properties and the like, `items`, the members of `anyOf` and the
+    like, and the target of its local `$ref` (by the target's own path, from `root_path`)."""
+    if not isinstance(node, dict):
+        return
+    for key in SCHEMA_MAPS:
+        if key not in DEFS and isinstance(node.get(key), dict):
+            for name, sub in node[key].items():
+                yield sub, f"{path}.{key}.{name}"
+    for key in SUBSCHEMA:
+        if isinstance(node.get(key), (dict, bool)):
+            yield node[key], f"{path}.{key}"
+    for key in (*SCHEMA_LISTS, "items"):
+        if isinstance(node.get(key), list):
+            for i, sub in enumerate(node[key]):
+                yield sub, f"{path}.{key}[{i}]"
+    target = _target(node, root)
+    if target is not None:
+        yield target, "".join([root_path, *(f".{p}" for p in _parts(node["$ref"]))])
+
+
+def _parts(ref: str) -> list[str]:
+    return [p.replace("~1", "/").replace("~0", "~") for p in ref[2:].split("/")]
+
+
+def _target(node: dict[str, Any], root: Any) -> Any:
+    """The schema `node`'s local `$ref` points to (`#/...`, not the root itself), or None."""
+    ref = node.get("$ref")
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        return None
+    target = root
+    for part in _parts(ref):
+        target = target.get(part) if isinstance(target, dict) else None
+    return target

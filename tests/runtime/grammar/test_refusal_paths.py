@@ -1,0 +1,65 @@
+"""A schema the grammar library refuses (unsatisfiable, an unknown format) is a GrammarError naming the subschema at
+fault and the library's own reason for it, checked against the subschema the test made bad; the library alone named
+the schema's root, and for a nested cause only its outermost symptom ("required property 'a' is unsatisfiable")."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixcache.runtime.grammar import GrammarError, GrammarSpec
+from radixcache.runtime.grammar.locate import MAX_TRIES
+
+ROOT = "response_format.json_schema.schema"
+BAD_RANGE = {"type": "integer", "minimum": 5, "maximum": 1}
+
+
+def _object(**properties: object) -> dict[str, object]:
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+@pytest.mark.parametrize(
+    ("schema", "where", "reason"),
+    [
+        (_object(a=_object(b=BAD_RANGE)), "properties.a.properties.b", "minimum (5) is greater than maximum (1)"),
+        (_object(a={"type": "array", "items": {"type": "string", "format": "nope"}}), "properties.a.items", "nope"),
+        (_object(a={"anyOf": [{"type": "string", "minLength": 3, "maxLength": 1}]}), "properties.a.anyOf[0]", "3"),
+        (_object(a={"allOf": [{"type": "string"}, {"type": "integer"}]}), "properties.a", "incompatible types"),
+        ({"$defs": {"x": BAD_RANGE}, **_object(a={"$ref": "#/$defs/x"})}, "$defs.x", "minimum (5)"),
+        # a recursive def: the cause is its other property, not the $ref back into it
+        (
+            {"definitions": {"x": _object(n={"$ref": "#/definitions/x"}, m={"format": "bad", "type": "string"})}}
+            | {"$ref": "#/definitions/x"},
+            "definitions.x.properties.m",
+            "bad",
+        ),
+    ],
+    ids=["nested", "format", "anyOf", "allOf", "ref", "recursive"],
+)
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_refused_schema_names_the_subschema_at_fault(
+    tiny_compiler, schema: dict, where: str, reason: str, strict: bool
+) -> None:
+    spec = GrammarSpec.json_schema(schema, strict=strict)
+    if "format" in spec.source and not strict:  # an unknown format is ignored then
+        tiny_compiler.compile(spec)
+        return
+    with pytest.raises(GrammarError) as info:
+        tiny_compiler.compile(spec)
+    assert info.value.path == f"{ROOT}.{where}"
+    assert reason in str(info.value)
+
+
+def test_the_walk_is_bounded_and_keeps_the_root_past_it(tiny_compiler) -> None:
+    """A huge schema's refusal costs at most MAX_TRIES compiles of its parts before the error is raised."""
+    names = [f"p{i}" for i in range(MAX_TRIES + 8)]
+    schema = _object(**{n: {"type": "integer"} for n in names[:-1]}, **{names[-1]: BAD_RANGE})
+    with pytest.raises(GrammarError, match=f"required property '{names[-1]}'") as info:
+        tiny_compiler.compile(GrammarSpec.json_schema(schema))
+    assert info.value.path == ROOT
+
+
+def test_the_calls_schema_a_tool_choice_builds_keeps_its_path(tiny_compiler) -> None:
+    """Its paths name no field of the request: the spec's own path stays, with the cause's message."""
+    with pytest.raises(GrammarError, match=r"minimum \(5\) is greater than maximum \(1\)") as info:
+        tiny_compiler.compile(GrammarSpec.json_schema(_object(tool_calls=_object(a=BAD_RANGE)), path="tools"))
+    assert info.value.path == "tools"
