@@ -25,6 +25,9 @@ def allocate_masks(batch: int, vocab_size: int) -> np.ndarray:
     return np.zeros((batch, mask_words(vocab_size)), dtype=np.int32)
 
 
+_ROW_LIMIT = "Current row has"  # llguidance's parser past its items in one row (2,000): ~4 per optional property
+
+
 class GrammarState:
     """The matcher of one request. Not thread-safe: one request's tokens are handled by one thread."""
 
@@ -100,12 +103,20 @@ class GrammarState:
     def error(self) -> str | None:
         """The matcher's failure in words, or None while it has none: llguidance's first line, without the dump of
         its parser state and grammar that follows it; its "NoExtensionBias" (no token can extend the output: a
-        regex such as `[^\\x00-\\U0010FFFF]` that no text matches) said in full."""
+        regex such as `[^\\x00-\\U0010FFFF]` that no text matches) said in full, and a schema past its parser's
+        row limit (an object of over ~500 optional properties, refused once the output enters it) in a schema's
+        terms, not its advice to make a grammar left-recursive."""
         if not self._matcher.is_error():
             return None
         message = (self._matcher.get_error() or "").split("\n<state>")[0].strip() or "the grammar matcher failed"
         if message == "NoExtensionBias":
             return "no text the model can write satisfies the grammar (no token may extend the output)"
+        if _ROW_LIMIT in message and self.compiled.spec.kind == "json_schema":  # its advice is for grammar writers
+            return (
+                "the schema offers more optional properties at one point than the grammar can follow (about 500 in "
+                "one object, fewer beside additionalProperties or the members of an anyOf): mark some required, or "
+                "split the object"
+            )
         return message
 
     def is_terminated(self) -> bool:
