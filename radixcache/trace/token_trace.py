@@ -285,6 +285,11 @@ def write_token_msgpack(path: str | Path, requests: Iterable[TokenRequest]) -> i
     n = 0
     with open(path, "wb") as handle:
         for request in requests:
-            handle.write(packer.pack(_written(request, path, n)))
+            record = _written(request, path, n)
+            stamp = record["timestamp"]
+            if type(stamp) is int and stamp >= 2**64:  # the reader takes any int; msgpack's ints stop at uint64
+                problem = f"{stamp} does not fit msgpack's 64-bit integers (write it as a float, or keep JSONL)"
+                raise TraceError(str(path), f"request {n}", problem, "timestamp")
+            handle.write(packer.pack(record))
             n += 1
     return n

@@ -8,9 +8,11 @@ from typing import Any
 
 import msgpack
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
+from radixcache.cli.main import main
 from radixcache.trace import (
     HashRequest,
     TraceError,
@@ -148,3 +150,18 @@ def test_a_request_the_reader_would_refuse_is_refused_by_the_writer(
     with pytest.raises(TraceError, match=rf"request 1.*{named}") as info:
         write(path, [TokenRequest(0.0, (1, 2), 1), bad])
     assert info.value.where == "request 1"
+
+
+def test_an_int_timestamp_past_msgpacks_integers_is_refused_by_name(tmp_path: Path) -> None:
+    """The readers take an int timestamp of any size; `trace convert` of one past 2**64 - 1 to msgpack was an
+    'internal error: OverflowError' from the packer. The largest uint64 still round-trips, as a float past it does."""
+    source = tmp_path / "a.jsonl"
+    for stamp, error in ((2**64 - 1, None), (1.8446744073709552e19, None), (2**64, "request 1: field 'timestamp'")):
+        write_token_jsonl(source, [TokenRequest(0, (1, 2), 1), TokenRequest(stamp, (1, 2, 3), 1)])
+        result = CliRunner().invoke(main, ["trace", "convert", str(source), str(tmp_path / "a.msgpack")])
+        if error is None:
+            assert result.exit_code == 0, result.output
+            assert [r.timestamp_ms for r in iter_token_msgpack(tmp_path / "a.msgpack")] == [0, stamp]
+        else:
+            assert result.exit_code == 1 and error in result.stderr and "64-bit" in result.stderr, result.stderr
+            assert "internal" not in result.stderr
