@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +174,8 @@ def convert(src: str, dst: str, fmt: str | None, to: str | None, debug: bool) ->
         if target != TOKEN_MSGPACK and _default_target(dst, "token") == TOKEN_MSGPACK:
             # Every reader takes a .msgpack (.mpk, .mp) file for a msgpack stream: this one would be unreadable.
             raise click.ClickException(f"{dst}: a {target} trace is JSON lines, not msgpack: give DST a .jsonl name")
-        n = _written(_WRITERS[target], dst, loaded.records)
+        with staged(dst) as path:
+            n = _written(_WRITERS[target], path, loaded.records)
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {n:,} records to {dst} ({target})", err=True)
@@ -210,8 +212,37 @@ def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str,
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     writer = write_token_msgpack if _default_target(out, "token") == TOKEN_MSGPACK else write_token_jsonl
-    n = _written(writer, out, requests)
+    with staged(out) as path:
+        n = _written(writer, path, requests)
     click.echo(f"wrote {n:,} requests to {out}", err=True)
+
+
+@contextlib.contextmanager
+def staged(path: str) -> Iterator[str]:
+    """The file to write `path` through: a hidden one beside it, moved onto it once the block succeeds and removed if
+    it fails (a refused record, Ctrl-C), so a failed write leaves neither a shorter trace, which reads as a sound one,
+    nor an earlier file at `path` wiped. A `path` that exists and is no regular file (a pipe, /dev/stdout) is
+    written directly: there is nothing to keep, and no rename onto it."""
+    if os.path.exists(path) and not os.path.isfile(path):  # (both follow links: /dev/stdout to its pipe)
+        yield path
+        return
+    target = os.path.realpath(path)  # a symlink's target is replaced, as opening it for writing would
+    folder, name = os.path.split(target)
+    staging = os.path.join(folder, f".{name}.{os.getpid()}.partial")
+    try:
+        yield staging
+        os.replace(staging, target)
+    except TraceError as exc:  # named as the file asked for, not the hidden one
+        if exc.path != staging:
+            raise
+        raise TraceError(path, exc.where, exc.message, exc.field) from None
+    except OSError as exc:
+        if exc.filename == staging:
+            exc.filename = path
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(staging)
 
 
 def _written(writer: Callable[[str, Any], int], path: str, records: Any) -> int:

@@ -152,6 +152,23 @@ def test_trace_convert_refuses_a_kind_change(chat: Path, tmp_path: Path) -> None
     assert code == 1 and "cannot convert" in err
 
 
+def test_a_failed_trace_convert_leaves_the_file_it_would_write_as_it_was(chat: Path, tmp_path: Path) -> None:
+    """A convert that failed on a record (here one msgpack cannot hold) had written the records before it: DST read
+    as a sound, shorter trace, and an earlier DST was gone. DST changes only when the whole trace is written."""
+    source = tmp_path / "late.jsonl"
+    write_token_jsonl(source, [TokenRequest(0, (1, 2), 1), TokenRequest(2**64, (1, 2, 3), 1)])
+    earlier = tmp_path / "earlier.msgpack"
+    assert run("trace", "convert", str(chat), str(earlier))[0] == 0
+    before = earlier.read_bytes()
+    for dst in (earlier, tmp_path / "new.msgpack"):
+        code, _, err = run("trace", "convert", str(source), str(dst))
+        assert code == 1 and f"{dst}: request 1: field 'timestamp'" in err, err
+    assert earlier.read_bytes() == before and not (tmp_path / "new.msgpack").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl", "earlier.msgpack", "late.jsonl"]
+    assert run("trace", "convert", str(chat), str(earlier))[0] == 0 and earlier.read_bytes() == before
+    assert run("trace", "convert", str(chat), os.devnull)[0] == 0  # no regular file: written directly
+
+
 @pytest.mark.parametrize("kind", ["chat", "agent", "rag", "few-shot"])
 def test_trace_gen_is_seeded(tmp_path: Path, kind: str) -> None:
     for name in ("a.jsonl", "b.jsonl"):
