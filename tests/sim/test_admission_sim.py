@@ -130,7 +130,7 @@ def test_simulate_admission_flags_and_their_errors(chat: Path) -> None:
     code, _, err = _run(*base, "--admission", "reuse")
     assert code == 2 and "--policy reuse" in err
     code, _, err = _run(*base, "--policies", "lru,nope")
-    assert code == 1 and "nope" in err
+    assert code == 2 and "nope" in err  # a usage error, as --policy's own
     code, _, err = _run(*base, "--policies", "all", "--belady")
     assert code == 2 and "already includes" in err
 
