@@ -65,6 +65,22 @@ def check_block_size(request: HashRequest, block_size: int) -> str | None:
     return None
 
 
+def check_output_pages(request: HashRequest, block_size: int) -> str | None:
+    """Why `request`'s output_hash_ids are more than its lengths allow, or None. The engine records one id per whole
+    page it computed past the prompt's whole pages, which input_length + output_length tokens bound."""
+    out = request.output_hash_ids
+    if out is None:
+        return None
+    length, output = request.input_length, request.output_length
+    most = max(0, (length + output) // block_size - length // block_size)
+    if len(out) > most:
+        return (
+            f"{len(out)} ids, but input_length {length} and output_length {output} at block size {block_size} leave "
+            f"at most {most} whole pages past the prompt's"
+        )
+    return None
+
+
 class BlockSizes:
     """The `block_size` field of one trace, checked line by line: when the first line gives it, every line must give
     the same; when the first line does not, no line may. A block size the caller asked for (`given`) that differs
@@ -167,6 +183,13 @@ def iter_mooncake_lines(
         if size is not None and len(line.hash_ids) != -(-line.input_length // size):
             problem = check_block_size(HashRequest(line.timestamp, line.input_length, 0, line.hash_ids), size)
             raise TraceError(name, str(lineno), problem or "inconsistent with input_length", "hash_ids")
+        if size is not None and line.output_hash_ids is not None:
+            output = line.output_length or 0
+            problem = check_output_pages(
+                HashRequest(0, line.input_length, output, (), None, line.output_hash_ids), size
+            )
+            if problem:
+                raise TraceError(name, str(lineno), problem, "output_hash_ids")
         if line.finish_timestamp is not None and line.finish_timestamp < line.timestamp:
             problem = f"{line.finish_timestamp} is earlier than the request's timestamp {line.timestamp}"
             raise TraceError(name, str(lineno), problem, "finish_timestamp")

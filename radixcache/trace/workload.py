@@ -17,7 +17,13 @@ from typing import NamedTuple
 from radixcache.errors import RadixCacheError
 from radixcache.trace.errors import TraceError
 from radixcache.trace.formats import read_trace
-from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE, HashRequest, check_block_size, resolve_block_size
+from radixcache.trace.mooncake import (
+    DEFAULT_BLOCK_SIZE,
+    HashRequest,
+    check_block_size,
+    check_output_pages,
+    resolve_block_size,
+)
 from radixcache.trace.records import TokenRequest
 
 
@@ -188,6 +194,9 @@ def hash_workload(requests: Iterable[HashRequest], block_size: int = DEFAULT_BLO
         problem = check_block_size(r, size)
         if problem:
             raise RadixCacheError(f"request {index}: {problem}")
+        problem = check_output_pages(r, size)
+        if problem:
+            raise RadixCacheError(f"request {index}: output_hash_ids: {problem}")
         sim.append(
             hash_sim_request(
                 r.timestamp_ms,

@@ -33,7 +33,8 @@ def _requests(drawn: list, recorded: bool) -> list[HashRequest]:
         chained = _chained([*prompt[:whole], *out], ids)
         hash_ids = (*chained[:whole], *_chained(prompt, ids)[whole:])
         output = chained[whole:] if recorded else None
-        requests.append(HashRequest(float(i), BLOCK * len(prompt) - short, 1, hash_ids, output_hash_ids=output))
+        produced = BLOCK * len(out) + 1  # enough output tokens for the output pages (the reader checks it)
+        requests.append(HashRequest(float(i), BLOCK * len(prompt) - short, produced, hash_ids, output_hash_ids=output))
     return requests
 
 

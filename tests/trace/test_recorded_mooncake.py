@@ -62,7 +62,7 @@ def test_output_pages_follow_the_prompts_whole_pages_and_the_lookup_covers_them(
     # but for its last position, which it computes again for the logits); the tree gets a, b.
     rows = [
         _line(0, 10, [1, 2, 3], [4], block_size=4, session_id="s"),
-        _line(1, 8, [1, 2], [5, 6], block_size=4),
+        _line(1, 8, [1, 2], [5, 6], block_size=4, output_length=9),  # 8 + 9 tokens: at most 2 pages past 8
     ]
     path = _write(tmp_path / "r.jsonl", rows)
     first, second = load_workload(str(path))
@@ -151,3 +151,22 @@ def test_streamed_and_in_memory_replays_agree_on_a_recorded_trace_with_the_infin
     in_memory = evaluate(load_workload(str(path)), 3, "lru")
     assert replace(streamed.result, seconds=0) == replace(in_memory.result, seconds=0)
     assert streamed.infinite is not None and streamed.infinite.hit_tokens == in_memory.infinite.hit_tokens
+
+
+def test_more_output_pages_than_the_lengths_hold_are_refused_at_their_line(tmp_path: Path) -> None:
+    """A line with 1,000 output_hash_ids for 1 output token was replayed as is: 1,000 pages entered the tree, the
+    next turns hit them and `trace stats` counted them as unique blocks. The engine records one id per whole page it
+    computed past the prompt's whole pages, which input_length + output_length bound: past that, the line is refused
+    at its file:line, streamed or read in memory; at the bound it reads."""
+    # 10 prompt tokens at 4 a page (2 whole pages) and 7 output tokens: 17 tokens, at most 4 - 2 = 2 pages past them.
+    fits = _write(tmp_path / "fits.jsonl", [_line(0, 10, [1, 2, 3], [4, 5], block_size=4, output_length=7)])
+    assert [r.output for r in load_workload(str(fits)).requests] == [(4, 5)]
+    rows = [_line(0, 8, [1, 2], [], block_size=4), _line(1, 10, [1, 2, 3], [4, 5, 6], block_size=4, output_length=7)]
+    path = _write(tmp_path / "r.jsonl", rows)
+    message = f"{path}:2: field 'output_hash_ids': 3 ids, but input_length 10 and output_length 7 at block size 4"
+    for read in (lambda: list(open_source(path)), lambda: load_workload(str(path)), lambda: read_trace(str(path))):
+        with pytest.raises(TraceError, match=message):
+            read()
+    too_many = HashRequest(0, 10, 7, (1, 2, 3), 4, (4, 5, 6))
+    with pytest.raises(RadixCacheError, match="request 0: output_hash_ids: 3 ids"):
+        hash_workload([too_many], 4)

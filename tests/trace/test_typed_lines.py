@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 from radixcache.trace import TraceError
 from radixcache.trace.jsonl import json_line
-from radixcache.trace.mooncake import BlockSizes, HashRequest, _read_line, check_block_size, iter_mooncake_lines
+from radixcache.trace.mooncake import (
+    BlockSizes,
+    HashRequest,
+    _read_line,
+    check_block_size,
+    check_output_pages,
+    iter_mooncake_lines,
+)
 from radixcache.trace.token_trace import iter_token_arrays, iter_token_lines, request_from_dict
 
 BIG = [2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**70]
@@ -99,6 +106,10 @@ def test_mooncake_lines_match_the_field_by_field_reader(line: bytes, given_size:
         problem = check_block_size(HashRequest(r.timestamp, r.input_length, 0, r.hash_ids), size) if size else None
         if problem:
             raise TraceError(name, "1", problem, "hash_ids")
+        out = HashRequest(0, r.input_length, r.output_length or 0, (), None, r.output_hash_ids)
+        problem = check_output_pages(out, size) if size else None
+        if problem:
+            raise TraceError(name, "1", problem, "output_hash_ids")
         fields = (r.timestamp, r.input_length, r.output_length or 0, r.hash_ids, r.output_hash_ids, r.session_id)
         yield (1, *fields, sizes.declared)
 
