@@ -60,6 +60,10 @@ class CacheReplay(OneCacheReplay):
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
+        # Checked here, not only by the RadixCache: the admission bound's tree is larger than the capacity (0 ran a
+        # replay that cached nothing), and the oracles read it first ("5" was a TypeError from inside them).
+        if type(capacity_blocks) is not int or capacity_blocks < 1:
+            raise RadixCacheError(f"capacity_blocks must be a positive int, got {capacity_blocks!r}")
         self.oracle = None
         self.bound: int | None = None  # the admission bound's limit on what stays cached between requests
         room = capacity_blocks

@@ -237,3 +237,14 @@ def test_compare_takes_policy_names_in_any_case() -> None:
     )
     assert [(r.name, r.result.hit_tokens) for r in mixed] == [(r.name, r.result.hit_tokens) for r in lower]
     assert "reuse + admission reuse" in [r.name for r in mixed]
+
+
+@pytest.mark.parametrize("policy", ["lru", BELADY, BELADY_ADMISSION, "lru-dead"])
+@pytest.mark.parametrize("capacity", [0, -3, True, 2.0, "5", None])
+def test_every_replay_refuses_a_capacity_that_is_no_positive_int(policy: str, capacity: object) -> None:
+    """The admission bound runs a tree larger than its capacity, so a capacity of 0, -3 or True replayed (caching
+    nothing, or one block) where every other policy refused it, and "5" or None was a TypeError from its oracle."""
+    w = _workload([1, 2], [1, 2, 3], [1, 2])
+    with pytest.raises(RadixCacheError, match=f"capacity_blocks must be a positive int, got {capacity!r}"):
+        simulate(w, capacity, policy)  # type: ignore[arg-type]
+    assert simulate(w, 3, policy).hit_tokens == 4  # [1, 2] twice, by hand
