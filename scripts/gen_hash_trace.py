@@ -27,7 +27,11 @@ def write_hash_trace(
     system_prompts: int = 300,
     rate_per_s: float = 50.0,
 ) -> int:
-    """Write `requests` records to `path`; returns the number of hash ids written."""
+    """Write `requests` records to `path`; returns the number of hash ids written. ValueError for a count or block
+    size below 1 (a block size of 0 failed inside the generator, and -1 requests wrote an empty file)."""
+    for name, value in (("requests", requests), ("block_size", block_size)):
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     rng = random.Random(seed)
     next_id = 0
 
@@ -69,12 +73,22 @@ def write_hash_trace(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
-    ap.add_argument("--requests", type=int, default=500_000)
-    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--requests", type=_positive, default=500_000)
+    ap.add_argument("--block-size", type=_positive, default=16)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     ids = write_hash_trace(args.out, args.requests, block_size=args.block_size, seed=args.seed)
     print(f"{args.out}: {args.requests:,} requests, {ids:,} hash ids, block size {args.block_size}")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
 
 
 if __name__ == "__main__":

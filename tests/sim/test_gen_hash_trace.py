@@ -1,0 +1,42 @@
+"""scripts/gen_hash_trace.py: a trace the simulator reads; bad arguments refused by name before anything is written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from radixcache.trace.workload import load_workload
+from tests.refusals import assert_refused
+from tests.sim.conftest import SCRIPTS, load_script
+
+
+def test_the_trace_reads_back_at_its_block_size(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    ids = load_script("gen_hash_trace").write_hash_trace(path, 40, block_size=8, seed=3)
+    workload = load_workload(str(path), block_size=8)
+    assert len(workload.requests) == 40 and sum(len(r.prompt) for r in workload.requests) == ids
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--requests", "0"], "--requests"),
+        (["--requests", "-1"], "--requests"),
+        (["--block-size", "0"], "--block-size"),
+    ],
+)
+def test_a_count_or_block_size_below_one_is_refused_by_name(tmp_path: Path, args: list[str], option: str) -> None:
+    """--block-size 0 was a ValueError traceback from inside the generator; --requests -1 wrote an empty file, which
+    no reader can take ("empty file: cannot detect the trace format"), and said '-1 requests'."""
+    out = tmp_path / "t.jsonl"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "gen_hash_trace.py"), str(out), *args], capture_output=True, text=True
+    )
+    assert_refused(result, option, "expected an int >= 1")
+    assert not out.exists()
+    with pytest.raises(ValueError, match="must be an int >= 1"):
+        load_script("gen_hash_trace").write_hash_trace(out, 0 if option == "--requests" else 5, block_size=0)
+    assert not out.exists()
