@@ -40,3 +40,28 @@ def test_a_count_or_block_size_below_one_is_refused_by_name(tmp_path: Path, args
     with pytest.raises(ValueError, match="must be an int >= 1"):
         load_script("gen_hash_trace").write_hash_trace(out, 0 if option == "--requests" else 5, block_size=0)
     assert not out.exists()
+
+
+def test_an_interrupted_run_leaves_no_shorter_trace_for_the_bench_to_reuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trace was written in place, so Ctrl-C during a long generation left its first lines at `path`; and
+    scripts/bench_simulator.py keeps its traces between runs (it generates one only when the file is missing), so the
+    next run timed that shorter trace under the full size's name."""
+    module = load_script("gen_hash_trace")
+    real_dumps, calls = module.orjson.dumps, []
+
+    def interrupted(record: object) -> bytes:
+        calls.append(record)
+        if len(calls) == 30:
+            raise KeyboardInterrupt
+        return real_dumps(record)
+
+    monkeypatch.setattr(module.orjson, "dumps", interrupted)
+    path = tmp_path / "hash100.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        module.write_hash_trace(path, 100, block_size=16)
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []  # nothing at `path`: the bench generates it again, whole
+    module.write_hash_trace(path, 100, block_size=16)
+    assert len(load_workload(str(path), block_size=16).requests) == 100
