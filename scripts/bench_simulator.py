@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -57,6 +58,37 @@ def measure(cmd: list[str]) -> tuple[float, float, dict]:
 
 
 RUNS = {"lru alone": ["--no-infinite"], "lru": [], "lru + belady": ["--belady"]}  # run name -> simulate flags
+MODES = ("streamed", "in memory")
+
+
+# The arguments, checked as they are parsed: a bad one was a traceback, or a failed subprocess once the traces were
+# generated, and a mode not in MODES ran streamed under its own name.
+def _count(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected an int >= {least}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _sizes(text: str) -> list[int]:
+    parse = _count(1)
+    try:
+        return [parse(part) for part in text.split(",") if part.strip()] or [parse("")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected request counts >= 1 separated by commas, got {text!r}") from None
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise argparse.ArgumentTypeError(f"expected modes from {', '.join(MODES)} separated by commas, got {text!r}")
+    return list(dict.fromkeys(modes))
 
 
 def simulate_cmd(trace: Path, capacity: int, block_size: int | None, run: str, in_memory: bool) -> list[str]:
@@ -129,22 +161,22 @@ def plot(rows: list[Row], path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="50000,500000,2000000", help="hash-trace sizes in requests")
-    ap.add_argument("--capacity-blocks", type=int, default=5000)
-    ap.add_argument("--chat", type=int, default=0, help="also a `trace gen chat --count N` token trace")
+    ap.add_argument("--sizes", type=_sizes, default="50000,500000,2000000", help="hash-trace sizes in requests")
+    ap.add_argument("--capacity-blocks", type=_count(1), default=5000)
+    ap.add_argument("--chat", type=_count(0), default=0, help="also a `trace gen chat --count N` token trace")
     ap.add_argument("--workdir", default="/tmp/radixcache-bench-sim")
-    ap.add_argument("--modes", default="streamed,in memory")
-    ap.add_argument("--belady-max", type=int, default=2_000_000, help="skip --belady on larger traces")
-    ap.add_argument("--in-memory-max", type=int, default=500_000, help="skip --in-memory on larger traces")
+    ap.add_argument("--modes", type=_modes, default="streamed,in memory", help=f"from {', '.join(MODES)}")
+    ap.add_argument("--belady-max", type=_count(0), default=2_000_000, help="skip --belady on larger traces")
+    ap.add_argument("--in-memory-max", type=_count(0), default=500_000, help="skip --in-memory on larger traces")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--markdown", help="write the table here")
     ap.add_argument("--plot", help="write a PNG plot here")
     args = ap.parse_args()
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    modes = [m.strip() for m in args.modes.split(",")]
+    modes = args.modes
     jobs: list[tuple[str, Path, int, int | None]] = []
-    for size in (int(s) for s in args.sizes.split(",") if s):
+    for size in args.sizes:
         jobs.append((f"hash {size // 1000}k", hash_trace(workdir, size), size, 16))
     if args.chat:
         jobs.append((f"chat --count {args.chat}", chat_trace(workdir, args.chat), 0, None))

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.refusals import assert_refused
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -29,3 +31,23 @@ def test_bench_simulator_small(tmp_path: Path) -> None:
     belady = [row["belady_hit_rate"] for row in rows if row["run"] == "lru + belady"]
     assert len(set(belady)) == 1 and belady[0] >= rows[0]["hit_rate"]
     assert "same hit rate: True" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--sizes", "abc"], "--sizes"),  # a ValueError traceback
+        (["--sizes", "0"], "--sizes"),  # an empty trace, then a failed subprocess
+        (["--chat", "-1"], "--chat"),  # a CalledProcessError traceback
+        (["--capacity-blocks", "0"], "--capacity-blocks"),  # a failed subprocess, after generating the traces
+        (["--modes", "bogus"], "--modes"),  # ran streamed, under the name 'bogus'
+        (["--belady-max", "-1"], "--belady-max"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name_before_any_trace_is_made(
+    tmp_path: Path, args: list[str], option: str
+) -> None:
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_simulator.py"), "--sizes", "10", "--workdir", str(tmp_path)]
+    result = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert_refused(result, f"argument {option}: expected")
+    assert list(tmp_path.iterdir()) == []
