@@ -17,7 +17,7 @@ import pytest
 
 from radixcache.runtime.kv.tier.disk_files import live_temp
 from radixcache.runtime.kv.tier.disk_store import MARKER_NAME, DiskStore
-from tests.runtime.conftest import META, disk_warnings, h, page_path, payload, toks, write
+from tests.runtime.conftest import FP, META, disk_warnings, h, page_path, payload, toks, write
 from tests.runtime.tier_faults.fs_faults import deny_writes
 
 
@@ -142,3 +142,26 @@ def test_clear_refuses_a_directory_without_the_marker(open_store) -> None:
     with pytest.raises(ValueError, match=str(store.directory)):
         store.clear()
     assert page_path(store, h(0)).exists()
+
+
+def test_a_cache_directory_under_a_tilde_is_in_the_home_folder(tmp_path: Path, monkeypatch) -> None:
+    """cache_dir="~/kv" (the Python API, a config file, `--cache-dir=~/kv`, which no shell expands) made a folder named
+    "~" in the working directory, as the model's path ("~/model.gguf") does not: the cache moved with the cwd, `cache
+    stats ~/kv` found nothing, and removing the stray "~" the way one would is `rm -r ~`."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir(), cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    with DiskStore("~/kv", max_bytes=1 << 20, fingerprint=FP) as store:
+        write(store, 0)
+        assert store.directory == str(home / "kv")
+    assert list(cwd.iterdir()) == []
+    with DiskStore(home / "kv", max_bytes=1 << 20, fingerprint=FP) as again:
+        assert again.read(h(0), toks(0)) == (payload(0), META)
+
+
+def test_a_tilde_with_no_home_folder_is_refused_by_name(no_home: Path, monkeypatch) -> None:
+    monkeypatch.chdir(no_home)
+    with pytest.raises(ValueError, match=r"'~/kv'.*no home folder"):
+        DiskStore("~/kv", max_bytes=1 << 20)
+    assert not (no_home / "~").exists()

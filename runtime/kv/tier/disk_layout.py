@@ -73,6 +73,17 @@ def fingerprint_tag(fingerprint: str) -> str:
     return hashlib.blake2b(fingerprint.encode("utf-8"), digest_size=8).hexdigest()
 
 
+def cache_path(directory: str | os.PathLike[str]) -> str:
+    """A cache directory's absolute path, a leading `~` expanded as a model's path is: "~/kv" is in the home folder,
+    never a folder named "~" in the working directory (which moved with it, and which `rm -r ~` would clear). ValueError
+    when `~` names no home folder (HOME unset and no passwd entry: a container's arbitrary uid)."""
+    text = os.fspath(directory)
+    path = os.path.expanduser(text)
+    if path == "~" or path.startswith("~" + os.sep):
+        raise ValueError(f"cache directory {text!r}: there is no home folder for '~' (HOME is unset); give a full path")
+    return os.path.abspath(path)
+
+
 def delete_temp_files(folder: str, *, only_leftovers: bool) -> None:
     """Delete the regular files of `folder` named as the store names its temporary files (all of them, or only
     those whose writer is dead or that are over an hour old). Never follows a symlink; never raises."""

@@ -52,7 +52,7 @@ from typing import TypeVar
 from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow_split
 from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, PageWrite, encode_page
 from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, scan_pages
-from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, fingerprint_tag
+from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, cache_path, fingerprint_tag
 from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into, read_indexed
 from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport, remove_file, verify_pages
 from radixcache.runtime.kv.tier.disk_stamps import Hashes, OwedRefreshes
@@ -81,10 +81,10 @@ class DiskStore:
     No call raises for I/O reasons (see the module docstring); bad arguments (a hash that is not 1-64 bytes, token
     ids outside int64, a meta that is not JSON-able) raise ValueError / TypeError from `put`.
 
-    directory: created if needed. max_bytes: the most bytes of page files kept (>= 0). fingerprint: recorded in
-    every page this store writes, and the name its pages are counted under. max_pending: the most writes queued
-    at once (0 drops every write). create: False opens an existing cache only (ValueError if `directory` is not
-    one), writes nothing at open and accepts no writes: the CLI's way to inspect a directory.
+    directory: created if needed ("~" is the home folder). max_bytes: the most bytes of page files kept (>= 0).
+    fingerprint: recorded in every page this store writes, and the name its pages are counted under. max_pending: the
+    most writes queued at once (0 drops every write). create: False opens an existing cache only (ValueError if
+    `directory` is not one), writes nothing at open and accepts no writes: the CLI's way to inspect a directory.
     """
 
     def __init__(
@@ -100,7 +100,7 @@ class DiskStore:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         if max_pending < 0:
             raise ValueError(f"max_pending must be >= 0, got {max_pending}")
-        self.directory = os.path.abspath(os.fspath(directory))
+        self.directory = cache_path(directory)  # "~/kv": the home folder's (ValueError without one)
         self.max_bytes = int(max_bytes)
         self.max_pending = int(max_pending)
         self.fingerprint = str(fingerprint)
