@@ -193,10 +193,15 @@ class KVManager:
                 tiers.count_hits(matched, len(blocks) + loaded - kv.tier_pages, min(kv.tier_pages, len(host_hashes)))
         else:  # a resumption: what it computes again is recomputation, not a miss, and its hits are not hits
             kv.recomputed_tokens += max(0, kv.computed_max - matched)
-        if tiers is not None and (blocks or loaded) and kv.page_chain is not None:
+        found = tier_match.hashes if tier_match is not None else []  # to the end of the tiers' match
+        if tiers is not None and (blocks or loaded or found) and kv.page_chain is not None:
             # The lower tiers' LRUs see their own reads only: a prefix every request hits on the device would go
-            # first. The run found is refreshed in both, hashed later where the match did not (KVTiers.refresh).
-            tiers.refresh(kv.page_chain.deferred(tokens, len(blocks) + loaded))
+            # first. The run found is refreshed in both, hashed later where the match did not (KVTiers.refresh),
+            # with the pages found below and recomputed (a declined or failed load: used all the same; the disk
+            # stamps the pages a request adds just older than their run, not newer).
+            tiers.refresh(
+                found if len(found) > len(blocks) + loaded else kv.page_chain.deferred(tokens, len(blocks) + loaded)
+            )
         kv.status = Status.RUNNING
         return True
 

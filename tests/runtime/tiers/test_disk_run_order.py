@@ -124,3 +124,26 @@ def test_the_order_at_the_size_limit_matches_a_naive_reference(
     store.close()
     reopened = open_store()
     assert reopened._index.order() == naive.order  # by mtime
+
+
+def test_a_run_found_on_disk_and_recomputed_is_used_and_stays_at_the_limit(model: RandomModel, tmp_path: Path) -> None:
+    """An admission refreshed the pages it found on the device or loaded, not those found on disk and recomputed
+    (load_back declined them: cheaper to compute): a run every request used kept the stamps of its first write, the
+    pages its requests added went just older than it, and a restart under a smaller limit deleted it first."""
+    rng = random.Random(14)
+    used, other = ([rng.randrange(1, model.config.vocab_size) for _ in range(6 * P)] for _ in range(2))
+    kwargs = {"capacity_blocks": 400, "page_size": P, "cache_dir": tmp_path}
+    with Engine(model, **kwargs) as first:
+        want = first.generate(used, 1)
+        assert first.flush(30)
+        first.generate(other, 1)  # newer on disk
+        assert first.flush(30)
+    with Engine(model, **kwargs, load_back="never") as second:
+        got = second.generate(used, 1)
+        assert got.cached_tokens == 0 and second.stats.tiers.declined_pages == 6  # found on disk, recomputed
+        assert second.flush(30)
+    page_bytes = max(f.stat().st_size for f in tmp_path.rglob("*.kvpage"))
+    with Engine(model, **kwargs, cache_dir_size=6 * page_bytes) as restarted:  # room for one run: the one used
+        got = restarted.generate(used, 1)
+    assert got.token_ids == want.token_ids
+    assert got.cached_tokens == 6 * P - 1
