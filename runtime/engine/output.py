@@ -146,9 +146,9 @@ class OutputProcessor:
         added = req.stop_text.add(token)
         if not added:  # nothing new, or a character still incomplete
             return None
-        text = req.stop_text.text  # the output's text so far: a prefix of text(req.output_ids)
-        start = max(0, len(text) - len(added) - max(map(len, req.sampler.params.stop)) + 1)
-        hit = find_stop(text[start:], req.sampler.params.stop)
+        # the output's text so far (a prefix of text(req.output_ids)), read only at its end
+        start = max(0, req.stop_text.length - len(added) - max(map(len, req.sampler.params.stop)) + 1)
+        hit = find_stop(req.stop_text.since(start), req.sampler.params.stop)
         return None if hit is None else start + hit
 
     def text(self, ids: Sequence[int]) -> str:

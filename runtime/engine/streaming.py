@@ -93,11 +93,11 @@ async def off_loop(work: Callable[[], T], undo: Callable[[T], None] | None = Non
         raise
 
 
-def held_back(text: str, stop: Sequence[str]) -> str:
-    """`text` short of its last `len(longest stop) - 1` characters, which may still begin a stop string (all of it
-    is held back while it is shorter than that: a negative end would show all but its last characters)."""
+def held_back_length(length: int, stop: Sequence[str]) -> int:
+    """How much of a text of `length` characters is safe to show: all but its last `len(longest stop) - 1`, which
+    may still begin a stop string (none of it while it is shorter than that)."""
     holdback = max((len(s) for s in stop), default=1) - 1
-    return text[: max(0, len(text) - holdback)]
+    return max(0, length - holdback)
 
 
 async def submitted_results(submit: Callable[[], Any]) -> Any:
@@ -163,7 +163,7 @@ async def stream_text(
     handle = enqueue([req])[0]
     # The future also ends when no listener call ever comes (a refused request, a dead loop): wake the reader.
     handle.future.add_done_callback(lambda _: _call_soon(loop, queue.put_nowait, ((), True)))
-    emitted = ""
+    emitted = 0  # characters yielded: the detokenizer's text up to there (read by its end, O(1) a token)
     try:
         while True:
             tokens, done = await queue.get()
@@ -172,16 +172,16 @@ async def stream_text(
             for t in tokens:
                 if t not in hidden:
                     detok.add(t)
-            visible = held_back(detok.text, params.stop)
-            if len(visible) > len(emitted):
-                yield visible[len(emitted) :]
+            visible = held_back_length(detok.length, params.stop)
+            if visible > emitted:
+                yield detok.since(emitted)[: visible - emitted]
                 emitted = visible
         result = await asyncio.wrap_future(handle.future)  # an error raises here
         if ended is not None:
             ended(result)
         text = output.raw_text(req)  # the result's text before any tool calls were parsed out of it
-        if text.startswith(emitted) and len(text) > len(emitted):
-            yield text[len(emitted) :]
+        if len(text) > emitted and text.startswith(detok.text[:emitted]):
+            yield text[emitted:]
     finally:
         # Also when this generator's task was cancelled: that cancels the future (so it reads as done)
         # but not the engine request. Cancelling a request that already left is a no-op.

@@ -11,6 +11,11 @@ server's event loop. An incomplete character is at most 3 bytes, so once more th
 those before a boundary that no character spans, a few tokens from the end, are emitted as decode shows them
 (U+FFFD for each bad byte).
 
+The text emitted so far is kept in pieces: `length` counts its characters and `since(start)` reads its end, each
+costing what it returns, so a reader that looks for stop strings or sends what grew does O(1) work a token (joining
+the whole text at every token made a 100K-token stream quadratic: 1.5 s on the loop). `text` joins it all: read it
+once, at the end. The ids already read are dropped from the window as it moves (`TRIM_IDS`).
+
 An output's text is what it adds after its prompt, as vLLM reads it: decoded after the prompt's last
 `CONTEXT_TOKENS` tokens, less their own text (`text_after`). Decoded alone, a SentencePiece decoder (Llama 2,
 Mistral 7B) drops the space of the first token, and " Paris" after "The capital of France is" read "Paris".
@@ -18,12 +23,15 @@ Mistral 7B) drops the space of the first token, and " Paris" after "The capital 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 
 REPLACEMENT = "\ufffd"
 HOLD_TOKENS = 8  # held tokens past this are bytes that will not complete a character
 KEEP_TOKENS = 4  # held back even then: they may begin one (3 bytes, and a token that decodes to nothing)
 CONTEXT_TOKENS = 5  # prompt tokens an output is decoded after (its first token's leading-space rules)
+TRIM_IDS = 256  # ids before the window dropped once this many have gathered (amortised: a copy per TRIM_IDS ids)
+CHUNK_PIECES = 256  # emitted pieces joined into one chunk once this many have gathered
 
 
 def text_after(decode: Callable[[Sequence[int]], str], prompt_ids: Sequence[int], ids: Sequence[int]) -> str:
@@ -79,7 +87,44 @@ class IncrementalDetokenizer:
         self._prefix = 0
         self._read = len(context)
         self._tail = len(tail)  # until the first text is emitted: the prompt's tail, which the output may complete
-        self.text = ""  # everything emitted so far
+        self._chunks: list[str] = []  # the emitted text: joined chunks, then the latest pieces
+        self._pieces: list[str] = []
+        self.length = 0  # characters emitted so far
+
+    @property
+    def text(self) -> str:
+        """Everything emitted so far (joins it all: O(length); `since` reads the end)."""
+        if self._pieces or len(self._chunks) > 1:
+            self._chunks = ["".join(self._chunks + self._pieces)]
+            self._pieces = []
+        return self._chunks[0] if self._chunks else ""
+
+    def since(self, start: int) -> str:
+        """The emitted text from character `start` on (`text[start:]`), reading only the pieces it spans."""
+        need = self.length - max(0, start)
+        out: list[str] = []
+        for part in itertools.chain(reversed(self._pieces), reversed(self._chunks)):
+            if need <= 0:
+                break
+            out.append(part[-need:] if len(part) > need else part)
+            need -= len(part)
+        return "".join(reversed(out))
+
+    def _emit(self, delta: str, read: int) -> str:
+        """Record `delta` as the text of the ids up to `read`, the window moving on to them; drop the ids before it
+        once `TRIM_IDS` of them have gathered."""
+        self._prefix, self._read, self._tail = self._read, read, 0
+        if self._prefix >= TRIM_IDS:
+            del self._ids[: self._prefix]
+            self._read -= self._prefix
+            self._prefix = 0
+        if delta:
+            self._pieces.append(delta)
+            self.length += len(delta)
+            if len(self._pieces) >= CHUNK_PIECES:
+                self._chunks.append("".join(self._pieces))
+                self._pieces = []
+        return delta
 
     def _before(self, new_text: str) -> str:
         """The text of the window's ids already read: with the prompt's tail while the output has not completed
@@ -99,10 +144,7 @@ class IncrementalDetokenizer:
         new_text = self._decode(self._ids[self._prefix :])
         prefix_text = self._before(new_text)
         if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT):
-            delta = new_text[len(prefix_text) :]
-            self._prefix, self._read, self._tail = self._read, len(self._ids), 0
-            self.text += delta
-            return delta
+            return self._emit(new_text[len(prefix_text) :], len(self._ids))
         if len(self._ids) - self._read > HOLD_TOKENS:
             return self._emit_settled(prefix_text, new_text)
         return ""
@@ -116,10 +158,7 @@ class IncrementalDetokenizer:
             if len(head) <= len(prefix_text) or not head.startswith(prefix_text):
                 continue
             if head + self._decode(self._ids[split:]) == new_text:
-                delta = head[len(prefix_text) :]
-                self._prefix, self._read, self._tail = self._read, split, 0
-                self.text += delta
-                return delta
+                return self._emit(head[len(prefix_text) :], split)
         return ""
 
     def flush(self) -> str:
@@ -127,7 +166,5 @@ class IncrementalDetokenizer:
         new_text = self._decode(self._ids[self._prefix :])
         prefix_text = self._before(new_text)
         delta = new_text[len(prefix_text) :] if new_text.startswith(prefix_text) else ""
-        self._prefix = self._read = len(self._ids)
-        self._tail = 0
-        self.text += delta
-        return delta
+        self._read = len(self._ids)
+        return self._emit(delta, len(self._ids))

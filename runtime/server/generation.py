@@ -23,7 +23,7 @@ from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine, GenerationHandle
 from radixcache.runtime.engine.request import GenerationResult
-from radixcache.runtime.engine.streaming import held_back
+from radixcache.runtime.engine.streaming import held_back_length
 from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer, text_after
 from radixcache.runtime.tools import ToolCallParser
 from radixcache.runtime.tools.use import CallIds
@@ -184,15 +184,17 @@ async def complete(engine: GenerationEngine, job: Job, inflight: Inflight) -> li
             inflight.cancel(h)
 
 
-def _visible_text(text: str, stop: Sequence[str], sent: int) -> str:
-    """The text safe to send: cut before a stop string, and short of anything that may still begin one. `text`
-    holds whole characters only (an incomplete UTF-8 sequence waits for its next byte); `sent`: the characters
-    sent so far, which end before any stop string (so it is searched for only past them, less its length)."""
+def _visible_end(output: IncrementalDetokenizer, stop: Sequence[str], sent: int) -> int:
+    """Where the text safe to send ends: before a stop string, and short of anything that may still begin one. The
+    output holds whole characters only (an incomplete UTF-8 sequence waits for its next byte); `sent`: the characters
+    sent so far, which end before any stop string (so it is searched for only past them, less its length: the
+    work a token is bounded, not the text's length)."""
     since = max(0, sent - max((len(s) for s in stop), default=0))
-    cuts = [i for i in (text.find(s, since) for s in stop) if i >= 0]
+    end = output.since(since)
+    cuts = [i for i in (end.find(s) for s in stop) if i >= 0]
     if cuts:  # the engine will end the request here; its result's text is cut at the same place
-        return text[: min(cuts)]
-    return held_back(text, stop)
+        return since + min(cuts)
+    return held_back_length(output.length, stop)
 
 
 async def _stream_one(
@@ -219,29 +221,29 @@ async def _stream_one(
     # prompt's last tokens (a SentencePiece tokenizer's first " Paris" keeps its space).
     prompt = job.prompts[i // job.n]
     output = IncrementalDetokenizer(_decoder(engine), prompt)
-    emitted, sent_logprobs, started, decoded = "", 0, False, 0
+    emitted, sent_logprobs, started, decoded, last = 0, 0, False, 0, None  # emitted: characters sent
     try:
         while not handle.done():
             await wake.get()
-            ids = list(req.output_ids)
-            for t in ids[decoded:]:  # one at a time, as the result's text reads them (loading.detokenizer)
+            new = req.output_ids[decoded:]  # only the tokens since the last wake (a copy of all was O(length))
+            for t in new:  # one at a time, as the result's text reads them (loading.detokenizer)
                 if t not in hidden:
                     output.add(t)
-            decoded = len(ids)
-            visible = _visible_text(output.text, stop, len(emitted))
-            grew = len(visible) > len(emitted) and visible.startswith(emitted)
-            if grew or (ids and not started):  # never before a token: a refusal must still be an HTTP status
+            decoded, last = decoded + len(new), new[-1] if new else last
+            visible = _visible_end(output, stop, emitted)
+            grew = visible > emitted
+            if grew or (decoded and not started):  # never before a token: a refusal must still be an HTTP status
                 started = True
-                shown = len(ids) - (ids[-1] in hidden)  # a final stop token is not shown, nor its logprob
+                shown = decoded - (last in hidden)  # a final stop token is not shown, nor its logprob
                 logprobs = tuple(req.logprobs[sent_logprobs:shown])
                 sent_logprobs += len(logprobs)
-                text = visible[len(emitted) :] if grew else ""
+                text = output.since(emitted)[: visible - emitted] if grew else ""
                 deltas = None if parser is None else tuple(parser.feed(text))
                 await out.put(Event(i, text, logprobs, deltas=deltas))
-                emitted = visible if grew else emitted
+                emitted = max(visible, emitted)
         result = inflight.checked(await result_of(handle))
         whole = result.text if parser is None else _raw_text(engine, prompt, result, hidden, stop)
-        rest = whole[len(emitted) :] if whole.startswith(emitted) else ""
+        rest = whole[emitted:] if whole.startswith(output.text[:emitted]) else ""
         shown = tuple(result.logprobs or ())[: shown_tokens(engine, result)]
         deltas = None if parser is None else (*parser.feed(rest), *parser.finish())
         await out.put(Event(i, rest, shown[sent_logprobs:], result, deltas))

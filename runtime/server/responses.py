@@ -97,10 +97,10 @@ class Responder:
             text = self._texts.setdefault(choice, text)
         offsets = []
         for e, token in zip(entries, tokens, strict=True):
-            before = len(text.text)
+            before = text.length
             added = text.add(e.token_id)
             whole = token and not token.startswith("bytes:") and added.endswith(token)
-            offsets.append(len(text.text) - len(token) if whole else before)
+            offsets.append(text.length - len(token) if whole else before)
         return {
             "tokens": tokens,
             "token_logprobs": [e.logprob for e in entries],
