@@ -40,7 +40,9 @@ class ResponseStream:
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the item being streamed
         self.calls: dict[int, dict[str, Any]] = {}  # the parser's call index -> its item
-        self.texts: dict[str, str] = {}  # a message item's id -> its text so far
+        # an item's id -> the pieces of its text (a message) or arguments (a call) so far, joined when it closes:
+        # putting each piece on the whole so far made a long answer's stream quadratic
+        self.pieces: dict[str, list[str]] = {}
 
     def _event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.seq, **fields}
@@ -70,7 +72,7 @@ class ResponseStream:
             out += self._added({**self.builder.message("", "in_progress"), "id": msg_id, "content": []})
         item = self.open
         assert item is not None
-        self.texts[item["id"]] = self.texts.get(item["id"], "") + text
+        self.pieces.setdefault(item["id"], []).append(text)
         where = self._where(item)
         out.append(self._event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[]))
         return out
@@ -87,7 +89,7 @@ class ResponseStream:
         else:
             item, out, piece = self.calls[tc["index"]], [], fn.get("arguments", "")
         if piece:
-            item["arguments"] += piece
+            self.pieces.setdefault(item["id"], []).append(piece)
             out.append(self._event("response.function_call_arguments.delta", **self._where(item), delta=piece))
         return out
 
@@ -98,16 +100,21 @@ class ResponseStream:
         where = self._where(item)
         out = []
         if item["type"] == "message":
-            text = self.texts.get(item["id"], "")
+            text = "".join(self.pieces.pop(item["id"], ()))
             part = {"type": "output_text", "text": text, "annotations": []}
             out.append(self._event("response.output_text.done", **where, content_index=0, text=text, logprobs=[]))
             out.append(self._event("response.content_part.done", **where, content_index=0, part=part))
             item["content"] = [part]
         else:
+            self._join_arguments(item)
             out.append(self._event("response.function_call_arguments.done", **where, arguments=item["arguments"]))
         item["status"] = status
         out.append(self._event("response.output_item.done", output_index=where["output_index"], item=dict(item)))
         return out
+
+    def _join_arguments(self, item: dict[str, Any]) -> None:
+        """A call item's arguments: those it was made with and its pieces streamed since."""
+        item["arguments"] += "".join(self.pieces.pop(item["id"], ()))
 
     async def sse(self, events: AsyncIterator[Any]) -> AsyncIterator[str]:
         b = self.builder
@@ -127,6 +134,8 @@ class ResponseStream:
             self.metrics.failed(error.status)
             yield self._event("error", code=error.code, message=error.message, param=error.param)
             failed = {"code": error.code or "server_error", "message": error.message}
+            if self.open is not None and self.open["type"] == "function_call":  # its arguments so far
+                self._join_arguments(self.open)
             yield self._event("response.failed", response=b.response("failed", self.items, error=failed))
             return
         finally:
@@ -138,6 +147,7 @@ class ResponseStream:
                 yield line
         last, item_status = self.open, status
         if last is not None and last["type"] == "function_call":  # made once its arguments closed, cut after or not
+            self._join_arguments(last)
             item_status = "completed" if arguments_closed(last["arguments"]) else "incomplete"
         for line in self._close(item_status):
             yield line
