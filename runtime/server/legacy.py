@@ -29,7 +29,7 @@ from typing import Any
 
 from radixcache.runtime.server.protocol import APIError
 from radixcache.runtime.tools.fair_lru import FairLRU
-from radixcache.runtime.tools.messages import call_arguments
+from radixcache.runtime.tools.messages import call_arguments, canonical_arguments
 
 MAX_REMEMBERED = 4096  # legacy calls whose ids the server keeps (the oldest are forgotten first)
 FINISH = {"tool_calls": "function_call"}
@@ -50,12 +50,15 @@ class LegacyCalls:
 
     def remember(self, calls: Sequence[Any], context: str = "", scope: Hashable = None) -> None:
         for call in calls[:1]:  # the reply shows its first call only
-            for key in ((context, call.name, call.arguments), ("", call.name, call.arguments)):
+            arguments = canonical_arguments(call.arguments)
+            for key in ((context, call.name, arguments), ("", call.name, arguments)):
                 self._ids.put(scope, key, call.id)
 
     def id_for(self, name: str, arguments: str, context: str = "", scope: Hashable = None) -> str | None:
         """The id remembered for this call (refreshed: a call an agent replays every turn is in use, and evicting it
-        would change that agent's prompt from it on), or None."""
+        would change that agent's prompt from it on), or None. Arguments are compared as the tool-call memory
+        compares them (as JSON values; "" as `{}`, which the history reads for a call cut after its name)."""
+        arguments = canonical_arguments(arguments)
         found = self._ids.get(scope, (context, name, arguments))
         return found or self._ids.get(scope, ("", name, arguments))
 

@@ -53,7 +53,7 @@ class ToolCall:
 
     def same_call(self, other: ToolCall) -> bool:
         """Same name and equal arguments (as JSON values, whatever their whitespace, escapes or key order)."""
-        return self.name == other.name and _canonical(self.arguments) == _canonical(other.arguments)
+        return self.name == other.name and canonical_arguments(self.arguments) == canonical_arguments(other.arguments)
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class ChatMessage:
     tool_call_id: str | None = None
 
 
-def _canonical(arguments: str) -> str:
+def canonical_arguments(arguments: str) -> str:
     """Arguments as one text per JSON value (text that is no JSON: itself, prefixed so no JSON text is the same;
     empty text is `{}`, as `call_arguments` reads it: a call the length limit cut after its name has "" arguments,
     which a history replays as `{}`), a number being the double JavaScript reads (`1.0`, `1` and `1e0` are one:

@@ -99,3 +99,29 @@ def test_a_responses_call_cut_by_the_limit_is_kept_by_previous_response_id(clien
     second = client.post("/v1/responses", json={**follow, "max_output_tokens": 1})
     assert second.status_code == 200, second.text
     extends(first["usage"], second.json()["usage"], "input_tokens", "output_tokens")
+
+
+def test_a_legacy_function_call_cut_after_its_name_replays_as_written(client: TestClient) -> None:
+    """A legacy call is known by its name and arguments text: the history's "" reads as `{}`, which found no id, so
+    the call took a positional id, the memory did not know it, and the next prompt re-rendered it closed (`{}}]}`
+    where the model stopped). Its prompt is the one the same call replayed as tool_calls gets: the model's text."""
+    limit = 42  # cut after the call's name: its arguments ""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    tools = {"model": "tiny", "tools": TOOLS[:1], "tool_choice": named, "temperature": 0}
+    first = client.post("/v1/chat/completions", json={**tools, "messages": [ASK], "max_tokens": limit}).json()
+    (call,) = first["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["arguments"] == "", call
+    again = {**tools, "tool_choice": "none", "messages": [ASK, first["choices"][0]["message"], AGAIN], "max_tokens": 1}
+    want = client.post("/v1/chat/completions", json=again).json()["usage"]["prompt_tokens"]
+    body = {"model": "tiny", "functions": [TOOLS[0]["function"]], "temperature": 0}
+    first = client.post(
+        "/v1/chat/completions",
+        json={**body, "function_call": {"name": "get_weather"}, "messages": [ASK], "max_tokens": limit},
+    ).json()
+    message = first["choices"][0]["message"]
+    assert message["function_call"]["arguments"] == "", message
+    again = {**body, "function_call": "none", "messages": [ASK, message, AGAIN], "max_tokens": 1}
+    second = client.post("/v1/chat/completions", json=again)
+    assert second.status_code == 200, second.text
+    assert second.json()["usage"]["prompt_tokens"] == want
+    extends(first["usage"], second.json()["usage"], "prompt_tokens", "completion_tokens")
