@@ -226,22 +226,31 @@ def replay(
 
 def _check_chat_template(sessions: list[Any], tokenizer: Any, trace: str | None) -> None:
     """Refuse, before the engine's warm-up, a text trace the model's chat template cannot render: each turn is
-    rendered with it, and the first failed after the warm-up with the Python API's hint (pass chat_template=...)."""
-    first = next((s.conversation for s in sessions if s.conversation is not None), None)
-    if first is None or tokenizer is None:
+    rendered with it, and the first failed after the warm-up with the Python API's hint (pass chat_template=...).
+    The first turn of the first conversation with a system prompt and of the first without one are rendered: some
+    templates refuse a system message (Gemma's: 'System role not supported'), and a trace whose first conversation
+    had none failed at the first that had one, after the turns before it had run, with no result kept."""
+    firsts: dict[bool, Any] = {}  # has a system prompt -> the first such conversation
+    for session in sessions:
+        if session.conversation is not None:
+            firsts.setdefault(session.conversation.system is not None, session.conversation)
+            if len(firsts) == 2:
+                break
+    if not firsts or tokenizer is None:
         return  # a token trace (or no turn), or no tokenizer (which the replay refuses itself)
-    probe = [{"role": "system", "content": first.system}] if first.system is not None else []
-    probe.append({"role": "user", "content": first.turns[0].user if first.turns else "?"})
     where = trace or "the built-in sample"
     if not tokenizer.chat_templates:
         fail(
             f"{where} is a text (chat) trace, whose turns are rendered with the model's chat template, and "
             f"{tokenizer.name} has none: replay it with a chat model, or replay a token trace (docs/traces.md)"
         )
-    try:
-        tokenizer.apply_chat_template(probe, add_generation_prompt=True)
-    except EXPECTED as exc:
-        fail(f"cannot replay {where}: conversation {first.id!r} turn 1: {describe(exc)}")
+    for first in firsts.values():
+        probe = [{"role": "system", "content": first.system}] if first.system is not None else []
+        probe.append({"role": "user", "content": first.turns[0].user if first.turns else "?"})
+        try:
+            tokenizer.apply_chat_template(probe, add_generation_prompt=True)
+        except EXPECTED as exc:
+            fail(f"cannot replay {where}: conversation {first.id!r} turn 1: {describe(exc)}")
 
 
 def _write_json(path: str, data: dict[str, Any]) -> str | None:

@@ -345,6 +345,37 @@ def test_replay_of_a_text_trace_on_a_model_without_a_chat_template_fails_before_
     assert warmed == []
 
 
+def test_replay_refuses_before_the_warm_up_a_system_prompt_the_chat_template_refuses(
+    runner, tiny_model_dir: Path, tmp_path, monkeypatch
+) -> None:
+    """Some chat templates refuse a system message (Gemma's raise 'System role not supported'). The check before
+    the warm-up rendered the first conversation only: a trace whose first conversation had no system prompt ran,
+    then failed at the first that had one ('error: System role not supported', naming no conversation), keeping no
+    result of the turns that had run. Both kinds are rendered before the warm-up."""
+    import shutil
+
+    from radixcache.runtime.replay import run
+
+    model = shutil.copytree(tiny_model_dir, tmp_path / "no-system")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    refuse = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    config["chat_template"] = refuse + config["chat_template"]
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    warmed: list[object] = []
+    monkeypatch.setattr(run, "_warm_up", warmed.append)
+    trace = tmp_path / "chats.jsonl"
+    plain, guided = {"id": "plain", "turns": [{"user": "hi"}]}, {"id": "guided", "system": "Be brief."}
+    rows = [plain, {**guided, "turns": [{"user": "hi"}]}]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = runner.invoke(main, ["replay", str(trace), "--model", str(model), "--max-tokens", "2"])
+    assert result.exit_code == 1, result.output
+    assert f"cannot replay {trace}: conversation 'guided' turn 1: System role not supported" in result.stderr
+    assert warmed == []
+    alone = tmp_path / "plain.jsonl"  # the template itself renders a conversation without a system prompt
+    alone.write_text(json.dumps(rows[0]) + "\n")
+    assert runner.invoke(main, ["replay", str(alone), "--model", str(model), "--max-tokens", "2"]).exit_code == 0
+
+
 def test_trace_stats_reads_a_replay_json_from_a_pipe(runner, tiny_model_dir: Path, small_trace: Path, tmp_path):
     """`cat r.json | radixcache trace stats /dev/stdin`: detecting a replay's JSON read its first line off the pipe,
     and the reader got the rest ('/dev/stdin:1: invalid JSON'). The pipe is read once; the same stats as the file's.
