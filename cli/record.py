@@ -136,6 +136,8 @@ def remove_stale_partials(folder: str, name: str) -> list[str]:
 
 
 def _pid_alive(pid: int) -> bool:
+    if os.name == "nt":
+        return True  # os.kill(pid, 0) there terminates the process (TerminateProcess): keep every file instead
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError, ValueError):
