@@ -194,3 +194,15 @@ def test_a_server_whose_recording_stopped_says_so_and_offers_no_command(
     assert f"the recording stopped (No space left on device): {path} {held}" in result.stderr, result.stderr
     assert path.read_text() == EARLIER if lines == 0 else len(path.read_text().splitlines()) == 1
     assert "radixcache simulate" not in result.stderr and f"recorded {path}" not in result.stderr
+
+
+def test_no_pid_is_signalled_on_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.kill(pid, 0) terminates the process on Windows: there no pid is asked, and every partial stays."""
+    partial = tmp_path / f".t.jsonl.{NO_PID}.partial"
+    partial.write_text("")
+    signalled: list[tuple] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "name", "nt")
+        patch.setattr(os, "kill", lambda *args: signalled.append(args))
+        removed = remove_stale_partials(str(tmp_path), "t.jsonl")
+    assert signalled == [] and removed == [] and partial.exists()
