@@ -9,9 +9,13 @@ traceback. Ctrl-C exits 130 quietly, and so, with status 1, does a command whose
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import click
@@ -120,6 +124,25 @@ class _Friendly:
             if _debugging(ctx):
                 raise
             fail(f"internal error: {type(exc).__name__}: {exc} (run again with --debug for the traceback)")
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Within the block, SIGTERM (`timeout`, a batch scheduler's time limit, `kill`) raises KeyboardInterrupt in the
+    main thread, as Ctrl-C does, so a command that keeps what finished on Ctrl-C keeps it on SIGTERM too (Python's
+    default ended the process at once). Off the main thread, where no handler can be set, it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class FriendlyCommand(_Friendly, click.Command):

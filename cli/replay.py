@@ -2,7 +2,8 @@
 
 The work is `radixcache.runtime.replay.run`; this module parses options, loads the model, shows progress and prints.
 Exit status: 0, 1 on an error, 2 on a bad option, 3 when turns were skipped (too long for the model or the
-cache; the table and JSON still come out), 130 when interrupted (what finished is still printed and saved).
+cache; the table and JSON still come out), 130 when interrupted by Ctrl-C or SIGTERM (what finished is still printed
+and saved).
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from radixcache.cli import engine_options
-from radixcache.cli.errors import EXIT_INTERRUPTED, EXPECTED, FriendlyCommand, debug_option, describe, fail
+from radixcache.cli.errors import (
+    EXIT_INTERRUPTED,
+    EXPECTED,
+    FriendlyCommand,
+    debug_option,
+    describe,
+    fail,
+    sigterm_as_ctrl_c,
+)
 from radixcache.cli.record import (
     CONCURRENT_NOTE,
     INTERRUPTED_NOTE,
@@ -152,7 +161,7 @@ def replay(
     name = Path(trace).name if trace else "sample_chat.jsonl (built in)"
 
     written = False  # a recording placed at --record-trace's FILE
-    with _progress(turns, verbose) as (start, on_result, warn):
+    with sigterm_as_ctrl_c(), _progress(turns, verbose) as (start, on_result, warn):  # kill: what finished is kept
         if compare:
             outcome: Any = compare_runs(
                 make_engine, loaded_trace, config, on_start=start, on_result=on_result, on_warning=warn
