@@ -68,14 +68,17 @@ class StagedRecording:
     records nothing leaves an earlier recording at FILE as it was. The recorder writes on through its open file after
     the move, so from then on a killed process leaves its whole lines in FILE (docs/traces.md). A FILE that exists and
     is no regular file (a pipe, /dev/stdout) is written directly: it holds no recording to keep, and cannot be replaced
-    by a rename. Making one removes the staging files of FILE that killed runs left (`remove_stale_partials`), and
-    creates this one's, locked (flock) until `finish`, so that no other run takes it for stale."""
+    by a rename; so is a FILE whose name leaves no room for the staging file's (`_NAME_MAX`). Making one removes the
+    staging files of FILE that killed runs left (`remove_stale_partials`), and creates this one's, locked (flock)
+    until `finish`, so that no other run takes it for stale."""
 
     def __init__(self, path: str) -> None:
         self.path = os.path.realpath(path)  # a symlink's target is replaced, as opening it for writing would
-        direct = os.path.exists(self.path) and not os.path.isfile(self.path)
         folder, name = os.path.split(self.path)
-        self.staging = self.path if direct else os.path.join(folder, f".{name}.{os.getpid()}.partial")
+        staged_name = f".{name}.{os.getpid()}.partial"
+        direct = os.path.exists(self.path) and not os.path.isfile(self.path)
+        direct = direct or len(os.fsencode(staged_name)) > _name_max(folder)  # ENAMETOOLONG after the model's load
+        self.staging = self.path if direct else os.path.join(folder, staged_name)
         self.placed = direct
         self._lock: int | None = None
         if not direct:
@@ -101,6 +104,14 @@ class StagedRecording:
                 os.close(self._lock)  # the lock goes with it
                 self._lock = None
         return self.placed
+
+
+def _name_max(folder: str) -> int:
+    """The longest file name (in bytes) `folder`'s file system takes: 255 on the common ones."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or the folder cannot tell
+        return 255
 
 
 def remove_stale_partials(folder: str, name: str) -> list[str]:

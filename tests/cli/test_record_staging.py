@@ -206,3 +206,16 @@ def test_no_pid_is_signalled_on_windows(tmp_path: Path, monkeypatch: pytest.Monk
         patch.setattr(os, "kill", lambda *args: signalled.append(args))
         removed = remove_stale_partials(str(tmp_path), "t.jsonl")
     assert signalled == [] and removed == [] and partial.exists()
+
+
+def test_a_file_name_too_long_for_a_staging_name_is_recorded_directly(tmp_path: Path) -> None:
+    """A FILE whose name fits the file system but `.FILE.<pid>.partial` does not (a 245-byte name): the run failed
+    after the model's load with ENAMETOOLONG, naming a hidden file the user never gave. It is written directly (an
+    earlier FILE is not kept then), as before the staging."""
+    path = tmp_path / ("r" * 239 + ".jsonl")
+    staged = StagedRecording(str(path))
+    assert staged.staging == str(path) and staged.placed
+    with open(staged.staging, "w") as recording:  # what the recorder does
+        recording.write('{"timestamp": 0}\n')
+    assert staged.finish() is True and path.read_text() == '{"timestamp": 0}\n'
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
