@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from radixcache.page_hash import namespace_key
 from radixcache.runtime.cluster.calls import own_calls, render_messages
 from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.cluster.handles import FrontQueue, RemoteHandle, RemoteRequest
@@ -128,6 +129,7 @@ class ClusterEngine:
         if not ids:
             raise ValueError("the prompt is empty")
         check_model_limits(self.config, ids, opts.sampling)  # max_position, the vocabulary: at the call, as Engine's
+        namespace_key(opts.namespace)  # ValueError for one with no name in page keys (the front door hashes them)
         return ids
 
     def _start(self, prompt: list[int], opts: RequestOptions) -> RemoteHandle:
@@ -247,12 +249,12 @@ class ClusterEngine:
     def _run(self, handle: RemoteHandle, prompt: list[int], options: RequestOptions) -> None:
         cluster, req = self.cluster, handle.request
         ray = cluster.ray
-        request = cluster.route_request(prompt, options.max_new_tokens, options.namespace, options.session)
-        options = options.updated(session=None)  # the session chose the replica; the replica's engine never sees it
         tried: set[int] = set()
         sent_at = handle.sent_at
         queue_timeout = cluster.queue_timeout
-        try:
+        try:  # whatever raises from here ends the handle (its caller would wait for ever) and leaves no request
+            request = cluster.route_request(prompt, options.max_new_tokens, options.namespace, options.session)
+            options = options.updated(session=None)  # the session chose the replica; its engine never sees it
             result = None
             while result is None:
                 replica, rid = cluster.dispatch(request, tried)

@@ -250,3 +250,33 @@ def test_python_api_sessions_are_scoped_to_their_namespace(monkeypatch: pytest.M
         assert cluster.route_request([1], 1, None, "s").session != cluster.route_request([1], 1, "None", "s").session
     finally:
         front.close()
+
+
+class _Tenant:
+    """A hashable namespace with no name that is the same in every process (radixcache.page_hash.namespace_key)."""
+
+    def __hash__(self) -> int:
+        return 1
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Tenant)
+
+
+def test_a_namespace_page_keys_cannot_name_is_refused_at_the_call(front: Any) -> None:
+    """Regression: the front door hashed the prompt's pages in the request's thread, outside the code that ends its
+    handle: namespace_key's ValueError killed the thread, and the handle never completed (its caller waited for
+    ever, /health/cache counted it queued, and wait_idle never came true)."""
+    with pytest.raises(ValueError, match="namespace of type _Tenant"):
+        front.submit([3, 4, 5], 2, namespace=_Tenant())
+    assert _streams(front) == [] and front.queue.waiting == 0 and front.wait_idle(0)
+
+
+def test_a_failure_before_the_dispatch_ends_the_handle(front: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("the router broke")
+
+    monkeypatch.setattr(front.cluster, "route_request", broken)
+    handle = front.submit([3, 4, 5], 2)
+    with pytest.raises(RuntimeError, match="the router broke"):
+        handle.result(timeout=10)
+    assert front.wait_idle(10) and front.queue.waiting == 0 and front.cluster.loads.in_flight() == 0
