@@ -27,8 +27,9 @@ from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.cluster.handles import FrontQueue, RemoteHandle, RemoteRequest
 from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.cluster.resend import check_resend
+from radixcache.runtime.cluster.stream_wait import next_item
 from radixcache.runtime.cluster.tally import Baseline, Counters, _add, replica_rows  # noqa: F401 (_add: its tests)
-from radixcache.runtime.engine.errors import EngineClosedError, QueueTimeoutError, ReplicaUnavailableError
+from radixcache.runtime.engine.errors import EngineClosedError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, each_options, resolve_options
 from radixcache.runtime.engine.request_builder import group_prompts, is_messages, token_ids
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
@@ -270,7 +271,7 @@ class ClusterEngine:
                         cluster.control(replica, "cancel").remote(req.rid)
                     while result is None:  # the last item is ("done", result): never wait past it
                         by = None if admitted else sent_at + queue_timeout + ADMISSION_GRACE_S  # type: ignore[operator]
-                        kind, value, extra = ray.get(self._next_item(stream, replica, req.rid, by))
+                        kind, value, extra = ray.get(next_item(cluster, stream, replica, req.rid, by))
                         if not started:  # its admission (or an end before it): no longer queued
                             started = True
                             self.queue.mark(req.rid, False)
@@ -312,36 +313,6 @@ class ClusterEngine:
                 handle.future.set_exception(cause if isinstance(cause, BaseException) else exc)
         finally:
             self._forget(handle)
-
-    def _next_item(self, stream: Any, replica: int, rid: str, admit_by: float | None = None) -> Any:
-        """The stream's next item (an object ref), awaited at most `call_timeout` seconds. A replica that sends
-        nothing for that long has the request cancelled there and the caller gets ReplicaUnavailableError (503).
-        A dead replica's stream has its next item at once: the actor error, raised by `ray.get`. `admit_by`
-        (time.monotonic()): a request not yet admitted by then is cancelled there and fails with QueueTimeoutError,
-        as the replica's engine would have failed it, without waiting for that verdict to come back."""
-        cluster = self.cluster
-        start = time.monotonic()
-        while True:
-            now = time.monotonic()
-            if admit_by is not None and now >= admit_by:
-                cluster.control(replica, "cancel").remote(rid)
-                timeout = cluster.queue_timeout
-                raise QueueTimeoutError(
-                    f"request {rid} was not admitted within the queue timeout of {timeout} s", retry_after=timeout
-                )
-            left = cluster.call_timeout - (now - start)
-            if left <= 0:
-                cluster.control(replica, "cancel").remote(rid)  # it stops computing; its stream then ends on its own
-                raise ReplicaUnavailableError(
-                    f"engine replica {replica} sent nothing for {cluster.call_timeout} s; the request was cancelled"
-                )
-            ready, _ = cluster.ray.wait([stream], timeout=left if admit_by is None else min(left, admit_by - now))
-            if ready:
-                break
-        try:
-            return next(stream)
-        except StopIteration:  # ended without its ("done", result) item (Ray reports a failure as an item)
-            raise ReplicaUnavailableError(f"the stream from engine replica {replica} ended early") from None
 
     def _cancel(self, handle: RemoteHandle) -> None:
         """Cancel on the replica it was sent to; one cancelled before its dispatch is cancelled there by `_run`

@@ -1,0 +1,43 @@
+"""How the front door (runtime.cluster.front) awaits each item of a replica's stream: at most the cluster's
+`call_timeout` (a replica that stops sending is not waited on for ever), and not past the request's admission
+deadline (the queue timeout, which the front door holds itself)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from radixcache.runtime.engine.errors import QueueTimeoutError, ReplicaUnavailableError
+
+if TYPE_CHECKING:
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+
+def next_item(cluster: ReplicaCluster, stream: Any, replica: int, rid: str, admit_by: float | None = None) -> Any:
+    """The stream's next item (an object ref), awaited at most `call_timeout` seconds. A replica that sends
+    nothing for that long has the request cancelled there and the caller gets ReplicaUnavailableError (503).
+    A dead replica's stream has its next item at once: the actor error, raised by `ray.get`. `admit_by`
+    (time.monotonic()): a request not yet admitted by then is cancelled there and fails with QueueTimeoutError,
+    as the replica's engine would have failed it, without waiting for that verdict to come back."""
+    start = time.monotonic()
+    while True:
+        now = time.monotonic()
+        if admit_by is not None and now >= admit_by:
+            cluster.control(replica, "cancel").remote(rid)
+            timeout = cluster.queue_timeout
+            raise QueueTimeoutError(
+                f"request {rid} was not admitted within the queue timeout of {timeout} s", retry_after=timeout
+            )
+        left = cluster.call_timeout - (now - start)
+        if left <= 0:
+            cluster.control(replica, "cancel").remote(rid)  # it stops computing; its stream then ends on its own
+            raise ReplicaUnavailableError(
+                f"engine replica {replica} sent nothing for {cluster.call_timeout} s; the request was cancelled"
+            )
+        ready, _ = cluster.ray.wait([stream], timeout=left if admit_by is None else min(left, admit_by - now))
+        if ready:
+            break
+    try:
+        return next(stream)
+    except StopIteration:  # ended without its ("done", result) item (Ray reports a failure as an item)
+        raise ReplicaUnavailableError(f"the stream from engine replica {replica} ended early") from None
