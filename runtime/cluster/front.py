@@ -24,7 +24,7 @@ from typing import Any
 from radixcache.page_hash import namespace_key
 from radixcache.runtime.cluster.calls import own_calls, render_messages
 from radixcache.runtime.cluster.cluster import ReplicaCluster
-from radixcache.runtime.cluster.handles import FrontQueue, RemoteHandle, RemoteRequest
+from radixcache.runtime.cluster.handles import FrontQueue, RemoteHandle, RemoteRequest, SeenTimes
 from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.cluster.resend import check_resend
 from radixcache.runtime.cluster.stream_wait import next_item
@@ -263,6 +263,7 @@ class ClusterEngine:
                 self.queue.mark(req.rid, True)  # (re-)sent: waiting until this replica starts it
                 started = stalled = False
                 admitted = queue_timeout is None  # the admission deadline: only with a queue timeout
+                seen = SeenTimes()  # this replica's admission, first token and end, on this front door's clock
                 try:
                     streaming = cluster.actor(replica).stream.options(num_returns="streaming")
                     now = time.monotonic()  # durations, each side on its own clock (runtime.cluster.replica)
@@ -275,6 +276,7 @@ class ClusterEngine:
                         if not started:  # its admission (or an end before it): no longer queued
                             started = True
                             self.queue.mark(req.rid, False)
+                        seen.saw(kind)
                         if kind == "admitted":
                             admitted = True
                         elif kind == "tokens":
@@ -306,7 +308,7 @@ class ClusterEngine:
                 finally:  # before the caller sees the result: the next turn it sends must find this one's pages
                     computed = result is not None or bool(req.output_ids) or admitted
                     cluster.done(replica, rid, computed=computed and not stalled)
-            handle.future.set_result(result)
+            handle.future.set_result(seen.applied(result, handle.sent_at))
         except BaseException as exc:
             if not handle.future.done():
                 cause = getattr(exc, "cause", None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
@@ -52,6 +52,36 @@ class RemoteHandle:
 
     def cancel(self) -> None:
         self._cancel(self)
+
+
+@dataclass(slots=True)
+class SeenTimes:
+    """When the front door saw a request's replica admit it, send its first token and end it (time.monotonic()).
+    A result's times count from when the front door took the request, as one Engine's count from `submit`: its
+    replica's engine counted them from its own arrival, leaving out the routing, the way there, a wait in Ray's
+    queue for an actor thread and the time on a replica that died before the request was re-sent."""
+
+    admitted: float | None = None
+    first: float | None = None
+    end: float | None = None
+
+    def saw(self, kind: str) -> None:
+        """An item of `kind` ("admitted", "tokens" or "done") arrived now."""
+        now = time.monotonic()
+        if kind == "admitted" and self.admitted is None:
+            self.admitted = now
+        elif kind == "tokens" and self.first is None:
+            self.first = now
+        elif kind == "done":
+            self.end = now
+
+    def applied(self, result: Any, took: float) -> Any:
+        """`result` with queue_s, ttft_s and latency_s counted from `took` (when the front door took the request):
+        to its admission (its end, when it was never admitted), its first token (its end, without one), its end."""
+        end = time.monotonic() if self.end is None else self.end
+        first = end if self.first is None else self.first
+        admitted = end if self.admitted is None else self.admitted
+        return replace(result, queue_s=admitted - took, ttft_s=first - took, latency_s=end - took)
 
 
 class FrontQueue:
