@@ -4,7 +4,8 @@
 
 A request enters when it is submitted and leaves once: when the scheduler first admits it, or when it ends without
 ever being admitted (cancelled, timed out, refused). Past `max_queue` waiting requests, `enter` refuses new ones
-with QueueFullError at once, on the caller's thread, so that a server can answer 429 without queueing anything.
+with QueueFullError at once, on the caller's thread, so that a server can answer 429 without queueing anything; a
+call of more requests than `max_queue` itself is a ValueError (a server's 400), since no wait would let it in.
 The gate also keeps a moving average of how long admitted requests waited: the `retry_after` hint it gives.
 """
 
@@ -46,7 +47,14 @@ class QueueGate:
         return float(max(1, math.ceil(self._mean_wait_s)))
 
     def enter(self, reqs: Sequence[Request]) -> None:
-        """Count `reqs` as waiting, all or none: raises QueueFullError (nothing counted) past the bound."""
+        """Count `reqs` as waiting, all or none: raises QueueFullError (nothing counted) past the bound, and a
+        ValueError for more requests in one call than the bound itself: those could never wait together, and a
+        "try again later" (a server's 429) would be retried in vain. (`max_queue=0` refuses every call as full.)"""
+        if self.max_queue and len(reqs) > self.max_queue:
+            raise ValueError(
+                f"{len(reqs)} requests in one call (a batch, a group's samples or a fork's branches) can never be "
+                f"queued together: the engine's max_queue is {self.max_queue}; submit at most that many at once"
+            )
         with self._lock:
             if self.max_queue is not None and self._waiting + len(reqs) > self.max_queue:
                 waiting = "1 request waits" if self._waiting == 1 else f"{self._waiting} requests wait"

@@ -126,3 +126,22 @@ def test_the_queue_full_message_agrees_with_the_number_waiting(limit: int, waits
     with pytest.raises(QueueFullError, match=f"queue is full \\({waits} for admission, the limit is {limit}\\)"):
         gate.enter([SimpleNamespace()])  # type: ignore[list-item]
     assert gate.waiting == limit
+
+
+def test_a_call_of_more_requests_than_max_queue_is_a_value_error_not_a_full_queue(tiny: RandomModel) -> None:
+    """A fork of 3 (or a group or batch of 3) against max_queue=2 was a QueueFullError ("the engine's queue is full
+    (0 requests wait...); try again later", a server's 429) on an idle engine: no retry could ever let it in."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=8, max_queue=2)
+    calls = {
+        "fork": lambda: engine.fork(ids(10, 1), 3, 2),
+        "submit_group": lambda: engine.submit_group([ids(10, 1)] * 3, 2),
+        "generate": lambda: engine.generate([ids(10, 1), ids(10, 2), ids(10, 3)], 2),
+    }
+    for call in calls.values():
+        with pytest.raises(ValueError, match=r"3 requests in one call .* max_queue is 2"):
+            call()
+        assert engine.queue.waiting == 0
+    assert [len(r.token_ids) for r in engine.fork(ids(10, 1), 2, 2, ignore_eos=True)] == [2, 2], "2 fit"
+    engine.wait_idle(30)
+    assert engine.stats.requests == 2 and engine.queue.waiting == 0
+    assert_clean(engine)
