@@ -34,10 +34,7 @@ class GrammarState:
     def __init__(self, compiled: CompiledGrammar) -> None:
         self.compiled = compiled
         self.vocab = compiled.vocab
-        try:
-            self._matcher = llguidance.LLMatcher(self.vocab.lib, compiled.grammar, log_level=0)
-        except ValueError as e:
-            raise GrammarError(str(e).strip(), compiled.spec.path) from None
+        self._matcher = compiled.new_matcher()
         if (failure := self.error()) is not None:
             raise GrammarError(failure, compiled.spec.path)
         self._stops = np.asarray(self.vocab.stop_ids, dtype=np.int64)
