@@ -75,13 +75,14 @@ class GrammarCompiler:
     `max_chars` characters of grammar in all (all namespaces together, shared fairly: past a bound the namespace
     holding the most loses its least recently used). Each keeps its start matcher, about 40-80 bytes per character
     of its grammar (SmolLM2: 0.3 MB for the calls of 20 tools, 7,136 characters), so `max_chars` bounds the memory
-    too."""
+    too. A grammar of more than `max_chars // 8` characters is compiled for each request, never kept."""
 
     def __init__(self, vocab: GrammarVocab, max_entries: int = 256, max_chars: int = 2**21) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self.vocab = vocab
         self.max_entries = max_entries
+        self.max_chars = max_chars
         # scope: the namespace; key: spec.key; weight: the grammar's length
         self._cache: FairLRU[str, CompiledGrammar] = FairLRU(max_entries, max_chars)
         self._lock = threading.Lock()
@@ -102,7 +103,9 @@ class GrammarCompiler:
         with self._lock:
             self.misses += 1
             first = self._cache.get(namespace, spec.key)  # a concurrent compile of the same spec wins once
-            if first is None:
+            # a grammar past an eighth of the characters is not kept: kept, the newest entry always stays, and
+            # one request's huge schema would flush the grammars of every other namespace
+            if first is None and len(grammar) <= self.max_chars // 8:
                 self._cache.put(namespace, spec.key, compiled, weight=len(grammar))
             compiled = first or compiled
         return compiled

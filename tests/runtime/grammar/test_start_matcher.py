@@ -63,10 +63,21 @@ def test_copies_are_independent_of_each_other_and_of_the_start(tiny_tokenizer, t
     assert len(done) == 8 and all((_mask(s) == start).all() for s in done)
 
 
-@pytest.mark.parametrize("max_chars", [1, 3000])
+@pytest.mark.parametrize("max_chars", [1000, 3000])  # each grammar ~100 characters
 def test_the_cache_bounds_the_characters_of_its_grammars(tiny_compiler, max_chars: int) -> None:
     compiler = GrammarCompiler(tiny_compiler.vocab, max_entries=100, max_chars=max_chars)
     for i in range(40):
         last = compiler.compile(GrammarSpec.regex(f"x{i}[a-z]+"))
         assert compiler.chars <= max_chars or len(compiler) == 1  # the newest always stays
     assert 1 <= len(compiler) < 40 and compiler.compile(last.spec) is last
+
+
+def test_one_huge_grammar_never_flushes_the_other_namespaces(tiny_compiler) -> None:
+    """Kept, the newest entry always stays: one schema of more characters than the bound evicted every other
+    namespace's grammars. One past an eighth of the bound is compiled for its request and not kept."""
+    compiler = GrammarCompiler(tiny_compiler.vocab, max_chars=4000)
+    small = [compiler.compile(GrammarSpec.regex(f"s{i}[a-z]+"), namespace="quiet") for i in range(4)]
+    huge = GrammarSpec.json_schema({"enum": [f"value-{i}" for i in range(400)]})
+    assert len(compiler.compile(huge, namespace="loud").grammar) > 4000
+    assert [compiler.compile(s.spec, namespace="quiet") for s in small] == small
+    assert compiler.compile(huge, namespace="loud") is not None and len(compiler) == 4
