@@ -29,6 +29,8 @@ def check_schema(schema: Any, path: str) -> None:
     """Raise `GrammarError(path=...)` at the first structural mistake in `schema`."""
     if nests_deeper_than(schema, MAX_DEPTH):
         raise GrammarError(f"nests more than {MAX_DEPTH} levels of objects and arrays", path)
+    if (found := _not_json(schema, path)) is not None:  # the Python API's: canonical JSON raised a TypeError
+        raise GrammarError(*found)
     if (where := non_finite_path(schema, path)) is not None:  # the library reads NaN as null: {"const": NaN} forced
         raise GrammarError("NaN and Infinity are not JSON numbers", where)  # the answer {"x": null}
     _check(schema, path, schema)
@@ -50,6 +52,26 @@ def nests_deeper_than(value: Any, limit: int) -> bool:
                     return True
                 stack.append((child, depth + 1))
     return False
+
+
+JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _not_json(value: Any, path: str) -> tuple[str, str] | None:
+    """(message, path) of the first part of `value` that is no JSON: a key that is not a string (`{1: ...}`), a
+    value that is no JSON value (bytes, a set, an object); None when it is all JSON (tuples read as arrays)."""
+    stack = [(value, path)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, dict):
+            if (key := next((k for k in item if not isinstance(k, str)), None)) is not None:
+                return f"an object key must be a string, not {type(key).__name__} {key!r}", at
+            stack.extend((v, f"{at}.{k}") for k, v in reversed(item.items()))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(item))))
+        elif not isinstance(item, JSON_SCALARS):
+            return f"not a JSON value: {type(item).__name__}", at
+    return None
 
 
 def _out_of_range(value: Any, path: str) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -71,3 +72,20 @@ def test_any_response_format_is_a_spec_none_or_grammar_error(body: object) -> No
         GrammarSpec.from_response_format({"type": "json_schema", "json_schema": body})
     except GrammarError:
         pass
+
+
+@pytest.mark.parametrize(
+    ("schema", "where", "says"),
+    [
+        ({"type": "object", 1: "x"}, "", "key must be a string, not int 1"),
+        ({"enum": [{"a": 1, 2: 3}]}, ".enum[0]", "key must be a string"),
+        ({"const": b"x"}, ".const", "not a JSON value: bytes"),
+        ({"type": "array", "default": {1, 2}}, ".default", "not a JSON value: set"),
+    ],
+)
+def test_python_values_that_are_no_json_are_grammar_errors(schema: dict, where: str, says: str) -> None:
+    """The Python API takes a schema as a dict: a key that is no string or a value that is no JSON failed with a
+    TypeError from the canonical form's sort or json.dumps, where every other bad schema is a GrammarError."""
+    with pytest.raises(GrammarError, match=says) as info:
+        GrammarSpec.json_schema(schema, path="schema")
+    assert info.value.path == f"schema{where}"
