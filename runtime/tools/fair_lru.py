@@ -9,7 +9,8 @@ scope holding no more than its share (the bound over the scopes in use) keeps it
 puts. Not thread-safe: callers hold their own lock.
 
 Used by the tool-call memory (runtime/tools/memory.py: bounded by entries and bytes), the legacy function-call
-ids (runtime/server/legacy.py: by entries) and the compiled grammars (runtime/grammar/compiler.py: by entries).
+ids (runtime/server/legacy.py: by entries) and the compiled grammars (runtime/grammar/compiler.py: by entries and
+characters).
 """
 
 from __future__ import annotations
