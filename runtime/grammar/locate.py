@@ -7,11 +7,14 @@ gave "required property 'a' is unsatisfiable" at the schema's root. `locate` com
 refuses on their own, down to the deepest: its path, and the library's message for it ("minimum (5) is greater
 than maximum (1)" at `...properties.a.properties.b`). A refusal that no subschema gives alone (the members of an
 `allOf` that contradict each other) stays where the walk stopped. Only ever run for a refused schema, and bounded
-(`MAX_TRIES` compiles), so that a huge schema costs no more than a few of its compiles before its error is sent.
+(`MAX_TRIES` compiles, `BUDGET_S` seconds): the library refuses an unsatisfiable schema before it builds a lexer,
+but a subschema it takes can take a second to compile (an enum of 100,000 strings), and 64 of them in one schema
+would hold a worker thread for a minute before the 400 was sent.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,6 +22,7 @@ from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.grammar.schema_check import SCHEMA_LISTS, SCHEMA_MAPS, SUBSCHEMA, check_schema
 
 MAX_TRIES = 64
+BUDGET_S = 0.5
 DEFS = ("$defs", "definitions")
 
 
@@ -27,12 +31,13 @@ def locate(root: Any, path: str, message: str, error_of: Callable[[Any], str | N
     (`path`, `message`) when none does. `error_of(schema)` is the library's message for a schema, None when taken."""
     defs = {k: root[k] for k in DEFS if isinstance(root, dict) and isinstance(root.get(k), dict)}
     node, root_path, tries, seen = root, path, 0, {id(root)}
+    deadline = time.monotonic() + BUDGET_S
     while True:
         for sub, sub_path in _children(node, path, root, root_path):
             # a boolean child is no culprit: `false` is refused alone, but fine as additionalProperties or items
             if not isinstance(sub, dict) or id(sub) in seen or id(_target(sub, root)) in seen:
                 continue  # a $ref back to a schema the walk is inside fails as that schema does: no deeper cause
-            if tries >= MAX_TRIES:
+            if tries >= MAX_TRIES or time.monotonic() > deadline:
                 return path, message
             tries += 1
             standalone = {**defs, **sub}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import radixcache.runtime.grammar.locate as locating
 from radixcache.runtime.grammar import GrammarError, GrammarSpec
 from radixcache.runtime.grammar.locate import MAX_TRIES
 
@@ -63,3 +64,13 @@ def test_the_calls_schema_a_tool_choice_builds_keeps_its_path(tiny_compiler) -> 
     with pytest.raises(GrammarError, match=r"minimum \(5\) is greater than maximum \(1\)") as info:
         tiny_compiler.compile(GrammarSpec.json_schema(_object(tool_calls=_object(a=BAD_RANGE)), path="tools"))
     assert info.value.path == "tools"
+
+
+def test_the_walk_stops_at_its_time_budget(tiny_compiler, monkeypatch) -> None:
+    """A subschema the library takes may take a second to compile (an enum of 100,000 strings): 64 of them held a
+    worker thread for a minute. The clock here moves a whole budget per reading, so the walk stops at once."""
+    clock = iter(range(10_000))
+    monkeypatch.setattr(locating.time, "monotonic", lambda: next(clock) * (locating.BUDGET_S + 1))
+    with pytest.raises(GrammarError, match="required property 'a'") as info:
+        tiny_compiler.compile(GrammarSpec.json_schema(_object(a=_object(b=BAD_RANGE))))
+    assert info.value.path == ROOT
