@@ -52,6 +52,17 @@ DEFAULT_SGLANG = REPO / ".bench" / "sglang"
 # ---------------------------------------------------------------------------------------------- workload
 
 
+def _positive(text: str) -> int:
+    """An argument that must be an int >= 1 (0 was a ZeroDivisionError or an IndexError once the runs were over)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
+
+
 def build_workload(conversations: int, seed: int) -> list[tuple[array, array]]:
     """(prompt, prompt + reply) per request, as int64 arrays, in arrival order.
 
@@ -201,16 +212,16 @@ def summarize(runs: list[RunResult]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--conversations", type=int, default=200)
+    parser.add_argument("--conversations", type=_positive, default=200)
     parser.add_argument(
         "--capacity-tokens",
-        type=int,
+        type=_positive,
         default=60_000,
         help="KV capacity in tokens, the same for both caches (blocks = capacity // page size)",
     )
-    parser.add_argument("--page-size", type=int, default=1)
+    parser.add_argument("--page-size", type=_positive, default=1)
     parser.add_argument("--policy", choices=("lru", "lfu", "fifo"), default="lru")
-    parser.add_argument("--repeats", type=int, default=5, help="report the median of this many runs")
+    parser.add_argument("--repeats", type=_positive, default=5, help="report the median of this many runs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sglang", type=Path, default=DEFAULT_SGLANG, help="pip --target directory of sglang")
     parser.add_argument("--no-sglang", action="store_true", help="bench ours only")
@@ -224,6 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     workload = build_workload(args.conversations, args.seed)
+    p = args.page_size
+    longest = max(len(full) for _, full in workload)
+    if args.capacity_tokens // p < -(-longest // p):  # else an allocate failed with a traceback mid-replay
+        parser.error(
+            f"--capacity-tokens {args.capacity_tokens} cannot hold the workload's longest request ({longest} tokens "
+            f"in pages of {p}); give at least {-(-longest // p) * p}"
+        )
     radix_cache, sglang_note = (None, "skipped (--no-sglang)") if args.no_sglang else load_sglang(args.sglang)
     if radix_cache is None and not args.no_sglang:
         print(f"WARNING: {sglang_note}; benchmarking ours only", file=sys.stderr)
