@@ -67,3 +67,25 @@ def test_smollm2_agents_keep_their_context_with_leases(smollm2_gguf: Any) -> Non
     rows = bench.run_bench(smollm2_gguf, args, smollm2_gguf.config.vocab_size, out=lambda _: None)
     _check(rows)
     assert rows[1]["at_least_95"] < rows[1]["resumed"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--agents", "0"], "argument --agents: expected an int >= 1"),  # ValueError: max() of an empty sequence
+        (["--tasks", "0"], "argument --tasks: expected an int >= 1"),  # the same
+        (["--page-size", "0"], "argument --page-size: expected an int >= 1"),  # ZeroDivisionError
+        (["--shared", "-5"], "argument --shared: expected an int >= 0"),  # ran with no shared part at all
+        (["--pool-contexts", "0"], "argument --pool-contexts: expected a finite number in (0, inf]"),
+        (["--budget", "nan"], "argument --budget: expected a finite number in [0, 1]"),
+        (["--background-every", "-1"], "argument --background-every: expected a finite number in [0, inf]"),
+        (["--tool-tokens", "0", "9"], "argument --tool-tokens: expected an int >= 1"),  # log(0): a ValueError
+        (["--tool-tokens", "9", "5"], "argument --tool-tokens: LO 9 is above HI 5"),
+    ],
+)
+def test_an_argument_the_run_cannot_take_is_refused_by_name(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        _bench().parse(args)
+    assert done.value.code == 2 and message in capsys.readouterr().err
