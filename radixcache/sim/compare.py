@@ -78,6 +78,11 @@ def compare(
     and the infinite cache; rows in that order. A `reuse` admission needs the `reuse` policy: it is run only
     beside that one; an AdmissionPolicy object is copied for each replay. `honor_timestamps`: the caches' clocks
     follow the trace's timestamps (see `simulate`)."""
+    for what, names in (("policies", policies), ("bounds", bounds)):
+        if isinstance(names, str):  # its letters were taken for names: "unknown eviction policy 'l'"
+            raise RadixCacheError(
+                f"{what} must be a list of names, got the string {names!r} (policy_names reads a comma list)"
+            )
     clock = {"honor_timestamps": honor_timestamps}
     if isinstance(admission, str):  # any case, as make_admission takes it ("REUSE" ran beside every policy)
         admission = admission.lower()

@@ -239,6 +239,18 @@ def test_compare_takes_policy_names_in_any_case() -> None:
     assert "reuse + admission reuse" in [r.name for r in mixed]
 
 
+def test_compare_refuses_one_string_for_its_lists_of_names() -> None:
+    """compare(w, 100, "lru") took the string's letters for names ("unknown eviction policy 'l'"), and
+    bounds="belady" compared bound 'b'; a list of one name is what it means."""
+    w = _workload([1, 2], [1, 2, 3], [1, 2])
+    with pytest.raises(RadixCacheError, match="policies must be a list of names, got the string 'lru'"):
+        compare(w, 3, "lru")
+    with pytest.raises(RadixCacheError, match="bounds must be a list of names, got the string 'belady'"):
+        compare(w, 3, ["lru"], bounds="belady")
+    rows = compare(w, 3, ["lru"], bounds=["belady"])
+    assert [(r.name, r.result.hit_tokens) for r in rows] == [("lru", 4), ("belady", 4), ("infinite", 4)]
+
+
 @pytest.mark.parametrize("policy", ["lru", BELADY, BELADY_ADMISSION, "lru-dead"])
 @pytest.mark.parametrize("capacity", [0, -3, True, 2.0, "5", None])
 def test_every_replay_refuses_a_capacity_that_is_no_positive_int(policy: str, capacity: object) -> None:
