@@ -9,7 +9,9 @@ the grammar), and its result translated back (runtime.server.responses_output, r
 `previous_response_id` rebuilds the conversation from the stored response (runtime.server.responses_store), so a
 follow-up sends only its new items (the `function_call_output` of a call, the next user message); the rebuilt
 prompt is the previous prompt and reply followed by the new turn, which the radix cache serves. `instructions` is
-not carried over from the previous response (as OpenAI's): each request gives its own.
+not carried over from the previous response (as OpenAI's): each request gives its own. A follow-up to a response that
+made calls answers each with a `function_call_output` item, else it is OpenAI's 400 "No tool output found for
+function call <call_id>" (a call cut short was not made: it needs none).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from radixcache.runtime.server.responses_input import (
     replayed,
     unique_ids,
 )
-from radixcache.runtime.server.responses_output import ResponseBuilder
+from radixcache.runtime.server.responses_output import ResponseBuilder, arguments_closed
 from radixcache.runtime.server.responses_protocol import ResponsesRequest
 from radixcache.runtime.server.responses_store import ResponseStore
 from radixcache.runtime.server.responses_stream import ResponseStream
@@ -62,6 +64,22 @@ class ChatPath:
     check_model: Callable[[str], None]
     encode: Callable[[str], list[int]]
     job_for: Callable[..., generation.Job]
+
+
+def _answered(output: list[dict[str, Any]], own: list[dict[str, Any]]) -> None:
+    """A 400, as OpenAI's, when a call the previous response made (`output`) has no output among the follow-up's own
+    items: the model would go on as if it had run (the chat path renders a turn without its tool message)."""
+    outputs = {item["call_id"] for item in own if item["type"] == "function_call_output"}
+    calls = [i for i in output if i.get("type") == "function_call"]
+    made = [i["call_id"] for i in calls if arguments_closed(i.get("arguments", ""))]
+    missing = next((call_id for call_id in made if call_id not in outputs), None)
+    if missing is not None:
+        raise APIError(
+            400,
+            f"No tool output found for function call {missing}: a follow-up by previous_response_id answers each call "
+            "of that response with a function_call_output item in input",
+            param="input",
+        )
 
 
 def _not_found(response_id: str) -> APIError:
@@ -83,6 +101,7 @@ def add_routes(app: FastAPI, chat: ChatPath, store: ResponseStore) -> None:
     def history(body: ResponsesRequest, key: str | None) -> tuple[list[dict[str, Any]], list[str]]:
         """The conversation's canonical items (the previous response's, then this request's) and their origins."""
         prior: list[dict[str, Any]] = []
+        made: list[dict[str, Any]] = []  # the previous response's output, whose calls this request answers
         if body.previous_response_id is not None:
             entry = store.get(key, body.previous_response_id)
             if entry is None:
@@ -92,10 +111,11 @@ def add_routes(app: FastAPI, chat: ChatPath, store: ResponseStore) -> None:
                     param="previous_response_id",
                     code="previous_response_not_found",
                 )
-            prior = entry.items + replayed(entry.output)
+            prior, made = entry.items + replayed(entry.output), entry.output
         own = items_of(body)
         if not own:
             raise APIError(400, "input must not be empty", param="input")
+        _answered(made, own)
         where = ["input"] if isinstance(body.input, str) else [f"input.{i}" for i in range(len(own))]
         items, origins = prior + own, [PREVIOUS] * len(prior) + where
         unique_ids(items, origins)
