@@ -306,7 +306,7 @@ class ClusterEngine:
                     stalled = True
                     raise
                 finally:  # before the caller sees the result: the next turn it sends must find this one's pages
-                    computed = result is not None or bool(req.output_ids) or admitted
+                    computed = result is not None or bool(req.output_ids) or seen.admitted is not None
                     cluster.done(replica, rid, computed=computed and not stalled)
             handle.future.set_result(seen.applied(result, handle.sent_at))
         except BaseException as exc:
