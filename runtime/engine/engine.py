@@ -59,7 +59,7 @@ from radixcache.runtime.engine.session import Session
 from radixcache.runtime.engine.stats import EngineStats, checked_gauges, engine_stats
 from radixcache.runtime.engine.streaming import TextStream, request_deltas, submitted_results
 from radixcache.runtime.engine.threads import ThreadController
-from radixcache.runtime.engine.trace_recorder import TraceRecorder
+from radixcache.runtime.engine.trace_recorder import TraceRecorder, record_to
 from radixcache.runtime.kv.retention import RetentionPolicy
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
 from radixcache.runtime.kv.tier.fingerprint import kv_fingerprint
@@ -327,12 +327,9 @@ class Engine:
         lengths, chained page hashes at this engine's page size, the `session` given to `generate` (no text, no token
         id; runtime.engine.trace_recorder). `None` stops the recording and closes its file, as `close()` does.
         Returns the new recorder (its `written` counts lines), or None. A path that cannot be opened raises OSError;
-        a write that fails later stops the recording with one warning, never a request."""
-        recorder = TraceRecorder(path, self.cache.page_size, self.fingerprint) if path is not None else None
-        previous, self._loop.recorder = self._loop.recorder, recorder
-        if previous is not None:
-            previous.close()
-        return recorder
+        a write that fails later stops the recording with one warning, never a request. The file being recorded to,
+        given again, starts over (trace_recorder.record_to)."""
+        return record_to(self._loop, path, self.cache.page_size, self.fingerprint)  # one writer per file at a time
 
     def __enter__(self) -> Engine:
         return self

@@ -130,6 +130,17 @@ class TraceRecorder:
             except Exception as exc:  # a bug here must never reach the engine loop
                 self._stop(f"{type(exc).__name__}: {exc}")
 
+    def writes_to(self, path: str | os.PathLike[str]) -> bool:
+        """Whether this recording's open file is the file at `path` (a link or another spelling of it included)."""
+        with self._lock:
+            if self._file is None:
+                return False
+            try:
+                mine, theirs = os.fstat(self._file.fileno()), os.stat(path)
+            except OSError:  # no file there (yet): not ours
+                return False
+            return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+
     def close(self) -> None:
         """Write every held line and close the file (calling it again does nothing)."""
         with self._lock:
@@ -196,6 +207,23 @@ class TraceRecorder:
         with contextlib.suppress(OSError):
             self._file.close()
         self._file = None
+
+
+def record_to(loop: Any, path: str | os.PathLike[str] | None, page_size: int, fingerprint: str) -> TraceRecorder | None:
+    """Point `loop.recorder` (an engine loop's) at a new recording of `path` (None: none), closing the one it had;
+    the new recorder, or None. Opening `path` may raise OSError: the recording under way then goes on, unless it
+    writes that very file. That one is closed before the new one truncates the file: closing writes the lines it
+    still holds (requests that left while one that arrived before them ran) at its own offset, which in the file
+    truncated meanwhile put a run of NUL bytes before them, amid the new recording's lines."""
+    previous = loop.recorder
+    if previous is not None and path is not None and previous.writes_to(path):
+        loop.recorder = None  # a step delivering now finds it closed: it drops the lines, never writes them
+        previous.close()
+    recorder = TraceRecorder(path, page_size, fingerprint) if path is not None else None
+    previous, loop.recorder = loop.recorder, recorder
+    if previous is not None:
+        previous.close()
+    return recorder
 
 
 def earliest_arrival(queues: Iterable[Iterable[Request]]) -> float | None:

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from radixcache.runtime.engine.engine import Engine
-from radixcache.runtime.engine.trace_recorder import TraceRecorder
+from radixcache.runtime.engine.trace_recorder import TraceRecorder, record_to
 
 KEYS = {"timestamp", "input_length", "output_length", "hash_ids", "block_size", "output_hash_ids", "finish_timestamp"}
 
@@ -161,3 +161,28 @@ def test_on_first_line_runs_once_after_the_first_line_and_what_it_raises_stops_t
     assert not failing.recording and failing.written == 1
     warnings = [r for r in caplog.records if r.name == "radixcache.record"]
     assert len(warnings) == 1 and "cannot move the recording onto FILE" in warnings[0].getMessage()
+
+
+def test_recording_again_to_the_same_file_starts_it_clean(tmp_path: Path) -> None:
+    """record_trace(path) again while the recording of that path held a line (a request that left while one that
+    arrived before it still ran): the new recorder truncated the file, then the old one wrote its held line at its
+    own offset, after a run of NUL bytes that the new recording's lines did not cover: no JSONL reader took it."""
+    path = tmp_path / "t.jsonl"
+    loop = SimpleNamespace(recorder=None)
+    old = record_to(loop, path, 4, "fp")
+    assert old is not None and loop.recorder is old
+    old.left([fake_request(0.0, list(range(1, 400)), [1] * 40) for _ in range(5)], pending_since=None)
+    early, late = fake_request(1.0, [1, 2, 3], [4]), fake_request(2.0, [5, 6, 7], [8])
+    old.left([late], pending_since=early.t_arrival)  # held: `early` still runs
+    new = record_to(loop, tmp_path / "." / "t.jsonl", 4, "fp")  # the same file, spelt another way
+    assert new is not None and loop.recorder is new and not old.recording
+    new.left([early], pending_since=None)
+    new.close()
+    assert b"\0" not in path.read_bytes()
+    assert [line["input_length"] for line in lines(path)] == [3]  # the new recording alone
+    other = tmp_path / "other.jsonl"  # another file: the recording under way writes on until the switch
+    held = record_to(loop, path, 4, "fp")
+    assert held is not None
+    held.left([late], pending_since=early.t_arrival)
+    assert record_to(loop, other, 4, "fp") is loop.recorder and not held.recording
+    assert [line["input_length"] for line in lines(path)] == [3]  # its held line, written as it closed
