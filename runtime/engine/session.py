@@ -3,9 +3,12 @@ conversation so far. Saved to and loaded from JSON."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import secrets
+import shutil
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -99,14 +102,13 @@ class Session:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write `to_dict` as JSON; a default JSON cannot hold (a GrammarSpec, a callable) is a ValueError naming
-        it, and a message that is not valid Unicode a UnicodeEncodeError, both raised before the file is opened, so
-        an earlier save at `path` is kept whole."""
+        it, and a message that is not valid Unicode a UnicodeEncodeError, both raised before the file is opened. An
+        earlier save at `path` is kept whole whatever fails (a full disk, a kill): the file is replaced at once."""
         bad = next((k for k, v in self.defaults.items() if not _json_value(v)), None)
         if bad is not None:
             raise ValueError(f"session default {bad}={self.defaults[bad]!r} cannot be saved as JSON")
         data = json.dumps(self.to_dict(), ensure_ascii=False, indent=1).encode("utf-8")  # a lone surrogate fails here
-        with open(path, "wb") as f:
-            f.write(data)
+        _write_whole(path, data)
 
     @classmethod
     def from_dict(cls, engine: ChatEngine, data: dict[str, Any]) -> Session:
@@ -147,6 +149,29 @@ class Session:
             self.messages.append({"role": "assistant", "content": result.text})
         self.results.append(result)
         return result
+
+
+def _write_whole(path: str | os.PathLike[str], data: bytes) -> None:
+    """`data` as the file at `path`, in one rename: a write that fails (a full disk, a size limit) or a kill left an
+    earlier save there cut short, and no load took it. A symlink's target is replaced, as opening it would write
+    it; what is not a regular file (a pipe, /dev/stdout) is written as it is."""
+    target = os.path.realpath(path)
+    if os.path.exists(target) and not os.path.isfile(target):
+        with open(target, "wb") as f:
+            f.write(data)
+        return
+    folder, name = os.path.split(target)
+    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        with contextlib.suppress(OSError):  # the earlier save's permissions, where there is one
+            shutil.copymode(target, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def _json_value(value: object) -> bool:
