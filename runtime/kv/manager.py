@@ -141,6 +141,9 @@ class KVManager:
                 assert tiers is not None
                 try:
                     host_pages, disk_pages = tiers.plan(tier_match)
+                    # no more than the new blocks up to `end` (page size 1: a resumed request's last token has none)
+                    room = max(0, self.pages(end) - len(blocks))
+                    host_pages, disk_pages = min(host_pages, room), min(disk_pages, max(0, room - host_pages))
                     host_hashes = tiers.lock_host(tier_match, host_pages)
                 except BaseException:
                     self._unlock_all(node, [])
