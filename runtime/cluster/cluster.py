@@ -29,6 +29,7 @@ from radixcache.runtime.cluster.placement import (
     CONTROL_THREADS,
     actor_threads,
     call_bound,
+    check_cache_on,
     check_cpu_share,
     check_cpus,
     check_poll_interval,
@@ -91,6 +92,7 @@ class ReplicaCluster:
         self.router = make_router(router)  # an unknown name is refused before any replica loads its model
         check_cpu_share(cpus)  # before a local Ray cluster starts (seconds, and left running by the error)
         check_replica_threads(threads)
+        check_cache_on(engine_kwargs)
         concurrency = actor_threads(engine_kwargs)  # as the share: a count no actor can start is refused first
         call_timeout = call_bound(call_timeout)
         check_poll_interval(poll_interval)

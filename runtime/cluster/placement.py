@@ -58,6 +58,13 @@ def check_replica_threads(threads: object) -> None:  # before Ray starts
         )
 
 
+def check_cache_on(engine_kwargs: dict[str, Any] | None) -> None:  # before Ray starts
+    """ValueError for `enable_cache=False` among the replicas' engine options: the router routes by what each replica
+    caches (its cache events), and every replica failed its start on it (on Ray, each actor's death, a traceback)."""
+    if not (engine_kwargs or {}).get("enable_cache", True):
+        raise ValueError("engine replicas need their cache (the router routes by it): drop enable_cache=False")
+
+
 def call_bound(call_timeout: float | None) -> float:
     """The seconds the front door waits for a replica's answer: `call_timeout`, a number > 0; None or infinity is no
     bound (NO_BOUND_S, some 31 years: Ray took infinity, and failed every request with OverflowError). ValueError
