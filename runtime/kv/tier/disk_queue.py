@@ -35,9 +35,10 @@ def queue_disk_writes(
     parent: bytes | None = None,
 ) -> None:
     """Queue the pages of `hashes` (a run's, head first; `blocks` their device blocks, `tokens` their tokens) that the
-    disk does not hold, counting each as queued or dropped in `counts`. `parent`: the hash of the run's page before
-    the first of them (None: they start the run); each page is queued with the one before it as its parent."""
-    todo = [i for i, h in enumerate(hashes) if disk.count_prefix([h]) == 0]
+    disk neither holds nor has queued, counting each as queued or dropped in `counts`. `parent`: the hash of the run's
+    page before the first of them (None: they start the run); each page is queued with the one before it as its
+    parent."""
+    todo = [i for i, h in enumerate(hashes) if not disk.holds(h)]  # one queued already is written: not dropped
     room = max(0, disk.max_pending - disk.stats().pending_writes) if disk.enabled else 0
     counts["disk_dropped_pages"] += len(todo) - min(room, len(todo))
     if not (todo := todo[:room]):  # a full, read-only or unusable disk: counted, so that the tier shows off

@@ -178,6 +178,11 @@ class DiskStore:
         with self._lock:
             return len(self._index)
 
+    def holds(self, page_hash: bytes) -> bool:
+        """Whether the page is stored, or its write is queued (a `put` of it is refused: it is being written)."""
+        with self._lock:
+            return page_hash in self._index or page_hash in self._queue
+
     def forget_missing(self, page_hashes: Sequence[bytes]) -> int:
         """Drop the index entries of these pages whose files are gone (deleted behind this store's back: a `cache
         clear`, another process's eviction), so that they are written again when next adopted; how many. One

@@ -4,6 +4,7 @@ limit's budget and the queued write alike, and what is written is what a page re
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,24 @@ def test_a_put_refuses_another_pages_encoding(tmp_path: Path) -> None:
         write = disk_format.encode_page(b"a" * 16, store.fingerprint, [1, 2], b"xy", {})
         assert store.put(b"a" * 16, [1, 2], b"xy", {}, encoded=write) and store.flush(30)
         assert store.read(b"a" * 16, [1, 2]) == (b"xy", {})
+
+
+def test_a_page_readopted_while_its_write_is_queued_is_not_counted_dropped(model: RandomModel, tmp_path: Path) -> None:
+    """A page the device evicted and a request computed again while its first write still waited in the queue was put
+    again, refused (already queued) and counted in disk_dropped_pages, though it is written: under a small pool and a
+    writer behind, the metric said the disk was dropping pages it was not."""
+    rng = random.Random(2)
+    a, b = ([rng.randrange(1, model.config.vocab_size) for _ in range(6 * P)] for _ in range(2))
+    gate = threading.Event()
+    with Engine(model, capacity_blocks=10, page_size=P, cache_dir=tmp_path) as engine:
+        disk = engine.tiers.disk
+        write_page = disk._write_page
+        disk._write_page = lambda write: (gate.wait(), write_page(write))[1]
+        engine.generate(a, 1)
+        engine.generate(b, 1)  # the pool holds one prompt: a's pages leave the device, their writes still queued
+        engine.generate(a, 1)  # a's pages computed and adopted again
+        gate.set()
+        assert engine.flush(30)
+        tiers = engine.stats.tiers
+    assert (tiers.disk_queued_pages, tiers.disk_dropped_pages) == (12, 0)
+    assert len(list(tmp_path.rglob("*.kvpage"))) == 12
