@@ -71,6 +71,20 @@ def test_a_flush_or_close_timeout_that_is_no_number_of_seconds_is_refused(open_s
     assert store.close(math.inf) and store.stats().writes == 1
 
 
+@pytest.mark.parametrize("huge", [1e10, 10**400])
+def test_a_bound_past_what_a_thread_can_wait_is_no_bound(open_store, huge: float) -> None:
+    """A finite bound past threading.TIMEOUT_MAX (about 292 years) raised OverflowError from the wait ('timestamp out
+    of range'), 10**400 from float(): Engine.close(1e10) stopped half way (and the process aborted at exit), a
+    RequestHandle's result(1e10) failed a request that was running fine. They wait as infinity does."""
+    assert disk_writer.wait_bound(huge) is None
+    store = open_store()
+    release, entered = _stall(store)
+    assert store.put(h(0), toks(0), payload(0), META) and entered.wait(10)
+    threading.Timer(0.2, release.set).start()
+    assert store.flush(huge)
+    assert store.close(huge) and store.stats().writes == 1
+
+
 def test_max_pending_zero_drops_every_write(open_store) -> None:
     store = open_store(max_pending=0)
     assert not store.put(h(0), toks(0), payload(0), META)

@@ -70,13 +70,15 @@ def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> 
 
 
 def wait_bound(timeout: float | None) -> float | None:
-    """`timeout` seconds as the bound of a wait: None (no bound) for None or infinity. ValueError unless a number
-    >= 0: NaN waited for ever (no time is past it), infinity overflowed the clock, a string failed inside."""
+    """`timeout` seconds as the bound of a wait: None (no bound) for None, infinity, or a bound past what a thread can
+    wait (threading.TIMEOUT_MAX, about 292 years: a wait raised OverflowError, and 10**400 failed float()). ValueError
+    unless a number >= 0: NaN waited for ever (no time is past it), infinity overflowed the clock, a string failed
+    inside."""
     if timeout is None or timeout == math.inf:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
         raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
-    return float(timeout)
+    return None if timeout >= threading.TIMEOUT_MAX else float(timeout)
 
 
 class WriteQueue:
