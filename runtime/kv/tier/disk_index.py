@@ -18,9 +18,8 @@ from typing import NamedTuple
 from radixcache.runtime.kv.tier.disk_format import MAX_HASH_BYTES
 from radixcache.runtime.kv.tier.disk_layout import CacheDir, in_own_folder
 
-STEP_NS = (
-    1000  # between the stamps of one run's consecutive pages (a file system keeping microseconds tells them apart)
-)
+# Between the stamps of one run's consecutive pages (a file system keeping microseconds tells them apart).
+STEP_NS = 1000
 
 
 class PageEntry(NamedTuple):
@@ -54,9 +53,6 @@ class PageIndex:
 
     def get(self, page_hash: bytes) -> PageEntry | None:
         return self._entries.get(page_hash)
-
-    def stamp(self, page_hash: bytes) -> int | None:
-        return self._stamps.get(page_hash)
 
     def order(self) -> list[bytes]:
         """The hashes, least recently used first (what the size limit deletes first)."""

@@ -290,7 +290,8 @@ def test_a_device_hits_stamps_reach_the_disk_without_a_write_flush_or_close(mode
 def test_a_run_adopted_in_several_commits_keeps_its_head_at_the_disks_limit(model: RandomModel, tmp_path: Path) -> None:
     """Each commit refreshed only the pages it adopted: a request's decode pages, adopted one commit at a time, each
     became newer than its prompt's head, so a disk at its size limit deleted the prompt's pages first and kept output
-    pages no prefix reaches (a restart found 2 of the prompt's 4 pages). A commit refreshes its run from the head."""
+    pages no prefix reaches (a restart found 2 of the prompt's 4 pages). Each page is stamped just older than the page
+    before it in its run (kv.tier.disk_index `place`)."""
     rng = random.Random(11)
     prompt = [rng.randrange(1, model.config.vocab_size) for _ in range(4 * P)]
     kwargs = {"capacity_blocks": 400, "page_size": P, "cache_dir": tmp_path}
