@@ -25,6 +25,7 @@ from radixcache.runtime.server import generation, legacy, responses_route
 from radixcache.runtime.server.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_max_body_bytes
 from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
 from radixcache.runtime.server.http_common import (
+    STREAM_STALL_S,
     ApiKey,
     ClosingStreamingResponse,
     first_event,
@@ -64,6 +65,7 @@ def create_app(
     request_timeout: float | None = None,
     lease_defaults: Mapping[str, float] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    stream_stall_timeout: float | None = STREAM_STALL_S,
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` as model `model_name`.
 
@@ -75,11 +77,15 @@ def create_app(
     `queue_timeout`); their errors become 429 and 503 with Retry-After (runtime.server.errors). `lease_defaults`:
     the `retain_for` seconds of a request that gives none, per API key ("*": every other caller;
     runtime.server.leases). `max_body_bytes`: a request body past it gets 413 before it is read whole
-    (runtime.server.body_limit)."""
+    (runtime.server.body_limit). `stream_stall_timeout`: the most seconds a stream's next chunk may wait for a
+    client that stopped reading before the stream is given up and its requests cancelled (None: no bound;
+    runtime.server.http_common.ClosingStreamingResponse)."""
     if request_timeout is not None and not (math.isfinite(request_timeout) and request_timeout > 0):
         # every request takes it as its own timeout: a bad one would refuse them all, blaming their bodies
         raise ValueError(f"request_timeout must be a finite number of seconds > 0, got {request_timeout}")
     check_max_body_bytes(max_body_bytes)
+    if stream_stall_timeout is not None and not (math.isfinite(stream_stall_timeout) and stream_stall_timeout > 0):
+        raise ValueError(f"stream_stall_timeout must be a finite number of seconds > 0, got {stream_stall_timeout}")
     keys = frozenset(api_keys)
     leases = check_lease_defaults(lease_defaults)
     inflight = generation.Inflight()
@@ -98,6 +104,7 @@ def create_app(
     app = FastAPI(title="radixcache", lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     app.state.engine, app.state.inflight, app.state.metrics, app.state.api_keys = engine, inflight, metrics, keys
+    app.state.stream_stall_timeout = stream_stall_timeout
 
     @app.middleware("http")
     async def _auth_first(request: Request, call_next: Any) -> Any:

@@ -1,10 +1,13 @@
 """What every route of the server shares over HTTP: the caller's API key (`tenant`, `ApiKey`), waiting on work
 unless the client goes away (`until_disconnect`), and SSE streams that answer only once their first event exists
-and cancel their engine requests however they end (`first_event`, `prepend`, `ClosingStreamingResponse`)."""
+and cancel their engine requests however they end (`first_event`, `prepend`, `ClosingStreamingResponse`), a client
+that stops reading included (`STREAM_STALL_S`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Annotated, Any
 
@@ -13,18 +16,61 @@ from fastapi.responses import StreamingResponse
 
 from radixcache.runtime.server.protocol import APIError
 
+STREAM_STALL_S = 60.0  # create_app's default: a stream whose next chunk waits this long to be sent is given up
+_log = logging.getLogger("radixcache.server")
+
 
 class ClosingStreamingResponse(StreamingResponse):
     """A StreamingResponse that closes its body iterator however the response ends. When the client goes away
     while a chunk is being sent, Starlette abandons the iterator suspended at its `yield`, and only its finalizer
     would close it (and so cancel the engine requests behind it), once the garbage collector breaks the cycle the
-    exception's traceback makes: until then the engine goes on generating for nobody, up to max_tokens."""
+    exception's traceback makes: until then the engine goes on generating for nobody, up to max_tokens.
+
+    A client that keeps the connection open but stops reading fills the socket's buffers, and then uvicorn holds
+    each chunk until the client reads; meanwhile the engine goes on generating and the chunks wait in memory, up to
+    max_tokens. A chunk that waits past the app's `stream_stall_timeout` (create_app) gives the stream up: the body
+    ends with its error (code `stream_stalled`: the SSE stream's own error event, then `[DONE]` or
+    `response.failed`), which cancels its requests at once (their KV and locks freed); the error goes out if the
+    client reads again within another such wait, else the body stays unfinished."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        app = scope.get("app")
+        stall = getattr(app.state, "stream_stall_timeout", None) if app is not None else None
+
+        async def bounded_send(message: Any) -> None:
+            if stall is None or message.get("type") != "http.response.body":
+                return await send(message)
+            try:
+                await asyncio.wait_for(send(message), stall)
+            except asyncio.TimeoutError:
+                raise _Stalled from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded_send)
+        except _Stalled:
+            await self._give_up(send, stall)
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+    async def _give_up(self, send: Any, stall: float) -> None:
+        """End the body with the stall's error: its generator's last chunks, all taken before anything waits on the
+        client (the generator cancels its requests as it ends), then sent within `stall` seconds if at all."""
+        _log.warning("a stream's client read nothing for %g s: its requests are cancelled", stall)
+        error = APIError(
+            408, f"the client read nothing for {stall:g} s: the stream was cancelled", code="stream_stalled"
+        )
+        chunks: list[Any] = []
+        with contextlib.suppress(Exception):  # a generator that does not catch it, or that ended, has nothing to add
+            chunks.append(await self.body_iterator.athrow(error))  # type: ignore[attr-defined]
+            chunks += [chunk async for chunk in self.body_iterator]
+        await self.body_iterator.aclose()  # type: ignore[attr-defined]
+        body = b"".join(c.encode(self.charset) if isinstance(c, str) else bytes(c) for c in chunks)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(send({"type": "http.response.body", "body": body, "more_body": False}), stall)
+
+
+class _Stalled(Exception):
+    """A stream's chunk could not be sent within the stall timeout."""
 
 
 async def first_event(events: AsyncIterator[Any]) -> Any:

@@ -1,0 +1,86 @@
+"""A streaming client that keeps its connection open but stops reading: once the socket's buffers are full, each
+chunk waits in uvicorn until the client reads. Past the app's `stream_stall_timeout` the stream is given up, as a
+disconnect is: its request is cancelled (KV and locks freed) long before max_tokens. Before, the engine generated
+to max_tokens for nobody, the KV and the unsent chunks held until then. A real uvicorn server on 127.0.0.1 (in a
+thread, over the tiny random model) and a raw socket client with a small receive buffer that reads the status line
+and nothing more."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import uvicorn
+
+from radixcache.runtime import Engine
+from radixcache.runtime.server import create_app
+from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+
+MAX_TOKENS = 6000
+
+
+@contextmanager
+def serving(app: Any) -> Iterator[int]:
+    """`app` under uvicorn on a free port of 127.0.0.1, in a thread; stopped on exit."""
+    listener = socket.socket()
+    # small buffers, which the accepted sockets inherit: loopback's grow to megabytes, which a short stream fills
+    # not (a real client's window is smaller than loopback's)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    listener.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        listener.close()
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    m = tiny_model(seed=5, max_position=MAX_TOKENS + 64)
+    tok = CharTokenizer(m.config.vocab_size)
+    with Engine(RandomModel(m.config, m.weights, tok), capacity_blocks=(MAX_TOKENS + 64) // 16 + 8) as e:
+        yield e
+
+
+@pytest.mark.slow  # a real server, and a thousand tokens before the buffers fill
+def test_a_client_that_stops_reading_has_its_stream_cancelled(engine: Engine) -> None:
+    app = create_app(engine, "tiny", stream_stall_timeout=1.0)
+    body = {"model": "tiny", "prompt": "never read", "max_tokens": MAX_TOKENS, "stream": True, "temperature": 0}
+    body["logit_bias"] = {str(engine.eos_token_ids[0]): -100}  # no early end
+    raw = json.dumps(body).encode()
+    with serving(app) as port, socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the buffers fill soon
+        client.connect(("127.0.0.1", port))
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        client.sendall(head + b"Content-Length: %d\r\n\r\n" % len(raw) + raw)
+        received = client.recv(64)
+        assert received.startswith(b"HTTP/1.1 200")  # the stream began; from here on the client reads nothing
+        assert engine.wait_idle(120), "the request never ended"
+        generated = engine.stats.generated_tokens
+        assert app.state.inflight.cancelled == 1
+        assert 0 < generated < MAX_TOKENS / 2, generated  # before: all MAX_TOKENS, for a client that read none
+        assert engine.check()["locked_blocks"] == 0
+        client.settimeout(5)
+        with contextlib.suppress(TimeoutError):  # the connection stays open (keep-alive) once the body ended
+            while chunk := client.recv(1 << 16):
+                received += chunk
+    events = [line[6:] for line in received.decode().split("\n") if line.startswith("data: {")]
+    chunks = [json.loads(e) for e in events]
+    assert len(chunks) > 100 and not any(c["choices"][0]["finish_reason"] for c in chunks if "choices" in c)
+    errors = [c["error"] for c in chunks if "error" in c]  # sent if the client read again soon enough
+    assert all(e["code"] == "stream_stalled" for e in errors) and len(errors) <= 1
