@@ -182,14 +182,28 @@ class EngineShape(NamedTuple):
     page_size: int
 
 
-def simulate_command(path: str, summary: Any, admission: str | None = None) -> str:
+DISK_NOTE = (
+    "(without the engine's disk tier, which the command leaves out: its hit rate counts the device and host hits, "
+    "the replay's the disk's too, and a disk tier can hold pages of earlier runs)"
+)
+
+
+def simulate_command(path: str, summary: Any, admission: str | None = None, tiers: Any = None) -> str:
     """The `radixcache simulate` command that replays a recorded run through the tree alone: the engine's pool size,
-    policy and page size (`summary`: a replay's, or anything with those attributes), and its admission policy unless
-    it adopted every page. No `--concurrency`: each recorded line says when its request arrived and when it finished,
-    which the simulator follows. (A recorded request holds, while it runs in the simulator, one block for the partial
-    page the engine was writing.)"""
+    policy and page size (`summary`: a replay's, or anything with those attributes), its admission policy unless
+    it adopted every page, and its host tier (`tiers`: the engine's `tiers`, None for none): its pages and write
+    policy, without which the command gave the device's hit rate alone for a run whose hit rate counted the host's
+    hits too. No disk tier (DISK_NOTE). No `--concurrency`: each recorded line says when its request arrived and when
+    it finished, which the simulator follows. (A recorded request holds, while it runs in the simulator, one block
+    for the partial page the engine was writing.)"""
     args = ["radixcache", "simulate", shlex.quote(path), "--capacity-blocks", str(summary.capacity_blocks)]
     args += ["--policy", summary.policy, "--block-size", str(summary.page_size)]
     if admission not in (None, "all"):
         args += ["--admission", str(admission)]
+    host = getattr(tiers, "host", None)
+    if host is not None:
+        args += ["--host-capacity-blocks", str(host.capacity)]
+        policy = tiers.tiered.write_policy
+        if policy != "write_through":  # simulate's default
+            args += ["--write-policy", str(policy)]
     return " ".join(args)

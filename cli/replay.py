@@ -31,6 +31,7 @@ from radixcache.cli.errors import (
 )
 from radixcache.cli.record import (
     CONCURRENT_NOTE,
+    DISK_NOTE,
     INTERRUPTED_NOTE,
     StagedRecording,
     check_distinct_files,
@@ -215,8 +216,11 @@ def replay(
         else:
             click.echo(f"recorded {record_trace}" + ("" if first.requests else ": no request finished"), err=True)
         if not no_cache and first.requests and written:  # an empty file is no trace: the command would fail on it
-            command = simulate_command(record_trace, first, kwargs.get("admission"))
+            tiers = getattr(engine, "tiers", None)
+            command = simulate_command(record_trace, first, kwargs.get("admission"), tiers)
             click.echo(f"its hit rate through the tree alone: {command}", err=True)
+            if getattr(tiers, "disk", None) is not None:
+                click.echo(DISK_NOTE, err=True)
             if first.concurrency > 1:
                 click.echo(CONCURRENT_NOTE, err=True)
             if first.interrupted:  # the engine served (and recorded) what it had of the request Ctrl-C cut short

@@ -16,6 +16,7 @@ from radixcache.cli.errors import FriendlyCommand, debug_option
 from radixcache.cli.listen import bind_sockets
 from radixcache.cli.record import (
     CONCURRENT_NOTE,
+    DISK_NOTE,
     EngineShape,
     StagedRecording,
     check_record_path,
@@ -333,7 +334,10 @@ def _report_recording(engine: GenerationEngine, path: str, no_cache: bool, admis
         return
     cache = engine.cache
     shape = EngineShape(cache.capacity_blocks, cache.policy.name, cache.page_size)
-    click.echo(f"its hit rate through the tree alone: {simulate_command(path, shape, admission)}", err=True)
+    tiers = getattr(engine, "tiers", None)
+    click.echo(f"its hit rate through the tree alone: {simulate_command(path, shape, admission, tiers)}", err=True)
+    if getattr(tiers, "disk", None) is not None:
+        click.echo(DISK_NOTE, err=True)
     click.echo(CONCURRENT_NOTE, err=True)
 
 

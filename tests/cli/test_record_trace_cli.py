@@ -199,3 +199,30 @@ def test_a_replay_that_fails_at_its_first_turn_leaves_an_earlier_recording(
     assert result.exit_code == 1 and "the engine refused this turn" in result.stderr, result.output
     assert recorded.read_text() == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no staging file left behind
+
+
+def test_the_printed_command_of_a_replay_over_a_host_tier_reproduces_its_hit_rate(
+    runner, tiny_model_dir: Path, chats: Path, tmp_path: Path
+) -> None:
+    """Over a host tier the replay's hit rate counts the pages loaded back from the host, and the printed command
+    replayed the device pool alone (here 0.42 against 0.67). It gives the host tier's pages too."""
+    pool = ["--page-size", str(PAGE), "--capacity-blocks", str(POOL), "--max-tokens", "6", "--host-kv-memory", "512KiB"]
+    replayed, _, command = _replay(runner, str(tiny_model_dir), chats, tmp_path, *pool)
+    summary = replayed["summary"]
+    assert "--host-capacity-blocks 512" in command  # 512 KiB of 1 KiB pages (4 tokens x 256 bytes)
+    simulated = _simulate(runner, command)
+    assert summary["host_hit_tokens"] > 0 and abs(simulated["hit_rate"] - summary["hit_rate"]) <= 0.01
+    device_alone = _simulate(runner, command.split(" --host-capacity-blocks")[0])
+    assert device_alone["hit_rate"] < summary["hit_rate"] - 0.05
+
+
+def test_the_printed_command_of_a_replay_over_a_disk_tier_says_it_leaves_the_disk_out(
+    runner, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from radixcache.cli.record import DISK_NOTE
+
+    recorded = tmp_path / "r.jsonl"
+    args = ["replay", "--model", str(tiny_model_dir), "--limit", "1", "--max-tokens", "2"]
+    result = runner.invoke(main, [*args, "--cache-dir", str(tmp_path / "kv"), "--record-trace", str(recorded)])
+    assert result.exit_code == 0, result.output
+    assert "its hit rate through the tree alone: " in result.stderr and DISK_NOTE in result.stderr
