@@ -183,8 +183,8 @@ class EngineShape(NamedTuple):
 
 
 DISK_NOTE = (
-    "(without the engine's disk tier, which the command leaves out: its hit rate counts the device and host hits, "
-    "the replay's the disk's too, and a disk tier can hold pages of earlier runs)"
+    "(the command leaves out the engine's disk tier, whose hits the engine's hit rate counts: a disk tier can hold "
+    "pages of earlier runs, which no recording shows)"
 )
 
 
