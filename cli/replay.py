@@ -9,6 +9,8 @@ and saved).
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,7 +66,12 @@ EXIT_SKIPPED = 3
 @click.option("--limit", type=click.IntRange(min=1), help="Replay only the first N conversations.")
 @click.option("--mode", default="live", show_default=True, type=click.Choice(["live", "recorded"]))
 @click.option("--honor-timestamps", is_flag=True, help="Start each request at its trace time (token traces).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary and every request here.")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write the summary and every request here ('-': to stdout, the table then to stderr).",
+)
 @record_option
 @click.option(
     "--seed", default=0, show_default=True, type=engine_options.SEED, help="Sampling seed (request i uses seed + i)."
@@ -117,8 +124,9 @@ def replay(
         raise click.UsageError("--replicas routes by what each replica caches: drop --compare and --no-cache")
     check_replica_flags(replicas)
     check_record_path(record_trace)
-    check_record_path(json_path, "--json")
-    check_distinct_files(trace, {"--record-trace": record_trace, "--json": json_path})
+    json_file = None if json_path == "-" else json_path  # '-': stdout
+    check_record_path(json_file, "--json")
+    check_distinct_files(trace, {"--record-trace": record_trace, "--json": json_file})
     from radixcache.runtime.replay import (
         ReplayConfig,
         ReplayError,
@@ -183,7 +191,7 @@ def replay(
                 written = staged is not None and staged.finish()
             results = [outcome]
     json_error = _write_json(json_path, outcome.as_dict()) if json_path else None
-    console = Console()
+    console = Console(stderr=json_path is not None and _is_stdout(json_path))  # `--json - | jq`: the JSON alone
     first = results[0].summary
     console.print(f"replay of {name}", highlight=False, markup=False)  # names are text, not markup
     console.print(
@@ -198,7 +206,7 @@ def replay(
         cluster.close()
     if compare:
         console.print(f"generated text with and without the cache: {text_verdict(outcome)}")
-    if json_path and json_error is None:
+    if json_path and json_error is None and json_path != "-":
         click.echo(f"wrote {json_path}", err=True)
     stopped = getattr(getattr(outcome, "recorder", None), "stopped", None)  # a write error cut the recording short
     failures = []  # outputs that could not be written: after the table, exit 1
@@ -269,12 +277,29 @@ def _write_json(path: str, data: dict[str, Any]) -> str | None:
     run), which the caller reports after the table: raised here, it lost the table of a run that may have taken
     hours, and named no file ('[Errno 28] No space left on device')."""
     try:
+        if path == "-":
+            click.echo(json.dumps(data, indent=2))
+            return None
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=2)
             handle.write("\n")
     except OSError as exc:
+        if isinstance(exc, BrokenPipeError):
+            raise  # `| head`: the reader left (cli.errors)
         return exc.strerror or str(exc)
     return None
+
+
+def _is_stdout(path: str) -> bool:
+    """Whether --json's `path` is stdout: '-', or the file stdout is (/dev/stdout, or the file it is redirected to).
+    The table then goes to stderr: both on stdout, `replay --json /dev/stdout | jq` read the JSON and then the table
+    ('Extra data'), and `--json -` wrote a file named '-'."""
+    if path == "-":
+        return True
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (AttributeError, OSError, ValueError):  # no such file yet, or a stdout with no descriptor (a test's)
+        return False
 
 
 def _placing(on_result: Callable[[Any], None], staged: StagedRecording) -> Callable[[Any], None]:
