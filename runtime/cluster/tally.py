@@ -5,7 +5,9 @@ replica is not in the table, as it is not in a single engine's replay table."""
 
 from __future__ import annotations
 
+import operator
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -76,11 +78,13 @@ class Counters:
     replica's counts when it died (it left the sum) and when Ray restarted it (its counts start from zero). Each
     replica process's (incarnation's) last counts are kept: a dead replica's stay in the sum, and a restarted
     one's new counts add to its earlier processes'. Gauges are the live replicas' now. What a replica counted after
-    the last reading before it died is lost; nothing is counted twice."""
+    the last reading before it died is lost; nothing is counted twice. Two scrapes at once may apply their answers
+    in either order: an answer older than one applied already takes no count back."""
 
     def __init__(self) -> None:
         self._last: dict[int, tuple[str, Any]] = {}  # replica -> (incarnation, its stats at the last reading)
         self._ended: Any = None  # the last counts of every replica process that was followed by another, summed
+        self._superseded: set[str] = set()  # those processes' incarnations
         self._lock = threading.Lock()
 
     def total(self, answers: dict[int, tuple[str, Any]]) -> Any:
@@ -89,8 +93,13 @@ class Counters:
         with self._lock:
             for replica, (incarnation, s) in answers.items():
                 last = self._last.get(replica)
-                if last is not None and last[0] != incarnation:  # a new process: the old one's counts are final
+                if incarnation in self._superseded:  # an answer of a process already followed by another (a scrape
+                    continue  # that asked before it, applied after): its counts are in `_ended` already
+                if last is not None and last[0] == incarnation:  # an older answer never takes a count back
+                    s = _fieldwise(last[1], s, max)
+                elif last is not None:  # a new process: the old one's counts are final
                     self._ended = last[1] if self._ended is None else _add(self._ended, last[1])
+                    self._superseded.add(last[0])
                 self._last[replica] = (incarnation, s)
             counted = sum_stats([s for _, s in self._last.values()] + ([] if self._ended is None else [self._ended]))
         return replace(counted, **{name: getattr(live, name) for name in GAUGES})
@@ -108,13 +117,18 @@ def sum_stats(parts: list[Any]) -> Any:
 
 def _add(a: Any, b: Any) -> Any:
     """Two EngineStats (or CacheStats) summed field by field; None stays None."""
+    return _fieldwise(a, b, operator.add)
+
+
+def _fieldwise(a: Any, b: Any, op: Callable[[Any, Any], Any]) -> Any:
+    """`op` of two EngineStats (or CacheStats) field by field, into nested ones too; None stays None."""
     values = {}
     for name in a.__dataclass_fields__:
         x, y = getattr(a, name), getattr(b, name)
         if isinstance(x, (int, float)) and not isinstance(x, bool):
-            values[name] = x + y
+            values[name] = op(x, y)
         elif isinstance(x, CacheStats) or hasattr(x, "__dataclass_fields__"):
-            values[name] = _add(x, y) if y is not None else x
+            values[name] = _fieldwise(x, y, op) if y is not None else x
         else:
             values[name] = x
     return replace(a, **values)

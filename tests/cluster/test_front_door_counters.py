@@ -7,6 +7,7 @@ generated-tokens counter must equal TOKENS times the requests answered, whicheve
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import pytest
 
@@ -46,3 +47,28 @@ def test_counters_keep_a_dead_and_a_restarted_replica_counts(monkeypatch: pytest
         stats = front.stats
         assert (stats.generated_tokens, stats.requests) == (TOKENS * 7, 7)
         assert stats.capacity_blocks == 2 * front.replicas[1].stats.capacity_blocks
+
+
+def _stats(requests: int) -> Any:
+    from radixcache import CacheStats
+    from radixcache.runtime.engine.stats import EngineStats
+
+    return EngineStats(requests, 0, 0, 0, TOKENS * requests, 64, 64, 0, 0, CacheStats(queries=requests))
+
+
+def test_two_scrapes_at_once_never_take_a_count_back() -> None:
+    """Two /metrics scrapes at once (two Prometheus servers) each ask the replicas, then apply their answers under a
+    lock, in either order: the one that asked first and applied last took the counts back to its older answers, and
+    an answer from a replica's process that Ray had since replaced counted that process's counts twice."""
+    from radixcache.runtime.cluster.tally import Counters
+
+    counters = Counters()
+    assert counters.total({0: ("i0", _stats(3)), 1: ("j0", _stats(4))}).requests == 7
+    newer = counters.total({0: ("i0", _stats(5)), 1: ("j0", _stats(4))})
+    assert (newer.requests, newer.generated_tokens, newer.cache.queries) == (9, TOKENS * 9, 9)
+    older = counters.total({0: ("i0", _stats(4)), 1: ("j0", _stats(4))})  # asked before the one above
+    assert (older.requests, older.generated_tokens, older.cache.queries) == (9, TOKENS * 9, 9)
+    restarted = counters.total({0: ("i1", _stats(1)), 1: ("j0", _stats(6))})  # replica 0 is a new process now
+    assert restarted.requests == 5 + 1 + 6
+    stale = counters.total({0: ("i0", _stats(5)), 1: ("j0", _stats(6))})  # asked before the restart was seen
+    assert stale.requests == 5 + 1 + 6
