@@ -8,9 +8,10 @@
   and "none" run under the request's own grammar (`response_format`), if any.
 - `with_tool_calls`: the result of a request whose tool_choice is not "none", with its calls parsed from its text
   (runtime.tools.parse, in the template's format), `text` the content outside the calls ("" when there is none:
-  OpenAI's `content: null`), finish_reason "tool_calls" when there are calls and generation ended by itself
-  ("length" stays). The exact text the model wrote is remembered by call ids (the engine's `ToolCallMemory`), so a
-  history that replays the calls renders those very tokens and the next turn hits the cache.
+  OpenAI's `content: null`; always under "required" and a named function, whose grammar allows calls alone),
+  finish_reason "tool_calls" when there are calls and generation ended by itself ("length" stays). The exact text
+  the model wrote is remembered by call ids (the engine's `ToolCallMemory`), so a history that replays the calls
+  renders those very tokens and the next turn hits the cache.
 - Call ids are `call_` and 24 hex digits, drawn per request from one random seed (runtime.tools.use.CallIds), so a
   stream's deltas and the result name the same calls.
 """
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 from radixcache.runtime.grammar import GrammarSpec
 from radixcache.runtime.grammar.compiler import closed_objects, schema_object
 from radixcache.runtime.grammar.schema_check import check_schema
-from radixcache.runtime.tools import ToolCallMemory, ToolCallParser, parse_tool_calls, tool_call_schema
+from radixcache.runtime.tools import ToolCallMemory, ToolCallParser, tool_call_schema
 from radixcache.runtime.tools.features import TemplateFeatures
 from radixcache.runtime.tools.schema import auto_answer_grammar, hermes_tool_grammar
 from radixcache.runtime.tools.use import CallIds, ToolUse
@@ -83,7 +84,9 @@ def _check_parameters(use: ToolUse) -> None:
 
 
 def tool_parser(use: ToolUse, features: TemplateFeatures, ids: CallIds) -> ToolCallParser:
-    return ToolCallParser(use.tools, features.format, new_id=ids.sequence(), max_calls=use.max_calls)
+    return ToolCallParser(
+        use.tools, features.format, new_id=ids.sequence(), max_calls=use.max_calls, calls_only=use.calls_only
+    )
 
 
 def with_tool_calls(
@@ -96,9 +99,12 @@ def with_tool_calls(
 ) -> GenerationResult:
     """`result` with its calls parsed (see the module docstring); unchanged when there are none. `emitted_ids`: the
     token ids of `result.text` as the model emitted them, remembered with the text (empty when not known)."""
-    parsed = parse_tool_calls(result.text, use.tools, features.format, new_id=ids.sequence(), max_calls=use.max_calls)
-    if not parsed.tool_calls:
-        return result
+    parser = tool_parser(use, features, ids)  # the stream's parser: streamed and whole results agree
+    parser.feed(result.text)
+    parser.finish()
+    parsed = parser.result()
+    if not parsed.tool_calls:  # its text is its content: all of it, or none under a grammar of calls alone
+        return dataclasses.replace(result, text="") if use.calls_only else result
     known = emitted_ids if parsed.raw == result.text else ()
     if not parsed.dropped_calls:  # else the text holds calls the caller never saw: the next prompt renders its own
         memory.remember(parsed.tool_calls, parsed.raw, known, content=parsed.content or "")  # "": the reply had none

@@ -263,6 +263,7 @@ def create_app(
             calls=parsed,
             decode=decode,
             prompts=job.prompts,
+            calls_only=use is not None and use.calls_only,
         )
 
     async def run(request: Request, body: Any, job: generation.Job, responder: Responder) -> Any:

@@ -258,7 +258,9 @@ def _tool_parser(job: Job, req: Any) -> ToolCallParser | None:
     if use is None or not use.parses_calls:
         return None
     ids = getattr(req, "call_ids", None) or CallIds()
-    return ToolCallParser(use.tools, job.tool_format, new_id=ids.sequence(), max_calls=use.max_calls)
+    return ToolCallParser(
+        use.tools, job.tool_format, new_id=ids.sequence(), max_calls=use.max_calls, calls_only=use.calls_only
+    )
 
 
 def _decoder(engine: GenerationEngine) -> Callable[[Sequence[int]], str]:

@@ -57,8 +57,10 @@ class Responder:
         calls: bool = False,
         decode: Callable[[Sequence[int]], str] | None = None,
         prompts: Sequence[Sequence[int]] = (),
+        calls_only: bool = False,
     ) -> None:
         self.kind, self.model, self.prompt_tokens, self.n = kind, model, prompt_tokens, n
+        self.calls_only = calls_only  # the reply is calls alone ("required", a named function): content null
         self.legacy = legacy  # set: the request used `functions`; calls are answered as `function_call`
         self.calls = calls  # the reply may be calls: a stream's first chunk says content null, as OpenAI's does
         self.token_bytes = token_bytes
@@ -140,7 +142,7 @@ class Responder:
         self, i: int, text: str, finish: str | None, logprobs: dict[str, Any] | None, calls: Sequence[Any] = ()
     ) -> dict[str, Any]:
         if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": (text or None) if self.calls_only else text}
             if calls and self.legacy is not None:
                 message = legacy_shape.message(text, calls)
             elif calls:  # OpenAI's shape: content null when the reply is only calls

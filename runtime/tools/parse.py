@@ -18,6 +18,8 @@ Formats (`TemplateFeatures.format`):
 A call naming no given tool is not a call. In the generic format, once a call is out, malformed text after it
 is ignored (it stays in `raw`). Output cut short inside the arguments leaves them cut short, as OpenAI does at
 finish_reason "length"; cut after a call's name, before its arguments open, it is that call with empty arguments.
+Under `calls_only` (a grammar allowed calls alone: "required", a named function) nothing is content: an output cut
+before any call's name is no call and no content, as OpenAI returns no content for a required call.
 """
 
 from __future__ import annotations
@@ -74,15 +76,19 @@ class ToolCallParser:
         *,
         new_id: Callable[[], str] = new_call_id,
         max_calls: int | None = None,
+        calls_only: bool = False,
     ) -> None:
         """`max_calls`: the most calls read (1 for `parallel_tool_calls: false`, which an unconstrained model does
-        not always obey); the output after the last one read is ignored (it stays in `raw`)."""
+        not always obey); the output after the last one read is ignored (it stays in `raw`). `calls_only`: a grammar
+        made the output calls alone ("required" and named tool_choices), so none of it is content, not even a
+        fragment of the calls' scaffold that the length limit cut before any call's name (no call then)."""
         if fmt not in ("generic", "native", "hermes"):
             raise ValueError(f"unknown tool call format {fmt!r}")
         self.names = {t.name for t in tools}
         self.hermes = fmt == "hermes"
         self.new_id = new_id
         self.max_calls = max_calls
+        self.calls_only = calls_only
         self.dropped_calls = False
         # The text is read through a window: `text` holds the output from where the window starts, `pos` and `held`
         # are offsets into it. The decided text before both is dropped from time to time, and a delta that can
@@ -166,7 +172,7 @@ class ToolCallParser:
             self.ws.clear()  # kept only while the machine waits at one place for more text
 
     def _emit_content(self, out: list[dict[str, Any]], text: str) -> None:
-        if text:
+        if text and not self.calls_only:
             self.content.append(text)
             out.append({"content": text})
 
@@ -357,9 +363,10 @@ def parse_tool_calls(
     *,
     new_id: Callable[[], str] = new_call_id,
     max_calls: int | None = None,
+    calls_only: bool = False,
 ) -> ParsedOutput:
     """The whole output at once: exactly what the streamed deltas of `ToolCallParser` assemble to."""
-    parser = ToolCallParser(tools, fmt, new_id=new_id, max_calls=max_calls)
+    parser = ToolCallParser(tools, fmt, new_id=new_id, max_calls=max_calls, calls_only=calls_only)
     parser.feed(text)
     parser.finish()
     return parser.result()

@@ -35,6 +35,12 @@ class ToolUse:
         return self.choice.mode != "none" and bool(self.tools)
 
     @property
+    def calls_only(self) -> bool:
+        """The output is calls alone: "required" and a named function run under a grammar of the calls, so no part
+        of it is content (a reply the length limit cut before any call's name has neither calls nor content)."""
+        return self.choice.mode in ("required", "function")
+
+    @property
     def one_call(self) -> bool:
         """At most one call: `parallel_tool_calls` false, or a named function (OpenAI's forced function calls it
         exactly once, whatever `parallel_tool_calls` says)."""
