@@ -151,6 +151,9 @@ class Session:
         return result
 
 
+MAX_STEM_BYTES = 200  # of a saved file's name in its temporary file's (which adds 14 characters)
+
+
 def _write_whole(path: str | os.PathLike[str], data: bytes) -> None:
     """`data` as the file at `path`, in one rename: a write that fails (a full disk, a size limit) or a kill left an
     earlier save there cut short, and no load took it. A symlink's target is replaced, as opening it would write
@@ -161,7 +164,10 @@ def _write_whole(path: str | os.PathLike[str], data: bytes) -> None:
             f.write(data)
         return
     folder, name = os.path.split(target)
-    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
+    # beside it, named after it unless that passes a file name's 255 bytes (a name that fits, saved before, must not
+    # fail now for its temporary file's name)
+    stem = name if len(os.fsencode(name)) <= MAX_STEM_BYTES else "session"
+    tmp = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)

@@ -47,3 +47,16 @@ def test_saving_through_a_symlink_writes_its_target(tmp_path: Path) -> None:
     link.symlink_to(target)
     Session(SimpleNamespace(), system="hi").save(link)  # type: ignore[arg-type]
     assert link.is_symlink() and Session.load(SimpleNamespace(), target).messages[0]["content"] == "hi"  # type: ignore[arg-type]
+
+
+def test_a_file_name_near_the_file_systems_limit_still_saves(tmp_path: Path) -> None:
+    """The temporary file is named `.NAME.<8 hex>.tmp`: 14 characters more than NAME, so a name of 242 to 255 bytes
+    (which the file system takes, and a save before the temporary file took) failed with ENAMETOOLONG."""
+    engine = SimpleNamespace()
+    path = tmp_path / ("s" * 245 + ".json")
+    s = Session(engine, system="hi")  # type: ignore[arg-type]
+    s.save(path)
+    s.messages.append({"role": "user", "content": "again"})
+    s.save(path)  # replaces it
+    assert Session.load(engine, path).messages == s.messages  # type: ignore[arg-type]
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
