@@ -228,7 +228,9 @@ def staged(path: str) -> Iterator[str]:
         return
     target = os.path.realpath(path)  # a symlink's target is replaced, as opening it for writing would
     folder, name = os.path.split(target)
-    staging = os.path.join(folder, f".{name}.{os.getpid()}.partial")
+    # named after it unless that passes a file name's 255 bytes: a DST the file system takes must not fail for it
+    stem = name if len(os.fsencode(name)) <= 200 else "trace"
+    staging = os.path.join(folder, f".{stem}.{os.getpid()}.partial")
     try:
         yield staging
         os.replace(staging, target)

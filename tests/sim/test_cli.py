@@ -169,6 +169,17 @@ def test_a_failed_trace_convert_leaves_the_file_it_would_write_as_it_was(chat: P
     assert run("trace", "convert", str(chat), os.devnull)[0] == 0  # no regular file: written directly
 
 
+def test_trace_convert_writes_a_dst_whose_name_is_near_the_file_systems_limit(chat: Path, tmp_path: Path) -> None:
+    """The hidden file DST is written through is `.DST.<pid>.partial`, past 255 bytes for a DST of 240 or so (which
+    the file system takes, and a convert before the hidden file wrote): 'DST: File name too long'."""
+    dst = tmp_path / ("t" * 240 + ".msgpack")
+    code, _, err = run("trace", "convert", str(chat), str(dst))
+    assert code == 0, err
+    assert run("trace", "convert", str(dst), str(tmp_path / "back.jsonl"))[0] == 0
+    assert (tmp_path / "back.jsonl").read_text() == chat.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["back.jsonl", "chat.jsonl", dst.name]
+
+
 @pytest.mark.parametrize("kind", ["chat", "agent", "rag", "few-shot"])
 def test_trace_gen_is_seeded(tmp_path: Path, kind: str) -> None:
     for name in ("a.jsonl", "b.jsonl"):
