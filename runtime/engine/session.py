@@ -169,7 +169,11 @@ def _write_whole(path: str | os.PathLike[str], data: bytes) -> None:
     stem = name if len(os.fsencode(name)) <= MAX_STEM_BYTES else "session"
     tmp = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        f = open(tmp, "wb")  # noqa: SIM115  # closed by the with below
+    except OSError as exc:  # a missing folder, no permission: named by the caller's path, not the hidden one
+        raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
+    try:
+        with f:
             f.write(data)
         with contextlib.suppress(OSError):  # the earlier save's permissions, where there is one
             shutil.copymode(target, tmp)

@@ -60,3 +60,11 @@ def test_a_file_name_near_the_file_systems_limit_still_saves(tmp_path: Path) -> 
     s.save(path)  # replaces it
     assert Session.load(engine, path).messages == s.messages  # type: ignore[arg-type]
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_save_into_a_missing_folder_names_the_path_given(tmp_path: Path) -> None:
+    """The error of a save that cannot create its file named the hidden temporary file beside it."""
+    path = tmp_path / "missing" / "session.json"
+    with pytest.raises(FileNotFoundError) as refused:
+        Session(SimpleNamespace(), system="hi").save(path)  # type: ignore[arg-type]
+    assert refused.value.filename == str(path)
