@@ -11,7 +11,8 @@ follow-up sends only its new items (the `function_call_output` of a call, the ne
 prompt is the previous prompt and reply followed by the new turn, which the radix cache serves. `instructions` is
 not carried over from the previous response (as OpenAI's): each request gives its own. A follow-up to a response that
 made calls answers each with a `function_call_output` item, else it is OpenAI's 400 "No tool output found for
-function call <call_id>" (a call cut short was not made: it needs none).
+function call <call_id>" (a call cut short was not made: it needs none); a `function_call_output` that answers no
+call of the conversation is OpenAI's 400 "No tool call found for function call output with call_id <call_id>".
 """
 
 from __future__ import annotations
@@ -82,6 +83,23 @@ def _answered(output: list[dict[str, Any]], own: list[dict[str, Any]]) -> None:
         )
 
 
+def _called(history: list[dict[str, Any]], own: list[dict[str, Any]], where: list[str]) -> None:
+    """A 400, as OpenAI's, naming the first of the request's own `function_call_output` items whose `call_id` no
+    `function_call` of the conversation (`history`: the stored chain and the previous response's output; `own`,
+    before it) has: an answer to no call, which the model would read as one."""
+    called = {i["call_id"] for i in history if i.get("type") == "function_call"}
+    for item, origin in zip(own, where, strict=True):
+        if item["type"] == "function_call":
+            called.add(item["call_id"])
+        elif item["type"] == "function_call_output" and item["call_id"] not in called:
+            raise APIError(
+                400,
+                f"No tool call found for function call output with call_id {item['call_id']}: {origin} answers no "
+                "function_call of the conversation (in input before it, or of previous_response_id's)",
+                param=f"{origin}.call_id",
+            )
+
+
 def _not_found(response_id: str) -> APIError:
     return APIError(404, f"No response found with id '{response_id}'.", param="response_id", code="not_found")
 
@@ -117,6 +135,7 @@ def add_routes(app: FastAPI, chat: ChatPath, store: ResponseStore) -> None:
             raise APIError(400, "input must not be empty", param="input")
         _answered(made, own)
         where = ["input"] if isinstance(body.input, str) else [f"input.{i}" for i in range(len(own))]
+        _called(prior + made, own, where)
         items, origins = prior + own, [PREVIOUS] * len(prior) + where
         unique_ids(items, origins)
         return items, origins

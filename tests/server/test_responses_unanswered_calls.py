@@ -1,7 +1,9 @@
 """A Responses follow-up by `previous_response_id` to a response that made calls must answer each with a
 `function_call_output` item: OpenAI answers a follow-up without one 400 "No tool output found for function call
 <call_id>" (param `input`). Ours went on as if the call had run: the model read a turn with calls and no results.
-A call cut short was not made and needs no output. In-process app on the tiny checkpoint, whole and streamed."""
+A call cut short was not made and needs no output. And an output must answer a call of the conversation: OpenAI
+answers 400 "No tool call found for function call output with call_id <call_id>"; ours rendered a tool result for
+no call. In-process app on the tiny checkpoint, whole and streamed."""
 
 from __future__ import annotations
 
@@ -67,3 +69,26 @@ def test_a_call_cut_short_needs_no_output(client: TestClient) -> None:
     answers = [{"type": "function_call_output", "call_id": c["call_id"], "output": "5"} for c in made]
     r = ask(client, previous_response_id=first["id"], input=[*answers, {"role": "user", "content": "Go on."}])
     assert r.status_code == 200, r.text
+
+
+def test_an_output_that_answers_no_call_is_openais_400(client: TestClient) -> None:
+    text = ask(client, tool_choice="none", max_output_tokens=2).json()
+    nope = {"type": "function_call_output", "call_id": "nope", "output": "5"}
+    for body in (
+        {"previous_response_id": text["id"], "input": [nope]},
+        {"input": [{"role": "user", "content": "x"}, nope]},
+    ):
+        for stream in (False, True):
+            r = ask(client, **body, max_output_tokens=2, stream=stream)
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["message"].startswith("No tool call found for function call output with call_id nope")
+            assert error["param"] == f"input.{len(body['input']) - 1}.call_id"
+    call = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 1, "b": 2}'}
+    answer = {**nope, "call_id": "c1"}
+    r = ask(client, input=[{"role": "user", "content": "add"}, call, answer], max_output_tokens=2)
+    assert r.status_code == 200, r.text  # the call is in the request, before its output
+    first = made_call(client)
+    answer = {**nope, "call_id": first["call_id"]}
+    r = ask(client, previous_response_id=first["id"], input=[answer], max_output_tokens=2)
+    assert r.status_code == 200, r.text  # the call is the previous response's
