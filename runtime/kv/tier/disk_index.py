@@ -118,8 +118,9 @@ class PageIndex:
         return None if parent_ns is None else parent_ns - STEP_NS
 
     def evict_over(self, max_bytes: int) -> list[PageEntry]:
-        """Remove least recently used entries until the total is at most `max_bytes`, keeping at least one entry
-        (the page just written, when called after a write); return the removed entries, whose files are to go."""
+        """Remove least recently used entries until the total is at most `max_bytes`, keeping at least one entry (the
+        newest stamp: not always the page just written, which `place` stamps just older than its parent, so a run whose
+        last use is older than every other page loses it at once); return the removed entries, whose files are to go."""
         victims: list[PageEntry] = []
         while self.bytes > max_bytes and len(self._entries) > 1:
             oldest = self._oldest()
