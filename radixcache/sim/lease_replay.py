@@ -114,8 +114,10 @@ class LeaseReplay(CacheReplay):
         if key is None or hint is None:
             return
         full, namespace, p = item[1], item[3], self.cache.page_size
-        pages = len(full) // p
-        if pages == 0 or pages > self.budget_pages:
+        # A lease longer than the whole budget keeps its first pages, as the engine's lease table does (it was not
+        # granted at all: agents whose contexts outgrew the budget never held one, where the engine's would).
+        pages = min(len(full) // p, self.budget_pages)
+        if pages == 0:
             return
         held = self.cache.lock_prefix(full, pages * p, namespace=namespace)
         if held is None:

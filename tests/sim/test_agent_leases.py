@@ -285,26 +285,25 @@ def test_agent_with_exact_hints_evicts_as_belady_does_on_an_agent_trace() -> Non
 def test_a_renewed_lease_leaves_the_pages_its_request_used_with_that_requests_hint() -> None:
     """Regression: a session's new request replaced (released) its previous lease after its own insert and unlock,
     and the release told None: the context both shared (the new request's prefix) was keyed hint-less, not with
-    the new request's hint. Here the new request (5 s) is too large for the budget, so no lease holds its pages:
-    under tlru its prefix's deadline read 10 s (the ttl) after its access, past another context's (6 s)."""
-    s, t = (1, 2, 3, 4), (9,) * 11  # the budget is 10 pages: s's 4 are leased, neither 12 nor 11 pages can be
+    the new request's hint. Every node of the new request's path must carry its hint (5 s) once it has finished."""
+    s, t = (1, 2, 3, 4), (9,) * 11
     requests = [
         TokenRequest(0.0, s, 0, "s", output_tokens=()),
         TokenRequest(1000.0, s + (5,) * 8, 0, "s", output_tokens=()),  # renews s: its lease replaces the first
-        TokenRequest(2000.0, t, 0, "t", output_tokens=()),
+        TokenRequest(2000.0, t, 0, "t", output_tokens=()),  # its arrival finishes the second
     ]
     workload = token_workload(requests, 1)
     replay = LeaseReplay(workload, 40, "tlru", [30.0, 5.0, 6.0], budget=0.25)
     for index, request in enumerate(workload.requests):
         replay.feed(index, request)
+    assert replay.granted == 2 and list(replay.leases) == ["s"]  # the renewal's lease: its first 10 pages
+    node, hints = replay.cache.peek(s + (5,) * 8).node, []
+    while node.parent is not None:
+        hints.append(node.hint)
+        node = node.parent
+    assert hints and set(hints) == {5_000_000}  # the shared prefix (s) too, not None from the old lease's release
     replay.close()
-    assert replay.granted == 1 and replay.cache.locked_blocks == 0
-    cache = replay.cache
-
-    assert cache.evict(8) == 8 and cache.peek((*s, 5)).length == 4  # s's tail: the earliest deadline (2 s + 5 s)
-    assert cache.evict(4) == 4  # then s's prefix, due with it, before t (2 s + 6 s)
-
-    assert cache.peek(s).length == 0 and cache.peek(t).length == 11
+    assert replay.cache.locked_blocks == 0
 
 
 @pytest.mark.parametrize("budget", ["0.5", None, True, float("nan"), -0.1, 2])
@@ -336,3 +335,17 @@ def test_the_agent_script_refuses_bad_arguments_before_replaying(args: list[str]
         load_script("simulate_agents").main(["--seeds", "10", "--chat-seeds", *args])
     out = capsys.readouterr()
     assert exit_.value.code == 2 and message in out.err and out.out == ""
+
+
+def test_a_lease_longer_than_the_budget_keeps_its_first_pages_as_the_engines_does() -> None:
+    """Regression: a context longer than the whole budget got no lease at all, so agents whose contexts outgrew it
+    never held one in the simulator; the engine's lease table keeps the first budget's pages (runtime.kv.leases)."""
+    a = TokenRequest(0.0, tuple(range(1, 15)), 2, "a", output_tokens=(90, 91))  # 16 pages of one token
+    filler = [TokenRequest(1000.0 + i, (100 + i,) * 6, 0, f"f{i}", output_tokens=()) for i in range(3)]
+    back = TokenRequest(4000.0, (*range(1, 15), 90, 91, 7), 0, "a", output_tokens=())
+    replay = _replay([a, *filler, back], [30.0, None, None, None, None], capacity=20, budget=0.5)  # 10 pages
+    assert replay.granted == 1 and replay.leased_pages == 10
+    # The fillers' 18 pages pressed the other 10 out; the lease's first 10 stayed for the session's next call.
+    assert replay.cache.peek(back.tokens).length == 10
+    replay.close()
+    assert replay.hit_blocks == 10
