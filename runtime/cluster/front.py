@@ -33,7 +33,7 @@ from radixcache.runtime.engine.errors import EngineClosedError, ReplicaUnavailab
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, each_options, resolve_options
 from radixcache.runtime.engine.request_builder import group_prompts, is_messages, token_ids
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
-from radixcache.runtime.tools import ToolCallMemory
+from radixcache.runtime.tools import ToolCallMemory, tool_template_features
 from radixcache.runtime.tools.use import CallIds
 
 # The front door fails a request its replica has not admitted within the queue timeout plus this (the replica's own
@@ -72,6 +72,7 @@ class ClusterEngine:
         self.enable_cache = True
         self.routes_sessions = True  # the server passes `session` (prompt_cache_key, user or X-Session-Id)
         self.tool_memory = ToolCallMemory()  # the calls the replicas' model wrote, by this front door's call ids
+        self._call_id_length = tool_template_features(self.tokenizer).call_id_length  # Mistral's 9, say
         self._ids = itertools.count()
         self._rid_prefix = uuid.uuid4().hex[:12]  # replicas remember early cancels by id: ids unique across fronts
         self._closed = False
@@ -139,7 +140,7 @@ class ClusterEngine:
         request = RemoteRequest(
             f"{self._rid_prefix}-{next(self._ids)}",
             sampler=SimpleNamespace(params=opts.sampling),
-            call_ids=CallIds() if use is not None and use.parses_calls else None,
+            call_ids=CallIds(length=self._call_id_length) if use is not None and use.parses_calls else None,
         )
         handle = RemoteHandle(request, self._cancel)
         with self._idle:

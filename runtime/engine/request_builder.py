@@ -97,7 +97,9 @@ class RequestBuilder:
             retain_for=options.retain_for,
             grammar=grammar,
             tool_use=use,
-            call_ids=CallIds() if use is not None and use.parses_calls else None,
+            call_ids=CallIds(length=self.tool_features.call_id_length)
+            if use is not None and use.parses_calls
+            else None,
         )
 
     def build_all(

@@ -12,8 +12,9 @@
   finish_reason "tool_calls" when there are calls and generation ended by itself ("length" stays). The exact text
   the model wrote is remembered by call ids (the engine's `ToolCallMemory`), so a history that replays the calls
   renders those very tokens and the next turn hits the cache.
-- Call ids are `call_` and 24 hex digits, drawn per request from one random seed (runtime.tools.use.CallIds), so a
-  stream's deltas and the result name the same calls.
+- Call ids are `call_` and 24 hex digits (or as many letters and digits as the template demands of ids: Mistral's
+  9), drawn per request from one random seed (runtime.tools.use.CallIds), so a stream's deltas and the result name
+  the same calls.
 """
 
 from __future__ import annotations

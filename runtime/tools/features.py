@@ -4,6 +4,9 @@
   function format), so it renders tools itself; otherwise the generic format (`render.py`) is used.
 - `tool_role`: the template compares a role with "tool" or "ipython", so it has a turn for tool results.
 - `hermes`: the template writes `<tool_call>` tags (Hermes / Qwen style), so calls are parsed from those tags.
+- `call_id_length`: the template compares a call id's length with a number (Mistral's raise "Tool call IDs should be
+  alphanumeric strings with length 9!" unless `tool_call.id|length` and a tool turn's `tool_call_id|length` are 9),
+  so the calls it will render again need ids of that length (runtime.tools.use.CallIds).
 
 `GenerationBlock` is transformers' `{% generation %}` tag, which this parser and the renderer
 (`loading/chat_template.py`) both take.
@@ -41,6 +44,7 @@ class TemplateFeatures:
     uses_tools: bool = False
     tool_role: bool = False
     hermes: bool = False
+    call_id_length: int | None = None  # the length the template demands of call ids, if it checks one
 
     @property
     def format(self) -> str:
@@ -67,6 +71,31 @@ def template_features(source: str | None) -> TemplateFeatures:
         uses_tools="tools" in undeclared,
         tool_role=bool({"tool", "ipython"} & consts),
         hermes=any("<tool_call>" in c for c in consts) or "<tool_call>" in source,
+        call_id_length=_call_id_length(tree),
+    )
+
+
+def _call_id_length(tree: nodes.Template) -> int | None:
+    """N where the template compares `<x>.id|length` or `<x>.tool_call_id|length` (or `<x>["id"]|length`) with the
+    number N (Mistral's `tool_call.id|length != 9`) from 1 to 64, else None."""
+    for compare in tree.find_all(nodes.Compare):
+        length = compare.expr
+        if not (isinstance(length, nodes.Filter) and length.name == "length" and _is_call_id(length.node)):
+            continue
+        for operand in compare.ops:
+            value = operand.expr
+            if isinstance(value, nodes.Const) and type(value.value) is int and 0 < value.value <= 64:
+                return int(value.value)
+    return None
+
+
+def _is_call_id(node: nodes.Node | None) -> bool:
+    if isinstance(node, nodes.Getattr):
+        return node.attr in ("id", "tool_call_id")
+    return (
+        isinstance(node, nodes.Getitem)
+        and isinstance(node.arg, nodes.Const)
+        and node.arg.value in ("id", "tool_call_id")
     )
 
 

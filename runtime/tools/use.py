@@ -7,8 +7,10 @@ It is what travels with a request (`RequestOptions.tool_use`, set by the keyword
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import secrets
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -99,13 +101,27 @@ def _choice_value(choice: ToolChoice) -> Any:
     return choice.mode
 
 
-class CallIds:
-    """`call_` + 16 random hex digits + a counter of 8: the same sequence for every parser of one request."""
+ALPHANUMERIC = string.ascii_letters + string.digits
 
-    def __init__(self, seed: str | None = None) -> None:
+
+class CallIds:
+    """`call_` + 16 random hex digits + a counter of 8: the same sequence for every parser of one request. With
+    `length` (a template that demands ids of that length: TemplateFeatures.call_id_length, Mistral's 9), each id is
+    that many letters and digits drawn from the seed and the counter instead, which such a template accepts when
+    the client sends the calls back (`call_...` made every tool round trip a ChatTemplateError)."""
+
+    def __init__(self, seed: str | None = None, length: int | None = None) -> None:
         self.seed = seed or secrets.token_hex(8)
+        self.length = length
 
     def sequence(self) -> Callable[[], str]:
         """A fresh id generator (one per parser): call 0, 1, ... of this request."""
         count = itertools.count()
-        return lambda: f"call_{self.seed}{next(count):08x}"
+        if self.length is None:
+            return lambda: f"call_{self.seed}{next(count):08x}"
+        return lambda: _alphanumeric(f"{self.seed}:{next(count)}", self.length or 0)
+
+
+def _alphanumeric(key: str, n: int) -> str:
+    """`n` letters and digits drawn from `key` (a request's seed and a call's number: the same for every parser)."""
+    return "".join(ALPHANUMERIC[b % len(ALPHANUMERIC)] for b in hashlib.shake_256(key.encode()).digest(n))

@@ -60,7 +60,7 @@ def numbered_ids(monkeypatch: pytest.MonkeyPatch) -> Any:
         counters.update({m.__name__: itertools.count() for m in modules})
 
     for module in modules:
-        ids = (lambda name: lambda: CallIds(f"{next(counters[name]):016x}"))(module.__name__)
+        ids = (lambda name: lambda **kw: CallIds(f"{next(counters[name]):016x}", **kw))(module.__name__)
         monkeypatch.setattr(module, "CallIds", ids, raising=False)
     return reset
 
