@@ -111,7 +111,7 @@ class LeaseReplay(CacheReplay):
         if self.hint is not None:
             self.hint(hint)
         super()._complete(item)
-        if key is None or hint is None:
+        if key is None or hint is None or hint <= 0:  # no lease for 0 s, as the engine's grant (it held a page)
             return
         full, namespace, p = item[1], item[3], self.cache.page_size
         # A lease longer than the whole budget keeps its first pages, as the engine's lease table does (it was not

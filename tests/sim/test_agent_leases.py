@@ -349,3 +349,18 @@ def test_a_lease_longer_than_the_budget_keeps_its_first_pages_as_the_engines_doe
     assert replay.cache.peek(back.tokens).length == 10
     replay.close()
     assert replay.hit_blocks == 10
+
+
+def test_a_hint_of_zero_seconds_takes_no_lease_as_the_engine_grants_none() -> None:
+    """Regression: a request with retain_for 0 (a trace records it when the caller gave it) took a lease ending at
+    its finish; the expiry before each arrival had already run, so the lease held its pages through the next
+    request's allocation, where the engine (which grants nothing for 0 s) would have evicted them."""
+    a = TokenRequest(0.0, (1,) * 8, 0, "a", output_tokens=())
+    b = TokenRequest(1000.0, (2,) * 12, 0, "b", output_tokens=())  # needs every page: a's must go
+    again = TokenRequest(2000.0, (1,) * 8, 0, "a", output_tokens=())
+    zero = _replay([a, b, again], [0.0, None, None], capacity=12)
+    none = _replay([a, b, again], [None, None, None], capacity=12)
+    assert zero.granted == none.granted == 0
+    assert zero.hit_blocks == none.hit_blocks == 0 and zero.oversized == none.oversized == 0
+    zero.close()
+    none.close()
