@@ -52,14 +52,24 @@ def check_distinct_files(trace: str | None, outputs: dict[str, str | None]) -> N
     """Refuse output files (by option) that are the same file as each other or as the TRACE read: the later write
     would replace the earlier (the JSON the recorded trace, which `recorded FILE` then names), or the run would
     overwrite its own input."""
-    seen: dict[str, str] = {} if trace is None else {os.path.realpath(trace): "TRACE"}
+    seen: dict[object, str] = {} if trace is None else {_identity(trace): "TRACE"}
     for option, path in outputs.items():
         if path is None:
             continue
-        key = os.path.realpath(path)
+        key = _identity(path)
         if key in seen:
             raise click.BadParameter(f"{path!r} is also {seen[key]}: give another file", param_hint=f"'{option}'")
         seen[key] = option
+
+
+def _identity(path: str) -> object:
+    """What makes two paths one file: the device and inode of one that exists (a hard link or a bind mount too, which
+    `--json` truncated along with the trace it names), else its real path."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return os.path.realpath(path)
+    return (st.st_dev, st.st_ino)
 
 
 class StagedRecording:

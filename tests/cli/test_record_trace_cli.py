@@ -111,16 +111,22 @@ def test_an_unwritable_record_path_fails_before_the_model_loads(runner, tmp_path
     assert "'--record-trace'" in result.stderr and "does not exist" in result.stderr
 
 
-@pytest.mark.parametrize("clash", ["json", "trace", "trace-link"])
+@pytest.mark.parametrize("clash", ["json", "trace", "trace-link", "trace-hard-link"])
 def test_output_files_that_are_one_file_are_refused_before_the_run(runner, tmp_path: Path, clash: str) -> None:
     """`--json F --record-trace F` wrote the JSON over the recorded trace (and printed `recorded F`); `--record-trace
     TRACE` or `--json TRACE` overwrote the trace being replayed."""
     trace = tmp_path / "chats.jsonl"
     original = '{"id": "a", "turns": [{"user": "hi"}]}\n'
     trace.write_text(original)
-    out, link = tmp_path / "out.jsonl", tmp_path / "link.jsonl"
+    out, link, hard = tmp_path / "out.jsonl", tmp_path / "link.jsonl", tmp_path / "hard.json"
     link.symlink_to(trace)
-    record, json_out = {"json": (out, out), "trace": (trace, tmp_path / "r.json"), "trace-link": (out, link)}[clash]
+    hard.hardlink_to(trace)  # `--json` opened it for writing: the trace was emptied with it
+    record, json_out = {
+        "json": (out, out),
+        "trace": (trace, tmp_path / "r.json"),
+        "trace-link": (out, link),
+        "trace-hard-link": (out, hard),
+    }[clash]
     args = ["replay", str(trace), "--model", str(tmp_path / "no-model"), "--record-trace", str(record)]
     result = runner.invoke(main, [*args, "--json", str(json_out)])
     assert result.exit_code == 2 and "give another file" in result.stderr, result.stderr
