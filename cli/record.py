@@ -206,7 +206,8 @@ def simulate_command(path: str, summary: Any, admission: str | None = None, tier
     hits too. No disk tier (DISK_NOTE). No `--concurrency`: each recorded line says when its request arrived and when
     it finished, which the simulator follows. (A recorded request holds, while it runs in the simulator, one block
     for the partial page the engine was writing.)"""
-    args = ["radixcache", "simulate", shlex.quote(path), "--capacity-blocks", str(summary.capacity_blocks)]
+    shown = os.path.join(".", path) if path.startswith("-") else path  # else read as an option ('-r')
+    args = ["radixcache", "simulate", shlex.quote(shown), "--capacity-blocks", str(summary.capacity_blocks)]
     args += ["--policy", summary.policy, "--block-size", str(summary.page_size)]
     if admission not in (None, "all"):
         args += ["--admission", str(admission)]

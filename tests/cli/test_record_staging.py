@@ -219,3 +219,18 @@ def test_a_file_name_too_long_for_a_staging_name_is_recorded_directly(tmp_path: 
         recording.write('{"timestamp": 0}\n')
     assert staged.finish() is True and path.read_text() == '{"timestamp": 0}\n'
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_the_simulate_command_of_a_file_named_like_an_option_reads_it_as_a_file(
+    runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--record-trace=-rec.jsonl` printed `radixcache simulate -rec.jsonl ...`, which failed 'No such option: -r'."""
+    from radixcache.cli.record import EngineShape, simulate_command
+
+    line = {"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1], "block_size": 4}
+    (tmp_path / "-rec.jsonl").write_text(json.dumps(line) + "\n")
+    monkeypatch.chdir(tmp_path)
+    command = simulate_command("-rec.jsonl", EngineShape(8, "lru", 4))
+    result = runner.invoke(main, [*command.split()[1:], "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["requests"] == 1
