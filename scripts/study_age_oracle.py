@@ -33,8 +33,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from radixcache.sim.sweep import capacities_for, study_fractions
-from radixcache.trace.workload import Workload, load_workload
+from radixcache.sim.sweep import capacities_for, study_fractions, study_workload
+from radixcache.trace.workload import Workload
 
 FEATURES = ("size", "root", "out", "count")
 NEVER = 1 << 40  # "no further read": later than any request index
@@ -283,7 +283,7 @@ def main() -> None:
     scores = [(kind, int(h)) for kind, _, h in (s.partition(":") for s in args.scores.split(",") if s)]
     if any(kind not in ("p", "eva") for kind, _ in scores):
         ap.error("--scores: each score is p:H or eva:H")
-    workload = load_workload(args.trace, block_size=args.block_size)
+    workload = study_workload(ap, args)
     trace = TraceArrays(workload)
     half = trace.n // 2
     models = {"in-sample": SurvivalModel(trace, features, trace.n, args.min_events)}

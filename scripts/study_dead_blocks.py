@@ -22,10 +22,10 @@ from pathlib import Path
 from radixcache.node import TreeNode
 from radixcache.policy.base import EvictionPolicy
 from radixcache.sim.cache_replay import CacheReplay
-from radixcache.sim.oracle import ChainedNextUseOracle, DeadBlockLRU
+from radixcache.sim.oracle import ChainedNextUseOracle, DeadBlockLRU, NextUseOracle
 from radixcache.sim.simulation import simulate
-from radixcache.sim.sweep import capacities_for, study_fractions
-from radixcache.trace.workload import Workload, load_workload
+from radixcache.sim.sweep import capacities_for, study_fractions, study_workload
+from radixcache.trace.workload import Workload
 
 
 class FreshDeadLRU(DeadBlockLRU):
@@ -109,14 +109,16 @@ def main() -> None:
     ap.add_argument("--threshold", type=float, default=0.2, help="an output class is dead below this reuse rate")
     args = ap.parse_args()
     fractions = study_fractions(ap, args)
-    workload = load_workload(args.trace, block_size=args.block_size)
+    workload = study_workload(ap, args)
     dead_classes, last_blocks = output_classes(args.trace, args.threshold)
     print(f"dead output classes (log2 of output_length): {sorted(dead_classes)}")
     print("| capacity | lru | belady | lru-dead | fresh-dead | output-class | reuse |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for capacity in capacities_for(workload, fractions):
         rates = {name: simulate(workload, capacity, name).hit_rate for name in ("lru", "belady", "lru-dead", "reuse")}
-        oracle = ChainedNextUseOracle.build(workload, capacity)
+        # The flat oracle takes chained ids only; any other hash trace (a recorded one) needs the trie's, as the
+        # simulator's own Belady replay falls back to (None was an AttributeError inside the replay).
+        oracle = ChainedNextUseOracle.build(workload, capacity) or NextUseOracle(workload, capacity)
         rates["fresh-dead"] = with_oracle(workload, capacity, FreshDeadLRU(oracle), oracle)  # type: ignore[arg-type]
         policy = OutputClassLRU(dead_classes, last_blocks, args.threshold)
         rates["output-class"] = with_oracle(workload, capacity, policy, None)

@@ -30,8 +30,7 @@ import numpy as np
 from radixcache.node import TreeNode
 from radixcache.policy.base import EvictionPolicy
 from radixcache.sim.simulation import simulate
-from radixcache.sim.sweep import capacities_for, study_fractions
-from radixcache.trace.workload import load_workload
+from radixcache.sim.sweep import capacities_for, study_fractions, study_workload
 
 
 class BimodalInsertion(EvictionPolicy):
@@ -141,8 +140,8 @@ def main() -> None:
     ap.add_argument("--offsets", default="300,1000,inf", help="new-root: how many ticks older, for each")
     args = ap.parse_args()
     fractions = study_fractions(ap, args)
+    workload = study_workload(ap, args)  # first: trace_shape reads the lines as they are
     print(trace_shape(args.trace))
-    workload = load_workload(args.trace, block_size=args.block_size)
     keeps = [int(k) for k in args.keep.split(",")]
     offsets = [float(o) for o in args.offsets.split(",")]
     names = list(rules(keeps, offsets))

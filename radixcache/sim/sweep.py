@@ -107,6 +107,19 @@ def study_fractions(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(str(exc))
 
 
+def study_workload(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Workload:
+    """A study script's TRACE, read at its `--block-size`: a usage error (exit 2) for a trace that cannot be read
+    (naming its file:line) or that is no hash trace (the studies read Mooncake-format traces: a token trace was a
+    KeyError or an IndexError from inside them, and a bad line a TraceError traceback)."""
+    try:
+        workload = load_workload(args.trace, block_size=args.block_size)
+    except RadixCacheError as exc:
+        parser.error(str(exc))
+    if workload.kind != "hash":
+        parser.error(f"{args.trace}: a {workload.kind} trace; these studies read a Mooncake-format hash trace")
+    return workload
+
+
 def capacities_for(workload: Workload, fractions: Sequence[float]) -> list[int]:
     """Capacities in blocks at the given fractions of the workload's unique blocks (at least 1 each). Raises
     RadixCacheError for a fraction that is not a finite number > 0 (NaN or inf raised from round(), and a fraction
