@@ -22,6 +22,7 @@ from radixcache.runtime.engine.tool_calls import with_tool_calls
 from radixcache.runtime.kv.leases import NO_LEASE
 from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer, text_after
 from radixcache.runtime.tools import ToolCallMemory, tool_template_features
+from radixcache.runtime.tools.call_tokens import call_token_ids
 
 
 @dataclass(slots=True)
@@ -108,6 +109,7 @@ class OutputProcessor:
         self.masker = Masker()
         self.tool_memory = ToolCallMemory()  # the text the model wrote for its calls (engine.tool_calls)
         self.tool_features = tool_template_features(tokenizer)  # of its "tool_use" template, where it has one
+        self.call_tokens = call_token_ids(tokenizer, self.tool_features.format)  # special tokens calls are read from
 
     def constrain(self, done: Rows, fail: Callable[[Request, BaseException], None]) -> Rows:
         """A pass's rows with the grammar masks of the requests that have one (engine.structured)."""
@@ -142,7 +144,7 @@ class OutputProcessor:
         longest stop's length before it (no stop ended earlier). Decoding the whole output at every token made a
         long reply with stop strings quadratic, on the engine's loop."""
         if req.stop_text is None:
-            req.stop_text = self.detokenizer(req.prompt_ids)
+            req.stop_text = self.detokenizer(req.prompt_ids, self.kept(req))
         added = req.stop_text.add(token)
         if not added:  # nothing new, or a character still incomplete
             return None
@@ -151,22 +153,33 @@ class OutputProcessor:
         hit = find_stop(req.stop_text.since(start), req.sampler.params.stop)
         return None if hit is None else start + hit
 
-    def text(self, ids: Sequence[int]) -> str:
+    def text(self, ids: Sequence[int], keep: frozenset[int] = frozenset()) -> str:
+        """The text of `ids` without special tokens, but those in `keep` (`kept`)."""
         if self.tokenizer is None:
             return ""
+        if keep:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=True, keep=keep)
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def detokenizer(self, prompt_ids: Sequence[int] = ()) -> Any:
+    def kept(self, req: Request) -> frozenset[int]:
+        """The special tokens a request's text shows: its tool-call format's (runtime.tools.call_tokens) when its
+        calls are parsed, so that they are parsed and remembered as the model wrote them; else none."""
+        use = req.tool_use
+        return self.call_tokens if use is not None and use.parses_calls else frozenset()
+
+    def detokenizer(self, prompt_ids: Sequence[int] = (), keep: frozenset[int] = frozenset()) -> Any:
         """An incremental detokenizer for a stream of a request's output, decoded after its prompt's last tokens as
         `output_text` decodes the result's (runtime.loading.detokenizer), so the stream adds up to the result."""
-        if hasattr(self.tokenizer, "detokenizer"):
+        if hasattr(self.tokenizer, "detokenizer") and not keep:
             return self.tokenizer.detokenizer(prompt_ids)
-        return IncrementalDetokenizer(self.text, prompt_ids)
+        return IncrementalDetokenizer(lambda ids: self.text(ids, keep), prompt_ids)
 
-    def output_text(self, prompt_ids: Sequence[int], ids: Sequence[int]) -> str:
+    def output_text(self, prompt_ids: Sequence[int], ids: Sequence[int], keep: frozenset[int] = frozenset()) -> str:
         """The text `ids` add after the prompt: with a SentencePiece tokenizer (Llama 2, Mistral 7B) a first token
         "▁Paris" reads " Paris", as in vLLM (decoded alone, the decoder drops the space)."""
-        return text_after(self.text, prompt_ids, ids) if self.tokenizer is not None else ""
+        if self.tokenizer is None:
+            return ""
+        return text_after(lambda ids: self.text(ids, keep), prompt_ids, ids)
 
     def result(self, req: Request) -> GenerationResult:
         """The caller's view of a request that left; also adds it to the totals (on the loop thread)."""
@@ -218,9 +231,9 @@ class OutputProcessor:
 
     def raw_text(self, req: Request) -> str:
         """The text of a request's output: without the stop token that ended it, cut before a stop string (tool
-        calls not yet parsed out)."""
+        calls not yet parsed out; their format's special tokens shown when they are parsed: `kept`)."""
         out = req.output_ids
-        text = self.output_text(req.prompt_ids, out[:-1] if self._ends_with_stop_token(req) else out)
+        text = self.output_text(req.prompt_ids, out[:-1] if self._ends_with_stop_token(req) else out, self.kept(req))
         return text if req.stop_at is None else text[: req.stop_at]
 
     def _ends_with_stop_token(self, req: Request) -> bool:

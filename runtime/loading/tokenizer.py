@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from tokenizers import Tokenizer as Backend
@@ -173,9 +173,14 @@ class Tokenizer:
             ids.insert(0, self.bos_token_id)
         return ids
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True, keep: Collection[int] = ()) -> str:
         """The text of `ids`. A byte-fallback run that is not all UTF-8 keeps its complete characters, each bad
-        byte one U+FFFD (loading/byte_fallback.py; the library's decoder shows the whole run as U+FFFD)."""
+        byte one U+FFFD (loading/byte_fallback.py; the library's decoder shows the whole run as U+FFFD). `keep`:
+        special tokens shown even when `skip_special_tokens` (a tool-call format's own, runtime.tools.call_tokens),
+        decoded with the rest as the library decodes a text that has them."""
+        if skip_special_tokens and keep:  # the library skips special tokens by leaving them out: so do we
+            ids = [i for i in ids if i in keep or i not in self._special_ids]
+            skip_special_tokens = False
         text = self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
         if REPLACEMENT not in text or not self._byte_fallback:
             return text

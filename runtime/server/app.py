@@ -50,6 +50,7 @@ from radixcache.runtime.server.responses_input import unicode_checked
 from radixcache.runtime.server.responses_store import ResponseStore
 from radixcache.runtime.server.structured import grammar_of, render_chat, tool_use_of
 from radixcache.runtime.tools import tool_template_features
+from radixcache.runtime.tools.call_tokens import call_token_ids
 
 DEFAULT_MAX_TOKENS = 256
 SHUTDOWN_WAIT_S = 30.0
@@ -238,7 +239,9 @@ def create_app(
             **structured,  # grammar= and tool_use= (runtime.server.structured)
         )
         tool_format = tool_template_features(engine.tokenizer).format
-        return generation.Job(prompts, body.n, max_tokens, options, tool_format)
+        use = options.tool_use
+        kept = call_token_ids(engine.tokenizer, tool_format) if use is not None and use.parses_calls else frozenset()
+        return generation.Job(prompts, body.n, max_tokens, options, tool_format, kept)
 
     def token_bytes(token_id: int) -> bytes:
         exact = getattr(engine.tokenizer, "token_bytes", None)

@@ -84,6 +84,7 @@ class Job:
     max_tokens: int
     options: RequestOptions
     tool_format: str = "generic"  # how the model writes calls (runtime.tools.features): "generic", "native", "hermes"
+    call_tokens: frozenset[int] = frozenset()  # special tokens its text shows: its calls' syntax (tools.call_tokens)
 
     @property
     def choices(self) -> int:
@@ -220,7 +221,7 @@ async def _stream_one(
     # quadratic, on the event loop every other stream shares); it reads as the result's text does: after the
     # prompt's last tokens (a SentencePiece tokenizer's first " Paris" keeps its space).
     prompt = job.prompts[i // job.n]
-    output = IncrementalDetokenizer(_decoder(engine), prompt)
+    output = IncrementalDetokenizer(_decoder(engine, job.call_tokens), prompt)
     emitted, sent_logprobs, started, decoded, last = 0, 0, False, 0, None  # emitted: characters sent
     try:
         while not handle.done():
@@ -242,7 +243,7 @@ async def _stream_one(
                 await out.put(Event(i, text, logprobs, deltas=deltas))
                 emitted = max(visible, emitted)
         result = inflight.checked(await result_of(handle))
-        whole = result.text if parser is None else _raw_text(engine, prompt, result, hidden, stop)
+        whole = result.text if parser is None else _raw_text(engine, job, prompt, result, hidden)
         rest = whole[emitted:] if whole.startswith(output.text[:emitted]) else ""
         shown = tuple(result.logprobs or ())[: shown_tokens(engine, result)]
         deltas = None if parser is None else (*parser.feed(rest), *parser.finish())
@@ -263,17 +264,21 @@ def _tool_parser(job: Job, req: Any) -> ToolCallParser | None:
     )
 
 
-def _decoder(engine: GenerationEngine) -> Callable[[Sequence[int]], str]:
+def _decoder(engine: GenerationEngine, keep: frozenset[int] = frozenset()) -> Callable[[Sequence[int]], str]:
+    """The text of output ids: without special tokens, but those in `keep` (a tool-call syntax's, as the engine
+    shows them in the text it parses calls from)."""
+    if keep:
+        return lambda ids: engine.tokenizer.decode(list(ids), skip_special_tokens=True, keep=keep)
     return lambda ids: engine.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
 def _raw_text(
-    engine: GenerationEngine, prompt: Sequence[int], result: GenerationResult, hidden: set[int], stop: Sequence[str]
+    engine: GenerationEngine, job: Job, prompt: Sequence[int], result: GenerationResult, hidden: set[int]
 ) -> str:
     """The whole text a result's tokens show after `prompt`, before tool calls were parsed out of it (cut at a stop
     string)."""
-    text = text_after(_decoder(engine), prompt, [t for t in result.token_ids if t not in hidden])
-    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    text = text_after(_decoder(engine, job.call_tokens), prompt, [t for t in result.token_ids if t not in hidden])
+    cuts = [i for i in (text.find(s) for s in job.options.sampling.stop) if i >= 0]
     return text[: min(cuts)] if cuts else text
 
 
@@ -286,7 +291,7 @@ def ends_in_text(engine: GenerationEngine, job: Job, result: GenerationResult) -
     sampling = job.options.sampling
     hidden = set(engine.eos_token_ids) | set(sampling.stop_token_ids)
     prompt = job.prompts[0]  # a Responses request has one prompt
-    deltas = [*parser.feed(_raw_text(engine, prompt, result, hidden, sampling.stop)), *parser.finish()]
+    deltas = [*parser.feed(_raw_text(engine, job, prompt, result, hidden)), *parser.finish()]
     written = [d for d in deltas if "tool_calls" in d or d.get("content")]
     return bool(written) and "tool_calls" not in written[-1]
 

@@ -10,9 +10,9 @@ Formats (`TemplateFeatures.format`):
 - "generic" and "native": the output is a call when it starts (after whitespace) with `{"tool_calls": [` and each
   call is `{"name": ..., "arguments": {...}}` in that order; the arguments text is returned exactly as written.
   Other JSON that still describes calls (keys in another order, a bare `{"name", "arguments" | "parameters"}`, a
-  list of them as Mistral's templates have the model write, the arguments as a string) is accepted once the output
-  ends, with the arguments re-serialised. Any other output is content; an output that starts with `{` or `[` is
-  held back until it ends, to decide.
+  list of them as Mistral's templates have the model write, after its `[TOOL_CALLS]` or not, the arguments as a
+  string) is accepted once the output ends, with the arguments re-serialised. Any other output is content; an
+  output that starts with `{` or `[` is held back until it ends, to decide.
 - "hermes": content, then calls each in `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; whitespace
   between calls is dropped; a tag whose JSON is not a call stays content.
 A call naming no given tool is not a call. In the generic format, once a call is out, malformed text after it
@@ -35,6 +35,7 @@ from radixcache.runtime.tools.messages import STRICT_JSON, ToolCall
 from radixcache.runtime.tools.specs import ToolSpec
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+MISTRAL_CALLS = "[TOOL_CALLS]"  # Mistral's token before its list of calls (kept: runtime.tools.call_tokens)
 
 
 def new_call_id() -> str:
@@ -330,11 +331,15 @@ def json_object(text: str) -> bool:
 
 def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:
     """(name, arguments JSON) for JSON text that describes calls of known tools: {"tool_calls": [...]}, a list of
-    calls or one call, each {"name", "arguments" | "parameters"} (arguments an object or its text); else None.
+    calls or one call, each {"name", "arguments" | "parameters"} (arguments an object or its text), after Mistral's
+    `[TOOL_CALLS]` where it is written; else None.
     Model output: nesting too deep to decode is not a call, nor is a name that is not a string, nor arguments
     holding NaN or Infinity (not JSON)."""
+    body = text.strip()
+    if body.startswith(MISTRAL_CALLS):
+        body = body[len(MISTRAL_CALLS) :].lstrip()
     try:
-        value, _ = STRICT_JSON.raw_decode(text.strip())
+        value, _ = STRICT_JSON.raw_decode(body)
     except (ValueError, RecursionError):
         return None
     if isinstance(value, dict) and "tool_calls" in value:

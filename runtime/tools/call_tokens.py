@@ -1,0 +1,26 @@
+"""The tokens of a tool-call format that a tokenizer may have as special tokens, kept in the text calls are parsed
+from.
+
+Output is decoded without special tokens (the end of turn, chat markers), but some tokenizers add a format's call
+syntax as special tokens: Hermes-style `<tool_call>` and `</tool_call>` in some Qwen and Hermes tokenizers, Mistral's
+`[TOOL_CALLS]` (v0.3 and later). Skipped, a model that writes them never gets a call parsed under "auto", and the
+text remembered for its calls (runtime.tools.memory) lacks them, so the next turn's prompt differs from what the
+model wrote from that token on. A request that parses calls decodes its output keeping these (only these).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixcache.runtime.tools.parse import CLOSE, MISTRAL_CALLS, OPEN
+
+MARKERS = {"hermes": (OPEN, CLOSE), "native": (MISTRAL_CALLS,), "generic": ()}
+
+
+def call_token_ids(tokenizer: Any, fmt: str) -> frozenset[int]:
+    """The ids of the tokens `tokenizer` has for format `fmt`'s call syntax (a plain token among them decodes as
+    text anyway), or none."""
+    to_id = getattr(tokenizer, "token_to_id", None)
+    if to_id is None:
+        return frozenset()
+    return frozenset(i for marker in MARKERS.get(fmt, ()) if (i := to_id(marker)) is not None)
