@@ -159,7 +159,7 @@ async def stream_text(
     req.listener = listener
     params = req.sampler.params
     hidden = stop_token_set(params, eos_token_ids)
-    detok = output.detokenizer(req.prompt_ids)
+    detok = output.detokenizer(req.prompt_ids, output.kept(req))  # as the result's text: its call tokens shown
     handle = enqueue([req])[0]
     # The future also ends when no listener call ever comes (a refused request, a dead loop): wake the reader.
     handle.future.add_done_callback(lambda _: _call_soon(loop, queue.put_nowait, ((), True)))

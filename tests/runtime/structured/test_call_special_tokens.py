@@ -121,3 +121,17 @@ def test_mistrals_calls_after_its_kept_token_are_calls(gap: str) -> None:
     assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == [("add", {"a": 1, "b": 2}), ("now", {})]
     assert result.content is None and result.raw == text
     assert parse_tool_calls("[TOOL_CALLS] no calls", specs, "native").content == "[TOOL_CALLS] no calls"
+
+
+def test_engine_stream_parses_it_as_the_result(engine: Engine, writes: Any) -> None:
+    import asyncio
+
+    writes("Let me look." + CALL)
+
+    async def deltas() -> list[dict[str, Any]]:
+        return [d async for d in engine.stream(ASK, 100, tools=TOOLS, temperature=1.0)]
+
+    content, calls = assemble(asyncio.run(deltas()))
+    assert content == "Let me look." and [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("now", "{}")
+    ]
