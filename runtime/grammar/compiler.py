@@ -6,9 +6,10 @@ against the vocabulary; the library builds its parser tables lazily while masks 
 becomes a `GrammarError` naming the spec's path. The cache is a bounded LRU, safe to share between threads. A
 compiled grammar is reused within its namespace only: shared, a tenant's request for a schema another tenant had just
 used skipped the compile, and its time to first token told that the other had used that schema (the timing side
-channel the KV cache's namespaces close). The bound is shared fairly (runtime/tools/fair_lru.py): past it the
-namespace holding the most loses its least recently used grammar, so a tenant sending a stream of new schemas evicts
-its own, never those of a tenant holding no more than its share (whose recompiles it could otherwise time).
+channel the KV cache's namespaces close). The bound is shared fairly by tenants (runtime/tools/fair_lru.py: a
+namespace's tenant, else the namespace): past it the tenant holding the most loses its least recently used grammar,
+so a tenant sending a stream of new schemas (under new salts or not) evicts its own, never those of a tenant holding
+no more than its share (whose recompiles it could otherwise time).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from radixcache.runtime.grammar.locate import locate
 from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, SCHEMA_MAPS, find_key
 from radixcache.runtime.grammar.spec import GrammarSpec
 from radixcache.runtime.grammar.vocab import GrammarVocab
-from radixcache.runtime.tools.fair_lru import FairLRU
+from radixcache.runtime.tools.fair_lru import FairLRU, fair_scope
 
 JSON_OBJECT_SCHEMA = {"type": "object"}
 # the paths of specs whose schema the runtime built (the calls a tool_choice requires): a path inside it names no
@@ -72,10 +73,10 @@ def build_matcher(grammar: str, vocab: GrammarVocab, path: str) -> llguidance.LL
 
 class GrammarCompiler:
     """Compiles `GrammarSpec`s for one vocabulary, keeping at most `max_entries` compiled grammars of at most
-    `max_chars` characters of grammar in all (all namespaces together, shared fairly: past a bound the namespace
-    holding the most loses its least recently used). Each keeps its start matcher, about 40-80 bytes per character
-    of its grammar (SmolLM2: 0.3 MB for the calls of 20 tools, 7,136 characters), so `max_chars` bounds the memory
-    too. A grammar of more than `max_chars // 8` characters is compiled for each request, never kept."""
+    `max_chars` characters of grammar in all (all namespaces together, shared fairly by their tenants: past a bound
+    the tenant holding the most loses its least recently used). Each keeps its start matcher, about 40-80 bytes per
+    character of its grammar (SmolLM2: 0.3 MB for the calls of 20 tools, 7,136 characters), so `max_chars` bounds
+    the memory too. A grammar of more than `max_chars // 8` characters is compiled for each request, never kept."""
 
     def __init__(self, vocab: GrammarVocab, max_entries: int = 256, max_chars: int = 2**21) -> None:
         if max_entries < 1:
@@ -83,8 +84,8 @@ class GrammarCompiler:
         self.vocab = vocab
         self.max_entries = max_entries
         self.max_chars = max_chars
-        # scope: the namespace; key: spec.key; weight: the grammar's length
-        self._cache: FairLRU[str, CompiledGrammar] = FairLRU(max_entries, max_chars)
+        # scope: the namespace's tenant; key: (the namespace, spec.key); weight: the grammar's length
+        self._cache: FairLRU[tuple[Hashable, str], CompiledGrammar] = FairLRU(max_entries, max_chars)
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -92,8 +93,9 @@ class GrammarCompiler:
     def compile(self, spec: GrammarSpec, namespace: Hashable = None) -> CompiledGrammar:
         """The compiled grammar of `spec`, from the cache when an equal spec was compiled before in `namespace` (the
         request's cache namespace: another namespace's compile is never reused)."""
+        scope, key = fair_scope(namespace), (namespace, spec.key)
         with self._lock:
-            hit = self._cache.get(namespace, spec.key)
+            hit = self._cache.get(scope, key)
             if hit is not None:
                 self.hits += 1
                 # the key leaves out `path`: this caller's errors name its own field, not the first compiler's
@@ -102,11 +104,11 @@ class GrammarCompiler:
         compiled = CompiledGrammar(spec, grammar, self.vocab, _Start(build_matcher(grammar, self.vocab, spec.path)))
         with self._lock:
             self.misses += 1
-            first = self._cache.get(namespace, spec.key)  # a concurrent compile of the same spec wins once
+            first = self._cache.get(scope, key)  # a concurrent compile of the same spec wins once
             # a grammar past an eighth of the characters is not kept: kept, the newest entry always stays, and
             # one request's huge schema would flush the grammars of every other namespace
             if first is None and len(grammar) <= self.max_chars // 8:
-                self._cache.put(namespace, spec.key, compiled, weight=len(grammar))
+                self._cache.put(scope, key, compiled, weight=len(grammar))
             compiled = first or compiled
         return compiled
 

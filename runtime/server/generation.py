@@ -26,6 +26,7 @@ from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.engine.streaming import held_back_length
 from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer, text_after
 from radixcache.runtime.tools import ToolCallParser
+from radixcache.runtime.tools.fair_lru import TenantNamespace
 from radixcache.runtime.tools.use import CallIds
 
 
@@ -346,9 +347,17 @@ async def stream(engine: GenerationEngine, job: Job, inflight: Inflight) -> Asyn
 def namespace_for(api_key: str | None, cache_salt: str | None = None) -> Hashable:
     """The cache namespace of a caller, derived by the server, never named by the client: its key (a tenant), its
     `cache_salt` (a keyless caller who wants a cache of its own, as vLLM's), both together, or None (the shared
-    namespace of keyless callers without a salt). Keys and salts are hashed, so the tree never holds them."""
+    namespace of keyless callers without a salt). Keys and salts are hashed, so the tree never holds them. A salted
+    or keyed namespace is a TenantNamespace naming its tenant, the namespace of its key alone (None for keyless
+    callers): the scope whose share of the shared bounded caches (compiled grammars, tool-call memory, legacy call
+    ids: runtime/tools/fair_lru.py) its entries count against, so a new salt per request gains no share."""
     if api_key is None and cache_salt is None:
         return None
+    tenant = None if api_key is None else _hashed(api_key, None)
+    return TenantNamespace(_hashed(api_key, cache_salt), tenant)
+
+
+def _hashed(api_key: str | None, cache_salt: str | None) -> str:
     digest = hashlib.sha256()
     for part in (api_key, cache_salt):
         digest.update(b"\x00" if part is None else b"\x01" + part.encode() + b"\x00")

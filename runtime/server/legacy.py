@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixcache.runtime.server.protocol import APIError
-from radixcache.runtime.tools.fair_lru import FairLRU
+from radixcache.runtime.tools.fair_lru import FairLRU, fair_scope
 from radixcache.runtime.tools.messages import call_arguments, canonical_arguments
 
 MAX_REMEMBERED = 4096  # legacy calls whose ids the server keeps (the oldest are forgotten first)
@@ -40,27 +40,30 @@ class LegacyCalls:
     scope is the caller's cache namespace, the context the digest of the conversation the call answered (`contexts`)
     and "" stands for any (the latest such call of the scope), least recently remembered or replayed first.
 
-    Bounded on all scopes together (`size` calls); past it the scope holding the most loses its least recently used
-    (runtime/tools/fair_lru.py), so one tenant's legacy calls never evict another's while that one holds
-    no more than its share (its next turn would have fallen back to positional ids: another prompt, a cache miss)."""
+    Bounded on all scopes together (`size` calls), shared by the scopes' tenants; past it the tenant holding the most
+    loses its least recently used (runtime/tools/fair_lru.py), so one tenant's legacy calls (under any salts) never
+    evict another's while that one holds no more than its share (its next turn would have fallen back to positional
+    ids: another prompt, a cache miss)."""
 
     def __init__(self, size: int = MAX_REMEMBERED) -> None:
         self.size = size
-        self._ids: FairLRU[tuple[str, str, str], str] = FairLRU(2 * size)  # two keys per call
+        # two keys per call, each (scope, context, name, arguments), shared by the scope's tenant
+        self._ids: FairLRU[tuple[Hashable, str, str, str], str] = FairLRU(2 * size)
 
     def remember(self, calls: Sequence[Any], context: str = "", scope: Hashable = None) -> None:
         for call in calls[:1]:  # the reply shows its first call only
             arguments = canonical_arguments(call.arguments)
             for key in ((context, call.name, arguments), ("", call.name, arguments)):
-                self._ids.put(scope, key, call.id)
+                self._ids.put(fair_scope(scope), (scope, *key), call.id)
 
     def id_for(self, name: str, arguments: str, context: str = "", scope: Hashable = None) -> str | None:
         """The id remembered for this call (refreshed: a call an agent replays every turn is in use, and evicting it
         would change that agent's prompt from it on), or None. Arguments are compared as the tool-call memory
         compares them (as JSON values; "" as `{}`, which the history reads for a call cut after its name)."""
         arguments = canonical_arguments(arguments)
-        found = self._ids.get(scope, (context, name, arguments))
-        return found or self._ids.get(scope, ("", name, arguments))
+        tenant = fair_scope(scope)
+        found = self._ids.get(tenant, (scope, context, name, arguments))
+        return found or self._ids.get(tenant, (scope, "", name, arguments))
 
     def reply_to(self, messages: Sequence[dict[str, Any]], scope: Hashable = None) -> LegacyReply:
         """Where the calls of a reply to `messages` in namespace `scope` are remembered."""

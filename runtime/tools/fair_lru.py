@@ -10,7 +10,10 @@ puts. Not thread-safe: callers hold their own lock.
 
 Used by the tool-call memory (runtime/tools/memory.py: bounded by entries and bytes), the legacy function-call
 ids (runtime/server/legacy.py: by entries) and the compiled grammars (runtime/grammar/compiler.py: by entries and
-characters).
+characters). Their entries are kept per cache namespace (the key holds it), and shared by the namespace's tenant
+(`fair_scope`): a namespace is the caller's, but a caller names as many as it likes (a new `cache_salt` per request
+is a new namespace), so were each namespace a scope, a caller salting every request would hold a share per salt,
+and flush the entries of every tenant holding no more than one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,29 @@ from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+
+
+class TenantNamespace(str):
+    """A cache namespace that names its tenant: its value (a str: what page hashes, lookups and metrics see) is the
+    namespace, `tenant` the scope its entries share the bounds under. The server's namespaces of API keys and salts
+    are these (runtime.server.generation.namespace_for): each salt of a key is a namespace, all of them one tenant."""
+
+    __slots__ = ("tenant",)
+    tenant: Hashable
+
+    def __new__(cls, namespace: str, tenant: Hashable) -> TenantNamespace:
+        made = super().__new__(cls, namespace)
+        made.tenant = tenant
+        return made
+
+    def __reduce__(self) -> tuple[type, tuple[str, Hashable]]:  # pickled (to a replica) with its tenant
+        return TenantNamespace, (str.__str__(self), self.tenant)
+
+
+def fair_scope(namespace: Hashable) -> Hashable:
+    """The scope of `namespace`'s entries: its tenant (a TenantNamespace's), else the namespace itself (a Python API
+    caller's `namespace=`, its only scope)."""
+    return namespace.tenant if isinstance(namespace, TenantNamespace) else namespace
 
 
 class FairLRU(Generic[K, V]):

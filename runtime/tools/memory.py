@@ -5,11 +5,12 @@ where known the token ids it was emitted as (runtime.tools.known_tokens splices 
 Kept per cache namespace: a handle `scoped(namespace)` remembers under the request's namespace and finds only its
 own entries (and unscoped ones), so one tenant's history never renders with another tenant's remembered text, and
 one tenant's tool traffic cannot evict another's calls while the other holds no more than its share. Bounded by
-entries and by bytes on all namespaces together; past a bound the namespace holding the most (entries, or bytes)
-loses its least recently used entry, so a namespace under its fair share (the bound over the namespaces in use)
-keeps its calls however much another sends; the newest entry always stays. Thread-safe. The unscoped handle (a
-plain `ToolCallMemory()`, and the cluster front's) remembers entries every namespace finds, and finds any entry by
-its ids (random secrets: the caller holds them because it made those calls).
+entries and by bytes on all namespaces together, shared by their tenants (runtime/tools/fair_lru.py fair_scope: the
+server's salts of one key are one tenant); past a bound the tenant holding the most (entries, or bytes) loses its
+least recently used entry, so a tenant under its fair share (the bound over the tenants in use) keeps its calls
+however much another sends, under however many salts; the newest entry always stays. Thread-safe. The unscoped
+handle (a plain `ToolCallMemory()`, and the cluster front's) remembers entries every namespace finds, and finds any
+entry by its ids (random secrets: the caller holds them because it made those calls).
 
 A lookup returns the text only when every call matches one remembered by id, name and arguments (as JSON values),
 so a client cannot inject text by reusing ids, and, when the reply's content was remembered, when the message says
@@ -23,7 +24,7 @@ import copy
 import threading
 from collections.abc import Hashable, Sequence
 
-from radixcache.runtime.tools.fair_lru import FairLRU
+from radixcache.runtime.tools.fair_lru import FairLRU, fair_scope
 from radixcache.runtime.tools.messages import ToolCall
 
 # raw text, the calls, the emitted token ids (empty: not known), the content outside the calls (None: not known)
@@ -106,8 +107,8 @@ class ToolCallMemory:
 
 
 class _Store:
-    """The entries of every namespace (runtime/tools/fair_lru.py: the fullest namespace loses its oldest), one entry
-    per call ids: `owner` says which namespace holds each."""
+    """The entries of every namespace (runtime/tools/fair_lru.py: the fullest tenant loses its oldest), one entry per
+    call ids: `owner` says which namespace holds each (its tenant is the entry's scope)."""
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         self.lru: FairLRU[_Ids, _Entry] = FairLRU(max_entries, max_bytes)
@@ -133,14 +134,14 @@ class _Store:
             owner = self.owner[key]
             if not (namespace is UNSCOPED or owner is UNSCOPED or owner == namespace):
                 return None
-            return self.lru.get(owner, key)
+            return self.lru.get(fair_scope(owner), key)
 
     def put(self, namespace: Hashable, key: _Ids, entry: _Entry) -> None:
         with self.lock:
             if key in self.owner:
-                self.lru.pop(self.owner.pop(key), key)
+                self.lru.pop(fair_scope(self.owner.pop(key)), key)
             self.owner[key] = namespace
-            for _, gone in self.lru.put(namespace, key, entry, _size(entry)):
+            for _, gone in self.lru.put(fair_scope(namespace), key, entry, _size(entry)):
                 del self.owner[gone]
 
 
