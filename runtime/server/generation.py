@@ -123,25 +123,19 @@ async def result_of(handle: GenerationHandle) -> GenerationResult:
 
 
 def _submit_all(engine: GenerationEngine, job: Job, inflight: Inflight) -> list[GenerationHandle]:
-    """Every choice of the job, in choice order. The n samples of a prompt go as one group (Engine.submit_group):
-    they share the prompt's KV in flight, and none counts another's prefill of it as cached. All or none: when the
-    engine refuses a prompt (a full queue), the choices already queued are cancelled and the error raised."""
+    """Every choice of the job, in choice order, queued in one call: the engine's queue takes the whole job or
+    refuses it (a full queue: QueueFullError, nothing queued; more choices than `max_queue`: a ValueError, as no wait
+    would let them in), so the job's own choices never count against it. Several choices go as one group
+    (Engine.submit_group): they share their prompts' KV in flight, and none counts another's prefill as cached."""
     if inflight.aborted:  # the server's shutdown aborted what ran: nothing new starts
         raise EngineClosedError("the server is shutting down")
-    handles: list[GenerationHandle] = []
-    try:
-        for p, prompt in enumerate(job.prompts):
-            first = p * job.n
-            if job.n == 1:
-                options = job.options.updated(**job.sample_seed(first))
-                handles.append(engine.submit(prompt, job.max_tokens, options=options))
-            else:
-                each = [job.sample_seed(first + j) for j in range(job.n)]
-                handles += engine.submit_group([prompt] * job.n, job.max_tokens, options=job.options, each=each)
-    except BaseException:
-        for h in handles:
-            h.cancel()
-        raise
+    if job.choices == 1:  # alone: its cached_tokens count what the tree holds when it is admitted
+        options = job.options.updated(**job.sample_seed(0))
+        handles: list[GenerationHandle] = [engine.submit(job.prompts[0], job.max_tokens, options=options)]
+    else:
+        prompts = [prompt for prompt in job.prompts for _ in range(job.n)]  # choice p * n + j: sample j of prompt p
+        each = [job.sample_seed(i) for i in range(job.choices)]
+        handles = engine.submit_group(prompts, job.max_tokens, options=job.options, each=each)
     for handle in handles:
         inflight.handles.add(handle)
         # the handle weakly (the set holds it until then): a future -> callback -> handle -> future cycle would keep

@@ -1,9 +1,9 @@
 """The server's error paths, on an in-process app over a small random-weights engine: a closed engine is 503
 shutting_down; a CacheFullError is 503 kv_cache_full with Retry-After; a chat template that refuses the messages
-is a 400 naming `messages`; a job whose second prompt the engine refuses (a full queue) is a 429 and the choices
-already queued are cancelled; a choice that fails mid-stream ends the stream with OpenAI's error object and
-[DONE], its sibling is cancelled; a queue timeout's Retry-After comes from the queue's recent admission wait.
-After each, no block stays locked and the server still answers."""
+is a 400 naming `messages`; a job the engine's queue refuses (full) is a 429 with none of its choices queued; a
+choice that fails mid-stream ends the stream with OpenAI's error object and [DONE], its sibling is cancelled; a
+queue timeout's Retry-After comes from the queue's recent admission wait. After each, no block stays locked and
+the server still answers."""
 
 from __future__ import annotations
 
@@ -88,26 +88,21 @@ def test_a_chat_template_refusal_is_400_naming_messages(app, monkeypatch) -> Non
     assert _settled(engine)["locked_blocks"] == 0
 
 
-def test_a_job_refused_part_way_cancels_the_choices_already_queued(app, monkeypatch) -> None:
+def test_a_job_the_queue_refuses_is_a_429_and_queues_none_of_its_choices(app, monkeypatch) -> None:
     client, engine = app
-    queued, real = [], engine.submit_group
+    calls = []
 
-    def second_refused(prompts, *a, **k):
-        if queued:
-            raise QueueFullError("the engine's queue is full", retry_after=3.0)
-        handles = real(prompts, *a, **k)
-        queued.extend(handles)
-        return handles
+    def full(prompts, *a, **k):
+        calls.append(len(prompts))
+        raise QueueFullError("the engine's queue is full", retry_after=3.0)
 
-    monkeypatch.setattr(engine, "submit_group", second_refused)
+    monkeypatch.setattr(engine, "submit_group", full)
     body = {"model": "tiny", "prompt": [PROMPT, PROMPT[::-1]], "n": 2, "max_tokens": 40, "temperature": 1, "seed": 1}
     r = client.post("/v1/completions", json=body)
     assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full", r.text
     assert r.headers["retry-after"] == "3"
-    assert len(queued) == 2
-    for h in queued:
-        assert h.future.result(timeout=20).finish_reason == "cancelled"
-    assert _settled(engine)["locked_blocks"] == 0
+    assert calls == [4]  # the whole job in one call: refused whole, nothing queued to cancel
+    assert _settled(engine)["locked_blocks"] == 0 and engine.queue.waiting == 0
     monkeypatch.undo()
     _still_serves(client)
 
