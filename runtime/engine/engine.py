@@ -401,10 +401,7 @@ class Engine:
         """Hand prepared requests to the loop, all or none: QueueFullError (nothing queued) past `max_queue`."""
         self._loop.check_alive()  # EngineDeadError, before the queue counts them
         check_unsubmitted(reqs)
-        if self.queue_timeout is not None:
-            for r in reqs:
-                r.queue_deadline = r.t_arrival + self.queue_timeout
-        self.queue.enter(reqs)
+        self.queue.enter(reqs, self.queue_timeout)  # one deadline for the call's requests (queue_limit)
         return self._loop.submit_many(reqs, prepare)
 
     def _wait(self, handles: list[RequestHandle]) -> list[GenerationResult]:

@@ -84,7 +84,8 @@ class EngineConfig:
     (runtime.engine.gc_heap); False leaves the collector alone.
     Overload: `max_queue` requests at most wait for admission (past it `submit` raises QueueFullError at once,
     queueing nothing); `queue_timeout` seconds at most a request waits to be admitted (then its result raises
-    QueueTimeoutError). Both errors carry `retry_after` (runtime.engine.errors).
+    QueueTimeoutError; one call's requests until the first of them is admitted: queue_limit). Both errors carry
+    `retry_after` (runtime.engine.errors).
     `mirror_memory`: the most memory the decode mirror (runtime.kv.mirror: the decode batch's KV kept contiguous, so
     decode attention copies nothing per step) may take; default 512 MiB on the CPU and off on other devices, 0
     turns it off.

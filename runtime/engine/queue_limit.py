@@ -46,10 +46,13 @@ class QueueGate:
         """Seconds after which a refused caller may try again: the recent mean admission wait, at least 1 s."""
         return float(max(1, math.ceil(self._mean_wait_s)))
 
-    def enter(self, reqs: Sequence[Request]) -> None:
-        """Count `reqs` as waiting, all or none: raises QueueFullError (nothing counted) past the bound, and a
-        ValueError for more requests in one call than the bound itself: those could never wait together, and a
-        "try again later" (a server's 429) would be retried in vain. (`max_queue=0` refuses every call as full.)"""
+    def enter(self, reqs: Sequence[Request], queue_timeout: float | None = None) -> None:
+        """Count `reqs`, the requests of one call, as waiting, all or none: raises QueueFullError (nothing counted)
+        past the bound, and a ValueError for more requests in one call than the bound itself: those could never wait
+        together, and a "try again later" (a server's 429) would be retried in vain. (`max_queue=0` refuses every
+        call as full.) `queue_timeout`: the call's one deadline for admission, lifted for all of them once the first
+        is admitted: the others then wait behind their own siblings (a fork past max_running), which no retry
+        would change, not for an engine too busy to take the call."""
         if self.max_queue and len(reqs) > self.max_queue:
             raise ValueError(
                 f"{len(reqs)} requests in one call (a batch, a group's samples or a fork's branches) can never be "
@@ -64,12 +67,19 @@ class QueueGate:
                     retry_after=self.retry_after(),
                 )
             self._waiting += len(reqs)
-        for r in reqs:
-            r.on_dequeue = lambda r=r: self._leave(r)
+        deadline = None if queue_timeout is None or not reqs else min(r.t_arrival for r in reqs) + queue_timeout
+        call = list(reqs)
+        for r in call:
+            r.queue_deadline = deadline
+            r.on_dequeue = lambda r=r: self._leave(r, call)
 
-    def _leave(self, req: Request) -> None:
+    def _leave(self, req: Request, call: list[Request]) -> None:
+        """On the loop thread: `req` was admitted or left unadmitted (the scheduler checks deadlines there too)."""
         with self._lock:
             self._waiting -= 1
             if req.t_admitted is not None:
                 wait = max(0.0, time.perf_counter() - req.t_arrival)
                 self._mean_wait_s += _SMOOTHING * (wait - self._mean_wait_s)
+        if req.t_admitted is not None:
+            for r in call:  # the call was admitted: its others no longer wait on the engine's load
+                r.queue_deadline = None
