@@ -23,6 +23,7 @@ from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine
 from radixcache.runtime.server import generation, legacy, responses_route
 from radixcache.runtime.server.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_max_body_bytes
+from radixcache.runtime.server.control import ControlReads
 from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
 from radixcache.runtime.server.http_common import (
     STREAM_STALL_S,
@@ -93,6 +94,7 @@ def create_app(
     legacy_calls = legacy.LegacyCalls()  # the ids of calls answered as `function_call` (runtime.server.legacy)
     metrics = ServerMetrics()
     metrics.cancelled = lambda: inflight.cancelled
+    control = ControlReads()  # /metrics and /health/cache: never in the threads requests tokenise in
     context = engine.config.max_position if max_model_len is None else min(max_model_len, engine.config.max_position)
 
     @asynccontextmanager
@@ -367,14 +369,14 @@ def create_app(
         A broken invariant is a bug: a 500."""
         if not public_metrics:
             tenant(request)
-        gauges = await asyncio.to_thread(engine.check)
+        gauges = await control.run("check", engine.check)
         return {"invariants": "ok", **gauges, "queued": engine.queue.waiting}
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> PlainTextResponse:
         if not public_metrics:  # every tenant's traffic and timings: as private as the API itself
             tenant(request)
-        text = await asyncio.to_thread(metrics.render, engine, model_name)  # replicas: Ray calls, off the loop
+        text = await control.run("metrics", metrics.render, engine, model_name)  # replicas: Ray calls, off the loop
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return app
