@@ -24,6 +24,7 @@ from typing import Any
 
 from radixcache.page_hash import PageHasher
 from radixcache.router import LoadTracker, RouteRequest, RouterIndex, make_router
+from radixcache.runtime.cluster.fanout import ask_each
 from radixcache.runtime.cluster.placement import (
     CONTROL_GROUP,
     CONTROL_THREADS,
@@ -356,22 +357,8 @@ class ReplicaCluster:
         return list(self.each(method, *args).values())
 
     def each(self, method: str, *args: Any) -> dict[int, Any]:
-        """`replica_call`, each answer under the replica that gave it (in replica order): a replica dropped on the
-        way leaves no gap that would shift the others' answers onto its id. A replica whose engine died is dropped
-        (`actor_died`) as a request would find it: an idle one would draw none to find it, and fail every call."""
-        out = {}
-        for replica in self.alive:
-            try:
-                ref = self.control(replica, method).remote(*args)
-                out[replica] = self.ray.get(ref, timeout=self.call_timeout)
-            except (*self.actor_errors, self.ray.exceptions.RayTaskError) as exc:
-                if not self.actor_died(replica, exc):  # its engine's own error: the caller's to see
-                    raise
-            except self.ray.exceptions.GetTimeoutError:  # alive but not answering: a 503 (as a request), not a 500
-                raise ReplicaUnavailableError(
-                    f"engine replica {replica} did not answer {method} within {self.call_timeout} s"
-                ) from None
-        return out
+        """`replica_call`, each answer under the replica that gave it (runtime.cluster.fanout.ask_each)."""
+        return ask_each(self, method, *args)
 
     def stats(self) -> ClusterStats:
         with self._lock:
