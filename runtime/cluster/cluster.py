@@ -24,7 +24,7 @@ from typing import Any
 
 from radixcache.page_hash import PageHasher
 from radixcache.router import LoadTracker, RouteRequest, RouterIndex, make_router
-from radixcache.runtime.cluster.fanout import ask_each
+from radixcache.runtime.cluster.fanout import ask_each, read_wait
 from radixcache.runtime.cluster.placement import (
     CONTROL_GROUP,
     CONTROL_THREADS,
@@ -348,17 +348,19 @@ class ReplicaCluster:
         return getattr(self._actors[replica], method).options(concurrency_group=CONTROL_GROUP)
 
     def replica_stats(self) -> list[Any]:
-        """Every live replica's EngineStats (a replica that fails the call is dropped)."""
-        return list(self.each("stats").values())
+        """Every live replica's EngineStats (a replica that fails the call is dropped; runtime.cluster.fanout.read_wait
+        bounds the wait)."""
+        return list(self.each("stats", wait=read_wait(self)).values())
 
     def replica_call(self, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every live replica (EngineReplica), in replica order; a replica that fails it is
         dropped, and one that does not answer within `call_timeout` is a ReplicaUnavailableError."""
         return list(self.each(method, *args).values())
 
-    def each(self, method: str, *args: Any) -> dict[int, Any]:
-        """`replica_call`, each answer under the replica that gave it (runtime.cluster.fanout.ask_each)."""
-        return ask_each(self, method, *args)
+    def each(self, method: str, *args: Any, wait: float | None = None) -> dict[int, Any]:
+        """`replica_call`, each answer under the replica that gave it, all asked at once and answered within `wait`
+        seconds (None: call_timeout; runtime.cluster.fanout.ask_each)."""
+        return ask_each(self, method, *args, wait=wait)
 
     def stats(self) -> ClusterStats:
         with self._lock:

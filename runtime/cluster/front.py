@@ -24,6 +24,7 @@ from typing import Any
 from radixcache.page_hash import namespace_key
 from radixcache.runtime.cluster.calls import own_calls, render_messages
 from radixcache.runtime.cluster.cluster import ReplicaCluster
+from radixcache.runtime.cluster.fanout import read_wait
 from radixcache.runtime.cluster.handles import FrontQueue, RemoteHandle, RemoteRequest, SeenTimes
 from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.cluster.resend import check_resend
@@ -333,7 +334,7 @@ class ClusterEngine:
     def stats(self) -> Any:
         """The replicas' EngineStats summed (gauges too: the live replicas' pages, running and waiting); counters
         keep what replicas that died or restarted had counted (runtime.cluster.tally.Counters)."""
-        return self._counters.total(self.cluster.each("counted_stats"))
+        return self._counters.total(self.cluster.each("counted_stats", wait=read_wait(self.cluster)))
 
     def per_replica(self) -> list[dict[str, Any]]:
         """Each live replica's share of the measured run (since the replay's warm-up, runtime.cluster.tally): requests

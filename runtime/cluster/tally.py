@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from radixcache import CacheStats
+from radixcache.runtime.cluster.fanout import read_wait
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
 
 if TYPE_CHECKING:
@@ -29,13 +30,14 @@ class Baseline:
 
     @classmethod
     def take(cls, cluster: ReplicaCluster, warm_keys: tuple[bytes, ...] = ()) -> Baseline:
-        return cls(cluster.each("counted_stats"), warm_keys)
+        return cls(cluster.each("counted_stats", wait=read_wait(cluster)), warm_keys)
 
 
 def replica_rows(cluster: ReplicaCluster, baseline: Baseline) -> list[dict[str, Any]]:
     """Each live replica's share since `baseline`: requests routed to it, its prompt and cached tokens and their hit
     rate, and the pages the router's index holds for it, less the warm-up's."""
-    answers = cluster.each("counted_stats")  # first: a replica found dead here leaves `stats` below too
+    # first: a replica found dead here leaves `stats` below too
+    answers = cluster.each("counted_stats", wait=read_wait(cluster))
     stats = cluster.stats()
     rows = []
     for replica, (incarnation, s) in answers.items():
