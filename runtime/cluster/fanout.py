@@ -10,12 +10,24 @@ call_timeout (600 s); past the bound the replicas that have not answered are nam
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
 
-if TYPE_CHECKING:
-    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+class ReplicaCluster(Protocol):
+    """What the fan-out reads of runtime.cluster.cluster.ReplicaCluster (which imports this module: named by a
+    protocol, not imported, so that the two make no cycle)."""
+
+    ray: Any
+    call_timeout: float
+    alive: Any
+    actor_errors: tuple[type[BaseException], ...]
+
+    def control(self, replica: int, method: str) -> Any: ...
+
+    def actor_died(self, replica: int, exc: BaseException) -> bool: ...
+
 
 READ_WAIT_S = 10.0  # the most a read of every replica's stats waits (Prometheus's scrape timeout is 10 s by default)
 
