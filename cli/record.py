@@ -90,6 +90,7 @@ class StagedRecording:
         direct = direct or len(os.fsencode(staged_name)) > _name_max(folder)  # ENAMETOOLONG after the model's load
         self.staging = self.path if direct else os.path.join(folder, staged_name)
         self.placed = direct
+        self.error: str | None = None  # why the move onto FILE failed: the recording stays in `staging`
         self._lock: int | None = None
         if not direct:
             remove_stale_partials(folder, name)
@@ -97,16 +98,24 @@ class StagedRecording:
             _try_lock(self._lock)
 
     def place(self) -> None:
-        """Move the staging file onto FILE if it holds a line and has not been moved yet."""
-        if not self.placed and os.path.isfile(self.staging) and os.path.getsize(self.staging) > 0:
-            os.replace(self.staging, self.path)
+        """Move the staging file onto FILE if it holds a line and has not been moved yet. A move the folder refuses
+        (FILE another user's, in a sticky folder such as /tmp) raised out of the run's callback and ended it, all
+        its results lost; it sets `error` instead, and the recording goes on in `staging`, which `finish` keeps."""
+        if self.placed or self.error is not None:
+            return
+        if os.path.isfile(self.staging) and os.path.getsize(self.staging) > 0:
+            try:
+                os.replace(self.staging, self.path)
+            except OSError as exc:
+                self.error = exc.strerror or str(exc)
+                return
             self.placed = True
 
     def finish(self) -> bool:
         """After the recording closed: place what it wrote, else remove the empty staging file. True: FILE written."""
         try:
             self.place()
-            if not self.placed:
+            if not self.placed and self.error is None:
                 with contextlib.suppress(OSError):
                     os.remove(self.staging)
         finally:

@@ -168,6 +168,7 @@ def replay(
     name = Path(trace).name if trace else "sample_chat.jsonl (built in)"
 
     written = False  # a recording placed at --record-trace's FILE
+    staged: StagedRecording | None = None
     with sigterm_as_ctrl_c(), progress(turns, verbose) as (start, on_result, warn):  # kill: what finished is kept
         if compare:
             outcome: Any = compare_runs(
@@ -212,7 +213,9 @@ def replay(
     failures = []  # outputs that could not be written: after the table, exit 1
     if json_error is not None:  # the run is not lost with the file
         failures.append(f"cannot write --json {json_path}: {json_error} (the table above holds the summary)")
-    if stopped is not None:  # what FILE holds is not this run: no command is offered as reproducing it
+    if staged is not None and staged.error is not None:  # FILE is as it was; the recording is beside it
+        failures.append(f"cannot move the recording onto {record_trace} ({staged.error}): it is in {staged.staging}")
+    elif stopped is not None:  # what FILE holds is not this run: no command is offered as reproducing it
         n = outcome.recorder.written
         held = f"holds its first {n:,} request{'s' * (n != 1)}" if written else "is left as it was"
         failures.append(f"the recording stopped ({stopped}): {record_trace} {held}")

@@ -315,7 +315,10 @@ def serve(
         finally:
             signal.signal(signal.SIGTERM, previous)
     if staged is not None and record_trace is not None:
-        if recorder is not None and recorder.stopped is not None:  # a write error: FILE does not hold the traffic
+        if staged.error is not None:  # FILE is as it was; the recording is beside it
+            moved = f"cannot move the recording onto {record_trace} ({staged.error}): it is in {staged.staging}"
+            click.echo(moved, err=True)
+        elif recorder is not None and recorder.stopped is not None:  # a write error: FILE does not hold the traffic
             n = recorder.written
             held = f"holds its first {n:,} request{'s' * (n != 1)}" if staged.placed else "is left as it was"
             click.echo(f"the recording stopped ({recorder.stopped}): {record_trace} {held}", err=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -234,3 +235,27 @@ def test_the_simulate_command_of_a_file_named_like_an_option_reads_it_as_a_file(
     result = runner.invoke(main, [*command.split()[1:], "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["requests"] == 1
+
+
+def test_a_recording_the_folder_will_not_move_onto_file_is_kept_beside_it(
+    runner, tiny_model_dir: Path, small_trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A move onto FILE that the folder refuses (FILE another user's in a sticky folder such as /tmp: EPERM) raised
+    out of the replay's first result and ended the run, its table, JSON and recording lost. The run goes on; FILE
+    stays as it was, the recording stays in its staging file, and the replay says where (exit 1, after the table)."""
+    from radixcache.cli import record
+
+    def refuse(src: str, dst: str) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(record.os, "replace", refuse)
+    recorded = tmp_path / "r.jsonl"
+    recorded.write_text(EARLIER)
+    args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--max-tokens", "2"]
+    result = runner.invoke(main, [*args, "--record-trace", str(recorded), "--json", str(tmp_path / "o.json")])
+    assert result.exit_code == 1, result.output
+    assert re.search(r"requests\s+│\s+4\s+│", result.stdout) and (tmp_path / "o.json").exists()
+    staging = tmp_path / f".r.jsonl.{os.getpid()}.partial"
+    message = f"cannot move the recording onto {recorded} (Operation not permitted): it is in {staging}"
+    assert message in result.stderr, result.stderr
+    assert recorded.read_text() == EARLIER and len(staging.read_text().splitlines()) == 4
