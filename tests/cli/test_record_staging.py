@@ -259,3 +259,22 @@ def test_a_recording_the_folder_will_not_move_onto_file_is_kept_beside_it(
     message = f"cannot move the recording onto {recorded} (Operation not permitted): it is in {staging}"
     assert message in result.stderr, result.stderr
     assert recorded.read_text() == EARLIER and len(staging.read_text().splitlines()) == 4
+
+
+def test_a_server_whose_recording_the_folder_will_not_move_keeps_it_beside_file(
+    runner, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from radixcache.cli import record
+
+    def refuse(src: str, dst: str) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    path = tmp_path / "served.jsonl"
+    path.write_text(EARLIER)
+    _serving(monkeypatch, 2, {"path": path})
+    monkeypatch.setattr(record.os, "replace", refuse)
+    result = runner.invoke(main, ["serve", "--model", str(tiny_model_dir), "--port", "0", "--record-trace", str(path)])
+    assert result.exit_code == 0, result.output
+    staging = tmp_path / f".served.jsonl.{os.getpid()}.partial"
+    assert f"cannot move the recording onto {path} (Operation not permitted): it is in {staging}" in result.stderr
+    assert path.read_text() == EARLIER and len(staging.read_text().splitlines()) == 2  # every request, still recorded
