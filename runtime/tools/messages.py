@@ -11,6 +11,7 @@ else raises `ToolInputError` naming `messages[i].field`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +32,13 @@ STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant)
 
 def _js_number(text: str) -> float:
     """A JSON number as the double JavaScript reads it, -0 as 0: JSON.stringify then writes `1.0` as `1`, `1e5` as
-    `100000` and `-0` as `0`, one value each."""
-    return float(text) + 0.0
+    `100000` and `-0` as `0`, one value each. A number past the doubles (1e309: JavaScript's Infinity, which
+    JSON.stringify writes as null) is a ValueError: read as infinity, every such number was one value, and two calls
+    with different huge numbers one call."""
+    number = float(text) + 0.0
+    if math.isinf(number):
+        raise ValueError(f"{text[:20]} is past the doubles")
+    return number
 
 
 # Arguments as the values a client holds: a JS client that keeps a call's arguments as an object (the Vercel AI SDK)
@@ -72,7 +78,8 @@ def canonical_arguments(arguments: str) -> str:
     """Arguments as one text per JSON value (text that is no JSON: itself, prefixed so no JSON text is the same;
     empty text is `{}`, as `call_arguments` reads it: a call the length limit cut after its name has "" arguments,
     which a history replays as `{}`), a number being the double JavaScript reads (`1.0`, `1` and `1e0` are one:
-    a JS client that rebuilt the arguments with JSON.stringify sends the same values). Python's == on the decoded
+    a JS client that rebuilt the arguments with JSON.stringify sends the same values; arguments holding a number past
+    the doubles, which JavaScript cannot hold, are compared as their text). Python's == on the decoded
     values would not do: it holds `true` equal to `1`, so a call replayed with other arguments would pass for the
     one the model wrote."""
     if not arguments.strip(" \t\n\r"):

@@ -286,3 +286,21 @@ def test_a_call_its_client_rebuilt_with_json_stringify_renders_as_the_model_wrot
     for other in ('{"a":true}', stringified.replace('"b":100000', '"b":100001'), stringified.replace("1.5", '"1.5"')):
         replay["tool_calls"][0]["function"]["arguments"] = other  # not the same values: rendered as given
         assert other in tiny_tokenizer.apply_chat_template([*ask, replay], tools=specs, tool_memory=memory)
+
+
+def test_numbers_past_the_doubles_are_not_one_value() -> None:
+    """A number past the doubles was read as infinity, so the memory held `{"n": 1e309}` and `{"n": 2e309}` (or two
+    different 400-digit integers) for one call, and a history replaying other arguments rendered as the text the model
+    wrote for these. Such arguments compare as their text."""
+    from radixcache.runtime.tools import ToolCall, ToolCallMemory
+    from radixcache.runtime.tools.messages import canonical_arguments
+
+    huge = "1" + "0" * 400
+    pairs = [('{"n": 1e309}', '{"n": 2e309}'), (f'{{"n": {huge}}}', f'{{"n": {huge[:-1]}1}}'), ("[-1e999]", "[-2e999]")]
+    for made, other in pairs:
+        assert canonical_arguments(made) != canonical_arguments(other)
+        memory = ToolCallMemory()
+        memory.remember([ToolCall("call_1", "f", made)], "what the model wrote", content="")
+        assert memory.lookup([ToolCall("call_1", "f", other)]) is None
+        assert memory.lookup([ToolCall("call_1", "f", made)]) == "what the model wrote"
+    assert canonical_arguments('{"n": 1e308}') == canonical_arguments('{"n": 1E+308}')  # still a double: one value
