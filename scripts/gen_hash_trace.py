@@ -17,6 +17,8 @@ from pathlib import Path
 
 import orjson
 
+from radixcache.cli.trace import staged
+
 
 def write_hash_trace(
     path: str | Path,
@@ -48,33 +50,28 @@ def write_hash_trace(
     written = 0
     # Written beside `path` and moved onto it once whole: an interrupted run leaves no shorter trace at `path`, which
     # scripts/bench_simulator.py (it keeps its traces between runs) would take for the whole one.
-    staging = Path(f"{path}.{os.getpid()}.partial")
-    try:
-        with open(staging, "wb") as out:
-            for _ in range(requests):
-                clock_ms += rng.expovariate(rate_per_s) * 1000.0
-                if not sessions or (len(sessions) < live_sessions and rng.random() < 0.35):
-                    history = list(prompts[min(int(rng.paretovariate(1.2)) - 1, system_prompts - 1)])
-                    sessions.append(history)
-                else:
-                    history = sessions[rng.randrange(len(sessions))]
-                ids = history + fresh(rng.randint(1, 8))
-                if len(ids) > 64 or rng.random() < 0.1:  # the session ends: a new one takes its slot
-                    sessions.remove(history)
-                else:
-                    history[:] = ids + fresh(rng.randint(0, 2))  # the reply joins the next turn's prompt
-                input_length = len(ids) * block_size - rng.randrange(block_size)
-                record = {
-                    "timestamp": round(clock_ms),
-                    "input_length": input_length,
-                    "output_length": rng.randint(1, 400),
-                    "hash_ids": ids,
-                }
-                out.write(orjson.dumps(record) + b"\n")
-                written += len(ids)
-        os.replace(staging, path)
-    finally:
-        staging.unlink(missing_ok=True)
+    with staged(os.fspath(path)) as staging, open(staging, "wb") as out:
+        for _ in range(requests):
+            clock_ms += rng.expovariate(rate_per_s) * 1000.0
+            if not sessions or (len(sessions) < live_sessions and rng.random() < 0.35):
+                history = list(prompts[min(int(rng.paretovariate(1.2)) - 1, system_prompts - 1)])
+                sessions.append(history)
+            else:
+                history = sessions[rng.randrange(len(sessions))]
+            ids = history + fresh(rng.randint(1, 8))
+            if len(ids) > 64 or rng.random() < 0.1:  # the session ends: a new one takes its slot
+                sessions.remove(history)
+            else:
+                history[:] = ids + fresh(rng.randint(0, 2))  # the reply joins the next turn's prompt
+            input_length = len(ids) * block_size - rng.randrange(block_size)
+            record = {
+                "timestamp": round(clock_ms),
+                "input_length": input_length,
+                "output_length": rng.randint(1, 400),
+                "hash_ids": ids,
+            }
+            out.write(orjson.dumps(record) + b"\n")
+            written += len(ids)
     return written
 
 

@@ -65,3 +65,12 @@ def test_an_interrupted_run_leaves_no_shorter_trace_for_the_bench_to_reuse(
     assert list(tmp_path.iterdir()) == []  # nothing at `path`: the bench generates it again, whole
     module.write_hash_trace(path, 100, block_size=16)
     assert len(load_workload(str(path), block_size=16).requests) == 100
+
+
+def test_a_path_whose_name_is_near_the_file_systems_limit_is_written(tmp_path: Path) -> None:
+    """The trace was staged at `{path}.{pid}.partial`, a dozen bytes longer than its name: a name of 245 bytes (the
+    file system takes 255) failed with 'File name too long'. It stages as the trace commands do (cli/trace.py)."""
+    path = tmp_path / ("t" * 245 + ".jsonl")
+    ids = load_script("gen_hash_trace").write_hash_trace(path, 20, block_size=8, seed=1)
+    assert sum(len(r.prompt) for r in load_workload(str(path), block_size=8).requests) == ids
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
