@@ -35,7 +35,8 @@ class Session:
     OpenAI's assistant message with `tool_calls` (content None when there is no text), every call as the result has
     it: one the length limit left unfinished too (its arguments cut short, or "" when cut after its name), as a
     client replaying the reply sends it, so the next prompt holds what the model wrote and extends the cached one;
-    `send_tool_results({call_id: text})` adds the tool turns and generates the next reply.
+    `send_tool_results({call_id: text})` (`asend_tool_results` for asyncio) adds the tool turns and generates the
+    next reply.
     """
 
     def __init__(
@@ -75,14 +76,19 @@ class Session:
 
     def send_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
         """Add one tool turn per `{call_id: result text}` (in that order), generate the reply, and append it."""
-        if not isinstance(results, Mapping):
-            raise ValueError(f"tool results must be a mapping of call ids to texts, got {type(results).__name__}")
-        turns = [{"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text in results.items()]
+        turns = _tool_turns(results)
         return self._append(turns, self.engine.chat([*self.messages, *turns], options=self._kw(kwargs)))
 
     async def asend(self, content: str, **kwargs: Any) -> GenerationResult:
+        """`send` for asyncio; cancelling the awaiting task keeps neither the turn nor a reply."""
         turn = {"role": "user", "content": content}
         return self._append([turn], await self.engine.achat([*self.messages, turn], options=self._kw(kwargs)))
+
+    async def asend_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
+        """`send_tool_results` for asyncio (an agent's loop on an event loop); as `asend`, cancelling the awaiting
+        task keeps neither the tool turns nor a reply."""
+        turns = _tool_turns(results)
+        return self._append(turns, await self.engine.achat([*self.messages, *turns], options=self._kw(kwargs)))
 
     def fork(self, n: int | None = None, **kwargs: Any) -> list[GenerationResult]:
         """n replies to the history so far (sharing its KV; Engine.fork's n and continuations); the history is
@@ -182,6 +188,13 @@ def _write_whole(path: str | os.PathLike[str], data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def _tool_turns(results: object) -> list[dict[str, Any]]:
+    """The tool messages of `{call_id: result text}`, in its order; a ValueError for anything but a mapping."""
+    if not isinstance(results, Mapping):
+        raise ValueError(f"tool results must be a mapping of call ids to texts, got {type(results).__name__}")
+    return [{"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text in results.items()]
 
 
 def _json_value(value: object) -> bool:
