@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import uuid
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -130,6 +131,7 @@ class ReplicaCluster:
         self._lock = threading.Lock()  # guards index, loads, router and the routing set
         self._sync_locks = {r: threading.Lock() for r in self._actors}  # one event reader per replica
         self._rids = itertools.count()
+        self._name = uuid.uuid4().hex[:12]  # names unique across front doors: replicas remember cancels by name
         self.hasher = PageHasher(self.fingerprint, self.page_size)
         self.call_timeout = call_timeout
         # The replicas' queue timeout, which the front door also holds (runtime.cluster.front): a request that has not
@@ -180,9 +182,10 @@ class ReplicaCluster:
         while True:
             replica, rid = self.dispatch(request, tried)
             answered = True
+            name = f"{self._name}-g{rid}"  # the replica's name for it: a cancel sent there finds it
             try:
                 call = {**kwargs, "namespace": namespace}
-                ref = self._actors[replica].generate.remote(list(prompt_ids), max_new_tokens, call)
+                ref = self._actors[replica].generate.remote(list(prompt_ids), max_new_tokens, call, name)
                 return self.ray.get(ref, timeout=self.call_timeout)
             except (*self.actor_errors, self.ray.exceptions.RayTaskError) as exc:
                 if not self.actor_died(replica, exc):
@@ -192,9 +195,13 @@ class ReplicaCluster:
                 self.count_retry()
             except self.ray.exceptions.GetTimeoutError:  # alive but not answering: the client may retry (503)
                 answered = False
+                self.control(replica, "cancel").remote(name)  # it would run on there, its load released here
                 raise ReplicaUnavailableError(
-                    f"engine replica {replica} did not answer within {self.call_timeout} s"
+                    f"engine replica {replica} did not answer within {self.call_timeout} s; the request was cancelled"
                 ) from None
+            except BaseException:  # the caller's wait was interrupted (Ctrl-C): it stops on the replica too
+                self.control(replica, "cancel").remote(name)
+                raise
             finally:
                 self.done(replica, rid, computed=answered)  # no sync with a replica that does not answer
 

@@ -56,7 +56,7 @@ class EngineReplica:
             return
         assert self.engine.events is not None, "a replica needs its cache on (enable_cache)"
         self.engine.events.replica = replica  # its batches name it
-        self._handles: dict[str, RequestHandle] = {}  # the front door's request id -> the engine's handle (streams)
+        self._handles: dict[str, RequestHandle] = {}  # the front door's request id -> the engine's handle
         # ids cancelled before their stream registered here (Ray may run `cancel` before `stream` starts): the
         # stream cancels itself on arrival. Bounded: the oldest are dropped past EARLY_CANCELS.
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
@@ -79,9 +79,27 @@ class EngineReplica:
             "max_position": engine.config.max_position,
         }
 
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, kwargs: dict[str, Any]) -> Any:
-        """One request through the engine (blocking this actor thread, not the others); a GenerationResult."""
-        return self.engine.generate(list(prompt_ids), max_new_tokens, **kwargs)
+    def generate(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, kwargs: dict[str, Any], rid: str | None = None
+    ) -> Any:
+        """One request through the engine (blocking this actor thread, not the others); a GenerationResult.
+        `cancel(rid)` aborts it, as a stream (the front door's call that stops waiting for it cancels it here)."""
+        handle = self.engine.submit(list(prompt_ids), max_new_tokens, **kwargs)
+        if rid is None:
+            return handle.result()
+        self._register(rid, handle)
+        try:
+            return handle.result()
+        finally:
+            self._handles.pop(rid, None)
+
+    def _register(self, rid: str, handle: RequestHandle) -> None:
+        """`handle` runs here as `rid` until popped from `_handles`; cancelled now if its cancel came first."""
+        with self._cancel_lock:
+            self._handles[rid] = handle
+            cancelled_early = self._early_cancels.pop(rid, 0) is None
+        if cancelled_early:
+            handle.cancel()
 
     def stream(
         self,
@@ -113,11 +131,7 @@ class EngineReplica:
             handle.request.queue_deadline = deadline - waited
         if handle.request.deadline is not None:  # past already: it ends at the next step
             handle.request.deadline -= max(0.0, elapsed)
-        with self._cancel_lock:
-            self._handles[rid] = handle
-            cancelled_early = self._early_cancels.pop(rid, 0) is None
-        if cancelled_early:
-            handle.cancel()
+        self._register(rid, handle)
         req = handle.request
         req.listener = lambda _r: wake.put(None)  # on the engine loop thread
         handle.future.add_done_callback(lambda _f: wake.put(None))
@@ -155,8 +169,9 @@ class EngineReplica:
         return self.engine.tool_memory.lookup_emitted(calls, result.text)
 
     def cancel(self, rid: str) -> bool:
-        """Abort a streamed request (its result says "cancelled"). False if it is not running here yet: then its
-        stream, when it arrives, cancels itself (the id is remembered, up to EARLY_CANCELS of them)."""
+        """Abort a request (streamed, or a `generate` given `rid`; its result says "cancelled"). False if it is not
+        running here yet: then its stream (or generate), when it arrives, cancels itself (the id is remembered, up to
+        EARLY_CANCELS of them)."""
         with self._cancel_lock:
             handle = self._handles.get(rid)
             if handle is None:

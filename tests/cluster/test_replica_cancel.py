@@ -42,3 +42,14 @@ def test_a_cancel_before_the_stream_registers_cancels_it(replica: EngineReplica)
 def test_a_stream_without_a_cancel_runs_to_its_length(replica: EngineReplica) -> None:
     result = _result(replica, "plain")
     assert result.finish_reason == "length" and len(result.token_ids) == MAX_NEW
+
+
+def test_a_generate_given_a_name_is_cancelled_by_it(replica: EngineReplica) -> None:
+    """The front door's blocking call (ReplicaCluster.generate) that stops waiting cancels its request by name, as a
+    stream's: `generate` took no name, so a request whose wait timed out ran on to its length here."""
+    assert replica.cancel("g-early") is False  # its generate has not arrived yet
+    result = replica.generate(list(range(1, 9)), MAX_NEW, {"ignore_eos": True}, "g-early")
+    assert result.finish_reason == "cancelled" and len(result.token_ids) < MAX_NEW
+    assert "g-early" not in replica._handles and "g-early" not in replica._early_cancels
+    plain = replica.generate(list(range(1, 9)), MAX_NEW, {"ignore_eos": True}, "g-plain")
+    assert plain.finish_reason == "length" and len(plain.token_ids) == MAX_NEW

@@ -1,0 +1,40 @@
+"""ReplicaCluster.generate (the Python API's blocking call) that stops waiting for its replica cancels the request
+there: past `call_timeout` it raised 503 and released the request's load, but the request ran on on the replica
+(to its max_new_tokens, holding its KV and a slot) while the router counted that replica idle. Stand-in replicas
+(tests/cluster/stand_in.py): replica 0 never answers the call, and the test reads the cancels it was sent."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from radixcache.runtime.engine.errors import ReplicaUnavailableError
+from tests.cluster.stand_in import install
+
+
+def test_a_generate_past_call_timeout_is_cancelled_on_its_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    cluster = ReplicaCluster("fake", 2, router="round_robin", poll_interval=None, call_timeout=0.2)
+    never: Future[Any] = Future()
+    names: list[Any] = []
+    frozen = cluster.actor(0)
+
+    def generate(prompt: list[int], max_new: int, kwargs: dict[str, Any], *name: str) -> Future[Any]:
+        names.append(name)
+        return never
+
+    frozen._generate = generate
+    try:
+        with pytest.raises(ReplicaUnavailableError, match=r"did not answer within 0\.2 s"):
+            cluster.generate([1, 2, 3], 2)  # round robin: replica 0
+        assert len(names) == 1 and len(names[0]) == 1, "the replica got no name to cancel the request by"
+        assert frozen.cancels == [names[0][0]]
+        assert cluster.generate([1, 2, 3], 2) == "done on 1"  # the next one, on replica 1, is not cancelled
+        assert cluster.actor(1).cancels == [] and cluster.loads.in_flight() == 0 and cluster.alive == (0, 1)
+    finally:
+        never.set_result(None)
+        cluster.close()
