@@ -22,7 +22,23 @@ from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
 if TYPE_CHECKING:
     from radixcache.runtime.kv.tier.disk_store import DiskStore
 
-_DIR = click.argument("directory", metavar="DIR", type=click.Path(exists=True, file_okay=False))
+
+class _CacheDir(click.Path):
+    """A cache directory, a leading `~` expanded as the engine expands `--cache-dir` (kv.tier.disk_layout.cache_path):
+    a quoted '~/kv' (or one given by a script, which no shell expands) is the engine's directory, not a missing one."""
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        from radixcache.runtime.kv.tier.disk_layout import cache_path  # no torch
+
+        if isinstance(value, str):
+            try:
+                value = cache_path(value)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        return super().convert(value, param, ctx)
+
+
+_DIR = click.argument("directory", metavar="DIR", type=_CacheDir(exists=True, file_okay=False))
 
 
 def _open(directory: str) -> DiskStore:

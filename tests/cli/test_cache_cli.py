@@ -159,3 +159,17 @@ def test_the_cache_commands_do_not_load_torch(cache_dir: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code, str(cache_dir)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "4 ok" in done.stdout
+
+
+@pytest.mark.parametrize("command", ["stats", "verify", "clear"])
+def test_a_quoted_tilde_is_the_home_folder_as_the_engine_takes_it(
+    runner, cache_dir: Path, monkeypatch, command: str
+) -> None:
+    """'~/kv-cache' (quoted, or from a script: no shell expands it) is the directory the engine's --cache-dir names
+    (kv.tier.disk_layout.cache_path), not a missing one."""
+    monkeypatch.setenv("HOME", str(cache_dir.parent))
+    args = ["cache", command, "~/kv-cache"] + (["--yes"] if command == "clear" else [])
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert str(cache_dir) in result.output or "4 ok" in result.output
+    assert (page_files(cache_dir) == []) == (command == "clear")
