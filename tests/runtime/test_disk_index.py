@@ -140,3 +140,26 @@ def test_threads_putting_and_reading_keep_the_index_consistent(open_store, tmp_p
     assert s.corrupt_pages == 0 and s.writes == n and s.evicted_pages == n - s.pages
     assert {f.stem for f in files} == {k.hex() for k in (h(i) for i in range(n)) if k in store}
     assert open_store().stats().pages == s.pages
+
+
+def test_mtimes_in_the_future_are_brought_back_to_now_at_open_in_their_order(open_store) -> None:
+    """Pages stamped while the clock ran a day ahead (corrected between runs) looked the newest at a restart, and
+    outlived every page written after it at the size limit: at open they are stamped now (their order kept), so the
+    pages written since are newer, also at the next open."""
+    store = open_store()
+    write(store, 0, 1, 2)
+    size = store.stats().bytes // 3
+    store.close()
+    day = 86400
+    for i, ahead in ((0, 2 * day), (1, day), (2, -60)):  # 0 the newest, then 1, then 2 (an hour-old page)
+        t = time.time() + ahead
+        os.utime(page_path(store, h(i)), (t, t))
+    reopened = open_store(max_bytes=3 * size)
+    write(reopened, 3)  # newer than all three: 2 goes (the oldest)
+    write(reopened, 4)  # then 1 (the older of the two future pages)
+    assert [page_path(store, h(i)).exists() for i in range(5)] == [True, False, False, True, True]
+    reopened.close()
+    assert all(page_path(store, h(i)).stat().st_mtime <= time.time() for i in (0, 3, 4))
+    third = open_store(max_bytes=3 * size)
+    write(third, 5)  # 0 is now the oldest of the three, by its file's mtime too
+    assert [page_path(store, h(i)).exists() for i in (0, 3, 4, 5)] == [False, True, True, True]

@@ -169,3 +169,20 @@ def scan_pages(cache_dir: CacheDir) -> list[tuple[bytes, PageEntry, int]]:
         found.append((st.st_mtime_ns, path, page_hash, PageEntry(path, st.st_size, tag)))
     found.sort(key=lambda item: (item[0], item[1]))
     return [(page_hash, entry, mtime_ns) for mtime_ns, _, page_hash, entry in found]
+
+
+def clamp_future(found: list[tuple[bytes, PageEntry, int]], now_ns: int) -> list[tuple[str, int]]:
+    """Bring the stamps of `found` (scan_pages' list, oldest first) that are later than `now_ns` back to it, in place:
+    the newest to `now_ns`, each one before it STEP_NS older, so their order stays and every page written from now
+    on is newer (files stamped while the clock ran ahead, then corrected, would otherwise look newest and outlive
+    everything at the size limit). Returns the (path, ns) mtimes to give their files, so that the next open agrees."""
+    due: list[tuple[str, int]] = []
+    bound = now_ns
+    for i in reversed(range(len(found))):
+        page_hash, entry, mtime_ns = found[i]
+        if mtime_ns <= bound:
+            break  # sorted: every one before it is older still
+        found[i] = (page_hash, entry, bound)
+        due.append((entry.path, bound))
+        bound -= STEP_NS
+    return due

@@ -51,11 +51,11 @@ from typing import TypeVar
 
 from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow_split
 from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, PageWrite, encode_page
-from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, scan_pages
+from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, clamp_future, scan_pages
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, cache_path, fingerprint_tag
 from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into, read_indexed
 from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport, remove_file, verify_pages
-from radixcache.runtime.kv.tier.disk_stamps import Hashes, OwedRefreshes
+from radixcache.runtime.kv.tier.disk_stamps import Hashes, OwedRefreshes, set_mtimes
 from radixcache.runtime.kv.tier.disk_writer import PagePathTaken, WriteQueue, write_page_file
 
 __all__ = [
@@ -140,6 +140,10 @@ class DiskStore:
     def _scan(self) -> None:
         """Build the index from names and stat, least recently used (oldest mtime) first."""
         found = scan_pages(self.layout)
+        with self._lock:
+            future = clamp_future(found, self._owed.now())  # mtimes past the clock: now, in their order
+        if self.enabled:  # an inspecting handle writes nothing
+            set_mtimes(future)
         for tag in {entry.tag for _, entry, _ in found}:
             self._fingerprint_name(tag)
         with self._lock:
