@@ -56,7 +56,7 @@ from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, cache_
 from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into, read_indexed
 from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport, remove_file, verify_pages
 from radixcache.runtime.kv.tier.disk_stamps import Hashes, OwedRefreshes, set_mtimes
-from radixcache.runtime.kv.tier.disk_writer import PagePathTaken, WriteQueue, write_page_file
+from radixcache.runtime.kv.tier.disk_writer import PagePathTaken, PageWriteLost, WriteQueue, write_page_file
 
 __all__ = [
     "FORMAT_VERSION",
@@ -296,6 +296,8 @@ class DiskStore:
                 entry = self._write_page(write._replace(used_ns=stamp))
             except PagePathTaken as exc:  # this page's own path: the others still go to disk
                 log.warning("disk KV cache: cannot write a page: %s", exc)
+            except PageWriteLost as exc:  # a clear took it: dropped, as the clear drops the queued ones
+                log.info("disk KV cache: a page was not written: %s", exc)
             except OSError as exc:
                 self._disable(f"writing a page failed: {exc}")
             except Exception:  # a bug must not kill the writer and leave flush() waiting forever

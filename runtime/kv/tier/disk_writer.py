@@ -40,10 +40,16 @@ class PagePathTaken(OSError):
     """A folder sits where one page's file goes: that page cannot be written, but the store can write others."""
 
 
+class PageWriteLost(OSError):
+    """A page's temporary file or folder vanished while it was written, again after the folders were made anew: a
+    `cache clear` (which deletes every temporary file) racing the writer. That page is dropped; the store writes on."""
+
+
 def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> PageEntry:
     """Write one page file durably: a temporary file, fsync, an atomic rename into place, fsync of its folder (and
     of the fingerprint folder when the page's folder is new). When a folder vanished meanwhile (a `cache clear`, an
-    `rm -r`), recreate the folders once and retry. Raises PagePathTaken when a folder holds the page's name (a
+    `rm -r`), recreate the folders once and retry; PageWriteLost when it vanishes again (a clear racing the writer,
+    which takes the temporary file too). Raises PagePathTaken when a folder holds the page's name (a
     rename never replaces one; any other entry there is replaced), OSError for other failures (a file renamed into
     place before its folder's fsync failed is removed: it is not in the index)."""
     path = cache_dir.page_path(write.page_hash)
@@ -63,8 +69,10 @@ def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> 
         except OSError as exc:
             if is_real_dir(path):
                 raise PagePathTaken(exc.errno, "a folder holds the page's name", path) from exc
-            if attempt or exc.errno != errno.ENOENT:
+            if exc.errno != errno.ENOENT:
                 raise
+            if attempt:
+                raise PageWriteLost(exc.errno, "deleted while written (a cache clear?)", path) from exc
             cache_dir.ensure_page_dirs(fingerprint)
     raise AssertionError("unreachable")
 

@@ -240,3 +240,28 @@ def test_a_page_whose_folder_fsync_fails_leaves_index_and_directory_equal(open_s
     assert not stats.enabled  # the write failed: the store stops writing, as for any write error
     assert (stats.pages, stats.bytes) == (len(files), sum(f.stat().st_size for f in files))
     assert files == [page_path(store, h(0))]
+
+
+def test_a_clear_that_takes_a_pages_temporary_file_twice_drops_that_page_only(open_store, monkeypatch) -> None:
+    """`cache clear` run again and again against a live engine's directory deletes every temporary file, the
+    writer's too: a write whose temporary file vanished on both its tries (ENOENT at the rename) disabled disk writes
+    for the rest of the process. That page is dropped; the store writes the next ones."""
+    store = open_store()
+    real_replace = os.replace
+    raced = []
+
+    def clear_races(src, dst, *a, **kw):
+        if str(dst).endswith(".kvpage") and Path(dst).name.startswith(h(0).hex()):
+            raced.append(src)
+            os.unlink(src)  # what the clear does to every temporary file of the store's naming
+        return real_replace(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "replace", clear_races)
+    assert store.put(h(0), toks(0), payload(0), META) and store.flush(timeout=10)
+    assert len(raced) == 2  # both tries lost their file
+    write(store, 1)
+    stats = store.stats()
+    assert stats.enabled
+    assert store.read(h(1), toks(1)) == (payload(1), META)
+    assert store.count_prefix([h(0)]) == 0 and not page_path(store, h(0)).exists()
+    assert stats.dropped_writes == 1 and stats.pages == 1
