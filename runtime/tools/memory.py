@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import copy
 import threading
+from array import array
 from collections.abc import Hashable, Sequence
 
 from radixcache.runtime.tools.fair_lru import FairLRU, fair_scope
 from radixcache.runtime.tools.messages import ToolCall
 
-# raw text, the calls, the emitted token ids (empty: not known), the content outside the calls (None: not known)
-_Entry = tuple[str, tuple[ToolCall, ...], tuple[int, ...], str | None]
+# raw text, the calls, the emitted token ids (empty: not known), the content outside the calls (None: not known); the
+# ids as 8-byte machine integers: a tuple of them held an int object (28 bytes) past its 8-byte slot for each id
+_Entry = tuple[str, tuple[ToolCall, ...], array, str | None]
 _Ids = tuple[str, ...]
 
 
@@ -77,7 +79,7 @@ class ToolCallMemory:
         ("" for none), which a replayed message must say for `raw_text` to stand for it."""
         if calls:
             self._store.put(
-                self.namespace, tuple(c.id for c in calls), (raw_text, tuple(calls), tuple(token_ids), content)
+                self.namespace, tuple(c.id for c in calls), (raw_text, tuple(calls), array("q", token_ids), content)
             )
 
     def lookup(self, calls: Sequence[ToolCall], content: str | None = None) -> str | None:
@@ -100,7 +102,7 @@ class ToolCallMemory:
             same = len(known) == len(calls) and all(a.same_call(b) for a, b in zip(known, calls, strict=True))
         except ValueError:
             return None
-        return (raw, ids) if same else None
+        return (raw, tuple(ids)) if same else None
 
     def __len__(self) -> int:
         return len(self._store.owner)
@@ -146,8 +148,7 @@ class _Store:
 
 
 def _size(entry: _Entry) -> int:
-    """An entry's size in bytes, estimated: its characters, and 8 bytes a token id (a tuple's slot; ids past 256
-    are objects of their own, 28 bytes more, which the estimate leaves to the bound's slack)."""
+    """An entry's size in bytes, estimated: its characters (one byte each for ASCII text), and 8 bytes a token id."""
     raw, calls, ids, content = entry
     said = sum(len(c.id) + len(c.name) + len(c.arguments) for c in calls)
     return len(raw) + said + 8 * len(ids) + len(content or "") + 200  # 200: the tuples and the key

@@ -5,6 +5,9 @@ turns then re-rendered them and missed the cache)."""
 
 from __future__ import annotations
 
+import random
+import tracemalloc
+
 from radixcache.runtime.tools import ToolCallMemory
 from radixcache.runtime.tools.messages import ToolCall
 
@@ -59,3 +62,26 @@ def test_the_bytes_bound_is_shared_the_same_way() -> None:
     huge = _calls("h", 1)[0]
     memory.scoped("huge").remember(huge, "z" * 200_000)  # the newest always stays, whatever its size
     assert memory.scoped("huge").lookup(huge) == "z" * 200_000 and len(memory) == 1
+
+
+def test_the_bytes_bound_bounds_the_memory_the_entries_take() -> None:
+    """Each id was an int object (28 bytes) besides its tuple slot (8), which the byte estimate left out: past 256
+    they are objects of their own, so remembered long replies took 3.6 times the bound (64 MiB: 234 MiB). The ids
+    are kept as 8-byte integers, what the estimate counts."""
+    rng = random.Random(0)
+    first, kept = [ToolCall("call_0", "f", '{"x": 1}')], None
+    tracemalloc.start()
+    try:
+        memory = ToolCallMemory()
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(100):
+            ids = [rng.randrange(300, 49152) for _ in range(2000)]  # as the engine's output: an int object each
+            raw = "".join(rng.choice("abcdefgh ") for _ in range(4000))
+            memory.remember(first if i == 0 else [ToolCall(f"call_{i}", "f", '{"x": 1}')], raw, ids, content="")
+            kept = kept or (raw, tuple(ids))
+            del ids
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert taken <= 1.3 * memory.bytes, (taken, memory.bytes)
+    assert memory.lookup_emitted(first, "") == kept  # the text and ids as remembered, ids a tuple of ints
