@@ -40,6 +40,9 @@ from radixcache.runtime.tools.use import CallIds
 # The front door fails a request its replica has not admitted within the queue timeout plus this (the replica's own
 # verdict, with its wording, gets the first chance; under a starved CPU it can come back over Ray seconds late).
 ADMISSION_GRACE_S = 0.25
+# ... and one its replica has not ended within its `timeout` plus this (the replica's step that ends it, and its
+# result's way back, get this long: a slow replica still ends it with what it generated).
+TIMEOUT_GRACE_S = 10.0
 
 
 class ClusterEngine:
@@ -258,6 +261,8 @@ class ClusterEngine:
         try:  # whatever raises from here ends the handle (its caller would wait for ever) and leaves no request
             request = cluster.route_request(prompt, options.max_new_tokens, options.namespace, options.session)
             options = options.updated(session=None)  # the session chose the replica; its engine never sees it
+            # its replica ends it at its timeout; past that and a grace (a frozen replica ends nothing), the front door
+            end_by = None if options.timeout is None else handle.sent_at + options.timeout + TIMEOUT_GRACE_S
             result = None
             while result is None:
                 replica, rid = cluster.dispatch(request, tried)
@@ -274,7 +279,7 @@ class ClusterEngine:
                         cluster.control(replica, "cancel").remote(req.rid)
                     while result is None:  # the last item is ("done", result): never wait past it
                         by = None if admitted else sent_at + queue_timeout + ADMISSION_GRACE_S  # type: ignore[operator]
-                        kind, value, extra = ray.get(next_item(cluster, stream, replica, req.rid, by))
+                        kind, value, extra = ray.get(next_item(cluster, stream, replica, req.rid, by, end_by))
                         if not started:  # its admission (or an end before it): no longer queued
                             started = True
                             self.queue.mark(req.rid, False)

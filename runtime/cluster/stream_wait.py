@@ -13,12 +13,22 @@ if TYPE_CHECKING:
     from radixcache.runtime.cluster.cluster import ReplicaCluster
 
 
-def next_item(cluster: ReplicaCluster, stream: Any, replica: int, rid: str, admit_by: float | None = None) -> Any:
+def next_item(
+    cluster: ReplicaCluster,
+    stream: Any,
+    replica: int,
+    rid: str,
+    admit_by: float | None = None,
+    end_by: float | None = None,
+) -> Any:
     """The stream's next item (an object ref), awaited at most `call_timeout` seconds. A replica that sends
     nothing for that long has the request cancelled there and the caller gets ReplicaUnavailableError (503).
     A dead replica's stream has its next item at once: the actor error, raised by `ray.get`. `admit_by`
     (time.monotonic()): a request not yet admitted by then is cancelled there and fails with QueueTimeoutError,
-    as the replica's engine would have failed it, without waiting for that verdict to come back."""
+    as the replica's engine would have failed it, without waiting for that verdict to come back. `end_by`
+    (time.monotonic()): past it (the request's `timeout` and a grace for its replica to end it and say so) it is
+    cancelled there and fails with ReplicaUnavailableError: a frozen replica ends nothing, and the request's
+    timeout (the server's --request-timeout) is the most its caller waits."""
     start = time.monotonic()
     while True:
         now = time.monotonic()
@@ -28,13 +38,19 @@ def next_item(cluster: ReplicaCluster, stream: Any, replica: int, rid: str, admi
             raise QueueTimeoutError(
                 f"request {rid} was not admitted within the queue timeout of {timeout} s", retry_after=timeout
             )
+        if end_by is not None and now >= end_by:
+            cluster.control(replica, "cancel").remote(rid)
+            raise ReplicaUnavailableError(
+                f"engine replica {replica} did not end request {rid} at its timeout; the request was cancelled"
+            )
         left = cluster.call_timeout - (now - start)
         if left <= 0:
             cluster.control(replica, "cancel").remote(rid)  # it stops computing; its stream then ends on its own
             raise ReplicaUnavailableError(
                 f"engine replica {replica} sent nothing for {cluster.call_timeout} s; the request was cancelled"
             )
-        ready, _ = cluster.ray.wait([stream], timeout=left if admit_by is None else min(left, admit_by - now))
+        bounds = [left, *(by - now for by in (admit_by, end_by) if by is not None)]
+        ready, _ = cluster.ray.wait([stream], timeout=min(bounds))
         if ready:
             break
     try:
