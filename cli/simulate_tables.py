@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from rich.console import Console
@@ -15,9 +16,21 @@ from radixcache.sim.routing_results import RoutingResult
 
 
 def print_json(summary: dict) -> None:
-    """`--json`: the summary, indented, and a newline."""
-    json.dump(summary, sys.stdout, indent=2)
+    """`--json`: the summary, indented, and a newline. A figure past the doubles (a TTFT of 1e308 ms a token over
+    many tokens is inf) is null: JSON has no Infinity or NaN, and strict parsers refuse them."""
+    json.dump(_finite(summary), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
+
+
+def _finite(value: object) -> object:
+    """`value` with every non-finite float in it (at any depth) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def print_report(trace: str, report: SimReport) -> None:

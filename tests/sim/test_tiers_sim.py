@@ -352,3 +352,16 @@ def test_device_hits_refresh_the_tiers_copies_as_the_engine_does(tier: str) -> N
     assert r.tiers.hit_tokens == {"device": 7 * BLOCK, tier: BLOCK}
     assert r.tiers.loaded_blocks == {tier: 1}
     assert r.hit_tokens == simulate(w, 3).hit_tokens + BLOCK  # the device's hits are the device alone's
+
+
+@pytest.mark.parametrize("extra", [["--host-capacity-blocks", "200"], ["--replicas", "2"]])
+def test_cli_json_is_strict_when_a_cost_overflows(chat_file: Path, extra: list[str]) -> None:
+    args = ["simulate", str(chat_file), "--capacity-blocks", "100", "--page-size", "4", "--json", *extra]
+    code, out, err = run(*args, "--prefill-ms-per-token", "1e308")
+    assert code == 0, err
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    report = json.loads(out, parse_constant=refuse)
+    assert report["ttft_mean_s"] is None  # 1e308 ms over the prompt's tokens is past the doubles
