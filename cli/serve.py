@@ -138,6 +138,13 @@ def _check_max_model_len(model: str, max_model_len: int | None) -> None:
     "own `timeout` field may only lower it [default: no limit].",
 )
 @click.option(
+    "--stream-stall-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Most seconds a stream's next chunk may wait for a client that stopped reading; then the stream is given "
+    "up (its requests cancelled, their KV freed) and ends with error stream_stalled [default: 60].",
+)
+@click.option(
     "--max-model-len",
     type=click.IntRange(min=2),
     help="Most tokens (prompt + completion) per request, at most the model's context; longer prompts get 400 "
@@ -188,6 +195,7 @@ def serve(
     max_queue: int | None,
     queue_timeout: float | None,
     request_timeout: float | None,
+    stream_stall_timeout: float | None,
     max_model_len: int | None,
     max_body_size: str,
     replicas: int | None,
@@ -242,7 +250,8 @@ def serve(
         # a default for a key no caller can send (a typo, or no --api-key at all): it would never apply
         raise click.BadParameter("a KEY=SECONDS names a key that no --api-key gives", param_hint="'--retain-for'")
     timeouts = (("--request-timeout", request_timeout), ("--queue-timeout", queue_timeout))
-    for name, seconds in (*timeouts, ("--shutdown-timeout", shutdown_timeout)):
+    timeouts += (("--stream-stall-timeout", stream_stall_timeout), ("--shutdown-timeout", shutdown_timeout))
+    for name, seconds in timeouts:
         if seconds is not None and not math.isfinite(seconds):  # FloatRange lets nan and inf through
             raise click.BadParameter(f"{seconds} is not a finite number of seconds", param_hint=f"'{name}'")
     try:
@@ -295,6 +304,7 @@ def serve(
             request_timeout=request_timeout,
             lease_defaults=lease_defaults,
             max_body_bytes=max_body_bytes,
+            **({} if stream_stall_timeout is None else {"stream_stall_timeout": stream_stall_timeout}),
         )
         port = listeners[0].getsockname()[1]
         click.echo(f"serving {name} on http://{host}:{port}/v1 (Ctrl-C to stop)", err=True)
