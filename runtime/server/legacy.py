@@ -32,6 +32,7 @@ from radixcache.runtime.tools.fair_lru import FairLRU, fair_scope
 from radixcache.runtime.tools.messages import call_arguments, canonical_arguments
 
 MAX_REMEMBERED = 4096  # legacy calls whose ids the server keeps (the oldest are forgotten first)
+MAX_REMEMBERED_BYTES = 16 << 20  # and the characters of their keys (arguments may be a whole context of text)
 FINISH = {"tool_calls": "function_call"}
 
 
@@ -40,21 +41,27 @@ class LegacyCalls:
     scope is the caller's cache namespace, the context the digest of the conversation the call answered (`contexts`)
     and "" stands for any (the latest such call of the scope), least recently remembered or replayed first.
 
-    Bounded on all scopes together (`size` calls), shared by the scopes' tenants; past it the tenant holding the most
+    Bounded on all scopes together (`size` calls, and `max_bytes` characters of keys: a call's arguments may be a
+    whole context: 4,096 of them could hold gigabytes; a call weighing more than an eighth of it is not kept, as it
+    would flush every scope's calls), shared by the scopes' tenants; past it the tenant holding the most
     loses its least recently used (runtime/tools/fair_lru.py), so one tenant's legacy calls (under any salts) never
     evict another's while that one holds no more than its share (its next turn would have fallen back to positional
     ids: another prompt, a cache miss)."""
 
-    def __init__(self, size: int = MAX_REMEMBERED) -> None:
+    def __init__(self, size: int = MAX_REMEMBERED, max_bytes: int = MAX_REMEMBERED_BYTES) -> None:
         self.size = size
+        self.max_bytes = max_bytes
         # two keys per call, each (scope, context, name, arguments), shared by the scope's tenant
-        self._ids: FairLRU[tuple[Hashable, str, str, str], str] = FairLRU(2 * size)
+        self._ids: FairLRU[tuple[Hashable, str, str, str], str] = FairLRU(2 * size, max_bytes)
 
     def remember(self, calls: Sequence[Any], context: str = "", scope: Hashable = None) -> None:
         for call in calls[:1]:  # the reply shows its first call only
             arguments = canonical_arguments(call.arguments)
+            weight = len(context) + len(call.name) + len(arguments) + len(call.id) + 200  # 200: the tuple, the entry
+            if 2 * weight > self.max_bytes // 8:
+                continue
             for key in ((context, call.name, arguments), ("", call.name, arguments)):
-                self._ids.put(fair_scope(scope), (scope, *key), call.id)
+                self._ids.put(fair_scope(scope), (scope, *key), call.id, weight)
 
     def id_for(self, name: str, arguments: str, context: str = "", scope: Hashable = None) -> str | None:
         """The id remembered for this call (refreshed: a call an agent replays every turn is in use, and evicting it

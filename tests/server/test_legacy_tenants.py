@@ -7,6 +7,7 @@ from `usage.prompt_tokens` which calls another tenant's conversations had made."
 from __future__ import annotations
 
 import json
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,3 +98,28 @@ def test_a_call_replayed_every_turn_outlives_newer_calls_nobody_replays() -> Non
         calls.remember([ToolCall(f"call_other{i}", "add", f'{{"a": {i + 3}}}')], f"ctx{i}", scope="ns")
         (_, assistant, result) = legacy_messages(_history(arguments), calls, "ns")  # the agent's next turn
         assert (assistant["tool_calls"][0]["id"], result["tool_call_id"]) == ("call_first", "call_first"), i
+
+
+def test_the_remembered_ids_are_bounded_in_bytes_too() -> None:
+    """The ids were bounded by count alone, and each key holds the call's arguments, which may be a whole context:
+    4,096 long calls held gigabytes. Past about 16 MiB (docs/server.md) the tenant holding the most loses its oldest;
+    a call heavier than an eighth of the bound is not kept (it would flush every tenant's)."""
+    calls = LegacyCalls()
+    calls.remember([ToolCall("call_quiet", "add", '{"a": 1}')], "ctx", scope="quiet")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(1200):
+            text = f"{i:05d}" * 4000  # 20,000 characters of its own
+            calls.remember([ToolCall(f"call_{i}", "echo", json.dumps({"text": text}))], f"ctx{i}", scope="busy")
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert taken <= 17 << 20, taken  # 1,200 calls of 20,000 characters: 24 MB unbounded
+    assert calls.id_for("add", '{"a": 1}', "ctx", scope="quiet") == "call_quiet"
+    last = json.dumps({"text": "01199" * 4000})
+    assert calls.id_for("echo", last, "ctx1199", scope="busy") == "call_1199"
+    huge = json.dumps({"text": "x" * (3 << 20)})  # past an eighth of the bound: not kept, nothing evicted for it
+    calls.remember([ToolCall("call_huge", "echo", huge)], "ctx", scope="busy")
+    assert calls.id_for("echo", huge, "ctx", scope="busy") is None
+    assert calls.id_for("echo", last, "ctx1199", scope="busy") == "call_1199"
