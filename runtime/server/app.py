@@ -103,6 +103,7 @@ def create_app(
         # uvicorn has let in-flight HTTP requests finish (or cancelled them); abort whatever the engine holds.
         inflight.cancel_all()
         await asyncio.to_thread(engine.wait_idle, SHUTDOWN_WAIT_S)
+        control.close()
 
     app = FastAPI(title="radixcache", lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=max_body_bytes)

@@ -23,13 +23,15 @@ class ControlReads:
     flight waits for that one's answer (or error) instead of starting its own."""
 
     def __init__(self) -> None:
-        self._executor = ThreadPoolExecutor(CONTROL_THREADS, thread_name_prefix="radixcache-control")
+        self._executor: ThreadPoolExecutor | None = None  # made at the first read, and again after `close`
         self._inflight: dict[str, asyncio.Future[Any]] = {}
 
     async def run(self, kind: str, fn: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()
         shared = self._inflight.get(kind)
         if shared is None or shared.get_loop() is not loop:  # a future of another loop (a new TestClient) is not ours
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(CONTROL_THREADS, thread_name_prefix="radixcache-control")
             shared = loop.run_in_executor(self._executor, functools.partial(fn, *args))
             self._inflight[kind] = shared
             shared.add_done_callback(functools.partial(self._finished, kind))
@@ -40,3 +42,9 @@ class ControlReads:
             del self._inflight[kind]
         if not future.cancelled():
             future.exception()  # retrieved: an error no caller awaited any more is not logged as never retrieved
+
+    def close(self) -> None:
+        """Let the threads go once their reads end (the app's shutdown): an app made per test kept two for good."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None

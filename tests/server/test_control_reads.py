@@ -67,3 +67,20 @@ def test_a_completion_is_answered_while_scrapes_and_probes_wait_on_frozen_replic
     finally:
         engine.thaw.set()
         engine.close()
+
+
+def test_the_control_threads_end_with_the_app() -> None:
+    """An app's shutdown lets its control threads go (an app made per test, or per server restart in one process,
+    kept two idle threads for good); a later start makes them again."""
+    m = tiny_model(seed=4)
+    with Engine(RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size)), capacity_blocks=64) as engine:
+        app = create_app(engine, "tiny", public_metrics=True)
+        for _ in range(2):
+            with TestClient(app) as client:
+                assert client.get("/metrics").status_code == 200
+                assert client.get("/health/cache").json()["invariants"] == "ok"
+                mine = [t for t in threading.enumerate() if t.name.startswith("radixcache-control")]
+                assert mine
+            for t in mine:
+                t.join(HANG_S)
+            assert not any(t.is_alive() for t in mine)
