@@ -26,6 +26,7 @@ from typing import Any
 from radixcache.page_hash import PageHasher
 from radixcache.router import LoadTracker, RouteRequest, RouterIndex, make_router
 from radixcache.runtime.cluster.fanout import ask_each, read_wait
+from radixcache.runtime.cluster.membership import Membership
 from radixcache.runtime.cluster.placement import (
     CONTROL_GROUP,
     CONTROL_THREADS,
@@ -42,7 +43,7 @@ from radixcache.runtime.cluster.placement import (
 )
 from radixcache.runtime.cluster.replica import EngineReplica
 from radixcache.runtime.cluster.resend import check_resend
-from radixcache.runtime.engine.errors import EngineDeadError, ReplicaUnavailableError
+from radixcache.runtime.engine.errors import ReplicaUnavailableError
 
 log = logging.getLogger("radixcache.cluster")
 
@@ -64,7 +65,7 @@ class ClusterStats:
     routed: dict[int, int]
 
 
-class ReplicaCluster:
+class ReplicaCluster(Membership):
     """`replicas` engine replicas of `model` behind the router `router` (radixcache.router.ROUTERS).
 
     `engine_kwargs` go to every replica's Engine; `threads` is each replica's torch thread count and `cpus` its
@@ -243,34 +244,6 @@ class ReplicaCluster:
 
     # ------------------------------------------------------------------ membership and events
 
-    def actor_died(self, replica: int, exc: BaseException) -> bool:
-        """Whether `exc` (from `replica`) says it serves no more (it then leaves the routing set): its actor died, or
-        its engine loop did (EngineDeadError; that actor is ended for Ray to restart, to rejoin as a new process)."""
-        if not isinstance(exc, self.actor_errors):
-            if not isinstance(getattr(exc, "cause", exc), EngineDeadError):
-                return False
-            with self._lock:  # one kill, by the first to see it (a second could end the restarted process)
-                first = replica in self._alive and self._broken.get(replica) != self._incarnation.get(replica)
-                self._broken[replica] = self._incarnation.get(replica)
-            if first:
-                self.ray.kill(self._actors[replica], no_restart=False)
-        self.mark_dead(replica, exc)
-        return True
-
-    def mark_dead(self, replica: int, exc: BaseException) -> None:
-        """`replica` failed a call: it leaves the routing set now (index, load and router memory dropped)."""
-        with self._lock:
-            if replica not in self._alive:
-                return
-            self._alive.discard(replica)
-            self._deaths += 1
-            self.index.remove_replica(replica)
-            self.loads.remove_replica(replica)
-            forget = getattr(self.router, "forget", None)
-            if forget is not None:
-                forget(replica)
-        log.warning("engine replica %d left the routing set: %s", replica, exc)
-
     def _poll_forever(self) -> None:
         assert self.poll_interval is not None
         while not self._stop.wait(self.poll_interval):
@@ -278,67 +251,6 @@ class ReplicaCluster:
                 self.poll(POLL_WAIT_S)
             except Exception:  # one bad round must not end the polling for good (the thread would die silently)
                 log.exception("polling the replicas' cache events failed; polling on")
-
-    def poll(self, wait: float | None = None) -> None:
-        """One round: pull every live replica's new event batches; look for dead ones that Ray has restarted. A
-        replica that does not answer within `wait` seconds (None: call_timeout) is skipped this round. The poller
-        waits POLL_WAIT_S: one frozen replica held it for call_timeout a round, and every other replica's events
-        and rejoin with it."""
-        for replica in self._actors:
-            self.sync(replica, wait)
-
-    def sync(self, replica: int, wait: float | None = None) -> None:
-        """Bring `replica`'s index up to date now (its new batches, or a resync), or see whether a dead replica is
-        back, waiting at most `wait` seconds for its answers (None: call_timeout). One caller per replica at a time
-        (a per-replica lock), so batches are applied once, in order."""
-        wait = self.call_timeout if wait is None else min(wait, self.call_timeout)
-        ray = self.ray
-        with self._sync_locks[replica]:
-            with self._lock:
-                alive = replica in self._alive
-                last = self.index.last_seq(replica) if alive else 0
-            try:
-                if not alive:
-                    info = ray.get(self.control(replica, "info").remote(), timeout=1.0)
-                    if info["incarnation"] != self._broken.get(replica):  # not the process whose engine died
-                        self._rejoin(replica, info["incarnation"])
-                    return
-                incarnation, batches = ray.get(self.control(replica, "events_since").remote(last), timeout=wait)
-            except self.actor_errors as exc:
-                self.mark_dead(replica, exc)
-                return
-            except ray.exceptions.GetTimeoutError:
-                return
-            if incarnation == self._incarnation.get(replica) and batches is not None:
-                with self._lock:
-                    if replica not in self._alive or all(self.index.apply(b) for b in batches):
-                        return
-            self._resync(replica, wait)
-
-    def _rejoin(self, replica: int, incarnation: str) -> None:
-        """A restarted replica joins again with an empty index (its cache is empty; its events start from 1)."""
-        with self._lock:
-            self._incarnation[replica] = incarnation
-            if replica in self.index:
-                self.index.remove_replica(replica)
-            self.index.add_replica(replica)
-            self._alive.add(replica)
-        log.warning("engine replica %d is back (restarted by Ray)", replica)
-
-    def _resync(self, replica: int, wait: float) -> None:
-        ray = self.ray
-        try:
-            incarnation, seq, keys = ray.get(self.control(replica, "snapshot").remote(), timeout=wait)
-        except self.actor_errors as exc:
-            self.mark_dead(replica, exc)
-            return
-        except ray.exceptions.GetTimeoutError:  # as an event pull's: the index stays as it was, the next sync retries
-            return
-        with self._lock:
-            if replica not in self._alive:
-                return
-            self._incarnation[replica] = incarnation
-            self.index.resync(replica, seq, keys)
 
     # ------------------------------------------------------------------ inspection and shutdown
 

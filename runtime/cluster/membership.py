@@ -1,0 +1,126 @@
+"""The front door's routing set and index upkeep (runtime.cluster.cluster.ReplicaCluster, a Membership): a replica
+whose call fails with a Ray actor error (or whose engine loop died) leaves the routing set; each replica's event
+batches are pulled and applied in order, a gap or a new incarnation resyncs it from a snapshot, and a dead replica
+that Ray restarted rejoins with an empty index."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from radixcache.runtime.engine.errors import EngineDeadError
+
+if TYPE_CHECKING:
+    from radixcache.router import RouterIndex
+
+log = logging.getLogger("radixcache.cluster")
+
+
+class Membership:
+    """ReplicaCluster's membership and event methods; the state is the cluster's (its `__init__` sets it)."""
+
+    ray: Any
+    actor_errors: tuple[type[BaseException], ...]
+    router: Any
+    index: RouterIndex
+    loads: Any
+    call_timeout: float
+    _actors: dict[int, Any]
+    _alive: set[int]
+    _broken: dict[int, str | None]
+    _incarnation: dict[int, str]
+    _lock: threading.Lock
+    _sync_locks: dict[int, threading.Lock]
+    _deaths: int
+    control: Callable[[int, str], Any]  # ReplicaCluster.control
+
+    def actor_died(self, replica: int, exc: BaseException) -> bool:
+        """Whether `exc` (from `replica`) says it serves no more (it then leaves the routing set): its actor died, or
+        its engine loop did (EngineDeadError; that actor is ended for Ray to restart, to rejoin as a new process)."""
+        if not isinstance(exc, self.actor_errors):
+            if not isinstance(getattr(exc, "cause", exc), EngineDeadError):
+                return False
+            with self._lock:  # one kill, by the first to see it (a second could end the restarted process)
+                first = replica in self._alive and self._broken.get(replica) != self._incarnation.get(replica)
+                self._broken[replica] = self._incarnation.get(replica)
+            if first:
+                self.ray.kill(self._actors[replica], no_restart=False)
+        self.mark_dead(replica, exc)
+        return True
+
+    def mark_dead(self, replica: int, exc: BaseException) -> None:
+        """`replica` failed a call: it leaves the routing set now (index, load and router memory dropped)."""
+        with self._lock:
+            if replica not in self._alive:
+                return
+            self._alive.discard(replica)
+            self._deaths += 1
+            self.index.remove_replica(replica)
+            self.loads.remove_replica(replica)
+            forget = getattr(self.router, "forget", None)
+            if forget is not None:
+                forget(replica)
+        log.warning("engine replica %d left the routing set: %s", replica, exc)
+
+    def poll(self, wait: float | None = None) -> None:
+        """One round: pull every live replica's new event batches; look for dead ones that Ray has restarted. A
+        replica that does not answer within `wait` seconds (None: call_timeout) is skipped this round. The poller
+        waits POLL_WAIT_S: one frozen replica held it for call_timeout a round, and every other replica's events
+        and rejoin with it."""
+        for replica in self._actors:
+            self.sync(replica, wait)
+
+    def sync(self, replica: int, wait: float | None = None) -> None:
+        """Bring `replica`'s index up to date now (its new batches, or a resync), or see whether a dead replica is
+        back, waiting at most `wait` seconds for its answers (None: call_timeout). One caller per replica at a time
+        (a per-replica lock), so batches are applied once, in order."""
+        wait = self.call_timeout if wait is None else min(wait, self.call_timeout)
+        ray = self.ray
+        with self._sync_locks[replica]:
+            with self._lock:
+                alive = replica in self._alive
+                last = self.index.last_seq(replica) if alive else 0
+            try:
+                if not alive:
+                    info = ray.get(self.control(replica, "info").remote(), timeout=1.0)
+                    if info["incarnation"] != self._broken.get(replica):  # not the process whose engine died
+                        self._rejoin(replica, info["incarnation"])
+                    return
+                incarnation, batches = ray.get(self.control(replica, "events_since").remote(last), timeout=wait)
+            except self.actor_errors as exc:
+                self.mark_dead(replica, exc)
+                return
+            except ray.exceptions.GetTimeoutError:
+                return
+            if incarnation == self._incarnation.get(replica) and batches is not None:
+                with self._lock:
+                    if replica not in self._alive or all(self.index.apply(b) for b in batches):
+                        return
+            self._resync(replica, wait)
+
+    def _rejoin(self, replica: int, incarnation: str) -> None:
+        """A restarted replica joins again with an empty index (its cache is empty; its events start from 1)."""
+        with self._lock:
+            self._incarnation[replica] = incarnation
+            if replica in self.index:
+                self.index.remove_replica(replica)
+            self.index.add_replica(replica)
+            self._alive.add(replica)
+        log.warning("engine replica %d is back (restarted by Ray)", replica)
+
+    def _resync(self, replica: int, wait: float) -> None:
+        ray = self.ray
+        try:
+            incarnation, seq, keys = ray.get(self.control(replica, "snapshot").remote(), timeout=wait)
+        except self.actor_errors as exc:
+            self.mark_dead(replica, exc)
+            return
+        except ray.exceptions.GetTimeoutError:  # as an event pull's: the index stays as it was, the next sync retries
+            return
+        with self._lock:
+            if replica not in self._alive:
+                return
+            self._incarnation[replica] = incarnation
+            self.index.resync(replica, seq, keys)
