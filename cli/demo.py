@@ -58,7 +58,8 @@ def _check_capacity(requests: list, capacity_blocks: int, page_size: int) -> Non
 
 
 @click.command(cls=FriendlyCommand)
-@click.option("--conversations", default=200, show_default=True, type=click.IntRange(min=1))
+# The workload is held whole (replayed once per policy): 10**20 conversations never returned.
+@click.option("--conversations", default=200, show_default=True, type=click.IntRange(1, 10_000))
 # A size up to int64's, as `simulate` takes: the tree's memory grows with the blocks used, not with the capacity.
 @click.option("--capacity-blocks", default=60_000, show_default=True, type=click.IntRange(1, 2**63 - 1))
 @click.option("--page-size", default=1, show_default=True, type=click.IntRange(min=1))

@@ -11,6 +11,10 @@ from collections.abc import Mapping
 MAX_VOCAB = 2**63
 #: the longest lease hint (retain_for, seconds) a trace's readers take
 MAX_RETAIN_FOR_S = 1e9
+#: the most token ids a generator makes for one length, holds up front (its shared prompts, documents, examples)
+#: or holds for one unit (a conversation's, an agent's or a batch's prompts): 2**24, past any model's context.
+#: Larger ones (system_tokens=10**17) spent hours making ids before the first line was written.
+MAX_TOKENS = 2**24
 
 
 def check_ints(name: str, values: Mapping[str, object]) -> None:
@@ -32,16 +36,30 @@ def check_generator_args(
 ) -> None:
     """Raise ValueError, worded `name: need ...`, unless 1 <= vocab <= 2**63, every length (tokens) is >= 0, every
     time (a mean gap in ms, a spread) is finite and >= 0, and every share (a probability) is in [0, 1]; vocab and the
-    lengths are ints."""
+    lengths are ints, each at most MAX_TOKENS."""
     check_ints(name, {"vocab": vocab, **lengths})
     if not 1 <= vocab <= MAX_VOCAB:
         raise ValueError(f"{name}: need 1 <= vocab <= 2**63, got {vocab!r}")
     for key, length in lengths.items():
-        if not length >= 0:
-            raise ValueError(f"{name}: need {key} >= 0, got {length!r}")
+        if not 0 <= length <= MAX_TOKENS:
+            raise ValueError(f"{name}: need 0 <= {key} <= {MAX_TOKENS:,} (2**24) tokens, got {length!r}")
     for key, value in times.items():
         if not 0 <= value < math.inf:  # NaN fails too
             raise ValueError(f"{name}: need {key} finite and >= 0, got {value!r}")
     for key, value in (shares or {}).items():
         if not 0 <= value <= 1:
             raise ValueError(f"{name}: need {key} in [0, 1], got {value!r}")
+
+
+def check_held(name: str, held: Mapping[str, int]) -> None:
+    """Raise ValueError, worded `name: ...`, when the most tokens a generator could hold for one of `held` (a label
+    naming the parameters, e.g. 'system_prompts x system_tokens') passes MAX_TOKENS. Call after check_generator_args:
+    the bound of each length makes these products small enough to compute."""
+    for what, tokens in held.items():
+        if tokens > MAX_TOKENS:
+            raise ValueError(f"{name}: {what} may reach {tokens:,} tokens, at most {MAX_TOKENS:,} (2**24)")
+
+
+def most(length: int) -> int:
+    """The longest a length drawn around `length` can be (synthetic's _around: up to 1.5x, at least 1)."""
+    return max(1, length + length // 2)

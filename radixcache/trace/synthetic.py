@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from radixcache.trace.agent_sessions import agent_sessions
-from radixcache.trace.generator_args import check_generator_args, check_ints
+from radixcache.trace.generator_args import check_generator_args, check_held, check_ints, most
 from radixcache.trace.records import TokenRequest
 
 
@@ -78,6 +78,15 @@ def multi_turn_chat(
     lengths = {"system_tokens": system_tokens, "user_tokens": user_tokens, "assistant_tokens": assistant_tokens}
     times = {"mean_interarrival_ms": mean_interarrival_ms, "mean_think_ms": mean_think_ms}
     check_generator_args("multi_turn_chat", vocab, lengths, times)
+    n = turns[1]  # turn i's prompt: the system prompt, i user messages and i - 1 replies
+    a_conversation = (
+        n * system_tokens + most(user_tokens) * n * (n + 1) // 2 + most(assistant_tokens) * n * (n - 1) // 2
+    )
+    held = {
+        "system_prompts x system_tokens": system_prompts * system_tokens,
+        "a conversation's prompts": a_conversation,
+    }
+    check_held("multi_turn_chat", held)
 
     def chats() -> Iterator[Unit]:
         rng = random.Random(seed)
@@ -137,6 +146,12 @@ def agent_loops(
     }
     times = {"mean_interarrival_ms": mean_interarrival_ms, "mean_step_ms": mean_step_ms}
     check_generator_args("agent_loops", vocab, lengths, times, {"fanout_prob": fanout_prob})
+    n, width = steps[1], fanout[1] if fanout_prob > 0 else 1  # step i: up to `width` prompts, i steps' growth each
+    grows = max(width * most(action_tokens), most(action_tokens) + most(observation_tokens))
+    start = tool_tokens + most(task_tokens) + most(branch_tokens)
+    held = {"tool_prompts x tool_tokens": tool_prompts * tool_tokens, "an agent's prompts": width * n * start}
+    held["an agent's prompts"] += width * grows * n * (n - 1) // 2
+    check_held("agent_loops", held)
 
     def loops() -> Iterator[Unit]:
         rng = random.Random(seed)
@@ -201,6 +216,7 @@ def rag(
     }
     times = {"mean_interarrival_ms": mean_interarrival_ms, "order_noise": order_noise}
     check_generator_args("rag", vocab, lengths, times)
+    check_held("rag", {"documents x doc_tokens": documents * most(doc_tokens)})  # a prompt: a few of them
     weights = _zipf_weights(documents, zipf, hi)
 
     def queried() -> Iterator[TokenRequest]:
@@ -275,6 +291,13 @@ def few_shot(
     }
     shares = {"fixed_shots_prob": fixed_shots_prob}
     check_generator_args("few_shot", vocab, lengths, {"mean_interarrival_ms": mean_interarrival_ms}, shares)
+    prompt = instruction_tokens + shots[1] * most(example_tokens) + most(query_tokens)
+    held = {
+        "tasks x (instruction_tokens + pool x example_tokens)": tasks
+        * (instruction_tokens + pool * most(example_tokens)),
+        "a batch's prompts": batch_size[1] * prompt,
+    }
+    check_held("few_shot", held)
 
     def batched() -> Iterator[Unit]:
         rng = random.Random(seed)

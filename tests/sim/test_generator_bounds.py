@@ -1,0 +1,59 @@
+"""Sizes past what a trace could hold (MAX_TOKENS token ids for a length, for what a generator makes up front and
+for one conversation's prompts) are refused by name when a generator is called: they made ids for hours before the
+first request (trace gen wrote nothing), and demo's workload, held whole, is bounded too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from radixcache.cli.main import main
+from radixcache.trace.generator_args import MAX_TOKENS
+from radixcache.trace.synthetic import GENERATORS
+
+HUGE = 10**30
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "named"),
+    [
+        ("chat", {"system_tokens": HUGE}, "system_tokens"),
+        ("chat", {"system_tokens": 99999999999999999}, "system_tokens"),
+        ("chat", {"system_prompts": HUGE}, "system_prompts x system_tokens"),
+        ("chat", {"turns": (1, HUGE)}, "a conversation's prompts"),
+        ("chat", {"system_prompts": 1, "system_tokens": MAX_TOKENS // 2, "turns": (3, 3)}, "a conversation's prompts"),
+        ("agent", {"tool_prompts": HUGE}, "tool_prompts x tool_tokens"),
+        ("agent", {"steps": (1, HUGE)}, "an agent's prompts"),
+        ("agent", {"fanout": (1, HUGE)}, "an agent's prompts"),
+        ("rag", {"documents": HUGE}, "documents x doc_tokens"),
+        ("rag", {"doc_tokens": MAX_TOKENS // 4}, "documents x doc_tokens"),
+        ("few-shot", {"tasks": HUGE}, "tasks x"),
+        ("few-shot", {"batch_size": (1, HUGE)}, "a batch's prompts"),
+        ("agent-sessions", {"agents": 1, "steps": (2, 2), "tools_tokens": MAX_TOKENS + 1}, "tools_tokens"),
+        ("agent-sessions", {"agents": HUGE}, "agents"),
+        ("agent-sessions", {"agents": 1, "steps": (1, HUGE)}, "an agent's prompts"),
+    ],
+)
+def test_sizes_past_max_tokens_are_refused_by_name_on_the_call(name: str, args: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named.replace("(", r"\(")):
+        next(iter(GENERATORS[name](**args)))  # lazy generators: the first request would have hung
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_the_defaults_are_well_within_the_bounds(name: str) -> None:
+    assert sum(1 for _ in GENERATORS[name]()) > 0
+
+
+def test_trace_gen_names_the_parameter_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "x.jsonl"
+    args = ["trace", "gen", "chat", str(out), "--set", "system_tokens=99999999999999999"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and "system_tokens" in result.output and "16,777,216" in result.output
+    assert not out.exists()
+
+
+def test_demo_bounds_the_conversations_it_holds() -> None:
+    result = CliRunner().invoke(main, ["demo", "--conversations", str(10**20)])
+    assert result.exit_code == 2 and "--conversations" in result.output
