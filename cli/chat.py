@@ -10,6 +10,21 @@ from radixcache.cli import engine_options
 from radixcache.cli.errors import EXIT_ERROR, EXPECTED, FriendlyCommand, debug_option, describe, fail, one_line
 
 COMMANDS = "/exit to leave, /reset to start over"
+# Control characters (C0, DEL, C1) but newline and tab, each shown as its escape: ESC starts the sequences that
+# write the clipboard (OSC 52), set the title or move the cursor; CR overwrites a line; C1's CSI is ESC [.
+_CONTROLS = {c: ascii(chr(c))[1:-1] for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\n\t"}
+
+
+def terminal_text(text: str) -> str:
+    """`text` as a terminal may show it: a model's reply (or a tool result it echoes) is not trusted to drive the
+    terminal, so each control character but newline and tab is written as its Python escape (ESC as \\x1b);
+    every other character, unicode included, is kept."""
+    return text.translate(_CONTROLS)
+
+
+def _to_terminal() -> bool:
+    """Whether stdout is a terminal: a pipe or a file gets the reply's characters unescaped."""
+    return click.get_text_stream("stdout").isatty()
 
 
 def _finite(ctx: click.Context, param: click.Parameter, value: float) -> float:
@@ -68,6 +83,7 @@ def chat(
         engine.close()
         fail(f"cannot chat: {describe(exc)}")
     interactive = sys.stdin.isatty()
+    shown = terminal_text if _to_terminal() else str
     if interactive:
         click.echo(f"chatting with {engine.config.name} ({COMMANDS})", err=True)
     # A live conversation: every turn's pages are read by the next one, whatever the admission policy predicts.
@@ -98,7 +114,7 @@ def chat(
                 click.echo(f"error: {one_line(describe(exc))} (this turn was dropped)", err=True)
                 continue
             turn += 1
-            click.echo(click.style("model> ", bold=True) + result.text)
+            click.echo(click.style("model> ", bold=True) + shown(result.text))
             stats = (
                 f"[{result.cached_tokens} cached · {result.prefill_tokens} prefilled · "
                 f"TTFT {result.ttft_s * 1000:.0f} ms · {result.decode_tps:.1f} tok/s]"
