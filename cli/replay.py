@@ -9,8 +9,6 @@ and saved).
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +38,7 @@ from radixcache.cli.record import (
 )
 from radixcache.cli.replay_output import progress, summary_table, text_verdict
 from radixcache.cli.replicas import check_replica_flags, cluster_engine, replica_options, replica_table
+from radixcache.cli.stdout import is_stdout
 from radixcache.trace import FORMATS
 
 if TYPE_CHECKING:
@@ -192,7 +191,7 @@ def replay(
                 written = staged is not None and staged.finish()
             results = [outcome]
     json_error = _write_json(json_path, outcome.as_dict()) if json_path else None
-    console = Console(stderr=json_path is not None and _is_stdout(json_path))  # `--json - | jq`: the JSON alone
+    console = Console(stderr=json_path is not None and is_stdout(json_path))  # `--json - | jq`: the JSON alone
     first = results[0].summary
     console.print(f"replay of {name}", highlight=False, markup=False)  # names are text, not markup
     console.print(
@@ -291,18 +290,6 @@ def _write_json(path: str, data: dict[str, Any]) -> str | None:
             raise  # `| head`: the reader left (cli.errors)
         return exc.strerror or str(exc)
     return None
-
-
-def _is_stdout(path: str) -> bool:
-    """Whether --json's `path` is stdout: '-', or the file stdout is (/dev/stdout, or the file it is redirected to).
-    The table then goes to stderr: both on stdout, `replay --json /dev/stdout | jq` read the JSON and then the table
-    ('Extra data'), and `--json -` wrote a file named '-'."""
-    if path == "-":
-        return True
-    try:
-        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
-    except (AttributeError, OSError, ValueError):  # no such file yet, or a stdout with no descriptor (a test's)
-        return False
 
 
 def _placing(on_result: Callable[[Any], None], staged: StagedRecording) -> Callable[[Any], None]:

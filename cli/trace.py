@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
+from radixcache.cli.stdout import is_stdout, through_stdout
 from radixcache.errors import RadixCacheError
 from radixcache.trace import (
     CONVERSATIONS,
@@ -159,7 +160,7 @@ def _stats_table(path: str, result: dict) -> None:
 @click.option("--to", "to", type=click.Choice(sorted(_WRITERS)), help="Format of DST (default: from its extension).")
 @debug_option
 def convert(src: str, dst: str, fmt: str | None, to: str | None, debug: bool) -> None:
-    """Convert SRC to DST: token JSONL <-> msgpack (lossless), text traces -> conversation JSONL.
+    """Convert SRC to DST: token JSONL <-> msgpack (lossless), text traces -> conversation JSONL. DST '-' is stdout.
 
     \b
     Example:
@@ -174,11 +175,13 @@ def convert(src: str, dst: str, fmt: str | None, to: str | None, debug: bool) ->
         if target != TOKEN_MSGPACK and _default_target(dst, "token") == TOKEN_MSGPACK:
             # Every reader takes a .msgpack (.mpk, .mp) file for a msgpack stream: this one would be unreadable.
             raise click.ClickException(f"{dst}: a {target} trace is JSON lines, not msgpack: give DST a .jsonl name")
+        if target == TOKEN_MSGPACK and is_stdout(dst) and sys.stdout.isatty():
+            raise click.ClickException("a msgpack trace is binary: redirect stdout to a file or a pipe")
         with staged(dst) as path:
             n = _written(_WRITERS[target], path, loaded.records)
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"wrote {n:,} records to {dst} ({target})", err=True)
+    click.echo(f"wrote {n:,} records to {_shown(dst)} ({target})", err=True)
 
 
 @trace.command(cls=FriendlyCommand)
@@ -189,7 +192,8 @@ def convert(src: str, dst: str, fmt: str | None, to: str | None, debug: bool) ->
 @click.option("--set", "overrides", multiple=True, metavar="NAME=VALUE", help="Any generator parameter; repeat.")
 @debug_option
 def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str, ...], debug: bool) -> None:
-    """Write a seeded synthetic token trace (chat, agent, agent-sessions, rag, few-shot) to OUT (.jsonl or .msgpack).
+    """Write a seeded synthetic token trace (chat, agent, agent-sessions, rag, few-shot) to OUT (.jsonl or .msgpack;
+    '-': JSONL to stdout).
 
     Parameters of the generator (see radixcache.trace.synthetic) can be set with --set, e.g. --set turns=2,6.
 
@@ -214,16 +218,21 @@ def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str,
     writer = write_token_msgpack if _default_target(out, "token") == TOKEN_MSGPACK else write_token_jsonl
     with staged(out) as path:
         n = _written(writer, path, requests)
-    click.echo(f"wrote {n:,} requests to {out}", err=True)
+    click.echo(f"wrote {n:,} requests to {_shown(out)}", err=True)
 
 
 @contextlib.contextmanager
 def staged(path: str) -> Iterator[str]:
     """The file to write `path` through: a hidden one beside it, moved onto it once the block succeeds and removed if
     it fails (a refused record, Ctrl-C), so a failed write leaves neither a shorter trace, which reads as a sound one,
-    nor an earlier file at `path` wiped. A `path` that exists and is no regular file (a pipe, /dev/stdout) is
-    written directly: there is nothing to keep, and no rename onto it."""
-    if os.path.exists(path) and not os.path.isfile(path):  # (both follow links: /dev/stdout to its pipe)
+    nor an earlier file at `path` wiped. Stdout ('-', or the file stdout is: cli/stdout.py) gets the whole file
+    once it is written. A `path` that exists and is no regular file (a pipe) is written directly: there is nothing to
+    keep, and no rename onto it."""
+    if is_stdout(path):
+        with through_stdout() as staging, _named(staging, "stdout"):
+            yield staging
+        return
+    if os.path.exists(path) and not os.path.isfile(path):  # (follows links: /dev/fd/3 to its pipe)
         yield path
         return
     target = os.path.realpath(path)  # a symlink's target is replaced, as opening it for writing would
@@ -232,8 +241,19 @@ def staged(path: str) -> Iterator[str]:
     stem = name if len(os.fsencode(name)) <= 200 else "trace"
     staging = os.path.join(folder, f".{stem}.{os.getpid()}.partial")
     try:
-        yield staging
-        os.replace(staging, target)
+        with _named(staging, path):
+            yield staging
+            os.replace(staging, target)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(staging)
+
+
+@contextlib.contextmanager
+def _named(staging: str, path: str) -> Iterator[None]:
+    """Errors of the block that name the file `staging` name `path`, the file the user asked for."""
+    try:
+        yield
     except TraceError as exc:  # named as the file asked for, not the hidden one
         if exc.path != staging:
             raise
@@ -242,9 +262,10 @@ def staged(path: str) -> Iterator[str]:
         if exc.filename == staging:
             exc.filename = path
         raise
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(staging)
+
+
+def _shown(path: str) -> str:
+    return "stdout" if is_stdout(path) else path
 
 
 def _written(writer: Callable[[str, Any], int], path: str, records: Any) -> int:

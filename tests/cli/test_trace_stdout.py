@@ -1,0 +1,32 @@
+"""`trace gen KIND -` and `trace convert SRC -` write to stdout (as `replay --json -` does), not a file named '-'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from radixcache.cli.main import main
+
+
+def test_trace_gen_dash_writes_the_trace_to_stdout(runner, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["trace", "gen", "chat", "--count", "3", "--seed", "2"]
+    assert runner.invoke(main, [*args[:3], "file.jsonl", *args[3:]]).exit_code == 0
+    result = runner.invoke(main, [*args[:3], "-", *args[3:]])
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "-").exists()
+    assert result.stdout_bytes == (tmp_path / "file.jsonl").read_bytes()  # the same trace, byte for byte
+    assert "to stdout" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.jsonl"]  # no staging file left
+
+
+def test_trace_convert_dash_writes_to_stdout(runner, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert runner.invoke(main, ["trace", "gen", "rag", "src.msgpack", "--count", "2"]).exit_code == 0
+    assert runner.invoke(main, ["trace", "convert", "src.msgpack", "back.jsonl"]).exit_code == 0
+    result = runner.invoke(main, ["trace", "convert", "src.msgpack", "-"])
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "-").exists()
+    assert result.stdout_bytes == (tmp_path / "back.jsonl").read_bytes()
+    packed = runner.invoke(main, ["trace", "convert", "back.jsonl", "-", "--to", "token-msgpack"])
+    assert packed.exit_code == 0, packed.output
+    assert packed.stdout_bytes == (tmp_path / "src.msgpack").read_bytes()
