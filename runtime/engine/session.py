@@ -76,7 +76,7 @@ class Session:
 
     def send_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
         """Add one tool turn per `{call_id: result text}` (in that order), generate the reply, and append it."""
-        turns = _tool_turns(results)
+        turns = _tool_turns(results, self.messages)
         return self._append(turns, self.engine.chat([*self.messages, *turns], options=self._kw(kwargs)))
 
     async def asend(self, content: str, **kwargs: Any) -> GenerationResult:
@@ -87,7 +87,7 @@ class Session:
     async def asend_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
         """`send_tool_results` for asyncio (an agent's loop on an event loop); as `asend`, cancelling the awaiting
         task keeps neither the tool turns nor a reply."""
-        turns = _tool_turns(results)
+        turns = _tool_turns(results, self.messages)
         return self._append(turns, await self.engine.achat([*self.messages, *turns], options=self._kw(kwargs)))
 
     def fork(self, n: int | None = None, **kwargs: Any) -> list[GenerationResult]:
@@ -190,10 +190,20 @@ def _write_whole(path: str | os.PathLike[str], data: bytes) -> None:
         raise
 
 
-def _tool_turns(results: object) -> list[dict[str, Any]]:
-    """The tool messages of `{call_id: result text}`, in its order; a ValueError for anything but a mapping."""
+def _tool_turns(results: object, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tool messages of `{call_id: result text}`, in its order. A ValueError for anything but a mapping, for
+    none (no tool turn: the reply would be a second assistant reply in a row) and for an id that the history's last
+    reply did not call (an answer to no call, which the model would read as one; the Responses API's 400)."""
     if not isinstance(results, Mapping):
         raise ValueError(f"tool results must be a mapping of call ids to texts, got {type(results).__name__}")
+    if not results:
+        raise ValueError("tool results must answer at least one call of the last reply, got an empty mapping")
+    last = next((m for m in reversed(history) if m.get("role") == "assistant"), {})
+    made = {c.get("id") for c in last.get("tool_calls") or () if isinstance(c, Mapping)}
+    stray = next((call_id for call_id in results if call_id not in made), None)
+    if stray is not None:
+        calls = sorted(made, key=str)
+        raise ValueError(f"tool results: {stray!r} is not a call id of the last reply (its calls: {calls})")
     return [{"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text in results.items()]
 
 

@@ -4,6 +4,7 @@ save that fails leaves the earlier file whole."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
@@ -117,3 +118,25 @@ def test_a_system_prompt_that_is_no_text_is_refused_when_the_session_is_made(
     assert engine.session(system="be brief.").messages == [{"role": "system", "content": "be brief."}]
     parts = [{"type": "text", "text": "be brief."}]  # OpenAI's text parts, as a message's content may be
     assert engine.session(system=parts).messages == [{"role": "system", "content": parts}]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("results", [{}, {"call_nope": "5"}])
+def test_tool_results_answering_no_call_of_the_last_reply_are_refused(engine: Engine, results: dict) -> None:
+    """`send_tool_results({})` added no tool turn and generated a second assistant reply in a row, and a result for
+    an id the last reply never called was rendered as an answer to it; both are refused, sync and async, naming the
+    argument, and the history is left as it was."""
+    from tests.runtime.structured.test_tools import ONE_CALL
+
+    s = engine.session(system="Use the tools.", **ONE_CALL, max_new_tokens=200, seed=1)
+    r = s.send("What is 2 + 3?")
+    assert r.tool_calls, r
+    history = list(s.messages)
+    what = "empty mapping" if not results else re.escape("'call_nope' is not a call id of the last reply")
+    with pytest.raises(ValueError, match=what):
+        s.send_tool_results(results)
+    with pytest.raises(ValueError, match=what):
+        asyncio.run(s.asend_tool_results(results))
+    assert s.messages == history and len(s.results) == 1
+    s2 = engine.session(max_new_tokens=2)  # no reply yet: no call to answer
+    with pytest.raises(ValueError, match="not a call id of the last reply"):
+        s2.send_tool_results({"call_1": "5"})
