@@ -321,7 +321,7 @@ def test_host_pages_a_prefetch_held_keep_the_runs_head_last_to_go_under_a_deferr
         chain = tiers.chain(None)
         hashes = chain.upto(tokens, 6)
         scratch = cache.allocate(2)
-        tiers._write_disk(hashes[4:], scratch, tokens[4 * p :])
+        tiers._write_disk(hashes[4:], scratch, tokens[4 * p :], None)  # a run of its own on disk
         assert disk.flush(30) and disk.count_prefix(hashes[4:]) == 2
         cache.free(scratch)
         for h in reversed(hashes[:4]):
