@@ -68,8 +68,8 @@ class QueueGate:
                 )
             self._waiting += len(reqs)
         deadline = None if queue_timeout is None or not reqs else min(r.t_arrival for r in reqs) + queue_timeout
-        call = list(reqs)
-        for r in call:
+        call = list(reqs) if deadline is not None else []  # the requests whose deadline the first admission lifts
+        for r in reqs:
             r.queue_deadline = deadline
             r.on_dequeue = lambda r=r: self._leave(r, call)
 
@@ -80,6 +80,7 @@ class QueueGate:
             if req.t_admitted is not None:
                 wait = max(0.0, time.perf_counter() - req.t_arrival)
                 self._mean_wait_s += _SMOOTHING * (wait - self._mean_wait_s)
-        if req.t_admitted is not None:
+        if req.t_admitted is not None and call:
             for r in call:  # the call was admitted: its others no longer wait on the engine's load
                 r.queue_deadline = None
+            call.clear()  # once: each later admission lifting them all again was O(n^2) on the loop (n: the call)

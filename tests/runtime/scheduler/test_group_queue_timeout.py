@@ -84,3 +84,40 @@ def test_a_fork_none_of_whose_branches_is_admitted_in_time_still_times_out(tiny:
     engine.wait_idle(30)
     assert engine.queue.waiting == 0 and engine.stats.prompt_tokens == 0
     assert_clean(engine)
+
+
+class _Counted:
+    """A request's fields the gate touches, counting the writes of its queue deadline."""
+
+    writes = 0
+
+    def __init__(self) -> None:
+        self.t_arrival, self.t_admitted, self.on_dequeue = time.perf_counter(), None, None
+        self._deadline: float | None = None
+
+    @property
+    def queue_deadline(self) -> float | None:
+        return self._deadline
+
+    @queue_deadline.setter
+    def queue_deadline(self, value: float | None) -> None:
+        _Counted.writes += 1
+        self._deadline = value
+
+
+@pytest.mark.parametrize("queue_timeout", [None, 5.0])
+def test_a_calls_deadline_is_lifted_once_not_at_each_admission(queue_timeout: float | None) -> None:
+    """Each admission of a call's request lifted the deadline of every request of the call again, n x n writes on the
+    loop thread (a generate of 8,000 prompts: 4 s), with no queue_timeout too; it is lifted once."""
+    from radixcache.runtime.engine.queue_limit import QueueGate
+    from radixcache.runtime.engine.request import dequeued
+
+    gate, call = QueueGate(), [_Counted() for _ in range(200)]
+    gate.enter(call, queue_timeout)  # type: ignore[arg-type]
+    assert all((r.queue_deadline is None) == (queue_timeout is None) for r in call)
+    _Counted.writes = 0
+    for r in call:
+        r.t_admitted = time.perf_counter()
+        dequeued(r)  # type: ignore[arg-type]
+    assert all(r.queue_deadline is None for r in call) and gate.waiting == 0
+    assert _Counted.writes <= len(call)  # before: 200 x 200
