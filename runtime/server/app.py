@@ -320,7 +320,8 @@ def create_app(
         namespace = generation.namespace_for(key, body.cache_salt)
         reply = legacy_calls.reply_to(messages, namespace) if legacy.is_legacy(body) else None
         if any(m["role"] == "function" or "function_call" in m for m in messages):
-            messages = legacy.legacy_messages(messages, legacy_calls, namespace)
+            id_length = tool_template_features(engine.tokenizer).call_id_length  # Mistral's 9, say
+            messages = legacy.legacy_messages(messages, legacy_calls, namespace, id_length)
         # Rendering and tokenising a long history take milliseconds: off the event loop, as submitting is.
         ids = await asyncio.to_thread(lambda: encode(render_chat(engine, messages, use, namespace)))
         job = job_for(body, [ids], namespace, request, key, grammar=grammar, tool_use=use)

@@ -12,7 +12,7 @@ and finish_reason "function_call" out, and histories with assistant `function_ca
   same call before (an agent polling a function: each turn keeps its own id, which the tool result's line shows);
   a history replayed in another form (say, content "" for null) falls back to the latest id of that name and those
   arguments; a call it does not know gets an id from its message's position, the same every turn, so the prompt's
-  prefix stays stable. All of it per cache namespace (API key and salt): a call one tenant made never lends its id
+  prefix stays stable (of the length a template demands of ids: Mistral's 9 letters and digits). All of it per cache namespace (API key and salt): a call one tenant made never lends its id
   to another's history (the id is in the prompt, whose length would tell that the call was made).
 - Reply: the first call as `function_call` {name, arguments} (no `tool_calls`), finish_reason "function_call";
   streamed as `{"function_call": {"name": N, "arguments": ""}}` then `{"function_call": {"arguments": piece}}`.
@@ -30,6 +30,7 @@ from typing import Any
 from radixcache.runtime.server.protocol import APIError
 from radixcache.runtime.tools.fair_lru import FairLRU, fair_scope
 from radixcache.runtime.tools.messages import call_arguments, canonical_arguments
+from radixcache.runtime.tools.use import alphanumeric_id
 
 MAX_REMEMBERED = 4096  # legacy calls whose ids the server keeps (the oldest are forgotten first)
 MAX_REMEMBERED_BYTES = 16 << 20  # and the characters of their keys (arguments may be a whole context of text)
@@ -138,9 +139,12 @@ def legacy_path(path: str) -> str:
     return path
 
 
-def legacy_messages(messages: list[dict[str, Any]], calls: LegacyCalls, scope: Hashable = None) -> list[dict[str, Any]]:
+def legacy_messages(
+    messages: list[dict[str, Any]], calls: LegacyCalls, scope: Hashable = None, id_length: int | None = None
+) -> list[dict[str, Any]]:
     """A history with legacy turns as a history with tool turns (see the module docstring); `scope`: the caller's
-    cache namespace, whose calls alone lend their ids."""
+    cache namespace, whose calls alone lend their ids; `id_length`: the length the template demands of call ids
+    (TemplateFeatures.call_id_length, Mistral's 9), which the positional ids of calls none lends then have too."""
     out: list[dict[str, Any]] = []
     latest: dict[str, str] = {}  # name -> the id of its latest call
     last_id: str | None = None
@@ -160,7 +164,7 @@ def legacy_messages(messages: list[dict[str, Any]], calls: LegacyCalls, scope: H
                     400, "function_call is {'name': str, 'arguments': JSON text}", param=f"messages.{i}.function_call"
                 )
             arguments = call_arguments(arguments, f"messages[{i}].function_call.arguments")  # text as written; "{}"
-            call_id = calls.id_for(name, arguments, context, scope) or f"call_fn{i:06d}"
+            call_id = calls.id_for(name, arguments, context, scope) or _positional_id(i, id_length)
             m["tool_calls"] = [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]
             latest[name], last_id = call_id, call_id
         if m.get("role") == "function":
@@ -168,9 +172,15 @@ def legacy_messages(messages: list[dict[str, Any]], calls: LegacyCalls, scope: H
             if not isinstance(name, str) or not name:
                 raise APIError(400, "a function message needs the name of the function", param=f"messages.{i}.name")
             m["role"] = "tool"
-            m["tool_call_id"] = latest.get(name) or last_id or f"call_fn{i:06d}"
+            m["tool_call_id"] = latest.get(name) or last_id or _positional_id(i, id_length)
         out.append(m)
     return out
+
+
+def _positional_id(i: int, id_length: int | None) -> str:
+    """The id of message i's call when no remembered call lends one: the same at every turn (the same prompt), and
+    of `id_length` letters and digits where the template demands it (call_fn000001 was a ChatTemplateError there)."""
+    return f"call_fn{i:06d}" if id_length is None else alphanumeric_id(f"fn{i}", id_length)
 
 
 def message(text: str, calls: Sequence[Any]) -> dict[str, Any]:

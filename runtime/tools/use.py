@@ -119,9 +119,10 @@ class CallIds:
         count = itertools.count()
         if self.length is None:
             return lambda: f"call_{self.seed}{next(count):08x}"
-        return lambda: _alphanumeric(f"{self.seed}:{next(count)}", self.length or 0)
+        return lambda: alphanumeric_id(f"{self.seed}:{next(count)}", self.length or 0)
 
 
-def _alphanumeric(key: str, n: int) -> str:
-    """`n` letters and digits drawn from `key` (a request's seed and a call's number: the same for every parser)."""
+def alphanumeric_id(key: str, n: int) -> str:
+    """`n` letters and digits drawn from `key` (a request's seed and a call's number: the same for every parser; a
+    legacy call's position, runtime.server.legacy)."""
     return "".join(ALPHANUMERIC[b % len(ALPHANUMERIC)] for b in hashlib.shake_256(key.encode()).digest(n))

@@ -96,3 +96,19 @@ def test_a_tool_round_trip_over_http(engine: Engine) -> None:
         again = {**body, "messages": _round_trip(engine, message, call_id), "max_tokens": 1}
         second = client.post("/v1/chat/completions", json=again)
         assert second.status_code == 200, second.text
+
+
+def test_a_legacy_function_call_the_server_never_made_renders_with_a_fixed_length_id(engine: Engine) -> None:
+    """A legacy history's function_call that no remembered call names (another server's, or one forgotten) was given
+    the positional id call_fn000001, which the template refused: 400 on every such turn (Mistral, `functions`)."""
+    functions = [t["function"] for t in TOOLS]
+    call = {"name": functions[0]["name"], "arguments": '{"a": 2, "b": 3}'}
+    history = [*ASK, {"role": "assistant", "content": None, "function_call": call}]
+    history.append({"role": "function", "name": call["name"], "content": "5"})
+    body = {"model": "tiny", "functions": functions, "max_tokens": 1}
+    with TestClient(create_app(engine, "tiny")) as client:
+        first = client.post("/v1/chat/completions", json={**body, "messages": history})
+        assert first.status_code == 200, first.text
+        again = client.post("/v1/chat/completions", json={**body, "messages": history})
+        assert again.status_code == 200, again.text
+        assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the same ids: the same prompt
