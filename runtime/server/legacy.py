@@ -12,8 +12,9 @@ and finish_reason "function_call" out, and histories with assistant `function_ca
   same call before (an agent polling a function: each turn keeps its own id, which the tool result's line shows);
   a history replayed in another form (say, content "" for null) falls back to the latest id of that name and those
   arguments; a call it does not know gets an id from its message's position, the same every turn, so the prompt's
-  prefix stays stable (of the length a template demands of ids: Mistral's 9 letters and digits). All of it per cache namespace (API key and salt): a call one tenant made never lends its id
-  to another's history (the id is in the prompt, whose length would tell that the call was made).
+  prefix stays stable (of the length a template demands of ids: Mistral's 9 letters and digits). All of it per
+  cache namespace (API key and salt): a call one tenant made never lends its id to another's history (the id is in
+  the prompt, whose length would tell that the call was made).
 - Reply: the first call as `function_call` {name, arguments} (no `tool_calls`), finish_reason "function_call";
   streamed as `{"function_call": {"name": N, "arguments": ""}}` then `{"function_call": {"arguments": piece}}`.
 """
