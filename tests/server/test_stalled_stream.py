@@ -7,6 +7,7 @@ and nothing more."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -84,3 +85,34 @@ def test_a_client_that_stops_reading_has_its_stream_cancelled(engine: Engine) ->
     assert len(chunks) > 100 and not any(c["choices"][0]["finish_reason"] for c in chunks if "choices" in c)
     errors = [c["error"] for c in chunks if "error" in c]  # sent if the client read again soon enough
     assert all(e["code"] == "stream_stalled" for e in errors) and len(errors) <= 1
+
+
+def test_a_chunk_is_sent_in_the_streams_own_task() -> None:
+    """The stall's bound ran each chunk's send through asyncio.wait_for, which (before Python 3.12) made a task per
+    chunk: 50 us of event-loop work a token of every stream. The bound is a timer in the stream's own task."""
+    from types import SimpleNamespace
+
+    from radixcache.runtime.server.http_common import ClosingStreamingResponse
+
+    async def body() -> Any:
+        for i in range(3):
+            yield f"data: {i}\n\n"
+
+    async def run() -> list[bool]:
+        own = asyncio.current_task()
+        in_own: list[bool] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                in_own.append(asyncio.current_task() is own)
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.Event().wait()
+            return {}
+
+        app = SimpleNamespace(state=SimpleNamespace(stream_stall_timeout=60.0))
+        scope = {"type": "http", "app": app, "asgi": {"spec_version": "2.4"}}
+        await ClosingStreamingResponse(body(), media_type="text/event-stream")(scope, receive, send)
+        return in_own
+
+    assert asyncio.run(run()) == [True] * 4  # 3 chunks and the body's end
