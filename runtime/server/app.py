@@ -29,6 +29,7 @@ from radixcache.runtime.server.http_common import (
     STREAM_STALL_S,
     ApiKey,
     ClosingStreamingResponse,
+    KeysFirst,
     first_event,
     prepend,
     tenant,
@@ -110,20 +111,13 @@ def create_app(
     app.state.engine, app.state.inflight, app.state.metrics, app.state.api_keys = engine, inflight, metrics, keys
     app.state.stream_stall_timeout = stream_stall_timeout
 
-    @app.middleware("http")
-    async def _auth_first(request: Request, call_next: Any) -> Any:
-        """With keys, /v1 refuses an unauthenticated request before even parsing its body (as OpenAI does)."""
-        if keys and request.url.path.startswith("/v1"):
-            try:
-                tenant(request)
-            except APIError as exc:
-                return await _api_error(request, exc)
-        return await call_next(request)
-
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         metrics.failed(exc.status)
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    if keys:  # outside BodyLimit: an unauthenticated /v1 request is refused before its body is read
+        app.add_middleware(KeysFirst, refuse=_api_error)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

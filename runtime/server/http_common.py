@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -31,7 +31,8 @@ class ClosingStreamingResponse(StreamingResponse):
     max_tokens. A chunk that waits past the app's `stream_stall_timeout` (create_app) gives the stream up: the body
     ends with its error (code `stream_stalled`: the SSE stream's own error event, then `[DONE]` or
     `response.failed`), which cancels its requests at once (their KV and locks freed); the error goes out if the
-    client reads again within another such wait, else the body stays unfinished."""
+    client reads again within another such wait, else the body stays unfinished (uvicorn then closes the
+    connection once its buffered bytes are read: the client reads a cut response, never a whole one)."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         app = scope.get("app")
@@ -81,6 +82,28 @@ async def _within(send: Awaitable[None], seconds: float) -> None:
 
 class _Stalled(Exception):
     """A stream's chunk could not be sent within the stall timeout."""
+
+
+class KeysFirst:
+    """ASGI middleware: a /v1 request without one of the app's API keys gets 401 before its body is even read (as
+    OpenAI answers); `refuse` makes the response. Plain ASGI, not Starlette's BaseHTTPMiddleware, which relays every
+    response's body through a stream of its own and ends it well however the app ended: a stream that
+    ClosingStreamingResponse leaves unfinished (a stalled client's, whose error could not be sent) read as complete
+    to a client that read again later, though it had neither its error nor `[DONE]`."""
+
+    def __init__(self, app: Any, refuse: Callable[[Request, APIError], Awaitable[Any]]) -> None:
+        self.app, self.refuse = app, refuse
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            request = Request(scope, receive)
+            if request.url.path.startswith("/v1"):
+                try:
+                    tenant(request)
+                except APIError as exc:
+                    await (await self.refuse(request, exc))(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
 
 
 async def first_event(events: AsyncIterator[Any]) -> Any:

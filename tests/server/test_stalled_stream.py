@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import h11
 import pytest
 import uvicorn
 
@@ -116,3 +117,59 @@ def test_a_chunk_is_sent_in_the_streams_own_task() -> None:
         return in_own
 
     assert asyncio.run(run()) == [True] * 4  # 3 chunks and the body's end
+
+
+def _returning(app: Any, returned: threading.Event) -> Any:
+    """`app`, setting `returned` once its answer to an HTTP request returns."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await app(scope, receive, send)
+        finally:
+            if scope["type"] == "http":
+                returned.set()
+
+    return wrapped
+
+
+@pytest.mark.slow  # a real server, and a thousand tokens before the buffers fill
+def test_a_stalled_stream_whose_error_went_unsent_does_not_end_as_a_whole_one(engine: Engine) -> None:
+    """The client reads again only after the stream was given up and its error could not be sent either: what it
+    reads must not parse as a whole response. The app's key middleware (Starlette's BaseHTTPMiddleware) relayed the
+    body and ended it well once the app returned: a client read a cut stream, with neither the error nor `[DONE]`,
+    as a complete one. Now the body is left unfinished: uvicorn closes the connection after the bytes it holds."""
+    app = create_app(engine, "tiny", api_keys=["sk-a"], stream_stall_timeout=1.0)
+    returned = threading.Event()
+    body = {"model": "tiny", "prompt": "never read", "max_tokens": MAX_TOKENS, "stream": True, "temperature": 0}
+    body["logit_bias"] = {str(engine.eos_token_ids[0]): -100}
+    raw = json.dumps(body).encode()
+    with serving(_returning(app, returned)) as port, socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", port))
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer sk-a\r\n"
+        client.sendall(head + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(raw) + raw)
+        received = client.recv(64)
+        assert received.startswith(b"HTTP/1.1 200")
+        assert engine.wait_idle(120), "the request never ended"
+        returned.wait(30)  # given up, then its error waits one more second to be sent (before: until the client read)
+        client.settimeout(10)
+        with contextlib.suppress(TimeoutError):
+            while chunk := client.recv(1 << 16):
+                received += chunk
+    parser = h11.Connection(h11.CLIENT)
+    parser.send(
+        h11.Request(method="POST", target="/v1/completions", headers=[("Host", "test"), ("Content-Length", "0")])
+    )
+    parser.send(h11.EndOfMessage())
+    parser.receive_data(received)
+    parser.receive_data(b"")  # the connection's end, as the client saw it
+    events, text = [], b""
+    with contextlib.suppress(h11.RemoteProtocolError):  # an unfinished chunked body: what a client reports
+        while (event := parser.next_event()) not in (h11.NEED_DATA, h11.PAUSED):
+            events.append(type(event).__name__)
+            text += getattr(event, "data", b"")
+            if isinstance(event, h11.ConnectionClosed):
+                break
+    assert events[0] == "Response" and len(text) > 10_000
+    assert b"stream_stalled" not in text  # the client read nothing in time: the error was not sent
+    assert "EndOfMessage" not in events, text[-300:]  # before: the body ended well, without the error or [DONE]
