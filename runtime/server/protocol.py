@@ -95,6 +95,21 @@ def _shallow(value: Any) -> Any:
     return value
 
 
+def nulls_as_defaults(model: type[BaseModel], data: Any) -> Any:
+    """A body without the nulls of `model`'s fields whose default is not None. OpenAI's spec makes them nullable
+    (`temperature`, `top_p`, `n`, the penalties, `stream`, `echo`: null is the default), and the openai package sends
+    an argument given as None as null: such a request was a 400. A required field's null stays an error."""
+    if not isinstance(data, dict):
+        return data
+    fields = model.model_fields
+
+    def kept(name: str, value: Any) -> bool:
+        field = fields.get(name)  # an unknown field's null stays, to be refused by name
+        return value is not None or field is None or field.is_required() or field.default is None
+
+    return {k: v for k, v in data.items() if kept(k, v)}
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     include_usage: bool = False
@@ -177,6 +192,11 @@ class _Common(BaseModel):
     grammar: str | None = Field(default=None, max_length=MAX_GRAMMAR_CHARS)  # this server's: EBNF (GBNF or Lark)
 
     _shallow_fields = field_validator("response_format")(_shallow)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        return nulls_as_defaults(cls, data)
 
     @field_validator("logit_bias")
     @classmethod

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radixcache.runtime.kv.leases import MAX_RETAIN_FOR_S
 from radixcache.runtime.server.protocol import (
@@ -40,6 +40,7 @@ from radixcache.runtime.server.protocol import (
     StopText,
     Text,
     _shallow,
+    nulls_as_defaults,
 )
 
 # the chat body's fields these pass through unchanged (runtime.server.responses_input.chat_body)
@@ -153,6 +154,11 @@ class ResponsesRequest(BaseModel):
     retain_for: float | None = Field(default=None, ge=0.0, le=MAX_RETAIN_FOR_S)
 
     _shallow_fields = field_validator("input", "tools", "tool_choice")(_shallow)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:  # `stream: null`, as OpenAI takes it
+        return nulls_as_defaults(cls, data)
 
     @property
     def stored(self) -> bool:
