@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -65,40 +66,74 @@ class Membership:
         log.warning("engine replica %d left the routing set: %s", replica, exc)
 
     def poll(self, wait: float | None = None) -> None:
-        """One round: pull every live replica's new event batches; look for dead ones that Ray has restarted. A
-        replica that does not answer within `wait` seconds (None: call_timeout) is skipped this round. The poller
-        waits POLL_WAIT_S: one frozen replica held it for call_timeout a round, and every other replica's events
-        and rejoin with it."""
+        """One round: pull every live replica's new event batches; look for dead ones that Ray has restarted. Every
+        replica is asked at once, and one that has not answered within `wait` seconds in all (None: call_timeout)
+        is skipped this round: asked in turn, N frozen replicas held each round N x `wait` (the poller's is
+        POLL_WAIT_S), and every other replica's events and rejoin with them. A replica whose sync another caller
+        holds now (a request's, on its way out) is left to it this round: the poller waited for its lock as long."""
+        bound = self._bound(wait)
+        deadline = time.monotonic() + bound
+        asked = []
         for replica in self._actors:
-            self.sync(replica, wait)
+            lock = self._sync_locks[replica]
+            if not lock.acquire(blocking=False):
+                continue
+            try:
+                asked.append((replica, lock, self._ask(replica)))
+            except BaseException:
+                lock.release()
+                raise
+        try:
+            for replica, _, ask in asked:
+                self._answer(replica, ask, max(0.0, deadline - time.monotonic()), bound)
+        finally:
+            for _, lock, _ in asked:
+                lock.release()
 
     def sync(self, replica: int, wait: float | None = None) -> None:
         """Bring `replica`'s index up to date now (its new batches, or a resync), or see whether a dead replica is
         back, waiting at most `wait` seconds for its answers (None: call_timeout). One caller per replica at a time
         (a per-replica lock), so batches are applied once, in order."""
-        wait = self.call_timeout if wait is None else min(wait, self.call_timeout)
-        ray = self.ray
+        wait = self._bound(wait)
         with self._sync_locks[replica]:
+            self._answer(replica, self._ask(replica), wait, wait)
+
+    def _bound(self, wait: float | None) -> float:
+        return self.call_timeout if wait is None else min(wait, self.call_timeout)
+
+    def _ask(self, replica: int) -> tuple[bool, Any]:
+        """Send `replica` the sync's question (its sync lock held): its batches after the index's last, or, for a
+        dead replica, its info (whether Ray has restarted it). (alive, the answer's ref)."""
+        with self._lock:
+            alive = replica in self._alive
+            last = self.index.last_seq(replica) if alive else 0
+        if alive:
+            return True, self.control(replica, "events_since").remote(last)
+        return False, self.control(replica, "info").remote()
+
+    def _answer(self, replica: int, ask: tuple[bool, Any], wait: float, resync_wait: float) -> None:
+        """Apply `replica`'s answer to `_ask`, awaited at most `wait` seconds (a dead replica's: at most 1 s); a
+        resync's snapshot, asked only now, is awaited `resync_wait` (a round's frozen replica may have spent the
+        round's `wait`: the others' answers, asked at its start, are in, but a snapshot would get no time at all)."""
+        alive, ref = ask
+        ray = self.ray
+        try:
+            if not alive:
+                info = ray.get(ref, timeout=min(wait, 1.0))
+                if info["incarnation"] != self._broken.get(replica):  # not the process whose engine died
+                    self._rejoin(replica, info["incarnation"])
+                return
+            incarnation, batches = ray.get(ref, timeout=wait)
+        except self.actor_errors as exc:
+            self.mark_dead(replica, exc)
+            return
+        except ray.exceptions.GetTimeoutError:
+            return
+        if incarnation == self._incarnation.get(replica) and batches is not None:
             with self._lock:
-                alive = replica in self._alive
-                last = self.index.last_seq(replica) if alive else 0
-            try:
-                if not alive:
-                    info = ray.get(self.control(replica, "info").remote(), timeout=1.0)
-                    if info["incarnation"] != self._broken.get(replica):  # not the process whose engine died
-                        self._rejoin(replica, info["incarnation"])
+                if replica not in self._alive or all(self.index.apply(b) for b in batches):
                     return
-                incarnation, batches = ray.get(self.control(replica, "events_since").remote(last), timeout=wait)
-            except self.actor_errors as exc:
-                self.mark_dead(replica, exc)
-                return
-            except ray.exceptions.GetTimeoutError:
-                return
-            if incarnation == self._incarnation.get(replica) and batches is not None:
-                with self._lock:
-                    if replica not in self._alive or all(self.index.apply(b) for b in batches):
-                        return
-            self._resync(replica, wait)
+        self._resync(replica, resync_wait)
 
     def _rejoin(self, replica: int, incarnation: str) -> None:
         """A restarted replica joins again with an empty index (its cache is empty; its events start from 1)."""

@@ -1,0 +1,62 @@
+"""One poll round asks every replica for its events at once, and never waits on a replica's sync lock: asked in
+turn, N frozen replicas held each round N x POLL_WAIT_S (every other replica's events and rejoin with them), and a
+request's sync holding a replica's lock (waiting call_timeout on a replica that froze) held the whole poller as
+long. Stand-in replicas (tests/cluster/stand_in.py)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from radixcache.router import EventBatch
+from tests.cluster.stand_in import install
+
+HANG_S = 30.0  # a bound on a hang, never reached with the fix
+
+
+def _cluster(monkeypatch: pytest.MonkeyPatch, replicas: int) -> Any:
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    return ReplicaCluster("fake", replicas, router="round_robin", poll_interval=None, call_timeout=600.0)
+
+
+def test_a_round_asks_every_replica_before_it_waits_on_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replica 0 answers only once replica 1 has been asked: asked in turn, it ran out of the round's wait."""
+    cluster = _cluster(monkeypatch, 2)
+    answer_0: Future[Any] = Future()
+    cluster.actor(0)._events_since = lambda seq: answer_0
+    news_1 = cluster.actor(1)._events_since
+
+    def events_1(seq: int) -> Any:
+        answer_0.set_result(("i0", [EventBatch(0, 1, stored=(b"a" * 16,))]))
+        return news_1(seq)
+
+    cluster.actor(1)._events_since = events_1
+    cluster.actor(1).batches = [EventBatch(1, 1, stored=(b"b" * 16,))]
+    try:
+        cluster.poll(2.0)
+        assert (cluster.index.pages(0), cluster.index.pages(1)) == (1, 1)
+    finally:
+        if not answer_0.done():
+            answer_0.set_result(("i0", []))
+        cluster.close()
+
+
+def test_a_round_leaves_a_replica_whose_sync_is_held_and_serves_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = _cluster(monkeypatch, 2)
+    cluster.actor(1).batches = [EventBatch(1, 1, stored=(b"b" * 16,))]
+    held = cluster._sync_locks[0]
+    held.acquire()  # a request's sync on replica 0, waiting on it
+    try:
+        poller = threading.Thread(target=cluster.poll, args=(2.0,), daemon=True)
+        poller.start()
+        poller.join(HANG_S)
+        assert not poller.is_alive(), "the round waited for replica 0's sync lock"
+        assert cluster.index.pages(1) == 1
+    finally:
+        held.release()
+        cluster.close()
