@@ -235,16 +235,24 @@ class ClusterEngine:
     def warm_up(self, prompt: Sequence[int], max_new_tokens: int, *, namespace: Any = None) -> None:
         """`prompt` on every live replica at once, sent to each directly: the router neither counts nor routes it, so
         each replica's one-off start-up costs land here, not on the first measured request routed to it (the replay's
-        warm-up; a namespace of its own keeps its pages from matching any measured prompt)."""
+        warm-up; a namespace of its own keeps its pages from matching any measured prompt). All are awaited
+        `call_timeout` in all: past it the unanswered ones are cancelled there and it is a ReplicaUnavailableError."""
         cluster = self.cluster
-        call = {"namespace": namespace}
-        refs = [(r, cluster.actor(r).generate.remote(list(prompt), max_new_tokens, call)) for r in cluster.alive]
-        for replica, ref in refs:
+        call, name = {"namespace": namespace}, f"{self._rid_prefix}-warm"
+        refs = [(r, cluster.actor(r).generate.remote(list(prompt), max_new_tokens, call, name)) for r in cluster.alive]
+        deadline = time.monotonic() + cluster.call_timeout
+        for i, (replica, ref) in enumerate(refs):
             try:
-                cluster.ray.get(ref, timeout=cluster.call_timeout)
+                cluster.ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except (*cluster.actor_errors, cluster.ray.exceptions.RayTaskError) as exc:
                 if not cluster.actor_died(replica, exc):  # a dead replica (or engine) leaves the routing set
                     raise
+            except cluster.ray.exceptions.GetTimeoutError:  # Ray's own error reached the replay, its request ran on
+                for r, _ in refs[i:]:  # those before it have answered
+                    cluster.control(r, "cancel").remote(name)
+                raise ReplicaUnavailableError(
+                    f"engine replica {replica} did not answer the warm-up within {cluster.call_timeout} s"
+                ) from None
         self._baseline = Baseline.take(cluster, tuple(cluster.page_keys(prompt, namespace)))
 
     def record_trace(self, path: Any) -> None:

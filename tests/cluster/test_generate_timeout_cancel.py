@@ -38,3 +38,30 @@ def test_a_generate_past_call_timeout_is_cancelled_on_its_replica(monkeypatch: p
     finally:
         never.set_result(None)
         cluster.close()
+
+
+def test_a_warm_up_past_call_timeout_is_cancelled_and_a_503(monkeypatch: pytest.MonkeyPatch, tiny_dir: Any) -> None:
+    """The replay's warm-up (ClusterEngine.warm_up) on a frozen replica raised Ray's own GetTimeoutError, and its
+    request ran on there."""
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    cluster = ReplicaCluster("fake", 2, router="round_robin", poll_interval=None, call_timeout=0.2)
+    engine = ClusterEngine(cluster, str(tiny_dir))
+    never: Future[Any] = Future()
+    names: list[Any] = []
+
+    def generate(prompt: list[int], max_new: int, kwargs: dict[str, Any], *name: str) -> Future[Any]:
+        names.append(name)
+        return never
+
+    cluster.actor(1)._generate = generate
+    try:
+        with pytest.raises(ReplicaUnavailableError, match="engine replica 1 did not answer the warm-up"):
+            engine.warm_up([1, 2, 3, 4], 2)
+        assert len(names) == 1 and len(names[0]) == 1 and cluster.actor(1).cancels == [names[0][0]]
+        assert cluster.actor(0).cancels == []  # it answered
+    finally:
+        never.set_result(None)
+        engine.close()
