@@ -83,9 +83,17 @@ class Membership:
             except BaseException:
                 lock.release()
                 raise
-        try:
-            for replica, _, ask in asked:
-                self._answer(replica, ask, max(0.0, deadline - time.monotonic()), bound)
+        try:  # answers applied as they come, each replica's lock let go at once (a request's sync waits for it)
+            while asked:
+                ready, _ = self.ray.wait([a[2][1] for a in asked], timeout=max(0.0, deadline - time.monotonic()))
+                if not ready:  # the rest have not answered within the round's bound: skipped this round
+                    break
+                for entry in [a for a in asked if any(a[2][1] is r for r in ready)]:
+                    asked.remove(entry)
+                    try:
+                        self._answer(entry[0], entry[2], 0.0, bound)
+                    finally:
+                        entry[1].release()
         finally:
             for _, lock, _ in asked:
                 lock.release()

@@ -12,8 +12,9 @@ import queue
 import sys
 import threading
 import types
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 from typing import Any
 
 from tests.cluster.stand_in import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
@@ -141,8 +142,12 @@ def make_ray(workers: int = 64) -> types.ModuleType:
             raise RayTaskError(exc) from None
 
     def wait(refs: list[Any], timeout: float | None = None, **_: Any) -> tuple[list[Any], list[Any]]:
-        ready = [r for r in refs if not isinstance(r, Stream) or r.wait(timeout)]
-        return ready, [r for r in refs if r not in ready]
+        if refs and all(isinstance(r, Future) and not r.done() for r in refs):  # calls still running: the first
+            futures_wait(refs, timeout, return_when=FIRST_COMPLETED)
+        ready = [
+            r for r in refs if (r.done() if isinstance(r, Future) else not isinstance(r, Stream) or r.wait(timeout))
+        ]
+        return ready, [r for r in refs if not any(r is x for x in ready)]
 
     def kill(actor: Actor, no_restart: bool = True) -> None:
         actor.dead = True

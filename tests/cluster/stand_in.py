@@ -6,8 +6,9 @@ its actors answer, time out, die or stop streaming on demand, in this process.
   ("done", result, None), or an exception (the stream's next `ray.get` raises it, as Ray relays an actor's death or,
   wrapped in RayTaskError, an engine error), or a callable, run when the stream reaches it (a pause). A stream whose
   script ends without "done" stalls: it never sends again (a replica that stopped mid-stream).
-- `ray.wait([stream], timeout)` waits up to `timeout` for the stream's next item, as Ray's does; `ray.get` of a
-  `concurrent.futures.Future` (an answer a method returns to come later, or never) waits up to its timeout.
+- `ray.wait([stream], timeout)` waits up to `timeout` for the stream's next item, as Ray's does, and `ray.wait` of
+  answers up to `timeout` for the first of them; `ray.get` of a `concurrent.futures.Future` (an answer a method
+  returns to come later, or never) waits up to its timeout.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import queue
 import sys
 import types
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 from typing import Any
 
 from radixcache.runtime.engine.request import GenerationResult
@@ -181,8 +183,12 @@ def fake_ray() -> types.ModuleType:
         return ref
 
     def wait(refs: list[Any], timeout: float | None = None, **_: Any) -> tuple[list[Any], list[Any]]:
-        ready = [r for r in refs if not isinstance(r, FakeStream) or r.wait(timeout)]
-        return ready, [r for r in refs if r not in ready]
+        if refs and all(isinstance(r, Future) and not r.done() for r in refs):  # answers to come: up to `timeout`
+            futures_wait(refs, timeout, return_when=FIRST_COMPLETED)
+        ready = [
+            r for r in refs if (r.done() if isinstance(r, Future) else not isinstance(r, FakeStream) or r.wait(timeout))
+        ]
+        return ready, [r for r in refs if not any(r is x for x in ready)]
 
     ray.get = get  # type: ignore[attr-defined]
     ray.wait = wait  # type: ignore[attr-defined]

@@ -60,3 +60,32 @@ def test_a_round_leaves_a_replica_whose_sync_is_held_and_serves_the_others(monke
     finally:
         held.release()
         cluster.close()
+
+
+def test_a_round_waiting_on_a_frozen_replica_holds_no_other_replicas_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request finishing on replica 0 syncs it on its way out: the round, waiting on frozen replica 1, must not
+    hold replica 0's sync lock until it ends (that request's result waited up to the round's whole bound)."""
+    cluster = _cluster(monkeypatch, 2)
+    never: Future[Any] = Future()
+    asked_1 = threading.Event()
+
+    def frozen(seq: int) -> Future[Any]:
+        asked_1.set()
+        return never
+
+    cluster.actor(1)._events_since = frozen
+    news = [EventBatch(0, 1, stored=(b"a" * 16,))]
+    cluster.actor(0)._events_since = lambda seq: ("i0", [b for b in news if b.seq > seq])  # as a replica's
+    poller = threading.Thread(target=cluster.poll, args=(4 * HANG_S,), daemon=True)
+    try:
+        poller.start()
+        assert asked_1.wait(HANG_S)
+        request_sync = threading.Thread(target=cluster.sync, args=(0,), daemon=True)
+        request_sync.start()
+        request_sync.join(HANG_S)
+        assert not request_sync.is_alive() and poller.is_alive(), "replica 0's sync waited for the round to end"
+        assert cluster.index.pages(0) == 1
+    finally:
+        never.set_result(("i1", []))
+        poller.join(HANG_S)
+        cluster.close()
