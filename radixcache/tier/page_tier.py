@@ -7,11 +7,12 @@ copied back up. Block conservation holds here as in the tree: `free + evictable 
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from radixcache.errors import LockError, RadixCacheError
+from radixcache.tier.recency import RecencyOrder
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,7 @@ class PageTier:
         self.capacity = capacity
         self.on_evict = on_evict
         self._slot: dict[bytes, int] = {}  # every stored page -> its slot
-        self._lru: OrderedDict[bytes, None] = OrderedDict()  # the unlocked pages, least recently used first
+        self._lru = RecencyOrder()  # the unlocked pages, least recently used first
         self._locks: dict[bytes, int] = {}  # locked pages -> lock count (> 0); disjoint from _lru
         # Free slots: `_free` (given back, reused last-in first) and every slot from `_fresh` up (never used, handed
         # out in order): memory grows with the pages stored, not the capacity (a simulated tier may be huge).
@@ -71,10 +72,7 @@ class PageTier:
         """Refresh the recency of the stored, unlocked pages among `hashes` (not a hit), the first last: a run of
         pages is found from its head, so LRU eviction must take its later pages first (a tail without its head is
         never found again)."""
-        lru = self._lru
-        for h in reversed(hashes):
-            if h in lru:
-                lru.move_to_end(h)
+        self._lru.to_newest(reversed(hashes))
 
     def slots(self, hashes: Iterable[bytes]) -> list[int]:
         """The slots of stored pages (KeyError for a missing one)."""
@@ -82,18 +80,29 @@ class PageTier:
 
     # ------------------------------------------------------------------ changes
 
-    def store(self, page_hash: bytes) -> tuple[int, bool] | None:
+    def store(self, page_hash: bytes, older_than: bytes | None = None) -> tuple[int, bool] | None:
         """A slot for `page_hash`: (slot, True) for a new page, whose data the caller must write now; (slot, False)
-        when it is already stored (refreshed). None when every slot is locked (the page is not stored)."""
+        when it is already stored (refreshed). None when every slot is locked (the page is not stored).
+
+        The page becomes the most recently used, or with `older_than` (the run's page before it, when a run arrives
+        over several commits) just older than that page (if it is locked: the newest, as it will be at its unlock),
+        so that a run's head stays its newest page without the run being refreshed at each page added (O(1) a page;
+        a run keeps the recency of its last use). A new page is not stored (None) when `older_than` is not stored (a
+        run is found from its head: the page would follow a gap), or is the least recently used page of a full
+        tier (the new page would be the first to go, and would take its parent's place)."""
+        lru = self._lru
+        anchor = older_than if older_than is not None and older_than != page_hash and older_than in lru else None
         slot = self._slot.get(page_hash)
         if slot is not None:
-            if page_hash in self._lru:
-                self._lru.move_to_end(page_hash)
+            if page_hash in lru and (older_than is None or older_than in self._slot):
+                lru.move(page_hash, anchor)
             return slot, False
+        if anchor is None and older_than is not None and older_than not in self._locks:
+            return None
         if not self._free and self._fresh == self.capacity:
-            if not self._lru:
+            if not lru or (anchor is not None and lru.oldest() == anchor):
                 return None
-            victim, _ = self._lru.popitem(last=False)
+            victim = lru.pop_oldest()
             victim_slot = self._slot.pop(victim)
             self._evicted += 1
             if self.on_evict is not None:
@@ -104,7 +113,7 @@ class PageTier:
         else:
             slot, self._fresh = self._fresh, self._fresh + 1
         self._slot[page_hash] = slot
-        self._lru[page_hash] = None
+        lru.insert(page_hash, anchor)
         self._stored += 1
         return slot, True
 
@@ -115,7 +124,7 @@ class PageTier:
         slot = self._slot.pop(page_hash, None)
         if slot is None:
             return False
-        del self._lru[page_hash]
+        self._lru.remove(page_hash)
         self._free.append(slot)
         return True
 
@@ -127,7 +136,7 @@ class PageTier:
         for h in hashes:
             count = self._locks.get(h, 0)
             if count == 0:
-                del self._lru[h]
+                self._lru.remove(h)
             self._locks[h] = count + 1
 
     def unlock(self, hashes: Sequence[bytes]) -> None:
@@ -141,7 +150,7 @@ class PageTier:
                 self._locks[h] = count
             else:
                 del self._locks[h]
-                self._lru[h] = None  # most recently used: it was just read
+                self._lru.insert(h)  # most recently used: it was just read
 
     # ------------------------------------------------------------------ sizes and checks
 

@@ -129,29 +129,45 @@ class TieredCache:
 
     # ------------------------------------------------------------------ pages going down
 
-    def adopted(self, hashes: Sequence[bytes], blocks: Sequence[int], tokens: Sequence[int]) -> None:
+    def adopted(
+        self, hashes: Sequence[bytes], blocks: Sequence[int], tokens: Sequence[int], parent: bytes | None = None
+    ) -> None:
         """The tree just adopted these pages (their hashes, device blocks and concatenated tokens): copy them to
-        the host under write_through, and hand them to the lower tier."""
+        the host under write_through, and hand them to the lower tier. `parent`: the hash of their run's page before
+        them (None: they start it), the page the first of them goes just older than in the host (PageTier.store)."""
         if not hashes:
             return
         if self.host is not None and self.write_policy == "write_through":
-            self._to_host(list(hashes), list(blocks))
+            self._to_host(list(hashes), list(blocks), parent=parent, chained=True)
         if self.write_lower is not None:
             self.write_lower(list(hashes), list(blocks), tokens)
 
-    def _to_host(self, hashes: list[bytes], blocks: Sequence[int]) -> int:
+    def _to_host(
+        self, hashes: list[bytes], blocks: Sequence[int], *, parent: bytes | None = None, chained: bool = False
+    ) -> int:
         """Store pages in the host tier; copy those it did not hold. Returns how many were copied. A copy that
-        raises discards the pages it was for (their slots hold no page's bytes) and returns 0: never raises."""
+        raises discards the pages it was for (their slots hold no page's bytes) and returns 0: never raises.
+        `chained`: the pages continue a run after `parent` (adopted): each is placed just older than the page before
+        it, so the run keeps its last use's recency with its head newest; otherwise each is the newest, the first
+        last."""
         assert self.host is not None
         new_hashes, new_blocks, new_slots = [], [], []
-        # Stored tail first: the head is the newest, so the LRU takes a run's later pages first (a tail without its
-        # head is never found), and a batch larger than the tier's free room keeps its head.
-        for page_hash, block in zip(reversed(hashes), reversed(blocks), strict=True):
-            placed = self.host.store(page_hash)
+        # The head is the newest, so the LRU takes a run's later pages first (a tail without its head is never found),
+        # and a batch larger than the tier's free room keeps its head: chained, stored head first, each just older
+        # than the one before, up to the first the tier refuses; otherwise stored tail first, each the newest.
+        pages = zip(hashes, blocks, strict=True) if chained else zip(reversed(hashes), reversed(blocks), strict=True)
+        before = parent
+        for page_hash, block in pages:
+            placed = self.host.store(page_hash, before) if chained else self.host.store(page_hash)
+            if placed is None and chained:
+                break  # the pages after it would follow a gap
+            before = page_hash
             if placed is not None and placed[1]:
                 new_hashes.append(page_hash)
                 new_blocks.append(block)
                 new_slots.append(placed[0])
+        if chained:  # page order, as below
+            new_hashes, new_blocks, new_slots = new_hashes[::-1], new_blocks[::-1], new_slots[::-1]
         # A batch larger than the tier's free room evicted its own first stored pages to place the later ones: copy only
         # the pages still stored (in page order), so that no slot is written twice in one copy (whose order is then
         # undefined).

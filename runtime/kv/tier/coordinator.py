@@ -347,20 +347,19 @@ class KVTiers:
         self, chain: PageChain, tokens: Sequence[int], first_page: int, last_page: int, blocks: Sequence[int]
     ) -> None:
         """The tree adopted the pages `first_page .. last_page` of a request (`blocks`: their device blocks). A request
-        adopts its run over several commits (prefill chunks, each decode page), and each stores its own pages head
-        newest, so the prompt's head must not end up older than the pages after it (a tier's size limit took it
-        first): the disk stamps each page just older than the run's page before it (DiskStore.put's `parent`); the
-        host tier refreshes the run from its first page."""
+        adopts its run over several commits (prefill chunks, each decode page), and the prompt's head must not end up
+        older than the pages after it (a tier's size limit took it first): both tiers place each page just older than
+        the run's page before it (PageTier.store's `older_than`, DiskStore.put's `parent`), O(1) a page; the run is
+        refreshed when used (an admission, `refresh`), not at each commit (O(run) a page: quadratic in a decode)."""
         if last_page <= first_page:
             return
         p = self.page_size
         run = chain.upto(tokens, last_page)
         page_tokens = tokens[first_page * p : last_page * p]
-        self.tiered.adopted(run[first_page:], blocks, page_tokens)
-        if self.host is not None:
-            self.host.touch_later(run)
+        parent = run[first_page - 1] if first_page else None
+        self.tiered.adopted(run[first_page:], blocks, page_tokens, parent)
         if self.disk is not None:
-            self._write_disk(run[first_page:], blocks, page_tokens, run[first_page - 1] if first_page else None)
+            self._write_disk(run[first_page:], blocks, page_tokens, parent)
 
     def _copy_to_host(self, blocks: Sequence[int], slots: list[int]) -> None:
         assert self.host_pool is not None

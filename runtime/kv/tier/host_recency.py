@@ -76,10 +76,10 @@ class HostPageTier(PageTier):
             self.settle()
         super().touch(hashes)
 
-    def store(self, page_hash: bytes) -> tuple[int, bool] | None:
+    def store(self, page_hash: bytes, older_than: bytes | None = None) -> tuple[int, bool] | None:
         if self._owed:
             self.settle()
-        return super().store(page_hash)
+        return super().store(page_hash, older_than)
 
     def discard(self, page_hash: bytes) -> bool:
         if self._owed:

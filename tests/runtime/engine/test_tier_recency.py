@@ -308,7 +308,9 @@ def test_a_run_adopted_in_several_commits_keeps_its_head_at_the_disks_limit(mode
 
 def test_a_run_adopted_in_several_commits_keeps_its_head_in_a_full_host_tier(model: RandomModel) -> None:
     """The host tier stored each commit's pages head newest, and the prompt's head became older than every decode
-    page after it: a full host tier evicted the prompt's pages 2 and 3 and kept decode pages no prefix reaches."""
+    page after it: a full host tier evicted the prompt's pages 2 and 3 and kept decode pages no prefix reaches. Each
+    page now goes just older than the page before it: once the tier is full of the run, its next page would be the
+    first to go (and take its parent's place), so it is not copied, nor the pages after it (they follow a gap)."""
     rng = random.Random(12)
     prompt = [rng.randrange(1, model.config.vocab_size) for _ in range(4 * P)]
     host_bytes = 6 * P * model.config.kv_bytes_per_token(4)
@@ -317,8 +319,8 @@ def test_a_run_adopted_in_several_commits_keeps_its_head_in_a_full_host_tier(mod
         assert host is not None and host.capacity == 6
         result = engine.generate(prompt, 4 * P + 1, ignore_eos=True)  # 4 output pages, adopted one by one
         run = engine.tiers.chain(None).upto([*prompt, *result.token_ids], 8)
-        assert host.stats.evicted == 2
-        assert [h in host for h in run[:5]] == [True] * 5  # the run's head, and only its tail lost
+        assert (host.stats.stored, host.stats.evicted) == (6, 0)
+        assert [h in host for h in run] == [True] * 6 + [False] * 2  # the run's head, and only its tail lost
         host.check_invariants()
 
 
