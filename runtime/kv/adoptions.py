@@ -34,6 +34,20 @@ class Adoptions:
         except BaseException as exc:
             self._fault = self._fault or exc
 
+    def finished(self, kv: KVState, tokens: Sequence[int], pages: int) -> None:
+        """A request finished, the tree holding its first `pages` pages: its run, used until now, is refreshed in the
+        tiers once (O(run) a request, as its admission's refresh). Each page it added was placed by its run's last
+        use before, its admission (kv.tier.coordinator `adopted`), so a long generation's pages were older than every
+        run used since it began, and a tier busy with newer pages evicted them as they were written. Hashed off the
+        loop where the chain lacks them (PageChain.deferred). An error is kept for `raise_fault`."""
+        chain = kv.page_chain
+        if self.tiers is None or chain is None or pages <= 0:
+            return
+        try:
+            self.tiers.refresh(chain.deferred(tokens, pages))
+        except BaseException as exc:
+            self._fault = self._fault or exc
+
     def raise_fault(self) -> None:
         """Raise the error a tier copy or an event publish deferred (and forget it), if any."""
         fault, self._fault = self._fault, None

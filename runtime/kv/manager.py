@@ -330,6 +330,7 @@ class KVManager:
         if kv.status is not Status.RUNNING:
             raise RuntimeError(f"request {kv.rid} is {kv.status.value}, not running")
         kept = self._give_back(kv, tokens, output_tokens)
+        self._adoptions.finished(kv, tokens, kept)  # used until now: the lower tiers' recency (docs/tiers.md)
         kv.status = Status.FINISHED
         if kv.retain_for is not None:  # asked for a lease: say what it got (kv.leases)
             grant = self.leases.grant if self.enable_cache and kv.retain_for > 0 else None

@@ -5,6 +5,7 @@ decode page at 2,000 pages)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -110,3 +111,37 @@ def test_the_order_at_the_host_tiers_limit_matches_a_naive_reference(seed: int) 
         assert list(tier._lru) == naive.order
         tier.check_invariants()
     assert refused and tier.stats.evicted  # the limit took pages, and a page was refused
+
+
+def test_a_request_that_finishes_is_the_newest_run_in_both_tiers(model: RandomModel, tmp_path) -> None:
+    """A run's pages are placed by its last use: a long generation's output pages went just older than its prompt,
+    stamped at its admission, so a request admitted while it decoded was newer in both tiers, and a tier busy with
+    such pages evicted the long generation's as they were written. A request uses its run until it finishes: its run
+    is then the most recently used (the LRU order of uses: A admitted, B admitted and finished, A finished)."""
+    rng = random.Random(21)
+    vocab = model.config.vocab_size
+    long_prompt, short_prompt = ([rng.randrange(1, vocab) for _ in range(3 * P)] for _ in range(2))
+    host_bytes = 400 * P * model.config.kv_bytes_per_token(4)
+    kwargs = {"capacity_blocks": 400, "page_size": P, "host_kv_memory": host_bytes, "cache_dir": tmp_path}
+    with Engine(model, **kwargs) as engine:
+        stream = engine.stream(long_prompt, 100 * P, ignore_eos=True)
+
+        async def interleave() -> tuple:
+            first = await stream.__anext__()  # the long request is admitted and decoding
+            short = await asyncio.to_thread(engine.generate, short_prompt, 2)  # admitted after it, finished before
+            return first, short, [delta async for delta in stream]
+
+        first, short, rest = asyncio.run(interleave())
+        assert first and rest, "the long request was still decoding when the short one finished"
+        long_ids = [*long_prompt, *stream.result.token_ids]
+        assert len(stream.result.token_ids) == 100 * P
+        assert engine.flush(30)
+        chain = engine.tiers.chain(None)
+        a = chain.upto(long_ids, (len(long_ids) - 1) // P)  # the last token has no KV
+        b = engine.tiers.chain(None).upto([*short_prompt, *short.token_ids], 3)
+        host = engine.tiers.host
+        host.settle()
+        order = list(host._lru)
+        assert order[-1] == a[0] and all(order.index(x) < order.index(y) for x in b for y in a)
+        disk = engine.tiers.disk._index.order()
+        assert disk[-1] == a[0] and all(disk.index(x) < disk.index(y) for x in b for y in a)
