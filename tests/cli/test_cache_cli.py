@@ -173,3 +173,13 @@ def test_a_quoted_tilde_is_the_home_folder_as_the_engine_takes_it(
     assert result.exit_code == 0, result.output
     assert str(cache_dir) in result.output or "4 ok" in result.output
     assert (page_files(cache_dir) == []) == (command == "clear")
+
+
+@pytest.mark.parametrize("command", ["stats", "verify", "clear"])
+def test_an_empty_dir_is_refused_not_the_working_directory(runner, cache_dir: Path, monkeypatch, command: str) -> None:
+    """`radixcache cache clear "$CACHE" --yes` with CACHE unset, run from a cache directory, cleared it: "" was the
+    working directory."""
+    monkeypatch.chdir(cache_dir)
+    result = runner.invoke(main, ["cache", command, ""] + (["--yes"] if command == "clear" else []))
+    assert result.exit_code == 2 and "empty" in _error_line(result)
+    assert len(page_files(cache_dir)) == 4

@@ -165,3 +165,12 @@ def test_a_tilde_with_no_home_folder_is_refused_by_name(no_home: Path, monkeypat
     with pytest.raises(ValueError, match=r"'~/kv'.*no home folder"):
         DiskStore("~/kv", max_bytes=1 << 20)
     assert not (no_home / "~").exists()
+
+
+def test_an_empty_cache_directory_is_refused_not_the_working_directory(tmp_path: Path, monkeypatch) -> None:
+    """cache_dir="" (`--cache-dir "$CACHE"` with CACHE unset) was the working directory (abspath of ""): an empty
+    one was adopted, its marker and pages written into it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="empty"):
+        DiskStore("", max_bytes=1 << 20, fingerprint=FP)
+    assert list(tmp_path.iterdir()) == []

@@ -76,8 +76,12 @@ def fingerprint_tag(fingerprint: str) -> str:
 def cache_path(directory: str | os.PathLike[str]) -> str:
     """A cache directory's absolute path, a leading `~` expanded as a model's path is: "~/kv" is in the home folder,
     never a folder named "~" in the working directory (which moved with it, and which `rm -r ~` would clear). ValueError
-    when `~` names no home folder (HOME unset and no passwd entry: a container's arbitrary uid)."""
+    when `~` names no home folder (HOME unset and no passwd entry: a container's arbitrary uid), or for an empty path
+    (an unset variable, `--cache-dir "$DIR"`), which abspath made the working directory: its pages written there, or a
+    `cache clear` clearing it."""
     text = os.fspath(directory)
+    if not text:
+        raise ValueError("cache directory: the path is empty (an unset variable?); give a folder")
     path = os.path.expanduser(text)
     if path == "~" or path.startswith("~" + os.sep):
         raise ValueError(f"cache directory {text!r}: there is no home folder for '~' (HOME is unset); give a full path")
