@@ -5,10 +5,13 @@ calls `raise_fault` (that request fails; the others go on)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from radixcache.runtime.kv.state import KVState
+
+log = logging.getLogger("radixcache.tier")
 
 
 class Adoptions:
@@ -34,19 +37,23 @@ class Adoptions:
         except BaseException as exc:
             self._fault = self._fault or exc
 
-    def finished(self, kv: KVState, tokens: Sequence[int], pages: int) -> None:
+    def finished(self, kv: KVState, tokens: Sequence[int] | None, pages: int) -> None:
         """A request finished, the tree holding its first `pages` pages: its run, used until now, is refreshed in the
         tiers once (O(run) a request, as its admission's refresh). Each page it added was placed by its run's last
         use before, its admission (kv.tier.coordinator `adopted`), so a long generation's pages were older than every
         run used since it began, and a tier busy with newer pages evicted them as they were written. Hashed off the
-        loop where the chain lacks them (PageChain.deferred). An error is kept for `raise_fault`."""
+        loop where the chain lacks them (PageChain.deferred). `tokens` None (a cancel, which has none at hand): the
+        pages the chain has hashed of them, its head (every page it committed). An error is logged, never raised nor
+        kept: a refresh fails no request (a cancel's would have failed the next request's commit)."""
         chain = kv.page_chain
         if self.tiers is None or chain is None or pages <= 0:
             return
         try:
-            self.tiers.refresh(chain.deferred(tokens, pages))
-        except BaseException as exc:
-            self._fault = self._fault or exc
+            run = chain.hashes[:pages] if tokens is None else chain.deferred(tokens, pages)
+            if run:
+                self.tiers.refresh(run)
+        except Exception:
+            log.exception("refreshing a finished request's pages in the KV tiers failed")
 
     def raise_fault(self) -> None:
         """Raise the error a tier copy or an event publish deferred (and forget it), if any."""

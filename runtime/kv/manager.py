@@ -358,6 +358,7 @@ class KVManager:
             kv.pending_load.drop()
             kv.pending_load = None
         if kv.status is Status.RUNNING:
+            self._adoptions.finished(kv, None, kv.tree_blocks)  # a cancel ends its use too, as `release`
             held = kv.held_blocks
             del kv.block_table[kv.tree_blocks :]
             if held:

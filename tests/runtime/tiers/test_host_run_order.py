@@ -145,3 +145,28 @@ def test_a_request_that_finishes_is_the_newest_run_in_both_tiers(model: RandomMo
         assert order[-1] == a[0] and all(order.index(x) < order.index(y) for x in b for y in a)
         disk = engine.tiers.disk._index.order()
         assert disk[-1] == a[0] and all(disk.index(x) < disk.index(y) for x in b for y in a)
+
+
+def test_a_cancelled_request_is_the_newest_run_in_both_tiers(model: RandomModel, tmp_path) -> None:
+    """A cancel ends a request's use of its run as its end does: a stream stopped mid-decode (a user's stop, an agent
+    that read enough) left its pages placed by its admission, older than a request admitted and finished meanwhile."""
+    rng = random.Random(22)
+    vocab = model.config.vocab_size
+    long_prompt, short_prompt = ([rng.randrange(1, vocab) for _ in range(3 * P)] for _ in range(2))
+    host_bytes = 400 * P * model.config.kv_bytes_per_token(4)
+    kwargs = {"capacity_blocks": 400, "page_size": P, "host_kv_memory": host_bytes, "cache_dir": tmp_path}
+    with Engine(model, **kwargs) as engine:
+        handle = engine.submit(long_prompt, 300 * P, ignore_eos=True)
+        short = engine.generate(short_prompt, 2)  # admitted with or after it, finished before it
+        handle.cancel()
+        result = handle.result(30)
+        assert result.finish_reason == "cancelled", "the long request was still decoding when it was cancelled"
+        assert engine.flush(30)
+        b = engine.tiers.chain(None).upto([*short_prompt, *short.token_ids], 3)
+        a = engine.tiers.chain(None).upto(long_prompt, 3)
+        host = engine.tiers.host
+        host.settle()
+        order = list(host._lru)
+        assert order[-1] == a[0] and all(order.index(x) < order.index(y) for x in b for y in a)
+        disk = engine.tiers.disk._index.order()
+        assert disk[-1] == a[0] and all(disk.index(x) < disk.index(y) for x in b for y in a)
