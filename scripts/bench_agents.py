@@ -28,12 +28,14 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # script_args, also when loaded by path (the tests)
+
+from script_args import at_least, number
 
 from radixcache.runtime.engine.engine import Engine
 
@@ -209,61 +211,30 @@ def table(rows: list[dict]) -> str:
     return head + body
 
 
-# The arguments, checked as they are parsed: 0 agents, tasks or a page size of 0 were tracebacks from inside the run
-# (an empty max(), a division by zero), and a negative --shared or a --pool-contexts of 0 ran on.
-def _at_least(least: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = least - 1
-        if value < least:
-            raise argparse.ArgumentTypeError(f"expected an int >= {least}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _number(low: float, high: float, *, above_low: bool = False) -> Callable[[str], float]:
-    """A finite number in [low, high], or (low, high] with `above_low`."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and (value > low if above_low else value >= low) and value <= high):
-            shown = f"({low}, {high}]" if above_low else f"[{low}, {high}]"
-            raise argparse.ArgumentTypeError(f"expected a finite number in {shown}, got {text!r}")
-        return value
-
-    return parse
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2", help="smollm2, a GGUF path, an HF directory, or tiny (random)")
-    p.add_argument("--agents", type=_at_least(1), default=8)
-    p.add_argument("--tasks", type=_at_least(1), default=2, help="tasks per agent, one after the other")
-    p.add_argument("--steps", type=_at_least(1), default=5, help="most calls per task (at least 3)")
-    p.add_argument("--shared", type=_at_least(0), default=1200, help="shared system prompt and tool schemas, tokens")
-    p.add_argument("--task-tokens", type=_at_least(1), default=60)
-    p.add_argument("--reply", type=_at_least(1), default=16, help="greedy tokens per call")
-    p.add_argument("--tool-tokens", type=_at_least(1), nargs=2, default=list(TOOL_TOKENS), metavar=("LO", "HI"))
+    p.add_argument("--agents", type=at_least(1), default=8)
+    p.add_argument("--tasks", type=at_least(1), default=2, help="tasks per agent, one after the other")
+    p.add_argument("--steps", type=at_least(1), default=5, help="most calls per task (at least 3)")
+    p.add_argument("--shared", type=at_least(0), default=1200, help="shared system prompt and tool schemas, tokens")
+    p.add_argument("--task-tokens", type=at_least(1), default=60)
+    p.add_argument("--reply", type=at_least(1), default=16, help="greedy tokens per call")
+    p.add_argument("--tool-tokens", type=at_least(1), nargs=2, default=list(TOOL_TOKENS), metavar=("LO", "HI"))
     p.add_argument(
         "--pool-contexts",
-        type=_number(0, math.inf, above_low=True),
+        type=number(0, math.inf, above_low=True),
         default=3.0,
         help="the pool holds this many largest contexts",
     )
-    p.add_argument("--budget", type=_number(0, 1), default=0.8, help="lease_fraction of the pool")
-    p.add_argument("--page-size", type=_at_least(1), default=16)
+    p.add_argument("--budget", type=number(0, 1), default=0.8, help="lease_fraction of the pool")
+    p.add_argument("--page-size", type=at_least(1), default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--background-every", type=_number(0, math.inf), default=2.0, help="seconds between one-shot calls (0: none)"
+        "--background-every", type=number(0, math.inf), default=2.0, help="seconds between one-shot calls (0: none)"
     )
-    p.add_argument("--background-tokens", type=_at_least(1), default=256, help="prompt tokens of each one-shot call")
-    p.add_argument("--threads", type=_at_least(1), default=None, help="torch threads of each engine's loop")
+    p.add_argument("--background-tokens", type=at_least(1), default=256, help="prompt tokens of each one-shot call")
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch threads of each engine's loop")
     p.add_argument("--markdown", action="store_true", help="print only the Markdown table")
     args = p.parse_args(argv)
     if args.tool_tokens[0] > args.tool_tokens[1]:

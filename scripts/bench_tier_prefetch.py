@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from script_args import at_least, number  # noqa: E402
 from tier_bench_kit import fixed_threads, random_prompt  # noqa: E402
 
 from radixcache.runtime import Engine  # noqa: E402
@@ -157,15 +158,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--prefix-tokens", type=int, default=2000)
-    parser.add_argument("--decode-tokens", type=int, default=48)
-    parser.add_argument("--at", type=int, default=8, help="decode tokens made before the long prompt arrives")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, help="torch threads")
+    parser.add_argument("--page-size", type=at_least(1), default=16)
+    parser.add_argument("--prefix-tokens", type=at_least(1), default=2000)
+    parser.add_argument("--decode-tokens", type=at_least(1), default=48)
+    parser.add_argument("--at", type=at_least(0), default=8, help="decode tokens made before the long prompt arrives")
+    parser.add_argument("--rounds", type=at_least(1), default=5)
+    parser.add_argument("--threads", type=at_least(1), help="torch threads")
     parser.add_argument(
         "--attention-budget",
-        type=int,
+        type=at_least(1),
         nargs="*",
         default=[2048, 8192, 16384],
         help="mixed_prefill_attention of the bounded variants, one pair each (query tokens x positions attended per "
@@ -173,25 +174,29 @@ def main() -> None:
     )
     parser.add_argument(
         "--staged",
-        type=int,
+        type=at_least(1),
         nargs="*",
         default=[8192],
         help="staged_prefill_attention of the staged variants, one pair each (none: no staged variant)",
     )
     parser.add_argument(
         "--pages-per-step",
-        type=int,
+        type=at_least(0),
         default=16,
         help="Engine(prefetch_pages_per_step=): page reads the readers start per step beside decodes (0: unpaced; "
         "with a value, an unpaced disk variant runs too)",
     )
-    parser.add_argument("--settle", type=float, default=2.0, help="seconds each engine rests after its warm-up")
+    parser.add_argument(
+        "--settle", type=number(0, 3600), default=2.0, help="seconds each engine rests after its warm-up"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--markdown")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.quick:
         args.prefix_tokens, args.decode_tokens, args.rounds = 400, 24, 2
+    if args.at >= args.decode_tokens:  # the long prompt would never be sent: the decode's wait failed after 120 s
+        parser.error(f"argument --at: expected fewer than --decode-tokens ({args.decode_tokens}), got {args.at}")
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model)

@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from script_args import at_least  # noqa: E402
 from tier_bench_kit import fixed_threads, random_prompt  # noqa: E402
 
 from radixcache.runtime import Engine  # noqa: E402
@@ -141,12 +142,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--prompt-tokens", type=int, default=600)
-    parser.add_argument("--pages", type=int, default=64, help="pages per load measurement")
-    parser.add_argument("--reps", type=int, default=3, help="best of this many, per cost")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved TTFT rounds (medians reported)")
-    parser.add_argument("--threads", type=int, help="torch threads")
+    parser.add_argument("--page-size", type=at_least(1), default=16)
+    parser.add_argument("--prompt-tokens", type=at_least(1), default=600)
+    parser.add_argument("--pages", type=at_least(1), default=64, help="pages per load measurement")
+    parser.add_argument("--reps", type=at_least(1), default=3, help="best of this many, per cost")
+    parser.add_argument("--rounds", type=at_least(1), default=5, help="interleaved TTFT rounds (medians reported)")
+    parser.add_argument("--threads", type=at_least(1), help="torch threads")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--markdown")
     parser.add_argument("--json")

@@ -1,0 +1,34 @@
+"""scripts/bench_tiers.py and scripts/bench_tier_prefetch.py refuse a bad count by its option's name before the model
+loads: --reps 0 reported infinite costs, --page-size 0 was a traceback from inside the engine, and a
+--at the decode never reaches a failed assert 120 s into the run (script_args.at_least, as bench_agents uses)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MISSING_MODEL = "/nonexistent/model"  # reached only if the arguments passed: a different failure
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "named"),
+    [
+        ("bench_tiers.py", ["--page-size", "0"], "--page-size"),
+        ("bench_tiers.py", ["--pages", "-3"], "--pages"),
+        ("bench_tiers.py", ["--reps", "0"], "--reps"),
+        ("bench_tiers.py", ["--rounds", "x"], "--rounds"),
+        ("bench_tier_prefetch.py", ["--page-size", "0"], "--page-size"),
+        ("bench_tier_prefetch.py", ["--rounds", "0"], "--rounds"),
+        ("bench_tier_prefetch.py", ["--settle", "nan"], "--settle"),
+        ("bench_tier_prefetch.py", ["--at", "48", "--decode-tokens", "48"], "--at"),
+    ],
+)
+def test_a_bad_count_is_a_usage_error_naming_it_before_the_model_loads(script: str, args: list[str], named: str):
+    command = [sys.executable, str(REPO / "scripts" / script), "--model", MISSING_MODEL, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"argument {named}" in done.stderr
