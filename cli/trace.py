@@ -145,7 +145,9 @@ def _stats_table(path: str, result: dict) -> None:
             shown = f"{value:.2%}"
         elif key.endswith("_s"):
             shown = f"{value:,.3f}"
-        elif isinstance(value, (int, float)):
+        elif isinstance(value, int):  # exact: through a float a sum past 2**53 lost its last digits
+            shown = f"{value:,}"
+        elif isinstance(value, float):
             shown = f"{value:,.0f}"
         else:
             shown = str(value)

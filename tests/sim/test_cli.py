@@ -273,3 +273,14 @@ def test_a_window_no_request_arrived_in_shows_no_hit_rate(tmp_path: Path) -> Non
     code, out, _ = run("simulate", str(path), "--capacity-blocks", "8", "--page-size", "4", "--windows", "4")
     assert code == 0, out
     assert "hit rate per window: 0% - - 100%" in out
+
+
+def test_trace_stats_prints_sums_past_2_53_exactly(tmp_path: Path) -> None:
+    outputs = (2**53 + 1, 2**62 + 7)  # each a valid output_length; through a float their digits were lost
+    lines = [json.dumps({"timestamp": i, "tokens": [1, 2, 3], "output_length": n}) for i, n in enumerate(outputs)]
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
+    code, out, err = run("trace", "stats", str(tmp_path / "t.jsonl"))
+    assert code == 0, err
+    assert f"{sum(outputs):,}" in out
+    code, out, _ = run("trace", "stats", str(tmp_path / "t.jsonl"), "--json")
+    assert json.loads(out)["output_tokens"] == sum(outputs)
