@@ -11,6 +11,7 @@ from typing import NamedTuple
 from radixcache.trace.errors import TraceError
 from radixcache.trace.jsonl import BOM
 from radixcache.trace.mooncake import iter_mooncake
+from radixcache.trace.replay_output import starts_replay_json
 from radixcache.trace.text import iter_conversations, iter_openai, iter_sharegpt
 from radixcache.trace.token_trace import iter_token_jsonl, iter_token_msgpack
 
@@ -63,6 +64,13 @@ def detect_format(path: str | Path) -> str:
     first_line = next((line for line in _lines(path) if line.strip()), None)
     if first_line is None:
         raise TraceError(name, "1", "empty file: cannot detect the trace format (pass --format)")
+    if starts_replay_json(first_line):  # it was "invalid JSON" (the object spans lines) or "expected a record"
+        raise TraceError(
+            name,
+            "format",
+            "this is the output of 'radixcache replay --json', not a trace: 'radixcache trace stats' reads it; "
+            "pass the trace that was replayed (or one 'replay --record-trace' wrote)",
+        )
     try:
         record = json.loads(first_line)
     except json.JSONDecodeError as exc:

@@ -71,3 +71,19 @@ def test_a_byte_that_is_not_utf8_is_named_with_its_line(tmp_path: Path) -> None:
         read_replay_json(path)
     result = CliRunner().invoke(main, ["trace", "stats", str(path)])
     assert result.exit_code == 1 and f"r.json:{line}: not UTF-8 text" in result.stderr
+
+
+@pytest.mark.parametrize("indent", [2, None])  # replay writes it indented; a one-line copy is still one
+@pytest.mark.parametrize("command", ["simulate", "convert"])
+def test_a_trace_command_on_replay_output_names_it_as_such(tmp_path: Path, command: str, indent) -> None:
+    """`simulate r.json` said 'cannot detect the format: invalid JSON' of the file trace stats reads."""
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"summary": {"label": "cache"}, "requests": [RECORD]}, indent=indent))
+    if command == "simulate":
+        args = ["simulate", str(path), "--capacity-blocks", "10"]
+    else:
+        args = ["trace", "convert", str(path), str(tmp_path / "out.jsonl")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1, result.output
+    assert "output of 'radixcache replay --json', not a trace" in result.output
+    assert "trace stats" in result.output and "invalid JSON" not in result.output
