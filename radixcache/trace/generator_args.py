@@ -4,7 +4,6 @@ refuse: ids past int64, infinite timestamps)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 #: token ids are drawn from range(vocab) and a trace's ids must be below 2**63
@@ -15,6 +14,10 @@ MAX_RETAIN_FOR_S = 1e9
 #: or holds for one unit (a conversation's, an agent's or a batch's prompts): 2**24, past any model's context.
 #: Larger ones (system_tokens=10**17) spent hours making ids before the first line was written.
 MAX_TOKENS = 2**24
+#: the longest mean time (ms; order_noise's ranks too) a generator takes: about 31.7 years. A gap is at most ~37
+#: means (expovariate of a double), so a trace's timestamps stay far below the readers' MAX_TIMESTAMP_MS, which a
+#: mean of 1e308 ms passed at the second request: trace gen failed there, after making the first.
+MAX_MEAN_MS = 1e12
 
 
 def check_ints(name: str, values: Mapping[str, object]) -> None:
@@ -34,9 +37,9 @@ def check_generator_args(
     times: Mapping[str, float],
     shares: Mapping[str, float] | None = None,
 ) -> None:
-    """Raise ValueError, worded `name: need ...`, unless 1 <= vocab <= 2**63, every length (tokens) is >= 0, every
-    time (a mean gap in ms, a spread) is finite and >= 0, and every share (a probability) is in [0, 1]; vocab and the
-    lengths are ints, each at most MAX_TOKENS."""
+    """Raise ValueError, worded `name: need ...`, unless 1 <= vocab <= 2**63, every length (tokens) is in
+    [0, MAX_TOKENS], every time (a mean gap in ms, a spread) in [0, MAX_MEAN_MS] and every share (a probability) in
+    [0, 1]; vocab and the lengths are ints."""
     check_ints(name, {"vocab": vocab, **lengths})
     if not 1 <= vocab <= MAX_VOCAB:
         raise ValueError(f"{name}: need 1 <= vocab <= 2**63, got {vocab!r}")
@@ -44,8 +47,8 @@ def check_generator_args(
         if not 0 <= length <= MAX_TOKENS:
             raise ValueError(f"{name}: need 0 <= {key} <= {MAX_TOKENS:,} (2**24) tokens, got {length!r}")
     for key, value in times.items():
-        if not 0 <= value < math.inf:  # NaN fails too
-            raise ValueError(f"{name}: need {key} finite and >= 0, got {value!r}")
+        if not 0 <= value <= MAX_MEAN_MS:  # NaN fails too
+            raise ValueError(f"{name}: need 0 <= {key} <= {MAX_MEAN_MS:g}, got {value!r}")
     for key, value in (shares or {}).items():
         if not 0 <= value <= 1:
             raise ValueError(f"{name}: need {key} in [0, 1], got {value!r}")

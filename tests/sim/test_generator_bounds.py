@@ -57,3 +57,26 @@ def test_trace_gen_names_the_parameter_and_writes_nothing(tmp_path: Path) -> Non
 def test_demo_bounds_the_conversations_it_holds() -> None:
     result = CliRunner().invoke(main, ["demo", "--conversations", str(10**20)])
     assert result.exit_code == 2 and "--conversations" in result.output
+
+
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [
+        ("chat", "mean_think_ms"),
+        ("chat", "mean_interarrival_ms"),
+        ("agent", "mean_step_ms"),
+        ("agent-sessions", "mean_interarrival_ms"),
+        ("rag", "mean_interarrival_ms"),
+        ("few-shot", "mean_interarrival_ms"),
+    ],
+)
+def test_a_mean_time_whose_timestamps_the_readers_refuse_is_refused_on_the_call(name: str, field: str) -> None:
+    """A mean of 1e308 ms put the second request's timestamp past MAX_TIMESTAMP_MS: trace gen failed there."""
+    with pytest.raises(ValueError, match=field):
+        next(iter(GENERATORS[name](**{field: 1e308})))
+
+
+def test_trace_gen_refuses_such_a_mean_before_writing(tmp_path: Path) -> None:
+    out = tmp_path / "x.jsonl"
+    result = CliRunner().invoke(main, ["trace", "gen", "chat", str(out), "--set", "mean_think_ms=1e308"])
+    assert result.exit_code == 1 and "mean_think_ms" in result.output and "request 2" not in result.output
