@@ -32,6 +32,7 @@ import heapq
 from collections.abc import Callable
 
 import numpy as np
+from script_args import at_least
 
 from radixcache.sim.sweep import capacities_for, study_fractions, study_workload
 from radixcache.trace.workload import Workload
@@ -272,17 +273,21 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=512)
     ap.add_argument("--scores", default="p:200,eva:600", help="KIND:H pairs; KIND is p or eva, H in requests")
     ap.add_argument("--features", default=",".join(FEATURES), help=f"class features, from {', '.join(FEATURES)}")
-    ap.add_argument("--min-events", type=int, default=30, help="intervals at risk a class needs, else it backs off")
-    ap.add_argument("--refit", type=int, default=100, help="online: refit every this many requests")
+    ap.add_argument(
+        "--min-events", type=at_least(0), default=30, help="intervals at risk a class needs, else backs off"
+    )
+    ap.add_argument("--refit", type=at_least(1), default=100, help="online: refit every this many requests")
     args = ap.parse_args()
     fractions = study_fractions(ap, args)
     features = tuple(f for f in args.features.split(",") if f)
     unknown = [f for f in features if f not in FEATURES]
     if unknown:
         ap.error(f"--features: unknown feature {unknown[0]!r}; choose from {', '.join(FEATURES)}")
-    scores = [(kind, int(h)) for kind, _, h in (s.partition(":") for s in args.scores.split(",") if s)]
-    if any(kind not in ("p", "eva") for kind, _ in scores):
-        ap.error("--scores: each score is p:H or eva:H")
+    pairs = [s.partition(":") for s in args.scores.split(",") if s]
+    # H was int()'s traceback when not a number, and a horizon of 0 requests ran on
+    if not pairs or any(kind not in ("p", "eva") or not h.isdigit() or int(h) < 1 for kind, _, h in pairs):
+        ap.error(f"--scores: each score is p:H or eva:H with H an int >= 1, got {args.scores!r}")
+    scores = [(kind, int(h)) for kind, _, h in pairs]
     workload = study_workload(ap, args)
     trace = TraceArrays(workload)
     half = trace.n // 2

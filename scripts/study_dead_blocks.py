@@ -19,6 +19,8 @@ import collections
 import json
 from pathlib import Path
 
+from script_args import number
+
 from radixcache.node import TreeNode
 from radixcache.policy.base import EvictionPolicy
 from radixcache.sim.cache_replay import CacheReplay
@@ -106,7 +108,7 @@ def main() -> None:
     ap.add_argument("trace", help="a Mooncake-format hash trace")
     ap.add_argument("--fractions", default="0.02,0.05,0.1,0.2", help="capacities as shares of the unique blocks")
     ap.add_argument("--block-size", type=int, default=512)
-    ap.add_argument("--threshold", type=float, default=0.2, help="an output class is dead below this reuse rate")
+    ap.add_argument("--threshold", type=number(0, 1), default=0.2, help="an output class is dead below this reuse rate")
     args = ap.parse_args()
     fractions = study_fractions(ap, args)
     workload = study_workload(ap, args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -12,7 +13,10 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def load_script(name: str) -> ModuleType:
-    """Import scripts/<name>.py as a module (the scripts are files, not a package)."""
+    """Import scripts/<name>.py as a module (the scripts are files, not a package), with scripts/ on sys.path as
+    when it runs (its helpers, such as script_args, import by name)."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -65,3 +65,30 @@ def test_the_studies_refuse_bad_fractions_and_block_sizes_before_any_work(
     run = subprocess.run([sys.executable, str(path_to), str(path), *args], capture_output=True, text=True)
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr
     assert run.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "named"),
+    [
+        ("study_dead_blocks", ["--threshold", "nan"], "argument --threshold"),
+        ("study_dead_blocks", ["--threshold", "2"], "argument --threshold"),
+        ("study_age_oracle", ["--refit", "0"], "argument --refit"),
+        ("study_age_oracle", ["--min-events", "-1"], "argument --min-events"),
+        ("study_age_oracle", ["--scores", "p:abc"], "--scores: each score is p:H or eva:H with H an int >= 1"),
+        ("study_age_oracle", ["--scores", "eva:0"], "--scores: each score is p:H or eva:H with H an int >= 1"),
+    ],
+)
+def test_the_studies_refuse_bad_options_by_name_before_any_work(
+    tmp_path: Path, script: str, args: list[str], named: str
+) -> None:
+    """Regression: --refit 0 was a ZeroDivisionError after the fitting, --scores p:abc int()'s traceback, and a NaN
+    --threshold, a negative --min-events or a horizon of 0 ran on and printed a table."""
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 32, "output_length": 1, "hash_ids": [1, 2]}\n')
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name(f"{script}.py")), str(path), "--block-size", "16", *args],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and named in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert run.stdout == ""
