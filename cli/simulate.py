@@ -28,7 +28,7 @@ from radixcache.sim.routing_replay import MAX_SIM_REPLICAS
 from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS
 from radixcache.sim.routing_workload import ARRIVALS
 from radixcache.sim.source import open_source, worth_reading_ahead
-from radixcache.sim.tiers import COST_PAGE_TOKENS, DEFAULT_TIER_COSTS
+from radixcache.sim.tiers import COST_PAGE_TOKENS, DEFAULT_TIER_COSTS, MAX_COST_MS
 from radixcache.sim.timeline import MAX_WINDOWS
 from radixcache.tier.tiered_cache import WRITE_POLICIES
 from radixcache.trace import DEFAULT_BLOCK_SIZE, FORMATS
@@ -104,19 +104,19 @@ SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and
 )
 @click.option(
     "--prefill-ms-per-token",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(0, MAX_COST_MS),
     help=f"Modelled prefill cost per token missed in every tier, or with --replicas not hit in the replica "
     f"[default: {DEFAULT_TIER_COSTS.prefill_ms_per_token}].",
 )
 @click.option(
     "--host-load-ms-per-page",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(0, MAX_COST_MS),
     help=f"Modelled load of one page of {COST_PAGE_TOKENS} tokens from the host, scaled by the page's tokens "
     f"[default: {DEFAULT_TIER_COSTS.host_load_ms_per_page}].",
 )
 @click.option(
     "--disk-load-ms-per-page",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(0, MAX_COST_MS),
     help=f"Modelled load of one page of {COST_PAGE_TOKENS} tokens from the disk, scaled by the page's tokens "
     f"[default: {DEFAULT_TIER_COSTS.disk_load_ms_per_page}].",
 )
@@ -133,7 +133,7 @@ SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and
 )
 @click.option(
     "--decode-ms-per-token",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(0, MAX_COST_MS),
     help=f"With --replicas: modelled decode cost per output token "
     f"[default: {DEFAULT_ROUTING_COSTS.decode_ms_per_token:g}].",
 )

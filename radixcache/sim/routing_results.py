@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
 from radixcache.errors import RadixCacheError
-from radixcache.sim.tiers import DEFAULT_TIER_COSTS, TtftSummary
+from radixcache.sim.tiers import DEFAULT_TIER_COSTS, MAX_COST_MS, TtftSummary
 
 #: one request's share of a batched decode step on this project's CPU (the Engine's batch-8 aggregate, about 162
 #: tokens/s in docs/benchmarks.md); radixcache.router's DEFAULT_DECODE_COST in milliseconds
@@ -24,8 +23,8 @@ class RoutingCosts:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise RadixCacheError(f"{f.name} must be a finite number >= 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_COST_MS:
+                raise RadixCacheError(f"{f.name} must be a number in [0, {MAX_COST_MS:g}] ms, got {value!r}")
 
 
 DEFAULT_ROUTING_COSTS = RoutingCosts()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from radixcache.cli.main import main
+from radixcache.cli.simulate_tables import print_json
 from radixcache.errors import RadixCacheError
 from radixcache.sim.evaluation import evaluate
 from radixcache.sim.simulation import simulate
@@ -354,14 +356,27 @@ def test_device_hits_refresh_the_tiers_copies_as_the_engine_does(tier: str) -> N
     assert r.hit_tokens == simulate(w, 3).hit_tokens + BLOCK  # the device's hits are the device alone's
 
 
-@pytest.mark.parametrize("extra", [["--host-capacity-blocks", "200"], ["--replicas", "2"]])
-def test_cli_json_is_strict_when_a_cost_overflows(chat_file: Path, extra: list[str]) -> None:
-    args = ["simulate", str(chat_file), "--capacity-blocks", "100", "--page-size", "4", "--json", *extra]
-    code, out, err = run(*args, "--prefill-ms-per-token", "1e308")
-    assert code == 0, err
-
+def _strict(text: str) -> dict:
     def refuse(constant: str) -> None:
         raise AssertionError(f"{constant} is not JSON")
 
-    report = json.loads(out, parse_constant=refuse)
-    assert report["ttft_mean_s"] is None  # 1e308 ms over the prompt's tokens is past the doubles
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("extra", [["--host-capacity-blocks", "200"], ["--replicas", "2"]])
+def test_cli_costs_past_max_cost_ms_are_refused_and_the_dearest_keeps_the_json_finite(
+    chat_file: Path, extra: list[str]
+) -> None:
+    """1e308 ms a token made every modelled TTFT inf: Infinity in --json, and every replica's load alike."""
+    args = ["simulate", str(chat_file), "--capacity-blocks", "100", "--page-size", "4", "--json", *extra]
+    code, _, err = run(*args, "--prefill-ms-per-token", "1e308")
+    assert code == 2 and "--prefill-ms-per-token" in err
+    code, out, err = run(*args, "--prefill-ms-per-token", "1e9")
+    assert code == 0, err
+    report = _strict(out)
+    assert 0 < report["ttft_mean_s"] < math.inf
+
+
+def test_json_writes_a_figure_past_the_doubles_as_null(capsys) -> None:
+    print_json({"ttft_mean_s": math.inf, "runs": [{"x": math.nan, "n": 3}]})
+    assert _strict(capsys.readouterr().out) == {"ttft_mean_s": None, "runs": [{"x": None, "n": 3}]}
