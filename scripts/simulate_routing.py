@@ -42,6 +42,7 @@ from radixcache.sim.routing_cells import (
 from radixcache.sim.routing_replay import MAX_SIM_REPLICAS
 from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS, RoutingCosts
 from radixcache.sim.sweep import distinct_names
+from radixcache.sim.tiers import MAX_COST_MS
 from radixcache.trace.synthetic import GENERATORS
 
 DEFAULT_REPLICAS = "8,16,32,64"
@@ -195,13 +196,13 @@ def plot(rows: list[RoutingRow], routers: list[str], path: Path) -> None:
     "--prefill-ms-per-token",
     default=DEFAULT_ROUTING_COSTS.prefill_ms_per_token,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(0, MAX_COST_MS),
 )
 @click.option(
     "--decode-ms-per-token",
     default=DEFAULT_ROUTING_COSTS.decode_ms_per_token,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(0, MAX_COST_MS),
 )
 @click.option("--seed", default=0, show_default=True, type=int, help="Seeds the arrivals and power_of_two.")
 @click.option(

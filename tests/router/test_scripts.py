@@ -168,3 +168,15 @@ def test_the_eviction_sweep_on_a_local_ray(tmp_path: Path) -> None:
     assert "on 1 Ray actors" in result.stderr
     rows = list(csv.DictReader((tmp_path / "o" / "sweep.csv").read_text().splitlines()))
     assert {r["policy"] for r in rows} == {"lru", "belady", "belady-admission", "infinite"}
+
+
+@pytest.mark.parametrize("flag", ["--prefill-ms-per-token", "--decode-ms-per-token"])
+@pytest.mark.parametrize("cost", ["1e308", "1e10"])
+def test_the_sweep_refuses_a_cost_past_max_cost_ms(tmp_path: Path, flag: str, cost: str) -> None:
+    """Regression: 1e308 ms a token made every modelled time inf (each replica's load alike); past MAX_COST_MS (1e9)
+    a cost is refused by its flag, as simulate's are."""
+    main = load_script("simulate_routing.py").main
+    args = ["synthetic:chat", "--replicas", "2", "--capacity-blocks", "10", flag, cost]
+    result = CliRunner().invoke(main, [*args, "--workers", "1", "--out", str(tmp_path / "out")])
+    assert_refused(result, flag)
+    assert not (tmp_path / "out").exists()
