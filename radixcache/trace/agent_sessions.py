@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 from radixcache.trace.generator_args import (
     MAX_RETAIN_FOR_S,
-    MAX_TOKENS,
+    MAX_TRACE_TOKENS,
     check_generator_args,
     check_held,
     check_ints,
@@ -68,11 +68,12 @@ def agent_sessions(
         "action_tokens": action_tokens,
     }
     check_generator_args("agent_sessions", vocab, lengths, {"mean_interarrival_ms": mean_interarrival_ms})
-    if agents > MAX_TOKENS:  # every agent's requests are made before the first is yielded
-        raise ValueError(f"agent_sessions: need agents <= {MAX_TOKENS:,} (2**24), got {agents!r}")
     n, grows = steps[1], most(action_tokens) + tool_output_tokens[1]
     first = system_tokens + tools_tokens + most(task_tokens)
-    check_held("agent_sessions", {"an agent's prompts": n * first + grows * n * (n - 1) // 2})
+    an_agent = n * first + grows * n * (n - 1) // 2
+    check_held("agent_sessions", {"an agent's prompts": an_agent})
+    # every agent's requests are made before the first is yielded: the whole trace is held
+    check_held("agent_sessions", {"agents x an agent's prompts": agents * an_agent}, MAX_TRACE_TOKENS)
     rng = random.Random(seed)
 
     def tokens(n: int) -> tuple[int, ...]:

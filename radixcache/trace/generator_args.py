@@ -14,6 +14,9 @@ MAX_RETAIN_FOR_S = 1e9
 #: or holds for one unit (a conversation's, an agent's or a batch's prompts): 2**24, past any model's context.
 #: Larger ones (system_tokens=10**17) spent hours making ids before the first line was written.
 MAX_TOKENS = 2**24
+#: the most token ids agent_sessions holds, the whole trace (it makes every request before the first): 2 GiB of
+#: references; 10**6 agents at the defaults (44 billion) ran out of memory or time before a line was written
+MAX_TRACE_TOKENS = 2**28
 #: the longest mean time (ms; order_noise's ranks too) a generator takes: about 31.7 years. A gap is at most ~37
 #: means (expovariate of a double), so a trace's timestamps stay far below the readers' MAX_TIMESTAMP_MS, which a
 #: mean of 1e308 ms passed at the second request: trace gen failed there, after making the first.
@@ -54,13 +57,15 @@ def check_generator_args(
             raise ValueError(f"{name}: need {key} in [0, 1], got {value!r}")
 
 
-def check_held(name: str, held: Mapping[str, int]) -> None:
+def check_held(name: str, held: Mapping[str, int], bound: int = MAX_TOKENS) -> None:
     """Raise ValueError, worded `name: ...`, when the most tokens a generator could hold for one of `held` (a label
-    naming the parameters, e.g. 'system_prompts x system_tokens') passes MAX_TOKENS. Call after check_generator_args:
-    the bound of each length makes these products small enough to compute."""
+    naming the parameters, e.g. 'system_prompts x system_tokens') passes `bound` (MAX_TOKENS). Call after
+    check_generator_args: the bound of each length makes these products small enough to compute."""
     for what, tokens in held.items():
-        if tokens > MAX_TOKENS:
-            raise ValueError(f"{name}: {what} may reach {tokens:,} tokens, at most {MAX_TOKENS:,} (2**24)")
+        if tokens > bound:
+            raise ValueError(
+                f"{name}: {what} may reach {tokens:,} tokens, at most {bound:,} (2**{bound.bit_length() - 1})"
+            )
 
 
 def most(length: int) -> int:

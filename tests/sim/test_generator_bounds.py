@@ -32,7 +32,7 @@ HUGE = 10**30
         ("few-shot", {"tasks": HUGE}, "tasks x"),
         ("few-shot", {"batch_size": (1, HUGE)}, "a batch's prompts"),
         ("agent-sessions", {"agents": 1, "steps": (2, 2), "tools_tokens": MAX_TOKENS + 1}, "tools_tokens"),
-        ("agent-sessions", {"agents": HUGE}, "agents"),
+        ("agent-sessions", {"agents": HUGE}, "agents x an agent's prompts"),
         ("agent-sessions", {"agents": 1, "steps": (1, HUGE)}, "an agent's prompts"),
     ],
 )
@@ -80,3 +80,10 @@ def test_trace_gen_refuses_such_a_mean_before_writing(tmp_path: Path) -> None:
     out = tmp_path / "x.jsonl"
     result = CliRunner().invoke(main, ["trace", "gen", "chat", str(out), "--set", "mean_think_ms=1e308"])
     assert result.exit_code == 1 and "mean_think_ms" in result.output and "request 2" not in result.output
+
+
+@pytest.mark.timeout(60)  # without the bound it made the whole trace first: hours
+def test_agent_sessions_bounds_the_whole_trace_it_holds() -> None:
+    """agent_sessions makes every request before the first: 2**24 agents (each within the bounds) held ~7e11 ids."""
+    with pytest.raises(ValueError, match=r"agents x an agent's prompts may reach .* at most 268,435,456 \(2\*\*28\)"):
+        GENERATORS["agent-sessions"](agents=2**24)
