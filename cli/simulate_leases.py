@@ -108,6 +108,8 @@ def run_leases(where: TraceCapacity, policies: list[str], budget: float) -> None
         raise click.UsageError(f"{', '.join(others)}: not with --leases (one cache, its policy and the trace's hints)")
     if ctx.params["policies_spec"] is not None and ctx.get_parameter_source("policy") is not ParameterSource.DEFAULT:
         raise click.UsageError("--policy: not used with --policies (--policies names the policies)")
+    if not 0 <= budget <= 1:  # NaN passes click's FloatRange; it was the replay's error, after the trace was read
+        raise click.BadParameter(f"{budget} is not a fraction in [0, 1]", param_hint="'--lease-budget'")
     try:
         workload = load_workload(where.trace, where.fmt, page_size=where.page_size, block_size=where.block_size)
         simulate_leases(where.trace, workload, where.blocks(workload), policies, budget, ctx.params["as_json"])

@@ -106,3 +106,10 @@ def test_a_policy_beside_policies_is_refused_with_leases_as_without(agents: Path
 def test_a_lease_budget_without_leases_is_refused(agents: Path, budget: str) -> None:
     code, out = _run(str(agents), "--capacity-blocks", "100", "--lease-budget", budget)
     assert code == 2 and "--lease-budget is for --leases" in out
+
+
+def test_a_nan_lease_budget_is_a_usage_error_naming_it(agents: Path) -> None:
+    """Regression: NaN passes click's FloatRange(0, 1); it was the replay's 'lease budget must be ...' (exit 1) after
+    the trace was read, naming no option."""
+    code, out = _run(str(agents), "--capacity-blocks", "100", "--leases", "--lease-budget", "nan")
+    assert code == 2 and "--lease-budget" in out
