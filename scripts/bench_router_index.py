@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import random
 import sys
 import time
@@ -27,6 +28,8 @@ from hashlib import blake2b
 import click
 
 from radixcache.router import EventBatch, LoadTracker, RouteRequest, RouterIndex, make_router
+
+MAX_EVENTS = 10**7  # the stream is made whole before it is timed: 60x the default's, a few GiB
 
 
 def page_keys(rng: random.Random, n: int) -> list[bytes]:
@@ -116,6 +119,10 @@ def bench(replicas: int, pages: int, batch: int, rate: float, seconds: float, se
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def main(replicas: int, pages_per_replica: int, batch: int, rate: float, seconds: float, as_json: bool) -> None:
     """Memory, event throughput and route cost of the router's index for N replicas."""
+    # NaN passes FloatRange and inf past its minimum: int(rate * seconds) raised after the fill; a huge product ran
+    # out of memory making the stream
+    if not math.isfinite(rate * seconds) or rate * seconds > MAX_EVENTS:
+        raise click.BadParameter(f"--rate x --seconds must be finite and at most {MAX_EVENTS:,} page events")
     if pages_per_replica < batch:
         raise click.BadParameter("--pages-per-replica must be at least --batch (each batch removes --batch keys)")
     out = bench(replicas, pages_per_replica, batch, rate, seconds)

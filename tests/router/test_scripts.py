@@ -180,3 +180,14 @@ def test_the_sweep_refuses_a_cost_past_max_cost_ms(tmp_path: Path, flag: str, co
     result = CliRunner().invoke(main, [*args, "--workers", "1", "--out", str(tmp_path / "out")])
     assert_refused(result, flag)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("rate", "seconds"), [("nan", "1"), ("1000", "inf"), ("1e300", "1")])
+def test_the_index_benchmark_refuses_a_stream_it_cannot_make(rate: str, seconds: str) -> None:
+    """Regression: NaN and inf were int()'s ValueError or OverflowError after the fill, 1e300 events/s a stream made
+    whole until memory ran out."""
+    main = load_script("bench_router_index.py").main
+    result = CliRunner().invoke(
+        main, ["--replicas", "2", "--pages-per-replica", "32", "--rate", rate, "--seconds", seconds]
+    )
+    assert_refused(result, "--rate x --seconds must be finite")
