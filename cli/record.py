@@ -207,6 +207,19 @@ DISK_NOTE = (
 )
 
 
+REUSE_NOTE = (
+    "(the reuse policy's hit rate can differ by a few points: it learns from each insert, and the engine inserts a "
+    "prompt chunk by chunk as it prefills and each page a decode fills (output length unknown yet), which the "
+    "recording does not show; the simulator inserts a prompt whole at its start and the rest at its finish)"
+)
+
+
+def command_notes(policy: str, tiers: Any) -> list[str]:
+    """What the printed simulate command cannot reproduce of a run under `policy` over `tiers` (the engine's)."""
+    notes = [DISK_NOTE] if getattr(tiers, "disk", None) is not None else []
+    return [*notes, REUSE_NOTE] if policy == "reuse" else notes
+
+
 def simulate_command(path: str, summary: Any, admission: str | None = None, tiers: Any = None) -> str:
     """The `radixcache simulate` command that replays a recorded run through the tree alone: the engine's pool size,
     policy and page size (`summary`: a replay's, or anything with those attributes), its admission policy unless

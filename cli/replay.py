@@ -28,11 +28,11 @@ from radixcache.cli.errors import (
 )
 from radixcache.cli.record import (
     CONCURRENT_NOTE,
-    DISK_NOTE,
     INTERRUPTED_NOTE,
     StagedRecording,
     check_distinct_files,
     check_record_path,
+    command_notes,
     record_option,
     simulate_command,
 )
@@ -227,8 +227,8 @@ def replay(
             tiers = getattr(engine, "tiers", None)
             command = simulate_command(record_trace, first, kwargs.get("admission"), tiers)
             click.echo(f"its hit rate through the tree alone: {command}", err=True)
-            if getattr(tiers, "disk", None) is not None:
-                click.echo(DISK_NOTE, err=True)
+            for note in command_notes(first.policy, tiers):
+                click.echo(note, err=True)
             if first.concurrency > 1:
                 click.echo(CONCURRENT_NOTE, err=True)
             if first.interrupted:  # the engine served (and recorded) what it had of the request Ctrl-C cut short

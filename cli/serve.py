@@ -16,10 +16,10 @@ from radixcache.cli.errors import FriendlyCommand, debug_option
 from radixcache.cli.listen import bind_sockets
 from radixcache.cli.record import (
     CONCURRENT_NOTE,
-    DISK_NOTE,
     EngineShape,
     StagedRecording,
     check_record_path,
+    command_notes,
     record_option,
     simulate_command,
 )
@@ -349,8 +349,8 @@ def _report_recording(engine: GenerationEngine, path: str, no_cache: bool, admis
     shape = EngineShape(cache.capacity_blocks, cache.policy.name, cache.page_size)
     tiers = getattr(engine, "tiers", None)
     click.echo(f"its hit rate through the tree alone: {simulate_command(path, shape, admission, tiers)}", err=True)
-    if getattr(tiers, "disk", None) is not None:
-        click.echo(DISK_NOTE, err=True)
+    for note in command_notes(shape.policy, tiers):
+        click.echo(note, err=True)
     click.echo(CONCURRENT_NOTE, err=True)
 
 
