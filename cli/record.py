@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 
 import click
 
+from radixcache.cli.stdout import STDOUT
+
 RECORD_HELP = (
     "Write what the engine served to FILE as a Mooncake-format hash trace (one JSONL line per request: arrival and "
     "finish, lengths, chained page hashes, session; never text or token ids), for `radixcache simulate`."
@@ -41,6 +43,10 @@ def check_record_path(path: str | None, option: str = "--record-trace") -> None:
     written: found after the run, it would lose the run's results."""
     if path is None:
         return
+    if path == STDOUT:  # elsewhere stdout (cli/stdout.py); a recording is a file the simulate command reads again
+        raise click.BadParameter(
+            "'-' is no file to record to: give a file name ('./-' for one named '-')", param_hint=f"'{option}'"
+        )
     folder = Path(path).resolve().parent
     if not folder.is_dir():
         raise click.BadParameter(f"the folder {str(folder)!r} does not exist", param_hint=f"'{option}'")

@@ -1,8 +1,11 @@
-"""`trace gen KIND -` and `trace convert SRC -` write to stdout (as `replay --json -` does), not a file named '-'."""
+"""`trace gen KIND -` and `trace convert SRC -` write to stdout (as `replay --json -` does), not a file named '-';
+`--record-trace -` is refused."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from radixcache.cli.main import main
 
@@ -30,3 +33,13 @@ def test_trace_convert_dash_writes_to_stdout(runner, tmp_path: Path, monkeypatch
     packed = runner.invoke(main, ["trace", "convert", "back.jsonl", "-", "--to", "token-msgpack"])
     assert packed.exit_code == 0, packed.output
     assert packed.stdout_bytes == (tmp_path / "src.msgpack").read_bytes()
+
+
+@pytest.mark.parametrize("command", ["replay", "serve"])
+def test_record_trace_dash_is_refused_not_a_file_named_dash(runner, tmp_path: Path, monkeypatch, command) -> None:
+    """`--record-trace -` recorded to a file named '-' (and printed `simulate ./-`); '-' is stdout elsewhere."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(main, [command, "--model", str(tmp_path / "no-model"), "--record-trace", "-"])
+    assert result.exit_code == 2, result.output
+    assert "--record-trace" in result.stderr and "'./-'" in result.stderr
+    assert list(tmp_path.iterdir()) == []
