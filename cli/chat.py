@@ -114,7 +114,8 @@ def chat(
                 click.echo(f"error: {one_line(describe(exc))} (this turn was dropped)", err=True)
                 continue
             turn += 1
-            click.echo(click.style("model> ", bold=True) + shown(result.text))
+            click.echo(click.style("model> ", bold=True), nl=False)
+            click.echo(shown(result.text), color=True)  # as it is shown: click drops CSI codes from a pipe's text
             stats = (
                 f"[{result.cached_tokens} cached · {result.prefill_tokens} prefilled · "
                 f"TTFT {result.ttft_s * 1000:.0f} ms · {result.decode_tps:.1f} tok/s]"
