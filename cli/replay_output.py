@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from radixcache.cli.terminal import terminal_text
+
 
 def text_verdict(comparison: Any) -> str:
     """Whether the two runs wrote the same texts, over the requests that ran in both: after Ctrl-C the run without
@@ -30,10 +32,10 @@ def progress(total: int, verbose: bool) -> Iterator[tuple[Callable, Callable, Ca
     console = Console(stderr=True)
     state: dict[str, Any] = {}
 
-    def describe(record: Any) -> str:
+    def describe(record: Any) -> str:  # a trace's conversation ids are its own text: no escape reaches the terminal
         if not hasattr(record, "ttft_s"):
-            return f"{record.conversation} turn {record.turn}: skipped ({record.reason})"
-        return (
+            return terminal_text(f"{record.conversation} turn {record.turn}: skipped ({record.reason})")
+        return terminal_text(
             f"{record.conversation} turn {record.turn}: {record.cached_tokens}/{record.prompt_tokens} cached, "
             f"TTFT {record.ttft_s * 1000:.0f} ms, {record.decode_tps:.1f} tok/s: {record.text!r}"
         )
@@ -48,7 +50,7 @@ def progress(total: int, verbose: bool) -> Iterator[tuple[Callable, Callable, Ca
             if verbose:
                 console.print(describe(record), highlight=False, markup=False, soft_wrap=True)
 
-        yield start, on_result, lambda message: click.echo(f"warning: {message}", err=True)
+        yield start, on_result, lambda message: click.echo(f"warning: {terminal_text(message)}", err=True)
         return
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -70,7 +72,7 @@ def progress(total: int, verbose: bool) -> Iterator[tuple[Callable, Callable, Ca
                 progress.console.print(describe(record), highlight=False, markup=False)
 
         def warn(message: str) -> None:
-            progress.console.print(f"warning: {message}", highlight=False, markup=False)
+            progress.console.print(f"warning: {terminal_text(message)}", highlight=False, markup=False)
 
         yield start, on_result, warn
 

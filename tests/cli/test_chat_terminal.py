@@ -1,21 +1,24 @@
 """`radixcache chat` on a terminal: a reply's control characters are shown as escapes, never sent to the terminal
-(a model, or a tool result it echoes, could write the clipboard with OSC 52, retitle the window, move the cursor)."""
+(a model, or a tool result it echoes, could write the clipboard with OSC 52, retitle the window, move the cursor);
+`replay -v` likewise for a trace's conversation ids."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
 from radixcache.cli import chat as chat_cli
 from radixcache.cli.main import main
+from radixcache.cli.terminal import terminal_text
 
 HOSTILE = "ok\x1b]52;c;ZXZpbA==\x07 \x1b[2J\rtab\there\nnext line \u009b31m naïve 日本 🙂"
 
 
 def test_terminal_text_escapes_controls_but_keeps_newline_tab_and_unicode() -> None:
-    shown = chat_cli.terminal_text(HOSTILE)
+    shown = terminal_text(HOSTILE)
     expected = "".join(  # an independent rule: every Cc character but \n and \t is escaped as repr writes it
         ch if ch in "\n\t" or not (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0) else repr(ch)[1:-1] for ch in HOSTILE
     )
@@ -40,6 +43,17 @@ def test_chat_escapes_a_reply_only_on_a_terminal(runner, tiny_model_dir: Path, m
     assert result.exit_code == 0, result.output
     if terminal:
         assert "\x1b]" not in result.stdout and "\x07" not in result.stdout and "\r" not in result.stdout
-        assert chat_cli.terminal_text(HOSTILE) in result.stdout
+        assert terminal_text(HOSTILE) in result.stdout
     else:  # a pipe or a file: the reply as generated, its CSI codes too (click.echo drops them from a pipe's text)
         assert "model> " + HOSTILE + "\n" in result.stdout
+
+
+def test_replay_verbose_lines_escape_a_traces_conversation_ids(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    rows = [{"id": "c\x1b]52;c;ZXZpbA==\x07\u009b2J", "turns": [{"user": "hi"}, {"user": "x" * 5000}]}]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["replay", str(trace), "--model", str(tiny_model_dir), "--max-tokens", "2", "-v"]
+    result = runner.invoke(main, args)
+    assert "turn 1: 0/" in result.stderr and "skipped" in result.stderr, result.output  # a line and a warning
+    assert "c\\x1b]52;c;ZXZpbA==\\x07\\x9b2J turn 1" in result.stderr
+    assert not any((ord(ch) < 0x20 and ch != "\n") or 0x7F <= ord(ch) < 0xA0 for ch in result.stderr)
