@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import click
 
-from radixcache.cli.stdout import STDOUT
+from radixcache.cli.stdout import STDOUT, is_stdout
 
 RECORD_HELP = (
     "Write what the engine served to FILE as a Mooncake-format hash trace (one JSONL line per request: arrival and "
@@ -43,9 +43,11 @@ def check_record_path(path: str | None, option: str = "--record-trace") -> None:
     written: found after the run, it would lose the run's results."""
     if path is None:
         return
-    if path == STDOUT:  # elsewhere stdout (cli/stdout.py); a recording is a file the simulate command reads again
+    if option == "--record-trace" and is_stdout(path):  # a recording is a file the simulate command reads again
+        hint = " ('./-' for one named '-')" if path == STDOUT else ""
         raise click.BadParameter(
-            "'-' is no file to record to: give a file name ('./-' for one named '-')", param_hint=f"'{option}'"
+            f"{path!r} is stdout: a recording is a file for the printed simulate command; give a file name{hint}",
+            param_hint=f"'{option}'",
         )
     folder = Path(path).resolve().parent
     if not folder.is_dir():

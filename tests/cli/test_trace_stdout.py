@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,19 @@ def test_record_trace_dash_is_refused_not_a_file_named_dash(runner, tmp_path: Pa
     assert result.exit_code == 2, result.output
     assert "--record-trace" in result.stderr and "'./-'" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_record_trace_naming_the_file_stdout_is_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """`replay --record-trace /dev/stdout > out`: the recording was moved onto out, the table lost with the file it
+    went to, and `simulate /dev/stdout` printed; --json may be stdout (the table then goes to stderr)."""
+    import click
+
+    from radixcache.cli.record import check_record_path
+
+    out = tmp_path / "out"
+    with open(out, "w") as handle:
+        monkeypatch.setattr(sys, "stdout", handle)
+        with pytest.raises(click.BadParameter, match="is stdout"):
+            check_record_path(str(out))
+        check_record_path(str(out), "--json")  # no error
+        check_record_path(str(tmp_path / "other.jsonl"))
