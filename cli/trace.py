@@ -73,7 +73,7 @@ def trace() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @debug_option
 def stats(path: str, fmt: str | None, page_size: int, block_size: int, as_json: bool, debug: bool) -> None:
-    """Requests, tokens, sessions and reuse structure of a trace.
+    """Requests, tokens, sessions and reuse structure of a trace (PATH '-': stdin).
 
     Reuse counts prompt blocks (pages of --page-size tokens, or hash blocks) that an earlier request already
     inserted: the hit rate of an infinite cache.
@@ -82,6 +82,8 @@ def stats(path: str, fmt: str | None, page_size: int, block_size: int, as_json: 
     Example:
       radixcache trace stats chat.jsonl --page-size 16 --json
     """
+    if path == "-":  # stdin, as /dev/stdin: a file named '-' was looked for
+        path = "/dev/stdin"
     try:
         raw = _piped(path) if fmt is None else None
         if raw is not None or (fmt is None and is_replay_json(path)):  # the output of `radixcache replay --json`

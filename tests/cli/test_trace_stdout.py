@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -60,3 +62,15 @@ def test_record_trace_naming_the_file_stdout_is_is_refused(tmp_path: Path, monke
             check_record_path(str(out))
         check_record_path(str(out), "--json")  # no error
         check_record_path(str(tmp_path / "other.jsonl"))
+
+
+def test_trace_stats_dash_reads_stdin(runner, tmp_path: Path) -> None:
+    """`trace gen chat - | trace stats - --format token-jsonl` said '-: open: No such file or directory'."""
+    trace = tmp_path / "t.jsonl"
+    assert runner.invoke(main, ["trace", "gen", "chat", str(trace), "--count", "2"]).exit_code == 0
+    expected = runner.invoke(main, ["trace", "stats", str(trace), "--json"])
+    command = [sys.executable, "-c", "from radixcache.cli.main import run; run()", "trace", "stats", "-", "--json"]
+    with open(trace, "rb") as stdin:  # a real stdin (the runner's is no file): the environment's imports kept
+        piped = subprocess.run([*command, "--format", "token-jsonl"], stdin=stdin, capture_output=True, timeout=120)
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout) == json.loads(expected.stdout)
