@@ -9,6 +9,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
+import click
+
 STDOUT = "-"
 
 
@@ -28,14 +30,23 @@ def is_stdout(path: str) -> bool:
 def through_stdout() -> Iterator[str]:
     """A temporary file for a writer that takes a path, copied to stdout once the block succeeds and removed either
     way: a write that fails (a refused record, Ctrl-C) prints nothing, never a shorter trace that reads as sound."""
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:  # `>&-`: an AttributeError from the copy, after the whole write
+        raise click.ClickException("stdout is closed: give a file name instead of '-'")
     handle, staging = tempfile.mkstemp(prefix="radixcache-", suffix=".partial")
     os.close(handle)
     try:
         yield staging
-        out = sys.stdout.buffer
         with open(staging, "rb") as source:
-            shutil.copyfileobj(source, out)
-        out.flush()
+            try:
+                shutil.copyfileobj(source, out)
+                out.flush()
+            except BrokenPipeError:
+                raise  # `| head`: the reader left (cli.errors)
+            except OSError as exc:  # a full disk under `> file` named no file ('[Errno 28] No space left on device')
+                if exc.filename is not None or exc.strerror is None:
+                    raise
+                raise OSError(exc.errno, exc.strerror, "stdout") from None
     finally:
         with contextlib.suppress(OSError):
             os.remove(staging)

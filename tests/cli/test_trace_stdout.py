@@ -74,3 +74,21 @@ def test_trace_stats_dash_reads_stdin(runner, tmp_path: Path) -> None:
         piped = subprocess.run([*command, "--format", "token-jsonl"], stdin=stdin, capture_output=True, timeout=120)
     assert piped.returncode == 0, piped.stderr
     assert json.loads(piped.stdout) == json.loads(expected.stdout)
+
+
+def test_trace_gen_to_a_closed_or_full_stdout_says_so(tmp_path: Path, monkeypatch) -> None:
+    """`trace gen chat - >&-` was 'internal error: AttributeError', `> /dev/full` an error naming no file."""
+    import click
+
+    from radixcache.cli.stdout import through_stdout
+
+    monkeypatch.setattr(sys, "stdout", None)
+    with pytest.raises(click.ClickException, match="stdout is closed"), through_stdout():
+        pass
+    if not Path("/dev/full").exists():
+        return
+    with open("/dev/full", "w") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        with pytest.raises(OSError) as error, through_stdout() as path:
+            Path(path).write_bytes(b"x" * 100_000)
+    assert error.value.filename == "stdout"
