@@ -25,7 +25,7 @@ from radixcache.page_hash import namespace_key
 from radixcache.runtime.cluster.calls import own_calls, render_messages
 from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.cluster.fanout import read_wait
-from radixcache.runtime.cluster.handles import FrontQueue, RemoteHandle, RemoteRequest, SeenTimes
+from radixcache.runtime.cluster.handles import CallAdmission, FrontQueue, RemoteHandle, RemoteRequest, SeenTimes
 from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.cluster.resend import check_resend
 from radixcache.runtime.cluster.stream_wait import next_item
@@ -116,7 +116,9 @@ class ClusterEngine:
         **kwargs: Any,
     ) -> list[RemoteHandle]:
         """The n samples of one prompt: routed one by one (the first's pages reach the index as it computes them).
-        All or none, as Engine.submit_group: every prompt and option is checked before any request is sent."""
+        All or none, as Engine.submit_group: every prompt and option is checked before any request is sent. Under a
+        queue timeout they share one admission deadline, lifted for all once the first is admitted (CallAdmission),
+        as one engine's group."""
         if self._closed:
             raise EngineClosedError("this server is shutting down")
         prompts = group_prompts(prompts)
@@ -125,7 +127,9 @@ class ClusterEngine:
         opts = resolve_options(max_new_tokens, options, kwargs, "ClusterEngine.submit_group")
         mine = each_options(opts, each, "ClusterEngine.submit_group") or [opts] * len(prompts)
         ids = [self._prompt_ids(p, o) for p, o in zip(prompts, mine, strict=True)]
-        return [self._start(p, o) for p, o in zip(ids, mine, strict=True)]
+        timeout = self.cluster.queue_timeout
+        call = CallAdmission(timeout) if timeout is not None and len(ids) > 1 else None
+        return [self._start(p, o, call) for p, o in zip(ids, mine, strict=True)]
 
     def _prompt_ids(self, prompt: Any, opts: RequestOptions) -> list[int]:
         """`prompt`'s token ids, checked here as the engine checks them: `list()` would take bytes or a dict for
@@ -138,7 +142,7 @@ class ClusterEngine:
         namespace_key(opts.namespace)  # ValueError for one with no name in page keys (the front door hashes them)
         return ids
 
-    def _start(self, prompt: list[int], opts: RequestOptions) -> RemoteHandle:
+    def _start(self, prompt: list[int], opts: RequestOptions, call: CallAdmission | None = None) -> RemoteHandle:
         """A handle for `prompt`, its request routed and streamed by a thread of its own."""
         use = opts.tool_use
         request = RemoteRequest(
@@ -151,7 +155,7 @@ class ClusterEngine:
             self._running.add(handle)
         self.queue.mark(request.rid, True)
         try:
-            threading.Thread(target=self._run, args=(handle, prompt, opts), daemon=True).start()
+            threading.Thread(target=self._run, args=(handle, prompt, opts, call), daemon=True).start()
         except BaseException:  # no thread ("can't start new thread"): nothing will end it, so it is not in flight
             self._forget(handle)
             raise
@@ -260,12 +264,19 @@ class ClusterEngine:
         if path is not None:
             raise ValueError("recording a trace needs one engine, not replicas")
 
-    def _run(self, handle: RemoteHandle, prompt: list[int], options: RequestOptions) -> None:
+    def _run(
+        self, handle: RemoteHandle, prompt: list[int], options: RequestOptions, call: CallAdmission | None = None
+    ) -> None:
         cluster, req = self.cluster, handle.request
         ray = cluster.ray
         tried: set[int] = set()
         sent_at = handle.sent_at
         queue_timeout = cluster.queue_timeout
+
+        def admit_by() -> float | None:  # read at each wait: a call's deadline is lifted once any of it is admitted
+            at = None if admitted else sent_at + queue_timeout if call is None else call.by  # type: ignore[operator]
+            return None if at is None else at + ADMISSION_GRACE_S
+
         try:  # whatever raises from here ends the handle (its caller would wait for ever) and leaves no request
             request = cluster.route_request(prompt, options.max_new_tokens, options.namespace, options.session)
             options = options.updated(session=None)  # the session chose the replica; its engine never sees it
@@ -282,18 +293,20 @@ class ClusterEngine:
                 try:
                     streaming = cluster.actor(replica).stream.options(num_returns="streaming")
                     now = time.monotonic()  # durations, each side on its own clock (runtime.cluster.replica)
-                    stream = streaming.remote(req.rid, prompt, options, now - sent_at, now - handle.sent_at)
+                    held = call is not None  # its admission deadline is the call's, held here: none on the replica
+                    stream = streaming.remote(req.rid, prompt, options, now - sent_at, now - handle.sent_at, held)
                     if handle.cancelled:  # cancelled before `replica` was set: `_cancel` could not name it
                         cluster.control(replica, "cancel").remote(req.rid)
                     while result is None:  # the last item is ("done", result): never wait past it
-                        by = None if admitted else sent_at + queue_timeout + ADMISSION_GRACE_S  # type: ignore[operator]
-                        kind, value, extra = ray.get(next_item(cluster, stream, replica, req.rid, by, end_by))
+                        kind, value, extra = ray.get(next_item(cluster, stream, replica, req.rid, admit_by, end_by))
                         if not started:  # its admission (or an end before it): no longer queued
                             started = True
                             self.queue.mark(req.rid, False)
                         seen.saw(kind)
                         if kind == "admitted":
                             admitted = True
+                            if call is not None:
+                                call.admitted()
                         elif kind == "tokens":
                             if not req.output_ids:  # a first token: its prefill is computed, only decode is left
                                 cluster.prefill_done(replica, rid)
@@ -316,7 +329,7 @@ class ClusterEngine:
                     check_resend(tried, exc)
                     cluster.count_retry()
                     if admitted:  # its wait in a queue had ended: the queue timeout counts from the new send
-                        sent_at = time.monotonic()
+                        sent_at, call = time.monotonic(), None  # its own, no longer its call's
                 except ReplicaUnavailableError:  # its replica sent nothing for call_timeout: no sync with it either
                     stalled = True
                     raise

@@ -103,3 +103,17 @@ class FrontQueue:
                 self._waiting.add(rid)
             else:
                 self._waiting.discard(rid)
+
+
+class CallAdmission:
+    """The one admission deadline of a call's several requests (a group's n samples), as one Engine gives them
+    (runtime.engine.queue_limit.QueueGate.enter): `by` (time.monotonic()) until the first of them is admitted, then
+    None for all, since the others then wait behind their own siblings (n past max_running), which no retry would
+    change. The front door holds it: their replicas' engines set none of their own (each sample is its own request
+    there, and timed out behind its siblings)."""
+
+    def __init__(self, queue_timeout: float) -> None:
+        self.by: float | None = time.monotonic() + queue_timeout
+
+    def admitted(self) -> None:
+        self.by = None

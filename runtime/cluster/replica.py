@@ -108,6 +108,7 @@ class EngineReplica:
         options: RequestOptions,
         queued_for: float = 0.0,
         elapsed: float = 0.0,
+        front_admits: bool = False,
     ) -> Iterator[tuple[str, Any, Any]]:
         """One request, streamed (a Ray streaming generator): ("admitted", None, None) once the engine admits it,
         ("tokens", new token ids, their logprobs) as the engine makes them, then ("done",
@@ -117,17 +118,22 @@ class EngineReplica:
         clock: a skew of seconds cut or stretched every deadline by as much): `queued_for`, the seconds the request
         has already waited for admission (the engine's queue timeout is shortened by them: that wait is not granted
         twice); `elapsed`, the seconds since the front door took it, before any replica (its `timeout` counts from
-        then, as one engine's counts from `submit`: a request re-sent after its replica died got it whole again)."""
+        then, as one engine's counts from `submit`: a request re-sent after its replica died got it whole again).
+        `front_admits`: one of a call's several requests (a group's samples), whose one admission deadline the front
+        door holds (lifted for all once the first is admitted): the engine here sets none, else a sample waiting
+        behind its own siblings timed out."""
         from radixcache.runtime.engine.errors import QueueTimeoutError
 
         waited = max(0.0, queued_for)
-        timeout = self.engine.queue_timeout
+        timeout = None if front_admits else self.engine.queue_timeout
         if timeout is not None and waited >= timeout:
             raise QueueTimeoutError(f"waited {waited:.2f} s to reach its replica, the queue timeout is {timeout} s")
         wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         handle = self.engine.submit(list(prompt_ids), options=options)
         deadline = handle.request.queue_deadline
-        if deadline is not None and waited:
+        if front_admits:
+            handle.request.queue_deadline = None
+        elif deadline is not None and waited:
             handle.request.queue_deadline = deadline - waited
         if handle.request.deadline is not None:  # past already: it ends at the next step
             handle.request.deadline -= max(0.0, elapsed)

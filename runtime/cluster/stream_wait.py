@@ -5,6 +5,7 @@ deadline (the queue timeout, which the front door holds itself)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from radixcache.runtime.engine.errors import QueueTimeoutError, ReplicaUnavailableError
@@ -18,13 +19,14 @@ def next_item(
     stream: Any,
     replica: int,
     rid: str,
-    admit_by: float | None = None,
+    admit_by: Callable[[], float | None] | None = None,
     end_by: float | None = None,
 ) -> Any:
     """The stream's next item (an object ref), awaited at most `call_timeout` seconds. A replica that sends
     nothing for that long has the request cancelled there and the caller gets ReplicaUnavailableError (503).
-    A dead replica's stream has its next item at once: the actor error, raised by `ray.get`. `admit_by`
-    (time.monotonic()): a request not yet admitted by then is cancelled there and fails with QueueTimeoutError,
+    A dead replica's stream has its next item at once: the actor error, raised by `ray.get`. `admit_by()`
+    (time.monotonic(), or None; read at each wait, as a call's deadline is lifted once any of it is admitted): a
+    request not yet admitted by then is cancelled there and fails with QueueTimeoutError,
     as the replica's engine would have failed it, without waiting for that verdict to come back. `end_by`
     (time.monotonic()): past it (the request's `timeout` and a grace for its replica to end it and say so) it is
     cancelled there and fails with ReplicaUnavailableError: a frozen replica ends nothing, and the request's
@@ -32,7 +34,8 @@ def next_item(
     start = time.monotonic()
     while True:
         now = time.monotonic()
-        if admit_by is not None and now >= admit_by:
+        by = None if admit_by is None else admit_by()
+        if by is not None and now >= by:
             cluster.control(replica, "cancel").remote(rid)
             timeout = cluster.queue_timeout
             raise QueueTimeoutError(
@@ -49,7 +52,7 @@ def next_item(
             raise ReplicaUnavailableError(
                 f"engine replica {replica} sent nothing for {cluster.call_timeout} s; the request was cancelled"
             )
-        bounds = [left, *(by - now for by in (admit_by, end_by) if by is not None)]
+        bounds = [left, *(at - now for at in (by, end_by) if at is not None)]
         ready, _ = cluster.ray.wait([stream], timeout=min(bounds))
         if ready:
             break
