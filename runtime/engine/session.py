@@ -3,13 +3,14 @@ conversation so far. Saved to and loaded from JSON."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import json
 import os
 import secrets
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixcache.runtime.engine.options import RequestOptions, checked_options, resolve_options
@@ -37,6 +38,12 @@ class Session:
     client replaying the reply sends it, so the next prompt holds what the model wrote and extends the cached one;
     `send_tool_results({call_id: text})` (`asend_tool_results` for asyncio) adds the tool turns and generates the
     next reply.
+
+    With `pin=` (True or n tokens, in the defaults or a turn's keywords), the session holds one pin, its latest
+    pinned turn's (or fork's): a turn whose pin is made releases the session's earlier ones (the history only grows,
+    so its prompt begins with theirs). A pin is cut to the engine's pinned share (`max_pinned_fraction`): a history
+    past it keeps its first share of pages pinned, and a turn whose pin is refused (other pins hold the share) keeps
+    the earlier one. `unpin()`, or leaving `with engine.session(...) as s:`, releases it.
     """
 
     def __init__(
@@ -68,35 +75,50 @@ class Session:
         else:
             self.options = checked_options(base).updated(caller=caller, **rest)
         self.results: list[GenerationResult] = []
+        # the prompts (and options) of the turns whose pins the session may hold, oldest first: its latest pinned
+        # turn's, and any a turn that failed or was cancelled after it was queued may have made
+        self._pins: list[tuple[list[dict[str, Any]], RequestOptions]] = []
 
     def send(self, content: str, **kwargs: Any) -> GenerationResult:
         """Add a user turn, generate the reply, and append it to the history."""
-        turn = {"role": "user", "content": content}
-        return self._append([turn], self.engine.chat([*self.messages, turn], options=self._kw(kwargs)))
+        return self._turn([{"role": "user", "content": content}], kwargs)
 
     def send_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
         """Add one tool turn per `{call_id: result text}` (in that order), generate the reply, and append it."""
-        turns = _tool_turns(results, self.messages)
-        return self._append(turns, self.engine.chat([*self.messages, *turns], options=self._kw(kwargs)))
+        return self._turn(_tool_turns(results, self.messages), kwargs)
 
     async def asend(self, content: str, **kwargs: Any) -> GenerationResult:
         """`send` for asyncio; cancelling the awaiting task keeps neither the turn nor a reply."""
-        turn = {"role": "user", "content": content}
-        return self._append([turn], await self.engine.achat([*self.messages, turn], options=self._kw(kwargs)))
+        return await self._aturn([{"role": "user", "content": content}], kwargs)
 
     async def asend_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
         """`send_tool_results` for asyncio (an agent's loop on an event loop); as `asend`, cancelling the awaiting
         task keeps neither the tool turns nor a reply."""
-        turns = _tool_turns(results, self.messages)
-        return self._append(turns, await self.engine.achat([*self.messages, *turns], options=self._kw(kwargs)))
+        return await self._aturn(_tool_turns(results, self.messages), kwargs)
 
     def fork(self, n: int | None = None, **kwargs: Any) -> list[GenerationResult]:
         """n replies to the history so far (sharing its KV; Engine.fork's n and continuations); the history is
-        unchanged."""
+        unchanged. With `pin=`, its pin (of the history) becomes the session's, as a turn's does."""
         seed = kwargs.pop("seed", None)  # fork's own (branch i samples with seed + i); else the options' seed
         continuations = kwargs.pop("continuations", None)
-        options = self._kw(kwargs)
-        return self.engine.fork(list(self.messages), n, continuations=continuations, seed=seed, options=options)
+        prompt = list(self.messages)
+        options = self._asked(prompt, kwargs)
+        with self._queued(options):
+            results = self.engine.fork(prompt, n, continuations=continuations, seed=seed, options=options)
+        self._release(self._replaced(options, max(r.pinned_tokens for r in results)))
+        return results
+
+    def unpin(self) -> int:
+        """Release the session's pin (and any a failed or cancelled turn may have left); how many pins
+        (Engine.unpin's count)."""
+        held, self._pins = self._pins, []
+        return self._release(held)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unpin()
 
     def copy(self) -> Session:
         return Session(self.engine, messages=self.messages, **self.defaults)
@@ -143,6 +165,61 @@ class Session:
         """A turn's options: the session's (or the turn's own `options=`), with the turn's keywords over them."""
         options = kwargs.pop("options", None)
         return resolve_options(None, self.options if options is None else options, kwargs, "Session")
+
+    def _turn(self, turns: list[dict[str, Any]], kwargs: dict[str, Any]) -> GenerationResult:
+        prompt = [*self.messages, *turns]
+        options = self._asked(prompt, kwargs)
+        with self._queued(options):
+            result = self.engine.chat(prompt, options=options)
+        self._release(self._replaced(options, result.pinned_tokens))
+        return self._append(turns, result)
+
+    async def _aturn(self, turns: list[dict[str, Any]], kwargs: dict[str, Any]) -> GenerationResult:
+        prompt = [*self.messages, *turns]
+        options = self._asked(prompt, kwargs)
+        with self._queued(options):
+            result = await self.engine.achat(prompt, options=options)
+        earlier = self._replaced(options, result.pinned_tokens)
+        if earlier:  # Engine.unpin waits for the engine loop: off the event loop
+            await asyncio.to_thread(self._release, earlier)
+        return self._append(turns, result)
+
+    def _asked(self, prompt: list[dict[str, Any]], kwargs: dict[str, Any]) -> RequestOptions:
+        """A turn's options, its pin cut to the engine's pinned share (a pin past it was a ValueError at every turn
+        once the history outgrew it); a turn asking a pin is noted as one the session may hold from now on."""
+        options = self._kw(kwargs)
+        share = getattr(self.engine, "max_pinned_blocks", None)
+        if options.pin and share is not None:
+            most = share * self.engine.cache.page_size  # type: ignore[attr-defined]
+            options = options.updated(pin=most if options.pin is True else min(options.pin, most))
+        if options.pin:
+            self._pins.append(([dict(m) for m in prompt], options))
+        return options
+
+    @contextlib.contextmanager
+    def _queued(self, options: RequestOptions) -> Iterator[None]:
+        """A turn refused before it was queued (a ValueError or TypeError: its arguments) made no pin."""
+        try:
+            yield
+        except (ValueError, TypeError):
+            if options.pin:
+                self._pins.pop()
+            raise
+
+    def _replaced(self, options: RequestOptions, pinned: int) -> list[tuple[list[dict[str, Any]], RequestOptions]]:
+        """The session's pins a turn that asked one leaves to release: the earlier ones when its pin was made; its
+        own (none) when it was refused, the earlier kept."""
+        if not options.pin:
+            return []
+        if not pinned:
+            self._pins.pop()
+            return []
+        earlier, self._pins = self._pins[:-1], self._pins[-1:]
+        return earlier
+
+    def _release(self, pins: list[tuple[list[dict[str, Any]], RequestOptions]]) -> int:
+        """Engine.unpin for each of `pins` (the prompt as the pinning turn gave it, rendered the same way)."""
+        return sum(self.engine.unpin(prompt, options=options) for prompt, options in pins)
 
     def _append(self, turns: list[dict[str, Any]], result: GenerationResult) -> GenerationResult:
         """Add the turns the reply answered (whatever their content, None included: the prompt had them) and the

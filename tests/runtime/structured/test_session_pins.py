@@ -1,0 +1,63 @@
+"""A Session's pins (tiny checkpoint, 256 pages of 16 tokens: a pinned share of 64 pages): the session holds one
+pin, its latest pinned turn's, cut to the pinned share; `unpin()` and leaving a `with` block release it. Before,
+every turn added a pin that nothing released but one `engine.unpin` per turn, and once the history passed the share
+every turn raised "pinning ... tokens exceeds the pinned share of the pool"."""
+
+from __future__ import annotations
+
+import asyncio
+
+from radixcache.runtime import Engine
+from tests.runtime.structured.conftest import PAGE
+
+SHARE = 64  # pages: max_pinned_fraction 0.25 of 256
+
+
+def _words(i: int) -> str:
+    return " ".join(f"w{i}x{j}" for j in range(30))  # about 100 tokens
+
+
+def _pinned_pages(prompt_tokens: int) -> int:
+    """What a pin of the whole prompt holds, cut to the share: its whole pages."""
+    return min(prompt_tokens // PAGE, SHARE)
+
+
+def test_a_pinned_session_holds_one_pin_that_follows_its_latest_turn(engine: Engine) -> None:
+    s = engine.session(system="sys", pin=True, max_new_tokens=20, ignore_eos=True)
+    for i in range(12):
+        r = s.send(_words(i))
+        assert r.pinned_tokens == _pinned_pages(r.prompt_tokens) * PAGE
+        assert engine.stats.pinned_blocks == _pinned_pages(r.prompt_tokens)  # one pin, not one per turn
+        assert len(engine.kv.pins) == 1
+    assert r.prompt_tokens // PAGE > SHARE  # the history did pass the share
+    assert s.unpin() == 1 and engine.stats.pinned_blocks == 0 and len(engine.kv.pins) == 0
+
+
+def test_async_turns_and_forks_replace_the_pin_too_and_a_with_block_releases_it(engine: Engine) -> None:
+    with engine.session(system="sys", pin=True, max_new_tokens=4, ignore_eos=True) as s:
+
+        async def turns() -> None:
+            for i in range(2):
+                await s.asend(_words(i))
+
+        asyncio.run(turns())
+        assert len(engine.kv.pins) == 1
+        branches = s.fork(2, temperature=1.0, seed=1)
+        assert engine.stats.pinned_blocks == _pinned_pages(branches[0].prompt_tokens)
+    assert engine.stats.pinned_blocks == 0 and len(engine.kv.pins) == 0
+    assert s.unpin() == 0
+
+
+def test_a_turn_whose_pin_is_refused_keeps_the_earlier_pin(engine: Engine) -> None:
+    """Another caller's pins hold the share: the turn runs, its pin refused (pinned_tokens 0, as documented), and
+    the session's earlier pin stays until the session releases it."""
+    s = engine.session(system="sys", pin=True, max_new_tokens=4, ignore_eos=True)
+    first = s.send(_words(0))
+    assert first.pinned_tokens > 0
+    rest = SHARE - first.pinned_tokens // PAGE  # the share the session's pin leaves
+    other = engine.generate(" ".join(f"o{j}" for j in range(400)), 1, pin=rest * PAGE)
+    assert other.pinned_tokens == rest * PAGE
+    second = s.send(_words(1))  # its prompt holds more pages than the first's: past the share with the other pin
+    assert second.pinned_tokens == 0 and second.finish_reason == "length"
+    assert engine.stats.pinned_blocks == SHARE
+    assert s.unpin() == 1 and engine.unpin() == 1 and engine.stats.pinned_blocks == 0
