@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from radixcache.runtime.engine.options import RequestOptions, checked_options, resolve_options
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.tools.messages import normalize_message, normalize_messages
+from radixcache.runtime.tools.parse import json_object
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import ChatEngine
@@ -269,19 +270,31 @@ def _write_whole(path: str | os.PathLike[str], data: bytes) -> None:
 
 def _tool_turns(results: object, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The tool messages of `{call_id: result text}`, in its order. A ValueError for anything but a mapping, for
-    none (no tool turn: the reply would be a second assistant reply in a row) and for an id that the history's last
-    reply did not call (an answer to no call, which the model would read as one; the Responses API's 400)."""
+    none (no tool turn: the reply would be a second assistant reply in a row), for an id that the history's last
+    reply did not call (an answer to no call, which the model would read as one) and for a call of it left without
+    a result (the model would go on as if it had run; one cut short, its arguments unclosed, was not made): the
+    Responses API's 400s."""
     if not isinstance(results, Mapping):
         raise ValueError(f"tool results must be a mapping of call ids to texts, got {type(results).__name__}")
     if not results:
         raise ValueError("tool results must answer at least one call of the last reply, got an empty mapping")
     last = next((m for m in reversed(history) if m.get("role") == "assistant"), {})
-    made = {c.get("id") for c in last.get("tool_calls") or () if isinstance(c, Mapping)}
+    calls = [c for c in last.get("tool_calls") or () if isinstance(c, Mapping)]
+    made = {c.get("id") for c in calls}
     stray = next((call_id for call_id in results if call_id not in made), None)
     if stray is not None:
-        calls = sorted(made, key=str)
-        raise ValueError(f"tool results: {stray!r} is not a call id of the last reply (its calls: {calls})")
+        ids = sorted(made, key=str)
+        raise ValueError(f"tool results: {stray!r} is not a call id of the last reply (its calls: {ids})")
+    missing = next((c.get("id") for c in calls if _made(c) and c.get("id") not in results), None)
+    if missing is not None:
+        raise ValueError(f"tool results: the last reply's call {missing!r} has no result (each call it made needs one)")
     return [{"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text in results.items()]
+
+
+def _made(call: Mapping[str, Any]) -> bool:
+    """Whether a call of a reply was made: its arguments whole (an object), not cut short by the length limit."""
+    arguments = (call.get("function") or {}).get("arguments", "")
+    return isinstance(arguments, Mapping) or (isinstance(arguments, str) and json_object(arguments))
 
 
 def _json_value(value: object) -> bool:

@@ -140,3 +140,25 @@ def test_tool_results_answering_no_call_of_the_last_reply_are_refused(engine: En
     s2 = engine.session(max_new_tokens=2)  # no reply yet: no call to answer
     with pytest.raises(ValueError, match="not a call id of the last reply"):
         s2.send_tool_results({"call_1": "5"})
+
+
+def test_tool_results_leaving_a_call_of_the_last_reply_unanswered_are_refused(engine: Engine) -> None:
+    """A reply that made two calls answered for one only was accepted: the model went on as if the other had run
+    (the Responses API refuses it with a 400). A call cut short (its arguments unclosed) was not made: it needs no
+    result."""
+    calls = [
+        {"id": "call_a", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}},
+        {"id": "call_b", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 1}'}},
+        {"id": "call_c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1'}},
+    ]
+    ask = [{"role": "user", "content": "2 + 3 and 1 + 1?"}, {"role": "assistant", "content": None, "tool_calls": calls}]
+    s = engine.session(messages=ask, max_new_tokens=2)
+    with pytest.raises(ValueError, match="the last reply's call 'call_b' has no result"):
+        s.send_tool_results({"call_a": "5"})
+    assert s.messages == ask
+    r = s.send_tool_results({"call_a": "5", "call_b": "2"})  # call_c was cut short: no result needed
+    assert s.messages[-3:-1] == [
+        {"role": "tool", "tool_call_id": "call_a", "content": "5"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "2"},
+    ]
+    assert s.messages[-1] == {"role": "assistant", "content": r.text}
