@@ -10,7 +10,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixcache.runtime.engine.options import RequestOptions, checked_options, resolve_options
@@ -104,8 +104,7 @@ class Session:
         continuations = kwargs.pop("continuations", None)
         prompt = list(self.messages)
         options = self._asked(prompt, kwargs)
-        with self._queued(options):
-            results = self.engine.fork(prompt, n, continuations=continuations, seed=seed, options=options)
+        results = self.engine.fork(prompt, n, continuations=continuations, seed=seed, options=options)
         self._release(self._replaced(options, max(r.pinned_tokens for r in results)))
         return results
 
@@ -170,16 +169,14 @@ class Session:
     def _turn(self, turns: list[dict[str, Any]], kwargs: dict[str, Any]) -> GenerationResult:
         prompt = [*self.messages, *turns]
         options = self._asked(prompt, kwargs)
-        with self._queued(options):
-            result = self.engine.chat(prompt, options=options)
+        result = self.engine.chat(prompt, options=options)
         self._release(self._replaced(options, result.pinned_tokens))
         return self._append(turns, result)
 
     async def _aturn(self, turns: list[dict[str, Any]], kwargs: dict[str, Any]) -> GenerationResult:
         prompt = [*self.messages, *turns]
         options = self._asked(prompt, kwargs)
-        with self._queued(options):
-            result = await self.engine.achat(prompt, options=options)
+        result = await self.engine.achat(prompt, options=options)
         earlier = self._replaced(options, result.pinned_tokens)
         if earlier:  # Engine.unpin waits for the engine loop: off the event loop
             await asyncio.to_thread(self._release, earlier)
@@ -187,7 +184,8 @@ class Session:
 
     def _asked(self, prompt: list[dict[str, Any]], kwargs: dict[str, Any]) -> RequestOptions:
         """A turn's options, its pin cut to the engine's pinned share (a pin past it was a ValueError at every turn
-        once the history outgrew it); a turn asking a pin is noted as one the session may hold from now on."""
+        once the history outgrew it); a turn asking a pin is noted as one the session may hold from now on (one that
+        raises may have pinned: a request failed after its prompt was computed)."""
         options = self._kw(kwargs)
         share = getattr(self.engine, "max_pinned_blocks", None)
         if options.pin and share is not None:
@@ -196,16 +194,6 @@ class Session:
         if options.pin:
             self._pins.append(([dict(m) for m in prompt], options))
         return options
-
-    @contextlib.contextmanager
-    def _queued(self, options: RequestOptions) -> Iterator[None]:
-        """A turn refused before it was queued (a ValueError or TypeError: its arguments) made no pin."""
-        try:
-            yield
-        except (ValueError, TypeError):
-            if options.pin:
-                self._pins.pop()
-            raise
 
     def _replaced(self, options: RequestOptions, pinned: int) -> list[tuple[list[dict[str, Any]], RequestOptions]]:
         """The session's pins a turn that asked one leaves to release: the earlier ones when its pin was made; its
@@ -219,8 +207,13 @@ class Session:
         return earlier
 
     def _release(self, pins: list[tuple[list[dict[str, Any]], RequestOptions]]) -> int:
-        """Engine.unpin for each of `pins` (the prompt as the pinning turn gave it, rendered the same way)."""
-        return sum(self.engine.unpin(prompt, options=options) for prompt, options in pins)
+        """Engine.unpin for each of `pins` (the prompt as the pinning turn gave it, rendered the same way); a prompt
+        that does not render (a turn refused for it) pinned nothing."""
+        released = 0
+        for prompt, options in pins:
+            with contextlib.suppress(ValueError):
+                released += self.engine.unpin(prompt, options=options)
+        return released
 
     def _append(self, turns: list[dict[str, Any]], result: GenerationResult) -> GenerationResult:
         """Add the turns the reply answered (whatever their content, None included: the prompt had them) and the

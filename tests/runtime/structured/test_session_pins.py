@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from radixcache.runtime import Engine
 from tests.runtime.structured.conftest import PAGE
 
@@ -61,3 +63,27 @@ def test_a_turn_whose_pin_is_refused_keeps_the_earlier_pin(engine: Engine) -> No
     assert second.pinned_tokens == 0 and second.finish_reason == "length"
     assert engine.stats.pinned_blocks == SHARE
     assert s.unpin() == 1 and engine.unpin() == 1 and engine.stats.pinned_blocks == 0
+
+
+def test_a_turn_that_fails_after_its_pin_was_made_leaves_no_pin_the_session_forgets(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn whose request failed once its prompt was computed (its pin made) raised, and the session forgot the
+    pin it may hold: nothing but `engine.unpin()` released it. A turn refused for its arguments pinned nothing."""
+    from radixcache.runtime.engine.errors import SamplingError
+    from radixcache.runtime.engine.sampling import Sampler
+
+    s = engine.session(system="sys", pin=True, max_new_tokens=4, ignore_eos=True, temperature=1.0, seed=1)
+    with pytest.raises(ValueError, match="lone surrogate"):
+        s.send("a\ud800b")  # refused before it was queued
+    sample = Sampler.sample
+
+    def failing(self: Sampler, *args: object, **kwargs: object) -> int:
+        raise SamplingError("the logits went non-finite (a stand-in)")
+
+    monkeypatch.setattr(Sampler, "sample", failing)
+    with pytest.raises(SamplingError):
+        s.send(_words(0))
+    assert engine.stats.pinned_blocks > 0  # its prompt was computed and pinned before the failure
+    monkeypatch.setattr(Sampler, "sample", sample)
+    assert s.unpin() == 1 and engine.stats.pinned_blocks == 0 and len(engine.kv.pins) == 0
