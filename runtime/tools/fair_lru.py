@@ -9,8 +9,9 @@ scope holding no more than its share (the bound over the scopes in use) keeps it
 puts. Not thread-safe: callers hold their own lock.
 
 Used by the tool-call memory (runtime/tools/memory.py: bounded by entries and bytes), the legacy function-call
-ids (runtime/server/legacy.py: by entries) and the compiled grammars (runtime/grammar/compiler.py: by entries and
-characters). Their entries are kept per cache namespace (the key holds it), and shared by the namespace's tenant
+ids (runtime/server/legacy.py: by entries), the compiled grammars (runtime/grammar/compiler.py: by entries and
+characters) and the stored responses (runtime/server/responses_store.py: by bytes, its scopes the API keys). The
+first three keep their entries per cache namespace (the key holds it), shared by the namespace's tenant
 (`fair_scope`): a namespace is the caller's, but a caller names as many as it likes (a new `cache_salt` per request
 is a new namespace), so were each namespace a scope, a caller salting every request would hold a share per salt,
 and flush the entries of every tenant holding no more than one.
@@ -70,6 +71,14 @@ class FairLRU(Generic[K, V]):
     def keys(self) -> dict[Hashable, list[K]]:
         """Each scope's keys, least recently used first, the scopes in the order they began holding entries."""
         return {scope: list(space) for scope, space in self._scopes.items()}
+
+    def held(self, scope: Hashable) -> tuple[int, int]:
+        """How many entries `scope` holds, and their weight."""
+        return len(self._scopes.get(scope, ())), self._scope_weight.get(scope, 0)
+
+    def oldest(self, scope: Hashable) -> K | None:
+        """The least recently used key of `scope`, or None when it holds none."""
+        return next(iter(self._scopes.get(scope, ())), None)
 
     def get(self, scope: Hashable, key: K, touch: bool = True) -> V | None:
         """The value of `key` in `scope` (None when absent), made the scope's most recently used when `touch`."""

@@ -48,7 +48,8 @@ def test_the_store_is_bounded_in_bytes_and_refuses_an_entry_larger_than_the_boun
         assert store.bytes <= 400
     assert store.get(None, "r9") is not None and store.get(None, "r0") is None
     assert store.delete(None, "r9") and not store.delete(None, "r9")
-    assert store.bytes == store.tenant_bytes(None) == sum(e.size for e in store._entries.values())
+    kept = [store.get(None, f"r{i}") for i in range(9)]
+    assert store.bytes == store.tenant_bytes(None) == sum(e.size for e in kept if e is not None)
 
 
 def test_one_tenants_traffic_never_pushes_out_anothers_and_all_tenants_share_a_byte_bound() -> None:
@@ -60,10 +61,25 @@ def test_one_tenants_traffic_never_pushes_out_anothers_and_all_tenants_share_a_b
     assert [store.get("bob", f"b{i}") is not None for i in (16, 17, 18, 19)] == [False, True, True, True]
     size = store.tenant_bytes("alice")
     assert store.bytes == size + store.tenant_bytes("bob")
-    small = ResponseStore(max_total_bytes=3 * size)  # over all tenants: the least recent of all go first
+    small = ResponseStore(max_total_bytes=3 * size)  # over all tenants: a tie goes to the one holding the longest
     for tenant in ("alice", "bob", "carol", "dave"):
         small.put(tenant, _response("a"), [], [])
     assert [small.get(t, "a") is not None for t in ("alice", "bob", "carol", "dave")] == [False, True, True, True]
+
+
+def test_past_the_total_bound_the_fullest_tenant_loses_its_oldest_not_a_quiet_one() -> None:
+    # four keys at their own byte bound fill the total; a fifth, quiet key's response (older, and never read again)
+    # stays, as docs/server.md says: one key's traffic never pushes out another's
+    size = len(json.dumps([_response("q0-00", "y" * 100), [], []], separators=(",", ":")))  # every entry's size
+    store = ResponseStore(max_bytes=4 * size, max_total_bytes=16 * size)
+    assert store.put("quiet", _response("q0-00", "y" * 100), [], []) and store.tenant_bytes("quiet") == size
+    for i in range(10):
+        for key in ("k1", "k2", "k3", "k4"):
+            assert store.put(key, _response(f"{key}-{i:02}", "y" * 100), [], [])
+            assert store.bytes <= 16 * size and store.get(key, f"{key}-{i:02}") is not None  # the newest stays
+    assert store.get("quiet", "q0-00") is not None
+    assert store.bytes == sum(store.tenant_bytes(t) for t in ("quiet", "k1", "k2", "k3", "k4")) <= 16 * size
+    assert [store.tenant_bytes(t) // size for t in ("k1", "k2", "k3", "k4")] == [4, 4, 4, 3]  # k4's latest made 16
 
 
 def test_a_tenant_never_reads_nor_deletes_another_tenants_response() -> None:

@@ -90,6 +90,10 @@ def test_the_fair_lru_matches_a_naive_reference(max_entries: int, max_weight: in
             assert lru.pop(scope, key) == ref.pop(scope, key)
         assert lru.keys() == ref.keys()
         assert len(lru) == len(ref.entries) and lru.weight == sum(e[1] for e in ref.entries.values())
+        for scope, keys in ref.keys().items():
+            weights = [ref.entries[(scope, k)][1] for k in keys]
+            assert lru.held(scope) == (len(keys), sum(weights)) and lru.oldest(scope) == keys[0]
+        assert lru.held("none") == (0, 0) and lru.oldest("none") is None
 
 
 def test_a_scope_under_its_share_keeps_its_entries() -> None:
