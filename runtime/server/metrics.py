@@ -13,12 +13,19 @@ from collections import Counter
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
+from radixcache.runtime.tools.fair_lru import TenantNamespace, fair_scope
+
 if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import GenerationEngine
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-MAX_NAMESPACE_LABELS = 256  # namespaces past this many share the label "other" (bounded cardinality)
+# Bounded cardinality, fair to tenants: a tenant (an API key with its salts; keyless callers together) labels its
+# unsalted namespace and at most MAX_TENANT_LABELS salted ones, MAX_NAMESPACE_LABELS in all; its later ones count
+# under its own `other-<label of its key alone>` (`other-default` for keyless callers), so one key salting every
+# request never takes the labels of the tenants after it, and each tenant's traffic counts under labels of its own.
+MAX_NAMESPACE_LABELS = 256
+MAX_TENANT_LABELS = 16
 
 
 def namespace_label(namespace: Hashable) -> str:
@@ -69,6 +76,7 @@ class ServerMetrics:
         self.cancelled = lambda: 0  # the server wires this to its Inflight's count
         self._lock = threading.Lock()
         self._namespaces: dict[str, list[int]] = {}  # label -> [requests, prompt tokens, cached tokens]
+        self._labelled: Counter[Hashable] = Counter()  # tenant -> its salted namespaces with a label of their own
 
     def failed(self, status: int) -> None:
         with self._lock:
@@ -80,14 +88,29 @@ class ServerMetrics:
         self.ttft.observe(result.ttft_s)
         if len(result.token_ids) > 1:
             self.tpot.observe(result.tpot_s)
-        label = namespace_label(namespace)
         with self._lock:
-            if label not in self._namespaces and len(self._namespaces) >= MAX_NAMESPACE_LABELS:
-                label = "other"
-            row = self._namespaces.setdefault(label, [0, 0, 0])
+            row = self._namespaces.setdefault(self._label(namespace), [0, 0, 0])
             row[0] += 1
             row[1] += result.prompt_tokens
             row[2] += result.cached_tokens
+
+    def _label(self, namespace: Hashable) -> str:
+        """`namespace`'s label, its own while its tenant's and all tenants' budgets last (MAX_TENANT_LABELS,
+        MAX_NAMESPACE_LABELS), else its tenant's overflow; a tenant's unsalted namespace (`default` for keyless
+        callers, a key's alone) always has its own: one a configured tenant, bounded by the keys. Under the lock."""
+        label, tenant = namespace_label(namespace), fair_scope(namespace)
+        if (
+            label in self._namespaces
+            or namespace is None
+            or (isinstance(namespace, TenantNamespace) and namespace == tenant)
+        ):
+            return label  # counted already, or the namespace of keyless callers or of a key alone (no salt)
+        own = sum(self._labelled.values())  # the salted namespaces labelled as their own
+        if self._labelled[tenant] < MAX_TENANT_LABELS and own < MAX_NAMESPACE_LABELS:
+            self._labelled[tenant] += 1
+            return label
+        # a tenant's overflow; a namespace not naming its tenant (not the server's) has none of its own
+        return f"other-{namespace_label(tenant)}" if isinstance(namespace, TenantNamespace) else "other"
 
     def _namespace_lines(self) -> list[str]:
         out = []
