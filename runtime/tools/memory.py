@@ -8,7 +8,9 @@ one tenant's tool traffic cannot evict another's calls while the other holds no 
 entries and by bytes on all namespaces together, shared by their tenants (runtime/tools/fair_lru.py fair_scope: the
 server's salts of one key are one tenant); past a bound the tenant holding the most (entries, or bytes) loses its
 least recently used entry, so a tenant under its fair share (the bound over the tenants in use) keeps its calls
-however much another sends, under however many salts; the newest entry always stays. Thread-safe. The unscoped
+however much another sends, under however many salts; the newest entry always stays, and one heavier than an
+eighth of the bytes is not kept (as the compiled grammars and legacy call ids: kept, it would flush every tenant's
+calls; its calls re-render, as forgotten ones do). Thread-safe. The unscoped
 handle (a plain `ToolCallMemory()`, and the cluster front's) remembers entries every namespace finds, and finds any
 entry by its ids (random secrets: the caller holds them because it made those calls).
 
@@ -142,6 +144,10 @@ class _Store:
         with self.lock:
             if key in self.owner:
                 self.lru.pop(fair_scope(self.owner.pop(key)), key)
+            # an entry past an eighth of the bytes is not kept (its calls re-render): kept, the newest entry always
+            # stays, and one reply the size of a context would flush the calls of every other tenant
+            if _size(entry) > self.max_bytes // 8:
+                return
             self.owner[key] = namespace
             for _, gone in self.lru.put(fair_scope(namespace), key, entry, _size(entry)):
                 del self.owner[gone]

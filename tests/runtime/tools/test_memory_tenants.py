@@ -52,16 +52,13 @@ def test_a_busy_namespace_evicts_its_own_calls_not_a_quiet_ones() -> None:
 
 
 def test_the_bytes_bound_is_shared_the_same_way() -> None:
-    memory = ToolCallMemory(max_entries=1000, max_bytes=50_000)
+    memory = ToolCallMemory(max_entries=1000, max_bytes=80_000)
     small = _calls("s", 1)[0]
     memory.scoped("small").remember(small, "x" * 5_000)
     for c in _calls("big", 30):
-        memory.scoped("big").remember(c, "y" * 10_000)
-        assert memory.bytes <= 50_000
+        memory.scoped("big").remember(c, "y" * 9_000)  # at most an eighth of the bytes each: kept
+        assert memory.bytes <= 80_000 and memory.scoped("big").lookup(c) == "y" * 9_000
     assert memory.scoped("small").lookup(small) == "x" * 5_000
-    huge = _calls("h", 1)[0]
-    memory.scoped("huge").remember(huge, "z" * 200_000)  # the newest always stays, whatever its size
-    assert memory.scoped("huge").lookup(huge) == "z" * 200_000 and len(memory) == 1
 
 
 def test_the_bytes_bound_bounds_the_memory_the_entries_take() -> None:
@@ -85,3 +82,15 @@ def test_the_bytes_bound_bounds_the_memory_the_entries_take() -> None:
         tracemalloc.stop()
     assert taken <= 1.3 * memory.bytes, (taken, memory.bytes)
     assert memory.lookup_emitted(first, "") == kept  # the text and ids as remembered, ids a tuple of ints
+
+
+def test_an_entry_heavier_than_an_eighth_of_the_bytes_is_not_kept_and_flushes_no_one() -> None:
+    # kept, the newest entry always stays: one reply the size of a context pushed out every other tenant's calls
+    memory = ToolCallMemory(max_entries=100, max_bytes=8000)
+    ((quiet,),), ((huge,),), ((fits,),) = _calls("q", 1), _calls("h", 1), _calls("f", 1)
+    memory.scoped("quiet").remember([quiet], "q")
+    memory.scoped("busy").remember([huge], "x" * 7000)  # about 7,200 bytes of the 8,000: more than an eighth
+    assert memory.scoped("busy").lookup([huge]) is None and memory.bytes < 1000
+    memory.scoped("busy").remember([fits], "x" * 700)  # about 900 bytes: at most an eighth, kept
+    assert memory.scoped("busy").lookup([fits]) == "x" * 700
+    assert memory.scoped("quiet").lookup([quiet]) == "q" and len(memory) == 2
