@@ -21,7 +21,7 @@ import threading
 import uuid
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixcache.page_hash import PageHasher
 from radixcache.router import LoadTracker, RouteRequest, RouterIndex, make_router
@@ -44,6 +44,9 @@ from radixcache.runtime.cluster.placement import (
 from radixcache.runtime.cluster.replica import EngineReplica
 from radixcache.runtime.cluster.resend import check_resend
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
+
+if TYPE_CHECKING:  # the options module imports torch; this one is imported before any model loads
+    from radixcache.runtime.engine.options import RequestOptions
 
 log = logging.getLogger("radixcache.cluster")
 
@@ -169,24 +172,28 @@ class ReplicaCluster(Membership):
     def generate(
         self,
         prompt_ids: Sequence[int],
-        max_new_tokens: int = 64,
+        max_new_tokens: int | None = None,
         *,
-        namespace: Hashable = None,
-        session: str | None = None,
+        options: RequestOptions | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Route one request (token ids) and return its GenerationResult. A replica that dies under it is dropped
-        and the request re-sent to another (at most once: runtime.cluster.resend);
+        """Route one request (token ids) and return its GenerationResult. Takes Engine.generate's options:
+        `options` with keywords over it (`session` too: it chooses the replica, whose engine never sees it). A replica
+        that dies under it is dropped and the request re-sent to another (at most once: runtime.cluster.resend);
         ReplicaUnavailableError when none is left."""
-        request = self.route_request(prompt_ids, max_new_tokens, namespace, session)
+        from radixcache.runtime.engine.options import resolve_options
+
+        # resolved here, once: the route hashes the prompt in the namespace its replica caches it under
+        opts = resolve_options(max_new_tokens, options, kwargs, "ReplicaCluster.generate")
+        request = self.route_request(prompt_ids, opts.max_new_tokens, opts.namespace, opts.session)
+        call = {"options": opts.updated(session=None)}
         tried: set[int] = set()
         while True:
             replica, rid = self.dispatch(request, tried)
             answered = True
             name = f"{self._name}-g{rid}"  # the replica's name for it: a cancel sent there finds it
             try:
-                call = {**kwargs, "namespace": namespace}
-                ref = self._actors[replica].generate.remote(list(prompt_ids), max_new_tokens, call, name)
+                ref = self._actors[replica].generate.remote(list(prompt_ids), opts.max_new_tokens, call, name)
                 return self.ray.get(ref, timeout=self.call_timeout)
             except (*self.actor_errors, self.ray.exceptions.RayTaskError) as exc:
                 if not self.actor_died(replica, exc):
