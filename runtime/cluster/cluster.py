@@ -10,7 +10,7 @@ the replicas' cache events, and survive replicas that die.
   is re-sent to another (no token was sent: results are whole), at most once (runtime.cluster.resend): a request that
   kills its replica (a native crash, an OOM kill) would otherwise kill each one in turn. It fails with
   ReplicaUnavailableError past that, when no replica is left, or when its replica does not answer within
-  `call_timeout` (HTTP 503 each). No request waits on a dead actor: Ray fails its pending calls.
+  `call_timeout`, or within its own `timeout` and a grace (runtime.cluster.stream_wait) (HTTP 503 each). No request waits on a dead actor: Ray fails its pending calls.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ from radixcache.runtime.cluster.placement import (
 )
 from radixcache.runtime.cluster.replica import EngineReplica
 from radixcache.runtime.cluster.resend import check_resend
+from radixcache.runtime.cluster.stream_wait import answered, end_by
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
 
 if TYPE_CHECKING:  # the options module imports torch; this one is imported before any model loads
@@ -187,14 +189,20 @@ class ReplicaCluster(Membership):
         opts = resolve_options(max_new_tokens, options, kwargs, "ReplicaCluster.generate")
         request = self.route_request(prompt_ids, opts.max_new_tokens, opts.namespace, opts.session)
         call = {"options": opts.updated(session=None)}
+        end_at = end_by(time.monotonic(), opts.timeout)  # its replica ends it at its timeout; a frozen one does not
         tried: set[int] = set()
         while True:
             replica, rid = self.dispatch(request, tried)
-            answered = True
+            computed = True
             name = f"{self._name}-g{rid}"  # the replica's name for it: a cancel sent there finds it
             try:
                 ref = self._actors[replica].generate.remote(list(prompt_ids), opts.max_new_tokens, call, name)
-                return self.ray.get(ref, timeout=self.call_timeout)
+                if not answered(self, ref, replica, name, end_by=end_at):  # call_timeout passed
+                    raise self.ray.exceptions.GetTimeoutError(name)
+                return self.ray.get(ref)
+            except ReplicaUnavailableError:  # not ended past its timeout: cancelled there (stream_wait), a 503
+                computed = False
+                raise
             except (*self.actor_errors, self.ray.exceptions.RayTaskError) as exc:
                 if not self.actor_died(replica, exc):
                     raise
@@ -202,7 +210,7 @@ class ReplicaCluster(Membership):
                 check_resend(tried, exc)
                 self.count_retry()
             except self.ray.exceptions.GetTimeoutError:  # alive but not answering: the client may retry (503)
-                answered = False
+                computed = False
                 self.control(replica, "cancel").remote(name)  # it would run on there, its load released here
                 raise ReplicaUnavailableError(
                     f"engine replica {replica} did not answer within {self.call_timeout} s; the request was cancelled"
@@ -211,7 +219,7 @@ class ReplicaCluster(Membership):
                 self.control(replica, "cancel").remote(name)
                 raise
             finally:
-                self.done(replica, rid, computed=answered)  # no sync with a replica that does not answer
+                self.done(replica, rid, computed=computed)  # no sync with a replica that does not answer
 
     def dispatch(self, request: RouteRequest, tried: set[int]) -> tuple[int, int]:
         """Choose a live replica not in `tried` and count the request's load on it: (replica, load id)."""

@@ -28,7 +28,7 @@ from radixcache.runtime.cluster.fanout import read_wait
 from radixcache.runtime.cluster.handles import CallAdmission, FrontQueue, RemoteHandle, RemoteRequest, SeenTimes
 from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.cluster.resend import check_resend
-from radixcache.runtime.cluster.stream_wait import next_item
+from radixcache.runtime.cluster.stream_wait import end_by, next_item
 from radixcache.runtime.cluster.tally import Baseline, Counters, _add, replica_rows  # noqa: F401 (_add: its tests)
 from radixcache.runtime.engine.errors import EngineClosedError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, each_options, resolve_options
@@ -40,9 +40,6 @@ from radixcache.runtime.tools.use import CallIds
 # The front door fails a request its replica has not admitted within the queue timeout plus this (the replica's own
 # verdict, with its wording, gets the first chance; under a starved CPU it can come back over Ray seconds late).
 ADMISSION_GRACE_S = 0.25
-# ... and one its replica has not ended within its `timeout` plus this (the replica's step that ends it, and its
-# result's way back, get this long: a slow replica still ends it with what it generated).
-TIMEOUT_GRACE_S = 10.0
 
 
 class ClusterEngine:
@@ -280,8 +277,7 @@ class ClusterEngine:
         try:  # whatever raises from here ends the handle (its caller would wait for ever) and leaves no request
             request = cluster.route_request(prompt, options.max_new_tokens, options.namespace, options.session)
             options = options.updated(session=None)  # the session chose the replica; its engine never sees it
-            # its replica ends it at its timeout; past that and a grace (a frozen replica ends nothing), the front door
-            end_by = None if options.timeout is None else handle.sent_at + options.timeout + TIMEOUT_GRACE_S
+            end_at = end_by(handle.sent_at, options.timeout)  # past it, the front door ends it (stream_wait)
             result = None
             while result is None:
                 replica, rid = cluster.dispatch(request, tried)
@@ -298,7 +294,7 @@ class ClusterEngine:
                     if handle.cancelled:  # cancelled before `replica` was set: `_cancel` could not name it
                         cluster.control(replica, "cancel").remote(req.rid)
                     while result is None:  # the last item is ("done", result): never wait past it
-                        kind, value, extra = ray.get(next_item(cluster, stream, replica, req.rid, admit_by, end_by))
+                        kind, value, extra = ray.get(next_item(cluster, stream, replica, req.rid, admit_by, end_at))
                         if not started:  # its admission (or an end before it): no longer queued
                             started = True
                             self.queue.mark(req.rid, False)

@@ -1,6 +1,7 @@
-"""How the front door (runtime.cluster.front) awaits each item of a replica's stream: at most the cluster's
-`call_timeout` (a replica that stops sending is not waited on for ever), and not past the request's admission
-deadline (the queue timeout, which the front door holds itself)."""
+"""How the front door awaits each item of a replica's stream (runtime.cluster.front), or a blocking call's answer
+(ReplicaCluster.generate): at most the cluster's `call_timeout` (a replica that stops sending is not waited on for
+ever), not past the request's admission deadline (the queue timeout, which the front door holds itself), and not
+past its `timeout` and a grace (`end_by`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ from radixcache.runtime.engine.errors import QueueTimeoutError, ReplicaUnavailab
 
 if TYPE_CHECKING:
     from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+# The front door fails a request its replica has not ended within its `timeout` plus this (the replica's step that
+# ends it, and its result's way back, get this long: a slow replica still ends it with what it generated).
+TIMEOUT_GRACE_S = 10.0
+
+
+def end_by(sent_at: float, timeout: float | None) -> float | None:
+    """When (time.monotonic()) the front door gives up on a request it took at `sent_at` with `timeout` (None: never):
+    its replica ends it at its timeout, and a frozen replica ends nothing."""
+    return None if timeout is None else sent_at + timeout + TIMEOUT_GRACE_S
 
 
 def next_item(
@@ -31,6 +42,28 @@ def next_item(
     (time.monotonic()): past it (the request's `timeout` and a grace for its replica to end it and say so) it is
     cancelled there and fails with ReplicaUnavailableError: a frozen replica ends nothing, and the request's
     timeout (the server's --request-timeout) is the most its caller waits."""
+    if not answered(cluster, stream, replica, rid, admit_by, end_by):
+        cluster.control(replica, "cancel").remote(rid)  # it stops computing; its stream then ends on its own
+        raise ReplicaUnavailableError(
+            f"engine replica {replica} sent nothing for {cluster.call_timeout} s; the request was cancelled"
+        )
+    try:
+        return next(stream)
+    except StopIteration:  # ended without its ("done", result) item (Ray reports a failure as an item)
+        raise ReplicaUnavailableError(f"the stream from engine replica {replica} ended early") from None
+
+
+def answered(
+    cluster: ReplicaCluster,
+    ref: Any,
+    replica: int,
+    rid: str,
+    admit_by: Callable[[], float | None] | None = None,
+    end_by: float | None = None,
+) -> bool:
+    """Wait until `ref` (a stream, or a call's answer) is ready: True; False once `call_timeout` has passed (the
+    caller cancels the request and says so). Past `admit_by()` or `end_by`, as `next_item` says, the request is
+    cancelled on its replica and the error raised."""
     start = time.monotonic()
     while True:
         now = time.monotonic()
@@ -48,15 +81,8 @@ def next_item(
             )
         left = cluster.call_timeout - (now - start)
         if left <= 0:
-            cluster.control(replica, "cancel").remote(rid)  # it stops computing; its stream then ends on its own
-            raise ReplicaUnavailableError(
-                f"engine replica {replica} sent nothing for {cluster.call_timeout} s; the request was cancelled"
-            )
+            return False
         bounds = [left, *(at - now for at in (by, end_by) if at is not None)]
-        ready, _ = cluster.ray.wait([stream], timeout=min(bounds))
+        ready, _ = cluster.ray.wait([ref], timeout=min(bounds))
         if ready:
-            break
-    try:
-        return next(stream)
-    except StopIteration:  # ended without its ("done", result) item (Ray reports a failure as an item)
-        raise ReplicaUnavailableError(f"the stream from engine replica {replica} ended early") from None
+            return True

@@ -17,11 +17,11 @@ HANG_S = 30.0  # a bound on a hang, never reached with the fix
 
 def test_a_request_on_a_frozen_replica_fails_at_its_timeout(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path) -> None:
     install(monkeypatch)
-    from radixcache.runtime.cluster import front as front_module
+    from radixcache.runtime.cluster import stream_wait
     from radixcache.runtime.cluster.cluster import ReplicaCluster
     from radixcache.runtime.cluster.front import ClusterEngine
 
-    monkeypatch.setattr(front_module, "TIMEOUT_GRACE_S", 0.1, raising=False)
+    monkeypatch.setattr(stream_wait, "TIMEOUT_GRACE_S", 0.1)
     cluster = ReplicaCluster("fake", 2, router="round_robin", poll_interval=None, call_timeout=600.0)
     engine = ClusterEngine(cluster, str(tiny_dir))
     frozen = cluster.actor(0)
