@@ -10,7 +10,8 @@ the replicas' cache events, and survive replicas that die.
   is re-sent to another (no token was sent: results are whole), at most once (runtime.cluster.resend): a request that
   kills its replica (a native crash, an OOM kill) would otherwise kill each one in turn. It fails with
   ReplicaUnavailableError past that, when no replica is left, or when its replica does not answer within
-  `call_timeout`, or within its own `timeout` and a grace (runtime.cluster.stream_wait) (HTTP 503 each). No request waits on a dead actor: Ray fails its pending calls.
+  `call_timeout`, or within its own `timeout` and a grace (runtime.cluster.stream_wait) (HTTP 503 each). No
+  request waits on a dead actor: Ray fails its pending calls.
 """
 
 from __future__ import annotations
