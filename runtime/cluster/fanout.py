@@ -16,8 +16,8 @@ from radixcache.runtime.engine.errors import ReplicaUnavailableError
 
 
 class ReplicaCluster(Protocol):
-    """What the fan-out reads of runtime.cluster.cluster.ReplicaCluster (which imports this module: named by a
-    protocol, not imported, so that the two make no cycle)."""
+    """What the fan-out and runtime.cluster.stream_wait read of runtime.cluster.cluster.ReplicaCluster (which imports
+    both: named by a protocol, not imported, so that they make no cycle)."""
 
     ray: Any
     call_timeout: float

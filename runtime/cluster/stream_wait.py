@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from radixcache.runtime.engine.errors import QueueTimeoutError, ReplicaUnavailableError
 
-if TYPE_CHECKING:
-    from radixcache.runtime.cluster.cluster import ReplicaCluster
+if TYPE_CHECKING:  # the protocol of what is read of runtime.cluster.cluster.ReplicaCluster (which imports this module)
+    from radixcache.runtime.cluster.fanout import ReplicaCluster
 
 # The front door fails a request its replica has not ended within its `timeout` plus this (the replica's step that
 # ends it, and its result's way back, get this long: a slow replica still ends it with what it generated).
