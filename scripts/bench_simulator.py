@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 from gen_hash_trace import write_hash_trace  # noqa: E402
+from script_args import at_least  # noqa: E402
 
 CLI = [sys.executable, "-c", "from radixcache.cli.main import run; run()"]
 
@@ -63,21 +63,8 @@ MODES = ("streamed", "in memory")
 
 # The arguments, checked as they are parsed: a bad one was a traceback, or a failed subprocess once the traces were
 # generated, and a mode not in MODES ran streamed under its own name.
-def _count(least: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = least - 1
-        if value < least:
-            raise argparse.ArgumentTypeError(f"expected an int >= {least}, got {text!r}")
-        return value
-
-    return parse
-
-
 def _sizes(text: str) -> list[int]:
-    parse = _count(1)
+    parse = at_least(1)
     try:
         return [parse(part) for part in text.split(",") if part.strip()] or [parse("")]
     except argparse.ArgumentTypeError:
@@ -162,12 +149,12 @@ def plot(rows: list[Row], path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=_sizes, default="50000,500000,2000000", help="hash-trace sizes in requests")
-    ap.add_argument("--capacity-blocks", type=_count(1), default=5000)
-    ap.add_argument("--chat", type=_count(0), default=0, help="also a `trace gen chat --count N` token trace")
+    ap.add_argument("--capacity-blocks", type=at_least(1), default=5000)
+    ap.add_argument("--chat", type=at_least(0), default=0, help="also a `trace gen chat --count N` token trace")
     ap.add_argument("--workdir", default="/tmp/radixcache-bench-sim")
     ap.add_argument("--modes", type=_modes, default="streamed,in memory", help=f"from {', '.join(MODES)}")
-    ap.add_argument("--belady-max", type=_count(0), default=2_000_000, help="skip --belady on larger traces")
-    ap.add_argument("--in-memory-max", type=_count(0), default=500_000, help="skip --in-memory on larger traces")
+    ap.add_argument("--belady-max", type=at_least(0), default=2_000_000, help="skip --belady on larger traces")
+    ap.add_argument("--in-memory-max", type=at_least(0), default=500_000, help="skip --in-memory on larger traces")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--markdown", help="write the table here")
     ap.add_argument("--plot", help="write a PNG plot here")

@@ -42,6 +42,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+from script_args import at_least  # noqa: E402
 from sglang_cpu import CpuSlotAllocator, load_sglang  # noqa: E402
 
 from radixcache import EvictionPolicy, RadixCache  # noqa: E402
@@ -50,17 +51,6 @@ from radixcache.trace.synthetic import multi_turn_chat  # noqa: E402
 DEFAULT_SGLANG = REPO / ".bench" / "sglang"
 
 # ---------------------------------------------------------------------------------------------- workload
-
-
-def _positive(text: str) -> int:
-    """An argument that must be an int >= 1 (0 was a ZeroDivisionError or an IndexError once the runs were over)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
-    return value
 
 
 def build_workload(conversations: int, seed: int) -> list[tuple[array, array]]:
@@ -212,16 +202,16 @@ def summarize(runs: list[RunResult]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--conversations", type=_positive, default=200)
+    parser.add_argument("--conversations", type=at_least(1), default=200)
     parser.add_argument(
         "--capacity-tokens",
-        type=_positive,
+        type=at_least(1),
         default=60_000,
         help="KV capacity in tokens, the same for both caches (blocks = capacity // page size)",
     )
-    parser.add_argument("--page-size", type=_positive, default=1)
+    parser.add_argument("--page-size", type=at_least(1), default=1)
     parser.add_argument("--policy", choices=("lru", "lfu", "fifo"), default="lru")
-    parser.add_argument("--repeats", type=_positive, default=5, help="report the median of this many runs")
+    parser.add_argument("--repeats", type=at_least(1), default=5, help="report the median of this many runs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sglang", type=Path, default=DEFAULT_SGLANG, help="pip --target directory of sglang")
     parser.add_argument("--no-sglang", action="store_true", help="bench ours only")

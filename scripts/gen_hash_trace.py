@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 
 import orjson
+from script_args import at_least
 
 from radixcache.cli.trace import staged
 
@@ -78,22 +79,12 @@ def write_hash_trace(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
-    ap.add_argument("--requests", type=_positive, default=500_000)
-    ap.add_argument("--block-size", type=_positive, default=16)
+    ap.add_argument("--requests", type=at_least(1), default=500_000)
+    ap.add_argument("--block-size", type=at_least(1), default=16)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     ids = write_hash_trace(args.out, args.requests, block_size=args.block_size, seed=args.seed)
     print(f"{args.out}: {args.requests:,} requests, {ids:,} hash ids, block size {args.block_size}")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
-    return value
 
 
 if __name__ == "__main__":
