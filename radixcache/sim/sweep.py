@@ -62,11 +62,12 @@ def load_trace(spec: str, page_size: int, block_size: int) -> tuple[str, Workloa
         kind, _, seed = spec[len(SYNTHETIC) :].partition("@")
         if kind not in GENERATORS:
             raise RadixCacheError(f"{spec}: choose one of {SYNTHETIC}{f', {SYNTHETIC}'.join(GENERATORS)}")
-        if seed and not seed.isdigit():
+        # ASCII digits only: str.isdigit takes '٣' (and int() reads it as 3), a run of seed 3 under another name
+        if seed and not (seed.isascii() and seed.isdigit()):
             raise RadixCacheError(f"{spec}: the seed after @ must be a non-negative integer, got {seed!r}")
         if not seed:
             return kind, token_workload(GENERATORS[kind](), page_size)
-        return f"{kind}@{seed}", token_workload(GENERATORS[kind](seed=int(seed)), page_size)
+        return f"{kind}@{int(seed)}", token_workload(GENERATORS[kind](seed=int(seed)), page_size)
     fmt = detect_format(spec)
     page = None if FORMAT_KINDS[fmt] == "hash" else page_size
     return Path(spec).stem, load_workload(spec, fmt, page_size=page, block_size=block_size)

@@ -216,3 +216,15 @@ def test_a_recorded_trace_whose_requests_overlap_gets_the_in_flight_note(
     result = CliRunner().invoke(load_script("simulate_eviction").main, [*args, "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     assert ("can beat it" in (tmp_path / "out" / "sweep.md").read_text()) is in_flight
+
+
+@pytest.mark.parametrize("seed", ["\u0663", "\uff13", "3\u00b2", "-3", "3.0"])
+def test_a_synthetic_seed_of_other_than_ascii_digits_is_refused(seed: str) -> None:
+    """`synthetic:chat@٣` passed str.isdigit and ran as seed 3 under the name 'chat@٣': a held-out seed that is not
+    the one its row names."""
+    from radixcache.errors import RadixCacheError
+    from radixcache.sim.sweep import load_trace
+
+    with pytest.raises(RadixCacheError, match="the seed after @ must be a non-negative integer"):
+        load_trace(f"synthetic:chat@{seed}", 16, 512)
+    assert load_trace("synthetic:chat@007", 16, 512)[0] == "chat@7"  # one seed, one name
