@@ -106,6 +106,11 @@ class ToolCallMemory:
             return None
         return (raw, tuple(ids)) if same else None
 
+    def reply_ids(self, first_id: str) -> tuple[str, ...] | None:
+        """The ids of the remembered reply whose first call has id `first_id` (in this handle's namespace), or
+        None: what runtime/tools/split_replies.py joins a reply sent back one message per call by."""
+        return self._store.reply_ids(self.namespace, first_id)
+
     def __len__(self) -> int:
         return len(self._store.owner)
 
@@ -117,6 +122,7 @@ class _Store:
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         self.lru: FairLRU[_Ids, _Entry] = FairLRU(max_entries, max_bytes)
         self.owner: dict[_Ids, Hashable] = {}  # the namespace each entry is remembered under
+        self.by_first: dict[str, _Ids] = {}  # an entry's key by its first id (the latest such entry's)
         self.lock = threading.Lock()
 
     @property
@@ -140,17 +146,32 @@ class _Store:
                 return None
             return self.lru.get(fair_scope(owner), key)
 
+    def reply_ids(self, namespace: Hashable, first_id: str) -> _Ids | None:
+        with self.lock:
+            key = self.by_first.get(first_id)
+            owner = self.owner.get(key) if key is not None else None
+            if key is None or not (namespace is UNSCOPED or owner is UNSCOPED or owner == namespace):
+                return None
+            return key
+
     def put(self, namespace: Hashable, key: _Ids, entry: _Entry) -> None:
         with self.lock:
             if key in self.owner:
+                self._forget(key)
                 self.lru.pop(fair_scope(self.owner.pop(key)), key)
             # an entry past an eighth of the bytes is not kept (its calls re-render): kept, the newest entry always
             # stays, and one reply the size of a context would flush the calls of every other tenant
             if _size(entry) > self.max_bytes // 8:
                 return
             self.owner[key] = namespace
+            self.by_first[key[0]] = key
             for _, gone in self.lru.put(fair_scope(namespace), key, entry, _size(entry)):
+                self._forget(gone)
                 del self.owner[gone]
+
+    def _forget(self, key: _Ids) -> None:
+        if self.by_first.get(key[0]) == key:
+            del self.by_first[key[0]]
 
 
 def _size(entry: _Entry) -> int:

@@ -8,7 +8,8 @@ turn N's prompt and output token for token.
   {...}}]}` the model was asked to write, and tool results as `role: "tool"` when the template has a tool turn,
   else as a user message starting "Tool result for NAME (ID):".
 - An assistant turn whose calls the `ToolCallMemory` knows (the runtime generated them) is rendered as the exact
-  text the model emitted, so its tokens are those the model generated and the radix cache holds.
+  text the model emitted, so its tokens are those the model generated and the radix cache holds; so is a reply
+  sent back one message per call (runtime/tools/split_replies.py joins it).
 The developer role is the system message: it is rendered in the system message's place.
 """
 
@@ -23,6 +24,7 @@ from radixcache.runtime.tools.known_tokens import RememberedTurn
 from radixcache.runtime.tools.memory import ToolCallMemory
 from radixcache.runtime.tools.messages import ChatMessage, ToolCall, decoded_arguments
 from radixcache.runtime.tools.specs import ToolSpec
+from radixcache.runtime.tools.split_replies import joined_replies
 
 TOOL_RESULT_PREFIX = "Tool result for"
 
@@ -59,7 +61,7 @@ def template_messages(
     """The message dicts and extra variables (`tools` for templates that read it) to render `messages` with."""
     native = features.uses_tools
     out: list[dict[str, Any]] = []
-    for m in messages:
+    for m in joined_replies(messages, memory):  # a reply sent back one message per call is that reply
         if m.role == "assistant" and m.tool_calls:
             out.append(_assistant_calls(m, native, memory))
         elif m.role == "tool":

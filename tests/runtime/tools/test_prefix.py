@@ -55,9 +55,36 @@ def split_ids(tok, raw: str) -> list[int]:
     return ids
 
 
-def agent_loop(tok, specs, outputs, *, memory, chat_template=None, system=True, noncanonical=False, tell_ids=True):
+def replayed(message: dict, results: list[dict], client: str) -> list[dict]:
+    """A reply and its tool results as a client sends them back: "openai" as one assistant message, then the
+    results; "split" one assistant message per call (the first with the content), then the results; "interleaved"
+    each call's message followed by its result (Responses items as call, output, call, output)."""
+    if client == "openai":
+        return [message, *results]
+    parts = [
+        {"role": "assistant", "content": message["content"] if j == 0 else None, "tool_calls": [call]}
+        for j, call in enumerate(message["tool_calls"])
+    ]
+    if client == "split":
+        return [*parts, *results]
+    return [m for pair in zip(parts, results, strict=True) for m in pair]
+
+
+def agent_loop(
+    tok,
+    specs,
+    outputs,
+    *,
+    memory,
+    chat_template=None,
+    system=True,
+    noncanonical=False,
+    tell_ids=True,
+    client="openai",
+):
     """Runs the loop; returns [(prompt ids, emitted ids)] per step and the final prompt ids. `noncanonical`: the
-    model emits each call text as `split_ids` gives it, and the memory is told those ids if `tell_ids`."""
+    model emits each call text as `split_ids` gives it, and the memory is told those ids if `tell_ids`; `client`:
+    how the history replays each reply (`replayed`)."""
     fmt = template_features(chat_template or tok.chat_template).format
     history = [{"role": "system", "content": "You are terse."}] if system else []
     history.append({"role": "user", "content": "Weather in Paris, then 1+2 and the time, then Zürich?"})
@@ -76,8 +103,9 @@ def agent_loop(tok, specs, outputs, *, memory, chat_template=None, system=True, 
         assert parsed.tool_calls, raw
         if memory is not None:
             memory.remember(parsed.tool_calls, parsed.raw, text_ids if noncanonical and tell_ids else ())
-        history.append(json.loads(json.dumps(parsed.message())))  # what a client sends back
-        history += [{"role": "tool", "tool_call_id": c.id, "content": RESULTS[n]} for c in parsed.tool_calls]
+        message = json.loads(json.dumps(parsed.message()))  # what a client sends back
+        results = [{"role": "tool", "tool_call_id": c.id, "content": RESULTS[n]} for c in parsed.tool_calls]
+        history += replayed(message, results, client)
     return steps
 
 
@@ -119,6 +147,21 @@ def test_hermes_template_agent_loop_prompts_extend_each_other(tiny_tokenizer, sp
     assert_each_step_extends_the_last(steps)
     first = tiny_tokenizer.decode(steps[0][0], skip_special_tokens=False)
     assert '"name": "get_weather"' in first and "# Tools" not in first  # the template rendered the tools itself
+
+
+@pytest.mark.parametrize("client", ["split", "interleaved"])
+@pytest.mark.parametrize("template", [None, HERMES], ids=["generic", "hermes"])
+def test_a_reply_whose_calls_come_back_one_message_each_is_rendered_as_that_reply(
+    tiny_tokenizer, specs, client, template
+) -> None:
+    """A client that sends a reply's parallel calls back as one assistant message each (or Responses items as call,
+    output, call, output, which the server turns into such messages) missed the memory, which knows the reply by all
+    its ids: the calls re-rendered as separate turns and the next prompt no longer extended the cached one."""
+    outputs, memory = HERMES_OUT if template else FREEFORM, ToolCallMemory()
+    steps = agent_loop(
+        tiny_tokenizer, specs, outputs, memory=memory, chat_template=template, noncanonical=True, client=client
+    )
+    assert_each_step_extends_the_last(steps)
 
 
 @pytest.mark.parametrize("outputs", [CANONICAL, FREEFORM], ids=["canonical", "freeform"])
