@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from radixcache.runtime.tools.memory import ToolCallMemory
-from radixcache.runtime.tools.messages import ChatMessage
+from radixcache.runtime.tools.messages import ChatMessage, ToolCall
 
 
 def joined_replies(messages: Sequence[ChatMessage], memory: ToolCallMemory | None) -> Sequence[ChatMessage]:
@@ -44,21 +44,31 @@ def _joined_at(
     if first.role != "assistant" or not first.tool_calls:
         return None
     ids = memory.reply_ids(first.tool_calls[0].id)
-    if ids is None or len(ids) <= len(first.tool_calls):
+    if ids is None or len(ids) <= len(first.tool_calls) or not _continues(ids, 0, first.tool_calls):
         return None  # not a remembered reply's start, or the message is the whole reply (the usual lookup's)
     calls = list(first.tool_calls)
+    made = {c.id for c in calls}
     results: list[ChatMessage] = []
     j = i + 1
-    while tuple(c.id for c in calls) == ids[: len(calls)] and len(calls) < len(ids) and j < len(messages):
+    # each step reads one message and compares only its own calls' ids: linear in the run
+    while len(calls) < len(ids) and j < len(messages):
         m = messages[j]
-        if m.role == "tool" and any(c.id == m.tool_call_id for c in calls):
+        if m.role == "tool" and m.tool_call_id in made:
             results.append(m)
         elif m.role == "assistant" and m.tool_calls and not m.content and m.name == first.name:
+            if not _continues(ids, len(calls), m.tool_calls):
+                return None
             calls += m.tool_calls
+            made.update(c.id for c in m.tool_calls)
         else:
             return None
         j += 1
     reply = ChatMessage("assistant", first.content, first.name, tuple(calls))
-    if tuple(c.id for c in calls) != ids or memory.lookup_emitted(reply.tool_calls, reply.content) is None:
+    if len(calls) != len(ids) or memory.lookup_emitted(reply.tool_calls, reply.content) is None:
         return None
     return reply, results, j
+
+
+def _continues(ids: tuple[str, ...], start: int, calls: Sequence[ToolCall]) -> bool:
+    """Whether `calls` are the reply's next calls after its first `start`."""
+    return tuple(c.id for c in calls) == ids[start : start + len(calls)]
