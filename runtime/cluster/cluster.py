@@ -190,14 +190,18 @@ class ReplicaCluster(Membership):
         opts = resolve_options(max_new_tokens, options, kwargs, "ReplicaCluster.generate")
         request = self.route_request(prompt_ids, opts.max_new_tokens, opts.namespace, opts.session)
         call = {"options": opts.updated(session=None)}
-        end_at = end_by(time.monotonic(), opts.timeout)  # its replica ends it at its timeout; a frozen one does not
+        took = (
+            time.monotonic()
+        )  # its timeout counts from here, on a re-send too (the replica is told the seconds spent)
+        end_at = end_by(took, opts.timeout)  # its replica ends it at its timeout; a frozen one does not
         tried: set[int] = set()
         while True:
             replica, rid = self.dispatch(request, tried)
             computed = True
             name = f"{self._name}-g{rid}"  # the replica's name for it: a cancel sent there finds it
             try:
-                ref = self._actors[replica].generate.remote(list(prompt_ids), opts.max_new_tokens, call, name)
+                spent = time.monotonic() - took
+                ref = self._actors[replica].generate.remote(list(prompt_ids), opts.max_new_tokens, call, name, spent)
                 if not answered(self, ref, replica, name, end_by=end_at):  # call_timeout passed
                     raise self.ray.exceptions.GetTimeoutError(name)
                 return self.ray.get(ref)

@@ -80,11 +80,20 @@ class EngineReplica:
         }
 
     def generate(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, kwargs: dict[str, Any], rid: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        kwargs: dict[str, Any],
+        rid: str | None = None,
+        elapsed: float = 0.0,
     ) -> Any:
         """One request through the engine (blocking this actor thread, not the others); a GenerationResult.
-        `cancel(rid)` aborts it, as a stream (the front door's call that stops waiting for it cancels it here)."""
+        `cancel(rid)` aborts it, as a stream (the front door's call that stops waiting for it cancels it here).
+        `elapsed`: the seconds since the front door took it, on its own clock (its `timeout` counts from then, as
+        `stream`'s: a request re-sent after its replica died got it whole again)."""
         handle = self.engine.submit(list(prompt_ids), max_new_tokens, **kwargs)
+        if handle.request.deadline is not None:  # past already: it ends at the next step
+            handle.request.deadline -= max(0.0, elapsed)
         if rid is None:
             return handle.result()
         self._register(rid, handle)

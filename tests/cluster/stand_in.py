@@ -132,7 +132,9 @@ class FakeActor:
     def _snapshot(self) -> tuple[str, int, frozenset[bytes]]:
         return f"i{self.replica}", 0, frozenset()
 
-    def _generate(self, prompt: list[int], max_new: int, kwargs: dict[str, Any], rid: str | None = None) -> str:
+    def _generate(
+        self, prompt: list[int], max_new: int, kwargs: dict[str, Any], rid: str | None = None, *_: Any
+    ) -> str:
         return f"done on {self.replica}"
 
     def _stream(self, rid: str, prompt: list[int], options: Any, *_: Any) -> FakeStream:
