@@ -117,8 +117,14 @@ class Session:
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.unpin()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        try:
+            self.unpin()
+        except Exception:
+            if exc_type is None:
+                raise
+            # the block's own error stands: a release failing beside it (an engine that died, and with it its pins)
+            # must not replace it
 
     def copy(self) -> Session:
         return Session(self.engine, messages=self.messages, **self.defaults)

@@ -87,3 +87,26 @@ def test_a_turn_that_fails_after_its_pin_was_made_leaves_no_pin_the_session_forg
     assert engine.stats.pinned_blocks > 0  # its prompt was computed and pinned before the failure
     monkeypatch.setattr(Sampler, "sample", sample)
     assert s.unpin() == 1 and engine.stats.pinned_blocks == 0 and len(engine.kv.pins) == 0
+
+
+def test_leaving_a_with_block_by_an_error_keeps_that_error_when_the_release_fails() -> None:
+    """`with engine.session(pin=True) as s:` whose block raised while the engine had died: the release's
+    EngineDeadError replaced the block's own error (the one that says what went wrong)."""
+    from types import SimpleNamespace
+
+    from radixcache.runtime.engine.errors import EngineDeadError
+    from radixcache.runtime.engine.options import RequestOptions
+    from radixcache.runtime.engine.session import Session
+
+    def unpin(prompt: object, options: object = None) -> int:
+        raise EngineDeadError(RuntimeError("the engine loop died"))
+
+    def session() -> Session:
+        s = Session(SimpleNamespace(unpin=unpin), system="sys")  # type: ignore[arg-type]
+        s._pins = [([{"role": "user", "content": "hi"}], RequestOptions())]  # as a pinned turn leaves it
+        return s
+
+    with pytest.raises(KeyError, match="the block's own"), session():
+        raise KeyError("the block's own")
+    with pytest.raises(EngineDeadError), session():  # with nothing raised in the block, the release's error is seen
+        pass
