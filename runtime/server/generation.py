@@ -25,6 +25,7 @@ from radixcache.runtime.engine.protocol import GenerationEngine, GenerationHandl
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.engine.streaming import held_back_length
 from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer, text_after
+from radixcache.runtime.server.stream_wakes import Wakes
 from radixcache.runtime.tools import ToolCallParser
 from radixcache.runtime.tools.fair_lru import TenantNamespace
 from radixcache.runtime.tools.use import CallIds
@@ -200,15 +201,17 @@ async def _stream_one(
     handle: GenerationHandle,
     inflight: Inflight,
     out: asyncio.Queue[Any],
+    wakes: Wakes | None = None,
 ) -> None:
     """Events of one choice: an empty one at its first token, then one per growth of the visible text with the
     logprobs of the tokens generated since the last, then the remainder with the result. A request that ends
-    before its first token (refused, timed out in the queue) sends no event before its error."""
-    loop = asyncio.get_running_loop()
-    wake: asyncio.Queue[None] = asyncio.Queue()
+    before its first token (refused, timed out in the queue) sends no event before its error. `wakes`: the stream's,
+    shared by its choices (one loop wake for all those an engine step told); by default one of its own."""
+    if wakes is None:
+        wakes = Wakes(asyncio.get_running_loop(), job.choices)
     req = handle.request
-    req.listener = lambda _r: loop.call_soon_threadsafe(wake.put_nowait, None)  # on the engine loop thread
-    handle.future.add_done_callback(lambda _f: loop.call_soon_threadsafe(wake.put_nowait, None))
+    req.listener = lambda _r: wakes.mark(i)  # on the engine loop thread
+    handle.future.add_done_callback(lambda _f: wakes.mark(i))
     hidden = set(engine.eos_token_ids) | set(req.sampler.params.stop_token_ids)
     stop = job.options.sampling.stop
     parser = _tool_parser(job, req)
@@ -220,7 +223,7 @@ async def _stream_one(
     emitted, sent_logprobs, started, decoded, last = 0, 0, False, 0, None  # emitted: characters sent
     try:
         while not handle.done():
-            await wake.get()
+            await wakes.wait(i)
             new = req.output_ids[decoded:]  # only the tokens since the last wake (a copy of all was O(length))
             for t in new:  # one at a time, as the result's text reads them (loading.detokenizer)
                 if t not in hidden:
@@ -310,7 +313,8 @@ async def stream(engine: GenerationEngine, job: Job, inflight: Inflight) -> Asyn
     # event, made a 64-choice stream twice as slow as its whole answer), and a failure is seen in the order it came.
     out: asyncio.Queue[Event | asyncio.Task[None]] = asyncio.Queue()
     handles = await submit_off_loop(engine, job, inflight)
-    tasks = [asyncio.create_task(_stream_one(engine, job, i, h, inflight, out)) for i, h in enumerate(handles)]
+    wakes = Wakes(asyncio.get_running_loop(), job.choices)
+    tasks = [asyncio.create_task(_stream_one(engine, job, i, h, inflight, out, wakes)) for i, h in enumerate(handles)]
     for task in tasks:
         task.add_done_callback(out.put_nowait)
     finished, started = 0, False

@@ -116,7 +116,7 @@ def test_one_choice_failing_mid_stream_ends_the_stream_and_cancels_its_sibling(
     client, engine = app
     original, handles = generation._stream_one, []
 
-    async def second_fails(engine_, job, i, handle, inflight, out):
+    async def second_fails(engine_, job, i, handle, inflight, out, *rest):
         handles.append(handle)
         if i != 1:
             try:
@@ -124,7 +124,7 @@ def test_one_choice_failing_mid_stream_ends_the_stream_and_cancels_its_sibling(
             except asyncio.CancelledError:
                 inflight.cancel(handle)  # cancelled while held back: as _stream_one's own `finally` does
                 raise
-            return await original(engine_, job, i, handle, inflight, out)
+            return await original(engine_, job, i, handle, inflight, out, *rest)
         while len(handle.request.output_ids) < 2 and not handle.done():
             await asyncio.sleep(0.005)
         raise RuntimeError("injected detokenizer failure")

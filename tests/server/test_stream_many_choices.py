@@ -33,7 +33,7 @@ def _scripted(monkeypatch: pytest.MonkeyPatch) -> None:
     async def submitted(_engine: Any, job: generation.Job, _inflight: Any) -> list[Any]:
         return [_Handle() for _ in range(job.choices)]
 
-    async def one(_engine: Any, _job: Any, i: int, _handle: Any, _inflight: Any, out: asyncio.Queue) -> None:
+    async def one(_engine: Any, _job: Any, i: int, _handle: Any, _inflight: Any, out: asyncio.Queue, *_: Any) -> None:
         for k in range(EVENTS_PER_CHOICE):
             await asyncio.sleep(0)
             last = k == EVENTS_PER_CHOICE - 1
