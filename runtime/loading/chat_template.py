@@ -10,8 +10,15 @@ from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from radixcache.runtime.loading.template_bounds import (
+    BoundedSandbox,
+    TemplateBoundError,
+    bound_tree,
+    collect,
+    end_render,
+    start_render,
+)
 from radixcache.runtime.tools.errors import ToolInputError
 from radixcache.runtime.tools.features import GenerationBlock
 
@@ -52,15 +59,15 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def compile_template(source: str) -> Any:
-    """Compile a chat template once (templates are immutable strings, so caching by source is safe)."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationBlock]
-    )
+    """Compile a chat template once (templates are immutable strings, so caching by source is safe), in a sandbox
+    that bounds its work and sizes (template_bounds.py)."""
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationBlock])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:
-        return env.from_string(source)
+        code = env.compile(bound_tree(env.parse(source)))
+        return env.template_class.from_code(env, code, env.make_globals(None))
     except Exception as e:  # a syntax error, or a constant Jinja folds while compiling ({{ 2 ** 100000 }})
         detail = str(e) if isinstance(e, TemplateError) else f"{type(e).__name__}: {e}"
         raise ChatTemplateError(f"the chat template does not compile: {detail}") from e
@@ -84,11 +91,16 @@ def render_chat_template(
         if not isinstance(m, dict) or "role" not in m:
             raise ChatTemplateError(f"each message must be a dict with a 'role', got {m!r}")
     template = compile_template(source)
+    budget = start_render()
     try:
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+        return collect(template.generate(messages=messages, add_generation_prompt=add_generation_prompt, **variables))
     except ChatTemplateError:
         raise
+    except TemplateBoundError as e:
+        raise ChatTemplateError(f"the chat template of {model} was stopped: {e}") from e
     except Exception as e:  # Jinja's errors, and what the template's own expressions raise (1/0, str + int, a
         # macro that recurses forever): the template rejected these messages, whichever way it failed
         detail = str(e) if isinstance(e, TemplateError) else f"{type(e).__name__}: {e}"
         raise ChatTemplateError(f"the chat template of {model} failed: {detail}") from e
+    finally:
+        end_render(budget)

@@ -1,0 +1,114 @@
+"""A chat template (a model file's, or `chat_template=`) is bounded while it renders: a hostile one is refused with a
+ChatTemplateError naming the bound, quickly and without taking GB, and real templates render as before."""
+
+from __future__ import annotations
+
+import pytest
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from radixcache.runtime.loading.chat_template import (
+    ChatTemplateError,
+    _raise_exception,
+    _tojson,
+    render_chat_template,
+)
+from radixcache.runtime.tools.features import GenerationBlock
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("template", "bound"),
+    [
+        ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", "steps"),
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"),
+        (
+            "{% for a in messages * 50 %}{% for b in messages * 50 %}{% for c in range(100000) %}{% endfor %}"
+            "{% endfor %}{% endfor %}",
+            "steps",
+        ),
+        ("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}", "steps"),
+        ('{{ "a" * 10**10 }}', "repetition"),
+        ('{{ 10**10 * "a" }}', "repetition"),
+        ('{{ ["a"] * 10**10 }}', "repetition"),
+        ("{{ 2 ** (10**10) }}", "digits"),
+        ("{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}", "digits"),
+        ('{% set ns = namespace(s="ab") %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}', "~"),
+        ('{% set ns = namespace(s="ab") %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}', "conc"),
+        ('{{ "a" | center(10**10) }}', "center"),
+        ('{{ "a".ljust(10**10) }}', "ljust"),
+        ('{{ "%01000000000d" % 1 }}', "width"),
+        ('{{ "%*d" % (10**10, 1) }}', "10000000000"),
+        ('{{ "%*d" | format(10**10, 1) }}', "10000000000"),
+        ('{{ "{:>1000000000}".format(1) }}', "width"),
+        ('{{ "{:>{}}".format(1, 10**10) }}', "10000000000"),
+        ('{{ ("a" * 1000000).replace("a", "a" * 1000) }}', "replace"),
+        ('{{ ("a" * 1000000) | replace("a", "a" * 1000) }}', "replace"),
+        ('{{ (["a" * 10000000] * 1000) | join }}', "join"),
+        ('{{ range(1000) | map("center", 16000000) | join }}', "in all"),
+        ('{% for i in range(100) %}{{ "a" * 1000000 }}{% endfor %}', "output"),
+    ],
+)
+def test_a_hostile_template_is_stopped_at_a_bound(template, bound):
+    """Each ran for hours or took many GB (transformers renders them the same): a server loading a hub's GGUF
+    was held at its first chat."""
+    with pytest.raises(ChatTemplateError, match=r"chat template of evil\.gguf was stopped: .*" + bound):
+        render_chat_template(template, HI, model="evil.gguf")
+
+
+def _reference(source: str, messages: list, **variables) -> str:
+    """Jinja's own sandbox, unbounded, as transformers renders."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationBlock]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(source).render(messages=messages, **variables)
+
+
+LLAMA3 = (
+    "{{- bos_token }}{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content']|trim %}"
+    "{%- set messages = messages[1:] %}{%- else %}{%- set system_message = '' %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}{%- if tools is not none %}"
+    "{{- 'Environment: ipython\\n' }}{%- endif %}{{- system_message }}{{- '<|eot_id|>' }}"
+    "{%- for message in messages %}{%- if 'tool_calls' in message %}"
+    "{%- set tool_call = message.tool_calls[0].function %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{{- '{\"name\": \"' + tool_call.name + '\", ' }}"
+    "{{- '\"parameters\": ' }}{{- tool_call.arguments | tojson }}{{- '}' }}{{- '<|eot_id|>' }}"
+    "{%- else %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim"
+    " + '<|eot_id|>' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+GEMMA = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
+QWEN = (
+    "{%- for message in messages %}{%- if loop.first and message.role != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{{- '<|im_start|>' ~ message.role ~ '\\n' ~ message.content ~ '<|im_end|>' ~ '\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ message['content'] + eos_token }}{% endif %}"
+    "{% endfor %}{{ '%s|%5.2f|{:>4}'|format('x', 3.14159) }}{{ '{}:{:>3}'.format(1700000000, 'a') }}"
+    "{{ 1700000000 * 3 }}{{ messages | map(attribute='role') | join(',') }}{{ 'ab' * 3 }}"
+)
+
+
+@pytest.mark.parametrize("template", [LLAMA3, GEMMA, QWEN, MISTRAL])
+def test_real_templates_render_as_jinjas_own_sandbox_does(template):
+    """5,000 turns (far past what a context holds) still render, as they did before the bounds."""
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f" turn {i} é 1700000000 "} for i in range(5000)
+    ]
+    variables = {"bos_token": "<s>", "eos_token": "</s>", "tools": None, "add_generation_prompt": True}
+    expected = _reference(template, turns, **variables)
+    assert render_chat_template(template, turns, **variables) == expected
+    assert len(expected) > 5000 * 10
