@@ -15,6 +15,7 @@ from radixcache.runtime.loading.template_bounds import (
     BoundedSandbox,
     TemplateBoundError,
     bound_tree,
+    bounded_filter,
     collect,
     end_render,
     start_render,
@@ -62,7 +63,7 @@ def compile_template(source: str) -> Any:
     """Compile a chat template once (templates are immutable strings, so caching by source is safe), in a sandbox
     that bounds its work and sizes (template_bounds.py)."""
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationBlock])
-    env.filters["tojson"] = _tojson
+    env.filters["tojson"] = bounded_filter("tojson", _tojson)  # its indent a bounded width, as the sandbox's own
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:

@@ -18,14 +18,14 @@ from functools import wraps
 from typing import Any
 
 from jinja2 import nodes
-from jinja2.runtime import Macro
+from jinja2.runtime import LoopContext, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-MAX_STEPS = 2_000_000
+MAX_STEPS = 1_000_000  # about 0.3 to 3 s, as a step's work goes
 MACRO_STEPS = 32  # a macro call costs about as much time as this many loop iterations
 MAX_CHARS = 1 << 24  # 16 Mi characters: far past any model's context, far below a machine's memory
-MAX_MADE = 16 * MAX_CHARS  # what all its results hold together, each counted when made
+MAX_MADE = 8 * MAX_CHARS  # what all its results hold together, each counted when made
 MAX_DIGITS = 10_000  # an integer's: str() writes at most 4,300, and multiplying huge ones takes minutes
 
 
@@ -116,7 +116,7 @@ def _counted(iterable: Any) -> Iterator[Any]:
         yield item
 
 
-_WIDTH_FILTERS = frozenset({"center", "indent"})
+_WIDTH_FILTERS = frozenset({"batch", "center", "indent", "slice", "tojson"})  # a count or width that allocates
 
 
 def bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
@@ -168,6 +168,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def call(self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         _step(MACRO_STEPS if isinstance(__obj, Macro) else 1)
+        if isinstance(__obj, LoopContext) and args:  # a recursive loop's `loop(children)`: its iterations count too
+            args = (_counted(args[0]), *args[1:])
         name = getattr(__obj, "__name__", "a call")
         fmt = getattr(getattr(__obj, "__wrapped__", None), "__self__", None)  # the sandbox's wrapped str.format
         if isinstance(fmt, str) and name in ("format", "format_map"):

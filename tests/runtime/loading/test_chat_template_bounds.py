@@ -48,6 +48,18 @@ HI = [{"role": "user", "content": "hi"}]
         ('{{ (["a" * 10000000] * 1000) | join }}', "join"),
         ('{{ range(1000) | map("center", 16000000) | join }}', "in all"),
         ('{% for i in range(100) %}{{ "a" * 1000000 }}{% endfor %}', "output"),
+        ("{{ messages | tojson(indent=10**8) }}", "tojson"),
+        ('{{ ["a"] | batch(10**8, "x") | list | length }}', "batch"),
+        (
+            "{% for x in range(100000) recursive %}{% if x < 3 and loop.depth < 10 %}{{ loop(range(100000)) }}"
+            "{% endif %}{% endfor %}",
+            "steps",
+        ),
+        (
+            '{% set ns = namespace(s="ab") %}{% for i in range(60) %}{% set x %}{{ ns.s }}{{ ns.s }}{% endset %}'
+            "{% set ns.s = x %}{% endfor %}",
+            "over",
+        ),
     ],
 )
 def test_a_hostile_template_is_stopped_at_a_bound(template, bound):
