@@ -116,15 +116,28 @@ def _counted(iterable: Any) -> Iterator[Any]:
         yield item
 
 
+_SLOW_FILTERS = frozenset({"urlize", "wordwrap"})  # pure Python, about a step's time a character
+
+
+def _work(name: str, value: Any) -> int:
+    """The steps a filter's work on `value` costs beyond the call: Python-level work per item (sort, unique,
+    groupby, select, sum) a step an item; C-speed string work a step per 64 characters."""
+    if isinstance(value, str):
+        return len(value) if name in _SLOW_FILTERS else len(value) // 64
+    return len(value) if isinstance(value, list | tuple | dict) else 0
+
+
 _WIDTH_FILTERS = frozenset({"batch", "center", "indent", "slice", "tojson"})  # a count or width that allocates
 
 
 def bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     """`func` (a Jinja filter) with its arguments and result checked; functools.wraps keeps its pass_context mark."""
 
+    first = 1 if getattr(func, "jinja_pass_arg", None) is not None else 0  # after a context it is passed
+
     @wraps(func)
     def run(*args: Any, **kwargs: Any) -> Any:
-        _step()
+        _step(1 + _work(name, args[first] if len(args) > first else None))
         plain = [a for a in args if isinstance(a, str | list | tuple)]
         if name in _WIDTH_FILTERS:  # their value is the first argument, a width or count after it
             _check_ints([*args[1:], *kwargs.values()], f"the filter {name}")

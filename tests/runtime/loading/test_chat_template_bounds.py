@@ -49,6 +49,11 @@ HI = [{"role": "user", "content": "hi"}]
         ('{{ range(1000) | map("center", 16000000) | join }}', "in all"),
         ('{% for i in range(100) %}{{ "a" * 1000000 }}{% endfor %}', "output"),
         ("{{ messages | tojson(indent=10**8) }}", "tojson"),
+        ('{% for i in range(8) %}{{ ("a " * 8000000) | wordwrap(5) | length }}{% endfor %}', "steps"),
+        (
+            '{% for i in range(8) %}{{ (["b", "a"] * 8000000) | select("equalto", "a") | list | length }}{% endfor %}',
+            "steps",
+        ),
         ('{{ ["a"] | batch(10**8, "x") | list | length }}', "batch"),
         (
             "{% for x in range(100000) recursive %}{% if x < 3 and loop.depth < 10 %}{{ loop(range(100000)) }}"
