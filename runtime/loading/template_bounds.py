@@ -25,7 +25,8 @@ from jinja2.visitor import NodeTransformer
 MAX_STEPS = 1_000_000  # about 0.3 to 3 s, as a step's work goes
 MACRO_STEPS = 32  # a macro call costs about as much time as this many loop iterations
 MAX_CHARS = 1 << 24  # 16 Mi characters: far past any model's context, far below a machine's memory
-MAX_MADE = 8 * MAX_CHARS  # what all its results hold together, each counted when made
+MAX_MADE = 4 * MAX_CHARS  # what all its results hold together, each counted when made
+ITEM_WEIGHT = 8  # a list's, tuple's or dict's item counts as this many characters: its pointer and (often) an object
 MAX_DIGITS = 10_000  # an integer's: str() writes at most 4,300, and multiplying huge ones takes minutes
 
 
@@ -75,7 +76,7 @@ def _check(value: Any, what: str) -> Any:
         raise TemplateBoundError(f"{what} is over {MAX_CHARS} characters or items")
     budget = _budget.get()
     if budget is not None and size:
-        budget.made -= size
+        budget.made -= size * ITEM_WEIGHT if isinstance(value, list | tuple | dict) else size
         if budget.made < 0:
             raise TemplateBoundError(f"its results hold over {MAX_MADE} characters or items in all")
     return value

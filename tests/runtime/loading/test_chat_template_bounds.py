@@ -47,11 +47,16 @@ HI = [{"role": "user", "content": "hi"}]
         ('{{ ("a" * 1000000) | replace("a", "a" * 1000) }}', "replace"),
         ('{{ (["a" * 10000000] * 1000) | join }}', "join"),
         ('{{ range(1000) | map("center", 16000000) | join }}', "in all"),
+        (
+            '{% set ns = namespace(kept=[]) %}{% for i in range(40) %}{% set ns.kept = ns.kept + [("ab " * 2000000)'
+            ".split()] %}{% endfor %}",
+            "in all",
+        ),
         ('{% for i in range(100) %}{{ "a" * 1000000 }}{% endfor %}', "output"),
         ("{{ messages | tojson(indent=10**8) }}", "tojson"),
         ('{% for i in range(8) %}{{ ("a " * 8000000) | wordwrap(5) | length }}{% endfor %}', "steps"),
         (
-            '{% for i in range(8) %}{{ (["b", "a"] * 8000000) | select("equalto", "a") | list | length }}{% endfor %}',
+            '{% for i in range(8) %}{{ (["b", "a"] * 2000000) | select("equalto", "a") | list | length }}{% endfor %}',
             "steps",
         ),
         ('{{ ["a"] | batch(10**8, "x") | list | length }}', "batch"),
