@@ -12,6 +12,7 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 
 from radixcache.runtime.loading.template_bounds import (
+    MAX_SOURCE,
     BoundedSandbox,
     TemplateBoundError,
     bound_tree,
@@ -62,6 +63,8 @@ def _strftime_now(fmt: str) -> str:
 def compile_template(source: str) -> Any:
     """Compile a chat template once (templates are immutable strings, so caching by source is safe), in a sandbox
     that bounds its work and sizes (template_bounds.py)."""
+    if len(source) > MAX_SOURCE:  # Jinja compiles some 150 KB a second: a hostile one of GB would never end
+        raise ChatTemplateError(f"the chat template is {len(source)} characters, over the {MAX_SOURCE} it may have")
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationBlock])
     env.filters["tojson"] = bounded_filter("tojson", _tojson)  # its indent a bounded width, as the sandbox's own
     env.globals["raise_exception"] = _raise_exception
@@ -69,7 +72,7 @@ def compile_template(source: str) -> Any:
     try:
         code = env.compile(bound_tree(env.parse(source)))
         return env.template_class.from_code(env, code, env.make_globals(None))
-    except Exception as e:  # a syntax error, or a constant Jinja folds while compiling ({{ 2 ** 100000 }})
+    except Exception as e:  # a syntax error, or a literal int() refuses ({{ 111...1 }}, 5,000 digits)
         detail = str(e) if isinstance(e, TemplateError) else f"{type(e).__name__}: {e}"
         raise ChatTemplateError(f"the chat template does not compile: {detail}") from e
 

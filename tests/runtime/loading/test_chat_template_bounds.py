@@ -79,6 +79,13 @@ def test_a_hostile_template_is_stopped_at_a_bound(template, bound):
         render_chat_template(template, HI, model="evil.gguf")
 
 
+def test_a_template_over_the_source_bound_is_refused_before_it_compiles():
+    """Jinja compiles some 150 KB a second, here about 3 s per 500 KB: a GGUF's template of 100 MB held the first
+    chat for most of an hour."""
+    with pytest.raises(ChatTemplateError, match="the chat template is 500000 characters, over the 262144"):
+        render_chat_template("{{ messages[0].content }}" * 20000, HI, model="evil.gguf")
+
+
 def _reference(source: str, messages: list, **variables) -> str:
     """Jinja's own sandbox, unbounded, as transformers renders."""
     env = ImmutableSandboxedEnvironment(
