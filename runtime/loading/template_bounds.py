@@ -22,7 +22,9 @@ from jinja2.runtime import LoopContext, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
-MAX_SOURCE = 1 << 18  # a template's characters: real ones have some thousands, the longest tens of thousands
+from radixcache.runtime.tools.features import MAX_TEMPLATE_CHARS
+
+MAX_SOURCE = MAX_TEMPLATE_CHARS  # a template's characters (tools/features.py, which does not read a longer one)
 MAX_STEPS = 1_000_000  # about 0.3 to 3 s, as a step's work goes
 MACRO_STEPS = 32  # a macro call costs about as much time as this many loop iterations
 MAX_CHARS = 1 << 24  # 16 Mi characters: far past any model's context, far below a machine's memory

@@ -22,6 +22,10 @@ from jinja2 import Environment, TemplateError, meta, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
 
+# A template's characters: real ones have some thousands, the longest tens of thousands; Jinja parses and compiles
+# some 150 KB a second, so a longer one (a hostile GGUF's) is neither read here nor rendered (chat_template.py).
+MAX_TEMPLATE_CHARS = 1 << 18
+
 
 class GenerationBlock(Extension):
     """transformers' `{% generation %}...{% endgeneration %}`, which marks the assistant's text for training masks
@@ -59,7 +63,7 @@ def template_features(source: str | None) -> TemplateFeatures:
     """The features of `source`; a template that does not compile has none (rendering it will say why). Reading
     its variables compiles it, which is where Jinja refuses a filter or test it does not know (`{{ x | foo }}`):
     the engine reads these features when it starts, so that must not stop it serving plain prompts."""
-    if not source:
+    if not source or len(source) > MAX_TEMPLATE_CHARS:
         return TemplateFeatures()
     try:
         tree = Environment(extensions=[loopcontrols, GenerationBlock]).parse(source)

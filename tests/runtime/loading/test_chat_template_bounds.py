@@ -13,7 +13,7 @@ from radixcache.runtime.loading.chat_template import (
     _tojson,
     render_chat_template,
 )
-from radixcache.runtime.tools.features import GenerationBlock
+from radixcache.runtime.tools.features import GenerationBlock, TemplateFeatures, template_features
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -84,6 +84,14 @@ def test_a_template_over_the_source_bound_is_refused_before_it_compiles():
     chat for most of an hour."""
     with pytest.raises(ChatTemplateError, match="the chat template is 500000 characters, over the 262144"):
         render_chat_template("{{ messages[0].content }}" * 20000, HI, model="evil.gguf")
+
+
+def test_a_template_over_the_source_bound_is_not_parsed_for_its_tool_features():
+    """The engine reads a template's tool features when it starts, and a chat before rendering: parsing a GGUF's
+    100 MB template held each for most of an hour."""
+    head = "{{ tools }}<tool_call>{% if m.role == 'tool' %}{% endif %}"
+    assert template_features(head + "{{ messages[0].content }}" * 20000) == TemplateFeatures()
+    assert template_features(head + "{{ messages[0].content }}" * 20).uses_tools  # within the bound, it is read
 
 
 def _reference(source: str, messages: list, **variables) -> str:
