@@ -56,7 +56,7 @@ def _step(cost: int = 1) -> None:
         return
     budget.steps -= cost
     if budget.steps < 0:
-        raise TemplateBoundError(f"it ran past {MAX_STEPS} steps (loop iterations and calls)")
+        raise TemplateBoundError(f"it ran past {MAX_STEPS} steps (loop iterations, calls, a filter's work)")
 
 
 def _is_int(value: Any) -> bool:

@@ -149,3 +149,30 @@ def test_real_templates_render_as_jinjas_own_sandbox_does(template):
     expected = _reference(template, turns, **variables)
     assert render_chat_template(template, turns, **variables) == expected
     assert len(expected) > 5000 * 10
+
+
+LOOPS = (
+    "{% for m in messages if m.role != 'system' %}{{ loop.index }}/{{ loop.length }}{{ loop.revindex }}{{ loop.last }}"
+    "{{ loop.previtem.content if loop.previtem is defined }}{{ loop.nextitem.role if loop.nextitem is defined }}"
+    "{{ loop.cycle('a', 'b') }}{{ loop.changed(m.role) }}{% else %}none{% endfor %}"
+    "{% for k, v in {'x': 1, 'y': 2}.items() %}{{ k }}={{ v }}{% endfor %}{% for x in nothing %}{% else %}E{% endfor %}"
+    "{% for x in 'h\u00e9llo' %}{{ x ~ loop.index0 }}{% endfor %}{% for x in [[1, [2]], 3] recursive %}"
+    "{% if x is iterable %}[{{ loop(x) }}]{% else %}{{ x }}@{{ loop.depth }}{% endif %}{% endfor %}"
+    "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}{{ m.role }}{% endfor %}"
+    "{% set s %}{{ 'a' ~ 1 }}{{ messages | length }}{% endset %}{{ s | upper }}{{ '%s-%d' | format('q', 3) }}"
+    "{{ messages | map(attribute='content') | join('|') }}{{ messages | selectattr('role', 'equalto', 'user') | list }}"
+)
+
+
+def test_counted_loops_keep_what_loop_knows():
+    """Each `{% for %}` iterates through the step counter: length, last, neighbours, filters, recursion, break,
+    `~` and set blocks render as Jinja's own sandbox renders them."""
+    messages = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "u2"},
+    ]
+    expected = _reference(LOOPS, messages)
+    assert "1/33False" in expected and "[1@2[2@3]]3@1" in expected
+    assert render_chat_template(LOOPS, messages) == expected
