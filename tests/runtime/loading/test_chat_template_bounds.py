@@ -54,6 +54,12 @@ HI = [{"role": "user", "content": "hi"}]
         ),
         ('{% for i in range(100) %}{{ "a" * 1000000 }}{% endfor %}', "output"),
         ("{{ messages | tojson(indent=10**8) }}", "tojson"),
+        (
+            '{% set big = "ab" * 8000000 %}{% for i in range(100000) %}{% if "zz" in big %}{% endif %}{% endfor %}',
+            "steps",
+        ),
+        ('{% set big = "ab" * 8000000 %}{% for i in range(100000) %}{{ big.count("zz") }}{% endfor %}', "steps"),
+        ('{% set big = "ab" * 8000000 %}{% for i in range(100000) %}{% if big[1:] %}{% endif %}{% endfor %}', "steps"),
         ('{% for i in range(8) %}{{ ("a " * 8000000) | wordwrap(5) | length }}{% endfor %}', "steps"),
         (
             '{% for i in range(8) %}{{ (["b", "a"] * 2000000) | select("equalto", "a") | list | length }}{% endfor %}',
