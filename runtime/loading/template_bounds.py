@@ -7,7 +7,7 @@ string or list it makes, and not its output, may hold more than `MAX_CHARS` char
 `MAX_DIGITS` digits:
 `*`, `**`, `+`, `~`, `%`, widths and counts passed to a call or filter are checked before they allocate, every
 call's and filter's result after, and all it makes together is bounded by `MAX_MADE`. Real templates take some
-steps a message (about 7 for ChatML, 14 for Llama 3's) and make nothing near the size bounds."""
+steps a message (about 7 for ChatML, 16 for Llama 3's) and make nothing near the size bounds."""
 
 from __future__ import annotations
 
@@ -211,7 +211,7 @@ def _concat(parts: list[Any]) -> str:
 
 
 def _searched(container: Any) -> Any:
-    """`container`, the right side of `in` or a sliced value, its search's or copy's work counted."""
+    """`container`, the right side of a comparison or `in` or a sliced value, its work counted."""
     _step(_work("", container))
     return container
 
@@ -219,9 +219,8 @@ def _searched(container: Any) -> Any:
 class _Bound(NodeTransformer):
     def visit_Compare(self, node: nodes.Compare) -> nodes.Node:
         self.generic_visit(node)
-        for op in node.ops:
-            if op.op in ("in", "notin"):
-                op.expr = nodes.Call(nodes.EnvironmentAttribute("searched"), [op.expr], [], None, None)
+        for op in node.ops:  # in searches its right side; == and < of equal-length strings compare them whole
+            op.expr = nodes.Call(nodes.EnvironmentAttribute("searched"), [op.expr], [], None, None)
         return node
 
     def visit_Getitem(self, node: nodes.Getitem) -> nodes.Node:

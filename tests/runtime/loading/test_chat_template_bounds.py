@@ -59,6 +59,11 @@ HI = [{"role": "user", "content": "hi"}]
             "steps",
         ),
         ('{% set big = "ab" * 8000000 %}{% for i in range(100000) %}{{ big.count("zz") }}{% endfor %}', "steps"),
+        (
+            '{% set a = "ab" * 8000000 %}{% set b = "a" ~ a[1:] %}{% for i in range(100000) %}'
+            "{% if a == b %}{% endif %}{% endfor %}",
+            "steps",
+        ),
         ('{% set big = "ab" * 8000000 %}{% for i in range(100000) %}{% if big[1:] %}{% endif %}{% endfor %}', "steps"),
         ('{% for i in range(8) %}{{ ("a " * 8000000) | wordwrap(5) | length }}{% endfor %}', "steps"),
         (
