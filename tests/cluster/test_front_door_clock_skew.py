@@ -6,18 +6,16 @@ durations measured on its own clock; the replica measures the rest on its own. T
 
 from __future__ import annotations
 
-import sys
 import time
 import types
 
 import pytest
 
-from radixcache.runtime.testing import hold_engine_loop
 from tests.cluster.inproc_front import inproc_front
+from tests.cluster.test_front_door_timeout import resent_past_its_timeout
 
 ENGINE = {"capacity_blocks": 64, "page_size": 4, "dtype": "float64"}
 SKEW_S = 3600.0
-TIMEOUT = 1.0
 
 
 def skew_replica_clock(monkeypatch: pytest.MonkeyPatch, skew: float) -> None:
@@ -43,16 +41,4 @@ def test_a_replica_clock_behind_stretches_no_deadline(monkeypatch: pytest.Monkey
     had spent counted as none): held on replica 0 past its timeout, then re-sent to replica 1, it must time out."""
     with inproc_front(monkeypatch, 2, "round_robin", ENGINE) as front:
         skew_replica_clock(monkeypatch, -SKEW_S)
-        ray = sys.modules["ray"]
-        release = hold_engine_loop(front.replicas[0])  # round robin: the first request goes to replica 0
-        try:
-            handle = front.submit([5, 6, 7, 8, 9], 4, ignore_eos=True, timeout=TIMEOUT)
-            time.sleep(TIMEOUT * 1.2)  # past its timeout, held on replica 0 (a held loop times nothing out)
-            assert not handle.done() and handle.request.replica == 0
-            ray.kill(ray.actors[0])  # no token sent: re-sent to replica 1, which is idle
-            result = handle.result(30)
-        finally:
-            release()
-        assert handle.request.replica == 1
-        assert result.finish_reason == "timeout", "replica 1 gave the request its whole timeout again"
-        assert len(result.token_ids) < 4
+        resent_past_its_timeout(front)
