@@ -205,3 +205,17 @@ def install(monkeypatch: Any) -> types.ModuleType:
     ray = fake_ray()
     monkeypatch.setitem(sys.modules, "ray", ray)
     return ray
+
+
+def freeze_generate(actor: FakeActor) -> tuple[list[tuple[Any, ...]], Future[Any]]:
+    """Make `actor`'s blocking generate never answer (a frozen replica): the list each call's extra arguments (its
+    request name, the seconds spent) are appended to, and the future every call returns (set it to let them go)."""
+    never: Future[Any] = Future()
+    names: list[tuple[Any, ...]] = []
+
+    def generate(prompt: list[int], max_new: int, kwargs: dict[str, Any], *name: Any) -> Future[Any]:
+        names.append(name)
+        return never
+
+    actor._generate = generate  # type: ignore[method-assign]
+    return names, never

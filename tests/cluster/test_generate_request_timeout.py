@@ -6,13 +6,10 @@ answers."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-from typing import Any
-
 import pytest
 
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
-from tests.cluster.stand_in import install
+from tests.cluster.stand_in import freeze_generate, install
 
 CALL_TIMEOUT_S = 20.0  # what the call waited without the fix (then failing with another message)
 
@@ -24,15 +21,8 @@ def test_a_generate_on_a_frozen_replica_fails_at_its_timeout(monkeypatch: pytest
 
     monkeypatch.setattr(stream_wait, "TIMEOUT_GRACE_S", 0.1)
     cluster = ReplicaCluster("fake", 2, router="round_robin", poll_interval=None, call_timeout=CALL_TIMEOUT_S)
-    never: Future[Any] = Future()
-    names: list[Any] = []
     frozen = cluster.actor(0)
-
-    def generate(prompt: list[int], max_new: int, kwargs: dict[str, Any], *name: str) -> Future[Any]:
-        names.append(name)
-        return never
-
-    frozen._generate = generate
+    names, never = freeze_generate(frozen)
     synced: list[int] = []
     sync = cluster.sync
     monkeypatch.setattr(cluster, "sync", lambda replica: synced.append(replica) or sync(replica))

@@ -5,13 +5,12 @@ there: past `call_timeout` it raised 503 and released the request's load, but th
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from typing import Any
 
 import pytest
 
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
-from tests.cluster.stand_in import install
+from tests.cluster.stand_in import freeze_generate, install
 
 
 def test_a_generate_past_call_timeout_is_cancelled_on_its_replica(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -19,15 +18,8 @@ def test_a_generate_past_call_timeout_is_cancelled_on_its_replica(monkeypatch: p
     from radixcache.runtime.cluster.cluster import ReplicaCluster
 
     cluster = ReplicaCluster("fake", 2, router="round_robin", poll_interval=None, call_timeout=0.2)
-    never: Future[Any] = Future()
-    names: list[Any] = []
     frozen = cluster.actor(0)
-
-    def generate(prompt: list[int], max_new: int, kwargs: dict[str, Any], *name: str) -> Future[Any]:
-        names.append(name)
-        return never
-
-    frozen._generate = generate
+    names, never = freeze_generate(frozen)
     try:
         with pytest.raises(ReplicaUnavailableError, match=r"did not answer within 0\.2 s"):
             cluster.generate([1, 2, 3], 2)  # round robin: replica 0
@@ -49,14 +41,7 @@ def test_a_warm_up_past_call_timeout_is_cancelled_and_a_503(monkeypatch: pytest.
 
     cluster = ReplicaCluster("fake", 2, router="round_robin", poll_interval=None, call_timeout=0.2)
     engine = ClusterEngine(cluster, str(tiny_dir))
-    never: Future[Any] = Future()
-    names: list[Any] = []
-
-    def generate(prompt: list[int], max_new: int, kwargs: dict[str, Any], *name: str) -> Future[Any]:
-        names.append(name)
-        return never
-
-    cluster.actor(1)._generate = generate
+    names, never = freeze_generate(cluster.actor(1))
     try:
         with pytest.raises(ReplicaUnavailableError, match="engine replica 1 did not answer the warm-up"):
             engine.warm_up([1, 2, 3, 4], 2)
