@@ -8,11 +8,10 @@ import contextlib
 import copy
 import json
 import os
-import secrets
-import shutil
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from radixcache.runtime.atomic_file import write_bytes
 from radixcache.runtime.engine.options import RequestOptions, checked_options, resolve_options
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.tools.messages import normalize_message, normalize_messages
@@ -137,12 +136,13 @@ class Session:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write `to_dict` as JSON; a default JSON cannot hold (a GrammarSpec, a callable) is a ValueError naming
         it, and a message that is not valid Unicode a UnicodeEncodeError, both raised before the file is opened. An
-        earlier save at `path` is kept whole whatever fails (a full disk, a kill): the file is replaced at once."""
+        earlier save at `path` is kept whole whatever fails (a full disk, a kill, a power cut): the file is replaced
+        at once, synced to the disk first (radixcache.runtime.atomic_file), and a write error names `path`."""
         bad = next((k for k, v in self.defaults.items() if not _json_value(v)), None)
         if bad is not None:
             raise ValueError(f"session default {bad}={self.defaults[bad]!r} cannot be saved as JSON")
         data = json.dumps(self.to_dict(), ensure_ascii=False, indent=1).encode("utf-8")  # a lone surrogate fails here
-        _write_whole(path, data)
+        write_bytes(path, data)
 
     @classmethod
     def from_dict(cls, engine: ChatEngine, data: dict[str, Any]) -> Session:
@@ -232,39 +232,6 @@ class Session:
             self.messages.append({"role": "assistant", "content": result.text})
         self.results.append(result)
         return result
-
-
-MAX_STEM_BYTES = 200  # of a saved file's name in its temporary file's (which adds 14 characters)
-
-
-def _write_whole(path: str | os.PathLike[str], data: bytes) -> None:
-    """`data` as the file at `path`, in one rename: a write that fails (a full disk, a size limit) or a kill left an
-    earlier save there cut short, and no load took it. A symlink's target is replaced, as opening it would write
-    it; what is not a regular file (a pipe, /dev/stdout) is written as it is."""
-    target = os.path.realpath(path)
-    if os.path.exists(target) and not os.path.isfile(target):
-        with open(target, "wb") as f:
-            f.write(data)
-        return
-    folder, name = os.path.split(target)
-    # beside it, named after it unless that passes a file name's 255 bytes (a name that fits, saved before, must not
-    # fail now for its temporary file's name)
-    stem = name if len(os.fsencode(name)) <= MAX_STEM_BYTES else "session"
-    tmp = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.tmp")
-    try:
-        f = open(tmp, "wb")  # noqa: SIM115  # closed by the with below
-    except OSError as exc:  # a missing folder, no permission: named by the caller's path, not the hidden one
-        raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
-    try:
-        with f:
-            f.write(data)
-        with contextlib.suppress(OSError):  # the earlier save's permissions, where there is one
-            shutil.copymode(target, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
 
 
 def _tool_turns(results: object, history: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from radixcache.runtime import atomic_file
-from radixcache.runtime.atomic_file import PARTIAL, Staging, remove_stale_partials, staged, write_bytes
+from radixcache.runtime.atomic_file import Staging, remove_stale_partials, staged, write_bytes
 
 POSIX = pytest.mark.skipif(os.name == "nt", reason="POSIX file modes, signals and folder fsyncs")
 NO_PID = 4_194_399  # past Linux's largest pid_max (2**22): no process has it
@@ -57,8 +58,7 @@ def test_a_writer_killed_mid_write_leaves_the_earlier_file_whole_and_its_leftove
     child.wait()
     assert json.loads(path.read_text()) == {"v": 1}
     assert staging.exists() and staging.parent == tmp_path
-    assert staging.name == f".session.json.{child.pid}-{staging.name.split('-')[1]}"
-    assert staging.name.endswith(PARTIAL)
+    assert re.fullmatch(rf"\.session\.json\.{child.pid}-[0-9a-f]{{8}}\.partial", staging.name)
     write_bytes(path, b'{"v": 3}')
     assert json.loads(path.read_text()) == {"v": 3}
     assert [p.name for p in tmp_path.iterdir()] == ["session.json"]

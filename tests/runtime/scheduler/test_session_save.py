@@ -1,9 +1,16 @@
-"""Session.save replaces its file whole: a save that fails while writing keeps the earlier one."""
+"""Session.save replaces its file whole: a save that fails while writing, or is killed, keeps the earlier one, and
+the new file is on the disk (fsynced, then its folder) before it counts as saved."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import signal
+import stat
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,7 +57,7 @@ def test_saving_through_a_symlink_writes_its_target(tmp_path: Path) -> None:
 
 
 def test_a_file_name_near_the_file_systems_limit_still_saves(tmp_path: Path) -> None:
-    """The temporary file is named `.NAME.<8 hex>.tmp`: 14 characters more than NAME, so a name of 242 to 255 bytes
+    """The temporary file was named `.NAME.<8 hex>.tmp`: 14 characters more than NAME, so a name of 242 to 255 bytes
     (which the file system takes, and a save before the temporary file took) failed with ENAMETOOLONG."""
     engine = SimpleNamespace()
     path = tmp_path / ("s" * 245 + ".json")
@@ -68,3 +75,71 @@ def test_a_save_into_a_missing_folder_names_the_path_given(tmp_path: Path) -> No
     with pytest.raises(FileNotFoundError) as refused:
         Session(SimpleNamespace(), system="hi").save(path)  # type: ignore[arg-type]
     assert refused.value.filename == str(path)
+
+
+@pytest.mark.skipif(os.name == "nt", reason="folder fsyncs are POSIX")
+def test_a_save_is_synced_before_it_replaces_the_earlier_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """save() renamed its new file over the earlier one without an fsync: after a power cut the new name could hold
+    an empty or short file (ext4's delayed allocation) and the earlier save was gone. Now the new file's own
+    descriptor is fsynced while `path` still holds the earlier save, then the folder once `path` is the new file."""
+    engine = SimpleNamespace()
+    path = tmp_path / "session.json"
+    s = Session(engine, system="be brief.")  # type: ignore[arg-type]
+    s.save(path)
+    before = path.read_bytes()
+    s.messages.append({"role": "user", "content": "hi"})
+    real_fsync = os.fsync
+    synced: list[tuple[str, int, bytes]] = []  # (what the descriptor is, its inode, what `path` held then)
+
+    def watching(fd: int) -> None:
+        st = os.fstat(fd)
+        synced.append(("folder" if stat.S_ISDIR(st.st_mode) else "file", st.st_ino, path.read_bytes()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", watching)
+    s.save(path)
+    after = path.read_bytes()
+    assert json.loads(after)["messages"][-1] == {"role": "user", "content": "hi"}
+    assert synced == [("file", path.stat().st_ino, before), ("folder", tmp_path.stat().st_ino, after)]
+
+
+@pytest.mark.skipif(os.name == "nt", reason="SIGKILL")
+def test_a_save_killed_mid_write_keeps_the_earlier_save(tmp_path: Path) -> None:
+    """A process killed (kill -9) while its save is being written leaves the earlier save whole and loadable; the
+    leftover beside it goes with the next save."""
+    engine = SimpleNamespace()
+    path = tmp_path / "session.json"
+    Session(engine, system="first").save(path)  # type: ignore[arg-type]
+    code = """
+        import builtins, sys, time
+        from types import SimpleNamespace
+        from radixcache.runtime.engine.session import Session
+        real_open = builtins.open
+        class Half:  # a file opened for writing that writes half of what it is given, then waits to be killed
+            def __init__(self, f): self.f = f
+            def __enter__(self): return self
+            def __exit__(self, *exc): self.f.close()
+            def write(self, data):
+                self.f.write(data[: len(data) // 2])
+                self.f.flush()
+                print("half", flush=True)
+                time.sleep(60)
+        def opening(file, mode="r", *args, **kwargs):
+            f = real_open(file, mode, *args, **kwargs)
+            return Half(f) if mode == "wb" else f
+        builtins.open = opening
+        s = Session(SimpleNamespace(), system="second")
+        s.messages.append({"role": "user", "content": "x" * 50_000})
+        s.save(sys.argv[1])
+    """
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "half"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert Session.load(engine, path).messages == [{"role": "system", "content": "first"}]  # type: ignore[arg-type]
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name != "session.json"]
+    assert len(leftovers) == 1 and re.fullmatch(rf"\.session\.json\.{child.pid}-[0-9a-f]{{8}}\.partial", leftovers[0])
+    Session(engine, system="third").save(path)  # type: ignore[arg-type]
+    assert [p.name for p in tmp_path.iterdir()] == ["session.json"]
