@@ -20,6 +20,7 @@ from rich.text import Text
 from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
 from radixcache.cli.stdout import is_stdout, through_stdout
 from radixcache.errors import RadixCacheError
+from radixcache.runtime import atomic_file
 from radixcache.trace import (
     CONVERSATIONS,
     DEFAULT_BLOCK_SIZE,
@@ -227,30 +228,18 @@ def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str,
 
 @contextlib.contextmanager
 def staged(path: str) -> Iterator[str]:
-    """The file to write `path` through: a hidden one beside it, moved onto it once the block succeeds and removed if
-    it fails (a refused record, Ctrl-C), so a failed write leaves neither a shorter trace, which reads as a sound one,
-    nor an earlier file at `path` wiped. Stdout ('-', or the file stdout is: cli/stdout.py) gets the whole file
-    once it is written. A `path` that exists and is no regular file (a pipe) is written directly: there is nothing to
-    keep, and no rename onto it."""
+    """The file to write `path` through: a hidden one beside it, synced and moved onto it once the block succeeds
+    and removed if it fails (a refused record, Ctrl-C), so a failed or killed write leaves neither a shorter trace,
+    which reads as a sound one, nor an earlier file at `path` wiped (radixcache.runtime.atomic_file: an earlier
+    file's mode is kept, a killed write's hidden file is removed by the next). Stdout ('-', or the file stdout is:
+    cli/stdout.py) gets the whole file once it is written. A `path` that exists and is no regular file (a pipe) is
+    written directly: there is nothing to keep, and no rename onto it."""
     if is_stdout(path):
         with through_stdout() as staging, _named(staging, "stdout"):
             yield staging
         return
-    if os.path.exists(path) and not os.path.isfile(path):  # (follows links: /dev/fd/3 to its pipe)
-        yield path
-        return
-    target = os.path.realpath(path)  # a symlink's target is replaced, as opening it for writing would
-    folder, name = os.path.split(target)
-    # named after it unless that passes a file name's 255 bytes: a DST the file system takes must not fail for it
-    stem = name if len(os.fsencode(name)) <= 200 else "trace"
-    staging = os.path.join(folder, f".{stem}.{os.getpid()}.partial")
-    try:
-        with _named(staging, path):
-            yield staging
-            os.replace(staging, target)
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(staging)
+    with atomic_file.staged(path) as staging, _named(staging, path):
+        yield staging
 
 
 @contextlib.contextmanager

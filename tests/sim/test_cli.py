@@ -180,6 +180,34 @@ def test_trace_convert_writes_a_dst_whose_name_is_near_the_file_systems_limit(ch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["back.jsonl", "chat.jsonl", dst.name]
 
 
+@pytest.mark.skipif(os.name == "nt", reason="POSIX file modes and folder fsyncs")
+def test_trace_gen_syncs_dst_keeps_its_mode_and_removes_a_killed_runs_leftover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`trace gen` onto an earlier 0600 DST made it 0644 (the hidden file's default mode), renamed it into place
+    unsynced (a power cut could leave DST empty: a trace that reads as sound, with no request), and a run killed
+    mid-write (kill -9) left its hidden `.DST.<pid>.partial` for good. Now DST keeps its mode, the file is fsynced
+    before its rename and the folder after, and a leftover whose process is dead goes with the next write of DST."""
+    dst = tmp_path / "agents.jsonl"
+    dst.write_text("")
+    dst.chmod(0o600)
+    dead = 4_194_399  # past Linux's largest pid_max: no process has it
+    for leftover in (f".agents.jsonl.{dead}.partial", f".agents.jsonl.{dead}-0123abcd.partial"):
+        (tmp_path / leftover).write_text('{"half": ')
+    real_fsync = os.fsync
+    synced: list[tuple[int, bytes]] = []  # (the descriptor's inode, what DST held then)
+
+    def watching(fd: int) -> None:
+        synced.append((os.fstat(fd).st_ino, dst.read_bytes()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", watching)
+    assert run("trace", "gen", "agent", str(dst), "--count", "2")[0] == 0
+    assert (dst.stat().st_mode & 0o777) == 0o600 and dst.read_bytes()
+    assert [p.name for p in tmp_path.iterdir()] == ["agents.jsonl"]
+    assert synced == [(dst.stat().st_ino, b""), (tmp_path.stat().st_ino, dst.read_bytes())]
+
+
 @pytest.mark.parametrize("kind", ["chat", "agent", "rag", "few-shot"])
 def test_trace_gen_is_seeded(tmp_path: Path, kind: str) -> None:
     for name in ("a.jsonl", "b.jsonl"):
