@@ -39,6 +39,7 @@ from radixcache.cli.record import (
 from radixcache.cli.replay_output import progress, summary_table, text_verdict
 from radixcache.cli.replicas import check_replica_flags, cluster_engine, replica_options, replica_table
 from radixcache.cli.stdout import is_stdout
+from radixcache.runtime import atomic_file
 from radixcache.trace import FORMATS
 
 if TYPE_CHECKING:
@@ -275,16 +276,21 @@ def _check_chat_template(sessions: list[Any], tokenizer: Any, trace: str | None)
 
 
 def _write_json(path: str, data: dict[str, Any]) -> str | None:
-    """Write the run's JSON to `path`; the OSError's reason if it failed (a full disk, a folder removed during the
-    run), which the caller reports after the table: raised here, it lost the table of a run that may have taken
-    hours, and named no file ('[Errno 28] No space left on device')."""
+    """Write the run's JSON to `path`, replacing an earlier file whole (radixcache.runtime.atomic_file: a write that
+    fails or is killed leaves it as it was); the OSError's reason if it failed (a full disk, a folder removed during
+    the run), which the caller reports after the table: raised here, it lost the table of a run that may have taken
+    hours, and named no file ('[Errno 28] No space left on device'). The file stdout is (`--json /dev/stdout`, under
+    `> FILE` too) is written directly."""
     try:
         if path == "-":
             click.echo(json.dumps(data, indent=2))
             return None
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2)
-            handle.write("\n")
+        text = (json.dumps(data, indent=2) + "\n").encode("utf-8")
+        if is_stdout(path):
+            with open(path, "wb") as handle:
+                handle.write(text)
+        else:
+            atomic_file.write_bytes(path, text)
     except OSError as exc:
         if isinstance(exc, BrokenPipeError):
             raise  # `| head`: the reader left (cli.errors)
