@@ -245,11 +245,14 @@ def test_a_recording_the_folder_will_not_move_onto_file_is_kept_beside_it(
     stays as it was, the recording stays in its staging file, and the replay says where (exit 1, after the table)."""
     from radixcache.cli import record
 
-    def refuse(src: str, dst: str) -> None:
-        raise PermissionError(1, "Operation not permitted")
+    recorded, moved = tmp_path / "r.jsonl", os.replace
+
+    def refuse(src: str, dst: str) -> None:  # the recording's move only: --json's file is replaced as well
+        if os.fspath(dst) == str(recorded):
+            raise PermissionError(1, "Operation not permitted")
+        moved(src, dst)
 
     monkeypatch.setattr(record.os, "replace", refuse)
-    recorded = tmp_path / "r.jsonl"
     recorded.write_text(EARLIER)
     args = ["replay", str(small_trace), "--model", str(tiny_model_dir), "--max-tokens", "2"]
     result = runner.invoke(main, [*args, "--record-trace", str(recorded), "--json", str(tmp_path / "o.json")])
