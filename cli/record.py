@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 import shlex
 from collections.abc import Callable
@@ -13,6 +13,9 @@ from typing import Any, NamedTuple
 import click
 
 from radixcache.cli.stdout import STDOUT, is_stdout
+from radixcache.runtime.atomic_file import Staging, staging_stem
+
+log = logging.getLogger("radixcache.record")
 
 RECORD_HELP = (
     "Write what the engine served to FILE as a Mooncake-format hash trace (one JSONL line per request: arrival and "
@@ -82,123 +85,57 @@ def _identity(path: str) -> object:
 
 class StagedRecording:
     """A recording that replaces FILE only once it holds a line: the recorder writes to `staging` (a hidden file
-    beside FILE, `.FILE.<pid>.partial`), which `place` moves onto FILE at its first line, so a run that fails or
-    records nothing leaves an earlier recording at FILE as it was. The recorder writes on through its open file after
-    the move, so from then on a killed process leaves its whole lines in FILE (docs/traces.md). A FILE that exists and
-    is no regular file (a pipe, /dev/stdout) is written directly: it holds no recording to keep, and cannot be replaced
-    by a rename; so is a FILE whose name leaves no room for the staging file's (`_NAME_MAX`). Making one removes the
-    staging files of FILE that killed runs left (`remove_stale_partials`), and creates this one's, locked (flock)
-    until `finish`, so that no other run takes it for stale."""
+    beside FILE, `.FILE.<pid>.partial`: radixcache.runtime.atomic_file's `Staging`), which `place` syncs and moves
+    onto FILE at its first line, so a run that fails or records nothing leaves an earlier recording at FILE as it
+    was. The recorder writes on through its open file after the move, so from then on a killed process leaves its
+    whole lines in FILE (docs/traces.md); `finish` syncs them. A FILE that exists and is no regular file (a pipe,
+    /dev/stdout) is written directly: it holds no recording to keep, and cannot be replaced by a rename; so is a
+    FILE whose name leaves no room for the staging file's (`name_max`). Making one removes the staging files of FILE
+    that killed runs left (`remove_stale_partials`), and creates this one's, locked (flock) until `finish`, so that
+    no other run takes it for stale."""
 
     def __init__(self, path: str) -> None:
         self.path = os.path.realpath(path)  # a symlink's target is replaced, as opening it for writing would
         folder, name = os.path.split(self.path)
-        staged_name = f".{name}.{os.getpid()}.partial"
         direct = os.path.exists(self.path) and not os.path.isfile(self.path)
-        direct = direct or len(os.fsencode(staged_name)) > _name_max(folder)  # ENAMETOOLONG after the model's load
-        self.staging = self.path if direct else os.path.join(folder, staged_name)
+        direct = direct or staging_stem(folder, name, str(os.getpid())) != name  # ENAMETOOLONG after the load
+        self._staging = None if direct else Staging(self.path, unique=False)
+        self.staging = self.path if self._staging is None else self._staging.path
         self.placed = direct
         self.error: str | None = None  # why the move onto FILE failed: the recording stays in `staging`
-        self._lock: int | None = None
-        if not direct:
-            remove_stale_partials(folder, name)
-            self._lock = os.open(self.staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-            _try_lock(self._lock)
 
     def place(self) -> None:
-        """Move the staging file onto FILE if it holds a line and has not been moved yet. A move the folder refuses
-        (FILE another user's, in a sticky folder such as /tmp) raised out of the run's callback and ended it, all
-        its results lost; it sets `error` instead, and the recording goes on in `staging`, which `finish` keeps."""
-        if self.placed or self.error is not None:
+        """Sync the staging file and move it onto FILE if it holds a line and has not been moved yet. A move the
+        folder refuses (FILE another user's, in a sticky folder such as /tmp) raised out of the run's callback and
+        ended it, all its results lost; it sets `error` instead, and the recording goes on in `staging`, which
+        `finish` keeps."""
+        if self.placed or self.error is not None or self._staging is None:
             return
         if os.path.isfile(self.staging) and os.path.getsize(self.staging) > 0:
             try:
-                os.replace(self.staging, self.path)
+                self._staging.commit()
             except OSError as exc:
                 self.error = exc.strerror or str(exc)
                 return
             self.placed = True
 
     def finish(self) -> bool:
-        """After the recording closed: place what it wrote, else remove the empty staging file. True: FILE written."""
+        """After the recording closed: place what it wrote and sync it, else remove the empty staging file. True:
+        FILE written."""
+        staging = self._staging
         try:
             self.place()
-            if not self.placed and self.error is None:
-                with contextlib.suppress(OSError):
-                    os.remove(self.staging)
+            if staging is not None and (self.placed or self.error is not None):
+                try:
+                    staging.sync()  # the lines written since the move: a power cut now keeps them
+                except OSError as exc:
+                    log.warning("recording %s may not be whole on disk (%s)", self.path, exc.strerror or exc)
+            elif staging is not None:
+                staging.discard()
         finally:
-            if self._lock is not None:
-                os.close(self._lock)  # the lock goes with it
-                self._lock = None
+            if staging is not None:
+                staging.close()  # the lock goes with it
         return self.placed
-
-
-def _name_max(folder: str) -> int:
-    """The longest file name (in bytes) `folder`'s file system takes: 255 on the common ones."""
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX")
-    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or the folder cannot tell
-        return 255
-
-
-def remove_stale_partials(folder: str, name: str) -> list[str]:
-    """Remove the staging files of FILE (`name` in `folder`) that runs killed before their first line left, and
-    return their paths. A staging file is stale when the pid in its name runs no more and no process holds its lock
-    (a run on another machine that shares the folder). Kept: this process's own (a container's pid 1, reused across
-    restarts, makes its own anew), any whose pid runs (whatever that process is now: a reused pid keeps a stale file
-    for a later start, never risks a live recording's), and any that is locked."""
-    prefix, suffix = f".{name}.", ".partial"
-    try:
-        entries = os.listdir(folder)
-    except OSError:
-        return []
-    removed = []
-    for entry in entries:
-        pid = entry[len(prefix) : -len(suffix)] if entry.startswith(prefix) and entry.endswith(suffix) else ""
-        if not (pid.isascii() and pid.isdigit()) or int(pid) == os.getpid() or _pid_alive(int(pid)):
-            continue
-        stale = os.path.join(folder, entry)
-        try:
-            fd = os.open(stale, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue  # gone (placed, or removed by another start), or not a plain file of ours
-        try:
-            if _try_lock(fd):
-                os.remove(stale)
-                removed.append(stale)
-        except OSError:
-            pass  # not ours to remove (a read-only folder): it stays
-        finally:
-            os.close(fd)
-    return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    if os.name == "nt":
-        return True  # os.kill(pid, 0) there terminates the process (TerminateProcess): keep every file instead
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError, ValueError):
-        return False  # no such process (or no such pid at all)
-    except OSError:
-        return True  # it runs under another user (PermissionError), or cannot tell: keep its file
-    return True
-
-
-def _try_lock(fd: int) -> bool:
-    """Take an exclusive flock on `fd` without waiting: False when another process holds one. (No fcntl, as on
-    Windows, or no locks on its file system: True, and the pid alone decides.)"""
-    try:
-        import fcntl
-    except ImportError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True  # the file system takes no locks (ENOLCK): the pid alone decides
-    return True
 
 
 class EngineShape(NamedTuple):

@@ -4,8 +4,8 @@ the new one, never one cut short.
 
 - The new content goes to a staging file beside the target, `.NAME.<pid>-<8 hex>.partial` (`.NAME.<pid>.partial`
   for a recording, one per process: `Staging(unique=False)`), created with the umask's default mode and flocked by
-  this process while it lasts. A NAME over MAX_STEM_BYTES is replaced by `~<16 hex>` of its hash there, so a name
-  the file system takes never fails for its staging file's.
+  this process while it lasts. Where that name would pass the folder's longest file name (255 bytes), `~<16 hex>`
+  of NAME's hash stands for NAME in it, so a name the file system takes never fails for its staging file's.
 - `commit` fsyncs the staging file, gives it an existing target's permission bits, `os.replace`s it onto the target
   and fsyncs the folder (POSIX), so after a crash the target is the old file or the new one, whole.
 - A staging file that a killed process left is recognisable by its name and removed by the next `Staging` of the
@@ -32,14 +32,26 @@ import stat
 from collections.abc import Iterator
 
 PARTIAL = ".partial"
-MAX_STEM_BYTES = 200  # of a target's name in its staging file's (which adds up to 26 bytes)
 _PID = re.compile(r"([0-9]+)(?:-[0-9a-f]{8})?")  # what lies between `.NAME.` and `.partial`
 
 
-def staging_stem(name: str) -> str:
-    """What stands for the target's file `name` in its staging files' names."""
-    if len(os.fsencode(name)) <= MAX_STEM_BYTES:
+def staging_stem(folder: str, name: str, tail: str) -> str:
+    """What stands for the target's file `name` in the name of its staging file `.STEM.<tail>.partial`: `name`, or
+    its hash where the staging file's name would be too long for `folder`."""
+    if len(os.fsencode(f".{name}.{tail}{PARTIAL}")) <= name_max(folder):
         return name
+    return _hashed(name)
+
+
+def name_max(folder: str) -> int:
+    """The longest file name (in bytes) `folder`'s file system takes: 255 on the common ones."""
+    try:
+        return os.pathconf(folder or ".", "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or the folder cannot tell
+        return 255
+
+
+def _hashed(name: str) -> str:
     return "~" + hashlib.blake2b(os.fsencode(name), digest_size=8).hexdigest()
 
 
@@ -54,14 +66,14 @@ class Staging:
         self.target = os.path.realpath(path)  # a symlink's target is replaced, as opening it for writing would
         self.direct = os.path.exists(self.target) and not os.path.isfile(self.target)
         self.fd: int | None = None
+        self.committed = False
         if self.direct:
             self.path = self.target
             return
         folder, name = os.path.split(self.target)
-        stem = staging_stem(name)
-        remove_stale_partials(folder, stem)
+        remove_stale_partials(folder, name)
         tail = f"{os.getpid()}-{secrets.token_hex(4)}" if unique else str(os.getpid())
-        self.path = os.path.join(folder, f".{stem}.{tail}{PARTIAL}")
+        self.path = os.path.join(folder, f".{staging_stem(folder, name, tail)}.{tail}{PARTIAL}")
         flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if unique else os.O_TRUNC) | getattr(os, "O_NOFOLLOW", 0)
         try:
             self.fd = os.open(self.path, flags, 0o666)
@@ -79,19 +91,21 @@ class Staging:
             with contextlib.suppress(FileNotFoundError):  # no earlier file: the umask's default stays
                 os.chmod(self.path, stat.S_IMODE(os.stat(self.target).st_mode))
             os.replace(self.path, self.target)
+            self.committed = True
             fsync_dir(os.path.dirname(self.target))
         except OSError as exc:
             raise _naming(exc, self.named) from None
 
     def sync(self) -> None:
         """fsync what the staging file (or, once committed, the target) holds: through the locked descriptor, or the
-        file now at `path` where the writer replaced it (a linker's output). Raises OSError."""
+        file now there where the writer replaced it (a linker's output). Raises OSError."""
         if self.direct:
             return
-        if self.fd is not None and _same_file(self.fd, self.path):
+        where = self.target if self.committed else self.path
+        if self.fd is not None and _same_file(self.fd, where):
             os.fsync(self.fd)
             return
-        fd = os.open(self.path, os.O_RDWR if os.name == "nt" else os.O_RDONLY)  # Windows commits writable ones only
+        fd = os.open(where, os.O_RDWR if os.name == "nt" else os.O_RDONLY)  # Windows commits writable ones only
         try:
             os.fsync(fd)
         finally:
@@ -152,21 +166,21 @@ def fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def remove_stale_partials(folder: str, stem: str) -> list[str]:
-    """Remove the staging files of the target whose `staging_stem` is `stem` in `folder` that killed processes
-    left, and return their paths. A staging file is stale when the pid in its name runs no more and no process holds
-    its lock (a writer on another machine that shares the folder). Kept: this process's own, any whose pid runs
-    (whatever that process is now: a reused pid keeps a stale file for a later start, never risks a live write's),
-    and any that is locked."""
-    prefix = f".{stem}."
+def remove_stale_partials(folder: str, name: str) -> list[str]:
+    """Remove the staging files of the target `name` in `folder` that killed processes left (named after it or
+    after its hash), and return their paths. A staging file is stale when the pid in its name runs no more and no
+    process holds its lock (a writer on another machine that shares the folder). Kept: this process's own, any whose
+    pid runs (whatever that process is now: a reused pid keeps a stale file for a later start, never risks a live
+    write's), and any that is locked."""
+    prefixes = (f".{name}.", f".{_hashed(name)}.")
     try:
-        entries = os.listdir(folder)
+        entries = os.listdir(folder or ".")
     except OSError:
         return []
     removed = []
     for entry in entries:
-        named = entry.startswith(prefix) and entry.endswith(PARTIAL)
-        m = _PID.fullmatch(entry[len(prefix) : -len(PARTIAL)]) if named else None
+        prefix = next((p for p in prefixes if entry.startswith(p)), "")
+        m = _PID.fullmatch(entry[len(prefix) : -len(PARTIAL)]) if prefix and entry.endswith(PARTIAL) else None
         if m is None:
             continue
         pid = int(m.group(1))

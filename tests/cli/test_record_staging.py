@@ -16,7 +16,8 @@ import pytest
 
 from radixcache.cli import serve as serve_module
 from radixcache.cli.main import main
-from radixcache.cli.record import StagedRecording, remove_stale_partials
+from radixcache.cli.record import StagedRecording
+from radixcache.runtime.atomic_file import remove_stale_partials
 
 EARLIER = '{"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1]}\n'
 NO_PID = 4_194_399  # past Linux's largest pid_max (2**22): no process has it
@@ -281,3 +282,35 @@ def test_a_server_whose_recording_the_folder_will_not_move_keeps_it_beside_file(
     staging = tmp_path / f".served.jsonl.{os.getpid()}.partial"
     assert f"cannot move the recording onto {path} (Operation not permitted): it is in {staging}" in result.stderr
     assert path.read_text() == EARLIER and len(staging.read_text().splitlines()) == 2  # every request, still recorded
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX file modes and folder fsyncs")
+def test_a_recording_is_synced_when_placed_and_when_finished_and_keeps_files_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first line's move onto FILE was an unsynced rename: a power cut after it could leave FILE empty, the
+    earlier recording gone. The recording's last lines were never synced either, and an earlier 0600 FILE came back
+    0644. Now the staging file is fsynced before the move (FILE still the earlier recording), the folder after it,
+    the whole recording at `finish`, and FILE keeps its mode."""
+    path = tmp_path / "r.jsonl"
+    path.write_text(EARLIER)
+    path.chmod(0o600)
+    real_fsync = os.fsync
+    synced: list[tuple[int, str]] = []  # (the descriptor's inode, what FILE held then)
+
+    def watching(fd: int) -> None:
+        synced.append((os.fstat(fd).st_ino, path.read_text()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", watching)
+    staged = StagedRecording(str(path))
+    with open(staged.staging, "wb", buffering=0) as recording:  # what the recorder does
+        recording.write(b'{"timestamp": 1}\n')
+        staged.place()
+        recording.write(b'{"timestamp": 2}\n')
+    assert staged.finish() is True
+    lines = '{"timestamp": 1}\n{"timestamp": 2}\n'
+    assert path.read_text() == lines and (path.stat().st_mode & 0o777) == 0o600
+    new, folder = path.stat().st_ino, tmp_path.stat().st_ino
+    assert synced == [(new, EARLIER), (folder, '{"timestamp": 1}\n'), (new, lines)]
+    assert [p.name for p in tmp_path.iterdir()] == ["r.jsonl"]

@@ -217,9 +217,14 @@ def test_an_error_in_the_block_removes_the_staging_file_and_names_the_path(tmp_p
 
 
 def test_a_name_near_the_file_systems_limit_still_writes(tmp_path: Path) -> None:
-    """A 245-byte name fits the file system; `.NAME.<pid>-<8 hex>.partial` would not: its hash stands for it."""
+    """A 245-byte name fits the file system; `.NAME.<pid>-<8 hex>.partial` would not: its hash stands for it, and a
+    killed writer's leftover under that hash goes with the next write."""
     path = tmp_path / ("s" * 245)
-    write_bytes(path, b"a")
+    leftover = tmp_path / f".{atomic_file._hashed(path.name)}.{NO_PID}-0123abcd.partial"
+    leftover.write_text("half")
+    with staged(path) as staging:
+        assert Path(staging).name.startswith(f".{atomic_file._hashed(path.name)}.{os.getpid()}-")
+        Path(staging).write_text("a")
     write_bytes(path, b"b")
     assert path.read_bytes() == b"b" and [p.name for p in tmp_path.iterdir()] == [path.name]
 
