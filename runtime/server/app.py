@@ -51,6 +51,7 @@ from radixcache.runtime.server.responses import Responder
 from radixcache.runtime.server.responses_input import unicode_checked
 from radixcache.runtime.server.responses_store import ResponseStore
 from radixcache.runtime.server.structured import grammar_of, render_chat, tool_use_of
+from radixcache.runtime.server.tool_turns import check_tool_turns
 from radixcache.runtime.tools import tool_template_features
 from radixcache.runtime.tools.call_tokens import call_token_ids
 
@@ -313,9 +314,11 @@ def create_app(
         grammar, use = grammar_of(body), tool_use_of(body)
         namespace = generation.namespace_for(key, body.cache_salt)
         reply = legacy_calls.reply_to(messages, namespace) if legacy.is_legacy(body) else None
+        sent = messages
         if any(m["role"] == "function" or "function_call" in m for m in messages):
             id_length = tool_template_features(engine.tokenizer).call_id_length  # Mistral's 9, say
             messages = legacy.legacy_messages(messages, legacy_calls, namespace, id_length)
+        check_tool_turns(messages, sent)  # each call answered, each result a call's (runtime.server.tool_turns)
         # Rendering and tokenising a long history take milliseconds: off the event loop, as submitting is.
         ids = await asyncio.to_thread(lambda: encode(render_chat(engine, messages, use, namespace)))
         job = job_for(body, [ids], namespace, request, key, grammar=grammar, tool_use=use)
