@@ -37,7 +37,7 @@ class Session:
     it: one the length limit left unfinished too (its arguments cut short, or "" when cut after its name), as a
     client replaying the reply sends it, so the next prompt holds what the model wrote and extends the cached one;
     `send_tool_results({call_id: text})` (`asend_tool_results` for asyncio) adds the tool turns and generates the
-    next reply.
+    next reply; until the calls a reply made have their results, `send` is a ValueError naming them.
 
     With `pin=` (True or n tokens, in the defaults or a turn's keywords), the session holds one pin, its latest
     pinned turn's (or fork's): a turn whose pin is made releases the session's earlier ones (the history only grows,
@@ -80,8 +80,9 @@ class Session:
         self._pins: list[tuple[list[dict[str, Any]], RequestOptions]] = []
 
     def send(self, content: str, **kwargs: Any) -> GenerationResult:
-        """Add a user turn, generate the reply, and append it to the history."""
-        return self._turn([{"role": "user", "content": content}], kwargs)
+        """Add a user turn, generate the reply, and append it to the history. A ValueError, the session unchanged,
+        when the last reply made calls that have no result yet (`send_tool_results` answers them first)."""
+        return self._turn(_user_turn(content, self.messages), kwargs)
 
     def send_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
         """Add one tool turn per `{call_id: result text}` (in that order), generate the reply, and append it."""
@@ -89,7 +90,7 @@ class Session:
 
     async def asend(self, content: str, **kwargs: Any) -> GenerationResult:
         """`send` for asyncio; cancelling the awaiting task keeps neither the turn nor a reply."""
-        return await self._aturn([{"role": "user", "content": content}], kwargs)
+        return await self._aturn(_user_turn(content, self.messages), kwargs)
 
     async def asend_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
         """`send_tool_results` for asyncio (an agent's loop on an event loop); as `asend`, cancelling the awaiting
@@ -255,6 +256,26 @@ def _tool_turns(results: object, history: list[dict[str, Any]]) -> list[dict[str
     if missing is not None:
         raise ValueError(f"tool results: the last reply's call {missing!r} has no result (each call it made needs one)")
     return [{"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text in results.items()]
+
+
+def _user_turn(content: str, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The user message of `content`; a ValueError when the history ends with calls made and left without a result
+    (the model would read the user's turn as if they had run; OpenAI's chat API answers such a history 400)."""
+    answered: set[Any] = set()
+    for m in reversed(history):  # the history's last calls: its trailing assistant messages with calls and results
+        if m.get("role") == "tool":
+            answered.add(m.get("tool_call_id"))
+        elif m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = [c for c in m["tool_calls"] if isinstance(c, Mapping)]
+            missing = [c.get("id") for c in calls if _made(c) and c.get("id") not in answered]
+            if missing:
+                raise ValueError(
+                    f"the last reply's calls {missing} have no result: answer them with send_tool_results (each "
+                    "call it made needs one) before the next user turn"
+                )
+        else:
+            break
+    return [{"role": "user", "content": content}]
 
 
 def _made(call: Mapping[str, Any]) -> bool:

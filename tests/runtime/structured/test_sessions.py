@@ -5,11 +5,13 @@ save that fails leaves the earlier file whole."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import re
 
 import pytest
 
 from radixcache.runtime import Engine
+from tests.runtime.structured.test_tools import ONE_CALL, check_calls
 
 
 @pytest.mark.parametrize("text", ["a\ud800b", "caf\udce9"])  # "\ud800" in JSON; Latin-1 read with surrogateescape
@@ -162,3 +164,45 @@ def test_tool_results_leaving_a_call_of_the_last_reply_unanswered_are_refused(en
         {"role": "tool", "tool_call_id": "call_b", "content": "2"},
     ]
     assert s.messages[-1] == {"role": "assistant", "content": r.text}
+
+
+def test_a_user_turn_after_calls_left_without_results_is_refused(engine: Engine) -> None:
+    """send (and asend) after a reply that made calls was accepted: the model read the user's turn as if the calls
+    had run, while send_tool_results refused to leave one unanswered. It is a ValueError naming the calls, the
+    history and the session's pin as they were; once the calls are answered the session goes on."""
+    s = engine.session(system="Use the tools.", **ONE_CALL, pin=True, max_new_tokens=200, seed=1)
+    r = s.send("What is 2 + 3?")
+    check_calls(r)
+    history, pinned = copy.deepcopy(s.messages), engine.stats.pinned_blocks
+    assert pinned > 0 and len(engine.kv.pins) == 1
+    ids = [c.id for c in r.tool_calls]
+    with pytest.raises(ValueError, match=re.escape(f"the last reply's calls {ids} have no result")):
+        s.send("And 1 + 1?")
+    with pytest.raises(ValueError, match="have no result"):
+        asyncio.run(s.asend("And 1 + 1?"))
+    assert s.messages == history and len(s.results) == 1
+    assert engine.stats.pinned_blocks == pinned and len(engine.kv.pins) == 1
+    s.send_tool_results({i: "5" for i in ids}, tool_choice="none", max_new_tokens=2)
+    assert s.send("And 1 + 1?", tool_choice="none", max_new_tokens=2).finish_reason == "length"
+    assert s.unpin() == 1 and engine.stats.pinned_blocks == 0
+
+
+def test_a_user_turn_after_a_call_cut_short_is_answered(engine: Engine) -> None:
+    """A call the length limit cut (its arguments unclosed) was not made: it needs no result, as in
+    send_tool_results; a result given to the other calls of a reply split one message per call counts."""
+    add = {"id": "call_a", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    cut = {"id": "call_c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1'}}
+    ask = {"role": "user", "content": "2 + 3?"}
+    s = engine.session(messages=[ask, {"role": "assistant", "content": None, "tool_calls": [cut]}], max_new_tokens=2)
+    s.send("Go on.")
+    split = [
+        ask,
+        {"role": "assistant", "content": None, "tool_calls": [add]},
+        {"role": "assistant", "content": None, "tool_calls": [{**add, "id": "call_b"}]},
+        {"role": "tool", "tool_call_id": "call_b", "content": "5"},
+    ]
+    s = engine.session(messages=split, max_new_tokens=2)
+    with pytest.raises(ValueError, match=re.escape("the last reply's calls ['call_a'] have no result")):
+        s.send("Go on.")
+    s = engine.session(messages=[*split, {"role": "tool", "tool_call_id": "call_a", "content": "5"}], max_new_tokens=2)
+    s.send("Go on.")
