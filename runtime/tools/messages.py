@@ -41,6 +41,11 @@ def _js_number(text: str) -> float:
     return number
 
 
+# Whether text is JSON, whatever its integers' length: Python's int() refuses more than 4,300 digits (a ValueError),
+# which JSON allows and a model may write; the digits are kept as text, never converted
+JSON_CHECK = json.JSONDecoder(parse_constant=_no_constant, parse_int=str)
+
+
 # Arguments as the values a client holds: a JS client that keeps a call's arguments as an object (the Vercel AI SDK)
 # sends them back through JSON.stringify, whose numbers are those doubles
 _VALUES = json.JSONDecoder(parse_constant=_no_constant, parse_int=_js_number, parse_float=_js_number)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixcache.runtime.tools import scan
-from radixcache.runtime.tools.messages import STRICT_JSON, ToolCall
+from radixcache.runtime.tools.messages import JSON_CHECK, STRICT_JSON, ToolCall
 from radixcache.runtime.tools.specs import ToolSpec
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -322,9 +322,10 @@ class ToolCallParser:
 
 
 def json_object(text: str) -> bool:
-    """`text` is a JSON object as RFC 8259 has it (not NaN nor Infinity, which Python's json.loads reads)."""
+    """`text` is a JSON object as RFC 8259 has it (not NaN nor Infinity, which Python's json.loads reads; integers of
+    any length, which int() refuses past 4,300 digits); one nested deeper than Python's decoder reaches is not."""
     try:
-        return isinstance(STRICT_JSON.decode(text), dict)
+        return isinstance(JSON_CHECK.decode(text), dict)
     except (ValueError, RecursionError):
         return False
 
@@ -334,7 +335,8 @@ def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:
     calls or one call, each {"name", "arguments" | "parameters"} (arguments an object or its text), after Mistral's
     `[TOOL_CALLS]` where it is written; else None.
     Model output: nesting too deep to decode is not a call, nor is a name that is not a string, nor arguments
-    holding NaN or Infinity (not JSON)."""
+    holding NaN or Infinity (not JSON), nor arguments JSON cannot write back (an integer past int()'s 4,300 digits, a
+    number past the doubles, which json.dumps writes as Infinity)."""
     body = text.strip()
     if body.startswith(MISTRAL_CALLS):
         body = body[len(MISTRAL_CALLS) :].lstrip()
@@ -357,7 +359,10 @@ def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:
                 return None
         if not isinstance(args, dict):
             return None
-        out.append((item["name"], json.dumps(args, ensure_ascii=False)))
+        try:  # re-serialised: a number past the doubles (1e999) would be written Infinity, which is no JSON
+            out.append((item["name"], json.dumps(args, ensure_ascii=False, allow_nan=False)))
+        except (ValueError, RecursionError):
+            return None
     return out or None
 
 
