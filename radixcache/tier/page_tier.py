@@ -82,7 +82,9 @@ class PageTier:
 
     def store(self, page_hash: bytes, older_than: bytes | None = None) -> tuple[int, bool] | None:
         """A slot for `page_hash`: (slot, True) for a new page, whose data the caller must write now; (slot, False)
-        when it is already stored (refreshed). None when every slot is locked (the page is not stored).
+        when it is already stored (refreshed). None when every slot is locked (the page is not stored), and when
+        `older_than` is given and not stored, for a stored page too: the run has a gap there, so neither this page
+        nor any after it in the run can be found (a lookup stops at the gap), and a caller storing a run stops.
 
         The page becomes the most recently used, or with `older_than` (the run's page before it, when a run arrives
         over several commits) just older than that page (if it is locked: the newest, as it will be at its unlock),
@@ -93,8 +95,10 @@ class PageTier:
         lru = self._lru
         anchor = older_than if older_than is not None and older_than != page_hash and older_than in lru else None
         slot = self._slot.get(page_hash)
+        if slot is not None and older_than is not None and older_than != page_hash and older_than not in self._slot:
+            return None  # after a gap: neither is refreshed, and the caller stops (the pages after it are unreadable)
         if slot is not None:
-            if page_hash in lru and (older_than is None or older_than in self._slot):
+            if page_hash in lru:
                 lru.move(page_hash, anchor)
             return slot, False
         if anchor is None and older_than is not None and older_than not in self._locks:

@@ -10,10 +10,12 @@ import random
 
 import pytest
 
+from radixcache import RadixCache
 from radixcache.runtime import Engine
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from radixcache.tier import page_tier
 from radixcache.tier.page_tier import PageTier
+from radixcache.tier.tiered_cache import TieredCache
 from tests.runtime.conftest import h
 
 P = 4
@@ -59,10 +61,12 @@ class Naive:
 
     def put(self, page: bytes, parent: bytes | None) -> bool:
         if page in self.order:
+            if parent is not None and parent not in self.order:
+                return False  # after a gap: unreadable, and so are the pages after it
             if parent is None:
                 self.order.remove(page)
                 self.order.append(page)
-            elif parent in self.order:
+            else:
                 self.order.remove(page)
                 self.order.insert(self.order.index(parent), page)
             return True
@@ -111,6 +115,54 @@ def test_the_order_at_the_host_tiers_limit_matches_a_naive_reference(seed: int) 
         assert list(tier._lru) == naive.order
         tier.check_invariants()
     assert refused and tier.stats.evicted  # the limit took pages, and a page was refused
+
+
+def test_a_commit_stops_at_a_gap_even_where_the_tier_holds_the_page_after_it() -> None:
+    """Run a, b, c stored, then a evicted (b and c are unreadable: a lookup stops at a). A request that recomputed
+    the run commits b, c, d after a (which is on its device, not in the host): b and c were refreshed and d copied
+    in, a page past the gap that no lookup can reach, taking a slot a readable page could have had."""
+    tier, copied = PageTier(8), list[list[int]]()
+    tiered = TieredCache(RadixCache(16, P), host=tier, copy_to_host=lambda blocks, slots: copied.append(blocks))
+    a, b, c, d = (h(i) for i in range(4))
+    tiered.adopted([a, b, c], [0, 1, 2], list(range(3 * P)))
+    assert tier.discard(a)  # evicted, or its copy failed
+    tiered.adopted([b, c, d], [5, 6, 7], list(range(P, 4 * P)), parent=a)
+    assert copied == [[0, 1, 2]] and d not in tier  # d was copied past the gap
+    assert tier.count_prefix([a, b, c, d]) == 0
+    tier.check_invariants()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_recommitted_spans_after_a_gap_match_the_naive_reference(seed: int) -> None:
+    """Commits of spans the tier may partly hold already (another request's pages over a prefix that was evicted in
+    part), head first as TieredCache.adopted stores them, stopping at the first refused page: the pages kept and
+    their order are the plain list's, and no page the tier holds follows a gap in its run, unless its parent is
+    one stored before the parent was evicted."""
+    tier, naive = PageTier(10), Naive(10)
+    rng = random.Random(100 + seed)
+    runs = [[h(1000 * r + i) for i in range(10)] for r in range(6)]
+    refused = 0
+    for _ in range(300):
+        run = runs[rng.randrange(len(runs))]
+        if rng.random() < 0.7:  # a commit of run[i:j] after run[i - 1]
+            i = rng.randrange(len(run))
+            for k in range(i, min(len(run), i + rng.randint(1, 4))):
+                parent = run[k - 1] if k else None
+                stored = tier.store(run[k], parent) is not None
+                assert stored == naive.put(run[k], parent)
+                if not stored:
+                    refused += 1
+                    break
+        else:  # a lookup from the head, or a page dropped (a failed copy)
+            found = tier.count_prefix(run)
+            naive.refresh(run[:found])
+            victim = rng.choice(run)
+            if rng.random() < 0.3 and victim in tier:
+                tier.discard(victim)
+                naive.order.remove(victim)
+        assert list(tier._lru) == naive.order
+        tier.check_invariants()
+    assert refused
 
 
 def test_a_request_that_finishes_is_the_newest_run_in_both_tiers(model: RandomModel, tmp_path) -> None:
