@@ -111,7 +111,7 @@ class Scheduler:
         far. Returns False if it had already left."""
         if not self._remove(req):
             return False
-        self.kv.abort(req.kv)
+        self.kv.abort(req.kv, req.all_ids)  # its run is refreshed in the tiers (hashed off the loop)
         req.finish_reason = reason
         self._leave(req)
         return True
@@ -391,7 +391,7 @@ class Scheduler:
         """End `req` with `exc`, in any state: free what it holds, drop its lock (kv.abort). A request that already
         left keeps its place in `finished` and takes the error."""
         self._remove(req)
-        self.kv.abort(req.kv)
+        self.kv.abort(req.kv, req.all_ids)  # its run is refreshed in the tiers (hashed off the loop)
         req.error = exc
         self._leave(req)
 

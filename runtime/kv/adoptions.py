@@ -42,9 +42,10 @@ class Adoptions:
         tiers once (O(run) a request, as its admission's refresh). Each page it added was placed by its run's last
         use before, its admission (kv.tier.coordinator `adopted`), so a long generation's pages were older than every
         run used since it began, and a tier busy with newer pages evicted them as they were written. Hashed off the
-        loop where the chain lacks them (PageChain.deferred). `tokens` None (a cancel, which has none at hand): the
-        pages the chain has hashed of them, its head (every page it committed). An error is logged, never raised nor
-        kept: a refresh fails no request (a cancel's would have failed the next request's commit)."""
+        loop where the chain lacks them (PageChain.deferred), a cancel's too (KVManager.abort). `tokens` None (a caller
+        without them): only the pages the chain has hashed, its head; a prompt the device held whole is not hashed
+        at admission, nor a page another request committed first. An error is logged, never raised nor kept: a
+        refresh fails no request (a cancel's would have failed the next request's commit)."""
         chain = kv.page_chain
         if self.tiers is None or chain is None or pages <= 0:
             return

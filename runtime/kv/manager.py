@@ -349,16 +349,16 @@ class KVManager:
         kv.status = Status.WAITING
         self._adoptions.raise_fault()
 
-    def abort(self, kv: KVState, *, status: Status = Status.ABORTED) -> None:
-        """Free every block the request holds and drop its lock. Safe to call in any state. Pages it already
-        committed stay in the tree (their KV is complete: a pass that failed committed nothing)."""
+    def abort(self, kv: KVState, tokens: Sequence[int] | None = None, *, status: Status = Status.ABORTED) -> None:
+        """Free every block the request holds and drop its lock, in any state. Pages it committed stay in the tree (a
+        failed pass committed nothing), refreshed in the tiers as at `release` (hashed from `tokens`, its ids)."""
         if self.tiers is not None:  # a prefetch still reading: stop it, unlock the host pages it held
             self.tiers.cancel_prefetch(kv.rid)
         if kv.pending_load is not None:  # its blocks are freed below: the copy left is dropped
             kv.pending_load.drop()
             kv.pending_load = None
         if kv.status is Status.RUNNING:
-            self._adoptions.finished(kv, None, kv.tree_blocks)  # a cancel ends its use too, as `release`
+            self._adoptions.finished(kv, tokens, kv.tree_blocks)  # a cancel ends its use too, as `release`
             held = kv.held_blocks
             del kv.block_table[kv.tree_blocks :]
             if held:

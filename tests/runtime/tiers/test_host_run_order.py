@@ -222,3 +222,39 @@ def test_a_cancelled_request_is_the_newest_run_in_both_tiers(model: RandomModel,
         assert order[-1] == a[0] and all(order.index(x) < order.index(y) for x in b for y in a)
         disk = engine.tiers.disk._index.order()
         assert disk[-1] == a[0] and all(disk.index(x) < disk.index(y) for x in b for y in a)
+
+
+def test_a_request_cancelled_before_its_first_new_page_is_the_newest_run_in_both_tiers(
+    model: RandomModel, tmp_path
+) -> None:
+    """A cancel refreshed only the pages whose hashes its chain held: a prompt the device holds whole is not hashed
+    at admission (the refresh is deferred), and its commits add no page before the decode fills one, so a request
+    cancelled then refreshed nothing, and its run stayed older than a request admitted and finished meanwhile,
+    where a finished one is refreshed whole (A admitted, C admitted and finished, A cancelled)."""
+    rng = random.Random(23)
+    vocab = model.config.vocab_size
+    prompt, other = ([rng.randrange(1, vocab) for _ in range(3 * P)] for _ in range(2))
+    host_bytes = 400 * P * model.config.kv_bytes_per_token(4)
+    kwargs = {"capacity_blocks": 400, "page_size": P, "host_kv_memory": host_bytes, "cache_dir": tmp_path}
+    with Engine(model, **kwargs) as engine:
+        engine.generate(prompt, 1)  # the device holds the whole prompt now
+        assert engine._loop.wait_idle(30)
+        a = engine._request(prompt, 10 * P, ignore_eos=True)
+        engine.scheduler.add(a)
+        engine.scheduler.step()  # admitted, its last token computed
+        c = engine._request(other, 2, ignore_eos=True)
+        engine.scheduler.add(c)
+        for _ in range(20):
+            if c.finish_reason is not None:
+                break
+            engine.scheduler.step()
+        assert c.finish_reason is not None and a in engine.scheduler.decoding and len(a.output_ids) < P
+        assert engine.scheduler.abort(a) and a.finish_reason == "cancelled"
+        assert engine.flush(30)
+        run = engine.tiers.chain(None).upto(prompt, 3)
+        others = engine.tiers.chain(None).upto([*other, *c.output_ids], (len(other) + 1) // P)
+        host = engine.tiers.host
+        host.settle()
+        for order in (list(host._lru), engine.tiers.disk._index.order()):
+            assert order[-len(run) :] == run[::-1]  # the cancelled run is the newest, its head last
+            assert all(order.index(x) < order.index(run[-1]) for x in others)
