@@ -22,9 +22,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from radixcache.page_hash import namespace_key
-from radixcache.runtime.cluster.calls import own_calls, render_messages
+from radixcache.runtime.cluster.calls import own_calls
 from radixcache.runtime.cluster.cluster import ReplicaCluster
-from radixcache.runtime.cluster.fanout import read_wait
+from radixcache.runtime.cluster.front_calls import ReplicaCalls
 from radixcache.runtime.cluster.handles import CallAdmission, FrontQueue, RemoteHandle, RemoteRequest, SeenTimes
 from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.cluster.resend import check_resend
@@ -32,7 +32,7 @@ from radixcache.runtime.cluster.stream_wait import end_by, next_item
 from radixcache.runtime.cluster.tally import Baseline, Counters, _add, replica_rows  # noqa: F401 (_add: its tests)
 from radixcache.runtime.engine.errors import EngineClosedError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, each_options, resolve_options
-from radixcache.runtime.engine.request_builder import group_prompts, is_messages, token_ids
+from radixcache.runtime.engine.request_builder import group_prompts, token_ids
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
 from radixcache.runtime.tools import ToolCallMemory, tool_template_features
 from radixcache.runtime.tools.use import CallIds
@@ -42,7 +42,7 @@ from radixcache.runtime.tools.use import CallIds
 ADMISSION_GRACE_S = 0.25
 
 
-class ClusterEngine:
+class ClusterEngine(ReplicaCalls):
     """An Engine-shaped front door over `cluster` (runtime.cluster.cluster.ReplicaCluster) for the server and the
     replay: it satisfies runtime.engine.protocol.GenerationEngine, and takes the same RequestOptions (or their
     keywords); a request's `session` and `namespace` choose its replica, the rest goes to the replica's engine.
@@ -185,77 +185,6 @@ class ClusterEngine:
             handle.cancel()
             raise
 
-    def unpin(self, prompt: Sequence[int] | str | Sequence[dict[str, Any]] | None = None, **kwargs: Any) -> int:
-        """Release pins (`pin=` on a request) on every replica: those of `prompt` (in `namespace`), every pin of a
-        `namespace` given alone, or every pin, as Engine.unpin does; how many were released in all. It takes what
-        Engine.unpin takes: text, ids, or chat messages with the `tools=` (or `options=`) of the pinning request,
-        rendered here as the server renders a chat (with this front door's memory of the calls the model wrote, whose
-        ids the history carries; a replica's own memory knows them by other ids). A pinned request ran on one
-        replica, which the front door does not remember, so each is asked."""
-        opts = resolve_options(
-            kwargs.pop("max_new_tokens", None), kwargs.pop("options", None), kwargs, "ClusterEngine.unpin"
-        )
-        if is_messages(prompt):
-            prompt = render_messages(self.tokenizer, self.tool_memory, prompt, opts)  # type: ignore[arg-type]
-        ids = None if prompt is None else self._prompt_ids(prompt, opts)
-        everywhere = "namespace" not in kwargs and opts.namespace is None  # unpin(): every namespace's, as Engine's
-        released = self.cluster.replica_call("unpin", ids, opts.namespace, everywhere)
-        if not released:  # as check and flush: "none pinned" would be a guess
-            raise ReplicaUnavailableError("no live replica answered the unpin (every replica is dead)")
-        return sum(released)
-
-    def flush(self, timeout: float | None = 30.0) -> bool:
-        """Each replica's queued disk writes (with --cache-dir) finish; False if one has not within `timeout`."""
-        try:
-            return all(self._each_within("flush", wait_bound(timeout)))  # a bad bound refused here, as Engine's
-        except ReplicaUnavailableError:  # still writing (or stuck) past the bound: Engine.flush's False
-            return False
-
-    def _each_within(self, method: str, bound: float | None) -> list[Any]:
-        """`method(bound)` on every live replica at once, all answered within `bound` seconds (None: call_timeout):
-        one that has not is a ReplicaUnavailableError (503); one found dead leaves the routing set; none left to
-        answer is a ReplicaUnavailableError too (a check of no replica said "ok", where a dead engine's is a 503)."""
-        cluster = self.cluster
-        wait = cluster.call_timeout if bound is None else bound
-        deadline = time.monotonic() + wait
-        out = []
-        for replica, ref in [(r, cluster.control(r, method).remote(bound)) for r in cluster.alive]:
-            try:
-                out.append(cluster.ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
-            except (*cluster.actor_errors, cluster.ray.exceptions.RayTaskError) as exc:
-                if not cluster.actor_died(replica, exc):  # a dead engine leaves the routing set, as a dead actor
-                    raise
-            except cluster.ray.exceptions.GetTimeoutError:
-                raise ReplicaUnavailableError(
-                    f"engine replica {replica} did not answer {method} within {wait} s"
-                ) from None
-        if not out:
-            raise ReplicaUnavailableError("no live engine replica")
-        return out
-
-    def warm_up(self, prompt: Sequence[int], max_new_tokens: int, *, namespace: Any = None) -> None:
-        """`prompt` on every live replica at once, sent to each directly: the router neither counts nor routes it, so
-        each replica's one-off start-up costs land here, not on the first measured request routed to it (the replay's
-        warm-up; a namespace of its own keeps its pages from matching any measured prompt). All are awaited
-        `call_timeout` in all: past it the unanswered ones are cancelled there and it is a ReplicaUnavailableError."""
-        cluster = self.cluster
-        call, name = {"namespace": namespace}, f"{self._rid_prefix}-warm"
-        refs = [(r, cluster.actor(r).generate.remote(list(prompt), max_new_tokens, call, name)) for r in cluster.alive]
-        deadline = time.monotonic() + cluster.call_timeout
-        for i, (replica, ref) in enumerate(refs):
-            try:
-                cluster.ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
-            except (*cluster.actor_errors, cluster.ray.exceptions.RayTaskError) as exc:
-                if not cluster.actor_died(replica, exc):  # a dead replica (or engine) leaves the routing set
-                    raise
-            except cluster.ray.exceptions.GetTimeoutError:  # Ray's own error reached the replay, its request ran on
-                for r, _ in refs[i:]:  # those before it have answered
-                    cluster.control(r, "cancel").remote(name)
-                raise ReplicaUnavailableError(
-                    f"engine replica {replica} did not answer the warm-up within {cluster.call_timeout} s"
-                ) from None
-        self._baseline = Baseline.take(cluster, tuple(cluster.page_keys(prompt, namespace)))
-
     def record_trace(self, path: Any) -> None:
         """Recording a trace needs one engine (each replica sees only its share): refused, unless stopping one."""
         if path is not None:
@@ -351,24 +280,6 @@ class ClusterEngine:
             self.cluster.control(replica, "cancel").remote(handle.rid)
 
     # ------------------------------------------------------------------ server upkeep
-
-    @property
-    def stats(self) -> Any:
-        """The replicas' EngineStats summed (gauges too: the live replicas' pages, running and waiting); counters
-        keep what replicas that died or restarted had counted (runtime.cluster.tally.Counters)."""
-        return self._counters.total(self.cluster.each("counted_stats", wait=read_wait(self.cluster)))
-
-    def per_replica(self) -> list[dict[str, Any]]:
-        """Each live replica's share of the measured run (since the replay's warm-up, runtime.cluster.tally): requests
-        routed to it, its prompt and cached tokens, its indexed pages."""
-        return replica_rows(self.cluster, self._baseline)
-
-    def check(self, timeout: float | None = 30.0) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for part in self._each_within("check", wait_bound(timeout)):  # a bad bound: ValueError, as Engine.check's
-            for k, v in part.items():
-                out[k] = out.get(k, 0) + v
-        return out
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no request sent through this front door is in flight (False on timeout), as Engine.wait_idle:
