@@ -54,7 +54,10 @@ if TYPE_CHECKING:  # the options module imports torch; this one is imported befo
 log = logging.getLogger("radixcache.cluster")
 
 
-POLL_WAIT_S = 5.0  # the most the poller waits for one replica's events in a round (a request's sync: call_timeout)
+POLL_WAIT_S = 5.0  # the most the poller waits for one replica's events in a round
+# The most a finished request waits for its replica's events (`done`) before its caller gets the result it holds: the
+# sync only spares the next turn a poll interval, and a replica that froze after its last item answers no pull.
+SYNC_WAIT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +197,7 @@ class ReplicaCluster(Membership):
             time.monotonic()
         )  # its timeout counts from here, on a re-send too (the replica is told the seconds spent)
         end_at = end_by(took, opts.timeout)  # its replica ends it at its timeout; a frozen one does not
+        answer_by = None if opts.timeout is None else took + opts.timeout  # its sync waits not past its timeout
         tried: set[int] = set()
         while True:
             replica, rid = self.dispatch(request, tried)
@@ -224,7 +228,7 @@ class ReplicaCluster(Membership):
                 self.control(replica, "cancel").remote(name)
                 raise
             finally:
-                self.done(replica, rid, computed=computed)  # no sync with a replica that does not answer
+                self.done(replica, rid, computed=computed, by=answer_by)  # no sync with a replica that does not answer
 
     def dispatch(self, request: RouteRequest, tried: set[int]) -> tuple[int, int]:
         """Choose a live replica not in `tried` and count the request's load on it: (replica, load id)."""
@@ -240,16 +244,20 @@ class ReplicaCluster(Membership):
             self._routed[replica] += 1
         return replica, rid
 
-    def done(self, replica: int, rid: int, computed: bool = True) -> None:
+    def done(self, replica: int, rid: int, computed: bool = True, by: float | None = None) -> None:
         """The request `rid` left `replica` (finished, failed or cancelled). The replica's events are pulled first,
         so the pages it just computed are in the index before its in-flight record goes: the conversation's next
         turn, sent the moment this one returns, finds them (the poller alone would leave a gap of up to one
         interval). A request that `computed` nothing (refused, timed out in the queue) skips that round trip: under
         a starved CPU, 69 queue timeouts each waiting for a sync behind the others' took 6 to 10 s to fail. So does
         one whose replica stopped answering (`computed=False`): a sync would wait call_timeout again, behind the
-        poller's and the other requests' (a frozen replica's k-th request failed after (k + 1) call_timeouts)."""
+        poller's and the other requests' (a frozen replica's k-th request failed after (k + 1) call_timeouts).
+        The sync waits at most SYNC_WAIT_S (or call_timeout if shorter), and not past `by` (time.monotonic(): the
+        request's timeout): a replica that froze after sending a result held that result from its caller for
+        call_timeout (600 s), past the request's timeout; the poller catches the index up once it answers."""
         if computed and replica in self._alive:
-            self.sync(replica)
+            wait = SYNC_WAIT_S if by is None else max(0.0, min(SYNC_WAIT_S, by - time.monotonic()))
+            self.sync(replica, wait)
         with self._lock:
             self.loads.finished(replica, rid)
 

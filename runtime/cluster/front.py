@@ -207,6 +207,7 @@ class ClusterEngine(ReplicaCalls):
             request = cluster.route_request(prompt, options.max_new_tokens, options.namespace, options.session)
             options = options.updated(session=None)  # the session chose the replica; its engine never sees it
             end_at = end_by(handle.sent_at, options.timeout)  # past it, the front door ends it (stream_wait)
+            answer_by = None if options.timeout is None else handle.sent_at + options.timeout  # its sync's bound
             result = None
             while result is None:
                 replica, rid = cluster.dispatch(request, tried)
@@ -260,7 +261,7 @@ class ClusterEngine(ReplicaCalls):
                     raise
                 finally:  # before the caller sees the result: the next turn it sends must find this one's pages
                     computed = result is not None or bool(req.output_ids) or seen.admitted is not None
-                    cluster.done(replica, rid, computed=computed and not stalled)
+                    cluster.done(replica, rid, computed=computed and not stalled, by=answer_by)
             handle.future.set_result(seen.applied(result, handle.sent_at))
         except BaseException as exc:
             if not handle.future.done():

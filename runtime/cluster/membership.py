@@ -100,11 +100,19 @@ class Membership:
 
     def sync(self, replica: int, wait: float | None = None) -> None:
         """Bring `replica`'s index up to date now (its new batches, or a resync), or see whether a dead replica is
-        back, waiting at most `wait` seconds for its answers (None: call_timeout). One caller per replica at a time
-        (a per-replica lock), so batches are applied once, in order."""
+        back, waiting at most `wait` seconds in all (None: call_timeout). One caller per replica at a time (a
+        per-replica lock), so batches are applied once, in order; one that cannot take the lock within `wait`
+        (others' syncs of a frozen replica hold it, each in turn) leaves the sync to them and the poller."""
         wait = self._bound(wait)
-        with self._sync_locks[replica]:
-            self._answer(replica, self._ask(replica), wait, wait)
+        deadline = time.monotonic() + wait
+        lock = self._sync_locks[replica]
+        if not lock.acquire(timeout=wait):
+            return
+        try:
+            left = max(0.0, deadline - time.monotonic())
+            self._answer(replica, self._ask(replica), left, left, deadline)
+        finally:
+            lock.release()
 
     def _bound(self, wait: float | None) -> float:
         return self.call_timeout if wait is None else min(wait, self.call_timeout)
@@ -119,10 +127,13 @@ class Membership:
             return True, self.control(replica, "events_since").remote(last)
         return False, self.control(replica, "info").remote()
 
-    def _answer(self, replica: int, ask: tuple[bool, Any], wait: float, resync_wait: float) -> None:
+    def _answer(
+        self, replica: int, ask: tuple[bool, Any], wait: float, resync_wait: float, by: float | None = None
+    ) -> None:
         """Apply `replica`'s answer to `_ask`, awaited at most `wait` seconds (a dead replica's: at most 1 s); a
         resync's snapshot, asked only now, is awaited `resync_wait` (a round's frozen replica may have spent the
-        round's `wait`: the others' answers, asked at its start, are in, but a snapshot would get no time at all)."""
+        round's `wait`: the others' answers, asked at its start, are in, but a snapshot would get no time at all),
+        and not past `by` (time.monotonic(), a sync's end)."""
         alive, ref = ask
         ray = self.ray
         try:
@@ -141,7 +152,7 @@ class Membership:
             with self._lock:
                 if replica not in self._alive or all(self.index.apply(b) for b in batches):
                     return
-        self._resync(replica, resync_wait)
+        self._resync(replica, resync_wait if by is None else max(0.0, min(resync_wait, by - time.monotonic())))
 
     def _rejoin(self, replica: int, incarnation: str) -> None:
         """A restarted replica joins again with an empty index (its cache is empty; its events start from 1)."""
