@@ -4,7 +4,8 @@ the like, each answer under the replica that gave it.
 Every replica is asked at once and all answers are awaited within one bound: asked one after another, N frozen
 replicas (alive, answering nothing) held the caller N x call_timeout. A read (`stats`, for /metrics) waits at most
 READ_WAIT_S: a live replica answers it at once (from its control threads), and a frozen one held each scrape for
-call_timeout (600 s); past the bound the replicas that have not answered are named in a ReplicaUnavailableError.
+call_timeout (600 s); past the bound the replicas that have not answered are named in a ReplicaUnavailableError, or,
+for /metrics (`gather`), reported down beside the others' answers.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ class ReplicaCluster(Protocol):
     def actor_died(self, replica: int, exc: BaseException) -> bool: ...
 
 
-READ_WAIT_S = 10.0  # the most a read of every replica's stats waits (Prometheus's scrape timeout is 10 s by default)
+# The most a read of every replica's stats waits: under Prometheus's default scrape timeout (10 s), so a scrape with a
+# frozen replica still gets its answer, the others' figures (runtime.cluster.front_calls.ReplicaCalls.stats).
+READ_WAIT_S = 5.0
 
 
 def read_wait(cluster: ReplicaCluster) -> float:
@@ -43,6 +46,17 @@ def ask_each(cluster: ReplicaCluster, method: str, *args: Any, wait: float | Non
     engine died is dropped (`actor_died`) as a request would find it: an idle one would draw none to find it, and
     fail every call. All answers are awaited within `wait` seconds in all (None: call_timeout); the replicas that
     have not answered by then are a ReplicaUnavailableError (503: alive but not answering, as a request's)."""
+    out, silent = gather(cluster, method, *args, wait=wait)
+    if silent:
+        raise silent_error(cluster, silent, method, wait)
+    return out
+
+
+def gather(
+    cluster: ReplicaCluster, method: str, *args: Any, wait: float | None = None
+) -> tuple[dict[int, Any], list[int]]:
+    """`ask_each`'s answers, and the live replicas that had not answered within `wait` (None: call_timeout), instead
+    of its error: a read that goes on without them (/metrics shows them down, with the others' figures)."""
     ray = cluster.ray
     bound = cluster.call_timeout if wait is None else wait
     deadline = time.monotonic() + bound
@@ -56,7 +70,14 @@ def ask_each(cluster: ReplicaCluster, method: str, *args: Any, wait: float | Non
                 raise
         except ray.exceptions.GetTimeoutError:
             silent.append(replica)
-    if silent:
-        names = ", ".join(map(str, silent))
-        raise ReplicaUnavailableError(f"engine replica {names} did not answer {method} within {bound} s")
-    return out
+    return out, silent
+
+
+def silent_error(
+    cluster: ReplicaCluster, silent: list[int], method: str, wait: float | None
+) -> ReplicaUnavailableError:
+    """The 503 that names the replicas that did not answer `method` within `wait` (None: call_timeout)."""
+    bound = cluster.call_timeout if wait is None else wait
+    return ReplicaUnavailableError(
+        f"engine replica {', '.join(map(str, silent))} did not answer {method} within {bound} s"
+    )

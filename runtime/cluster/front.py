@@ -81,6 +81,7 @@ class ClusterEngine(ReplicaCalls):
         self._idle = threading.Condition()
         self._baseline = Baseline()  # each replica's stats after the replay's warm-up: per_replica counts from there
         self._counters = Counters()  # `stats`' counters: never back when a replica dies or restarts
+        self._replica_up: dict[int, bool] = {}  # each replica: whether it answered the last `stats` read
 
     # ------------------------------------------------------------------ requests
 

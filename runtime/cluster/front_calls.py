@@ -11,7 +11,7 @@ from typing import Any
 
 from radixcache.runtime.cluster.calls import render_messages
 from radixcache.runtime.cluster.cluster import ReplicaCluster
-from radixcache.runtime.cluster.fanout import read_wait
+from radixcache.runtime.cluster.fanout import gather, read_wait, silent_error
 from radixcache.runtime.cluster.tally import Baseline, Counters, replica_rows
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, resolve_options
@@ -29,6 +29,7 @@ class ReplicaCalls:
     _rid_prefix: str
     _baseline: Baseline
     _counters: Counters
+    _replica_up: dict[int, bool]  # each replica: whether it answered the last stats read
 
     _prompt_ids: Callable[[Any, RequestOptions], list[int]]  # ClusterEngine's
 
@@ -106,8 +107,24 @@ class ReplicaCalls:
     @property
     def stats(self) -> Any:
         """The replicas' EngineStats summed (gauges too: the live replicas' pages, running and waiting); counters
-        keep what replicas that died or restarted had counted (runtime.cluster.tally.Counters)."""
-        return self._counters.total(self.cluster.each("counted_stats", wait=read_wait(self.cluster)))
+        keep what replicas that died or restarted had counted (runtime.cluster.tally.Counters). A replica that does
+        not answer within runtime.cluster.fanout.read_wait (frozen: alive, answering nothing) is left out, its
+        counters kept at their last reading, and shown down in `replica_up`: /metrics answers with the others'
+        figures (it was a 503 for as long as one replica was frozen). None answering is a ReplicaUnavailableError."""
+        cluster = self.cluster
+        wait = read_wait(cluster)
+        answers, silent = gather(cluster, "counted_stats", wait=wait)
+        self._replica_up = {r: r in answers for r in range(cluster.stats().replicas)}
+        if silent and not answers:  # none to report: a 503 naming them
+            raise silent_error(cluster, silent, "counted_stats", wait)
+        return self._counters.total(answers)
+
+    @property
+    def replica_up(self) -> dict[int, bool]:
+        """Whether each replica answered the last `stats` read (/metrics' radixcache_replica_up): one dead, or alive
+        and frozen (not answering within its bound), is down; `stats` left it out of the gauges, and its counters
+        stay at their last reading (counters never go back)."""
+        return dict(self._replica_up)
 
     def per_replica(self) -> list[dict[str, Any]]:
         """Each live replica's share of the measured run (since the replay's warm-up, runtime.cluster.tally): requests

@@ -249,6 +249,12 @@ class ServerMetrics:
         out: list[str] = []
         for name, kind, help, value in rows:
             out += [f"# HELP {name} {help}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
+        up = getattr(engine, "replica_up", None)  # replicas (runtime.cluster.front): each one's, as `stats` read them
+        if up:
+            name = "radixcache_replica_up"
+            out += [f"# HELP {name} Whether the engine replica answered this scrape (0: dead, or alive and frozen)."]
+            out += [f"# TYPE {name} gauge"]
+            out += [f'{name}{{model="{model_name}",replica="{r}"}} {int(v)}' for r, v in sorted(up.items())]
         out += self._tier_lines(s.tiers, model_name)
         out += self.ttft.lines() + self.tpot.lines() + self._namespace_lines()
         return "\n".join(out) + "\n"
