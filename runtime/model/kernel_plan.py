@@ -14,17 +14,16 @@ never a crash. Where the folder cannot be written the plan is used for this run 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import math
 import os
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from radixcache.runtime import atomic_file
 from radixcache.runtime.model.linear import PATHS
 
 log = logging.getLogger("radixcache.kernels")
@@ -210,21 +209,19 @@ def read_plan(key: dict[str, Any]) -> KernelPlan | None:
 
 
 def write_plan(plan: KernelPlan) -> str | None:
-    """Write `plan` to its file (atomically: a reader sees the old file or the new one); the path, or None where
-    the folder cannot be written (a warning says so and the plan serves this run only)."""
+    """Write `plan` to its file, whole (radixcache.runtime.atomic_file: synced, then renamed onto it, so a reader or
+    a start after a crash sees the old file or the new one); the path, or None where the folder cannot be written (a
+    warning says so and the plan serves this run only)."""
     try:
         path = plan_file(plan.key)
     except OSError as exc:  # no folder to write in
         log.warning("kernel plan not cached (%s); it serves this run only", exc)
         return None
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(plan.to_json(), indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_file.write_bytes(path, json.dumps(plan.to_json(), indent=1, sort_keys=True).encode("utf-8"))
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        log.warning("kernel plan not cached (%s cannot be written: %s); it serves this run only", path, exc)
+        reason = exc.strerror or exc
+        log.warning("kernel plan not cached (%s cannot be written: %s); it serves this run only", path, reason)
         return None
     return str(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -348,3 +349,34 @@ def test_a_plans_display_field_past_a_floats_range_is_left_out(kernel_home: Path
     got = choose_kernels(model, "auto", 1)
     assert got.source == "cache" and got.seconds == 0.0 and got.load_average is None
     assert got.timings_us == ({shape: {1: {"mm_t": 12.5}}} if field == "timing" else {})
+
+
+def test_a_measured_plan_is_synced_before_it_replaces_the_file(
+    kernel_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan was renamed over its file unsynced: after a power cut the file could be empty, a damaged plan
+    measured again at every start until rewritten, and a start killed mid-write left `.plan-*.json.<hex>.tmp` for
+    good. The new file is fsynced while the path still holds the old one, then the folder, and a dead writer's
+    leftover goes with the next write."""
+    model = _model()
+    path = plan_file(_key(model))
+    path.parent.mkdir(parents=True)
+    path.write_text("{}")  # foreign: measured again and replaced
+    leftover = path.parent / f".{path.name}.4194399-0123abcd.partial"  # no process has pid 4194399
+    leftover.write_text('{"half": ')
+    real_fsync = os.fsync
+    synced: list[tuple[int, str]] = []  # (the descriptor's inode, what the plan's path held then)
+
+    def watching(fd: int) -> None:
+        synced.append((os.fstat(fd).st_ino, path.read_text()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", watching)
+    plan = choose_kernels(model, "auto", 1)
+    assert plan.source == "measured" and plan.path == str(path) and read_plan(_key(model)) is not None
+    mine = {path.stat().st_ino, kernel_home.stat().st_ino}
+    assert [s for s in synced if s[0] in mine] == [
+        (path.stat().st_ino, "{}"),
+        (kernel_home.stat().st_ino, path.read_text()),
+    ]
+    assert [p.name for p in kernel_home.iterdir()] == [path.name]
