@@ -7,7 +7,8 @@ modified less than two seconds before it is hashed is not cached (its mtime's gr
 edit: git's "racily clean" rule). Entries live as small JSON files, one per identity, in `$RADIXCACHE_DIGEST_CACHE`,
 else `~/.cache/radixcache/digests`; where neither can be written, digests are computed and not cached. A missing,
 unreadable or garbled entry is recomputed. The folder keeps at most MAX_ENTRIES entries: a new one past that deletes
-the oldest (by mtime) down to half, and only files named as entries are. Plain `os` and `hashlib` only.
+the oldest (by mtime) down to half, and only files named as entries are. An entry is written whole and synced
+(radixcache.runtime.atomic_file). Plain `os` and `hashlib` only.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import time
 from pathlib import Path
+
+from radixcache.runtime import atomic_file
 
 _CHUNK = 8 << 20  # bytes hashed per read
 _RACY_SECONDS = 2.0
@@ -109,13 +111,8 @@ def _prune(folder: str) -> None:
 
 
 def _write_entry(entry: str, value: dict) -> None:
-    """Write atomically (a temporary file renamed into place); a failure only means no cache entry."""
-    tmp = f"{entry}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
-    try:
+    """Write whole (radixcache.runtime.atomic_file: a kill or a crash leaves the earlier entry or the new one, and a
+    killed writer's staging file goes with the next write of the entry); a failure only means no cache entry."""
+    with contextlib.suppress(OSError):
         os.makedirs(os.path.dirname(entry), exist_ok=True)
-        with open(tmp, "x", encoding="utf-8", errors="surrogateescape") as f:
-            json.dump(value, f)
-        os.replace(tmp, entry)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        atomic_file.write_bytes(entry, json.dumps(value).encode("ascii"))  # ASCII: surrogates come out escaped

@@ -103,6 +103,36 @@ def test_the_digest_cache_stays_bounded_and_keeps_other_files(tmp_path: Path, di
     assert newest.hashed == 0  # the newest entries are the ones kept
 
 
+def test_a_digest_entry_is_synced_and_a_killed_writers_leftover_goes(
+    tmp_path: Path, digest_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry was written beside itself as `<key>.json.<pid>-<hex>.tmp` and renamed unsynced; a start killed
+    mid-write left that file in the cache folder for good (the pruning only counts and removes entries). Now the
+    entry is fsynced before its rename and the folder after, and a dead writer's staging file of the entry goes
+    with its next write."""
+    path = tmp_path / "weights.safetensors"
+    path.write_bytes(b"w" * 1000)
+    os.utime(path, (OLD, OLD))
+    first = DigestCache(str(digest_cache))
+    first.content_digest(str(path))
+    (entry,) = digest_cache.iterdir()
+    entry.write_text("{not json")  # damaged: recomputed and written again
+    leftover = digest_cache / f".{entry.name}.4194399-0123abcd.partial"  # no process has pid 4194399
+    leftover.write_text('{"ver')
+    real_fsync = os.fsync
+    synced: list[tuple[int, str]] = []  # (the descriptor's inode, what the entry held then)
+
+    def watching(fd: int) -> None:
+        synced.append((os.fstat(fd).st_ino, entry.read_text()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", watching)
+    again = DigestCache(str(digest_cache))
+    assert again.content_digest(str(path)) == first.content_digest(str(path)) and again.hashed == 1
+    assert synced == [(entry.stat().st_ino, "{not json"), (digest_cache.stat().st_ino, entry.read_text())]
+    assert [p.name for p in digest_cache.iterdir()] == [entry.name]
+
+
 def _write_checkpoint(directory: Path, vocab: int) -> Path:
     """The tiny checkpoint of the CLI tests, with a vocabulary large enough that the file spans many samples."""
     import torch
