@@ -121,7 +121,9 @@ class OutputProcessor:
         params = req.sampler.params
         if token is None:
             token = req.sampler.sample(logits, req.prompt_ids, req.output_ids)
+        complete = True  # the output before `token` (a stop string may cut it there)
         if req.grammar is not None:  # a token the mask did not allow raises GrammarError: this request fails
+            complete = req.grammar.is_complete()
             req.grammar.accept(token)
         if req.keep_logits:
             req.logits.append(logits.detach().float().cpu())
@@ -130,28 +132,38 @@ class OutputProcessor:
         req.output_ids.append(token)
         if req.t_first_token is None:
             req.t_first_token = time.perf_counter()
-        if token in stop_token_set(params, self.eos_token_ids):
-            req.finish_reason = "stop"
-        elif params.stop and (cut := self._find_stop(req, token)) is not None:
+        if token in stop_token_set(params, self.eos_token_ids) and (req.grammar is None or req.grammar.is_complete()):
+            req.finish_reason = "stop"  # under a grammar, only where its output is complete (a stop token it names
+            # as its text mid-sentence, a Lark grammar's <|im_end|>, is text)
+        elif params.stop and (cut := self._find_stop(req, token, complete)) is not None:
             req.finish_reason, req.stop_at = "stop", cut
         elif req.grammar is not None and req.grammar.is_finished():  # only a stop token could follow
             req.finish_reason = "stop"
         elif len(req.output_ids) >= params.max_new_tokens or req.num_tokens >= self.max_position:
             req.finish_reason = "length"
 
-    def _find_stop(self, req: Request, token: int) -> int | None:
+    def _find_stop(self, req: Request, token: int, complete: bool) -> int | None:
         """Where the earliest stop string starts in the output's text, searching only the text `token` added and the
         longest stop's length before it (no stop ended earlier). Decoding the whole output at every token made a
-        long reply with stop strings quadratic, on the engine's loop."""
+        long reply with stop strings quadratic, on the engine's loop. Under a grammar, only a stop string that
+        starts where the output was complete (`complete`: before `token`) ends it: one inside a JSON value cut it
+        short, and finish_reason "stop" said it was whole; there it is the output's text."""
         if req.stop_text is None:
             req.stop_text = self.detokenizer(req.prompt_ids, self.kept(req))
+        if req.grammar is not None and complete:
+            req.stop_cuts.append(req.stop_text.length)
         added = req.stop_text.add(token)
         if not added:  # nothing new, or a character still incomplete
             return None
         # the output's text so far (a prefix of text(req.output_ids)), read only at its end
-        start = max(0, req.stop_text.length - len(added) - max(map(len, req.sampler.params.stop)) + 1)
-        hit = find_stop(req.stop_text.since(start), req.sampler.params.stop)
-        return None if hit is None else start + hit
+        stops = req.sampler.params.stop
+        start = max(0, req.stop_text.length - len(added) - max(map(len, stops)) + 1)
+        text = req.stop_text.since(start)
+        if req.grammar is None:
+            hit = find_stop(text, stops)
+            return None if hit is None else start + hit
+        req.stop_cuts = [c for c in req.stop_cuts if c >= start]  # the older ones are out of every later window
+        return next((c for c in req.stop_cuts if any(text.startswith(s, c - start) for s in stops)), None)
 
     def text(self, ids: Sequence[int], keep: frozenset[int] = frozenset()) -> str:
         """The text of `ids` without special tokens, but those in `keep` (`kept`)."""
@@ -214,6 +226,7 @@ class OutputProcessor:
             pinned_tokens=req.pinned_tokens,
             logprobs=tuple(req.logprobs) if req.sampler.params.logprobs is not None else None,
             lease=req.kv.lease or (NO_LEASE if req.kv.retain_for is not None else None),
+            stop_at=req.stop_at,
         )
         use = req.tool_use
         if use is None or not use.parses_calls or req.call_ids is None or req.error is not None:
@@ -238,9 +251,10 @@ class OutputProcessor:
 
     def _ends_with_stop_token(self, req: Request) -> bool:
         """The last output token is the stop token that ended the request (not shown in the text); a grammar
-        that finished stops on its last text token."""
+        that finished stops on its last text token, which is shown even when it is one of the request's
+        `stop_token_ids` (the closing `}` the grammar required: without it the output would be no JSON)."""
         if req.finish_reason != "stop" or req.stop_at is not None or not req.output_ids:
             return False
         if req.grammar is None or req.grammar.is_terminated():
             return True
-        return req.output_ids[-1] in stop_token_set(req.sampler.params, self.eos_token_ids)
+        return req.output_ids[-1] in req.grammar.vocab.stop_ids  # an EOS the grammar names as its text

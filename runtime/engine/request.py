@@ -56,6 +56,9 @@ class GenerationResult:
     tool_calls: the calls parsed out of the output of a chat given `tools=` (runtime.tools.ToolCall: id, name,
     arguments JSON text); then finish_reason is "tool_calls" and `text` is the output outside the calls. Empty
     otherwise.
+    stop_at: where a stop string cut the output's text (before tool calls were parsed out of it: their format's
+    special tokens shown), None when none did. Under a grammar that is not the first place a stop string appears:
+    only one where the output was complete ends it (runtime.engine.output).
     """
 
     text: str
@@ -75,6 +78,7 @@ class GenerationResult:
     logprobs: tuple[TokenLogprob, ...] | None = None
     lease: LeaseGrant | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    stop_at: int | None = None
 
     @property
     def decode_tps(self) -> float:
@@ -108,6 +112,8 @@ class Request:
     finish_reason: str | None = None
     stop_at: int | None = None  # cut the text here (a stop string was found)
     stop_text: IncrementalDetokenizer | None = field(default=None, repr=False)  # the output's text, with stop strings
+    # under a grammar: where in that text its output was complete (a stop string may cut it there only)
+    stop_cuts: list[int] = field(default_factory=list, repr=False)
     logits: list[torch.Tensor] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output id when params.logprobs is set
     t_arrival: float = field(default_factory=time.perf_counter)

@@ -77,7 +77,8 @@ class RequestBuilder:
                 f"pinning {pin_tokens} tokens exceeds the pinned share of the pool ({self.max_pinned_blocks} pages)"
             )
         spec = request_grammar(options, self.tool_features)
-        grammar = None if spec is None else self.grammars.state(spec, options.namespace)  # compiled here, off the loop
+        # compiled here, off the loop
+        grammar = None if spec is None else self.grammars.state(spec, options.namespace, params.stop_token_ids)
         use = options.tool_use
         timeout = options.timeout
         return Request(

@@ -60,9 +60,10 @@ class EngineGrammars:
                 self._compiler = GrammarCompiler(vocab, self.max_entries)
             return self._compiler
 
-    def state(self, spec: GrammarSpec, namespace: Hashable = None) -> GrammarState:
-        """A fresh matcher for one request (compiled once per distinct spec and cache namespace)."""
-        return GrammarState(self.compiler.compile(spec, namespace))
+    def state(self, spec: GrammarSpec, namespace: Hashable = None, stop_token_ids: Sequence[int] = ()) -> GrammarState:
+        """A fresh matcher for one request (compiled once per distinct spec and cache namespace); the request's own
+        `stop_token_ids` end its output only where the grammar is complete, as EOS does."""
+        return GrammarState(self.compiler.compile(spec, namespace), stop_token_ids)
 
 
 class Masker:

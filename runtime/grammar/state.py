@@ -3,10 +3,15 @@
 The mask is one bit per token id in int32 words (bit `i % 32` of word `i // 32`), the layout `masks.py` applies to
 logits. While the grammar is incomplete no stop token is allowed (but where the grammar names one as its text);
 once it may end, every stop token is allowed (the grammar's own continuations too, e.g. more digits); once it can
-only end, only the stop tokens are.
+only end, only the stop tokens are. The stop tokens are the vocabulary's (the model's EOS ids) and the request's own
+`stop_token_ids`: an ordinary token among those (say `,`) is cleared from the mask while the grammar is incomplete,
+unless the grammar's next text can be written with no other token (then it stays, and `accept` refuses it unless it
+completes the grammar: the output could neither stop there nor go on without it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import llguidance
 import numpy as np
@@ -31,13 +36,18 @@ _ROW_LIMIT = "Current row has"  # llguidance's parser past its items in one row 
 class GrammarState:
     """The matcher of one request. Not thread-safe: one request's tokens are handled by one thread."""
 
-    def __init__(self, compiled: CompiledGrammar) -> None:
+    def __init__(self, compiled: CompiledGrammar, stop_token_ids: Sequence[int] = ()) -> None:
+        """`stop_token_ids`: the request's own stop tokens, beside the vocabulary's (ids past its width ignored)."""
         self.compiled = compiled
         self.vocab = compiled.vocab
         self._matcher = compiled.new_matcher()
         if (failure := self.error()) is not None:
             raise GrammarError(failure, compiled.spec.path)
-        self._stops = np.asarray(self.vocab.stop_ids, dtype=np.int64)
+        extra = [int(t) for t in stop_token_ids if 0 <= int(t) < self.vocab.vocab_size]
+        self.stop_ids = tuple(dict.fromkeys([*self.vocab.stop_ids, *extra]))
+        self._stops = np.asarray(self.stop_ids, dtype=np.int64)
+        # the request's stop tokens the matcher may take as text: cleared while the grammar is incomplete
+        self._text_stops = np.asarray([t for t in self.stop_ids if t not in self.vocab.stop_ids], dtype=np.int64)
         self._ended = False  # a stop token was accepted
         self.n_accepted = 0
 
@@ -71,6 +81,11 @@ class GrammarState:
         Lark grammar's `<|im_end|>`), and clearing that one would leave nothing allowed."""
         if self._matcher.is_accepting():
             _set_bits(out, self._stops, True)
+        elif len(self._text_stops):
+            kept = out.copy()
+            _set_bits(out, self._text_stops, False)
+            if not out.any():  # the grammar's next text is a stop token alone: it stays (`accept` refuses it)
+                out[:] = kept
 
     @property
     def matcher(self) -> llguidance.LLMatcher:
@@ -79,7 +94,7 @@ class GrammarState:
     def accept(self, token_id: int) -> None:
         """Advance past `token_id`. Raises `GrammarError` for a token the mask did not allow."""
         token_id = int(token_id)
-        if token_id in self.vocab.stop_ids and not self._ended:
+        if token_id in self.stop_ids and not self._ended:
             if self._matcher.is_accepting():
                 self._ended = True
                 self.n_accepted += 1
@@ -90,6 +105,12 @@ class GrammarState:
             # the matcher's own failure, where it has one, is the cause (a lexer past its limits: "a{1000000}")
             raise GrammarError(self.error() or f"token {token_id} is not allowed here", self.compiled.spec.path)
         self.n_accepted += 1
+        if token_id in self._text_stops and not self._matcher.is_accepting():  # the grammar's text, mid-output
+            raise GrammarError(
+                f"token {token_id} is a stop token of this request, and the only token the grammar allows at output "
+                f"token {self.n_accepted - 1}: the output cannot be completed without writing it",
+                "stop_token_ids",
+            )
 
     def _names(self, stop_id: int) -> bool:
         """Whether the grammar names the stop token `stop_id` as its next text (the mask allows it unfinished)."""

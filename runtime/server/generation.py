@@ -189,7 +189,7 @@ def _visible_end(output: IncrementalDetokenizer, stop: Sequence[str], sent: int)
     since = max(0, sent - max((len(s) for s in stop), default=0))
     end = output.since(since)
     cuts = [i for i in (end.find(s) for s in stop) if i >= 0]
-    if cuts:  # the engine will end the request here; its result's text is cut at the same place
+    if cuts:  # the engine ends the request here (under a grammar, maybe later: the rest then comes with the result)
         return since + min(cuts)
     return held_back_length(output.length, stop)
 
@@ -273,11 +273,10 @@ def _decoder(engine: GenerationEngine, keep: frozenset[int] = frozenset()) -> Ca
 def _raw_text(
     engine: GenerationEngine, job: Job, prompt: Sequence[int], result: GenerationResult, hidden: set[int]
 ) -> str:
-    """The whole text a result's tokens show after `prompt`, before tool calls were parsed out of it (cut at a stop
-    string)."""
+    """The whole text a result's tokens show after `prompt`, before tool calls were parsed out of it (cut where the
+    engine's stop string cut it: under a grammar, not the first place one appears, which may be inside a call)."""
     text = text_after(_decoder(engine, job.call_tokens), prompt, [t for t in result.token_ids if t not in hidden])
-    cuts = [i for i in (text.find(s) for s in job.options.sampling.stop) if i >= 0]
-    return text[: min(cuts)] if cuts else text
+    return text if result.stop_at is None else text[: result.stop_at]
 
 
 def ends_in_text(engine: GenerationEngine, job: Job, result: GenerationResult) -> bool:

@@ -1,7 +1,8 @@
 """A Responses reply cut by max_output_tokens after its call's arguments closed (in the closing `</tool_call>` tag
 here): the call was made, so its item is complete, in the whole answer and in the stream's final output alike (the
-whole answer marked it incomplete); a reply cut inside the arguments keeps the call incomplete in both, and so does
-a stop string that cuts them (the response completed; the call was marked complete, its arguments no JSON). A named
+whole answer marked it incomplete); a reply cut inside the arguments keeps the call incomplete in both. A stop
+string inside them cut them too (the call marked incomplete in a completed response); under the named choice's
+grammar it no longer cuts them (a stop string ends a grammar's output only where it is complete). A named
 tool_choice on the tiny Hermes checkpoint writes one exact text, whose byte tokens cut it anywhere."""
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def test_a_call_cut_after_its_arguments_closed_is_complete_whole_and_streamed(cl
         assert _items(streamed) == _items(whole["output"]), limit
 
 
-def test_a_call_a_stop_string_cut_is_incomplete_in_a_completed_response(client) -> None:
+def test_a_stop_string_inside_a_required_call_does_not_cut_it(client) -> None:
     whole, streamed = _both(client, 200, stop=["}}"])  # inside `{"name": "now", "arguments": {}}`
-    assert whole["status"] == "completed" and _items(whole["output"]) == [("function_call", "incomplete", "now", "{")]
+    assert whole["status"] == "completed" and _items(whole["output"]) == [("function_call", "completed", "now", "{}")]
     assert _items(streamed) == _items(whole["output"])

@@ -94,9 +94,25 @@ def test_a_stream_concatenates_to_the_whole_reply_with_logprobs(tools_client) ->
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
 
 
-def test_a_stop_string_ends_a_constrained_reply_where_it_appears(tools_client) -> None:
-    r = _chat(tools_client, "stop", extra_body={"regex": "abc,def,ghi"}, stop=[",g"], temperature=0)
-    assert r.choices[0].message.content == "abc,def" and r.choices[0].finish_reason == "stop"
+@pytest.mark.parametrize(
+    ("regex", "stop", "want"),
+    [
+        ("abc,def,ghi", ",g", "abc,def,ghi"),  # "abc,def" is no sentence: it was cut there, with finish "stop"
+        ("abc(,def)?", ",d", "abc"),  # "abc" is one (EOS biased away: the model must go on)
+        (r'\{"a": "x,[a-z]{4}"\}', ",", None),  # a JSON-like sentence is complete only at its end
+    ],
+)
+def test_a_stop_string_ends_a_constrained_reply_only_where_it_is_complete(
+    tools_client, regex: str, stop: str, want: str | None
+) -> None:
+    kw: dict[str, Any] = {"extra_body": {"regex": regex}, "stop": [stop], "temperature": 1.0, "seed": 5}
+    kw["logit_bias"] = {"256": -100}
+    r = _chat(tools_client, "stop", **kw)
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop" and re.fullmatch(regex, text), text
+    assert want is None or text == want
+    chunks = list(_chat(tools_client, "stop", stream=True, **kw))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
 
 
 def test_the_same_seed_gives_the_same_constrained_reply(tools_client) -> None:

@@ -245,20 +245,19 @@ def test_a_replayed_call_whose_content_was_edited_renders_that_content(engine: E
     assert raw is not None and replayed.startswith(engine._builder.render(ASK, _tool_use()) + raw)
 
 
-def test_a_stop_string_inside_a_call_ends_with_stop_not_tool_calls(engine: Engine) -> None:
-    """A stop string matched inside a call's arguments: the result said finish_reason "tool_calls" with arguments
-    cut short (not JSON), so a client ran a call it could not read. The call is still shown, as at "length", and a
-    session keeps it as written."""
+def test_a_stop_string_inside_a_required_call_does_not_cut_it(engine: Engine) -> None:
+    """A stop string matched inside a call's arguments cut them short (not JSON) with finish_reason "stop", though a
+    named tool_choice runs under the calls' grammar, whose output "stop" should mean whole. A stop string ends a
+    grammar's output only where it is complete: the call's arguments are whole JSON, and a session keeps it."""
     named = {"type": "function", "function": {"name": "get_weather"}}
     kw: dict[str, Any] = {"tools": TOOLS, "tool_choice": named, "parallel_tool_calls": False, "stop": ['"unit"']}
     r = engine.chat(ASK, 200, **kw)
     assert r.tool_calls and r.tool_calls[0].name == "get_weather", r
-    with pytest.raises(json.JSONDecodeError):
-        json.loads(r.tool_calls[0].arguments)
-    assert r.finish_reason == "stop"
+    check_calls(r, {"get_weather"})  # its arguments hold "unit": the stop string was written, not obeyed
     s = engine.session(**kw, max_new_tokens=200)
     r = s.send(ASK[1]["content"])
-    assert r.finish_reason == "stop" and s.messages[-1]["tool_calls"] == [c.to_openai() for c in r.tool_calls]
+    check_calls(r, {"get_weather"})
+    assert r.finish_reason == "tool_calls" and s.messages[-1]["tool_calls"] == [c.to_openai() for c in r.tool_calls]
 
 
 def test_a_turn_that_gives_new_tools_keeps_the_sessions_tool_choice(engine: Engine) -> None:
