@@ -72,7 +72,7 @@ class PageTier:
         """Refresh the recency of the stored, unlocked pages among `hashes` (not a hit), the first last: a run of
         pages is found from its head, so LRU eviction must take its later pages first (a tail without its head is
         never found again)."""
-        self._lru.to_newest(reversed(hashes))
+        self._lru.run_to_newest(hashes)
 
     def slots(self, hashes: Iterable[bytes]) -> list[int]:
         """The slots of stored pages (KeyError for a missing one)."""
@@ -92,22 +92,28 @@ class PageTier:
         a run keeps the recency of its last use). A new page is not stored (None) when `older_than` is not stored (a
         run is found from its head: the page would follow a gap), or is the least recently used page of a full
         tier (the new page would be the first to go, and would take its parent's place)."""
+        # The order's membership is read off `_slot` and `_locks` (C dict lookups: the LRU holds exactly the stored,
+        # unlocked pages), and each change of the order is one call: this runs for every page a tier takes.
+        stored, locks = self._slot, self._locks
+        slot = stored.get(page_hash)
+        anchor = None
+        if older_than is not None and older_than != page_hash:
+            if older_than not in stored:
+                return None  # after a gap (for a stored page too): a lookup stops there, and the caller stops
+            if older_than not in locks:
+                anchor = older_than
+        elif older_than is not None and slot is None:
+            return None  # its own parent: not stored, so a gap
         lru = self._lru
-        anchor = older_than if older_than is not None and older_than != page_hash and older_than in lru else None
-        slot = self._slot.get(page_hash)
-        if slot is not None and older_than is not None and older_than != page_hash and older_than not in self._slot:
-            return None  # after a gap: neither is refreshed, and the caller stops (the pages after it are unreadable)
         if slot is not None:
-            if page_hash in lru:
+            if page_hash not in locks:
                 lru.move(page_hash, anchor)
             return slot, False
-        if anchor is None and older_than is not None and older_than not in self._locks:
-            return None
         if not self._free and self._fresh == self.capacity:
-            if not lru or (anchor is not None and lru.oldest() == anchor):
+            victim = lru.pop_oldest_unless(anchor)  # not the parent: the new page would go first, in its place
+            if victim is None:
                 return None
-            victim = lru.pop_oldest()
-            victim_slot = self._slot.pop(victim)
+            victim_slot = stored.pop(victim)
             self._evicted += 1
             if self.on_evict is not None:
                 self.on_evict(victim, victim_slot)
@@ -116,7 +122,7 @@ class PageTier:
             slot = self._free.pop()
         else:
             slot, self._fresh = self._fresh, self._fresh + 1
-        self._slot[page_hash] = slot
+        stored[page_hash] = slot
         lru.insert(page_hash, anchor)
         self._stored += 1
         return slot, True
