@@ -25,7 +25,7 @@ def test_a_generate_on_a_frozen_replica_fails_at_its_timeout(monkeypatch: pytest
     names, never = freeze_generate(frozen)
     synced: list[int] = []
     sync = cluster.sync
-    monkeypatch.setattr(cluster, "sync", lambda replica: synced.append(replica) or sync(replica))
+    monkeypatch.setattr(cluster, "sync", lambda replica, *wait: synced.append(replica) or sync(replica, *wait))
     try:
         with pytest.raises(ReplicaUnavailableError, match="did not end request"):
             cluster.generate([1, 2, 3], 2, timeout=0.1)  # round robin: replica 0
