@@ -8,7 +8,9 @@ or a second death, it fails with ReplicaUnavailableError (HTTP 503, or an error 
 sent cannot be taken back. A request never waits on a dead replica: Ray fails the stream's next item at once. Nor
 on a live one that stops sending: each item of the stream is awaited at most the cluster's `call_timeout` seconds;
 past it the request is cancelled on the replica, its load released, and it fails with ReplicaUnavailableError (the
-replica stays in the routing set: it is alive, only slow or stuck).
+replica stays in the routing set: it is alive, only slow or stuck). Its `timeout` counts from when the front door
+took it, held here too (runtime.cluster.stream_wait.TimeoutCut): a replica counts it from when its call starts
+there, after any wait in Ray's queue for an actor thread.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,11 +31,13 @@ from radixcache.runtime.cluster.front_calls import ReplicaCalls
 from radixcache.runtime.cluster.handles import CallAdmission, FrontQueue, RemoteHandle, RemoteRequest, SeenTimes
 from radixcache.runtime.cluster.limits import check_model_limits
 from radixcache.runtime.cluster.resend import check_resend
-from radixcache.runtime.cluster.stream_wait import end_by, next_item
+from radixcache.runtime.cluster.stream_wait import NotStarted, TimeoutCut, end_by, next_item
 from radixcache.runtime.cluster.tally import Baseline, Counters, _add, replica_rows  # noqa: F401 (_add: its tests)
 from radixcache.runtime.engine.errors import EngineClosedError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, each_options, resolve_options
+from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.engine.request_builder import group_prompts, token_ids
+from radixcache.runtime.kv.leases import NO_LEASE
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
 from radixcache.runtime.tools import ToolCallMemory, tool_template_features
 from radixcache.runtime.tools.use import CallIds
@@ -209,6 +214,7 @@ class ClusterEngine(ReplicaCalls):
             options = options.updated(session=None)  # the session chose the replica; its engine never sees it
             end_at = end_by(handle.sent_at, options.timeout)  # past it, the front door ends it (stream_wait)
             answer_by = None if options.timeout is None else handle.sent_at + options.timeout  # its sync's bound
+            cut = TimeoutCut(handle.sent_at, options.timeout)  # the timeout, held here too (a wait in Ray's queue)
             result = None
             while result is None:
                 replica, rid = cluster.dispatch(request, tried)
@@ -217,6 +223,7 @@ class ClusterEngine(ReplicaCalls):
                 started = stalled = False
                 admitted = queue_timeout is None  # the admission deadline: only with a queue timeout
                 seen = SeenTimes()  # this replica's admission, first token and end, on this front door's clock
+                cut.sent()
                 try:
                     streaming = cluster.actor(replica).stream.options(num_returns="streaming")
                     now = time.monotonic()  # durations, each side on its own clock (runtime.cluster.replica)
@@ -225,9 +232,10 @@ class ClusterEngine(ReplicaCalls):
                     if handle.cancelled:  # cancelled before `replica` was set: `_cancel` could not name it
                         cluster.control(replica, "cancel").remote(req.rid)
                     while result is None:  # the last item is ("done", result): never wait past it
-                        kind, value, extra = ray.get(next_item(cluster, stream, replica, req.rid, admit_by, end_at))
+                        item = next_item(cluster, stream, replica, req.rid, admit_by, end_at, cut)
+                        kind, value, extra = ray.get(item)
                         if not started:  # its admission (or an end before it): no longer queued
-                            started = True
+                            started = cut.started = True
                             self.queue.mark(req.rid, False)
                         seen.saw(kind)
                         if kind == "admitted":
@@ -260,9 +268,14 @@ class ClusterEngine(ReplicaCalls):
                 except ReplicaUnavailableError:  # its replica sent nothing for call_timeout: no sync with it either
                     stalled = True
                     raise
+                except NotStarted:  # its timeout passed before its replica sent anything: cancelled there, nothing done
+                    stalled = True
+                    result = timed_out(prompt, options)
                 finally:  # before the caller sees the result: the next turn it sends must find this one's pages
                     computed = result is not None or bool(req.output_ids) or seen.admitted is not None
                     cluster.done(replica, rid, computed=computed and not stalled, by=answer_by)
+            if cut.fired and result.finish_reason == "cancelled" and not handle.cancelled:  # cut for its timeout
+                result = replace(result, finish_reason="timeout")
             handle.future.set_result(seen.applied(result, handle.sent_at))
         except BaseException as exc:
             if not handle.future.done():
@@ -313,3 +326,20 @@ class ClusterEngine(ReplicaCalls):
         finally:
             cluster.close()
         return idle
+
+
+def timed_out(prompt: list[int], options: RequestOptions) -> GenerationResult:
+    """What one engine returns for a request whose `timeout` passed before it was admitted: nothing generated,
+    finish_reason "timeout" (its times are the front door's: SeenTimes.applied)."""
+    return GenerationResult(
+        text="",
+        token_ids=(),
+        prompt_tokens=len(prompt),
+        cached_tokens=0,
+        prefill_tokens=0,
+        ttft_s=0.0,
+        latency_s=0.0,
+        finish_reason="timeout",
+        logprobs=None if options.sampling.logprobs is None else (),
+        lease=None if options.retain_for is None else NO_LEASE,
+    )

@@ -1,0 +1,104 @@
+"""A request's `timeout` covers its wait in Ray's queue. A replica's actor runs at most max_concurrency calls at once;
+past those a stream waits in Ray's queue, and the replica counted the request's timeout from when its call started
+there (less the seconds spent before the send), so that wait was not in it: a request that waited there past its
+whole timeout failed 10 s later with a 503 (the front door's grace for a replica that ends nothing), and one that
+started there late ran on past its timeout by as long as it had waited. The front door holds the timeout itself
+now (runtime.cluster.stream_wait.TimeoutCut): past it (and a 0.25 s grace for the replica's own end) it cancels the
+request there and reports "timeout", with what was generated; one that had not started ends at once with nothing.
+
+Real replica engines in-process (tests/cluster/inproc_ray.py), one replica's stream call held back as Ray's queue
+holds it; and stand-in replicas (tests/cluster/stand_in.py) whose stream ends only when cancelled (a replica whose
+own deadline is later than the front door's, as after a wait in Ray's queue)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.inproc_front import inproc_front
+from tests.cluster.stand_in import FakeStream, install, result_for
+
+ENGINE = {"capacity_blocks": 64, "page_size": 4, "dtype": "float64"}
+HANG_BOUND_S = 30  # a bound on a hang, never reached when the fix holds
+
+
+def test_a_request_whose_timeout_passes_in_ray_s_queue_ends_with_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    with inproc_front(monkeypatch, 1, "round_robin", ENGINE) as front:
+        ray = sys.modules["ray"]
+        replica = ray.actors[0].obj
+        stream, gate = replica.stream, threading.Event()
+
+        def queued(*args: Any) -> Any:  # the call waits for an actor thread (Ray's queue) until the gate opens
+            gate.wait(HANG_BOUND_S)
+            return stream(*args)
+
+        replica.stream = queued
+        try:
+            result = front.generate([5, 6, 7, 8], 4, timeout=0.3, ignore_eos=True)
+        finally:
+            gate.set()
+        assert (result.finish_reason, result.token_ids, result.prompt_tokens) == ("timeout", (), 4)
+        assert result.latency_s >= 0.3  # its times are the front door's: it waited its whole timeout
+        assert front.wait_idle(HANG_BOUND_S)
+        # the call ran once Ray's queue let it: cancelled on arrival (the front door's cancel was remembered there)
+        deadline = time.monotonic() + HANG_BOUND_S
+        while replica.engine.stats.requests < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = replica.engine.stats
+        assert (stats.requests, stats.generated_tokens, stats.running) == (1, 0, 0)
+        replica.stream = stream
+        assert front.generate([5, 6, 7, 8], 4, timeout=30, ignore_eos=True).finish_reason == "length"  # serves on
+        assert front.cluster.loads.in_flight() == 0
+
+
+def _cancel_ends_it(actor: Any) -> None:
+    """`actor`'s streams send their admission and one token, then nothing until cancelled: the cancel ends them
+    "cancelled" with that token (the replica's own deadline, counted from a late start, has not come)."""
+    streams: dict[str, tuple[FakeStream, list[int]]] = {}
+
+    def stream(rid: str, prompt: list[int], options: Any, *_: Any) -> FakeStream:
+        s = FakeStream([("admitted", None, None), ("tokens", [prompt[-1]], [None])])
+        streams[rid] = (s, list(prompt))
+        actor.streams.append(rid)
+        return s
+
+    def cancel(rid: str) -> bool:
+        actor.cancels.append(rid)
+        s, prompt = streams[rid]
+        s._queue.put(("done", result_for(prompt, [prompt[-1]], "cancelled"), None))
+        return True
+
+    actor._stream, actor._cancel = stream, cancel
+
+
+def test_a_request_running_past_its_timeout_is_cut_by_the_front_door(
+    monkeypatch: pytest.MonkeyPatch, tiny_dir: Path
+) -> None:
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    cluster = ReplicaCluster("fake", 1, router="round_robin", poll_interval=None, call_timeout=600)
+    engine = ClusterEngine(cluster, str(tiny_dir))
+    try:
+        actor = cluster.actor(0)
+        _cancel_ends_it(actor)
+        handle = engine.submit([5, 6, 7], 8, timeout=0.3)
+        result = handle.result(HANG_BOUND_S)
+        assert (result.finish_reason, result.token_ids) == ("timeout", (7,))  # what it generated, as one engine's
+        assert actor.cancels == [handle.rid]
+        # a caller's own cancel stays "cancelled"
+        handle = engine.submit([5, 6, 9], 8, timeout=HANG_BOUND_S)
+        deadline = time.monotonic() + HANG_BOUND_S
+        while handle.rid not in actor.streams and time.monotonic() < deadline:
+            time.sleep(0.01)
+        handle.cancel()
+        assert handle.result(HANG_BOUND_S).finish_reason == "cancelled"
+        assert cluster.loads.in_flight() == 0
+    finally:
+        engine.close()
