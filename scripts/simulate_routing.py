@@ -257,7 +257,10 @@ def main(
     where = "Ray actors" if use_ray else "worker processes" if workers > 1 else "worker (this process)"
     click.echo(f"{len(cells)} routed replays on {workers} {where}", err=True)
     runner = RoutingCellRunner(list(traces), page_size, block_size, costs, seed)
-    rows = collect(run(cells, runner, workers, use_ray), len(cells))
+    try:  # a cell's trace that cannot be read, or a rate too small for its length, fails in the replay
+        rows = collect(run(cells, runner, workers, use_ray), len(cells))
+    except RadixCacheError as exc:
+        raise click.ClickException(str(exc)) from None
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out_dir / "routing.csv")

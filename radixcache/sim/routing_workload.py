@@ -10,10 +10,14 @@ from dataclasses import dataclass
 
 from radixcache.errors import RadixCacheError
 from radixcache.sim.source import TraceSource
+from radixcache.trace.fields import MAX_TIMESTAMP_MS
 from radixcache.trace.formats import iter_trace
 from radixcache.trace.workload import SimRequest, Workload, load_workload
 
 ARRIVALS = ("poisson", "even")
+#: the latest arrival, in seconds, a rate may give: a trace's latest timestamp (radixcache.trace.fields), so that
+#: an arrival plus the service of every request queued behind it stays a finite time
+MAX_ARRIVAL_S = MAX_TIMESTAMP_MS / 1000
 
 
 #: a request with the real tokens it decodes
@@ -92,4 +96,9 @@ def arrival_times(
     t = 0.0
     for i, (request, out) in enumerate(requests):
         t = t + rng.expovariate(rate) if arrivals == "poisson" else i / rate
+        if not t <= MAX_ARRIVAL_S:  # a finite mean gap still sums past the doubles: arrivals at inf, TTFTs NaN
+            raise RadixCacheError(
+                f"rate {rate!r} requests/s is too small for this trace: request {i} would arrive at {t:g} s, past "
+                f"{MAX_ARRIVAL_S:.4g} s (a trace's latest timestamp)"
+            )
         yield t, request, out

@@ -137,6 +137,23 @@ def test_the_sweep_refuses_a_rate_with_no_finite_arrival_gap(tmp_path: Path, rat
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_cell_that_fails_in_its_replay_is_an_error_naming_it(tmp_path: Path, workers: str) -> None:
+    """Regression: a cell's error raised in its replay (an empty trace file, a rate whose arrivals sum past the
+    largest double) was a RadixCacheError traceback, exit 1, here or from a worker process; it is one line naming
+    the file:line or the request, and no table is written. (Before the arrivals were checked, the rate's cells ran
+    with NaN TTFTs, and the plot failed with matplotlib's ValueError traceback.)"""
+    main = load_script("simulate_routing.py").main
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    base = ["--replicas", "1,2", "--router", "round_robin", "--capacity-blocks", "10", "--workers", workers]
+    result = CliRunner().invoke(main, [str(empty), *base, "--out", str(tmp_path / "a")])
+    assert_refused(result, f"{empty}:1: empty file")
+    args = [str(tiny_chat(tmp_path)), *base, "--rate-per-replica", "1e-307", "--out", str(tmp_path / "b")]
+    assert_refused(CliRunner().invoke(main, args), "is too small for this trace: request 0 would arrive")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_the_index_benchmark_measures_memory_throughput_and_routes() -> None:
     out = load_script("bench_router_index.py").bench(replicas=4, pages=200, batch=8, rate=10_000, seconds=0.1)
     assert out["index_pages"] == 800 and out["stream_events"] == (1000 // 16) * 16  # whole batches of 8 + 8

@@ -153,6 +153,26 @@ def test_a_rate_whose_mean_gap_overflows_is_refused(arrivals: str) -> None:
     assert [t for t, _, _ in arrival_times(pairs, rate=1e-300, arrivals="even")] == pytest.approx([0, 1e300, 2e300])
 
 
+@pytest.mark.parametrize(("arrivals", "late"), [("poisson", 0), ("even", 1)])
+def test_a_rate_whose_arrivals_sum_past_the_doubles_is_refused_by_the_cli(
+    tmp_path: Path, arrivals: str, late: int
+) -> None:
+    """Regression: --rate 1e-307 has a finite mean gap (1e307 s), so it passed the check, but the arrivals summed past
+    the largest double: every later arrival was at inf, its TTFT inf - inf, and the table printed TTFT p50, p99 and
+    mean as nan (the JSON as null) with exit 0. The replay stops at the first arrival past a trace's latest
+    timestamp, naming the request and the rate."""
+    trace = tmp_path / "t.jsonl"
+    write_mooncake(trace, [HashRequest(i, 100, 2, (i,)) for i in range(30)])
+    args = ["simulate", str(trace), "--capacity-blocks", "4", "--replicas", "2", "--rate", "1e-307"]
+    result = CliRunner().invoke(main, [*args, "--arrivals", arrivals])
+    out = assert_refused(result, "rate 1e-307 requests/s is too small for this trace", f"request {late} would arrive")
+    assert "nan" not in out
+    fine = CliRunner().invoke(main, [*args[:-1], "1e-300", "--arrivals", arrivals, "--json"])
+    assert fine.exit_code == 0, fine.output
+    report = json.loads(fine.stdout)
+    assert all(report[k] is not None and report[k] >= 0 for k in ("ttft_p50_s", "ttft_p99_s", "ttft_mean_s"))
+
+
 def test_a_replicas_memory_grows_with_its_cached_pages_not_its_capacity() -> None:
     """Regression: each replica kept a list of `capacity` page keys, one per block id: --capacity-blocks 1e9 with
     --replicas was an internal MemoryError (8 GB a replica) where the plain replay of the same cache takes 40 MB."""
