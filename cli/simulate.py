@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from typing import Any
 
 import click
 from rich.console import Console
 
 from radixcache.cli.errors import FriendlyCommand, debug_option
+from radixcache.cli.piped_trace import readable_trace, shown_name
 from radixcache.cli.progress import progress_bar
 from radixcache.cli.simulate_compare import compare_policies
 from radixcache.cli.simulate_leases import run_leases
@@ -188,8 +190,40 @@ SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and
     "of 8 MiB or more on a machine with two cores or more].",
 )
 @debug_option
-def simulate(
+def simulate(trace: str, **options: Any) -> None:
+    """Replay TRACE through the radix tree at a capacity and eviction policy, without a model.
+
+    Reports the hit rate (tokens and blocks), evicted blocks, the hit rate per time window, and the bounds:
+    an infinite cache, and with --belady the offline optimum. Token traces (JSONL, msgpack) and Mooncake
+    hash-block traces are simulated; text traces need the runtime's tokenizer. The trace is streamed: memory is
+    the cache's, not the trace's (Belady's oracle keeps the pages' next uses). TRACE '-' reads stdin (a pipe is
+    first copied to a temporary file: the replay reads it more than once).
+
+    With --host-capacity-blocks and/or --disk-capacity-blocks the device cache has tiers under it: the hit rate
+    is over all tiers, with the share of each tier, and a modelled TTFT (prefill per token missed, plus a load
+    per page from the host or disk) is reported beside the device alone and no cache. The bounds stay device-only.
+
+    With --replicas N the trace goes through N replicas of --capacity-blocks each (per replica), each a FIFO
+    server, behind --router: the cluster hit rate, the imbalance of busy time, a modelled TTFT with queueing and
+    one row per replica are reported (docs/routing.md).
+
+    \b
+    Example:
+      radixcache simulate ../shared/traces/mooncake_synthetic_trace.jsonl \\
+          --capacity-blocks 8000 --policy lru --belady
+      radixcache simulate ../shared/traces/mooncake_synthetic_trace.jsonl \\
+          --capacity-blocks 8000 --host-capacity-blocks 20000 --disk-capacity-blocks 40000
+      radixcache simulate ../shared/traces/mooncake_synthetic_trace.jsonl \\
+          --capacity-blocks 1000 --replicas 16 --router cache_aware --rate 0.3
+      zcat trace.jsonl.gz | radixcache simulate - --capacity-blocks 8000
+    """
+    with readable_trace(trace) as path:
+        _simulate(path, shown_name(trace), **options)
+
+
+def _simulate(
     trace: str,
+    name: str,
     fmt: str | None,
     policy: str,
     capacity_blocks: int | None,
@@ -223,31 +257,8 @@ def simulate(
     lease_budget: float,
     debug: bool,
 ) -> None:
-    """Replay TRACE through the radix tree at a capacity and eviction policy, without a model.
-
-    Reports the hit rate (tokens and blocks), evicted blocks, the hit rate per time window, and the bounds:
-    an infinite cache, and with --belady the offline optimum. Token traces (JSONL, msgpack) and Mooncake
-    hash-block traces are simulated; text traces need the runtime's tokenizer. The trace is streamed: memory is
-    the cache's, not the trace's (Belady's oracle keeps the pages' next uses).
-
-    With --host-capacity-blocks and/or --disk-capacity-blocks the device cache has tiers under it: the hit rate
-    is over all tiers, with the share of each tier, and a modelled TTFT (prefill per token missed, plus a load
-    per page from the host or disk) is reported beside the device alone and no cache. The bounds stay device-only.
-
-    With --replicas N the trace goes through N replicas of --capacity-blocks each (per replica), each a FIFO
-    server, behind --router: the cluster hit rate, the imbalance of busy time, a modelled TTFT with queueing and
-    one row per replica are reported (docs/routing.md).
-
-    \b
-    Example:
-      radixcache simulate ../shared/traces/mooncake_synthetic_trace.jsonl \\
-          --capacity-blocks 8000 --policy lru --belady
-      radixcache simulate ../shared/traces/mooncake_synthetic_trace.jsonl \\
-          --capacity-blocks 8000 --host-capacity-blocks 20000 --disk-capacity-blocks 40000
-      radixcache simulate ../shared/traces/mooncake_synthetic_trace.jsonl \\
-          --capacity-blocks 1000 --replicas 16 --router cache_aware --rate 0.3
-    """
-    where = trace_capacity(trace, fmt, page_size, block_size, capacity_blocks, capacity_tokens)
+    """`simulate` on the file `trace`, named `name` in its output."""
+    where = trace_capacity(trace, fmt, page_size, block_size, capacity_blocks, capacity_tokens, name)
     try:  # a bad --policies is a usage error (exit 2), with --leases or without, before the trace is read
         names = policy_names(policies_spec) if policies_spec is not None else [policy]
     except RadixCacheError as exc:
@@ -306,7 +317,7 @@ def simulate(
         blocks = where.blocks(workload)
         if policies_spec is not None:
             compare_policies(
-                trace,
+                name,
                 workload,
                 blocks,
                 names,
@@ -345,4 +356,4 @@ def simulate(
     if as_json:
         print_json(report.as_dict())
         return
-    print_report(trace, report)
+    print_report(name, report)

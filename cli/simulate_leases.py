@@ -112,6 +112,6 @@ def run_leases(where: TraceCapacity, policies: list[str], budget: float) -> None
         raise click.BadParameter(f"{budget} is not a fraction in [0, 1]", param_hint="'--lease-budget'")
     try:
         workload = load_workload(where.trace, where.fmt, page_size=where.page_size, block_size=where.block_size)
-        simulate_leases(where.trace, workload, where.blocks(workload), policies, budget, ctx.params["as_json"])
+        simulate_leases(where.shown, workload, where.blocks(workload), policies, budget, ctx.params["as_json"])
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None

@@ -106,4 +106,4 @@ def simulate_routed(
     if as_json:
         print_json(result.as_dict())
     else:
-        print_routing(where.trace, result)
+        print_routing(where.shown, result)

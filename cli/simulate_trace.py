@@ -28,6 +28,11 @@ class TraceCapacity:
     block_size: int
     capacity_blocks: int | None
     capacity_tokens: int | None
+    name: str = ""  # how output names the trace: `<stdin>` for a piped one (cli/piped_trace.py), else `trace`
+
+    @property
+    def shown(self) -> str:
+        return self.name or self.trace
 
     def blocks(self, workload: _Sized) -> int:
         """The capacity in blocks of `workload` (--capacity-tokens over its block size); a usage error below one."""
@@ -44,6 +49,7 @@ def trace_capacity(
     block_size: int,
     capacity_blocks: int | None,
     capacity_tokens: int | None,
+    name: str = "",
 ) -> TraceCapacity:
     """The options as one TraceCapacity, or a usage error: not exactly one of the two sizes, or --block-size given
     for a token trace, whose pages are --page-size (ignored, it left the pages at one token: a cache of
@@ -52,7 +58,8 @@ def trace_capacity(
         raise click.UsageError("give exactly one of --capacity-blocks and --capacity-tokens")
     if os.path.exists(trace) and not os.path.isfile(trace):
         # A pipe (/dev/stdin, <(zcat ...)) is read once: the replay's later passes (the format, its bounds, the
-        # read-ahead) found it empty, and reported 0 requests at a hit rate of 0% without a word.
+        # read-ahead) found it empty, and reported 0 requests at a hit rate of 0% without a word. The command copies
+        # a pipe into a file first (cli/piped_trace.py): this is for a caller that did not.
         message = f"{trace} is not a regular file (a pipe?): the simulator reads it more than once; save it to a file"
         raise click.BadParameter(message, param_hint="'TRACE'")
     explicit = click.get_current_context().get_parameter_source("block_size") is not ParameterSource.DEFAULT
@@ -60,4 +67,4 @@ def trace_capacity(
         raise click.UsageError(
             f"--block-size is for hash-block traces: give a token trace's page as --page-size {block_size}"
         )
-    return TraceCapacity(trace, fmt, page_size, block_size, capacity_blocks, capacity_tokens)
+    return TraceCapacity(trace, fmt, page_size, block_size, capacity_blocks, capacity_tokens, name)

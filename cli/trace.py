@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from radixcache.cli.errors import FriendlyCommand, FriendlyGroup, debug_option
+from radixcache.cli.piped_trace import readable_trace, shown_name
 from radixcache.cli.stdout import is_stdout, through_stdout
 from radixcache.errors import RadixCacheError
 from radixcache.runtime import atomic_file
@@ -36,8 +37,7 @@ from radixcache.trace import (
     write_token_jsonl,
     write_token_msgpack,
 )
-from radixcache.trace.jsonl import BOM
-from radixcache.trace.replay_output import is_replay_json, read_replay_json, replay_stats, starts_replay_json
+from radixcache.trace.replay_output import is_replay_json, read_replay_json, replay_stats
 from radixcache.trace.stats import trace_stats
 from radixcache.trace.synthetic import GENERATORS
 
@@ -83,37 +83,20 @@ def stats(path: str, fmt: str | None, page_size: int, block_size: int, as_json: 
     Example:
       radixcache trace stats chat.jsonl --page-size 16 --json
     """
-    if path == "-":  # stdin, as /dev/stdin: a file named '-' was looked for
-        path = "/dev/stdin"
-    try:
-        raw = _piped(path) if fmt is None else None
-        if raw is not None or (fmt is None and is_replay_json(path)):  # the output of `radixcache replay --json`
-            log = read_replay_json(path, raw)
-            runs = [replay_stats(run) for run in (log, log.no_cache) if run is not None]
-            _print_stats(path, runs if len(runs) > 1 else runs[0], as_json)
-            return
-        loaded = read_trace(path, fmt, block_size=block_size)
-        _refuse_unused_size(loaded.kind)
-        result = trace_stats(loaded, page_size=page_size, block_size=block_size)
-    except RadixCacheError as exc:
-        raise click.ClickException(str(exc)) from None
-    _print_stats(path, result.as_dict(), as_json)
-
-
-def _piped(path: str) -> bytes | None:
-    """The bytes of `path` when it is a pipe (`cat r.json | radixcache trace stats /dev/stdin`) holding a replay's
-    JSON, read once: detection reading its first line took it from the reader. None for a regular file. A pipe
-    holding a trace is refused: its readers read a file, so its format cannot be detected; --format reads it."""
-    if not os.path.exists(path) or os.path.isfile(path):
-        return None
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return None  # the readers word it
-    if not starts_replay_json(raw.removeprefix(BOM).decode("utf-8", errors="replace").split("\n", 1)[0]):
-        raise TraceError(path, "format", "not a regular file (a pipe?) nor a replay's JSON: pass the trace's --format")
-    return raw
+    shown = shown_name(path)
+    with readable_trace(path) as readable:  # a pipe ('-': stdin) is copied to a file first: detection reads its head
+        try:
+            if fmt is None and is_replay_json(readable):  # the output of `radixcache replay --json`
+                log = read_replay_json(readable)
+                runs = [replay_stats(run) for run in (log, log.no_cache) if run is not None]
+                _print_stats(shown, runs if len(runs) > 1 else runs[0], as_json)
+                return
+            loaded = read_trace(readable, fmt, block_size=block_size)
+            _refuse_unused_size(loaded.kind)
+            result = trace_stats(loaded, page_size=page_size, block_size=block_size)
+        except RadixCacheError as exc:
+            raise click.ClickException(str(exc)) from None
+    _print_stats(shown, result.as_dict(), as_json)
 
 
 def _refuse_unused_size(kind: str) -> None:
@@ -165,7 +148,8 @@ def _stats_table(path: str, result: dict) -> None:
 @click.option("--to", "to", type=click.Choice(sorted(_WRITERS)), help="Format of DST (default: from its extension).")
 @debug_option
 def convert(src: str, dst: str, fmt: str | None, to: str | None, debug: bool) -> None:
-    """Convert SRC to DST: token JSONL <-> msgpack (lossless), text traces -> conversation JSONL. DST '-' is stdout.
+    """Convert SRC to DST: token JSONL <-> msgpack (lossless), text traces -> conversation JSONL. SRC '-' is stdin,
+    DST '-' stdout.
 
     \b
     Example:
@@ -173,7 +157,8 @@ def convert(src: str, dst: str, fmt: str | None, to: str | None, debug: bool) ->
       radixcache trace convert sharegpt.json conversations.jsonl
     """
     try:
-        loaded = read_trace(src, fmt)
+        with readable_trace(src) as readable:  # SRC '-' (stdin) or a pipe, copied to a file first
+            loaded = read_trace(readable, fmt)
         target = to or _default_target(dst, loaded.kind)
         if FORMAT_KINDS[target] != loaded.kind:
             raise click.ClickException(f"cannot convert {loaded.format} ({loaded.kind} records) to {target}")

@@ -279,20 +279,6 @@ def test_an_option_the_run_would_not_use_is_refused(chat: Path, args: list[str],
     )
 
 
-def test_simulate_refuses_a_pipe_it_would_read_short(tmp_path: Path) -> None:
-    """`cat trace.jsonl | radixcache simulate /dev/stdin --format mooncake` printed 0 requests at a hit rate of 0%,
-    exit 0: the replay reads its trace more than once, and a pipe holds it only once."""
-    line = b'{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}\n'
-    read, write = os.pipe()
-    os.write(write, line * 3)
-    os.close(write)
-    try:
-        code, out, err = run("simulate", f"/dev/fd/{read}", "--capacity-blocks", "8", "--format", "mooncake", "--json")
-    finally:
-        os.close(read)
-    assert (code, out) == (2, "") and "is not a regular file (a pipe?)" in err
-
-
 def test_a_window_no_request_arrived_in_shows_no_hit_rate(tmp_path: Path) -> None:
     """Requests at 0 and 1,000 ms, in 4 windows: the two between them are empty, and read '0%' (an idle gap shown as
     a cold cache; the first request missed, the second hit its whole page). They read '-'."""
