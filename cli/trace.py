@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
