@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded first on purpose: its libgomp is the one the library binds to)
 
+from radixcache.runtime import atomic_file
 from radixcache.runtime.native.elf_check import elf_intact
 
 SOURCE = Path(__file__).with_name("blockdot.c")
@@ -241,10 +242,10 @@ def _umask() -> int:
 
 
 def _build(compiler: list[str], path: Path) -> None:
-    """Compile into a temporary file next to `path`, then rename it there (concurrent builds cannot clash)."""
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
-    os.close(fd)
-    try:
+    """Compile into a staging file beside `path` and move it there whole (radixcache.runtime.atomic_file: synced to
+    disk before it takes its name, then its folder; concurrent builds cannot clash, and a killed build's staging
+    file goes with the next build of `path`)."""
+    with atomic_file.staged(path) as tmp:
         cmd = [*compiler, *FLAGS, *map(str, SOURCES), "-o", tmp, *LIBS]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -253,15 +254,10 @@ def _build(compiler: list[str], path: Path) -> None:
             raise NativeBuildError(
                 f"building {names} with {shlex.join(compiler)} failed (exit {proc.returncode}):\n{tail}"
             )
-        # mkstemp's 0600 survives the linker's write (0711 after it): give the build the mode a plain `cc -o` would,
-        # so that a cache shared between users (or a prebuilt one copied elsewhere) can be read.
+        # the linker keeps or adds to the mode of the file it is given: give the build the mode a plain `cc -o`
+        # would, so that a cache shared between users (or a prebuilt one copied elsewhere) can be read. An earlier
+        # file at `path` (a build cut short) gives its own.
         os.chmod(tmp, 0o755 & ~_umask())
-        with open(tmp, "rb") as built:  # its bytes on disk before its name: a crash then leaves no build cut short
-            os.fsync(built.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 BUILDS_KEPT = 8  # builds of other sources, compilers or CPUs kept beside the current one (another checkout's)
@@ -281,7 +277,9 @@ def tidy_cache(folder: Path, keep: str, now: float | None = None) -> list[Path]:
             mtime = entry.stat().st_mtime
         except OSError:  # removed meanwhile by another process's tidy
             continue
-        if entry.name.startswith("tmp") and entry.suffix == ".so" and now - mtime > STALE_TEMP_SECONDS:
+        temporary = entry.name.startswith(".blockdot-") and entry.name.endswith(atomic_file.PARTIAL)
+        temporary = temporary or (entry.name.startswith("tmp") and entry.suffix == ".so")  # an older version's
+        if temporary and now - mtime > STALE_TEMP_SECONDS:
             removed.append(entry)
         elif entry.name.startswith("blockdot-") and entry.suffix == ".so" and entry.name != keep:
             builds.append((mtime, entry))

@@ -66,6 +66,8 @@ def test_tidy_cache_removes_killed_builds_temporaries_and_all_but_the_newest_oth
     behind (103 files here after a month of development). tidy_cache runs after each build."""
     now = 1_000_000.0
     files = {"tmpold.so": now - 2 * 3600, "tmpyoung.so": now - 60, "blockdot-current.so": now - 10}
+    old_partial = f".blockdot-{'a' * 16}.so.{os.getppid()}-0123abcd.partial"  # a live pid's: the age decides
+    files |= {old_partial: now - 2 * 3600, f".blockdot-{'b' * 16}.so.{os.getppid()}-0123abcd.partial": now - 60}
     files |= {f"blockdot-{i:016x}.so": now - 100 * (i + 1) for i in range(12)}  # i = 0 is the newest
     files |= {"notes.txt": now - 10**6, "tmpold.txt": now - 10**6}  # not the cache's: left alone
     for name, mtime in files.items():
@@ -73,10 +75,41 @@ def test_tidy_cache_removes_killed_builds_temporaries_and_all_but_the_newest_oth
         os.utime(tmp_path / name, (mtime, mtime))
     removed = tidy_cache(tmp_path, keep="blockdot-current.so", now=now)
     oldest = [f"blockdot-{i:016x}.so" for i in range(BUILDS_KEPT, 12)]
-    assert sorted(p.name for p in removed) == sorted(["tmpold.so", *oldest])
+    assert sorted(p.name for p in removed) == sorted(["tmpold.so", old_partial, *oldest])
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == sorted(set(files) - {"tmpold.so", *oldest})
+    assert left == sorted(set(files) - {"tmpold.so", old_partial, *oldest})
     assert tidy_cache(tmp_path, keep="blockdot-current.so", now=now) == []  # nothing more to remove
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX file modes and folder fsyncs")
+def test_a_build_is_synced_its_folder_too_and_a_killed_builds_file_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build was fsynced and renamed into place, but its folder was not synced (a crash could lose the name, and
+    the next start compiles again), and a build killed mid-compile left `tmpXXXX.so` for an hour. The compiler's
+    output (here a stand-in that writes its `-o` file) is synced while `path` is missing, then the folder; the
+    build gets a plain `cc -o`'s mode; a dead build's staging file of the same `path` goes at once."""
+    from radixcache.runtime import native
+
+    compiler = tmp_path / "fake-cc"
+    compiler.write_text("import sys\nopen(sys.argv[sys.argv.index('-o') + 1], 'wb').write(b'ELF')\n")
+    cache = tmp_path / "native"
+    cache.mkdir()
+    path = cache / f"blockdot-{'c' * 16}.so"
+    dead = cache / f".{path.name}.4194399-0123abcd.partial"  # no process has pid 4194399
+    dead.write_bytes(b"half a build")
+    real_fsync = os.fsync
+    synced: list[tuple[int, bool]] = []  # (the descriptor's inode, whether `path` existed then)
+
+    def watching(fd: int) -> None:
+        synced.append((os.fstat(fd).st_ino, path.exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", watching)
+    native._build([sys.executable, str(compiler)], path)
+    assert path.read_bytes() == b"ELF" and (path.stat().st_mode & 0o777) == 0o755 & ~umask_of_this_process()
+    assert synced == [(path.stat().st_ino, False), (cache.stat().st_ino, True)]
+    assert [p.name for p in cache.iterdir()] == [path.name]
 
 
 @needs_cc
