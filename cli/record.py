@@ -115,9 +115,11 @@ class StagedRecording:
             try:
                 self._staging.commit()
             except OSError as exc:
-                self.error = exc.strerror or str(exc)
-                return
-            self.placed = True
+                if not self._staging.committed:
+                    self.error = exc.strerror or str(exc)
+                    return
+                log.warning("recording %s may not be whole on disk (%s)", self.path, exc.strerror or exc)
+            self.placed = True  # moved, its folder's fsync failing after (EIO) or not
 
     def finish(self) -> bool:
         """After the recording closed: place what it wrote and sync it, else remove the empty staging file. True:

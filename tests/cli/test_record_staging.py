@@ -314,3 +314,26 @@ def test_a_recording_is_synced_when_placed_and_when_finished_and_keeps_files_mod
     new, folder = path.stat().st_ino, tmp_path.stat().st_ino
     assert synced == [(new, EARLIER), (folder, '{"timestamp": 1}\n'), (new, lines)]
     assert [p.name for p in tmp_path.iterdir()] == ["r.jsonl"]
+
+
+def test_a_recording_moved_onto_file_whose_folder_sync_fails_counts_as_placed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The folder's fsync after the move failing (EIO) must not report the recording as left in its staging file,
+    which is gone: FILE holds it, with one warning that it may not be whole on disk."""
+    from radixcache.runtime import atomic_file
+
+    def failing(folder: str) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(atomic_file, "fsync_dir", failing)
+    path = tmp_path / "r.jsonl"
+    staged = StagedRecording(str(path))
+    with open(staged.staging, "wb", buffering=0) as recording, caplog.at_level("WARNING", "radixcache.record"):
+        recording.write(b'{"timestamp": 1}\n')
+        staged.place()
+    assert staged.placed and staged.error is None and staged.finish() is True
+    assert path.read_text() == '{"timestamp": 1}\n' and [p.name for p in tmp_path.iterdir()] == ["r.jsonl"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"recording {path} may not be whole on disk (Input/output error)"
+    ]
