@@ -90,7 +90,7 @@ class StagedRecording:
     was. The recorder writes on through its open file after the move, so from then on a killed process leaves its
     whole lines in FILE (docs/traces.md); `finish` syncs them. A FILE that exists and is no regular file (a pipe,
     /dev/stdout) is written directly: it holds no recording to keep, and cannot be replaced by a rename; so is a
-    FILE whose name leaves no room for the staging file's (`name_max`). Making one removes the staging files of FILE
+    FILE whose name leaves no room for the staging file's (`staging_stem`). Making one removes the staging files of FILE
     that killed runs left (`remove_stale_partials`), and creates this one's, locked (flock) until `finish`, so that
     no other run takes it for stale."""
 

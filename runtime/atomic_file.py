@@ -18,7 +18,8 @@ the new one, never one cut short.
 - Errors are OSErrors that name the path the caller gave, never the staging file: a full disk while writing or
   syncing (ENOSPC, which a write reports without a file name) says which file it was.
 
-Plain `os` only (no torch).
+The disk tier's page files have their own writes (runtime/kv/tier/disk_files.py: temporary files in the cache's
+`tmp/`, no symlink followed, a page's mtime set), synced the same way. Plain `os` only (no torch).
 """
 
 from __future__ import annotations
