@@ -25,6 +25,7 @@ The disk tier's page files have their own writes (runtime/kv/tier/disk_files.py:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -157,14 +158,25 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 def fsync_dir(folder: str) -> None:
-    """Make a folder's entries (a rename) durable; nothing where folders cannot be opened (Windows). Raises OSError."""
+    """Make a folder's entries (a rename) durable. Nothing where folders cannot be opened (Windows; a folder this
+    user may write but not read) or synced (EINVAL, ENOTSUP: some network and FUSE file systems), as SQLite does:
+    the rename itself happened. Raises OSError for the rest (EIO, ENOSPC)."""
     if os.name == "nt":
         return
-    fd = os.open(folder or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fd = os.open(folder or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except PermissionError:
+        return
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in _NO_FOLDER_SYNC:
+            raise
     finally:
         os.close(fd)
+
+
+_NO_FOLDER_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF}
 
 
 def remove_stale_partials(folder: str, name: str) -> list[str]:

@@ -246,3 +246,28 @@ def test_stale_staging_files_of_either_form_go_and_live_ones_stay(tmp_path: Path
     removed = remove_stale_partials(str(tmp_path), "f.json")
     assert sorted(removed) == sorted(str(tmp_path / n) for n, kept in names.items() if not kept)
     assert {p.name for p in tmp_path.iterdir()} == {n for n, kept in names.items() if kept}
+
+
+@POSIX
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.EIO])
+def test_a_folder_the_file_system_cannot_sync_is_no_failed_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """Some file systems (CIFS, some FUSE ones) refuse to fsync a folder (EINVAL): the file was renamed into place,
+    so the write stands, as SQLite takes it. A folder whose sync fails for the disk (EIO) is an error naming FILE."""
+    path = tmp_path / "out.json"
+    real_fsync = os.fsync
+
+    def refusing_folders(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(code, os.strerror(code))
+        real_fsync(fd)
+
+    monkeypatch.setattr(atomic_file.os, "fsync", refusing_folders)
+    if code == errno.EINVAL:
+        write_bytes(path, b"new")
+    else:
+        with pytest.raises(OSError) as failed:
+            write_bytes(path, b"new")
+        assert (failed.value.errno, failed.value.filename) == (errno.EIO, str(path))
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["out.json"]
