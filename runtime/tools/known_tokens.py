@@ -8,6 +8,10 @@ it never wrote. So the chat template's output keeps, for each assistant turn ren
 its calls (runtime.tools.memory), where that text lies and the ids the model emitted for it; the tokenizer encodes
 the text around those spans and splices the ids in (`Tokenizer.encode`).
 
+A template that prints whitespace between a prompt and the reply's content (Mistral v0.3's `" " + content|trim`)
+has it left out before each such span: the model wrote its reply right after its prompt (`[/INST][TOOL_CALLS]`),
+and with the space the next prompt missed the cache from the reply on.
+
 `PromptText` is a `str`, so it flows wherever a prompt does; anything that builds a new string from it (slicing,
 concatenation) gets a plain `str` back and is encoded canonically, which is correct, only less cached.
 """
@@ -65,8 +69,47 @@ def place_known(text: str, messages: Sequence[dict[str, Any]], render: Callable[
         marked = None
     placed = None if marked is None else _substituted(marked, turns, marks)
     if placed is not None and placed[0] == text:
-        return PromptText(text, placed[1])
-    return with_known_spans(text, [(m["content"], m.token_ids) for _, m in turns])
+        found: str = PromptText(text, placed[1])
+    else:
+        found = with_known_spans(text, [(m["content"], m.token_ids) for _, m in turns])
+    return _closed_up(found, _reply_gap(render, base)) if isinstance(found, PromptText) else found
+
+
+def _reply_gap(render: Callable[[list[dict[str, Any]]], str], base: str) -> str:
+    """The whitespace a template prints between the prompt a reply was generated from and the reply's content, which
+    the model never wrote (Mistral v0.3's `" " + content|trim` after `[/INST]`, where the model wrote `[TOOL_CALLS]`
+    at once): a one-message chat rendered without and with a reply. "" for none, for a template whose reply does not
+    follow its prompt, or one that refuses such a chat."""
+    mark = f"<{base}:reply>"
+    try:
+        asked = render([{"role": "user", "content": "u"}])
+        answered = render([{"role": "user", "content": "u"}, {"role": "assistant", "content": mark}])
+    except Exception:
+        return ""
+    if not answered.startswith(asked) or mark not in answered:
+        return ""
+    gap = answered[len(asked) : answered.index(mark)]
+    return gap if gap and not gap.strip() else ""
+
+
+def _closed_up(text: PromptText, gap: str) -> PromptText:
+    """`text` without `gap` right before each known span that does not begin with it itself: the reply follows its
+    prompt as the model wrote it, so the prompt extends the one the reply was generated from, token for token."""
+    if not gap:
+        return text
+    out: list[str] = []
+    spans: list[KnownSpan] = []
+    pos = cut = 0
+    for span in text.known:
+        before = span.start - len(gap)
+        closes = before >= pos and text.startswith(gap, before) and not text.startswith(gap, span.start)
+        out.append(text[pos : before if closes else span.start])
+        cut += len(gap) if closes else 0
+        out.append(text[span.start : span.end])
+        spans.append(KnownSpan(span.start - cut, span.end - cut, span.token_ids))
+        pos = span.end
+    out.append(text[pos:])
+    return PromptText("".join(out), spans)
 
 
 def _substituted(
