@@ -15,8 +15,9 @@ The developer role is the system message: it is rendered in the system message's
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixcache.runtime.tools.features import TemplateFeatures
@@ -25,6 +26,7 @@ from radixcache.runtime.tools.memory import ToolCallMemory
 from radixcache.runtime.tools.messages import ChatMessage, ToolCall, decoded_arguments
 from radixcache.runtime.tools.specs import ToolSpec
 from radixcache.runtime.tools.split_replies import joined_replies
+from radixcache.runtime.tools.use import alphanumeric_id
 
 TOOL_RESULT_PREFIX = "Tool result for"
 
@@ -60,12 +62,13 @@ def template_messages(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The message dicts and extra variables (`tools` for templates that read it) to render `messages` with."""
     native = features.uses_tools
+    fit = functools.partial(fitted_id, length=features.call_id_length)
     out: list[dict[str, Any]] = []
     for m in joined_replies(messages, memory):  # a reply sent back one message per call is that reply
         if m.role == "assistant" and m.tool_calls:
-            out.append(_assistant_calls(m, native, memory))
+            out.append(_assistant_calls(m, native, memory, fit))
         elif m.role == "tool":
-            out.append(_tool_result(m, native or features.tool_role))
+            out.append(_tool_result(m, native or features.tool_role, fit))
         else:
             d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
             if m.name is not None:
@@ -83,7 +86,19 @@ def template_messages(
     return out, variables
 
 
-def _assistant_calls(m: ChatMessage, native: bool, memory: ToolCallMemory | None) -> dict[str, Any]:
+def fitted_id(call_id: str, length: int | None) -> str:
+    """A call id as the template gets it: itself, or where the template demands ids of `length` characters (Mistral's
+    9: TemplateFeatures.call_id_length) and this one has another (a client made it up, `call_abc123xyz`, or another
+    server did), that many letters and digits drawn from it: the same for the call and its result and at every turn,
+    so the history renders and its prompt stays the same. The engine's own ids have that length already."""
+    if length is None or len(call_id) == length:
+        return call_id
+    return alphanumeric_id(f"client id {call_id}", length)
+
+
+def _assistant_calls(
+    m: ChatMessage, native: bool, memory: ToolCallMemory | None, fit: Callable[[str], str]
+) -> dict[str, Any]:
     found = memory.lookup_emitted(m.tool_calls, m.content) if memory is not None else None
     if found is not None:
         turn = RememberedTurn(role="assistant", content=found[0])
@@ -91,7 +106,11 @@ def _assistant_calls(m: ChatMessage, native: bool, memory: ToolCallMemory | None
         return turn
     if native:
         calls = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": decoded_arguments(c.arguments)}}
+            {
+                "id": fit(c.id),
+                "type": "function",
+                "function": {"name": c.name, "arguments": decoded_arguments(c.arguments)},
+            }
             for c in m.tool_calls
         ]
         return {"role": "assistant", "content": m.content or "", "tool_calls": calls}
@@ -99,9 +118,9 @@ def _assistant_calls(m: ChatMessage, native: bool, memory: ToolCallMemory | None
     return {"role": "assistant", "content": f"{m.content}\n{text}" if m.content else text}
 
 
-def _tool_result(m: ChatMessage, tool_turn: bool) -> dict[str, Any]:
+def _tool_result(m: ChatMessage, tool_turn: bool, fit: Callable[[str], str]) -> dict[str, Any]:
     if tool_turn:
-        d: dict[str, Any] = {"role": "tool", "content": m.content or "", "tool_call_id": m.tool_call_id}
+        d: dict[str, Any] = {"role": "tool", "content": m.content or "", "tool_call_id": fit(m.tool_call_id or "")}
         if m.name is not None:
             d["name"] = m.name
         return d

@@ -5,11 +5,12 @@ and every tool turn missed the cache from its reply on (the model also read a sp
 template puts between the prompt and a reply's content is left out before a remembered reply
 (runtime.tools.known_tokens), so the next prompt extends the last prompt and reply token for token, in the engine and
 over HTTP. The tiny checkpoint with `[TOOL_CALLS]` as a special token and a template of v0.3's shape; the model's
-output scripted."""
+output scripted. And a history whose call ids a client made up, of another length than the template's 9, renders."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,3 +118,36 @@ def test_over_http_the_next_turn_is_served_from_the_cache(engine: Engine, writes
     usage = first["usage"]
     done = usage["prompt_tokens"] + usage["completion_tokens"]
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= (done - 1) // PAGE * PAGE, second["usage"]
+
+
+@pytest.mark.parametrize("call_id", ["call_abc123xyz", "abc", "call_" + "f" * 24])
+def test_a_client_made_id_of_another_length_renders(engine: Engine, writes: Any, call_id: str) -> None:
+    """A client that made up its calls' ids (`call_abc123xyz`, or another server's `call_` + 24 hex digits) had every
+    turn refused by the template ("Tool call IDs should be alphanumeric strings with length 9!": a 400 over HTTP).
+    The template is given, for each id of another length, 9 letters and digits drawn from it: the same for the call
+    and its result, and at every turn, so the conversation renders and its prompt stays the same."""
+    call = {"id": call_id, "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    history.append({"role": "tool", "tool_call_id": call_id, "content": "5"})
+    text = engine._builder.render(history, ToolUse.of(TOOLS, "auto"))
+    (shown,) = re.findall(r'"id": "([^"]*)"', text)
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", shown) and f'"call_id": "{shown}"' in text
+    assert engine._builder.render(history, ToolUse.of(TOOLS, "auto")) == text
+    writes("It is 5.")
+    assert engine.chat(history, 100, tools=TOOLS, temperature=1.0).text == "It is 5."
+    other = [*history[:1], {**history[1], "tool_calls": [{**call, "id": call_id + "x"}]}]
+    other.append({**history[2], "tool_call_id": call_id + "x"})
+    assert engine._builder.render(other, ToolUse.of(TOOLS, "auto")) != text  # another id, another call
+    with TestClient(create_app(engine, "tiny")) as client:
+        r = client.post(
+            "/v1/chat/completions", json={"model": "tiny", "messages": history, "tools": TOOLS, "max_tokens": 1}
+        )
+        assert r.status_code == 200, r.text
+
+
+def test_a_client_made_id_of_the_demanded_length_is_kept(engine: Engine) -> None:
+    call = {"id": "abcdefghi", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    history.append({"role": "tool", "tool_call_id": "abcdefghi", "content": "12:00"})
+    text = engine._builder.render(history, ToolUse.of(TOOLS, "auto"))
+    assert '"id": "abcdefghi"' in text and '"call_id": "abcdefghi"' in text
