@@ -38,9 +38,14 @@ def queue_disk_writes(
     disk neither holds nor has queued, counting each as queued or dropped in `counts`. `parent`: the hash of the run's
     page before the first of them (None: they start the run); each page is queued with the one before it as its
     parent."""
-    todo = [i for i, h in enumerate(hashes) if not disk.holds(h)]  # one queued already is written: not dropped
+    held = [disk.holds(h) for h in hashes]  # one queued already is written: not dropped
+    # A parent the disk does not hold (its file deleted since: corrupt, another process's eviction) is a gap: the
+    # pages after it are never read (a run is found from its head), so none is queued. The writer drops a page whose
+    # parent is missing as it writes it, but not one whose parent is a page it skipped as held.
+    end = 0 if parent is not None and not disk.holds(parent) else len(hashes)
+    todo = [i for i in range(end) if not held[i]]
     room = max(0, disk.max_pending - disk.stats().pending_writes) if disk.enabled else 0
-    counts["disk_dropped_pages"] += len(todo) - min(room, len(todo))
+    counts["disk_dropped_pages"] += len(todo) - min(room, len(todo)) + held[end:].count(False)
     if not (todo := todo[:room]):  # a full, read-only or unusable disk: counted, so that the tier shows off
         return
     p = pool.page_size

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from radixcache.runtime import Engine
-from radixcache.runtime.kv.tier import disk_format, disk_queue, disk_store
+from radixcache.runtime.kv.tier import disk_format, disk_queue, disk_store, load_costs
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 
 P = 4
@@ -77,3 +77,28 @@ def test_a_page_readopted_while_its_write_is_queued_is_not_counted_dropped(model
         tiers = engine.stats.tiers
     assert (tiers.disk_queued_pages, tiers.disk_dropped_pages) == (12, 0)
     assert len(list(tmp_path.rglob("*.kvpage"))) == 12
+
+
+def test_a_commit_stops_at_a_gap_where_the_disk_holds_the_page_after_it(model: RandomModel, tmp_path: Path) -> None:
+    """Run a, b, c on disk, then a's file gone (deleted as corrupt by a read, another process's eviction). A request
+    whose device holds a commits b, c, d after it: b and c were skipped (held) and d queued with c as its parent,
+    which the writer found held: d was written past the gap at a, where no lookup from the head reaches it (after a
+    restart none of b, c, d is found). As PageTier.store's gap (docs/tiers.md): d is not written, counted dropped."""
+    rng = random.Random(2)
+    prompt = [rng.randrange(1, model.config.vocab_size) for _ in range(4 * P + 1)]
+    with Engine(model, capacity_blocks=400, page_size=P, cache_dir=tmp_path) as engine:
+        engine.generate(prompt[: 3 * P + 1], 1)  # pages a, b, c on disk
+        assert engine.flush(30)
+        disk, chain = engine.tiers.disk, engine.tiers.chain(None)
+        a, b, c, d = chain.upto(prompt, 4)
+        assert disk.count_prefix([a, b, c]) == 3
+        Path(disk._index.get(a).path).unlink()
+        assert disk.forget_missing([a]) == 1
+        counts = load_costs.TierTally()
+        blocks = engine.cache.allocate(3)
+        disk_queue.queue_disk_writes(disk, engine.pool, counts, [b, c, d], blocks, prompt[P : 4 * P], parent=a)
+        engine.cache.free(blocks)
+        assert engine.flush(30)
+        assert (counts["disk_queued_pages"], counts["disk_dropped_pages"]) == (0, 1)
+        assert not disk.holds(d)  # past the gap: never read
+        assert disk.count_prefix([a, b, c, d]) == 0
