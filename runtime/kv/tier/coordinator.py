@@ -30,11 +30,9 @@ from radixcache.runtime.kv.tier.prefetch import (
     DEFAULT_PAGES_PER_STEP,
     DEFAULT_PREFETCH_POLICY,
     DEFAULT_PREFETCH_TIMEOUT_MS,
-    PrefetchJob,
     PrefetchReader,
-    copy_staged,
 )
-from radixcache.runtime.kv.tier.prefetch_job import plan_prefetch
+from radixcache.runtime.kv.tier.prefetch_jobs import PrefetchJobs
 from radixcache.runtime.weak import weak_method
 from radixcache.tier.tiered_cache import TieredCache, TierMatch
 
@@ -87,8 +85,8 @@ class KVTiers:
             if disk is not None
             else None
         )
-        # rid -> its prefetch (None: nothing to read), from the first `prefetch` until its load or `cancel_prefetch`
-        self._prefetch: dict[int, PrefetchJob | None] = {}
+        # each waiting request's prefetch, from the first `prefetch` until its load or `cancel_prefetch`
+        self.jobs = PrefetchJobs(self.tiered, self.reader, disk, pool, self.costs, self._counts)
 
     @property
     def host(self) -> HostPageTier | None:
@@ -157,8 +155,7 @@ class KVTiers:
         nothing is read here); a caller that never prefetched (`rid` unknown) reads them here. With `defer`, the
         disk pages are not copied yet: the LayeredLoad returned copies them layer by layer (kv.tier.layered_load)."""
         self._count_plan(match, len(host_hashes), disk_pages)
-        prefetched = rid is not None and rid in self._prefetch
-        job = self._prefetch.pop(rid, None) if prefetched else None  # type: ignore[arg-type]
+        prefetched, job = self.jobs.pop(rid)
         later: list[LayeredLoad] = []  # the deferred copy, which then owns the job
         try:
             loaded = self._load_host(host_hashes, blocks, match.hashes[: match.device_pages + len(host_hashes)])
@@ -166,15 +163,15 @@ class KVTiers:
                 return 0, None
             if disk_pages and self.reader is not None and (job is not None or not prefetched):
                 start = match.device_pages + loaded
-                loaded += self._load_disk(
+                loaded += self.jobs.load_disk(
                     match, tokens, start, disk_pages, blocks[loaded:], job, later if defer else None
                 )
             return loaded, later[0] if later else None
         finally:
             if job is not None and not later:
-                self._end_job(job)
+                self.jobs._end_job(job)
             elif job is not None:  # the disk copy is deferred: the host pages it chained on are not needed by then
-                self._let_host_go(job)
+                self.jobs._let_host_go(job)
 
     def _load_host(self, host_hashes: list[bytes], blocks: Sequence[int], run: Sequence[bytes]) -> int | None:
         """Copy the locked host pages into the first of `blocks` and unlock them (once the copy is done: `run`, as
@@ -197,50 +194,6 @@ class KVTiers:
             self.unlock_host(host_hashes, event, run)
         return loaded
 
-    def _load_disk(
-        self,
-        match: TierMatch,
-        tokens: Sequence[int],
-        start: int,
-        disk_pages: int,
-        blocks: Sequence[int],
-        job: PrefetchJob | None,
-        later: list[LayeredLoad] | None = None,
-    ) -> int:
-        """Copy up to `disk_pages` usable pages from prompt page `start` on into `blocks`; the pages copied. From the
-        prefetch `job`, or with `job` None (the request never prefetched) read here first, on the caller's thread.
-        With `later`, the copy is deferred instead: a LayeredLoad, appended to it, does it and then ends the job."""
-        assert self.reader is not None
-        own = job is None
-        job = self._new_job(match.hashes, tokens, start, start + disk_pages, []) if job is None else job
-        try:
-            got, staging = self.reader.read_now(job) if own else self.reader.take(job)
-            skip = start - job.first_page  # the prefetch began at its own first page; use it from `start` on
-            got = 0 if skip < 0 or job.hashes[skip : skip + 1] != match.hashes[start : start + 1] else got - skip
-            got = max(0, min(got, disk_pages))
-            if job.failed_at is not None:
-                self._counts["disk_failed_reads"] += 1
-            if got and staging is not None and later is not None:
-                end = self.reader.release if own else self._end_job
-                later.append(LayeredLoad(self.pool, staging[:, :, skip:], got, blocks, lambda: end(job)))
-                self.costs.note_load("disk", got, job.read_seconds * (got / max(1, job.arrived)))
-            elif got and staging is not None:
-                t0 = time.perf_counter()
-                try:
-                    copy_staged(self.pool, staging[:, :, skip:], got, blocks)
-                except Exception:  # a failed read: the request recomputes them, over what the copy wrote
-                    log.exception("disk KV cache: copying %d read page(s) into the pool failed; recomputing", got)
-                    self._counts["disk_failed_reads"] += 1
-                    return 0
-                seconds = time.perf_counter() - t0 + job.read_seconds * (got / max(1, job.arrived))
-                self.costs.note_load("disk", got, seconds)
-            self._counts["disk_loaded_pages"] += got
-            return got
-        finally:
-            if own and not later:
-                self.reader.release(job)  # its staging goes back to the kept buffers
-                self._forget_unread(job)
-
     def failed_deferred_load(self, pages: int, hit_tokens: int) -> None:
         """A deferred disk load (kv.tier.layered_load) whose copy raised: a failed read (TierTally)."""
         log.exception("disk KV cache: copying %d read page(s) into the pool by layers failed; recomputing", pages)
@@ -261,85 +214,23 @@ class KVTiers:
         """Count an admission's `matched` cached tokens by tier (TierTally.hits)."""
         self._counts.hits(matched, device_pages, host_pages, self.page_size)
 
-    # ------------------------------------------------------------------ prefetch (kv.tier.prefetch)
+    # ------------------------------------------------------------------ prefetch (kv.tier.prefetch_jobs)
 
     def prefetch(self, rid: int, tokens: Sequence[int], namespace: Hashable, chain: PageChain) -> bool:
-        """Have request `rid`'s disk pages (those after what the device and the host hold of `tokens` now) read by
-        the readers, then say whether the prefetch policy lets it be admitted now. Each call plans again (a peek,
-        no change to the tree): a prefetch that no longer starts where the prompt now leaves the device and the
-        host (pages evicted, or written to disk, meanwhile) is replaced. Never raises: a prefetch that cannot
-        start reads nothing (those pages are recomputed)."""
-        if self.reader is None:
-            return True
-        job = self._prefetch.get(rid)
-        try:
-            plan = plan_prefetch(self.tiered, self.reader.disk, self.costs, tokens, namespace, chain)
-            if plan is None or job is None or not job.covers(plan[0], plan[1][plan[0]]):
-                if job is not None:
-                    self._end_job(job)
-                job = self._prefetch[rid] = None if plan is None else self._start_job(tokens, *plan)
-        except Exception:
-            log.exception("disk KV cache: starting a prefetch failed; recomputing its pages")
-            self._prefetch.setdefault(rid, None)
-        job = self._prefetch.setdefault(rid, job)
-        return job is None or self.reader.ready(job)
+        """Read request `rid`'s disk pages ahead; whether it may be admitted now (PrefetchJobs.prefetch)."""
+        return self.jobs.prefetch(rid, tokens, namespace, chain)
 
     def pace_prefetch(self, decoding: bool, wait: float = 0.0) -> None:
-        """Before each step: bound the readers' page reads to the step's pace while requests decode
-        (kv.tier.prefetch `PrefetchReader.pace`); with `wait` (the loop has nothing to run), `wait_prefetch` too."""
-        if self.reader is not None:
-            self.reader.pace(decoding)
-        if wait > 0:
-            self.wait_prefetch(wait)
+        """Before each step: the readers' pace, and a wait when the loop has nothing to run (PrefetchJobs)."""
+        self.jobs.pace_prefetch(decoding, wait)
 
     def wait_prefetch(self, timeout: float) -> None:
-        """The loop has nothing to run: wait (at most `timeout` s) for a page to arrive or a policy's deadline."""
-        if self.reader is not None:
-            self.reader.wait(timeout)
+        """The loop has nothing to run: wait for a page or a deadline (PrefetchJobs.wait_prefetch)."""
+        self.jobs.wait_prefetch(timeout)
 
     def cancel_prefetch(self, rid: int) -> None:
-        """Request `rid` left, or will not be admitted: stop its reads, unlock the host pages it held."""
-        job = self._prefetch.pop(rid, None)
-        if job is not None:
-            self._end_job(job)
-
-    def _start_job(
-        self, tokens: Sequence[int], start: int, hashes: list[bytes], pages: int, on_host: int
-    ) -> PrefetchJob:
-        assert self.reader is not None
-        held = hashes[start - on_host : start]
-        if held:
-            assert self.host is not None
-            self.host.lock(held)  # the disk run chains on these: keep them until the request is admitted
-        return self.reader.submit(self._new_job(hashes, tokens, start, start + pages, held))
-
-    def _new_job(
-        self, hashes: Sequence[bytes], tokens: Sequence[int], start: int, end: int, held: list[bytes]
-    ) -> PrefetchJob:
-        p = self.page_size
-        page_tokens = [tokens[i * p : (i + 1) * p] for i in range(start, end)]
-        return PrefetchJob(start, list(hashes[start:end]), page_tokens, held)
-
-    def _end_job(self, job: PrefetchJob) -> None:
-        assert self.reader is not None
-        self.reader.release(job)
-        self._forget_unread(job)
-        self._let_host_go(job)
-
-    def _let_host_go(self, job: PrefetchJob) -> None:
-        """Unlock the host pages the job held. At admission, before the admission refreshes its run: an unlock makes
-        pages the newest, and later they were newer than the run's head (the head goes last)."""
-        if job.host_hashes:
-            assert self.host is not None
-            self.host.unlock(job.host_hashes)
-            job.host_hashes = []
-
-    def _forget_unread(self, job: PrefetchJob) -> None:
-        """A read that failed ends the job's run: the later pages whose files vanished too (a `cache clear`, another
-        process's eviction) leave the disk index, or the request recomputes them and they are never written again
-        (the index says they are there). One lstat a page, after a failure only."""
-        if job.failed_at is not None and self.disk is not None:
-            self.disk.forget_missing(job.hashes[job.failed_at + 1 :])
+        """Request `rid` left, or will not be admitted: stop its reads, unlock its host pages (PrefetchJobs)."""
+        self.jobs.cancel_prefetch(rid)
 
     # ------------------------------------------------------------------ pages going down
 
@@ -401,8 +292,7 @@ class KVTiers:
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Stop the prefetch readers, finish the pending disk writes (up to `timeout`) and stop the writer."""
-        for rid in list(self._prefetch):
-            self.cancel_prefetch(rid)
+        self.jobs.close()
         if self.reader is not None:
             self.reader.close()
         for hashes, _ in self._pending.drain():

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from radixcache.runtime import Engine
-from radixcache.runtime.kv.tier import coordinator, disk_files
+from radixcache.runtime.kv.tier import disk_files, prefetch_jobs
 from radixcache.runtime.kv.tier.disk_store import MARKER_NAME
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from tests.runtime.conftest import META, disk_warnings, h, page_path, payload, toks, write
@@ -191,7 +191,7 @@ def test_a_copy_of_read_pages_into_the_pool_that_raises_is_a_failed_read(
     def copy_staged(*args) -> None:
         raise RuntimeError("injected: copying read pages into the pool failed")
 
-    monkeypatch.setattr(coordinator, "copy_staged", copy_staged)
+    monkeypatch.setattr(prefetch_jobs, "copy_staged", copy_staged)
     with Engine(model, cache_dir=tmp_path, **opts) as engine:
         assert _generate(engine, prompts) == want
         tiers = engine.stats.tiers
