@@ -95,13 +95,14 @@ def replica_table(engine: ClusterEngine) -> Table:
     table = Table(title=f"{engine.cluster.router.name} over {engine.cluster.stats().replicas} replicas")
     for column in ("replica", "routed", "prompt tokens", "cached tokens", "hit rate", "indexed pages"):
         table.add_column(column, justify="right")
-    for row in engine.per_replica():
+    for row in engine.per_replica():  # a replica that did not answer (frozen): "-" for the counts only it knows
+        answered = row["prompt_tokens"] is not None
         table.add_row(
             str(row["replica"]),
             f"{row['routed']:,}",
-            f"{row['prompt_tokens']:,}",
-            f"{row['cached_tokens']:,}",
-            f"{row['hit_rate']:.1%}",
+            f"{row['prompt_tokens']:,}" if answered else "-",
+            f"{row['cached_tokens']:,}" if answered else "-",
+            f"{row['hit_rate']:.1%}" if answered else "-",
             f"{row['indexed_pages']:,}",
         )
     return table

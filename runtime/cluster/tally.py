@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from radixcache import CacheStats
-from radixcache.runtime.cluster.fanout import read_wait
+from radixcache.runtime.cluster.fanout import gather, read_wait
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
 
 if TYPE_CHECKING:
@@ -35,16 +35,22 @@ class Baseline:
 
 def replica_rows(cluster: ReplicaCluster, baseline: Baseline) -> list[dict[str, Any]]:
     """Each live replica's share since `baseline`: requests routed to it, its prompt and cached tokens and their hit
-    rate, and the pages the router's index holds for it, less the warm-up's."""
+    rate, and the pages the router's index holds for it, less the warm-up's. A replica alive but not answering
+    within runtime.cluster.fanout.read_wait (frozen) has its row with None for the counts only it knows (the replay's
+    table failed as a whole, after the run, with a traceback)."""
     # first: a replica found dead here leaves `stats` below too
-    answers = cluster.each("counted_stats", wait=read_wait(cluster))
+    answers, silent = gather(cluster, "counted_stats", wait=read_wait(cluster))
     stats = cluster.stats()
     rows = []
-    for replica, (incarnation, s) in answers.items():
-        prompt, cached = s.prompt_tokens, s.cached_tokens
-        base = baseline.stats.get(replica)
-        if base is not None and base[0] == incarnation:
-            prompt, cached = prompt - base[1].prompt_tokens, cached - base[1].cached_tokens
+    for replica in sorted([*answers, *silent]):
+        prompt = cached = hit_rate = None
+        if replica in answers:
+            incarnation, s = answers[replica]
+            prompt, cached = s.prompt_tokens, s.cached_tokens
+            base = baseline.stats.get(replica)
+            if base is not None and base[0] == incarnation:
+                prompt, cached = prompt - base[1].prompt_tokens, cached - base[1].cached_tokens
+            hit_rate = cached / prompt if prompt else 0.0
         warm = sum(cluster.index.holds(replica, key) for key in baseline.warm_keys)
         rows.append(
             {
@@ -52,7 +58,7 @@ def replica_rows(cluster: ReplicaCluster, baseline: Baseline) -> list[dict[str, 
                 "routed": stats.routed.get(replica, 0),
                 "prompt_tokens": prompt,
                 "cached_tokens": cached,
-                "hit_rate": cached / prompt if prompt else 0.0,
+                "hit_rate": hit_rate,
                 "indexed_pages": max(0, stats.index_pages.get(replica, 0) - warm),
             }
         )
