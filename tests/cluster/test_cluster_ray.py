@@ -254,6 +254,11 @@ def test_a_cancel_reaches_a_replica_whose_threads_all_hold_streams(local_ray: st
         ]  # past the threads
         _wait(lambda: all(h.request.replica is not None for h in waiting))
         time.sleep(0.5)  # the streams reach the actor: its threads are all taken
+        # one more waits in Ray's queue past its whole timeout: it ends "timeout" with nothing (the front door holds
+        # its timeout; its replica would have counted it only from when a thread took it)
+        late = engine.submit([7, 8, 9], 2, timeout=0.5, ignore_eos=True)
+        result = late.result(timeout=60)
+        assert (result.finish_reason, result.token_ids) == ("timeout", ())
         assert not victim.done()
         victim.cancel()
         result = victim.result(timeout=60)
