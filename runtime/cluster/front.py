@@ -15,11 +15,13 @@ there, after any wait in Ray's queue for an actor thread.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import InvalidStateError
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -154,6 +156,7 @@ class ClusterEngine(ReplicaCalls):
             call_ids=CallIds(length=self._call_id_length) if use is not None and use.parses_calls else None,
         )
         handle = RemoteHandle(request, self._cancel)
+        handle.unstarted = lambda finish: SeenTimes().applied(unstarted(prompt, opts, finish), handle.sent_at)
         with self._idle:
             self._running.add(handle)
         self.queue.mark(request.rid, True)
@@ -220,7 +223,7 @@ class ClusterEngine(ReplicaCalls):
                 replica, rid = cluster.dispatch(request, tried)
                 req.replica = replica
                 self.queue.mark(req.rid, True)  # (re-)sent: waiting until this replica starts it
-                started = stalled = False
+                started = stalled = req.started = False
                 admitted = queue_timeout is None  # the admission deadline: only with a queue timeout
                 seen = SeenTimes()  # this replica's admission, first token and end, on this front door's clock
                 cut.sent()
@@ -235,7 +238,7 @@ class ClusterEngine(ReplicaCalls):
                         item = next_item(cluster, stream, replica, req.rid, admit_by, end_at, cut)
                         kind, value, extra = ray.get(item)
                         if not started:  # its admission (or an end before it): no longer queued
-                            started = cut.started = True
+                            started = cut.started = req.started = True
                             self.queue.mark(req.rid, False)
                         seen.saw(kind)
                         if kind == "admitted":
@@ -270,7 +273,7 @@ class ClusterEngine(ReplicaCalls):
                     raise
                 except NotStarted:  # its timeout passed before its replica sent anything: cancelled there, nothing done
                     stalled = True
-                    result = timed_out(prompt, options)
+                    result = unstarted(prompt, options, "timeout")
                 finally:  # before the caller sees the result: the next turn it sends must find this one's pages
                     computed = result is not None or bool(req.output_ids) or seen.admitted is not None
                     cluster.done(replica, rid, computed=computed and not stalled, by=answer_by)
@@ -286,13 +289,18 @@ class ClusterEngine(ReplicaCalls):
 
     def _cancel(self, handle: RemoteHandle) -> None:
         """Cancel on the replica it was sent to; one cancelled before its dispatch is cancelled there by `_run`
-        (the replica remembers a cancel that arrives before the stream starts)."""
+        (the replica remembers a cancel that arrives before the stream starts). One its replica has not started
+        (waiting in Ray's queue for an actor thread, or in its engine's queue) ends "cancelled" at once, with
+        nothing generated, as one engine's queued request: its caller waited until an actor thread took it."""
         handle.cancelled = True
         replica, future = handle.request.replica, handle.future
         # A future the caller cancelled (`asyncio.wrap_future` cancels it with the awaiting task) is done, but its
         # request still runs on the replica: only one that `_run` completed has nothing left to cancel there.
         if replica is not None and not (future.done() and not future.cancelled()):
             self.cluster.control(replica, "cancel").remote(handle.rid)
+        if not handle.request.started and handle.unstarted is not None:  # `_run` ends later, its result unused
+            with contextlib.suppress(InvalidStateError):
+                future.set_result(handle.unstarted("cancelled"))
 
     # ------------------------------------------------------------------ server upkeep
 
@@ -328,9 +336,10 @@ class ClusterEngine(ReplicaCalls):
         return idle
 
 
-def timed_out(prompt: list[int], options: RequestOptions) -> GenerationResult:
-    """What one engine returns for a request whose `timeout` passed before it was admitted: nothing generated,
-    finish_reason "timeout" (its times are the front door's: SeenTimes.applied)."""
+def unstarted(prompt: list[int], options: RequestOptions, finish: str) -> GenerationResult:
+    """What one engine returns for a request that ended before it was admitted (its `timeout` passed, `finish`
+    "timeout", or it was cancelled, "cancelled"): nothing generated (its times are the front door's:
+    SeenTimes.applied)."""
     return GenerationResult(
         text="",
         token_ids=(),
@@ -339,7 +348,7 @@ def timed_out(prompt: list[int], options: RequestOptions) -> GenerationResult:
         prefill_tokens=0,
         ttft_s=0.0,
         latency_s=0.0,
-        finish_reason="timeout",
+        finish_reason=finish,
         logprobs=None if options.sampling.logprobs is None else (),
         lease=None if options.retain_for is None else NO_LEASE,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -26,6 +27,7 @@ class RemoteRequest:
     sampler: Any = None
     replica: int | None = None
     call_ids: CallIds | None = None
+    started: bool = False  # its replica (the last it was sent to) has sent an item: admitted, or ended
 
 
 class RemoteHandle:
@@ -38,6 +40,9 @@ class RemoteHandle:
         # admitted). The front door's own clock only: a replica is sent durations, never this reading.
         self.sent_at = time.monotonic()
         self.cancelled = False  # set before the cancel is sent: a dispatch after it cancels on the replica too
+        # its result when it ends before its replica started it (finish_reason -> GenerationResult): a cancel of a
+        # request still waiting in Ray's queue ends it at once, as one engine ends a queued request
+        self.unstarted: Callable[[str], Any] | None = None
         self._cancel = cancel
 
     @property

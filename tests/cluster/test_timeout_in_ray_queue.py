@@ -56,6 +56,38 @@ def test_a_request_whose_timeout_passes_in_ray_s_queue_ends_with_timeout(monkeyp
         assert front.cluster.loads.in_flight() == 0
 
 
+def test_a_cancel_of_a_request_waiting_in_ray_s_queue_ends_it_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: its caller's `result()` waited until an actor thread took the request (the cancel is remembered
+    on the replica, which ends it when it starts), where one engine ends a queued request at its cancel."""
+    with inproc_front(monkeypatch, 1, "round_robin", ENGINE) as front:
+        ray = sys.modules["ray"]
+        replica = ray.actors[0].obj
+        stream, gate = replica.stream, threading.Event()
+
+        def queued(*args: Any) -> Any:
+            gate.wait(HANG_BOUND_S)
+            return stream(*args)
+
+        replica.stream = queued
+        try:
+            handle = front.submit([5, 6, 7, 8], 4, ignore_eos=True)
+            deadline = time.monotonic() + HANG_BOUND_S
+            while handle.request.replica is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            handle.cancel()
+            result = handle.result(HANG_BOUND_S)
+        finally:
+            gate.set()
+        assert (result.finish_reason, result.token_ids, result.prompt_tokens) == ("cancelled", (), 4)
+        assert front.wait_idle(HANG_BOUND_S)  # its call ran once Ray's queue let it, cancelled there on arrival
+        deadline = time.monotonic() + HANG_BOUND_S
+        while replica.engine.stats.requests < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = replica.engine.stats
+        assert (stats.requests, stats.generated_tokens, stats.running) == (1, 0, 0)
+        assert front.cluster.loads.in_flight() == 0
+
+
 def _cancel_ends_it(actor: Any) -> None:
     """`actor`'s streams send their admission and one token, then nothing until cancelled: the cancel ends them
     "cancelled" with that token (the replica's own deadline, counted from a late start, has not come)."""
