@@ -2,9 +2,15 @@
 
 On the trace clock (`honor_timestamps` is forced on; times in ms). A request with a hint of `retain_for` seconds
 takes, when it finishes, a lease on its pages (prompt and reply, as the tree adopted them: a lock on that path)
-until `finish + retain_for`, where `finish` is the arrival time of the request whose admission made it finish
-(the replay's in-flight model, radixcache.sim.inflight). While the lease runs its pages cannot be evicted. A later
-request of the same session renews it: its own lease replaces the session's previous one. Leases expire on their
+until `end + retain_for`, where `end` is when the request ended: its recorded finish time (a recorded trace's
+`finish_timestamp`), else its arrival (a trace without durations, as the agent-session generator's, whose next step
+arrives `retain_for` after it). The lease is the pause after the request, as the engine's starts when the request
+ends: not the later arrival of the request whose admission makes it finish in the replay's in-flight model
+(radixcache.sim.inflight), which only orders the tree's inserts. A lease whose deadline passed before then is
+counted granted and expired, and holds nothing. While the lease runs its pages cannot be evicted. A later
+request of the same session renews it at its arrival, as the engine's match does: the deadline moves to that arrival
+plus the lease's own seconds, and the lease becomes the youngest; when that request ends, its own lease replaces
+the session's previous one. Leases expire on their
 own: before each arrival, every lease whose deadline has passed is released, so the pages are evictable at the
 next eviction. The leased pages (counted per lease) may not exceed `budget` times the capacity: past it, the
 oldest leases give way (are released) first. Without hints (a chat or Mooncake trace) it is a plain CacheReplay.
@@ -65,15 +71,16 @@ class LeaseReplay(CacheReplay):
         self.hints = hints
         self.budget_pages = int(budget * capacity_blocks)
         self.hint = getattr(self.cache.policy, "expect_reuse_in", None)
-        # key -> (deadline ms, locked node, pages), oldest grant (or renewal) first
-        self.leases: dict[object, tuple[float, object, int]] = {}
+        # key -> (deadline ms, locked node, pages, seconds), oldest grant (or renewal) first
+        self.leases: dict[object, tuple[float, object, int, float]] = {}
         self.leased_pages = 0
-        self.granted = self.given_way = self.expired = 0
+        self.granted = self.given_way = self.expired = self.renewed = 0
         self.prefill_ms = RoutingCosts().prefill_ms_per_token
         self.ttfts: list[float] = []
-        self._pending: dict[int, tuple[object, float | None]] = {}  # id(in-flight tokens) -> (lease key, hint)
+        # id(in-flight tokens) -> (lease key, hint, when the request ended: ms on the trace clock)
+        self._pending: dict[int, tuple[object, float | None, float]] = {}
         self._now = 0.0
-        self._next: tuple[object, float | None] = (None, None)
+        self._next: tuple[object, float | None, float] = (None, None, 0.0)
         add = self.inflight.add
 
         def add_noting_lease(item: tuple, finish_ms: float | None) -> None:
@@ -89,7 +96,9 @@ class LeaseReplay(CacheReplay):
         if self.hint is not None:
             self.hint(hint)
         before = self.hit_blocks
-        self._next = (request.session if request.session is not None else ("request", index), hint)
+        key = request.session if request.session is not None else ("request", index)
+        self._renew(key)
+        self._next = (key, hint, request.timestamp_ms if request.finish_ms is None else request.finish_ms)
         super().feed(index, request)
         hit = min((self.hit_blocks - before) * self.cache.page_size * request.unit, request.prompt_tokens)
         self.ttfts.append((request.prompt_tokens - hit) * self.prefill_ms)
@@ -103,7 +112,7 @@ class LeaseReplay(CacheReplay):
 
     def _finish(self, item: tuple) -> None:
         """`item` finishes (a request before the one arriving): its insert under its own hint, then its lease."""
-        key, hint = self._pending.pop(id(item[1]), (None, None))
+        key, hint, end = self._pending.pop(id(item[1]), (None, None, 0.0))
         if key is not None and hint is not None and key in self.leases:
             # Renewal: the session's new lease replaces its previous one, released first, so that the pages this
             # request read and wrote keep its hint, not the None the release tells (nothing evicts in between).
@@ -119,12 +128,19 @@ class LeaseReplay(CacheReplay):
         pages = min(len(full) // p, self.budget_pages)
         if pages == 0:
             return
+        deadline = end + hint * 1000.0
+        if deadline <= self._now:  # it ran out before this arrival, the first instant anything could evict
+            self.granted += 1
+            self.expired += 1
+            return
         held = self.cache.lock_prefix(full, pages * p, namespace=namespace)
         if held is None:
             return
-        self.leases[key] = (self._now + hint * 1000.0, held, pages)
+        self.leases[key] = (deadline, held, pages, hint)
         self.leased_pages += pages
         self.granted += 1
+        if key == self._next[0]:  # the request whose arrival finished this one is the session's next: a hit
+            self._renew(key)
         # Past the budget the oldest lease (by grant or last renewal: `leases` keeps that order, a renewal being
         # dropped and added again) gives way, as the engine's lease table does; not the earliest deadline, which
         # would release a short lease granted just now before an old long one.
@@ -132,13 +148,21 @@ class LeaseReplay(CacheReplay):
             self._drop(next(iter(self.leases)))
             self.given_way += 1
 
+    def _renew(self, key: object) -> None:
+        """The session `key`'s context is back (its next request arrives): as the engine's match does, its lease's
+        deadline moves to now plus the lease's own seconds, and it becomes the youngest."""
+        lease = self.leases.pop(key, None)
+        if lease is not None:
+            self.leases[key] = (self._now + lease[3] * 1000.0, *lease[1:])
+            self.renewed += 1
+
     def _release(self, due: Callable[[float], bool], *, expired: bool) -> None:
-        for key in [k for k, (deadline, _, _) in self.leases.items() if due(deadline)]:
+        for key in [k for k, (deadline, _, _, _) in self.leases.items() if due(deadline)]:
             self._drop(key)
             self.expired += expired
 
     def _drop(self, key: object) -> None:
-        _, node, pages = self.leases.pop(key)
+        _, node, pages, _ = self.leases.pop(key)
         self.leased_pages -= pages
         if self.hint is not None:
             self.hint(None)
