@@ -154,10 +154,13 @@ DISK_NOTE = (
 )
 
 
+#: the engine's prefill pass (runtime.engine.scheduler_config.SchedulerConfig.prefill_chunk, which no command sets)
+ENGINE_PREFILL_CHUNK = 512
+
 REUSE_NOTE = (
-    "(the reuse policy's hit rate can differ by a few points: it learns from each insert, and the engine inserts a "
-    "prompt chunk by chunk as it prefills and each page a decode fills (output length unknown yet), which the "
-    "recording does not show; the simulator inserts a prompt whole at its start and the rest at its finish)"
+    "(the reuse policy learns from each insert: --prefill-chunk replays the engine's, the prompt a prefill pass at a "
+    "time and each page a decode fills; with tiers or admission, which it does not model, or passes the engine cut "
+    "short (while it measured its threads, or beside other requests' decodes), the hit rate can differ a little)"
 )
 
 
@@ -180,6 +183,8 @@ def simulate_command(path: str, summary: Any, admission: str | None = None, tier
     args += ["--policy", summary.policy, "--block-size", str(summary.page_size)]
     if admission not in (None, "all"):
         args += ["--admission", str(admission)]
+    elif summary.policy == "reuse" and getattr(tiers, "host", None) is None:  # where the simulator models them
+        args += ["--prefill-chunk", str(ENGINE_PREFILL_CHUNK)]
     host = getattr(tiers, "host", None)
     if host is not None:
         args += ["--host-capacity-blocks", str(host.capacity)]

@@ -184,6 +184,14 @@ SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and
     help="With --leases: the share of the capacity leases may hold; past it the oldest gives way.",
 )
 @click.option(
+    "--prefill-chunk",
+    type=click.IntRange(min=1),
+    metavar="TOKENS",
+    help="Replay a recorded trace's requests as the engine gave the tree their pages while they ran: the prompt in "
+    "prefill passes of TOKENS from its match, then each page the decode filled (what the reuse policy learns from; "
+    "the engine's passes are 512) [default: the prompt whole at its start, the rest at its finish].",
+)
+@click.option(
     "--read-ahead/--no-read-ahead",
     default=None,
     help="Read a streamed trace in a second process while this one replays [default: on for hash or token traces "
@@ -255,6 +263,7 @@ def _simulate(
     read_ahead: bool | None,
     leases: bool,
     lease_budget: float,
+    prefill_chunk: int | None,
     debug: bool,
 ) -> None:
     """`simulate` on the file `trace`, named `name` in its output."""
@@ -303,6 +312,11 @@ def _simulate(
     )
     if tiers is not None and (admission or belady_admission or policies_spec is not None):
         raise click.UsageError("--admission, --belady-admission and --policies simulate the device cache alone")
+    if prefill_chunk is not None and (tiers is not None or admission):
+        raise click.UsageError(
+            "--prefill-chunk: not with tiers or --admission (the engine's commits are modelled for the device cache, "
+            "where every page is adopted)"
+        )
     if admission == "reuse" and policy != "reuse" and policies_spec is None:
         raise click.UsageError("--admission reuse learns from the reuse eviction policy: add --policy reuse")
     if policies_spec is not None and (belady or belady_admission):
@@ -350,6 +364,7 @@ def _simulate(
                 # The Belady replays in their own processes beside the policy's, each reading the file itself.
                 parallel=not in_memory and (os.cpu_count() or 1) >= 2,
                 honor_timestamps=honor_timestamps,
+                prefill_chunk=prefill_chunk,
             )
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None

@@ -9,8 +9,16 @@ from click.core import ParameterSource
 #: mode -> option (its parameter's name) -> why the mode ignores it
 _IGNORED: dict[str, dict[str, str]] = {
     "without --replicas": {"seed": "it seeds --rate and power_of_two, with --replicas"},
-    "with --policies": {"policy": "--policies names the policies", "windows": "the table has no windows"},
-    "with --replicas": {"windows": "a routed replay has no windows", "no_infinite": "a routed replay has no bound"},
+    "with --policies": {
+        "policy": "--policies names the policies",
+        "windows": "the table has no windows",
+        "prefill_chunk": "the engine's commits are modelled for one --policy",
+    },
+    "with --replicas": {
+        "windows": "a routed replay has no windows",
+        "no_infinite": "a routed replay has no bound",
+        "prefill_chunk": "a routed replica commits its prompt when its prefill ends",
+    },
 }
 
 

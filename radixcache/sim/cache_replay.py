@@ -30,6 +30,7 @@ from radixcache.sim.replay_common import (
     finish_into_tree,
     fit_request,
     prompt_blocks,
+    prompt_commits,
     replay_figures,
     request_tokens,
     shared_early,
@@ -57,7 +58,11 @@ class CacheReplay(OneCacheReplay):
         windows: int = 20,
         admission: str | AdmissionPolicy | None = None,
         honor_timestamps: bool = False,
+        prefill_chunk: int | None = None,
     ) -> None:
+        if prefill_chunk is not None and (type(prefill_chunk) is not int or prefill_chunk < 1):
+            raise RadixCacheError(f"prefill_chunk must be a positive int of tokens or None, got {prefill_chunk!r}")
+        self.prefill_chunk = prefill_chunk
         if type(concurrency) is not int or concurrency < 1:
             raise RadixCacheError(f"concurrency must be a positive int, got {concurrency!r}")
         # Checked here, not only by the RadixCache: the admission bound's tree is larger than the capacity (0 ran a
@@ -126,14 +131,17 @@ class CacheReplay(OneCacheReplay):
         blocks = match.blocks + new
         node = match.node
         early = shared_early(request, len(full) // p, p) if self.admission is None else 0
+        # With the engine's commits modelled, its decode gave the tree each page past these as it filled it.
+        decoded = early if self.prefill_chunk is not None else 0
         if early > matched_pages:  # its prompt's pages go into the tree now, pinned until it finishes
-            cache.insert(full[: early * p], blocks[:early], namespace=request.namespace)
+            for pages in prompt_commits(request, matched_pages, early, p, self.prefill_chunk):
+                cache.insert(full[: pages * p], blocks[:pages], namespace=request.namespace)
             pinned = cache.lock_prefix(full, early * p, namespace=request.namespace)  # all cached: never None
             if pinned is not None:
                 cache.unlock(match.node)
                 node = pinned
         self.inflight.add(
-            (node, full, blocks, request.namespace, matched_pages, len(prompt) // p, output_tokens, held),
+            (node, full, blocks, request.namespace, matched_pages, len(prompt) // p, output_tokens, held, decoded),
             request.finish_ms,
         )
         self.prompt_blocks += prompt_blocks(request, p)
@@ -145,10 +153,13 @@ class CacheReplay(OneCacheReplay):
 
     def _complete(self, item: tuple) -> None:
         """A request finishes: the tree adopts its pages (as many as admission allows) and it unlocks its match."""
-        node, full, blocks, namespace, matched, prompt_pages, output_tokens, held = item
+        node, full, blocks, namespace, matched, prompt_pages, output_tokens, held, decoded = item
         cache, p = self.cache, self.cache.page_size
         if held:
             cache.free(held)
+        if decoded:  # each page the decode filled, one insert apiece, before its output length is known
+            for pages in range(decoded + 1, len(full) // p + 1):
+                cache.insert(full[: pages * p], blocks[:pages], namespace=namespace)
         if self.expect is not None:  # said before its insert, and taken back after it (below)
             self.expect(output_tokens)
         pages = len(full) // p

@@ -44,6 +44,7 @@ def evaluate(
     parallel: bool = False,
     honor_timestamps: bool = False,
     flat: bool = True,
+    prefill_chunk: int | None = None,
 ) -> SimReport:
     """`simulate` plus its bounds: the infinite-cache replay (unless `infinite=False`: its table grows with the
     trace's distinct pages, where the policy's replay holds only the cache), and Belady's when asked for. The
@@ -59,6 +60,8 @@ def evaluate(
     when a request's pages may skip the cache), the one to compare a policy with admission against.
 
     `honor_timestamps`: the caches' clocks follow the trace's timestamps (see `simulate`). `flat`: see `simulate`.
+    `prefill_chunk`: the policy's replay gives the tree a recorded request's pages as the engine did (see
+    `simulate`); the bounds are unchanged.
 
     `parallel`: the Belady replays run in forked processes beside the policy's (radixcache.sim.fork), each
     reading the trace itself; the figures are the same. For a streamed trace on a machine with cores to spare (a
@@ -84,7 +87,8 @@ def evaluate(
     try:
         # A spare of a policy object, for a tiered replay that may have to run again (see `_with_infinite`).
         spare = copy.deepcopy(policy) if tiers is not None and isinstance(policy, EvictionPolicy) else policy
-        replay = policy_replay(workload, capacity_blocks, policy, tiers, admission, **options)
+        chunk = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}
+        replay = policy_replay(workload, capacity_blocks, policy, tiers, admission, **options, **chunk)
         report = _with_infinite(workload, replay, spare, infinite, concurrency, windows, progress)
     except BaseException:
         for call in forked.values():

@@ -154,6 +154,25 @@ def shared_early(request: SimRequest, pages: int, p: int) -> int:
     return min(request.prompt_tokens // request.unit // p, pages)
 
 
+def prompt_commits(request: SimRequest, matched: int, early: int, p: int, chunk: int | None) -> list[int]:
+    """The page counts at which a recorded request's prompt enters the tree at its start, ascending, the last
+    `early` (see `shared_early`; `matched` pages it hit). `chunk` None: all at once. Else as the engine committed
+    them: it prefills from its match (less one token when the match covers the whole prompt: the engine computes the
+    last token again for its logits) `chunk` real tokens a pass, and after each pass the tree takes the whole pages
+    computed so far."""
+    if chunk is None:
+        return [early]
+    per_page = p * request.unit
+    computed = min(matched * per_page, request.prompt_tokens - 1)
+    out: list[int] = []
+    while not out or out[-1] < early:
+        computed = min(computed + chunk, request.prompt_tokens)
+        pages = min(computed // per_page, early)
+        if pages > (out[-1] if out else matched):
+            out.append(pages)
+    return out
+
+
 def advance_to_arrival(cache: RadixCache, request: SimRequest) -> None:
     """Move the cache's clock to the request's arrival time, in microseconds (`honor_timestamps`)."""
     at = request.timestamp_ms * 1000

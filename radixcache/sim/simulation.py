@@ -51,6 +51,7 @@ def simulate(
     admission: str | AdmissionPolicy | None = None,
     honor_timestamps: bool = False,
     flat: bool = True,
+    prefill_chunk: int | None = None,
 ) -> SimResult:
     """Replay `workload` (an in-memory Workload, or a streamed TraceSource read once) through a cache of
     `capacity_blocks` blocks at `policy`. Memory is the cache's (and, for a trace whose first and last timestamps
@@ -77,6 +78,12 @@ def simulate(
     same figures in a fraction of the time (radixcache.sim.flat, radixcache.sim.flat_lru); False runs the
     tree (to time it, or to compare the two).
 
+    `prefill_chunk`: replay a recorded trace's requests as the engine gave the tree their pages while they ran (its
+    in-flight sharing): the prompt in passes of this many tokens from its match, then each page its decode filled,
+    each an insert of its own, before the finish (whose insert knows the output length). None: the prompt whole at
+    its start, the rest at its finish. What `reuse` learns differs (one insert, one group); the other policies'
+    figures barely move. Device cache only, through the tree.
+
     `progress(n)` is called now and then with the number of requests replayed since its last call. `check`
     runs the cache's full invariant check after every request (slow: for tests).
     """
@@ -84,7 +91,8 @@ def simulate(
     check_progress(progress)
     check_workload(workload)
     options = {"concurrency": concurrency, "windows": windows, "honor_timestamps": honor_timestamps, "flat": flat}
-    replay = policy_replay(workload, capacity_blocks, policy, tiers, admission, check=check, **options)
+    chunk = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}
+    replay = policy_replay(workload, capacity_blocks, policy, tiers, admission, check=check, **options, **chunk)
     if isinstance(replay, FlatBeladyReplay):
         replay.run(progress)  # from what it read of the trace: no second pass
     else:
@@ -109,6 +117,11 @@ def policy_replay(
         raise RadixCacheError(f"tiers must be a TierConfig or None, got {type(tiers).__name__}")
     if tiers is None:
         return device_replay(workload, capacity_blocks, policy, admission=admission, flat=flat, **options)
+    if options.get("prefill_chunk") is not None:
+        raise RadixCacheError(
+            "prefill_chunk (the engine's commits) is simulated on the device cache alone, not with tiers"
+        )
+    options.pop("prefill_chunk", None)
     if admission is not None:
         raise RadixCacheError("admission control is simulated on the device cache alone, not with tiers")
     return TieredReplay(workload, capacity_blocks, policy, tiers=tiers, **options)
@@ -152,10 +165,11 @@ def device_replay(
     admission: str | AdmissionPolicy | None = None,
     honor_timestamps: bool = False,
     flat: bool = True,
+    prefill_chunk: int | None = None,
 ) -> CacheReplay | FlatBeladyReplay | FlatLRUReplay:
     """The replay of one device cache: a flat one where it gives the tree's figures (`flat`, see `simulate`),
     else a CacheReplay."""
-    if flat and admission is None and not check:
+    if flat and admission is None and not check and prefill_chunk is None:
         replay = flat_replay(
             workload,
             capacity_blocks,
@@ -175,6 +189,7 @@ def device_replay(
         windows=windows,
         admission=admission,
         honor_timestamps=honor_timestamps,
+        prefill_chunk=prefill_chunk,
     )
 
 
