@@ -6,10 +6,11 @@ import contextlib
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 
 import click
+
+from radixcache.runtime.atomic_file import scratch
 
 STDOUT = "-"
 
@@ -29,12 +30,13 @@ def is_stdout(path: str) -> bool:
 @contextlib.contextmanager
 def through_stdout() -> Iterator[str]:
     """A temporary file for a writer that takes a path, copied to stdout once the block succeeds and removed either
-    way: a write that fails (a refused record, Ctrl-C) prints nothing, never a shorter trace that reads as sound."""
+    way: a write that fails (a refused record, Ctrl-C) prints nothing, never a shorter trace that reads as sound.
+    The file (radixcache.runtime.atomic_file.scratch: `$TMPDIR/radixcache-<pid>-<random>.partial`, private) of a
+    run killed meanwhile is removed by the next run that writes to stdout."""
     out = getattr(sys.stdout, "buffer", None)
     if out is None:  # `>&-`: an AttributeError from the copy, after the whole write
         raise click.ClickException("stdout is closed: give a file name instead of '-'")
-    handle, staging = tempfile.mkstemp(prefix="radixcache-", suffix=".partial")
-    os.close(handle)
+    handle, staging = scratch("radixcache-")  # the handle holds its lock: no other run takes it for a killed one's
     try:
         yield staging
         with open(staging, "rb") as source:
@@ -50,3 +52,4 @@ def through_stdout() -> Iterator[str]:
     finally:
         with contextlib.suppress(OSError):
             os.remove(staging)
+        os.close(handle)

@@ -31,6 +31,7 @@ import os
 import re
 import secrets
 import stat
+import tempfile
 from collections.abc import Iterator
 
 PARTIAL = ".partial"
@@ -200,19 +201,45 @@ def remove_stale_partials(folder: str, name: str) -> list[str]:
         if pid == os.getpid() or _pid_alive(pid):
             continue
         stale = os.path.join(folder, entry)
-        try:
-            fd = os.open(stale, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue  # gone (committed, or removed by another start), or not a plain file of ours
-        try:
-            if _try_lock(fd):
-                os.remove(stale)
-                removed.append(stale)
-        except OSError:
-            pass  # not ours to remove (a read-only folder): it stays
-        finally:
-            os.close(fd)
+        if _remove_unlocked(stale):
+            removed.append(stale)
     return removed
+
+
+def scratch(prefix: str) -> tuple[int, str]:
+    """A private temporary file (mkstemp's: 0600, never an existing file or link) in the system's temporary folder,
+    `<prefix><pid>-<random>.partial`, and its descriptor, which holds its lock: close it after removing the file.
+    Removes first this user's files of that naming that killed processes left (pid dead, no lock held)."""
+    folder = tempfile.gettempdir()
+    named = re.compile(re.escape(prefix) + r"([0-9]+)-[A-Za-z0-9_]+" + re.escape(PARTIAL))
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            m = named.fullmatch(entry.name)
+            if m is None or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():  # another user's is not ours to judge
+                _remove_unlocked(entry.path)
+    fd, path = tempfile.mkstemp(prefix=f"{prefix}{os.getpid()}-", suffix=PARTIAL, dir=folder)
+    _try_lock(fd)
+    return fd, path
+
+
+def _remove_unlocked(path: str) -> bool:
+    """Remove the regular file `path` unless a process holds its lock; whether it was removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False  # gone (committed, or removed by another start), or not a plain file of ours
+    try:
+        if _try_lock(fd):
+            os.remove(path)
+            return True
+    except OSError:
+        pass  # not ours to remove (a read-only folder): it stays
+    finally:
+        os.close(fd)
+    return False
 
 
 def _naming(exc: OSError, path: str) -> OSError:

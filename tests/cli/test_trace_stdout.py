@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +94,41 @@ def test_trace_gen_to_a_closed_or_full_stdout_says_so(tmp_path: Path, monkeypatc
         with pytest.raises(OSError) as error, through_stdout() as path:
             Path(path).write_bytes(b"x" * 100_000)
     assert error.value.filename == "stdout"
+
+
+@pytest.mark.skipif(os.name == "nt", reason="SIGKILL")
+def test_a_killed_runs_stdout_file_is_removed_by_the_next_run(tmp_path: Path, monkeypatch) -> None:
+    """`trace gen chat - --count 20000 | ...` killed (kill -9) left its whole temporary trace (up to 1.1 GB) in
+    the temporary folder for good. The next run that writes to stdout removes it (its pid runs no more, no lock);
+    a live run's stays."""
+    import tempfile
+
+    from radixcache.cli.stdout import through_stdout
+
+    code = (
+        "import sys, time\n"
+        "from radixcache.cli.stdout import through_stdout\n"
+        "with through_stdout() as path:\n"
+        "    open(path, 'wb').write(b'half a trace')\n"
+        "    print(path, file=sys.stderr, flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path)}
+        )
+        for _ in range(2)
+    ]
+    try:
+        killed, live = (Path(c.stderr.readline().strip()) for c in children)  # type: ignore[union-attr]
+        children[0].kill()
+        children[0].wait()
+        assert killed.parent == tmp_path and killed.read_bytes() == b"half a trace"
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO()))
+        with through_stdout() as path:
+            Path(path).write_bytes(b"x")
+        assert not killed.exists() and live.exists()
+    finally:
+        children[1].kill()
+        children[1].wait()
