@@ -156,6 +156,8 @@ class PrefetchJobs:
             got = max(0, min(got, disk_pages))
             if job.failed_at is not None:
                 self._counts["disk_failed_reads"] += 1
+            elif not own:
+                self._forget_unarrived(job, max(0, skip) + got)
             if got and staging is not None and later is not None:
                 end = self.reader.release if own else self._end_job
                 later.append(LayeredLoad(self.pool, staging[:, :, skip:], got, blocks, lambda: end(job)))
@@ -176,3 +178,11 @@ class PrefetchJobs:
             if own and not later:
                 self.reader.release(job)  # its staging goes back to the kept buffers
                 self._forget_unread(job)
+
+    def _forget_unarrived(self, job: PrefetchJob, used: int) -> None:
+        """The pages of a taken job past its first `used` are recomputed (admitted before they arrived: best_effort, a
+        timeout); those whose files are gone (a `cache clear` since this process opened the directory, another
+        process's eviction) leave the disk index, or the recomputed pages were never written again (the index said
+        they were there), and a restart found none of them. One lstat a page, for pages about to be recomputed."""
+        if self.disk is not None and used < len(job):
+            self.disk.forget_missing(job.hashes[used:])

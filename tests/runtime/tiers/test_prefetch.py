@@ -16,6 +16,7 @@ import torch
 from radixcache.runtime import Engine
 from radixcache.runtime.engine.engine_config import EngineConfig
 from radixcache.runtime.kv.state import Status
+from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from tests.runtime.conftest import page_path
 
@@ -360,3 +361,29 @@ def test_a_request_waiting_for_room_counts_its_declined_pages_once(model, tmp_pa
     assert engine.stats.tiers.declined_pages == len(PROMPT[:-1]) // P  # its 10 disk pages, once
     assert_clean(engine)
     engine.close()
+
+
+def test_pages_cleared_under_a_best_effort_prefetch_are_written_again(model, tmp_path: Path) -> None:
+    """`radixcache cache clear` on the directory of a running engine while a prefetch waits on its first read; the
+    request is admitted at once (best_effort) and recomputes its pages. The engine's index still listed them (no
+    read of theirs had failed), so their recomputed pages were never written again: a restart found 8 of 40 tokens.
+    The pages a taken prefetch did not deliver leave the index when their files are gone."""
+    want = baseline(model, PROMPT, 4)
+    written(model, tmp_path, PROMPT)
+    with restarted(model, tmp_path, prefetch_policy="best_effort") as engine:
+        gate = Gate(engine)
+        b = engine._request(PROMPT, 4, ignore_eos=True)
+        engine.scheduler.add(b)
+        assert gate.entered.wait(30)
+        with DiskStore(tmp_path, max_bytes=1 << 30, create=False) as cli:  # the CLI's store, beside the engine's
+            assert cli.clear() == 10
+        step(engine)  # admitted with nothing arrived
+        assert b.kv.tier_pages == 0
+        gate.opened.set()
+        run_out(engine)
+        assert list(b.output_ids) == want
+        assert engine.flush(30)
+        assert_clean(engine)
+    with restarted(model, tmp_path) as again:
+        got = again.generate(PROMPT, max_new_tokens=4, ignore_eos=True)
+    assert list(got.token_ids) == want and got.cached_tokens == 40
