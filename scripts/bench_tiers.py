@@ -43,7 +43,8 @@ from tier_bench_kit import fixed_threads, random_prompt  # noqa: E402
 from radixcache.runtime import Engine  # noqa: E402
 from radixcache.runtime.kv.tier.disk_store import DiskStore  # noqa: E402
 from radixcache.runtime.kv.tier.host_pool import HostKVPool  # noqa: E402
-from radixcache.runtime.kv.tier.prefetch import PrefetchReader, copy_staged  # noqa: E402
+from radixcache.runtime.kv.tier.page_copy import copy_staged  # noqa: E402
+from radixcache.runtime.kv.tier.prefetch import PrefetchReader  # noqa: E402
 from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob  # noqa: E402
 from radixcache.runtime.loading import load_model  # noqa: E402
 

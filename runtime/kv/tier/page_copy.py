@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from radixcache.runtime.kv.pool import KVPool
+
 
 def page_runs(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int, int]]:
     """(source start, destination start, length) of each maximal run where both sides advance by one page."""
@@ -39,3 +41,10 @@ def copy_pages(
     `non_blocking` from pinned host memory to CUDA queues the copies on the current stream)."""
     for s, d, n in page_runs(src_pages, dst_pages):
         dst[:, :, d : d + n].copy_(src[:, :, s : s + n], non_blocking=non_blocking)
+
+
+def copy_staged(pool: KVPool, staging: torch.Tensor, pages: int, blocks: Sequence[int]) -> None:
+    """Copy the first `pages` staged pages into the pool's `blocks`, in runs of slice copies (page_copy; done on
+    return: the staging memory may go as soon as this returns)."""
+    if pages > 0:
+        copy_pages(pool.kv, blocks[:pages], staging, range(pages))

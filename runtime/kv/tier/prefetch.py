@@ -42,7 +42,6 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -51,8 +50,7 @@ from radixcache.runtime.kv.pool import KVPool, populate
 from radixcache.runtime.kv.tier.copy_sync import pins_host_memory
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.native_reads import split_reader
-from radixcache.runtime.kv.tier.page_copy import copy_pages
-from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob
+from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob, ReaderTask
 from radixcache.runtime.kv.tier.prefetch_policy import (
     DEFAULT_PAGES_PER_STEP,
     DEFAULT_PREFETCH_POLICY,
@@ -286,7 +284,7 @@ class PrefetchReader:
         """Submit a reader task for `job`; False when its thread could not start (the process's thread limit), and
         the task, queued anyway by the executor, then never reads (an older reader may reach it later). Never
         raises: this runs in whichever call starts the job, another request's admission or cancel among them."""
-        task = _ReaderTask(job)
+        task = ReaderTask(job)
         assert self._executor is not None
         try:
             self._executor.submit(self._read_pages, task)
@@ -309,7 +307,7 @@ class PrefetchReader:
             self._queued.remove(job)
         self._start_queued()
 
-    def _read_pages(self, task: _ReaderTask) -> None:
+    def _read_pages(self, task: ReaderTask) -> None:
         """A reader's share of `task.job`: the next page no reader has taken, until none is left (`_active` counted
         this task when it was submitted, unless its submission failed: then it does nothing)."""
         job = task.job
@@ -393,22 +391,3 @@ class PrefetchReader:
         meta = self.disk.read_into(job.hashes[i], job.tokens[i], job.rows(i), head, self._split, stamp)
         # a page of another shape or dtype cannot come under one fingerprint; never use its bytes
         return meta is not None and meta.get("dtype") == str(self.dtype) and tuple(meta.get("shape", ())) == self.shape
-
-
-class _ReaderTask:
-    """One reader's task for a job; whether it began, or was abandoned because its submission raised (both under
-    the reader's lock)."""
-
-    __slots__ = ("abandoned", "began", "job")
-
-    def __init__(self, job: PrefetchJob) -> None:
-        self.job = job
-        self.began = False
-        self.abandoned = False
-
-
-def copy_staged(pool: KVPool, staging: torch.Tensor, pages: int, blocks: Sequence[int]) -> None:
-    """Copy the first `pages` staged pages into the pool's `blocks`, in runs of slice copies (page_copy; done on
-    return: the staging memory may go as soon as this returns)."""
-    if pages > 0:
-        copy_pages(pool.kv, blocks[:pages], staging, range(pages))

@@ -1,7 +1,7 @@
 """One request's run of disk pages being read ahead of its admission (kv.tier.prefetch): which pages, which have
 arrived (consecutively from the first: the only ones usable), and the staging memory they land in. The reader
-threads write its fields under the reader's lock; see kv.tier.prefetch for the invariants. And `plan_prefetch`:
-which run to read for a prompt, given the cache now."""
+threads write its fields under the reader's lock; see kv.tier.prefetch for the invariants. A reader's task for a
+job (`ReaderTask`). And `plan_prefetch`: which run to read for a prompt, given the cache now."""
 
 from __future__ import annotations
 
@@ -66,6 +66,18 @@ class PrefetchJob:
         """Every page read, or every page before the first failure."""
         end = len(self.ok) if self.failed_at is None else self.failed_at
         return self.started is not None and self.arrived >= end
+
+
+class ReaderTask:
+    """One reader's task for a job; whether it began, or was abandoned because its submission raised (both under
+    the reader's lock)."""
+
+    __slots__ = ("abandoned", "began", "job")
+
+    def __init__(self, job: PrefetchJob) -> None:
+        self.job = job
+        self.began = False
+        self.abandoned = False
 
 
 def plan_prefetch(

@@ -16,7 +16,8 @@ from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.kv.tier.host_recency import HostPageTier
 from radixcache.runtime.kv.tier.layered_load import LayeredLoad
 from radixcache.runtime.kv.tier.load_costs import LoadCosts, TierTally
-from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader, copy_staged
+from radixcache.runtime.kv.tier.page_copy import copy_staged
+from radixcache.runtime.kv.tier.prefetch import PrefetchJob, PrefetchReader
 from radixcache.runtime.kv.tier.prefetch_job import plan_prefetch
 from radixcache.tier.tiered_cache import TieredCache, TierMatch
 

@@ -106,7 +106,8 @@ def test_staging_views_hold_what_the_readers_wrote(pages: int) -> None:
 def test_a_read_on_the_callers_thread_hands_its_buffer_back(tmp_path: Path) -> None:
     from radixcache.runtime.kv.pool import KVPool
     from radixcache.runtime.kv.tier.disk_store import DiskStore
-    from radixcache.runtime.kv.tier.prefetch import PrefetchReader, copy_staged
+    from radixcache.runtime.kv.tier.page_copy import copy_staged
+    from radixcache.runtime.kv.tier.prefetch import PrefetchReader
     from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob
     from radixcache.runtime.testing import tiny_model
 
