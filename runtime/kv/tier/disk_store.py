@@ -14,7 +14,8 @@ This module is the front; the pieces behind it, one concern each:
 - `disk_format`: the bytes of one page file (self-describing and checksummed);
 - `disk_reads`: one page file read and checked, whole or with its payload into the caller's buffers, and what the
   read does to the index (a miss, a corrupt page deleted, a hit refreshed);
-- `disk_reports`: what `stats` and `verify` return, and the check of every page file `verify` makes.
+- `disk_reports`: what `stats` and `verify` return, and the check of every page file `verify` makes;
+- `disk_maintenance`: `stats`, `verify` and `clear`, the store's methods that inspect or empty the directory.
 
 Invariants:
 
@@ -42,7 +43,6 @@ enforces `max_bytes` over the pages it knows of: its own writes and what was the
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -53,8 +53,9 @@ from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow_split
 from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, PageWrite, encode_page
 from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, clamp_future, scan_pages
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, cache_path, fingerprint_tag
+from radixcache.runtime.kv.tier.disk_maintenance import DiskMaintenance
 from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into, read_indexed
-from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport, remove_file, verify_pages
+from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport
 from radixcache.runtime.kv.tier.disk_stamps import Hashes, OwedRefreshes, set_mtimes
 from radixcache.runtime.kv.tier.disk_writer import PagePathTaken, PageWriteLost, WriteQueue, write_page_file
 
@@ -73,7 +74,7 @@ T = TypeVar("T")
 _COUNTERS = ("writes", "dropped_writes", "read_hits", "read_misses", "corrupt_pages", "evicted_pages")
 
 
-class DiskStore:
+class DiskStore(DiskMaintenance):
     """Pages on disk, addressed by page hash, bounded by `max_bytes`, written by one background thread.
 
     Thread-safety: `count_prefix`, `read`, `read_into`, `put`, `stats` may be called from any thread while the
@@ -351,63 +352,6 @@ class DiskStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    # ---------------------------------------------------------------------------------------- maintenance
-
-    def stats(self) -> DiskStoreStats:
-        """A snapshot of the index and the counters."""
-        with self._lock:
-            index = self._index
-            names = {tag: self._names.get(tag, f"?{tag}") for tag in index.tag_pages}
-            return DiskStoreStats(
-                directory=self.directory,
-                pages=len(index),
-                bytes=index.bytes,
-                max_bytes=self.max_bytes,
-                enabled=self.enabled,
-                pending_writes=len(self._queue),
-                fingerprints={names[tag]: n for tag, n in sorted(index.tag_pages.items())},
-                fingerprint_bytes={names[tag]: n for tag, n in sorted(index.tag_bytes.items())},
-                **self._count,
-            )
-
-    def verify(self, *, delete: bool = True) -> VerifyReport:
-        """Read and check every page file on disk: magic, version, checksum, header, length, that the recorded
-        hash is the file's name (and sits in its first byte's folder), and that the recorded fingerprint is its
-        folder's. Corrupt files are deleted (and leave the index) when `delete`. Never raises for I/O reasons;
-        a file that cannot be read counts as corrupt, one that cannot be deleted as not removed."""
-        return verify_pages(self.layout, lambda hash_hex, path: self._corrupt_found(hash_hex, path, delete))
-
-    def _corrupt_found(self, hash_hex: str, path: str, delete: bool) -> bool:
-        """Count a page file `verify` found corrupt; when `delete`, delete it and its index entry. Whether deleted."""
-        with self._lock:
-            self._count["corrupt_pages"] += 1
-        if not delete or not remove_file(path):
-            return False
-        with self._lock, contextlib.suppress(ValueError):
-            page_hash = bytes.fromhex(hash_hex)
-            entry = self._index.get(page_hash)
-            if entry is not None and entry.path == path:
-                self._index.drop(page_hash, entry)
-        return True
-
-    def clear(self) -> int:
-        """Delete every page file and temporary file (and discard queued writes); return how many pages.
-
-        Raises ValueError naming the directory when it lacks the marker file (it is not a radixcache cache) or
-        holds another format; OSError when a file cannot be deleted. A write already in progress may still land.
-        """
-        try:
-            self.layout.check_marker(strict=True)
-            self.layout.check_own_folders()
-        except ValueError as exc:
-            raise ValueError(f"refusing to clear {self.directory}: {exc}") from None
-        with self._lock:
-            self._count["dropped_writes"] += self._queue.discard_queued()
-        count = self.layout.remove_page_files()
-        with self._lock:
-            self._index.clear()
-        return count
 
     def __repr__(self) -> str:
         return f"DiskStore({self.directory!r}, max_bytes={self.max_bytes}, enabled={self.enabled})"
