@@ -285,12 +285,19 @@ class DiskStore(DiskMaintenance):
         return True
 
     def _perform(self, key: bytes, write: PageWrite) -> None:
-        """The writer thread's work for one queued page: the file, its index entry, the evictions it forces."""
+        """The writer thread's work for one queued page: the file, its index entry, the evictions it forces. A page
+        whose parent's file is gone (one lstat) is not written, and the parent leaves the index: a run is found from
+        its head, and a `cache clear` beside a live engine left its index listing pages no longer there."""
         self._settle()  # the refreshes before it was queued, then the page, then those after
         with self._lock:
             enabled = self.enabled
             assert write.used_ns is not None  # set by `put`
             stamp = self._index.place(write.parent, write.used_ns)
+            parent = self._index.get(write.parent) if write.parent is not None and stamp is not None else None
+        if parent is not None and not os.path.lexists(parent.path):  # deleted behind our back: a `cache clear`
+            with self._lock:
+                self._index.drop(write.parent, parent)  # type: ignore[arg-type]  # (not None with an entry)
+            stamp = None  # past a gap: never read
         entry: PageEntry | None = None
         if enabled and stamp is not None:
             try:

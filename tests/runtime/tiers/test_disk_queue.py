@@ -102,3 +102,30 @@ def test_a_commit_stops_at_a_gap_where_the_disk_holds_the_page_after_it(model: R
         assert (counts["disk_queued_pages"], counts["disk_dropped_pages"]) == (0, 1)
         assert not disk.holds(d)  # past the gap: never read
         assert disk.count_prefix([a, b, c, d]) == 0
+
+
+def test_pages_whose_parent_a_cache_clear_deleted_are_not_written(model: RandomModel, tmp_path: Path) -> None:
+    """`radixcache cache clear` on a running engine's directory, then the conversation goes on: its prefix is on the
+    device, and the engine's index still lists its pages. Each new page was written with its parent held by that
+    index, whose file was gone: the run's head is not on disk, so a restart finds none of them, and they took room
+    under the size limit. The writer now checks that a parent's file is there (one lstat a page it writes)."""
+    rng = random.Random(3)
+    vocab = model.config.vocab_size
+    prompt = [rng.randrange(1, vocab) for _ in range(4 * P + 1)]
+    kwargs = {"capacity_blocks": 400, "page_size": P, "cache_dir": tmp_path, "dtype": "float64"}
+    with Engine(model, capacity_blocks=400, page_size=P, dtype="float64", enable_cache=False) as plain:
+        first = plain.generate(prompt, 2, ignore_eos=True)
+        longer = [*prompt, *first.token_ids, *(rng.randrange(1, vocab) for _ in range(3 * P))]
+        want = plain.generate(longer, 4 * P, ignore_eos=True).token_ids
+    with Engine(model, **kwargs) as engine:
+        assert engine.generate(prompt, 2, ignore_eos=True).token_ids == first.token_ids
+        assert engine.flush(30)
+        with disk_store.DiskStore(tmp_path, max_bytes=1 << 30, create=False) as cli:
+            assert cli.clear() == 4
+        got = engine.generate(longer, 4 * P, ignore_eos=True)  # its prefix from the device, new pages after it
+        assert got.token_ids == want and got.cached_tokens >= 4 * P
+        assert engine.flush(30)
+    assert not list((tmp_path / "pages").rglob("*.kvpage"))  # none past the gap
+    with Engine(model, **kwargs) as restarted:
+        again = restarted.generate(longer, 4 * P, ignore_eos=True)
+    assert again.token_ids == want and again.cached_tokens == 0
