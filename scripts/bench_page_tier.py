@@ -28,6 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from script_args import at_least  # noqa: E402
+
 from radixcache.sim import TierConfig, evaluate  # noqa: E402
 from radixcache.sim import tiers as sim_tiers  # noqa: E402
 from radixcache.tier import page_tier  # noqa: E402
@@ -120,10 +122,10 @@ def play(log: list[tuple[str, int, tuple]], sizes: list[tuple[int, str]], tier: 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--capacity-blocks", type=int, default=8000)
-    ap.add_argument("--host-blocks", type=int, default=20000)
-    ap.add_argument("--disk-blocks", type=int, default=40000)
+    ap.add_argument("--rounds", type=at_least(1), default=5)
+    ap.add_argument("--capacity-blocks", type=at_least(1), default=8000)
+    ap.add_argument("--host-blocks", type=at_least(1), default=20000)
+    ap.add_argument("--disk-blocks", type=at_least(1), default=40000)
     ap.add_argument("--rev", action="append", default=[], help="also time PageTier at this git revision (repeatable)")
     args = ap.parse_args(argv)
     log, sizes = record(load_workload(str(args.trace)), args)

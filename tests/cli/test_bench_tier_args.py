@@ -1,6 +1,7 @@
-"""scripts/bench_tiers.py and scripts/bench_tier_prefetch.py refuse a bad count by its option's name before the model
-loads: --reps 0 reported infinite costs, --page-size 0 was a traceback from inside the engine, and a
---at the decode never reaches a failed assert 120 s into the run (script_args.at_least, as bench_agents uses)."""
+"""scripts/bench_tiers.py, scripts/bench_tier_prefetch.py and scripts/bench_page_tier.py refuse a bad count by its
+option's name before the model (or the trace) loads: --reps 0 reported infinite costs, --page-size 0 was a traceback
+from inside the engine, a --at the decode never reaches a failed assert 120 s into the run, and bench_page_tier's
+--rounds 0 a median of nothing after the replay (script_args.at_least, as bench_agents uses)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ MISSING_MODEL = "/nonexistent/model"  # reached only if the arguments passed: a 
         ("bench_tier_prefetch.py", ["--rounds", "0"], "--rounds"),
         ("bench_tier_prefetch.py", ["--settle", "nan"], "--settle"),
         ("bench_tier_prefetch.py", ["--at", "48", "--decode-tokens", "48"], "--at"),
+        ("bench_page_tier.py", ["--rounds", "0"], "--rounds"),
+        ("bench_page_tier.py", ["--host-blocks", "-1"], "--host-blocks"),
     ],
 )
 def test_a_bad_count_is_a_usage_error_naming_it_before_the_model_loads(script: str, args: list[str], named: str):
