@@ -1,7 +1,9 @@
 """Agent histories into the messages and variables a chat template renders, so that turn N+1's prompt extends
 turn N's prompt and output token for token.
 
-- Templates that read `tools` get them as `tools=[...]` (OpenAI's function format), assistant tool calls as
+- Templates that read `tools` get them as `tools=[...]` (OpenAI's function format; `tools=None` without tools, as
+  transformers passes it: Mistral v0.3's `tools is not none` was true of an undefined `tools`, so a plain chat read
+  an empty `[AVAILABLE_TOOLS] [][/AVAILABLE_TOOLS]` block), assistant tool calls as
   `tool_calls` with `arguments` as objects (Hugging Face's convention), and tool messages as `role: "tool"`.
 - Other templates get the generic format: `generic_tools_prompt(tools)` appended to the first system message (or
   as a new first system message), assistant calls as the JSON text `{"tool_calls": [{"name": ..., "arguments":
@@ -75,8 +77,8 @@ def template_messages(
                 d["name"] = m.name
             out.append(d)
     variables: dict[str, Any] = {}
-    if tools and native:
-        variables["tools"] = [t.to_openai() for t in tools]
+    if native:  # None without tools, as transformers passes it: undefined, `tools is not none` held (Mistral v0.3)
+        variables["tools"] = [t.to_openai() for t in tools] if tools else None
     elif tools:
         block = generic_tools_prompt(tools)
         if out and out[0]["role"] == "system":
