@@ -99,7 +99,9 @@ class Session:
 
     def fork(self, n: int | None = None, **kwargs: Any) -> list[GenerationResult]:
         """n replies to the history so far (sharing its KV; Engine.fork's n and continuations); the history is
-        unchanged. With `pin=`, its pin (of the history) becomes the session's, as a turn's does."""
+        unchanged. With `pin=`, its pin (of the history) becomes the session's, as a turn's does. A ValueError, as
+        `send`'s, while the last reply's calls have no results."""
+        _answered(self.messages, "a fork")  # its replies would follow calls without their results
         seed = kwargs.pop("seed", None)  # fork's own (branch i samples with seed + i); else the options' seed
         continuations = kwargs.pop("continuations", None)
         prompt = list(self.messages)
@@ -259,8 +261,14 @@ def _tool_turns(results: object, history: list[dict[str, Any]]) -> list[dict[str
 
 
 def _user_turn(content: str, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The user message of `content`; a ValueError when the history ends with calls made and left without a result
-    (the model would read the user's turn as if they had run; OpenAI's chat API answers such a history 400)."""
+    """The user message of `content`, after `_answered(history)`."""
+    _answered(history, "the next user turn")
+    return [{"role": "user", "content": content}]
+
+
+def _answered(history: list[dict[str, Any]], before: str) -> None:
+    """A ValueError when the history ends with calls made and left without a result (the model would read the next
+    turn, or a fork's replies, as if they had run; OpenAI's chat API answers such a history 400)."""
     answered: set[Any] = set()
     for m in reversed(history):  # the history's last calls: its trailing assistant messages with calls and results
         if m.get("role") == "tool":
@@ -271,11 +279,10 @@ def _user_turn(content: str, history: list[dict[str, Any]]) -> list[dict[str, An
             if missing:
                 raise ValueError(
                     f"the last reply's calls {missing} have no result: answer them with send_tool_results (each "
-                    "call it made needs one) before the next user turn"
+                    f"call it made needs one) before {before}"
                 )
         else:
             break
-    return [{"role": "user", "content": content}]
 
 
 def _made(call: Mapping[str, Any]) -> bool:

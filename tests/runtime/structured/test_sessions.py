@@ -206,3 +206,19 @@ def test_a_user_turn_after_a_call_cut_short_is_answered(engine: Engine) -> None:
         s.send("Go on.")
     s = engine.session(messages=[*split, {"role": "tool", "tool_call_id": "call_a", "content": "5"}], max_new_tokens=2)
     s.send("Go on.")
+
+
+def test_a_fork_after_calls_left_without_results_is_refused(engine: Engine) -> None:
+    """fork generated n replies right after a reply's calls, which the model read as if they had run: a ValueError
+    as send's, the history and the session's pin unchanged; answered, the fork runs."""
+    s = engine.session(system="Use the tools.", **ONE_CALL, pin=True, max_new_tokens=200, seed=1)
+    r = s.send("What is 2 + 3?")
+    check_calls(r)
+    history, pinned = copy.deepcopy(s.messages), engine.stats.pinned_blocks
+    ids = [c.id for c in r.tool_calls]
+    with pytest.raises(ValueError, match=re.escape(f"the last reply's calls {ids} have no result")):
+        s.fork(2, tool_choice="none", max_new_tokens=2, temperature=1.0)
+    assert s.messages == history and engine.stats.pinned_blocks == pinned and len(engine.kv.pins) == 1
+    s.send_tool_results({i: "5" for i in ids}, tool_choice="none", max_new_tokens=2)
+    assert len(s.fork(2, tool_choice="none", max_new_tokens=2, temperature=1.0)) == 2
+    assert s.unpin() == 1 and engine.stats.pinned_blocks == 0
