@@ -154,9 +154,9 @@ def _forget(handles: set[GenerationHandle], ref: weakref.ref[GenerationHandle], 
 
 
 async def submit_off_loop(engine: GenerationEngine, job: Job, inflight: Inflight) -> list[GenerationHandle]:
-    """`_submit_all` in a worker thread: building a request compiles its grammar (2 to 40 ms for a new schema, the
-    first grammar's vocabulary 0.3 s) and checks its prompt, and the event loop must keep serving every other
-    stream meanwhile. Cancelling the awaiting task (a client gone) cancels the handles the thread makes."""
+    """`_submit_all` in a worker thread: building a request compiles its grammar (2 to 40 ms for a new schema; more
+    at a server's start, until its vocabulary is built) and checks its prompt, and the event loop must keep serving
+    every other stream meanwhile. Cancelling the awaiting task (a client gone) cancels the handles the thread makes."""
     task = asyncio.ensure_future(asyncio.to_thread(_submit_all, engine, job, inflight))
     try:
         return await asyncio.shield(task)

@@ -1,0 +1,67 @@
+"""The grammar vocabulary (every token's bytes, ~0.4 s for SmolLM2) is built on a thread the engine starts, not by
+the first request that has a grammar: that request's time to first token carried the whole build, and its size told
+a tenant whether anyone had sent a grammar before. A request that comes while the build runs waits for what is left
+of it; requests without a grammar never wait; a build that fails fails the structured requests alone."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+import radixcache.runtime.engine.structured as structured
+from tests.runtime.structured.conftest import SCHEMAS, make_engine, response_format
+
+
+@pytest.fixture
+def gated(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """`build_vocab` held until `gate` is set, recording the threads it ran on."""
+    real = structured.build_vocab
+    state: dict[str, Any] = {"gate": threading.Event(), "threads": []}
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        state["threads"].append(threading.current_thread())
+        state["gate"].wait(60)
+        if state.get("fail"):
+            raise ValueError("no EOS token")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(structured, "build_vocab", build)
+    yield state
+    state["gate"].set()
+
+
+def test_the_vocabulary_is_built_at_start_off_the_request_path(tiny_dir: Path, gated: dict[str, Any]) -> None:
+    with make_engine(tiny_dir) as engine:
+        assert len(gated["threads"]) == 1 and gated["threads"][0] is not threading.current_thread()
+        plain = engine.generate("plain", 6, ignore_eos=True)  # served while the build is held
+        assert len(plain.token_ids) == 6
+        rf = response_format("flags")
+        handles: list[Any] = []
+        caller = threading.Thread(target=lambda: handles.append(engine.submit("x", 80, response_format=rf)))
+        caller.start()
+        caller.join(0.5)
+        assert caller.is_alive() and not handles  # waits for what is left of the build
+        gated["gate"].set()
+        caller.join(60)
+        r = handles[0].result(60)
+        assert r.finish_reason == "stop"
+        jsonschema.validate(json.loads(r.text), SCHEMAS["flags"])
+        assert len(gated["threads"]) == 1  # built once, never again by a request
+        assert engine.check()["locked_blocks"] == 0
+
+
+def test_a_failed_build_fails_the_structured_requests_alone(tiny_dir: Path, gated: dict[str, Any]) -> None:
+    gated["fail"] = True
+    gated["gate"].set()
+    with make_engine(tiny_dir) as engine:
+        for _ in range(2):
+            with pytest.raises(ValueError, match="grammar vocabulary: no EOS token"):
+                engine.generate("x", 8, response_format={"type": "json_object"})
+        assert len(engine.generate("plain", 4, ignore_eos=True).token_ids) == 4
+        assert engine.check()["locked_blocks"] == 0
