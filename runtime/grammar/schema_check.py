@@ -2,8 +2,8 @@
 
 The grammar library reports an invalid schema without saying where it is; this walk finds the usual mistakes first
 (an unknown `type`, a `$ref` that points nowhere, a `required` that is not a list of names, a bad `pattern`, a
-negative length, a number past 64 bits) and raises `GrammarError` with the path, e.g.
-`response_format.json_schema.schema.properties.age.type`.
+negative length, a number past 64 bits, a schema too large to compile: `schema_size`) and raises `GrammarError`
+with the path, e.g. `response_format.json_schema.schema.properties.age.type`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import llguidance
 
 from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.schema_size import check_size
 from radixcache.runtime.tools.json_values import non_finite_path
 
 TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
@@ -29,6 +30,7 @@ def check_schema(schema: Any, path: str) -> None:
     """Raise `GrammarError(path=...)` at the first structural mistake in `schema`."""
     if nests_deeper_than(schema, MAX_DEPTH):
         raise GrammarError(f"nests more than {MAX_DEPTH} levels of objects and arrays", path)
+    check_size(schema, path)  # before the walks below, which cost seconds for a schema of megabytes
     if (found := _not_json(schema, path)) is not None:  # the Python API's: canonical JSON raised a TypeError
         raise GrammarError(*found)
     if (where := non_finite_path(schema, path)) is not None:  # the library reads NaN as null: {"const": NaN} forced

@@ -1,0 +1,90 @@
+"""Hostile schemas over HTTP, on an in-process app over the tiny checkpoint: a schema too large to compile (an enum
+of 100,000 strings, 10,000 properties) is a 400 whose `param` names the part that holds its bulk, for
+response_format and for a tool's parameters alike, sent before anything is queued; the replies that are served
+validate (json.loads, jsonschema); afterwards nothing stays locked and a plain request is served."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from fastapi.testclient import TestClient
+
+from radixcache.runtime import Engine
+from radixcache.runtime.server import create_app
+
+EOS = 256  # the tiny checkpoint's <|im_end|>
+ENUM = [f"value number {i}" for i in range(100_000)]
+MANY = {f"p{i}": {"type": "integer"} for i in range(10_000)}
+
+
+@pytest.fixture(scope="module")
+def app(tiny_model_dir: Path) -> Iterator[tuple[TestClient, Engine]]:
+    engine = Engine(str(tiny_model_dir), capacity_blocks=128, threads=1)
+    with engine, TestClient(create_app(engine, "tiny")) as client:
+        yield client, engine
+
+
+def _settled_and_serving(client: TestClient, engine: Engine) -> None:
+    deadline = time.monotonic() + 20
+    while (gauges := engine.check())["running"] or gauges["waiting"]:
+        assert time.monotonic() < deadline, gauges
+        time.sleep(0.01)
+    assert gauges["locked_blocks"] == 0, gauges
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 3, "temperature": 0, "logit_bias": {str(EOS): -100}}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+
+
+def _chat(client: TestClient, **fields: Any) -> Any:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, **fields}
+    return client.post("/v1/chat/completions", json=body)
+
+
+def _schema_format(schema: Any, strict: bool = True) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "param"),
+    [
+        ({"type": "object", "properties": {"a": {"enum": ENUM}}}, "properties.a.enum"),
+        ({"type": "object", "properties": MANY, "required": ["p0"]}, "properties"),
+    ],
+)
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_schema_too_large_to_compile_is_a_400_naming_its_bulk(app, schema: Any, param: str, strict: bool) -> None:
+    client, engine = app
+    r = _chat(client, response_format=_schema_format(schema, strict))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == f"response_format.json_schema.schema.{param}", error
+    assert "at most 262,144" in error["message"], error
+    _settled_and_serving(client, engine)
+
+
+def test_a_tools_parameters_too_large_are_a_400_naming_them(app) -> None:
+    client, engine = app
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": MANY}}}
+    for choice in ("auto", "required"):
+        r = _chat(client, tools=[tool], tool_choice=choice)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "tools.0.function.parameters.properties", r.text
+    _settled_and_serving(client, engine)
+
+
+def test_a_large_schema_under_the_bound_is_served_and_validates(app) -> None:
+    client, engine = app
+    schema = {"type": "object", "properties": {"a": {"enum": ENUM[:5_000]}}, "required": ["a"]}
+    for strict in (True, False):
+        r = _chat(client, response_format=_schema_format(schema, strict), temperature=1.0, seed=3, max_tokens=60)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+    _settled_and_serving(client, engine)
