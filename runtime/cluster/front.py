@@ -281,8 +281,8 @@ class ClusterEngine(ReplicaCalls):
                 result = replace(result, finish_reason="timeout")
             handle.future.set_result(seen.applied(result, handle.sent_at))
         except BaseException as exc:
-            if not handle.future.done():
-                cause = getattr(exc, "cause", None)
+            cause = getattr(exc, "cause", None)
+            with contextlib.suppress(InvalidStateError):  # done already: a cancel ended it before its replica began
                 handle.future.set_exception(cause if isinstance(cause, BaseException) else exc)
         finally:
             self._forget(handle)
