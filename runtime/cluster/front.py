@@ -263,6 +263,9 @@ class ClusterEngine(ReplicaCalls):
                         raise exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc from None
                     if req.output_ids:
                         raise ReplicaUnavailableError(f"the replica serving this request died: {exc}") from None
+                    if handle.cancelled:  # its caller cancelled it: not re-sent for nobody (a second replica's work)
+                        result, stalled = unstarted(prompt, options, "cancelled"), True
+                        continue
                     tried.add(replica)
                     check_resend(tried, exc)
                     cluster.count_retry()

@@ -88,6 +88,36 @@ def test_a_cancel_of_a_request_waiting_in_ray_s_queue_ends_it_at_once(monkeypatc
         assert front.cluster.loads.in_flight() == 0
 
 
+def test_a_cancelled_request_whose_replica_dies_is_not_sent_to_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a request its caller had cancelled, whose replica then died before starting it, was re-sent to
+    a second replica (routed, counted as a retry, run there until the cancel that followed it landed)."""
+    with inproc_front(monkeypatch, 2, "round_robin", ENGINE) as front:
+        ray = sys.modules["ray"]
+        replica0 = ray.actors[0].obj
+        stream, gate = replica0.stream, threading.Event()
+
+        def queued(*args: Any) -> Any:
+            gate.wait(HANG_BOUND_S)
+            return stream(*args)
+
+        replica0.stream = queued
+        try:
+            handle = front.submit([5, 6, 7, 8], 4, ignore_eos=True)  # round robin: replica 0, in Ray's queue
+            deadline = time.monotonic() + HANG_BOUND_S
+            while not ray.actors[0].streams and time.monotonic() < deadline:  # its call is on its way (a kill fails it)
+                time.sleep(0.01)
+            handle.cancel()
+            ray.kill(ray.actors[0])  # it dies before a thread took the call
+            assert front.wait_idle(HANG_BOUND_S)
+        finally:
+            gate.set()
+        assert handle.result(0).finish_reason == "cancelled"
+        assert ray.actors[1].streams == []  # never sent to replica 1
+        stats = front.cluster.stats()
+        assert (stats.deaths, stats.retries, stats.routed) == (1, 0, {0: 1, 1: 0})
+        assert front.cluster.loads.in_flight() == 0
+
+
 def _cancel_ends_it(actor: Any) -> None:
     """`actor`'s streams send their admission and one token, then nothing until cancelled: the cancel ends them
     "cancelled" with that token (the replica's own deadline, counted from a late start, has not come)."""
