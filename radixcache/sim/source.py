@@ -23,7 +23,7 @@ from radixcache.sim.read_ahead import read_ahead
 from radixcache.tokens import TOKEN_TYPECODE
 from radixcache.trace.errors import TraceError
 from radixcache.trace.formats import FORMAT_KINDS, MOONCAKE, TOKEN_JSONL, TOKEN_MSGPACK, detect_format
-from radixcache.trace.jsonl import open_trace
+from radixcache.trace.jsonl import first_line, open_trace, read_lines
 from radixcache.trace.mooncake import DEFAULT_BLOCK_SIZE, iter_mooncake_lines, resolve_block_size
 from radixcache.trace.token_trace import iter_token_arrays, iter_token_msgpack
 from radixcache.trace.workload import SimRequest, hash_sim_request
@@ -68,8 +68,8 @@ class TraceSource:
         if self.format == TOKEN_MSGPACK:
             return None
         try:
+            first = first_line(self.path)  # None for a first line longer than any the reader takes
             with open(self.path, "rb") as handle:
-                first = next((line for line in handle if line.strip()), None)
                 handle.seek(0, os.SEEK_END)
                 size = handle.tell()
                 handle.seek(max(0, size - (1 << 20)))
@@ -89,7 +89,7 @@ class TraceSource:
             return sum(1 for _ in iter_token_msgpack(self.path))
         n = 0
         with open_trace(self.path, "rb") as handle:
-            for line in handle:
+            for _, line in read_lines(handle, str(self.path)):
                 n += bool(line.strip())
         return n
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from radixcache.trace.errors import TraceError
-from radixcache.trace.jsonl import BOM
+from radixcache.trace.jsonl import BOM, MAX_LINE_BYTES, first_line
 from radixcache.trace.mooncake import iter_mooncake
 from radixcache.trace.replay_output import starts_replay_json
 from radixcache.trace.text import iter_conversations, iter_openai, iter_sharegpt
@@ -61,10 +61,13 @@ def detect_format(path: str | Path) -> str:
     text = head.removeprefix(BOM).decode("utf-8", errors="replace").lstrip()
     if text.startswith("["):
         return SHAREGPT
-    first_line = next((line for line in _lines(path) if line.strip()), None)
-    if first_line is None:
+    first = first_line(path)
+    if first is None and head.removeprefix(BOM).strip():  # there is a record, on a line too long to take
+        raise TraceError(name, "format", f"cannot detect the format: its first line is over {MAX_LINE_BYTES:,} bytes")
+    if first is None:
         raise TraceError(name, "1", "empty file: cannot detect the trace format (pass --format)")
-    if starts_replay_json(first_line):  # it was "invalid JSON" (the object spans lines) or "expected a record"
+    first_line_text = first.decode("utf-8", errors="replace")
+    if starts_replay_json(first_line_text):  # it was "invalid JSON" (the object spans lines) or "expected a record"
         raise TraceError(
             name,
             "format",
@@ -72,7 +75,7 @@ def detect_format(path: str | Path) -> str:
             "pass the trace that was replayed (or one 'replay --record-trace' wrote)",
         )
     try:
-        record = json.loads(first_line)
+        record = json.loads(first_line_text)
     except json.JSONDecodeError as exc:
         raise TraceError(name, "1", f"cannot detect the format: invalid JSON ({exc.msg})") from None
     if isinstance(record, dict):
@@ -109,8 +112,3 @@ def read_trace(path: str | Path, format: str | None = None, *, block_size: int |
     fmt = format or detect_format(path)
     records = list(iter_trace(path, fmt, block_size=block_size))
     return Trace(fmt, FORMAT_KINDS[fmt], records)
-
-
-def _lines(path: str | Path) -> Iterator[str]:
-    with open(path, encoding="utf-8-sig", errors="replace") as handle:
-        yield from handle

@@ -18,12 +18,42 @@ _LONG_INTEGER = re.compile(rb"\d{20}|-\d{19}")
 _MAX_DIGITS = 4000  # below int()'s limit of 4300 digits; an integer past a 64-bit float orjson refuses ("infinity")
 
 
+#: the longest line a JSONL reader takes, in bytes: a prompt of about 30 million tokens. A longer one is refused at its
+#: file:line once this much of it is read, not read whole first (a 1 GB line took 3 GB and minutes to refuse).
+MAX_LINE_BYTES = 1 << 28
+
+
+def read_lines(handle: IO[bytes], name: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) for every line of a binary `handle`, each at most MAX_LINE_BYTES (its newline aside);
+    TraceError at `name`:line for a longer one, having read no more of it than that."""
+    limit = MAX_LINE_BYTES
+    lineno = 0
+    while True:
+        line = handle.readline(limit + 1)
+        if not line:
+            return
+        lineno += 1
+        if len(line) > limit and not line.endswith(b"\n"):
+            raise TraceError(name, str(lineno), f"a line longer than {limit:,} bytes: no trace record is that long")
+        yield lineno, line
+
+
+def first_line(path: str | Path) -> bytes | None:
+    """The first non-blank line of a JSONL file (past a byte order mark), or None when there is none or it is
+    longer than MAX_LINE_BYTES (the reader then says so at its line): for a peek at the first record."""
+    try:
+        with open_trace(path, "rb") as handle:
+            return next((line for _, line in read_lines(handle, str(path)) if line.strip()), None)
+    except TraceError:
+        return None
+
+
 def iter_json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
     """(line number, decoded value) for every non-blank line of a JSONL file, streamed: one line in memory at a
     time, parsed by orjson (the standard library's parser only to word an error the same way)."""
     name = str(path)
     with open_trace(path, "rb") as handle:
-        for lineno, line in enumerate(handle, 1):
+        for lineno, line in read_lines(handle, name):
             try:
                 yield lineno, _decoded(line)
             except orjson.JSONDecodeError:

@@ -24,7 +24,7 @@ import orjson
 from radixcache.errors import RadixCacheError
 from radixcache.trace.errors import TraceError
 from radixcache.trace.fields import FieldReader
-from radixcache.trace.jsonl import dump_json_line, json_line, open_trace
+from radixcache.trace.jsonl import dump_json_line, first_line, json_line
 from radixcache.trace.typed_lines import MooncakeLine, iter_typed_lines
 
 DEFAULT_BLOCK_SIZE = 512
@@ -130,8 +130,7 @@ def declared_block_size(path: str | Path) -> int | None:
     """The `block_size` the first line of a JSONL hash trace gives, when it gives a valid one (read without a pass
     over the file; anything wrong with the line is reported where the trace is read)."""
     try:
-        with open_trace(path, "rb") as handle:  # past a byte order mark, as the reader reads it
-            first = next((line for line in handle if line.strip()), None)
+        first = first_line(path)  # past a byte order mark, as the reader reads it
         value = orjson.loads(first)["block_size"] if first is not None else None
     except (OSError, ValueError, KeyError, TypeError):
         return None

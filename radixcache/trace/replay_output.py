@@ -13,6 +13,9 @@ from typing import Any, NamedTuple
 
 from radixcache.stats import percentile
 from radixcache.trace.errors import TraceError
+from radixcache.trace.jsonl import BOM
+
+_PEEK = 1 << 16
 
 #: fields every request record must carry, and their types
 REQUEST_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -47,12 +50,17 @@ class ReplayLog(NamedTuple):
 
 def is_replay_json(path: str | Path) -> bool:
     """Whether `path` looks like replay output: one JSON object spread over lines (never a JSONL trace), or a
-    one-line object with "summary" and "requests"."""
+    one-line object with "summary" and "requests". Only the first _PEEK bytes are read: a longer first line is a
+    replay's when it starts with its summary (a trace's 300 MB line was read, decoded and parsed whole here)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return starts_replay_json(handle.readline())
+        with open(path, "rb") as handle:
+            head = handle.readline(_PEEK)
     except OSError:
         return False
+    text = head.removeprefix(BOM).decode("utf-8", errors="replace")
+    if len(head) == _PEEK and not head.endswith(b"\n"):
+        return text.lstrip().startswith('{"summary"')
+    return starts_replay_json(text)
 
 
 def starts_replay_json(first_line: str) -> bool:

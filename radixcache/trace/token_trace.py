@@ -18,7 +18,7 @@ import msgpack
 from radixcache.tokens import SIGN_BYTE, TOKEN_TYPECODE, as_token_array
 from radixcache.trace.errors import TraceError, place
 from radixcache.trace.fields import MAX_TIMESTAMP_MS, FieldReader
-from radixcache.trace.jsonl import dump_json_line, json_line, open_trace
+from radixcache.trace.jsonl import dump_json_line, json_line, open_trace, read_lines
 from radixcache.trace.records import TokenRequest
 from radixcache.trace.typed_lines import TokenLine, iter_typed_lines
 
@@ -126,7 +126,7 @@ def iter_token_arrays(path: str | Path) -> Iterator[tuple[int, TokenArrays]]:
     name = str(path)
     parser = simdjson.Parser()
     with open_trace(path, "rb") as handle:
-        for lineno, raw in enumerate(handle, 1):
+        for lineno, raw in read_lines(handle, name):
             line = _plain_line(parser, raw)
             if line is None:
                 if not raw.strip():

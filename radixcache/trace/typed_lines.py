@@ -20,7 +20,7 @@ from typing import Annotated, TypeVar
 import msgspec
 
 from radixcache.trace.fields import MAX_TIMESTAMP_MS
-from radixcache.trace.jsonl import open_trace
+from radixcache.trace.jsonl import open_trace, read_lines
 
 # Token and hash ids must fit an int64. Counts may not be larger (msgspec bounds are int64): a larger one, which
 # the readers take, goes to the fallback.
@@ -71,7 +71,7 @@ def iter_typed_lines(
     name = str(path)
     decode = msgspec.json.Decoder(kind).decode
     with open_trace(path, "rb") as handle:
-        for lineno, line in enumerate(handle, 1):
+        for lineno, line in read_lines(handle, name):
             try:
                 record = decode(line)
             except msgspec.MsgspecError:
