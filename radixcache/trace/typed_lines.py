@@ -74,7 +74,9 @@ def iter_typed_lines(
         for lineno, line in read_lines(handle, name):
             try:
                 record = decode(line)
-            except msgspec.MsgspecError:
+                if not line.isascii():  # msgspec skips an unknown field's string unread: its bytes too must be UTF-8
+                    line.decode("utf-8")
+            except (msgspec.MsgspecError, UnicodeDecodeError):
                 if not line.strip():
                     continue
                 record = fallback(name, lineno, line)

@@ -242,3 +242,30 @@ def test_token_arrays_read_a_whole_file_with_blank_lines(tmp_path: Path) -> None
     assert [(n, tuple(r.tokens)) for n, r in (next(rows), next(rows))] == [(1, (5, 6, 70000)), (4, (5, 6, 70000))]
     with pytest.raises(TraceError, match=r"t\.jsonl:5: field 'tokens'"):
         next(rows)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"timestamp": 1, "input_length": 1024, "output_length": 2, "hash_ids": [1, 2], "note": "\xff"}',
+        b'{"timestamp": 1, "input_length": 1024, "output_length": 2, "hash_ids": [1, 2], "n": ["a\xe9b"]}',
+    ],
+)
+def test_a_line_that_is_not_utf8_anywhere_is_refused_by_both_mooncake_readers(line: bytes) -> None:
+    """Regression: msgspec skips an unknown field's value unread, so a Mooncake line whose unknown field held bytes
+    that are not UTF-8 was taken by the fast path (trace stats, simulate), where the field-by-field reader refuses
+    the line: 'not UTF-8 text'."""
+    path = write(line)
+    with pytest.raises(TraceError, match=r"t\.jsonl:1: not UTF-8 text"):
+        list(iter_mooncake_lines(path, 512))
+    with pytest.raises(TraceError, match=r"t\.jsonl:1: not UTF-8 text"):
+        json_line(str(path), 1, line)
+
+
+def test_a_token_line_that_is_not_utf8_is_refused_as_the_streamed_reader_refuses_it() -> None:
+    """Regression: `trace stats` (msgspec) took a token line whose unknown field held a byte that is not UTF-8, and
+    `simulate` (simdjson, streamed) refused the same file."""
+    path = write(b'{"timestamp": 1, "tokens": [1, 2], "output_length": 2, "zz": "\xff"}')
+    assert lines_outcome(path) == arrays_outcome(path)
+    with pytest.raises(TraceError, match=r"t\.jsonl:1: not UTF-8 text"):
+        list(iter_token_lines(path))
