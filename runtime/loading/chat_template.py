@@ -11,16 +11,8 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 
-from radixcache.runtime.loading.template_bounds import (
-    MAX_SOURCE,
-    BoundedSandbox,
-    TemplateBoundError,
-    bound_tree,
-    bounded_filter,
-    collect,
-    end_render,
-    start_render,
-)
+from radixcache.runtime.loading.template_bounds import MAX_SOURCE, TemplateBoundError, bounded_filter
+from radixcache.runtime.loading.template_sandbox import BoundedSandbox, bound_tree, render
 from radixcache.runtime.tools.errors import ToolInputError
 from radixcache.runtime.tools.features import GenerationBlock
 
@@ -62,7 +54,7 @@ def _strftime_now(fmt: str) -> str:
 @lru_cache(maxsize=16)
 def compile_template(source: str) -> Any:
     """Compile a chat template once (templates are immutable strings, so caching by source is safe), in a sandbox
-    that bounds its work and sizes (template_bounds.py)."""
+    that bounds its work and sizes (template_sandbox.py, template_bounds.py)."""
     if len(source) > MAX_SOURCE:  # Jinja compiles some 150 KB a second: a hostile one of GB would never end
         raise ChatTemplateError(f"the chat template is {len(source)} characters, over the {MAX_SOURCE} it may have")
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationBlock])
@@ -95,9 +87,8 @@ def render_chat_template(
         if not isinstance(m, dict) or "role" not in m:
             raise ChatTemplateError(f"each message must be a dict with a 'role', got {m!r}")
     template = compile_template(source)
-    budget = start_render()
-    try:
-        return collect(template.generate(messages=messages, add_generation_prompt=add_generation_prompt, **variables))
+    try:  # each render has a budget of its own (template_sandbox.BoundedTemplate)
+        return render(template, {**variables, "messages": messages, "add_generation_prompt": add_generation_prompt})
     except ChatTemplateError:
         raise
     except TemplateBoundError as e:
@@ -106,5 +97,3 @@ def render_chat_template(
         # macro that recurses forever): the template rejected these messages, whichever way it failed
         detail = str(e) if isinstance(e, TemplateError) else f"{type(e).__name__}: {e}"
         raise ChatTemplateError(f"the chat template of {model} failed: {detail}") from e
-    finally:
-        end_render(budget)

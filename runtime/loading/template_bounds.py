@@ -1,26 +1,25 @@
 """Bounds on rendering a chat template: a model file's template (a GGUF from a hub) or `chat_template=` runs in this
-sandbox, so a hostile one (`{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}`,
-`{{ "a" * 10**10 }}`) is refused with an error instead of holding a thread or taking many GB.
+sandbox (template_sandbox.py), so a hostile one (`{% for i in range(100000) %}{% for j in range(100000) %}{% endfor
+%}{% endfor %}`, `{{ "a" * 10**10 }}`) is refused with an error instead of holding a thread or taking many GB.
 
-Every loop iteration and call is a step of the render's budget (`MAX_STEPS`; a macro call `MACRO_STEPS`); no
-string or list it makes, and not its output, may hold more than `MAX_CHARS` characters (items), nor an integer
+Every loop iteration, operator and call is a step of the render's budget (`MAX_STEPS`; a macro call `MACRO_STEPS`);
+no string or list it makes, and not its output, may hold more than `MAX_CHARS` characters (items), nor an integer
 `MAX_DIGITS` digits:
 `*`, `**`, `+`, `~`, `%`, widths and counts passed to a call or filter are checked before they allocate, every
 call's and filter's result after, and all it makes together is bounded by `MAX_MADE`. Real templates take some
-steps a message (about 7 for ChatML, 16 for Llama 3's) and make nothing near the size bounds."""
+steps a message (about 7 for ChatML, 16 for Llama 3's) and make nothing near the size bounds.
+
+The budget is the render's own (`Budget`, on its context's eval context, which Jinja shares with every context
+derived from it), so the checks find it by an attribute, not a lookup."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator
-from contextvars import ContextVar
-from functools import wraps
+from itertools import islice
 from typing import Any
 
-from jinja2 import nodes
-from jinja2.runtime import LoopContext, Macro
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-from jinja2.visitor import NodeTransformer
+from jinja2.utils import _PassArg, pass_context
 
 from radixcache.runtime.tools.features import MAX_TEMPLATE_CHARS
 
@@ -31,77 +30,97 @@ MAX_CHARS = 1 << 24  # 16 Mi characters: far past any model's context, far below
 MAX_MADE = 4 * MAX_CHARS  # what all its results hold together, each counted when made
 ITEM_WEIGHT = 8  # a list's, tuple's or dict's item counts as this many characters: its pointer and (often) an object
 MAX_DIGITS = 10_000  # an integer's: str() writes at most 4,300, and multiplying huge ones takes minutes
+CHECK_EVERY = 1024  # steps between the budget's slow checks
+LOOP_UPFRONT = 1 << 16  # a loop over at most this many items is charged them all as it starts
+SMALL_INT = 1 << 62  # ints below this in size multiply, add and take % without a digits check
 
 
 class TemplateBoundError(Exception):
     """A render went past a bound; chat_template.py turns it into a ChatTemplateError naming the template."""
 
 
-class _Budget:
-    __slots__ = ("made", "steps")
+class Budget:
+    """One render's steps and characters left. The hot paths inline `spend`: `steps -= n`, and the slow `tick`
+    only once `steps` falls below `mark`."""
+
+    __slots__ = ("made", "mark", "steps")
 
     def __init__(self) -> None:
         self.steps = MAX_STEPS
         self.made = MAX_MADE
+        self.mark = MAX_STEPS - CHECK_EVERY
+
+    def spend(self, cost: int) -> None:
+        self.steps -= cost
+        if self.steps < self.mark:
+            self.tick()
+
+    def tick(self) -> None:
+        if self.steps < 0:
+            raise TemplateBoundError(f"it ran past {MAX_STEPS} steps (loop iterations, calls, a filter's work)")
+        self.mark = max(self.steps - CHECK_EVERY, 0)
+
+    def hold(self, size: int) -> None:
+        self.made -= size
+        if self.made < 0:
+            raise TemplateBoundError(f"its results hold over {MAX_MADE} characters or items in all")
 
 
-_budget: ContextVar[_Budget | None] = ContextVar("chat_template_budget", default=None)
+def budget_of(context: Any) -> Budget:
+    """The render's budget (template_sandbox.BoundedTemplate puts it on the context's eval context)."""
+    return context.eval_ctx.budget  # type: ignore[no-any-return]
+
+
 _NUMBER = re.compile(r"\d+")
 _NESTED_FIELD = re.compile(r"\{[^{}]*\{")  # "{:>{}}": a width taken from the arguments
-
-
-def _step(cost: int = 1) -> None:
-    budget = _budget.get()
-    if budget is None:
-        return
-    budget.steps -= cost
-    if budget.steps < 0:
-        raise TemplateBoundError(f"it ran past {MAX_STEPS} steps (loop iterations, calls, a filter's work)")
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _digits(value: Any) -> int:
-    """About an integer's decimal digits (a little over), 0 for anything else."""
+def _size(value: Any) -> int:
+    """A string's or bytes' characters, a list's, tuple's or dict's items, an integer's digits (a little over)."""
+    if isinstance(value, str | bytes | list | tuple | dict):
+        return len(value)
     return value.bit_length() // 3 if _is_int(value) else 0
 
 
-def _size(value: Any) -> int:
-    return len(value) if isinstance(value, str | bytes | list | tuple | dict) else _digits(value)
-
-
-def _check(value: Any, what: str) -> Any:
+def check(value: Any, what: str, budget: Budget) -> Any:
     """`value`, made by the template: no larger than MAX_CHARS, and counted against the render's MAX_MADE."""
-    size = _size(value)
+    cls = type(value)
+    if cls is str:  # the common case first
+        size = weight = len(value)
+    elif cls is list or cls is tuple or cls is dict or isinstance(value, list | tuple | dict):
+        size = len(value)
+        weight = size * ITEM_WEIGHT
+    else:
+        size = weight = _size(value)
     if size > MAX_CHARS:
         raise TemplateBoundError(f"{what} is over {MAX_CHARS} characters or items")
-    budget = _budget.get()
-    if budget is not None and size:
-        budget.made -= size * ITEM_WEIGHT if isinstance(value, list | tuple | dict) else size
-        if budget.made < 0:
-            raise TemplateBoundError(f"its results hold over {MAX_MADE} characters or items in all")
+    budget.made -= weight
+    if budget.made < 0:
+        raise TemplateBoundError(f"its results hold over {MAX_MADE} characters or items in all")
     return value
 
 
-def _check_ints(args: Iterable[Any], what: str) -> None:
+def check_ints(args: Iterable[Any], what: str) -> None:
     for a in args:
         if _is_int(a) and abs(a) > MAX_CHARS:
             raise TemplateBoundError(f"{what} was passed {a}, over {MAX_CHARS}")
 
 
-def _check_format(fmt: Any, args: Any, what: str, percent: bool) -> None:
+def check_format(fmt: Any, args: Any, what: str, percent: bool) -> None:
     """A %- or {}-format string's own widths and precisions, and a width it takes from `args` (`%*d`, `{:>{}}`)."""
     if not isinstance(fmt, str):
         return
     if any(int(n) > MAX_CHARS for n in _NUMBER.findall(fmt) if len(n) >= 8):
         raise TemplateBoundError(f"{what} has a width or precision over {MAX_CHARS}")
     if ("*" in fmt) if percent else _NESTED_FIELD.search(fmt):
-        _check_ints(args if isinstance(args, tuple | list) else [args], what)
+        check_ints(args if isinstance(args, tuple | list) else [args], what)
 
 
-def _check_replace(s: str, old: str, new: str, count: int = -1) -> None:
+def check_replace(s: str, old: str, new: str, count: int = -1) -> None:
     n = s.count(old) if old else len(s) + 1
     if count >= 0:
         n = min(n, count)
@@ -109,159 +128,205 @@ def _check_replace(s: str, old: str, new: str, count: int = -1) -> None:
         raise TemplateBoundError(f"replace would make a string over {MAX_CHARS} characters")
 
 
-def _check_join(items: Any) -> None:
+def check_join(items: Any) -> None:
     if isinstance(items, list | tuple) and sum(len(x) for x in items if isinstance(x, str)) > MAX_CHARS:
         raise TemplateBoundError(f"join would make a string over {MAX_CHARS} characters")
 
 
-def _counted(iterable: Any) -> Iterator[Any]:
+def work(value: Any) -> int:
+    """Steps for C-speed work over `value` (a search, a copy, a count): a step per 64 characters of a string, a step
+    an item of a list, tuple or dict, nothing for anything else."""
+    if isinstance(value, str):
+        return len(value) >> 6
+    if isinstance(value, list | tuple | dict):
+        return len(value)
+    return 0
+
+
+def counted(budget: Budget, iterable: Any) -> Iterator[Any]:
+    """`iterable`, a step an item it yields."""
     for item in iterable:
-        _step()
+        budget.steps -= 1
+        if budget.steps < budget.mark:
+            budget.tick()
         yield item
 
 
-_SLOW_FILTERS = frozenset({"urlize", "wordwrap"})  # pure Python, about a step's time a character
+def steps_of(context: Any, iterable: Any) -> Any:
+    """A `{% for %}`'s iterable. A list, tuple, dict, string or range of at most LOOP_UPFRONT items is charged them
+    all as it starts (and iterated as it is: no step per item; a loop that breaks early has spent them all the
+    same); a longer one, one past the steps left, or anything else (a generator, a filter's) a step an item as it
+    yields them."""
+    budget = context.eval_ctx.budget
+    cls = type(iterable)
+    if cls is list or cls is tuple or cls is dict or cls is str or cls is range:
+        n = len(iterable)
+        if n <= LOOP_UPFRONT and n <= budget.steps:
+            budget.steps -= n
+            if budget.steps < budget.mark:
+                budget.tick()
+            return iterable
+    return counted(budget, iterable)
 
 
-def _work(name: str, value: Any) -> int:
-    """The steps a filter's work on `value` costs beyond the call: Python-level work per item (sort, unique,
-    groupby, select, sum) a step an item; C-speed string work a step per 64 characters."""
-    if isinstance(value, str):
-        return len(value) if name in _SLOW_FILTERS else len(value) // 64
-    return len(value) if isinstance(value, list | tuple | dict) else 0
-
-
-_WIDTH_FILTERS = frozenset({"batch", "center", "indent", "slice", "tojson"})  # a count or width that allocates
-
-
-def bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
-    """`func` (a Jinja filter) with its arguments and result checked; functools.wraps keeps its pass_context mark."""
-
-    first = 1 if getattr(func, "jinja_pass_arg", None) is not None else 0  # after a context it is passed
-
-    @wraps(func)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        _step(1 + _work(name, args[first] if len(args) > first else None))
-        plain = [a for a in args if isinstance(a, str | list | tuple)]
-        if name in _WIDTH_FILTERS:  # their value is the first argument, a width or count after it
-            _check_ints([*args[1:], *kwargs.values()], f"the filter {name}")
-        if name == "format" and plain:
-            _check_format(plain[0], args[1:], "the filter format's string", percent=True)
-        if name == "replace" and len(plain) >= 3 and all(isinstance(a, str) for a in plain[:3]):
-            _check_replace(*plain[:3])
-        if name == "join" and plain:
-            _check_join(plain[0])
-        return _check(func(*args, **kwargs), f"the result of the filter {name}")
-
-    return run
-
-
-class BoundedSandbox(ImmutableSandboxedEnvironment):
-    """Jinja's immutable sandbox with the bounds above; `steps_of` wraps each `{% for %}`'s iterable."""
-
-    intercepted_binops = frozenset({"*", "**", "+", "%"})
-
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.filters = {name: bounded_filter(name, f) for name, f in self.filters.items()}
-        self.steps_of = _counted
-        self.concat = _concat
-        self.searched = _searched
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        _step()
-        if _is_int(left) and _is_int(right):
-            bits = left.bit_length() * max(right, 0) if operator == "**" else left.bit_length() + right.bit_length()
-            if operator in ("*", "**") and bits // 3 > MAX_DIGITS:
-                raise TemplateBoundError(f"a {operator} makes a number of over {MAX_DIGITS} digits")
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, str | list | tuple) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_CHARS:
-                    raise TemplateBoundError(f"a repetition makes over {MAX_CHARS} characters or items")
-        if operator == "%" and isinstance(left, str):
-            _check_format(left, right, "the % format", percent=True)
-        elif operator == "+" and _size(left) + _size(right) > MAX_CHARS:
-            raise TemplateBoundError(f"a concatenation makes over {MAX_CHARS} characters or items")
-        return _check(super().call_binop(context, operator, left, right), f"the result of {operator}")
-
-    def call(self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        # a method's work on its object and arguments (big.count("x"), 14 ms over 16 Mi characters) counts too
-        work = _work("", getattr(__obj, "__self__", None)) + sum(_work("", a) for a in args)
-        _step((MACRO_STEPS if isinstance(__obj, Macro) else 1) + work)
-        if isinstance(__obj, LoopContext) and args:  # a recursive loop's `loop(children)`: its iterations count too
-            args = (_counted(args[0]), *args[1:])
-        name = getattr(__obj, "__name__", "a call")
-        fmt = getattr(getattr(__obj, "__wrapped__", None), "__self__", None)  # the sandbox's wrapped str.format
-        if isinstance(fmt, str) and name in ("format", "format_map"):
-            _check_format(fmt, [*args, *kwargs.values()], f"str.{name}'s string", percent=False)
-        if isinstance(getattr(__obj, "__self__", None), str):  # str's methods: widths, counts, formats
-            _check_ints([*args, *kwargs.values()], f"str.{name}")
-            if name == "replace" and len(args) >= 2:
-                _check_replace(__obj.__self__, *args[:3])
-            elif name == "join" and args:
-                _check_join(args[0])
-        return _check(super().call(__context, __obj, *args, **kwargs), f"the result of {name}")
-
-
-def _concat(parts: list[Any]) -> str:
-    texts = [str(p) for p in parts]
-    if sum(len(t) for t in texts) > MAX_CHARS:
-        raise TemplateBoundError(f"a ~ concatenation makes over {MAX_CHARS} characters")
-    return _check("".join(texts), "a ~ concatenation")
-
-
-def _searched(container: Any) -> Any:
+def searched(context: Any, container: Any) -> Any:
     """`container`, the right side of a comparison or `in` or a sliced value, its work counted."""
-    _step(_work("", container))
+    budget = context.eval_ctx.budget
+    budget.steps -= work(container)
+    if budget.steps < budget.mark:
+        budget.tick()
     return container
 
 
-class _Bound(NodeTransformer):
-    def visit_Compare(self, node: nodes.Compare) -> nodes.Node:
-        self.generic_visit(node)
-        for op in node.ops:  # in searches its right side; == and < of equal-length strings compare them whole
-            op.expr = nodes.Call(nodes.EnvironmentAttribute("searched"), [op.expr], [], None, None)
-        return node
-
-    def visit_Getitem(self, node: nodes.Getitem) -> nodes.Node:
-        self.generic_visit(node)
-        if isinstance(node.arg, nodes.Slice):  # Jinja slices in Python, past the sandbox: big[1:] copies it
-            node.node = nodes.Call(nodes.EnvironmentAttribute("searched"), [node.node], [], None, None)
-        return node
-
-    def visit_For(self, node: nodes.For) -> nodes.Node:
-        self.generic_visit(node)
-        node.iter = nodes.Call(nodes.EnvironmentAttribute("steps_of"), [node.iter], [], None, None)
-        return node
-
-    def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
-        self.generic_visit(node)
-        parts = nodes.List(list(node.nodes))
-        return nodes.Call(nodes.EnvironmentAttribute("concat"), [parts], [], None, None).set_lineno(node.lineno)
+def add_checked(budget: Budget, left: Any, right: Any) -> Any:
+    if _size(left) + _size(right) > MAX_CHARS:
+        raise TemplateBoundError(f"a concatenation makes over {MAX_CHARS} characters or items")
+    return check(left + right, "the result of +", budget)
 
 
-def bound_tree(tree: nodes.Template) -> nodes.Template:
-    """Counts each `{% for %}`'s iterations, each `in`'s search and each slice's copy as steps, and checks each
-    `~` concatenation's size."""
-    return _Bound().visit(tree)
+def chain_of(pattern: tuple[str | None, ...], steps: int) -> Callable[..., Any]:
+    """`a + b + c ...` as one call, made once per chain as the template compiles: `pattern` is the chain's parts,
+    its literal strings (adjacent ones merged) and None for each value it computes, which the call is passed;
+    `steps` its `+`s, a step each. Strings (the common case) are checked and counted, then formatted into the
+    literals at once; anything else is added pair by pair, each sum checked as `+` is."""
+    fmt = "".join("%s" if part is None else part.replace("%", "%%") for part in pattern)
+    fixed = sum(len(part) for part in pattern if part is not None)
+
+    def chain(context: Any, *values: Any) -> Any:
+        budget = context.eval_ctx.budget
+        budget.steps -= steps
+        if budget.steps < budget.mark:
+            budget.tick()
+        size = fixed
+        for value in values:
+            if value.__class__ is not str:
+                return _pairwise(budget, pattern, values)
+            size += len(value)
+        if size > MAX_CHARS:
+            raise TemplateBoundError(f"a concatenation makes over {MAX_CHARS} characters or items")
+        budget.made -= size
+        if budget.made < 0:
+            raise TemplateBoundError(f"its results hold over {MAX_MADE} characters or items in all")
+        return fmt % values
+
+    return chain
 
 
-def start_render() -> Any:
-    """A fresh budget for one render in this context; pass the token to `end_render`."""
-    return _budget.set(_Budget())
+def _pairwise(budget: Budget, pattern: tuple[str | None, ...], values: tuple[Any, ...]) -> Any:
+    given = iter(values)
+    parts = [next(given) if part is None else part for part in pattern]
+    result = parts[0]
+    for part in parts[1:]:
+        result = add_checked(budget, result, part)
+    return result
 
 
-def end_render(token: Any) -> None:
-    _budget.reset(token)
+def joined(context: Any, *parts: Any) -> str:
+    """`a ~ b ~ c ...`: the parts as text, their total checked before they are joined."""
+    texts = [p if p.__class__ is str else str(p) for p in parts]
+    size = sum(map(len, texts))
+    if size > MAX_CHARS:
+        raise TemplateBoundError(f"a ~ concatenation makes over {MAX_CHARS} characters")
+    budget = context.eval_ctx.budget
+    budget.made -= size
+    if budget.made < 0:
+        raise TemplateBoundError(f"its results hold over {MAX_MADE} characters or items in all")
+    return "".join(texts)
+
+
+def concat_text(parts: Iterable[str]) -> str:
+    """Text gathered, refused over MAX_CHARS before it is joined."""
+    texts = parts if isinstance(parts, list) else list(parts)
+    if sum(map(len, texts)) > MAX_CHARS:
+        raise TemplateBoundError(f"a block's text is over {MAX_CHARS} characters")
+    return "".join(texts)
+
+
+def concat_in(context: Any) -> Callable[[Iterable[str]], str]:
+    """The render's `concat`, which joins a block's text (`{% set x %}...{% endset %}`, a macro's, a call block's):
+    its size is checked as the parts are gathered, before they are joined, and counted."""
+    budget = context.eval_ctx.budget
+
+    def concat(parts: Iterable[str]) -> str:
+        text = concat_text(parts)
+        budget.made -= len(text)
+        if budget.made < 0:
+            raise TemplateBoundError(f"its results hold over {MAX_MADE} characters or items in all")
+        return text
+
+    return concat
+
+
+_SLOW_FILTERS = frozenset({"urlize", "wordwrap"})  # pure Python, about a step's time a character
+_WIDTH_FILTERS = frozenset({"batch", "center", "indent", "slice", "tojson"})  # a count or width that allocates
+
+
+def _filter_work(name: str, value: Any) -> int:
+    """The steps a filter's work on `value` costs beyond the call: Python-level work per item (sort, unique,
+    groupby, select, sum) a step an item; C-speed string work a step per 64 characters."""
+    if isinstance(value, str):
+        return len(value) if name in _SLOW_FILTERS else len(value) >> 6
+    return len(value) if isinstance(value, list | tuple | dict) else 0
+
+
+def _filter_checks(name: str) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], None] | None:
+    """What `name` checks of its value and arguments before it runs, decided once as the filter is wrapped."""
+    if name in _WIDTH_FILTERS:  # their value is the first argument, a width or count after it
+        return lambda value, args, kwargs: check_ints([*args, *kwargs.values()], f"the filter {name}")
+    if name == "format":
+        return lambda value, args, kwargs: check_format(value, args, "the filter format's string", percent=True)
+    if name == "replace":
+
+        def replace(value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if isinstance(value, str) and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+                check_replace(value, args[0], args[1])
+
+        return replace
+    if name == "join":
+        return lambda value, args, kwargs: check_join(value)
+    return None
+
+
+def bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    """`func` (a Jinja filter) with its work counted and its arguments and result checked. The wrapper takes the
+    render's context (so it finds the budget, and Jinja never runs it while compiling) and passes `func` what
+    its own mark asks for."""
+    pass_arg = _PassArg.from_obj(func)  # type: ignore[arg-type]
+    checks = _filter_checks(name)
+    what = f"the result of the filter {name}"
+
+    @pass_context
+    def run(context: Any, value: Any, /, *args: Any, **kwargs: Any) -> Any:
+        budget = context.eval_ctx.budget
+        budget.steps -= 1 + _filter_work(name, value)
+        if budget.steps < budget.mark:
+            budget.tick()
+        if checks is not None:
+            checks(value, args, kwargs)
+        if pass_arg is None:
+            result = func(value, *args, **kwargs)
+        elif pass_arg is _PassArg.context:
+            result = func(context, value, *args, **kwargs)
+        elif pass_arg is _PassArg.eval_context:
+            result = func(context.eval_ctx, value, *args, **kwargs)
+        else:
+            result = func(context.environment, value, *args, **kwargs)
+        return check(result, what, budget)
+
+    run.__name__ = getattr(func, "__name__", name)
+    run.__doc__ = func.__doc__
+    return run
 
 
 def collect(chunks: Iterable[str]) -> str:
-    """The render's output, refused once over MAX_CHARS."""
+    """The render's output, refused once over MAX_CHARS. Gathered 32 chunks at a time (each chunk is text the
+    template holds already, or made and counted against MAX_MADE), their total checked before any join."""
     out: list[str] = []
     total = 0
-    for chunk in chunks:
-        total += len(chunk)
+    chunks = iter(chunks)
+    while batch := list(islice(chunks, 32)):
+        total += sum(map(len, batch))
         if total > MAX_CHARS:
             raise TemplateBoundError(f"its output is over {MAX_CHARS} characters")
-        out.append(chunk)
+        out += batch
     return "".join(out)

@@ -1,0 +1,221 @@
+"""The sandbox a chat template renders in: Jinja's immutable sandbox with template_bounds.py's bounds, wired in as
+the template compiles, so the checks a render runs are decided once per template, not once per step.
+
+`bound_tree` rewrites the parsed template: each `{% for %}`'s iterable goes through `steps_of`, each chain of `+`
+(`'<|im_start|>' + m.role + '\\n' + m.content`) through one `plus`, each `~` chain through `joined`, and the right
+side of a comparison or `in`, or a sliced value, through `searched` (not where it is a short literal: it costs
+nothing). The code generator writes these as direct calls with the render's context (`environment.plus(context,
+a, b, c)`), past the sandbox's `call`: they are the sandbox's own. Other operators (`*`, `**`, `%`) go through
+`call_binop`, calls through `call`, filters through their wrappers (`bounded_filter`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jinja2 import nodes
+from jinja2.compiler import CodeGenerator, Frame
+from jinja2.environment import Template
+from jinja2.runtime import Context, LoopContext, Macro
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.visitor import NodeTransformer
+
+from radixcache.runtime.loading.template_bounds import (
+    MACRO_STEPS,
+    MAX_CHARS,
+    MAX_DIGITS,
+    SMALL_INT,
+    Budget,
+    TemplateBoundError,
+    add_checked,
+    bounded_filter,
+    chain_of,
+    check,
+    check_format,
+    check_ints,
+    check_join,
+    check_replace,
+    collect,
+    concat_in,
+    concat_text,
+    joined,
+    searched,
+    steps_of,
+    work,
+)
+
+_BOUNDS = frozenset({"steps_of", "plus", "joined", "searched"})
+
+
+def bound_call(name: str, args: list[nodes.Expr], lineno: int) -> nodes.Call:
+    """`environment.<name>(context, *args)`, one of the sandbox's bounds (a template's source can write no
+    EnvironmentAttribute: only this transform and extensions make them)."""
+    return nodes.Call(nodes.EnvironmentAttribute(name), args, [], None, None).set_lineno(lineno)
+
+
+def _is_bound(node: nodes.Node, name: str) -> bool:
+    return isinstance(node, nodes.Call) and isinstance(node.node, nodes.EnvironmentAttribute) and node.node.name == name
+
+
+class _Generator(CodeGenerator):
+    def write_commons(self) -> None:
+        super().write_commons()  # `concat` joins a set block's, a macro's and a call block's text: it checks it
+        self.writeline("concat = environment.concat_in(context)")
+
+    def visit_Call(self, node: nodes.Call, frame: Frame, forward_caller: bool = False) -> None:
+        if not (isinstance(node.node, nodes.EnvironmentAttribute) and node.node.name in _BOUNDS):
+            return super().visit_Call(node, frame, forward_caller=forward_caller)
+        name, args = node.node.name, node.args
+        if name == "plus":  # a chain of its own, passed the values its literals are formatted with
+            pattern, args = _chain_pattern(args)
+            name = f"chain{len(self.environment.chains)}"  # type: ignore[attr-defined]
+            self.environment.chains.append(chain_of(pattern, len(node.args) - 1))  # type: ignore[attr-defined]
+            setattr(self.environment, name, self.environment.chains[-1])  # type: ignore[attr-defined]
+        self.write(f"environment.{name}(context")  # past the sandbox's call: these are its own
+        for arg in args:
+            self.write(", ")
+            self.visit(arg, frame)
+        self.write(")")
+        return None
+
+
+def _chain_pattern(parts: list[nodes.Expr]) -> tuple[tuple[str | None, ...], list[nodes.Expr]]:
+    """A `+` chain's literal strings (adjacent ones merged: `(x + 'a') + 'b'` is `x + 'ab'` for every x that `+`
+    takes) with None for each other part, and those other parts."""
+    pattern: list[str | None] = []
+    values: list[nodes.Expr] = []
+    for part in parts:
+        if isinstance(part, nodes.Const) and part.value.__class__ is str:
+            if pattern and pattern[-1] is not None:
+                pattern[-1] += part.value
+                continue
+            pattern.append(part.value)
+        else:
+            pattern.append(None)
+            values.append(part)
+    return tuple(pattern), values
+
+
+def _free(node: nodes.Expr) -> bool:
+    """A literal whose search or comparison is no work (template_bounds.work gives it 0 steps)."""
+    return isinstance(node, nodes.Const) and work(node.value) == 0
+
+
+class _Bound(NodeTransformer):
+    def visit_Compare(self, node: nodes.Compare) -> nodes.Node:
+        self.generic_visit(node)
+        for op in node.ops:  # in searches its right side; == and < of equal-length strings compare them whole
+            if not _free(op.expr):
+                op.expr = bound_call("searched", [op.expr], op.expr.lineno)
+        return node
+
+    def visit_Getitem(self, node: nodes.Getitem) -> nodes.Node:
+        self.generic_visit(node)
+        if isinstance(node.arg, nodes.Slice):  # Jinja slices in Python, past the sandbox: big[1:] copies it
+            node.node = bound_call("searched", [node.node], node.lineno)
+        return node
+
+    def visit_For(self, node: nodes.For) -> nodes.Node:
+        self.generic_visit(node)
+        node.iter = bound_call("steps_of", [node.iter], node.lineno)
+        return node
+
+    def visit_Add(self, node: nodes.Add) -> nodes.Node:
+        self.generic_visit(node)  # a chain `a + b + c` is Add(Add(a, b), c): its left side is a plus already
+        left = node.left
+        parts = list(left.args) if _is_bound(left, "plus") else [left]
+        return bound_call("plus", [*parts, node.right], node.lineno)
+
+    def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
+        self.generic_visit(node)
+        return bound_call("joined", list(node.nodes), node.lineno)
+
+
+def bound_tree(tree: nodes.Template) -> nodes.Template:
+    """Counts each `{% for %}`'s iterations, each `+`, each `in`'s search and each slice's copy as steps, and
+    checks each `+` and `~` concatenation's size."""
+    return _Bound().visit(tree)  # type: ignore[no-any-return]
+
+
+class BoundedTemplate(Template):
+    """A template whose every render (each `new_context`) gets a fresh Budget, on its eval context: Jinja shares
+    that object with every context derived from it (blocks, `{% set %}` blocks), and `{% autoescape %}`'s save and
+    revert of its attributes keep this one object."""
+
+    def new_context(self, vars: Any = None, shared: bool = False, locals: Any = None) -> Context:
+        context = super().new_context(vars, shared, locals)
+        context.eval_ctx.budget = Budget()  # type: ignore[attr-defined]
+        return context
+
+
+def render(template: Template, variables: dict[str, Any]) -> str:
+    """`template` rendered with `variables`, as `Template.render` does (an error's traceback points into the
+    template), gathered by `collect`."""
+    try:
+        return collect(template.root_render_func(template.new_context(variables)))
+    except Exception:
+        template.environment.handle_exception()
+        raise  # handle_exception raises (this line is for the type checker)
+
+
+class BoundedSandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox with the bounds of template_bounds.py."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+    code_generator_class = _Generator
+    template_class = BoundedTemplate
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.filters = {name: bounded_filter(name, f) for name, f in self.filters.items()}
+        self.steps_of = steps_of
+        self.chains: list[Any] = []  # each `+` chain's call, made as the template compiles
+        self.joined = joined
+        self.searched = searched
+        self.concat_in = concat_in
+        self.concat = concat_text  # a block's text rendered by `self.name()` (its result counted by `call`)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        budget = context.eval_ctx.budget
+        budget.steps -= 1
+        if budget.steps < budget.mark:
+            budget.tick()
+        small = left.__class__ is int and right.__class__ is int and operator != "**"
+        if small and -SMALL_INT < left < SMALL_INT and -SMALL_INT < right < SMALL_INT:  # a product: 38 digits
+            return self.binop_table[operator](left, right)
+        if isinstance(left, int) and isinstance(right, int) and not isinstance(left, bool):
+            bits = left.bit_length() * max(right, 0) if operator == "**" else left.bit_length() + right.bit_length()
+            if operator in ("*", "**") and bits // 3 > MAX_DIGITS:
+                raise TemplateBoundError(f"a {operator} makes a number of over {MAX_DIGITS} digits")
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, str | list | tuple) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_CHARS:
+                    raise TemplateBoundError(f"a repetition makes over {MAX_CHARS} characters or items")
+        if operator == "+":
+            return add_checked(budget, left, right)
+        if operator == "%" and isinstance(left, str):
+            check_format(left, right, "the % format", percent=True)
+        return check(self.binop_table[operator](left, right), f"the result of {operator}", budget)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        budget = __context.eval_ctx.budget
+        owner = getattr(__obj, "__self__", None)
+        # a method's work on its object and arguments (big.count("x"), 14 ms over 16 Mi characters) counts too
+        cost = (MACRO_STEPS if __obj.__class__ is Macro else 1) + work(owner)
+        for a in args:
+            cost += work(a)
+        budget.steps -= cost
+        if budget.steps < budget.mark:
+            budget.tick()
+        if args and __obj.__class__ is LoopContext:  # a recursive loop's `loop(children)`: its iterations count too
+            args = (steps_of(__context, args[0]), *args[1:])
+        name = getattr(__obj, "__name__", "a call")
+        fmt = getattr(getattr(__obj, "__wrapped__", None), "__self__", None)  # the sandbox's wrapped str.format
+        if isinstance(fmt, str) and name in ("format", "format_map"):
+            check_format(fmt, [*args, *kwargs.values()], f"str.{name}'s string", percent=False)
+        if isinstance(owner, str):  # str's methods: widths, counts, formats
+            check_ints([*args, *kwargs.values()], f"str.{name}")
+            if name == "replace" and len(args) >= 2:
+                check_replace(owner, *args[:3])
+            elif name == "join" and args:
+                check_join(args[0])
+        return check(super().call(__context, __obj, *args, **kwargs), f"the result of {name}", budget)

@@ -1,0 +1,117 @@
+"""The sandbox's bounds are wired in as a template compiles (template_sandbox.py): `+` chains joined at once, loops
+charged as they start, the budget on the render's eval context. Each renders as Jinja's own sandbox does, and each
+way around a bound that the rewiring could open is still refused."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from radixcache.runtime.loading.chat_template import ChatTemplateError, _raise_exception, _tojson, render_chat_template
+from radixcache.runtime.tools.features import GenerationBlock
+
+HI = [{"role": "user", "content": "hi"}]
+LONG_CHAIN = "{% for i in range(10000) %}{{ " + " + ".join(["'a'"] * 200) + " }}{% endfor %}"
+
+
+def _reference(source: str, messages: list, **variables) -> str:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationBlock]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(source).render(messages=messages, **variables)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ 'a' + 'b' + messages[0].content + 'c' }}|{{ 1 + 2 + 3 }}|{{ [1] + [2] + [3] }}|{{ (1, 2) + (3,) }}",
+        "{{ 'a' + ('b' + 'c') + 'd' }}|{{ 1.5 + 2 }}|{{ true + 1 }}|{{ 'x' ~ 1 + 2 ~ 'y' }}",
+        "{{ ('<' | safe) + '<' + '>' }}|{{ '<' + ('<' | safe) }}|{{ ('<' | e) + '&' }}",  # Markup escapes its other
+        "{% set ns = namespace(s='') %}{% for m in messages %}{% set ns.s = ns.s + m.role + ',' %}{% endfor %}"
+        "{{ ns.s }}{{ (messages | map(attribute='role') | list) + ['end'] }}",
+        "{% macro m(x) %}<{{ x + '!' }}>{% endmacro %}{{ m('a') + m('b') }}"
+        "{% macro w() %}[{{ caller() + '|' }}]{% endmacro %}{% call w() %}{{ 'c' + 'd' }}{% endcall %}"
+        "{% set blk %}{{ m('d') }}{% endset %}{{ blk + blk }}{% filter upper %}{{ 'e' + 'f' }}{% endfilter %}",
+        "{% block b %}[{{ messages | length }}]{% endblock %}{{ self.b() + self.b() }}",
+        "{% for x in 'abc' %}{{ x }}{% endfor %}{% for k in {'p': 1, 'q': 2} %}{{ k }}{% endfor %}"
+        "{% for x in (1, 2) %}{{ x }}{% endfor %}{% for i in range(3) %}{% if i == 1 %}{% break %}{% endif %}"
+        "{{ i }}{% endfor %}{% for x in [] %}{% else %}empty{% endfor %}",
+    ],
+)
+def test_bounded_operators_and_loops_render_as_jinjas_sandbox(template):
+    """`+` chains go through one `plus` (strings joined at once, anything else pair by pair as `+` adds, Markup's
+    escaping kept), loops over a list, string, dict, tuple or range are iterated as they are."""
+    messages = [{"role": "user", "content": "<u>"}, {"role": "assistant", "content": "a"}]
+    expected = _reference(template, messages)
+    assert render_chat_template(template, messages) == expected
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["{{ 1 + 'a' + 'b' }}", "{{ 'a' + 'b' + 1 }}", "{{ none + 'a' }}", "{{ [1] + 'a' }}"],
+)
+def test_a_plus_of_mismatched_types_fails_as_pythons_does(template):
+    with pytest.raises(ChatTemplateError, match="failed: TypeError"):
+        render_chat_template(template, HI)
+
+
+@pytest.mark.parametrize(
+    ("template", "bound"),
+    [
+        # {% autoescape %} saves and restores its eval context's attributes: the budget is not refunded by it
+        (
+            "{% for i in range(100000) %}{% autoescape false %}{% for j in range(100000) %}{% endfor %}"
+            "{% endautoescape %}{% endfor %}",
+            "steps",
+        ),
+        # a block rendered through `self` is joined by the environment's concat
+        ('{% set big = "a" * 9000000 %}{% block b %}{{ big }}{{ big }}{% endblock %}{{ self.b() | length }}', "block"),
+        ('{% set big = "a" * 9000000 %}{% macro m() %}{{ big }}{{ big }}{% endmacro %}{{ m() | length }}', "block"),
+        ('{% set big = "a" * 9000000 %}{% set x %}{{ big }}{{ big }}{% endset %}{{ x | length }}', "block"),
+        # a chain counts each of its `+`: 200 of them an iteration, 2,000,000 in all
+        pytest.param(LONG_CHAIN, "steps", id="a-chain-of-200-plus"),
+        ('{% set a = "a" * 6000000 %}{{ (a + a + a) | length }}', "concatenation"),
+        ("{% set a = ['a'] * 6000000 %}{{ (a + a + a) | length }}", "in all"),
+        # a loop too long for the steps left is counted item by item, and refused as it passes the bound
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"),
+    ],
+)
+def test_the_rewired_bounds_still_stop_a_hostile_template(template, bound):
+    """Each would be a way past a bound that the old sandbox held: a refund, a join outside `call`, a chain's
+    `+` counted once."""
+    with pytest.raises(ChatTemplateError, match=r"chat template of evil\.gguf was stopped: .*" + bound):
+        render_chat_template(template, HI, model="evil.gguf")
+
+
+def test_a_loop_that_breaks_early_is_charged_only_what_it_ran_when_it_is_long():
+    """Twenty loops over range(100000) that break at once are 20 steps, not 2,000,000: a loop longer than the
+    sandbox charges at its start is counted as it runs."""
+    template = "{% for k in range(20) %}{% for i in range(100000) %}{{ i }}{% break %}{% endfor %}{% endfor %}"
+    assert render_chat_template(template, HI) == "0" * 20
+
+
+def test_each_render_has_its_own_budget_in_any_thread():
+    """A render of 600,000 steps, twice in a row and in four threads at once: each its own budget (a shared one
+    would refuse the second), while a hostile render beside them is stopped alone."""
+    heavy = "{% for i in range(60) %}{% for j in range(10000) %}{% endfor %}{% endfor %}done"
+    assert render_chat_template(heavy, HI) == render_chat_template(heavy, HI) == "done"
+    results: list[str] = []
+
+    def run(source: str) -> None:
+        try:
+            results.append(render_chat_template(source, HI))
+        except ChatTemplateError as e:
+            results.append(str(e))
+
+    threads = [threading.Thread(target=run, args=(heavy,)) for _ in range(4)]
+    threads.append(threading.Thread(target=run, args=(heavy.replace("range(60)", "range(100000)"),)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(results)[:4] == ["done"] * 4 and "ran past 1000000 steps" in sorted(results)[4]
