@@ -72,7 +72,7 @@ def budget_of(context: Any) -> Budget:
 
 
 _NUMBER = re.compile(r"\d+")
-_NESTED_FIELD = re.compile(r"\{[^{}]*\{")  # "{:>{}}": a width taken from the arguments
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?.", re.DOTALL)  # width, precision
 
 
 def _is_int(value: Any) -> bool:
@@ -110,14 +110,28 @@ def check_ints(args: Iterable[Any], what: str) -> None:
             raise TemplateBoundError(f"{what} was passed {a}, over {MAX_CHARS}")
 
 
-def check_format(fmt: Any, args: Any, what: str, percent: bool) -> None:
-    """A %- or {}-format string's own widths and precisions, and a width it takes from `args` (`%*d`, `{:>{}}`)."""
-    if not isinstance(fmt, str):
+def check_percent(fmt: Any, args: Any, what: str) -> None:
+    """A %-format string's widths and precisions (`%01000000000d`), and one it takes from `args` (`%*d`): only its
+    conversion specs count, not numbers in its text (`"id 123456789: %s"`)."""
+    if not isinstance(fmt, str) or "%" not in fmt:
         return
-    if any(int(n) > MAX_CHARS for n in _NUMBER.findall(fmt) if len(n) >= 8):
-        raise TemplateBoundError(f"{what} has a width or precision over {MAX_CHARS}")
-    if ("*" in fmt) if percent else _NESTED_FIELD.search(fmt):
+    star = False
+    for spec in _PERCENT_SPEC.finditer(fmt):
+        for n in spec.groups():
+            if n == "*":
+                star = True
+            elif n is not None and len(n) >= 8 and int(n) > MAX_CHARS:
+                raise TemplateBoundError(f"{what} has a width or precision of {n}, over {MAX_CHARS}")
+    if star:
         check_ints(args if isinstance(args, tuple | list) else [args], what)
+
+
+def check_spec(spec: str, what: str) -> None:
+    """A {}-format field's spec as it is applied (a width from the arguments, `{:>{}}`, already in it): its width
+    and precision."""
+    for n in _NUMBER.findall(spec):
+        if len(n) >= 8 and int(n) > MAX_CHARS:
+            raise TemplateBoundError(f"{what} has a width or precision of {n}, over {MAX_CHARS}")
 
 
 def check_replace(s: str, old: str, new: str, count: int = -1) -> None:
@@ -274,7 +288,7 @@ def _filter_checks(name: str) -> Callable[[Any, tuple[Any, ...], dict[str, Any]]
     if name in _WIDTH_FILTERS:  # their value is the first argument, a width or count after it
         return lambda value, args, kwargs: check_ints([*args, *kwargs.values()], f"the filter {name}")
     if name == "format":
-        return lambda value, args, kwargs: check_format(value, args, "the filter format's string", percent=True)
+        return lambda value, args, kwargs: check_percent(value, args, "the filter format's string")
     if name == "replace":
 
         def replace(value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

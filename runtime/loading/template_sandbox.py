@@ -10,14 +10,19 @@ a, b, c)`), past the sandbox's `call`: they are the sandbox's own. Other operato
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
+from functools import update_wrapper
+from string import Formatter
 from typing import Any
 
 from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.environment import Template
 from jinja2.runtime import Context, LoopContext, Macro
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
 from jinja2.visitor import NodeTransformer
+from markupsafe import Markup
 
 from radixcache.runtime.loading.template_bounds import (
     MACRO_STEPS,
@@ -30,10 +35,11 @@ from radixcache.runtime.loading.template_bounds import (
     bounded_filter,
     chain_of,
     check,
-    check_format,
     check_ints,
     check_join,
+    check_percent,
     check_replace,
+    check_spec,
     collect,
     concat_in,
     concat_text,
@@ -157,6 +163,20 @@ def render(template: Template, variables: dict[str, Any]) -> str:
         raise  # handle_exception raises (this line is for the type checker)
 
 
+class _SpecBound(Formatter):
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        check_spec(format_spec, "a str.format field")  # as it is applied: `{:>{}}`'s width taken from the arguments
+        return super().format_field(value, format_spec)
+
+
+class _BoundedFormatter(_SpecBound, SandboxedFormatter):
+    pass
+
+
+class _BoundedEscapeFormatter(_SpecBound, SandboxedEscapeFormatter):
+    pass
+
+
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """Jinja's immutable sandbox with the bounds of template_bounds.py."""
 
@@ -193,8 +213,39 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         if operator == "+":
             return add_checked(budget, left, right)
         if operator == "%" and isinstance(left, str):
-            check_format(left, right, "the % format", percent=True)
+            check_percent(left, right, "the % format")
         return check(self.binop_table[operator](left, right), f"the result of {operator}", budget)
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """Jinja's sandboxed `str.format` and `format_map` (as its own, which builds its formatter inside), with
+        each field's spec checked as it is applied: `{{x}}` is literal text, not a field, and a width from the
+        arguments (`{:>{}}`, `{0:>{1[0]}}`, `format_map`'s `{a:>{w}}`) is checked as a number."""
+        if not isinstance(value, types.MethodType | types.BuiltinMethodType) or value.__name__ not in (
+            "format",
+            "format_map",
+        ):
+            return None
+        f_self = value.__self__
+        if not isinstance(f_self, str):
+            return None
+        str_type = type(f_self)
+        is_map = value.__name__ == "format_map"
+        formatter = (
+            _BoundedEscapeFormatter(self, escape=f_self.escape)
+            if isinstance(f_self, Markup)
+            else _BoundedFormatter(self)
+        )
+
+        def wrapper(*args: Any, **kwargs: Any) -> str:
+            if is_map:
+                if kwargs:
+                    raise TypeError("format_map() takes no keyword arguments")
+                if len(args) != 1:
+                    raise TypeError(f"format_map() takes exactly one argument ({len(args)} given)")
+                kwargs, args = args[0], ()
+            return str_type(formatter.vformat(f_self, args, kwargs))
+
+        return update_wrapper(wrapper, value)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         budget = __context.eval_ctx.budget
@@ -209,9 +260,6 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         if args and __obj.__class__ is LoopContext:  # a recursive loop's `loop(children)`: its iterations count too
             args = (steps_of(__context, args[0]), *args[1:])
         name = getattr(__obj, "__name__", "a call")
-        fmt = getattr(getattr(__obj, "__wrapped__", None), "__self__", None)  # the sandbox's wrapped str.format
-        if isinstance(fmt, str) and name in ("format", "format_map"):
-            check_format(fmt, [*args, *kwargs.values()], f"str.{name}'s string", percent=False)
         if isinstance(owner, str):  # str's methods: widths, counts, formats
             check_ints([*args, *kwargs.values()], f"str.{name}")
             if name == "replace" and len(args) >= 2:

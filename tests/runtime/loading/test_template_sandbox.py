@@ -115,3 +115,36 @@ def test_each_render_has_its_own_budget_in_any_thread():
     for t in threads:
         t.join(120)
     assert sorted(results)[:4] == ["done"] * 4 and "ran past 1000000 steps" in sorted(results)[4]
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ '{{x}}{}'.format(1700000000) }}|{{ '{{}}{:>5}'.format('a') }}|{{ '{0}{{{1}}}'.format(1, 1700000000) }}",
+        "{{ 'call 123456789: {}'.format(1) }}|{{ '%s at 1700000000' % 'x' }}|{{ '99999999 %s' | format('y') }}",
+        "{{ '100%% of {}'.format(2) }}|{{ '%d%%' % 50 }}|{{ '{:>{}}|{:.{}f}'.format('a', 4, 3.14159, 2) }}",
+        "{{ '{a:>{w}}'.format_map({'a': 'x', 'w': 6}) }}|{{ '%(n)s=%(v)5.1f' % {'n': 'pi', 'v': 3.14159} }}",
+    ],
+)
+def test_format_strings_count_only_their_fields_widths(template):
+    """`"{{x}}{}".format(big)` was refused: the literal `{{` read as a nested field's brace, so a timestamp passed
+    to it was taken for a width; so were numbers in a format's text. Only a field's (or a %-spec's) own width and
+    precision count, as Python applies them."""
+    assert render_chat_template(template, HI) == _reference(template, HI)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ '{0:>{1[0]}}'.format(1, [10**10]) }}",  # a width from an item of an argument
+        "{{ '{a:>{w}}'.format_map({'a': 1, 'w': 10**10}) }}",  # from format_map's mapping
+        "{{ '{:{}{}}'.format('a', '>', 10**10) }}",
+        "{{ '{:.{}}'.format('a', 10**9) }}",
+        "{{ '%-1000000000s' % 'a' }}",
+        "{{ '%(a)1000000000s' % {'a': 1} }}",
+        "{{ '%.*f' % (10**9, 1.5) }}",
+    ],
+)
+def test_a_width_from_anywhere_in_a_format_is_still_refused(template):
+    with pytest.raises(ChatTemplateError, match=r"stopped: .*(width or precision|was passed) .*1000000000"):
+        render_chat_template(template, HI, model="evil.gguf")
