@@ -2,7 +2,8 @@
 sandbox (template_sandbox.py), so a hostile one (`{% for i in range(100000) %}{% for j in range(100000) %}{% endfor
 %}{% endfor %}`, `{{ "a" * 10**10 }}`) is refused with an error instead of holding a thread or taking many GB.
 
-Every loop iteration, operator and call is a step of the render's budget (`MAX_STEPS`; a macro call `MACRO_STEPS`);
+Every loop iteration, operator and call is a step of the render's budget (`MAX_STEPS`; a macro call `MACRO_STEPS`),
+and a render that runs past `MAX_SECONDS` (checked every `CHECK_EVERY` steps) is stopped however few its steps;
 no string or list it makes, and not its output, may hold more than `MAX_CHARS` characters (items), nor an integer
 `MAX_DIGITS` digits:
 `*`, `**`, `+`, `~`, `%`, widths and counts passed to a call or filter are checked before they allocate, every
@@ -15,6 +16,7 @@ derived from it), so the checks find it by an attribute, not a lookup."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
@@ -30,7 +32,8 @@ MAX_CHARS = 1 << 24  # 16 Mi characters: far past any model's context, far below
 MAX_MADE = 4 * MAX_CHARS  # what all its results hold together, each counted when made
 ITEM_WEIGHT = 8  # a list's, tuple's or dict's item counts as this many characters: its pointer and (often) an object
 MAX_DIGITS = 10_000  # an integer's: str() writes at most 4,300, and multiplying huge ones takes minutes
-CHECK_EVERY = 1024  # steps between the budget's slow checks
+MAX_SECONDS = 10.0  # a render's wall-clock deadline, checked at steps: real templates take milliseconds
+CHECK_EVERY = 1024  # steps between the budget's slow checks (the clock's among them)
 LOOP_UPFRONT = 1 << 16  # a loop over at most this many items is charged them all as it starts
 SMALL_INT = 1 << 62  # ints below this in size multiply, add and take % without a digits check
 
@@ -40,15 +43,16 @@ class TemplateBoundError(Exception):
 
 
 class Budget:
-    """One render's steps and characters left. The hot paths inline `spend`: `steps -= n`, and the slow `tick`
-    only once `steps` falls below `mark`."""
+    """One render's steps, characters left and deadline. The hot paths inline `spend`: `steps -= n`, and the slow
+    `tick` (the steps' bound, the clock) only once `steps` falls below `mark`, every CHECK_EVERY steps."""
 
-    __slots__ = ("made", "mark", "steps")
+    __slots__ = ("deadline", "made", "mark", "steps")
 
     def __init__(self) -> None:
         self.steps = MAX_STEPS
         self.made = MAX_MADE
         self.mark = MAX_STEPS - CHECK_EVERY
+        self.deadline = time.monotonic() + MAX_SECONDS
 
     def spend(self, cost: int) -> None:
         self.steps -= cost
@@ -58,6 +62,8 @@ class Budget:
     def tick(self) -> None:
         if self.steps < 0:
             raise TemplateBoundError(f"it ran past {MAX_STEPS} steps (loop iterations, calls, a filter's work)")
+        if time.monotonic() > self.deadline:
+            raise TemplateBoundError(f"it ran past its deadline of {MAX_SECONDS:g} s (slow work in few steps)")
         self.mark = max(self.steps - CHECK_EVERY, 0)
 
     def hold(self, size: int) -> None:

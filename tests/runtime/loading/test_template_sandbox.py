@@ -10,6 +10,7 @@ import pytest
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from radixcache.runtime.loading import template_bounds
 from radixcache.runtime.loading.chat_template import ChatTemplateError, _raise_exception, _tojson, render_chat_template
 from radixcache.runtime.tools.features import GenerationBlock
 
@@ -148,3 +149,22 @@ def test_format_strings_count_only_their_fields_widths(template):
 def test_a_width_from_anywhere_in_a_format_is_still_refused(template):
     with pytest.raises(ChatTemplateError, match=r"stopped: .*(width or precision|was passed) .*1000000000"):
         render_chat_template(template, HI, model="evil.gguf")
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% for i in range(100000) %}{% endfor %}",  # counted as it runs
+        "{% for i in range(2) %}{% for j in range(60000) %}{% endfor %}{% endfor %}",  # charged as each starts
+        "{% for i in range(3000) %}{{ ('ab' * 100) | upper }}{% endfor %}",  # steps of calls and operators
+    ],
+)
+def test_a_render_past_its_deadline_is_stopped_naming_it(template, monkeypatch):
+    """The step bound counts work, not time: `("中" * 1000000) | map("upper") | list` ran 18 s before its millionth
+    step. Every render has a wall-clock deadline, checked every 1,024 steps; here it is set to 0 s, so the first
+    check stops the render, whichever way its steps are spent."""
+    monkeypatch.setattr(template_bounds, "MAX_SECONDS", 0.0)
+    with pytest.raises(ChatTemplateError, match=r"evil\.gguf was stopped: it ran past its deadline of 0 s"):
+        render_chat_template(template, HI, model="evil.gguf")
+    monkeypatch.setattr(template_bounds, "MAX_SECONDS", 10.0)  # a fresh deadline for each render
+    assert render_chat_template(template + "ok", HI).endswith("ok")
