@@ -10,6 +10,7 @@ first (what remains is still closed under prefixes), and changed no block of any
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections.abc import Hashable
 from typing import Any
@@ -38,6 +39,12 @@ def is_block_array(blocks: object) -> bool:
 
 
 NAMESPACES = [None, "tenant"]
+
+
+@functools.cache  # one strategy per length, built and validated once
+def cut_points(length: int) -> st.SearchStrategy[int]:
+    """Where to cut a cached prefix of `length` tokens: its end, or any token."""
+    return st.one_of(st.just(length), st.integers(0, length))
 
 
 def page_map(cache: RadixCache) -> dict[Key, int]:
@@ -105,6 +112,7 @@ class CacheModel(RuleBasedStateMachine):
     # ------------------------------------------------------------------ strategies
 
     @classmethod
+    @functools.cache  # one strategy per (class, max_pages): hypothesis validates a new strategy at its first draw
     def token_lists(cls, max_pages: int) -> st.SearchStrategy[list[int]]:
         pages = st.lists(st.sampled_from(cls.PATTERNS), max_size=max_pages)
         tail = st.lists(st.integers(0, cls.TAIL_ALPHABET - 1), max_size=cls.PAGE_SIZE - 1)
@@ -116,7 +124,7 @@ class CacheModel(RuleBasedStateMachine):
         known = sorted(t for ns, t in self.pages if ns == namespace)
         if known and data.draw(st.integers(0, 3)):
             base = data.draw(st.sampled_from(known))
-            cut = data.draw(st.one_of(st.just(len(base)), st.integers(0, len(base))))
+            cut = data.draw(cut_points(len(base)))
             tokens = [*base[:cut], *data.draw(self.token_lists(2))]
         else:
             tokens = data.draw(self.token_lists(self.MAX_PAGES))
