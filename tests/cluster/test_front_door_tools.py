@@ -23,7 +23,10 @@ from radixcache.runtime.tools import ToolUse
 from radixcache.runtime.tools.use import CallIds
 from tests.smollm2_tools import TOOLS
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("structured_smollm2")]
+# The SmolLM2 tests share a worker with tests/runtime/structured's (xdist group "structured_smollm2"); the Ray one
+# is in the group "ray" alone: pytest-xdist joins every group a test is marked with ("ray_structured_smollm2", a
+# group of its own, which ran its Ray cluster beside the "ray" group's on the other worker).
+pytestmark = pytest.mark.slow
 PAGE = 16
 FIRST = [
     {"role": "developer", "content": "You are an agent. Call tools."},
@@ -161,6 +164,7 @@ def _loop(client: TestClient, engine: Any, stream: bool) -> tuple[list[list[int]
     return prompts, cached
 
 
+@pytest.mark.xdist_group("structured_smollm2")
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_a_tool_loop_through_the_front_door_hits_the_cache_as_one_engine(
     single: tuple[TestClient, Any], front: tuple[TestClient, Any], numbered_ids: Any, stream: bool
