@@ -90,7 +90,7 @@ def _cli_command() -> list[str]:
 
 def _subprocess_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RADIXCACHE_MODEL", "RADIXCACHE_DEBUG")}
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
     env.update(extra)
     return env
 

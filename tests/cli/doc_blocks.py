@@ -148,7 +148,7 @@ def scratch(tmp: Path) -> Path:
 def env(tiny: Path | None) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if k not in ("RADIXCACHE_MODEL", "RADIXCACHE_DEBUG")}
     out["PATH"] = f"{REPO / '.venv' / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{out.get('PATH', '')}"
-    out["PYTHONPATH"] = str(REPO)
+    out["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
     if tiny is not None:
         out["RADIXCACHE_MODEL"] = str(tiny)
     return out

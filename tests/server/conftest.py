@@ -74,7 +74,7 @@ def start_server(model_dir: Path | str, *args: str, served: str = MODEL, prelude
     """`prelude`: Python statements the server process runs first (say, "import gc; gc.disable()")."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("RADIXCACHE_MODEL", "RADIXCACHE_DEBUG")}
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
     code = f"{prelude}\nfrom radixcache.cli.main import run; run()"
     cmd = [sys.executable, "-c", code, "serve", "--model", str(model_dir)]
     cmd += ["--served-model-name", served, "--port", str(port), *args]
