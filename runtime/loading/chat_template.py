@@ -11,7 +11,8 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 
-from radixcache.runtime.loading.template_bounds import MAX_SOURCE, TemplateBoundError, bounded_filter
+from radixcache.runtime.loading.template_bounds import MAX_CHARS, MAX_SOURCE, TemplateBoundError, text_of
+from radixcache.runtime.loading.template_filters import bounded_filter
 from radixcache.runtime.loading.template_sandbox import BoundedSandbox, bound_tree, render
 from radixcache.runtime.tools.errors import ToolInputError
 from radixcache.runtime.tools.features import GenerationBlock
@@ -29,7 +30,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _raise_exception(message: str) -> None:
-    raise ChatTemplateError(message)
+    raise ChatTemplateError(text_of(message, "raise_exception's message"))
 
 
 def _tojson(
@@ -48,6 +49,8 @@ def _tojson(
 
 
 def _strftime_now(fmt: str) -> str:
+    if len(text_of(fmt, "strftime_now's format")) * 32 > MAX_CHARS:  # a directive writes up to ~30 characters
+        raise TemplateBoundError(f"strftime_now's format of {len(fmt)} characters could write over {MAX_CHARS}")
     return datetime.now().strftime(fmt)
 
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, ValuesView
 from itertools import islice
 from typing import Any
 
-from jinja2.utils import _PassArg, pass_context
+from jinja2.utils import Namespace
 
 from radixcache.runtime.tools.features import MAX_TEMPLATE_CHARS
 
@@ -107,6 +107,60 @@ def check(value: Any, what: str, budget: Budget) -> Any:
     budget.made -= weight
     if budget.made < 0:
         raise TemplateBoundError(f"its results hold over {MAX_MADE} characters or items in all")
+    return value
+
+
+def text_size(value: Any, what: str, budget: Budget | None = None) -> int:
+    """About the characters `str(value)` (or its JSON) writes, walked without writing it: a string's own, an
+    integer's digits, each item of a list, tuple, set, dict or dict view and a namespace's attributes with their
+    punctuation (an item as often as it appears: `[big] * 1000` writes `big` 1,000 times), 24 for anything else.
+    Refused once over MAX_CHARS; the walk is a step an item (at most the steps left)."""
+    cls = value.__class__
+    if cls is str:
+        return len(value)  # type: ignore[no-any-return]
+    if cls is int or cls is bool or cls is float or value is None:
+        return value.bit_length() // 3 + 2 if cls is int else 24  # type: ignore[no-any-return]
+    limit = budget.steps if budget is not None else MAX_STEPS
+    total = walked = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item) + 2
+        elif isinstance(item, int):
+            total += item.bit_length() // 3 + 2
+        elif isinstance(item, dict):
+            total += 2 + 4 * len(item)
+            walked += len(item)
+            stack += item.keys()
+            stack += item.values()
+        elif isinstance(item, list | tuple | set | frozenset | KeysView | ValuesView | ItemsView):
+            total += 2 + 2 * len(item)
+            walked += len(item)
+            stack += item
+        elif isinstance(item, Namespace):
+            stack.append(item._Namespace__attrs)  # type: ignore[attr-defined]  # its repr writes them
+        else:
+            total += 24
+        if total > MAX_CHARS:
+            raise TemplateBoundError(f"{what} would be over {MAX_CHARS} characters as text")
+        if walked > limit:
+            raise TemplateBoundError(f"it ran past {MAX_STEPS} steps (loop iterations, calls, a filter's work)")
+    if budget is not None:
+        budget.spend(walked)
+    return total
+
+
+def text_of(value: Any, what: str, budget: Budget | None = None) -> str:
+    """`str(value)`, its size checked before it is written."""
+    text_size(value, what, budget)
+    return str(value)
+
+
+def shown(context: Any, value: Any) -> Any:
+    """`value`, about to be written to the output as text (`{{ x }}`): a list or dict no larger than MAX_CHARS."""
+    if value.__class__ is not str:
+        text_size(value, "an output", context.eval_ctx.budget)
     return value
 
 
@@ -204,11 +258,12 @@ def add_checked(budget: Budget, left: Any, right: Any) -> Any:
     return check(left + right, "the result of +", budget)
 
 
-def chain_of(pattern: tuple[str | None, ...], steps: int) -> Callable[..., Any]:
+def chain_of(pattern: tuple[str | None, ...], steps: int, shown: bool = False) -> Callable[..., Any]:
     """`a + b + c ...` as one call, made once per chain as the template compiles: `pattern` is the chain's parts,
     its literal strings (adjacent ones merged) and None for each value it computes, which the call is passed;
     `steps` its `+`s, a step each. Strings (the common case) are checked and counted, then formatted into the
-    literals at once; anything else is added pair by pair, each sum checked as `+` is."""
+    literals at once; anything else is added pair by pair, each sum checked as `+` is (and, where the chain is
+    written to the output, `shown`, the sum's size as text: `{{ [big] + [big] }}`)."""
     fmt = "".join("%s" if part is None else part.replace("%", "%%") for part in pattern)
     fixed = sum(len(part) for part in pattern if part is not None)
 
@@ -220,7 +275,10 @@ def chain_of(pattern: tuple[str | None, ...], steps: int) -> Callable[..., Any]:
         size = fixed
         for value in values:
             if value.__class__ is not str:
-                return _pairwise(budget, pattern, values)
+                result = _pairwise(budget, pattern, values)
+                if shown and result.__class__ is not str:
+                    text_size(result, "an output", budget)
+                return result
             size += len(value)
         if size > MAX_CHARS:
             raise TemplateBoundError(f"a concatenation makes over {MAX_CHARS} characters or items")
@@ -243,11 +301,11 @@ def _pairwise(budget: Budget, pattern: tuple[str | None, ...], values: tuple[Any
 
 def joined(context: Any, *parts: Any) -> str:
     """`a ~ b ~ c ...`: the parts as text, their total checked before they are joined."""
-    texts = [p if p.__class__ is str else str(p) for p in parts]
+    budget = context.eval_ctx.budget
+    texts = [p if p.__class__ is str else text_of(p, "a ~ part", budget) for p in parts]
     size = sum(map(len, texts))
     if size > MAX_CHARS:
         raise TemplateBoundError(f"a ~ concatenation makes over {MAX_CHARS} characters")
-    budget = context.eval_ctx.budget
     budget.made -= size
     if budget.made < 0:
         raise TemplateBoundError(f"its results hold over {MAX_MADE} characters or items in all")
@@ -275,67 +333,6 @@ def concat_in(context: Any) -> Callable[[Iterable[str]], str]:
         return text
 
     return concat
-
-
-_SLOW_FILTERS = frozenset({"urlize", "wordwrap"})  # pure Python, about a step's time a character
-_WIDTH_FILTERS = frozenset({"batch", "center", "indent", "slice", "tojson"})  # a count or width that allocates
-
-
-def _filter_work(name: str, value: Any) -> int:
-    """The steps a filter's work on `value` costs beyond the call: Python-level work per item (sort, unique,
-    groupby, select, sum) a step an item; C-speed string work a step per 64 characters."""
-    if isinstance(value, str):
-        return len(value) if name in _SLOW_FILTERS else len(value) >> 6
-    return len(value) if isinstance(value, list | tuple | dict) else 0
-
-
-def _filter_checks(name: str) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], None] | None:
-    """What `name` checks of its value and arguments before it runs, decided once as the filter is wrapped."""
-    if name in _WIDTH_FILTERS:  # their value is the first argument, a width or count after it
-        return lambda value, args, kwargs: check_ints([*args, *kwargs.values()], f"the filter {name}")
-    if name == "format":
-        return lambda value, args, kwargs: check_percent(value, args, "the filter format's string")
-    if name == "replace":
-
-        def replace(value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if isinstance(value, str) and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
-                check_replace(value, args[0], args[1])
-
-        return replace
-    if name == "join":
-        return lambda value, args, kwargs: check_join(value)
-    return None
-
-
-def bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
-    """`func` (a Jinja filter) with its work counted and its arguments and result checked. The wrapper takes the
-    render's context (so it finds the budget, and Jinja never runs it while compiling) and passes `func` what
-    its own mark asks for."""
-    pass_arg = _PassArg.from_obj(func)  # type: ignore[arg-type]
-    checks = _filter_checks(name)
-    what = f"the result of the filter {name}"
-
-    @pass_context
-    def run(context: Any, value: Any, /, *args: Any, **kwargs: Any) -> Any:
-        budget = context.eval_ctx.budget
-        budget.steps -= 1 + _filter_work(name, value)
-        if budget.steps < budget.mark:
-            budget.tick()
-        if checks is not None:
-            checks(value, args, kwargs)
-        if pass_arg is None:
-            result = func(value, *args, **kwargs)
-        elif pass_arg is _PassArg.context:
-            result = func(context, value, *args, **kwargs)
-        elif pass_arg is _PassArg.eval_context:
-            result = func(context.eval_ctx, value, *args, **kwargs)
-        else:
-            result = func(context.environment, value, *args, **kwargs)
-        return check(result, what, budget)
-
-    run.__name__ = getattr(func, "__name__", name)
-    run.__doc__ = func.__doc__
-    return run
 
 
 def collect(chunks: Iterable[str]) -> str:

@@ -32,7 +32,6 @@ from radixcache.runtime.loading.template_bounds import (
     Budget,
     TemplateBoundError,
     add_checked,
-    bounded_filter,
     chain_of,
     check,
     check_ints,
@@ -45,11 +44,14 @@ from radixcache.runtime.loading.template_bounds import (
     concat_text,
     joined,
     searched,
+    shown,
     steps_of,
+    text_size,
     work,
 )
+from radixcache.runtime.loading.template_filters import bounded_filter, text_test
 
-_BOUNDS = frozenset({"steps_of", "plus", "joined", "searched"})
+_BOUNDS = frozenset({"steps_of", "plus", "plus_out", "joined", "searched", "shown"})
 
 
 def bound_call(name: str, args: list[nodes.Expr], lineno: int) -> nodes.Call:
@@ -71,10 +73,11 @@ class _Generator(CodeGenerator):
         if not (isinstance(node.node, nodes.EnvironmentAttribute) and node.node.name in _BOUNDS):
             return super().visit_Call(node, frame, forward_caller=forward_caller)
         name, args = node.node.name, node.args
-        if name == "plus":  # a chain of its own, passed the values its literals are formatted with
+        if name in ("plus", "plus_out"):  # a chain of its own, passed the values its literals are formatted with
             pattern, args = _chain_pattern(args)
+            chain = chain_of(pattern, len(node.args) - 1, shown=name == "plus_out")
             name = f"chain{len(self.environment.chains)}"  # type: ignore[attr-defined]
-            self.environment.chains.append(chain_of(pattern, len(node.args) - 1))  # type: ignore[attr-defined]
+            self.environment.chains.append(chain)  # type: ignore[attr-defined]
             setattr(self.environment, name, self.environment.chains[-1])  # type: ignore[attr-defined]
         self.write(f"environment.{name}(context")  # past the sandbox's call: these are its own
         for arg in args:
@@ -131,6 +134,17 @@ class _Bound(NodeTransformer):
         parts = list(left.args) if _is_bound(left, "plus") else [left]
         return bound_call("plus", [*parts, node.right], node.lineno)
 
+    def visit_Output(self, node: nodes.Output) -> nodes.Node:
+        self.generic_visit(node)  # each `{{ x }}` is written as text: a list's or dict's size checked first
+        for i, child in enumerate(node.nodes):
+            if isinstance(child, nodes.TemplateData | nodes.Const) or _is_bound(child, "joined"):
+                continue
+            if _is_bound(child, "plus"):
+                child.node = nodes.EnvironmentAttribute("plus_out")  # type: ignore[attr-defined]
+            else:
+                node.nodes[i] = bound_call("shown", [child], child.lineno)
+        return node
+
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
         self.generic_visit(node)
         return bound_call("joined", list(node.nodes), node.lineno)
@@ -166,6 +180,7 @@ def render(template: Template, variables: dict[str, Any]) -> str:
 class _SpecBound(Formatter):
     def format_field(self, value: Any, format_spec: str) -> Any:
         check_spec(format_spec, "a str.format field")  # as it is applied: `{:>{}}`'s width taken from the arguments
+        text_size(value, "a str.format field")
         return super().format_field(value, format_spec)
 
 
@@ -187,6 +202,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.filters = {name: bounded_filter(name, f) for name, f in self.filters.items()}
+        self.tests = {**self.tests, "lower": text_test(self.tests["lower"]), "upper": text_test(self.tests["upper"])}
+        self.shown = shown
         self.steps_of = steps_of
         self.chains: list[Any] = []  # each `+` chain's call, made as the template compiles
         self.joined = joined
@@ -214,6 +231,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             return add_checked(budget, left, right)
         if operator == "%" and isinstance(left, str):
             check_percent(left, right, "the % format")
+            text_size(right, "the % format's arguments", budget)
         return check(self.binop_table[operator](left, right), f"the result of {operator}", budget)
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:

@@ -1,0 +1,125 @@
+"""The sandbox's filters and tests (template_sandbox.py installs them): each a wrapper that counts its work as
+steps, checks its widths, counts and text before it runs and its result after (template_bounds.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from jinja2.utils import _PassArg, pass_context
+
+from radixcache.runtime.loading.template_bounds import (
+    check,
+    check_ints,
+    check_join,
+    check_percent,
+    check_replace,
+    text_size,
+)
+
+_SLOW_FILTERS = frozenset({"urlize", "wordwrap"})  # pure Python, about a step's time a character
+_TEXT_FILTERS = frozenset(  # filters that write their value as text
+    [
+        "capitalize",
+        "center",
+        "e",
+        "escape",
+        "forceescape",
+        "format",
+        "indent",
+        "join",
+        "lower",
+        "pprint",
+        "replace",
+        "safe",
+        "string",
+        "striptags",
+        "title",
+        "tojson",
+        "trim",
+        "truncate",
+        "upper",
+        "urlencode",
+        "urlize",
+        "wordcount",
+        "wordwrap",
+        "xmlattr",
+    ]
+)
+_WIDTH_FILTERS = frozenset({"batch", "center", "indent", "slice", "tojson"})  # a count or width that allocates
+
+
+def _filter_work(name: str, value: Any) -> int:
+    """The steps a filter's work on `value` costs beyond the call: Python-level work per item (sort, unique,
+    groupby, select, sum) a step an item; C-speed string work a step per 64 characters."""
+    if isinstance(value, str):
+        return len(value) if name in _SLOW_FILTERS else len(value) >> 6
+    return len(value) if isinstance(value, list | tuple | dict) else 0
+
+
+def _filter_checks(name: str) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], None] | None:
+    """What `name` checks of its value and arguments before it runs, decided once as the filter is wrapped."""
+    if name in _WIDTH_FILTERS:  # their value is the first argument, a width or count after it
+        return lambda value, args, kwargs: check_ints([*args, *kwargs.values()], f"the filter {name}")
+    if name == "format":
+
+        def format_(value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            check_percent(value, args, "the filter format's string")
+            text_size((args, kwargs), "the filter format's arguments")
+
+        return format_
+    if name == "replace":
+
+        def replace(value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if isinstance(value, str) and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+                check_replace(value, args[0], args[1])
+
+        return replace
+    if name == "join":
+        return lambda value, args, kwargs: check_join(value)
+    return None
+
+
+def bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    """`func` (a Jinja filter) with its work counted and its arguments and result checked. The wrapper takes the
+    render's context (so it finds the budget, and Jinja never runs it while compiling) and passes `func` what
+    its own mark asks for."""
+    pass_arg = _PassArg.from_obj(func)  # type: ignore[arg-type]
+    checks = _filter_checks(name)
+    text = name in _TEXT_FILTERS
+    what = f"the result of the filter {name}"
+
+    @pass_context
+    def run(context: Any, value: Any, /, *args: Any, **kwargs: Any) -> Any:
+        budget = context.eval_ctx.budget
+        budget.steps -= 1 + _filter_work(name, value)
+        if budget.steps < budget.mark:
+            budget.tick()
+        if checks is not None:
+            checks(value, args, kwargs)
+        if text and value.__class__ is not str:  # it writes its value as text (`[big] * 1000 | tojson`)
+            text_size(value, f"the value of the filter {name}", budget)
+        if pass_arg is None:
+            result = func(value, *args, **kwargs)
+        elif pass_arg is _PassArg.context:
+            result = func(context, value, *args, **kwargs)
+        elif pass_arg is _PassArg.eval_context:
+            result = func(context.eval_ctx, value, *args, **kwargs)
+        else:
+            result = func(context.environment, value, *args, **kwargs)
+        return check(result, what, budget)
+
+    run.__name__ = getattr(func, "__name__", name)
+    run.__doc__ = func.__doc__
+    return run
+
+
+def text_test(func: Callable[..., Any]) -> Callable[..., Any]:
+    """A test that writes its value as text (`lower`, `upper`: `str(value).islower()`), its size checked first."""
+
+    @pass_context
+    def run(context: Any, value: Any, /, *args: Any) -> Any:
+        text_size(value, "the value of a test", context.eval_ctx.budget)
+        return func(value, *args)
+
+    return run
