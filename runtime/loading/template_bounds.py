@@ -30,7 +30,8 @@ MAX_STEPS = 1_000_000  # about 0.3 to 3 s, as a step's work goes
 MACRO_STEPS = 32  # a macro call costs about as much time as this many loop iterations
 MAX_CHARS = 1 << 24  # 16 Mi characters: far past any model's context, far below a machine's memory
 MAX_MADE = 4 * MAX_CHARS  # what all its results hold together, each counted when made
-ITEM_WEIGHT = 8  # a list's, tuple's or dict's item counts as this many characters: its pointer and (often) an object
+ITEM_WEIGHT = 8  # a list's, tuple's or dict's item counts as this many characters: its pointer
+OBJECT_WEIGHT = 64  # and a string made for each item (a split's, a non-ASCII string's characters) this many more
 MAX_DIGITS = 10_000  # an integer's: str() writes at most 4,300, and multiplying huge ones takes minutes
 MAX_SECONDS = 10.0  # a render's wall-clock deadline, checked at steps: real templates take milliseconds
 CHECK_EVERY = 1024  # steps between the budget's slow checks (the clock's among them)
@@ -253,9 +254,31 @@ def searched(context: Any, container: Any) -> Any:
 
 
 def add_checked(budget: Budget, left: Any, right: Any) -> Any:
-    if _size(left) + _size(right) > MAX_CHARS:
+    size = _size(left) + _size(right)
+    if size > MAX_CHARS:
         raise TemplateBoundError(f"a concatenation makes over {MAX_CHARS} characters or items")
+    fits(budget, size * ITEM_WEIGHT if isinstance(left, list | tuple) else size, "a concatenation")
     return check(left + right, "the result of +", budget)
+
+
+def fits(budget: Budget, weight: int, what: str) -> None:
+    """Refuses, before it is made, what would take the render past MAX_MADE (`check` counts it once made)."""
+    if weight > budget.made:
+        raise TemplateBoundError(f"{what} would take its results over {MAX_MADE} characters or items in all")
+
+
+_LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"  # where str.splitlines splits
+
+
+def split_count(text: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """At most how many strings `text.split(...)`, `rsplit` or `splitlines` makes, counted before it runs (each a
+    new object: `("ab " * 5000000).split()` took 650 MB before its result was checked)."""
+    if name == "splitlines":
+        return sum(map(text.count, _LINE_BREAKS)) + 1
+    sep = args[0] if args else kwargs.get("sep")
+    n = text.count(sep) + 1 if isinstance(sep, str) and sep else len(text) // 2 + 1
+    limit = args[1] if len(args) > 1 else kwargs.get("maxsplit", -1)
+    return min(n, limit + 1) if _is_int(limit) and limit >= 0 else n
 
 
 def chain_of(pattern: tuple[str | None, ...], steps: int, shown: bool = False) -> Callable[..., Any]:

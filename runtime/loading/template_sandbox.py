@@ -25,9 +25,11 @@ from jinja2.visitor import NodeTransformer
 from markupsafe import Markup
 
 from radixcache.runtime.loading.template_bounds import (
+    ITEM_WEIGHT,
     MACRO_STEPS,
     MAX_CHARS,
     MAX_DIGITS,
+    OBJECT_WEIGHT,
     SMALL_INT,
     Budget,
     TemplateBoundError,
@@ -42,9 +44,11 @@ from radixcache.runtime.loading.template_bounds import (
     collect,
     concat_in,
     concat_text,
+    fits,
     joined,
     searched,
     shown,
+    split_count,
     steps_of,
     text_size,
     work,
@@ -225,8 +229,11 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 raise TemplateBoundError(f"a {operator} makes a number of over {MAX_DIGITS} digits")
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, str | list | tuple) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_CHARS:
-                    raise TemplateBoundError(f"a repetition makes over {MAX_CHARS} characters or items")
+                if isinstance(seq, str | list | tuple) and isinstance(n, int):
+                    size = len(seq) * max(n, 0)
+                    if size > MAX_CHARS:
+                        raise TemplateBoundError(f"a repetition makes over {MAX_CHARS} characters or items")
+                    fits(budget, size if isinstance(seq, str) else size * ITEM_WEIGHT, "a repetition")
         if operator == "+":
             return add_checked(budget, left, right)
         if operator == "%" and isinstance(left, str):
@@ -284,4 +291,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
                 check_replace(owner, *args[:3])
             elif name == "join" and args:
                 check_join(args[0])
+            elif name in ("split", "rsplit", "splitlines"):
+                pieces = split_count(owner, name, args, kwargs)
+                fits(budget, pieces * (ITEM_WEIGHT + OBJECT_WEIGHT), f"str.{name}")
+                budget.hold(pieces * OBJECT_WEIGHT)  # its strings; check counts the list's pointers
         return check(super().call(__context, __obj, *args, **kwargs), f"the result of {name}", budget)

@@ -1,0 +1,65 @@
+"""What a chat template would make is refused before it is made: a list of a string's characters, a split's pieces,
+a repetition or concatenation past what is left of the render's bound. Before, each was made (GBs for some) and only
+then refused; the peak of what the render allocated (tracemalloc) shows which."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from radixcache.runtime.loading.chat_template import ChatTemplateError, _raise_exception, _tojson, render_chat_template
+from radixcache.runtime.tools.features import GenerationBlock
+
+HI = [{"role": "user", "content": "hi"}]
+MB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("template", "source_mb", "bound"),
+    [
+        ('{{ ("中" * 16000000) | list | length }}', 32, "the filter list would take"),  # was 1.4 GB, 14 s
+        ('{{ ("ab " * 5000000).split() | length }}', 15, "str.split would take"),  # was 650 MB
+        ('{{ ("a\\n" * 8000000).splitlines() | length }}', 16, "str.splitlines would take"),
+        ('{{ ("a," * 8000000).rsplit(",") | length }}', 16, "str.rsplit would take"),
+        ('{{ (["a"] * 10000000) | length }}', 0, "a repetition would take"),  # was 80 MB
+        ('{% set a = ["a"] * 5000000 %}{{ (a + a) | length }}', 40, "a concatenation would take"),
+        ('{{ ("中" * 16000000) | batch(1) | list | length }}', 32, "steps"),  # was 2.8 GB, 47 s
+        ('{{ ("ab" * 8000000) | unique | list | length }}', 16, "steps"),  # was 14 s
+        ('{{ ("中" * 4000000) | sort | length }}', 8, "steps"),
+    ],
+)
+def test_what_a_template_would_make_is_refused_before_it_is_made(template, source_mb, bound):
+    tracemalloc.start()
+    try:
+        with pytest.raises(ChatTemplateError, match=r"evil\.gguf was stopped: .*" + bound):
+            render_chat_template(template, HI, model="evil.gguf")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < (source_mb + 40) * MB, f"{peak / MB:.0f} MB allocated for a string of {source_mb} MB"
+
+
+def _reference(source: str, messages: list) -> str:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationBlock]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(source).render(messages=messages)
+
+
+def test_splits_and_lists_of_real_size_render_as_jinja_renders_them():
+    template = (
+        "{% for m in messages %}{{ m.content.split() | length }},{{ m.content.split(' ', 2) }},"
+        "{{ m.content.rsplit('é', 1) }},{{ m.content.splitlines() }},{{ m.content | list | length }},"
+        "{{ m.content | unique | list | length }},{{ (m.content.split() * 3) | length }}|{% endfor %}"
+        "{{ (messages + messages) | length }}{{ messages | map(attribute='role') | sort | join }}"
+    )
+    messages = [
+        {"role": "user", "content": "héllo wörld\nsecond line 中文 " * 200},
+        {"role": "assistant", "content": "a b c\r\nd"},
+    ]
+    assert render_chat_template(template, messages) == _reference(template, messages)
