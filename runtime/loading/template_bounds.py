@@ -203,9 +203,30 @@ def check_replace(s: str, old: str, new: str, count: int = -1) -> None:
         raise TemplateBoundError(f"replace would make a string over {MAX_CHARS} characters")
 
 
-def check_join(items: Any) -> None:
-    if isinstance(items, list | tuple) and sum(len(x) for x in items if isinstance(x, str)) > MAX_CHARS:
-        raise TemplateBoundError(f"join would make a string over {MAX_CHARS} characters")
+def check_join(items: Any, sep: Any = "") -> None:
+    """A join's size: its items' and its separator's between them (`(["a"] * 1000000) | join("x" * 100)`)."""
+    if isinstance(items, list | tuple):
+        between = max(len(items) - 1, 0) * len(sep) if isinstance(sep, str) else 0
+        if between + sum(len(x) for x in items if isinstance(x, str)) > MAX_CHARS:
+            raise TemplateBoundError(f"join would make a string over {MAX_CHARS} characters")
+
+
+def check_grown(text: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """What str.expandtabs and str.translate, and the filter indent, write, bounded before they run: a tab (a
+    line, for indent) becomes up to the width given, a character a translation table's longest string."""
+    width = args[0] if args else next(iter(kwargs.values()), 8 if name == "expandtabs" else 4)
+    if name == "translate":
+        table = width if isinstance(width, dict) else {}
+        longest = max((len(v) for v in table.values() if isinstance(v, str)), default=1)
+        size = len(text) * longest
+    elif isinstance(width, str):  # indent's width may be a string to put before each line
+        size = len(text) + (text.count("\n") + 1) * len(width)
+    elif _is_int(width):
+        size = len(text) + (text.count("\t" if name == "expandtabs" else "\n") + 1) * max(width, 0)
+    else:
+        return
+    if size > MAX_CHARS:
+        raise TemplateBoundError(f"{name} would make a string of up to {size} characters, over {MAX_CHARS}")
 
 
 def work(value: Any) -> int:

@@ -12,6 +12,7 @@ from radixcache.runtime.loading.template_bounds import (
     ITEM_WEIGHT,
     OBJECT_WEIGHT,
     check,
+    check_grown,
     check_ints,
     check_join,
     check_percent,
@@ -82,7 +83,7 @@ def _filter_work(name: str, value: Any) -> int:
 
 def _filter_checks(name: str) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], None] | None:
     """What `name` checks of its value and arguments before it runs, decided once as the filter is wrapped."""
-    if name in _WIDTH_FILTERS:  # their value is the first argument, a width or count after it
+    if name in _WIDTH_FILTERS and name != "indent":  # their value is the first argument, a width or count after it
         return lambda value, args, kwargs: check_ints([*args, *kwargs.values()], f"the filter {name}")
     if name == "format":
 
@@ -99,7 +100,15 @@ def _filter_checks(name: str) -> Callable[[Any, tuple[Any, ...], dict[str, Any]]
 
         return replace
     if name == "join":
-        return lambda value, args, kwargs: check_join(value)
+        return lambda value, args, kwargs: check_join(value, args[0] if args else kwargs.get("d", ""))
+    if name == "indent":
+
+        def indent(value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            check_ints([*args, *kwargs.values()], "the filter indent")
+            if isinstance(value, str):
+                check_grown(value, name, args[:1], {k: v for k, v in kwargs.items() if k == "width"})
+
+        return indent
     return None
 
 

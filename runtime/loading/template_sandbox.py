@@ -36,6 +36,7 @@ from radixcache.runtime.loading.template_bounds import (
     add_checked,
     chain_of,
     check,
+    check_grown,
     check_ints,
     check_join,
     check_percent,
@@ -290,7 +291,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             if name == "replace" and len(args) >= 2:
                 check_replace(owner, *args[:3])
             elif name == "join" and args:
-                check_join(args[0])
+                check_join(args[0], owner)
+            elif name in ("expandtabs", "translate"):
+                check_grown(owner, name, args, kwargs)
             elif name in ("split", "rsplit", "splitlines"):
                 pieces = split_count(owner, name, args, kwargs)
                 fits(budget, pieces * (ITEM_WEIGHT + OBJECT_WEIGHT), f"str.{name}")

@@ -63,3 +63,38 @@ def test_splits_and_lists_of_real_size_render_as_jinja_renders_them():
         {"role": "assistant", "content": "a b c\r\nd"},
     ]
     assert render_chat_template(template, messages) == _reference(template, messages)
+
+
+@pytest.mark.parametrize(
+    ("template", "bound"),
+    [
+        ('{{ (["a"] * 400000) | join("x" * 1000) | length }}', "join would make"),
+        ('{{ ("x" * 1000).join(["a"] * 400000) | length }}', "join would make"),
+        ('{{ ("a\\n" * 1000000) | indent(100) | length }}', "indent would make"),
+        ('{{ ("a\\n" * 1000000) | indent(width=" " * 100) | length }}', "indent would make"),
+        ('{{ ("\\t" * 1000000).expandtabs(100) | length }}', "expandtabs would make"),
+        ('{{ ("\\t" * 1000000).expandtabs(tabsize=100) | length }}', "expandtabs would make"),
+        ('{{ ("a" * 1000000).translate({97: "x" * 100}) | length }}', "translate would make"),
+    ],
+)
+def test_a_string_grown_by_a_separator_width_or_table_is_refused_before_it_is_made(template, bound):
+    """Each made a string of 100 to 400 M characters before the result's check refused it: the separator, the indent's
+    width, the tab size or the translation's string counted only once, not once per item, line, tab or character."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ChatTemplateError, match=r"evil\.gguf was stopped: .*" + bound):
+            render_chat_template(template, HI, model="evil.gguf")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 60 * MB, f"{peak / MB:.0f} MB allocated"
+
+
+def test_joins_indents_tabs_and_translations_of_real_size_render_as_jinja_renders_them():
+    template = (
+        "{{ messages | map(attribute='content') | join(', ') }}|{{ ', '.join(['a', 'b']) }}|{{ 'a\\nb' | indent(2) }}"
+        "|{{ 'a\\nb\\n' | indent(width='> ', first=true, blank=true) }}|{{ 'a\\tb'.expandtabs() }}"
+        "|{{ 'a\\tb'.expandtabs(tabsize=3) }}|{{ 'abc'.translate({97: 'xy', 98: none}) }}"
+    )
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert render_chat_template(template, messages) == _reference(template, messages)
