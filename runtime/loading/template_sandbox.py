@@ -54,7 +54,7 @@ from radixcache.runtime.loading.template_bounds import (
     text_size,
     work,
 )
-from radixcache.runtime.loading.template_filters import bounded_filter, text_test
+from radixcache.runtime.loading.template_filters import bounded_filter, lipsum, text_test
 
 _BOUNDS = frozenset({"steps_of", "plus", "plus_out", "joined", "searched", "shown"})
 
@@ -208,6 +208,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         super().__init__(**options)
         self.filters = {name: bounded_filter(name, f) for name, f in self.filters.items()}
         self.tests = {**self.tests, "lower": text_test(self.tests["lower"]), "upper": text_test(self.tests["upper"])}
+        self.globals["lipsum"] = lipsum
         self.shown = shown
         self.steps_of = steps_of
         self.chains: list[Any] = []  # each `+` chain's call, made as the template compiles

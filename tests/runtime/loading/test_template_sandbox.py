@@ -168,3 +168,13 @@ def test_a_render_past_its_deadline_is_stopped_naming_it(template, monkeypatch):
         render_chat_template(template, HI, model="evil.gguf")
     monkeypatch.setattr(template_bounds, "MAX_SECONDS", 10.0)  # a fresh deadline for each render
     assert render_chat_template(template + "ok", HI).endswith("ok")
+
+
+def test_lipsum_is_charged_its_words_before_it_runs():
+    """`lipsum(100000)` (Jinja's global) was one call, one step, and held the thread 22 s; its words are now
+    charged before it runs. A few paragraphs still render."""
+    with pytest.raises(ChatTemplateError, match=r"evil\.gguf was stopped: it ran past 1000000 steps"):
+        render_chat_template("{{ lipsum(100000) | length }}", HI, model="evil.gguf")
+    with pytest.raises(ChatTemplateError, match=r"stopped: lipsum was passed 100000000000"):
+        render_chat_template("{{ lipsum(2, max=10**11) | length }}", HI, model="evil.gguf")
+    assert render_chat_template("{{ lipsum(3, html=false, min=5, max=9).count('\\n\\n') }}", HI) == "2"
