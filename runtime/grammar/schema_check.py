@@ -23,6 +23,9 @@ SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 DATA_KEYWORDS = ("enum", "const", "default", "examples")  # their values are data, not schemas
 NUMBERS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+# llguidance's parser follows at most 2,000 items in one row, ~4 per optional property: an object of more fails
+# once the output enters it, and compiling it costs time that grows faster than its size (3,000: 14 s here)
+MAX_OPTIONAL = 500
 MAX_DEPTH = 120  # objects and arrays: the library's JSON parser refuses past about 124 (its 128, less its wrapping)
 
 
@@ -133,6 +136,15 @@ def _check_keywords(node: dict[str, Any], path: str, root: Any) -> None:
         raise GrammarError("must be an array of property names", f"{path}.required")
     if "enum" in node and (not isinstance(node["enum"], list) or not node["enum"]):
         raise GrammarError("must be a non-empty array", f"{path}.enum")
+    if isinstance(node.get("properties"), dict):
+        optional = len(node["properties"]) - len(set(required) & node["properties"].keys())
+        if optional > MAX_OPTIONAL:
+            raise GrammarError(
+                f"{optional:,} optional properties in one object; the grammar follows at most about {MAX_OPTIONAL} at "
+                "one point (fewer beside additionalProperties or the members of an anyOf): mark some required, or "
+                "split the object",
+                f"{path}.properties",
+            )
     for key in COUNTS:
         value = node.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
