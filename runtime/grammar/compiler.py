@@ -71,6 +71,39 @@ def build_matcher(grammar: str, vocab: GrammarVocab, path: str) -> llguidance.LL
         raise GrammarError(str(e).strip(), path) from None
 
 
+def first_mask(matcher: llguidance.LLMatcher, spec: GrammarSpec) -> None:
+    """Compute the start matcher's first mask once, at compile time: a grammar that admits no text (`{"$ref": "#"}`,
+    a `$ref` cycle, a regex nothing matches) or whose lexer is past its limits (`a{1000000}`) fails there, a
+    GrammarError before its request is queued; it failed at the request's first decode step, after its prefill,
+    on the engine's loop, which also paid the first mask's lazy table building."""
+    matcher.compute_bitmask()
+    if (failure := matcher_error(matcher, spec.kind)) is not None:
+        raise GrammarError(failure, spec.path)
+
+
+_ROW_LIMIT = "Current row has"  # llguidance's parser past its items in one row (2,000): ~4 per optional property
+
+
+def matcher_error(matcher: llguidance.LLMatcher, kind: str) -> str | None:
+    """A matcher's failure in words, or None while it has none: llguidance's first line, without the dump of its
+    parser state and grammar that follows it; its "NoExtensionBias" (no token can extend the output: a regex such as
+    `[^\\x00-\\U0010FFFF]` that no text matches) said in full, and a schema past its parser's row limit (too many
+    optional properties at one point, refused once the output enters them) in a schema's terms, not its advice to
+    make a grammar left-recursive."""
+    if not matcher.is_error():
+        return None
+    message = (matcher.get_error() or "").split("\n<state>")[0].strip() or "the grammar matcher failed"
+    if message == "NoExtensionBias":
+        return "no text the model can write satisfies the grammar (no token may extend the output)"
+    if _ROW_LIMIT in message and kind == "json_schema":  # its advice is for grammar writers
+        return (
+            "the schema offers more optional properties at one point than the grammar can follow (about 500 in "
+            "one object, fewer beside additionalProperties or the members of an anyOf): mark some required, or "
+            "split the object"
+        )
+    return message
+
+
 class GrammarCompiler:
     """Compiles `GrammarSpec`s for one vocabulary, keeping at most `max_entries` compiled grammars of at most
     `max_chars` characters of grammar in all (all namespaces together, shared fairly by their tenants: past a bound
@@ -101,7 +134,9 @@ class GrammarCompiler:
                 # the key leaves out `path`: this caller's errors name its own field, not the first compiler's
                 return hit if hit.spec.path == spec.path else dataclasses.replace(hit, spec=spec)
         grammar = _translate_and_validate(spec, self.vocab)
-        compiled = CompiledGrammar(spec, grammar, self.vocab, _Start(build_matcher(grammar, self.vocab, spec.path)))
+        start = build_matcher(grammar, self.vocab, spec.path)
+        first_mask(start, spec)
+        compiled = CompiledGrammar(spec, grammar, self.vocab, _Start(start))
         with self._lock:
             self.misses += 1
             first = self._cache.get(scope, key)  # a concurrent compile of the same spec wins once

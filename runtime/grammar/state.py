@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import llguidance
 import numpy as np
 
-from radixcache.runtime.grammar.compiler import CompiledGrammar
+from radixcache.runtime.grammar.compiler import CompiledGrammar, matcher_error
 from radixcache.runtime.grammar.errors import GrammarError
 
 
@@ -28,9 +28,6 @@ def mask_words(vocab_size: int) -> int:
 def allocate_masks(batch: int, vocab_size: int) -> np.ndarray:
     """A zeroed (batch, words) int32 array of mask rows."""
     return np.zeros((batch, mask_words(vocab_size)), dtype=np.int32)
-
-
-_ROW_LIMIT = "Current row has"  # llguidance's parser past its items in one row (2,000): ~4 per optional property
 
 
 class GrammarState:
@@ -119,23 +116,8 @@ class GrammarState:
         return bool((int(row[stop_id // 32]) >> (stop_id % 32)) & 1)
 
     def error(self) -> str | None:
-        """The matcher's failure in words, or None while it has none: llguidance's first line, without the dump of
-        its parser state and grammar that follows it; its "NoExtensionBias" (no token can extend the output: a
-        regex such as `[^\\x00-\\U0010FFFF]` that no text matches) said in full, and a schema past its parser's
-        row limit (an object of over ~500 optional properties, refused once the output enters it) in a schema's
-        terms, not its advice to make a grammar left-recursive."""
-        if not self._matcher.is_error():
-            return None
-        message = (self._matcher.get_error() or "").split("\n<state>")[0].strip() or "the grammar matcher failed"
-        if message == "NoExtensionBias":
-            return "no text the model can write satisfies the grammar (no token may extend the output)"
-        if _ROW_LIMIT in message and self.compiled.spec.kind == "json_schema":  # its advice is for grammar writers
-            return (
-                "the schema offers more optional properties at one point than the grammar can follow (about 500 in "
-                "one object, fewer beside additionalProperties or the members of an anyOf): mark some required, or "
-                "split the object"
-            )
-        return message
+        """The matcher's failure in words, or None while it has none (`compiler.matcher_error`)."""
+        return matcher_error(self._matcher, self.compiled.spec.kind)
 
     def is_terminated(self) -> bool:
         """True once a stop token was accepted (the grammar was complete)."""
