@@ -8,6 +8,8 @@ with the path, e.g. `response_format.json_schema.schema.properties.age.type`.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import llguidance
@@ -62,18 +64,29 @@ def nests_deeper_than(value: Any, limit: int) -> bool:
 JSON_SCALARS = (str, int, float, bool, type(None))
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, a pair's halves are one character: these are alone
+
+
 def _not_json(value: Any, path: str) -> tuple[str, str] | None:
     """(message, path) of the first part of `value` that is no JSON: a key that is not a string (`{1: ...}`), a
-    value that is no JSON value (bytes, a set, an object); None when it is all JSON (tuples read as arrays)."""
+    value that is no JSON value (bytes, a set, an object), a key or string holding a lone surrogate (JSON's
+    `"\\ud800"`, which no UTF-8 text holds: the library refused it naming only the schema's root, "Value is not JSON
+    serializable", or, in an optional property's name, took a key no output could write); None when it is all JSON
+    (tuples read as arrays)."""
     stack = [(value, path)]
     while stack:
         item, at = stack.pop()
         if isinstance(item, dict):
             if (key := next((k for k in item if not isinstance(k, str)), None)) is not None:
                 return f"an object key must be a string, not {type(key).__name__} {key!r}", at
+            if (key := next((k for k in item if _SURROGATE.search(k)), None)) is not None:
+                where = f"{at}.{json.dumps(key)[1:-1]}"  # escaped: an error body holding it could not be encoded
+                return f"a lone surrogate in {key!r} (half a UTF-16 pair) is not valid Unicode", where
             stack.extend((v, f"{at}.{k}") for k, v in reversed(item.items()))
         elif isinstance(item, (list, tuple)):
             stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(item))))
+        elif isinstance(item, str) and _SURROGATE.search(item):
+            return f"a lone surrogate in {item[:40]!r} (half a UTF-16 pair) is not valid Unicode", at
         elif not isinstance(item, JSON_SCALARS):
             return f"not a JSON value: {type(item).__name__}", at
     return None

@@ -88,3 +88,16 @@ def test_a_large_schema_under_the_bound_is_served_and_validates(app) -> None:
         assert choice["finish_reason"] == "stop", choice
         jsonschema.validate(json.loads(choice["message"]["content"]), schema)
     _settled_and_serving(client, engine)
+
+
+def test_a_lone_surrogate_in_a_schemas_key_is_a_400_naming_it(app) -> None:
+    """The error body naming the key could not be encoded: the 400 said "'utf-8' codec can't encode character"
+    with no param. The key is escaped in the param (JSON's own escape, as text)."""
+    client, engine = app
+    rf = _schema_format({"type": "object", "properties": {"\ud800": {"type": "string"}}})
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "response_format": rf}
+    content = json.dumps(body)  # the key as JSON's escape "\ud800"
+    r = client.post("/v1/chat/completions", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "response_format.json_schema.schema.properties.\\ud800", r.text
+    _settled_and_serving(client, engine)
