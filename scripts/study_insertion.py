@@ -140,10 +140,9 @@ def main() -> None:
     ap.add_argument("--offsets", default="300,1000,inf", help="new-root: how many ticks older, for each")
     args = ap.parse_args()
     fractions = study_fractions(ap, args)
+    keeps, offsets = _keeps(ap, args.keep), _offsets(ap, args.offsets)  # before the trace is read
     workload = study_workload(ap, args)  # first: trace_shape reads the lines as they are
     print(trace_shape(args.trace))
-    keeps = [int(k) for k in args.keep.split(",")]
-    offsets = [float(o) for o in args.offsets.split(",")]
     names = list(rules(keeps, offsets))
     print("| capacity | lru | belady | " + " | ".join(names) + " |")
     print("|---:|---:|---:|" + "---:|" * len(names))
@@ -156,6 +155,29 @@ def main() -> None:
             share = (rate - lru) / gap if gap > 0 else 0.0
             row.append(f"{rate * 100:.2f}% ({share * 100:+.0f}%)")
         print("| " + " | ".join(row) + " |", flush=True)
+
+
+def _keeps(ap: argparse.ArgumentParser, text: str) -> list[int]:
+    """--keep: ints >= 1 (0 was a ZeroDivisionError traceback after the first replays; "x" a ValueError)."""
+    try:
+        keeps = [int(k) for k in text.split(",")]
+    except ValueError:
+        keeps = []
+    if not keeps or min(keeps) < 1:
+        ap.error(f"--keep {text!r}: expected ints >= 1 (keep one insert in K), like 2,4,8")
+    return keeps
+
+
+def _offsets(ap: argparse.ArgumentParser, text: str) -> list[float]:
+    """--offsets: ticks >= 0, or inf (NaN made every key NaN, an order of nothing; a negative one ranked new roots
+    younger, the opposite of the rule)."""
+    try:
+        offsets = [float(o) for o in text.split(",")]
+    except ValueError:
+        offsets = []
+    if not offsets or not all(o >= 0 for o in offsets):
+        ap.error(f"--offsets {text!r}: expected ticks >= 0 or inf, like 300,1000,inf")
+    return offsets
 
 
 if __name__ == "__main__":

@@ -91,3 +91,14 @@ def test_with_ghosts_a_returning_root_outlives_a_newer_fresh_one() -> None:
 
     assert final_tree(study.NewRootLater(math.inf)) == [[7, 8], [9, 10]]  # LRU order: A, the oldest, went
     assert final_tree(study.NewRootLater(math.inf, ghosts=True)) == [[1, 2], [9, 10]]
+
+
+def test_a_keep_or_offset_that_is_no_setting_is_refused_before_the_trace_is_read(tmp_path: Path) -> None:
+    """Regression: --keep 0 was a ZeroDivisionError traceback after the LRU and Belady replays of the first capacity,
+    --keep x a ValueError traceback, --offsets nan keyed every never-hit root leaf NaN (an order of nothing) and a
+    negative offset ranked them younger, the opposite of the rule, both printed as results."""
+    missing = tmp_path / "missing.jsonl"  # refused before the trace is read: no word about the file
+    for flag, value in (("--keep", "0"), ("--keep", "x"), ("--offsets", "nan"), ("--offsets", "-5"), ("--offsets", "")):
+        run = subprocess.run([sys.executable, str(SCRIPT), str(missing), flag, value], capture_output=True, text=True)
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+        assert f"{flag} {value!r}: expected" in run.stderr
