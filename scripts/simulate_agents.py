@@ -18,6 +18,7 @@ import os
 import statistics
 from collections.abc import Sequence
 
+from radixcache.errors import RadixCacheError
 from radixcache.sim.lease_replay import LeaseReplay
 from radixcache.sim.simulation import simulate
 from radixcache.trace.agent_sessions import agent_sessions
@@ -80,6 +81,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     missing = [path for path in args.trace if not os.path.isfile(path)]
     if missing:  # refused before the replays: a bad value was a traceback after the agent table, minutes in
         parser.error(f"--trace: no such trace file: {', '.join(missing)}")
+    try:  # read before the replays too: an empty or malformed trace was a TraceError traceback after the table
+        traces = [(path, load_workload(path)) for path in args.trace]
+    except RadixCacheError as exc:
+        parser.error(f"--trace: {exc}")
     table = agent_table(args.seeds, args.capacity, args.budget, args.page_size)
     lru_hit, lru_ttft = next((h, t) for n, h, t in table if n == "lru")
     print(f"agent traces, seeds {args.seeds}, {args.capacity} pages of {args.page_size}, budget {args.budget}")
@@ -91,8 +96,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for seed in args.chat_seeds:
         workload = token_workload(multi_turn_chat(seed=seed, conversations=200), page_size=args.page_size)
         print(f"chat seed {seed}: points vs LRU", _fmt(points_under_lru(workload, args.trace_capacity)))
-    for path in args.trace:
-        print(f"{path}: points vs LRU", _fmt(points_under_lru(load_workload(path), args.trace_capacity)))
+    for path, workload in traces:
+        print(f"{path}: points vs LRU", _fmt(points_under_lru(workload, args.trace_capacity)))
 
 
 def _positive(text: str) -> int:

@@ -324,13 +324,22 @@ def test_a_lease_budget_that_is_no_fraction_is_a_radixcache_error(budget: object
         (["--trace", "no-such-trace.jsonl"], "--trace: no such trace file: no-such-trace.jsonl"),
         (["--budget", "nan"], "--budget: expected a fraction in [0, 1], got nan"),
         (["--capacity", "0"], "--capacity: expected an int >= 1, got 0"),
+        (["--trace", "{empty}"], "--trace: {empty}:1: empty file: cannot detect the trace format"),
+        (["--trace", "{bad}"], "--trace: {bad}:2: field 'hash_ids': item 0 is 'x'"),
     ],
 )
-def test_the_agent_script_refuses_bad_arguments_before_replaying(args: list[str], message: str, capsys) -> None:
+def test_the_agent_script_refuses_bad_arguments_before_replaying(
+    args: list[str], message: str, capsys, tmp_path: Path
+) -> None:
     """Regression: each was a RadixCacheError traceback (or an OSError), --trace and --trace-capacity only after the
     agent table's replays had run; each is a usage error (exit 2) naming the argument, before any replay."""
     from tests.sim.conftest import load_script
 
+    (tmp_path / "empty.jsonl").write_text("")  # these two were TraceError tracebacks after the agent table
+    line = '{"timestamp": %d, "input_length": 512, "output_length": 1, "hash_ids": [%s]}\n'
+    (tmp_path / "bad.jsonl").write_text(line % (0, "1") + line % (1, '"x"'))
+    names = {"empty": tmp_path / "empty.jsonl", "bad": tmp_path / "bad.jsonl"}
+    args, message = [a.format(**names) for a in args], message.format(**names)
     with pytest.raises(SystemExit) as exit_:
         load_script("simulate_agents").main(["--seeds", "10", "--chat-seeds", *args])
     out = capsys.readouterr()
