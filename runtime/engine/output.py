@@ -227,6 +227,7 @@ class OutputProcessor:
             logprobs=tuple(req.logprobs) if req.sampler.params.logprobs is not None else None,
             lease=req.kv.lease or (NO_LEASE if req.kv.retain_for is not None else None),
             stop_at=req.stop_at,
+            pinned_for=(req.pin_for or tuple(req.prompt_ids)) if req.pinned_tokens else (),  # what kv.pin named
         )
         use = req.tool_use
         if use is None or not use.parses_calls or req.call_ids is None or req.error is not None:

@@ -48,7 +48,9 @@ class GenerationResult:
     preemptions: times the request was preempted under memory pressure. recomputed_tokens: positions computed
     again after a preemption (counted apart from cached_tokens and prefill_tokens).
     pinned_tokens: prompt tokens this request pinned (`pin=`); 0 when no pin was asked or the pin was refused
-    (it would have exceeded the engine's pinned share of the pool).
+    (it would have exceeded the engine's pinned share of the pool). pinned_for: the prompt ids that pin was made
+    for (`Engine.unpin(list(r.pinned_for), namespace=...)` releases exactly it, whatever a re-render of the prompt
+    would give by then); () when nothing was pinned.
     logprobs: one TokenLogprob per entry of token_ids (its raw log-probability and the top k alternatives) when
     the request asked for them (`logprobs=k`), else None.
     lease: what `retain_for=` got (runtime.kv.leases.LeaseGrant: seconds and tokens held; both 0 when nothing was
@@ -79,6 +81,7 @@ class GenerationResult:
     lease: LeaseGrant | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     stop_at: int | None = None
+    pinned_for: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def decode_tps(self) -> float:

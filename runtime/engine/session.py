@@ -20,6 +20,9 @@ from radixcache.runtime.tools.parse import json_object
 if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import ChatEngine
 
+# a pin the session may hold: the prompt ids it was made for (or the pinning turn's messages), and the turn's options
+_Pin = tuple[list[Any], RequestOptions]
+
 
 class Session:
     """`s = engine.session(system="You are terse."); s.send("hi").text`.
@@ -43,7 +46,9 @@ class Session:
     pinned turn's (or fork's): a turn whose pin is made releases the session's earlier ones (the history only grows,
     so its prompt begins with theirs). A pin is cut to the engine's pinned share (`max_pinned_fraction`): a history
     past it keeps its first share of pages pinned, and a turn whose pin is refused (other pins hold the share) keeps
-    the earlier one. `unpin()`, or leaving `with engine.session(...) as s:`, releases it.
+    the earlier one. `unpin()`, or leaving `with engine.session(...) as s:`, releases it: the very pin made, named by
+    the ids its result says it was made for (`pinned_for`), not by the history rendered again, which differs once the
+    engine's tool memory has forgotten a call it replays.
     """
 
     def __init__(
@@ -76,8 +81,9 @@ class Session:
             self.options = checked_options(base).updated(caller=caller, **rest)
         self.results: list[GenerationResult] = []
         # the prompts (and options) of the turns whose pins the session may hold, oldest first: its latest pinned
-        # turn's, and any a turn that failed or was cancelled after it was queued may have made
-        self._pins: list[tuple[list[dict[str, Any]], RequestOptions]] = []
+        # turn's (as the ids its pin was made for, once its result named them), and any a turn that failed or was
+        # cancelled after it was queued may have made (as its messages: no result named the ids)
+        self._pins: list[_Pin] = []
 
     def send(self, content: str, **kwargs: Any) -> GenerationResult:
         """Add a user turn, generate the reply, and append it to the history. A ValueError, the session unchanged,
@@ -107,7 +113,7 @@ class Session:
         prompt = list(self.messages)
         options = self._asked(prompt, kwargs)
         results = self.engine.fork(prompt, n, continuations=continuations, seed=seed, options=options)
-        self._release(self._replaced(options, max(r.pinned_tokens for r in results)))
+        self._release(self._replaced(options, max(results, key=lambda r: r.pinned_tokens)))
         return results
 
     def unpin(self) -> int:
@@ -179,14 +185,14 @@ class Session:
         prompt = [*self.messages, *turns]
         options = self._asked(prompt, kwargs)
         result = self.engine.chat(prompt, options=options)
-        self._release(self._replaced(options, result.pinned_tokens))
+        self._release(self._replaced(options, result))
         return self._append(turns, result)
 
     async def _aturn(self, turns: list[dict[str, Any]], kwargs: dict[str, Any]) -> GenerationResult:
         prompt = [*self.messages, *turns]
         options = self._asked(prompt, kwargs)
         result = await self.engine.achat(prompt, options=options)
-        earlier = self._replaced(options, result.pinned_tokens)
+        earlier = self._replaced(options, result)
         if earlier:  # Engine.unpin waits for the engine loop: off the event loop
             await asyncio.to_thread(self._release, earlier)
         return self._append(turns, result)
@@ -204,20 +210,23 @@ class Session:
             self._pins.append(([dict(m) for m in prompt], options))
         return options
 
-    def _replaced(self, options: RequestOptions, pinned: int) -> list[tuple[list[dict[str, Any]], RequestOptions]]:
-        """The session's pins a turn that asked one leaves to release: the earlier ones when its pin was made; its
-        own (none) when it was refused, the earlier kept."""
+    def _replaced(self, options: RequestOptions, result: GenerationResult) -> list[_Pin]:
+        """The session's pins a turn that asked one leaves to release: the earlier ones when its pin was made (noted
+        by the ids it was made for, where the result names them); its own (none) when it was refused, the earlier
+        kept."""
         if not options.pin:
             return []
-        if not pinned:
+        if not result.pinned_tokens:
             self._pins.pop()
             return []
+        if getattr(result, "pinned_for", ()):  # exact: a re-render may differ once the tool memory forgot a call
+            self._pins[-1] = (list(result.pinned_for), options)
         earlier, self._pins = self._pins[:-1], self._pins[-1:]
         return earlier
 
-    def _release(self, pins: list[tuple[list[dict[str, Any]], RequestOptions]]) -> int:
-        """Engine.unpin for each of `pins` (the prompt as the pinning turn gave it, rendered the same way); a prompt
-        that does not render (a turn refused for it) pinned nothing."""
+    def _release(self, pins: list[_Pin]) -> int:
+        """Engine.unpin for each of `pins`: the ids a pin was made for, or the prompt as the pinning turn gave it,
+        rendered the same way (a prompt that does not render, a turn refused for it, pinned nothing)."""
         released = 0
         for prompt, options in pins:
             with contextlib.suppress(ValueError):

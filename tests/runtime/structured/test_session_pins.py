@@ -110,3 +110,45 @@ def test_leaving_a_with_block_by_an_error_keeps_that_error_when_the_release_fail
         raise KeyError("the block's own")
     with pytest.raises(EngineDeadError), session():  # with nothing raised in the block, the release's error is seen
         pass
+
+
+def test_unpin_releases_the_pin_made_after_the_tool_memory_forgot_a_call_the_history_replays(engine: Engine) -> None:
+    """A pinned agent session whose history replays a call the model wrote in its own spacing (the engine's tool
+    memory renders that very text), then other tenants' calls push the entry out of the memory (bounded): the
+    history rendered again gave the call's canonical text, other tokens than the pinned prompt's, so `unpin()`
+    released nothing and the pin held its pages for ever. The session now names the ids the pin was made for."""
+    import re
+
+    from radixcache.runtime.grammar import GrammarSpec
+    from radixcache.runtime.tools import ToolCallMemory
+    from tests.runtime.structured.conftest import TOOLS
+
+    store = engine.tool_memory._store
+    engine.tool_memory._store = ToolCallMemory(max_entries=1)._store  # the engine's one memory, shrunk
+    try:
+        s = engine.session(system="sys", tools=TOOLS, pin=True, max_new_tokens=3, ignore_eos=True)
+        raw = '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}}]}'  # not the canonical spacing
+        call = s.send("How warm is Oslo?", max_new_tokens=200, grammar=GrammarSpec.regex(re.escape(raw)))
+        assert [c.name for c in call.tool_calls] == ["get_weather"]
+        reply = s.send_tool_results({call.tool_calls[0].id: "5 C"})
+        assert reply.pinned_tokens > 0 and len(engine.kv.pins) == 1
+        for i in range(3):  # other tenants' agents, their calls remembered after the session's
+            other = engine.chat(
+                [{"role": "user", "content": f"weather {i}"}],
+                tools=TOOLS,
+                tool_choice="required",
+                max_new_tokens=200,
+                seed=i,
+                namespace=f"tenant{i}",
+            )
+            assert other.tool_calls
+        assert engine.tool_memory.lookup(call.tool_calls) is None  # the session's call is forgotten
+        assert s.unpin() == 1
+        assert len(engine.kv.pins) == 0 and engine.stats.pinned_blocks == 0
+        gauges = engine.check()  # the cache's invariants, on the loop thread
+        assert gauges["locked_blocks"] == 0 and gauges["pinned_blocks"] == 0
+        assert all(node.lock_ref == 0 for node in engine.cache.iter_nodes())  # naive: nothing holds a lock now
+        assert s.send("and now?").pinned_tokens > 0  # the session goes on
+        assert s.unpin() == 1 and engine.check()["locked_blocks"] == 0
+    finally:
+        engine.tool_memory._store = store
