@@ -9,7 +9,7 @@ import copy
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixcache.runtime.atomic_file import write_bytes
 from radixcache.runtime.engine.options import RequestOptions, checked_options, resolve_options
@@ -20,8 +20,19 @@ from radixcache.runtime.tools.parse import json_object
 if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import ChatEngine
 
-# a pin the session may hold: the prompt ids it was made for (or the pinning turn's messages), and the turn's options
-_Pin = tuple[list[Any], RequestOptions]
+
+class _Pin(NamedTuple):
+    """A pin the session may hold: the pinning turn's prompt (messages) and options, and the ids its pin was made
+    for once the turn's result named them (empty: release by the messages, rendered again)."""
+
+    messages: list[dict[str, Any]]
+    options: RequestOptions
+    ids: tuple[int, ...] = ()
+
+    def same_prompt(self, other: _Pin) -> bool:
+        """Whether `other` names the very pin this one does (the engine keeps one pin per prompt and namespace)."""
+        same = self.ids == other.ids if self.ids and other.ids else self.messages == other.messages
+        return same and self.options.namespace == other.options.namespace
 
 
 class Session:
@@ -44,7 +55,8 @@ class Session:
 
     With `pin=` (True or n tokens, in the defaults or a turn's keywords), the session holds one pin, its latest
     pinned turn's (or fork's): a turn whose pin is made releases the session's earlier ones (the history only grows,
-    so its prompt begins with theirs). A pin is cut to the engine's pinned share (`max_pinned_fraction`): a history
+    so its prompt begins with theirs), but one made for the same prompt (a fork again, a turn sent again after it
+    failed), which is the very pin the engine keeps. A pin is cut to the engine's pinned share (`max_pinned_fraction`): a history
     past it keeps its first share of pages pinned, and a turn whose pin is refused (other pins hold the share) keeps
     the earlier one. `unpin()`, or leaving `with engine.session(...) as s:`, releases it: the very pin made, named by
     the ids its result says it was made for (`pinned_for`), not by the history rendered again, which differs once the
@@ -207,7 +219,7 @@ class Session:
             most = share * self.engine.cache.page_size  # type: ignore[attr-defined]
             options = options.updated(pin=most if options.pin is True else min(options.pin, most))
         if options.pin:
-            self._pins.append(([dict(m) for m in prompt], options))
+            self._pins.append(_Pin([dict(m) for m in prompt], options))
         return options
 
     def _replaced(self, options: RequestOptions, result: GenerationResult) -> list[_Pin]:
@@ -219,18 +231,21 @@ class Session:
         if not result.pinned_tokens:
             self._pins.pop()
             return []
+        latest = self._pins[-1]
         if getattr(result, "pinned_for", ()):  # exact: a re-render may differ once the tool memory forgot a call
-            self._pins[-1] = (list(result.pinned_for), options)
+            latest = self._pins[-1] = latest._replace(ids=tuple(result.pinned_for))
         earlier, self._pins = self._pins[:-1], self._pins[-1:]
-        return earlier
+        # one of the same prompt is this very pin (a fork again, a turn retried after a cancel): releasing it would
+        # release the pin just made
+        return [pin for pin in earlier if not pin.same_prompt(latest)]
 
     def _release(self, pins: list[_Pin]) -> int:
         """Engine.unpin for each of `pins`: the ids a pin was made for, or the prompt as the pinning turn gave it,
         rendered the same way (a prompt that does not render, a turn refused for it, pinned nothing)."""
         released = 0
-        for prompt, options in pins:
+        for pin in pins:
             with contextlib.suppress(ValueError):
-                released += self.engine.unpin(prompt, options=options)
+                released += self.engine.unpin(list(pin.ids) or pin.messages, options=pin.options)
         return released
 
     def _append(self, turns: list[dict[str, Any]], result: GenerationResult) -> GenerationResult:

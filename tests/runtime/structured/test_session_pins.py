@@ -89,6 +89,38 @@ def test_a_turn_that_fails_after_its_pin_was_made_leaves_no_pin_the_session_forg
     assert s.unpin() == 1 and engine.stats.pinned_blocks == 0 and len(engine.kv.pins) == 0
 
 
+def test_a_pin_made_again_for_the_same_history_is_kept(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine keeps one pin per prompt: a second fork of the same history (an agent sampling candidates again),
+    or a turn retried after it failed once its pin was made, pinned the prompt the session already held, and the
+    release of that earlier entry released the pin just made: `pinned_tokens` said it was pinned, the pool held
+    nothing pinned, and `unpin()` found nothing."""
+    from radixcache.runtime.engine.errors import SamplingError
+    from radixcache.runtime.engine.sampling import Sampler
+
+    s = engine.session(system="sys", pin=True, max_new_tokens=4, ignore_eos=True, temperature=1.0, seed=1)
+    s.send(_words(0))
+    first = s.fork(2, seed=1)
+    again = s.fork(2, seed=5)
+    assert again[0].pinned_tokens == first[0].pinned_tokens > 0
+    assert engine.stats.pinned_blocks == _pinned_pages(again[0].prompt_tokens) and len(engine.kv.pins) == 1
+    assert s.unpin() == 1 and engine.stats.pinned_blocks == 0
+
+    sample = Sampler.sample
+
+    def failing(self: Sampler, *args: object, **kwargs: object) -> int:
+        raise SamplingError("the logits went non-finite (a stand-in)")
+
+    monkeypatch.setattr(Sampler, "sample", failing)
+    with pytest.raises(SamplingError):
+        s.send(_words(1))  # its prompt computed and pinned before the failure
+    monkeypatch.setattr(Sampler, "sample", sample)
+    retried = s.send(_words(1))  # the user sends it again
+    assert retried.pinned_tokens > 0
+    assert engine.stats.pinned_blocks == _pinned_pages(retried.prompt_tokens) and len(engine.kv.pins) == 1
+    assert s.unpin() == 1 and engine.stats.pinned_blocks == 0 and len(engine.kv.pins) == 0
+    assert all(node.lock_ref == 0 for node in engine.cache.iter_nodes()) and engine.check()["locked_blocks"] == 0
+
+
 def test_leaving_a_with_block_by_an_error_keeps_that_error_when_the_release_fails() -> None:
     """`with engine.session(pin=True) as s:` whose block raised while the engine had died: the release's
     EngineDeadError replaced the block's own error (the one that says what went wrong)."""
@@ -96,14 +128,14 @@ def test_leaving_a_with_block_by_an_error_keeps_that_error_when_the_release_fail
 
     from radixcache.runtime.engine.errors import EngineDeadError
     from radixcache.runtime.engine.options import RequestOptions
-    from radixcache.runtime.engine.session import Session
+    from radixcache.runtime.engine.session import Session, _Pin
 
     def unpin(prompt: object, options: object = None) -> int:
         raise EngineDeadError(RuntimeError("the engine loop died"))
 
     def session() -> Session:
         s = Session(SimpleNamespace(unpin=unpin), system="sys")  # type: ignore[arg-type]
-        s._pins = [([{"role": "user", "content": "hi"}], RequestOptions())]  # as a pinned turn leaves it
+        s._pins = [_Pin([{"role": "user", "content": "hi"}], RequestOptions())]  # as a pinned turn leaves it
         return s
 
     with pytest.raises(KeyError, match="the block's own"), session():
