@@ -110,7 +110,8 @@ class SamplingParams:
     Checked here, each with a ValueError naming the field: every number is finite and of its type (a bool is not a
     number); temperature in [0, 100], repetition_penalty in [0.01, 100], top_p in (0, 1], min_p in [0, 1],
     presence/frequency penalties in [-2, 2], max_new_tokens >= 1, top_k >= 0, token ids >= 0; at most 64 stop
-    strings of at most 1024 characters, 1024 stop_token_ids and 1024 logit_bias entries. If a request's logits go
+    strings of at most 1024 characters, 1024 stop_token_ids and 1024 logit_bias entries (None for any of the three:
+    none, as OpenAI's null and a framework's `stop=None` default say). If a request's logits go
     non-finite anyway (a model fault), `Sampler.sample` raises SamplingError for that request alone.
 
     logprobs: None returns none; k in [0, 20] returns, per generated token, its log-probability and the top k
@@ -143,7 +144,7 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None:
             object.__setattr__(self, "seed", _int("seed", self.seed, -(2**63), MAX_SEED))
-        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        stop = (self.stop,) if isinstance(self.stop, str) else () if self.stop is None else self.stop
         try:
             stop = tuple(stop)
         except TypeError:
@@ -152,7 +153,7 @@ class SamplingParams:
             raise ValueError(f"stop must be at most {MAX_STOP} non-empty strings of at most {MAX_STOP_CHARS} chars")
         object.__setattr__(self, "stop", stop)
         try:
-            stop_ids = tuple(_int("stop_token_ids", t, 0) for t in self.stop_token_ids)
+            stop_ids = tuple(_int("stop_token_ids", t, 0) for t in self.stop_token_ids or ())
         except TypeError:
             raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}") from None
         if len(stop_ids) > MAX_STOP_TOKEN_IDS:

@@ -184,3 +184,19 @@ def test_sane_edge_values_are_accepted() -> None:
     SamplingParams(temperature=0.0, top_p=1.0, min_p=0.0, repetition_penalty=0.01, presence_penalty=-2.0)
     SamplingParams(temperature=100.0, top_k=0, repetition_penalty=100.0, frequency_penalty=2.0, seed=2**63 - 1)
     assert torch.isfinite(torch.tensor(SamplingParams(temperature=1e-5).temperature))
+
+
+def test_stop_none_is_no_stop_strings_as_agent_frameworks_pass_it(tiny: RandomModel) -> None:
+    """An agent framework's completion hook passes its own `stop=None` default through (`generate(prompt,
+    stop=stop)`), as OpenAI's API takes `"stop": null`: it was a ValueError ("stop must be a string or a list of
+    strings, got None"), as was stop_token_ids=None, while logit_bias=None meant none. None is none for all three."""
+    prompt = ids(40, 1)
+    with _engine(tiny) as engine:
+        plain = engine.generate(prompt, 8, ignore_eos=True)
+        given = engine.generate(prompt, 8, ignore_eos=True, stop=None, stop_token_ids=None, logit_bias=None)
+        assert given.token_ids == plain.token_ids and given.finish_reason == "length"
+        session = engine.session(stop=None, max_new_tokens=2, ignore_eos=True)  # its defaults are built once
+        assert session.options.sampling.stop == () and session.options.sampling.stop_token_ids == ()
+        opts = RequestOptions.of(4, stop=["x"], stop_token_ids=[3])
+        assert opts.updated(stop=None, stop_token_ids=None).sampling.stop == ()  # None over a stop: none left
+        assert_clean(engine)
