@@ -9,6 +9,11 @@ One socket per address the host resolves to, as asyncio's own `create_server` bi
 and ::1; an IPv6 socket is IPv6 only). Each is made with proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on the
 connections of such a socket, and without it every response on a keep-alive connection waited for the client's
 delayed ACK (44 ms a request, where 1 ms is the server's own time).
+
+`drop_unread` bounds how long a connection's sent bytes may wait on a client that reads nothing (TCP_USER_TIMEOUT,
+which the accepted connections inherit): a whole (non-streaming) response goes into the connection's buffer at
+once, so no write of the app's waits on the client, and a client that never read it kept the socket and the
+response's bytes in memory forever (asyncio closes a connection only once its buffer is sent).
 """
 
 from __future__ import annotations
@@ -40,3 +45,14 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
             s.close()
         raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return sockets
+
+
+def drop_unread(sockets: list[socket.socket], seconds: float) -> None:
+    """Have the kernel drop a connection of these listening sockets whose sent bytes wait `seconds` unacknowledged
+    or unsent behind a zero receive window (a client that stopped reading): the connection then ends with
+    ETIMEDOUT, which frees its buffers as a disconnect does. Where the platform lacks TCP_USER_TIMEOUT, nothing."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is None:
+        return
+    for s in sockets:
+        s.setsockopt(socket.IPPROTO_TCP, option, max(1, round(seconds * 1000)))

@@ -13,7 +13,7 @@ import click
 
 from radixcache.cli import engine_options
 from radixcache.cli.errors import FriendlyCommand, debug_option
-from radixcache.cli.listen import bind_sockets
+from radixcache.cli.listen import bind_sockets, drop_unread
 from radixcache.cli.record import (
     CONCURRENT_NOTE,
     EngineShape,
@@ -142,7 +142,8 @@ def _check_max_model_len(model: str, max_model_len: int | None) -> None:
     type=click.FloatRange(min=0, min_open=True),
     metavar="SECONDS",
     help="Most seconds a stream's next chunk may wait for a client that stopped reading; then the stream is given "
-    "up (its requests cancelled, their KV freed) and ends with error stream_stalled [default: 60].",
+    "up (its requests cancelled, their KV freed) and ends with error stream_stalled; a connection whose response "
+    "waits that long on a client that reads nothing is dropped [default: 60].",
 )
 @click.option(
     "--max-model-len",
@@ -228,6 +229,7 @@ def serve(
     from radixcache.runtime.engine.engine import Engine
     from radixcache.runtime.kv.pool import parse_memory
     from radixcache.runtime.server import create_app
+    from radixcache.runtime.server.http_common import STREAM_STALL_S
     from radixcache.runtime.server.leases import parse_lease_defaults
 
     kwargs = engine_choices.engine_kwargs(no_cache)
@@ -283,6 +285,7 @@ def serve(
         listeners = bind_sockets(host, port)
         for listener in listeners:
             stack.callback(listener.close)
+        drop_unread(listeners, STREAM_STALL_S if stream_stall_timeout is None else stream_stall_timeout)
         engine: GenerationEngine
         if replicas is not None:
             engine = cluster_engine(model, replicas, router, ray_address, options)
