@@ -45,6 +45,7 @@ from radixcache.runtime.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     body_message,
+    refusal,
     validation_message,
 )
 from radixcache.runtime.server.responses import Responder
@@ -128,12 +129,11 @@ def create_app(
         return await _api_error(request, APIError(400, message, param=param))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """Starlette's own refusals in OpenAI's shape too: a body FastAPI cannot decode (invalid UTF-8, an integer
-        past Python's digit limit, nesting past the JSON decoder's), an unknown path, a wrong method."""
-        unreadable = exc.status_code == 400  # FastAPI's detail, "There was an error parsing the body", says less
-        message = "We could not parse the JSON body of your request." if unreadable else str(exc.detail)
-        return await _api_error(_, APIError(exc.status_code, message, headers=dict(exc.headers or {})))
+        past Python's digit limit, nesting past the JSON decoder's, gzip: 415), an unknown path, a wrong method."""
+        status, message = refusal(exc.status_code, str(exc.detail), request.headers.get("content-encoding"))
+        return await _api_error(request, APIError(status, message, headers=dict(exc.headers or {})))
 
     async def _engine_error(_: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, EngineOverloadedError):  # the hint is at least the queue's recent admission wait

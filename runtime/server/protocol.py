@@ -357,6 +357,19 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
+def refusal(status: int, detail: str, content_encoding: str | None) -> tuple[int, str]:
+    """The status and message for one of Starlette's refusals. Its 400 is a body FastAPI could not decode as JSON,
+    whose detail ("There was an error parsing the body") says less than ours; a compressed body (`Content-Encoding:
+    gzip`, which some HTTP clients send on request) is then a 415 that says so: the server decodes no content
+    coding, and "could not parse the JSON body" sent its client looking for a fault in JSON it had built right."""
+    if status != 400:
+        return status, detail
+    coding = (content_encoding or "").strip()
+    if coding and coding.lower() != "identity":
+        return 415, f"Content-Encoding: {coding} is not supported: send the JSON body uncompressed."
+    return 400, "We could not parse the JSON body of your request."
+
+
 def body_message(error: dict[str, Any], content_type: str | None) -> str | None:
     """The 400's message when the body as a whole is refused (pydantic's error at location ("body",)), else None:
     FastAPI reads a body as JSON only under a JSON Content-Type and passes any other on as bytes (`curl -d` sends

@@ -361,3 +361,27 @@ def test_a_client_gone_mid_stream_is_cancelled_without_the_garbage_collector(tin
                 time.sleep(0.02)
             assert gauges["locked_blocks"] == 0, gauges
             assert _generated(server) - before < max_tokens / 3, (trial, _generated(server) - before)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br"])
+def test_a_compressed_body_is_a_415_naming_its_content_encoding(server, coding: str) -> None:
+    """Some HTTP clients compress request bodies when asked (requests with a gzip hook, aiohttp's `compress=`); the
+    server decodes none, and answered "We could not parse the JSON body", a fault in JSON the client built right.
+    A real server and httpx; the body is the compressed bytes of a valid request."""
+    import gzip
+    import zlib
+
+    body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2}).encode()
+    packed = gzip.compress(body) if coding == "gzip" else zlib.compress(body)  # "br": any bytes not JSON
+    headers = {"content-type": "application/json"}
+    r = httpx.post(
+        server.v1 + "/completions", content=packed, headers={**headers, "content-encoding": coding}, timeout=60
+    )
+    assert r.status_code == 415, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and f"Content-Encoding: {coding}" in error["message"], error
+    # the same body uncompressed, `identity` said or not, is served; the server goes on serving
+    for sent in ({"content-encoding": "identity"}, {}):
+        r = httpx.post(server.v1 + "/completions", content=body, headers={**headers, **sent}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["choices"]) == 1, r.text
+    assert server.locked_blocks_settled() == 0
