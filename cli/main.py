@@ -49,3 +49,7 @@ main.add_command(replay)
 main.add_command(serve)
 main.add_command(simulate)
 main.add_command(trace)
+
+
+if __name__ == "__main__":  # `python -m radixcache.cli.main ...` runs the command too (it did nothing, exit 0)
+    run()
