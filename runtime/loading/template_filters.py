@@ -3,6 +3,7 @@ steps, checks its widths, counts and text before it runs and its result after (t
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from radixcache.runtime.loading.template_bounds import (
     check_join,
     check_percent,
     check_replace,
+    counted,
     fits,
     text_size,
 )
@@ -149,6 +151,8 @@ def bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             result = func(context.eval_ctx, value, *args, **kwargs)
         else:
             result = func(context.environment, value, *args, **kwargs)
+        if result.__class__ is types.GeneratorType:  # select, map, unique, batch...: a step an item it yields, as a
+            return counted(budget, result)  # loop's (a chain of them drained by `list` ran for hours in one step)
         return check(result, what, budget)
 
     run.__name__ = getattr(func, "__name__", name)

@@ -178,3 +178,18 @@ def test_lipsum_is_charged_its_words_before_it_runs():
     with pytest.raises(ChatTemplateError, match=r"stopped: lipsum was passed 100000000000"):
         render_chat_template("{{ lipsum(2, max=10**11) | length }}", HI, model="evil.gguf")
     assert render_chat_template("{{ lipsum(3, html=false, min=5, max=9).count('\\n\\n') }}", HI) == "2"
+
+
+def test_a_chain_of_filter_generators_is_counted_a_step_an_item(monkeypatch):
+    """`range(100000) | select("odd") | select("odd") ... | list` is three calls, but every item passes every
+    `select` inside the one `list`: 100 of them ran 32 s before the deadline was first looked at (one per 14
+    characters of a 256 KB template: hours). Each item a filter's generator yields is a step now, so the step bound
+    stops such a chain, and the deadline is checked while it drains."""
+    chain = "{{ range(100000)" + ' | select("odd")' * 21 + " | list | length }}"
+    with pytest.raises(ChatTemplateError, match=r"evil\.gguf was stopped: it ran past 1000000 steps"):
+        render_chat_template(chain, HI, model="evil.gguf")
+    monkeypatch.setattr(template_bounds, "MAX_SECONDS", 0.0)
+    with pytest.raises(ChatTemplateError, match=r"evil\.gguf was stopped: it ran past its deadline of 0 s"):
+        render_chat_template('{{ range(100000) | select("odd") | list | length }}', HI, model="evil.gguf")
+    monkeypatch.setattr(template_bounds, "MAX_SECONDS", 10.0)
+    assert render_chat_template('{{ range(10) | select("odd") | map("string") | join(",") }}', HI) == "1,3,5,7,9"
