@@ -147,11 +147,12 @@ class OutputProcessor:
         longest stop's length before it (no stop ended earlier). Decoding the whole output at every token made a
         long reply with stop strings quadratic, on the engine's loop. Under a grammar, only a stop string that
         starts where the output was complete (`complete`: before `token`) ends it: one inside a JSON value cut it
-        short, and finish_reason "stop" said it was whole; there it is the output's text."""
+        short, and finish_reason "stop" said it was whole; there it is the output's text. That point may lie inside
+        a token's text (`_complete_at`): under `[a-z ]+` the stop "ith" of the token " with" cuts it to " w"."""
         if req.stop_text is None:
             req.stop_text = self.detokenizer(req.prompt_ids, self.kept(req))
-        if req.grammar is not None and complete:
-            req.stop_cuts.append(req.stop_text.length)
+        if req.grammar is not None:
+            req.stop_cuts.append((req.stop_text.length, complete))
         added = req.stop_text.add(token)
         if not added:  # nothing new, or a character still incomplete
             return None
@@ -162,8 +163,31 @@ class OutputProcessor:
         if req.grammar is None:
             hit = find_stop(text, stops)
             return None if hit is None else start + hit
-        req.stop_cuts = [c for c in req.stop_cuts if c >= start]  # the older ones are out of every later window
-        return next((c for c in req.stop_cuts if any(text.startswith(s, c - start) for s in stops)), None)
+        cuts = req.stop_cuts
+        first = next((i for i in range(len(cuts) - 1, -1, -1) if cuts[i][0] <= start), 0)
+        while first > 0 and cuts[first - 1][0] == cuts[first][0]:
+            first -= 1
+        del cuts[:first]  # the tokens that start before this window's, but the one it starts in
+        hits = sorted({start + i for s in stops for i in _occurrences(text, s)})
+        return next((p for p in hits if self._complete_at(req, p)), None)
+
+    def _complete_at(self, req: Request, at: int) -> bool:
+        """Whether the output's text before character `at` is a sentence of the request's grammar: where a token
+        starts (`stop_cuts`), as recorded; inside a token's text (a stop string " c" in the token " cat"), the grammar
+        rolled back to that token's start on a copy, and fed the text up to `at`."""
+        cuts = req.stop_cuts
+        j = max((i for i, (offset, _) in enumerate(cuts) if offset <= at), default=None)
+        if j is None or req.grammar is None:
+            return False
+        while j > 0 and cuts[j - 1][0] == cuts[j][0]:  # tokens that added no text yet (part of a character)
+            j -= 1
+        offset, complete = cuts[j]
+        if offset == at:
+            return complete
+        assert req.stop_text is not None
+        part = req.stop_text.since(offset)[: at - offset]
+        ids = self.tokenizer.encode(part, add_special_tokens=False)
+        return req.grammar.completes_after(len(cuts) - j, ids)
 
     def text(self, ids: Sequence[int], keep: frozenset[int] = frozenset()) -> str:
         """The text of `ids` without special tokens, but those in `keep` (`kept`)."""
@@ -259,3 +283,11 @@ class OutputProcessor:
         if req.grammar is None or req.grammar.is_terminated():
             return True
         return req.output_ids[-1] in req.grammar.vocab.stop_ids  # an EOS the grammar names as its text
+
+
+def _occurrences(text: str, stop: str) -> Iterator[int]:
+    """Where `stop` starts in `text`, each place (overlapping ones too)."""
+    at = text.find(stop)
+    while at >= 0:
+        yield at
+        at = text.find(stop, at + 1)

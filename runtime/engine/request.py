@@ -115,8 +115,9 @@ class Request:
     finish_reason: str | None = None
     stop_at: int | None = None  # cut the text here (a stop string was found)
     stop_text: IncrementalDetokenizer | None = field(default=None, repr=False)  # the output's text, with stop strings
-    # under a grammar: where in that text its output was complete (a stop string may cut it there only)
-    stop_cuts: list[int] = field(default_factory=list, repr=False)
+    # under a grammar: where in that text each of the latest tokens starts, and whether the output was complete there
+    # (a stop string may cut it only where it was complete: runtime.engine.output)
+    stop_cuts: list[tuple[int, bool]] = field(default_factory=list, repr=False)
     logits: list[torch.Tensor] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output id when params.logprobs is set
     t_arrival: float = field(default_factory=time.perf_counter)

@@ -131,6 +131,19 @@ class GrammarState:
         """True when the text so far satisfies the grammar (a stop token would be accepted)."""
         return self._ended or self._matcher.is_accepting()
 
+    def completes_after(self, back: int, token_ids: Sequence[int]) -> bool:
+        """Whether the output with its last `back` tokens replaced by `token_ids` would be a sentence of the grammar
+        (a stop string's cut inside a token's text), checked on a copy of the matcher: this one is unchanged."""
+        if back > self.n_accepted or self._ended:
+            return False
+        matcher = self._matcher.deep_copy()
+        if back and not matcher.rollback(back):
+            return False
+        for token in token_ids:
+            if not matcher.consume_token(int(token)):
+                return False
+        return matcher.is_accepting() and not matcher.is_error()
+
     def rollback(self, n: int) -> None:
         """Undo the last `n` accepted tokens (e.g. rejected speculative tokens)."""
         if n < 0 or n > self.n_accepted:
