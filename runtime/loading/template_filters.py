@@ -3,6 +3,7 @@ steps, checks its widths, counts and text before it runs and its result after (t
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +12,9 @@ from jinja2.utils import _PassArg, generate_lorem_ipsum, pass_context
 
 from radixcache.runtime.loading.template_bounds import (
     ITEM_WEIGHT,
+    MAX_CHARS,
     OBJECT_WEIGHT,
+    TemplateBoundError,
     check,
     check_grown,
     check_ints,
@@ -130,6 +133,7 @@ def bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     checks = _filter_checks(name)
     text = name in _TEXT_FILTERS
     what = f"the result of the filter {name}"
+    signature = inspect.signature(func) if name == "tojson" else None
 
     @pass_context
     def run(context: Any, value: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -142,7 +146,12 @@ def bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         if name == "list":
             _list_fits(budget, value)
         if text and value.__class__ is not str:  # it writes its value as text (`[big] * 1000 | tojson`)
-            text_size(value, f"the value of the filter {name}", budget)
+            size = text_size(value, f"the value of the filter {name}", budget)
+            if signature is not None:  # tojson: its indent and separators, again for every item
+                layout = signature.bind_partial(*([None] if pass_arg else []), value, *args, **kwargs).arguments
+                size += _json_layout(value, layout.get("indent"), layout.get("separators"), budget)
+                if size > MAX_CHARS:
+                    raise TemplateBoundError(f"the filter tojson would write over {MAX_CHARS} characters")
         if pass_arg is None:
             result = func(value, *args, **kwargs)
         elif pass_arg is _PassArg.context:
@@ -158,6 +167,31 @@ def bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     run.__name__ = getattr(func, "__name__", name)
     run.__doc__ = func.__doc__
     return run
+
+
+def _json_layout(value: Any, indent: Any, separators: Any, budget: Any) -> int:
+    """What json.dumps writes beyond its values' text: each item's separators, and with an indent a line break and
+    the indent once per level (`tojson(indent=100000)` of a 1,000-item list wrote 100 M characters)."""
+    item_sep, key_sep = (",", ": ") if indent is not None else (", ", ": ")
+    if isinstance(separators, tuple | list) and len(separators) == 2 and all(isinstance(x, str) for x in separators):
+        item_sep, key_sep = separators
+    width = len(indent) if isinstance(indent, str) else max(indent, 0) if isinstance(indent, int) else 0
+    line = 1 if indent is not None else 0
+    extra = walked = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            extra += len(item) * (len(item_sep) + len(key_sep) + line + width * depth)
+            stack += ((v, depth + 1) for v in item.values())
+        elif isinstance(item, list | tuple):
+            extra += len(item) * (len(item_sep) + line + width * depth)
+            stack += ((v, depth + 1) for v in item)
+        walked += 1
+        if extra > MAX_CHARS:
+            raise TemplateBoundError(f"the filter tojson would write over {MAX_CHARS} characters")
+    budget.spend(walked)
+    return extra
 
 
 def text_test(func: Callable[..., Any]) -> Callable[..., Any]:

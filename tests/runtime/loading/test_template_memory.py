@@ -98,3 +98,35 @@ def test_joins_indents_tabs_and_translations_of_real_size_render_as_jinja_render
     )
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     assert render_chat_template(template, messages) == _reference(template, messages)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ (range(1000) | list) | tojson(indent=100000) | length }}",
+        "{{ [[range(100) | list] * 10] | tojson(indent=' ' * 20000) | length }}",
+        "{{ (range(1000) | list) | tojson(separators=(',' * 100000, ':')) | length }}",
+        "{{ {'a': range(1000) | list} | tojson(false, 100000) | length }}",  # transformers' order: ensure_ascii, indent
+    ],
+)
+def test_tojson_is_sized_with_its_indent_and_separators_before_it_writes(template):
+    """An indent or a separator is written again for every item (and the indent once per level of depth): each
+    made 100 M characters or more before the result's check refused it."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ChatTemplateError, match=r"evil\.gguf was stopped: the filter tojson would write over"):
+            render_chat_template(template, HI, model="evil.gguf")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 60 * MB, f"{peak / MB:.0f} MB allocated"
+
+
+def test_tojson_of_real_tools_renders_as_jinja_renders_it():
+    template = (
+        "{{ tools | tojson }}|{{ tools | tojson(indent=4) }}|{{ tools[0] | tojson(separators=(',', ':')) }}"
+        "|{{ tools | tojson(true, 2) }}|{{ tools | tojson(indent='\\t', sort_keys=true) }}"
+    )
+    tools = [{"role": "x", "type": "function", "function": {"name": "f", "parameters": {"x": [1, "é"]}}}]
+    expected = _reference(template.replace("tools", "messages"), tools)
+    assert render_chat_template(template.replace("tools", "messages"), tools) == expected
