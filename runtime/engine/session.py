@@ -56,11 +56,11 @@ class Session:
     With `pin=` (True or n tokens, in the defaults or a turn's keywords), the session holds one pin, its latest
     pinned turn's (or fork's): a turn whose pin is made releases the session's earlier ones (the history only grows,
     so its prompt begins with theirs), but one made for the same prompt (a fork again, a turn sent again after it
-    failed), which is the very pin the engine keeps. A pin is cut to the engine's pinned share (`max_pinned_fraction`): a history
-    past it keeps its first share of pages pinned, and a turn whose pin is refused (other pins hold the share) keeps
-    the earlier one. `unpin()`, or leaving `with engine.session(...) as s:`, releases it: the very pin made, named by
-    the ids its result says it was made for (`pinned_for`), not by the history rendered again, which differs once the
-    engine's tool memory has forgotten a call it replays.
+    failed), which is the very pin the engine keeps. A pin is cut to the engine's pinned share
+    (`max_pinned_fraction`): a history past it keeps its first share of pages pinned, and a turn whose pin is refused
+    (other pins hold the share) keeps the earlier one. `unpin()`, or leaving `with engine.session(...) as s:`,
+    releases it: the very pin made, named by the ids its result says it was made for (`pinned_for`), not by the
+    history rendered again, which differs once the engine's tool memory has forgotten a call it replays.
     """
 
     def __init__(
