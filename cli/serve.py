@@ -143,7 +143,8 @@ def _check_max_model_len(model: str, max_model_len: int | None) -> None:
     metavar="SECONDS",
     help="Most seconds a stream's next chunk may wait for a client that stopped reading; then the stream is given "
     "up (its requests cancelled, their KV freed) and ends with error stream_stalled; a connection whose response "
-    "waits that long on a client that reads nothing is dropped [default: 60].",
+    "waits that long on a client that reads nothing is dropped, and a body that sends nothing for that long is a "
+    "408 [default: 60].",
 )
 @click.option(
     "--max-model-len",

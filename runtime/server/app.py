@@ -83,8 +83,8 @@ def create_app(
     the `retain_for` seconds of a request that gives none, per API key ("*": every other caller;
     runtime.server.leases). `max_body_bytes`: a request body past it gets 413 before it is read whole
     (runtime.server.body_limit). `stream_stall_timeout`: the most seconds a stream's next chunk may wait for a
-    client that stopped reading before the stream is given up and its requests cancelled (None: no bound;
-    runtime.server.http_common.ClosingStreamingResponse)."""
+    client that stopped reading before the stream is given up and its requests cancelled, and the most a request's
+    unfinished body may wait for its next bytes (None: no bound; runtime.server.http_common, body_limit)."""
     if request_timeout is not None and not (math.isfinite(request_timeout) and request_timeout > 0):
         # every request takes it as its own timeout: a bad one would refuse them all, blaming their bodies
         raise ValueError(f"request_timeout must be a finite number of seconds > 0, got {request_timeout}")
@@ -109,7 +109,7 @@ def create_app(
         control.close()
 
     app = FastAPI(title="radixcache", lifespan=lifespan)
-    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(BodyLimit, limit=max_body_bytes, idle=stream_stall_timeout)
     app.state.engine, app.state.inflight, app.state.metrics, app.state.api_keys = engine, inflight, metrics, keys
     app.state.stream_stall_timeout = stream_stall_timeout
 

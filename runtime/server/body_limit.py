@@ -5,10 +5,15 @@ and uvicorn reads any body it is sent: a client posting a few GB (by mistake or 
 process serving everyone else. `BodyLimit` refuses a body past `limit` bytes with OpenAI's 413 error before reading
 it whole: at once when its Content-Length says so, else (a chunked body) as soon as the bytes read pass the limit.
 The refusal is raised where the route reads the body, so the app's handler answers it in OpenAI's shape.
+
+A client that sent its headers and part of its body, then nothing more (a Content-Length larger than what it
+sent, a chunked body it never ends), held the connection and its request's task forever: uvicorn has no timeout
+on a body's reads. With `idle`, a body whose next bytes take longer gets 408, the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -25,25 +30,33 @@ def check_max_body_bytes(limit: object) -> int:
 
 class BodyLimit:
     """ASGI middleware: an HTTP request whose body passes `limit` bytes gets 413 (`HTTPException`, raised from the
-    body's reads, so nothing past the limit is held)."""
+    body's reads, so nothing past the limit is held), one whose unfinished body sends nothing for `idle` seconds
+    408 (None: it may wait forever)."""
 
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app, self.limit = app, check_max_body_bytes(limit)
+    def __init__(self, app: Any, limit: int, idle: float | None = None) -> None:
+        self.app, self.limit, self.idle = app, check_max_body_bytes(limit), idle
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
-        seen = 0
+        seen, whole = 0, False
 
         async def bounded_receive() -> Any:
-            nonlocal seen
+            nonlocal seen, whole
             if declared is not None and declared > self.limit:
                 raise self._too_large()
-            message = await receive()
+            if whole or self.idle is None:  # once the body is in, a receive waits for the disconnect: unbounded
+                message = await receive()
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), self.idle)
+                except asyncio.TimeoutError:
+                    raise HTTPException(408, f"The request body sent nothing for {self.idle:g} s.") from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                whole = not message.get("more_body", False)
                 if seen > self.limit:
                     raise self._too_large()
             return message
