@@ -65,6 +65,8 @@ def chat(
     """
     from radixcache.runtime.engine.engine import Engine
 
+    if sys.stdin is None:  # `radixcache chat <&-`: no line could be read (it was an internal error after the load)
+        fail("standard input is closed: chat reads one message per line from it (pipe or type them)")
     kwargs = engine_choices.engine_kwargs(no_cache)
     engine = Engine(engine_choices.load_model(model), enable_cache=not no_cache, **kwargs)
     probe = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": "?"}]
