@@ -234,6 +234,13 @@ def _written(request: object, path: str | Path, index: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------- msgpack
 
 
+#: what msgpack's errors that carry no message mean
+_MSGPACK_ERRORS = {
+    msgpack.FormatError: "a byte that starts no msgpack value",
+    msgpack.StackError: "values nested too deep",
+}
+
+
 def iter_token_msgpack(path: str | Path) -> Iterator[TokenRequest]:
     """Read a stream of msgpack maps. A stream that ends inside a record raises TraceError, never stops short."""
     name = str(path)
@@ -248,7 +255,8 @@ def iter_token_msgpack(path: str | Path) -> Iterator[TokenRequest]:
             except msgpack.OutOfData:
                 break
             except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
-                raise TraceError(name, f"record {index} (byte {offset})", f"invalid msgpack ({exc})") from None
+                why = str(exc) or _MSGPACK_ERRORS.get(type(exc), type(exc).__name__)  # FormatError() says nothing
+                raise TraceError(name, f"record {index} (byte {offset})", f"invalid msgpack ({why})") from None
             if not isinstance(record, dict):
                 # A JSON file under a msgpack name unpacks as small ints ('{' is 123): say so, not "got int"
                 json_like = offset == 0 and record in (ord("{"), ord("["))

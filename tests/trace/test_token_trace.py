@@ -165,3 +165,16 @@ def test_an_int_timestamp_past_msgpacks_integers_is_refused_by_name(tmp_path: Pa
         else:
             assert result.exit_code == 1 and error in result.stderr and "64-bit" in result.stderr, result.stderr
             assert "internal" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [(b"\xc1\xc1", "a byte that starts no msgpack value"), (b"\x91" * 5000, "values nested too deep")],
+)
+def test_a_msgpack_stream_that_is_no_msgpack_says_why(tmp_path: Path, data: bytes, why: str) -> None:
+    """Regression: a stream starting with 0xc1 (a byte msgpack never uses) read 'invalid msgpack ()': msgpack's
+    FormatError and StackError carry no message."""
+    path = tmp_path / "t.msgpack"
+    path.write_bytes(data)
+    with pytest.raises(TraceError, match=rf"t\.msgpack: record 0 \(byte 0\): invalid msgpack \({why}\)$"):
+        list(iter_token_msgpack(path))
