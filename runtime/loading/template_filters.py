@@ -147,7 +147,7 @@ def bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             _list_fits(budget, value)
         if text and value.__class__ is not str:  # it writes its value as text (`[big] * 1000 | tojson`)
             size = text_size(value, f"the value of the filter {name}", budget)
-            if signature is not None:  # tojson: its indent and separators, again for every item
+            if signature is not None and (args or kwargs):  # tojson's indent and separators, again for each item
                 layout = signature.bind_partial(*([None] if pass_arg else []), value, *args, **kwargs).arguments
                 size += _json_layout(value, layout.get("indent"), layout.get("separators"), budget)
                 if size > MAX_CHARS:
