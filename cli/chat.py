@@ -67,6 +67,8 @@ def chat(
 
     if sys.stdin is None:  # `radixcache chat <&-`: no line could be read (it was an internal error after the load)
         fail("standard input is closed: chat reads one message per line from it (pipe or type them)")
+    if sys.stdout is None:  # `radixcache chat >&-`: the replies had nowhere to go (an internal error too)
+        fail("standard output is closed: chat writes its replies there (redirect it to a file instead)")
     kwargs = engine_choices.engine_kwargs(no_cache)
     engine = Engine(engine_choices.load_model(model), enable_cache=not no_cache, **kwargs)
     probe = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": "?"}]

@@ -1,5 +1,5 @@
-"""`radixcache chat` with its standard input closed (`radixcache chat <&-`), as a real subprocess: one error line
-naming stdin, exit 1, no traceback (it was an internal AttributeError once the model had loaded)."""
+"""`radixcache chat` with its standard input or output closed (`radixcache chat <&-`, `>&-`), as a real subprocess:
+one error line naming the stream, exit 1, no traceback (each was an internal AttributeError once the model loaded)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,21 @@ def test_chat_with_stdin_closed_names_it(tiny_model_dir: Path) -> None:
     assert "error: standard input is closed" in done.stderr
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr
     assert done.stdout == ""
+
+
+def test_chat_with_stdout_closed_names_it(tiny_model_dir: Path) -> None:
+    done = subprocess.run(
+        [*_cli_command(), "chat", "--model", str(tiny_model_dir), "--max-tokens", "2"],
+        input="hi\n",
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_subprocess_env(),
+        timeout=120,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert done.returncode == 1
+    assert "error: standard output is closed" in done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr
 
 
 def test_chat_at_end_of_input_at_once_exits_0(run_cli, tiny_model_dir: Path) -> None:
