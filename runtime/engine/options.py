@@ -114,7 +114,9 @@ class RequestOptions:
     def updated(self, *, caller: str = "RequestOptions.updated", **kwargs: Any) -> RequestOptions:
         """These options with some keyword arguments changed (say one branch's seed), checked again.
         `max_new_tokens=None` keeps these options' own, as every entry point's max_new_tokens=None does (a session's
-        defaults and turns, submit_group's `each` entries)."""
+        defaults and turns, submit_group's `each` entries). Any other sampling keyword given as None is that field's
+        SamplingParams default, whatever these options held (temperature=None: 0.0, as stop=None over a stop
+        leaves none): None is OpenAI's null, "the default", not "unchanged"; leave the keyword out to keep it."""
         if kwargs.get("max_new_tokens", 0) is None:
             kwargs = {k: v for k, v in kwargs.items() if k != "max_new_tokens"}
         if not kwargs:

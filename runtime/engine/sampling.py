@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 import torch
 
@@ -110,8 +110,12 @@ class SamplingParams:
     Checked here, each with a ValueError naming the field: every number is finite and of its type (a bool is not a
     number); temperature in [0, 100], repetition_penalty in [0.01, 100], top_p in (0, 1], min_p in [0, 1],
     presence/frequency penalties in [-2, 2], max_new_tokens >= 1, top_k >= 0, token ids >= 0; at most 64 stop
-    strings of at most 1024 characters, 1024 stop_token_ids and 1024 logit_bias entries (None for any of the three:
-    none, as OpenAI's null and a framework's `stop=None` default say). If a request's logits go
+    strings of at most 1024 characters, 1024 stop_token_ids and 1024 logit_bias entries.
+
+    None for any field is its default, as OpenAI's null is and as an agent framework's own `temperature=None` (or
+    `stop=None`, `top_p=None`, ...) passed straight through means: max_new_tokens 64, temperature 0.0, top_k 0,
+    top_p 1.0, min_p 0.0, the penalties 0.0 (repetition 1.0), ignore_eos False, and none for seed, stop,
+    stop_token_ids, logit_bias and logprobs. If a request's logits go
     non-finite anyway (a model fault), `Sampler.sample` raises SamplingError for that request alone.
 
     logprobs: None returns none; k in [0, 20] returns, per generated token, its log-probability and the top k
@@ -134,6 +138,10 @@ class SamplingParams:
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        # None is the field's default (OpenAI's null; a framework's own `temperature=None` passed through).
+        for name, default in _NONE_IS_DEFAULT:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
         # Every value is checked for its type, finiteness and range here, at the door: a value that could make a
         # request's logits non-finite never reaches a step (the sampler still fails such a request alone).
         object.__setattr__(self, "max_new_tokens", _int("max_new_tokens", self.max_new_tokens, 1))
@@ -191,6 +199,13 @@ class SamplingParams:
     def plain_greedy(self) -> bool:
         """Greedy over the raw logits: the token is their argmax, which the scheduler takes for a whole batch."""
         return self.greedy and not self.processes_logits
+
+
+# (name, default) of each field whose default is not None and not built by a factory (stop, stop_token_ids and
+# logit_bias read None as none themselves): None given for it is that default.
+_NONE_IS_DEFAULT = tuple(
+    (f.name, f.default) for f in fields(SamplingParams) if f.default is not MISSING and f.default is not None
+)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0) -> torch.Tensor:
