@@ -28,12 +28,16 @@ FIELDS = {"/v1/chat/completions": COMMON, "/v1/completions": (*COMMON, "echo"), 
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
+def engine() -> Iterator[Engine]:
     m = tiny_model(seed=4)
-    engine = Engine(RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size)), capacity_blocks=64)
+    with Engine(RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size)), capacity_blocks=64) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def client(engine: Engine) -> Iterator[TestClient]:
     with TestClient(create_app(engine, "tiny")) as c:
         yield c
-    engine.close()
 
 
 def _answer(client: TestClient, path: str, body: dict[str, Any]) -> Any:
@@ -55,3 +59,25 @@ def test_a_nullable_field_sent_as_null_is_the_field_left_out(client: TestClient,
 def test_a_required_or_unknown_field_sent_as_null_is_still_refused(client: TestClient, field: str) -> None:
     r = client.post("/v1/chat/completions", json={**BODIES["/v1/chat/completions"], field: None})
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+# the sampling fields both paths take: null over HTTP, None in Python (Engine.generate / chat keywords)
+SAMPLING_NULLS = ("top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed")
+SAMPLING_NULLS += ("stop", "logit_bias")
+
+
+def test_null_over_http_and_none_in_python_give_the_same_output(client: TestClient, engine: Engine) -> None:
+    """An agent framework's unset settings reach the engine either way: as null through the openai package, or as
+    None through the Python API. Both are the field's default, so the greedy output is the same. The one default
+    that differs is temperature's: OpenAI's null is 1.0 over HTTP, the Python API's None its own 0.0 (greedy)."""
+    nones = dict.fromkeys(SAMPLING_NULLS)
+    messages = [{"role": "user", "content": "hello"}]
+    chat = {**BODIES["/v1/chat/completions"], **nones, "temperature": 0.0}
+    want = engine.chat(messages, 6, temperature=None, **nones).text
+    assert _answer(client, "/v1/chat/completions", chat)[0]["content"] == want
+    completion = {**BODIES["/v1/completions"], **nones, "temperature": 0.0}
+    want = engine.generate("hello", 6, temperature=None, **nones).text
+    assert _answer(client, "/v1/completions", completion) == [want]
+    sampled = {**completion, "temperature": None, "seed": 11}  # null: OpenAI's 1.0
+    want = engine.generate("hello", 6, **{**nones, "temperature": 1.0, "seed": 11}).text
+    assert _answer(client, "/v1/completions", sampled) == [want]
