@@ -113,12 +113,12 @@ class RequestOptions:
 
     def updated(self, *, caller: str = "RequestOptions.updated", **kwargs: Any) -> RequestOptions:
         """These options with some keyword arguments changed (say one branch's seed), checked again.
-        `max_new_tokens=None` keeps these options' own, as every entry point's max_new_tokens=None does (a session's
-        defaults and turns, submit_group's `each` entries). Any other sampling keyword given as None is that field's
-        SamplingParams default, whatever these options held (temperature=None: 0.0, as stop=None over a stop
-        leaves none): None is OpenAI's null, "the default", not "unchanged"; leave the keyword out to keep it."""
-        if kwargs.get("max_new_tokens", 0) is None:
-            kwargs = {k: v for k, v in kwargs.items() if k != "max_new_tokens"}
+        A sampling keyword given as None (`max_new_tokens`, `temperature`, `stop`, ...) is "not given": these
+        options' own value is kept, as a framework's own `temperature=None` passed through a session's turn or
+        beside `options=` means "I set nothing here" (built from nothing, `SamplingParams`/`RequestOptions.of`,
+        None is the field's default). To clear a value give the empty one: `stop=[]`, `logit_bias={}`."""
+        if any(v is None and k in _SAMPLING for k, v in kwargs.items()):
+            kwargs = {k: v for k, v in kwargs.items() if not (v is None and k in _SAMPLING)}
         if not kwargs:
             return self
         params, sampling, own = _split(caller, kwargs)
@@ -207,9 +207,11 @@ def _split(caller: str, kwargs: dict[str, Any]) -> tuple[SamplingParams | None, 
 
 
 def _check_beside_params(caller: str, params: object, sampling: dict[str, Any]) -> None:
-    """`params=` is a whole SamplingParams: a sampling keyword beside it would be dropped, so it is refused by name."""
-    if params is not None and sampling:
-        names = ", ".join(sorted(sampling))
+    """`params=` is a whole SamplingParams: a sampling keyword beside it would be dropped, so it is refused by name
+    (one given as None is "not given", as everywhere a sampling keyword's None sits over options that set it)."""
+    given = sorted(name for name, value in sampling.items() if value is not None)
+    if params is not None and given:
+        names = ", ".join(given)
         raise ValueError(
             f"{caller}: {names} given beside params=, a whole SamplingParams that sets every sampling option: "
             "set them in the SamplingParams (dataclasses.replace), or give no params="

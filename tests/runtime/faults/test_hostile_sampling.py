@@ -198,5 +198,7 @@ def test_stop_none_is_no_stop_strings_as_agent_frameworks_pass_it(tiny: RandomMo
         session = engine.session(stop=None, max_new_tokens=2, ignore_eos=True)  # its defaults are built once
         assert session.options.sampling.stop == () and session.options.sampling.stop_token_ids == ()
         opts = RequestOptions.of(4, stop=["x"], stop_token_ids=[3])
-        assert opts.updated(stop=None, stop_token_ids=None).sampling.stop == ()  # None over a stop: none left
+        kept = opts.updated(stop=None, stop_token_ids=None).sampling  # None over a stop: "not given", kept
+        assert kept.stop == ("x",) and kept.stop_token_ids == (3,)
+        assert opts.updated(stop=[], stop_token_ids=[]).sampling.stop == ()  # the empty list clears it
         assert_clean(engine)

@@ -33,15 +33,14 @@ def _engine(tiny: RandomModel) -> Engine:
 def test_none_for_each_sampling_field_is_its_default(name: str) -> None:
     assert SamplingParams(**{name: None}) == DEFAULTS
     assert RequestOptions.of(**{name: None}).sampling == DEFAULTS
-    # over options that set the field, None is the default too (as stop=None over a stop leaves none), except
-    # max_new_tokens=None, "not given", which keeps the options' own
+    # over options that set the field, None is "not given": the options' own value is kept (a framework's own
+    # temperature=None passed through a session's turn or beside options= sets nothing)
     set_ = RequestOptions.of(7, temperature=0.7, top_p=0.5, top_k=3, min_p=0.1, seed=5, stop=["x"], ignore_eos=True)
     set_ = set_.updated(presence_penalty=1.0, frequency_penalty=-1.0, repetition_penalty=1.5, logit_bias={3: 1.0})
     set_ = set_.updated(stop_token_ids=[4], logprobs=2)
     got = set_.updated(**{name: None}).sampling
-    want = 7 if name == "max_new_tokens" else getattr(DEFAULTS, name)
-    assert getattr(got, name) == want
-    assert all(getattr(got, f) == getattr(set_.sampling, f) for f in NONES if f != name)  # the rest kept
+    assert got == set_.sampling  # every field kept, the one given as None too
+    assert got != DEFAULTS
 
 
 def test_every_entry_point_takes_none_for_every_sampling_option(tiny: RandomModel) -> None:
@@ -61,10 +60,13 @@ def test_every_entry_point_takes_none_for_every_sampling_option(tiny: RandomMode
 
         assert asyncio.run(streamed()) == engine.generate(prompt, 8, ignore_eos=True).text
         assert [r.token_ids for r in engine.fork(prompt, 2, 8, **kw)] == [plain, plain]
+        # over options that set them, None is "not given": the options' own sampling (0.9, seed 1) is kept
         opts = RequestOptions.of(8, temperature=0.9, seed=1, ignore_eos=True)
-        assert engine.generate(prompt, options=opts, **{**NONES, "ignore_eos": True}).token_ids == plain
-        handles = engine.submit_group([prompt, prompt], options=opts, each=[NONES | {"ignore_eos": True}] * 2)
-        assert [h.result(60).token_ids for h in handles] == [plain, plain]
+        sampled = engine.generate(prompt, options=opts).token_ids
+        assert sampled != plain  # the check below could not tell kept from reset otherwise
+        assert engine.generate(prompt, options=opts, **NONES).token_ids == sampled
+        handles = engine.submit_group([prompt, prompt], options=opts, each=[NONES] * 2)
+        assert [h.result(60).token_ids for h in handles] == [sampled, sampled]
         session = engine.session(max_new_tokens=8, **kw)  # the session's defaults, then a turn's
         first = session.send("hello there", **NONES).text
         assert first == plain_chat
