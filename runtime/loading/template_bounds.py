@@ -288,16 +288,18 @@ def fits(budget: Budget, weight: int, what: str) -> None:
         raise TemplateBoundError(f"{what} would take its results over {MAX_MADE} characters or items in all")
 
 
+_WHITESPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace())  # where str.split() splits (25 of them)
 _LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"  # where str.splitlines splits
 
 
 def split_count(text: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     """At most how many strings `text.split(...)`, `rsplit` or `splitlines` makes, counted before it runs (each a
-    new object: `("ab " * 5000000).split()` took 650 MB before its result was checked)."""
+    new object: `("ab " * 5000000).split()` took 650 MB before its result was checked): a separator's count, the
+    line breaks, or the whitespace characters for a split on whitespace."""
     if name == "splitlines":
         return sum(map(text.count, _LINE_BREAKS)) + 1
     sep = args[0] if args else kwargs.get("sep")
-    n = text.count(sep) + 1 if isinstance(sep, str) and sep else len(text) // 2 + 1
+    n = text.count(sep) + 1 if isinstance(sep, str) and sep else sum(map(text.count, _WHITESPACE)) + 1
     limit = args[1] if len(args) > 1 else kwargs.get("maxsplit", -1)
     return min(n, limit + 1) if _is_int(limit) and limit >= 0 else n
 

@@ -298,5 +298,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             elif name in ("split", "rsplit", "splitlines"):
                 pieces = split_count(owner, name, args, kwargs)
                 fits(budget, pieces * (ITEM_WEIGHT + OBJECT_WEIGHT), f"str.{name}")
-                budget.hold(pieces * OBJECT_WEIGHT)  # its strings; check counts the list's pointers
+                result = check(super().call(__context, __obj, *args, **kwargs), f"the result of {name}", budget)
+                budget.hold(len(result) * OBJECT_WEIGHT)  # the strings it made; check counted their pointers
+                return result
         return check(super().call(__context, __obj, *args, **kwargs), f"the result of {name}", budget)

@@ -130,3 +130,13 @@ def test_tojson_of_real_tools_renders_as_jinja_renders_it():
     tools = [{"role": "x", "type": "function", "function": {"name": "f", "parameters": {"x": [1, "é"]}}}]
     expected = _reference(template.replace("tools", "messages"), tools)
     assert render_chat_template(template.replace("tools", "messages"), tools) == expected
+
+
+def test_a_whitespace_split_counts_the_pieces_it_made_not_its_bound():
+    """A split on whitespace is bounded before it runs by its string's whitespace characters, and counted by the
+    pieces it made: eight splits of a 500 K-character message (100,000 words, 7.2 M each) fit the 64 Mi, where
+    counting each split's bound as half the length (250,000 pieces) refused the eighth, and the bound itself, not
+    the pieces made, the fifth."""
+    template = "{% for i in range(8) %}{{ messages[0].content.split() | length }},{% endfor %}"
+    messages = [{"role": "user", "content": "word pair " * 50000}]
+    assert render_chat_template(template, messages) == "100000," * 8
