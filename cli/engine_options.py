@@ -97,6 +97,16 @@ def check_admission(admission: str, policy: str) -> str:
     return admission
 
 
+def _directory_or_new(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--cache-dir: a directory or a path not there yet. click.Path(file_okay=False) refuses only a regular file: a
+    device or a pipe (/dev/null) got through, and the run went on with its disk tier off behind one warning line."""
+    import os
+
+    if value is not None and os.path.exists(value) and not os.path.isdir(value):
+        raise click.BadParameter(f"'{value}' exists and is not a directory")
+    return value
+
+
 def tier_options(func: Callable) -> Callable:
     """--host-kv-memory, --cache-dir, --cache-dir-size, --write-policy, --prefetch-policy, --prefetch-timeout-ms,
     --prefetch-pages-per-step: the tiers under the KV pool."""
@@ -117,6 +127,7 @@ def tier_options(func: Callable) -> Callable:
         click.option(
             "--cache-dir",
             type=click.Path(file_okay=False),
+            callback=_directory_or_new,
             help="Persist KV pages in this directory (a disk tier): a restarted process hits what it served before.",
         ),
         click.option(
