@@ -30,10 +30,8 @@ if str(REPO) not in sys.path:
 
 from script_args import at_least  # noqa: E402
 
-from radixcache.sim import TierConfig, evaluate  # noqa: E402
-from radixcache.sim import tiers as sim_tiers  # noqa: E402
-from radixcache.tier import page_tier  # noqa: E402
-from radixcache.trace.workload import load_workload  # noqa: E402
+# The simulator and the trace reader are imported where they are used, after the arguments are checked: a bad count
+# is refused at once, not after the seconds they take to import.
 
 DEFAULT_TRACE = Path("../shared/traces/mooncake_synthetic_trace.jsonl")  # from the checkout, as the docs run it
 
@@ -41,6 +39,8 @@ DEFAULT_TRACE = Path("../shared/traces/mooncake_synthetic_trace.jsonl")  # from 
 def tier_class(rev: str | None) -> type:
     """PageTier of this checkout (`rev` None), or as it was at git revision `rev`: its page_tier.py (and recency.py,
     where that revision has one) loaded as fresh modules, beside this checkout's."""
+    from radixcache.tier import page_tier
+
     if rev is None:
         return page_tier.PageTier
 
@@ -72,6 +72,7 @@ CALLS = ("store", "touch", "count_prefix", "lock", "unlock", "discard")  # what 
 def recorder(log: list[tuple[str, int, tuple]], sizes: list[tuple[int, str]]) -> type:
     """A PageTier class that appends each call a replay makes of it to `log` (method, tier index, arguments) and
     each tier's size and name to `sizes`, to be played again alone (`play`)."""
+    from radixcache.tier import page_tier
 
     class Recorder(page_tier.PageTier):
         def __init__(self, capacity: int, **kw) -> None:
@@ -91,6 +92,9 @@ def recorder(log: list[tuple[str, int, tuple]], sizes: list[tuple[int, str]]) ->
 
 def record(workload, args: argparse.Namespace) -> tuple[list[tuple[str, int, tuple]], list[tuple[int, str]]]:
     """The calls a tiered replay makes of its PageTiers, in order, and the tiers' sizes and names."""
+    from radixcache.sim import TierConfig, evaluate
+    from radixcache.sim import tiers as sim_tiers
+
     log: list[tuple[str, int, tuple]] = []
     sizes: list[tuple[int, str]] = []
     real = sim_tiers.PageTier
@@ -128,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--disk-blocks", type=at_least(1), default=40000)
     ap.add_argument("--rev", action="append", default=[], help="also time PageTier at this git revision (repeatable)")
     args = ap.parse_args(argv)
+    from radixcache.trace.workload import load_workload
+
     log, sizes = record(load_workload(str(args.trace)), args)
     print(f"{len(log):,} calls of {len(sizes)} tiers recorded from the replay", flush=True)
     classes = {"this checkout": tier_class(None)} | {f"at {rev}": tier_class(rev) for rev in args.rev}

@@ -41,20 +41,19 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from script_args import at_least, number  # noqa: E402
-from tier_bench_kit import fixed_threads, random_prompt  # noqa: E402
 
-from radixcache.runtime import Engine  # noqa: E402
-from radixcache.runtime.engine.scheduler import SchedulerConfig  # noqa: E402
-from radixcache.runtime.loading import load_model  # noqa: E402
+if TYPE_CHECKING:
+    from radixcache.runtime import Engine
+
+# torch and the runtime are imported where they are used, after the arguments are checked: a bad count is refused
+# at once, not after the seconds torch takes to import.
 
 
 def _decode(
@@ -93,6 +92,11 @@ def _warm_up(engine: Engine, prompt: list[int], args: argparse.Namespace) -> Non
 
 
 def measure(model: Any, args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    from tier_bench_kit import fixed_threads, random_prompt
+
+    from radixcache.runtime import Engine
+    from radixcache.runtime.engine.scheduler import SchedulerConfig
+
     vocab = model.config.vocab_size
     long_prompt = random_prompt(vocab, args.prefix_tokens, 7)
     short = random_prompt(vocab, 48, 8)
@@ -197,6 +201,10 @@ def main() -> None:
         args.prefix_tokens, args.decode_tokens, args.rounds = 400, 24, 2
     if args.at >= args.decode_tokens:  # the long prompt would never be sent: the decode's wait failed after 120 s
         parser.error(f"argument --at: expected fewer than --decode-tokens ({args.decode_tokens}), got {args.at}")
+    import torch
+
+    from radixcache.runtime.loading import load_model
+
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model)

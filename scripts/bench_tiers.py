@@ -31,22 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from script_args import at_least  # noqa: E402
-from tier_bench_kit import fixed_threads, random_prompt  # noqa: E402
 
-from radixcache.runtime import Engine  # noqa: E402
-from radixcache.runtime.kv.tier.disk_store import DiskStore  # noqa: E402
-from radixcache.runtime.kv.tier.host_pool import HostKVPool  # noqa: E402
-from radixcache.runtime.kv.tier.page_copy import copy_staged  # noqa: E402
-from radixcache.runtime.kv.tier.prefetch import PrefetchReader  # noqa: E402
-from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob  # noqa: E402
-from radixcache.runtime.loading import load_model  # noqa: E402
+# torch and the runtime are imported where they are used, after the arguments are checked: a bad count is refused
+# at once, not after the seconds torch takes to import.
 
 
 def _best(fn: Any, reps: int) -> float:
@@ -60,6 +52,16 @@ def _best(fn: Any, reps: int) -> float:
 
 def measure_costs(model: Any, args: argparse.Namespace) -> dict[str, float]:
     """Seconds: prefill per token; per page: host save, host load, disk read + load."""
+    import torch
+    from tier_bench_kit import fixed_threads, random_prompt
+
+    from radixcache.runtime import Engine
+    from radixcache.runtime.kv.tier.disk_store import DiskStore
+    from radixcache.runtime.kv.tier.host_pool import HostKVPool
+    from radixcache.runtime.kv.tier.page_copy import copy_staged
+    from radixcache.runtime.kv.tier.prefetch import PrefetchReader
+    from radixcache.runtime.kv.tier.prefetch_job import PrefetchJob
+
     p, n = args.page_size, args.prompt_tokens
     vocab = model.config.vocab_size
     cold = Engine(model, enable_cache=False, kv_memory="256MiB", page_size=p, device=args.device, **fixed_threads())
@@ -109,6 +111,10 @@ def measure_ttft(model: Any, args: argparse.Namespace) -> dict[str, list[float]]
     """Seconds to the first token of one long prompt, per round: cold, device hit, host hit, disk hit after a
     restart. The four are measured one after another in each of `--rounds` rounds (interleaved, so that a change
     in the machine's load touches them alike); the report takes medians."""
+    from tier_bench_kit import fixed_threads, random_prompt
+
+    from radixcache.runtime import Engine
+
     p, n = args.page_size, args.prompt_tokens
     vocab = model.config.vocab_size
     prompt = random_prompt(vocab, n, 123)
@@ -155,6 +161,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.prompt_tokens, args.pages, args.reps, args.rounds = 128, 16, 2, 2
+    import torch
+
+    from radixcache.runtime.loading import load_model
+
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model)

@@ -1,15 +1,17 @@
 """scripts/bench_tiers.py, scripts/bench_tier_prefetch.py and scripts/bench_page_tier.py refuse a bad count by its
 option's name before the model (or the trace) loads: --reps 0 reported infinite costs, --page-size 0 was a traceback
 from inside the engine, a --at the decode never reaches a failed assert 120 s into the run, and bench_page_tier's
---rounds 0 a median of nothing after the replay (script_args.at_least, as bench_agents uses)."""
+--rounds 0 a median of nothing after the replay (script_args.at_least, as bench_agents uses). The refusal comes
+before torch is imported (seconds), not after."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli.import_log import IMPORTTIME, imported
 
 REPO = Path(__file__).resolve().parents[2]
 MISSING_MODEL = "/nonexistent/model"  # reached only if the arguments passed: a different failure
@@ -31,7 +33,8 @@ MISSING_MODEL = "/nonexistent/model"  # reached only if the arguments passed: a 
     ],
 )
 def test_a_bad_count_is_a_usage_error_naming_it_before_the_model_loads(script: str, args: list[str], named: str):
-    command = [sys.executable, str(REPO / "scripts" / script), "--model", MISSING_MODEL, *args]
+    command = [*IMPORTTIME, str(REPO / "scripts" / script), "--model", MISSING_MODEL, *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument {named}" in done.stderr
+    assert "torch" not in imported(done.stderr)  # refused at once, not after torch's import
