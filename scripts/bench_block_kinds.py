@@ -37,12 +37,10 @@ import radixcache.runtime  # noqa: E402, F401
 
 # isort: split
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
-from radixcache.runtime.machine import cpu_fields, read_bandwidth_gbs  # noqa: E402
-from radixcache.runtime.model.block_linear import BLOCK_ELEMS, KINDS  # noqa: E402
-from radixcache.runtime.model.dequant import GGML_TYPE_IDS  # noqa: E402
-from radixcache.runtime.native import blockdot  # noqa: E402
+from radixcache.runtime.model.block_names import KINDS  # noqa: E402
+
+# torch and the kernels are imported in main(), after the arguments are checked: a bad one is refused at once.
 
 KERNELS = {"float": "blockdot_matmul", "int16": "qdot16_matmul", "int8": "qdot_matmul"}
 
@@ -83,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def encode(kind: str, rows: int, cols: int) -> np.ndarray:
     """The weight's bytes in `kind`: uint8 [rows, cols / block elements * block bytes]."""
+    from radixcache.runtime.model.block_linear import BLOCK_ELEMS
     from tests.runtime.loading.kquants import quantize
 
     w = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32) * np.float32(0.05)
@@ -104,6 +103,12 @@ def fastest_call(fn: Any, calls: int) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    import torch
+
+    from radixcache.runtime.machine import cpu_fields, read_bandwidth_gbs
+    from radixcache.runtime.model.dequant import GGML_TYPE_IDS
+    from radixcache.runtime.native import blockdot
+
     lib = blockdot()
     weights = {k: encode(k, args.rows, args.cols) for k in args.kinds}
     x = np.random.default_rng(1).standard_normal((max(args.tokens), args.cols), dtype=np.float32)

@@ -23,12 +23,16 @@ import argparse
 import os
 import statistics
 import sys
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from radixcache.runtime import Engine
-from radixcache.runtime.loading import load_model
-from radixcache.runtime.model.block_linear import ACTIVATIONS
+from radixcache.runtime.model.block_names import ACTIVATIONS
+
+if TYPE_CHECKING:
+    from radixcache.runtime import Engine
+
+# torch and the engine are imported in main(), after `--modes` is checked: a bad one is refused at once.
 
 MODES = "float,int16-decode,int8-decode"
 
@@ -87,6 +91,9 @@ def main() -> None:
     bad = [m for m in modes if m not in ACTIVATIONS]
     if len(modes) < 2 or bad:
         p.error(f"--modes takes two or more of {', '.join(ACTIVATIONS)}; got {args.modes!r}")
+    from radixcache.runtime import Engine
+    from radixcache.runtime.loading import load_model
+
     print("load average before:", os.getloadavg())
     loaded = load_model(args.model, keep_blocks=True)
     if args.raw:

@@ -54,15 +54,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from radixcache.runtime.model.block_names import ACTIVATIONS, KINDS
 from radixcache.runtime.model.dequant import GGML_TYPE_IDS, GGML_TYPES
 from radixcache.runtime.model.linear import DenseLinear
 
-# The kinds the kernels take; the kernels' KIND_* values are ggml's type ids (runtime/native/ggml_blocks.h).
-KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 BLOCK = 32  # weights per block (a K-quant super-block holds 8 of them)
 BLOCK_ELEMS = {k: GGML_TYPES[GGML_TYPE_IDS[k]][1] for k in KINDS}
 BLOCK_BYTES = {k: GGML_TYPES[GGML_TYPE_IDS[k]][2] for k in KINDS}
-ACTIVATIONS = ("int16-decode", "float", "int16", "int8", "int8-decode", "auto")
 DEFAULT_ACTIVATIONS = "int16-decode"  # the module docstring says why; the output head's: head_activations
 ACTIVATIONS_ENV = "RADIXCACHE_GGUF_ACTIVATIONS"  # the mode where none is given
 K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")  # the kinds whose decode rows "int16-decode" gives 16-bit activations

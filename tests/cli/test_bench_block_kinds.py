@@ -1,5 +1,5 @@
 """scripts/bench_block_kinds.py at tiny sizes: every (threads, kind, kernel, tokens) asked for is measured in every
-round, the table and the JSON carry each, and bad arguments exit 2 naming what was wrong."""
+round, the table and the JSON carry each, and bad arguments exit 2 naming what was wrong, before torch loads."""
 
 from __future__ import annotations
 
@@ -12,15 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.import_log import IMPORTTIME, imported
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "bench_block_kinds.py"
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler here")
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
+def _run(*args: str, python: list[str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    command = [*(python or [sys.executable]), str(SCRIPT), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_every_measurement_runs_and_is_reported(tmp_path: Path) -> None:
@@ -53,5 +56,6 @@ def test_every_measurement_runs_and_is_reported(tmp_path: Path) -> None:
     ],
 )
 def test_bad_arguments_exit_2(args: list[str], needle: str) -> None:
-    r = _run(*args, "--rounds", "1")
+    r = _run(*args, "--rounds", "1", python=IMPORTTIME)
     assert r.returncode == 2 and needle in r.stderr
+    assert "torch" not in imported(r.stderr)  # refused at once, not after torch's import
