@@ -31,10 +31,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' encoder, from a checkout
 
 from radixcache.runtime.config import ModelConfig
-from radixcache.runtime.loading import load_model, resolve_model_path
-from radixcache.runtime.loading.gguf import GGUFFile
-from radixcache.runtime.loading.weights import expected_shapes
-from tests.runtime.loading.gguf_files import q4_k_m_kind, write_model_gguf
+
+# torch, the loader and the writer are imported where they are used, after --shape is checked: a bad one is refused
+# at once, not after the seconds torch takes to import.
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -51,6 +50,8 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 def random_model(base: ModelConfig, shape: tuple[int, int, int]) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """A config of `shape` with `base`'s vocabulary and special tokens, and random weights for it."""
+    from radixcache.runtime.loading.weights import expected_shapes
+
     hidden, inter, layers = shape
     heads = hidden // 64
     cfg = dataclasses.replace(
@@ -69,6 +70,10 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="the GGUF file to write")
     parser.add_argument("--shape", type=parse_shape, help="HIDDEN,INTERMEDIATE,LAYERS: random weights of this shape")
     args = parser.parse_args()
+    from radixcache.runtime.loading import load_model, resolve_model_path
+    from radixcache.runtime.loading.gguf import GGUFFile
+    from tests.runtime.loading.gguf_files import q4_k_m_kind, write_model_gguf
+
     source = resolve_model_path("smollm2")
     original = load_model(source)
     with GGUFFile(source) as f:

