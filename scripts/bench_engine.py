@@ -54,20 +54,12 @@ import threading
 import time
 from typing import Any
 
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 # The measurements live beside this file: bench_engine_kit.py (the workload, `Bench`), bench_engine_sessions.py,
 # bench_engine_batching.py (decode, prefill) and bench_engine_arrivals.py (stall, burst).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_engine_arrivals import bench_burst, bench_stall
-from bench_engine_batching import bench_decode, bench_prefill
-from bench_engine_kit import Bench
-from bench_engine_sessions import bench_sessions
-
-from radixcache.runtime.loading import load_model
-from radixcache.runtime.model.llama import LlamaModel
+# They, torch and the runtime are imported in main(), after the arguments are checked: a bad one is refused at once.
 
 MEASUREMENTS = ("sessions", "decode", "prefill", "stall", "burst")
 
@@ -118,6 +110,15 @@ def main() -> None:
     unknown = sorted(set(only) - set(MEASUREMENTS))
     if unknown or not only:
         ap.error(f"--only: unknown {unknown or 'empty list'}; choose from {', '.join(MEASUREMENTS)}")
+    import torch
+    from bench_engine_arrivals import bench_burst, bench_stall
+    from bench_engine_batching import bench_decode, bench_prefill
+    from bench_engine_kit import Bench
+    from bench_engine_sessions import bench_sessions
+
+    from radixcache.runtime.loading import load_model
+    from radixcache.runtime.model.llama import LlamaModel
+
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 

@@ -1,5 +1,5 @@
 """scripts/bench_engine.py runs end to end at --quick sizes on the tiny checkpoint: every measurement, or those --only
-names, with its tables and its JSON."""
+names, with its tables and its JSON; an unknown measurement is refused before torch loads."""
 
 from __future__ import annotations
 
@@ -9,13 +9,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cli.import_log import IMPORTTIME, imported
+
 REPO = Path(__file__).resolve().parents[2]
 MEASUREMENTS = ("sessions", "decode", "prefill", "stall", "burst")
 
 
-def _bench(model: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, str(REPO / "scripts" / "bench_engine.py"), "--model", str(model), "--threads", "1", *args]
+def _bench(model: Path, *args: str, python: list[str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    cmd = [
+        *(python or [sys.executable]),
+        str(REPO / "scripts" / "bench_engine.py"),
+        "--model",
+        str(model),
+        "--threads",
+        "1",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
 
 
@@ -52,5 +62,6 @@ def test_only_selects_and_sizes_override_quick(tiny_model_dir: Path, tmp_path: P
 
 
 def test_unknown_measurement_is_refused(tiny_model_dir: Path) -> None:
-    r = _bench(tiny_model_dir, "--only", "prefill,bogus")
+    r = _bench(tiny_model_dir, "--only", "prefill,bogus", python=IMPORTTIME)
     assert r.returncode == 2 and "bogus" in r.stderr
+    assert "torch" not in imported(r.stderr)  # refused at once, not after torch's import
