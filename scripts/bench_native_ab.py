@@ -38,12 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-import radixcache.runtime.native as native
-from radixcache.runtime import Engine
-from radixcache.runtime.loading import load_model
-from radixcache.runtime.model.llama import LlamaModel
+# torch, the kernels and the engine are imported where they are used, after the arguments are checked: a bad one is
+# refused at once, not after the seconds torch takes to import.
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIP_STEPS = 4  # each round's first steps (the mirror and caches settling)
@@ -51,6 +47,8 @@ SKIP_STEPS = 4  # each round's first steps (the mirror and caches settling)
 
 def build_revision(rev: str, folder: Path) -> ctypes.CDLL:
     """`rev`'s kernels compiled as runtime.native compiles the tree's, into `folder`, and loaded."""
+    import radixcache.runtime.native as native
+
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", rev, "runtime/native"], capture_output=True, check=False
     )
@@ -113,6 +111,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.tokens < SKIP_STEPS + 3 or args.rounds < 1 or args.prompt < 1:
         raise SystemExit(f"--tokens must be at least {SKIP_STEPS + 3}, --rounds and --prompt at least 1")
+    import torch
+
+    import radixcache.runtime.native as native
+    from radixcache.runtime import Engine
+    from radixcache.runtime.loading import load_model
+    from radixcache.runtime.model.llama import LlamaModel
+
     torch.set_num_threads(args.threads)
     folder = Path(tempfile.mkdtemp(prefix="native-ab-"))
     try:

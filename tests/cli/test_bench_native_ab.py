@@ -13,19 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.import_log import IMPORTTIME, imported
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "bench_native_ab.py"
 
 
-def _run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
-    )
+def _run(*args: str, timeout: int = 120, python: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [*(python or [sys.executable]), str(SCRIPT), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 def test_bench_native_ab_refuses_too_few_tokens_before_building_anything() -> None:
-    r = _run("--tokens", "3")
+    r = _run("--tokens", "3", python=IMPORTTIME)
     assert r.returncode == 1 and "--tokens must be at least 7" in r.stderr
+    assert "torch" not in imported(r.stderr)  # refused at once, not after torch's import
 
 
 def test_bench_native_ab_names_a_revision_git_does_not_know() -> None:
