@@ -116,8 +116,9 @@ class StreamOptions(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One message as OpenAI (and agent frameworks) send it: a role, content (text, text parts, or null on an
-    assistant message that only calls tools), `name`, an assistant's `tool_calls`, a tool message's `tool_call_id`.
+    """One message as OpenAI (and agent frameworks) send it: a role, content (text, text parts, or null or no parts
+    on an assistant message that only calls tools), `name`, an assistant's `tool_calls`, a tool message's
+    `tool_call_id`.
     What the roles allow is checked when the history is rendered (runtime.tools.messages: a 400 naming
     `messages.i.field`). A null value counts as absent; `refusal` null and `annotations` (citations of a reply,
     nothing the model reads) are accepted and dropped."""

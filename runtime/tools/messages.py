@@ -2,9 +2,10 @@
 
 Accepted: roles system, developer (treated as system), user, assistant, tool; `content` a string, a list of text
 parts (`{"type": "text", "text": ...}`, joined), or null on an assistant message (an assistant message with
-`tool_calls` usually has null content); `name` on any message; `tool_calls` on assistant messages
-(`{"id", "type": "function", "function": {"name", "arguments"}}`, arguments a JSON object, no NaN nor Infinity, or
-any text, kept as written; empty text or null for none); a tool message needs `tool_call_id`. Anything
+`tool_calls` usually has null content; an empty list of parts is null: no content on an assistant message, a
+`ToolInputError` on any other, as OpenAI refuses an empty array); `name` on any message; `tool_calls` on assistant
+messages (`{"id", "type": "function", "function": {"name", "arguments"}}`, arguments a JSON object, no NaN nor
+Infinity, or any text, kept as written; empty text or null for none); a tool message needs `tool_call_id`. Anything
 else raises `ToolInputError` naming `messages[i].field`.
 """
 
@@ -186,6 +187,10 @@ def normalize_message(raw: Any, index: int) -> ChatMessage:
             raise ToolInputError(f"{here}.tool_calls", "must be a list")
         calls = tuple(_tool_call(c, f"{here}.tool_calls[{j}]") for j, c in enumerate(raw_calls))
     content = msg.get("content")
+    if isinstance(content, (list, tuple)) and not content:  # no parts is no content: what null is (OpenAI: a 400)
+        if role != "assistant":
+            raise ToolInputError(f"{here}.content", f"must not be an empty list of parts on a {role} message")
+        content = None
     if content is None:
         if role != "assistant":
             raise ToolInputError(f"{here}.content", f"is required on a {role} message")

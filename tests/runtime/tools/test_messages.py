@@ -77,6 +77,11 @@ for _ in range(5000):
     [
         ([{"role": "robot", "content": "x"}], "messages[0].role"),
         ([{"role": "user", "content": None}], "messages[0].content"),
+        *(([{"role": role, "content": []}], "messages[0].content") for role in ("user", "system", "developer")),
+        (
+            [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c", "content": []}],
+            "messages[1].content",
+        ),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content[0]"),
         ([{"role": "user", "content": 3}], "messages[0].content"),
         ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages[0].content[0].text"),
@@ -144,6 +149,17 @@ def test_tool_choice(specs) -> None:
 def test_tool_messages_get_the_name_of_their_call() -> None:
     msgs = normalize_messages(HISTORY)
     assert msgs[2].name == "add" and msgs[1].content is None and msgs[0].content == "Add 1 and 2."
+
+
+def test_an_empty_part_list_on_an_assistant_message_is_null_content(tiny_tokenizer) -> None:
+    """OpenAI refuses `content: []`; where null is allowed (an assistant message, calls or not) it reads as null, so a
+    client that writes a call-only turn's content as no parts renders the prompt null gives."""
+    with_null = normalize_messages(HISTORY)
+    with_empty = normalize_messages([HISTORY[0], {**HISTORY[1], "content": []}, HISTORY[2]])
+    assert with_empty == with_null and with_empty[1].content is None
+    plain = [{"role": "user", "content": "x"}, {"role": "assistant"}]
+    empty = [{"role": "user", "content": "x"}, {"role": "assistant", "content": []}]
+    assert tiny_tokenizer.apply_chat_template(empty) == tiny_tokenizer.apply_chat_template(plain)
 
 
 @pytest.mark.slow
