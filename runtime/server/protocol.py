@@ -265,8 +265,20 @@ class ChatCompletionRequest(_Common):
 
     _shallow_tools = field_validator("tools", "tool_choice", "functions", "function_call")(_shallow)
 
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        both = (self.max_tokens, self.max_completion_tokens)
+        if None not in both and both[0] != both[1]:  # OpenAI refuses both at once; equal values ask one thing
+            raise APIError(
+                400,
+                f"Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported: they differ "
+                f"({both[0]} and {both[1]}); send max_completion_tokens only (max_tokens is deprecated)",
+                param="max_tokens",
+                code="invalid_parameter_combination",
+            )
+
     def requested_tokens(self) -> int | None:
-        """The completion length the caller asked for, if it did."""
+        """The completion length the caller asked for, if it did (both sent: equal, `refuse_unsupported`)."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def limit(self, default: int) -> int:

@@ -12,7 +12,7 @@ SYSTEM = "You are a meticulous assistant who answers every question with care an
 
 def _chat(client, user: str, **kw):
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
-    return client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=8, **kw)
+    return client.chat.completions.create(model="tiny", messages=messages, temperature=0, **{"max_tokens": 8, **kw})
 
 
 def test_models_lists_the_served_name(client) -> None:
@@ -95,11 +95,16 @@ def test_n_samples_share_a_fresh_prompt(client, stream: bool) -> None:
 def test_sixteen_concurrent_clients_all_complete(client) -> None:
     def one(i: int) -> tuple[int, int]:  # half stream, half wait for the whole answer
         if i % 2:
-            r = _chat(client, f"client {i} asks", max_completion_tokens=6)
+            r = _chat(client, f"client {i} asks", max_tokens=None, max_completion_tokens=6)
             return r.usage.completion_tokens, r.usage.prompt_tokens_details.cached_tokens
         chunks = list(
             _chat(
-                client, f"client {i} asks", max_completion_tokens=6, stream=True, stream_options={"include_usage": True}
+                client,
+                f"client {i} asks",
+                max_tokens=None,
+                max_completion_tokens=6,
+                stream=True,
+                stream_options={"include_usage": True},
             )
         )
         return chunks[-1].usage.completion_tokens, chunks[-1].usage.prompt_tokens_details.cached_tokens
