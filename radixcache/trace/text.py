@@ -136,8 +136,13 @@ def iter_openai(path: str | Path) -> Iterator[Conversation]:
             if role not in ("system", "developer", "user", "assistant"):
                 fields.fail(f"unknown role {role!r}", f"messages[{index}].role")
             content = _openai_content(fields, message.get("content"), f"messages[{index}].content")
+            if message.get("content") == [] and role != "assistant":  # the server's 400 (an empty array: OpenAI's)
+                fields.fail(f"an empty list of parts on a {role} message", f"messages[{index}].content")
             pairs.append(("system" if role == "developer" else role, content))
-        limit = _positive(fields, "max_tokens") or _positive(fields, "max_completion_tokens")
+        legacy, limit = _positive(fields, "max_tokens"), _positive(fields, "max_completion_tokens")
+        if None not in (legacy, limit) and legacy != limit:  # the server's 400, OpenAI's: which limit replays?
+            fields.fail(f"max_tokens {legacy} and max_completion_tokens {limit} differ", "max_tokens")
+        limit = limit or legacy
         yield _from_messages(fields, pairs, "messages", _id(fields, f"line-{lineno}"), limit)
 
 

@@ -131,6 +131,38 @@ def test_openai_parts_other_than_text_are_refused_naming_the_part(
         read_trace(tmp_path / "o.jsonl")
 
 
+@pytest.mark.parametrize(
+    ("change", "field", "problem"),
+    [
+        ({"max_tokens": 2, "max_completion_tokens": 6}, "max_tokens", "max_tokens 2 and max_completion_tokens 6"),
+        (
+            {"messages": [{"role": "system", "content": []}, {"role": "user", "content": "a"}]},
+            r"messages\[0\]\.content",
+            "empty",
+        ),
+        ({"messages": [{"role": "user", "content": []}]}, r"messages\[0\]\.content", "empty list of parts"),
+    ],
+)
+def test_openai_lines_the_server_refuses_are_refused_at_their_line(
+    tmp_path: Path, change: dict, field: str, problem: str
+) -> None:
+    """Both limits with different values replayed max_tokens where the server used max_completion_tokens (and now
+    answers 400); `content: []` replayed an empty turn the server refuses: each is named at its line."""
+    line = {"messages": [{"role": "user", "content": "hi"}], **change}
+    (tmp_path / "o.jsonl").write_text(json.dumps(line) + "\n")
+    with pytest.raises(TraceError, match=rf"o\.jsonl:1: field '{field}': .*{problem}"):
+        read_trace(tmp_path / "o.jsonl")
+
+
+def test_openai_equal_limits_are_one_limit(tmp_path: Path) -> None:
+    line = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "max_completion_tokens": 4}
+    (tmp_path / "o.jsonl").write_text(json.dumps(line) + "\n")
+    only_new = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 4}
+    (tmp_path / "n.jsonl").write_text(json.dumps(only_new) + "\n")
+    expected = [Conversation("line-1", (Turn("hi", None, 4),), None)]
+    assert read_trace(tmp_path / "o.jsonl").records == read_trace(tmp_path / "n.jsonl").records == expected
+
+
 def test_the_shipped_sample_chat_trace_reads_as_conversations() -> None:
     trace = read_trace(SAMPLE)
     assert trace.format == "conversations"
