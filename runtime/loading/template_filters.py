@@ -169,17 +169,19 @@ def bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     text = name in _TEXT_FILTERS
     what = f"the result of the filter {name}"
     keyed = name in _KEYED_FILTERS
+    gathered = keyed or name == "join"
     signature = inspect.signature(func) if name == "tojson" or keyed else None
 
     @pass_context
     def run(context: Any, value: Any, /, *args: Any, **kwargs: Any) -> Any:
         budget = context.eval_ctx.budget
-        if keyed:  # each item read whole: a generator's (`big_list | select | max`) gathered first, a step an item
-            if not isinstance(value, str | list | tuple | dict) and isinstance(value, Iterable):
-                value = check(list(value), f"the value of the filter {name}", budget)
-            if isinstance(value, list | tuple | dict) and signature is not None:
-                layout = signature.bind_partial(*([None] if pass_arg else []), value, *args, **kwargs).arguments
-                budget.steps -= _keyed_work(name, value, layout, context)
+        if gathered and not isinstance(value, str | list | tuple | dict) and isinstance(value, Iterable):
+            # each item read whole (`big_list | select | max`) or joined (`| select | join`, which made its whole
+            # string before its size was checked): a generator's items gathered first, a step an item, then sized
+            value = check(list(value), f"the value of the filter {name}", budget)
+        if keyed and isinstance(value, list | tuple | dict) and signature is not None:
+            layout = signature.bind_partial(*([None] if pass_arg else []), value, *args, **kwargs).arguments
+            budget.steps -= _keyed_work(name, value, layout, context)
         budget.steps -= 1 + _filter_work(name, value)
         if budget.steps < budget.mark:
             budget.tick()

@@ -75,3 +75,21 @@ def test_structures_of_real_size_are_written_as_jinja_writes_them():
 def test_strftime_now_with_a_format_that_writes_too_much_is_refused():
     with pytest.raises(ChatTemplateError, match=r"stopped: strftime_now's format of 8000000 characters"):
         render_chat_template("{{ strftime_now('%c' * 4000000) | length }}", HI, model="evil.gguf")
+
+
+@pytest.mark.parametrize("lazy", ["select", "reverse", "reject('none')"])
+def test_a_join_of_a_generator_is_sized_before_it_is_made(lazy):
+    """`[big] * 30 | select | join` made its 300 M-character string before its size was checked (1,000 of them:
+    10 GB); a list's join was refused before it ran, a generator's was not sized at all."""
+    template = '{% set big = "a" * 10000000 %}{{ ([big] * 30) | ' + lazy + " | join | length }}"
+    with pytest.raises(ChatTemplateError, match=r"stopped: join would make a string over 16777216 characters"):
+        render_chat_template(template, HI, model="evil.gguf")
+
+
+def test_joins_of_generators_of_real_size_render_as_jinja_renders_them():
+    template = (
+        "{{ range(5) | map('string') | join('-') }}|{{ ['a', 'b'] | reverse | join }}|{{ {'k': 1} | join }}"
+        "|{{ messages | selectattr('role') | join(',', attribute='content') }}|{{ [[1], 'x'] | select | join }}"
+    )
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert render_chat_template(template, messages) == _reference(template, messages)
