@@ -132,9 +132,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--disk-blocks", type=at_least(1), default=40000)
     ap.add_argument("--rev", action="append", default=[], help="also time PageTier at this git revision (repeatable)")
     args = ap.parse_args(argv)
+    if not args.trace.is_file():  # a usage error naming it, not a TraceError traceback from the reader
+        ap.error(f"argument --trace: no such trace file: {args.trace}")
+    from radixcache.errors import RadixCacheError
     from radixcache.trace.workload import load_workload
 
-    log, sizes = record(load_workload(str(args.trace)), args)
+    try:
+        workload = load_workload(str(args.trace))
+    except RadixCacheError as exc:
+        ap.error(f"argument --trace: {exc}")
+    log, sizes = record(workload, args)
     print(f"{len(log):,} calls of {len(sizes)} tiers recorded from the replay", flush=True)
     classes = {"this checkout": tier_class(None)} | {f"at {rev}": tier_class(rev) for rev in args.rev}
     times: dict[str, list[float]] = {name: [] for name in classes}

@@ -38,3 +38,16 @@ def test_a_bad_count_is_a_usage_error_naming_it_before_the_model_loads(script: s
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument {named}" in done.stderr
     assert "torch" not in imported(done.stderr)  # refused at once, not after torch's import
+
+
+@pytest.mark.parametrize("content", [None, "not json\n"])
+def test_bench_page_tier_refuses_a_missing_or_malformed_trace_by_name(tmp_path, content: str | None):
+    """A missing --trace, or one its reader refuses, was a TraceError traceback: a usage error naming it now."""
+    trace = tmp_path / "t.jsonl"
+    if content is not None:
+        trace.write_text(content)
+    command = [*IMPORTTIME, str(REPO / "scripts" / "bench_page_tier.py"), "--trace", str(trace)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "argument --trace" in done.stderr and "Traceback" not in done.stderr
+    assert "torch" not in imported(done.stderr)
