@@ -47,12 +47,18 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+_MAX_USER_TIMEOUT_MS = 2**31 - 1  # the kernel's option is a signed 32-bit count of milliseconds
+
+
 def drop_unread(sockets: list[socket.socket], seconds: float) -> None:
     """Have the kernel drop a connection of these listening sockets whose sent bytes wait `seconds` unacknowledged
     or unsent behind a zero receive window (a client that stopped reading): the connection then ends with
-    ETIMEDOUT, which frees its buffers as a disconnect does. Where the platform lacks TCP_USER_TIMEOUT, nothing."""
+    ETIMEDOUT, which frees its buffers as a disconnect does. Where the platform lacks TCP_USER_TIMEOUT, nothing.
+    The kernel takes at most 2**31 - 1 ms (24.8 days): a longer `seconds` is that (setsockopt refused a larger int
+    with a TypeError, so `--stream-stall-timeout 1e9` ended serve in a traceback)."""
     option = getattr(socket, "TCP_USER_TIMEOUT", None)
     if option is None:
         return
+    millis = min(_MAX_USER_TIMEOUT_MS, max(1, round(seconds * 1000)))
     for s in sockets:
-        s.setsockopt(socket.IPPROTO_TCP, option, max(1, round(seconds * 1000)))
+        s.setsockopt(socket.IPPROTO_TCP, option, millis)

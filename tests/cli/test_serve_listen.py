@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from radixcache.cli.listen import bind_sockets
+from radixcache.cli.listen import bind_sockets, drop_unread
 from radixcache.cli.serve import serve
 
 
@@ -41,6 +41,19 @@ def test_the_servers_connections_send_without_nagles_delay() -> None:
     listeners = bind_sockets("127.0.0.1", 0)
     assert [s.proto for s in listeners] == [socket.IPPROTO_TCP]
     assert _nodelay_of_a_connection(listeners) != 0
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="no TCP_USER_TIMEOUT here")
+@pytest.mark.parametrize(("seconds", "millis"), [(60.0, 60_000), (0.0001, 1), (1e9, 2**31 - 1), (9.2e9, 2**31 - 1)])
+def test_the_unread_bound_is_set_in_milliseconds_within_the_kernels_range(seconds: float, millis: int) -> None:
+    """`--stream-stall-timeout 1e9` (finite, accepted) asked setsockopt for 10**12 ms: a TypeError ended serve."""
+    listeners = bind_sockets("127.0.0.1", 0)
+    try:
+        drop_unread(listeners, seconds)
+        assert listeners[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == millis
+    finally:
+        for s in listeners:
+            s.close()
 
 
 def test_every_address_of_the_host_is_bound_on_one_port() -> None:
