@@ -47,7 +47,7 @@ class ReplicaCalls:
             prompt = render_messages(self.tokenizer, self.tool_memory, prompt, opts)  # type: ignore[arg-type]
         ids = None if prompt is None else self._prompt_ids(prompt, opts)
         everywhere = "namespace" not in kwargs and opts.namespace is None  # unpin(): every namespace's, as Engine's
-        released = self.cluster.replica_call("unpin", ids, opts.namespace, everywhere)
+        released = self.cluster.replica_call("unpin", ids, opts.namespace, everywhere, opts.pin_holder)
         if not released:  # as check and flush: "none pinned" would be a guess
             raise ReplicaUnavailableError("no live replica answered the unpin (every replica is dead)")
         return sum(released)

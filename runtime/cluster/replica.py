@@ -200,10 +200,14 @@ class EngineReplica:
     def check(self, timeout: float | None = 30.0) -> dict[str, int]:
         return self.engine.check(timeout)
 
-    def unpin(self, prompt: list[int] | None, namespace: Any, every_namespace: bool = False) -> int:
+    def unpin(
+        self, prompt: list[int] | None, namespace: Any, every_namespace: bool = False, holder: str | None = None
+    ) -> int:
         """Engine.unpin on this replica: the pins of `prompt` in `namespace` (all of it: None), or every pin
-        (`every_namespace`, without a prompt); how many were released."""
-        return self.engine.unpin(prompt) if every_namespace else self.engine.unpin(prompt, namespace=namespace)
+        (`every_namespace`, without a prompt), `holder`'s shares only when it is given; how many were released."""
+        if every_namespace:
+            return self.engine.unpin(prompt, pin_holder=holder)
+        return self.engine.unpin(prompt, namespace=namespace, pin_holder=holder)
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Engine.close: cancel the requests in flight here (their streams end with "cancelled" results) and let

@@ -287,13 +287,15 @@ class Engine:
 
     def unpin(self, prompt: Prompt | Messages | None = None, **kwargs: Any) -> int:
         """Release pins: those made for `prompt` (in `namespace`; a fork's: its prefix), every pin of `namespace`
-        when it is given alone, or every pin; how many. Takes what the pinning call took: chat messages rendered as
-        `chat` renders them, with its `tools=` or `options=` (a TypeError names any other keyword than generate's)."""
+        when it is given alone, or every pin, every holder's (`pin_holder=h`: h's only); how many. Takes what the
+        pinning call took: chat messages rendered as `chat` renders them, with its `tools=` or `options=` (a
+        TypeError names any other keyword than generate's)."""
         opts = resolve_options(kwargs.pop("max_new_tokens", None), kwargs.pop("options", None), kwargs, "Engine.unpin")
         text = self._builder.render_for(prompt, opts) if is_messages(prompt) else prompt
         tokens = None if text is None else self._builder.encode(text)
         everywhere = "namespace" not in kwargs and opts.namespace is None  # unpin(): every namespace's pins
-        return self._loop.wait_for(lambda _: self.kv.pins.unpin(tokens, opts.namespace, every_namespace=everywhere))
+        holder = opts.pin_holder  # a holder's own share only; None: every holder's
+        return self._loop.wait_for(lambda _: self.kv.pins.unpin(tokens, opts.namespace, everywhere, holder=holder))
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Refuse new requests (EngineClosedError), cancel every request in flight (their results say "cancelled",

@@ -41,7 +41,9 @@ class RequestOptions:
     namespace: the cache namespace (hashable; requests in different namespaces never share KV). return_logits: keep
     each step's logits in the result (tests). priority: higher is admitted first and preempted last. timeout:
     seconds, after which the request ends with finish_reason "timeout". pin: keep the prompt's KV (True) or its
-    first n tokens' whole pages in the cache until `unpin`. retention: a soft priority for keeping the prompt's KV
+    first n tokens' whole pages in the cache until `unpin`. pin_holder: who holds the pin (a string; None: the
+    engine's caller at large): holders pinning the same prompt each hold their own share, and an `unpin` naming a
+    holder releases only its share (each Session is one). retention: a soft priority for keeping the prompt's KV
     (runtime.kv.retention). retain: "conversation" makes the tree adopt every page whatever the admission policy
     predicts (None: no hint). session: the conversation the request belongs to (a recorded trace's `session_id`;
     behind replicas, what sticks it to one). retain_for: seconds to keep the request's pages (prompt and reply)
@@ -60,6 +62,7 @@ class RequestOptions:
     priority: int = 0
     timeout: float | None = None
     pin: bool | int = False
+    pin_holder: str | None = None
     retention: int = 0
     retain: str | None = None
     session: str | None = None
@@ -86,6 +89,8 @@ class RequestOptions:
                 raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
         if not isinstance(self.pin, bool) and (not isinstance(self.pin, int) or self.pin < 0):
             raise ValueError(f"pin must be True, False or a number of tokens >= 0, got {self.pin!r}")
+        if self.pin_holder is not None and not isinstance(self.pin_holder, str):
+            raise ValueError(f"pin_holder must be a string or None, got {type(self.pin_holder).__name__}")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise ValueError(f"grammar must be a GrammarSpec or None, got {type(self.grammar).__name__}")
         if self.tool_use is not None and not isinstance(self.tool_use, ToolUse):

@@ -131,6 +131,7 @@ class Request:
     pin: int = 0  # tokens of the prompt to pin in the cache once computed
     pinned_tokens: int = 0  # tokens the pin actually locked (0: no pin, or refused)
     pin_for: tuple[int, ...] | None = None  # the prompt `unpin` names for its pin (a fork's prefix; None: its own)
+    pin_holder: str | None = None  # who holds its pin (RequestOptions.pin_holder; None: the caller at large)
     retention: int = 0  # retention priority of the prompt's KV (radixcache.runtime.kv.retention)
     retain: str | None = None  # admission hint: "conversation" (the next turn reads every page) or None
     t_admitted: float | None = None
@@ -152,6 +153,7 @@ class Request:
             prompt_tokens=len(self.prompt_ids),
             max_new_tokens=self.params.max_new_tokens,
             pin=self.pin,
+            pin_holder=self.pin_holder,
             retain=self.retain,
             arrival_ms=self.t_arrival * 1000.0,  # ms, on the engine's perf_counter clock
             retain_for=self.retain_for,

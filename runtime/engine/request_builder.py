@@ -92,6 +92,7 @@ class RequestBuilder:
             deadline=None if timeout is None else t0 + timeout,
             pin=pin_tokens,
             pin_for=None if pin_for is None or not pin_tokens else tuple(pin_for),  # a tuple's tuple: itself
+            pin_holder=options.pin_holder,
             retention=options.retention,
             retain=options.retain,
             session=options.session,

@@ -8,6 +8,7 @@ import contextlib
 import copy
 import json
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -30,9 +31,11 @@ class _Pin(NamedTuple):
     ids: tuple[int, ...] = ()
 
     def same_prompt(self, other: _Pin) -> bool:
-        """Whether `other` names the very pin this one does (the engine keeps one pin per prompt and namespace)."""
+        """Whether `other` names the very pin this one does (the engine keeps one pin per prompt, namespace and
+        holder)."""
         same = self.ids == other.ids if self.ids and other.ids else self.messages == other.messages
-        return same and self.options.namespace == other.options.namespace
+        mine = self.options.namespace, self.options.pin_holder
+        return same and mine == (other.options.namespace, other.options.pin_holder)
 
 
 class Session:
@@ -56,7 +59,10 @@ class Session:
     With `pin=` (True or n tokens, in the defaults or a turn's keywords), the session holds one pin, its latest
     pinned turn's (or fork's): a turn whose pin is made releases the session's earlier ones (the history only grows,
     so its prompt begins with theirs), but one made for the same prompt (a fork again, a turn sent again after it
-    failed), which is the very pin the engine keeps. A pin is cut to the engine's pinned share
+    failed), which is the very pin the engine keeps. The session is the pin's holder (`pin_holder`, its own unless
+    the options name one): another session (a `copy()`, one loaded from its save) pinning the same history holds its
+    own share, and `unpin()` releases this session's only; a session dropped without `unpin()` keeps its share until
+    `engine.unpin(...)` without a holder releases every holder's. A pin is cut to the engine's pinned share
     (`max_pinned_fraction`): a history past it keeps its first share of pages pinned, and a turn whose pin is refused
     (other pins hold the share) keeps the earlier one. `unpin()`, or leaving `with engine.session(...) as s:`,
     releases it: the very pin made, named by the ids its result says it was made for (`pinned_for`), not by the
@@ -96,6 +102,7 @@ class Session:
         # turn's (as the ids its pin was made for, once its result named them), and any a turn that failed or was
         # cancelled after it was queued may have made (as its messages: no result named the ids)
         self._pins: list[_Pin] = []
+        self._holder = uuid.uuid4().hex  # the holder of its pins (RequestOptions.pin_holder): this session alone
 
     def send(self, content: str, **kwargs: Any) -> GenerationResult:
         """Add a user turn, generate the reply, and append it to the history. A ValueError, the session unchanged,
@@ -218,6 +225,8 @@ class Session:
         if options.pin and share is not None:
             most = share * self.engine.cache.page_size  # type: ignore[attr-defined]
             options = options.updated(pin=most if options.pin is True else min(options.pin, most))
+        if options.pin and options.pin_holder is None:
+            options = options.updated(pin_holder=self._holder)
         if options.pin:
             self._pins.append(_Pin([dict(m) for m in prompt], options))
         return options

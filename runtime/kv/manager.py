@@ -319,7 +319,7 @@ class KVManager:
             return 0
         n = min(kv.pin, kv.tree_blocks * self.page_size) // self.page_size * self.page_size
         made_for = tokens[: kv.prompt_tokens] if made_for is None else made_for
-        return self.pins.pin(list(tokens[:n]), kv.namespace, made_for) if n else 0
+        return self.pins.pin(list(tokens[:n]), kv.namespace, made_for, kv.pin_holder) if n else 0
 
     # ------------------------------------------------------------------ leaving
 

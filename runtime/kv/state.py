@@ -53,6 +53,7 @@ class KVState:
     prompt_tokens: int = 0
     max_new_tokens: int = 0
     pin: int = 0
+    pin_holder: str | None = None  # who holds the pin (kv.pins); None: the caller at large
     retain: str | None = None
     arrival_ms: float = 0.0
     retain_for: float | None = None  # seconds to lease the pages once finished (kv.leases); None: not asked

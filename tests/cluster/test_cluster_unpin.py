@@ -47,3 +47,17 @@ def test_unpin_of_a_namespace_alone_releases_only_its_pins_on_every_replica(fron
     assert front.unpin(namespace="x") == 1 and sorted(_pinned(front)) == [0, 4]
     assert front.unpin(namespace="x") == 0
     assert front.unpin() == 1 and _pinned(front) == [0, 0]
+
+
+def test_unpin_naming_a_holder_releases_only_its_share_on_every_replica(front: Any) -> None:
+    """A Session behind the front door is its pins' holder (`pin_holder`): ClusterEngine.unpin passed no holder to
+    the replicas, so one session's unpin released every session's pin of the same history there."""
+    a = list(range(1, 18))
+    for holder in ("s1", "s1", "s2", "s2"):  # round robin: each replica holds one share of each
+        assert front.generate(a, 2, pin=True, pin_holder=holder).pinned_tokens == 16
+    assert _pinned(front) == [4, 4]
+    assert front.unpin(a, pin_holder="s1") == 2 and _pinned(front) == [4, 4]  # s2's shares hold the pages
+    assert front.unpin(a, pin_holder="s1") == 0
+    assert front.unpin(a, pin_holder="s2") == 2 and _pinned(front) == [0, 0]
+    for replica in front.replicas:
+        assert replica.check()["locked_blocks"] == 0
