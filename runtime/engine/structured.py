@@ -66,7 +66,7 @@ class EngineGrammars:
     def _build_vocab(self) -> None:
         try:
             self._vocab = build_vocab(self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids)
-        except Exception as exc:  # raised to each request that needs it (a tokenizer without EOS)
+        except BaseException as exc:  # raised to each request that needs it (a tokenizer without EOS, a Rust panic)
             self._vocab = exc
         finally:
             self._built.set()
@@ -81,10 +81,11 @@ class EngineGrammars:
                         "the model's tokenizer; this engine has none"
                     )
                 self._built.wait()  # what is left of the build started with the engine
-                if isinstance(self._vocab, BaseException):
-                    raise ValueError(f"structured output needs a grammar vocabulary: {self._vocab}") from self._vocab
-                assert self._vocab is not None
-                self._compiler = GrammarCompiler(self._vocab, self.max_entries)
+                vocab = self._vocab
+                if not isinstance(vocab, GrammarVocab):  # failed, or (never expected) ended without a result
+                    why = (str(vocab) or type(vocab).__name__) if vocab is not None else "its build ended without one"
+                    raise ValueError(f"structured output needs a grammar vocabulary: {why}") from vocab
+                self._compiler = GrammarCompiler(vocab, self.max_entries)
             return self._compiler
 
     def state(self, spec: GrammarSpec, namespace: Hashable = None, stop_token_ids: Sequence[int] = ()) -> GrammarState:

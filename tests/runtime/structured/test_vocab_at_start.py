@@ -28,7 +28,7 @@ def gated(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         state["threads"].append(threading.current_thread())
         state["gate"].wait(60)
         if state.get("fail"):
-            raise ValueError("no EOS token")
+            raise state["fail"] if isinstance(state["fail"], BaseException) else ValueError("no EOS token")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(structured, "build_vocab", build)
@@ -63,5 +63,23 @@ def test_a_failed_build_fails_the_structured_requests_alone(tiny_dir: Path, gate
         for _ in range(2):
             with pytest.raises(ValueError, match="grammar vocabulary: no EOS token"):
                 engine.generate("x", 8, response_format={"type": "json_object"})
+        assert len(engine.generate("plain", 4, ignore_eos=True).token_ids) == 4
+        assert engine.check()["locked_blocks"] == 0
+
+
+class PanicException(BaseException):
+    """What pyo3 raises for a Rust panic (llguidance's): a BaseException, not an Exception."""
+
+
+def test_a_build_that_panics_fails_the_structured_requests_with_a_named_error(
+    tiny_dir: Path, gated: dict[str, Any]
+) -> None:
+    gated["fail"] = PanicException("index out of bounds: the len is 3 but the index is 7")
+    gated["gate"].set()
+    with make_engine(tiny_dir) as engine:
+        for _ in range(2):  # each request is told why, not an AssertionError
+            with pytest.raises(ValueError, match="grammar vocabulary: index out of bounds") as info:
+                engine.generate("x", 8, response_format={"type": "json_object"})
+            assert isinstance(info.value.__cause__, PanicException)
         assert len(engine.generate("plain", 4, ignore_eos=True).token_ids) == 4
         assert engine.check()["locked_blocks"] == 0
