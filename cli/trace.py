@@ -36,6 +36,7 @@ from radixcache.trace import (
     write_token_jsonl,
     write_token_msgpack,
 )
+from radixcache.trace.generator_args import MAX_UNITS
 from radixcache.trace.replay_output import is_replay_json, read_replay_json, replay_stats
 from radixcache.trace.stats import trace_stats
 from radixcache.trace.synthetic import GENERATORS
@@ -176,7 +177,9 @@ def convert(src: str, dst: str, fmt: str | None, to: str | None, debug: bool) ->
 @trace.command(cls=FriendlyCommand)
 @click.argument("kind", type=click.Choice(sorted(GENERATORS)))
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--count", type=click.IntRange(min=0), help="Conversations / agents / queries / batches.")
+@click.option(
+    "--count", type=click.IntRange(0, MAX_UNITS), help=f"Conversations / agents / queries / batches (<= {MAX_UNITS:,})."
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--set", "overrides", multiple=True, metavar="NAME=VALUE", help="Any generator parameter; repeat.")
 @debug_option
@@ -200,6 +203,11 @@ def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str,
         if name not in params or not raw:
             raise click.BadParameter(f"{item!r}: expected NAME=VALUE with NAME one of {', '.join(params)}")
         kwargs[name] = _parse_value(raw, params[name].default, name)
+    units = kwargs.get(_COUNT_PARAM[kind])
+    if isinstance(units, int) and not 0 <= units <= MAX_UNITS:  # refused before the file is made, as --count is
+        raise click.BadParameter(
+            f"{_COUNT_PARAM[kind]}={units}: need 0 <= it <= {MAX_UNITS:,} (2**20)", param_hint="--set"
+        )
     try:
         requests = generator(**kwargs)
     except ValueError as exc:

@@ -21,6 +21,9 @@ MAX_TRACE_TOKENS = 2**28
 #: means (expovariate of a double), so a trace's timestamps stay far below the readers' MAX_TIMESTAMP_MS, which a
 #: mean of 1e308 ms passed at the second request: trace gen failed there, after making the first.
 MAX_MEAN_MS = 1e12
+#: the most units (conversations, agents, queries, batches) a generator makes: 2**20, about 50 GB of chat JSONL at
+#: the defaults. trace gen writes as it makes them, so --count 2**63-1 wrote until the disk filled (7.9 GB in 20 min).
+MAX_UNITS = 2**20
 
 
 def check_ints(name: str, values: Mapping[str, object]) -> None:
@@ -31,6 +34,12 @@ def check_ints(name: str, values: Mapping[str, object]) -> None:
         items = tuple(value) if pair else (value,)  # type: ignore[arg-type]
         if (pair and len(items) != 2) or any(isinstance(v, bool) or not isinstance(v, int) for v in items):
             raise ValueError(f"{name}: need {key} {'a pair of ints' if pair else 'an int'}, got {value!r}")
+
+
+def check_units(name: str, key: str, units: int) -> None:
+    """Raise ValueError, worded `name: need 0 <= key <= MAX_UNITS`, unless `units` (an int) is in [0, MAX_UNITS]."""
+    if not 0 <= units <= MAX_UNITS:
+        raise ValueError(f"{name}: need 0 <= {key} <= {MAX_UNITS:,} (2**20), got {units!r}")
 
 
 def check_generator_args(

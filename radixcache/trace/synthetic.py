@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from radixcache.trace.agent_sessions import agent_sessions
-from radixcache.trace.generator_args import check_generator_args, check_held, check_ints, most
+from radixcache.trace.generator_args import check_generator_args, check_held, check_ints, check_units, most
 from radixcache.trace.records import TokenRequest
 
 
@@ -75,6 +75,7 @@ def multi_turn_chat(
     check_ints("multi_turn_chat", counts)
     if conversations < 0 or system_prompts < 1 or turns[0] < 1 or turns[1] < turns[0]:
         raise ValueError("multi_turn_chat: need conversations >= 0, system_prompts >= 1, 1 <= turns[0] <= turns[1]")
+    check_units("multi_turn_chat", "conversations", conversations)
     lengths = {"system_tokens": system_tokens, "user_tokens": user_tokens, "assistant_tokens": assistant_tokens}
     times = {"mean_interarrival_ms": mean_interarrival_ms, "mean_think_ms": mean_think_ms}
     check_generator_args("multi_turn_chat", vocab, lengths, times)
@@ -137,6 +138,7 @@ def agent_loops(
     check_ints("agent_loops", counts)
     if agents < 0 or tool_prompts < 1 or steps[0] < 1 or steps[1] < steps[0] or fanout[0] < 1 or fanout[1] < fanout[0]:
         raise ValueError("agent_loops: need agents >= 0, tool_prompts >= 1, 1 <= steps[0] <= steps[1], fanout likewise")
+    check_units("agent_loops", "agents", agents)
     lengths = {
         "tool_tokens": tool_tokens,
         "task_tokens": task_tokens,
@@ -208,6 +210,7 @@ def rag(
     lo, hi = docs_per_query
     if queries < 0 or documents < 1 or lo < 1 or hi < lo or hi > documents:
         raise ValueError("rag: need queries >= 0, 1 <= docs_per_query[0] <= docs_per_query[1] <= documents")
+    check_units("rag", "queries", queries)
     lengths = {
         "doc_tokens": doc_tokens,
         "system_tokens": system_tokens,
@@ -281,6 +284,7 @@ def few_shot(
     check_ints("few_shot", counts)
     if batches < 0 or tasks < 1 or shots[0] < 0 or shots[1] < shots[0] or shots[1] > pool:
         raise ValueError("few_shot: need batches >= 0, tasks >= 1, 0 <= shots[0] <= shots[1] <= pool")
+    check_units("few_shot", "batches", batches)
     if batch_size[0] < 1 or batch_size[1] < batch_size[0]:
         raise ValueError("few_shot: need 1 <= batch_size[0] <= batch_size[1]")
     lengths = {

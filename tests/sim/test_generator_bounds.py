@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from radixcache.cli.main import main
-from radixcache.trace.generator_args import MAX_TOKENS
+from radixcache.trace.generator_args import MAX_TOKENS, MAX_UNITS
 from radixcache.trace.synthetic import GENERATORS
 
 HUGE = 10**30
@@ -87,3 +87,33 @@ def test_agent_sessions_bounds_the_whole_trace_it_holds() -> None:
     """agent_sessions makes every request before the first: 2**24 agents (each within the bounds) held ~7e11 ids."""
     with pytest.raises(ValueError, match=r"agents x an agent's prompts may reach .* at most 268,435,456 \(2\*\*28\)"):
         GENERATORS["agent-sessions"](agents=2**24)
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("chat", "conversations"),
+        ("agent", "agents"),
+        ("rag", "queries"),
+        ("few-shot", "batches"),
+    ],
+)
+def test_a_unit_count_past_max_units_is_refused_by_name_on_the_call(name: str, key: str) -> None:
+    with pytest.raises(ValueError, match=f"{key} <= 1,048,576"):
+        next(iter(GENERATORS[name](**{key: MAX_UNITS + 1})))
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--count", str(2**63 - 1)], "--count"),
+        (["--set", f"conversations={2**63 - 1}"], "--set"),
+        (["--count", str(MAX_UNITS + 1)], "--count"),
+    ],
+)
+def test_trace_gen_refuses_a_huge_count_as_a_usage_error_before_writing(tmp_path: Path, args, named: str) -> None:
+    # --count 2**63-1 wrote until the disk filled (7.9 GB in 20 minutes)
+    out = tmp_path / "x.jsonl"
+    result = CliRunner().invoke(main, ["trace", "gen", "chat", str(out), *args])
+    assert result.exit_code == 2 and named in result.output and "1048576" in result.output.replace(",", "")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
