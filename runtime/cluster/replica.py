@@ -91,6 +91,8 @@ class EngineReplica:
         `cancel(rid)` aborts it, as a stream (the front door's call that stops waiting for it cancels it here).
         `elapsed`: the seconds since the front door took it, on its own clock (its `timeout` counts from then, as
         `stream`'s: a request re-sent after its replica died got it whole again)."""
+        if rid is not None and self._cancelled_early(rid):
+            return _cancelled(prompt_ids)
         handle = self.engine.submit(list(prompt_ids), max_new_tokens, **kwargs)
         if handle.request.deadline is not None:  # past already: it ends at the next step
             handle.request.deadline -= max(0.0, elapsed)
@@ -101,6 +103,12 @@ class EngineReplica:
             return handle.result()
         finally:
             self._handles.pop(rid, None)
+
+    def _cancelled_early(self, rid: str) -> bool:
+        """Whether `rid` was cancelled before it arrived (the remembered cancel is used up): then it is not submitted.
+        A cancel that comes later, before `_register`, is still found there."""
+        with self._cancel_lock:
+            return self._early_cancels.pop(rid, 0) is None
 
     def _register(self, rid: str, handle: RequestHandle) -> None:
         """`handle` runs here as `rid` until popped from `_handles`; cancelled now if its cancel came first."""
@@ -137,6 +145,9 @@ class EngineReplica:
         timeout = None if front_admits else self.engine.queue_timeout
         if timeout is not None and waited >= timeout:
             raise QueueTimeoutError(f"waited {waited:.2f} s to reach its replica, the queue timeout is {timeout} s")
+        if self._cancelled_early(rid):  # before submitting: the engine would admit it (a prefill) before the cancel
+            yield "done", _cancelled(prompt_ids), None
+            return
         wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         handle = self.engine.submit(list(prompt_ids), options=options)
         deadline = handle.request.queue_deadline
@@ -254,3 +265,10 @@ def _restarted() -> bool:
         return bool(ray.get_runtime_context().was_current_actor_reconstructed)
     except Exception:
         return False
+
+
+def _cancelled(prompt_ids: Sequence[int]) -> Any:
+    """The result of a request cancelled before it reached the engine: nothing generated, nothing computed."""
+    from radixcache.runtime.engine.request import GenerationResult
+
+    return GenerationResult("", (), len(prompt_ids), 0, 0, 0.0, 0.0, "cancelled")

@@ -4,6 +4,8 @@ tested here without Ray, on the tiny random model; a stream without the early ca
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -37,6 +39,40 @@ def test_a_cancel_before_the_stream_registers_cancels_it(replica: EngineReplica)
     result = _result(replica, "early")
     assert result.finish_reason == "cancelled" and len(result.token_ids) < MAX_NEW
     assert "early" not in replica._handles and "early" not in replica._early_cancels
+
+
+@pytest.mark.parametrize("call", ["stream", "generate"])
+def test_a_request_cancelled_before_it_arrives_costs_the_engine_nothing(
+    replica: EngineReplica, call: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The remembered cancel is looked at before the request is submitted: it was submitted first, then cancelled,
+    and the engine had admitted it by then (a prefill step of its prompt, often a token)."""
+    engine = replica.engine
+    submit = engine.submit
+
+    def admitted_before_return(*args, **kwargs):  # a loop as quick as a GPU's: admitted before submit returns
+        handle = submit(*args, **kwargs)
+        for _ in range(500):
+            if handle.request.t_admitted is not None or handle.done():
+                break
+            time.sleep(0.01)
+        return handle
+
+    monkeypatch.setattr(engine, "submit", admitted_before_return)
+    before = replica.engine.stats
+    rid = f"free-{call}"
+    assert replica.cancel(rid) is False
+    if call == "stream":
+        result = _result(replica, rid)
+    else:
+        result = replica.generate(list(range(1, 9)), MAX_NEW, {"ignore_eos": True}, rid)
+    after = replica.engine.stats
+    assert result.finish_reason == "cancelled" and result.token_ids == () and result.prefill_tokens == 0
+    assert result.prompt_tokens == 8 and result.text == ""
+    assert (after.prompt_tokens, after.prefill_tokens) == (before.prompt_tokens, before.prefill_tokens)
+    assert (after.generated_tokens, after.steps) == (before.generated_tokens, before.steps)
+    assert rid not in replica._handles and rid not in replica._early_cancels
+    assert _result(replica, rid).finish_reason == "length"  # the cancel was used up: the same id runs again
 
 
 def test_a_stream_without_a_cancel_runs_to_its_length(replica: EngineReplica) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,24 +34,26 @@ def test_a_request_whose_timeout_passes_in_ray_s_queue_ends_with_timeout(monkeyp
         replica = ray.actors[0].obj
         stream, gate = replica.stream, threading.Event()
 
+        ran = threading.Event()
+
         def queued(*args: Any) -> Any:  # the call waits for an actor thread (Ray's queue) until the gate opens
             gate.wait(HANG_BOUND_S)
-            return stream(*args)
+            return _noted(stream(*args), ran)
 
         replica.stream = queued
         try:
             result = front.generate([5, 6, 7, 8], 4, timeout=0.3, ignore_eos=True)
+            _cancel_landed(replica)  # the order pinned here: the cancel, then the call
         finally:
             gate.set()
         assert (result.finish_reason, result.token_ids, result.prompt_tokens) == ("timeout", (), 4)
         assert result.latency_s >= 0.3  # its times are the front door's: it waited its whole timeout
         assert front.wait_idle(HANG_BOUND_S)
-        # the call ran once Ray's queue let it: cancelled on arrival (the front door's cancel was remembered there)
-        deadline = time.monotonic() + HANG_BOUND_S
-        while replica.engine.stats.requests < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # the call ran once Ray's queue let it: cancelled on arrival (the front door's cancel was remembered there),
+        # before it was submitted: the engine never saw it (it had admitted it, a prefill and a token, before)
+        assert ran.wait(HANG_BOUND_S)
         stats = replica.engine.stats
-        assert (stats.requests, stats.running) == (1, 0)  # (it may compute its first token before the cancel lands)
+        assert (stats.requests, stats.running, stats.prompt_tokens, stats.generated_tokens) == (0, 0, 0, 0)
         replica.stream = stream
         assert front.generate([5, 6, 7, 8], 4, timeout=30, ignore_eos=True).finish_reason == "length"  # serves on
         assert front.cluster.loads.in_flight() == 0
@@ -64,9 +67,11 @@ def test_a_cancel_of_a_request_waiting_in_ray_s_queue_ends_it_at_once(monkeypatc
         replica = ray.actors[0].obj
         stream, gate = replica.stream, threading.Event()
 
+        ran = threading.Event()
+
         def queued(*args: Any) -> Any:
             gate.wait(HANG_BOUND_S)
-            return stream(*args)
+            return _noted(stream(*args), ran)
 
         replica.stream = queued
         try:
@@ -76,15 +81,14 @@ def test_a_cancel_of_a_request_waiting_in_ray_s_queue_ends_it_at_once(monkeypatc
                 time.sleep(0.01)
             handle.cancel()
             result = handle.result(HANG_BOUND_S)
+            _cancel_landed(replica)  # the order pinned here: the cancel, then the call
         finally:
             gate.set()
         assert (result.finish_reason, result.token_ids, result.prompt_tokens) == ("cancelled", (), 4)
         assert front.wait_idle(HANG_BOUND_S)  # its call ran once Ray's queue let it, cancelled there on arrival
-        deadline = time.monotonic() + HANG_BOUND_S
-        while replica.engine.stats.requests < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert ran.wait(HANG_BOUND_S)  # before it was submitted: the engine never saw it
         stats = replica.engine.stats
-        assert (stats.requests, stats.running) == (1, 0)  # (it may compute its first token before the cancel lands)
+        assert (stats.requests, stats.running, stats.prompt_tokens, stats.generated_tokens) == (0, 0, 0, 0)
         assert front.cluster.loads.in_flight() == 0
 
 
@@ -116,6 +120,21 @@ def test_a_cancelled_request_whose_replica_dies_is_not_sent_to_another(monkeypat
         stats = front.cluster.stats()
         assert (stats.deaths, stats.retries, stats.routed) == (1, 0, {0: 1, 1: 0})
         assert front.cluster.loads.in_flight() == 0
+
+
+def _cancel_landed(replica: Any) -> None:
+    """Wait until the front door's cancel reached `replica` (remembered there: its stream has not started)."""
+    deadline = time.monotonic() + HANG_BOUND_S
+    while not replica._early_cancels and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _noted(items: Iterator[Any], ran: threading.Event) -> Iterator[Any]:
+    """`items` (a replica's stream), setting `ran` once it has ended."""
+    try:
+        yield from items
+    finally:
+        ran.set()
 
 
 def _cancel_ends_it(actor: Any) -> None:
