@@ -14,21 +14,41 @@ would hold a worker thread for a minute before the 400 was sent.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.grammar.schema_check import SCHEMA_LISTS, SCHEMA_MAPS, SUBSCHEMA, check_schema
+from radixcache.runtime.grammar.schema_size import bulk_path
 
 MAX_TRIES = 64
 BUDGET_S = 0.5
 DEFS = ("$defs", "definitions")
+_NAMED_KEYWORD = re.compile(r"Value for '([^']+)'")  # the library's wording when a keyword's value is refused
 
 
 def locate(root: Any, path: str, message: str, error_of: Callable[[Any], str | None]) -> tuple[str, str]:
     """(path, message) of the deepest subschema of `root` (refused with `message`) that `error_of` refuses alone;
-    (`path`, `message`) when none does. `error_of(schema)` is the library's message for a schema, None when taken."""
+    (`path`, `message`) when none does. `error_of(schema)` is the library's message for a schema, None when taken.
+    Within that subschema the path goes on to the keyword the message names ("Value for 'multipleOf' has too many
+    digits": `.multipleOf`), or for "schema too large" to the part that holds its bulk (`.allOf`)."""
+    node, path, message = _deepest(root, path, message, error_of)
+    return _keyword_path(node, path, message), message
+
+
+def _keyword_path(node: Any, path: str, message: str) -> str:
+    named = _NAMED_KEYWORD.search(message)
+    if named and isinstance(node, dict) and named.group(1) in node:
+        return f"{path}.{named.group(1)}"
+    if "schema too large" in message:
+        return bulk_path(node, path)
+    return path
+
+
+def _deepest(root: Any, path: str, message: str, error_of: Callable[[Any], str | None]) -> tuple[Any, str, str]:
+    """(node, path, message) of the deepest subschema `error_of` refuses alone (`root` itself when none does)."""
     defs = {k: root[k] for k in DEFS if isinstance(root, dict) and isinstance(root.get(k), dict)}
     node, root_path, tries, seen = root, path, 0, {id(root)}
     deadline = time.monotonic() + BUDGET_S
@@ -38,7 +58,7 @@ def locate(root: Any, path: str, message: str, error_of: Callable[[Any], str | N
             if not isinstance(sub, dict) or id(sub) in seen or id(_target(sub, root)) in seen:
                 continue  # a $ref back to a schema the walk is inside fails as that schema does: no deeper cause
             if tries >= MAX_TRIES or time.monotonic() > deadline:
-                return path, message
+                return node, path, message
             tries += 1
             standalone = {**defs, **sub}
             try:  # a $ref it holds that points outside the root's defs: not compiled alone, not followed
@@ -50,7 +70,7 @@ def locate(root: Any, path: str, message: str, error_of: Callable[[Any], str | N
                 node, path, message = sub, sub_path, refused
                 break
         else:
-            return path, message
+            return node, path, message
 
 
 def _children(node: Any, path: str, root: Any, root_path: str) -> Iterator[tuple[Any, str]]:

@@ -37,6 +37,18 @@ def check_size(schema: Any, path: str, limit: int = MAX_SCHEMA_CHARS) -> None:
     )
 
 
+def bulk_path(schema: Any, path: str) -> str:
+    """The path of the part of `schema` that holds most of it: the largest child, while that child alone is more than
+    half of its parent (the library's "schema too large" names no part: an `allOf` of 1,000 objects, each small)."""
+    sizes = _sizes(schema)
+    node, at = schema, path
+    while True:
+        big = max(_children(node, at), key=lambda c: sizes.get(id(c[0]), 0), default=None)
+        if big is None or 2 * sizes.get(id(big[0]), 0) <= sizes.get(id(node), 0):
+            return at
+        node, at = big
+
+
 def _children(node: Any, path: str) -> list[tuple[Any, str]]:
     if isinstance(node, dict):
         return [(v, f"{path}.{k}") for k, v in node.items() if isinstance(v, (dict, list))]

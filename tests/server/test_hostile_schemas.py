@@ -68,6 +68,27 @@ def test_a_schema_too_large_to_compile_is_a_400_naming_its_bulk(app, schema: Any
     _settled_and_serving(client, engine)
 
 
+@pytest.mark.parametrize(
+    ("schema", "param", "reason"),
+    [
+        ({"type": "number", "multipleOf": 1e-300}, "multipleOf", "too many digits"),
+        (
+            {"allOf": [{"type": "object", "properties": {f"p{i}": {"type": "integer"}}} for i in range(1_000)]},
+            "allOf",
+            "schema too large",
+        ),
+    ],
+)
+def test_a_refused_keyword_is_a_400_naming_it(app, schema: Any, param: str, reason: str) -> None:
+    """The param was the schema's root (`response_format.json_schema.schema`), not the keyword the library refused."""
+    client, engine = app
+    r = _chat(client, response_format=_schema_format(schema))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == f"response_format.json_schema.schema.{param}" and reason in error["message"], error
+    _settled_and_serving(client, engine)
+
+
 def test_a_tools_parameters_too_large_are_a_400_naming_them(app) -> None:
     client, engine = app
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": MANY}}}

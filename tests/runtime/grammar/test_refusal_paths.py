@@ -74,3 +74,25 @@ def test_the_walk_stops_at_its_time_budget(tiny_compiler, monkeypatch) -> None:
     with pytest.raises(GrammarError, match="required property 'a'") as info:
         tiny_compiler.compile(GrammarSpec.json_schema(_object(a=_object(b=BAD_RANGE))))
     assert info.value.path == ROOT
+
+
+TINY_STEP = {"type": "number", "multipleOf": 1e-300}
+MERGED = {"allOf": [{"type": "object", "properties": {f"p{i}": {"type": "integer"}}} for i in range(1_000)]}
+
+
+@pytest.mark.parametrize(
+    ("schema", "where", "reason"),
+    [
+        (TINY_STEP, "multipleOf", "too many digits"),
+        (_object(a=TINY_STEP), "properties.a.multipleOf", "too many digits"),
+        (MERGED, "allOf", "schema too large"),
+        (_object(x=MERGED), "properties.x.allOf", "schema too large"),
+    ],
+    ids=["multipleOf", "nested-multipleOf", "allOf", "nested-allOf"],
+)
+def test_a_refusal_names_the_keyword_not_the_subschema(tiny_compiler, schema: dict, where: str, reason: str) -> None:
+    """The library's "Value for 'multipleOf' has too many digits" and "schema too large" (an allOf of 1,000 small
+    objects, merged) were reported at the (sub)schema holding the keyword: the root, for the schemas sent whole."""
+    with pytest.raises(GrammarError, match=reason) as info:
+        tiny_compiler.compile(GrammarSpec.json_schema(schema))
+    assert info.value.path == f"{ROOT}.{where}"
