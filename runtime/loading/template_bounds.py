@@ -6,7 +6,8 @@ Every loop iteration, operator and call is a step of the render's budget (`MAX_S
 and a render that runs past `MAX_SECONDS` (checked every `CHECK_EVERY` steps) is stopped however few its steps;
 no string or list it makes, and not its output, may hold more than `MAX_CHARS` characters (items), nor an integer
 `MAX_DIGITS` digits:
-`*`, `**`, `+`, `~`, `%`, widths and counts passed to a call or filter are checked before they allocate, every
+`*`, `**`, `+`, `~`, `%`, widths and counts passed to a call or filter are checked before they allocate (the
+operands of `-`, `/`, `//`, `%` and unary `-`, `+` before they run), every
 call's and filter's result after, and all it makes together is bounded by `MAX_MADE`. Real templates take some
 steps a message (about 7 for ChatML, 16 for Llama 3's) and make nothing near the size bounds.
 
@@ -91,6 +92,12 @@ def _size(value: Any) -> int:
     if isinstance(value, str | bytes | list | tuple | dict):
         return len(value)
     return value.bit_length() // 3 if _is_int(value) else 0
+
+
+def check_digits(value: Any, what: str) -> None:
+    """Refuses an integer operand of over MAX_DIGITS digits (`//` or `%` of 4 million bits took 9 s in one step)."""
+    if _is_int(value) and value.bit_length() // 3 > MAX_DIGITS:
+        raise TemplateBoundError(f"{what} on a number of over {MAX_DIGITS} digits")
 
 
 def check(value: Any, what: str, budget: Budget) -> Any:

@@ -187,3 +187,30 @@ def test_counted_loops_keep_what_loop_knows():
     expected = _reference(LOOPS, messages)
     assert "1/33False" in expected and "[1@2[2@3]]3@1" in expected
     assert render_chat_template(LOOPS, messages) == expected
+
+
+BIG = '("F" * 7000) | int(base=16)'  # 28,000 bits: within MAX_DIGITS as the bound counts them (bits // 3)
+HUGE = '{% set a = ("F" * 1000000) | int(base=16) %}{% set b = ("E" * 500000) | int(base=16) %}'
+
+
+@pytest.mark.parametrize("expression", ["a // b", "a % b", "a - b", "b - a", "a / b", "-a", "+a", "1 // a", "a // 7"])
+def test_an_operation_on_a_number_past_max_digits_is_refused_before_it_runs(expression):
+    """`//` and `%` of a 4-million-bit number (made by the int filter from hex text) by a 2-million-bit one took 9 s
+    in one step, before the step or time budget could stop it; `-`, `/` and the unary ops were not intercepted."""
+    with pytest.raises(ChatTemplateError, match=r"stopped: a (unary )?\S+ on a number of over 10000 digits"):
+        render_chat_template(HUGE + "{{ (" + expression + ") > 0 }}", HI, model="evil.gguf")
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        (f"-({BIG}) // 15 == -(({BIG}) // 15)", "True"),
+        (f"({BIG}) % 15", "0"),
+        ("-3 // 2", "-2"),
+        ("+4 - 9", "-5"),
+        ("7 / 2", "3.5"),
+        ("messages[-1].content", "hi"),
+    ],
+)
+def test_operations_within_max_digits_give_pythons_results(expression, expected):
+    assert render_chat_template("{{ " + expression + " }}", HI, model="m") == expected
