@@ -110,6 +110,8 @@ def check(value: Any, what: str, budget: Budget) -> Any:
         weight = size * ITEM_WEIGHT
     else:
         size = weight = _size(value)
+        if size > MAX_DIGITS and _is_int(value):  # int(hex text, 16) made 48 million bits: `is divisibleby` 12 s
+            raise TemplateBoundError(f"{what} is a number of over {MAX_DIGITS} digits")
     if size > MAX_CHARS:
         raise TemplateBoundError(f"{what} is over {MAX_CHARS} characters or items")
     budget.made -= weight

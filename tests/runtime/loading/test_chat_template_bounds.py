@@ -191,6 +191,7 @@ def test_counted_loops_keep_what_loop_knows():
 
 BIG = '("F" * 7000) | int(base=16)'  # 28,000 bits: within MAX_DIGITS as the bound counts them (bits // 3)
 HUGE = '{% set a = ("F" * 1000000) | int(base=16) %}{% set b = ("E" * 500000) | int(base=16) %}'
+A, B = (1 << 4_000_000) - 1, (1 << 2_000_000) - 3  # as the int filter made them, or a caller's variables pass them
 
 
 @pytest.mark.parametrize("expression", ["a // b", "a % b", "a - b", "b - a", "a / b", "-a", "+a", "1 // a", "a // 7"])
@@ -198,7 +199,15 @@ def test_an_operation_on_a_number_past_max_digits_is_refused_before_it_runs(expr
     """`//` and `%` of a 4-million-bit number (made by the int filter from hex text) by a 2-million-bit one took 9 s
     in one step, before the step or time budget could stop it; `-`, `/` and the unary ops were not intercepted."""
     with pytest.raises(ChatTemplateError, match=r"stopped: a (unary )?\S+ on a number of over 10000 digits"):
-        render_chat_template(HUGE + "{{ (" + expression + ") > 0 }}", HI, model="evil.gguf")
+        render_chat_template("{{ (" + expression + ") > 0 }}", HI, model="evil.gguf", a=A, b=B)
+
+
+@pytest.mark.parametrize("expression", ["a is divisibleby b", "a // b", "[a, b] | sum"])
+def test_the_int_filter_makes_no_number_past_max_digits(expression):
+    """int(text, 16) is not bounded by Python's 4,300 digits: 1,000,000 hex digits made a 4-million-bit number, and
+    `a is divisibleby b` (Python's % inside the test, past the sandbox's operators) then took 12.6 s in one step."""
+    with pytest.raises(ChatTemplateError, match="stopped: the result of the filter int is a number of over 10000"):
+        render_chat_template(HUGE + "{{ " + expression + " }}", HI, model="evil.gguf")
 
 
 @pytest.mark.parametrize(
