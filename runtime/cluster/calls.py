@@ -11,6 +11,7 @@ from radixcache.runtime.cluster.handles import RemoteRequest
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.tools import ToolCallMemory
 from radixcache.runtime.tools.prompt import chat_prompt
+from radixcache.runtime.tools.tool_turns import check_tool_turns
 
 
 def own_calls(
@@ -34,5 +35,6 @@ def render_messages(
 ) -> str:
     """`messages` by the model's chat template, with `opts`' tools and the calls `memory` holds in its namespace (the
     front door's: a history carries its call ids, which a replica's own memory knows by others), as an Engine and
-    the server render a chat (runtime.tools.prompt)."""
+    the server render a chat (runtime.tools.prompt); its tool turns checked as theirs (runtime.tools.tool_turns)."""
+    check_tool_turns(messages)
     return chat_prompt(tokenizer, messages, opts.tool_use, memory, opts.namespace)

@@ -31,6 +31,7 @@ from radixcache.runtime.engine.structured import EngineGrammars
 from radixcache.runtime.engine.tool_calls import request_grammar
 from radixcache.runtime.tools import ToolCallMemory, tool_template_features
 from radixcache.runtime.tools.prompt import chat_prompt
+from radixcache.runtime.tools.tool_turns import check_tool_turns
 from radixcache.runtime.tools.use import CallIds, ToolUse
 
 Prompt = str | Sequence[int]
@@ -183,7 +184,14 @@ class RequestBuilder:
             raise ValueError(f"{what + ': ' if what else ''}token id {bad} is outside the vocabulary [0, {vocab})")
 
     def render_for(self, messages: Messages | Sequence[Messages], options: RequestOptions) -> Any:
-        """`render` with the tools and cache namespace of `options`."""
+        """`render` with the tools and cache namespace of `options`, each chat's tool turns checked first (what every
+        entry point renders: Engine.chat, achat, fork, stream, unpin): a tool turn answering no call or one answered
+        already, or a call left without a result, is a ToolTurnError naming `messages[i].field`
+        (runtime.tools.tool_turns), as the server's 400."""
+        chats = [messages] if is_messages(messages) else messages if _is_sequence(messages) else []
+        for chat in chats:
+            if is_messages(chat):
+                check_tool_turns(chat)
         return self.render(messages, options.tool_use, options.namespace)
 
     def render(
