@@ -3,9 +3,11 @@
 tool-call parsing and structured output (runtime.server.responses_route).
 
 - Items (`input`, and the stored chain of `previous_response_id`): messages (role user, system, developer or
-  assistant; content a string or `input_text` / `output_text` parts; `"type": "message"` optional) become chat
+  assistant; content a string or `input_text` / `output_text` parts, an empty list of them a 400 naming
+  `input.i.content` except on an assistant message, as chat's `content: []`; `"type": "message"` optional) become chat
   messages; a `function_call` joins the assistant message before it (or starts one) as a tool call whose id is
-  its `call_id`; a `function_call_output` becomes a `tool` message answering its `call_id` (on both, the SDK's
+  its `call_id`; a `function_call_output` becomes a `tool` message answering its `call_id` (its `output: []` a 400
+  as a tool message's `content: []`; on both, the SDK's
   `async`, `caller`, `namespace`, `created_by` and `name` fields are accepted where they leave the prompt as it is:
   `_check_call_context`).
   `instructions` is the system message, first. Any other item (reasoning, images, files, hosted tools' calls) is a
@@ -151,11 +153,16 @@ def item_of(item: Any, path: str) -> dict[str, Any]:
     if kind == "message":
         if item.get("role") not in ROLES:
             raise APIError(400, f"{path}.role: must be one of {', '.join(ROLES)}", param=f"{path}.role")
+        if item.get("content") == [] and item["role"] != "assistant":  # as the chat path's messages.i.content
+            here = f"{path}.content"
+            raise APIError(400, f"{here}: must not be an empty list of parts on a {item['role']} message", param=here)
         return {**out, "role": item["role"], "content": _text(item.get("content"), f"{path}.content")}
     if kind == "function_call":
         _check_call_context(item, path)
         return {**out, **{k: _string(item, k, path) for k in ("call_id", "name", "arguments")}}
     _check_call_context(item, path)
+    if item.get("output") == []:  # a tool message's `content: []`, which the chat path refuses
+        raise APIError(400, f"{path}.output: must not be an empty list of parts", param=f"{path}.output")
     return {**out, "call_id": _string(item, "call_id", path), "output": _text(item.get("output"), f"{path}.output")}
 
 

@@ -12,12 +12,15 @@ prompt is the previous prompt and reply followed by the new turn, which the radi
 not carried over from the previous response (as OpenAI's): each request gives its own. A follow-up to a response that
 made calls answers each with a `function_call_output` item, else it is OpenAI's 400 "No tool output found for
 function call <call_id>" (a call cut short was not made: it needs none); a `function_call_output` that answers no
-call of the conversation is OpenAI's 400 "No tool call found for function call output with call_id <call_id>".
+call of the conversation is OpenAI's 400 "No tool call found for function call output with call_id <call_id>", and
+a second `function_call_output` for one call (in input, or after one in the chain) a 400 "Duplicate value for
+'call_id'" naming its `input.i.call_id`, as the chat path refuses a second tool message for one call.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -86,18 +89,32 @@ def _answered(output: list[dict[str, Any]], own: list[dict[str, Any]]) -> None:
 def _called(history: list[dict[str, Any]], own: list[dict[str, Any]], where: list[str]) -> None:
     """A 400, as OpenAI's, naming the first of the request's own `function_call_output` items whose `call_id` no
     `function_call` of the conversation (`history`: the stored chain and the previous response's output; `own`,
-    before it) has: an answer to no call, which the model would read as one."""
-    called = {i["call_id"] for i in history if i.get("type") == "function_call"}
-    for item, origin in zip(own, where, strict=True):
-        if item["type"] == "function_call":
-            called.add(item["call_id"])
-        elif item["type"] == "function_call_output" and item["call_id"] not in called:
+    before it) has: an answer to no call, which the model would read as one; or whose call an output before it (in
+    input, or in the chain) answered already: two results for one call, as the chat path refuses them."""
+    calls: Counter[str] = Counter()  # a client may give two calls one id: each is answered once
+    answered: dict[str, list[str]] = {}  # each call id: the origins of its outputs so far
+    for item, origin in [*((i, PREVIOUS) for i in history), *zip(own, where, strict=True)]:
+        kind, call_id = item.get("type"), item.get("call_id")
+        if kind == "function_call":
+            calls[call_id] += 1
+        if kind != "function_call_output":
+            continue
+        if origin != PREVIOUS and call_id not in calls:
             raise APIError(
                 400,
-                f"No tool call found for function call output with call_id {item['call_id']}: {origin} answers no "
+                f"No tool call found for function call output with call_id {call_id}: {origin} answers no "
                 "function_call of the conversation (in input before it, or of previous_response_id's)",
                 param=f"{origin}.call_id",
             )
+        earlier = answered.setdefault(call_id, [])
+        if origin != PREVIOUS and len(earlier) >= calls[call_id]:
+            raise APIError(
+                400,
+                f"Invalid parameter: Duplicate value for 'call_id' of '{call_id}', in {earlier[0]} and {origin}: "
+                "each function_call is answered by one function_call_output item",
+                param=f"{origin}.call_id",
+            )
+        earlier.append(origin)
 
 
 def _not_found(response_id: str) -> APIError:
