@@ -11,7 +11,8 @@ follow-up sends only its new items (the `function_call_output` of a call, the ne
 prompt is the previous prompt and reply followed by the new turn, which the radix cache serves. `instructions` is
 not carried over from the previous response (as OpenAI's): each request gives its own. A follow-up to a response that
 made calls answers each with a `function_call_output` item, else it is OpenAI's 400 "No tool output found for
-function call <call_id>" (a call cut short was not made: it needs none); a `function_call_output` that answers no
+function call <call_id>" (a call cut short was not made: it needs none), as is a whole `function_call` of the
+request's own input that no output answers (named `input.i.call_id`); a `function_call_output` that answers no
 call of the conversation is OpenAI's 400 "No tool call found for function call output with call_id <call_id>", and
 a second `function_call_output` for one call (in input, or after one in the chain) a 400 "Duplicate value for
 'call_id'" naming its `input.i.call_id`, as the chat path refuses a second tool message for one call.
@@ -90,7 +91,8 @@ def _called(history: list[dict[str, Any]], own: list[dict[str, Any]], where: lis
     """A 400, as OpenAI's, naming the first of the request's own `function_call_output` items whose `call_id` no
     `function_call` of the conversation (`history`: the stored chain and the previous response's output; `own`,
     before it) has: an answer to no call, which the model would read as one; or whose call an output before it (in
-    input, or in the chain) answered already: two results for one call, as the chat path refuses them."""
+    input, or in the chain) answered already: two results for one call, as the chat path refuses them. Then OpenAI's
+    "No tool output found" naming the first whole `function_call` of the request's own that no output answers."""
     calls: Counter[str] = Counter()  # a client may give two calls one id: each is answered once
     answered: dict[str, list[str]] = {}  # each call id: the origins of its outputs so far
     for item, origin in [*((i, PREVIOUS) for i in history), *zip(own, where, strict=True)]:
@@ -115,6 +117,18 @@ def _called(history: list[dict[str, Any]], own: list[dict[str, Any]], where: lis
                 param=f"{origin}.call_id",
             )
         earlier.append(origin)
+    for item, origin in zip(own, where, strict=True):  # a call of the request's own that no output answers
+        call_id = item.get("call_id")
+        whole = item["type"] == "function_call" and arguments_closed(item.get("arguments", ""))
+        if whole and not answered.get(call_id):
+            raise APIError(
+                400,
+                f"No tool output found for function call {call_id}: {origin} is answered by no function_call_output "
+                "item in input (a call cut short needs none)",
+                param=f"{origin}.call_id",
+            )
+        if whole:
+            answered[call_id].pop()
 
 
 def _not_found(response_id: str) -> APIError:

@@ -6,7 +6,9 @@ function_call_output for one call_id (in input, or after the stored chain's) is 
 'call_id'" naming `input.i.call_id` (it was rendered as two results of one call; chat refuses a second tool message).
 An assistant message with no parts is no text, as chat's; the histories the OpenAI Agents SDK sends (calls, then
 their outputs, parallel ones in any order; a cut call answered anyway) still answer 200. The real `openai` client
-against the shared tiny server, whole and streamed."""
+against the shared tiny server, whole and streamed. And a whole function_call in input that no output answers is
+OpenAI's 400 "No tool output found for function call <call_id>" naming its `input.i.call_id` (it was rendered as a
+call that had run; chat answers its "did not have response messages" 400); a cut call needs none."""
 
 from __future__ import annotations
 
@@ -94,6 +96,27 @@ def test_a_second_output_after_the_stored_chain_answered_the_call_is_a_400(tools
     stored = create(tools_client, [ASK, WEATHER, output("call_a")], store=True)
     error = refused(tools_client, [output("call_a", "again")], previous_response_id=stored.id)
     assert error["param"] == "input.0.call_id" and "previous_response_id and input.0" in error["message"], error
+
+
+@pytest.mark.parametrize(
+    ("items", "where"),
+    [
+        ([ASK, WEATHER, {"role": "user", "content": "Go on."}], "input.1.call_id"),  # a turn after an unanswered call
+        ([ASK, WEATHER], "input.1.call_id"),  # calls ending the input
+        ([ASK, WEATHER, ADD, output("call_a")], "input.2.call_id"),  # one of two parallel calls answered
+        ([ASK, CUT, WEATHER, ADD, output("call_b"), output("call_a"), output("call_a")], "input.6.call_id"),
+    ],
+)
+def test_a_call_in_input_without_its_output_is_openais_400(
+    tools_client: openai.OpenAI, items: list[dict[str, Any]], where: str
+) -> None:
+    """A function_call in input that no function_call_output answers went to the model as a call that had run (chat
+    completions refuse it: "did not have response messages"); OpenAI's Responses answer "No tool output found for
+    function call". The last case is a duplicate instead, named at the second output."""
+    error = refused(tools_client, items)
+    assert error["param"] == where, error
+    if where != "input.6.call_id":
+        assert error["message"].startswith("No tool output found for function call call_"), error
 
 
 @pytest.mark.parametrize(
