@@ -300,7 +300,10 @@ def test_a_run_adopted_in_several_commits_keeps_its_head_at_the_disks_limit(mode
     with Engine(model, **kwargs, **limit) as first:
         first.generate(prompt, 4 * P + 1, ignore_eos=True)  # 4 output pages, adopted one by one
         assert first.flush(30)
-        assert first.stats.tiers.disk_queued_pages == 8
+        tiers = first.stats.tiers
+        # every page of the run was offered in its commit: queued, or dropped where the size limit had already taken
+        # the page before it (the writer running ahead of the commits; 8fb4498 queues nothing past such a gap)
+        assert tiers.disk_queued_pages >= 6 and tiers.disk_queued_pages + tiers.disk_dropped_pages >= 8
     assert len(list(tmp_path.rglob("*.kvpage"))) == 6
     with Engine(model, **kwargs, **limit) as restarted:
         assert restarted.generate(prompt, 1).cached_tokens == 4 * P - 1  # the whole prompt
