@@ -38,11 +38,18 @@ class TextStream:
     and `finish_reason` its finish_reason, which says why the stream ended as `generate`'s results do: "stop",
     "length" or "tool_calls" when it finished; "cancelled" when it was cut (Engine.close, or its handle
     cancelled); "timeout" when its `timeout` ran out. A refused or failed request raises its error instead.
-    `aclose()` (or leaving an `async with contextlib.aclosing(...)`) cancels the request."""
+    `aclose()` (or leaving an `async with contextlib.aclosing(...)`) cancels the request, and so does letting go of
+    the stream: a reader that breaks out of `async for delta in engine.stream(...)` cancels it as the iterator is
+    freed (the deltas' generator holds a list of the result, not the stream: a cycle between them left the request
+    decoding until a full garbage collection, or the event loop's end, closed it)."""
 
     def __init__(self, open_deltas: Callable[[Callable[[GenerationResult], None]], AsyncIterator[Any]]) -> None:
-        self.result: GenerationResult | None = None
-        self._deltas = open_deltas(self._ended)
+        self._results: list[GenerationResult] = []
+        self._deltas = open_deltas(self._results.append)
+
+    @property
+    def result(self) -> GenerationResult | None:
+        return self._results[-1] if self._results else None
 
     @property
     def finish_reason(self) -> str | None:
@@ -56,9 +63,6 @@ class TextStream:
 
     async def aclose(self) -> None:
         await self._deltas.aclose()  # type: ignore[attr-defined]
-
-    def _ended(self, result: GenerationResult) -> None:
-        self.result = result
 
 
 async def off_loop(work: Callable[[], T], undo: Callable[[T], None] | None = None) -> T:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 
 import pytest
@@ -126,3 +127,32 @@ def test_cancelling_an_agenerate_while_its_prompt_is_built_cancels_the_request(t
     assert engine.wait_idle(60)
     assert engine.stats.generated_tokens == 0
     assert_clean(engine)
+
+
+@pytest.mark.parametrize("tools", [False, True], ids=["text", "tool-deltas"])
+def test_breaking_out_of_a_stream_cancels_its_request_without_a_garbage_collection(
+    tiny: RandomModel, tools: bool
+) -> None:
+    """A reader that broke out of `async for delta in engine.stream(...)` left its request decoding to its
+    max_new_tokens, its pages locked: the stream and its deltas' generator held each other, so only a full garbage
+    collection (or the event loop's end) closed the generator. With the collector off, dropping the iterator now
+    cancels the request: the next command finds nothing running and nothing locked."""
+    engine = Engine(tiny, capacity_blocks=128, page_size=4)
+    kw = {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]} if tools else {}
+
+    async def break_early() -> dict[str, int]:
+        async for delta in engine.stream("go on and on", 10_000, ignore_eos=True, **kw):
+            assert isinstance(delta, dict if tools else str)  # OpenAI's delta dicts with tools
+            break
+        for _ in range(20):  # the event loop's turns that run the dropped generator's aclose
+            await asyncio.sleep(0)
+        return await asyncio.to_thread(engine.check)  # a command queued after the cancel
+
+    gc.disable()
+    try:
+        gauges = asyncio.run(break_early())
+    finally:
+        gc.enable()
+    assert gauges["running"] == gauges["waiting"] == gauges["locked_blocks"] == 0
+    assert_clean(engine)
+    engine.close()
