@@ -283,8 +283,9 @@ def _tool_turns(results: object, history: list[dict[str, Any]]) -> list[dict[str
     last = next((m for m in reversed(history) if m.get("role") == "assistant"), {})
     calls = [c for c in last.get("tool_calls") or () if isinstance(c, Mapping)]
     made = {c.get("id") for c in calls}
-    stray = next((call_id for call_id in results if call_id not in made), None)
-    if stray is not None:
+    strays = [call_id for call_id in results if call_id not in made]  # None too: no sentinel to read as "none"
+    if strays:
+        stray = strays[0]
         ids = sorted(made, key=str)
         raise ValueError(f"tool results: {stray!r} is not a call id of the last reply (its calls: {ids})")
     missing = next((c.get("id") for c in calls if _made(c) and c.get("id") not in results), None)

@@ -122,18 +122,19 @@ def test_a_system_prompt_that_is_no_text_is_refused_when_the_session_is_made(
     assert engine.session(system=parts).messages == [{"role": "system", "content": parts}]  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("results", [{}, {"call_nope": "5"}])
+@pytest.mark.parametrize("results", [{}, {"call_nope": "5"}, {None: "5"}])
 def test_tool_results_answering_no_call_of_the_last_reply_are_refused(engine: Engine, results: dict) -> None:
     """`send_tool_results({})` added no tool turn and generated a second assistant reply in a row, and a result for
     an id the last reply never called was rendered as an answer to it; both are refused, sync and async, naming the
-    argument, and the history is left as it was."""
+    argument, and the history is left as it was. A result keyed None was taken for no stray at all, and refused as
+    if the reply's call were left unanswered."""
     from tests.runtime.structured.test_tools import ONE_CALL
 
     s = engine.session(system="Use the tools.", **ONE_CALL, max_new_tokens=200, seed=1)
     r = s.send("What is 2 + 3?")
     assert r.tool_calls, r
     history = list(s.messages)
-    what = "empty mapping" if not results else re.escape("'call_nope' is not a call id of the last reply")
+    what = "empty mapping" if not results else re.escape(f"{next(iter(results))!r} is not a call id of the last reply")
     with pytest.raises(ValueError, match=what):
         s.send_tool_results(results)
     with pytest.raises(ValueError, match=what):
