@@ -4,16 +4,26 @@ Real files under tmp_path, no filesystem mocks. `open_store` opens stores on tmp
 teardown; `h`, `toks` and `payload` make page i's hash, tokens and bytes, `write` stores pages and waits for the
 writer, `page_path` is where a page's file lies. The tests import the plain helpers with
 `from tests.runtime.conftest import ...`. `no_home`: a user pathlib finds no home folder for.
+
+The native kernels' build tests (test_native_build, test_native_cut_build; xdist group "native_builds") share one
+real build per run, `native_build`, and rebuild through `copying_cc`, a stand-in compiler that writes that build
+again: a build of every kernel is about 18 s of compiler CPU, and they made six.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import pwd
+import shlex
+import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -23,6 +33,8 @@ FP = "tiny/float32/page4"
 META = {"dtype": "float32", "shape": [1, 2, 4, 1, 8]}
 ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 needs_permissions = pytest.mark.skipif(ROOT, reason="root ignores file permissions")
+REPO = Path(__file__).resolve().parents[2]
+HAS_CC = shutil.which(os.environ.get("CC", "cc")) is not None
 
 
 def h(i: int) -> bytes:
@@ -86,3 +98,80 @@ def no_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     with pytest.raises(RuntimeError):
         Path.home()
     return tmp_path / "tmp"
+
+
+# ---------------------------------------------------------------------- the native kernels' build
+
+# Loads the library (building it if needed) and prints what happened as one JSON line.
+NATIVE_PROBE = """
+import json
+from radixcache.runtime.native import NativeBuildError, blockdot
+try:
+    lib = blockdot()
+    try:
+        maps = open("/proc/self/maps").read().splitlines()
+    except OSError:
+        maps = []
+    gomp = sorted({line.split()[-1] for line in maps if "libgomp" in line.split()[-1]})
+    print(json.dumps({"path": lib._name, "max_tokens": lib.blockdot_max_tokens(), "libgomp": gomp}))
+except NativeBuildError as exc:
+    print(json.dumps({"error": str(exc), "is_value_error": isinstance(exc, ValueError)}))
+"""
+
+
+def run_native_probe(cache: Path, prelude: str = "", **env: str) -> dict[str, object]:
+    """Run NATIVE_PROBE (after `prelude`) in a fresh interpreter (the loader is memoised per process) with `cache` as
+    the native cache folder (and `env` on top)."""
+    full = {k: v for k, v in os.environ.items() if k != "RADIXCACHE_NATIVE_CACHE"}
+    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    full.update({"RADIXCACHE_NATIVE_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-c", prelude + NATIVE_PROBE],
+        capture_output=True,
+        text=True,
+        env={**full, **env},
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class NativeBuild(NamedTuple):
+    """The first load of the kernels in an empty cache folder: the folder (read it, never change it), the build
+    in it, and the probe's report (path, max_tokens, libgomp)."""
+
+    cache: Path
+    path: Path
+    probe: dict[str, object]
+
+
+@pytest.fixture(scope="session")
+def native_build(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
+    """The kernels built with the real compiler by runtime.native's build on first use, in a fresh interpreter,
+    into a cache folder that did not exist: once per worker (the build tests' xdist group: once per run)."""
+    if not HAS_CC:
+        pytest.skip("quant='gguf' builds a C kernel: no C compiler here")
+    cache = tmp_path_factory.mktemp("native-build") / "native"  # does not exist yet: the loader creates it
+    probe = run_native_probe(cache)
+    assert "error" not in probe, probe
+    return NativeBuild(cache, Path(str(probe["path"])), probe)
+
+
+@pytest.fixture(scope="session")
+def copying_cc(native_build: NativeBuild, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A C compiler stand-in (a CC value) that writes `native_build`'s library to its `-o` file and answers
+    `--version` with the real compiler's answer, so that its builds get the real build's name (the name hashes that
+    answer): a rebuild through it takes the loader's whole path (the staging file, its rename, the load of a real
+    library) without compiling the kernels again."""
+    real = os.environ.get("CC", "").strip() or "cc"
+    script = tmp_path_factory.mktemp("copying-cc") / "cc"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = --version ]; then exec {real} "$@"; fi\n'
+        'while [ $# -gt 1 ]; do if [ "$1" = -o ]; then exec cp '
+        f'{shlex.quote(str(native_build.path))} "$2"; fi; shift; done\n'
+        "exit 1\n"
+    )
+    script.chmod(0o755)
+    return str(script)

@@ -3,16 +3,16 @@ own `RADIXCACHE_NATIVE_CACHE`: the library is built into that folder, binds to t
 second process loads the same file without rebuilding it (same name, same mtime), even from a read-only folder (an
 empty read-only one is named in the error); a missing or failing compiler gives a NativeBuildError (a ValueError)
 naming the compiler and leaves no partial file behind; CC may be a command line (a wrapper and the compiler).
+The run's one real build is `native_build` (tests/runtime/conftest.py); the other tests copy it or rebuild through
+`copying_cc`, a stand-in compiler that writes it.
 `check_quant("gguf", ...)` against its rules: it passes on the CPU in float32 where a compiler exists, and names
 the device or dtype it refuses.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,38 +21,11 @@ import torch
 
 from radixcache.runtime.model.quant import check_quant
 from radixcache.runtime.native import BUILDS_KEPT, tidy_cache
+from tests.runtime.conftest import HAS_CC, NativeBuild, run_native_probe
 
-REPO = Path(__file__).resolve().parents[2]
-HAS_CC = shutil.which(os.environ.get("CC", "cc")) is not None
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="quant='gguf' builds a C kernel: no C compiler here")
-
-# Loads the library (building it if needed) and prints what happened as one JSON line.
-PROBE = """
-import json
-from radixcache.runtime.native import NativeBuildError, blockdot
-try:
-    lib = blockdot()
-    try:
-        maps = open("/proc/self/maps").read().splitlines()
-    except OSError:
-        maps = []
-    gomp = sorted({line.split()[-1] for line in maps if "libgomp" in line.split()[-1]})
-    print(json.dumps({"path": lib._name, "max_tokens": lib.blockdot_max_tokens(), "libgomp": gomp}))
-except NativeBuildError as exc:
-    print(json.dumps({"error": str(exc), "is_value_error": isinstance(exc, ValueError)}))
-"""
-
-
-def run_probe(cache: Path, prelude: str = "", **env: str) -> dict[str, object]:
-    """Run PROBE (after `prelude`) in a fresh interpreter with `cache` as the native cache folder (and `env` on
-    top)."""
-    full = {k: v for k, v in os.environ.items() if k != "RADIXCACHE_NATIVE_CACHE"}
-    full.update({"RADIXCACHE_NATIVE_CACHE": str(cache), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **env})
-    proc = subprocess.run(
-        [sys.executable, "-c", prelude + PROBE], capture_output=True, text=True, env=full, cwd=REPO, timeout=180
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+# xdist group: one worker runs the build tests, so the kernels are compiled once per run (tests/runtime/conftest.py)
+pytestmark = pytest.mark.xdist_group("native_builds")
 
 
 def umask_of_this_process() -> int:
@@ -113,10 +86,9 @@ def test_a_build_is_synced_its_folder_too_and_a_killed_builds_file_goes(
 
 
 @needs_cc
-def test_the_library_is_built_into_the_cache_once_and_reused(tmp_path: Path) -> None:
-    cache = tmp_path / "native"  # does not exist yet: the loader creates it
-    first = run_probe(cache)
-    assert "error" not in first, first
+def test_the_library_is_built_into_the_cache_once_and_reused(native_build: NativeBuild) -> None:
+    """`native_build` is the first load in a folder that did not exist: the one real build of these tests."""
+    cache, first = native_build.cache, native_build.probe
     built = Path(str(first["path"]))
     assert built.parent == cache and built.name.startswith("blockdot-") and built.suffix == ".so"
     assert sorted(p.name for p in cache.iterdir()) == [built.name]  # no temporary file left over
@@ -125,27 +97,27 @@ def test_the_library_is_built_into_the_cache_once_and_reused(tmp_path: Path) -> 
     if sys.platform.startswith("linux") and first["libgomp"]:
         assert len(first["libgomp"]) == 1, first["libgomp"]  # bound to torch's libgomp, not a second copy
     mtime = built.stat().st_mtime_ns
-    second = run_probe(cache)
+    second = run_native_probe(cache)
     assert second["path"] == first["path"]
     assert built.stat().st_mtime_ns == mtime  # loaded, not rebuilt
     assert sorted(p.name for p in cache.iterdir()) == [built.name]
 
 
 @needs_cc
-def test_a_build_in_a_read_only_cache_is_loaded(tmp_path: Path) -> None:
+def test_a_build_in_a_read_only_cache_is_loaded(native_build: NativeBuild, tmp_path: Path) -> None:
     """A prebuilt cache mounted read-only (or owned by another user) holds the build this process needs: it is loaded,
     not refused for want of a writable folder. (os.access is stubbed: root may write whatever the mode says.)"""
     cache = tmp_path / "native"
-    built = run_probe(cache)
-    assert "error" not in built, built
+    cache.mkdir()
+    built = {"path": str(shutil.copy2(native_build.path, cache / native_build.path.name))}  # a prebuilt cache
     deny = "import os; _a = os.access; os.access = lambda p, m, **k: False if m & os.W_OK else _a(p, m, **k)\n"
     empty = tmp_path / "empty"
     empty.mkdir()
     for folder in (cache, empty):
         folder.chmod(0o555)
     try:
-        got = run_probe(cache, deny)
-        refused = run_probe(empty, deny)
+        got = run_native_probe(cache, deny)
+        refused = run_native_probe(empty, deny)
     finally:
         for folder in (cache, empty):
             folder.chmod(0o755)
@@ -155,24 +127,25 @@ def test_a_build_in_a_read_only_cache_is_loaded(tmp_path: Path) -> None:
 
 
 @needs_cc
-def test_a_compiler_command_line_in_cc_is_run_as_one(tmp_path: Path) -> None:
+def test_a_compiler_command_line_in_cc_is_run_as_one(copying_cc: str, tmp_path: Path) -> None:
     """CC may carry a wrapper or flags ("ccache gcc", as make takes it): it was looked up as one program name and
-    quant="gguf" was refused for a compiler that was there. Here `env` stands in for the wrapper."""
+    quant="gguf" was refused for a compiler that was there. Here `env` stands in for the wrapper, and `copying_cc`
+    (tests/runtime/conftest.py: it writes the run's one real build) for the compiler."""
     env = shutil.which("env")
     if env is None:
         pytest.skip("no `env` program to stand in for a compiler wrapper")
     cache = tmp_path / "native"
-    got = run_probe(cache, CC=f"{env} {os.environ.get('CC', 'cc')}")
+    got = run_native_probe(cache, CC=f"{env} {copying_cc}")
     assert "error" not in got, got
     assert Path(str(got["path"])).parent == cache and got["max_tokens"] == 8
-    bad = run_probe(tmp_path / "other", CC="'cc")
+    bad = run_native_probe(tmp_path / "other", CC="'cc")
     assert "is not a command line" in str(bad.get("error")), bad
 
 
 def test_a_missing_compiler_is_a_native_build_error_naming_it(tmp_path: Path) -> None:
     cache = tmp_path / "empty"
     cache.mkdir()
-    got = run_probe(cache, CC="/nonexistent/cc")
+    got = run_native_probe(cache, CC="/nonexistent/cc")
     assert got.get("is_value_error") is True, got
     assert "/nonexistent/cc" in str(got["error"]) and "C compiler" in str(got["error"])
     assert list(cache.iterdir()) == []
@@ -184,7 +157,7 @@ def test_a_failing_compiler_is_a_native_build_error_naming_it(tmp_path: Path) ->
         pytest.skip("no `false` program to stand in for a failing compiler")
     cache = tmp_path / "empty"
     cache.mkdir()
-    got = run_probe(cache, CC=false)
+    got = run_native_probe(cache, CC=false)
     assert got.get("is_value_error") is True, got
     assert false in str(got["error"]) and "failed" in str(got["error"])
     assert list(cache.iterdir()) == []  # the temporary output is removed

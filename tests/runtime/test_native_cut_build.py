@@ -3,6 +3,8 @@ a cache copied in part) was loaded as it was: dlopen mapped its segments past th
 SIGBUS at every start until the file was deleted. It is now found from its ELF headers (runtime.native.elf_check)
 and built again in its place; where the folder cannot be written the error names it. Each load runs in a fresh
 interpreter (the loader is memoised per process, and the crash it guards against would take the test run with it).
+The whole build is the run's one real build (`native_build`, tests/runtime/conftest.py), and the builds again go
+through `copying_cc`, a stand-in compiler that writes it: the loader's path is the same, without a compile each.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from pathlib import Path
 import pytest
 
 from radixcache.runtime.native.elf_check import elf_intact
+from tests.runtime.conftest import NativeBuild
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
-    pytest.mark.slow,  # three builds of the kernels
+    pytest.mark.slow,  # four fresh interpreters
     pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler here"),
+    pytest.mark.xdist_group("native_builds"),  # with test_native_build: one real build per run (conftest.py)
 ]
 
 PROBE = """
@@ -36,11 +40,13 @@ except NativeBuildError as exc:
 DENY = "import os; _a = os.access; os.access = lambda p, m, **k: False if m & os.W_OK else _a(p, m, **k)\n"
 
 
-def load(cache: Path, prelude: str = "") -> tuple[int, dict[str, str] | None]:
-    """The exit status and the JSON line of PROBE run with `cache` as the native cache folder."""
+def load(cache: Path, prelude: str = "", cc: str | None = None) -> tuple[int, dict[str, str] | None]:
+    """The exit status and the JSON line of PROBE run with `cache` as the native cache folder (and `cc` as CC)."""
     env = {k: v for k, v in os.environ.items() if k != "RADIXCACHE_NATIVE_CACHE"}
     paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env.update({"RADIXCACHE_NATIVE_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"})
+    if cc is not None:
+        env["CC"] = cc
     proc = subprocess.run(
         [sys.executable, "-c", prelude + PROBE], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
     )
@@ -49,13 +55,9 @@ def load(cache: Path, prelude: str = "") -> tuple[int, dict[str, str] | None]:
 
 
 @pytest.fixture(scope="module")
-def build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
-    """A whole build in a cache folder of its own, and its bytes."""
-    cache = tmp_path_factory.mktemp("native")
-    rc, got = load(cache)
-    assert rc == 0 and got is not None and "path" in got, got
-    path = Path(got["path"])
-    return path, path.read_bytes()
+def build(native_build: NativeBuild) -> tuple[Path, bytes]:
+    """A whole build in a cache folder of its own (the run's one real build: read, never changed), and its bytes."""
+    return native_build.path, native_build.path.read_bytes()
 
 
 def test_a_whole_build_is_intact_and_every_cut_is_not(build: tuple[Path, bytes], tmp_path: Path) -> None:
@@ -70,13 +72,15 @@ def test_a_whole_build_is_intact_and_every_cut_is_not(build: tuple[Path, bytes],
 
 
 @pytest.mark.parametrize("share", [0.0, 0.6])
-def test_a_build_cut_short_is_built_again_not_a_crash(build: tuple[Path, bytes], tmp_path: Path, share: float) -> None:
+def test_a_build_cut_short_is_built_again_not_a_crash(
+    build: tuple[Path, bytes], copying_cc: str, tmp_path: Path, share: float
+) -> None:
     path, data = build
     cache = tmp_path / "native"
     cache.mkdir()
     cut = cache / path.name
     cut.write_bytes(data[: int(len(data) * share)])
-    rc, got = load(cache)
+    rc, got = load(cache, cc=copying_cc)
     assert rc == 0, f"the process died with status {rc}"  # -7: SIGBUS in dlopen
     assert got == {"path": str(cut)}, got
     assert elf_intact(cut) and cut.stat().st_size == len(data)
