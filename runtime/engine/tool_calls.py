@@ -3,9 +3,10 @@
 - `request_grammar`: "required" and a named tool_choice run under the JSON schema of the calls
   (runtime.tools.schema.tool_call_schema) in the generic and native formats, or under a Lark grammar of
   `<tool_call>` tags each around one call's JSON in the Hermes format (`hermes_tool_grammar`), every object with
-  `properties` closed to other keys unless it says `additionalProperties`; "auto" with a JSON `response_format`
-  runs under one grammar of both (a call, or an answer in that format: `auto_answer_grammar`); otherwise "auto"
-  and "none" run under the request's own grammar (`response_format`), if any.
+  `properties` closed to other keys unless it says `additionalProperties`; "auto" with a constraint
+  (`response_format` json_object or json_schema, a regex, an EBNF grammar) runs under one grammar of both (a call,
+  or an answer in that constraint: `auto_answer_grammar`); otherwise "auto" and "none" run under the request's own
+  grammar, if any.
 - `with_tool_calls`: the result of a request whose tool_choice is not "none", with its calls parsed from its text
   (runtime.tools.parse, in the template's format), `text` the content outside the calls ("" when there is none:
   OpenAI's `content: null`; always under "required" and a named function, whose grammar allows calls alone),
@@ -21,10 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from radixcache.runtime.grammar import GrammarSpec
 from radixcache.runtime.grammar.compiler import closed_objects, schema_object
+from radixcache.runtime.grammar.nested import nested_rule
 from radixcache.runtime.grammar.schema_check import check_schema
 from radixcache.runtime.tools import ToolCallMemory, ToolCallParser, tool_call_schema
 from radixcache.runtime.tools.features import TemplateFeatures
@@ -63,15 +65,19 @@ def request_grammar(options: RequestOptions, features: TemplateFeatures) -> Gram
 
 
 def _auto_with_answer(use: ToolUse, answer: GrammarSpec, features: TemplateFeatures) -> GrammarSpec:
-    """tool_choice "auto" with a JSON `response_format`: a call, or an answer that follows the format (one grammar
-    with both). Another kind of answer grammar (regex, EBNF) cannot be combined: the answer's alone, as before."""
-    if answer.kind not in ("json_object", "json_schema"):
-        return answer
-    schema = {"type": "object"} if answer.kind == "json_object" else schema_object(answer)
-    if answer.kind == "json_schema":
-        schema = closed_objects(schema) if answer.strict else {"x-guidance": {"lenient": True}, **schema}
+    """tool_choice "auto" with a constrained answer: a call, or an answer in the constraint (one grammar with both).
+    A JSON `response_format` is the answer's `%json` rule; a regex or EBNF grammar is nested whole (its mistakes
+    named by its own field: runtime.grammar.nested)."""
+    rule: dict[str, Any] | str
+    if answer.kind == "json_object":
+        rule = {"type": "object"}
+    elif answer.kind == "json_schema":
+        schema = schema_object(answer)
+        rule = closed_objects(schema) if answer.strict else {"x-guidance": {"lenient": True}, **schema}
+    else:
+        rule = nested_rule(answer)
     grammar = auto_answer_grammar(
-        use.tools, schema, parallel_tool_calls=use.parallel_tool_calls, features=features, close=closed_objects
+        use.tools, rule, parallel_tool_calls=use.parallel_tool_calls, features=features, close=closed_objects
     )
     if grammar is None:
         return answer

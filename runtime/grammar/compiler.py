@@ -195,7 +195,7 @@ def _translate(spec: GrammarSpec) -> str:
     if spec.kind == "regex":
         return matcher.grammar_from_regex(spec.source)
     if spec.kind == "ebnf":
-        return llguidance.grammar_from("lark" if _looks_like_lark(spec.source) else "gbnf", spec.source)
+        return llguidance.grammar_from("lark" if looks_like_lark(spec.source) else "gbnf", spec.source)
     options: dict[str, object] = {"whitespace_flexible": spec.any_whitespace}
     if not spec.any_whitespace:
         options.update(item_separator=", ", key_separator=": ")
@@ -349,6 +349,6 @@ def _resolve(root: object, ref: str) -> object:
     return target
 
 
-def _looks_like_lark(text: str) -> bool:
+def looks_like_lark(text: str) -> bool:
     """GBNF rules are written `name ::= ...`; Lark rules `name: ...`."""
     return "::=" not in text

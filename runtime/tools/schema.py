@@ -147,26 +147,28 @@ def hermes_tool_grammar(
 
 def auto_answer_grammar(
     tools: Sequence[ToolSpec],
-    answer: dict[str, Any],
+    answer: dict[str, Any] | str,
     *,
     parallel_tool_calls: bool = True,
     features: TemplateFeatures | None = None,
     close: Callable[[dict[str, Any]], dict[str, Any]] = lambda schema: schema,
 ) -> str | None:
-    """tool_choice "auto" with a structured answer (`response_format`) as a Lark grammar: the calls "required"
-    allows (the calls object, or Hermes tags), or JSON that follows `answer` (`close` applied to the call schemas
-    only: the answer comes as the caller made it). None without tools."""
+    """tool_choice "auto" with a constrained answer as a Lark grammar: the calls "required" allows (the calls
+    object, or Hermes tags), or an answer: JSON that follows `answer` when it is a schema (`close` applied to the
+    call schemas only: the answer comes as the caller made it), else `answer` is a Lark rule body already (a regex or
+    EBNF grammar nested: runtime.grammar.nested). None without tools."""
     required = ToolChoice("required")
+    rule = answer if isinstance(answer, str) else json_rule(answer)
     hermes = features is not None and features.format == "hermes"
     if hermes:
         tags = hermes_tool_grammar(tools, required, parallel_tool_calls=parallel_tool_calls, close=close)
         if tags is None:
             return None
-        return "start: answer | calls\n" + tags.replace("start:", "calls:", 1) + f"answer: {json_rule(answer)}\n"
+        return "start: answer | calls\n" + tags.replace("start:", "calls:", 1) + f"answer: {rule}\n"
     schema = tool_call_schema(tools, required, parallel_tool_calls=parallel_tool_calls, features=features)
     if schema is None:
         return None
-    return f"start: calls | answer\ncalls: {json_rule(close(schema))}\nanswer: {json_rule(answer)}\n"
+    return f"start: calls | answer\ncalls: {json_rule(close(schema))}\nanswer: {rule}\n"
 
 
 def json_rule(schema: dict[str, Any]) -> str:
