@@ -10,13 +10,12 @@ engine.options (one request's options), engine.request_builder (prompts to valid
 (what runs in each step), engine.runner (one forward pass per step), kv.manager (the only door to the tree),
 engine.output (sampling, stops, text, results), engine.loop (the thread that owns them all), engine.streaming (the
 asyncio side) and engine.stats. This class builds them and offers the sync, async and streaming APIs; callers on
-any thread or event loop submit to the loop thread.
+any thread or event loop submit to the loop thread. Two layers of the class live apart: engine.submission (a call's
+options, builds, queueing and waits) and engine.engine_upkeep (close, flush, pins, retention, recording, checks).
 """
 
 from __future__ import annotations
 
-import os
-import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -34,14 +33,15 @@ from radixcache.runtime.engine.assembly import (
     pool_blocks,
 )
 from radixcache.runtime.engine.engine_config import DEFAULT_KV_MEMORY, EngineConfig
+from radixcache.runtime.engine.engine_upkeep import EngineUpkeep
 from radixcache.runtime.engine.errors import EngineClosedError
 from radixcache.runtime.engine.exit_hook import stop_at_exit
 from radixcache.runtime.engine.gc_heap import HeapTimer
 from radixcache.runtime.engine.loop import EngineLoop, RequestHandle
-from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, each_options, resolve_options
+from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, each_options
 from radixcache.runtime.engine.output import OutputProcessor
 from radixcache.runtime.engine.queue_limit import QueueGate
-from radixcache.runtime.engine.request import GenerationResult, Request, check_unsubmitted
+from radixcache.runtime.engine.request import GenerationResult, Request
 from radixcache.runtime.engine.request_builder import (
     MaxNew,
     Messages,
@@ -56,19 +56,18 @@ from radixcache.runtime.engine.request_builder import (
 from radixcache.runtime.engine.runner import ModelRunner
 from radixcache.runtime.engine.scheduler import Scheduler
 from radixcache.runtime.engine.session import Session
-from radixcache.runtime.engine.stats import EngineStats, checked_gauges, engine_stats
+from radixcache.runtime.engine.stats import EngineStats
 from radixcache.runtime.engine.streaming import TextStream, request_deltas, submitted_results
+from radixcache.runtime.engine.submission import Submission
 from radixcache.runtime.engine.threads import ThreadController
-from radixcache.runtime.engine.trace_recorder import TraceRecorder, record_to
 from radixcache.runtime.kv.retention import RetentionPolicy
-from radixcache.runtime.kv.tier.disk_writer import wait_bound
 from radixcache.runtime.kv.tier.fingerprint import kv_fingerprint
 from radixcache.runtime.weak import weak_method
 
 __all__ = ["DEFAULT_KV_MEMORY", "Engine", "EngineConfig", "EngineStats", "RequestOptions"]
 
 
-class Engine:
+class Engine(EngineUpkeep, Submission):
     """Generate text with a Llama-family model whose KV prefixes are shared through a radix cache.
 
     `Engine(model, **options)`: `options` are EngineConfig's fields (runtime.engine.engine_config documents each:
@@ -84,6 +83,10 @@ class Engine:
     RequestOptions built once. Structured output and tool calls: docs/structured_output.md, docs/tool_calls.md.
 
     Thread-safe: every call submits to one engine loop thread that owns the cache and the pool.
+
+    Assembled from layers on one object: this module holds the construction and the request calls; engine.submission
+    (options, builds, the queue and the waits behind every call) and engine.engine_upkeep (close, flush, pins,
+    retention, recording, checks and stats) the rest.
     """
 
     def __init__(self, model: Any = None, *, config: EngineConfig | None = None, **options: Any) -> None:
@@ -283,134 +286,8 @@ class Engine:
 
         return TextStream(lambda ended: request_deltas(build, self._enqueue, self.output, ended))
 
-    # ------------------------------------------------------------------ public API: upkeep
-
-    def unpin(self, prompt: Prompt | Messages | None = None, **kwargs: Any) -> int:
-        """Release pins: those made for `prompt` (in `namespace`; a fork's: its prefix), every pin of `namespace`
-        when it is given alone, or every pin, every holder's (`pin_holder=h`: h's only); how many. Takes what the
-        pinning call took: chat messages rendered as `chat` renders them, with its `tools=` or `options=` (a
-        TypeError names any other keyword than generate's)."""
-        opts = resolve_options(kwargs.pop("max_new_tokens", None), kwargs.pop("options", None), kwargs, "Engine.unpin")
-        text = self._builder.render_for(prompt, opts) if is_messages(prompt) else prompt
-        tokens = None if text is None else self._builder.encode(text)
-        everywhere = "namespace" not in kwargs and opts.namespace is None  # unpin(): every namespace's pins
-        holder = opts.pin_holder  # a holder's own share only; None: every holder's
-        return self._loop.wait_for(lambda _: self.kv.pins.unpin(tokens, opts.namespace, everywhere, holder=holder))
-
-    def close(self, timeout: float | None = 30.0) -> bool:
-        """Refuse new requests (EngineClosedError), cancel every request in flight (their results say "cancelled",
-        with what they generated), wait for the loop thread to exit, then for the queued disk writes. The cache keeps
-        what it holds. Returns False if the thread was still busy after `timeout` seconds, which bound the whole close
-        (None or infinity: no bound; ValueError, before anything is done, unless a number >= 0). Calling it again is
-        harmless."""
-        timeout = wait_bound(timeout)
-        ends = None if timeout is None else time.monotonic() + timeout  # `timeout` bounds the whole close
-        self._closed = True
-        idle = self._loop.stop(timeout)  # a caller past the checks above (still building its request) is refused
-        if idle and self.tiers is not None:  # the disk writes still queued finish (a restart then finds them)
-            self.tiers.close(None if ends is None else max(0.0, ends - time.monotonic()))
-        if idle:  # its threads (llguidance's, up to 32) would stay while the closed engine is referenced
-            self.output.masker.close()
-        self.record_trace(None)  # a recording writes what it still holds and closes its file
-        self._release_heap()
-        return idle
-
-    def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait until the disk tier has written every page queued so far (True; False on timeout or no disk
-        tier). Writes never delay requests; call this before a planned exit or to measure what is persisted.
-        `timeout`: None or infinity for no bound; ValueError unless a number >= 0 (NaN waited for ever)."""
-        timeout = wait_bound(timeout)
-        if self.tiers is None or self.tiers.disk is None:
-            return False
-        return self.tiers.disk.flush(timeout)
-
-    def record_trace(self, path: str | os.PathLike[str] | None) -> TraceRecorder | None:
-        """Write every request that leaves from now on to `path`, one Mooncake-format JSONL line each: arrival time,
-        lengths, chained page hashes at this engine's page size, the `session` given to `generate` (no text, no token
-        id; runtime.engine.trace_recorder). `None` stops the recording and closes its file, as `close()` does.
-        Returns the new recorder (its `written` counts lines), or None. A path that cannot be opened raises OSError;
-        a write that fails later stops the recording with one warning, never a request. The file being recorded to,
-        given again, starts over (trace_recorder.record_to)."""
-        return record_to(self._loop, path, self.cache.page_size, self.fingerprint)  # one writer per file at a time
-
     def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until no request is in flight and the engine's loop thread has exited (False on timeout).
-
-        An engine still running at interpreter exit is closed then (engine.exit_hook: a loop thread still inside
-        torch as the interpreter finalises aborted the process), waiting at most `EXIT_WAIT_S` seconds.
-        `timeout`: as `close`'s (a string failed inside the wait).
-        """
-        return self._loop.wait_idle(wait_bound(timeout))
-
-    def check(self, timeout: float | None = 30.0) -> dict[str, int]:
-        """Check the cache's invariants between two steps (on the loop thread) and return its block gauges and
-        queue lengths. Raises the cache's InvariantError if one is broken (a bug)."""
-
-        def gauges(s: Scheduler) -> dict[str, int]:
-            self.kv.leases.expire()  # a lease past its deadline holds nothing, even on an idle engine
-            return checked_gauges(self.cache, s, self.kv, self.tiers)
-
-        return self._loop.wait_for(gauges, wait_bound(timeout))  # NaN was a TimeoutError with no message
-
-    def clear_retention(self) -> int:
-        """Forget every retention mark (leaves re-rank as they are next touched). Returns how many there were."""
-        return self._loop.wait_for(lambda _: self.retention.clear())
-
-    @property
-    def stats(self) -> EngineStats:
-        return engine_stats(self.output.totals, self.scheduler, self.kv, self.tiers, self.thread_control)
-
-    def __repr__(self) -> str:
-        return f"Engine(model={self.config.name!r}, cache={self.cache!r}, enable_cache={self.enable_cache})"
-
-    # ------------------------------------------------------------------ private
-
-    def _request(self, prompt: Prompt, max_new_tokens: MaxNew = None, options: Any = None, **kwargs: Any) -> Request:
-        """A validated Request from generate's arguments; raises before anything is queued (closed: refused)."""
-        return self._builder.build(prompt, self._options(max_new_tokens, options, kwargs, "generate"))
-
-    def _options(
-        self, max_new_tokens: int | None, options: RequestOptions | None, kwargs: dict[str, Any], caller: str
-    ) -> RequestOptions:
-        """The RequestOptions of a call (options.resolve_options; an unknown keyword is a TypeError naming
-        `Engine.<caller>`). Raises EngineClosedError once the engine is closed, before any work."""
-        if self._closed:
-            raise EngineClosedError("this engine is closed")
-        return resolve_options(max_new_tokens, options, kwargs, f"Engine.{caller}")
-
-    def _build(self, prompts: list, options: list, pin_for: Any = None, what: str = "prompts") -> list[Request]:
-        if self._closed:  # the requests of one call, all validated; an error of one of several names it: `what[i]`
-            raise EngineClosedError("this engine is closed")
-        return self._builder.build_all(prompts, options, pin_for, what)
-
-    def _submit_group(self, reqs: list[Request]) -> list[RequestHandle]:
-        if not reqs:
-            return []
-
-        def cap_at_what_is_cached(_: Scheduler) -> None:  # on the loop thread, just before they are added
-            for r in reqs:  # admission reports min(its match, what the tree held of its own prompt before the call)
-                r.kv.cached_cap = self.kv.peek(r.prompt_ids, r.namespace)[0]
-
-        return self._enqueue(reqs, cap_at_what_is_cached)
-
-    def _enqueue(self, reqs: list[Request], prepare: Any = None) -> list[RequestHandle]:
-        """Hand prepared requests to the loop, all or none: QueueFullError (nothing queued) past `max_queue`."""
-        self._loop.check_alive()  # EngineDeadError, before the queue counts them
-        check_unsubmitted(reqs)
-        self.queue.enter(reqs, self.queue_timeout)  # one deadline for the call's requests (queue_limit)
-        return self._loop.submit_many(reqs, prepare)
-
-    def _wait(self, handles: list[RequestHandle]) -> list[GenerationResult]:
-        try:
-            return [h.result() for h in handles]
-        except BaseException:
-            for h in handles:
-                if not h.done():
-                    h.cancel()
-            raise
