@@ -9,8 +9,8 @@ Each batch size gets its own pool holding a 512-token prefill per sequence; the 
 context 513 (`--context`), on this thread (no engine), reading the decode mirror as the Engine does
 (radixcache.runtime.kv.mirror; `--no-mirror`: the pages, by the gather or in-place paths). The parts are labelled with
 `torch.profiler.record_function` by wrapping the model's pieces from here, without touching runtime/:
-- the model's `_norm` (RMSNorm), `model.llama`'s `_rope_signed` and `decode_attention`, and its `F` (a proxy whose
-  `embedding` and `silu` are labelled; `F.silu(gate) * up` is timed as one part, the product included);
+- the model's `_norm` (RMSNorm), `model.llama`'s `decode_attention`, `model.llama_layers`' `_rope_signed` and its `F`
+  (a proxy whose `embedding` and `silu` are labelled; `F.silu(gate) * up` is timed as one part, the product included);
 - `runtime.model.attention`'s `F.scaled_dot_product_attention` (so attention splits into SDPA and the rest: the page
   gather at batch > 1; at batch 1 the in-place path calls the SDPA kernel op directly, so all of its attention,
   the per-run kernels and the log-sum-exp merge, shows under "attention: in place / gather");
@@ -53,6 +53,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import radixcache.runtime.model.attention as rattn
 import radixcache.runtime.model.llama as rmodel
+import radixcache.runtime.model.llama_layers as rlayers
 from radixcache.runtime.kv.mirror import DecodeMirror, MirrorStep
 from radixcache.runtime.loading import load_model
 from radixcache.runtime.model.attention import build_decode_meta
@@ -135,10 +136,11 @@ class FunctionalProxy:
 
 
 def instrument(model: LlamaModel) -> None:
-    """Label the model's parts (module globals of model.llama / model.attention and the model's layers)."""
-    rmodel.F = FunctionalProxy(embedding=labelled("embedding", F.embedding), silu=SiluTimesUp)  # type: ignore[assignment]
+    """Label the model's parts (module globals of model.llama, model.llama_layers and model.attention, and the
+    model's layers)."""
+    rlayers.F = FunctionalProxy(embedding=labelled("embedding", F.embedding), silu=SiluTimesUp)  # type: ignore[assignment]
     model._norm = labelled("rmsnorm", model._norm)  # type: ignore[method-assign]
-    rmodel._rope_signed = labelled("rope", rmodel._rope_signed)
+    rlayers._rope_signed = labelled("rope", rlayers._rope_signed)
     rmodel.decode_attention = labelled(ATTENTION, rmodel.decode_attention)
     MirrorStep.write = labelled("kv write (mirror)", MirrorStep.write)  # type: ignore[method-assign]
     MirrorStep.attend = labelled("attention: mirror", MirrorStep.attend)  # type: ignore[method-assign]

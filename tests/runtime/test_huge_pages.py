@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from radixcache.runtime.huge_pages import HUGE_PAGE_BYTES, HugePageArena, aligned_huge, huge_pages
-from radixcache.runtime.model import llama
+from radixcache.runtime.model import llama_weights
 from radixcache.runtime.model.block_linear import BlockLinear
 from radixcache.runtime.model.linear import DenseLinear
 from radixcache.runtime.model.llama import LlamaModel
@@ -120,7 +120,7 @@ def test_a_model_with_huge_weights_gives_the_same_logits(tied: bool, monkeypatch
     weights = random_weights(cfg, 11)
     if tied:
         weights.pop("lm_head.weight", None)
-    monkeypatch.setattr(llama, "MIN_HUGE_WEIGHTS", 0)  # so that a small model gets them
+    monkeypatch.setattr(llama_weights, "MIN_HUGE_WEIGHTS", 0)  # so that a small model gets them
     huge = LlamaModel(cfg, weights)
     plain = LlamaModel(cfg, weights, huge_weights=False)
     for layer_huge, layer_plain in zip(huge.layers, plain.layers, strict=True):
@@ -152,7 +152,7 @@ def test_gguf_blocks_stay_where_they_are(monkeypatch: pytest.MonkeyPatch) -> Non
     name = "model.layers.0.mlp.down_proj.weight"
     blocks = {name: random_block_weight("Q4_1", *weights[name].shape, seed=1)}
     weights[name] = blocks[name].dequantize()
-    monkeypatch.setattr(llama, "MIN_HUGE_WEIGHTS", 0)
+    monkeypatch.setattr(llama_weights, "MIN_HUGE_WEIGHTS", 0)
     model = LlamaModel(cfg, weights, quant="gguf", blocks=blocks)
     down = model.layers[0].down
     assert isinstance(down, BlockLinear) and down.parts[0].data.data_ptr() == blocks[name].data.data_ptr()

@@ -13,7 +13,7 @@ import torch
 
 from radixcache.runtime.engine.engine import Engine
 from radixcache.runtime.kv.mirror import DecodeMirror
-from radixcache.runtime.model import llama
+from radixcache.runtime.model import llama_weights
 from radixcache.runtime.model.attention import build_decode_meta
 from radixcache.runtime.model.llama import LlamaModel
 from radixcache.runtime.model.reference import reference_logits
@@ -73,7 +73,7 @@ def test_a_float32_model_without_the_native_library_keeps_pytorch(monkeypatch: p
     model = LlamaModel(CONFIG, WEIGHTS)
     assert model.native is None
     with pytest.raises(NativeBuildError):
-        llama._native_ops(required=True)  # quant="gguf" still needs it
+        llama_weights._native_ops(required=True)  # quant="gguf" still needs it
     ids = _prompts()[0]
     want = reference_logits(CONFIG, WEIGHTS, ids, dtype=torch.float64)
     pool = model.new_pool(4, 16)
