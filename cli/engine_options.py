@@ -5,7 +5,8 @@ kernels).
 Each group is a decorator that adds its options, and a function that turns their values into EngineConfig's keyword
 arguments (runtime.engine.engine_config), refusing a bad size or combination before the model loads.
 `engine_choice_options` stacks the four groups and hands the command one `EngineChoices` instead of their nineteen
-values, so each command's signature names them once.
+values, so each command's signature names them once. The tier group lives in cli.tier_options, what the groups
+share (stacking, size checks) in cli.option_parts.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import click
-from click.core import ParameterSource
 from rich.console import Console
 
+from radixcache.cli.option_parts import check_sizes, stacked
+from radixcache.cli.tier_options import tier_kwargs, tier_options
 from radixcache.policy.registry import ALL_POLICIES
 from radixcache.runtime.engine.threads import MAX_THREADS  # no torch: the checks stay before the runtime loads
 
 MODEL_ENVVAR = "RADIXCACHE_MODEL"
-DEFAULT = ParameterSource.DEFAULT
 
 #: --seed of replay and chat: request (turn) i samples with seed + i, which the engine takes in [-2**63, 2**64): an
 #: int64 seed leaves room for any run (a larger one was refused once the model had loaded, or by the request past it)
@@ -38,26 +39,6 @@ model_option = click.option(
 )
 
 
-def _stacked(func: Callable, options: list[Callable]) -> Callable:
-    """`func` with `options` applied so that they appear in --help in the order listed."""
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def _check_sizes(sizes: dict[str, str | None]) -> None:
-    """Each given size (by its option's name) parses as a memory budget; else a bad-option error naming it."""
-    from radixcache.runtime.kv.pool import parse_memory
-
-    for option, value in sizes.items():
-        if value is None:
-            continue
-        try:
-            parse_memory(value)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint=f"'{option}'") from None
-
-
 def kv_options(func: Callable) -> Callable:
     """--policy, --capacity-blocks, --kv-memory, --page-size: the engine's cache, shared with `chat`."""
     options = [
@@ -66,7 +47,7 @@ def kv_options(func: Callable) -> Callable:
         click.option("--kv-memory", help="KV cache size in bytes, e.g. 256MiB [default: 512MiB]."),
         click.option("--page-size", default=16, show_default=True, type=click.IntRange(min=1), help="Tokens per page."),
     ]
-    return _stacked(func, options)
+    return stacked(func, options)
 
 
 def admission_option(func: Callable) -> Callable:
@@ -95,120 +76,6 @@ def check_admission(admission: str, policy: str) -> str:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--admission'") from None
     return admission
-
-
-def _directory_or_new(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """--cache-dir: a directory or a path not there yet. click.Path(file_okay=False) refuses only a regular file: a
-    device or a pipe (/dev/null) got through, and the run went on with its disk tier off behind one warning line."""
-    import os
-
-    if value is not None and os.path.exists(value) and not os.path.isdir(value):
-        raise click.BadParameter(f"'{value}' exists and is not a directory")
-    return value
-
-
-def tier_options(func: Callable) -> Callable:
-    """--host-kv-memory, --cache-dir, --cache-dir-size, --write-policy, --prefetch-policy, --prefetch-timeout-ms,
-    --prefetch-pages-per-step: the tiers under the KV pool."""
-    from radixcache.runtime.kv.tier.prefetch_policy import (
-        DEFAULT_PAGES_PER_STEP,
-        DEFAULT_PREFETCH_POLICY,
-        DEFAULT_PREFETCH_TIMEOUT_MS,
-        PREFETCH_POLICIES,
-    )
-    from radixcache.tier.tiered_cache import WRITE_POLICIES
-
-    options = [
-        click.option(
-            "--host-kv-memory",
-            help="A host tier of this size under the KV pool, e.g. 2GiB: pages the pool drops wait there and are "
-            "copied back when that is cheaper than recomputing them.",
-        ),
-        click.option(
-            "--cache-dir",
-            type=click.Path(file_okay=False),
-            callback=_directory_or_new,
-            help="Persist KV pages in this directory (a disk tier): a restarted process hits what it served before.",
-        ),
-        click.option(
-            "--cache-dir-size", default="8GiB", show_default=True, help="The disk tier's size limit (LRU beyond it)."
-        ),
-        click.option(
-            "--write-policy",
-            default="write_through",
-            show_default=True,
-            type=click.Choice(WRITE_POLICIES),
-            help="When the host tier gets a copy of a page: as the tree adopts it, once it is hit twice, or when the "
-            "pool evicts it.",
-        ),
-        click.option(
-            "--prefetch-policy",
-            default=DEFAULT_PREFETCH_POLICY,
-            show_default=True,
-            type=click.Choice(PREFETCH_POLICIES),
-            help="When a request whose prefix is on disk is admitted while its pages are read off the loop: at once "
-            "with what has arrived, once every page is read, or once read or --prefetch-timeout-ms has passed.",
-        ),
-        click.option(
-            "--prefetch-timeout-ms",
-            default=DEFAULT_PREFETCH_TIMEOUT_MS,
-            show_default=True,
-            type=click.FloatRange(min=0, max=1e9),
-            help="With --prefetch-policy timeout: the longest a request waits for its disk pages before it is admitted "
-            "and recomputes the rest.",
-        ),
-        click.option(
-            "--prefetch-pages-per-step",
-            default=DEFAULT_PAGES_PER_STEP,
-            show_default=True,
-            type=click.IntRange(min=0, max=1 << 20),
-            help="While requests decode, the disk page reads the prefetch readers may start per step (more when a "
-            "timeout needs them); 0 reads without a pace.",
-        ),
-    ]
-    return _stacked(func, options)
-
-
-#: a tier's options (parameter names) -> the tier, and the option that adds it (docs/tiers.md: the write policy is the
-#: host tier's; the disk tier is always written through, and read ahead by the prefetch)
-_TIER_NEEDS = {
-    "write_policy": ("host", "--host-kv-memory"),
-    "cache_dir_size": ("disk", "--cache-dir"),
-    "prefetch_policy": ("disk", "--cache-dir"),
-    "prefetch_timeout_ms": ("disk", "--cache-dir"),
-    "prefetch_pages_per_step": ("disk", "--cache-dir"),
-}
-
-
-def tier_kwargs(
-    host_kv_memory: str | None,
-    cache_dir: str | None,
-    cache_dir_size: str,
-    write_policy: str,
-    prefetch_policy: str,
-    prefetch_timeout_ms: float,
-    prefetch_pages_per_step: int,
-) -> dict[str, Any]:
-    """Engine arguments from the tier options; a bad size, or a tier's option given without the tier (which the
-    engine would ignore), is refused before the model loads."""
-    _check_sizes({"--host-kv-memory": host_kv_memory, "--cache-dir-size": cache_dir_size})
-    if prefetch_timeout_ms != prefetch_timeout_ms:  # NaN: FloatRange lets it through, the engine refused it loaded
-        raise click.BadParameter("nan is not a number of milliseconds", param_hint="'--prefetch-timeout-ms'")
-    ctx = click.get_current_context(silent=True)
-    given = {name for name in _TIER_NEEDS if ctx is not None and ctx.get_parameter_source(name) not in (None, DEFAULT)}
-    for name in sorted(given):
-        tier, needs = _TIER_NEEDS[name]
-        if {"host": host_kv_memory, "disk": cache_dir}[tier] is None:
-            raise click.UsageError(f"--{name.replace('_', '-')} is for the {tier} tier: add {needs}")
-    return {
-        "host_kv_memory": host_kv_memory,
-        "cache_dir": cache_dir,
-        "cache_dir_size": cache_dir_size,
-        "write_policy": write_policy,
-        "prefetch_policy": prefetch_policy,
-        "prefetch_timeout_ms": prefetch_timeout_ms,
-        "prefetch_pages_per_step": prefetch_pages_per_step,
-    }
 
 
 def speed_options(func: Callable) -> Callable:
@@ -253,7 +120,7 @@ def speed_options(func: Callable) -> Callable:
         ),
         *kernel_options(),
     ]
-    return _stacked(func, options)
+    return stacked(func, options)
 
 
 def kernel_options() -> list[Callable]:
@@ -312,7 +179,7 @@ def engine_kwargs(
             raise click.ClickException(str(exc)) from None
     if mirror_memory is not None and mirror_memory.strip() == "0":
         mirror_memory = "0"  # off: not a budget
-    _check_sizes({"--kv-memory": kv_memory, "--mirror-memory": None if mirror_memory == "0" else mirror_memory})
+    check_sizes({"--kv-memory": kv_memory, "--mirror-memory": None if mirror_memory == "0" else mirror_memory})
     kwargs: dict[str, Any] = {"policy": policy, "capacity_blocks": capacity_blocks, "kv_memory": kv_memory}
     kwargs |= {"page_size": page_size, "quant": quant, "threads": threads, "mirror_memory": mirror_memory}
     kwargs |= {"kernels": kernels, "thread_policy": thread_policy}
