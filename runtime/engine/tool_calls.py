@@ -1,8 +1,9 @@
 """Tools in the engine: the grammar a request's tool_choice implies, and its result's calls parsed out.
 
 - `request_grammar`: "required" and a named tool_choice run under the JSON schema of the calls
-  (runtime.tools.schema.tool_call_schema) in the generic and native formats, or under a Lark grammar of
-  `<tool_call>` tags each around one call's JSON in the Hermes format (`hermes_tool_grammar`), every object with
+  (runtime.tools.schema.tool_call_schema) in the generic and native formats, or under a Lark grammar of the
+  format's own syntax (`format_tool_grammar`: `<tool_call>` tags each around one call's JSON in the Hermes format,
+  Cohere's `Action: ```json [...]``` ` or `<|START_ACTION|>[...]<|END_ACTION|>` in Command-R's), every object with
   `properties` closed to other keys unless it says `additionalProperties`; "auto" with a constraint
   (`response_format` json_object or json_schema, a regex, an EBNF grammar) runs under one grammar of both (a call,
   or an answer in that constraint: `auto_answer_grammar`); otherwise "auto" and "none" run under the request's own
@@ -30,7 +31,7 @@ from radixcache.runtime.grammar.nested import nested_rule
 from radixcache.runtime.grammar.schema_check import check_schema
 from radixcache.runtime.tools import ToolCallMemory, ToolCallParser, tool_call_schema
 from radixcache.runtime.tools.features import TemplateFeatures
-from radixcache.runtime.tools.schema import auto_answer_grammar, hermes_tool_grammar
+from radixcache.runtime.tools.schema import auto_answer_grammar, format_tool_grammar
 from radixcache.runtime.tools.use import CallIds, ToolUse
 
 if TYPE_CHECKING:
@@ -50,8 +51,10 @@ def request_grammar(options: RequestOptions, features: TemplateFeatures) -> Gram
     if use is None or use.choice.mode not in ("required", "function"):
         return options.grammar
     parallel = not use.one_call  # a named function: one call
-    if features.format == "hermes":
-        grammar = hermes_tool_grammar(use.tools, use.choice, parallel_tool_calls=parallel, close=closed_objects)
+    if features.format not in ("generic", "native"):  # Hermes tags, Cohere's actions: a grammar of their own
+        grammar = format_tool_grammar(
+            use.tools, use.choice, features.format, parallel_tool_calls=parallel, close=closed_objects
+        )
         if grammar is None:
             return options.grammar
         return GrammarSpec.ebnf(grammar, path="tools")

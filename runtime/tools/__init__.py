@@ -13,10 +13,10 @@ Modules: `errors` (ToolInputError, naming the field), `specs` (tools and tool_ch
 `features` (what a template knows), `render` (messages and variables for the template; the generic format),
 `prompt` (a chat's prompt, rendered alike by the engine, the server and the cluster's front door),
 `memory` (the text the model emitted, by call ids, and its token ids), `known_tokens` (prompt text that carries
-those ids), `scan` and `parse` (calls out of output, streamed or whole), `call_tokens` (special tokens of a call
-syntax, kept in the text calls are parsed from), `schema` (the JSON schema a tool_choice allows), `use` (`ToolUse`:
-a request's tools, tool_choice and parallel_tool_calls, as `RequestOptions.tool_use` carries them). Pure Python: no
-torch.
+those ids), `scan` and `parse` (calls out of output, streamed or whole; Cohere's formats: `parse_command_r`),
+`call_tokens` (special tokens of a call syntax, kept in the text calls are parsed from), `schema` (the JSON schema a
+tool_choice allows, and the grammars of formats with their own syntax), `use` (`ToolUse`: a request's tools,
+tool_choice and parallel_tool_calls, as `RequestOptions.tool_use` carries them). Pure Python: no torch.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@ from.
 
 Output is decoded without special tokens (the end of turn, chat markers), but some tokenizers add a format's call
 syntax as special tokens: Hermes-style `<tool_call>` and `</tool_call>` in some Qwen and Hermes tokenizers, Mistral's
-`[TOOL_CALLS]` (v0.3 and later). Skipped, a model that writes them never gets a call parsed under "auto", and the
-text remembered for its calls (runtime.tools.memory) lacks them, so the next turn's prompt differs from what the
-model wrote from that token on. A request that parses calls decodes its output keeping these (only these).
+`[TOOL_CALLS]` (v0.3 and later), Command R7B's `<|START_ACTION|>` and `<|END_ACTION|>`. Skipped, a model that writes
+them never gets a call parsed under "auto", and the text remembered for its calls (runtime.tools.memory) lacks them,
+so the next turn's prompt differs from what the model wrote from that token on. A request that parses calls decodes
+its output keeping these (only these).
 """
 
 from __future__ import annotations
@@ -13,8 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 from radixcache.runtime.tools.parse import CLOSE, MISTRAL_CALLS, OPEN
+from radixcache.runtime.tools.parse_command_r import COMMAND_R, COMMAND_R7B, END_ACTION, START_ACTION
 
-MARKERS = {"hermes": (OPEN, CLOSE), "native": (MISTRAL_CALLS,), "generic": ()}
+MARKERS = {
+    "hermes": (OPEN, CLOSE),
+    "native": (MISTRAL_CALLS,),
+    "generic": (),
+    COMMAND_R: (),  # `Action:` is text
+    COMMAND_R7B: (START_ACTION, END_ACTION),
+}
 
 
 def call_token_ids(tokenizer: Any, fmt: str) -> frozenset[int]:

@@ -4,6 +4,9 @@
   function format), so it renders tools itself; otherwise the generic format (`render.py`) is used.
 - `tool_role`: the template compares a role with "tool" or "ipython", so it has a turn for tool results.
 - `hermes`: the template writes `<tool_call>` tags (Hermes / Qwen style), so calls are parsed from those tags.
+- `command_r`: the template writes Cohere's calls: "command_r7b" where it writes `<|START_ACTION|>` (Command R7B),
+  "command_r" where it writes `Action:` and `tool_name` (Command-R and Command-R+'s `Action: ```json [...]```` `),
+  else "" (runtime/tools/parse_command_r.py).
 - `call_id_length`: the template compares a call id's length with a number (Mistral's raise "Tool call IDs should be
   alphanumeric strings with length 9!" unless `tool_call.id|length` and a tool turn's `tool_call_id|length` are 9),
   so the calls it will render again need ids of that length (runtime.tools.use.CallIds).
@@ -49,13 +52,15 @@ class TemplateFeatures:
     tool_role: bool = False
     hermes: bool = False
     call_id_length: int | None = None  # the length the template demands of call ids, if it checks one
+    command_r: str = ""  # "command_r" or "command_r7b": the template writes Cohere's calls
 
     @property
     def format(self) -> str:
-        """How calls are written: "hermes" (tags), "native" (the template's own, parsed as JSON) or "generic"."""
+        """How calls are written: "hermes" (tags), "command_r" / "command_r7b" (Cohere's), "native" (the template's
+        own, parsed as JSON) or "generic"."""
         if not self.uses_tools:
             return "generic"
-        return "hermes" if self.hermes else "native"
+        return "hermes" if self.hermes else self.command_r or "native"
 
 
 @lru_cache(maxsize=16)
@@ -76,7 +81,15 @@ def template_features(source: str | None) -> TemplateFeatures:
         tool_role=bool({"tool", "ipython"} & consts),
         hermes=any("<tool_call>" in c for c in consts) or "<tool_call>" in source,
         call_id_length=_call_id_length(tree),
+        command_r=_command_r(source),
     )
+
+
+def _command_r(source: str) -> str:
+    """Which of Cohere's call syntaxes the template writes (see the module docstring), or ""."""
+    if "<|START_ACTION|>" in source:
+        return "command_r7b"
+    return "command_r" if "Action:" in source and "tool_name" in source else ""
 
 
 def _call_id_length(tree: nodes.Template) -> int | None:

@@ -1,4 +1,5 @@
-"""Checks on JSON values as Python's json reads them, shared by tools' parameters and grammar specs.
+"""Checks on JSON values as Python's json reads them, shared by tools' parameters and grammar specs, and whether
+a text is a JSON object (shared by the call parsers, the tool-turn checks and sessions).
 
 Here, in tools, because grammar imports tools (through loading) and never the other way (tests/test_layout.py).
 """
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import math
 from typing import Any
+
+from radixcache.runtime.tools.messages import JSON_CHECK
 
 
 def non_finite_path(value: Any, path: str) -> str | None:
@@ -22,3 +25,12 @@ def non_finite_path(value: Any, path: str) -> str | None:
         elif isinstance(item, (list, tuple)):
             stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
     return None
+
+
+def json_object(text: str) -> bool:
+    """`text` is a JSON object as RFC 8259 has it (not NaN nor Infinity, which Python's json.loads reads; integers of
+    any length, which int() refuses past 4,300 digits); one nested deeper than Python's decoder reaches is not."""
+    try:
+        return isinstance(JSON_CHECK.decode(text), dict)
+    except (ValueError, RecursionError):
+        return False

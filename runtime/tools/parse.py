@@ -15,6 +15,8 @@ Formats (`TemplateFeatures.format`):
   output that starts with `{` or `[` is held back until it ends, to decide.
 - "hermes": content, then calls each in `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; whitespace
   between calls is dropped; a tag whose JSON is not a call stays content.
+- "command_r" and "command_r7b" (Cohere's `Action: ```json [...]``` ` and `<|START_ACTION|>[...]<|END_ACTION|>`):
+  runtime/tools/parse_command_r.py, fed through this parser.
 A call naming no given tool is not a call. In the generic format, once a call is out, malformed text after it
 is ignored (it stays in `raw`). Output cut short inside the arguments leaves them cut short, as OpenAI does at
 finish_reason "length"; cut after a call's name, before its arguments open, it is that call with empty arguments.
@@ -31,11 +33,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixcache.runtime.tools import scan
-from radixcache.runtime.tools.messages import JSON_CHECK, STRICT_JSON, ToolCall
+from radixcache.runtime.tools.json_values import json_object
+from radixcache.runtime.tools.messages import STRICT_JSON, ToolCall
+from radixcache.runtime.tools.parse_command_r import COMMAND_R, COMMAND_R7B, CommandRCalls
 from radixcache.runtime.tools.specs import ToolSpec
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_CALLS = "[TOOL_CALLS]"  # Mistral's token before its list of calls (kept: runtime.tools.call_tokens)
+FORMATS = ("generic", "native", "hermes", COMMAND_R, COMMAND_R7B)  # TemplateFeatures.format's values
 
 
 def new_call_id() -> str:
@@ -83,9 +88,12 @@ class ToolCallParser:
         not always obey); the output after the last one read is ignored (it stays in `raw`). `calls_only`: a grammar
         made the output calls alone ("required" and named tool_choices), so none of it is content, not even a
         fragment of the calls' scaffold that the length limit cut before any call's name (no call then)."""
-        if fmt not in ("generic", "native", "hermes"):
+        if fmt not in FORMATS:
             raise ValueError(f"unknown tool call format {fmt!r}")
         self.names = {t.name for t in tools}
+        # Command-R's formats run a machine of their own (runtime/tools/parse_command_r.py), fed through this one
+        cohere = fmt in (COMMAND_R, COMMAND_R7B)
+        self.command_r = CommandRCalls(self.names, fmt, new_id, max_calls, calls_only) if cohere else None
         self.hermes = fmt == "hermes"
         self.new_id = new_id
         self.max_calls = max_calls
@@ -116,6 +124,8 @@ class ToolCallParser:
         """The deltas `delta` completes."""
         if self.finished:
             raise RuntimeError("the output has finished")
+        if self.command_r is not None:
+            return self.command_r.feed(delta, final=False)
         self.parts.append(delta)
         self.pending.append(delta)
         if self._waits(delta):
@@ -127,6 +137,9 @@ class ToolCallParser:
 
     def finish(self) -> list[dict[str, Any]]:
         """The deltas the end of the output decides (held text, calls found only in the whole text)."""
+        if self.command_r is not None:
+            self.finished = True
+            return self.command_r.feed("", final=True)
         self._take()
         out: list[dict[str, Any]] = []
         self._run(out, final=True)
@@ -134,13 +147,14 @@ class ToolCallParser:
         return out
 
     def result(self) -> ParsedOutput:
-        content = "".join(self.content)
-        calls = tuple(ToolCall(i, n, "".join(a)) for i, n, a in self.calls)
+        machine: ToolCallParser | CommandRCalls = self if self.command_r is None else self.command_r
+        content = "".join(machine.content)
+        calls = tuple(ToolCall(i, n, "".join(a)) for i, n, a in machine.calls)
         # args: still open; arguments that closed but are no JSON object (NaN, a trailing comma: an unconstrained
         # model's slip) cannot be run either
-        complete = self.state != "args" and all(json_object(c.arguments) for c in calls)
-        raw = "".join(self.parts)
-        return ParsedOutput(content or None, calls, raw, complete=complete, dropped_calls=self.dropped_calls)
+        complete = machine.state != "args" and all(json_object(c.arguments) for c in calls)
+        raw = "".join(machine.parts)
+        return ParsedOutput(content or None, calls, raw, complete=complete, dropped_calls=machine.dropped_calls)
 
     # ------------------------------------------------------------------ the window
 
@@ -319,15 +333,6 @@ class ToolCallParser:
                 {"tool_calls": [{"index": len(self.calls) - 1, "id": call_id, "type": "function", "function": fn}]}
             )
         return True
-
-
-def json_object(text: str) -> bool:
-    """`text` is a JSON object as RFC 8259 has it (not NaN nor Infinity, which Python's json.loads reads; integers of
-    any length, which int() refuses past 4,300 digits); one nested deeper than Python's decoder reaches is not."""
-    try:
-        return isinstance(JSON_CHECK.decode(text), dict)
-    except (ValueError, RecursionError):
-        return False
 
 
 def loose_calls(text: str, names: set[str]) -> list[tuple[str, str]] | None:

@@ -11,7 +11,9 @@ turn N's prompt and output token for token.
   else as a user message starting "Tool result for NAME (ID):".
 - An assistant turn whose calls the `ToolCallMemory` knows (the runtime generated them) is rendered as the exact
   text the model emitted, so its tokens are those the model generated and the radix cache holds; so is a reply
-  sent back one message per call (runtime/tools/split_replies.py joins it).
+  sent back one message per call (runtime/tools/split_replies.py joins it). Not under Command R7B's template, which
+  wraps a plain reply in `<|START_RESPONSE|>`: its calls always render through the template. Under Cohere's templates
+  an assistant turn with calls carries its content as `tool_plan` too, where they read the text before the calls.
 The developer role is the system message: it is rendered in the system message's place.
 """
 
@@ -65,10 +67,13 @@ def template_messages(
     """The message dicts and extra variables (`tools` for templates that read it) to render `messages` with."""
     native = features.uses_tools
     fit = functools.partial(fitted_id, length=features.call_id_length)
+    # R7B's template wraps a plain reply in <|START_RESPONSE|>...: a remembered call replayed as that text would read
+    # as an answer, so its calls render through the template (its own syntax and numbering), never remembered
+    recalled = None if features.format == "command_r7b" else memory
     out: list[dict[str, Any]] = []
     for m in joined_replies(messages, memory):  # a reply sent back one message per call is that reply
         if m.role == "assistant" and m.tool_calls:
-            out.append(_assistant_calls(m, native, memory, fit))
+            out.append(_assistant_calls(m, native, recalled, fit, plan=bool(features.command_r)))
         elif m.role == "tool":
             out.append(_tool_result(m, native or features.tool_role, fit))
         else:
@@ -99,7 +104,7 @@ def fitted_id(call_id: str, length: int | None) -> str:
 
 
 def _assistant_calls(
-    m: ChatMessage, native: bool, memory: ToolCallMemory | None, fit: Callable[[str], str]
+    m: ChatMessage, native: bool, memory: ToolCallMemory | None, fit: Callable[[str], str], plan: bool = False
 ) -> dict[str, Any]:
     found = memory.lookup_emitted(m.tool_calls, m.content) if memory is not None else None
     if found is not None:
@@ -115,7 +120,9 @@ def _assistant_calls(
             }
             for c in m.tool_calls
         ]
-        return {"role": "assistant", "content": m.content or "", "tool_calls": calls}
+        turn = {"role": "assistant", "content": m.content or "", "tool_calls": calls}
+        # `tool_plan`: Cohere's templates print an assistant's text before its calls from it (R7B's thinking)
+        return {**turn, "tool_plan": m.content or ""} if plan else turn
     text = generic_calls_text(m.tool_calls)
     return {"role": "assistant", "content": f"{m.content}\n{text}" if m.content else text}
 

@@ -10,7 +10,9 @@
   calls.
 The schema is for the generic format and for templates that render tools themselves but write no call tags
 ("native": the parser reads the same JSON). Templates whose calls are `<tool_call>` tags ("hermes") get None here:
-`hermes_tool_grammar` gives their calls as a Lark grammar, each tag around the JSON of one call.
+`hermes_tool_grammar` gives their calls as a Lark grammar, each tag around the JSON of one call; so do Cohere's
+("command_r", "command_r7b"): `command_r_tool_grammar` gives their block around a JSON list of calls.
+`format_tool_grammar` picks the one of a format.
 """
 
 from __future__ import annotations
@@ -22,16 +24,28 @@ from typing import Any
 from radixcache.runtime.tools.features import TemplateFeatures
 from radixcache.runtime.tools.specs import ToolChoice, ToolSpec
 
+NAME_KEYS = ("name", "arguments")  # a call's keys in the generic format (and Hermes tags, Mistral's lists)
+COMMAND_R_KEYS = ("tool_name", "parameters")  # Cohere's
+# R7B's index of a call, before its name: bounded, so a model cannot write digits without end
+CALL_INDEX = {"tool_call_id": {"type": "string", "pattern": "^[0-9]{1,3}$"}}
 
-def call_schema(tool: ToolSpec, defs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One call of `tool`: its name as a constant, its parameters as the arguments. The parameters' local `$ref`s
-    are root-relative, so once nested here they would point nowhere: their `$defs` / `definitions` go into `defs`
-    (the root's `$defs`, under names prefixed by the tool's) and the refs are rewritten to them (`hoisted`)."""
+
+def call_schema(
+    tool: ToolSpec,
+    defs: dict[str, Any] | None = None,
+    keys: tuple[str, str] = NAME_KEYS,
+    before: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One call of `tool`: its name as a constant, its parameters as the arguments (under `keys`; `before`: other
+    required properties written first). The parameters' local `$ref`s are root-relative, so once nested here they
+    would point nowhere: their `$defs` / `definitions` go into `defs` (the root's `$defs`, under names prefixed by the
+    tool's) and the refs are rewritten to them (`hoisted`)."""
     arguments = tool.parameters if defs is None else hoisted(tool, defs)
+    properties = {**(before or {}), keys[0]: {"const": tool.name}, keys[1]: arguments}
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": arguments},
-        "required": ["name", "arguments"],
+        "properties": properties,
+        "required": list(properties),
         "additionalProperties": False,
     }
 
@@ -94,7 +108,7 @@ def tool_call_schema(
     features: TemplateFeatures | None = None,
 ) -> dict[str, Any] | None:
     """The schema the output must follow, or None when it is not constrained (see the module docstring)."""
-    if features is not None and features.format == "hermes":
+    if features is not None and features.format not in ("generic", "native"):
         return None
     items = one_call_schema(tools, choice)
     if items is None:
@@ -112,8 +126,14 @@ def tool_call_schema(
     return {**schema, "$defs": defs} if defs else schema
 
 
-def one_call_schema(tools: Sequence[ToolSpec], choice: ToolChoice) -> dict[str, Any] | None:
-    """The schema of one call the choice allows ("required": any tool; a named function: that one), else None."""
+def one_call_schema(
+    tools: Sequence[ToolSpec],
+    choice: ToolChoice,
+    keys: tuple[str, str] = NAME_KEYS,
+    before: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """The schema of one call the choice allows ("required": any tool; a named function: that one), else None
+    (`keys`, `before`: as `call_schema` takes them)."""
     if choice.mode == "required":
         allowed = list(tools)
     elif choice.mode == "function":
@@ -123,7 +143,7 @@ def one_call_schema(tools: Sequence[ToolSpec], choice: ToolChoice) -> dict[str, 
     if not allowed:
         return None
     defs: dict[str, Any] = {}
-    calls = [call_schema(t, defs) for t in allowed]
+    calls = [call_schema(t, defs, keys, before) for t in allowed]
     one = calls[0] if len(calls) == 1 else {"anyOf": calls}
     return {**one, "$defs": defs} if defs else one  # the tools' definitions, at the root of the call's schema
 
@@ -145,6 +165,48 @@ def hermes_tool_grammar(
     return f'{start}\ntagged: "<tool_call>\\n" call "\\n</tool_call>"\ncall: {json_rule(close(one))}\n'
 
 
+def command_r_tool_grammar(
+    tools: Sequence[ToolSpec],
+    choice: ToolChoice,
+    fmt: str,
+    *,
+    parallel_tool_calls: bool = True,
+    close: Callable[[dict[str, Any]], dict[str, Any]] = lambda schema: schema,
+) -> str | None:
+    """The calls a "required" or named tool_choice allows in Cohere's formats, as a Lark grammar: Command-R / R+'s
+    ``Action: ```json\n[...]\n``` `` ("command_r") or R7B's `<|START_ACTION|>[...]<|END_ACTION|>` ("command_r7b", each
+    call led by its `tool_call_id`), the list holding one call's JSON (more when `parallel_tool_calls`), each
+    `{"tool_name": <const>, "parameters": <the tool's parameters>}` (`close` applied). None for "auto" and "none"."""
+    r7b = fmt == "command_r7b"
+    one = one_call_schema(tools, choice, COMMAND_R_KEYS, CALL_INDEX if r7b else None)
+    if one is None:
+        return None
+    defs = one.pop("$defs", None)
+    array: dict[str, Any] = {"type": "array", "items": one, "minItems": 1}
+    if not parallel_tool_calls:
+        array["maxItems"] = 1
+    action = json_rule(close({**array, "$defs": defs} if defs else array))
+    opening, closing = ('"<|START_ACTION|>"', '"<|END_ACTION|>"') if r7b else ('"Action: ```json\\n"', '"\\n```"')
+    return f"start: {opening} action {closing}\naction: {action}\n"
+
+
+def format_tool_grammar(
+    tools: Sequence[ToolSpec],
+    choice: ToolChoice,
+    fmt: str,
+    *,
+    parallel_tool_calls: bool = True,
+    close: Callable[[dict[str, Any]], dict[str, Any]] = lambda schema: schema,
+) -> str | None:
+    """The Lark grammar of the calls a choice allows in a format whose calls are no JSON document of their own
+    ("hermes", "command_r", "command_r7b"); None for other formats, and for "auto" and "none"."""
+    if fmt == "hermes":
+        return hermes_tool_grammar(tools, choice, parallel_tool_calls=parallel_tool_calls, close=close)
+    if fmt in ("command_r", "command_r7b"):
+        return command_r_tool_grammar(tools, choice, fmt, parallel_tool_calls=parallel_tool_calls, close=close)
+    return None
+
+
 def auto_answer_grammar(
     tools: Sequence[ToolSpec],
     answer: dict[str, Any] | str,
@@ -159,12 +221,14 @@ def auto_answer_grammar(
     EBNF grammar nested: runtime.grammar.nested). None without tools."""
     required = ToolChoice("required")
     rule = answer if isinstance(answer, str) else json_rule(answer)
-    hermes = features is not None and features.format == "hermes"
-    if hermes:
-        tags = hermes_tool_grammar(tools, required, parallel_tool_calls=parallel_tool_calls, close=close)
-        if tags is None:
+    fmt = "generic" if features is None else features.format
+    if fmt not in ("generic", "native"):
+        own = format_tool_grammar(tools, required, fmt, parallel_tool_calls=parallel_tool_calls, close=close)
+        if own is None:
             return None
-        return "start: answer | calls\n" + tags.replace("start:", "calls:", 1) + f"answer: {rule}\n"
+        # its start becomes the rule `calls` (its other rules: `tagged`, `call`, `action`, none named like these)
+        own = own.replace("start:", "calls:", 1)
+        return "start: answer | calls\n" + own + f"answer: {rule}\n"
     schema = tool_call_schema(tools, required, parallel_tool_calls=parallel_tool_calls, features=features)
     if schema is None:
         return None

@@ -1,0 +1,87 @@
+"""Agent histories under Cohere's templates (tests/command_r_templates.py): assistant calls and tool results reach the
+template as OpenAI's ids, names and arguments, which Command R7B's numbers from 0 across the history (each result
+under its call's number, whatever order the results come in), the reply's text as `tool_plan`; an agent loop under
+the Command-R / R+ template extends each prompt and output token for token (the memory restores the text the model
+wrote); under R7B's, whose plain replies are wrapped in `<|START_RESPONSE|>`, a remembered call is never replayed as
+such a reply: it renders through the template's own syntax."""
+
+from __future__ import annotations
+
+import json
+
+from radixcache.runtime.tools import ToolCallMemory, parse_tool_calls
+from tests.command_r_templates import COMMAND_R, COMMAND_R7B
+from tests.runtime.tools.test_prefix import agent_loop, assert_each_step_extends_the_last
+
+R_OUT = [
+    'Action: ```json\n[{"tool_name": "get_weather", "parameters": {"city":"Paris"}}]\n```',
+    'Two at once.\nAction: ```json\n[\n  {"tool_name": "add", "parameters": {"a": 1, "b": 2}},\n'
+    '  {"tool_name": "now", "parameters": {}}\n]\n```',
+    'Action: [{"parameters": {"city": "Zürich", "unit": "celsius"}, "tool_name": "get_weather"}]',
+]
+
+
+def _call(call_id: str, name: str, arguments: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_r7b_numbers_the_calls_and_files_each_result_under_its_call(tiny_tokenizer, specs) -> None:
+    history = [
+        {"role": "user", "content": "Add 1 and 2, and the time?"},
+        {
+            "role": "assistant",
+            "content": "Both.",
+            "tool_calls": [_call("call_x", "add", '{"a": 1, "b": 2}'), _call("call_y", "now", "{}")],
+        },
+        {"role": "tool", "tool_call_id": "call_y", "content": "12:00"},  # the results in another order
+        {"role": "tool", "tool_call_id": "call_x", "content": "3"},
+        {"role": "assistant", "content": None, "tool_calls": [_call("call_z", "now", "{}")]},
+        {"role": "tool", "tool_call_id": "call_z", "content": "12:01"},
+    ]
+    prompt = tiny_tokenizer.apply_chat_template(history, tools=specs, chat_template=COMMAND_R7B)
+    eos, turn = (
+        tiny_tokenizer.decode(tiny_tokenizer.eos_token_ids[:1], skip_special_tokens=False),
+        "<|START_OF_TURN_TOKEN|>",
+    )
+    tools = "".join(json.dumps(t.to_openai(), ensure_ascii=False) + "\n" for t in specs)
+    expected = (
+        f"{turn}<|SYSTEM_TOKEN|># Tools\n{tools}"
+        'Call tools as <|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}]<|END_ACTION|>.'
+        f"{eos}{turn}<|USER_TOKEN|>Add 1 and 2, and the time?{eos}"
+        f"{turn}<|CHATBOT_TOKEN|><|START_THINKING|>Both.<|END_THINKING|><|START_ACTION|>"
+        '[{"tool_call_id": "0", "tool_name": "add", "parameters": {"a": 1, "b": 2}}, '
+        f'{{"tool_call_id": "1", "tool_name": "now", "parameters": {{}}}}]<|END_ACTION|>{eos}'
+        f'{turn}<|SYSTEM_TOKEN|><|START_TOOL_RESULT|>[{{"tool_call_id": "1", "results": {{"0": "12:00"}}, '
+        f'"is_error": null}}]<|END_TOOL_RESULT|>{eos}'
+        f'{turn}<|SYSTEM_TOKEN|><|START_TOOL_RESULT|>[{{"tool_call_id": "0", "results": {{"0": "3"}}, '
+        f'"is_error": null}}]<|END_TOOL_RESULT|>{eos}'
+        f"{turn}<|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|><|START_ACTION|>"
+        f'[{{"tool_call_id": "2", "tool_name": "now", "parameters": {{}}}}]<|END_ACTION|>{eos}'
+        f'{turn}<|SYSTEM_TOKEN|><|START_TOOL_RESULT|>[{{"tool_call_id": "2", "results": {{"0": "12:01"}}, '
+        f'"is_error": null}}]<|END_TOOL_RESULT|>{eos}{turn}<|CHATBOT_TOKEN|>'
+    )
+    assert prompt == expected
+
+
+def test_a_command_r_agent_loop_extends_each_prompt_token_for_token(tiny_tokenizer, specs) -> None:
+    steps = agent_loop(tiny_tokenizer, specs, R_OUT, memory=ToolCallMemory(), chat_template=COMMAND_R)
+    assert_each_step_extends_the_last(steps)
+    first = tiny_tokenizer.decode(steps[0][0], skip_special_tokens=False)
+    assert "def get_weather(" in first and "# Tools" not in first  # the template rendered the tools itself
+    last = tiny_tokenizer.decode(steps[-1][0], skip_special_tokens=False)
+    assert "<results>\nDocument: call_" in last  # the results under the calls' OpenAI ids
+
+
+def test_an_r7b_call_the_memory_knows_renders_through_the_template(tiny_tokenizer, specs) -> None:
+    raw = 'Checking.<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "now", "parameters": {}}]<|END_ACTION|>'
+    parsed = parse_tool_calls(raw, specs, "command_r7b")
+    memory = ToolCallMemory()
+    memory.remember(parsed.tool_calls, parsed.raw, content=parsed.content or "")
+    results = [{"role": "tool", "tool_call_id": parsed.tool_calls[0].id, "content": "12:00"}]
+    history = [{"role": "user", "content": "Time?"}, json.loads(json.dumps(parsed.message())), *results]
+    prompt = tiny_tokenizer.apply_chat_template(history, tools=specs, tool_memory=memory, chat_template=COMMAND_R7B)
+    assert "<|START_RESPONSE|>" not in prompt  # the call is no plain reply
+    assert (
+        '<|START_THINKING|>Checking.<|END_THINKING|><|START_ACTION|>[{"tool_call_id": "0", "tool_name": "now", '
+        '"parameters": {}}]<|END_ACTION|>'
+    ) in prompt
