@@ -2,18 +2,21 @@
 emits what the schema says: tool_choice "required" over three tools on varied prompts gives calls that validate
 (jsonschema); json_schema outputs validate; streamed and whole replies assemble to the same calls at temperature 0;
 an agent loop of three tool steps replayed as OpenAI clients do hits each previous prompt and output's whole
-pages."""
+pages; tool_choice "auto" beside a regex or Lark grammar calls a tool for a weather question and answers a yes/no
+question in the grammar."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import jsonschema
 import pytest
 
 from radixcache.runtime import Engine
+from radixcache.runtime.grammar import GrammarSpec
 from radixcache.runtime.model.llama import LlamaModel
 from radixcache.runtime.tools import assemble
 from tests.smollm2_tools import TOOLS
@@ -116,3 +119,27 @@ def test_an_agent_loop_hits_each_previous_prompt_and_output(engine: Engine) -> N
         messages += [{"role": "tool", "tool_call_id": c.id, "content": f"ok {step}"} for c in r.tool_calls]
     final = engine.chat(messages, 16, tools=TOOLS)
     assert final.cached_tokens >= (previous.prompt_tokens + len(previous.token_ids) - 1) // PAGE * PAGE
+
+
+ANSWER = r"(yes|no)\. [A-Z][a-z ]{0,40}\."
+YES_NO = ["Is Paris in France? Answer yes or no.", "Is the sun cold? Answer yes or no."]
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [{"grammar": GrammarSpec.regex(ANSWER)}, {"grammar": GrammarSpec.ebnf(f"start: /{ANSWER}/", path="grammar")}],
+    ids=["regex", "lark"],
+)
+def test_auto_beside_a_grammar_calls_a_tool_or_answers_in_the_grammar(engine: Engine, constraint: Any) -> None:
+    """tool_choice "auto" with a regex or grammar: the regex ran alone, so SmolLM2 could never call a tool. Now a
+    weather question gets a call that validates and a yes/no question an answer the regex matches whole."""
+    kinds = []
+    for prompt in [*PROMPTS[:2], *YES_NO]:
+        r = engine.chat(user(prompt), 80, tools=TOOLS, tool_choice="auto", parallel_tool_calls=False, **constraint)
+        if r.tool_calls:
+            assert r.finish_reason == "tool_calls", r
+            jsonschema.validate(json.loads(r.tool_calls[0].arguments), SCHEMAS[r.tool_calls[0].name])
+        else:
+            assert r.finish_reason == "stop" and re.fullmatch(ANSWER, r.text), r
+        kinds.append("call" if r.tool_calls else "answer")
+    assert "call" in kinds and "answer" in kinds, kinds
