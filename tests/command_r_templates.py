@@ -49,3 +49,12 @@ COMMAND_R7B = (
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}" + _TURN + "<|CHATBOT_TOKEN|>{% endif %}"
 )
+
+# Command-R / R+'s first tool_use templates read each tool in Cohere's own shape, not OpenAI's: `name`, `description`
+# and `parameter_definitions` ({parameter: {description, type, required}}), and write a Python signature of it.
+COMMAND_R_V01 = COMMAND_R.replace(
+    'def {{ t.function.name }}(**kwargs) -> List[Dict]:\n    """{{ t.function.description }}"""',
+    "def {{ t.name }}({% for p, d in t.parameter_definitions.items() %}{{ p }}: {{ d.type }}"
+    "{% if not d.required %} = None{% endif %}{% if not loop.last %}, {% endif %}{% endfor %}) -> List[Dict]:\n"
+    '    """{{ t.description }}"""',
+)

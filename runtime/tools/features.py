@@ -7,6 +7,8 @@
 - `command_r`: the template writes Cohere's calls: "command_r7b" where it writes `<|START_ACTION|>` (Command R7B),
   "command_r" where it writes `Action:` and `tool_name` (Command-R and Command-R+'s `Action: ```json [...]```` `),
   else "" (runtime/tools/parse_command_r.py).
+- `cohere_tools`: the template reads tools in Cohere's own shape (`name`, `description`, `parameter_definitions`, as
+  Command-R and Command-R+'s first tool_use templates do), so each tool is given those fields beside OpenAI's.
 - `call_id_length`: the template compares a call id's length with a number (Mistral's raise "Tool call IDs should be
   alphanumeric strings with length 9!" unless `tool_call.id|length` and a tool turn's `tool_call_id|length` are 9),
   so the calls it will render again need ids of that length (runtime.tools.use.CallIds).
@@ -53,6 +55,7 @@ class TemplateFeatures:
     hermes: bool = False
     call_id_length: int | None = None  # the length the template demands of call ids, if it checks one
     command_r: str = ""  # "command_r" or "command_r7b": the template writes Cohere's calls
+    cohere_tools: bool = False  # the template reads tools' `parameter_definitions`
 
     @property
     def format(self) -> str:
@@ -82,6 +85,7 @@ def template_features(source: str | None) -> TemplateFeatures:
         hermes=any("<tool_call>" in c for c in consts) or "<tool_call>" in source,
         call_id_length=_call_id_length(tree),
         command_r=_command_r(source),
+        cohere_tools="parameter_definitions" in source,
     )
 
 

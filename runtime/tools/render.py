@@ -83,7 +83,8 @@ def template_messages(
             out.append(d)
     variables: dict[str, Any] = {}
     if native:  # None without tools, as transformers passes it: undefined, `tools is not none` held (Mistral v0.3)
-        variables["tools"] = [t.to_openai() for t in tools] if tools else None
+        shaped = cohere_tool if features.cohere_tools else ToolSpec.to_openai
+        variables["tools"] = [shaped(t) for t in tools] if tools else None
     elif tools:
         block = generic_tools_prompt(tools)
         if out and out[0]["role"] == "system":
@@ -91,6 +92,44 @@ def template_messages(
         else:
             out.insert(0, {"role": "system", "content": block})
     return out, variables
+
+
+# JSON schema types as the Python type names Cohere's tool definitions use
+PYTHON_TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "array": "list",
+                "object": "dict", "null": "None"}  # fmt: skip
+
+
+def cohere_tool(tool: ToolSpec) -> dict[str, Any]:
+    """A tool in OpenAI's function format with Cohere's fields beside it (`name`, `description`,
+    `parameter_definitions`: each top-level parameter's description, Python type name and whether it is required),
+    for templates that read tools in Cohere's shape (Command-R and R+'s first tool_use templates); a template that
+    reads OpenAI's fields finds them as before."""
+    params = tool.parameters if isinstance(tool.parameters, dict) else {}
+    properties = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+    required = set(params.get("required") or ()) if isinstance(params.get("required"), list) else set()
+    definitions = {}
+    for name, prop in properties.items():
+        prop = prop if isinstance(prop, dict) else {}
+        kind = prop.get("type")
+        if kind is None and isinstance(prop.get("enum"), list):  # an enum's type: its values' JSON types
+            kind = list(dict.fromkeys(_json_type(v) for v in prop["enum"]))
+        kinds = kind if isinstance(kind, list) else [kind]
+        names = [PYTHON_TYPES.get(k, "Any") for k in kinds if isinstance(k, str)] or ["Any"]
+        definitions[name] = {
+            "description": prop.get("description", ""),
+            "type": names[0] if len(names) == 1 else f"Union[{', '.join(names)}]",
+            "required": name in required,
+        }
+    cohere = {"name": tool.name, "description": tool.description or "", "parameter_definitions": definitions}
+    return {**tool.to_openai(), **cohere}
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    return {str: "string", float: "number", list: "array", dict: "object"}.get(type(value), "null")
 
 
 def fitted_id(call_id: str, length: int | None) -> str:

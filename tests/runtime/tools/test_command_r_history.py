@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from radixcache.runtime.tools import ToolCallMemory, parse_tool_calls
+from radixcache.runtime.tools import ToolCallMemory, parse_tool_calls, template_features
 from tests.command_r_templates import COMMAND_R, COMMAND_R7B
 from tests.runtime.tools.test_prefix import agent_loop, assert_each_step_extends_the_last
 
@@ -85,3 +85,23 @@ def test_an_r7b_call_the_memory_knows_renders_through_the_template(tiny_tokenize
         '<|START_THINKING|>Checking.<|END_THINKING|><|START_ACTION|>[{"tool_call_id": "0", "tool_name": "now", '
         '"parameters": {}}]<|END_ACTION|>'
     ) in prompt
+
+
+def test_a_template_reading_cohere_tool_definitions_gets_them(tiny_tokenizer, specs) -> None:
+    """Command-R and R+'s first tool_use templates read `tool.name` and `tool.parameter_definitions`: given OpenAI's
+    function format alone they wrote `def (` for every tool, the model shown no tool's name nor parameter."""
+    from tests.command_r_templates import COMMAND_R_V01
+
+    assert template_features(COMMAND_R_V01).format == "command_r"
+    prompt = tiny_tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tools=specs,
+                                                chat_template=COMMAND_R_V01)  # fmt: skip
+    parameters = {t.name: t.parameters for t in specs}  # tests/smollm2_tools.py: city is required, unit is not
+    assert set(parameters["get_weather"]["required"]) == {"city"}
+    assert (
+        'def get_weather(city: str, unit: str = None) -> List[Dict]:\n    """The current weather in a city."""'
+        in prompt
+    )
+    assert "def add(a: int, b: int) -> List[Dict]:" in prompt and "def now() -> List[Dict]:" in prompt
+    plain = tiny_tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tools=specs,
+                                               chat_template=COMMAND_R)  # fmt: skip
+    assert '"parameter_definitions"' not in plain and "def get_weather(**kwargs)" in plain  # others as before
