@@ -23,6 +23,7 @@ from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine
 from radixcache.runtime.server import generation, legacy, responses_route
 from radixcache.runtime.server.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_max_body_bytes
+from radixcache.runtime.server.body_parse import off_loop_route
 from radixcache.runtime.server.control import ControlReads
 from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
 from radixcache.runtime.server.http_common import (
@@ -109,6 +110,7 @@ def create_app(
         control.close()
 
     app = FastAPI(title="radixcache", lifespan=lifespan)
+    app.router.route_class = off_loop_route()  # big bodies parsed and validated off the event loop
     app.add_middleware(BodyLimit, limit=max_body_bytes, idle=stream_stall_timeout)
     app.state.engine, app.state.inflight, app.state.metrics, app.state.api_keys = engine, inflight, metrics, keys
     app.state.stream_stall_timeout = stream_stall_timeout

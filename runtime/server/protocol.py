@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from radixcache.runtime.grammar.schema_check import nests_deeper_than
 from radixcache.runtime.kv.leases import MAX_RETAIN_FOR_S
+from radixcache.runtime.server.body_parse import list_in_pieces
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 MAX_N = 16
@@ -60,7 +61,8 @@ TOKEN_ID_MAX = (1 << 31) - 1
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
-TokenIds = Annotated[list[TokenId], Field(max_length=MAX_PROMPT_IDS)]
+# validated in pieces: a body's million ids do not hold the GIL for one long call (runtime.server.body_parse)
+TokenIds = Annotated[list[TokenId], Field(max_length=MAX_PROMPT_IDS), list_in_pieces(MAX_PROMPT_IDS)]
 Label = Annotated[str, Field(max_length=MAX_LABEL_CHARS)]
 
 
