@@ -71,14 +71,22 @@ def read_indexed(
         log.debug("disk KV cache: skipping %s: %s", entry.path, exc)
         with lock:
             index.drop(page_hash, entry)
+            index.left_out.add(entry.path)
             count["read_misses"] += 1
         return None
     except CorruptPage as exc:
         log.warning("disk KV cache: deleting the corrupt page %s: %s", entry.path, exc)
-        with contextlib.suppress(OSError):
+        kept = False
+        try:
             os.unlink(entry.path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            kept = True  # never served (it fails its checks), nor listed again by a lookup past the index
         with lock:
             index.drop(page_hash, entry)
+            if kept:
+                index.left_out.add(entry.path)
             count["corrupt_pages"] += 1
             count["read_misses"] += 1
         return None

@@ -25,7 +25,8 @@ Invariants:
 - `read` and `read_into` trust nothing: magic, version, checksum, the hash recorded in the file, and the page's
   own tokens must all match, or the page is deleted, counted as corrupt, and the read is a miss. A page of a newer
   format version (a newer radixcache shares the directory) is a miss that leaves the index, not the disk.
-- The index follows this store's own writes, reads and deletions. Its byte total is kept at or under `max_bytes`
+- The index follows this store's own writes, reads and deletions, and the page files a lookup finds past it (another
+  process's writes: `count_prefix`). Its byte total is kept at or under `max_bytes`
   at open (a writable store) and after every write by deleting the least recently used pages (last read, write or
   device hit, by the stamps the files' mtimes hold, so the order at open is the order before: `refresh`,
   kv.tier.disk_stamps; a run's later page is stamped just older than the page before it, kv.tier.disk_index).
@@ -37,8 +38,9 @@ Invariants:
   store opens disabled), and `clear` refuses one. Only files of the store's exact naming, in a marked directory,
   are ever deleted (radixcache.runtime.kv.tier.disk_layout), and no symlink is followed.
 
-Several processes may share a directory (files are immutable, written atomically, verified on read), but each
-enforces `max_bytes` over the pages it knows of: its own writes and what was there when it opened.
+Several processes may share a directory (files are immutable, written atomically, verified on read): each finds the
+pages the others write (a lookup looks past its index on disk), but enforces `max_bytes` over the pages it knows of:
+its own writes, what was there when it opened, and the others' pages its lookups found.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from typing import TypeVar
 
 from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow_split
 from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, PageWrite, encode_page
-from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, clamp_future, scan_pages
+from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, clamp_future, probe_pages, scan_pages
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, cache_path, fingerprint_tag
 from radixcache.runtime.kv.tier.disk_maintenance import DiskMaintenance
 from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into, read_indexed
@@ -118,18 +120,20 @@ class DiskStore(DiskMaintenance):
         self._names: dict[str, str] = {self.tag: self.fingerprint}  # tag -> fingerprint string
         self._warned = False
         self.enabled = True
+        self._readable = True  # False: a directory that is not ours (never listed or read)
+        self._unlinking = self._deletions = 0  # evicted pages whose files are being deleted; a count of such events
         self._count = dict.fromkeys(_COUNTERS, 0)
 
         if create:
             adoption = self.layout.adopt(self.fingerprint)
             if adoption.refused is not None:
                 self._disable(adoption.refused)
+            self._readable = adoption.readable
             if adoption.readable:
                 self._scan()  # a read-only cache still serves its pages
             if self.enabled:  # a restart with a smaller max_bytes: the limit holds from the start, not after a write
                 with self._lock:
-                    victims = self._index.evict_over(self.max_bytes)
-                    self._count["evicted_pages"] += len(victims)
+                    victims = self._evict_over()
                 self._delete(victims)
         else:  # an inspecting handle: the directory must be a cache of this format; nothing is written
             if not os.path.isdir(self.directory):
@@ -171,8 +175,23 @@ class DiskStore(DiskMaintenance):
     # -------------------------------------------------------------------------------------------- lookups
 
     def count_prefix(self, page_hashes: Sequence[bytes]) -> int:
-        """How many of `page_hashes`, from the first, are stored consecutively (per the index). O(answer)."""
+        """How many of `page_hashes`, from the first, are stored consecutively. O(answer): the index's, then one
+        `lstat` a page past it (kv.tier.disk_index's `probe_pages`, without the lock): a page file another process
+        sharing the directory wrote after this store opened joins the index, with its mtime as its stamp."""
         with self._lock:
+            n = self._index.prefix_length(page_hashes)
+            deletions = None if self._unlinking else self._deletions
+        if n == len(page_hashes) or not self._readable or deletions is None:
+            return n
+        found = probe_pages(self.layout, page_hashes[n:])
+        with self._lock:
+            if found and deletions == self._deletions:  # else a file found may be one this store is deleting
+                now = self._owed.now()
+                for page_hash, entry, mtime_ns in found:
+                    if entry.path in self._index.left_out:  # a file it dropped on purpose: the run ends there
+                        break
+                    if page_hash not in self._index:
+                        self._index.add(page_hash, entry, min(mtime_ns, now))
             return self._index.prefix_length(page_hashes)
 
     def __contains__(self, page_hash: object) -> bool:
@@ -320,19 +339,34 @@ class DiskStore(DiskMaintenance):
         self._settle()  # the evictions it forces see the refreshes recorded since it was queued
         with self._lock:
             if entry is not None:
-                victims = self._index.evict_over(self.max_bytes)
-                self._count["evicted_pages"] += len(victims)
+                victims = self._evict_over()
         self._delete(victims)
 
+    def _evict_over(self) -> list[PageEntry]:
+        """Take the least recently used pages out of the index until it is under max_bytes (the lock held); their
+        files are then `_delete`d. Until they are gone, `count_prefix` adds no page it finds on disk (one of them?)."""
+        victims = self._index.evict_over(self.max_bytes)
+        if victims:
+            self._count["evicted_pages"] += len(victims)
+            self._unlinking += len(victims)
+            self._deletions += 1
+        return victims
+
     def _delete(self, victims: list[PageEntry]) -> None:
-        """Delete the files of pages evicted from the index to stay under max_bytes (without the lock)."""
+        """Delete the files of pages `_evict_over` took out of the index (without the lock)."""
         for victim in victims:
             try:
                 os.unlink(victim.path)
             except FileNotFoundError:
                 pass
             except OSError as exc:
+                with self._lock:
+                    self._index.left_out.add(victim.path)
                 self._disable(f"cannot delete {victim.path} to stay under max_bytes: {exc}")
+        if victims:
+            with self._lock:
+                self._unlinking -= len(victims)
+                self._deletions += 1
 
     def _write_page(self, write: PageWrite) -> PageEntry:
         """Write one page file (tests replace this to stall the writer). Raises OSError."""
