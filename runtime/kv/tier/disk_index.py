@@ -16,6 +16,7 @@ import stat
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+from radixcache.runtime.kv.tier.disk_files import is_real_dir
 from radixcache.runtime.kv.tier.disk_format import MAX_HASH_BYTES
 from radixcache.runtime.kv.tier.disk_layout import CacheDir, in_own_folder
 
@@ -179,16 +180,22 @@ def scan_pages(cache_dir: CacheDir) -> list[tuple[bytes, PageEntry, int]]:
 
 def probe_pages(cache_dir: CacheDir, page_hashes: Iterable[bytes]) -> list[tuple[bytes, PageEntry, int]]:
     """The page files of `page_hashes`, from the first, that are on disk under this fingerprint (regular files at their
-    paths, one `lstat` each, stopping at the first absent): pages another process sharing the directory wrote after
-    this store's open, which its index does not list. (hash, entry, mtime ns), as `scan_pages`."""
+    paths, in real folders, stopping at the first absent: one `lstat` a page and one a folder): pages another process
+    sharing the directory wrote after this store's open, which its index does not list. No symlink is followed, as
+    `scan_pages` follows none: a symlinked `pages/`, fingerprint or hash folder ends the run. (hash, entry, mtime)."""
     found: list[tuple[bytes, PageEntry, int]] = []
+    real: dict[str, bool] = {}  # each folder's lstat, once a call
     for page_hash in page_hashes:
         path = cache_dir.page_path(page_hash)
         try:
             st = os.lstat(path)
         except OSError:
             break
-        if not stat.S_ISREG(st.st_mode):
+        folders = (cache_dir.pages_root, cache_dir.pages_dir, os.path.dirname(path))
+        for folder in folders:
+            if folder not in real:
+                real[folder] = is_real_dir(folder)
+        if not (stat.S_ISREG(st.st_mode) and all(real[folder] for folder in folders)):
             break
         found.append((page_hash, PageEntry(path, st.st_size, cache_dir.tag), st.st_mtime_ns))
     return found

@@ -10,9 +10,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from radixcache.runtime import Engine
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
-from tests.runtime.conftest import FP, META, h, payload, toks, write
+from tests.runtime.conftest import FP, META, h, page_path, payload, toks, write
 
 
 def test_a_store_finds_the_pages_another_store_wrote_after_it_opened(open_store, tmp_path: Path) -> None:
@@ -66,3 +68,21 @@ def test_two_live_engines_share_what_each_writes(tmp_path: Path) -> None:
         assert b.stats.tiers.disk_hit_tokens == 63
         assert b.stats.tiers.disk_failed_reads == 0
         b.check()
+
+
+@pytest.mark.parametrize("link", ["fingerprint", "hash"])
+def test_a_lookup_past_the_index_follows_no_symlinked_folder(open_store, tmp_path: Path, link: str) -> None:
+    """The pages another store wrote, moved behind a symlinked fingerprint folder (`pages/<tag>`) or hash folder
+    (`pages/<tag>/<2 hex>`): the listing at open skips them, and so does a lookup past the index."""
+    reader = open_store()
+    writer = open_store()
+    write(writer, 0)
+    folder = page_path(writer, h(0)).parent
+    if link == "fingerprint":
+        folder = folder.parent
+    moved = tmp_path / "elsewhere"
+    folder.rename(moved)
+    folder.symlink_to(moved, target_is_directory=True)
+    assert reader.count_prefix([h(0)]) == 0
+    assert reader.read(h(0), toks(0)) is None
+    assert open_store().count_prefix([h(0)]) == 0  # as the listing at open
