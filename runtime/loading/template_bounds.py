@@ -12,14 +12,14 @@ call's and filter's result after, and all it makes together is bounded by `MAX_M
 steps a message (about 7 for ChatML, 16 for Llama 3's) and make nothing near the size bounds.
 
 The budget is the render's own (`Budget`, on its context's eval context, which Jinja shares with every context
-derived from it), so the checks find it by an attribute, not a lookup."""
+derived from it), so the checks find it by an attribute, not a lookup. The bounds of concatenations and of the
+output (`+`, `~`, a block's text, the render's output) are template_concat.py's."""
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, ValuesView
-from itertools import islice
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, ValuesView
 from typing import Any
 
 from jinja2.utils import Namespace
@@ -87,7 +87,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _size(value: Any) -> int:
+def size_of(value: Any) -> int:
     """A string's or bytes' characters, a list's, tuple's or dict's items, an integer's digits (a little over)."""
     if isinstance(value, str | bytes | list | tuple | dict):
         return len(value)
@@ -109,7 +109,7 @@ def check(value: Any, what: str, budget: Budget) -> Any:
         size = len(value)
         weight = size * ITEM_WEIGHT
     else:
-        size = weight = _size(value)
+        size = weight = size_of(value)
         if size > MAX_DIGITS and _is_int(value):  # int(hex text, 16) made 48 million bits: `is divisibleby` 12 s
             raise TemplateBoundError(f"{what} is a number of over {MAX_DIGITS} digits")
     if size > MAX_CHARS:
@@ -283,14 +283,6 @@ def searched(context: Any, container: Any) -> Any:
     return container
 
 
-def add_checked(budget: Budget, left: Any, right: Any) -> Any:
-    size = _size(left) + _size(right)
-    if size > MAX_CHARS:
-        raise TemplateBoundError(f"a concatenation makes over {MAX_CHARS} characters or items")
-    fits(budget, size * ITEM_WEIGHT if isinstance(left, list | tuple) else size, "a concatenation")
-    return check(left + right, "the result of +", budget)
-
-
 def fits(budget: Budget, weight: int, what: str) -> None:
     """Refuses, before it is made, what would take the render past MAX_MADE (`check` counts it once made)."""
     if weight > budget.made:
@@ -311,94 +303,3 @@ def split_count(text: str, name: str, args: tuple[Any, ...], kwargs: dict[str, A
     n = text.count(sep) + 1 if isinstance(sep, str) and sep else sum(map(text.count, _WHITESPACE)) + 1
     limit = args[1] if len(args) > 1 else kwargs.get("maxsplit", -1)
     return min(n, limit + 1) if _is_int(limit) and limit >= 0 else n
-
-
-def chain_of(pattern: tuple[str | None, ...], steps: int, shown: bool = False) -> Callable[..., Any]:
-    """`a + b + c ...` as one call, made once per chain as the template compiles: `pattern` is the chain's parts,
-    its literal strings (adjacent ones merged) and None for each value it computes, which the call is passed;
-    `steps` its `+`s, a step each. Strings (the common case) are checked and counted, then formatted into the
-    literals at once; anything else is added pair by pair, each sum checked as `+` is (and, where the chain is
-    written to the output, `shown`, the sum's size as text: `{{ [big] + [big] }}`)."""
-    fmt = "".join("%s" if part is None else part.replace("%", "%%") for part in pattern)
-    fixed = sum(len(part) for part in pattern if part is not None)
-
-    def chain(context: Any, *values: Any) -> Any:
-        budget = context.eval_ctx.budget
-        budget.steps -= steps
-        if budget.steps < budget.mark:
-            budget.tick()
-        size = fixed
-        for value in values:
-            if value.__class__ is not str:
-                result = _pairwise(budget, pattern, values)
-                if shown and result.__class__ is not str:
-                    text_size(result, "an output", budget)
-                return result
-            size += len(value)
-        if size > MAX_CHARS:
-            raise TemplateBoundError(f"a concatenation makes over {MAX_CHARS} characters or items")
-        budget.made -= size
-        if budget.made < 0:
-            raise TemplateBoundError(f"its results hold over {MAX_MADE} characters or items in all")
-        return fmt % values
-
-    return chain
-
-
-def _pairwise(budget: Budget, pattern: tuple[str | None, ...], values: tuple[Any, ...]) -> Any:
-    given = iter(values)
-    parts = [next(given) if part is None else part for part in pattern]
-    result = parts[0]
-    for part in parts[1:]:
-        result = add_checked(budget, result, part)
-    return result
-
-
-def joined(context: Any, *parts: Any) -> str:
-    """`a ~ b ~ c ...`: the parts as text, their total checked before they are joined."""
-    budget = context.eval_ctx.budget
-    texts = [p if p.__class__ is str else text_of(p, "a ~ part", budget) for p in parts]
-    size = sum(map(len, texts))
-    if size > MAX_CHARS:
-        raise TemplateBoundError(f"a ~ concatenation makes over {MAX_CHARS} characters")
-    budget.made -= size
-    if budget.made < 0:
-        raise TemplateBoundError(f"its results hold over {MAX_MADE} characters or items in all")
-    return "".join(texts)
-
-
-def concat_text(parts: Iterable[str]) -> str:
-    """Text gathered, refused over MAX_CHARS before it is joined."""
-    texts = parts if isinstance(parts, list) else list(parts)
-    if sum(map(len, texts)) > MAX_CHARS:
-        raise TemplateBoundError(f"a block's text is over {MAX_CHARS} characters")
-    return "".join(texts)
-
-
-def concat_in(context: Any) -> Callable[[Iterable[str]], str]:
-    """The render's `concat`, which joins a block's text (`{% set x %}...{% endset %}`, a macro's, a call block's):
-    its size is checked as the parts are gathered, before they are joined, and counted."""
-    budget = context.eval_ctx.budget
-
-    def concat(parts: Iterable[str]) -> str:
-        text = concat_text(parts)
-        budget.made -= len(text)
-        if budget.made < 0:
-            raise TemplateBoundError(f"its results hold over {MAX_MADE} characters or items in all")
-        return text
-
-    return concat
-
-
-def collect(chunks: Iterable[str]) -> str:
-    """The render's output, refused once over MAX_CHARS. Gathered 32 chunks at a time (each chunk is text the
-    template holds already, or made and counted against MAX_MADE), their total checked before any join."""
-    out: list[str] = []
-    total = 0
-    chunks = iter(chunks)
-    while batch := list(islice(chunks, 32)):
-        total += sum(map(len, batch))
-        if total > MAX_CHARS:
-            raise TemplateBoundError(f"its output is over {MAX_CHARS} characters")
-        out += batch
-    return "".join(out)

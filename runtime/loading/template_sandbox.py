@@ -33,8 +33,6 @@ from radixcache.runtime.loading.template_bounds import (
     SMALL_INT,
     Budget,
     TemplateBoundError,
-    add_checked,
-    chain_of,
     check,
     check_digits,
     check_grown,
@@ -43,11 +41,7 @@ from radixcache.runtime.loading.template_bounds import (
     check_percent,
     check_replace,
     check_spec,
-    collect,
-    concat_in,
-    concat_text,
     fits,
-    joined,
     searched,
     shown,
     split_count,
@@ -55,6 +49,7 @@ from radixcache.runtime.loading.template_bounds import (
     text_size,
     work,
 )
+from radixcache.runtime.loading.template_concat import add_checked, chain_of, collect, concat_in, concat_text, joined
 from radixcache.runtime.loading.template_filters import bounded_filter, lipsum, text_test
 
 _BOUNDS = frozenset({"steps_of", "plus", "plus_out", "joined", "searched", "shown"})
