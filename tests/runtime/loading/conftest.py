@@ -35,19 +35,10 @@ def smollm2_path() -> str:
 
 
 @pytest.fixture(scope="session")
-def smollm2_tokenizer(smollm2_path: str) -> Any:
-    from radixcache.runtime.loading.gguf import GGUFFile
-    from radixcache.runtime.loading.tokenizer import Tokenizer
-
-    with GGUFFile(smollm2_path) as f:
-        return Tokenizer.from_gguf_metadata(f.metadata, name="SmolLM2")
-
-
-@pytest.fixture(scope="session")
-def smollm2_model(smollm2_path: str) -> Any:
-    from radixcache.runtime.loading import load_model
-
-    return load_model(smollm2_path)
+def smollm2_model(smollm2_path: str, smollm2: Any) -> Any:
+    """load_model(smollm2_path): the session's `smollm2` (tests/conftest.py), which loads that file by its name, so
+    that a worker holds one copy (a load is about 3 s)."""
+    return smollm2
 
 
 # ---------------------------------------------------------------------- a GGUF writer from the spec
