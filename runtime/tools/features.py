@@ -7,6 +7,8 @@
 - `command_r`: the template writes Cohere's calls: "command_r7b" where it writes `<|START_ACTION|>` (Command R7B),
   "command_r" where it writes `Action:` and `tool_name` (Command-R and Command-R+'s `Action: ```json [...]```` `),
   else "" (runtime/tools/parse_command_r.py).
+- `ignores_calls`: the template reads `tools` but never `tool_calls` (it renders no assistant's calls itself), so it
+  is given the calls as the text the model writes them in.
 - `cohere_tools`: the template reads tools in Cohere's own shape (`name`, `description`, `parameter_definitions`, as
   Command-R and Command-R+'s first tool_use templates do), so each tool is given those fields beside OpenAI's.
 - `call_id_length`: the template compares a call id's length with a number (Mistral's raise "Tool call IDs should be
@@ -56,6 +58,7 @@ class TemplateFeatures:
     call_id_length: int | None = None  # the length the template demands of call ids, if it checks one
     command_r: str = ""  # "command_r" or "command_r7b": the template writes Cohere's calls
     cohere_tools: bool = False  # the template reads tools' `parameter_definitions`
+    ignores_calls: bool = False  # the template reads `tools` but never `tool_calls`
 
     @property
     def format(self) -> str:
@@ -86,6 +89,7 @@ def template_features(source: str | None) -> TemplateFeatures:
         call_id_length=_call_id_length(tree),
         command_r=_command_r(source),
         cohere_tools="parameter_definitions" in source,
+        ignores_calls="tools" in undeclared and "tool_calls" not in source,
     )
 
 

@@ -5,6 +5,10 @@ turn N's prompt and output token for token.
   transformers passes it: Mistral v0.3's `tools is not none` was true of an undefined `tools`, so a plain chat read
   an empty `[AVAILABLE_TOOLS] [][/AVAILABLE_TOOLS]` block), assistant tool calls as
   `tool_calls` with `arguments` as objects (Hugging Face's convention), and tool messages as `role: "tool"`.
+- A template that reads `tools` but has no tool turn (it compares no role with "tool" or "ipython") gets tool
+  results as the generic format's user messages below, and one that never reads `tool_calls` gets an assistant's
+  calls as the text the model writes them in (the generic JSON, or Command-R's `Action:` block): given as fields it
+  does not read, they vanished from the prompt, the model never seeing its calls nor their results.
 - Other templates get the generic format: `generic_tools_prompt(tools)` appended to the first system message (or
   as a new first system message), assistant calls as the JSON text `{"tool_calls": [{"name": ..., "arguments":
   {...}}]}` the model was asked to write, and tool results as `role: "tool"` when the template has a tool turn,
@@ -66,6 +70,7 @@ def template_messages(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The message dicts and extra variables (`tools` for templates that read it) to render `messages` with."""
     native = features.uses_tools
+    calls_text = CALLS_TEXT.get(features.format, generic_calls_text)
     fit = functools.partial(fitted_id, length=features.call_id_length)
     # R7B's template wraps a plain reply in <|START_RESPONSE|>...: a remembered call replayed as that text would read
     # as an answer, so its calls render through the template (its own syntax and numbering), never remembered
@@ -73,9 +78,11 @@ def template_messages(
     out: list[dict[str, Any]] = []
     for m in joined_replies(messages, memory):  # a reply sent back one message per call is that reply
         if m.role == "assistant" and m.tool_calls:
-            out.append(_assistant_calls(m, native, recalled, fit, plan=bool(features.command_r)))
-        elif m.role == "tool":
-            out.append(_tool_result(m, native or features.tool_role, fit))
+            # a template that reads `tools` but never `tool_calls` would drop the calls: they go as their text
+            as_objects = native and not features.ignores_calls
+            out.append(_assistant_calls(m, as_objects, recalled, fit, plan=bool(features.command_r), text=calls_text))
+        elif m.role == "tool":  # a template with no tool turn drops one: the result goes as a user message
+            out.append(_tool_result(m, features.tool_role, fit))
         else:
             d: dict[str, Any] = {"role": m.role, "content": m.content or ""}
             if m.name is not None:
@@ -142,8 +149,33 @@ def fitted_id(call_id: str, length: int | None) -> str:
     return alphanumeric_id(f"client id {call_id}", length)
 
 
+def command_r_calls_text(calls: Sequence[ToolCall]) -> str:
+    """Calls as Command-R and R+ write them: `Action:` and a fenced JSON list of `tool_name` and `parameters`, each
+    call's arguments text kept as given."""
+    items = ", ".join(
+        f'{{"tool_name": {json.dumps(c.name, ensure_ascii=False)}, "parameters": {c.arguments}}}' for c in calls
+    )
+    return f"Action: ```json\n[{items}]\n```"
+
+
+def hermes_calls_text(calls: Sequence[ToolCall]) -> str:
+    """Calls as Hermes-style templates have the model write them: each in a `<tool_call>` tag, one per line."""
+    return "\n".join(
+        f'<tool_call>\n{{"name": {json.dumps(c.name, ensure_ascii=False)}, "arguments": {c.arguments}}}\n</tool_call>'
+        for c in calls
+    )
+
+
+CALLS_TEXT = {"hermes": hermes_calls_text, "command_r": command_r_calls_text}
+
+
 def _assistant_calls(
-    m: ChatMessage, native: bool, memory: ToolCallMemory | None, fit: Callable[[str], str], plan: bool = False
+    m: ChatMessage,
+    native: bool,
+    memory: ToolCallMemory | None,
+    fit: Callable[[str], str],
+    plan: bool = False,
+    text: Callable[[Sequence[ToolCall]], str] = generic_calls_text,
 ) -> dict[str, Any]:
     found = memory.lookup_emitted(m.tool_calls, m.content) if memory is not None else None
     if found is not None:
@@ -162,8 +194,8 @@ def _assistant_calls(
         turn = {"role": "assistant", "content": m.content or "", "tool_calls": calls}
         # `tool_plan`: Cohere's templates print an assistant's text before its calls from it (R7B's thinking)
         return {**turn, "tool_plan": m.content or ""} if plan else turn
-    text = generic_calls_text(m.tool_calls)
-    return {"role": "assistant", "content": f"{m.content}\n{text}" if m.content else text}
+    written = text(m.tool_calls)
+    return {"role": "assistant", "content": f"{m.content}\n{written}" if m.content else written}
 
 
 def _tool_result(m: ChatMessage, tool_turn: bool, fit: Callable[[str], str]) -> dict[str, Any]:

@@ -181,7 +181,8 @@ def test_a_template_with_generation_blocks_keeps_its_tool_features() -> None:
         "{% elif m.role == 'assistant' %}{% generation %}<tool_call>{{ m.content }}{% endgeneration %}{% endif %}"
         "{% endfor %}"
     )
-    assert template_features(source) == TemplateFeatures(uses_tools=True, tool_role=True, hermes=True)
+    expected = TemplateFeatures(uses_tools=True, tool_role=True, hermes=True, ignores_calls=True)  # no `tool_calls`
+    assert template_features(source) == expected
 
 
 @pytest.mark.parametrize("replayed", ['{"a": true, "b": false}', '{"a": "1", "b": 0}', '{"a": 1, "b": 0.5}'])
