@@ -3,8 +3,9 @@
 
 - "command_r": content, then `Action:` and a fenced JSON list of calls: ``Action: ```json\\n[{"tool_name": ...,
   "parameters": {...}}, ...]\\n``` `` (the fence may be missing, or plain ```` ``` ````).
-- "command_r7b": content (the tool plan the model thinks aloud: its `<|START_THINKING|>` markers are special tokens
-  the text leaves out), then `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}},
+- "command_r7b": content (the tool plan the model thinks aloud, and a plain answer: their `<|START_THINKING|>` and
+  `<|START_RESPONSE|>` markers are special tokens the text leaves out, and are dropped where a tokenizer shows them),
+  then `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}},
   ...]<|END_ACTION|>`. The model's `tool_call_id` (an index) is dropped: each call gets a fresh OpenAI id, as in every
   format (the template numbers the calls of a history again itself).
 Calls whose keys come in that order stream their arguments as they arrive; a block in another shape (other key
@@ -27,6 +28,9 @@ COMMAND_R, COMMAND_R7B = "command_r", "command_r7b"
 ACTION = "Action:"  # Command-R / R+: the text before its fenced list of calls
 FENCES = ("```json", "```")
 START_ACTION, END_ACTION = "<|START_ACTION|>", "<|END_ACTION|>"  # R7B's special tokens around its list of calls
+# R7B's markers around its plan and its answer: special tokens the decoded text leaves out; a tokenizer that has them
+# as plain tokens shows them, and they are no content either
+HIDDEN = ("<|START_THINKING|>", "<|END_THINKING|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>")
 
 
 class CommandRCalls:
@@ -91,17 +95,32 @@ class CommandRCalls:
 
     def _text(self, out: list[dict[str, Any]], final: bool) -> None:
         i = self.text.find(self.open, self.pos)
+        hidden = self._hidden_at(i)
+        if hidden is not None:  # R7B's thinking or response marker, written as text: not content
+            self._emit(out, self.text[self.pos : hidden[0]])
+            self.pos = self.held = hidden[0] + len(hidden[1])
+            return
         if i >= 0:
             self._emit(out, self.text[self.pos : i])
             self.held, self.pos, self.state = i, i + len(self.open), "head"
             return
-        keep = (
-            0 if final else next((k for k in range(len(self.open) - 1, 0, -1) if self.text.endswith(self.open[:k])), 0)
-        )
+        markers = (self.open, *HIDDEN) if self.r7b else (self.open,)
+        keep = 0 if final else max(self._prefix_kept(m) for m in markers)
         end = len(self.text) - keep
         if end > self.pos:
             self._emit(out, self.text[self.pos : end])
             self.pos = self.held = end
+
+    def _hidden_at(self, before: int) -> tuple[int, str] | None:
+        """The first of R7B's thinking and response markers from `pos` (before `before`, where that is not -1)."""
+        if not self.r7b:
+            return None
+        found = [(j, m) for m in HIDDEN if (j := self.text.find(m, self.pos, None if before < 0 else before)) >= 0]
+        return min(found) if found else None
+
+    def _prefix_kept(self, marker: str) -> int:
+        """How many of the text's last characters begin `marker` (held back: the marker may be arriving)."""
+        return next((k for k in range(len(marker) - 1, 0, -1) if self.text.endswith(marker[:k])), 0)
 
     def _head(self, out: list[dict[str, Any]], final: bool) -> None:
         """After the open marker: the list's `[` (R / R+: after a fence, where there is one)."""

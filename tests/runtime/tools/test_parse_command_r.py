@@ -63,6 +63,14 @@ CASES = {
         ("<|START_ACTION|>no json<|END_ACTION|>", "<|START_ACTION|>no json<|END_ACTION|>", []),
         ("Action: is R and R+'s, not R7B's", "Action: is R and R+'s, not R7B's", []),
         ("It is 4.", "It is 4.", []),
+        # R7B's thinking and response markers, where a tokenizer shows them as text: no content
+        (
+            f"<|START_THINKING|>I will add.<|END_THINKING|><|START_ACTION|>{R7B_CALLS}<|END_ACTION|>",
+            "I will add.",
+            json.loads(R7B_CALLS),
+        ),
+        ("<|START_RESPONSE|>It is 4 <|END_RESPONSE|>", "It is 4 ", []),
+        ("<|START_RESPONSE|>a <|x|> b<|END_RES", "a <|x|> b<|END_RES", []),  # cut inside a marker: the rest shows
     ],
 }
 FLAT = [(fmt, *case) for fmt, cases in CASES.items() for case in cases]
@@ -137,6 +145,9 @@ ALPHABET = st.sampled_from(
         "```json",
         "<|START_ACTION|>",
         "<|END_ACTION|>",
+        "<|START_RESPONSE|>",
+        "<|END_THINKING|>",
+        "<|",
         '"tool_name"',
         '"parameters"',
         '"tool_call_id"',
