@@ -158,6 +158,19 @@ def _check_max_model_len(model: str, max_model_len: int | None) -> None:
     show_default=True,
     help="Largest request body (e.g. 16MiB); a larger one gets 413 before it is read whole.",
 )
+@click.option(
+    "--min-body-rate",
+    type=click.FloatRange(min=0),
+    metavar="BYTES",
+    help="Bytes a second a request body must average: one still arriving --body-grace seconds after its request "
+    "began, plus a second per BYTES it sent, gets 408 (a trickling upload); 0: no rate [default: 500].",
+)
+@click.option(
+    "--body-grace",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Seconds any request body may take before --min-body-rate counts [default: 20].",
+)
 @replica_options
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
@@ -200,6 +213,8 @@ def serve(
     stream_stall_timeout: float | None,
     max_model_len: int | None,
     max_body_size: str,
+    min_body_rate: float | None,
+    body_grace: float | None,
     replicas: int | None,
     router: str,
     ray_address: str | None,
@@ -254,9 +269,15 @@ def serve(
         raise click.BadParameter("a KEY=SECONDS names a key that no --api-key gives", param_hint="'--retain-for'")
     timeouts = (("--request-timeout", request_timeout), ("--queue-timeout", queue_timeout))
     timeouts += (("--stream-stall-timeout", stream_stall_timeout), ("--shutdown-timeout", shutdown_timeout))
+    timeouts += (("--body-grace", body_grace),)
     for name, seconds in timeouts:
         if seconds is not None and not math.isfinite(seconds):  # FloatRange lets nan and inf through
             raise click.BadParameter(f"{seconds} is not a finite number of seconds", param_hint=f"'{name}'")
+    if min_body_rate is not None and not math.isfinite(min_body_rate):
+        raise click.BadParameter(
+            f"{min_body_rate} is not a finite number of bytes a second", param_hint="'--min-body-rate'"
+        )
+    body_rate = {"body_grace": body_grace, "min_body_rate": min_body_rate}
     try:
         max_body_bytes = parse_memory(max_body_size)
     except ValueError as exc:
@@ -308,6 +329,7 @@ def serve(
             request_timeout=request_timeout,
             lease_defaults=lease_defaults,
             max_body_bytes=max_body_bytes,
+            **{name: value for name, value in body_rate.items() if value is not None},
             **({} if stream_stall_timeout is None else {"stream_stall_timeout": stream_stall_timeout}),
         )
         port = listeners[0].getsockname()[1]

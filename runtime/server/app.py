@@ -22,7 +22,14 @@ from radixcache.runtime.engine.errors import EngineOverloadedError
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine
 from radixcache.runtime.server import generation, legacy, responses_route
-from radixcache.runtime.server.body_limit import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_max_body_bytes
+from radixcache.runtime.server.body_limit import (
+    BODY_GRACE_S,
+    DEFAULT_MAX_BODY_BYTES,
+    MIN_BODY_RATE,
+    BodyLimit,
+    check_body_rate,
+    check_max_body_bytes,
+)
 from radixcache.runtime.server.body_parse import off_loop_route
 from radixcache.runtime.server.control import ControlReads
 from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
@@ -72,6 +79,8 @@ def create_app(
     lease_defaults: Mapping[str, float] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     stream_stall_timeout: float | None = STREAM_STALL_S,
+    body_grace: float = BODY_GRACE_S,
+    min_body_rate: float | None = MIN_BODY_RATE,
 ) -> FastAPI:
     """An OpenAI-compatible app serving `engine` as model `model_name`.
 
@@ -85,11 +94,14 @@ def create_app(
     runtime.server.leases). `max_body_bytes`: a request body past it gets 413 before it is read whole
     (runtime.server.body_limit). `stream_stall_timeout`: the most seconds a stream's next chunk may wait for a
     client that stopped reading before the stream is given up and its requests cancelled, and the most a request's
-    unfinished body may wait for its next bytes (None: no bound; runtime.server.http_common, body_limit)."""
+    unfinished body may wait for its next bytes (None: no bound; runtime.server.http_common, body_limit).
+    `body_grace`, `min_body_rate`: a body still arriving `body_grace` seconds after its request began plus a second
+    per `min_body_rate` bytes it sent gets 408 (None or 0: no rate; runtime.server.body_limit)."""
     if request_timeout is not None and not (math.isfinite(request_timeout) and request_timeout > 0):
         # every request takes it as its own timeout: a bad one would refuse them all, blaming their bodies
         raise ValueError(f"request_timeout must be a finite number of seconds > 0, got {request_timeout}")
     check_max_body_bytes(max_body_bytes)
+    check_body_rate(body_grace, min_body_rate)
     if stream_stall_timeout is not None and not (math.isfinite(stream_stall_timeout) and stream_stall_timeout > 0):
         raise ValueError(f"stream_stall_timeout must be a finite number of seconds > 0, got {stream_stall_timeout}")
     keys = frozenset(api_keys)
@@ -111,7 +123,9 @@ def create_app(
 
     app = FastAPI(title="radixcache", lifespan=lifespan)
     app.router.route_class = off_loop_route()  # big bodies parsed and validated off the event loop
-    app.add_middleware(BodyLimit, limit=max_body_bytes, idle=stream_stall_timeout)
+    app.add_middleware(
+        BodyLimit, limit=max_body_bytes, idle=stream_stall_timeout, grace=body_grace, min_rate=min_body_rate
+    )
     app.state.engine, app.state.inflight, app.state.metrics, app.state.api_keys = engine, inflight, metrics, keys
     app.state.stream_stall_timeout = stream_stall_timeout
 

@@ -9,16 +9,26 @@ The refusal is raised where the route reads the body, so the app's handler answe
 A client that sent its headers and part of its body, then nothing more (a Content-Length larger than what it
 sent, a chunked body it never ends), held the connection and its request's task forever: uvicorn has no timeout
 on a body's reads. With `idle`, a body whose next bytes take longer gets 408, the same way.
+
+That bound is per read: a client sending one byte every `idle` - 1 seconds held the connection, its task and what
+it had sent for as long as it liked (days, for a 64 MiB Content-Length). With `min_rate`, a body must also keep up
+an average rate, as Apache's mod_reqtimeout asks (`body=20,MinRate=500`): it may take `grace` seconds from the
+request's start, plus one second per `min_rate` bytes it has sent; past that it gets 408 too. A slow but steady
+upload (any average above `min_rate`) is never cut, however long it takes; a stalled or trickling one is, after
+`grace` seconds and the credit of what it sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 from starlette.exceptions import HTTPException
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20  # 64 MiB: the largest prompts any model here takes are a few MB of JSON
+BODY_GRACE_S = 20.0  # create_app's default: the seconds any body may take, before its rate counts
+MIN_BODY_RATE = 500.0  # create_app's default: bytes a second a body must average past its grace (as Apache's)
 
 
 def check_max_body_bytes(limit: object) -> int:
@@ -28,13 +38,30 @@ def check_max_body_bytes(limit: object) -> int:
     return limit
 
 
+def check_body_rate(grace: float, min_rate: float | None) -> None:
+    """A ValueError naming body_grace or min_body_rate unless each is a finite number >= 0 (min_rate: or None)."""
+    for name, value in (("body_grace", grace), ("min_body_rate", min_rate)):
+        if value is not None and (isinstance(value, bool) or not (math.isfinite(value) and value >= 0)):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
 class BodyLimit:
     """ASGI middleware: an HTTP request whose body passes `limit` bytes gets 413 (`HTTPException`, raised from the
     body's reads, so nothing past the limit is held), one whose unfinished body sends nothing for `idle` seconds
-    408 (None: it may wait forever)."""
+    408 (None: it may wait forever), and one whose unfinished body is still arriving `grace` seconds after the
+    request began plus a second per `min_rate` bytes sent 408 as well (None or 0: no rate is asked)."""
 
-    def __init__(self, app: Any, limit: int, idle: float | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        limit: int,
+        idle: float | None = None,
+        grace: float = BODY_GRACE_S,
+        min_rate: float | None = None,
+    ) -> None:
+        check_body_rate(grace, min_rate)
         self.app, self.limit, self.idle = app, check_max_body_bytes(limit), idle
+        self.grace, self.min_rate = grace, min_rate or None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -42,18 +69,24 @@ class BodyLimit:
             return
         declared = _content_length(scope)
         seen, whole = 0, False
+        loop = asyncio.get_running_loop()
+        began = loop.time()
 
         async def bounded_receive() -> Any:
             nonlocal seen, whole
             if declared is not None and declared > self.limit:
                 raise self._too_large()
-            if whole or self.idle is None:  # once the body is in, a receive waits for the disconnect: unbounded
+            wait, slow = self.idle, False
+            if self.min_rate is not None:  # the credit left: grace, plus a second per min_rate bytes, less time spent
+                credit = began + self.grace + seen / self.min_rate - loop.time()
+                wait, slow = (credit, True) if wait is None or credit < wait else (wait, False)
+            if whole or wait is None:  # once the body is in, a receive waits for the disconnect: unbounded
                 message = await receive()
             else:
                 try:
-                    message = await asyncio.wait_for(receive(), self.idle)
+                    message = await asyncio.wait_for(receive(), max(wait, 0.0))
                 except asyncio.TimeoutError:
-                    raise HTTPException(408, f"The request body sent nothing for {self.idle:g} s.") from None
+                    raise self._too_slow(seen) if slow else self._idle() from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 whole = not message.get("more_body", False)
@@ -62,6 +95,16 @@ class BodyLimit:
             return message
 
         await self.app(scope, bounded_receive, send)
+
+    def _idle(self) -> HTTPException:
+        return HTTPException(408, f"The request body sent nothing for {self.idle:g} s.")
+
+    def _too_slow(self, seen: int) -> HTTPException:
+        return HTTPException(
+            408,
+            f"The request body arrives too slowly: {seen} bytes so far, where this server asks for "
+            f"{self.min_rate:g} bytes a second after the first {self.grace:g} s.",
+        )
 
     def _too_large(self) -> HTTPException:
         return HTTPException(413, f"The request body is larger than this server's limit of {self.limit} bytes.")
