@@ -171,6 +171,12 @@ def _check_max_model_len(model: str, max_model_len: int | None) -> None:
     metavar="SECONDS",
     help="Seconds any request body may take before --min-body-rate counts [default: 20].",
 )
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Seconds a request's headers may take to arrive whole; then 408 and the connection closes [default: 20].",
+)
 @replica_options
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cuda.")
@@ -215,6 +221,7 @@ def serve(
     max_body_size: str,
     min_body_rate: float | None,
     body_grace: float | None,
+    header_timeout: float | None,
     replicas: int | None,
     router: str,
     ray_address: str | None,
@@ -245,6 +252,7 @@ def serve(
     from radixcache.runtime.engine.engine import Engine
     from radixcache.runtime.kv.pool import parse_memory
     from radixcache.runtime.server import create_app
+    from radixcache.runtime.server.header_deadline import HEADER_TIMEOUT_S, header_deadline_protocol
     from radixcache.runtime.server.http_common import STREAM_STALL_S
     from radixcache.runtime.server.leases import parse_lease_defaults
 
@@ -269,7 +277,7 @@ def serve(
         raise click.BadParameter("a KEY=SECONDS names a key that no --api-key gives", param_hint="'--retain-for'")
     timeouts = (("--request-timeout", request_timeout), ("--queue-timeout", queue_timeout))
     timeouts += (("--stream-stall-timeout", stream_stall_timeout), ("--shutdown-timeout", shutdown_timeout))
-    timeouts += (("--body-grace", body_grace),)
+    timeouts += (("--body-grace", body_grace), ("--header-timeout", header_timeout))
     for name, seconds in timeouts:
         if seconds is not None and not math.isfinite(seconds):  # FloatRange lets nan and inf through
             raise click.BadParameter(f"{seconds} is not a finite number of seconds", param_hint=f"'{name}'")
@@ -341,6 +349,7 @@ def serve(
             log_level=log_level,
             timeout_graceful_shutdown=shutdown_timeout + ABORT_WAIT_S,  # a backstop: the abort ends them first
             timeout_keep_alive=keep_alive,
+            http=header_deadline_protocol(HEADER_TIMEOUT_S if header_timeout is None else header_timeout),
         )
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to our handlers: both end here.
         previous = signal.signal(signal.SIGTERM, _stop)
