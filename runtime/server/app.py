@@ -43,6 +43,7 @@ from radixcache.runtime.server.http_common import (
     tenant,
     until_disconnect,
 )
+from radixcache.runtime.server.json_pieces import PieceJSONResponse
 from radixcache.runtime.server.leases import check_lease_defaults, retain_for
 from radixcache.runtime.server.metrics import ServerMetrics
 from radixcache.runtime.server.prompt_bound import token_bytes_bound, too_long
@@ -305,14 +306,14 @@ def create_app(
         metrics.requests_ok += 1
         responder.remember(results)
 
-        def answer() -> JSONResponse:
-            return JSONResponse(responder.whole(results, lambda r: generation.shown_tokens(engine, r)))
-
         if job.options.sampling.logprobs is None:
-            return answer()
-        # Logprobs are a dict per alternative of every token (n=16 x 2,000 tokens x 20: 42 MB of JSON), seconds of
-        # building and encoding: off the event loop, where they stalled every stream and /health that long.
-        return await asyncio.to_thread(answer)
+            return JSONResponse(responder.whole(results, lambda r: generation.shown_tokens(engine, r)))
+        # Logprobs are a dict per alternative of every token (n=16 x 2,000 tokens x 20: 41 MB of JSON), seconds of
+        # building and encoding: off the event loop, where they stalled every stream and /health that long, and
+        # encoded in pieces, as json.dumps holds the GIL for its whole call (runtime.server.json_pieces).
+        return await asyncio.to_thread(
+            lambda: PieceJSONResponse(responder.whole(results, lambda r: generation.shown_tokens(engine, r)))
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest, key: ApiKey) -> Any:
