@@ -33,6 +33,7 @@ class PrefetchJob:
         self.let_go = False  # the loop is done with it: the buffer goes back once `tasks` reaches 0
         self.ok = [False] * len(hashes)
         self.failed_at: int | None = None  # the first page that failed, if any
+        self.failure_counted = False  # in disk_failed_reads (kv.tier.prefetch_jobs), once a job
         self.finished = 0  # pages the readers are done with (read, failed or skipped)
         self.cancelled = False
         self.started: float | None = None  # perf_counter when queued to the readers

@@ -116,8 +116,17 @@ class PrefetchJobs:
     def _end_job(self, job: PrefetchJob) -> None:
         assert self.reader is not None
         self.reader.release(job)
+        self._count_failure(job)
         self._forget_unread(job)
         self._let_host_go(job)
+
+    def _count_failure(self, job: PrefetchJob) -> None:
+        """A job whose read failed counts once in disk_failed_reads, whether its request loads any of its pages or not:
+        a failed first page leaves the disk index (a corrupt file is deleted), so the admission then plans no disk load
+        at all, and the job ended uncounted (a run of truncated files: pages deleted, warnings, 0 failed reads)."""
+        if job.failed_at is not None and not job.failure_counted:
+            job.failure_counted = True
+            self._counts["disk_failed_reads"] += 1
 
     def _let_host_go(self, job: PrefetchJob) -> None:
         """Unlock the host pages the job held. At admission, before the admission refreshes its run: an unlock makes
@@ -156,7 +165,7 @@ class PrefetchJobs:
             got = 0 if skip < 0 or job.hashes[skip : skip + 1] != match.hashes[start : start + 1] else got - skip
             got = max(0, min(got, disk_pages))
             if job.failed_at is not None:
-                self._counts["disk_failed_reads"] += 1
+                self._count_failure(job)
             elif not own:
                 self._forget_unarrived(job, max(0, skip) + got)
             if got and staging is not None and later is not None:
