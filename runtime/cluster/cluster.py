@@ -78,7 +78,8 @@ class ReplicaCluster(Membership):
     """`replicas` engine replicas of `model` behind the router `router` (radixcache.router.ROUTERS).
 
     `engine_kwargs` go to every replica's Engine; `threads` is each replica's torch thread count and `cpus` its
-    Ray CPU share. Starts a local Ray cluster (`num_cpus`) unless Ray is initialised already or `address` is given.
+    Ray CPU share. Starts a local Ray cluster (`num_cpus`), or connects to `address`, unless Ray is initialised
+    already; Ray it started is shut down by `close` and by a start that fails (`owns_ray`).
     A cluster with fewer CPUs than `replicas * cpus` is a ValueError before any replica starts (Ray would never
     place the ones that do not fit). `call_timeout`: the most seconds a replica's answer is awaited (None or
     infinity: no bound); `poll_interval`: seconds between event pulls (None: the caller polls)."""
@@ -108,24 +109,21 @@ class ReplicaCluster(Membership):
         concurrency = actor_threads(engine_kwargs)  # as the share: a count no actor can start is refused first
         call_timeout = call_bound(call_timeout)
         check_poll_interval(poll_interval)
-        if not ray.is_initialized():
+        # Ray this front door started (a local cluster, or a connection to `address`) is its own to end: a start that
+        # fails ends it (left running, a retry with the num_cpus its error advised joined it, and ignored num_cpus),
+        # and so does `close`.
+        self.owns_ray = not ray.is_initialized()
+        if self.owns_ray:
             check_reachable(address)
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-        check_cpus(replicas, cpus, node_cpus(ray))
-        actor = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(EngineReplica).options(
-            num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=concurrency
-        )
         self.ray = ray
         self.actor_errors = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
-        self._actors = {r: actor.remote(r, model, engine_kwargs, threads) for r in range(replicas)}
         try:
-            infos = wait_started(ray, self._actors, [a.info.remote() for a in self._actors.values()])
-        except BaseException as exc:  # a replica's engine could not be built (its own error), or its process died
-            for a in self._actors.values():
-                ray.kill(a, no_restart=True)
-            cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
-            if isinstance(cause, Exception):
-                raise cause from None
+            check_cpus(replicas, cpus, node_cpus(ray))
+            infos = self._start(model, replicas, engine_kwargs, threads, cpus, concurrency)
+        except BaseException:
+            if self.owns_ray:
+                ray.shutdown()
             raise
         self.info = infos[0]
         self.fingerprint, self.page_size = infos[0]["fingerprint"], infos[0]["page_size"]
@@ -150,11 +148,33 @@ class ReplicaCluster(Membership):
         self._deaths = self._retries = 0
         self._routed = dict.fromkeys(self._actors, 0)
         self._stop = threading.Event()
+        self._closed = False
         self.poll_interval = poll_interval
         self._poller: threading.Thread | None = None
         if poll_interval is not None:  # None: the caller polls (tests that need to control when events arrive)
             self._poller = threading.Thread(target=self._poll_forever, name="radixcache-events", daemon=True)
             self._poller.start()
+
+    def _start(
+        self, model: str, replicas: int, engine_kwargs: dict[str, Any] | None, threads: int, cpus: float, each: int
+    ) -> list[Any]:
+        """Start the replica actors (`each`: each one's max_concurrency) and return their `info`, once all have
+        answered. A replica whose engine could not be built raises its own error, one whose process died a
+        RuntimeError (runtime.cluster.placement.wait_started), every actor ended first."""
+        ray = self.ray
+        actor = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(EngineReplica).options(
+            num_cpus=cpus, max_restarts=-1, max_task_retries=0, max_concurrency=each
+        )
+        self._actors = {r: actor.remote(r, model, engine_kwargs, threads) for r in range(replicas)}
+        try:
+            return wait_started(ray, self._actors, [a.info.remote() for a in self._actors.values()])
+        except BaseException as exc:  # a replica's engine could not be built (its own error), or its process died
+            for a in self._actors.values():
+                ray.kill(a, no_restart=True)
+            cause = getattr(exc, "cause", None) if isinstance(exc, ray.exceptions.RayTaskError) else None
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
 
     # ------------------------------------------------------------------ requests
 
@@ -324,12 +344,19 @@ class ReplicaCluster(Membership):
             )
 
     def close(self) -> None:
-        """Stop polling and end the replicas (the Ray cluster itself is left as it was)."""
+        """Stop polling and end the replicas; the Ray cluster is left as it was: one this front door started (its
+        local cluster, or its connection to `address`) is shut down, one running before is left running. A second
+        call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         if self._poller is not None:
             self._poller.join(timeout=10)
         for actor in self._actors.values():
             self.ray.kill(actor, no_restart=True)
+        if self.owns_ray:
+            self.ray.shutdown()
 
     def __enter__(self) -> ReplicaCluster:
         return self

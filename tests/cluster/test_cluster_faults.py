@@ -224,3 +224,66 @@ def test_a_replica_count_that_is_no_int_is_refused_before_ray(
     with pytest.raises(ValueError, match="replicas must be an int >= 1"):
         ReplicaCluster("fake", replicas, poll_interval=None)  # type: ignore[arg-type]
     assert started == []
+
+
+def _ray_started_here(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """The stand-in with Ray not running: `ray.init` starts a local cluster of `num_cpus` CPUs, `shutdown` ends it."""
+    ray = install(monkeypatch)
+    state: dict[str, object] = {"cpus": None, "inits": 0}
+    ray.is_initialized = lambda: state["cpus"] is not None
+
+    def init(*_a: object, num_cpus: int | None = None, **_k: object) -> None:
+        assert state["cpus"] is None, "ray.init on a running Ray"
+        state["cpus"], state["inits"] = float(num_cpus or 64), state["inits"] + 1  # type: ignore[operator]
+
+    ray.init = init
+    ray.shutdown = lambda: state.update(cpus=None)
+    ray.cluster_resources = lambda: {"CPU": state["cpus"] or 0.0}
+    return state
+
+
+def test_a_start_that_fails_ends_the_ray_it_started_so_a_retry_gets_its_num_cpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: ReplicaCluster(model, 3, num_cpus=2) failed ("need 3 CPUs, and the Ray cluster has 2: ... start Ray
+    with more CPUs (num_cpus=)") and left the local Ray cluster it had started running, so the retry the error
+    advised, num_cpus=4, joined that cluster, ignored num_cpus and failed the same way (seen on real Ray 2.60)."""
+    state = _ray_started_here(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    with pytest.raises(ValueError, match="need 3 CPUs, and the Ray cluster has 2"):
+        ReplicaCluster("fake", 3, num_cpus=2, poll_interval=None)
+    assert state["cpus"] is None  # the Ray it started is shut down
+    cluster = ReplicaCluster("fake", 3, num_cpus=4, poll_interval=None)
+    assert state == {"cpus": 4.0, "inits": 2} and cluster.alive == (0, 1, 2)
+    cluster.close()
+    assert state["cpus"] is None  # close ends the Ray this front door started, too
+    cluster.close()  # a second close does nothing (no kill on a Ray that is gone)
+
+
+def test_a_replica_that_fails_its_start_ends_the_ray_the_start_began(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica's process that dies while it starts (runtime.cluster.placement.wait_started) fails the start, which
+    ends the local Ray cluster it began, as a refused CPU count does."""
+    state = _ray_started_here(monkeypatch)
+    from radixcache.runtime.cluster import cluster as cluster_module
+
+    def died(*_a: object) -> None:
+        raise RuntimeError("engine replica 0's process died while it started")
+
+    monkeypatch.setattr(cluster_module, "wait_started", died)
+    with pytest.raises(RuntimeError, match="died while it started"):
+        cluster_module.ReplicaCluster("fake", 2, poll_interval=None)
+    assert state == {"cpus": None, "inits": 1}
+
+
+def test_close_leaves_running_a_ray_that_ran_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray started before the front door (the tests' shared cluster, a user's ray.init) is not its to end."""
+    ray = install(monkeypatch)
+    ended: list[str] = []
+    ray.shutdown = lambda: ended.append("ray.shutdown")
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    with pytest.raises(ValueError, match="need 90 CPUs"):  # a failed start leaves it running too
+        ReplicaCluster("fake", 3, cpus=30.0, poll_interval=None)
+    ReplicaCluster("fake", 2, poll_interval=None).close()
+    assert ended == []
