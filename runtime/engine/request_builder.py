@@ -30,6 +30,7 @@ from radixcache.runtime.engine.sampling import MAX_SEED, Sampler
 from radixcache.runtime.engine.structured import EngineGrammars
 from radixcache.runtime.engine.tool_calls import request_grammar
 from radixcache.runtime.tools import ToolCallMemory, tool_template_features
+from radixcache.runtime.tools.call_tokens import special_markers
 from radixcache.runtime.tools.prompt import chat_prompt
 from radixcache.runtime.tools.tool_turns import check_tool_turns
 from radixcache.runtime.tools.use import CallIds, ToolUse
@@ -63,6 +64,7 @@ class RequestBuilder:
         self.grammars = EngineGrammars(tokenizer, config.vocab_size, stop_token_ids)
         self.tool_memory = tool_memory if tool_memory is not None else ToolCallMemory()
         self.tool_features = tool_template_features(tokenizer)  # of its "tool_use" template, where it has one
+        self.call_markers = special_markers(tokenizer, self.tool_features.format)  # R7B's, written as its tokens
 
     def build(self, prompt: Prompt, options: RequestOptions, pin_for: Sequence[int] | None = None) -> Request:
         """A validated Request for `prompt` (text or ids) under `options`; ValueError before anything is queued.
@@ -77,7 +79,7 @@ class RequestBuilder:
             raise ValueError(
                 f"pinning {pin_tokens} tokens exceeds the pinned share of the pool ({self.max_pinned_blocks} pages)"
             )
-        spec = request_grammar(options, self.tool_features)
+        spec = request_grammar(options, self.tool_features, self.call_markers)
         # compiled here, off the loop
         grammar = None if spec is None else self.grammars.state(spec, options.namespace, params.stop_token_ids)
         use = options.tool_use

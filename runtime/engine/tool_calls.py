@@ -39,21 +39,24 @@ if TYPE_CHECKING:
     from radixcache.runtime.engine.request import GenerationResult
 
 
-def request_grammar(options: RequestOptions, features: TemplateFeatures) -> GrammarSpec | None:
+def request_grammar(
+    options: RequestOptions, features: TemplateFeatures, special: frozenset[str] = frozenset()
+) -> GrammarSpec | None:
     """The grammar a request runs under: its tool calls' schema when tool_choice requires a call (generic format),
-    else its own `grammar` (None: unconstrained). A tool's bad parameters schema raises GrammarError naming
-    `tools[i].function.parameters...`."""
+    else its own `grammar` (None: unconstrained). `special`: the call syntax's markers the tokenizer has as special
+    tokens (runtime.tools.call_tokens.special_markers), which the grammar lets the model write as those tokens. A
+    tool's bad parameters schema raises GrammarError naming `tools[i].function.parameters...`."""
     use = options.tool_use
     if use is not None:  # whatever the choice, as the server checks them: a tool shown to the model is a valid one
         _check_parameters(use)
     if use is not None and use.choice.mode == "auto" and options.grammar is not None:
-        return _auto_with_answer(use, options.grammar, features)
+        return _auto_with_answer(use, options.grammar, features, special)
     if use is None or use.choice.mode not in ("required", "function"):
         return options.grammar
     parallel = not use.one_call  # a named function: one call
     if features.format not in ("generic", "native"):  # Hermes tags, Cohere's actions: a grammar of their own
         grammar = format_tool_grammar(
-            use.tools, use.choice, features.format, parallel_tool_calls=parallel, close=closed_objects
+            use.tools, use.choice, features.format, parallel_tool_calls=parallel, close=closed_objects, special=special
         )
         if grammar is None:
             return options.grammar
@@ -67,7 +70,9 @@ def request_grammar(options: RequestOptions, features: TemplateFeatures) -> Gram
     return GrammarSpec.json_schema(closed_objects(schema), strict=strict, path="tools")
 
 
-def _auto_with_answer(use: ToolUse, answer: GrammarSpec, features: TemplateFeatures) -> GrammarSpec:
+def _auto_with_answer(
+    use: ToolUse, answer: GrammarSpec, features: TemplateFeatures, special: frozenset[str]
+) -> GrammarSpec:
     """tool_choice "auto" with a constrained answer: a call, or an answer in the constraint (one grammar with both).
     A JSON `response_format` is the answer's `%json` rule; a regex or EBNF grammar is nested whole (its mistakes
     named by its own field: runtime.grammar.nested)."""
@@ -80,7 +85,12 @@ def _auto_with_answer(use: ToolUse, answer: GrammarSpec, features: TemplateFeatu
     else:
         rule = nested_rule(answer)
     grammar = auto_answer_grammar(
-        use.tools, rule, parallel_tool_calls=use.parallel_tool_calls, features=features, close=closed_objects
+        use.tools,
+        rule,
+        parallel_tool_calls=use.parallel_tool_calls,
+        features=features,
+        close=closed_objects,
+        special=special,
     )
     if grammar is None:
         return answer

@@ -32,3 +32,15 @@ def call_token_ids(tokenizer: Any, fmt: str) -> frozenset[int]:
     if to_id is None:
         return frozenset()
     return frozenset(i for marker in MARKERS.get(fmt, ()) if (i := to_id(marker)) is not None)
+
+
+def special_markers(tokenizer: Any, fmt: str) -> frozenset[str]:
+    """The markers of format `fmt`'s call syntax that `tokenizer` has as special tokens (R7B's `<|START_ACTION|>`):
+    a grammar that writes the syntax offers them as those tokens, which the model was trained to write (the grammar
+    engine never matches a special token with text), beside the text."""
+    to_id = getattr(tokenizer, "token_to_id", None)
+    added = getattr(getattr(tokenizer, "backend", None), "get_added_tokens_decoder", None)
+    if to_id is None or added is None or not MARKERS.get(fmt):
+        return frozenset()
+    special = {i for i, t in added().items() if getattr(t, "special", False)}
+    return frozenset(m for m in MARKERS.get(fmt, ()) if to_id(m) in special)

@@ -172,11 +172,14 @@ def command_r_tool_grammar(
     *,
     parallel_tool_calls: bool = True,
     close: Callable[[dict[str, Any]], dict[str, Any]] = lambda schema: schema,
+    special: frozenset[str] = frozenset(),
 ) -> str | None:
     """The calls a "required" or named tool_choice allows in Cohere's formats, as a Lark grammar: Command-R / R+'s
     ``Action: ```json\n[...]\n``` `` ("command_r") or R7B's `<|START_ACTION|>[...]<|END_ACTION|>` ("command_r7b", each
     call led by its `tool_call_id`), the list holding one call's JSON (more when `parallel_tool_calls`), each
-    `{"tool_name": <const>, "parameters": <the tool's parameters>}` (`close` applied). None for "auto" and "none"."""
+    `{"tool_name": <const>, "parameters": <the tool's parameters>}` (`close` applied). R7B's markers in `special`
+    (those the tokenizer has as special tokens: runtime.tools.call_tokens.special_markers) may be written as those
+    tokens or as text. None for "auto" and "none"."""
     r7b = fmt == "command_r7b"
     one = one_call_schema(tools, choice, COMMAND_R_KEYS, CALL_INDEX if r7b else None)
     if one is None:
@@ -186,8 +189,20 @@ def command_r_tool_grammar(
     if not parallel_tool_calls:
         array["maxItems"] = 1
     action = json_rule(close({**array, "$defs": defs} if defs else array))
-    opening, closing = ('"<|START_ACTION|>"', '"<|END_ACTION|>"') if r7b else ('"Action: ```json\\n"', '"\\n```"')
+    opening, closing = (
+        (_marker("<|START_ACTION|>", special), _marker("<|END_ACTION|>", special))
+        if r7b
+        else (
+            '"Action: ```json\\n"',
+            '"\\n```"',
+        )
+    )
     return f"start: {opening} action {closing}\naction: {action}\n"
+
+
+def _marker(text: str, special: frozenset[str]) -> str:
+    """A marker as a Lark item: its text, or where the tokenizer has it as a special token, that token or the text."""
+    return f'({text} | "{text}")' if text in special else f'"{text}"'
 
 
 def format_tool_grammar(
@@ -197,13 +212,16 @@ def format_tool_grammar(
     *,
     parallel_tool_calls: bool = True,
     close: Callable[[dict[str, Any]], dict[str, Any]] = lambda schema: schema,
+    special: frozenset[str] = frozenset(),
 ) -> str | None:
     """The Lark grammar of the calls a choice allows in a format whose calls are no JSON document of their own
     ("hermes", "command_r", "command_r7b"); None for other formats, and for "auto" and "none"."""
     if fmt == "hermes":
         return hermes_tool_grammar(tools, choice, parallel_tool_calls=parallel_tool_calls, close=close)
     if fmt in ("command_r", "command_r7b"):
-        return command_r_tool_grammar(tools, choice, fmt, parallel_tool_calls=parallel_tool_calls, close=close)
+        return command_r_tool_grammar(
+            tools, choice, fmt, parallel_tool_calls=parallel_tool_calls, close=close, special=special
+        )
     return None
 
 
@@ -214,16 +232,20 @@ def auto_answer_grammar(
     parallel_tool_calls: bool = True,
     features: TemplateFeatures | None = None,
     close: Callable[[dict[str, Any]], dict[str, Any]] = lambda schema: schema,
+    special: frozenset[str] = frozenset(),
 ) -> str | None:
     """tool_choice "auto" with a constrained answer as a Lark grammar: the calls "required" allows (the calls
     object, or Hermes tags), or an answer: JSON that follows `answer` when it is a schema (`close` applied to the
     call schemas only: the answer comes as the caller made it), else `answer` is a Lark rule body already (a regex or
-    EBNF grammar nested: runtime.grammar.nested). None without tools."""
+    EBNF grammar nested: runtime.grammar.nested). `special`: the format's markers the tokenizer has as special
+    tokens (`format_tool_grammar`). None without tools."""
     required = ToolChoice("required")
     rule = answer if isinstance(answer, str) else json_rule(answer)
     fmt = "generic" if features is None else features.format
     if fmt not in ("generic", "native"):
-        own = format_tool_grammar(tools, required, fmt, parallel_tool_calls=parallel_tool_calls, close=close)
+        own = format_tool_grammar(
+            tools, required, fmt, parallel_tool_calls=parallel_tool_calls, close=close, special=special
+        )
         if own is None:
             return None
         # its start becomes the rule `calls` (its other rules: `tagged`, `call`, `action`, none named like these)

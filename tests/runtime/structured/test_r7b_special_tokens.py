@@ -93,3 +93,17 @@ def test_the_server_parses_it_whole_and_streamed(engine: Engine, writes: Any) ->
                     chunks.append(json.loads(line[6:]))
     content, calls = assemble(c["choices"][0]["delta"] for c in chunks if c["choices"])
     assert content == "I will add." and _calls(calls) == [("add", {"a": 2, "b": 3})]
+
+
+def test_a_forced_call_may_write_the_action_markers_as_the_special_tokens(engine: Engine) -> None:
+    """Under "required" the grammar wrote R7B's markers as text only (the grammar engine never matches a special
+    token with text), never the tokens the model was trained to write. Now it may write either: a model leaning to
+    the special token writes it, and the call is read."""
+    assert engine._builder.call_markers == {"<|START_ACTION|>", "<|END_ACTION|>"}
+    for lean in (100, -100):
+        bias = {258: lean, 259: lean}
+        r = engine.chat(ASK, 200, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, logit_bias=bias)
+        assert r.finish_reason == "tool_calls" and len(r.tool_calls) == 1, r
+        written = engine.tool_memory.lookup(r.tool_calls)
+        assert written is not None and written.startswith("<|START_ACTION|>") and written.endswith("<|END_ACTION|>")
+        assert (r.token_ids[0] == 258) == (lean > 0)  # the special token where leaned to, else the text
