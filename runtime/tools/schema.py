@@ -154,15 +154,20 @@ def hermes_tool_grammar(
     *,
     parallel_tool_calls: bool = True,
     close: Callable[[dict[str, Any]], dict[str, Any]] = lambda schema: schema,
+    special: frozenset[str] = frozenset(),
 ) -> str | None:
     """The calls a "required" or named tool_choice allows in the Hermes format, as a Lark grammar (llguidance's
     `%json`): one `<tool_call>` tag (more, one per line, when `parallel_tool_calls`), each holding the JSON of one
-    call (`close` applied to its schema). None for "auto" and "none"."""
+    call (`close` applied to its schema); a tag in `special` (the tokenizer has it as a special token) may be that
+    token or its text. None for "auto" and "none"."""
     one = one_call_schema(tools, choice)
     if one is None:
         return None
     start = 'start: tagged ("\\n" tagged)*' if parallel_tool_calls else "start: tagged"
-    return f'{start}\ntagged: "<tool_call>\\n" call "\\n</tool_call>"\ncall: {json_rule(close(one))}\n'
+    tags = '"<tool_call>\\n" call "\\n</tool_call>"'
+    if special & {"<tool_call>", "</tool_call>"}:
+        tags = f'{_marker("<tool_call>", special)} "\\n" call "\\n" {_marker("</tool_call>", special)}'
+    return f"{start}\ntagged: {tags}\ncall: {json_rule(close(one))}\n"
 
 
 def command_r_tool_grammar(
@@ -217,7 +222,7 @@ def format_tool_grammar(
     """The Lark grammar of the calls a choice allows in a format whose calls are no JSON document of their own
     ("hermes", "command_r", "command_r7b"); None for other formats, and for "auto" and "none"."""
     if fmt == "hermes":
-        return hermes_tool_grammar(tools, choice, parallel_tool_calls=parallel_tool_calls, close=close)
+        return hermes_tool_grammar(tools, choice, parallel_tool_calls=parallel_tool_calls, close=close, special=special)
     if fmt in ("command_r", "command_r7b"):
         return command_r_tool_grammar(
             tools, choice, fmt, parallel_tool_calls=parallel_tool_calls, close=close, special=special

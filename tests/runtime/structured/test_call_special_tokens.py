@@ -135,3 +135,16 @@ def test_engine_stream_parses_it_as_the_result(engine: Engine, writes: Any) -> N
     assert content == "Let me look." and [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
         ("now", "{}")
     ]
+
+
+def test_a_forced_call_may_write_its_tags_as_the_special_tokens(engine: Engine) -> None:
+    """Under "required" the grammar wrote `<tool_call>` as text only (the grammar engine never matches a special token
+    with text), never the token a tokenizer that has it special trained its model to write. Now either: leaned to the
+    token, the model writes it; leaned off, the text; the call is read both ways."""
+    for lean in (100, -100):
+        r = engine.chat(ASK, 200, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                        logit_bias={OPEN: lean, CLOSE: lean})  # fmt: skip
+        assert r.finish_reason == "tool_calls" and len(r.tool_calls) == 1, r
+        assert (r.token_ids[0] == OPEN) == (lean > 0)
+        written = engine.tool_memory.lookup(r.tool_calls)
+        assert written is not None and written.startswith("<tool_call>\n") and written.endswith("\n</tool_call>")
