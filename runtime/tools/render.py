@@ -7,8 +7,8 @@ turn N's prompt and output token for token.
   `tool_calls` with `arguments` as objects (Hugging Face's convention), and tool messages as `role: "tool"`.
 - A template that reads `tools` but has no tool turn (it compares no role with "tool" or "ipython") gets tool
   results as the generic format's user messages below, and one that never reads `tool_calls` gets an assistant's
-  calls as the text the model writes them in (the generic JSON, or Command-R's `Action:` block): given as fields it
-  does not read, they vanished from the prompt, the model never seeing its calls nor their results.
+  calls as the text the model writes them in (the generic JSON, Hermes tags, Command-R's `Action:` block): given
+  as fields it does not read, they vanished from the prompt, the model never seeing its calls nor their results.
 - Other templates get the generic format: `generic_tools_prompt(tools)` appended to the first system message (or
   as a new first system message), assistant calls as the JSON text `{"tool_calls": [{"name": ..., "arguments":
   {...}}]}` the model was asked to write, and tool results as `role: "tool"` when the template has a tool turn,
