@@ -79,7 +79,7 @@ class ReplicaCluster(Membership):
 
     `engine_kwargs` go to every replica's Engine; `threads` is each replica's torch thread count and `cpus` its
     Ray CPU share. Starts a local Ray cluster (`num_cpus`), or connects to `address`, unless Ray is initialised
-    already; Ray it started is shut down by `close` and by a start that fails (`owns_ray`).
+    already; a start that fails shuts down the Ray it started (`owns_ray`), and `close` leaves Ray running.
     A cluster with fewer CPUs than `replicas * cpus` is a ValueError before any replica starts (Ray would never
     place the ones that do not fit). `call_timeout`: the most seconds a replica's answer is awaited (None or
     infinity: no bound); `poll_interval`: seconds between event pulls (None: the caller polls)."""
@@ -109,9 +109,8 @@ class ReplicaCluster(Membership):
         concurrency = actor_threads(engine_kwargs)  # as the share: a count no actor can start is refused first
         call_timeout = call_bound(call_timeout)
         check_poll_interval(poll_interval)
-        # Ray this front door started (a local cluster, or a connection to `address`) is its own to end: a start that
-        # fails ends it (left running, a retry with the num_cpus its error advised joined it, and ignored num_cpus),
-        # and so does `close`.
+        # Ray this start began (a local cluster, or a connection to `address`) is ended if the start fails: left
+        # running, the retry with the num_cpus its error advises joined it and ignored num_cpus.
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
             check_reachable(address)
@@ -148,7 +147,6 @@ class ReplicaCluster(Membership):
         self._deaths = self._retries = 0
         self._routed = dict.fromkeys(self._actors, 0)
         self._stop = threading.Event()
-        self._closed = False
         self.poll_interval = poll_interval
         self._poller: threading.Thread | None = None
         if poll_interval is not None:  # None: the caller polls (tests that need to control when events arrive)
@@ -344,19 +342,13 @@ class ReplicaCluster(Membership):
             )
 
     def close(self) -> None:
-        """Stop polling and end the replicas; the Ray cluster is left as it was: one this front door started (its
-        local cluster, or its connection to `address`) is shut down, one running before is left running. A second
-        call does nothing."""
-        if self._closed:
-            return
-        self._closed = True
+        """Stop polling and end the replicas. The Ray cluster is left running, one this front door started too:
+        another front door of the process may have joined it since (`ray.shutdown()` ends it)."""
         self._stop.set()
         if self._poller is not None:
             self._poller.join(timeout=10)
         for actor in self._actors.values():
             self.ray.kill(actor, no_restart=True)
-        if self.owns_ray:
-            self.ray.shutdown()
 
     def __enter__(self) -> ReplicaCluster:
         return self

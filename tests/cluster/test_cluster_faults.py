@@ -257,8 +257,22 @@ def test_a_start_that_fails_ends_the_ray_it_started_so_a_retry_gets_its_num_cpus
     cluster = ReplicaCluster("fake", 3, num_cpus=4, poll_interval=None)
     assert state == {"cpus": 4.0, "inits": 2} and cluster.alive == (0, 1, 2)
     cluster.close()
-    assert state["cpus"] is None  # close ends the Ray this front door started, too
-    cluster.close()  # a second close does nothing (no kill on a Ray that is gone)
+
+
+def test_closing_the_front_door_that_started_ray_leaves_it_to_another_that_joined(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two front doors in one process (two models): the first starts the local Ray, the second joins it; closing the
+    first must not shut Ray down under the second's replicas."""
+    state = _ray_started_here(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    first = ReplicaCluster("fake", 1, num_cpus=4, poll_interval=None)
+    second = ReplicaCluster("fake", 1, poll_interval=None)
+    assert first.owns_ray and not second.owns_ray
+    first.close()
+    assert state["cpus"] == 4.0 and second.generate([1, 2, 3], 2)  # its replica still answers
+    second.close()
 
 
 def test_a_replica_that_fails_its_start_ends_the_ray_the_start_began(monkeypatch: pytest.MonkeyPatch) -> None:
