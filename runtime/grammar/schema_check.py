@@ -2,7 +2,8 @@
 
 The grammar library reports an invalid schema without saying where it is; this walk finds the usual mistakes first
 (an unknown `type`, a `$ref` that points nowhere, a `required` that is not a list of names, a bad `pattern`, a
-negative length, a number past 64 bits, a schema too large to compile: `schema_size`) and raises `GrammarError`
+negative length, a number past 64 bits, a schema too large to compile: `schema_size`, or too deep with its `$ref`s
+followed: `schema_refs`) and raises `GrammarError`
 with the path, e.g. `response_format.json_schema.schema.properties.age.type`.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 import llguidance
 
 from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.schema_refs import check_ref_depth
 from radixcache.runtime.grammar.schema_size import check_size
 from radixcache.runtime.tools.json_values import non_finite_path
 
@@ -41,6 +43,7 @@ def check_schema(schema: Any, path: str) -> None:
     if (where := non_finite_path(schema, path)) is not None:  # the library reads NaN as null: {"const": NaN} forced
         raise GrammarError("NaN and Infinity are not JSON numbers", where)  # the answer {"x": null}
     _check(schema, path, schema)
+    check_ref_depth(schema, path)  # its references resolve (`_check`): a chain of them deep enough crashed the process
     if (where := _out_of_range(schema, path)) is not None:
         raise GrammarError("numbers must be above -2**63, and integers fit in 64 bits", where)
 
