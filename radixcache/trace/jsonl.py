@@ -63,11 +63,34 @@ def iter_json_lines(path: str | Path) -> Iterator[tuple[int, Any]]:
 
 
 def json_line(name: str, lineno: int, line: bytes) -> Any:
-    """One non-blank JSONL line decoded, or TraceError at name:lineno worded as `iter_json_lines` words it."""
+    """One non-blank JSONL line decoded, or TraceError at name:lineno worded as `iter_json_lines` words it; a record
+    that gives a field twice is refused too, naming it (a parser keeps one of the two silently)."""
     try:
-        return _decoded(line)
+        value = _decoded(line)
     except orjson.JSONDecodeError:
         raise _line_error(name, lineno, line) from None
+    if isinstance(value, dict) and (key := repeated_key(line)) is not None:
+        raise TraceError(name, str(lineno), "given twice in one record", key)
+    return value
+
+
+def repeated_key(line: bytes) -> str | None:
+    """The first key that the JSON object `line` (valid JSON) gives twice at its top level, else None."""
+    found: list[str | None] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        first = None
+        for key, _ in items:
+            if key in seen:
+                first = key
+                break
+            seen.add(key)
+        found.append(first)  # the top-level object is the last one closed
+        return {}  # the values are not needed
+
+    json.loads(line, object_pairs_hook=pairs)
+    return found[-1] if found else None
 
 
 def _decoded(line: bytes) -> Any:

@@ -6,6 +6,8 @@ strings for ids of sessions). When msgspec refuses a line, the line is read agai
 (`fallback`): that either raises the reader's TraceError at file:line, worded as it always was, or accepts a line
 msgspec is stricter about (say, a timestamp past 2**64, which orjson reads as a float). So the values, and every
 error and its order, are those of the readers; only the speed differs (about 2 µs for a 37-id line, against 15).
+msgspec keeps the last of a key given twice, without a word: a line with more quote marks than its record's fields
+account for (`_quotes`) is read by the fallback too, which refuses a repeated key at its file:line.
 
 The field types must never accept what the fallback refuses: tests/trace/test_typed_lines.py checks the two on
 generated lines.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, ClassVar, TypeVar
 
 import msgspec
 
@@ -32,6 +34,8 @@ Timestamp = Count | Annotated[float, msgspec.Meta(ge=0, le=MAX_TIMESTAMP_MS)]  #
 class MooncakeLine(msgspec.Struct, frozen=True):
     """One line of a Mooncake hash-block trace (radixcache.trace.mooncake), fields as the line gives them."""
 
+    TEXT_FIELDS: ClassVar[tuple[str, ...]] = ("session_id",)  # the string fields (each value adds two quotes)
+
     timestamp: Timestamp
     input_length: Count
     hash_ids: tuple[Id, ...]
@@ -47,6 +51,8 @@ class MooncakeLine(msgspec.Struct, frozen=True):
 
 class TokenLine(msgspec.Struct, frozen=True):
     """One line of a token trace (radixcache.trace.token_trace), fields as the line gives them."""
+
+    TEXT_FIELDS: ClassVar[tuple[str, ...]] = ("session", "namespace")
 
     timestamp: Timestamp
     tokens: tuple[Id, ...]
@@ -70,6 +76,7 @@ def iter_typed_lines(
     reads it."""
     name = str(path)
     decode = msgspec.json.Decoder(kind).decode
+    texts, astuple = kind.TEXT_FIELDS, msgspec.structs.astuple
     with open_trace(path, "rb") as handle:
         for lineno, line in read_lines(handle, name):
             try:
@@ -80,4 +87,20 @@ def iter_typed_lines(
                 if not line.strip():
                     continue
                 record = fallback(name, lineno, line)
+            else:  # a key given twice (msgspec keeps the last), an unknown key, a null, a string: more quote marks
+                values, quotes = astuple(record), line.count(b'"')
+                if quotes != 2 * (len(values) - values.count(None)) and quotes != _quotes(record, texts):
+                    record = fallback(name, lineno, line)  # which refuses a repeated key, or reads the line as msgspec
             yield lineno, record
+
+
+def _quotes(record: msgspec.Struct, texts: tuple[str, ...]) -> int:
+    """The quote marks a line holding exactly `record`'s fields has: two per key, two per string value. msgspec keeps
+    the last of a repeated key silently; a line with more quotes than this goes to the reader's own code, which
+    refuses a repeated key (and reads a line with an unknown key, a null or an escaped quote as msgspec did)."""
+    values = msgspec.structs.astuple(record)
+    quotes = 2 * (len(values) - values.count(None))
+    for field in texts:
+        if getattr(record, field) is not None:
+            quotes += 2
+    return quotes
