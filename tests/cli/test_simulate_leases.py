@@ -113,3 +113,18 @@ def test_a_nan_lease_budget_is_a_usage_error_naming_it(agents: Path) -> None:
     the trace was read, naming no option."""
     code, out = _run(str(agents), "--capacity-blocks", "100", "--leases", "--lease-budget", "nan")
     assert code == 2 and "--lease-budget" in out
+
+
+def test_without_leases_the_hinted_policies_repeat_lrus_figures_on_a_hinted_trace(agents: Path) -> None:
+    """docs/simulator.md: only --leases tells tlru and agent a request's hint; in a plain run (`--policies all` on an
+    agent trace full of hints included) they order as LRU does, so their rows are LRU's, figure for figure."""
+    code, out = _run(str(agents), "--capacity-tokens", "6000", "--page-size", "16", "--policies", "lru,tlru,agent",
+                     "--no-infinite", "--json")  # fmt: skip
+    assert code == 0, out
+    runs = {r["name"]: r for r in json.loads(out)["runs"]}
+    figures = [(runs[p]["hit_tokens"], runs[p]["evicted_blocks"]) for p in ("lru", "tlru", "agent")]
+    assert figures[0][1] > 0 and figures == [figures[0]] * 3
+    code, out = _run(str(agents), "--capacity-tokens", "6000", "--page-size", "16", "--leases", "--policies",
+                     "lru,tlru,agent", "--json")  # fmt: skip
+    runs = {(r["policy"], r["leases"]): r["hit_rate"] for r in json.loads(out)["runs"]}
+    assert runs["tlru", True] != runs["lru", True] or runs["agent", True] != runs["lru", True]  # hints heard there
