@@ -246,10 +246,14 @@ def iter_token_msgpack(path: str | Path) -> Iterator[TokenRequest]:
     name = str(path)
     with open_trace(path, "rb", text=False) as handle:
         read = _CountedReader(handle)  # the bytes the stream held: a pipe has no size to stat (it read as 0)
-        unpacker = msgpack.Unpacker(read, raw=False, strict_map_key=False)
+        repeated: list[Any] = []  # per map unpacked, the first key it gives twice (or None); a record's map is last
+        unpacker = msgpack.Unpacker(
+            read, raw=False, strict_map_key=False, object_pairs_hook=lambda pairs: _map(pairs, repeated)
+        )
         index = 0
         while True:
             offset = unpacker.tell()
+            repeated.clear()
             try:
                 record = unpacker.unpack()
             except msgpack.OutOfData:
@@ -263,6 +267,9 @@ def iter_token_msgpack(path: str | Path) -> Iterator[TokenRequest]:
                 hint = ": this file is JSON, not msgpack (name it .jsonl, or pass --format)" if json_like else ""
                 problem = f"expected a msgpack map, got {type(record).__name__}{hint}"
                 raise TraceError(name, f"record {index} (byte {offset})", problem)
+            if repeated[-1] is not None:  # msgpack keeps the last of a key given twice, without a word
+                key = repeated[-1]
+                raise TraceError(name, f"record {index} (byte {offset})", "given twice in one record", str(key))
             yield request_from_dict(record, name, f"record {index} (byte {offset})")
             index += 1
         if offset != read.count:  # the stream ended inside a record that starts at `offset`
@@ -271,6 +278,17 @@ def iter_token_msgpack(path: str | Path) -> Iterator[TokenRequest]:
                 f"record {index} (byte {offset})",
                 f"truncated msgpack stream: the last {read.count - offset} bytes do not form a whole record",
             )
+
+
+def _map(pairs: list[tuple[Any, Any]], repeated: list[Any]) -> dict[Any, Any]:
+    """A msgpack map as a dict, noting in `repeated` the first key it gives twice (None when none is)."""
+    record = dict(pairs)
+    if len(record) == len(pairs):
+        repeated.append(None)
+    else:
+        seen: set[Any] = set()
+        repeated.append(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return record
 
 
 class _CountedReader:

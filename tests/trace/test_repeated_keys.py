@@ -99,3 +99,27 @@ def test_the_cli_names_the_line_and_field_and_exits_1(command: list[str], tmp_pa
     assert result.output.strip() == f"error: {path}:2: field 'hash_ids': given twice in one record"
     with pytest.raises(TraceError, match="given twice"):
         load_workload(path)
+
+
+def msgpack_map(pairs: list[tuple[str, object]]) -> bytes:
+    """A msgpack map of these pairs, in order, a key given twice included (msgpack.packb takes a dict)."""
+    import msgpack
+
+    assert len(pairs) < 16
+    return bytes([0x80 | len(pairs)]) + b"".join(msgpack.packb(k) + msgpack.packb(v) for k, v in pairs)
+
+
+@pytest.mark.parametrize("field", ["timestamp", "tokens", "output_length", "session"])
+def test_a_msgpack_record_giving_a_field_twice_is_refused_at_its_record(field: str, tmp_path: Path) -> None:
+    from radixcache.trace.token_trace import iter_token_msgpack
+
+    good = list(GOOD_TOKEN.items())
+    first = msgpack_map(good)
+    again = {"timestamp": 5, "tokens": [7, 8], "output_length": 2, "session": "s"}[field]
+    path = tmp_path / "t.msgpack"
+    path.write_bytes(first + msgpack_map([*good, ("session", "a"), (field, again)]))
+    with pytest.raises(TraceError) as caught:
+        list(iter_token_msgpack(path))
+    assert str(caught.value) == f"{path}: record 1 (byte {len(first)}): field {field!r}: given twice in one record"
+    path.write_bytes(first + msgpack_map([*good, ("other", {"a": 1})]))  # each key once: read as it says
+    assert [list(r.tokens) for r in iter_token_msgpack(path)] == [[1, 2, 3], [1, 2, 3]]
