@@ -1,7 +1,8 @@
 """Upkeep: the layer of `Engine` (engine.engine) for its life and state rather than its requests.
 
 `close` (refuse new calls, cancel what is in flight, wait for the loop thread and the queued disk writes, stop a
-recording, let go of the frozen heap), `flush` and `wait_idle`; `unpin` (pins, by prompt, namespace or holder),
+recording, let go of the frozen heap), `flush` and `wait_idle`; `unpin` (pins, by prompt, namespace or holder;
+`unpin_later`, a holder's, posted to the loop without waiting),
 `clear_retention`, `record_trace`; `check`, `stats` and the repr.
 
 Invariants: everything that reads or changes the cache, the pins or the retention marks runs on the loop thread
@@ -33,8 +34,8 @@ from radixcache.runtime.kv.tier.disk_writer import wait_bound
 
 
 class EngineUpkeep:
-    """`close`, `flush`, `wait_idle`, `unpin`, `clear_retention`, `record_trace`, `check`, `stats` (set up in
-    Engine.__init__)."""
+    """`close`, `flush`, `wait_idle`, `unpin`, `unpin_later`, `clear_retention`, `record_trace`, `check`, `stats` (set
+    up in Engine.__init__)."""
 
     config: ModelConfig
     cache: RadixCache
@@ -62,6 +63,14 @@ class EngineUpkeep:
         everywhere = "namespace" not in kwargs and opts.namespace is None  # unpin(): every namespace's pins
         holder = opts.pin_holder  # a holder's own share only; None: every holder's
         return self._loop.wait_for(lambda _: self.kv.pins.unpin(tokens, opts.namespace, everywhere, holder=holder))
+
+    def unpin_later(self, pin_holder: str) -> None:
+        """`unpin(pin_holder=pin_holder)` without waiting: every pin the holder holds, in every namespace, is released
+        before the loop's next step or command (`check()` sees it; an idle engine's at its next call, `stats` once it
+        ran). It takes no lock and never waits, so a finalizer may call it on any thread, the loop's own mid-step
+        included (a Session's does, once the session is collected)."""
+        pins = self.kv.pins  # not `self`: a posted call keeps no engine alive
+        self._loop.post(lambda _: pins.unpin(None, None, True, holder=pin_holder))
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Refuse new requests (EngineClosedError), cancel every request in flight (their results say "cancelled",

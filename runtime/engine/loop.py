@@ -21,6 +21,7 @@ import functools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
@@ -135,6 +136,7 @@ class EngineLoop:
         self._finish = finish
         self._cv = threading.Condition()
         self._inbox: list[Callable[[Scheduler], Any]] = []
+        self._posted: deque[Callable[[Scheduler], Any]] = deque()  # `post`'s: appended without a lock
         self._handles: dict[int, RequestHandle] = {}
         self._thread: threading.Thread | None = None
         self._dead: EngineDeadError | None = None
@@ -226,6 +228,12 @@ class EngineLoop:
             release_idle_team()
         return fut
 
+    def post(self, fn: Callable[[Scheduler], Any]) -> None:
+        """Run `fn(scheduler)` on the loop thread before its next step or command, its result and errors dropped (an
+        error is logged). It only appends to a deque: no lock, no wait, no thread started, so a finalizer may call it
+        on any thread, the loop's own mid-step included. An idle loop runs it when the next call or request wakes it."""
+        self._posted.append(fn)
+
     def wait_for(self, fn: Callable[[Scheduler], Any], timeout: float | None = None) -> Any:
         """`call(fn)` and wait for its value (RuntimeError on the loop thread itself, where it would never end)."""
         self.refuse_wait_on_loop()
@@ -292,7 +300,7 @@ class EngineLoop:
                 while True:
                     with self._cv:
                         commands, self._inbox = self._inbox, []
-                        out_of_work = not commands and not s.has_work()
+                        out_of_work = not commands and not self._posted and not s.has_work()
                         if out_of_work and (idled or self.on_idle is None):
                             self._thread = None
                             if ctl is not None:
@@ -303,6 +311,7 @@ class EngineLoop:
                         self._idle_hook()
                         continue  # work that arrived meanwhile runs on this thread
                     idled = False
+                    self._run_posted()  # after taking the commands: what was posted before one runs before it
                     for command in commands:
                         command(s)  # `call` wraps each: its error goes to its own future
                     try:
@@ -320,6 +329,13 @@ class EngineLoop:
         except BaseException as exc:  # the loop itself broke (a bug): nobody may wait forever, nor call again
             self._die(exc)
             raise  # reported by threading.excepthook: a bug to see
+
+    def _run_posted(self) -> None:
+        while self._posted:
+            try:
+                self._posted.popleft()(self.scheduler)
+            except BaseException:
+                log.exception("a call posted to the engine loop failed; the loop goes on")
 
     def _idle_hook(self) -> None:
         """`on_idle`, whose error is logged, never the loop's."""

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import inspect
 import json
 import os
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -17,6 +19,7 @@ from radixcache.runtime.engine.options import RequestOptions, checked_options, r
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.tools.messages import normalize_message, normalize_messages
 from radixcache.runtime.tools.parse import json_object
+from radixcache.runtime.weak import weak_method
 
 if TYPE_CHECKING:
     from radixcache.runtime.engine.protocol import ChatEngine
@@ -61,8 +64,10 @@ class Session:
     so its prompt begins with theirs), but one made for the same prompt (a fork again, a turn sent again after it
     failed), which is the very pin the engine keeps. The session is the pin's holder (`pin_holder`, its own unless
     the options name one): another session (a `copy()`, one loaded from its save) pinning the same history holds its
-    own share, and `unpin()` releases this session's only; a session dropped without `unpin()` keeps its share until
-    `engine.unpin(...)` without a holder releases every holder's. A pin is cut to the engine's pinned share
+    own share, and `unpin()` releases this session's only; a session dropped without `unpin()` (collected: a saved
+    one let go, say) has its share released before the engine's next step (`Engine.unpin_later`, which never waits:
+    a finalizer may run on any thread, the engine loop's included), unless its options name the holder, whose pins
+    stay until that holder is unpinned. A pin is cut to the engine's pinned share
     (`max_pinned_fraction`): a history past it keeps its first share of pages pinned, and a turn whose pin is refused
     (other pins hold the share) keeps the earlier one. `unpin()`, or leaving `with engine.session(...) as s:`,
     releases it: the very pin made, named by the ids its result says it was made for (`pinned_for`), not by the
@@ -103,6 +108,7 @@ class Session:
         # cancelled after it was queued may have made (as its messages: no result named the ids)
         self._pins: list[_Pin] = []
         self._holder = uuid.uuid4().hex  # the holder of its pins (RequestOptions.pin_holder): this session alone
+        self._on_collect: weakref.finalize | None = None  # releases the holder's pins once the session is collected
 
     def send(self, content: str, **kwargs: Any) -> GenerationResult:
         """Add a user turn, generate the reply, and append it to the history. A ValueError, the session unchanged,
@@ -227,6 +233,7 @@ class Session:
             options = options.updated(pin=most if options.pin is True else min(options.pin, most))
         if options.pin and options.pin_holder is None:
             options = options.updated(pin_holder=self._holder)
+            self._unpin_when_collected()
         if options.pin:
             self._pins.append(_Pin([dict(m) for m in prompt], options))
         return options
@@ -247,6 +254,16 @@ class Session:
         # one of the same prompt is this very pin (a fork again, a turn retried after a cancel): releasing it would
         # release the pin just made
         return [pin for pin in earlier if not pin.same_prompt(latest)]
+
+    def _unpin_when_collected(self) -> None:
+        """Once the session is collected, its own holder's pins are released (an engine without `unpin_later`: a
+        dropped session keeps them, as before). The finalizer holds the engine weakly and only posts the release to
+        its loop: it never waits nor takes a lock, wherever the collection runs."""
+        later = getattr(self.engine, "unpin_later", None)
+        if self._on_collect is None and later is not None:
+            call = weak_method(later) if inspect.ismethod(later) else later
+            self._on_collect = weakref.finalize(self, call, self._holder)
+            self._on_collect.atexit = False  # an engine at interpreter exit is closed, its pins gone with it
 
     def _release(self, pins: list[_Pin]) -> int:
         """Engine.unpin for each of `pins`: the ids a pin was made for, or the prompt as the pinning turn gave it,
