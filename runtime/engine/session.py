@@ -63,15 +63,16 @@ class Session:
     pinned turn's (or fork's): a turn whose pin is made releases the session's earlier ones (the history only grows,
     so its prompt begins with theirs), but one made for the same prompt (a fork again, a turn sent again after it
     failed), which is the very pin the engine keeps. The session is the pin's holder (`pin_holder`, its own unless
-    the options name one): another session (a `copy()`, one loaded from its save) pinning the same history holds its
-    own share, and `unpin()` releases this session's only; a session dropped without `unpin()` (collected: a saved
-    one let go, say) has its share released before the engine's next step (`Engine.unpin_later`, which never waits:
-    a finalizer may run on any thread, the engine loop's included), unless its options name the holder, whose pins
-    stay until that holder is unpinned. A pin is cut to the engine's pinned share
-    (`max_pinned_fraction`): a history past it keeps its first share of pages pinned, and a turn whose pin is refused
-    (other pins hold the share) keeps the earlier one. `unpin()`, or leaving `with engine.session(...) as s:`,
-    releases it: the very pin made, named by the ids its result says it was made for (`pinned_for`), not by the
-    history rendered again, which differs once the engine's tool memory has forgotten a call it replays.
+    the options name one): another session (a `copy()` or `copy.copy`, one loaded from its save) pinning the same
+    history holds its own share, and `unpin()` releases this session's only; a session dropped without `unpin()`
+    (collected: a saved one let go, say) has its share released before the engine's next step (`Engine.unpin_later`,
+    which never waits: a finalizer may run on any thread, the engine loop's included), unless its options name the
+    holder, whose pins stay until that holder is unpinned. A pin is cut to the engine's pinned share
+    (`max_pinned_fraction`): a history past it keeps its first share of pages pinned, and a turn whose pin is
+    refused (other pins hold the share) keeps the earlier one. `unpin()`, or leaving
+    `with engine.session(...) as s:`, releases it: the very pin made, named by the ids its result says it was made
+    for (`pinned_for`), not by the history rendered again, which differs once the engine's tool memory has forgotten
+    a call it replays.
     """
 
     def __init__(
@@ -160,7 +161,15 @@ class Session:
             # must not replace it
 
     def copy(self) -> Session:
+        """The same history and defaults, holding pins of its own (none yet). `copy.copy` and `copy.deepcopy` give
+        this too: a shallow copy shared this session's holder, so this one's collection released the copy's pins."""
         return Session(self.engine, messages=self.messages, **self.defaults)
+
+    def __copy__(self) -> Session:
+        return self.copy()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Session:
+        return self.copy()
 
     # ------------------------------------------------------------------ JSON
 

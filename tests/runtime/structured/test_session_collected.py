@@ -6,6 +6,7 @@ deadlocks nor changes the pin table mid-step."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import threading
 import weakref
@@ -119,3 +120,17 @@ def test_unpin_later_returns_while_the_loop_is_busy_and_a_failing_post_is_logged
     gauges = engine.check()
     assert gauges["pinned_blocks"] == gauges["locked_blocks"] == 0 and s.unpin() == 0
     assert engine.generate("still serving", 2, ignore_eos=True).finish_reason == "length"
+
+
+def test_copy_module_copies_hold_pins_of_their_own(engine: Engine) -> None:
+    """`copy.copy(session)` shared the session's holder and its list of pins: once the original was collected, the
+    copy's own later pin was released under it. Both copies are `Session.copy()`s now: a holder of their own."""
+    s, _ = _pinned(engine, "copied by the copy module " * 4)
+    for twin in (copy.copy(s), copy.deepcopy(s)):
+        assert twin._holder != s._holder and twin.messages == s.messages and twin.messages is not s.messages
+    twin = copy.copy(s)
+    r = twin.send("next")
+    del s
+    gc.collect()
+    assert engine.check()["pinned_blocks"] == r.pinned_tokens // PAGE > 0  # the copy's pin stands
+    assert twin.unpin() == 1 and engine.check()["locked_blocks"] == 0
