@@ -98,7 +98,8 @@ def test_text_on_both_sides_of_a_call_replayed_in_a_streams_order_hits_the_cache
     """A Responses stream lists a reply's items as the model wrote them: text, the call, more text (each text an
     item of its own), where the whole answer holds one message of both texts, then the call. Replayed in the
     stream's order, the text after the call was a second assistant message: another prompt than the one the model
-    wrote, which the cache missed from that turn on (a reply forced here by a regex on the chat endpoint)."""
+    wrote, which the cache missed from that turn on (a reply forced here by a regex on the chat endpoint, greedy:
+    under "auto" the regex joins the calls' grammar, which a sampled reply might take instead)."""
     system, ask = "Use the tools (text both sides).", "What time is it?"
     written = 'Checking.<tool_call>{"name": "now", "arguments": {}}</tool_call> Done.'
     r = client.chat.completions.create(
@@ -106,6 +107,7 @@ def test_text_on_both_sides_of_a_call_replayed_in_a_streams_order_hits_the_cache
         messages=[{"role": "system", "content": system}, {"role": "user", "content": ask}],
         tools=TOOLS,
         max_tokens=200,
+        temperature=0,
         extra_body={"regex": re.escape(written)},
     )
     (call,) = r.choices[0].message.tool_calls

@@ -386,9 +386,10 @@ def test_hostile_tool_bodies_are_400_naming_the_field_and_a_bystander_is_served(
 
 def test_parallel_tool_calls_false_answers_one_call_when_auto_writes_two(tools_client, tiny_tools_server) -> None:
     """Under tool_choice "auto" nothing kept a model to one call: with parallel_tool_calls false a reply that wrote
-    two came back with both, whole and streamed. The first is answered (a regex stands in for such a model)."""
+    two came back with both, whole and streamed. The first is answered (a regex stands in for such a model: greedy,
+    as under "auto" the regex joins the calls' grammar, which a sampled reply might take instead)."""
     two = '{"tool_calls": [{"name": "now", "arguments": {}}, {"name": "add", "arguments": {"a": 1, "b": 2}}]}'
-    kw = {"tool_choice": "auto", "parallel_tool_calls": False, "max_tokens": 200}
+    kw = {"tool_choice": "auto", "parallel_tool_calls": False, "max_tokens": 200, "temperature": 0}
     whole = _ask(tools_client, "two calls", **kw, extra_body={"regex": re.escape(two)}).choices[0]
     assert whole.finish_reason == "tool_calls" and [c.function.name for c in whole.message.tool_calls] == ["now"]
     body = {"model": "tiny", "messages": _messages("two calls"), "tools": TOOLS, **kw, "regex": re.escape(two)}
