@@ -34,6 +34,7 @@ PIECE_ITEMS = 1 << 16  # the most members of a long list validated in one call o
 PARALLEL_PARSES = 2  # big bodies parsed at once per app (each holds a thread, and its parsed objects)
 _FIRST_WINDOW = 1 << 10  # a container is first tried whole within this many characters, then 8x more, ...
 _WS = " \t\n\r"
+_MAX_WALK = 100  # containers nested deeper are read by the C scanner whole (two Python frames a level here)
 
 _decoder = json.JSONDecoder()  # json.loads's own settings: strict strings, NaN and Infinity as floats
 _scan = _decoder.scan_once  # the C scanner: one value at an index -> (value, end)
@@ -47,7 +48,7 @@ def loads_in_pieces(raw: bytes, piece: int = PIECE_CHARS) -> Any:
     if text.startswith("\ufeff"):
         raise JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
     pieces = _Pieces(text, piece)
-    value, end = pieces.value(pieces.skip(0))
+    value, end = pieces.value(pieces.skip(0), 0)
     end = pieces.skip(end)
     if end != len(text):
         raise JSONDecodeError("Extra data", text, end)
@@ -67,13 +68,13 @@ class _Pieces:
             i += 1
         return i
 
-    def value(self, i: int) -> tuple[Any, int]:
+    def value(self, i: int, depth: int) -> tuple[Any, int]:
         s = self.s
         c = s[i : i + 1]
         if c == '"':
             return scanstring(s, i + 1, True)
-        if c not in ("[", "{"):
-            return self.scalar(i)
+        if c not in ("[", "{") or depth >= _MAX_WALK:  # past _MAX_WALK levels the C scanner goes on (and refuses
+            return self.scalar(i)  # nesting past its limit as json.loads does), not Python's recursion limit
         window = _FIRST_WINDOW
         while window < self.piece * 8:
             if i + window >= len(s):
@@ -83,7 +84,7 @@ class _Pieces:
                 return value, i + end
             except (ValueError, StopIteration):  # cut by the window's end (or bad: found again below)
                 window *= 8
-        return self.array(i) if c == "[" else self.object(i)
+        return self.array(i, depth + 1) if c == "[" else self.object(i, depth + 1)
 
     def scalar(self, i: int) -> tuple[Any, int]:
         try:
@@ -91,7 +92,7 @@ class _Pieces:
         except StopIteration:
             raise JSONDecodeError("Expecting value", self.s, i) from None
 
-    def object(self, i: int) -> tuple[dict[str, Any], int]:
+    def object(self, i: int, depth: int) -> tuple[dict[str, Any], int]:
         s, pairs, run = self.s, [], self.piece
         i = self.skip(i + 1)
         if s[i : i + 1] == "}":
@@ -107,7 +108,7 @@ class _Pieces:
             i = self.skip(i)
             if s[i : i + 1] != ":":
                 raise JSONDecodeError("Expecting ':' delimiter", s, i)
-            value, i = self.value(self.skip(i + 1))
+            value, i = self.value(self.skip(i + 1), depth)
             pairs.append((key, value))
             i = self.skip(i)
             if s[i : i + 1] == "}":
@@ -116,7 +117,7 @@ class _Pieces:
                 raise JSONDecodeError("Expecting ',' delimiter", s, i)
             i = self.skip(i + 1)
 
-    def array(self, i: int) -> tuple[list[Any], int]:
+    def array(self, i: int, depth: int) -> tuple[list[Any], int]:
         s, items, run = self.s, [], self.piece
         i = self.skip(i + 1)
         if s[i : i + 1] == "]":
@@ -126,7 +127,7 @@ class _Pieces:
             if batch is not None:
                 items += batch
                 continue
-            value, i = self.value(i)
+            value, i = self.value(i, depth)
             items.append(value)
             i = self.skip(i)
             if s[i : i + 1] == "]":
