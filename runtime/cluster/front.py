@@ -294,7 +294,10 @@ class ClusterEngine(ReplicaCalls):
         """Cancel on the replica it was sent to; one cancelled before its dispatch is cancelled there by `_run`
         (the replica remembers a cancel that arrives before the stream starts). One its replica has not started
         (waiting in Ray's queue for an actor thread, or in its engine's queue) ends "cancelled" at once, with
-        nothing generated, as one engine's queued request: its caller waited until an actor thread took it."""
+        nothing generated, as one engine's queued request: its caller waited until an actor thread took it. Once per
+        handle: a second call (agenerate's, after the cancelled future's own) finds it sent, or left to `_run`."""
+        if handle.cancelled:
+            return
         handle.cancelled = True
         replica, future = handle.request.replica, handle.future
         # A future the caller cancelled (`asyncio.wrap_future` cancels it with the awaiting task) is done, but its

@@ -3,8 +3,10 @@ streaming code as an engine Request is, and the handle a caller waits on, as an 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -44,6 +46,11 @@ class RemoteHandle:
         # request still waiting in Ray's queue ends it at once, as one engine ends a queued request
         self.unstarted: Callable[[str], Any] | None = None
         self._cancel = cancel
+        # A caller that cancels the future (an asyncio waiter through `wrap_future`, cancelled with its task or by
+        # wait_for's timeout) wants no result: the request is cancelled on its replica too, as an Engine's handle
+        # aborts it (it ran there to its length for nobody, its load counted). A weak reference: no handle <-> future
+        # cycle; the request's thread holds the handle while it runs.
+        self.future.add_done_callback(functools.partial(_cancel_if_cancelled, weakref.ref(self)))
 
     @property
     def rid(self) -> str:
@@ -57,6 +64,12 @@ class RemoteHandle:
 
     def cancel(self) -> None:
         self._cancel(self)
+
+
+def _cancel_if_cancelled(handle: weakref.ref[RemoteHandle], future: Future[Any]) -> None:
+    alive = handle()
+    if future.cancelled() and alive is not None:
+        alive.cancel()
 
 
 @dataclass(slots=True)
