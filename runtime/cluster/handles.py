@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from radixcache.runtime.engine.loop import GuardedFuture
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
 from radixcache.runtime.tools.use import CallIds
 
@@ -37,7 +38,10 @@ class RemoteHandle:
 
     def __init__(self, request: RemoteRequest, cancel: Any) -> None:
         self.request = request
-        self.future: Future[Any] = Future()
+        # Guarded as an Engine handle's: a done-callback that raises (sys.exit() in an agent's hook) is logged, and the
+        # callbacks after it (an asyncio waiter, the server's wake-up) still run; it ended them there, and its waiter
+        # waited for ever.
+        self.future: Future[Any] = GuardedFuture()
         # time.monotonic() when the front door took it: its timeout counts from here (its queue timeout too, until
         # admitted). The front door's own clock only: a replica is sent durations, never this reading.
         self.sent_at = time.monotonic()
