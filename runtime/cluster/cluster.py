@@ -209,6 +209,7 @@ class ReplicaCluster(Membership):
 
         # resolved here, once: the route hashes the prompt in the namespace its replica caches it under
         opts = resolve_options(max_new_tokens, options, kwargs, "ReplicaCluster.generate")
+        prompt_ids = _prompt_ids(prompt_ids)
         request = self.route_request(prompt_ids, opts.max_new_tokens, opts.namespace, opts.session)
         call = {"options": opts.updated(session=None)}
         took = (
@@ -355,3 +356,20 @@ class ReplicaCluster(Membership):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _prompt_ids(prompt: Any) -> list[int]:
+    """`prompt` as token ids, checked at the call as Engine.generate checks them (the request builder's `token_ids`):
+    `list()` took bytes and a dict's keys for token ids (a dict ran), text became a list of characters that its
+    replica's engine read as a batch of prompts (an AttributeError there), and None failed in `len()`."""
+    from radixcache.runtime.engine.request_builder import token_ids  # it imports torch; this module does not
+
+    if isinstance(prompt, str):
+        raise ValueError(
+            "ReplicaCluster.generate takes token ids, not text: encode it first, or send it through ClusterEngine "
+            "(runtime.cluster.front), which holds the tokenizer"
+        )
+    ids = token_ids(prompt, "prompt")
+    if not ids:
+        raise ValueError("the prompt is empty")
+    return ids

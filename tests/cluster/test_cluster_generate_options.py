@@ -1,8 +1,8 @@
 """ReplicaCluster.generate (the Python API's blocking call) given `options=`: it passed `namespace=None` beside them,
 which overrode the options' namespace (the replica cached the prompt under None, and the router hashed it with
 None), and its default `max_new_tokens=64` overrode the options' length. The options are resolved at the front door
-as every entry point resolves them (keywords over `options`). The real replica class, in-process
-(tests/cluster/inproc_front.py)."""
+as every entry point resolves them (keywords over `options`). What is no prompt of token ids is refused at the call,
+as Engine.generate refuses it. The real replica class, in-process (tests/cluster/inproc_front.py)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,28 @@ def test_generate_with_options_runs_and_routes_under_their_namespace(monkeypatch
         cluster.generate(PROMPT, 2, options=options, namespace="u")
         assert replica.kv.peek(PROMPT, "u")[0] == 16
         assert routed[1].page_keys == cluster.hasher.hashes(PROMPT, "u")
+
+
+@pytest.mark.parametrize(
+    ("prompt", "match"),
+    [
+        ({1: 2}, "got dict"),  # ran, its keys taken for token ids
+        (b"abc", "got bytes"),  # its bytes taken for token ids
+        ("abc", "takes token ids, not text"),  # an AttributeError inside the replica's engine
+        (None, "got NoneType"),  # a TypeError from len()
+        (5, "got int"),
+        ([1, "a"], r"prompt\[1\] must be a token id"),
+        ([], "the prompt is empty"),
+    ],
+    ids=["dict", "bytes", "text", "none", "int", "str-id", "empty"],
+)
+def test_generate_refuses_what_is_no_prompt_at_the_call(
+    monkeypatch: pytest.MonkeyPatch, prompt: Any, match: str
+) -> None:
+    """Regression: ReplicaCluster.generate sent `list(prompt)` to a replica unchecked: a dict ran, bytes were token
+    ids, text failed inside the replica's engine with an AttributeError. Now a ValueError at the call, as
+    Engine.generate's, and nothing is routed."""
+    with inproc_front(monkeypatch, 1, "cache_aware", ENGINE) as front:
+        with pytest.raises(ValueError, match=match):
+            front.cluster.generate(prompt, 2)
+        assert front.cluster.stats().routed == {0: 0} and front.replicas[0].stats.requests == 0
