@@ -22,8 +22,10 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import llguidance
+from llguidance.gbnf_to_lark import any_to_lark
 
 from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.lark_check import check_lark
 from radixcache.runtime.grammar.locate import locate
 from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, SCHEMA_MAPS, find_key
 from radixcache.runtime.grammar.spec import GrammarSpec
@@ -195,7 +197,9 @@ def _translate(spec: GrammarSpec) -> str:
     if spec.kind == "regex":
         return matcher.grammar_from_regex(spec.source)
     if spec.kind == "ebnf":
-        return llguidance.grammar_from("lark" if looks_like_lark(spec.source) else "gbnf", spec.source)
+        lark = looks_like_lark(spec.source)
+        check_lark(spec.source if lark else _gbnf_as_lark(spec.source), spec.path)  # what the library crashed on
+        return llguidance.grammar_from("lark" if lark else "gbnf", spec.source)
     options: dict[str, object] = {"whitespace_flexible": spec.any_whitespace}
     if not spec.any_whitespace:
         options.update(item_separator=", ", key_separator=": ")
@@ -347,6 +351,14 @@ def _resolve(root: object, ref: str) -> object:
         else:
             return None
     return target
+
+
+def _gbnf_as_lark(text: str) -> str:
+    """A GBNF grammar as the library converts it to Lark; "" where it cannot (`grammar_from` then says why)."""
+    try:
+        return any_to_lark(text)
+    except Exception:
+        return ""
 
 
 def looks_like_lark(text: str) -> bool:

@@ -1,0 +1,135 @@
+"""Checks of an EBNF grammar (Lark, or GBNF as llguidance converts it) that the library would crash on, before it is
+compiled.
+
+- A `%json { ... }` schema inside a Lark grammar is compiled by the library as a `json_schema` is, but it skipped
+  `schema_check`: a `const` of -2**63 + 1, which the library reads as a float at -2**63, crashed the process (a
+  segfault), as would a `$ref` chain (`schema_refs`). Each one goes through `check_schema`; its error names the
+  grammar's path, the schema's inner path in the message.
+- The library compiles a rule by recursing into the rules it names, on the calling thread's stack: a chain of 3,000
+  rules each naming the next (`a0: a1`, `a1: a2`, ... ~37 KB, under the server's bound on a grammar) crashed the
+  process on this machine's 8 MiB stacks (2,000 compiled). A grammar whose rules chain more than `MAX_RULE_DEPTH`
+  (256) deep is refused; a rule naming one being followed is recursion (`list: item | list "," item`), which adds no
+  depth.
+
+The scan skips string literals, regex literals and `//` comments; a definition starts a line (`name:`, `?name:`,
+`NAME.2:`), and its body runs to the next definition.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.schema_check import check_schema
+
+MAX_RULE_DEPTH = 256
+_HEAD = re.compile(r"[ \t]*[?!]?([A-Za-z_]\w*)(?:\.-?\d+)?[ \t]*:(?!:)")
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_DECODER = json.JSONDecoder()
+
+
+def check_lark(text: str, path: str, limit: int = MAX_RULE_DEPTH) -> None:
+    """GrammarError (at `path`) for a `%json` schema `check_schema` refuses, or rules chaining deeper than `limit`."""
+    uses: dict[str, list[str]] = {}  # each definition: the names its body mentions, in order
+    current: list[str] | None = None
+    i, n, line_start = 0, len(text), True
+    while i < n:
+        if line_start and (head := _HEAD.match(text, i)) is not None:
+            current = uses.setdefault(head.group(1), [])
+            i, line_start = head.end(), False
+            continue
+        c = text[i]
+        line_start = c == "\n"
+        if c == "/" and text.startswith("//", i):
+            i = _line_end(text, i)
+        elif c in "\"'":
+            i = _after_quoted(text, i, c)
+        elif c == "/":
+            i = _after_quoted(text, i, "/")
+        elif text.startswith("%json", i):
+            i = _check_json(text, i + len("%json"), path)
+        elif (name := _NAME.match(text, i)) is not None:
+            if current is not None:
+                current.append(name.group())
+            i = name.end()
+        else:
+            i += 1
+    depth, chain = _longest_chain(uses)
+    if depth > limit:
+        raise GrammarError(
+            f"its rules chain {depth:,} deep ({' -> '.join(chain[:3])} -> ...); at most {limit} are compiled (a deeper "
+            "grammar overflows the grammar compiler's stack)",
+            path,
+        )
+
+
+def _line_end(text: str, i: int) -> int:
+    end = text.find("\n", i)
+    return len(text) if end < 0 else end
+
+
+def _after_quoted(text: str, i: int, quote: str) -> int:
+    """The index past the literal opening at `i` (backslash escapes skipped); a literal cut by its line's end stops
+    there (the library refuses it)."""
+    j = i + 1
+    while j < len(text) and text[j] != "\n":
+        if text[j] == "\\":
+            j += 2
+            continue
+        if text[j] == quote:
+            return j + 1
+        j += 1
+    return j
+
+
+def _check_json(text: str, i: int, path: str) -> int:
+    """Check the `%json` schema whose text starts after `i` (whitespace first); the index past it."""
+    while i < len(text) and text[i].isspace():
+        i += 1
+    try:
+        schema, end = _DECODER.raw_decode(text, i)
+    except (ValueError, RecursionError):
+        return i  # not JSON: the library says what is wrong with it
+    try:
+        check_schema(schema, "%json")
+    except GrammarError as exc:
+        raise GrammarError(f"its schema at {exc.path}: {exc.reason}", path) from None
+    return end
+
+
+def _longest_chain(uses: dict[str, list[str]]) -> tuple[int, list[str]]:
+    """The most definitions one chain of mentions passes through (a mention of one being followed ends it), and that
+    chain; iterative, each definition measured once."""
+    height: dict[str, tuple[int, list[str]]] = {}
+    best: tuple[int, list[str]] = (0, [])
+    for start in uses:
+        if start in height:
+            continue
+        stack: list[list[object]] = [[start, 0, 1, [start]]]  # name, next mention, depth, chain
+        following = {start}
+        while stack:
+            frame = stack[-1]
+            name, k = str(frame[0]), int(frame[1])  # type: ignore[call-overload]
+            mentions = uses[name]
+            if k < len(mentions):
+                frame[1] = k + 1
+                sub = mentions[k]
+                if sub in height:
+                    _longer(frame, name, height[sub])
+                elif sub in uses and sub not in following:
+                    stack.append([sub, 0, 1, [sub]])
+                    following.add(sub)
+                continue
+            stack.pop()
+            following.discard(name)
+            height[name] = (int(frame[2]), list(frame[3]))  # type: ignore[call-overload]
+            if stack:
+                _longer(stack[-1], str(stack[-1][0]), height[name])
+        best = max(best, height[start], key=lambda h: h[0])
+    return best
+
+
+def _longer(frame: list[object], name: str, sub: tuple[int, list[str]]) -> None:
+    if sub[0] + 1 > int(frame[2]):  # type: ignore[call-overload]
+        frame[2], frame[3] = sub[0] + 1, [name, *sub[1][:2]]

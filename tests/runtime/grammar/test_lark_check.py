@@ -1,0 +1,87 @@
+"""An EBNF grammar the library would crash on is refused before it is compiled (runtime/grammar/lark_check.py): a
+Lark `%json { ... }` schema skipped every schema check (a `const` of -2**63 + 1 crashed the process, a NaN was read as
+null), and a chain of 3,000 rules each naming the next overflowed the compiler's stack (a segfault). Recursive
+grammars, and chains as deep as the bound, still compile and give sentences."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from radixcache.runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
+from radixcache.runtime.grammar.lark_check import MAX_RULE_DEPTH, check_lark
+from tests.runtime.grammar.conftest import token_table, walk
+
+
+def _text(state: GrammarState, tokenizer: Any, seed: int) -> str:
+    return str(tokenizer.decode(walk(state, token_table(tokenizer, state.vocab), seed)))
+
+
+def _lark_chain(rules: int) -> str:
+    return "start: a0\n" + "".join(f'a{i}: a{i + 1} "x"\n' for i in range(rules)) + f'a{rules}: "y"\n'
+
+
+def _gbnf_chain(rules: int) -> str:
+    return "root ::= a0\n" + "".join(f'a{i} ::= a{i + 1} "x"\n' for i in range(rules)) + f'a{rules} ::= "y"\n'
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ('{"type": "integer", "const": NaN}', "%json.const"),  # read as null: the grammar forced `null`
+        ('{"type": "integer", "const": -9223372036854775807}', "%json.const"),  # crashed the process
+        ('{"type": "integer", "minimum": -9223372036854775808, "maximum": 0}', "%json.minimum"),
+        ('{"$defs": {"a": {"$ref": "#/$defs/b"}}, "$ref": "#/$defs/a"}', "%json.$defs.a.$ref"),
+    ],
+)
+def test_a_json_schema_inside_a_lark_grammar_is_checked_as_a_schema(
+    tiny_compiler: GrammarCompiler, schema: str, where: str
+) -> None:
+    grammar = f'start: "n=" value\nvalue: %json {schema}\n'
+    with pytest.raises(GrammarError) as info:
+        tiny_compiler.compile(GrammarSpec.ebnf(grammar, path="grammar"))
+    assert info.value.path == "grammar"
+    assert info.value.reason.startswith(f"its schema at {where}: ")
+
+
+@pytest.mark.parametrize("chain", [_lark_chain, _gbnf_chain])
+def test_rules_chaining_past_the_bound_are_refused_and_within_it_compile(
+    tiny_compiler: GrammarCompiler, tiny_tokenizer: Any, chain: Any
+) -> None:
+    deep = chain(MAX_RULE_DEPTH)
+    with pytest.raises(GrammarError, match=f"its rules chain {MAX_RULE_DEPTH + 2} deep") as info:
+        tiny_compiler.compile(GrammarSpec.ebnf(deep, path="grammar"))
+    assert info.value.path == "grammar"
+    fits = chain(MAX_RULE_DEPTH - 2)
+    state = GrammarState(tiny_compiler.compile(GrammarSpec.ebnf(fits, path="grammar")))
+    text = _text(state, tiny_tokenizer, 0)
+    assert text == "y" + "x" * (MAX_RULE_DEPTH - 2)
+
+
+def test_recursive_grammars_and_a_json_schema_inside_one_still_compile(
+    tiny_compiler: GrammarCompiler, tiny_tokenizer: Any
+) -> None:
+    grammars = {
+        'start: list\nlist: item | list "," item\nitem: /[0-9]/\n': r"[0-9](,[0-9])*",
+        'start: "n=" value\nvalue: %json {"type": "integer", "minimum": 0, "maximum": 9}\n': r"n=[0-9]",
+        'start: expr\nexpr: "(" expr ")"\n    | "x"\n': r"\(*x\)*",
+    }
+    for grammar, pattern in grammars.items():
+        state = GrammarState(tiny_compiler.compile(GrammarSpec.ebnf(grammar, path="grammar")))
+        assert re.fullmatch(pattern, _text(state, tiny_tokenizer, 1))
+
+
+def test_names_inside_literals_and_comments_are_no_rules() -> None:
+    grammar = (
+        "start: a // b c\n"
+        'a: b "c d" /e f/\n'
+        '  | "start: c"\n'
+        "b: %json " + json.dumps({"title": "c d e"}) + "\n"
+        'c: d\nd: e\ne: "z"\n'
+    )
+    check_lark(grammar, "grammar", limit=3)  # start -> a -> b; c -> d -> e is a chain of its own
+    with pytest.raises(GrammarError, match="its rules chain 3 deep"):
+        check_lark(grammar, "grammar", limit=2)
