@@ -258,6 +258,9 @@ def iter_token_msgpack(path: str | Path) -> Iterator[TokenRequest]:
                 record = unpacker.unpack()
             except msgpack.OutOfData:
                 break
+            except TypeError as exc:  # a map's key that a dict cannot hold: an array or a map
+                problem = f"invalid msgpack (a map key that cannot be one: {exc})"
+                raise TraceError(name, f"record {index} (byte {offset})", problem) from None
             except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
                 why = str(exc) or _MSGPACK_ERRORS.get(type(exc), type(exc).__name__)  # FormatError() says nothing
                 raise TraceError(name, f"record {index} (byte {offset})", f"invalid msgpack ({why})") from None

@@ -1,7 +1,8 @@
 """A trace line that gives a field twice is refused at its file:line, naming the field, by every reader of token and
 Mooncake lines (msgspec's, simdjson's, the field-by-field one) and by the CLI: the parsers keep the last value
 without a word, so `"hash_ids": [1], "hash_ids": [2, 3]` used to replay [2, 3] and drop [1]. A line whose keys
-are each given once reads as before, whatever else it holds (nulls, unknown keys, strings with quotes)."""
+are each given once reads as before, whatever else it holds (nulls, unknown keys, strings with quotes). A msgpack
+map whose key is an array or a map is refused at its record too."""
 
 from __future__ import annotations
 
@@ -123,3 +124,17 @@ def test_a_msgpack_record_giving_a_field_twice_is_refused_at_its_record(field: s
     assert str(caught.value) == f"{path}: record 1 (byte {len(first)}): field {field!r}: given twice in one record"
     path.write_bytes(first + msgpack_map([*good, ("other", {"a": 1})]))  # each key once: read as it says
     assert [list(r.tokens) for r in iter_token_msgpack(path)] == [[1, 2, 3], [1, 2, 3]]
+
+
+@pytest.mark.parametrize("key", [b"\x91\x01", b"\x81\x01\x01"], ids=["array", "map"])
+def test_a_msgpack_map_key_that_is_an_array_or_map_is_a_trace_error_at_its_record(key: bytes, tmp_path: Path) -> None:
+    """It was "internal error: TypeError: unhashable type" from the CLI, naming no record."""
+    from radixcache.trace.token_trace import iter_token_msgpack
+
+    first = msgpack_map(list(GOOD_TOKEN.items()))
+    path = tmp_path / "t.msgpack"
+    path.write_bytes(first + b"\x81" + key + b"\x01")
+    with pytest.raises(TraceError, match=rf"^{path}: record 1 \(byte {len(first)}\): invalid msgpack \(a map key"):
+        list(iter_token_msgpack(path))
+    result = CliRunner().invoke(main, ["simulate", str(path), "--capacity-blocks", "4"])
+    assert result.exit_code == 1 and result.output.startswith(f"error: {path}: record 1"), result.output
