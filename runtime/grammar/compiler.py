@@ -198,7 +198,8 @@ def _translate(spec: GrammarSpec) -> str:
         return matcher.grammar_from_regex(spec.source)
     if spec.kind == "ebnf":
         lark = looks_like_lark(spec.source)
-        check_lark(spec.source if lark else _gbnf_as_lark(spec.source), spec.path)  # what the library crashed on
+        if not spec.assembled:  # a user's grammar: what the library crashed on (assembled ones: their parts were)
+            check_lark(spec.source if lark else _gbnf_as_lark(spec.source), spec.path)
         return llguidance.grammar_from("lark" if lark else "gbnf", spec.source)
     options: dict[str, object] = {"whitespace_flexible": spec.any_whitespace}
     if not spec.any_whitespace:

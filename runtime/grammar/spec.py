@@ -28,13 +28,17 @@ class GrammarSpec:
     `additionalProperties` admits no other keys; otherwise such keywords are ignored and extra keys are allowed.
     Keywords nobody knows are ignored either way.
     `any_whitespace`: JSON may put any whitespace between tokens (off by default: compact `, ` / `: ` separators,
-    which keeps a small model from looping on newlines). `path` is where the spec came from, for error messages."""
+    which keeps a small model from looping on newlines). `path` is where the spec came from, for error messages.
+    `assembled` (ebnf only): the grammar was built by the runtime from parts each checked already (tool calls'
+    schemas, a nested user grammar), so the checks of a user's grammar (runtime/grammar/lark_check.py) are skipped:
+    its `%json` rules carry the library's own options, which a user's schema may not set."""
 
     kind: Kind
     source: str = ""
     strict: bool = True
     any_whitespace: bool = False
     path: str = "response_format"
+    assembled: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -74,10 +78,10 @@ class GrammarSpec:
         return cls("regex", pattern, True, False, path)
 
     @classmethod
-    def ebnf(cls, grammar: str, *, path: str = "ebnf") -> GrammarSpec:
+    def ebnf(cls, grammar: str, *, path: str = "ebnf", assembled: bool = False) -> GrammarSpec:
         if not isinstance(grammar, str) or not grammar.strip():
             raise GrammarError("must be a non-empty string", path)
-        return cls("ebnf", grammar, True, False, path)
+        return cls("ebnf", grammar, True, False, path, assembled)
 
     @classmethod
     def from_response_format(cls, response_format: Any, path: str = "response_format") -> GrammarSpec | None:
