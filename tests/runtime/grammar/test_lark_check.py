@@ -13,6 +13,7 @@ import pytest
 
 from radixcache.runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
 from radixcache.runtime.grammar.lark_check import MAX_RULE_DEPTH, check_lark
+from radixcache.runtime.grammar.nested import nested_rule
 from tests.runtime.grammar.conftest import token_table, walk
 
 
@@ -85,3 +86,19 @@ def test_names_inside_literals_and_comments_are_no_rules() -> None:
     check_lark(grammar, "grammar", limit=3)  # start -> a -> b; c -> d -> e is a chain of its own
     with pytest.raises(GrammarError, match="its rules chain 3 deep"):
         check_lark(grammar, "grammar", limit=2)
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        _lark_chain(3000),
+        _gbnf_chain(3000),
+        'start: "n=" value\nvalue: %json {"type": "integer", "const": -9223372036854775807}\n',
+    ],
+)
+def test_a_grammar_nested_beside_tool_calls_is_checked_as_one_alone(grammar: str) -> None:
+    # tool_choice "auto" beside a grammar nests it in the calls grammar (runtime/grammar/nested.py): the same
+    # grammars crashed the process there (a segfault in the library's validation) before they were checked
+    with pytest.raises(GrammarError) as info:
+        nested_rule(GrammarSpec.ebnf(grammar, path="grammar"))
+    assert info.value.path == "grammar"
