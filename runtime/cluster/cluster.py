@@ -232,8 +232,9 @@ class ReplicaCluster(Membership):
                 computed = False
                 raise
             except (*self.actor_errors, self.ray.exceptions.RayTaskError) as exc:
-                if not self.actor_died(replica, exc):
-                    raise
+                if not self.actor_died(replica, exc):  # the engine refused or failed it: its own exception, as
+                    cause = getattr(exc, "cause", None)  # ClusterEngine's (Ray's wrapper's text is a traceback)
+                    raise cause if isinstance(cause, Exception) else exc from None
                 tried.add(replica)
                 check_resend(tried, exc)
                 self.count_retry()

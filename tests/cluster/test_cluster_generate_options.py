@@ -60,3 +60,15 @@ def test_generate_refuses_what_is_no_prompt_at_the_call(
         with pytest.raises(ValueError, match=match):
             front.cluster.generate(prompt, 2)
         assert front.cluster.stats().routed == {0: 0} and front.replicas[0].stats.requests == 0
+
+
+def test_an_error_its_replica_raises_is_that_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: ReplicaCluster.generate re-raised Ray's wrapper of a replica engine's refusal (RayTaskError; on real
+    Ray its text a remote traceback with colour codes, tests/cluster/test_cluster_ray.py), where ClusterEngine and
+    Engine.generate raise the engine's own ValueError."""
+    with inproc_front(monkeypatch, 1, "cache_aware", ENGINE) as front:
+        with pytest.raises(ValueError) as refused:
+            front.cluster.generate([1, 500], 2)
+        assert type(refused.value) is ValueError
+        assert str(refused.value) == "token id 500 is outside the vocabulary [0, 97)"
+        assert front.cluster.loads.in_flight() == 0

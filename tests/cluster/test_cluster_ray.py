@@ -54,6 +54,12 @@ def test_routing_follows_the_index_that_events_keep(local_ray: str, tiny_dir: Pa
             cluster.poll()
         routed = cluster.stats().routed
         assert sorted(routed.values()) == [4, 4]
+        # A request its replica's engine refuses raises that engine's own error, as Engine.generate's: Ray's wrapper
+        # (RayTaskError(ValueError)) read as a remote traceback with terminal colour codes.
+        with pytest.raises(ValueError) as refused:
+            cluster.generate([1, 10**6], 2)
+        assert type(refused.value) is ValueError
+        assert str(refused.value) == "token id 1000000 is outside the vocabulary [0, 260)"
 
 
 def test_a_missed_event_sequence_triggers_a_resync(local_ray: str, tiny_dir: Path) -> None:
