@@ -162,7 +162,7 @@ class ServerMetrics:
             ("radixcache_tier_disk_queued_pages_total", "Pages queued for the disk tier.", tiers.disk_queued_pages),
             (
                 "radixcache_tier_disk_dropped_pages_total",
-                "Disk writes dropped (queue full or tier off).",
+                "Disk writes dropped (queue full, tier off, or a failed write).",
                 tiers.disk_dropped_pages,
             ),
             (

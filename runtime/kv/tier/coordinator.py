@@ -288,7 +288,12 @@ class KVTiers:
 
     @property
     def counters(self) -> TierCounters:
-        return TierCounters(**self._counts)
+        """The counts so far; disk_dropped_pages also the queued pages the disk's writer never wrote (its write failed:
+        a full disk; the run's page before it was gone; discarded at a close or a clear)."""
+        counts = dict(self._counts)
+        if self.disk is not None:
+            counts["disk_dropped_pages"] += self.disk.lost_writes
+        return TierCounters(**counts)
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Stop the prefetch readers, finish the pending disk writes (up to `timeout`) and stop the writer."""

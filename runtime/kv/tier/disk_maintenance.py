@@ -26,6 +26,7 @@ class DiskMaintenance:
     _names: dict[str, str]
     _count: dict[str, int]
     _queue: WriteQueue
+    lost_writes: int
 
     def stats(self) -> DiskStoreStats:
         """A snapshot of the index and the counters."""
@@ -76,7 +77,9 @@ class DiskMaintenance:
         except ValueError as exc:
             raise ValueError(f"refusing to clear {self.directory}: {exc}") from None
         with self._lock:
-            self._count["dropped_writes"] += self._queue.discard_queued()
+            discarded = self._queue.discard_queued()
+            self._count["dropped_writes"] += discarded
+            self.lost_writes += discarded
         count = self.layout.remove_page_files()
         with self._lock:
             self._index.clear()

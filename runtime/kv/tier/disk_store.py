@@ -123,6 +123,9 @@ class DiskStore(DiskMaintenance):
         self._readable = True  # False: a directory that is not ours (never listed or read)
         self._unlinking = self._deletions = 0  # evicted pages whose files are being deleted; a count of such events
         self._count = dict.fromkeys(_COUNTERS, 0)
+        # Writes `put` accepted that became no file (in `dropped_writes` too): the write failed (the store is then
+        # off), the run's page before it was gone, or a close or a clear discarded it. The tiers' disk_dropped_pages.
+        self.lost_writes = 0
 
         if create:
             adoption = self.layout.adopt(self.fingerprint)
@@ -333,6 +336,7 @@ class DiskStore(DiskMaintenance):
         with self._lock:
             if entry is None:
                 self._count["dropped_writes"] += 1
+                self.lost_writes += 1
             elif stamp is not None:  # (always, with an entry)
                 self._index.replace(key, entry, stamp)  # an older entry: read after a clear, say (file replaced)
                 self._count["writes"] += 1
@@ -386,6 +390,7 @@ class DiskStore(DiskMaintenance):
         self._settle()
         with self._lock:
             self._count["dropped_writes"] += discarded
+            self.lost_writes += discarded
         return flushed
 
     def __enter__(self) -> DiskStore:

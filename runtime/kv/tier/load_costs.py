@@ -18,8 +18,9 @@ class TierCounters:
     declined_pages: pages found below the device but recomputed because that was cheaper. disk_failed_reads: pages
     listed on disk whose file failed its checks (deleted, recomputed). host_saved_pages: pages copied to the host.
     host_failed_copies: copies to or from the host that raised (pages not cached there, or recomputed).
-    disk_queued_pages / disk_dropped_pages: page writes handed to the disk writer, or dropped (queue full,
-    tier disabled)."""
+    disk_queued_pages / disk_dropped_pages: page writes handed to the disk writer, and those dropped (queue full,
+    tier disabled, or by the writer: a write that failed, a run's page before it gone, discarded at a close or a
+    clear; these were counted queued too)."""
 
     device_hit_tokens: int = 0
     host_hit_tokens: int = 0
