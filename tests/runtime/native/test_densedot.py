@@ -19,7 +19,12 @@ from radixcache.runtime.model.linear import DenseLinear
 from radixcache.runtime.native import SOURCES
 
 CC = os.environ.get("CC", "cc")
-pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler here")
+# xdist group: one worker runs the module, so each path is compiled once per run, not once per worker that gets
+# some of its tests (as test_qdot and test_blockdot_paths).
+pytestmark = [
+    pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler here"),
+    pytest.mark.xdist_group("densedot_builds"),
+]
 
 # name -> (compiler flags, CPU flags it needs)
 PATHS = {
