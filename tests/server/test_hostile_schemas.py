@@ -122,3 +122,36 @@ def test_a_lone_surrogate_in_a_schemas_key_is_a_400_naming_it(app) -> None:
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "response_format.json_schema.schema.properties.\\ud800", r.text
     _settled_and_serving(client, engine)
+
+
+def _ref_chain(links: int) -> dict[str, Any]:
+    """`$defs` each an object holding the next as a property: shallow JSON, 2 levels a link once followed."""
+    defs = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(links)}
+    return {
+        "$defs": {**defs, f"d{links}": {"type": "integer"}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/d0"}},
+    }
+
+
+def test_constraints_that_crashed_the_process_are_400s(app) -> None:
+    """A chain of 1,000 `$ref`s (~90 KB) and an EBNF grammar's `%json` const of -2**63 + 1 or 3,000 chained rules
+    each crashed the server (a segfault in the library's compile); each is a 400 naming its field, and the server
+    goes on serving."""
+    client, engine = app
+    tool = {"type": "function", "function": {"name": "f", "parameters": _ref_chain(1_000)}}
+    rules = "start: a0\n" + "".join(f"a{i}: a{i + 1}\n" for i in range(3_000)) + 'a3000: "y"\n'
+    sent = [
+        (
+            {"response_format": _schema_format(_ref_chain(1_000))},
+            "response_format.json_schema.schema.properties.a.$ref",
+        ),
+        ({"tools": [tool], "tool_choice": "required"}, "tools.0.function.parameters.properties.a.$ref"),
+        ({"grammar": 'start: %json {"type": "integer", "const": -9223372036854775807}'}, "grammar"),
+        ({"grammar": rules}, "grammar"),
+    ]
+    for fields, param in sent:
+        r = _chat(client, **fields)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param, r.text
+    _settled_and_serving(client, engine)
