@@ -145,6 +145,17 @@ def tools_client(tiny_tools_server: Server):
         yield c
 
 
+@pytest.fixture(scope="session")
+def keyed_server(tiny_model_dir: Path) -> Iterator[Server]:
+    """One tiny-checkpoint server under two API keys (`--api-key sk-alice --api-key sk-bob --capacity-blocks 256`)
+    for the tenant tests over HTTP (test_tenants, test_legacy_tenants, test_responses_api_parts): started once
+    instead of once per module (a process start, torch's import and the model's load each). Their tests carry the
+    xdist group "keyed_server", so one worker runs them all. Each sends prompts of its own and asserts what one key
+    reaches of another's (cached tokens, call ids, stored responses), which the other modules' requests leave true."""
+    with start_server(tiny_model_dir, "--api-key", "sk-alice", "--api-key", "sk-bob", "--capacity-blocks", "256") as s:
+        yield s
+
+
 SMOLLM2_GROUP = "smollm2_server"  # the xdist group of every test that uses `smollm2_server`
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import tracemalloc
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -23,12 +21,6 @@ from tests.tiny_tools import TOOLS
 ADD = next(t["function"] for t in TOOLS if t["function"]["name"] == "add")
 
 
-@pytest.fixture(scope="module")
-def keyed(launch, tiny_model_dir: Path) -> Iterator[Server]:
-    with launch(tiny_model_dir, "--api-key", "sk-alice", "--api-key", "sk-bob", "--capacity-blocks", "256") as s:
-        yield s
-
-
 def _history(arguments: str) -> list[dict[str, Any]]:
     call = {"name": "add", "arguments": arguments}
     return [
@@ -38,9 +30,10 @@ def _history(arguments: str) -> list[dict[str, Any]]:
     ]
 
 
-def test_another_keys_call_never_changes_a_replayed_history(keyed: Server) -> None:
-    alice = openai.OpenAI(base_url=keyed.v1, api_key="sk-alice", max_retries=0, timeout=60)
-    bob = openai.OpenAI(base_url=keyed.v1, api_key="sk-bob", max_retries=0, timeout=60)
+@pytest.mark.xdist_group("keyed_server")  # the shared server (conftest.py)
+def test_another_keys_call_never_changes_a_replayed_history(keyed_server: Server) -> None:
+    alice = openai.OpenAI(base_url=keyed_server.v1, api_key="sk-alice", max_retries=0, timeout=60)
+    bob = openai.OpenAI(base_url=keyed_server.v1, api_key="sk-bob", max_retries=0, timeout=60)
     asked = [{"role": "user", "content": "What is 2 + 3?"}]
     r = alice.chat.completions.create(
         model="tiny", messages=asked, functions=[ADD], function_call={"name": "add"}, max_tokens=80, temperature=0

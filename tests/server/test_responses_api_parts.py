@@ -89,15 +89,10 @@ def test_a_tenant_never_reads_nor_deletes_another_tenants_response() -> None:
     assert not store.delete("bob", "r") and store.get("alice", "r") is not None
 
 
-@pytest.fixture(scope="module")
-def keyed(tiny_model_dir, launch):
-    with launch(tiny_model_dir, "--api-key", "sk-alice", "--api-key", "sk-bob", "--capacity-blocks", "256") as s:
-        yield s
-
-
-def test_over_http_one_key_cannot_read_continue_nor_delete_anothers_response(keyed) -> None:
-    alice = openai.OpenAI(base_url=keyed.v1, api_key="sk-alice", max_retries=0, timeout=60)
-    bob = openai.OpenAI(base_url=keyed.v1, api_key="sk-bob", max_retries=0, timeout=60)
+@pytest.mark.xdist_group("keyed_server")  # the shared server (conftest.py)
+def test_over_http_one_key_cannot_read_continue_nor_delete_anothers_response(keyed_server) -> None:
+    alice = openai.OpenAI(base_url=keyed_server.v1, api_key="sk-alice", max_retries=0, timeout=60)
+    bob = openai.OpenAI(base_url=keyed_server.v1, api_key="sk-bob", max_retries=0, timeout=60)
     r = alice.responses.create(model="tiny", input="secret", max_output_tokens=2, temperature=0)
     assert alice.responses.retrieve(r.id).id == r.id
     with pytest.raises(openai.NotFoundError):
@@ -109,7 +104,7 @@ def test_over_http_one_key_cannot_read_continue_nor_delete_anothers_response(key
     assert exc.value.code == "previous_response_not_found"
     follow = alice.responses.create(model="tiny", input="more", previous_response_id=r.id, max_output_tokens=2)
     assert follow.previous_response_id == r.id
-    assert httpx.get(keyed.v1 + f"/responses/{r.id}", timeout=10).status_code == 401  # no key: refused first
+    assert httpx.get(keyed_server.v1 + f"/responses/{r.id}", timeout=10).status_code == 401  # no key: refused first
 
 
 def test_calls_join_the_assistant_message_before_them_and_outputs_answer_them() -> None:
