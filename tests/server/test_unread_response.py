@@ -22,9 +22,12 @@ from tests.server.conftest import Server
 
 STALL_S = 1.0
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or not hasattr(socket, "TCP_USER_TIMEOUT"), reason="Linux's TCP options"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux") or not hasattr(socket, "TCP_USER_TIMEOUT"), reason="Linux's TCP options"
+    ),
+    pytest.mark.xdist_group("unread_response"),  # one worker runs the module: its server starts once, not per worker
+]
 
 
 def _established(server_port: int, client_port: int) -> bool:
