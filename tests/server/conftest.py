@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -154,6 +155,22 @@ def keyed_server(tiny_model_dir: Path) -> Iterator[Server]:
     reaches of another's (cached tokens, call ids, stored responses), which the other modules' requests leave true."""
     with start_server(tiny_model_dir, "--api-key", "sk-alice", "--api-key", "sk-bob", "--capacity-blocks", "256") as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def tiny_app(tiny_model_dir: Path) -> Iterator[tuple[Any, Any]]:
+    """(a TestClient, its Engine): the tiny checkpoint in process (its byte-level tokenizer and ChatML template, one
+    thread, 128 blocks) for the hostile-input modules (test_hostile_requests, test_hostile_schemas; xdist group
+    "tiny_app"), built once for both: each test leaves it idle with nothing locked, and asserts only its own
+    requests' answers."""
+    from fastapi.testclient import TestClient
+
+    from radixcache.runtime import Engine
+    from radixcache.runtime.server import create_app
+
+    engine = Engine(str(tiny_model_dir), capacity_blocks=128, threads=1)
+    with engine, TestClient(create_app(engine, "tiny")) as client:
+        yield client, engine
 
 
 SMOLLM2_GROUP = "smollm2_server"  # the xdist group of every test that uses `smollm2_server`

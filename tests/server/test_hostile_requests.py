@@ -23,12 +23,13 @@ PROMPT = list(range(1, 20))
 EOS = 256  # the tiny checkpoint's <|im_end|>
 
 
+pytestmark = pytest.mark.xdist_group("tiny_app")  # the shared in-process app (conftest.py)
+
+
 @pytest.fixture(scope="module")
-def app(tiny_model_dir: Path) -> Iterator[tuple[TestClient, Engine]]:
-    """The tiny checkpoint (its byte-level tokenizer and ChatML template) in process, one thread."""
-    engine = Engine(str(tiny_model_dir), capacity_blocks=128, threads=1)
-    with engine, TestClient(create_app(engine, "tiny")) as client:
-        yield client, engine
+def app(tiny_app: tuple[TestClient, Engine]) -> tuple[TestClient, Engine]:
+    """The tiny checkpoint (its byte-level tokenizer and ChatML template) in process, one thread (conftest.py)."""
+    return tiny_app
 
 
 def _settled_and_serving(client: TestClient, engine: Engine) -> None:

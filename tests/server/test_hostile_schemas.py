@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -16,18 +14,19 @@ import pytest
 from fastapi.testclient import TestClient
 
 from radixcache.runtime import Engine
-from radixcache.runtime.server import create_app
 
 EOS = 256  # the tiny checkpoint's <|im_end|>
 ENUM = [f"value number {i}" for i in range(100_000)]
 MANY = {f"p{i}": {"type": "integer"} for i in range(10_000)}
 
 
+pytestmark = pytest.mark.xdist_group("tiny_app")  # the shared in-process app (conftest.py)
+
+
 @pytest.fixture(scope="module")
-def app(tiny_model_dir: Path) -> Iterator[tuple[TestClient, Engine]]:
-    engine = Engine(str(tiny_model_dir), capacity_blocks=128, threads=1)
-    with engine, TestClient(create_app(engine, "tiny")) as client:
-        yield client, engine
+def app(tiny_app: tuple[TestClient, Engine]) -> tuple[TestClient, Engine]:
+    """The tiny checkpoint in process, one thread (conftest.py)."""
+    return tiny_app
 
 
 def _settled_and_serving(client: TestClient, engine: Engine) -> None:
