@@ -89,8 +89,8 @@ class _Pieces:
     def scalar(self, i: int) -> tuple[Any, int]:
         try:
             return _scan(self.s, i)
-        except StopIteration:
-            raise JSONDecodeError("Expecting value", self.s, i) from None
+        except StopIteration as e:  # where the value that is not one starts, maybe inside this one
+            raise JSONDecodeError("Expecting value", self.s, e.value) from None
 
     def object(self, i: int, depth: int) -> tuple[dict[str, Any], int]:
         s, pairs, run = self.s, [], self.piece

@@ -1,11 +1,13 @@
 """`loads_in_pieces` (runtime.server.body_parse) against `json.loads`, the reference: the same value for every
-document, and a refusal (ValueError or RecursionError) for every document json.loads refuses, with pieces small
-enough that every path (containers walked member by member, runs of members read at once, windows) is taken."""
+document, and a refusal (ValueError or RecursionError; bad JSON: the same message at the same position) for every
+document json.loads refuses, with pieces small enough that every path (containers walked member by member, runs of
+members read at once, windows) is taken."""
 
 from __future__ import annotations
 
 import json
 import math
+from json.decoder import JSONDecodeError
 
 import pytest
 from hypothesis import given, settings
@@ -32,8 +34,10 @@ def _same(raw: bytes, piece: int) -> None:
     try:
         expected = json.loads(raw)
     except (ValueError, RecursionError) as e:
-        with pytest.raises(type(e) if isinstance(e, RecursionError) else ValueError):
+        with pytest.raises(type(e) if isinstance(e, RecursionError) else ValueError) as got_error:
             loads_in_pieces(raw, piece)
+        if isinstance(e, JSONDecodeError):  # the same message at the same place (FastAPI's loc: ("body", pos))
+            assert (got_error.value.msg, got_error.value.pos) == (e.msg, e.pos)
         return
     got = loads_in_pieces(raw, piece)
     assert json.dumps(got) == json.dumps(expected)  # NaN-safe, and dict order compared too
@@ -66,6 +70,9 @@ def test_pieces_of_large_documents() -> None:
     _same(deep, 16)
     _same(b"\xef\xbb\xbf[1, 2]", 16)  # a UTF-8 BOM: json.loads reads bytes with one
     _same(b'{"a": 1, "a": 2, "b": [1, 2, 3], "a": 3}', 16)  # a key sent twice keeps its last value
+    for bad in (b"[ull", b'{"a": [1, 2, tru]}', b"[\n1e+300,\n,rue\n]"):  # a bad value inside a container
+        _same(bad, 16)
+        _same(bad, 1 << 16)  # read whole by the C scanner: its error's own position, not the container's
     _same(b"[NaN, Infinity, -Infinity, 1e400, " + b"9" * 5000 + b"]", 16)  # past the digit limit: a ValueError
 
 
