@@ -68,6 +68,7 @@ def test_pieces_of_large_documents() -> None:
     deep = b"[" * 5000 + b"1" + b"]" * 5000  # past the recursion limit, for json.loads and the pieces alike
     _same(b"[" * 600 + json.dumps(ids[0]).encode() + b"]" * 600, 1 << 10)  # deep, within json.loads's limit
     _same(deep, 16)
+    _same(b"[" * 500 + b'"' + b"x" * 100 + b'"' + b"]" * 500, 16)  # within json.loads's nesting, past the walk's
     _same(b"\xef\xbb\xbf[1, 2]", 16)  # a UTF-8 BOM: json.loads reads bytes with one
     _same(b'{"a": 1, "a": 2, "b": [1, 2, 3], "a": 3}', 16)  # a key sent twice keeps its last value
     for bad in (b"[ull", b'{"a": [1, 2, tru]}', b"[\n1e+300,\n,rue\n]"):  # a bad value inside a container
