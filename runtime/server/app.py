@@ -39,6 +39,7 @@ from radixcache.runtime.server.http_common import (
     ClosingStreamingResponse,
     KeysFirst,
     first_event,
+    head_routes,
     prepend,
     tenant,
     until_disconnect,
@@ -395,6 +396,7 @@ def create_app(
         text = await control.run("metrics", metrics.render, engine, model_name)  # replicas: Ray calls, off the loop
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+    head_routes(app)  # HEAD wherever GET is: uptime monitors probe with it
     return app
 
 

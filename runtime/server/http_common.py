@@ -1,7 +1,7 @@
 """What every route of the server shares over HTTP: the caller's API key (`tenant`, `ApiKey`), waiting on work
 unless the client goes away (`until_disconnect`), and SSE streams that answer only once their first event exists
 and cancel their engine requests however they end (`first_event`, `prepend`, `ClosingStreamingResponse`), a client
-that stops reading included (`STREAM_STALL_S`)."""
+that stops reading included (`STREAM_STALL_S`). `head_routes` answers HEAD on every GET route."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
+from fastapi.routing import APIRoute
 
 from radixcache.runtime.server.protocol import APIError
 
@@ -156,3 +157,19 @@ def tenant(request: Request) -> str | None:
 
 
 ApiKey = Annotated[str | None, Depends(tenant)]
+
+
+def head_routes(app: FastAPI) -> None:
+    """HEAD on every GET route of `app` (FastAPI answers 405 to it): uptime monitors probe /health with HEAD, and a
+    405 reads as down. The same endpoint, its key check included; the server (uvicorn) sends no body. Left out of
+    the OpenAPI schema, which the schemathesis tests fuzz (tests/server/test_schemathesis_fuzz.py)."""
+    for route in list(app.routes):
+        if isinstance(route, APIRoute) and route.methods == {"GET"}:
+            app.add_api_route(
+                route.path,
+                route.endpoint,
+                methods=["HEAD"],
+                include_in_schema=False,
+                response_class=route.response_class,
+                name=route.name,
+            )
