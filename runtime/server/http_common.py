@@ -96,7 +96,9 @@ class KeysFirst:
         self.app, self.refuse = app, refuse
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
+        # OPTIONS passes: a browser's CORS preflight never carries the key, and this server has no CORS, so the
+        # router answers it as any method no route has (405 with Allow), not as a missing key
+        if scope["type"] == "http" and scope["method"] != "OPTIONS":
             request = Request(scope, receive)
             if request.url.path.startswith("/v1"):
                 try:
