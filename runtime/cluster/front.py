@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import threading
 import time
 import uuid
@@ -47,6 +48,7 @@ from radixcache.runtime.tools.use import CallIds
 # The front door fails a request its replica has not admitted within the queue timeout plus this (the replica's own
 # verdict, with its wording, gets the first chance; under a starved CPU it can come back over Ray seconds late).
 ADMISSION_GRACE_S = 0.25
+log = logging.getLogger("radixcache.cluster")
 
 
 class ClusterEngine(ReplicaCalls):
@@ -261,8 +263,12 @@ class ClusterEngine(ReplicaCalls):
                 except (*cluster.actor_errors, ray.exceptions.RayTaskError) as exc:
                     if not cluster.actor_died(replica, exc):  # the engine refused or failed it: its own exception
                         raise exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc from None
-                    if req.output_ids:
-                        raise ReplicaUnavailableError(f"the replica serving this request died: {exc}") from None
+                    if req.output_ids:  # Ray's text (actor id, node, RPC codes) to the log, not to the client
+                        log.warning("engine replica %d became unavailable mid-request %s: %s", replica, req.rid, exc)
+                        raise ReplicaUnavailableError(
+                            f"engine replica {replica} became unavailable mid-request, after "
+                            f"{len(req.output_ids)} tokens (tokens already sent cannot be re-sent)"
+                        ) from None
                     if handle.cancelled:  # its caller cancelled it: not re-sent for nobody (a second replica's work)
                         result, stalled = unstarted(prompt, options, "cancelled"), True
                         continue

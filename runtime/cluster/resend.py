@@ -8,18 +8,23 @@ another replica; a second death fails the request, so a poison request takes dow
 
 from __future__ import annotations
 
+import logging
+
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
 
 RESENDS_AFTER_DEATH = 1
+log = logging.getLogger("radixcache.cluster")
 
 
 def check_resend(died: set[int], exc: BaseException) -> None:
     """ReplicaUnavailableError (503) when a request under which the replicas `died` died may not be re-sent again
-    (more than RESENDS_AFTER_DEATH deaths): it may be what kills them. A replica that died under a request is never
+    (more than RESENDS_AFTER_DEATH deaths): it may be what kills them. `exc`, Ray's error (actor ids, RPC codes),
+    goes to the log, not into the message. A replica that died under a request is never
     offered it again, restarted or not (the dispatch's `tried`): its one re-send goes to a replica that never ran it."""
     if len(died) > RESENDS_AFTER_DEATH:
         names = ", ".join(map(str, sorted(died)))
+        log.warning("engine replicas %s died under one request; the last: %s", names, exc)  # Ray's text: the log's
         raise ReplicaUnavailableError(
             f"engine replicas {names} died while serving this request; it is not re-sent again, as it may be what "
-            f"kills them (last: {exc})"
+            "kills them"
         )
