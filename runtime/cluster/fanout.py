@@ -67,10 +67,17 @@ def gather(
             out[replica] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
         except (*cluster.actor_errors, ray.exceptions.RayTaskError) as exc:
             if not cluster.actor_died(replica, exc):  # its engine's own error: the caller's to see
-                raise
+                raise engine_error(exc) from None
         except ray.exceptions.GetTimeoutError:
             silent.append(replica)
     return out, silent
+
+
+def engine_error(exc: BaseException) -> BaseException:
+    """The replica engine's own exception in Ray's wrapper of it (RayTaskError, whose text is a remote traceback with
+    terminal colour codes), as ReplicaCluster.generate and ClusterEngine raise it; `exc` itself when it wraps none."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, Exception) else exc
 
 
 def silent_error(

@@ -11,7 +11,7 @@ from typing import Any
 
 from radixcache.runtime.cluster.calls import render_messages
 from radixcache.runtime.cluster.cluster import ReplicaCluster
-from radixcache.runtime.cluster.fanout import gather, read_wait, silent_error
+from radixcache.runtime.cluster.fanout import engine_error, gather, read_wait, silent_error
 from radixcache.runtime.cluster.tally import Baseline, Counters, replica_rows
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, resolve_options
@@ -72,7 +72,7 @@ class ReplicaCalls:
                 out.append(cluster.ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
             except (*cluster.actor_errors, cluster.ray.exceptions.RayTaskError) as exc:
                 if not cluster.actor_died(replica, exc):  # a dead engine leaves the routing set, as a dead actor
-                    raise
+                    raise engine_error(exc) from None  # the engine's own (a broken invariant, a closed engine)
             except cluster.ray.exceptions.GetTimeoutError:
                 raise ReplicaUnavailableError(
                     f"engine replica {replica} did not answer {method} within {wait} s"
@@ -95,7 +95,7 @@ class ReplicaCalls:
                 cluster.ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except (*cluster.actor_errors, cluster.ray.exceptions.RayTaskError) as exc:
                 if not cluster.actor_died(replica, exc):  # a dead replica (or engine) leaves the routing set
-                    raise
+                    raise engine_error(exc) from None
             except cluster.ray.exceptions.GetTimeoutError:  # Ray's own error reached the replay, its request ran on
                 for r, _ in refs[i:]:  # those before it have answered
                     cluster.control(r, "cancel").remote(name)

@@ -155,6 +155,12 @@ class FakeActor:
     def _close(self, timeout: float | None = None) -> bool:
         return True
 
+    def _unpin(self, *_: Any) -> int:
+        return 0
+
+    def _flush(self, timeout: float | None = None) -> bool:
+        return True
+
     def _cancel(self, rid: str) -> bool:
         self.cancels.append(rid)
         return True
