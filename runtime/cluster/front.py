@@ -33,7 +33,7 @@ from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.cluster.front_calls import ReplicaCalls
 from radixcache.runtime.cluster.handles import CallAdmission, FrontQueue, RemoteHandle, RemoteRequest, SeenTimes
 from radixcache.runtime.cluster.limits import check_model_limits
-from radixcache.runtime.cluster.resend import check_resend
+from radixcache.runtime.cluster.resend import check_resend, engine_reason
 from radixcache.runtime.cluster.stream_wait import NotStarted, TimeoutCut, end_by, next_item
 from radixcache.runtime.cluster.tally import Baseline, Counters, _add, replica_rows  # noqa: F401 (_add: its tests)
 from radixcache.runtime.engine.errors import EngineClosedError, ReplicaUnavailableError
@@ -263,11 +263,11 @@ class ClusterEngine(ReplicaCalls):
                 except (*cluster.actor_errors, ray.exceptions.RayTaskError) as exc:
                     if not cluster.actor_died(replica, exc):  # the engine refused or failed it: its own exception
                         raise exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc from None
-                    if req.output_ids:  # Ray's text (actor id, node, RPC codes) to the log, not to the client
+                    if req.output_ids:  # Ray's text (actor id, node, RPC codes) to the log; the engine's own: both
                         log.warning("engine replica %d became unavailable mid-request %s: %s", replica, req.rid, exc)
                         raise ReplicaUnavailableError(
-                            f"engine replica {replica} became unavailable mid-request, after "
-                            f"{len(req.output_ids)} tokens (tokens already sent cannot be re-sent)"
+                            f"engine replica {replica} became unavailable mid-request, after {len(req.output_ids)} "
+                            f"tokens{engine_reason(exc)} (tokens already sent cannot be re-sent)"
                         ) from None
                     if handle.cancelled:  # its caller cancelled it: not re-sent for nobody (a second replica's work)
                         result, stalled = unstarted(prompt, options, "cancelled"), True

@@ -85,3 +85,18 @@ def test_a_request_two_replicas_died_under_is_a_plain_503(served: tuple[TestClie
     assert error["code"] == "replica_unavailable" and "replicas 0, 1 died" in error["message"]
     _plain(error["message"])
     assert "rpc_code: 14" in caplog.text
+
+
+def test_an_engine_that_died_mid_request_is_named_with_its_own_error(served: tuple[TestClient, Any]) -> None:
+    """The engine's own error (its loop thread died: EngineDeadError, relayed in Ray's wrapper) is no Ray internal:
+    the message keeps it, as it did before Ray's text was left out."""
+    from radixcache.runtime.engine.errors import EngineDeadError
+    from tests.cluster.stand_in import RayTaskError
+
+    client, cluster = served
+    dead = EngineDeadError(RuntimeError("a bug in the loop"))
+    cluster.actor(0).script = lambda prompt, _o: [("tokens", [prompt[-1]], [None]), RayTaskError(dead)]
+    r = client.post("/v1/completions", json=BODY)
+    assert r.status_code == 503, r.text
+    message = r.json()["error"]["message"]
+    assert "replica 0 became unavailable mid-request" in message and str(dead) in message
