@@ -75,9 +75,9 @@ def build_matcher(grammar: str, vocab: GrammarVocab, path: str) -> llguidance.LL
 
 def first_mask(matcher: llguidance.LLMatcher, spec: GrammarSpec) -> None:
     """Compute the start matcher's first mask once, at compile time: a grammar that admits no text (`{"$ref": "#"}`,
-    a `$ref` cycle, a regex nothing matches) or whose lexer is past its limits (`a{1000000}`) fails there, a
-    GrammarError before its request is queued; it failed at the request's first decode step, after its prefill,
-    on the engine's loop, which also paid the first mask's lazy table building."""
+    a `$ref` cycle, a regex nothing matches) or whose lexer is past its limits (a regex's size is bounded before:
+    regex_size.py) fails there, a GrammarError before its request is queued; it failed at the request's first decode
+    step, after its prefill, on the engine's loop, which also paid the first mask's lazy table building."""
     matcher.compute_bitmask()
     if (failure := matcher_error(matcher, spec.kind)) is not None:
         raise GrammarError(failure, spec.path)

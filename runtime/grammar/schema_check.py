@@ -1,7 +1,8 @@
 """A structural check of a JSON schema that names the path of the first mistake.
 
 The grammar library reports an invalid schema without saying where it is; this walk finds the usual mistakes first
-(an unknown `type`, a `$ref` that points nowhere, a `required` that is not a list of names, a bad `pattern`, a
+(an unknown `type`, a `$ref` that points nowhere, a `required` that is not a list of names, a bad `pattern` or
+one too large to compile (`regex_size`, also a `patternProperties` name), a
 negative length, a number past 64 bits, a schema too large to compile: `schema_size`, or too deep with its `$ref`s
 followed: `schema_refs`) and raises `GrammarError`
 with the path, e.g. `response_format.json_schema.schema.properties.age.type`.
@@ -16,6 +17,7 @@ from typing import Any
 import llguidance
 
 from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.regex_size import check_regex_size
 from radixcache.runtime.grammar.schema_refs import check_ref_depth
 from radixcache.runtime.grammar.schema_size import check_size
 from radixcache.runtime.tools.json_values import non_finite_path
@@ -172,6 +174,9 @@ def _check_keywords(node: dict[str, Any], path: str, root: Any) -> None:
             raise GrammarError("bounds must fit in 64 bits (a magnitude below 2**63)", f"{path}.{key}")
     if "pattern" in node:
         _check_regex(node["pattern"], f"{path}.pattern")
+    if isinstance(node.get("patternProperties"), dict):  # its keys are regexes, compiled alike
+        for name in node["patternProperties"]:
+            check_regex_size(name, f"{path}.patternProperties.{name}")
     if "$ref" in node:
         _check_ref(node["$ref"], f"{path}.$ref", root)
 
@@ -193,6 +198,7 @@ def _fits_64_bits(value: float) -> bool:
 def _check_regex(pattern: Any, path: str) -> None:
     if not isinstance(pattern, str):
         raise GrammarError("must be a string", path)
+    check_regex_size(pattern, path)  # before the library expands it: `^a{1000000}$` took seconds
     try:
         message = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_regex(pattern))
     except ValueError as e:  # text the library cannot take at all, e.g. a lone surrogate (UnicodeEncodeError)

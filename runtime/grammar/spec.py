@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.regex_size import check_regex_size
 from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, MAX_DEPTH, SCHEMA_MAPS, check_schema
 
 Kind = Literal["json_object", "json_schema", "regex", "ebnf"]
@@ -45,6 +46,8 @@ class GrammarSpec:
             raise GrammarError(f"unknown grammar kind {self.kind!r} (one of {', '.join(KINDS)})", self.path)
         if not isinstance(self.source, str):
             raise GrammarError("must be a string", self.path)
+        if self.kind == "regex":  # before the library expands it: `(a{1000}){1000}` took seconds (regex_size.py)
+            check_regex_size(self.source, self.path)
 
     # ------------------------------------------------------------------ constructors
 

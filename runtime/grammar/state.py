@@ -99,7 +99,7 @@ class GrammarState:
             if not self._names(token_id):  # checked first: a refused token would leave the matcher in error
                 raise GrammarError("a stop token before the grammar is complete", self.compiled.spec.path)
         if self._ended or not self._matcher.consume_token(token_id):
-            # the matcher's own failure, where it has one, is the cause (a lexer past its limits: "a{1000000}")
+            # the matcher's own failure, where it has one, is the cause (a lexer past its limits)
             raise GrammarError(self.error() or f"token {token_id} is not allowed here", self.compiled.spec.path)
         self.n_accepted += 1
         if token_id in self._text_stops and not self._matcher.is_accepting():  # the grammar's text, mid-output

@@ -154,3 +154,23 @@ def test_constraints_that_crashed_the_process_are_400s(app) -> None:
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == param, r.text
     _settled_and_serving(client, engine)
+
+
+def test_a_regex_that_expands_past_the_bound_is_a_400_naming_its_field(app) -> None:
+    """`(a{1000}){1000}` cost seconds of a worker thread before the library refused it, and a schema's
+    `"pattern": "^a{1000000}$"` was named by the schema's root: each is a 400 naming its own field, from the size
+    check (its words), and the server goes on serving."""
+    client, engine = app
+    pattern = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^a{1000000}$"}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": pattern}}
+    sent = [
+        ({"regex": "(a{1000}){1000}"}, "regex"),
+        ({"response_format": _schema_format(pattern)}, "response_format.json_schema.schema.properties.s.pattern"),
+        ({"tools": [tool], "tool_choice": "required"}, "tools.0.function.parameters.properties.s.pattern"),
+    ]
+    for fields, param in sent:
+        r = _chat(client, **fields)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param, r.text
+        assert "expands to more than 10,000 parts" in r.json()["error"]["message"], r.text
+    _settled_and_serving(client, engine)
