@@ -102,3 +102,20 @@ def test_a_grammar_nested_beside_tool_calls_is_checked_as_one_alone(grammar: str
     with pytest.raises(GrammarError) as info:
         nested_rule(GrammarSpec.ebnf(grammar, path="grammar"))
     assert info.value.path == "grammar"
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    ["start: /(a{1000}){1000}/", "start: A\nA: /a{1000000}/i", 'start: "x" /[a\\/b]{20000}/ "y"'],
+)
+def test_a_regex_literal_past_the_size_bound_is_refused_naming_the_grammar(
+    tiny_compiler: GrammarCompiler, grammar: str
+) -> None:
+    """A Lark regex literal is compiled as a `regex` spec is: `/(a{1000}){1000}/` took the library 4 s, and
+    `/a{1000000}/` 1.8 s; each is refused by the size check (its words) at the grammar's path. Realistic literals
+    still compile."""
+    with pytest.raises(GrammarError, match=r"its regex /.*expands to more than 10,000 parts") as e:
+        tiny_compiler.compile(GrammarSpec.ebnf(grammar, path="grammar"))
+    assert e.value.path == "grammar"
+    fine = 'start: /[a-z]{1,64}/ "@" /\\d{4}-\\d{2}-\\d{2}/ /.{0,1000}/'
+    assert isinstance(GrammarState(tiny_compiler.compile(GrammarSpec.ebnf(fine))), GrammarState)
