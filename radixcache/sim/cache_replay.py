@@ -29,6 +29,7 @@ from radixcache.sim.replay_common import (
     advance_to_arrival,
     finish_into_tree,
     fit_request,
+    holds_engine_tail,
     prompt_blocks,
     prompt_commits,
     replay_figures,
@@ -113,9 +114,9 @@ class CacheReplay(OneCacheReplay):
         hit = min(match.length * request.unit, request.prompt_tokens)
         full, need, room, cut = fit_request(cache, full, matched_pages)
         self.oversized += cut
-        # A request an engine recorded also held, while it ran, the page it was still writing: one block more,
-        # which never enters the tree (SimRequest.holds_tail).
-        tail = request.holds_tail and len(full) % p == 0 and need < room
+        # A request an engine recorded also held, while it ran, the page it was still writing (if its written tokens
+        # do not end on a page boundary): one block more, which never enters the tree (SimRequest.holds_tail).
+        tail = holds_engine_tail(request, full, p) and need < room
         need += tail
         if oracle is not None and need > cache.free_blocks:
             # Evicted ahead of the allocation: the cache takes an oracle policy's blocks one at a time (it ranks

@@ -74,6 +74,17 @@ def request_tokens(request: SimRequest) -> tuple[array, array]:
     return full, (full[: len(request.prompt)] if request.output else full)
 
 
+def holds_engine_tail(request: SimRequest, full: array, page_size: int) -> bool:
+    """Whether the engine that recorded `request` (`holds_tail`) held, while it ran, a page besides the whole pages
+    `full` gives: the partial page it was still writing. It writes every token but the last it generated (that
+    one is never fed back), so a request whose other tokens end on a page boundary held no such page (1,193
+    prompt tokens and 24 generated at 16 a page: 76 whole pages, none partial)."""
+    if not request.holds_tail or len(full) % page_size:
+        return False
+    written = request.prompt_tokens + max((request.output_tokens or 0) - 1, 0)
+    return written % (page_size * request.unit) != 0
+
+
 def fit_request(cache: RadixCache, full: array, matched_pages: int) -> tuple[array, int, int, bool]:
     """(tokens, need, room, cut): the blocks a request of `full` tokens needs past its `matched_pages`, and the blocks
     the cache can free. A request that needs more than that caches the whole pages that fit: its tokens are `cut`

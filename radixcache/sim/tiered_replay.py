@@ -19,6 +19,7 @@ from radixcache.sim.replay_common import (
     Replayable,
     advance_to_arrival,
     fit_request,
+    holds_engine_tail,
     prompt_blocks,
     replay_figures,
     request_tokens,
@@ -112,7 +113,7 @@ class TieredReplay(OneCacheReplay):
         host_pages = min(host_found, need) if self.load_host else 0
         disk_pages = max(0, min(found.lower_pages, need - host_found)) if self.load_disk else 0
         # A request an engine recorded also held the page it was still writing, as in CacheReplay (holds_tail).
-        tail = request.holds_tail and len(full) % p == 0 and need < room
+        tail = holds_engine_tail(request, full, p) and need < room
         if host_pages:  # being copied up: a write-back into the host during the allocation must not evict them
             reading = list(dict.fromkeys(found.hashes[matched_pages : matched_pages + host_pages]))
             self.host.lock(reading)  # type: ignore[union-attr]

@@ -46,7 +46,7 @@ class SimRequest(NamedTuple):
     namespace: str | None = None
     session: str | None = None
     output_tokens: int | None = None  # real tokens the request generated, when known (a hash trace's output_length)
-    holds_tail: bool = False  # an engine ran it: while running it also held a page it was still writing
+    holds_tail: bool = False  # an engine ran it: while running it also held a page it was still writing, if any
     # When it left the engine that ran it (a recorded trace's finish_timestamp): the replay then finishes it at that
     # time, whatever its `concurrency` (radixcache.sim.inflight); None: after `concurrency` later arrivals.
     finish_ms: float | None = None
@@ -141,7 +141,8 @@ def hash_sim_request(
     engine computes the last token again, for its logits, but keeps the rest of a cached page that holds it: one
     token a full hit counts here and not there), and the pages inserted are the prompt's whole pages, then
     `output_hash_ids` (the engine's tree never holds a partial page); while it runs it also holds one block for the
-    page the engine was still writing, which it frees at the end.
+    page the engine was still writing, which it frees at the end: none when the tokens it wrote (all but the last
+    generated) end on a page boundary (radixcache.sim.replay_common.holds_engine_tail).
     """
     if output_hash_ids is None:
         return SimRequest(

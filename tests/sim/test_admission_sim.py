@@ -147,14 +147,15 @@ def test_a_synthetic_trace_can_be_swept_at_a_held_out_seed() -> None:
 
 
 def test_a_recorded_request_holds_the_page_it_was_writing_while_it_runs(tmp_path: Path) -> None:
-    """Pages of 4 tokens, a pool of 4. A: 8 prompt tokens (ids 1, 2) and one output page (3): it looks up page 1,
-    inserts 1, 2, 3, and holds a fourth block for its partial page while it runs. B: 12 tokens (1, 2, 5) hits 1, 2
-    and needs page 5 plus its own partial page: two blocks, one free, so page 3 is evicted. An engine does the same."""
+    """Pages of 4 tokens, a pool of 4. A: 8 prompt tokens (ids 1, 2), 6 generated, 13 written (all but the last
+    generated), so one output page (3): it looks up page 1, inserts 1, 2, 3, and holds a fourth block for its partial
+    page while it runs. B: 12 tokens (1, 2, 5) and 2 generated, 13 written, hits 1, 2 and needs page 5 plus its own
+    partial page: two blocks, one free, so page 3 is evicted. An engine does the same."""
     from radixcache.trace.workload import load_workload
 
     lines = [
-        {"timestamp": 0, "input_length": 8, "output_length": 4, "hash_ids": [1, 2], "output_hash_ids": [3]},
-        {"timestamp": 1, "input_length": 12, "output_length": 1, "hash_ids": [1, 2, 5], "output_hash_ids": []},
+        {"timestamp": 0, "input_length": 8, "output_length": 6, "hash_ids": [1, 2], "output_hash_ids": [3]},
+        {"timestamp": 1, "input_length": 12, "output_length": 2, "hash_ids": [1, 2, 5], "output_hash_ids": []},
     ]
     path = tmp_path / "recorded.jsonl"
     path.write_text("".join(json.dumps({**line, "block_size": 4}) + "\n" for line in lines))

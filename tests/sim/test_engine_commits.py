@@ -113,7 +113,7 @@ def test_the_cache_is_sound_after_chunked_commits_under_pressure(tmp_path: Path)
         HashRequest(
             10.0 * i,
             40 * 16 - 3,
-            20,
+            19,  # 655 tokens written (not the last generated): 40 whole pages, then a partial one held while it ran
             (*range(40 - i % 4), *range(100 * i, 100 * i + i % 4)),
             16,
             output_hash_ids=(5000 + i,),

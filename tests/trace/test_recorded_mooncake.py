@@ -13,6 +13,7 @@ from radixcache.errors import RadixCacheError
 from radixcache.sim.evaluation import evaluate
 from radixcache.sim.simulation import simulate
 from radixcache.sim.source import open_source
+from radixcache.sim.tiers import TierConfig
 from radixcache.trace import DEFAULT_BLOCK_SIZE, HashRequest, TraceError, iter_mooncake, read_trace, write_mooncake
 from radixcache.trace.workload import SimRequest, hash_workload, load_workload
 
@@ -170,3 +171,25 @@ def test_more_output_pages_than_the_lengths_hold_are_refused_at_their_line(tmp_p
     too_many = HashRequest(0, 10, 7, (1, 2, 3), 4, (4, 5, 6))
     with pytest.raises(RadixCacheError, match="request 0: output_hash_ids: 3 ids"):
         hash_workload([too_many], 4)
+
+
+@pytest.mark.parametrize("host", [None, 1], ids=["device", "host-tier"])
+@pytest.mark.parametrize(("generated", "hit"), [(1, 8), (2, 4)])
+def test_a_recorded_request_holds_a_partial_page_only_when_the_engine_wrote_one(
+    tmp_path: Path, host: int | None, generated: int, hit: int
+) -> None:
+    """A pool of 4 pages at 4 tokens a page; A and B each have 8 prompt tokens on 2 pages, then C asks for A's again.
+    The engine writes every token but the last it generates: with 1 generated, A and B wrote 8 tokens, 2 whole
+    pages and none partial, so both fit and C hits A's 8; with 2, B also held a page for its 9th token, which
+    evicted A's last page, and C hits 4 (its own evicts one more; counted by hand)."""
+    rows = [
+        _line(0, 8, [1, 2], [], block_size=4, output_length=generated, finish_timestamp=0.5),
+        _line(1, 8, [3, 4], [], block_size=4, output_length=generated, finish_timestamp=1.5),
+        _line(2, 8, [1, 2], [], block_size=4, output_length=generated, finish_timestamp=2.5),
+    ]
+    path = _write(tmp_path / "r.jsonl", rows)
+    tiers = None if host is None else TierConfig(host)
+    result = simulate(open_source(path), 4, tiers=tiers, check=True)
+    device_hit = result.hit_tokens if tiers is None else result.tiers.hit_tokens["device"]
+    assert device_hit == hit
+    assert result.evicted_blocks == (0 if hit == 8 else 2)  # with B's and then C's partial page
