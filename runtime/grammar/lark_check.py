@@ -11,7 +11,8 @@ compiled.
   (256) deep is refused; a rule naming one being followed is recursion (`list: item | list "," item`), which adds no
   depth.
 - A regex literal (`/.../`) is compiled as a `regex` spec is, and expands alike: `/(a{1000}){1000}/` took 4 s of a
-  worker thread, `/a{1000000}/` 1.8 s. Each is bounded by `regex_size`, its error at the grammar's path.
+  worker thread, `/a{1000000}/` 1.8 s. Each is bounded by `regex_size`, its error at the grammar's path, and so is
+  each terminal (`A: ("a"{1000}){1000}` took 5 s), the terminals it names inlined.
 
 The scan skips string literals, regex literals and `//` comments; a definition starts a line (`name:`, `?name:`,
 `NAME.2:`), and its body runs to the next definition.
@@ -23,23 +24,28 @@ import json
 import re
 
 from radixcache.runtime.grammar.errors import GrammarError
-from radixcache.runtime.grammar.regex_size import check_regex_size
+from radixcache.runtime.grammar.regex_size import check_regex_size, regex_size
 from radixcache.runtime.grammar.schema_check import check_schema
 
 MAX_RULE_DEPTH = 256
 _HEAD = re.compile(r"[ \t]*[?!]?([A-Za-z_]\w*)(?:\.-?\d+)?[ \t]*:(?!:)")
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _DECODER = json.JSONDecoder()
+_TILDE = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?")
+_SHAPE = frozenset("(){}|*+?,0123456789")
 
 
 def check_lark(text: str, path: str, limit: int = MAX_RULE_DEPTH) -> None:
     """GrammarError (at `path`) for a `%json` schema `check_schema` refuses, or rules chaining deeper than `limit`."""
     uses: dict[str, list[str]] = {}  # each definition: the names its body mentions, in order
+    shapes: dict[str, list[str]] = {}  # each definition's body as a regex `regex_size` reads (`_terminal_sizes`)
     current: list[str] | None = None
+    shape: list[str] = []
     i, n, line_start = 0, len(text), True
     while i < n:
         if line_start and (head := _HEAD.match(text, i)) is not None:
             current = uses.setdefault(head.group(1), [])
+            shape = shapes.setdefault(head.group(1), [])
             i, line_start = head.end(), False
             continue
         c = text[i]
@@ -47,18 +53,27 @@ def check_lark(text: str, path: str, limit: int = MAX_RULE_DEPTH) -> None:
         if c == "/" and text.startswith("//", i):
             i = _line_end(text, i)
         elif c in "\"'":
-            i = _after_quoted(text, i, c)
+            end = _after_quoted(text, i, c)
+            shape.append(f"(x{{{max(end - i - 2, 1)}}})")
+            i = end
         elif c == "/":
             end = _after_quoted(text, i, "/")
-            _check_regex(text[i + 1 : end - 1] if text[end - 1 : end] == "/" else text[i + 1 : end], path)
+            body = text[i + 1 : end - 1] if text[end - 1 : end] == "/" else text[i + 1 : end]
+            _check_regex(body, path)
+            shape.append(f"({body})")
             i = end
         elif text.startswith("%json", i):
             i = _check_json(text, i + len("%json"), path)
         elif (name := _NAME.match(text, i)) is not None:
             if current is not None:
                 current.append(name.group())
+            shape.append("\0" + name.group())
             i = name.end()
+        elif (tilde := _TILDE.match(text, i)) is not None:  # Lark's `x ~ 3` and `x ~ 2..5`
+            shape.append(f"{{{tilde.group(1)},{tilde.group(2)}}}" if tilde.group(2) else f"{{{tilde.group(1)}}}")
+            i = tilde.end()
         else:
+            shape.append({"[": "(", "]": ")?"}.get(c, c if c in _SHAPE else ""))
             i += 1
     depth, chain = _longest_chain(uses)
     if depth > limit:
@@ -67,6 +82,34 @@ def check_lark(text: str, path: str, limit: int = MAX_RULE_DEPTH) -> None:
             "grammar overflows the grammar compiler's stack)",
             path,
         )
+    _check_terminal_sizes(shapes, path)
+
+
+def _check_terminal_sizes(shapes: dict[str, list[str]], path: str) -> None:
+    """A terminal (an upper-case definition) is compiled into one regex, the terminals it names inlined: its
+    strings, regex literals, repetitions (`{m,n}`, `~ m..n`) and those terminals' sizes multiply as a regex's do
+    (`A: ("a"{1000}){1000}` took 5 s). Called once the chain depth is bounded (the sizes recurse along it)."""
+    sizes: dict[str, int] = {}
+
+    def size(name: str, following: frozenset[str]) -> int:
+        if name not in sizes:
+            parts = [
+                (f"(x{{{size(p[1:], following | {name})}}})" if p[1:] in shapes and p[1:] not in following else "x")
+                if p.startswith("\0")
+                else p
+                for p in shapes[name]
+            ]
+            pseudo = "".join(parts)
+            try:
+                check_regex_size(pseudo, path)
+            except GrammarError as exc:
+                raise GrammarError(f"its terminal {name}: {exc.reason}", path) from None
+            sizes[name] = max(regex_size(pseudo), 1)
+        return sizes[name]
+
+    for name in shapes:
+        if name.isupper():
+            size(name, frozenset())
 
 
 def _line_end(text: str, i: int) -> int:

@@ -119,3 +119,24 @@ def test_a_regex_literal_past_the_size_bound_is_refused_naming_the_grammar(
     assert e.value.path == "grammar"
     fine = 'start: /[a-z]{1,64}/ "@" /\\d{4}-\\d{2}-\\d{2}/ /.{0,1000}/'
     assert isinstance(GrammarState(tiny_compiler.compile(GrammarSpec.ebnf(fine))), GrammarState)
+
+
+@pytest.mark.parametrize(
+    ("grammar", "terminal"),
+    [
+        ('start: A\nA: ("a"{1000}){1000}', "A"),  # took the library 5 s
+        ('start: "x" A\nA: B~1000\nB: C ~ 100..100\nC: "ab" "c"', "A"),  # names inlined: 3 * 100 * 1000 parts
+        ("start: _W\n_W: /[a-z]{1,200}/ ~ 100", "_W"),  # each literal within the bound, not the terminal
+    ],
+)
+def test_a_terminal_past_the_size_bound_is_refused_naming_it(
+    tiny_compiler: GrammarCompiler, grammar: str, terminal: str
+) -> None:
+    """A terminal is compiled into one regex, the terminals it names inlined, so its repetitions multiply as a
+    regex's do; one past the bound is refused naming it, and terminals within it (a chain of them, an imported
+    one) still compile."""
+    with pytest.raises(GrammarError, match=rf"its terminal {terminal}: the regex expands to more than") as e:
+        tiny_compiler.compile(GrammarSpec.ebnf(grammar, path="grammar"))
+    assert e.value.path == "grammar"
+    fine = 'start: A " " NAME\nA: B~10\nB: C ~ 10..100\nC: "ab" /[0-9]{1,4}/\n%import common.CNAME -> NAME'
+    assert isinstance(GrammarState(tiny_compiler.compile(GrammarSpec.ebnf(fine))), GrammarState)
