@@ -15,7 +15,7 @@ it had sent for as long as it liked (days, for a 64 MiB Content-Length). With `m
 an average rate, as Apache's mod_reqtimeout asks (`body=20,MinRate=500`): it may take `grace` seconds from the
 request's start, plus one second per `min_rate` bytes it has sent; past that it gets 408 too. A slow but steady
 upload (any average above `min_rate`) is never cut, however long it takes; a stalled or trickling one is, after
-`grace` seconds and the credit of what it sent.
+`grace` seconds and the credit of what it sent. Each refusal (413, 408) closes the connection once it is sent.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ from starlette.exceptions import HTTPException
 DEFAULT_MAX_BODY_BYTES = 64 << 20  # 64 MiB: the largest prompts any model here takes are a few MB of JSON
 BODY_GRACE_S = 20.0  # create_app's default: the seconds any body may take, before its rate counts
 MIN_BODY_RATE = 500.0  # create_app's default: bytes a second a body must average past its grace (as Apache's)
+# on every refusal here: the body's unread rest would otherwise be read (and dropped) on a kept-alive connection, and
+# a client trickling it on after its 408 held the connection as long as before (each byte put off keep-alive's timeout)
+_CLOSE = {"Connection": "close"}
 
 
 def check_max_body_bytes(limit: object) -> int:
@@ -97,17 +100,18 @@ class BodyLimit:
         await self.app(scope, bounded_receive, send)
 
     def _idle(self) -> HTTPException:
-        return HTTPException(408, f"The request body sent nothing for {self.idle:g} s.")
+        return HTTPException(408, f"The request body sent nothing for {self.idle:g} s.", _CLOSE)
 
     def _too_slow(self, seen: int) -> HTTPException:
         return HTTPException(
             408,
             f"The request body arrives too slowly: {seen} bytes so far, where this server asks for "
             f"{self.min_rate:g} bytes a second after the first {self.grace:g} s.",
+            _CLOSE,
         )
 
     def _too_large(self) -> HTTPException:
-        return HTTPException(413, f"The request body is larger than this server's limit of {self.limit} bytes.")
+        return HTTPException(413, f"The request body is larger than this server's limit of {self.limit} bytes.", _CLOSE)
 
 
 def _content_length(scope: Any) -> int | None:
