@@ -28,6 +28,7 @@ from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.grammar.lark_check import check_lark
 from radixcache.runtime.grammar.locate import locate
 from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, SCHEMA_MAPS, find_key
+from radixcache.runtime.grammar.schema_refs import ref_path, resolve_ref
 from radixcache.runtime.grammar.spec import GrammarSpec
 from radixcache.runtime.grammar.vocab import GrammarVocab
 from radixcache.runtime.tools.fair_lru import FairLRU, fair_scope
@@ -300,7 +301,7 @@ class _Closer:
             for member in node.get(key) if isinstance(node.get(key), list) else ():
                 names += self._names(member, seen)
         if isinstance(node.get("$ref"), str):
-            names += self._names(_resolve(self.root, node["$ref"]), seen)
+            names += self._names(resolve_ref(self.root, node["$ref"]), seen)
         return list(dict.fromkeys(names))
 
     def _find_open_targets(self, node: object) -> None:
@@ -321,9 +322,9 @@ class _Closer:
                 if isinstance(m, dict)
             ]
             for ref in refs:
-                while isinstance(ref, str) and (target := _pointer(ref)) not in self.open_targets:
+                while isinstance(ref, str) and (target := ref_path(ref)) not in self.open_targets:
                     self.open_targets.add(target)
-                    resolved = _resolve(self.root, ref)
+                    resolved = resolve_ref(self.root, ref)
                     ref = resolved.get("$ref") if isinstance(resolved, dict) else None
         for k, v in node.items():
             if k in SCHEMA_MAPS and isinstance(v, dict):
@@ -335,23 +336,6 @@ class _Closer:
 def _merges(node: dict[str, object]) -> bool:
     """Whether `node`'s subschemas merge into one object with it: an `allOf`, or members beside its own keys."""
     return "allOf" in node or ("properties" in node and any(k in node for k in ("anyOf", "oneOf", "$ref")))
-
-
-def _pointer(ref: str) -> tuple[str, ...]:
-    """A local `$ref` as the path of keys it names (`schema_check` refused any other kind)."""
-    return tuple(p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/") if p)
-
-
-def _resolve(root: object, ref: str) -> object:
-    target = root
-    for part in _pointer(ref):
-        if isinstance(target, dict):
-            target = target.get(part)
-        elif isinstance(target, list) and part.isdecimal() and int(part) < len(target):
-            target = target[int(part)]
-        else:
-            return None
-    return target
 
 
 def _gbnf_as_lark(text: str) -> str:

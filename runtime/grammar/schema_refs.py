@@ -48,7 +48,7 @@ def _depth(root: Any) -> tuple[int, str]:
 
     def shape(ref: str) -> _Local:
         if ref not in local:
-            local[ref] = _shape(_resolve(root, ref))
+            local[ref] = _shape(resolve_ref(root, ref))
         return local[ref]
 
     height: dict[str, tuple[int, str]] = {}  # a measured target: its depth, the path of its deepest first $ref
@@ -105,10 +105,15 @@ def _shape(node: Any) -> _Local:
     return deepest, refs
 
 
-def _resolve(root: Any, ref: str) -> Any:
+def ref_path(ref: str) -> tuple[str, ...]:
+    """A local `$ref` as the path of keys it names (`schema_check` refuses any other kind)."""
+    return tuple(p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/") if p)
+
+
+def resolve_ref(root: Any, ref: str) -> Any:
+    """The subschema a local `$ref` names in `root`; None where it names nothing."""
     target = root
-    for part in [p for p in ref[1:].split("/") if p]:
-        part = part.replace("~1", "/").replace("~0", "~")
+    for part in ref_path(ref):
         if isinstance(target, dict):
             target = target.get(part)
         elif isinstance(target, list) and part.isdecimal() and int(part) < len(target):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixcache.runtime.tools import scan
+from radixcache.runtime.tools.call_deltas import argument_piece, open_call
 from radixcache.runtime.tools.json_values import json_object
 from radixcache.runtime.tools.messages import STRICT_JSON, ToolCall
 from radixcache.runtime.tools.parse_command_r import COMMAND_R, COMMAND_R7B, CommandRCalls
@@ -224,19 +225,13 @@ class ToolCallParser:
 
     def _head(self, out: list[dict[str, Any]], name: str) -> None:
         """A new call's first delta: its id, type and name, its arguments still empty."""
-        call_id = self.new_id()
-        self.calls.append((call_id, name, []))
-        head = {"name": name, "arguments": ""}
-        out.append(
-            {"tool_calls": [{"index": len(self.calls) - 1, "id": call_id, "type": "function", "function": head}]}
-        )
+        out.append(open_call(self.calls, self.new_id(), name))
 
     def _args(self, out: list[dict[str, Any]], final: bool) -> None:
         end, closed = self.scanner.feed(self.text, self.pos)
         piece = self.text[self.pos : end]
         if piece:
-            self.calls[-1][2].append(piece)
-            out.append({"tool_calls": [{"index": len(self.calls) - 1, "function": {"arguments": piece}}]})
+            out.append(argument_piece(self.calls, piece))
         self.pos = self.held = end  # a call is out: nothing before it is held any more
         if closed:
             self.state = "close"

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from radixcache.runtime.tools import scan
+from radixcache.runtime.tools.call_deltas import argument_piece, open_call
 from radixcache.runtime.tools.messages import STRICT_JSON
 
 COMMAND_R, COMMAND_R7B = "command_r", "command_r7b"
@@ -170,19 +171,14 @@ class CommandRCalls:
             self.state = "done" if self.calls else "block"
 
     def _head_delta(self, out: list[dict[str, Any]], name: str) -> None:
-        call_id = self.new_id()
-        self.calls.append((call_id, name, []))
-        head = {"name": name, "arguments": ""}
-        out.append(
-            {"tool_calls": [{"index": len(self.calls) - 1, "id": call_id, "type": "function", "function": head}]}
-        )
+        """A new call's first delta: its id, type and name, its arguments still empty."""
+        out.append(open_call(self.calls, self.new_id(), name))
 
     def _args(self, out: list[dict[str, Any]], final: bool) -> None:
         end, closed = self.scanner.feed(self.text, self.pos)
         piece = self.text[self.pos : end]
         if piece:
-            self.calls[-1][2].append(piece)
-            out.append({"tool_calls": [{"index": len(self.calls) - 1, "function": {"arguments": piece}}]})
+            out.append(argument_piece(self.calls, piece))
         self.pos = end
         if closed:
             self.state = "next"
