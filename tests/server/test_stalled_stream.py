@@ -12,43 +12,26 @@ import contextlib
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import h11
 import pytest
-import uvicorn
 
 from radixcache.runtime import Engine
 from radixcache.runtime.server import create_app
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+from tests.server import uvicorn_thread
 
 MAX_TOKENS = 6000
 
 
-@contextmanager
-def serving(app: Any) -> Iterator[int]:
-    """`app` under uvicorn on a free port of 127.0.0.1, in a thread; stopped on exit."""
-    listener = socket.socket()
-    # small buffers, which the accepted sockets inherit: loopback's grow to megabytes, which a short stream fills
-    # not (a real client's window is smaller than loopback's)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    listener.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        listener.close()
+def serving(app: Any) -> AbstractContextManager[int]:
+    """`app` under uvicorn on a free port of 127.0.0.1, in a thread; stopped on exit. Small send buffers, which the
+    accepted sockets inherit: loopback's grow to megabytes, which a short stream fills not (a real client's window is
+    smaller than loopback's)."""
+    return uvicorn_thread.serving(app, send_buffer=4096)
 
 
 @pytest.fixture

@@ -14,9 +14,12 @@ import uvicorn
 
 
 @contextmanager
-def serving(app: Any, **config: Any) -> Iterator[int]:
-    """The port `app` listens on; `config`: more of uvicorn.Config's arguments."""
+def serving(app: Any, send_buffer: int | None = None, **config: Any) -> Iterator[int]:
+    """The port `app` listens on; `send_buffer`: the accepted sockets' SO_SNDBUF (they inherit the listener's);
+    `config`: more of uvicorn.Config's arguments."""
     listener = socket.socket()
+    if send_buffer is not None:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     listener.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="critical", timeout_graceful_shutdown=5, **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
