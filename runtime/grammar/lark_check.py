@@ -13,6 +13,10 @@ compiled.
 - A regex literal (`/.../`) is compiled as a `regex` spec is, and expands alike: `/(a{1000}){1000}/` took 4 s of a
   worker thread, `/a{1000000}/` 1.8 s. Each is bounded by `regex_size`, its error at the grammar's path, and so is
   each terminal (`A: ("a"{1000}){1000}` took 5 s), the terminals it names inlined.
+- A rule's repetitions are expanded too: `start: "a"{1000000}` and `start: ("a"{1000}){1000}` compiled in ~40 ms,
+  then failed every request at its first token ("Too many items (limit 50000; ff_tokens)": the parser walks the
+  forced prefix in one step). A rule whose expansion (`_check_rule_sizes`) passes `MAX_RULE_SIZE` is refused
+  naming it.
 
 The scan skips string literals, regex literals and `//` comments; a definition starts a line (`name:`, `?name:`,
 `NAME.2:`), and its body runs to the next definition.
@@ -28,6 +32,9 @@ from radixcache.runtime.grammar.regex_size import check_regex_size, regex_size
 from radixcache.runtime.grammar.schema_check import check_schema
 
 MAX_RULE_DEPTH = 256
+# a rule's items once expanded; on this machine's tiny and SmolLM2 vocabularies the first token failed from
+# ("a" "b"){11000} (22,000 items), "a"{32000} and ("a"{100}){350}; ("a" "b"){10000} and "a"{30000} passed
+MAX_RULE_SIZE = 10_000
 _HEAD = re.compile(r"[ \t]*[?!]?([A-Za-z_]\w*)(?:\.-?\d+)?[ \t]*:(?!:)")
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _DECODER = json.JSONDecoder()
@@ -54,13 +61,13 @@ def check_lark(text: str, path: str, limit: int = MAX_RULE_DEPTH) -> None:
             i = _line_end(text, i)
         elif c in "\"'":
             end = _after_quoted(text, i, c)
-            shape.append(f"(x{{{max(end - i - 2, 1)}}})")
+            shape.append(f"\1(x{{{max(end - i - 2, 1)}}})")
             i = end
         elif c == "/":
             end = _after_quoted(text, i, "/")
             body = text[i + 1 : end - 1] if text[end - 1 : end] == "/" else text[i + 1 : end]
             _check_regex(body, path)
-            shape.append(f"({body})")
+            shape.append(f"\1({body})")
             i = end
         elif text.startswith("%json", i):
             i = _check_json(text, i + len("%json"), path)
@@ -83,6 +90,7 @@ def check_lark(text: str, path: str, limit: int = MAX_RULE_DEPTH) -> None:
             path,
         )
     _check_terminal_sizes(shapes, path)
+    _check_rule_sizes(shapes, path)
 
 
 def _check_terminal_sizes(shapes: dict[str, list[str]], path: str) -> None:
@@ -96,7 +104,7 @@ def _check_terminal_sizes(shapes: dict[str, list[str]], path: str) -> None:
             parts = [
                 (f"(x{{{size(p[1:], following | {name})}}})" if p[1:] in shapes and p[1:] not in following else "x")
                 if p.startswith("\0")
-                else p
+                else p.lstrip("\1")
                 for p in shapes[name]
             ]
             pseudo = "".join(parts)
@@ -109,6 +117,38 @@ def _check_terminal_sizes(shapes: dict[str, list[str]], path: str) -> None:
 
     for name in shapes:
         if name.isupper():
+            size(name, frozenset())
+
+
+def _check_rule_sizes(shapes: dict[str, list[str]], path: str, limit: int = MAX_RULE_SIZE) -> None:
+    """A rule's items once its repetitions (`{m,n}`, `~ m..n`) are multiplied out, the rules it names multiplied
+    in (a rule being followed, recursion, and a terminal or literal count 1: one lexeme). The library's parser
+    walks a grammar's forced prefix on the first token in one step of at most 50,000 items: `start: "a"{1000000}`
+    compiled, then failed every request. Called once the chain depth is bounded (the sizes recurse along it)."""
+    sizes: dict[str, int] = {}
+
+    def size(name: str, following: frozenset[str]) -> int:
+        if name not in sizes:
+            parts = [
+                f"(x{{{size(p[1:], following | {name})}}})"
+                if p.startswith("\0") and p[1:] in shapes and not p[1:].isupper() and p[1:] not in following
+                else "x"
+                if p.startswith(("\0", "\1"))
+                else p
+                for p in shapes[name]
+            ]
+            sizes[name] = max(regex_size("".join(parts), limit), 1)
+            if sizes[name] > limit:
+                raise GrammarError(
+                    f"its rule {name}: it expands to more than {limit:,} items once its repetitions ({{m,n}}, "
+                    "~ m..n) and the rules it names are multiplied out; the grammar library's parser fails such a "
+                    "grammar on its first token",
+                    path,
+                )
+        return sizes[name]
+
+    for name in shapes:
+        if not name.isupper():
             size(name, frozenset())
 
 

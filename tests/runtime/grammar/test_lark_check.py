@@ -9,10 +9,11 @@ import json
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 
-from radixcache.runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
-from radixcache.runtime.grammar.lark_check import MAX_RULE_DEPTH, check_lark
+from radixcache.runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState, allocate_masks
+from radixcache.runtime.grammar.lark_check import MAX_RULE_DEPTH, MAX_RULE_SIZE, check_lark
 from radixcache.runtime.grammar.nested import nested_rule
 from tests.runtime.grammar.conftest import token_table, walk
 
@@ -140,3 +141,65 @@ def test_a_terminal_past_the_size_bound_is_refused_naming_it(
     assert e.value.path == "grammar"
     fine = 'start: A " " NAME\nA: B~10\nB: C ~ 10..100\nC: "ab" /[0-9]{1,4}/\n%import common.CNAME -> NAME'
     assert isinstance(GrammarState(tiny_compiler.compile(GrammarSpec.ebnf(fine))), GrammarState)
+
+
+@pytest.mark.parametrize(
+    ("grammar", "rule"),
+    [
+        ('start: "a"{1000000}', "start"),  # compiled in ~40 ms, then failed the request at its first token
+        ('start: ("a"{1000}){1000}', "start"),
+        ('start: "x" pair\npair: ("a" "b"){5001}', "pair"),  # 10,002 lexemes: each literal counts 1
+        ("start: row~101\nrow: cell~100\ncell: /[0-9]/", "start"),  # named rules multiplied in: 10,100
+        ('root ::= "a"{1000000}', "start"),  # GBNF, converted to Lark (its root is Lark's start)
+    ],
+)
+def test_a_rule_past_the_size_bound_is_refused_naming_it(
+    tiny_compiler: GrammarCompiler, grammar: str, rule: str
+) -> None:
+    """A rule's repetitions are expanded by the library, which compiled `start: "a"{1000000}` and then failed the
+    request at its first token (its parser's 50,000 items for the forced prefix); it is refused before compile,
+    naming the rule, at the grammar's path."""
+    with pytest.raises(GrammarError, match=rf"its rule {rule}: it expands to more than {MAX_RULE_SIZE:,} items") as e:
+        tiny_compiler.compile(GrammarSpec.ebnf(grammar, path="grammar"))
+    assert e.value.path == "grammar"
+
+
+@pytest.mark.parametrize(
+    ("grammar", "start"),
+    [("start: row~100\nrow: cell~100\ncell: /[0-9]/", "0123456789"), ('start: ("a" "b"){5000}', "ab")],
+)
+def test_a_rule_at_the_size_bound_takes_its_first_tokens(
+    tiny_compiler: GrammarCompiler, tiny_tokenizer: Any, grammar: str, start: str
+) -> None:
+    """Exactly `MAX_RULE_SIZE` items: the parser's first steps (where past the bound it failed) take tokens."""
+    state = GrammarState(tiny_compiler.compile(GrammarSpec.ebnf(grammar, path="grammar")))
+    row = allocate_masks(1, state.vocab.vocab_size)[0]
+    taken = b""
+    for _ in range(3):
+        state.allowed_mask(row)
+        allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little"))
+        token = int(next(t for t in allowed if t not in state.stop_ids))
+        state.accept(token)
+        taken += tiny_tokenizer.token_bytes(token)
+    assert set(taken.decode()) <= set(start) and len(taken) >= 3
+
+
+@pytest.mark.parametrize(
+    ("grammar", "pattern"),
+    [
+        ('start: "x" item{1,20}\nitem: "a" | "b"', r"x[ab]{1,20}"),
+        ('start: "[" item ("," item){0,100} "]"\nitem: /[0-9]{1,3}/', r"\[[0-9]{1,3}(,[0-9]{1,3}){0,100}\]"),
+        (
+            'start: value\nvalue: obj | arr | ESCAPED_STRING | SIGNED_NUMBER | "null"\n'
+            'obj: "{" [pair ("," pair){0,50}] "}"\npair: ESCAPED_STRING ":" value\n'
+            'arr: "[" [value ("," value){0,50}] "]"\n%import common.ESCAPED_STRING\n%import common.SIGNED_NUMBER\n',
+            r"[\[{\"0-9n-].*",
+        ),
+        ('root ::= "x" item{1,20}\nitem ::= [a-z] [0-9]?', r"x([a-z][0-9]?){1,20}"),
+    ],
+)
+def test_realistic_rule_repetitions_still_compile_and_give_sentences(
+    tiny_compiler: GrammarCompiler, tiny_tokenizer: Any, grammar: str, pattern: str
+) -> None:
+    state = GrammarState(tiny_compiler.compile(GrammarSpec.ebnf(grammar, path="grammar")))
+    assert re.fullmatch(pattern, _text(state, tiny_tokenizer, 2), re.DOTALL)
