@@ -77,6 +77,7 @@ GAUGES = (
     "pinned_blocks",
     "leases",
     "threads",
+    "disk_tier_up",
 )
 
 

@@ -39,6 +39,9 @@ class EngineStats:
     leases: int = 0  # leases held now (runtime.kv.leases), those past their deadline until the next check
     threads: int = 0  # torch threads the engine's steps run on now (runtime.engine.threads: fewer while busy)
     thread_changes: int = 0  # times the thread controller changed that count
+    # 1 while the disk tier (a cache directory) accepts writes, 0 once it turned itself off (a full disk, an unwritable
+    # directory: engine.tiers.disk.disabled_reason says why; it still serves the pages on disk); None without one
+    disk_tier_up: int | None = None
 
     @property
     def hit_rate(self) -> float:
@@ -74,6 +77,7 @@ def engine_stats(
         leases=len(kv.leases),
         threads=0 if threads is None else threads.threads,
         thread_changes=0 if threads is None else threads.changes,
+        disk_tier_up=None if tiers is None or tiers.disk is None else int(tiers.disk.enabled),
     )
 
 

@@ -255,6 +255,10 @@ class ServerMetrics:
             out += [f"# HELP {name} Whether the engine replica answered this scrape (0: dead, or alive and frozen)."]
             out += [f"# TYPE {name} gauge"]
             out += [f'{name}{{model="{model_name}",replica="{r}"}} {int(v)}' for r, v in sorted(up.items())]
+        if s.disk_tier_up is not None:  # a cache directory: whether it still takes writes (summed over replicas)
+            name = "radixcache_disk_tier_up"
+            out += [f"# HELP {name} Whether the disk tier accepts writes (0: it turned itself off, a full disk, say)."]
+            out += [f"# TYPE {name} gauge", f"{name}{label} {s.disk_tier_up}"]
         out += self._tier_lines(s.tiers, model_name)
         out += self.ttft.lines() + self.tpot.lines() + self._namespace_lines()
         return "\n".join(out) + "\n"

@@ -118,8 +118,8 @@ class DiskStore(DiskMaintenance):
         self._owed = OwedRefreshes()  # device hits' refreshes, settled by the writer, flush and close
         self._queue = WriteQueue(self._changed, self._perform, self.max_pending, self._settle, lambda: bool(self._owed))
         self._names: dict[str, str] = {self.tag: self.fingerprint}  # tag -> fingerprint string
-        self._warned = False
         self.enabled = True
+        self.disabled_reason: str | None = None  # why the store turned writing off (the first reason); None while on
         self._readable = True  # False: a directory that is not ours (never listed or read)
         self._unlinking = self._deletions = 0  # evicted pages whose files are being deleted; a count of such events
         self._count = dict.fromkeys(_COUNTERS, 0)
@@ -171,7 +171,9 @@ class DiskStore(DiskMaintenance):
         """Stop accepting writes; warn once. Caller does not hold the lock."""
         with self._lock:
             self.enabled = False
-            first, self._warned = not self._warned, True
+            first = self.disabled_reason is None
+            if first:
+                self.disabled_reason = reason
         if first:
             log.warning("disk KV cache disabled: %s", reason)
 
