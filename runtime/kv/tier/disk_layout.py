@@ -315,6 +315,23 @@ class CacheDir:
         return name
 
 
+def warn_if_foreign(directory: str, fingerprint: str, tags: set[str], names: dict[str, str]) -> None:
+    """Warn of a directory whose pages (`tags`, by their fingerprint `names`) are all other models': a user expecting
+    disk hits gets none, and saw nothing say why. At a store's open."""
+    own = fingerprint_tag(fingerprint)
+    if tags and own not in tags:
+        others = sorted(names.get(tag, f"?{tag}") for tag in tags)
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        log.warning(
+            "disk KV cache %s holds pages of %d other model fingerprint(s) (%s) and none of this model's (%s): "
+            "no disk hits until this model writes its own",
+            directory,
+            len(others),
+            shown,
+            fingerprint,
+        )
+
+
 def in_own_folder(hash_hex: str, path: str) -> bool:
     """Whether a page file sits in the folder its name's first byte says (`<2 hex>/<hash hex>.kvpage`)."""
     return os.path.basename(os.path.dirname(path)) == hash_hex[:2]

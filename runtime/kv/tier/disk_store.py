@@ -54,7 +54,7 @@ from typing import TypeVar
 from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow_split
 from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, PageWrite, encode_page
 from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, clamp_future, probe_pages, scan_pages
-from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, cache_path, fingerprint_tag
+from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, cache_path, fingerprint_tag, warn_if_foreign
 from radixcache.runtime.kv.tier.disk_maintenance import DiskMaintenance
 from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into, read_indexed
 from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport
@@ -133,7 +133,8 @@ class DiskStore(DiskMaintenance):
                 self._disable(adoption.refused)
             self._readable = adoption.readable
             if adoption.readable:
-                self._scan()  # a read-only cache still serves its pages
+                found = self._scan()  # a read-only cache still serves its pages
+                warn_if_foreign(self.directory, self.fingerprint, found, self._names)  # only other models' pages?
             if self.enabled:  # a restart with a smaller max_bytes: the limit holds from the start, not after a write
                 with self._lock:
                     victims = self._evict_over()
@@ -145,8 +146,8 @@ class DiskStore(DiskMaintenance):
             self.enabled = False
             self._scan()
 
-    def _scan(self) -> None:
-        """Build the index from names and stat, least recently used (oldest mtime) first."""
+    def _scan(self) -> set[str]:
+        """Build the index from names and stat, least recently used (oldest mtime) first; the tags found."""
         found = scan_pages(self.layout)
         with self._lock:
             future = clamp_future(found, self._owed.now())  # mtimes past the clock: now, in their order
@@ -159,6 +160,7 @@ class DiskStore(DiskMaintenance):
                 # One hash under two fingerprint strings (the same model named twice): the newer file wins; the
                 # other stays on disk, outside the index (verify still checks it, clear still deletes it).
                 self._index.replace(page_hash, entry, mtime_ns)
+        return {entry.tag for _, entry, _ in found}
 
     def _fingerprint_name(self, tag: str) -> str:
         """The fingerprint string of a tag. Reads a file the first time: call it without the lock."""
