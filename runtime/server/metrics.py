@@ -167,7 +167,7 @@ class ServerMetrics:
             ),
             (
                 "radixcache_tier_disk_failed_reads_total",
-                "Disk pages that failed their checks (deleted).",
+                "Disk reads that failed (one per read, at a page failing its checks: it and the rest recomputed).",
                 tiers.disk_failed_reads,
             ),
         ):

@@ -46,3 +46,25 @@ def test_damaged_page_files_are_recomputed_deleted_and_counted(tmp_path: Path, d
     assert bad.read_bytes() != damaged  # deleted, and written again as the recomputed page was adopted
     with DiskStore(cache, max_bytes=1 << 30, create=False) as store:
         assert store.verify().corrupt == ()
+
+
+def test_a_run_with_two_damaged_pages_counts_one_failed_read_not_two(tmp_path: Path) -> None:
+    """disk_failed_reads counts failed reads, not pages: a request's disk read stops at the first page that fails
+    (that page and every later one of its run are recomputed, the later ones never read), so a run with two damaged
+    pages counts 1, and the recomputed pages are not counted in it (docs/tiers.md says so since 2026-12-07; the
+    counter's docstring said "pages")."""
+    m = tiny_model(seed=5)
+    model = RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+    prompt = [random.Random(8).randrange(1, m.config.vocab_size) for _ in range(40)]  # 10 pages of 4
+    cache = tmp_path / "kv"
+    with Engine(model, cache_dir=cache, **OPTS) as first_run:
+        want = first_run.generate(prompt, 4).token_ids
+    with Engine(model, cache_dir=cache, **OPTS) as probe:
+        paths = [Path(probe.tiers.disk.layout.page_path(h)) for h in probe.tiers.chain(None).upto(prompt, 10)]
+    for bad in (paths[3], paths[6]):
+        bad.write_bytes(bad.read_bytes()[:20])
+    with Engine(model, cache_dir=cache, load_back="always", **OPTS) as engine:
+        got = engine.generate(prompt, 4)
+        tiers = engine.stats.tiers
+    assert got.token_ids == want and got.cached_tokens == 12  # the 3 pages before the first damaged one
+    assert (tiers.disk_failed_reads, tiers.disk_loaded_pages) == (1, 3)
