@@ -178,7 +178,9 @@ def convert(src: str, dst: str, fmt: str | None, to: str | None, debug: bool) ->
 @click.argument("kind", type=click.Choice(sorted(GENERATORS)))
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option(
-    "--count", type=click.IntRange(0, MAX_UNITS), help=f"Conversations / agents / queries / batches (<= {MAX_UNITS:,})."
+    "--count",
+    type=click.IntRange(1, MAX_UNITS),
+    help=f"Conversations / agents / queries / batches (1 to {MAX_UNITS:,}).",
 )
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--set", "overrides", multiple=True, metavar="NAME=VALUE", help="Any generator parameter; repeat.")
@@ -204,9 +206,11 @@ def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str,
             raise click.BadParameter(f"{item!r}: expected NAME=VALUE with NAME one of {', '.join(params)}")
         kwargs[name] = _parse_value(raw, params[name].default, name)
     units = kwargs.get(_COUNT_PARAM[kind])
-    if isinstance(units, int) and not 0 <= units <= MAX_UNITS:  # refused before the file is made, as --count is
+    # Refused before the file is made, as --count is; 0 too: it wrote an empty file, whose format no reader can
+    # detect (JSON lines of four formats), so `trace stats` and `simulate` refused it unless given --format.
+    if isinstance(units, int) and not 1 <= units <= MAX_UNITS:
         raise click.BadParameter(
-            f"{_COUNT_PARAM[kind]}={units}: need 0 <= it <= {MAX_UNITS:,} (2**20)", param_hint="--set"
+            f"{_COUNT_PARAM[kind]}={units}: need 1 <= it <= {MAX_UNITS:,} (2**20)", param_hint="--set"
         )
     try:
         requests = generator(**kwargs)

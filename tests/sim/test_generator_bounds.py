@@ -117,3 +117,17 @@ def test_trace_gen_refuses_a_huge_count_as_a_usage_error_before_writing(tmp_path
     result = CliRunner().invoke(main, ["trace", "gen", "chat", str(out), *args])
     assert result.exit_code == 2 and named in result.output and "1048576" in result.output.replace(",", "")
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+_COUNT_KEYS = {"chat": "conversations", "agent": "agents", "agent-sessions": "agents", "rag": "queries"}
+
+
+@pytest.mark.parametrize("kind", sorted(GENERATORS))
+@pytest.mark.parametrize("how", ["--count", "--set"])
+def test_trace_gen_refuses_a_count_of_zero_as_a_usage_error_before_writing(tmp_path: Path, kind: str, how: str) -> None:
+    """It wrote an empty file, which `trace stats` and `simulate` then refused: no record to detect the format by."""
+    out = tmp_path / "x.jsonl"
+    args = ["--count", "0"] if how == "--count" else ["--set", f"{_COUNT_KEYS.get(kind, 'batches')}=0"]
+    result = CliRunner().invoke(main, ["trace", "gen", kind, str(out), *args])
+    assert result.exit_code == 2 and how in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
