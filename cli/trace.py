@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -203,19 +204,24 @@ def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str,
     for item in overrides:
         name, _, raw = item.partition("=")
         if name not in params or not raw:
-            raise click.BadParameter(f"{item!r}: expected NAME=VALUE with NAME one of {', '.join(params)}")
+            raise click.BadParameter(
+                f"{item!r}: expected NAME=VALUE with NAME one of {', '.join(params)}", param_hint="--set"
+            )
         kwargs[name] = _parse_value(raw, params[name].default, name)
     units = kwargs.get(_COUNT_PARAM[kind])
     # Refused before the file is made, as --count is; 0 too: it wrote an empty file, whose format no reader can
     # detect (JSON lines of four formats), so `trace stats` and `simulate` refused it unless given --format.
     if isinstance(units, int) and not 1 <= units <= MAX_UNITS:
         raise click.BadParameter(
-            f"{_COUNT_PARAM[kind]}={units}: need 1 <= it <= {MAX_UNITS:,} (2**20)", param_hint="--set"
+            f"{_COUNT_PARAM[kind]}={units}: need 1 <= it <= {MAX_UNITS:,} (2**20)",
+            param_hint=f"--set {_COUNT_PARAM[kind]}",
         )
     try:
         requests = generator(**kwargs)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    except ValueError as exc:  # a value out of range (nan, negative, too large): a usage error, as for --count
+        count_name = _COUNT_PARAM[kind] if count is not None else None
+        named = _options_named(str(exc), [item.partition("=")[0] for item in overrides], count_name)
+        raise click.BadParameter(str(exc), param_hint=named) from None
     writer = write_token_msgpack if _default_target(out, "token") == TOKEN_MSGPACK else write_token_jsonl
     with staged(out) as path:
         n = _written(writer, path, requests)
@@ -274,6 +280,20 @@ def _default_target(path: str, kind: str) -> str:
     return MOONCAKE if kind == "hash" else CONVERSATIONS
 
 
+def _options_named(message: str, set_names: list[str], count_name: str | None) -> str:
+    """The options a generator's error `message` is about: those of `set_names` (given with --set) it names, as
+    '--set mean_think_ms'; else --count where it names `count_name` (None: no --count given); else the one --set
+    given (the defaults pass every bound: "a conversation's prompts may reach ..." is about --set turns); else
+    '--set'."""
+    names = list(dict.fromkeys(set_names))
+    named = [f"--set {name}" for name in names if re.search(rf"\b{re.escape(name)}\b", message)]
+    if named:
+        return " / ".join(named)
+    if count_name is not None and re.search(rf"\b{count_name}\b", message):
+        return "--count"
+    return f"--set {names[0]}" if len(names) == 1 else "--set"
+
+
 def _parse_value(raw: str, default: object, name: str) -> object:
     try:
         if isinstance(default, tuple):  # a range or pair: as many values as the default has
@@ -285,4 +305,4 @@ def _parse_value(raw: str, default: object, name: str) -> object:
             return raw.lower() in ("1", "true", "yes")
         return type(default)(raw)
     except (TypeError, ValueError):
-        raise click.BadParameter(f"{name}={raw!r}: expected a value like {default!r}") from None
+        raise click.BadParameter(f"{raw!r}: expected a value like {default!r}", param_hint=f"--set {name}") from None
