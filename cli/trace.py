@@ -198,8 +198,12 @@ def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str,
     """
     generator = GENERATORS[kind]
     kwargs: dict = {"seed": seed}
+    given: dict[str, str] = {}  # parameter -> the option that set it: a second one was taken over it without a word
+    if click.get_current_context().get_parameter_source("seed") is not ParameterSource.DEFAULT:
+        given["seed"] = "--seed"
     if count is not None:
         kwargs[_COUNT_PARAM[kind]] = count
+        given[_COUNT_PARAM[kind]] = "--count"
     params = inspect.signature(generator).parameters
     for item in overrides:
         name, _, raw = item.partition("=")
@@ -207,6 +211,9 @@ def gen(kind: str, out: str, count: int | None, seed: int, overrides: tuple[str,
             raise click.BadParameter(
                 f"{item!r}: expected NAME=VALUE with NAME one of {', '.join(params)}", param_hint="--set"
             )
+        if name in given:
+            raise click.BadParameter(f"{name} is set by {given[name]} too: give it once", param_hint=f"--set {name}")
+        given[name] = f"--set {name}"
         kwargs[name] = _parse_value(raw, params[name].default, name)
     units = kwargs.get(_COUNT_PARAM[kind])
     # Refused before the file is made, as --count is; 0 too: it wrote an empty file, whose format no reader can

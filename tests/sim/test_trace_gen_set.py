@@ -18,14 +18,16 @@ HUGE = str(10**30)
 REFUSED = ["nan", "inf", "-inf", "abc", HUGE]
 #: values some keys take (a length of 0, a zipf exponent of -1, a seed); refused, they name the key too
 EITHER = ["-1", "0", "1e300", "1.5"]
+COUNTS = ("conversations", "agents", "queries", "batches")
 KEYS = [(kind, name) for kind in sorted(GENERATORS) for name in inspect.signature(GENERATORS[kind]).parameters]
 
 
 def gen(tmp_path: Path, kind: str, name: str, value: str) -> tuple[int, str]:
     default = inspect.signature(GENERATORS[kind]).parameters[name].default
     raw = f"{value},{value}" if isinstance(default, tuple) else value  # a pair: both ends
+    count = [] if name in COUNTS else ["--count", "1"]  # the count's key is the count: --count beside it is refused
     result = CliRunner().invoke(
-        main, ["trace", "gen", kind, str(tmp_path / "x.jsonl"), "--count", "1", "--set", f"{name}={raw}"]
+        main, ["trace", "gen", kind, str(tmp_path / "x.jsonl"), *count, "--set", f"{name}={raw}"]
     )
     return result.exit_code, result.output
 
@@ -57,3 +59,34 @@ def test_a_bound_of_the_count_with_the_defaults_names_count(tmp_path: Path) -> N
         main, ["trace", "gen", "agent-sessions", str(tmp_path / "x.jsonl"), "--count", "100000"]
     )
     assert result.exit_code == 2 and "--count" in result.output and "2**28" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "named", "other"),
+    [
+        (["--count", "2", "--set", "queries=5"], "--set queries", "--count"),
+        (["--seed", "1", "--set", "seed=3"], "--set seed", "--seed"),
+        (["--set", "zipf=1", "--set", "zipf=2"], "--set zipf", "--set zipf"),
+    ],
+)
+def test_a_parameter_given_twice_is_a_usage_error_naming_both(
+    tmp_path: Path, args: list[str], named: str, other
+) -> None:
+    # the last one was taken without a word: --count 2 --set queries=5 wrote 5 queries, --seed 1 --set seed=3 seed 3
+    result = CliRunner().invoke(main, ["trace", "gen", "rag", str(tmp_path / "x.jsonl"), *args])
+    assert result.exit_code == 2 and named in result.output and f"set by {other} too" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_set_alone_still_sets_the_count_and_the_seed(tmp_path: Path) -> None:
+    by_set, by_options = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert (
+        CliRunner()
+        .invoke(main, ["trace", "gen", "rag", str(by_set), "--set", "queries=3", "--set", "seed=4"])
+        .exit_code
+        == 0
+    )
+    assert (
+        CliRunner().invoke(main, ["trace", "gen", "rag", str(by_options), "--count", "3", "--seed", "4"]).exit_code == 0
+    )
+    assert by_set.read_bytes() == by_options.read_bytes() and len(by_set.read_text().splitlines()) == 3
