@@ -205,7 +205,7 @@ def test_a_range_set_with_the_wrong_number_of_values_is_a_usage_error(runner, tm
     line = _one_line_error(
         runner.invoke(main, ["trace", "gen", "agent-sessions", str(out), "--set", f"pause_s={value}"]), 2
     )
-    assert f"pause_s='{value}': expected a value like (2.0, 30.0)" in line and not out.exists()
+    assert f"--set pause_s: '{value}': expected a value like (2.0, 30.0)" in line and not out.exists()
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
