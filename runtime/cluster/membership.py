@@ -34,6 +34,8 @@ class Membership:
     _incarnation: dict[int, str]
     _lock: threading.Lock
     _sync_locks: dict[int, threading.Lock]
+    _poll_lock: threading.Lock
+    _pulls: dict[int, tuple[tuple[bool, Any], float]]  # replica -> (an outstanding pull, when asked); its lock held
     _deaths: int
     control: Callable[[int, str], Any]  # ReplicaCluster.control
 
@@ -65,38 +67,47 @@ class Membership:
                 forget(replica)
         log.warning("engine replica %d left the routing set: %s", replica, exc)
 
-    def poll(self, wait: float | None = None) -> None:
+    def poll(self, wait: float | None = None, answer_wait: float | None = None) -> None:
         """One round: pull every live replica's new event batches; look for dead ones that Ray has restarted. Every
-        replica is asked at once, and one that has not answered within `wait` seconds in all (None: call_timeout)
-        is skipped this round: asked in turn, N frozen replicas held each round N x `wait` (the poller's is
-        POLL_WAIT_S), and every other replica's events and rejoin with them. A replica whose sync another caller
-        holds now (a request's, on its way out) is left to it this round: the poller waited for its lock as long."""
+        replica is asked at once and its answer applied as it comes; the round waits at most `answer_wait` seconds
+        (None: `wait`) for this round's answers, a resync's snapshot at most `wait` (None: call_timeout). A pull
+        not answered by then stays outstanding: later rounds neither ask that replica again nor wait for it, and
+        apply its answer in the round that finds it in (one outstanding past call_timeout is dropped and asked
+        again). So a frozen, dead or restarting replica holds back no other's events, nor the rejoin of restarted
+        ones: each round waited for it (5 s), and the others' new pages reached the index once per its wait. A
+        replica whose sync another caller holds now (a request's, on its way out) is left to it this round."""
         bound = self._bound(wait)
-        deadline = time.monotonic() + bound
-        asked = []
-        for replica in self._actors:
-            lock = self._sync_locks[replica]
-            if not lock.acquire(blocking=False):
-                continue
-            try:
-                asked.append((replica, lock, self._ask(replica)))
-            except BaseException:
-                lock.release()
-                raise
-        try:  # answers applied as they come, each replica's lock let go at once (a request's sync waits for it)
-            while asked:
-                ready, _ = self.ray.wait([a[2][1] for a in asked], timeout=max(0.0, deadline - time.monotonic()))
-                if not ready:  # the rest have not answered within the round's bound: skipped this round
-                    break
-                for entry in [a for a in asked if any(a[2][1] is r for r in ready)]:
-                    asked.remove(entry)
-                    try:
-                        self._answer(entry[0], entry[2], 0.0, bound)
-                    finally:
-                        entry[1].release()
-        finally:
-            for _, lock, _ in asked:
-                lock.release()
+        with self._poll_lock:  # one round at a time (the poller's, or a caller's): the outstanding pulls are its
+            deadline = time.monotonic() + (bound if answer_wait is None else min(answer_wait, bound))
+            fresh = set()
+            for replica in self._actors:
+                lock = self._sync_locks[replica]
+                if replica in self._pulls or not lock.acquire(blocking=False):
+                    continue
+                try:
+                    self._pulls[replica] = (self._ask(replica), time.monotonic())
+                except BaseException:
+                    lock.release()
+                    raise
+                fresh.add(replica)
+            try:  # answers applied as they come, each replica's lock let go at once (a request's sync waits for it)
+                while self._pulls:
+                    waiting = fresh.intersection(self._pulls)
+                    left = max(0.0, deadline - time.monotonic()) if waiting else 0.0  # outstanding: not waited for
+                    ready, _ = self.ray.wait([p[0][1] for p in self._pulls.values()], timeout=left)
+                    if not ready:
+                        break
+                    for replica in [r for r, p in self._pulls.items() if any(p[0][1] is x for x in ready)]:
+                        ask, _ = self._pulls.pop(replica)
+                        try:
+                            self._answer(replica, ask, 0.0, bound)
+                        finally:
+                            self._sync_locks[replica].release()
+            finally:
+                stale = time.monotonic() - self.call_timeout
+                for replica in [r for r, p in self._pulls.items() if p[1] < stale]:
+                    del self._pulls[replica]  # as a timed-out pull: the index stays as it was, the next round asks
+                    self._sync_locks[replica].release()
 
     def sync(self, replica: int, wait: float | None = None) -> None:
         """Bring `replica`'s index up to date now (its new batches, or a resync), or see whether a dead replica is

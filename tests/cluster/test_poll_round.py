@@ -1,7 +1,8 @@
 """One poll round asks every replica for its events at once, and never waits on a replica's sync lock: asked in
 turn, N frozen replicas held each round N x POLL_WAIT_S (every other replica's events and rejoin with them), and a
 request's sync holding a replica's lock (waiting call_timeout on a replica that froze) held the whole poller as
-long. Stand-in replicas (tests/cluster/stand_in.py)."""
+long; and a pull a round did not get its answer to stays outstanding, not waited for by later rounds (each round
+waited its whole bound for a frozen replica). Stand-in replicas (tests/cluster/stand_in.py)."""
 
 from __future__ import annotations
 
@@ -88,4 +89,39 @@ def test_a_round_waiting_on_a_frozen_replica_holds_no_other_replicas_sync(monkey
     finally:
         never.set_result(("i1", []))
         poller.join(HANG_S)
+        cluster.close()
+
+
+def test_a_replica_whose_pull_hangs_is_not_waited_for_by_later_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replica 0's pull never answers: every round after the first brings replica 1's new pages into the index
+    without waiting on replica 0 (each round waited its whole bound for it: the others' pages reached the index
+    once per that bound), replica 0 is asked once, and its late answer is applied by the round that finds it."""
+    cluster = _cluster(monkeypatch, 2)
+    never: Future[Any] = Future()
+    asked_0: list[int] = []
+
+    def frozen(seq: int) -> Future[Any]:
+        asked_0.append(seq)
+        return never
+
+    cluster.actor(0)._events_since = frozen
+    news: list[EventBatch] = []
+    cluster.actor(1)._events_since = lambda seq: ("i1", [b for b in news if b.seq > seq])  # as a replica's
+    try:
+        cluster.poll(0.2)  # replica 0 is asked, and does not answer within the round
+        for seq in range(1, 4):
+            news.append(EventBatch(1, seq, stored=(bytes([seq]) * 16,)))
+            poller = threading.Thread(target=cluster.poll, args=(4 * HANG_S,), daemon=True)
+            poller.start()
+            poller.join(HANG_S)
+            assert not poller.is_alive(), "the round waited for replica 0's outstanding pull"
+            assert cluster.index.holds(1, bytes([seq]) * 16) and cluster.index.last_seq(1) == seq
+        assert asked_0 == [0] and cluster.index.pages(0) == 0
+        never.set_result(("i0", [EventBatch(0, 1, stored=(b"a" * 16,))]))
+        cluster.poll(2.0)
+        assert cluster.index.holds(0, b"a" * 16) and cluster.index.last_seq(0) == 1
+        assert cluster.alive == (0, 1)
+    finally:
+        if not never.done():
+            never.set_result(("i0", []))
         cluster.close()
