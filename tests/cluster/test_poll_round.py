@@ -125,3 +125,37 @@ def test_a_replica_whose_pull_hangs_is_not_waited_for_by_later_rounds(monkeypatc
         if not never.done():
             never.set_result(("i0", []))
         cluster.close()
+
+
+def test_a_restarting_replica_whose_info_hangs_holds_no_later_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replica 0 died and Ray is restarting it (its info call answers only once it is back): later rounds bring
+    replica 1's new pages in without waiting on it, and replica 0 rejoins in the round that finds its answer."""
+    cluster = _cluster(monkeypatch, 2)
+    back: Future[Any] = Future()
+    infos: list[int] = []
+
+    def restarting() -> Future[Any]:
+        infos.append(0)
+        return back
+
+    cluster.actor(0)._info = restarting
+    news: list[EventBatch] = []
+    cluster.actor(1)._events_since = lambda seq: ("i1", [b for b in news if b.seq > seq])
+    try:
+        cluster.mark_dead(0, RuntimeError("its actor died"))  # as a failed call finds it
+        cluster.poll(0.2)
+        for seq in range(1, 3):
+            news.append(EventBatch(1, seq, stored=(bytes([seq]) * 16,)))
+            poller = threading.Thread(target=cluster.poll, args=(4 * HANG_S,), daemon=True)
+            poller.start()
+            poller.join(HANG_S)
+            assert not poller.is_alive(), "the round waited for the restarting replica's info"
+            assert cluster.index.holds(1, bytes([seq]) * 16)
+        assert infos == [0] and cluster.alive == (1,)
+        back.set_result({"incarnation": "i0-restarted"})
+        cluster.poll(2.0)
+        assert cluster.alive == (0, 1) and cluster.index.pages(0) == 0
+    finally:
+        if not back.done():
+            back.set_result({"incarnation": "i0"})
+        cluster.close()
