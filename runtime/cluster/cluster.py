@@ -54,10 +54,9 @@ if TYPE_CHECKING:  # the options module imports torch; this one is imported befo
 log = logging.getLogger("radixcache.cluster")
 
 
-POLL_WAIT_S = 5.0  # the most the poller waits for a resync's snapshot in a round
-# The most a round waits for the answers it asked for: one not in by then is applied in a later round, which does not
-# wait for it (a frozen or restarting replica held every round this long, and the others' events with it).
-POLL_ANSWER_WAIT_S = 0.1
+# The most a poll round waits for the answers it asked for: one not in by then is applied in a later round, which does
+# not wait for it (a frozen or restarting replica held every round 5 s, and the others' events with it).
+POLL_WAIT_S = 0.1
 # The most a finished request waits for its replica's events (`done`) before its caller gets the result it holds: the
 # sync only spares the next turn a poll interval, and a replica that froze after its last item answers no pull.
 SYNC_WAIT_S = 5.0
@@ -301,7 +300,7 @@ class ReplicaCluster(Membership):
         assert self.poll_interval is not None
         while not self._stop.wait(self.poll_interval):
             try:
-                self.poll(POLL_WAIT_S, POLL_ANSWER_WAIT_S)
+                self.poll(POLL_WAIT_S)
             except Exception:  # one bad round must not end the polling for good (the thread would die silently)
                 log.exception("polling the replicas' cache events failed; polling on")
 

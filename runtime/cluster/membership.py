@@ -67,18 +67,18 @@ class Membership:
                 forget(replica)
         log.warning("engine replica %d left the routing set: %s", replica, exc)
 
-    def poll(self, wait: float | None = None, answer_wait: float | None = None) -> None:
+    def poll(self, wait: float | None = None) -> None:
         """One round: pull every live replica's new event batches; look for dead ones that Ray has restarted. Every
-        replica is asked at once and its answer applied as it comes; the round waits at most `answer_wait` seconds
-        (None: `wait`) for this round's answers, a resync's snapshot at most `wait` (None: call_timeout). A pull
-        not answered by then stays outstanding: later rounds neither ask that replica again nor wait for it, and
-        apply its answer in the round that finds it in (one outstanding past call_timeout is dropped and asked
-        again). So a frozen, dead or restarting replica holds back no other's events, nor the rejoin of restarted
-        ones: each round waited for it (5 s), and the others' new pages reached the index once per its wait. A
-        replica whose sync another caller holds now (a request's, on its way out) is left to it this round."""
+        replica is asked at once and its answer applied as it comes (a resync's snapshot, asked then, likewise); the
+        round waits at most `wait` seconds (None: call_timeout) for what it asked. A question not answered by then
+        stays outstanding: later rounds neither ask that replica again nor wait for it, and apply its answer in the
+        round that finds it in (one outstanding past call_timeout is dropped and asked again). So a frozen, dead or
+        restarting replica holds back no other's events, nor the rejoin of restarted ones: each round waited for it
+        (the poller 5 s), and the others' new pages reached the index once per that wait. A replica whose sync
+        another caller holds now (a request's, on its way out) is left to it this round."""
         bound = self._bound(wait)
-        with self._poll_lock:  # one round at a time (the poller's, or a caller's): the outstanding pulls are its
-            deadline = time.monotonic() + (bound if answer_wait is None else min(answer_wait, bound))
+        with self._poll_lock:  # one round at a time (the poller's, or a caller's): the outstanding questions are its
+            deadline = time.monotonic() + bound
             fresh = set()
             for replica in self._actors:
                 lock = self._sync_locks[replica]
@@ -98,11 +98,18 @@ class Membership:
                     if not ready:
                         break
                     for replica in [r for r, p in self._pulls.items() if any(p[0][1] is x for x in ready)]:
-                        ask, _ = self._pulls.pop(replica)
+                        (alive, ref), _ = self._pulls.pop(replica)
+                        snapshot = None
                         try:
-                            self._answer(replica, ask, 0.0, bound)
+                            if alive is None:
+                                self._resynced(replica, ref, 0.0)
+                            elif self._answer(replica, (alive, ref), 0.0):
+                                snapshot = self.control(replica, "snapshot").remote()
+                                self._pulls[replica] = ((None, snapshot), time.monotonic())
+                                fresh.add(replica)
                         finally:
-                            self._sync_locks[replica].release()
+                            if snapshot is None:
+                                self._sync_locks[replica].release()
             finally:
                 stale = time.monotonic() - self.call_timeout
                 for replica in [r for r, p in self._pulls.items() if p[1] < stale]:
@@ -113,15 +120,17 @@ class Membership:
         """Bring `replica`'s index up to date now (its new batches, or a resync), or see whether a dead replica is
         back, waiting at most `wait` seconds in all (None: call_timeout). One caller per replica at a time (a
         per-replica lock), so batches are applied once, in order; one that cannot take the lock within `wait`
-        (others' syncs of a frozen replica hold it, each in turn) leaves the sync to them and the poller."""
+        (others' syncs of a frozen replica hold it, each in turn, or the poller's outstanding question) leaves the
+        sync to them and the poller."""
         wait = self._bound(wait)
         deadline = time.monotonic() + wait
         lock = self._sync_locks[replica]
         if not lock.acquire(timeout=wait):
             return
         try:
-            left = max(0.0, deadline - time.monotonic())
-            self._answer(replica, self._ask(replica), left, left, deadline)
+            if self._answer(replica, self._ask(replica), max(0.0, deadline - time.monotonic())):
+                snapshot = self.control(replica, "snapshot").remote()
+                self._resynced(replica, snapshot, max(0.0, deadline - time.monotonic()))
         finally:
             lock.release()
 
@@ -138,13 +147,9 @@ class Membership:
             return True, self.control(replica, "events_since").remote(last)
         return False, self.control(replica, "info").remote()
 
-    def _answer(
-        self, replica: int, ask: tuple[bool, Any], wait: float, resync_wait: float, by: float | None = None
-    ) -> None:
-        """Apply `replica`'s answer to `_ask`, awaited at most `wait` seconds (a dead replica's: at most 1 s); a
-        resync's snapshot, asked only now, is awaited `resync_wait` (a round's frozen replica may have spent the
-        round's `wait`: the others' answers, asked at its start, are in, but a snapshot would get no time at all),
-        and not past `by` (time.monotonic(), a sync's end)."""
+    def _answer(self, replica: int, ask: tuple[bool, Any], wait: float) -> bool:
+        """Apply `replica`'s answer to `_ask`, awaited at most `wait` seconds (a dead replica's: at most 1 s). True
+        when the replica must be resynced from a snapshot (a gap, or a new incarnation), which the caller asks."""
         alive, ref = ask
         ray = self.ray
         try:
@@ -152,18 +157,18 @@ class Membership:
                 info = ray.get(ref, timeout=min(wait, 1.0))
                 if info["incarnation"] != self._broken.get(replica):  # not the process whose engine died
                     self._rejoin(replica, info["incarnation"])
-                return
+                return False
             incarnation, batches = ray.get(ref, timeout=wait)
         except self.actor_errors as exc:
             self.mark_dead(replica, exc)
-            return
+            return False
         except ray.exceptions.GetTimeoutError:
-            return
+            return False
         if incarnation == self._incarnation.get(replica) and batches is not None:
             with self._lock:
                 if replica not in self._alive or all(self.index.apply(b) for b in batches):
-                    return
-        self._resync(replica, resync_wait if by is None else max(0.0, min(resync_wait, by - time.monotonic())))
+                    return False
+        return True
 
     def _rejoin(self, replica: int, incarnation: str) -> None:
         """A restarted replica joins again with an empty index (its cache is empty; its events start from 1)."""
@@ -175,10 +180,11 @@ class Membership:
             self._alive.add(replica)
         log.warning("engine replica %d is back (restarted by Ray)", replica)
 
-    def _resync(self, replica: int, wait: float) -> None:
+    def _resynced(self, replica: int, snapshot: Any, wait: float) -> None:
+        """Replace `replica`'s index by its `snapshot` call's answer, awaited at most `wait` seconds."""
         ray = self.ray
         try:
-            incarnation, seq, keys = ray.get(self.control(replica, "snapshot").remote(), timeout=wait)
+            incarnation, seq, keys = ray.get(snapshot, timeout=wait)
         except self.actor_errors as exc:
             self.mark_dead(replica, exc)
             return

@@ -68,18 +68,18 @@ def test_requests_on_a_frozen_replica_fail_without_waiting_on_it_again(
 def test_the_poller_skips_a_frozen_replica_and_keeps_the_others_current(monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: the poller waited call_timeout (600 s by default) for a frozen replica's events each round,
     holding every other replica's events (their evictions, their pages computed) and the rejoin of dead replicas for
-    as long. A round waits POLL_ANSWER_WAIT_S for a pull it asked now, and later rounds do not wait for it."""
+    as long. A round waits POLL_WAIT_S for a pull it asked now, and later rounds do not wait for it."""
     install(monkeypatch)
     from radixcache.router import EventBatch
     from radixcache.runtime.cluster import cluster as cluster_module
     from radixcache.runtime.cluster.cluster import ReplicaCluster
 
-    monkeypatch.setattr(cluster_module, "POLL_ANSWER_WAIT_S", 0.2, raising=False)
+    monkeypatch.setattr(cluster_module, "POLL_WAIT_S", 0.2, raising=False)
     cluster = ReplicaCluster("fake", 2, router="round_robin", poll_interval=0.01, call_timeout=600)
     never: Future[Any] = Future()  # replica 0 answers no event pull
     try:
         asked = _freeze_events(cluster.actor(0), never)
-        deadline = time.monotonic() + 30  # a bound on a hang, never reached: a round takes POLL_ANSWER_WAIT_S at most
+        deadline = time.monotonic() + 30  # a bound on a hang, never reached: a round takes POLL_WAIT_S at most
         while not asked and time.monotonic() < deadline:  # the poller waits on replica 0 now
             time.sleep(0.01)
         cluster.actor(1).batches = [EventBatch(1, 1, stored=(b"k" * 16,))]  # then replica 1 has news

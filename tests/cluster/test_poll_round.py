@@ -159,3 +159,37 @@ def test_a_restarting_replica_whose_info_hangs_holds_no_later_round(monkeypatch:
         if not back.done():
             back.set_result({"incarnation": "i0"})
         cluster.close()
+
+
+def test_a_resync_whose_snapshot_hangs_holds_no_later_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replica 0 answers its pull with a gap, then its snapshot never answers: the round that asked the snapshot
+    and later ones bring replica 1's new pages in without waiting on it (each round waited its whole bound for the
+    snapshot, and asked it again), and the snapshot's late answer resyncs replica 0."""
+    cluster = _cluster(monkeypatch, 2)
+    late: Future[Any] = Future()
+    snapshots: list[int] = []
+
+    def frozen() -> Future[Any]:
+        snapshots.append(0)
+        return late
+
+    cluster.actor(0)._snapshot = frozen
+    cluster.actor(0).batches = None  # a gap: the batches the index needs are no longer kept
+    news: list[EventBatch] = []
+    cluster.actor(1)._events_since = lambda seq: ("i1", [b for b in news if b.seq > seq])
+    try:
+        for seq in range(1, 4):
+            news.append(EventBatch(1, seq, stored=(bytes([seq]) * 16,)))
+            poller = threading.Thread(target=cluster.poll, args=(4 * HANG_S if seq > 1 else 0.2,), daemon=True)
+            poller.start()
+            poller.join(HANG_S)
+            assert not poller.is_alive(), "the round waited for replica 0's snapshot"
+            assert cluster.index.holds(1, bytes([seq]) * 16)
+        assert snapshots == [0] and cluster.index.pages(0) == 0
+        late.set_result(("i0", 7, frozenset({b"s" * 16})))
+        cluster.poll(2.0)
+        assert cluster.index.holds(0, b"s" * 16) and cluster.index.last_seq(0) == 7
+    finally:
+        if not late.done():
+            late.set_result(("i0", 0, frozenset()))
+        cluster.close()
