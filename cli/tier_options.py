@@ -41,7 +41,8 @@ def tier_options(func: Callable) -> Callable:
         click.option(
             "--host-kv-memory",
             help="A host tier of this size under the KV pool, e.g. 2GiB: pages the pool drops wait there and are "
-            "copied back when that is cheaper than recomputing them.",
+            "copied back when that is cheaper than recomputing them. With --cache-dir, it also bounds the host "
+            "memory that disk reads are staged in (512MiB without it).",
         ),
         click.option(
             "--cache-dir",

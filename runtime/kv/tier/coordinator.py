@@ -33,6 +33,7 @@ from radixcache.runtime.kv.tier.prefetch import (
     PrefetchReader,
 )
 from radixcache.runtime.kv.tier.prefetch_jobs import PrefetchJobs
+from radixcache.runtime.kv.tier.staging import DEFAULT_MAX_BYTES
 from radixcache.runtime.weak import weak_method
 from radixcache.tier.tiered_cache import TieredCache, TierMatch
 
@@ -81,6 +82,8 @@ class KVTiers:
                 policy=prefetch_policy,
                 timeout_ms=prefetch_timeout_ms,
                 pages_per_step=prefetch_pages_per_step,
+                # staging within the host tier's budget, else a fixed one (kv.tier.staging)
+                max_staged_bytes=host_slots * HostKVPool.page_bytes(pool) if host_slots else DEFAULT_MAX_BYTES,
             )
             if disk is not None
             else None

@@ -20,8 +20,10 @@ Invariants:
 - A job whose staging cannot be allocated, or for which no reader thread can start, reads nothing: its request
   recomputes its pages, never waits on it, and the error reaches no caller (the call that starts a queued job may
   be another request's admission or cancel).
-- At most `max_staged_pages` pages are staged at once over all jobs (one job always may start, whatever its size);
-  past it a job waits, queued, until earlier ones are taken or released.
+- At most `max_staged_pages` pages, and `max_staged_bytes` bytes of staging memory (kv.tier.staging: kept buffers
+  included), are held at once over all jobs; past either a job waits, queued, until earlier ones are taken or
+  released (one job alone always may start, whatever its pages); a job's run is cut to the pages the byte bound
+  holds (`max_job_pages`: kv.tier.prefetch_jobs; the rest is recomputed).
 - Paced beside decodes, between steps: the loop calls `pace` before each step. While requests decode, the readers
   may start `pages_per_step` page reads (more when a `timeout` job would otherwise miss its deadline), and the loop
   waits until those reads are done (at most `window_s`) before it steps; no read starts during the step. Otherwise
@@ -58,7 +60,7 @@ from radixcache.runtime.kv.tier.prefetch_policy import (
     check_pages_per_step,
     check_prefetch,
 )
-from radixcache.runtime.kv.tier.staging import DEFAULT_KEEP_BYTES, StagingBuffers
+from radixcache.runtime.kv.tier.staging import DEFAULT_KEEP_BYTES, DEFAULT_MAX_BYTES, StagingBuffers
 
 log = logging.getLogger("radixcache.disk")
 
@@ -82,6 +84,7 @@ class PrefetchReader:
         workers: int = 2,
         max_staged_pages: int = 4096,
         keep_staging_bytes: int = DEFAULT_KEEP_BYTES,
+        max_staged_bytes: int | None = DEFAULT_MAX_BYTES,
         pages_per_step: int = DEFAULT_PAGES_PER_STEP,
         pace_wait_s: float = PACE_WAIT_S,
         prewarm_pages: int = PREWARM_PAGES,
@@ -100,7 +103,9 @@ class PrefetchReader:
         self.shape = (pool.num_layers, 2, pool.page_size, pool.kv_heads, pool.head_dim)
         self.dtype = pool.dtype
         self.pin = pins_host_memory(pool.device.type)
-        self.buffers = StagingBuffers(self.shape, self.dtype, pin=self.pin, keep_bytes=keep_staging_bytes)
+        self.buffers = StagingBuffers(
+            self.shape, self.dtype, pin=self.pin, keep_bytes=keep_staging_bytes, max_bytes=max_staged_bytes
+        )
         # Staging written ahead for the first prefetch (kv.tier.staging), then the pool's memory faulted in (a load
         # copies into blocks never written before), here, once: a background thread at the lowest priority did it
         # before, and while the engine kept both cores busy it lingered for seconds, taking page faults (and the
@@ -124,6 +129,11 @@ class PrefetchReader:
         self._split = split_reader()  # a page file's read: native where the library builds (kv.tier.native_reads)
         self._reading = 0  # page reads in progress
         self._last_pace: float | None = None  # when the loop last paced (the step's length, for deadlines)
+
+    @property
+    def max_job_pages(self) -> int | None:
+        """The most pages one job may stage (the byte bound's; None: no bound): longer runs are cut to it."""
+        return self.buffers.max_pages
 
     # ------------------------------------------------------------------ the loop thread's side
 
@@ -227,6 +237,7 @@ class PrefetchReader:
         """Read a job on the calling thread, stopping at the first failed page (for a direct caller of the KV
         manager, which has not prefetched); the same batched staging as the readers. `release` it after use."""
         try:
+            self._check_room(len(job), 0.0)  # the caller waits: no wait for other jobs' staging
             job.take_buffer(*self.buffers.get(len(job)))
         except Exception:  # no staging memory: as for a queued job, nothing is read and the caller recomputes
             log.exception("disk KV cache: no staging for a read of %d page(s); recomputing them", len(job))
@@ -252,10 +263,11 @@ class PrefetchReader:
             if job.cancelled:
                 self._queued.popleft()
                 continue
-            if self._staged and self._staged + len(job) > self.max_staged_pages:
+            if self._staged and (self._staged + len(job) > self.max_staged_pages or not self.buffers.fits(len(job))):
                 return  # waits for a take or release
             self._queued.popleft()
             try:
+                self._check_room(len(job))
                 job.take_buffer(*self.buffers.get(len(job)))
             except Exception:  # no staging memory: it reads nothing, and its request recomputes (never waits on it)
                 log.exception("disk KV cache: no staging for a prefetch of %d page(s); recomputing them", len(job))
@@ -279,6 +291,14 @@ class PrefetchReader:
                 if not started:  # no reader: it reads nothing, and its request recomputes (never waits on it)
                     job.failed_at, job.tasks = 0, 0
                 self._cond.notify_all()
+
+    def _check_room(self, pages: int, wait_s: float | None = None) -> None:
+        """Raise unless staging for `pages` fits the byte bound; it waits (at most `pace_wait_s`) for the readers of
+        jobs let go to hand their buffers back (a cancelled job's last page read)."""
+        with self._cond:
+            wait_s = self.pace_wait_s if wait_s is None else wait_s
+            if not self._cond.wait_for(lambda: self.buffers.fits(pages), wait_s):
+                raise MemoryError(f"{pages} page(s) of staging over its bound of {self.buffers.max_bytes} bytes")
 
     def _submit_reader(self, job: PrefetchJob) -> bool:
         """Submit a reader task for `job`; False when its thread could not start (the process's thread limit), and
@@ -377,6 +397,7 @@ class PrefetchReader:
         if job.let_go and job.tasks == 0 and job.buffer is not None:
             self.buffers.put(job.buffer)
             job.take_buffer(None, None)
+            self._cond.notify_all()  # a job waiting for staging memory (`_check_room`) may start
 
     def _read_into(self, job: PrefetchJob, i: int) -> bool:
         """Read page `i`'s file with its payload straight into the job's staging memory (one vectored read: no

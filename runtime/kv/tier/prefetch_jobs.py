@@ -109,7 +109,8 @@ class PrefetchJobs:
     def _new_job(
         self, hashes: Sequence[bytes], tokens: Sequence[int], start: int, end: int, held: list[bytes]
     ) -> PrefetchJob:
-        p = self.page_size
+        p, most = self.page_size, self.reader.max_job_pages if self.reader is not None else None
+        end = end if most is None else min(end, start + most)  # past the staging's byte bound: recomputed
         page_tokens = [tokens[i * p : (i + 1) * p] for i in range(start, end)]
         return PrefetchJob(start, list(hashes[start:end]), page_tokens, held)
 

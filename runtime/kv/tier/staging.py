@@ -13,8 +13,14 @@ in took 104 to 224 ms against a 21 ms decode step, and 33 to 97 ms with the buff
 
 A page's rows in a buffer (`PageRows`) are the byte ranges its file's payload is read into.
 
+Bounded in bytes (`max_bytes`: kv.tier.coordinator gives the host tier's size, else `DEFAULT_MAX_BYTES`): the
+buffers handed out and those kept together never exceed it (`held_bytes`; `peak_bytes` its high-water mark). `get`
+drops kept buffers to make room, and a caller asks `fits` first: past the bound a prefetch waits or is cut
+(kv.tier.prefetch). A 4096-page bound was 3 GB of SmolLM2's pages, whatever the host tier's size.
+
 Invariants: a buffer is handed to one job at a time (between `get` and `put`); at most `keep_bytes` of buffers are
-kept while unused (past it the smallest go); a buffer larger than that is never kept. Thread-safe: jobs are given
+kept while unused (past it the smallest go); a buffer larger than that is never kept; `held_bytes <= max_bytes`
+whenever every `get` was asked `fits` first. Thread-safe: jobs are given
 buffers on the engine loop and return them from whichever thread lets go of them last (a reader or the loop).
 Imports torch; nothing of the KV manager.
 """
@@ -31,6 +37,7 @@ from radixcache.runtime.huge_pages import huge_pages
 from radixcache.runtime.kv.tier.native_reads import StridedRows
 
 DEFAULT_KEEP_BYTES = 256 << 20
+DEFAULT_MAX_BYTES = 512 << 20  # staging without a host tier: SmolLM2's 8,192-token context (512 pages) in one job
 
 
 class StagingBuffers:
@@ -43,36 +50,73 @@ class StagingBuffers:
         *,
         pin: bool = False,
         keep_bytes: int = DEFAULT_KEEP_BYTES,
+        max_bytes: int | None = None,
     ) -> None:
         self.page_shape = page_shape
         self.dtype = dtype
         self.pin = pin
         self.keep_bytes = keep_bytes
         self.page_bytes = math.prod(page_shape) * torch.empty((), dtype=dtype).element_size()
+        self.max_bytes = max_bytes  # None: no bound
         self._free: list[torch.Tensor] = []  # unused, smallest first
         self._lock = threading.Lock()
+        self._in_use = 0  # bytes of the buffers handed out and not yet put back
         self.allocated = 0  # buffers made (a test's and a benchmark's view of the reuse)
+        self.peak_bytes = 0  # the most `held_bytes` ever were
+
+    @property
+    def max_pages(self) -> int | None:
+        """The most pages one buffer may have under `max_bytes` (None: no bound)."""
+        return None if self.max_bytes is None else self.max_bytes // self.page_bytes
+
+    def fits(self, pages: int) -> bool:
+        """Whether `get(pages)` stays within `max_bytes` now (a kept buffer with room, or new memory)."""
+        with self._lock:
+            return self._kept_for(pages) is not None or self._new_fits(pages)
+
+    def _kept_for(self, pages: int) -> int | None:
+        """The smallest kept buffer with room for `pages` (handing it out holds no more memory). Under the lock."""
+        return next((i for i, buf in enumerate(self._free) if buf.shape[2] >= pages), None)
+
+    def _new_fits(self, pages: int) -> bool:
+        return self.max_bytes is None or self._in_use + pages * self.page_bytes <= self.max_bytes
+
+    def _bytes(self, buf: torch.Tensor) -> int:
+        return buf.shape[2] * self.page_bytes
 
     def get(self, pages: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(a buffer, its view of `pages` pages): the smallest kept buffer with room, else a new one."""
+        """(a buffer, its view of `pages` pages): the smallest kept buffer with room, else a new one, for which kept
+        buffers are dropped (smallest first) as far as `max_bytes` needs."""
         with self._lock:
-            for i, buf in enumerate(self._free):
-                if buf.shape[2] >= pages:
-                    del self._free[i]
-                    return buf, buf[:, :, :pages]
+            i = self._kept_for(pages)
+            if i is not None:
+                buf = self._free.pop(i)
+                self._in_use += self._bytes(buf)
+                return buf, buf[:, :, :pages]
+            need = pages * self.page_bytes
+            while self._free and self.max_bytes is not None and self.held_bytes + need > self.max_bytes:
+                self._free.pop(0)
             self.allocated += 1
+            self._in_use += need
+            self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         layers, two, p, heads, dim = self.page_shape
-        buf = torch.empty((layers, two, pages, p, heads, dim), dtype=self.dtype, pin_memory=self.pin)
+        try:
+            buf = torch.empty((layers, two, pages, p, heads, dim), dtype=self.dtype, pin_memory=self.pin)
+        except BaseException:
+            with self._lock:
+                self._in_use -= need
+            raise
         if not self.pin:
             huge_pages(buf)
         return buf, buf
 
     def put(self, buf: torch.Tensor) -> None:
         """A job is done with `buf` (nothing reads or writes it any more): keep it, within `keep_bytes`."""
-        size = buf.shape[2] * self.page_bytes
-        if size > self.keep_bytes:
-            return
+        size = self._bytes(buf)
         with self._lock:
+            self._in_use -= size
+            if size > self.keep_bytes:
+                return
             self._free.append(buf)
             self._free.sort(key=lambda b: b.shape[2])
             while self.kept_bytes > self.keep_bytes:
@@ -82,8 +126,8 @@ class StagingBuffers:
         """Make a buffer of `pages` pages (at most what `keep_bytes` keeps), write every byte of it once, and keep
         it: its page faults are taken now, on the calling thread, and not by a later prefetch. The bytes are
         written by memset on this thread alone (no OpenMP team: runtime.kv.tier.prefetch) and without the GIL."""
-        pages = min(pages, self.keep_bytes // self.page_bytes)
-        if pages < 1:
+        pages = min(pages, self.keep_bytes // self.page_bytes, pages if self.max_pages is None else self.max_pages)
+        if pages < 1 or not self.fits(pages):
             return
         buf, _ = self.get(pages)
         ctypes.memset(buf.data_ptr(), 0, buf.numel() * buf.element_size())
@@ -92,6 +136,11 @@ class StagingBuffers:
     @property
     def kept_bytes(self) -> int:
         return sum(b.shape[2] for b in self._free) * self.page_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Staging memory now: the buffers handed out and those kept."""
+        return self._in_use + self.kept_bytes
 
 
 class PageRows:
