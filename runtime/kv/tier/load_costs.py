@@ -17,8 +17,8 @@ class TierCounters:
     tier (device: matched in the tree; host, disk: loaded back). *_loaded_pages: pages copied up (resumptions too).
     declined_pages: pages found below the device but recomputed because that was cheaper. disk_failed_reads: disk
     reads that failed, not pages: one per request's read that met a page missing, failing its checks (deleted) or
-    raising, which ends the read there (that page and the run's later ones are recomputed, uncounted), or whose copy into the pool
-    raised. host_saved_pages: pages copied to the host.
+    raising, which ends the read there (that page and the run's later ones are recomputed, uncounted), or whose copy
+    into the pool raised. host_saved_pages: pages copied to the host.
     host_failed_copies: copies to or from the host that raised (pages not cached there, or recomputed).
     disk_queued_pages / disk_dropped_pages: page writes handed to the disk writer, and those dropped (queue full,
     tier disabled, or by the writer: a write that failed, a run's page before it gone, discarded at a close or a
