@@ -22,6 +22,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import llguidance
+import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
 from radixcache.runtime.grammar.errors import GrammarError
@@ -74,16 +75,52 @@ def build_matcher(grammar: str, vocab: GrammarVocab, path: str) -> llguidance.LL
         raise GrammarError(str(e).strip(), path) from None
 
 
-def first_mask(matcher: llguidance.LLMatcher, spec: GrammarSpec) -> None:
+def first_mask(matcher: llguidance.LLMatcher, spec: GrammarSpec, stop_ids: tuple[int, ...]) -> None:
     """Compute the start matcher's first mask once, at compile time: a grammar that admits no text (`{"$ref": "#"}`,
     a `$ref` cycle, a regex nothing matches) or whose lexer is past its limits (a regex's size is bounded before:
     regex_size.py) fails there, a GrammarError before its request is queued; it failed at the request's first decode
-    step, after its prefill, on the engine's loop, which also paid the first mask's lazy table building."""
-    matcher.compute_bitmask()
+    step, after its prefill, on the engine's loop, which also paid the first mask's lazy table building. Then a copy
+    takes the first allowed token that is not a stop token (`first_token`)."""
+    mask = matcher.compute_bitmask()
     if (failure := matcher_error(matcher, spec.kind)) is not None:
         raise GrammarError(failure, spec.path)
+    first_token(matcher, mask, spec, stop_ids)
 
 
+def first_token(matcher: llguidance.LLMatcher, mask: bytes, spec: GrammarSpec, stop_ids: tuple[int, ...]) -> None:
+    """Consume the first token `mask` allows (but a stop token) on a copy of `matcher`, and compute the next mask:
+    repetitions that split one text many ways (`("a"~2..4){200}`, `("a"+){1000}`, `("a" "a"?){3000}`), under every
+    size bound, and a schema requiring a property whose schema requires it again compiled, then failed every request
+    at its first token, after its prefill, on the engine's loop (the parser's 50,000 items spent walking the forced
+    text). A failure there is a GrammarError, and the grammar is never cached."""
+    bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")
+    allowed = np.flatnonzero(bits)
+    allowed = allowed[~np.isin(allowed, np.asarray(stop_ids, dtype=np.int64))]
+    if not len(allowed):
+        return
+    probe = matcher.deep_copy()
+    probe.consume_token(int(allowed[0]))
+    if not probe.is_error():
+        probe.compute_bitmask()
+    if (failure := matcher_error(probe, spec.kind)) is None:
+        return
+    if _ITEM_LIMIT in failure:
+        cause = (
+            "such as a required property whose schema requires it again: no finite value satisfies it"
+            if spec.kind == "json_schema"
+            else 'ambiguous repetitions such as ("a"+){1000} or ("a"~2..4){200}: make each repetition\'s items '
+            "unambiguous, or count fewer"
+        )
+        failure = (
+            f"the grammar's parser gives up on its first token: {failure.split('; try')[0]} while following the "
+            f"text it forces ({cause})"
+        )
+    else:
+        failure = f"the grammar fails at its first token: {failure}"
+    raise GrammarError(failure, spec.path)
+
+
+_ITEM_LIMIT = "Too many items"  # llguidance's parser past its items for one token (50,000)
 _ROW_LIMIT = "Current row has"  # llguidance's parser past its items in one row (2,000): ~4 per optional property
 
 
@@ -138,7 +175,7 @@ class GrammarCompiler:
                 return hit if hit.spec.path == spec.path else dataclasses.replace(hit, spec=spec)
         grammar = _translate_and_validate(spec, self.vocab)
         start = build_matcher(grammar, self.vocab, spec.path)
-        first_mask(start, spec)
+        first_mask(start, spec, self.vocab.stop_ids)
         compiled = CompiledGrammar(spec, grammar, self.vocab, _Start(start))
         with self._lock:
             self.misses += 1

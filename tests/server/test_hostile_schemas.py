@@ -174,3 +174,15 @@ def test_a_regex_that_expands_past_the_bound_is_a_400_naming_its_field(app) -> N
         assert r.json()["error"]["param"] == param, r.text
         assert "expands to more than 10,000 parts" in r.json()["error"]["message"], r.text
     _settled_and_serving(client, engine)
+
+
+def test_a_grammar_whose_parser_gives_up_on_its_first_token_is_a_400(app) -> None:
+    """`("a"~2..4){200}` compiled, then failed the request at its first token after its prefill (the library's
+    parser past its items following the ways its repetitions split the text): a 400 naming `grammar` before
+    anything is queued, and the server goes on serving."""
+    client, engine = app
+    r = _chat(client, grammar='start: ("a"~2..4){200}')
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "grammar" and "gives up on its first token" in error["message"], error
+    _settled_and_serving(client, engine)
