@@ -15,25 +15,9 @@ import openai
 import pytest
 
 from tests.tiny_tools import TOOLS
+from tests.tool_turn_messages import AGAIN, ASK, CUT, WEATHER, call, calls, result
 
 pytestmark = pytest.mark.xdist_group("tiny_tools_server")  # the shared server (conftest.py)
-
-ASK = {"role": "user", "content": "Weather in Oslo, and 2 + 3?"}
-AGAIN = {"role": "user", "content": "Go on."}
-WEATHER = '{"city": "Oslo", "unit": "c"}'
-CUT = '{"city": "Os'  # a call the length limit cut inside its arguments
-
-
-def call(call_id: str, arguments: str = WEATHER, name: str = "get_weather") -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def calls(*made: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "assistant", "content": None, "tool_calls": list(made)}
-
-
-def result(call_id: str, content: Any = "3 C") -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
 def send(client: openai.OpenAI, messages: list[dict[str, Any]], stream: bool = False, **kw: Any) -> Any:

@@ -16,24 +16,7 @@ import pytest
 from radixcache.runtime import Engine
 from radixcache.runtime.tools.errors import ToolInputError
 from radixcache.runtime.tools.tool_turns import ToolTurnError, check_tool_turns
-
-ASK = {"role": "user", "content": "Weather in Oslo, and 2 + 3?"}
-AGAIN = {"role": "user", "content": "Go on."}
-WEATHER = '{"city": "Oslo", "unit": "c"}'
-CUT = '{"city": "Os'  # a call the length limit cut inside its arguments
-
-
-def call(call_id: str, arguments: str = WEATHER, name: str = "get_weather") -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def calls(*made: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "assistant", "content": None, "tool_calls": list(made)}
-
-
-def result(call_id: str, content: Any = "3 C") -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
-
+from tests.tool_turn_messages import AGAIN, ASK, CUT, call, calls, result
 
 ADD = call("call_b", '{"a": 2, "b": 3}', "add")
 BAD = [
