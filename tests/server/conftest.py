@@ -6,12 +6,13 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,20 @@ def start_server(model_dir: Path | str, *args: str, served: str = MODEL, prelude
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _cli_conftest().write_tiny_checkpoint(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def templated_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Path]:
+    """templated_model(name, template): a copy of the tiny checkpoint whose chat template is `template` (a
+    chat_template.jinja, which wins over tokenizer_config's), for servers of one call syntax."""
+
+    def make(name: str, template: str) -> Path:
+        model = tmp_path_factory.mktemp(name) / "tiny"
+        shutil.copytree(tiny_model_dir, model)
+        (model / "chat_template.jinja").write_text(template, encoding="utf-8")
+        return model
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from typing import Any
 
 import httpx
@@ -22,11 +21,8 @@ ASK = [{"role": "system", "content": "Use the tools."}, {"role": "user", "conten
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, launch, tmp_path_factory):
-    model = tmp_path_factory.mktemp("command_r7b") / "tiny"
-    shutil.copytree(tiny_model_dir, model)
-    (model / "chat_template.jinja").write_text(COMMAND_R7B, encoding="utf-8")  # wins over tokenizer_config's
-    with launch(model, "--capacity-blocks", "512", "--threads", "1") as s:
+def server(templated_model, launch):
+    with launch(templated_model("command_r7b", COMMAND_R7B), "--capacity-blocks", "512", "--threads", "1") as s:
         yield s
 
 

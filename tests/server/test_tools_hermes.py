@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from typing import Any
 
 import httpx
@@ -22,11 +21,8 @@ ASK = [{"role": "system", "content": "Use the tools."}, {"role": "user", "conten
 
 
 @pytest.fixture(scope="module")
-def hermes(tiny_model_dir, launch, tmp_path_factory):
-    model = tmp_path_factory.mktemp("hermes") / "tiny"
-    shutil.copytree(tiny_model_dir, model)
-    (model / "chat_template.jinja").write_text(HERMES, encoding="utf-8")  # wins over tokenizer_config's
-    with launch(model, "--capacity-blocks", "512", "--threads", "1") as server:
+def hermes(templated_model, launch):
+    with launch(templated_model("hermes", HERMES), "--capacity-blocks", "512", "--threads", "1") as server:
         yield server
 
 
