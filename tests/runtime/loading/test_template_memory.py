@@ -17,6 +17,17 @@ HI = [{"role": "user", "content": "hi"}]
 MB = 1 << 20
 
 
+def _peak_of_refusal(template: str, match: str) -> int:
+    """The most bytes Python held while rendering `template` was refused with a message matching `match`."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ChatTemplateError, match=match):
+            render_chat_template(template, HI, model="evil.gguf")
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 @pytest.mark.parametrize(
     ("template", "source_mb", "bound"),
     [
@@ -32,13 +43,7 @@ MB = 1 << 20
     ],
 )
 def test_what_a_template_would_make_is_refused_before_it_is_made(template, source_mb, bound):
-    tracemalloc.start()
-    try:
-        with pytest.raises(ChatTemplateError, match=r"evil\.gguf was stopped: .*" + bound):
-            render_chat_template(template, HI, model="evil.gguf")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = _peak_of_refusal(template, r"evil\.gguf was stopped: .*" + bound)
     assert peak < (source_mb + 40) * MB, f"{peak / MB:.0f} MB allocated for a string of {source_mb} MB"
 
 
@@ -80,13 +85,7 @@ def test_splits_and_lists_of_real_size_render_as_jinja_renders_them():
 def test_a_string_grown_by_a_separator_width_or_table_is_refused_before_it_is_made(template, bound):
     """Each made a string of 100 to 400 M characters before the result's check refused it: the separator, the indent's
     width, the tab size or the translation's string counted only once, not once per item, line, tab or character."""
-    tracemalloc.start()
-    try:
-        with pytest.raises(ChatTemplateError, match=r"evil\.gguf was stopped: .*" + bound):
-            render_chat_template(template, HI, model="evil.gguf")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = _peak_of_refusal(template, r"evil\.gguf was stopped: .*" + bound)
     assert peak < 60 * MB, f"{peak / MB:.0f} MB allocated"
 
 
@@ -112,13 +111,7 @@ def test_joins_indents_tabs_and_translations_of_real_size_render_as_jinja_render
 def test_tojson_is_sized_with_its_indent_and_separators_before_it_writes(template):
     """An indent or a separator is written again for every item (and the indent once per level of depth): each
     made 100 M characters or more before the result's check refused it."""
-    tracemalloc.start()
-    try:
-        with pytest.raises(ChatTemplateError, match=r"evil\.gguf was stopped: the filter tojson would write over"):
-            render_chat_template(template, HI, model="evil.gguf")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = _peak_of_refusal(template, r"evil\.gguf was stopped: the filter tojson would write over")
     assert peak < 60 * MB, f"{peak / MB:.0f} MB allocated"
 
 
