@@ -31,7 +31,7 @@ from radixcache.runtime.tools import (
     template_features,
     template_messages,
 )
-from radixcache.runtime.tools.known_tokens import PromptText, encode_with_known, place_known
+from radixcache.runtime.tools.known_tokens import EmittedTurn, PromptText, encode_with_known, place_emitted, place_known
 
 
 class Tokenizer:
@@ -264,12 +264,13 @@ class Tokenizer:
             "eos_token": self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
         }
 
-        def render(chat: list[dict[str, Any]]) -> str:
+        def render(chat: list[dict[str, Any]], generation_prompt: bool = add_generation_prompt) -> str:
             kw = {**special, **extra, **variables}
-            return render_chat_template(
-                source, chat, add_generation_prompt=add_generation_prompt, model=self.name, **kw
-            )
+            return render_chat_template(source, chat, add_generation_prompt=generation_prompt, model=self.name, **kw)
 
+        if any(isinstance(m, EmittedTurn) for m in rendered):  # R7B's: the replies in place of the template's text
+            ends = [self._token_text(i) for i in self.eos_token_ids]
+            return place_emitted(render(rendered), rendered, render, self._spelled, ends)
         return place_known(render(rendered), rendered, render)  # the ids of the calls the memory knows
 
     def _token_text(self, token_id: int | None) -> str:

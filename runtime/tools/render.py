@@ -16,7 +16,9 @@ turn N's prompt and output token for token.
 - An assistant turn whose calls the `ToolCallMemory` knows (the runtime generated them) is rendered as the exact
   text the model emitted, so its tokens are those the model generated and the radix cache holds; so is a reply
   sent back one message per call (runtime/tools/split_replies.py joins it). Not under Command R7B's template, which
-  wraps a plain reply in `<|START_RESPONSE|>`: its calls always render through the template. Under Cohere's templates
+  wraps a plain reply in `<|START_RESPONSE|>` and numbers the results by the calls: its calls render through the
+  template, and where the memory knows the ids the model emitted, the tokenizer puts them in place of what the
+  template printed for that reply (known_tokens.EmittedTurn, `place_emitted`). Under Cohere's templates
   an assistant turn with calls carries its content as `tool_plan` too, where they read the text before the calls.
 The developer role is the system message: it is rendered in the system message's place.
 """
@@ -29,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixcache.runtime.tools.features import TemplateFeatures
-from radixcache.runtime.tools.known_tokens import RememberedTurn
+from radixcache.runtime.tools.known_tokens import EmittedTurn, RememberedTurn
 from radixcache.runtime.tools.memory import ToolCallMemory
 from radixcache.runtime.tools.messages import ChatMessage, ToolCall, decoded_arguments
 from radixcache.runtime.tools.specs import ToolSpec
@@ -73,14 +75,17 @@ def template_messages(
     calls_text = CALLS_TEXT.get(features.format, generic_calls_text)
     fit = functools.partial(fitted_id, length=features.call_id_length)
     # R7B's template wraps a plain reply in <|START_RESPONSE|>...: a remembered call replayed as that text would read
-    # as an answer, so its calls render through the template (its own syntax and numbering), never remembered
-    recalled = None if features.format == "command_r7b" else memory
+    # as an answer, so its calls render through the template (its own syntax and numbering), the ids the model
+    # emitted put in place of the template's text for the reply afterwards (EmittedTurn)
+    whole = features.format == "command_r7b"
+    recalled = None if whole else memory
     out: list[dict[str, Any]] = []
     for m in joined_replies(messages, memory):  # a reply sent back one message per call is that reply
         if m.role == "assistant" and m.tool_calls:
             # a template that reads `tools` but never `tool_calls` would drop the calls: they go as their text
             as_objects = native and not features.ignores_calls
-            out.append(_assistant_calls(m, as_objects, recalled, fit, plan=bool(features.command_r), text=calls_text))
+            turn = _assistant_calls(m, as_objects, recalled, fit, plan=bool(features.command_r), text=calls_text)
+            out.append(_emitted(turn, m, memory) if whole and as_objects else turn)
         elif m.role == "tool":  # a template with no tool turn drops one: the result goes as a user message
             out.append(_tool_result(m, features.tool_role, fit))
         else:
@@ -196,6 +201,16 @@ def _assistant_calls(
         return {**turn, "tool_plan": m.content or ""} if plan else turn
     written = text(m.tool_calls)
     return {"role": "assistant", "content": f"{m.content}\n{written}" if m.content else written}
+
+
+def _emitted(turn: dict[str, Any], m: ChatMessage, memory: ToolCallMemory | None) -> dict[str, Any]:
+    """`turn` (rendered by the template) as an EmittedTurn where the memory knows the ids the model emitted for it."""
+    found = memory.lookup_emitted(m.tool_calls, m.content) if memory is not None else None
+    if found is None or not found[1]:
+        return turn
+    emitted = EmittedTurn(turn)
+    emitted.token_ids = found[1]
+    return emitted
 
 
 def _tool_result(m: ChatMessage, tool_turn: bool, fit: Callable[[str], str]) -> dict[str, Any]:

@@ -3,11 +3,14 @@ template as OpenAI's ids, names and arguments, which Command R7B's numbers from 
 under its call's number, whatever order the results come in), the reply's text as `tool_plan`; an agent loop under
 the Command-R / R+ template extends each prompt and output token for token (the memory restores the text the model
 wrote); under R7B's, whose plain replies are wrapped in `<|START_RESPONSE|>`, a remembered call is never replayed as
-such a reply: it renders through the template's own syntax."""
+such a reply: it renders through the template's own syntax, and where the memory knows the ids the model emitted,
+they take the place of what the template printed for that reply, so R7B's loop extends each prompt too."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from radixcache.runtime.tools import ToolCallMemory, parse_tool_calls, template_features
 from tests.command_r_templates import COMMAND_R, COMMAND_R7B
@@ -18,6 +21,14 @@ R_OUT = [
     'Two at once.\nAction: ```json\n[\n  {"tool_name": "add", "parameters": {"a": 1, "b": 2}},\n'
     '  {"tool_name": "now", "parameters": {}}\n]\n```',
     'Action: [{"parameters": {"city": "Zürich", "unit": "celsius"}, "tool_name": "get_weather"}]',
+]
+
+R7B_OUT = [
+    '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city":"Paris"}}]<|END_ACTION|>',
+    'Two at once.<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "add", "parameters": {"a": 1, "b": 2}}, '
+    '{"tool_call_id": "1", "tool_name": "now", "parameters": {}}]<|END_ACTION|>',
+    '<|START_ACTION|>[{"tool_call_id": "3", "tool_name": "get_weather", "parameters": {"city": "Zürich", '
+    '"unit": "celsius"}}]<|END_ACTION|>',
 ]
 
 
@@ -85,6 +96,32 @@ def test_an_r7b_call_the_memory_knows_renders_through_the_template(tiny_tokenize
         '<|START_THINKING|>Checking.<|END_THINKING|><|START_ACTION|>[{"tool_call_id": "0", "tool_name": "now", '
         '"parameters": {}}]<|END_ACTION|>'
     ) in prompt
+
+
+def test_an_r7b_agent_loop_extends_each_prompt_token_for_token(tiny_tokenizer, specs) -> None:
+    """R7B's template renders a call as `<|START_THINKING|>plan<|END_THINKING|><|START_ACTION|>` and its own numbering,
+    where the model wrote its calls otherwise (no thinking, its own spacing and numbers, a split of its own): every
+    turn missed the cache from the reply on. The ids the model emitted now replace the template's text for the reply,
+    and the results still find their calls' numbers."""
+    steps = agent_loop(tiny_tokenizer, specs, R7B_OUT, memory=ToolCallMemory(), chat_template=COMMAND_R7B,
+                       noncanonical=True)  # fmt: skip
+    assert_each_step_extends_the_last(steps)
+    last = tiny_tokenizer.decode(steps[-1][0], skip_special_tokens=False)
+    assert all(raw in last for raw in R7B_OUT)  # each reply as the model wrote it
+    assert "<|START_THINKING|>" not in last and "<|START_RESPONSE|>" not in last  # no template text for a reply
+    results = (("0", '"{\\"temp\\": 21}"'), ("1", '"3"'), ("2", '"3"'), ("3", '"12:00"'))  # tests/.../test_prefix.py
+    for number, result in results:
+        assert f'[{{"tool_call_id": "{number}", "results": {{"0": {result}}}' in last  # each result under its call
+
+
+def test_without_the_emitted_ids_an_r7b_loop_renders_the_templates_text(tiny_tokenizer, specs) -> None:
+    """The control: the memory without ids (a stop string cut the reply) leaves the template's text, which is not what
+    the model wrote, so the prompt does not extend the last one."""
+    steps = agent_loop(tiny_tokenizer, specs, R7B_OUT, memory=ToolCallMemory(), chat_template=COMMAND_R7B,
+                       noncanonical=True, tell_ids=False)  # fmt: skip
+    with pytest.raises(AssertionError, match="does not extend"):
+        assert_each_step_extends_the_last(steps)
+    assert "<|START_THINKING|>" in tiny_tokenizer.decode(steps[-1][0], skip_special_tokens=False)
 
 
 def test_a_template_reading_cohere_tool_definitions_gets_them(tiny_tokenizer, specs) -> None:
