@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,8 @@ from radixcache.runtime.tools import (
     template_messages,
 )
 from radixcache.runtime.tools.known_tokens import EmittedTurn, PromptText, encode_with_known, place_emitted, place_known
+from radixcache.runtime.tools.literal_text import mark_tool_results, special_pattern, unmark
+from radixcache.runtime.tools.messages import ChatMessage
 
 
 class Tokenizer:
@@ -258,20 +261,59 @@ class Tokenizer:
             specs = tuple(tools) if tools and all(isinstance(t, ToolSpec) for t in tools) else normalize_tools(tools)
         except ToolInputError as e:
             raise ChatMessageError(e.path, e.problem) from None
-        rendered, extra = template_messages(history, template_features(source), tools=specs, memory=tool_memory)
-        special = {
+        marked, marks = mark_tool_results(history, self._special_texts)  # a result's <|im_end|> stays text
+        args = (source, specs, tool_memory, add_generation_prompt, variables)
+        if marks is None:
+            return self._placed(history, *args)
+        literal = unmark(self._placed(marked, *args), marks, self._literal_ids)
+        return self._placed(history, *args) if literal is None else literal
+
+    def _placed(
+        self,
+        history: Sequence[ChatMessage],
+        source: str,
+        specs: Sequence[ToolSpec],
+        memory: ToolCallMemory | None,
+        add_generation_prompt: bool,
+        variables: Mapping[str, Any],
+    ) -> str:
+        """`history` rendered by `source`, with the ids the model emitted for the replies `memory` knows."""
+        rendered, extra = template_messages(history, template_features(source), tools=specs, memory=memory)
+        kw = {
             "bos_token": self._token_text(self.bos_token_id),
             "eos_token": self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
+            **extra,
+            **variables,
         }
 
         def render(chat: list[dict[str, Any]], generation_prompt: bool = add_generation_prompt) -> str:
-            kw = {**special, **extra, **variables}
             return render_chat_template(source, chat, add_generation_prompt=generation_prompt, model=self.name, **kw)
 
         if any(isinstance(m, EmittedTurn) for m in rendered):  # R7B's: the replies in place of the template's text
             ends = [self._token_text(i) for i in self.eos_token_ids]
             return place_emitted(render(rendered), rendered, render, self._spelled, ends)
         return place_known(render(rendered), rendered, render)  # the ids of the calls the memory knows
+
+    @functools.cached_property
+    def _special_texts(self) -> re.Pattern[str] | None:
+        """The special tokens' texts, which a tool result may spell (runtime/tools/literal_text.py)."""
+        return special_pattern([t.content for t in self.backend.get_added_tokens_decoder().values() if t.special])
+
+    @functools.cached_property
+    def _literal_backend(self) -> Backend:
+        """A copy of the backend that reads special tokens' texts as plain text (its own object: the flag is the
+        backend's, and other threads encode with the shared one)."""
+        backend = Backend.from_str(self.backend.to_str())
+        backend.encode_special_tokens = True
+        return backend
+
+    def _literal_ids(self, text: str) -> list[int]:
+        """The ids of `text` read as plain text (a special token's text a tool result spells), following other
+        text: a SentencePiece tokenizer's "▁" put before it left out (it would read as a space)."""
+        ids = self._literal_backend.encode(text, add_special_tokens=False).ids
+        if self._spelled(ids) != text and ids and self._spelled(ids[:1]) == " " and self._spelled(ids[1:]) == text:
+            ids = ids[1:]
+        return ids
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else self.backend.id_to_token(token_id) or ""
