@@ -179,7 +179,7 @@ def add_routes(app: FastAPI, chat: ChatPath, store: ResponseStore) -> None:
         messages, sources = messages_of(items, origins, body.instructions)
         chat_request = chat_body(body, messages, sources)
         try:
-            grammar, use = grammar_of(chat_request), tool_use_of(chat_request)
+            grammar, use = await asyncio.to_thread(lambda: (grammar_of(chat_request), tool_use_of(chat_request)))
             rendered = [m.as_dict(i) for i, m in enumerate(chat_request.messages)]
             namespace = generation.namespace_for(key, body.cache_salt)
             ids = await asyncio.to_thread(lambda: chat.encode(render_chat(chat.engine, rendered, use, namespace)))
