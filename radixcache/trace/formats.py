@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from radixcache.trace.errors import TraceError
-from radixcache.trace.jsonl import BOM, MAX_LINE_BYTES, first_line
+from radixcache.trace.jsonl import BOM, MAX_LINE_BYTES, compressed, first_line
 from radixcache.trace.mooncake import iter_mooncake
 from radixcache.trace.replay_output import starts_replay_json
 from radixcache.trace.text import iter_conversations, iter_openai, iter_sharegpt
@@ -56,6 +56,8 @@ def detect_format(path: str | Path) -> str:
             head = handle.read(1 << 16)
     except OSError as exc:
         raise TraceError(name, "open", exc.strerror or str(exc)) from None
+    if (problem := compressed(head)) is not None:
+        raise TraceError(name, "1", problem)
     if head[:1] and (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)):
         return TOKEN_MSGPACK  # a msgpack map header: a fixmap (0 to 15 keys: a record has up to 7), map16 or map32
     text = head.removeprefix(BOM).decode("utf-8", errors="replace").lstrip()

@@ -102,6 +102,8 @@ def _decoded(line: bytes) -> Any:
 
 
 def _line_error(name: str, lineno: int, line: bytes) -> TraceError:
+    if lineno == 1 and (problem := compressed(line)) is not None:
+        return TraceError(name, str(lineno), problem)
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -174,6 +176,8 @@ def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise TraceError(name, "open", exc.strerror or str(exc)) from None
+    if (problem := compressed(raw[:8])) is not None:
+        raise TraceError(name, "1", problem)
     try:
         text = raw.decode("utf-8-sig")  # a leading byte order mark skipped, as open_trace does
     except UnicodeDecodeError as exc:
@@ -207,6 +211,25 @@ def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:
 
 
 BOM = b"\xef\xbb\xbf"  # the UTF-8 byte order mark some editors and Windows tools start a text file with
+
+#: the magic bytes of the compressed files traces are shipped in, with the tool that decompresses each to stdout
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip", "zcat"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "zstdcat"),
+    (b"\xfd7zXZ\x00", "xz", "xzcat"),
+    (b"BZh", "bzip2", "bzcat"),
+)
+
+
+def compressed(head: bytes) -> str | None:
+    """What to tell of a file whose first bytes are `head` when they start a compressed file (no trace, JSON or
+    msgpack, starts so), else None. Read as it is, a gzip'd trace was "invalid JSON (Expecting value)" or "not UTF-8
+    text", and a gzip'd msgpack stream "expected a msgpack map, got int"."""
+    for magic, kind, tool in _COMPRESSED:
+        if head.startswith(magic):
+            problem = "compressed data, not a trace: decompress it first, or pipe it"
+            return f"{kind}-{problem} ({tool} FILE | radixcache ... -)"
+    return None
 
 
 def open_trace(path: str | Path, mode: str, *, text: bool = True) -> IO[Any]:

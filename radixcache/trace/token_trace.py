@@ -18,7 +18,7 @@ import msgpack
 from radixcache.tokens import SIGN_BYTE, TOKEN_TYPECODE, as_token_array
 from radixcache.trace.errors import TraceError, place
 from radixcache.trace.fields import MAX_TIMESTAMP_MS, FieldReader
-from radixcache.trace.jsonl import dump_json_line, json_line, open_trace, read_lines
+from radixcache.trace.jsonl import compressed, dump_json_line, json_line, open_trace, read_lines
 from radixcache.trace.records import TokenRequest
 from radixcache.trace.typed_lines import TokenLine, iter_typed_lines
 
@@ -245,6 +245,8 @@ def iter_token_msgpack(path: str | Path) -> Iterator[TokenRequest]:
     """Read a stream of msgpack maps. A stream that ends inside a record raises TraceError, never stops short."""
     name = str(path)
     with open_trace(path, "rb", text=False) as handle:
+        if (problem := compressed(handle.peek(8)[:8])) is not None:
+            raise TraceError(name, "record 0 (byte 0)", problem)
         read = _CountedReader(handle)  # the bytes the stream held: a pipe has no size to stat (it read as 0)
         repeated: list[Any] = []  # per map unpacked, the first key it gives twice (or None); a record's map is last
         unpacker = msgpack.Unpacker(
