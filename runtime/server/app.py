@@ -6,7 +6,6 @@ chat path: runtime.server.responses_route), plus models, health and Prometheus m
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -14,12 +13,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixcache.runtime.engine.errors import EngineOverloadedError
-from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine
 from radixcache.runtime.server import generation, legacy, responses_route
 from radixcache.runtime.server.body_limit import (
@@ -32,43 +27,30 @@ from radixcache.runtime.server.body_limit import (
 )
 from radixcache.runtime.server.body_parse import off_loop_route
 from radixcache.runtime.server.control import ControlReads
-from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
+from radixcache.runtime.server.error_handlers import add_error_handlers
 from radixcache.runtime.server.http_common import (
     STREAM_STALL_S,
     ApiKey,
     ClosingStreamingResponse,
-    KeysFirst,
     first_event,
     head_routes,
     prepend,
     tenant,
     until_disconnect,
 )
+from radixcache.runtime.server.jobs import JobBuilder
 from radixcache.runtime.server.json_pieces import PieceJSONResponse
-from radixcache.runtime.server.leases import check_lease_defaults, retain_for
+from radixcache.runtime.server.leases import check_lease_defaults
 from radixcache.runtime.server.metrics import ServerMetrics
-from radixcache.runtime.server.prompt_bound import token_bytes_bound, too_long
-from radixcache.runtime.server.protocol import (
-    MAX_CHOICES,
-    MAX_LABEL_CHARS,
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    body_message,
-    refusal,
-    validation_message,
-)
+from radixcache.runtime.server.protocol import MAX_CHOICES, APIError, ChatCompletionRequest, CompletionRequest
 from radixcache.runtime.server.responses import Responder
 from radixcache.runtime.server.responses_input import unicode_checked
 from radixcache.runtime.server.responses_store import ResponseStore
 from radixcache.runtime.server.structured import grammar_of, render_chat, tool_use_of
 from radixcache.runtime.server.tool_turns import check_tool_turns
 from radixcache.runtime.tools import tool_template_features
-from radixcache.runtime.tools.call_tokens import call_token_ids
 
-DEFAULT_MAX_TOKENS = 256
 SHUTDOWN_WAIT_S = 30.0
-SESSION_HEADER = "x-session-id"  # a request's session after prompt_cache_key and user; behind replicas it sticks to one
 
 
 def create_app(
@@ -131,133 +113,10 @@ def create_app(
     app.state.engine, app.state.inflight, app.state.metrics, app.state.api_keys = engine, inflight, metrics, keys
     app.state.stream_stall_timeout = stream_stall_timeout
 
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        metrics.failed(exc.status)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    add_error_handlers(app, engine, metrics, keys)  # after BodyLimit: KeysFirst, when keyed, runs before it
 
-    if keys:  # outside BodyLimit: an unauthenticated /v1 request is refused before its body is read
-        app.add_middleware(KeysFirst, refuse=_api_error)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        whole = body_message(errors[0], request.headers.get("content-type")) if errors else None
-        message, param = (whole, None) if whole is not None else validation_message(errors)
-        return await _api_error(request, APIError(400, message, param=param))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        """Starlette's own refusals in OpenAI's shape too: a body FastAPI cannot decode (invalid UTF-8, an integer
-        past Python's digit limit, nesting past the JSON decoder's, gzip: 415), an unknown path, a wrong method."""
-        status, message = refusal(exc.status_code, str(exc.detail), request.headers.get("content-encoding"))
-        return await _api_error(request, APIError(status, message, headers=dict(exc.headers or {})))
-
-    async def _engine_error(_: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, EngineOverloadedError):  # the hint is at least the queue's recent admission wait
-            estimate = getattr(getattr(engine, "queue", None), "retry_after", None)
-            if callable(estimate):
-                exc.retry_after = max(exc.retry_after, estimate())
-        return await _api_error(_, api_error_for(exc))
-
-    for kind in ENGINE_ERRORS:  # errors a client or the load can cause: a status, no traceback in the log
-        app.add_exception_handler(kind, _engine_error)
-    app.add_exception_handler(Exception, _engine_error)  # anything else is a bug: a 500 (and a traceback)
-
-    def check_model(name: str) -> None:
-        if name != model_name:
-            raise APIError(
-                404,
-                f"The model `{name}` does not exist.",
-                type="invalid_request_error",
-                param="model",
-                code="model_not_found",
-            )
-
-    per_token = functools.cache(lambda: token_bytes_bound(engine.tokenizer))  # once, at the first long prompt
-
-    def encode(text: str) -> list[int]:
-        """The prompt's ids; a text too long to fit the context is refused untokenised (runtime.server.prompt_bound)."""
-        size = too_long(text, context, per_token() if len(text) >= context else None)
-        if size is not None:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {context} tokens. However, your prompt has {size:,} bytes "
-                f"of text, more than {context} tokens of this model hold (at most {per_token()} bytes each).",
-                code="context_length_exceeded",
-            )
-        return list(engine.tokenizer.encode(text))
-
-    def check_prompt(body: Any, prompt_ids: list[int]) -> None:
-        if not prompt_ids:
-            raise APIError(400, "the prompt is empty", param="messages" if hasattr(body, "messages") else "prompt")
-        if len(prompt_ids) >= context:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {context} tokens. However, your prompt has "
-                f"{len(prompt_ids)} tokens.",
-                code="context_length_exceeded",
-            )
-        pages, capacity, page = engine.kv.pages(len(prompt_ids)), engine.cache.capacity_blocks, engine.cache.page_size
-        if pages > capacity:  # it could never be admitted: say so now, with the numbers (not a 500 later)
-            raise APIError(
-                400,
-                f"This server's KV pool holds {capacity * page} tokens ({capacity} pages of {page}). However, your "
-                f"prompt has {len(prompt_ids)} tokens ({pages} pages). Shorten it, or start the server with a "
-                "larger --kv-memory.",
-                code="context_length_exceeded",
-            )
-
-    def job_for(
-        body: Any,
-        prompts: list[list[int]],
-        namespace: Any,
-        request: Request | None = None,
-        key: str | None = None,
-        **structured: Any,
-    ) -> generation.Job:
-        for ids in prompts:
-            check_prompt(body, ids)
-        vocab = engine.config.vocab_size
-        for token in body.logit_bias or {}:  # the engine refuses them too, but cannot name the field
-            if int(token) >= vocab:
-                raise APIError(
-                    400,
-                    f"logit_bias: token id {token} is outside the vocabulary [0, {vocab})",
-                    param=f"logit_bias.{token}",
-                )
-        longest = max(len(p) for p in prompts)
-        asked = body.requested_tokens()
-        if asked is not None and longest + asked > context:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {context} tokens. However, you requested "
-                f"{longest + asked} tokens ({longest} in the prompt, {asked} in the completion). Reduce the "
-                "prompt or the completion length.",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
-        max_tokens = max(min(body.limit(DEFAULT_MAX_TOKENS), context - longest), 0)
-        timeout = body.timeout if request_timeout is None else min(body.timeout or request_timeout, request_timeout)
-        session = body.prompt_cache_key or body.user or (_session_header(request) if request is not None else None)
-        if session and getattr(engine, "routes_sessions", False):  # replicas: a session sticks to one (per tenant)
-            session = f"{namespace}|{session}"
-        # One RequestOptions per HTTP request (0 tokens: an empty completion, which never reaches the engine).
-        options = RequestOptions.of(
-            max(max_tokens, 1),
-            caller="create_app",
-            **body.sampling(),
-            namespace=namespace,
-            timeout=timeout,
-            retain=body.retain,
-            retain_for=retain_for(body.retain_for, key, leases),
-            session=session or None,
-            **structured,  # grammar= and tool_use= (runtime.server.structured)
-        )
-        tool_format = tool_template_features(engine.tokenizer).format
-        use = options.tool_use
-        kept = call_token_ids(engine.tokenizer, tool_format) if use is not None and use.parses_calls else frozenset()
-        return generation.Job(prompts, body.n, max_tokens, options, tool_format, kept)
+    jobs = JobBuilder(engine, model_name, context, request_timeout, leases)
+    check_model, encode, job_for = jobs.check_model, jobs.encode, jobs.job_for
 
     def token_bytes(token_id: int) -> bytes:
         exact = getattr(engine.tokenizer, "token_bytes", None)
@@ -398,17 +257,6 @@ def create_app(
 
     head_routes(app)  # HEAD wherever GET is: uptime monitors probe with it
     return app
-
-
-def _session_header(request: Request) -> str | None:
-    """The X-Session-Id header, bounded as the `user` field is: behind replicas the router remembers up to 100,000
-    sessions, so an unbounded one would let each request pin kilobytes of the front door's memory."""
-    session = request.headers.get(SESSION_HEADER)
-    if session is not None and len(session) > MAX_LABEL_CHARS:
-        raise APIError(
-            400, f"X-Session-Id: at most {MAX_LABEL_CHARS} characters, got {len(session)}", param="X-Session-Id"
-        )
-    return session
 
 
 _STARTED = int(time.time())
