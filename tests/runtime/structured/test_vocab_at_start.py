@@ -22,10 +22,11 @@ from tests.runtime.structured.conftest import SCHEMAS, make_engine, response_for
 def gated(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """`build_vocab` held until `gate` is set, recording the threads it ran on."""
     real = structured.build_vocab
-    state: dict[str, Any] = {"gate": threading.Event(), "threads": []}
+    state: dict[str, Any] = {"gate": threading.Event(), "entered": threading.Event(), "threads": []}
 
     def build(*args: Any, **kwargs: Any) -> Any:
         state["threads"].append(threading.current_thread())
+        state["entered"].set()
         state["gate"].wait(60)
         if state.get("fail"):
             raise state["fail"] if isinstance(state["fail"], BaseException) else ValueError("no EOS token")
@@ -38,6 +39,8 @@ def gated(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
 
 def test_the_vocabulary_is_built_at_start_off_the_request_path(tiny_dir: Path, gated: dict[str, Any]) -> None:
     with make_engine(tiny_dir) as engine:
+        # The build thread is started by the engine; on a loaded machine it may not have reached the build yet.
+        assert gated["entered"].wait(60)
         assert len(gated["threads"]) == 1 and gated["threads"][0] is not threading.current_thread()
         plain = engine.generate("plain", 6, ignore_eos=True)  # served while the build is held
         assert len(plain.token_ids) == 6
