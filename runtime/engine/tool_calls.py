@@ -60,7 +60,7 @@ def request_grammar(
         )
         if grammar is None:
             return options.grammar
-        return GrammarSpec.ebnf(grammar, path="tools", assembled=True)
+        return GrammarSpec.assembled(grammar, path="tools")
     schema = tool_call_schema(use.tools, use.choice, parallel_tool_calls=parallel, features=features)
     if schema is None:
         return options.grammar
@@ -94,7 +94,7 @@ def _auto_with_answer(
     )
     if grammar is None:
         return answer
-    return GrammarSpec.ebnf(grammar, path="tools", assembled=True)
+    return GrammarSpec.assembled(grammar, path="tools")
 
 
 def _check_parameters(use: ToolUse) -> None:

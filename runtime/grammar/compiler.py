@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 
 import llguidance
 import numpy as np
-from llguidance.gbnf_to_lark import any_to_lark
 
 from radixcache.runtime.grammar.errors import GrammarError
-from radixcache.runtime.grammar.lark_check import check_lark
+from radixcache.runtime.grammar.lark_check import looks_like_lark
 from radixcache.runtime.grammar.locate import locate
 from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, SCHEMA_MAPS, find_key
 from radixcache.runtime.grammar.schema_refs import ref_path, resolve_ref
@@ -234,11 +233,8 @@ def _translate(spec: GrammarSpec) -> str:
     matcher = llguidance.LLMatcher
     if spec.kind == "regex":
         return matcher.grammar_from_regex(spec.source)
-    if spec.kind == "ebnf":
-        lark = looks_like_lark(spec.source)
-        if not spec.assembled:  # a user's grammar: what the library crashed on (assembled ones: their parts were)
-            check_lark(spec.source if lark else _gbnf_as_lark(spec.source), spec.path)
-        return llguidance.grammar_from("lark" if lark else "gbnf", spec.source)
+    if spec.kind == "ebnf":  # a user's grammar was checked when its spec was made (lark_check.py)
+        return llguidance.grammar_from("lark" if looks_like_lark(spec.source) else "gbnf", spec.source)
     options: dict[str, object] = {"whitespace_flexible": spec.any_whitespace}
     if not spec.any_whitespace:
         options.update(item_separator=", ", key_separator=": ")
@@ -373,16 +369,3 @@ class _Closer:
 def _merges(node: dict[str, object]) -> bool:
     """Whether `node`'s subschemas merge into one object with it: an `allOf`, or members beside its own keys."""
     return "allOf" in node or ("properties" in node and any(k in node for k in ("anyOf", "oneOf", "$ref")))
-
-
-def _gbnf_as_lark(text: str) -> str:
-    """A GBNF grammar as the library converts it to Lark; "" where it cannot (`grammar_from` then says why)."""
-    try:
-        return any_to_lark(text)
-    except Exception:
-        return ""
-
-
-def looks_like_lark(text: str) -> bool:
-    """GBNF rules are written `name ::= ...`; Lark rules `name: ...`."""
-    return "::=" not in text

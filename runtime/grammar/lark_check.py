@@ -1,5 +1,8 @@
-"""Checks of an EBNF grammar (Lark, or GBNF as llguidance converts it) that the library would crash on, before it is
-compiled.
+"""Checks of a user's EBNF grammar (Lark, or GBNF as llguidance converts it) that the library would crash on, run where
+the grammar enters: when its `GrammarSpec` is made (`check_grammar`), so wherever the spec goes later (compiled
+alone, nested beside tool calls) it was checked. The runtime's own grammars (`GrammarSpec.assembled`) are not: their
+`%json` rules carry the library's options, which a user's schema may not set, and their parts were checked where
+they entered.
 
 - A `%json { ... }` schema inside a Lark grammar is compiled by the library as a `json_schema` is, but it skipped
   `schema_check`: a `const` of -2**63 + 1, which the library reads as a float at -2**63, crashed the process (a
@@ -27,6 +30,8 @@ from __future__ import annotations
 import json
 import re
 
+from llguidance.gbnf_to_lark import any_to_lark
+
 from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.grammar.regex_size import check_regex_size, regex_size
 from radixcache.runtime.grammar.schema_check import check_schema
@@ -40,6 +45,25 @@ _NAME = re.compile(r"[A-Za-z_]\w*")
 _DECODER = json.JSONDecoder()
 _TILDE = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?")
 _SHAPE = frozenset("(){}|*+?,0123456789")
+
+
+def check_grammar(text: str, path: str) -> None:
+    """`check_lark` of a user's EBNF grammar: Lark as written, GBNF as the library converts it (one it cannot
+    convert is left to the library, which says why)."""
+    check_lark(text if looks_like_lark(text) else _gbnf_as_lark(text), path)
+
+
+def looks_like_lark(text: str) -> bool:
+    """GBNF rules are written `name ::= ...`; Lark rules `name: ...`."""
+    return "::=" not in text
+
+
+def _gbnf_as_lark(text: str) -> str:
+    """A GBNF grammar as the library converts it to Lark; "" where it cannot (`grammar_from` then says why)."""
+    try:
+        return any_to_lark(text)
+    except Exception:
+        return ""
 
 
 def check_lark(text: str, path: str, limit: int = MAX_RULE_DEPTH) -> None:

@@ -16,18 +16,15 @@ import json
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
-from radixcache.runtime.grammar.compiler import looks_like_lark
 from radixcache.runtime.grammar.errors import GrammarError
-from radixcache.runtime.grammar.lark_check import check_lark
+from radixcache.runtime.grammar.lark_check import looks_like_lark
 from radixcache.runtime.grammar.spec import GrammarSpec
 
 
 def nested_rule(spec: GrammarSpec) -> str:
     """`spec` (regex or ebnf) as a Lark rule body that nests it; GrammarError naming `spec.path` when the grammar
     is not valid on its own."""
-    lark = _lark(spec)
-    if spec.kind == "ebnf":
-        check_lark(lark, spec.path)  # what the library crashes on, as the grammar alone is checked
+    lark = _lark(spec)  # an EBNF spec's checks (lark_check.py) ran when it was made
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(lark)
     if is_error:
         raise GrammarError(" ".join(messages).strip() or "invalid grammar", spec.path)

@@ -8,12 +8,14 @@ only in key order (other than `properties`) therefore give equal specs and one c
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.lark_check import check_grammar
 from radixcache.runtime.grammar.regex_size import check_regex_size
 from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, MAX_DEPTH, SCHEMA_MAPS, check_schema
 
@@ -30,16 +32,15 @@ class GrammarSpec:
     Keywords nobody knows are ignored either way.
     `any_whitespace`: JSON may put any whitespace between tokens (off by default: compact `, ` / `: ` separators,
     which keeps a small model from looping on newlines). `path` is where the spec came from, for error messages.
-    `assembled` (ebnf only): the grammar was built by the runtime from parts each checked already (tool calls'
-    schemas, a nested user grammar), so the checks of a user's grammar (runtime/grammar/lark_check.py) are skipped:
-    its `%json` rules carry the library's own options, which a user's schema may not set."""
+    A regex's size (regex_size.py) and an EBNF grammar (lark_check.py) are checked when the spec is made, by any
+    constructor (`dataclasses.replace` too), so a user's grammar is checked where it enters, wherever it goes later
+    (compiled alone, nested beside tool calls); only the runtime's own grammars skip that (`assembled`)."""
 
     kind: Kind
     source: str = ""
     strict: bool = True
     any_whitespace: bool = False
     path: str = "response_format"
-    assembled: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -48,6 +49,8 @@ class GrammarSpec:
             raise GrammarError("must be a string", self.path)
         if self.kind == "regex":  # before the library expands it: `(a{1000}){1000}` took seconds (regex_size.py)
             check_regex_size(self.source, self.path)
+        elif self.kind == "ebnf":  # what the library crashed on (a `%json` const, 3,000 chained rules)
+            check_grammar(self.source, self.path)
 
     # ------------------------------------------------------------------ constructors
 
@@ -81,10 +84,22 @@ class GrammarSpec:
         return cls("regex", pattern, True, False, path)
 
     @classmethod
-    def ebnf(cls, grammar: str, *, path: str = "ebnf", assembled: bool = False) -> GrammarSpec:
+    def ebnf(cls, grammar: str, *, path: str = "ebnf") -> GrammarSpec:
         if not isinstance(grammar, str) or not grammar.strip():
             raise GrammarError("must be a non-empty string", path)
-        return cls("ebnf", grammar, True, False, path, assembled)
+        return cls("ebnf", grammar, True, False, path)
+
+    @classmethod
+    def assembled(cls, grammar: str, *, path: str = "tools") -> GrammarSpec:
+        """A Lark grammar the runtime built itself (the calls a tool_choice implies, "auto" beside a constraint),
+        made without the user-grammar checks: its `%json` rules carry the library's options, which a user's grammar
+        may not set, and each of its parts was checked where it entered (a tool's schema with its tool, a user's
+        grammar when its spec was made). Not for a user's text: `dataclasses.replace` on it checks it again."""
+        spec = object.__new__(cls)
+        given = {"kind": "ebnf", "source": grammar, "path": path}
+        for f in dataclasses.fields(cls):
+            object.__setattr__(spec, f.name, given.get(f.name, f.default))
+        return spec
 
     @classmethod
     def from_response_format(cls, response_format: Any, path: str = "response_format") -> GrammarSpec | None:

@@ -137,19 +137,23 @@ def _ref_chain(links: int) -> dict[str, Any]:
 
 def test_constraints_that_crashed_the_process_are_400s(app) -> None:
     """A chain of 1,000 `$ref`s (~90 KB) and an EBNF grammar's `%json` const of -2**63 + 1 or 3,000 chained rules
-    each crashed the server (a segfault in the library's compile); each is a 400 naming its field, and the server
-    goes on serving."""
+    each crashed the server (a segfault in the library's compile), the grammars nested beside tool calls too
+    (tool_choice "auto"); each is a 400 naming its field, and the server goes on serving."""
     client, engine = app
     tool = {"type": "function", "function": {"name": "f", "parameters": _ref_chain(1_000)}}
     rules = "start: a0\n" + "".join(f"a{i}: a{i + 1}\n" for i in range(3_000)) + 'a3000: "y"\n'
+    const = 'start: %json {"type": "integer", "const": -9223372036854775807}'
+    plain = {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {}}}}
     sent = [
         (
             {"response_format": _schema_format(_ref_chain(1_000))},
             "response_format.json_schema.schema.properties.a.$ref",
         ),
         ({"tools": [tool], "tool_choice": "required"}, "tools.0.function.parameters.properties.a.$ref"),
-        ({"grammar": 'start: %json {"type": "integer", "const": -9223372036854775807}'}, "grammar"),
+        ({"grammar": const}, "grammar"),
         ({"grammar": rules}, "grammar"),
+        ({"grammar": const, "tools": [plain], "tool_choice": "auto"}, "grammar"),
+        ({"grammar": rules, "tools": [plain], "tool_choice": "auto"}, "grammar"),
     ]
     for fields, param in sent:
         r = _chat(client, **fields)

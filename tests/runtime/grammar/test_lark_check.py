@@ -5,6 +5,7 @@ grammars, and chains as deep as the bound, still compile and give sentences."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 
 from radixcache.runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState, allocate_masks
 from radixcache.runtime.grammar.lark_check import MAX_RULE_DEPTH, MAX_RULE_SIZE, check_lark
-from radixcache.runtime.grammar.nested import nested_rule
+from radixcache.runtime.tools.schema import json_rule
 from tests.runtime.grammar.conftest import token_table, walk
 
 
@@ -96,13 +97,39 @@ def test_names_inside_literals_and_comments_are_no_rules() -> None:
         _gbnf_chain(3000),
         'start: "n=" value\nvalue: %json {"type": "integer", "const": -9223372036854775807}\n',
     ],
+    ids=["lark-chain", "gbnf-chain", "json-const"],
 )
-def test_a_grammar_nested_beside_tool_calls_is_checked_as_one_alone(grammar: str) -> None:
-    # tool_choice "auto" beside a grammar nests it in the calls grammar (runtime/grammar/nested.py): the same
-    # grammars crashed the process there (a segfault in the library's validation) before they were checked
-    with pytest.raises(GrammarError) as info:
-        nested_rule(GrammarSpec.ebnf(grammar, path="grammar"))
-    assert info.value.path == "grammar"
+def test_a_users_grammar_is_checked_when_its_spec_is_made_by_any_constructor(grammar: str) -> None:
+    """The checks run where a user's grammar enters, its spec, so wherever it goes after (compiled alone; nested
+    beside tool calls under tool_choice "auto", runtime/grammar/nested.py, where these grammars crashed the process
+    in the library's validation) it was checked. They ran in the compiler, skipped for a spec flagged as the
+    runtime's own: the direct constructor and `dataclasses.replace` made unchecked specs, and a nested grammar
+    needed a check of its own."""
+    makers = [
+        lambda: GrammarSpec.ebnf(grammar, path="grammar"),
+        lambda: GrammarSpec("ebnf", grammar, path="grammar"),
+        lambda: dataclasses.replace(GrammarSpec.ebnf('start: "a"', path="grammar"), source=grammar),
+        lambda: dataclasses.replace(GrammarSpec.assembled('start: "a"', path="grammar"), source=grammar),
+    ]
+    for make in makers:
+        with pytest.raises(GrammarError) as info:
+            make()
+        assert info.value.path == "grammar"
+
+
+def test_the_runtimes_own_grammar_keeps_the_library_options_a_users_may_not_set(
+    tiny_compiler: GrammarCompiler, tiny_tokenizer: Any
+) -> None:
+    """A `%json` rule's `x-guidance` (the compact separators of every JSON grammar here) is refused in a user's
+    grammar and taken in one the runtime assembles (tool_choice "auto" beside a schema)."""
+    grammar = 'start: "n=" value\nvalue: ' + json_rule({"type": "integer", "minimum": 0, "maximum": 9}) + "\n"
+    with pytest.raises(GrammarError, match="x-guidance"):
+        GrammarSpec.ebnf(grammar, path="grammar")
+    state = GrammarState(tiny_compiler.compile(GrammarSpec.assembled(grammar)))
+    assert state.compiled.spec.path == "tools"
+    for token in tiny_tokenizer.encode("n=7", add_special_tokens=False):
+        state.accept(token)
+    assert state.is_complete()
 
 
 @pytest.mark.parametrize(

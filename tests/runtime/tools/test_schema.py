@@ -114,7 +114,7 @@ def test_auto_as_a_grammar_gives_calls_or_text(tiny_tokenizer, specs) -> None:
     assert auto_tool_grammar((), parallel_tool_calls=True) is None
     assert auto_tool_grammar(specs, features=TemplateFeatures(uses_tools=True, hermes=True)) is None
     compiler = grammar.GrammarCompiler(grammar.build_vocab(tiny_tokenizer, vocab_size=260))
-    compiled = compiler.compile(grammar.GrammarSpec.ebnf(auto_tool_grammar(specs), path="tools", assembled=True))
+    compiled = compiler.compile(grammar.GrammarSpec.assembled(auto_tool_grammar(specs)))
     schema = tool_call_schema(specs, normalize_tool_choice("required", specs))
     for text, allowed in [("Sunny.", True), (CALL, True), ('{"a": 1}', False), (" hi", False), ("", False)]:
         state = grammar.GrammarState(compiled)
