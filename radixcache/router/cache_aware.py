@@ -19,6 +19,7 @@ flight there (radixcache.router.inflight), whose pages will be cached by then. T
   exponentially per routing call). `work(r)` sees only what is queued now, so at low load every replica looks
   idle and sessions that stick pile onto whichever replicas happened to take them; `balance` (seconds of score
   per second of excess recent work) places new work on the replicas that took less than their share. Tuned to 1.
+  A replica with no recent work here (it joined, or came back after a death) starts at the others' mean.
 """
 
 from __future__ import annotations
@@ -112,9 +113,9 @@ class CacheAwareRouter(Router):
         extra_miss = self.miss_weight - 1
         keys = request.page_keys
         pending = self.in_flight
-        recent = self._recent
         balance = self.balance
-        mean = sum(recent.get(r, 0.0) for r in replicas) / len(replicas) if balance else 0.0
+        recent = self._recent_of(replicas) if balance else {}
+        mean = sum(recent.values()) / len(replicas) if balance else 0.0
         for r in replicas:
             matched = index.matched_pages(r, keys)
             if pending is not None:
@@ -123,7 +124,7 @@ class CacheAwareRouter(Router):
             work = loads.work(r)
             prefill = request.uncached_tokens(matched) * cost
             ttft = work + prefill
-            score = ttft + extra_miss * prefill + (balance * (recent.get(r, 0.0) - mean) if balance else 0.0)
+            score = ttft + extra_miss * prefill + (balance * (recent[r] - mean) if balance else 0.0)
             out.append(ReplicaScore(r, matched, work, ttft, score))
         return out
 
@@ -148,10 +149,12 @@ class CacheAwareRouter(Router):
             self._sessions.move_to_end(session)
             if len(self._sessions) > self.max_sessions:
                 self._sessions.popitem(last=False)
-        self._record(chosen, request, len(replicas), loads)
+        self._record(chosen, request, replicas, loads)
         return Route(chosen.replica, chosen.matched_pages)
 
-    def _record(self, chosen: ReplicaScore, request: RouteRequest, replicas: int, loads: LoadTracker) -> None:
+    def _record(
+        self, chosen: ReplicaScore, request: RouteRequest, candidates: Sequence[int], loads: LoadTracker
+    ) -> None:
         """What the next calls need: when each replica was last chosen, the prefixes in flight, the recent work."""
         self._calls += 1
         self._chosen[chosen.replica] = self._calls
@@ -159,11 +162,22 @@ class CacheAwareRouter(Router):
             self.in_flight.add(chosen.replica, request.page_keys, request.rid)
         if self.balance:
             recent = self._recent
-            decay = 1 - 1 / (self.balance_horizon * replicas)
+            recent.update(self._recent_of(candidates))  # a replica that just joined: its share, from now on
+            decay = 1 - 1 / (self.balance_horizon * len(candidates))
             for r in recent:
                 recent[r] *= decay
             added = (chosen.expected_ttft_s - chosen.work_s) + request.max_tokens * loads.decode_cost
-            recent[chosen.replica] = recent.get(chosen.replica, 0.0) + added
+            recent[chosen.replica] += added
+
+    def _recent_of(self, replicas: Sequence[int]) -> dict[int, float]:
+        """Each replica's recent work; one the router has none for (it joined, or came back after a death, since
+        the others took work) counts as their mean: it took its share. At 0 it looked as if it had refused the
+        others' whole history, and the balance term sent it every request it could, conversations whose histories
+        an idle replica holds too (6 of the next 8 turns of 8 conversations, each recomputing its history)."""
+        recent = self._recent
+        known = [recent[r] for r in replicas if r in recent]
+        share = sum(known) / len(known) if known else 0.0
+        return {r: recent.get(r, share) for r in replicas}
 
     def forget(self, replica: int) -> None:
         """Drop what the router remembers of `replica` (it left the routing set)."""

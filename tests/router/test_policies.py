@@ -217,11 +217,28 @@ def test_cache_aware_rotates_among_exact_ties() -> None:
 
 def test_cache_aware_balance_places_new_work_on_replicas_that_took_less() -> None:
     router, index, loads = CacheAwareRouter(balance=1.0, balance_horizon=64), cluster(2), LoadTracker(1.0, 0.0)
-    for i in range(3):  # replica 0 alone took the last requests (replica 1 has just joined)
-        router.route(request(10, first=100 * i), [0], index, loads)
+    busy(loads, 1, 10_000, tag="long")  # replica 1 is busy with a long prefill...
+    for i in range(3):  # ...so replica 0 takes the next requests
+        assert router.route(request(10, first=100 * i), [0, 1], index, loads).replica == 0
+    loads.finished(1, "long1-0-10000")
     busy(loads, 1, 50)  # replica 1 is a little busy now, replica 0 idle
     # by TTFT alone replica 0 wins (160 against 50 + 160); it took 3 * 160 of work lately and replica 1 none
     assert router.choose(request(10), [0, 1], index, loads) == 1
+    assert CacheAwareRouter(balance=0.0).choose(request(10), [0, 1], index, loads) == 0
+
+
+def test_a_replica_that_rejoins_draws_no_conversation_from_an_idle_replica_holding_it() -> None:
+    """Regression: a replica the router had no recent work for (it came back after a death, or joined) counted 0
+    against the others' whole history, so the balance term sent it every request it could: a conversation whose
+    history an idle replica holds was recomputed on the empty one. It starts at the others' mean: misses still go to
+    it (idle, never chosen), and conversations stay where their history is."""
+    router, loads = CacheAwareRouter(), LoadTracker(1.0, 0.0)
+    index = cluster(2, {0: list(range(9))})  # replica 0 holds 9 of the conversation's 10 pages
+    for i in range(20):  # replica 1 was away: replica 0 alone took the last 20 requests
+        router.route(request(10, first=100 * (i + 1)), [0], index, loads)
+    router.forget(1)
+    assert router.choose(request(10), [0, 1], index, loads) == 0  # 16 tokens to prefill against 160, both idle
+    assert router.choose(request(10, first=5_000), [0, 1], index, loads) == 1  # a miss: the idle one never chosen
     assert CacheAwareRouter(balance=0.0).choose(request(10), [0, 1], index, loads) == 0
 
 

@@ -45,15 +45,17 @@ def idle_pair() -> tuple[RouterIndex, LoadTracker, RouteRequest]:
 def test_the_shipped_balance_diverts_from_an_idle_match_and_the_variants_do_not() -> None:
     index, loads, request = idle_pair()
     shipped = balance.CountingRouter("shipped")
-    shipped._recent[0] = 40.0  # replica 0 took 40 s of work lately, 1 none: balance 40 - 20 on 0, -20 on 1
+    # replica 0 took 40 s of work lately, 1 none: balance 40 - 20 on 0, -20 on 1
+    shipped._recent.update({0: 40.0, 1: 0.0})
     assert shipped.route(request, [0, 1], index, loads).replica == 0  # 8 + 2 * 8 + 20 < 72 + 2 * 72 - 20
     assert shipped.diverted == 0
     shipped = balance.CountingRouter("shipped")
-    shipped._recent[0] = 400.0  # 24 + 200 > 216 - 200: the balance term outweighs the 64 tokens the match saves
+    # 24 + 200 > 216 - 200: the balance term outweighs the 64 tokens the match saves
+    shipped._recent.update({0: 400.0, 1: 0.0})
     assert shipped.route(request, [0, 1], index, loads).replica == 1 and shipped.diverted == 1
     for variant in ("balance=0", "keep-idle-match"):
         router = balance.CountingRouter(variant)
-        router._recent[0] = 400.0
+        router._recent.update({0: 400.0, 1: 0.0})
         assert router.route(request, [0, 1], index, loads).replica == 0 and router.diverted == 0
 
 
