@@ -10,6 +10,8 @@ from radixcache.sim.results import Window
 #: the most hit-rate windows a replay keeps: far more than any table or plot shows. Each is a row of counters made
 #: up front, so simulate(..., windows=10**9) ran the machine out of memory before its first request.
 MAX_WINDOWS = 100_000
+#: below this many tokens a call's float64 sums of ints are exact (`Timeline.add_many`)
+_EXACT_SUMS = 2**53
 
 
 class Timeline:
@@ -46,10 +48,17 @@ class Timeline:
         row[2] += hit_tokens
 
     def add_many(self, timestamps_ms: list[float], prompt_tokens: list[int], hit_tokens: list[int]) -> None:
-        """`add` for each request in turn (a hit past its prompt counts as the prompt), with the same windows."""
+        """`add` for each request in turn (a hit past its prompt counts as the prompt), with the same windows and
+        the same counts: summed in float64 only while that is exact (the flat replays' windows were a few tokens off
+        the tree's for a trace of requests of 2**62 tokens)."""
         hits = [hit if hit < tokens else tokens for hit, tokens in zip(hit_tokens, prompt_tokens, strict=True)]
+        total = sum(prompt_tokens)
+        if total >= _EXACT_SUMS:  # float64 sums of ints would round (a hash trace's block of 2**62 tokens): one by one
+            for request in zip(timestamps_ms, prompt_tokens, hits, strict=True):
+                self.add(*request)
+            return
         self.requests += len(hits)
-        self.prompt_tokens += sum(prompt_tokens)
+        self.prompt_tokens += total
         self.hit_tokens += sum(hits)
         if self.span is None:
             self.times.extend(timestamps_ms)
@@ -66,7 +75,7 @@ class Timeline:
         hit_sums = np.bincount(at, np.array(hits, dtype=np.int64), self.count)
         for row, n, tokens, hit in zip(self.bins, counts, prompts.tolist(), hit_sums.tolist(), strict=True):
             row[0] += n
-            row[1] += round(tokens)  # float64 sums of ints: exact below 2**53 tokens per window and call
+            row[1] += round(tokens)  # float64 sums of ints: exact, the call's tokens being below 2**53
             row[2] += round(hit)
 
     def windows(self) -> tuple[Window, ...]:
