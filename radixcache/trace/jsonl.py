@@ -117,7 +117,7 @@ def _line_error(name: str, lineno: int, line: bytes) -> TraceError:
             parse_constant=lambda s: problems.append(f"{s} is not a JSON number"),
         )
     except json.JSONDecodeError as exc:
-        return TraceError(name, str(lineno), f"invalid JSON ({exc.msg} at column {exc.colno})")
+        return TraceError(name, str(lineno), f"invalid JSON ({_at_column(exc)})")
     if problems:
         return TraceError(name, str(lineno), f"invalid JSON ({problems[0]})")
     # orjson is stricter: a number out of range, or a string escape that is half a surrogate pair (not Unicode)
@@ -125,6 +125,12 @@ def _line_error(name: str, lineno: int, line: bytes) -> TraceError:
     if bad is not None:
         return TraceError(name, str(lineno), f"invalid JSON (a string holds a lone surrogate {lone_surrogate(bad)!r})")
     return TraceError(name, str(lineno), "invalid JSON")
+
+
+def _at_column(exc: json.JSONDecodeError) -> str:
+    """The parser's message and where: some of its messages end with "at" ("Unterminated string starting at",
+    "Invalid control character at"), which read "... starting at at column 19"."""
+    return f"{exc.msg} column {exc.colno}" if exc.msg.endswith(" at") else f"{exc.msg} at column {exc.colno}"
 
 
 def _float(literal: str, problems: list[str]) -> float:
@@ -197,7 +203,7 @@ def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:
         try:
             value, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            raise TraceError(name, str(exc.lineno), f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+            raise TraceError(name, str(exc.lineno), f"invalid JSON ({_at_column(exc)})") from None
         yield line, value
         pos = _skip_space(text, pos)
         if pos < len(text) and text[pos] == ",":

@@ -61,3 +61,24 @@ def test_a_block_size_that_is_no_positive_int_is_refused_before_reading(tmp_path
     for read in (load_workload, read_trace):
         with pytest.raises(RadixCacheError, match="block_size must be a positive int, got "):
             read(str(path), block_size=block_size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('{"timestamp": 0, "hash_ids": [1, 2], "session_id": "cut', "Unterminated string starting at column 52"),
+        ('{"timestamp": 0, "session_id": "a\tb"}', "Invalid control character at column 34"),
+        ('{"timestamp": 0, "input_length": }', "Expecting value at column 34"),
+    ],
+)
+def test_a_line_that_is_not_json_says_where_in_plain_words(tmp_path: Path, line: str, problem: str) -> None:
+    """A last line cut mid-record (a copy that stopped) read "Unterminated string starting at at column 52"."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [1]}\n' + line)
+    with pytest.raises(TraceError) as caught:
+        list(iter_mooncake(path))
+    assert str(caught.value) == f"{path}:2: invalid JSON ({problem})"
+    sharegpt = tmp_path / "s.json"
+    sharegpt.write_text('[{"conversations": [{"from": "human", "value": "cut')
+    with pytest.raises(TraceError, match=r"s\.json:1: invalid JSON \(Unterminated string starting at column 48\)"):
+        read_trace(sharegpt)
