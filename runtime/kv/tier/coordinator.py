@@ -41,6 +41,12 @@ __all__ = ["KVTiers", "LoadCosts", "TierCounters"]  # LoadCosts, TierCounters: f
 log = logging.getLogger("radixcache.disk")
 
 
+def staging_bound(pool: KVPool) -> int:
+    """The bytes of staging memory a disk tier's prefetches may hold at once: the pool's pages (no load copies more
+    into it), at most `DEFAULT_MAX_BYTES`. Whatever the host tier's size (docs/tiers.md, "Bounded, in bytes")."""
+    return min(DEFAULT_MAX_BYTES, pool.num_blocks * HostKVPool.page_bytes(pool))
+
+
 class KVTiers:
     """The host tier (`host_slots` pages, 0 for none) and the disk store (None for none) under one device pool."""
 
@@ -82,8 +88,9 @@ class KVTiers:
                 policy=prefetch_policy,
                 timeout_ms=prefetch_timeout_ms,
                 pages_per_step=prefetch_pages_per_step,
-                # staging within the host tier's budget, else a fixed one (kv.tier.staging)
-                max_staged_bytes=host_slots * HostKVPool.page_bytes(pool) if host_slots else DEFAULT_MAX_BYTES,
+                # the most one load can take (the pool's pages), within a fixed budget (kv.tier.staging); not the host
+                # tier's size: a small host tier cut the disk loads an engine without one took whole
+                max_staged_bytes=staging_bound(pool),
             )
             if disk is not None
             else None

@@ -13,10 +13,11 @@ in took 104 to 224 ms against a 21 ms decode step, and 33 to 97 ms with the buff
 
 A page's rows in a buffer (`PageRows`) are the byte ranges its file's payload is read into.
 
-Bounded in bytes (`max_bytes`: kv.tier.coordinator gives the host tier's size, else `DEFAULT_MAX_BYTES`): the
+Bounded in bytes (`max_bytes`: kv.tier.coordinator's `staging_bound`, the pool's size up to `DEFAULT_MAX_BYTES`): the
 buffers handed out and those kept together never exceed it (`held_bytes`; `peak_bytes` its high-water mark). `get`
 drops kept buffers to make room, and a caller asks `fits` first: past the bound a prefetch waits or is cut
-(kv.tier.prefetch). A 4096-page bound was 3 GB of SmolLM2's pages, whatever the host tier's size.
+(kv.tier.prefetch). A 4096-page bound was 3 GB of SmolLM2's pages; the host tier's size cut the loads of an engine
+with a small one.
 
 Invariants: a buffer is handed to one job at a time (between `get` and `put`); at most `keep_bytes` of buffers are
 kept while unused (past it the smallest go); a buffer larger than that is never kept; `held_bytes <= max_bytes`

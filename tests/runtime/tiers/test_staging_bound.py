@@ -1,8 +1,8 @@
-"""Staging memory for disk prefetches is bounded in bytes (runtime.kv.tier.staging, kv.tier.prefetch): the host
-tier's size when set, else a fixed budget. Before, the bound was 4096 pages whatever their size (3 GB of SmolLM2's
-pages) and `--host-kv-memory` did not limit it. The bytes held are measured here by wrapping the allocator (buffers
-handed out and not yet back, plus those kept), independently of its own counters, and outputs equal a no-cache
-engine's."""
+"""Staging memory for disk prefetches is bounded in bytes (runtime.kv.tier.staging, kv.tier.prefetch): the pool's
+pages (no load copies more), at most a fixed budget. Before, the bound was 4096 pages whatever their size (3 GB of
+SmolLM2's pages); then the host tier's size, and a small host tier cut the disk loads an engine without one took
+whole. The bytes held are measured here by wrapping the allocator (buffers handed out and not yet back, plus those
+kept), independently of its own counters, and outputs equal a no-cache engine's."""
 
 from __future__ import annotations
 
@@ -61,19 +61,23 @@ def test_the_allocator_holds_at_most_its_bytes() -> None:
     assert held.peak <= 10 * page and bufs.peak_bytes == held.peak
 
 
-def test_prefetch_staging_stays_within_the_host_tiers_bytes(model, tmp_path: Path) -> None:
-    """Three requests whose 10 pages each are on disk arrive together, the host tier sized 3 pages: the staging
-    never holds more than 3 pages' bytes (each run is cut to its first 3 pages, the rest recomputed; the next waits
-    for the last's staging), and every output equals the no-cache engine's."""
+def _page_bytes(model: RandomModel) -> int:
+    with Engine(model, capacity_blocks=200, page_size=P, enable_cache=False, dtype=DTYPE) as probe:
+        return probe.pool.num_layers * 2 * P * probe.pool.kv_heads * probe.pool.head_dim * 8
+
+
+def test_prefetch_staging_stays_within_the_pools_bytes(model, tmp_path: Path) -> None:
+    """Three requests whose 10 pages each are on disk arrive together at a pool of 12 pages: the staging never holds
+    more than the pool's bytes (the next prefetch waits for the last's staging), each request loads its 10 pages from
+    disk, and every output equals the no-cache engine's."""
     prompts = [ids(42, 1), ids(42, 3), ids(42, 4)]  # 10 full pages each before the last token
     wants = [baseline(model, p, 3) for p in prompts]
     written(model, tmp_path, *prompts)
-    with Engine(model, capacity_blocks=200, page_size=P, enable_cache=False, dtype=DTYPE) as probe:
-        page = probe.pool.num_layers * 2 * P * probe.pool.kv_heads * probe.pool.head_dim * 8
-    bound = 3 * page
-    with restarted(model, tmp_path, host_kv_memory=bound, prefetch_policy="wait_complete") as engine:
+    page = _page_bytes(model)
+    bound = 12 * page
+    with restarted(model, tmp_path, capacity_blocks=12, prefetch_policy="wait_complete") as engine:
         reader = engine.tiers.reader
-        assert reader.buffers.page_bytes == page
+        assert reader.buffers.page_bytes == page and reader.buffers.max_bytes == bound
         held = HeldBytes(reader.buffers)
         requests = [engine._request(p, 3, ignore_eos=True) for p in prompts]
         for r in requests:
@@ -81,5 +85,19 @@ def test_prefetch_staging_stays_within_the_host_tiers_bytes(model, tmp_path: Pat
         run_out(engine)
         assert [r.output_ids for r in requests] == wants and all(r.error is None for r in requests)
         assert 0 < held.peak <= bound and reader.buffers.peak_bytes <= bound
-        assert engine.stats.tiers.disk_loaded_pages == 9 and engine.stats.tiers.disk_failed_reads == 0
+        assert engine.stats.tiers.disk_loaded_pages == 30 and engine.stats.tiers.disk_failed_reads == 0
         engine.check()
+
+
+def test_a_small_host_tier_does_not_cut_a_disk_load(model, tmp_path: Path) -> None:
+    """A host tier of 3 pages beside the disk tier: a restart's 10 disk pages all load, as without a host tier (the
+    staging bound was the host tier's size: 3 pages loaded, 7 recomputed), and the output equals the no-cache one."""
+    prompt = ids(42, 1)
+    want = baseline(model, prompt, 3)
+    written(model, tmp_path, prompt)
+    host = 3 * _page_bytes(model)
+    with restarted(model, tmp_path, host_kv_memory=host, prefetch_policy="wait_complete") as engine:
+        got = engine.generate(prompt, max_new_tokens=3, ignore_eos=True)
+        assert list(got.token_ids) == want
+        assert engine.stats.tiers.disk_loaded_pages == 10 and engine.stats.tiers.disk_failed_reads == 0
+        assert got.cached_tokens == 40
