@@ -32,7 +32,8 @@ from radixcache.runtime.tools import (
     template_features,
     template_messages,
 )
-from radixcache.runtime.tools.known_tokens import EmittedTurn, PromptText, encode_with_known, place_emitted, place_known
+from radixcache.runtime.tools.emitted_turns import EmittedTurn, place_emitted
+from radixcache.runtime.tools.known_tokens import PromptText, encode_with_known, place_known
 from radixcache.runtime.tools.literal_text import mark_tool_results, special_pattern, unmark
 from radixcache.runtime.tools.messages import ChatMessage
 

@@ -13,8 +13,8 @@ has it left out before each such span: the model wrote its reply right after its
 and with the space the next prompt missed the cache from the reply on.
 
 A template that wraps a plain reply and numbers results by their calls (Command R7B's) renders a remembered reply
-through its own layout instead (an `EmittedTurn`); `place_emitted` then puts the ids the model emitted for the reply in
-place of what the template printed for it, from the end of the prompt it was generated from to its end of turn.
+through its own layout instead, and the ids the model emitted take the place of what it printed for the reply
+(runtime/tools/emitted_turns.py).
 
 `PromptText` is a `str`, so it flows wherever a prompt does; anything that builds a new string from it (slicing,
 concatenation) gets a plain `str` back and is encoded canonically, which is correct, only less cached.
@@ -54,56 +54,6 @@ class RememberedTurn(dict):  # type: ignore[type-arg]
     (runtime.tools.memory), `token_ids` the ids it emitted that text as (empty: not known)."""
 
     token_ids: tuple[int, ...] = ()
-
-
-class EmittedTurn(dict):  # type: ignore[type-arg]
-    """A message dict the template renders as it is, calls and all, whose whole reply the model emitted as
-    `token_ids`: in the prompt, what the template printed for that reply is replaced by those tokens' text
-    (`place_emitted`). For a template that wraps a plain reply (Command R7B's `<|START_RESPONSE|>`), where a
-    RememberedTurn's text would read as an answer, and whose later turns need the calls (R7B numbers the results by
-    them)."""
-
-    token_ids: tuple[int, ...] = ()
-
-
-def place_emitted(
-    text: str,
-    messages: Sequence[dict[str, Any]],
-    render: Callable[[list[dict[str, Any]], bool], str],
-    spell: Callable[[Sequence[int]], str],
-    ends: Sequence[str],
-) -> str:
-    """`text` (`render(messages, add_generation_prompt)`) with each EmittedTurn's reply as the model emitted it: the
-    reply at `i` begins where `render(messages[:i], True)` (the prompt it was generated from) ends, and ends before
-    the end of turn (one of `ends`, the stop tokens' text) that closes `render(messages[:i + 1], False)`; there
-    `spell(token_ids)` replaces what the template printed, as a span with those ids. A turn whose renders do not
-    line up so in `text` (a template whose earlier turns change with later ones) keeps the template's text: its
-    prompt is then right, only less cached. Two renders a turn: what R7B's agent loop pays to extend its cache."""
-    out: list[str] = []
-    spans: list[KnownSpan] = []
-    pos = length = 0
-    for i, m in enumerate(messages):
-        if not (isinstance(m, EmittedTurn) and m.token_ids):
-            continue
-        try:
-            before, through = render(list(messages[:i]), True), render(list(messages[: i + 1]), False)
-        except Exception:  # a template that refuses such a history (one ending in a reply): the template's text
-            continue
-        end = next((e for e in ends if e and through.endswith(e)), None)
-        if end is None or not pos <= len(before) <= len(through) - len(end):
-            continue
-        if not (through.startswith(before) and text.startswith(through)):
-            continue
-        emitted = spell(m.token_ids)
-        out += [text[pos : len(before)], emitted]
-        length += len(before) - pos
-        spans.append(KnownSpan(length, length + len(emitted), tuple(m.token_ids)))
-        length += len(emitted)
-        pos = len(through) - len(end)
-    if not spans:
-        return text
-    out.append(text[pos:])
-    return PromptText("".join(out), spans)
 
 
 def place_known(text: str, messages: Sequence[dict[str, Any]], render: Callable[[list[dict[str, Any]]], str]) -> str:

@@ -18,7 +18,7 @@ turn N's prompt and output token for token.
   sent back one message per call (runtime/tools/split_replies.py joins it). Not under Command R7B's template, which
   wraps a plain reply in `<|START_RESPONSE|>` and numbers the results by the calls: its calls render through the
   template, and where the memory knows the ids the model emitted, the tokenizer puts them in place of what the
-  template printed for that reply (known_tokens.EmittedTurn, `place_emitted`). Under Cohere's templates
+  template printed for that reply (emitted_turns.py). Under Cohere's templates
   an assistant turn with calls carries its content as `tool_plan` too, where they read the text before the calls.
 The developer role is the system message: it is rendered in the system message's place.
 """
@@ -30,8 +30,9 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from radixcache.runtime.tools.emitted_turns import EmittedTurn
 from radixcache.runtime.tools.features import TemplateFeatures
-from radixcache.runtime.tools.known_tokens import EmittedTurn, RememberedTurn
+from radixcache.runtime.tools.known_tokens import RememberedTurn
 from radixcache.runtime.tools.memory import ToolCallMemory
 from radixcache.runtime.tools.messages import ChatMessage, ToolCall, decoded_arguments
 from radixcache.runtime.tools.specs import ToolSpec

@@ -142,3 +142,47 @@ def test_a_template_reading_cohere_tool_definitions_gets_them(tiny_tokenizer, sp
     plain = tiny_tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tools=specs,
                                                chat_template=COMMAND_R)  # fmt: skip
     assert '"parameter_definitions"' not in plain and "def get_weather(**kwargs)" in plain  # others as before
+
+
+def test_placing_r7b_replies_renders_the_history_a_bounded_number_of_times(tiny_tokenizer, specs, monkeypatch) -> None:
+    """Each remembered R7B reply was found by rendering the history before it and through it: 2N renders of a growing
+    history, 53 s for a prompt of 200 replies. Now one more render marks them all (and a probe of one turn), whatever
+    N; each reply is still the text the model wrote, each result under its call's number."""
+    from radixcache.runtime.loading import tokenizer as module
+
+    memory, history = ToolCallMemory(), [{"role": "user", "content": "go"}]
+    for i in range(30):
+        raw = f'<|START_ACTION|>[{{"tool_call_id": "{i}", "tool_name": "now", "parameters": {{}}}}]<|END_ACTION|>'
+        parsed = parse_tool_calls(raw, specs, "command_r7b")
+        memory.remember(parsed.tool_calls, parsed.raw, tiny_tokenizer.encode(raw, add_special_tokens=False))
+        history += [json.loads(json.dumps(parsed.message())), {"role": "tool", "tool_call_id": parsed.tool_calls[0].id,
+                                                                 "content": f"r{i}"}]  # fmt: skip
+    renders: list[int] = []
+    real = module.render_chat_template
+    monkeypatch.setattr(module, "render_chat_template", lambda *a, **k: renders.append(len(a[1])) or real(*a, **k))
+    prompt = tiny_tokenizer.apply_chat_template(history, tools=specs, tool_memory=memory, chat_template=COMMAND_R7B)
+    assert sum(n > 2 for n in renders) <= 2, renders  # the history and its marked copy; the probe's chats are small
+    assert "<|START_THINKING|>" not in prompt  # each reply as the model wrote it, numbered as it numbered them
+    assert all(f'"tool_call_id": "{i}", "tool_name"' in prompt for i in range(30))
+    assert all(f'[{{"tool_call_id": "{i}", "results": {{"0": "r{i}"}}' in prompt for i in range(30))
+
+
+def test_an_r7b_reply_whose_arguments_spell_the_end_of_turn_keeps_the_templates_text(tiny_tokenizer, specs) -> None:
+    """Where a reply's own text spells the end of turn, its end cannot be told from the template's text: it keeps the
+    template's text (the prompt right, that reply uncached), and the replies before it are still the model's."""
+    eos = tiny_tokenizer.decode(tiny_tokenizer.eos_token_ids[:1], skip_special_tokens=False)
+    memory, history = ToolCallMemory(), [{"role": "user", "content": "go"}]
+    raws = [
+        '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "now", "parameters": {}}]<|END_ACTION|>',
+        '<|START_ACTION|>[{"tool_call_id": "1", "tool_name": "get_weather", "parameters": {"city": "EOS"}}]'
+        "<|END_ACTION|>".replace("EOS", eos),
+    ]
+    for raw in raws:
+        parsed = parse_tool_calls(raw, specs, "command_r7b")
+        memory.remember(parsed.tool_calls, parsed.raw, tiny_tokenizer.encode(raw, add_special_tokens=False))
+        history += [json.loads(json.dumps(parsed.message())), {"role": "tool", "tool_call_id": parsed.tool_calls[0].id,
+                                                                 "content": "ok"}]  # fmt: skip
+    prompt = tiny_tokenizer.apply_chat_template(history, tools=specs, tool_memory=memory, chat_template=COMMAND_R7B)
+    plain = tiny_tokenizer.apply_chat_template(history, tools=specs, chat_template=COMMAND_R7B)
+    first = plain.index("<|START_THINKING|>")
+    assert prompt == plain[:first] + raws[0] + plain[plain.index(eos, first) :]  # the first the model's, the second not
