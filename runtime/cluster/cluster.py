@@ -25,7 +25,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from radixcache.page_hash import PageHasher
+from radixcache.page_hash import PageHasher, namespace_key
 from radixcache.router import LoadTracker, RouteRequest, RouterIndex, make_router
 from radixcache.runtime.cluster.fanout import ask_each, read_wait
 from radixcache.runtime.cluster.membership import Membership
@@ -191,10 +191,13 @@ class ReplicaCluster(Membership):
         generate: at most up to the model's max_position, where the engine ends it ("length"), however large
         `max_new_tokens` (one of 10**9, "until EOS", counted as 10**9 tokens of work, kept every later request off
         its replica through cache_aware's recent work; 10**400 was an OverflowError). Its session is scoped to its
-        `namespace` (a tenant's): two tenants' "chat-1" are two sessions (the Python API's shared one's stickiness)."""
+        `namespace` (a tenant's): two tenants' "chat-1" are two sessions (the Python API's shared one's stickiness).
+        The scope is the namespace's name in the page keys (radixcache.page_hash.namespace_key), so the namespaces the
+        tree takes for one (1 and 1.0, a StrEnum member and its string, a frozenset in any order) are one session's
+        scope too: scoped by `repr`, one conversation sent under both lost its stickiness to the replica holding it."""
         keys = self.page_keys(prompt_ids, namespace)
         decode = max(0, min(max_new_tokens, self.max_position - len(prompt_ids)))
-        scoped = None if session is None else f"{namespace!r}|{session}"  # a str's repr is quoted: no collisions
+        scoped = None if session is None else f"{namespace_key(namespace)}|{session}"  # a str quoted: no collisions
         return RouteRequest(keys, len(prompt_ids), decode, self.page_size, scoped)
 
     def generate(

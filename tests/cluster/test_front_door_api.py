@@ -252,6 +252,29 @@ def test_python_api_sessions_are_scoped_to_their_namespace(monkeypatch: pytest.M
         front.close()
 
 
+def test_namespaces_the_tree_takes_for_one_scope_one_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the session's scope was the namespace's `repr`, so namespaces the tree (and the router's page keys)
+    take for one namespace were two sessions: a conversation sent as namespace=1 and then 1.0, or as a StrEnum member
+    and then its string, lost its stickiness to the replica holding it. The scope is the namespace's page-key name."""
+    import enum
+
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    class Tenant(enum.StrEnum):
+        ACME = "acme"
+
+    cluster = ReplicaCluster("fake", 2, router="cache_aware", poll_interval=None)
+    try:
+        for same in ((1, 1.0, True), (Tenant.ACME, "acme"), (frozenset({"b", "a", 3}), frozenset({3, "a", "b"}))):
+            routes = [cluster.route_request([5, 6, 7, 8], 1, ns, "chat-1") for ns in same]
+            assert len({r.session for r in routes}) == 1 and len({tuple(r.page_keys) for r in routes}) == 1, same
+        assert cluster.route_request([1], 1, None, "s").session != cluster.route_request([1], 1, "None", "s").session
+        assert cluster.route_request([1], 1, 1, "s").session != cluster.route_request([1], 1, "1", "s").session
+    finally:
+        cluster.close()
+
+
 class _Tenant:
     """A hashable namespace with no name that is the same in every process (radixcache.page_hash.namespace_key)."""
 
