@@ -151,7 +151,7 @@ def create_app(
             if body.stream:
                 events = responder.empty_stream(job.choices, body.include_usage(), asked)
                 return StreamingResponse(iter(events), media_type="text/event-stream")
-            return JSONResponse(responder.empty(job.choices, asked))
+            return JSONResponse(responder.empty(job.choices, asked, job.options.sampling.logprobs is not None))
         if body.stream:
             events = generation.stream(engine, job, inflight)
             # Wait for the first event before answering 200: a refusal (full queue, queue timeout) is still an

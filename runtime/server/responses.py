@@ -177,11 +177,15 @@ class Responder:
             for r in results:
                 self.legacy.remember(r.tool_calls)
 
-    def empty(self, choices: int, lease_asked: bool = False) -> dict[str, Any]:
-        """max_tokens=0: no generation, an empty answer per choice (and no lease held)."""
+    def empty(self, choices: int, lease_asked: bool = False, logprobs_asked: bool = False) -> dict[str, Any]:
+        """max_tokens=0: no generation, an empty answer per choice (and no lease held); asked for logprobs, each
+        choice's are those of no token (empty lists, as a reply of only a stop token has), not null."""
         return self._envelope(
             self.kind,
-            [self._choice(i, "", "length", None) for i in range(choices)],
+            [
+                self._choice(i, "", "length", self.logprobs([], index=i) if logprobs_asked else None)
+                for i in range(choices)
+            ],
             usage=usage(self.prompt_tokens, [], lease_asked=lease_asked),
         )
 
