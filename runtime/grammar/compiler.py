@@ -79,48 +79,53 @@ def first_mask(matcher: llguidance.LLMatcher, spec: GrammarSpec, stop_ids: tuple
     a `$ref` cycle, a regex nothing matches) or whose lexer is past its limits (a regex's size is bounded before:
     regex_size.py) fails there, a GrammarError before its request is queued; it failed at the request's first decode
     step, after its prefill, on the engine's loop, which also paid the first mask's lazy table building. Then a copy
-    takes the first allowed token that is not a stop token (`first_token`)."""
+    takes a few tokens (`first_tokens`)."""
     mask = matcher.compute_bitmask()
     if (failure := matcher_error(matcher, spec.kind)) is not None:
         raise GrammarError(failure, spec.path)
-    first_token(matcher, mask, spec, stop_ids)
+    first_tokens(matcher, mask, spec, stop_ids)
 
 
-def first_token(matcher: llguidance.LLMatcher, mask: bytes, spec: GrammarSpec, stop_ids: tuple[int, ...]) -> None:
-    """Consume the first token `mask` allows (but a stop token) on a copy of `matcher`, and compute the next mask:
-    repetitions that split one text many ways (`("a"~2..4){200}`, `("a"+){1000}`, `("a" "a"?){3000}`), under every
-    size bound, and a schema requiring a property whose schema requires it again compiled, then failed every request
-    at its first token, after its prefill, on the engine's loop (the parser's 50,000 items spent walking the forced
-    text). A failure there is a GrammarError, and the grammar is never cached."""
-    bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")
-    allowed = np.flatnonzero(bits)
-    allowed = allowed[~np.isin(allowed, np.asarray(stop_ids, dtype=np.int64))]
-    if not len(allowed):
-        return
-    probe = matcher.deep_copy()
-    probe.consume_token(int(allowed[0]))
-    if not probe.is_error():
-        probe.compute_bitmask()
-    if (failure := matcher_error(probe, spec.kind)) is None:
-        return
-    if _ITEM_LIMIT in failure:
-        cause = (
-            "such as a required property whose schema requires it again: no finite value satisfies it"
-            if spec.kind == "json_schema"
-            else 'ambiguous repetitions such as ("a"+){1000} or ("a"~2..4){200}: make each repetition\'s items '
-            "unambiguous, or count fewer"
-        )
-        failure = (
-            f"the grammar's parser gives up on its first token: {failure.split('; try')[0]} while following the "
-            f"text it forces ({cause})"
-        )
-    else:
-        failure = f"the grammar fails at its first token: {failure}"
-    raise GrammarError(failure, spec.path)
+PROBE_TOKENS = 4  # the tokens the compile takes on a copy of the start matcher (`first_tokens`)
 
 
+def first_tokens(
+    matcher: llguidance.LLMatcher, mask: bytes, spec: GrammarSpec, stop_ids: tuple[int, ...], steps: int = PROBE_TOKENS
+) -> None:
+    """On a copy of `matcher`, take up to `steps` tokens, each the lowest `mask` allows but a stop token, computing
+    the next mask after each: repetitions that split one text many ways (`("a"~2..4){200}`, `("a"+){1000}`,
+    `("a" "a"?){3000}`), under every size bound, and a schema requiring a property whose schema requires it again
+    compiled, then failed every request at its first token, after its prefill, on the engine's loop (the parser's
+    50,000 items spent walking the forced text); behind a prefix (`("x" | "y") ("a"+){1000}`), at the token after
+    it. A failure on this path is a GrammarError, and the grammar is never cached. One path, deterministic (the same
+    grammar is refused at every compile), and short: 4 tokens took 0.3-0.6 ms on SmolLM2's vocabulary, where 8 took
+    up to 11 ms (a schema's bounded string, each of its positions a new lexer state whose first mask walks the whole
+    vocabulary). A grammar that gives up past it (a longer prefix, another path) fails its request there, a
+    GrammarError in the same words (`matcher_error`)."""
+    probe = None
+    for step in range(steps):
+        bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")
+        bits[[t for t in stop_ids if t < len(bits)]] = 0
+        token = int(bits.argmax())
+        if not bits[token]:
+            return
+        probe = probe if probe is not None else matcher.deep_copy()
+        probe.consume_token(token)
+        if not probe.is_error():
+            mask = probe.compute_bitmask()
+        if (failure := matcher_error(probe, spec.kind)) is not None:
+            where = f"its {_ORDINALS[step]} token" if step < len(_ORDINALS) else f"its token {step + 1}"
+            if failure.startswith(_GIVES_UP):
+                raise GrammarError(f"{_GIVES_UP} on {where}{failure[len(_GIVES_UP) :]}", spec.path)
+            raise GrammarError(f"the grammar fails at {where}: {failure}", spec.path)
+        if probe.is_stopped():
+            return
+
+
+_ORDINALS = ("first", "second", "third", "fourth")
 _ITEM_LIMIT = "Too many items"  # llguidance's parser past its items for one token (50,000)
 _ROW_LIMIT = "Current row has"  # llguidance's parser past its items in one row (2,000): ~4 per optional property
+_GIVES_UP = "the grammar's parser gives up"
 
 
 def matcher_error(matcher: llguidance.LLMatcher, kind: str) -> str | None:
@@ -128,12 +133,21 @@ def matcher_error(matcher: llguidance.LLMatcher, kind: str) -> str | None:
     parser state and grammar that follows it; its "NoExtensionBias" (no token can extend the output: a regex such as
     `[^\\x00-\\U0010FFFF]` that no text matches) said in full, and a schema past its parser's row limit (too many
     optional properties at one point, refused once the output enters them) in a schema's terms, not its advice to
-    make a grammar left-recursive."""
+    make a grammar left-recursive, and its parser past its items for one token (ambiguous repetitions, a schema
+    requiring itself) with the likely cause, at compile (`first_tokens`) and mid-output alike."""
     if not matcher.is_error():
         return None
     message = (matcher.get_error() or "").split("\n<state>")[0].strip() or "the grammar matcher failed"
     if message == "NoExtensionBias":
         return "no text the model can write satisfies the grammar (no token may extend the output)"
+    if _ITEM_LIMIT in message:  # its advice (left recursion) is for another failure
+        cause = (
+            "such as a required property whose schema requires it again: no finite value satisfies it"
+            if kind == "json_schema"
+            else 'ambiguous repetitions such as ("a"+){1000} or ("a"~2..4){200}: make each repetition\'s items '
+            'unambiguous, or count fewer; or a rule that forces itself without end, such as start: "a" start'
+        )
+        return f"{_GIVES_UP}: {message.split('; try')[0]} while following the text it forces ({cause})"
     if _ROW_LIMIT in message and kind == "json_schema":  # its advice is for grammar writers
         return (
             "the schema offers more optional properties at one point than the grammar can follow (about 500 in "

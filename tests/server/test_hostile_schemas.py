@@ -230,3 +230,24 @@ def test_schemas_and_tools_are_checked_off_the_event_loop(app, monkeypatch: pyte
         assert r.status_code == 200, r.text
         assert in_loop and not any(in_loop), (route, in_loop)
     _settled_and_serving(client, engine)
+
+
+def test_a_grammar_that_gives_up_past_the_compiles_probe_is_a_clear_error_whole_or_streamed(app) -> None:
+    """A grammar whose parser gives up past the compile's few tokens (behind 8 free ones) fails its request where it
+    gives up: whole, a 400 naming `grammar` in the compile's words; streamed, the deltas before it, then an error
+    event naming `grammar`, then `[DONE]`; the server goes on serving."""
+    client, engine = app
+    grammar = 'start: ("x" | "y"){8} ("a"+){1000}'
+    r = _chat(client, grammar=grammar)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "grammar" and "parser gives up" in error["message"], error
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json={**body, "grammar": grammar}) as s:
+        events = [line.removeprefix("data: ") for line in s.iter_lines() if line]
+    assert s.status_code == 200 and events[-1] == "[DONE]", events
+    *deltas, failure = [json.loads(e) for e in events[:-1]]
+    written = "".join(d["choices"][0]["delta"].get("content") or "" for d in deltas)
+    assert set(written) <= {"x", "y"} and len(written) <= 8, written
+    assert failure["error"]["param"] == "grammar" and "parser gives up" in failure["error"]["message"], failure
+    _settled_and_serving(client, engine)

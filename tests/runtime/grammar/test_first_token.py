@@ -1,9 +1,9 @@
 """Repetitions that can split one text many ways compiled, under every size bound (lark_check.py), and then failed
 every request at its first token, after its prefill, on the engine's loop: the library's parser spends its 50,000
 items following the splits of the forced text ("Too many items (limit 50000; ff_tokens)"), as did a schema requiring
-a property whose schema requires it again. The compile now takes a first token on a copy of the start matcher: such a
-grammar is a GrammarError naming the spec's path, never cached; realistic grammars and schemas still compile and give
-sentences."""
+a property whose schema requires it again. The compile now takes a few tokens on a copy of the start matcher: such a
+grammar is a GrammarError naming the spec's path, never cached, at its first token or behind a short prefix;
+realistic grammars and schemas still compile and give sentences."""
 
 from __future__ import annotations
 
@@ -38,6 +38,26 @@ def test_ambiguous_repetitions_are_refused_at_compile_naming_the_path(
             compiler.compile(spec)
         assert e.value.path == "grammar" and "Too many items" in str(e.value)
     assert len(compiler) == 0 and compiler.misses == 0 and compiler.hits == 0
+
+
+@pytest.mark.parametrize(
+    ("grammar", "token"),
+    [
+        ('start: ("x" | "y") ("a"+){1000}', "second"),
+        ('start: ("x" | "y") ("x" | "y") ("a"~2..4){200}', "third"),
+        ('start: "q" ("x" | "y") ("x" | "y") ("a"+){1000}', "fourth"),
+    ],
+)
+def test_a_grammar_whose_parser_gives_up_behind_a_short_prefix_is_refused_at_compile(
+    tiny_compiler: GrammarCompiler, grammar: str, token: str
+) -> None:
+    """The compile took one token: a grammar that gives up at its second compiled, then failed every request there,
+    after its prefill, on the engine's loop. It takes up to PROBE_TOKENS now, along the lowest allowed tokens."""
+    compiler = GrammarCompiler(tiny_compiler.vocab)
+    with pytest.raises(GrammarError, match=rf"parser gives up on its {token} token.*ambiguous repetitions") as e:
+        compiler.compile(GrammarSpec.ebnf(grammar, path="grammar"))
+    assert e.value.path == "grammar" and "Too many items" in str(e.value)
+    assert len(compiler) == 0
 
 
 @pytest.mark.parametrize("strict", [True, False])

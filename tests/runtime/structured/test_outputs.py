@@ -6,6 +6,7 @@ the work."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
@@ -163,4 +164,28 @@ def test_grammar_and_response_format_together(engine: Engine) -> None:
     for kwargs in both:
         with pytest.raises(ValueError, match="at most one of grammar and response_format"):
             engine.generate("x", 8, **kwargs)
+    assert engine.check()["locked_blocks"] == 0
+
+
+def test_a_grammar_that_gives_up_past_the_compiles_probe_fails_its_request_alone_saying_why(engine: Engine) -> None:
+    """The compile takes a few tokens (runtime/grammar/compiler.py, PROBE_TOKENS); a grammar whose parser gives up
+    past them (here behind 8 free tokens) compiles, and its request fails where it gives up: a GrammarError naming
+    the spec's path in the words of the compile's refusal, whole or streamed, never a crash or a hang; a request
+    beside it is served, and nothing stays locked."""
+    spec = GrammarSpec.ebnf('start: ("x" | "y"){8} ("a"+){1000}', path="grammar")
+    says = r"^grammar: the grammar's parser gives up: .*Too many items.*ambiguous repetitions"
+    bystander = engine.submit("Say a", 6, seed=1, ignore_eos=True)
+    with pytest.raises(GrammarError, match=says) as info:
+        engine.generate("Say a", 40, grammar=spec, seed=1)
+    assert info.value.path == "grammar"
+    assert len(bystander.result(timeout=60).token_ids) == 6
+
+    async def streamed() -> str:
+        text = ""
+        async for delta in engine.stream("Say a", 40, grammar=spec, seed=1):
+            text += delta
+        return text
+
+    with pytest.raises(GrammarError, match=says):
+        asyncio.run(streamed())
     assert engine.check()["locked_blocks"] == 0
