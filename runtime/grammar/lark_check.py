@@ -161,7 +161,7 @@ def _check_rule_sizes(shapes: dict[str, list[str]], path: str, limit: int = MAX_
                 else p
                 for p in shapes[name]
             ]
-            sizes[name] = max(regex_size("".join(parts), limit), 1)
+            sizes[name] = max(regex_size("".join(parts), limit, sets=False), 1)  # each alternative: items
             if sizes[name] > limit:
                 raise GrammarError(
                     f"its rule {name}: it expands to more than {limit:,} items once its repetitions ({{m,n}}, "
