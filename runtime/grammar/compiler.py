@@ -37,6 +37,7 @@ JSON_OBJECT_SCHEMA = {"type": "object"}
 # the paths of specs whose schema the runtime built (the calls a tool_choice requires): a path inside it names no
 # field of the request, so a refusal keeps the spec's path (with the deepest cause's message)
 GENERATED = ("tools",)
+_UNKNOWN_FORMAT = "Unknown format"
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
 
 
@@ -229,6 +230,8 @@ def _translate_and_validate(spec: GrammarSpec, vocab: GrammarVocab) -> str:
         elif spec.kind == "json_schema":  # the library names no path: the deepest subschema it refuses alone
             found, message = locate(schema_object(spec), path, message, lambda s: _refusal(s, spec, vocab))
             path = path if path in GENERATED else found
+            if spec.strict and message.startswith(_UNKNOWN_FORMAT):  # pydantic's Path, bytes, SecretStr fields
+                message += " (a format the grammar does not know; send strict: false to ignore it)"
         raise GrammarError(message, path)
     return grammar
 

@@ -98,3 +98,14 @@ def test_a_refusal_names_the_keyword_not_the_subschema(tiny_compiler, schema: di
     with pytest.raises(GrammarError, match=reason) as info:
         tiny_compiler.compile(GrammarSpec.json_schema(schema))
     assert info.value.path == f"{ROOT}.{where}"
+
+
+@pytest.mark.parametrize("fmt", ["path", "binary", "password"])  # pydantic's Path, bytes and SecretStr fields
+def test_an_unknown_format_in_strict_mode_says_strict_false_ignores_it(tiny_compiler, fmt: str) -> None:
+    """The OpenAI SDK and LangChain send pydantic models' schemas with strict true: a `Path` field's format was
+    refused as "Unknown format: path" alone, where every other strict-only refusal says how to send it anyway."""
+    schema = _object(p={"type": "string", "format": fmt, "maxLength": 4})
+    with pytest.raises(GrammarError, match=rf"Unknown format: {fmt}.*send strict: false to ignore it") as info:
+        tiny_compiler.compile(GrammarSpec.json_schema(schema))
+    assert info.value.path == f"{ROOT}.properties.p"
+    assert tiny_compiler.compile(GrammarSpec.json_schema(schema, strict=False)) is not None
