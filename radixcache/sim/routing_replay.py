@@ -11,7 +11,8 @@ then takes
 and its modelled TTFT is its queueing delay plus its prefill. When the prefill ends its prompt's full pages enter
 the tree (as the runtime commits pages per pass); when it finishes, its output's pages follow and its match is
 unlocked. One request is in service per replica at a time (no batching: the decode cost per token is one
-request's share of a batched step).
+request's share of a batched step). `speeds` (one factor per replica, 1 by default) divides a replica's service
+times: 0.5 is a replica at half speed (one on a busy core). The router is not told them: it sees only its queues.
 
 Each replica publishes its cache's changes to the router's index exactly as an engine would: the page keys the
 tree adopts on insert (`stored`) and those that leave it on eviction (`removed`, through `RadixCache.on_evict`), in
@@ -29,7 +30,7 @@ import copy
 import heapq
 import math
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from itertools import count
 
 from radixcache.errors import RadixCacheError
@@ -76,6 +77,7 @@ class RoutingReplay:
         seed: int = 0,
         record: bool = False,
         check: bool = False,
+        speeds: Sequence[float] | None = None,
     ) -> None:
         if type(replicas) is not int or not 1 <= replicas <= MAX_SIM_REPLICAS:
             raise RadixCacheError(f"replicas must be an int in [1, {MAX_SIM_REPLICAS:,}], got {replicas!r}")
@@ -90,6 +92,7 @@ class RoutingReplay:
         if not isinstance(router, Router):  # else an AttributeError ('route') at the first request
             raise RadixCacheError(f"router must be a name in ROUTERS or a Router, got {type(router).__name__}")
         self.router = router
+        self.speeds = check_speeds(speeds, replicas)
         self.capacity_blocks, self.policy = capacity_blocks, make_policy(policy).name
         self.page_size, self.block_tokens, self.kind = page_size, block_tokens, kind
         self.costs = costs
@@ -180,8 +183,9 @@ class RoutingReplay:
         tokens = request.prompt_tokens
         hit = min(match.length * request.unit, tokens)
         self.loads.started(replica.id, job.rid, tokens - hit)
-        prefill = (tokens - hit) * self.prefill_s
-        service = prefill + job.out * self.decode_s
+        speed = self.speeds[replica.id]
+        prefill = (tokens - hit) * self.prefill_s / speed
+        service = prefill + job.out * self.decode_s / speed
         ttft = now - job.arrival + prefill
         self.ttft.add(ttft)
         replica.requests += 1
@@ -331,13 +335,15 @@ def simulate_routing(
     router_params: Mapping[str, object] | None = None,
     progress: Callable[[int], None] | None = None,
     check: bool = False,
+    speeds: Sequence[float] | None = None,
 ) -> RoutingResult:
     """Replay `workload` (an in-memory Workload or RoutedWorkload, or a streamed TraceSource) through `replicas`
     replicas of `capacity_blocks` blocks each, behind `router` (a name from radixcache.router.ROUTERS, with
     `router_params`, or a Router). Arrivals at the trace's timestamps, or at `rate` requests/s (`arrivals`
     "poisson", seeded with `seed`, or "even"). `seed` also seeds power_of_two. `policy`: each replica's eviction
     policy, a name or an EvictionPolicy (copied for each replica, whose tree owns its copy). `check`: the index is
-    checked against every replica's tree after every event (slow: for tests)."""
+    checked against every replica's tree after every event (slow: for tests). `speeds`: each replica's speed factor
+    (RoutingReplay)."""
     check_flags(check=check)
     check_progress(progress)
     check_workload(workload)
@@ -356,6 +362,19 @@ def simulate_routing(
         costs=costs,
         seed=seed,
         check=check,
+        speeds=speeds,
     )
     replay.rate = rate
     return replay.run(arrival_times(routed_requests(workload), rate, arrivals, seed), progress)
+
+
+def check_speeds(speeds: Sequence[float] | None, replicas: int) -> tuple[float, ...]:
+    """Each replica's speed factor: `speeds` checked (one finite number > 0 per replica), or 1 for each."""
+    if speeds is None:
+        return (1.0,) * replicas
+    if not isinstance(speeds, Sequence) or len(speeds) != replicas:
+        raise RadixCacheError(f"speeds must be a sequence of {replicas} numbers, one per replica, got {speeds!r:.60}")
+    for v in speeds:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            raise RadixCacheError(f"speeds must be finite numbers > 0, got {v!r}")
+    return tuple(float(v) for v in speeds)

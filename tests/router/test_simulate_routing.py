@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from radixcache.cli.main import main
+from radixcache.errors import RadixCacheError
 from radixcache.policy.classic import CostAwarePolicy
 from radixcache.policy.reuse import ReusePolicy
 from radixcache.router import make_router
@@ -65,6 +66,25 @@ def test_the_same_replay_through_round_robin() -> None:
     # D goes to replica 1, which holds only B's pages: all 6 tokens to prefill, at once
     assert replay.records == [(0, 0, 0, 4.0), (1, 1, 0, 4.0), (2, 0, 6, 2.0), (3, 1, 0, 6.0)]
     assert replay.result().hit_tokens == 6
+
+
+def test_a_replica_at_half_speed_takes_twice_as_long() -> None:
+    """`speeds` divides a replica's service times; the router is not told (round robin routes as before)."""
+    replay = RoutingReplay(
+        2, 100, "round_robin", page_size=2, block_tokens=2, costs=RoutingCosts(1000.0, 500.0), record=True,
+        check=True, speeds=(0.5, 1.0),
+    )  # fmt: skip
+    replay.run(arrival_times(routed_requests(hand_workload())))
+    # A on 0: 4 prompt tokens at 2 s each (8 s), 2 output tokens at 1 s each, done at 10 s, as C arrives there: its
+    # 2 uncached tokens take 4 s. B and D on 1 at full speed, as in test_the_same_replay_through_round_robin.
+    assert replay.records == [(0, 0, 0, 8.0), (1, 1, 0, 4.0), (2, 0, 6, 4.0), (3, 1, 0, 6.0)]
+    assert replay.result().replicas[0].busy_s == 10.0 + 2 * 2.0  # A, then C: 2 prompt tokens, no output
+
+
+@pytest.mark.parametrize("speeds", [(1.0,), (1.0, 0.0), (1.0, float("nan")), (1.0, float("inf")), (1.0, True), 2.0])
+def test_speeds_that_are_not_one_positive_number_per_replica_are_refused(speeds: object) -> None:
+    with pytest.raises(RadixCacheError, match="speeds"):
+        RoutingReplay(2, 100, "round_robin", speeds=speeds)  # type: ignore[arg-type]
 
 
 def test_events_keep_the_index_equal_to_every_replicas_tree() -> None:
