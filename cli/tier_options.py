@@ -41,8 +41,8 @@ def tier_options(func: Callable) -> Callable:
         click.option(
             "--host-kv-memory",
             help="A host tier of this size under the KV pool, e.g. 2GiB: pages the pool drops wait there and are "
-            "copied back when that is cheaper than recomputing them. With --cache-dir, it also bounds the host "
-            "memory that disk reads are staged in (512MiB without it).",
+            "copied back when that is cheaper than recomputing them. Disk reads (--cache-dir) are staged in memory "
+            "of their own, at most the KV pool's size and 512MiB, whatever this size.",
         ),
         click.option(
             "--cache-dir",
