@@ -22,8 +22,10 @@ Invariants:
   be another request's admission or cancel).
 - At most `max_staged_pages` pages, and `max_staged_bytes` bytes of staging memory (kv.tier.staging: kept buffers
   included), are held at once over all jobs; past either a job waits, queued, until earlier ones are taken or
-  released (one job alone always may start, whatever its pages); a job's run is cut to the pages the byte bound
-  holds (`max_job_pages`: kv.tier.prefetch_jobs; the rest is recomputed).
+  released (one job alone always may start, whatever its pages), and for at most `pace_wait_s` for the staging
+  that jobs let go still hold (their readers mid-page: a slow disk), never on the loop thread (a later `pace`
+  starts it; then, still short, it reads nothing); a job's run is cut to the pages the byte bound holds
+  (`max_job_pages`: kv.tier.prefetch_jobs; the rest is recomputed).
 - Paced beside decodes, between steps: the loop calls `pace` before each step. While requests decode, the readers
   may start `pages_per_step` page reads (more when a `timeout` job would otherwise miss its deadline), and the loop
   waits until those reads are done (at most `window_s`) before it steps; no read starts during the step. Otherwise
@@ -153,6 +155,8 @@ class PrefetchReader(ReaderThreads):
         the next call. Otherwise (or with `pages_per_step` 0) they read freely."""
         now = time.perf_counter() if now is None else now
         step_s, self._last_pace = (None if self._last_pace is None else now - self._last_pace), now
+        if self._queued:
+            self._start_queued()  # one waiting for the staging of a job let go may start now (`_start_queued`)
         with self._cond:
             if not decoding or self.pages_per_step == 0:
                 self._allowance = None
@@ -200,6 +204,8 @@ class PrefetchReader(ReaderThreads):
         with self._cond:
             pending = [j for j in self._started_jobs() if not j.complete]
             if not pending:
+                if self._queued:  # waiting for a let-go job's staging: its reader's return notifies (`_recycle`)
+                    self._cond.wait(timeout)
                 return
             if self.policy == "timeout":
                 first = min(j.started or 0.0 for j in pending) + self.timeout_s
@@ -268,9 +274,11 @@ class PrefetchReader(ReaderThreads):
                 continue
             if self._staged and (self._staged + len(job) > self.max_staged_pages or not self.buffers.fits(len(job))):
                 return  # waits for a take or release
+            if not self._staged and not self.buffers.fits(len(job)) and not self._waited_out(job):
+                return  # waits for the staging of jobs let go, which their readers hand back after their last page
             self._queued.popleft()
             try:
-                self._check_room(len(job))
+                self._check_room(len(job), 0.0)
                 job.take_buffer(*self.buffers.get(len(job)))
             except Exception:  # no staging memory: it reads nothing, and its request recomputes (never waits on it)
                 log.exception("disk KV cache: no staging for a prefetch of %d page(s); recomputing them", len(job))
@@ -295,11 +303,20 @@ class PrefetchReader(ReaderThreads):
                     job.failed_at, job.tasks = 0, 0
                 self._cond.notify_all()
 
-    def _check_room(self, pages: int, wait_s: float | None = None) -> None:
-        """Raise unless staging for `pages` fits the byte bound; it waits (at most `pace_wait_s`) for the readers of
-        jobs let go to hand their buffers back (a cancelled job's last page read)."""
+    def _waited_out(self, job: PrefetchJob) -> bool:
+        """Whether a queued job has waited `pace_wait_s` for the staging of jobs let go (their readers on a last page,
+        a slow one): it then starts, finds no staging and reads nothing (its request recomputes). Never waited for on
+        the loop: a later call (`pace`, before each step; a take or release) starts it. The loop used to wait here
+        for up to 0.5 s, every stream stalled, then fail it."""
+        now = time.perf_counter()
+        if job.held_since is None:
+            job.held_since = now
+        return now - job.held_since >= self.pace_wait_s
+
+    def _check_room(self, pages: int, wait_s: float) -> None:
+        """Raise unless staging for `pages` fits the byte bound within `wait_s` (the readers of jobs let go hand
+        their buffers back after their last page)."""
         with self._cond:
-            wait_s = self.pace_wait_s if wait_s is None else wait_s
             if not self._cond.wait_for(lambda: self.buffers.fits(pages), wait_s):
                 raise MemoryError(f"{pages} page(s) of staging over its bound of {self.buffers.max_bytes} bytes")
 

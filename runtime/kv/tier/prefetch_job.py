@@ -37,6 +37,7 @@ class PrefetchJob:
         self.finished = 0  # pages the readers are done with (read, failed or skipped)
         self.cancelled = False
         self.started: float | None = None  # perf_counter when queued to the readers
+        self.held_since: float | None = None  # perf_counter when it first waited for a let-go job's staging
         self.read_seconds = 0.0  # summed over pages (the readers overlap)
         # the mtime its pages' reads stamp, less 1 us a page: the head newest by mtime too (kv.tier.prefetch)
         self.stamp_ns = time.time_ns()
