@@ -1,9 +1,9 @@
 """The scheduler's queues and the ways a request leaves them: the base layer of `Scheduler` (engine.scheduler).
 
 `SchedulerQueues` holds the moves every other layer makes: prefilling to decoding (`_start_decoding`, which pins a
-pinned prompt once whole), out of every queue (`_remove`), and out of the scheduler (`_leave`, through `_fail`,
-`_end_outgrown` or an abort), with a streaming caller told (`_notify`) and one request's stage run in a guard
-(`_guard`).
+pinned prompt once whole, and leaves a request prefilling whose deferred disk load failed as it was to start), out
+of every queue (`_remove`), and out of the scheduler (`_leave`, through `_fail`, `_end_outgrown` or an abort), with
+a streaming caller told (`_notify`) and one request's stage run in a guard (`_guard`).
 
 Invariants: a request is in at most one of `waiting`, `prefilling` and `decoding`; it enters `finished` once only
 (`_leave` is a no-op for one that already left), holding no block (kv.manager's `abort`, `release` or `preempt` ran
@@ -37,7 +37,11 @@ class SchedulerQueues:
         return bool(self.waiting or self.prefilling or self.decoding)
 
     def _start_decoding(self, req: Request) -> None:
-        self.kv.load_layers(req.kv)  # a resumed request all of whose positions were loaded: every layer now
+        # A resumed request all of whose positions were loaded: every layer now. A copy that raised took its disk
+        # pages' positions away (a failed read): it stays prefilling and computes them first (it decoded without
+        # them, its output wrong, until 2026-12-07).
+        if not self.kv.load_layers(req.kv):
+            return
         self.prefilling.remove(req)
         self.decoding.append(req)
         if req.pin and not req.pinned_tokens:

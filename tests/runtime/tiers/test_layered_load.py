@@ -161,3 +161,39 @@ def test_an_engine_with_a_disk_tier_faults_its_pool_in_as_it_starts(deep: Random
             pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
         assert resident_pages(kv) == pages
         assert torch.count_nonzero(kv) == 0
+
+
+def test_a_resumed_request_whose_deferred_load_raises_computes_its_positions_first(
+    deep: RandomModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B is preempted after 3 tokens, every page of its 44 positions then only on disk: it resumes beside A's decode
+    with all of them loaded by layers, and decodes next. The copy raised: its positions fell back to 0, yet it went
+    on decoding as if all were there, and its output was wrong, with no error. It now prefills them first."""
+    want_a, want_b = prefetch.baseline(deep, prefetch.OTHER, 40), prefetch.baseline(deep, prefetch.PROMPT, 8)
+    config = SchedulerConfig(staged_prefill_attention=BOUND)
+    engine, a = prefetch.decoding_beside_disk_pages(deep, tmp_path, 40, scheduler_config=config)
+    with engine:
+        b = engine._request(prefetch.PROMPT, 8, ignore_eos=True)
+        engine.scheduler.add(b)
+        for _ in range(300):
+            prefetch.step(engine)
+            if len(b.output_ids) == 3:
+                break
+        assert len(b.output_ids) == 3 and b in engine.scheduler.decoding
+        engine.scheduler._preempt(b)
+        assert engine.tiers.disk.flush(30)
+        engine.cache.evict(engine.cache.evictable_blocks)  # B's pages only on disk now
+        calls = []
+
+        def fail_first(*args) -> None:
+            calls.append(len(calls))
+            if len(calls) == 1:
+                raise RuntimeError("injected: a layer copy failed")
+            copy_pages(*args)
+
+        monkeypatch.setattr(layered_load, "copy_pages", fail_first)
+        prefetch.run_out(engine)
+        prefetch.assert_clean(engine)
+        assert calls, "B's load was not deferred"
+        assert b.kv.preemptions == 1 and b.error is None and engine.stats.tiers.disk_failed_reads == 1
+    assert list(a.output_ids) == want_a and list(b.output_ids) == want_b
