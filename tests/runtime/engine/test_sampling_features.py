@@ -344,9 +344,9 @@ def test_logprobs_are_of_the_raw_distribution(tiny: RandomModel) -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_logprobs_equal_the_reference(smollm2: Any) -> None:
+def test_smollm2_logprobs_equal_the_reference(smollm2: Any, smollm2_fp32: Any) -> None:
     tok = smollm2.tokenizer
-    engine = Engine(smollm2, capacity_blocks=64, page_size=16)
+    engine = Engine(smollm2_fp32, tokenizer=tok, capacity_blocks=64, page_size=16)  # Engine(smollm2)'s model, shared
     prompt = tok.encode(
         tok.apply_chat_template([{"role": "user", "content": "Name a colour."}], add_generation_prompt=True)
     )

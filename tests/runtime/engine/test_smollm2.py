@@ -25,14 +25,15 @@ def smol(smollm2: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def model(smol: Any) -> LlamaModel:
-    return LlamaModel(smol.config, smol.weights)  # built once: the engines below share it
+def model(smollm2_fp32: Any) -> LlamaModel:
+    return smollm2_fp32  # built once per worker (tests/conftest.py): the engines below share it
 
 
 @pytest.fixture(scope="module")
-def gguf_model(smollm2_gguf: Any) -> LlamaModel:
-    """The same weights with quant="gguf" (tests/conftest.py), for the test of the cache: it holds on either path."""
-    return LlamaModel(smollm2_gguf.config, smollm2_gguf.weights, quant="gguf", blocks=smollm2_gguf.blocks)
+def gguf_model(smollm2_gguf_model: Any) -> LlamaModel:
+    """The same weights with quant="gguf" (tests/conftest.py, built once per worker), for the test of the cache: it
+    holds on either path."""
+    return smollm2_gguf_model
 
 
 def engine(model: LlamaModel, smol: Any, **kw: Any) -> Engine:

@@ -175,10 +175,13 @@ def test_smollm2_greedy_outputs_do_not_change_when_threads_change(
 ) -> None:
     # the session's models (tests/conftest.py): load_model("smollm2"), with keep_blocks=True for "gguf"
     loaded = request.getfixturevalue("smollm2_gguf" if quant == "gguf" else "smollm2")
+    # Both engines run one model, as Engine(loaded, quant=quant) builds it (the session's, tests/conftest.py): the
+    # thread count is the engine's, and the model holds no state between passes.
+    model = request.getfixturevalue("smollm2_gguf_model" if quant == "gguf" else "smollm2_fp32")
     prompts = prompts_for(loaded.config.vocab_size, base=100)
-    fixed = Engine(loaded, quant=quant, threads=1, thread_policy="fixed", kv_memory="64MiB")
+    fixed = Engine(model, tokenizer=loaded.tokenizer, threads=1, thread_policy="fixed", kv_memory="64MiB")
     want = [fixed.generate(p, 16, return_logits=True, ignore_eos=True) for p in prompts]
-    engine = Engine(loaded, quant=quant, threads=2, kv_memory="64MiB")
+    engine = Engine(model, tokenizer=loaded.tokenizer, threads=2, kv_memory="64MiB")
     passes = flipping(engine, monkeypatch)
     got = mid_decode(engine, prompts, 16, after=4)
     check_same(got, want)

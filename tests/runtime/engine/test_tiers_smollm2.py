@@ -42,22 +42,27 @@ def _staggered(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_smollm2_outputs_with_tiers_equal_outputs_without_cache(smollm2: Any, tmp_path: Path, page_size: int) -> None:
+def test_smollm2_outputs_with_tiers_equal_outputs_without_cache(
+    smollm2: Any, smollm2_fp32: Any, tmp_path: Path, page_size: int
+) -> None:
+    # The three engines run the session's float32 model (tests/conftest.py: `Engine(smollm2)` as built, its weights
+    # named by the file's digest as `Engine(smollm2, cache_dir=...)` names them): three builds fewer per page size.
+    model = {"model": smollm2_fp32, "tokenizer": smollm2.tokenizer}
     prompts = _prompts(smollm2.tokenizer)
-    with Engine(smollm2, enable_cache=False, capacity_blocks=4096 // page_size, page_size=page_size) as plain:
+    with Engine(**model, enable_cache=False, capacity_blocks=4096 // page_size, page_size=page_size) as plain:
         want = [r.token_ids for r in plain.generate(prompts, max_new_tokens=MAX_NEW)]
     longest = max(len(p) for p in prompts) + MAX_NEW
     small = -(-(longest + 16) // page_size) + 1  # room for one request: the others are demoted (or preempted)
     host = 64 << 20
     tiers = {"page_size": page_size, "cache_dir": tmp_path, "host_kv_memory": host, "load_back": "always"}
-    with Engine(smollm2, capacity_blocks=small, write_policy="write_back", **tiers) as engine:
+    with Engine(**model, capacity_blocks=small, write_policy="write_back", **tiers) as engine:
         assert _staggered(engine, prompts) == want
         assert _staggered(engine, prompts[::-1]) == want[::-1]
         engine.check()
         counters = engine.stats.tiers
         assert counters.host_saved_pages > 0 and counters.host_loaded_pages > 0
     tiers.pop("host_kv_memory")
-    with Engine(smollm2, capacity_blocks=small, **tiers) as restarted:
+    with Engine(**model, capacity_blocks=small, **tiers) as restarted:
         assert _staggered(restarted, prompts) == want
         restarted.check()
         counters = restarted.stats.tiers
