@@ -69,10 +69,8 @@ def numbered_ids(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 @pytest.fixture
-def model(smollm2_gguf: Any) -> Any:
-    from radixcache.runtime.model.llama import LlamaModel
-
-    return LlamaModel(smollm2_gguf.config, smollm2_gguf.weights, quant="gguf", blocks=smollm2_gguf.blocks)
+def model(smollm2_gguf_model: Any) -> Any:
+    return smollm2_gguf_model  # quant="gguf", built once per worker (tests/conftest.py): read by every replica
 
 
 @pytest.fixture
@@ -179,10 +177,12 @@ def test_a_tool_loop_through_the_front_door_hits_the_cache_as_one_engine(
 
 
 @pytest.mark.xdist_group("ray")  # one Ray cluster at a time (tests/cluster/conftest.py)
-def test_on_real_ray_a_tool_loop_hits_the_cache_as_one_engine(local_ray: str, smollm2: Any, numbered_ids: Any) -> None:
+def test_on_real_ray_a_tool_loop_hits_the_cache_as_one_engine(
+    local_ray: str, smollm2: Any, smollm2_fp32: Any, numbered_ids: Any
+) -> None:
     """The same through Ray: the emitted ids cross from the replica's process with its result (the replica's own
     call ids are its own there; the front door's are numbered here, as the single Engine's). `smollm2` is what a
-    replica loads by that name."""
+    replica loads by that name; the single Engine runs it as `Engine(smollm2)` builds it (`smollm2_fp32`)."""
     from radixcache.runtime import Engine
     from radixcache.runtime.cluster.cluster import ReplicaCluster
     from radixcache.runtime.cluster.front import ClusterEngine
@@ -191,7 +191,8 @@ def test_on_real_ray_a_tool_loop_hits_the_cache_as_one_engine(local_ray: str, sm
     threads = torch.get_num_threads()
     try:
         numbered_ids()
-        with Engine(smollm2, page_size=PAGE, threads=1) as engine, TestClient(create_app(engine, "smollm2")) as c:
+        single = Engine(smollm2_fp32, tokenizer=smollm2.tokenizer, page_size=PAGE, threads=1)
+        with single as engine, TestClient(create_app(engine, "smollm2")) as c:
             want_prompts, want_cached = _loop(c, engine, stream=True)
         numbered_ids()
         with ReplicaCluster("smollm2", 1, engine_kwargs={"page_size": PAGE}, poll_interval=None) as cluster:

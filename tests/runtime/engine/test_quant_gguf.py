@@ -57,13 +57,13 @@ def smol(smollm2_gguf: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def models(smol: Any) -> dict[str, LlamaModel]:
+def models(smol: Any, smollm2_fp32: Any) -> dict[str, LlamaModel]:
     if shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.skip("quant='gguf' builds a C kernel: no C compiler here")
     with pytest.MonkeyPatch.context() as mp:  # the float-activation kernel; int8: tests/runtime/native/
         mp.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "float")
         gguf = LlamaModel(smol.config, smol.weights, quant="gguf", blocks=smol.blocks)
-    return {"none": LlamaModel(smol.config, smol.weights), "gguf": gguf}
+    return {"none": smollm2_fp32, "gguf": gguf}  # float32: the session's (tests/conftest.py), the same weights
 
 
 # ---------------------------------------------------------------------- loading

@@ -24,10 +24,11 @@ def smol(smollm2_gguf: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def model(smol: Any) -> LlamaModel:
+def model(smollm2_gguf_model: Any) -> LlamaModel:
     # quant="gguf": decode batches of up to 8 on the blocks, larger ones on the float32 weights, so a request run
-    # alone and the same request among 16 take different products (as float32's batched and single decodes do)
-    return LlamaModel(smol.config, smol.weights, quant="gguf", blocks=smol.blocks)
+    # alone and the same request among 16 take different products (as float32's batched and single decodes do); the
+    # model built once per worker (tests/conftest.py)
+    return smollm2_gguf_model
 
 
 def conv(i: int) -> list[dict[str, str]]:

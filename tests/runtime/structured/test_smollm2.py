@@ -17,7 +17,6 @@ import pytest
 
 from radixcache.runtime import Engine
 from radixcache.runtime.grammar import GrammarSpec
-from radixcache.runtime.model.llama import LlamaModel
 from radixcache.runtime.tools import assemble
 from tests.smollm2_tools import TOOLS
 
@@ -50,10 +49,10 @@ PERSON = {
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_gguf: Any) -> Any:
-    # quant="gguf" (tests/conftest.py): what is asserted is the grammar's and the cache's doing, on either weight path
-    model = LlamaModel(smollm2_gguf.config, smollm2_gguf.weights, quant="gguf", blocks=smollm2_gguf.blocks)
-    with Engine(model, tokenizer=smollm2_gguf.tokenizer, page_size=PAGE) as e:
+def engine(smollm2_gguf: Any, smollm2_gguf_model: Any) -> Any:
+    # quant="gguf" (tests/conftest.py, the model built once per worker): what is asserted is the grammar's and the
+    # cache's doing, on either weight path
+    with Engine(smollm2_gguf_model, tokenizer=smollm2_gguf.tokenizer, page_size=PAGE) as e:
         yield e
 
 

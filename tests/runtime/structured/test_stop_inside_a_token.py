@@ -15,7 +15,6 @@ import pytest
 
 from radixcache.runtime import Engine
 from radixcache.runtime.grammar import GrammarSpec
-from radixcache.runtime.model.llama import LlamaModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("structured_smollm2")]
 PROMPT = "The quick brown fox"
@@ -27,9 +26,9 @@ PERSON = {
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_gguf: Any) -> Any:
-    model = LlamaModel(smollm2_gguf.config, smollm2_gguf.weights, quant="gguf", blocks=smollm2_gguf.blocks)
-    with Engine(model, tokenizer=smollm2_gguf.tokenizer, page_size=16) as e:
+def engine(smollm2_gguf: Any, smollm2_gguf_model: Any) -> Any:
+    # the quant="gguf" model built once per worker (tests/conftest.py)
+    with Engine(smollm2_gguf_model, tokenizer=smollm2_gguf.tokenizer, page_size=16) as e:
         yield e
         assert e.check()["locked_blocks"] == 0
 
