@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_busy_replay.py                        # fp32, 2 rounds, 2 compile jobs, ~4 min
     .venv/bin/python scripts/bench_busy_replay.py --quant gguf --load spin --jobs 1 --rounds 3
     [--quant none|gguf] [--load compile|spin] [--jobs 2] [--rounds 2] [--threads 2] [--trace FILE] [--model M]
-    [--limit N] [--json FILE]
+    [--limit N] [--settle 2] [--json FILE]
 
 Issue 33 opened on this: beside a compiler building in the background, `radixcache replay` took 607 s instead of
 54 s and decoded at 1.1 tok/s, because a spinning OpenMP team of two threads waits at every barrier for a thread
@@ -13,11 +13,12 @@ machine and beside `--jobs` background jobs:
 - `compile` (default): each job a shell loop of `cc -O2 -c` over the project's C sources into a temporary folder,
   a build's load: processes that start and end every second or so, so a snapshot of the machine can miss them;
 - `spin`: each job `python -c 'while True: pass'`, a steady load.
-The jobs start 2 s before the replay; each is its own process group, killed by its pid at the end (nothing else
-is touched). Every round runs the four (load, policy) pairs, their order rotated per round. The table gives
-medians over rounds of wall time, decode tok/s and TTFT p50 / p99, with each policy's busy / idle ratios, and
-adaptive against fixed beside the load; the load average is read before each run ("idle" means no load started
-by this script). Run it alone: anything else running is part of the load.
+The jobs start `--settle` seconds (2) before the replay, and the next run waits as long after they are killed; each
+job is its own process group, killed by its pid at the end (nothing else is touched). Every round runs the four
+(load, policy) pairs, their order rotated per round. The table gives medians over rounds of wall time, decode tok/s
+and TTFT p50 / p99, with each policy's busy / idle ratios, and adaptive against fixed beside the load; the load
+average is read before each run ("idle" means no load started by this script). Run it alone: anything else running
+is part of the load.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 groups += [p.pid for p in procs]
                 try:
                     if procs:
-                        time.sleep(2.0)
+                        time.sleep(args.settle)
                     before = os.getloadavg()[0]
                     summary = replay(args, policy, scratch / "replay.json")
                 finally:
@@ -106,7 +107,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
                 if load == "busy":
-                    time.sleep(2.0)  # the load average and the engine's next start see the jobs gone
+                    time.sleep(args.settle)  # the load average and the engine's next start see the jobs gone
     return {"args": vars(args), "runs": runs, "load_groups": groups}
 
 
@@ -153,10 +154,15 @@ def main() -> None:
     ap.add_argument("--model", help="the replay's --model (default: the built-in SmolLM2)")
     ap.add_argument("--limit", type=int, help="the replay's --limit: at most this many conversations")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds one replay may take")
+    ap.add_argument(
+        "--settle", type=float, default=2.0, help="seconds the jobs run before a busy replay, and the wait after it"
+    )
     ap.add_argument("--json", help="write every run here")
     args = ap.parse_args()
     if args.jobs < 1 or args.rounds < 1 or args.threads < 1:
         ap.error("--jobs, --rounds and --threads must be >= 1")
+    if not 0 <= args.settle < float("inf"):
+        ap.error("--settle must be a finite number of seconds >= 0")
     result = bench(args)
     print(report(result))
     if args.json:

@@ -35,7 +35,9 @@ def _running_in_group(pgid: int) -> list[int]:
 def test_bench_busy_replay_runs_each_pair_and_leaves_no_job_behind(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "busy.json"
     cmd = [sys.executable, str(REPO / "scripts" / "bench_busy_replay.py"), "--model", str(tiny_model_dir)]
-    cmd += ["--limit", "1", "--rounds", "1", "--jobs", "1", "--load", "compile", "--json", str(out)]
+    # --settle 0: no wait beside the jobs (2 s before and after each busy run by default, 8 s of this test); the
+    # replay's own start (a Python process importing torch) keeps the job's compiler running before it is killed
+    cmd += ["--limit", "1", "--rounds", "1", "--jobs", "1", "--load", "compile", "--settle", "0", "--json", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -48,7 +50,11 @@ def test_bench_busy_replay_runs_each_pair_and_leaves_no_job_behind(tiny_model_di
     assert not [p for g in result["load_groups"] for p in _running_in_group(g)]  # the job and its compiler
 
 
-def test_bench_busy_replay_refuses_nonsense_counts() -> None:
-    cmd = [sys.executable, str(REPO / "scripts" / "bench_busy_replay.py"), "--jobs", "0"]
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [(["--jobs", "0"], "--jobs, --rounds and --threads must be >= 1"), (["--settle", "-1"], "--settle must be")],
+)
+def test_bench_busy_replay_refuses_nonsense_counts(args: list[str], named: str) -> None:
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_busy_replay.py"), *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert r.returncode == 2 and "--jobs" in r.stderr
+    assert r.returncode == 2 and named in r.stderr
