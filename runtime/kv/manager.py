@@ -30,7 +30,8 @@ leases give way first: a lease never fails a request.
 The last token: its pass makes the next token's logits, so at most all tokens but the last count as cached. A match
 that reaches it (the same prompt again, a parallel sample) keeps that token's page: a tier page is loaded into a
 block of the request's own as usual, a tree page copied into one (`copy_page`): one token is computed, not a page.
-A tree page not copied (a resumed request does not need it; no block is left beside it) is left out of the lock.
+The tree's page then leaves the request's lock, copied or not (a resumed request does not need it; no block is left
+beside it), so it never holds a page of the pool the request cannot grow into.
 """
 
 from __future__ import annotations

@@ -102,9 +102,7 @@ class Matching:
             if cut is not None and (last_page is None or need + reserve > cache.free_blocks + cache.evictable_blocks):
                 # Not copied (not needed, or no room beside it: its tokens are computed), the cut page leaves our lock
                 # and may be evicted for our pages: else a pool that it fills exactly refuses the prompt it holds.
-                short = cache.lock_prefix(tokens, len(blocks) * p, namespace=kv.namespace) if blocks else None
-                self._unlock_all(node, [])
-                node, last_page = short, None
+                node, last_page = self._lock_shorter(node, tokens, len(blocks), kv.namespace), None
             if not strict and need + reserve > cache.free_blocks + cache.evictable_blocks:
                 self._unlock_all(node, host_hashes)
                 return False
@@ -118,6 +116,10 @@ class Matching:
                 assert self.copy_page is not None
                 self.copy_page(last_page, new[0])
                 loaded = 1
+                # Copied, the tree's page is not read again: it leaves our lock, as an uncopied one does. Held, it
+                # stayed locked until the request's next commit (for its whole life without in-flight sharing), a
+                # page of the pool it could not grow into: a repeat that fit a nearly full pool ended with "length".
+                node = self._lock_shorter(node, tokens, len(blocks), kv.namespace)
             elif tiers is not None and tier_match is not None:
                 loaded, kv.pending_load = tiers.load(tier_match, host_hashes, disk_pages, tokens, new, kv.rid, defer)
         except BaseException:
@@ -201,6 +203,14 @@ class Matching:
             return 0, None
         match = self.cache.peek(tokens, namespace=namespace)
         return match.length, (match.node if match.length else None)
+
+    def _lock_shorter(
+        self, node: TreeNode | None, tokens: Sequence[int], pages: int, namespace: Hashable
+    ) -> TreeNode | None:
+        """Move a lock from `node` up to the node that ends the first `pages` pages of `tokens` (None: no page)."""
+        short = self.cache.lock_prefix(tokens, pages * self.page_size, namespace=namespace) if pages else None
+        self._unlock_all(node, [])
+        return short
 
     def _unlock_all(self, node: TreeNode | None, host_hashes: list[bytes]) -> None:
         if node is not None:

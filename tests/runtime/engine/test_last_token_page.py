@@ -15,6 +15,7 @@ import torch
 
 from radixcache import RadixCache
 from radixcache.runtime import Engine, GenerationResult
+from radixcache.runtime.engine.scheduler import SchedulerConfig
 from radixcache.runtime.kv.manager import KVManager
 from radixcache.runtime.kv.state import KVState, Status
 from radixcache.runtime.testing import RandomModel
@@ -231,3 +232,38 @@ def test_a_repeat_cancelled_at_any_instant_gives_its_copy_back(tiny: RandomModel
         assert all_back(on)
         again = on.generate(prompt, 8, return_logits=True, ignore_eos=True)
         assert_same(again, want)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_repeat_in_a_nearly_full_pool_makes_every_token_once_its_page_is_copied(
+    tiny: RandomModel, share: bool
+) -> None:
+    """A prompt of two whole pages, then 8 tokens, in a pool of three pages: its repeat copies the cached last page
+    into its own block, and the tree's page leaves its lock, so it can be evicted for the repeat's third page. Kept
+    locked (for the request's life without in-flight sharing), the repeat ended with "length" after 1 token."""
+    prompt = ids(2 * PAGE, seed=3)
+    with Engine(tiny, enable_cache=False, capacity_blocks=64, page_size=PAGE) as off:
+        want = off.generate(prompt, 8, return_logits=True, ignore_eos=True)
+    config = SchedulerConfig(share_in_flight=share)
+    with Engine(tiny, capacity_blocks=3, page_size=PAGE, scheduler_config=config) as on:
+        for _ in range(2):
+            got = on.generate(prompt, 8, return_logits=True, ignore_eos=True)
+            assert_same(got, want)
+        assert got.cached_tokens == len(prompt) - 1 and got.prefill_tokens == 1  # the copy was made
+        on.cache.check_invariants()
+        assert all_back(on)
+
+
+def test_the_manager_keeps_no_lock_on_the_page_it_copied() -> None:
+    cache = RadixCache(16, 4)
+    tokens = list(range(1, 13))  # 3 pages of 4
+    cache.insert(tokens, cache.allocate(3))
+    kv_manager = KVManager(cache, copy_page=lambda s, d: None)
+    kv = KVState(rid=1, prompt_tokens=12, max_new_tokens=4)
+    assert kv_manager.admit(kv, tokens, 12)
+    assert kv.tree_blocks == 2 and cache.held_blocks == 1  # the copy
+    assert cache.evictable_blocks == 1  # the page it copied
+    assert kv.match_node is not None and kv.match_node.end_len == 8
+    cache.check_invariants()
+    kv_manager.abort(kv)
+    assert cache.locked_blocks == 0 and cache.free_blocks + cache.evictable_blocks == cache.capacity_blocks
