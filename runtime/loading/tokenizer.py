@@ -166,7 +166,7 @@ class Tokenizer:
                 text,
                 lambda piece, first: self.encode(piece, add_special_tokens and first),
                 self._spelled,
-                lambda: self.encode(str(text), add_special_tokens),
+                lambda: self._canonical(text, add_special_tokens),
             )
         try:
             ids = self.backend.encode(text, add_special_tokens=False).ids
@@ -176,6 +176,18 @@ class Tokenizer:
         if add_special_tokens and self.add_bos and ids[:1] != [self.bos_token_id]:
             ids.insert(0, self.bos_token_id)
         return ids
+
+    def _canonical(self, text: PromptText, add_special_tokens: bool) -> list[int]:
+        """`text` encoded anew, its literal spans (a tool result's special-token text) kept as their plain-text ids:
+        a SentencePiece tokenizer reads text after a special token with a "▁" of its own, so a prompt with such a
+        span never spelled its canonical encoding, and that encoding read the result's `</s>` as the control token."""
+        ids: list[int] = []
+        pos = 0
+        for span in text.known:
+            if span.literal:
+                ids += self.encode(str(text[pos : span.start]), add_special_tokens and pos == 0) + list(span.token_ids)
+                pos = span.end
+        return ids + self.encode(str(text[pos:]), add_special_tokens and pos == 0)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True, keep: Collection[int] = ()) -> str:
         """The text of `ids`. A byte-fallback run that is not all UTF-8 keeps its complete characters, each bad
@@ -310,11 +322,33 @@ class Tokenizer:
 
     def _literal_ids(self, text: str) -> list[int]:
         """The ids of `text` read as plain text (a special token's text a tool result spells), following other
-        text: a SentencePiece tokenizer's "▁" put before it left out (it would read as a space)."""
+        text: a SentencePiece tokenizer's "▁" put before it left out (it would read as a space). Where that "▁" is
+        merged into the first piece (Llama 2's "▁</" of "</s>": " </s>" is no span of "</s>", and the span left out
+        was read with the rest, its `</s>` the control token), or the model's vocabulary holds the special text as a
+        piece, the text is spelled a character at a time."""
+        ids = self._plain_ids(text)
+        if ids is not None:
+            return ids
+        chars = [self._plain_ids(c) or self._char_ids(c) for c in text]
+        return [i for c in chars for i in c] if all(chars) else self._literal_backend.encode(text, False).ids
+
+    def _plain_ids(self, text: str) -> list[int] | None:
+        """`text`'s ids by the literal backend, a lone leading "▁" left out, if they spell it with no special id."""
         ids = self._literal_backend.encode(text, add_special_tokens=False).ids
-        if self._spelled(ids) != text and ids and self._spelled(ids[:1]) == " " and self._spelled(ids[1:]) == text:
+        if self._spelled(ids) != text and ids and self._spelled(ids[:1]) == " ":
             ids = ids[1:]
-        return ids
+        ok = self._spelled(ids) == text and not any(i in self._special_ids for i in ids)
+        return ids if ok else None
+
+    def _char_ids(self, char: str) -> list[int]:
+        """One character's ids from the vocabulary: the piece that is it, else its byte-fallback pieces; [] if
+        neither spells it."""
+        whole = self.backend.token_to_id(char)
+        if whole is not None and whole not in self._special_ids and self._spelled([whole]) == char:
+            return [whole]
+        pieces = [self.backend.token_to_id(f"<0x{b:02X}>") for b in char.encode()]
+        ok = None not in pieces and self._spelled(pieces) == char  # type: ignore[arg-type]
+        return pieces if ok else []  # type: ignore[return-value]
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else self.backend.id_to_token(token_id) or ""

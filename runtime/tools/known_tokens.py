@@ -28,11 +28,14 @@ from typing import Any, NamedTuple
 
 
 class KnownSpan(NamedTuple):
-    """`text[start:end]` was emitted by the model as `token_ids`."""
+    """`text[start:end]` was emitted by the model as `token_ids`; `literal`: a tool result's special-token text,
+    `token_ids` its plain-text ids (runtime/tools/literal_text.py), never read as the control token, not even where
+    the prompt is encoded anew."""
 
     start: int
     end: int
     token_ids: tuple[int, ...]
+    literal: bool = False
 
 
 class PromptText(str):

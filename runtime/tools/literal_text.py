@@ -87,7 +87,7 @@ def unmark(text: str, marks: LiteralMarks, literal_ids: Callable[[str], Sequence
         literal = marks.texts[k]
         out += [text[pos : found.start()], literal]
         start = found.start() + shift
-        spans.append(KnownSpan(start, start + len(literal), tuple(literal_ids(literal))))
+        spans.append(KnownSpan(start, start + len(literal), tuple(literal_ids(literal)), literal=True))
         shift += len(literal) - len(found.group(0))
         pos = found.end()
         seen.add(k)
