@@ -309,8 +309,16 @@ class Tokenizer:
 
     @functools.cached_property
     def _special_texts(self) -> re.Pattern[str] | None:
-        """The special tokens' texts, which a tool result may spell (runtime/tools/literal_text.py)."""
-        return special_pattern([t.content for t in self.backend.get_added_tokens_decoder().values() if t.special])
+        """The control tokens' texts, which a tool result may spell (runtime/tools/literal_text.py)."""
+        return special_pattern(list(self._control_tokens.values()))
+
+    @functools.cached_property
+    def _control_tokens(self) -> dict[int, str]:
+        """The added tokens a tool result must not spell as themselves: the special ones, and the others but runs of
+        whitespace (Qwen's `<tool_call>` and `</tool_response>` are added as not special: a result holding
+        `</tool_response>` closed its response as the template's own token)."""
+        added = self.backend.get_added_tokens_decoder().items()
+        return {i: t.content for i, t in added if t.content and (t.special or t.content.strip())}
 
     @functools.cached_property
     def _literal_backend(self) -> Backend:
@@ -337,14 +345,14 @@ class Tokenizer:
         ids = self._literal_backend.encode(text, add_special_tokens=False).ids
         if self._spelled(ids) != text and ids and self._spelled(ids[:1]) == " ":
             ids = ids[1:]
-        ok = self._spelled(ids) == text and not any(i in self._special_ids for i in ids)
+        ok = self._spelled(ids) == text and not any(i in self._control_tokens for i in ids)
         return ids if ok else None
 
     def _char_ids(self, char: str) -> list[int]:
         """One character's ids from the vocabulary: the piece that is it, else its byte-fallback pieces; [] if
         neither spells it."""
         whole = self.backend.token_to_id(char)
-        if whole is not None and whole not in self._special_ids and self._spelled([whole]) == char:
+        if whole is not None and whole not in self._control_tokens and self._spelled([whole]) == char:
             return [whole]
         pieces = [self.backend.token_to_id(f"<0x{b:02X}>") for b in char.encode()]
         ok = None not in pieces and self._spelled(pieces) == char  # type: ignore[arg-type]
