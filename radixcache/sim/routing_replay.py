@@ -19,6 +19,8 @@ tree adopts on insert (`stored`) and those that leave it on eviction (`removed`,
 numbered `EventBatch`es applied at once (no lag). Page keys are a hash trace's ids (with the namespace, when
 there is one) or radixcache.page_hash's chained hashes of a token trace's pages. A key two tree positions share
 (a hash trace whose ids are not chained) is published when the first copy enters and the last one leaves.
+A request's session is its trace's `session` scoped by its `namespace`, as the cluster scopes it: two tenants'
+`chat-1` are two sessions.
 
 Memory does not grow with the number of requests: the trace is streamed, the TTFT percentiles use a
 `LatencyDigest`, and only requests in flight (queued or running) are held.
@@ -34,7 +36,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from itertools import count
 
 from radixcache.errors import RadixCacheError
-from radixcache.page_hash import PageChain, chain_hashes, root_hash
+from radixcache.page_hash import PageChain, chain_hashes, namespace_key, root_hash
 from radixcache.policy.base import EvictionPolicy
 from radixcache.policy.registry import make_policy
 from radixcache.router import (
@@ -157,7 +159,10 @@ class RoutingReplay:
 
     def _arrive(self, rid: int, t: float, request: SimRequest, out: int) -> None:
         keys, chain = self._page_keys(request)
-        route = RouteRequest(keys, request.prompt_tokens, out, self.page_size * request.unit, request.session)
+        session = request.session
+        if session is not None and request.namespace is not None:  # a tenant's "chat-1" is its own, as the cluster's
+            session = f"{namespace_key(request.namespace)}|{session}"
+        route = RouteRequest(keys, request.prompt_tokens, out, self.page_size * request.unit, session)
         r, matched = self.router.route(route, self.ids, self.index, self.loads)
         replica = self.replicas[r]
         self.loads.dispatched(r, rid, route.uncached_tokens(matched), out)

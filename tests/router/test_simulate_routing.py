@@ -349,3 +349,18 @@ def test_a_policy_object_serves_each_replica_as_its_name_does(policy: type) -> N
     assert by_object.hit_tokens == by_name.hit_tokens
     assert [r.hit_tokens for r in by_object.replicas] == [r.hit_tokens for r in by_name.replicas]
     assert vars(given) == vars(policy())  # the object given is left as it was
+
+
+def test_a_session_id_two_tenants_use_is_two_sessions() -> None:
+    """Regression: the replay routed by the trace's session id alone, so eight tenants' "chat" were one session,
+    stuck to one replica (8, 0, 0, 0), where the cluster scopes a session by its namespace. Now as if each tenant's
+    session had a name of its own."""
+    prompts = [tuple(range(100 * i, 100 * i + 8)) for i in range(8)]  # no page in common
+    requests = [SimRequest(1000.0 * i, p, (), 8, 1, f"t{i}", "chat") for i, p in enumerate(prompts)]
+    renamed = [SimRequest(1000.0 * i, p, (), 8, 1, f"t{i}", f"t{i}-chat") for i, p in enumerate(prompts)]
+
+    def placed(reqs: list[SimRequest], router: str) -> list[int]:
+        return [r.requests for r in simulate_routing(Workload(tuple(reqs), 4, 4, "token"), 4, 64, router).replicas]
+
+    assert placed(requests, "cache_aware") == placed(renamed, "cache_aware")
+    assert sum(n > 0 for n in placed(requests, "consistent_hash")) > 1
