@@ -105,7 +105,12 @@ def _check_parameters(use: ToolUse) -> None:
 
 def tool_parser(use: ToolUse, features: TemplateFeatures, ids: CallIds) -> ToolCallParser:
     return ToolCallParser(
-        use.tools, features.format, new_id=ids.sequence(), max_calls=use.max_calls, calls_only=use.calls_only
+        use.tools,
+        features.format,
+        new_id=ids.sequence(),
+        max_calls=use.max_calls,
+        calls_only=use.calls_only,
+        forced=use.forced,
     )
 
 

@@ -258,7 +258,12 @@ def _tool_parser(job: Job, req: Any) -> ToolCallParser | None:
         return None
     ids = getattr(req, "call_ids", None) or CallIds()
     return ToolCallParser(
-        use.tools, job.tool_format, new_id=ids.sequence(), max_calls=use.max_calls, calls_only=use.calls_only
+        use.tools,
+        job.tool_format,
+        new_id=ids.sequence(),
+        max_calls=use.max_calls,
+        calls_only=use.calls_only,
+        forced=use.forced,
     )
 
 

@@ -21,7 +21,8 @@ A call naming no given tool is not a call. In the generic format, once a call is
 is ignored (it stays in `raw`). Output cut short inside the arguments leaves them cut short, as OpenAI does at
 finish_reason "length"; cut after a call's name, before its arguments open, it is that call with empty arguments.
 Under `calls_only` (a grammar allowed calls alone: "required", a named function) nothing is content: an output cut
-before any call's name is no call and no content, as OpenAI returns no content for a required call.
+before any call's name is no call and no content, as OpenAI returns no content for a required call; under a named
+function (`forced`) it is that function's call with empty arguments, as OpenAI returns it at any max_tokens.
 """
 
 from __future__ import annotations
@@ -84,11 +85,14 @@ class ToolCallParser:
         new_id: Callable[[], str] = new_call_id,
         max_calls: int | None = None,
         calls_only: bool = False,
+        forced: str | None = None,
     ) -> None:
         """`max_calls`: the most calls read (1 for `parallel_tool_calls: false`, which an unconstrained model does
         not always obey); the output after the last one read is ignored (it stays in `raw`). `calls_only`: a grammar
         made the output calls alone ("required" and named tool_choices), so none of it is content, not even a
-        fragment of the calls' scaffold that the length limit cut before any call's name (no call then)."""
+        fragment of the calls' scaffold that the length limit cut before any call's name (no call then). `forced`:
+        the function a named tool_choice calls; an output that ends before its call's name (the length limit cut
+        the scaffold) is that call with empty arguments, as the name is the request's."""
         if fmt not in FORMATS:
             raise ValueError(f"unknown tool call format {fmt!r}")
         self.names = {t.name for t in tools}
@@ -99,6 +103,7 @@ class ToolCallParser:
         self.new_id = new_id
         self.max_calls = max_calls
         self.calls_only = calls_only
+        self.forced = forced
         self.dropped_calls = False
         # The text is read through a window: `text` holds the output from where the window starts, `pos` and `held`
         # are offsets into it. The decided text before both is dropped from time to time, and a delta that can
@@ -139,12 +144,15 @@ class ToolCallParser:
     def finish(self) -> list[dict[str, Any]]:
         """The deltas the end of the output decides (held text, calls found only in the whole text)."""
         if self.command_r is not None:
-            self.finished = True
-            return self.command_r.feed("", final=True)
-        self._take()
-        out: list[dict[str, Any]] = []
-        self._run(out, final=True)
+            out = self.command_r.feed("", final=True)
+        else:
+            self._take()
+            out = []
+            self._run(out, final=True)
         self.finished = True
+        machine: ToolCallParser | CommandRCalls = self if self.command_r is None else self.command_r
+        if self.forced is not None and not machine.calls:  # cut before the name: the request named the function
+            out.append(open_call(machine.calls, self.new_id(), self.forced))
         return out
 
     def result(self) -> ParsedOutput:
@@ -374,9 +382,10 @@ def parse_tool_calls(
     new_id: Callable[[], str] = new_call_id,
     max_calls: int | None = None,
     calls_only: bool = False,
+    forced: str | None = None,
 ) -> ParsedOutput:
     """The whole output at once: exactly what the streamed deltas of `ToolCallParser` assemble to."""
-    parser = ToolCallParser(tools, fmt, new_id=new_id, max_calls=max_calls, calls_only=calls_only)
+    parser = ToolCallParser(tools, fmt, new_id=new_id, max_calls=max_calls, calls_only=calls_only, forced=forced)
     parser.feed(text)
     parser.finish()
     return parser.result()

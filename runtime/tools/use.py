@@ -43,6 +43,12 @@ class ToolUse:
         return self.choice.mode in ("required", "function")
 
     @property
+    def forced(self) -> str | None:
+        """The function a named tool_choice calls (None for the other choices): its name is the request's, so a
+        reply the length limit cut before the call's name is still that call (`ToolCallParser`'s `forced`)."""
+        return self.choice.name if self.choice.mode == "function" else None
+
+    @property
     def one_call(self) -> bool:
         """At most one call: `parallel_tool_calls` false, or a named function (OpenAI's forced function calls it
         exactly once, whatever `parallel_tool_calls` says)."""

@@ -2,7 +2,8 @@
 limit cut inside the `{"tool_calls": [` scaffold, before any call's name, was returned as that fragment in
 `content` (`"{\"to"`, finish_reason "length"). OpenAI returns no content for a required call, and a cut before any
 name is no call (docs/tool_calls.md): content null, no calls, "length", in the engine and over HTTP, whole and
-streamed alike."""
+streamed alike. Under a named function the name is the request's: that call, its arguments empty
+(tests/server/test_named_cut_call.py)."""
 
 from __future__ import annotations
 
@@ -43,12 +44,15 @@ def test_the_engine_returns_no_content_for_a_scaffold_cut_short(engine: Engine, 
     whole = engine.chat(ASK, limit, tools=TOOLS, tool_choice=choice)
     raw = engine.tokenizer.decode(list(whole.token_ids))
     assert SCAFFOLD.startswith(raw) and raw, raw  # the independent expectation: cut before any name
-    assert (whole.text, whole.tool_calls, whole.finish_reason) == ("", (), "length")
+    named = [("now", "")] if choice == NAMED else []  # a named function's name is the request's
+    assert (whole.text, whole.finish_reason) == ("", "length")
+    assert [(c.name, c.arguments) for c in whole.tool_calls] == named
 
     async def deltas() -> list[dict[str, Any]]:
         return [d async for d in engine.stream(ASK, limit, tools=TOOLS, tool_choice=choice)]
 
-    assert assemble(asyncio.run(deltas())) == (None, [])
+    content, calls = assemble(asyncio.run(deltas()))
+    assert (content, [(c["function"]["name"], c["function"]["arguments"]) for c in calls]) == (None, named)
 
 
 @pytest.mark.parametrize("limit", [4, 17])
