@@ -35,13 +35,13 @@ from typing import Any
 
 from radixcache.runtime.tools import scan
 from radixcache.runtime.tools.call_deltas import argument_piece, open_call
+from radixcache.runtime.tools.cut_calls import MISTRAL_CALLS, cut_call
 from radixcache.runtime.tools.json_values import json_object
 from radixcache.runtime.tools.messages import STRICT_JSON, ToolCall
 from radixcache.runtime.tools.parse_command_r import COMMAND_R, COMMAND_R7B, CommandRCalls
 from radixcache.runtime.tools.specs import ToolSpec
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-MISTRAL_CALLS = "[TOOL_CALLS]"  # Mistral's token before its list of calls (kept: runtime.tools.call_tokens)
 FORMATS = ("generic", "native", "hermes", COMMAND_R, COMMAND_R7B)  # TemplateFeatures.format's values
 
 
@@ -272,7 +272,7 @@ class ToolCallParser:
 
     def _hold(self, out: list[dict[str, Any]], final: bool) -> None:
         if final:
-            self._loose(out, self.text[self.held :], self.text[self.held :])
+            self._loose(out, self.text[self.held :], self.text[self.held :], cut=True)
             self.pos, self.state = len(self.text), "done"
 
     def _give_up(self, out: list[dict[str, Any]], final: bool) -> None:
@@ -316,13 +316,19 @@ class ToolCallParser:
         if i < 0 and not final:
             return
         end = len(self.text) if i < 0 else i + len(CLOSE)
-        called = self._loose(out, self.text[self.pos : i if i >= 0 else end], self.text[self.held : end])
+        called = self._loose(out, self.text[self.pos : i if i >= 0 else end], self.text[self.held : end], i < 0)
         self.pos, self.held = end, end
         self.state = "done" if i < 0 else "between" if called else "text"
 
-    def _loose(self, out: list[dict[str, Any]], body: str, whole: str) -> bool:
-        """Calls from JSON in any accepted shape, emitted whole (True); else `whole` is content (False)."""
+    def _loose(self, out: list[dict[str, Any]], body: str, whole: str, cut: bool = False) -> bool:
+        """Calls from JSON in any accepted shape, emitted whole (True); else `whole` is content (False). `cut`: the
+        output ended in `body`, so a call it ended inside is that call, its arguments as written (`cut_call`)."""
         calls = loose_calls(body, self.names)
+        if calls is None and cut and (one := cut_call(body, self.names)) is not None and self._room() != 0:
+            self._head(out, one[0])
+            if one[1]:
+                out.append(argument_piece(self.calls, one[1]))
+            return True
         if calls is None:
             self._emit_content(out, whole)
             return False
