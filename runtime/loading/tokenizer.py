@@ -338,7 +338,11 @@ class Tokenizer:
         if ids is not None:
             return ids
         chars = [self._plain_ids(c) or self._char_ids(c) for c in text]
-        return [i for c in chars for i in c] if all(chars) else self._literal_backend.encode(text, False).ids
+        return (
+            [i for c in chars for i in c]
+            if all(chars)
+            else self._literal_backend.encode(text, add_special_tokens=False).ids
+        )
 
     def _plain_ids(self, text: str) -> list[int] | None:
         """`text`'s ids by the literal backend, a lone leading "▁" left out, if they spell it with no special id."""

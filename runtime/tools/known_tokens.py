@@ -167,7 +167,8 @@ def encode_with_known(
 ) -> list[int]:
     """`text`'s ids: the pieces between known spans through `encode(piece, first)` (`first` is True only for the
     piece at the start, which may take a BOS), each known span's ids as given. A span whose ids do not decode to
-    its text is encoded like the rest, so a wrong memory can cost cache hits but never change the prompt.
+    its text is encoded like the rest, so a wrong memory can cost cache hits but never change the prompt;
+    not a literal one (a tool result's special-token text), which encoded like the rest is the control token.
 
     A SentencePiece tokenizer (Llama 2, Mistral 7B tokenizer.json) puts a "▁" before whatever it encodes, so a piece
     after a span read with a space of its own ("Paris" + " </s>" read "Paris  </s>"): a piece after a span that does
@@ -177,8 +178,8 @@ def encode_with_known(
     exact = True  # every later piece spelled itself: the prompt's text is the text's
     pos = 0
     for span in text.known:
-        if decode(span.token_ids) != text[span.start : span.end]:
-            continue
+        if not span.literal and decode(span.token_ids) != text[span.start : span.end]:
+            continue  # a literal span is kept whatever it spells (an <unk> for a character the vocabulary lacks)
         piece, spelled = _piece(str(text[pos : span.start]), pos == 0, encode, decode)
         ids += piece + list(span.token_ids)
         exact &= spelled
