@@ -124,7 +124,7 @@ async def request_deltas(
     req = await off_loop(build)
     deltas: AsyncIterator[Any] = stream_text(req, enqueue, output, output.eos_token_ids, ended)
     if req.tool_use is not None and req.call_ids is not None:
-        deltas = tool_deltas(deltas, tool_parser(req.tool_use, output.tool_features, req.call_ids))
+        deltas = tool_deltas(deltas, tool_parser(req.tool_use, output.tool_features.format, req.call_ids))
     async with contextlib.aclosing(deltas):  # type: ignore[type-var]
         async for delta in deltas:
             yield delta

@@ -103,10 +103,12 @@ def _check_parameters(use: ToolUse) -> None:
         check_schema(tool.parameters, f"tools[{i}].function.parameters")
 
 
-def tool_parser(use: ToolUse, features: TemplateFeatures, ids: CallIds) -> ToolCallParser:
+def tool_parser(use: ToolUse, call_format: str, ids: CallIds) -> ToolCallParser:
+    """The parser of one request's calls in `call_format` (the template's), its call ids drawn from `ids`: the
+    engine's stream, its whole result and the server's choices build theirs here, so they parse alike."""
     return ToolCallParser(
         use.tools,
-        features.format,
+        call_format,
         new_id=ids.sequence(),
         max_calls=use.max_calls,
         calls_only=use.calls_only,
@@ -124,7 +126,7 @@ def with_tool_calls(
 ) -> GenerationResult:
     """`result` with its calls parsed (see the module docstring); unchanged when there are none. `emitted_ids`: the
     token ids of `result.text` as the model emitted them, remembered with the text (empty when not known)."""
-    parser = tool_parser(use, features, ids)  # the stream's parser: streamed and whole results agree
+    parser = tool_parser(use, features.format, ids)  # the stream's parser: streamed and whole results agree
     parser.feed(result.text)
     parser.finish()
     parsed = parser.result()

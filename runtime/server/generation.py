@@ -24,6 +24,7 @@ from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine, GenerationHandle
 from radixcache.runtime.engine.request import GenerationResult
 from radixcache.runtime.engine.streaming import held_back_length
+from radixcache.runtime.engine.tool_calls import tool_parser
 from radixcache.runtime.loading.detokenizer import IncrementalDetokenizer, text_after
 from radixcache.runtime.server.stream_wakes import Wakes
 from radixcache.runtime.tools import ToolCallParser
@@ -256,15 +257,7 @@ def _tool_parser(job: Job, req: Any) -> ToolCallParser | None:
     use = job.options.tool_use
     if use is None or not use.parses_calls:
         return None
-    ids = getattr(req, "call_ids", None) or CallIds()
-    return ToolCallParser(
-        use.tools,
-        job.tool_format,
-        new_id=ids.sequence(),
-        max_calls=use.max_calls,
-        calls_only=use.calls_only,
-        forced=use.forced,
-    )
+    return tool_parser(use, job.tool_format, getattr(req, "call_ids", None) or CallIds())
 
 
 def _decoder(engine: GenerationEngine, keep: frozenset[int] = frozenset()) -> Callable[[Sequence[int]], str]:
