@@ -342,7 +342,7 @@ def test_a_reply_cut_in_text_after_its_call_marks_that_text_not_the_call_incompl
     tools = normalize_tools(TOOLS)
     raw = 'Checking.<tool_call>{"name": "now", "arguments": {}}</tool_call> Done.'
     closed, after = raw.index("{}}") + 2, raw.index("Done")
-    use = SimpleNamespace(tools=tools, parses_calls=True, max_calls=None, calls_only=False)
+    use = SimpleNamespace(tools=tools, parses_calls=True, max_calls=None, calls_only=False, forced=None)
     job = SimpleNamespace(options=SimpleNamespace(tool_use=use, sampling=SimpleNamespace(stop=(), stop_token_ids=())))
     job.tool_format, job.prompts = "hermes", [[]]  # no prompt: the stub decoder gives the text alone
     job.call_tokens = frozenset()
