@@ -44,7 +44,7 @@ from radixcache.runtime.cluster.placement import (
     wait_started,
 )
 from radixcache.runtime.cluster.replica import EngineReplica
-from radixcache.runtime.cluster.resend import check_resend, note_death
+from radixcache.runtime.cluster.resend import check_resend
 from radixcache.runtime.cluster.stream_wait import answered, end_by
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
 
@@ -225,12 +225,10 @@ class ReplicaCluster(Membership):
         end_at = end_by(took, opts.timeout)  # its replica ends it at its timeout; a frozen one does not
         answer_by = None if opts.timeout is None else took + opts.timeout  # its sync waits not past its timeout
         tried: set[int] = set()
-        died: set[int] = set()  # those of `tried` that died under it (not dead before it was sent)
         while True:
             replica, rid = self.dispatch(request, tried)
             computed = True
             name = f"{self._name}-g{rid}"  # the replica's name for it: a cancel sent there finds it
-            sent = time.time()
             try:
                 spent = time.monotonic() - took
                 ref = self._actors[replica].generate.remote(list(prompt_ids), opts.max_new_tokens, call, name, spent)
@@ -245,8 +243,7 @@ class ReplicaCluster(Membership):
                     cause = getattr(exc, "cause", None)  # ClusterEngine's (Ray's wrapper's text is a traceback)
                     raise cause if isinstance(cause, Exception) else exc from None
                 tried.add(replica)
-                note_death(self, died, replica, sent)
-                check_resend(died, exc)
+                check_resend(tried, exc)
                 self.count_retry()
             except self.ray.exceptions.GetTimeoutError:  # alive but not answering: the client may retry (503)
                 computed = False

@@ -33,7 +33,7 @@ from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.cluster.front_calls import ReplicaCalls
 from radixcache.runtime.cluster.handles import CallAdmission, FrontQueue, RemoteHandle, RemoteRequest, SeenTimes
 from radixcache.runtime.cluster.limits import check_model_limits
-from radixcache.runtime.cluster.resend import check_resend, engine_reason, note_death
+from radixcache.runtime.cluster.resend import check_resend, engine_reason
 from radixcache.runtime.cluster.stream_wait import NotStarted, TimeoutCut, end_by, next_item
 from radixcache.runtime.cluster.tally import Baseline, Counters, _add, replica_rows  # noqa: F401 (_add: its tests)
 from radixcache.runtime.engine.errors import EngineClosedError, ReplicaUnavailableError
@@ -207,7 +207,6 @@ class ClusterEngine(ReplicaCalls):
         cluster, req = self.cluster, handle.request
         ray = cluster.ray
         tried: set[int] = set()
-        died: set[int] = set()  # those of `tried` that died under it (not dead before it was sent)
         sent_at = handle.sent_at
         queue_timeout = cluster.queue_timeout
 
@@ -232,7 +231,6 @@ class ClusterEngine(ReplicaCalls):
                 cut.sent()
                 try:
                     streaming = cluster.actor(replica).stream.options(num_returns="streaming")
-                    wall = time.time()  # its send, on the clock Ray's death times are on
                     now = time.monotonic()  # durations, each side on its own clock (runtime.cluster.replica)
                     held = call is not None  # its admission deadline is the call's, held here: none on the replica
                     stream = streaming.remote(req.rid, prompt, options, now - sent_at, now - handle.sent_at, held)
@@ -275,8 +273,7 @@ class ClusterEngine(ReplicaCalls):
                         result, stalled = unstarted(prompt, options, "cancelled"), True
                         continue
                     tried.add(replica)
-                    note_death(cluster, died, replica, wall)
-                    check_resend(died, exc)
+                    check_resend(tried, exc)
                     cluster.count_retry()
                     if admitted:  # its wait in a queue had ended: the queue timeout counts from the new send
                         sent_at, call = time.monotonic(), None  # its own, no longer its call's

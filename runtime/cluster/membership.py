@@ -53,19 +53,6 @@ class Membership:
         self.mark_dead(replica, exc)
         return True
 
-    def died_before(self, replica: int, sent: float) -> bool:
-        """Whether Ray records `replica`'s actor dead for good (no restart left) since before `sent` (time.time()):
-        a request sent to it then found it dead, and did not kill it (runtime.cluster.resend). Its death time is
-        the GCS's actor table's, on the head node's clock; False when it is not dead for good, or cannot be read
-        (no such table, a Ray without it): the death then counts against the request, as before."""
-        try:
-            actor_id = self._actors[replica]._actor_id.hex()
-            info = self.ray._private.state.actors(actor_id=actor_id)
-            end_s = info["EndTime"] / 1000  # ms since the epoch; 0 while it lives
-        except Exception:  # a private API: whatever it raises, nothing is known
-            return False
-        return info.get("State") == "DEAD" and 0 < end_s < sent
-
     def mark_dead(self, replica: int, exc: BaseException) -> None:
         """`replica` failed a call: it leaves the routing set now (index, load and router memory dropped)."""
         with self._lock:

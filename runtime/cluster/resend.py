@@ -4,26 +4,16 @@ Every death counts, whether or not the replica had admitted the request: a reque
 first prefill step (a native crash, an OOM kill) ends the process before the replica's report of its admission can
 leave it, so the front door cannot tell it from the requests that waited beside it. One re-send lets those through
 another replica; a second death fails the request, so a poison request takes down two replicas, not each in turn.
-A replica that Ray records dead for good since before the request was sent to it (`Membership.died_before`) did
-not die under it: it is not counted, and a request that finds every replica dead gets "no live engine replica".
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
 
 RESENDS_AFTER_DEATH = 1
 log = logging.getLogger("radixcache.cluster")
-
-
-def note_death(cluster: Any, died: set[int], replica: int, sent: float) -> None:
-    """Count `replica`'s death against the request sent to it at `sent` (time.time()) in `died`, unless it was dead
-    for good before (`cluster.died_before`)."""
-    if not cluster.died_before(replica, sent):
-        died.add(replica)
 
 
 def check_resend(died: set[int], exc: BaseException) -> None:

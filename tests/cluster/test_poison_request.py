@@ -49,23 +49,3 @@ def test_the_blocking_generate_re_sends_once_too(monkeypatch: pytest.MonkeyPatch
         assert len(cluster.alive) == 1 and cluster.stats().deaths == 2 and cluster.loads.in_flight() == 0
     finally:
         cluster.close()
-
-
-def test_replicas_dead_before_the_request_was_sent_do_not_count_against_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Replicas Ray records dead for good before the request was sent (`died_before`; its Ray reading:
-    test_dead_before_request_ray.py): the request found them dead, it did not kill them, and is told that no live
-    replica is left, not that it may be what kills them."""
-    install(monkeypatch)
-    from radixcache.runtime.cluster.cluster import ReplicaCluster
-
-    cluster = ReplicaCluster("fake", 2, router="round_robin", poll_interval=None, call_timeout=5.0)
-    try:
-        for r in range(2):
-            cluster.actor(r).fail["generate"] = RayActorError("the actor died")
-        monkeypatch.setattr(cluster, "died_before", lambda replica, sent: True)
-        with pytest.raises(ReplicaUnavailableError, match="no live engine replica") as failed:
-            cluster.generate([1, 2, 3], 2)
-        assert "died while serving" not in str(failed.value)
-        assert cluster.alive == () and cluster.stats().deaths == 2 and cluster.loads.in_flight() == 0
-    finally:
-        cluster.close()
