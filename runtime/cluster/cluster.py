@@ -44,7 +44,7 @@ from radixcache.runtime.cluster.placement import (
     wait_started,
 )
 from radixcache.runtime.cluster.replica import EngineReplica
-from radixcache.runtime.cluster.resend import check_resend
+from radixcache.runtime.cluster.resend import after_death
 from radixcache.runtime.cluster.stream_wait import answered, end_by
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
 
@@ -149,6 +149,7 @@ class ReplicaCluster(Membership):
         # been admitted by then fails there, however late the replica's own verdict would come back over Ray.
         self.queue_timeout: float | None = (engine_kwargs or {}).get("queue_timeout")
         self._deaths = self._retries = 0
+        self._seen_dead: dict[int, int] = {}  # replica -> when the front door last saw it die (Membership.death_mark)
         self._routed = dict.fromkeys(self._actors, 0)
         self._stop = threading.Event()
         self.poll_interval = poll_interval
@@ -224,11 +225,13 @@ class ReplicaCluster(Membership):
         )  # its timeout counts from here, on a re-send too (the replica is told the seconds spent)
         end_at = end_by(took, opts.timeout)  # its replica ends it at its timeout; a frozen one does not
         answer_by = None if opts.timeout is None else took + opts.timeout  # its sync waits not past its timeout
-        tried: set[int] = set()
+        tried: set[int] = set()  # the replicas that failed it: never offered it again
+        died: set[int] = set()  # those whose death the front door first saw after it was sent there (resend)
         while True:
             replica, rid = self.dispatch(request, tried)
             computed = True
             name = f"{self._name}-g{rid}"  # the replica's name for it: a cancel sent there finds it
+            mark = self.death_mark()  # before it is sent: a death seen later may be its doing
             try:
                 spent = time.monotonic() - took
                 ref = self._actors[replica].generate.remote(list(prompt_ids), opts.max_new_tokens, call, name, spent)
@@ -242,8 +245,7 @@ class ReplicaCluster(Membership):
                 if not self.actor_died(replica, exc):  # the engine refused or failed it: its own exception, as
                     cause = getattr(exc, "cause", None)  # ClusterEngine's (Ray's wrapper's text is a traceback)
                     raise cause if isinstance(cause, Exception) else exc from None
-                tried.add(replica)
-                check_resend(tried, exc)
+                after_death(self, tried, died, replica, mark, exc)
                 self.count_retry()
             except self.ray.exceptions.GetTimeoutError:  # alive but not answering: the client may retry (503)
                 computed = False

@@ -33,7 +33,7 @@ from radixcache.runtime.cluster.cluster import ReplicaCluster
 from radixcache.runtime.cluster.front_calls import ReplicaCalls
 from radixcache.runtime.cluster.handles import CallAdmission, FrontQueue, RemoteHandle, RemoteRequest, SeenTimes
 from radixcache.runtime.cluster.limits import check_model_limits
-from radixcache.runtime.cluster.resend import check_resend, engine_reason
+from radixcache.runtime.cluster.resend import after_death, engine_reason
 from radixcache.runtime.cluster.stream_wait import NotStarted, TimeoutCut, end_by, next_item
 from radixcache.runtime.cluster.tally import Baseline, Counters, _add, replica_rows  # noqa: F401 (_add: its tests)
 from radixcache.runtime.engine.errors import EngineClosedError, ReplicaUnavailableError
@@ -206,7 +206,8 @@ class ClusterEngine(ReplicaCalls):
     ) -> None:
         cluster, req = self.cluster, handle.request
         ray = cluster.ray
-        tried: set[int] = set()
+        tried: set[int] = set()  # the replicas that failed it: never offered it again
+        died: set[int] = set()  # those whose death the front door first saw after it was sent there (resend)
         sent_at = handle.sent_at
         queue_timeout = cluster.queue_timeout
 
@@ -229,6 +230,7 @@ class ClusterEngine(ReplicaCalls):
                 admitted = queue_timeout is None  # the admission deadline: only with a queue timeout
                 seen = SeenTimes()  # this replica's admission, first token and end, on this front door's clock
                 cut.sent()
+                mark = cluster.death_mark()  # before it is sent: a death seen later may be its doing
                 try:
                     streaming = cluster.actor(replica).stream.options(num_returns="streaming")
                     now = time.monotonic()  # durations, each side on its own clock (runtime.cluster.replica)
@@ -272,8 +274,7 @@ class ClusterEngine(ReplicaCalls):
                     if handle.cancelled:  # its caller cancelled it: not re-sent for nobody (a second replica's work)
                         result, stalled = unstarted(prompt, options, "cancelled"), True
                         continue
-                    tried.add(replica)
-                    check_resend(tried, exc)
+                    after_death(cluster, tried, died, replica, mark, exc)
                     cluster.count_retry()
                     if admitted:  # its wait in a queue had ended: the queue timeout counts from the new send
                         sent_at, call = time.monotonic(), None  # its own, no longer its call's

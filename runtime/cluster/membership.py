@@ -1,7 +1,13 @@
 """The front door's routing set and index upkeep (runtime.cluster.cluster.ReplicaCluster, a Membership): a replica
 whose call fails with a Ray actor error (or whose engine loop died) leaves the routing set; each replica's event
 batches are pulled and applied in order, a gap or a new incarnation resyncs it from a snapshot, and a dead replica
-that Ray restarted rejoins with an empty index."""
+that Ray restarted rejoins with an empty index.
+
+The front door keeps its own record of when it saw each replica die: a sequence number (the deaths seen so far) taken
+as the replica leaves the routing set, by whichever call found it dead. A request notes the number before it is sent
+(`death_mark`), and a death counts against its re-send limit (runtime.cluster.resend) only when the front door first
+saw it after that (`died_since`): no clock of Ray's or of another machine is read (Ray's recorded end time of an actor
+can come before the `ray.kill` that ended it), so a request that kills its replica at once is always counted."""
 
 from __future__ import annotations
 
@@ -36,7 +42,8 @@ class Membership:
     _sync_locks: dict[int, threading.Lock]
     _poll_lock: threading.Lock
     _pulls: dict[int, tuple[tuple[bool, Any], float]]  # replica -> (an outstanding pull, when asked); its lock held
-    _deaths: int
+    _deaths: int  # the deaths seen so far: each one's sequence number in `_seen_dead`
+    _seen_dead: dict[int, int]  # replica -> the sequence number of the last time the front door saw it die
     control: Callable[[int, str], Any]  # ReplicaCluster.control
 
     def actor_died(self, replica: int, exc: BaseException) -> bool:
@@ -60,12 +67,47 @@ class Membership:
                 return
             self._alive.discard(replica)
             self._deaths += 1
+            self._seen_dead[replica] = self._deaths
             self.index.remove_replica(replica)
             self.loads.remove_replica(replica)
             forget = getattr(self.router, "forget", None)
             if forget is not None:
                 forget(replica)
         log.warning("engine replica %d left the routing set: %s", replica, exc)
+
+    def death_mark(self) -> int:
+        """The front door's count of the deaths it has seen, read just before a request is sent to a replica: a death
+        of that replica seen later (`died_since`) may be the request's doing; one seen earlier cannot be."""
+        with self._lock:
+            return self._deaths
+
+    def died_since(self, replica: int, mark: int) -> bool:
+        """Whether the front door first saw `replica`'s death (the last one) after `mark` (`death_mark`, read when a
+        request was sent to it), so it happened while the request was on it, or could have. True, the safe side,
+        for one back in the routing set since (Ray restarted it and it rejoined) or never seen dead."""
+        with self._lock:
+            seen = self._seen_dead.get(replica)
+            return seen is None or replica in self._alive or seen > mark
+
+    def check_live(self, exclude: set[int], wait: float) -> None:
+        """Ask every live replica not in `exclude` whether it lives (its `info`, from its control threads), all at
+        once, waiting at most `wait` seconds in all: one whose actor is dead (or whose engine died) leaves the
+        routing set now, before a request that another replica's death made the front door re-send goes to it, so
+        its death is seen before the request was sent there and is not counted against it; a request that finds
+        every replica dead so is told that none is live. One that does not answer in time, or answers with an error
+        of its own, stays (slow is not dead: a request sent to it and failing there counts, the safe side)."""
+        ray = self.ray
+        deadline = time.monotonic() + max(0.0, min(wait, self.call_timeout))
+        with self._lock:
+            asked = sorted(self._alive - exclude)
+        refs = [(replica, self.control(replica, "info").remote()) for replica in asked]
+        for replica, ref in refs:
+            try:
+                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except (*self.actor_errors, ray.exceptions.RayTaskError) as exc:
+                self.actor_died(replica, exc)  # its engine's own error (not a death) leaves it as it was
+            except ray.exceptions.GetTimeoutError:
+                pass
 
     def poll(self, wait: float | None = None) -> None:
         """One round: pull every live replica's new event batches; look for dead ones that Ray has restarted. Every

@@ -4,16 +4,40 @@ Every death counts, whether or not the replica had admitted the request: a reque
 first prefill step (a native crash, an OOM kill) ends the process before the replica's report of its admission can
 leave it, so the front door cannot tell it from the requests that waited beside it. One re-send lets those through
 another replica; a second death fails the request, so a poison request takes down two replicas, not each in turn.
+
+Only deaths that the front door first saw after the request was sent to that replica count (its own record, a
+sequence number: runtime.cluster.membership): one seen before did not happen under the request. Before a re-send the
+front door asks the other live replicas whether they live (`Membership.check_live`, at most LIVE_CHECK_S): those found
+dead leave the routing set before the request could go to them, so a request that arrives after every replica died
+fails on the first one it finds dead and is then told that no live replica can take it, not that it may be what
+kills them. A request's own kill of a replica is seen after it was sent, on the front door's side alone, so a poison
+request is always counted and stopped.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
 
 RESENDS_AFTER_DEATH = 1
+# The most a re-send waits for the other replicas to say whether they live (Membership.check_live): a live one answers
+# at once from its control threads, a dead one fails at once; a frozen one is not waited for past this.
+LIVE_CHECK_S = 1.0
 log = logging.getLogger("radixcache.cluster")
+
+
+def after_death(cluster: Any, tried: set[int], died: set[int], replica: int, mark: int, exc: BaseException) -> None:
+    """`replica`, which a request was sent to with the front door's death count at `mark` (`death_mark`), died (`exc`,
+    its error): it is never offered the request again (`tried`); its death counts against the request (`died`) when
+    the front door first saw it after `mark`; past the limit, `check_resend`'s 503. Else the replicas left are asked
+    whether they live (`check_live`): those found dead leave the routing set before the re-send, not counted."""
+    tried.add(replica)
+    if cluster.died_since(replica, mark):
+        died.add(replica)
+    check_resend(died, exc)
+    cluster.check_live(tried, LIVE_CHECK_S)
 
 
 def check_resend(died: set[int], exc: BaseException) -> None:

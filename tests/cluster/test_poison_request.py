@@ -49,3 +49,79 @@ def test_the_blocking_generate_re_sends_once_too(monkeypatch: pytest.MonkeyPatch
         assert len(cluster.alive) == 1 and cluster.stats().deaths == 2 and cluster.loads.in_flight() == 0
     finally:
         cluster.close()
+
+
+def _dead(actor: object) -> None:
+    """A replica whose process died before the request came: every call to it fails, its `info` (the front door's
+    check before a re-send) too."""
+    for method in ("info", "generate"):
+        actor.fail[method] = RayActorError("the actor died")  # type: ignore[attr-defined]
+    actor.script = _poison  # type: ignore[attr-defined]
+
+
+def test_a_request_sent_after_every_replica_died_is_told_none_is_live(
+    monkeypatch: pytest.MonkeyPatch, tiny_dir: Path
+) -> None:
+    """Every replica died before the request came, unseen by the front door (its Ray reading:
+    test_dead_before_request_ray.py): it said "engine replicas 0, 1 died while serving this request; ... it may be
+    what kills them". The first one's death is seen under the request; the other is found dead before a re-send."""
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    for call in ("stream", "generate"):
+        cluster = ReplicaCluster("fake", 3, router="round_robin", poll_interval=None, call_timeout=5.0)
+        front = ClusterEngine(cluster, str(tiny_dir))
+        try:
+            for r in range(3):
+                _dead(cluster.actor(r))
+            with pytest.raises(ReplicaUnavailableError, match="no live engine replica") as failed:
+                front.generate([5, 6, 7], 2) if call == "stream" else cluster.generate([5, 6, 7], 2)
+            assert "died while serving" not in str(failed.value) and "kills" not in str(failed.value)
+            assert sum(len(cluster.actor(r).streams) for r in range(3)) == (call == "stream")  # sent to one only
+            assert cluster.alive == () and cluster.stats().deaths == 3 and cluster.loads.in_flight() == 0
+        finally:
+            front.close()
+
+
+def test_a_death_seen_before_the_request_was_sent_there_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica the front door saw die (another request's failed call, the poller) between this request's routing
+    and its send: the request did not kill it, and a second one so does not stop it either."""
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    cluster = ReplicaCluster("fake", 3, router="round_robin", poll_interval=None, call_timeout=5.0)
+    try:
+        dispatch, routed = cluster.dispatch, []
+
+        def routed_then_seen_dead(request: object, tried: set[int]) -> tuple[int, int]:
+            replica, rid = dispatch(request, tried)  # type: ignore[arg-type]
+            routed.append(replica)
+            if len(routed) < 3:  # found dead by another call before this one is sent
+                cluster.actor(replica).fail["generate"] = RayActorError("the actor died")
+                cluster.mark_dead(replica, RayActorError("seen dead by another call"))
+            return replica, rid
+
+        monkeypatch.setattr(cluster, "dispatch", routed_then_seen_dead)
+        assert cluster.generate([1, 2, 3], 2) == f"done on {routed[-1]}"  # neither death was its: re-sent twice
+        assert sorted(routed) == [0, 1, 2] and cluster.alive == (routed[-1],)
+        assert cluster.stats().deaths == 2 and cluster.stats().retries == 2
+    finally:
+        cluster.close()
+
+
+def test_a_poison_request_is_stopped_although_the_others_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check before a re-send finds the replica the request goes to next alive; the request kills it there:
+    that death is seen after it was sent, so it counts, and the third replica never gets it."""
+    install(monkeypatch)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+
+    cluster = ReplicaCluster("fake", 3, router="round_robin", poll_interval=None, call_timeout=5.0)
+    try:
+        for r in range(3):
+            cluster.actor(r).fail["generate"] = RayActorError("the actor died")  # only under a request: info answers
+        with pytest.raises(ReplicaUnavailableError, match="not re-sent again"):
+            cluster.generate([1, 2, 3], 2)
+        assert len(cluster.alive) == 1 and cluster.stats().deaths == 2 and cluster.stats().retries == 1
+    finally:
+        cluster.close()
