@@ -306,10 +306,13 @@ class KVTiers:
         return TierCounters(**counts)
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Stop the prefetch readers, finish the pending disk writes (up to `timeout`) and stop the writer."""
+        """Stop the prefetch readers (a read that hangs is abandoned: kv.tier.prefetch's `close`), finish the
+        pending disk writes (up to `timeout`) and stop the writer."""
         self.jobs.close()
         if self.reader is not None:
-            self.reader.close()
+            ends = None if timeout is None else time.monotonic() + timeout
+            self.reader.close(timeout)
+            timeout = None if ends is None else max(0.0, ends - time.monotonic())
         for hashes, _ in self._pending.drain():
             assert self.host is not None
             self.host.unlock(hashes)

@@ -30,7 +30,9 @@ Invariants:
   may start `pages_per_step` page reads (more when a `timeout` job would otherwise miss its deadline), and the loop
   waits until those reads are done (at most `window_s`) before it steps; no read starts during the step. Otherwise
   they read freely. A reader waits at most `pace_wait_s` (0.5 s) for the next step, so a loop that stops stepping
-  (closing, or an engine dropped without closing) never holds them. A reader's page costs CPU (the read from the
+  (closing, or an engine dropped without closing) never holds them. `close` waits at most `CLOSE_WAIT_S` for a read
+  in progress; a read that never returns (a stalled disk) is abandoned on its daemon thread (kv.tier.prefetch_reading's
+  `ReaderPool`), which holds neither the close nor the process's exit. A reader's page costs CPU (the read from the
   page cache into staging, the checksum) and, in Python, the GIL: unpaced, two readers stretched the steps a
   2,000-token SmolLM2 prefix was read beside to 70 to 225 ms against 21 ms. Paced but reading during the steps (16
   pages a step, as before this window), a reader that took a core from one of the step's two OpenMP threads stalled
@@ -48,7 +50,6 @@ import math
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -64,7 +65,7 @@ from radixcache.runtime.kv.tier.prefetch_policy import (
     check_pages_per_step,
     check_prefetch,
 )
-from radixcache.runtime.kv.tier.prefetch_reading import ReaderThreads
+from radixcache.runtime.kv.tier.prefetch_reading import ReaderPool, ReaderThreads
 from radixcache.runtime.kv.tier.staging import DEFAULT_KEEP_BYTES, DEFAULT_MAX_BYTES, StagingBuffers
 
 log = logging.getLogger("radixcache.disk")
@@ -72,6 +73,7 @@ log = logging.getLogger("radixcache.disk")
 
 PACE_WAIT_S = 0.5  # the longest a reader waits for the loop's next step before it reads anyway
 WINDOW_S = 0.005  # the longest the loop waits, before a step, for the reads it allowed to be done
+CLOSE_WAIT_S = 5.0  # the longest a close waits for the readers' page reads in progress (ms each on a sound disk)
 PREWARM_PAGES = 128  # staging pages written ahead as the reader starts (kv.tier.staging; within its bound)
 
 
@@ -123,7 +125,7 @@ class PrefetchReader(ReaderThreads):
             if pool_kv is not None:
                 populate(pool_kv)
         self._cond = threading.Condition()  # guards every job's ok/failed_at/finished/cancelled; notified per page
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: ReaderPool | None = None
         self._queued: deque[PrefetchJob] = deque()  # over the staging bound: not started yet
         self._running: list[PrefetchJob] = []  # started, not yet taken or released
         self._staged = 0  # pages of started jobs not yet taken or released
@@ -230,17 +232,33 @@ class PrefetchReader(ReaderThreads):
             self._cond.notify_all()  # readers waiting for the pace skip its pages at once
         self._let_go(job)
 
-    def close(self) -> None:
-        """Cancel everything and wait for the readers to stop."""
+    def close(self, timeout: float | None = CLOSE_WAIT_S) -> bool:
+        """Cancel everything and wait for the readers to stop: at most `timeout` seconds (None: `CLOSE_WAIT_S`), a
+        page read being all a reader may still be doing. Readers whose read has not returned by then (a stalled
+        network file system) are abandoned, with one warning: daemon threads, which hold neither this close nor the
+        process's exit, and which finish their page (its staging, the store's index) if it ever returns. Whether
+        every reader stopped."""
+        wait_s = CLOSE_WAIT_S if timeout is None else max(0.0, min(timeout, CLOSE_WAIT_S))
+        again = self._closed and self._executor is None  # the readers abandoned then: not waited for, nor logged
+        wait_s = 0.0 if again else wait_s
         self._closed = True
         with self._cond:
             self._cond.notify_all()  # readers waiting for the pace go
             for job in self._queued:
                 job.cancelled = True
+            stopped = self._cond.wait_for(lambda: self._active <= 0, wait_s)
+            hung = self._reading
         self._queued.clear()
         if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+        if not stopped and not again:
+            log.warning(
+                "disk KV cache: %d page read(s) still blocked after %.1f s at close (a stalled disk?); abandoned",
+                hung,
+                wait_s,
+            )
+        return stopped
 
     def read_now(self, job: PrefetchJob) -> tuple[int, torch.Tensor | None]:
         """Read a job on the calling thread, stopping at the first failed page (for a direct caller of the KV
@@ -287,7 +305,7 @@ class PrefetchReader(ReaderThreads):
                 continue
             self._staged += len(job)
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="radixcache-prefetch")
+                self._executor = ReaderPool(self.workers, "radixcache-prefetch")
             self._running.append(job)
             readers = min(self.workers, len(job))
             with self._cond:

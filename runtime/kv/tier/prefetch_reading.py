@@ -9,9 +9,11 @@ Imports torch; nothing of the KV manager.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -25,6 +27,82 @@ log = logging.getLogger("radixcache.disk")
 HEAD_BYTES = 4096  # a page file's bytes before its payload (header, token ids): a reader's buffer grows past it
 
 
+class ReaderPool:
+    """Up to `workers` daemon threads that run the calls submitted, in order, each on the first thread free; threads
+    start as calls wait for one. A ThreadPoolExecutor's threads are joined at interpreter exit, so a page read that
+    never returns (a stalled network file system) held the process's exit for ever; a daemon thread is abandoned
+    there. `shutdown`, or the pool collected, drops the calls not started and has each thread exit once its call
+    returns (the threads hold the queue and the counts, never the pool)."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._workers, self._name = workers, name
+        self._calls: queue.SimpleQueue[tuple[Callable[..., object], tuple] | None] = queue.SimpleQueue()
+        self._counts = _PoolCounts()
+        self._threads: list[threading.Thread] = []
+        self._stop = weakref.finalize(self, _stop_threads, self._calls, self._counts, self._threads)
+
+    def submit(self, fn: Callable[..., object], *args: object) -> None:
+        """Queue `fn(*args)`; RuntimeError after `shutdown`, or from a thread that cannot start (the call stays
+        queued then, for a thread already running)."""
+        counts = self._counts
+        with counts.lock:
+            if not self._stop.alive:
+                raise RuntimeError("the reader pool is shut down")
+            self._calls.put((fn, args))
+            counts.waiting += 1
+            if counts.waiting <= counts.idle or len(self._threads) >= self._workers:
+                return
+            name = f"{self._name}_{len(self._threads)}"
+            thread = threading.Thread(target=_serve, args=(self._calls, counts), name=name, daemon=True)
+            thread.start()  # raises RuntimeError at the process's thread limit
+            self._threads.append(thread)
+
+    def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
+        """Drop the calls not started; each thread exits once its call returns (never waited for here). The
+        arguments are ThreadPoolExecutor's; these are the only values this pool takes."""
+        assert not wait and cancel_futures
+        self._stop()
+
+
+class _PoolCounts:
+    """A ReaderPool's counts, shared with its threads: threads waiting for a call, calls no thread has taken."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.idle = self.waiting = 0
+
+
+def _serve(calls: queue.SimpleQueue, counts: _PoolCounts) -> None:
+    """A ReaderPool thread: the calls in order until a None."""
+    while True:
+        with counts.lock:
+            counts.idle += 1
+        call = calls.get()
+        with counts.lock:
+            counts.idle -= 1
+            counts.waiting -= call is not None
+        if call is None:
+            return
+        try:
+            call[0](*call[1])
+        except Exception:  # the reader's own work catches its errors; a bug must not end the thread
+            log.exception("disk KV cache: a prefetch reader call failed")
+        del call  # hold nothing of the call (its reader) while waiting for the next
+
+
+def _stop_threads(calls: queue.SimpleQueue, counts: _PoolCounts, threads: list[threading.Thread]) -> None:
+    """Drop the calls not started, and have each thread exit after its call (a None each)."""
+    with counts.lock:
+        while True:
+            try:
+                calls.get_nowait()
+            except queue.Empty:
+                break
+        counts.waiting = 0
+        for _ in threads:
+            calls.put(None)
+
+
 class ReaderThreads:
     """The reader threads' work for PrefetchReader, over the state it sets up (declared here)."""
 
@@ -36,7 +114,7 @@ class ReaderThreads:
     buffers: StagingBuffers
     _closed: bool
     _cond: threading.Condition
-    _executor: ThreadPoolExecutor | None
+    _executor: ReaderPool | None
     _allowance: int | None
     _active: int
     _reading: int
