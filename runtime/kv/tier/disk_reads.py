@@ -60,11 +60,19 @@ def read_indexed(
     try:
         got = load(entry.path)
     except OSError as exc:
+        gone = isinstance(exc, FileNotFoundError)  # deleted behind our back (a clear, another process)
+        # EACCES, EPERM: its mode changed under the cache (another user's file): every later read fails as this one.
+        # Out of the index, and not found past it again; the page recomputed is written in its place.
+        denied = isinstance(exc, PermissionError)
         with lock:
-            if isinstance(exc, FileNotFoundError):  # deleted behind our back (a clear, another process)
+            if gone or denied:
                 index.drop(page_hash, entry)
+            if denied:
+                index.left_out.add(entry.path)
             count["read_misses"] += 1
-        if not isinstance(exc, FileNotFoundError):
+        if denied:
+            log.warning("disk KV cache: cannot read %s (%s); recomputing it, then writing it again", entry.path, exc)
+        elif not gone:  # EIO and the like: a miss this time, the page kept (the error may pass)
             log.debug("cannot read %s: %s", entry.path, exc)
         return None
     except NewerPage as exc:  # a newer radixcache's page: left for it, out of this store's index

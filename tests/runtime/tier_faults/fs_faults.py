@@ -1,8 +1,9 @@
 """Simulated filesystem errors for the disk tier's tests, so that the error paths run as root too (root ignores
 file modes): `deny_writes` makes every change under a folder fail with EACCES as a read-only folder would (creating,
 opening for writing, renaming, deleting, touching), `fail_reads` makes reading the files under a folder fail with
-an errno other than ENOENT, `fail_unlinks` makes deleting them fail. Reads of other paths, and every operation
-outside the folder, behave as usual. Patches go through pytest's monkeypatch, so they end with the test.
+an errno other than ENOENT, `fail_unlinks` makes deleting them fail, `unreadable` makes one file unreadable (EACCES)
+as a chmod 000 would. Reads of other paths, and every operation outside the folder, behave as usual. Patches go
+through pytest's monkeypatch, so they end with the test.
 """
 
 from __future__ import annotations
@@ -103,3 +104,24 @@ def fail_unlinks(monkeypatch: pytest.MonkeyPatch, folder: str | Path, code: int 
         real_unlink(path, *args, **kw)
 
     monkeypatch.setattr(os, "unlink", fake_unlink)
+
+
+def unreadable(monkeypatch: pytest.MonkeyPatch, path: str | Path, code: int = errno.EACCES) -> None:
+    """Opening the file now at `path` fails with `code`, as a file whose mode was changed to 000 under the cache (a
+    mode belongs to the inode: a file written in its place later reads again, as after a chmod). Readers of an engine
+    made meanwhile read in Python, as under `fail_reads`."""
+    monkeypatch.setattr(prefetch, "split_reader", lambda: read_nofollow_split)
+    bad = os.stat(path)
+    real_os_open = os.open
+
+    def fake_os_open(file: Any, flags: int, *args: Any, **kw: Any) -> int:
+        if not isinstance(file, int):
+            try:
+                st = os.stat(file, follow_symlinks=False)
+            except OSError:
+                st = None
+            if st is not None and (st.st_dev, st.st_ino) == (bad.st_dev, bad.st_ino):
+                _raise(code, file)
+        return real_os_open(file, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", fake_os_open)
