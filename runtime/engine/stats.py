@@ -39,8 +39,9 @@ class EngineStats:
     leases: int = 0  # leases held now (runtime.kv.leases), those past their deadline until the next check
     threads: int = 0  # torch threads the engine's steps run on now (runtime.engine.threads: fewer while busy)
     thread_changes: int = 0  # times the thread controller changed that count
-    # 1 while the disk tier (a cache directory) accepts writes, 0 once it turned itself off (a full disk, an unwritable
-    # directory: engine.tiers.disk.disabled_reason says why; it still serves the pages on disk); None without one
+    # 1 while the disk tier (a cache directory) accepts writes, 0 while a full disk pauses them or once it turned itself
+    # off (an unwritable directory: engine.tiers.disk.disabled_reason says why; it still serves the pages on disk);
+    # None without one
     disk_tier_up: int | None = None
 
     @property

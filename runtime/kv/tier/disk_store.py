@@ -34,9 +34,10 @@ Invariants:
   device hit, by the stamps the files' mtimes hold, so the order at open is the order before: `refresh`,
   kv.tier.disk_stamps; a run's later page is stamped just older than the page before it, kv.tier.disk_index).
 - No call raises for I/O reasons. An open that cannot create or write the directory, and a write that fails
-  (ENOSPC, EROFS, EACCES, ...), disable the store (`enabled = False`, one warning on the "radixcache.disk"
-  logger): it accepts no more writes, but still serves the pages already on disk. A folder at one page's path
-  drops that page's write alone (a warning): the store goes on.
+  (EROFS, EACCES, EFBIG, ...), disable the store (`enabled` False, one warning on the "radixcache.disk" logger): it
+  accepts no more writes, but still serves the pages already on disk. A write that finds the disk full (ENOSPC,
+  EDQUOT) only pauses writing (`backoff`: kv.tier.disk_writer's WriteBackoff), until a later write succeeds. A
+  folder at one page's path drops that page's write alone (a warning): the store goes on.
 - A directory without the marker that holds anything but the store's own temporary files is never adopted (the
   store opens disabled), and `clear` refuses one. Only files of the store's exact naming, in a marked directory,
   are ever deleted (radixcache.runtime.kv.tier.disk_layout), and no symlink is followed.
@@ -60,7 +61,14 @@ from radixcache.runtime.kv.tier.disk_lookups import DiskLookups
 from radixcache.runtime.kv.tier.disk_maintenance import DiskMaintenance
 from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport
 from radixcache.runtime.kv.tier.disk_stamps import OwedRefreshes, set_mtimes
-from radixcache.runtime.kv.tier.disk_writer import PagePathTaken, PageWriteLost, WriteQueue, write_page_file
+from radixcache.runtime.kv.tier.disk_writer import (
+    FULL_ERRNOS,
+    PagePathTaken,
+    PageWriteLost,
+    WriteBackoff,
+    WriteQueue,
+    write_page_file,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -118,8 +126,9 @@ class DiskStore(DiskLookups, DiskMaintenance):
         self._owed = OwedRefreshes()  # device hits' refreshes, settled by the writer, flush and close
         self._queue = WriteQueue(self._changed, self._perform, self.max_pending, self._settle, lambda: bool(self._owed))
         self._names: dict[str, str] = {self.tag: self.fingerprint}  # tag -> fingerprint string
-        self.enabled = True
-        self.disabled_reason: str | None = None  # why the store turned writing off (the first reason); None while on
+        self._on = True  # False: writing off for good (see `enabled`)
+        self._off_reason: str | None = None  # why it turned writing off for good (the first reason)
+        self.backoff = WriteBackoff()  # writing paused for a while after a full disk (kv.tier.disk_writer)
         self._readable = True  # False: a directory that is not ours (never listed or read)
         self._unlinking = self._deletions = 0  # evicted pages whose files are being deleted; a count of such events
         self._count = dict.fromkeys(_COUNTERS, 0)
@@ -143,7 +152,7 @@ class DiskStore(DiskLookups, DiskMaintenance):
             if not os.path.isdir(self.directory):
                 raise ValueError(f"{self.directory} does not exist or is not a directory")
             self.layout.check_marker(strict=True)
-            self.enabled = False
+            self._on = False
             self._scan()
 
     def _scan(self) -> set[str]:
@@ -169,15 +178,38 @@ class DiskStore(DiskLookups, DiskMaintenance):
             name = self._names[tag] = self.layout.fingerprint_of(tag)
         return name
 
+    @property
+    def enabled(self) -> bool:
+        """Whether the store accepts writes: not turned off, and not pausing after a full disk (`backoff`)."""
+        return self._on and not self.backoff.paused()
+
+    @property
+    def disabled_reason(self) -> str | None:
+        """Why the store accepts no writes (turned off: the first reason; else a full disk's pause); None while on."""
+        return (
+            self._off_reason if self._off_reason is not None else self.backoff.reason if self.backoff.paused() else None
+        )
+
     def _disable(self, reason: str) -> None:
-        """Stop accepting writes; warn once. Caller does not hold the lock."""
+        """Stop accepting writes for good; warn once. Caller does not hold the lock."""
         with self._lock:
-            self.enabled = False
-            first = self.disabled_reason is None
+            self._on = False
+            first = self._off_reason is None
             if first:
-                self.disabled_reason = reason
+                self._off_reason = reason
         if first:
             log.warning("disk KV cache disabled: %s", reason)
+
+    def _pause(self, reason: str) -> None:
+        """A write found the disk full: stop accepting writes for a while (kv.tier.disk_writer's WriteBackoff); warn.
+        Caller does not hold the lock."""
+        with self._lock:
+            wait_s = self.backoff.failed(reason)
+        log.warning(
+            "disk KV cache: the disk is full; writing paused for %.0f s (pages on disk still served): %s",
+            wait_s,
+            reason,
+        )
 
     # --------------------------------------------------------------------------------------------- writes
 
@@ -241,7 +273,10 @@ class DiskStore(DiskLookups, DiskMaintenance):
             except PageWriteLost as exc:  # a clear took it: dropped, as the clear drops the queued ones
                 log.info("disk KV cache: a page was not written: %s", exc)
             except OSError as exc:
-                self._disable(f"writing a page failed: {exc}")
+                if exc.errno in FULL_ERRNOS:  # space may be freed: tried again after a while
+                    self._pause(f"writing a page failed: {exc}")
+                else:
+                    self._disable(f"writing a page failed: {exc}")
             except Exception:  # a bug must not kill the writer and leave flush() waiting forever
                 log.exception("disk KV cache: unexpected error writing a page")
         victims: list[PageEntry] = []
@@ -252,6 +287,9 @@ class DiskStore(DiskLookups, DiskMaintenance):
             elif stamp is not None:  # (always, with an entry)
                 self._index.replace(key, entry, stamp)  # an older entry: read after a clear, say (file replaced)
                 self._count["writes"] += 1
+            resumed = entry is not None and self.backoff.succeeded()
+        if resumed:
+            log.warning("disk KV cache: writing again after a full disk")
         self._settle()  # the evictions it forces see the refreshes recorded since it was queued
         with self._lock:
             if entry is not None:

@@ -1,5 +1,6 @@
-"""The disk store's writing side: one page file written atomically, and the background thread that writes the
-queued pages one at a time, so that no request ever waits for the disk.
+"""The disk store's writing side: one page file written atomically, the background thread that writes the queued
+pages one at a time, so that no request ever waits for the disk, and the pause in writing after a full disk
+(`WriteBackoff`: tried again after a while, as space may be freed).
 
 Invariants:
 
@@ -193,3 +194,40 @@ class WriteQueue:
             with self._changed:
                 del self._pending[page_hash]  # only now: flush() also waits for what the write caused
                 self._changed.notify_all()
+
+
+FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})  # a full disk, a user's quota
+RETRY_S = 60.0  # how long writing pauses after a write finds the disk full, the first time
+MAX_RETRY_S = 3600.0  # the longest pause: each retry that finds the disk still full doubles it, up to this
+
+
+class WriteBackoff:
+    """Writing paused after a write found the disk full (ENOSPC, EDQUOT: space another process, a log rotation or
+    an operator may free): tried again `first_s` later, each try that finds it still full doubling the pause, up to
+    `max_s`; a write that succeeds ends it. `clock`: monotonic seconds. The store changes it under its lock."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, first_s: float = RETRY_S, max_s: float = MAX_RETRY_S
+    ):
+        self.clock, self.first_s, self.max_s = clock, first_s, max_s
+        self.until: float | None = None  # when writing is tried again; None: not paused
+        self.wait_s = first_s
+        self.reason: str | None = None
+
+    def paused(self) -> bool:
+        until = self.until
+        return until is not None and self.clock() < until
+
+    def failed(self, reason: str) -> float:
+        """A write found the disk full: pause writing (a longer pause if it was a retry); the seconds paused."""
+        if self.until is not None:
+            self.wait_s = min(self.wait_s * 2, self.max_s)
+        self.until, self.reason = self.clock() + self.wait_s, reason
+        return self.wait_s
+
+    def succeeded(self) -> bool:
+        """A write succeeded: whether that ended a pause."""
+        if self.until is None:
+            return False
+        self.until, self.wait_s, self.reason = None, self.first_s, None
+        return True

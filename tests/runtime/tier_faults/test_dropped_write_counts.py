@@ -1,6 +1,6 @@
 """A disk that fills while pages wait in the write queue: the engine's `disk_dropped_pages` (/metrics'
 radixcache_tier_disk_dropped_pages_total) counts every page that never became a file, also those queued before the
-first write failed, which the writer then drops (the store turns writing off). Until 2026-12-07 those showed as
+first write failed, which the writer then drops (the store pauses writing). Until 2026-12-07 those showed as
 queued only: a full disk's pages looked written."""
 
 from __future__ import annotations
