@@ -2,8 +2,8 @@
 
 Every field is either honoured or refused: an unknown field is a 400 naming it ("Unrecognized request argument
 supplied: X", as OpenAI says), and a known field this server cannot honour (`echo`, `best_of` > 1, `suffix`, ...)
-is a 400 naming it too, never dropped silently. `user` and `metadata`
-are accepted: they label a request and change no answer.
+is a 400 naming it too, never dropped silently. `user`, `metadata` and `stream_options.include_obfuscation` (no
+obfuscation field is sent) are accepted: they label a request or change no answer.
 
 Tools and structured output (runtime.server.structured turns them into the engine's ToolUse and GrammarSpec):
 chat's `tools`, `tool_choice`, `parallel_tool_calls`; agent histories (`tool_calls` on assistant messages with
@@ -67,8 +67,7 @@ Label = Annotated[str, Field(max_length=MAX_LABEL_CHARS)]
 
 
 class APIError(Exception):
-    """An error the client sees as `{"error": {"message", "type", "param", "code"}}` with `status` (and
-    `headers`, say Retry-After)."""
+    """An error the client sees as `{"error": {"message", "type", "param", "code"}}`, with `status` and `headers`."""
 
     def __init__(
         self,
@@ -115,6 +114,7 @@ def nulls_as_defaults(model: type[BaseModel], data: Any) -> Any:
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # OpenAI's (the openai package types it): accepted, none is sent
 
 
 class ChatMessage(BaseModel):

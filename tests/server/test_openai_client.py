@@ -1,5 +1,5 @@
-"""The server through the official `openai` package: chat, completions, streaming, n > 1, usage from the cache,
-greedy outputs equal to Engine.chat's, and concurrent clients."""
+"""The server through the official `openai` package: chat, completions, streaming (`stream_options` as the package
+types it), n > 1, usage from the cache, greedy outputs equal to Engine.chat's, and concurrent clients."""
 
 from __future__ import annotations
 
@@ -60,6 +60,27 @@ def test_chat_stream_concatenates_to_the_whole_answer_and_ends_with_usage(client
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
     assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_stream_options_include_obfuscation_is_accepted_and_changes_nothing(client, endpoint: str) -> None:
+    # The package types `include_obfuscation` in both endpoints' stream_options (a client turning it off to save
+    # bandwidth); it was a 400 "Unrecognized request argument" here, though /v1/responses accepted it.
+    def run(**options: bool) -> list:
+        kw = {"model": "tiny", "max_tokens": 6, "temperature": 0, "stream": True, "stream_options": options}
+        if endpoint == "chat":
+            return list(client.chat.completions.create(messages=[{"role": "user", "content": "obfuscate?"}], **kw))
+        return list(client.completions.create(prompt="obfuscate?", **kw))
+
+    def text(chunks: list) -> str:
+        pieces = (c.choices[0].delta.content if endpoint == "chat" else c.choices[0].text for c in chunks if c.choices)
+        return "".join(p or "" for p in pieces)
+
+    plain = run(include_usage=True)
+    for flag in (False, True):
+        chunks = run(include_usage=True, include_obfuscation=flag)
+        assert text(chunks) == text(plain) and chunks[-1].usage.completion_tokens == plain[-1].usage.completion_tokens
+        assert not any("obfuscation" in (c.model_extra or {}) for c in chunks)
 
 
 def test_completion_stream(client) -> None:
