@@ -16,7 +16,8 @@ from radixcache.runtime.engine.protocol import GenerationEngine
 from radixcache.runtime.server.errors import ENGINE_ERRORS, api_error_for
 from radixcache.runtime.server.http_common import KeysFirst
 from radixcache.runtime.server.metrics import ServerMetrics
-from radixcache.runtime.server.protocol import APIError, body_message, refusal, validation_message
+from radixcache.runtime.server.protocol import APIError
+from radixcache.runtime.server.validation_errors import body_message, refusal, validation_message
 
 
 def add_error_handlers(app: FastAPI, engine: GenerationEngine, metrics: ServerMetrics, keys: frozenset[str]) -> None:

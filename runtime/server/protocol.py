@@ -2,8 +2,9 @@
 
 Every field is either honoured or refused: an unknown field is a 400 naming it ("Unrecognized request argument
 supplied: X", as OpenAI says), and a known field this server cannot honour (`echo`, `best_of` > 1, `suffix`, ...)
-is a 400 naming it too, never dropped silently. `user`, `metadata` and `stream_options.include_obfuscation` (no
-obfuscation field is sent) are accepted: they label a request or change no answer.
+is a 400 naming it too, never dropped silently. `user`, `metadata`, `stream_options.include_obfuscation` (no
+obfuscation field is sent) and chat's `prompt_cache_retention` "in_memory" (the cache's own; "24h" is refused, as on
+/v1/responses) are accepted: they label a request or change no answer.
 
 Tools and structured output (runtime.server.structured turns them into the engine's ToolUse and GrammarSpec):
 chat's `tools`, `tool_choice`, `parallel_tool_calls`; agent histories (`tool_calls` on assistant messages with
@@ -15,7 +16,7 @@ their history turns) are served as tools (runtime.server.legacy). A bad tool, sc
 
 Input is bounded here, by pydantic constraints, before anything reaches the engine: numbers finite (NaN and
 Infinity refused everywhere) and in range, sizes, counts and JSON nesting bounded (MAX_* below), strings and lists
-bounded in length. A violation is a 400 whose `param` is the field's path (`validation_message`).
+bounded in length. A violation is a 400 whose `param` is the field's path (runtime.server.validation_errors).
 
 Beyond OpenAI's fields, as vLLM accepts them: `cache_salt` (a keyless caller's own cache namespace), `timeout`
 (seconds; the request ends with what it generated), `top_k`, `min_p` and `repetition_penalty`. And this server's
@@ -27,7 +28,6 @@ cache adopts all of them whatever its admission policy predicts (radixcache.poli
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -263,12 +263,17 @@ class ChatCompletionRequest(_Common):
     store: bool | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     modalities: Annotated[list[Literal["text"]], Field(max_length=1)] | None = None  # text out; audio is refused
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None  # the cache's own; "24h" is refused
     function_call: Literal["none", "auto"] | dict[str, Any] | None = None  # deprecated tool_choice
 
     _shallow_tools = field_validator("tools", "tool_choice", "functions", "function_call")(_shallow)
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        if self.prompt_cache_retention == "24h":  # as /v1/responses refuses it
+            raise APIError(
+                400, "prompt_cache_retention 24h is not supported (see retain_for)", param="prompt_cache_retention"
+            )
         both = (self.max_tokens, self.max_completion_tokens)
         if None not in both and both[0] != both[1]:  # OpenAI refuses both at once; equal values ask one thing
             raise APIError(
@@ -340,62 +345,3 @@ class CompletionRequest(_Common):
             raise APIError(400, "best_of is not supported by this server", param="best_of")
         if self.suffix:
             raise APIError(400, "suffix is not supported by this server", param="suffix")
-
-
-def _path(loc: Any) -> str | None:
-    """A field's path from an error location: "body", a query parameter's "query" and the union branch tags
-    ("constrained-str", "list[int]", ...) dropped, list indices kept ("messages.0.role", "limit")."""
-    loc = tuple(loc)[1:] if tuple(loc)[:1] == ("query",) else loc
-    keep = [str(p) for p in loc if p != "body" and not (isinstance(p, str) and _UNION_TAG.fullmatch(p))]
-    return ".".join(keep) or None
-
-
-_UNION_TAG = re.compile(r"(constrained-)?(str|int|float|bool|dict|list|literal|function-\w+)(\[.*\])?")
-
-
-def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
-    """One readable line and the offending parameter (its path) from pydantic's (or FastAPI's) error list. Of a
-    union's errors for one field, one that is not only "wrong type" is preferred (it says what was out of range)."""
-    if not errors:
-        return "invalid request", None
-    first = errors[0]
-    if first.get("type") == "json_invalid":
-        return "We could not parse the JSON body of your request.", None
-    top = _path(first.get("loc", ()))
-    field = (top or "").split(".")[0]
-    same = [e for e in errors if (_path(e.get("loc", ())) or "").split(".")[0] == field]
-    err = next((e for e in same if not str(e.get("type", "")).endswith(("_type", "_parsing"))), first)
-    param = _path(err.get("loc", ()))
-    if err.get("type") == "extra_forbidden":
-        return f"Unrecognized request argument supplied: {param}", param
-    msg = err.get("msg", "invalid value")
-    return (f"{param}: {msg}" if param else msg), param
-
-
-def refusal(status: int, detail: str, content_encoding: str | None) -> tuple[int, str]:
-    """The status and message for one of Starlette's refusals. Its 400 is a body FastAPI could not decode as JSON,
-    whose detail ("There was an error parsing the body") says less than ours; a compressed body (`Content-Encoding:
-    gzip`, which some HTTP clients send on request) is then a 415 that says so: the server decodes no content
-    coding, and "could not parse the JSON body" sent its client looking for a fault in JSON it had built right."""
-    if status != 400:
-        return status, detail
-    coding = (content_encoding or "").strip()
-    if coding and coding.lower() != "identity":
-        return 415, f"Content-Encoding: {coding} is not supported: send the JSON body uncompressed."
-    return 400, "We could not parse the JSON body of your request."
-
-
-def body_message(error: dict[str, Any], content_type: str | None) -> str | None:
-    """The 400's message when the body as a whole is refused (pydantic's error at location ("body",)), else None:
-    FastAPI reads a body as JSON only under a JSON Content-Type and passes any other on as bytes (`curl -d` sends
-    form-encoded unless told), so "Input should be a valid dictionary" there meant a missing header."""
-    if tuple(error.get("loc", ())) != ("body",):
-        return None
-    if isinstance(error.get("input"), bytes):
-        sent = f"Content-Type: {content_type}" if content_type else "no Content-Type"
-        return f"The request body must be JSON sent with Content-Type: application/json; this one had {sent}."
-    if error.get("type") == "missing":
-        return "The request body is empty: send a JSON object."
-    if error.get("type") in ("model_attributes_type", "model_type", "dict_type"):
-        return "The request body must be a JSON object."
-    return None  # a check of the whole object (a model validator): its own message

@@ -25,10 +25,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from radixcache.runtime.loading.tokenizer import lone_surrogate
-from radixcache.runtime.server.protocol import MAX_LABEL_CHARS, APIError, ChatCompletionRequest, validation_message
+from radixcache.runtime.server.protocol import MAX_LABEL_CHARS, APIError, ChatCompletionRequest
 from radixcache.runtime.server.responses_output import new_id
 from radixcache.runtime.server.responses_protocol import PASSED, ResponsesRequest
 from radixcache.runtime.server.structured import param_path
+from radixcache.runtime.server.validation_errors import validation_message
 
 ROLES = ("user", "system", "developer", "assistant")
 _KEYS = {

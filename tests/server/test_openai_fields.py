@@ -1,7 +1,8 @@
 """OpenAI's chat fields that change no answer on this server are accepted as OpenAI accepts them, not refused as
 unknown (an OpenAI client or agent framework that sets them got a 400 "Unrecognized request argument"):
 `prompt_cache_key` (OpenAI's key for requests that share a prefix) is the request's session, ahead of `user` and
-the X-Session-Id header; `safety_identifier`, `store`, `service_tier` and `modalities: ["text"]` are accepted;
+the X-Session-Id header; `safety_identifier`, `store`, `service_tier`, `modalities: ["text"]` and
+`prompt_cache_retention: "in_memory"` (accepted on /v1/responses, "Unrecognized" here before) are accepted;
 values OpenAI would refuse, or that ask for what this server cannot do (audio out), are a 400 naming the field."""
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def test_openai_fields_that_change_no_answer_are_accepted_and_change_none(served
     plain = client.post("/v1/chat/completions", json=CHAT)
     assert plain.status_code == 200, plain.text
     extra = {"store": False, "service_tier": "auto", "safety_identifier": "user-7f3", "modalities": ["text"]}
+    extra["prompt_cache_retention"] = "in_memory"
     for name, value in extra.items():
         r = client.post("/v1/chat/completions", json={**CHAT, name: value})
         assert r.status_code == 200, (name, r.text)
@@ -78,6 +80,8 @@ def test_openai_fields_that_change_no_answer_are_accepted_and_change_none(served
         ("prompt_cache_key", "k" * 257),
         ("prompt_cache_key", 7),
         ("safety_identifier", ["x"]),
+        ("prompt_cache_retention", "24h"),  # as /v1/responses refuses it: nothing here keeps a prefix a day
+        ("prompt_cache_retention", "forever"),
     ],
 )
 def test_values_openai_refuses_or_this_server_cannot_serve_are_a_400_naming_the_field(
