@@ -2,16 +2,17 @@
 
 The grammar library reports an invalid schema without saying where it is; this walk finds the usual mistakes first
 (an unknown `type`, a `$ref` that points nowhere, a `required` that is not a list of names, a bad `pattern` or
-one too large to compile (`regex_size`, also a `patternProperties` name), a
-negative length, a number past 64 bits, a schema too large to compile: `schema_size`, or too deep with its `$ref`s
-followed: `schema_refs`) and raises `GrammarError`
-with the path, e.g. `response_format.json_schema.schema.properties.age.type`.
+one too large to compile (`regex_size`, also a `patternProperties` name), a negative length, a number past 64 bits,
+an integer no 64-bit float holds where the grammar writes it or bounds by it, a schema too large to compile:
+`schema_size`, or too deep with its `$ref`s followed: `schema_refs`) and raises `GrammarError` with the path,
+e.g. `response_format.json_schema.schema.properties.age.type`.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from decimal import Decimal
 from typing import Any
 
 import llguidance
@@ -48,6 +49,8 @@ def check_schema(schema: Any, path: str) -> None:
     check_ref_depth(schema, path)  # its references resolve (`_check`): a chain of them deep enough crashed the process
     if (where := _out_of_range(schema, path)) is not None:
         raise GrammarError("numbers must be above -2**63, and integers fit in 64 bits", where)
+    if (found := _inexact_integer(schema, path)) is not None:
+        raise GrammarError(*found)
 
 
 def nests_deeper_than(value: Any, limit: int) -> bool:
@@ -113,6 +116,49 @@ def _out_of_range(value: Any, path: str) -> str | None:
         elif isinstance(item, list):
             stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(item))))
     return None
+
+
+OUTPUT_DATA = ("enum", "const")  # the data keywords whose values the grammar writes (`default`, `examples`: none)
+
+
+def _inexact_integer(schema: Any, path: str) -> tuple[str, str] | None:
+    """(message, path) of the first integer the library would not write or compare as itself: it reads a number
+    as a 64-bit float, so an `enum` or `const` integer no float holds (2**53 + 1) was forced rounded (as
+    9007199254740992) and one of 2**63 or more was written as a float's digits (2**63 as 9223372036854776000), while a
+    bound no float holds (`minimum` 2**53 + 1) admitted what it excludes (2**53). None when there is none."""
+    stack: list[tuple[Any, str, bool]] = [(schema, path, False)]  # (item, path, a value the grammar writes)
+    while stack:
+        item, at, data = stack.pop()
+        if data and isinstance(item, int) and _written(item) != item:
+            message = f"the grammar cannot write the integer {item} exactly (it would write {_written(item)})"
+            return f"{message}: {_FLOAT_READ}", at
+        if isinstance(item, list):
+            stack.extend((v, f"{at}[{i}]", data) for i, v in reversed(list(enumerate(item))))
+        if not isinstance(item, dict):
+            continue
+        for k, v in reversed(item.items()):
+            if data or k in OUTPUT_DATA:
+                stack.append((v, f"{at}.{k}", True))
+            elif k in NUMBERS and isinstance(v, int) and float(v) != v and not (k == "maximum" and v == INT64_MAX):
+                message = f"the grammar cannot bound by {v} exactly (it reads {float(v):.0f}): {_FLOAT_READ}"
+                return (
+                    f"{message}, so it would admit numbers this bound excludes, or exclude some it admits",
+                    f"{at}.{k}",
+                )
+            elif k in SCHEMA_MAPS and isinstance(v, dict):  # names to schemas (a property may be called "const")
+                stack.extend((sub, f"{at}.{k}.{name}", False) for name, sub in reversed(v.items()))
+            elif k not in DATA_KEYWORDS:  # a schema, a list of them
+                stack.append((v, f"{at}.{k}", False))
+    return None
+
+
+_FLOAT_READ = "the grammar library reads numbers as 64-bit floats, which hold every integer only up to 2**53"
+
+
+def _written(value: int) -> int:
+    """The integer the library writes for `value`: its float, and past 2**63 that float's shortest digits."""
+    as_float = float(value)
+    return int(as_float) if abs(value) < 2**63 else int(Decimal(repr(as_float)))
 
 
 def _check(node: Any, path: str, root: Any) -> None:

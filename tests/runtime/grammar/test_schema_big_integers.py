@@ -1,0 +1,53 @@
+"""Integers a 64-bit float cannot hold: the grammar library reads a schema's numbers as 64-bit floats, so a `const`
+or `enum` integer past 2**53 that no float holds was forced rounded (`{"const": 2**53 + 1}` wrote 9007199254740992,
+a 200 whose answer fails its own schema), one of 2**63 or more was written as a float's digits, and a bound no float
+holds (`minimum` 2**53 + 1) admitted a number it excludes. They are refused naming the value's path; integers a
+float holds exactly, however large, are written as themselves."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+from radixcache.runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
+from radixcache.runtime.grammar.schema_check import check_schema
+from tests.runtime.grammar.conftest import token_table, walk
+
+BIG = 2**53 + 1  # the first integer no 64-bit float holds
+REFUSED = [
+    ({"properties": {"id": {"const": BIG}}}, "properties.id.const"),
+    ({"enum": ["a", {"ids": [1, 2**62 + 1]}]}, "enum[1].ids[1]"),
+    ({"const": 2**63}, "const"),  # a float holds it, but the library writes 9223372036854776000
+    ({"type": "integer", "minimum": BIG}, "minimum"),
+    ({"type": "number", "exclusiveMaximum": -BIG}, "exclusiveMaximum"),
+    ({"properties": {"default": {"const": BIG}}}, "properties.default.const"),  # a property, not the keyword
+    ({"$defs": {"n": {"enum": [BIG]}}, "$ref": "#/$defs/n"}, "$defs.n.enum[0]"),
+]
+
+
+@pytest.mark.parametrize(("schema", "where"), REFUSED)
+def test_an_integer_no_float_holds_is_refused_naming_it(schema: dict[str, Any], where: str) -> None:
+    path = "response_format.json_schema.schema"
+    with pytest.raises(GrammarError, match="exactly") as e:
+        GrammarSpec.from_response_format({"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    assert e.value.path == f"{path}.{where}"
+    with pytest.raises(GrammarError) as e:  # a tool's parameters take the same check
+        check_schema({"type": "object", "properties": {"x": schema}}, "tools[0].function.parameters")
+    assert e.value.path.startswith("tools[0].function.parameters.properties.x.")
+
+
+@pytest.mark.parametrize("value", [2**53, 3 * 2**60, -(2**62), 10**18, -BIG + 1])
+def test_an_integer_a_float_holds_is_written_as_itself(tiny_compiler: GrammarCompiler, tiny_tokenizer, value) -> None:
+    schema = {"type": "object", "properties": {"id": {"const": value}, "n": {"enum": [value]}}, "required": ["id", "n"]}
+    state = GrammarState(tiny_compiler.compile(GrammarSpec.json_schema(schema)))
+    out = json.loads(tiny_tokenizer.decode(walk(state, token_table(tiny_tokenizer, tiny_compiler.vocab), 0)))
+    assert out == {"id": value, "n": value}
+    jsonschema.validate(out, schema)
+
+
+def test_data_the_grammar_does_not_write_and_the_int64_maximum_stay_accepted(tiny_compiler: GrammarCompiler) -> None:
+    schema = {"type": "integer", "maximum": 2**63 - 1, "default": BIG, "examples": [BIG + 2]}
+    tiny_compiler.compile(GrammarSpec.json_schema(schema))  # the maximum is clamped back to itself by the library
