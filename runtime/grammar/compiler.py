@@ -38,6 +38,7 @@ JSON_OBJECT_SCHEMA = {"type": "object"}
 # field of the request, so a refusal keeps the spec's path (with the deepest cause's message)
 GENERATED = ("tools",)
 _UNKNOWN_FORMAT = "Unknown format"
+_ONE_OF = "oneOf constraints are not supported"  # members it cannot prove exclusive (strict mode)
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
 
 
@@ -232,6 +233,11 @@ def _translate_and_validate(spec: GrammarSpec, vocab: GrammarVocab) -> str:
             path = path if path in GENERATED else found
             if spec.strict and message.startswith(_UNKNOWN_FORMAT):  # pydantic's Path, bytes, SecretStr fields
                 message += " (a format the grammar does not know; send strict: false to ignore it)"
+            elif message.startswith(_ONE_OF):  # its advice names an option of the library no request can set
+                message = (
+                    "keyword 'oneOf' cannot be enforced where a value may match more than one of its members (send "
+                    "strict: false to take it as anyOf, or make the members exclusive, e.g. by a const property)"
+                )
         raise GrammarError(message, path)
     return grammar
 

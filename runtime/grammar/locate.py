@@ -26,6 +26,7 @@ from radixcache.runtime.grammar.schema_size import bulk_path
 MAX_TRIES = 64
 BUDGET_S = 0.5
 DEFS = ("$defs", "definitions")
+_ONE_OF = "oneOf constraints are not supported"  # the library's words for members it cannot prove exclusive
 _NAMED_KEYWORD = re.compile(r"Value for '([^']+)'")  # the library's wording when a keyword's value is refused
 
 
@@ -33,7 +34,8 @@ def locate(root: Any, path: str, message: str, error_of: Callable[[Any], str | N
     """(path, message) of the deepest subschema of `root` (refused with `message`) that `error_of` refuses alone;
     (`path`, `message`) when none does. `error_of(schema)` is the library's message for a schema, None when taken.
     Within that subschema the path goes on to the keyword the message names ("Value for 'multipleOf' has too many
-    digits": `.multipleOf`), or for "schema too large" to the part that holds its bulk (`.allOf`)."""
+    digits": `.multipleOf`; a `oneOf` whose members may overlap: `.oneOf`), or for "schema too large" to the part
+    that holds its bulk (`.allOf`)."""
     node, path, message = _deepest(root, path, message, error_of)
     return _keyword_path(node, path, message), message
 
@@ -44,6 +46,8 @@ def _keyword_path(node: Any, path: str, message: str) -> str:
         return f"{path}.{named.group(1)}"
     if "schema too large" in message:
         return bulk_path(node, path)
+    if message.startswith(_ONE_OF) and isinstance(node, dict) and "oneOf" in node:
+        return f"{path}.oneOf"
     return path
 
 

@@ -4,6 +4,7 @@ the schema's root, and for a nested cause only its outermost symptom ("required 
 
 from __future__ import annotations
 
+import jsonschema
 import pytest
 
 import radixcache.runtime.grammar.locate as locating
@@ -109,3 +110,29 @@ def test_an_unknown_format_in_strict_mode_says_strict_false_ignores_it(tiny_comp
         tiny_compiler.compile(GrammarSpec.json_schema(schema))
     assert info.value.path == f"{ROOT}.properties.p"
     assert tiny_compiler.compile(GrammarSpec.json_schema(schema, strict=False)) is not None
+
+
+OVERLAP = {"oneOf": [{"type": "integer"}, {"type": "number"}]}  # 3 matches both: no value of it may be 3
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        (OVERLAP, "oneOf"),
+        (_object(x=OVERLAP), "properties.x.oneOf"),
+        ({"$defs": {"u": OVERLAP}} | _object(x={"$ref": "#/$defs/u"}), "$defs.u.oneOf"),
+    ],
+    ids=["root", "nested", "ref"],
+)
+def test_a_oneof_whose_members_overlap_names_it_and_how_to_send_it(tiny_compiler, schema: dict, where: str) -> None:
+    """The library refused it at the (sub)schema holding it, advising its own `coerce_one_of` option, which no
+    request can set; strict: false is the way to send it (taken as anyOf)."""
+    with pytest.raises(jsonschema.ValidationError, match="valid under each of"):
+        jsonschema.validate(3, OVERLAP)  # the independent check: the members overlap
+    with pytest.raises(GrammarError, match=r"'oneOf' cannot be enforced.*send strict: false") as info:
+        tiny_compiler.compile(GrammarSpec.json_schema(schema))
+    assert info.value.path == f"{ROOT}.{where}"
+    assert "coerce_one_of" not in str(info.value)
+    assert tiny_compiler.compile(GrammarSpec.json_schema(schema, strict=False)) is not None
+    exclusive = {"oneOf": [_object(k={"const": "a"}), _object(k={"const": "b"})]}
+    assert tiny_compiler.compile(GrammarSpec.json_schema(exclusive)) is not None
