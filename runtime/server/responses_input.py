@@ -285,6 +285,12 @@ def chat_tool_choice(choice: Any) -> Any:
 
 def response_format(body: ResponsesRequest) -> dict[str, Any] | None:
     fmt = body.text.format if body.text is not None else None
+    if fmt is not None and fmt.type != "json_schema":  # a `schema` beside json_object would constrain nothing,
+        given = [n for n in type(fmt).model_fields if n != "type" and getattr(fmt, n) is not None]
+        if given:  # while its caller believes it does: refused, as chat's response_format refuses it
+            key = "schema" if given[0] == "json_schema" else given[0]
+            message = f"text.format.{key}: unknown field {key!r} (a {fmt.type} format takes only type)"
+            raise APIError(400, message, param=f"text.format.{key}")
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":

@@ -56,6 +56,13 @@ HOSTILE: list[tuple[dict[str, Any], str]] = [
         "text.format.schema.type",
     ),
     ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    # a schema beside json_object or text constrained nothing while its caller believed it did (a 200)
+    (
+        {"text": {"format": {"type": "json_object", "schema": {"type": "object", "required": ["a"]}}}},
+        "text.format.schema",
+    ),
+    ({"text": {"format": {"type": "text", "name": "x", "schema": {"type": "object"}}}}, "text.format.name"),
+    ({"text": {"format": {"type": "json_object", "strict": True}}}, "text.format.strict"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
     ({"truncation": "auto"}, "truncation"),
