@@ -8,10 +8,9 @@ only in key order (other than `properties`) therefore give equal specs and one c
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import Any, Literal
 
 from radixcache.runtime.grammar.errors import GrammarError
@@ -41,12 +40,20 @@ class GrammarSpec:
     strict: bool = True
     any_whitespace: bool = False
     path: str = "response_format"
+    _: KW_ONLY
+    # not a field: made by the runtime (`assembled`), its grammar skips the user-grammar checks; any other spec is
+    # checked, `dataclasses.replace` of an assembled one too (it takes an InitVar's default, never its value)
+    assembled_by_runtime: InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, assembled_by_runtime: bool) -> None:
         if self.kind not in KINDS:
             raise GrammarError(f"unknown grammar kind {self.kind!r} (one of {', '.join(KINDS)})", self.path)
         if not isinstance(self.source, str):
             raise GrammarError("must be a string", self.path)
+        if assembled_by_runtime:
+            if self.kind != "ebnf":
+                raise ValueError("only an EBNF grammar is assembled by the runtime")
+            return
         if self.kind == "regex":  # before the library expands it: `(a{1000}){1000}` took seconds (regex_size.py)
             check_regex_size(self.source, self.path)
         elif self.kind == "ebnf":  # what the library crashed on (a `%json` const, 3,000 chained rules)
@@ -94,12 +101,9 @@ class GrammarSpec:
         """A Lark grammar the runtime built itself (the calls a tool_choice implies, "auto" beside a constraint),
         made without the user-grammar checks: its `%json` rules carry the library's options, which a user's grammar
         may not set, and each of its parts was checked where it entered (a tool's schema with its tool, a user's
-        grammar when its spec was made). Not for a user's text: `dataclasses.replace` on it checks it again."""
-        spec = object.__new__(cls)
-        given = {"kind": "ebnf", "source": grammar, "path": path}
-        for f in dataclasses.fields(cls):
-            object.__setattr__(spec, f.name, given.get(f.name, f.default))
-        return spec
+        grammar when its spec was made). Not for a user's text: `dataclasses.replace` on it checks it again. Equal
+        to (and keyed as) the `ebnf` spec of the same text: how a spec was made is not part of it."""
+        return cls("ebnf", grammar, path=path, assembled_by_runtime=True)
 
     @classmethod
     def from_response_format(cls, response_format: Any, path: str = "response_format") -> GrammarSpec | None:

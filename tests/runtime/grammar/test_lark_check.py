@@ -135,6 +135,19 @@ def test_the_runtimes_own_grammar_keeps_the_library_options_a_users_may_not_set(
     assert state.is_complete()
 
 
+def test_the_runtimes_own_grammar_is_an_ordinary_spec_made_by_its_constructor() -> None:
+    """`assembled` goes through the constructor (it set the fields of a bare object, past `__post_init__`): its spec
+    is the `ebnf` spec of the same text, equal, keyed and hashed alike, with no field telling how it was made, and
+    only an EBNF grammar is taken that way."""
+    text = 'start: "a" | "b"'
+    made = GrammarSpec.assembled(text, path="grammar")
+    assert made == GrammarSpec.ebnf(text, path="grammar") and hash(made) == hash(GrammarSpec.ebnf(text, path="grammar"))
+    assert made.key == GrammarSpec.ebnf(text).key
+    assert [f.name for f in dataclasses.fields(GrammarSpec)] == ["kind", "source", "strict", "any_whitespace", "path"]
+    with pytest.raises(ValueError, match="only an EBNF grammar"):
+        GrammarSpec("regex", "[a-z]+", path="regex", assembled_by_runtime=True)
+
+
 @pytest.mark.parametrize(
     "grammar",
     ["start: /(a{1000}){1000}/", "start: A\nA: /a{1000000}/i", 'start: "x" /[a\\/b]{20000}/ "y"'],
