@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixcache.runtime.grammar import GrammarSpec
 from radixcache.runtime.grammar.compiler import closed_objects, schema_object
+from radixcache.runtime.grammar.json_patterns import quote_safe_patterns
 from radixcache.runtime.grammar.nested import nested_rule
 from radixcache.runtime.grammar.schema_check import check_schema
 from radixcache.runtime.tools import ToolCallMemory, ToolCallParser, tool_call_schema
@@ -56,7 +57,7 @@ def request_grammar(
     parallel = not use.one_call  # a named function: one call
     if features.format not in ("generic", "native"):  # Hermes tags, Cohere's actions: a grammar of their own
         grammar = format_tool_grammar(
-            use.tools, use.choice, features.format, parallel_tool_calls=parallel, close=closed_objects, special=special
+            use.tools, use.choice, features.format, parallel_tool_calls=parallel, close=_library_form, special=special
         )
         if grammar is None:
             return options.grammar
@@ -81,6 +82,7 @@ def _auto_with_answer(
         rule = {"type": "object"}
     elif answer.kind == "json_schema":
         schema = schema_object(answer)
+        schema = quote_safe_patterns(schema)
         rule = closed_objects(schema) if answer.strict else {"x-guidance": {"lenient": True}, **schema}
     else:
         rule = nested_rule(answer)
@@ -89,12 +91,18 @@ def _auto_with_answer(
         rule,
         parallel_tool_calls=use.parallel_tool_calls,
         features=features,
-        close=closed_objects,
+        close=_library_form,
         special=special,
     )
     if grammar is None:
         return answer
     return GrammarSpec.assembled(grammar, path="tools")
+
+
+def _library_form(schema: Any) -> Any:
+    """A tool's schema as its grammar's `%json` rule takes it (the compiler's own translation, for a schema compiled
+    alone): its objects closed (strict), its patterns' negated classes quoted right (runtime.grammar.json_patterns)."""
+    return closed_objects(quote_safe_patterns(schema))
 
 
 def _check_parameters(use: ToolUse) -> None:

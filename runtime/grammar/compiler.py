@@ -25,6 +25,7 @@ import llguidance
 import numpy as np
 
 from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.json_patterns import quote_safe_patterns
 from radixcache.runtime.grammar.lark_check import looks_like_lark
 from radixcache.runtime.grammar.locate import locate
 from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, SCHEMA_MAPS, find_key
@@ -263,7 +264,7 @@ def _translate(spec: GrammarSpec) -> str:
         options.update(item_separator=", ", key_separator=": ")
     if spec.kind == "json_object":
         return matcher.grammar_from_json_schema(JSON_OBJECT_SCHEMA, overrides=options)
-    schema = schema_object(spec)
+    schema = quote_safe_patterns(schema_object(spec))  # a negated class's escapes (json_patterns.py)
     if spec.strict:
         schema = closed_objects(schema)
         _refuse_repeatable_counts(schema, spec.path)
