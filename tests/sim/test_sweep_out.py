@@ -1,0 +1,65 @@
+"""The sweeps' output folder (scripts/sweep_output.py): checked before the first cell, so a sweep that cannot write
+its results, or plot them, says so at once instead of with a traceback after the last cell."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from radixcache.trace import write_token_jsonl
+from radixcache.trace.records import TokenRequest
+from tests.refusals import assert_refused
+from tests.sim.conftest import load_script
+
+#: each sweep with the arguments of a small run, and the line it prints before its first cell
+SWEEPS = {
+    "simulate_eviction": (
+        ["--policy", "lru", "--fractions", "0.5", "--page-size", "2", "--workers", "1"],
+        "replays on",
+    ),
+    "simulate_routing": (
+        ["--replicas", "2", "--router", "round_robin", "--capacity-blocks", "8", "--page-size", "2", "--workers", "1"],
+        "routed replays on",
+    ),
+}
+
+
+def tiny_trace(tmp_path: Path) -> Path:
+    trace = tmp_path / "tiny.jsonl"
+    write_token_jsonl(trace, [TokenRequest(i, (i % 3, 1, 2, 3, 4, 5, 6, 7), 1) for i in range(20)])
+    return trace
+
+
+@pytest.mark.parametrize("script", sorted(SWEEPS))
+def test_an_out_folder_that_cannot_be_made_is_refused_before_any_cell(tmp_path: Path, script: str) -> None:
+    """Regression: --out under a file (or on a read-only file system) ran every cell, then failed with a
+    FileExistsError traceback from mkdir: the sweep's results were lost, none written."""
+    args, started = SWEEPS[script]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = blocker / "out"
+    result = CliRunner().invoke(load_script(script).main, [str(tiny_trace(tmp_path)), *args, "--out", str(out)])
+    output = assert_refused(result, f"--out {out}: ")
+    assert started not in output, "the folder is checked before the first cell runs"
+
+
+@pytest.mark.parametrize("script", sorted(SWEEPS))
+def test_a_plot_without_matplotlib_is_refused_before_any_cell(
+    tmp_path: Path, script: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: without matplotlib (a dev extra, not a dependency) the sweep ran every cell and wrote its CSV,
+    then failed with an ImportError traceback, before it printed its table. It is a usage error at once now, and
+    --no-plot runs without it."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # how Python sees a package that is not installed
+    args, started = SWEEPS[script]
+    trace, out = str(tiny_trace(tmp_path)), tmp_path / "out"
+    main = load_script(script).main
+    refused = assert_refused(CliRunner().invoke(main, [trace, *args, "--out", str(out)]), "pip install matplotlib")
+    assert "--no-plot" in refused and started not in refused
+    assert not out.exists()
+    result = CliRunner().invoke(main, [trace, *args, "--out", str(out), "--no-plot"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.suffix for p in out.iterdir()) == [".csv", ".md"]
