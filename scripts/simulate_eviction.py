@@ -26,7 +26,9 @@ from pathlib import Path
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from sweep_output import prepare_out
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweep_output, also when loaded by path (the tests)
+from sweep_output import check_out, make_out
 
 from radixcache.errors import RadixCacheError
 from radixcache.policy.registry import ALL_POLICIES
@@ -232,10 +234,11 @@ def main(
     if workers > 1 or use_ray:
         loaded = []  # each worker loads its own copy
     where = "Ray actors" if use_ray else "worker processes" if workers > 1 else "worker (this process)"
-    out_dir = prepare_out(out, not no_plot)  # before the first cell: not a traceback after the last
+    out_dir = check_out(out, not no_plot)  # before the first cell: not a traceback after the last
     click.echo(f"{len(cells)} replays on {workers} {where}", err=True)
     runner = CellRunner(traces, page_size, block_size, concurrency, honor_timestamps)
     rows = collect(run(cells, loaded, runner, workers, use_ray), len(cells))
+    make_out(out_dir)
     write_csv(rows, out_dir / "sweep.csv")
     table = markdown(rows, names, bounds)
     if concurrency > 1:  # the Belady columns and the gap to them are then no bound

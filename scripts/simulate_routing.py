@@ -27,7 +27,9 @@ from pathlib import Path
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from sweep_output import prepare_out
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweep_output, also when loaded by path (the tests)
+from sweep_output import check_out, make_out
 
 from radixcache.errors import RadixCacheError
 from radixcache.router import ROUTERS
@@ -256,13 +258,14 @@ def main(
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
     where = "Ray actors" if use_ray else "worker processes" if workers > 1 else "worker (this process)"
-    out_dir = prepare_out(out, not no_plot)  # before the first cell: not a traceback after the last
+    out_dir = check_out(out, not no_plot)  # before the first cell: not a traceback after the last
     click.echo(f"{len(cells)} routed replays on {workers} {where}", err=True)
     runner = RoutingCellRunner(list(traces), page_size, block_size, costs, seed)
     try:  # a cell's trace that cannot be read, or a rate too small for its length, fails in the replay
         rows = collect(run(cells, runner, workers, use_ray), len(cells))
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
+    make_out(out_dir)
     write_csv(rows, out_dir / "routing.csv")
     table = markdown(rows, names)
     (out_dir / "routing.md").write_text(table)
