@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import importlib.util
 import math
@@ -28,7 +27,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweep_output, also when loaded by path (the tests)
-from sweep_output import check_out, make_out
+from sweep_output import check_out, csv_text, make_out, save_figure, write_whole
 
 from radixcache.errors import RadixCacheError
 from radixcache.policy.registry import ALL_POLICIES
@@ -81,11 +80,8 @@ def run(
 
 
 def write_csv(rows: list[SweepRow], path: Path) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([f.name for f in dataclasses.fields(SweepRow)])
-        for row in rows:
-            writer.writerow(dataclasses.astuple(row))
+    header = [f.name for f in dataclasses.fields(SweepRow)]
+    write_whole(path, csv_text(header, (dataclasses.astuple(row) for row in rows)))
 
 
 def markdown(rows: list[SweepRow], policies: list[str], bounds: list[str]) -> str:
@@ -157,7 +153,7 @@ def plot(rows: list[SweepRow], policies: list[str], bounds: list[str], path: Pat
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=80)
+    save_figure(fig, path, 80)
     plt.close(fig)
 
 
@@ -245,7 +241,7 @@ def main(
         table += f"\nConcurrency {concurrency}: {IN_FLIGHT_NOTE}.\n"
     elif any(row.in_flight for row in rows):  # a recorded trace whose requests overlap, at concurrency 1
         table += f"\nRequests in flight together (the trace's finish times): {IN_FLIGHT_NOTE}.\n"
-    (out_dir / "sweep.md").write_text(table)
+    write_whole(out_dir / "sweep.md", table)
     if not no_plot:
         plot(rows, names, bounds, out_dir / "sweep.png")
     sys.stdout.write(table + "\n")

@@ -16,7 +16,6 @@ Example (the sweep of docs/routing.md):
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
 import os
@@ -29,7 +28,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweep_output, also when loaded by path (the tests)
-from sweep_output import check_out, make_out
+from sweep_output import check_out, csv_text, make_out, save_figure, write_whole
 
 from radixcache.errors import RadixCacheError
 from radixcache.router import ROUTERS
@@ -107,11 +106,8 @@ def run(cells: list[RoutingCell], runner: RoutingCellRunner, workers: int, ray: 
 
 
 def write_csv(rows: list[RoutingRow], path: Path) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([f.name for f in dataclasses.fields(RoutingRow)])
-        for row in rows:
-            writer.writerow(dataclasses.astuple(row))
+    header = [f.name for f in dataclasses.fields(RoutingRow)]
+    write_whole(path, csv_text(header, (dataclasses.astuple(row) for row in rows)))
 
 
 def markdown(rows: list[RoutingRow], routers: list[str]) -> str:
@@ -177,7 +173,7 @@ def plot(rows: list[RoutingRow], routers: list[str], path: Path) -> None:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(path, dpi=80)
+    save_figure(fig, path, 80)
     plt.close(fig)
 
 
@@ -268,7 +264,7 @@ def main(
     make_out(out_dir)
     write_csv(rows, out_dir / "routing.csv")
     table = markdown(rows, names)
-    (out_dir / "routing.md").write_text(table)
+    write_whole(out_dir / "routing.md", table)
     if not no_plot:
         plot(rows, names, out_dir / "routing.png")
     sys.stdout.write(table + "\n")

@@ -63,3 +63,59 @@ def test_a_plot_without_matplotlib_is_refused_before_any_cell(
     result = CliRunner().invoke(main, [trace, *args, "--out", str(out), "--no-plot"])
     assert result.exit_code == 0, result.output
     assert sorted(p.suffix for p in out.iterdir()) == [".csv", ".md"]
+
+
+@pytest.mark.parametrize("script", sorted(SWEEPS))
+@pytest.mark.parametrize("cut", ["csv", "png"])
+def test_a_sweep_cut_while_writing_leaves_the_earlier_files_whole(
+    tmp_path: Path, script: str, cut: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the CSV, the table and the plot were written in place, so a sweep stopped while writing one
+    (Ctrl-C, a kill, a full disk) left the earlier sweep's file cut short: a CSV of fewer rows reads as a sound
+    result. Each is written whole now, through a staging file moved onto it."""
+    import csv
+
+    import matplotlib.figure
+
+    args, _ = SWEEPS[script]
+    trace, out = str(tiny_trace(tmp_path)), tmp_path / "out"
+    main = load_script(script).main
+    assert CliRunner().invoke(main, [trace, *args, "--out", str(out)]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(Path(name).suffix for name in before) == [".csv", ".md", ".png"]
+
+    if cut == "csv":
+        real = csv.writer
+
+        def writer(handle: object, *a: object, **k: object) -> object:
+            inner = real(handle, *a, **k)
+
+            class Cut:
+                rows = 0
+
+                def writerow(self, row: object) -> object:
+                    self.rows += 1
+                    if self.rows > 1:  # the header is out, the rows are not
+                        raise KeyboardInterrupt
+                    return inner.writerow(row)
+
+                def writerows(self, rows: object) -> None:
+                    for row in rows:  # type: ignore[attr-defined]
+                        self.writerow(row)
+
+            return Cut()
+
+        monkeypatch.setattr(csv, "writer", writer)
+    else:
+
+        def savefig(self: object, where: object, *a: object, **k: object) -> None:
+            Path(where).write_bytes(b"\x89PNG cut short")  # type: ignore[arg-type]
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    result = CliRunner().invoke(main, [trace, *args, "--out", str(out)])
+    assert result.exit_code != 0
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert not [name for name in after if name.endswith(".partial")], after.keys()
+    kept = next(name for name in before if name.endswith(f".{cut}"))
+    assert after[kept] == before[kept], f"{kept} was cut short"
