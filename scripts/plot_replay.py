@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from radixcache.errors import RadixCacheError
+from radixcache.runtime import atomic_file
 from radixcache.trace.replay_output import ReplayLog, read_replay_json
 
 
@@ -44,9 +45,37 @@ def plot(log: ReplayLog, out: str | Path) -> Path:
     fig.suptitle(f"radixcache replay: {model}, {log.summary.get('mode', '')} mode, {len(log.requests)} requests")
     fig.tight_layout()
     out = Path(out)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:  # written whole (a staging file moved onto it): a plot cut short never replaces an earlier one
+        with atomic_file.staged(out) as staging:
+            fig.savefig(staging, dpi=110, format=image_format(out))
+    finally:
+        plt.close(fig)
     return out
+
+
+def image_format(out: Path) -> str:
+    """The image format `out`'s suffix names (matplotlib's default, png, for none): the staging file's name keeps no
+    suffix for matplotlib to read it from."""
+    import matplotlib
+
+    return out.suffix.lstrip(".").lower() or matplotlib.rcParams["savefig.format"]
+
+
+def check_out(out: Path) -> str | None:
+    """Why the plot cannot be written to `out`, or None: checked before the plot is drawn, where a missing folder or
+    an unknown suffix was a traceback from matplotlib's savefig."""
+    try:
+        import matplotlib.figure
+    except ImportError:
+        return "the plot needs matplotlib, which is not installed: pip install matplotlib"
+    folder = out.parent
+    if not folder.is_dir():
+        return f"--out {out}: the folder {folder} does not exist"
+    supported = matplotlib.figure.Figure().canvas.get_supported_filetypes()
+    if image_format(out) not in supported:
+        kinds = ", ".join(sorted(supported))
+        return f"--out {out}: matplotlib writes no {image_format(out)!r} images; give a suffix of {kinds}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     except RadixCacheError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"wrote {plot(log, args.out)}", file=sys.stderr)
+    problem = check_out(Path(args.out))
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+    try:
+        print(f"wrote {plot(log, args.out)}", file=sys.stderr)
+    except OSError as exc:  # a folder this user cannot write in, a full disk
+        print(f"error: {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     return 0
 
 
