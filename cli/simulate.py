@@ -194,8 +194,8 @@ SIZE = click.IntRange(min=1, max=2**63 - 1)  # a cache's size: its block ids and
 @click.option(
     "--read-ahead/--no-read-ahead",
     default=None,
-    help="Read a streamed trace in a second process while this one replays [default: on for hash or token traces "
-    "of 8 MiB or more on a machine with two cores or more].",
+    help="Read a streamed trace in a second process while this one replays (not with --in-memory or --replicas) "
+    "[default: on for hash or token traces of 8 MiB or more on a machine with two cores or more].",
 )
 @debug_option
 def simulate(trace: str, **options: Any) -> None:
@@ -275,7 +275,7 @@ def _simulate(
     if leases:
         run_leases(where, names, lease_budget)
         return
-    refuse_ignored(replicas, policies_spec)
+    refuse_ignored(replicas, policies_spec, in_memory)
     ctx = click.get_current_context()
     routing = {"--router": router, "--decode-ms-per-token": decode_ms_per_token, "--rate": rate, "--arrivals": arrivals}
     if replicas is None:

@@ -18,17 +18,24 @@ _IGNORED: dict[str, dict[str, str]] = {
         "windows": "a routed replay has no windows",
         "no_infinite": "a routed replay has no bound",
         "prefill_chunk": "a routed replica commits its prompt when its prefill ends",
+        "read_ahead": "a routed replay reads its trace in this process",
     },
+    "with --in-memory": {"read_ahead": "the trace is read whole first, in this process"},
 }
+#: the options whose flag has a `--no-` form too, named with both
+_FLAGS = {"read_ahead": "--read-ahead/--no-read-ahead"}
 
 
-def refuse_ignored(replicas: int | None, policies: str | None) -> None:
+def refuse_ignored(replicas: int | None, policies: str | None, in_memory: bool = False) -> None:
     """A usage error naming the options given on the command line that this run's mode would ignore (--leases, which
     alone reads --lease-budget, has its own: cli/simulate_leases.py)."""
     mode = "with --replicas" if replicas is not None else "with --policies" if policies is not None else None
     ctx = click.get_current_context()
     if ctx.get_parameter_source("lease_budget") not in (ParameterSource.DEFAULT, None):  # even at its default 0.5
         raise click.UsageError("--lease-budget is for --leases")
-    for name, why in _IGNORED[mode or "without --replicas"].items():
-        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
-            raise click.UsageError(f"--{name.replace('_', '-')}: not used {mode or 'without --replicas'} ({why})")
+    modes = [mode or "without --replicas"] + (["with --in-memory"] if in_memory else [])
+    for mode in modes:
+        for name, why in _IGNORED[mode].items():
+            if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+                flag = _FLAGS.get(name, f"--{name.replace('_', '-')}")
+                raise click.UsageError(f"{flag}: not used {mode} ({why})")

@@ -266,11 +266,15 @@ def test_a_count_past_what_the_simulator_holds_is_a_usage_error(chat: Path, opti
         (["--policies", "lru,slru", "--policy", "fifo"], "--policy"),
         (["--replicas", "2", "--windows", "5"], "--windows"),
         (["--replicas", "2", "--no-infinite"], "--no-infinite"),
+        (["--replicas", "2", "--read-ahead"], "--read-ahead/--no-read-ahead"),
+        (["--in-memory", "--read-ahead"], "--read-ahead/--no-read-ahead"),
+        (["--in-memory", "--no-read-ahead"], "--read-ahead/--no-read-ahead"),
     ],
 )
 def test_an_option_the_run_would_not_use_is_refused(chat: Path, args: list[str], option: str) -> None:
     """These were ignored without a word: --seed without --replicas, --windows and --policy beside --policies (one
-    table of the named policies, no windows), --windows and --no-infinite with --replicas."""
+    table of the named policies, no windows), --windows and --no-infinite with --replicas, and --read-ahead (or
+    --no-read-ahead) with --replicas or --in-memory, whose trace no second process reads."""
     code, out, err = run("simulate", str(chat), "--capacity-blocks", "300", "--page-size", "4", *args)
     assert (code, out) == (2, "") and f"{option}: not used" in err
     assert (
