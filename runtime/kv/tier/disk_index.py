@@ -50,6 +50,9 @@ class PageIndex:
         # newer format's page, or a corrupt or evicted one that could not be deleted (the store's lookups past the
         # index skip them, kv.tier.disk_store's count_prefix)
         self.left_out: set[str] = set()
+        # Files whose reads failed (EIO, ESTALE: a bad sector, a network file system), how many times in a row
+        # (kv.tier.disk_reads: READ_ERRORS_LIMIT in a row take a page out of the index)
+        self.read_errors: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -77,6 +80,7 @@ class PageIndex:
         """Insert with its stamp (the hash must be absent: `replace` otherwise)."""
         self._entries[page_hash] = entry
         self.left_out.discard(entry.path)
+        self.read_errors.pop(entry.path, None)
         self._set_stamp(page_hash, stamp)
         self.bytes += entry.size
         self.tag_pages[entry.tag] = self.tag_pages.get(entry.tag, 0) + 1

@@ -20,6 +20,8 @@ from radixcache.runtime.kv.tier.disk_index import PageIndex
 log = logging.getLogger("radixcache.disk")
 T = TypeVar("T")
 
+READ_ERRORS_LIMIT = 3  # reads of one page file failing in a row (EIO and the like) that take it out of the index
+
 
 def load_page(path: str, page_hash: bytes, tokens: Sequence[int]) -> tuple[memoryview, dict]:
     """The page's payload (a writable view of the bytes read) and meta."""
@@ -62,17 +64,24 @@ def read_indexed(
     except OSError as exc:
         gone = isinstance(exc, FileNotFoundError)  # deleted behind our back (a clear, another process)
         # EACCES, EPERM: its mode changed under the cache (another user's file): every later read fails as this one.
-        # Out of the index, and not found past it again; the page recomputed is written in its place.
+        # EIO and the like may pass: the page is kept, until READ_ERRORS_LIMIT reads of it in a row failed (a bad
+        # sector). Either way then out of the index, not found past it again, and the page recomputed is written in
+        # its place (a new file).
         denied = isinstance(exc, PermissionError)
         with lock:
-            if gone or denied:
+            failed = 0 if gone or denied else index.read_errors.get(entry.path, 0) + 1
+            if failed:
+                index.read_errors[entry.path] = failed
+            left = denied or failed >= READ_ERRORS_LIMIT
+            if gone or left:
                 index.drop(page_hash, entry)
-            if denied:
+            if left:
                 index.left_out.add(entry.path)
+                index.read_errors.pop(entry.path, None)
             count["read_misses"] += 1
-        if denied:
+        if left:
             log.warning("disk KV cache: cannot read %s (%s); recomputing it, then writing it again", entry.path, exc)
-        elif not gone:  # EIO and the like: a miss this time, the page kept (the error may pass)
+        elif not gone:
             log.debug("cannot read %s: %s", entry.path, exc)
         return None
     except NewerPage as exc:  # a newer radixcache's page: left for it, out of this store's index
@@ -106,6 +115,8 @@ def read_indexed(
         stamp = clock() if mtime_ns is None else mtime_ns
         index.touch(page_hash, entry, stamp)
         count["read_hits"] += 1
+        if index.read_errors:  # the errors in a row end
+            index.read_errors.pop(entry.path, None)
     with contextlib.suppress(OSError):
         os.utime(entry.path, ns=(stamp, stamp))
     return got

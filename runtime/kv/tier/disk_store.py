@@ -27,7 +27,8 @@ Invariants:
 - `read` and `read_into` trust nothing: magic, version, checksum, the hash recorded in the file, and the page's
   own tokens must all match, or the page is deleted, counted as corrupt, and the read is a miss. A page of a newer
   format version (a newer radixcache shares the directory) is a miss that leaves the index, not the disk, and so
-  does a page its permissions make unreadable (EACCES, EPERM), until a `put` of it writes it again in its place.
+  does a page its permissions make unreadable (EACCES, EPERM), or whose reads failed 3 times in a row (EIO: a bad
+  sector), until a `put` of it writes it again in its place.
 - The index follows this store's own writes, reads and deletions, and the page files a lookup finds past it (another
   process's writes: `count_prefix`). Its byte total is kept at or under `max_bytes`
   at open (a writable store) and after every write by deleting the least recently used pages (last read, write or

@@ -2,9 +2,10 @@
 file in a shared directory) leaves the store's index, as a missing or corrupt page does: the request recomputes it,
 later lookups no longer claim it (also not by finding its file past the index), and the recomputed page is written
 again, in its place. Before, it stayed indexed: every later request hit it again, failed the read and recomputed it
-and every page after it, and the page was never rewritten (the store held it). A read failing with EIO stays a
-transient miss (tests/runtime/tier_faults/test_disk_faults.py). The error is injected at the open of that file (root
-ignores file modes); the chmod variant runs where the tests do not run as root."""
+and every page after it, and the page was never rewritten (the store held it). A read failing with EIO is a
+transient miss (tests/runtime/tier_faults/test_disk_faults.py) until three reads of the page in a row failed. The
+error is injected at the open of that file (root ignores file modes); the chmod variant runs where the tests do not
+run as root."""
 
 from __future__ import annotations
 
@@ -36,6 +37,26 @@ def test_an_unreadable_page_leaves_the_index_and_is_written_again(open_store, mo
         write(store, 0)  # recomputed and adopted again: written in its place (a new, readable file)
         assert store.read(h(0), toks(0)) == (payload(0), META)
         assert store.count_prefix([h(0), h(1)]) == 2
+
+
+def test_a_page_whose_reads_keep_failing_with_eio_leaves_the_index_after_three(open_store, monkeypatch) -> None:
+    """EIO may pass (test_disk_faults: one failed read keeps the page), but a bad sector fails every read: after 3 in
+    a row the page leaves the index as an unreadable one does, and is written again (a new file, new blocks)."""
+    store = open_store()
+    write(store, 0, 1)
+    with monkeypatch.context() as m:
+        unreadable(m, page_path(store, h(0)), errno.EIO)
+        for _ in range(2):
+            assert store.read(h(0), toks(0)) is None and store.count_prefix([h(0), h(1)]) == 2  # kept: may pass
+    assert store.read(h(0), toks(0)) == (payload(0), META)  # it passed: the count in a row starts again
+    with monkeypatch.context() as m:
+        unreadable(m, page_path(store, h(0)), errno.EIO)
+        for _ in range(2):
+            assert store.read(h(0), toks(0)) is None and store.count_prefix([h(0)]) == 1
+        assert store.read(h(0), toks(0)) is None and store.count_prefix([h(0), h(1)]) == 0  # the third in a row
+        write(store, 0)
+        assert store.read(h(0), toks(0)) == (payload(0), META) and store.count_prefix([h(0), h(1)]) == 2
+    assert store.stats().corrupt_pages == 0
 
 
 @needs_permissions
