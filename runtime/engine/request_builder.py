@@ -14,9 +14,10 @@ the caller's thread, never on the engine loop (engine.structured).
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence, Set
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence, Set
 from numbers import Integral
 from typing import Any
 
@@ -29,8 +30,10 @@ from radixcache.runtime.engine.request import Request
 from radixcache.runtime.engine.sampling import MAX_SEED, Sampler
 from radixcache.runtime.engine.structured import EngineGrammars
 from radixcache.runtime.engine.tool_calls import request_grammar
+from radixcache.runtime.loading.chat_template import ChatTemplateError
 from radixcache.runtime.tools import ToolCallMemory, tool_template_features
 from radixcache.runtime.tools.call_tokens import special_markers
+from radixcache.runtime.tools.errors import ToolInputError
 from radixcache.runtime.tools.prompt import chat_prompt
 from radixcache.runtime.tools.tool_turns import check_tool_turns
 from radixcache.runtime.tools.use import CallIds, ToolUse
@@ -189,11 +192,12 @@ class RequestBuilder:
         """`render` with the tools and cache namespace of `options`, each chat's tool turns checked first (what every
         entry point renders: Engine.chat, achat, fork, stream, unpin): a tool turn answering no call or one answered
         already, or a call left without a result, is a ToolTurnError naming `messages[i].field`
-        (runtime.tools.tool_turns), as the server's 400."""
+        (runtime.tools.tool_turns), as the server's 400; of a list of chats, `messages[c][i].field` (chat c)."""
         chats = [messages] if is_messages(messages) else messages if _is_sequence(messages) else []
-        for chat in chats:
+        for c, chat in enumerate(chats):
             if is_messages(chat):
-                check_tool_turns(chat)
+                with _naming_chat(c, len(chats)):
+                    check_tool_turns(chat)
         return self.render(messages, options.tool_use, options.namespace)
 
     def render(
@@ -213,7 +217,11 @@ class RequestBuilder:
                 "chat takes messages (a non-empty list of dicts with role and content) or a list of conversations, "
                 f"got {_shown(messages)}"
             )
-        return [chat_prompt(self.tokenizer, m, tool_use, self.tool_memory, namespace) for m in messages]
+        prompts = []
+        for c, chat in enumerate(messages):
+            with _naming_chat(c, len(messages)):
+                prompts.append(chat_prompt(self.tokenizer, chat, tool_use, self.tool_memory, namespace))
+        return prompts
 
 
 def fork_count(n: Any, continuations: Any) -> int:
@@ -286,6 +294,22 @@ def token_ids(prompt: Any, what: str) -> list[int]:
         except TypeError:
             raise ValueError(f"{what}[{i}] must be a token id (an integer), got {_shown(t)}") from None
     return ids
+
+
+@contextlib.contextmanager
+def _naming_chat(c: int, chats: int) -> Iterator[None]:
+    """An error of chat c of a list of several that names a message (`messages[2].role`) names the chat too,
+    `messages[c][2].role`, as a batch's prompt errors say `prompts[i]`: it said not which of many chats was refused."""
+    try:
+        yield
+    except ToolInputError as exc:
+        if chats == 1 or not exc.path.startswith("messages["):
+            raise  # a tool's or tool_choice's error is the call's, not one chat's
+        raise type(exc)(f"messages[{c}]{exc.path.removeprefix('messages')}", exc.problem) from exc
+    except ChatTemplateError as exc:  # the template's own refusal ("roles must alternate"): no path of its own
+        if chats == 1:
+            raise
+        raise type(exc)(f"messages[{c}]: {exc}") from exc
 
 
 def _is_sequence(x: Any) -> bool:
