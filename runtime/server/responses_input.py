@@ -280,7 +280,13 @@ def chat_tool_choice(choice: Any) -> Any:
         )
     for key in sorted(choice.keys() - {"type", "name"})[:1]:  # the first unknown key
         raise APIError(400, f"Unrecognized tool_choice field: tool_choice.{key}", param=f"tool_choice.{key}")
-    return {"type": "function", "function": {"name": choice.get("name")}}
+    if not isinstance(choice.get("name"), str):  # the chat path's 400 would show its own shape, `function.name`
+        raise APIError(
+            400,
+            f'tool_choice.name: a named choice is {{"type": "function", "name": ...}}, got {choice.get("name")!r}',
+            param="tool_choice.name",
+        )
+    return {"type": "function", "function": {"name": choice["name"]}}
 
 
 def response_format(body: ResponsesRequest) -> dict[str, Any] | None:

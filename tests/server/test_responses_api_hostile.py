@@ -93,12 +93,17 @@ def test_a_400_names_the_responses_field_in_its_param_and_message(tiny_tools_ser
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": unsatisfiable}}}, "text.format.schema"),
         ({"instructions": "sys", "input": [{"role": "user", "content": "q"}, call]}, "input.1.arguments"),
         ({"tools": FLAT + FLAT[:1]}, f"tools.{len(FLAT)}.name"),
+        # a named choice without its name: the chat path's shape, {"function": {"name"}}, was what the 400 asked
+        # for, which this endpoint then refused as an unknown field
+        ({"tools": FLAT, "tool_choice": {"type": "function"}}, "tool_choice.name"),
+        ({"tools": FLAT, "tool_choice": {"type": "function", "name": 5}}, "tool_choice.name"),
     ]
     for fields, param in cases:
         r = _post(tiny_tools_server, {"input": "hi", "max_output_tokens": 2, "stream": stream, **fields})
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert error["param"] == param and error["message"].startswith(f"{param}: "), error
+        assert '"function": {' not in error["message"], error  # nothing of the chat body's shape
 
 
 def test_a_lone_surrogate_in_what_is_stored_or_echoed_is_a_400_and_never_breaks_a_stored_response(
