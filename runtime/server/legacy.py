@@ -125,6 +125,11 @@ def tool_fields(body: Any) -> tuple[Any, Any, bool | None]:
     tools = None if functions is None else [{"type": "function", "function": f} for f in functions]
     choice = body.function_call
     if isinstance(choice, dict):
+        if not isinstance(choice.get("name"), str):  # the tool path's 400 would ask for its own shape, `function`
+            got = choice.get("name")
+            raise APIError(
+                400, f'function_call.name: a named choice is {{"name": ...}}, got {got!r}', param="function_call.name"
+            )
         choice = {"type": "function", "function": choice}
     return tools, choice, (False if tools else None)
 

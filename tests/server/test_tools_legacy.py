@@ -130,6 +130,9 @@ BAD = [
     ({"functions": [FUNCTIONS[0], FUNCTIONS[0]]}, "functions.1.name"),
     ({"functions": 3}, "functions"),
     ({"functions": FUNCTIONS, "function_call": {"name": "nope"}}, "function_call.name"),
+    # no name: the 400 asked for the tool field's shape, {"type": "function", "function": {...}}, refused here too
+    ({"functions": FUNCTIONS, "function_call": {}}, "function_call.name"),
+    ({"functions": FUNCTIONS, "function_call": {"type": "function", "function": {"name": "a"}}}, "function_call.name"),
     ({"functions": FUNCTIONS, "function_call": "required"}, "function_call"),
     ({"function_call": "auto"}, "function_call"),
     ({"messages": [{"role": "function", "content": "x"}]}, "messages.0.name"),
@@ -176,6 +179,7 @@ def test_bad_legacy_bodies_are_400_naming_the_field_and_a_bystander_is_served(ti
     )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+    assert '"function": {' not in r.json()["error"]["message"], r.json()  # nothing of the tool fields' shape
     ok = httpx.post(
         tiny_tools_server.v1 + "/chat/completions", json={"model": "tiny", "messages": OK, "max_tokens": 2}, timeout=60
     )
