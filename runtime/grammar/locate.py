@@ -34,9 +34,15 @@ def locate(root: Any, path: str, message: str, error_of: Callable[[Any], str | N
     """(path, message) of the deepest subschema of `root` (refused with `message`) that `error_of` refuses alone;
     (`path`, `message`) when none does. `error_of(schema)` is the library's message for a schema, None when taken.
     Within that subschema the path goes on to the keyword the message names ("Value for 'multipleOf' has too many
-    digits": `.multipleOf`; a `oneOf` whose members may overlap: `.oneOf`), or for "schema too large" to the part
-    that holds its bulk (`.allOf`)."""
+    digits": `.multipleOf`; a `oneOf` whose members may overlap: `.oneOf`; a required property its `properties` do
+    not name, in an object closed to them: `.required`, saying so), or for "schema too large" to the part that holds
+    its bulk (`.allOf`)."""
     node, path, message = _deepest(root, path, message, error_of)
+    if (name := unnamed_required(node, message)) is not None:  # the library names it, not why
+        message += (
+            f": {name!r} is required but not among the object's properties, and the object admits no other key "
+            "(additionalProperties false, or strict mode without additionalProperties): add it to its properties"
+        )
     return _keyword_path(node, path, message), message
 
 
@@ -48,7 +54,24 @@ def _keyword_path(node: Any, path: str, message: str) -> str:
         return bulk_path(node, path)
     if message.startswith(_ONE_OF) and isinstance(node, dict) and "oneOf" in node:
         return f"{path}.oneOf"
+    if unnamed_required(node, message) is not None:
+        return f"{path}.required"
     return path
+
+
+_REQUIRED = re.compile(r"required property '([^']*)' is unsatisfiable")
+
+
+def unnamed_required(node: Any, message: str) -> str | None:
+    """The name the library calls an unsatisfiable required property when `node` requires it without naming it in
+    its `properties` (strict mode closes such an object to the names it gives, so the name can never be written);
+    None otherwise."""
+    found = _REQUIRED.search(message)
+    if found is None or not isinstance(node, dict) or not isinstance(node.get("required"), list):
+        return None
+    name = found.group(1)
+    named = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    return name if name in node["required"] and name not in named else None
 
 
 def _deepest(root: Any, path: str, message: str, error_of: Callable[[Any], str | None]) -> tuple[Any, str, str]:

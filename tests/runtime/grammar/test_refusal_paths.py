@@ -136,3 +136,25 @@ def test_a_oneof_whose_members_overlap_names_it_and_how_to_send_it(tiny_compiler
     assert tiny_compiler.compile(GrammarSpec.json_schema(schema, strict=False)) is not None
     exclusive = {"oneOf": [_object(k={"const": "a"}), _object(k={"const": "b"})]}
     assert tiny_compiler.compile(GrammarSpec.json_schema(exclusive)) is not None
+
+
+@pytest.mark.parametrize(
+    ("schema", "strict", "where"),
+    [
+        ({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["nmae"]}, True, "required"),
+        (_object(user=_object(a={"type": "integer"}) | {"required": ["b"]}), True, "properties.user.required"),
+        (_object(a={}) | {"required": ["b"], "additionalProperties": False}, False, "required"),
+    ],
+    ids=["strict-typo", "nested", "closed"],
+)
+def test_a_required_property_the_properties_do_not_name_says_so_at_required(
+    tiny_compiler, schema: dict, strict: bool, where: str
+) -> None:
+    """Strict mode admits only the keys an object's properties name, so a required name missing from them (a typo)
+    can never be written: the library said only "required property 'nmae' is unsatisfiable", at the object."""
+    with pytest.raises(GrammarError, match=r"is required but not among the object's properties") as info:
+        tiny_compiler.compile(GrammarSpec.json_schema(schema, strict=strict))
+    assert info.value.path == f"{ROOT}.{where}"
+    merged = {"$defs": {"base": {"properties": {"a": {}}, "required": ["b"]}}, "$ref": "#/$defs/base"}
+    merged |= {"type": "object", "properties": {"b": {"type": "integer"}}}  # b named beside the $ref: satisfiable
+    assert tiny_compiler.compile(GrammarSpec.json_schema(merged)) is not None
