@@ -52,6 +52,19 @@ class Window:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+def window_dict(w: Window) -> dict:
+    """A window as `simulate --json` writes it: its tokens (so windows can be merged), and its hit rate, null where
+    no prompt token arrived (the table's `-`; 0.0 read as a cold cache in an idle gap)."""
+    return {
+        "start_ms": w.start_ms,
+        "end_ms": w.end_ms,
+        "requests": w.requests,
+        "prompt_tokens": w.prompt_tokens,
+        "hit_tokens": w.hit_tokens,
+        "hit_rate": w.hit_rate if w.prompt_tokens else None,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class SimResult:
     """One replay. Tokens are real prompt tokens; blocks are cache blocks (pages, or trace hash blocks)."""
@@ -115,10 +128,7 @@ class SimReport:
             "block_hit_rate": r.block_hit_rate,
             "evicted_blocks": r.evicted_blocks,
             "oversized_requests": r.oversized_requests,
-            "windows": [
-                {"start_ms": w.start_ms, "end_ms": w.end_ms, "requests": w.requests, "hit_rate": w.hit_rate}
-                for w in r.windows
-            ],
+            "windows": [window_dict(w) for w in r.windows],
             "seconds": r.seconds,
             "clock": r.clock,
         }

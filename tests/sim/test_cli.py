@@ -302,3 +302,18 @@ def test_trace_stats_prints_sums_past_2_53_exactly(tmp_path: Path) -> None:
     assert f"{sum(outputs):,}" in out
     code, out, _ = run("trace", "stats", str(tmp_path / "t.jsonl"), "--json")
     assert json.loads(out)["output_tokens"] == sum(outputs)
+
+
+def test_the_json_windows_carry_their_tokens_and_no_hit_rate_where_none_arrived(tmp_path: Path) -> None:
+    """Regression: `--json` gave an empty window (an idle gap) a hit rate of 0.0, the cold cache the table's '-' was
+    made to stop showing, and no token counts, so windows could not be merged into a rate over a longer span."""
+    path = tmp_path / "gap.jsonl"
+    write_token_jsonl(path, [TokenRequest(t, (1, 2, 3, 4, 5, 6), 1) for t in (0.0, 10.0, 1000.0)])
+    code, out, _ = run("simulate", str(path), "--capacity-blocks", "8", "--page-size", "4", "--windows", "4", "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    # The first request misses its whole page (4 of its 6 tokens are a whole page), the next two hit it.
+    expected = [(2, 12, 4, 4 / 12), (0, 0, 0, None), (0, 0, 0, None), (1, 6, 4, 4 / 6)]
+    got = [(w["requests"], w["prompt_tokens"], w["hit_tokens"], w["hit_rate"]) for w in report["windows"]]
+    assert got == expected
+    assert sum(w["hit_tokens"] for w in report["windows"]) == report["hit_tokens"] == 8
