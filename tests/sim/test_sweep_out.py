@@ -119,3 +119,24 @@ def test_a_sweep_cut_while_writing_leaves_the_earlier_files_whole(
     assert not [name for name in after if name.endswith(".partial")], after.keys()
     kept = next(name for name in before if name.endswith(f".{cut}"))
     assert after[kept] == before[kept], f"{kept} was cut short"
+
+
+@pytest.mark.parametrize(
+    ("script", "written", "doc"),
+    [("simulate_eviction", "sweep.csv", "docs/simulator.md"), ("simulate_routing", "routing.csv", "docs/routing.md")],
+)
+def test_the_csv_columns_are_the_documented_ones(tmp_path: Path, script: str, written: str, doc: str) -> None:
+    """The CSVs' columns were documented nowhere ("one row per replay"): a reader had to guess that the infinite row's
+    capacity_fraction is inf or what a routing rate is. The docs list them now, in the order the file has them."""
+    import csv
+    import re
+
+    args, _ = SWEEPS[script]
+    out = tmp_path / "out"
+    result = CliRunner().invoke(load_script(script).main, [str(tiny_trace(tmp_path)), *args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    header = next(csv.reader((out / written).read_text().splitlines()))
+    text = (Path(__file__).resolve().parents[2] / doc).read_text()
+    listed = re.search(rf"`{re.escape(written)}` columns: (.*?)[.:](?:\s|$)", text, re.S)
+    assert listed is not None, f"{doc} does not list the columns of {written}"
+    assert re.findall(r"`(\w+)`", listed.group(1)) == header
