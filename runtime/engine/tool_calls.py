@@ -49,7 +49,8 @@ def request_grammar(
     tool's bad parameters schema raises GrammarError naming `tools[i].function.parameters...`."""
     use = options.tool_use
     if use is not None:  # whatever the choice, as the server checks them: a tool shown to the model is a valid one
-        _check_parameters(use)
+        auto_with_answer = use.choice.mode == "auto" and options.grammar is not None
+        _check_parameters(use, enforced=auto_with_answer or use.choice.mode in ("required", "function"))
     if use is not None and use.choice.mode == "auto" and options.grammar is not None:
         return _auto_with_answer(use, options.grammar, features, special)
     if use is None or use.choice.mode not in ("required", "function"):
@@ -105,10 +106,11 @@ def _library_form(schema: Any) -> Any:
     return closed_objects(quote_safe_patterns(schema))
 
 
-def _check_parameters(use: ToolUse) -> None:
-    """GrammarError naming `tools[i].function.parameters...` for a tool's bad schema."""
+def _check_parameters(use: ToolUse, enforced: bool) -> None:
+    """GrammarError naming `tools[i].function.parameters...` for a tool's bad schema (`enforced`: its grammar is
+    built, so its integers must be ones the grammar writes exactly: runtime.grammar.schema_check)."""
     for i, tool in enumerate(use.tools):
-        check_schema(tool.parameters, f"tools[{i}].function.parameters")
+        check_schema(tool.parameters, f"tools[{i}].function.parameters", enforced=enforced)
 
 
 def tool_parser(use: ToolUse, call_format: str, ids: CallIds) -> ToolCallParser:

@@ -36,8 +36,10 @@ MAX_OPTIONAL = 500
 MAX_DEPTH = 120  # objects and arrays: the library's JSON parser refuses past about 124 (its 128, less its wrapping)
 
 
-def check_schema(schema: Any, path: str) -> None:
-    """Raise `GrammarError(path=...)` at the first structural mistake in `schema`."""
+def check_schema(schema: Any, path: str, *, enforced: bool = True) -> None:
+    """Raise `GrammarError(path=...)` at the first structural mistake in `schema`. `enforced=False`: a schema no
+    grammar will enforce (a tool's parameters, only shown to the model while no grammar forces a call), whose
+    integers need not be ones the grammar library writes exactly."""
     if nests_deeper_than(schema, MAX_DEPTH):
         raise GrammarError(f"nests more than {MAX_DEPTH} levels of objects and arrays", path)
     check_size(schema, path)  # before the walks below, which cost seconds for a schema of megabytes
@@ -49,7 +51,7 @@ def check_schema(schema: Any, path: str) -> None:
     check_ref_depth(schema, path)  # its references resolve (`_check`): a chain of them deep enough crashed the process
     if (where := _out_of_range(schema, path)) is not None:
         raise GrammarError("numbers must be above -2**63, and integers fit in 64 bits", where)
-    if (found := _inexact_integer(schema, path)) is not None:
+    if enforced and (found := _inexact_integer(schema, path)) is not None:
         raise GrammarError(*found)
 
 

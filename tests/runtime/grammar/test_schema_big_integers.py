@@ -12,8 +12,13 @@ from typing import Any
 import jsonschema
 import pytest
 
+from radixcache.runtime.engine.options import RequestOptions
+from radixcache.runtime.engine.tool_calls import request_grammar
 from radixcache.runtime.grammar import GrammarCompiler, GrammarError, GrammarSpec, GrammarState
 from radixcache.runtime.grammar.schema_check import check_schema
+from radixcache.runtime.server.protocol import ChatCompletionRequest
+from radixcache.runtime.server.structured import grammar_of, tool_use_of
+from radixcache.runtime.tools import TemplateFeatures
 from tests.runtime.grammar.conftest import token_table, walk
 
 BIG = 2**53 + 1  # the first integer no 64-bit float holds
@@ -51,3 +56,33 @@ def test_an_integer_a_float_holds_is_written_as_itself(tiny_compiler: GrammarCom
 def test_data_the_grammar_does_not_write_and_the_int64_maximum_stay_accepted(tiny_compiler: GrammarCompiler) -> None:
     schema = {"type": "integer", "maximum": 2**63 - 1, "default": BIG, "examples": [BIG + 2]}
     tiny_compiler.compile(GrammarSpec.json_schema(schema))  # the maximum is clamped back to itself by the library
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get",
+        "parameters": {"type": "object", "properties": {"id": {"enum": [BIG, 1]}}, "required": ["id"]},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("choice", "answer", "refused"),
+    [("auto", None, False), ("none", None, False), ("required", None, True), ("auto", {"type": "json_object"}, True)],
+)
+def test_a_tools_integer_is_refused_only_where_a_grammar_writes_it(choice: str, answer: Any, refused: bool) -> None:
+    """A tool only shown to the model (tool_choice "auto" or "none", no constraint) keeps its integers: refused
+    there too, a valid schema was a 400 for no grammar's sake; a call a grammar forces refuses them, named."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [TOOL], "tool_choice": choice}
+    if answer is not None:
+        body["response_format"] = answer
+    request = ChatCompletionRequest.model_validate(body)
+    use = tool_use_of(request)  # the server's check of every tool's parameters: as JSON schemas only
+    options = RequestOptions(grammar=grammar_of(request), tool_use=use)
+    if not refused:
+        assert request_grammar(options, TemplateFeatures()) is None
+        return
+    with pytest.raises(GrammarError, match="exactly") as e:
+        request_grammar(options, TemplateFeatures())
+    assert e.value.path == "tools[0].function.parameters.properties.id.enum[0]"
