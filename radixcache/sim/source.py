@@ -132,7 +132,9 @@ class TraceSource:
                 )
         else:
             for index, request in enumerate(iter_token_msgpack(self.path)):
-                yield f"record {index}", _token_request(request)
+                # "record N (byte B)", as the reader names a record it refuses: the byte finds it in the stream
+                where = (request.source or "").removeprefix(f"{self.path}: ") or f"record {index}"
+                yield where, _token_request(request)
 
 
 def _token_request(r: object) -> SimRequest:

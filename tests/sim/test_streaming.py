@@ -77,6 +77,25 @@ def test_an_out_of_order_trace_is_refused_at_its_line_when_streamed_and_sorted_i
     assert simulate(load_workload(str(path)), 10).requests == 3
 
 
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_an_out_of_order_msgpack_record_is_named_with_its_byte(tmp_path: Path, read_ahead: bool) -> None:
+    """Regression: the error named "record 1" alone, where every other error of a msgpack stream names the record
+    and the byte it starts at (a stream has no lines to count by hand)."""
+    from radixcache.trace.records import TokenRequest
+
+    path = tmp_path / "t.msgpack"
+    records = []
+    for request in (TokenRequest(7.0, (1, 3), 1), TokenRequest(5.0, (1, 2), 1)):  # the writer takes either alone
+        write_token_msgpack(path, [request])
+        records.append(path.read_bytes())
+    first = records[0]
+    path.write_bytes(b"".join(records))  # record 0 at 7 ms, record 1 at 5 ms
+    source = open_source(str(path), read_ahead=read_ahead)
+    with pytest.raises(TraceError) as caught:
+        list(source)
+    assert str(caught.value).startswith(f"{path}: record 1 (byte {len(first)}): field 'timestamp': timestamp 5.0 is")
+
+
 def test_a_bad_line_is_named_before_the_rest_of_the_file_is_read(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(_hash_line(1, [1]) + '{"timestamp": 2, "input_length": 512, "hash_ids": [1, -3]}\n' + "{oops\n")
