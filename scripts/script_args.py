@@ -38,3 +38,33 @@ def number(low: float, high: float, *, above_low: bool = False) -> Callable[[str
         return value
 
     return parse
+
+
+def replica_counts(ctx: object, param: object, text: str) -> list[int]:
+    """A click callback: comma-separated replica counts, each in [1, MAX_SIM_REPLICAS], as a usage error naming the
+    option before any replay (0 or "abc" was a traceback, after the cells of the counts before it)."""
+    import click
+
+    from radixcache.sim.routing_replay import MAX_SIM_REPLICAS
+
+    try:
+        counts = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        counts = []
+    if not counts or not all(1 <= n <= MAX_SIM_REPLICAS for n in counts):
+        raise click.BadParameter(f"expected replica counts in [1, {MAX_SIM_REPLICAS:,}] like 2,16, got {text!r}")
+    return counts
+
+
+def positive_numbers(ctx: object, param: object, text: str | float) -> list[float]:
+    """A click callback: comma-separated finite numbers > 0 (or one number), as a usage error naming the option before
+    any replay (0 or nan was a RadixCacheError traceback from inside the first replay)."""
+    import click
+
+    try:
+        values = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise click.BadParameter(f"expected finite numbers > 0, got {text!r}")
+    return values

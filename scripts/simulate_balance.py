@@ -21,10 +21,14 @@ arrivals at the trace's acceptance rate times each `--load` (docs/routing.md), o
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import click
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # script_args, also when loaded by path (the tests)
+from script_args import positive_numbers, replica_counts
 
 from radixcache.errors import RadixCacheError
 from radixcache.router import LoadTracker, RouteRequest, RouterIndex
@@ -88,22 +92,29 @@ def cell(workload: object, replicas: int, capacity: int, rate: float, arrivals: 
 
 @click.command()
 @click.argument("traces", nargs=-1, required=True)
-@click.option("--replicas", default="2,4,16", show_default=True, help="Replica counts, comma-separated.")
-@click.option("--load", default="1", show_default=True, help="Multiples of the acceptance rate, comma-separated.")
+@click.option(
+    "--replicas", default="2,4,16", show_default=True, callback=replica_counts, help="Replica counts, comma-separated."
+)
+@click.option(
+    "--load",
+    default="1",
+    show_default=True,
+    callback=positive_numbers,
+    help="Multiples of the acceptance rate, comma-separated.",
+)
 @click.option("--sequential-scale", default=0.02, show_default=True, type=click.FloatRange(0, 1, min_open=True))
 @click.option("--variant", "variants", multiple=True, type=click.Choice(VARIANTS), help="Repeat; default: all.")
 @click.option("--page-size", default=16, show_default=True, type=click.IntRange(min=1))
 def main(
     traces: tuple[str, ...],
-    replicas: str,
-    load: str,
+    replicas: list[int],
+    load: list[float],
     sequential_scale: float,
     variants: tuple[str, ...],
     page_size: int,
 ) -> None:
     """One Markdown row per trace, replica count, arrivals and variant."""
-    counts = [int(n) for n in replicas.split(",") if n.strip()]
-    loads = [float(x) for x in load.split(",") if x.strip()]
+    counts, loads = replicas, load  # checked as they were parsed (script_args): not a traceback mid-sweep
     click.echo("| trace | replicas | arrivals | variant | hit rate | imbalance | TTFT p50 | TTFT p99 | diverted |")
     click.echo("|---|---:|---|---|---:|---:|---:|---:|---:|")
     for spec in traces:

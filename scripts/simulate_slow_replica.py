@@ -13,8 +13,15 @@ cache_aware's `balance` term pulls towards an equal share of recent work. Each c
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import click
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # script_args, also when loaded by path (the tests)
+from script_args import positive_numbers, replica_counts
+
+from radixcache.errors import RadixCacheError
 from radixcache.router import make_router
 from radixcache.sim.routing_cells import load_routing_trace
 from radixcache.sim.routing_replay import simulate_routing
@@ -26,19 +33,34 @@ VARIANTS = {"cache_aware": {}, "cache_aware balance=0": {"balance": 0.0}, "least
 
 @click.command()
 @click.argument("traces", nargs=-1, required=True)
-@click.option("--replicas", default="2,16", show_default=True, help="Replica counts, comma-separated.")
-@click.option("--slow", default=0.5, show_default=True, help="Replica 0's speed (the others run at 1).")
-@click.option("--page-size", default=16, show_default=True)
-def main(traces: tuple[str, ...], replicas: str, slow: float, page_size: int) -> None:
+@click.option(
+    "--replicas", default="2,16", show_default=True, callback=replica_counts, help="Replica counts, comma-separated."
+)
+@click.option(
+    "--slow",
+    default="0.5",
+    show_default=True,
+    callback=positive_numbers,
+    help="Replica 0's speed (the others run at 1).",
+)
+@click.option("--page-size", default=16, show_default=True, type=click.IntRange(min=1))
+def main(traces: tuple[str, ...], replicas: list[int], slow: list[float], page_size: int) -> None:
     """One Markdown row per trace, replica count, router and speed."""
+    if len(slow) != 1:
+        raise click.BadParameter(f"expected one speed, got {len(slow)}", param_hint="'--slow'")
     click.echo("| trace | replicas | router | replica 0 | hit rate | TTFT p50 | TTFT p99 | replica 0's share |")
     click.echo("|---|---:|---|---:|---:|---:|---:|---:|")
     for spec in traces:
-        name, workload = load_routing_trace(spec, page_size, 512)
+        try:
+            name, workload = load_routing_trace(spec, page_size, 512)
+        except RadixCacheError as exc:  # a trace that cannot be read: its message, not a traceback
+            raise click.ClickException(str(exc)) from None
+        if name not in SETTINGS:  # a KeyError traceback
+            raise click.BadParameter(f"{spec}: no acceptance setting for {name!r} ({', '.join(SETTINGS)})")
         capacity, rate16 = SETTINGS[name]
-        for n in (int(x) for x in replicas.split(",") if x.strip()):
+        for n in replicas:
             for label, params in VARIANTS.items():
-                for speed in (1.0, slow):
+                for speed in (1.0, slow[0]):
                     router = make_router(label.split()[0], **params) if params is not None else label
                     speeds = (speed,) + (1.0,) * (n - 1)
                     r = simulate_routing(workload, n, capacity, router, rate=rate16 * n / 16, speeds=speeds)
