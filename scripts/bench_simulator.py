@@ -15,6 +15,7 @@ to `RUNS` to compare. A token trace (`trace gen chat`) can be added with `--chat
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -28,6 +29,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from gen_hash_trace import write_hash_trace  # noqa: E402
 from script_args import at_least  # noqa: E402
+
+from radixcache.runtime import atomic_file  # noqa: E402
 
 CLI = [sys.executable, "-c", "from radixcache.cli.main import run; run()"]
 
@@ -143,7 +146,23 @@ def plot(rows: list[Row], path: str) -> None:
     left.legend(fontsize=8)
     fig.suptitle("radixcache simulate: time and memory against trace size (2 CPU cores)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_file.staged(path) as staging:
+        fig.savefig(staging, dpi=120, format=Path(path).suffix.lstrip(".").lower() or "png")
+
+
+def out_problem(path: str | None, plot: bool) -> str | None:
+    """Why an output file cannot be written at `path` (None: it can, or none is asked for): a folder that does not
+    exist, or a plot without matplotlib, was a traceback once every run had finished."""
+    if path is None:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        return f"{path} is a folder"
+    if not target.resolve().parent.is_dir():
+        return f"the folder {target.parent} does not exist"
+    if plot and importlib.util.find_spec("matplotlib") is None:
+        return "the plot needs matplotlib, which is not installed: pip install matplotlib"
+    return None
 
 
 def main() -> None:
@@ -159,6 +178,10 @@ def main() -> None:
     ap.add_argument("--markdown", help="write the table here")
     ap.add_argument("--plot", help="write a PNG plot here")
     args = ap.parse_args()
+    for option in ("json", "markdown", "plot"):  # checked before any trace is made: minutes of runs went before
+        problem = out_problem(getattr(args, option), option == "plot")
+        if problem is not None:
+            ap.error(f"argument --{option}: {problem}")
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     modes = args.modes
@@ -199,10 +222,10 @@ def main() -> None:
                 f"{r.trace} {r.run}: streamed / in memory = {s.seconds / r.seconds:.2f}x time, "
                 f"{s.peak_rss_mib / r.peak_rss_mib:.2f}x peak RSS; same hit rate: {s.hit_rate == r.hit_rate}"
             )
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    if args.json:  # each written whole (radixcache.runtime.atomic_file): an earlier file is never left cut short
+        atomic_file.write_bytes(args.json, json.dumps([asdict(r) for r in rows], indent=2).encode())
     if args.markdown:
-        Path(args.markdown).write_text(table(rows) + "\n")
+        atomic_file.write_bytes(args.markdown, (table(rows) + "\n").encode())
     if args.plot:
         plot(rows, args.plot)
 

@@ -51,3 +51,17 @@ def test_bad_arguments_are_refused_by_name_before_any_trace_is_made(
     result = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert_refused(result, f"argument {option}: expected")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("option", ["--json", "--markdown", "--plot"])
+@pytest.mark.parametrize("where", ["missing/out", "."])
+def test_an_output_it_cannot_write_is_refused_before_any_trace_is_made(tmp_path: Path, option: str, where: str) -> None:
+    """Regression: an output in a folder that does not exist (or a folder itself) was a FileNotFoundError or
+    IsADirectoryError traceback once every run had finished, minutes of them on the documented sizes."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_simulator.py"), "--sizes", "10", "--workdir", str(workdir)]
+    result = subprocess.run([*cmd, option, str(tmp_path / where)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    expected = "is a folder" if where == "." else f"the folder {tmp_path / 'missing'} does not exist"
+    assert_refused(result, f"argument {option}: ", expected)
+    assert list(workdir.iterdir()) == []
