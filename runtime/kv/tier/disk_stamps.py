@@ -62,6 +62,11 @@ class OwedRefreshes:
     def __len__(self) -> int:
         return len(self._runs)
 
+    @property
+    def busy(self) -> bool:
+        """Whether a settle is running (runs taken, perhaps not stamped yet)."""
+        return self._settling.locked()
+
     def now(self) -> int:
         """The time in ns, later than every `now` before it (a queued write's mtime, a refresh's)."""
         self._clock_ns = max(time.time_ns(), self._clock_ns + 1)

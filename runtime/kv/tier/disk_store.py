@@ -53,6 +53,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 
 from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, PageWrite, encode_page
@@ -68,6 +69,7 @@ from radixcache.runtime.kv.tier.disk_writer import (
     PageWriteLost,
     WriteBackoff,
     WriteQueue,
+    wait_bound,
     write_page_file,
 )
 
@@ -328,21 +330,41 @@ class DiskStore(DiskLookups, DiskMaintenance):
         return write_page_file(self.layout, write, self.fingerprint)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued write is done (True), or `timeout` seconds passed (False); then settle the
-        refreshes."""
+        """Wait until every queued write is done, then settle the refreshes: True, or False once `timeout` seconds
+        passed (a settle still running then goes on without the caller: `_settle_within`)."""
+        timeout = wait_bound(timeout)  # ValueError before anything is done
+        ends = None if timeout is None else time.monotonic() + timeout
         flushed = self._queue.flush(timeout)
-        self._settle()
-        return flushed
+        return self._settle_within(ends) and flushed
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush (up to `timeout`), then stop the writer; later puts are dropped. Writes still queued after the
-        timeout are discarded. Returns whether the flush completed. Idempotent."""
+        timeout are discarded. Returns whether the flush (and its settle) completed. Idempotent."""
+        timeout = wait_bound(timeout)  # ValueError before anything is done
+        ends = None if timeout is None else time.monotonic() + timeout
         flushed, discarded = self._queue.close(timeout)
-        self._settle()
+        flushed = self._settle_within(ends) and flushed
         with self._lock:
             self._count["dropped_writes"] += discarded
             self.lost_writes += discarded
         return flushed
+
+    def _settle_within(self, ends: float | None) -> bool:
+        """Settle the owed refreshes by `ends` (time.monotonic; None: no bound): on a helper daemon thread when bounded,
+        so that a file system that stalls (a utime that never returns, here or on the writer thread holding the
+        settle) holds neither a flush nor a close past its timeout; the settle goes on without the caller. Whether
+        it finished."""
+        if ends is None:
+            self._settle()
+            return True
+        if not self._owed and not self._owed.busy:
+            return True
+        helper = threading.Thread(target=self._settle, name="radixcache-disk-settle", daemon=True)
+        helper.start()
+        helper.join(max(0.0, ends - time.monotonic()))
+        if helper.is_alive():
+            log.warning("disk KV cache: refreshing page mtimes is still blocked (a stalled disk?); not waited for")
+        return not helper.is_alive()
 
     def __enter__(self) -> DiskStore:
         return self

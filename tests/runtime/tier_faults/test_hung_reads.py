@@ -3,7 +3,8 @@ test lets it go) must not hold `Engine.close()` or the process's exit: close wai
 logs the reads it abandons, and returns; the abandoned reader, if its read ever returns, leaves the cache directory
 and the store's index sound (a restart reads every page, outputs equal a no-cache engine's). Before, close waited
 for the readers for ever (a ThreadPoolExecutor's shutdown), whatever its timeout, and so did the interpreter's exit
-(which joins such threads)."""
+(which joins such threads). The same for a flush or close while the refresh of page files' mtimes (a `utime`) never
+returns: each returns False by its timeout, and the refresh, once the disk answers, still lands."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from radixcache.runtime.kv.tier import prefetch
+from radixcache.runtime.kv.tier import disk_stamps, prefetch
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+from tests.runtime.conftest import h, page_path, write
 from tests.runtime.tiers.test_prefetch import PROMPT, baseline, restarted, written
 
 REPO = Path(__file__).resolve().parents[3]
@@ -62,6 +64,8 @@ def test_close_returns_while_a_page_read_hangs_and_the_cache_stays_sound(
     with caplog.at_level(logging.WARNING, logger="radixcache.disk"):
         closer.start()
         closer.join(60)  # a hang check, not a timing: before the fix it never returned
+        if closer.is_alive():
+            reads.opened.set()  # (a failure leaves nothing hung behind it)
         assert not closer.is_alive(), "close() waited for a page read that never returns"
     asker.join(30)
     assert results[0].finish_reason == "cancelled" and results[1] is True
@@ -88,7 +92,7 @@ def test_close_returns_while_a_page_read_hangs_and_the_cache_stays_sound(
 _CHILD = """
 import sys, threading
 from radixcache.runtime import Engine
-from radixcache.runtime.kv.tier import prefetch
+from radixcache.runtime.kv.tier import disk_stamps, prefetch
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 
 prefetch.CLOSE_WAIT_S = 0.5
@@ -115,3 +119,34 @@ def test_the_process_exits_while_a_page_read_hangs(model, tmp_path: Path) -> Non
     )  # a hang check: before the fix the interpreter's exit joined the hung reader for ever (TimeoutExpired)
     assert child.returncode == 0, child.stderr
     assert child.stdout.strip() == "reading" and "still blocked" in child.stderr
+
+
+def test_flush_and_close_return_while_stamping_mtimes_hangs(open_store, monkeypatch, caplog) -> None:
+    store = open_store()
+    write(store, 0, 1)  # page 1 the newer
+    entered, opened = threading.Event(), threading.Event()
+    real = disk_stamps.set_mtimes
+
+    def stalled(due):  # a utime on a stalled file system, until the test lets it go
+        entered.set()
+        opened.wait()
+        real(due)
+
+    monkeypatch.setattr(disk_stamps, "set_mtimes", stalled)
+    store.refresh([h(0)])  # a device hit: the writer thread settles it within 0.1 s, and stalls there
+    assert entered.wait(30)
+    results: list[bool] = []
+    try:
+        for call in (store.flush, store.close):
+            caller = threading.Thread(target=lambda call=call: results.append(call(0.2)), daemon=True)
+            caller.start()
+            caller.join(60)  # a hang check: before the fix each waited for the stalled settle for ever
+            assert not caller.is_alive()
+    finally:
+        opened.set()  # (a failure leaves nothing stalled behind it)
+    assert results == [False, False] and "still blocked" in caplog.text
+    for thread in threading.enumerate():
+        if thread.name in ("radixcache-disk-settle", "radixcache-disk-writer"):
+            thread.join(30)
+    path0, path1 = page_path(store, h(0)), page_path(store, h(1))
+    assert path0.stat().st_mtime_ns > path1.stat().st_mtime_ns  # the refresh landed once the disk answered
