@@ -2,7 +2,8 @@
 
 A tool is `{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}`; the name is
 1 to 64 of `[A-Za-z0-9_-]` and unique; `parameters` is a JSON schema object (absent means no arguments; no NaN nor
-Infinity, which JSON has not); a null field is absent. tool_choice is "none", "auto", "required" or
+Infinity, which JSON has not); a null field is absent, and any other field is refused by name (a misspelt
+`parameter` left the tool without arguments, silently). tool_choice is "none", "auto", "required" or
 `{"type": "function", "function": {"name": ...}}` naming a given tool.
 """
 
@@ -85,6 +86,8 @@ def normalize_tools(tools: Sequence[Any] | None, path: str = "tools") -> tuple[T
         fn = _as_dict(tool.get("function"))
         if not isinstance(fn, dict):
             raise ToolInputError(f"{here}.function", "must be an object with a 'name'")
+        _refuse_unknown(tool, ("type", "function"), here, "a tool")
+        _refuse_unknown(fn, ("name", "description", "parameters", "strict"), f"{here}.function", "a function")
         name = fn.get("name")
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise ToolInputError(f"{here}.function.name", f"must be 1 to 64 of A-Z a-z 0-9 _ -, got {name!r}")
@@ -115,6 +118,13 @@ def normalize_tools(tools: Sequence[Any] | None, path: str = "tools") -> tuple[T
             raise ToolInputError(f"{here}.function.parameters", "is nested too deeply to read") from None
         out.append(ToolSpec(name, description, text, strict))
     return tuple(out)
+
+
+def _refuse_unknown(given: dict[Any, Any], fields: tuple[str, ...], where: str, what: str) -> None:
+    """A ToolInputError naming the first key of `given` (sorted) that is none of `fields`."""
+    unknown = sorted(str(k) for k in given if k not in fields)
+    if unknown:
+        raise ToolInputError(f"{where}.{unknown[0]}", f"unrecognized field of {what} (its fields: {', '.join(fields)})")
 
 
 def normalize_tool_choice(choice: Any, tools: Sequence[ToolSpec], path: str = "tool_choice") -> ToolChoice:

@@ -321,6 +321,12 @@ HOSTILE = [
         "tool_choice.function.name",
     ),
     ({"tools": ONE_TOOL, "tool_choice": {"type": "function"}}, "tool_choice"),
+    # a misspelt field was dropped: the tool ran without its schema, called with {} (as /v1/responses refuses it)
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameter": {"type": "object"}}}]},
+        "tools.0.function.parameter",
+    ),
+    ({"tools": [{"type": "function", "function": {"name": "f"}, "strict": True}]}, "tools.0.strict"),
     ({"tools": ONE_TOOL, "tool_choice": "sometimes"}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"parallel_tool_calls": True}, "parallel_tool_calls"),

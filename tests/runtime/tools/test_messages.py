@@ -119,6 +119,8 @@ def test_bad_messages_name_the_field(tiny_tokenizer, messages, path: str) -> Non
         ([{"function": {"name": "a", "parameters": {"type": "string"}}}], "tools[0].function.parameters.type"),
         ([{"function": {"name": "a", "description": 1}}], "tools[0].function.description"),
         ([{"function": {"name": "a", "strict": "yes"}}], "tools[0].function.strict"),
+        ([{"function": {"name": "a", "params": {"type": "object"}}}], "tools[0].function.params"),  # was dropped
+        ([{"type": "function", "function": {"name": "a"}, "name": "a"}], "tools[0].name"),
     ],
 )
 def test_bad_tools_name_the_field(tiny_tokenizer, tools, path: str) -> None:
