@@ -30,6 +30,7 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # no effect on a regular file's reads
 _PREADV = getattr(os, "preadv", None)
 _IOV_MAX = 1024  # Linux's IOV_MAX: a read into more buffers takes several calls
+FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})  # a full disk, a user's quota
 
 
 _WRITING: set[str] = set()  # the temporary files this process is writing now (`live_temp`), by name

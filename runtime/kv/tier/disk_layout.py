@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from radixcache.runtime.kv.tier.disk_files import (
+    FULL_ERRNOS,
     is_real_dir,
     live_temp,
     own_temp_files,
@@ -112,10 +113,12 @@ def delete_temp_files(folder: str, *, only_leftovers: bool) -> None:
 
 class Adoption(NamedTuple):
     """What opening a directory for writing found. refused: why the store may not write (None when it may).
-    readable: whether its pages may still be listed and read (False for a directory that is not ours)."""
+    readable: whether its pages may still be listed and read (False for a directory that is not ours). full: refused
+    for a full disk in a directory already marked ours (writing may be tried again once space is freed)."""
 
     refused: str | None
     readable: bool
+    full: bool = False
 
 
 @dataclass(frozen=True)
@@ -210,8 +213,9 @@ class CacheDir:
                 with open(probe, "xb"):
                     pass
                 os.unlink(probe)
-        except OSError as exc:
-            return Adoption(f"cannot write to {self.directory}: {exc}", readable=True)  # still serves its pages
+        except OSError as exc:  # still serves its pages
+            full = exc.errno in FULL_ERRNOS and os.path.isfile(self.marker_path)  # a write makes the folders again
+            return Adoption(f"cannot write to {self.directory}: {exc}", readable=True, full=full)
         return Adoption(None, readable=True)
 
     def ensure_page_dirs(self, fingerprint: str) -> None:

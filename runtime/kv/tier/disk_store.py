@@ -37,7 +37,8 @@ Invariants:
 - No call raises for I/O reasons. An open that cannot create or write the directory, and a write that fails
   (EROFS, EACCES, EFBIG, ...), disable the store (`enabled` False, one warning on the "radixcache.disk" logger): it
   accepts no more writes, but still serves the pages already on disk. A write that finds the disk full (ENOSPC,
-  EDQUOT) only pauses writing (`backoff`: kv.tier.disk_writer's WriteBackoff), until a later write succeeds. A
+  EDQUOT) only pauses writing (`backoff`: kv.tier.disk_writer's WriteBackoff), until a later write succeeds, and so
+  does an open of a marked directory on a full disk (the first write then makes the folders first). A
   folder at one page's path drops that page's write alone (a warning): the store goes on.
 - A directory without the marker that holds anything but the store's own temporary files is never adopted (the
   store opens disabled), and `clear` refuses one. Only files of the store's exact naming, in a marked directory,
@@ -56,6 +57,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from radixcache.runtime.kv.tier.disk_files import FULL_ERRNOS
 from radixcache.runtime.kv.tier.disk_format import FORMAT_VERSION, PageWrite, encode_page
 from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, clamp_future, scan_pages
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, cache_path, fingerprint_tag, warn_if_foreign
@@ -64,7 +66,6 @@ from radixcache.runtime.kv.tier.disk_maintenance import DiskMaintenance
 from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport
 from radixcache.runtime.kv.tier.disk_stamps import OwedRefreshes, set_mtimes
 from radixcache.runtime.kv.tier.disk_writer import (
-    FULL_ERRNOS,
     PagePathTaken,
     PageWriteLost,
     WriteBackoff,
@@ -132,6 +133,7 @@ class DiskStore(DiskLookups, DiskMaintenance):
         self._on = True  # False: writing off for good (see `enabled`)
         self._off_reason: str | None = None  # why it turned writing off for good (the first reason)
         self.backoff = WriteBackoff()  # writing paused for a while after a full disk (kv.tier.disk_writer)
+        self._unready = False  # True: opened on a full disk, before its folders were made (the writer makes them)
         self._readable = True  # False: a directory that is not ours (never listed or read)
         self._unlinking = self._deletions = 0  # evicted pages whose files are being deleted; a count of such events
         self._count = dict.fromkeys(_COUNTERS, 0)
@@ -141,7 +143,10 @@ class DiskStore(DiskLookups, DiskMaintenance):
 
         if create:
             adoption = self.layout.adopt(self.fingerprint)
-            if adoption.refused is not None:
+            if adoption.full:  # a marked directory on a full disk: written once space is freed
+                self._unready = True
+                self._pause(adoption.refused)  # type: ignore[arg-type]  # (a reason with `full`)
+            elif adoption.refused is not None:
                 self._disable(adoption.refused)
             self._readable = adoption.readable
             if adoption.readable:
@@ -270,6 +275,9 @@ class DiskStore(DiskLookups, DiskMaintenance):
         entry: PageEntry | None = None
         if enabled and stamp is not None:
             try:
+                if self._unready:  # opened on a full disk: its folders and fingerprint.json first
+                    self.layout.ensure_page_dirs(self.fingerprint)
+                    self._unready = False
                 entry = self._write_page(write._replace(used_ns=stamp))
             except PagePathTaken as exc:  # this page's own path: the others still go to disk
                 log.warning("disk KV cache: cannot write a page: %s", exc)

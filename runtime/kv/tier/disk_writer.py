@@ -196,7 +196,6 @@ class WriteQueue:
                 self._changed.notify_all()
 
 
-FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})  # a full disk, a user's quota
 RETRY_S = 60.0  # how long writing pauses after a write finds the disk full, the first time
 MAX_RETRY_S = 3600.0  # the longest pause: each retry that finds the disk still full doubles it, up to this
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from radixcache.runtime import Engine
+from radixcache.runtime.kv.tier import disk_layout
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 from tests.runtime.conftest import META, h, payload, toks, write
@@ -93,3 +94,32 @@ def test_an_engine_writes_pages_again_after_its_disk_was_full(tmp_path: Path) ->
         assert [g.token_ids for g in got] == [want[1], want[0]]
         assert got[0].cached_tokens == 39 and got[1].cached_tokens == 0  # written after the pause; dropped in it
         restarted.check()
+
+
+def test_a_store_opened_on_a_full_disk_writes_once_space_is_freed(open_store, tmp_path: Path, monkeypatch) -> None:
+    """A server restarted while its disk is full: the open cannot write a new fingerprint's folder (its
+    fingerprint.json). It used to turn writing off for the process; now it pauses, and the first write after the
+    pause makes the folders and writes the page, which a later open reads."""
+    write(open_store(), 0)  # a marked cache directory
+    real = disk_layout.write_json_durable
+
+    def full(path, value, tmp_dir):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(disk_layout, "write_json_durable", full)
+    store = open_store(fingerprint="another model")
+    assert not store.enabled and "No space" in store.disabled_reason
+    monkeypatch.setattr(disk_layout, "write_json_durable", real)  # space freed
+    store.backoff.clock = lambda: 1e9  # the pause over
+    assert _put(store, 1) and store.enabled and store.read(h(1), toks(1)) == (payload(1), META)
+    assert (Path(store.pages_dir) / "fingerprint.json").is_file()
+    store.close()
+    assert open_store(fingerprint="another model").read(h(1), toks(1)) == (payload(1), META)
+
+
+def test_a_directory_whose_marker_cannot_be_written_on_a_full_disk_stays_off(open_store, monkeypatch) -> None:
+    """Without its marker a directory is not ours: no page is ever written into it, full disk or not."""
+    monkeypatch.setattr(disk_layout, "write_json_durable", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "")))
+    store = open_store()
+    store.backoff.clock = lambda: 1e9
+    assert not store.enabled and not _put(store, 0)
