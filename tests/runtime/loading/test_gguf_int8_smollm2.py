@@ -50,11 +50,9 @@ def smollm2_q4_1(smollm2_gguf: Any) -> Any:
     return smollm2_gguf
 
 
-def _models(loaded: Any, monkeypatch: pytest.MonkeyPatch, fp32: Any = None) -> dict[str, LlamaModel]:
-    """fp32 (from `fp32`'s weights, by default `loaded`'s; not built once its perplexity is known: it is used for
-    nothing else) and the two block-kernel models of `loaded`."""
-    source = loaded if fp32 is None else fp32
-    models = {} if "fp32" in _FP32_PERPLEXITY else {"fp32": LlamaModel(source.config, source.weights)}
+def _models(loaded: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, LlamaModel]:
+    """The two block-kernel models of `loaded`."""
+    models = {}
     for kernel in ("float", "int8"):
         monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", kernel)
         models[kernel] = LlamaModel(loaded.config, loaded.weights, quant="gguf", blocks=loaded.blocks)
@@ -64,35 +62,41 @@ def _models(loaded: Any, monkeypatch: pytest.MonkeyPatch, fp32: Any = None) -> d
 _FP32_PERPLEXITY: dict[str, float] = {}  # SmolLM2's fp32 score, the same in both tests: computed once per process
 
 
-def _perplexities(models: dict[str, LlamaModel], tokenizer: Any) -> dict[str, float]:
+def _perplexities(models: dict[str, LlamaModel], tokenizer: Any, fp32: LlamaModel) -> dict[str, float]:
+    """Each model's perplexity, and "fp32": `fp32`'s (the session's float32 SmolLM2, tests/conftest.py: the weights
+    both tests start from, so it is built by neither), scored once per process."""
     if not TEXT.exists():
         pytest.skip(f"{TEXT} (the held-out text) is not on this machine")
     ids = tokenizer.encode(TEXT.read_text())[:512]
-    out = {} if "fp32" in models else {"fp32": _FP32_PERPLEXITY["fp32"]}
+    if "fp32" not in _FP32_PERPLEXITY:
+        _FP32_PERPLEXITY["fp32"] = perplexity(fp32, ids, window=256, stride=128, chunk_size=256)
+    out = {"fp32": _FP32_PERPLEXITY["fp32"]}
     for k, m in models.items():
-        out[k] = perplexity(m, ids, window=256, stride=128, chunk_size=256 if k == "fp32" else 8)
-    _FP32_PERPLEXITY.setdefault("fp32", out["fp32"])
+        out[k] = perplexity(m, ids, window=256, stride=128, chunk_size=8)
     print("perplexity", {k: round(v, 3) for k, v in out.items()})  # shown with -s
     return out
 
 
 def _answers(models: dict[str, LlamaModel], tokenizer: Any) -> dict[str, list[Any]]:
+    """Each model's greedy answers, on one thread: greedy outputs do not change with the thread count
+    (tests/runtime/engine/test_thread_changes.py), and two threads beside the other busy xdist worker on a 2-core
+    machine wait at every barrier (both models' answers took 30 to 33 s on two threads there, 3 to 7 s on one)."""
     out = {}
     for name, model in models.items():
-        engine = Engine(model, tokenizer=tokenizer, kv_memory="64MiB", threads=2, thread_policy="fixed")
+        engine = Engine(model, tokenizer=tokenizer, kv_memory="64MiB", threads=1, thread_policy="fixed")
         out[name] = [r for i in (0, 3) for r in greedy_answers(engine, FIXED_PROMPTS[i : i + 3], 16)]
     return out
 
 
 def test_smollm2_q4_1_int8_perplexity_and_answers_match_the_float_path(
-    smollm2_q4_1: Any, monkeypatch: pytest.MonkeyPatch
+    smollm2_q4_1: Any, smollm2_fp32: LlamaModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loaded = smollm2_q4_1
     models = _models(loaded, monkeypatch)
-    ppl = _perplexities(models, loaded.tokenizer)
+    ppl = _perplexities(models, loaded.tokenizer, smollm2_fp32)
     assert abs(ppl["float"] / ppl["fp32"] - 1) < 1e-3, ppl  # the same weights, another summation order
     assert abs(ppl["int8"] / ppl["float"] - 1) < 0.02, ppl  # activation rounding: measured -0.12%
-    answers = _answers({k: models[k] for k in ("float", "int8")}, loaded.tokenizer)
+    answers = _answers(models, loaded.tokenizer)
     print({k: [a.text for a in v] for k, v in answers.items()})
     same = [a.token_ids == b.token_ids for a, b in zip(answers["float"], answers["int8"], strict=True)]
     # Measured 4 and 5 of 6 equal with the head on int8, 5 of 6 with it on float (the dense prefill kernels' choice
@@ -104,7 +108,7 @@ def test_smollm2_q4_1_int8_perplexity_and_answers_match_the_float_path(
 
 
 def test_smollm2_as_a_q4_k_m_file_loads_answers_and_scores_near_fp32(
-    smollm2_path: str, smollm2_q4_1: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    smollm2_path: str, smollm2_q4_1: Any, smollm2_fp32: LlamaModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     original = smollm2_q4_1  # its fp32 weights (dequantised from the Q4_1 blocks) are what gets re-encoded
     with GGUFFile(smollm2_path) as f:
@@ -117,10 +121,10 @@ def test_smollm2_as_a_q4_k_m_file_loads_answers_and_scores_near_fp32(
     assert set(kinds.values()) == {"Q4_K", "Q6_K", "Q5_0", "Q8_0"}  # ffn_down 1536 wide, the rest 576
     loaded = load_model(str(tmp_path / "q4km.gguf"), keep_blocks=True)
     assert loaded.blocks is not None and {n: b.kind for n, b in loaded.blocks.items()} == kinds
-    models = _models(loaded, monkeypatch, fp32=original)  # fp32: the source weights
-    ppl = _perplexities(models, loaded.tokenizer)
+    models = _models(loaded, monkeypatch)
+    ppl = _perplexities(models, loaded.tokenizer, smollm2_fp32)  # fp32: the source weights
     assert ppl["float"] / ppl["fp32"] < 1.10 and ppl["int8"] / ppl["fp32"] < 1.12, ppl
-    answers = _answers({k: models[k] for k in ("float", "int8")}, loaded.tokenizer)
+    answers = _answers(models, loaded.tokenizer)
     print({k: [a.text for a in v] for k, v in answers.items()})
     for kernel, got in answers.items():
         assert "4" in got[4].text and "Shakespeare" in got[5].text, (kernel, [a.text for a in got])
