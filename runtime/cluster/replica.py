@@ -79,6 +79,14 @@ class EngineReplica:
             "max_position": engine.config.max_position,
         }
 
+    def check_alive(self) -> None:
+        """Raise EngineDeadError if this replica's engine loop has died (every request here would get it), or the
+        error that kept the engine from being built: the front door's check before a re-send (`info` answers from
+        a live process whatever its loop's state). Cheap: nothing is asked of the loop."""
+        if self.error is not None:
+            raise self.error
+        self.engine.check_alive()
+
     def generate(
         self,
         prompt_ids: Sequence[int],

@@ -3,7 +3,7 @@
 `close` (refuse new calls, cancel what is in flight, wait for the loop thread and the queued disk writes, stop a
 recording, let go of the frozen heap), `flush` and `wait_idle`; `unpin` (pins, by prompt, namespace or holder;
 `unpin_later`, a holder's, posted to the loop without waiting),
-`clear_retention`, `record_trace`; `check`, `stats` and the repr.
+`clear_retention`, `record_trace`; `check`, `check_alive`, `stats` and the repr.
 
 Invariants: everything that reads or changes the cache, the pins or the retention marks runs on the loop thread
 (`EngineLoop.wait_for`), between two steps; every wait takes a bound checked by `wait_bound` (None or infinity: no
@@ -34,8 +34,8 @@ from radixcache.runtime.kv.tier.disk_writer import wait_bound
 
 
 class EngineUpkeep:
-    """`close`, `flush`, `wait_idle`, `unpin`, `unpin_later`, `clear_retention`, `record_trace`, `check`, `stats` (set
-    up in Engine.__init__)."""
+    """`close`, `flush`, `wait_idle`, `unpin`, `unpin_later`, `clear_retention`, `record_trace`, `check`,
+    `check_alive`, `stats` (set up in Engine.__init__)."""
 
     config: ModelConfig
     cache: RadixCache
@@ -126,6 +126,11 @@ class EngineUpkeep:
             return checked_gauges(self.cache, s, self.kv, self.tiers)
 
         return self._loop.wait_for(gauges, wait_bound(timeout))  # NaN was a TimeoutError with no message
+
+    def check_alive(self) -> None:
+        """Raise EngineDeadError (naming the original error) if the loop thread has died, as every later call would;
+        asks nothing of the loop, so a busy one answers at once (a replica's liveness check, runtime.cluster)."""
+        self._loop.check_alive()
 
     def clear_retention(self) -> int:
         """Forget every retention mark (leaves re-rank as they are next touched). Returns how many there were."""

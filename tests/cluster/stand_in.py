@@ -126,6 +126,10 @@ class FakeActor:
         info["max_position"] = 4096
         return {**info, "incarnation": f"i{self.replica}", "pid": 0}
 
+    def _check_alive(self) -> None:
+        """A live replica's engine loop lives (set `fail["check_alive"]` for one whose loop died)."""
+        return None
+
     def _events_since(self, seq: int) -> tuple[str, list | None]:
         return f"i{self.replica}", self.batches
 

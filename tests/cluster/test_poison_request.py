@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from radixcache.runtime.engine.errors import ReplicaUnavailableError
-from tests.cluster.stand_in import RayActorError, install
+from radixcache.runtime.engine.errors import EngineDeadError, ReplicaUnavailableError
+from tests.cluster.stand_in import RayActorError, RayTaskError, install
 
 
 def _poison(prompt: list[int], options: object) -> list[object]:
@@ -52,9 +52,9 @@ def test_the_blocking_generate_re_sends_once_too(monkeypatch: pytest.MonkeyPatch
 
 
 def _dead(actor: object) -> None:
-    """A replica whose process died before the request came: every call to it fails, its `info` (the front door's
-    check before a re-send) too."""
-    for method in ("info", "generate"):
+    """A replica whose process died before the request came: every call to it fails, its `check_alive` (the front
+    door's check before a re-send) and `info` too."""
+    for method in ("info", "check_alive", "generate"):
         actor.fail[method] = RayActorError("the actor died")  # type: ignore[attr-defined]
     actor.script = _poison  # type: ignore[attr-defined]
 
@@ -125,3 +125,49 @@ def test_a_poison_request_is_stopped_although_the_others_are_checked(monkeypatch
         assert len(cluster.alive) == 1 and cluster.stats().deaths == 2 and cluster.stats().retries == 1
     finally:
         cluster.close()
+
+
+def _loop_dead(actor: object) -> None:
+    """A replica whose process lives but whose engine loop died: its `info` answers; every request, and its
+    `check_alive`, gets EngineDeadError (in Ray's wrapper)."""
+    dead = RayTaskError(EngineDeadError(RuntimeError("the loop broke")))
+    actor.fail["generate"] = actor.fail["check_alive"] = dead  # type: ignore[attr-defined]
+    actor.script = lambda prompt, options: [dead]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_a_replica_whose_engine_loop_died_is_found_before_a_re_send(
+    monkeypatch: pytest.MonkeyPatch, tiny_dir: Path, replicas: int
+) -> None:
+    """Replica 0 died before the request came, unseen; replica 1's engine loop had died (its process lives, so its
+    `info` answered the check before the re-send): the request, re-sent there, got EngineDeadError and was told
+    "engine replicas 0, 1 died while serving this request; ... it may be what kills them". Now the check finds its
+    loop dead: it leaves the routing set (ended for Ray to restart) before the re-send, which goes to a live one (the
+    third) or, with none, is told that no live replica can take it."""
+    ray = install(monkeypatch)
+    killed: list[object] = []
+    ray.kill = lambda actor, no_restart=True: killed.append(actor)
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    for call in ("stream", "generate"):
+        cluster = ReplicaCluster("fake", replicas, router="round_robin", poll_interval=None, call_timeout=5.0)
+        front = ClusterEngine(cluster, str(tiny_dir))
+        try:
+            _dead(cluster.actor(0))
+            _loop_dead(cluster.actor(1))
+            run = front.generate if call == "stream" else cluster.generate
+            if replicas == 2:
+                with pytest.raises(ReplicaUnavailableError, match="no live engine replica") as failed:
+                    run([5, 6, 7], 2)
+                assert "died while serving" not in str(failed.value) and "kills" not in str(failed.value)
+            else:
+                answer = run([5, 6, 7], 2)
+                assert answer == "done on 2" if call == "generate" else answer.token_ids == (7, 7), answer
+            assert not cluster.actor(1).streams  # never sent to the replica whose loop had died
+            assert cluster.actor(1) in killed  # ended for Ray to restart, as when a request finds its loop dead
+            assert cluster.alive == tuple(range(2, replicas)) and cluster.stats().deaths == 2
+            assert cluster.loads.in_flight() == 0
+        finally:
+            front.close()
+        killed.clear()
