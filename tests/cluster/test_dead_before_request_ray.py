@@ -7,10 +7,13 @@ with the tiny checkpoint: only those the front door first saw after the request 
 - A request that kills each replica it reaches (its process killed at once, as a native crash or the OOM killer
   does) is still stopped after two: a fix that read each death's time from Ray's actor table let it through, as Ray's
   recorded end time can come before the kill that caused it; the front door's own record needs no clock of Ray's.
+- A request whose replica died, re-sent to a replica whose engine loop had died (its process alive, its `info`
+  answering the check before the re-send), was told it "may be what kills them"; the check asks `check_alive` now.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -22,7 +25,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from radixcache.runtime.cluster.cluster import ReplicaCluster  # noqa: E402
-from radixcache.runtime.engine.errors import ReplicaUnavailableError  # noqa: E402
+from radixcache.runtime.engine.errors import EngineDeadError, ReplicaUnavailableError  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one Ray cluster at a time (conftest.py)
 ENGINE = {"capacity_blocks": 32}
@@ -85,5 +88,50 @@ def test_a_request_that_kills_each_replica_it_reaches_is_stopped_after_two(
         assert len(cluster.alive) == 1 and stats.deaths == 2 and stats.retries == 1, stats  # the third never got it
         assert engine.generate([1, 2, 3], 2).finish_reason in ("length", "stop")  # the one it never reached
         assert cluster.loads.in_flight() == 0
+    finally:
+        engine.close()
+
+
+def test_a_replica_whose_engine_loop_died_is_found_before_the_re_send(
+    local_ray: str, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replica 1's engine loop died (its process lives, so its `info` answers); replica 0 was killed before the
+    request came. The request, failing on 0, was re-sent to 1 and told it "may be what kills them"; the check before
+    the re-send now asks `check_alive` (on the replica's control threads) and finds 1's loop dead."""
+    from radixcache.runtime.cluster import cluster as cluster_module
+    from radixcache.runtime.cluster.front import ClusterEngine
+    from radixcache.runtime.cluster.replica import EngineReplica
+
+    class LoopBreaks(EngineReplica):  # a local class: Ray ships it by value to the replicas' processes
+        def break_loop(self) -> bool:
+            def broken(_done: Any) -> None:  # a bug in the loop itself, outside every per-request guard
+                raise RuntimeError("the loop broke")
+
+            loop = self.engine._loop
+            loop._deliver = broken
+            with contextlib.suppress(EngineDeadError):  # the request that met the bug
+                self.engine.generate([1, 2, 3], 1)
+            deadline = time.monotonic() + 30
+            while loop.dead is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return loop.dead is not None
+
+    monkeypatch.setattr(cluster_module, "EngineReplica", LoopBreaks)
+    cluster = ReplicaCluster(str(tiny_dir), 2, engine_kwargs=ENGINE, cpus=0.5, poll_interval=None)
+    engine = ClusterEngine(cluster, str(tiny_dir))
+    try:
+        assert ray.get(cluster.actor(1).break_loop.remote(), timeout=60)
+        assert not _gone(cluster.actor(1))  # its process lives: info answers
+        ray.kill(cluster.actor(0), no_restart=True)
+        deadline = time.monotonic() + 60
+        while not _gone(cluster.actor(0)):
+            assert time.monotonic() < deadline, "Ray did not end the killed replica"
+            time.sleep(0.05)
+        assert cluster.alive == (0, 1)
+        with pytest.raises(ReplicaUnavailableError) as failed:
+            engine.generate([5, 6, 7], 2)
+        message = str(failed.value)
+        assert "no live engine replica" in message and "kills" not in message, message
+        assert cluster.alive == () and cluster.stats().deaths == 2 and cluster.loads.in_flight() == 0
     finally:
         engine.close()
