@@ -85,8 +85,14 @@ def _collect_on_loop(engine: Engine, box: list[Any], collect: bool) -> dict[str,
         finally:
             ran.set()
 
-    handle = engine.submit("a request whose end drops the session", 2, ignore_eos=True)
-    handle.future.add_done_callback(drop)
+    # The callback is added while the loop is held: a request that completed first (a loaded machine descheduling
+    # this thread between the two calls) would run it at once on this thread, not the loop's.
+    release = hold_engine_loop(engine)
+    try:
+        handle = engine.submit("a request whose end drops the session", 2, ignore_eos=True)
+        handle.future.add_done_callback(drop)
+    finally:
+        release()
     handle.result(timeout=60)
     assert ran.wait(60)  # the callbacks run after the result's waiters wake
     return seen
