@@ -61,10 +61,11 @@ class SchedulerQueues:
         """A request that outgrew the pool ends as if it reached its length limit, with every token it made; its
         computed KV goes to the tree like any finished request's."""
         self._remove(req)
-        if req.kv.status is Status.RUNNING and not self._guard(
-            req, self.kv.release, req.kv, req.all_ids, len(req.output_ids)
-        ):
-            return
+        if req.kv.status is Status.RUNNING:
+            if not self._guard(req, self.kv.release, req.kv, req.all_ids, len(req.output_ids)):
+                return
+        else:  # preempted and waiting: it holds nothing, and ends FINISHED as every released request does
+            req.kv.status = Status.FINISHED
         req.finish_reason = "length"
         self._leave(req)
 

@@ -18,6 +18,7 @@ from radixcache.runtime.engine.errors import (
     RequestTooLargeError,
 )
 from radixcache.runtime.engine.queue_limit import QueueGate
+from radixcache.runtime.kv.state import Status
 from radixcache.runtime.testing import RandomModel
 
 from .conftest import assert_clean, ids
@@ -144,4 +145,30 @@ def test_a_call_of_more_requests_than_max_queue_is_a_value_error_not_a_full_queu
     assert [len(r.token_ids) for r in engine.fork(ids(10, 1), 2, 2, ignore_eos=True)] == [2, 2], "2 fit"
     engine.wait_idle(30)
     assert engine.stats.requests == 2 and engine.queue.waiting == 0
+    assert_clean(engine)
+
+
+def test_a_preempted_request_ended_from_the_queue_by_pins_is_finished_not_left_waiting(tiny: RandomModel) -> None:
+    """A preempted request that no longer fits beside pinned pages, with nothing running, ends with "length" and its
+    tokens from the waiting queue; its KV state stayed WAITING there, where every other way out is FINISHED or
+    ABORTED (it holds nothing: FINISHED now)."""
+    engine = Engine(tiny, capacity_blocks=8, page_size=8)
+    big = engine._request(ids(30, 21), 100, ignore_eos=True)
+    engine.scheduler.add(big)
+    small = pinned = None
+    with torch.inference_mode():
+        while engine.scheduler.has_work():
+            engine.scheduler.step()
+            if small is None and len(big.output_ids) == 16:  # big 6 of 8 pages; small's 2nd preempts big at 7
+                small = engine._request(ids(5, 20), 20, ignore_eos=True, priority=1)
+                engine.scheduler.add(small)
+            if pinned is None and big.kv.preemptions and big in engine.scheduler.waiting:
+                # 2 pinned pages (the pinned share) leave 6 for the 7 big's 50 tokens resume into once small is done
+                pinned = engine._request(ids(16, 22), 1, ignore_eos=True, priority=2, pin=True)
+                engine.scheduler.add(pinned)
+    assert small is not None and small.error is None and len(small.output_ids) == 20
+    assert pinned is not None and pinned.error is None and pinned.pinned_tokens > 0
+    assert big.error is None and big.finish_reason == "length" and len(big.output_ids) == 20
+    assert big.kv.status is Status.FINISHED and not big.kv.block_table
+    engine.unpin()
     assert_clean(engine)
