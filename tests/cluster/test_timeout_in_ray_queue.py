@@ -180,6 +180,8 @@ def test_a_request_running_past_its_timeout_is_cut_by_the_front_door(
             time.sleep(0.01)
         handle.cancel()
         assert handle.result(HANG_BOUND_S).finish_reason == "cancelled"
+        # a cancel answers an unstarted request at once; its send ends (and leaves the load) after: wait for it
+        assert engine.wait_idle(HANG_BOUND_S)
         assert cluster.loads.in_flight() == 0
     finally:
         engine.close()
