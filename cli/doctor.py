@@ -28,7 +28,11 @@ from radixcache.cli.errors import FriendlyCommand, debug_option
     help="With --quant gguf, the block kernels' activations (as replay/serve's) [default: "
     "$RADIXCACHE_GGUF_ACTIVATIONS, else int16-decode].",
 )
-@click.option("--threads", type=click.IntRange(1, MAX_THREADS), help="torch threads [default: torch's, one per core].")
+@click.option(
+    "--threads",
+    type=click.IntRange(1, MAX_THREADS),
+    help="torch threads [default: torch's, at most the CPUs this process may use].",
+)
 @kernel_options()[0]
 @kernel_options()[1]
 @click.option("--prompt-tokens", default=128, show_default=True, type=click.IntRange(min=1), help="Prompt length.")

@@ -103,7 +103,9 @@ def speed_options(func: Callable) -> Callable:
             "$RADIXCACHE_GGUF_ACTIVATIONS, else int16-decode].",
         ),
         click.option(
-            "--threads", type=click.IntRange(1, MAX_THREADS), help="torch threads [default: torch's, one per core]."
+            "--threads",
+            type=click.IntRange(1, MAX_THREADS),
+            help="torch threads [default: torch's, at most the CPUs this process may use].",
         ),
         click.option(
             "--thread-policy",

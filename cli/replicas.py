@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -70,11 +69,12 @@ def cluster_engine(
     """N replicas of `model` on Ray behind `router`, as an Engine-shaped front door (runtime.cluster.front)."""
     from radixcache.runtime.cluster.cluster import ReplicaCluster
     from radixcache.runtime.cluster.front import ClusterEngine
+    from radixcache.runtime.cores import usable_cores
     from radixcache.runtime.loading import resolve_model_path
 
     path = resolve_model_path(model)
     options = dict(options)
-    cores = os.cpu_count() or 1
+    cores = usable_cores()  # the affinity's CPUs, at most the cgroup quota: not the host's (os.cpu_count)
     threads = options.pop("threads", None) or max(1, cores // replicas)
     local = address is None
     cluster = ReplicaCluster(

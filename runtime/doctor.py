@@ -13,13 +13,13 @@ GGUF decode sits well under this bound (scripts/bench_block_kinds.py measures ea
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
+from radixcache.runtime.cores import default_threads, usable_cores
 from radixcache.runtime.machine import (
     KERNEL_FLAGS,
     bandwidth_steady,
@@ -146,15 +146,15 @@ def diagnose(
 ) -> DoctorReport:
     """Measure this machine and a short decode of `model` (see the module docstring). `kernels` and
     `gguf_activations` as EngineConfig's ("retune" measures the kernels again); the decode runs `new_tokens` after a
-    `prompt_tokens` prompt, batch 1, with the thread count fixed at `threads` (default: torch's), after one untimed
-    short request."""
+    `prompt_tokens` prompt, batch 1, with the thread count fixed at `threads` (default: torch's, at most the cores
+    this process may use: runtime.cores), after one untimed short request."""
     from radixcache.runtime.engine.engine import Engine
     from radixcache.runtime.loading import load_model
     from radixcache.runtime.model.kernel_tune import model_linears
 
     if prompt_tokens < 1 or new_tokens < 2:
         raise ValueError(f"prompt_tokens must be >= 1 and new_tokens >= 2, got {prompt_tokens} and {new_tokens}")
-    threads = threads if threads is not None else torch.get_num_threads()
+    threads = threads if threads is not None else default_threads(torch.get_num_threads())
     check_gguf_activations(gguf_activations, quant)  # before the model loads
     loaded = load_model(model, keep_blocks=quant == "gguf")
     engine = Engine(
@@ -183,7 +183,7 @@ def diagnose(
         loads = load_averages()
         return DoctorReport(
             cpu=cpu_model(),
-            cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+            cores=usable_cores(),
             flags=cpu_flags(),
             torch=torch.__version__,
             threads=threads,

@@ -24,6 +24,7 @@ import torch
 
 from radixcache import RadixCache
 from radixcache.policy.admission import make_admission
+from radixcache.runtime.cores import default_threads
 from radixcache.runtime.engine.assembly import (
     activations_id,
     build_kernels,
@@ -121,7 +122,8 @@ class Engine(EngineUpkeep, Submission):
         self.runner = ModelRunner(self.model, self.pool, self.mirror)
         self.scheduler = Scheduler(self.runner, self.kv, self.output, config.scheduler())
         # The loop thread sets its own OpenMP count (not inherited); the controller lowers it on a busy machine.
-        self.threads = config.threads if config.threads is not None else torch.get_num_threads()
+        # Torch's default ignores a cgroup CPU quota: capped by it here (runtime.cores).
+        self.threads = config.threads if config.threads is not None else default_threads(torch.get_num_threads())
         self.kernel_plan = build_kernels(config, self.model, self.threads)  # measured once per machine, then cached
         self.thread_control = ThreadController(self.threads, adaptive=config.thread_policy == "adaptive")
         self._heap = HeapTimer(config.freeze_gc)  # the heap frozen once the engine has run a while (gc_heap)

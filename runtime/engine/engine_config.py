@@ -72,7 +72,8 @@ class EngineConfig:
     (float32 throughout: the cache, batch and thread count move no logit by more than ~1e-4; int16's ~1e-2),
     "int8-decode" (int8 per 32 values, as llama.cpp does: faster, and the cache, batch and thread count may then
     move a near-tie of up to ~1), "int16", "int8" or "auto";
-    `threads` sets the torch threads of the engine loop (default: the constructing thread's count); with
+    `threads` sets the torch threads of the engine loop (default: the constructing thread's count, at most the
+    cores this process may use, its affinity and cgroup CPU quota: runtime.cores); with
     `thread_policy="adaptive"` (the default) the loop runs fewer while other programs take the cores and returns
     to `threads` when they are free (runtime.engine.threads), "fixed" always runs `threads`; `dtype` and
     `device` where the model runs. `kernels`: how the float32 products pick their kernel (runtime.model.kernel_tune):
