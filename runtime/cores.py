@@ -8,7 +8,8 @@ it would run 16 OpenMP threads, spinning at every kernel's barrier (OMP_WAIT_POL
 worth of time and throttled together for the rest of each period: the barrier collapse the thread controller
 exists for (runtime.engine.threads), from the first step (inferred, not measured: no such container here). The
 engine's default count, `radixcache doctor`'s and each Ray replica's share (cli.replicas) are capped by
-`usable_cores()`.
+`usable_cores()`. The thread controller's idle cores (runtime.engine.threads) are at most the quota's time that the
+cgroup left unused (`CpuQuota.used_s`): the host's /proc/stat, which a container sees, says nothing of its quota.
 
 The quota is the least over the process's cgroup and its ancestors (a pod's limit above a container's), read from
 /proc/self/cgroup and the hierarchy under /sys/fs/cgroup; inside a container whose /proc/self/cgroup names the
@@ -22,6 +23,7 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 OWN_CGROUP = "/proc/self/cgroup"
@@ -35,28 +37,55 @@ def affinity_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def cgroup_cpu_limit(root: str | None = None, own: str | None = None) -> float | None:
-    """CPUs' worth of time per period that the cgroup quota allows this process (the least over its cgroup and
-    its ancestors, v2 or v1), or None where no quota applies or none can be read. `root`: the cgroup mount
-    (CGROUP_ROOT), `own`: the process's cgroup file (OWN_CGROUP)."""
-    root = root or CGROUP_ROOT
+class CpuQuota(NamedTuple):
+    """A cgroup's CPU quota: `cpus` CPUs' worth of time per period; `usage`, the file that counts the CPU time of
+    every process under that cgroup (v2 cpu.stat's usage_usec, v1 cpuacct.usage in ns), None if there is none."""
+
+    cpus: float
+    usage: Path | None = None
+
+    def used_s(self) -> float | None:
+        """CPU seconds the cgroup's processes have run (a counter: only differences mean anything); None where
+        unreadable."""
+        if self.usage is None:
+            return None
+        try:
+            text = self.usage.read_text()
+            if self.usage.name == "cpu.stat":  # "usage_usec N" among other lines
+                return int(dict(line.split()[:2] for line in text.splitlines() if line.strip())["usage_usec"]) / 1e6
+            return int(text) / 1e9
+        except (OSError, ValueError, KeyError):
+            return None
+
+
+def cgroup_quota(root: str | None = None, own: str | None = None) -> CpuQuota | None:
+    """The cgroup CPU quota that binds this process: the least over its cgroup and its ancestors, v2 or v1; None
+    where no quota applies or none can be read. `root`: the cgroup mount (CGROUP_ROOT), `own`: the process's cgroup
+    file (OWN_CGROUP)."""
+    mount = Path(root or CGROUP_ROOT)
     try:
         lines = Path(own or OWN_CGROUP).read_text().splitlines()
     except OSError:
         lines = []
-    limits: list[float] = []
+    found: list[CpuQuota] = []
     for line in lines:
         _, controllers, path = [*line.split(":", 2), "", ""][:3]
         if controllers == "":  # v2's one line, "0::/path"
-            limits += _limits(Path(root), path, _v2_limit)
+            found += _quotas(mount, path, _v2_quota)
         elif "cpu" in controllers.split(","):  # v1's cpu controller, "4:cpu,cpuacct:/path"
-            for mount in (controllers, "cpu,cpuacct", "cpu"):
-                if (Path(root) / mount).is_dir():
-                    limits += _limits(Path(root) / mount, path, _v1_limit)
+            for name in (controllers, "cpu,cpuacct", "cpu"):
+                if (mount / name).is_dir():
+                    found += [_v1_usage(q, mount, name) for q in _quotas(mount / name, path, _v1_quota)]
                     break
     if not lines:  # no /proc: the mount's own root, as a container sees its cgroup
-        limits += [x for x in (_v2_limit(Path(root)), _v1_limit(Path(root) / "cpu")) if x is not None]
-    return min(limits) if limits else None
+        found += [q for q in (_v2_quota(mount), _v1_quota(mount / "cpu")) if q is not None]
+    return min(found, key=lambda q: q.cpus) if found else None
+
+
+def cgroup_cpu_limit(root: str | None = None, own: str | None = None) -> float | None:
+    """CPUs' worth of time per period that the cgroup quota allows this process (`cgroup_quota`), or None."""
+    quota = cgroup_quota(root, own)
+    return None if quota is None else quota.cpus
 
 
 def usable_cores(root: str | None = None, own: str | None = None) -> int:
@@ -76,33 +105,36 @@ def default_threads(asked: int, root: str | None = None, own: str | None = None)
 # ---------------------------------------------------------------------- private
 
 
-def _limits(mount: Path, path: str, read: Callable[[Path], float | None]) -> list[float]:
-    """The limits `read` finds in the cgroup `path` under `mount` and each of its ancestors up to the mount's root
-    (a path the mount does not show, as a container's /proc names the host's: the root alone)."""
-    found: list[float] = []
+def _quotas(mount: Path, path: str, read: Callable[[Path], CpuQuota | None]) -> list[CpuQuota]:
+    """The quotas `read` finds in the cgroup `path` under `mount` and each of its ancestors up to the mount's root
+    (where the mount does not show the path, as a container's /proc names the host's: the root alone)."""
     here = Path(path.strip() or "/")
-    for folder in (here, *here.parents):
-        limit = read(mount / str(folder).lstrip("/"))
-        if limit is not None:
-            found.append(limit)
-    return found
+    return [q for folder in (here, *here.parents) if (q := read(mount / str(folder).lstrip("/"))) is not None]
 
 
-def _v2_limit(folder: Path) -> float | None:
+def _v2_quota(folder: Path) -> CpuQuota | None:
     try:
         quota, period = (folder / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else _ratio(int(quota), int(period))
+        cpus = None if quota == "max" else _ratio(int(quota), int(period))
     except (OSError, ValueError):
         return None
+    return None if cpus is None else CpuQuota(cpus, folder / "cpu.stat")
 
 
-def _v1_limit(folder: Path) -> float | None:
+def _v1_quota(folder: Path) -> CpuQuota | None:
     try:
-        quota = int((folder / "cpu.cfs_quota_us").read_text())
-        period = int((folder / "cpu.cfs_period_us").read_text())
+        cpus = _ratio(int((folder / "cpu.cfs_quota_us").read_text()), int((folder / "cpu.cfs_period_us").read_text()))
     except (OSError, ValueError):
         return None
-    return _ratio(quota, period)
+    return None if cpus is None else CpuQuota(cpus, folder / "cpuacct.usage")
+
+
+def _v1_usage(quota: CpuQuota, root: Path, mount: str) -> CpuQuota:
+    """Where the cpuacct controller has a mount of its own (cpu and cpuacct apart), its counter for the same path."""
+    if quota.usage is None or quota.usage.exists():
+        return quota
+    apart = root / "cpuacct" / quota.usage.parent.relative_to(root / mount) / "cpuacct.usage"
+    return quota._replace(usage=apart if apart.exists() else None)
 
 
 def _ratio(quota: int, period: int) -> float | None:

@@ -10,7 +10,9 @@ What: `ThreadController` measures windows of back-to-back engine steps (`window_
 - waiting: how many of this process's threads were, on average, ready to run but waiting for a core (Linux's
   per-thread run-queue delay, /proc/self/task/*/schedstat). A 2-thread engine beside one busy process on 2 cores
   waits 0.75 threads; on an idle machine 0.01.
-- idle: how many of the cores this process may run on (its affinity) were, on average, idle (/proc/stat).
+- idle: how many of the cores this process may run on (its affinity) were, on average, idle (/proc/stat); under
+  a cgroup CPU quota at most the quota's CPUs less what its cgroup ran (runtime.cores): a container sees the
+  host's /proc/stat, whose 16 cores read idle while the container spends every bit of its 2 CPUs' quota.
 It drops threads (as many as were waiting, rounded, at least one) once windows in a row with at least
 `drop_waiting` threads waiting add up to `drop_windows` windows' time (`drop_windows * window_s`; a window lasts
 whole steps, so one long step counts for its length: a 512-token prefill beside one busy process took 2.2-2.6 s
@@ -46,6 +48,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+from radixcache.runtime.cores import CpuQuota, cgroup_quota
 
 THREAD_POLICIES = ("adaptive", "fixed")
 # the most threads an engine may ask for: OpenMP creates every thread asked for at the first parallel kernel, and
@@ -261,10 +265,17 @@ def _stat_cpus(stat: str) -> set[str]:
 
 class LinuxProbe:
     """Run and run-queue wait of every thread of this process (/proc/self/task/*/schedstat, nanoseconds), and
-    idle plus iowait of the CPUs in its affinity (`stat`, /proc/stat, clock ticks; see _stat_cpus)."""
+    idle plus iowait of the CPUs in its affinity (`stat`, /proc/stat, clock ticks; see _stat_cpus), under a
+    cgroup `quota` at most the quota's CPU time less what the cgroup ran (`default_probe` passes this process's)."""
 
-    def __init__(self, stat: str = "/proc/stat") -> None:
+    def __init__(
+        self, stat: str = "/proc/stat", quota: CpuQuota | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._stat = stat
+        self._quota = quota
+        self._clock = clock
+        self._last: tuple[float, float, float | None] | None = None  # the last reading: when, idle (s), cgroup used
+        self._idle = 0.0  # idle core-seconds: /proc/stat's at the first reading, then what each reading adds
         self._cpus = _stat_cpus(stat)
         self._tick = 1.0 / os.sysconf("SC_CLK_TCK")
         self._seen: dict[str, tuple[int, int]] = {}  # per thread: its counters at the last reading
@@ -306,14 +317,25 @@ class LinuxProbe:
             self._run_ns += run - run0
             self._wait_ns += wait - wait0
         self._seen = seen
-        idle = 0
+        ticks = 0
         with open(self._stat) as f:
             for line in f:
                 name, _, rest = line.partition(" ")
                 if name in self._cpus:
                     fields = rest.split()
-                    idle += int(fields[3]) + int(fields[4])  # idle, iowait
-        return Reading(run=self._run_ns / 1e9, wait=self._wait_ns / 1e9, idle=idle * self._tick)
+                    ticks += int(fields[3]) + int(fields[4])  # idle, iowait
+        now, idle = self._clock(), ticks * self._tick
+        used = self._quota.used_s() if self._quota is not None else None
+        if self._last is None:
+            self._idle = idle
+        else:
+            t0, idle0, used0 = self._last
+            spare = idle - idle0
+            if self._quota is not None and used is not None and used0 is not None:  # the quota's time left over
+                spare = min(spare, max(0.0, self._quota.cpus * (now - t0) - (used - used0)))
+            self._idle += spare
+        self._last = (now, idle, used)
+        return Reading(run=self._run_ns / 1e9, wait=self._wait_ns / 1e9, idle=self._idle)
 
 
 class PortableProbe:
@@ -339,4 +361,4 @@ class PortableProbe:
 
 
 def default_probe() -> Probe:
-    return LinuxProbe() if LinuxProbe.available() else PortableProbe()
+    return LinuxProbe(quota=cgroup_quota()) if LinuxProbe.available() else PortableProbe()

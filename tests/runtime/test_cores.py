@@ -5,6 +5,7 @@ and threads (torch's own default is the host's cores, 16 OpenMP threads on 2 CPU
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import torch
 
 from radixcache.cli import replicas as replicas_cli
 from radixcache.runtime import Engine, cores
+from radixcache.runtime.engine import threads as threads_module
+from radixcache.runtime.engine.threads import LinuxProbe
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 
 HOST = set(range(16))  # the affinity of a process on a 16-core host, in a container limited by a quota only
@@ -132,3 +135,53 @@ def test_replicas_share_the_quotas_cores_not_the_hosts(monkeypatch: pytest.Monke
     monkeypatch.setattr("radixcache.runtime.loading.resolve_model_path", lambda model: model)
     replicas_cli.cluster_engine("m", 2, "cache_aware", None, {})
     assert started[0]["threads"] == 1 and started[0]["cpus"] == 1.0 and started[0]["num_cpus"] == 2
+
+
+def test_the_quota_names_the_counter_of_its_cgroups_cpu_time(tmp_path: Path) -> None:
+    v2 = {"a/cpu.max": "200000 100000\n", "a/cpu.stat": "usage_usec 2500000\nuser_usec 2000000\n"}
+    root, own = tree(tmp_path, "0::/a\n", v2)
+    quota = cores.cgroup_quota(root, own)
+    assert quota is not None and quota.cpus == 2.0 and quota.used_s() == 2.5
+    v1 = {  # cpu and cpuacct mounted apart, as on this machine
+        "cpu/docker/abc/cpu.cfs_quota_us": "100000\n",
+        "cpu/docker/abc/cpu.cfs_period_us": "100000\n",
+        "cpuacct/docker/abc/cpuacct.usage": "3000000000\n",
+    }
+    root, own = tree(tmp_path / "v1", "3:cpu:/docker/abc\n2:cpuacct:/docker/abc\n", v1)
+    quota = cores.cgroup_quota(root, own)
+    assert quota is not None and quota.cpus == 1.0 and quota.used_s() == 3.0
+    assert cores.CpuQuota(1.0).used_s() is None
+
+
+@pytest.mark.skipif(not LinuxProbe.available(), reason="Linux /proc only")
+def test_a_containers_idle_cores_are_what_its_quota_leaves_not_the_hosts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's /proc/stat shows its 16 cores idle while the container spends its whole 2-CPU quota: read as
+    16 idle cores, the controller raised a dropped count back again and again (backing off up to a minute)."""
+    monkeypatch.setattr(threads_module, "_affinity", lambda: list(range(16)))
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    root, own = tree(tmp_path, "0::/\n", {"cpu.max": "200000 100000\n"})
+    usage = Path(root) / "cpu.stat"
+
+    def at(second: int, used_s: float) -> None:  # each host CPU idle all along; the cgroup has run `used_s`
+        stat.write_text("\n".join([f"cpu{i} 1 0 1 {second * hz} 0 0 0 0 0 0" for i in range(16)] + [""]))
+        usage.write_text(f"usage_usec {int(used_s * 1e6)}\nuser_usec 0\n")
+
+    now = [0.0]
+    at(0, 0.0)
+    probe = LinuxProbe(stat=str(stat), quota=cores.cgroup_quota(root, own), clock=lambda: now[0])
+    a = probe.read()
+    now[0] = 1.0
+    at(1, 2.0)  # the quota spent: no core to spare, whatever the host's are doing
+    b = probe.read()
+    assert b.idle - a.idle == pytest.approx(0.0)
+    now[0] = 2.0
+    at(2, 2.5)  # half a CPU ran: 1.5 CPUs of the quota left
+    c = probe.read()
+    assert c.idle - b.idle == pytest.approx(1.5)
+    assert LinuxProbe(stat=str(stat)).read().idle == pytest.approx(16 * 2.0)  # no quota: the affinity's cores
+    monkeypatch.setattr(cores, "CGROUP_ROOT", root)
+    monkeypatch.setattr(cores, "OWN_CGROUP", own)
+    assert threads_module.default_probe()._quota == cores.CpuQuota(2.0, usage)  # the engine's probe reads it
