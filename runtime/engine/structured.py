@@ -20,13 +20,13 @@ caller's thread, and each pass's constrained rows masked before they are sampled
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixcache.runtime.cores import usable_cores
 from radixcache.runtime.grammar import (
     GrammarCompiler,
     GrammarError,
@@ -107,7 +107,7 @@ class Masker:
 
     def __init__(self) -> None:
         self._executor: Any = None
-        self._parallel = (os.cpu_count() or 1) >= PARALLEL_MASKS_FROM_CPUS
+        self._parallel = usable_cores() >= PARALLEL_MASKS_FROM_CPUS  # not the host's count: a container's
 
     def close(self) -> None:
         """Release the mask thread pool (its threads end once nothing uses it; a later batch makes another)."""

@@ -185,3 +185,21 @@ def test_a_containers_idle_cores_are_what_its_quota_leaves_not_the_hosts(
     monkeypatch.setattr(cores, "CGROUP_ROOT", root)
     monkeypatch.setattr(cores, "OWN_CGROUP", own)
     assert threads_module.default_probe()._quota == cores.CpuQuota(2.0, usage)  # the engine's probe reads it
+
+
+def test_grammar_masks_take_a_thread_pool_only_where_the_process_has_the_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from radixcache.runtime.engine.structured import PARALLEL_MASKS_FROM_CPUS, Masker
+
+    monkeypatch.setattr(cores, "OWN_CGROUP", str(tmp_path / "absent"))  # no quota, whatever this machine's
+    monkeypatch.setattr(cores, "CGROUP_ROOT", str(tmp_path / "absent"))
+    monkeypatch.setattr(cores.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda _pid: {0, 1})  # taskset -c 0,1 on a 16-core host
+    assert not Masker()._parallel
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda _pid: set(range(PARALLEL_MASKS_FROM_CPUS)))
+    assert Masker()._parallel
+    root, own = tree(tmp_path, "0::/\n", {"cpu.max": "200000 100000\n"})  # the same cores held to 2 CPUs' time
+    monkeypatch.setattr(cores, "CGROUP_ROOT", root)
+    monkeypatch.setattr(cores, "OWN_CGROUP", own)
+    assert not Masker()._parallel
