@@ -3,8 +3,8 @@
 Why: torch (and the native kernels, runtime.native) run each parallel kernel on an OpenMP team whose threads meet at
 a barrier after every kernel. On a machine where other programs want the cores too, the scheduler deschedules one
 of the team now and then, and every other member waits at the next barrier for it: with one busy single-thread
-process beside a 2-thread engine on 2 cores, decode ran at 38% of its idle speed where a 1-thread engine kept 97%
-(docs/benchmarks.md, "Threads that yield").
+process beside a 2-thread engine on 2 cores, gguf decode ran at 27% of its idle speed where a 1-thread engine kept
+101% (docs/benchmarks.md, "Beside busy single-thread processes", run A).
 
 What: `ThreadController` measures windows of back-to-back engine steps (`window_s` at least, between steps only):
 - waiting: how many of this process's threads were, on average, ready to run but waiting for a core (Linux's
