@@ -63,6 +63,10 @@ class GGUFError(ValueError):
     """The file is not a GGUF file this reader understands."""
 
 
+class _Unreadable(GGUFError):
+    """A value that cannot be read: the reader adds the file and what it was reading (key or tensor)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
     """One entry of the tensor index. `shape` is in numpy order (slowest-varying first)."""
@@ -97,15 +101,18 @@ class GGUFFile:
                 self._mm: mmap.mmap | None = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             except ValueError as e:  # empty file
                 raise GGUFError(f"{self.path}: empty file, not GGUF") from e
+        self._at = "the file header"  # what is being read: named by an error in the header, metadata or index
         try:
             self._parse()
-        except GGUFError:
+        except GGUFError as e:
             self.close()
+            if isinstance(e, _Unreadable):
+                raise GGUFError(f"{self.path}: {e} (in {self._at})") from None
             raise
         except (struct.error, ValueError, IndexError, OverflowError, MemoryError, RecursionError) as e:
             # RecursionError: arrays of arrays nested deeper than Python recurses (12 bytes a level)
             self.close()
-            raise GGUFError(f"{self.path}: truncated or corrupt GGUF header ({e})") from e
+            raise GGUFError(f"{self.path}: truncated or corrupt GGUF header in {self._at} ({e})") from e
 
     # ------------------------------------------------------------------ public API
 
@@ -151,15 +158,19 @@ class GGUFFile:
         n_tensors, n_kv = struct.unpack_from("<QQ", mm, 8)
         self._pos = 24
         self.metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
+        for i in range(n_kv):
+            self._at = f"metadata entry {i + 1} of {n_kv}, its key"
             key = self._string()
+            self._at = f"metadata key {key!r} (entry {i + 1} of {n_kv})"
             if key in self.metadata:  # which one counts? llama.cpp and the gguf package refuse the file too
                 raise GGUFError(f"{self.path}: metadata key {key!r} appears twice")
             (vtype,) = self._unpack("<I", 4)
             self.metadata[key] = self._value(vtype)
         index = []
-        for _ in range(n_tensors):
+        for i in range(n_tensors):
+            self._at = f"tensor index entry {i + 1} of {n_tensors}, its name"
             name = self._string()
+            self._at = f"tensor index entry {name!r} ({i + 1} of {n_tensors})"
             (n_dims,) = self._unpack("<I", 4)
             dims = self._unpack(f"<{n_dims}Q", 8 * n_dims)
             (ggml_type,) = self._unpack("<I", 4)
@@ -191,7 +202,7 @@ class GGUFFile:
         start = self._pos + 8
         self._pos = start + n
         if self._pos > len(mm):
-            raise GGUFError(f"{self.path}: string runs past the end of the file")
+            raise _Unreadable("string runs past the end of the file")
         return mm[start : self._pos].decode("utf-8", errors="replace")
 
     def _value(self, vtype: int) -> Any:
@@ -203,6 +214,9 @@ class GGUFFile:
         if vtype == _ARRAY:
             (etype,) = self._unpack("<I", 4)
             (count,) = self._unpack("<Q", 8)
+            least = _SCALARS[etype][1] if etype in _SCALARS else 8 if etype == _STRING else 12  # bytes an element takes
+            if count * least > len(self._buffer()) - self._pos:  # refused before a list of 2**62 is begun
+                raise _Unreadable(f"an array of {count} elements runs past the end of the file")
             if etype in _NUMPY_OF_SCALAR:
                 dtype = np.dtype(_NUMPY_OF_SCALAR[etype])
                 arr = np.frombuffer(self._buffer(), dtype=dtype, count=count, offset=self._pos).copy()
@@ -211,7 +225,7 @@ class GGUFFile:
             if etype == _STRING:
                 return self._strings(count)
             return [self._value(etype) for _ in range(count)]  # arrays of arrays
-        raise GGUFError(f"{self.path}: unknown metadata value type {vtype} at byte {self._pos}")
+        raise _Unreadable(f"unknown metadata value type {vtype} at byte {self._pos}")
 
     def _strings(self, count: int) -> list[str]:
         # The hot loop for tokenizer vocabularies (~100k strings): plain struct + bytes slicing, no numpy per item.
@@ -224,7 +238,7 @@ class GGUFFile:
             append(mm[pos : pos + n].decode("utf-8", errors="replace"))
             pos += n
         if pos > len(mm):  # a slice stops at the end, so a length past it is found only here
-            raise GGUFError(f"{self.path}: string runs past the end of the file")
+            raise _Unreadable("string runs past the end of the file")
         self._pos = pos
         return out
 

@@ -4,6 +4,7 @@ is installed), and each dequantiser against a naive per-element reference."""
 from __future__ import annotations
 
 import random
+import re
 import struct
 
 import numpy as np
@@ -212,3 +213,31 @@ def test_an_alignment_of_the_wrong_type_or_value_is_named(kit, tmp_path, value):
     kit.write_gguf(tmp_path / "a.gguf", {"general.alignment": value}, [("w", (32,), "F32", x.tobytes())])
     with pytest.raises(GGUFError, match=r"a\.gguf: metadata general\.alignment is .*, not a power of two"):
         GGUFFile(tmp_path / "a.gguf")
+
+
+def test_a_file_cut_short_names_the_key_or_tensor_it_was_cut_in(kit, tmp_path):
+    """A download stopped in the vocabulary or in the tensor index said only "truncated or corrupt GGUF header",
+    naming neither the key nor the tensor."""
+    tokens = (kit.T_ARR, kit.T_STR, ["a", "bc", "def"])
+    kit.write_gguf(
+        tmp_path / "full.gguf",
+        {"general.name": "m", "tokenizer.ggml.tokens": tokens},
+        [("w.x", (32,), "F32", bytes(128))],
+    )
+    data = (tmp_path / "full.gguf").read_bytes()
+    for cut, where in [
+        (data.index(b"def") + 1, "in metadata key 'tokenizer.ggml.tokens' (entry 2 of 2)"),
+        (data.index(b"tokenizer.ggml") + 3, "in metadata entry 2 of 2, its key"),
+        (data.index(b"w.x") + 5, "in tensor index entry 'w.x' (1 of 1)"),
+    ]:
+        (tmp_path / "cut.gguf").write_bytes(data[:cut])
+        with pytest.raises(GGUFError, match=r"cut\.gguf: .*" + re.escape(where)):
+            GGUFFile(tmp_path / "cut.gguf")
+
+
+@pytest.mark.parametrize("etype", [4, 8, 9], ids=["uint32", "string", "array"])
+def test_an_array_said_to_hold_2_62_elements_is_refused_naming_its_key(tmp_path, etype):
+    (tmp_path / "huge.gguf").write_bytes(_one_key_file(9, struct.pack("<IQ", etype, 2**62) + bytes(64)))
+    message = f"huge.gguf: an array of {2**62} elements runs past the end of the file (in metadata key 'k' (entry 1"
+    with pytest.raises(GGUFError, match=re.escape(message)):
+        GGUFFile(tmp_path / "huge.gguf")
