@@ -80,7 +80,8 @@ def gguf_adds_bos(meta: dict[str, Any], where: str = "GGUF metadata") -> bool:
     """Whether the model's tokenizer prepends BOS: `tokenizer.ggml.add_bos_token`, else llama.cpp's default (yes for
     SentencePiece `llama` vocabularies and for Llama 3's pre-tokenizer names, which older Llama 3 files rely on).
     ValueError naming `where` (the file) unless the key is a boolean (or 0 / 1): the text "false" is true to bool()."""
-    default = meta.get("tokenizer.ggml.model") == "llama" or meta.get("tokenizer.ggml.pre") in LLAMA3_PRE
+    kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre")  # arrays compare elementwise
+    default = (isinstance(kind, str) and kind == "llama") or (isinstance(pre, str) and pre in LLAMA3_PRE)
     value = meta.get("tokenizer.ggml.add_bos_token", default)
     if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
         return bool(value)
@@ -114,7 +115,7 @@ def config_from_gguf(gguf: GGUFFile, name: str | None = None) -> ModelConfig:
     are not supported and for metadata of the wrong type or out of range."""
     meta = gguf.metadata
     arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
+    if not isinstance(arch, str) or arch not in SUPPORTED_ARCHS:  # an array's `in` asked its truth: a numpy error
         raise ValueError(f"{gguf.path}: GGUF architecture {arch!r} is not supported ({', '.join(SUPPORTED_ARCHS)})")
 
     def get(key: str, default: Any = None) -> Any:

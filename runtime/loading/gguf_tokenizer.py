@@ -72,7 +72,7 @@ def backend_from_gguf(meta: dict[str, Any], where: str = "GGUF metadata") -> Bac
     """A `tokenizers.Tokenizer` equivalent to the GGUF file's vocabulary (byte-level BPE only). ValueError naming
     `where` (the file) and the key for a vocabulary of the wrong kind, type or length."""
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if not isinstance(kind, str) or kind != "gpt2":  # an array's != is an array, whose truth is a numpy error
         raise UnsupportedTokenizerError(
             f"{where}: GGUF tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') vocabularies are"
         )

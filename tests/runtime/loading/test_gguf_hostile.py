@@ -39,6 +39,8 @@ def refused(path, message: str) -> None:
         ({A + "attention.layer_norm_rms_epsilon": float("nan")}, "layer_norm_rms_epsilon is nan, expected a finite"),
         ({A + "rope.freq_base": 0.0}, "llama.rope.freq_base is 0.0, expected a finite number above 0"),
         ({A + "rope.freq_base": -1.0}, "llama.rope.freq_base is -1.0"),
+        # a U32[2] array: its `in` asked an array's truth, a numpy error naming neither file nor key
+        ({"general.architecture": (9, 4, [1, 2])}, "GGUF architecture array([1, 2], dtype=uint32) is not supported"),
     ],
 )
 def test_metadata_of_the_wrong_type_or_out_of_range_is_named(kit, tmp_path, overrides, message):
@@ -86,6 +88,8 @@ T = "tokenizer.ggml."
     [
         ({T + "model": "llama"}, "GGUF tokenizer model 'llama' is not supported"),
         ({T + "pre": "made-up"}, "GGUF pre-tokenizer 'made-up' is not supported"),
+        ({T + "model": (9, 4, [1, 2])}, "GGUF tokenizer model array([1, 2], dtype=uint32) is not supported"),
+        ({T + "pre": (9, 4, [1, 2])}, "GGUF pre-tokenizer array([1, 2], dtype=uint32) is not supported"),
         ({T + "tokens": None}, "tokenizer.ggml.tokens is missing or empty"),
         ({T + "tokens": (9, 4, [1, 2, 3])}, "tokenizer.ggml.tokens is not an array of strings"),  # U32[3]
         ({T + "merges": (9, 8, ["abc"])}, "tokenizer.ggml.merges holds a merge without a space"),
