@@ -33,6 +33,8 @@ def read_json_object(path: str) -> dict[str, Any]:
             value = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{path}: not valid JSON ({e})") from None
+        except RecursionError:  # arrays or objects nested thousands deep: the decoder recurses per level
+            raise ValueError(f"{path}: not JSON this loader reads (nested too deeply)") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
     return value

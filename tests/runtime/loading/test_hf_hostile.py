@@ -137,7 +137,15 @@ def test_add_bos_token_as_text_is_refused(checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "generation_config.json"])
-@pytest.mark.parametrize(("text", "message"), [("{bad", "not valid JSON"), ("[1, 2]", "expected a JSON object")])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{bad", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),  # a RecursionError: the CLI's 'internal error'
+    ],
+    ids=["broken", "array", "deep"],
+)
 def test_a_broken_json_file_is_named(checkpoint, tmp_path, name, text, message):
     directory = linked_copy(checkpoint, tmp_path / "m", name)
     (directory / name).write_text(text)
