@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from radixcache.runtime.loading.weights import refuse_lfs_pointer
 from radixcache.runtime.model.dequant import GGML_TYPE_IDS, GGML_TYPES, dequantize
 
 __all__ = ["GGML_TYPES", "GGML_TYPE_IDS", "GGUFError", "GGUFFile", "TensorInfo", "dequantize", "tensor_nbytes"]
@@ -150,6 +151,7 @@ class GGUFFile:
     def _parse(self) -> None:
         mm = self._buffer()
         if mm[:4] != GGUF_MAGIC:
+            refuse_lfs_pointer(self.path)
             raise GGUFError(f"{self.path}: not a GGUF file (magic {bytes(mm[:4])!r})")
         (self.version,) = struct.unpack_from("<I", mm, 4)
         if self.version not in (2, 3):

@@ -13,7 +13,7 @@ from safetensors import SafetensorError, safe_open
 
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.loading.rope_scaling import hf_rope
-from radixcache.runtime.loading.weights import check_heads, config_float, config_int
+from radixcache.runtime.loading.weights import check_heads, config_float, config_int, refuse_lfs_pointer
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 INDEX_FILE = "model.safetensors.index.json"
@@ -171,6 +171,7 @@ def load_hf_weights(
                     )
                 weights[name] = tensor.to(dtype=dtype, device=device)
         except SafetensorError as e:  # a header that lies about its length or offsets, a truncated file
+            refuse_lfs_pointer(path)
             raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
     if config.tie_embeddings:
         weights.pop("lm_head.weight", None)

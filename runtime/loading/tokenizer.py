@@ -23,6 +23,7 @@ from radixcache.runtime.loading.gguf_model import gguf_adds_bos, gguf_eos_ids, g
 from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf
 from radixcache.runtime.loading.hf import read_json_object
 from radixcache.runtime.loading.named_templates import DEFAULT, gguf_chat_templates, hf_chat_templates, pick_template
+from radixcache.runtime.loading.weights import refuse_lfs_pointer
 from radixcache.runtime.tools import (
     ToolCallMemory,
     ToolInputError,
@@ -105,6 +106,7 @@ class Tokenizer:
         try:
             backend = Backend.from_file(path)
         except Exception as e:  # tokenizers raises a plain Exception for any file it cannot read
+            refuse_lfs_pointer(path)
             raise ValueError(f"{path}: not a tokenizer.json the tokenizers library can read ({e})") from None
         tok_config = _read_json(os.path.join(directory, "tokenizer_config.json"))
 

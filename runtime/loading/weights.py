@@ -1,5 +1,6 @@
 """The weight names and shapes a ModelConfig implies (Hugging Face names, [out, in] layout), and checks of a
-config a file describes: its fields typed and in range, its head counts consistent."""
+config a file describes: its fields typed and in range, its head counts consistent; a Git LFS pointer left in place
+of a model file refused as one."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 
 from radixcache.runtime.config import ModelConfig, expected_shapes
 
-__all__ = ["check_heads", "check_weights", "config_float", "config_int", "expected_shapes"]
+__all__ = ["check_heads", "check_weights", "config_float", "config_int", "expected_shapes", "refuse_lfs_pointer"]
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 
 
 def config_int(value: Any, what: str, minimum: int = 1) -> int:
@@ -71,3 +74,18 @@ def check_weights(config: ModelConfig, weights: Mapping[str, Any], source: str =
             problems.append(f"{name} has shape {tuple(weights[name].shape)}, expected {shape}")
     if problems:
         raise ValueError(f"{source}: weights do not match the config: " + "; ".join(problems[:5]))
+
+
+def refuse_lfs_pointer(path: str) -> None:
+    """ValueError naming `path` when it is a Git LFS pointer (the ~130-byte text a clone without git-lfs leaves in
+    place of a large file): its parser would say only that it is not a GGUF, safetensors or tokenizer file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(LFS_POINTER))
+    except OSError:
+        return  # the parser's own open names the problem
+    if head == LFS_POINTER:
+        raise ValueError(
+            f"{path}: a Git LFS pointer, not the file itself (the repository was cloned without git-lfs: run "
+            "`git lfs pull` in it, or download the file)"
+        )

@@ -221,3 +221,14 @@ def test_a_chat_template_file_that_is_not_utf8_is_named(checkpoint, tmp_path):
     directory = linked_copy(checkpoint, tmp_path / "m", "chat_template.jinja")
     (directory / "chat_template.jinja").write_bytes(b"{{ messages }}\xff\xfe")
     refused(directory / "chat_template.jinja", "not UTF-8 text")
+
+
+LFS_POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{}\nsize 269060552\n".format("0" * 64)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json"])
+def test_a_git_lfs_pointer_in_place_of_a_file_is_named_as_one(checkpoint, tmp_path, name):
+    """A clone without git-lfs leaves these: the error said 'header too large' or 'expected value at line 1'."""
+    directory = linked_copy(checkpoint, tmp_path / "m", name)
+    (directory / name).write_text(LFS_POINTER)
+    refused(directory / name, "a Git LFS pointer, not the file itself")

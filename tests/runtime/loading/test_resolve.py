@@ -85,3 +85,10 @@ def test_a_directory_named_like_a_gguf_file_is_not_taken_for_the_model(tmp_path)
         resolve_model_path(tmp_path)
     (tmp_path / "real.gguf").write_bytes(b"")
     assert resolve_model_path(tmp_path) == str(tmp_path / "real.gguf")
+
+
+def test_a_git_lfs_pointer_named_like_a_gguf_file_is_named_as_one(tmp_path):
+    """It was 'not a GGUF file (magic b'vers')', which does not say the download is what is missing."""
+    (tmp_path / "model.gguf").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 9\n")
+    with pytest.raises(ValueError, match=r"model\.gguf: a Git LFS pointer, not the file itself .*git lfs pull"):
+        load_model(tmp_path / "model.gguf")
