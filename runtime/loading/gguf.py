@@ -151,7 +151,10 @@ class GGUFFile:
     def _parse(self) -> None:
         mm = self._buffer()
         if mm[:4] != GGUF_MAGIC:
-            refuse_lfs_pointer(self.path)
+            try:
+                refuse_lfs_pointer(self.path)
+            except ValueError as e:  # a GGUFError, so that the reader's handler below does not wrap it
+                raise GGUFError(str(e)) from None
             raise GGUFError(f"{self.path}: not a GGUF file (magic {bytes(mm[:4])!r})")
         (self.version,) = struct.unpack_from("<I", mm, 4)
         if self.version not in (2, 3):
