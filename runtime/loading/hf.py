@@ -6,14 +6,20 @@ import glob
 import json
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from radixcache.runtime.config import ModelConfig
 from radixcache.runtime.loading.rope_scaling import hf_rope
-from radixcache.runtime.loading.weights import check_heads, config_float, config_int, refuse_lfs_pointer
+from radixcache.runtime.loading.weights import (
+    check_heads,
+    check_weights,
+    config_float,
+    config_int,
+    refuse_lfs_pointer,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 INDEX_FILE = "model.safetensors.index.json"
@@ -138,6 +144,38 @@ def safetensors_files(directory: str | os.PathLike[str]) -> list[str]:
     return files
 
 
+class _Stored(NamedTuple):
+    """A stored tensor as its file's header describes it (check_weights reads `shape`)."""
+
+    shape: tuple[int, ...]
+
+
+def _stored_shapes(files: list[str]) -> dict[str, _Stored]:
+    """Each stored tensor's Hugging Face name and shape, from the files' headers alone (no tensor data is read)."""
+    shapes: dict[str, _Stored] = {}
+    for path in files:
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    if key.endswith("rotary_emb.inv_freq"):
+                        continue
+                    stored = f.get_slice(key)
+                    if not stored.get_dtype().startswith(("F", "BF")):  # int8 / uint8 codes of a quantised checkpoint
+                        raise ValueError(
+                            f"{path}: tensor {key} is {stored.get_dtype()}; only floating-point weights are supported"
+                        )
+                    shapes[_hf_key(key)] = _Stored(tuple(stored.get_shape()))
+        except SafetensorError as e:  # a header that lies about its length or offsets, a truncated file
+            refuse_lfs_pointer(path)
+            raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
+    return shapes
+
+
+def _hf_key(key: str) -> str:
+    """A stored name as the model's: checkpoints of the bare model (no "model." prefix) are renamed."""
+    return key if key.startswith(("model.", "lm_head.")) else "model." + key
+
+
 def _shard_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors of one safetensors file by their stored names, one at a time (a shard's stored copies are never
     all held with the converted ones), rotary `inv_freq` buffers left out."""
@@ -156,13 +194,21 @@ def load_hf_weights(
     """All tensors of the checkpoint under Hugging Face names, cast to `dtype` on `device`.
 
     Dropped: rotary `inv_freq` buffers of old checkpoints, and `lm_head.weight` when embeddings are tied.
-    Checkpoints of the bare model (no "model." prefix) are renamed.
+    Checkpoints of the bare model (no "model." prefix) are renamed. Integer tensors, and names or shapes that do
+    not fit `config`, are refused from the files' headers, before any tensor data is read.
     """
+    files = safetensors_files(directory)
+    stored = _stored_shapes(files)
+    if config.tie_embeddings:
+        stored.pop("lm_head.weight", None)
+    # Names and shapes checked before any data is read: a checkpoint of another size (a 7B beside a config.json of
+    # one layer) was read whole into float32 first, which can take more memory than the machine has.
+    check_weights(config, stored, os.fspath(directory))
     weights: dict[str, torch.Tensor] = {}
-    for path in safetensors_files(directory):
+    for path in files:
         try:
             for key, tensor in _shard_tensors(path):
-                name = key if key.startswith(("model.", "lm_head.")) else "model." + key
+                name = _hf_key(key)
                 if name in weights:
                     raise ValueError(f"{directory}: tensor {name} appears in more than one shard")
                 if not tensor.is_floating_point():  # int8 / uint8 codes of a quantised checkpoint, not weights

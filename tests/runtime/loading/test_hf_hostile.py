@@ -183,7 +183,7 @@ def test_integer_weights_are_refused_not_cast_to_float(checkpoint, tmp_path):
     weights = load_file(str(checkpoint / "model.safetensors"))
     weights["model.layers.0.mlp.up_proj.weight"] = torch.ones(64, 32, dtype=torch.int8)
     save_file(weights, str(directory / "model.safetensors"))
-    refused(directory / "model.safetensors", "tensor model.layers.0.mlp.up_proj.weight is torch.int8")
+    refused(directory / "model.safetensors", "tensor model.layers.0.mlp.up_proj.weight is I8; only floating-point")
 
 
 @pytest.mark.parametrize("text", ["{bad", "{}", '{"model": {"type": "BPE", "vocab": 5}}'])
@@ -232,3 +232,22 @@ def test_a_git_lfs_pointer_in_place_of_a_file_is_named_as_one(checkpoint, tmp_pa
     directory = linked_copy(checkpoint, tmp_path / "m", name)
     (directory / name).write_text(LFS_POINTER)
     refused(directory / name, "a Git LFS pointer, not the file itself")
+
+
+def test_weights_that_do_not_fit_the_config_are_refused_before_their_data_is_read(checkpoint, tmp_path, monkeypatch):
+    """A checkpoint of another size was read whole into float32 before its shapes were checked: a 7B model's
+    beside a config.json of a small one took more memory than the machine had. Its headers are enough."""
+    from radixcache.runtime.loading import hf
+
+    directory = linked_copy(checkpoint, tmp_path / "m", "config.json")
+    cfg = json.loads((checkpoint / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 128}))
+
+    def no_data(path):
+        raise AssertionError(f"{path}'s tensor data was read")
+
+    monkeypatch.setattr(hf, "_shard_tensors", no_data)
+    message = "weights do not match the config: model.layers.0.mlp.gate_proj.weight has shape (64, 32), expected (128"
+    with pytest.raises(ValueError, match=re.escape(message)) as caught:
+        load_model(directory)
+    assert str(caught.value).startswith(f"{directory}: ")
