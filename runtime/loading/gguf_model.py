@@ -130,6 +130,11 @@ def config_from_gguf(gguf: GGUFFile, name: str | None = None) -> ModelConfig:
     def number(key: str, default: float) -> float:
         return config_float(get(key, default), f"{gguf.path}: GGUF metadata {arch}.{key}")
 
+    # Mixtral's files are `llama` ones with experts: named here, not by their vocabulary or first expert tensor
+    if (experts := config_int(get("expert_count", 0), f"{gguf.path}: GGUF metadata {arch}.expert_count", 0)) > 0:
+        raise ValueError(
+            f"{gguf.path}: GGUF metadata {arch}.expert_count is {experts}: mixture-of-experts models are not supported"
+        )
     embed = gguf.tensors.get("token_embd.weight")
     if embed is None:
         raise ValueError(f"{gguf.path}: GGUF file has no token_embd.weight")

@@ -39,6 +39,8 @@ def refused(path, message: str) -> None:
         ({A + "attention.layer_norm_rms_epsilon": float("nan")}, "layer_norm_rms_epsilon is nan, expected a finite"),
         ({A + "rope.freq_base": 0.0}, "llama.rope.freq_base is 0.0, expected a finite number above 0"),
         ({A + "rope.freq_base": -1.0}, "llama.rope.freq_base is -1.0"),
+        # Mixtral: refused by its SentencePiece vocabulary or 'unexpected tensor blk.0.ffn_gate_inp', not as MoE
+        ({A + "expert_count": 8}, "llama.expert_count is 8: mixture-of-experts models are not supported"),
         # a U32[2] array: its `in` asked an array's truth, a numpy error naming neither file nor key
         ({"general.architecture": (9, 4, [1, 2])}, "GGUF architecture array([1, 2], dtype=uint32) is not supported"),
     ],
