@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -24,6 +25,7 @@ from radixcache.runtime.loading.weights import (
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+_SHARD_RE = re.compile(r"(?P<stem>.+)-(?P<part>\d+)-of-(?P<total>\d+)\.safetensors")
 
 
 def read_hf_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -141,7 +143,21 @@ def safetensors_files(directory: str | os.PathLike[str]) -> list[str]:
             else ""
         )
         raise FileNotFoundError(f"{directory}: no *.safetensors files{extra}")
+    _check_shard_series(directory, files)
     return files
+
+
+def _check_shard_series(directory: str, files: list[str]) -> None:
+    """FileNotFoundError naming the first missing shard of a series ("model-00002-of-00003.safetensors") read
+    without its index: a download that stopped between shards was refused only as weights missing by name."""
+    series: dict[tuple[str, int, int], set[int]] = {}
+    for path in files:
+        if m := _SHARD_RE.fullmatch(os.path.basename(path)):
+            series.setdefault((m["stem"], int(m["total"]), len(m["total"])), set()).add(int(m["part"]))
+    for (stem, total, width), parts in series.items():
+        if missing := next((k for k in range(1, min(total, 10**5) + 1) if k not in parts), None):
+            name = f"{stem}-{missing:0{width}d}-of-{total:0{width}d}.safetensors"
+            raise FileNotFoundError(f"{directory}: shard {name} is missing ({len(parts)} of {total} are here)")
 
 
 class _Stored(NamedTuple):

@@ -251,3 +251,14 @@ def test_weights_that_do_not_fit_the_config_are_refused_before_their_data_is_rea
     with pytest.raises(ValueError, match=re.escape(message)) as caught:
         load_model(directory)
     assert str(caught.value).startswith(f"{directory}: ")
+
+
+def test_a_shard_missing_from_a_series_read_without_its_index_is_named(kit, tmp_path):
+    """Shards downloaded without their index, one of them not: refused only as weights missing by their names."""
+    directory = tmp_path / "sharded"
+    write_checkpoint(kit, directory, hf_config(kit), shards=3)
+    (directory / "model.safetensors.index.json").unlink()
+    (directory / "model-00002-of-00003.safetensors").unlink()
+    message = f"{directory}: shard model-00002-of-00003.safetensors is missing (2 of 3 are here)"
+    with pytest.raises(FileNotFoundError, match=re.escape(message)):
+        load_model(directory)
