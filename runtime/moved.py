@@ -1,4 +1,5 @@
-"""The runtime's import paths from before its tiers gathered in kv/tier/ and the queue bound took its own name.
+"""The runtime's import paths from before its tiers gathered in kv/tier/, the queue bound took its own name and the
+prompt's byte bound moved below the engine (loading/prompt_bound.py), which refuses an over-long text too.
 
 `import radixcache.runtime` installs these with radixcache.moved's finder: the old path imports, with a
 DeprecationWarning naming the new home, and offers every name it had.
@@ -20,4 +21,5 @@ RUNTIME_MOVED: dict[str, tuple[str, ...]] = {
     "radixcache.runtime.kv.disk_format": ("radixcache.runtime.kv.tier.disk_format",),
     "radixcache.runtime.kv.fingerprint": ("radixcache.runtime.kv.tier.fingerprint",),
     "radixcache.runtime.kv.host_pool": ("radixcache.runtime.kv.tier.host_pool",),
+    "radixcache.runtime.server.prompt_bound": ("radixcache.runtime.loading.prompt_bound",),
 }

@@ -3,8 +3,9 @@ against the model.
 
 `RequestBuilder.build(prompt, options)` raises ValueError before anything is queued: a prompt that is neither text
 nor an ordered sequence of integer token ids (bools and floats are not ids, a set has no order), a text prompt
-without a tokenizer, an empty prompt, one that leaves no room under the model's `max_position`, a token id outside
-the vocabulary, stop strings without a tokenizer, a logit_bias or stop_token_ids id outside the vocabulary, a pin
+without a tokenizer, an empty prompt, one that leaves no room under the model's `max_position` (a text of more bytes
+than those tokens can hold is refused before it is tokenised: runtime.loading.prompt_bound), a token id outside the
+vocabulary, stop strings without a tokenizer, a logit_bias or stop_token_ids id outside the vocabulary, a pin
 past the pinned share of the pool, a grammar that does not compile (GrammarError, naming the schema path). A prompt
 needing more pages than the whole pool is a RequestTooLargeError here, so a batch with one is refused before any of
 it is queued (the scheduler's own check at `add` stays, for requests built by hand). What needs no model (sampling
@@ -15,6 +16,7 @@ the caller's thread, never on the engine loop (engine.structured).
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import time
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence, Set
@@ -31,6 +33,7 @@ from radixcache.runtime.engine.sampling import MAX_SEED, Sampler
 from radixcache.runtime.engine.structured import EngineGrammars
 from radixcache.runtime.engine.tool_calls import request_grammar
 from radixcache.runtime.loading.chat_template import ChatTemplateError
+from radixcache.runtime.loading.prompt_bound import token_bytes_bound, too_long
 from radixcache.runtime.tools import ToolCallMemory, tool_template_features
 from radixcache.runtime.tools.call_tokens import special_markers
 from radixcache.runtime.tools.errors import ToolInputError
@@ -68,6 +71,8 @@ class RequestBuilder:
         self.tool_memory = tool_memory if tool_memory is not None else ToolCallMemory()
         self.tool_features = tool_template_features(tokenizer)  # of its "tool_use" template, where it has one
         self.call_markers = special_markers(tokenizer, self.tool_features.format)  # R7B's, written as its tokens
+        # the tokenizer's longest token in bytes (None: no bound): once, at the first text as long as the context
+        self._per_token = functools.cache(lambda: token_bytes_bound(tokenizer))
 
     def build(self, prompt: Prompt, options: RequestOptions, pin_for: Sequence[int] | None = None) -> Request:
         """A validated Request for `prompt` (text or ids) under `options`; ValueError before anything is queued.
@@ -153,6 +158,7 @@ class RequestBuilder:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
+            self.check_text_fits(prompt)
             ids = list(self.tokenizer.encode(prompt))
         else:
             ids = token_ids(prompt, "prompt")
@@ -170,6 +176,7 @@ class RequestBuilder:
         if isinstance(text_or_ids, str):
             if self.tokenizer is None:
                 raise ValueError("a text continuation needs a tokenizer; pass token ids instead")
+            self.check_text_fits(text_or_ids, what)
             try:
                 ids = list(self.tokenizer.encode(text_or_ids, add_special_tokens=False))
             except TypeError:  # a tokenizer without the keyword: drop a leading BOS it added
@@ -181,6 +188,19 @@ class RequestBuilder:
             ids = token_ids(text_or_ids, what)
         self.check_vocabulary(ids, what)
         return ids
+
+    def check_text_fits(self, text: str, what: str = "prompt") -> None:
+        """A ValueError, before `text` is tokenised, when it has more bytes than the tokens under the model's
+        `max_position` can hold (runtime.loading.prompt_bound): a tool result of megabytes held the GIL for seconds
+        while it was tokenised (4 MB: 3 s, every stream of the engine stalled as long), only to be refused."""
+        limit = self.config.max_position
+        per_token = self._per_token() if len(text) >= limit else None
+        size = too_long(text, limit, per_token)
+        if size is not None:
+            raise ValueError(
+                f"{what} of {size:,} bytes of text leaves no room under the model's max_position {limit}: its "
+                f"tokens hold at most {per_token} bytes each (refused before tokenising)"
+            )
 
     def check_vocabulary(self, ids: Sequence[int], what: str = "") -> None:
         vocab = self.config.vocab_size

@@ -13,9 +13,9 @@ from fastapi import Request
 
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine
+from radixcache.runtime.loading.prompt_bound import token_bytes_bound, too_long
 from radixcache.runtime.server import generation
 from radixcache.runtime.server.leases import retain_for
-from radixcache.runtime.server.prompt_bound import token_bytes_bound, too_long
 from radixcache.runtime.server.protocol import MAX_LABEL_CHARS, APIError
 from radixcache.runtime.tools import tool_template_features
 from radixcache.runtime.tools.call_tokens import call_token_ids
@@ -52,7 +52,7 @@ class JobBuilder:
             )
 
     def encode(self, text: str) -> list[int]:
-        """The prompt's ids; a text too long to fit the context is refused untokenised (runtime.server.prompt_bound)."""
+        """The prompt's ids; a text too long to fit the context is refused untokenised (loading.prompt_bound)."""
         context = self.context
         size = too_long(text, context, self._per_token() if len(text) >= context else None)
         if size is not None:

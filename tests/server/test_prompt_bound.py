@@ -1,4 +1,4 @@
-"""A prompt whose text cannot fit the context is refused before it is tokenised (runtime.server.prompt_bound): a
+"""A prompt whose text cannot fit the context is refused before it is tokenised (runtime.loading.prompt_bound): a
 16 MB prompt took 48 s to tokenise, the GIL held, /health and every stream waiting, for a 400. The bound never
 refuses a prompt that fits (checked against the tokenizer's own count), and tokenizers that may drop text get none.
 """
@@ -15,9 +15,9 @@ from tokenizers import Tokenizer as Backend
 
 from radixcache.runtime import Engine
 from radixcache.runtime.loading import load_config_and_tokenizer, load_model
+from radixcache.runtime.loading.prompt_bound import token_bytes_bound, too_long
 from radixcache.runtime.loading.tokenizer import Tokenizer
 from radixcache.runtime.server import create_app
-from radixcache.runtime.server.prompt_bound import token_bytes_bound, too_long
 
 LONG = "word " * 200_000  # 1 MB: past any context here
 

@@ -6,7 +6,8 @@ When each token of a tokenizer stands for a piece of the text's own UTF-8 bytes 
 drops what it splits on, no run of unknown characters fused into one token, no added token that strips the
 whitespace beside it, no character dropped for want of an unknown token or byte fallback), a text of B bytes has at
 least B / L tokens, L the most bytes any token holds: one of more than (context - 1) * L bytes cannot fit, and is
-refused without being tokenised. Any other tokenizer gets no bound (None): only tokenising it tells.
+refused without being tokenised. Any other tokenizer gets no bound (None): only tokenising it tells. The server
+(runtime.server.jobs: a 400) and the engine's request builder (a ValueError, for the Python API) both apply it.
 """
 
 from __future__ import annotations
