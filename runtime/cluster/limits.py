@@ -8,14 +8,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.engine.errors import ContextLengthError
 
 
 def check_model_limits(config: ModelConfig, ids: Sequence[int], sampling: Any) -> None:
-    """ValueError, worded as the engine's, for a prompt that leaves no room under `max_position`, a token id, a
-    logit_bias id (sorted: the largest last) or a stop_token_ids id outside the vocabulary."""
+    """ValueError, worded as the engine's, for a prompt that leaves no room under `max_position` (its
+    ContextLengthError), a token id, a logit_bias id (sorted: the largest last) or a stop_token_ids id outside the
+    vocabulary."""
     limit, vocab = config.max_position, config.vocab_size
     if len(ids) >= limit:
-        raise ValueError(f"prompt of {len(ids)} tokens leaves no room under the model's max_position {limit}")
+        raise ContextLengthError(
+            f"prompt of {len(ids)} tokens leaves no room under the model's max_position {limit}", len(ids), limit
+        )
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")

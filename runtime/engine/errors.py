@@ -1,6 +1,8 @@
 """Why the engine refused or dropped a request: errors a caller can act on (a server maps them to HTTP codes).
 
 - RequestTooLargeError: the prompt can never fit the KV pool (a client error; retrying cannot help).
+- ContextLengthError (a ValueError): the prompt reaches the model's context, `max_position` (an agent cuts its
+  history and sends it again; retrying as it is cannot help).
 - EngineOverloadedError: the engine is busy now; `retry_after` says when trying again may succeed.
   - QueueFullError: `max_queue` requests already wait for admission.
   - QueueTimeoutError: the request waited `queue_timeout` seconds without being admitted.
@@ -15,6 +17,20 @@ from radixcache.errors import CacheFullError
 
 class RequestTooLargeError(CacheFullError):
     """A request that can never fit: its prompt needs more pages than the whole KV pool."""
+
+
+class ContextLengthError(ValueError):
+    """A prompt that leaves no room under the model's context: `size` its length in `unit` ("tokens", or "bytes" of
+    a text refused before it was tokenised: runtime.loading.prompt_bound), `limit` the context (`max_position`). A
+    ValueError, as it always was, that an agent loop can tell from the others to cut its history."""
+
+    def __init__(self, message: str, size: int, limit: int, unit: str = "tokens") -> None:
+        super().__init__(message)
+        self.size, self.limit, self.unit = size, limit, unit
+
+    def named(self, what: str) -> ContextLengthError:
+        """The same error for one prompt of several (`prompts[1]: ...`)."""
+        return ContextLengthError(f"{what}: {self}", self.size, self.limit, self.unit)
 
 
 class EngineOverloadedError(RuntimeError):

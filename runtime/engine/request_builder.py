@@ -1,16 +1,16 @@
 """From what a caller sends to a validated Request: prompts encoded, chat rendered, batches split, options checked
 against the model.
 
-`RequestBuilder.build(prompt, options)` raises ValueError before anything is queued: a prompt that is neither text
-nor an ordered sequence of integer token ids (bools and floats are not ids, a set has no order), a text prompt
-without a tokenizer, an empty prompt, one that leaves no room under the model's `max_position` (a text of more bytes
-than those tokens can hold is refused before it is tokenised: runtime.loading.prompt_bound), a token id outside the
-vocabulary, stop strings without a tokenizer, a logit_bias or stop_token_ids id outside the vocabulary, a pin
-past the pinned share of the pool, a grammar that does not compile (GrammarError, naming the schema path). A prompt
-needing more pages than the whole pool is a RequestTooLargeError here, so a batch with one is refused before any of
-it is queued (the scheduler's own check at `add` stays, for requests built by hand). What needs no model (sampling
-ranges, namespace, retain, timeout, tools) RequestOptions checked already. A request's grammar is compiled here, in
-the caller's thread, never on the engine loop (engine.structured).
+`RequestBuilder.build(prompt, options)` raises ValueError before anything is queued: a prompt that is neither text nor
+an ordered sequence of integer token ids (bools and floats are not ids, a set has no order), a text prompt without a
+tokenizer, an empty prompt, one that leaves no room under the model's `max_position` (ContextLengthError, a ValueError
+with its sizes; a text of more bytes than those tokens can hold is refused before it is tokenised:
+runtime.loading.prompt_bound), a token id outside the vocabulary, stop strings without a tokenizer, a logit_bias or
+stop_token_ids id outside the vocabulary, a pin past the pinned share of the pool, a grammar that does not compile
+(GrammarError, naming the schema path). A prompt needing more pages than the whole pool is a RequestTooLargeError here,
+so a batch with one is refused before any of it is queued (the scheduler's own check at `add` stays, for requests built
+by hand). What needs no model (sampling ranges, namespace, retain, timeout, tools) RequestOptions checked already. A
+request's grammar is compiled here, in the caller's thread, never on the engine loop (engine.structured).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from radixcache.runtime.config import ModelConfig
-from radixcache.runtime.engine.errors import RequestTooLargeError
+from radixcache.runtime.engine.errors import ContextLengthError, RequestTooLargeError
 from radixcache.runtime.engine.options import RequestOptions, check_group
 from radixcache.runtime.engine.request import Request
 from radixcache.runtime.engine.sampling import MAX_SEED, Sampler
@@ -126,6 +126,8 @@ class RequestBuilder:
             try:
                 reqs.append(self.build(prompt, opts, pin_for))
             except (ValueError, RequestTooLargeError) as exc:
+                if len(prompts) > 1 and what and isinstance(exc, ContextLengthError):
+                    raise exc.named(f"{what}[{i}]") from exc
                 if len(prompts) == 1 or not what or type(exc) not in (ValueError, RequestTooLargeError):
                     raise  # a GrammarError names its own path; the options are the call's, not the prompt's
                 raise type(exc)(f"{what}[{i}]: {exc}") from exc
@@ -166,7 +168,9 @@ class RequestBuilder:
             raise ValueError("the prompt is empty")
         limit = self.config.max_position
         if len(ids) >= limit:
-            raise ValueError(f"prompt of {len(ids)} tokens leaves no room under the model's max_position {limit}")
+            raise ContextLengthError(
+                f"prompt of {len(ids)} tokens leaves no room under the model's max_position {limit}", len(ids), limit
+            )
         self.check_vocabulary(ids)
         return ids
 
@@ -190,16 +194,19 @@ class RequestBuilder:
         return ids
 
     def check_text_fits(self, text: str, what: str = "prompt") -> None:
-        """A ValueError, before `text` is tokenised, when it has more bytes than the tokens under the model's
+        """A ContextLengthError, before `text` is tokenised, when it has more bytes than the tokens under the model's
         `max_position` can hold (runtime.loading.prompt_bound): a tool result of megabytes held the GIL for seconds
         while it was tokenised (4 MB: 3 s, every stream of the engine stalled as long), only to be refused."""
         limit = self.config.max_position
         per_token = self._per_token() if len(text) >= limit else None
         size = too_long(text, limit, per_token)
         if size is not None:
-            raise ValueError(
+            raise ContextLengthError(
                 f"{what} of {size:,} bytes of text leaves no room under the model's max_position {limit}: its "
-                f"tokens hold at most {per_token} bytes each (refused before tokenising)"
+                f"tokens hold at most {per_token} bytes each (refused before tokenising)",
+                size,
+                limit,
+                "bytes",
             )
 
     def check_vocabulary(self, ids: Sequence[int], what: str = "") -> None:

@@ -4,6 +4,7 @@ cause has its own status:
 | engine error | status | OpenAI type / code |
 |---|---|---|
 | RequestTooLargeError (a prompt the pool can never hold) | 400 | invalid_request_error / context_length_exceeded |
+| ContextLengthError (a prompt past the model's context) | 400 | invalid_request_error / context_length_exceeded |
 | GrammarError, ToolInputError (a bad schema, grammar, tool, message) | 400, `param` its path | invalid_request_error |
 | ValueError (a value the engine refuses) | 400 | invalid_request_error |
 | QueueFullError (`--max-queue` requests already wait) | 429 + Retry-After | rate_limit_error / queue_full |
@@ -24,6 +25,7 @@ import math
 
 from radixcache.errors import CacheFullError
 from radixcache.runtime.engine.errors import (
+    ContextLengthError,
     EngineClosedError,
     EngineDeadError,
     EngineOverloadedError,
@@ -54,7 +56,7 @@ def api_error_for(exc: BaseException) -> APIError:
     """The HTTP error for an exception raised while serving a request."""
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, RequestTooLargeError):
+    if isinstance(exc, (RequestTooLargeError, ContextLengthError)):
         return APIError(400, str(exc), code="context_length_exceeded")
     if isinstance(exc, QueueFullError):
         return APIError(429, str(exc), type="rate_limit_error", code="queue_full", headers=_retry(exc.retry_after))

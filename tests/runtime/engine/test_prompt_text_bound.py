@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from radixcache.runtime import Engine
+from radixcache.runtime.engine.errors import ContextLengthError
 from radixcache.runtime.loading.tokenizer import Tokenizer
 from radixcache.runtime.testing import RandomModel, tiny_model
 
@@ -46,8 +47,13 @@ def _never_tokenised(seen: list[int]) -> None:
 def test_a_text_past_the_context_is_refused_untokenised_naming_the_sizes(engine: Any) -> None:
     eng, seen = engine
     assert len(eng.tokenizer.backend.encode(LONG).ids) >= CONTEXT  # the tokenizer's own count: it cannot fit
-    with pytest.raises(ValueError, match=rf"prompt of 5,000 bytes of text .* max_position {CONTEXT}: .* 12 bytes"):
+    with pytest.raises(ValueError, match=rf"prompt of 5,000 bytes of text .* max_position {CONTEXT}: .* 12 bytes") as e:
         eng.generate(LONG, 4)
+    assert isinstance(e.value, ContextLengthError) and (e.value.size, e.value.limit, e.value.unit) == (
+        5000,
+        256,
+        "bytes",
+    )
     _never_tokenised(seen)
     r = eng.generate("ls -la " * 20, 2, ignore_eos=True)  # a text that fits runs as before
     assert r.prompt_tokens == 140 and len(r.token_ids) == 2
