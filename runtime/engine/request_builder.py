@@ -33,7 +33,7 @@ from radixcache.runtime.engine.sampling import MAX_SEED, Sampler
 from radixcache.runtime.engine.structured import EngineGrammars
 from radixcache.runtime.engine.tool_calls import request_grammar
 from radixcache.runtime.loading.chat_template import ChatTemplateError
-from radixcache.runtime.loading.prompt_bound import token_bytes_bound, too_long
+from radixcache.runtime.loading.prompt_bound import may_be_too_long, token_bytes_bound, too_long
 from radixcache.runtime.tools import ToolCallMemory, tool_template_features
 from radixcache.runtime.tools.call_tokens import special_markers
 from radixcache.runtime.tools.errors import ToolInputError
@@ -71,7 +71,7 @@ class RequestBuilder:
         self.tool_memory = tool_memory if tool_memory is not None else ToolCallMemory()
         self.tool_features = tool_template_features(tokenizer)  # of its "tool_use" template, where it has one
         self.call_markers = special_markers(tokenizer, self.tool_features.format)  # R7B's, written as its tokens
-        # the tokenizer's longest token in bytes (None: no bound): once, at the first text as long as the context
+        # the tokenizer's longest token in bytes (None: no bound): once, at the first text that may not fit
         self._per_token = functools.cache(lambda: token_bytes_bound(tokenizer))
 
     def build(self, prompt: Prompt, options: RequestOptions, pin_for: Sequence[int] | None = None) -> Request:
@@ -198,7 +198,7 @@ class RequestBuilder:
         `max_position` can hold (runtime.loading.prompt_bound): a tool result of megabytes held the GIL for seconds
         while it was tokenised (4 MB: 3 s, every stream of the engine stalled as long), only to be refused."""
         limit = self.config.max_position
-        per_token = self._per_token() if len(text) >= limit else None
+        per_token = self._per_token() if may_be_too_long(text, limit) else None
         size = too_long(text, limit, per_token)
         if size is not None:
             raise ContextLengthError(

@@ -60,6 +60,14 @@ def _byte_level(pre: Any) -> bool:
     return pre.get("type") == "ByteLevel" or any(_byte_level(p) for p in pre.get("pretokenizers", ()))
 
 
+def may_be_too_long(text: str, context: int) -> bool:
+    """Whether `text` may pass some tokenizer's bound under `context`: one of at most (context - 1) * MIN_TOKEN_BYTES
+    bytes passes none (every bound is at least that many bytes a token), so the bound, whose first reckoning reads
+    the whole vocabulary (0.5 s for SmolLM2's, the GIL held), is not needed for it."""
+    most = (context - 1) * MIN_TOKEN_BYTES
+    return len(text) * 4 > most and len(text.encode("utf-8", "surrogatepass")) > most  # 4 bytes a character at most
+
+
 def too_long(text: str, context: int, per_token: int | None) -> int | None:
     """The UTF-8 length of `text` when it cannot fit under `context` tokens of at most `per_token` bytes each, else
     None (and None without a bound)."""

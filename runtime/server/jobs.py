@@ -13,7 +13,7 @@ from fastapi import Request
 
 from radixcache.runtime.engine.options import RequestOptions
 from radixcache.runtime.engine.protocol import GenerationEngine
-from radixcache.runtime.loading.prompt_bound import token_bytes_bound, too_long
+from radixcache.runtime.loading.prompt_bound import may_be_too_long, token_bytes_bound, too_long
 from radixcache.runtime.server import generation
 from radixcache.runtime.server.leases import retain_for
 from radixcache.runtime.server.protocol import MAX_LABEL_CHARS, APIError
@@ -38,7 +38,7 @@ class JobBuilder:
     ) -> None:
         self.engine, self.model_name, self.context = engine, model_name, context
         self.request_timeout, self.leases = request_timeout, leases
-        # the tokenizer's longest token in bytes: once, at the first long prompt
+        # the tokenizer's longest token in bytes: once, at the first prompt that may not fit (prompt_bound)
         self._per_token = functools.cache(lambda: token_bytes_bound(engine.tokenizer))
 
     def check_model(self, name: str) -> None:
@@ -54,7 +54,7 @@ class JobBuilder:
     def encode(self, text: str) -> list[int]:
         """The prompt's ids; a text too long to fit the context is refused untokenised (loading.prompt_bound)."""
         context = self.context
-        size = too_long(text, context, self._per_token() if len(text) >= context else None)
+        size = too_long(text, context, self._per_token() if may_be_too_long(text, context) else None)
         if size is not None:
             raise APIError(
                 400,

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer as Backend
 
 from radixcache.runtime import Engine
 from radixcache.runtime.loading import load_config_and_tokenizer, load_model
-from radixcache.runtime.loading.prompt_bound import token_bytes_bound, too_long
+from radixcache.runtime.loading.prompt_bound import may_be_too_long, token_bytes_bound, too_long
 from radixcache.runtime.loading.tokenizer import Tokenizer
 from radixcache.runtime.server import create_app
 
@@ -38,6 +38,22 @@ def test_the_bound_refuses_only_prompts_the_tokenizer_counts_past_the_context(ti
             assert len(tok.encode(text)) >= context, (text, context)  # it could not have fit
             assert size == len(text.encode())
     assert refused > 20  # the check ran, not only its shortcut
+
+
+def test_the_bound_is_reckoned_for_every_text_some_bound_refuses() -> None:
+    """`may_be_too_long` (whether the tokenizer's bound must be read at all) is never False for a refused text."""
+    rng = random.Random(3)
+    pieces = ["a", " ", "é", "😀", "<|im_end|>", "\n", "\x00"]
+    refused = spared = 0
+    for _ in range(500):
+        context, per_token = rng.randint(2, 40), rng.randint(4, 20)
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12 * context)))
+        if too_long(text, context, per_token) is not None:
+            refused += 1
+            assert may_be_too_long(text, context), (text, context, per_token)
+        elif len(text) >= context and not may_be_too_long(text, context):
+            spared += 1  # past the context in characters, yet no bound needed
+    assert refused > 20 and spared > 20
 
 
 @pytest.mark.parametrize(

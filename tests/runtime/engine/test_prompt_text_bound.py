@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from radixcache.runtime import Engine
+from radixcache.runtime.engine import request_builder
 from radixcache.runtime.engine.errors import ContextLengthError
 from radixcache.runtime.loading.tokenizer import Tokenizer
 from radixcache.runtime.testing import RandomModel, tiny_model
@@ -78,3 +79,18 @@ def test_a_fork_continuation_past_the_context_is_refused_untokenised(engine: Any
     with pytest.raises(ValueError, match=r"continuations\[1\] of 5,000 bytes of text"):
         eng.fork("hello", continuations=[" a", LONG], max_new_tokens=2)
     _never_tokenised(seen)
+
+
+def test_a_text_no_bound_refuses_never_reckons_the_tokenizers(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound reads the whole vocabulary once (0.5 s for SmolLM2's, the GIL held): a text of at most 4 bytes a
+    token of the context passes every bound, so its first prompt past the context in characters paid it for nothing."""
+    eng, _ = engine
+    calls: list[int] = []
+    real = request_builder.token_bytes_bound
+    monkeypatch.setattr(request_builder, "token_bytes_bound", lambda tok: calls.append(1) or real(tok))
+    with pytest.raises(ContextLengthError) as e:
+        eng.generate("ls -la " * 60, 1)  # 420 characters, past 256 tokens, under 255 x 4 bytes: tokenised, counted
+    assert (e.value.size, e.value.unit) == (420, "tokens") and calls == []
+    with pytest.raises(ContextLengthError, match="bytes of text"):
+        eng.generate(LONG, 1)
+    assert calls == [1]
