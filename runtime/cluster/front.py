@@ -16,6 +16,7 @@ there, after any wait in Ray's queue for an actor thread.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import threading
@@ -39,9 +40,10 @@ from radixcache.runtime.cluster.tally import Baseline, Counters, _add, replica_r
 from radixcache.runtime.engine.errors import EngineClosedError, ReplicaUnavailableError
 from radixcache.runtime.engine.options import RequestOptions, check_each, check_group, each_options, resolve_options
 from radixcache.runtime.engine.request import GenerationResult
-from radixcache.runtime.engine.request_builder import group_prompts, token_ids
+from radixcache.runtime.engine.request_builder import check_text_fits, group_prompts, token_ids
 from radixcache.runtime.kv.leases import NO_LEASE
 from radixcache.runtime.kv.tier.disk_writer import wait_bound
+from radixcache.runtime.loading.prompt_bound import token_bytes_bound
 from radixcache.runtime.tools import ToolCallMemory, tool_template_features
 from radixcache.runtime.tools.use import CallIds
 
@@ -83,6 +85,7 @@ class ClusterEngine(ReplicaCalls):
         self.routes_sessions = True  # the server passes `session` (prompt_cache_key, user or X-Session-Id)
         self.tool_memory = ToolCallMemory()  # the calls the replicas' model wrote, by this front door's call ids
         self._call_id_length = tool_template_features(self.tokenizer).call_id_length  # Mistral's 9, say
+        self._per_token = functools.cache(lambda: token_bytes_bound(self.tokenizer))  # loading.prompt_bound
         self._ids = itertools.count()
         self._rid_prefix = uuid.uuid4().hex[:12]  # replicas remember early cancels by id: ids unique across fronts
         self._closed = False
@@ -142,6 +145,8 @@ class ClusterEngine(ReplicaCalls):
         """`prompt`'s token ids, checked here as the engine checks them: `list()` would take bytes or a dict for
         token ids, and a request that fails later does so in its thread, with whatever the router or the hasher
         raised."""
+        if isinstance(prompt, str):  # a text past the context in bytes: refused untokenised, as Engine's
+            check_text_fits(prompt, self.config.max_position, self._per_token)
         ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else token_ids(prompt, "prompt")
         if not ids:
             raise ValueError("the prompt is empty")

@@ -19,7 +19,7 @@ import contextlib
 import functools
 import operator
 import time
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence, Set
 from numbers import Integral
 from typing import Any
 
@@ -194,20 +194,8 @@ class RequestBuilder:
         return ids
 
     def check_text_fits(self, text: str, what: str = "prompt") -> None:
-        """A ContextLengthError, before `text` is tokenised, when it has more bytes than the tokens under the model's
-        `max_position` can hold (runtime.loading.prompt_bound): a tool result of megabytes held the GIL for seconds
-        while it was tokenised (4 MB: 3 s, every stream of the engine stalled as long), only to be refused."""
-        limit = self.config.max_position
-        per_token = self._per_token() if may_be_too_long(text, limit) else None
-        size = too_long(text, limit, per_token)
-        if size is not None:
-            raise ContextLengthError(
-                f"{what} of {size:,} bytes of text leaves no room under the model's max_position {limit}: its "
-                f"tokens hold at most {per_token} bytes each (refused before tokenising)",
-                size,
-                limit,
-                "bytes",
-            )
+        """`check_text_fits` under this model's `max_position`, with its tokenizer's bound."""
+        check_text_fits(text, self.config.max_position, self._per_token, what)
 
     def check_vocabulary(self, ids: Sequence[int], what: str = "") -> None:
         vocab = self.config.vocab_size
@@ -337,6 +325,23 @@ def _naming_chat(c: int, chats: int) -> Iterator[None]:
         if chats == 1:
             raise
         raise type(exc)(f"messages[{c}]: {exc}") from exc
+
+
+def check_text_fits(text: str, limit: int, per_token: Callable[[], int | None], what: str = "prompt") -> None:
+    """A ContextLengthError, before `text` is tokenised, when it has more bytes than `limit` tokens of at most
+    `per_token()` bytes each can hold (runtime.loading.prompt_bound; `per_token` asked only for a text some bound may
+    refuse): a tool result of megabytes held the GIL for seconds while it was tokenised (4 MB: 3 s, every stream of
+    the engine stalled as long), only to be refused. The Engine's request builder and the replicas' front door."""
+    bound = per_token() if may_be_too_long(text, limit) else None
+    size = too_long(text, limit, bound)
+    if size is not None:
+        raise ContextLengthError(
+            f"{what} of {size:,} bytes of text leaves no room under the model's max_position {limit}: its tokens hold "
+            f"at most {bound} bytes each (refused before tokenising)",
+            size,
+            limit,
+            "bytes",
+        )
 
 
 def _is_sequence(x: Any) -> bool:

@@ -303,3 +303,20 @@ def test_a_failure_before_the_dispatch_ends_the_handle(front: Any, monkeypatch: 
     with pytest.raises(RuntimeError, match="the router broke"):
         handle.result(timeout=10)
     assert front.wait_idle(10) and front.queue.waiting == 0 and front.cluster.loads.in_flight() == 0
+
+
+def test_a_text_past_the_context_in_bytes_is_refused_untokenised(front: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the front door tokenised any text (4 MB: 3 s of the GIL) before the context refused it; an
+    Engine's request builder refuses it untokenised, as a ContextLengthError naming its bytes (the same check)."""
+    from radixcache.runtime.engine.errors import ContextLengthError
+
+    seen: list[int] = []
+    real = front.tokenizer.encode
+    monkeypatch.setattr(front.tokenizer, "encode", lambda text, *a, **k: seen.append(len(text)) or real(text, *a, **k))
+    text = "ls -la\x00\x01 \n" * 6_000  # 60,000 bytes: past 4,095 tokens of at most 12 bytes each
+    assert len(real(text)) >= front.config.max_position  # the tokenizer's own count: it could not fit
+    seen.clear()
+    with pytest.raises(ContextLengthError, match=r"prompt of 60,000 bytes of text .* max_position 4096") as refused:
+        front.submit(text, 2)
+    assert refused.value.unit == "bytes" and seen == []
+    assert _streams(front) == [] and front.cluster.loads.in_flight() == 0
