@@ -36,7 +36,7 @@ def gbnf_uses(text: str) -> dict[str, list[str]]:
             end = text.find("\n", i)
             i = n if end < 0 else end
         elif c in '"[':
-            i = _after(text, i, '"' if c == '"' else "]")
+            i = after_quoted(text, i, '"' if c == '"' else "]")
         elif c == "{":
             end = text.find("}", i)
             i = n if end < 0 else end + 1
@@ -49,11 +49,11 @@ def gbnf_uses(text: str) -> dict[str, list[str]]:
     return uses
 
 
-def _after(text: str, i: int, close: str) -> int:
-    """The index past the literal or class opening at `i` (backslash escapes skipped); one left open ends the
-    text (the library refuses it)."""
+def after_quoted(text: str, i: int, close: str) -> int:
+    """The index past the literal (or class) opening at `i` and closed by `close` (backslash escapes skipped); one cut
+    by its line's end stops there (the library refuses it). Shared with lark_check's scan of Lark text."""
     j = i + 1
-    while j < len(text):
+    while j < len(text) and text[j] != "\n":
         if text[j] == "\\":
             j += 2
             continue

@@ -34,7 +34,7 @@ import re
 from llguidance.gbnf_to_lark import any_to_lark
 
 from radixcache.runtime.grammar.errors import GrammarError
-from radixcache.runtime.grammar.gbnf_scan import gbnf_uses
+from radixcache.runtime.grammar.gbnf_scan import after_quoted, gbnf_uses
 from radixcache.runtime.grammar.regex_size import check_regex_size, regex_size
 from radixcache.runtime.grammar.schema_check import check_schema
 
@@ -91,11 +91,11 @@ def check_lark(text: str, path: str, limit: int = MAX_RULE_DEPTH) -> None:
         if c == "/" and text.startswith("//", i):
             i = _line_end(text, i)
         elif c in "\"'":
-            end = _after_quoted(text, i, c)
+            end = after_quoted(text, i, c)
             shape.append(f"\1(x{{{max(end - i - 2, 1)}}})")
             i = end
         elif c == "/":
-            end = _after_quoted(text, i, "/")
+            end = after_quoted(text, i, "/")
             body = text[i + 1 : end - 1] if text[end - 1 : end] == "/" else text[i + 1 : end]
             _check_regex(body, path)
             shape.append(f"\1({body})")
@@ -191,20 +191,6 @@ def _check_rule_sizes(shapes: dict[str, list[str]], path: str, limit: int = MAX_
 def _line_end(text: str, i: int) -> int:
     end = text.find("\n", i)
     return len(text) if end < 0 else end
-
-
-def _after_quoted(text: str, i: int, quote: str) -> int:
-    """The index past the literal opening at `i` (backslash escapes skipped); a literal cut by its line's end stops
-    there (the library refuses it)."""
-    j = i + 1
-    while j < len(text) and text[j] != "\n":
-        if text[j] == "\\":
-            j += 2
-            continue
-        if text[j] == quote:
-            return j + 1
-        j += 1
-    return j
 
 
 def _check_regex(body: str, path: str) -> None:
