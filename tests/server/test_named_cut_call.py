@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from radixcache.runtime import Engine
-from radixcache.runtime.server import create_app
 from radixcache.runtime.tools import ToolCallParser, assemble, normalize_tools, parse_tool_calls
-from tests.server.keyed_tiny import tiny_engine
+from tests.server.keyed_tiny import module_tiny_server
 from tests.tiny_tools import TOOLS
 
 ASK = [{"role": "user", "content": "Add two numbers."}]
@@ -26,16 +24,7 @@ ADD = {"type": "function", "function": {"name": "add"}}
 HEAD = '{"tool_calls": [{"name": "add", "arguments": '  # what the grammar has the tiny model write first
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    with tiny_engine(tmp_path_factory, "named_cut") as e:
-        yield e
-
-
-@pytest.fixture(scope="module")
-def client(engine: Engine) -> Iterator[TestClient]:
-    with TestClient(create_app(engine, "tiny")) as c:
-        yield c
+engine_fixture, client_fixture = module_tiny_server("named_cut")
 
 
 def _expected(raw: str) -> list[tuple[str, str]]:
