@@ -51,22 +51,9 @@ SOURCES = tuple(
         "page_reads.c",
     )
 )
-HEADERS = tuple(
-    SOURCE.with_name(n)
-    for n in (
-        "ggml_blocks.h",
-        "block_decode.h",
-        "kquant_rows.h",
-        "vector_exp.h",
-        "attention_parts.h",
-        "decode_attention.h",
-        "decode_store.h",
-        "thread_rows.h",
-        "qdot_acts.h",
-        "qdot_vec.h",
-        "qdot_portable.h",
-    )
-)
+# Every header beside the sources: each one is part of the build key, so an edit to any of them rebuilds (a list
+# written by hand had left team_product.h out, and an edit to it alone reused the stale build).
+HEADERS = tuple(sorted(SOURCE.parent.glob("*.h")))
 # -ffp-contract=off: a product and a sum stay two roundings, never one fused multiply-add the compiler chose, so
 # kernels that spell the same arithmetic differently (decode_attention.c's vector span and its scalar loops,
 # decode_store.c against PyTorch) keep the same bits on any compiler (GCC in ISO C mode already does this; clang

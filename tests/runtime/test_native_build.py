@@ -190,3 +190,13 @@ def test_without_a_home_folder_the_build_goes_to_the_temporary_directory(no_home
 
     assert native._cache_candidates() == [no_home / f"radixcache-native-{os.getuid()}"]
     assert digest_cache_dir() is None
+
+
+def test_every_c_file_and_header_beside_the_kernels_is_in_the_build_key() -> None:
+    """team_product.h was missing from the hand-written header list: an edit to it alone kept the old build's name,
+    so the stale library was loaded. Every .c is compiled and every .h is hashed."""
+    from radixcache.runtime.native import HEADERS, SOURCE, SOURCES
+
+    folder = SOURCE.parent
+    assert {p.name for p in folder.glob("*.c")} == {p.name for p in SOURCES}
+    assert {p.name for p in folder.glob("*.h")} == {p.name for p in HEADERS}
