@@ -59,20 +59,21 @@ class Session:
     `send_tool_results({call_id: text})` (`asend_tool_results` for asyncio) adds the tool turns and generates the
     next reply; until the calls a reply made have their results, `send` is a ValueError naming them.
 
-    With `pin=` (True or n tokens, in the defaults or a turn's keywords), the session holds one pin, its latest
-    pinned turn's (or fork's): a turn whose pin is made releases the session's earlier ones (the history only grows,
-    so its prompt begins with theirs), but one made for the same prompt (a fork again, a turn sent again after it
-    failed), which is the very pin the engine keeps. The session is the pin's holder (`pin_holder`, its own unless
-    the options name one): another session (a `copy()` or `copy.copy`, one loaded from its save) pinning the same
-    history holds its own share, and `unpin()` releases this session's only; a session dropped without `unpin()`
-    (collected: a saved one let go, say) has its share released before the engine's next step (`Engine.unpin_later`,
-    which never waits: a finalizer may run on any thread, the engine loop's included), unless its options name the
-    holder, whose pins stay until that holder is unpinned. A pin is cut to the engine's pinned share
-    (`max_pinned_fraction`): a history past it keeps its first share of pages pinned, and a turn whose pin is
-    refused (other pins hold the share) keeps the earlier one. `unpin()`, or leaving
-    `with engine.session(...) as s:`, releases it: the very pin made, named by the ids its result says it was made
-    for (`pinned_for`), not by the history rendered again, which differs once the engine's tool memory has forgotten
-    a call it replays.
+    With `pin=` (True or n tokens, in the defaults or a turn's keywords), the session holds one pin, its latest pinned
+    turn's (or fork's): a turn whose pin is made releases the session's earlier ones (the history only grows, so its
+    prompt begins with theirs), but one made for the same prompt (a fork again, a turn sent again after it failed),
+    which is the very pin the engine keeps; a pinned turn whose prompt does not begin with an earlier pin's (`messages`
+    trimmed or rewritten, as an agent framework cuts its context) releases that pin before it runs, so pages only the
+    old history held neither crowd the turn out of a small pool nor take the pinned share. The session is the pin's
+    holder (`pin_holder`, its own unless the options name one): another session (a `copy()` or `copy.copy`, one loaded
+    from its save) pinning the same history holds its own share, and `unpin()` releases this session's only; a session
+    dropped without `unpin()` (collected: a saved one let go, say) has its share released before the engine's next step
+    (`Engine.unpin_later`, which never waits: a finalizer may run on any thread, the engine loop's included), unless its
+    options name the holder, whose pins stay until that holder is unpinned. A pin is cut to the engine's pinned share
+    (`max_pinned_fraction`): a history past it keeps its first share of pages pinned, and a turn whose pin is refused
+    (other pins hold the share) keeps the earlier one. `unpin()`, or leaving `with engine.session(...) as s:`, releases
+    it: the very pin made, named by the ids its result says it was made for (`pinned_for`), not by the history rendered
+    again, which differs once the engine's tool memory has forgotten a call it replays.
     """
 
     def __init__(
@@ -138,6 +139,7 @@ class Session:
         continuations = kwargs.pop("continuations", None)
         prompt = list(self.messages)
         options = self._asked(prompt, kwargs)
+        self._release(self._outgrown(prompt, options))
         results = self.engine.fork(prompt, n, continuations=continuations, seed=seed, options=options)
         self._release(self._replaced(options, max(results, key=lambda r: r.pinned_tokens)))
         return results
@@ -218,6 +220,7 @@ class Session:
     def _turn(self, turns: list[dict[str, Any]], kwargs: dict[str, Any]) -> GenerationResult:
         prompt = [*self.messages, *turns]
         options = self._asked(prompt, kwargs)
+        self._release(self._outgrown(prompt, options))
         result = self.engine.chat(prompt, options=options)
         self._release(self._replaced(options, result))
         return self._append(turns, result)
@@ -225,6 +228,9 @@ class Session:
     async def _aturn(self, turns: list[dict[str, Any]], kwargs: dict[str, Any]) -> GenerationResult:
         prompt = [*self.messages, *turns]
         options = self._asked(prompt, kwargs)
+        stale = self._outgrown(prompt, options)
+        if stale:  # Engine.unpin waits for the engine loop: off the event loop
+            await asyncio.to_thread(self._release, stale)
         result = await self.engine.achat(prompt, options=options)
         earlier = self._replaced(options, result)
         if earlier:  # Engine.unpin waits for the engine loop: off the event loop
@@ -246,6 +252,20 @@ class Session:
         if options.pin:
             self._pins.append(_Pin([dict(m) for m in prompt], options))
         return options
+
+    def _outgrown(self, prompt: list[dict[str, Any]], options: RequestOptions) -> list[_Pin]:
+        """The session's pins that a pinned turn (or fork) of `prompt` no longer extends, taken out of its pins to be
+        released before it runs: made for a history the caller has since trimmed or rewritten (an agent framework
+        that cuts its context after a tool call). Kept, they locked pages the new prompt does not share until its
+        own pin was made, so a small pool could not fit the turn (CacheFullError), and they held the pinned share
+        that its pin was then refused for. What the prompt still shares is matched again as it is admitted and
+        pinned by its own pin."""
+        if not options.pin:
+            return []
+        # the last is this turn's own, noted by `_asked`
+        stale = [p for p in self._pins[:-1] if p.messages != prompt[: len(p.messages)]]
+        self._pins = [p for p in self._pins if not any(p is q for q in stale)]
+        return stale
 
     def _replaced(self, options: RequestOptions, result: GenerationResult) -> list[_Pin]:
         """The session's pins a turn that asked one leaves to release: the earlier ones when its pin was made (noted

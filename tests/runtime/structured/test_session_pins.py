@@ -184,3 +184,32 @@ def test_unpin_releases_the_pin_made_after_the_tool_memory_forgot_a_call_the_his
         assert s.unpin() == 1 and engine.check()["locked_blocks"] == 0
     finally:
         engine.tool_memory._store = store
+
+
+def test_a_pinned_turn_after_the_history_was_cut_releases_the_pin_it_no_longer_extends() -> None:
+    """An agent framework that cuts its context (drops a turn, rewrites it) and sends a shorter history: the
+    session's pin of the old history held pages the new prompt does not share, so on a small pool the turn failed
+    with CacheFullError (and, where it fit, its own pin was refused for the share the stale one held). Now the
+    stale pin is released before the turn runs and the turn's own pin follows its prompt."""
+    from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+
+    m = tiny_model(seed=7)
+    model = RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+    page, share = 4, 8  # 32 pages of 4 tokens, a pinned share of 8 pages
+    with Engine(model, capacity_blocks=32, page_size=page, threads=1) as small:
+        s = small.session(pin=True, max_new_tokens=4, ignore_eos=True)
+        first = s.send("a" * 60)
+        assert first.pinned_tokens == share * page and small.stats.pinned_blocks == share
+        del s.messages[-2:]  # the turn dropped; a longer one sent in its place: 31 of the 32 pages
+        second = s.send("b" * 100)
+        assert second.finish_reason == "length" and second.pinned_tokens == share * page
+        (pinned,) = small.kv.pins._pins  # one pin: the new prompt's first pages, none of the old history's own
+        assert list(pinned[1]) == list(second.pinned_for[: share * page])
+        assert small.stats.pinned_blocks == share
+
+        s.messages.clear()  # the context rewritten, the next turn on asyncio
+        third = asyncio.run(s.asend("c" * 100))
+        assert third.finish_reason == "length" and third.pinned_tokens == share * page
+        (pinned,) = small.kv.pins._pins
+        assert list(pinned[1]) == list(third.pinned_for[: share * page])
+        assert s.unpin() == 1 and small.check()["locked_blocks"] == 0
