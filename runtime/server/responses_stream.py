@@ -11,7 +11,8 @@
 Items stream one after the other: an item is done when the next begins. With tools, the chat path's tool-call
 deltas drive the items (`{"content"}` text, a call's first delta with its id and name, then its arguments), so the
 items assemble to what the whole answer would hold. The final response's `output` is the items as streamed. A
-failure once the stream has begun is an `error` event, then response.failed. No `[DONE]`: OpenAI sends none here.
+failure once the stream has begun, building the last events and storing the response included, is an `error` event,
+then response.failed. No `[DONE]`: OpenAI sends none here.
 """
 
 from __future__ import annotations
@@ -122,13 +123,22 @@ class ResponseStream:
         yield self._event("response.in_progress", response=b.response("in_progress"))
         result: GenerationResult | None = None
         try:
-            async for event in events:
-                for delta in event.deltas if event.deltas is not None else ({"content": event.text},):
-                    for line in self._call(delta) if "tool_calls" in delta else self._text(delta.get("content") or ""):
-                        yield line
-                if event.result is not None:
-                    result = event.result
-                    self.metrics.observe(result, self.namespace)
+            try:
+                async for event in events:
+                    for delta in event.deltas if event.deltas is not None else ({"content": event.text},):
+                        call = "tool_calls" in delta
+                        for line in self._call(delta) if call else self._text(delta.get("content") or ""):
+                            yield line
+                    if event.result is not None:
+                        result = event.result
+                        self.metrics.observe(result, self.namespace)
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+            if result is None:  # the chat path's stream ends with the result
+                raise RuntimeError("the stream ended without its result")
+            # the last events are built whole, the response stored, before any is sent: one that fails to build is
+            # the error below, not a stream cut after the items (no error event, no response.failed)
+            ending, response, status = self._ending(result)
         except Exception as exc:  # the headers are sent: the error travels in the stream, which still ends well
             error = api_error_for(exc)
             self.metrics.failed(error.status)
@@ -138,20 +148,32 @@ class ResponseStream:
                 self._join_arguments(self.open)
             yield self._event("response.failed", response=b.response("failed", self.items, error=failed))
             return
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-        assert result is not None  # the chat path's stream ends with the result
+        for line in ending:
+            yield line
+        self.metrics.requests_ok += 1
+        yield self._event(f"response.{status}", response=response)
+
+    def _ending(self, result: GenerationResult) -> tuple[list[str], dict[str, Any], str]:
+        """The events that close the last item (an empty reply's one empty message first), the final response
+        (stored by `done`) and its status. Raising, it numbers none of them: the error event takes the next number
+        (the items stay as closed here, whole)."""
+        seq = self.seq
+        try:
+            return self._build_ending(result)
+        except BaseException:
+            self.seq = seq
+            raise
+
+    def _build_ending(self, result: GenerationResult) -> tuple[list[str], dict[str, Any], str]:
+        b = self.builder
         status = "incomplete" if b.incomplete(result) else "completed"
-        if not self.items:  # an empty reply is one empty message, as the whole answer's
-            for line in self._added({**b.message("", "in_progress"), "content": []}):
-                yield line
+        # an empty reply is one empty message, as the whole answer's
+        out = [] if self.items else self._added({**b.message("", "in_progress"), "content": []})
         last, item_status = self.open, status
         if last is not None and last["type"] == "function_call":  # made once its arguments closed, cut after or not
             self._join_arguments(last)
             item_status = "completed" if arguments_closed(last["arguments"]) else "incomplete"
-        for line in self._close(item_status):
-            yield line
+        out += self._close(item_status)
         response = b.response(status, self.items, b.usage(result))
         self.done(response)
-        self.metrics.requests_ok += 1
-        yield self._event(f"response.{status}", response=response)
+        return out, response, status
