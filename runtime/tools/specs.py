@@ -4,7 +4,8 @@ A tool is `{"type": "function", "function": {"name", "description"?, "parameters
 1 to 64 of `[A-Za-z0-9_-]` and unique; `parameters` is a JSON schema object (absent means no arguments; no NaN nor
 Infinity, which JSON has not); a null field is absent, and any other field is refused by name (a misspelt
 `parameter` left the tool without arguments, silently). tool_choice is "none", "auto", "required" or
-`{"type": "function", "function": {"name": ...}}` naming a given tool.
+`{"type": "function", "function": {"name": ...}}` naming a given tool, any other field of it refused by name too (a
+misspelt `functon` beside the choice was dropped, silently).
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ def normalize_tool_choice(choice: Any, tools: Sequence[ToolSpec], path: str = "t
         name = fn.get("name") if isinstance(fn, dict) else None
         if choice.get("type", "function") != "function" or not isinstance(name, str):
             raise ToolInputError(path, 'a named choice is {"type": "function", "function": {"name": ...}}')
+        _refuse_unknown(choice, ("type", "function"), path, "a named tool choice")
+        _refuse_unknown(fn, ("name",), f"{path}.function", "a named tool choice's function")
         if name not in {t.name for t in tools}:
             raise ToolInputError(f"{path}.function.name", f"{name!r} is not one of the tools")
         return ToolChoice("function", name)

@@ -321,6 +321,16 @@ HOSTILE = [
         "tool_choice.function.name",
     ),
     ({"tools": ONE_TOOL, "tool_choice": {"type": "function"}}, "tool_choice"),
+    # an unknown field of a named choice was dropped, the choice taken without it (as a tool's field was)
+    (
+        {"tools": ONE_TOOL, "tool_choice": {"type": "function", "function": {"name": "add"}, "functon": 1}},
+        "tool_choice.functon",
+    ),
+    (
+        {"tools": ONE_TOOL, "tool_choice": {"type": "function", "function": {"name": "add", "strict": True}}},
+        "tool_choice.function.strict",
+    ),
+    ({"functions": [TOOLS[1]["function"]], "function_call": {"name": "add", "x": 1}}, "function_call.x"),
     # a misspelt field was dropped: the tool ran without its schema, called with {} (as /v1/responses refuses it)
     (
         {"tools": [{"type": "function", "function": {"name": "f", "parameter": {"type": "object"}}}]},

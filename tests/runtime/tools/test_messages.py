@@ -135,11 +135,16 @@ def test_tool_choice(specs) -> None:
     assert normalize_tool_choice("required", specs).mode == "required"
     named = normalize_tool_choice({"type": "function", "function": {"name": "add"}}, specs)
     assert (named.mode, named.name) == ("function", "add")
+    nulls = {"type": "function", "function": {"name": "add", "x": None}, "y": None}  # a null field is absent
+    assert normalize_tool_choice(nulls, specs) == named
     for bad, path in [
         ("sometimes", "tool_choice"),
         ({"type": "function", "function": {"name": "nope"}}, "tool_choice.function.name"),
         ({"type": "function"}, "tool_choice"),
         (3, "tool_choice"),
+        # an unknown field was dropped, the choice taken without it (as a tool's was until it too was refused)
+        ({"type": "function", "function": {"name": "add"}, "functon": 1}, "tool_choice.functon"),
+        ({"type": "function", "function": {"name": "add", "arguments": "{}"}}, "tool_choice.function.arguments"),
     ]:
         with pytest.raises(ToolInputError) as info:
             normalize_tool_choice(bad, specs)
