@@ -234,46 +234,47 @@ class Responder:
     ) -> AsyncIterator[str]:
         """The SSE stream: a role chunk per choice (chat) at its first token, content deltas (with the logprobs of
         their tokens when asked for), a finish chunk per choice, the usage chunk when asked for, then
-        `data: [DONE]`. With tools, the deltas are OpenAI's tool-call deltas (`_deltas`). A failure mid-stream sends
-        OpenAI's error object as an event, then `data: [DONE]`."""
+        `data: [DONE]`. With tools, the deltas are OpenAI's tool-call deltas (`_deltas`). A failure mid-stream (building
+        the usage chunk included) sends OpenAI's error object as an event, then `data: [DONE]`."""
         results: dict[int, GenerationResult] = {}
         started: set[int] = set()
+        last = None  # the usage chunk, built inside the error handling: one that fails is an error event too
         try:
-            async for event in events:
-                i = event.index
-                if self.chat and i not in started:
-                    started.add(i)
-                    yield _sse(self._chunk(i, None, None, first=True))
-                lp = None
-                if want_logprobs and event.logprobs:
-                    lp = self.logprobs(event.logprobs, i)
-                if event.deltas is not None:
-                    for chunk in self._deltas(i, event.deltas, lp):
-                        yield _sse(chunk)
-                elif event.text or lp is not None:
-                    yield _sse(self._chunk(i, event.text, None, logprobs=lp))
-                if event.result is not None:
-                    results[i] = event.result
-                    metrics.observe(event.result, namespace)
-                    finish = self._finish(event.result)
-                    if self.legacy is not None:
-                        self.legacy.remember(event.result.tool_calls)
-                    yield _sse(self._chunk(i, None if self.chat else "", finish))
+            try:
+                async for event in events:
+                    i = event.index
+                    if self.chat and i not in started:
+                        started.add(i)
+                        yield _sse(self._chunk(i, None, None, first=True))
+                    lp = None
+                    if want_logprobs and event.logprobs:
+                        lp = self.logprobs(event.logprobs, i)
+                    if event.deltas is not None:
+                        for chunk in self._deltas(i, event.deltas, lp):
+                            yield _sse(chunk)
+                    elif event.text or lp is not None:
+                        yield _sse(self._chunk(i, event.text, None, logprobs=lp))
+                    if event.result is not None:
+                        results[i] = event.result
+                        metrics.observe(event.result, namespace)
+                        finish = self._finish(event.result)
+                        if self.legacy is not None:
+                            self.legacy.remember(event.result.tool_calls)
+                        yield _sse(self._chunk(i, None if self.chat else "", finish))
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+            if include_usage:
+                ordered = [results[i] for i in sorted(results)]
+                kind = self._chunk(0, None, None)["object"]
+                last = _sse(self._envelope(kind, [], usage=usage(self.prompt_tokens, ordered, self.n)))
         except Exception as exc:  # the headers are sent: the error travels in the stream, which still ends well
             error = api_error_for(exc)
             metrics.failed(error.status)
             yield _sse(error.body())
             yield "data: [DONE]\n\n"
             return
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-        if include_usage:
-            ordered = [results[i] for i in sorted(results)]
-            yield _sse(
-                self._envelope(
-                    self._chunk(0, None, None)["object"], [], usage=usage(self.prompt_tokens, ordered, self.n)
-                )
-            )
+        if last is not None:
+            yield last
         metrics.requests_ok += 1
         yield "data: [DONE]\n\n"
 

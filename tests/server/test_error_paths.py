@@ -158,3 +158,35 @@ def test_queue_timeout_retry_after_comes_from_the_queue_state(app, monkeypatch) 
     assert r.status_code == 503 and r.json()["error"]["code"] == "queue_timeout", r.text
     assert r.headers["retry-after"] == "5"
     assert api_error_for(QueueTimeoutError("x", retry_after=7.2)).headers["Retry-After"] == "8"
+
+
+def test_a_failure_building_a_streams_usage_chunk_ends_it_with_the_error_and_done(app, monkeypatch) -> None:
+    """The usage chunk (stream_options.include_usage) was built after the stream's error handling: one that failed
+    cut the stream after the finish chunk, with no error object and no [DONE], the failure uncounted."""
+    from radixcache.runtime.server import responses
+
+    client, engine = app
+
+    def broken(*_a, **_k):
+        raise RuntimeError("injected usage failure")
+
+    monkeypatch.setattr(responses, "usage", broken)
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": "tiny", "messages": messages, "max_tokens": 3, "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream_options": {"include_usage": True}}) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2][len("data: ") :])["error"]
+    assert "injected usage failure" in error["message"] and error["type"] == "server_error"
+    finished = [json.loads(x[len("data: ") :]) for x in lines[:-2]]
+    assert finished[-1]["choices"][0]["finish_reason"] is not None  # the choice's own chunks went out first
+    assert _metrics_failed(client) == 1
+    assert _settled(engine)["locked_blocks"] == 0
+    monkeypatch.undo()
+    _still_serves(client)
+
+
+def _metrics_failed(client: TestClient) -> float:
+    lines = client.get("/metrics").text.splitlines()
+    return float(next(x for x in lines if x.startswith("radixcache_http_requests_failed_total{")).split()[-1])
