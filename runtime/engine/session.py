@@ -256,14 +256,15 @@ class Session:
     def _outgrown(self, prompt: list[dict[str, Any]], options: RequestOptions) -> list[_Pin]:
         """The session's pins that a pinned turn (or fork) of `prompt` no longer extends, taken out of its pins to be
         released before it runs: made for a history the caller has since trimmed or rewritten (an agent framework
-        that cuts its context after a tool call). Kept, they locked pages the new prompt does not share until its
-        own pin was made, so a small pool could not fit the turn (CacheFullError), and they held the pinned share
-        that its pin was then refused for. What the prompt still shares is matched again as it is admitted and
-        pinned by its own pin."""
+        that cuts its context after a tool call), or under other tools or another namespace. Kept, they locked pages
+        the new prompt does not share until its own pin was made, so a small pool could not fit the turn
+        (CacheFullError), and they held the pinned share that its pin was then refused for. What the prompt still
+        shares is matched again as it is admitted and pinned by its own pin."""
         if not options.pin:
             return []
+        mine = _rendering(options)
         # the last is this turn's own, noted by `_asked`
-        stale = [p for p in self._pins[:-1] if p.messages != prompt[: len(p.messages)]]
+        stale = [p for p in self._pins[:-1] if p.messages != prompt[: len(p.messages)] or _rendering(p.options) != mine]
         self._pins = [p for p in self._pins if not any(p is q for q in stale)]
         return stale
 
@@ -314,6 +315,13 @@ class Session:
             self.messages.append({"role": "assistant", "content": result.text})
         self.results.append(result)
         return result
+
+
+def _rendering(options: RequestOptions) -> tuple[Any, ...]:
+    """What besides the messages makes a turn's prompt tokens (the tools shown, the namespace whose memory of the
+    calls renders them, and holds its pages): a pin made under other ones is no prefix of this turn's."""
+    tools = options.tool_use.tools if options.tool_use is not None else ()
+    return tools, options.namespace
 
 
 def _tool_turns(results: object, history: list[dict[str, Any]]) -> list[dict[str, Any]]:

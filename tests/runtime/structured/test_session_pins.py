@@ -212,4 +212,9 @@ def test_a_pinned_turn_after_the_history_was_cut_releases_the_pin_it_no_longer_e
         assert third.finish_reason == "length" and third.pinned_tokens == share * page
         (pinned,) = small.kv.pins._pins
         assert list(pinned[1]) == list(third.pinned_for[: share * page])
+        s.messages.clear()  # the same messages again, in a namespace of their own: they share no page
+        fourth = s.send("c" * 100, namespace="other")
+        assert fourth.pinned_tokens == share * page and fourth.cached_tokens == 0
+        ((namespace, _),) = small.kv.pins._pins
+        assert namespace == "other" and small.stats.pinned_blocks == share
         assert s.unpin() == 1 and small.check()["locked_blocks"] == 0
