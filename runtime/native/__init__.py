@@ -47,6 +47,7 @@ SOURCES = tuple(
         "paged_attention.c",
         "decode_store.c",
         "decode_layers.c",
+        "decode_team.c",
         "row_argmax.c",
         "page_reads.c",
     )
@@ -148,6 +149,10 @@ def load_library(path: str | os.PathLike[str]) -> ctypes.CDLL:
     lib.native_decode_layers.argtypes += [long, ptr, long, long, ptr, long, ptr, ptr, long, long, ptr, ptr, long]
     lib.native_decode_layers.argtypes += [long, ptr, ptr, ptr]
     lib.native_decode_layers.restype = ctypes.c_int
+    if hasattr(lib, "native_decode_layers_stalled"):  # an older revision's build (bench_native_ab.py) has none
+        # the same, always without barriers, a thread stalled before each claim (tests): + (thread, us, claims taken)
+        lib.native_decode_layers_stalled.argtypes = [*lib.native_decode_layers.argtypes, num, num, ptr]
+        lib.native_decode_layers_stalled.restype = ctypes.c_int
     # (x, rows, hidden, eps, final norm weight, head (decode_layers.c native_linear), logits out, greedy tokens out)
     #  -> 0, -1 or -2 (decode_layers.c)
     lib.native_decode_head.argtypes = [ptr, num, num, ctypes.c_float, ptr, ptr, ptr, ptr]

@@ -424,21 +424,34 @@ void blockdot_prep(int nparts, const int *kinds, const float *x, int cols, int n
     }
 }
 
-/* Thread `me`'s rows of a checked product (blockdot_check_parts: part starts `start`) inside a parallel region
- * whose `count` shares split its rows (row_shares_init), x's block sums from blockdot_prep. No barrier. */
+/* Rows per claim of a product whose first part is of `kind` (thread_rows.h's row_chunk). */
+int blockdot_chunk(int kind, int cols) {
+    return row_chunk((long)(cols / block_elems(kind)) * (long)block_bytes(kind));
+}
+
+/* Rows [lo, hi) of a checked product (blockdot_check_parts: part starts `start`), x's block sums from
+ * blockdot_prep: the same code whichever thread runs them, so the same bits. */
+void blockdot_claim_rows(int nparts, const void *const *data, const int *kinds, const int *start, int cols,
+                         const float *x, int ntok, const float *xsum, float *y, int ldy, int lo, int hi) {
+    int first, end;
+    for (int p = 0; p < nparts; p++) {
+        if (!rows_in_part(start, p, lo, hi, &first, &end)) continue;
+        const int nblocks = cols / block_elems(kinds[p]);
+        const size_t row_bytes = (size_t)nblocks * block_bytes(kinds[p]);
+        const uint8_t *rows0 = (const uint8_t *)data[p] + (size_t)(first - start[p]) * row_bytes;
+        block_rows_n(kinds[p], rows0, row_bytes, nblocks, x, cols, ntok, xsum, y + first, ldy, end - first);
+    }
+}
+
+/* Thread `me`'s rows of a checked product inside a parallel region whose `count` shares split its rows
+ * (row_shares_init). No barrier. */
 void blockdot_team_rows(int nparts, const void *const *data, const int *kinds, const int *start, int cols,
                         const float *x, int ntok, const float *xsum, float *y, int ldy, row_share *shares, int count,
                         int me) {
-    const int chunk = row_chunk((long)(cols / block_elems(kinds[0])) * (long)block_bytes(kinds[0]));
-    int lo, hi, first, end;
+    const int chunk = blockdot_chunk(kinds[0], cols);
+    int lo, hi;
     while (row_next(shares, count, me, chunk, &lo, &hi))
-        for (int p = 0; p < nparts; p++) {
-            if (!rows_in_part(start, p, lo, hi, &first, &end)) continue;
-            const int nblocks = cols / block_elems(kinds[p]);
-            const size_t row_bytes = (size_t)nblocks * block_bytes(kinds[p]);
-            const uint8_t *rows0 = (const uint8_t *)data[p] + (size_t)(first - start[p]) * row_bytes;
-            block_rows_n(kinds[p], rows0, row_bytes, nblocks, x, cols, ntok, xsum, y + first, ldy, end - first);
-        }
+        blockdot_claim_rows(nparts, data, kinds, start, cols, x, ntok, xsum, y, ldy, lo, hi);
 }
 
 /* y[t * ldy + o] for the rows of `nparts` stacked parts (part p: `kinds[p]`, `rows[p]` rows at `data[p]`), all

@@ -31,6 +31,7 @@
  * below). */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #else
@@ -234,16 +235,16 @@ void attn_plan_free(attn_plan *plan) {
     free(plan->part);
 }
 
-/* One layer's attention, run by every thread of a parallel region (thread `me` of its team): each thread its run
- * of items (first_item_of), prefetching its next item's keys during an item's output pass, then, after a barrier,
- * a share of the merges (an `omp for`, whose closing barrier ends it: out is whole when it returns). */
-void attn_team(const attn_plan *pl, const float *q, const float *k, const float *v, long row_stride,
-               long head_stride, float *out) {
-    const int team = omp_get_num_threads(), me = omp_get_thread_num(), head_dim = pl->head_dim;
-    const long lo = first_item_of(me, team, pl->items, pl->positions, pl->spans, pl->slices, pl->first, pl->span_seq,
-                                  pl->lengths);
-    const long hi = first_item_of(me + 1, team, pl->items, pl->positions, pl->spans, pl->slices, pl->first,
-                                  pl->span_seq, pl->lengths);
+long attn_first_item(const attn_plan *pl, int t, int team) {
+    return first_item_of(t, team, pl->items, pl->positions, pl->spans, pl->slices, pl->first, pl->span_seq,
+                         pl->lengths);
+}
+
+/* Items [lo, hi) into `part` (the layout of plan->part), prefetching each item's next one's keys during its output
+ * pass. The same code whichever thread runs an item, so the same bits. */
+void attn_items(const attn_plan *pl, float *part, const float *q, const float *k, const float *v, long row_stride,
+                long head_stride, long lo, long hi) {
+    const int head_dim = pl->head_dim;
     for (long run = lo; run < hi; run++) {
         const attn_item it = item_at(run, pl->spans, pl->slices, pl->first, pl->span_seq, pl->lengths);
         const int g0 = it.slice * ATTN_MAX_GROUP;
@@ -252,10 +253,10 @@ void attn_team(const attn_plan *pl, const float *q, const float *k, const float 
         const float *kb = k + (size_t)it.b * row_stride + (size_t)it.h * head_stride;
         const float *vb = v + (size_t)it.b * row_stride + (size_t)it.h * head_stride;
         /* each item's results go where the merge looks for span s */
-        float *p = pl->part + (size_t)(((long)it.s * pl->kv_heads + it.h) * pl->slices + it.slice) * ATTN_MAX_GROUP *
-                                  pl->per_head;
+        float *p = part + (size_t)(((long)it.s * pl->kv_heads + it.h) * pl->slices + it.slice) * ATTN_MAX_GROUP *
+                              pl->per_head;
 #if defined(__AVX512F__)
-        const float *next_k = NULL; /* this thread's next item's first key row, and its row count */
+        const float *next_k = NULL; /* the next item's first key row, and its row count */
         int next_n = 0;
         if (run + 1 < hi) {
             const attn_item nx = item_at(run + 1, pl->spans, pl->slices, pl->first, pl->span_seq, pl->lengths);
@@ -273,20 +274,45 @@ void attn_team(const attn_plan *pl, const float *q, const float *k, const float 
             attend_span(qh, g, head_dim, kb, vb, it.j0, it.j1, pl->scale, p, p + ATTN_MAX_GROUP,
                         p + 2 * ATTN_MAX_GROUP);
     }
-#pragma omp barrier
-    /* merge each (sequence, query head)'s spans in position order */
-#pragma omp for collapse(2) schedule(static)
-    for (int b = 0; b < pl->batch; b++) {
-        for (int hq = 0; hq < pl->heads; hq++) {
-            const int h = hq / pl->group, slice = (hq % pl->group) / ATTN_MAX_GROUP;
-            const int gi = (hq % pl->group) % ATTN_MAX_GROUP;
-            const size_t stride = (size_t)pl->kv_heads * pl->slices * ATTN_MAX_GROUP * pl->per_head; /* span to span */
-            const float *p = pl->part + ((size_t)((long)pl->first[b] * pl->kv_heads + h) * pl->slices + slice) *
-                                            ATTN_MAX_GROUP * pl->per_head;
-            merge_spans(out + ((size_t)b * pl->heads + hq) * head_dim, p, stride, pl->first[b + 1] - pl->first[b], gi,
-                        head_dim);
-        }
+}
+
+/* Items [lo, hi)'s results copied from `from` to `to` (both in plan->part's layout): the maximum, sum and output
+ * rows of each item's query heads, nothing else. */
+void attn_items_copy(const attn_plan *pl, const float *from, float *to, long lo, long hi) {
+    for (long run = lo; run < hi; run++) {
+        const attn_item it = item_at(run, pl->spans, pl->slices, pl->first, pl->span_seq, pl->lengths);
+        const int g0 = it.slice * ATTN_MAX_GROUP;
+        const int g = pl->group - g0 < ATTN_MAX_GROUP ? pl->group - g0 : ATTN_MAX_GROUP;
+        const size_t at = (size_t)(((long)it.s * pl->kv_heads + it.h) * pl->slices + it.slice) * ATTN_MAX_GROUP *
+                          pl->per_head;
+        memcpy(to + at, from + at, sizeof(float) * (size_t)g);
+        memcpy(to + at + ATTN_MAX_GROUP, from + at + ATTN_MAX_GROUP, sizeof(float) * (size_t)g);
+        memcpy(to + at + 2 * ATTN_MAX_GROUP, from + at + 2 * ATTN_MAX_GROUP, sizeof(float) * (size_t)g * pl->head_dim);
     }
+}
+
+/* Output row r = b * heads + hq of `out`: sequence b's query head hq, its spans in `part` merged in position
+ * order. */
+void attn_merge(const attn_plan *pl, const float *part, float *out, int r) {
+    const int b = r / pl->heads, hq = r % pl->heads;
+    const int h = hq / pl->group, slice = (hq % pl->group) / ATTN_MAX_GROUP, gi = (hq % pl->group) % ATTN_MAX_GROUP;
+    const size_t stride = (size_t)pl->kv_heads * pl->slices * ATTN_MAX_GROUP * pl->per_head; /* span to span */
+    const float *p = part + ((size_t)((long)pl->first[b] * pl->kv_heads + h) * pl->slices + slice) * ATTN_MAX_GROUP *
+                                pl->per_head;
+    merge_spans(out + (size_t)r * pl->head_dim, p, stride, pl->first[b + 1] - pl->first[b], gi, pl->head_dim);
+}
+
+/* One layer's attention, run by every thread of a parallel region (thread `me` of its team): each thread its run
+ * of items (first_item_of), then, after a barrier, a share of the merges (an `omp for`, whose closing barrier ends
+ * it: out is whole when it returns). */
+void attn_team(const attn_plan *pl, const float *q, const float *k, const float *v, long row_stride,
+               long head_stride, float *out) {
+    const int team = omp_get_num_threads(), me = omp_get_thread_num();
+    attn_items(pl, pl->part, q, k, v, row_stride, head_stride, attn_first_item(pl, me, team),
+               attn_first_item(pl, me + 1, team));
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int r = 0; r < pl->batch * pl->heads; r++) attn_merge(pl, pl->part, out, r);
 }
 
 /* Returns 0, or -1 for bad arguments (nothing is written then) or a failed allocation. One parallel region runs

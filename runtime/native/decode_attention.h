@@ -22,6 +22,15 @@ void attn_plan_free(attn_plan *plan);
 /* Called by every thread of a parallel region; out is whole when it returns (it ends with a barrier). */
 void attn_team(const attn_plan *plan, const float *q, const float *k, const float *v, long row_stride,
                long head_stride, float *out);
+/* The pieces attn_team runs, for a team that shares items otherwise (decode_team.c): thread t's first item of a
+ * team's runs cut by positions; items [lo, hi) into `part` (plan->part's layout; its values are written as they
+ * are accumulated, not once); output row r (sequence r / heads, query head r % heads) merged from `part`. */
+long attn_first_item(const attn_plan *plan, int t, int team);
+void attn_items(const attn_plan *plan, float *part, const float *q, const float *k, const float *v, long row_stride,
+                long head_stride, long lo, long hi);
+void attn_merge(const attn_plan *plan, const float *part, float *out, int r);
+/* Items [lo, hi)'s results copied from one part buffer to another (only what the merge reads). */
+void attn_items_copy(const attn_plan *plan, const float *from, float *to, long lo, long hi);
 int native_decode_attention(const float *q, int batch, int heads, int kv_heads, int head_dim, const float *k,
                             const float *v, long row_stride, long head_stride, const int *lengths, int capacity,
                             float *out);

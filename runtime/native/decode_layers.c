@@ -15,10 +15,15 @@
  * plain weights), as the layer's `kernel` says. `native_decode_head` (at the end) runs what follows the last
  * layer: the final norm, the output head and each row's greedy token (row_argmax.c).
  *
- * The layers run in one parallel region: the products' rows and the attention's items are shared by the threads
- * (team_product.h, attn_team), the q heads' RoPE goes to thread 0 and the k and v heads' RoPE and stores to the
- * last thread (decode_store.h), the norms, residual adds, SiLU and each product's prepared activations are thread
- * 0's, and barriers order them. A call per product and two per attention each started a region of
+ * On two threads or more a pass of a few rows runs decode_team.c's way: every thread walks the whole layer sequence,
+ * the cheap steps on its own copies, the products and the attention's items shared as claims that a thread finishes
+ * for another whose core the machine took (no barrier between the steps; the same bits). Otherwise (one thread, or
+ * a pass whose layers' outputs would take more than decode_team.c keeps) the barriers' way below.
+ *
+ * The barriers' way runs the layers in one parallel region: the products' rows and the attention's items are
+ * shared by the threads (team_product.h, attn_team), the q heads' RoPE goes to thread 0 and the k and v heads' RoPE
+ * and stores to the last thread (decode_store.h), the norms, residual adds, SiLU and each product's prepared
+ * activations are thread 0's, and barriers order them. A call per product and two per attention each started a region of
  * their own before (5 regions a layer): the 30 layers of SmolLM2's fp32 decode step take 1.1-2.7% less time in
  * one region where the memory reads fast, 0.5% where it reads 35-38 GB/s (steps alternating between the builds,
  * 372 pairs a run, 2026-12-06; gguf 0.6%), and nothing is written when a product's arguments are wrong (every
@@ -28,9 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "decode_attention.h"
-#include "decode_store.h"
-#include "team_product.h"
+#include "decode_pass.h"
 #include "vector_exp.h"
 
 int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
@@ -41,7 +44,6 @@ int qdot16_matmul(int nparts, const void *const *data, const int *kinds, const i
                   int ntok, float *y, int ldy);
 int densedot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
                     const float *x, int ntok, float *y, int ldy);
-int native_rms_norm(const float *x, const float *w, int rows, int cols, float eps, float *out);
 int native_row_argmax(const float *x, int rows, long cols, long *best);
 
 #define SILU_EXP_MAX 88.0f /* exp(88) ~ 1.7e38: the largest exponent the vector exp takes (vector_exp.h) */
@@ -85,13 +87,6 @@ int native_silu_mul(const float *gu, int rows, int inter, float *out) {
     return 0;
 }
 
-/* One decoder layer's weights. Layout must match NativeLayer in runtime/model/native_layers.py. */
-typedef struct {
-    const float *ln_in;
-    const float *ln_post;
-    native_linear qkv, o, gate_up, down;
-} native_layer;
-
 static int product(const native_linear *w, const float *x, int rows, float *y) {
     typedef int (*matmul_fn)(int, const void *const *, const int *, const int *, int, const float *, int, float *, int);
     static const matmul_fn kernels[4] = {blockdot_matmul, qdot_matmul, densedot_matmul, qdot16_matmul};
@@ -114,63 +109,26 @@ static void product_rows(const native_linear *w, const int *start, const float *
 #pragma omp barrier
 }
 
-/* The decoder layers over `rows` decode rows x `[rows, hidden]` (updated in place). The pool is one tensor
- * `[layers, 2, slots..]`: layer l's K at pool + l * pool_layer_stride, its V pool_v_offset further. mirror_k[l] /
- * mirror_v[l]: layer l's mirror rows (`[rows cap, kv_heads, cap, head_dim]`, strides as given); lengths: the
- * positions each row attends. Returns 0, or -1 for bad arguments (a product's, the lengths', a position, slot or
- * mirror place out of range: every one is checked first, so nothing is written then), or -2 when scratch memory
- * cannot be allocated. */
-int native_decode_layers(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
-                         int kv_heads, int head_dim, int inter, float eps, const long *positions, const float *cos,
-                         const float *ssin, long max_position, float *pool, long pool_layer_stride,
-                         long pool_v_offset, const long *slots, long num_slots, float *const *mirror_k,
-                         float *const *mirror_v, long mirror_row_stride, long mirror_head_stride,
-                         const long *mirror_rows, const long *mirror_pos, long mirror_rows_cap, long mirror_cap,
-                         const int *lengths, const long *order, const long *inverse) {
-    if (num_layers < 1 || rows < 1 || hidden < 1 || inter < 1 || heads < 1 || head_dim < 1) return -1;
-    const size_t qkv_width = (size_t)(heads + 2 * kv_heads) * head_dim, att_width = (size_t)heads * head_dim;
-    if ((order == NULL) != (inverse == NULL)) return -1;
-    for (int t = 0; order != NULL && t < rows; t++)
-        if (order[t] < 0 || order[t] >= rows || inverse[t] < 0 || inverse[t] >= rows) return -1;
-    size_t prep_bytes = 0; /* every product checked before anything runs; the largest prepared activations */
-    for (int l = 0; l < num_layers; l++) {
-        const native_linear *w[4] = {&layers[l].qkv, &layers[l].o, &layers[l].gate_up, &layers[l].down};
-        for (int k = 0; k < 4; k++) {
-            int start[BLOCKDOT_MAX_PARTS + 1];
-            if (team_check(w[k], rows, start) != 0) return -1;
-            const size_t b = team_prep_bytes(w[k], rows);
-            prep_bytes = b > prep_bytes ? b : prep_bytes;
-        }
-    }
-    /* RoPE and the stores: the same positions, slots and mirror places for every layer, checked once */
-    const rope_store_args rope = {.rows = rows, .heads = heads, .kv_heads = kv_heads, .head_dim = head_dim,
-                                  .positions = positions, .cos = cos, .ssin = ssin, .max_position = max_position,
-                                  .pool_k = pool, .pool_v = pool + pool_v_offset, .slots = slots,
-                                  .num_slots = num_slots, .mirror_row_stride = mirror_row_stride,
-                                  .mirror_head_stride = mirror_head_stride, .mirror_rows = mirror_rows,
-                                  .mirror_pos = mirror_pos, .mirror_rows_cap = mirror_rows_cap,
-                                  .mirror_cap = mirror_cap}; /* qkv, q_out and the mirror's layer: set per layer */
-    if (rope_store_check(&rope) != 0) return -1;
-    attn_plan plan;
-    if (attn_plan_init(&plan, rows, heads, kv_heads, head_dim, lengths, (int)mirror_cap) != 0) return -1;
+/* The pass with barriers between its phases: every thread waits for the others at each. */
+static int run_with_barriers(const decode_pass *d) {
+    const int rows = d->rows, hidden = d->hidden, inter = d->inter;
+    const size_t qkv_width = d->qkv_width, att_width = d->att_width;
     const size_t sizes[9] = {(size_t)rows * hidden,    (size_t)rows * qkv_width, (size_t)rows * att_width,
                              (size_t)rows * att_width, (size_t)rows * 2 * inter, (size_t)rows * inter,
-                             (size_t)rows * att_width, (size_t)rows * att_width, (prep_bytes + 3) / 4};
+                             (size_t)rows * att_width, (size_t)rows * att_width, (d->prep_bytes + 3) / 4};
     size_t total = 0;
     for (int i = 0; i < 9; i++) total += (sizes[i] + 16) / 16 * 16; /* 64-byte aligned pieces */
     float *scratch = aligned_alloc(64, total * sizeof(float));
-    if (scratch == NULL) {
-        attn_plan_free(&plan);
-        return -2;
-    }
+    if (scratch == NULL) return -2;
     float *piece[9];
     float *at = scratch;
     for (int i = 0; i < 9; i++) {
         piece[i] = at;
         at += (sizes[i] + 16) / 16 * 16;
     }
-    float *h = piece[0], *qkv = piece[1], *q = piece[2], *att = piece[3], *gu = piece[4], *act = piece[5];
+    float *x = d->x, *h = piece[0], *qkv = piece[1], *q = piece[2], *att = piece[3], *gu = piece[4], *act = piece[5];
     void *prep = piece[8];
+    const long *order = d->order, *inverse = d->inverse;
     /* mirror rows out of batch order: q is taken to row order for the attention and its output back, as the
      * eager mirror does with index_select (copies: the same bits) */
     float *q_rows = order != NULL ? piece[6] : q, *att_rows = order != NULL ? piece[7] : att;
@@ -180,12 +138,12 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
 #pragma omp parallel num_threads(team)
     {
         const int me = omp_get_thread_num();
-        for (int l = 0; l < num_layers; l++) {
-            const native_layer *L = layers + l;
+        for (int l = 0; l < d->num_layers; l++) {
+            const native_layer *L = d->layers + l;
             const native_linear *w[4] = {&L->qkv, &L->o, &L->gate_up, &L->down};
             if (me == 0) {
-                for (int k = 0; k < 4; k++) team_check(w[k], rows, start[k]); /* checked above: the starts */
-                native_rms_norm(x, L->ln_in, rows, hidden, eps, h);
+                for (int k = 0; k < 4; k++) team_check(w[k], rows, start[k]); /* checked before: the starts */
+                native_rms_norm(x, L->ln_in, rows, hidden, d->eps, h);
                 team_prep(w[0], start[0], h, rows, prep, shares[0], team);
             }
             product_rows(w[0], start[0], h, rows, prep, qkv, shares[0], team, me);
@@ -195,13 +153,7 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
             }
             /* the q heads' RoPE on thread 0, the k and v heads' (the other end of qkv, most of it written by the
              * last thread's share) and their stores on the last thread */
-            rope_store_args here = rope;
-            here.qkv = qkv;
-            here.q_out = q;
-            here.pool_k += (size_t)l * pool_layer_stride;
-            here.pool_v += (size_t)l * pool_layer_stride;
-            here.mirror_k = mirror_k[l];
-            here.mirror_v = mirror_v[l];
+            const rope_store_args here = pass_rope(d, l, qkv, q);
             if (me == 0) {
                 rope_store_q(&here);
                 for (int r = 0; order != NULL && r < rows; r++)
@@ -209,7 +161,8 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
             }
             if (me == omp_get_num_threads() - 1) rope_store_kv(&here);
 #pragma omp barrier
-            attn_team(&plan, q_rows, mirror_k[l], mirror_v[l], mirror_row_stride, mirror_head_stride, att_rows);
+            attn_team(&d->plan, q_rows, d->mirror_k[l], d->mirror_v[l], d->mirror_row_stride, d->mirror_head_stride,
+                      att_rows);
             if (me == 0) {
                 for (int t = 0; order != NULL && t < rows; t++)
                     memcpy(att + (size_t)t * att_width, att_rows + (size_t)inverse[t] * att_width,
@@ -220,7 +173,7 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
             if (me == 0) {
                 team_bias(w[1], h, rows);
                 add_into(x, h, (size_t)rows * hidden);
-                native_rms_norm(x, L->ln_post, rows, hidden, eps, h);
+                native_rms_norm(x, L->ln_post, rows, hidden, d->eps, h);
                 team_prep(w[2], start[2], h, rows, prep, shares[2], team);
             }
             product_rows(w[2], start[2], h, rows, prep, gu, shares[2], team, me);
@@ -236,9 +189,99 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
             }
         }
     }
-    attn_plan_free(&plan);
     free(scratch);
     return 0;
+}
+
+/* The decoder layers over `rows` decode rows x `[rows, hidden]` (updated in place), as native_decode_layers says;
+ * `opt` NULL: decode_team.c's run where it fits the pass, else the barriers'; not NULL: decode_team.c's, or -1. */
+static int decode_layers(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
+                         int kv_heads, int head_dim, int inter, float eps, const long *positions, const float *cos,
+                         const float *ssin, long max_position, float *pool, long pool_layer_stride,
+                         long pool_v_offset, const long *slots, long num_slots, float *const *mirror_k,
+                         float *const *mirror_v, long mirror_row_stride, long mirror_head_stride,
+                         const long *mirror_rows, const long *mirror_pos, long mirror_rows_cap, long mirror_cap,
+                         const int *lengths, const long *order, const long *inverse, const team_options *opt) {
+    if (num_layers < 1 || rows < 1 || hidden < 1 || inter < 1 || heads < 1 || head_dim < 1) return -1;
+    if ((order == NULL) != (inverse == NULL)) return -1;
+    for (int t = 0; order != NULL && t < rows; t++)
+        if (order[t] < 0 || order[t] >= rows || inverse[t] < 0 || inverse[t] >= rows) return -1;
+    size_t prep_bytes = 0; /* every product checked before anything runs; the largest prepared activations */
+    for (int l = 0; l < num_layers; l++) {
+        const native_linear *w[4] = {&layers[l].qkv, &layers[l].o, &layers[l].gate_up, &layers[l].down};
+        for (int k = 0; k < 4; k++) {
+            int start[BLOCKDOT_MAX_PARTS + 1];
+            if (team_check(w[k], rows, start) != 0) return -1;
+            const size_t b = team_prep_bytes(w[k], rows);
+            prep_bytes = b > prep_bytes ? b : prep_bytes;
+        }
+    }
+    /* RoPE and the stores: the same positions, slots and mirror places for every layer, checked once */
+    decode_pass d = {.layers = layers, .num_layers = num_layers, .rows = rows, .hidden = hidden, .heads = heads,
+                     .kv_heads = kv_heads, .head_dim = head_dim, .inter = inter, .eps = eps, .x = x,
+                     .rope = {.rows = rows, .heads = heads, .kv_heads = kv_heads, .head_dim = head_dim,
+                              .positions = positions, .cos = cos, .ssin = ssin, .max_position = max_position,
+                              .pool_k = pool, .pool_v = pool + pool_v_offset, .slots = slots, .num_slots = num_slots,
+                              .mirror_row_stride = mirror_row_stride, .mirror_head_stride = mirror_head_stride,
+                              .mirror_rows = mirror_rows, .mirror_pos = mirror_pos,
+                              .mirror_rows_cap = mirror_rows_cap, .mirror_cap = mirror_cap},
+                     .pool_layer_stride = pool_layer_stride, .mirror_k = mirror_k, .mirror_v = mirror_v,
+                     .mirror_row_stride = mirror_row_stride, .mirror_head_stride = mirror_head_stride,
+                     .order = order, .inverse = inverse,
+                     .qkv_width = (size_t)(heads + 2 * kv_heads) * head_dim, .att_width = (size_t)heads * head_dim,
+                     .prep_bytes = prep_bytes};
+    if (rope_store_check(&d.rope) != 0) return -1;
+    if (attn_plan_init(&d.plan, rows, heads, kv_heads, head_dim, lengths, (int)mirror_cap) != 0) return -1;
+    const int team = omp_get_max_threads();
+    int status;
+    if (opt != NULL)
+        status = decode_team_fits(&d, team) ? decode_team_run(&d, team, opt) : -1;
+    else if (decode_team_fits(&d, team)) {
+        const team_options none = {.stall_thread = -1, .stall_us = 0, .taken = NULL};
+        status = decode_team_run(&d, team, &none);
+    } else
+        status = run_with_barriers(&d);
+    attn_plan_free(&d.plan);
+    return status;
+}
+
+/* The decoder layers over `rows` decode rows x `[rows, hidden]` (updated in place). The pool is one tensor
+ * `[layers, 2, slots..]`: layer l's K at pool + l * pool_layer_stride, its V pool_v_offset further. mirror_k[l] /
+ * mirror_v[l]: layer l's mirror rows (`[rows cap, kv_heads, cap, head_dim]`, strides as given); lengths: the
+ * positions each row attends. A few rows on two threads or more run decode_team.c's way (no barrier between the
+ * layer's parts), more rows or one thread the barriers'. Returns 0, or -1 for bad arguments (a product's, the
+ * lengths', a position, slot or mirror place out of range: every one is checked first, so nothing is written
+ * then), or -2 when scratch memory cannot be allocated. */
+int native_decode_layers(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
+                         int kv_heads, int head_dim, int inter, float eps, const long *positions, const float *cos,
+                         const float *ssin, long max_position, float *pool, long pool_layer_stride,
+                         long pool_v_offset, const long *slots, long num_slots, float *const *mirror_k,
+                         float *const *mirror_v, long mirror_row_stride, long mirror_head_stride,
+                         const long *mirror_rows, const long *mirror_pos, long mirror_rows_cap, long mirror_cap,
+                         const int *lengths, const long *order, const long *inverse) {
+    return decode_layers(layers, num_layers, x, rows, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos,
+                         ssin, max_position, pool, pool_layer_stride, pool_v_offset, slots, num_slots, mirror_k,
+                         mirror_v, mirror_row_stride, mirror_head_stride, mirror_rows, mirror_pos, mirror_rows_cap,
+                         mirror_cap, lengths, order, inverse, NULL);
+}
+
+/* For tests (tests/runtime/engine/test_decode_team.py): native_decode_layers' arguments, always decode_team.c's
+ * way (-1 where it does not fit the pass), thread `stall_thread` spinning `stall_us` microseconds before each claim
+ * it computes; *taken: the claims finished for another thread. */
+int native_decode_layers_stalled(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
+                                 int kv_heads, int head_dim, int inter, float eps, const long *positions,
+                                 const float *cos, const float *ssin, long max_position, float *pool,
+                                 long pool_layer_stride, long pool_v_offset, const long *slots, long num_slots,
+                                 float *const *mirror_k, float *const *mirror_v, long mirror_row_stride,
+                                 long mirror_head_stride, const long *mirror_rows, const long *mirror_pos,
+                                 long mirror_rows_cap, long mirror_cap, const int *lengths, const long *order,
+                                 const long *inverse, int stall_thread, int stall_us, long *taken) {
+    const team_options opt = {.stall_thread = stall_thread, .stall_us = stall_us, .taken = taken};
+    *taken = 0;
+    return decode_layers(layers, num_layers, x, rows, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos,
+                         ssin, max_position, pool, pool_layer_stride, pool_v_offset, slots, num_slots, mirror_k,
+                         mirror_v, mirror_row_stride, mirror_head_stride, mirror_rows, mirror_pos, mirror_rows_cap,
+                         mirror_cap, lengths, order, inverse, &opt);
 }
 
 /* The decode rows' logits after the last layer: logits = head(rms_norm(x, norm)) `[rows, head->out]`, the same calls

@@ -124,16 +124,23 @@ int densedot_check(int nparts, const int *kinds, const int *rows, int cols, int 
     return start[nparts] > ldy ? -1 : 0;
 }
 
+/* Rows [lo, hi) of a checked product (densedot_check: part starts `start`). */
+void densedot_claim_rows(int nparts, const void *const *data, const int *start, int cols, const float *x, int ntok,
+                         float *y, int ldy, int lo, int hi) {
+    int a, b;
+    for (int p = 0; p < nparts; p++)
+        if (rows_in_part(start, p, lo, hi, &a, &b))
+            dense_rows_n((const float *)data[p] + (size_t)(a - start[p]) * cols, x, cols, ntok, y + a, ldy, b - a);
+}
+
 /* Thread `me`'s part of a checked product, inside a parallel region whose `count` shares were set up over the
  * product's rows (row_shares_init): the rows it claims, until every share is empty. No barrier. */
 void densedot_team_rows(int nparts, const void *const *data, const int *start, int cols, const float *x, int ntok,
                         float *y, int ldy, row_share *shares, int count, int me) {
     const int chunk = row_chunk((long)cols * (long)sizeof(float));
-    int lo, hi, a, b;
+    int lo, hi;
     while (row_next(shares, count, me, chunk, &lo, &hi))
-        for (int p = 0; p < nparts; p++)
-            if (rows_in_part(start, p, lo, hi, &a, &b))
-                dense_rows_n((const float *)data[p] + (size_t)(a - start[p]) * cols, x, cols, ntok, y + a, ldy, b - a);
+        densedot_claim_rows(nparts, data, start, cols, x, ntok, y, ldy, lo, hi);
 }
 
 /* y[t * ldy + o] for the rows of `nparts` stacked float32 parts (part p: `rows[p]` rows at `data[p]`, kind

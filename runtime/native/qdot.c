@@ -331,30 +331,39 @@ void qdot_prep(int wide, const float *x, int ntok, int cols, void *buf) {
 /* What the threads' shares split: a checked product's output rows in groups of four. */
 int qdot_units(int total) { return (total + 3) / 4; }
 
-/* Thread `me`'s groups of a checked product (blockdot_check_parts: part starts `start`) inside a parallel region
- * whose `count` shares split qdot_units(rows) (row_shares_init), the activations prepared in `buf` by qdot_prep.
- * No barrier. */
-void qdot_team_rows(int wide, int nparts, const void *const *data, const int *kinds, const int *start, int cols,
-                    int ntok, const void *buf, float *y, int ldy, row_share *shares, int count, int me) {
+/* Groups of four rows per claim of a product whose first part is of `kind`. */
+int qdot_chunk(int kind, int cols) { return row_chunk(4 * (long)(cols / block_elems(kind)) * (long)block_bytes(kind)); }
+
+/* Groups [g0, g1) of four output rows of a checked product (blockdot_check_parts: part starts `start`), the
+ * activations prepared in `buf` by qdot_prep: the same code whichever thread runs them, so the same bits. */
+void qdot_claim_rows(int wide, int nparts, const void *const *data, const int *kinds, const int *start, int cols,
+                     int ntok, const void *buf, float *y, int ldy, int g0, int g1) {
     const acts *a = (const acts *)buf;
     const int total = start[nparts];
     const row_fn fn = ROWS[wide][ntok];
-    const int chunk = row_chunk(4 * (long)(cols / block_elems(kinds[0])) * (long)block_bytes(kinds[0]));
+    for (int g = g0; g < g1; g++) {
+        const int first = 4 * g, end = first + 4 < total ? first + 4 : total;
+        int p = 0;
+        while (first >= start[p + 1]) p++;
+        for (int o = first; o < end; o++) {
+            while (o >= start[p + 1]) p++;
+            const int kind = kinds[p];
+            const size_t row_bytes = (size_t)(cols / block_elems(kind)) * block_bytes(kind);
+            float out[BLOCKDOT_MAX_TOKENS];
+            fn(kind, (const uint8_t *)data[p] + (size_t)(o - start[p]) * row_bytes, a, out);
+            for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
+        }
+    }
+}
+
+/* Thread `me`'s groups of a checked product inside a parallel region whose `count` shares split
+ * qdot_units(rows) (row_shares_init). No barrier. */
+void qdot_team_rows(int wide, int nparts, const void *const *data, const int *kinds, const int *start, int cols,
+                    int ntok, const void *buf, float *y, int ldy, row_share *shares, int count, int me) {
+    const int chunk = qdot_chunk(kinds[0], cols);
     int g0, g1;
     while (row_next(shares, count, me, chunk, &g0, &g1))
-        for (int g = g0; g < g1; g++) {
-            const int first = 4 * g, end = first + 4 < total ? first + 4 : total;
-            int p = 0;
-            while (first >= start[p + 1]) p++;
-            for (int o = first; o < end; o++) {
-                while (o >= start[p + 1]) p++;
-                const int kind = kinds[p];
-                const size_t row_bytes = (size_t)(cols / block_elems(kind)) * block_bytes(kind);
-                float out[BLOCKDOT_MAX_TOKENS];
-                fn(kind, (const uint8_t *)data[p] + (size_t)(o - start[p]) * row_bytes, a, out);
-                for (int t = 0; t < ntok; t++) y[(size_t)t * ldy + o] = out[t];
-            }
-        }
+        qdot_claim_rows(wide, nparts, data, kinds, start, cols, ntok, buf, y, ldy, g0, g1);
 }
 
 /* The product with the activations quantised per 32 values to int8 (wide = 0) or to 16 bits (wide = 1), for the

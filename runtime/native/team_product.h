@@ -29,15 +29,23 @@ enum { KERNEL_BLOCKS = 0, KERNEL_INT8 = 1, KERNEL_DENSE = 2, KERNEL_INT16 = 3 };
 /* the kernels' pieces (blockdot.c, qdot.c, densedot.c) */
 int blockdot_check_parts(int nparts, const int *kinds, const int *rows, int cols, int ntok, int ldy, int *start);
 void blockdot_prep(int nparts, const int *kinds, const float *x, int cols, int ntok, float *xsum);
+int blockdot_chunk(int kind, int cols);
+void blockdot_claim_rows(int nparts, const void *const *data, const int *kinds, const int *start, int cols,
+                         const float *x, int ntok, const float *xsum, float *y, int ldy, int lo, int hi);
 void blockdot_team_rows(int nparts, const void *const *data, const int *kinds, const int *start, int cols,
                         const float *x, int ntok, const float *xsum, float *y, int ldy, row_share *shares, int count,
                         int me);
 size_t qdot_prep_bytes(int wide, int ntok, int cols);
 void qdot_prep(int wide, const float *x, int ntok, int cols, void *buf);
 int qdot_units(int total);
+int qdot_chunk(int kind, int cols);
+void qdot_claim_rows(int wide, int nparts, const void *const *data, const int *kinds, const int *start, int cols,
+                     int ntok, const void *buf, float *y, int ldy, int g0, int g1);
 void qdot_team_rows(int wide, int nparts, const void *const *data, const int *kinds, const int *start, int cols,
                     int ntok, const void *buf, float *y, int ldy, row_share *shares, int count, int me);
 int densedot_check(int nparts, const int *kinds, const int *rows, int cols, int ntok, int ldy, int *start);
+void densedot_claim_rows(int nparts, const void *const *data, const int *start, int cols, const float *x, int ntok,
+                         float *y, int ldy, int lo, int hi);
 void densedot_team_rows(int nparts, const void *const *data, const int *start, int cols, const float *x, int ntok,
                         float *y, int ldy, row_share *shares, int count, int me);
 
@@ -58,16 +66,48 @@ static inline size_t team_prep_bytes(const native_linear *w, int rows) {
     }
 }
 
-/* By one thread, before the barrier that precedes team_rows: x's prepared activations into `prep`, and `count`
- * shares over the product's units (rows; groups of four rows for the integer kernels). */
-static inline void team_prep(const native_linear *w, const int *start, const float *x, int rows, void *prep,
-                             row_share *shares, int count) {
+/* The units a checked product's rows are shared in: rows, or groups of four rows for the integer kernels. */
+static inline int team_units(const native_linear *w, const int *start) {
     const int total = start[w->nparts];
+    return w->kernel == KERNEL_INT8 || w->kernel == KERNEL_INT16 ? qdot_units(total) : total;
+}
+
+/* x's activations prepared for `w` into `prep` (team_prep's code without the shares). */
+static inline void team_prep_acts(const native_linear *w, const float *x, int rows, void *prep) {
     if (w->kernel == KERNEL_BLOCKS) blockdot_prep(w->nparts, w->kinds, x, w->cols, rows, (float *)prep);
     if (w->kernel == KERNEL_INT8 || w->kernel == KERNEL_INT16)
         qdot_prep(w->kernel == KERNEL_INT16, x, rows, w->cols, prep);
-    const int units = w->kernel == KERNEL_INT8 || w->kernel == KERNEL_INT16 ? qdot_units(total) : total;
-    row_shares_init(shares, count, units);
+}
+
+/* By one thread, before the barrier that precedes team_rows: x's prepared activations into `prep`, and `count`
+ * shares over the product's units. */
+static inline void team_prep(const native_linear *w, const int *start, const float *x, int rows, void *prep,
+                             row_share *shares, int count) {
+    team_prep_acts(w, x, rows, prep);
+    row_shares_init(shares, count, team_units(w, start));
+}
+
+/* Units per claim of a checked product (about ROW_CHUNK_BYTES of weights). */
+static inline int team_chunk(const native_linear *w) {
+    if (w->kernel == KERNEL_DENSE) return row_chunk((long)w->cols * (long)sizeof(float));
+    if (w->kernel == KERNEL_BLOCKS) return blockdot_chunk(w->kinds[0], w->cols);
+    return qdot_chunk(w->kinds[0], w->cols);
+}
+
+/* Units [lo, hi) of a checked product, activations prepared by team_prep's code (any thread's copy: the same
+ * bits), y[t * w->out + o]. */
+static inline void team_claim(const native_linear *w, const int *start, const float *x, int rows, const void *prep,
+                              float *y, int lo, int hi) {
+    switch (w->kernel) {
+    case KERNEL_DENSE: densedot_claim_rows(w->nparts, w->data, start, w->cols, x, rows, y, w->out, lo, hi); break;
+    case KERNEL_BLOCKS:
+        blockdot_claim_rows(w->nparts, w->data, w->kinds, start, w->cols, x, rows, (const float *)prep, y, w->out, lo,
+                            hi);
+        break;
+    default:
+        qdot_claim_rows(w->kernel == KERNEL_INT16, w->nparts, w->data, w->kinds, start, w->cols, rows, prep, y, w->out,
+                        lo, hi);
+    }
 }
 
 /* By every thread of the region (thread `me`): the rows it claims, y[t * w->out + o]; no barrier. */

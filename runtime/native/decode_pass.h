@@ -1,0 +1,59 @@
+/* A decode pass's decoder layers, checked, as the two ways of running them take it: with barriers
+ * (decode_layers.c) or with claims other threads may finish (decode_team.c). */
+#ifndef RADIXCACHE_DECODE_PASS_H
+#define RADIXCACHE_DECODE_PASS_H
+#include <stddef.h>
+
+#include "decode_attention.h"
+#include "decode_store.h"
+#include "team_product.h"
+
+/* One decoder layer's weights. Layout must match NativeLayer in runtime/model/native_layers.py. */
+typedef struct {
+    const float *ln_in;
+    const float *ln_post;
+    native_linear qkv, o, gate_up, down;
+} native_layer;
+
+/* Everything a pass's layers read, every index checked (decode_layers.c's native_decode_layers). */
+typedef struct {
+    const native_layer *layers;
+    int num_layers, rows, hidden, heads, kv_heads, head_dim, inter;
+    float eps;
+    float *x; /* [rows, hidden], updated in place */
+    rope_store_args rope; /* qkv, q_out, the pool's and the mirror's layer: set per layer */
+    long pool_layer_stride;
+    float *const *mirror_k, *const *mirror_v;
+    long mirror_row_stride, mirror_head_stride;
+    const long *order, *inverse; /* mirror rows out of batch order, or both NULL */
+    attn_plan plan;
+    size_t qkv_width, att_width, prep_bytes; /* prep_bytes: the largest product's prepared activations */
+} decode_pass;
+
+/* Layer l's RoPE and store arguments over `qkv`, q heads into `q`. */
+static inline rope_store_args pass_rope(const decode_pass *d, int l, const float *qkv, float *q) {
+    rope_store_args here = d->rope;
+    here.qkv = qkv;
+    here.q_out = q;
+    here.pool_k += (size_t)l * d->pool_layer_stride;
+    here.pool_v += (size_t)l * d->pool_layer_stride;
+    here.mirror_k = d->mirror_k[l];
+    here.mirror_v = d->mirror_v[l];
+    return here;
+}
+
+/* How decode_team.c runs a pass: `stall_us` microseconds of spinning by thread `stall_thread` before each unit
+ * claim it computes (tests: a thread that keeps losing its core); claims finished for another thread added to
+ * `*taken` where not NULL. */
+typedef struct {
+    int stall_thread, stall_us;
+    long *taken;
+} team_options;
+
+int native_rms_norm(const float *x, const float *w, int rows, int cols, float eps, float *out);
+int native_silu_mul(const float *gu, int rows, int inter, float *out);
+/* 1 when decode_team_run takes a pass of `team` threads (few rows, every phase's units in a claim word). */
+int decode_team_fits(const decode_pass *d, int team);
+/* The pass on `team` threads without barriers between its phases: 0, or -2 when scratch cannot be allocated. */
+int decode_team_run(const decode_pass *d, int team, const team_options *opt);
+#endif

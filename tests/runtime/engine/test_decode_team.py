@@ -1,0 +1,88 @@
+"""runtime/native/decode_team.c and takeover.h: a decode pass's layers on a team whose threads never wait for each
+other between phases. One thread of two made to spin before every unit of work it claims (as a thread that keeps
+losing its core on a busy machine does) has its claims finished by the other thread, and the passes still give
+the eager layers' bits: on GGUF blocks with each activation kernel (float, int8, 16-bit), with q/k/v bias, on a
+float32 model's native products, whichever thread is the slow one, on a batch that shrinks as requests finish
+(the mirror's rows out of batch order on the way)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+from typing import Any
+
+import pytest
+
+from radixcache.runtime.model.llama import LlamaModel
+from radixcache.runtime.testing import random_weights, tiny_config
+from tests.runtime.engine.test_native_layers import _decode_together, _force, _gguf_model
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(os.environ.get("CC", "cc")) is None, reason="the native kernels need a C compiler"
+)
+
+
+class StalledLayers:
+    """Stands in for the model's native library: its decode layers always go the team's way, thread `slow`
+    spinning `stall_us` microseconds before each claim it computes; counts the claims the others finished for it."""
+
+    def __init__(self, lib: ctypes.CDLL, slow: int, stall_us: int) -> None:
+        self._lib, self._slow, self._stall_us = lib, slow, stall_us
+        self.passes = 0
+        self.taken = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lib, name)
+
+    def native_decode_layers(self, *args: Any) -> int:
+        taken = ctypes.c_long(0)
+        status = self._lib.native_decode_layers_stalled(*args, self._slow, self._stall_us, ctypes.byref(taken))
+        assert status == 0, f"the team's way refused a pass ({status})"
+        self.passes += 1
+        self.taken += taken.value
+        return status
+
+
+def _stalled(model: LlamaModel, slow: int) -> StalledLayers:
+    plan = model.native_layers
+    assert plan is not None
+    stand_in = StalledLayers(plan._lib, slow, stall_us=300)
+    plan._lib = stand_in
+    return stand_in
+
+
+@pytest.mark.parametrize(
+    ("activations", "bias", "slow"), [("float", False, 0), ("int8", False, 1), ("int16", True, 1), ("int8", True, 0)]
+)
+def test_a_stalled_threads_claims_are_finished_by_the_other_and_the_bits_stay(
+    monkeypatch: pytest.MonkeyPatch, activations: str, bias: bool, slow: int
+) -> None:
+    monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", activations)
+    model = _gguf_model(bias)
+    stand_in = _stalled(model, slow)
+    team = _decode_together(model, 4, threads=2)
+    assert stand_in.passes > 0, "the native layers never ran"
+    assert stand_in.taken > 0, "no claim of the stalled thread was finished by the other"
+    model.native_layers = None
+    eager = _decode_together(model, 4, threads=2)
+    for (tokens_a, a), (tokens_b, b) in zip(team, eager, strict=True):
+        assert tokens_a == tokens_b
+        assert a.equal(b)
+
+
+def test_a_float32_models_native_products_with_a_stalled_thread_keep_the_eager_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from radixcache.runtime.model import native_layers
+
+    cfg = tiny_config(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16)
+    model = LlamaModel(cfg, random_weights(cfg, 9))
+    _force(model, "native")
+    stand_in = _stalled(model, 0)
+    team = _decode_together(model, 4, "native", threads=2)
+    assert stand_in.passes > 0 and stand_in.taken > 0
+    monkeypatch.setattr(native_layers.NativeLayers, "run", lambda self, x, f: None)  # the eager layers
+    eager = _decode_together(model, 4, "native", threads=2)
+    for (tokens_a, a), (tokens_b, b) in zip(team, eager, strict=True):
+        assert tokens_a == tokens_b and a.equal(b)
