@@ -70,22 +70,23 @@ static inline float dot(const float *a, const float *b, int d) {
 }
 
 /* One query row's output from its spans' partial results: span k's (max, sum, unnormalised output) for row gi are
- * at p + k * stride (max at p[gi], sum at p[ATTN_MAX_GROUP + gi], output at p + 2 * ATTN_MAX_GROUP + gi * head_dim);
- * merged in span order. A span whose sum is 0 saw no position of the row and is skipped. */
-static inline void merge_spans(float *o, const float *p, size_t stride, int count, int gi, int head_dim) {
+ * at p + k * stride (max at p[gi], sum at p[slot + gi], output at p + 2 * slot + gi * head_dim; `slot`: the rows an
+ * item's results hold room for, ATTN_MAX_GROUP but where packed); merged in span order. A span whose sum is 0 saw
+ * no position of the row and is skipped. */
+static inline void merge_spans(float *o, const float *p, size_t stride, int count, int gi, int head_dim, int slot) {
     float m = -INFINITY;
     for (int k = 0; k < count; k++) {
         const float *pk = p + (size_t)k * stride;
-        if (pk[ATTN_MAX_GROUP + gi] > 0.0f && pk[gi] > m) m = pk[gi];
+        if (pk[slot + gi] > 0.0f && pk[gi] > m) m = pk[gi];
     }
     for (int i = 0; i < head_dim; i++) o[i] = 0.0f;
     float sum = 0.0f;
     for (int k = 0; k < count; k++) {
         const float *pk = p + (size_t)k * stride;
-        if (!(pk[ATTN_MAX_GROUP + gi] > 0.0f)) continue;
+        if (!(pk[slot + gi] > 0.0f)) continue;
         const float w = expf(pk[gi] - m);
-        sum += w * pk[ATTN_MAX_GROUP + gi];
-        const float *po = pk + 2 * ATTN_MAX_GROUP + (size_t)gi * head_dim;
+        sum += w * pk[slot + gi];
+        const float *po = pk + 2 * slot + (size_t)gi * head_dim;
 #pragma omp simd
         for (int i = 0; i < head_dim; i++) o[i] += w * po[i];
     }

@@ -276,30 +276,47 @@ void attn_items(const attn_plan *pl, float *part, const float *q, const float *k
     }
 }
 
-/* Items [lo, hi)'s results copied from `from` to `to` (both in plan->part's layout): the maximum, sum and output
- * rows of each item's query heads, nothing else. */
-void attn_items_copy(const attn_plan *pl, const float *from, float *to, long lo, long hi) {
+/* The query rows an item's results hold room for: ATTN_MAX_GROUP in plan->part, its group (at most that) packed. */
+static int packed_slot(const attn_plan *pl) { return pl->group < ATTN_MAX_GROUP ? pl->group : ATTN_MAX_GROUP; }
+
+size_t attn_packed_floats(const attn_plan *pl) { return (size_t)pl->items * packed_slot(pl) * pl->per_head; }
+
+/* Item it's place in a part buffer whose items hold `slot` rows each. */
+static size_t item_place(const attn_plan *pl, attn_item it, int slot) {
+    return (size_t)(((long)it.s * pl->kv_heads + it.h) * pl->slices + it.slice) * slot * pl->per_head;
+}
+
+void attn_items_pack(const attn_plan *pl, const float *from, float *to, long lo, long hi) {
+    const int slot = packed_slot(pl);
     for (long run = lo; run < hi; run++) {
         const attn_item it = item_at(run, pl->spans, pl->slices, pl->first, pl->span_seq, pl->lengths);
         const int g0 = it.slice * ATTN_MAX_GROUP;
         const int g = pl->group - g0 < ATTN_MAX_GROUP ? pl->group - g0 : ATTN_MAX_GROUP;
-        const size_t at = (size_t)(((long)it.s * pl->kv_heads + it.h) * pl->slices + it.slice) * ATTN_MAX_GROUP *
-                          pl->per_head;
-        memcpy(to + at, from + at, sizeof(float) * (size_t)g);
-        memcpy(to + at + ATTN_MAX_GROUP, from + at + ATTN_MAX_GROUP, sizeof(float) * (size_t)g);
-        memcpy(to + at + 2 * ATTN_MAX_GROUP, from + at + 2 * ATTN_MAX_GROUP, sizeof(float) * (size_t)g * pl->head_dim);
+        const float *f = from + item_place(pl, it, ATTN_MAX_GROUP);
+        float *t = to + item_place(pl, it, slot);
+        memcpy(t, f, sizeof(float) * (size_t)g);
+        memcpy(t + slot, f + ATTN_MAX_GROUP, sizeof(float) * (size_t)g);
+        memcpy(t + 2 * slot, f + 2 * ATTN_MAX_GROUP, sizeof(float) * (size_t)g * pl->head_dim);
     }
 }
 
-/* Output row r = b * heads + hq of `out`: sequence b's query head hq, its spans in `part` merged in position
- * order. */
-void attn_merge(const attn_plan *pl, const float *part, float *out, int r) {
+/* Output row r = b * heads + hq (sequence b's query head hq), its spans merged in position order from a part
+ * buffer whose items hold `slot` rows each. */
+static void merge_row(const attn_plan *pl, const float *part, int slot, float *out, int r) {
     const int b = r / pl->heads, hq = r % pl->heads;
     const int h = hq / pl->group, slice = (hq % pl->group) / ATTN_MAX_GROUP, gi = (hq % pl->group) % ATTN_MAX_GROUP;
-    const size_t stride = (size_t)pl->kv_heads * pl->slices * ATTN_MAX_GROUP * pl->per_head; /* span to span */
-    const float *p = part + ((size_t)((long)pl->first[b] * pl->kv_heads + h) * pl->slices + slice) * ATTN_MAX_GROUP *
-                                pl->per_head;
-    merge_spans(out + (size_t)r * pl->head_dim, p, stride, pl->first[b + 1] - pl->first[b], gi, pl->head_dim);
+    const size_t stride = (size_t)pl->kv_heads * pl->slices * slot * pl->per_head; /* span to span */
+    const size_t first = ((size_t)((long)pl->first[b] * pl->kv_heads + h) * pl->slices + slice) * slot;
+    const float *p = part + first * pl->per_head;
+    merge_spans(out + (size_t)r * pl->head_dim, p, stride, pl->first[b + 1] - pl->first[b], gi, pl->head_dim, slot);
+}
+
+void attn_merge(const attn_plan *pl, const float *part, float *out, int r) {
+    merge_row(pl, part, ATTN_MAX_GROUP, out, r);
+}
+
+void attn_merge_packed(const attn_plan *pl, const float *packed, float *out, int r) {
+    merge_row(pl, packed, packed_slot(pl), out, r);
 }
 
 /* One layer's attention, run by every thread of a parallel region (thread `me` of its team): each thread its run

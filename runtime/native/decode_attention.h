@@ -29,8 +29,12 @@ long attn_first_item(const attn_plan *plan, int t, int team);
 void attn_items(const attn_plan *plan, float *part, const float *q, const float *k, const float *v, long row_stride,
                 long head_stride, long lo, long hi);
 void attn_merge(const attn_plan *plan, const float *part, float *out, int r);
-/* Items [lo, hi)'s results copied from one part buffer to another (only what the merge reads). */
-void attn_items_copy(const attn_plan *plan, const float *from, float *to, long lo, long hi);
+/* The same results packed: each item holds its group's rows only, not ATTN_MAX_GROUP (SmolLM2's 3 of 16): floats
+ * of a packed buffer; items [lo, hi) copied from plan->part's layout into one (only what the merge reads); output
+ * row r merged from one. */
+size_t attn_packed_floats(const attn_plan *plan);
+void attn_items_pack(const attn_plan *plan, const float *from, float *to, long lo, long hi);
+void attn_merge_packed(const attn_plan *plan, const float *packed, float *out, int r);
 int native_decode_attention(const float *q, int batch, int heads, int kv_heads, int head_dim, const float *k,
                             const float *v, long row_stride, long head_stride, const int *lengths, int capacity,
                             float *out);

@@ -23,11 +23,11 @@
  * The barriers' way runs the layers in one parallel region: the products' rows and the attention's items are
  * shared by the threads (team_product.h, attn_team), the q heads' RoPE goes to thread 0 and the k and v heads' RoPE
  * and stores to the last thread (decode_store.h), the norms, residual adds, SiLU and each product's prepared
- * activations are thread 0's, and barriers order them. A call per product and two per attention each started a region of
- * their own before (5 regions a layer): the 30 layers of SmolLM2's fp32 decode step take 1.1-2.7% less time in
- * one region where the memory reads fast, 0.5% where it reads 35-38 GB/s (steps alternating between the builds,
- * 372 pairs a run, 2026-12-06; gguf 0.6%), and nothing is written when a product's arguments are wrong (every
- * layer's are checked first). */
+ * activations are thread 0's, and barriers order them. A call per product and two per attention each started a
+ * region of their own before (5 regions a layer): the 30 layers of SmolLM2's fp32 decode step take 1.1-2.7% less
+ * time in one region where the memory reads fast, 0.5% where it reads 35-38 GB/s (steps alternating between the
+ * builds, 372 pairs a run, 2026-12-06; gguf 0.6%), and nothing is written when a product's arguments are wrong
+ * (every layer's are checked first). */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>

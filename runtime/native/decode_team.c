@@ -15,8 +15,9 @@
  * region's end is the one place a thread waits for the others, once a pass.
  *
  * The cost: each thread repeats the cheap parts (a few microseconds a layer at batch 1), and a pass keeps its
- * layers' outputs: (qkv + 2 hidden + 2 inter) floats a row a layer, so the way is taken for at most
- * TEAM_MAX_ROWS rows. The result is the barriers' way's bits (tests/runtime/engine/test_decode_team.py). */
+ * layers' outputs: (qkv + 2 hidden + 2 inter) floats a row a layer and the attention's items packed, so the way is
+ * taken for at most TEAM_MAX_ROWS rows and TEAM_MAX_BYTES of them. The result is the barriers' way's bits
+ * (tests/runtime/engine/test_decode_team.py). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,7 +30,7 @@
 #endif
 
 #define TEAM_MAX_ROWS 8
-#define TEAM_MAX_BYTES (32L << 20) /* the layers' outputs a pass keeps (SmolLM2, 1 row, 513 positions: 2.5 MB) */
+#define TEAM_MAX_BYTES (32L << 20) /* the layers' outputs a pass keeps (SmolLM2, 1 row, 513 positions: 1 MB) */
 #define PHASES_PER_LAYER 5 /* the qkv product, the attention's items, the o, gate_up and down products */
 
 static double seconds_now(void) {
@@ -71,7 +72,7 @@ static void product_units(const void *work, int lo, int hi) {
 
 typedef struct {
     const attn_plan *plan;
-    float *part, *stage; /* stage: this thread's, laid out as part */
+    float *part, *stage; /* part: packed (attn_items_pack); stage: this thread's, in plan->part's layout */
     const float *q, *k, *v;
     long row_stride, head_stride;
     int stall_us;
@@ -81,11 +82,12 @@ static void attention_units(const void *work, int lo, int hi) {
     const attention_work *a = work;
     stall(a->stall_us);
     attn_items(a->plan, a->stage, a->q, a->k, a->v, a->row_stride, a->head_stride, lo, hi);
-    attn_items_copy(a->plan, a->stage, a->part, lo, hi);
+    attn_items_pack(a->plan, a->stage, a->part, lo, hi);
 }
 
 static size_t aligned_floats(size_t n) { return (n + 15) / 16 * 16; }
 
+/* Floats of one layer's attention items in plan->part's layout (a thread's staging copy). */
 static size_t part_floats(const attn_plan *plan) {
     return aligned_floats((size_t)plan->items * ATTN_MAX_GROUP * plan->per_head);
 }
@@ -94,7 +96,7 @@ static size_t part_floats(const attn_plan *plan) {
 static size_t layer_floats(const decode_pass *d) {
     const size_t rows = (size_t)d->rows;
     return aligned_floats(rows * d->qkv_width) + 2 * aligned_floats(rows * d->hidden) +
-           aligned_floats(rows * 2 * d->inter) + part_floats(&d->plan);
+           aligned_floats(rows * 2 * d->inter) + aligned_floats(attn_packed_floats(&d->plan));
 }
 
 int decode_team_fits(const decode_pass *d, int team) {
@@ -241,7 +243,7 @@ int decode_team_run(const decode_pass *d, int team, const team_options *opt) {
                                        d->mirror_row_stride, d->mirror_head_stride, stall_us};
             taken += takeover_phase(phase + 1, d->plan.items, shares + (size_t)(phase + 1) * team, team, 4, slots,
                                     counts + phase + 1, me, attention_units, &aw);
-            for (int r = 0; r < rows * d->heads; r++) attn_merge(&d->plan, part, att_rows, r);
+            for (int r = 0; r < rows * d->heads; r++) attn_merge_packed(&d->plan, part, att_rows, r);
             for (int t = 0; order != NULL && t < rows; t++)
                 memcpy(b.att + (size_t)t * att_w, att_rows + (size_t)inverse[t] * att_w, att_w * sizeof(float));
             taken += team_product(&seat, phase + 2, w[1], start[1], b.att, rows, b.prep, b.stage, yo);

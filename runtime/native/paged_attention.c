@@ -99,7 +99,7 @@ int native_paged_attention(const float *q, int n, int heads, int kv_heads, int h
         const int slice = row / ATTN_MAX_GROUP, gi = row % ATTN_MAX_GROUP;
         const size_t stride = (size_t)slices * ATTN_MAX_GROUP * per_row;
         merge_spans(out + (size_t)row * head_dim, part + (size_t)slice * ATTN_MAX_GROUP * per_row, stride, spans, gi,
-                    head_dim);
+                    head_dim, ATTN_MAX_GROUP);
     }
     free(part);
     return 0;
