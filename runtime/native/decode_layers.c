@@ -266,8 +266,8 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
 }
 
 /* For tests (tests/runtime/engine/test_decode_team.py): native_decode_layers' arguments, always decode_team.c's
- * way (-1 where it does not fit the pass), thread `stall_thread` spinning `stall_us` microseconds before each claim
- * it computes; *taken: the claims finished for another thread. */
+ * way (-1 where it does not fit the pass), thread `stall_thread` waiting after publishing each claim until another
+ * thread took it or `stall_us` microseconds passed; *taken: the claims finished for another thread. */
 int native_decode_layers_stalled(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
                                  int kv_heads, int head_dim, int inter, float eps, const long *positions,
                                  const float *cos, const float *ssin, long max_position, float *pool,

@@ -42,9 +42,9 @@ static inline rope_store_args pass_rope(const decode_pass *d, int l, const float
     return here;
 }
 
-/* How decode_team.c runs a pass: `stall_us` microseconds of spinning by thread `stall_thread` before each unit
- * claim it computes (tests: a thread that keeps losing its core); claims finished for another thread added to
- * `*taken` where not NULL. */
+/* How decode_team.c runs a pass (tests): thread `stall_thread` (-1: none) loses its core after each claim it
+ * publishes, for up to `stall_us` microseconds (takeover.h's takeover_test); claims finished for another thread
+ * added to `*taken` where not NULL. */
 typedef struct {
     int stall_thread, stall_us;
     long *taken;

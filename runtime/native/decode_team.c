@@ -33,18 +33,6 @@
 #define TEAM_MAX_BYTES (32L << 20) /* the layers' outputs a pass keeps (SmolLM2, 1 row, 513 positions: 1 MB) */
 #define PHASES_PER_LAYER 5 /* the qkv product, the attention's items, the o, gate_up and down products */
 
-static double seconds_now(void) {
-#ifdef _OPENMP
-    return omp_get_wtime();
-#else
-    return 0.0;
-#endif
-}
-
-static void stall(int us) {
-    for (const double t0 = seconds_now(); us > 0 && seconds_now() - t0 < us * 1e-6;) takeover_pause();
-}
-
 /* A unit's results are computed into the thread's own staging copy of the phase's output, then copied to the
  * shared one: the kernels write partial values on the way (the attention accumulates into its parts), and a late
  * owner's partial values over a finished unit would be read by the threads that moved on. Copies write final
@@ -55,12 +43,11 @@ typedef struct {
     const float *x;
     const void *prep;
     float *y, *stage; /* stage: this thread's, laid out as y */
-    int rows, stall_us;
+    int rows;
 } product_work;
 
 static void product_units(const void *work, int lo, int hi) {
     const product_work *p = work;
-    stall(p->stall_us);
     team_claim(p->w, p->start, p->x, p->rows, p->prep, p->stage, lo, hi);
     const int total = p->start[p->w->nparts], grouped = p->w->kernel == KERNEL_INT8 || p->w->kernel == KERNEL_INT16;
     const int first = grouped ? 4 * lo : lo, end = grouped ? (4 * hi < total ? 4 * hi : total) : hi;
@@ -75,12 +62,10 @@ typedef struct {
     float *part, *stage; /* part: packed (attn_items_pack); stage: this thread's, in plan->part's layout */
     const float *q, *k, *v;
     long row_stride, head_stride;
-    int stall_us;
 } attention_work;
 
 static void attention_units(const void *work, int lo, int hi) {
     const attention_work *a = work;
-    stall(a->stall_us);
     attn_items(a->plan, a->stage, a->q, a->k, a->v, a->row_stride, a->head_stride, lo, hi);
     attn_items_pack(a->plan, a->stage, a->part, lo, hi);
 }
@@ -135,7 +120,8 @@ typedef struct {
     row_share *shares; /* the pass's phases' shares, `team` a phase */
     phase_count *counts;
     live_claim *slots;
-    int team, me, stall_us;
+    int team, me;
+    const takeover_test *test;
 } team_seat;
 
 /* Thread `s->me`'s part of product `w` (phase `phase`): x's activations prepared into its own `prep`, then the
@@ -143,9 +129,9 @@ typedef struct {
 static long team_product(const team_seat *s, int phase, const native_linear *w, const int *start, const float *x,
                          int rows, void *prep, float *stage, float *y) {
     team_prep_acts(w, x, rows, prep);
-    const product_work work = {w, start, x, prep, y, stage, rows, s->stall_us};
+    const product_work work = {w, start, x, prep, y, stage, rows};
     return takeover_phase(phase, team_units(w, start), s->shares + (size_t)phase * s->team, s->team, team_chunk(w),
-                          s->slots, s->counts + phase, s->me, product_units, &work);
+                          s->slots, s->counts + phase, s->me, product_units, &work, s->test);
 }
 
 /* One thread's copies of the cheap parts' buffers. */
@@ -207,11 +193,12 @@ int decode_team_run(const decode_pass *d, int team, const team_options *opt) {
     const long *order = d->order, *inverse = d->inverse;
     const size_t att_w = d->att_width;
     long taken = 0;
+    const takeover_test stalled = {opt->stall_thread, opt->stall_us};
+    const takeover_test *test = opt->stall_thread >= 0 && opt->stall_us > 0 ? &stalled : NULL;
 #pragma omp parallel num_threads(team) reduction(+ : taken)
     {
         const int me = omp_get_thread_num();
-        const int stall_us = me == opt->stall_thread ? opt->stall_us : 0;
-        const team_seat seat = {shares, counts, slots, team, me, stall_us};
+        const team_seat seat = {shares, counts, slots, team, me, test};
         float *at = scratch + layer_n * layers + own_n * me;
         own_buffers b;
         float **next[] = {&b.x, &b.h, &b.qkv, &b.q, &b.q_rows, &b.att_rows, &b.att, &b.gu, &b.act, &b.stage, &b.part};
@@ -240,9 +227,9 @@ int decode_team_run(const decode_pass *d, int team, const team_options *opt) {
             const float *q_rows = order != NULL ? b.q_rows : b.q;
             float *att_rows = order != NULL ? b.att_rows : b.att;
             const attention_work aw = {&d->plan, part, b.part, q_rows, d->mirror_k[l], d->mirror_v[l],
-                                       d->mirror_row_stride, d->mirror_head_stride, stall_us};
+                                       d->mirror_row_stride, d->mirror_head_stride};
             taken += takeover_phase(phase + 1, d->plan.items, shares + (size_t)(phase + 1) * team, team, 4, slots,
-                                    counts + phase + 1, me, attention_units, &aw);
+                                    counts + phase + 1, me, attention_units, &aw, test);
             for (int r = 0; r < rows * d->heads; r++) attn_merge_packed(&d->plan, part, att_rows, r);
             for (int t = 0; order != NULL && t < rows; t++)
                 memcpy(b.att + (size_t)t * att_w, att_rows + (size_t)inverse[t] * att_w, att_w * sizeof(float));

@@ -41,22 +41,44 @@ static inline uint64_t claim_word(int phase, int lo, int hi) {
     return (uint64_t)(phase + 1) << 48 | (uint64_t)lo << 24 | (uint64_t)hi;
 }
 
+/* Tests only (NULL otherwise): thread `slow` loses its core right after publishing each claim, until another
+ * thread took the claim over or `us` microseconds passed, and then computes the claim still (a late owner); the
+ * other threads, entering a phase, first wait (as long at most) until `slow` has published a claim in it or the
+ * phase is done, so that it has one to lose even on a machine whose scheduler keeps it behind. */
+typedef struct {
+    int slow, us;
+} takeover_test;
+
+/* Spins until `ready` or `us` microseconds passed. */
+#ifdef _OPENMP
+#define TAKEOVER_SPIN(ready, us)                                                                                       \
+    for (const double t0_ = omp_get_wtime(); !(ready) && omp_get_wtime() - t0_ < (us) * 1e-6;) takeover_pause()
+#else
+#define TAKEOVER_SPIN(ready, us) (void)(us)
+#endif
+
 /* One phase's work for the thread that runs it: units [lo, hi) computed into the phase's own output. */
 typedef void (*units_fn)(const void *work, int lo, int hi);
 
 /* Thread `me` of a team of `count` slots in phase `phase` (`total` units in `shares`, claimed `chunk` at a time):
  * claims, computes and counts units until the phase is finished, computing other threads' published claims once
  * nothing is left to claim. Returns the number of claims it finished for another thread. On return every unit's
- * output is written (the count's acquire pairs with each counter's release). */
+ * output is written (the count's acquire pairs with each counter's release). `test`: NULL, or takeover_test. */
 static inline long takeover_phase(int phase, long total, row_share *shares, int count, int chunk, live_claim *slots,
-                                  phase_count *counter, int me, units_fn run, const void *work) {
+                                  phase_count *counter, int me, units_fn run, const void *work,
+                                  const takeover_test *test) {
     long taken = 0;
     unsigned spins = 0;
+    if (test != NULL && me != test->slow && test->slow < count)
+        TAKEOVER_SPIN((int)(atomic_load(&slots[test->slow].word) >> 48) == phase + 1 ||
+                          atomic_load(&counter->done) >= total,
+                      test->us);
     for (;;) {
         int lo, hi;
         if (row_next(shares, count, me, chunk, &lo, &hi)) {
             const uint64_t w = claim_word(phase, lo, hi);
             atomic_store_explicit(&slots[me].word, w, memory_order_relaxed);
+            if (test != NULL && me == test->slow) TAKEOVER_SPIN(atomic_load(&slots[me].word) != w, test->us);
             run(work, lo, hi);
             uint64_t expect = w;
             if (atomic_compare_exchange_strong_explicit(&slots[me].word, &expect, 0, memory_order_acq_rel,

@@ -1,7 +1,7 @@
 """runtime/native/decode_team.c and takeover.h: a decode pass's layers on a team whose threads never wait for each
-other between phases. One thread of two made to spin before every unit of work it claims (as a thread that keeps
-losing its core on a busy machine does) has its claims finished by the other thread, and the passes still give
-the eager layers' bits: on GGUF blocks with each activation kernel (float, int8, 16-bit), with q/k/v bias, on a
+other between phases. One thread of two made to wait after claiming each unit of work, until the other thread has
+taken it over (at most 0.1 s; as a thread that keeps losing its core on a busy machine does), has its claims
+finished by the other thread, and computes them still, late; the passes still give the eager layers' bits: on GGUF blocks with each activation kernel (float, int8, 16-bit), with q/k/v bias, on a
 float32 model's native products, whichever thread is the slow one, on a batch that shrinks as requests finish
 (the mirror's rows out of batch order on the way)."""
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from radixcache.runtime.model.llama import LlamaModel
-from radixcache.runtime.testing import random_weights, tiny_config
-from tests.runtime.engine.test_native_layers import _decode_together, _force, _gguf_model
+from radixcache.runtime.testing import random_block_weight, random_weights, tiny_config
+from tests.runtime.engine.test_native_layers import _decode_together, _force
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None, reason="the native kernels need a C compiler"
@@ -25,7 +25,8 @@ pytestmark = pytest.mark.skipif(
 
 class StalledLayers:
     """Stands in for the model's native library: its decode layers always go the team's way, thread `slow`
-    spinning `stall_us` microseconds before each claim it computes; counts the claims the others finished for it."""
+    waiting after each claim until another thread took it (at most `stall_us` microseconds); counts the claims the
+    others finished for it."""
 
     def __init__(self, lib: ctypes.CDLL, slow: int, stall_us: int) -> None:
         self._lib, self._slow, self._stall_us = lib, slow, stall_us
@@ -44,10 +45,27 @@ class StalledLayers:
         return status
 
 
+# products of several claims a thread (row_chunk: 64 KiB of weights a claim), so that both threads claim in each:
+# with the suite's tiny model one thread did a whole product before the other one had prepared its activations
+SHAPES = {"hidden_size": 256, "intermediate_size": 1024, "num_heads": 8, "num_kv_heads": 2, "head_dim": 32}
+
+
+def _gguf_model(bias: bool, seed: int = 5) -> LlamaModel:
+    """A GQA model whose every matrix is a GGUF block weight (Q4_1 and Q8_0 mixed)."""
+    cfg = tiny_config(**SHAPES, attention_bias=bias, vocab_size=97)
+    weights = random_weights(cfg, seed)
+    blocks = {}
+    for i, (name, w) in enumerate(sorted(weights.items())):
+        if w.dim() == 2 and name != "model.embed_tokens.weight":
+            blocks[name] = random_block_weight("Q4_1" if i % 3 else "Q8_0", *w.shape, seed=seed + i)
+            weights[name] = blocks[name].dequantize()
+    return LlamaModel(cfg, weights, quant="gguf", blocks=blocks)
+
+
 def _stalled(model: LlamaModel, slow: int) -> StalledLayers:
     plan = model.native_layers
     assert plan is not None
-    stand_in = StalledLayers(plan._lib, slow, stall_us=300)
+    stand_in = StalledLayers(plan._lib, slow, stall_us=100_000)
     plan._lib = stand_in
     return stand_in
 
@@ -76,7 +94,7 @@ def test_a_float32_models_native_products_with_a_stalled_thread_keep_the_eager_b
 ) -> None:
     from radixcache.runtime.model import native_layers
 
-    cfg = tiny_config(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16)
+    cfg = tiny_config(**SHAPES)
     model = LlamaModel(cfg, random_weights(cfg, 9))
     _force(model, "native")
     stand_in = _stalled(model, 0)
