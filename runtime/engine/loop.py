@@ -316,7 +316,7 @@ class EngineLoop:
                         command(s)  # `call` wraps each: its error goes to its own future
                     try:
                         if s.has_work():
-                            if ctl is not None and (n := ctl.begin_step()) != applied:
+                            if ctl is not None and (n := ctl.begin_step(wide=s.team_decode_next())) != applied:
                                 torch.set_num_threads(n)  # between steps: never inside a forward pass
                                 applied = n
                             s.prefill_cap = PROBE_PREFILL_TOKENS if ctl is not None and ctl.measuring else None

@@ -30,6 +30,12 @@ class ModelRunner:
         self.passes = 0  # forward passes run (for tests and metrics)
         self.prefill_positions = 0  # prompt positions computed (recomputation after preemption included)
 
+    def team_decode(self, rows: int) -> bool:
+        """Whether a decode-only pass of `rows` rows runs on the native layers' team without barriers
+        (runtime/native/decode_team.c), which loses nothing to a thread the machine deschedules."""
+        layers = getattr(self.model, "native_layers", None)
+        return self.mirror is not None and layers is not None and layers.team_takes(rows)
+
     def step(self, decodes: Sequence[Request], chunks: Sequence[tuple[Request, int]]) -> ForwardLogits:
         """Decode one token for each of `decodes` (their pages must cover it) and compute the next `n` prompt
         positions of each `(request, n)` in `chunks` (their pages were allocated at admission)."""

@@ -141,6 +141,17 @@ class Scheduler(PassRun, PrefillAdmission, Preemption):
         for r in self.waiting:
             r.wait_steps += 1
 
+    def team_decode_next(self) -> bool:
+        """Whether the next step is a decode-only pass (nothing waiting or prefilling) of rows the model runs on
+        its native layers' team without barriers (ModelRunner.team_decode): the loop runs such a step on every
+        configured thread (runtime.engine.threads)."""
+        return (
+            not self.waiting
+            and not self.prefilling
+            and bool(self.decoding)
+            and self.runner.team_decode(len(self.decoding))
+        )
+
     def drain(self) -> list[Request]:
         out, self.finished = self.finished, []
         return out

@@ -35,6 +35,14 @@ the loop starts work after being idle (`LinuxProbe.others_running`, a snapshot o
 `measuring` until its first window closes, and the loop keeps each of those steps' prefill to
 `PROBE_PREFILL_TOKENS`, so that the rest of a long prompt runs on the count that window decides.
 
+A decode-only pass that the native layers run without barriers (runtime/native/decode_team.c: a thread that loses
+its core holds nobody up, its work is finished by the others) runs on every configured thread whatever the count:
+beside busy programs two such threads still get more of the machine than one (the loop asks
+`Scheduler.team_decode_next`; `begin_step(wide=True)`). The count then governs the rest (prefill, and passes on
+torch's or the barriers' kernels). Such "wide" steps keep the cores busy, so idle cores cannot say the machine
+has room again: a window that ran mostly wide raises the count once its threads waited less than `raise_waiting`
+(an idle machine reads about 0.01 there, one busy process beside two threads on 2 cores 0.67).
+
 The controller only decides; the loop thread applies the count with `torch.set_num_threads` before a step
 (runtime.engine.loop), so no forward pass ever changes threads midway. It is torch-free: tests drive it with a
 fake probe and clock. `EngineConfig.thread_policy="fixed"` keeps the configured count (benchmarks).
@@ -96,6 +104,7 @@ class ControllerSettings:
     drop_windows: int = 2
     drop_now_waiting: float = 0.8
     raise_idle: float = 0.6
+    raise_waiting: float = 0.2
     raise_after_s: float = 1.0
     max_raise_after_s: float = 60.0
     probation_s: float = 5.0
@@ -129,6 +138,8 @@ class ThreadController:
         self._raised_at: float | None = None  # the last raise, while on probation
         self._known = False  # a window closed since the loop last went idle: the machine was measured since
         self._others: int | None = None  # other programs' threads running when the first window after idle opened
+        self._step: tuple[float, bool] | None = None  # the open step: when it began, whether it runs wide
+        self._wide_s = 0.0  # seconds of the open window's steps that ran on more threads than the count
 
     @property
     def raise_after_s(self) -> float:
@@ -147,23 +158,31 @@ class ThreadController:
         step is not cut (cutting it there cost 7% of the time to first token)."""
         return self.adaptive and self.threads > 1 and not self._known and (self._others or 0) > 0
 
-    def begin_step(self) -> int:
-        """Open a window if none is open; the thread count this step must run on."""
+    def begin_step(self, wide: bool = False) -> int:
+        """Open a window if none is open; the thread count this step must run on: `max_threads` for a `wide` step
+        (a decode-only pass without barriers, module docstring), else the count."""
         if self.adaptive and self._start is None:
             try:
                 if not self._known and self._others is None:  # the first window after idle: anyone else running?
                     others = getattr(self._probe_or_default(), "others_running", None)
                     self._others = others() if others is not None else None
                 self._start = (self._clock(), self._read())
+                self._wide_s = 0.0
             except Exception as exc:
                 self._give_up(exc)
-        return self.threads
+        wide = wide and self.threads < self.max_threads
+        if self._start is not None:
+            self._step = (self._clock(), wide)
+        return self.max_threads if wide else self.threads
 
     def end_step(self) -> None:
         """Close the window once it is `window_s` long, and decide on it."""
         if self._start is None:
             return
         now = self._clock()
+        if self._step is not None and self._step[1]:
+            self._wide_s += now - self._step[0]
+        self._step = None
         t0, r0 = self._start
         if now - t0 < self.settings.window_s:
             return
@@ -182,6 +201,7 @@ class ThreadController:
         """The loop goes idle: the open window is dropped (its gap would read as idle cores), and what the machine
         gives is not known again until a window closes (`measuring`)."""
         self._start = None
+        self._step = None
         self._known = False
         self._others = None
 
@@ -223,7 +243,9 @@ class ThreadController:
                 self._raised_at = None
             self._set(max(1, n - max(1, int(waiting + 0.5))))
             return
-        if idle < cfg.raise_idle or waiting >= cfg.drop_waiting or n >= self.max_threads:
+        # room: idle cores, or (windows run mostly on every thread, which leave no core idle) threads that hardly wait
+        room = idle >= cfg.raise_idle or (self._wide_s >= wall / 2 and waiting < cfg.raise_waiting)
+        if not room or waiting >= cfg.drop_waiting or n >= self.max_threads:
             self._idle_since = None
             return
         if self._idle_since is None:

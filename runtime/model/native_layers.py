@@ -89,6 +89,9 @@ def _native_dense(linear: object) -> bool:
     return isinstance(linear, DenseLinear) and linear.can_run("native")
 
 
+TEAM_MAX_ROWS = 8  # runtime/native/decode_team.c's TEAM_MAX_ROWS
+
+
 class NativeLayers:
     """The model's layers as one native call per decode pass (see the module docstring)."""
 
@@ -207,6 +210,12 @@ class NativeLayers:
         if status != 0:
             raise RuntimeError(f"native_decode_head failed with status {status} for {rows} rows")
         return logits, tuple(b if b >= 0 else None for b in best)
+
+    def team_takes(self, rows: int) -> bool:
+        """Whether a pass of `rows` rows goes to these layers, and there to the team without barriers
+        (decode_team.c: up to 8 rows, on two threads or more; its byte cap is past any pass of 4 rows at 4,000
+        positions of a SmolLM2-sized model, and a pass over it runs the barriers' way, the same bits)."""
+        return 0 < rows <= min(self._max_norm_rows, TEAM_MAX_ROWS) and self.takes(rows)
 
     def takes(self, rows: int) -> bool:
         """Whether the native layers take `rows` rows: always for blocks (up to their max_tokens); for float32

@@ -106,3 +106,28 @@ def test_a_float32_models_native_products_with_a_stalled_thread_keep_the_eager_b
     eager = _decode_together(model, 4, "native", threads=2)
     for (tokens_a, a), (tokens_b, b) in zip(team, eager, strict=True):
         assert tokens_a == tokens_b and a.equal(b)
+
+
+def test_the_loop_runs_decode_only_team_passes_wide_and_prefill_on_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engine loop -> Scheduler.team_decode_next -> ThreadController.begin_step(wide=...): a prompt's prefill step
+    is not wide, its decode-only passes on the native layers' team are, and a float32 model whose plan keeps its
+    products off the native kernel never is."""
+    from radixcache.runtime import Engine
+    from radixcache.runtime.engine.threads import ThreadController
+
+    seen: list[bool] = []
+    real = ThreadController.begin_step
+
+    def recorded(self: ThreadController, wide: bool = False) -> int:
+        seen.append(wide)
+        return real(self, wide)
+
+    monkeypatch.setattr(ThreadController, "begin_step", recorded)
+    with Engine(_gguf_model(False), capacity_blocks=64, page_size=8, threads=2) as engine:
+        engine.generate([5, 6, 7, 8, 9], max_new_tokens=6, ignore_eos=True)
+    assert seen[0] is False and seen[-1] is True and seen.count(True) >= 4
+    seen.clear()
+    cfg = tiny_config(**SHAPES)
+    with Engine(LlamaModel(cfg, random_weights(cfg, 9)), capacity_blocks=64, page_size=8, threads=2) as engine:
+        engine.generate([5, 6, 7, 8, 9], max_new_tokens=6, ignore_eos=True)
+    assert seen and not any(seen)  # the fixed rules put no product on the native kernel: no team pass
