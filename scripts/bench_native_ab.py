@@ -131,6 +131,7 @@ def main() -> None:
             raise SystemExit("this model runs no native decode layers here: nothing to compare")
         alternating = Alternating(lib_a, lib_b)
         model.native_layers._lib = alternating  # the one place a step's layers are called from
+        model.native_layers.fuse_head = False  # the head in a call of its own: the layers' call alone alternates
         engine = Engine(model, threads=args.threads, thread_policy="fixed", enable_cache=False, kv_memory="256MiB")
         vocab = loaded.config.vocab_size
         ids = [1000 + (i * 7919) % (min(vocab, 30000) - 1000) for i in range(args.prompt)]

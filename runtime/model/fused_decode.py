@@ -55,6 +55,10 @@ class FusedDecode:
         self.slots = slots
         self.tables = tables
         self.mirror_at = (mirror.rows_t.contiguous(), mirror.positions_t.contiguous())
+        # the model's (final norm, eps, head), where the native layers may run the head in their call, and what
+        # that gave: (logits, each row's greedy token) (model.native_layers `run`)
+        self.head_request: tuple[torch.Tensor, float, object] | None = None
+        self.head_result: tuple[torch.Tensor, tuple[int | None, ...]] | None = None
 
     @classmethod
     def build(cls, model: RotaryModel, pool: KVPool, decode: DecodeBatch | None, chunks: int) -> FusedDecode | None:

@@ -157,8 +157,12 @@ class LlamaModel(DecoderLayers):
             return _cat(outs)
 
         fused = FusedDecode.build(self, pool, decode, len(chunks))
+        if fused is not None:  # the native layers may run the head in their own call
+            fused.head_request = (self.norm, self.config.rms_norm_eps, self.lm_head)
         ids, positions, slots = (_cat([getattr(p, f) for p in parts]) for f in ("ids", "positions", "slots"))
         hidden = self._layers(ids, positions, LayerRun(pool, slots, fused or attend, prefill, b))
+        if fused is not None and fused.head_result is not None:
+            return ForwardLogits(fused.head_result[0], None, decode_best=fused.head_result[1])
         if fused is not None and self.native_layers is not None:  # decodes only: the head and argmax natively
             head = self.native_layers.head(hidden, self.norm, self.config.rms_norm_eps, self.lm_head)
             if head is not None:

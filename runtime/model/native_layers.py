@@ -20,7 +20,10 @@ head took a norm call, the head's checks and product and a numpy argmax over a r
 each with the caches cold after the weights streamed past, this saves 0.08-0.17 ms of a 6.6-6.9 ms SmolLM2 gguf step
 and 0.18-0.23 ms of an 11-12.8 ms float32 one (steps alternating in one process, head on and off: adjacent steps'
 ratio 0.983-0.986). The same bits; the scheduler takes the token for plain-greedy rows that no grammar masks
-(runtime.engine.scheduler).
+(runtime.engine.scheduler). Where the model asks (`FusedDecode.head_request`) and the head takes the rows natively,
+`run` computes the same in the layers' own call instead (`native_decode_step`, result in `FusedDecode.head_result`):
+on two threads or more the layers run without barriers (runtime/native/decode_team.c) and the head's rows are one
+more shared phase of their region, so a step has one region whose end may wait for a descheduled thread, not three.
 The plan (pointer tables of the weights) is built once per model; the kernel of each product is looked up once
 per row count, as BlockLinear's own `kernel_for` decides it. A float32 pass has the bits of an eager pass whose
 products all run "native": the eager layers take the native SiLU for any row count this plan `takes`
@@ -109,6 +112,9 @@ class NativeLayers:
         self._mirror: tuple[Any, ctypes.Array[ctypes.c_void_p], ctypes.Array[ctypes.c_void_p]] | None = None
         self._heads: dict[int, tuple[object, NativeLinear]] = {}  # rows -> (head, its product); _head_entry
         self._max_norm_rows = model.native.max_rows  # the eager norm is native up to this many rows (native.ops)
+        # a decode-only pass's head runs in the layers' call (`run`, native_decode_step); off: `head` runs it after
+        # (scripts/bench_native_ab.py, which swaps the layers' call alone)
+        self.fuse_head = True
 
     @classmethod
     def build(cls, model: Any) -> NativeLayers | None:
@@ -263,7 +269,8 @@ class NativeLayers:
 
     def run(self, x: torch.Tensor, fused: FusedDecode) -> torch.Tensor | None:
         """The hidden states after every layer for the decode rows x `[B, hidden]`, or None (nothing computed,
-        nothing written) where this pass must take the eager layers."""
+        nothing written) where this pass must take the eager layers; with the head too where `_step_head` says so
+        (its logits and greedy tokens in `fused.head_result`)."""
         mirror, native = fused.mirror, fused.native
         rows = x.shape[0]
         if (mirror.order is None) != (mirror.inverse is None) or mirror.native is None:
@@ -282,14 +289,34 @@ class NativeLayers:
         order = inverse = None
         if mirror.order is not None and mirror.inverse is not None:  # rows out of batch order (a request left)
             order, inverse = mirror.order.to(torch.int64).contiguous(), mirror.inverse.to(torch.int64).contiguous()
-        status = self._lib.native_decode_layers(
+        head = self._step_head(fused, rows)
+        call, extra = self._lib.native_decode_layers, ()
+        if head is not None:  # the head in the same call (native_decode_step): one parallel region a step
+            logits, best = torch.empty(rows, head[1].out), (ctypes.c_long * rows)()
+            call = self._lib.native_decode_step
+            extra = (head[0].data_ptr(), ctypes.byref(head[1]), logits.data_ptr(), best)
+        status = call(
             self._table(rows), len(self._layers), out.data_ptr(), rows, self._hidden, cfg.num_heads,
             cfg.num_kv_heads, cfg.head_dim, self._inter, self._eps, fused.positions.data_ptr(), cos.data_ptr(),
             ssin.data_ptr(), cos.shape[0], kv.data_ptr(), kv.stride(0), kv.stride(1), fused.slots.data_ptr(),
             kv.shape[2] * kv.shape[3], ks, vs, k0.stride(0), k0.stride(1), rows_t.data_ptr(), pos_t.data_ptr(),
             k0.shape[0], k0.shape[2], lengths, None if order is None else order.data_ptr(),
-            None if inverse is None else inverse.data_ptr(),
+            None if inverse is None else inverse.data_ptr(), *extra,
         )  # fmt: skip
         if status != 0:
             raise RuntimeError(f"native_decode_layers failed with status {status} for {rows} rows")
+        if head is not None:
+            fused.head_result = (logits, tuple(b if b >= 0 else None for b in best))
         return out
+
+    def _step_head(self, fused: FusedDecode, rows: int) -> tuple[torch.Tensor, NativeLinear] | None:
+        """The final norm and the head's product for a pass whose head runs in the layers' call: where the model
+        asked for it (`fused.head_request`), `head` would take these rows natively, and `fuse_head` is on."""
+        request = fused.head_request
+        if request is None or not self.fuse_head or not hasattr(self._lib, "native_decode_step"):
+            return None
+        norm, eps, head = request
+        if eps != self._eps or norm.dtype != torch.float32 or not norm.is_cpu or not norm.is_contiguous():
+            return None
+        entry = self._head_entry(head, rows)
+        return None if entry is None else (norm, entry)

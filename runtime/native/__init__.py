@@ -149,10 +149,13 @@ def load_library(path: str | os.PathLike[str]) -> ctypes.CDLL:
     lib.native_decode_layers.argtypes += [long, ptr, long, long, ptr, long, ptr, ptr, long, long, ptr, ptr, long]
     lib.native_decode_layers.argtypes += [long, ptr, ptr, ptr]
     lib.native_decode_layers.restype = ctypes.c_int
-    if hasattr(lib, "native_decode_layers_stalled"):  # an older revision's build (bench_native_ab.py) has none
-        # the same, always without barriers, a thread stalled before each claim (tests): + (thread, us, claims taken)
-        lib.native_decode_layers_stalled.argtypes = [*lib.native_decode_layers.argtypes, num, num, ptr]
-        lib.native_decode_layers_stalled.restype = ctypes.c_int
+    if hasattr(lib, "native_decode_step"):  # an older revision's build (bench_native_ab.py) has neither
+        # the layers' arguments, then (final norm, head, logits, greedy tokens): the layers and the head in one call
+        lib.native_decode_step.argtypes = [*lib.native_decode_layers.argtypes, ptr, ptr, ptr, ptr]
+        lib.native_decode_step.restype = ctypes.c_int
+        # the same, always without barriers, a thread stalled after each claim (tests): + (thread, us, claims taken)
+        lib.native_decode_step_stalled.argtypes = [*lib.native_decode_step.argtypes, num, num, ptr]
+        lib.native_decode_step_stalled.restype = ctypes.c_int
     # (x, rows, hidden, eps, final norm weight, head (decode_layers.c native_linear), logits out, greedy tokens out)
     #  -> 0, -1 or -2 (decode_layers.c)
     lib.native_decode_head.argtypes = [ptr, num, num, ctypes.c_float, ptr, ptr, ptr, ptr]

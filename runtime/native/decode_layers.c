@@ -13,7 +13,8 @@
  *
  * A product runs the rows of blockdot (float activations), qdot (int8 or 16-bit) or densedot (a float32 model's
  * plain weights), as the layer's `kernel` says. `native_decode_head` (at the end) runs what follows the last
- * layer: the final norm, the output head and each row's greedy token (row_argmax.c).
+ * layer: the final norm, the output head and each row's greedy token (row_argmax.c); `native_decode_step` runs
+ * the layers and that in one call.
  *
  * On two threads or more a pass of a few rows runs decode_team.c's way: every thread walks the whole layer sequence,
  * the cheap steps on its own copies, the products and the attention's items shared as claims that a thread finishes
@@ -45,6 +46,9 @@ int qdot16_matmul(int nparts, const void *const *data, const int *kinds, const i
 int densedot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
                     const float *x, int ntok, float *y, int ldy);
 int native_row_argmax(const float *x, int rows, long cols, long *best);
+void row_argmax_one_thread(const float *x, int rows, long cols, long *best);
+int native_decode_head(const float *x, int rows, int hidden, float eps, const float *norm, const native_linear *head,
+                       float *logits, long *best);
 
 #define SILU_EXP_MAX 88.0f /* exp(88) ~ 1.7e38: the largest exponent the vector exp takes (vector_exp.h) */
 
@@ -201,8 +205,11 @@ static int decode_layers(const native_layer *layers, int num_layers, float *x, i
                          long pool_v_offset, const long *slots, long num_slots, float *const *mirror_k,
                          float *const *mirror_v, long mirror_row_stride, long mirror_head_stride,
                          const long *mirror_rows, const long *mirror_pos, long mirror_rows_cap, long mirror_cap,
-                         const int *lengths, const long *order, const long *inverse, const team_options *opt) {
+                         const int *lengths, const long *order, const long *inverse, const float *norm,
+                         const native_linear *head, float *logits, long *best, const team_options *opt) {
     if (num_layers < 1 || rows < 1 || hidden < 1 || inter < 1 || heads < 1 || head_dim < 1) return -1;
+    int head_start[BLOCKDOT_MAX_PARTS + 1];
+    if (head != NULL && (head->cols != hidden || norm == NULL || team_check(head, rows, head_start) != 0)) return -1;
     if ((order == NULL) != (inverse == NULL)) return -1;
     for (int t = 0; order != NULL && t < rows; t++)
         if (order[t] < 0 || order[t] >= rows || inverse[t] < 0 || inverse[t] >= rows) return -1;
@@ -216,6 +223,7 @@ static int decode_layers(const native_layer *layers, int num_layers, float *x, i
             prep_bytes = b > prep_bytes ? b : prep_bytes;
         }
     }
+    if (head != NULL && team_prep_bytes(head, rows) > prep_bytes) prep_bytes = team_prep_bytes(head, rows);
     /* RoPE and the stores: the same positions, slots and mirror places for every layer, checked once */
     decode_pass d = {.layers = layers, .num_layers = num_layers, .rows = rows, .hidden = hidden, .heads = heads,
                      .kv_heads = kv_heads, .head_dim = head_dim, .inter = inter, .eps = eps, .x = x,
@@ -229,18 +237,21 @@ static int decode_layers(const native_layer *layers, int num_layers, float *x, i
                      .mirror_row_stride = mirror_row_stride, .mirror_head_stride = mirror_head_stride,
                      .order = order, .inverse = inverse,
                      .qkv_width = (size_t)(heads + 2 * kv_heads) * head_dim, .att_width = (size_t)heads * head_dim,
-                     .prep_bytes = prep_bytes};
+                     .prep_bytes = prep_bytes, .head_norm = norm, .head = head, .logits = logits};
     if (rope_store_check(&d.rope) != 0) return -1;
     if (attn_plan_init(&d.plan, rows, heads, kv_heads, head_dim, lengths, (int)mirror_cap) != 0) return -1;
     const int team = omp_get_max_threads();
+    const team_options none = {.stall_thread = -1, .stall_us = 0, .taken = NULL};
     int status;
-    if (opt != NULL)
-        status = decode_team_fits(&d, team) ? decode_team_run(&d, team, opt) : -1;
-    else if (decode_team_fits(&d, team)) {
-        const team_options none = {.stall_thread = -1, .stall_us = 0, .taken = NULL};
-        status = decode_team_run(&d, team, &none);
-    } else
+    if (decode_team_fits(&d, team)) {
+        status = decode_team_run(&d, team, opt != NULL ? opt : &none);
+        if (status == 0 && head != NULL) row_argmax_one_thread(logits, rows, head->out, best);
+    } else if (opt != NULL) {
+        status = -1; /* the tests' way must be the team's */
+    } else {
         status = run_with_barriers(&d);
+        if (status == 0 && head != NULL) status = native_decode_head(x, rows, hidden, eps, norm, head, logits, best);
+    }
     attn_plan_free(&d.plan);
     return status;
 }
@@ -262,26 +273,49 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
     return decode_layers(layers, num_layers, x, rows, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos,
                          ssin, max_position, pool, pool_layer_stride, pool_v_offset, slots, num_slots, mirror_k,
                          mirror_v, mirror_row_stride, mirror_head_stride, mirror_rows, mirror_pos, mirror_rows_cap,
-                         mirror_cap, lengths, order, inverse, NULL);
+                         mirror_cap, lengths, order, inverse, NULL, NULL, NULL, NULL, NULL);
 }
 
-/* For tests (tests/runtime/engine/test_decode_team.py): native_decode_layers' arguments, always decode_team.c's
- * way (-1 where it does not fit the pass), thread `stall_thread` waiting after publishing each claim until another
- * thread took it or `stall_us` microseconds passed; *taken: the claims finished for another thread. */
-int native_decode_layers_stalled(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
-                                 int kv_heads, int head_dim, int inter, float eps, const long *positions,
-                                 const float *cos, const float *ssin, long max_position, float *pool,
-                                 long pool_layer_stride, long pool_v_offset, const long *slots, long num_slots,
-                                 float *const *mirror_k, float *const *mirror_v, long mirror_row_stride,
-                                 long mirror_head_stride, const long *mirror_rows, const long *mirror_pos,
-                                 long mirror_rows_cap, long mirror_cap, const int *lengths, const long *order,
-                                 const long *inverse, int stall_thread, int stall_us, long *taken) {
+/* native_decode_layers, then what native_decode_head computes (the final norm by `norm`, `head`'s logits, each
+ * row's greedy token) in the same call: on decode_team.c's way the head's rows are one more shared phase of the
+ * layers' region and the greedy tokens are read by the calling thread after it (one region a step, not three:
+ * each region's end waits for a thread the machine may have descheduled); else the barriers' way and then
+ * native_decode_head. The same bits either way. Returns as native_decode_layers (-1 also for a head that does not
+ * take `hidden` columns or `rows` rows). */
+int native_decode_step(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
+                       int kv_heads, int head_dim, int inter, float eps, const long *positions, const float *cos,
+                       const float *ssin, long max_position, float *pool, long pool_layer_stride, long pool_v_offset,
+                       const long *slots, long num_slots, float *const *mirror_k, float *const *mirror_v,
+                       long mirror_row_stride, long mirror_head_stride, const long *mirror_rows,
+                       const long *mirror_pos, long mirror_rows_cap, long mirror_cap, const int *lengths,
+                       const long *order, const long *inverse, const float *norm, const native_linear *head,
+                       float *logits, long *best) {
+    if (head == NULL) return -1;
+    return decode_layers(layers, num_layers, x, rows, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos,
+                         ssin, max_position, pool, pool_layer_stride, pool_v_offset, slots, num_slots, mirror_k,
+                         mirror_v, mirror_row_stride, mirror_head_stride, mirror_rows, mirror_pos, mirror_rows_cap,
+                         mirror_cap, lengths, order, inverse, norm, head, logits, best, NULL);
+}
+
+/* For tests (tests/runtime/engine/test_decode_team.py): native_decode_step's arguments (`head` NULL: the layers
+ * alone), always decode_team.c's way (-1 where it does not fit the pass), thread `stall_thread` waiting after
+ * publishing each claim until another thread took it or `stall_us` microseconds passed; *taken: the claims
+ * finished for another thread. */
+int native_decode_step_stalled(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
+                               int kv_heads, int head_dim, int inter, float eps, const long *positions,
+                               const float *cos, const float *ssin, long max_position, float *pool,
+                               long pool_layer_stride, long pool_v_offset, const long *slots, long num_slots,
+                               float *const *mirror_k, float *const *mirror_v, long mirror_row_stride,
+                               long mirror_head_stride, const long *mirror_rows, const long *mirror_pos,
+                               long mirror_rows_cap, long mirror_cap, const int *lengths, const long *order,
+                               const long *inverse, const float *norm, const native_linear *head, float *logits,
+                               long *best, int stall_thread, int stall_us, long *taken) {
     const team_options opt = {.stall_thread = stall_thread, .stall_us = stall_us, .taken = taken};
     *taken = 0;
     return decode_layers(layers, num_layers, x, rows, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos,
                          ssin, max_position, pool, pool_layer_stride, pool_v_offset, slots, num_slots, mirror_k,
                          mirror_v, mirror_row_stride, mirror_head_stride, mirror_rows, mirror_pos, mirror_rows_cap,
-                         mirror_cap, lengths, order, inverse, &opt);
+                         mirror_cap, lengths, order, inverse, norm, head, logits, best, &opt);
 }
 
 /* The decode rows' logits after the last layer: logits = head(rms_norm(x, norm)) `[rows, head->out]`, the same calls

@@ -28,6 +28,11 @@ typedef struct {
     const long *order, *inverse; /* mirror rows out of batch order, or both NULL */
     attn_plan plan;
     size_t qkv_width, att_width, prep_bytes; /* prep_bytes: the largest product's prepared activations */
+    /* the step's head where it runs in the same call (native_decode_step), else NULL: logits `[rows, head->out]` =
+     * head(rms_norm(x, head_norm)) */
+    const float *head_norm;
+    const native_linear *head;
+    float *logits;
 } decode_pass;
 
 /* Layer l's RoPE and store arguments over `qkv`, q heads into `q`. */

@@ -11,8 +11,10 @@
  * every thread (the same bits into the same places); and the expensive parts, the four products and the
  * attention's items, as shared phases whose units any thread may finish for another (takeover.h). Every phase
  * writes outputs of its own for the whole pass (a layer's products and attention parts are not reused by the next
- * layer), so a late thread writing a unit someone else already finished writes it where nothing else is kept. The
- * region's end is the one place a thread waits for the others, once a pass.
+ * layer), so a late thread writing a unit someone else already finished writes it where nothing else is kept. With
+ * native_decode_step the final norm (each thread's own) and the output head's rows (one more shared phase, into
+ * the caller's logits) run in the same region. The region's end is the one place a thread waits for the others,
+ * once a step (the layers' region, the head's and the greedy tokens' were three such places before).
  *
  * The cost: each thread repeats the cheap parts (a few microseconds a layer at batch 1), and a pass keeps its
  * layers' outputs: (qkv + 2 hidden + 2 inter) floats a row a layer and the attention's items packed, so the way is
@@ -87,6 +89,11 @@ static size_t layer_floats(const decode_pass *d) {
 int decode_team_fits(const decode_pass *d, int team) {
     if (team < 2 || d->rows > TEAM_MAX_ROWS || d->plan.items > TAKEOVER_MAX_UNITS) return 0;
     if (layer_floats(d) * sizeof(float) * (size_t)d->num_layers > (size_t)TEAM_MAX_BYTES) return 0;
+    if (d->head != NULL) { /* its output is the caller's logits, whole values only: no bias added after */
+        int start[BLOCKDOT_MAX_PARTS + 1];
+        if (d->head->bias != NULL || team_check(d->head, d->rows, start) != 0) return 0;
+        if (team_units(d->head, start) > TAKEOVER_MAX_UNITS) return 0;
+    }
     for (int l = 0; l < d->num_layers; l++) {
         const native_linear *w[4] = {&d->layers[l].qkv, &d->layers[l].o, &d->layers[l].gate_up, &d->layers[l].down};
         for (int k = 0; k < 4; k++) {
@@ -157,10 +164,12 @@ int decode_team_run(const decode_pass *d, int team, const team_options *opt) {
     /* each thread's own */
     size_t stage_n = gu_n > qkv_n ? gu_n : qkv_n; /* the widest product's output */
     stage_n = hid_n > stage_n ? hid_n : stage_n;
+    const size_t head_n = d->head != NULL ? (size_t)rows * d->head->out : 0;
+    stage_n = head_n > stage_n ? head_n : stage_n;
     const size_t own_n = 2 * aligned_floats(hid_n) + aligned_floats(qkv_n) + 4 * aligned_floats(att_n) +
                          aligned_floats(gu_n) + aligned_floats(act_n) + aligned_floats(stage_n) +
                          part_floats(&d->plan) + aligned_floats((d->prep_bytes + 3) / 4);
-    const int phases = PHASES_PER_LAYER * layers;
+    const int phases = PHASES_PER_LAYER * layers + (d->head != NULL); /* the head's product last */
     float *scratch = aligned_alloc(64, (layer_n * layers + own_n * team) * sizeof(float));
     row_share *shares = aligned_alloc(64, sizeof(row_share) * (size_t)phases * team);
     phase_count *counts = aligned_alloc(64, sizeof(phase_count) * (size_t)phases);
@@ -187,6 +196,11 @@ int decode_team_run(const decode_pass *d, int team, const team_options *opt) {
             const uint64_t hi = (uint64_t)attn_first_item(&d->plan, t + 1, team);
             atomic_init(&attn[t].span, hi << 32 | lo);
         }
+    }
+    int head_start[BLOCKDOT_MAX_PARTS + 1];
+    if (d->head != NULL) {
+        team_check(d->head, rows, head_start); /* checked before: the starts */
+        row_shares_init(shares + (size_t)(phases - 1) * team, team, team_units(d->head, head_start));
     }
     for (int p = 0; p < phases; p++) atomic_init(&counts[p].done, 0);
     for (int t = 0; t < team; t++) atomic_init(&slots[t].word, 0);
@@ -240,6 +254,10 @@ int decode_team_run(const decode_pass *d, int team, const team_options *opt) {
             native_silu_mul(with_bias(w[2], ygu, rows, b.gu), rows, inter, b.act); /* on this thread alone */
             taken += team_product(&seat, phase + 4, w[3], start[3], b.act, rows, b.prep, b.stage, ydown);
             add_product(w[3], b.x, ydown, rows);
+        }
+        if (d->head != NULL) { /* the final norm on each thread's own copy, the head's rows shared */
+            native_rms_norm(b.x, d->head_norm, rows, hidden, d->eps, b.h);
+            taken += team_product(&seat, phases - 1, d->head, head_start, b.h, rows, b.prep, b.stage, d->logits);
         }
     }
     memcpy(d->x, scratch + layer_n * layers, hid_n * sizeof(float)); /* thread 0's x: every thread's bits */

@@ -68,6 +68,15 @@ static part_max scan_part(const float *x, long a, long b) {
     return p;
 }
 
+/* best[r] as native_row_argmax gives it, on the calling thread alone (decode_layers.c, after a region whose
+ * threads wrote the logits: no second region to wait for). */
+void row_argmax_one_thread(const float *x, int rows, long cols, long *best) {
+    for (int r = 0; r < rows; r++) {
+        const part_max m = scan_part(x + (size_t)r * cols, 0, cols);
+        best[r] = m.nan || isinf(m.top) ? -1 : m.at;
+    }
+}
+
 /* best[r] for rows r < rows of x `[rows, cols]` (see the file comment). Returns 0, or -1 for bad arguments. */
 int native_row_argmax(const float *x, int rows, long cols, long *best) {
     if (rows < 0 || cols < 1 || cols > 0x7fffffffL - 16) return -1;

@@ -33,18 +33,23 @@ class StalledLayers:
     def __init__(self, lib: ctypes.CDLL, slow: int, stall_us: int) -> None:
         self._lib, self._slow, self._stall_us = lib, slow, stall_us
         self.passes = 0
+        self.heads = 0  # passes whose head ran in the same call
         self.taken = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._lib, name)
 
-    def native_decode_layers(self, *args: Any) -> int:
+    def native_decode_step(self, *args: Any) -> int:
         taken = ctypes.c_long(0)
-        status = self._lib.native_decode_layers_stalled(*args, self._slow, self._stall_us, ctypes.byref(taken))
+        status = self._lib.native_decode_step_stalled(*args, self._slow, self._stall_us, ctypes.byref(taken))
         assert status == 0, f"the team's way refused a pass ({status})"
         self.passes += 1
+        self.heads += args[-4] is not None
         self.taken += taken.value
         return status
+
+    def native_decode_layers(self, *args: Any) -> int:  # the layers alone: no head
+        return self.native_decode_step(*args, None, None, None, None)
 
 
 # products of several claims a thread (row_chunk: 64 KiB of weights a claim), so that both threads claim in each:
@@ -83,6 +88,7 @@ def test_a_stalled_threads_claims_are_finished_by_the_other_and_the_bits_stay(
     stand_in = _stalled(model, slow)
     team = _decode_together(model, 4, threads=2)
     assert stand_in.passes > 0, "the native layers never ran"
+    assert stand_in.heads == stand_in.passes, "a decode pass's head ran in a call of its own"
     assert stand_in.taken > 0, "no claim of the stalled thread was finished by the other"
     model.native_layers = None
     eager = _decode_together(model, 4, threads=2)

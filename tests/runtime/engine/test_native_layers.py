@@ -272,6 +272,28 @@ def test_two_engines_sharing_one_model_on_two_threads_decode_as_each_alone() -> 
             assert tokens_a == tokens_b and torch.equal(a, b)
 
 
+def count_native_heads(mp: pytest.MonkeyPatch) -> list[bool]:
+    """Each decode-only pass's head from now on: True where it ran natively, in the layers' call
+    (NativeLayers._step_head, native_decode_step) or in a call of its own after them (NativeLayers.head)."""
+    ran: list[bool] = []
+    in_step, after = native_layers.NativeLayers._step_head, native_layers.NativeLayers.head
+
+    def step_head(self: Any, *args: Any) -> Any:
+        out = in_step(self, *args)
+        if out is not None:  # else the pass's head runs after the layers: `head` records it
+            ran.append(True)
+        return out
+
+    def head(self: Any, *args: Any) -> Any:
+        out = after(self, *args)
+        ran.append(out is not None)
+        return out
+
+    mp.setattr(native_layers.NativeLayers, "_step_head", step_head)
+    mp.setattr(native_layers.NativeLayers, "head", head)
+    return ran
+
+
 @pytest.mark.parametrize("kind", ["gguf-float", "gguf-int8", "float32"])
 def test_native_head_gives_the_eager_heads_logits_and_tokens(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     """Decode passes end in NativeLayers.head (final norm, head, argmax in one call): the logits keep the eager
@@ -282,15 +304,15 @@ def test_native_head_gives_the_eager_heads_logits_and_tokens(monkeypatch: pytest
     else:
         monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", kind.split("-")[1])
         model, path = _gguf_model(bias=True), None
-    ran: list[bool] = []
-    real = native_layers.NativeLayers.head
-    monkeypatch.setattr(
-        native_layers.NativeLayers, "head", lambda self, *a: ran.append((out := real(self, *a)) is not None) or out
-    )
+    ran = count_native_heads(monkeypatch)
     native = _decode_together(model, 4, path)
+    team = _decode_together(model, 4, path, threads=2)  # the head in the team's region (decode_team.c)
     assert ran and all(ran), "the native head never ran, or refused a pass"
     monkeypatch.setattr(native_layers.NativeLayers, "head", lambda self, *a: None)
+    monkeypatch.setattr(native_layers.NativeLayers, "_step_head", lambda self, *a: None)
     eager = _decode_together(model, 4, path)
+    for (tokens_a, a), (tokens_b, b) in zip(team, eager, strict=True):
+        assert tokens_a == tokens_b and torch.equal(a, b)
     for (tokens_a, a), (tokens_b, b) in zip(native, eager, strict=True):
         assert tokens_a == tokens_b and torch.equal(a, b)
 
@@ -342,12 +364,8 @@ def test_native_head_tokens_go_only_to_plain_greedy_rows_without_a_grammar(tmp_p
             release()
             return [h.result(60) for h in handles]
 
-    ran: list[bool] = []
-    real = native_layers.NativeLayers.head
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(
-            native_layers.NativeLayers, "head", lambda self, *a: ran.append((out := real(self, *a)) is not None) or out
-        )
+        ran = count_native_heads(mp)
         constrained, bias, plain = run()
     assert ran and all(ran)
     assert constrained.finish_reason in ("stop", "length") and constrained.text.startswith("{")
@@ -382,12 +400,8 @@ def test_requests_arriving_mid_decode_give_the_eager_heads_tokens_and_logits() -
                     handles[0].cancel()  # mid-decode, while the others go on
             return [h.result(60) for h in handles[1:]]
 
-    ran: list[bool] = []
-    real = native_layers.NativeLayers.head
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(
-            native_layers.NativeLayers, "head", lambda self, *a: ran.append((out := real(self, *a)) is not None) or out
-        )
+        ran = count_native_heads(mp)
         native = arrive()
     assert ran and all(ran)
     model.native_layers = None
