@@ -28,6 +28,7 @@ from tests.smollm2_tools import TOOLS
 # group of its own, which ran its Ray cluster beside the "ray" group's on the other worker).
 pytestmark = pytest.mark.slow
 PAGE = 16
+GGUF = {"page_size": PAGE, "quant": "gguf"}  # the real-Ray replica's engine: SmolLM2's Q4_1 blocks, as `model`'s
 FIRST = [
     {"role": "developer", "content": "You are an agent. Call tools."},
     {"role": "user", "content": "Weather in Paris, then add 2 and 3, then search for Paris museums."},
@@ -178,11 +179,12 @@ def test_a_tool_loop_through_the_front_door_hits_the_cache_as_one_engine(
 
 @pytest.mark.xdist_group("ray")  # one Ray cluster at a time (tests/cluster/conftest.py)
 def test_on_real_ray_a_tool_loop_hits_the_cache_as_one_engine(
-    local_ray: str, smollm2: Any, smollm2_fp32: Any, numbered_ids: Any
+    local_ray: str, smollm2_gguf: Any, model: Any, numbered_ids: Any
 ) -> None:
     """The same through Ray: the emitted ids cross from the replica's process with its result (the replica's own
-    call ids are its own there; the front door's are numbered here, as the single Engine's). `smollm2` is what a
-    replica loads by that name; the single Engine runs it as `Engine(smollm2)` builds it (`smollm2_fp32`)."""
+    call ids are its own there; the front door's are numbered here, as the single Engine's). The replica loads
+    "smollm2" with quant="gguf" (its Q4_1 blocks, as the in-process tests above run it: decode about twice as fast
+    as float32's); the single Engine runs the same, as `Engine("smollm2", quant="gguf")` builds it (`model`)."""
     from radixcache.runtime import Engine
     from radixcache.runtime.cluster.cluster import ReplicaCluster
     from radixcache.runtime.cluster.front import ClusterEngine
@@ -191,11 +193,11 @@ def test_on_real_ray_a_tool_loop_hits_the_cache_as_one_engine(
     threads = torch.get_num_threads()
     try:
         numbered_ids()
-        single = Engine(smollm2_fp32, tokenizer=smollm2.tokenizer, page_size=PAGE, threads=1)
+        single = Engine(model, tokenizer=smollm2_gguf.tokenizer, page_size=PAGE, threads=1)
         with single as engine, TestClient(create_app(engine, "smollm2")) as c:
             want_prompts, want_cached = _loop(c, engine, stream=True)
         numbered_ids()
-        with ReplicaCluster("smollm2", 1, engine_kwargs={"page_size": PAGE}, poll_interval=None) as cluster:
+        with ReplicaCluster("smollm2", 1, engine_kwargs=GGUF, poll_interval=None) as cluster:
             front = ClusterEngine(cluster, "smollm2")
             with TestClient(create_app(front, "smollm2")) as client:
                 got_prompts, got_cached = _loop(client, front, stream=True)
