@@ -115,9 +115,20 @@ def smollm2_tokenizer() -> Any:
         return Tokenizer.from_gguf_metadata(f.metadata, name="SmolLM2")
 
 
+EXTENDED = "RADIXCACHE_EXTENDED"  # =1 runs the tests marked `extended` (README's test section), skipped otherwise
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse test ids that hold a memory address (a parameter's default repr): pytest-xdist's workers collect
-    separately and stop the whole run when their ids differ, which a single-process run never shows."""
+    separately and stop the whole run when their ids differ, which a single-process run never shows. Skip the tests
+    marked `extended` (each repeats what a default test shows, by a costlier route) unless $RADIXCACHE_EXTENDED is 1
+    or `-m` names the mark."""
     unstable = [item.nodeid for item in items if " at 0x" in item.nodeid]
     if unstable:
         raise pytest.UsageError("test ids with a memory address (give the parametrize ids=): " + ", ".join(unstable))
+    if os.environ.get(EXTENDED) == "1" or "extended" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason=f"extended tier ({EXTENDED}=1 or -m extended runs it)")
+    for item in items:
+        if item.get_closest_marker("extended") is not None:
+            item.add_marker(skip)

@@ -293,6 +293,12 @@ def test_more_replicas_than_the_cluster_has_cpus_are_refused_at_once(local_ray: 
     assert ray.available_resources().get("CPU") == 2.0  # no replica was started
 
 
+# Extended tier (tests/conftest.py): the default run holds each part of it more cheaply: EngineDeadError pickles
+# (test_replica_engine_dead.py::test_engine_dead_error_survives_pickling), a replica whose engine died is dropped, its
+# request re-sent and the replica ended for Ray to restart, rejoining under a new incarnation (the same module's
+# test_a_replica_whose_engine_died_is_dropped_and_restarted), and Ray's restart of a killed replica, which rejoins
+# (test_a_killed_replica_is_dropped_and_restarted_with_no_hung_request above). 32.4 s of the last full run.
+@pytest.mark.extended
 def test_a_replica_whose_engine_loop_died_is_restarted_and_rejoins(local_ray: str, tiny_dir: Path) -> None:
     """Regression: EngineDeadError could not be pickled, so a replica whose engine loop died answered every request
     with Ray's UnserializableException (a 500), and stayed in the routing set, idle-looking, drawing requests."""

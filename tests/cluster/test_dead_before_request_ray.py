@@ -92,6 +92,11 @@ def test_a_request_that_kills_each_replica_it_reaches_is_stopped_after_two(
         engine.close()
 
 
+# Extended tier (tests/conftest.py): the default run holds it more cheaply: the same sequence on the real replica
+# class and real engines in this process (test_loop_dead_before_resend.py), on stand-ins
+# (test_poison_request.py::test_a_replica_whose_engine_loop_died_is_found_before_a_re_send), and Ray's own report
+# of replicas killed before the request came (the first test above). 17.6 s of the last full run.
+@pytest.mark.extended
 def test_a_replica_whose_engine_loop_died_is_found_before_the_re_send(
     local_ray: str, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
