@@ -2,8 +2,8 @@
 package (slow: the lead runs them): 50 varied prompts with tool_choice "required" over three tools, each reply's
 calls parse and validate against their schemas (jsonschema); json_schema replies validate; streamed and whole
 replies assemble to the same calls (and text) at temperature 0; an agent loop of three tool steps caches each
-previous prompt and output in whole pages. The same 50 prompts under a json_schema (and 8 more under another)
-give replies that validate.
+previous prompt and output in whole pages. Every other one of the 50 prompts under a json_schema (and 8 more under
+another) give replies that validate.
 
 parallel_tool_calls is false for the 50: with it true SmolLM2 at temperature 0 often repeats its call until the
 length limit (the grammar lets it, the list of calls is open), the last call then cut short."""
@@ -114,25 +114,32 @@ def test_fifty_varied_prompts_with_required_give_calls_that_validate(client) -> 
             jsonschema.validate(json.loads(arguments), SCHEMAS[name])
 
 
+# The json_schema run's share of the 50 prompts: every other one (all three kinds of request, greedy and sampled
+# alike), 25 replies under INTENT beside the 8 PEOPLE under PERSON. All 50 took 33.2 s of the last full run under
+# load; json_schema replies on SmolLM2 are validated in the engine too (tests/runtime/structured/test_smollm2.py),
+# over the Responses API (test_responses_api_smollm2.py) and through langchain_openai (test_langchain_smollm2.py).
+INTENT_PROMPTS = PROMPTS[::2]
+
+
 def test_json_schema_replies_validate(client) -> None:
-    """The same 50 prompts answered under a json_schema, and persons described under another: every reply
-    validates."""
+    """Every other one of the 50 prompts answered under a json_schema, and persons described under another: every
+    reply validates."""
 
     def ask(i: int) -> Any:
         sampling = {"temperature": 0.0} if i % 2 == 0 else {"temperature": 0.7, "seed": i}
-        if i < len(PROMPTS):
-            messages, rf = _user(PROMPTS[i]), INTENT_FORMAT
+        if i < len(INTENT_PROMPTS):
+            messages, rf = _user(INTENT_PROMPTS[i]), INTENT_FORMAT
         else:
-            messages, rf = _user(PEOPLE[i - len(PROMPTS)]), PERSON_FORMAT
+            messages, rf = _user(PEOPLE[i - len(INTENT_PROMPTS)]), PERSON_FORMAT
         return client.chat.completions.create(
             model="smollm2", messages=messages, max_tokens=160, response_format=rf, **sampling
         )
 
     with ThreadPoolExecutor(IN_FLIGHT) as pool:
-        replies = list(pool.map(ask, range(len(PROMPTS) + len(PEOPLE))))
+        replies = list(pool.map(ask, range(len(INTENT_PROMPTS) + len(PEOPLE))))
     for i, r in enumerate(replies):
         assert r.choices[0].finish_reason == "stop", r.choices[0]
-        schema = INTENT if i < len(PROMPTS) else PERSON
+        schema = INTENT if i < len(INTENT_PROMPTS) else PERSON
         jsonschema.validate(json.loads(r.choices[0].message.content), closed(schema))
 
 
