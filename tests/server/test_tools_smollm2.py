@@ -1,9 +1,8 @@
 """The acceptance runs of tools and structured output over HTTP, on SmolLM2-135M-Instruct through the `openai`
 package (slow: the lead runs them): 50 varied prompts with tool_choice "required" over three tools, each reply's
 calls parse and validate against their schemas (jsonschema); json_schema replies validate; streamed and whole
-replies assemble to the same calls (and text) at temperature 0; an agent loop of three tool steps caches each
-previous prompt and output in whole pages. Every other one of the 50 prompts under a json_schema (and 8 more under
-another) give replies that validate.
+replies assemble to the same calls (and text) at temperature 0. Every other one of the 50 prompts under a
+json_schema (and 8 more under another) give replies that validate. The agent loop over HTTP: test_langchain_smollm2.py.
 
 parallel_tool_calls is false for the 50: with it true SmolLM2 at temperature 0 often repeats its call until the
 length limit (the grammar lets it, the list of calls is open), the last call then cut short."""
@@ -21,7 +20,6 @@ from tests.smollm2_tools import TOOLS
 from tests.tiny_tools import closed
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2_server")]  # the shared server (conftest.py)
-PAGE = 16
 # Requests in flight at once for the validity runs: the server's one thread decodes 16 rows a step for less per
 # token than 8 (the 50 prompts: 17.0 s against 21.2 s in this test on float32, the json_schema run unchanged; 50 at
 # once were no faster than 8 in a scratch run; on the shared server's --quant gguf, whose blocks take batches of up
@@ -180,22 +178,7 @@ def test_streamed_and_whole_replies_assemble_to_the_same_calls_at_temperature_0(
     assert streamed[0] == whole.message.content
 
 
-def test_an_agent_loop_over_http_caches_each_previous_prompt_and_output(client) -> None:
-    messages: list[dict[str, Any]] = [
-        {"role": "developer", "content": "You are an agent. Call tools."},
-        *_user("Weather in Paris, then add 2 and 3, then search for Paris museums."),
-    ]
-    previous = None
-    for step in range(3):
-        r = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=160, temperature=0, **ONE)
-        message = r.choices[0].message
-        assert message.tool_calls, message
-        if previous is not None:
-            assert r.usage.prompt_tokens_details.cached_tokens >= (previous - 1) // PAGE * PAGE, (step, r.usage)
-        previous = r.usage.prompt_tokens + r.usage.completion_tokens
-        messages.append(
-            {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in message.tool_calls]}
-        )
-        messages += [{"role": "tool", "tool_call_id": c.id, "content": f"ok {step}"} for c in message.tool_calls]
-    final = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16, tools=TOOLS)
-    assert final.usage.prompt_tokens_details.cached_tokens >= (previous - 1) // PAGE * PAGE
+# The agent loop over HTTP (three required tool steps, each caching the last prompt and output in whole pages, then
+# a final answer that does too): test_langchain_smollm2.py's test_a_react_loop_runs_three_tool_steps_and_each_hits_
+# the_last, the same requests through langchain_openai (which sends them with the `openai` package); in the engine,
+# token for token: tests/runtime/structured/test_smollm2.py; behind the front door: test_front_door_tools.py.
