@@ -156,6 +156,8 @@ def load_library(path: str | os.PathLike[str]) -> ctypes.CDLL:
         # the same, always without barriers, a thread stalled after each claim (tests): + (thread, us, claims taken)
         lib.native_decode_step_stalled.argtypes = [*lib.native_decode_step.argtypes, num, num, ptr]
         lib.native_decode_step_stalled.restype = ctypes.c_int
+        lib.native_decode_step_barriers.argtypes = lib.native_decode_step.argtypes  # always with barriers (tests)
+        lib.native_decode_step_barriers.restype = ctypes.c_int
     # (x, rows, hidden, eps, final norm weight, head (decode_layers.c native_linear), logits out, greedy tokens out)
     #  -> 0, -1 or -2 (decode_layers.c)
     lib.native_decode_head.argtypes = [ptr, num, num, ctypes.c_float, ptr, ptr, ptr, ptr]

@@ -241,14 +241,16 @@ static int decode_layers(const native_layer *layers, int num_layers, float *x, i
     if (rope_store_check(&d.rope) != 0) return -1;
     if (attn_plan_init(&d.plan, rows, heads, kv_heads, head_dim, lengths, (int)mirror_cap) != 0) return -1;
     const int team = omp_get_max_threads();
-    const team_options none = {.stall_thread = -1, .stall_us = 0, .taken = NULL};
-    int status;
-    if (decode_team_fits(&d, team)) {
+    const team_options none = {.stall_thread = -1, .stall_us = 0, .taken = NULL, .barriers = 0};
+    const int barriers = opt != NULL && opt->barriers;
+    int status = -3; /* not run yet */
+    if (!barriers && decode_team_fits(&d, team)) {
         status = decode_team_run(&d, team, opt != NULL ? opt : &none);
         if (status == 0 && head != NULL) row_argmax_one_thread(logits, rows, head->out, best);
-    } else if (opt != NULL) {
+    } else if (opt != NULL && !barriers) {
         status = -1; /* the tests' way must be the team's */
-    } else {
+    }
+    if (status == -3 || (status == -2 && opt == NULL)) { /* no team scratch: the barriers' way needs far less */
         status = run_with_barriers(&d);
         if (status == 0 && head != NULL) status = native_decode_head(x, rows, hidden, eps, norm, head, logits, best);
     }
@@ -310,8 +312,26 @@ int native_decode_step_stalled(const native_layer *layers, int num_layers, float
                                long mirror_rows_cap, long mirror_cap, const int *lengths, const long *order,
                                const long *inverse, const float *norm, const native_linear *head, float *logits,
                                long *best, int stall_thread, int stall_us, long *taken) {
-    const team_options opt = {.stall_thread = stall_thread, .stall_us = stall_us, .taken = taken};
+    const team_options opt = {.stall_thread = stall_thread, .stall_us = stall_us, .taken = taken, .barriers = 0};
     *taken = 0;
+    return decode_layers(layers, num_layers, x, rows, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos,
+                         ssin, max_position, pool, pool_layer_stride, pool_v_offset, slots, num_slots, mirror_k,
+                         mirror_v, mirror_row_stride, mirror_head_stride, mirror_rows, mirror_pos, mirror_rows_cap,
+                         mirror_cap, lengths, order, inverse, norm, head, logits, best, &opt);
+}
+
+/* For tests: native_decode_step's arguments (`head` NULL: the layers alone), always the barriers' way, on
+ * however many threads (the way a pass too big for decode_team.c's scratch takes). */
+int native_decode_step_barriers(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
+                                int kv_heads, int head_dim, int inter, float eps, const long *positions,
+                                const float *cos, const float *ssin, long max_position, float *pool,
+                                long pool_layer_stride, long pool_v_offset, const long *slots, long num_slots,
+                                float *const *mirror_k, float *const *mirror_v, long mirror_row_stride,
+                                long mirror_head_stride, const long *mirror_rows, const long *mirror_pos,
+                                long mirror_rows_cap, long mirror_cap, const int *lengths, const long *order,
+                                const long *inverse, const float *norm, const native_linear *head, float *logits,
+                                long *best) {
+    const team_options opt = {.stall_thread = -1, .stall_us = 0, .taken = NULL, .barriers = 1};
     return decode_layers(layers, num_layers, x, rows, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos,
                          ssin, max_position, pool, pool_layer_stride, pool_v_offset, slots, num_slots, mirror_k,
                          mirror_v, mirror_row_stride, mirror_head_stride, mirror_rows, mirror_pos, mirror_rows_cap,

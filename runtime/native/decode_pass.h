@@ -53,6 +53,7 @@ static inline rope_store_args pass_rope(const decode_pass *d, int l, const float
 typedef struct {
     int stall_thread, stall_us;
     long *taken;
+    int barriers; /* tests: the barriers' way whatever fits (native_decode_step_barriers) */
 } team_options;
 
 int native_rms_norm(const float *x, const float *w, int rows, int cols, float eps, float *out);

@@ -137,3 +137,40 @@ def test_the_loop_runs_decode_only_team_passes_wide_and_prefill_on_the_count(mon
     with Engine(LlamaModel(cfg, random_weights(cfg, 9)), capacity_blocks=64, page_size=8, threads=2) as engine:
         engine.generate([5, 6, 7, 8, 9], max_new_tokens=6, ignore_eos=True)
     assert seen and not any(seen)  # the fixed rules put no product on the native kernel: no team pass
+
+
+class BarrierLayers:
+    """Stands in for the model's native library: every pass the barriers' way (native_decode_step_barriers), the
+    way a pass too big for the team's scratch takes, which the suite's small passes never reach otherwise."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._lib = lib
+        self.passes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lib, name)
+
+    def native_decode_step(self, *args: Any) -> int:
+        self.passes += 1
+        return self._lib.native_decode_step_barriers(*args)
+
+    def native_decode_layers(self, *args: Any) -> int:
+        return self.native_decode_step(*args, None, None, None, None)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_the_barriers_way_on_several_threads_keeps_the_eager_bits(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    monkeypatch.setenv("RADIXCACHE_GGUF_ACTIVATIONS", "int16")
+    model = _gguf_model(True)
+    plan = model.native_layers
+    assert plan is not None
+    stand_in = BarrierLayers(plan._lib)
+    plan._lib = stand_in
+    barriers = _decode_together(model, 4, threads=threads)
+    assert stand_in.passes > 0
+    model.native_layers = None
+    eager = _decode_together(model, 4, threads=threads)
+    for (tokens_a, a), (tokens_b, b) in zip(barriers, eager, strict=True):
+        assert tokens_a == tokens_b and a.equal(b)
