@@ -8,7 +8,9 @@
  * are computed by the same code whoever runs them, into places used by this phase alone, so the late owner's
  * result is the same bits written over the same bits; whichever finishes first clears the slot (a compare-and-swap)
  * and counts the units. A phase is finished when its count is its total: no thread ever waits for another
- * thread to arrive somewhere, only for work, which it can do itself.
+ * thread to arrive somewhere, only for work, which it can do itself. So a unit's function must write final values
+ * only into what others read (decode_team.c computes into the thread's own copy, then copies): a late owner's
+ * partial values, over a unit another thread finished, would be read as its result.
  *
  * The one wait left is the window between a claim taken from a share and the claim published (a few
  * instructions): a thread that finds nothing to claim, nothing published and the phase unfinished spins there. */
