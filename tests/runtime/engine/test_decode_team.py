@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from radixcache.runtime.model.llama import LlamaModel
-from radixcache.runtime.testing import random_block_weight, random_weights, tiny_config
+from radixcache.runtime.testing import random_weights, tiny_config
 from tests.runtime.engine.test_native_layers import _decode_together, _force
+from tests.runtime.engine.test_native_layers import _gguf_model as native_layers_model
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None, reason="the native kernels need a C compiler"
@@ -57,16 +58,9 @@ class StalledLayers:
 SHAPES = {"hidden_size": 256, "intermediate_size": 1024, "num_heads": 8, "num_kv_heads": 2, "head_dim": 32}
 
 
-def _gguf_model(bias: bool, seed: int = 5) -> LlamaModel:
-    """A GQA model whose every matrix is a GGUF block weight (Q4_1 and Q8_0 mixed)."""
-    cfg = tiny_config(**SHAPES, attention_bias=bias, vocab_size=97)
-    weights = random_weights(cfg, seed)
-    blocks = {}
-    for i, (name, w) in enumerate(sorted(weights.items())):
-        if w.dim() == 2 and name != "model.embed_tokens.weight":
-            blocks[name] = random_block_weight("Q4_1" if i % 3 else "Q8_0", *w.shape, seed=seed + i)
-            weights[name] = blocks[name].dequantize()
-    return LlamaModel(cfg, weights, quant="gguf", blocks=blocks)
+def _gguf_model(bias: bool) -> LlamaModel:
+    """test_native_layers' GGUF-block model, in SHAPES."""
+    return native_layers_model(bias, **SHAPES)
 
 
 def _stalled(model: LlamaModel, slow: int) -> StalledLayers:

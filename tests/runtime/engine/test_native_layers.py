@@ -33,18 +33,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _gguf_model(bias: bool, seed: int = 5, vocab: int = 97) -> LlamaModel:
+def _gguf_model(bias: bool, seed: int = 5, vocab: int = 97, **shape: int) -> LlamaModel:
     """A small GQA model whose every matrix is a GGUF block weight (Q4_1 and Q8_0 mixed), its float weights their
-    dequantisation."""
-    cfg = tiny_config(
-        hidden_size=64,
-        intermediate_size=128,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        attention_bias=bias,
-        vocab_size=vocab,
-    )
+    dequantisation; `shape`: tiny_config's sizes other than these defaults."""
+    sizes = {"hidden_size": 64, "intermediate_size": 128, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16}
+    cfg = tiny_config(**{**sizes, **shape}, attention_bias=bias, vocab_size=vocab)
     weights = random_weights(cfg, seed)
     blocks = {}
     for i, (name, w) in enumerate(sorted(weights.items())):
