@@ -36,14 +36,46 @@ def locate(root: Any, path: str, message: str, error_of: Callable[[Any], str | N
     Within that subschema the path goes on to the keyword the message names ("Value for 'multipleOf' has too many
     digits": `.multipleOf`; a `oneOf` whose members may overlap: `.oneOf`; a required property its `properties` do
     not name, in an object closed to them: `.required`, saying so), or for "schema too large" to the part that holds
-    its bulk (`.allOf`)."""
+    its bulk (`.allOf`); a one-sided bound of magnitude 10**18 or more, which the library cannot build, to its keyword
+    (`.minimum`), saying what to add."""
     node, path, message = _deepest(root, path, message, error_of)
     if (name := unnamed_required(node, message)) is not None:  # the library names it, not why
         message += (
             f": {name!r} is required but not among the object's properties, and the object admits no other key "
             "(additionalProperties false, or strict mode without additionalProperties): add it to its properties"
         )
+    if (bound := one_sided_bound(node, message)) is not None:
+        side, keyword = bound
+        path, message = (path if keyword is None else f"{path}.{keyword}"), _one_sided_message(side, message)
+        return path, message
     return _keyword_path(node, path, message), message
+
+
+_ONE_SIDED = re.compile(r"Failed to generate regex for (integer|float) range: min=(\S+), max=(\S+)")
+
+
+def one_sided_bound(node: Any, message: str) -> tuple[str, str | None] | None:
+    """("lower" or "upper", the keyword of `node` that holds it, None when `node` holds none) when `message` is the
+    library's refusal of a one-sided range of magnitude 10**18 or more (`{"type": "integer", "minimum": 1e18}`: it
+    builds such a range's regex only below 10**18); None for any other message."""
+    found = _ONE_SIDED.search(message)
+    if found is None:
+        return None
+    side = "lower" if found.group(3) == "None" else "upper"
+    keys = ("minimum", "exclusiveMinimum") if side == "lower" else ("maximum", "exclusiveMaximum")
+    held = [k for k in keys if isinstance(node, dict) and isinstance(node.get(k), (int, float))]
+    pick = max if side == "lower" else min  # the bound in force, where both keywords are given
+    return side, (pick(held, key=lambda k: node[k]) if held else None)
+
+
+def _one_sided_message(side: str, message: str) -> str:
+    kind = "an integer" if "integer range" in message else "a number"
+    other = "maximum" if side == "lower" else "minimum"
+    return (
+        f"the grammar cannot bound {kind} from {'below' if side == 'lower' else 'above'} at a magnitude of 10**18 or "
+        f"more without a {other} too (the grammar library builds a one-sided range only below 10**18): add a {other} "
+        "(its magnitude below 2**63)"
+    )
 
 
 def _keyword_path(node: Any, path: str, message: str) -> str:

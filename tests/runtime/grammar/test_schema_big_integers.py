@@ -86,3 +86,37 @@ def test_a_tools_integer_is_refused_only_where_a_grammar_writes_it(choice: str, 
     with pytest.raises(GrammarError, match="exactly") as e:
         request_grammar(options, TemplateFeatures())
     assert e.value.path == "tools[0].function.parameters.properties.id.enum[0]"
+
+
+ONE_SIDED = [
+    ({"type": "integer", "minimum": 10**18}, "minimum", "maximum"),
+    ({"type": "integer", "minimum": 1e18}, "minimum", "maximum"),  # a float given for an integer bound
+    ({"type": "integer", "minimum": 0, "exclusiveMinimum": 2 * 10**18}, "exclusiveMinimum", "maximum"),
+    ({"properties": {"a": {"type": "number", "maximum": -1e18}}}, "properties.a.maximum", "minimum"),
+    (
+        {"properties": {"b": {"type": "integer", "exclusiveMaximum": -(2**62)}}},
+        "properties.b.exclusiveMaximum",
+        "minimum",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "where", "add"), ONE_SIDED)
+def test_a_one_sided_bound_past_1e18_is_refused_at_its_keyword(
+    tiny_compiler: GrammarCompiler, schema: dict[str, Any], where: str, add: str
+) -> None:
+    """The library builds a one-sided range's regex only below 10**18: it refused these at the schema's root, as
+    "Failed to generate regex for integer range", naming no field and no way out."""
+    with pytest.raises(GrammarError, match=f"without a {add} too") as e:
+        tiny_compiler.compile(GrammarSpec.json_schema(schema, path="s"))
+    assert e.value.path == f"s.{where}"
+
+
+def test_a_bound_past_1e18_with_the_other_bound_compiles_exactly(tiny_compiler, tiny_tokenizer) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1e18, "maximum": 2**63 - 1}}}
+    schema["required"] = ["n"]
+    state = GrammarState(tiny_compiler.compile(GrammarSpec.json_schema(schema)))
+    for seed in range(3):
+        out = json.loads(tiny_tokenizer.decode(walk(state, token_table(tiny_tokenizer, tiny_compiler.vocab), seed)))
+        jsonschema.validate(out, schema)
+        state = GrammarState(tiny_compiler.compile(GrammarSpec.json_schema(schema)))
