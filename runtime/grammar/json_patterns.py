@@ -1,42 +1,133 @@
 """A schema's `pattern`s as the grammar library matches them right inside a JSON string.
 
-The library matches a `pattern` against the string's JSON text, quoting the regex's character classes to their
-escapes. A class that holds every control character (U+0000 to U+001F) admitted the escapes `\\"` and `\\\\`
-whatever the class said (llguidance 1.9.1): `[^"]*` (no quote) let the model write `a\\"b`, a string holding a quote,
-and `[^\\\\]` a backslash; a 200 whose answer fails its own schema. A class that leaves one control character out
-is quoted exactly. So every negated class `[^...]` also leaves out U+0000 (`[^"]` becomes `[^\\x00"]`): it admits
-no text it did not (a NUL is no text a model writes), and the escapes only where its characters allow them. A
-pattern with class set operations (`--`, `~~`), where a negated class may add to a set rather than bound it, is kept
-as it is; so is a positive class spanning the controls (`[\\x00-\\x1f]`), which this does not read.
+The library matches a `pattern` against the string's JSON text, quoting the regex to its escapes. Where the regex
+admits every control character (U+0000 to U+001F) at one point, the library admitted the escapes `\\"` and `\\\\`
+there whatever the regex said (llguidance 1.9.1): `[^"]*` (no quote) let the model write `a\\"b`, a string holding a
+quote, `[^\\\\]` a backslash, and the positive `[\\x00-\\x1f]*` (controls only), `\\p{Cc}` or `(?s:.)` a quote or a
+backslash too; a 200 whose answer fails its own schema. A regex that leaves one control character out is quoted
+exactly. So every part of a pattern that may match U+0000 is made to leave it out: a negated class `[^...]` also
+excludes it (`[^"]` becomes `[^\\x00"]`), a positive class is taken less it (`[[\\x00-\\x1f]--\\x00]`), an escape
+class that holds it (`\\P{..}`, `\\p{..}`, `\\D`, `\\W`, `\\S`) likewise, `.` becomes `[^\\n\\x00]` (`[^\\x00]` under
+the flag `s`), and a NUL written alone (`\\x00`) matches nothing. It admits no text it did not (a NUL is no text a
+model writes), and the escapes only where the pattern allows them. A pattern this scanner cannot follow (a class
+left open) is kept as it is, for the library to refuse.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, SCHEMA_MAPS
 
 _NO_NUL = "\\x00"
+_NOTHING = "[\\x00--\\x00]"  # an empty class: a NUL written alone
+_BRACED = re.compile(r"\\[xuUpP]\{[^}]*\}")
+_FIXED = {"x": 4, "u": 6, "U": 10, "p": 3, "P": 3}  # `\xHH`, `\uHHHH`, `\UHHHHHHHH`, `\pL`
+_ASCII_CLASS = re.compile(r"\[:\^?[a-z]+:\]")
+_FLAGS = re.compile(r"\(\?([a-zA-Z-]*)([:)])")
+_SET_OPERATIONS = ("--", "&&", "~~")
 
 
 def quote_safe_pattern(pattern: str) -> str:
-    """`pattern` with U+0000 left out of each negated class (after a leading `]`, which is the class's own)."""
-    if "--" in pattern or "~~" in pattern:
-        return pattern
+    """`pattern` with every part that may match U+0000 made to leave it out (see the module's docstring)."""
     out: list[str] = []
+    flags = [""]  # the flags in force, per open group
     i = 0
     while i < len(pattern):
-        if pattern[i] == "\\":  # an escape: `\[` is no class, `\x{...}` holds no bracket
-            out.append(pattern[i : i + 2])
-            i += 2
-        elif pattern.startswith("[^", i):
-            end = i + 3 if pattern.startswith("]", i + 2) else i + 2
-            out.append(pattern[i:end] + _NO_NUL)
+        c = pattern[i]
+        if c == "\\":
+            escape = _escape_at(pattern, i)
+            i += len(escape)
+            out.append(_NOTHING if _is_nul(escape) else f"[{escape}--{_NO_NUL}]" if escape[1:2] in "pPDWS" else escape)
+        elif c == "[":
+            end = _class_end(pattern, i)
+            if end is None:
+                return pattern
+            out.append(_without_nul(pattern[i + 1 : end]))
+            i = end + 1
+        elif c == ".":
+            out.append("[^\\x00]" if "s" in flags[-1] else "[^\\n\\x00]")
+            i += 1
+        elif c == "\0":
+            out.append(_NOTHING)
+            i += 1
+        elif c == "(":
+            found = _FLAGS.match(pattern, i)
+            group = found.group(0) if found else c
+            if found and found.group(2) == ")":  # `(?s)`: to the end of the group it is in
+                flags[-1] = _set_flags(flags[-1], found.group(1))
+            else:
+                flags.append(_set_flags(flags[-1], found.group(1)) if found else flags[-1])
+            out.append(group)
+            i += len(group)
+        elif c == ")":
+            if len(flags) > 1:
+                flags.pop()
+            out.append(c)
+            i += 1
+        elif c == "#" and "x" in flags[-1]:  # a comment of the verbose flag, to the line's end
+            end = pattern.find("\n", i)
+            end = len(pattern) if end < 0 else end
+            out.append(pattern[i:end])
             i = end
         else:
-            out.append(pattern[i])
+            out.append(c)
             i += 1
     return "".join(out)
+
+
+def _escape_at(pattern: str, i: int) -> str:
+    """The escape that starts at `pattern[i]` (a backslash), whole: `\\x{0}`, `\\x00`, `\\p{Cc}`, `\\pL`, `\\n`."""
+    if found := _BRACED.match(pattern, i):
+        return found.group(0)
+    return pattern[i : i + _FIXED.get(pattern[i + 1 : i + 2], 2)]
+
+
+def _is_nul(escape: str) -> bool:
+    digits = escape[2:].strip("{}")
+    return escape[1:2] in ("x", "u", "U") and bool(digits) and set(digits) <= set("0")
+
+
+def _class_end(pattern: str, i: int) -> int | None:
+    """The index of the `]` that closes the class opened at `pattern[i]`, nested classes and escapes followed;
+    None when it is left open."""
+    depth, j = 0, i
+    while j < len(pattern):
+        c = pattern[j]
+        if c == "[" and (found := _ASCII_CLASS.match(pattern, j)) and depth:
+            j = found.end()
+        elif c == "[":
+            depth += 1
+            j += 1
+            j += pattern.startswith("^", j)
+            j += pattern.startswith("]", j)  # a `]` first in a class is the class's own
+        elif c == "\\":
+            j += len(_escape_at(pattern, j))
+        elif c == "]":
+            depth -= 1
+            if depth == 0:
+                return j
+            j += 1
+        else:
+            j += 1
+    return None
+
+
+def _without_nul(body: str) -> str:
+    """The class `[body]` less U+0000."""
+    if body.startswith("^"):
+        inner = body[1:]
+        if "[" in inner or any(op in inner for op in _SET_OPERATIONS):  # `^` negates the whole set expression
+            return f"[^[{inner}]{_NO_NUL}]"
+        first = 1 if inner.startswith("]") else 0  # `[^]a]`: `]\x00a`, the leading `]` kept first
+        return f"[^{inner[:first]}{_NO_NUL}{inner[first:]}]"
+    return f"[[{body}]--{_NO_NUL}]"
+
+
+def _set_flags(current: str, change: str) -> str:
+    on, _, off = change.partition("-")
+    return "".join(sorted((set(current) | set(on)) - set(off)))
 
 
 def quote_safe_patterns(schema: Any) -> Any:

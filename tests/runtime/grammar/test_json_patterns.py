@@ -1,7 +1,8 @@
 """A schema `pattern` whose negated class leaves out a quote or a backslash (`[^"]`, `[^\\]`): the grammar library
 quoted a class holding every control character with the escapes `\\"` and `\\\\` whatever the class said, so `[^"]*`
-let the model write `a\\"b`, a string holding a quote (a 200 failing its own schema). Each negated class now leaves out
-U+0000 too, which the library quotes exactly; checked against Python's `re` on the decoded string, for a schema
+let the model write `a\\"b`, a string holding a quote (a 200 failing its own schema); a positive class of the controls
+(`[\\x00-\\x1f]`, `\\p{Cc}`, an alternation of them) did the same. Each part of a pattern that may match U+0000 now
+leaves it out, which the library quotes exactly; checked against Python's `re` on the decoded string, for a schema
 compiled alone and for a tool's parameters in the Lark grammars the runtime assembles (Hermes tags, "auto" beside a
 schema)."""
 
@@ -31,11 +32,13 @@ NO_QUOTE = r'^[^"\\]{1,4}$'  # no quote, no backslash
         (r'a[^"\\]b[^c]', r'a[^\x00"\\]b[^\x00c]'),
         ("[^]a]", r"[^]\x00a]"),  # a ] first in a class is the class's own
         (r"\[^a]", r"\[^a]"),  # an escaped bracket opens no class
-        ("[a-z--[^b]]", "[a-z--[^b]]"),  # a set operation: kept as it is
-        ("^[a-z]+$", "^[a-z]+$"),
+        ("[a-z--[^b]]", r"[[a-z--[^b]]--\x00]"),  # a set operation: the class taken whole, less NUL
+        ("[^a&&b]", r"[^[a&&b]\x00]"),  # `^` negates the whole set expression: NUL joined to it, not to `b`
+        ("^[a-z]+$", r"^[[a-z]--\x00]+$"),
+        (r"(?s:.)x.\x00\p{Cc}", r"(?s:[^\x00])x[^\n\x00][\x00--\x00][\p{Cc}--\x00]"),
     ],
 )
-def test_each_negated_class_leaves_out_nul_too(pattern: str, made: str) -> None:
+def test_each_part_that_may_match_nul_leaves_it_out(pattern: str, made: str) -> None:
     assert quote_safe_pattern(pattern) == made
 
 
@@ -62,6 +65,31 @@ def test_a_negated_class_admits_no_quote_or_backslash_it_leaves_out(
     for seed in range(12):
         out = json.loads(tiny_tokenizer.decode(walk(GrammarState(compiled), table, seed, close_after=3)))
         jsonschema.validate(out, schema)
+
+
+# controls only, written as a positive class, a Unicode class, an ASCII class, an alternation; and any character
+CONTROLS = [
+    (r"^[\x00-\x1f]{1,3}$", r"^[\x00-\x1f]{1,3}$"),
+    (r"^[\n\t\x00-\x1f]+$", r"^[\n\t\x00-\x1f]+$"),
+    (r"^\p{Cc}+$", r"^[\x00-\x1f\x7f-\x9f]+$"),
+    (r"^[[:cntrl:]]+$", r"^[\x00-\x1f\x7f]+$"),
+    (r"^(?:\x00|[\x01-\x1f])+$", r"^[\x00-\x1f]+$"),
+    (r"^(?s:.)+$", r"^(?s:.)+$"),
+]
+
+
+@pytest.mark.parametrize(("pattern", "python"), CONTROLS)
+def test_a_pattern_admitting_every_control_character_admits_no_quote_it_leaves_out(
+    tiny_compiler: GrammarCompiler, tiny_tokenizer: Any, pattern: str, python: str
+) -> None:
+    """Such a pattern let the model write `\\"` and `\\\\` (a quote, a backslash) in its string, as a negated class
+    did: `[\\x00-\\x1f]+` took `"\\""`. Compiled from a request's response_format, as the server does."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}, "required": ["s"]}
+    body = {"type": "json_schema", "json_schema": {"name": "c", "strict": True, "schema": schema}}
+    compiled = tiny_compiler.compile(GrammarSpec.from_response_format(body))
+    for value in ['"', "\\", "\n\t", "\x01\x1f", 'a"', "ab", "\u0085"]:
+        text = json.dumps({"s": value}, ensure_ascii=False)  # U+0085 as itself, controls below U+0020 escaped
+        assert _accepts(compiled, tiny_tokenizer, text) == bool(re.search(python, value)), text
 
 
 TOOL = {
