@@ -183,6 +183,11 @@ class GGUFFile:
             index.append((name, tuple(reversed(dims)), ggml_type, offset))
         self.alignment = _alignment(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT), self.path)
         self.data_offset = -(-self._pos // self.alignment) * self.alignment
+        if index and self.data_offset > len(mm):  # 2**31 passed as a power of two: blamed on the first tensor
+            raise GGUFError(
+                f"{self.path}: metadata general.alignment is {self.alignment}: the tensor data would start at byte "
+                f"{self.data_offset}, past the end of the file ({len(mm)} bytes)"
+            )
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, ggml_type, offset in index:
             if name in self.tensors:

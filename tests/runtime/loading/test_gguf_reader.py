@@ -215,6 +215,18 @@ def test_an_alignment_of_the_wrong_type_or_value_is_named(kit, tmp_path, value):
         GGUFFile(tmp_path / "a.gguf")
 
 
+@pytest.mark.parametrize("value", [(4, 2**31), (10, 2**63), (4, 4096)], ids=["2**31", "2**63", "past-a-small-file"])
+def test_an_alignment_that_puts_the_tensor_data_past_the_file_is_named(kit, tmp_path, value):
+    """A power of two as large as 2**31 or 2**63 passed, and the error blamed the first tensor for running past the
+    end of the file; a file without tensors keeps opening (its alignment places nothing)."""
+    x = np.zeros(32, np.float32)
+    kit.write_gguf(tmp_path / "a.gguf", {"general.alignment": value}, [("w", (32,), "F32", x.tobytes())])
+    with pytest.raises(GGUFError, match=rf"a\.gguf: metadata general\.alignment is {value[1]}: .* past the end"):
+        GGUFFile(tmp_path / "a.gguf")
+    kit.write_gguf(tmp_path / "b.gguf", {"general.alignment": value, "general.name": "m"}, [])
+    assert GGUFFile(tmp_path / "b.gguf").metadata["general.name"] == "m"
+
+
 def test_a_file_cut_short_names_the_key_or_tensor_it_was_cut_in(kit, tmp_path):
     """A download stopped in the vocabulary or in the tensor index said only "truncated or corrupt GGUF header",
     naming neither the key nor the tensor."""
