@@ -48,6 +48,28 @@ def read_json_object(path: str) -> dict[str, Any]:
     return value
 
 
+def check_added_token_ids(backend: Any, path: str) -> None:
+    """ValueError naming tokenizer.json (`path`) and the token when the tokenizers library numbered an added token
+    otherwise than the file says: it renumbers without a word (a Rust log line nobody sees) an added token whose id
+    another token holds (a vocabulary entry, or an added token before it) or whose id leaves a gap after the last
+    one, so `encode` gave ids the model was not trained on, and a decode of the declared id another token's text."""
+    for entry in read_json_object(path).get("added_tokens") or []:
+        declared, text = (entry.get("id"), entry.get("content")) if isinstance(entry, dict) else (None, None)
+        if not isinstance(text, str) or isinstance(declared, bool) or not isinstance(declared, int):
+            raise ValueError(f"{path}: added token {entry!r} needs an integer id and a text content")
+        if (given := backend.token_to_id(text)) != declared:
+            holder = backend.id_to_token(declared) if declared >= 0 else None
+            why = (
+                f"id {declared} is the token {holder!r}"
+                if holder not in (None, text)
+                else "it gives added tokens the ids after the vocabulary's, in order, or a vocabulary text its id"
+            )
+            raise ValueError(
+                f"{path}: added token {text!r} says id {declared}, but the tokenizers library numbers it {given} "
+                f"({why}): every added token needs an id of its own, following the vocabulary's"
+            )
+
+
 def config_from_hf(
     cfg: dict[str, Any], name: str = "model", eos_token_ids: tuple[int, ...] = (), where: str | None = None
 ) -> ModelConfig:

@@ -21,7 +21,7 @@ from radixcache.runtime.loading.chat_template import ChatMessageError, render_ch
 from radixcache.runtime.loading.detokenizer import REPLACEMENT, IncrementalDetokenizer
 from radixcache.runtime.loading.gguf_model import gguf_adds_bos, gguf_eos_ids, gguf_token_id
 from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf
-from radixcache.runtime.loading.hf import read_json_object
+from radixcache.runtime.loading.hf import check_added_token_ids, read_json_object
 from radixcache.runtime.loading.named_templates import DEFAULT, gguf_chat_templates, hf_chat_templates, pick_template
 from radixcache.runtime.loading.weights import refuse_lfs_pointer
 from radixcache.runtime.tools import (
@@ -108,6 +108,7 @@ class Tokenizer:
         except Exception as e:  # tokenizers raises a plain Exception for any file it cannot read
             refuse_lfs_pointer(path)
             raise ValueError(f"{path}: not a tokenizer.json the tokenizers library can read ({e})") from None
+        check_added_token_ids(backend, path)
         tok_config = _read_json(os.path.join(directory, "tokenizer_config.json"))
 
         def token_id(value: Any) -> int | None:
