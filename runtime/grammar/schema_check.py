@@ -11,6 +11,7 @@ e.g. `response_format.json_schema.schema.properties.age.type`.
 from __future__ import annotations
 
 import json
+import math
 import re
 from decimal import Decimal
 from typing import Any
@@ -138,6 +139,8 @@ def _inexact_integer(schema: Any, path: str) -> tuple[str, str] | None:
             stack.extend((v, f"{at}[{i}]", data) for i, v in reversed(list(enumerate(item))))
         if not isinstance(item, dict):
             continue
+        if not data and (found := _inexact_exclusive(item, at)) is not None:
+            return found
         for k, v in reversed(item.items()):
             if data or k in OUTPUT_DATA:
                 stack.append((v, f"{at}.{k}", True))
@@ -155,6 +158,28 @@ def _inexact_integer(schema: Any, path: str) -> tuple[str, str] | None:
 
 
 _FLOAT_READ = "the grammar library reads numbers as 64-bit floats, which hold every integer only up to 2**53"
+
+
+def _inexact_exclusive(node: dict[str, Any], path: str) -> tuple[str, str] | None:
+    """(message, path) of an integer schema's exclusive bound whose first integer inside no float holds: the library
+    computes it as a float, so `{"type": "integer", "exclusiveMinimum": 2**53}` took 2**53 + 1 as 2**53 and admitted
+    the bound it excludes (and -2**53 as an exclusiveMaximum likewise). None when there is none."""
+    kinds = node.get("type")
+    if not (kinds == "integer" or (isinstance(kinds, list) and "integer" in kinds)):
+        return None
+    for key, step in (("exclusiveMinimum", 1), ("exclusiveMaximum", -1)):
+        value = node.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        edge = math.floor(value) + 1 if step > 0 else math.ceil(value) - 1  # the first integer inside the bound
+        if float(edge) != edge:
+            message = (
+                f"the grammar cannot bound integers by {key} {value} exactly: it takes {edge} as {float(edge):.0f}"
+            )
+            return f"{message}, so it would admit the bound itself or exclude numbers it admits: {_FLOAT_READ}", (
+                f"{path}.{key}"
+            )
+    return None
 
 
 def _written(value: int) -> int:

@@ -1,7 +1,8 @@
 """Integers a 64-bit float cannot hold: the grammar library reads a schema's numbers as 64-bit floats, so a `const`
 or `enum` integer past 2**53 that no float holds was forced rounded (`{"const": 2**53 + 1}` wrote 9007199254740992,
 a 200 whose answer fails its own schema), one of 2**63 or more was written as a float's digits, and a bound no float
-holds (`minimum` 2**53 + 1) admitted a number it excludes. They are refused naming the value's path; integers a
+holds (`minimum` 2**53 + 1) admitted a number it excludes, as did an integer's exclusive bound whose first integer
+inside no float holds (`exclusiveMinimum` 2**53 admitted 2**53). They are refused naming the value's path; integers a
 float holds exactly, however large, are written as themselves."""
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ REFUSED = [
     ({"type": "number", "exclusiveMaximum": -BIG}, "exclusiveMaximum"),
     ({"properties": {"default": {"const": BIG}}}, "properties.default.const"),  # a property, not the keyword
     ({"$defs": {"n": {"enum": [BIG]}}, "$ref": "#/$defs/n"}, "$defs.n.enum[0]"),
+    # the first integer inside an exclusive bound, computed as a float: 2**53 + 1 read 2**53, which it admitted
+    ({"type": "integer", "exclusiveMinimum": 2**53}, "exclusiveMinimum"),
+    ({"type": ["integer", "null"], "exclusiveMaximum": -(2**60), "minimum": -(2**61)}, "exclusiveMaximum"),
 ]
 
 
@@ -91,10 +95,10 @@ def test_a_tools_integer_is_refused_only_where_a_grammar_writes_it(choice: str, 
 ONE_SIDED = [
     ({"type": "integer", "minimum": 10**18}, "minimum", "maximum"),
     ({"type": "integer", "minimum": 1e18}, "minimum", "maximum"),  # a float given for an integer bound
-    ({"type": "integer", "minimum": 0, "exclusiveMinimum": 2 * 10**18}, "exclusiveMinimum", "maximum"),
+    ({"type": "number", "minimum": 0, "exclusiveMinimum": 2e18}, "exclusiveMinimum", "maximum"),
     ({"properties": {"a": {"type": "number", "maximum": -1e18}}}, "properties.a.maximum", "minimum"),
     (
-        {"properties": {"b": {"type": "integer", "exclusiveMaximum": -(2**62)}}},
+        {"properties": {"b": {"type": "number", "exclusiveMaximum": -(2**62)}}},
         "properties.b.exclusiveMaximum",
         "minimum",
     ),
@@ -120,3 +124,23 @@ def test_a_bound_past_1e18_with_the_other_bound_compiles_exactly(tiny_compiler, 
         out = json.loads(tiny_tokenizer.decode(walk(state, token_table(tiny_tokenizer, tiny_compiler.vocab), seed)))
         jsonschema.validate(out, schema)
         state = GrammarState(tiny_compiler.compile(GrammarSpec.json_schema(schema)))
+
+
+@pytest.mark.parametrize(
+    ("schema", "admitted", "excluded"),
+    [
+        ({"type": "integer", "exclusiveMinimum": 2**53 - 1}, 2**53, 2**53 - 1),
+        ({"type": "integer", "exclusiveMaximum": 2**53, "minimum": 0}, 2**53 - 1, 2**53),
+        ({"type": "number", "exclusiveMinimum": 2**53}, 2**53 + 2, 2**53),
+    ],
+)
+def test_an_exclusive_bound_whose_first_integer_a_float_holds_is_exact(
+    tiny_compiler: GrammarCompiler, tiny_tokenizer, schema: dict[str, Any], admitted: int, excluded: int
+) -> None:
+    compiled = tiny_compiler.compile(GrammarSpec.json_schema(schema))
+
+    def accepts(value: int) -> bool:
+        matcher = compiled.new_matcher()
+        return all(matcher.consume_token(t) for t in tiny_tokenizer.encode(str(value))) and matcher.is_accepting()
+
+    assert (accepts(admitted), accepts(excluded)) == (True, False)
