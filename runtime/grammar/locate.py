@@ -20,7 +20,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from radixcache.runtime.grammar.errors import GrammarError
-from radixcache.runtime.grammar.schema_check import SCHEMA_LISTS, SCHEMA_MAPS, SUBSCHEMA, check_schema
+from radixcache.runtime.grammar.schema_check import (
+    SCHEMA_LISTS,
+    SCHEMA_MAPS,
+    SUBSCHEMA,
+    check_schema,
+    one_sided_message,
+)
 from radixcache.runtime.grammar.schema_size import bulk_path
 
 MAX_TRIES = 64
@@ -46,7 +52,10 @@ def locate(root: Any, path: str, message: str, error_of: Callable[[Any], str | N
         )
     if (bound := one_sided_bound(node, message)) is not None:
         side, keyword = bound
-        path, message = (path if keyword is None else f"{path}.{keyword}"), _one_sided_message(side, message)
+        path, message = (
+            (path if keyword is None else f"{path}.{keyword}"),
+            one_sided_message("an integer" if "integer range" in message else "a number", side),
+        )
         return path, message
     return _keyword_path(node, path, message), message
 
@@ -66,16 +75,6 @@ def one_sided_bound(node: Any, message: str) -> tuple[str, str | None] | None:
     held = [k for k in keys if isinstance(node, dict) and isinstance(node.get(k), (int, float))]
     pick = max if side == "lower" else min  # the bound in force, where both keywords are given
     return side, (pick(held, key=lambda k: node[k]) if held else None)
-
-
-def _one_sided_message(side: str, message: str) -> str:
-    kind = "an integer" if "integer range" in message else "a number"
-    other = "maximum" if side == "lower" else "minimum"
-    return (
-        f"the grammar cannot bound {kind} from {'below' if side == 'lower' else 'above'} at a magnitude of 10**18 or "
-        f"more without a {other} too (the grammar library builds a one-sided range only below 10**18): add a {other} "
-        "(its magnitude below 2**63)"
-    )
 
 
 def _keyword_path(node: Any, path: str, message: str) -> str:

@@ -144,3 +144,15 @@ def test_an_exclusive_bound_whose_first_integer_a_float_holds_is_exact(
         return all(matcher.consume_token(t) for t in tiny_tokenizer.encode(str(value))) and matcher.is_accepting()
 
     assert (accepts(admitted), accepts(excluded)) == (True, False)
+
+
+def test_a_tools_one_sided_bound_past_1e18_is_named_at_its_field() -> None:
+    """A forced call's schema is the runtime's, so the library's refusal named only `tools`."""
+    tool = {"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}
+    tool["function"]["parameters"]["properties"] = {"id": {"type": "integer", "minimum": 10**18}}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [tool], "tool_choice": "required"}
+    request = ChatCompletionRequest.model_validate(body)
+    options = RequestOptions(grammar=grammar_of(request), tool_use=tool_use_of(request))
+    with pytest.raises(GrammarError, match="without a maximum too") as e:
+        request_grammar(options, TemplateFeatures())
+    assert e.value.path == "tools[0].function.parameters.properties.id.minimum"
