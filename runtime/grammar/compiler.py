@@ -26,7 +26,7 @@ import numpy as np
 
 from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.grammar.json_patterns import quote_safe_patterns
-from radixcache.runtime.grammar.lark_check import looks_like_lark
+from radixcache.runtime.grammar.lark_check import looks_like_lark, quote_safe_lark
 from radixcache.runtime.grammar.locate import locate
 from radixcache.runtime.grammar.schema_check import DATA_KEYWORDS, SCHEMA_MAPS, find_key
 from radixcache.runtime.grammar.schema_refs import ref_path, resolve_ref
@@ -258,7 +258,9 @@ def _translate(spec: GrammarSpec) -> str:
     if spec.kind == "regex":
         return matcher.grammar_from_regex(spec.source)
     if spec.kind == "ebnf":  # a user's grammar was checked when its spec was made (lark_check.py)
-        return llguidance.grammar_from("lark" if looks_like_lark(spec.source) else "gbnf", spec.source)
+        if looks_like_lark(spec.source):  # its `%json` patterns quoted as a json_schema's (json_patterns.py)
+            return llguidance.grammar_from("lark", quote_safe_lark(spec.source))
+        return llguidance.grammar_from("gbnf", spec.source)
     options: dict[str, object] = {"whitespace_flexible": spec.any_whitespace}
     if not spec.any_whitespace:
         options.update(item_separator=", ", key_separator=": ")

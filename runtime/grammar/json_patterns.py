@@ -115,7 +115,9 @@ def _class_end(pattern: str, i: int) -> int | None:
 
 
 def _without_nul(body: str) -> str:
-    """The class `[body]` less U+0000."""
+    """The class `[body]` less U+0000 (a class that leaves it out already, as this makes them, kept as it is)."""
+    if body.endswith("--" + _NO_NUL) or (body.startswith("^") and _NO_NUL in (body[1:5], body[2:6], body[-4:])):
+        return f"[{body}]"
     if body.startswith("^"):
         inner = body[1:]
         if "[" in inner or any(op in inner for op in _SET_OPERATIONS):  # `^` negates the whole set expression

@@ -22,7 +22,8 @@ they entered.
   forced prefix in one step). A rule whose expansion (`_check_rule_sizes`) passes `MAX_RULE_SIZE` is refused
   naming it.
 
-The scan skips string literals, regex literals and `//` comments; a definition starts a line (`name:`, `?name:`,
+`quote_safe_lark` rewrites a grammar's `%json` schemas' patterns as a `json_schema`'s are (json_patterns.py), when it
+is compiled. The scan skips string literals, regex literals and `//` comments; a definition starts a line (`name:`, `?name:`,
 `NAME.2:`), and its body runs to the next definition.
 """
 
@@ -35,6 +36,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from radixcache.runtime.grammar.errors import GrammarError
 from radixcache.runtime.grammar.gbnf_scan import after_quoted, gbnf_uses
+from radixcache.runtime.grammar.json_patterns import quote_safe_patterns
 from radixcache.runtime.grammar.regex_size import check_regex_size, regex_size
 from radixcache.runtime.grammar.schema_check import check_schema
 
@@ -186,6 +188,34 @@ def _check_rule_sizes(shapes: dict[str, list[str]], path: str, limit: int = MAX_
     for name in shapes:
         if not name.isupper():
             size(name, frozenset())
+
+
+def quote_safe_lark(text: str) -> str:
+    """`text` (Lark) with the patterns of each `%json` schema made quote-safe (grammar.json_patterns), as a
+    `json_schema`'s are: a user's `%json {"type": "string", "pattern": "^[^\\"]*$"}` let the model write a quote. The
+    scan is `check_lark`'s; a schema that is no JSON is left for the library to refuse."""
+    if "%json" not in text:
+        return text
+    out, start, i = [], 0, 0
+    while i < len(text):
+        c = text[i]
+        if c == "/" and text.startswith("//", i):
+            i = _line_end(text, i)
+        elif c in "\"'/":
+            i = after_quoted(text, i, c)
+        elif text.startswith("%json", i):
+            i += len("%json")
+            while i < len(text) and text[i].isspace():
+                i += 1
+            try:
+                schema, end = _DECODER.raw_decode(text, i)
+            except (ValueError, RecursionError):
+                continue
+            out += [text[start:i], json.dumps(quote_safe_patterns(schema))]
+            start = i = end
+        else:
+            i += 1
+    return "".join([*out, text[start:]])
 
 
 def _line_end(text: str, i: int) -> int:

@@ -17,7 +17,7 @@ import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
 from radixcache.runtime.grammar.errors import GrammarError
-from radixcache.runtime.grammar.lark_check import looks_like_lark
+from radixcache.runtime.grammar.lark_check import looks_like_lark, quote_safe_lark
 from radixcache.runtime.grammar.spec import GrammarSpec
 
 
@@ -37,7 +37,7 @@ def _lark(spec: GrammarSpec) -> str:
         return str(top["grammars"][0]["lark_grammar"])
     if spec.kind == "ebnf":
         if looks_like_lark(spec.source):
-            return spec.source
+            return quote_safe_lark(spec.source)
         try:
             return str(any_to_lark(spec.source))
         except Exception as e:  # the converter raises assorted types for bad input

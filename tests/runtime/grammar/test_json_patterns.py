@@ -130,3 +130,27 @@ def test_a_tools_pattern_in_an_assembled_grammar_is_quoted_alike(
     compiled = tiny_compiler.compile(spec)
     assert _accepts(compiled, tiny_tokenizer, call.format(args='{"s": "ab"}'))
     assert not _accepts(compiled, tiny_tokenizer, call.format(args='{"s": "a\\"b"}'))
+
+
+@pytest.mark.parametrize("pattern", ['[^"]', "^[a-z]+$", r"(?s:.)x.\x00\p{Cc}", "[^a&&b]", "[^]a]", r"[^\x00-\x1f]"])
+def test_a_pattern_made_quote_safe_is_kept_as_it_is(pattern: str) -> None:
+    """The runtime's own grammars hold tools' patterns made safe already, and pass through the Lark rewrite again."""
+    once = quote_safe_pattern(pattern)
+    assert quote_safe_pattern(once) == once
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["alone", "beside-tool-calls"])
+def test_a_lark_grammars_json_pattern_admits_no_quote_it_leaves_out(
+    tiny_compiler: GrammarCompiler, tiny_tokenizer: Any, nested: bool
+) -> None:
+    """A user's Lark `%json` rule is compiled as a json_schema is, but its patterns were passed as written: `[^"]*`
+    let the model write `a\\"b` there. `// %json` in a comment and a `"%json"` literal are no rules."""
+    schema = {"type": "string", "pattern": NO_QUOTE}
+    lark = f'// %json {{"a": 1}}\nstart: "%json" | %json {json.dumps(schema)}\n'
+    spec = GrammarSpec.ebnf(lark, path="grammar")
+    if nested:  # tool_choice "auto" beside the grammar: the user's Lark nested in the runtime's
+        spec = request_grammar(RequestOptions(grammar=spec, tool_use=ToolUse.of([TOOL], "auto")), TemplateFeatures())
+    compiled = tiny_compiler.compile(spec)
+    for value in ['a"b', "a\\b", "ab"]:
+        assert _accepts(compiled, tiny_tokenizer, json.dumps(value)) == bool(re.search(NO_QUOTE, value)), value
+    assert _accepts(compiled, tiny_tokenizer, "%json")
