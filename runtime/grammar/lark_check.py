@@ -23,8 +23,8 @@ they entered.
   naming it.
 
 `quote_safe_lark` rewrites a grammar's `%json` schemas' patterns as a `json_schema`'s are (json_patterns.py), when it
-is compiled. The scan skips string literals, regex literals and `//` comments; a definition starts a line (`name:`, `?name:`,
-`NAME.2:`), and its body runs to the next definition.
+is compiled. The scan skips string literals, regex literals and `//` comments; a definition starts a line (`name:`,
+`?name:`, `NAME.2:`), and its body runs to the next definition.
 """
 
 from __future__ import annotations
