@@ -6,9 +6,10 @@ there whatever the regex said (llguidance 1.9.1): `[^"]*` (no quote) let the mod
 quote, `[^\\\\]` a backslash, and the positive `[\\x00-\\x1f]*` (controls only), `\\p{Cc}` or `(?s:.)` a quote or a
 backslash too; a 200 whose answer fails its own schema. A regex that leaves one control character out is quoted
 exactly. So every part of a pattern that may match U+0000 is made to leave it out: a negated class `[^...]` also
-excludes it (`[^"]` becomes `[^\\x00"]`), a positive class is taken less it (`[[\\x00-\\x1f]--\\x00]`), an escape
-class that holds it (`\\P{..}`, `\\p{..}`, `\\D`, `\\W`, `\\S`) likewise, `.` becomes `[^\\n\\x00]` (`[^\\x00]` under
-the flag `s`), and a NUL written alone (`\\x00`) matches nothing. It admits no text it did not (a NUL is no text a
+excludes it (`[^"]` becomes `[^\\x00"]`), a positive class that may hold it (one with an escape or a nested class)
+is taken less it (`[[\\x00-\\x1f]--\\x00]`), an escape class that holds it (`\\P{..}`, `\\p{..}`, `\\D`, `\\W`,
+`\\S`) likewise, `.` becomes `[^\\n\\x00]` (`[^\\x00]` under the flag `s`), and a NUL written alone (`\\x00`)
+matches nothing. It admits no text it did not (a NUL is no text a
 model writes), and the escapes only where the pattern allows them. A pattern this scanner cannot follow (a class
 left open) is kept as it is, for the library to refuse.
 """
@@ -124,6 +125,8 @@ def _without_nul(body: str) -> str:
             return f"[^[{inner}]{_NO_NUL}]"
         first = 1 if inner.startswith("]") else 0  # `[^]a]`: `]\x00a`, the leading `]` kept first
         return f"[^{inner[:first]}{_NO_NUL}{inner[first:]}]"
+    if not any(c in body for c in "\\[\0"):  # no escape, nested class or NUL: no range of it starts at U+0000
+        return f"[{body}]"
     return f"[[{body}]--{_NO_NUL}]"
 
 

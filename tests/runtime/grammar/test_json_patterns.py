@@ -34,7 +34,8 @@ NO_QUOTE = r'^[^"\\]{1,4}$'  # no quote, no backslash
         (r"\[^a]", r"\[^a]"),  # an escaped bracket opens no class
         ("[a-z--[^b]]", r"[[a-z--[^b]]--\x00]"),  # a set operation: the class taken whole, less NUL
         ("[^a&&b]", r"[^[a&&b]\x00]"),  # `^` negates the whole set expression: NUL joined to it, not to `b`
-        ("^[a-z]+$", r"^[[a-z]--\x00]+$"),
+        ("^[a-z]+$", "^[a-z]+$"),  # no escape, no nested class: it holds no U+0000
+        (r"^[\w.-]+$", r"^[[\w.-]--\x00]+$"),
         (r"(?s:.)x.\x00\p{Cc}", r"(?s:[^\x00])x[^\n\x00][\x00--\x00][\p{Cc}--\x00]"),
     ],
 )
