@@ -3,15 +3,14 @@
 The library matches a `pattern` against the string's JSON text, quoting the regex to its escapes. Where the regex
 admits every control character (U+0000 to U+001F) at one point, the library admitted the escapes `\\"` and `\\\\`
 there whatever the regex said (llguidance 1.9.1): `[^"]*` (no quote) let the model write `a\\"b`, a string holding a
-quote, `[^\\\\]` a backslash, and the positive `[\\x00-\\x1f]*` (controls only), `\\p{Cc}` or `(?s:.)` a quote or a
+quote, `[^\\\\]` a backslash, and the positive `[\\x00-\\x1f]*` (controls only) or `\\p{Cc}` a quote or a
 backslash too; a 200 whose answer fails its own schema. A regex that leaves one control character out is quoted
 exactly. So every part of a pattern that may match U+0000 is made to leave it out: a negated class `[^...]` also
 excludes it (`[^"]` becomes `[^\\x00"]`), a positive class that may hold it (one with an escape or a nested class)
-is taken less it (`[[\\x00-\\x1f]--\\x00]`), an escape class that holds it (`\\P{..}`, `\\p{..}`, `\\D`, `\\W`,
-`\\S`) likewise, `.` becomes `[^\\n\\x00]` (`[^\\x00]` under the flag `s`), and a NUL written alone (`\\x00`)
-matches nothing. It admits no text it did not (a NUL is no text a
-model writes), and the escapes only where the pattern allows them. A pattern this scanner cannot follow (a class
-left open) is kept as it is, for the library to refuse.
+is taken less it (`[[\\x00-\\x1f]--\\x00]`), so is a Unicode class (`\\p{Cc}`, `\\P{..}`), and a NUL written alone
+(`\\x00`) matches nothing; `.`, `\\D`, `\\W` and `\\S` are kept, as they hold the quote and the backslash anyway.
+It admits no text it did not (a NUL is no text a model writes), and the escapes only where the pattern allows them.
+A pattern this scanner cannot follow (a class left open) is kept as it is, for the library to refuse.
 """
 
 from __future__ import annotations
@@ -33,23 +32,20 @@ _SET_OPERATIONS = ("--", "&&", "~~")
 def quote_safe_pattern(pattern: str) -> str:
     """`pattern` with every part that may match U+0000 made to leave it out (see the module's docstring)."""
     out: list[str] = []
-    flags = [""]  # the flags in force, per open group
+    flags = [""]  # the flags in force, per open group (`x`: `#` starts a comment, whose brackets open no class)
     i = 0
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
             escape = _escape_at(pattern, i)
             i += len(escape)
-            out.append(_NOTHING if _is_nul(escape) else f"[{escape}--{_NO_NUL}]" if escape[1:2] in "pPDWS" else escape)
+            out.append(_NOTHING if _is_nul(escape) else f"[{escape}--{_NO_NUL}]" if escape[1:2] in "pP" else escape)
         elif c == "[":
             end = _class_end(pattern, i)
             if end is None:
                 return pattern
             out.append(_without_nul(pattern[i + 1 : end]))
             i = end + 1
-        elif c == ".":
-            out.append("[^\\x00]" if "s" in flags[-1] else "[^\\n\\x00]")
-            i += 1
         elif c == "\0":
             out.append(_NOTHING)
             i += 1

@@ -36,7 +36,8 @@ NO_QUOTE = r'^[^"\\]{1,4}$'  # no quote, no backslash
         ("[^a&&b]", r"[^[a&&b]\x00]"),  # `^` negates the whole set expression: NUL joined to it, not to `b`
         ("^[a-z]+$", "^[a-z]+$"),  # no escape, no nested class: it holds no U+0000
         (r"^[\w.-]+$", r"^[[\w.-]--\x00]+$"),
-        (r"(?s:.)x.\x00\p{Cc}", r"(?s:[^\x00])x[^\n\x00][\x00--\x00][\p{Cc}--\x00]"),
+        (r"(?s:.)x.\S\x00\p{Cc}", r"(?s:.)x.\S[\x00--\x00][\p{Cc}--\x00]"),  # `.`, `\S` hold a quote anyway
+        ("(?x)a # [ \n[^b]", "(?x)a # [ \n[^\\x00b]"),  # a verbose comment's bracket opens no class
     ],
 )
 def test_each_part_that_may_match_nul_leaves_it_out(pattern: str, made: str) -> None:
