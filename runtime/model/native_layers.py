@@ -22,8 +22,11 @@ and 0.18-0.23 ms of an 11-12.8 ms float32 one (steps alternating in one process,
 ratio 0.983-0.986). The same bits; the scheduler takes the token for plain-greedy rows that no grammar masks
 (runtime.engine.scheduler). Where the model asks (`FusedDecode.head_request`) and the head takes the rows natively,
 `run` computes the same in the layers' own call instead (`native_decode_step`, result in `FusedDecode.head_result`):
-on two threads or more the layers run without barriers (runtime/native/decode_team.c) and the head's rows are one
-more shared phase of their region, so a step has one region whose end may wait for a descheduled thread, not three.
+on two threads or more the layers run without barriers (runtime/native/decode_team.c) on the calling thread and
+helper threads of the library's own (runtime/native/team_pool.c), the head's rows one more shared phase, and the
+call returns once the step's work is done, whoever did it: it never waits for a helper the machine descheduled. A
+helper still inside a finished step may read the weights and the mirror, so the plan waits for none to be
+(`native_team_quiesce`) before a cached mirror or the plan itself (which holds the layers) is dropped.
 The plan (pointer tables of the weights) is built once per model; the kernel of each product is looked up once
 per row count, as BlockLinear's own `kernel_for` decides it. A float32 pass has the bits of an eager pass whose
 products all run "native": the eager layers take the native SiLU for any row count this plan `takes`
@@ -115,6 +118,16 @@ class NativeLayers:
         # a decode-only pass's head runs in the layers' call (`run`, native_decode_step); off: `head` runs it after
         # (scripts/bench_native_ab.py, which swaps the layers' call alone)
         self.fuse_head = True
+
+    def __del__(self) -> None:
+        self._quiesce()  # the weights this plan holds may be freed next
+
+    def _quiesce(self) -> None:
+        """Wait until no helper of decode_team.c's steps is inside one (they may read the weights and the mirror
+        after the call that ran the step returned: runtime/native/team_pool.h)."""
+        quiesce = getattr(getattr(self, "_lib", None), "native_team_quiesce", None)
+        if quiesce is not None:
+            quiesce()
 
     @classmethod
     def build(cls, model: Any) -> NativeLayers | None:
@@ -261,6 +274,8 @@ class NativeLayers:
                 return None
             if not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (*k, *v)):
                 return None
+            if cached is not None:
+                self._quiesce()  # the cached mirror may be freed once this plan lets it go
             n = len(self._layers)
             ks = (ctypes.c_void_p * n)(*(t.data_ptr() for t in k))
             vs = (ctypes.c_void_p * n)(*(t.data_ptr() for t in v))

@@ -48,6 +48,7 @@ SOURCES = tuple(
         "decode_store.c",
         "decode_layers.c",
         "decode_team.c",
+        "team_pool.c",
         "row_argmax.c",
         "page_reads.c",
     )
@@ -158,6 +159,9 @@ def load_library(path: str | os.PathLike[str]) -> ctypes.CDLL:
         lib.native_decode_step_stalled.restype = ctypes.c_int
         lib.native_decode_step_barriers.argtypes = lib.native_decode_step.argtypes  # always with barriers (tests)
         lib.native_decode_step_barriers.restype = ctypes.c_int
+    if hasattr(lib, "native_team_quiesce"):  # () -> 0, once no helper of a decode team is inside a step (team_pool.c)
+        lib.native_team_quiesce.argtypes = []
+        lib.native_team_quiesce.restype = ctypes.c_int
     # (x, rows, hidden, eps, final norm weight, head (decode_layers.c native_linear), logits out, greedy tokens out)
     #  -> 0, -1 or -2 (decode_layers.c)
     lib.native_decode_head.argtypes = [ptr, num, num, ctypes.c_float, ptr, ptr, ptr, ptr]

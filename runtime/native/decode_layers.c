@@ -56,39 +56,45 @@ int native_decode_head(const float *x, int rows, int hidden, float eps, const fl
  * g = -SILU_EXP_MAX, where exp(-g) would be clamped, silu(g) is g * 0 (-0, NaN for -inf), what g / (1 + inf) is:
  * g / (1 + exp(88)) grew with |g| to -1.8 at g = -3e38, where SiLU is -0. Lanes and the scalar tail see the same
  * positions whatever the thread count: the result never depends on it. */
+static void silu_mul_row(const float *g, const float *u, int inter, float *o) {
+    int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= inter; i += 16) {
+        const __m512 gv = _mm512_loadu_ps(g + i);
+        const __m512 e = exp16(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv), _mm512_set1_ps(SILU_EXP_MAX)));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        const __mmask16 far = _mm512_cmp_ps_mask(gv, _mm512_set1_ps(-SILU_EXP_MAX), _CMP_LT_OQ);
+        s = _mm512_mask_mul_ps(s, far, gv, _mm512_setzero_ps());
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (; i + 8 <= inter; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(SILU_EXP_MAX)));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        const __m256 far = _mm256_cmp_ps(gv, _mm256_set1_ps(-SILU_EXP_MAX), _CMP_LT_OQ);
+        s = _mm256_blendv_ps(s, _mm256_mul_ps(gv, _mm256_setzero_ps()), far);
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < inter; i++) {
+        const float e = expf(fminf(-g[i], SILU_EXP_MAX));
+        const float s = g[i] < -SILU_EXP_MAX ? g[i] * 0.0f : g[i] / (1.0f + e);
+        o[i] = s * u[i];
+    }
+}
+
 int native_silu_mul(const float *gu, int rows, int inter, float *out) {
     if (rows < 0 || inter < 1) return -1;
 #pragma omp parallel for schedule(static) if ((long)rows * inter >= 65536)
-    for (int t = 0; t < rows; t++) {
-        const float *g = gu + (size_t)t * 2 * inter, *u = g + inter;
-        float *o = out + (size_t)t * inter;
-        int i = 0;
-#if defined(__AVX512F__)
-        for (; i + 16 <= inter; i += 16) {
-            const __m512 gv = _mm512_loadu_ps(g + i);
-            const __m512 e = exp16(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv), _mm512_set1_ps(SILU_EXP_MAX)));
-            __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-            const __mmask16 far = _mm512_cmp_ps_mask(gv, _mm512_set1_ps(-SILU_EXP_MAX), _CMP_LT_OQ);
-            s = _mm512_mask_mul_ps(s, far, gv, _mm512_setzero_ps());
-            _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
-        }
-#elif defined(__AVX2__) && defined(__FMA__)
-        for (; i + 8 <= inter; i += 8) {
-            const __m256 gv = _mm256_loadu_ps(g + i);
-            const __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(SILU_EXP_MAX)));
-            __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-            const __m256 far = _mm256_cmp_ps(gv, _mm256_set1_ps(-SILU_EXP_MAX), _CMP_LT_OQ);
-            s = _mm256_blendv_ps(s, _mm256_mul_ps(gv, _mm256_setzero_ps()), far);
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
-        }
-#endif
-        for (; i < inter; i++) {
-            const float e = expf(fminf(-g[i], SILU_EXP_MAX));
-            const float s = g[i] < -SILU_EXP_MAX ? g[i] * 0.0f : g[i] / (1.0f + e);
-            o[i] = s * u[i];
-        }
-    }
+    for (int t = 0; t < rows; t++)
+        silu_mul_row(gu + (size_t)t * 2 * inter, gu + (size_t)t * 2 * inter + inter, inter, out + (size_t)t * inter);
     return 0;
+}
+
+void silu_mul_rows(const float *gu, int rows, int inter, float *out) {
+    for (int t = 0; t < rows; t++)
+        silu_mul_row(gu + (size_t)t * 2 * inter, gu + (size_t)t * 2 * inter + inter, inter, out + (size_t)t * inter);
 }
 
 static int product(const native_linear *w, const float *x, int rows, float *y) {
@@ -280,8 +286,8 @@ int native_decode_layers(const native_layer *layers, int num_layers, float *x, i
 
 /* native_decode_layers, then what native_decode_head computes (the final norm by `norm`, `head`'s logits, each
  * row's greedy token) in the same call: on decode_team.c's way the head's rows are one more shared phase of the
- * layers' region and the greedy tokens are read by the calling thread after it (one region a step, not three:
- * each region's end waits for a thread the machine may have descheduled); else the barriers' way and then
+ * layers' step and the greedy tokens are read by the calling thread after it (no wait for a thread the machine may
+ * have descheduled: decode_team.c, team_pool.h); else the barriers' way and then
  * native_decode_head. The same bits either way. Returns as native_decode_layers (-1 also for a head that does not
  * take `hidden` columns or `rows` rows). */
 int native_decode_step(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,

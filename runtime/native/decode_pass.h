@@ -49,7 +49,9 @@ static inline rope_store_args pass_rope(const decode_pass *d, int l, const float
 
 /* How decode_team.c runs a pass (tests): thread `stall_thread` (-1: none) loses its core after each claim it
  * publishes, for up to `stall_us` microseconds (takeover.h's takeover_test); claims finished for another thread
- * added to `*taken` where not NULL. */
+ * added to `*taken` where not NULL. stall_us < 0: the helper seat `stall_thread` loses its core for -stall_us
+ * microseconds just before its first K/V store instead, and the step closes meanwhile (decode_team.c's
+ * late_store); `*taken` gets 1 where it was inside the step then. */
 typedef struct {
     int stall_thread, stall_us;
     long *taken;
@@ -58,6 +60,9 @@ typedef struct {
 
 int native_rms_norm(const float *x, const float *w, int rows, int cols, float eps, float *out);
 int native_silu_mul(const float *gu, int rows, int inter, float *out);
+/* native_silu_mul's rows on the calling thread alone (never a parallel region: decode_team.c's helpers are not
+ * OpenMP threads, and a region opened there would start a team of its own). */
+void silu_mul_rows(const float *gu, int rows, int inter, float *out);
 /* 1 when decode_team_run takes a pass of `team` threads (few rows, every phase's units in a claim word). */
 int decode_team_fits(const decode_pass *d, int team);
 /* The pass on `team` threads without barriers between its phases: 0, or -2 when scratch cannot be allocated. */

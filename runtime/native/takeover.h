@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "team_pool.h"
 #include "thread_rows.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -64,23 +65,26 @@ typedef void (*units_fn)(const void *work, int lo, int hi);
 
 /* Thread `me` of a team of `count` slots in phase `phase` (`total` units in `shares`, claimed `chunk` at a time):
  * claims, computes and counts units until the phase is finished, computing other threads' published claims once
- * nothing is left to claim. Returns the number of claims it finished for another thread. On return every unit's
- * output is written (the count's acquire pairs with each counter's release). `test`: NULL, or takeover_test. */
-static inline long takeover_phase(int phase, long total, row_share *shares, int count, int chunk, live_claim *slots,
-                                  phase_count *counter, int me, units_fn run, const void *work,
-                                  const takeover_test *test) {
-    long taken = 0;
+ * nothing is left to claim; each claim it finishes for another thread adds one to `*taken` (before it is counted).
+ * Returns 0 with every unit's output written (the count's acquire pairs with each counter's release), or 1 where
+ * `live`'s step closed first (a helper of team_pool.h that came late: nothing of the phase may be read then).
+ * `test`: NULL, or takeover_test. */
+static inline int takeover_phase(int phase, long total, row_share *shares, int count, int chunk, live_claim *slots,
+                                 phase_count *counter, int me, units_fn run, const void *work,
+                                 const takeover_test *test, const team_live *live, _Atomic long *taken) {
     unsigned spins = 0;
     if (test != NULL && me != test->slow && test->slow < count)
         TAKEOVER_SPIN((int)(atomic_load(&slots[test->slow].word) >> 48) == phase + 1 ||
-                          atomic_load(&counter->done) >= total,
+                          atomic_load(&counter->done) >= total || !team_open(live),
                       test->us);
     for (;;) {
+        if (!team_open(live)) return 1;
         int lo, hi;
         if (row_next(shares, count, me, chunk, &lo, &hi)) {
             const uint64_t w = claim_word(phase, lo, hi);
             atomic_store_explicit(&slots[me].word, w, memory_order_relaxed);
-            if (test != NULL && me == test->slow) TAKEOVER_SPIN(atomic_load(&slots[me].word) != w, test->us);
+            if (test != NULL && me == test->slow)
+                TAKEOVER_SPIN(atomic_load(&slots[me].word) != w || !team_open(live), test->us);
             run(work, lo, hi);
             uint64_t expect = w;
             if (atomic_compare_exchange_strong_explicit(&slots[me].word, &expect, 0, memory_order_acq_rel,
@@ -88,7 +92,7 @@ static inline long takeover_phase(int phase, long total, row_share *shares, int 
                 atomic_fetch_add_explicit(&counter->done, hi - lo, memory_order_release);
             continue;
         }
-        if (atomic_load_explicit(&counter->done, memory_order_acquire) >= total) return taken;
+        if (atomic_load_explicit(&counter->done, memory_order_acquire) >= total) return 0;
         int found = 0;
         for (int o = 0; o < count; o++) {
             if (o == me) continue;
@@ -99,8 +103,8 @@ static inline long takeover_phase(int phase, long total, row_share *shares, int 
             run(work, a, b);
             if (atomic_compare_exchange_strong_explicit(&slots[o].word, &w, 0, memory_order_acq_rel,
                                                         memory_order_relaxed)) {
+                atomic_fetch_add_explicit(taken, 1, memory_order_relaxed);
                 atomic_fetch_add_explicit(&counter->done, b - a, memory_order_release);
-                taken++;
             }
         }
         if (!found && ++spins % 4096 == 0) sched_yield(); /* a claim not yet published: its owner lost its core */

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import time
 from typing import Any
 
 import pytest
@@ -167,4 +168,68 @@ def test_the_barriers_way_on_several_threads_keeps_the_eager_bits(
     model.native_layers = None
     eager = _decode_together(model, 4, threads=threads)
     for (tokens_a, a), (tokens_b, b) in zip(barriers, eager, strict=True):
+        assert tokens_a == tokens_b and a.equal(b)
+
+
+LATE_US = 20_000  # how long the late helper stays off its core before its first store
+
+
+def _layer0_stores(args: tuple[Any, ...]) -> list[ctypes.Array[ctypes.c_float]]:
+    """What a pass stores for layer 0 (native_decode_layers' arguments): each row's K and V in the pool's slot and
+    in the mirror's place, per KV head, as views of that memory."""
+    rows, kv_heads, d = args[3], args[6], args[7]
+    pool, v_offset, slots = args[14], args[16], ctypes.cast(args[17], ctypes.POINTER(ctypes.c_long))
+    mirror_k, mirror_v, row_stride, head_stride = args[19][0], args[20][0], args[21], args[22]
+    mirror_rows = ctypes.cast(args[23], ctypes.POINTER(ctypes.c_long))
+    mirror_pos = ctypes.cast(args[24], ctypes.POINTER(ctypes.c_long))
+    width, f = kv_heads * d, ctypes.sizeof(ctypes.c_float)
+    views = []
+    for t in range(rows):
+        for at in (slots[t] * width, v_offset + slots[t] * width):
+            views.append((ctypes.c_float * width).from_address(pool + at * f))
+        place = mirror_rows[t] * row_stride + mirror_pos[t] * d
+        for base in (mirror_k, mirror_v):
+            views += [(ctypes.c_float * d).from_address(base + (place + h * head_stride) * f) for h in range(kv_heads)]
+    return views
+
+
+class LateStore(StalledLayers):
+    """The team's way with helper seat 1 off its core for LATE_US just before its first K/V store, while seat 0
+    finishes the pass and returns. After each call the K/V the pass stored for layer 0 is zeroed, and must still be
+    zero once the late helper has run on (a closed step's helper writes nothing: team_pool.h); then restored."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        super().__init__(lib, 1, -LATE_US)
+        self.late = 0  # passes whose helper was inside the step when it stopped
+
+    def native_decode_step(self, *args: Any) -> int:
+        taken = ctypes.c_long(0)
+        status = self._lib.native_decode_step_stalled(*args, self._slow, self._stall_us, ctypes.byref(taken))
+        assert status == 0, f"the team's way refused a pass ({status})"
+        self.passes += 1
+        self.heads += args[-4] is not None
+        self.late += taken.value
+        views = _layer0_stores(args[:30])
+        saved = [bytes(v) for v in views]
+        for v in views:
+            ctypes.memset(v, 0, ctypes.sizeof(v))
+        time.sleep(3 * LATE_US / 1e6)
+        assert all(not any(v) for v in views), "a helper stored K/V after its step had closed"
+        for v, b in zip(views, saved, strict=True):
+            ctypes.memmove(v, b, len(b))
+        return status
+
+
+def test_a_helper_late_for_a_closed_step_writes_nothing_and_the_bits_stay() -> None:
+    model = _gguf_model(False)
+    plan = model.native_layers
+    assert plan is not None
+    stand_in = LateStore(plan._lib)
+    plan._lib = stand_in
+    team = _decode_together(model, 4, threads=2)
+    assert stand_in.passes > 0 and stand_in.heads == stand_in.passes
+    assert stand_in.late == stand_in.passes, "the helper was not inside a step when it stopped"
+    model.native_layers = None
+    eager = _decode_together(model, 4, threads=2)
+    for (tokens_a, a), (tokens_b, b) in zip(team, eager, strict=True):
         assert tokens_a == tokens_b and a.equal(b)
