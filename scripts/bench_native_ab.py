@@ -22,7 +22,14 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-# First: runtime sets libgomp's spin defaults, which only take effect if torch is not loaded yet.
+# The two builds share the process's cores. An OpenMP team's workers spin on after their build's call (runtime's
+# default below: 300,000 iterations, a few ms) into the other build's step, where decode_team.c's helper threads
+# (team_pool.c's, not OpenMP's) must share the cores with them: B/A read 1.34 on an idle machine for a change whose
+# steps differ by 1.02 when the workers sleep after 1,000 (2026-12-07). So unless GOMP_SPINCOUNT is set, the short
+# spin libgomp itself takes once a process has more OpenMP threads than CPUs. (A lone engine's decode steps were no
+# slower with the long spin: `doctor --quant gguf` 92, 85, 87 tok/s against 85, 82, 70 with 1,000, runs alternating.)
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+# Then: runtime sets libgomp's other spin defaults, which only take effect if torch is not loaded yet.
 import radixcache.runtime  # noqa: F401
 
 # isort: split
