@@ -42,7 +42,7 @@ typedef struct {
 static struct {
     pthread_mutex_t lock;
     _Alignas(64) _Atomic uint64_t open; /* the open step: its count * POOL_SLOTS + its slot; 0 between steps */
-    _Alignas(64) _Atomic int bell;      /* rung as a step opens: what a sleeping helper waits on (a futex) */
+    _Alignas(64) _Atomic unsigned bell; /* rung as a step opens (wrapping): a sleeping helper's futex */
     _Atomic int sleepers;
     uint64_t count;
     int chosen, helpers, hooked;
@@ -50,7 +50,7 @@ static struct {
     pool_slot slot[POOL_SLOTS];
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static void bell_wait(int rung) {
+static void bell_wait(unsigned rung) {
 #ifdef __linux__
     atomic_fetch_add(&pool.sleepers, 1);
     syscall(SYS_futex, &pool.bell, FUTEX_WAIT_PRIVATE, rung, NULL, NULL, 0); /* returns at once if rung again */
@@ -64,13 +64,14 @@ static void bell_wait(int rung) {
 static void bell_ring(void) {
     atomic_fetch_add(&pool.bell, 1);
 #ifdef __linux__
-    if (atomic_load(&pool.sleepers) > 0) syscall(SYS_futex, &pool.bell, FUTEX_WAKE_PRIVATE, TEAM_MAX_SEATS, NULL, NULL, 0);
+    if (atomic_load(&pool.sleepers) > 0)
+        syscall(SYS_futex, &pool.bell, FUTEX_WAKE_PRIVATE, TEAM_MAX_SEATS, NULL, NULL, 0);
 #endif
 }
 
 static void *helper_main(void *arg) {
     const int seat = (int)(intptr_t)arg;
-    int rung = atomic_load(&pool.bell) - 1; /* not yet heard: the step that started it may be open already */
+    unsigned rung = atomic_load(&pool.bell) - 1u; /* not yet heard: the step that started it may be open already */
     uint64_t last = 0;
     for (;;) {
         int spins = 0;
