@@ -119,6 +119,7 @@ class Adoption(NamedTuple):
     refused: str | None
     readable: bool
     full: bool = False
+    code: int | None = None  # the errno of a refusal an OSError caused (ENOSPC, EACCES, ...)
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ class CacheDir:
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as exc:
-            return Adoption(f"cannot create {self.directory}: {exc}", readable=False)
+            return Adoption(f"cannot create {self.directory}: {exc}", readable=False, code=exc.errno)
         try:
             has_marker = self.check_marker(strict=False)
             self.check_own_folders()
@@ -215,8 +216,20 @@ class CacheDir:
                 os.unlink(probe)
         except OSError as exc:  # still serves its pages
             full = exc.errno in FULL_ERRNOS and os.path.isfile(self.marker_path)  # a write makes the folders again
-            return Adoption(f"cannot write to {self.directory}: {exc}", readable=True, full=full)
+            return Adoption(f"cannot write to {self.directory}: {exc}", readable=True, full=full, code=exc.errno)
         return Adoption(None, readable=True)
+
+    def remake(self, fingerprint: str) -> None:
+        """Make again the folders a page write needs, after they vanished: this fingerprint's folders, and when the
+        marker went too (an `rm -rf` of the whole directory while a server runs), the directory and its marker first,
+        adopted as at open (`adopt`: never a directory that something else now fills). Raises OSError: the errno of
+        the failure (ENOSPC: the store pauses and tries again), ENOTEMPTY for a directory that is not ours."""
+        if not os.path.lexists(self.marker_path):
+            adoption = self.adopt(fingerprint)
+            if adoption.refused is not None:
+                code = adoption.code if adoption.code is not None else errno.ENOTEMPTY
+                raise OSError(code, f"the cache directory vanished and was not made again: {adoption.refused}")
+        self.ensure_page_dirs(fingerprint)
 
     def ensure_page_dirs(self, fingerprint: str) -> None:
         """Create tmp/ and this fingerprint's folder, with its fingerprint.json, where missing. Raises OSError (ELOOP

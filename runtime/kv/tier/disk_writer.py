@@ -49,7 +49,8 @@ class PageWriteLost(OSError):
 def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> PageEntry:
     """Write one page file durably: a temporary file, fsync, an atomic rename into place, fsync of its folder (and
     of the fingerprint folder when the page's folder is new). When a folder vanished meanwhile (a `cache clear`, an
-    `rm -r`), recreate the folders once and retry; PageWriteLost when it vanishes again (a clear racing the writer,
+    `rm -r` of a folder or of the whole directory), recreate the folders (and the directory with its marker:
+    `CacheDir.remake`) once and retry; PageWriteLost when it vanishes again (a clear racing the writer,
     which takes the temporary file too). Raises PagePathTaken when a folder holds the page's name (a
     rename never replaces one; any other entry there is replaced), OSError for other failures (a file renamed into
     place before its folder's fsync failed is removed: it is not in the index)."""
@@ -74,7 +75,7 @@ def write_page_file(cache_dir: CacheDir, write: PageWrite, fingerprint: str) -> 
                 raise
             if attempt:
                 raise PageWriteLost(exc.errno, "deleted while written (a cache clear?)", path) from exc
-            cache_dir.ensure_page_dirs(fingerprint)
+            cache_dir.remake(fingerprint)  # the whole directory too, after an `rm -rf` of it
     raise AssertionError("unreachable")
 
 
