@@ -37,9 +37,10 @@ Invariants:
 - No call raises for I/O reasons. An open that cannot create or write the directory, and a write that fails
   (EROFS, EACCES, EFBIG, ...), disable the store (`enabled` False, one warning on the "radixcache.disk" logger): it
   accepts no more writes, but still serves the pages already on disk. A write that finds the disk full (ENOSPC,
-  EDQUOT) only pauses writing (`backoff`: kv.tier.disk_writer's WriteBackoff), until a later write succeeds, and so
-  does an open of a marked directory on a full disk (the first write then makes the folders first). A
-  folder at one page's path drops that page's write alone (a warning): the store goes on.
+  EDQUOT) first deletes the least recently used pages (a few pages' worth, as the size limit would) and tries again;
+  only when that cannot help it pauses writing (`backoff`: kv.tier.disk_writer's WriteBackoff), until a later write
+  succeeds, and so does an open of a marked directory on a full disk (the first write then makes the folders
+  first). A folder at one page's path drops that page's write alone (a warning): the store goes on.
 - A directory without the marker that holds anything but the store's own temporary files is never adopted (the
   store opens disabled), and `clear` refuses one. Only files of the store's exact naming, in a marked directory,
   are ever deleted (radixcache.runtime.kv.tier.disk_layout), and no symlink is followed.
@@ -84,6 +85,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("radixcache.disk")
+
+ROOM_PAGES = 4  # a write that finds the disk full deletes this many times its size of the oldest pages, then retries
 
 _COUNTERS = ("writes", "dropped_writes", "read_hits", "read_misses", "corrupt_pages", "evicted_pages")
 
@@ -275,10 +278,7 @@ class DiskStore(DiskLookups, DiskMaintenance):
         entry: PageEntry | None = None
         if enabled and stamp is not None:
             try:
-                if self._unready:  # opened on a full disk: its folders and fingerprint.json first
-                    self.layout.ensure_page_dirs(self.fingerprint)
-                    self._unready = False
-                entry = self._write_page(write._replace(used_ns=stamp))
+                entry = self._write_making_room(write._replace(used_ns=stamp))
             except PagePathTaken as exc:  # this page's own path: the others still go to disk
                 log.warning("disk KV cache: cannot write a page: %s", exc)
             except PageWriteLost as exc:  # a clear took it: dropped, as the clear drops the queued ones
@@ -307,10 +307,33 @@ class DiskStore(DiskLookups, DiskMaintenance):
                 victims = self._evict_over()
         self._delete(victims)
 
-    def _evict_over(self) -> list[PageEntry]:
-        """Take the least recently used pages out of the index until it is under max_bytes (the lock held); their
-        files are then `_delete`d. Until they are gone, `count_prefix` adds no page it finds on disk (one of them?)."""
-        victims = self._index.evict_over(self.max_bytes)
+    def _write_making_room(self, write: PageWrite) -> PageEntry:
+        """Write one page file (its folders first after an open on a full disk). On a full disk, delete the least
+        recently used pages, ROOM_PAGES times this page's size (the size limit's order: the tier keeps working in
+        the space the disk has, as it does under `max_bytes`), and try once more. Raises OSError (a disk still full:
+        nothing to delete, or deleting did not help)."""
+        for attempt in (0, 1):
+            try:
+                if self._unready:  # opened on a full disk: its folders and fingerprint.json first
+                    self.layout.ensure_page_dirs(self.fingerprint)
+                    self._unready = False
+                return self._write_page(write)
+            except OSError as exc:
+                if attempt or exc.errno not in FULL_ERRNOS or isinstance(exc, PagePathTaken):
+                    raise
+                with self._lock:
+                    victims = self._evict_over(self._index.bytes - ROOM_PAGES * write.size)
+                if not victims:
+                    raise
+                self._delete(victims)
+                log.info("disk KV cache: the disk is full; deleted %d least recently used pages", len(victims))
+        raise AssertionError("unreachable")
+
+    def _evict_over(self, limit: int | None = None) -> list[PageEntry]:
+        """Take the least recently used pages out of the index until it is under `limit` (None: max_bytes; the lock
+        held); their files are then `_delete`d. Until they are gone, `count_prefix` adds no page it finds on disk (one
+        of them?)."""
+        victims = self._index.evict_over(self.max_bytes if limit is None else max(0, limit))
         if victims:
             self._count["evicted_pages"] += len(victims)
             self._unlinking += len(victims)

@@ -3,7 +3,9 @@ doubled at each try that finds the disk still full, up to an hour), and a write 
 freed, ends it (`enabled`, `disabled_reason`, `engine.stats.disk_tier_up` back). Until 2026-12-07 a full disk turned
 writing off for the rest of the process, and a server whose disk filled for a minute never wrote a page again. Other
 write errors (a read-only file system, a file size limit, an unwritable directory) still turn it off for good. The
-full disk is a write that raises ENOSPC until the test frees it; the pause's clock is the test's."""
+full disk is a write that raises ENOSPC until the test frees it; the pause's clock is the test's. A disk smaller than
+the store's `max_bytes` is one whose page files past a capacity raise ENOSPC: the store deletes its oldest pages to
+make room, and writes on without a pause."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from radixcache.runtime import Engine
 from radixcache.runtime.kv.tier import disk_layout
 from radixcache.runtime.kv.tier.disk_store import DiskStore
 from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
-from tests.runtime.conftest import META, h, payload, toks, write
+from tests.runtime.conftest import META, h, page_path, payload, toks, write
 
 
 class FullDisk:
@@ -123,3 +125,37 @@ def test_a_directory_whose_marker_cannot_be_written_on_a_full_disk_stays_off(ope
     store = open_store()
     store.backoff.clock = lambda: 1e9
     assert not store.enabled and not _put(store, 0)
+
+
+class SmallDisk:
+    """The store's page write on a disk that holds `capacity` bytes of page files: ENOSPC past it (what the page
+    files of the directory take, counted from the directory itself, not from the store's index)."""
+
+    def __init__(self, store: DiskStore, capacity: int) -> None:
+        self._write, self.capacity, self.root = store._write_page, capacity, Path(store.directory)
+        store._write_page = self.write
+
+    def used(self) -> int:
+        return sum(p.stat().st_size for p in self.root.rglob("*.kvpage"))
+
+    def write(self, page):
+        if self.used() + page.size > self.capacity:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self._write(page)
+
+
+def test_a_full_disk_deletes_the_oldest_pages_to_make_room_and_writing_goes_on(open_store) -> None:
+    """A disk smaller than `max_bytes` (1 MiB here, the disk ten pages): when it fills, the store deletes its least
+    recently used pages, as its size limit would, and writes on. Until 2026-12-07 it paused writing instead, for a
+    minute and then longer, and the tier kept only what it held when the disk filled."""
+    store = open_store()
+    write(store, 0)
+    size = page_path(store, h(0)).stat().st_size
+    disk = SmallDisk(store, capacity=10 * size)
+    for i in range(1, 30):
+        assert _put(store, i) and store.enabled and store.disabled_reason is None
+    stats = store.stats()
+    assert stats.writes == 30 and stats.dropped_writes == 0 and disk.used() <= disk.capacity
+    held = [i for i in range(30) if store.read(h(i), toks(i)) is not None]
+    assert held == list(range(30 - len(held), 30)) and len(held) >= 5  # the newest pages, in order of use
+    assert stats.evicted_pages == 30 - len(held) and stats.corrupt_pages == 0
