@@ -32,7 +32,8 @@ Invariants:
   they read freely. A reader waits at most `pace_wait_s` (0.5 s) for the next step, so a loop that stops stepping
   (closing, or an engine dropped without closing) never holds them. `close` waits at most `CLOSE_WAIT_S` for a read
   in progress; a read that never returns (a stalled disk) is abandoned on its daemon thread (kv.tier.prefetch_reading's
-  `ReaderPool`), which holds neither the close nor the process's exit. A reader's page costs CPU (the read from the
+  `ReaderPool`), which holds neither the close nor the process's exit. Nor its request: a job with no page done for
+  `read_timeout_s` ends at its first page not arrived, as a failed read, and its stuck readers are replaced. A reader's page costs CPU (the read from the
   page cache into staging, the checksum) and, in Python, the GIL: unpaced, two readers stretched the steps a
   2,000-token SmolLM2 prefix was read beside to 70 to 225 ms against 21 ms. Paced but reading during the steps (16
   pages a step, as before this window), a reader that took a core from one of the step's two OpenMP threads stalled
@@ -73,6 +74,7 @@ log = logging.getLogger("radixcache.disk")
 
 PACE_WAIT_S = 0.5  # the longest a reader waits for the loop's next step before it reads anyway
 WINDOW_S = 0.005  # the longest the loop waits, before a step, for the reads it allowed to be done
+READ_TIMEOUT_S = 10.0  # a started prefetch with no page done for this long has stalled: its pages are recomputed
 CLOSE_WAIT_S = 5.0  # the longest a close waits for the readers' page reads in progress (ms each on a sound disk)
 PREWARM_PAGES = 128  # staging pages written ahead as the reader starts (kv.tier.staging; within its bound)
 
@@ -96,8 +98,10 @@ class PrefetchReader(ReaderThreads):
         pace_wait_s: float = PACE_WAIT_S,
         prewarm_pages: int = PREWARM_PAGES,
         window_s: float = WINDOW_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         check_prefetch(policy, timeout_ms)
+        self.read_timeout_s = read_timeout_s
         check_pages_per_step(pages_per_step)
         self.pages_per_step = pages_per_step
         self.pace_wait_s = pace_wait_s
@@ -135,6 +139,7 @@ class PrefetchReader(ReaderThreads):
         self._thread_buffers = threading.local()
         self._split = split_reader()  # a page file's read: native where the library builds (kv.tier.native_reads)
         self._reading = 0  # page reads in progress
+        self._hung = 0  # of those, reads of stalled jobs (`_expire_stalled`): no pace waits for them
         self._last_pace: float | None = None  # when the loop last paced (the step's length, for deadlines)
 
     @property
@@ -167,7 +172,7 @@ class PrefetchReader(ReaderThreads):
             self._allowance = max(self.pages_per_step, self._needed_for_deadlines(now, step_s))
             self._cond.notify_all()
             end = time.perf_counter() + self.window_s
-            while self._reading or (self._allowance > 0 and self._active > self._reading):
+            while self._reading > self._hung or (self._allowance > 0 and self._active > self._reading):
                 left = end - time.perf_counter()
                 if left <= 0 or not self._cond.wait(left):
                     break
@@ -191,12 +196,36 @@ class PrefetchReader(ReaderThreads):
         """Whether the policy lets the job's request be admitted now."""
         if self.policy == "best_effort":
             return True
+        now = time.perf_counter() if now is None else now
         with self._cond:
+            self._expire_stalled(job, now)
             if job.complete:
                 return True
         if self.policy == "wait_complete" or job.started is None:
             return False
-        return (time.perf_counter() if now is None else now) - job.started >= self.timeout_s
+        return now - job.started >= self.timeout_s
+
+    def _expire_stalled(self, job: PrefetchJob, now: float) -> None:
+        """A job with no page done for `read_timeout_s` since its start or its last page (a read that never returns:
+        a stalled file system; no reader free to take it) ends at its first page not arrived, as a failed read: its
+        request is admitted and recomputes them. Each of its reads still blocked gets its reader thread replaced
+        (kv.tier.prefetch_reading's ReaderPool), so that the other requests' pages are still read. Under the lock."""
+        since = job.progress_at
+        if job.cancelled or job.complete or since is None or now - since < self.read_timeout_s:
+            return
+        first = job.arrived
+        job.failed_at = first if job.failed_at is None else min(job.failed_at, first)
+        job.hung, self._hung = job.hung + job.reading, self._hung + job.reading
+        if job.reading and self._executor is not None:
+            self._executor.replace(job.reading)
+        log.warning(
+            "disk KV cache: no page of a prefetch read for %.1f s (a stalled disk?); recomputing %d page(s), %d read(s)"
+            " still blocked",
+            now - since,
+            len(job) - first,
+            job.reading,
+        )
+        self._cond.notify_all()
 
     def wait(self, timeout: float) -> None:
         """Block the loop (which has nothing else to run) until the jobs being read are complete (`best_effort`:
@@ -204,6 +233,9 @@ class PrefetchReader(ReaderThreads):
         job is being read. Waking at every page instead, the loop took the GIL from the readers 16 to 35 times
         while a 37-page prefix came in (a restart's disk hit in scripts/bench_tiers.py)."""
         with self._cond:
+            now = time.perf_counter()
+            for job in self._started_jobs():
+                self._expire_stalled(job, now)
             pending = [j for j in self._started_jobs() if not j.complete]
             if not pending:
                 if self._queued:  # waiting for a let-go job's staging: its reader's return notifies (`_recycle`)
@@ -309,7 +341,7 @@ class PrefetchReader(ReaderThreads):
             self._running.append(job)
             readers = min(self.workers, len(job))
             with self._cond:
-                job.started = time.perf_counter()
+                job.started = job.progress_at = time.perf_counter()
                 job.tasks = len(job)
                 self._active += readers  # counted from now: a pace right after this waits for their first reads
             # a task per reader, not per page: the loop thread submits two, where 125 page tasks had it fight the

@@ -39,6 +39,9 @@ class PrefetchJob:
         self.started: float | None = None  # perf_counter when queued to the readers
         self.held_since: float | None = None  # perf_counter when it first waited for a let-go job's staging
         self.read_seconds = 0.0  # summed over pages (the readers overlap)
+        self.progress_at: float | None = None  # perf_counter of its start or its last page done (a stall's clock)
+        self.reading = 0  # its page reads in progress
+        self.hung = 0  # its reads in progress when it stalled, not yet returned (each a reader thread replaced)
         # the mtime its pages' reads stamp, less 1 us a page: the head newest by mtime too (kv.tier.prefetch)
         self.stamp_ns = time.time_ns()
 

@@ -35,9 +35,9 @@ class ReaderPool:
     returns (the threads hold the queue and the counts, never the pool)."""
 
     def __init__(self, workers: int, name: str) -> None:
-        self._workers, self._name = workers, name
+        self._name = name
         self._calls: queue.SimpleQueue[tuple[Callable[..., object], tuple] | None] = queue.SimpleQueue()
-        self._counts = _PoolCounts()
+        self._counts = _PoolCounts(workers)
         self._threads: list[threading.Thread] = []
         self._stop = weakref.finalize(self, _stop_threads, self._calls, self._counts, self._threads)
 
@@ -50,12 +50,29 @@ class ReaderPool:
                 raise RuntimeError("the reader pool is shut down")
             self._calls.put((fn, args))
             counts.waiting += 1
-            if counts.waiting <= counts.idle or len(self._threads) >= self._workers:
-                return
-            name = f"{self._name}_{len(self._threads)}"
-            thread = threading.Thread(target=_serve, args=(self._calls, counts), name=name, daemon=True)
-            thread.start()  # raises RuntimeError at the process's thread limit
-            self._threads.append(thread)
+            self._start_thread()
+
+    def replace(self, blocked: int) -> None:
+        """`blocked` threads are stuck in calls that may never return (a stalled disk; negative: that many came
+        back): as many more threads may run meanwhile, up to twice `workers` in all, so that the calls behind them
+        still run; a thread past the count exits after its call."""
+        counts = self._counts
+        with counts.lock:
+            counts.blocked = max(0, counts.blocked + blocked)
+            if blocked > 0 and self._stop.alive:
+                self._start_thread()
+
+    def _start_thread(self) -> None:
+        """Start a thread when a call waits for one and the count allows it (the counts' lock held)."""
+        counts = self._counts
+        self._threads[:] = [t for t in self._threads if t.is_alive()]  # (in place: the finalizer holds the list)
+        if counts.waiting <= counts.idle or len(self._threads) >= counts.allowed():
+            return
+        name = f"{self._name}_{counts.started}"
+        thread = threading.Thread(target=_serve, args=(self._calls, counts), name=name, daemon=True)
+        thread.start()  # raises RuntimeError at the process's thread limit
+        counts.started += 1
+        self._threads.append(thread)
 
     def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
         """Drop the calls not started; each thread exits once its call returns (never waited for here). The
@@ -65,23 +82,37 @@ class ReaderPool:
 
 
 class _PoolCounts:
-    """A ReaderPool's counts, shared with its threads: threads waiting for a call, calls no thread has taken."""
+    """A ReaderPool's counts, shared with its threads: threads waiting for a call, calls no thread has taken, threads
+    running, threads stuck in a call (`ReaderPool.replace`), threads ever started (their names)."""
 
-    def __init__(self) -> None:
+    def __init__(self, workers: int) -> None:
         self.lock = threading.Lock()
-        self.idle = self.waiting = 0
+        self.workers = workers
+        self.idle = self.waiting = self.running = self.blocked = self.started = 0
+
+    def allowed(self) -> int:
+        """How many threads may run: `workers`, and one more for each stuck in a call, up to twice `workers`."""
+        return self.workers + min(self.blocked, self.workers)
 
 
 def _serve(calls: queue.SimpleQueue, counts: _PoolCounts) -> None:
-    """A ReaderPool thread: the calls in order until a None."""
+    """A ReaderPool thread: the calls in order until a None, or until more threads run than the count allows (after
+    a stuck call came back)."""
+    with counts.lock:
+        counts.running += 1
     while True:
         with counts.lock:
+            if counts.running > counts.allowed():
+                counts.running -= 1
+                return
             counts.idle += 1
         call = calls.get()
         with counts.lock:
             counts.idle -= 1
             counts.waiting -= call is not None
         if call is None:
+            with counts.lock:
+                counts.running -= 1
             return
         try:
             call[0](*call[1])
@@ -118,6 +149,7 @@ class ReaderThreads:
     _allowance: int | None
     _active: int
     _reading: int
+    _hung: int
     _thread_buffers: threading.local
     _split: SplitRead
 
@@ -170,6 +202,7 @@ class ReaderThreads:
                 self._allowance -= 1
             if not skip:
                 self._reading += 1
+                job.reading += 1
         ok = False
         t0 = time.perf_counter()
         if not skip:
@@ -179,12 +212,19 @@ class ReaderThreads:
             except Exception:
                 log.exception("disk KV cache: prefetching a page failed; recomputing it")
         with self._cond:
-            if ok:
+            if ok and (job.failed_at is None or i < job.failed_at):  # (a page past a stall's end: never used)
                 job.ok[i] = True
-            elif not skip:
+            elif not skip and not ok:
                 job.failed_at = i if job.failed_at is None else min(job.failed_at, i)
             if not skip:
                 self._reading -= 1
+                job.reading -= 1
+                job.progress_at = time.perf_counter()
+                if job.hung:  # a read that outlived its job's stall came back: its thread's replacement goes
+                    job.hung -= 1
+                    self._hung -= 1
+                    if self._executor is not None:
+                        self._executor.replace(-1)
             job.finished += 1
             job.read_seconds += time.perf_counter() - t0
             job.tasks -= 1
