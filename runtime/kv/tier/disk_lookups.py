@@ -1,8 +1,9 @@
 """The disk store's lookups (kv.tier.disk_store's DiskStore inherits them): how many of a run's pages are stored
-(the index's, then one `lstat` a page past it: another process's writes), whether one is held, the index entries of
-files deleted behind the store's back dropped, device hits' refreshes recorded (settled off the loop thread:
-kv.tier.disk_stamps), and one page read and checked against the index (kv.tier.disk_reads). Reads and changes the
-store's index and counters under its lock, as the store's own methods do; no file I/O under it."""
+(the index's, then one `lstat` a page past it, on kv.tier.disk_probe's thread: another process's writes), whether one
+is held, the index entries of files deleted behind the store's back dropped (an `lstat` a page, there too), device
+hits' refreshes recorded (settled off the loop thread: kv.tier.disk_stamps), and one page read and checked against
+the index (kv.tier.disk_reads). Reads and changes the store's index and counters under its lock, as the store's own
+methods do; no file I/O under it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import TypeVar
 from radixcache.runtime.kv.tier.disk_files import SplitRead, read_nofollow_split
 from radixcache.runtime.kv.tier.disk_index import PageIndex, probe_pages
 from radixcache.runtime.kv.tier.disk_layout import CacheDir
+from radixcache.runtime.kv.tier.disk_probe import FileProbe
 from radixcache.runtime.kv.tier.disk_reads import load_page, load_page_into, read_indexed
 from radixcache.runtime.kv.tier.disk_stamps import Hashes, OwedRefreshes
 from radixcache.runtime.kv.tier.disk_writer import WriteQueue
@@ -32,19 +34,25 @@ class DiskLookups:
     _queue: WriteQueue
     _count: dict[str, int]
     _readable: bool
+    _probe: FileProbe
     _unlinking: int
     _deletions: int
 
     def count_prefix(self, page_hashes: Sequence[bytes]) -> int:
         """How many of `page_hashes`, from the first, are stored consecutively. O(answer): the index's, then one
-        `lstat` a page past it (kv.tier.disk_index's `probe_pages`, without the lock): a page file another process
-        sharing the directory wrote after this store opened joins the index, with its mtime as its stamp."""
+        `lstat` a page past it (kv.tier.disk_index's `probe_pages`, without the lock, on the probe's thread: a stuck
+        file system holds the caller, the engine loop, at most kv.tier.disk_probe's bound): a page file another
+        process sharing the directory wrote after this store opened joins the index, with its mtime as its stamp."""
         with self._lock:
             n = self._index.prefix_length(page_hashes)
             deletions = None if self._unlinking else self._deletions
-        if n == len(page_hashes) or not self._readable or deletions is None:
+        if n == len(page_hashes) or not self._readable or deletions is None or self._probe.absent(page_hashes[n]):
             return n
-        found = probe_pages(self.layout, page_hashes[n:])
+        answered, found = self._probe.look(lambda: probe_pages(self.layout, page_hashes[n:]))
+        if not answered:  # a stuck file system: never waited for past the probe's bound (kv.tier.disk_probe)
+            return n
+        if n + len(found) < len(page_hashes):
+            self._probe.note_absent(page_hashes[n + len(found)])
         with self._lock:
             if found and deletions == self._deletions:  # else a file found may be one this store is deleting
                 now = self._owed.now()
@@ -71,10 +79,12 @@ class DiskLookups:
     def forget_missing(self, page_hashes: Sequence[bytes]) -> int:
         """Drop the index entries of these pages whose files are gone (deleted behind this store's back: a `cache
         clear`, another process's eviction), so that they are written again when next adopted; how many. One
-        `lstat` per page, without the lock."""
+        `lstat` per page, without the lock, on the probe's thread (0 when it does not answer in time)."""
         with self._lock:
             entries = [(h, e) for h in page_hashes if (e := self._index.get(h)) is not None]
-        gone = [(h, e) for h, e in entries if not os.path.lexists(e.path)]
+        answered, gone = self._probe.look(lambda: [(h, e) for h, e in entries if not os.path.lexists(e.path)])
+        if not answered or not gone:  # (not answered: a stuck file system, not waited for; kv.tier.disk_probe)
+            return 0
         with self._lock:
             for page_hash, entry in gone:
                 self._index.drop(page_hash, entry)

@@ -14,6 +14,7 @@ This module is the front; the pieces behind it, one concern each:
 - `disk_format`: the bytes of one page file (self-describing and checksummed);
 - `disk_reads`: one page file read and checked, whole or with its payload into the caller's buffers, and what the
   read does to the index (a miss, a corrupt page deleted, a hit refreshed);
+- `disk_probe`: the lookups' `lstat`s, on a thread of their own, waited for a bounded time (a stuck file system);
 - `disk_lookups`: `count_prefix`, `holds`, `forget_missing`, `refresh`, `read` and `read_into`, the store's methods
   that find, refresh and read pages (`DiskStore` inherits them);
 - `disk_reports`: what `stats` and `verify` return, and the check of every page file `verify` makes;
@@ -64,6 +65,7 @@ from radixcache.runtime.kv.tier.disk_index import PageEntry, PageIndex, clamp_fu
 from radixcache.runtime.kv.tier.disk_layout import MARKER_NAME, CacheDir, cache_path, fingerprint_tag, warn_if_foreign
 from radixcache.runtime.kv.tier.disk_lookups import DiskLookups
 from radixcache.runtime.kv.tier.disk_maintenance import DiskMaintenance
+from radixcache.runtime.kv.tier.disk_probe import FileProbe
 from radixcache.runtime.kv.tier.disk_reports import DiskStoreStats, VerifyReport
 from radixcache.runtime.kv.tier.disk_stamps import OwedRefreshes, set_mtimes
 from radixcache.runtime.kv.tier.disk_writer import (
@@ -131,6 +133,7 @@ class DiskStore(DiskLookups, DiskMaintenance):
         self._changed = threading.Condition(self._lock)  # notified when a write finishes or the queue changes
         self._index = PageIndex()
         self._owed = OwedRefreshes()  # device hits' refreshes, settled by the writer, flush and close
+        self._probe = FileProbe()  # the lookups' lstats, off the loop thread and bounded (kv.tier.disk_probe)
         self._queue = WriteQueue(self._changed, self._perform, self.max_pending, self._settle, lambda: bool(self._owed))
         self._names: dict[str, str] = {self.tag: self.fingerprint}  # tag -> fingerprint string
         self._on = True  # False: writing off for good (see `enabled`)
