@@ -41,10 +41,11 @@ from radixcache.runtime.cluster.placement import (
     check_reachable,
     check_replica_threads,
     node_cpus,
+    seconds_option,
     wait_started,
 )
 from radixcache.runtime.cluster.replica import EngineReplica
-from radixcache.runtime.cluster.resend import after_death
+from radixcache.runtime.cluster.resend import LIVE_CHECK_S, STALL_TIMEOUT_S, after_death
 from radixcache.runtime.cluster.stream_wait import answered, end_by
 from radixcache.runtime.engine.errors import ReplicaUnavailableError
 
@@ -84,7 +85,10 @@ class ReplicaCluster(Membership):
     already; a start that fails shuts down the Ray it started (`owns_ray`), and `close` leaves Ray running.
     A cluster with fewer CPUs than `replicas * cpus` is a ValueError before any replica starts (Ray would never
     place the ones that do not fit). `call_timeout`: the most seconds a replica's answer is awaited (None or
-    infinity: no bound); `poll_interval`: seconds between event pulls (None: the caller polls)."""
+    infinity: no bound); `poll_interval`: seconds between event pulls (None: the caller polls). Before a re-send
+    after a replica died, the others are asked whether they live (`Membership.check_live`), waiting at most
+    `live_check_s` (and `call_timeout`) for all: one whose engine loop has had work and made no progress for
+    `stall_timeout` seconds (a step that never returns; None: never checked) counts as dead, as one whose loop died."""
 
     def __init__(
         self,
@@ -99,6 +103,8 @@ class ReplicaCluster(Membership):
         num_cpus: int | None = None,
         poll_interval: float | None = 0.05,
         call_timeout: float | None = 600.0,
+        live_check_s: float = LIVE_CHECK_S,
+        stall_timeout: float | None = STALL_TIMEOUT_S,
     ) -> None:
         import ray
 
@@ -110,6 +116,8 @@ class ReplicaCluster(Membership):
         check_cache_on(engine_kwargs)
         concurrency = actor_threads(engine_kwargs)  # as the share: a count no actor can start is refused first
         call_timeout = call_bound(call_timeout)
+        self.live_check_s = seconds_option("live_check_s", live_check_s, none_ok=False)
+        self.stall_timeout = seconds_option("stall_timeout", stall_timeout, none_ok=True)
         check_poll_interval(poll_interval)
         # Ray this start began (a local cluster, or a connection to `address`) is ended if the start fails: left
         # running, the retry with the num_cpus its error advises joined it and ignored num_cpus.

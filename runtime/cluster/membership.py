@@ -34,6 +34,7 @@ class Membership:
     index: RouterIndex
     loads: Any
     call_timeout: float
+    stall_timeout: float | None  # a replica's engine loop stuck this long with work counts as dead (`check_live`)
     _actors: dict[int, Any]
     _alive: set[int]
     _broken: dict[int, str | None]
@@ -90,19 +91,19 @@ class Membership:
             return seen is None or replica in self._alive or seen > mark
 
     def check_live(self, exclude: set[int], wait: float) -> None:
-        """Ask every live replica not in `exclude` whether it lives (its `check_alive`, from its control threads;
-        its `info` answers from a live process whose engine loop died), all at once, waiting at most `wait` seconds
-        in all: one whose actor is dead, or whose engine loop died (EngineDeadError: its actor is ended for Ray to
-        restart, as `actor_died` does for a request's), leaves the routing set now, before a request that another
-        replica's death made the front door re-send goes to it, so its death is seen before the request was sent
-        there and is not counted against it; a request that finds every replica dead so is told that none is live.
-        One that does not answer in time, or answers with an error of its own, stays (slow is not dead: a request
-        sent to it and failing there counts, the safe side)."""
+        """Ask every live replica not in `exclude` whether it lives (its `check_alive`, from its control threads; its
+        `info` answers from a live process whose engine loop died), all at once, waiting at most `wait` seconds in all:
+        one whose actor is dead, or whose engine loop died (EngineDeadError: its actor is ended for Ray to restart, as
+        `actor_died` does for a request's; so does one stuck past `stall_timeout`: EngineStalledError), leaves the
+        routing set now, before a request that another replica's death made the front door re-send goes to it, so its
+        death is seen before the request was sent there and is not counted against it; a request that finds every
+        replica dead so is told that none is live. One that does not answer in time, or answers with an error of its
+        own, stays (slow is not dead: a request sent to it and failing there counts, the safe side)."""
         ray = self.ray
         deadline = time.monotonic() + max(0.0, min(wait, self.call_timeout))
         with self._lock:
             asked = sorted(self._alive - exclude)
-        refs = [(replica, self.control(replica, "check_alive").remote()) for replica in asked]
+        refs = [(replica, self.control(replica, "check_alive").remote(self.stall_timeout)) for replica in asked]
         for replica, ref in refs:
             try:
                 ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))

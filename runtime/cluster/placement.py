@@ -174,3 +174,15 @@ def _restarts(actor: Any) -> int:
         return int(state.actors(actor._actor_id.hex())["NumRestarts"])
     except Exception:
         return 0
+
+
+def seconds_option(name: str, value: float | None, *, none_ok: bool) -> float | None:
+    """`value`, a finite number of seconds >= 0 (or None where `none_ok`: no such check); ValueError naming `name`
+    for anything else (NaN, infinity, a negative number, a string, a bool), before Ray starts."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(
+            f"{name} must be a finite number of seconds >= 0{' or None' if none_ok else ''}, got {value!r}"
+        )
+    return float(value)

@@ -79,13 +79,15 @@ class EngineReplica:
             "max_position": engine.config.max_position,
         }
 
-    def check_alive(self) -> None:
+    def check_alive(self, stall_s: float | None = None) -> None:
         """Raise EngineDeadError if this replica's engine loop has died (every request here would get it), or the
         error that kept the engine from being built: the front door's check before a re-send (`info` answers from
-        a live process whatever its loop's state). Cheap: nothing is asked of the loop."""
+        a live process whatever its loop's state). With `stall_s`, EngineStalledError (an EngineDeadError) when its
+        loop has work and has made no progress for that long (Engine.check_alive). Cheap: nothing is asked of the
+        loop."""
         if self.error is not None:
             raise self.error
-        self.engine.check_alive()
+        self.engine.check_alive(stall_s)
 
     def generate(
         self,

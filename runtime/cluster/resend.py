@@ -5,13 +5,13 @@ first prefill step (a native crash, an OOM kill) ends the process before the rep
 leave it, so the front door cannot tell it from the requests that waited beside it. One re-send lets those through
 another replica; a second death fails the request, so a poison request takes down two replicas, not each in turn.
 
-Only deaths that the front door first saw after the request was sent to that replica count (its own record, a
-sequence number: runtime.cluster.membership): one seen before did not happen under the request. Before a re-send the
-front door asks the other live replicas whether they live (`Membership.check_live`, at most LIVE_CHECK_S): those found
-dead leave the routing set before the request could go to them, so a request that arrives after every replica died
-fails on the first one it finds dead and is then told that no live replica can take it, not that it may be what
-kills them. A request's own kill of a replica is seen after it was sent, on the front door's side alone, so a poison
-request is always counted and stopped.
+Only deaths that the front door first saw after the request was sent to that replica count (its own record, a sequence
+number: runtime.cluster.membership): one seen before did not happen under the request. Before a re-send the front door
+asks the other live replicas whether they live (`Membership.check_live`, at most the cluster's `live_check_s`; one whose
+engine loop is stuck past its `stall_timeout` is dead too): those found dead leave the routing set before the request
+could go to them, so a request that arrives after every replica died fails on the first one it finds dead and is then
+told that no live replica can take it, not that it may be what kills them. A request's own kill of a replica is seen
+after it was sent, on the front door's side alone, so a poison request is always counted and stopped.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ from radixcache.runtime.engine.errors import ReplicaUnavailableError
 RESENDS_AFTER_DEATH = 1
 # The most a re-send waits for the other replicas to say whether they live (Membership.check_live): a live one answers
 # at once from its control threads, a dead one fails at once; a frozen one is not waited for past this.
-LIVE_CHECK_S = 1.0
+LIVE_CHECK_S = 1.0  # the default of ReplicaCluster's `live_check_s`
+# The default of ReplicaCluster's `stall_timeout`: a replica whose engine loop has had work and made no progress for
+# this long (a step that never returns) is found dead by that check; far above any sound step (a prefill chunk).
+STALL_TIMEOUT_S = 120.0
 log = logging.getLogger("radixcache.cluster")
 
 
@@ -37,7 +40,7 @@ def after_death(cluster: Any, tried: set[int], died: set[int], replica: int, mar
     if cluster.died_since(replica, mark):
         died.add(replica)
     check_resend(died, exc)
-    cluster.check_live(tried, LIVE_CHECK_S)
+    cluster.check_live(tried, cluster.live_check_s)
 
 
 def check_resend(died: set[int], exc: BaseException) -> None:

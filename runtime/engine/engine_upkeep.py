@@ -19,6 +19,7 @@ from typing import Any
 
 from radixcache import RadixCache
 from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.engine.errors import EngineStalledError
 from radixcache.runtime.engine.loop import EngineLoop
 from radixcache.runtime.engine.options import resolve_options
 from radixcache.runtime.engine.output import OutputProcessor
@@ -127,10 +128,17 @@ class EngineUpkeep:
 
         return self._loop.wait_for(gauges, wait_bound(timeout))  # NaN was a TimeoutError with no message
 
-    def check_alive(self) -> None:
+    def check_alive(self, stall_s: float | None = None) -> None:
         """Raise EngineDeadError (naming the original error) if the loop thread has died, as every later call would;
-        asks nothing of the loop, so a busy one answers at once (a replica's liveness check, runtime.cluster)."""
-        self._loop.check_alive()
+        asks nothing of the loop, so a busy one answers at once (a replica's liveness check, runtime.cluster). With
+        `stall_s`, EngineStalledError (an EngineDeadError) when the loop has work and has not turned (finished a step
+        or run a command) for `stall_s` seconds: a step that never returns (a hung kernel, a stuck file system under
+        it), where every request would wait for ever; a step's length (a long prompt's prefill chunk) must stay under
+        it."""
+        loop = self._loop
+        loop.check_alive()
+        if stall_s is not None and not loop.idle() and (still := time.monotonic() - loop.beat) >= stall_s:
+            raise EngineStalledError(TimeoutError(f"no progress for {still:.1f} s with work to do"))
 
     def clear_retention(self) -> int:
         """Forget every retention mark (leaves re-rank as they are next touched). Returns how many there were."""

@@ -8,6 +8,7 @@
   - QueueTimeoutError: the request waited `queue_timeout` seconds without being admitted.
 - SamplingError (a ValueError): one request's logits or probabilities went non-finite; it fails alone.
 - EngineDeadError: the engine's loop thread died (a bug); every later call raises it, naming the original error.
+  EngineStalledError, one: a liveness check found the loop stuck in a step with work to do.
 """
 
 from __future__ import annotations
@@ -79,3 +80,14 @@ class EngineDeadError(RuntimeError):
         # Rebuilt from its cause: the default rebuilt it from its message, a str for `cause`, and failed, so Ray could
         # not send it from a replica (the front door got an UnserializableException, a 500).
         return type(self), (self.cause,)
+
+
+class EngineStalledError(EngineDeadError):
+    """The engine's loop thread has work and has made no progress for longer than a liveness check allows (a step
+    that never returns): `Engine.check_alive(stall_s)`. A replica's check raises it, so the front door ends that
+    replica for Ray to restart, as for a dead loop; `cause` is a TimeoutError saying how long."""
+
+    def __init__(self, cause: BaseException) -> None:
+        RuntimeError.__init__(self, f"the engine loop is stuck: {cause}")
+        self.cause = cause
+        self.__cause__ = cause

@@ -141,6 +141,7 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self._dead: EngineDeadError | None = None
         self._refusing = False  # closed to new requests (Engine.close); commands still run
+        self.beat = time.monotonic()  # the loop thread's start or last turn (steps, commands): its progress, to a check
         self.recorder: TraceRecorder | None = None  # sees every request that leaves (Engine.record_trace)
 
     def submit(self, req: Request) -> RequestHandle:
@@ -220,6 +221,7 @@ class EngineLoop:
                 raise EngineClosedError("this engine is closed")
             self._inbox.append(run)
             if self._thread is None:
+                self.beat = time.monotonic()
                 self._thread = threading.Thread(target=self._run, name="radixcache-engine", daemon=True)
                 self._thread.start()
             self._cv.notify()
@@ -298,6 +300,7 @@ class EngineLoop:
             with torch.inference_mode():
                 idled = False  # on_idle ran since the last work: the next time nothing is left, the thread exits
                 while True:
+                    self.beat = time.monotonic()
                     with self._cv:
                         commands, self._inbox = self._inbox, []
                         out_of_work = not commands and not self._posted and not s.has_work()

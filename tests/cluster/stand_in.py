@@ -126,7 +126,7 @@ class FakeActor:
         info["max_position"] = 4096
         return {**info, "incarnation": f"i{self.replica}", "pid": 0}
 
-    def _check_alive(self) -> None:
+    def _check_alive(self, stall_s: float | None = None) -> None:
         """A live replica's engine loop lives (set `fail["check_alive"]` for one whose loop died)."""
         return None
 
