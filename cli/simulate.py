@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any
 
@@ -29,7 +28,7 @@ from radixcache.sim.replay_common import Replayable
 from radixcache.sim.routing_replay import MAX_SIM_REPLICAS
 from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS
 from radixcache.sim.routing_workload import ARRIVALS
-from radixcache.sim.source import open_source, worth_reading_ahead
+from radixcache.sim.source import open_source, usable_cpus, worth_reading_ahead
 from radixcache.sim.tiers import COST_PAGE_TOKENS, DEFAULT_TIER_COSTS, MAX_COST_MS
 from radixcache.sim.timeline import MAX_WINDOWS
 from radixcache.tier.tiered_cache import WRITE_POLICIES
@@ -362,7 +361,7 @@ def _simulate(
                 admission=admission,
                 belady_admission=belady_admission,
                 # The Belady replays in their own processes beside the policy's, each reading the file itself.
-                parallel=not in_memory and (os.cpu_count() or 1) >= 2,
+                parallel=not in_memory and usable_cpus() >= 2,  # the affinity's CPUs, not the host's
                 honor_timestamps=honor_timestamps,
                 prefill_chunk=prefill_chunk,
             )

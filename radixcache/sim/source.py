@@ -206,4 +206,15 @@ def worth_reading_ahead(source: TraceSource) -> bool:
         size = os.path.getsize(source.path)
     except OSError:
         return False  # opening it reports the problem
-    return size >= READ_AHEAD_MIN_BYTES and (os.cpu_count() or 1) >= 2
+    return size >= READ_AHEAD_MIN_BYTES and usable_cpus() >= 2
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity's (`taskset`, a container's cpuset), not the host's
+    (`os.cpu_count`, which counted 64 under `taskset -c 0` and started a reader process on the one CPU); every CPU
+    where the platform has no affinity. (The runtime's `radixcache.runtime.cores.usable_cores` also applies a cgroup's
+    CPU quota; the library may not import the runtime.)"""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from radixcache.runtime.config import ModelConfig
+from radixcache.runtime.cores import usable_cores
 from radixcache.runtime.loading.gguf import GGUFFile
 from radixcache.runtime.loading.gguf_tokenizer import LLAMA3_PRE
 from radixcache.runtime.loading.rope_scaling import ROPE_FREQS, gguf_rope_scaling
@@ -198,7 +199,7 @@ def load_gguf_weights(
             w = unpermute_rope_rows(w, config.num_kv_heads)
         return name, convert(w) if convert is not None else w
 
-    workers = threads or min(8, os.cpu_count() or 1)
+    workers = threads or min(8, usable_cores())  # the affinity's CPUs within the cgroup quota, not the host's
     # Largest first, so the big embedding does not start last and hold up the pool.
     order = sorted(names, key=lambda n: -gguf.tensors[n].nbytes)
     with ThreadPoolExecutor(max_workers=workers) as pool:

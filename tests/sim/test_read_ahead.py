@@ -131,13 +131,14 @@ def test_reading_ahead_is_worth_it_for_large_traces_on_two_cores(tmp_path: Path,
     hashes.write_text('{"timestamp": 0, "input_length": 16, "hash_ids": [1]}\n' * 200)
     tokens = chat_trace(tmp_path)
     monkeypatch.setattr(simulate_source, "READ_AHEAD_MIN_BYTES", 1000)
-    monkeypatch.setattr(simulate_source.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(simulate_source.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert simulate_source.worth_reading_ahead(open_source(str(hashes), block_size=16))
     assert simulate_source.worth_reading_ahead(open_source(str(tokens)))  # token ids cross packed
     monkeypatch.setattr(simulate_source, "READ_AHEAD_MIN_BYTES", hashes.stat().st_size + 1)
     assert not simulate_source.worth_reading_ahead(open_source(str(hashes), block_size=16))  # too small
     monkeypatch.setattr(simulate_source, "READ_AHEAD_MIN_BYTES", 1000)
-    monkeypatch.setattr(simulate_source.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(simulate_source.os, "cpu_count", lambda: 64)  # the host's; this process may run on one:
+    monkeypatch.setattr(simulate_source.os, "sched_getaffinity", lambda pid: {0}, raising=False)  # (taskset -c 0)
     assert not simulate_source.worth_reading_ahead(open_source(str(hashes), block_size=16))  # no second core
     # `simulate --help` says the same default (it said hash traces only, after token traces were read ahead too)
     shown = " ".join(CliRunner().invoke(cli, ["simulate", "--help"], terminal_width=200).output.split())
