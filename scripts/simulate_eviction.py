@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-import os
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from sweep_output import check_out, csv_text, make_out, save_figure, write_whole
 from radixcache.errors import RadixCacheError
 from radixcache.policy.registry import ALL_POLICIES
 from radixcache.sim.results import BELADY, BELADY_ADMISSION, DEAD_LRU, IN_FLIGHT_NOTE
+from radixcache.sim.source import usable_cpus
 from radixcache.sim.sweep import (
     INFINITE,
     SYNTHETIC,
@@ -226,7 +226,7 @@ def main(
         for index, (name, w) in enumerate(loaded)
         for cell in sweep_cells(index, name, w, names, capacities_for(w, fracs), bounds)
     ]
-    workers = min(ray_workers(ray_address, workers) if use_ray else workers or os.cpu_count() or 1, len(cells))
+    workers = min(ray_workers(ray_address, workers) if use_ray else workers or usable_cpus(), len(cells))
     if workers > 1 or use_ray:
         loaded = []  # each worker loads its own copy
     where = "Ray actors" if use_ray else "worker processes" if workers > 1 else "worker (this process)"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
@@ -43,6 +42,7 @@ from radixcache.sim.routing_cells import (
 )
 from radixcache.sim.routing_replay import MAX_SIM_REPLICAS
 from radixcache.sim.routing_results import DEFAULT_ROUTING_COSTS, RoutingCosts
+from radixcache.sim.source import usable_cpus
 from radixcache.sim.sweep import distinct_names
 from radixcache.sim.tiers import MAX_COST_MS
 from radixcache.trace.synthetic import GENERATORS
@@ -250,7 +250,7 @@ def main(
         if use_ray:
             workers = min(start_ray(ray_address, ray_cpus, workers), len(cells))
         else:
-            workers = min(workers or os.cpu_count() or 1, len(cells))
+            workers = min(workers or usable_cpus(), len(cells))  # the affinity's CPUs, not the host's
     except RadixCacheError as exc:
         raise click.ClickException(str(exc)) from None
     where = "Ray actors" if use_ray else "worker processes" if workers > 1 else "worker (this process)"

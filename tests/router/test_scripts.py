@@ -208,3 +208,14 @@ def test_the_index_benchmark_refuses_a_stream_it_cannot_make(rate: str, seconds:
         main, ["--replicas", "2", "--pages-per-replica", "32", "--rate", rate, "--seconds", seconds]
     )
     assert_refused(result, "--rate x --seconds must be finite")
+
+
+def test_the_default_workers_are_the_cpus_this_process_may_run_on(tmp_path: Path, monkeypatch) -> None:
+    """Under `taskset -c 0` on a 64-core host the sweep started 4 worker processes (one per cell, `os.cpu_count()`)
+    on one CPU."""
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    _, err = sweep(tmp_path, [str(tiny_chat(tmp_path))], "--no-plot")
+    assert "4 routed replays on 1 worker (this process)" in err

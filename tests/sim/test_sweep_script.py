@@ -228,3 +228,15 @@ def test_a_synthetic_seed_of_other_than_ascii_digits_is_refused(seed: str) -> No
     with pytest.raises(RadixCacheError, match="the seed after @ must be a non-negative integer"):
         load_trace(f"synthetic:chat@{seed}", 16, 512)
     assert load_trace("synthetic:chat@007", 16, 512)[0] == "chat@7"  # one seed, one name
+
+
+def test_the_default_workers_are_the_cpus_this_process_may_run_on(tmp_path: Path, monkeypatch) -> None:
+    """Under `taskset -c 0` on a 64-core host the sweep started 64 worker processes on one CPU (`os.cpu_count()`)."""
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    args = [str(tiny_trace(tmp_path)), "--policy", "lru", "--fractions", "0.5", "--page-size", "2", "--no-plot"]
+    result = CliRunner().invoke(load_script("simulate_eviction").main, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "on 1 worker (this process)" in result.stderr
