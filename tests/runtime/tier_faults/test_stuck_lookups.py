@@ -106,9 +106,32 @@ def test_an_engine_keeps_serving_while_its_disk_lookups_are_stuck(model, tmp_pat
 def test_a_page_found_absent_is_looked_for_again_later(open_store, monkeypatch) -> None:
     reader, writer = open_store(), open_store()
     now = [0.0]
-    monkeypatch.setattr(disk_probe.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(disk_probe, "_clock", lambda: now[0])
     assert reader.count_prefix([h(0)]) == 0
     write(writer, 0)
     assert reader.count_prefix([h(0)]) == 0  # remembered absent
     now[0] = disk_probe.ABSENT_S
     assert reader.count_prefix([h(0)]) == 1
+
+
+def test_a_second_caller_waits_its_turn_while_a_look_is_within_its_bound() -> None:
+    probe = disk_probe.FileProbe(wait_s=30.0)
+    entered, opened = threading.Event(), threading.Event()
+    first: list = []
+
+    def slow() -> str:
+        entered.set()
+        opened.wait()
+        return "first"
+
+    asker = threading.Thread(target=lambda: first.append(probe.look(slow)), daemon=True)
+    asker.start()
+    assert entered.wait(30)
+    second: list = []
+    waiter = threading.Thread(target=lambda: second.append(probe.look(lambda: "second")), daemon=True)
+    waiter.start()
+    threading.Event().wait(0.05)  # (the second caller is waiting for its turn by now, most likely)
+    opened.set()
+    for thread in (asker, waiter):
+        thread.join(30)
+    assert first == [(True, "first")] and second == [(True, "second")]  # not given up: the first was not stuck
