@@ -33,8 +33,9 @@ Invariants:
   (closing, or an engine dropped without closing) never holds them. `close` waits at most `CLOSE_WAIT_S` for a read
   in progress; a read that never returns (a stalled disk) is abandoned on its daemon thread (kv.tier.prefetch_reading's
   `ReaderPool`), which holds neither the close nor the process's exit. Nor its request: a job with no page done for
-  `read_timeout_s` ends at its first page not arrived, as a failed read, and its stuck readers are replaced. A reader's page costs CPU (the read from the
-  page cache into staging, the checksum) and, in Python, the GIL: unpaced, two readers stretched the steps a
+  `read_timeout_s` ends at its first page not arrived, as a failed read; and a reader stuck in a read that long is
+  replaced (`_replace_stuck`, at each pace too: whatever became of its job). A reader's page costs CPU (the read
+  from the page cache into staging, the checksum) and, in Python, the GIL: unpaced, two readers stretched the steps a
   2,000-token SmolLM2 prefix was read beside to 70 to 225 ms against 21 ms. Paced but reading during the steps (16
   pages a step, as before this window), a reader that took a core from one of the step's two OpenMP threads stalled
   its whole team at the next barrier: reading steps of 24 to 42 ms against 20. Between steps the two cores read the
@@ -139,7 +140,8 @@ class PrefetchReader(ReaderThreads):
         self._thread_buffers = threading.local()
         self._split = split_reader()  # a page file's read: native where the library builds (kv.tier.native_reads)
         self._reading = 0  # page reads in progress
-        self._hung = 0  # of those, reads of stalled jobs (`_expire_stalled`): no pace waits for them
+        self._hung = 0  # of those, reads in progress for `read_timeout_s` (`_replace_stuck`): no pace waits for them
+        self._reads: dict[object, list] = {}  # each read in progress: [its start (perf_counter), whether stuck]
         self._last_pace: float | None = None  # when the loop last paced (the step's length, for deadlines)
 
     @property
@@ -165,6 +167,8 @@ class PrefetchReader(ReaderThreads):
         if self._queued:
             self._start_queued()  # one waiting for the staging of a job let go may start now (`_start_queued`)
         with self._cond:
+            if self._reads:
+                self._replace_stuck(now)
             if not decoding or self.pages_per_step == 0:
                 self._allowance = None
                 self._cond.notify_all()
@@ -205,19 +209,27 @@ class PrefetchReader(ReaderThreads):
             return False
         return now - job.started >= self.timeout_s
 
+    def _replace_stuck(self, now: float) -> None:
+        """Each read in progress for `read_timeout_s` (whatever became of its job: taken, released) has its reader
+        thread replaced, once (kv.tier.prefetch_reading's ReaderPool), and no pace waits for it. Under the lock."""
+        for read in self._reads.values():
+            if not read[1] and now - read[0] >= self.read_timeout_s:
+                read[1] = True
+                self._hung += 1
+                if self._executor is not None:
+                    self._executor.replace(1)
+
     def _expire_stalled(self, job: PrefetchJob, now: float) -> None:
         """A job with no page done for `read_timeout_s` since its start or its last page (a read that never returns:
         a stalled file system; no reader free to take it) ends at its first page not arrived, as a failed read: its
-        request is admitted and recomputes them. Each of its reads still blocked gets its reader thread replaced
-        (kv.tier.prefetch_reading's ReaderPool), so that the other requests' pages are still read. Under the lock."""
+        request is admitted and recomputes them. The reads stuck that long get their reader threads replaced
+        (`_replace_stuck`), so that the other requests' pages are still read. Under the lock."""
         since = job.progress_at
         if job.cancelled or job.complete or since is None or now - since < self.read_timeout_s:
             return
         first = job.arrived
         job.failed_at = first if job.failed_at is None else min(job.failed_at, first)
-        job.hung, self._hung = job.hung + job.reading, self._hung + job.reading
-        if job.reading and self._executor is not None:
-            self._executor.replace(job.reading)
+        self._replace_stuck(now)
         log.warning(
             "disk KV cache: no page of a prefetch read for %.1f s (a stalled disk?); recomputing %d page(s), %d read(s)"
             " still blocked",

@@ -41,7 +41,6 @@ class PrefetchJob:
         self.read_seconds = 0.0  # summed over pages (the readers overlap)
         self.progress_at: float | None = None  # perf_counter of its start or its last page done (a stall's clock)
         self.reading = 0  # its page reads in progress
-        self.hung = 0  # its reads in progress when it stalled, not yet returned (each a reader thread replaced)
         # the mtime its pages' reads stamp, less 1 us a page: the head newest by mtime too (kv.tier.prefetch)
         self.stamp_ns = time.time_ns()
 

@@ -150,6 +150,7 @@ class ReaderThreads:
     _active: int
     _reading: int
     _hung: int
+    _reads: dict[object, list]
     _thread_buffers: threading.local
     _split: SplitRead
 
@@ -203,6 +204,7 @@ class ReaderThreads:
             if not skip:
                 self._reading += 1
                 job.reading += 1
+                read = self._reads[token := object()] = [time.perf_counter(), False]
         ok = False
         t0 = time.perf_counter()
         if not skip:
@@ -220,8 +222,8 @@ class ReaderThreads:
                 self._reading -= 1
                 job.reading -= 1
                 job.progress_at = time.perf_counter()
-                if job.hung:  # a read that outlived its job's stall came back: its thread's replacement goes
-                    job.hung -= 1
+                del self._reads[token]
+                if read[1]:  # a read found stuck came back: its thread's replacement goes
                     self._hung -= 1
                     if self._executor is not None:
                         self._executor.replace(-1)

@@ -75,3 +75,28 @@ def test_a_stuck_page_read_is_recomputed_and_later_requests_still_read_the_disk(
         assert not thread.is_alive()
     report = DiskStore(tmp_path, max_bytes=1 << 30, create=False).verify()
     assert report.corrupt == () and report.ok == report.checked >= 20
+
+
+def test_readers_stuck_on_a_cancelled_request_are_replaced(model, tmp_path: Path) -> None:
+    """No prefetch stalls here (the stuck reads' request was cancelled, as best_effort's admission also lets a job go):
+    the stuck threads are replaced by the pace before each step, and the next request's pages are read."""
+    want = baseline(model, SECOND, 3)
+    written(model, tmp_path, PROMPT, SECOND)
+    engine = restarted(model, tmp_path, prefetch_policy="wait_complete")
+    try:
+        reader = engine.tiers.reader
+        reader.read_timeout_s = 60.0  # (the cancel comes first)
+        reads = StuckReads(engine.tiers.disk, stuck=2)
+        first = engine.submit(PROMPT, 3)
+        while len(reads.threads) < 2:  # a hang check bounds it: the test's timeout
+            threading.Event().wait(0.01)
+        first.cancel()
+        assert first.result(30).finish_reason == "cancelled"
+        threading.Event().wait(0.3)
+        reader.read_timeout_s = 0.2  # the reads are stuck from now on, but a fresh job is not
+        second = _generate(engine, SECOND, reads)
+        assert list(second.token_ids) == want and second.cached_tokens == 40
+        assert engine.stats.tiers.disk_loaded_pages == 10
+    finally:
+        reads.opened.set()
+        engine.close()
