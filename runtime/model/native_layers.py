@@ -36,6 +36,7 @@ products all run "native": the eager layers take the native SiLU for any row cou
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -113,6 +114,7 @@ class NativeLayers:
         self._eps = cfg.rms_norm_eps
         self._by_rows: dict[int, ctypes.Array[NativeLayer]] = {}
         self._mirror: tuple[Any, ctypes.Array[ctypes.c_void_p], ctypes.Array[ctypes.c_void_p]] | None = None
+        self._step_lock = threading.Lock()  # run's: engines on other threads may share this plan (_mirror_tables)
         self._heads: dict[int, tuple[object, NativeLinear]] = {}  # rows -> (head, its product); _head_entry
         self._max_norm_rows = model.native.max_rows  # the eager norm is native up to this many rows (native.ops)
         # a decode-only pass's head runs in the layers' call (`run`, native_decode_step); off: `head` runs it after
@@ -285,7 +287,13 @@ class NativeLayers:
     def run(self, x: torch.Tensor, fused: FusedDecode) -> torch.Tensor | None:
         """The hidden states after every layer for the decode rows x `[B, hidden]`, or None (nothing computed,
         nothing written) where this pass must take the eager layers; with the head too where `_step_head` says so
-        (its logits and greedy tokens in `fused.head_result`)."""
+        (its logits and greedy tokens in `fused.head_result`). One thread at a time from the mirror's tables to the
+        call's return: the cached mirror is then the one the last step read, held until a quiesce lets it go (a
+        helper late for that step may still read it: runtime/native/team_pool.h)."""
+        with self._step_lock:
+            return self._run(x, fused)
+
+    def _run(self, x: torch.Tensor, fused: FusedDecode) -> torch.Tensor | None:
         mirror, native = fused.mirror, fused.native
         rows = x.shape[0]
         if (mirror.order is None) != (mirror.inverse is None) or mirror.native is None:
