@@ -45,7 +45,7 @@ static struct {
     _Alignas(64) _Atomic unsigned bell; /* rung as a step opens (wrapping): a sleeping helper's futex */
     _Atomic int sleepers;
     uint64_t count;
-    int chosen, helpers, hooked;
+    int chosen, helpers;
     seat_word writing[TEAM_MAX_SEATS];
     pool_slot slot[POOL_SLOTS];
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -106,11 +106,20 @@ static void after_fork_child(void) {
     pthread_mutex_init(&pool.lock, NULL);
 }
 
+/* The fork handlers, registered before the pool's lock is ever taken: a fork while another thread holds it (a step,
+ * a quiesce) then waits for it to be released, and the child's lock is free. */
+static pthread_once_t hook_once = PTHREAD_ONCE_INIT;
+static void hook(void) { pthread_atfork(before_fork, after_fork_parent, after_fork_child); }
+
+static void pool_lock(void) {
+    pthread_once(&hook_once, hook);
+    pthread_mutex_lock(&pool.lock);
+}
+
 /* Helpers up to `want` (fewer where a thread cannot be started: seat 0 takes their shares), every signal blocked
  * in them so that Python's threads receive them. */
 static void start_helpers(int want) {
     if (pool.helpers >= want) return;
-    if (!pool.hooked) pool.hooked = pthread_atfork(before_fork, after_fork_parent, after_fork_child) == 0;
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -127,7 +136,7 @@ static void start_helpers(int want) {
 }
 
 void *team_pool_take(size_t bytes) {
-    pthread_mutex_lock(&pool.lock);
+    pool_lock();
     for (;;) {
         for (int i = 0; i < POOL_SLOTS; i++) { /* the first free slot: one or two slots' memory in use, not four */
             pool_slot *s = &pool.slot[i];
@@ -171,7 +180,7 @@ void team_pool_run(int team, team_seat_fn fn, void *job) {
 }
 
 int native_team_quiesce(void) {
-    pthread_mutex_lock(&pool.lock);
+    pool_lock();
     for (int i = 0; i < POOL_SLOTS; i++)
         while (atomic_load(&pool.slot[i].users) != 0) sched_yield();
     pthread_mutex_unlock(&pool.lock);

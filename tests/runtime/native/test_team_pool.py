@@ -52,3 +52,11 @@ def test_steps_from_several_threads_on_teams_past_the_cores_stay_whole_and_fence
     assert run.returncode == 0, (run.stdout, run.stderr[-4000:])
     forks = 10 if mode == "fork" else 0
     assert run.stdout.split() == ["callers", "3", "steps", "300", "forks", str(forks), "violations", "0"]
+
+
+def test_a_fork_while_the_first_step_holds_the_pool_leaves_the_child_a_free_pool(tmp_path: Path) -> None:
+    out = tmp_path / "fork"
+    cmd = [*COMPILER, "-O1", "-std=gnu11", "-pthread", f"-I{NATIVE}", str(HERE / "team_pool_fork.c"), "-o", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    run = subprocess.run([str(out)], capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == "child ok", (run.stdout, run.stderr)
