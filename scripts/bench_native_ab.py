@@ -97,6 +97,13 @@ class Alternating:
         self.times.append((tag, time.perf_counter() - start))
         return status
 
+    def native_team_quiesce(self) -> int:
+        """Both builds' helpers out of their steps: the plan frees the mirror a step of either read after this."""
+        for lib in (self._a, self._b):
+            if hasattr(lib, "native_team_quiesce"):
+                lib.native_team_quiesce()
+        return 0
+
 
 def pair_ratios(times: list[tuple[str, float]]) -> list[tuple[float, float]]:
     """(A's time, B's time) of each adjacent pair of steps, in order."""
