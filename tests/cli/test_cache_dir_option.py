@@ -28,10 +28,9 @@ def test_a_cache_dir_that_is_a_pipe_is_a_bad_option(runner, tmp_path: Path) -> N
     assert f"'{pipe}' exists and is not a directory" in result.output
 
 
-def test_a_new_cache_dir_is_still_taken(run_cli, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_new_cache_dir_is_still_taken(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
     kv = tmp_path / "kv"
-    done = run_cli(
-        "replay", "--model", str(tiny_model_dir), "--limit", "1", "--max-tokens", "1", "--cache-dir", str(kv)
-    )
-    assert done.returncode == 0, done.stderr
+    args = ["replay", "--model", str(tiny_model_dir), "--limit", "1", "--max-tokens", "1", "--cache-dir", str(kv)]
+    done = runner.invoke(main, args)
+    assert done.exit_code == 0, done.output
     assert (kv / "radixcache-cache.json").exists()
