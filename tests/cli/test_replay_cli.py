@@ -11,8 +11,6 @@ import pytest
 
 from radixcache.cli.main import main
 
-REAL_MODEL_TIMEOUT = 300
-
 
 def test_replay_prints_the_summary_table_and_writes_json(runner, tiny_model_dir: Path, small_trace: Path, tmp_path):
     out = tmp_path / "r.json"
@@ -264,14 +262,15 @@ def test_real_model_in_process_replays_and_reuses_the_shared_system_prompt(runne
 
 
 @pytest.mark.slow
-def test_real_model_compare_in_live_greedy_mode_generates_the_same_text(run_cli, small_trace: Path, tmp_path) -> None:
-    """A subprocess of the installed command: with and without the cache, greedy live replies are identical (both
-    engines on `--quant gguf`, where that holds as on float32)."""
+def test_real_model_compare_in_live_greedy_mode_generates_the_same_text(runner, small_trace: Path, tmp_path) -> None:
+    """With and without the cache, greedy live replies are identical (both engines on `--quant gguf`, where that
+    holds as on float32). In process: the installed command's own run as a subprocess is
+    test_replay_as_a_subprocess_with_the_tiny_model's."""
     out = tmp_path / "cmp.json"
     args = ["replay", str(small_trace), "--compare", "--mode", "live", "--max-tokens", "6", "--quant", "gguf"]
     args += ["--json", str(out)]
-    done = run_cli(*args, timeout=REAL_MODEL_TIMEOUT)
-    assert done.returncode == 0, done.stderr
+    done = runner.invoke(main, args)
+    assert done.exit_code == 0, done.output
     assert "generated text with and without the cache: identical" in done.stdout
     data = json.loads(out.read_text())
     cached = [(r["conversation"], r["turn"], r["text"]) for r in data["requests"]]
