@@ -29,7 +29,6 @@
 #include "decode_pass.h"
 #include "takeover.h"
 
-
 #define TEAM_MAX_ROWS 8
 #define TEAM_MAX_BYTES (32L << 20) /* the layers' outputs a pass keeps (SmolLM2, 1 row, 513 positions: 1 MB) */
 #define PHASES_PER_LAYER 5 /* the qkv product, the attention's items, the o, gate_up and down products */
