@@ -46,18 +46,23 @@ def _check_unpin(engine: Any) -> None:
         engine.unpin(MESSAGES, namespace=["t"])
 
 
+def _front_door(tiny_dir: Path) -> Any:
+    """A ClusterEngine over two round-robin replicas of the tiny checkpoint (on whatever `ray` is installed)."""
+    from radixcache.runtime.cluster.cluster import ReplicaCluster
+    from radixcache.runtime.cluster.front import ClusterEngine
+
+    cluster = ReplicaCluster(str(tiny_dir), 2, router="round_robin", engine_kwargs=ENGINE, poll_interval=None)
+    return ClusterEngine(cluster, str(tiny_dir))
+
+
 def test_unpin_takes_the_messages_and_tools_a_pin_was_made_with_in_process(
     monkeypatch: pytest.MonkeyPatch, tiny_dir: Path
 ) -> None:
     """The front door's unpin over two real replica engines run in this process (no Ray: what is checked is the
     front door's rendering and fan-out, the same calls the Ray test below makes)."""
     ray = install(monkeypatch)
-    from radixcache.runtime.cluster.cluster import ReplicaCluster
-    from radixcache.runtime.cluster.front import ClusterEngine
-
     threads = torch.get_num_threads()
-    cluster = ReplicaCluster(str(tiny_dir), 2, router="round_robin", engine_kwargs=ENGINE, poll_interval=None)
-    engine = ClusterEngine(cluster, str(tiny_dir))
+    engine = _front_door(tiny_dir)
     try:
         _check_unpin(engine)
     finally:
@@ -75,11 +80,7 @@ def test_unpin_takes_the_messages_and_tools_a_pin_was_made_with_in_process(
 @pytest.mark.extended
 @pytest.mark.xdist_group("ray")  # one Ray cluster at a time
 def test_unpin_takes_the_messages_and_tools_a_pin_was_made_with(local_ray: str, tiny_dir: Path) -> None:
-    from radixcache.runtime.cluster.cluster import ReplicaCluster
-    from radixcache.runtime.cluster.front import ClusterEngine
-
-    cluster = ReplicaCluster(str(tiny_dir), 2, router="round_robin", engine_kwargs=ENGINE, poll_interval=None)
-    engine = ClusterEngine(cluster, str(tiny_dir))
+    engine = _front_door(tiny_dir)
     try:
         _check_unpin(engine)
     finally:
