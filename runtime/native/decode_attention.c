@@ -196,7 +196,7 @@ static long first_item_of(int t, int team, long items, long positions, int spans
 /* What one decode step's attention needs besides q, K, V and out, the same for every layer of the step (it depends
  * on the lengths and shapes only): made once by attn_plan_init, used by each layer's attn_team. */
 int attn_plan_init(attn_plan *plan, int batch, int heads, int kv_heads, int head_dim, const int *lengths,
-                   int capacity) {
+                   int capacity, int with_part) {
     if (batch < 1 || kv_heads < 1 || heads < kv_heads || heads % kv_heads || head_dim < 1) return -1;
     for (int b = 0; b < batch; b++)
         if (lengths[b] < 1 || lengths[b] > capacity) return -1;
@@ -213,20 +213,26 @@ int attn_plan_init(attn_plan *plan, int batch, int heads, int kv_heads, int head
     const int spans = first[batch];
     const long items = (long)spans * kv_heads * slices;
     const size_t per_head = (size_t)head_dim + 2; /* per item and query head: max, sum, then head_dim outputs */
-    float *part = malloc(sizeof(float) * (size_t)items * ATTN_MAX_GROUP * per_head);
     int *span_seq = malloc(sizeof(int) * (size_t)(spans > 0 ? spans : 1));
-    if (part == NULL || span_seq == NULL) {
+    if (span_seq == NULL) {
         free(first);
-        free(part);
-        free(span_seq);
         return -1;
     }
     for (int b = 0; b < batch; b++)
         for (int s = first[b]; s < first[b + 1]; s++) span_seq[s] = b;
     *plan = (attn_plan){batch,    heads, kv_heads, head_dim, group,    slices,  spans, items,
                         positions * kv_heads * slices, per_head, 1.0f / sqrtf((float)head_dim), lengths,
-                        first,    span_seq, part};
+                        first,    span_seq, NULL};
+    if (with_part && attn_plan_part(plan) != 0) {
+        attn_plan_free(plan);
+        return -1;
+    }
     return 0;
+}
+
+int attn_plan_part(attn_plan *plan) {
+    if (plan->part == NULL) plan->part = malloc(sizeof(float) * (size_t)plan->items * ATTN_MAX_GROUP * plan->per_head);
+    return plan->part != NULL ? 0 : -1;
 }
 
 void attn_plan_free(attn_plan *plan) {
@@ -343,7 +349,7 @@ int native_decode_attention(const float *q, int batch, int heads, int kv_heads, 
                             const float *v, long row_stride, long head_stride, const int *lengths, int capacity,
                             float *out) {
     attn_plan plan;
-    if (attn_plan_init(&plan, batch, heads, kv_heads, head_dim, lengths, capacity) != 0) return -1;
+    if (attn_plan_init(&plan, batch, heads, kv_heads, head_dim, lengths, capacity, 1) != 0) return -1;
 #pragma omp parallel
     attn_team(&plan, q, k, v, row_stride, head_stride, out);
     attn_plan_free(&plan);

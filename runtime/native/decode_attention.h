@@ -15,9 +15,13 @@ typedef struct {
     float *part;           /* the items' partial results */
 } attn_plan;
 
-/* 0, or -1 for bad arguments or a failed allocation (nothing to free then). */
+/* 0, or -1 for bad arguments or a failed allocation (nothing to free then). `with_part`: allocate plan->part (what
+ * attn_team writes); 0 leaves it NULL for a caller whose threads keep copies of their own (decode_team.c), or that
+ * allocates it with attn_plan_part once it knows it will run attn_team. */
 int attn_plan_init(attn_plan *plan, int batch, int heads, int kv_heads, int head_dim, const int *lengths,
-                   int capacity);
+                   int capacity, int with_part);
+/* plan->part allocated where it is NULL: 0, or -1 (a failed allocation; the plan is still whole to free). */
+int attn_plan_part(attn_plan *plan);
 void attn_plan_free(attn_plan *plan);
 /* Called by every thread of a parallel region; out is whole when it returns (it ends with a barrier). */
 void attn_team(const attn_plan *plan, const float *q, const float *k, const float *v, long row_stride,

@@ -144,15 +144,14 @@ static int run_with_barriers(const decode_pass *d) {
     float *q_rows = order != NULL ? piece[6] : q, *att_rows = order != NULL ? piece[7] : att;
     const int team = omp_get_max_threads();
     row_share shares[4][team]; /* each product's, set by thread 0 before the barrier that precedes its rows */
-    int start[4][BLOCKDOT_MAX_PARTS + 1];
 #pragma omp parallel num_threads(team)
     {
         const int me = omp_get_thread_num();
         for (int l = 0; l < d->num_layers; l++) {
             const native_layer *L = d->layers + l;
             const native_linear *w[4] = {&L->qkv, &L->o, &L->gate_up, &L->down};
+            const int(*start)[BLOCKDOT_MAX_PARTS + 1] = d->starts[l];
             if (me == 0) {
-                for (int k = 0; k < 4; k++) team_check(w[k], rows, start[k]); /* checked before: the starts */
                 native_rms_norm(x, L->ln_in, rows, hidden, d->eps, h);
                 team_prep(w[0], start[0], h, rows, prep, shares[0], team);
             }
@@ -219,12 +218,18 @@ static int decode_layers(const native_layer *layers, int num_layers, float *x, i
     if ((order == NULL) != (inverse == NULL)) return -1;
     for (int t = 0; order != NULL && t < rows; t++)
         if (order[t] < 0 || order[t] >= rows || inverse[t] < 0 || inverse[t] >= rows) return -1;
-    size_t prep_bytes = 0; /* every product checked before anything runs; the largest prepared activations */
+    /* every product checked before anything runs, its part starts kept for both ways; the largest prepared
+     * activations */
+    int(*starts)[4][BLOCKDOT_MAX_PARTS + 1] = malloc(sizeof(*starts) * (size_t)num_layers);
+    if (starts == NULL) return -2;
+    size_t prep_bytes = 0;
     for (int l = 0; l < num_layers; l++) {
         const native_linear *w[4] = {&layers[l].qkv, &layers[l].o, &layers[l].gate_up, &layers[l].down};
         for (int k = 0; k < 4; k++) {
-            int start[BLOCKDOT_MAX_PARTS + 1];
-            if (team_check(w[k], rows, start) != 0) return -1;
+            if (team_check(w[k], rows, starts[l][k]) != 0) {
+                free(starts);
+                return -1;
+            }
             const size_t b = team_prep_bytes(w[k], rows);
             prep_bytes = b > prep_bytes ? b : prep_bytes;
         }
@@ -242,10 +247,14 @@ static int decode_layers(const native_layer *layers, int num_layers, float *x, i
                      .pool_layer_stride = pool_layer_stride, .mirror_k = mirror_k, .mirror_v = mirror_v,
                      .mirror_row_stride = mirror_row_stride, .mirror_head_stride = mirror_head_stride,
                      .order = order, .inverse = inverse,
+                     .starts = (const int(*)[4][BLOCKDOT_MAX_PARTS + 1])starts, .head_start = head_start,
                      .qkv_width = (size_t)(heads + 2 * kv_heads) * head_dim, .att_width = (size_t)heads * head_dim,
                      .prep_bytes = prep_bytes, .head_norm = norm, .head = head, .logits = logits};
-    if (rope_store_check(&d.rope) != 0) return -1;
-    if (attn_plan_init(&d.plan, rows, heads, kv_heads, head_dim, lengths, (int)mirror_cap) != 0) return -1;
+    if (rope_store_check(&d.rope) != 0 ||
+        attn_plan_init(&d.plan, rows, heads, kv_heads, head_dim, lengths, (int)mirror_cap, 0) != 0) {
+        free(starts);
+        return -1;
+    }
     const int team = omp_get_max_threads();
     const team_options none = {.stall_thread = -1, .stall_us = 0, .taken = NULL, .barriers = 0};
     const int barriers = opt != NULL && opt->barriers;
@@ -257,10 +266,11 @@ static int decode_layers(const native_layer *layers, int num_layers, float *x, i
         status = -1; /* the tests' way must be the team's */
     }
     if (status == -3 || (status == -2 && opt == NULL)) { /* no team scratch: the barriers' way needs far less */
-        status = run_with_barriers(&d);
+        status = attn_plan_part(&d.plan) != 0 ? -2 : run_with_barriers(&d);
         if (status == 0 && head != NULL) status = native_decode_head(x, rows, hidden, eps, norm, head, logits, best);
     }
     attn_plan_free(&d.plan);
+    free(starts);
     return status;
 }
 

@@ -26,7 +26,11 @@ typedef struct {
     float *const *mirror_k, *const *mirror_v;
     long mirror_row_stride, mirror_head_stride;
     const long *order, *inverse; /* mirror rows out of batch order, or both NULL */
-    attn_plan plan;
+    attn_plan plan; /* its part is NULL on decode_team.c's way (the seats keep their own) */
+    /* each layer's four products' part starts (qkv, o, gate_up, down) and the head's: team_check's, made once by
+     * decode_layers' argument check and read by both ways */
+    const int (*starts)[4][BLOCKDOT_MAX_PARTS + 1];
+    const int *head_start;
     size_t qkv_width, att_width, prep_bytes; /* prep_bytes: the largest product's prepared activations */
     /* the step's head where it runs in the same call (native_decode_step), else NULL: logits `[rows, head->out]` =
      * head(rms_norm(x, head_norm)) */

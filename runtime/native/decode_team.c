@@ -87,18 +87,13 @@ static size_t layer_floats(const decode_pass *d) {
 int decode_team_fits(const decode_pass *d, int team) {
     if (team < 2 || d->rows > TEAM_MAX_ROWS || d->plan.items > TAKEOVER_MAX_UNITS) return 0;
     if (layer_floats(d) * sizeof(float) * (size_t)d->num_layers > (size_t)TEAM_MAX_BYTES) return 0;
-    if (d->head != NULL) { /* its output is the caller's logits, whole values only: no bias added after */
-        int start[BLOCKDOT_MAX_PARTS + 1];
-        if (d->head->bias != NULL || team_check(d->head, d->rows, start) != 0) return 0;
-        if (team_units(d->head, start) > TAKEOVER_MAX_UNITS) return 0;
-    }
+    /* the head's output is the caller's logits, whole values only: no bias added after */
+    if (d->head != NULL && (d->head->bias != NULL || team_units(d->head, d->head_start) > TAKEOVER_MAX_UNITS))
+        return 0;
     for (int l = 0; l < d->num_layers; l++) {
         const native_linear *w[4] = {&d->layers[l].qkv, &d->layers[l].o, &d->layers[l].gate_up, &d->layers[l].down};
-        for (int k = 0; k < 4; k++) {
-            int start[BLOCKDOT_MAX_PARTS + 1];
-            team_check(w[k], d->rows, start);
-            if (team_units(w[k], start) > TAKEOVER_MAX_UNITS) return 0;
-        }
+        for (int k = 0; k < 4; k++)
+            if (team_units(w[k], d->starts[l][k]) > TAKEOVER_MAX_UNITS) return 0;
     }
     return 1;
 }
@@ -228,6 +223,10 @@ static void job_fill(team_job *j, char *base, const job_layout *o, const decode_
     d->plan.first = memcpy(base + o->first, src->plan.first, sizeof(int) * (size_t)(rows + 1));
     d->plan.span_seq = memcpy(base + o->span_seq, src->plan.span_seq, sizeof(int) * (size_t)src->plan.spans);
     d->plan.part = NULL; /* the seats' own copies instead */
+    j->starts = (void *)(base + o->starts); /* the caller's starts are freed when it returns */
+    memcpy(j->starts, src->starts, sizeof(*j->starts) * (size_t)layers);
+    d->starts = (const int(*)[4][BLOCKDOT_MAX_PARTS + 1])j->starts;
+    d->head_start = j->head_start;
     if (src->head != NULL) {
         d->head = memcpy(base + o->head, src->head, sizeof(native_linear));
         d->head_norm = memcpy(base + o->norm, src->head_norm, sizeof(float) * (size_t)src->hidden);
@@ -236,7 +235,6 @@ static void job_fill(team_job *j, char *base, const job_layout *o, const decode_
     j->shares = (row_share *)(base + o->shares);
     j->counts = (phase_count *)(base + o->counts);
     j->claims = (live_claim *)(base + o->claims);
-    j->starts = (void *)(base + o->starts);
     j->outputs = (float *)(base + o->outputs);
     j->own = (float *)(base + o->own);
     const int team = j->team;
@@ -245,7 +243,6 @@ static void job_fill(team_job *j, char *base, const job_layout *o, const decode_
         const native_linear *w[4] = {&L->qkv, &L->o, &L->gate_up, &L->down};
         const int product_phase[4] = {0, 2, 3, 4};
         for (int k = 0; k < 4; k++) {
-            team_check(w[k], rows, j->starts[l][k]); /* checked before: the starts */
             row_shares_init(j->shares + (size_t)(PHASES_PER_LAYER * l + product_phase[k]) * team, team,
                             team_units(w[k], j->starts[l][k]));
         }
@@ -257,7 +254,7 @@ static void job_fill(team_job *j, char *base, const job_layout *o, const decode_
         }
     }
     if (d->head != NULL) {
-        team_check(d->head, rows, j->head_start); /* checked before: the starts */
+        memcpy(j->head_start, src->head_start, sizeof(j->head_start));
         row_shares_init(j->shares + (size_t)(j->phases - 1) * team, team, team_units(d->head, j->head_start));
     }
     for (int p = 0; p < j->phases; p++) atomic_init(&j->counts[p].done, 0);
