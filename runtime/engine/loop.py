@@ -319,9 +319,11 @@ class EngineLoop:
                         command(s)  # `call` wraps each: its error goes to its own future
                     try:
                         if s.has_work():
-                            if ctl is not None and (n := ctl.begin_step(wide=s.team_decode_next())) != applied:
-                                torch.set_num_threads(n)  # between steps: never inside a forward pass
-                                applied = n
+                            if ctl is not None:
+                                n, s.runner.team_threads = ctl.begin_step(wide=s.team_decode_next())
+                                if n != applied:
+                                    torch.set_num_threads(n)  # between steps: never inside a forward pass
+                                    applied = n
                             s.prefill_cap = PROBE_PREFILL_TOKENS if ctl is not None and ctl.measuring else None
                             s.step()
                             if ctl is not None:

@@ -29,6 +29,8 @@ class ModelRunner:
         self.mirror = mirror
         self.passes = 0  # forward passes run (for tests and metrics)
         self.prefill_positions = 0  # prompt positions computed (recomputation after preemption included)
+        # a decode-only pass's native team (DecodeBatch.team), set by the engine loop before each step (threads.py)
+        self.team_threads = 0
 
     def team_decode(self, rows: int) -> bool:
         """Whether a decode-only pass of `rows` rows runs on the native layers' team without barriers
@@ -38,7 +40,8 @@ class ModelRunner:
 
     def step(self, decodes: Sequence[Request], chunks: Sequence[tuple[Request, int]]) -> ForwardLogits:
         """Decode one token for each of `decodes` (their pages must cover it) and compute the next `n` prompt
-        positions of each `(request, n)` in `chunks` (their pages were allocated at admission)."""
+        positions of each `(request, n)` in `chunks` (their pages were allocated at admission). A decode-only pass
+        the native layers take without barriers runs on `team_threads` threads (DecodeBatch.team)."""
         decode = None
         mirror_step = None
         if decodes:
@@ -48,7 +51,7 @@ class ModelRunner:
             if self.mirror is not None:  # a request that was preempted comes back with new KV: a new key
                 keys = [(r.rid, r.kv.preemptions) for r in decodes]
                 mirror_step = self.mirror.prepare(keys, tables, lengths, self.pool)
-            decode = DecodeBatch([r.output_ids[-1] for r in decodes], meta, mirror_step)
+            decode = DecodeBatch([r.output_ids[-1] for r in decodes], meta, mirror_step, self.team_threads)
         parts = []
         for r, n in chunks:
             start = r.kv.num_kv

@@ -143,8 +143,8 @@ class Scheduler(PassRun, PrefillAdmission, Preemption):
 
     def team_decode_next(self) -> bool:
         """Whether the next step is a decode-only pass (nothing waiting or prefilling) of rows the model runs on
-        its native layers' team without barriers (ModelRunner.team_decode): the loop runs such a step on every
-        configured thread (runtime.engine.threads)."""
+        its native layers' team without barriers (ModelRunner.team_decode): the loop gives that team every
+        configured thread (`ModelRunner.team_threads`; runtime.engine.threads)."""
         return (
             not self.waiting
             and not self.prefilling

@@ -36,12 +36,15 @@ the loop starts work after being idle (`LinuxProbe.others_running`, a snapshot o
 `PROBE_PREFILL_TOKENS`, so that the rest of a long prompt runs on the count that window decides.
 
 A decode-only pass that the native layers run without barriers (runtime/native/decode_team.c: a thread that loses
-its core holds nobody up, its work is finished by the others) runs on every configured thread whatever the count:
-beside busy programs two such threads still get more of the machine than one (the loop asks
-`Scheduler.team_decode_next`; `begin_step(wide=True)`). The count then governs the rest (prefill, and passes on
-torch's or the barriers' kernels). Such "wide" steps keep the cores busy, so idle cores cannot say the machine
-has room again: a window that ran mostly wide raises the count once its threads waited less than `raise_waiting`
-(an idle machine reads about 0.01 there, one busy process beside two threads on 2 cores 0.67).
+its core holds nobody up, its work is finished by the others) runs that team on every configured thread whatever the
+count: beside busy programs two such threads still get more of the machine than one (the loop asks
+`Scheduler.team_decode_next`, calls `begin_step(wide=True)` and sets `ModelRunner.team_threads`). The count governs
+everything else, those steps' torch kernels included: the first decode step after a prompt copies the prompt's KV
+into the decode mirror, some 60 small torch calls, each an OpenMP region whose end waits for every thread of its
+team; run on two threads beside two busy processes, that step took 0.6-1.0 s where the pass itself takes 25 ms
+(docs/benchmarks.md). Such "wide" steps keep the cores busy, so idle cores cannot say the machine has room again:
+a window that ran mostly wide raises the count once its threads waited less than `raise_waiting` (an idle machine
+reads about 0.01 there, one busy process beside two threads on 2 cores 0.67).
 
 The controller only decides; the loop thread applies the count with `torch.set_num_threads` before a step
 (runtime.engine.loop), so no forward pass ever changes threads midway. It is torch-free: tests drive it with a
@@ -55,7 +58,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from radixcache.runtime.cores import CpuQuota, cgroup_quota
 
@@ -93,6 +96,13 @@ class Reading:
 
 class Probe(Protocol):
     def read(self) -> Reading: ...
+
+
+class StepThreads(NamedTuple):
+    """The threads one step runs on (`ThreadController.begin_step`)."""
+
+    torch: int  # torch's count (torch.set_num_threads): its kernels' OpenMP regions
+    team: int  # a decode-only pass's native team (ModelRunner.team_threads, DecodeBatch.team); 0: torch's count
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,9 +168,9 @@ class ThreadController:
         step is not cut (cutting it there cost 7% of the time to first token)."""
         return self.adaptive and self.threads > 1 and not self._known and (self._others or 0) > 0
 
-    def begin_step(self, wide: bool = False) -> int:
-        """Open a window if none is open; the thread count this step must run on: `max_threads` for a `wide` step
-        (a decode-only pass without barriers, module docstring), else the count."""
+    def begin_step(self, wide: bool = False) -> StepThreads:
+        """Open a window if none is open; the threads this step runs on: torch's kernels on the count, and a `wide`
+        step's native team (a decode-only pass without barriers, module docstring) on `max_threads`."""
         if self.adaptive and self._start is None:
             try:
                 if not self._known and self._others is None:  # the first window after idle: anyone else running?
@@ -170,10 +180,9 @@ class ThreadController:
                 self._wide_s = 0.0
             except Exception as exc:
                 self._give_up(exc)
-        wide = wide and self.threads < self.max_threads
         if self._start is not None:
-            self._step = (self._clock(), wide)
-        return self.max_threads if wide else self.threads
+            self._step = (self._clock(), wide and self.threads < self.max_threads)
+        return StepThreads(self.threads, self.max_threads if wide else 0)
 
     def end_step(self) -> None:
         """Close the window once it is `window_s` long, and decide on it."""

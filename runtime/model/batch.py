@@ -40,11 +40,14 @@ class PrefillChunk:
 @dataclass(frozen=True, slots=True)
 class DecodeBatch:
     """One new token per running sequence (token i at position `meta.lengths[i] - 1`). With `mirror` (a step
-    prepared by kv.mirror for the same sequences and lengths) attention reads the mirror's rows, not the pages."""
+    prepared by kv.mirror for the same sequences and lengths) attention reads the mirror's rows, not the pages.
+    `team`: the threads the native layers run this pass on where they take it without barriers
+    (runtime/native/decode_team.c); 0: the calling thread's torch count, which governs the pass's other kernels."""
 
     token_ids: Sequence[int]
     meta: DecodeMeta
     mirror: MirrorStep | None = None
+    team: int = 0
 
 
 class ForwardLogits(NamedTuple):

@@ -46,8 +46,10 @@ class FusedDecode:
         positions: torch.Tensor,
         slots: torch.Tensor,
         tables: tuple[torch.Tensor, torch.Tensor],
+        team: int = 0,
     ) -> None:
         self.native = native
+        self.team = team  # DecodeBatch.team: the native layers' seats where they run the pass without barriers
         self.pool = pool
         self.mirror = mirror
         self.heads = heads
@@ -73,7 +75,7 @@ class FusedDecode:
         if not all(t.is_cpu and t.dtype == torch.float32 and t.is_contiguous() for t in dense):
             return None
         meta = decode.meta  # positions and slots: int64 and dense (model.attention.build_decode_meta)
-        return cls(native, pool, mirror, model.config.num_heads, meta.positions_t, meta.slots, tables)
+        return cls(native, pool, mirror, model.config.num_heads, meta.positions_t, meta.slots, tables, decode.team)
 
     def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
         q = self.native.rope_store(

@@ -324,7 +324,7 @@ class NativeLayers:
             ssin.data_ptr(), cos.shape[0], kv.data_ptr(), kv.stride(0), kv.stride(1), fused.slots.data_ptr(),
             kv.shape[2] * kv.shape[3], ks, vs, k0.stride(0), k0.stride(1), rows_t.data_ptr(), pos_t.data_ptr(),
             k0.shape[0], k0.shape[2], lengths, None if order is None else order.data_ptr(),
-            None if inverse is None else inverse.data_ptr(), *extra,
+            None if inverse is None else inverse.data_ptr(), *extra, fused.team,
         )  # fmt: skip
         if status != 0:
             raise RuntimeError(f"native_decode_layers failed with status {status} for {rows} rows")

@@ -145,14 +145,16 @@ def load_library(path: str | os.PathLike[str]) -> ctypes.CDLL:
     # (layers, layer count, x, rows, hidden, heads, kv heads, head dim, inter, eps, positions, cos, signed sin, max
     #  position, pool, pool layer stride, pool v offset, slots, slot count, mirror k per layer, mirror v per layer,
     #  mirror row stride, mirror head stride, mirror rows, mirror positions, mirror row count, mirror capacity,
-    #  lengths, mirror order, its inverse) -> 0, -1 or -2 (decode_layers.c)
-    lib.native_decode_layers.argtypes = [ptr, num, ptr, num, num, num, num, num, num, ctypes.c_float, ptr, ptr, ptr]
-    lib.native_decode_layers.argtypes += [long, ptr, long, long, ptr, long, ptr, ptr, long, long, ptr, ptr, long]
-    lib.native_decode_layers.argtypes += [long, ptr, ptr, ptr]
+    #  lengths, mirror order, its inverse, team: decode_team.c's seats, 0 for OpenMP's count) -> 0, -1 or -2
+    #  (decode_layers.c). An older revision's build (bench_native_ab.py) takes no team: the extra argument is ignored.
+    layers = [ptr, num, ptr, num, num, num, num, num, num, ctypes.c_float, ptr, ptr, ptr]
+    layers += [long, ptr, long, long, ptr, long, ptr, ptr, long, long, ptr, ptr, long, long, ptr, ptr, ptr]
+    lib.native_decode_layers.argtypes = [*layers, num]
     lib.native_decode_layers.restype = ctypes.c_int
     if hasattr(lib, "native_decode_step"):  # an older revision's build (bench_native_ab.py) has neither
-        # the layers' arguments, then (final norm, head, logits, greedy tokens): the layers and the head in one call
-        lib.native_decode_step.argtypes = [*lib.native_decode_layers.argtypes, ptr, ptr, ptr, ptr]
+        # the layers' arguments but the team, then (final norm, head, logits, greedy tokens, team): the layers and the
+        # head in one call
+        lib.native_decode_step.argtypes = [*layers, ptr, ptr, ptr, ptr, num]
         lib.native_decode_step.restype = ctypes.c_int
         # the same, always without barriers, a thread stalled after each claim (tests): + (thread, us, claims taken)
         lib.native_decode_step_stalled.argtypes = [*lib.native_decode_step.argtypes, num, num, ptr]

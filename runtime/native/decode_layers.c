@@ -203,7 +203,8 @@ static int run_with_barriers(const decode_pass *d) {
 }
 
 /* The decoder layers over `rows` decode rows x `[rows, hidden]` (updated in place), as native_decode_layers says;
- * `opt` NULL: decode_team.c's run where it fits the pass, else the barriers'; not NULL: decode_team.c's, or -1. */
+ * `opt` NULL: decode_team.c's run on `team` seats where it fits the pass, else the barriers'; not NULL:
+ * decode_team.c's, or -1. */
 static int decode_layers(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
                          int kv_heads, int head_dim, int inter, float eps, const long *positions, const float *cos,
                          const float *ssin, long max_position, float *pool, long pool_layer_stride,
@@ -211,8 +212,9 @@ static int decode_layers(const native_layer *layers, int num_layers, float *x, i
                          float *const *mirror_v, long mirror_row_stride, long mirror_head_stride,
                          const long *mirror_rows, const long *mirror_pos, long mirror_rows_cap, long mirror_cap,
                          const int *lengths, const long *order, const long *inverse, const float *norm,
-                         const native_linear *head, float *logits, long *best, const team_options *opt) {
-    if (num_layers < 1 || rows < 1 || hidden < 1 || inter < 1 || heads < 1 || head_dim < 1) return -1;
+                         const native_linear *head, float *logits, long *best, int team,
+                         const team_options *opt) {
+    if (num_layers < 1 || rows < 1 || hidden < 1 || inter < 1 || heads < 1 || head_dim < 1 || team < 0) return -1;
     int head_start[BLOCKDOT_MAX_PARTS + 1];
     if (head != NULL && (head->cols != hidden || norm == NULL || team_check(head, rows, head_start) != 0)) return -1;
     if ((order == NULL) != (inverse == NULL)) return -1;
@@ -255,7 +257,7 @@ static int decode_layers(const native_layer *layers, int num_layers, float *x, i
         free(starts);
         return -1;
     }
-    const int team = omp_get_max_threads();
+    if (team == 0) team = omp_get_max_threads();
     const team_options none = {.stall_thread = -1, .stall_us = 0, .taken = NULL, .barriers = 0};
     const int barriers = opt != NULL && opt->barriers;
     int status = -3; /* not run yet */
@@ -277,21 +279,24 @@ static int decode_layers(const native_layer *layers, int num_layers, float *x, i
 /* The decoder layers over `rows` decode rows x `[rows, hidden]` (updated in place). The pool is one tensor
  * `[layers, 2, slots..]`: layer l's K at pool + l * pool_layer_stride, its V pool_v_offset further. mirror_k[l] /
  * mirror_v[l]: layer l's mirror rows (`[rows cap, kv_heads, cap, head_dim]`, strides as given); lengths: the
- * positions each row attends. A few rows on two threads or more run decode_team.c's way (no barrier between the
- * layer's parts), more rows or one thread the barriers'. Returns 0, or -1 for bad arguments (a product's, the
- * lengths', a position, slot or mirror place out of range: every one is checked first, so nothing is written
- * then), or -2 when scratch memory cannot be allocated. */
+ * positions each row attends. A few rows on a `team` of two threads or more run decode_team.c's way (no barrier
+ * between the layer's parts: the caller and helpers of the library's own, whatever OpenMP's count), more rows or a
+ * team of one the barriers' (an OpenMP region of the calling thread's count, omp_get_max_threads). `team` 0: that
+ * count. The loop asks for its configured threads there while it runs torch's kernels on fewer on a busy machine
+ * (runtime/engine/threads.py). Returns 0, or -1 for bad arguments (a product's, the lengths', a position, slot or
+ * mirror place out of range, a negative team: every one is checked first, so nothing is written then), or -2 when
+ * scratch memory cannot be allocated. */
 int native_decode_layers(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
                          int kv_heads, int head_dim, int inter, float eps, const long *positions, const float *cos,
                          const float *ssin, long max_position, float *pool, long pool_layer_stride,
                          long pool_v_offset, const long *slots, long num_slots, float *const *mirror_k,
                          float *const *mirror_v, long mirror_row_stride, long mirror_head_stride,
                          const long *mirror_rows, const long *mirror_pos, long mirror_rows_cap, long mirror_cap,
-                         const int *lengths, const long *order, const long *inverse) {
+                         const int *lengths, const long *order, const long *inverse, int team) {
     return decode_layers(layers, num_layers, x, rows, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos,
                          ssin, max_position, pool, pool_layer_stride, pool_v_offset, slots, num_slots, mirror_k,
                          mirror_v, mirror_row_stride, mirror_head_stride, mirror_rows, mirror_pos, mirror_rows_cap,
-                         mirror_cap, lengths, order, inverse, NULL, NULL, NULL, NULL, NULL);
+                         mirror_cap, lengths, order, inverse, NULL, NULL, NULL, NULL, team, NULL);
 }
 
 /* native_decode_layers, then what native_decode_head computes (the final norm by `norm`, `head`'s logits, each
@@ -307,12 +312,12 @@ int native_decode_step(const native_layer *layers, int num_layers, float *x, int
                        long mirror_row_stride, long mirror_head_stride, const long *mirror_rows,
                        const long *mirror_pos, long mirror_rows_cap, long mirror_cap, const int *lengths,
                        const long *order, const long *inverse, const float *norm, const native_linear *head,
-                       float *logits, long *best) {
+                       float *logits, long *best, int team) {
     if (head == NULL) return -1;
     return decode_layers(layers, num_layers, x, rows, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos,
                          ssin, max_position, pool, pool_layer_stride, pool_v_offset, slots, num_slots, mirror_k,
                          mirror_v, mirror_row_stride, mirror_head_stride, mirror_rows, mirror_pos, mirror_rows_cap,
-                         mirror_cap, lengths, order, inverse, norm, head, logits, best, NULL);
+                         mirror_cap, lengths, order, inverse, norm, head, logits, best, team, NULL);
 }
 
 /* For tests (tests/runtime/engine/test_decode_team.py): native_decode_step's arguments (`head` NULL: the layers
@@ -327,17 +332,17 @@ int native_decode_step_stalled(const native_layer *layers, int num_layers, float
                                long mirror_head_stride, const long *mirror_rows, const long *mirror_pos,
                                long mirror_rows_cap, long mirror_cap, const int *lengths, const long *order,
                                const long *inverse, const float *norm, const native_linear *head, float *logits,
-                               long *best, int stall_thread, int stall_us, long *taken) {
+                               long *best, int team, int stall_thread, int stall_us, long *taken) {
     const team_options opt = {.stall_thread = stall_thread, .stall_us = stall_us, .taken = taken, .barriers = 0};
     *taken = 0;
     return decode_layers(layers, num_layers, x, rows, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos,
                          ssin, max_position, pool, pool_layer_stride, pool_v_offset, slots, num_slots, mirror_k,
                          mirror_v, mirror_row_stride, mirror_head_stride, mirror_rows, mirror_pos, mirror_rows_cap,
-                         mirror_cap, lengths, order, inverse, norm, head, logits, best, &opt);
+                         mirror_cap, lengths, order, inverse, norm, head, logits, best, team, &opt);
 }
 
 /* For tests: native_decode_step's arguments (`head` NULL: the layers alone), always the barriers' way, on
- * however many threads (the way a pass too big for decode_team.c's scratch takes). */
+ * OpenMP's count of threads (the way a pass too big for decode_team.c's scratch takes; `team` is not read). */
 int native_decode_step_barriers(const native_layer *layers, int num_layers, float *x, int rows, int hidden, int heads,
                                 int kv_heads, int head_dim, int inter, float eps, const long *positions,
                                 const float *cos, const float *ssin, long max_position, float *pool,
@@ -346,12 +351,12 @@ int native_decode_step_barriers(const native_layer *layers, int num_layers, floa
                                 long mirror_head_stride, const long *mirror_rows, const long *mirror_pos,
                                 long mirror_rows_cap, long mirror_cap, const int *lengths, const long *order,
                                 const long *inverse, const float *norm, const native_linear *head, float *logits,
-                                long *best) {
+                                long *best, int team) {
     const team_options opt = {.stall_thread = -1, .stall_us = 0, .taken = NULL, .barriers = 1};
     return decode_layers(layers, num_layers, x, rows, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos,
                          ssin, max_position, pool, pool_layer_stride, pool_v_offset, slots, num_slots, mirror_k,
                          mirror_v, mirror_row_stride, mirror_head_stride, mirror_rows, mirror_pos, mirror_rows_cap,
-                         mirror_cap, lengths, order, inverse, norm, head, logits, best, &opt);
+                         mirror_cap, lengths, order, inverse, norm, head, logits, best, team, &opt);
 }
 
 /* The decode rows' logits after the last layer: logits = head(rms_norm(x, norm)) `[rows, head->out]`, the same calls

@@ -55,7 +55,7 @@ class StalledLayers:
         return taken.value
 
     def native_decode_layers(self, *args: Any) -> int:  # the layers alone: no head
-        return self.native_decode_step(*args, None, None, None, None)
+        return self.native_decode_step(*args[:-1], None, None, None, None, args[-1])  # its team last
 
 
 # products of several claims a thread (row_chunk: 64 KiB of weights a claim), so that both threads claim in each:
@@ -138,6 +138,57 @@ def test_the_loop_runs_decode_only_team_passes_wide_and_prefill_on_the_count(mon
     assert seen and not any(seen)  # the fixed rules put no product on the native kernel: no team pass
 
 
+class TeamWayOnly:
+    """Stands in for the model's native library: each head-fused pass recorded (torch's thread count on the calling
+    thread, the pass's `team` argument) and run decode_team.c's way without stalls (the stalled entry refuses a pass
+    that does not fit a team: a team of one, say)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._lib = lib
+        self.seen: list[tuple[int, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lib, name)
+
+    def native_decode_step(self, *args: Any) -> int:
+        import torch
+
+        self.seen.append((torch.get_num_threads(), args[-1]))
+        return self._lib.native_decode_step_stalled(*args, -1, 0, ctypes.byref(ctypes.c_long(0)))
+
+
+def test_with_the_count_at_one_a_wide_steps_team_runs_on_every_thread_and_torch_on_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A busy machine dropped the loop's count to 1: its decode-only passes still run decode_team.c's way on both
+    configured threads, while torch's kernels in those steps (the first one's copy of the prompt's KV into the
+    mirror, some 60 OpenMP regions) run on one (a region on two threads waits at its end for one the machine
+    descheduled: that first step took 0.6-1.0 s beside two busy processes). The tokens are an engine's that never
+    dropped a thread (fixed at 2)."""
+    from radixcache.runtime import Engine
+    from radixcache.runtime.engine.threads import ThreadController
+
+    model = _gguf_model(False)
+    plan = model.native_layers
+    assert plan is not None
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    with Engine(model, capacity_blocks=64, page_size=8, threads=2, thread_policy="fixed") as engine:
+        expected = engine.generate(prompt, max_new_tokens=8, ignore_eos=True).token_ids
+    real = ThreadController.begin_step
+
+    def count_at_one(self: ThreadController, wide: bool = False) -> Any:
+        self.threads = 1  # as beside busy processes
+        return real(self, wide)
+
+    monkeypatch.setattr(ThreadController, "begin_step", count_at_one)
+    stand_in = TeamWayOnly(plan._lib)
+    plan._lib = stand_in
+    with Engine(model, capacity_blocks=64, page_size=8, threads=2) as engine:
+        got = engine.generate(prompt, max_new_tokens=8, ignore_eos=True).token_ids
+    assert got == expected
+    assert len(stand_in.seen) >= 6 and set(stand_in.seen) == {(1, 2)}
+
+
 class BarrierLayers:
     """Stands in for the model's native library: every pass the barriers' way (native_decode_step_barriers), the
     way a pass too big for the team's scratch takes, which the suite's small passes never reach otherwise."""
@@ -154,7 +205,7 @@ class BarrierLayers:
         return self._lib.native_decode_step_barriers(*args)
 
     def native_decode_layers(self, *args: Any) -> int:
-        return self.native_decode_step(*args, None, None, None, None)
+        return self.native_decode_step(*args[:-1], None, None, None, None, args[-1])  # its team last
 
 
 @pytest.mark.parametrize("threads", [2, 3])

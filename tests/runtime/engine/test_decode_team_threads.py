@@ -47,7 +47,7 @@ class SometimesLate:
         return self._lib.native_decode_step(*args)
 
     def native_decode_layers(self, *args: Any) -> int:
-        return self.native_decode_step(*args, None, None, None, None)
+        return self.native_decode_step(*args[:-1], None, None, None, None, args[-1])  # its team last
 
 
 def _decode(model: Any, results: dict[int, Any], i: int, rows: int, threads: int) -> None:

@@ -68,7 +68,7 @@ def run(machine: Machine, ctl: ThreadController, seconds: float, step: float = S
     counts = []
     end = machine.now + seconds
     while machine.now < end - 1e-9:
-        n = ctl.begin_step()
+        n = ctl.begin_step().torch
         counts.append(n)
         machine.advance(step, n)
         ctl.end_step()

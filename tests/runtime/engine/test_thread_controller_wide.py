@@ -1,7 +1,8 @@
 """The thread controller's "wide" steps (runtime.engine.threads): decode-only passes the native layers run without
-barriers take every configured thread whatever the count, the count still follows the machine for the other
-steps, and, since wide steps leave no core idle, it comes back up once the wide steps' threads hardly wait. On
-test_thread_controller.py's simulated fair-share machine and fake clock."""
+barriers give their team every configured thread whatever the count, while torch's kernels in those steps and the
+other steps run on the count, which still follows the machine; and, since wide steps leave no core idle, it comes
+back up once the wide steps' threads hardly wait. On test_thread_controller.py's simulated fair-share machine and
+fake clock."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from tests.runtime.engine.test_thread_controller import STEP, Machine, controlle
 
 def run_wide(machine: Machine, ctl: ThreadController, seconds: float, wide: bool = True) -> tuple[list[int], list[int]]:
     """Steps back to back for `seconds`, every one `wide` (a decode-only team pass) or none: the threads each step
-    ran on, and the controller's count after each."""
+    ran on (its native team, or torch's count where it has none), and the controller's count after each."""
     ran, counts = [], []
     end = machine.now + seconds
     while machine.now < end - 1e-9:
-        n = ctl.begin_step(wide=wide)
-        ran.append(n)
-        machine.advance(STEP, n)
+        count = ctl.threads
+        step = ctl.begin_step(wide=wide)
+        assert step.torch == count  # torch's kernels always on the count, a wide step's included
+        assert step.team == (2 if wide else 0)
+        ran.append(step.team or step.torch)
+        machine.advance(STEP, ran[-1])
         ctl.end_step()
         counts.append(ctl.threads)
     return ran, counts
@@ -30,7 +34,7 @@ def test_wide_steps_run_on_every_thread_while_the_count_drops_beside_busy_proces
         ran, counts = run_wide(m, ctl, 10)
         assert set(ran) == {2}  # every decode-only team pass on both threads
         assert counts[-1] == 1 and ctl.changes == 1  # the count (prefill, barrier kernels) dropped and stays
-        assert ctl.begin_step(wide=False) == 1  # a step that is not wide runs on the count
+        assert ctl.begin_step(wide=False) == (1, 0)  # a step that is not wide runs on the count, no team
         ctl.end_step()
 
 
