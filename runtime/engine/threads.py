@@ -205,6 +205,10 @@ class ThreadController:
         wall = now - t0
         if wall > 0:
             self._decide(now, wall, r0, r1)
+        # the next window opens on this reading: one reading a window (a reading is 4-6 /proc files, 0.25 ms on an
+        # idle 2-core VM, more on a busy one); an idle gap before the next step is dropped by `pause`
+        self._start = (now, r1)
+        self._wide_s = 0.0
 
     def pause(self) -> None:
         """The loop goes idle: the open window is dropped (its gap would read as idle cores), and what the machine
