@@ -162,8 +162,8 @@ def test_with_the_count_at_one_a_wide_steps_team_runs_on_every_thread_and_torch_
 ) -> None:
     """A busy machine dropped the loop's count to 1: its decode-only passes still run decode_team.c's way on both
     configured threads, while torch's kernels in those steps (the first one's copy of the prompt's KV into the
-    mirror, some 60 OpenMP regions) run on one (a region on two threads waits at its end for one the machine
-    descheduled: that first step took 0.6-1.0 s beside two busy processes). The tokens are an engine's that never
+    mirror, over a hundred OpenMP regions) run on one (a region on two threads waits at its end for one the machine
+    descheduled: that first step took 0.6-1.6 s beside two busy processes). The tokens are an engine's that never
     dropped a thread (fixed at 2)."""
     from radixcache.runtime import Engine
     from radixcache.runtime.engine.threads import ThreadController
