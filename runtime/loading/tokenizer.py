@@ -7,7 +7,6 @@ with the BOS text are common).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
@@ -23,6 +22,7 @@ from radixcache.runtime.loading.gguf_model import gguf_adds_bos, gguf_eos_ids, g
 from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf
 from radixcache.runtime.loading.hf import check_added_token_ids, read_json_object
 from radixcache.runtime.loading.named_templates import DEFAULT, gguf_chat_templates, hf_chat_templates, pick_template
+from radixcache.runtime.loading.token_bytes import spelled_bytes
 from radixcache.runtime.loading.weights import refuse_lfs_pointer
 from radixcache.runtime.tools import (
     ToolCallMemory,
@@ -227,22 +227,9 @@ class Tokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for, which may be part of a UTF-8 character (for logprobs and the grammar's
-        vocabulary): a byte-fallback token `<0xHH>`, a byte-level (GPT-2 style) token read through the byte
-        alphabet, a SentencePiece token with "▁" as the space (its decoder strips a leading space, so the decoded
-        text of "▁1" alone is "1": a grammar then took "1" + "▁2" for "12"), else its decoded text."""
-        raw = self.backend.id_to_token(token_id) or ""
+        vocabulary; loading/token_bytes.py)."""
         text = self.decode([token_id], skip_special_tokens=False)
-        if len(raw) == 6 and raw.startswith("<0x") and raw.endswith(">"):
-            with contextlib.suppress(ValueError):
-                return bytes([int(raw[3:5], 16)])
-        table = _unicode_to_byte()
-        if raw and all(ch in table for ch in raw):
-            candidate = bytes(table[ch] for ch in raw)
-            if candidate.decode("utf-8", errors="replace") == text:
-                return candidate
-        if "\u2581" in raw and (spaced := raw.replace("\u2581", " ")).lstrip(" ") == text.lstrip(" "):
-            return spaced.encode("utf-8")
-        return text.encode("utf-8")
+        return spelled_bytes(self.backend.id_to_token(token_id) or "", text)
 
     def detokenizer(self, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         """A streaming detokeniser: `add(id)` returns text deltas that never split a UTF-8 character."""
@@ -394,18 +381,6 @@ def _check_unicode(text: str) -> None:
     """A ValueError naming the first lone surrogate of `text` (`lone_surrogate`)."""
     if (bad := lone_surrogate(text)) is not None:
         raise ValueError(f"the text is not valid Unicode: it holds a lone surrogate {bad!r}")
-
-
-@functools.cache
-def _unicode_to_byte() -> dict[str, int]:
-    """The byte-level BPE alphabet, inverted: printable Latin-1 bytes stand for themselves, every other byte for
-    the character 256 + its rank among those others (the convention GPT-2 introduced and Llama 3, Qwen and SmolLM
-    tokenizers share)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {chr(b): b for b in printable}
-    others = [b for b in range(256) if b not in set(printable)]
-    table.update({chr(256 + i): b for i, b in enumerate(others)})
-    return table
 
 
 def _read_json(path: str) -> dict[str, Any]:
