@@ -97,7 +97,9 @@ class TokenTable(NamedTuple):
 def token_table(tokenizer: Tokenizer) -> TokenTable:
     """`tokenizer`'s `TokenTable`, read token by token."""
     n_tok = tokenizer.vocab_size
-    special = sorted(i for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special and i < n_tok)
+    added = {i for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special}
+    added |= {i for i, j in getattr(tokenizer, "shadowed", {}).items() if j in added}  # a GGUF's repeated `<|im_end|>`
+    special = sorted(i for i in added if i < n_tok)
     return TokenTable(tuple(tokenizer.token_bytes(i) for i in range(n_tok)), tuple(special))
 
 

@@ -58,6 +58,8 @@ def table_key(tokenizer: Tokenizer) -> str:
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{FORMAT}\0{getattr(llguidance, '__version__', '')}\0{tokenizer.vocab_size}\0".encode())
     h.update(tokenizer.backend.to_str().encode("utf-8", "surrogatepass"))
+    if shadowed := getattr(tokenizer, "shadowed", None):  # ids the backend lacks: which text each stands for
+        h.update(repr(sorted(shadowed.items())).encode())
     return h.hexdigest()
 
 

@@ -93,9 +93,7 @@ def backend_from_gguf(meta: dict[str, Any], where: str = "GGUF metadata") -> Bac
         raise ValueError(
             f"{where}: GGUF metadata tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens"
         )
-    vocab: dict[str, int] = {}
-    for i, tok in enumerate(tokens):
-        vocab.setdefault(tok, i)  # a duplicated string keeps its first id
+    vocab = {tok: i for i, tok in enumerate(tokens)}  # a repeated string encodes to its last id (`shadowed_ids`)
     try:
         bpe = models.BPE(
             vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=pre in LLAMA3_PRE
@@ -117,6 +115,16 @@ def backend_from_gguf(meta: dict[str, Any], where: str = "GGUF metadata") -> Bac
         backend.add_special_tokens(special)
         backend.add_tokens(user)
     return backend
+
+
+def shadowed_ids(meta: dict[str, Any], where: str = "GGUF metadata") -> dict[int, int]:
+    """Each id whose string a later id of `tokenizer.ggml.tokens` repeats, mapped to the last id with that string.
+    llama.cpp's vocabulary load sets `token_to_id[text] = i` in id order, so such text encodes to the last id (as
+    here: a BPE model maps a string to one id); the earlier ids are still the model's tokens, and decode to their
+    own text through the id they map to (a sampled one decoded to '')."""
+    tokens = _strings(meta, "tokenizer.ggml.tokens", where)
+    last = {tok: i for i, tok in enumerate(tokens)}
+    return {i: last[tok] for i, tok in enumerate(tokens) if last[tok] != i}
 
 
 def _strings(meta: dict[str, Any], key: str, where: str) -> list[str]:

@@ -19,7 +19,7 @@ from radixcache.runtime.loading.byte_fallback import decode_split, reads_byte_fa
 from radixcache.runtime.loading.chat_template import ChatMessageError, render_chat_template
 from radixcache.runtime.loading.detokenizer import REPLACEMENT, IncrementalDetokenizer
 from radixcache.runtime.loading.gguf_model import gguf_adds_bos, gguf_eos_ids, gguf_token_id
-from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf
+from radixcache.runtime.loading.gguf_tokenizer import backend_from_gguf, shadowed_ids
 from radixcache.runtime.loading.hf import check_added_token_ids, read_json_object
 from radixcache.runtime.loading.named_templates import DEFAULT, gguf_chat_templates, hf_chat_templates, pick_template
 from radixcache.runtime.loading.token_bytes import spelled_bytes
@@ -41,7 +41,8 @@ from radixcache.runtime.tools.messages import ChatMessage
 
 class Tokenizer:
     """Text <-> token ids, EOS ids, and the model's chat templates: `chat_templates` maps a name to its source,
-    `chat_template` is the one named "default" (loading/named_templates.py)."""
+    `chat_template` is the one named "default" (loading/named_templates.py). `shadowed`: ids whose text another id
+    holds in the backend, which they decode through (gguf_tokenizer.shadowed_ids)."""
 
     def __init__(
         self,
@@ -54,8 +55,10 @@ class Tokenizer:
         name: str = "model",
         chat_templates: Mapping[str, str] | None = None,
         templates_from: str | None = None,
+        shadowed: Mapping[int, int] | None = None,
     ) -> None:
         self.backend = backend
+        self.shadowed = dict(shadowed or {})  # an id the backend lacks -> the id of its text (a GGUF's repeats)
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos_token_ids))
         self.bos_token_id = bos_token_id
         self.add_bos = bool(add_bos and bos_token_id is not None)
@@ -86,6 +89,7 @@ class Tokenizer:
         templates = gguf_chat_templates(meta, where)
         return cls(
             backend_from_gguf(meta, where),
+            shadowed=shadowed_ids(meta, where),
             eos_token_ids=gguf_eos_ids(meta, where),
             bos_token_id=gguf_token_id(meta, "tokenizer.ggml.bos_token_id", where),
             add_bos=gguf_adds_bos(meta, where),
@@ -156,8 +160,8 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """Number of token ids, added tokens included."""
-        return self.backend.get_vocab_size(with_added_tokens=True)
+        """Number of token ids, added tokens and shadowed ids included."""
+        return self.backend.get_vocab_size(with_added_tokens=True) + len(self.shadowed)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`. Special-token text (e.g. "<|im_start|>") maps to its id. BOS is prepended when
@@ -197,6 +201,7 @@ class Tokenizer:
         byte one U+FFFD (loading/byte_fallback.py; the library's decoder shows the whole run as U+FFFD). `keep`:
         special tokens shown even when `skip_special_tokens` (a tool-call format's own, runtime.tools.call_tokens),
         decoded with the rest as the library decodes a text that has them."""
+        ids = [self.shadowed.get(i, i) for i in ids] if self.shadowed else ids
         if skip_special_tokens and keep:  # the library skips special tokens by leaving them out: so do we
             ids = [i for i in ids if i in keep or i not in self._special_ids]
             skip_special_tokens = False
@@ -223,13 +228,13 @@ class Tokenizer:
         return self.backend.token_to_id(token)
 
     def id_to_token(self, token_id: int) -> str | None:
-        return self.backend.id_to_token(token_id)
+        return self.backend.id_to_token(self.shadowed.get(token_id, token_id))
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for, which may be part of a UTF-8 character (for logprobs and the grammar's
         vocabulary; loading/token_bytes.py)."""
         text = self.decode([token_id], skip_special_tokens=False)
-        return spelled_bytes(self.backend.id_to_token(token_id) or "", text)
+        return spelled_bytes(self.id_to_token(token_id) or "", text)
 
     def detokenizer(self, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         """A streaming detokeniser: `add(id)` returns text deltas that never split a UTF-8 character."""

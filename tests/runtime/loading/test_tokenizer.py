@@ -232,3 +232,30 @@ def test_unsupported_gguf_tokenizers_are_named(kit):
         backend_from_gguf({**kit.tiny_tokenizer_metadata(typed=False), "tokenizer.ggml.pre": "made-up"})
     with pytest.raises(NotImplementedError, match="'llama'"):
         backend_from_gguf({**kit.tiny_tokenizer_metadata(typed=False), "tokenizer.ggml.model": "llama"})
+
+
+def test_a_gguf_string_at_two_ids_encodes_to_the_last_and_both_decode_to_it(kit, tmp_path):
+    """llama.cpp's vocabulary load sets token_to_id[text] = i in id order: a string at two ids encodes to the last.
+    Both ids are the model's tokens and must decode to their text; the later one decoded to '' (and a repeated
+    control token's earlier id was plain text to a grammar)."""
+    from radixcache.runtime.grammar.vocab import build_vocab, token_table
+    from radixcache.runtime.loading.gguf import GGUFFile
+
+    tokens, types, merges = kit.tiny_vocab()
+    tokens, types = [*tokens, "hell", "<|im_end|>"], [*types, 1, 3]
+    meta = {**kit.tiny_tokenizer_metadata(), "tokenizer.ggml.tokens": (kit.T_ARR, kit.T_STR, tokens)}
+    meta["tokenizer.ggml.token_type"] = (kit.T_ARR, kit.T_I32, types)
+    kit.write_gguf(tmp_path / "dup.gguf", meta, [])
+    with GGUFFile(str(tmp_path / "dup.gguf")) as f:
+        tok = Tokenizer.from_gguf_metadata(f.metadata, name="dup")
+    hell = [i for i, t in enumerate(tokens) if t == "hell"]
+    end = [i for i, t in enumerate(tokens) if t == "<|im_end|>"]
+    assert len(hell) == len(end) == 2 and tok.vocab_size == len(tokens)
+    assert tok.encode("hello") == [hell[-1], tokens.index("o")] and tok.encode("<|im_end|>") == [end[-1]]
+    for i in hell:
+        assert tok.decode([i]) == "hell" and tok.token_bytes(i) == b"hell" and tok.id_to_token(i) == "hell"
+        assert tok.decode([i, tokens.index("o")]) == "hello"
+    for i in end:
+        assert tok.decode([i], skip_special_tokens=False) == "<|im_end|>" and tok.decode([i]) == ""
+    assert set(end) <= set(token_table(tok).special)
+    assert build_vocab(tok).lib is not None
