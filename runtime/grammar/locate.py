@@ -20,12 +20,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.one_sided import one_sided_message
 from radixcache.runtime.grammar.schema_check import (
     SCHEMA_LISTS,
     SCHEMA_MAPS,
     SUBSCHEMA,
     check_schema,
-    one_sided_message,
 )
 from radixcache.runtime.grammar.schema_size import bulk_path
 

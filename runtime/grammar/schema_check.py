@@ -4,7 +4,7 @@ The grammar library reports an invalid schema without saying where it is; this w
 (an unknown `type`, a `$ref` that points nowhere, a `required` that is not a list of names, a bad `pattern` or
 one too large to compile (`regex_size`, also a `patternProperties` name), a negative length, a number past 64 bits,
 an integer no 64-bit float holds where the grammar writes it or bounds by it, an integer's one-sided bound past
-10**18, a schema too large to compile:
+10**18, in its own schema or split across an `allOf` (`one_sided`), a schema too large to compile:
 `schema_size`, or too deep with its `$ref`s followed: `schema_refs`) and raises `GrammarError` with the path,
 e.g. `response_format.json_schema.schema.properties.age.type`.
 """
@@ -20,6 +20,7 @@ from typing import Any
 import llguidance
 
 from radixcache.runtime.grammar.errors import GrammarError
+from radixcache.runtime.grammar.one_sided import one_sided_refusal
 from radixcache.runtime.grammar.regex_size import check_regex_size
 from radixcache.runtime.grammar.schema_refs import check_ref_depth
 from radixcache.runtime.grammar.schema_size import check_size
@@ -53,7 +54,7 @@ def check_schema(schema: Any, path: str, *, enforced: bool = True) -> None:
     check_ref_depth(schema, path)  # its references resolve (`_check`): a chain of them deep enough crashed the process
     if (where := _out_of_range(schema, path)) is not None:
         raise GrammarError("numbers must be above -2**63, and integers fit in 64 bits", where)
-    if enforced and (found := _inexact_integer(schema, path)) is not None:
+    if enforced and (found := _inexact_integer(schema, path) or one_sided_refusal(schema, path)) is not None:
         raise GrammarError(*found)
 
 
@@ -140,7 +141,7 @@ def _inexact_integer(schema: Any, path: str) -> tuple[str, str] | None:
             stack.extend((v, f"{at}[{i}]", data) for i, v in reversed(list(enumerate(item))))
         if not isinstance(item, dict):
             continue
-        if not data and (found := _inexact_exclusive(item, at) or _one_sided(item, at)) is not None:
+        if not data and (found := _inexact_exclusive(item, at)) is not None:
             return found
         for k, v in reversed(item.items()):
             if data or k in OUTPUT_DATA:
@@ -159,38 +160,6 @@ def _inexact_integer(schema: Any, path: str) -> tuple[str, str] | None:
 
 
 _FLOAT_READ = "the grammar library reads numbers as 64-bit floats, which hold every integer only up to 2**53"
-
-
-ONE_SIDED_LIMIT = 10**18  # the library builds a one-sided integer range's regex only for bounds below this magnitude
-
-
-def one_sided_message(kind: str, side: str) -> str:
-    """Why a one-sided bound of `kind` ("an integer", "a number") past the library's limit is refused, and the fix."""
-    other = "maximum" if side == "lower" else "minimum"
-    return (
-        f"the grammar cannot bound {kind} from {'below' if side == 'lower' else 'above'} at a magnitude of 10**18 or "
-        f"more without a {other} too (the grammar library builds a one-sided range only below 10**18): add a {other} "
-        "(its magnitude below 2**63)"
-    )
-
-
-def _one_sided(node: dict[str, Any], path: str) -> tuple[str, str] | None:
-    """(message, path) of an integer schema's lower bound of 10**18 or more with no upper bound in it (or the
-    mirror): the library refused it naming only the schema's root, or a tool's whole `tools` (locate.py finds the
-    cases this does not: a number's, a bound in another member of an `allOf`)."""
-    if not _is_integer_schema(node):
-        return None
-    for side, keys, others in (
-        ("lower", ("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")),
-        ("upper", ("maximum", "exclusiveMaximum"), ("minimum", "exclusiveMinimum")),
-    ):
-        if any(_is_bound(node.get(k)) for k in others):
-            continue
-        for key in keys:
-            value = node.get(key)
-            if _is_bound(value) and (value >= ONE_SIDED_LIMIT if side == "lower" else value <= -ONE_SIDED_LIMIT):
-                return one_sided_message("an integer", side), f"{path}.{key}"
-    return None
 
 
 def _is_integer_schema(node: dict[str, Any]) -> bool:

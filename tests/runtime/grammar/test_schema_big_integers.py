@@ -156,3 +156,61 @@ def test_a_tools_one_sided_bound_past_1e18_is_named_at_its_field() -> None:
     with pytest.raises(GrammarError, match="without a maximum too") as e:
         request_grammar(options, TemplateFeatures())
     assert e.value.path == "tools[0].function.parameters.properties.id.minimum"
+
+
+def _forced_tool_grammar(schema: dict[str, Any]) -> GrammarSpec | None:
+    """A forced tool's grammar, its one parameter `id` of `schema` (the server's checks, then the engine's)."""
+    tool = {"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}
+    tool["function"]["parameters"].update(properties={"id": schema}, required=["id"])
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [tool], "tool_choice": "required"}
+    request = ChatCompletionRequest.model_validate(body)
+    return request_grammar(
+        RequestOptions(grammar=grammar_of(request), tool_use=tool_use_of(request)), TemplateFeatures()
+    )
+
+
+SPLIT_ONE_SIDED = [
+    ({"allOf": [{"minimum": 10**18}, {"type": "integer"}]}, "allOf[0].minimum", "maximum"),
+    ({"type": "integer", "allOf": [{"exclusiveMinimum": 2 * 10**18}]}, "allOf[0].exclusiveMinimum", "maximum"),
+    ({"allOf": [{"type": "integer"}, {"allOf": [{"maximum": -(2**62)}]}]}, "allOf[1].allOf[0].maximum", "minimum"),
+    (
+        {"anyOf": [{"allOf": [{"type": ["integer", "null"]}, {"minimum": 1e18}]}]},
+        "anyOf[0].allOf[1].minimum",
+        "maximum",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "where", "add"), SPLIT_ONE_SIDED)
+def test_a_one_sided_integer_bound_split_across_all_of_is_refused_at_its_keyword_on_every_route(
+    tiny_compiler: GrammarCompiler, schema: dict[str, Any], where: str, add: str
+) -> None:
+    """The library merges an `allOf`'s members: the integer type in one member and a bound past 10**18 in another
+    is the one-sided range it cannot build. The check read each member alone, so a forced tool's 400 named only
+    `tools`, and response_format's said "a number" of an integer."""
+    with pytest.raises(GrammarError, match=f"cannot bound an integer .* without a {add} too") as e:
+        tiny_compiler.compile(GrammarSpec.json_schema(schema, path="s"))
+    assert e.value.path == f"s.{where}"
+    with pytest.raises(GrammarError, match=f"cannot bound an integer .* without a {add} too") as e:
+        _forced_tool_grammar(schema)
+    assert e.value.path == f"tools[0].function.parameters.properties.id.{where}"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "minimum": 10**18, "allOf": [{"maximum": 2**62}]},
+        {"allOf": [{"type": "integer", "maximum": -(10**18)}, {"minimum": -(2**62)}]},
+    ],
+)
+def test_an_integer_bound_past_1e18_with_its_other_side_in_an_all_of_compiles_on_every_route(
+    tiny_compiler: GrammarCompiler, tiny_tokenizer, schema: dict[str, Any]
+) -> None:
+    """Bounded on both sides once the library merges the `allOf`: it builds the range, but the check, reading the
+    schema without its members, refused it as one-sided (a 400 for a schema the grammar enforces)."""
+    wrapped = {"type": "object", "properties": {"id": schema}, "required": ["id"]}
+    state = GrammarState(tiny_compiler.compile(GrammarSpec.json_schema(wrapped)))
+    out = json.loads(tiny_tokenizer.decode(walk(state, token_table(tiny_tokenizer, tiny_compiler.vocab), 0)))
+    jsonschema.validate(out, wrapped)
+    tool = _forced_tool_grammar(schema)
+    assert tool is not None and tiny_compiler.compile(tool) is not None
