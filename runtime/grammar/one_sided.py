@@ -1,12 +1,13 @@
 """Ranges bounded on one side at a magnitude of 10**18 or more, which the grammar library cannot build.
 
-The library builds an integer range's regex only for bounds below 10**18 on a side whose other side is open, and
-refuses the rest naming no field and no way out ("Failed to generate regex for integer range: min=Some(...),
-max=None", at the schema's root, or a forced tool's whole `tools`). Whether a range is open on its other side is the
-library's to say: it merges a schema's bounds with those of its `allOf` members, of the schema a `$ref` beside them
-points to, and of the schema around an `anyOf` (`{"allOf": [{"minimum": 10**18}, {"type": "integer"}]}` is one-sided,
-`{"type": "integer", "minimum": 10**18, "allOf": [{"maximum": 2**62}]}` is not). So a schema that holds such a bound
-is asked of the library itself, and the keyword it refuses is found by its side and value.
+The library builds an integer's or a number's range regex only for bounds below 10**18 on a side whose other side
+is open, and refuses the rest naming no field and no way out ("Failed to generate regex for integer range:
+min=Some(...), max=None", or "float range", at the schema's root, or a forced tool's whole `tools`). Whether a range
+is open on its other side is the library's to say: it merges a schema's bounds with those of its `allOf` members, of
+the schema a `$ref` beside them points to, and of the schema around an `anyOf` (`{"allOf": [{"minimum": 10**18},
+{"type": "integer"}]}` is one-sided, `{"type": "integer", "minimum": 10**18, "allOf": [{"maximum": 2**62}]}` is
+not). So a schema that holds such a bound is asked of the library itself, and the keyword it refuses is found by its
+side and value.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import llguidance
 ONE_SIDED_LIMIT = 10**18  # the library builds a one-sided range's regex only for bounds below this magnitude
 NEAR_LIMIT = 0.999 * ONE_SIDED_LIMIT  # an exclusive bound just under it may have its first number inside at it
 LOWER, UPPER = ("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")
-_REFUSAL = re.compile(r"Failed to generate regex for (integer) range: min=(\S+), max=(\S+)")
+_REFUSAL = re.compile(r"Failed to generate regex for (integer|float) range: min=(\S+), max=(\S+)")
 _SOME = re.compile(r"Some\(([^)]*)\)")
 _DATA = ("enum", "const", "default", "examples")  # data, not schemas: never searched for bounds
 _NAMES = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")  # names to schemas

@@ -3,7 +3,7 @@
 The grammar library reports an invalid schema without saying where it is; this walk finds the usual mistakes first
 (an unknown `type`, a `$ref` that points nowhere, a `required` that is not a list of names, a bad `pattern` or
 one too large to compile (`regex_size`, also a `patternProperties` name), a negative length, a number past 64 bits,
-an integer no 64-bit float holds where the grammar writes it or bounds by it, an integer's one-sided bound past
+an integer no 64-bit float holds where the grammar writes it or bounds by it, a one-sided bound past
 10**18, in its own schema or split across an `allOf` (`one_sided`), a schema too large to compile:
 `schema_size`, or too deep with its `$ref`s followed: `schema_refs`) and raises `GrammarError` with the path,
 e.g. `response_format.json_schema.schema.properties.age.type`.

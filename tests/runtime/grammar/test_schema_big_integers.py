@@ -214,3 +214,20 @@ def test_an_integer_bound_past_1e18_with_its_other_side_in_an_all_of_compiles_on
     jsonschema.validate(out, wrapped)
     tool = _forced_tool_grammar(schema)
     assert tool is not None and tiny_compiler.compile(tool) is not None
+
+
+@pytest.mark.parametrize(
+    ("schema", "where", "add"),
+    [
+        ({"type": "number", "minimum": 1e18}, "minimum", "maximum"),
+        ({"type": ["number", "null"], "exclusiveMaximum": -(2**62)}, "exclusiveMaximum", "minimum"),
+        ({"allOf": [{"type": "number"}, {"minimum": 2e18}]}, "allOf[1].minimum", "maximum"),
+    ],
+)
+def test_a_tools_one_sided_number_bound_past_1e18_is_named_at_its_field(
+    schema: dict[str, Any], where: str, add: str
+) -> None:
+    """An integer's was named at the tool's parameter, a number's only as `tools` (the calls schema's path)."""
+    with pytest.raises(GrammarError, match=f"cannot bound a number .* without a {add} too") as e:
+        _forced_tool_grammar(schema)
+    assert e.value.path == f"tools[0].function.parameters.properties.id.{where}"
