@@ -14,6 +14,7 @@ import click
 from radixcache.cli import engine_options
 from radixcache.cli.errors import FriendlyCommand, debug_option
 from radixcache.cli.listen import bind_sockets, drop_unread
+from radixcache.cli.option_parts import check_device
 from radixcache.cli.record import (
     CONCURRENT_NOTE,
     EngineShape,
@@ -39,25 +40,6 @@ SHUTDOWN_TIMEOUT_S = 30.0
 # Past --shutdown-timeout the requests still running are aborted, and their responses (a 503, a stream's error event
 # and [DONE]) get this long to go out before uvicorn cancels what is left.
 ABORT_WAIT_S = 5.0
-
-
-def _check_device(device: str) -> None:
-    """Refuse, before the model loads, a --device torch cannot parse or has no such device of (torch's errors were
-    internal errors, after the load)."""
-    import torch
-
-    hint = "'--device'"
-    try:
-        where = torch.device(device)
-    except (RuntimeError, ValueError):
-        message = f"{device!r} is not a torch device (e.g. cpu, cuda, cuda:1)"
-        raise click.BadParameter(message, param_hint=hint) from None
-    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}.get(where.type)
-    if available is not None and not available():
-        raise click.BadParameter(f"{device!r}: this torch has no {where.type} device", param_hint=hint)
-    if where.type == "cuda" and where.index is not None and where.index >= torch.cuda.device_count():
-        count = torch.cuda.device_count()
-        raise click.BadParameter(f"{device!r}: this machine has {count} CUDA devices", param_hint=hint)
 
 
 def _check_max_model_len(model: str, max_model_len: int | None) -> None:
@@ -263,7 +245,7 @@ def serve(
         raise click.BadParameter(
             "empty: give an address (127.0.0.1, or 0.0.0.0 for every interface)", param_hint="'--host'"
         )
-    _check_device(device)
+    check_device(device)
     check_replica_flags(replicas)
     if record_trace is not None and replicas is not None:
         raise click.UsageError("--record-trace records one engine: drop --replicas")
