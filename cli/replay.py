@@ -89,6 +89,7 @@ def replay(
     replicas: int | None,
     router: str,
     ray_address: str | None,
+    stall_timeout: float | None,
     concurrency: int,
     max_tokens: int | None,
     limit: int | None,
@@ -159,7 +160,7 @@ def replay(
         # before Ray and the replicas start, as the replay (and, for a text trace, its chat template) would after
         tokenizer = check_trace_for_model(loaded_trace, limit, model, max_tokens)
         _check_chat_template(sessions, tokenizer, trace)
-        cluster = cluster_engine(model, replicas, router, ray_address, kwargs)
+        cluster = cluster_engine(model, replicas, router, ray_address, kwargs, stall_timeout)
         make_engine: Callable[[bool], GenerationEngine] = lambda _enable_cache: cluster  # noqa: E731
     else:
         loaded_model = engine_choices.load_model(model)

@@ -1,7 +1,9 @@
-"""`--replicas`, `--router` and `--ray-address` for `serve` and `replay`: engine replicas on Ray behind a router."""
+"""`--replicas`, `--router`, `--ray-address` and `--stall-timeout` for `serve` and `replay`: engine replicas on Ray
+behind a router."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -10,13 +12,14 @@ from click.core import ParameterSource
 from rich.table import Table
 
 from radixcache.router import ROUTERS
+from radixcache.runtime.cluster.resend import STALL_TIMEOUT_S
 
 if TYPE_CHECKING:
     from radixcache.runtime.cluster.front import ClusterEngine
 
 
 def replica_options(func: Callable) -> Callable:
-    """--replicas N, --router P, --ray-address ADDR."""
+    """--replicas N, --router P, --ray-address ADDR, --stall-timeout SECONDS."""
     options = [
         click.option(
             "--replicas",
@@ -36,6 +39,15 @@ def replica_options(func: Callable) -> Callable:
             callback=_check_address,
             help="Join this Ray cluster instead of starting a local one (with --replicas).",
         ),
+        click.option(
+            "--stall-timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            callback=_check_stall_timeout,
+            metavar="SECONDS",
+            help="With --replicas: a replica whose engine loop has had work and finished no step for this long counts "
+            "as dead when a request is re-sent (ended for Ray to restart); keep it above the longest step, a long "
+            f"prompt's prefill chunk [default: {STALL_TIMEOUT_S:g}].",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -49,14 +61,22 @@ def _check_address(_ctx: click.Context, _param: click.Parameter, value: str | No
     return value
 
 
+def _check_stall_timeout(_ctx: click.Context, _param: click.Parameter, value: float | None) -> float | None:
+    """A bad-option error naming --stall-timeout for nan or inf, which click's range lets through."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number of seconds")
+    return value
+
+
 def check_replica_flags(replicas: int | None) -> None:
-    """A usage error for --router or --ray-address without --replicas (one engine: they were ignored)."""
+    """A usage error for --router, --ray-address or --stall-timeout without --replicas (one engine: they were
+    ignored)."""
     if replicas is not None:
         return
     ctx = click.get_current_context()
     given = [
         f"--{name.replace('_', '-')}"
-        for name in ("router", "ray_address")
+        for name in ("router", "ray_address", "stall_timeout")
         if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
     ]
     if given:
@@ -64,9 +84,15 @@ def check_replica_flags(replicas: int | None) -> None:
 
 
 def cluster_engine(
-    model: str, replicas: int, router: str, address: str | None, options: dict[str, Any]
+    model: str,
+    replicas: int,
+    router: str,
+    address: str | None,
+    options: dict[str, Any],
+    stall_timeout: float | None = None,
 ) -> ClusterEngine:
-    """N replicas of `model` on Ray behind `router`, as an Engine-shaped front door (runtime.cluster.front)."""
+    """N replicas of `model` on Ray behind `router`, as an Engine-shaped front door (runtime.cluster.front);
+    `stall_timeout`: ReplicaCluster's (None: its default)."""
     from radixcache.runtime.cluster.cluster import ReplicaCluster
     from radixcache.runtime.cluster.front import ClusterEngine
     from radixcache.runtime.cores import usable_cores
@@ -86,6 +112,7 @@ def cluster_engine(
         cpus=cores / replicas if local else float(threads),
         address=address,
         num_cpus=max(replicas, cores) if local else None,
+        stall_timeout=STALL_TIMEOUT_S if stall_timeout is None else stall_timeout,
     )
     return ClusterEngine(cluster, path)
 

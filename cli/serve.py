@@ -207,6 +207,7 @@ def serve(
     replicas: int | None,
     router: str,
     ray_address: str | None,
+    stall_timeout: float | None,
     dtype: str,
     device: str,
     no_cache: bool,
@@ -300,7 +301,7 @@ def serve(
         drop_unread(listeners, STREAM_STALL_S if stream_stall_timeout is None else stream_stall_timeout)
         engine: GenerationEngine
         if replicas is not None:
-            engine = cluster_engine(model, replicas, router, ray_address, options)
+            engine = cluster_engine(model, replicas, router, ray_address, options, stall_timeout)
         else:
             engine = Engine(engine_choices.load_model(model), enable_cache=not no_cache, **options)
         stack.callback(engine.close, 30)  # after uvicorn's drain nothing is in flight; queued disk writes finish
