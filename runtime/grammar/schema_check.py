@@ -4,7 +4,8 @@ The grammar library reports an invalid schema without saying where it is; this w
 (an unknown `type`, a `$ref` that points nowhere, a `required` that is not a list of names, a bad `pattern` or
 one too large to compile (`regex_size`, also a `patternProperties` name), a negative length, a number past 64 bits,
 an integer no 64-bit float holds where the grammar writes it or bounds by it, a one-sided bound past
-10**18, in its own schema or split across an `allOf` (`one_sided`), a schema too large to compile:
+10**18, in its own schema or split across an `allOf` (`one_sided`), a string length past a 32-bit count, a schema too
+large to compile:
 `schema_size`, or too deep with its `$ref`s followed: `schema_refs`) and raises `GrammarError` with the path,
 e.g. `response_format.json_schema.schema.properties.age.type`.
 """
@@ -56,6 +57,11 @@ def check_schema(schema: Any, path: str, *, enforced: bool = True) -> None:
         raise GrammarError("numbers must be above -2**63, and integers fit in 64 bits", where)
     if enforced and (found := _inexact_integer(schema, path) or one_sided_refusal(schema, path)) is not None:
         raise GrammarError(*found)
+    if enforced and (where := _uncountable_length(schema, path)) is not None:
+        fix = "leave it out for no bound" if where.endswith("maxLength") else "no output can be that long"
+        raise GrammarError(
+            f"the grammar counts a string's length only up to {MAX_LENGTH_COUNT} (a 32-bit count): {fix}", where
+        )
 
 
 def nests_deeper_than(value: Any, limit: int) -> bool:
@@ -120,6 +126,32 @@ def _out_of_range(value: Any, path: str) -> str | None:
             stack.extend((v, f"{at}.{k}") for k, v in reversed(item.items()))
         elif isinstance(item, list):
             stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(item))))
+    return None
+
+
+MAX_LENGTH_COUNT = 2**32 - 1  # the library writes a string's length bounds as a regex count, a 32-bit number
+
+
+def _uncountable_length(schema: Any, path: str) -> str | None:
+    """The path of the first `minLength` or `maxLength` past `MAX_LENGTH_COUNT`: the library refused it naming only
+    the schema's root (or a forced tool's `tools`), with a regex parse error of its own making ("(?s:.{0,4294967296})
+    ... decimal literal invalid"); a generator's "no bound" of 2**63 - 1 among them."""
+    stack = [(schema, path)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(item))))
+        if not isinstance(item, dict):
+            continue
+        for key in ("minLength", "maxLength"):
+            value = item.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > MAX_LENGTH_COUNT:
+                return f"{at}.{key}"
+        for k, v in reversed(item.items()):
+            if k in SCHEMA_MAPS and isinstance(v, dict):
+                stack.extend((sub, f"{at}.{k}.{name}") for name, sub in reversed(v.items()))
+            elif k not in DATA_KEYWORDS:
+                stack.append((v, f"{at}.{k}"))
     return None
 
 
