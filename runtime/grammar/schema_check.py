@@ -130,12 +130,15 @@ def _out_of_range(value: Any, path: str) -> str | None:
 
 
 MAX_LENGTH_COUNT = 2**32 - 1  # the library writes a string's length bounds as a regex count, a 32-bit number
+# keywords whose subschemas the library never compiles: refused in strict mode by name, ignored under strict: false
+UNENFORCED = ("not", "if", "then", "else", "contains", "propertyNames", "dependentSchemas")
 
 
 def _uncountable_length(schema: Any, path: str) -> str | None:
     """The path of the first `minLength` or `maxLength` past `MAX_LENGTH_COUNT`: the library refused it naming only
     the schema's root (or a forced tool's `tools`), with a regex parse error of its own making ("(?s:.{0,4294967296})
-    ... decimal literal invalid"); a generator's "no bound" of 2**63 - 1 among them."""
+    ... decimal literal invalid"); a generator's "no bound" of 2**63 - 1 among them. Not in `UNENFORCED` keywords'
+    subschemas, which no grammar counts."""
     stack = [(schema, path)]
     while stack:
         item, at = stack.pop()
@@ -148,9 +151,11 @@ def _uncountable_length(schema: Any, path: str) -> str | None:
             if isinstance(value, int) and not isinstance(value, bool) and value > MAX_LENGTH_COUNT:
                 return f"{at}.{key}"
         for k, v in reversed(item.items()):
+            if k in DATA_KEYWORDS or k in UNENFORCED:
+                continue
             if k in SCHEMA_MAPS and isinstance(v, dict):
                 stack.extend((sub, f"{at}.{k}.{name}") for name, sub in reversed(v.items()))
-            elif k not in DATA_KEYWORDS:
+            else:
                 stack.append((v, f"{at}.{k}"))
     return None
 

@@ -59,3 +59,9 @@ def test_a_string_length_at_the_count_compiles_and_bounds_the_output(tiny_compil
     state = GrammarState(tiny_compiler.compile(GrammarSpec.json_schema(schema)))
     out = json.loads(tiny_tokenizer.decode(walk(state, token_table(tiny_tokenizer, tiny_compiler.vocab), 0)))
     jsonschema.validate(out, schema)
+
+
+@pytest.mark.parametrize("keyword", ["not", "if", "contains", "propertyNames"])
+def test_a_long_count_where_no_grammar_counts_it_stays_accepted(tiny_compiler: GrammarCompiler, keyword: str) -> None:
+    """Under strict: false the library ignores these keywords' subschemas, so their counts reach no regex."""
+    tiny_compiler.compile(GrammarSpec.json_schema({keyword: {"maxLength": 2**63 - 1}}, strict=False))
