@@ -241,7 +241,7 @@ def test_a_gguf_string_at_two_ids_encodes_to_the_last_and_both_decode_to_it(kit,
     from radixcache.runtime.grammar.vocab import build_vocab, token_table
     from radixcache.runtime.loading.gguf import GGUFFile
 
-    tokens, types, merges = kit.tiny_vocab()
+    tokens, types, _ = kit.tiny_vocab()
     tokens, types = [*tokens, "hell", "<|im_end|>"], [*types, 1, 3]
     meta = {**kit.tiny_tokenizer_metadata(), "tokenizer.ggml.tokens": (kit.T_ARR, kit.T_STR, tokens)}
     meta["tokenizer.ggml.token_type"] = (kit.T_ARR, kit.T_I32, types)
