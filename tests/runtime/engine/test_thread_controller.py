@@ -358,3 +358,18 @@ def test_the_linux_probe_reads_a_containers_renumbered_cpus(tmp_path, monkeypatc
     monkeypatch.setattr(threads_module, "_affinity", lambda: [1, 5])  # cpu1 is shown: it alone counts
     probe = LinuxProbe(stat=str(stat))
     assert probe.read().idle == pytest.approx(151 * tick)
+
+
+def test_back_to_back_windows_share_their_readings_and_an_idle_gap_opens_a_fresh_one() -> None:
+    """A reading is 4-6 /proc files (about 0.25 ms in the engine's process): the window after a closed one opens on
+    the reading that closed it, so steps back to back cost one reading a window; after the loop idles (`pause`)
+    the next window opens on a reading of its own, so the gap is never counted."""
+    m = Machine(2)
+    ctl = controller(m)
+    run(m, ctl, 10)  # 40 windows of 4 steps
+    assert m.reads == 40 + 1
+    ctl.pause()
+    m.advance(2.0, 0)  # the gap: both cores idle, ours waiting for nothing
+    m.busy = 2
+    run(m, ctl, 0.5)  # beside two busy processes: the first window after the gap reads only its own steps
+    assert m.reads == 41 + 1 + 2 and ctl.threads == 1
