@@ -42,9 +42,10 @@ count: beside busy programs two such threads still get more of the machine than 
 everything else, those steps' torch kernels included: the first decode step after a prompt copies the prompt's KV
 into the decode mirror (kv.mirror: each layer's K and V gathered from the pages and copied in, over a hundred small
 torch calls, each an OpenMP region whose end waits for every thread of its team); run on two threads beside two
-busy processes, that step took 0.6-1.6 s where the pass itself takes 25 ms (docs/benchmarks.md). Such "wide" steps keep the cores busy, so idle cores cannot say the machine has room again:
-a window that ran mostly wide raises the count once its threads waited less than `raise_waiting` (an idle machine
-reads about 0.01 there, one busy process beside two threads on 2 cores 0.67).
+busy processes, that step took 0.6-1.6 s where the pass itself takes 25 ms (docs/benchmarks.md). Such "wide" steps
+keep the cores busy, so idle cores cannot say the machine has room again: a window that ran mostly wide raises the
+count once its threads waited less than `raise_waiting` (an idle machine reads about 0.01 there, one busy process
+beside two threads on 2 cores 0.67).
 
 The controller only decides; the loop thread applies the count with `torch.set_num_threads` before a step
 (runtime.engine.loop), so no forward pass ever changes threads midway. It is torch-free: tests drive it with a
