@@ -115,20 +115,20 @@ class Session:
     def send(self, content: str, **kwargs: Any) -> GenerationResult:
         """Add a user turn, generate the reply, and append it to the history. A ValueError, the session unchanged,
         when the last reply made calls that have no result yet (`send_tool_results` answers them first)."""
-        return self._turn(_user_turn(content, self.messages), kwargs)
+        return self._turn(_user_turn(content, self.messages), kwargs, "Session.send")
 
     def send_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
         """Add one tool turn per `{call_id: result text}` (in that order), generate the reply, and append it."""
-        return self._turn(_tool_turns(results, self.messages), kwargs)
+        return self._turn(_tool_turns(results, self.messages), kwargs, "Session.send_tool_results")
 
     async def asend(self, content: str, **kwargs: Any) -> GenerationResult:
         """`send` for asyncio; cancelling the awaiting task keeps neither the turn nor a reply."""
-        return await self._aturn(_user_turn(content, self.messages), kwargs)
+        return await self._aturn(_user_turn(content, self.messages), kwargs, "Session.asend")
 
     async def asend_tool_results(self, results: Mapping[str, str], **kwargs: Any) -> GenerationResult:
         """`send_tool_results` for asyncio (an agent's loop on an event loop); as `asend`, cancelling the awaiting
         task keeps neither the tool turns nor a reply."""
-        return await self._aturn(_tool_turns(results, self.messages), kwargs)
+        return await self._aturn(_tool_turns(results, self.messages), kwargs, "Session.asend_tool_results")
 
     def fork(self, n: int | None = None, **kwargs: Any) -> list[GenerationResult]:
         """n replies to the history so far (sharing its KV; Engine.fork's n and continuations); the history is
@@ -138,7 +138,7 @@ class Session:
         seed = kwargs.pop("seed", None)  # fork's own (branch i samples with seed + i); else the options' seed
         continuations = kwargs.pop("continuations", None)
         prompt = list(self.messages)
-        options = self._asked(prompt, kwargs)
+        options = self._asked(prompt, kwargs, "Session.fork")
         self._release(self._outgrown(prompt, options))
         results = self.engine.fork(prompt, n, continuations=continuations, seed=seed, options=options)
         self._release(self._replaced(options, max(results, key=lambda r: r.pinned_tokens)))
@@ -212,22 +212,23 @@ class Session:
 
     # ------------------------------------------------------------------ private
 
-    def _kw(self, kwargs: dict[str, Any]) -> RequestOptions:
-        """A turn's options: the session's (or the turn's own `options=`), with the turn's keywords over them."""
+    def _kw(self, kwargs: dict[str, Any], caller: str) -> RequestOptions:
+        """A turn's options: the session's (or the turn's own `options=`), with the turn's keywords over them; an
+        unknown keyword is a TypeError naming `caller`, the method it was given to."""
         options = kwargs.pop("options", None)
-        return resolve_options(None, self.options if options is None else options, kwargs, "Session")
+        return resolve_options(None, self.options if options is None else options, kwargs, caller)
 
-    def _turn(self, turns: list[dict[str, Any]], kwargs: dict[str, Any]) -> GenerationResult:
+    def _turn(self, turns: list[dict[str, Any]], kwargs: dict[str, Any], caller: str) -> GenerationResult:
         prompt = [*self.messages, *turns]
-        options = self._asked(prompt, kwargs)
+        options = self._asked(prompt, kwargs, caller)
         self._release(self._outgrown(prompt, options))
         result = self.engine.chat(prompt, options=options)
         self._release(self._replaced(options, result))
         return self._append(turns, result)
 
-    async def _aturn(self, turns: list[dict[str, Any]], kwargs: dict[str, Any]) -> GenerationResult:
+    async def _aturn(self, turns: list[dict[str, Any]], kwargs: dict[str, Any], caller: str) -> GenerationResult:
         prompt = [*self.messages, *turns]
-        options = self._asked(prompt, kwargs)
+        options = self._asked(prompt, kwargs, caller)
         stale = self._outgrown(prompt, options)
         if stale:  # Engine.unpin waits for the engine loop: off the event loop
             await asyncio.to_thread(self._release, stale)
@@ -237,11 +238,11 @@ class Session:
             await asyncio.to_thread(self._release, earlier)
         return self._append(turns, result)
 
-    def _asked(self, prompt: list[dict[str, Any]], kwargs: dict[str, Any]) -> RequestOptions:
+    def _asked(self, prompt: list[dict[str, Any]], kwargs: dict[str, Any], caller: str) -> RequestOptions:
         """A turn's options, its pin cut to the engine's pinned share (a pin past it was a ValueError at every turn
         once the history outgrew it); a turn asking a pin is noted as one the session may hold from now on (one that
         raises may have pinned: a request failed after its prompt was computed)."""
-        options = self._kw(kwargs)
+        options = self._kw(kwargs, caller)
         share = getattr(self.engine, "max_pinned_blocks", None)
         if options.pin and share is not None:
             most = share * self.engine.cache.page_size  # type: ignore[attr-defined]

@@ -160,7 +160,9 @@ def test_caller_given_to_an_entry_point_is_an_unknown_keyword_naming_that_call(t
         "Engine.fork": lambda: engine.fork([1, 2], 2, 2, caller="x"),
         "Engine.unpin": lambda: engine.unpin([1, 2], caller="x"),
         "Engine.agenerate": lambda: asyncio.run(engine.agenerate([1, 2], 2, caller="x")),
-        "Session": lambda: session.send("hi", caller="x"),
+        "Session.send": lambda: session.send("hi", caller="x"),
+        "Session.fork": lambda: session.fork(2, caller="x"),
+        "Session.asend": lambda: asyncio.run(session.asend("hi", caller="x")),
     }
     for name, call in calls.items():
         with pytest.raises(TypeError, match=re.escape(f"{name}() got an unexpected keyword argument 'caller'")):
@@ -213,4 +215,17 @@ def test_a_bad_prompt_of_a_batch_is_named_by_its_index(tiny: RandomModel) -> Non
         engine.fork([1] * 4, continuations=[[2], [3] * 60], max_new_tokens=2, pin=True)
     with pytest.raises(ValueError, match=r"^the prompt is empty$"):  # one prompt: as it was
         engine.generate([], 2)
+    assert_untouched(engine)
+
+
+def test_a_keyword_a_session_method_does_not_take_names_that_method(tiny: RandomModel) -> None:
+    """`session.send("hi", n=2)` said "Session() got an unexpected keyword argument 'n'", naming the constructor
+    (n replies to a history are `fork`'s)."""
+    engine = Engine(tiny, capacity_blocks=64, page_size=4)
+    session = engine.session()
+    with pytest.raises(TypeError, match=re.escape("Session.send() got an unexpected keyword argument 'n'")):
+        session.send("hi", n=2)
+    with pytest.raises(TypeError, match=re.escape("Session.fork() got an unexpected keyword argument 'colour'")):
+        session.fork(2, colour=1)
+    assert session.messages == [] and session.results == []
     assert_untouched(engine)
