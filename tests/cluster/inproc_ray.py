@@ -3,11 +3,14 @@ this process: every method call runs on a thread pool, a streaming call runs its
 and errors reach the caller as Ray relays them (an actor's exception wrapped in RayTaskError, whose
 `as_instanceof_cause` gives it back; a killed actor's calls and streams fail with RayActorError). So the front door
 (runtime.cluster: ReplicaCluster and ClusterEngine) runs over real engines without Ray, fast enough for the fault
-harness. Not a model of Ray's scheduling: each actor takes any number of concurrent calls.
+harness. Not a model of Ray's scheduling: each actor takes any number of concurrent calls. With `pickled=True`, a
+method's arguments, its result and each item it streams cross by a pickle round trip, as Ray copies them between
+processes (plain pickle: stricter than Ray's cloudpickle, which also takes lambdas and local classes by value).
 """
 
 from __future__ import annotations
 
+import pickle
 import queue
 import sys
 import threading
@@ -78,9 +81,33 @@ class Stream:
         return item
 
 
+def _copied(value: Any) -> Any:
+    """`value` after a pickle round trip: what a process on the other side of Ray gets."""
+    return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _copying(method: Any) -> Any:
+    """`method` with its arguments and result copied as Ray copies them."""
+
+    def call(*args: Any) -> Any:
+        return _copied(method(*_copied(args)))
+
+    return call
+
+
+def _copying_stream(method: Any) -> Any:
+    """A streaming `method` with its arguments and each item copied as Ray copies them."""
+
+    def call(*args: Any) -> Any:
+        for item in method(*_copied(args)):
+            yield _copied(item)
+
+    return call
+
+
 class Actor:
-    def __init__(self, obj: Any, pool: ThreadPoolExecutor) -> None:
-        self.obj, self.pool = obj, pool
+    def __init__(self, obj: Any, pool: ThreadPoolExecutor, pickled: bool = False) -> None:
+        self.obj, self.pool, self.pickled = obj, pool, pickled
         self.dead = False
         self.streams: list[Stream] = []
 
@@ -103,6 +130,8 @@ class _Method:
             error = RayActorError(f"the actor is dead (calling {self.name})")
             return Stream(None, error) if self.streaming else _Failed(error)
         method = getattr(actor.obj, self.name)
+        if actor.pickled:
+            method = (_copying_stream if self.streaming else _copying)(method)
         if self.streaming:
             stream = Stream(lambda: method(*args))
             actor.streams.append(stream)
@@ -110,7 +139,7 @@ class _Method:
         return actor.pool.submit(method, *args)
 
 
-def make_ray(workers: int = 64) -> types.ModuleType:
+def make_ray(workers: int = 64, pickled: bool = False) -> types.ModuleType:
     ray = types.ModuleType("ray")
     ray.exceptions = types.SimpleNamespace(  # type: ignore[attr-defined]
         RayActorError=RayActorError,
@@ -159,7 +188,7 @@ def make_ray(workers: int = 64) -> types.ModuleType:
             return remote
 
         def create(*args: Any) -> Actor:
-            actor = Actor(cls(*args), pool)
+            actor = Actor(cls(*args), pool, pickled)
             ray.actors.append(actor)  # type: ignore[attr-defined]
             return actor
 
@@ -169,8 +198,8 @@ def make_ray(workers: int = 64) -> types.ModuleType:
     return ray
 
 
-def install(monkeypatch: Any) -> types.ModuleType:
-    """Put the in-process stand-in in `sys.modules["ray"]` for one test."""
-    ray = make_ray()
+def install(monkeypatch: Any, pickled: bool = False) -> types.ModuleType:
+    """Put the in-process stand-in in `sys.modules["ray"]` for one test (`pickled`: see the module's docstring)."""
+    ray = make_ray(pickled=pickled)
     monkeypatch.setitem(sys.modules, "ray", ray)
     return ray

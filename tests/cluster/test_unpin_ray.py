@@ -74,8 +74,8 @@ def test_unpin_takes_the_messages_and_tools_a_pin_was_made_with_in_process(
 
 # Extended tier (tests/conftest.py): the test above makes the same calls with the same assertions on the real replica
 # class and engines in this process. What only Ray adds is pickling: the replica's unpin takes plain values (token
-# ids, the namespace, a flag, the holder), and a request's options with tools cross Ray in the default run's real-Ray
-# tool loop (test_front_door_tools.py). 17.1 s of the last full run under load.
+# ids, the namespace, a flag, the holder), and a request's options with tools cross the pickling stand-in in the
+# default run's in-process tool loop (test_front_door_tools.py). 17.1 s of the last full run under load.
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.xdist_group("ray")  # one Ray cluster at a time
