@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sim.conftest import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "study_dead_blocks.py"
 
 
@@ -45,6 +47,20 @@ def test_the_study_prints_a_row_per_capacity_with_ordered_bounds(tmp_path: Path)
         assert by_class > lru
 
 
+def _run_in_process(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], script: str, *argv: str
+) -> tuple[object, str, str]:
+    """scripts/<script>.py's main() run here with `argv` as its command line (a refusal is argparse's exit, which
+    a process start per case only made slower): its exit code, standard output and standard error. An exception
+    other than SystemExit (the traceback a refusal must not be) fails the test."""
+    main = load_script(script).main
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    out, err = capsys.readouterr()
+    return exited.value.code, out, err
+
+
 @pytest.mark.parametrize("script", ["study_dead_blocks", "study_insertion", "study_age_oracle"])
 @pytest.mark.parametrize(
     ("args", "message"),
@@ -55,16 +71,20 @@ def test_the_study_prints_a_row_per_capacity_with_ordered_bounds(tmp_path: Path)
     ],
 )
 def test_the_studies_refuse_bad_fractions_and_block_sizes_before_any_work(
-    tmp_path: Path, script: str, args: list[str], message: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    script: str,
+    args: list[str],
+    message: str,
 ) -> None:
     """Regression: a fraction of 0 or NaN was a RadixCacheError traceback after the table's header (in
     study_age_oracle after its models were fitted, minutes on Mooncake), a block size of 0 a ZeroDivisionError."""
     path = tmp_path / "m.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 32, "output_length": 1, "hash_ids": [1, 2]}\n')
-    path_to = SCRIPT.with_name(f"{script}.py")
-    run = subprocess.run([sys.executable, str(path_to), str(path), *args], capture_output=True, text=True)
-    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr
-    assert run.stdout == ""
+    code, out, err = _run_in_process(monkeypatch, capsys, script, str(path), *args)
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert out == ""
 
 
 @pytest.mark.parametrize(
@@ -79,16 +99,17 @@ def test_the_studies_refuse_bad_fractions_and_block_sizes_before_any_work(
     ],
 )
 def test_the_studies_refuse_bad_options_by_name_before_any_work(
-    tmp_path: Path, script: str, args: list[str], named: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    script: str,
+    args: list[str],
+    named: str,
 ) -> None:
     """Regression: --refit 0 was a ZeroDivisionError after the fitting, --scores p:abc int()'s traceback, and a NaN
     --threshold, a negative --min-events or a horizon of 0 ran on and printed a table."""
     path = tmp_path / "m.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 32, "output_length": 1, "hash_ids": [1, 2]}\n')
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT.with_name(f"{script}.py")), str(path), "--block-size", "16", *args],
-        capture_output=True,
-        text=True,
-    )
-    assert run.returncode == 2 and named in run.stderr and "Traceback" not in run.stderr, run.stderr
-    assert run.stdout == ""
+    code, out, err = _run_in_process(monkeypatch, capsys, script, str(path), "--block-size", "16", *args)
+    assert code == 2 and named in err and "Traceback" not in err, err
+    assert out == ""
