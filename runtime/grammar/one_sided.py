@@ -18,13 +18,13 @@ from typing import Any
 
 import llguidance
 
+from radixcache.runtime.grammar.schema_walk import schema_objects
+
 ONE_SIDED_LIMIT = 10**18  # the library builds a one-sided range's regex only for bounds below this magnitude
 NEAR_LIMIT = 0.999 * ONE_SIDED_LIMIT  # an exclusive bound just under it may have its first number inside at it
 LOWER, UPPER = ("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")
 _REFUSAL = re.compile(r"Failed to generate regex for (integer|float) range: min=(\S+), max=(\S+)")
 _SOME = re.compile(r"Some\(([^)]*)\)")
-_DATA = ("enum", "const", "default", "examples")  # data, not schemas: never searched for bounds
-_NAMES = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")  # names to schemas
 
 
 def one_sided_message(kind: str, side: str) -> str:
@@ -65,21 +65,10 @@ def _near_limit(schema: Any, path: str) -> list[tuple[str, float, str]]:
     """(side, value, path) of every bound in `schema` whose magnitude is near the library's limit or past it, on the
     side it cannot leave open (a lower bound above +NEAR_LIMIT, an upper one below -NEAR_LIMIT), in schema order."""
     found: list[tuple[str, float, str]] = []
-    stack = [(schema, path)]
-    while stack:
-        item, at = stack.pop()
-        if isinstance(item, list):
-            stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(item))))
-        if not isinstance(item, dict):
-            continue
+    for item, at in schema_objects(schema, path):
         for key, value in item.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             if (key in LOWER and float(value) >= NEAR_LIMIT) or (key in UPPER and float(value) <= -NEAR_LIMIT):
                 found.append(("lower" if key in LOWER else "upper", float(value), f"{at}.{key}"))
-        for key, value in reversed(item.items()):
-            if key in _NAMES and isinstance(value, dict):
-                stack.extend((sub, f"{at}.{key}.{name}") for name, sub in reversed(value.items()))
-            elif key not in _DATA:
-                stack.append((value, f"{at}.{key}"))
     return found

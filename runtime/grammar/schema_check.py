@@ -25,14 +25,13 @@ from radixcache.runtime.grammar.one_sided import one_sided_refusal
 from radixcache.runtime.grammar.regex_size import check_regex_size
 from radixcache.runtime.grammar.schema_refs import check_ref_depth
 from radixcache.runtime.grammar.schema_size import check_size
+from radixcache.runtime.grammar.schema_walk import DATA_KEYWORDS, SCHEMA_MAPS, schema_objects
 from radixcache.runtime.tools.json_values import non_finite_path
 
 TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 SUBSCHEMA = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames")
-SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
-DATA_KEYWORDS = ("enum", "const", "default", "examples")  # their values are data, not schemas
 NUMBERS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 # llguidance's parser follows at most 2,000 items in one row, ~4 per optional property: an object of more fails
 # once the output enters it, and compiling it costs time that grows faster than its size (3,000: 14 s here)
@@ -139,24 +138,11 @@ def _uncountable_length(schema: Any, path: str) -> str | None:
     the schema's root (or a forced tool's `tools`), with a regex parse error of its own making ("(?s:.{0,4294967296})
     ... decimal literal invalid"); a generator's "no bound" of 2**63 - 1 among them. Not in `UNENFORCED` keywords'
     subschemas, which no grammar counts."""
-    stack = [(schema, path)]
-    while stack:
-        item, at = stack.pop()
-        if isinstance(item, list):
-            stack.extend((v, f"{at}[{i}]") for i, v in reversed(list(enumerate(item))))
-        if not isinstance(item, dict):
-            continue
+    for item, at in schema_objects(schema, path, skip=UNENFORCED):
         for key in ("minLength", "maxLength"):
             value = item.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > MAX_LENGTH_COUNT:
                 return f"{at}.{key}"
-        for k, v in reversed(item.items()):
-            if k in DATA_KEYWORDS or k in UNENFORCED:
-                continue
-            if k in SCHEMA_MAPS and isinstance(v, dict):
-                stack.extend((sub, f"{at}.{k}.{name}") for name, sub in reversed(v.items()))
-            else:
-                stack.append((v, f"{at}.{k}"))
     return None
 
 
