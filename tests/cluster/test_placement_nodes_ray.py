@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.cluster.test_placement_nodes import assert_refused_per_node, no_actor
+
 ray = pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one Ray cluster at a time (conftest.py)
@@ -38,17 +40,6 @@ def two_nodes() -> Iterator[Any]:
 # is a cluster of two real nodes. 8.1 s of the last full run under load (15.2 s in the next).
 @pytest.mark.extended
 def test_replicas_that_fit_the_total_but_no_node_are_refused(two_nodes: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from radixcache.runtime.cluster.cluster import ReplicaCluster
-
     assert ray.cluster_resources()["CPU"] == 2.0
-
-    def no_actor(*_a: Any, **_k: Any) -> Any:
-        raise AssertionError("replicas were created that Ray cannot place")
-
     monkeypatch.setattr(ray, "remote", no_actor)
-    with pytest.raises(ValueError, match=r"only 0 fit on the Ray cluster's nodes \(of 1, 1 CPUs\)"):
-        ReplicaCluster("unused", 1, cpus=2.0, poll_interval=None)
-    with pytest.raises(ValueError, match=r"only 2 fit .* \(of 1, 1 CPUs\)"):
-        ReplicaCluster("unused", 3, cpus=0.5 + 1e-4, poll_interval=None)  # 0.5 fits twice a node; a bit more once
-    with pytest.raises(AssertionError, match="were created"):  # one per node fits: past the check
-        ReplicaCluster("unused", 2, cpus=1.0, poll_interval=None)
+    assert_refused_per_node()
