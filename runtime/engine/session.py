@@ -212,12 +212,6 @@ class Session:
 
     # ------------------------------------------------------------------ private
 
-    def _kw(self, kwargs: dict[str, Any], caller: str) -> RequestOptions:
-        """A turn's options: the session's (or the turn's own `options=`), with the turn's keywords over them; an
-        unknown keyword is a TypeError naming `caller`, the method it was given to."""
-        options = kwargs.pop("options", None)
-        return resolve_options(None, self.options if options is None else options, kwargs, caller)
-
     def _turn(self, turns: list[dict[str, Any]], kwargs: dict[str, Any], caller: str) -> GenerationResult:
         prompt = [*self.messages, *turns]
         options = self._asked(prompt, kwargs, caller)
@@ -239,10 +233,12 @@ class Session:
         return self._append(turns, result)
 
     def _asked(self, prompt: list[dict[str, Any]], kwargs: dict[str, Any], caller: str) -> RequestOptions:
-        """A turn's options, its pin cut to the engine's pinned share (a pin past it was a ValueError at every turn
-        once the history outgrew it); a turn asking a pin is noted as one the session may hold from now on (one that
-        raises may have pinned: a request failed after its prompt was computed)."""
-        options = self._kw(kwargs, caller)
+        """A turn's options: the session's (or the turn's own `options=`) with its keywords over them (an unknown one a
+        TypeError naming `caller`, the method), its pin cut to the engine's pinned share (a pin past it was a
+        ValueError at every turn once the history outgrew it); a turn asking a pin is noted as one the session may
+        hold from now on (one that raises may have pinned: a request failed after its prompt was computed)."""
+        given = kwargs.pop("options", None)
+        options = resolve_options(None, self.options if given is None else given, kwargs, caller)
         share = getattr(self.engine, "max_pinned_blocks", None)
         if options.pin and share is not None:
             most = share * self.engine.cache.page_size  # type: ignore[attr-defined]
