@@ -103,7 +103,7 @@ def load_library(path: str | os.PathLike[str]) -> ctypes.CDLL:
     except OSError as exc:
         raise NativeBuildError(f"cannot load the native kernel {path}: {exc}") from exc
     ptr, num = ctypes.c_void_p, ctypes.c_int
-    # (parts, part data pointers, part kinds, part rows, cols, x, tokens, y, row stride of y) -> 0, or -1
+    # (parts, part data pointers, part kinds, part rows, cols, x, tokens, y, row stride of y) -> 0, -1 or -2
     lib.blockdot_matmul.argtypes = [num, ptr, ptr, ptr, num, ptr, num, ptr, num]
     lib.blockdot_matmul.restype = ctypes.c_int
     lib.qdot_matmul.argtypes = lib.blockdot_matmul.argtypes  # the same call with int8 activations: 0, -1 or -2

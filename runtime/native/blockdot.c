@@ -5,8 +5,9 @@
  * exactly as stored (no activation quantisation; the int8-activation kernels are in qdot.c). With Q4_1,
  *   sum_j w_j x_j = d * sum_j q_j x_j + m * sum_j x_j,
  * and the block sums of x are computed once per call. Products and sums are float32, as in a float32 GEMM of
- * the dequantised weights; only the summation order differs. Q4_1 and Q8_0 have hand-written vector paths
- * (AVX-512, AVX2 + FMA), and so do Q5_0, Q4_K, Q5_K and Q6_K (kquant_rows.h: Q4_K_M and Q5_K_M files' kinds);
+ * the dequantised weights; only the summation order differs. Q4_1 (q4_1_row.h: on AVX2 it reads x in its nibbles'
+ * order, prepared once per call) and Q8_0 have hand-written vector paths (AVX-512, AVX2 + FMA), and so do Q5_0,
+ * Q4_K, Q5_K and Q6_K (kquant_rows.h: Q4_K_M and Q5_K_M files' kinds);
  * Q4_0 and Q5_1 decode a block into float32 (block_decode.h) and multiply it, and without AVX2 + FMA every kind
  * but Q4_1 and Q8_0 does so in portable C that the compiler vectorises.
  *
@@ -46,77 +47,7 @@ int blockdot_vector_width(void) {
 #endif
 }
 
-/* One output row of a Q4_1 weight for `ntok` tokens: out[t] = row . x[t]. xsum[t * nb + b]: block sums of x.
- * Always inlined into block_rows_n's cases: with `ntok` a constant the per-token accumulators stay in registers.
- * As a variable they lived on the stack and every block waited on a store and a load: all SmolLM2 Q4_1 products
- * of a token took 6.7 ms against 5.1 now at 1 row, 12.3 against 10.4 at 4 (2 threads, measured 2026-12-04). */
-static inline __attribute__((always_inline)) void q4_1_row(const block_q4_1 *row, int nb, const float *x, int cols,
-                                                           int ntok, const float *xsum, float *out) {
-    float mterm[BLOCKDOT_MAX_TOKENS] = {0};
-#if defined(__AVX512F__)
-    __m512 acc[BLOCKDOT_MAX_TOKENS];
-    for (int t = 0; t < ntok; t++) acc[t] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi32(0x0F);
-    for (int b = 0; b < nb; b++) {
-        const __m512i q32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)row[b].qs));
-        const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(q32, low));
-        const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(q32, 4));
-        const __m512 d = _mm512_set1_ps(half_to_float(row[b].d));
-        const float m = half_to_float(row[b].m);
-        for (int t = 0; t < ntok; t++) {
-            const float *xb = x + (size_t)t * cols + b * QK;
-            __m512 p = _mm512_mul_ps(lo, _mm512_loadu_ps(xb));
-            p = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), p);
-            acc[t] = _mm512_fmadd_ps(p, d, acc[t]);
-            mterm[t] += m * xsum[t * nb + b];
-        }
-    }
-    for (int t = 0; t < ntok; t++) out[t] = _mm512_reduce_add_ps(acc[t]) + mterm[t];
-#elif defined(__AVX2__) && defined(__FMA__)
-    __m256 acc[BLOCKDOT_MAX_TOKENS];
-    for (int t = 0; t < ntok; t++) acc[t] = _mm256_setzero_ps();
-    const __m128i low = _mm_set1_epi8(0x0F);
-    for (int b = 0; b < nb; b++) {
-        const __m128i qs = _mm_loadu_si128((const __m128i *)row[b].qs);
-        const __m128i lo8 = _mm_and_si128(qs, low), hi8 = _mm_and_si128(_mm_srli_epi16(qs, 4), low);
-        const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo8));
-        const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo8, 8)));
-        const __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi8));
-        const __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi8, 8)));
-        const __m256 d = _mm256_set1_ps(half_to_float(row[b].d));
-        const float m = half_to_float(row[b].m);
-        for (int t = 0; t < ntok; t++) {
-            const float *xb = x + (size_t)t * cols + b * QK;
-            __m256 p = _mm256_mul_ps(q0, _mm256_loadu_ps(xb));
-            p = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xb + 8), p);
-            p = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xb + 16), p);
-            p = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xb + 24), p);
-            acc[t] = _mm256_fmadd_ps(p, d, acc[t]);
-            mterm[t] += m * xsum[t * nb + b];
-        }
-    }
-    for (int t = 0; t < ntok; t++) out[t] = hsum256(acc[t]) + mterm[t];
-#else
-    float acc[BLOCKDOT_MAX_TOKENS] = {0};
-    float q[QK];
-    for (int b = 0; b < nb; b++) {
-        for (int j = 0; j < 16; j++) {
-            q[j] = (float)(row[b].qs[j] & 0x0F);
-            q[j + 16] = (float)(row[b].qs[j] >> 4);
-        }
-        const float d = half_to_float(row[b].d), m = half_to_float(row[b].m);
-        for (int t = 0; t < ntok; t++) {
-            const float *xb = x + (size_t)t * cols + b * QK;
-            float p = 0.0f;
-            for (int j = 0; j < QK; j++) p += q[j] * xb[j];
-            acc[t] += d * p;
-            mterm[t] += m * xsum[t * nb + b];
-        }
-    }
-    for (int t = 0; t < ntok; t++) out[t] = acc[t] + mterm[t];
-#endif
-}
-
+#include "q4_1_row.h"
 #include "kquant_rows.h"
 
 /* One output row of a Q8_0 weight for `ntok` tokens (inlined as q4_1_row is). */
@@ -408,11 +339,23 @@ int blockdot_check_parts(int nparts, const int *kinds, const int *rows, int cols
     return start[nparts] > ldy ? -1 : 0;
 }
 
-/* xsum[t * (cols / QK) + b]: the sum of block b of row t of x, where some part's kind reads it (else nothing is
- * written): what a product computes once before its rows (`ntok` x cols / QK floats). */
+/* Floats of prepared activations (blockdot_prep) a checked product of `ntok` rows takes: the block sums, then the
+ * ordered copy of x where a part is Q4_1 (q4_1_row.h). */
+size_t blockdot_prep_floats(int nparts, const int *kinds, int cols, int ntok) {
+    int any_q4_1 = 0;
+    for (int p = 0; p < nparts; p++) any_q4_1 |= kinds[p] == KIND_Q4_1;
+    return (size_t)ntok * (size_t)(cols / QK) + (any_q4_1 ? q41_prep_floats(cols, ntok) : 0);
+}
+
+/* The prepared activations (blockdot_prep_floats of them) into `xsum`: xsum[t * (cols / QK) + b], the sum of block b
+ * of row t of x, where some part's kind reads it (else nothing is written), then q4_1_row.h's ordered copy where a
+ * part is Q4_1. What a product computes once before its rows. */
 void blockdot_prep(int nparts, const int *kinds, const float *x, int cols, int ntok, float *xsum) {
-    int any_xsum = 0;
-    for (int p = 0; p < nparts; p++) any_xsum |= needs_xsum(kinds[p]);
+    int any_xsum = 0, any_q4_1 = 0;
+    for (int p = 0; p < nparts; p++) {
+        any_xsum |= needs_xsum(kinds[p]);
+        any_q4_1 |= kinds[p] == KIND_Q4_1;
+    }
     if (!any_xsum) return;
     const int nb = cols / QK;
     for (int t = 0; t < ntok; t++) {
@@ -422,6 +365,7 @@ void blockdot_prep(int nparts, const int *kinds, const float *x, int cols, int n
             xsum[t * nb + b] = s;
         }
     }
+    if (any_q4_1) q41_prep(x, cols, ntok, xsum, xsum + (size_t)ntok * nb);
 }
 
 /* Rows per claim of a product whose first part is of `kind` (thread_rows.h's row_chunk). */
@@ -455,18 +399,24 @@ void blockdot_team_rows(int nparts, const void *const *data, const int *kinds, c
 }
 
 /* y[t * ldy + o] for the rows of `nparts` stacked parts (part p: `kinds[p]`, `rows[p]` rows at `data[p]`), all
- * with `cols` columns. Returns 0, or -1 for arguments out of range (nothing is written then). */
+ * with `cols` columns. Returns 0, -1 for arguments out of range (nothing is written then), or -2 for a failed
+ * allocation. */
 int blockdot_matmul(int nparts, const void *const *data, const int *kinds, const int *rows, int cols,
                     const float *x, int ntok, float *y, int ldy) {
     int start[BLOCKDOT_MAX_PARTS + 1];
     if (blockdot_check_parts(nparts, kinds, rows, cols, ntok, ldy, start) != 0) return -1;
-    float xsum[BLOCKDOT_MAX_TOKENS * (cols / QK)];
+    /* on the stack up to 64 KiB (decode's products), else on the heap (a long row of 8 tokens, ~0.5 MB) */
+    const size_t floats = blockdot_prep_floats(nparts, kinds, cols, ntok);
+    float small[16384];
+    float *xsum = floats <= 16384 ? small : malloc(floats * sizeof(float));
+    if (xsum == NULL) return -2;
     blockdot_prep(nparts, kinds, x, cols, ntok, xsum);
     const int team = omp_get_max_threads();
     row_share shares[team];
     row_shares_init(shares, team, start[nparts]);
 #pragma omp parallel num_threads(team)
     blockdot_team_rows(nparts, data, kinds, start, cols, x, ntok, xsum, y, ldy, shares, team, omp_get_thread_num());
+    if (xsum != small) free(xsum);
     return 0;
 }
 

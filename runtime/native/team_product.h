@@ -28,6 +28,7 @@ enum { KERNEL_BLOCKS = 0, KERNEL_INT8 = 1, KERNEL_DENSE = 2, KERNEL_INT16 = 3 };
 
 /* the kernels' pieces (blockdot.c, qdot.c, densedot.c) */
 int blockdot_check_parts(int nparts, const int *kinds, const int *rows, int cols, int ntok, int ldy, int *start);
+size_t blockdot_prep_floats(int nparts, const int *kinds, int cols, int ntok);
 void blockdot_prep(int nparts, const int *kinds, const float *x, int cols, int ntok, float *xsum);
 int blockdot_chunk(int kind, int cols);
 void blockdot_claim_rows(int nparts, const void *const *data, const int *kinds, const int *start, int cols,
@@ -59,7 +60,7 @@ static inline int team_check(const native_linear *w, int rows, int *start) {
 /* Bytes of prepared activations a checked product needs (64-byte aligned storage). */
 static inline size_t team_prep_bytes(const native_linear *w, int rows) {
     switch (w->kernel) {
-    case KERNEL_BLOCKS: return (size_t)rows * (size_t)(w->cols / QK) * sizeof(float);
+    case KERNEL_BLOCKS: return blockdot_prep_floats(w->nparts, w->kinds, w->cols, rows) * sizeof(float);
     case KERNEL_INT8: return qdot_prep_bytes(0, rows, w->cols);
     case KERNEL_INT16: return qdot_prep_bytes(1, rows, w->cols);
     default: return 0;
