@@ -122,7 +122,8 @@ class DecodeMirror:
         self.dtype = dtype
         self.device = torch.device(device)
         self.max_bytes = max_bytes
-        self.native = native  # radixcache.runtime.native.ops (quant="gguf"): attention in one native call per layer
+        # radixcache.runtime.native.ops (float32 on the CPU): attention in one native call per layer, row fills in one
+        self.native = native
         self.bytes_per_position = 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype.itemsize
         # tuples, replaced whole when the rows are reallocated: each step hands out the same objects, so that a
         # reader may key what it derives from them (model.native_layers' pointer tables) on their identity
@@ -265,14 +266,20 @@ class DecodeMirror:
         self.reallocations += 1
 
     def _load(self, row: int, table: Sequence[int], n: int, pool: KVPool) -> None:
-        """Copy positions `0 .. n - 1` of a sequence from the pool into `row`."""
+        """Copy positions `0 .. n - 1` of a sequence from the pool into `row`: one native call for every layer
+        where the library takes the tensors (float32 on the CPU), on the step's torch thread count; else a gather
+        and a copy per layer for K and for V (each an OpenMP region whose barrier, beside busy programs, waits for
+        a descheduled thread: 0.6-1.6 s after a 512-token prompt on two threads, docs/benchmarks.md)."""
         self._synced[row] = -1
         if n > 0:
-            ids = torch.as_tensor(list(table), dtype=torch.int64, device=self.device)
-            for layer in range(self.num_layers):
-                k_pages, v_pages = pool.layer(layer)
-                self._k[layer][row, :, :n] = gather_pages(k_pages, ids, n).transpose(0, 1)
-                self._v[layer][row, :, :n] = gather_pages(v_pages, ids, n).transpose(0, 1)
+            pages = list(table)[: -(-n // pool.page_size)]
+            threads = torch.get_num_threads()
+            if self.native is None or not self.native.fill_mirror(pool.kv, self._k, self._v, row, pages, n, threads):
+                ids = torch.as_tensor(pages, dtype=torch.int64, device=self.device)
+                for layer in range(self.num_layers):
+                    k_pages, v_pages = pool.layer(layer)
+                    self._k[layer][row, :, :n] = gather_pages(k_pages, ids, n).transpose(0, 1)
+                    self._v[layer][row, :, :n] = gather_pages(v_pages, ids, n).transpose(0, 1)
             self.positions_loaded += n
         self._synced[row] = n
 

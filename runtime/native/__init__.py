@@ -51,6 +51,7 @@ SOURCES = tuple(
         "team_pool.c",
         "row_argmax.c",
         "page_reads.c",
+        "mirror_fill.c",
     )
 )
 # Every header beside the sources: each one is part of the build key, so an edit to any of them rebuilds (a list
@@ -142,6 +143,10 @@ def load_library(path: str | os.PathLike[str]) -> ctypes.CDLL:
     # (gate and up rows, rows, inter, out) -> 0, or -1 (decode_layers.c)
     lib.native_silu_mul.argtypes = [ptr, num, num, ptr]
     lib.native_silu_mul.restype = ctypes.c_int
+    # (pool K, pool V, layer stride, layers, blocks, page size, kv heads, head dim, page ids, pages, positions,
+    #  K rows, V rows, capacity, threads) -> 0, or -1 (nothing written)
+    lib.native_mirror_fill.argtypes = [ptr, ptr, long, num, num, num, num, num, ptr, num, num, ptr, ptr, num, num]
+    lib.native_mirror_fill.restype = ctypes.c_int
     # (layers, layer count, x, rows, hidden, heads, kv heads, head dim, inter, eps, positions, cos, signed sin, max
     #  position, pool, pool layer stride, pool v offset, slots, slot count, mirror k per layer, mirror v per layer,
     #  mirror row stride, mirror head stride, mirror rows, mirror positions, mirror row count, mirror capacity,

@@ -159,6 +159,43 @@ class NativeDecodeOps:
             raise ValueError(f"native_rope_store refused positions, slots or mirror places for {rows} rows")
         return q
 
+    def fill_mirror(
+        self,
+        pool: torch.Tensor,
+        mirror_k: Sequence[torch.Tensor],
+        mirror_v: Sequence[torch.Tensor],
+        row: int,
+        table: Sequence[int],
+        n: int,
+        threads: int,
+    ) -> bool:
+        """mirror_fill.c: positions `0 .. n - 1` of one sequence (its page ids `table`) copied from the pool's K/V
+        (`pool`: `[layers, 2, blocks, page, KV, D]`) into row `row` of every layer's mirror (`[rows, KV, capacity,
+        D]`), in one call on `threads` threads. False, with nothing copied, where the kernel does not take these
+        tensors (not float32 on the CPU, not dense): the caller copies them itself. ValueError for a table that
+        does not hold the positions within the pool, or a row or length outside the mirror."""
+        tensors = (pool, *mirror_k, *mirror_v)
+        if pool.dim() != 6 or not _cpu_f32(*tensors) or not all(t.is_contiguous() for t in tensors):
+            return False
+        layers, _, blocks, page, kvh, d = pool.shape
+        shape = mirror_k[0].shape
+        if len(mirror_k) != layers or len(mirror_v) != layers or any(t.shape != shape for t in tensors[1:]):
+            return False
+        if shape[1] != kvh or shape[3] != d:
+            return False
+        if not 0 <= row < shape[0]:
+            raise ValueError(f"mirror row {row} is outside its {shape[0]} rows")
+        ids = (ctypes.c_int64 * len(table))(*table)
+        rows_k = (ctypes.c_void_p * layers)(*(t[row].data_ptr() for t in mirror_k))
+        rows_v = (ctypes.c_void_p * layers)(*(t[row].data_ptr() for t in mirror_v))
+        status = self._lib.native_mirror_fill(
+            pool[0, 0].data_ptr(), pool[0, 1].data_ptr(), pool.stride(0), layers, blocks, page, kvh, d, ids,
+            len(table), n, rows_k, rows_v, shape[2], threads,
+        )  # fmt: skip
+        if status != 0:
+            raise ValueError(f"native_mirror_fill refused {n} positions over pages {list(table)} of {blocks}")
+        return True
+
 
 def _cpu_f32(*tensors: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
