@@ -5,9 +5,9 @@
  * exactly as stored (no activation quantisation; the int8-activation kernels are in qdot.c). With Q4_1,
  *   sum_j w_j x_j = d * sum_j q_j x_j + m * sum_j x_j,
  * and the block sums of x are computed once per call. Products and sums are float32, as in a float32 GEMM of
- * the dequantised weights; only the summation order differs. Q4_1 (q4_1_row.h: on AVX2 it reads x in its nibbles'
- * order, prepared once per call) and Q8_0 have hand-written vector paths (AVX-512, AVX2 + FMA), and so do Q5_0,
- * Q4_K, Q5_K and Q6_K (kquant_rows.h: Q4_K_M and Q5_K_M files' kinds);
+ * the dequantised weights; only the summation order differs. Q4_1 (q4_rows.h: on AVX2 it reads x in its nibbles'
+ * order, prepared once per call, and so does Q4_0 there) and Q8_0 have hand-written vector paths (AVX-512, AVX2 +
+ * FMA), and so do Q5_0, Q4_K, Q5_K and Q6_K (kquant_rows.h: Q4_K_M and Q5_K_M files' kinds);
  * Q4_0 and Q5_1 decode a block into float32 (block_decode.h) and multiply it, and without AVX2 + FMA every kind
  * but Q4_1 and Q8_0 does so in portable C that the compiler vectorises.
  *
@@ -47,10 +47,10 @@ int blockdot_vector_width(void) {
 #endif
 }
 
-#include "q4_1_row.h"
+#include "q4_rows.h"
 #include "kquant_rows.h"
 
-/* One output row of a Q8_0 weight for `ntok` tokens (inlined as q4_1_row is). */
+/* One output row of a Q8_0 weight for `ntok` tokens (inlined as q4_rows.h's rows are). */
 static inline __attribute__((always_inline)) void q8_0_row(const block_q8_0 *row, int nb, const float *x, int cols,
                                                            int ntok, float *out) {
 #if defined(__AVX512F__)
@@ -284,6 +284,10 @@ static inline __attribute__((always_inline)) void block_rows(int kind, const uin
         float out[BLOCKDOT_MAX_TOKENS];
         if (kind == KIND_Q4_1)
             q4_1_row((const block_q4_1 *)row, nblocks, x, cols, ntok, xsum, out);
+#if Q4_ORDERED
+        else if (kind == KIND_Q4_0)
+            q4_0_row((const block_q4_0 *)row, nblocks, cols, ntok, xsum, out);
+#endif
         else if (kind == KIND_Q8_0)
             q8_0_row((const block_q8_0 *)row, nblocks, x, cols, ntok, out);
 #ifdef BLOCKDOT_KQUANT_ROWS
@@ -322,8 +326,11 @@ static inline int needs_xsum(int kind) {
 #ifdef BLOCKDOT_KQUANT_ROWS
     if (kind == KIND_Q5_0 || kind == KIND_Q4_K || kind == KIND_Q5_K) return 1;
 #endif
-    return kind == KIND_Q4_1;
+    return kind == KIND_Q4_1 || (Q4_ORDERED && kind == KIND_Q4_0);
 }
+
+/* Whether a kind's row reads q4_rows.h's ordered copy of x. */
+static inline int needs_ordered(int kind) { return Q4_ORDERED && (kind == KIND_Q4_1 || kind == KIND_Q4_0); }
 
 /* Checks the parts of a call and fills `start` (first output row of each part): 0, or -1 for arguments out of
  * range (a kind the kernels do not take, columns that are not whole blocks of every part, too many rows). */
@@ -340,21 +347,21 @@ int blockdot_check_parts(int nparts, const int *kinds, const int *rows, int cols
 }
 
 /* Floats of prepared activations (blockdot_prep) a checked product of `ntok` rows takes: the block sums, then the
- * ordered copy of x where a part is Q4_1 (q4_1_row.h). */
+ * ordered copy of x where a part reads it (q4_rows.h). */
 size_t blockdot_prep_floats(int nparts, const int *kinds, int cols, int ntok) {
-    int any_q4_1 = 0;
-    for (int p = 0; p < nparts; p++) any_q4_1 |= kinds[p] == KIND_Q4_1;
-    return (size_t)ntok * (size_t)(cols / QK) + (any_q4_1 ? q41_prep_floats(cols, ntok) : 0);
+    int any_ordered = 0;
+    for (int p = 0; p < nparts; p++) any_ordered |= needs_ordered(kinds[p]);
+    return (size_t)ntok * (size_t)(cols / QK) + (any_ordered ? q4_prep_floats(cols, ntok) : 0);
 }
 
 /* The prepared activations (blockdot_prep_floats of them) into `xsum`: xsum[t * (cols / QK) + b], the sum of block b
- * of row t of x, where some part's kind reads it (else nothing is written), then q4_1_row.h's ordered copy where a
- * part is Q4_1. What a product computes once before its rows. */
+ * of row t of x, where some part's kind reads it (else nothing is written), then q4_rows.h's ordered copy where a
+ * part reads it. What a product computes once before its rows. */
 void blockdot_prep(int nparts, const int *kinds, const float *x, int cols, int ntok, float *xsum) {
-    int any_xsum = 0, any_q4_1 = 0;
+    int any_xsum = 0, any_ordered = 0;
     for (int p = 0; p < nparts; p++) {
         any_xsum |= needs_xsum(kinds[p]);
-        any_q4_1 |= kinds[p] == KIND_Q4_1;
+        any_ordered |= needs_ordered(kinds[p]);
     }
     if (!any_xsum) return;
     const int nb = cols / QK;
@@ -365,7 +372,7 @@ void blockdot_prep(int nparts, const int *kinds, const float *x, int cols, int n
             xsum[t * nb + b] = s;
         }
     }
-    if (any_q4_1) q41_prep(x, cols, ntok, xsum, xsum + (size_t)ntok * nb);
+    if (any_ordered) q4_prep(x, cols, ntok, xsum, xsum + (size_t)ntok * nb);
 }
 
 /* Rows per claim of a product whose first part is of `kind` (thread_rows.h's row_chunk). */
