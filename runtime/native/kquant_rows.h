@@ -4,7 +4,8 @@
  * At one token these products are bound by arithmetic, not memory, and the generic row (block_decode.h: a block
  * decoded into a float buffer, then multiplied) spends a third of its time on the buffer's stores and loads. Here the
  * weights' integers go from the block's bytes to float registers and straight into the products, and each kind's
- * scale and offset are applied per block (per sub-block of 32 for Q4_K, per 16 values for Q6_K) as q4_rows.h's Q4_1 row does:
+ * scale and offset are applied per block (per sub-block of 32 for Q4_K, per 16 values for Q6_K) as q4_rows.h's Q4_1
+ * row does:
  *   Q5_0  w = d (q - 16)          sum_j w_j x_j = d sum_j q_j x_j - 16 d sum_j x_j
  *   Q4_K  w = d sc q - dmin m     sum_j w_j x_j = (d sc) sum_j q_j x_j - (dmin m) sum_j x_j   (per sub-block)
  *   Q5_K  the same, q with a fifth bit

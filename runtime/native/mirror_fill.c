@@ -22,8 +22,9 @@
 int native_mirror_fill(const float *pool_k, const float *pool_v, long layer_stride, int num_layers, int num_blocks,
                        int page_size, int kv_heads, int head_dim, const int64_t *pages, int npages, int n,
                        float *const *mirror_k, float *const *mirror_v, int capacity, int threads) {
+    const long layer_floats = (long)num_blocks * page_size * kv_heads * head_dim;
     if (num_layers < 1 || num_blocks < 1 || page_size < 1 || kv_heads < 1 || head_dim < 1 || n < 0 || npages < 0 ||
-        n > capacity || (long)npages * page_size < n || layer_stride < (long)num_blocks * page_size * kv_heads * head_dim)
+        n > capacity || (long)npages * page_size < n || layer_stride < layer_floats)
         return -1;
     const int used = (n + page_size - 1) / page_size;
     for (int i = 0; i < used; i++)
