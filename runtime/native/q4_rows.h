@@ -12,9 +12,10 @@
  * read in that order: the prepared activations carry each token's x permuted within each block (q4_prep), so the
  * permutation is paid once per call rather than once per row. The block's (d, m) pair is converted from half
  * precision by one instruction; m times the tokens' block sums (also prepared, one vector a block) sums in one vector.
- * The single-thread row took 1.23-1.32x less time than the byte-unpacking row it replaced on this project's AVX2 VM
- * (4096 x 4096, 576 x 1536 and 512 x 576 weights, one token; docs/benchmarks.md). Only the summation order
- * changed: the same products of the same float32 values, so the same bits for any thread count.
+ * A 4096 x 4096 Q4_1 product on 2 threads of this project's AVX2 VM took 0.67-0.78 ms against 0.87-1.31 with the
+ * byte-unpacking row it replaced at one token, 3.0-3.5 against 3.6-5.3 at eight (scripts/bench_block_kinds.py, the
+ * builds' runs alternating; docs/benchmarks.md). Only the summation order changed: the same products of the same
+ * float32 values, so the same bits for any thread count and batch.
  *
  * AVX-512 and the portable path read x in its own order and leave the prepared order unused (Q4_ORDERED 0); their
  * Q4_0 rows are blockdot.c's generic decode. */
