@@ -269,7 +269,8 @@ class DecodeMirror:
         """Copy positions `0 .. n - 1` of a sequence from the pool into `row`: one native call for every layer
         where the library takes the tensors (float32 on the CPU), on the step's torch thread count; else a gather
         and a copy per layer for K and for V (each an OpenMP region whose barrier, beside busy programs, waits for
-        a descheduled thread: 0.6-1.6 s after a 512-token prompt on two threads, docs/benchmarks.md)."""
+        a descheduled thread: up to 0.95 s after a 512-token prompt on two threads beside two busy processes,
+        docs/benchmarks.md)."""
         self._synced[row] = -1
         if n > 0:
             pages = list(table)[: -(-n // pool.page_size)]

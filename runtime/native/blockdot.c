@@ -8,8 +8,8 @@
  * the dequantised weights; only the summation order differs. Q4_1 (q4_rows.h: on AVX2 it reads x in its nibbles'
  * order, prepared once per call, and so does Q4_0 there) and Q8_0 have hand-written vector paths (AVX-512, AVX2 +
  * FMA), and so do Q5_0, Q4_K, Q5_K and Q6_K (kquant_rows.h: Q4_K_M and Q5_K_M files' kinds);
- * Q4_0 and Q5_1 decode a block into float32 (block_decode.h) and multiply it, and without AVX2 + FMA every kind
- * but Q4_1 and Q8_0 does so in portable C that the compiler vectorises.
+ * Q5_1 (and Q4_0 but on AVX2) decode a block into float32 (block_decode.h) and multiply it, and without AVX2 + FMA
+ * every kind but Q4_1 and Q8_0 does so in portable C that the compiler vectorises.
  *
  * A weight may be several parts stacked by rows (a fused q/k/v or gate/up matrix whose source tensors have
  * their own block types): one call covers them all, the threads taking the output rows as thread_rows.h says (a

@@ -5,8 +5,9 @@
  * when its sequence joins the decode batch: after every prompt. In PyTorch that was a gather and a transposed copy
  * per layer for K and for V, over a hundred OpenMP regions for SmolLM2, each ending at a barrier; beside busy
  * programs a barrier waits for whichever thread the scheduler took off its core, and the fill after a 512-token
- * prompt took 0.6-1.6 s on two threads (docs/benchmarks.md, 2026-12-07). Here it is one region (no region at all
- * on one thread), each thread copying whole layers' K or V, position by position: the same values, copied. */
+ * prompt took a median 134 ms and up to 0.95 s on two threads beside two busy processes (6 and 10 ms here;
+ * scripts/bench_mirror_fill.py --engine, docs/benchmarks.md). Here it is one region (no region at all on one
+ * thread), each thread copying whole layers' K or V, position by position: the same values, copied. */
 #include <stdint.h>
 #include <string.h>
 #ifdef _OPENMP
