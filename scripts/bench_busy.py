@@ -177,8 +177,9 @@ class Worker:
 
 
 def start_busy(n: int) -> list[subprocess.Popen[bytes]]:
+    """Start `n` single-thread busy loops and give them half a second to be scheduled (none: no wait)."""
     procs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(n)]
-    time.sleep(0.5)
+    time.sleep(0.5 if n else 0)
     return procs
 
 

@@ -27,17 +27,16 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from scripts.bench_busy import start_busy, stop_busy
 from scripts.script_args import at_least
 
 PAGE = 16
-BUSY_LOOP = "while True: pass"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -133,9 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     print("| positions | busy | native ms (median, slowest) | torch ms (median, slowest) | torch / native |")
     print("|---:|---:|---:|---:|---:|")
     for busy in args.busy:
-        procs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(busy)]
+        procs = start_busy(busy)
         try:
-            time.sleep(0.5 if busy else 0)
             for n in args.positions:
                 times: dict[str, list[float]] = {"native": [], "torch": []}
                 for r in range(args.rounds):
@@ -148,9 +146,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"{worst['torch']:.1f} | {med['torch'] / med['native']:.2f}x |"
                 )
         finally:
-            for p in procs:
-                p.kill()
-                p.wait()
+            stop_busy(procs)
 
 
 if __name__ == "__main__":
