@@ -11,8 +11,12 @@ layers' native call (`native_decode_layers`, every decoder layer of a step) goes
 build B at even ones. Each pair of adjacent steps gives one ratio B/A of the call's wall time; the first 4 steps of
 a round are left out. A is `--base`'s sources (a git revision of this repository: `runtime/native/*.c` and `*.h`
 as committed there), compiled with the same flags into a temporary folder; B is the working tree's (the build the
-Engine uses). The rest of the step (the head, the Python) runs B's. Prints each round's medians and, at the end,
-the median ratio over all pairs with its quartiles: below 1, B is faster.
+Engine uses). Where `--base`'s `*.c` and `*.h` are byte for byte the tree's (the default HEAD of a tree with no
+kernel change: an A/A run, which shows the noise floor), A is not compiled: the tree's cached build is copied into
+the temporary folder and loaded from there (a file of its own, so a dlopen handle of its own: the two builds keep
+separate state, such as their helper threads), and the output says so. The rest of the step (the head, the Python)
+runs B's. Prints each round's medians and, at the end, the median ratio over all pairs with its quartiles: below 1,
+B is faster.
 """
 
 from __future__ import annotations
@@ -52,10 +56,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SKIP_STEPS = 4  # each round's first steps (the mirror and caches settling)
 
 
-def build_revision(rev: str, folder: Path) -> ctypes.CDLL:
-    """`rev`'s kernels compiled as runtime.native compiles the tree's, into `folder`, and loaded."""
-    import radixcache.runtime.native as native
-
+def extract_revision(rev: str, folder: Path) -> None:
+    """`rev`'s runtime/native written under `folder` (before torch loads: a revision git does not know is refused at
+    once)."""
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", rev, "runtime/native"], capture_output=True, check=False
     )
@@ -63,18 +66,37 @@ def build_revision(rev: str, folder: Path) -> ctypes.CDLL:
         raise SystemExit(f"git archive {rev} runtime/native failed: {archive.stderr.decode().strip()}")
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(folder, filter="data")
-    sources = sorted(str(p) for p in (folder / "runtime" / "native").glob("*.c"))
+
+
+def build_revision(rev: str, folder: Path, tree_build: str) -> tuple[ctypes.CDLL, bool]:
+    """`rev`'s kernels (extract_revision's, in `folder`) compiled as runtime.native compiles the tree's, and loaded;
+    where they are the tree's byte for byte, a copy of `tree_build` (the tree's cached build). Also: whether copied."""
+    import radixcache.runtime.native as native
+
+    base = folder / "runtime" / "native"
+    sources = sorted(str(p) for p in base.glob("*.c"))
     out = folder / "base.so"
-    compiler = os.environ.get("CC", "cc")
-    proc = subprocess.run(
-        [compiler, *native.FLAGS, *sources, "-o", str(out), *native.LIBS], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"building {rev}'s kernels failed:\n{proc.stderr[-2000:]}")
+    copied = same_sources(base, ROOT / "runtime" / "native")
+    if copied:
+        shutil.copyfile(tree_build, out)
+    else:
+        compiler = os.environ.get("CC", "cc")
+        cmd = [compiler, *native.FLAGS, *sources, "-o", str(out), *native.LIBS]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise SystemExit(f"building {rev}'s kernels failed:\n{proc.stderr[-2000:]}")
     try:
-        return native.load_library(out)
+        return native.load_library(out), copied
     except AttributeError as exc:  # a revision older than a function the loader declares
         raise SystemExit(f"{rev}'s kernels lack a function this tree declares: {exc}") from exc
+
+
+def same_sources(a: Path, b: Path) -> bool:
+    """Whether folders `a` and `b` hold the same `*.c` and `*.h` files, byte for byte."""
+    names = sorted(p.name for p in a.iterdir() if p.suffix in (".c", ".h"))
+    if names != sorted(p.name for p in b.iterdir() if p.suffix in (".c", ".h")):
+        return False
+    return all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
 
 
 class Alternating:
@@ -125,6 +147,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.tokens < SKIP_STEPS + 3 or args.rounds < 1 or args.prompt < 1:
         raise SystemExit(f"--tokens must be at least {SKIP_STEPS + 3}, --rounds and --prompt at least 1")
+    folder = Path(tempfile.mkdtemp(prefix="native-ab-"))
+    try:
+        extract_revision(args.base, folder)
+        measure(args, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, folder: Path) -> None:
+    """The A/B run of main's arguments, `--base`'s sources extracted in `folder`."""
     import torch
 
     import radixcache.runtime.native as native
@@ -133,41 +165,39 @@ def main() -> None:
     from radixcache.runtime.model.llama import LlamaModel
 
     torch.set_num_threads(args.threads)
-    folder = Path(tempfile.mkdtemp(prefix="native-ab-"))
-    try:
-        lib_a = build_revision(args.base, folder)
-        lib_b = native.blockdot()
-        loaded = load_model("smollm2", keep_blocks=args.quant == "gguf")
-        quant = "gguf" if args.quant == "gguf" else "none"
-        blocks = loaded.blocks if quant == "gguf" else None
-        model = LlamaModel(loaded.config, loaded.weights, quant=quant, blocks=blocks)
-        if model.native_layers is None:
-            raise SystemExit("this model runs no native decode layers here: nothing to compare")
-        alternating = Alternating(lib_a, lib_b)
-        model.native_layers._lib = alternating  # the one place a step's layers are called from
-        model.native_layers.fuse_head = False  # the head in a call of its own: the layers' call alone alternates
-        engine = Engine(model, threads=args.threads, thread_policy="fixed", enable_cache=False, kv_memory="256MiB")
-        vocab = loaded.config.vocab_size
-        ids = [1000 + (i * 7919) % (min(vocab, 30000) - 1000) for i in range(args.prompt)]
-        engine.generate(ids, 8, ignore_eos=True)
-        print(f"# A = {args.base}'s kernels, B = the working tree's; SmolLM2 {args.quant}, {args.threads} threads")
-        ratios: list[float] = []
-        for r in range(args.rounds):
-            alternating.times.clear()
-            engine.generate(ids, args.tokens, ignore_eos=True)
-            pairs = pair_ratios(alternating.times[SKIP_STEPS:])
-            if not pairs:
-                raise SystemExit("no step ran the native decode layers: nothing to compare")
-            these = [b / a for a, b in pairs]
-            ratios += these
-            a_ms = statistics.median(a for a, _ in pairs) * 1e3
-            b_ms = statistics.median(b for _, b in pairs) * 1e3
-            print(f"round {r + 1}: A {a_ms:.3f} ms, B {b_ms:.3f} ms, B/A {statistics.median(these):.4f}", flush=True)
-        q1, q2, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
-        print(f"prompt {args.prompt}: B/A median {q2:.4f} over {len(ratios)} pairs (quartiles {q1:.4f}, {q3:.4f})")
-        engine.close()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    lib_b = native.blockdot()
+    lib_a, copied = build_revision(args.base, folder, lib_b._name)
+    if copied:
+        print(f"# {args.base}'s runtime/native sources are the working tree's: A is a copy of the tree's build")
+    loaded = load_model("smollm2", keep_blocks=args.quant == "gguf")
+    quant = "gguf" if args.quant == "gguf" else "none"
+    blocks = loaded.blocks if quant == "gguf" else None
+    model = LlamaModel(loaded.config, loaded.weights, quant=quant, blocks=blocks)
+    if model.native_layers is None:
+        raise SystemExit("this model runs no native decode layers here: nothing to compare")
+    alternating = Alternating(lib_a, lib_b)
+    model.native_layers._lib = alternating  # the one place a step's layers are called from
+    model.native_layers.fuse_head = False  # the head in a call of its own: the layers' call alone alternates
+    engine = Engine(model, threads=args.threads, thread_policy="fixed", enable_cache=False, kv_memory="256MiB")
+    vocab = loaded.config.vocab_size
+    ids = [1000 + (i * 7919) % (min(vocab, 30000) - 1000) for i in range(args.prompt)]
+    engine.generate(ids, 8, ignore_eos=True)
+    print(f"# A = {args.base}'s kernels, B = the working tree's; SmolLM2 {args.quant}, {args.threads} threads")
+    ratios: list[float] = []
+    for r in range(args.rounds):
+        alternating.times.clear()
+        engine.generate(ids, args.tokens, ignore_eos=True)
+        pairs = pair_ratios(alternating.times[SKIP_STEPS:])
+        if not pairs:
+            raise SystemExit("no step ran the native decode layers: nothing to compare")
+        these = [b / a for a, b in pairs]
+        ratios += these
+        a_ms = statistics.median(a for a, _ in pairs) * 1e3
+        b_ms = statistics.median(b for _, b in pairs) * 1e3
+        print(f"round {r + 1}: A {a_ms:.3f} ms, B {b_ms:.3f} ms, B/A {statistics.median(these):.4f}", flush=True)
+    q1, q2, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    print(f"prompt {args.prompt}: B/A median {q2:.4f} over {len(ratios)} pairs (quartiles {q1:.4f}, {q3:.4f})")
+    engine.close()
 
 
 if __name__ == "__main__":

