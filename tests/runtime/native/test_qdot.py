@@ -1,9 +1,9 @@
 """runtime/native/qdot.c (int8 and 16-bit activations) on every vector path this CPU can run, and BlockLinear's
 kernel choice.
 
-Each build of blockdot.c + qdot.c (AVX-512 VNNI from -march=native, AVX-VNNI, AVX2, portable C; a path whose
-instructions this CPU lacks is skipped) must give, for each block kind, 1 to 8 token rows and both widths
-(qdot_matmul: int8, top 127; qdot16_matmul: 16-bit, top 32639):
+Each build of qdot.c (AVX-512 VNNI from -march=native, AVX-VNNI, AVX2, portable C; a path whose instructions this
+CPU lacks is skipped; each linked with blockdot.c's argument check, compiled once) must give, for each block kind,
+1 to 8 token rows and both widths (qdot_matmul: int8, top 127; qdot16_matmul: 16-bit, top 32639):
 - the product of the dequantised weight with the activations as this test quantises them itself (numpy, float32:
   per 32 values d = max|x| / top, q = round-half-even(x / d)), within float32 summation slack: so the kernel really
   uses one scale per 32 values per row, and integer sums;
@@ -60,13 +60,29 @@ PATHS = {
 SLACK = 1e-5  # float32 scale products and block sums in another order than float64, relative to sum |x w|
 
 
+INCLUDE = f"-I{HEADERS[0].parent}"
+COMMON = ["-O2", INCLUDE, "-fopenmp", "-fPIC", "-std=c11"]
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """blockdot.c compiled once, with the portable path's flags: qdot.c takes only its argument check from it
+    (blockdot_check_parts, scalar code), and blockdot.c's own vector paths are test_blockdot_paths.py's. Built for
+    each path with that path's flags, it was about 5 s of compiler per path for the same check."""
+    out = tmp_path_factory.mktemp("checks") / "blockdot.o"
+    source = next(str(s) for s in SOURCES if s.name == "blockdot.c")
+    cmd = [CC, *COMMON, *PATHS["portable"][0], "-c", source, "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return str(out)
+
+
 @pytest.fixture(scope="module", params=list(PATHS))
-def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, checks: str) -> ctypes.CDLL:
     flags, path, needs = PATHS[request.param]
     out = tmp_path_factory.mktemp(request.param) / "qdot.so"
-    include = f"-I{HEADERS[0].parent}"
-    sources = [str(s) for s in SOURCES if s.name in ("blockdot.c", "qdot.c")]  # qdot.c checks with blockdot.c
-    cmd = [CC, "-O2", *flags, include, "-fopenmp", "-shared", "-fPIC", "-std=c11", *sources, "-o", str(out)]
+    source = next(str(s) for s in SOURCES if s.name == "qdot.c")
+    cmd = [CC, *COMMON[:1], *flags, *COMMON[1:], "-shared", source, checks, "-o", str(out)]  # qdot.c + the check
     proc = subprocess.run([*cmd, "-lm"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr  # every path compiles here, whether or not this CPU can run it
     missing = [f for f in needs if f not in set(cpu_fields().get("flags", "").split())]
