@@ -172,6 +172,20 @@ def keyed_server(tiny_model_dir: Path) -> Iterator[Server]:
         yield s
 
 
+POOL64_GROUP = "overload_servers"  # the xdist group of every test that uses `pool64_server`
+
+
+@pytest.fixture(scope="session")
+def pool64_server(tiny_model_dir: Path) -> Iterator[Server]:
+    """One tiny-checkpoint server with 64 tokens of KV (`--capacity-blocks 4 --page-size 16 --max-model-len 1000`)
+    for the tests of the pool's end (test_overload's generations that outgrow it, test_errors' prompt larger than
+    it): started once instead of once per module (a process start, torch's import and the model's load: about 3.5 s
+    of CPU). Their tests carry the xdist group POOL64_GROUP, so one worker runs them all. Each leaves it idle with
+    nothing locked (its blocks free or evictable), which is all the others need: a prompt evicts what it must."""
+    with start_server(tiny_model_dir, "--capacity-blocks", "4", "--page-size", "16", "--max-model-len", "1000") as s:
+        yield s
+
+
 @pytest.fixture(scope="session")
 def tiny_app(tiny_model_dir: Path) -> Iterator[tuple[Any, Any]]:
     """(a TestClient, its Engine): the tiny checkpoint in process (its byte-level tokenizer and ChatML template, one

@@ -108,11 +108,12 @@ def test_server_keeps_serving_after_errors(server, client) -> None:
     assert r.usage.completion_tokens >= 1
 
 
-def test_prompt_larger_than_the_kv_pool_is_400_with_the_numbers(tiny_model_dir, launch) -> None:
-    with launch(tiny_model_dir, "--capacity-blocks", "4", "--page-size", "16") as small:  # 64 tokens of KV
-        r = _post(small, "/completions", json={"model": "tiny", "prompt": "y" * 200, "max_tokens": 2})
-        err = _assert_error(r, 400)
-        assert err["code"] == "context_length_exceeded"
-        assert "64 tokens (4 pages of 16)" in err["message"] and "200 tokens (13 pages)" in err["message"]
-        ok = _post(small, "/completions", json={"model": "tiny", "prompt": "short", "max_tokens": 2})
-        assert ok.status_code == 200, ok.text
+@pytest.mark.xdist_group("overload_servers")  # conftest's POOL64_GROUP: the worker that runs pool64_server's tests
+def test_prompt_larger_than_the_kv_pool_is_400_with_the_numbers(pool64_server) -> None:
+    small = pool64_server  # 64 tokens of KV: 4 pages of 16
+    r = _post(small, "/completions", json={"model": "tiny", "prompt": "y" * 200, "max_tokens": 2})
+    err = _assert_error(r, 400)
+    assert err["code"] == "context_length_exceeded"
+    assert "64 tokens (4 pages of 16)" in err["message"] and "200 tokens (13 pages)" in err["message"]
+    ok = _post(small, "/completions", json={"model": "tiny", "prompt": "short", "max_tokens": 2})
+    assert ok.status_code == 200, ok.text

@@ -126,10 +126,9 @@ def test_queue_timeout_answers_503_with_retry_after(tiny_model_dir, launch) -> N
 # ---------------------------------------------------------------------------------------------- the pool's end
 
 
-@pytest.fixture(scope="module")
-def tiny_pool(tiny_model_dir, launch):
-    with launch(tiny_model_dir, "--capacity-blocks", "4", "--page-size", "16", "--max-model-len", "1000") as s:
-        yield s  # 64 tokens of KV
+@pytest.fixture
+def tiny_pool(pool64_server):
+    return pool64_server  # 64 tokens of KV, shared with test_errors (conftest.py)
 
 
 def test_a_generation_that_outgrows_the_pool_ends_with_length_and_its_tokens(tiny_pool) -> None:
