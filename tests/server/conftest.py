@@ -187,6 +187,18 @@ def pool64_server(tiny_model_dir: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
+def fuzz_server(tiny_model_dir: Path) -> Iterator[Server]:
+    """One tiny-checkpoint server (`--capacity-blocks 256 --max-model-len 192 --request-timeout 2`: the fuzz's long
+    generations end within 2 s) for the two schemathesis modules (test_schemathesis_fuzz, test_schemathesis_stateful;
+    xdist group "schemathesis"): started once instead of once per module (about 5 s of CPU). Each compares its
+    bystanders with their outputs alone on this server, counts the 5xx of its own run (its calls', and /metrics'
+    from where its run began), and asserts the cache whole and nothing locked once idle: true whatever ran before."""
+    args = ("--capacity-blocks", "256", "--max-model-len", "192", "--request-timeout", "2")
+    with start_server(tiny_model_dir, *args) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
 def tiny_app(tiny_model_dir: Path) -> Iterator[tuple[Any, Any]]:
     """(a TestClient, its Engine): the tiny checkpoint in process (its byte-level tokenizer and ChatML template, one
     thread, 128 blocks) for the hostile-input modules (test_hostile_requests, test_hostile_schemas; xdist group

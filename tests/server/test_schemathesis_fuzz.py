@@ -34,12 +34,9 @@ EXAMPLES = {"POST": 60, "GET": 10}
 BYSTANDER_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def fuzzed(tiny_model_dir, launch):
-    with launch(
-        tiny_model_dir, "--capacity-blocks", "256", "--max-model-len", "192", "--request-timeout", "5"
-    ) as server:
-        yield server
+@pytest.fixture
+def fuzzed(fuzz_server):
+    return fuzz_server  # shared with the other schemathesis module (conftest.py)
 
 
 def _bystander(server, prompt: str, http: httpx.Client | None = None) -> tuple[tuple[str, ...], str]:

@@ -38,12 +38,9 @@ TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_siz
 SALTS = st.sampled_from([None, "tenant-a", "tenant-b"])
 
 
-@pytest.fixture(scope="module")
-def fuzzed(tiny_model_dir, launch):
-    with launch(
-        tiny_model_dir, "--capacity-blocks", "256", "--max-model-len", "192", "--request-timeout", "2"
-    ) as server:
-        yield server
+@pytest.fixture
+def fuzzed(fuzz_server):
+    return fuzz_server  # shared with the other schemathesis module (conftest.py)
 
 
 def _machine(server, operations: list, server_errors: list[str], calls: list[str]) -> type[RuleBasedStateMachine]:
@@ -129,7 +126,15 @@ def _machine(server, operations: list, server_errors: list[str], calls: list[str
     return ServerMachine
 
 
+def _server_errors_counted(server) -> dict[str, float]:
+    """/metrics' 5xx counters (radixcache_http_errors_total, status 5xx), by their labels: this run's are the growth."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    rows = [line.rsplit(" ", 1) for line in text.splitlines()]
+    return {row[0]: float(row[1]) for row in rows if row[0].startswith('radixcache_http_errors_total{status="5')}
+
+
 def test_stateful_fuzzing_gives_no_5xx_and_leaves_bystanders_and_the_cache_intact(fuzzed) -> None:
+    before = _server_errors_counted(fuzzed)  # the shared server's (conftest.py's fuzz_server) before this run
     alone = alone_outputs(fuzzed)
     schema = schemathesis.openapi.from_url(fuzzed.url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
@@ -158,7 +163,7 @@ def test_stateful_fuzzing_gives_no_5xx_and_leaves_bystanders_and_the_cache_intac
     assert seen and not wrong, wrong[:3]
     gauges = _idle_gauges(fuzzed)
     assert gauges["invariants"] == "ok" and gauges["locked_blocks"] == 0, gauges
-    text = httpx.get(fuzzed.url + "/metrics", timeout=10).text
-    assert not [line for line in text.splitlines() if line.startswith('radixcache_http_errors_total{status="5')]
+    after = _server_errors_counted(fuzzed)
+    assert not [(k, n) for k, n in after.items() if n > before.get(k, 0.0)], (before, after)
     kinds = {what.split(" ")[0] for what in calls}
     assert len(calls) >= 80 and {"conversation", "stream", "health", "metrics", "POST"} <= kinds, sorted(kinds)
