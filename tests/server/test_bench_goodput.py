@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-RATE, DURATION = 4.0, 2.0
+RATE, DURATION = 4.0, 1.0  # the seeded arrivals: 3 requests a mode
 
 
 @pytest.mark.slow
@@ -20,7 +20,7 @@ RATE, DURATION = 4.0, 2.0
 def test_sweep_both_modes_with_consistent_numbers(tiny_model_dir: Path, tmp_path: Path) -> None:
     out, md, png = tmp_path / "out.json", tmp_path / "out.md", tmp_path / "out.png"
     cmd = [sys.executable, str(REPO / "scripts" / "bench_goodput.py"), "--model", str(tiny_model_dir)]
-    cmd += ["--rates", "4", "--duration", "2", "--max-tokens", "4", "--max-queue", "1", "--queue-timeout", "2"]
+    cmd += ["--rates", "4", "--duration", "1", "--max-tokens", "4", "--max-queue", "1", "--queue-timeout", "2"]
     cmd += ["--json", str(out), "--markdown", str(md), "--plot", str(png)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
