@@ -8,9 +8,10 @@ simple encoder (tests/runtime/loading/kquants.py), so quality is a little below 
 what this file is for. The tokenizer is the Q4_1 file's.
 
 `--shape HIDDEN,INTERMEDIATE,LAYERS` writes a model of that shape instead, with random weights (normal, 0.02) and
-SmolLM2's tokenizer: rows that are whole super-blocks, so the file holds Q4_K and Q6_K only, as the Q4_K_M files
-of larger Llama models do (64-wide heads, a quarter as many K/V heads, untied embeddings). Its answers are noise;
-its decode speed is that of a real file of the same shape.
+SmolLM2's tokenizer (SmolLM2's config and tokenizer are read then, not its weights): rows that are whole
+super-blocks, so the file holds Q4_K and Q6_K only, as the Q4_K_M files of larger Llama models do (64-wide heads, a
+quarter as many K/V heads, untied embeddings). Its answers are noise; its decode speed is that of a real file of
+the same shape.
 
     .venv/bin/python scripts/write_q4_k_m_smollm2.py /tmp/q4km.gguf
     .venv/bin/python scripts/write_q4_k_m_smollm2.py --shape 1024,2816,16 /tmp/q4km_1024.gguf
@@ -70,19 +71,19 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="the GGUF file to write")
     parser.add_argument("--shape", type=parse_shape, help="HIDDEN,INTERMEDIATE,LAYERS: random weights of this shape")
     args = parser.parse_args()
-    from radixcache.runtime.loading import load_model, resolve_model_path
+    from radixcache.runtime.loading import load_config_and_tokenizer, load_model, resolve_model_path
     from radixcache.runtime.loading.gguf import GGUFFile
     from tests.runtime.loading.gguf_files import q4_k_m_kind, write_model_gguf
 
     source = resolve_model_path("smollm2")
-    original = load_model(source)
     with GGUFFile(source) as f:
         tokenizer = {k: v for k, v in f.metadata.items() if k.startswith("tokenizer.")}
     if args.shape is None:
+        original = load_model(source)
         cfg = original.config
         weights = {k: v.numpy() for k, v in original.weights.items()}
-    else:
-        cfg, weights = random_model(original.config, args.shape)
+    else:  # SmolLM2's config alone (its vocabulary and special ids): its weights are not read
+        cfg, weights = random_model(load_config_and_tokenizer(source)[0], args.shape)
     kinds = write_model_gguf(args.out, cfg, weights, lambda n, w: q4_k_m_kind(n, w, cfg.num_layers), tokenizer)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB): {dict(Counter(kinds.values()))}")
 
