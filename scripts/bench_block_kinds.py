@@ -10,7 +10,8 @@ the `gguf` package's for the 32-value kinds, tests/runtime/loading/kquants.py fo
 needed), and a `--tokens` x `--cols` activation is multiplied by it with `blockdot_matmul` (float32 activations:
 quant="gguf"'s prefill rows), `qdot16_matmul` (16-bit: its decode rows by default) and `qdot_matmul` (int8, opt-in) of
 the library runtime.native builds from this tree (`--kernels float,int16,int8`, the default). Each round reads the
-bandwidth first (runtime.machine.read_bandwidth_gbs, a 512 MB sum at the same thread count), then times every
+bandwidth first (runtime.machine.read_bandwidth_gbs, a `--bandwidth-mb` (512) MB sum at the same thread count; a
+smaller one reads faster and, once it fits the caches, reads the caches, not the memory), then times every
 (threads, kind, kernel, tokens) in turn: one untimed call, then the fastest of `--calls` calls. A weight of 9 MB stays
 in the last-level cache between calls, so a kind that reads well below the bandwidth here is bound by its arithmetic,
 not by memory. Medians over rounds are printed, with the weight's bytes over the time (GB/s) and that over the round's
@@ -65,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kernels", default="float,int16,int8")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=15, help="timed calls per measurement (the fastest counts)")
+    p.add_argument("--bandwidth-mb", type=int, default=512, help="MB summed for each bandwidth reading")
     p.add_argument("--json", help="write every round's figures here")
     args = p.parse_args(argv)
     args.kinds = args.kinds.split(",")
@@ -74,8 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown kind or kernel {bad}: kinds are {', '.join(KINDS)}; kernels {', '.join(KERNELS)}")
     if args.rows < 1 or args.cols < 256 or args.cols % 256:
         p.error(f"--rows must be positive and --cols a multiple of 256, got {args.rows} x {args.cols}")
-    if max(args.tokens) > 8 or args.rounds < 1 or args.calls < 1:
-        p.error("--tokens at most 8; --rounds and --calls at least 1")
+    if max(args.tokens) > 8 or args.rounds < 1 or args.calls < 1 or args.bandwidth_mb < 1:
+        p.error("--tokens at most 8; --rounds, --calls and --bandwidth-mb at least 1")
     return args
 
 
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         row: dict[str, Any] = {"bandwidth": {}, "ms": {}}
         for threads in args.threads:
             torch.set_num_threads(threads)
-            row["bandwidth"][threads] = read_bandwidth_gbs(512, threads=threads)
+            row["bandwidth"][threads] = read_bandwidth_gbs(args.bandwidth_mb, threads=threads)
             for kind in args.kinds:
                 for kernel in args.kernels:
                     for tokens in args.tokens:
