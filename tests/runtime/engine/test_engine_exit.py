@@ -19,39 +19,41 @@ from radixcache.runtime import Engine
 from radixcache.runtime.testing import hold_engine_loop, tiny_model
 
 SCRIPT = """
-import atexit, sys, threading, time
+import atexit, threading, time
 
-def report():  # registered before any engine: runs after the engine's own exit hook
+def report():  # registered before any engine: runs after the engines' own exit hook
     alive = [t for t in threading.enumerate() if t.name == "radixcache-engine"]
-    print("loop threads at exit:", len(alive), "tokens:", len(req.output_ids), req.finish_reason, flush=True)
+    print("loop threads at exit:", len(alive), flush=True)
+    for how, req in reqs.items():
+        print(how, "tokens:", len(req.output_ids), req.finish_reason, flush=True)
 
 atexit.register(report)
 
 from radixcache.runtime import Engine
 from radixcache.runtime.testing import tiny_model
 
-engine = Engine(tiny_model(seed=1, max_position=40_000), capacity_blocks=2600, page_size=16, threads=1)
-handle = engine.submit([1, 2, 3, 4, 5], 30_000, ignore_eos=True)
-req = handle.request
-while not req.output_ids:  # generating now
+model = tiny_model(seed=1, max_position=40_000)
+engines = {how: Engine(model, capacity_blocks=2600, page_size=16, threads=1) for how in ("open", "dropped")}
+handles = {how: e.submit([1, 2, 3, 4, 5], 30_000, ignore_eos=True) for how, e in engines.items()}
+reqs = {how: h.request for how, h in handles.items()}
+while not all(r.output_ids for r in reqs.values()):  # both generating now
     time.sleep(0.01)
-if sys.argv[1] == "dropped":
-    del engine, handle  # the loop thread keeps running the request
+del engines["dropped"], handles["dropped"]  # its loop thread keeps running the request
 print("exiting", flush=True)
 """
 
 
-@pytest.mark.parametrize("how", ["open", "dropped"])
-def test_an_engine_generating_at_interpreter_exit_is_stopped_before_the_interpreter_finalises(
-    tmp_path: Path, how: str
-) -> None:
+def test_engines_generating_at_interpreter_exit_are_stopped_before_the_interpreter_finalises(tmp_path: Path) -> None:
+    """One engine still open and one whose engine object was dropped (its loop thread still running the request),
+    both generating, in one interpreter: each hook alone leaves the other's loop thread alive at exit."""
     script = tmp_path / "exit_while_generating.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    run = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
-    last = run.stdout.strip().splitlines()[-1]
-    assert last.startswith("loop threads at exit: 0 "), run.stdout + run.stderr[-2000:]
-    assert last.endswith(" cancelled"), last  # it was still generating: the exit cancelled it
+    lines = run.stdout.strip().splitlines()
+    assert lines[-3] == "loop threads at exit: 0", run.stdout + run.stderr[-2000:]
+    for how, line in zip(("open", "dropped"), lines[-2:], strict=True):
+        assert line.startswith(f"{how} tokens: ") and line.endswith(" cancelled"), line  # cancelled mid-generation
 
 
 FORK_SCRIPT = """
