@@ -17,6 +17,7 @@ import pytest
 
 from radixcache.runtime import Engine
 from radixcache.runtime.grammar import GrammarSpec
+from radixcache.runtime.testing import hold_engine_loop
 from radixcache.runtime.tools import assemble
 from tests.smollm2_tools import TOOLS
 
@@ -78,8 +79,18 @@ def _use() -> Any:
 def test_json_schema_outputs_validate(engine: Engine) -> None:
     rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     asks = ["Describe a famous chemist.", "Invent a pirate.", "A software engineer from Lagos.", "Describe yourself."]
-    for i, ask in enumerate(asks):
-        r = engine.chat(user(ask), 160, response_format=rf, temperature=0.7 if i % 2 else 0.0, seed=i)
+    release = hold_engine_loop(engine)  # queued together: one batch of four, the same batch on every run
+    try:
+        handles = [
+            engine.submit(
+                engine._builder.render(user(ask)), 160, response_format=rf, temperature=0.7 if i % 2 else 0.0, seed=i
+            )
+            for i, ask in enumerate(asks)
+        ]
+    finally:
+        release()
+    for h in handles:
+        r = h.result(600)
         assert r.finish_reason == "stop", r.text
         jsonschema.validate(json.loads(r.text), PERSON)
 
@@ -133,8 +144,8 @@ def test_auto_beside_a_grammar_calls_a_tool_or_answers_in_the_grammar(engine: En
     """tool_choice "auto" with a regex or grammar: the regex ran alone, so SmolLM2 could never call a tool. Now a
     weather question gets a call that validates and a yes/no question an answer the regex matches whole."""
     kinds = []
-    for prompt in [*PROMPTS[:2], *YES_NO]:
-        r = engine.chat(user(prompt), 80, tools=TOOLS, tool_choice="auto", parallel_tool_calls=False, **constraint)
+    chats = [user(prompt) for prompt in [*PROMPTS[:2], *YES_NO]]  # one batch (queued together)
+    for r in engine.chat(chats, 80, tools=TOOLS, tool_choice="auto", parallel_tool_calls=False, **constraint):
         if r.tool_calls:
             assert r.finish_reason == "tool_calls", r
             jsonschema.validate(json.loads(r.tool_calls[0].arguments), SCHEMAS[r.tool_calls[0].name])
