@@ -6,8 +6,8 @@ writer, `page_path` is where a page's file lies. The tests import the plain help
 `from tests.runtime.conftest import ...`. `no_home`: a user pathlib finds no home folder for.
 
 The native kernels' build tests (test_native_build, test_native_cut_build; xdist group "native_builds") share one
-real build per run, `native_build`, and rebuild through `copying_cc`, a stand-in compiler that writes that build
-again: a build of every kernel is about 18 s of compiler CPU, and they made six.
+first build per run, `native_build`, and rebuild through `copying_cc`: stand-in compilers that write the machine's
+build of the same sources (a build of every kernel is about 18 s of compiler CPU, and they made six, then one).
 """
 
 from __future__ import annotations
@@ -139,39 +139,56 @@ def run_native_probe(cache: Path, prelude: str = "", **env: str) -> dict[str, ob
 
 class NativeBuild(NamedTuple):
     """The first load of the kernels in an empty cache folder: the folder (read it, never change it), the build
-    in it, and the probe's report (path, max_tokens, libgomp)."""
+    in it, the probe's report (path, max_tokens, libgomp), and the compiler's arguments."""
 
     cache: Path
     path: Path
     probe: dict[str, object]
+    command: list[str]
 
 
-@pytest.fixture(scope="session")
-def native_build(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
-    """The kernels built with the real compiler by runtime.native's build on first use, in a fresh interpreter,
-    into a cache folder that did not exist: once per worker (the build tests' xdist group: once per run)."""
-    if not HAS_CC:
-        pytest.skip("quant='gguf' builds a C kernel: no C compiler here")
-    cache = tmp_path_factory.mktemp("native-build") / "native"  # does not exist yet: the loader creates it
-    probe = run_native_probe(cache)
-    assert "error" not in probe, probe
-    return NativeBuild(cache, Path(str(probe["path"])), probe)
-
-
-@pytest.fixture(scope="session")
-def copying_cc(native_build: NativeBuild, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A C compiler stand-in (a CC value) that writes `native_build`'s library to its `-o` file and answers
-    `--version` with the real compiler's answer, so that its builds get the real build's name (the name hashes that
-    answer): a rebuild through it takes the loader's whole path (the staging file, its rename, the load of a real
-    library) without compiling the kernels again."""
+def copying_compiler(script: Path, library: Path, log: Path | None = None) -> str:
+    """Write at `script` a C compiler stand-in (a CC value) that writes `library` to its `-o` file (and its
+    arguments, one a line, to `log`) and answers `--version` with the real compiler's answer, so that its builds get
+    the real build's name (the name hashes that answer)."""
     real = os.environ.get("CC", "").strip() or "cc"
-    script = tmp_path_factory.mktemp("copying-cc") / "cc"
+    record = f'printf "%s\\n" "$@" > {shlex.quote(str(log))}\n' if log is not None else ""
     script.write_text(
         "#!/bin/sh\n"
         f'if [ "$1" = --version ]; then exec {real} "$@"; fi\n'
+        f"{record}"
         'while [ $# -gt 1 ]; do if [ "$1" = -o ]; then exec cp '
-        f'{shlex.quote(str(native_build.path))} "$2"; fi; shift; done\n'
+        f'{shlex.quote(str(library))} "$2"; fi; shift; done\n'
         "exit 1\n"
     )
     script.chmod(0o755)
     return str(script)
+
+
+@pytest.fixture(scope="session")
+def native_build(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
+    """The kernels' first load, by runtime.native's build on first use in a fresh interpreter, into a cache folder
+    that did not exist: once per worker (the build tests' xdist group: once per run). Its compiler writes the build
+    this machine has of the same sources, flags, compiler and CPU, `blockdot()`'s in this process (the build every
+    kernel test loads: compiled here with the real compiler where the machine had none yet), and records the command
+    line the loader gave it. A second real compile of every kernel (about 20 s) built the same bytes."""
+    if not HAS_CC:
+        pytest.skip("quant='gguf' builds a C kernel: no C compiler here")
+    from radixcache.runtime.native import blockdot
+
+    shared = Path(blockdot()._name)
+    folder = tmp_path_factory.mktemp("native-build")
+    cc = copying_compiler(folder / "cc", shared, log=folder / "cc-args")
+    cache = folder / "native"  # does not exist yet: the loader creates it
+    probe = run_native_probe(cache, CC=cc)
+    assert "error" not in probe, probe
+    assert Path(str(probe["path"])).name == shared.name  # the same build key: the same sources, flags and compiler
+    return NativeBuild(cache, Path(str(probe["path"])), probe, (folder / "cc-args").read_text().splitlines())
+
+
+@pytest.fixture(scope="session")
+def copying_cc(native_build: NativeBuild, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A C compiler stand-in (a CC value, `copying_compiler`) that writes `native_build`'s library: a rebuild
+    through it takes the loader's whole path (the staging file, its rename, the load of a real library) without
+    compiling the kernels again."""
+    return copying_compiler(tmp_path_factory.mktemp("copying-cc") / "cc", native_build.path)

@@ -3,7 +3,8 @@ own `RADIXCACHE_NATIVE_CACHE`: the library is built into that folder, binds to t
 second process loads the same file without rebuilding it (same name, same mtime), even from a read-only folder (an
 empty read-only one is named in the error); a missing or failing compiler gives a NativeBuildError (a ValueError)
 naming the compiler and leaves no partial file behind; CC may be a command line (a wrapper and the compiler).
-The run's one real build is `native_build` (tests/runtime/conftest.py); the other tests copy it or rebuild through
+The first build is `native_build` (tests/runtime/conftest.py: its compiler writes the machine's build of the same
+sources, flags, compiler and CPU, and records its command line); the other tests copy it or rebuild through
 `copying_cc`, a stand-in compiler that writes it.
 `check_quant("gguf", ...)` against its rules: it passes on the CPU in float32 where a compiler exists, and names
 the device or dtype it refuses.
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from radixcache.runtime.model.quant import check_quant
-from radixcache.runtime.native import BUILDS_KEPT, tidy_cache
+from radixcache.runtime.native import BUILDS_KEPT, FLAGS, LIBS, SOURCES, tidy_cache
 from tests.runtime.conftest import HAS_CC, NativeBuild, run_native_probe
 
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="quant='gguf' builds a C kernel: no C compiler here")
@@ -87,9 +88,13 @@ def test_a_build_is_synced_its_folder_too_and_a_killed_builds_file_goes(
 
 @needs_cc
 def test_the_library_is_built_into_the_cache_once_and_reused(native_build: NativeBuild) -> None:
-    """`native_build` is the first load in a folder that did not exist: the one real build of these tests."""
+    """`native_build` is the first load in a folder that did not exist; its compiler was given every kernel source
+    with the build's flags, and wrote its output where the loader moved it from."""
     cache, first = native_build.cache, native_build.probe
     built = Path(str(first["path"]))
+    *compiled, out, lib = native_build.command
+    assert compiled == [*FLAGS, *map(str, SOURCES), "-o"] and [lib] == list(LIBS)
+    assert Path(out).parent == cache and Path(out).name.startswith(f".{built.name}.")  # a staging file beside it
     assert built.parent == cache and built.name.startswith("blockdot-") and built.suffix == ".so"
     assert sorted(p.name for p in cache.iterdir()) == [built.name]  # no temporary file left over
     assert built.stat().st_mode & 0o777 == 0o755 & ~umask_of_this_process()  # as `cc -o` would (was 0711)
@@ -195,7 +200,7 @@ def test_without_a_home_folder_the_build_goes_to_the_temporary_directory(no_home
 def test_every_c_file_and_header_beside_the_kernels_is_in_the_build_key() -> None:
     """team_product.h was missing from the hand-written header list: an edit to it alone kept the old build's name,
     so the stale library was loaded. Every .c is compiled and every .h is hashed."""
-    from radixcache.runtime.native import HEADERS, SOURCE, SOURCES
+    from radixcache.runtime.native import HEADERS, SOURCE
 
     folder = SOURCE.parent
     assert {p.name for p in folder.glob("*.c")} == {p.name for p in SOURCES}

@@ -3,7 +3,7 @@ a cache copied in part) was loaded as it was: dlopen mapped its segments past th
 SIGBUS at every start until the file was deleted. It is now found from its ELF headers (runtime.native.elf_check)
 and built again in its place; where the folder cannot be written the error names it. Each load runs in a fresh
 interpreter (the loader is memoised per process, and the crash it guards against would take the test run with it).
-The whole build is the run's one real build (`native_build`, tests/runtime/conftest.py), and the builds again go
+The whole build is the run's first build (`native_build`, tests/runtime/conftest.py), and the builds again go
 through `copying_cc`, a stand-in compiler that writes it: the loader's path is the same, without a compile each.
 """
 
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.slow,  # four fresh interpreters
     pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler here"),
-    pytest.mark.xdist_group("native_builds"),  # with test_native_build: one real build per run (conftest.py)
+    pytest.mark.xdist_group("native_builds"),  # with test_native_build: one first build per run (conftest.py)
 ]
 
 PROBE = """
@@ -56,7 +56,7 @@ def load(cache: Path, prelude: str = "", cc: str | None = None) -> tuple[int, di
 
 @pytest.fixture(scope="module")
 def build(native_build: NativeBuild) -> tuple[Path, bytes]:
-    """A whole build in a cache folder of its own (the run's one real build: read, never changed), and its bytes."""
+    """A whole build in a cache folder of its own (the run's first build: read, never changed), and its bytes."""
     return native_build.path, native_build.path.read_bytes()
 
 
