@@ -2,8 +2,10 @@
 through the real DiskStore until the process is killed.
 
 Run as a module (`python -m tests.runtime.tier_faults.kill9_writer`, from the repository root), it is a small fork
-server: each JSON line `["start", directory, seed]` on its standard input forks a writer and answers its pid;
-`["wait", pid]` reaps that writer and answers true if SIGKILL ended it. Forking the pytest worker instead copies the
+server: each JSON line `["start", directory, seed]` on its standard input forks a writer and answers its pid,
+`["engine", directory, seed]` an engine serving with its disk tier in `directory` (`serve_forever`; torch and the
+runtime are imported once, by the server, before its first engine: not once per engine);
+`["wait", pid]` reaps that child and answers true if SIGKILL ended it. Forking the pytest worker instead copies the
 page tables of the models it holds: about 0.25 s a fork where a worker holds 6 GB, against a few milliseconds
 from this process (50 kills: 13 s against under 3 s)."""
 
@@ -48,15 +50,34 @@ def write_forever(directory: Path, seed: int) -> None:
         store.flush(1.0)
 
 
+def serve_forever(directory: Path, seed: int) -> None:
+    """The engine child: the tiny random model in float64, its disk tier in `directory`, generating for batches of
+    four prompts behind one 64-token system prompt (prompts drawn from `seed`) until killed."""
+    from radixcache.runtime import Engine
+    from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
+
+    m = tiny_model(seed=5)
+    model = RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
+    rng = random.Random(seed)
+    vocab = m.config.vocab_size
+    system = [rng.randrange(vocab) for _ in range(64)]
+    with Engine(model, capacity_blocks=120, page_size=4, dtype="float64", cache_dir=str(directory)) as engine:
+        while True:
+            engine.generate([system + [rng.randrange(vocab) for _ in range(60)] for _ in range(4)], max_new_tokens=2)
+
+
 def serve() -> None:
     """The fork server's loop (the module docstring), until its standard input closes."""
+    children = {"start": write_forever, "engine": serve_forever}
     for line in sys.stdin:
         command, *args = json.loads(line)
-        if command == "start":
+        if command in children:
+            if command == "engine":
+                import radixcache.runtime.testing  # noqa: F401  (once, here: each engine child starts imported)
             pid = os.fork()
-            if pid == 0:  # the writer: never returns into this loop
+            if pid == 0:  # the child: never returns into this loop
                 try:
-                    write_forever(Path(args[0]), int(args[1]))
+                    children[command](Path(args[0]), int(args[1]))
                 finally:
                     os._exit(0)
             answer: object = pid

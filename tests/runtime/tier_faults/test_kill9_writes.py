@@ -5,8 +5,8 @@ marker's write, short), and the dead writers' temporary files are gone. Then a f
 kill -9 in the middle of serving (the tiny random model, float64): every output equals a no-cache engine's.
 
 The writers are forked from a small fork server (tests/runtime/tier_faults/kill9_writer.py: no interpreter start
-each time, and no copy of the pytest worker's page tables: 50 kills stay affordable); the engine runs in a fresh
-interpreter, as a server would.
+each time, and no copy of the pytest worker's page tables: 50 kills stay affordable); so are the engines, each a
+process of its own, as a server would be (the server imports torch and the runtime once, not once per engine).
 """
 
 from __future__ import annotations
@@ -50,8 +50,12 @@ class Writers:
         """Fork a writer; its pid (it is writing, or about to, when this returns)."""
         return int(self._ask("start", str(directory), seed))
 
+    def engine(self, directory: Path, seed: int) -> int:
+        """Fork an engine serving with its disk tier in `directory` (kill9_writer.serve_forever); its pid."""
+        return int(self._ask("engine", str(directory), seed))
+
     def killed(self, pid: int) -> bool:
-        """Reap a writer: True if SIGKILL ended it."""
+        """Reap a writer or an engine: True if SIGKILL ended it."""
         return bool(self._ask("wait", pid))
 
     def close(self) -> None:
@@ -109,24 +113,8 @@ def test_kill_9_at_50_random_points_never_leaves_a_wrong_page(tmp_path: Path, wr
     assert len(pages_seen) == KILLS - KILLS // 10 and min(pages_seen) > 0
 
 
-_ENGINE_CHILD = """
-import random, sys
-from radixcache.runtime import Engine
-from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
-m = tiny_model(seed=5)
-model = RandomModel(m.config, m.weights, CharTokenizer(m.config.vocab_size))
-rng = random.Random(int(sys.argv[2]))
-system = [rng.randrange(m.config.vocab_size) for _ in range(64)]
-with Engine(model, capacity_blocks=120, page_size=4, dtype="float64", cache_dir=sys.argv[1]) as engine:
-    print("ready", flush=True)
-    while True:
-        engine.generate([system + [rng.randrange(m.config.vocab_size) for _ in range(60)] for _ in range(4)],
-                        max_new_tokens=2)
-"""
-
-
 @pytest.mark.slow
-def test_engine_restarts_after_kill_9_serve_outputs_equal_a_no_cache_engine(tmp_path: Path) -> None:
+def test_engine_restarts_after_kill_9_serve_outputs_equal_a_no_cache_engine(tmp_path: Path, writers: Writers) -> None:
     from radixcache.runtime import Engine
     from radixcache.runtime.testing import CharTokenizer, RandomModel, tiny_model
 
@@ -139,19 +127,16 @@ def test_engine_restarts_after_kill_9_serve_outputs_equal_a_no_cache_engine(tmp_
     with Engine(model, enable_cache=False, **opts) as plain:
         want = [plain.generate(p, max_new_tokens=4).token_ids for p in prompts]
     for round_ in range(3):
-        child = subprocess.Popen(
-            [sys.executable, "-c", _ENGINE_CHILD, str(cache_dir), str(round_)], stdout=subprocess.PIPE, text=True
-        )
+        pid = writers.engine(cache_dir, round_)
         try:
-            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 60  # a bound on waiting, not a timing assertion
             while len(list(cache_dir.rglob("*.kvpage"))) < 30 * (round_ + 1):
-                assert time.monotonic() < deadline and child.poll() is None, "the engine wrote no pages"
+                assert time.monotonic() < deadline, "the engine wrote no pages"
                 time.sleep(0.01)
             time.sleep(random.Random(round_).uniform(0.0, 0.05))
         finally:
-            child.send_signal(signal.SIGKILL)
-            child.wait(timeout=30)
+            os.kill(pid, signal.SIGKILL)
+            assert writers.killed(pid), "the engine ended before the kill"  # reaped: dead before the restart
         # the restarted engine serves the killed one's pages, and the prompts it writes now
         with Engine(model, cache_dir=cache_dir, load_back="always", **opts) as engine:
             assert [engine.generate(p, max_new_tokens=4).token_ids for p in prompts] == want
