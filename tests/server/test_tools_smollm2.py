@@ -123,7 +123,8 @@ def test_fifty_varied_prompts_with_required_give_calls_that_validate(client) -> 
 # The json_schema run's share of the 50 prompts: every other one (all three kinds of request, greedy and sampled
 # alike), 25 replies under INTENT beside the 8 PEOPLE under PERSON. All 50 took 33.2 s of the last full run under
 # load; json_schema replies on SmolLM2 are validated in the engine too (tests/runtime/structured/test_smollm2.py),
-# over the Responses API (test_responses_api_smollm2.py) and through langchain_openai (test_langchain_smollm2.py).
+# over the Responses API (test_responses_api_smollm2.py) and through langchain_openai (test_langchain_smollm2.py),
+# these two in the extended tier.
 INTENT_PROMPTS = PROMPTS[::2]
 
 
@@ -175,7 +176,7 @@ def _whole_and_streamed(client, **kw: Any) -> tuple[Any, tuple[str, list[tuple[s
 def test_streamed_and_whole_replies_assemble_to_the_same_calls_at_temperature_0(client) -> None:
     # One pair at a time, over five prompts that reach all three tools (ten took 12.8 s of the last full run under
     # load): streamed and whole calls are compared on SmolLM2 over HTTP here, through langchain_openai in
-    # test_langchain_smollm2.py, and in the engine in tests/runtime/structured/test_smollm2.py.
+    # test_langchain_smollm2.py (extended tier), and in the engine in tests/runtime/structured/test_smollm2.py.
     for prompt in PROMPTS[::10]:
         kw = {"messages": _user(prompt), "max_tokens": 160, "temperature": 0, **ONE}
         whole, (text, calls, finish) = _whole_and_streamed(client, **kw)
