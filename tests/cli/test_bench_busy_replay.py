@@ -36,8 +36,11 @@ def test_bench_busy_replay_runs_each_pair_and_leaves_no_job_behind(tiny_model_di
     out = tmp_path / "busy.json"
     cmd = [sys.executable, str(REPO / "scripts" / "bench_busy_replay.py"), "--model", str(tiny_model_dir)]
     # --settle 0: no wait beside the jobs (2 s before and after each busy run by default, 8 s of this test); the
-    # replay's own start (a Python process importing torch) keeps the job's compiler running before it is killed
-    cmd += ["--limit", "1", "--rounds", "1", "--jobs", "1", "--load", "compile", "--settle", "0", "--json", str(out)]
+    # replay's own start (a Python process importing torch) keeps the job's compiler running before it is killed.
+    # --threads 1: the pairs, the report and the jobs' end do not depend on the count, and two threads beside the
+    # job and the other xdist worker of a 2-core machine wait at every OpenMP barrier (the issue this script measures)
+    cmd += ["--limit", "1", "--rounds", "1", "--jobs", "1", "--load", "compile", "--settle", "0", "--threads", "1"]
+    cmd += ["--json", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
