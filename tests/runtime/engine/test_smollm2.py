@@ -40,8 +40,22 @@ def engine(model: LlamaModel, smol: Any, **kw: Any) -> Engine:
     return Engine(model, tokenizer=smol.tokenizer, **kw)
 
 
-def test_answers_the_capital_of_france(smol: Any) -> None:
-    engine = Engine("smollm2", kv_memory="64MiB")  # the public path, by name, as the README shows it
+def test_answers_the_capital_of_france(smol: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The public path, by name, as the README shows it: the engine loads "smollm2" (with load_model's defaults, the
+    call that loaded the session's `smol`: that load is given back, not repeated; the name itself is resolved in
+    tests/runtime/loading/test_resolve.py and loaded by the server tests' process) and builds its model."""
+    from radixcache.runtime import loading
+
+    calls = []
+
+    def load_model(spec: Any, **kw: Any) -> Any:
+        calls.append((spec, kw))
+        return smol
+
+    monkeypatch.setattr(loading, "load_model", load_model)
+    engine = Engine("smollm2", kv_memory="64MiB")
+    assert calls == [("smollm2", {"dtype": torch.float32, "device": "cpu", "keep_blocks": False})]
+    assert engine.tokenizer is smol.tokenizer and isinstance(engine.model, LlamaModel)
     out = engine.chat(FRANCE, max_new_tokens=10)
     assert "Paris" in out.text, out.text
     assert out.finish_reason == "stop" and out.token_ids[-1] in smol.tokenizer.eos_token_ids
