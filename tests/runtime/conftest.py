@@ -19,15 +19,15 @@ import os
 import pwd
 import shlex
 import shutil
-import subprocess
-import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
 from radixcache.runtime.kv.tier.disk_store import DiskStore
+from tests.runtime.native_probes import ProbeServer, probe_environment
 
 FP = "tiny/float32/page4"
 META = {"dtype": "float32", "shape": [1, 2, 4, 1, 8]}
@@ -119,22 +119,21 @@ except NativeBuildError as exc:
 """
 
 
-def run_native_probe(cache: Path, prelude: str = "", **env: str) -> dict[str, object]:
-    """Run NATIVE_PROBE (after `prelude`) in a fresh interpreter (the loader is memoised per process) with `cache` as
-    the native cache folder (and `env` on top)."""
-    full = {k: v for k, v in os.environ.items() if k != "RADIXCACHE_NATIVE_CACHE"}
-    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    full.update({"RADIXCACHE_NATIVE_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"})
-    proc = subprocess.run(
-        [sys.executable, "-c", prelude + NATIVE_PROBE],
-        capture_output=True,
-        text=True,
-        env={**full, **env},
-        cwd=REPO,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="session")
+def native_probes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProbeServer]:
+    """The fork server the native load probes run in (tests/runtime/native_probes.py): one interpreter start with
+    torch per worker, not one per probe."""
+    server = ProbeServer(tmp_path_factory.mktemp("native-probes"))
+    yield server
+    server.close()
+
+
+def run_native_probe(probes: ProbeServer, cache: Path, prelude: str = "", **env: str) -> dict[str, object]:
+    """Run NATIVE_PROBE (after `prelude`) in a process of its own (the loader is memoised per process), forked from
+    `probes`, with `cache` as the native cache folder (and `env` on top)."""
+    got = probes.run(prelude + NATIVE_PROBE, probe_environment(cache, **env))
+    assert got.returncode == 0, got.stderr
+    return json.loads(got.stdout.strip().splitlines()[-1])
 
 
 class NativeBuild(NamedTuple):
@@ -166,8 +165,8 @@ def copying_compiler(script: Path, library: Path, log: Path | None = None) -> st
 
 
 @pytest.fixture(scope="session")
-def native_build(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
-    """The kernels' first load, by runtime.native's build on first use in a fresh interpreter, into a cache folder
+def native_build(native_probes: ProbeServer, tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
+    """The kernels' first load, by runtime.native's build on first use in a process of its own, into a cache folder
     that did not exist: once per worker (the build tests' xdist group: once per run). Its compiler writes the build
     this machine has of the same sources, flags, compiler and CPU, `blockdot()`'s in this process (the build every
     kernel test loads: compiled here with the real compiler where the machine had none yet), and records the command
@@ -180,7 +179,7 @@ def native_build(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
     folder = tmp_path_factory.mktemp("native-build")
     cc = copying_compiler(folder / "cc", shared, log=folder / "cc-args")
     cache = folder / "native"  # does not exist yet: the loader creates it
-    probe = run_native_probe(cache, CC=cc)
+    probe = run_native_probe(native_probes, cache, CC=cc)
     assert "error" not in probe, probe
     assert Path(str(probe["path"])).name == shared.name  # the same build key: the same sources, flags and compiler
     return NativeBuild(cache, Path(str(probe["path"])), probe, (folder / "cc-args").read_text().splitlines())

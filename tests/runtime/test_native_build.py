@@ -1,7 +1,8 @@
-"""runtime.native's build-on-first-use, in fresh subprocesses (the loader is memoised per process), each with its
-own `RADIXCACHE_NATIVE_CACHE`: the library is built into that folder, binds to the one libgomp torch loaded, and a
-second process loads the same file without rebuilding it (same name, same mtime), even from a read-only folder (an
-empty read-only one is named in the error); a missing or failing compiler gives a NativeBuildError (a ValueError)
+"""runtime.native's build-on-first-use, in processes of their own (the loader is memoised per process; forked from
+`native_probes`, tests/runtime/native_probes.py), each with its own `RADIXCACHE_NATIVE_CACHE`: the library is built
+into that folder, binds to the one libgomp torch loaded, and a second process loads the same file without
+rebuilding it (same name, same mtime), even from a read-only folder (an empty read-only one is named in the
+error); a missing or failing compiler gives a NativeBuildError (a ValueError)
 naming the compiler and leaves no partial file behind; CC may be a command line (a wrapper and the compiler).
 The first build is `native_build` (tests/runtime/conftest.py: its compiler writes the machine's build of the same
 sources, flags, compiler and CPU, and records its command line); the other tests copy it or rebuild through
@@ -23,6 +24,7 @@ import torch
 from radixcache.runtime.model.quant import check_quant
 from radixcache.runtime.native import BUILDS_KEPT, FLAGS, LIBS, SOURCES, tidy_cache
 from tests.runtime.conftest import HAS_CC, NativeBuild, run_native_probe
+from tests.runtime.native_probes import ProbeServer
 
 needs_cc = pytest.mark.skipif(not HAS_CC, reason="quant='gguf' builds a C kernel: no C compiler here")
 # xdist group: one worker runs the build tests, so the kernels are compiled once per run (tests/runtime/conftest.py)
@@ -87,7 +89,9 @@ def test_a_build_is_synced_its_folder_too_and_a_killed_builds_file_goes(
 
 
 @needs_cc
-def test_the_library_is_built_into_the_cache_once_and_reused(native_build: NativeBuild) -> None:
+def test_the_library_is_built_into_the_cache_once_and_reused(
+    native_build: NativeBuild, native_probes: ProbeServer
+) -> None:
     """`native_build` is the first load in a folder that did not exist; its compiler was given every kernel source
     with the build's flags, and wrote its output where the loader moved it from."""
     cache, first = native_build.cache, native_build.probe
@@ -102,14 +106,16 @@ def test_the_library_is_built_into_the_cache_once_and_reused(native_build: Nativ
     if sys.platform.startswith("linux") and first["libgomp"]:
         assert len(first["libgomp"]) == 1, first["libgomp"]  # bound to torch's libgomp, not a second copy
     mtime = built.stat().st_mtime_ns
-    second = run_native_probe(cache)
+    second = run_native_probe(native_probes, cache)
     assert second["path"] == first["path"]
     assert built.stat().st_mtime_ns == mtime  # loaded, not rebuilt
     assert sorted(p.name for p in cache.iterdir()) == [built.name]
 
 
 @needs_cc
-def test_a_build_in_a_read_only_cache_is_loaded(native_build: NativeBuild, tmp_path: Path) -> None:
+def test_a_build_in_a_read_only_cache_is_loaded(
+    native_build: NativeBuild, native_probes: ProbeServer, tmp_path: Path
+) -> None:
     """A prebuilt cache mounted read-only (or owned by another user) holds the build this process needs: it is loaded,
     not refused for want of a writable folder. (os.access is stubbed: root may write whatever the mode says.)"""
     cache = tmp_path / "native"
@@ -121,8 +127,8 @@ def test_a_build_in_a_read_only_cache_is_loaded(native_build: NativeBuild, tmp_p
     for folder in (cache, empty):
         folder.chmod(0o555)
     try:
-        got = run_native_probe(cache, deny)
-        refused = run_native_probe(empty, deny)
+        got = run_native_probe(native_probes, cache, deny)
+        refused = run_native_probe(native_probes, empty, deny)
     finally:
         for folder in (cache, empty):
             folder.chmod(0o755)
@@ -132,7 +138,9 @@ def test_a_build_in_a_read_only_cache_is_loaded(native_build: NativeBuild, tmp_p
 
 
 @needs_cc
-def test_a_compiler_command_line_in_cc_is_run_as_one(copying_cc: str, tmp_path: Path) -> None:
+def test_a_compiler_command_line_in_cc_is_run_as_one(
+    copying_cc: str, native_probes: ProbeServer, tmp_path: Path
+) -> None:
     """CC may carry a wrapper or flags ("ccache gcc", as make takes it): it was looked up as one program name and
     quant="gguf" was refused for a compiler that was there. Here `env` stands in for the wrapper, and `copying_cc`
     (tests/runtime/conftest.py: it writes the run's one real build) for the compiler."""
@@ -140,29 +148,29 @@ def test_a_compiler_command_line_in_cc_is_run_as_one(copying_cc: str, tmp_path: 
     if env is None:
         pytest.skip("no `env` program to stand in for a compiler wrapper")
     cache = tmp_path / "native"
-    got = run_native_probe(cache, CC=f"{env} {copying_cc}")
+    got = run_native_probe(native_probes, cache, CC=f"{env} {copying_cc}")
     assert "error" not in got, got
     assert Path(str(got["path"])).parent == cache and got["max_tokens"] == 8
-    bad = run_native_probe(tmp_path / "other", CC="'cc")
+    bad = run_native_probe(native_probes, tmp_path / "other", CC="'cc")
     assert "is not a command line" in str(bad.get("error")), bad
 
 
-def test_a_missing_compiler_is_a_native_build_error_naming_it(tmp_path: Path) -> None:
+def test_a_missing_compiler_is_a_native_build_error_naming_it(native_probes: ProbeServer, tmp_path: Path) -> None:
     cache = tmp_path / "empty"
     cache.mkdir()
-    got = run_native_probe(cache, CC="/nonexistent/cc")
+    got = run_native_probe(native_probes, cache, CC="/nonexistent/cc")
     assert got.get("is_value_error") is True, got
     assert "/nonexistent/cc" in str(got["error"]) and "C compiler" in str(got["error"])
     assert list(cache.iterdir()) == []
 
 
-def test_a_failing_compiler_is_a_native_build_error_naming_it(tmp_path: Path) -> None:
+def test_a_failing_compiler_is_a_native_build_error_naming_it(native_probes: ProbeServer, tmp_path: Path) -> None:
     false = shutil.which("false")
     if false is None:
         pytest.skip("no `false` program to stand in for a failing compiler")
     cache = tmp_path / "empty"
     cache.mkdir()
-    got = run_native_probe(cache, CC=false)
+    got = run_native_probe(native_probes, cache, CC=false)
     assert got.get("is_value_error") is True, got
     assert false in str(got["error"]) and "failed" in str(got["error"])
     assert list(cache.iterdir()) == []  # the temporary output is removed

@@ -1,8 +1,9 @@
 """A cached build of the native kernels cut short (a machine that crashed before the build's bytes reached the disk,
 a cache copied in part) was loaded as it was: dlopen mapped its segments past the file's end and the process died of
 SIGBUS at every start until the file was deleted. It is now found from its ELF headers (runtime.native.elf_check)
-and built again in its place; where the folder cannot be written the error names it. Each load runs in a fresh
-interpreter (the loader is memoised per process, and the crash it guards against would take the test run with it).
+and built again in its place; where the folder cannot be written the error names it. Each load runs in a process
+of its own (the loader is memoised per process, and the crash it guards against would take the test run with it),
+forked from `native_probes` (tests/runtime/native_probes.py).
 The whole build is the run's first build (`native_build`, tests/runtime/conftest.py), and the builds again go
 through `copying_cc`, a stand-in compiler that writes it: the loader's path is the same, without a compile each.
 """
@@ -12,18 +13,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from radixcache.runtime.native.elf_check import elf_intact
 from tests.runtime.conftest import NativeBuild
+from tests.runtime.native_probes import ProbeServer, probe_environment
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
-    pytest.mark.slow,  # four fresh interpreters
+    pytest.mark.slow,  # four probe processes
     pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler here"),
     pytest.mark.xdist_group("native_builds"),  # with test_native_build: one first build per run (conftest.py)
 ]
@@ -40,18 +39,14 @@ except NativeBuildError as exc:
 DENY = "import os; _a = os.access; os.access = lambda p, m, **k: False if m & os.W_OK else _a(p, m, **k)\n"
 
 
-def load(cache: Path, prelude: str = "", cc: str | None = None) -> tuple[int, dict[str, str] | None]:
-    """The exit status and the JSON line of PROBE run with `cache` as the native cache folder (and `cc` as CC)."""
-    env = {k: v for k, v in os.environ.items() if k != "RADIXCACHE_NATIVE_CACHE"}
-    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env.update({"RADIXCACHE_NATIVE_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"})
-    if cc is not None:
-        env["CC"] = cc
-    proc = subprocess.run(
-        [sys.executable, "-c", prelude + PROBE], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
-    )
-    lines = proc.stdout.strip().splitlines()
-    return proc.returncode, json.loads(lines[-1]) if lines else None
+def load(
+    probes: ProbeServer, cache: Path, prelude: str = "", cc: str | None = None
+) -> tuple[int, dict[str, str] | None]:
+    """The exit status and the JSON line of PROBE run with `cache` as the native cache folder (and `cc` as CC), in
+    a process of its own forked from `probes`."""
+    got = probes.run(prelude + PROBE, probe_environment(cache, **({} if cc is None else {"CC": cc})))
+    lines = got.stdout.strip().splitlines()
+    return got.returncode, json.loads(lines[-1]) if lines else None
 
 
 @pytest.fixture(scope="module")
@@ -73,27 +68,27 @@ def test_a_whole_build_is_intact_and_every_cut_is_not(build: tuple[Path, bytes],
 
 @pytest.mark.parametrize("share", [0.0, 0.6])
 def test_a_build_cut_short_is_built_again_not_a_crash(
-    build: tuple[Path, bytes], copying_cc: str, tmp_path: Path, share: float
+    build: tuple[Path, bytes], copying_cc: str, native_probes: ProbeServer, tmp_path: Path, share: float
 ) -> None:
     path, data = build
     cache = tmp_path / "native"
     cache.mkdir()
     cut = cache / path.name
     cut.write_bytes(data[: int(len(data) * share)])
-    rc, got = load(cache, cc=copying_cc)
+    rc, got = load(native_probes, cache, cc=copying_cc)
     assert rc == 0, f"the process died with status {rc}"  # -7: SIGBUS in dlopen
     assert got == {"path": str(cut)}, got
     assert elf_intact(cut) and cut.stat().st_size == len(data)
 
 
 def test_a_build_cut_short_in_a_folder_that_cannot_be_written_is_named(
-    build: tuple[Path, bytes], tmp_path: Path
+    build: tuple[Path, bytes], native_probes: ProbeServer, tmp_path: Path
 ) -> None:
     path, data = build
     cache = tmp_path / "native"
     cache.mkdir()
     cut = cache / path.name
     cut.write_bytes(data[: len(data) // 2])
-    rc, got = load(cache, DENY)
+    rc, got = load(native_probes, cache, DENY)
     assert rc == 0, f"the process died with status {rc}"
     assert got is not None and f"{cut} is cut short: delete it" in got.get("error", ""), got
