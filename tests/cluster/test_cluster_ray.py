@@ -258,8 +258,9 @@ def test_a_cancel_reaches_a_replica_whose_threads_all_hold_streams(local_ray: st
         waiting = [
             engine.submit([5, 6, i + 1], 2, ignore_eos=True) for i in range(actor_threads(kwargs) + 4)
         ]  # past the threads
-        _wait(lambda: all(h.request.replica is not None for h in waiting))
-        time.sleep(0.5)  # the streams reach the actor: its threads are all taken
+        # the streams reach the actor: its threads are all taken, the victim's and one per waiting request the
+        # engine holds (asked on the control threads, as the cancel below goes)
+        _wait(lambda: engine.check()["waiting"] >= actor_threads(kwargs) - 1)
         # one more waits in Ray's queue past its whole timeout: it ends "timeout" with nothing (the front door holds
         # its timeout; its replica would have counted it only from when a thread took it)
         late = engine.submit([7, 8, 9], 2, timeout=0.5, ignore_eos=True)
