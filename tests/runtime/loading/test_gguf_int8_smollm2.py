@@ -3,17 +3,20 @@ its own Q4_1 file, and the same weights re-encoded as a Q4_K_M-like file (tests/
 Q4_K / Q6_K where rows are whole super-blocks (ffn_down), llama.cpp's fallbacks Q5_0 / Q8_0 for the 576-wide
 rows, as llama.cpp's own Q4_K_M of this model has).
 
-Perplexity (radixcache.runtime.quant_eval.perplexity, windows of 256 every 128 on 512 tokens of the GPL-3 text,
-chunks of 8 so that every product goes through the block kernel; the fp32 reference, which has no block kernel, in
-one chunk per window: 21.0043716 against 21.0043743 in chunks of 8, in half the time) and greedy answers on
-quant_eval.FIXED_PROMPTS. "int8" here is qdot.c in every pass (prefill too, so that perplexity measures it); the
-output head takes float activations in every mode (model.llama). Measured 2026-12-04 (threads 2): perplexity fp32
-21.004, float 21.004, int8 20.979 in the morning and 21.031 at 17:35 UTC (after the day's int8 kernel changes);
-greedy answers equal to the float path's in 5 of 6, both answering "The capital of France is Paris."; int8 lists the
-primary colours on separate lines. (With the head on int8 too, an earlier run answered France "L'Étoile, la Cité, la
-Nation", llama.cpp's own answer on this file: the first token is a near-tie, float32 logits "The" 25.33 against "L"
-25.24.) The Q4_K_M-like file (this simple encoder, re-quantising the Q4_1 values): perplexity float 22.844, int8
-22.753 in the morning, 22.856 at 17:35 (fp32 21.004); 5 of 6 greedy answers equal between the two kernels, both
+Perplexity (radixcache.runtime.quant_eval.perplexity, one window of the first 512 tokens of the GPL-3 text: every
+token after the first scored once, as with the windows of 256 every 128 used until 2026-12-07, which prefilled
+768 tokens for the same 511 scores; chunks of 8 so that every product goes through the block kernel; the fp32
+reference, which has no block kernel, in one chunk: 21.0043716 against 21.0043743 in chunks of 8 with the old
+windows, in half the time) and greedy answers on quant_eval.FIXED_PROMPTS. "int8" here is qdot.c in every pass
+(prefill too, so that perplexity measures it); the output head takes float activations in every mode
+(model.llama). Measured 2026-12-07 (one thread): perplexity fp32 18.833, float 18.833, int8 18.729 (with the old
+windows on 2026-12-04, threads 2: fp32 21.004, float 21.004, int8 20.979 in the morning and 21.031 at 17:35 UTC,
+after the day's int8 kernel changes); greedy answers equal to the float path's in 5 of 6, both answering "The
+capital of France is Paris."; int8 lists the primary colours on separate lines. (With the head on int8 too, an
+earlier run answered France "L'Étoile, la Cité, la Nation", llama.cpp's own answer on this file: the first token
+is a near-tie, float32 logits "The" 25.33 against "L" 25.24.) The Q4_K_M-like file (this simple encoder,
+re-quantising the Q4_1 values): perplexity float 20.190, int8 20.113 (fp32 18.833; with the old windows float
+22.844, int8 22.753 to 22.856 against fp32 21.004); 5 of 6 greedy answers equal between the two kernels, both
 answering France with "L'Étoile de la Cité, ..." (the file's weights, not the kernel)."""
 
 from __future__ import annotations
@@ -69,10 +72,10 @@ def _perplexities(models: dict[str, LlamaModel], tokenizer: Any, fp32: LlamaMode
         pytest.skip(f"{TEXT} (the held-out text) is not on this machine")
     ids = tokenizer.encode(TEXT.read_text())[:512]
     if "fp32" not in _FP32_PERPLEXITY:
-        _FP32_PERPLEXITY["fp32"] = perplexity(fp32, ids, window=256, stride=128, chunk_size=256)
+        _FP32_PERPLEXITY["fp32"] = perplexity(fp32, ids, window=512, stride=256, chunk_size=512)
     out = {"fp32": _FP32_PERPLEXITY["fp32"]}
     for k, m in models.items():
-        out[k] = perplexity(m, ids, window=256, stride=128, chunk_size=8)
+        out[k] = perplexity(m, ids, window=512, stride=256, chunk_size=8)
     print("perplexity", {k: round(v, 3) for k, v in out.items()})  # shown with -s
     return out
 
