@@ -1,6 +1,7 @@
 """A namespace's page keys are the same in every process (radixcache.page_hash.namespace_key): a frozenset's repr
 follows str hashing, which changes per process (PYTHONHASHSEED), so a frozenset namespace never hit the disk after a
-restart. Run in real subprocesses under different hash seeds; what has no stable name is refused by name.
+restart. Run in real subprocesses under different hash seeds (and this process); what has no stable name is refused
+by name.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _ROOT_CHILD = (
     "from radixcache.page_hash import root_hash\n"
     "print(root_hash('fp', frozenset({'alpha', 'beta', 'gamma', ('t', frozenset({'x', 'y'}))})).hex())"
 )
+NAMESPACE = frozenset({"alpha", "beta", "gamma"})
 _ENGINE_CHILD = """
 import sys
 from radixcache.runtime import Engine
@@ -30,6 +32,7 @@ from radixcache.runtime.testing import tiny_model
 with Engine(tiny_model(), capacity_blocks=200, page_size=4, cache_dir=sys.argv[1]) as engine:
     print(engine.generate(list(range(1, 41)), 1, namespace=frozenset({"alpha", "beta", "gamma"})).cached_tokens)
 """
+_ORDER_CHILD = "print(repr(frozenset({'alpha', 'beta', 'gamma'})))"  # its order under the child's hash seed
 
 
 def _run(code: str, seed: str, *args: str) -> str:
@@ -47,9 +50,14 @@ def test_a_frozenset_namespace_has_one_root_under_every_hash_seed() -> None:
 
 
 def test_a_frozenset_namespace_hits_the_disk_after_a_restart(tmp_path: Path) -> None:
-    # seeds 1 and 2 order {"alpha", "beta", "gamma"} differently (checked: the old repr keys differed)
-    assert _run(_ENGINE_CHILD, "1", str(tmp_path)) == "0"
-    assert _run(_ENGINE_CHILD, "2", str(tmp_path)) == "39"
+    """Written by an engine in this process, read back by one in a process whose hash seed orders the namespace
+    otherwise (seeds 1 and 2 order it differently: one of them differs from this process's order; asserted). The
+    writer ran in a subprocess of its own too: one more interpreter start with torch, for the same check."""
+    with Engine(tiny_model(), capacity_blocks=200, page_size=4, cache_dir=str(tmp_path)) as engine:
+        assert engine.generate(list(range(1, 41)), 1, namespace=NAMESPACE).cached_tokens == 0
+    seed = next(seed for seed in ("1", "2") if _run(_ORDER_CHILD, seed) != repr(NAMESPACE))
+    assert _run(_ORDER_CHILD, seed) != repr(NAMESPACE)  # the old keys (repr) differ: a miss before the fix
+    assert _run(_ENGINE_CHILD, seed, str(tmp_path)) == "39"
 
 
 def test_the_common_namespaces_keep_their_keys() -> None:
