@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+import torch
 
 from tests.cli.import_log import IMPORTTIME, imported
 
@@ -29,10 +33,26 @@ def _bench(model: Path, *args: str, python: list[str] | None = None) -> subproce
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
 
 
-def test_quick_runs_every_measurement(tiny_model_dir: Path, tmp_path: Path) -> None:
+def _bench_here(model: Path, *args: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """The script run as `__main__` in this process (what `python scripts/bench_engine.py ...` runs, without a
+    second interpreter importing torch): its argv, its exit status checked, its standard output returned; the torch
+    thread count, sys.argv and sys.path it sets are restored. The refusal test runs it as a process of its own."""
+    script = REPO / "scripts" / "bench_engine.py"
+    threads, argv, path = torch.get_num_threads(), sys.argv, sys.path[:]
+    sys.argv = [str(script), "--model", str(model), "--threads", "1", *args]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as stop:
+        assert stop.code in (0, None), capsys.readouterr().err[-3000:]
+    finally:
+        torch.set_num_threads(threads)
+        sys.argv, sys.path[:] = argv, path
+    return capsys.readouterr().out
+
+
+def test_quick_runs_every_measurement(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
-    r = _bench(tiny_model_dir, "--quick", "--json", str(out_json), "--markdown", str(out_md))
-    assert r.returncode == 0, r.stderr[-3000:]
+    stdout = _bench_here(tiny_model_dir, "--quick", "--json", str(out_json), "--markdown", str(out_md), capsys=capsys)
     data = json.loads(out_json.read_text())
     assert data["config"]["quick"] is True and set(MEASUREMENTS) <= set(data)
     assert len(data["sessions"]) == 5 and all(row["tok_s"] > 0 for row in data["sessions"])
@@ -47,18 +67,20 @@ def test_quick_runs_every_measurement(tiny_model_dir: Path, tmp_path: Path) -> N
     assert 0 < after["hit_rate"] <= 1
     text = out_md.read_text()
     for title in ("Sessions:", "Batched decode.", "Batched prefill:", "Decode stall:", "Burst:"):
-        assert title in text and title in r.stdout
-    assert "B/A" in r.stdout and "p99 ratio" in r.stdout and "TTFT p50" in r.stdout
+        assert title in text and title in stdout
+    assert "B/A" in stdout and "p99 ratio" in stdout and "TTFT p50" in stdout
 
 
-def test_only_selects_and_sizes_override_quick(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_only_selects_and_sizes_override_quick(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out_json = tmp_path / "bench.json"
-    r = _bench(tiny_model_dir, "--quick", "--only", "prefill", "--prefill-lens", "32", "--json", str(out_json))
-    assert r.returncode == 0, r.stderr[-3000:]
+    args = ("--quick", "--only", "prefill", "--prefill-lens", "32", "--json", str(out_json))
+    stdout = _bench_here(tiny_model_dir, *args, capsys=capsys)
     data = json.loads(out_json.read_text())
     assert set(data) == {"config", "prefill"}
     assert [row["prompt_tokens"] for row in data["prefill"]] == [32]
-    assert "Sessions:" not in r.stdout and "Burst:" not in r.stdout
+    assert "Sessions:" not in stdout and "Burst:" not in stdout
 
 
 def test_unknown_measurement_is_refused(tiny_model_dir: Path) -> None:
