@@ -157,8 +157,8 @@ def test_the_engine_answers_and_its_cache_changes_nothing(smol: Any, models: dic
     assert on.model.quant == "gguf"
     first = on.chat(FRANCE, max_new_tokens=12)
     assert first.text.strip() == "The capital of France is Paris.", first.text
-    # the same default kernels as `on` (float activations), without the cache
-    off = Engine(smol, quant="gguf", kv_memory="64MiB", enable_cache=False)
+    # the same model as `on` (its default kernels; a model holds no state between passes), without the cache
+    off = Engine(on.model, tokenizer=smol.tokenizer, kv_memory="64MiB", enable_cache=False)
     follow = [*FRANCE, {"role": "assistant", "content": first.text}, {"role": "user", "content": "And of Spain?"}]
     for messages in (FRANCE, follow):
         a = on.chat(messages, max_new_tokens=12)
