@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.import_log import IMPORTTIME, imported
+from tests.cli.run_here import run_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "bench_block_kinds.py"
@@ -26,13 +27,14 @@ def _run(*args: str, python: list[str] | None = None) -> subprocess.CompletedPro
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_every_measurement_runs_and_is_reported(tmp_path: Path) -> None:
+def test_every_measurement_runs_and_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "kinds.json"
     args = ["--rows", "32", "--cols", "512", "--kinds", "Q4_1,Q4_K,Q6_K", "--tokens", "1,3", "--threads", "1,2"]
     # --bandwidth-mb 32: the reading is made and reported as with the default 512 MB (whose page faults took 1.2 s
     # of each of the four readings), what it reads is not asserted
-    r = _run(*args, "--rounds", "2", "--calls", "2", "--bandwidth-mb", "32", "--json", str(out))
-    assert r.returncode == 0, r.stderr[-2000:]
+    stdout = run_script(
+        SCRIPT, [*args, "--rounds", "2", "--calls", "2", "--bandwidth-mb", "32", "--json", str(out)], capsys
+    )
     data = json.loads(out.read_text())
     assert len(data["rounds"]) == 2
     kernels = ("float", "int16", "int8")
@@ -42,7 +44,7 @@ def test_every_measurement_runs_and_is_reported(tmp_path: Path) -> None:
         assert set(rd["ms"]) == keys and all(v > 0 for v in rd["ms"].values())
         assert all(bw > 0 for bw in rd["bandwidth"].values())
     assert len(data["summary"]) == 2 * 3 * 2
-    table = [line for line in r.stdout.splitlines() if line.startswith("| ") and "Q" in line]
+    table = [line for line in stdout.splitlines() if line.startswith("| ") and "Q" in line]
     assert len(table) == 12 and all(line.count("|") == 11 for line in table)
 
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.cli.import_log import IMPORTTIME, imported
+from tests.cli.run_here import run_script
 
 REPO = Path(__file__).resolve().parents[2]
 MEASUREMENTS = ("sessions", "decode", "prefill", "stall", "burst")
@@ -34,20 +33,8 @@ def _bench(model: Path, *args: str, python: list[str] | None = None) -> subproce
 
 
 def _bench_here(model: Path, *args: str, capsys: pytest.CaptureFixture[str]) -> str:
-    """The script run as `__main__` in this process (what `python scripts/bench_engine.py ...` runs, without a
-    second interpreter importing torch): its argv, its exit status checked, its standard output returned; the torch
-    thread count, sys.argv and sys.path it sets are restored. The refusal test runs it as a process of its own."""
-    script = REPO / "scripts" / "bench_engine.py"
-    threads, argv, path = torch.get_num_threads(), sys.argv, sys.path[:]
-    sys.argv = [str(script), "--model", str(model), "--threads", "1", *args]
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as stop:
-        assert stop.code in (0, None), capsys.readouterr().err[-3000:]
-    finally:
-        torch.set_num_threads(threads)
-        sys.argv, sys.path[:] = argv, path
-    return capsys.readouterr().out
+    """The script in this process (tests/cli/run_here.py); the refusal test runs it as a process of its own."""
+    return run_script(REPO / "scripts" / "bench_engine.py", ["--model", str(model), "--threads", "1", *args], capsys)
 
 
 def test_quick_runs_every_measurement(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

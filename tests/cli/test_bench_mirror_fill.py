@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.cli.import_log import IMPORTTIME, imported
+from tests.cli.run_here import run_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "bench_mirror_fill.py"
@@ -20,11 +23,10 @@ def _run(*args: str, python: list[str] | None = None) -> subprocess.CompletedPro
     return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
-def test_a_small_run_times_both_fills_for_each_length() -> None:
-    r = _run("--positions", "20,32", "--busy", "0", "--rounds", "2", "--threads", "1")
-    assert r.returncode == 0, r.stderr
-    rows = re.findall(r"^\| (\d+) \| 0 \| ([\d.]+), ([\d.]+) \| ([\d.]+), ([\d.]+) \| ([\d.]+)x \|$", r.stdout, re.M)
-    assert [row[0] for row in rows] == ["20", "32"], r.stdout
+def test_a_small_run_times_both_fills_for_each_length(capsys: pytest.CaptureFixture[str]) -> None:
+    stdout = run_script(SCRIPT, ["--positions", "20,32", "--busy", "0", "--rounds", "2", "--threads", "1"], capsys)
+    rows = re.findall(r"^\| (\d+) \| 0 \| ([\d.]+), ([\d.]+) \| ([\d.]+), ([\d.]+) \| ([\d.]+)x \|$", stdout, re.M)
+    assert [row[0] for row in rows] == ["20", "32"], stdout
     for _, *numbers in rows:
         assert all(float(v) > 0 for v in numbers)
 
