@@ -3,16 +3,17 @@ the new file is on the disk (fsynced, then its folder) before it counts as saved
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import re
 import signal
 import stat
-import subprocess
 import sys
-import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -103,43 +104,55 @@ def test_a_save_is_synced_before_it_replaces_the_earlier_one(tmp_path: Path, mon
     assert synced == [("file", path.stat().st_ino, before), ("folder", tmp_path.stat().st_ino, after)]
 
 
-@pytest.mark.skipif(os.name == "nt", reason="SIGKILL")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork and SIGKILL are POSIX only")
 def test_a_save_killed_mid_write_keeps_the_earlier_save(tmp_path: Path) -> None:
     """A process killed (kill -9) while its save is being written leaves the earlier save whole and loadable; the
     leftover beside it goes with the next save."""
     engine = SimpleNamespace()
     path = tmp_path / "session.json"
     Session(engine, system="first").save(path)  # type: ignore[arg-type]
-    code = """
-        import builtins, sys, time
-        from types import SimpleNamespace
-        from radixcache.runtime.engine.session import Session
-        real_open = builtins.open
-        class Half:  # a file opened for writing that writes half of what it is given, then waits to be killed
-            def __init__(self, f): self.f = f
-            def __enter__(self): return self
-            def __exit__(self, *exc): self.f.close()
-            def write(self, data):
-                self.f.write(data[: len(data) // 2])
-                self.f.flush()
-                print("half", flush=True)
-                time.sleep(60)
-        def opening(file, mode="r", *args, **kwargs):
-            f = real_open(file, mode, *args, **kwargs)
-            return Half(f) if mode == "wb" else f
-        builtins.open = opening
-        s = Session(SimpleNamespace(), system="second")
-        s.messages.append({"role": "user", "content": "x" * 50_000})
-        s.save(sys.argv[1])
-    """
-    child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code), str(path)], stdout=subprocess.PIPE, text=True
-    )
-    assert child.stdout is not None and child.stdout.readline().strip() == "half"
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    ready, told = os.pipe()
+    pid = os.fork()  # this process's copy (its modules imported already) saves, and is killed mid-write
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(ready)
+            real_open = builtins.open
+
+            class Half:  # a file opened for writing that writes half of what it is given, then waits to be killed
+                def __init__(self, f: Any) -> None:
+                    self.f = f
+
+                def __enter__(self) -> Half:
+                    return self
+
+                def __exit__(self, *exc: object) -> None:
+                    self.f.close()
+
+                def write(self, data: bytes) -> None:
+                    self.f.write(data[: len(data) // 2])
+                    self.f.flush()
+                    os.write(told, b"half\n")
+                    time.sleep(60)
+
+            def opening(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+                f = real_open(file, mode, *args, **kwargs)
+                return Half(f) if mode == "wb" else f
+
+            builtins.open = opening
+            s = Session(SimpleNamespace(), system="second")  # type: ignore[arg-type]
+            s.messages.append({"role": "user", "content": "x" * 50_000})
+            s.save(path)
+        finally:
+            os._exit(1)
+    os.close(told)
+    try:
+        assert os.read(ready, 5) == b"half\n"
+    finally:
+        os.close(ready)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
     assert Session.load(engine, path).messages == [{"role": "system", "content": "first"}]  # type: ignore[arg-type]
     leftovers = [p.name for p in tmp_path.iterdir() if p.name != "session.json"]
-    assert len(leftovers) == 1 and re.fullmatch(rf"\.session\.json\.{child.pid}-[0-9a-f]{{8}}\.partial", leftovers[0])
+    assert len(leftovers) == 1 and re.fullmatch(rf"\.session\.json\.{pid}-[0-9a-f]{{8}}\.partial", leftovers[0])
     Session(engine, system="third").save(path)  # type: ignore[arg-type]
     assert [p.name for p in tmp_path.iterdir()] == ["session.json"]
