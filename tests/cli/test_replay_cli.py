@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -249,7 +250,21 @@ def test_replay_as_a_subprocess_with_the_tiny_model(run_cli, tiny_model_dir: Pat
     assert "hit rate" in done.stdout and json.loads(out.read_text())["summary"]["requests"] == 4
 
 
+@pytest.fixture
+def session_smollm2(smollm2: Any, smollm2_gguf: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's load_model("smollm2", keep_blocks=...) answered by the session's loads (tests/conftest.py), not a load
+    of its own; README's main command loads SmolLM2 by name, test_quant_gguf_cli its blocks."""
+    from radixcache.runtime import loading
+
+    def session_model(spec: object, keep_blocks: bool = False, **kwargs: object) -> Any:
+        assert spec == loading.DEFAULT_MODEL and not kwargs, (spec, kwargs)
+        return smollm2_gguf if keep_blocks else smollm2
+
+    monkeypatch.setattr(loading, "load_model", session_model)
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("session_smollm2")
 def test_real_model_in_process_replays_and_reuses_the_shared_system_prompt(runner, small_trace: Path, tmp_path) -> None:
     out = tmp_path / "real.json"
     result = runner.invoke(main, ["replay", str(small_trace), "--limit", "1", "--max-tokens", "8", "--json", str(out)])
@@ -262,6 +277,7 @@ def test_real_model_in_process_replays_and_reuses_the_shared_system_prompt(runne
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("session_smollm2")
 def test_real_model_compare_in_live_greedy_mode_generates_the_same_text(runner, small_trace: Path, tmp_path) -> None:
     """With and without the cache, greedy live replies are identical (both engines on `--quant gguf`, where that
     holds as on float32). In process: the installed command's own run as a subprocess is
