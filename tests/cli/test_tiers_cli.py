@@ -56,6 +56,7 @@ def test_a_replay_without_tiers_reports_no_tier_rows(runner, tiny_model_dir: Pat
 def test_chat_persists_its_pages_for_the_next_chat(runner, tiny_model_dir: Path, tmp_path: Path) -> None:
     args = ["chat", "--model", str(tiny_model_dir), "--max-tokens", "2", "--cache-dir", str(tmp_path / "kv")]
     args += ["--page-size", "4", "--system", "You are a terse assistant who answers in one word. " * 3]
+    args += ["--kv-memory", "16MiB"]  # the disk tier's prefetcher faults the whole pool in: 512 MiB by default
     first = runner.invoke(main, args, input="hello there\n")
     assert first.exit_code == 0, first.output
     assert re.search(r"\[0 cached", first.output)
@@ -117,7 +118,8 @@ def test_compare_runs_its_baseline_without_the_tiers(tiny_model_dir: Path, small
     cache refuses tiers), losing the run: the baseline now has no tiers under it."""
     from radixcache.runtime.replay import ReplayConfig, compare, engine_factory, load_replay_trace
 
-    make = engine_factory(str(tiny_model_dir), cache_dir=str(tmp_path / "kv"), host_kv_memory="8MiB", page_size=4)
+    kv = {"cache_dir": str(tmp_path / "kv"), "host_kv_memory": "8MiB", "kv_memory": "16MiB"}  # 16: see above
+    make = engine_factory(str(tiny_model_dir), page_size=4, **kv)
     result = compare(make, load_replay_trace(small_trace), ReplayConfig(max_tokens=2))
     assert result.cached.summary.tiers and result.cached.summary.cached_tokens > 0
     assert not result.uncached.summary.tiers and result.uncached.summary.cached_tokens == 0
