@@ -11,7 +11,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -19,9 +18,13 @@ from radixcache.runtime import Engine
 from radixcache.runtime.testing import hold_engine_loop, tiny_model
 
 SCRIPT = """
-import atexit, threading, time
+import atexit, os, signal, sys, threading, time
+
+PARENT = os.getpid()
 
 def report():  # registered before any engine: runs after the engines' own exit hook
+    if os.getpid() != PARENT:  # the forked child's exit
+        return
     alive = [t for t in threading.enumerate() if t.name == "radixcache-engine"]
     print("loop threads at exit:", len(alive), flush=True)
     for how, req in reqs.items():
@@ -38,60 +41,57 @@ handles = {how: e.submit([1, 2, 3, 4, 5], 30_000, ignore_eos=True) for how, e in
 reqs = {how: h.request for how, h in handles.items()}
 while not all(r.output_ids for r in reqs.values()):  # both generating now
     time.sleep(0.01)
+if hasattr(os, "fork"):
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # the child exits normally: its atexit hooks run
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            print("child exited", os.waitstatus_to_exitcode(status), flush=True)
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        print("child hung", flush=True)
 del engines["dropped"], handles["dropped"]  # its loop thread keeps running the request
 print("exiting", flush=True)
 """
 
 
-def test_engines_generating_at_interpreter_exit_are_stopped_before_the_interpreter_finalises(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def exit_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """One interpreter for the exit cases below (a torch import and an engine start each, otherwise): two engines
+    generating, one still open and one whose engine object is dropped; a child forked meanwhile exits; then the
+    interpreter exits."""
+    folder = tmp_path_factory.mktemp("exit_while_generating")
+    script = folder / "exit_while_generating.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=folder)
+
+
+def test_engines_generating_at_interpreter_exit_are_stopped_before_the_interpreter_finalises(
+    exit_run: subprocess.CompletedProcess[str],
+) -> None:
     """One engine still open and one whose engine object was dropped (its loop thread still running the request),
     both generating, in one interpreter: each hook alone leaves the other's loop thread alive at exit."""
-    script = tmp_path / "exit_while_generating.py"
-    script.write_text(textwrap.dedent(SCRIPT))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-2000:]
-    lines = run.stdout.strip().splitlines()
-    assert lines[-3] == "loop threads at exit: 0", run.stdout + run.stderr[-2000:]
+    assert exit_run.returncode == 0, exit_run.stderr[-2000:]
+    lines = exit_run.stdout.strip().splitlines()
+    assert lines[-3] == "loop threads at exit: 0", exit_run.stdout + exit_run.stderr[-2000:]
     for how, line in zip(("open", "dropped"), lines[-2:], strict=True):
         assert line.startswith(f"{how} tokens: ") and line.endswith(" cancelled"), line  # cancelled mid-generation
 
 
-FORK_SCRIPT = """
-import os, signal, sys, time
-
-from radixcache.runtime import Engine
-from radixcache.runtime.testing import tiny_model
-
-engine = Engine(tiny_model(seed=1, max_position=40_000), capacity_blocks=2600, page_size=16, threads=1)
-handle = engine.submit([1, 2, 3, 4, 5], 30_000, ignore_eos=True)
-while not handle.request.output_ids:  # generating now
-    time.sleep(0.01)
-pid = os.fork()
-if pid == 0:
-    sys.exit(0)  # the child exits normally: its atexit hooks run
-deadline = time.monotonic() + 30
-while time.monotonic() < deadline:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print("child exited", os.waitstatus_to_exitcode(status), flush=True)
-        break
-    time.sleep(0.05)
-else:
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    print("child hung", flush=True)
-"""
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
-def test_a_forked_child_exits_without_closing_the_engines_it_inherited(tmp_path: Path) -> None:
+def test_a_forked_child_exits_without_closing_the_engines_it_inherited(
+    exit_run: subprocess.CompletedProcess[str],
+) -> None:
     """The child of os.fork inherits its parent's engines but none of their loop threads: closing them at its exit
     waited for a thread that its state said ran, for ever (a spinning child)."""
-    script = tmp_path / "fork_while_generating.py"
-    script.write_text(textwrap.dedent(FORK_SCRIPT))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.strip().splitlines()[-1] == "child exited 0", run.stdout + run.stderr[-2000:]
+    assert exit_run.returncode == 0, exit_run.stderr[-2000:]
+    assert "child exited 0" in exit_run.stdout.strip().splitlines(), exit_run.stdout + exit_run.stderr[-2000:]
 
 
 class RecordingTiers:
