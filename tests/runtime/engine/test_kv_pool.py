@@ -145,7 +145,8 @@ def test_a_disk_tier_smaller_than_one_page_is_refused_by_name(tiny, tmp_path) ->
     for size in (page - 1, page):
         with pytest.raises(ValueError, match=f"cache_dir_size {size} is smaller than one page's file"):
             Engine(tiny, cache_dir=str(tmp_path / "c"), cache_dir_size=size)
-    with Engine(tiny, cache_dir=str(tmp_path / "d"), cache_dir_size=page + 4096) as engine:
+    # a pool of 64 pages, not 512 MiB's worth: the disk tier's page is the same
+    with Engine(tiny, cache_dir=str(tmp_path / "d"), cache_dir_size=page + 4096, capacity_blocks=64) as engine:
         assert engine.generate(list(range(1, 40)), 2, ignore_eos=True).token_ids
         assert engine.flush(30)
     pages = [p for p in (tmp_path / "d" / "pages").rglob("*") if p.is_file() and p.name != "fingerprint.json"]
