@@ -89,8 +89,9 @@ def test_a_pin_past_the_pinned_share_is_refused_and_the_caller_is_told(tiny: Ran
 def test_an_emptied_namespace_keeps_nothing(tiny: RandomModel) -> None:
     engine = Engine(tiny, capacity_blocks=1024, page_size=4)
     tag = f"emptied-{id(engine)}-"  # this test's roots alone: other tests' engines may live in this process
-    for i in range(300):
-        engine.generate(ids(9, 100 + i), 1, namespace=f"{tag}{i}")
+    handles = [engine.submit(ids(9, 100 + i), 1, namespace=f"{tag}{i}") for i in range(300)]  # run in batches
+    for h in handles:
+        h.result(60)
     assert len(engine.cache.namespaces()) == 300
     engine.cache.evict(engine.cache.evictable_blocks)
     assert engine.cache.namespaces() == []
