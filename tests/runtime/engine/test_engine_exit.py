@@ -61,6 +61,10 @@ print("exiting", flush=True)
 """
 
 
+# Both tests read the one run: under xdist one worker takes them, so the interpreter runs once.
+EXIT_RUN = pytest.mark.xdist_group("engine_exit_run")
+
+
 @pytest.fixture(scope="module")
 def exit_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
     """One interpreter for the exit cases below (a torch import and an engine start each, otherwise): two engines
@@ -72,6 +76,7 @@ def exit_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedPr
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=folder)
 
 
+@EXIT_RUN
 def test_engines_generating_at_interpreter_exit_are_stopped_before_the_interpreter_finalises(
     exit_run: subprocess.CompletedProcess[str],
 ) -> None:
@@ -84,6 +89,7 @@ def test_engines_generating_at_interpreter_exit_are_stopped_before_the_interpret
         assert line.startswith(f"{how} tokens: ") and line.endswith(" cancelled"), line  # cancelled mid-generation
 
 
+@EXIT_RUN
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
 def test_a_forked_child_exits_without_closing_the_engines_it_inherited(
     exit_run: subprocess.CompletedProcess[str],
