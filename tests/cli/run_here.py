@@ -12,7 +12,7 @@ import pytest
 import torch
 
 
-def run_script(script: Path, args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+def run_script_in_process(script: Path, args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     """Run `script` with `args` as its argv; a non-zero exit fails the test with its stderr. Its standard output is
     returned; torch's thread count, sys.argv and sys.path, which scripts set, are restored."""
     threads, argv, path = torch.get_num_threads(), sys.argv, sys.path[:]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.import_log import IMPORTTIME, imported
-from tests.cli.run_here import run_script
+from tests.cli.run_here import run_script_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "bench_block_kinds.py"
@@ -32,7 +32,7 @@ def test_every_measurement_runs_and_is_reported(tmp_path: Path, capsys: pytest.C
     args = ["--rows", "32", "--cols", "512", "--kinds", "Q4_1,Q4_K,Q6_K", "--tokens", "1,3", "--threads", "1,2"]
     # --bandwidth-mb 32: the reading is made and reported as with the default 512 MB (whose page faults took 1.2 s
     # of each of the four readings), what it reads is not asserted
-    stdout = run_script(
+    stdout = run_script_in_process(
         SCRIPT, [*args, "--rounds", "2", "--calls", "2", "--bandwidth-mb", "32", "--json", str(out)], capsys
     )
     data = json.loads(out.read_text())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.import_log import IMPORTTIME, imported
-from tests.cli.run_here import run_script
+from tests.cli.run_here import run_script_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 MEASUREMENTS = ("sessions", "decode", "prefill", "stall", "burst")
@@ -34,7 +34,9 @@ def _bench(model: Path, *args: str, python: list[str] | None = None) -> subproce
 
 def _bench_here(model: Path, *args: str, capsys: pytest.CaptureFixture[str]) -> str:
     """The script in this process (tests/cli/run_here.py); the refusal test runs it as a process of its own."""
-    return run_script(REPO / "scripts" / "bench_engine.py", ["--model", str(model), "--threads", "1", *args], capsys)
+    return run_script_in_process(
+        REPO / "scripts" / "bench_engine.py", ["--model", str(model), "--threads", "1", *args], capsys
+    )
 
 
 def test_quick_runs_every_measurement(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

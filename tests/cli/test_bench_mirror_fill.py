@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.import_log import IMPORTTIME, imported
-from tests.cli.run_here import run_script
+from tests.cli.run_here import run_script_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "bench_mirror_fill.py"
@@ -24,7 +24,9 @@ def _run(*args: str, python: list[str] | None = None) -> subprocess.CompletedPro
 
 
 def test_a_small_run_times_both_fills_for_each_length(capsys: pytest.CaptureFixture[str]) -> None:
-    stdout = run_script(SCRIPT, ["--positions", "20,32", "--busy", "0", "--rounds", "2", "--threads", "1"], capsys)
+    stdout = run_script_in_process(
+        SCRIPT, ["--positions", "20,32", "--busy", "0", "--rounds", "2", "--threads", "1"], capsys
+    )
     rows = re.findall(r"^\| (\d+) \| 0 \| ([\d.]+), ([\d.]+) \| ([\d.]+), ([\d.]+) \| ([\d.]+)x \|$", stdout, re.M)
     assert [row[0] for row in rows] == ["20", "32"], stdout
     for _, *numbers in rows:
